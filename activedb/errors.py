@@ -1,0 +1,98 @@
+"""Every error activedb raises on purpose.
+
+Messages say what happened *and what to do next*.  The CLI prints
+``ActivedbError`` messages as one line and exits non-zero, without a traceback.
+"""
+
+from __future__ import annotations
+
+
+class ActivedbError(Exception):
+    """Base class of activedb's own errors."""
+
+
+# --- database and server -------------------------------------------------------------
+
+class DatabaseUnavailable(ActivedbError):
+    """The database could not be reached (wrong URL, server down, bad credentials)."""
+
+
+class EmbeddedServerError(ActivedbError):
+    """The embedded PostgreSQL server could not be started or reused."""
+
+
+class MigrationError(ActivedbError):
+    """The schema could not be upgraded or downgraded."""
+
+
+# --- store usage ----------------------------------------------------------------------
+
+class SchemaError(ActivedbError):
+    """A table, column or value does not fit the database schema."""
+
+
+class UnknownTable(SchemaError):
+    pass
+
+
+class UnknownColumn(SchemaError):
+    pass
+
+
+class InvalidValue(SchemaError):
+    pass
+
+
+class InvalidKey(SchemaError):
+    """A key does not match the table's primary key (wrong arity or missing)."""
+
+
+# --- transactions ---------------------------------------------------------------------
+
+class TransactionError(ActivedbError):
+    """A transaction was used in a state that does not allow the operation."""
+
+
+class TransactionAborted(TransactionError):
+    """The transaction was aborted (by its own failure, a deadlock, or its parent)."""
+
+
+class SerializationConflict(TransactionError):
+    """Another process changed data this transaction read or wrote; retries were exhausted."""
+
+
+class DuplicateKey(TransactionError):
+    """An insert found a row with the same primary key."""
+
+
+# --- rules ----------------------------------------------------------------------------
+
+class RuleError(ActivedbError):
+    """A rule definition is invalid."""
+
+
+class RuleDefinitionChanged(RuleError):
+    """A rule was redefined with a different definition than the persisted one."""
+
+
+class CascadeLimitExceeded(TransactionError):
+    """Rules fired rules beyond the configured depth."""
+
+    def __init__(self, message: str, chain: list[str]):
+        super().__init__(message)
+        self.chain = chain
+
+
+class RuleFailed(TransactionError):
+    """A rule's condition or action raised; the original error is ``__cause__``."""
+
+    def __init__(self, message: str, rule: str, event: object):
+        super().__init__(message)
+        self.rule = rule
+        self.event = event
+
+
+# --- ingestion ------------------------------------------------------------------------
+
+class BatchAlreadyCommitted(TransactionError):
+    """The (query id, batch id) pair was committed before: the batch is skipped."""

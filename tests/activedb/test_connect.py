@@ -1,0 +1,104 @@
+"""connect(): external URLs, the environment variable, bad URLs, migrations."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import sqlalchemy as sa
+
+import activedb
+from activedb import _migrate
+
+
+def test_connect_by_url_upgrades_to_head(database_url):
+    database = activedb.connect(database_url)
+    try:
+        assert database.current_revision() == _migrate.head()
+        assert "activedb_ingestion_ledger" in sa.inspect(database.engine).get_table_names()
+    finally:
+        database.close()
+
+
+def test_connect_uses_environment_variable(database_url, monkeypatch, tmp_path):
+    monkeypatch.setenv("ACTIVEDB_DATABASE_URL", database_url)
+    # An unused ACTIVEDB_HOME proves the embedded server is not started.
+    monkeypatch.setenv("ACTIVEDB_HOME", str(tmp_path / "unused"))
+    database = activedb.connect()
+    try:
+        assert database.embedded is None
+        assert database.engine.url.database == sa.engine.make_url(database_url).database
+    finally:
+        database.close()
+    assert not (tmp_path / "unused").exists()
+
+
+def test_plain_postgresql_url_uses_psycopg(database_url):
+    plain = database_url.replace("postgresql+psycopg://", "postgresql://")
+    database = activedb.connect(plain, upgrade=False)
+    try:
+        assert database.engine.url.drivername == "postgresql+psycopg"
+    finally:
+        database.close()
+
+
+def test_bad_url_is_one_clear_line_with_password_masked():
+    started = time.monotonic()
+    with pytest.raises(activedb.DatabaseUnavailable) as caught:
+        activedb.connect("postgresql://alice:s3cret@127.0.0.1:1/payroll")
+    message = str(caught.value)
+    assert time.monotonic() - started < 10
+    assert "127.0.0.1" in message and "payroll" in message
+    assert "s3cret" not in message and "***" in message
+    assert "\n" not in message
+
+
+def test_bad_url_from_cli_exits_non_zero_without_traceback(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "activedb.cli", "--url", "postgresql://alice:s3cret@127.0.0.1:1/payroll", "db", "current"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "payroll" in lines[0] and "s3cret" not in lines[0]
+
+
+def test_non_postgresql_url_is_refused():
+    with pytest.raises(activedb.DatabaseUnavailable, match="needs PostgreSQL"):
+        activedb.connect("sqlite:///x.db")
+
+
+def test_migration_round_trip(database_url):
+    database = activedb.connect(database_url)
+    try:
+        database.downgrade("base")
+        assert database.current_revision() is None
+        tables = set(sa.inspect(database.engine).get_table_names())
+        assert not {t for t in tables if t.startswith("activedb_") and t != "activedb_alembic_version"}
+        database.upgrade("head")
+        assert database.current_revision() == _migrate.head()
+        tables = set(sa.inspect(database.engine).get_table_names())
+        assert {"activedb_rules", "activedb_transaction_log", "activedb_ingestion_ledger",
+                "activedb_dead_letters"} <= tables
+    finally:
+        database.close()
+
+
+def test_cli_round_trip_and_offline_sql(database_url):
+    env = dict(os.environ, ACTIVEDB_DATABASE_URL=database_url)
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "activedb.cli", *args], capture_output=True, text=True,
+                              timeout=120, env=env)
+    assert cli("db", "downgrade", "base").returncode == 0
+    assert "base" in cli("db", "current").stdout
+    assert cli("db", "upgrade", "head").returncode == 0
+    assert "at head" in cli("db", "current").stdout
+    offline = cli("db", "upgrade", "--sql")
+    assert offline.returncode == 0 and "CREATE TABLE activedb_rules" in offline.stdout
+
+
+def test_unknown_table_is_a_clear_error(db):
+    with pytest.raises(activedb.UnknownTable, match="no table 'nope'.*migrations"):
+        db.table("nope")

@@ -1,0 +1,57 @@
+"""Session fixtures: a real embedded PostgreSQL and, for Spark tests, a real local Spark.
+
+* ``pg_server`` (session): the embedded server (pgserver wheel) in a temporary
+  ACTIVEDB_HOME, stopped at the end.
+* ``database_url`` (module): a fresh PostgreSQL database per test module, so
+  modules never see each other's data.
+* ``db`` (module): ``activedb.connect(database_url)`` with activedb's schema at
+  head and the tests' own tables (``tests/app_migrations``) created by Alembic.
+* ``spark`` (session): a ``local[2]`` SparkSession, UI off (see
+  ``tests/spark_bridge/conftest.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import psycopg
+import pytest
+
+import activedb
+from activedb import _embedded
+
+APP_MIGRATIONS = Path(__file__).parent / "app_migrations"
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory):
+    # Keep tests away from the user's real embedded database and environment.
+    os.environ.pop("ACTIVEDB_DATABASE_URL", None)
+    home = tmp_path_factory.mktemp("activedb_home")
+    server = _embedded.start(home)
+    yield server
+
+
+def _admin(server) -> psycopg.Connection:
+    return psycopg.connect(f"host={server.socket_directory} user=postgres dbname=postgres", autocommit=True)
+
+
+@pytest.fixture(scope="module")
+def database_url(pg_server, request):
+    name = "t_" + re.sub(r"[^a-z0-9_]", "_", request.module.__name__.lower())[-50:]
+    with _admin(pg_server) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.execute(f'CREATE DATABASE "{name}"')
+    yield pg_server.url(name)
+    with _admin(pg_server) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="module")
+def db(database_url):
+    database = activedb.connect(database_url)
+    database.upgrade_app(APP_MIGRATIONS)
+    yield database
+    database.close()
