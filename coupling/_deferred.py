@@ -1,0 +1,204 @@
+"""Deferred firings executed in cycles just before a transaction commits (seed 004 §2.1, §3.3.2).
+
+Seed 004 §2.1 (after [HLM88]): "In cycle-0, deferred transactions that have been fired up to that
+point are executed. [...] Execution of the deferred transactions that are fired during cycle-0 by
+another deferred transaction is postponed to the next cycle, which is cycle-1 [...] This process
+continues until there are no deferred transactions left."
+
+One :class:`DeferredQueue` belongs to one transaction that may run cycles: a top-level transaction or
+a subtransaction spawned in immediate mode (see :func:`coupling.has_own_deferred_queue`). The
+firings in it run as children of that owner (axiom 18; by cycle k+1 the deferred rule that made a
+firing has already committed into the owner). A deferred rule adds its own deferred firings to the
+queue it was run from, so they form the next cycle; an immediate rule has its own queue, drained
+before it commits -- which realises the paper's choice for deferred firings made by immediate rules.
+
+Typical use by a transaction manager::
+
+    queue = DeferredQueue(max_cycles=100)       # when the transaction begins
+    queue.add(firing)                            # whenever a deferred rule fires
+    for cycle in queue.cycles():                 # just before commit
+        for group in cycle.groups(key=...):      # priorities, seed 004 §3.2
+            run(group)                           # concurrently; may call queue.add(...)
+    # queue is now CLOSED; commit.
+
+Thread-safety: all methods may be called from any thread; ``self._mutex`` protects every field.
+``add`` may be called concurrently by the firings of the running cycle. Ask for the next cycle only
+after every firing of the current cycle has finished (axiom 28: cycle k+1 follows all of cycle k).
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from ._priority import priority_groups
+from .errors import DeferredCycleLimitExceeded, DeferredQueueClosed
+
+Firing = TypeVar("Firing")
+
+DEFAULT_MAX_CYCLES = 100
+
+
+class QueueState(enum.Enum):
+    """COLLECTING (the owner runs; firings go to cycle 0) -> DRAINING (cycles run) -> CLOSED."""
+
+    COLLECTING = "collecting"
+    DRAINING = "draining"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True)
+class DeferredFiring(Generic[Firing]):
+    """A firing as handed out by :meth:`DeferredQueue.drain`: the firing, its cycle, its position in it."""
+
+    firing: Firing
+    cycle: int
+    position: int
+
+
+@dataclass(frozen=True)
+class DeferredCycle(Generic[Firing]):
+    """One cycle: its number (0, 1, ...) and its firings in the order they were added."""
+
+    number: int
+    firings: tuple[Firing, ...]
+
+    def groups(self, key: Callable[[Firing], Any] | None = None) -> list[list[Firing]]:
+        """The cycle's firings as :func:`coupling.priority_groups` (highest priority first)."""
+        return priority_groups(self.firings, key=key)
+
+    def __iter__(self) -> Iterator[DeferredFiring[Firing]]:
+        for position, firing in enumerate(self.firings):
+            yield DeferredFiring(firing, self.number, position)
+
+    def __len__(self) -> int:
+        return len(self.firings)
+
+
+@dataclass(frozen=True)
+class DeferredQueueStatistics:
+    state: QueueState
+    current_cycle: int | None  # the cycle being run, None before the first one
+    pending: int  # firings waiting for the next cycle
+    added: int  # firings added in total
+    cycles_run: int  # cycles handed out so far
+
+
+class DeferredQueue(Generic[Firing]):
+    """The deferred firings of one transaction, handed out in cycles; see the module docstring.
+
+    ``max_cycles`` (>= 1) bounds the number of cycles (numbers ``0 .. max_cycles-1``); asking for one
+    more while firings are still pending raises :class:`~coupling.errors.DeferredCycleLimitExceeded`
+    (and closes the queue): it protects against deferred rules that keep re-firing each other.
+    Thread-safe (one mutex, no user code called under it).
+    """
+
+    def __init__(self, *, max_cycles: int = DEFAULT_MAX_CYCLES, name: str | None = None) -> None:
+        if isinstance(max_cycles, bool) or not isinstance(max_cycles, int) or max_cycles < 1:
+            raise ValueError(f"max_cycles must be an int >= 1, not {max_cycles!r}")
+        self.max_cycles = max_cycles
+        self.name = name
+        self._mutex = threading.Lock()  # protects every field below
+        self._state = QueueState.COLLECTING
+        # Invariant: _current_cycle is None iff no cycle has been handed out yet.
+        self._current_cycle: int | None = None
+        # Invariant: every pending firing runs in cycle (_current_cycle + 1), or 0 when it is None.
+        self._pending: list[Firing] = []
+        self._added = 0
+        self._cycles_run = 0
+
+    def __repr__(self) -> str:
+        name = f" {self.name!r}" if self.name else ""
+        return f"<DeferredQueue{name} {self._state.value} cycle={self._current_cycle} pending={len(self._pending)}>"
+
+    @property
+    def state(self) -> QueueState:
+        with self._mutex:
+            return self._state
+
+    @property
+    def current_cycle(self) -> int | None:
+        """The number of the cycle being run, ``None`` before the first one."""
+        with self._mutex:
+            return self._current_cycle
+
+    def add(self, firing: Firing) -> int:
+        """Queue ``firing``; return the number of the cycle it will run in.
+
+        Before the cycles start that is 0; while cycle k runs it is k+1. Allowed in COLLECTING and
+        DRAINING; raises :class:`~coupling.errors.DeferredQueueClosed` once the queue is CLOSED.
+        """
+        with self._mutex:
+            if self._state is QueueState.CLOSED:
+                raise DeferredQueueClosed(
+                    f"cannot defer {firing!r}: {self!r} already ran its deferred cycles (or was "
+                    "discarded), so its transaction is committing or has ended. Fire the rule "
+                    "before the owner starts committing, or use another coupling mode."
+                )
+            self._pending.append(firing)
+            self._added += 1
+            return 0 if self._current_cycle is None else self._current_cycle + 1
+
+    def next_cycle(self) -> DeferredCycle[Firing] | None:
+        """Hand out the next cycle, or ``None`` (and close the queue) when nothing is pending.
+
+        COLLECTING/DRAINING -> DRAINING, or -> CLOSED when nothing is pending or the cycle limit is
+        exceeded. Precondition: every firing of the previous cycle has finished.
+        """
+        with self._mutex:
+            if self._state is QueueState.CLOSED:
+                raise DeferredQueueClosed(f"{self!r} is closed; it has no further cycles")
+            if not self._pending:
+                self._state = QueueState.CLOSED
+                return None
+            number = 0 if self._current_cycle is None else self._current_cycle + 1
+            if number >= self.max_cycles:
+                self._state = QueueState.CLOSED
+                pending, self._pending = self._pending, []
+                raise DeferredCycleLimitExceeded(self.max_cycles, pending, self.name)
+            cycle = DeferredCycle(number, tuple(self._pending))
+            self._pending = []
+            self._state = QueueState.DRAINING
+            self._current_cycle = number
+            self._cycles_run += 1
+            return cycle
+
+    def cycles(self) -> Iterator[DeferredCycle[Firing]]:
+        """Iterate :meth:`next_cycle` until the queue is empty (then it is CLOSED).
+
+        Each cycle is requested when the loop body for the previous one has finished, so run the
+        whole cycle inside the loop body.
+        """
+        while (cycle := self.next_cycle()) is not None:
+            yield cycle
+
+    def drain(self) -> Iterator[DeferredFiring[Firing]]:
+        """Iterate the firings one by one, cycle after cycle (for sequential execution).
+
+        Firings added while cycle k's firings are being iterated form cycle k+1; each item carries
+        its cycle number and position.
+        """
+        for cycle in self.cycles():
+            yield from cycle
+
+    __iter__ = drain
+
+    def discard(self) -> tuple[Firing, ...]:
+        """Close the queue without running what is pending (the owner aborted); return the dropped firings."""
+        with self._mutex:
+            dropped, self._pending = tuple(self._pending), []
+            self._state = QueueState.CLOSED
+            return dropped
+
+    def statistics(self) -> DeferredQueueStatistics:
+        with self._mutex:
+            return DeferredQueueStatistics(
+                state=self._state,
+                current_cycle=self._current_cycle,
+                pending=len(self._pending),
+                added=self._added,
+                cycles_run=self._cycles_run,
+            )

@@ -1,0 +1,523 @@
+"""Run-time enforcement of ACTA dependencies between transactions that run in parallel.
+
+Seed 004 §3: "Top-level transactions are executed in parallel. [...] Abort and commit dependencies
+among the top-level transactions are enforced by the transaction manager." The :class:`DependencyGate`
+is the part of that enforcement that does not know what a transaction is: the transaction manager
+registers dependencies, asks before a dependent begins and before it commits, and reports every end.
+
+Protocol, for every transaction ``T`` that appears in a registered dependency (either role):
+
+1. ``register(dependent, trigger, coupling)`` / ``register_action(action, condition)`` /
+   ``register_dependency(dep)`` -- before the dependent begins (an SQD must be registered before
+   it; the others at the latest before it asks to commit).
+2. ``wait_may_begin(dependent)`` before running its body: ``BEGIN`` or ``CANCEL`` (never run it).
+3. ``condition_returned(condition, value)`` when a rule's condition returns (C-A coupling).
+4. ``wait_may_commit(dependent)`` before committing: ``COMMIT`` or ``ABORT``.
+5. ``trigger_ended(T, committed)`` when ``T`` commits or aborts -- triggers *and* dependents;
+   record the end in any history *before* this call.
+6. ``forget(T)`` once no further dependency on ``T`` will be registered.
+
+Decisions, per dependency ``j X i`` of the dependent ``j`` (``i`` running / committed / aborted):
+
+=====  ======================  =============================  ===============================
+kind   may begin               may commit                     must abort (non-blocking)
+=====  ======================  =============================  ===============================
+CD     yes                     wait for i's end; then yes     never
+AD     not if i aborted        wait; yes iff i committed      i aborted
+ED     not if i committed      wait; yes iff i aborted        i committed
+SQD    wait; yes iff i commit  (began with permission)        i aborted (before j began)
+CRD    not if i returned false wait; yes iff i committed and  i aborted, returned false, or
+       or aborted              returned true                  committed without returning true
+=====  ======================  =============================  ===============================
+
+A dependent waits only while a decision is open; as soon as one dependency forces ``CANCEL``/``ABORT``
+it gets that verdict without waiting for the others. WD is refused (:class:`UnsupportedByGate`): it
+lets the dependent commit while its trigger runs, which is only race-free when the dependent's commit
+and the trigger's abort are serialised by the nested transaction tree -- immediate and deferred rules
+are children and are enforced there.
+
+Thread-safety and locking: one mutex per gate, ``_mutex``, protects all state; each registered
+dependent has a ``threading.Condition`` on that same mutex, notified when one of its triggers ends,
+returns, or when it gets a new dependency or ends itself -- waiters re-check their predicate under
+the mutex, so no wakeup is lost and nobody busy-waits. The gate calls no user code, callback or
+logger while holding the mutex and calls nothing outside itself: its mutex is a leaf in any lock
+order. Do not call a blocking ``wait_*`` while holding a mutex a trigger needs to end.
+
+Deadlocks: a dependent that waits for its trigger while the trigger waits for a lock the dependent
+holds (e.g. an exclusive causally dependent compensation) is a deadlock the gate cannot see alone;
+``waiting_edges()`` exposes the wait-for-trigger edges for a deadlock detector. Cycles among gate
+dependencies themselves are refused at registration.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass, field
+
+from ._dependencies import Dependency, DependencyKind, action_dependencies_for, dependencies_for
+from ._modes import Coupling
+from .errors import DependencyTimeout, GateProtocolError, UnsupportedByGate
+
+
+class Verdict(enum.Enum):
+    """The gate's answer. ``BEGIN``/``CANCEL`` answer ``wait_may_begin``; ``COMMIT``/``ABORT`` answer
+    ``wait_may_commit``. ``CANCEL`` means: never run the body; report the transaction as aborted
+    (``trigger_ended(tid, committed=False)``, and record an abort without begin in any history --
+    an AD or ED requires the abort event)."""
+
+    BEGIN = "begin"
+    CANCEL = "cancel"
+    COMMIT = "commit"
+    ABORT = "abort"
+
+    @property
+    def proceed(self) -> bool:
+        """True for BEGIN and COMMIT."""
+        return self in (Verdict.BEGIN, Verdict.COMMIT)
+
+
+class DependentState(enum.Enum):
+    """Life of a registered dependent inside the gate.
+
+    REGISTERED -(BEGIN)-> BEGUN -(COMMIT)-> COMMIT_GRANTED; REGISTERED/BEGUN -(CANCEL/ABORT)-> STOPPED;
+    REGISTERED -(COMMIT)-> COMMIT_GRANTED when it has no SQD. Its end removes the record.
+    """
+
+    REGISTERED = "registered"
+    BEGUN = "begun"
+    COMMIT_GRANTED = "commit granted"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class GateStatistics:
+    dependents: int  # registered dependents that have not ended
+    dependencies: int  # their registered dependencies
+    waiting_to_begin: int  # threads blocked in wait_may_begin
+    waiting_to_commit: int  # threads blocked in wait_may_commit
+    retained_outcomes: int  # ended transactions whose outcome is kept (see forget)
+    begun: int  # verdicts handed out so far, by kind
+    cancelled: int
+    committed: int
+    aborted: int
+    timeouts: int
+
+
+class _Decision(enum.Enum):
+    GO = "go"
+    WAIT = "wait"
+    STOP = "stop"
+
+
+@dataclass(eq=False)
+class _DependentRecord:
+    """Gate state of one dependent; every field is protected by the gate's ``_mutex``."""
+
+    tid: Hashable
+    condition: threading.Condition  # on the gate's _mutex
+    dependencies: list[Dependency] = field(default_factory=list)  # Invariant: all have dependent == tid
+    state: DependentState = DependentState.REGISTERED
+    ended: bool = False  # set when trigger_ended(tid) removed the record while a thread may wait
+    waiting_for: tuple[Hashable, ...] = ()  # triggers a blocked wait is waiting for, () if none
+
+
+_GATED_KINDS = frozenset(
+    {DependencyKind.CD, DependencyKind.AD, DependencyKind.ED, DependencyKind.SQD, DependencyKind.CRD}
+)
+
+
+class DependencyGate:
+    """Enforces CD, AD, ED, SQD and CRD between concurrently running transactions.
+
+    See the module docstring for the protocol, the decision table and the locking. Thread-safe.
+    Timeouts: a ``wait_*`` whose ``timeout`` (seconds; ``None`` waits for ever) runs out raises
+    :class:`~coupling.errors.DependencyTimeout` naming the triggers still running, and leaves the
+    gate unchanged -- a timeout is not a verdict.
+    """
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()  # protects every field below and every _DependentRecord
+        self._dependents: dict[Hashable, _DependentRecord] = {}  # live (not ended) dependents
+        # Invariant: trigger in _dependents_on and dependent in _dependents_on[trigger]
+        #            iff some dependency of _dependents[dependent] has that trigger; no empty sets.
+        self._dependents_on: dict[Hashable, set[Hashable]] = {}
+        self._outcomes: dict[Hashable, bool] = {}  # ended transaction -> committed?
+        self._results: dict[Hashable, bool] = {}  # condition transaction -> what it returned
+        # Invariant: a tid in _forgettable is dropped from _outcomes/_results as soon as it has
+        #            ended and is not in _dependents_on.
+        self._forgettable: set[Hashable] = set()
+        self._waiting = {"begin": 0, "commit": 0}
+        self._verdicts = {verdict: 0 for verdict in Verdict}
+        self._timeouts = 0
+
+    # ------------------------------------------------------------------ registration
+
+    def register(self, dependent: Hashable, trigger: Hashable, coupling: Coupling | str) -> frozenset[Dependency]:
+        """Register the dependencies of E-C ``coupling`` (``dependencies_for``) and return them.
+
+        Detached registers nothing. Immediate and deferred raise :class:`UnsupportedByGate`: their
+        dependencies (child WD parent, parent CD child) are enforced by the transaction tree.
+        """
+        mode = Coupling.parse(coupling)
+        if mode.runs_as_subtransaction:
+            raise UnsupportedByGate(
+                f"{mode} rules run as subtransactions: the child's WD on its parent and the parent's "
+                "CD on its child (seed 004 axiom 19) are enforced by the nested transaction tree "
+                "(wait-for-commit, abort of descendants), not by the DependencyGate"
+            )
+        dependencies = dependencies_for(mode, dependent, trigger)
+        self._register_all(dependencies)
+        return dependencies
+
+    def register_action(
+        self,
+        action: Hashable,
+        condition: Hashable,
+        coupling: Coupling | str = Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT,
+    ) -> frozenset[Dependency]:
+        """Register the C-A dependencies (``action_dependencies_for``) and return them.
+
+        Sequential causally dependent: ``action AD condition`` and ``action CRD condition`` -- the
+        action may begin at once and commits only if the condition committed and returned true
+        (report the return value with :meth:`condition_returned`). Immediate registers nothing.
+        """
+        dependencies = action_dependencies_for(coupling, action, condition)
+        self._register_all(dependencies)
+        return dependencies
+
+    def register_dependency(self, dependency: Dependency) -> None:
+        """Register one dependency of kind CD, AD, ED, SQD or CRD (WD: :class:`UnsupportedByGate`)."""
+        self._register_all([dependency])
+
+    def _register_all(self, dependencies: Iterable[Dependency]) -> None:
+        dependencies = list(dependencies)
+        with self._mutex:
+            for dependency in dependencies:  # validate all first: all or nothing
+                self._check_registrable(dependency)
+            for dependency in dependencies:
+                record = self._dependents.get(dependency.dependent)
+                if record is None:
+                    record = _DependentRecord(dependency.dependent, threading.Condition(self._mutex))
+                    self._dependents[dependency.dependent] = record
+                if dependency not in record.dependencies:
+                    record.dependencies.append(dependency)
+                    self._dependents_on.setdefault(dependency.trigger, set()).add(dependency.dependent)
+                record.condition.notify_all()
+
+    def _check_registrable(self, dependency: Dependency) -> None:
+        """Raise if ``dependency`` may not be registered now. Caller holds ``self._mutex``."""
+        if dependency.kind not in _GATED_KINDS:
+            raise UnsupportedByGate(
+                f"{dependency}: the gate does not enforce {dependency.kind} (a weak-abort dependency "
+                "lets the dependent commit while its trigger runs; only the nested transaction tree "
+                "can serialise that commit with the trigger's abort)"
+            )
+        if dependency.dependent in self._outcomes:
+            raise GateProtocolError(
+                f"cannot register {dependency}: {dependency.dependent!r} has already ended"
+            )
+        record = self._dependents.get(dependency.dependent)
+        if record is not None:
+            if record.state in (DependentState.COMMIT_GRANTED, DependentState.STOPPED):
+                raise GateProtocolError(
+                    f"cannot register {dependency}: {dependency.dependent!r} was already told to "
+                    f"{'commit' if record.state is DependentState.COMMIT_GRANTED else 'abort'}"
+                )
+            if record.state is DependentState.BEGUN and dependency.kind is DependencyKind.SQD:
+                raise GateProtocolError(
+                    f"cannot register {dependency}: {dependency.dependent!r} already began; register a "
+                    "sequential dependency before calling wait_may_begin"
+                )
+        if self._reaches(dependency.trigger, dependency.dependent):
+            raise GateProtocolError(
+                f"cannot register {dependency}: {dependency.dependent!r} already (transitively) waits "
+                f"for {dependency.trigger!r} ... and {dependency.trigger!r} would wait for it: a cycle "
+                "of dependencies can never be decided"
+            )
+
+    def _reaches(self, start: Hashable, goal: Hashable) -> bool:
+        """Whether ``start`` transitively depends on ``goal`` via live dependencies. Caller holds the mutex."""
+        seen = {start}
+        stack = [start]
+        while stack:
+            tid = stack.pop()
+            if tid == goal:
+                return True
+            record = self._dependents.get(tid)
+            if record is None:
+                continue
+            for dependency in record.dependencies:
+                if dependency.trigger not in seen:
+                    seen.add(dependency.trigger)
+                    stack.append(dependency.trigger)
+        return False
+
+    # ------------------------------------------------------------------ facts
+
+    def trigger_ended(self, tid: Hashable, committed: bool) -> None:
+        """Report that ``tid`` committed (``committed=True``) or aborted; call it for *every* transaction
+        that appears in a registered dependency, in either role, exactly once.
+
+        Wakes the dependents waiting for ``tid``. If ``tid`` is itself a dependent, its record is
+        removed (a thread still waiting on its behalf gets ``ABORT``/``CANCEL``). Raises
+        :class:`GateProtocolError` -- after recording the end -- if ``tid`` reports a commit that the
+        gate did not grant.
+        """
+        committed = bool(committed)
+        with self._mutex:
+            if tid in self._outcomes:
+                raise GateProtocolError(
+                    f"{tid!r} reported to end twice (first {'committed' if self._outcomes[tid] else 'aborted'})"
+                )
+            self._outcomes[tid] = committed
+            problem = None
+            record = self._dependents.pop(tid, None)
+            if record is not None:
+                if committed and record.state is not DependentState.COMMIT_GRANTED:
+                    problem = (
+                        f"{tid!r} committed although the gate did not grant it (state: "
+                        f"{record.state.value}); call wait_may_commit and honour its verdict"
+                    )
+                record.ended = True
+                record.condition.notify_all()
+                for dependency in record.dependencies:
+                    waiting = self._dependents_on[dependency.trigger]
+                    waiting.discard(tid)
+                    if not waiting:
+                        del self._dependents_on[dependency.trigger]
+                        self._drop_if_forgotten(dependency.trigger)
+            self._notify_dependents_of(tid)
+            self._drop_if_forgotten(tid)
+        if problem is not None:
+            raise GateProtocolError(problem)
+
+    def condition_returned(self, condition: Hashable, value: bool) -> None:
+        """Report what a rule's condition returned, before its transaction ends (for CRD).
+
+        A ``False`` lets the actions depending on it abort at once (``must_abort`` becomes true).
+        """
+        with self._mutex:
+            if condition in self._results:
+                raise GateProtocolError(f"condition {condition!r} reported to return twice")
+            if condition in self._outcomes:
+                raise GateProtocolError(
+                    f"condition {condition!r} already ended; report its result before trigger_ended"
+                )
+            self._results[condition] = bool(value)
+            self._notify_dependents_of(condition)
+
+    def forget(self, tid: Hashable) -> None:
+        """Promise that no dependency on ``tid`` will be registered any more.
+
+        The outcome (and condition result) of ``tid`` is dropped as soon as it has ended and no
+        registered dependency refers to it. Without this call ended outcomes are kept for ever (see
+        ``statistics().retained_outcomes``). Registering a dependency on a forgotten transaction is a
+        protocol error the gate cannot detect: it would treat that transaction as still running.
+        """
+        with self._mutex:
+            self._forgettable.add(tid)
+            self._drop_if_forgotten(tid)
+
+    def _drop_if_forgotten(self, tid: Hashable) -> None:
+        """Caller holds ``self._mutex``."""
+        if tid in self._forgettable and tid in self._outcomes and tid not in self._dependents_on:
+            self._forgettable.discard(tid)
+            del self._outcomes[tid]
+            self._results.pop(tid, None)
+
+    def _notify_dependents_of(self, trigger: Hashable) -> None:
+        """Caller holds ``self._mutex``."""
+        for dependent in self._dependents_on.get(trigger, ()):
+            self._dependents[dependent].condition.notify_all()
+
+    # ------------------------------------------------------------------ decisions
+
+    def _begin_decision(self, dependency: Dependency) -> _Decision:
+        """May the dependent of ``dependency`` begin now? Caller holds ``self._mutex``."""
+        outcome = self._outcomes.get(dependency.trigger)  # None: still running
+        kind = dependency.kind
+        if kind is DependencyKind.SQD:
+            return _Decision.WAIT if outcome is None else (_Decision.GO if outcome else _Decision.STOP)
+        if kind is DependencyKind.AD:
+            return _Decision.STOP if outcome is False else _Decision.GO
+        if kind is DependencyKind.ED:
+            return _Decision.STOP if outcome is True else _Decision.GO
+        if kind is DependencyKind.CRD:
+            return _Decision.STOP if self._crd_failed(dependency.trigger, outcome) else _Decision.GO
+        return _Decision.GO  # CD constrains only the commit
+
+    def _commit_decision(self, dependency: Dependency) -> _Decision:
+        """May the dependent of ``dependency`` commit now? Caller holds ``self._mutex``."""
+        outcome = self._outcomes.get(dependency.trigger)
+        kind = dependency.kind
+        if kind is DependencyKind.SQD:
+            return _Decision.GO  # checked at begin; the record's state proves it began with permission
+        if kind is DependencyKind.CRD and self._crd_failed(dependency.trigger, outcome):
+            return _Decision.STOP
+        if outcome is None:
+            return _Decision.WAIT
+        if kind is DependencyKind.AD:
+            return _Decision.GO if outcome else _Decision.STOP
+        if kind is DependencyKind.ED:
+            return _Decision.STOP if outcome else _Decision.GO
+        return _Decision.GO  # CD: the trigger has ended; CRD: committed and returned true
+
+    def _crd_failed(self, condition: Hashable, outcome: bool | None) -> bool:
+        """The condition aborted, returned false, or committed without reporting true. Caller holds the mutex."""
+        result = self._results.get(condition)
+        return outcome is False or result is False or (outcome is True and result is not True)
+
+    def _decide(self, record: _DependentRecord, phase: str) -> tuple[_Decision, tuple[Hashable, ...]]:
+        """Combine the decisions of all dependencies: STOP wins, then WAIT (with the triggers waited for)."""
+        if record.ended:
+            return _Decision.STOP, ()
+        decide = self._begin_decision if phase == "begin" else self._commit_decision
+        pending: list[Hashable] = []
+        for dependency in record.dependencies:
+            decision = decide(dependency)
+            if decision is _Decision.STOP:
+                return _Decision.STOP, ()
+            if decision is _Decision.WAIT and dependency.trigger not in pending:
+                pending.append(dependency.trigger)
+        return (_Decision.WAIT, tuple(pending)) if pending else (_Decision.GO, ())
+
+    def _wait(self, record: _DependentRecord, phase: str, timeout: float | None) -> _Decision:
+        """Block until ``_decide`` is not WAIT. Caller holds ``self._mutex`` (released while waiting)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        decision, pending = self._decide(record, phase)
+        if decision is not _Decision.WAIT:
+            return decision
+        self._waiting[phase] += 1
+        try:
+            while decision is _Decision.WAIT:
+                record.waiting_for = pending
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    self._timeouts += 1
+                    raise DependencyTimeout(record.tid, pending, phase, timeout)
+                record.condition.wait(remaining)
+                decision, pending = self._decide(record, phase)
+            return decision
+        finally:
+            record.waiting_for = ()
+            self._waiting[phase] -= 1
+
+    def wait_may_begin(self, dependent: Hashable, timeout: float | None = None) -> Verdict:
+        """Block until ``dependent`` may begin (``BEGIN``) or must never run (``CANCEL``).
+
+        Waits only for an SQD trigger that is still running; ``CANCEL`` if an SQD trigger aborted, an
+        AD trigger aborted, an ED trigger committed, or a CRD condition failed. A transaction with no
+        registered dependency gets ``BEGIN`` at once. Raises :class:`DependencyTimeout`.
+        """
+        with self._mutex:
+            record = self._dependents.get(dependent)
+            if record is None:
+                self._check_not_ended(dependent, "begin")
+                self._verdicts[Verdict.BEGIN] += 1
+                return Verdict.BEGIN
+            if record.state is not DependentState.REGISTERED:
+                raise GateProtocolError(
+                    f"wait_may_begin({dependent!r}) in state {record.state.value}; call it once, before "
+                    "the dependent runs"
+                )
+            decision = self._wait(record, "begin", timeout)
+            verdict = Verdict.BEGIN if decision is _Decision.GO else Verdict.CANCEL
+            if not record.ended:
+                record.state = DependentState.BEGUN if verdict is Verdict.BEGIN else DependentState.STOPPED
+            self._verdicts[verdict] += 1
+            return verdict
+
+    def wait_may_commit(self, dependent: Hashable, timeout: float | None = None) -> Verdict:
+        """Block until ``dependent`` may commit (``COMMIT``) or must abort (``ABORT``).
+
+        Waits while a CD, AD, ED or CRD trigger is running, unless another dependency already forces
+        ``ABORT``. A transaction with no registered dependency gets ``COMMIT`` at once. After
+        ``COMMIT`` the dependent should commit and report it; if its commit fails it reports an abort.
+        Raises :class:`DependencyTimeout`.
+        """
+        with self._mutex:
+            record = self._dependents.get(dependent)
+            if record is None:
+                self._check_not_ended(dependent, "commit")
+                self._verdicts[Verdict.COMMIT] += 1
+                return Verdict.COMMIT
+            if record.state not in (DependentState.REGISTERED, DependentState.BEGUN):
+                raise GateProtocolError(
+                    f"wait_may_commit({dependent!r}) in state {record.state.value}; call it once, before "
+                    "the dependent commits, and never after a CANCEL or ABORT verdict"
+                )
+            if record.state is DependentState.REGISTERED and any(
+                dependency.kind is DependencyKind.SQD for dependency in record.dependencies
+            ):
+                raise GateProtocolError(
+                    f"{dependent!r} has a sequential dependency but never got BEGIN from wait_may_begin; "
+                    "ask wait_may_begin before running it"
+                )
+            decision = self._wait(record, "commit", timeout)
+            verdict = Verdict.COMMIT if decision is _Decision.GO else Verdict.ABORT
+            if not record.ended:
+                record.state = DependentState.COMMIT_GRANTED if verdict is Verdict.COMMIT else DependentState.STOPPED
+            self._verdicts[verdict] += 1
+            return verdict
+
+    def _check_not_ended(self, tid: Hashable, what: str) -> None:
+        """Caller holds ``self._mutex``."""
+        if tid in self._outcomes:
+            raise GateProtocolError(f"{tid!r} asked to {what} after it was reported to have ended")
+
+    def must_abort(self, dependent: Hashable) -> bool:
+        """Non-blocking: True if ``dependent`` can no longer commit (a trigger's outcome already rules it out).
+
+        Use it to abort a doomed dependent early; ``wait_may_commit`` would return ``ABORT``.
+        """
+        with self._mutex:
+            record = self._dependents.get(dependent)
+            if record is None:
+                return False
+            if record.state is DependentState.STOPPED:
+                return True
+            return any(self._begin_decision(dependency) is _Decision.STOP for dependency in record.dependencies)
+
+    # ------------------------------------------------------------------ introspection
+
+    def dependencies_of(self, dependent: Hashable) -> tuple[Dependency, ...]:
+        """The live registered dependencies of ``dependent`` (empty once it ended)."""
+        with self._mutex:
+            record = self._dependents.get(dependent)
+            return tuple(record.dependencies) if record is not None else ()
+
+    def state_of(self, dependent: Hashable) -> DependentState | None:
+        """The gate state of a live registered dependent, ``None`` otherwise."""
+        with self._mutex:
+            record = self._dependents.get(dependent)
+            return record.state if record is not None else None
+
+    def outcome_of(self, tid: Hashable) -> bool | None:
+        """True/False if ``tid`` was reported committed/aborted (and not dropped), else None."""
+        with self._mutex:
+            return self._outcomes.get(tid)
+
+    def waiting_edges(self) -> frozenset[tuple[Hashable, Hashable]]:
+        """``(dependent, trigger)`` for every blocked wait: the wait-for-trigger edges, for deadlock detection."""
+        with self._mutex:
+            return frozenset(
+                (record.tid, trigger) for record in self._dependents.values() for trigger in record.waiting_for
+            )
+
+    def statistics(self) -> GateStatistics:
+        with self._mutex:
+            return GateStatistics(
+                dependents=len(self._dependents),
+                dependencies=sum(len(record.dependencies) for record in self._dependents.values()),
+                waiting_to_begin=self._waiting["begin"],
+                waiting_to_commit=self._waiting["commit"],
+                retained_outcomes=len(self._outcomes),
+                begun=self._verdicts[Verdict.BEGIN],
+                cancelled=self._verdicts[Verdict.CANCEL],
+                committed=self._verdicts[Verdict.COMMIT],
+                aborted=self._verdicts[Verdict.ABORT],
+                timeouts=self._timeouts,
+            )

@@ -1,0 +1,60 @@
+"""Rule priorities (seed 004 §3.2, axioms 29-30): order of execution groups.
+
+Thread-safety: a pure function.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+from .errors import InvalidPriority
+
+Item = TypeVar("Item")
+
+
+def _priority_attribute(item: Any) -> Any:
+    try:
+        return item.priority
+    except AttributeError:
+        raise InvalidPriority(
+            f"{item!r} has no 'priority' attribute; pass key=... to priority_groups"
+        ) from None
+
+
+def priority_groups(items: Iterable[Item], key: Callable[[Item], Any] | None = None) -> list[list[Item]]:
+    """Split ``items`` into execution groups in descending priority.
+
+    Seed 004 §3.2: rules of one group (the immediate-and-detached firings of one transaction, or one
+    cycle of its deferred firings) "should be executed in sequence with respect to their priorities.
+    Transactions with same priority are executed concurrently. In case a transaction does not possess
+    a priority, we should assign the lowest priority among the group". Axioms 29-30: operations of a
+    higher-priority transaction precede those of a lower-priority one spawned by the same transaction.
+
+    So: one inner list per distinct priority, highest first; items whose priority is ``None`` form the
+    last group (below every number, negative ones included); inside a group the input order is kept.
+    Run the groups one after the other and the members of a group concurrently.
+
+    ``key(item)`` gives the priority (default: ``item.priority``): a real number or ``None``; anything
+    else (including ``bool`` and NaN) raises :class:`~coupling.errors.InvalidPriority`.
+    """
+    get_priority = key if key is not None else _priority_attribute
+    by_priority: dict[Any, list[Item]] = {}
+    unprioritised: list[Item] = []
+    for item in items:
+        priority = get_priority(item)
+        if priority is None:
+            unprioritised.append(item)
+            continue
+        if isinstance(priority, bool) or not isinstance(priority, numbers.Real) or math.isnan(priority):
+            raise InvalidPriority(
+                f"priority of {item!r} is {priority!r}; a priority is a real number (higher runs "
+                "first) or None (lowest)"
+            )
+        by_priority.setdefault(priority, []).append(item)
+    groups = [by_priority[priority] for priority in sorted(by_priority, reverse=True)]
+    if unprioritised:
+        groups.append(unprioritised)
+    return groups
