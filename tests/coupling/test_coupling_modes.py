@@ -1,0 +1,131 @@
+"""The six modes and the dependencies each one creates (seed 004 axioms 18-23, DESIGN §3)."""
+
+from __future__ import annotations
+
+import pytest
+
+import coupling
+from coupling import (
+    ACTION_COUPLINGS,
+    Coupling,
+    CouplingError,
+    Dependency,
+    DependencyKind,
+    InvalidActionCoupling,
+    UnknownCoupling,
+    action_dependencies_for,
+    dependencies_for,
+    has_own_deferred_queue,
+)
+
+CD, AD, WD, ED, SQD, CRD = (DependencyKind[name] for name in ("CD", "AD", "WD", "ED", "SQD", "CRD"))
+DETACHED_FAMILY = [
+    Coupling.DETACHED,
+    Coupling.DETACHED_CAUSALLY_DEPENDENT,
+    Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT,
+    Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT,
+]
+
+
+def test_the_contract_names_are_exported():
+    for name in (
+        "Coupling DependencyKind Dependency dependencies_for ACTION_COUPLINGS DependencyGate Verdict "
+        "DeferredQueue priority_groups HistoryEvent check_dependencies CouplingError"
+    ).split():
+        assert name in coupling.__all__ and hasattr(coupling, name)
+
+
+def test_six_modes_with_their_own_docstrings_and_primitives():
+    assert len(Coupling) == 6
+    docs = [mode.__doc__ for mode in Coupling]
+    assert all(doc and len(doc) > 80 for doc in docs)
+    assert len(set(docs)) == 6
+    assert [mode.primitive for mode in Coupling] == [
+        "Spawn_Imm", "Spawn_Def", "Spawn_Detached", "Spawn_Caus", "Spawn_Seq", "Spawn_Exc",
+    ]
+
+
+def test_where_each_mode_runs():
+    assert {mode for mode in Coupling if mode.runs_as_subtransaction} == {Coupling.IMMEDIATE, Coupling.DEFERRED}
+    assert [mode for mode in Coupling if mode.runs_as_top_level] == DETACHED_FAMILY
+
+
+@pytest.mark.parametrize(
+    "text, mode",
+    [
+        ("deferred", Coupling.DEFERRED),
+        ("DEFERRED", Coupling.DEFERRED),
+        (" Immediate ", Coupling.IMMEDIATE),
+        ("detached", Coupling.DETACHED),
+        ("detached-causally-dependent", Coupling.DETACHED_CAUSALLY_DEPENDENT),
+        ("Sequential Causally Dependent", Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT),
+        ("EXCLUSIVE_CAUSALLY_DEPENDENT", Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT),
+        (Coupling.DETACHED, Coupling.DETACHED),
+    ],
+)
+def test_parse_is_case_insensitive(text, mode):
+    assert Coupling.parse(text) is mode
+
+
+@pytest.mark.parametrize("bad", ["defered", "", "causal", 3, None])
+def test_parse_rejects_unknown_names_listing_the_valid_ones(bad):
+    with pytest.raises(UnknownCoupling) as caught:
+        Coupling.parse(bad)
+    assert isinstance(caught.value, CouplingError) and isinstance(caught.value, ValueError)
+    for mode in Coupling:
+        assert mode.value in str(caught.value)
+
+
+def test_action_couplings():
+    assert ACTION_COUPLINGS == frozenset({Coupling.IMMEDIATE, Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT})
+    assert Coupling.parse_action("sequential_causally_dependent") is Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT
+    assert [mode.is_valid_action_coupling for mode in Coupling] == [True, False, False, False, True, False]
+    with pytest.raises(InvalidActionCoupling, match="immediate, sequential_causally_dependent"):
+        Coupling.parse_action("deferred")
+
+
+def test_dependencies_for_is_designs_table():
+    child, parent = "child", "parent"
+    expected = {
+        Coupling.IMMEDIATE: {Dependency(WD, child, parent), Dependency(CD, parent, child)},
+        Coupling.DEFERRED: {Dependency(WD, child, parent), Dependency(CD, parent, child)},
+        Coupling.DETACHED: set(),
+        Coupling.DETACHED_CAUSALLY_DEPENDENT: {Dependency(AD, child, parent), Dependency(CD, child, parent)},
+        Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT: {Dependency(SQD, child, parent)},
+        Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT: {Dependency(ED, child, parent)},
+    }
+    for mode, dependencies in expected.items():
+        assert dependencies_for(mode, child, parent) == frozenset(dependencies), mode
+        assert dependencies_for(mode.value.upper(), child, parent) == frozenset(dependencies), mode
+
+
+def test_action_dependencies():
+    assert action_dependencies_for("immediate", "action", "condition") == frozenset()
+    assert action_dependencies_for(Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT, "action", "condition") == {
+        Dependency(AD, "action", "condition"),
+        Dependency(CRD, "action", "condition"),
+    }
+    for mode in set(Coupling) - ACTION_COUPLINGS:
+        with pytest.raises(InvalidActionCoupling):
+            action_dependencies_for(mode, "action", "condition")
+
+
+def test_dependency_notation_and_direction():
+    dependency = Dependency(ED, "compensation", "trigger")
+    assert str(dependency) == "compensation ED trigger"
+    assert dependency.describe() == "if trigger commits, compensation aborts (compensation ED trigger)"
+    assert Dependency("cd", "j", "i").kind is CD  # kinds may be given by name
+    assert DependencyKind.BCD is SQD  # ACTA's begin-on-commit dependency is the SQD
+    assert all(kind.__doc__ and "=>" in kind.__doc__ for kind in DependencyKind)
+    with pytest.raises(ValueError, match="cannot depend on itself"):
+        Dependency(CD, "t", "t")
+    assert {Dependency(CD, 1, 2), Dependency(CD, 1, 2)} == {Dependency(CD, 1, 2)}  # hashable values
+
+
+def test_who_owns_a_deferred_queue():
+    # Top-level and immediate transactions run cycles; deferred ones hand their deferred firings on.
+    assert has_own_deferred_queue(None)
+    assert has_own_deferred_queue(Coupling.IMMEDIATE)
+    assert not has_own_deferred_queue(Coupling.DEFERRED)
+    assert not has_own_deferred_queue("deferred")
+    assert all(has_own_deferred_queue(mode) for mode in DETACHED_FAMILY)
