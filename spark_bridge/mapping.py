@@ -1,0 +1,450 @@
+"""Turn the rows of a micro-batch into events, rejecting bad rows with a reason.
+
+Public interface:
+
+* :class:`EventMapping` — which columns give the event type, the key, the application
+  timestamp and the payload;
+* :func:`rows_to_events` — validates rows (a ``pyarrow.Table`` or a list of dicts) and
+  returns ``(good, bad)``: the good ones as :class:`RawEvent` sorted by application
+  timestamp, the bad ones as :class:`Rejected` with a human-readable reason and the raw
+  row as a JSON-serialisable dict (ready for the dead-letter table);
+* :func:`jsonable` — the conversion used for those raw rows.
+
+Decisions, fixed here so the engine can rely on them:
+
+* **Timestamps are timezone-aware ``datetime`` objects in UTC** (``tzinfo`` is
+  ``datetime.timezone.utc``). They compare exactly (microseconds, as Spark and
+  PostgreSQL store them), map to ``timestamptz`` without conversion, and cannot be
+  confused with a duration. Accepted inputs: aware datetimes (converted to UTC); naive
+  datetimes (Spark ``TIMESTAMP_NTZ``, read as UTC); ``int``/``float`` epoch numbers in
+  :attr:`EventMapping.ts_unit` (seconds by default); ISO-8601 strings (a missing offset
+  means UTC). ``bool``, NaN, infinities and out-of-range values are rejected.
+* **Keys** are non-empty ``str`` or ``int`` (not ``bool``). ``None``, ``""`` and any
+  other type are rejected: a key names a piece of state, and ``1.0`` vs ``1`` would
+  silently name two.
+* **Event types** come from the type column, renamed through
+  :attr:`EventMapping.type_map` when the raw value is in it (values not in the map pass
+  through unchanged). The result must be a non-empty ``str``; with ``known_types`` it
+  must also be one of them.
+* **Order**: good events are sorted by timestamp; rows with equal timestamps keep their
+  order in the batch (the sort is stable), and :attr:`RawEvent.position` records each
+  row's index in the input.
+
+Pure Python plus pyarrow (imported only when a Table is passed); never imports pyspark.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+import math
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from spark_bridge.errors import MappingError
+
+__all__ = ["EventMapping", "RawEvent", "Rejected", "jsonable", "rows_to_events"]
+
+_UTC = dt.timezone.utc
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=_UTC)
+_TS_UNITS: Mapping[str, int] = MappingProxyType({"s": 1, "ms": 1_000, "us": 1_000_000})
+_MISSING = object()  # a field absent from a row, as opposed to present and null
+
+
+@dataclass(frozen=True)
+class EventMapping:
+    """Which columns of a batch make an event. Immutable; safe to share between threads.
+
+    ``payload_columns=None`` means every column except the type, key and timestamp
+    columns; a list names exactly the payload columns (each must be present in a row,
+    null values are allowed). ``type_map`` renames raw type values (for example numeric
+    codes to names). ``ts_unit`` is the unit of numeric timestamps: ``"s"``, ``"ms"`` or
+    ``"us"`` since the Unix epoch.
+    """
+
+    type_column: str
+    key_column: str
+    ts_column: str
+    payload_columns: tuple[str, ...] | None = None
+    type_map: Mapping[Any, str] | None = field(default=None, hash=False)
+    ts_unit: str = "s"
+
+    def __post_init__(self) -> None:
+        for name in ("type_column", "key_column", "ts_column"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise MappingError(f"EventMapping.{name} must be a non-empty column name, got {value!r}")
+        if self.payload_columns is not None:
+            if isinstance(self.payload_columns, str):
+                raise MappingError(
+                    "EventMapping.payload_columns must be a list of column names, not one string; "
+                    f"did you mean [{self.payload_columns!r}]?"
+                )
+            columns = tuple(self.payload_columns)
+            for column in columns:
+                if not isinstance(column, str) or not column:
+                    raise MappingError(f"payload column names must be non-empty strings, got {column!r}")
+            if len(set(columns)) != len(columns):
+                raise MappingError(f"payload_columns has duplicates: {list(columns)}")
+            object.__setattr__(self, "payload_columns", columns)
+        if self.type_map is not None:
+            object.__setattr__(self, "type_map", MappingProxyType(dict(self.type_map)))
+        if self.ts_unit not in _TS_UNITS:
+            raise MappingError(f"ts_unit must be one of {sorted(_TS_UNITS)}, got {self.ts_unit!r}")
+
+    def payload_columns_for(self, columns: Iterable[str]) -> tuple[str, ...]:
+        """The payload columns for a batch whose columns are ``columns`` (in that order)."""
+        if self.payload_columns is not None:
+            return self.payload_columns
+        reserved = {self.type_column, self.key_column, self.ts_column}
+        return tuple(column for column in columns if column not in reserved)
+
+
+@dataclass(frozen=True, slots=True)
+class RawEvent:
+    """One validated row: an event not yet applied. Immutable (the payload dict is the
+    caller's to leave alone); safe to share between threads."""
+
+    event_type: str
+    key: str | int
+    # Invariant: ts.tzinfo is datetime.timezone.utc.
+    ts: dt.datetime
+    payload: Mapping[str, Any] = field(hash=False)
+    position: int  # index of the row in the batch handed to rows_to_events
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A row that could not become an event: why, where, and the row itself.
+
+    ``row`` is JSON-serialisable (see :func:`jsonable`); ``reason`` names the field and
+    the problem in one sentence.
+    """
+
+    position: int
+    reason: str
+    row: Mapping[str, Any] = field(hash=False)
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` converted to something ``json.dumps`` (and PostgreSQL ``jsonb``) accepts.
+
+    datetimes, dates and times become ISO-8601 strings; ``Decimal`` and non-finite floats
+    become strings; bytes become base64 strings; mappings and sequences are converted
+    recursively (mapping keys become strings); anything else becomes its ``repr``.
+    """
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, (dt.datetime, dt.date, dt.time)):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, Mapping):
+        return {str(key): jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [jsonable(item) for item in value]
+    return repr(value)
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{text} ({type(value).__name__})"
+
+
+class _InvalidField(Exception):
+    """Internal: a field failed validation; the message is the rejection reason."""
+
+
+def _to_utc(value: Any, unit_divisor: int) -> dt.datetime:
+    """Convert one timestamp value to an aware UTC datetime or raise _InvalidField."""
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            return value.replace(tzinfo=_UTC)
+        if value.tzinfo is _UTC:
+            return value
+        return value.astimezone(_UTC)
+    if isinstance(value, bool):
+        raise _InvalidField(f"is {_describe(value)}, not a timestamp")
+    if isinstance(value, int):
+        try:
+            return _EPOCH + dt.timedelta(microseconds=value * (1_000_000 // unit_divisor))
+        except OverflowError:
+            raise _InvalidField(f"is {_describe(value)}, out of the representable range") from None
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise _InvalidField(f"is {_describe(value)}, not a finite number")
+        try:
+            return _EPOCH + dt.timedelta(microseconds=round(value * 1_000_000 / unit_divisor))
+        except OverflowError:
+            raise _InvalidField(f"is {_describe(value)}, out of the representable range") from None
+    if isinstance(value, str):
+        try:
+            parsed = dt.datetime.fromisoformat(value.strip())
+        except ValueError:
+            raise _InvalidField(f"is {_describe(value)}, not an ISO-8601 timestamp") from None
+        return _to_utc(parsed, unit_divisor)
+    if isinstance(value, dt.date):
+        raise _InvalidField(f"is {_describe(value)}, a date without a time")
+    raise _InvalidField(f"is {_describe(value)}, not a timestamp")
+
+
+def _check_key(value: Any) -> str | int:
+    if isinstance(value, str):
+        if value:
+            return value
+        raise _InvalidField("is an empty string")
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise _InvalidField(f"is {_describe(value)}, need a string or an integer")
+
+
+# --- column-wise validation -------------------------------------------------------------
+#
+# Each of the three event fields is validated one column at a time: a converter turns a
+# raw value into the field's value or raises _InvalidField. A column comes back as the
+# converted values plus {position: reason} for the rows it rejects. A row whose type,
+# key or timestamp was rejected is reported with the first reason in that order.
+#
+# For Arrow input, columns whose Arrow type and statistics already prove every value
+# valid (a string column without nulls or empty strings, an integer key column without
+# nulls, a timestamp column without nulls) skip the per-value converter: that is what
+# keeps 100k rows well under a second.
+
+
+def _convert_column(values: Sequence[Any], convert: Any, label: str) -> tuple[list[Any], dict[int, str]]:
+    converted: list[Any] = []
+    errors: dict[int, str] = {}
+    append = converted.append
+    for position, value in enumerate(values):
+        if value is None or value is _MISSING:
+            errors[position] = f"{label} is null" if value is None else f"{label} is missing"
+            append(None)
+            continue
+        try:
+            append(convert(value))
+        except _InvalidField as exc:
+            errors[position] = f"{label} {exc}"
+            append(None)
+    return converted, errors
+
+
+def _type_converter(mapping: EventMapping, known: frozenset[str] | None) -> Any:
+    type_map = mapping.type_map
+
+    def convert(raw: Any) -> str:
+        event_type = raw
+        if type_map is not None:
+            try:
+                event_type = type_map.get(raw, raw)
+            except TypeError:  # unhashable raw value
+                raise _InvalidField(f"is {_describe(raw)}, need a string") from None
+        if not isinstance(event_type, str) or not event_type:
+            raise _InvalidField(f"is {_describe(event_type)}, need a non-empty string")
+        if known is not None and event_type not in known:
+            listed = sorted(known)
+            shown = ", ".join(map(repr, listed[:10])) + (", ..." if len(listed) > 10 else "")
+            raise _InvalidField(f"is {event_type!r}, not a known event type (known: {shown})")
+        return event_type
+
+    return convert
+
+
+def _arrow_values(column: Any) -> list[Any]:
+    """``column.to_pylist()``, with timestamps as aware UTC datetimes built fast.
+
+    ``to_pylist`` on a zoned timestamp column builds a ``ZoneInfo`` datetime per value
+    (about 3 µs each); going through int64 microseconds costs about 0.5 µs.
+    """
+    import pyarrow as pa
+
+    if pa.types.is_timestamp(column.type):
+        micros = column.cast(pa.timestamp("us", tz=column.type.tz), safe=False).cast(pa.int64())
+        epoch, delta = _EPOCH, dt.timedelta
+        return [None if value is None else epoch + delta(microseconds=value) for value in micros.to_pylist()]
+    return column.to_pylist()
+
+
+def _arrow_column_is_clean_text(column: Any) -> bool:
+    """Every value is a non-null, non-empty string (decided without Python loops)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        return False
+    if column.null_count:
+        return False
+    if len(column) == 0:
+        return True
+    return pc.min(pc.utf8_length(column)).as_py() > 0
+
+
+def _arrow_type_column(
+    column: Any, mapping: EventMapping, known: frozenset[str] | None, label: str
+) -> tuple[list[Any], dict[int, str]]:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if mapping.type_map is None and _arrow_column_is_clean_text(column):
+        if known is None or pc.all(pc.is_in(column, value_set=pa.array(sorted(known), column.type))).as_py():
+            return column.to_pylist(), {}
+    return _convert_column(column.to_pylist(), _type_converter(mapping, known), label)
+
+
+def _arrow_key_column(column: Any, label: str) -> tuple[list[Any], dict[int, str]]:
+    import pyarrow as pa
+
+    if _arrow_column_is_clean_text(column) or (pa.types.is_integer(column.type) and not column.null_count):
+        return column.to_pylist(), {}
+    return _convert_column(column.to_pylist(), _check_key, label)
+
+
+def _arrow_ts_column(column: Any, unit_divisor: int, label: str) -> tuple[list[Any], dict[int, str]]:
+    import pyarrow as pa
+
+    if pa.types.is_timestamp(column.type):
+        values = _arrow_values(column)
+        errors = {position: f"{label} is null" for position, value in enumerate(values) if value is None}
+        return values, errors
+    return _convert_column(_arrow_values(column), lambda value: _to_utc(value, unit_divisor), label)
+
+
+def rows_to_events(
+    rows: Any,
+    mapping: EventMapping,
+    known_types: Collection[str] | None = None,
+) -> tuple[list[RawEvent], list[Rejected]]:
+    """Validate ``rows`` against ``mapping``; return ``(good, bad)``.
+
+    ``rows`` is a ``pyarrow.Table`` / ``RecordBatch`` (for example from
+    ``DataFrame.toArrow()``) or a sequence of dicts. ``good`` is sorted by timestamp,
+    stable; ``bad`` is in input order. Every input row is in exactly one of the two
+    lists. Never raises for bad data; raises :class:`~spark_bridge.errors.MappingError`
+    only when the batch itself is unusable (duplicate column names in a Table).
+    """
+    known = None if known_types is None else frozenset(known_types)
+    unit_divisor = _TS_UNITS[mapping.ts_unit]
+    type_label = f"event type ({mapping.type_column!r})"
+    key_label = f"key ({mapping.key_column!r})"
+    ts_label = f"timestamp ({mapping.ts_column!r})"
+
+    try:
+        import pyarrow as pa
+    except ImportError:  # pragma: no cover - pyarrow is a dependency
+        pa = None
+
+    if pa is not None and isinstance(rows, (pa.Table, pa.RecordBatch)):
+        return _arrow_rows_to_events(rows, mapping, known, unit_divisor, (type_label, key_label, ts_label))
+
+    rows = list(rows)
+    errors: dict[int, str] = {}
+    for position, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            errors[position] = f"row is {_describe(row)}, not a mapping of column to value"
+    mappings = [row if isinstance(row, Mapping) else {} for row in rows]
+
+    type_values, type_errors = _convert_column(
+        [row.get(mapping.type_column, _MISSING) for row in mappings], _type_converter(mapping, known), type_label
+    )
+    key_values, key_errors = _convert_column(
+        [row.get(mapping.key_column, _MISSING) for row in mappings], _check_key, key_label
+    )
+    ts_values, ts_errors = _convert_column(
+        [row.get(mapping.ts_column, _MISSING) for row in mappings],
+        lambda value: _to_utc(value, unit_divisor),
+        ts_label,
+    )
+    for column_errors in (type_errors, key_errors, ts_errors):
+        for position, reason in column_errors.items():
+            errors.setdefault(position, reason)
+
+    reserved = (mapping.type_column, mapping.key_column, mapping.ts_column)
+    good: list[RawEvent] = []
+    for position, row in enumerate(mappings):
+        if position in errors:
+            continue
+        if mapping.payload_columns is None:
+            payload = {name: value for name, value in row.items() if name not in reserved}
+        else:
+            absent = [name for name in mapping.payload_columns if name not in row]
+            if absent:
+                errors[position] = f"missing field {absent[0]!r}"
+                continue
+            payload = {name: row[name] for name in mapping.payload_columns}
+        good.append(RawEvent(type_values[position], key_values[position], ts_values[position], payload, position))
+
+    bad = [
+        Rejected(position, errors[position], jsonable(rows[position]) if isinstance(rows[position], Mapping)
+                 else {"value": jsonable(rows[position])})
+        for position in sorted(errors)
+    ]
+    good.sort(key=_by_ts)
+    return good, bad
+
+
+def _arrow_rows_to_events(
+    table: Any,
+    mapping: EventMapping,
+    known: frozenset[str] | None,
+    unit_divisor: int,
+    labels: tuple[str, str, str],
+) -> tuple[list[RawEvent], list[Rejected]]:
+    names = list(table.schema.names)
+    if len(set(names)) != len(names):
+        raise MappingError(f"the batch has duplicate column names: {names}; rename them before mapping")
+    count = table.num_rows
+    payload_names = mapping.payload_columns_for(names)
+    absent = [
+        name
+        for name in (mapping.type_column, mapping.key_column, mapping.ts_column, *payload_names)
+        if name not in names
+    ]
+    if absent:
+        reason = f"missing field {absent[0]!r}: the batch has no such column (columns: {names})"
+        return [], _arrow_rejections(table, {position: reason for position in range(count)})
+
+    type_label, key_label, ts_label = labels
+    type_values, errors = _arrow_type_column(table.column(mapping.type_column), mapping, known, type_label)
+    key_values, key_errors = _arrow_key_column(table.column(mapping.key_column), key_label)
+    ts_values, ts_errors = _arrow_ts_column(table.column(mapping.ts_column), unit_divisor, ts_label)
+    for column_errors in (key_errors, ts_errors):
+        for position, reason in column_errors.items():
+            errors.setdefault(position, reason)
+
+    payload_columns = [_arrow_values(table.column(name)) for name in payload_names]
+    payload_rows = zip(*payload_columns) if payload_columns else ((),) * count
+    good = [
+        RawEvent(event_type, key, ts, dict(zip(payload_names, payload)), position)
+        for position, (event_type, key, ts, payload) in enumerate(
+            zip(type_values, key_values, ts_values, payload_rows)
+        )
+        if position not in errors
+    ]
+    good.sort(key=_by_ts)
+    return good, _arrow_rejections(table, errors)
+
+
+def _arrow_rejections(table: Any, errors: Mapping[int, str]) -> list[Rejected]:
+    """Rejected entries, in input order, each with its raw row made JSON-serialisable."""
+    if not errors:
+        return []
+    positions = sorted(errors)
+    subset = table.take(positions)
+    names = subset.schema.names
+    columns = [_arrow_values(subset.column(index)) for index in range(subset.num_columns)]
+    return [
+        Rejected(position, errors[position], {name: jsonable(values[index]) for name, values in zip(names, columns)})
+        for index, position in enumerate(positions)
+    ]
+
+
+def _by_ts(event: RawEvent) -> dt.datetime:
+    return event.ts

@@ -1,0 +1,265 @@
+"""rows_to_events: validation, rejection reasons, ordering, Arrow and dict inputs agree."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from decimal import Decimal
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spark_bridge.errors import MappingError
+from spark_bridge.mapping import EventMapping, RawEvent, Rejected, jsonable, rows_to_events
+
+UTC = dt.timezone.utc
+T0 = dt.datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+MAPPING = EventMapping("type", "key", "ts")
+
+
+def _ts(seconds: float) -> dt.datetime:
+    return T0 + dt.timedelta(seconds=seconds)
+
+
+def _arrow(rows: list[dict], schema: pa.Schema) -> pa.Table:
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+SCHEMA = pa.schema(
+    [("type", pa.string()), ("key", pa.string()), ("ts", pa.timestamp("us", tz="UTC")), ("room", pa.int64())]
+)
+
+
+def test_good_rows_become_events_sorted_by_time_and_stable():
+    rows = [
+        {"type": "enter", "key": "p1", "ts": _ts(3), "room": 1},
+        {"type": "wash", "key": "p2", "ts": _ts(1), "room": 2},
+        {"type": "leave", "key": "p1", "ts": _ts(3), "room": 1},  # same time as row 0
+        {"type": "enter", "key": "p3", "ts": _ts(2), "room": 3},
+    ]
+    for batch in (rows, _arrow(rows, SCHEMA)):
+        good, bad = rows_to_events(batch, MAPPING)
+        assert bad == []
+        assert [event.position for event in good] == [1, 3, 0, 2]
+        assert good[0] == RawEvent("wash", "p2", _ts(1), {"room": 2}, 1)
+        assert all(event.ts.tzinfo is UTC for event in good)
+
+
+@pytest.mark.parametrize(
+    ("row", "reason"),
+    [
+        ({"key": "p", "ts": 1.0}, "event type ('type') is missing"),
+        ({"type": None, "key": "p", "ts": 1.0}, "event type ('type') is null"),
+        ({"type": "", "key": "p", "ts": 1.0}, "need a non-empty string"),
+        ({"type": 7, "key": "p", "ts": 1.0}, "event type ('type') is 7 (int)"),
+        ({"type": "enter", "ts": 1.0}, "key ('key') is missing"),
+        ({"type": "enter", "key": None, "ts": 1.0}, "key ('key') is null"),
+        ({"type": "enter", "key": "", "ts": 1.0}, "key ('key') is an empty string"),
+        ({"type": "enter", "key": 1.5, "ts": 1.0}, "key ('key') is 1.5 (float), need a string or an integer"),
+        ({"type": "enter", "key": True, "ts": 1.0}, "key ('key') is True (bool)"),
+        ({"type": "enter", "key": "p"}, "timestamp ('ts') is missing"),
+        ({"type": "enter", "key": "p", "ts": None}, "timestamp ('ts') is null"),
+        ({"type": "enter", "key": "p", "ts": "yesterday"}, "not an ISO-8601 timestamp"),
+        ({"type": "enter", "key": "p", "ts": math.nan}, "not a finite number"),
+        ({"type": "enter", "key": "p", "ts": math.inf}, "not a finite number"),
+        ({"type": "enter", "key": "p", "ts": 10**30}, "out of the representable range"),
+        ({"type": "enter", "key": "p", "ts": False}, "is False (bool), not a timestamp"),
+        ({"type": "enter", "key": "p", "ts": dt.date(2024, 1, 1)}, "a date without a time"),
+        ({"type": "enter", "key": "p", "ts": [1]}, "not a timestamp"),
+    ],
+)
+def test_bad_row_reasons(row, reason):
+    good, bad = rows_to_events([row], MAPPING)
+    assert good == []
+    assert len(bad) == 1 and bad[0].position == 0
+    assert reason in bad[0].reason
+    json.dumps(bad[0].row)  # the raw row is JSON-serialisable
+
+
+def test_first_bad_field_wins_in_type_key_ts_order():
+    good, bad = rows_to_events([{"type": None, "key": None, "ts": None}], MAPPING)
+    assert [rejected.reason for rejected in bad] == ["event type ('type') is null"]
+
+
+def test_unknown_types_are_rejected_only_when_known_types_given():
+    rows = [{"type": "enter", "key": "p", "ts": 1}, {"type": "dance", "key": "p", "ts": 2}]
+    good, bad = rows_to_events(rows, MAPPING)
+    assert len(good) == 2 and bad == []
+    for batch in (rows, _arrow(rows, pa.schema([("type", pa.string()), ("key", pa.string()), ("ts", pa.int64())]))):
+        good, bad = rows_to_events(batch, MAPPING, known_types={"enter", "leave"})
+        assert [event.event_type for event in good] == ["enter"]
+        assert bad[0].position == 1
+        assert bad[0].reason == "event type ('type') is 'dance', not a known event type (known: 'enter', 'leave')"
+        assert bad[0].row == {"type": "dance", "key": "p", "ts": 2}
+
+
+def test_type_map_renames_before_the_known_check():
+    mapping = EventMapping("code", "key", "ts", type_map={1: "enter", 2: "leave"})
+    rows = [{"code": 1, "key": "p", "ts": 0}, {"code": 2, "key": "p", "ts": 1}, {"code": 3, "key": "p", "ts": 2}]
+    good, bad = rows_to_events(rows, mapping, known_types={"enter", "leave"})
+    assert [event.event_type for event in good] == ["enter", "leave"]
+    assert "3 (int)" in bad[0].reason
+
+
+@pytest.mark.parametrize(
+    ("value", "unit", "expected"),
+    [
+        (1_700_000_000, "s", dt.datetime(2023, 11, 14, 22, 13, 20, tzinfo=UTC)),
+        (1_700_000_000.25, "s", dt.datetime(2023, 11, 14, 22, 13, 20, 250000, tzinfo=UTC)),
+        (1_700_000_000_250, "ms", dt.datetime(2023, 11, 14, 22, 13, 20, 250000, tzinfo=UTC)),
+        (1_700_000_000_000_001, "us", dt.datetime(2023, 11, 14, 22, 13, 20, 1, tzinfo=UTC)),
+        ("2024-05-01T14:00:00+02:00", "s", T0),
+        ("2024-05-01T12:00:00Z", "s", T0),
+        ("2024-05-01 12:00:00", "s", T0),  # no offset: UTC
+        (dt.datetime(2024, 5, 1, 12, 0), "s", T0),  # naive (TIMESTAMP_NTZ): UTC
+        (dt.datetime(2024, 5, 1, 14, 0, tzinfo=dt.timezone(dt.timedelta(hours=2))), "s", T0),
+    ],
+)
+def test_timestamp_conversions(value, unit, expected):
+    mapping = EventMapping("type", "key", "ts", ts_unit=unit)
+    good, bad = rows_to_events([{"type": "enter", "key": "p", "ts": value}], mapping)
+    assert bad == []
+    assert good[0].ts == expected and good[0].ts.tzinfo is UTC
+
+
+def test_payload_columns_default_explicit_and_missing():
+    rows = [{"type": "enter", "key": 7, "ts": 1, "room": 3, "note": None}]
+    good, _ = rows_to_events(rows, MAPPING)
+    assert good[0].payload == {"room": 3, "note": None} and good[0].key == 7
+    good, _ = rows_to_events(rows, EventMapping("type", "key", "ts", payload_columns=["note", "ts"]))
+    assert good[0].payload == {"note": None, "ts": 1}
+    good, bad = rows_to_events(rows, EventMapping("type", "key", "ts", payload_columns=["floor"]))
+    assert good == [] and bad[0].reason == "missing field 'floor'"
+
+
+def test_arrow_batch_without_a_mapped_column_rejects_every_row():
+    table = pa.table({"type": ["enter", "leave"], "key": ["a", "b"]})
+    good, bad = rows_to_events(table, MAPPING)
+    assert good == []
+    assert [rejected.position for rejected in bad] == [0, 1]
+    assert bad[0].reason.startswith("missing field 'ts': the batch has no such column")
+    assert bad[1].row == {"type": "leave", "key": "b"}
+
+
+def test_arrow_rows_with_nulls_and_bad_values_are_rejected_individually():
+    table = pa.table(
+        {
+            "type": pa.array(["enter", None, "leave", "", "enter"]),
+            "key": pa.array(["a", "b", None, "d", "e"]),
+            "ts": pa.array([_ts(1), _ts(2), _ts(3), _ts(4), None], pa.timestamp("us", tz="UTC")),
+        }
+    )
+    good, bad = rows_to_events(table, MAPPING)
+    assert [event.position for event in good] == [0]
+    assert [(rejected.position, rejected.reason) for rejected in bad] == [
+        (1, "event type ('type') is null"),
+        (2, "key ('key') is null"),
+        (3, "event type ('type') is '' (str), need a non-empty string"),
+        (4, "timestamp ('ts') is null"),
+    ]
+    assert bad[0].row == {"type": None, "key": "b", "ts": "2024-05-01T12:00:02+00:00"}
+
+
+def test_arrow_integer_keys_and_numeric_timestamps():
+    table = pa.table({"type": ["enter", "enter"], "key": pa.array([5, 6], pa.int32()), "ts": [2.5, 1.0]})
+    good, bad = rows_to_events(table, MAPPING)
+    assert bad == [] and [(event.key, event.position) for event in good] == [(6, 1), (5, 0)]
+
+
+def test_arrow_nanosecond_and_naive_timestamps():
+    table = pa.table(
+        {
+            "type": ["enter", "enter"],
+            "key": ["a", "b"],
+            "ts": pa.array([1_000_000_001_999, 2_000_000_000_000], pa.timestamp("ns")),
+        }
+    )
+    good, _ = rows_to_events(table, MAPPING)
+    assert [event.ts for event in good] == [
+        dt.datetime(1970, 1, 1, 0, 16, 40, 1, tzinfo=UTC),  # truncated to microseconds
+        dt.datetime(1970, 1, 1, 0, 33, 20, tzinfo=UTC),
+    ]
+
+
+def test_non_mapping_rows_are_rejected():
+    good, bad = rows_to_events([("enter", "p", 1)], MAPPING)
+    assert good == [] and bad[0].row == {"value": ["enter", "p", 1]}
+    assert "not a mapping" in bad[0].reason
+
+
+def test_duplicate_arrow_columns_are_a_mapping_error():
+    table = pa.Table.from_arrays([pa.array(["a"]), pa.array(["b"])], names=["key", "key"])
+    with pytest.raises(MappingError, match="duplicate column names"):
+        rows_to_events(table, MAPPING)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"type_column": "", "key_column": "k", "ts_column": "t"},
+        {"type_column": "a", "key_column": "k", "ts_column": "t", "payload_columns": "x"},
+        {"type_column": "a", "key_column": "k", "ts_column": "t", "payload_columns": ["x", "x"]},
+        {"type_column": "a", "key_column": "k", "ts_column": "t", "ts_unit": "minutes"},
+    ],
+)
+def test_malformed_mappings_raise(kwargs):
+    with pytest.raises(MappingError):
+        EventMapping(**kwargs)
+
+
+def test_mapping_is_immutable_and_hashable():
+    mapping = EventMapping("t", "k", "ts", payload_columns=["a"], type_map={1: "x"})
+    assert mapping.payload_columns == ("a",)
+    hash(mapping)
+    with pytest.raises(AttributeError):
+        mapping.type_column = "other"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        mapping.type_map[2] = "y"  # type: ignore[index]
+
+
+def test_jsonable():
+    value = {
+        "when": T0,
+        "day": dt.date(2024, 1, 2),
+        "price": Decimal("1.10"),
+        "blob": b"\x00\x01",
+        "nan": math.nan,
+        1: (1, 2),
+        "nested": {"set": {3}},
+        "other": object,
+    }
+    converted = jsonable(value)
+    json.dumps(converted, allow_nan=False)
+    assert converted["when"] == "2024-05-01T12:00:00+00:00"
+    assert converted["price"] == "1.10" and converted["blob"] == "AAE=" and converted["nan"] == "nan"
+    assert converted["1"] == [1, 2] and converted["nested"] == {"set": [3]}
+
+
+_values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**20), max_value=10**20),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=5),
+    st.sampled_from(["enter", "leave", "2024-01-01T00:00:00Z", "p1"]),
+    st.datetimes(timezones=st.just(UTC)),
+)
+_rows = st.lists(
+    st.dictionaries(st.sampled_from(["type", "key", "ts", "extra"]), _values, max_size=4), max_size=20
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_rows)
+def test_every_row_is_either_good_or_bad_and_good_is_sorted(rows):
+    good, bad = rows_to_events(rows, MAPPING, known_types={"enter", "leave"})
+    positions = sorted([event.position for event in good] + [rejected.position for rejected in bad])
+    assert positions == list(range(len(rows)))
+    keys = [(event.ts, event.position) for event in good]
+    assert keys == sorted(keys)  # by time, ties in input order
+    for rejected in bad:
+        assert isinstance(rejected, Rejected) and rejected.reason
+        json.dumps(rejected.row, allow_nan=False)
