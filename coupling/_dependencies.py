@@ -92,7 +92,13 @@ class Dependency:
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, DependencyKind):
-            object.__setattr__(self, "kind", DependencyKind(str(self.kind).upper()))
+            try:
+                object.__setattr__(self, "kind", DependencyKind[str(self.kind).upper()])
+            except KeyError:
+                raise ValueError(
+                    f"unknown dependency kind {self.kind!r}; use one of: "
+                    f"{', '.join(DependencyKind.__members__)}"
+                ) from None
         if self.dependent == self.trigger:
             raise ValueError(
                 f"a transaction cannot depend on itself: {self.dependent!r} {self.kind} {self.trigger!r}"

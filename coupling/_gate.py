@@ -283,12 +283,12 @@ class DependencyGate:
                     )
                 record.ended = True
                 record.condition.notify_all()
-                for dependency in record.dependencies:
-                    waiting = self._dependents_on[dependency.trigger]
+                for trigger in {dependency.trigger for dependency in record.dependencies}:
+                    waiting = self._dependents_on[trigger]
                     waiting.discard(tid)
                     if not waiting:
-                        del self._dependents_on[dependency.trigger]
-                        self._drop_if_forgotten(dependency.trigger)
+                        del self._dependents_on[trigger]
+                        self._drop_if_forgotten(trigger)
             self._notify_dependents_of(tid)
             self._drop_if_forgotten(tid)
         if problem is not None:

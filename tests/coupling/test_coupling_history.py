@@ -168,7 +168,7 @@ def test_order_is_by_seq_not_by_list_position():
     assert check_dependencies(events, [Dependency(CD, "D", "T")]) == []
 
 
-def test_recorder_numbers_events_from_many_threads():
+def test_recorder_numbers_events_from_many_threads(threads):
     recorder = HistoryRecorder()
     barrier = threading.Barrier(8)
 
@@ -179,12 +179,9 @@ def test_recorder_numbers_events_from_many_threads():
             recorder.begin(tid)
             recorder.commit(tid, result=True)
 
-    workers = [threading.Thread(target=work, args=(number,)) for number in range(8)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(timeout=5)
-        assert not worker.is_alive()
+    for number in range(8):
+        threads.start(f"worker {number}", work, number)
+    threads.join()
     events = recorder.events()
     assert [event.seq for event in events] == list(range(800))
     assert check_dependencies(events, []) == []  # well formed: each begin precedes its commit

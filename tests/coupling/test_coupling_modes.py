@@ -115,6 +115,9 @@ def test_dependency_notation_and_direction():
     assert str(dependency) == "compensation ED trigger"
     assert dependency.describe() == "if trigger commits, compensation aborts (compensation ED trigger)"
     assert Dependency("cd", "j", "i").kind is CD  # kinds may be given by name
+    assert Dependency("BCD", "j", "i").kind is SQD
+    with pytest.raises(ValueError, match="use one of: CD, AD, WD, ED, SQD, BCD, CRD"):
+        Dependency("XD", "j", "i")
     assert DependencyKind.BCD is SQD  # ACTA's begin-on-commit dependency is the SQD
     assert all(kind.__doc__ and "=>" in kind.__doc__ for kind in DependencyKind)
     with pytest.raises(ValueError, match="cannot depend on itself"):
