@@ -19,16 +19,16 @@ Protocol, for every transaction ``T`` that appears in a registered dependency (e
 
 Decisions, per dependency ``j X i`` of the dependent ``j`` (``i`` running / committed / aborted):
 
-=====  ======================  =============================  ===============================
-kind   may begin               may commit                     must abort (non-blocking)
-=====  ======================  =============================  ===============================
-CD     yes                     wait for i's end; then yes     never
-AD     not if i aborted        wait; yes iff i committed      i aborted
-ED     not if i committed      wait; yes iff i aborted        i committed
-SQD    wait; yes iff i commit  (began with permission)        i aborted (before j began)
-CRD    not if i returned false wait; yes iff i committed and  i aborted, returned false, or
-       or aborted              returned true                  committed without returning true
-=====  ======================  =============================  ===============================
+=====  ==========================  ============================  ==================================
+kind   may begin                   may commit                    must abort (non-blocking)
+=====  ==========================  ============================  ==================================
+CD     yes                         wait for i's end; then yes    never
+AD     not if i aborted            wait; yes iff i committed     i aborted
+ED     not if i committed          wait; yes iff i aborted       i committed
+SQD    wait; yes iff i committed   yes (it began with consent)   i aborted (before j began)
+CRD    not if i aborted or         wait; yes iff i committed     i aborted, returned false, or
+       returned false              and returned true             committed without returning true
+=====  ==========================  ============================  ==================================
 
 A dependent waits only while a decision is open; as soon as one dependency forces ``CANCEL``/``ABORT``
 it gets that verdict without waiting for the others. WD is refused (:class:`UnsupportedByGate`): it
