@@ -1,0 +1,246 @@
+"""The plain write path: micro-batches into PostgreSQL with no rules, exactly once.
+
+This is the baseline that ``activedb bench ingest`` compares the rule layer against, and
+the smallest complete instance of the bridge's exactly-once protocol:
+
+1. ``batch_df.toArrow()`` moves the micro-batch into Python (no pandas);
+2. in **one** PostgreSQL transaction: insert ``(query_id, batch_id)`` into the ledger
+   with ``ON CONFLICT DO NOTHING``; if the row already existed the batch was committed
+   before (Spark re-runs the last planned batch with the same id after a restart), so
+   nothing else is written; otherwise the rows go in with ``COPY`` (Arrow writes the
+   CSV, vectorised) or ``executemany``;
+3. commit. A crash anywhere before the commit leaves neither the rows nor the ledger row.
+
+Inserting the ledger row *first* also makes a concurrent duplicate (two drivers on one
+checkpoint by mistake) wait on the ledger's primary key and then skip.
+
+Public names: :class:`PlainWriteSink` (the ``foreachBatch`` callable) and
+:class:`PlainWriteStatistics`. psycopg and pyarrow are imported when first used; pyspark
+is never imported here (the batch DataFrame arrives from Spark).
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from spark_bridge.errors import SparkBridgeError
+
+__all__ = ["PlainWriteSink", "PlainWriteStatistics", "psycopg_conninfo", "streaming_query_id"]
+
+_METHODS = ("copy", "executemany")
+
+#: Spark sets this local property on the thread that runs foreachBatch: the query's id,
+#: which is stored in the checkpoint and therefore survives restarts (unlike runId).
+_QUERY_ID_PROPERTY = "sql.streaming.queryId"
+
+
+@dataclass(frozen=True)
+class PlainWriteStatistics:
+    """What a :class:`PlainWriteSink` has done so far. Immutable snapshot."""
+
+    batches_written: int
+    batches_skipped: int
+    rows_written: int
+    seconds_to_arrow: float  # inside batch_df.toArrow() (runs the Spark job of the batch)
+    seconds_in_database: float  # the ledger insert, the COPY/executemany and the commit
+
+
+def psycopg_conninfo(dsn: str) -> str:
+    """A libpq connection string from ``dsn``, accepting SQLAlchemy's ``+psycopg`` URLs."""
+    for prefix in ("postgresql+psycopg://", "postgresql+psycopg2://", "postgres+psycopg://"):
+        if dsn.startswith(prefix):
+            return "postgresql://" + dsn[len(prefix):]
+    return dsn
+
+
+def streaming_query_id(batch_df: Any) -> str | None:
+    """The id of the streaming query that produced ``batch_df`` (inside foreachBatch)."""
+    return batch_df.sparkSession.sparkContext.getLocalProperty(_QUERY_ID_PROPERTY)
+
+
+def _identifier(name: str) -> Any:
+    from psycopg import sql
+
+    return sql.Identifier(*name.split("."))
+
+
+class PlainWriteSink:
+    """``foreachBatch`` callable writing each micro-batch's rows to ``table``, exactly once.
+
+    ``dsn`` is a libpq string or URL (SQLAlchemy's ``postgresql+psycopg://`` accepted).
+    ``columns`` are the batch columns to write (default: all), into same-named columns of
+    ``table``. ``ledger_table`` must have a unique key on ``(query_id, batch_id)``;
+    ``ledger_values`` adds constant columns to the ledger row (for example
+    ``{"transaction_id": "plain-write"}`` for activedb's ledger) and
+    ``ledger_count_column`` names a column to receive the batch's row count.
+    ``query_id`` defaults to the streaming query's id, read inside each batch.
+
+    Thread-safety: Spark calls ``foreachBatch`` once at a time per query; ``self._mutex``
+    serialises calls anyway, so one sink may also be driven by hand from several threads.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        table: str,
+        *,
+        columns: Sequence[str] | None = None,
+        ledger_table: str = "activedb_ingestion_ledger",
+        query_id: str | None = None,
+        method: str = "copy",
+        ledger_values: Mapping[str, Any] | None = None,
+        ledger_count_column: str | None = None,
+    ) -> None:
+        if method not in _METHODS:
+            raise SparkBridgeError(f"method must be one of {_METHODS}, got {method!r}")
+        self._conninfo = psycopg_conninfo(dsn)
+        self._table = table
+        self._columns = None if columns is None else tuple(columns)
+        self._ledger_table = ledger_table
+        self._query_id = query_id
+        self._method = method
+        self._ledger_values = dict(ledger_values or {})
+        self._ledger_count_column = ledger_count_column
+        # self._mutex protects the connection and every counter below.
+        self._mutex = threading.Lock()
+        self._connection: Any = None
+        self._batches_written = 0
+        self._batches_skipped = 0
+        self._rows_written = 0
+        self._seconds_to_arrow = 0.0
+        self._seconds_in_database = 0.0
+
+    # -- foreachBatch entry point -------------------------------------------------------
+
+    def __call__(self, batch_df: Any, batch_id: int) -> None:
+        query_id = self._query_id or streaming_query_id(batch_df)
+        if not query_id:
+            raise SparkBridgeError(
+                "no query id: pass query_id= to PlainWriteSink, or use it from foreachBatch of a streaming query"
+            )
+        started = time.perf_counter()
+        table = batch_df.toArrow()
+        elapsed = time.perf_counter() - started
+        with self._mutex:
+            self._seconds_to_arrow += elapsed
+        self.write_batch(table, batch_id, query_id)
+
+    # -- the exactly-once write ---------------------------------------------------------
+
+    def write_batch(self, table: Any, batch_id: int, query_id: str | None = None) -> bool:
+        """Write a ``pyarrow.Table`` as batch ``batch_id``; ``False`` if already recorded."""
+        query_id = query_id or self._query_id
+        if not query_id:
+            raise SparkBridgeError("write_batch needs a query_id (none was given to PlainWriteSink either)")
+        if self._columns is not None:
+            table = table.select(list(self._columns))
+        with self._mutex:
+            started = time.perf_counter()
+            connection = self._connect()
+            try:
+                with connection.transaction():
+                    with connection.cursor() as cursor:
+                        if not self._record_batch(cursor, query_id, batch_id, table.num_rows):
+                            written = False
+                        else:
+                            self._write_rows(cursor, table)
+                            written = True
+            except BaseException:
+                self._discard_connection_if_broken()
+                raise
+            finally:
+                self._seconds_in_database += time.perf_counter() - started
+            if written:
+                self._batches_written += 1
+                self._rows_written += table.num_rows
+            else:
+                self._batches_skipped += 1
+            return written
+
+    def statistics(self) -> PlainWriteStatistics:
+        with self._mutex:
+            return PlainWriteStatistics(
+                self._batches_written,
+                self._batches_skipped,
+                self._rows_written,
+                self._seconds_to_arrow,
+                self._seconds_in_database,
+            )
+
+    def close(self) -> None:
+        with self._mutex:
+            if self._connection is not None:
+                self._connection.close()
+                self._connection = None
+
+    # -- internals (caller holds self._mutex) ---------------------------------------------
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        if self._connection is None or self._connection.closed:
+            self._connection = psycopg.connect(self._conninfo, autocommit=True)
+        return self._connection
+
+    def _discard_connection_if_broken(self) -> None:
+        if self._connection is not None and self._connection.broken:
+            self._connection.close()
+            self._connection = None
+
+    def _record_batch(self, cursor: Any, query_id: str, batch_id: int, row_count: int) -> bool:
+        from psycopg import sql
+
+        values: dict[str, Any] = {"query_id": query_id, "batch_id": batch_id, **self._ledger_values}
+        if self._ledger_count_column:
+            values[self._ledger_count_column] = row_count
+        statement = sql.SQL(
+            "INSERT INTO {ledger} ({columns}) VALUES ({values}) "
+            "ON CONFLICT (query_id, batch_id) DO NOTHING RETURNING batch_id"
+        ).format(
+            ledger=_identifier(self._ledger_table),
+            columns=sql.SQL(", ").join(sql.Identifier(name) for name in values),
+            values=sql.SQL(", ").join(sql.Placeholder() for _ in values),
+        )
+        cursor.execute(statement, list(values.values()))
+        return cursor.fetchone() is not None
+
+    def _write_rows(self, cursor: Any, table: Any) -> None:
+        from psycopg import sql
+
+        if table.num_rows == 0:
+            return
+        target = _identifier(self._table)
+        column_list = sql.SQL(", ").join(sql.Identifier(name) for name in table.schema.names)
+        if self._method == "copy" and _csv_writable(table):
+            import pyarrow.csv
+
+            buffer = io.BytesIO()
+            pyarrow.csv.write_csv(table, buffer, pyarrow.csv.WriteOptions(include_header=False))
+            statement = sql.SQL("COPY {table} ({columns}) FROM STDIN (FORMAT csv)").format(
+                table=target, columns=column_list
+            )
+            with cursor.copy(statement) as copy:
+                copy.write(buffer.getbuffer())
+            return
+        statement = sql.SQL("INSERT INTO {table} ({columns}) VALUES ({values})").format(
+            table=target,
+            columns=column_list,
+            values=sql.SQL(", ").join(sql.Placeholder() for _ in table.schema.names),
+        )
+        rows = list(zip(*(column.to_pylist() for column in table.columns)))
+        cursor.executemany(statement, rows)
+
+
+def _csv_writable(table: Any) -> bool:
+    """Arrow's CSV writer handles flat columns only (no lists, structs, maps, binary)."""
+    import pyarrow as pa
+
+    return not any(
+        pa.types.is_nested(field.type) or pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type)
+        for field in table.schema
+    )
