@@ -1,0 +1,79 @@
+"""Incremental cycle check on the wait-for graph.
+
+The graph is not stored separately: its nodes are the manager's transaction records, and a node's
+out-edges are
+
+* ``node.waits``    -- a dict ``target -> kind`` ("held", "retained" or "queued") for the one lock request the
+  node is waiting on (empty when it is not waiting), and
+* ``node.children`` -- the set of its active children (the structural "commit" edges).
+
+Adding edges ``source -> t`` for ``t`` in ``targets`` closes a cycle exactly when some ``t`` already reaches
+``source``.  :func:`find_cycle` answers that with one depth-first search from the new targets, visiting
+only what they reach -- in a lock table that is a handful of nodes, whatever the size of the graph.  It is
+the only graph algorithm in the hot path; networkx is used for export and offline checks only.
+
+Precondition for every function here: the caller holds the manager's graph mutex, so no ``waits`` or
+``children`` changes during the search.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Protocol
+
+
+class GraphNode(Protocol):
+    waits: dict
+    children: set
+
+
+def find_cycle(source: GraphNode, targets: Iterable[GraphNode]) -> list[GraphNode] | None:
+    """Return ``[source, n1, ..., nk]`` with ``source -> n1 -> ... -> nk -> source`` if one of ``targets``
+    reaches ``source`` (``n1`` is then one of ``targets``); None when no new edge closes a cycle.
+
+    Iterative depth-first search with a predecessor map (which doubles as the visited set).
+    """
+    predecessor: dict = {}
+    stack = []
+    for target in targets:
+        if target is source:
+            return [source]
+        if target not in predecessor:
+            predecessor[target] = source
+            stack.append(target)
+    pop = stack.pop
+    push = stack.append
+    while stack:
+        node = pop()
+        for following in node.waits:
+            if following is source:
+                return _path(predecessor, node, source)
+            if following not in predecessor:
+                predecessor[following] = node
+                push(following)
+        for following in node.children:
+            if following is source:
+                return _path(predecessor, node, source)
+            if following not in predecessor:
+                predecessor[following] = node
+                push(following)
+    return None
+
+
+def _path(predecessor: dict, last: GraphNode, source: GraphNode) -> list[GraphNode]:
+    path = [last]
+    node = last
+    while node is not source:
+        node = predecessor[node]
+        path.append(node)
+    path.reverse()  # [source, ..., last]
+    return path
+
+
+def edge_kind(node: GraphNode, following: GraphNode) -> str:
+    """The kind of the edge ``node -> following`` (a wait edge wins over a commit edge between the same pair)."""
+    kind = node.waits.get(following)
+    if kind is not None:
+        return kind
+    if following in node.children:
+        return "commit"
+    raise KeyError("no edge between these nodes")

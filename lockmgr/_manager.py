@@ -1,0 +1,1020 @@
+"""The Härder–Rothermel lock manager.  The design note (rules, invariants, mutex order) is lockmgr/README.md.
+
+Thread-safety: every public method of :class:`LockManager` may be called from any thread.  A transaction
+may be used from several threads, but it waits for at most one lock at a time (``RequestPending``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from types import MappingProxyType
+from typing import Any, Callable, Hashable, Union
+
+from lockmgr._graph import edge_kind, find_cycle
+from lockmgr._modes import CONFLICTS, COVERS, INTENTION_FOR, JOIN, Mode
+from lockmgr._records import (
+    DeadlockCycle,
+    Holders,
+    LockStatistics,
+    LockTableSnapshot,
+    TransactionInfo,
+    TxnState,
+    VictimCandidate,
+    WaitingRequest,
+)
+from lockmgr.errors import (
+    ActiveChildren,
+    Deadlock,
+    DuplicateTransaction,
+    InvalidDowngrade,
+    LockNotHeld,
+    LockTimeout,
+    RequestPending,
+    TransactionAborted,
+    TransactionNotActive,
+    UnknownTransaction,
+    WaitEdge,
+)
+
+VictimPolicy = Union[str, Callable[[DeadlockCycle], Hashable]]
+VICTIM_POLICIES = ("requester", "youngest", "smallest_tree")
+
+ACTIVE = TxnState.ACTIVE
+COMMITTING = TxnState.COMMITTING
+COMMITTED = TxnState.COMMITTED
+ABORTED = TxnState.ABORTED
+
+# Request states (slow path only).  A request leaves WAITING exactly once, with the graph mutex held.
+WAITING = "waiting"
+GRANTED = "granted"
+VICTIM = "victim"
+TIMED_OUT = "timed out"
+WITHDRAWN_BY_ABORT = "aborted"
+
+_NO_WAITS: dict = {}  # shared "no out-edges" value; never mutated (waits are replaced, not edited)
+
+
+class _Txn:
+    """One transaction.  Not thread-safe by itself: each field names the mutex that guards it."""
+
+    __slots__ = (
+        "tid", "parent", "serial", "depth", "ancestors",
+        "children", "state", "locks", "mutex", "waits", "request",
+    )
+
+    def __init__(self, tid: Hashable, parent: "_Txn | None", serial: int) -> None:
+        self.tid = tid
+        self.parent = parent  # immutable
+        self.serial = serial  # immutable; begin order, larger is younger
+        if parent is None:
+            self.depth = 0
+            self.ancestors: frozenset[_Txn] = frozenset()
+        else:
+            self.depth = parent.depth + 1
+            self.ancestors = parent.ancestors | {parent}  # immutable; excludes self
+        # Guarded by the graph mutex.  Invariant: exactly the children whose state is ACTIVE or COMMITTING
+        # (a committing child leaves only after its locks are inherited); these are the "commit" edges.
+        self.children: set[_Txn] = set()
+        # Written with the graph mutex AND self.mutex held; read under either (or racily, as a hint).
+        self.state = ACTIVE
+        # Guarded by self.mutex.  resource -> _Lock.  Invariant: self has a held or retained entry in every
+        # lock listed here, and every lock listed here is in its stripe's table.
+        self.locks: dict[Any, _Lock] = {}
+        self.mutex = threading.Lock()  # protects state and locks
+        # Guarded by the graph mutex.  Out-edges for the pending request: target _Txn -> kind.
+        # Invariant: non-empty iff request is not None (a waiting request always has a blocker).
+        self.waits: dict[_Txn, str] = _NO_WAITS
+        self.request: _Request | None = None  # guarded by the graph mutex; the WAITING request, if any
+
+    def __repr__(self) -> str:
+        return f"<txn {self.tid!r} {self.state.value}>"
+
+
+class _Lock:
+    """The lock-table entry of one resource.  Every field is guarded by ``stripe.mutex``; while ``waiters`` is
+    not None, changes to ``held``, ``retained`` and ``waiters`` additionally need the graph mutex.
+
+    Invariants (with the stripe mutex held):
+      * the modes in ``held`` of two different transactions never conflict;
+      * if ``retained[r]`` conflicts with ``held[h]`` and ``h is not r``, then ``r`` is an ancestor of ``h``;
+      * the entry is in ``stripe.locks`` iff ``held`` or ``retained`` or ``waiters`` is non-empty;
+      * ``waiters`` is None or a non-empty FIFO list of WAITING requests.
+    """
+
+    __slots__ = ("resource", "stripe", "held", "retained", "waiters")
+
+    def __init__(self, resource: Any, stripe: "_Stripe") -> None:
+        self.resource = resource
+        self.stripe = stripe
+        self.held: dict[_Txn, Mode] = {}  # holder -> the one mode it holds (join of what it acquired)
+        self.retained: dict[_Txn, Mode] | None = None  # retainer -> the one mode it retains (join)
+        self.waiters: list[_Request] | None = None
+
+
+class _Stripe:
+    __slots__ = ("mutex", "locks", "free")
+
+    def __init__(self) -> None:
+        self.mutex = threading.Lock()  # protects `locks`, `free` and every field of the _Lock objects in them
+        self.locks: dict[Any, _Lock] = {}
+        # Empty _Lock objects of this stripe for reuse (creating one is a fifth of an uncontended
+        # acquire+release).  Safe because nothing refers to a discarded entry: a transaction lists only
+        # locks it has an entry in, and a request refers to its lock only while it waits.
+        self.free: list[_Lock] = []
+
+
+_FREE_LOCKS_PER_STRIPE = 64
+
+
+def _new_lock(resource: Any, stripe: _Stripe) -> _Lock:
+    """An empty entry for ``resource`` (reused if possible).  Caller holds ``stripe.mutex``; the caller
+    inserts it into ``stripe.locks``."""
+    free = stripe.free
+    if free:
+        lock = free.pop()
+        lock.resource = resource
+        return lock
+    return _Lock(resource, stripe)
+
+
+class _Request:
+    """A lock request that had to go through the slow path.  Guarded by the graph mutex (and, while queued,
+    also by its lock's stripe mutex for ``target``)."""
+
+    __slots__ = ("txn", "lock", "mode", "target", "status", "error", "condition", "jumped")
+
+    def __init__(self, txn: _Txn, lock: _Lock, mode: Mode) -> None:
+        self.txn = txn
+        self.lock = lock
+        self.mode = mode
+        self.target = mode  # the mode it would hold if granted: join(current held mode, mode)
+        self.status = WAITING
+        self.error: BaseException | None = None
+        self.condition: threading.Condition | None = None  # on the graph mutex; created when it waits
+        self.jumped = False  # True: exempt from queueing behind earlier requests (set to break a cycle)
+
+
+def _blockers(txn: _Txn, lock: _Lock, mode: Mode, ahead: list[_Request], jumped: bool) -> tuple[Mode, dict]:
+    """Rule 1 plus the fairness queue: who blocks ``txn``'s request for ``mode`` on ``lock``.
+
+    ``ahead`` are the requests queued before this one that are still waiting.  Returns the mode the request
+    would hold and ``{blocking _Txn: kind}`` (empty: grantable).  Caller holds the stripe mutex (and the graph
+    mutex if the lock has waiters).
+    """
+    held = lock.held
+    current = held.get(txn)
+    target = mode if current is None else JOIN[current][mode]
+    row = CONFLICTS[target]
+    blockers: dict[_Txn, str] = {}
+    # Rule 1a: no other transaction holds the lock in a conflicting mode.
+    for holder, held_mode in held.items():
+        if row[held_mode] and holder is not txn:
+            blockers[holder] = "held"
+    ancestors = txn.ancestors
+    # Rule 1b: every transaction retaining it in a conflicting mode is an ancestor (or txn itself).
+    retained = lock.retained
+    if retained:
+        for retainer, retained_mode in retained.items():
+            if row[retained_mode] and retainer is not txn and retainer not in ancestors and retainer not in blockers:
+                blockers[retainer] = "retained"
+    # Fairness: FIFO among conflicting requests, except behind an ancestor or behind a request that txn
+    # or one of its ancestors is blocking (queueing there would be a certain deadlock).
+    if not jumped:
+        for earlier in ahead:
+            other = earlier.txn
+            if not row[earlier.target] or other in blockers or other in ancestors:
+                continue
+            waits = other.waits
+            if txn in waits or not ancestors.isdisjoint(waits):
+                continue
+            blockers[other] = "queued"
+    return target, blockers
+
+
+class LockManager:
+    """Härder–Rothermel locking for nested transactions, with incremental deadlock detection.
+
+    ``victim_policy`` chooses which waiting transaction of a deadlock cycle is told (gets ``Deadlock``):
+    ``"requester"`` (the one whose new wait edge closed the cycle; the paper's choice, the default),
+    ``"youngest"`` (latest ``begin``), ``"smallest_tree"`` (fewest transactions in its subtree, then fewest
+    locks), or a callable ``policy(cycle: DeadlockCycle) -> tid`` returning one of ``cycle.candidates``
+    (called without any mutex held; if it raises or returns a non-candidate, the requester is chosen).
+
+    ``stripes`` is the number of lock-table partitions (rounded up to a power of two).  With
+    ``snapshot_on_deadlock=True`` every ``Deadlock`` carries a :class:`LockTableSnapshot` taken when the cycle
+    was found (for tests and post-mortems; costs a full snapshot per deadlock).
+
+    Thread-safety: all methods are thread-safe.  See lockmgr/README.md for the mutex order.
+    """
+
+    def __init__(
+        self,
+        victim_policy: VictimPolicy = "requester",
+        *,
+        stripes: int = 64,
+        snapshot_on_deadlock: bool = False,
+        remember_ended: int = 4096,
+    ) -> None:
+        if not callable(victim_policy) and victim_policy not in VICTIM_POLICIES:
+            raise ValueError(
+                f"unknown victim_policy {victim_policy!r}: use one of {', '.join(VICTIM_POLICIES)} "
+                f"or a callable taking a DeadlockCycle and returning a tid"
+            )
+        if stripes < 1:
+            raise ValueError("stripes must be at least 1")
+        count = 1
+        while count < stripes:
+            count *= 2
+        self._victim_policy = victim_policy
+        self._snapshot_on_deadlock = snapshot_on_deadlock
+        self._stripes = tuple(_Stripe() for _ in range(count))
+        self._stripe_mask = count - 1
+        # The graph mutex protects: the transaction registry (_active, _ended), the tree (children, state
+        # transitions), the wait-for graph (waits, request, every _Request), the counters below, and -- with
+        # the stripe mutex -- every lock that has waiters.
+        self._graph_mutex = threading.Lock()
+        self._waiting_changed = threading.Condition(self._graph_mutex)
+        # tid -> _Txn of every ACTIVE or COMMITTING transaction.  Written with the graph mutex held; the fast
+        # path reads it without (one dict lookup, atomic).
+        self._active: dict[Hashable, _Txn] = {}
+        self._ended: OrderedDict[Hashable, tuple[str, str]] = OrderedDict()  # recent ends, for messages
+        self._remember_ended = remember_ended
+        self._serial = 0
+        self._waiting = 0  # Invariant: number of _Request objects with status WAITING
+        self._counters = dict.fromkeys(
+            ("begun", "committed", "aborted", "waits", "deadlocks", "queue_jumps", "timeouts", "inherited"), 0
+        )
+
+    # ------------------------------------------------------------------ transactions
+
+    def begin(self, tid: Hashable, parent: Hashable | None = None) -> None:
+        """Register a top-level transaction (``parent=None``) or a subtransaction of the active ``parent``."""
+        if tid is None:
+            raise ValueError("a transaction id must not be None (None means 'no parent')")
+        with self._graph_mutex:
+            if tid in self._active:
+                raise DuplicateTransaction(tid)
+            parent_txn = None
+            if parent is not None:
+                parent_txn = self._require_active(parent, f"begin a child {tid!r} of it")
+            self._serial += 1
+            txn = _Txn(tid, parent_txn, self._serial)
+            if parent_txn is not None:
+                parent_txn.children.add(txn)
+            self._active[tid] = txn
+            self._ended.pop(tid, None)
+            self._counters["begun"] += 1
+
+    def is_active(self, tid: Hashable) -> bool:
+        """True while ``tid`` is begun and has not started to commit or abort."""
+        txn = self._active.get(tid)
+        return txn is not None and txn.state is ACTIVE
+
+    def commit(self, tid: Hashable) -> None:
+        """Commit ``tid``.  A subtransaction hands its held and retained locks to its parent, which retains
+        them in the same modes (Rule 2); a top-level transaction releases all of them (Rule 3).
+
+        Raises ``ActiveChildren`` if a child of ``tid`` is still active, ``RequestPending`` if ``tid`` is
+        waiting for a lock in another thread.
+        """
+        graph = self._graph_mutex
+        with graph:
+            txn = self._require_active(tid, "commit")
+            if txn.request is not None:
+                raise RequestPending(tid, txn.request.lock.resource)
+            if txn.children:
+                raise ActiveChildren(tid, tuple(sorted((child.tid for child in txn.children), key=repr)))
+            with txn.mutex:
+                txn.state = COMMITTING
+                locks = txn.locks
+                txn.locks = {}
+        parent = txn.parent
+        deferred: list[_Lock] = []
+        # Locks without waiters are handed over (or released) under their stripe mutex only; no edge of the
+        # wait-for graph depends on them.  Locks with waiters are redone below with the graph mutex.
+        if parent is None:
+            deferred = _release_all(locks, txn)
+        else:
+            for lock in locks.values():
+                mutex = lock.stripe.mutex
+                mutex.acquire()
+                try:
+                    if lock.waiters is None:
+                        _transfer(lock, txn, parent)
+                    else:
+                        deferred.append(lock)
+                finally:
+                    mutex.release()
+        with graph:
+            events: list = []
+            for lock in deferred:
+                with lock.stripe.mutex:
+                    if parent is None:
+                        _release(lock, txn)
+                    else:
+                        _transfer(lock, txn, parent)
+                    events.extend(self._reevaluate(lock))
+                    _discard_if_empty(lock)
+            if parent is not None:
+                parent.children.discard(txn)
+                self._counters["inherited"] += len(locks)
+            with txn.mutex:
+                txn.state = COMMITTED
+            del self._active[tid]
+            self._remember(tid, "committed", "")
+            self._counters["committed"] += 1
+            self._resolve(events)
+
+    def abort(self, tid: Hashable) -> None:
+        """Abort ``tid`` and its active descendants: release every lock they hold or retain (Rule 4);
+        ancestors keep theirs.  A descendant waiting in ``acquire`` gets ``TransactionAborted``."""
+        graph = self._graph_mutex
+        with graph:
+            txn = self._require_active(tid, "abort")
+            members: list[_Txn] = []
+            stack = [txn]
+            while stack:
+                member = stack.pop()
+                stack.extend(member.children)
+                if member.state is ACTIVE:  # a COMMITTING descendant finishes by itself (into aborted parents)
+                    members.append(member)
+            released: list[tuple[_Txn, dict]] = []
+            events: list = []
+            for member in members:
+                with member.mutex:
+                    member.state = ABORTED
+                    released.append((member, member.locks))
+                    member.locks = {}
+                detail = "it aborted" if member is txn else f"its ancestor {tid!r} aborted"
+                if member.request is not None:
+                    request = member.request
+                    error = TransactionAborted(
+                        member.tid,
+                        f"acquire {request.mode.name} on {request.lock.resource!r}",
+                        f"{detail} while it was waiting",
+                    )
+                    events.extend(self._withdraw(request, WITHDRAWN_BY_ABORT, error))
+                member.children.clear()
+                del self._active[member.tid]
+                self._remember(member.tid, "aborted", detail)
+                self._counters["aborted"] += 1
+            if txn.parent is not None:
+                txn.parent.children.discard(txn)
+            self._resolve(events)
+        deferred: list[tuple[_Lock, _Txn]] = []
+        for member, locks in released:
+            deferred.extend((lock, member) for lock in _release_all(locks, member))
+        if deferred:
+            with graph:
+                events = []
+                for lock, member in deferred:
+                    with lock.stripe.mutex:
+                        _release(lock, member)
+                        events.extend(self._reevaluate(lock))
+                        _discard_if_empty(lock)
+                self._resolve(events)
+
+    # ------------------------------------------------------------------ locks
+
+    def acquire(self, tid: Hashable, resource: Hashable, mode: Mode, timeout: float | None = None) -> None:
+        """Acquire (or upgrade to) ``mode`` on ``resource`` for ``tid``, blocking until Rule 1 allows it.
+
+        Re-acquiring a mode already covered returns at once.  Raises ``Deadlock`` if ``tid`` is chosen as a
+        deadlock victim, ``LockTimeout`` if ``timeout`` seconds pass (the request is then withdrawn),
+        ``TransactionAborted`` if ``tid`` is aborted while waiting.
+        """
+        txn = self._active.get(tid)
+        if txn is not None and mode.__class__ is Mode:
+            stripe = self._stripes[hash(resource) & self._stripe_mask]
+            mutex = stripe.mutex
+            mutex.acquire()
+            try:
+                lock = stripe.locks.get(resource)
+                if lock is None:
+                    txn_mutex = txn.mutex
+                    txn_mutex.acquire()
+                    try:
+                        if txn.state is ACTIVE:
+                            free = stripe.free
+                            if free:
+                                lock = free.pop()
+                                lock.resource = resource
+                            else:
+                                lock = _Lock(resource, stripe)
+                            lock.held[txn] = mode
+                            stripe.locks[resource] = lock
+                            txn.locks[resource] = lock
+                            return
+                    finally:
+                        txn_mutex.release()
+                elif lock.waiters is None and _grant_if_compatible(txn, lock, mode):
+                    return
+            finally:
+                mutex.release()
+        self._acquire_slow(tid, resource, mode, timeout)
+
+    def try_acquire(self, tid: Hashable, resource: Hashable, mode: Mode) -> bool:
+        """Like ``acquire`` but never blocks: True if granted now, False otherwise (nothing is queued).
+
+        It obeys the same fairness queue as ``acquire``: it does not overtake an earlier conflicting waiter.
+        """
+        txn = self._active.get(tid)
+        if txn is not None and mode.__class__ is Mode:
+            stripe = self._stripes[hash(resource) & self._stripe_mask]
+            with stripe.mutex:
+                lock = stripe.locks.get(resource)
+                if lock is None:
+                    with txn.mutex:
+                        if txn.state is ACTIVE:
+                            free = stripe.free
+                            if free:
+                                lock = free.pop()
+                                lock.resource = resource
+                            else:
+                                lock = _Lock(resource, stripe)
+                            lock.held[txn] = mode
+                            stripe.locks[resource] = lock
+                            txn.locks[resource] = lock
+                            return True
+                elif lock.waiters is None and txn.state is ACTIVE:
+                    return _grant_if_compatible(txn, lock, mode)
+        _check_mode(mode)
+        with self._graph_mutex:
+            txn = self._require_active(tid, f"try_acquire {mode.name} on {resource!r}")
+            if txn.request is not None:
+                raise RequestPending(tid, txn.request.lock.resource)
+            stripe = self._stripes[hash(resource) & self._stripe_mask]
+            with stripe.mutex:
+                lock = stripe.locks.get(resource)
+                if lock is None:
+                    lock = _new_lock(resource, stripe)
+                    stripe.locks[resource] = lock
+                current = lock.held.get(txn)
+                if current is not None and COVERS[current][mode]:
+                    return True
+                target, blockers = _blockers(txn, lock, mode, list(lock.waiters or ()), False)
+                if blockers:
+                    _discard_if_empty(lock)
+                    return False
+                _hold(lock, txn, target)
+                events = self._reevaluate(lock)
+            self._resolve(events)
+            return True
+
+    def acquire_tuple(
+        self, tid: Hashable, table: Hashable, key: Hashable, mode: Mode, timeout: float | None = None
+    ) -> None:
+        """Lock the tuple ``(table, key)`` in ``mode`` (READ or WRITE) after the matching intention lock
+        (IR or IW) on ``table``.  Nothing is locked at tuple level if ``tid`` already holds ``table`` in a
+        mode that covers ``mode`` (e.g. a table READ covers reading every tuple).  The tuple's resource is
+        the pair ``(table, key)``; ``timeout`` applies to each of the two requests.
+        """
+        intention = INTENTION_FOR.get(mode)
+        if intention is None:
+            raise ValueError(f"acquire_tuple takes Mode.READ or Mode.WRITE, not {mode!r}")
+        resource = (table, key)
+        txn = self._active.get(tid)
+        if txn is not None:
+            # A hint read of tid's own table entry without its mutex: a stale answer only means taking
+            # the full path below.
+            table_lock = txn.locks.get(table)
+            table_mode = None if table_lock is None else table_lock.held.get(txn)
+            if table_mode is not None and txn.state is ACTIVE:
+                covers = COVERS[table_mode]
+                if covers[mode]:
+                    return  # e.g. a table READ already covers reading every tuple
+                if covers[intention]:
+                    # The fast path of acquire(), inlined for the hot tuple case; keep the two in step.
+                    stripe = self._stripes[hash(resource) & self._stripe_mask]
+                    mutex = stripe.mutex
+                    mutex.acquire()
+                    try:
+                        lock = stripe.locks.get(resource)
+                        if lock is None:
+                            txn_mutex = txn.mutex
+                            txn_mutex.acquire()
+                            try:
+                                if txn.state is ACTIVE:
+                                    free = stripe.free
+                                    if free:
+                                        lock = free.pop()
+                                        lock.resource = resource
+                                    else:
+                                        lock = _Lock(resource, stripe)
+                                    lock.held[txn] = mode
+                                    stripe.locks[resource] = lock
+                                    txn.locks[resource] = lock
+                                    return
+                            finally:
+                                txn_mutex.release()
+                        elif lock.waiters is None and _grant_if_compatible(txn, lock, mode):
+                            return
+                    finally:
+                        mutex.release()
+                    self._acquire_slow(tid, resource, mode, timeout)
+                    return
+        self.acquire(tid, table, intention, timeout)
+        self.acquire(tid, resource, mode, timeout)
+
+    def downgrade(self, tid: Hashable, resource: Hashable, mode: Mode) -> None:
+        """Rule 5: weaken the mode ``tid`` holds on ``resource`` to ``mode``; ``tid`` then retains the old
+        mode, so transactions outside its subtree still cannot get a conflicting lock.  Waiters that the
+        weaker mode admits (its descendants, typically) are granted."""
+        _check_mode(mode)
+        txn = self._active.get(tid)
+        stripe = self._stripes[hash(resource) & self._stripe_mask]
+        if txn is not None and txn.state is ACTIVE:
+            with stripe.mutex:
+                lock = stripe.locks.get(resource)
+                if lock is not None and lock.waiters is None:
+                    _downgrade(lock, txn, mode)
+                    return
+        with self._graph_mutex:
+            txn = self._require_active(tid, f"downgrade {resource!r} to {mode.name}")
+            with stripe.mutex:
+                lock = stripe.locks.get(resource)
+                if lock is None:
+                    raise LockNotHeld(tid, resource)
+                _downgrade(lock, txn, mode)
+                events = self._reevaluate(lock)
+            self._resolve(events)
+
+    # ------------------------------------------------------------------ inspection
+
+    def holders(self, resource: Hashable) -> Holders:
+        """Who holds, retains and waits for ``resource`` right now (modes by tid)."""
+        stripe = self._stripes[hash(resource) & self._stripe_mask]
+        with stripe.mutex:
+            lock = stripe.locks.get(resource)
+            return _holders_of(resource, lock)
+
+    def statistics(self) -> LockStatistics:
+        """Counters; ``waiting`` is exact (tests wait on it), ``locks`` is summed stripe by stripe."""
+        with self._graph_mutex:
+            counters = dict(self._counters)
+            transactions = len(self._active)
+            waiting = self._waiting
+        locks = sum(len(stripe.locks) for stripe in self._stripes)
+        return LockStatistics(transactions=transactions, locks=locks, waiting=waiting, **counters)
+
+    def wait_until_waiting(self, count: int, timeout: float | None = None) -> bool:
+        """Block until at least ``count`` lock requests are waiting; False if ``timeout`` passed first."""
+        with self._waiting_changed:
+            return self._waiting_changed.wait_for(lambda: self._waiting >= count, timeout)
+
+    def snapshot(self) -> LockTableSnapshot:
+        """A consistent copy of the whole lock table, the tree and the wait-for graph (takes every mutex,
+        in the documented order; meant for tests, debugging and reports, not for hot paths)."""
+        with self._graph_mutex:
+            return self._snapshot_locked()
+
+    def wait_for_graph(self):
+        """The wait-for graph as a ``networkx.DiGraph``.
+
+        Nodes are the tids of active transactions (attributes ``parent``, ``state``, ``depth``, and for a
+        waiting one ``waiting_for`` and ``mode``); edges carry ``kind`` ("held", "retained", "queued" or
+        "commit") and, for wait edges, ``resource``.  Built under the graph mutex, so it is consistent.
+        """
+        import networkx
+
+        graph = networkx.DiGraph()
+        with self._graph_mutex:
+            for txn in self._active.values():
+                attributes = {
+                    "parent": None if txn.parent is None else txn.parent.tid,
+                    "state": txn.state.value,
+                    "depth": txn.depth,
+                }
+                if txn.request is not None:
+                    attributes["waiting_for"] = txn.request.lock.resource
+                    attributes["mode"] = txn.request.mode
+                graph.add_node(txn.tid, **attributes)
+            for txn in self._active.values():
+                for child in txn.children:
+                    graph.add_edge(txn.tid, child.tid, kind="commit")
+                if txn.request is not None:
+                    resource = txn.request.lock.resource
+                    for target, kind in txn.waits.items():
+                        graph.add_edge(txn.tid, target.tid, kind=kind, resource=resource)
+        return graph
+
+    # ------------------------------------------------------------------ slow paths (graph mutex)
+
+    def _acquire_slow(self, tid: Hashable, resource: Hashable, mode: Mode, timeout: float | None) -> None:
+        _check_mode(mode)
+        if timeout is not None and timeout < 0:
+            raise ValueError("timeout must be None or >= 0")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._graph_mutex:
+            txn = self._require_active(tid, f"acquire {mode.name} on {resource!r}")
+            if txn.request is not None:
+                raise RequestPending(tid, txn.request.lock.resource)
+            stripe = self._stripes[hash(resource) & self._stripe_mask]
+            with stripe.mutex:
+                lock = stripe.locks.get(resource)
+                if lock is None:
+                    lock = _new_lock(resource, stripe)
+                    stripe.locks[resource] = lock
+                current = lock.held.get(txn)
+                if current is not None and COVERS[current][mode]:
+                    return
+                request = _Request(txn, lock, mode)
+                if lock.waiters is None:
+                    lock.waiters = [request]
+                else:
+                    lock.waiters.append(request)
+                txn.request = request
+                self._waiting += 1
+                events = self._reevaluate(lock)
+            if request.status is GRANTED:
+                return
+            self._counters["waits"] += 1
+            request.condition = threading.Condition(self._graph_mutex)
+            self._waiting_changed.notify_all()
+            self._resolve(events)
+            while request.status is WAITING:
+                if deadline is None:
+                    request.condition.wait()
+                    continue
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    blockers = tuple(sorted((blocker.tid for blocker in txn.waits), key=repr))
+                    self._counters["timeouts"] += 1
+                    self._resolve(self._withdraw(request, TIMED_OUT, None))
+                    raise LockTimeout(tid, resource, mode, timeout, blockers)
+                request.condition.wait(remaining)
+            if request.status is GRANTED:
+                return
+            assert request.error is not None
+            raise request.error
+
+    def _reevaluate(self, lock: _Lock) -> list:
+        """Grant every queued request of ``lock`` that Rule 1 and the queue now allow, in FIFO order, and
+        recompute the wait edges of the others.  Returns ``[(request, new targets)]`` for the edges that
+        are new, to be checked by ``_resolve``.  Caller holds the graph mutex and ``lock.stripe.mutex``.
+        """
+        waiters = lock.waiters
+        if waiters is None:
+            return []
+        before = {request: request.txn.waits for request in waiters}
+        while True:
+            granted = False
+            ahead: list[_Request] = []
+            for request in tuple(lock.waiters or ()):
+                txn = request.txn
+                request.target, blockers = _blockers(txn, lock, request.mode, ahead, request.jumped)
+                if blockers:
+                    txn.waits = blockers
+                    ahead.append(request)
+                else:
+                    _hold(lock, txn, request.target)
+                    self._dequeue(request, GRANTED, None)
+                    granted = True
+            # A grant adds a holder, which can change what earlier requests wait for (and exemptions):
+            # repeat until a pass grants nothing, so every remaining request's edges are current.
+            if not granted or lock.waiters is None:
+                break
+        events = []
+        for request in lock.waiters or ():
+            old = before.get(request, _NO_WAITS)
+            new = [target for target in request.txn.waits if target not in old]
+            if new:
+                events.append((request, new))
+        return events
+
+    def _dequeue(self, request: _Request, status: str, error: BaseException | None) -> None:
+        """Take ``request`` out of its queue with its final ``status`` and wake its thread.
+        Caller holds the graph mutex and the request's stripe mutex."""
+        lock = request.lock
+        lock.waiters.remove(request)
+        if not lock.waiters:
+            lock.waiters = None
+        request.status = status
+        request.error = error
+        txn = request.txn
+        txn.waits = _NO_WAITS
+        txn.request = None
+        self._waiting -= 1
+        self._waiting_changed.notify_all()
+        if request.condition is not None:
+            request.condition.notify()
+
+    def _withdraw(self, request: _Request, status: str, error: BaseException | None) -> list:
+        """Withdraw a waiting request (victim, timeout, abort) and regrant its lock's queue.
+        Caller holds the graph mutex and no stripe mutex.  Returns new-edge events."""
+        lock = request.lock
+        with lock.stripe.mutex:
+            self._dequeue(request, status, error)
+            events = self._reevaluate(lock)
+            _discard_if_empty(lock)
+        return events
+
+    def _resolve(self, events: list) -> None:
+        """Check each new wait edge for a cycle and break every cycle found.
+
+        A cycle that exists only because of the fairness queue (some request on it is blocked by queued
+        requests alone) is broken by letting that request go first; any other cycle by telling a victim.
+        Caller holds the graph mutex and no stripe mutex.  (A callable victim policy runs with the graph
+        mutex released; the cycle is re-validated afterwards.)
+        """
+        while events:
+            request, targets = events.pop()
+            if request.status is not WAITING:
+                continue
+            txn = request.txn
+            live = [target for target in targets if target in txn.waits]
+            if not live:
+                continue
+            path = find_cycle(txn, live)
+            if path is None:
+                continue
+            edges = [(node, path[(index + 1) % len(path)]) for index, node in enumerate(path)]
+            kinds = [edge_kind(node, following) for node, following in edges]
+            jumper = next(
+                (
+                    node
+                    for (node, _), kind in zip(edges, kinds)
+                    if kind == "queued" and all(value == "queued" for value in node.waits.values())
+                ),
+                None,
+            )
+            if jumper is not None:
+                jumping = jumper.request
+                jumping.jumped = True
+                self._counters["queue_jumps"] += 1
+                with jumping.lock.stripe.mutex:
+                    events.extend(self._reevaluate(jumping.lock))
+                events.append((request, live))
+                continue
+            wait_edges = tuple(
+                WaitEdge(
+                    node.tid,
+                    following.tid,
+                    kind,
+                    None if kind == "commit" else node.request.lock.resource,
+                )
+                for (node, following), kind in zip(edges, kinds)
+            )
+            candidates = [node for (node, _), kind in zip(edges, kinds) if kind != "commit"]
+            victim, note = self._choose_victim(txn, candidates, wait_edges, edges, kinds)
+            if victim is None:  # the cycle changed while a victim policy ran: look again
+                events.append((request, live))
+                continue
+            self._counters["deadlocks"] += 1
+            snapshot = self._snapshot_locked() if self._snapshot_on_deadlock else None
+            policy = self._victim_policy if isinstance(self._victim_policy, str) else getattr(
+                self._victim_policy, "__name__", "callable"
+            )
+            error = Deadlock(victim.tid, txn.tid, wait_edges, policy, snapshot, note)
+            events.extend(self._withdraw(victim.request, VICTIM, error))
+            if victim is not txn:
+                events.append((request, live))
+
+    def _choose_victim(self, requester: _Txn, candidates: list, wait_edges: tuple, edges: list, kinds: list):
+        policy = self._victim_policy
+        if policy == "requester":
+            return requester, ""
+        if policy == "youngest":
+            return max(candidates, key=lambda node: node.serial), ""
+        if policy == "smallest_tree":
+            return min(candidates, key=lambda node: (_subtree_size(node), len(node.locks), -node.serial)), ""
+        cycle = DeadlockCycle(
+            edges=wait_edges,
+            requester=requester.tid,
+            candidates=tuple(
+                VictimCandidate(node.tid, node.serial, node.depth, _subtree_size(node), len(node.locks))
+                for node in candidates
+            ),
+        )
+        note = ""
+        self._graph_mutex.release()
+        try:
+            choice = policy(cycle)
+        except Exception as error:  # a broken policy must not leave the cycle in place
+            choice, note = None, f"(victim policy raised {error!r}; the requester was chosen instead)"
+        finally:
+            self._graph_mutex.acquire()
+        for (node, following), kind in zip(edges, kinds):
+            if kind == "commit":
+                if following not in node.children:
+                    return None, ""
+            elif node.request is None or node.waits.get(following) != kind:
+                return None, ""
+        for node in candidates:
+            if node.tid == choice:
+                return node, note
+        if not note:
+            note = f"(victim policy returned {choice!r}, not a waiting member of the cycle; the requester was chosen)"
+        return requester, note
+
+    # ------------------------------------------------------------------ helpers (graph mutex held)
+
+    def _require_active(self, tid: Hashable, operation: str) -> _Txn:
+        txn = self._active.get(tid)
+        if txn is not None:
+            if txn.state is ACTIVE:
+                return txn
+            raise TransactionNotActive(tid, txn.state.value, operation)
+        ended = self._ended.get(tid)
+        if ended is None:
+            raise UnknownTransaction(tid)
+        state, detail = ended
+        if state == "aborted":
+            raise TransactionAborted(tid, operation, detail)
+        raise TransactionNotActive(tid, state, operation, detail)
+
+    def _remember(self, tid: Hashable, state: str, detail: str) -> None:
+        self._ended[tid] = (state, detail)
+        if len(self._ended) > self._remember_ended:
+            self._ended.popitem(last=False)
+
+    def _snapshot_locked(self) -> LockTableSnapshot:
+        """Caller holds the graph mutex; takes every stripe mutex in index order."""
+        stripes = self._stripes
+        for stripe in stripes:
+            stripe.mutex.acquire()
+        try:
+            resources = {
+                resource: _holders_of(resource, lock)
+                for stripe in stripes
+                for resource, lock in stripe.locks.items()
+            }
+            transactions = {
+                txn.tid: TransactionInfo(txn.tid, None if txn.parent is None else txn.parent.tid, txn.state, txn.serial)
+                for txn in self._active.values()
+            }
+            waits = {
+                txn.tid: MappingProxyType(
+                    {target.tid: (kind, txn.request.lock.resource) for target, kind in txn.waits.items()}
+                )
+                for txn in self._active.values()
+                if txn.request is not None
+            }
+        finally:
+            for stripe in reversed(stripes):
+                stripe.mutex.release()
+        return LockTableSnapshot(MappingProxyType(transactions), MappingProxyType(resources), MappingProxyType(waits))
+
+
+# ---------------------------------------------------------------------- lock-entry operations
+# All of these require the lock's stripe mutex (and the graph mutex if the lock has waiters).
+
+
+def _grant_if_compatible(txn: _Txn, lock: _Lock, mode: Mode) -> bool:
+    """Fast path of Rule 1 for a lock without waiters: grant and return True, or return False."""
+    held = lock.held
+    current = held.get(txn)
+    if current is None:
+        target = mode
+    else:
+        target = JOIN[current][mode]
+        if target is current:
+            return txn.state is ACTIVE
+    row = CONFLICTS[target]
+    for holder, held_mode in held.items():
+        if row[held_mode] and holder is not txn:
+            return False
+    retained = lock.retained
+    if retained:
+        ancestors = txn.ancestors
+        for retainer, retained_mode in retained.items():
+            if row[retained_mode] and retainer is not txn and retainer not in ancestors:
+                return False
+    if current is None:
+        txn_mutex = txn.mutex
+        txn_mutex.acquire()
+        try:
+            if txn.state is not ACTIVE:
+                return False
+            txn.locks[lock.resource] = lock
+        finally:
+            txn_mutex.release()
+    elif txn.state is not ACTIVE:
+        return False
+    held[txn] = target
+    return True
+
+
+def _hold(lock: _Lock, txn: _Txn, target: Mode) -> None:
+    if txn not in lock.held:
+        with txn.mutex:
+            txn.locks[lock.resource] = lock
+    lock.held[txn] = target
+
+
+def _release(lock: _Lock, txn: _Txn) -> None:
+    """Rules 3 and 4: drop everything ``txn`` holds or retains on ``lock``."""
+    lock.held.pop(txn, None)
+    retained = lock.retained
+    if retained is not None:
+        retained.pop(txn, None)
+        if not retained:
+            lock.retained = None
+    _discard_if_empty(lock)
+
+
+def _release_all(locks: dict, txn: _Txn) -> list[_Lock]:
+    """Release ``txn``'s entries in every lock of ``locks`` that has no waiters, each under its stripe mutex
+    only (no wait edge depends on a lock without waiters).  Returns the locks with waiters, which the
+    caller must release with the graph mutex held and then regrant.  (``_release``, inlined: this loop is
+    the release half of every acquire+release pair.)"""
+    deferred = []
+    for resource, lock in locks.items():
+        mutex = lock.stripe.mutex
+        mutex.acquire()
+        try:
+            if lock.waiters is None:
+                held = lock.held
+                if held.pop(txn, None) is not None and not held and lock.retained is None:
+                    stripe = lock.stripe
+                    table = stripe.locks
+                    if table.get(resource) is lock:
+                        del table[resource]
+                        if len(stripe.free) < _FREE_LOCKS_PER_STRIPE:
+                            stripe.free.append(lock)
+                else:
+                    _release(lock, txn)
+            else:
+                deferred.append(lock)
+        finally:
+            mutex.release()
+    return deferred
+
+
+def _transfer(lock: _Lock, child: _Txn, parent: _Txn) -> None:
+    """Rule 2: ``parent`` inherits what ``child`` holds or retains and retains it in the same mode (joined
+    with what it already retains).  If ``parent`` aborted meanwhile the lock is released instead."""
+    mode = lock.held.pop(child, None)
+    retained = lock.retained
+    if retained is not None:
+        kept = retained.pop(child, None)
+        if kept is not None:
+            mode = kept if mode is None else JOIN[mode][kept]
+    if mode is not None:
+        parent_mutex = parent.mutex
+        parent_mutex.acquire()
+        try:
+            if parent.state is ACTIVE:
+                if retained is None:
+                    retained = lock.retained = {}
+                previous = retained.get(parent)
+                retained[parent] = mode if previous is None else JOIN[previous][mode]
+                parent.locks[lock.resource] = lock
+                return
+        finally:
+            parent_mutex.release()
+    if retained is not None and not retained:
+        lock.retained = None
+    _discard_if_empty(lock)
+
+
+def _downgrade(lock: _Lock, txn: _Txn, mode: Mode) -> None:
+    held_mode = lock.held.get(txn)
+    if held_mode is None:
+        raise LockNotHeld(txn.tid, lock.resource)
+    if held_mode is mode or not COVERS[held_mode][mode]:
+        raise InvalidDowngrade(txn.tid, lock.resource, held_mode, mode)
+    lock.held[txn] = mode
+    if lock.retained is None:
+        lock.retained = {}
+    previous = lock.retained.get(txn)
+    lock.retained[txn] = held_mode if previous is None else JOIN[previous][held_mode]
+
+
+def _discard_if_empty(lock: _Lock) -> None:
+    if not lock.held and not lock.retained and lock.waiters is None:
+        stripe = lock.stripe
+        table = stripe.locks
+        if table.get(lock.resource) is lock:
+            del table[lock.resource]
+            lock.retained = None
+            if len(stripe.free) < _FREE_LOCKS_PER_STRIPE:
+                stripe.free.append(lock)
+
+
+def _holders_of(resource: Any, lock: _Lock | None) -> Holders:
+    if lock is None:
+        return Holders(resource)
+    return Holders(
+        resource,
+        MappingProxyType({txn.tid: mode for txn, mode in lock.held.items()}),
+        MappingProxyType({txn.tid: mode for txn, mode in (lock.retained or {}).items()}),
+        tuple(WaitingRequest(request.txn.tid, request.mode, request.jumped) for request in lock.waiters or ()),
+    )
+
+
+def _subtree_size(txn: _Txn) -> int:
+    size = 0
+    stack = [txn]
+    while stack:
+        node = stack.pop()
+        size += 1
+        stack.extend(node.children)
+    return size
+
+
+def _check_mode(mode: Any) -> None:
+    if mode.__class__ is not Mode:
+        raise TypeError(f"mode must be a lockmgr.Mode (IR, IW, READ, RIW or WRITE), not {mode!r}")

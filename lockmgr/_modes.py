@@ -1,0 +1,109 @@
+"""Lock modes, their one conflict table, and the lattice operations derived from it.
+
+The five modes are the multi-granularity modes of Gray et al., with seed 004's names for the two tuple
+modes::
+
+    IR     intention read   - the holder will take READ locks on parts (tuples) of this object (a table)
+    IW     intention write  - the holder will take READ or WRITE locks on parts of this object
+    READ   shared           - the holder reads the whole object
+    RIW    read + intention write (SIX) - reads the whole object and will write some parts
+    WRITE  exclusive        - the holder reads and writes the whole object
+
+``CONFLICTS`` below is the only place where compatibility is defined.  Everything else (``JOIN``,
+``COVERS``) is derived from it, and the derivation is checked when this module is imported.
+
+Invariant (checked at import): conflict is monotone in the lattice -- if ``COVERS[a][b]`` then every mode
+that conflicts with ``b`` also conflicts with ``a``.  This is what lets a transaction keep *one* held mode
+and *one* retained mode per resource (the join of everything it acquired or inherited) without changing
+what Rule 1 allows.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Mode(enum.IntEnum):
+    """A lock mode.  Ordered from weakest to strongest (the order is a linear extension of the lattice)."""
+
+    IR = 0
+    IW = 1
+    READ = 2
+    RIW = 3
+    WRITE = 4
+
+
+_ALL = tuple(Mode)
+
+# The one conflict table.  Row: a mode somebody has; column: a mode somebody wants.  True = conflict.
+#                    IR     IW     READ   RIW    WRITE
+_TABLE = {
+    Mode.IR:    (False, False, False, False, True),
+    Mode.IW:    (False, False, True,  True,  True),
+    Mode.READ:  (False, True,  False, True,  True),
+    Mode.RIW:   (False, True,  True,  True,  True),
+    Mode.WRITE: (True,  True,  True,  True,  True),
+}
+
+#: ``CONFLICTS[a][b]`` is True when a lock in mode ``a`` conflicts with a lock in mode ``b`` (symmetric).
+CONFLICTS: tuple[tuple[bool, ...], ...] = tuple(_TABLE[mode] for mode in _ALL)
+
+
+def _conflict_set(mode: Mode) -> frozenset[Mode]:
+    return frozenset(other for other in _ALL if CONFLICTS[mode][other])
+
+
+# The lattice order is derived from the table: ``a`` covers ``b`` exactly when every mode that conflicts
+# with ``b`` also conflicts with ``a``.  For these five modes that yields the textbook order
+# IR < IW < RIW < WRITE and IR < READ < RIW, with READ and IW incomparable.
+#: ``COVERS[a][b]``: a lock held in mode ``a`` already grants everything mode ``b`` would.
+COVERS: tuple[tuple[bool, ...], ...] = tuple(
+    tuple(_conflict_set(a) >= _conflict_set(b) for b in _ALL) for a in _ALL
+)
+
+
+def _join(a: Mode, b: Mode) -> Mode:
+    upper = [m for m in _ALL if COVERS[m][a] and COVERS[m][b]]
+    least = [m for m in upper if all(COVERS[other][m] for other in upper)]
+    assert len(least) == 1, (a, b, upper)
+    return least[0]
+
+
+#: ``JOIN[a][b]``: the weakest mode that covers both ``a`` and ``b`` (an upgrade of ``a`` by ``b``).
+JOIN: tuple[tuple[Mode, ...], ...] = tuple(tuple(_join(a, b) for b in _ALL) for a in _ALL)
+
+
+def conflicts(a: Mode, b: Mode) -> bool:
+    """True if a lock in mode ``a`` and a lock in mode ``b`` cannot be held by two transactions at once."""
+    return CONFLICTS[a][b]
+
+
+def covers(stronger: Mode, weaker: Mode) -> bool:
+    """True if holding ``stronger`` already grants everything ``weaker`` would."""
+    return COVERS[stronger][weaker]
+
+
+def join(a: Mode, b: Mode) -> Mode:
+    """The weakest mode covering both (what a holder of ``a`` holds after also acquiring ``b``)."""
+    return JOIN[a][b]
+
+
+#: The intention mode a transaction must hold on a table before locking one of its tuples in a mode.
+INTENTION_FOR = {Mode.READ: Mode.IR, Mode.WRITE: Mode.IW}
+
+
+def _check_table() -> None:
+    for a in _ALL:
+        for b in _ALL:
+            assert CONFLICTS[a][b] == CONFLICTS[b][a], f"conflict table is not symmetric at {a.name},{b.name}"
+            if COVERS[a][b]:
+                # Monotonicity: a stronger mode conflicts with at least what a weaker one does.
+                assert _conflict_set(a) >= _conflict_set(b)
+    # The lattice is the textbook one: IR < IW < RIW < WRITE and IR < READ < RIW.
+    assert JOIN[Mode.IW][Mode.READ] is Mode.RIW
+    assert JOIN[Mode.IR][Mode.IW] is Mode.IW
+    assert JOIN[Mode.READ][Mode.WRITE] is Mode.WRITE
+    assert not COVERS[Mode.READ][Mode.IW] and not COVERS[Mode.IW][Mode.READ]
+
+
+_check_table()

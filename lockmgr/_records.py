@@ -1,0 +1,109 @@
+"""Immutable records the lock manager hands out: statistics, holders, snapshots, deadlock cycles."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Hashable, Mapping
+
+from lockmgr._modes import Mode
+from lockmgr.errors import WaitEdge
+
+
+class TxnState(enum.Enum):
+    """Life cycle of a transaction in the lock manager.
+
+    ACTIVE -> COMMITTING -> COMMITTED      (commit: only from ACTIVE, only without active children)
+    ACTIVE -> ABORTED                      (abort of itself or of an ancestor)
+    """
+
+    ACTIVE = "active"
+    COMMITTING = "committing"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+
+
+_EMPTY: Mapping = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class WaitingRequest:
+    """A request queued on a resource: who, the mode asked for, and whether it may jump the queue."""
+
+    tid: Hashable
+    mode: Mode
+    jumped: bool = False
+
+
+@dataclass(frozen=True)
+class Holders:
+    """Who holds, retains and waits for one resource (``LockManager.holders``)."""
+
+    resource: Any
+    held: Mapping[Hashable, Mode] = field(default_factory=lambda: _EMPTY)
+    retained: Mapping[Hashable, Mode] = field(default_factory=lambda: _EMPTY)
+    waiting: tuple[WaitingRequest, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.held or self.retained or self.waiting)
+
+
+@dataclass(frozen=True)
+class TransactionInfo:
+    """One transaction in a snapshot."""
+
+    tid: Hashable
+    parent: Hashable | None
+    state: TxnState
+    serial: int
+
+
+@dataclass(frozen=True)
+class LockTableSnapshot:
+    """A consistent picture of the whole manager, taken with every mutex held (``LockManager.snapshot``).
+
+    ``waits[tid]`` maps each target of ``tid``'s current wait edges to ``(kind, resource)``; commit edges are
+    not listed there (they are ``parent -> child`` for every pair in ``transactions``).
+    """
+
+    transactions: Mapping[Hashable, TransactionInfo]
+    resources: Mapping[Any, Holders]
+    waits: Mapping[Hashable, Mapping[Hashable, tuple[str, Any]]]
+
+
+@dataclass(frozen=True)
+class LockStatistics:
+    """Counters of one lock manager.  ``waiting`` is exact at the moment of the call."""
+
+    transactions: int  #: active transactions (top-level and sub)
+    locks: int  #: resources with at least one holder, retainer or waiter
+    waiting: int  #: lock requests currently waiting
+    begun: int  #: transactions begun since creation
+    committed: int
+    aborted: int
+    waits: int  #: requests that had to wait
+    deadlocks: int  #: cycles resolved by choosing a victim
+    queue_jumps: int  #: cycles caused only by the fairness queue, resolved by letting a request go first
+    timeouts: int
+    inherited: int  #: lock entries handed from a committing subtransaction to its parent
+
+
+@dataclass(frozen=True)
+class VictimCandidate:
+    """A transaction on a deadlock cycle that is waiting for a lock (so it can be told)."""
+
+    tid: Hashable
+    serial: int  #: begin order; larger is younger
+    depth: int  #: 0 for a top-level transaction
+    subtree_size: int  #: itself plus its active descendants (what aborting it would abort)
+    locks: int  #: resources it holds or retains
+
+
+@dataclass(frozen=True)
+class DeadlockCycle:
+    """What a victim policy sees: the cycle, the requester, and the candidates it may choose from."""
+
+    edges: tuple[WaitEdge, ...]
+    requester: Hashable
+    candidates: tuple[VictimCandidate, ...] = field(default=())
