@@ -9,8 +9,15 @@ Public interface::
 Design notes live in ``activedb/README.md``; the overall design in DESIGN.md.
 """
 
+from coupling import Coupling
+from lockmgr import Deadlock, LockTimeout
+
 from activedb._database import Database, connect
+from activedb._events import Event, EventSpec
+from activedb._rules import Rule, RuleDefinitionChangedWarning
+from activedb._transaction import SubtransactionHandle, Transaction, TxnState
 from activedb.errors import *  # noqa: F401,F403 - the error classes are public
 from activedb import errors
 
-__all__ = ["Database", "connect", "errors"] + [name for name in dir(errors) if name[0].isupper()]
+__all__ = ["Database", "connect", "errors", "Coupling", "Deadlock", "LockTimeout", "Event", "EventSpec", "Rule",
+           "RuleDefinitionChangedWarning", "SubtransactionHandle", "Transaction", "TxnState"] + [name for name in dir(errors) if name[0].isupper()]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from pathlib import Path
@@ -41,7 +42,9 @@ def describe_url(url: URL) -> str:
 def create_engine(url: URL, **options: Any) -> Engine:
     connect_args = {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
     connect_args.update(options.pop("connect_args", {}))
-    return sa.create_engine(url, connect_args=connect_args, pool_pre_ping=True, **options)
+    options.setdefault("pool_size", 10)
+    options.setdefault("max_overflow", 30)
+    return sa.create_engine(url, connect_args=connect_args, **options)
 
 
 def check_reachable(engine: Engine) -> None:
@@ -64,7 +67,8 @@ class Database:
     manager and the rule registry.
     """
 
-    def __init__(self, engine: Engine, *, embedded: _embedded.EmbeddedServer | None = None):
+    def __init__(self, engine: Engine, *, embedded: _embedded.EmbeddedServer | None = None,
+                 **manager_options: Any):
         self.engine = engine
         self.embedded = embedded
         self._metadata = sa.MetaData()
@@ -72,10 +76,148 @@ class Database:
         self._schema_mutex = threading.Lock()
         self._tables: dict[str, sa.Table] = {}
         self._closed = False
-        self._init_engine_parts()
+        from activedb._rules import RuleManager
+        from activedb._transaction import TransactionManager
 
-    def _init_engine_parts(self) -> None:
-        """Hook for the transaction manager and rule registry (set up in subclasses/mixins)."""
+        rule_options = {name: manager_options.pop(name) for name in
+                        ("max_cascade_depth", "max_deferred_cycles", "rule_execution") if name in manager_options}
+        if "rule_execution" in rule_options:
+            rule_options["execution"] = rule_options.pop("rule_execution")
+        self.transactions = TransactionManager(self, **manager_options)
+        self.rules = RuleManager(self, **rule_options)
+        self.transactions.hooks = self.rules
+
+    # --- rules and events -------------------------------------------------------------------
+
+    def rule(self, *, on, when=None, coupling="immediate", action_coupling="immediate", priority=None,
+             name: str | None = None, enabled: bool = True):
+        """Decorator declaring an ECA rule on this database::
+
+            @db.rule(on=db.updated("worker_status"), when=lambda tx, ev: ev.new["status"] == "violation",
+                     coupling=Coupling.DEFERRED, priority=10)
+            def alert(tx, ev): tx.insert("alerts", worker=ev.key, kind="violation", at=0.0)
+
+        Decorating a ``Rule`` subclass registers an instance of it.  Returns the Rule.
+        """
+        from activedb._rules import FunctionRule, Rule
+
+        def decorate(target):
+            if isinstance(target, type) and issubclass(target, Rule):
+                instance = target()
+                instance.name = name or instance.name or target.__name__
+                return self.rules.add(instance)
+            if not callable(target):
+                from activedb.errors import RuleError
+
+                raise RuleError(f"@db.rule decorates a function (tx, event) or a Rule subclass, got {target!r}")
+            return self.rules.add(FunctionRule(target, on=on, when=when, coupling=coupling,
+                                               action_coupling=action_coupling, priority=priority,
+                                               enabled=enabled, name=name))
+        return decorate
+
+    def inserted(self, table: str):
+        return self._data_spec("inserted", table)
+
+    def updated(self, table: str):
+        return self._data_spec("updated", table)
+
+    def deleted(self, table: str):
+        return self._data_spec("deleted", table)
+
+    def modified(self, table: str):
+        """Any of inserted, updated, deleted on ``table``."""
+        return self._data_spec("modified", table)
+
+    def signalled(self, name: str):
+        """Application events raised with ``tx.signal(name, **payload)``."""
+        from activedb._events import EventSpec
+
+        return EventSpec("signal", name)
+
+    def stream(self, event_type: str):
+        """Stream events of ``event_type`` (``tx.emit``; the Spark bridge)."""
+        from activedb._events import EventSpec
+
+        return EventSpec("stream", event_type)
+
+    def began(self):
+        from activedb._events import EventSpec
+
+        return EventSpec("began")
+
+    def committed(self):
+        from activedb._events import EventSpec
+
+        return EventSpec("committed")
+
+    def aborted(self):
+        from activedb._events import EventSpec
+
+        return EventSpec("aborted")
+
+    def _data_spec(self, kind: str, table: str):
+        from activedb._events import EventSpec
+        from activedb.errors import RuleError
+
+        if not isinstance(table, str):
+            raise RuleError(f"db.{kind}() takes a table name, got {table!r}")
+        self.table(table)   # unknown tables are rejected at declaration
+        return EventSpec(kind, table)
+
+    # --- transactions ---------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def transaction(self, *, name: str | None = None, batch: tuple[str, int] | None = None, _firing=None):
+        """``with db.transaction() as tx:`` — a top-level transaction.
+
+        Commits when the block ends normally, aborts when it raises.  ``batch=(query_id,
+        batch_id)`` records the pair in the ingestion ledger in the same PostgreSQL
+        transaction; a pair already recorded raises ``BatchAlreadyCommitted``.
+        """
+        from activedb._transaction import TxnState
+
+        self._check_open()
+        transaction = self.transactions.begin(name=name, batch=batch)
+        transaction.firing = _firing
+        self.transactions.hooks.on_begin(transaction)
+        try:
+            yield transaction
+        except BaseException as error:
+            if transaction.state in (TxnState.ACTIVE, TxnState.COMMITTING):
+                transaction.abort(error)
+            raise
+        if transaction.state is TxnState.ACTIVE:
+            transaction.commit()
+
+    def run(self, function, *args: Any, retries: int = 3, **kwargs: Any) -> Any:
+        """Run ``function(tx, *args, **kwargs)`` in a top-level transaction, re-running it
+        (at most ``retries`` more times) on a serialization conflict or deadlock."""
+        from lockmgr import Deadlock
+
+        from activedb.errors import SerializationConflict
+
+        for attempt in range(retries + 1):
+            try:
+                with self.transaction() as transaction:
+                    return function(transaction, *args, **kwargs)
+            except (SerializationConflict, Deadlock):
+                if attempt == retries:
+                    raise
+
+    def set_granularity(self, table: str, granularity: str) -> None:
+        """Lock ``table`` per row (``"tuple"``, the default) or as a whole (``"table"``)."""
+        self.transactions.set_granularity(table, granularity)
+
+    @property
+    def history(self):
+        """The history recorder (``connect(record_history=True)``), or None."""
+        return self.transactions.recorder
+
+    def _check_open(self) -> None:
+        if self._closed:
+            from activedb.errors import TransactionError
+
+            raise TransactionError("this Database is closed; call activedb.connect() again")
 
     # --- schema ---------------------------------------------------------------------------
 
@@ -111,6 +253,9 @@ class Database:
         with self._schema_mutex:
             self._metadata = sa.MetaData()
             self._tables = {}
+        manager = getattr(self, "transactions", None)
+        if manager is not None:
+            manager.forget_schema()
 
     # --- migrations -----------------------------------------------------------------------
 
@@ -139,6 +284,7 @@ class Database:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            self.transactions.pool.shutdown(wait=False)
             self.engine.dispose()
 
     def __enter__(self) -> "Database":
@@ -168,6 +314,13 @@ def connect(
     home: str | Path | None = None,
     upgrade: bool = True,
     keep_server: bool | None = None,
+    record_history: bool = False,
+    max_workers: int = 32,
+    victim_policy: Any = "requester",
+    lock_timeout: float | None = None,
+    max_cascade_depth: int = 16,
+    max_deferred_cycles: int = 100,
+    rule_execution: str = "threads",
     **engine_options: Any,
 ) -> Database:
     """Connect to activedb's database and bring its schema to head.
@@ -178,11 +331,21 @@ def connect(
       or reused; see ``activedb._embedded`` for its lifecycle.
     * ``upgrade=False`` skips ``alembic upgrade head`` (for ``activedb db`` commands).
     * ``keep_server=True`` leaves the embedded server running after the last user exits.
+    * ``record_history=True`` records every transaction operation (``db.history``) for
+      ``activedb.testing.check_history``; ``max_workers`` bounds the subtransaction
+      threads; ``victim_policy`` is the lock manager's deadlock victim policy;
+      ``lock_timeout`` (seconds) bounds every lock wait (default: wait).
+    * ``max_cascade_depth`` bounds rule cascades, ``max_deferred_cycles`` deferred cycles;
+      ``rule_execution="inline"`` runs equal-priority rules one after the other in the
+      triggering thread instead of concurrently on worker threads.
     """
     sa_url, server = resolve_url(url, home, keep_server)
     engine = create_engine(sa_url, **engine_options)
     check_reachable(engine)
-    database = Database(engine, embedded=server)
+    database = Database(engine, embedded=server, record_history=record_history, max_workers=max_workers,
+                        victim_policy=victim_policy, lock_timeout=lock_timeout,
+                        max_cascade_depth=max_cascade_depth, max_deferred_cycles=max_deferred_cycles,
+                        rule_execution=rule_execution)
     if upgrade:
         database.upgrade("head")
     return database

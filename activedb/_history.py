@@ -1,0 +1,74 @@
+"""The opt-in history recorder (on in tests).
+
+Every transaction operation is appended as a :class:`HistoryOp` with a global
+sequence number: ``begin``, ``spawn``, ``read``, ``write``, ``commit``,
+``abort`` and, for top-level commits, ``flush`` (the merged write set as it was
+applied to PostgreSQL, in commit order).  Reads of committed data record which
+top-level transaction wrote the version they saw (``read_from``) — the
+recorder knows it because it sees every flush of its process, and a read takes
+its lock before it reads, so no conflicting flush of this process can race it.
+
+``activedb.testing.check_history`` verifies conflict serializability and the
+ACTA axioms on a recorded history.
+
+Thread-safety: ``_mutex`` protects ``ops``, ``_sequence`` and ``_last_writer``.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class HistoryOp:
+    sequence: int
+    kind: str                     # begin | spawn | read | write | commit | abort | flush
+    transaction: str
+    parent: str | None = None
+    root: str | None = None
+    table: str | None = None
+    key: tuple | None = None
+    value: Any = None             # read: image seen; write: Entry; flush: {(table, key): image}
+    read_from: str | None = None  # read of committed data: root that wrote it ("initial" if none seen)
+    source: str | None = None     # read: "own", "ancestor:<tid>" or "committed"
+    detail: Any = None
+
+
+@dataclass
+class HistoryRecorder:
+    ops: list[HistoryOp] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._sequence = 0
+        self._last_writer: dict[tuple[str, tuple], str] = {}
+
+    def record(self, kind: str, transaction: str, **fields: Any) -> None:
+        with self._mutex:
+            self._sequence += 1
+            self.ops.append(HistoryOp(self._sequence, kind, transaction, **fields))
+
+    def record_committed_read(self, transaction: str, root: str, table: str, key: tuple, image: Any) -> None:
+        with self._mutex:
+            self._sequence += 1
+            writer = self._last_writer.get((table, key), "initial")
+            self.ops.append(HistoryOp(self._sequence, "read", transaction, root=root, table=table, key=key,
+                                      value=image, read_from=writer, source="committed"))
+
+    def record_flush(self, root: str, images: dict[tuple[str, tuple], Any]) -> None:
+        """Precondition: called after the PostgreSQL commit, while the tree still holds its locks."""
+        with self._mutex:
+            self._sequence += 1
+            self.ops.append(HistoryOp(self._sequence, "flush", root, root=root, value=dict(images)))
+            for row in images:
+                self._last_writer[row] = root
+
+    def snapshot(self) -> list[HistoryOp]:
+        with self._mutex:
+            return list(self.ops)
+
+    def clear(self) -> None:
+        with self._mutex:
+            self.ops.clear()

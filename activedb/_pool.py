@@ -1,0 +1,134 @@
+"""A bounded worker pool in which waiting for a task helps run it.
+
+Why not ``ThreadPoolExecutor``: a subtransaction tree can block every worker on
+its own children (a parent waiting for its children to commit, each child
+waiting for its own children, ...).  With a plain bounded pool the children
+then sit in the queue forever.  Here a thread that waits for a task which has
+not started yet *claims it and runs it inline* (help-while-waiting, as in
+fork/join pools), so every queued task is run either by a free worker or by
+the thread that waits for it; progress never depends on a free worker.
+
+Thread-safety: all methods may be called from any thread.  ``_mutex`` protects
+``_queue``, ``_idle`` and ``_threads``; each task's ``_state_mutex`` protects its
+state.  Order: a task's mutex is never held while taking the pool's.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections import deque
+from typing import Any, Callable
+
+
+class TaskState(enum.Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+
+
+class Task:
+    """A unit of work; ``wait()`` runs it inline if nobody has started it."""
+
+    __slots__ = ("_function", "_state", "_state_mutex", "_done", "result", "error", "__weakref__")
+
+    def __init__(self, function: Callable[[], Any]):
+        self._function = function
+        self._state = TaskState.QUEUED
+        self._state_mutex = threading.Lock()   # protects _state
+        self._done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    @property
+    def state(self) -> TaskState:
+        return self._state
+
+    def claim(self) -> bool:
+        """Atomically move QUEUED -> RUNNING; False if someone else has it."""
+        with self._state_mutex:
+            if self._state is not TaskState.QUEUED:
+                return False
+            self._state = TaskState.RUNNING
+            return True
+
+    def run(self) -> None:
+        """Run the claimed task.  Precondition: ``claim()`` returned True in this thread."""
+        try:
+            self.result = self._function()
+        except BaseException as error:  # handed to whoever waits
+            self.error = error
+        finally:
+            self._function = None
+            with self._state_mutex:
+                self._state = TaskState.DONE
+            self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until done, running the task in this thread if it has not started."""
+        if self.claim():
+            self.run()
+            return True
+        return self._done.wait(timeout)
+
+
+class WorkerPool:
+    """At most ``max_workers`` threads, created lazily, idle ones reused."""
+
+    def __init__(self, max_workers: int = 32, name: str = "activedb-worker"):
+        if max_workers < 1:
+            raise ValueError("max_workers must be at least 1")
+        self.max_workers = max_workers
+        self._name = name
+        self._mutex = threading.Lock()           # protects _queue, _idle, _threads, _shutdown
+        self._work_available = threading.Condition(self._mutex)
+        self._queue: deque[Task] = deque()
+        self._idle = 0
+        self._threads: list[threading.Thread] = []
+        self._shutdown = False
+
+    def submit(self, function: Callable[[], Any]) -> Task:
+        task = Task(function)
+        with self._mutex:
+            if self._shutdown:
+                raise RuntimeError("the worker pool is shut down (the Database was closed)")
+            self._queue.append(task)
+            if self._idle > 0:
+                self._work_available.notify()
+            elif len(self._threads) < self.max_workers:
+                thread = threading.Thread(target=self._worker, name=f"{self._name}-{len(self._threads)}",
+                                          daemon=True)
+                self._threads.append(thread)
+                thread.start()
+        return task
+
+    def _worker(self) -> None:
+        while True:
+            with self._mutex:
+                while not self._queue and not self._shutdown:
+                    self._idle += 1
+                    self._work_available.wait()
+                    self._idle -= 1
+                if self._shutdown and not self._queue:
+                    return
+                task = self._queue.popleft()
+            if task.claim():   # False if its waiter already ran it inline
+                task.run()
+
+    def shutdown(self, wait: bool = True) -> None:
+        with self._mutex:
+            self._shutdown = True
+            self._work_available.notify_all()
+            threads = list(self._threads)
+        if wait:
+            current = threading.current_thread()
+            for thread in threads:
+                if thread is not current:
+                    thread.join(timeout=10)
+
+    def statistics(self) -> dict[str, int]:
+        with self._mutex:
+            return {"threads": len(self._threads), "idle": self._idle, "queued": len(self._queue)}

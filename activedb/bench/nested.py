@@ -1,0 +1,154 @@
+"""``activedb bench nested``: the cost of parallel nested transactions.
+
+1. Seed 004 §5, Figures 11 and 12 on real threads: process CPU time of a whole
+   hierarchy (spawn, lock, read/write, commit, top-level flush) vs fanout 1–5 with
+   70 transactions, and vs 5–70 transactions with fanout 3; the total number of
+   objects accessed stays constant (20 % of them with a WRITE lock, no hot spots).
+   Target: ≤ 15 % growth across each sweep.
+2. Spawn + commit of an empty child vs a ``ThreadPoolExecutor`` submit→result
+   round trip, measured in the same run.  Target: ≤ 2×.
+3. Top-level commit of 100 writes vs raw psycopg ``executemany`` of the same 100
+   rows in one transaction.  Target: ≥ 50 % of the raw rate.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import sqlalchemy as sa
+
+from activedb.bench._report import BenchReport, Row
+from activedb.bench._setup import connect
+
+
+def _hierarchy(database, transactions: int, fanout: int, total_objects: int, seed: int) -> float:
+    """CPU seconds used by one hierarchy of ``transactions`` nodes with ``fanout``."""
+    per_transaction = max(1, total_objects // transactions)
+    rng = random.Random(seed)
+    objects = rng.sample(range(total_objects * 4), per_transaction * transactions)
+    plans = [objects[index * per_transaction:(index + 1) * per_transaction] for index in range(transactions)]
+    writes = [[rng.random() < 0.2 for _ in plan] for plan in plans]
+    # Breadth-first tree shape: node n's children are n*fanout+1 .. n*fanout+fanout.
+    def children_of(node: int) -> list[int]:
+        return [child for child in range(node * fanout + 1, node * fanout + fanout + 1) if child < transactions]
+
+    def body(tx, node: int) -> None:
+        handles = [tx.spawn(body, child) for child in children_of(node)]
+        for object_id, is_write in zip(plans[node], writes[node]):
+            if is_write:
+                tx.write("bench_objects", object_id, value=node)
+            else:
+                tx.read("bench_objects", object_id)
+        for handle in handles:
+            handle.result()
+
+    start = time.process_time()
+    with database.transaction() as tx:
+        body(tx, 0)
+    return time.process_time() - start
+
+
+def _sweep(database, report: BenchReport, label: str, configurations, total_objects: int, repeat: int) -> None:
+    timings = []
+    for transactions, fanout in configurations:
+        samples = [_hierarchy(database, transactions, fanout, total_objects, seed) for seed in range(repeat)]
+        timings.append(((transactions, fanout), statistics.median(samples)))
+    baseline_config, baseline = timings[0]
+    for (transactions, fanout), cpu in timings:
+        report.add(Row(
+            name=f"{label}: {transactions} transactions, fanout {fanout}", value=cpu * 1000, unit="ms CPU",
+            baseline_name=f"{baseline_config[0]} tx, fanout {baseline_config[1]}", baseline=baseline * 1000,
+            ratio=cpu / baseline,
+        ))
+    growth = max(cpu for _, cpu in timings) / min(cpu for _, cpu in timings) - 1
+    report.add(Row(name=f"{label}: growth across the sweep (max/min - 1)", value=growth * 100, unit="%",
+                   target="<= 15 %", met=growth <= 0.15))
+
+
+def _spawn_vs_executor(database, report: BenchReport, count: int) -> None:
+    executor = ThreadPoolExecutor(max_workers=4)
+    def noop():
+        return None
+    executor.submit(noop).result()
+    start = time.perf_counter()
+    for _ in range(count):
+        executor.submit(noop).result()
+    executor_us = (time.perf_counter() - start) / count * 1e6
+    executor.shutdown()
+
+    def empty(child):
+        return None
+    with database.transaction() as tx:
+        start = time.perf_counter()
+        for _ in range(count):
+            tx.spawn(empty).result()
+        spawn_us = (time.perf_counter() - start) / count * 1e6
+        # Spawn ten at a time so that workers, not the waiting parent, run most of them.
+        start = time.perf_counter()
+        for _ in range(count // 10):
+            handles = [tx.spawn(empty) for _ in range(10)]
+            for handle in handles:
+                handle.result()
+        batch_us = (time.perf_counter() - start) / (count // 10 * 10) * 1e6
+    report.add(Row(name="spawn + commit of an empty child, result() right away", value=spawn_us, unit="µs",
+                   baseline_name="ThreadPoolExecutor submit->result", baseline=executor_us,
+                   ratio=spawn_us / executor_us, target="<= 2x executor", met=spawn_us <= 2 * executor_us,
+                   extra={"note": "a waiting parent runs a not-yet-started child inline (help-while-waiting)"}))
+    report.add(Row(name="spawn + commit of an empty child, 10 in flight", value=batch_us, unit="µs",
+                   baseline_name="ThreadPoolExecutor submit->result", baseline=executor_us,
+                   ratio=batch_us / executor_us, target="<= 2x executor", met=batch_us <= 2 * executor_us))
+
+
+def _commit_100_writes(database, report: BenchReport, repeat: int) -> None:
+    rows = [{"id": number, "a": number, "b": f"row {number}"} for number in range(100)]
+
+    def layer() -> None:
+        with database.transaction() as tx:
+            for row in rows:
+                tx.write("bench_rows", row["id"], a=row["a"], b=row["b"])
+
+    import psycopg
+
+    url = database.engine.url
+    conninfo = url.render_as_string(hide_password=False).replace("postgresql+psycopg://", "postgresql://")
+    raw_sql = ("INSERT INTO bench_rows (id, a, b) VALUES (%(id)s, %(a)s, %(b)s) "
+               "ON CONFLICT (id) DO UPDATE SET a = EXCLUDED.a, b = EXCLUDED.b")
+    with psycopg.connect(conninfo) as connection:
+        def raw() -> None:
+            with connection.transaction():
+                with connection.cursor() as cursor:
+                    cursor.executemany(raw_sql, rows)
+
+        for function in (layer, raw):
+            function()  # warm up
+        layer_times, raw_times = [], []
+        for _ in range(repeat):
+            start = time.perf_counter(); layer(); layer_times.append(time.perf_counter() - start)
+            start = time.perf_counter(); raw(); raw_times.append(time.perf_counter() - start)
+    layer_rate = 100 / statistics.median(layer_times)
+    raw_rate = 100 / statistics.median(raw_times)
+    report.add(Row(name="top-level commit of 100 writes", value=layer_rate, unit="rows/s",
+                   baseline_name="psycopg executemany, one transaction", baseline=raw_rate,
+                   ratio=layer_rate / raw_rate, target=">= 50 % of raw", met=layer_rate >= 0.5 * raw_rate))
+
+
+def run(quick: bool = False) -> BenchReport:
+    report = BenchReport("nested transactions (activedb bench nested)")
+    database = connect(max_workers=32)
+    try:
+        total_objects = 350 if quick else 1400
+        repeat = 1 if quick else 5
+        _sweep(database, report, "Fig. 11 fanout sweep",
+               [(70, fanout) for fanout in range(1, 6)], total_objects, repeat)
+        _sweep(database, report, "Fig. 12 size sweep",
+               [(count, 3) for count in (5, 10, 20, 30, 40, 50, 60, 70)], total_objects, repeat)
+        _spawn_vs_executor(database, report, 200 if quick else 3000)
+        _commit_100_writes(database, report, 5 if quick else 50)
+        report.notes.append(f"{total_objects} objects per hierarchy, 20 % written; CPU = time.process_time() "
+                            f"of the whole process (all threads), median of {repeat}")
+    finally:
+        database.close()
+    return report

@@ -1,0 +1,232 @@
+"""Test helpers: history checks, observable-state waits and a watchdog.
+
+* :func:`check_history` verifies a recorded history (``connect(record_history=True)``):
+  conflict serializability of the committed top-level transactions (their
+  precedence graph is acyclic, checked with networkx) and the ACTA axioms of
+  seed 004 §3.3.1 that apply to parallel nested transactions:
+
+  1. a parent commits only after all its children ended;
+  2. a committed child's operations are delegated to its parent — the write set a
+     top-level transaction flushed is exactly the composition, in order, of the
+     writes of its transactions whose every ancestor committed;
+  3. an aborted transaction's operations are all undone (none reaches a flush);
+  4. the abort of a parent aborts its active children (no descendant commits after
+     its ancestor aborted).
+
+* :func:`replay` gives the state a serial execution of the committed top-level
+  transactions, in commit order, produces from an initial state.
+* :func:`wait_until` waits for observable state with a hard timeout;
+  :class:`Watchdog` turns a hang into a test failure that prints the wait-for graph.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import networkx as nx
+
+from activedb._history import HistoryOp
+from activedb._store import Entry, EntryKind
+
+
+@dataclass
+class HistoryReport:
+    violations: list[str] = field(default_factory=list)
+    committed_roots: list[str] = field(default_factory=list)
+    precedence: nx.DiGraph = field(default_factory=nx.DiGraph)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def assert_ok(self) -> None:
+        if self.violations:
+            shown = "\n  ".join(self.violations[:20])
+            raise AssertionError(f"{len(self.violations)} history violation(s):\n  {shown}")
+
+
+def check_history(ops: Iterable[HistoryOp]) -> HistoryReport:
+    ops = sorted(ops, key=lambda op: op.sequence)
+    report = HistoryReport()
+    parent_of: dict[str, str | None] = {}
+    root_of: dict[str, str] = {}
+    children: dict[str, list[str]] = {}
+    ended: dict[str, tuple[str, int]] = {}
+    for op in ops:
+        if op.kind == "begin":
+            parent_of[op.transaction] = op.parent
+            root_of[op.transaction] = op.root
+            if op.parent:
+                children.setdefault(op.parent, []).append(op.transaction)
+        elif op.kind in ("commit", "abort"):
+            if op.transaction in ended:
+                report.violations.append(f"{op.transaction} ended twice")
+            ended[op.transaction] = (op.kind, op.sequence)
+
+    def ancestors(tid: str):
+        parent = parent_of.get(tid)
+        while parent is not None:
+            yield parent
+            parent = parent_of.get(parent)
+
+    # Axiom 1: children end before the parent commits.
+    for tid, (kind, sequence) in ended.items():
+        if kind != "commit":
+            continue
+        for child in children.get(tid, []):
+            child_end = ended.get(child)
+            if child_end is None or child_end[1] > sequence:
+                report.violations.append(f"{tid} committed (#{sequence}) before its child {child} ended")
+
+    # Axiom 4: no descendant commits after an ancestor aborted; active ones end aborted.
+    for tid, (kind, sequence) in ended.items():
+        if kind != "abort":
+            continue
+        for child in children.get(tid, []):
+            child_end = ended.get(child)
+            if child_end is None:
+                report.violations.append(f"{child} never ended although its parent {tid} aborted")
+            elif child_end[0] == "commit" and child_end[1] > sequence:
+                report.violations.append(f"{child} committed after its parent {tid} aborted")
+
+    # Axioms 2 and 3: the flushed write set is the composition of the effective writes.
+    flushes = {op.transaction: op for op in ops if op.kind == "flush"}
+    effective: dict[str, dict[tuple, Entry]] = {}
+    for op in ops:
+        if op.kind != "write":
+            continue
+        chain = [op.transaction, *ancestors(op.transaction)]
+        if all(ended.get(tid, ("", 0))[0] == "commit" for tid in chain):
+            rows = effective.setdefault(op.root, {})
+            row = (op.table, op.key)
+            rows[row] = rows[row].then(op.value, op.table) if row in rows else op.value
+        else:
+            flush = flushes.get(op.root)
+            if flush is not None and (op.table, op.key) in flush.value:
+                pass  # may also have been written by an effective transaction; compared below
+    for root, flush in flushes.items():
+        expected = effective.get(root, {})
+        if flush.value != expected:
+            missing = set(expected) - set(flush.value)
+            extra = set(flush.value) - set(expected)
+            differing = [row for row in set(expected) & set(flush.value) if expected[row] != flush.value[row]]
+            report.violations.append(
+                f"flush of {root} differs from its delegated writes: missing {sorted(missing)[:3]}, "
+                f"from aborted transactions {sorted(extra)[:3]}, different {sorted(differing)[:3]}"
+            )
+    for tid, (kind, _) in ended.items():
+        if kind == "abort" and parent_of.get(tid) is None and tid in flushes:
+            report.violations.append(f"aborted top-level transaction {tid} flushed writes")
+
+    # Conflict serializability of committed top-level transactions.
+    committed_roots = [op.transaction for op in ops if op.kind == "flush"
+                       and ended.get(op.transaction, ("", 0))[0] == "commit"]
+    report.committed_roots = committed_roots
+    graph = report.precedence
+    graph.add_nodes_from(committed_roots)
+    committed = set(committed_roots)
+    versions: dict[tuple, list[str]] = {}
+    for op in ops:
+        if op.kind == "flush" and op.transaction in committed:
+            for row in op.value:
+                writers = versions.setdefault(row, [])
+                if writers:
+                    graph.add_edge(writers[-1], op.transaction, kind="ww", row=row)
+                writers.append(op.transaction)
+    for op in ops:
+        if op.kind != "read" or op.source != "committed" or op.root not in committed:
+            continue
+        # Reads of aborted subtransactions are undone with them (committed projection).
+        if not all(ended.get(tid, ("", 0))[0] == "commit" for tid in [op.transaction, *ancestors(op.transaction)]):
+            continue
+        row = (op.table, op.key)
+        writers = versions.get(row, [])
+        writer = op.read_from
+        if writer != "initial" and writer != op.root:
+            graph.add_edge(writer, op.root, kind="wr", row=row)
+        position = writers.index(writer) + 1 if writer in writers else 0
+        for later in writers[position:]:
+            if later != op.root:
+                graph.add_edge(op.root, later, kind="rw", row=row)
+                break
+    try:
+        cycle = nx.find_cycle(graph)
+    except nx.NetworkXNoCycle:
+        cycle = None
+    if cycle:
+        report.violations.append(f"not conflict serializable: precedence cycle {cycle}")
+    return report
+
+
+def replay(ops: Iterable[HistoryOp], initial: dict[tuple, dict],
+           key_columns: dict[str, list[str]] | None = None) -> dict[tuple, dict]:
+    """Apply the committed flushes in commit order to ``initial`` ({(table, key): row}).
+
+    ``key_columns`` ({table: [column, ...]}) adds the key columns to rows created by the replay."""
+    ended = {op.transaction: op.kind for op in ops if op.kind in ("commit", "abort")}
+    state = {row: dict(image) for row, image in initial.items()}
+    for op in sorted(ops, key=lambda op: op.sequence):
+        if op.kind != "flush" or ended.get(op.transaction) != "commit":
+            continue
+        for row, entry in op.value.items():
+            image = entry.apply(state.get(row))
+            if image is None:
+                state.pop(row, None)
+            else:
+                columns = (key_columns or {}).get(row[0], [])
+                state[row] = {**dict(zip(columns, row[1])), **image}
+    return state
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, message: str = "condition") -> Any:
+    """Wait until ``predicate()`` is truthy (observable state), or fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {message}")
+        time.sleep(0.001)
+
+
+class Watchdog:
+    """Fails a hung concurrency test: after ``timeout`` s it dumps the wait-for graph and
+    every thread's stack to stderr, and sets ``fired`` (the test then fails)."""
+
+    def __init__(self, timeout: float, lock_manager=None, describe: Callable[[], str] | None = None):
+        self.timeout = timeout
+        self.lock_manager = lock_manager
+        self.describe = describe
+        self.fired = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="watchdog", daemon=True)
+
+    def _watch(self) -> None:
+        if self._stop.wait(self.timeout):
+            return
+        self.fired.set()
+        lines = [f"WATCHDOG: test still running after {self.timeout} s"]
+        if self.lock_manager is not None:
+            graph = self.lock_manager.wait_for_graph()
+            lines.append("wait-for graph edges:")
+            lines.extend(f"  {a} -> {b} ({data.get('kind')})" for a, b, data in graph.edges(data=True))
+        if self.describe is not None:
+            lines.append(self.describe())
+        print("\n".join(lines), file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+
+    def __enter__(self) -> "Watchdog":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self.fired.is_set() and exc_info[0] is None:
+            raise AssertionError(f"watchdog fired after {self.timeout} s (wait-for graph printed above)")

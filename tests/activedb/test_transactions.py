@@ -1,0 +1,270 @@
+"""Nested transactions over the shared store: visibility, delegation, aborts, bad input."""
+
+import threading
+
+import pytest
+import sqlalchemy as sa
+
+import activedb
+from activedb import testing
+from activedb._transaction import TxnState
+from lockmgr import Deadlock
+
+
+@pytest.fixture(autouse=True)
+def clean_tables(db):
+    with db.engine.begin() as connection:
+        for table in ("accounts", "items", "pairs", "events_seen"):
+            connection.execute(sa.text(f"DELETE FROM {table}"))
+    db.history.clear() if db.history else None
+    yield
+
+
+@pytest.fixture(scope="module")
+def db(database_url):
+    database = activedb.connect(database_url, record_history=True)
+    database.upgrade_app(__import__("tests.conftest", fromlist=["APP_MIGRATIONS"]).APP_MIGRATIONS)
+    yield database
+    database.close()
+
+
+def committed(db, table):
+    with db.engine.connect() as connection:
+        return {tuple(row[:1]) if len(row) else row: dict(row._mapping)
+                for row in connection.execute(sa.text(f"SELECT * FROM {table} ORDER BY 1"))}
+
+
+def test_top_level_commit_reaches_postgresql_and_log(db):
+    with db.transaction() as tx:
+        tx.write("accounts", 1, owner="ann", balance=10)
+        tx.insert("items", key="a", value=1)
+        log_id = tx.log_id
+    assert committed(db, "accounts")[(1,)]["balance"] == 10
+    with db.engine.connect() as connection:
+        row = connection.execute(sa.text("SELECT rows_written, tables FROM activedb_transaction_log "
+                                         "WHERE transaction_id = :t"), {"t": log_id}).one()
+    assert row.rows_written == 2 and row.tables == ["accounts", "items"]
+    testing.check_history(db.history.snapshot()).assert_ok()
+
+
+def test_exception_aborts_and_writes_nothing(db):
+    with pytest.raises(RuntimeError):
+        with db.transaction() as tx:
+            tx.write("accounts", 1, balance=5)
+            raise RuntimeError("boom")
+    assert tx.state is TxnState.ABORTED
+    assert committed(db, "accounts") == {}
+
+
+def test_reads_see_own_then_ancestor_then_committed(db):
+    db.run(lambda tx: tx.write("items", "x", value=1, note="committed"))
+    with db.transaction() as tx:
+        assert tx.read("items", "x")["value"] == 1
+        tx.write("items", "x", value=2)
+        with tx.subtransaction() as child:
+            assert child.read("items", "x") == {"key": "x", "value": 2, "note": "committed"}
+            child.write("items", "x", note="child")
+            assert child.read("items", "x")["note"] == "child"
+            with child.subtransaction() as grandchild:
+                assert grandchild.read("items", "x") == {"key": "x", "value": 2, "note": "child"}
+        assert tx.read("items", "x") == {"key": "x", "value": 2, "note": "child"}
+        # Nothing reached PostgreSQL before the top-level commit.
+        assert committed(db, "items")[("x",)]["value"] == 1
+    assert committed(db, "items")[("x",)] == {"key": "x", "value": 2, "note": "child"}
+    testing.check_history(db.history.snapshot()).assert_ok()
+
+
+def test_aborted_child_is_undone_parent_continues(db):
+    with db.transaction() as tx:
+        tx.write("items", "keep", value=1)
+        with pytest.raises(ValueError):
+            with tx.subtransaction() as child:
+                child.write("items", "drop", value=2)
+                child.write("items", "keep", value=99)
+                raise ValueError("child fails")
+        assert tx.read("items", "keep")["value"] == 1
+        assert tx.read("items", "drop") is None
+    assert set(committed(db, "items")) == {("keep",)}
+    testing.check_history(db.history.snapshot()).assert_ok()
+
+
+def test_spawned_children_run_in_parallel_with_parent_and_siblings(db):
+    barrier = threading.Barrier(4, timeout=10)
+
+    def child(tx, number):
+        barrier.wait()            # all three children and the parent are running at once
+        tx.write("accounts", number, balance=number)
+        return number
+
+    with db.transaction() as tx:
+        handles = [tx.spawn(child, number) for number in (1, 2, 3)]
+        barrier.wait()
+        assert sorted(handle.result(timeout=10) for handle in handles) == [1, 2, 3]
+    assert set(committed(db, "accounts")) == {(1,), (2,), (3,)}
+
+
+def test_failed_spawn_reraises_in_parent_which_decides(db):
+    def failing(tx):
+        tx.write("items", "f", value=1)
+        raise KeyError("nope")
+
+    with db.transaction() as tx:
+        handle = tx.spawn(failing)
+        with pytest.raises(KeyError):
+            handle.result(timeout=10)
+        assert handle.state is TxnState.ABORTED
+        tx.write("items", "g", value=2)
+    assert set(committed(db, "items")) == {("g",)}
+
+
+def test_parent_commit_waits_for_children(db):
+    release = threading.Event()
+
+    def slow(tx):
+        assert release.wait(10)
+        tx.write("items", "late", value=1)
+
+    with db.transaction() as tx:
+        handle = tx.spawn(slow)
+        committer = threading.Thread(target=lambda: (release.set()))
+        committer.start()
+    committer.join()
+    assert handle.state is TxnState.COMMITTED
+    assert ("late",) in committed(db, "items")
+
+
+def test_deep_and_wide_trees_progress_with_a_tiny_pool(database_url):
+    database = activedb.connect(database_url, max_workers=2)
+    try:
+        def node(tx, depth):
+            if depth == 0:
+                tx.write("pairs", (depth, int(tx.id.split(".")[-1])), value=tx.id)
+                return 1
+            handles = [tx.spawn(node, depth - 1) for _ in range(3)]
+            return sum(handle.result(timeout=60) for handle in handles)
+
+        with testing.Watchdog(60, database.transactions.locks):
+            with database.transaction() as tx:
+                assert node(tx, 4) == 81
+        with database.engine.connect() as connection:
+            assert connection.execute(sa.text("SELECT count(*) FROM pairs")).scalar() == 81
+    finally:
+        database.close()
+
+
+def test_sibling_sees_committed_sibling_via_parent(db):
+    with db.transaction() as tx:
+        tx.spawn(lambda child: child.write("items", "s", value=7)).result(timeout=10)
+        assert tx.spawn(lambda child: child.read("items", "s")["value"]).result(timeout=10) == 7
+
+
+def test_parent_and_child_on_same_row_wait_not_deadlock(db):
+    """The parent's own write is retained when it spawns; the child may then write the row."""
+    with db.transaction() as tx:
+        tx.write("accounts", 7, balance=1)
+        handle = tx.spawn(lambda child: child.write("accounts", 7, balance=child.read("accounts", 7)["balance"] + 1))
+        handle.result(timeout=10)
+        assert tx.read("accounts", 7)["balance"] == 2
+    assert committed(db, "accounts")[(7,)]["balance"] == 2
+
+
+def test_scan_sees_write_sets_and_committed_rows(db):
+    db.run(lambda tx: [tx.write("accounts", n, owner="x" if n % 2 else "y", balance=n) for n in range(5)])
+    with db.transaction() as tx:
+        tx.write("accounts", 10, owner="x", balance=10)
+        tx.delete("accounts", 1)
+        rows = tx.scan("accounts", {"owner": "x"})
+        assert sorted(row["id"] for row in rows) == [3, 10]
+        assert [row["id"] for row in tx.scan("accounts", lambda row: row["balance"] > 3)] != []
+
+
+def test_table_granularity(db):
+    db.set_granularity("pairs", "table")
+    try:
+        with db.transaction() as tx:
+            tx.write("pairs", (1, 2), value="t")
+        assert committed(db, "pairs")
+    finally:
+        db.set_granularity("pairs", "tuple")
+
+
+def test_identity_key_is_generated_on_insert(db):
+    with db.transaction() as tx:
+        first = tx.insert("events_seen", rule="r", detail="a")
+        second = tx.insert("events_seen", rule="r", detail="b")
+        assert second != first and tx.read("events_seen", first)["detail"] == "a"
+
+
+def test_retry_helper_reruns_a_deadlock_victim(db):
+    attempts = []
+
+    def body(child):
+        attempts.append(child.id)
+        if len(attempts) == 1:
+            raise Deadlock.__new__(Deadlock)  # a victim's error, as the lock manager raises it
+        child.write("items", "r", value=len(attempts))
+
+    with db.transaction() as tx:
+        tx.retry(body, attempts=3)
+    assert len(attempts) == 2 and committed(db, "items")[("r",)]["value"] == 2
+
+
+# --- bad input ------------------------------------------------------------------------------
+
+def test_unknown_table(db):
+    with db.transaction() as tx:
+        with pytest.raises(activedb.UnknownTable, match="no table 'nope'"):
+            tx.read("nope", 1)
+
+
+def test_unknown_column(db):
+    with pytest.raises(activedb.UnknownColumn, match="no column 'colour'.*balance"):
+        with db.transaction() as tx:
+            tx.write("accounts", 1, colour="red")
+
+
+def test_wrong_type(db):
+    with pytest.raises(activedb.InvalidValue, match="accounts.balance is INTEGER.*'ten'"):
+        with db.transaction() as tx:
+            tx.write("accounts", 1, balance="ten")
+    with pytest.raises(activedb.InvalidValue):
+        with db.transaction() as tx:
+            tx.write("accounts", 1, balance=True)
+
+
+def test_wrong_key_arity(db):
+    with db.transaction() as tx:
+        with pytest.raises(activedb.InvalidKey, match=r"primary key \(a, b\)"):
+            tx.read("pairs", 1)
+
+
+def test_duplicate_insert(db):
+    db.run(lambda tx: tx.insert("items", key="d", value=1))
+    with pytest.raises(activedb.DuplicateKey, match="already exists"):
+        with db.transaction() as tx:
+            tx.insert("items", key="d", value=2)
+    assert committed(db, "items")[("d",)]["value"] == 1
+
+
+def test_writing_after_commit(db):
+    with db.transaction() as tx:
+        tx.write("items", "w", value=1)
+    with pytest.raises(activedb.TransactionError, match="committed.*start a new transaction"):
+        tx.write("items", "w", value=2)
+    assert committed(db, "items")[("w",)]["value"] == 1
+
+
+def test_spawning_from_a_finished_transaction(db):
+    with db.transaction() as tx:
+        pass
+    with pytest.raises(activedb.TransactionError, match="starting a subtransaction.*committed"):
+        tx.spawn(lambda child: None)
+
+
+def test_bad_input_leaves_committed_data_alone(db):
+    db.run(lambda tx: tx.write("accounts", 1, balance=100))
+    with pytest.raises(activedb.InvalidValue):
+        with db.transaction() as tx:
+            tx.write("accounts", 1, balance=0)
+            tx.write("accounts", 2, balance="oops")
+    assert committed(db, "accounts") == {(1,): {"id": 1, "owner": None, "balance": 100}}
