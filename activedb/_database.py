@@ -140,20 +140,26 @@ class Database:
 
         return EventSpec("stream", event_type)
 
-    def began(self):
+    def began(self, name: str | None = None):
+        """Top-level transactions began (only those started with ``db.transaction(name=name)``
+        when ``name`` is given; detached rules run in transactions named ``rule:<rule name>``)."""
         from activedb._events import EventSpec
 
-        return EventSpec("began")
+        return EventSpec("began", name)
 
-    def committed(self):
+    def committed(self, name: str | None = None):
+        """Top-level transactions committed (only those started with ``db.transaction(name=name)``
+        when ``name`` is given; detached rules run in transactions named ``rule:<rule name>``)."""
         from activedb._events import EventSpec
 
-        return EventSpec("committed")
+        return EventSpec("committed", name)
 
-    def aborted(self):
+    def aborted(self, name: str | None = None):
+        """Top-level transactions aborted (only those started with ``db.transaction(name=name)``
+        when ``name`` is given; detached rules run in transactions named ``rule:<rule name>``)."""
         from activedb._events import EventSpec
 
-        return EventSpec("aborted")
+        return EventSpec("aborted", name)
 
     def _data_spec(self, kind: str, table: str):
         from activedb._events import EventSpec

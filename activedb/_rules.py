@@ -433,8 +433,8 @@ class RuleManager(TransactionHooks):
         self.dispatch(transaction, event)
 
     def on_begin(self, transaction: Transaction) -> None:
-        if transaction.is_top_level:
-            self.dispatch(transaction, Event("began", None, transaction=transaction.id))
+        if transaction.is_top_level and self._has_rules_for("began"):
+            self.dispatch(transaction, Event("began", transaction.name, transaction=transaction.id))
 
     def before_commit(self, transaction: Transaction) -> None:
         queue = transaction.deferred_queue
@@ -468,7 +468,11 @@ class RuleManager(TransactionHooks):
         if transaction.is_top_level:
             kind = "committed" if committed else "aborted"
             if self._has_rules_for(kind):
-                self.dispatch(transaction, Event(kind, None, transaction=transaction.id), ended=True)
+                event = Event(kind, transaction.name, payload=dict(transaction.info), transaction=transaction.id)
+                try:
+                    self.dispatch(transaction, event, ended=True)
+                except Exception as error:   # the transaction has ended: report, never undo its outcome
+                    logger.error("rules on %s could not be fired: %r", event.describe(), error)
 
     def _has_rules_for(self, kind: str) -> bool:
         with self._mutex:
@@ -576,6 +580,8 @@ class RuleManager(TransactionHooks):
             else:
                 if not self._condition_then_action_in_parallel(transaction, firing):
                     return False
+            if rule.coupling.runs_as_subtransaction:
+                self._count(rule, "executed")   # detached rules count once their top-level commits
         except (_DependencyAbort, CascadeLimitExceeded, RuleFailed, TransactionAborted):
             raise
         except Exception as error:

@@ -1,0 +1,391 @@
+"""ECA rules: the six coupling modes, deferred cycles, priorities, cascades, the registry.
+
+Each coupling-mode test records the history, turns it into ACTA begin/commit/abort
+events and checks the mode's dependencies with ``coupling.check_dependencies``;
+the concurrency each mode allows is shown with events and barriers (a detached
+rule is observed running while its trigger still runs), never with sleeps.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+import sqlalchemy as sa
+
+import activedb
+from activedb import Coupling, testing
+from activedb.errors import CascadeLimitExceeded, RuleError, RuleFailed, UnknownTable
+from coupling import HistoryEvent, check_dependencies, dependencies_for
+from tests.conftest import APP_MIGRATIONS
+
+WAIT = 20
+
+
+@pytest.fixture(scope="module")
+def migrated(database_url):
+    database = activedb.connect(database_url)
+    database.upgrade_app(APP_MIGRATIONS)
+    database.close()
+    return database_url
+
+
+@pytest.fixture
+def db(migrated):
+    database = activedb.connect(migrated, record_history=True)
+    with database.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE accounts, items, pairs, events_seen, activedb_rules"))
+        connection.execute(sa.text("INSERT INTO accounts (id, balance) VALUES (1, 100)"))
+    yield database
+    database.rules.wait_idle(WAIT)
+    database.close()
+
+
+def acta_history(db) -> list[HistoryEvent]:
+    events = []
+    for op in db.history.snapshot():
+        if op.kind in ("begin", "commit", "abort"):
+            events.append(HistoryEvent(op.transaction, op.kind, op.sequence))
+    return events
+
+
+def sequence_of(db, transaction: str, kind: str) -> int | None:
+    for op in db.history.snapshot():
+        if op.transaction == transaction and op.kind == kind:
+            return op.sequence
+    return None
+
+
+def effect_committed(db) -> bool:
+    with db.engine.connect() as connection:
+        return connection.execute(sa.text("SELECT count(*) FROM items WHERE key = 'effect'")).scalar() == 1
+
+
+def trigger_committed(db) -> bool:
+    with db.engine.connect() as connection:
+        return connection.execute(sa.text("SELECT balance FROM accounts WHERE id = 1")).scalar() == 50
+
+
+class TriggerAborts(Exception):
+    pass
+
+
+MODES = list(Coupling)
+OUTCOMES = ["trigger commits", "trigger aborts", "rule fails"]
+RUNS_CONCURRENTLY = {Coupling.DETACHED, Coupling.DETACHED_CAUSALLY_DEPENDENT,
+                     Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT}
+
+
+@pytest.mark.parametrize("outcome", OUTCOMES)
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.value)
+def test_coupling_mode_dependencies(db, mode, outcome):
+    rule_transactions: list[str] = []
+    rule_started = threading.Event()
+    body_finished = threading.Event()
+    observations = {}
+
+    @db.rule(on=db.updated("accounts"), coupling=mode)
+    def effect(tx, event):
+        rule_transactions.append(tx.id)
+        observations["after_body"] = body_finished.is_set()
+        rule_started.set()
+        tx.write("items", "effect", value=event.new["balance"])
+        if outcome == "rule fails":
+            raise ValueError("the rule's action fails")
+
+    trigger_id = None
+    raised = None
+    try:
+        with db.transaction() as tx:
+            trigger_id = tx.id
+            tx.write("accounts", 1, balance=50)
+            if mode in RUNS_CONCURRENTLY:
+                # Nothing more restrictive than the mode: the rule runs while its trigger still runs.
+                assert rule_started.wait(WAIT), f"{mode.value} rule did not start while its trigger ran"
+            body_finished.set()
+            if outcome == "trigger aborts":
+                raise TriggerAborts()
+    except (TriggerAborts, RuleFailed) as error:
+        raised = error
+    db.rules.wait_idle(WAIT)
+
+    # What the mode's dependencies must produce, per outcome.
+    if mode.runs_as_subtransaction:
+        expect_trigger = outcome == "trigger commits"
+        expect_effect = outcome == "trigger commits"
+        if outcome == "rule fails":
+            assert isinstance(raised, RuleFailed) and raised.rule == "effect"
+    else:
+        expect_trigger = outcome != "trigger aborts"
+        rule_ok = outcome != "rule fails"
+        expect_effect = rule_ok and {
+            Coupling.DETACHED: True,
+            Coupling.DETACHED_CAUSALLY_DEPENDENT: outcome == "trigger commits",
+            Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT: outcome == "trigger commits",
+            Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT: outcome == "trigger aborts",
+        }[mode]
+        if outcome == "rule fails" and mode is not Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT:
+            assert raised is None      # a detached rule's failure never touches its trigger
+    assert trigger_committed(db) is expect_trigger
+    assert effect_committed(db) is expect_effect
+
+    if mode is Coupling.DEFERRED and rule_transactions:
+        assert observations["after_body"], "a deferred rule runs after the trigger's body"
+    if mode is Coupling.IMMEDIATE:
+        assert observations["after_body"] is False, "an immediate rule runs right away"
+    if mode is Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT:
+        if outcome == "trigger aborts":
+            assert rule_transactions == []          # never began
+        else:
+            assert sequence_of(db, rule_transactions[0], "begin") > sequence_of(db, trigger_id, "commit")
+
+    history = acta_history(db)
+    for dependent in rule_transactions:
+        dependencies = dependencies_for(mode, dependent, trigger_id)
+        assert check_dependencies(history, dependencies, strict=True) == [], (mode, outcome)
+    testing.check_history(db.history.snapshot()).assert_ok()
+
+
+def test_action_sequential_causally_dependent_runs_in_parallel_and_needs_true(db):
+    condition_may_return = threading.Event()
+    action_started = threading.Event()
+    results = {}
+
+    def condition(tx, event):
+        assert action_started.wait(WAIT), "the action starts before the condition finishes"
+        condition_may_return.wait(WAIT)
+        return event.new["balance"] < 75
+
+    @db.rule(on=db.updated("accounts"), when=condition, action_coupling=Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT)
+    def act(tx, event):
+        action_started.set()
+        tx.write("items", f"act{event.new['balance']}", value=event.new["balance"])
+
+    condition_may_return.set()
+    with db.transaction() as tx:
+        tx.write("accounts", 1, balance=50)      # condition true: the action commits
+    with db.transaction() as tx:
+        action_started.clear()
+        tx.write("accounts", 1, balance=90)      # condition false: the action aborts
+    with db.engine.connect() as connection:
+        keys = {row[0] for row in connection.execute(sa.text("SELECT key FROM items"))}
+    assert keys == {"act50"}
+    counters = db.rules.statistics().per_rule["act"]
+    assert counters.fired == 2 and counters.condition_false == 1
+
+
+def test_deferred_cycles_run_in_order(db):
+    order = []
+
+    @db.rule(on=db.signalled("s0"), coupling="deferred")
+    def first(tx, event):
+        order.append(("first", tx.deferred_queue is None))
+        tx.signal("s1")
+
+    @db.rule(on=db.signalled("s1"), coupling="deferred")
+    def second(tx, event):
+        order.append(("second",))
+        tx.signal("s2")
+
+    @db.rule(on=db.signalled("s2"), coupling="deferred")
+    def third(tx, event):
+        order.append(("third",))
+
+    with db.transaction() as tx:
+        tx.signal("s0")
+        assert order == []                     # nothing before the commit point
+        queue_of_trigger = tx
+    assert [entry[0] for entry in order] == ["first", "second", "third"]
+    statistics = queue_of_trigger.deferred_queue.statistics()
+    assert statistics.cycles_run == 3          # cycle 0, 1, 2 on the trigger's own queue
+
+
+def test_deferred_fired_by_immediate_runs_in_extra_cycle_before_it_commits(db):
+    order = []
+
+    @db.rule(on=db.signalled("go"), coupling="immediate")
+    def immediate(tx, event):
+        order.append(("immediate", tx.id))
+        tx.signal("later")
+
+    @db.rule(on=db.signalled("later"), coupling="deferred")
+    def deferred_from_immediate(tx, event):
+        order.append(("deferred", tx.parent.id))
+
+    @db.rule(on=db.signalled("go"), coupling="deferred")
+    def deferred_from_trigger(tx, event):
+        order.append(("deferred-from-trigger", tx.parent.id))
+
+    with db.transaction() as tx:
+        tx.signal("go")
+        trigger = tx.id
+    immediate_id = order[0][1]
+    assert order == [("immediate", immediate_id), ("deferred", immediate_id),
+                     ("deferred-from-trigger", trigger)]
+
+
+def test_priorities_order_groups_and_run_equal_priorities_concurrently(db):
+    order = []
+    order_mutex = threading.Lock()
+    both_high = threading.Barrier(2, timeout=WAIT)
+
+    def make(name, priority, barrier=None):
+        @db.rule(on=db.signalled("p"), priority=priority, name=name)
+        def rule(tx, event):
+            if barrier is not None:
+                barrier.wait()                 # only passes if both priority-10 rules run at once
+            with order_mutex:
+                order.append(name)
+
+    make("high-a", 10, both_high)
+    make("high-b", 10, both_high)
+    make("low", 5)
+    make("none", None)
+    with db.transaction() as tx:
+        tx.signal("p")
+    assert set(order[:2]) == {"high-a", "high-b"} and order[2:] == ["low", "none"]
+
+
+def test_deferred_priorities(db):
+    order = []
+    for name, priority in [("d-low", 1), ("d-none", None), ("d-high", 9)]:
+        db.rule(on=db.signalled("q"), coupling="deferred", priority=priority, name=name)(
+            lambda tx, event, name=name: order.append(name))
+    with db.transaction() as tx:
+        tx.signal("q")
+    assert order == ["d-high", "d-low", "d-none"]
+
+
+def test_cascade_limit_names_the_chain(migrated):
+    database = activedb.connect(migrated, max_cascade_depth=4)
+    try:
+        @database.rule(on=database.signalled("ping"), name="pinger")
+        def ping(tx, event):
+            tx.signal("ping")
+
+        with pytest.raises(CascadeLimitExceeded) as caught:
+            with database.transaction() as tx:
+                tx.signal("ping")
+        assert caught.value.chain == ["pinger"] * 5
+        assert "pinger -> pinger" in str(caught.value)
+    finally:
+        database.close()
+
+
+def test_enable_disable(db):
+    seen = []
+    rule = db.rule(on=db.signalled("e"))(lambda tx, event: seen.append(1))
+    rule.disable()
+    with db.transaction() as tx:
+        tx.signal("e")
+    assert seen == []
+    rule.enable()
+    with db.transaction() as tx:
+        tx.signal("e")
+    assert seen == [1]
+
+
+def test_registry_persists_across_connect(migrated, db):
+    def action(tx, event):
+        tx.write("items", "persist", value=1)
+
+    first = db.rule(on=db.updated("accounts"), coupling="deferred", priority=3, name="persisted")(action)
+    first.disable()
+    second_db = activedb.connect(migrated)
+    try:
+        stored = {row["name"]: row for row in second_db.rules.persisted()}
+        assert stored["persisted"]["coupling"] == "deferred" and stored["persisted"]["enabled"] is False
+        again = second_db.rule(on=second_db.updated("accounts"), coupling="deferred", priority=3,
+                               name="persisted")(action)
+        assert again.enabled is False and again.version == 1      # same definition: persisted state wins
+        third_db = activedb.connect(migrated)
+        try:
+            with pytest.warns(activedb.RuleDefinitionChangedWarning, match="coupling"):
+                changed = third_db.rule(on=third_db.updated("accounts"), coupling="immediate", priority=3,
+                                        name="persisted")(action)
+            assert changed.version == 2
+            assert {row["name"]: row for row in third_db.rules.persisted()}["persisted"]["version"] == 2
+        finally:
+            third_db.close()
+    finally:
+        second_db.close()
+
+
+def test_bad_rule_definitions_are_rejected_at_declaration(db):
+    with pytest.raises(UnknownTable, match="no table 'nope'"):
+        db.rule(on=db.updated("nope"))(lambda tx, event: None)
+    with pytest.raises(RuleError, match="on= must be an event"):
+        db.rule(on="updated:accounts")(lambda tx, event: None)
+    with pytest.raises(RuleError, match="decorates a function"):
+        db.rule(on=db.updated("accounts"))(42)
+    with pytest.raises(RuleError, match="when= must be callable"):
+        db.rule(on=db.updated("accounts"), when=5)(lambda tx, event: None)
+    with pytest.raises(RuleError, match="unknown coupling|immediate"):
+        db.rule(on=db.updated("accounts"), coupling="eventually")(lambda tx, event: None)
+    with pytest.raises(RuleError, match="action_coupling"):
+        db.rule(on=db.updated("accounts"), action_coupling="deferred")(lambda tx, event: None)
+    with pytest.raises(RuleError, match="must be detached"):
+        db.rule(on=db.committed(), coupling="immediate")(lambda tx, event: None)
+    db.rule(on=db.updated("accounts"), name="twice")(lambda tx, event: None)
+    with pytest.raises(RuleError, match="already declared"):
+        db.rule(on=db.updated("accounts"), name="twice")(lambda tx, event: None)
+
+
+def test_failing_rule_is_logged_with_name_and_event(db, caplog):
+    @db.rule(on=db.signalled("bad"), coupling="detached")
+    def broken(tx, event):
+        raise ZeroDivisionError("oops")
+
+    with caplog.at_level(logging.ERROR, logger="activedb.rules"):
+        with db.transaction() as tx:
+            tx.signal("bad", reason="test")
+        db.rules.wait_idle(WAIT)
+    assert any("broken" in record.getMessage() and "signal bad" in record.getMessage()
+               for record in caplog.records)
+    assert db.rules.statistics().per_rule["broken"].failed == 1
+
+
+def test_class_form_rule(db):
+    class Doubler(activedb.Rule):
+        on = db.updated("accounts")
+        coupling = Coupling.DEFERRED
+        priority = 1
+
+        def condition(self, tx, event):
+            return event.new["balance"] % 2 == 0
+
+        def action(self, tx, event):
+            tx.write("items", "doubled", value=event.new["balance"] * 2)
+
+    db.rules.add(Doubler())
+    with db.transaction() as tx:
+        tx.write("accounts", 1, balance=21)
+    with db.transaction() as tx:
+        tx.write("accounts", 1, balance=50)
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT value FROM items WHERE key='doubled'")).scalar() == 100
+
+
+def test_transaction_events_fire_detached_rules(db):
+    seen = []
+
+    @db.rule(on=db.committed("payment"), coupling="detached")
+    def after_commit(tx, event):
+        seen.append((event.transaction, event.source))
+
+    @db.rule(on=db.aborted("payment"), coupling="detached")
+    def after_abort(tx, event):
+        seen.append(("aborted", event.transaction))
+
+    with db.transaction(name="payment") as tx:
+        tx.write("accounts", 1, balance=7)
+        trigger = tx.id
+    with db.transaction(name="other") as tx:
+        tx.write("accounts", 1, balance=8)
+    with pytest.raises(TriggerAborts):
+        with db.transaction(name="payment") as tx:
+            failed = tx.id
+            raise TriggerAborts()
+    db.rules.wait_idle(WAIT)
+    assert sorted(seen) == sorted([(trigger, "payment"), ("aborted", failed)])
