@@ -268,3 +268,25 @@ def test_bad_input_leaves_committed_data_alone(db):
             tx.write("accounts", 1, balance=0)
             tx.write("accounts", 2, balance="oops")
     assert committed(db, "accounts") == {(1,): {"id": 1, "owner": None, "balance": 100}}
+
+
+def test_prefetch_loads_rows_once_for_the_tree(db):
+    db.run(lambda tx: [tx.write("accounts", n, balance=n) for n in range(10)])
+    with db.transaction() as tx:
+        assert tx.prefetch("accounts", range(12)) == 10
+        statements = []
+
+        def record(connection, cursor, statement, *rest):
+            statements.append(statement)
+
+        sa.event.listen(db.engine, "before_cursor_execute", record)
+        try:
+            with tx.subtransaction() as child:
+                assert child.read("accounts", 3)["balance"] == 3
+                assert child.read("accounts", 11) is None
+                child.write("accounts", 3, balance=33)
+        finally:
+            sa.event.remove(db.engine, "before_cursor_execute", record)
+        assert not any("FROM accounts" in statement for statement in statements)
+    assert committed(db, "accounts")[(3,)]["balance"] == 33
+    testing.check_history(db.history.snapshot()).assert_ok()
