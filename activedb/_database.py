@@ -72,9 +72,10 @@ class Database:
         self.engine = engine
         self.embedded = embedded
         self._metadata = sa.MetaData()
-        # Protects _metadata and _tables (reflection is lazy and may race).
+        # Protects _metadata, _tables and _watermarks (reflection is lazy and may race).
         self._schema_mutex = threading.Lock()
         self._tables: dict[str, sa.Table] = {}
+        self._watermarks: dict[str, Any] = {}   # protected by _schema_mutex
         self._closed = False
         from activedb._rules import RuleManager
         from activedb._transaction import TransactionManager
@@ -209,6 +210,29 @@ class Database:
             except (SerializationConflict, Deadlock):
                 if attempt == retries:
                     raise
+
+    def batch_committed(self, query_id: str, batch_id: int) -> bool:
+        """True if ``(query_id, batch_id)`` is in the ingestion ledger (its effects are committed)."""
+        ledger = self.table("activedb_ingestion_ledger")
+        with self.engine.connect() as connection:
+            return connection.execute(sa.select(ledger.c.batch_id).where(
+                ledger.c.query_id == query_id, ledger.c.batch_id == batch_id)).first() is not None
+
+    def punctuate(self, source: str, watermark: Any) -> None:
+        """Record a punctuation: no event of ``source`` older than ``watermark`` will come.
+
+        The stream bridge passes Spark's event-time watermark here; stream-transaction
+        schedulers read it with :meth:`watermark`.  A punctuation never moves backwards.
+        """
+        with self._schema_mutex:
+            current = self._watermarks.get(source)
+            if current is None or watermark > current:
+                self._watermarks[source] = watermark
+
+    def watermark(self, source: str) -> Any:
+        """The latest punctuation of ``source`` (None before the first)."""
+        with self._schema_mutex:
+            return self._watermarks.get(source)
 
     def set_granularity(self, table: str, granularity: str) -> None:
         """Lock ``table`` per row (``"tuple"``, the default) or as a whole (``"table"``)."""
