@@ -144,5 +144,18 @@ def bench(name: str, quick: bool, json_only: bool) -> None:
     report.print(json_only=json_only)
 
 
+def _register_ingestion_commands() -> None:
+    """``activedb run`` and ``activedb status`` live in ``activedb.cli_run`` (Spark ingestion)."""
+    import importlib.util
+
+    if importlib.util.find_spec("activedb.cli_run") is not None:
+        from activedb.cli_run import register_commands
+
+        register_commands(main)
+
+
+_register_ingestion_commands()
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
