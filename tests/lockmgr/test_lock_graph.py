@@ -1,0 +1,65 @@
+"""The incremental cycle check (lockmgr._graph.find_cycle) against networkx on random wait-for graphs."""
+
+from __future__ import annotations
+
+import networkx
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lockmgr._graph import edge_kind, find_cycle
+
+
+class Node:
+    def __init__(self, name: int) -> None:
+        self.name = name
+        self.waits: dict = {}
+        self.children: set = set()
+
+    def __repr__(self) -> str:
+        return f"N{self.name}"
+
+
+@st.composite
+def graphs(draw):
+    size = draw(st.integers(2, 14))
+    nodes = [Node(number) for number in range(size)]
+    pairs = st.tuples(st.integers(0, size - 1), st.integers(0, size - 1), st.sampled_from(["held", "retained",
+                                                                                         "queued", "commit"]))
+    for source, target, kind in draw(st.lists(pairs, max_size=3 * size)):
+        if source == target:
+            continue
+        if kind == "commit":
+            nodes[source].children.add(nodes[target])
+        else:
+            nodes[source].waits[nodes[target]] = kind
+    source = draw(st.integers(0, size - 1))
+    targets = draw(st.lists(st.integers(0, size - 1), min_size=1, max_size=3))
+    return nodes, nodes[source], [nodes[target] for target in targets if target != source]
+
+
+@given(graphs())
+@settings(max_examples=300, deadline=None)
+def test_find_cycle_agrees_with_networkx(case):
+    nodes, source, targets = case
+    graph = networkx.DiGraph()
+    graph.add_nodes_from(nodes)
+    for node in nodes:
+        graph.add_edges_from((node, following) for following in node.waits)
+        graph.add_edges_from((node, following) for following in node.children)
+    closes = any(networkx.has_path(graph, target, source) for target in targets)
+    path = find_cycle(source, targets)
+    assert (path is not None) == closes
+    if path is not None:
+        assert path[0] is source and path[1] in targets
+        assert len(set(path)) == len(path), "a simple cycle"
+        for node, following in zip(path[1:], path[2:] + [source]):
+            edge_kind(node, following)  # raises KeyError if the edge does not exist
+
+
+def test_a_wait_edge_wins_over_a_commit_edge_between_the_same_pair():
+    parent, child = Node(0), Node(1)
+    parent.children.add(child)
+    parent.waits[child] = "held"
+    assert edge_kind(parent, child) == "held"
+    del parent.waits[child]
+    assert edge_kind(parent, child) == "commit"
