@@ -1,0 +1,319 @@
+"""The hand-hygiene application of seed 000 (HyReminder) as ECA rules on activedb.
+
+Public interface:
+
+* :func:`register` ``(db) -> dict[str, Rule]`` — declares every rule on ``db`` (an
+  explicit database; nothing is kept in module globals) and returns them by name;
+* :func:`reset_tables` — empties the application's tables (the demo starts clean);
+* the vocabulary: :data:`BADGE_EVENTS`, :data:`SAFE` / :data:`WARNING` /
+  :data:`VIOLATION`, :data:`COLORS`, :data:`STATUS_CHANGED`, :data:`APP_TABLES`.
+
+The application (seed 000 §1–§3, Appendix B/C)
+---------------------------------------------
+Every health-care worker wears an RFID badge with a three-colour light for his
+hygiene status, ``safe`` (green), ``warning`` (yellow) or ``violation`` (red), kept in
+the shared table ``worker_status``.  Sensors report badge events of four types, the
+seed's behaviours: ``enter`` and ``exit`` (a patient room), ``sanitize`` (a hand
+sanitizer dispenser) and ``mask``.  Each arrives as a stream event
+(``tx.emit(type, key=worker, ts=application_time, payload={"room": ...})``) in its own
+subtransaction, and the rules below move the worker between the three statuses.
+Figure 1 of the seed is a drawing; its text gives Q1 verbatim and Q2's pattern, and the
+edges here are built from those:
+
+* **safe → warning** (Q1/R1, verbatim): ``SEQ(EXIT, !SANITIZE, ENTER)`` within 45 s,
+  ``EXIT.location != ENTER.location``, for a worker who is ``safe`` when he enters;
+* **warning → violation**: a worker still in ``warning`` leaves the room (EXIT) without
+  having sanitized — unless Q2's pattern ``SEQ(MASK, EXIT)`` within 5 s holds (the
+  isolation-room protocol: a masked worker keeps his warning);
+* **warning / violation → safe**: SANITIZE.
+
+The patterns are evaluated against per-worker state (last EXIT room and time, last
+SANITIZE, last MASK), so a rule reads the shared table and its action writes it — the
+query–rule interaction of the seed.  A badge event that contradicts the worker's
+state (an ENTER while the badge places him in a room, an EXIT from another room than
+his, or a timestamp older than his last applied event) is *rejected*: the rule raises,
+the event's subtransaction aborts, and nothing of it is applied.
+
+Rules and why each has its coupling mode
+----------------------------------------
+=========================  ==============================  =================================================
+rule                       coupling (priority)              why
+=========================  ==============================  =================================================
+``track_<type>`` ×4        immediate (100)                  validates the event and records location/pattern
+                                                            state; must run first, inside the event's
+                                                            transaction, so that a rejection aborts it before
+                                                            any transition (or its side effects) starts
+``warn_unsanitized_entry`` immediate (50)                   Q1/R1: the status change is part of the event's
+``escalate_unmasked_exit`` immediate (50)                   stream transaction (s-atomic); runs after
+``clear_on_sanitize``      immediate (50)                   ``track_*`` has recorded the event
+``alert_violation``        deferred (20)                    the alert is raised from the *final* status just
+                                                            before the transition commits (the condition
+                                                            re-reads ``worker_status``)
+``audit_transition``       deferred (10)                    the audit row is written once per committed-to-be
+                                                            transition, after the alert
+``notify_badge``           detached                         the real-time reminder on the badge must not wait
+                                                            for (or be undone with) the stream transaction
+``badge_light``            detached causally dependent      the light command is prepared in parallel but
+                                                            sent only if the status change commits
+``report_incident``        sequential causally dependent    the incident report to infection control starts
+                                                            only after the alert is durable
+``compensate_<type>`` ×4   exclusive causally dependent     the contingency: commits only if the event's
+                                                            processing aborted (a rejected badge event)
+=========================  ==============================  =================================================
+
+Status changes are announced with the application event ``status_changed``
+(``tx.signal``) rather than observed as updates of ``worker_status``: every badge
+event updates the worker's row, and only status changes should fire the alert, audit
+and badge-light rules.  Timestamps are application time in seconds (floats); a
+``datetime`` (as the Spark bridge delivers) is converted to epoch seconds.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import sqlalchemy as sa
+
+from activedb import Coupling, Event, Rule, Transaction
+from activedb.examples.hand_hygiene.errors import ImpossibleTransition, LateBadgeEvent, MalformedBadgeEvent
+
+BADGE_EVENTS = ("enter", "exit", "sanitize", "mask")
+SAFE, WARNING, VIOLATION = "safe", "warning", "violation"
+STATUSES = (SAFE, WARNING, VIOLATION)
+COLORS = {SAFE: "green", WARNING: "yellow", VIOLATION: "red"}
+STATUS_CHANGED = "status_changed"
+WORKERS = "worker_status"
+APP_TABLES = ("worker_status", "alerts", "notifications", "compensations", "status_changes", "badge_lights")
+
+Q1_WINDOW_SECONDS = 45.0    # SEQ(EXIT, !SANITIZE, ENTER) WITHIN 45 sec
+Q2_WINDOW_SECONDS = 5.0     # SEQ(MASK, EXIT) WITHIN 5 sec
+
+PRIORITY_TRACK = 100
+PRIORITY_TRANSITION = 50
+PRIORITY_ALERT = 20
+PRIORITY_AUDIT = 10
+
+
+def seconds(ts: Any) -> float:
+    """Application time as float seconds (a ``datetime`` becomes epoch seconds)."""
+    if isinstance(ts, bool):
+        raise MalformedBadgeEvent(f"timestamp {ts!r} is not a time")
+    if isinstance(ts, (int, float)):
+        return float(ts)
+    if isinstance(ts, dt.datetime):
+        if ts.tzinfo is None:
+            ts = ts.replace(tzinfo=dt.timezone.utc)
+        return ts.timestamp()
+    raise MalformedBadgeEvent(f"timestamp {ts!r} is neither seconds nor a datetime")
+
+
+# --- immediate: tracking and validation (priority 100) ------------------------------------------
+#
+# Rows are read with row.get(column) for the pattern columns: a row this transaction created with
+# write() reads back with only the columns written so far (the others are absent, not None) until the
+# top-level commit — reported to the engine's owner.
+
+def track_badge(tx: Transaction, event: Event) -> None:
+    """Validate a badge event against the worker's state and record it.
+
+    Raises a ``BadgeEventRejected`` (aborting the event's subtransaction) for a late
+    event or an impossible transition; otherwise updates location and pattern state.
+    """
+    worker, room, ts = event.key, event.payload.get("room"), seconds(event.ts)
+    if not isinstance(worker, str) or not worker:
+        raise MalformedBadgeEvent(f"{event.source} event without a worker id (key={worker!r})")
+    row = tx.read(WORKERS, worker)
+    new_worker = row is None
+    if new_worker:                      # a badge seen for the first time starts safe, in the corridor
+        row = {"status": SAFE, "room": None, "last_ts": None, "changes": 0}
+    last_ts = row.get("last_ts")
+    if last_ts is not None and ts < last_ts:
+        raise LateBadgeEvent(f"{event.source} of {worker} at t={ts:g} is older than his last applied event "
+                             f"(t={last_ts:g})")
+    updates: dict[str, Any] = {"last_event": event.source, "last_ts": ts}
+    if event.source == "enter":
+        if not isinstance(room, str) or not room:
+            raise MalformedBadgeEvent(f"enter of {worker} at t={ts:g} names no room")
+        if row.get("room") is not None:
+            raise ImpossibleTransition(f"{worker} enters {room} at t={ts:g} but his badge places him in "
+                                       f"{row.get('room')} (no exit seen)")
+        updates["room"] = room
+    elif event.source == "exit":
+        if row.get("room") != room:
+            where = row.get("room") or "the corridor"
+            raise ImpossibleTransition(f"{worker} exits {room} at t={ts:g} but his badge places him in {where}")
+        updates.update(room=None, last_exit_room=room, last_exit_ts=ts)
+    elif event.source == "sanitize":
+        updates["last_sanitize_ts"] = ts
+    elif event.source == "mask":
+        updates["last_mask_ts"] = ts
+    if new_worker:
+        updates["changes"] = 0
+    # status is written back unchanged: activedb flushes write() as INSERT ... ON CONFLICT DO UPDATE,
+    # and PostgreSQL checks NOT NULL before it finds the conflict, so a write() of an existing row
+    # that omits the NOT NULL column status fails at commit (reported to the engine's owner).
+    updates["status"] = row["status"]
+    tx.write(WORKERS, worker, **updates)
+
+
+# --- immediate: the status transitions (priority 50) ---------------------------------------------
+
+def unsanitized_entry(tx: Transaction, event: Event) -> bool:
+    """Q1: SEQ(EXIT, !SANITIZE, ENTER) within 45 s into another room, for a worker who is safe."""
+    row = tx.read(WORKERS, event.key)
+    if row is None or row["status"] != SAFE or row.get("last_exit_ts") is None:
+        return False
+    exit_ts, sanitize_ts = row.get("last_exit_ts"), row.get("last_sanitize_ts")
+    within = seconds(event.ts) - exit_ts <= Q1_WINDOW_SECONDS
+    other_room = row.get("last_exit_room") != event.payload.get("room")
+    sanitized = sanitize_ts is not None and sanitize_ts >= exit_ts
+    return within and other_room and not sanitized
+
+
+def unmasked_exit_while_warned(tx: Transaction, event: Event) -> bool:
+    """A worker in warning leaves the room without sanitizing; Q2's SEQ(MASK, EXIT) within 5 s excuses."""
+    row = tx.read(WORKERS, event.key)
+    if row is None or row["status"] != WARNING:
+        return False
+    mask_ts = row.get("last_mask_ts")
+    masked = mask_ts is not None and 0.0 <= seconds(event.ts) - mask_ts <= Q2_WINDOW_SECONDS
+    return not masked
+
+
+def not_safe(tx: Transaction, event: Event) -> bool:
+    row = tx.read(WORKERS, event.key)
+    return row is not None and row["status"] != SAFE
+
+
+def change_status(tx: Transaction, event: Event, new_status: str) -> None:
+    """Move the worker of ``event`` to ``new_status`` and announce it (``status_changed``)."""
+    row = tx.read(WORKERS, event.key)
+    ts = seconds(event.ts)
+    tx.write(WORKERS, event.key, status=new_status, status_ts=ts, changes=row["changes"] + 1)
+    tx.signal(STATUS_CHANGED, worker=event.key, old=row["status"], new=new_status, ts=ts, event=event.source)
+
+
+def warn(tx: Transaction, event: Event) -> None:
+    change_status(tx, event, WARNING)
+
+
+def escalate(tx: Transaction, event: Event) -> None:
+    change_status(tx, event, VIOLATION)
+
+
+def clear(tx: Transaction, event: Event) -> None:
+    change_status(tx, event, SAFE)
+
+
+# --- deferred: alert and audit, just before the transition commits -------------------------------
+
+def final_status_is_violation(tx: Transaction, event: Event) -> bool:
+    row = tx.read(WORKERS, event.payload["worker"])
+    return row is not None and row["status"] == VIOLATION
+
+
+def alert_violation(tx: Transaction, event: Event) -> None:
+    tx.insert("alerts", worker=event.payload["worker"], kind=VIOLATION, at=event.payload["ts"])
+
+
+def audit_transition(tx: Transaction, event: Event) -> None:
+    payload = event.payload
+    tx.insert("status_changes", worker=payload["worker"], old_status=payload["old"], new_status=payload["new"],
+              event=payload["event"], at=payload["ts"])
+
+
+# --- the detached family ------------------------------------------------------------------------
+
+def append_row(tx: Transaction, table: str, **values: Any) -> int:
+    """Add a row under a fresh identity key; for rules that run as concurrent top-level transactions.
+
+    ``tx.insert`` checks that the key is absent, and the top-level flush re-reads that
+    absence at SERIALIZABLE isolation; concurrent flushes that add rows to one table then
+    fail with false serialization conflicts (PostgreSQL's predicate locks cover index
+    pages, not keys) and a detached rule has no retry, so its row would be lost.  A key
+    just drawn from the table's sequence cannot exist, so ``write`` (no absence check)
+    is exact here.
+    """
+    with tx.manager.database.engine.connect() as connection:
+        key = connection.execute(sa.text("SELECT nextval(pg_get_serial_sequence(:table, 'id'))"),
+                                 {"table": table}).scalar_one()
+    tx.write(table, key, **values)
+    return key
+
+
+def notify_badge(tx: Transaction, event: Event) -> None:
+    """Detached: the reminder goes to the badge at once, whatever becomes of the stream transaction."""
+    alert = event.new
+    append_row(tx, "notifications", worker=alert["worker"], channel="badge", at=alert["at"],
+               message=f"hygiene violation at t={alert['at']:g}: sanitize your hands now")
+
+
+def badge_light(tx: Transaction, event: Event) -> None:
+    """Detached causally dependent: the light command commits only if the status change does."""
+    payload = event.payload
+    append_row(tx, "badge_lights", worker=payload["worker"], color=COLORS[payload["new"]],
+               status=payload["new"], at=payload["ts"])
+
+
+def report_incident(tx: Transaction, event: Event) -> None:
+    """Sequential causally dependent: reported to infection control once the alert is durable."""
+    alert = event.new
+    append_row(tx, "notifications", worker=alert["worker"], channel="infection_control", at=alert["at"],
+               message=f"incident: {alert['worker']} in hygiene violation at t={alert['at']:g} "
+                       f"(alert {event.key})")
+
+
+def compensate_rejected(tx: Transaction, event: Event) -> None:
+    """Exclusive causally dependent: commits only if the badge event's processing aborted."""
+    room = event.payload.get("room")
+    where = f" {room}" if room else ""
+    try:
+        ts = seconds(event.ts)
+    except MalformedBadgeEvent:
+        ts = 0.0
+    append_row(tx, "compensations", worker=str(event.key), event=str(event.source), at=ts,
+               reason=f"{event.source}{where} at t={ts:g} was rejected: badge reader flagged for re-sync, "
+                      f"worker asked to badge again")
+
+
+# --- registration ---------------------------------------------------------------------------------
+
+def register(db) -> dict[str, Rule]:
+    """Declare the application's rules on ``db`` and return them by name.
+
+    Precondition: the application's migrations ran (``db.upgrade_app(MIGRATIONS)``).
+    """
+    rules: dict[str, Rule] = {}
+
+    def declare(action, **options) -> None:
+        rule = db.rule(**options)(action)
+        rules[rule.name] = rule
+
+    for event_type in BADGE_EVENTS:
+        declare(track_badge, on=db.stream(event_type), coupling=Coupling.IMMEDIATE, priority=PRIORITY_TRACK,
+                name=f"track_{event_type}")
+        declare(compensate_rejected, on=db.stream(event_type), coupling=Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT,
+                name=f"compensate_{event_type}")
+    declare(warn, on=db.stream("enter"), when=unsanitized_entry, coupling=Coupling.IMMEDIATE,
+            priority=PRIORITY_TRANSITION, name="warn_unsanitized_entry")
+    declare(escalate, on=db.stream("exit"), when=unmasked_exit_while_warned, coupling=Coupling.IMMEDIATE,
+            priority=PRIORITY_TRANSITION, name="escalate_unmasked_exit")
+    declare(clear, on=db.stream("sanitize"), when=not_safe, coupling=Coupling.IMMEDIATE,
+            priority=PRIORITY_TRANSITION, name="clear_on_sanitize")
+    declare(alert_violation, on=db.signalled(STATUS_CHANGED), when=final_status_is_violation,
+            coupling=Coupling.DEFERRED, priority=PRIORITY_ALERT, name="alert_violation")
+    declare(audit_transition, on=db.signalled(STATUS_CHANGED), coupling=Coupling.DEFERRED,
+            priority=PRIORITY_AUDIT, name="audit_transition")
+    declare(notify_badge, on=db.inserted("alerts"), coupling=Coupling.DETACHED, name="notify_badge")
+    declare(badge_light, on=db.signalled(STATUS_CHANGED), coupling=Coupling.DETACHED_CAUSALLY_DEPENDENT,
+            name="badge_light")
+    declare(report_incident, on=db.inserted("alerts"), coupling=Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT,
+            name="report_incident")
+    return rules
+
+
+def reset_tables(db) -> None:
+    """Empty the application's tables (identities restart); rules and their registry stay."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text(f"TRUNCATE {', '.join(APP_TABLES)} RESTART IDENTITY"))

@@ -1,0 +1,231 @@
+"""The hand-hygiene application (seed 000's HyReminder) on a real PostgreSQL.
+
+* hand-written badge sequences drive exact final statuses, audit trails, alerts and
+  badge lights, read back from PostgreSQL;
+* the detached notification and the exclusive causally dependent compensation happen
+  exactly when their modes say: the notification whenever an alert is raised, even if
+  the stream transaction later aborts; the compensation exactly for the events whose
+  processing aborted (a rejected event, or every event of an aborted transaction);
+* ``run_demo`` end to end against the test database, directly and via the Spark
+  fallback.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import sqlalchemy as sa
+
+from activedb.examples.hand_hygiene import MIGRATIONS
+from activedb.examples.hand_hygiene.app import COLORS, register, reset_tables
+from activedb.examples.hand_hygiene.demo import run_demo
+from activedb.examples.hand_hygiene.events import apply_directly, generate
+
+WAIT = 60
+
+
+@pytest.fixture(scope="module")
+def hygiene(db):
+    db.upgrade_app(MIGRATIONS)
+    rules = register(db)
+    return db, rules
+
+
+@pytest.fixture
+def app(hygiene):
+    db, rules = hygiene
+    db.rules.wait_idle(WAIT)
+    reset_tables(db)
+    return db
+
+
+def badge(kind: str, worker: str, ts: float, room: str = "corridor") -> dict:
+    return {"type": kind, "worker": worker, "ts": ts, "room": room}
+
+
+def rows(db, query: str, **parameters) -> list[tuple]:
+    with db.engine.connect() as connection:
+        return [tuple(row) for row in connection.execute(sa.text(query), parameters)]
+
+
+def statuses(db) -> dict[str, str]:
+    return dict(rows(db, "SELECT worker, status FROM worker_status"))
+
+
+def counters(db, name: str):
+    return db.rules.statistics().per_rule.get(name)
+
+
+SEQUENCE = [
+    # w1 — the seed's Example 1 (exit^2, enter^10 matches Q1 -> warning, exit^15 reads warning) and he
+    # leaves the room still unsanitized and unmasked -> violation.
+    badge("enter", "w1", 0.0, "room1"), badge("exit", "w1", 2.0, "room1"),
+    badge("enter", "w1", 10.0, "room2"), badge("exit", "w1", 15.0, "room2"),
+    # w2 — sanitizes between the rooms: !SANITIZE fails, Q1 does not match.
+    badge("enter", "w2", 0.5, "room1"), badge("exit", "w2", 2.5, "room1"),
+    badge("sanitize", "w2", 5.0), badge("enter", "w2", 10.5, "room2"),
+    # w3 — enters the next room after the 45 s window.
+    badge("enter", "w3", 1.0, "room1"), badge("exit", "w3", 3.0, "room1"), badge("enter", "w3", 60.0, "room2"),
+    # w4 — goes back into the same room (EXIT.location = ENTER.location).
+    badge("enter", "w4", 1.5, "room3"), badge("exit", "w4", 3.5, "room3"), badge("enter", "w4", 11.0, "room3"),
+    # w5 — warned, masks, and leaves within 5 s: Q2's SEQ(MASK, EXIT) keeps him in warning.
+    badge("enter", "w5", 0.2, "room1"), badge("exit", "w5", 2.2, "room1"), badge("enter", "w5", 10.2, "room2"),
+    badge("mask", "w5", 12.0, "room2"), badge("exit", "w5", 15.2, "room2"),
+    # w6 — warned, sanitizes in the room -> safe; leaving is then fine.
+    badge("enter", "w6", 0.3, "room1"), badge("exit", "w6", 2.3, "room1"), badge("enter", "w6", 10.3, "room2"),
+    badge("sanitize", "w6", 12.3, "room2"), badge("exit", "w6", 15.3, "room2"),
+    # w7 — violation, then sanitizes in the corridor -> safe.
+    badge("enter", "w7", 0.4, "room1"), badge("exit", "w7", 2.4, "room1"), badge("enter", "w7", 10.4, "room2"),
+    badge("exit", "w7", 15.4, "room2"), badge("sanitize", "w7", 20.0),
+    # w8 — an ENTER while badged in room1 is impossible: rejected (and compensated), the rest applies.
+    badge("enter", "w8", 0.6, "room1"), badge("enter", "w8", 5.0, "room2"), badge("exit", "w8", 8.0, "room1"),
+    # w9 — warned; an EXIT from a room he is not in is rejected *before* the escalation rule (priority
+    # 100 over 50) could turn it into a violation with its alert and notification; then sanitizes.
+    badge("enter", "w9", 0.7, "room1"), badge("exit", "w9", 2.7, "room1"), badge("enter", "w9", 10.7, "room2"),
+    badge("exit", "w9", 12.0, "room3"), badge("sanitize", "w9", 14.0, "room2"),
+]
+
+
+def test_badge_events_drive_the_statuses(app):
+    db = app
+    arrival = list(SEQUENCE)
+    random.Random(5).shuffle(arrival)                 # arrival order is not timestamp order
+    compensate = {name: counters(db, f"compensate_{name}") for name in ("enter", "exit", "sanitize", "mask")}
+    before = {name: (c.executed, c.cancelled) if c else (0, 0) for name, c in compensate.items()}
+
+    result = apply_directly(db, arrival, chunk_size=4)
+    db.rules.wait_idle(WAIT)
+
+    assert result.events == len(SEQUENCE) and result.applied == len(SEQUENCE) - 2 and result.chunks == 10
+    assert sorted((r.event["worker"], r.event["type"], r.event["ts"]) for r in result.rejected) == [
+        ("w8", "enter", 5.0), ("w9", "exit", 12.0)]
+    assert any("places him in room1" in r.reason for r in result.rejected)
+    assert statuses(db) == {"w1": "violation", "w2": "safe", "w3": "safe", "w4": "safe", "w5": "warning",
+                            "w6": "safe", "w7": "safe", "w8": "safe", "w9": "safe"}
+    assert dict(rows(db, "SELECT worker, changes FROM worker_status")) == {
+        "w1": 2, "w2": 0, "w3": 0, "w4": 0, "w5": 1, "w6": 2, "w7": 3, "w8": 0, "w9": 2}
+    assert dict(rows(db, "SELECT worker, room FROM worker_status WHERE room IS NOT NULL")) == {
+        "w2": "room2", "w3": "room2", "w4": "room3", "w9": "room2"}
+    # the deferred audit: every transition, in application time
+    assert rows(db, "SELECT worker, old_status, new_status, event, at FROM status_changes ORDER BY worker, at") == [
+        ("w1", "safe", "warning", "enter", 10.0), ("w1", "warning", "violation", "exit", 15.0),
+        ("w5", "safe", "warning", "enter", 10.2),
+        ("w6", "safe", "warning", "enter", 10.3), ("w6", "warning", "safe", "sanitize", 12.3),
+        ("w7", "safe", "warning", "enter", 10.4), ("w7", "warning", "violation", "exit", 15.4),
+        ("w7", "violation", "safe", "sanitize", 20.0),
+        ("w9", "safe", "warning", "enter", 10.7), ("w9", "warning", "safe", "sanitize", 14.0),
+    ]
+    # the deferred alert: exactly the violations
+    assert rows(db, "SELECT worker, kind, at FROM alerts ORDER BY at") == [
+        ("w1", "violation", 15.0), ("w7", "violation", 15.4)]
+    # detached notification and sequential causally dependent report: one each per alert
+    assert rows(db, "SELECT channel, worker, at FROM notifications ORDER BY channel, at") == [
+        ("badge", "w1", 15.0), ("badge", "w7", 15.4),
+        ("infection_control", "w1", 15.0), ("infection_control", "w7", 15.4)]
+    # detached causally dependent badge lights: one command per committed change, last one = status
+    assert len(rows(db, "SELECT id FROM badge_lights")) == 10
+    latest = dict(rows(db, "SELECT DISTINCT ON (worker) worker, color FROM badge_lights ORDER BY worker, at DESC"))
+    assert latest == {worker: COLORS[status] for worker, status in statuses(db).items() if worker in latest}
+    assert set(latest) == {"w1", "w5", "w6", "w7", "w9"}
+    # exclusive causally dependent compensation: exactly the two rejected events, nothing else
+    assert rows(db, "SELECT worker, event, at FROM compensations ORDER BY at") == [
+        ("w8", "enter", 5.0), ("w9", "exit", 12.0)]
+    after = {name: (counters(db, f"compensate_{name}").executed, counters(db, f"compensate_{name}").cancelled)
+             for name in before}
+    fired = {kind: sum(1 for event in SEQUENCE if event["type"] == kind) for kind in before}
+    assert {name: after[name][0] - before[name][0] for name in before} == {
+        "enter": 1, "exit": 1, "sanitize": 0, "mask": 0}
+    assert {name: after[name][1] - before[name][1] for name in before} == {
+        "enter": fired["enter"] - 1, "exit": fired["exit"] - 1, "sanitize": fired["sanitize"], "mask": fired["mask"]}
+
+
+def test_late_and_malformed_events_abort_only_themselves(app):
+    db = app
+    first = apply_directly(db, [badge("enter", "w1", 100.0, "room1"), badge("sanitize", "w2", 100.0)])
+    assert first.applied == 2 and not first.rejected
+    late = apply_directly(db, [badge("exit", "w1", 50.0, "room1"), {"type": "exit", "ts": 60.0, "room": "room1"},
+                               badge("mask", "w2", 101.0)])
+    db.rules.wait_idle(WAIT)
+    assert late.applied == 1
+    reasons = sorted(rejection.reason for rejection in late.rejected)
+    assert len(reasons) == 2
+    assert "older than his last applied event" in reasons[1] and "without a worker id" in reasons[0]
+    assert rows(db, "SELECT worker, room, last_event, last_ts FROM worker_status ORDER BY worker") == [
+        ("w1", "room1", "enter", 100.0), ("w2", None, "mask", 101.0)]
+    # the late event was processed and aborted: compensated; the malformed one never started a transaction
+    assert rows(db, "SELECT worker, event, at FROM compensations") == [("w1", "exit", 50.0)]
+
+
+VIOLATION_OF_W10 = [badge("enter", "w10", 0.0, "room1"), badge("exit", "w10", 2.0, "room1"),
+                    badge("enter", "w10", 10.0, "room2"), badge("exit", "w10", 15.0, "room2")]
+
+
+def test_when_the_stream_transaction_aborts(app):
+    """Detached: the badge reminder is sent anyway.  Detached/sequential causally dependent: the light
+    and the incident report never happen.  Exclusive causally dependent: every event is compensated."""
+    db = app
+
+    class StreamFailure(Exception):
+        pass
+
+    with pytest.raises(StreamFailure):
+        with db.transaction(name="failing-chunk") as tx:
+            for event in VIOLATION_OF_W10:
+                with tx.subtransaction() as sub:
+                    sub.emit(event["type"], key=event["worker"], ts=event["ts"], payload={"room": event["room"]})
+            assert tx.read("worker_status", "w10")["status"] == "violation"    # seen inside, before the abort
+            raise StreamFailure("the micro-batch failed after the violation was detected")
+    db.rules.wait_idle(WAIT)
+
+    assert statuses(db) == {}
+    assert rows(db, "SELECT count(*) FROM alerts") == [(0,)]
+    assert rows(db, "SELECT count(*) FROM status_changes") == [(0,)]
+    assert rows(db, "SELECT count(*) FROM badge_lights") == [(0,)]
+    assert rows(db, "SELECT channel, worker, at FROM notifications") == [("badge", "w10", 15.0)]
+    assert rows(db, "SELECT worker, event, at FROM compensations ORDER BY at") == [
+        ("w10", event["type"], event["ts"]) for event in VIOLATION_OF_W10]
+
+
+def test_the_same_events_committed(app):
+    db = app
+    result = apply_directly(db, VIOLATION_OF_W10)
+    db.rules.wait_idle(WAIT)
+    assert result.applied == 4 and statuses(db) == {"w10": "violation"}
+    assert rows(db, "SELECT channel, worker FROM notifications ORDER BY channel") == [
+        ("badge", "w10"), ("infection_control", "w10")]
+    assert rows(db, "SELECT color FROM badge_lights ORDER BY at") == [("yellow",), ("red",)]
+    assert rows(db, "SELECT count(*) FROM compensations") == [(0,)]
+
+
+def test_generator_is_deterministic():
+    stream = generate(5, 300, seed=11)
+    assert stream == generate(5, 300, seed=11) and stream != generate(5, 300, seed=12)
+    assert len(stream) == 300
+    assert all(set(event) == {"type", "worker", "ts", "room"} for event in stream)
+    assert {event["type"] for event in stream} == {"enter", "exit", "sanitize", "mask"}
+    assert any(later["ts"] < earlier["ts"] for earlier, later in zip(stream, stream[1:]))   # disordered arrival
+
+
+def test_run_demo_end_to_end(app, database_url, capsys):
+    db = app
+    summary = run_demo(url=database_url, events=150, workers=5, seed=3, use_spark=False)
+    output = capsys.readouterr().out
+    assert summary.path == "direct" and summary.events == 150
+    assert summary.statuses == statuses(db) and len(summary.statuses) == 5
+    assert set(summary.statuses.values()) <= {"safe", "warning", "violation"}
+    assert rows(db, "SELECT count(*) FROM compensations") == [(summary.rejected,)]
+    for worker, status in summary.statuses.items():
+        assert worker in output and status in output
+    assert "rule firings per coupling mode" in output
+    assert "exclusive_causally_dependent" in output and "immediate" in output
+
+
+def test_run_demo_spark_falls_back_while_the_bridge_has_no_ingest(app, database_url, capsys, monkeypatch):
+    import spark_bridge
+
+    monkeypatch.delattr(spark_bridge, "ingest", raising=False)
+    summary = run_demo(url=database_url, events=40, workers=3, seed=1, use_spark=True)
+    output = capsys.readouterr().out
+    assert "Spark path is not available yet" in output
+    assert summary.path == "direct" and len(summary.statuses) == 3
