@@ -213,7 +213,7 @@ class LockManager:
         self,
         victim_policy: VictimPolicy = "requester",
         *,
-        stripes: int = 64,
+        stripes: int = 256,
         snapshot_on_deadlock: bool = False,
         remember_ended: int = 4096,
     ) -> None:
