@@ -96,6 +96,15 @@ class TableInfo:
         if not self.key_columns:
             raise InvalidKey(f"table {table.name!r} has no primary key; activedb needs one to address rows")
         self.columns = {column.name: column for column in table.columns}
+        # Columns an INSERT must name: NOT NULL, no default of any kind, not part of the key.
+        self.required = frozenset(
+            column.name for column in table.columns
+            if not column.nullable and column.server_default is None and column.identity is None
+            and column.default is None and column.name not in self.key_columns
+        )
+        # What a new row shows for columns it was not given, before PostgreSQL fills them:
+        # the default if it is a constant, else None.
+        self.blank_row = {column.name: _constant_default(column) for column in table.columns}
         self._python_types = {name: _python_type(column) for name, column in self.columns.items()}
         self._key_clause = (
             sa.tuple_(*[table.c[name] for name in self.key_columns])
@@ -154,6 +163,15 @@ class TableInfo:
     def full_key_row(self, key: Key) -> dict[str, Any]:
         return dict(zip(self.key_columns, key))
 
+    def update(self, columns: frozenset[str]):
+        cached = self._statements.get(("update", columns))
+        if cached is None:
+            cached = self.table.update().where(
+                sa.and_(*[self.table.c[name] == sa.bindparam(f"k_{name}") for name in self.key_columns])
+            ).values({name: sa.bindparam(f"v_{name}") for name in columns if name not in self.key_columns})
+            self._statements[("update", columns)] = cached
+        return cached
+
     # statements, cached per table
 
     def select_by_keys(self, count: int):
@@ -182,6 +200,33 @@ class TableInfo:
             )
             self._statements["delete"] = cached
         return cached
+
+
+def _constant_default(column: sa.Column) -> Any:
+    """The value of a constant server default (``0``, ``'x'::text``, ``true``), else None."""
+    default = column.server_default
+    text = getattr(getattr(default, "arg", None), "text", None) if default is not None else None
+    if text is None:
+        return None
+    text = text.strip()
+    if "::" in text:
+        text = text.split("::", 1)[0].strip()
+    if text.startswith("'") and text.endswith("'"):
+        literal = text[1:-1].replace("''", "'")
+        if isinstance(column.type, (sa.String, sa.Text, sa.Enum)):
+            return literal
+        text = literal
+    lowered = text.lower()
+    if isinstance(column.type, sa.Boolean) and lowered in ("true", "false"):
+        return lowered == "true"
+    try:
+        if isinstance(column.type, sa.Integer):
+            return int(text)
+        if isinstance(column.type, (sa.Float, sa.Numeric)):
+            return float(text)
+    except ValueError:
+        return None
+    return None
 
 
 def _python_type(column: sa.Column):
@@ -237,10 +282,17 @@ def fetch_rows(connection: sa.Connection, info: TableInfo, keys: Iterable[Key], 
 
 def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
                     writes: Mapping[tuple[str, Key], Entry]) -> int:
-    """Apply a merged write set with one batched statement per (table, kind, columns)."""
+    """Apply a merged write set with one batched statement per (table, kind, columns).
+
+    A PATCH that names every required column is an ``INSERT ... ON CONFLICT DO UPDATE``.
+    One that does not (an update of some columns of an existing row) is an ``UPDATE``
+    when the row exists (one ``SELECT ... FOR UPDATE`` per table finds out) and otherwise
+    an INSERT that PostgreSQL rejects with a clear message naming the missing columns.
+    """
     deletes: dict[str, list[dict]] = {}
     upserts: dict[tuple[str, frozenset[str]], list[dict]] = {}
     inserts: dict[tuple[str, frozenset[str]], list[dict]] = {}
+    partial: dict[str, list[tuple[Key, dict]]] = {}
     for (table_name, key), entry in writes.items():
         info = infos[table_name]
         if entry.kind in (EntryKind.DELETE, EntryKind.REPLACE):
@@ -248,13 +300,33 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
         if entry.kind is EntryKind.DELETE:
             continue
         row = {**info.full_key_row(key), **entry.values}
-        group = (table_name, frozenset(row))
         if entry.kind is EntryKind.PATCH:
-            upserts.setdefault(group, []).append(row)
+            if info.required <= row.keys():
+                upserts.setdefault((table_name, frozenset(row)), []).append(row)
+            else:
+                partial.setdefault(table_name, []).append((key, row))
         else:
-            inserts.setdefault(group, []).append(row)
+            inserts.setdefault((table_name, frozenset(row)), []).append(row)
     for table_name, rows in deletes.items():
         connection.execute(infos[table_name].delete(), rows)
+    updates: dict[tuple[str, frozenset[str]], list[dict]] = {}
+    for table_name, items in partial.items():
+        info = infos[table_name]
+        existing = fetch_rows(connection, info, [key for key, _ in items], lock="update")
+        for key, row in items:
+            if key in existing:
+                columns = frozenset(row)
+                updates.setdefault((table_name, columns), []).append(
+                    {**{f"k_{n}": v for n, v in zip(info.key_columns, key)},
+                     **{f"v_{n}": v for n, v in row.items() if n not in info.key_columns}})
+            else:
+                missing = sorted(info.required - row.keys())
+                raise InvalidValue(
+                    f"write to {table_name!r} creates the new row {key!r} without the NOT NULL column(s) "
+                    f"{', '.join(missing)}; give them in write() (nothing was written)"
+                )
+    for (table_name, columns), rows in updates.items():
+        connection.execute(infos[table_name].update(columns), rows)
     for (table_name, columns), rows in upserts.items():
         connection.execute(infos[table_name].upsert(columns), rows)
     for (table_name, columns), rows in inserts.items():
@@ -265,6 +337,11 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
                 raise DuplicateKey(
                     f"insert into {table_name!r}: a row with the same primary key exists in the database "
                     f"({str(error.orig).splitlines()[-1].strip()}); use write() to upsert"
+                ) from None
+            if getattr(error.orig, "sqlstate", None) == "23502":
+                raise InvalidValue(
+                    f"insert into {table_name!r}: {str(error.orig).splitlines()[0]}; give every NOT NULL column "
+                    f"(nothing was written)"
                 ) from None
             raise
     return len(writes)

@@ -40,6 +40,7 @@ import enum
 import itertools
 import logging
 import os
+import random
 import threading
 import time
 import uuid
@@ -114,7 +115,7 @@ class TransactionManager:
     """Creates transaction trees for one ``Database``.  Thread-safe."""
 
     def __init__(self, database, *, max_workers: int = 32, victim_policy: Any = "requester",
-                 flush_retries: int = 5, record_history: bool = False, lock_timeout: float | None = None):
+                 flush_retries: int = 10, record_history: bool = False, lock_timeout: float | None = None):
         self.database = database
         self.locks = lockmgr.LockManager(victim_policy=victim_policy)
         self.pool = WorkerPool(max_workers)
@@ -318,7 +319,8 @@ class Transaction:
         self._lock(info, key, Mode.READ)
         return self._read_locked(info, key)
 
-    def _read_locked(self, info: TableInfo, key: Key, *, record: bool = True) -> dict | None:
+    def _read_locked(self, info: TableInfo, key: Key, *, record: bool = True, validate: bool = True
+                     ) -> dict | None:
         """Precondition: this node's segment holds a lock on the row."""
         row = (info.name, key)
         chain: list[Entry] = []
@@ -341,19 +343,22 @@ class Transaction:
                 break
             node = node.parent
         if not base_known:
-            base = self._fetch_committed(info, key)
+            base = self._fetch_committed(info, key, validate=validate)
         image = _store.resolve(list(reversed(chain)), base)
-        if image is not None and chain:
-            image = {**info.full_key_row(key), **image}
+        if image is not None and base is None:
+            # A row created in this tree: every column, the ones not given at their constant default.
+            image = {**info.blank_row, **image, **info.full_key_row(key)}
         recorder = self.manager.recorder
         if recorder and record and source != "committed":
             recorder.record("read", self.id, root=self.root.id, table=info.name, key=key, value=image,
                             source=source)
         return image
 
-    def _fetch_committed(self, info: TableInfo, key: Key) -> dict | None:
+    def _fetch_committed(self, info: TableInfo, key: Key, *, validate: bool = True) -> dict | None:
         with self.manager.database.engine.connect() as connection:
             image = _store.fetch_rows(connection, info, [key]).get(key)
+        if not validate:
+            return image
         with self._mutex:
             self._db_reads.setdefault((info.name, key), image)
         recorder = self.manager.recorder
@@ -442,11 +447,12 @@ class Transaction:
         self._check_active("insert")
         info = self.manager.info(table)
         values = info.check_values(values)
-        if any(values.get(name) is None for name in info.key_columns):
+        generated = any(values.get(name) is None for name in info.key_columns)
+        if generated:
             values = {**values, **self._generated_key(info)}
         key = info.key(info.key_from_values(values))
         values = {name: value for name, value in values.items() if name not in info.key_columns}
-        self._modify(info, key, Entry(EntryKind.INSERT, values), must_not_exist=True)
+        self._modify(info, key, Entry(EntryKind.INSERT, values), must_not_exist=not generated)
         return key[0] if len(key) == 1 else key
 
     def delete(self, table: Any, key: Any) -> None:
@@ -482,8 +488,14 @@ class Transaction:
     def _modify(self, info: TableInfo, key: Key, entry: Entry, *, must_not_exist: bool = False) -> None:
         self._lock(info, key, Mode.WRITE)
         hooks = self.manager.hooks
-        observed = must_not_exist or hooks.wants_old_images(info.name)
-        old = self._read_locked(info, key, record=False) if observed else _UNSET
+        if entry.kind is EntryKind.INSERT and not must_not_exist:
+            observed, old = hooks.wants_old_images(info.name), None     # a fresh sequence value: no row
+        else:
+            observed = must_not_exist or hooks.wants_old_images(info.name)
+            # An insert's existence check is not validated at the flush (a concurrent insert
+            # of the same key makes the flush's INSERT fail instead): no predicate read.
+            old = (self._read_locked(info, key, record=False, validate=not must_not_exist)
+                   if observed else _UNSET)
         if must_not_exist and old is not None:
             raise DuplicateKey(
                 f"insert into {info.name!r}: a row with key {key!r} already exists; use write() to upsert"
@@ -672,11 +684,16 @@ class Transaction:
             writes, reads, scans = dict(self._writes), dict(self._db_reads), list(self._scans)
         infos = {name: manager.info(name) for name in {row[0] for row in writes} | {row[0] for row in reads}
                  | {scan[0] for scan in scans}}
+        # Rows read and still there are re-read FOR SHARE and compared: with the row locks of the
+        # writes that is two-phase locking, serializable at READ COMMITTED.  Rows read as absent
+        # and scans (phantoms) need PostgreSQL's SERIALIZABLE predicate locks as well.
+        needs_predicates = bool(scans) or any(image is None for image in reads.values())
+        isolation = "SERIALIZABLE" if needs_predicates else "READ COMMITTED"
         attempt = 0
         while True:
             attempt += 1
             try:
-                with database.engine.connect().execution_options(isolation_level="SERIALIZABLE") as connection:
+                with database.engine.connect().execution_options(isolation_level=isolation) as connection:
                     with connection.begin():
                         self._validate(connection, infos, reads, scans)
                         if self.batch is not None:
@@ -687,7 +704,8 @@ class Transaction:
             except sa.exc.OperationalError as error:
                 sqlstate = getattr(error.orig, "sqlstate", None)
                 if sqlstate in _RETRYABLE_SQLSTATES and attempt < manager.flush_retries:
-                    time.sleep(min(0.2, 0.005 * 2 ** attempt))   # back-off between retries, not ordering
+                    # Jittered back-off between retries of the flush (not used to order threads).
+                    time.sleep(random.uniform(0.5, 1.5) * min(0.2, 0.002 * 2 ** attempt))
                     continue
                 if sqlstate in _RETRYABLE_SQLSTATES:
                     raise SerializationConflict(

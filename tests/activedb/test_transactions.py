@@ -307,3 +307,53 @@ def test_punctuation_never_moves_backwards(db):
     db.punctuate("s", 10.0)
     db.punctuate("s", 5.0)
     assert db.watermark("s") == 10.0
+
+
+def test_partial_write_of_existing_row_keeps_not_null_columns(db):
+    db.run(lambda tx: tx.write("accounts", 5, owner="eve", balance=3))
+    db.run(lambda tx: tx.write("accounts", 5, owner="eva"))          # balance (NOT NULL) not given
+    assert committed(db, "accounts")[(5,)] == {"id": 5, "owner": "eva", "balance": 3}
+
+
+def test_partial_write_creating_a_row_without_required_column_is_clear(db, database_url):
+    database = activedb.connect(database_url)
+    try:
+        with database.engine.begin() as connection:
+            connection.execute(sa.text("ALTER TABLE pairs ALTER COLUMN value SET NOT NULL"))
+        database.refresh_schema()
+        with pytest.raises(activedb.InvalidValue, match=r"new row \(4, 4\) without the NOT NULL column\(s\) value"):
+            with database.transaction() as tx:
+                tx.write("items", "ok", value=1)
+                tx.write("pairs", (4, 4))
+        assert ("ok",) not in committed(database, "items")           # nothing of the transaction was written
+    finally:
+        with database.engine.begin() as connection:
+            connection.execute(sa.text("ALTER TABLE pairs ALTER COLUMN value DROP NOT NULL"))
+        database.close()
+        db.refresh_schema()
+
+
+def test_new_row_reads_back_with_every_column(db):
+    with db.transaction() as tx:
+        tx.write("accounts", 9, owner="new")
+        assert tx.read("accounts", 9) == {"id": 9, "owner": "new", "balance": 0}   # balance DEFAULT 0
+
+
+def test_concurrent_inserts_of_generated_keys_do_not_conflict(db):
+    failures = []
+
+    def worker():
+        for _ in range(20):
+            try:
+                db.run(lambda tx: tx.insert("events_seen", rule="concurrent", detail="x"), retries=0)
+            except activedb.ActivedbError as error:
+                failures.append(error)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert failures == []
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT count(*) FROM events_seen WHERE rule='concurrent'")).scalar() == 160
