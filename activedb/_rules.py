@@ -771,7 +771,10 @@ class RuleManager(TransactionHooks):
                     raise _GateDeadlock(f"{trigger_prefix} waits for a lock held by {dependent.id}")
 
     def _tree_waits_for(self, waiter_prefix: str, holder_root: str) -> bool:
-        graph = self.database.transactions.locks.wait_for_graph()
+        locks = self.database.transactions.locks
+        if locks.statistics().waiting == 0:
+            return False          # nobody waits for a lock: no wait can close a cycle through the gate
+        graph = locks.wait_for_graph()
 
         def in_tree(node: Any, prefix: str) -> bool:
             text = str(node)
