@@ -125,7 +125,7 @@ class _Stripe:
         self.free: list[_Lock] = []
 
 
-_FREE_LOCKS_PER_STRIPE = 64
+_FREE_LOCKS_PER_STRIPE = 16
 
 
 def _new_lock(resource: Any, stripe: _Stripe) -> _Lock:
@@ -285,7 +285,7 @@ class LockManager:
             if txn.request is not None:
                 raise RequestPending(tid, txn.request.lock.resource)
             if txn.children:
-                raise ActiveChildren(tid, tuple(sorted((child.tid for child in txn.children), key=repr)))
+                raise ActiveChildren(tid, tuple(child.tid for child in txn.children))
             with txn.mutex:
                 txn.state = COMMITTING
                 locks = txn.locks
@@ -640,7 +640,7 @@ class LockManager:
                     continue
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    blockers = tuple(sorted((blocker.tid for blocker in txn.waits), key=repr))
+                    blockers = tuple(blocker.tid for blocker in txn.waits)
                     self._counters["timeouts"] += 1
                     self._resolve(self._withdraw(request, TIMED_OUT, None))
                     raise LockTimeout(tid, resource, mode, timeout, blockers)

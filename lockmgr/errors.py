@@ -25,7 +25,17 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class LockError(Exception):
-    """Base class of every lock-manager error."""
+    """Base class of every lock-manager error.
+
+    Messages are built lazily in ``__str__`` (from the attributes each class stores), because errors are
+    created while the manager holds its mutexes and ``repr`` of a transaction id or resource is user code.
+    """
+
+    def _message(self) -> str:  # pragma: no cover - every subclass overrides it
+        return ""
+
+    def __str__(self) -> str:
+        return self._message()
 
 
 @dataclass(frozen=True)
@@ -76,16 +86,20 @@ class Deadlock(LockError):
         snapshot: "LockTableSnapshot | None" = None,
         note: str = "",
     ) -> None:
+        super().__init__(victim, requester)
         self.victim = victim
         self.requester = requester
         self.cycle = cycle
         self.policy = policy
         self.snapshot = snapshot
-        path = "; ".join(edge.describe() for edge in cycle)
-        super().__init__(
-            f"deadlock: transaction {victim!r} was chosen as the victim (policy {policy!r}) of the wait-for "
-            f"cycle [{path}]. Its lock request was withdrawn; abort it with lm.abort({victim!r}) and retry "
-            f"its work in a new transaction.{(' ' + note) if note else ''}"
+        self.note = note
+
+    def _message(self) -> str:
+        path = "; ".join(edge.describe() for edge in self.cycle)
+        return (
+            f"deadlock: transaction {self.victim!r} was chosen as the victim (policy {self.policy!r}) of the "
+            f"wait-for cycle [{path}]. Its lock request was withdrawn; abort it with lm.abort({self.victim!r}) "
+            f"and retry its work in a new transaction.{(' ' + self.note) if self.note else ''}"
         )
 
     @property
@@ -101,15 +115,19 @@ class LockTimeout(LockError):
     """
 
     def __init__(self, tid: Hashable, resource: Any, mode: Any, timeout: float, blockers: tuple) -> None:
+        super().__init__(tid, resource)
         self.tid = tid
         self.resource = resource
         self.mode = mode
         self.timeout = timeout
         self.blockers = blockers
-        super().__init__(
-            f"transaction {tid!r} waited {timeout:g} s for {getattr(mode, 'name', mode)} on {resource!r} "
-            f"(blocked by {', '.join(repr(b) for b in blockers) or 'nobody any more'}); the request was "
-            f"withdrawn and {tid!r} keeps its other locks: retry later or abort it."
+
+    def _message(self) -> str:
+        blockers = ", ".join(sorted(repr(blocker) for blocker in self.blockers)) or "nobody any more"
+        return (
+            f"transaction {self.tid!r} waited {self.timeout:g} s for {getattr(self.mode, 'name', self.mode)} on "
+            f"{self.resource!r} (blocked by {blockers}); the request was withdrawn and {self.tid!r} keeps its "
+            f"other locks: retry later or abort it."
         )
 
 
@@ -117,10 +135,13 @@ class UnknownTransaction(LockError):
     """The tid is not known: it was never begun (or it ended so long ago that it is forgotten)."""
 
     def __init__(self, tid: Hashable) -> None:
+        super().__init__(tid)
         self.tid = tid
-        super().__init__(
-            f"transaction {tid!r} is unknown to this lock manager: call lm.begin({tid!r}) (or "
-            f"lm.begin({tid!r}, parent=...)) before using it"
+
+    def _message(self) -> str:
+        return (
+            f"transaction {self.tid!r} is unknown to this lock manager: call lm.begin({self.tid!r}) (or "
+            f"lm.begin({self.tid!r}, parent=...)) before using it"
         )
 
 
@@ -128,9 +149,12 @@ class DuplicateTransaction(LockError):
     """``begin`` with a tid that is still active."""
 
     def __init__(self, tid: Hashable) -> None:
+        super().__init__(tid)
         self.tid = tid
-        super().__init__(
-            f"transaction {tid!r} is already active; transaction ids must be unique among active "
+
+    def _message(self) -> str:
+        return (
+            f"transaction {self.tid!r} is already active; transaction ids must be unique among active "
             f"transactions: end it first or use another id"
         )
 
@@ -139,12 +163,17 @@ class TransactionNotActive(LockError):
     """The operation needs an ACTIVE transaction but this one is committing or has ended."""
 
     def __init__(self, tid: Hashable, state: str, operation: str, detail: str = "") -> None:
+        super().__init__(tid, state)
         self.tid = tid
         self.state = state
         self.operation = operation
-        super().__init__(
-            f"cannot {operation}: transaction {tid!r} is {state}{(' (' + detail + ')') if detail else ''}; "
-            f"only an active transaction can do that: begin a new transaction"
+        self.detail = detail
+
+    def _message(self) -> str:
+        detail = f" ({self.detail})" if self.detail else ""
+        return (
+            f"cannot {self.operation}: transaction {self.tid!r} is {self.state}{detail}; only an active "
+            f"transaction can do that: begin a new transaction"
         )
 
 
@@ -163,12 +192,16 @@ class ActiveChildren(LockError):
     """``commit`` of a transaction whose children are still active (the wait-for-commit rule)."""
 
     def __init__(self, tid: Hashable, children: tuple) -> None:
+        super().__init__(tid)
         self.tid = tid
         self.children = children
-        super().__init__(
-            f"cannot commit transaction {tid!r}: its children {', '.join(repr(c) for c in children)} are "
-            f"still active. A parent commits only after all its children have committed or aborted: "
-            f"finish them first (or abort {tid!r}, which aborts them too)"
+
+    def _message(self) -> str:
+        children = ", ".join(sorted(repr(child) for child in self.children))
+        return (
+            f"cannot commit transaction {self.tid!r}: its children {children} are still active. A parent "
+            f"commits only after all its children have committed or aborted: finish them first (or abort "
+            f"{self.tid!r}, which aborts them too)"
         )
 
 
@@ -176,11 +209,15 @@ class RequestPending(LockError):
     """A transaction waits for one lock at a time; a second concurrent ``acquire`` is refused."""
 
     def __init__(self, tid: Hashable, resource: Any) -> None:
+        super().__init__(tid, resource)
         self.tid = tid
         self.resource = resource
-        super().__init__(
-            f"transaction {tid!r} is already waiting for a lock on {resource!r}; a transaction can wait for "
-            f"one lock at a time: run concurrent work in subtransactions (lm.begin(child, parent={tid!r}))"
+
+    def _message(self) -> str:
+        return (
+            f"transaction {self.tid!r} is waiting for a lock on {self.resource!r} in another thread; it can "
+            f"wait for one lock at a time and cannot commit meanwhile: run concurrent work in "
+            f"subtransactions (lm.begin(child, parent={self.tid!r}))"
         )
 
 
@@ -188,11 +225,16 @@ class InvalidDowngrade(LockError):
     """``downgrade`` to a mode that is not strictly weaker than the mode held."""
 
     def __init__(self, tid: Hashable, resource: Any, held: Any, requested: Any) -> None:
+        super().__init__(tid, resource)
         self.tid = tid
         self.resource = resource
-        super().__init__(
-            f"transaction {tid!r} holds {resource!r} in {held.name}; {requested.name} is not a weaker mode "
-            f"(Rule 5 only weakens a lock). To get a stronger mode call acquire() instead"
+        self.held = held
+        self.requested = requested
+
+    def _message(self) -> str:
+        return (
+            f"transaction {self.tid!r} holds {self.resource!r} in {self.held.name}; {self.requested.name} is "
+            f"not a weaker mode (Rule 5 only weakens a lock). To get a stronger mode call acquire() instead"
         )
 
 
@@ -200,9 +242,12 @@ class LockNotHeld(LockError):
     """``downgrade`` of a lock that the transaction does not hold."""
 
     def __init__(self, tid: Hashable, resource: Any) -> None:
+        super().__init__(tid, resource)
         self.tid = tid
         self.resource = resource
-        super().__init__(
-            f"transaction {tid!r} does not hold a lock on {resource!r} (a retained lock cannot be "
+
+    def _message(self) -> str:
+        return (
+            f"transaction {self.tid!r} does not hold a lock on {self.resource!r} (a retained lock cannot be "
             f"downgraded); acquire it first"
         )
