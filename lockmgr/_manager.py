@@ -929,11 +929,10 @@ def _release_all(locks: dict, txn: _Txn) -> list[_Lock]:
                 held = lock.held
                 if held.pop(txn, None) is not None and not held and lock.retained is None:
                     stripe = lock.stripe
-                    table = stripe.locks
-                    if table.get(resource) is lock:
-                        del table[resource]
-                        if len(stripe.free) < _FREE_LOCKS_PER_STRIPE:
-                            stripe.free.append(lock)
+                    del stripe.locks[resource]  # listed in txn.locks => still in the table (invariant)
+                    free = stripe.free
+                    if len(free) < _FREE_LOCKS_PER_STRIPE:
+                        free.append(lock)
                 else:
                     _release(lock, txn)
             else:
