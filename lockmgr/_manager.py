@@ -6,6 +6,7 @@ may be used from several threads, but it waits for at most one lock at a time (`
 
 from __future__ import annotations
 
+import enum
 import threading
 import time
 from collections import OrderedDict
@@ -46,12 +47,24 @@ COMMITTING = TxnState.COMMITTING
 COMMITTED = TxnState.COMMITTED
 ABORTED = TxnState.ABORTED
 
-# Request states (slow path only).  A request leaves WAITING exactly once, with the graph mutex held.
-WAITING = "waiting"
-GRANTED = "granted"
-VICTIM = "victim"
-TIMED_OUT = "timed out"
-WITHDRAWN_BY_ABORT = "aborted"
+
+
+class _RequestStatus(enum.Enum):
+    """A queued request's state.  WAITING -> GRANTED | VICTIM | TIMED_OUT | ABORTED, exactly once, with the
+    graph mutex held (``_dequeue`` is the only place that leaves WAITING)."""
+
+    WAITING = "waiting"
+    GRANTED = "granted"
+    VICTIM = "victim"
+    TIMED_OUT = "timed out"
+    ABORTED = "aborted"
+
+
+WAITING = _RequestStatus.WAITING
+GRANTED = _RequestStatus.GRANTED
+VICTIM = _RequestStatus.VICTIM
+TIMED_OUT = _RequestStatus.TIMED_OUT
+WITHDRAWN_BY_ABORT = _RequestStatus.ABORTED
 
 _NO_WAITS: dict = {}  # shared "no out-edges" value; never mutated (waits are replaced, not edited)
 
@@ -114,6 +127,9 @@ class _Lock:
 
 
 class _Stripe:
+    """One partition of the lock table (resources are spread over stripes by hash).  Every field is guarded
+    by ``mutex``; see lockmgr/README.md for the order in which mutexes may be taken."""
+
     __slots__ = ("mutex", "locks", "free")
 
     def __init__(self) -> None:
@@ -684,9 +700,10 @@ class LockManager:
                 events.append((request, new))
         return events
 
-    def _dequeue(self, request: _Request, status: str, error: BaseException | None) -> None:
+    def _dequeue(self, request: _Request, status: _RequestStatus, error: BaseException | None) -> None:
         """Take ``request`` out of its queue with its final ``status`` and wake its thread.
         Caller holds the graph mutex and the request's stripe mutex."""
+        assert request.status is WAITING, request.status
         lock = request.lock
         lock.waiters.remove(request)
         if not lock.waiters:
@@ -701,7 +718,7 @@ class LockManager:
         if request.condition is not None:
             request.condition.notify()
 
-    def _withdraw(self, request: _Request, status: str, error: BaseException | None) -> list:
+    def _withdraw(self, request: _Request, status: _RequestStatus, error: BaseException | None) -> list:
         """Withdraw a waiting request (victim, timeout, abort) and regrant its lock's queue.
         Caller holds the graph mutex and no stripe mutex.  Returns new-edge events."""
         lock = request.lock

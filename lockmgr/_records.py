@@ -1,4 +1,8 @@
-"""Immutable records the lock manager hands out: statistics, holders, snapshots, deadlock cycles."""
+"""Immutable records the lock manager hands out: statistics, holders, snapshots, deadlock cycles.
+
+Every record here is a frozen dataclass over immutable values (mappings are read-only proxies of private
+copies), so it is safe to share between threads.
+"""
 
 from __future__ import annotations
 
