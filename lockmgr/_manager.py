@@ -31,6 +31,7 @@ from lockmgr.errors import (
     DuplicateTransaction,
     InvalidDowngrade,
     LockNotHeld,
+    Lazy,
     LockTimeout,
     RequestPending,
     TransactionAborted,
@@ -255,7 +256,7 @@ class LockManager:
         # tid -> _Txn of every ACTIVE or COMMITTING transaction.  Written with the graph mutex held; the fast
         # path reads it without (one dict lookup, atomic).
         self._active: dict[Hashable, _Txn] = {}
-        self._ended: OrderedDict[Hashable, tuple[str, str]] = OrderedDict()  # recent ends, for messages
+        self._ended: OrderedDict[Hashable, tuple[str, Lazy]] = OrderedDict()  # recent ends, for messages
         self._remember_ended = remember_ended
         self._serial = 0
         self._waiting = 0  # Invariant: number of _Request objects with status WAITING
@@ -274,7 +275,7 @@ class LockManager:
                 raise DuplicateTransaction(tid)
             parent_txn = None
             if parent is not None:
-                parent_txn = self._require_active(parent, f"begin a child {tid!r} of it")
+                parent_txn = self._require_active(parent, Lazy("begin a child {!r} of it", tid))
             self._serial += 1
             txn = _Txn(tid, parent_txn, self._serial)
             if parent_txn is not None:
@@ -339,7 +340,7 @@ class LockManager:
             with txn.mutex:
                 txn.state = COMMITTED
             del self._active[tid]
-            self._remember(tid, "committed", "")
+            self._remember(tid, "committed", Lazy(""))
             self._counters["committed"] += 1
             self._resolve(events)
 
@@ -363,13 +364,13 @@ class LockManager:
                     member.state = ABORTED
                     released.append((member, member.locks))
                     member.locks = {}
-                detail = "it aborted" if member is txn else f"its ancestor {tid!r} aborted"
+                detail = Lazy("it aborted") if member is txn else Lazy("its ancestor {!r} aborted", tid)
                 if member.request is not None:
                     request = member.request
                     error = TransactionAborted(
                         member.tid,
-                        f"acquire {request.mode.name} on {request.lock.resource!r}",
-                        f"{detail} while it was waiting",
+                        Lazy("acquire {} on {!r}", request.mode.name, request.lock.resource),
+                        Lazy("{} while it was waiting", detail),
                     )
                     events.extend(self._withdraw(request, WITHDRAWN_BY_ABORT, error))
                 member.children.clear()
@@ -458,7 +459,7 @@ class LockManager:
                     return _grant_if_compatible(txn, lock, mode)
         _check_mode(mode)
         with self._graph_mutex:
-            txn = self._require_active(tid, f"try_acquire {mode.name} on {resource!r}")
+            txn = self._require_active(tid, Lazy("try_acquire {} on {!r}", mode.name, resource))
             if txn.request is not None:
                 raise RequestPending(tid, txn.request.lock.resource)
             stripe = self._stripes[hash(resource) & self._stripe_mask]
@@ -548,7 +549,7 @@ class LockManager:
                     _downgrade(lock, txn, mode)
                     return
         with self._graph_mutex:
-            txn = self._require_active(tid, f"downgrade {resource!r} to {mode.name}")
+            txn = self._require_active(tid, Lazy("downgrade {!r} to {}", resource, mode.name))
             with stripe.mutex:
                 lock = stripe.locks.get(resource)
                 if lock is None:
@@ -624,7 +625,7 @@ class LockManager:
             raise ValueError("timeout must be None or >= 0")
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._graph_mutex:
-            txn = self._require_active(tid, f"acquire {mode.name} on {resource!r}")
+            txn = self._require_active(tid, Lazy("acquire {} on {!r}", mode.name, resource))
             if txn.request is not None:
                 raise RequestPending(tid, txn.request.lock.resource)
             stripe = self._stripes[hash(resource) & self._stripe_mask]
@@ -810,7 +811,7 @@ class LockManager:
         try:
             choice = policy(cycle)
         except Exception as error:  # a broken policy must not leave the cycle in place
-            choice, note = None, f"(victim policy raised {error!r}; the requester was chosen instead)"
+            choice, note = None, Lazy("(victim policy raised {!r}; the requester was chosen instead)", error)
         finally:
             self._graph_mutex.acquire()
         for (node, following), kind in zip(edges, kinds):
@@ -823,7 +824,8 @@ class LockManager:
             if node.tid == choice:
                 return node, note
         if not note:
-            note = f"(victim policy returned {choice!r}, not a waiting member of the cycle; the requester was chosen)"
+            note = Lazy("(victim policy returned {!r}, not a waiting member of the cycle; the requester was chosen)",
+                        choice)
         return requester, note
 
     # ------------------------------------------------------------------ helpers (graph mutex held)
@@ -842,7 +844,7 @@ class LockManager:
             raise TransactionAborted(tid, operation, detail)
         raise TransactionNotActive(tid, state, operation, detail)
 
-    def _remember(self, tid: Hashable, state: str, detail: str) -> None:
+    def _remember(self, tid: Hashable, state: str, detail: Lazy) -> None:
         self._ended[tid] = (state, detail)
         if len(self._ended) > self._remember_ended:
             self._ended.popitem(last=False)

@@ -24,6 +24,26 @@ if TYPE_CHECKING:  # pragma: no cover
     from lockmgr._records import LockTableSnapshot
 
 
+class Lazy:
+    """Text formatted only when shown: ``Lazy("acquire {} on {!r}", mode.name, resource)``.
+
+    Errors and their details are created while the manager holds a mutex, and ``repr`` of a transaction
+    id or a resource is user code, so nothing is formatted until someone reads the message.
+    """
+
+    __slots__ = ("template", "values")
+
+    def __init__(self, template: str, *values: Any) -> None:
+        self.template = template
+        self.values = values
+
+    def __str__(self) -> str:
+        return self.template.format(*self.values)
+
+    def __bool__(self) -> bool:
+        return bool(self.template)
+
+
 class LockError(Exception):
     """Base class of every lock-manager error.
 
@@ -84,7 +104,7 @@ class Deadlock(LockError):
         cycle: tuple[WaitEdge, ...],
         policy: str,
         snapshot: "LockTableSnapshot | None" = None,
-        note: str = "",
+        note: "str | Lazy" = "",
     ) -> None:
         super().__init__(victim, requester)
         self.victim = victim
@@ -99,7 +119,7 @@ class Deadlock(LockError):
         return (
             f"deadlock: transaction {self.victim!r} was chosen as the victim (policy {self.policy!r}) of the "
             f"wait-for cycle [{path}]. Its lock request was withdrawn; abort it with lm.abort({self.victim!r}) "
-            f"and retry its work in a new transaction.{(' ' + self.note) if self.note else ''}"
+            f"and retry its work in a new transaction.{f' {self.note}' if self.note else ''}"
         )
 
     @property
@@ -162,7 +182,7 @@ class DuplicateTransaction(LockError):
 class TransactionNotActive(LockError):
     """The operation needs an ACTIVE transaction but this one is committing or has ended."""
 
-    def __init__(self, tid: Hashable, state: str, operation: str, detail: str = "") -> None:
+    def __init__(self, tid: Hashable, state: str, operation: "str | Lazy", detail: "str | Lazy" = "") -> None:
         super().__init__(tid, state)
         self.tid = tid
         self.state = state
@@ -184,7 +204,7 @@ class TransactionAborted(TransactionNotActive):
     Its locks are already released; stop its work (its ancestors that are still active continue).
     """
 
-    def __init__(self, tid: Hashable, operation: str, detail: str = "") -> None:
+    def __init__(self, tid: Hashable, operation: "str | Lazy", detail: "str | Lazy" = "") -> None:
         super().__init__(tid, "aborted", operation, detail)
 
 
