@@ -153,6 +153,16 @@ def start(home: Path | None = None, *, keep_running: bool | None = None) -> Embe
     return embedded
 
 
+def stop(home: Path) -> None:
+    """Unregister this process from the server under ``home``; stops it if this was the last user."""
+    from pgserver.postgres_server import PostgresServer
+
+    pgdata = (Path(home).expanduser().resolve()) / "pgdata"
+    server = PostgresServer._instances.get(pgdata)
+    if server is not None:
+        server.cleanup()
+
+
 def _log_tail(log: Path, lines: int = 5) -> str:
     try:
         tail = log.read_text(errors="replace").splitlines()[-lines:]

@@ -58,10 +58,9 @@ import logging
 import threading
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
 
 from coupling import (
     ACTION_COUPLINGS,
@@ -76,7 +75,7 @@ from coupling import (
 )
 from coupling.errors import DependencyTimeout
 
-from activedb._events import DATA_KINDS, TRANSACTION_KINDS, Event, EventSpec
+from activedb._events import Event, EventSpec
 from activedb._transaction import Transaction, TransactionHooks, TxnState
 from activedb.errors import (
     CascadeLimitExceeded,
@@ -247,7 +246,7 @@ class RuleManager(TransactionHooks):
         self._counters: dict[str, RuleCounters] = collections.defaultdict(RuleCounters)
         self._per_mode: collections.Counter = collections.Counter()
         self._tracked: dict[str, list[_TrackedTrigger]] = {}      # root id -> triggers awaiting outcome
-        self._detached: set = set()
+        self._detached_running = 0                                 # detached rule tasks not yet ended
         self._detached_done = threading.Condition(self._mutex)
         self._numbers = itertools.count(1)
         self.redefined: list[tuple[str, int, int]] = []
@@ -408,14 +407,15 @@ class RuleManager(TransactionHooks):
                 enabled=sum(rule.enabled for rule in self._rules.values()),
                 per_rule={name: RuleCounters(**vars(counter)) for name, counter in self._counters.items()},
                 per_mode=dict(self._per_mode),
-                detached_running=len(self._detached),
+                detached_running=self._detached_running,
             )
 
     def wait_idle(self, timeout: float | None = 30.0) -> None:
         """Wait until every detached rule transaction started so far has ended."""
         with self._detached_done:
-            if not self._detached_done.wait_for(lambda: not self._detached, timeout):
-                raise TimeoutError(f"{len(self._detached)} detached rule transaction(s) still running after {timeout} s")
+            if not self._detached_done.wait_for(lambda: self._detached_running == 0, timeout):
+                raise TimeoutError(
+                    f"{self._detached_running} detached rule transaction(s) still running after {timeout} s")
 
     def _count(self, rule: Rule, what: str) -> None:
         with self._mutex:
@@ -653,20 +653,24 @@ class RuleManager(TransactionHooks):
         if firing.coupling is not Coupling.DETACHED:
             tracked = self._track(trigger, ended)
             self.gate.register(key, tracked.key, firing.coupling)
-        task_holder: list = []
 
         def run() -> None:
             try:
                 self._run_detached(firing, key, tracked)
             finally:
                 with self._mutex:
-                    self._detached.discard(task_holder[0] if task_holder else None)
+                    self._detached_running -= 1
                     self._detached_done.notify_all()
 
         with self._mutex:
-            task = self.database.transactions.pool.submit(run)
-            task_holder.append(task)
-            self._detached.add(task)
+            self._detached_running += 1
+        try:
+            self.database.transactions.pool.submit(run)
+        except BaseException:
+            with self._mutex:
+                self._detached_running -= 1
+                self._detached_done.notify_all()
+            raise
 
     def _track(self, trigger: Transaction, ended: bool) -> _TrackedTrigger:
         tracked = _TrackedTrigger(key=f"E:{trigger.id}", transaction_id=trigger.id)

@@ -44,7 +44,6 @@ import random
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
 import sqlalchemy as sa
@@ -59,7 +58,6 @@ from activedb._history import HistoryRecorder
 from activedb._pool import Task, WorkerPool
 from activedb._store import Entry, EntryKind, Key, TableInfo
 from activedb.errors import (
-    ActivedbError,
     BatchAlreadyCommitted,
     DatabaseUnavailable,
     DuplicateKey,

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable
 import networkx as nx
 
 from activedb._history import HistoryOp
-from activedb._store import Entry, EntryKind
+from activedb._store import Entry
 
 
 @dataclass
@@ -105,10 +105,6 @@ def check_history(ops: Iterable[HistoryOp]) -> HistoryReport:
             rows = effective.setdefault(op.root, {})
             row = (op.table, op.key)
             rows[row] = rows[row].then(op.value, op.table) if row in rows else op.value
-        else:
-            flush = flushes.get(op.root)
-            if flush is not None and (op.table, op.key) in flush.value:
-                pass  # may also have been written by an effective transaction; compared below
     for root, flush in flushes.items():
         expected = effective.get(root, {})
         if flush.value != expected:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import psycopg
@@ -26,12 +28,15 @@ APP_MIGRATIONS = Path(__file__).parent / "app_migrations"
 
 
 @pytest.fixture(scope="session")
-def pg_server(tmp_path_factory):
-    # Keep tests away from the user's real embedded database and environment.
+def pg_server():
+    # Keep tests away from the user's real embedded database and environment.  The directory is
+    # our own (not pytest's numbered tmp dirs, which a concurrent pytest session may prune).
     os.environ.pop("ACTIVEDB_DATABASE_URL", None)
-    home = tmp_path_factory.mktemp("activedb_home")
+    home = Path(tempfile.mkdtemp(prefix="activedb-test-"))
     server = _embedded.start(home)
     yield server
+    _embedded.stop(home)
+    shutil.rmtree(home, ignore_errors=True)
 
 
 def _admin(server) -> psycopg.Connection:

@@ -18,7 +18,6 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import sqlalchemy as sa
 
 from activedb.bench._report import BenchReport, Row
 from activedb.bench._setup import connect
