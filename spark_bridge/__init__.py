@@ -1,8 +1,20 @@
-"""spark_bridge — PySpark Structured Streaming into activedb.
+"""spark_bridge — PySpark Structured Streaming into activedb, exactly once.
 
-Public interface (so far; the engine-facing ``ingest`` comes with the nested-transaction
-engine):
+Public interface:
 
+* :func:`ingest` — attach a streaming DataFrame to a database: each micro-batch becomes
+  one top-level transaction (an event per subtransaction, the rules on ``db.stream(type)``
+  fire inside it), committed together with its ledger row; bad rows and rejected events
+  go to the dead-letter table; the batch's watermark becomes a punctuation. With
+  ``partition_by_key=N`` the batch is split by key over ``N`` Spark tasks, each with its
+  own engine (the scale-out path). Returns the ``StreamingQuery``;
+* :class:`IngestSink` (the ``foreachBatch`` callable, also usable without Spark through
+  :meth:`IngestSink.process`), :class:`PartitionedIngestSink`, :func:`sink_of`,
+  :class:`IngestStatistics`, :class:`BatchOutcome`, :class:`PhaseTimings`;
+* :func:`ingestion_status`, :class:`QueryStatus` — what the ledger says was committed;
+  :func:`ledger_query_id`, :func:`parse_ledger_query_id`;
+* :func:`load_app`, :class:`LoadedApp` — an application module (``register(db)``,
+  ``MAPPING``, ...) for ``activedb run`` and the scale-out tasks;
 * :func:`get_spark` — a local SparkSession set up for ingestion (UI off, two shuffle
   partitions, WARN logging, fast checkpoint log), with Java found or provided first;
 * :class:`EventMapping`, :func:`rows_to_events`, :class:`RawEvent`, :class:`Rejected` —
@@ -15,7 +27,32 @@ The design note is ``spark_bridge/README.md``.
 """
 
 from spark_bridge import errors
+from spark_bridge._app import LoadedApp, load_app
+from spark_bridge._ingest import ingest, sink_of
+from spark_bridge._ledger import QueryStatus, ingestion_status, ledger_query_id, parse_ledger_query_id
+from spark_bridge._scaleout import PartitionedIngestSink
+from spark_bridge._sink import BatchOutcome, IngestSink, IngestStatistics, PhaseTimings
 from spark_bridge.mapping import EventMapping, RawEvent, Rejected, rows_to_events
 from spark_bridge.session import get_spark
 
-__all__ = ["EventMapping", "RawEvent", "Rejected", "errors", "get_spark", "rows_to_events"]
+__all__ = [
+    "BatchOutcome",
+    "EventMapping",
+    "IngestSink",
+    "IngestStatistics",
+    "LoadedApp",
+    "PartitionedIngestSink",
+    "PhaseTimings",
+    "QueryStatus",
+    "RawEvent",
+    "Rejected",
+    "errors",
+    "get_spark",
+    "ingest",
+    "ingestion_status",
+    "ledger_query_id",
+    "load_app",
+    "parse_ledger_query_id",
+    "rows_to_events",
+    "sink_of",
+]

@@ -38,3 +38,25 @@ class MappingError(SparkBridgeError, ValueError):
     This is about the mapping's configuration (for example an empty column name),
     never about a data row: bad rows are *rejected*, not raised.
     """
+
+
+class IngestError(SparkBridgeError):
+    """``ingest()`` was called in a way that cannot work (missing checkpoint, not a
+    streaming DataFrame, a scale-out request without the app, ...). The message says
+    which argument to change."""
+
+
+class QueryRenamedError(IngestError):
+    """A checkpoint is being resumed under another query name than the one it was
+    started with. The ledger keys batches by ``name@spark-query-id``; a new name would
+    re-apply the batch Spark replays after a restart. Resume with the old name or start
+    from a new checkpoint directory."""
+
+
+class AppLoadError(IngestError):
+    """An application module or file for ``activedb run`` (or the scale-out path) could
+    not be loaded, or lacks ``register(db)`` / ``MAPPING``."""
+
+
+class SourceError(IngestError):
+    """A ``--source`` specification is malformed or its Spark connector is missing."""

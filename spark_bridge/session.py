@@ -85,9 +85,9 @@ def get_spark(
     """Return a SparkSession configured by :func:`spark_conf`, starting Java if needed.
 
     Resolves Java first (:func:`spark_bridge._java.ensure_java`, which sets
-    ``JAVA_HOME``); for a ``local`` master also sets ``SPARK_LOCAL_IP=127.0.0.1`` unless
-    already set. Both are written to ``os.environ`` because PySpark's launcher reads them
-    from there.
+    ``JAVA_HOME``); for a ``local`` master also sets ``SPARK_LOCAL_IP=127.0.0.1``, and
+    ``PYSPARK_PYTHON`` to this interpreter, unless already set. They are written to
+    ``os.environ`` because PySpark's launcher and worker factory read them from there.
 
     If a SparkSession already exists in this process it is returned (Spark allows one
     per JVM): runtime SQL options (shuffle partitions, checkpoint file manager) are
@@ -98,6 +98,10 @@ def get_spark(
     _java.ensure_java()
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # A driver started from Python (not spark-submit) takes the workers' interpreter from
+    # PYSPARK_PYTHON, not from spark.pyspark.python; without it they run `python3` from
+    # PATH, which may lack this environment's packages (activedb for the scale-out tasks).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
     from pyspark.sql import SparkSession
 

@@ -1,0 +1,456 @@
+"""``activedb run`` and ``activedb status``: Spark ingestion from the command line.
+
+    activedb run APP --source file:DIR|rate|socket:HOST:PORT|kafka:BROKERS/TOPIC
+                 [--checkpoint DIR] [--query-name NAME] [...]
+    activedb status [--query-name NAME] [--json]
+
+``APP`` is a module name or a ``.py`` file providing ``register(db)`` and ``MAPPING`` (an
+``spark_bridge.EventMapping``), optionally ``MIGRATIONS``, ``SCHEMA``, ``KNOWN_TYPES``,
+``WATERMARK_DELAY``, ``PREFETCH`` and ``from_rate(df)`` (see ``spark_bridge._app``).
+``run`` upgrades the app's tables, declares its rules, starts the stream with
+``spark_bridge.ingest`` and shows a live progress line until the query ends or is
+stopped: Ctrl-C (SIGINT) or SIGTERM lets the batch in progress finish, stops the query,
+waits for detached rules and prints a summary (a second Ctrl-C stops at once; the
+ledger keeps that exactly-once too). ``status`` reads the ingestion ledger.
+
+:func:`register_commands` adds both commands to the ``activedb`` group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+__all__ = ["register_commands", "run_command", "status_command", "parse_source"]
+
+SINK_IDLE_TIMEOUT_SECONDS = 120.0
+DETACHED_TIMEOUT_SECONDS = 60.0
+REFRESH_SECONDS = 0.5
+PLAIN_PROGRESS_SECONDS = 10.0  # progress line period when stdout is not a terminal
+
+
+# --- sources ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """A parsed ``--source``. Immutable."""
+
+    kind: str  # file | rate | socket | kafka
+    path: str | None = None
+    host: str | None = None
+    port: int | None = None
+    brokers: str | None = None
+    topic: str | None = None
+
+    def describe(self) -> str:
+        if self.kind == "file":
+            return f"files in {self.path}"
+        if self.kind == "socket":
+            return f"socket {self.host}:{self.port}"
+        if self.kind == "kafka":
+            return f"Kafka topic {self.topic} at {self.brokers}"
+        return "the rate source"
+
+
+_SOURCE_FORMS = "file:DIR, rate, socket:HOST:PORT or kafka:BROKERS/TOPIC"
+
+
+def parse_source(text: str) -> SourceSpec:
+    """Parse ``--source``; raises ``click.BadParameter`` saying which forms exist."""
+    kind, _, rest = text.partition(":")
+    if kind == "rate" and not rest:
+        return SourceSpec("rate")
+    if kind == "file" and rest:
+        return SourceSpec("file", path=rest)
+    if kind == "socket":
+        host, _, port = rest.rpartition(":")
+        if host and port.isdigit():
+            return SourceSpec("socket", host=host, port=int(port))
+    if kind == "kafka":
+        brokers, _, topic = rest.rpartition("/")
+        if brokers and topic:
+            return SourceSpec("kafka", brokers=brokers, topic=topic)
+    raise click.BadParameter(f"{text!r} is not a source; use {_SOURCE_FORMS}", param_hint="--source")
+
+
+def _kafka_package() -> str:
+    import pyspark
+
+    version = getattr(pyspark, "__version__", "4.0.0")
+    return f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"
+
+
+def _kafka_hint() -> str:
+    package = _kafka_package()
+    return (
+        "Spark's Kafka connector is not on the classpath. Add it with\n"
+        f"  activedb run APP --source kafka:... --packages {package}\n"
+        f"(or --spark-conf spark.jars.packages={package}; Spark downloads it from Maven Central on first use), "
+        "or put the connector jar and its kafka-clients dependency into pyspark's jars directory."
+    )
+
+
+def _is_missing_data_source(error: BaseException) -> bool:
+    text = str(error)
+    return "DATA_SOURCE_NOT_FOUND" in text or "Failed to find data source" in text
+
+
+def _parsed_json(frame: Any, schema: Any, column: str = "value") -> Any:
+    from pyspark.sql import functions
+
+    return frame.select(functions.from_json(functions.col(column).cast("string"), schema).alias("event")).select(
+        "event.*")
+
+
+def _synthetic_rate_columns(frame: Any, loaded: Any, event_types: list[str]) -> Any:
+    """The rate source's ``(timestamp, value)`` as the app's columns (no ``from_rate``)."""
+    from pyspark.sql import functions, types
+
+    mapping = loaded.mapping
+    value = functions.col("value")
+    columns = {
+        mapping.type_column: functions.lit(event_types[0] if event_types else "rate"),
+        mapping.key_column: functions.concat(functions.lit("k"), (value % 10).cast("string")),
+        mapping.ts_column: functions.col("timestamp"),
+    }
+    schema = _struct_schema(loaded.schema)
+    payload = list(mapping.payload_columns or ())
+    if schema is not None:
+        for field in schema.fields:
+            if field.name in columns:
+                continue
+            if isinstance(field.dataType, types.NumericType):
+                columns[field.name] = (value % 100).cast(field.dataType)
+            elif isinstance(field.dataType, types.StringType):
+                columns[field.name] = value.cast("string")
+            else:
+                columns[field.name] = functions.lit(None).cast(field.dataType)
+    for name in payload:
+        columns.setdefault(name, value)
+    if not payload and schema is None:
+        columns["value"] = value
+    return frame.select(*[expression.alias(name) for name, expression in columns.items()])
+
+
+def _struct_schema(schema: Any) -> Any:
+    if schema is None:
+        return None
+    from pyspark.sql import types
+
+    if isinstance(schema, types.StructType):
+        return schema
+    return types._parse_datatype_string(schema) if isinstance(schema, str) else None
+
+
+def build_stream(spark: Any, source: SourceSpec, loaded: Any, *, file_format: str, max_files_per_trigger: int | None,
+                 rows_per_second: int, event_types: list[str]) -> Any:
+    """The streaming DataFrame for ``source``, in the app's columns."""
+    from spark_bridge.errors import SourceError
+
+    schema = loaded.schema
+    if source.kind == "file":
+        if schema is None:
+            raise SourceError(f"a file source needs the rows' schema: define SCHEMA in {loaded.name} "
+                              f"(e.g. SCHEMA = 'type STRING, key STRING, ts TIMESTAMP, room STRING')")
+        if not Path(source.path).is_dir():
+            raise SourceError(f"--source file:{source.path}: no such directory (Spark watches a directory for new "
+                              f"files)")
+        reader = spark.readStream.schema(schema)
+        if max_files_per_trigger:
+            reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
+        if file_format == "csv":
+            reader = reader.option("header", "true")
+        return reader.format(file_format).load(source.path)
+    if source.kind == "rate":
+        frame = spark.readStream.format("rate").option("rowsPerSecond", rows_per_second).load()
+        if loaded.from_rate is not None:
+            return loaded.from_rate(frame)
+        return _synthetic_rate_columns(frame, loaded, event_types)
+    if schema is None:
+        raise SourceError(f"a {source.kind} source delivers JSON text; define SCHEMA in {loaded.name} to parse it")
+    if source.kind == "socket":
+        frame = (spark.readStream.format("socket").option("host", source.host).option("port", source.port).load())
+        return _parsed_json(frame, schema)
+    try:
+        frame = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", source.brokers)
+                 .option("subscribe", source.topic).load())
+    except Exception as error:
+        if _is_missing_data_source(error):
+            raise SourceError(_kafka_hint()) from None
+        raise
+    return _parsed_json(frame, schema)
+
+
+# --- progress ----------------------------------------------------------------------------------
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def progress_line(statistics: Any) -> str:
+    """One line: batches, events/s, rule firings, dead letters, watermark lag."""
+    firings = sum(statistics.rule_firings.values())
+    skipped = f" ({statistics.batches_skipped} skipped)" if statistics.batches_skipped else ""
+    lag = "-" if statistics.watermark_lag_seconds is None else f"{statistics.watermark_lag_seconds:,.1f} s"
+    last = f"{statistics.last_batch_id}" if statistics.last_batch_id is not None else "-"
+    return (f"{statistics.query_name}: batches {statistics.batches}{skipped} (last {last}) | "
+            f"events {statistics.events:,} at {_rate(statistics.events_per_second)}/s "
+            f"(last batch {_rate(statistics.last_batch_events_per_second)}/s) | "
+            f"rule firings {firings:,} | dead letters {statistics.dead_letters:,} | watermark lag {lag}")
+
+
+class _StopRequest:
+    """SIGINT/SIGTERM handler state. ``_mutex`` protects ``_count``; ``event`` is set on the
+    first signal. Handlers only record the signal (the main loop acts on it)."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.forced = threading.Event()
+        self._mutex = threading.Lock()
+        self._count = 0
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        for number in (signal.SIGINT, signal.SIGTERM):
+            self._previous[number] = signal.signal(number, self._handle)
+
+    def restore(self) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+
+    def _handle(self, number: int, frame: Any) -> None:
+        with self._mutex:
+            self._count += 1
+            count = self._count
+        self.event.set()
+        if count > 1:
+            self.forced.set()
+
+
+def _watch(query: Any, sink: Any, console: Any, stop: _StopRequest) -> str:
+    """Refresh the progress line until the query ends or a stop is requested.
+
+    Returns ``"stopped"`` or ``"ended"``."""
+    from rich.live import Live
+    from rich.text import Text
+
+    if console.is_terminal:
+        with Live(Text(progress_line(sink.statistics())), console=console, refresh_per_second=4,
+                  transient=False) as live:
+            while True:
+                if stop.event.wait(REFRESH_SECONDS):
+                    return "stopped"
+                live.update(Text(progress_line(sink.statistics())))
+                if not query.isActive:
+                    return "ended"
+    last_print = time.monotonic()
+    while True:
+        if stop.event.wait(REFRESH_SECONDS):
+            return "stopped"
+        if not query.isActive:
+            return "ended"
+        if time.monotonic() - last_print >= PLAIN_PROGRESS_SECONDS:
+            console.print(progress_line(sink.statistics()), highlight=False)
+            last_print = time.monotonic()
+
+
+def _stop_query(query: Any, sink: Any, stop: _StopRequest, console: Any) -> None:
+    """Let the batch in progress finish (unless forced), then stop the query."""
+    console.print("stopping: letting the batch in progress finish (Ctrl-C again to stop at once)", highlight=False)
+    deadline = time.monotonic() + SINK_IDLE_TIMEOUT_SECONDS
+    while not stop.forced.is_set() and time.monotonic() < deadline:
+        if sink.wait_idle(timeout=REFRESH_SECONDS):
+            break
+    query.stop()
+
+
+# --- commands ----------------------------------------------------------------------------------
+
+def _default_checkpoint(home: str | None, query_name: str) -> Path:
+    from activedb import _embedded
+
+    base = Path(home).expanduser() if home else _embedded.default_home()
+    return base / "checkpoints" / query_name
+
+
+def _default_query_name(app: str) -> str:
+    stem = Path(app).stem if app.endswith(".py") else app.rsplit(".", 1)[-1]
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", stem) or "activedb"
+
+
+def _spark_conf(packages: str | None, entries: tuple[str, ...]) -> dict[str, str]:
+    conf: dict[str, str] = {}
+    for entry in entries:
+        key, sep, value = entry.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{entry!r} is not KEY=VALUE", param_hint="--spark-conf")
+        conf[key.strip()] = value.strip()
+    if packages:
+        existing = conf.get("spark.jars.packages")
+        conf["spark.jars.packages"] = f"{existing},{packages}" if existing else packages
+    return conf
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+@click.command("run")
+@click.argument("app")
+@click.option("--source", "source_text", required=True, help=f"Where events come from: {_SOURCE_FORMS}.")
+@click.option("--checkpoint", type=click.Path(file_okay=False), default=None,
+              help="Spark checkpoint directory (default: ACTIVEDB_HOME/checkpoints/QUERY_NAME). Restarting from it "
+                   "resumes the query exactly once.")
+@click.option("--query-name", default=None, help="Stable name of the query (default: the app's name).")
+@click.option("--format", "file_format", type=click.Choice(["json", "csv", "parquet"]), default="json",
+              show_default=True, help="File format of a file source.")
+@click.option("--max-files-per-trigger", type=int, default=None, help="File source: files per micro-batch.")
+@click.option("--rows-per-second", type=int, default=100, show_default=True, help="Rate source: rows per second.")
+@click.option("--trigger", default=None, help="Processing-time trigger, e.g. '5 seconds' (default: back to back).")
+@click.option("--available-now", is_flag=True, help="Process what is available now, then stop.")
+@click.option("--watermark-delay", default=None, help="Event-time watermark delay, e.g. '30 seconds'.")
+@click.option("--partitions", type=int, default=None,
+              help="Scale-out path: repartition each batch by key over N Spark tasks, each with its own engine.")
+@click.option("--packages", default=None, help="Maven coordinates added to spark.jars.packages "
+                                               "(e.g. the Kafka connector).")
+@click.option("--spark-conf", "spark_conf_entries", multiple=True, metavar="KEY=VALUE",
+              help="Extra Spark configuration (repeatable).")
+@click.option("--verbose", is_flag=True, help="Also log each event the rules reject (they go to the dead-letter "
+                                              "table either way).")
+@click.pass_context
+def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str | None, query_name: str | None,
+                file_format: str, max_files_per_trigger: int | None, rows_per_second: int, trigger: str | None,
+                available_now: bool, watermark_delay: str | None, partitions: int | None, packages: str | None,
+                spark_conf_entries: tuple[str, ...], verbose: bool) -> None:
+    """Ingest a stream into APP's rules until stopped (Ctrl-C stops cleanly)."""
+    from rich.console import Console
+
+    import spark_bridge
+    from spark_bridge.errors import SparkBridgeError
+
+    source = parse_source(source_text)
+    conf = _spark_conf(packages, spark_conf_entries)
+    obj = ctx.obj or {}
+    console = Console()
+    if not verbose:
+        logging.getLogger("activedb.rules").setLevel(logging.CRITICAL)
+    try:
+        loaded = spark_bridge.load_app(app, require_mapping=True)
+    except SparkBridgeError as error:
+        raise click.ClickException(str(error)) from None
+    name = query_name or _default_query_name(app)
+    checkpoint_dir = Path(checkpoint) if checkpoint else _default_checkpoint(obj.get("home"), name)
+
+    import activedb
+
+    database = activedb.connect(obj.get("url"), home=obj.get("home"))
+    spark = None
+    stop = _StopRequest()
+    try:
+        if loaded.migrations is not None:
+            database.upgrade_app(loaded.migrations)
+        loaded.register(database)
+        event_types = sorted({rule.on.source for rule in database.rules if rule.on.kind == "stream"})
+        console.print(f"[bold]activedb run[/bold] {loaded.name}: {len(database.rules.names())} rules, "
+                      f"source {source.describe()}, query {name!r}, checkpoint {checkpoint_dir}", highlight=False)
+        console.print("starting Spark ...", highlight=False)
+        try:
+            spark = spark_bridge.get_spark(f"activedb-run-{name}", conf=conf)
+            frame = build_stream(spark, source, loaded, file_format=file_format,
+                                 max_files_per_trigger=max_files_per_trigger, rows_per_second=rows_per_second,
+                                 event_types=event_types)
+            query = spark_bridge.ingest(
+                database, frame, mapping=loaded.mapping, query_name=name, checkpoint_location=str(checkpoint_dir),
+                trigger={"availableNow": True} if available_now else trigger, known_types=loaded.known_types,
+                prefetch=loaded.prefetch, watermark_delay=watermark_delay or loaded.watermark_delay,
+                partition_by_key=partitions, app=app if partitions else None,
+            )
+        except SparkBridgeError as error:
+            raise click.ClickException(str(error)) from None
+        sink = spark_bridge.sink_of(query)
+        stop.install()
+        how = _watch(query, sink, console, stop)
+        if how == "stopped":
+            _stop_query(query, sink, stop, console)
+        failure = query.exception()
+        try:
+            database.rules.wait_idle(DETACHED_TIMEOUT_SECONDS)
+        except TimeoutError as error:
+            console.print(f"[yellow]{error}[/yellow]")
+        console.print(progress_line(sink.statistics()), highlight=False)
+        if failure is not None and how != "stopped":
+            message = _first_line(failure)
+            if _is_missing_data_source(failure) and source.kind == "kafka":
+                message = _kafka_hint()
+            raise click.ClickException(f"the streaming query failed: {message}")
+        console.print("stopped cleanly; restart with the same --checkpoint and --query-name to resume"
+                      if how == "stopped" else "the query finished", highlight=False)
+    finally:
+        stop.restore()
+        if spark is not None:
+            spark.stop()
+        database.close()
+
+
+@click.command("status")
+@click.option("--query-name", default=None, help="Only this query.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@click.pass_context
+def status_command(ctx: click.Context, query_name: str | None, as_json: bool) -> None:
+    """Show what ingestion has committed, per query, from PostgreSQL's ledger."""
+    import activedb
+    import spark_bridge
+
+    obj = ctx.obj or {}
+    database = activedb.connect(obj.get("url"), home=obj.get("home"))
+    try:
+        statuses = spark_bridge.ingestion_status(database, query_name)
+    finally:
+        database.close()
+    if as_json:
+        click.echo(json.dumps([dataclasses.asdict(status) for status in statuses], indent=2, default=str))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=max(console.width, 132))
+    if not statuses:
+        which = f"query {query_name!r}" if query_name else "any query"
+        console.print(f"no ingestion has committed a batch for {which} yet", highlight=False)
+        return
+    table = Table(title="ingestion (activedb_ingestion_ledger)")
+    for column in ("query", "batches", "last batch", "events", "dead letters", "watermark", "last commit"):
+        table.add_column(column)
+    for status in statuses:
+        batches = f"{status.batches}" + (f" x {status.partitions} partitions" if status.partitions else "")
+        table.add_row(status.query_name, batches, str(status.last_batch_id), f"{status.events:,}",
+                      f"{status.dead_letters:,}",
+                      "-" if status.watermark is None else status.watermark.isoformat(),
+                      status.last_committed_at.isoformat(timespec="seconds"))
+    console.print(table)
+    rules = Table(title="rule firings (summed over the ledger)")
+    for column in ("query", "rule", "firings"):
+        rules.add_column(column)
+    for status in statuses:
+        for rule, count in status.rule_firings.items():
+            rules.add_row(status.query_name, rule, f"{count:,}")
+    console.print(rules)
+
+
+def register_commands(main_group: click.Group) -> None:
+    """Add ``run`` and ``status`` to the ``activedb`` command group."""
+    main_group.add_command(run_command, "run")
+    main_group.add_command(status_command, "status")

@@ -1,0 +1,123 @@
+"""A streaming driver for crash tests of :func:`spark_bridge.ingest` (rules, ledger, dead letters).
+
+Like :mod:`spark_bridge._experiments.crash_driver` (whose parent-side helpers —
+:func:`~spark_bridge._experiments.crash_driver.wait_for_line`,
+:func:`~spark_bridge._experiments.crash_driver.kill_driver`,
+:func:`~spark_bridge._experiments.crash_driver.read_log` — work on this driver's log too),
+but the sink is the rule layer: ``python -m spark_bridge._experiments.ingest_driver
+--app APP --url URL --source DIR --checkpoint DIR --query-name NAME --log FILE
+[--hold PHASE:BATCH] [--schema DDL]``.
+
+It connects to ``URL``, upgrades the app's ``MIGRATIONS``, registers its rules and runs
+a JSON-lines file stream (one file per micro-batch, ``availableNow``) through ``ingest``.
+The ``on_phase`` seam writes ``fetched <id>``, ``flush <id>``, ``committed <id>``,
+``skipped <id>`` to the fsynced log, then ``finished``. ``--hold PHASE:BATCH`` writes
+``holding PHASE <id>`` and blocks forever at that point of that batch:
+
+* ``fetched`` — rows fetched, nothing written;
+* ``flush`` — *inside the engine's flush*: the PostgreSQL transaction holds the ledger row,
+  the batch's effects and its dead letters and is about to commit (the hook is the
+  engine's SQLAlchemy ``commit`` event on the committing thread);
+* ``committed`` — PostgreSQL committed, Spark's commit log not yet written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from spark_bridge._experiments.crash_driver import _EventLog
+
+__all__ = ["HOLD_PHASES", "start_ingest_driver"]
+
+HOLD_PHASES = ("fetched", "flush", "committed")
+
+
+def _driver(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="ingest_driver", description=__doc__)
+    parser.add_argument("--app", required=True)
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--source", required=True, type=Path)
+    parser.add_argument("--checkpoint", required=True, type=Path)
+    parser.add_argument("--query-name", required=True)
+    parser.add_argument("--log", required=True, type=Path)
+    parser.add_argument("--hold", default=None, help="PHASE:BATCH, PHASE one of " + ", ".join(HOLD_PHASES))
+    parser.add_argument("--schema", default=None, help="Spark DDL of the rows (default: the app's SCHEMA)")
+    options = parser.parse_args(argv)
+
+    hold_phase, hold_batch = None, None
+    if options.hold:
+        hold_phase, _, batch_text = options.hold.partition(":")
+        if hold_phase not in HOLD_PHASES:
+            parser.error(f"--hold phase must be one of {HOLD_PHASES}")
+        hold_batch = int(batch_text)
+
+    log = _EventLog(options.log)
+    log.write(f"started pid={os.getpid()}")
+
+    import activedb
+    import spark_bridge
+
+    loaded = spark_bridge.load_app(options.app, require_mapping=True)
+    database = activedb.connect(options.url)
+    if loaded.migrations is not None:
+        database.upgrade_app(loaded.migrations)
+    loaded.register(database)
+
+    def on_phase(phase: str, batch_id: int) -> None:
+        log.write(f"{phase} {batch_id}")
+        if phase == hold_phase and batch_id == hold_batch:
+            log.write(f"holding {phase} {batch_id}")
+            threading.Event().wait()  # until SIGKILL
+
+    spark = spark_bridge.get_spark("ingest-driver")
+    log.write("spark-ready")
+    frame = (spark.readStream.schema(options.schema or loaded.schema).option("maxFilesPerTrigger", 1)
+             .json(str(options.source)))
+    query = spark_bridge.ingest(
+        database, frame, mapping=loaded.mapping, query_name=options.query_name,
+        checkpoint_location=str(options.checkpoint), trigger={"availableNow": True}, on_phase=on_phase,
+    )
+    query.awaitTermination()
+    failure = query.exception()
+    database.rules.wait_idle(60)
+    database.close()
+    log.write("finished" if failure is None else f"failed {failure}")
+    spark.stop()
+    return 0 if failure is None else 1
+
+
+def start_ingest_driver(
+    *,
+    app: str,
+    url: str,
+    source: Path,
+    checkpoint: Path,
+    query_name: str,
+    log: Path,
+    hold: str | None = None,
+    output: Path | None = None,
+) -> subprocess.Popen:
+    """Start the driver in its own process group (``crash_driver.kill_driver`` gets the JVM too)."""
+    command = [
+        sys.executable, "-m", "spark_bridge._experiments.ingest_driver", "--app", app, "--url", url,
+        "--source", os.fspath(source), "--checkpoint", os.fspath(checkpoint), "--query-name", query_name,
+        "--log", os.fspath(log),
+    ]
+    if hold:
+        command += ["--hold", hold]
+    sink = open(output, "ab") if output is not None else subprocess.DEVNULL  # noqa: SIM115
+    try:
+        return subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    finally:
+        if output is not None:
+            sink.close()
+
+
+if __name__ == "__main__":
+    sys.exit(_driver(sys.argv[1:]))

@@ -1,0 +1,139 @@
+"""Ledger query ids and what ingestion has committed, read back from PostgreSQL.
+
+The ingestion ledger (``activedb_ingestion_ledger``, one row per committed batch) keys a
+batch by ``(query_id, batch_id)``. The bridge's query ids are built here:
+
+* ``NAME@SPARK_QUERY_ID`` for a query (``NAME`` is the query name given to
+  :func:`spark_bridge.ingest`, ``SPARK_QUERY_ID`` the UUID Spark keeps in the checkpoint,
+  stable across restarts from it);
+* ``NAME@SPARK_QUERY_ID#pN`` for partition ``N`` of the scale-out path.
+
+Both parts matter. Spark's id alone would make ``activedb status --query-name`` unable to
+find a query; the name alone would make a *new* checkpoint (batch ids restarting at 0)
+collide with the old ledger rows and silently skip its batches. A checkpoint resumed
+under another name is refused (:class:`~spark_bridge.errors.QueryRenamedError`).
+
+Public here: :func:`ledger_query_id`, :func:`parse_ledger_query_id`, :func:`ingestion_status`,
+:class:`QueryStatus`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["QueryStatus", "ingestion_status", "ledger_query_id", "parse_ledger_query_id"]
+
+LEDGER_TABLE = "activedb_ingestion_ledger"
+DEAD_LETTER_TABLE = "activedb_dead_letters"
+
+_UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+_LEDGER_ID = re.compile(rf"^(?P<name>.*)@(?P<spark>{_UUID})(?:#p(?P<partition>\d+))?$")
+
+
+def ledger_query_id(query_name: str, spark_query_id: str, partition: int | None = None) -> str:
+    """The ledger's query id for ``query_name`` run from a checkpoint whose Spark query id is
+    ``spark_query_id`` (and for one ``partition`` of the scale-out path)."""
+    text = f"{query_name}@{spark_query_id}"
+    return text if partition is None else f"{text}#p{partition}"
+
+
+def parse_ledger_query_id(query_id: str) -> tuple[str, str | None, int | None]:
+    """``(query name, spark query id or None, partition or None)``; ids not made by the
+    bridge (e.g. the plain-write baseline's bare UUIDs) come back as ``(query_id, None, None)``."""
+    match = _LEDGER_ID.match(query_id)
+    if match is None:
+        return query_id, None, None
+    partition = match.group("partition")
+    return match.group("name"), match.group("spark"), None if partition is None else int(partition)
+
+
+@dataclass(frozen=True)
+class QueryStatus:
+    """What one ingestion query has committed, from the ledger. Immutable.
+
+    ``batches`` counts distinct batch ids (a scale-out batch has one ledger row per
+    partition); ``events``, ``dead_letters`` and ``rule_firings`` are summed over every
+    ledger row of the query.
+    """
+
+    query_name: str
+    spark_query_ids: tuple[str, ...]
+    batches: int
+    ledger_rows: int
+    partitions: int | None
+    last_batch_id: int
+    events: int
+    dead_letters: int
+    watermark: dt.datetime | None
+    first_committed_at: dt.datetime
+    last_committed_at: dt.datetime
+    rule_firings: Mapping[str, int] = field(default_factory=dict)
+
+
+def ingestion_status(db: Any, query_name: str | None = None) -> list[QueryStatus]:
+    """Per query name, what the ledger of ``db`` (an ``activedb.Database``) holds, sorted
+    by name; only ``query_name`` when given. Reads PostgreSQL only; works while a query
+    is running (committed batches only) and after it stopped."""
+    import sqlalchemy as sa
+
+    ledger = db.table(LEDGER_TABLE)
+    with db.engine.connect() as connection:
+        rows = connection.execute(sa.select(
+            ledger.c.query_id, ledger.c.batch_id, ledger.c.events, ledger.c.dead_letters, ledger.c.watermark,
+            ledger.c.rule_firings, ledger.c.committed_at,
+        )).all()
+    groups: dict[str, list[tuple[Any, str | None, int | None]]] = {}
+    for row in rows:
+        name, spark_id, partition = parse_ledger_query_id(row.query_id)
+        if query_name is not None and name != query_name:
+            continue
+        groups.setdefault(name, []).append((row, spark_id, partition))
+    result = []
+    for name in sorted(groups):
+        entries = groups[name]
+        firings: dict[str, int] = {}
+        for row, _, _ in entries:
+            for rule, count in (row.rule_firings or {}).items():
+                firings[rule] = firings.get(rule, 0) + int(count)
+        watermarks = [row.watermark for row, _, _ in entries if row.watermark is not None]
+        partitions = {partition for _, _, partition in entries if partition is not None}
+        result.append(QueryStatus(
+            query_name=name,
+            spark_query_ids=tuple(sorted({spark for _, spark, _ in entries if spark is not None})),
+            batches=len({row.batch_id for row, _, _ in entries}),
+            ledger_rows=len(entries),
+            partitions=len(partitions) if partitions else None,
+            last_batch_id=max(row.batch_id for row, _, _ in entries),
+            events=sum(row.events for row, _, _ in entries),
+            dead_letters=sum(row.dead_letters for row, _, _ in entries),
+            watermark=max(watermarks) if watermarks else None,
+            first_committed_at=min(row.committed_at for row, _, _ in entries),
+            last_committed_at=max(row.committed_at for row, _, _ in entries),
+            rule_firings=dict(sorted(firings.items())),
+        ))
+    return result
+
+
+def check_not_renamed(db: Any, query_name: str, spark_query_id: str) -> None:
+    """Raise :class:`~spark_bridge.errors.QueryRenamedError` if the ledger holds batches of
+    ``spark_query_id`` (the checkpoint's query) under another query name."""
+    import sqlalchemy as sa
+
+    from spark_bridge.errors import QueryRenamedError
+
+    ledger = db.table(LEDGER_TABLE)
+    with db.engine.connect() as connection:
+        others = connection.execute(
+            sa.select(ledger.c.query_id).where(ledger.c.query_id.like(f"%@{spark_query_id}%")).distinct().limit(5)
+        ).scalars().all()
+    names = sorted({parse_ledger_query_id(other)[0] for other in others} - {query_name})
+    if names:
+        raise QueryRenamedError(
+            f"this checkpoint (Spark query id {spark_query_id}) was ingested as query {names[0]!r}, not "
+            f"{query_name!r}; resume it with query_name={names[0]!r} (--query-name {names[0]}), or start "
+            f"{query_name!r} from a new checkpoint directory"
+        )

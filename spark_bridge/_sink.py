@@ -1,0 +1,627 @@
+"""The rule-layer sink: one micro-batch → one activedb transaction, exactly once.
+
+:class:`IngestSink` is the ``foreachBatch`` callable behind :func:`spark_bridge.ingest`.
+For batch ``b`` of the query with ledger id ``q`` (see ``_ledger.py``):
+
+1. ``batch_df.toArrow()`` — always, even for a batch that will be skipped: running the
+   batch is what feeds Spark's event-time statistics, so skipping the job on a replay
+   would hold the next batches' watermark back and make a restarted run differ from an
+   uninterrupted one;
+2. ``db.batch_committed(q, b)`` — a replayed batch that already committed stops here;
+3. :func:`~spark_bridge.mapping.rows_to_events` — rows become events sorted by
+   application time, bad rows become dead letters; events older than the batch's
+   watermark become dead letters too (*late*, Spark's own lateness rule), so that no
+   applied event contradicts a punctuation already given;
+4. ``with db.transaction(batch=(q, b)) as tx`` — every event in its own subtransaction
+   (``sub.emit``: the rules on ``db.stream(type)`` fire inside it); a failing event aborts
+   only its subtransaction and becomes a dead letter; dead letters are inserted in ``tx``;
+   ``tx.info`` gets ``events`` (applied), ``dead_letters`` and ``watermark``; the engine's
+   flush writes the ledger row, the effects and the dead letters in **one** PostgreSQL
+   transaction. ``BatchAlreadyCommitted`` at the flush (a concurrent duplicate) means
+   skipped; a ``SerializationConflict`` (another process changed rows the batch read)
+   re-runs the whole batch, at most ``batch_attempts`` times;
+5. ``db.punctuate(query_name, watermark)`` once the batch committed.
+
+The per-batch work (steps 2–5) is :meth:`IngestSink.process`, which also runs without Spark
+(a ``pyarrow.Table`` or a list of dicts) and inside the scale-out tasks.
+
+Thread-safety: ``_mutex`` protects the statistics and the per-query bookkeeping; Spark
+calls ``foreachBatch`` one batch at a time per query, and :meth:`process` may also be
+called from several threads (each call runs its own top-level transaction). No mutex is
+held while calling Spark, the engine or PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+import threading
+import time
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from spark_bridge._ledger import DEAD_LETTER_TABLE, LEDGER_TABLE, check_not_renamed, ledger_query_id
+from spark_bridge.errors import IngestError
+from spark_bridge.mapping import EventMapping, RawEvent, jsonable, rows_to_events
+
+__all__ = ["BatchOutcome", "IngestSink", "IngestStatistics", "PhaseTimings"]
+
+logger = logging.getLogger("spark_bridge.ingest")
+
+_UTC = dt.timezone.utc
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=_UTC)
+_QUERY_ID_PROPERTY = "sql.streaming.queryId"
+
+#: Phases reported to ``on_phase(phase, batch_id)``:
+#: ``fetched``  — rows are in Python (after ``toArrow``), nothing written;
+#: ``flush``    — inside the engine's flush: the PostgreSQL transaction holds the ledger
+#:                row, the effects and the dead letters, and is about to commit;
+#: ``committed`` — the batch committed (before the punctuation and before Spark's commit log);
+#: ``skipped``  — the ledger already had the batch.
+PHASES = ("fetched", "flush", "committed", "skipped")
+
+
+@dataclass(frozen=True)
+class PhaseTimings:
+    """Seconds spent per phase (summed over batches). Immutable.
+
+    ``to_arrow``: ``batch_df.toArrow()`` (runs the Spark job of the batch);
+    ``validate``: ``rows_to_events`` and the late-event split;
+    ``engine``: the per-event subtransactions (immediate rules, and deferred rules, which
+    an event's subtransaction runs before it commits) plus the dead-letter inserts;
+    ``commit``: the top-level commit up to its flush (top-level deferred rules, waiting
+    for children);
+    ``flush``: the engine's PostgreSQL transaction (validation, ledger row, write set,
+    transaction log, commit) and the lock release after it.
+    """
+
+    to_arrow: float = 0.0
+    validate: float = 0.0
+    engine: float = 0.0
+    commit: float = 0.0
+    flush: float = 0.0
+
+    def __add__(self, other: "PhaseTimings") -> "PhaseTimings":
+        return PhaseTimings(*(mine + theirs for mine, theirs in zip(self.as_tuple(), other.as_tuple())))
+
+    def as_tuple(self) -> tuple[float, float, float, float, float]:
+        return (self.to_arrow, self.validate, self.engine, self.commit, self.flush)
+
+    @property
+    def total(self) -> float:
+        return sum(self.as_tuple())
+
+
+@dataclass(frozen=True)
+class BatchOutcome:
+    """What :meth:`IngestSink.process` did with one batch. Immutable."""
+
+    query_id: str
+    batch_id: int
+    committed: bool  # False: the ledger already had (query_id, batch_id); nothing was applied
+    rows: int
+    events: int  # events applied (their subtransactions committed)
+    dead_letters: int  # rejected rows + late events + events the rules rejected
+    rule_firings: Mapping[str, int]
+    watermark: dt.datetime | None
+    timings: PhaseTimings
+    attempts: int = 1  # top-level transactions it took (serialization conflicts re-run the batch)
+
+
+@dataclass(frozen=True)
+class IngestStatistics:
+    """A snapshot of an ingestion's progress, for the CLI's progress line. Immutable.
+
+    ``events_per_second`` is over the wall time since the first batch began;
+    ``last_batch_events_per_second`` over the last committed batch's time in the sink.
+    ``watermark_lag_seconds`` is wall-clock now minus the watermark (None without one).
+    """
+
+    query_name: str
+    query_id: str | None
+    batches: int
+    batches_skipped: int
+    last_batch_id: int | None
+    rows: int
+    events: int
+    dead_letters: int
+    rule_firings: Mapping[str, int]
+    watermark: dt.datetime | None
+    watermark_lag_seconds: float | None
+    events_per_second: float
+    last_batch_events_per_second: float | None
+    seconds_in_sink: float
+    timings: PhaseTimings = field(default_factory=PhaseTimings)
+
+
+def _walk_causes(error: BaseException):
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def _is_infrastructure_failure(error: BaseException) -> bool:
+    """True if ``error`` means PostgreSQL is unusable (the batch must fail, not the event)."""
+    import sqlalchemy as sa
+
+    from activedb.errors import DatabaseUnavailable
+
+    return any(isinstance(cause, (DatabaseUnavailable, sa.exc.OperationalError, sa.exc.InterfaceError))
+               for cause in _walk_causes(error))
+
+
+def _is_deadlock(error: BaseException) -> bool:
+    from lockmgr import Deadlock
+
+    return any(isinstance(cause, Deadlock) for cause in _walk_causes(error))
+
+
+def _rejection_reason(error: BaseException) -> str:
+    from activedb.errors import CascadeLimitExceeded, RuleFailed
+
+    if isinstance(error, RuleFailed):
+        return f"rejected by rule {error.rule!r}: {error}"
+    if isinstance(error, CascadeLimitExceeded):
+        return f"rule cascade limit: {error}"
+    return f"event processing failed: {type(error).__name__}: {error}"
+
+
+class _FlushWatch:
+    """Engine listener that finds the flush of the batch being committed on a thread.
+
+    The engine's top-level commit runs deferred rules (their reads open connections too)
+    and then the flush: one ``begin`` … ``commit`` on the committing thread. The last
+    ``begin`` before the ``commit`` event is the flush's; the ``commit`` event fires
+    before PostgreSQL commits, which is where ``on_phase("flush")`` is called.
+
+    Thread-safety: all state is thread-local; listeners run in the thread using the
+    connection.
+    """
+
+    def __init__(self, engine: Any, on_flush: Callable[[int], None]) -> None:
+        import sqlalchemy as sa
+
+        self._engine = engine
+        self._on_flush = on_flush
+        self._local = threading.local()
+        self._installed = True
+        sa.event.listen(engine, "begin", self._begin)
+        sa.event.listen(engine, "commit", self._commit)
+
+    def arm(self, batch_id: int) -> None:
+        self._local.batch_id = batch_id
+        self._local.last_begin = None
+        self._local.flush_began = None
+
+    def disarm(self) -> float | None:
+        """Stop watching this thread; return when the flush began (perf_counter) or None."""
+        began = getattr(self._local, "flush_began", None)
+        self._local.batch_id = None
+        return began
+
+    def _begin(self, connection: Any) -> None:
+        if getattr(self._local, "batch_id", None) is not None:
+            self._local.last_begin = time.perf_counter()
+
+    def _commit(self, connection: Any) -> None:
+        batch_id = getattr(self._local, "batch_id", None)
+        if batch_id is None:
+            return
+        self._local.flush_began = self._local.last_begin or time.perf_counter()
+        self._on_flush(batch_id)
+
+    def close(self) -> None:
+        import sqlalchemy as sa
+
+        if self._installed:
+            self._installed = False
+            sa.event.remove(self._engine, "begin", self._begin)
+            sa.event.remove(self._engine, "commit", self._commit)
+
+
+class IngestSink:
+    """``foreachBatch`` callable applying each micro-batch to ``db`` through its rules.
+
+    Arguments (see :func:`spark_bridge.ingest` for the full story):
+
+    * ``query_name`` — the stable name of the query: the punctuation source, and the
+      first half of the ledger's query id;
+    * ``known_types`` — event types accepted; ``None`` means the types the rules of
+      ``db`` listen to (``db.stream(type)``) at the time of each batch;
+    * ``prefetch`` — ``{table: how}`` tables to load in one query per batch before the
+      events run; ``how`` is ``None`` (the event's key is the row key), a payload field
+      name, or a callable ``RawEvent -> key``;
+    * ``spark_session`` — the session the query was started from (to read the batch's
+      watermark); ``None`` means no watermark unless :meth:`process` is given one;
+    * ``on_phase(phase, batch_id)`` — a seam for crash tests (:data:`PHASES`);
+    * ``batch_attempts`` — top-level attempts per batch on serialization conflicts;
+      ``event_attempts`` — attempts per event when a rule is chosen as deadlock victim.
+
+    Thread-safety: see the module docstring.
+    """
+
+    def __init__(
+        self,
+        db: Any,
+        mapping: EventMapping,
+        *,
+        query_name: str,
+        known_types: Collection[str] | None = None,
+        prefetch: Mapping[str, Any] | None = None,
+        spark_session: Any = None,
+        on_phase: Callable[[str, int], None] | None = None,
+        batch_attempts: int = 3,
+        event_attempts: int = 3,
+    ) -> None:
+        if not isinstance(mapping, EventMapping):
+            raise IngestError(f"mapping must be a spark_bridge.EventMapping, got {type(mapping).__name__}")
+        if not isinstance(query_name, str) or not query_name.strip():
+            raise IngestError("query_name must be a non-empty string (it names the query in the ledger)")
+        if batch_attempts < 1 or event_attempts < 1:
+            raise IngestError("batch_attempts and event_attempts must be at least 1")
+        self.db = db
+        self.mapping = mapping
+        self.query_name = query_name
+        self._known_types = None if known_types is None else frozenset(known_types)
+        self._prefetch = dict(prefetch or {})
+        self._spark_session = spark_session
+        self._on_phase = on_phase
+        self._batch_attempts = batch_attempts
+        self._event_attempts = event_attempts
+        self._flush_watch = _FlushWatch(db.engine, self._flush_reached)
+        # self._mutex protects everything below.
+        self._mutex = threading.Lock()
+        self._checked_spark_ids: set[str] = set()
+        self._watermark_warning_given = False
+        self._query_id: str | None = None
+        self._batches = 0
+        self._batches_skipped = 0
+        self._last_batch_id: int | None = None
+        self._rows = 0
+        self._events = 0
+        self._dead_letters = 0
+        self._rule_firings: dict[str, int] = {}
+        self._watermark: dt.datetime | None = None
+        self._timings = PhaseTimings()
+        self._seconds_in_sink = 0.0
+        self._first_batch_began: float | None = None
+        self._last_batch_rate: float | None = None
+        self._in_batch = 0  # Invariant: number of __call__/process calls currently running (>= 0)
+        self._idle = threading.Condition(self._mutex)
+
+    # -- foreachBatch entry point -------------------------------------------------------------
+
+    def __call__(self, batch_df: Any, batch_id: int) -> None:
+        self._enter()
+        try:
+            spark_query_id = batch_df.sparkSession.sparkContext.getLocalProperty(_QUERY_ID_PROPERTY)
+            if not spark_query_id:
+                raise IngestError("IngestSink must run as foreachBatch of a streaming query (no query id)")
+            query_id = self._query_id_for(spark_query_id)
+            started = time.perf_counter()
+            table = batch_df.toArrow()
+            to_arrow = time.perf_counter() - started
+            watermark = self.spark_watermark(spark_query_id)
+            self._phase("fetched", batch_id)
+            self.process(table, batch_id, query_id=query_id, watermark=watermark,
+                         extra_timings=PhaseTimings(to_arrow=to_arrow), _counted=True)
+        finally:
+            self._leave()
+
+    def spark_watermark(self, spark_query_id: str) -> dt.datetime | None:
+        """Spark's event-time watermark of the batch now running in query ``spark_query_id``.
+
+        That is ``batchWatermarkMs`` of the batch's offset-log entry: the maximum event time
+        of the batches before it minus the delay given to ``withWatermark``; the same value
+        when Spark re-runs the batch after a restart. ``None`` when the query declares no
+        watermark (Spark reports 0), when the sink has no ``spark_session``, or when this
+        Spark version does not expose it (logged once).
+        """
+        session = self._spark_session
+        if session is None:
+            return None
+        try:
+            query = session.streams.get(spark_query_id)
+            if query is None:
+                return None
+            # StreamExecution.lastExecution is the IncrementalExecution of the running batch.
+            millis = int(query._jsq.streamingQuery().lastExecution().offsetSeqMetadata().batchWatermarkMs())
+        except Exception as error:  # py4j: an internal API that may move between Spark versions
+            with self._mutex:
+                warn, self._watermark_warning_given = not self._watermark_warning_given, True
+            if warn:
+                logger.warning("cannot read the batch watermark from Spark (%r); no punctuation is given", error)
+            return None
+        return None if millis <= 0 else _EPOCH + dt.timedelta(milliseconds=millis)
+
+    # -- one batch ----------------------------------------------------------------------------
+
+    def process(
+        self,
+        rows: Any,
+        batch_id: int,
+        *,
+        query_id: str,
+        watermark: dt.datetime | None = None,
+        extra_timings: PhaseTimings | None = None,
+        punctuate: bool = True,
+        _counted: bool = False,
+    ) -> BatchOutcome:
+        """Apply one batch (a ``pyarrow.Table``/``RecordBatch`` or a list of dicts) as
+        ``(query_id, batch_id)``, exactly once. ``watermark``: events older than it are dead
+        letters, and it is punctuated after the commit (``punctuate=False``: the caller does).
+        Raises only when the batch could not be committed (PostgreSQL unusable, conflicts
+        beyond ``batch_attempts``); the batch may then be re-run."""
+        if not _counted:
+            self._enter()
+        try:
+            return self._process(rows, batch_id, query_id, watermark, extra_timings or PhaseTimings(), punctuate)
+        finally:
+            if not _counted:
+                self._leave()
+
+    def _process(self, rows, batch_id, query_id, watermark, timings, punctuate) -> BatchOutcome:
+        began = time.perf_counter() - timings.to_arrow
+        row_count = rows.num_rows if hasattr(rows, "num_rows") else len(rows)
+        if self.db.batch_committed(query_id, batch_id):
+            return self._skipped(query_id, batch_id, row_count, watermark, timings, began)
+
+        started = time.perf_counter()
+        good, bad = rows_to_events(rows, self.mapping, self.known_types())
+        letters = [(rejected.reason, rejected.row) for rejected in bad]
+        if watermark is not None:
+            on_time = [event for event in good if event.ts >= watermark]
+            if len(on_time) != len(good):
+                late = [event for event in good if event.ts < watermark]
+                letters += self._letters_for(rows, late, lambda event: (
+                    f"late: {self.mapping.ts_column} {event.ts.isoformat()} is older than the stream's "
+                    f"watermark {watermark.isoformat()} (Spark's lateness rule)"))
+                good = on_time
+        timings = timings + PhaseTimings(validate=time.perf_counter() - started)
+
+        from activedb.errors import BatchAlreadyCommitted, SerializationConflict
+
+        for attempt in range(1, self._batch_attempts + 1):
+            try:
+                applied, dead_letters, firings, phase_timings = self._apply(
+                    rows, good, letters, query_id, batch_id, watermark)
+                break
+            except BatchAlreadyCommitted:
+                return self._skipped(query_id, batch_id, row_count, watermark, timings, began)
+            except SerializationConflict:
+                if attempt == self._batch_attempts:
+                    raise
+                logger.info("batch %s of %s conflicted with another process; re-running it (%d of %d)",
+                            batch_id, query_id, attempt + 1, self._batch_attempts)
+        timings = timings + phase_timings
+        self._phase("committed", batch_id)
+        if punctuate and watermark is not None:
+            self.db.punctuate(self.query_name, watermark)
+        outcome = BatchOutcome(query_id, batch_id, True, row_count, applied, dead_letters, firings, watermark,
+                               timings, attempt)
+        self._record(outcome, began)
+        return outcome
+
+    def _apply(self, rows, events: list[RawEvent], letters: list[tuple[str, Any]], query_id: str, batch_id: int,
+               watermark: dt.datetime | None):
+        """One top-level transaction for the batch; returns (applied, dead letters, firings, timings)."""
+        started = time.perf_counter()
+        try:
+            with self.db.transaction(name=f"ingest:{self.query_name}", batch=(query_id, batch_id)) as tx:
+                self._prefetch_rows(tx, events)
+                applied = 0
+                failed: list[tuple[RawEvent, str]] = []
+                for event in events:
+                    reason = self._apply_event(tx, event)
+                    if reason is None:
+                        applied += 1
+                    else:
+                        failed.append((event, reason))
+                if failed:
+                    reasons = {id(event): reason for event, reason in failed}
+                    letters = letters + self._letters_for(rows, [event for event, _ in failed],
+                                                          lambda event: reasons[id(event)])
+                self._insert_dead_letters(tx, query_id, batch_id, letters)
+                tx.info["events"] = applied
+                tx.info["dead_letters"] = len(letters)
+                tx.info["watermark"] = watermark
+                self._flush_watch.arm(batch_id)
+                exit_began = time.perf_counter()
+            # Leaving the block committed the transaction, flush included (or raised).
+        finally:
+            flush_began = self._flush_watch.disarm()
+        ended = time.perf_counter()
+        flush_began = flush_began or ended
+        firings = dict(tx.info.get("rule_firings", {}))
+        timings = PhaseTimings(engine=exit_began - started, commit=max(0.0, flush_began - exit_began),
+                               flush=ended - min(max(flush_began, exit_began), ended))
+        return applied, len(letters), firings, timings
+
+    def _apply_event(self, tx: Any, event: RawEvent) -> str | None:
+        """Run ``event`` in its own subtransaction of ``tx``; None if it committed, else why not.
+
+        Raises when the batch itself cannot go on (``tx`` unusable, PostgreSQL down)."""
+        for attempt in range(1, self._event_attempts + 1):
+            context = tx.subtransaction(name=f"event:{event.event_type}")
+            sub = context.__enter__()  # errors here are the batch's: tx is no longer usable
+            try:
+                sub.emit(event.event_type, key=event.key, ts=event.ts, payload=event.payload)
+            except BaseException as error:
+                context.__exit__(type(error), error, error.__traceback__)
+                failure = error
+            else:
+                try:
+                    context.__exit__(None, None, None)
+                    return None
+                except BaseException as error:  # the subtransaction's commit (its deferred rules) failed
+                    failure = error
+            if not isinstance(failure, Exception) or _is_infrastructure_failure(failure):
+                raise failure
+            if _is_deadlock(failure) and attempt < self._event_attempts:
+                continue
+            return _rejection_reason(failure)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def known_types(self) -> frozenset[str] | None:
+        """The event types accepted now: ``known_types`` if given, else the stream types
+        the rules of ``db`` listen to (``None`` — anything — if no rule listens to any)."""
+        if self._known_types is not None:
+            return self._known_types
+        types = frozenset(rule.on.source for rule in self.db.rules
+                          if rule.enabled and rule.on.kind == "stream" and rule.on.source)
+        return types or None
+
+    def _prefetch_rows(self, tx: Any, events: list[RawEvent]) -> None:
+        for table, how in self._prefetch.items():
+            if how is None:
+                keys = [event.key for event in events]
+            elif callable(how):
+                keys = [how(event) for event in events]
+            else:
+                keys = [event.payload.get(how) for event in events]
+            keys = [key for key in dict.fromkeys(keys) if key is not None]
+            if keys:
+                tx.prefetch(table, keys)
+
+    def _letters_for(self, rows: Any, events: list[RawEvent], reason: Callable[[RawEvent], str]
+                     ) -> list[tuple[str, Any]]:
+        """Dead letters for events, with the raw row each came from."""
+        if not events:
+            return []
+        positions = [event.position for event in events]
+        if hasattr(rows, "take"):
+            import pyarrow as pa
+
+            from spark_bridge.mapping import _arrow_values
+
+            subset = rows.take(pa.array(positions, pa.int64()))
+            names = subset.schema.names
+            columns = [_arrow_values(subset.column(index)) for index in range(subset.num_columns)]
+            raws = [{name: jsonable(column[index]) for name, column in zip(names, columns)}
+                    for index in range(len(positions))]
+        else:
+            raws = [jsonable(rows[position]) if isinstance(rows[position], Mapping)
+                    else {"value": jsonable(rows[position])} for position in positions]
+        return [(reason(event), raw) for event, raw in zip(events, raws)]
+
+    def _insert_dead_letters(self, tx: Any, query_id: str, batch_id: int, letters: list[tuple[str, Any]]) -> None:
+        """Insert ``letters`` into the dead-letter table in ``tx``: ids drawn in one query,
+        their absence loaded in one query (``prefetch``), so no round trip per letter."""
+        if not letters:
+            return
+        import sqlalchemy as sa
+
+        with self.db.engine.connect() as connection:
+            ids = connection.execute(
+                sa.text("SELECT nextval(pg_get_serial_sequence(:table, 'id')) FROM generate_series(1, :count)"),
+                {"table": DEAD_LETTER_TABLE, "count": len(letters)},
+            ).scalars().all()
+        tx.prefetch(DEAD_LETTER_TABLE, ids)
+        for letter_id, (reason, raw) in zip(ids, letters):
+            tx.insert(DEAD_LETTER_TABLE, id=letter_id, query_id=query_id, batch_id=batch_id, reason=reason,
+                      raw=raw if isinstance(raw, Mapping) else {"value": raw})
+
+    def _query_id_for(self, spark_query_id: str) -> str:
+        with self._mutex:
+            checked = spark_query_id in self._checked_spark_ids
+        if not checked:
+            check_not_renamed(self.db, self.query_name, spark_query_id)
+            with self._mutex:
+                self._checked_spark_ids.add(spark_query_id)
+        query_id = ledger_query_id(self.query_name, spark_query_id)
+        with self._mutex:
+            self._query_id = query_id
+        return query_id
+
+    def _flush_reached(self, batch_id: int) -> None:
+        self._phase("flush", batch_id)
+
+    def _phase(self, phase: str, batch_id: int) -> None:
+        if self._on_phase is not None:
+            self._on_phase(phase, batch_id)
+
+    def _skipped(self, query_id, batch_id, row_count, watermark, timings, began) -> BatchOutcome:
+        self._phase("skipped", batch_id)
+        outcome = BatchOutcome(query_id, batch_id, False, row_count, 0, 0, {}, watermark, timings)
+        self._record(outcome, began)
+        return outcome
+
+    # -- statistics ---------------------------------------------------------------------------
+
+    def _enter(self) -> None:
+        with self._mutex:
+            self._in_batch += 1
+            if self._first_batch_began is None:
+                self._first_batch_began = time.perf_counter()
+
+    def _leave(self) -> None:
+        with self._mutex:
+            self._in_batch -= 1
+            self._idle.notify_all()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no batch is being processed; False if ``timeout`` passed first."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._in_batch == 0, timeout)
+
+    def _record(self, outcome: BatchOutcome, began: float) -> None:
+        elapsed = time.perf_counter() - began
+        with self._mutex:
+            self._query_id = self._query_id or outcome.query_id
+            self._last_batch_id = outcome.batch_id
+            self._rows += outcome.rows
+            self._timings = self._timings + outcome.timings
+            self._seconds_in_sink += elapsed
+            if outcome.watermark is not None and (self._watermark is None or outcome.watermark > self._watermark):
+                self._watermark = outcome.watermark
+            if not outcome.committed:
+                self._batches_skipped += 1
+                return
+            self._batches += 1
+            self._events += outcome.events
+            self._dead_letters += outcome.dead_letters
+            for rule, count in outcome.rule_firings.items():
+                self._rule_firings[rule] = self._rule_firings.get(rule, 0) + count
+            self._last_batch_rate = outcome.events / elapsed if elapsed > 0 else None
+
+    def record_outcome(self, outcome: BatchOutcome, began: float) -> None:
+        """Count a batch processed elsewhere (the scale-out tasks) in these statistics."""
+        self._record(outcome, began)
+
+    def statistics(self) -> IngestStatistics:
+        """A consistent snapshot of the counters (see :class:`IngestStatistics`)."""
+        now = time.perf_counter()
+        with self._mutex:
+            watermark = self._watermark
+            elapsed = 0.0 if self._first_batch_began is None else now - self._first_batch_began
+            snapshot = IngestStatistics(
+                query_name=self.query_name,
+                query_id=self._query_id,
+                batches=self._batches,
+                batches_skipped=self._batches_skipped,
+                last_batch_id=self._last_batch_id,
+                rows=self._rows,
+                events=self._events,
+                dead_letters=self._dead_letters,
+                rule_firings=dict(self._rule_firings),
+                watermark=watermark,
+                watermark_lag_seconds=None,
+                events_per_second=self._events / elapsed if elapsed > 0 else 0.0,
+                last_batch_events_per_second=self._last_batch_rate,
+                seconds_in_sink=self._seconds_in_sink,
+                timings=self._timings,
+            )
+        if watermark is None:
+            return snapshot
+        return dataclasses.replace(snapshot,
+                                   watermark_lag_seconds=(dt.datetime.now(_UTC) - watermark).total_seconds())
+
+    def close(self) -> None:
+        """Remove the engine listeners (the sink cannot time flushes afterwards)."""
+        self._flush_watch.close()

@@ -1,0 +1,127 @@
+"""``activedb run`` (a real subprocess: Spark, a file source, Ctrl-C) and ``activedb status``.
+
+Ctrl-C is simulated as a terminal sends it: SIGINT to the whole process group (pyspark
+starts its JVM ignoring SIGINT, so only the Python driver acts on it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from click.testing import CliRunner
+
+import spark_bridge
+from activedb.cli import main
+from tests.spark_bridge._streams import APP_FILE, app_database, app_state, apply_directly, counter_workload, write_files
+
+TIMEOUT_SECONDS = 120
+
+
+def _wait_until(predicate, *, timeout: float, process: subprocess.Popen, output) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if process.poll() is not None:
+            raise AssertionError(f"activedb run exited with {process.returncode}:\n{output.read_text()[-3000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not reached in {timeout} s:\n{output.read_text()[-3000:]}")
+        time.sleep(0.1)  # polling PostgreSQL: this paces the check, it orders nothing
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_run_ingests_a_file_source_until_ctrl_c_stops_it_cleanly(tmp_path, make_database_url):
+    workload = counter_workload(files=3, rows_per_file=30, seed=31)
+    write_files(tmp_path / "in", workload.batches)
+    url = make_database_url("cli")
+    output = tmp_path / "run.out"
+    command = [sys.executable, "-m", "activedb.cli", "--url", url, "run", APP_FILE,
+               "--source", f"file:{tmp_path / 'in'}", "--checkpoint", str(tmp_path / "checkpoint"),
+               "--query-name", "cli", "--max-files-per-trigger", "1"]
+    with open(output, "wb") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env={**os.environ, "COLUMNS": "200"})
+    try:
+        database = app_database(url)
+        try:
+            def all_batches_committed() -> bool:
+                statuses = spark_bridge.ingestion_status(database, "cli")
+                return bool(statuses) and statuses[0].batches == 3
+
+            _wait_until(all_batches_committed, timeout=TIMEOUT_SECONDS, process=process, output=output)
+            os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+            assert process.wait(timeout=TIMEOUT_SECONDS) == 0, output.read_text()[-3000:]
+            text = output.read_text()
+            assert "stopping: letting the batch in progress finish" in text
+            assert "stopped cleanly" in text
+            assert "cli: batches 3 (last 2)" in text
+            assert "Traceback" not in text
+
+            direct = app_database(make_database_url("cli_direct"))
+            try:
+                reference = apply_directly(direct, workload.good)
+                assert app_state(database) == app_state(direct)
+            finally:
+                direct.close()
+        finally:
+            database.close()
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+
+    runner = CliRunner()
+    result = runner.invoke(main, ["--url", url, "status", "--query-name", "cli", "--json"])
+    assert result.exit_code == 0, result.output
+    [status] = json.loads(result.output)
+    assert (status["query_name"], status["batches"], status["last_batch_id"]) == ("cli", 3, 2)
+    assert status["events"] == reference.applied
+    assert status["rule_firings"] == reference.rule_firings
+    assert status["dead_letters"] == len(workload.malformed) + reference.rejected
+
+    result = runner.invoke(main, ["--url", url, "status"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "ingestion (activedb_ingestion_ledger)" in result.output
+    table_row = next(line for line in result.output.splitlines() if line.startswith("│ cli "))
+    assert [cell.strip() for cell in table_row.strip("│").split("│")][:5] == [
+        "cli", "3", "2", f"{reference.applied:,}", f"{status['dead_letters']:,}"]
+    for rule, count in reference.rule_firings.items():
+        assert any(rule in line and f"{count:,}" in line for line in result.output.splitlines())
+
+    result = runner.invoke(main, ["--url", url, "status", "--query-name", "nothing-here"])
+    assert result.exit_code == 0
+    assert "no ingestion has committed a batch for query 'nothing-here' yet" in result.output
+
+
+def test_run_rejects_a_malformed_source_and_an_app_without_mapping(tmp_path, database_url):
+    runner = CliRunner()
+    result = runner.invoke(main, ["--url", database_url, "run", APP_FILE, "--source", "ftp:somewhere"])
+    assert result.exit_code == 2
+    assert "is not a source; use file:DIR, rate, socket:HOST:PORT or kafka:BROKERS/TOPIC" in result.output
+
+    bare = tmp_path / "bare_app.py"
+    bare.write_text("def register(db):\n    pass\n")
+    result = runner.invoke(main, ["--url", database_url, "run", str(bare), "--source", "rate"])
+    assert result.exit_code == 1
+    assert "has no MAPPING" in result.output
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.spark
+def test_kafka_without_the_connector_explains_how_to_add_it(spark, tmp_path):
+    from activedb.cli_run import SourceSpec, build_stream
+    from spark_bridge.errors import SourceError
+
+    loaded = spark_bridge.load_app(APP_FILE)
+    with pytest.raises(SourceError) as raised:
+        build_stream(spark, SourceSpec("kafka", brokers="localhost:9092", topic="badges"), loaded,
+                     file_format="json", max_files_per_trigger=None, rows_per_second=1, event_types=["add"])
+    message = str(raised.value)
+    assert "Kafka connector is not on the classpath" in message
+    assert "--packages org.apache.spark:spark-sql-kafka-0-10_2.13:" in message
+    assert "spark.jars.packages" in message

@@ -1,0 +1,253 @@
+"""``spark_bridge.ingest`` on real Spark (``local[2]``) and real PostgreSQL.
+
+Every test runs a JSON-lines file stream (one file per micro-batch, ``availableNow``)
+through the test application ``app_counters`` and checks the database afterwards:
+
+* the whole stream equals the same events applied directly (no Spark), per key and per
+  rule, and a batch Spark re-runs after a lost commit is skipped by the ledger;
+* malformed rows and payloads the rules reject are dead letters with reasons, the other
+  rows are applied;
+* out-of-order rows of a batch are applied in application-time order;
+* the batch watermark is punctuated and events older than it are dead letters;
+* the scale-out path (two partitions, two engines in Spark's Python workers) equals the
+  direct run too;
+* misuse gets clear errors (no checkpoint, a checkpoint resumed under another name).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+import spark_bridge
+from spark_bridge.errors import IngestError
+from tests.spark_bridge import app_counters
+from tests.spark_bridge._streams import (
+    APP_FILE,
+    BASE_TIME,
+    app_database,
+    app_state,
+    apply_directly,
+    counter_workload,
+    dead_letters,
+    iso,
+    ledger,
+    run_to_end,
+    write_files,
+)
+
+UTC = dt.timezone.utc
+
+
+def _stream(spark, directory):
+    return spark.readStream.schema(app_counters.SCHEMA).option("maxFilesPerTrigger", 1).json(str(directory))
+
+
+def _ingest(spark, database, directory, checkpoint, query_name, **options):
+    return spark_bridge.ingest(database, _stream(spark, directory), mapping=app_counters.MAPPING,
+                               query_name=query_name, checkpoint_location=str(checkpoint),
+                               trigger={"availableNow": True}, **options)
+
+
+@pytest.mark.spark
+def test_stream_to_the_end_equals_the_events_applied_directly_and_a_replay_is_skipped(
+        spark, tmp_path, make_database_url):
+    workload = counter_workload(files=4, rows_per_file=40, seed=11)
+    write_files(tmp_path / "in", workload.batches)
+    streamed, direct = app_database(make_database_url("streamed")), app_database(make_database_url("direct"))
+    try:
+        query = _ingest(spark, streamed, tmp_path / "in", tmp_path / "checkpoint", "counters",
+                        watermark_delay="5 minutes")
+        run_to_end(query)
+        reference = apply_directly(direct, workload.good)
+
+        assert app_state(streamed) == app_state(direct)
+        assert app_state(streamed)["counters"], "the workload must change something"
+        [status] = spark_bridge.ingestion_status(streamed, "counters")
+        assert status.rule_firings == reference.rule_firings
+        assert (status.batches, status.last_batch_id, status.events) == (4, 3, reference.applied)
+        letters = dead_letters(streamed)
+        assert status.dead_letters == len(letters) == len(workload.malformed) + reference.rejected
+        assert sum(reason.startswith("rejected by rule") for _, _, reason, _ in letters) == reference.rejected
+        assert {query_id for query_id, *_ in letters} == {f"counters@{query.id}"}
+
+        # The watermark: Spark's, per batch, punctuated once the batch committed.
+        latest_before_last_batch = max(dt.datetime.fromisoformat(row["ts"].replace("Z", "+00:00"))
+                                       for batch in workload.batches[:3] for row in batch if row["seq"] > 0)
+        assert streamed.watermark("counters") == latest_before_last_batch - dt.timedelta(minutes=5)
+        statistics = spark_bridge.sink_of(query).statistics()
+        assert (statistics.batches, statistics.events, statistics.dead_letters) == (4, reference.applied,
+                                                                                     len(letters))
+        assert statistics.rule_firings == reference.rule_firings
+
+        # Lose Spark's commit of the last batch, as a crash after the database commit would:
+        # Spark re-runs batch 3 with the same id and query id; the ledger skips it.
+        (tmp_path / "checkpoint" / "commits" / "3").unlink()
+        before = app_state(streamed)
+        again = _ingest(spark, streamed, tmp_path / "in", tmp_path / "checkpoint", "counters",
+                        watermark_delay="5 minutes")
+        run_to_end(again)
+        assert again.id == query.id
+        replay = spark_bridge.sink_of(again).statistics()
+        assert (replay.batches, replay.batches_skipped, replay.last_batch_id) == (0, 1, 3)
+        assert app_state(streamed) == before
+        assert len(dead_letters(streamed)) == len(letters)
+        assert [batch for _, batch, *_ in ledger(streamed)] == [0, 1, 2, 3]
+    finally:
+        streamed.close()
+        direct.close()
+
+
+@pytest.mark.spark
+def test_malformed_rows_and_rejected_payloads_become_dead_letters_and_the_rest_is_applied(
+        spark, tmp_path, make_database_url):
+    minute = BASE_TIME
+    rows = [
+        {"type": "add", "key": "a", "ts": iso(minute), "amount": 150, "seq": 1},
+        {"type": "add", "key": None, "ts": iso(minute), "amount": 1, "seq": 2},          # null key
+        {"type": "teleport", "key": "a", "ts": iso(minute), "amount": 1, "seq": 3},     # unknown type
+        {"type": "add", "key": "a", "ts": "not a time", "amount": 1, "seq": 4},          # unparsable time
+        {"type": "add", "key": "a", "ts": iso(minute + dt.timedelta(seconds=1)), "amount": -5, "seq": 5},  # rejected
+        {"type": "sub", "key": "b", "ts": iso(minute + dt.timedelta(seconds=2)), "amount": 7, "seq": 6},   # overdrawn
+        {"type": "sub", "key": "a", "ts": iso(minute + dt.timedelta(seconds=3)), "amount": 20, "seq": 7},
+    ]
+    write_files(tmp_path / "in", [rows])
+    database = app_database(make_database_url("letters"))
+    try:
+        query = _ingest(spark, database, tmp_path / "in", tmp_path / "checkpoint", "letters")
+        run_to_end(query)
+        state = app_state(database)
+        assert [(key, total, events, trail) for key, total, events, trail, _ in state["counters"]] == [
+            ("a", 130, 2, "1,7")]
+        assert state["milestones"] == [("a", 100, 1)]
+        letters = {raw["seq"]: (reason, raw, batch) for _, batch, reason, raw in dead_letters(database)}
+        assert sorted(letters) == [2, 3, 4, 5, 6]
+        assert letters[2][0] == "key ('key') is null"
+        assert letters[3][0].startswith("event type ('type') is 'teleport', not a known event type (known: 'add', "
+                                        "'sub')")
+        assert letters[4][0] == "timestamp ('ts') is null"
+        assert letters[5][0].startswith("rejected by rule 'apply_add'") and "NegativeAmount" in letters[5][0]
+        assert letters[6][0].startswith("rejected by rule 'apply_sub'") and "Overdrawn" in letters[6][0]
+        assert letters[5][1] == {"type": "add", "key": "a", "ts": "2024-05-01T12:00:01+00:00", "amount": -5,
+                                 "seq": 5}
+        assert {batch for _, _, batch in letters.values()} == {0}
+        assert ledger(database) == [(f"letters@{query.id}", 0, 2, 5)]
+    finally:
+        database.close()
+
+
+@pytest.mark.spark
+def test_out_of_order_rows_of_a_batch_are_applied_in_application_time_order(spark, tmp_path, make_database_url):
+    # Arrival order is the reverse of application time; both keys interleave.
+    rows = [{"type": "add", "key": f"k{seq % 2}", "ts": iso(BASE_TIME + dt.timedelta(seconds=seq)), "amount": 1,
+             "seq": seq} for seq in range(20)]
+    write_files(tmp_path / "in", [list(reversed(rows))])
+    database = app_database(make_database_url("order"))
+    try:
+        run_to_end(_ingest(spark, database, tmp_path / "in", tmp_path / "checkpoint", "order"))
+        trails = {key: trail for key, _, _, trail, _ in app_state(database)["counters"]}
+        assert trails == {"k0": ",".join(str(seq) for seq in range(0, 20, 2)),
+                          "k1": ",".join(str(seq) for seq in range(1, 20, 2))}
+    finally:
+        database.close()
+
+
+@pytest.mark.spark
+def test_the_watermark_is_punctuated_and_events_older_than_it_are_dead_letters(spark, tmp_path, make_database_url):
+    def row(seq, minute, second):
+        return {"type": "add", "key": "w", "ts": iso(BASE_TIME + dt.timedelta(minutes=minute, seconds=second)),
+                "amount": 1, "seq": seq}
+
+    batches = [
+        [row(1, 0, 10), row(2, 0, 50)],
+        [row(3, 1, 0), row(4, 0, 20), row(5, 0, 45)],  # watermark 0:50 - 10 s = 0:40: seq 4 is late
+        [row(6, 1, 30)],                               # watermark 1:00 - 10 s = 0:50
+    ]
+    write_files(tmp_path / "in", batches)
+    database = app_database(make_database_url("watermark"))
+    try:
+        query = _ingest(spark, database, tmp_path / "in", tmp_path / "checkpoint", "late", watermark_delay="10 seconds")
+        run_to_end(query)
+        trails = {key: trail for key, _, _, trail, _ in app_state(database)["counters"]}
+        assert trails == {"w": "1,2,5,3,6"}
+        [(reason, raw)] = [(reason, raw) for _, _, reason, raw in dead_letters(database)]
+        assert raw["seq"] == 4
+        assert reason.startswith("late: ts 2024-05-01T12:00:20+00:00 is older than the stream's watermark "
+                                 "2024-05-01T12:00:40+00:00")
+        assert database.watermark("late") == BASE_TIME + dt.timedelta(seconds=50)
+        with database.engine.connect() as connection:
+            import sqlalchemy as sa
+
+            watermarks = connection.execute(sa.text(
+                "SELECT batch_id, watermark FROM activedb_ingestion_ledger ORDER BY batch_id")).all()
+        assert [(batch, None if mark is None else mark.astimezone(UTC)) for batch, mark in watermarks] == [
+            (0, None), (1, BASE_TIME + dt.timedelta(seconds=40)), (2, BASE_TIME + dt.timedelta(seconds=50))]
+        assert spark_bridge.sink_of(query).statistics().watermark_lag_seconds > 0
+    finally:
+        database.close()
+
+
+@pytest.mark.spark
+def test_scale_out_path_applies_each_key_partition_in_its_own_engine(spark, tmp_path, make_database_url):
+    workload = counter_workload(files=3, rows_per_file=40, seed=23, keys=8)
+    write_files(tmp_path / "in", workload.batches)
+    streamed, direct = app_database(make_database_url("scaled")), app_database(make_database_url("scaled_direct"))
+    try:
+        query = _ingest(spark, streamed, tmp_path / "in", tmp_path / "checkpoint", "scaled", partition_by_key=2,
+                        app=APP_FILE)
+        run_to_end(query)
+        reference = apply_directly(direct, workload.good)
+        assert app_state(streamed) == app_state(direct)
+        rows = ledger(streamed)
+        assert {query_id for query_id, *_ in rows} == {f"scaled@{query.id}#p0", f"scaled@{query.id}#p1"}
+        assert sorted({batch for _, batch, *_ in rows}) == [0, 1, 2]
+        [status] = spark_bridge.ingestion_status(streamed, "scaled")
+        assert (status.batches, status.partitions, status.events) == (3, 2, reference.applied)
+        assert status.rule_firings == reference.rule_firings
+        assert status.dead_letters == len(workload.malformed) + reference.rejected
+        statistics = spark_bridge.sink_of(query).statistics()
+        assert (statistics.batches, statistics.events) == (3, reference.applied)
+        # Each key's events were applied by one engine: every key's rows are in one partition.
+        assert streamed.watermark("scaled") is None  # no watermark declared, no punctuation
+    finally:
+        streamed.close()
+        direct.close()
+
+
+def test_ingest_needs_a_checkpoint_location():
+    with pytest.raises(IngestError, match=r"checkpoint_location=DIR.*exactly-once"):
+        spark_bridge.ingest(object(), object(), mapping=app_counters.MAPPING, query_name="nowhere")
+
+
+@pytest.mark.spark
+def test_the_scale_out_path_needs_the_app_and_app_needs_the_scale_out_path(spark, tmp_path, make_database_url):
+    database = app_database(make_database_url("misuse"))
+    try:
+        frame = _stream(spark, tmp_path)
+        with pytest.raises(IngestError, match="needs app="):
+            spark_bridge.ingest(database, frame, mapping=app_counters.MAPPING, query_name="x",
+                                checkpoint_location=str(tmp_path / "c"), partition_by_key=2)
+        with pytest.raises(IngestError, match="scale-out path only"):
+            spark_bridge.ingest(database, frame, mapping=app_counters.MAPPING, query_name="x",
+                                checkpoint_location=str(tmp_path / "c"), app=APP_FILE)
+        with pytest.raises(IngestError, match="no column 'worker'"):
+            spark_bridge.ingest(database, frame, mapping=spark_bridge.EventMapping("type", "worker", "ts"),
+                                query_name="x", checkpoint_location=str(tmp_path / "c"))
+    finally:
+        database.close()
+
+
+@pytest.mark.spark
+def test_a_checkpoint_resumed_under_another_query_name_is_refused(spark, tmp_path, make_database_url):
+    write_files(tmp_path / "in", [[{"type": "add", "key": "r", "ts": iso(BASE_TIME), "amount": 1, "seq": 1}]])
+    database = app_database(make_database_url("renamed"))
+    try:
+        run_to_end(_ingest(spark, database, tmp_path / "in", tmp_path / "checkpoint", "original"))
+        (tmp_path / "checkpoint" / "commits" / "0").unlink()
+        renamed = _ingest(spark, database, tmp_path / "in", tmp_path / "checkpoint", "renamed")
+        with pytest.raises(Exception, match="resume it with query_name='original'"):
+            renamed.awaitTermination(60)
+        assert [(key, events) for key, _, events, _, _ in app_state(database)["counters"]] == [("r", 1)]
+    finally:
+        database.close()

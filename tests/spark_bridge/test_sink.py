@@ -1,0 +1,155 @@
+"""``IngestSink.process`` without Spark: one batch (a list of dicts or an Arrow table) →
+one top-level transaction with its ledger row, exactly once, on real PostgreSQL."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+
+import pyarrow as pa
+import pytest
+import sqlalchemy as sa
+
+import spark_bridge
+from activedb.errors import DatabaseUnavailable
+from spark_bridge import IngestSink
+from spark_bridge.errors import IngestError
+from tests.spark_bridge import app_counters
+from tests.spark_bridge._streams import BASE_TIME, app_database, app_state, dead_letters, ledger
+
+
+def _event(seq: int, key: str = "k", *, kind: str = "add", amount: int = 1, seconds: float | None = None) -> dict:
+    return {"type": kind, "key": key, "ts": BASE_TIME + dt.timedelta(seconds=seq if seconds is None else seconds),
+            "amount": amount, "seq": seq}
+
+
+@pytest.fixture()
+def database(make_database_url, request):
+    database = app_database(make_database_url(request.node.name[5:40]))
+    yield database
+    database.close()
+
+
+def test_a_batch_commits_with_its_ledger_row_and_a_replay_is_skipped(database):
+    sink = IngestSink(database, app_counters.MAPPING, query_name="q")
+    rows = [_event(seq, key=f"k{seq % 3}", amount=40) for seq in range(1, 10)]
+    outcome = sink.process(rows, 7, query_id="q@test")
+    assert (outcome.committed, outcome.rows, outcome.events, outcome.dead_letters) == (True, 9, 9, 0)
+    assert outcome.rule_firings == {"apply_add": 9, "milestone": 9}
+    state = app_state(database)
+
+    again = sink.process(rows, 7, query_id="q@test")
+    assert (again.committed, again.events) == (False, 0)
+    assert app_state(database) == state
+    assert ledger(database) == [("q@test", 7, 9, 0)]
+    statistics = sink.statistics()
+    assert (statistics.batches, statistics.batches_skipped, statistics.events, statistics.rows) == (1, 1, 9, 18)
+    assert statistics.query_id == "q@test" and statistics.last_batch_id == 7
+    assert statistics.timings.engine > 0 and statistics.timings.flush > 0
+    sink.close()
+
+
+def test_events_are_applied_in_application_time_order_whatever_the_arrival_order(database):
+    sink = IngestSink(database, app_counters.MAPPING, query_name="q")
+    arrival = [5, 1, 4, 2, 3]
+    table = pa.Table.from_pylist([_event(seq) for seq in arrival])
+    sink.process(table, 0, query_id="q@order")
+    [(key, total, events, trail, last_ts)] = app_state(database)["counters"]
+    assert (trail, events) == ("1,2,3,4,5", 5)
+    assert last_ts == BASE_TIME + dt.timedelta(seconds=5)
+
+
+def test_bad_rows_and_rejected_events_are_dead_letters_in_the_same_transaction(database):
+    sink = IngestSink(database, app_counters.MAPPING, query_name="q")
+    rows = [_event(1, amount=5), _event(2, amount=-1), {**_event(3), "type": "nope"}, {**_event(4), "key": ""},
+            _event(5, kind="sub", amount=50)]
+    outcome = sink.process(rows, 0, query_id="q@letters")
+    assert (outcome.events, outcome.dead_letters) == (1, 4)
+    reasons = {raw["seq"]: reason for _, _, reason, raw in dead_letters(database)}
+    assert reasons[2].startswith("rejected by rule 'apply_add'")
+    assert reasons[3].startswith("event type ('type') is 'nope'")
+    assert reasons[4] == "key ('key') is an empty string"
+    assert reasons[5].startswith("rejected by rule 'apply_sub'")
+    assert {(query, batch) for query, batch, _, _ in dead_letters(database)} == {("q@letters", 0)}
+    assert ledger(database) == [("q@letters", 0, 1, 4)]
+
+
+def test_events_older_than_the_watermark_are_late_and_the_watermark_is_punctuated(database):
+    sink = IngestSink(database, app_counters.MAPPING, query_name="wm")
+    watermark = BASE_TIME + dt.timedelta(seconds=10)
+    outcome = sink.process([_event(5), _event(10), _event(15)], 0, query_id="wm@test", watermark=watermark)
+    assert (outcome.events, outcome.dead_letters, outcome.watermark) == (2, 1, watermark)
+    [(_, _, reason, raw)] = dead_letters(database)
+    assert raw["seq"] == 5 and reason.startswith("late:")
+    assert database.watermark("wm") == watermark
+    with database.engine.connect() as connection:
+        stored = connection.execute(sa.text("SELECT watermark FROM activedb_ingestion_ledger")).scalar_one()
+    assert stored == watermark
+
+
+def test_known_types_default_to_the_stream_types_the_rules_listen_to(database):
+    sink = IngestSink(database, app_counters.MAPPING, query_name="q")
+    assert sink.known_types() == frozenset({"add", "sub"})
+    explicit = IngestSink(database, app_counters.MAPPING, query_name="q", known_types={"add"})
+    outcome = explicit.process([_event(1), _event(2, kind="sub")], 0, query_id="q@known")
+    assert (outcome.events, outcome.dead_letters) == (1, 1)
+
+
+def test_prefetch_loads_the_keyed_rows_in_one_query(database):
+    sink = IngestSink(database, app_counters.MAPPING, query_name="q", prefetch={"counters": None})
+    sink.process([_event(seq, key=f"k{seq % 4}") for seq in range(1, 9)], 0, query_id="q@pre")
+    selects = []
+
+    def count(connection, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().upper().startswith("SELECT") and "counters" in statement:
+            selects.append(statement)
+
+    sa.event.listen(database.engine, "before_cursor_execute", count)
+    try:
+        sink.process([_event(seq, key=f"k{seq % 4}") for seq in range(9, 17)], 1, query_id="q@pre")
+    finally:
+        sa.event.remove(database.engine, "before_cursor_execute", count)
+    # One prefetch, then the flush's validation re-read: no SELECT per event.
+    assert len(selects) == 2
+    assert [row[2] for row in app_state(database)["counters"]] == [4, 4, 4, 4]
+
+
+def test_a_database_failure_inside_an_event_fails_the_batch_instead_of_dead_lettering_it(database):
+    calls = threading.Event()
+
+    def unreachable(tx, event):
+        calls.set()
+        raise DatabaseUnavailable("server went away")
+
+    database.rule(on=database.stream("ping"), name="unreachable")(unreachable)
+    sink = IngestSink(database, app_counters.MAPPING, query_name="q")
+    with pytest.raises(Exception) as raised:
+        sink.process([{**_event(1), "type": "ping"}, _event(2)], 0, query_id="q@down")
+    assert calls.is_set()
+    assert any(isinstance(cause, DatabaseUnavailable) for cause in (raised.value, raised.value.__cause__))
+    assert ledger(database) == [] and dead_letters(database) == []
+    assert not database.batch_committed("q@down", 0)
+
+
+def test_ingest_status_groups_ledger_rows_by_query_name(database):
+    sink = IngestSink(database, app_counters.MAPPING, query_name="alpha")
+    spark_id = "0b7ee7b6-2a1e-4bb1-8a6e-0b39c3c8d001"
+    for batch in range(3):
+        sink.process([_event(batch + 1, amount=60)], batch, query_id=spark_bridge.ledger_query_id("alpha", spark_id))
+    for partition in range(2):
+        sink.process([_event(10 + partition, key=f"p{partition}")], 0,
+                     query_id=spark_bridge.ledger_query_id("beta", spark_id.replace("d001", "d002"), partition))
+    alpha, beta = spark_bridge.ingestion_status(database)
+    assert (alpha.query_name, alpha.batches, alpha.last_batch_id, alpha.events, alpha.partitions) == (
+        "alpha", 3, 2, 3, None)
+    assert alpha.rule_firings == {"apply_add": 3, "milestone": 3}
+    assert (beta.query_name, beta.batches, beta.ledger_rows, beta.partitions) == ("beta", 1, 2, 2)
+    assert spark_bridge.parse_ledger_query_id(f"beta@{spark_id}#p1") == ("beta", spark_id, 1)
+    assert spark_bridge.parse_ledger_query_id("plain-uuid") == ("plain-uuid", None, None)
+
+
+def test_sink_arguments_are_checked(database):
+    with pytest.raises(IngestError, match="EventMapping"):
+        IngestSink(database, {"type": "t"}, query_name="q")
+    with pytest.raises(IngestError, match="query_name"):
+        IngestSink(database, app_counters.MAPPING, query_name=" ")
