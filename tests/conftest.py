@@ -54,6 +54,20 @@ def database_url(pg_server, request):
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory):
+    """One local SparkSession for the whole test session, built by :func:`spark_bridge.get_spark`
+    (``local[2]``, UI off, two shuffle partitions, fast checkpoint log) — the configuration users
+    get.  Starting Spark takes about five seconds, so only tests that ask for it pay it; mark them
+    ``@pytest.mark.spark``."""
+    from spark_bridge.session import get_spark
+
+    warehouse = tmp_path_factory.mktemp("spark-warehouse")
+    session = get_spark("activedb-tests", conf={"spark.sql.warehouse.dir": str(warehouse)})
+    yield session
+    session.stop()
+
+
 @pytest.fixture(scope="module")
 def db(database_url):
     database = activedb.connect(database_url)

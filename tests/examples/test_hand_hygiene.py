@@ -6,8 +6,8 @@
   exactly when their modes say: the notification whenever an alert is raised, even if
   the stream transaction later aborts; the compensation exactly for the events whose
   processing aborted (a rejected event, or every event of an aborted transaction);
-* ``run_demo`` end to end against the test database, directly and via the Spark
-  fallback.
+* ``run_demo`` end to end against the test database, directly and through Spark
+  Structured Streaming (same final state).
 """
 
 from __future__ import annotations
@@ -221,11 +221,15 @@ def test_run_demo_end_to_end(app, database_url, capsys):
     assert "exclusive_causally_dependent" in output and "immediate" in output
 
 
-def test_run_demo_spark_falls_back_while_the_bridge_has_no_ingest(app, database_url, capsys, monkeypatch):
-    import spark_bridge
-
-    monkeypatch.delattr(spark_bridge, "ingest", raising=False)
-    summary = run_demo(url=database_url, events=40, workers=3, seed=1, use_spark=True)
+@pytest.mark.spark
+def test_run_demo_through_spark_matches_the_direct_path(app, database_url, spark, capsys):
+    db = app
+    direct = run_demo(url=database_url, events=120, workers=4, seed=5, use_spark=False)
+    direct_compensations = rows(db, "SELECT count(*) FROM compensations")
+    through_spark = run_demo(url=database_url, events=120, workers=4, seed=5, use_spark=True)
     output = capsys.readouterr().out
-    assert "Spark path is not available yet" in output
-    assert summary.path == "direct" and len(summary.statuses) == 3
+    assert through_spark.path == "spark"
+    assert through_spark.statuses == direct.statuses == statuses(db)
+    assert rows(db, "SELECT count(*) FROM compensations") == direct_compensations
+    assert f"{direct.rejected} dead letters" in output
+    assert "ingestion ledger in PostgreSQL: 4 batches committed" in output
