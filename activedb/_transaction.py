@@ -123,12 +123,29 @@ class TransactionManager:
         self.hooks: TransactionHooks = TransactionHooks()
         self.process_tag = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._ids = itertools.count(1)
-        self._mutex = threading.Lock()   # protects _infos and _granularity
+        self._mutex = threading.Lock()   # protects _infos, _granularity and _sequences
         self._infos: dict[str, TableInfo] = {}
         self._granularity: dict[str, Granularity] = {}
+        self._sequences: dict[tuple[str, str], str | None] = {}
 
     def next_id(self) -> int:
         return next(self._ids)
+
+    def reader(self) -> sa.Connection:
+        """A connection for one-statement reads of committed data: autocommit, so no
+        BEGIN/ROLLBACK round trips around the statement (a read is atomic on its own)."""
+        return self.database.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+
+    def sequence_of(self, info: TableInfo, column: str) -> str | None:
+        """The sequence behind a serial/identity ``column`` (cached per table)."""
+        key = (info.name, column)
+        if key not in self._sequences:
+            with self.reader() as connection:
+                name = connection.execute(sa.text("SELECT pg_get_serial_sequence(:t, :c)"),
+                                          {"t": info.name, "c": column}).scalar()
+            with self._mutex:
+                self._sequences[key] = name
+        return self._sequences[key]
 
     def info(self, table: Any) -> TableInfo:
         name = table if isinstance(table, str) else getattr(table, "name", None)
@@ -144,6 +161,7 @@ class TransactionManager:
     def forget_schema(self) -> None:
         with self._mutex:
             self._infos.clear()
+            self._sequences.clear()
 
     def set_granularity(self, table: str, granularity: str | Granularity) -> None:
         self.info(table)   # validates the table name
@@ -353,7 +371,7 @@ class Transaction:
         return image
 
     def _fetch_committed(self, info: TableInfo, key: Key, *, validate: bool = True) -> dict | None:
-        with self.manager.database.engine.connect() as connection:
+        with self.manager.reader() as connection:
             image = _store.fetch_rows(connection, info, [key]).get(key)
         if not validate:
             return image
@@ -382,7 +400,7 @@ class Transaction:
             self._lock(info, key, Mode.READ)
         if not wanted:
             return 0
-        with self.manager.database.engine.connect() as connection:
+        with self.manager.reader() as connection:
             found = _store.fetch_rows(connection, info, wanted)
         recorder = self.manager.recorder
         with self._mutex:
@@ -405,7 +423,7 @@ class Transaction:
         statement = sa.select(info.table)
         if isinstance(where, Mapping):
             statement = statement.where(*[info.table.c[column] == value for column, value in where.items()])
-        with self.manager.database.engine.connect() as connection:
+        with self.manager.reader() as connection:
             fetched = {tuple(row[n] for n in info.key_columns): dict(row)
                        for row in connection.execute(statement).mappings()}
         with self._mutex:
@@ -472,14 +490,13 @@ class Transaction:
         if len(info.key_columns) != 1:
             raise InvalidKey(f"insert into {info.name!r} needs the key columns {', '.join(info.key_columns)}")
         column = info.key_columns[0]
-        with self.manager.database.engine.connect() as connection:
-            sequence = connection.execute(sa.text("SELECT pg_get_serial_sequence(:t, :c)"),
-                                          {"t": info.name, "c": column}).scalar()
-            if sequence is None:
-                raise InvalidKey(
-                    f"insert into {info.name!r} needs a value for the key column {column!r} "
-                    f"(it has no identity or serial default)"
-                )
+        sequence = self.manager.sequence_of(info, column)
+        if sequence is None:
+            raise InvalidKey(
+                f"insert into {info.name!r} needs a value for the key column {column!r} "
+                f"(it has no identity or serial default)"
+            )
+        with self.manager.reader() as connection:
             value = connection.execute(sa.text("SELECT nextval(:s)"), {"s": sequence}).scalar()
         return {column: value}
 

@@ -226,20 +226,8 @@ def audit_transition(tx: Transaction, event: Event) -> None:
 # --- the detached family ------------------------------------------------------------------------
 
 def append_row(tx: Transaction, table: str, **values: Any) -> int:
-    """Add a row under a fresh identity key; for rules that run as concurrent top-level transactions.
-
-    ``tx.insert`` checks that the key is absent, and the top-level flush re-reads that
-    absence at SERIALIZABLE isolation; concurrent flushes that add rows to one table then
-    fail with false serialization conflicts (PostgreSQL's predicate locks cover index
-    pages, not keys) and a detached rule has no retry, so its row would be lost.  A key
-    just drawn from the table's sequence cannot exist, so ``write`` (no absence check)
-    is exact here.
-    """
-    with tx.manager.database.engine.connect() as connection:
-        key = connection.execute(sa.text("SELECT nextval(pg_get_serial_sequence(:table, 'id'))"),
-                                 {"table": table}).scalar_one()
-    tx.write(table, key, **values)
-    return key
+    """Add a row under a fresh identity key (drawn from the table's sequence by ``tx.insert``)."""
+    return tx.insert(table, **values)
 
 
 def notify_badge(tx: Transaction, event: Event) -> None:
