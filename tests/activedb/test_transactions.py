@@ -196,17 +196,34 @@ def test_identity_key_is_generated_on_insert(db):
 
 
 def test_retry_helper_reruns_a_deadlock_victim(db):
+    """Two siblings deadlock for real; the victim's work is re-run by tx.retry and then succeeds."""
+    db.run(lambda tx: [tx.write("items", key, value=0) for key in ("x", "y")])
+    a_wrote_x = threading.Event()
     attempts = []
 
-    def body(child):
-        attempts.append(child.id)
+    def body_a(attempt_tx):
+        attempts.append(attempt_tx.id)
+        attempt_tx.write("items", "x", value=1)
+        a_wrote_x.set()
         if len(attempts) == 1:
-            raise Deadlock.__new__(Deadlock)  # a victim's error, as the lock manager raises it
-        child.write("items", "r", value=len(attempts))
+            # B now holds y and waits for x: reading y closes the cycle, and A (the requester) is the victim.
+            testing.wait_until(lambda: db.transactions.locks.statistics().waiting == 1, 10, "B to wait for x")
+        return attempt_tx.read("items", "y")["value"]
 
-    with db.transaction() as tx:
-        tx.retry(body, attempts=3)
-    assert len(attempts) == 2 and committed(db, "items")[("r",)]["value"] == 2
+    def sibling_b(child):
+        child.write("items", "y", value=2)
+        assert a_wrote_x.wait(10)
+        child.read("items", "x")
+
+    with testing.Watchdog(30, db.transactions.locks):
+        with db.transaction() as tx:
+            handle_a = tx.spawn(lambda child: child.retry(body_a, attempts=3))
+            assert a_wrote_x.wait(10)
+            handle_b = tx.spawn(sibling_b)
+            assert handle_a.result(timeout=20) == 2          # the retry read B's committed y
+            handle_b.result(timeout=20)
+    assert len(attempts) == 2
+    assert {key: row["value"] for (key,), row in committed(db, "items").items()} == {"x": 1, "y": 2}
 
 
 # --- bad input ------------------------------------------------------------------------------
