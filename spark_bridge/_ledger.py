@@ -137,3 +137,15 @@ def check_not_renamed(db: Any, query_name: str, spark_query_id: str) -> None:
             f"{query_name!r}; resume it with query_name={names[0]!r} (--query-name {names[0]}), or start "
             f"{query_name!r} from a new checkpoint directory"
         )
+
+
+def last_watermark(db: Any, query_id: str) -> dt.datetime | None:
+    """The latest watermark the ledger recorded for ``query_id`` (its partitions included)."""
+    import sqlalchemy as sa
+
+    ledger = db.table(LEDGER_TABLE)
+    with db.engine.connect() as connection:
+        return connection.execute(
+            sa.select(sa.func.max(ledger.c.watermark)).where(
+                sa.or_(ledger.c.query_id == query_id, ledger.c.query_id.like(f"{query_id}#p%")))
+        ).scalar()

@@ -33,6 +33,7 @@ held while calling Spark, the engine or PostgreSQL.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime as dt
 import logging
@@ -42,7 +43,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from spark_bridge._ledger import DEAD_LETTER_TABLE, LEDGER_TABLE, check_not_renamed, ledger_query_id
+from spark_bridge._ledger import DEAD_LETTER_TABLE, check_not_renamed, last_watermark, ledger_query_id
 from spark_bridge.errors import IngestError
 from spark_bridge.mapping import EventMapping, RawEvent, jsonable, rows_to_events
 
@@ -61,6 +62,9 @@ _QUERY_ID_PROPERTY = "sql.streaming.queryId"
 #: ``committed`` — the batch committed (before the punctuation and before Spark's commit log);
 #: ``skipped``  — the ledger already had the batch.
 PHASES = ("fetched", "flush", "committed", "skipped")
+
+#: How many batch outcomes :meth:`IngestSink.recent_outcomes` keeps (like Spark's recentProgress).
+RECENT_OUTCOMES = 100
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,7 @@ class BatchOutcome:
     watermark: dt.datetime | None
     timings: PhaseTimings
     attempts: int = 1  # top-level transactions it took (serialization conflicts re-run the batch)
+    seconds: float = 0.0  # wall time in the sink, toArrow included (set when recorded)
 
 
 @dataclass(frozen=True)
@@ -290,6 +295,7 @@ class IngestSink:
         self._seconds_in_sink = 0.0
         self._first_batch_began: float | None = None
         self._last_batch_rate: float | None = None
+        self._recent: collections.deque[BatchOutcome] = collections.deque(maxlen=RECENT_OUTCOMES)
         self._in_batch = 0  # Invariant: number of __call__/process calls currently running (>= 0)
         self._idle = threading.Condition(self._mutex)
 
@@ -530,11 +536,16 @@ class IngestSink:
     def _query_id_for(self, spark_query_id: str) -> str:
         with self._mutex:
             checked = spark_query_id in self._checked_spark_ids
+        query_id = ledger_query_id(self.query_name, spark_query_id)
         if not checked:
             check_not_renamed(self.db, self.query_name, spark_query_id)
+            # A restarted driver punctuates again what the ledger last recorded (punctuations
+            # live in memory; the ledger row of every batch keeps its watermark durably).
+            resumed = last_watermark(self.db, query_id)
+            if resumed is not None:
+                self.db.punctuate(self.query_name, resumed.astimezone(_UTC))
             with self._mutex:
                 self._checked_spark_ids.add(spark_query_id)
-        query_id = ledger_query_id(self.query_name, spark_query_id)
         with self._mutex:
             self._query_id = query_id
         return query_id
@@ -572,12 +583,14 @@ class IngestSink:
 
     def _record(self, outcome: BatchOutcome, began: float) -> None:
         elapsed = time.perf_counter() - began
+        outcome = dataclasses.replace(outcome, seconds=elapsed)
         with self._mutex:
             self._query_id = self._query_id or outcome.query_id
             self._last_batch_id = outcome.batch_id
             self._rows += outcome.rows
             self._timings = self._timings + outcome.timings
             self._seconds_in_sink += elapsed
+            self._recent.append(outcome)
             if outcome.watermark is not None and (self._watermark is None or outcome.watermark > self._watermark):
                 self._watermark = outcome.watermark
             if not outcome.committed:
@@ -593,6 +606,11 @@ class IngestSink:
     def record_outcome(self, outcome: BatchOutcome, began: float) -> None:
         """Count a batch processed elsewhere (the scale-out tasks) in these statistics."""
         self._record(outcome, began)
+
+    def recent_outcomes(self) -> list[BatchOutcome]:
+        """The last :data:`RECENT_OUTCOMES` batches' outcomes, oldest first."""
+        with self._mutex:
+            return list(self._recent)
 
     def statistics(self) -> IngestStatistics:
         """A consistent snapshot of the counters (see :class:`IngestStatistics`)."""

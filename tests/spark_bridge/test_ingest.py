@@ -55,7 +55,9 @@ def test_stream_to_the_end_equals_the_events_applied_directly_and_a_replay_is_sk
         spark, tmp_path, make_database_url):
     workload = counter_workload(files=4, rows_per_file=40, seed=11)
     write_files(tmp_path / "in", workload.batches)
-    streamed, direct = app_database(make_database_url("streamed")), app_database(make_database_url("direct"))
+    streamed_url = make_database_url("streamed")
+    streamed, direct = app_database(streamed_url), app_database(make_database_url("direct"))
+    resumed = None
     try:
         query = _ingest(spark, streamed, tmp_path / "in", tmp_path / "checkpoint", "counters",
                         watermark_delay="5 minutes")
@@ -83,9 +85,11 @@ def test_stream_to_the_end_equals_the_events_applied_directly_and_a_replay_is_sk
 
         # Lose Spark's commit of the last batch, as a crash after the database commit would:
         # Spark re-runs batch 3 with the same id and query id; the ledger skips it.
+        # A new engine instance (a restarted driver) is told the last recorded watermark.
         (tmp_path / "checkpoint" / "commits" / "3").unlink()
         before = app_state(streamed)
-        again = _ingest(spark, streamed, tmp_path / "in", tmp_path / "checkpoint", "counters",
+        resumed = app_database(streamed_url)
+        again = _ingest(spark, resumed, tmp_path / "in", tmp_path / "checkpoint", "counters",
                         watermark_delay="5 minutes")
         run_to_end(again)
         assert again.id == query.id
@@ -94,9 +98,11 @@ def test_stream_to_the_end_equals_the_events_applied_directly_and_a_replay_is_sk
         assert app_state(streamed) == before
         assert len(dead_letters(streamed)) == len(letters)
         assert [batch for _, batch, *_ in ledger(streamed)] == [0, 1, 2, 3]
+        assert resumed.watermark("counters") == streamed.watermark("counters")
     finally:
-        streamed.close()
-        direct.close()
+        for database in (streamed, direct, resumed):
+            if database is not None:
+                database.close()
 
 
 @pytest.mark.spark
