@@ -13,6 +13,12 @@ stopped: Ctrl-C (SIGINT) or SIGTERM lets the batch in progress finish, stops the
 waits for detached rules and prints a summary (a second Ctrl-C stops at once; the
 ledger keeps that exactly-once too). ``status`` reads the ingestion ledger.
 
+Socket and Kafka sources carry JSON text parsed with the app's ``SCHEMA``; a line that is
+not JSON becomes a row of nulls, which is dead-lettered (``event type ... is null``) without
+its original text. The ``rate`` source's rows become the app's columns through its
+``from_rate(df)``, or synthetic ones (the first event type its rules listen to, keys
+``k0``..``k9``, payload from ``value``).
+
 :func:`register_commands` adds both commands to the ``activedb`` group.
 """
 
