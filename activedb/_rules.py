@@ -245,7 +245,8 @@ class RuleManager(TransactionHooks):
         self._rules: dict[str, Rule] = {}
         self._counters: dict[str, RuleCounters] = collections.defaultdict(RuleCounters)
         self._per_mode: collections.Counter = collections.Counter()
-        self._tracked: dict[str, list[_TrackedTrigger]] = {}      # root id -> triggers awaiting outcome
+        # root id -> the tracked triggers of that tree (reported True when the root commits)
+        self._tracked: dict[str, list[_TrackedTrigger]] = {}
         self._detached_running = 0                                 # detached rule tasks not yet ended
         self._detached_done = threading.Condition(self._mutex)
         self._numbers = itertools.count(1)
@@ -458,10 +459,9 @@ class RuleManager(TransactionHooks):
     def after_end(self, transaction: Transaction, committed: bool) -> None:
         root = transaction.root
         if not committed:
-            self._report_effective(root.id, lambda tid: tid == transaction.id or tid.startswith(transaction.id + "."),
-                                   False)
+            self._report_aborted_subtree(transaction)
         elif transaction.is_top_level:
-            self._report_effective(root.id, lambda tid: True, True)
+            self._report_committed_tree(root)
         report = getattr(transaction, "gate_report", None)
         if report is not None:
             self._report_end(report, committed)
@@ -673,30 +673,44 @@ class RuleManager(TransactionHooks):
             raise
 
     def _track(self, trigger: Transaction, ended: bool) -> _TrackedTrigger:
-        tracked = _TrackedTrigger(key=f"E:{trigger.id}", transaction_id=trigger.id)
+        """The effective-outcome record of ``trigger`` (one per transaction, kept on it)."""
         with self._mutex:
-            existing = [t for t in self._tracked.get(trigger.root.id, []) if t.transaction_id == trigger.id]
-            if existing:
-                return existing[0]
+            tracked = trigger.tracked_trigger
+            if tracked is not None:
+                return tracked
+            tracked = trigger.tracked_trigger = _TrackedTrigger(key=f"E:{trigger.id}", transaction_id=trigger.id)
             if not ended:
                 self._tracked.setdefault(trigger.root.id, []).append(tracked)
         if ended:   # transaction events: the outcome is known already
             tracked.committed = trigger.state is TxnState.COMMITTED
-            self.gate.trigger_ended(tracked.key, tracked.committed)
             tracked.ended.set()
+            self.gate.trigger_ended(tracked.key, tracked.committed)
         return tracked
 
-    def _report_effective(self, root_id: str, selects: Callable[[str], bool], committed: bool) -> None:
+    def _report_aborted_subtree(self, transaction: Transaction) -> None:
+        """``transaction`` aborted: it and its descendants will never commit effectively."""
+        subtree, stack = [], [transaction]
+        while stack:                        # outside self._mutex: children takes each node's mutex
+            node = stack.pop()
+            subtree.append(node)
+            stack.extend(node.children)
+        self._report(tracked for node in subtree if (tracked := node.tracked_trigger) is not None)
+        if transaction.is_top_level:
+            with self._mutex:
+                self._tracked.pop(transaction.id, None)
+
+    def _report_committed_tree(self, root: Transaction) -> None:
+        """``root`` committed: every tracked trigger of its tree not aborted before committed."""
         with self._mutex:
-            pending = [t for t in self._tracked.get(root_id, []) if not t.ended.is_set() and selects(t.transaction_id)]
+            tracked = self._tracked.pop(root.id, [])
+        self._report(tracked, committed=True)
+
+    def _report(self, candidates, committed: bool = False) -> None:
+        with self._mutex:
+            pending = [tracked for tracked in candidates if not tracked.ended.is_set()]
             for tracked in pending:
                 tracked.committed = committed
                 tracked.ended.set()
-            remaining = [t for t in self._tracked.get(root_id, []) if not t.ended.is_set()]
-            if remaining:
-                self._tracked[root_id] = remaining
-            else:
-                self._tracked.pop(root_id, None)
         for tracked in pending:
             self.gate.trigger_ended(tracked.key, committed)
             self.gate.forget(tracked.key)

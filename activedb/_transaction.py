@@ -239,6 +239,7 @@ class Transaction:
         # Set by the rule manager: the rule firing this transaction executes, and its deferred queue.
         self.firing: Any = None
         self.deferred_queue: Any = None
+        self.tracked_trigger: Any = None     # its effective outcome, if a causally dependent rule waits
         manager.locks.begin(self.id, parent=parent.id if parent else None)
         recorder = manager.recorder
         if recorder:
