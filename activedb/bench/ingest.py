@@ -211,6 +211,9 @@ def run(quick: bool = False) -> BenchReport:
     minimal_inline = bench_connect(rule_execution="inline")
     register_minimal(minimal_inline)
     url = database.url.render_as_string(hide_password=False)
+    from pyspark.sql import SparkSession
+
+    own_session = SparkSession.getActiveSession() is None   # never stop a caller's session
     spark = spark_bridge.get_spark("activedb-bench-ingest")
     mapping = spark_bridge.EventMapping("type", "worker", "ts", payload_columns=("room",))
     folder = Path(tempfile.mkdtemp(prefix="activedb-bench-ingest-"))
@@ -284,7 +287,8 @@ def run(quick: bool = False) -> BenchReport:
     finally:
         _cleanup(database, plain_ids)
         reset_tables(database)
-        spark.stop()
+        if own_session:
+            spark.stop()
         minimal.close()
         minimal_inline.close()
         database.close()

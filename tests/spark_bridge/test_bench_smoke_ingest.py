@@ -1,0 +1,36 @@
+"""``activedb bench ingest`` runs in quick mode and reports its figures (no timing assertions)."""
+
+from __future__ import annotations
+
+import pytest
+
+from activedb.bench import BenchReport
+from activedb.bench.ingest import run
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+
+def test_ingest_benchmark_quick(spark, database_url, monkeypatch):
+    monkeypatch.setenv("ACTIVEDB_DATABASE_URL", database_url)     # the test's database, not the user's
+    report = run(quick=True)
+    assert isinstance(report, BenchReport)
+    names = [row.name for row in report.rows]
+    assert names == [
+        "1,000 events/batch: plain write (COPY, no rules)",
+        "1,000 events/batch: hand-hygiene rules vs plain write",
+        "1,000 events/batch: hand-hygiene rules vs the goal",
+        "1,000 events/batch: one immediate rule per event (threads)",
+        "1,000 events/batch: one immediate rule per event (inline)",
+        "1,000 events/batch: one immediate rule per event (inline, scale-out 2 partitions)",
+    ]
+    plain, versus_plain, versus_goal, *minimal = report.rows
+    assert plain.unit == "events/s" and plain.value > 0
+    assert versus_plain.baseline == plain.value and versus_plain.ratio == versus_plain.value / plain.value
+    assert versus_goal.target == ">= 20,000 events/s" and versus_goal.met == (versus_goal.value >= 20_000)
+    extra = versus_plain.extra
+    assert extra["measured_batches"] == 2 and extra["applied"] + extra["dead_letters"] == 2_000
+    for phase in ("spark", "to_arrow", "validate", "engine", "commit", "flush"):
+        assert extra[f"{phase}_us_per_event"] >= 0
+    assert all(row.value > 0 and row.baseline == plain.value for row in minimal)
+    assert report.to_json()["notes"]
+    assert spark.sparkContext._jsc is not None   # the caller's session was left running
