@@ -28,6 +28,7 @@ from rich.table import Table
 import activedb
 from activedb import Coupling
 from activedb.examples.hand_hygiene import MIGRATIONS
+from activedb.examples.hand_hygiene import app
 from activedb.examples.hand_hygiene.app import COLORS, SAFE, register, reset_tables
 from activedb.examples.hand_hygiene.errors import BadgeEventRejected
 from activedb.examples.hand_hygiene.events import ApplyResult, apply_directly, generate
@@ -96,8 +97,6 @@ def _run_with_spark(db, events: list[dict], console: Console) -> tuple[str, Appl
 
     console.print("starting Spark (local[2]) ...")
     spark = spark_bridge.get_spark()
-    mapping = spark_bridge.EventMapping(type_column="type", key_column="worker", ts_column="ts",
-                                        payload_columns=("room",))
     query_name = "hand_hygiene_demo"
     with tempfile.TemporaryDirectory(prefix="activedb-demo-") as folder:
         source = Path(folder) / "badge-events"
@@ -110,11 +109,11 @@ def _run_with_spark(db, events: list[dict], console: Console) -> tuple[str, Appl
             path.write_text(lines + "\n")
             # Spark's file source takes files in modification-time order: make it the arrival order.
             os.utime(path, (written_at + number, written_at + number))
-        frame = (spark.readStream.schema("type STRING, worker STRING, ts DOUBLE, room STRING")
+        frame = (spark.readStream.schema(app.SCHEMA)
                  .option("maxFilesPerTrigger", 1).json(str(source)))
-        query = spark_bridge.ingest(db, frame, mapping=mapping, query_name=query_name,
+        query = spark_bridge.ingest(db, frame, mapping=app.MAPPING, query_name=query_name,
                                     checkpoint_location=str(Path(folder) / "checkpoint"),
-                                    trigger={"availableNow": True}, prefetch={"worker_status": None})
+                                    trigger={"availableNow": True}, prefetch=app.PREFETCH)
         query.awaitTermination()
         statistics = spark_bridge.sink_of(query).statistics()
     status = {entry.query_name: entry for entry in spark_bridge.ingestion_status(db, query_name)}.get(query_name)
