@@ -290,8 +290,12 @@ def _default_checkpoint(home: str | None, query_name: str) -> Path:
 
 
 def _default_query_name(app: str) -> str:
-    stem = Path(app).stem if app.endswith(".py") else app.rsplit(".", 1)[-1]
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", stem) or "activedb"
+    """The app's module or file name; for a generic one (``app``, ``main``) its package's."""
+    parts = list(Path(app).with_suffix("").parts) if app.endswith(".py") else app.split(".")
+    parts = [part for part in parts if part not in ("", ".", "..", "/")]
+    while len(parts) > 1 and parts[-1] in ("app", "main", "__init__"):
+        parts.pop()
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", parts[-1] if parts else "") or "activedb"
 
 
 def _spark_conf(packages: str | None, entries: tuple[str, ...]) -> dict[str, str]:
@@ -349,6 +353,8 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
     conf = _spark_conf(packages, spark_conf_entries)
     obj = ctx.obj or {}
     console = Console()
+    if not console.is_terminal:          # a file or a pipe is not bound to 80 columns
+        console = Console(width=max(console.width, 132))
     if not verbose:
         logging.getLogger("activedb.rules").setLevel(logging.CRITICAL)
     try:
