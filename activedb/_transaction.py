@@ -123,10 +123,11 @@ class TransactionManager:
         self.hooks: TransactionHooks = TransactionHooks()
         self.process_tag = f"{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._ids = itertools.count(1)
-        self._mutex = threading.Lock()   # protects _infos, _granularity and _sequences
+        self._mutex = threading.Lock()   # protects _infos, _granularity, _sequences and _key_blocks
         self._infos: dict[str, TableInfo] = {}
         self._granularity: dict[str, Granularity] = {}
         self._sequences: dict[tuple[str, str], str | None] = {}
+        self._key_blocks: dict[str, list[int]] = {}     # sequence -> drawn, unused values (largest first)
 
     def next_id(self) -> int:
         return next(self._ids)
@@ -135,6 +136,24 @@ class TransactionManager:
         """A connection for one-statement reads of committed data: autocommit, so no
         BEGIN/ROLLBACK round trips around the statement (a read is atomic on its own)."""
         return self.database.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+
+    KEY_BLOCK = 64
+
+    def next_generated_key(self, sequence: str) -> int:
+        """The next value of ``sequence``, drawn ``KEY_BLOCK`` at a time (one round trip per
+        block; unused values of a block are gaps, as after any rollback in PostgreSQL)."""
+        with self._mutex:
+            block = self._key_blocks.get(sequence)
+            if block:
+                return block.pop()
+        with self.reader() as connection:
+            values = connection.execute(sa.text("SELECT nextval(:s) FROM generate_series(1, :n)"),
+                                        {"s": sequence, "n": self.KEY_BLOCK}).scalars().all()
+        values.sort(reverse=True)
+        first = values.pop()
+        with self._mutex:
+            self._key_blocks.setdefault(sequence, []).extend(values)
+        return first
 
     def sequence_of(self, info: TableInfo, column: str) -> str | None:
         """The sequence behind a serial/identity ``column`` (cached per table)."""
@@ -162,6 +181,7 @@ class TransactionManager:
         with self._mutex:
             self._infos.clear()
             self._sequences.clear()
+            self._key_blocks.clear()
 
     def set_granularity(self, table: str, granularity: str | Granularity) -> None:
         self.info(table)   # validates the table name
@@ -497,9 +517,7 @@ class Transaction:
                 f"insert into {info.name!r} needs a value for the key column {column!r} "
                 f"(it has no identity or serial default)"
             )
-        with self.manager.reader() as connection:
-            value = connection.execute(sa.text("SELECT nextval(:s)"), {"s": sequence}).scalar()
-        return {column: value}
+        return {column: self.manager.next_generated_key(sequence)}
 
     def _modify(self, info: TableInfo, key: Key, entry: Entry, *, must_not_exist: bool = False) -> None:
         self._lock(info, key, Mode.WRITE)
