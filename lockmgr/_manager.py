@@ -403,33 +403,9 @@ class LockManager:
         ``TransactionAborted`` if ``tid`` is aborted while waiting.
         """
         txn = self._active.get(tid)
-        if txn is not None and mode.__class__ is Mode:
-            stripe = self._stripes[hash(resource) & self._stripe_mask]
-            mutex = stripe.mutex
-            mutex.acquire()
-            try:
-                lock = stripe.locks.get(resource)
-                if lock is None:
-                    txn_mutex = txn.mutex
-                    txn_mutex.acquire()
-                    try:
-                        if txn.state is ACTIVE:
-                            free = stripe.free
-                            if free:
-                                lock = free.pop()
-                                lock.resource = resource
-                            else:
-                                lock = _Lock(resource, stripe)
-                            lock.held[txn] = mode
-                            stripe.locks[resource] = lock
-                            txn.locks[resource] = lock
-                            return
-                    finally:
-                        txn_mutex.release()
-                elif lock.waiters is None and _grant_if_compatible(txn, lock, mode):
-                    return
-            finally:
-                mutex.release()
+        if txn is not None and mode.__class__ is Mode and _fast_grant(
+                self._stripes[hash(resource) & self._stripe_mask], txn, resource, mode):
+            return
         self._acquire_slow(tid, resource, mode, timeout)
 
     def try_acquire(self, tid: Hashable, resource: Hashable, mode: Mode) -> bool:
@@ -438,25 +414,9 @@ class LockManager:
         It obeys the same fairness queue as ``acquire``: it does not overtake an earlier conflicting waiter.
         """
         txn = self._active.get(tid)
-        if txn is not None and mode.__class__ is Mode:
-            stripe = self._stripes[hash(resource) & self._stripe_mask]
-            with stripe.mutex:
-                lock = stripe.locks.get(resource)
-                if lock is None:
-                    with txn.mutex:
-                        if txn.state is ACTIVE:
-                            free = stripe.free
-                            if free:
-                                lock = free.pop()
-                                lock.resource = resource
-                            else:
-                                lock = _Lock(resource, stripe)
-                            lock.held[txn] = mode
-                            stripe.locks[resource] = lock
-                            txn.locks[resource] = lock
-                            return True
-                elif lock.waiters is None and txn.state is ACTIVE:
-                    return _grant_if_compatible(txn, lock, mode)
+        if txn is not None and mode.__class__ is Mode and _fast_grant(
+                self._stripes[hash(resource) & self._stripe_mask], txn, resource, mode):
+            return True
         _check_mode(mode)
         with self._graph_mutex:
             txn = self._require_active(tid, Lazy("try_acquire {} on {!r}", mode.name, resource))
@@ -503,33 +463,8 @@ class LockManager:
                 if covers[mode]:
                     return  # e.g. a table READ already covers reading every tuple
                 if covers[intention]:
-                    # The fast path of acquire(), inlined for the hot tuple case; keep the two in step.
-                    stripe = self._stripes[hash(resource) & self._stripe_mask]
-                    mutex = stripe.mutex
-                    mutex.acquire()
-                    try:
-                        lock = stripe.locks.get(resource)
-                        if lock is None:
-                            txn_mutex = txn.mutex
-                            txn_mutex.acquire()
-                            try:
-                                if txn.state is ACTIVE:
-                                    free = stripe.free
-                                    if free:
-                                        lock = free.pop()
-                                        lock.resource = resource
-                                    else:
-                                        lock = _Lock(resource, stripe)
-                                    lock.held[txn] = mode
-                                    stripe.locks[resource] = lock
-                                    txn.locks[resource] = lock
-                                    return
-                            finally:
-                                txn_mutex.release()
-                        elif lock.waiters is None and _grant_if_compatible(txn, lock, mode):
-                            return
-                    finally:
-                        mutex.release()
+                    if _fast_grant(self._stripes[hash(resource) & self._stripe_mask], txn, resource, mode):
+                        return
                     self._acquire_slow(tid, resource, mode, timeout)
                     return
         self.acquire(tid, table, intention, timeout)
@@ -959,6 +894,37 @@ def _release_all(locks: dict, txn: _Txn) -> list[_Lock]:
         finally:
             mutex.release()
     return deferred
+
+
+def _fast_grant(stripe: "_Stripe", txn: _Txn, resource: Any, mode: Mode) -> bool:
+    """The uncontended path of every acquire: grant ``mode`` at once if nobody waits for
+    ``resource`` and Rule 1 allows it, under the stripe mutex only (and ``txn``'s, for a new
+    entry).  False sends the caller to the slow path, which queues, waits or refuses."""
+    mutex = stripe.mutex
+    mutex.acquire()
+    try:
+        lock = stripe.locks.get(resource)
+        if lock is None:
+            txn_mutex = txn.mutex
+            txn_mutex.acquire()
+            try:
+                if txn.state is not ACTIVE:
+                    return False
+                free = stripe.free
+                if free:
+                    lock = free.pop()
+                    lock.resource = resource
+                else:
+                    lock = _Lock(resource, stripe)
+                lock.held[txn] = mode
+                stripe.locks[resource] = lock
+                txn.locks[resource] = lock
+                return True
+            finally:
+                txn_mutex.release()
+        return lock.waiters is None and _grant_if_compatible(txn, lock, mode)
+    finally:
+        mutex.release()
 
 
 def _transfer(lock: _Lock, child: _Txn, parent: _Txn) -> None:
