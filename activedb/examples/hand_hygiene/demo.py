@@ -116,14 +116,17 @@ def _run_with_spark(db, events: list[dict], console: Console) -> tuple[str, Appl
                                     trigger={"availableNow": True}, prefetch=app.PREFETCH)
         query.awaitTermination()
         statistics = spark_bridge.sink_of(query).statistics()
-    status = {entry.query_name: entry for entry in spark_bridge.ingestion_status(db, query_name)}.get(query_name)
     console.print(
         f"fed {len(events)} events through Spark Structured Streaming: {statistics.batches} micro-batches, "
         f"{statistics.events} events applied in nested transactions, {statistics.dead_letters} dead letters "
         f"(rejected by a rule or malformed)")
-    if status is not None:
-        console.print(f"ingestion ledger in PostgreSQL: {status.batches} batches committed (last batch id "
-                      f"{status.last_batch_id}), {status.events} events, {status.dead_letters} dead letters")
+    ledger = db.table("activedb_ingestion_ledger")
+    with db.engine.connect() as connection:      # this run's rows only: its query id is new with its checkpoint
+        batches, last, applied, letters = connection.execute(sa.select(
+            sa.func.count(), sa.func.max(ledger.c.batch_id), sa.func.sum(ledger.c.events),
+            sa.func.sum(ledger.c.dead_letters)).where(ledger.c.query_id == statistics.query_id)).one()
+    console.print(f"ingestion ledger in PostgreSQL for query {statistics.query_id}: {batches} batches committed "
+                  f"(last batch id {last}), {applied} events, {letters} dead letters")
     return "spark", None
 
 
