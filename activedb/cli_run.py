@@ -77,6 +77,9 @@ def parse_source(text: str) -> SourceSpec:
     if kind == "rate" and not rest:
         return SourceSpec("rate")
     if kind == "file" and rest:
+        if not Path(rest).is_dir():   # before Spark starts: say it in a second, not after five
+            raise click.BadParameter(f"file:{rest}: no such directory (Spark watches a directory for new files)",
+                                     param_hint="--source")
         return SourceSpec("file", path=rest)
     if kind == "socket":
         host, _, port = rest.rpartition(":")

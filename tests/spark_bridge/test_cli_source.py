@@ -1,0 +1,26 @@
+"""``activedb run --source`` parsing: the forms, and bad ones rejected before Spark starts."""
+
+import click
+import pytest
+
+from activedb.cli_run import parse_source
+
+
+def test_source_forms(tmp_path):
+    assert parse_source("rate").kind == "rate"
+    assert parse_source(f"file:{tmp_path}").path == str(tmp_path)
+    socket = parse_source("socket:localhost:9999")
+    assert (socket.kind, socket.host, socket.port) == ("socket", "localhost", 9999)
+    kafka = parse_source("kafka:broker1:9092,broker2:9092/badges")
+    assert (kafka.kind, kafka.brokers, kafka.topic) == ("kafka", "broker1:9092,broker2:9092", "badges")
+
+
+@pytest.mark.parametrize("text", ["ftp:x", "socket:localhost", "kafka:brokers", "file:", "rate:5"])
+def test_bad_sources_name_the_valid_forms(text):
+    with pytest.raises(click.BadParameter, match="file:DIR"):
+        parse_source(text)
+
+
+def test_missing_directory_is_rejected_before_spark_starts(tmp_path):
+    with pytest.raises(click.BadParameter, match="no such directory"):
+        parse_source(f"file:{tmp_path / 'missing'}")
