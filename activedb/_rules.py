@@ -452,7 +452,7 @@ class RuleManager(TransactionHooks):
         gate_key = getattr(transaction, "gate_key", None)
         if gate_key is not None:
             trigger = transaction.firing.event.transaction if transaction.firing else None
-            verdict = self._wait_gate(transaction, gate_key, trigger, phase="commit")
+            verdict = self._wait_gate(transaction, gate_key, trigger)
             if verdict is not Verdict.COMMIT:
                 raise _DependencyAbort(f"{transaction.firing.coupling.value} dependency on {trigger} says abort")
 
@@ -776,7 +776,7 @@ class RuleManager(TransactionHooks):
 
     # --- gate waits that cannot deadlock with lock waits ---------------------------------------
 
-    def _wait_gate(self, dependent: Transaction, key: str, trigger_id: str | None, phase: str) -> Verdict:
+    def _wait_gate(self, dependent: Transaction, key: str, trigger_id: str | None) -> Verdict:
         trigger_tree = getattr(dependent, "gate_trigger", None)
         tracked = getattr(dependent, "gate_trigger_tracked", None)
         trigger_prefix = (trigger_tree.id if trigger_tree is not None

@@ -174,8 +174,12 @@ class TableInfo:
 
     # statements, cached per table
 
-    def select_by_keys(self, count: int):
-        return sa.select(self.table).where(self._key_clause.in_(sa.bindparam("keys", expanding=True)))
+    def select_by_keys(self):
+        cached = self._statements.get("select_by_keys")
+        if cached is None:
+            cached = sa.select(self.table).where(self._key_clause.in_(sa.bindparam("keys", expanding=True)))
+            self._statements["select_by_keys"] = cached
+        return cached
 
     def upsert(self, columns: frozenset[str]):
         cached = self._statements.get(("upsert", columns))
@@ -270,7 +274,7 @@ def fetch_rows(connection: sa.Connection, info: TableInfo, keys: Iterable[Key], 
     keys = list(keys)
     if not keys:
         return {}
-    statement = info.select_by_keys(len(keys))
+    statement = info.select_by_keys()
     if lock == "share":
         statement = statement.with_for_update(read=True)
     elif lock == "update":

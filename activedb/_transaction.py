@@ -225,9 +225,6 @@ class SubtransactionHandle:
         return f"<SubtransactionHandle {self.transaction.id} {self.state.value}>"
 
 
-_UNSET = object()
-
-
 class Transaction:
     """A node of a transaction tree.  See the module docstring."""
 
@@ -242,7 +239,6 @@ class Transaction:
         self.batch = batch
         self.began_at = datetime.datetime.now(datetime.timezone.utc)
         self.info: dict[str, Any] = {}       # free-form annotations (rules, ingestion) for the log
-        self.result_value: Any = None
         self._mutex = threading.Lock()
         # Invariant: _state only moves ACTIVE -> COMMITTING -> COMMITTED, or to ABORTED from a non-final state.
         self._state = TxnState.ACTIVE
@@ -529,7 +525,7 @@ class Transaction:
             # An insert's existence check is not validated at the flush (a concurrent insert
             # of the same key makes the flush's INSERT fail instead): no predicate read.
             old = (self._read_locked(info, key, record=False, validate=not must_not_exist)
-                   if observed else _UNSET)
+                   if observed else None)
         if must_not_exist and old is not None:
             raise DuplicateKey(
                 f"insert into {info.name!r}: a row with key {key!r} already exists; use write() to upsert"
@@ -598,7 +594,6 @@ class Transaction:
         except BaseException as error:
             self.abort(error)
             raise
-        self.result_value = result
         self.commit()
         return result
 

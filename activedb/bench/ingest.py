@@ -40,7 +40,6 @@ import json
 import logging
 import os
 import shutil
-import statistics
 import tempfile
 import time
 from pathlib import Path
