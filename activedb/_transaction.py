@@ -35,6 +35,7 @@ database, or user code.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import enum
 import itertools
@@ -132,10 +133,21 @@ class TransactionManager:
     def next_id(self) -> int:
         return next(self._ids)
 
-    def reader(self) -> sa.Connection:
+    @contextlib.contextmanager
+    def reader(self) -> Iterator[sa.Connection]:
         """A connection for one-statement reads of committed data: autocommit, so no
-        BEGIN/ROLLBACK round trips around the statement (a read is atomic on its own)."""
-        return self.database.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        BEGIN/ROLLBACK round trips around the statement (a read is atomic on its own).
+        A lost connection becomes ``DatabaseUnavailable`` (the pool reconnects next time)."""
+        try:
+            with self.database.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+                yield connection
+        except sa.exc.OperationalError as error:
+            reason = str(error.orig or error).strip().splitlines()[0]
+            raise DatabaseUnavailable(
+                f"lost the connection to PostgreSQL ({self.database.describe()}) while reading: {reason}; "
+                f"nothing committed is affected — retry the transaction (db.run(fn, retries=N) does not retry "
+                f"this: check that the server is up)"
+            ) from error
 
     KEY_BLOCK = 64
 

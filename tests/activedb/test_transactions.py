@@ -374,3 +374,30 @@ def test_concurrent_inserts_of_generated_keys_do_not_conflict(db):
     assert failures == []
     with db.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT count(*) FROM events_seen WHERE rule='concurrent'")).scalar() == 160
+
+
+def _terminate_backends(database):
+    """Kill every server process of this database (from a connection outside its pool): every
+    pooled connection dies."""
+    import psycopg
+
+    url = database.engine.url
+    with psycopg.connect(host=url.query["host"], user=url.username, dbname="postgres", autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (url.database,))
+
+
+def test_lost_connection_is_a_clear_error_and_loses_nothing(db):
+    db.run(lambda tx: tx.write("accounts", 1, balance=100))
+    _terminate_backends(db)
+    with pytest.raises(activedb.DatabaseUnavailable, match="lost the connection to PostgreSQL.*nothing"):
+        with db.transaction() as tx:
+            for number in range(30):        # every pooled connection is dead: reads meet one of them
+                tx.read("accounts", 1000 + number)
+    db.engine.dispose()     # only connections opened from here on: all of them live, then all killed
+    db.run(lambda tx: tx.write("accounts", 2, balance=5))       # works again after the failure
+    _terminate_backends(db)
+    with pytest.raises(activedb.DatabaseUnavailable, match="lost the connection.*nothing was written"):
+        with db.transaction() as tx:
+            tx.write("accounts", 1, balance=0)    # blind write: only the flush talks to PostgreSQL
+    assert committed(db, "accounts")[(1,)]["balance"] == 100   # committed data intact
+    assert committed(db, "accounts")[(2,)]["balance"] == 5
