@@ -126,9 +126,12 @@ def test_parent_commit_waits_for_children(db):
 
     with db.transaction() as tx:
         handle = tx.spawn(slow)
-        committer = threading.Thread(target=lambda: (release.set()))
-        committer.start()
-    committer.join()
+        # The child may write only once its parent is committing: if the commit did not wait for
+        # it, the flush would come first and "late" would be missing from PostgreSQL.
+        releaser = threading.Thread(target=lambda: (
+            testing.wait_until(lambda: tx.state is TxnState.COMMITTING, 10, "parent to commit"), release.set()))
+        releaser.start()
+    releaser.join()
     assert handle.state is TxnState.COMMITTED
     assert ("late",) in committed(db, "items")
 
