@@ -75,7 +75,7 @@ from coupling import (
 )
 from coupling.errors import DependencyTimeout
 
-from activedb._events import Event, EventSpec
+from activedb._events import DATA_KINDS, Event, EventSpec
 from activedb._transaction import Transaction, TransactionHooks, TxnState
 from activedb.errors import (
     CascadeLimitExceeded,
@@ -243,6 +243,10 @@ class RuleManager(TransactionHooks):
         self.gate = DependencyGate()
         self._mutex = threading.Lock()
         self._rules: dict[str, Rule] = {}
+        # Derived from _rules by _reindex(): rules by the event kind they react to, and the tables
+        # whose data events are observed (writes there read the old row).
+        self._by_kind: dict[str, tuple[Rule, ...]] = {}
+        self._observed_tables: frozenset[str] = frozenset()
         self._counters: dict[str, RuleCounters] = collections.defaultdict(RuleCounters)
         self._per_mode: collections.Counter = collections.Counter()
         # root id -> the tracked triggers of that tree (reported True when the root commits)
@@ -273,6 +277,7 @@ class RuleManager(TransactionHooks):
         rule._manager = self
         with self._mutex:
             self._rules[rule.name] = rule
+            self._reindex()
         return rule
 
     def _validate(self, rule: Rule) -> None:
@@ -360,7 +365,9 @@ class RuleManager(TransactionHooks):
 
     def remove(self, name: str) -> None:
         with self._mutex:
-            if self._rules.pop(name, None) is None:
+            removed = self._rules.pop(name, None)
+            self._reindex()
+            if removed is None:
                 raise RuleError(f"no rule named {name!r}; declared: {', '.join(self._rules) or 'none'}")
 
     def _set_enabled(self, name: str, enabled: bool) -> None:
@@ -372,7 +379,9 @@ class RuleManager(TransactionHooks):
         with self.database.engine.begin() as connection:
             connection.execute(table.update().where(table.c.name == name).values(enabled=enabled,
                                                                                   updated_at=sa.func.now()))
-        rule.enabled = enabled
+        with self._mutex:
+            rule.enabled = enabled
+            self._reindex()
 
     def enable(self, name: str) -> None:
         self._set_enabled(name, True)
@@ -426,9 +435,7 @@ class RuleManager(TransactionHooks):
     # --- hooks from the transaction manager -------------------------------------------------
 
     def wants_old_images(self, table: str) -> bool:
-        with self._mutex:
-            rules = list(self._rules.values())
-        return any(rule.enabled and rule.on.is_data and rule.on.source == table for rule in rules)
+        return table in self._observed_tables
 
     def on_event(self, transaction: Transaction, event: Event) -> None:
         self.dispatch(transaction, event)
@@ -475,14 +482,27 @@ class RuleManager(TransactionHooks):
                     logger.error("rules on %s could not be fired: %r", event.describe(), error)
 
     def _has_rules_for(self, kind: str) -> bool:
-        with self._mutex:
-            return any(rule.enabled and rule.on.kind == kind for rule in self._rules.values())
+        return any(rule.enabled for rule in self._by_kind.get(kind, ()))
 
     # --- dispatch ----------------------------------------------------------------------------
 
     def _matching(self, event: Event) -> list[Rule]:
-        with self._mutex:
-            return [rule for rule in self._rules.values() if rule.enabled and rule.on.matches(event)]
+        return [rule for rule in self._by_kind.get(event.kind, ()) if rule.enabled and rule.on.matches(event)]
+
+    def _reindex(self) -> None:
+        """Rebuild the lookup structures after the rule set or an enabled flag changed.
+
+        Caller holds ``self._mutex``.  Readers use the published tuple/frozenset without the
+        mutex: each is replaced whole, never mutated.
+        """
+        by_kind: dict[str, list[Rule]] = {}
+        for rule in self._rules.values():
+            kinds = DATA_KINDS if rule.on.kind == "modified" else (rule.on.kind,)
+            for kind in kinds:
+                by_kind.setdefault(kind, []).append(rule)
+        self._by_kind = {kind: tuple(rules) for kind, rules in by_kind.items()}
+        self._observed_tables = frozenset(rule.on.source for rule in self._rules.values()
+                                          if rule.enabled and rule.on.is_data)
 
     @staticmethod
     def _chain_of(transaction: Transaction) -> tuple[str, ...]:
