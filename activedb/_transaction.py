@@ -223,10 +223,12 @@ class SubtransactionHandle:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the subtransaction ended (runs it here if no worker started it)."""
+        self.transaction.parent._before_waiting_for_children()
         return self._task.wait(timeout)
 
     def result(self, timeout: float | None = None) -> Any:
         """The function's return value once the subtransaction committed; re-raises its error."""
+        self.transaction.parent._before_waiting_for_children()
         if not self._task.wait(timeout):
             raise TimeoutError(f"subtransaction {self.transaction.id} did not end within {timeout} s")
         if self._task.error is not None:
@@ -261,6 +263,8 @@ class Transaction:
         self._db_reads: dict[tuple[str, Key], dict | None] = {}
         self._scans: list[tuple[str, Any, dict]] = []
         self._segment: str | None = None
+        # The thread that runs this node's operations (set again by a spawned child's worker).
+        self._thread = threading.get_ident()
         self._segment_number = 0
         self._doomed: BaseException | None = None
         self.subtransactions_committed = 0
@@ -328,6 +332,17 @@ class Transaction:
             self.manager.locks.begin(segment, parent=self.id)
         return segment
 
+    def _before_waiting_for_children(self) -> None:
+        """The thread running this node is about to wait for its children: it uses none of its locks
+        while it waits, so they become *retained* (its segment commits) and Rule 1 grants them to its
+        descendants.  Otherwise a child asking for a row this node's own operations locked would
+        wait for a holder that waits for the child — a deadlock the lock manager could not see, since
+        the holder is the node's segment, not the node.  Only the node's own thread may do this (the
+        segment is in use while that thread runs an operation); waits by other threads leave it."""
+        if (self._segment is not None and self._thread == threading.get_ident()
+                and self._state in (TxnState.ACTIVE, TxnState.COMMITTING)):
+            self._close_segment()
+
     def _close_segment(self) -> None:
         """Commit the segment: this node retains what its own operations locked (Rule 2)."""
         with self._mutex:
@@ -366,13 +381,19 @@ class Transaction:
 
     def _read_locked(self, info: TableInfo, key: Key, *, record: bool = True, validate: bool = True
                      ) -> dict | None:
-        """Precondition: this node's segment holds a lock on the row."""
+        """The row as this node sees it: own entry, then the ancestors' entries (nearest first, down
+        to the first one that does not depend on what was there before), then the committed image
+        this node or its nearest ancestor already relied on, else a fresh one from PostgreSQL.
+
+        Every write entry of the ancestor chain is consulted *before* any committed image: an image
+        cached by this node must never hide an ancestor's newer version.  Precondition: this node's
+        segment holds a lock on the row.
+        """
         row = (info.name, key)
         chain: list[Entry] = []
         node: Transaction | None = self
-        base_known = False
-        base: dict | None = None
         source = "committed"
+        needs_base = True
         while node is not None:
             entry = node._writes.get(row)
             if entry is not None:
@@ -380,15 +401,14 @@ class Transaction:
                 if source == "committed":
                     source = "own" if node is self else f"ancestor:{node.id}"
                 if entry.kind is not EntryKind.PATCH:
-                    base_known = True
+                    needs_base = False
                     break
-            if not base_known and row in node._db_reads:
-                base = node._db_reads[row]
-                base_known = True
-                break
             node = node.parent
-        if not base_known:
-            base = self._fetch_committed(info, key, validate=validate)
+        base: dict | None = None
+        if needs_base:
+            found, base = self._relied_image(row)
+            if not found:
+                base = self._fetch_committed(info, key, validate=validate)
         image = _store.resolve(list(reversed(chain)), base)
         if image is not None and base is None:
             # A row created in this tree: every column, the ones not given at their constant default.
@@ -398,6 +418,18 @@ class Transaction:
             recorder.record("read", self.id, root=self.root.id, table=info.name, key=key, value=image,
                             source=source)
         return image
+
+    def _relied_image(self, row: tuple[str, Key]) -> tuple[bool, dict | None]:
+        """``(True, image)`` if this node or an ancestor already read ``row`` from committed data
+        (the nearest one's image: a committed child's reads were delegated to its parent), else
+        ``(False, None)``."""
+        node: Transaction | None = self
+        while node is not None:
+            reads = node._db_reads
+            if row in reads:
+                return True, reads[row]
+            node = node.parent
+        return False, None
 
     def _fetch_committed(self, info: TableInfo, key: Key, *, validate: bool = True) -> dict | None:
         with self.manager.reader() as connection:
@@ -600,6 +632,7 @@ class Transaction:
                 logger.info("subtransaction of %s was a deadlock victim; retry %d of %d", self.id, attempt, attempts)
 
     def _run_body(self, function: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        self._thread = threading.get_ident()
         try:
             self.manager.hooks.on_begin(self)
             result = function(self, *args, **kwargs)
@@ -611,6 +644,7 @@ class Transaction:
 
     def wait_children(self, timeout: float | None = None) -> None:
         """Wait until every child has ended, running queued ones in this thread."""
+        self._before_waiting_for_children()
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._mutex:
@@ -652,10 +686,12 @@ class Transaction:
                 raise TransactionError(f"commit of {self.id}, which is {self._state.value}")
             self._state = TxnState.COMMITTING
         try:
+            # COMMITTING: no operation of this node runs any more, so what its own operations hold
+            # becomes retained before it waits for its children (they may need those rows).
+            self._close_segment()
             self.wait_children()
             if self._doomed is not None:
                 raise TransactionAborted(f"transaction {self.id} was aborted ({self._doomed})") from self._doomed
-            self._close_segment()
             if self.parent is not None:
                 self._delegate_to_parent()
             else:
@@ -679,9 +715,25 @@ class Transaction:
         with parent._mutex:
             if parent._state not in (TxnState.ACTIVE, TxnState.COMMITTING) or parent._doomed is not None:
                 raise TransactionAborted(f"the parent {parent.id} of {self.id} was aborted")
+            # Check and compose everything first, then install: a failure leaves the parent untouched.
+            for row, image in reads.items():
+                relied = parent._db_reads.get(row, image)
+                if relied != image:
+                    # Another process committed between two reads of the tree: the parent (or a
+                    # sibling that committed into it) relied on one image, this child on another.
+                    # Keeping both is not serializable; the child's commit fails and its work is
+                    # discarded, the parent keeps its own image (validated again at the flush).
+                    raise SerializationConflict(
+                        f"commit of {self.id}: row {row[1]!r} of {row[0]!r} changed in PostgreSQL between "
+                        f"this subtransaction's read and a read by {parent.id} or a sibling (another process "
+                        f"committed in between); nothing of {self.id} is kept — re-run it "
+                        f"(or the whole transaction: Database.run(fn, retries=N))"
+                    )
+            merged = {}
             for row, entry in writes.items():
                 previous = parent._writes.get(row)
-                parent._writes[row] = previous.then(entry, row[0]) if previous else entry
+                merged[row] = previous.then(entry, row[0]) if previous else entry
+            parent._writes.update(merged)
             for row, image in reads.items():
                 parent._db_reads.setdefault(row, image)
             parent._scans.extend(scans)
@@ -696,6 +748,7 @@ class Transaction:
                 return
             self._state = TxnState.ABORTED
             self._writes = {}
+            self._segment = None     # the lock manager aborts it with this node (a descendant)
         error = reason if isinstance(reason, BaseException) else TransactionAborted(str(reason or "aborted"))
         self.doom(error)
         try:

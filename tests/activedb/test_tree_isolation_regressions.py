@@ -1,0 +1,129 @@
+"""The three tree-isolation bugs, as found, each a regression test.
+
+A. A subtransaction's second read of a row its parent wrote (without reading it first) returned the
+   committed image instead of the parent's version: the child's cache of the committed image was
+   consulted before the ancestors' write entries.
+B. A parent that locked a row in its own operations while its child ran, then waited for that child
+   (``handle.result()`` or commit), hung forever: the parent's locks sat in an internal holder the lock
+   manager did not connect to the parent's wait.
+C. Two sibling subtransactions that read one row before and after another process committed a new
+   version of it both reached the flush with only one of the two images, so the flush validated the
+   wrong one and committed a write based on a stale read.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import sqlalchemy as sa
+
+import activedb
+from activedb import testing
+from tests.conftest import APP_MIGRATIONS
+
+TIMEOUT = 10
+
+
+@pytest.fixture(scope="module")
+def db(database_url):
+    database = activedb.connect(database_url, record_history=True)
+    database.upgrade_app(APP_MIGRATIONS)
+    yield database
+    database.close()
+
+
+@pytest.fixture(autouse=True)
+def rows(db):
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM accounts"))
+        connection.execute(sa.text("INSERT INTO accounts (id, balance) VALUES (1, 10), (2, 0)"))
+    db.history.clear()
+    yield
+    testing.check_history(db.history.snapshot()).assert_ok()
+
+
+def balances(db) -> dict[int, int]:
+    with db.engine.connect() as connection:
+        return dict(connection.execute(sa.text("SELECT id, balance FROM accounts")).all())
+
+
+def test_a_child_rereading_a_row_its_parent_wrote_sees_the_parent_version(db):
+    with db.transaction() as tx:
+        tx.write("accounts", 1, balance=11)                  # no read before the write
+        with tx.subtransaction() as child:
+            assert child.read("accounts", 1)["balance"] == 11
+            again = child.read("accounts", 1)
+            assert again["balance"] == 11                    # was 10: the parent's write vanished
+            child.write("accounts", 1, balance=again["balance"] + 1)
+    assert balances(db)[1] == 12
+
+
+def test_a_grandchild_and_spawned_child_see_the_same_versions(db):
+    with db.transaction() as tx:
+        tx.write("accounts", 1, balance=20)
+        with tx.subtransaction() as child:
+            child.read("accounts", 2)                        # caches a committed image in the child
+            with child.subtransaction() as grandchild:
+                assert grandchild.read("accounts", 1)["balance"] == 20
+                assert grandchild.read("accounts", 1)["balance"] == 20
+        assert tx.spawn(lambda c: [c.read("accounts", 1)["balance"] for _ in range(3)]).result(TIMEOUT) == [20] * 3
+
+
+@pytest.mark.parametrize("parent_op", ["read", "write"])
+@pytest.mark.parametrize("child_first", [True, False], ids=["child-asks-first", "parent-waits-first"])
+@pytest.mark.parametrize("wait", ["result", "commit"])
+def test_b_parent_that_locked_a_row_then_waits_for_its_child_does_not_hang(db, parent_op, child_first, wait):
+    locks = db.transactions.locks
+    parent_done = threading.Event()
+    resource = ("row", "accounts", (1,))
+
+    def child(c):
+        assert parent_done.wait(TIMEOUT)
+        if not child_first:
+            # Wait until the parent waits for us: its lock on the row is then retained, not held.
+            testing.wait_until(lambda: not locks.holders(resource).held, TIMEOUT, "the parent to wait")
+        c.write("accounts", 1, balance=c.read("accounts", 1)["balance"] + 5)
+        return "child done"
+
+    with testing.Watchdog(30, locks):
+        with db.transaction() as tx:
+            handle = tx.spawn(child)
+            if parent_op == "read":
+                assert tx.read("accounts", 1)["balance"] == 10
+            else:
+                tx.write("accounts", 1, balance=100)
+            waiting = locks.statistics().waiting
+            parent_done.set()
+            if child_first and handle.state is not activedb.TxnState.COMMITTED:
+                # The child now asks for the row the parent's own operation locked, and waits.
+                testing.wait_until(lambda: locks.statistics().waiting > waiting or handle.done(), TIMEOUT,
+                                   "the child to wait for the parent's lock")
+            if wait == "result":
+                assert handle.result(TIMEOUT) == "child done"
+                assert tx.read("accounts", 1)["balance"] == (15 if parent_op == "read" else 105)
+    assert balances(db)[1] == (15 if parent_op == "read" else 105)
+
+
+def test_c_siblings_that_read_different_committed_versions_cannot_commit(db):
+    read_first = threading.Event()
+    sibling_committed = threading.Event()
+
+    def c1(child):
+        seen = child.read("accounts", 1)["balance"]          # 10
+        read_first.set()
+        assert sibling_committed.wait(TIMEOUT)               # c1 is still active while c2 reads and commits
+        return seen
+
+    with pytest.raises(activedb.SerializationConflict):
+        with db.transaction() as tx:
+            first = tx.spawn(c1)
+            assert read_first.wait(TIMEOUT)
+            # Another process commits a new version of row 1 (a plain connection: no activedb lock).
+            with db.engine.begin() as connection:
+                connection.execute(sa.text("UPDATE accounts SET balance = 15 WHERE id = 1"))
+            assert tx.spawn(lambda child: child.read("accounts", 1)["balance"]).result(TIMEOUT) == 15
+            sibling_committed.set()
+            seen = first.result(TIMEOUT)
+            tx.spawn(lambda child: child.write("accounts", 2, balance=seen + 100)).result(TIMEOUT)
+    assert balances(db) == {1: 15, 2: 0}                     # nothing of the tree was written
