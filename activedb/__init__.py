@@ -6,18 +6,29 @@ Public interface::
     db = activedb.connect()            # embedded PostgreSQL, schema at head
     db = activedb.connect(url)         # or any PostgreSQL (also ACTIVEDB_DATABASE_URL)
 
-Design notes live in ``activedb/README.md``; the overall design in DESIGN.md.
+The packages inside: ``activedb.txn`` (parallel nested transactions and their seams: commit
+participants, extensions, observers, read bases), ``activedb.rules`` (ECA rules, six coupling modes),
+``activedb.store`` (schema checks, write sets, SQL), ``activedb.events`` (events, specs, punctuations).
+Design notes live in each package's ``README.md``; ``activedb/README.md`` is the overview.
 """
 
 from coupling import Coupling
 from lockmgr import Deadlock, LockTimeout
 
-from activedb._database import Database, connect
-from activedb._events import Event, EventSpec
-from activedb._rules import Rule, RuleDefinitionChangedWarning
-from activedb._transaction import SubtransactionHandle, Transaction, TxnState
-from activedb.errors import *  # noqa: F401,F403 - the error classes are public
 from activedb import errors
+from activedb._database import Database, connect
+from activedb.errors import *  # noqa: F401,F403 - the error classes are public
+from activedb.events import Event, EventKind, EventSpec
+from activedb.rules import Rule
+from activedb.txn import (
+    CommitParticipant,
+    Observer,
+    SubtransactionHandle,
+    Transaction,
+    TransactionExtension,
+    TxnState,
+)
 
-__all__ = ["Database", "connect", "errors", "Coupling", "Deadlock", "LockTimeout", "Event", "EventSpec", "Rule",
-           "RuleDefinitionChangedWarning", "SubtransactionHandle", "Transaction", "TxnState"] + [name for name in dir(errors) if name[0].isupper()]
+__all__ = ["Database", "connect", "errors", "Coupling", "Deadlock", "LockTimeout", "Event", "EventKind",
+           "EventSpec", "Rule", "SubtransactionHandle", "Transaction", "TxnState", "CommitParticipant",
+           "Observer", "TransactionExtension"] + [name for name in dir(errors) if name[0].isupper()]

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
+import random
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, URL, make_url
 
+from lockmgr import Deadlock
+
 from activedb import _embedded, _migrate
-from activedb.errors import DatabaseUnavailable, UnknownTable
+from activedb.errors import DatabaseUnavailable, RuleError, SerializationConflict, TransactionError
+from activedb.events import EventKind, EventSpec, Punctuations
+from activedb.rules import FunctionRule, Rule, RuleManager
+from activedb.store import Catalog
+from activedb.txn import CommitParticipant, Observer, ReadBase, TransactionManager
 
 CONNECT_TIMEOUT_SECONDS = 5
 
@@ -62,31 +68,23 @@ def check_reachable(engine: Engine) -> None:
 class Database:
     """A connected activedb database.
 
-    Thread-safe: one ``Database`` is shared by every thread of a process.  It owns
-    the SQLAlchemy engine (a connection pool), the reflected tables, the lock
-    manager and the rule registry.
+    Thread-safe: one ``Database`` is shared by every thread of a process.  It wires together the
+    SQLAlchemy engine (a connection pool), the :class:`~activedb.store.Catalog` of reflected tables, the
+    :class:`~activedb.txn.TransactionManager` (``db.transactions``) and the
+    :class:`~activedb.rules.RuleManager` (``db.rules``); it holds no state of its own beyond that.
     """
 
     def __init__(self, engine: Engine, *, embedded: _embedded.EmbeddedServer | None = None,
-                 **manager_options: Any):
+                 max_cascade_depth: int = 16, max_deferred_cycles: int = 100, rule_execution: str = "threads",
+                 **transaction_options: Any):
         self.engine = engine
         self.embedded = embedded
-        self._metadata = sa.MetaData()
-        # Protects _metadata, _tables and _watermarks (reflection is lazy and may race).
-        self._schema_mutex = threading.Lock()
-        self._tables: dict[str, sa.Table] = {}
-        self._watermarks: dict[str, Any] = {}   # protected by _schema_mutex
         self._closed = False
-        from activedb._rules import RuleManager
-        from activedb._transaction import TransactionManager
-
-        rule_options = {name: manager_options.pop(name) for name in
-                        ("max_cascade_depth", "max_deferred_cycles", "rule_execution") if name in manager_options}
-        if "rule_execution" in rule_options:
-            rule_options["execution"] = rule_options.pop("rule_execution")
-        self.transactions = TransactionManager(self, **manager_options)
-        self.rules = RuleManager(self, **rule_options)
-        self.transactions.hooks = self.rules
+        self.catalog = Catalog(engine, self.describe)
+        self.transactions = TransactionManager(self.catalog, **transaction_options)
+        self.rules = RuleManager(self.catalog, self.transactions, max_cascade_depth=max_cascade_depth,
+                                 max_deferred_cycles=max_deferred_cycles, execution=rule_execution)
+        self.punctuations = Punctuations()
 
     # --- rules and events -------------------------------------------------------------------
 
@@ -100,109 +98,84 @@ class Database:
 
         Decorating a ``Rule`` subclass registers an instance of it.  Returns the Rule.
         """
-        from activedb._rules import FunctionRule, Rule
-
         def decorate(target):
             if isinstance(target, type) and issubclass(target, Rule):
                 instance = target()
                 instance.name = name or instance.name or target.__name__
                 return self.rules.add(instance)
             if not callable(target):
-                from activedb.errors import RuleError
-
                 raise RuleError(f"@db.rule decorates a function (tx, event) or a Rule subclass, got {target!r}")
             return self.rules.add(FunctionRule(target, on=on, when=when, coupling=coupling,
                                                action_coupling=action_coupling, priority=priority,
                                                enabled=enabled, name=name))
         return decorate
 
-    def inserted(self, table: str):
-        return self._data_spec("inserted", table)
+    def inserted(self, table: str) -> EventSpec:
+        return self._data_spec(EventKind.INSERTED, table)
 
-    def updated(self, table: str):
-        return self._data_spec("updated", table)
+    def updated(self, table: str) -> EventSpec:
+        return self._data_spec(EventKind.UPDATED, table)
 
-    def deleted(self, table: str):
-        return self._data_spec("deleted", table)
+    def deleted(self, table: str) -> EventSpec:
+        return self._data_spec(EventKind.DELETED, table)
 
-    def modified(self, table: str):
+    def modified(self, table: str) -> EventSpec:
         """Any of inserted, updated, deleted on ``table``."""
-        return self._data_spec("modified", table)
+        return self._data_spec(EventKind.MODIFIED, table)
 
-    def signalled(self, name: str):
+    def signalled(self, name: str) -> EventSpec:
         """Application events raised with ``tx.signal(name, **payload)``."""
-        from activedb._events import EventSpec
+        return EventSpec(EventKind.SIGNAL, name)
 
-        return EventSpec("signal", name)
-
-    def stream(self, event_type: str):
+    def stream(self, event_type: str) -> EventSpec:
         """Stream events of ``event_type`` (``tx.emit``; the Spark bridge)."""
-        from activedb._events import EventSpec
+        return EventSpec(EventKind.STREAM, event_type)
 
-        return EventSpec("stream", event_type)
-
-    def began(self, name: str | None = None):
+    def began(self, name: str | None = None) -> EventSpec:
         """Top-level transactions began (only those started with ``db.transaction(name=name)``
         when ``name`` is given; detached rules run in transactions named ``rule:<rule name>``)."""
-        from activedb._events import EventSpec
+        return EventSpec(EventKind.BEGAN, name)
 
-        return EventSpec("began", name)
-
-    def committed(self, name: str | None = None):
+    def committed(self, name: str | None = None) -> EventSpec:
         """Top-level transactions committed (only those started with ``db.transaction(name=name)``
         when ``name`` is given; detached rules run in transactions named ``rule:<rule name>``)."""
-        from activedb._events import EventSpec
+        return EventSpec(EventKind.COMMITTED, name)
 
-        return EventSpec("committed", name)
-
-    def aborted(self, name: str | None = None):
+    def aborted(self, name: str | None = None) -> EventSpec:
         """Top-level transactions aborted (only those started with ``db.transaction(name=name)``
         when ``name`` is given; detached rules run in transactions named ``rule:<rule name>``)."""
-        from activedb._events import EventSpec
+        return EventSpec(EventKind.ABORTED, name)
 
-        return EventSpec("aborted", name)
-
-    def _data_spec(self, kind: str, table: str):
-        from activedb._events import EventSpec
-        from activedb.errors import RuleError
-
+    def _data_spec(self, kind: EventKind, table: str) -> EventSpec:
         if not isinstance(table, str):
-            raise RuleError(f"db.{kind}() takes a table name, got {table!r}")
+            raise RuleError(f"db.{kind.value}() takes a table name, got {table!r}")
         self.table(table)   # unknown tables are rejected at declaration
         return EventSpec(kind, table)
 
+    def observe(self, observer: Observer) -> Observer:
+        """Add a passive :class:`~activedb.txn.Observer` of transaction and rule life cycles; returns it
+        (``db.transactions.observers.remove(observer)`` removes it)."""
+        return self.transactions.observers.add(observer)
+
     # --- transactions ---------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def transaction(self, *, name: str | None = None, batch: tuple[str, int] | None = None, _firing=None):
+    def transaction(self, *, name: str | None = None, participants: Iterable[CommitParticipant] = (),
+                    read_base: ReadBase | None = None):
         """``with db.transaction() as tx:`` — a top-level transaction.
 
-        Commits when the block ends normally, aborts when it raises.  ``batch=(query_id,
-        batch_id)`` records the pair in the ingestion ledger in the same PostgreSQL
-        transaction; a pair already recorded raises ``BatchAlreadyCommitted``.
+        Commits when the block ends normally, aborts when it raises.  ``participants`` take part in its
+        commit (see :class:`~activedb.txn.CommitParticipant`: e.g. the Spark bridge's ingestion ledger,
+        written in the same PostgreSQL transaction as the effects).  ``read_base`` replaces what the
+        tree's reads see underneath its write sets (default: PostgreSQL's committed rows).
         """
-        from activedb._transaction import TxnState
-
         self._check_open()
-        transaction = self.transactions.begin(name=name, batch=batch)
-        transaction.firing = _firing
-        self.transactions.hooks.on_begin(transaction)
-        try:
-            yield transaction
-        except BaseException as error:
-            if transaction.state in (TxnState.ACTIVE, TxnState.COMMITTING):
-                transaction.abort(error)
-            raise
-        if transaction.state is TxnState.ACTIVE:
-            transaction.commit()
+        return self.transactions.transaction(name=name, participants=participants, read_base=read_base)
 
-    def run(self, function, *args: Any, retries: int = 3, **kwargs: Any) -> Any:
-        """Run ``function(tx, *args, **kwargs)`` in a top-level transaction, re-running it
-        (at most ``retries`` more times) on a serialization conflict or deadlock."""
-        from lockmgr import Deadlock
-
-        from activedb.errors import SerializationConflict
-
+    def run(self, function, *args: Any, retries: int = 3, backoff: float = 0.002, **kwargs: Any) -> Any:
+        """Run ``function(tx, *args, **kwargs)`` in a top-level transaction, re-running it (at most
+        ``retries`` more times) on a serialization conflict or a deadlock, after a jittered exponential
+        back-off starting at ``backoff`` seconds (so that the transactions that collided do not collide
+        again in lock step)."""
         for attempt in range(retries + 1):
             try:
                 with self.transaction() as transaction:
@@ -210,13 +183,8 @@ class Database:
             except (SerializationConflict, Deadlock):
                 if attempt == retries:
                     raise
-
-    def batch_committed(self, query_id: str, batch_id: int) -> bool:
-        """True if ``(query_id, batch_id)`` is in the ingestion ledger (its effects are committed)."""
-        ledger = self.table("activedb_ingestion_ledger")
-        with self.engine.connect() as connection:
-            return connection.execute(sa.select(ledger.c.batch_id).where(
-                ledger.c.query_id == query_id, ledger.c.batch_id == batch_id)).first() is not None
+                # Jittered back-off between retries (not used to order threads).
+                time.sleep(random.uniform(0.5, 1.5) * min(0.5, backoff * 2 ** attempt))
 
     def punctuate(self, source: str, watermark: Any) -> None:
         """Record a punctuation: no event of ``source`` older than ``watermark`` will come.
@@ -224,19 +192,16 @@ class Database:
         The stream bridge passes Spark's event-time watermark here; stream-transaction
         schedulers read it with :meth:`watermark`.  A punctuation never moves backwards.
         """
-        with self._schema_mutex:
-            current = self._watermarks.get(source)
-            if current is None or watermark > current:
-                self._watermarks[source] = watermark
+        self.punctuations.punctuate(source, watermark)
 
     def watermark(self, source: str) -> Any:
         """The latest punctuation of ``source`` (None before the first)."""
-        with self._schema_mutex:
-            return self._watermarks.get(source)
+        return self.punctuations.watermark(source)
 
     def set_granularity(self, table: str, granularity: str) -> None:
         """Lock ``table`` per row (``"tuple"``, the default) or as a whole (``"table"``)."""
-        self.transactions.set_granularity(table, granularity)
+        self.table(table)   # validates the name
+        self.transactions.locking.set_granularity(table, granularity)
 
     @property
     def history(self):
@@ -245,8 +210,6 @@ class Database:
 
     def _check_open(self) -> None:
         if self._closed:
-            from activedb.errors import TransactionError
-
             raise TransactionError("this Database is closed; call activedb.connect() again")
 
     # --- schema ---------------------------------------------------------------------------
@@ -260,32 +223,11 @@ class Database:
 
     def table(self, name: str | sa.Table) -> sa.Table:
         """The reflected ``Table`` called ``name``; tables come from migrations."""
-        if isinstance(name, sa.Table):
-            name = name.name
-        table = self._tables.get(name)
-        if table is not None:
-            return table
-        with self._schema_mutex:
-            table = self._tables.get(name)
-            if table is None:
-                try:
-                    table = sa.Table(name, self._metadata, autoload_with=self.engine)
-                except sa.exc.NoSuchTableError:
-                    raise UnknownTable(
-                        f"no table {name!r} in {self.describe()}; tables are created by Alembic migrations "
-                        f"(activedb.upgrade_app(db, 'path/to/migrations') for your own)"
-                    ) from None
-                self._tables[name] = table
-        return table
+        return self.catalog.table(name)
 
     def refresh_schema(self) -> None:
         """Forget reflected tables (after running migrations in the same process)."""
-        with self._schema_mutex:
-            self._metadata = sa.MetaData()
-            self._tables = {}
-        manager = getattr(self, "transactions", None)
-        if manager is not None:
-            manager.forget_schema()
+        self.catalog.refresh()
 
     # --- migrations -----------------------------------------------------------------------
 
@@ -312,6 +254,8 @@ class Database:
     # --- lifecycle ------------------------------------------------------------------------
 
     def close(self) -> None:
+        """Stop the worker pool and close the connection pool.  The embedded server stops when the last
+        process using it exits (unless kept running)."""
         if not self._closed:
             self._closed = True
             self.transactions.pool.shutdown(wait=False)

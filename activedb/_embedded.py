@@ -92,8 +92,10 @@ def _check_data_directory(pgdata: Path) -> None:
         )
 
 
-def _prune_dead_users(pgdata: Path) -> None:
-    """Drop pids of processes that died without unregistering (e.g. SIGKILL).
+def _prune_dead_users(pgdata: Path, *, registered: bool) -> None:
+    """Drop pids of processes that died without unregistering (e.g. SIGKILL).  This process's own pid is
+    kept if it is ``registered`` (it already uses the server: a second ``connect()``), and dropped
+    otherwise (a dead process that had the same pid).
 
     Caller holds pgserver's inter-process lock.
     """
@@ -106,7 +108,8 @@ def _prune_dead_users(pgdata: Path) -> None:
         pids = json.loads(handle_file.read_text() or "[]")
     except json.JSONDecodeError:
         pids = []
-    alive = [pid for pid in pids if psutil.pid_exists(pid) and pid != os.getpid()]
+    me = os.getpid()
+    alive = [pid for pid in pids if (pid == me and registered) or (pid != me and psutil.pid_exists(pid))]
     if alive != pids:
         handle_file.write_text(json.dumps(alive))
 
@@ -137,7 +140,7 @@ def start(home: Path | None = None, *, keep_running: bool | None = None) -> Embe
         PostgresServer.runtime_path.mkdir(parents=True, exist_ok=True)
         with PostgresServer._lock:
             if pgdata.exists():
-                _prune_dead_users(pgdata)
+                _prune_dead_users(pgdata, registered=pgdata in PostgresServer._instances)
         server = pgserver.get_server(pgdata, cleanup_mode=None if keep_running else "stop")
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, AssertionError, OSError) as error:
         log_tail = _log_tail(pgdata / "log")

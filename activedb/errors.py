@@ -17,6 +17,15 @@ class DatabaseUnavailable(ActivedbError):
     """The database could not be reached (wrong URL, server down, bad credentials)."""
 
 
+class DatabaseError(ActivedbError):
+    """PostgreSQL refused a statement for a reason other than a lost connection or a serialization
+    failure (disk full, a value too large for an index, a constraint).  ``sqlstate`` is its code."""
+
+    def __init__(self, message: str, sqlstate: str | None = None):
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
 class EmbeddedServerError(ActivedbError):
     """The embedded PostgreSQL server could not be started or reused."""
 
@@ -71,8 +80,8 @@ class RuleError(ActivedbError):
     """A rule definition is invalid."""
 
 
-class RuleDefinitionChanged(RuleError):
-    """A rule was redefined with a different definition than the persisted one."""
+class RuleDefinitionChangedWarning(UserWarning):
+    """A persisted rule was redefined with a different definition (its version is bumped)."""
 
 
 class CascadeLimitExceeded(TransactionError):

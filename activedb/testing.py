@@ -30,8 +30,8 @@ from typing import Any, Callable, Iterable
 
 import networkx as nx
 
-from activedb._history import HistoryOp
-from activedb._store import Entry
+from activedb.txn import HistoryOp
+from activedb.store import Entry
 
 
 @dataclass

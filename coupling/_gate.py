@@ -122,6 +122,7 @@ class _DependentRecord:
     state: DependentState = DependentState.REGISTERED
     ended: bool = False  # set when trigger_ended(tid) removed the record while a thread may wait
     waiting_for: tuple[Hashable, ...] = ()  # triggers a blocked wait is waiting for, () if none
+    interrupted: BaseException | None = None  # set by interrupt(): the blocked wait raises it
 
 
 _GATED_KINDS = frozenset(
@@ -393,6 +394,9 @@ class DependencyGate:
         self._waiting[phase] += 1
         try:
             while decision is _Decision.WAIT:
+                if record.interrupted is not None:
+                    error, record.interrupted = record.interrupted, None
+                    raise error
                 record.waiting_for = pending
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
@@ -499,6 +503,19 @@ class DependencyGate:
         """True/False if ``tid`` was reported committed/aborted (and not dropped), else None."""
         with self._mutex:
             return self._outcomes.get(tid)
+
+    def interrupt(self, dependent: Hashable, error: BaseException) -> bool:
+        """Make ``dependent``'s blocked ``wait_may_begin``/``wait_may_commit`` raise ``error`` (e.g. the
+        ``Deadlock`` of a detector that chose it as the victim of a cycle through this wait).  If it is not
+        blocked yet, its next wait that would block raises instead.  The gate's state is unchanged: the
+        dependent reports its end as usual.  False if ``dependent`` is not a registered dependent."""
+        with self._mutex:
+            record = self._dependents.get(dependent)
+            if record is None:
+                return False
+            record.interrupted = error
+            record.condition.notify_all()
+            return True
 
     def waiting_edges(self) -> frozenset[tuple[Hashable, Hashable]]:
         """``(dependent, trigger)`` for every blocked wait: the wait-for-trigger edges, for deadlock detection."""

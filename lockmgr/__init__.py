@@ -14,7 +14,7 @@ The design note -- the five rules, the conflict table, the wait-for graph, the i
 order, the fairness and victim policies -- is ``lockmgr/README.md``.
 """
 
-from lockmgr._manager import VICTIM_POLICIES, LockManager
+from lockmgr._manager import VICTIM_POLICIES, ExternalWait, LockManager
 from lockmgr._modes import Mode, conflicts, covers, join
 from lockmgr._records import (
     DeadlockCycle,
@@ -42,7 +42,7 @@ from lockmgr.errors import (
 )
 
 __all__ = [
-    "LockManager", "Mode", "Deadlock", "LockTimeout",
+    "LockManager", "ExternalWait", "Mode", "Deadlock", "LockTimeout",
     "VICTIM_POLICIES", "conflicts", "covers", "join",
     "DeadlockCycle", "Holders", "LockStatistics", "LockTableSnapshot", "TransactionInfo", "TxnState",
     "VictimCandidate", "WaitingRequest", "WaitEdge",

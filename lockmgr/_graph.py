@@ -5,7 +5,10 @@ out-edges are
 
 * ``node.waits``    -- a dict ``target -> kind`` ("held", "retained" or "queued") for the one lock request the
   node is waiting on (empty when it is not waiting), and
-* ``node.children`` -- the set of its active children (the structural "commit" edges).
+* ``node.children`` -- the set of its active children (the structural "commit" edges), and
+* ``node.external`` -- a tuple of registered waits that are not lock waits (``LockManager.add_wait``: a
+  transaction waiting for another's commit through a coupling gate, a thread blocked in a nested
+  top-level transaction, a stream or batch dependency), each with ``targets`` ``{target: kind}``.
 
 Adding edges ``source -> t`` for ``t`` in ``targets`` closes a cycle exactly when some ``t`` already reaches
 ``source``.  :func:`find_cycle` answers that with one depth-first search from the new targets, visiting
@@ -24,6 +27,7 @@ from typing import Iterable, Protocol
 class GraphNode(Protocol):
     waits: dict
     children: set
+    external: tuple
 
 
 def find_cycle(source: GraphNode, targets: Iterable[GraphNode]) -> list[GraphNode] | None:
@@ -56,6 +60,13 @@ def find_cycle(source: GraphNode, targets: Iterable[GraphNode]) -> list[GraphNod
             if following not in predecessor:
                 predecessor[following] = node
                 push(following)
+        for wait in node.external:
+            for following in wait.targets:
+                if following is source:
+                    return _path(predecessor, node, source)
+                if following not in predecessor:
+                    predecessor[following] = node
+                    push(following)
     return None
 
 
@@ -74,6 +85,18 @@ def edge_kind(node: GraphNode, following: GraphNode) -> str:
     kind = node.waits.get(following)
     if kind is not None:
         return kind
+    for wait in node.external:
+        kind = wait.targets.get(following)
+        if kind is not None:
+            return kind
     if following in node.children:
         return "commit"
     raise KeyError("no edge between these nodes")
+
+
+def external_wait_to(node: GraphNode, following: GraphNode):
+    """The registered wait of ``node`` that has an edge to ``following``, or None."""
+    for wait in node.external:
+        if following in wait.targets:
+            return wait
+    return None

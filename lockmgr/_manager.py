@@ -7,13 +7,14 @@ may be used from several threads, but it waits for at most one lock at a time (`
 from __future__ import annotations
 
 import enum
+import queue
 import threading
 import time
 from collections import OrderedDict
 from types import MappingProxyType
-from typing import Any, Callable, Hashable, Union
+from typing import Any, Callable, Hashable, Iterable, Union
 
-from lockmgr._graph import edge_kind, find_cycle
+from lockmgr._graph import edge_kind, external_wait_to, find_cycle
 from lockmgr._modes import CONFLICTS, COVERS, INTENTION_FOR, JOIN, Mode
 from lockmgr._records import (
     DeadlockCycle,
@@ -75,7 +76,7 @@ class _Txn:
 
     __slots__ = (
         "tid", "parent", "serial", "depth", "ancestors",
-        "children", "state", "locks", "mutex", "waits", "request",
+        "children", "state", "locks", "mutex", "waits", "request", "external",
     )
 
     def __init__(self, tid: Hashable, parent: "_Txn | None", serial: int) -> None:
@@ -101,6 +102,9 @@ class _Txn:
         # Invariant: non-empty iff request is not None (a waiting request always has a blocker).
         self.waits: dict[_Txn, str] = _NO_WAITS
         self.request: _Request | None = None  # guarded by the graph mutex; the WAITING request, if any
+        # Guarded by the graph mutex: the registered waits (add_wait) that are not lock waits, each with
+        # out-edges ``targets``.  Replaced whole, never mutated in place (find_cycle iterates it).
+        self.external: tuple[ExternalWait, ...] = ()
 
     def __repr__(self) -> str:
         return f"<txn {self.tid!r} {self.state.value}>"
@@ -171,6 +175,55 @@ class _Request:
         self.error: BaseException | None = None
         self.condition: threading.Condition | None = None  # on the graph mutex; created when it waits
         self.jumped = False  # True: exempt from queueing behind earlier requests (set to break a cycle)
+
+
+class ExternalWait:
+    """A registered wait that is not a lock wait (``LockManager.add_wait``): ``waiter`` cannot go on
+    before each of ``targets`` ends (or does something the caller waits for).  Its edges are part of the
+    wait-for graph exactly like lock waits: a cycle through any mix of them is found when an edge is added.
+
+    Call :meth:`release` when the wait is over (in a ``finally``).  If the waiter is chosen as the victim of
+    a cycle, its edges are removed, ``error`` is the :class:`~lockmgr.Deadlock`, and ``on_victim(error)`` is
+    called from the manager's notifier thread (never with a mutex held) -- it must wake the waiting thread.
+
+    Thread-safety: ``status``, ``error`` and ``targets`` are guarded by the manager's graph mutex; the
+    methods may be called from any thread.
+    """
+
+    __slots__ = ("manager", "txn", "targets", "kind", "on_victim", "preferred", "status", "error")
+
+    def __init__(self, manager: "LockManager", txn: "_Txn", targets: dict, kind: str, on_victim,
+                 preferred: bool = False) -> None:
+        self.manager = manager
+        self.txn = txn
+        self.targets = targets  # {_Txn: kind}
+        self.kind = kind
+        self.on_victim = on_victim
+        self.preferred = preferred  # volunteers as the victim of any cycle through it (it can be re-run)
+        self.status = WAITING
+        self.error: BaseException | None = None
+
+    @property
+    def waiter(self) -> Hashable:
+        return self.txn.tid
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the waiter was chosen as a deadlock victim (``error`` says why)."""
+        return self.status is VICTIM
+
+    def release(self) -> None:
+        """End the wait: remove its edges (idempotent)."""
+        self.manager._release_wait(self)
+
+    def __enter__(self) -> "ExternalWait":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"<ExternalWait {self.kind} {self.txn.tid!r} -> {[t.tid for t in self.targets]!r} {self.status.value}>"
 
 
 def _blockers(txn: _Txn, lock: _Lock, mode: Mode, ahead: list[_Request], jumped: bool) -> tuple[Mode, dict]:
@@ -263,6 +316,11 @@ class LockManager:
         self._counters = dict.fromkeys(
             ("begun", "committed", "aborted", "waits", "deadlocks", "queue_jumps", "timeouts", "inherited"), 0
         )
+        self._registered_waits = 0  # Invariant: number of ExternalWait objects with status WAITING
+        # Victims of cycles that are registered waits: (callback, error), run by the notifier thread so that
+        # no callback runs with a mutex held.  The thread is started on the first add_wait with on_victim.
+        self._notices: queue.SimpleQueue = queue.SimpleQueue()
+        self._notifier: threading.Thread | None = None
 
     # ------------------------------------------------------------------ transactions
 
@@ -339,6 +397,8 @@ class LockManager:
                 self._counters["inherited"] += len(locks)
             with txn.mutex:
                 txn.state = COMMITTED
+            for wait in txn.external:  # waits its owner did not release: they end with it
+                self._drop_wait(wait, GRANTED, None)
             del self._active[tid]
             self._remember(tid, "committed", Lazy(""))
             self._counters["committed"] += 1
@@ -374,6 +434,8 @@ class LockManager:
                     )
                     events.extend(self._withdraw(request, WITHDRAWN_BY_ABORT, error))
                 member.children.clear()
+                for wait in member.external:
+                    self._drop_wait(wait, WITHDRAWN_BY_ABORT, None)
                 del self._active[member.tid]
                 self._remember(member.tid, "aborted", detail)
                 self._counters["aborted"] += 1
@@ -493,6 +555,85 @@ class LockManager:
                 events = self._reevaluate(lock)
             self._resolve(events)
 
+    # ------------------------------------------------------------------ registered waits
+
+    def add_wait(
+        self,
+        waiter: Hashable,
+        targets: "Iterable[Hashable]",
+        kind: str = "external",
+        on_victim: "Callable[[Deadlock], None] | None" = None,
+        preferred_victim: bool = False,
+    ) -> ExternalWait:
+        """Register that ``waiter`` waits for each of ``targets`` for a reason other than a lock: a
+        transaction waiting for another's commit or abort through a coupling gate, a thread blocked in a
+        nested top-level transaction, a timestamp-ordered stream wait, a batch dependency.
+
+        The edges ``waiter -> target`` (of ``kind``) join the wait-for graph, and a cycle through any mix of
+        lock waits and registered waits is detected now, exactly as for a new lock wait.  If ``waiter`` is
+        chosen as the victim here, the wait is not registered and ``Deadlock`` is raised; if it is chosen
+        later (another edge closes a cycle through it), its edges are removed and ``on_victim(error)`` is
+        called from the notifier thread -- a waiter without ``on_victim`` cannot be told, so it is never
+        chosen later.  ``preferred_victim=True``: a waiter whose work can be redone transparently (a rule
+        that is simply re-run after its trigger ends) volunteers: a cycle through this wait chooses it,
+        whatever the victim policy.  Targets that are not active (unknown or ended) add no edge.
+        ``waiter`` must be active or committing.  Returns the handle; ``release()`` it when the wait ends.
+        """
+        with self._graph_mutex:
+            txn = self._active.get(waiter)
+            if txn is None:
+                self._require_active(waiter, Lazy("wait ({}) for {!r}", kind, targets))
+            edges = {}
+            for tid in targets:
+                target = self._active.get(tid)
+                if target is not None and target is not txn:
+                    edges[target] = kind
+            wait = ExternalWait(self, txn, edges, kind, on_victim, preferred_victim)
+            if not edges:
+                wait.status = GRANTED
+                return wait
+            txn.external = txn.external + (wait,)
+            self._registered_waits += 1
+            self._waiting_changed.notify_all()
+            self._resolve([(wait, list(edges))])
+            if wait.status is VICTIM:
+                raise wait.error
+        if on_victim is not None and self._notifier is None:
+            self._start_notifier()
+        return wait
+
+    def _release_wait(self, wait: ExternalWait) -> None:
+        with self._graph_mutex:
+            if wait.status is WAITING:
+                self._drop_wait(wait, GRANTED, None)
+
+    def _drop_wait(self, wait: ExternalWait, status: "_RequestStatus", error: BaseException | None) -> None:
+        """Remove ``wait``'s edges with its final ``status``.  Caller holds the graph mutex."""
+        txn = wait.txn
+        txn.external = tuple(other for other in txn.external if other is not wait)
+        wait.status = status
+        wait.error = error
+        wait.targets = {}
+        self._registered_waits -= 1
+        self._waiting_changed.notify_all()
+
+    def _start_notifier(self) -> None:
+        with self._graph_mutex:
+            if self._notifier is not None:
+                return
+            self._notifier = threading.Thread(target=self._notify_victims, name="lockmgr-notifier", daemon=True)
+        self._notifier.start()
+
+    def _notify_victims(self) -> None:
+        while True:
+            callback, error = self._notices.get()
+            try:
+                callback(error)
+            except Exception:  # a broken callback must not stop the notifier
+                import logging
+
+                logging.getLogger("lockmgr").exception("on_victim callback raised")
+
     # ------------------------------------------------------------------ inspection
 
     def holders(self, resource: Hashable) -> Holders:
@@ -508,8 +649,10 @@ class LockManager:
             counters = dict(self._counters)
             transactions = len(self._active)
             waiting = self._waiting
+            registered = self._registered_waits
         locks = sum(len(stripe.locks) for stripe in self._stripes)
-        return LockStatistics(transactions=transactions, locks=locks, waiting=waiting, **counters)
+        return LockStatistics(transactions=transactions, locks=locks, waiting=waiting, registered_waits=registered,
+                              **counters)
 
     def wait_until_waiting(self, count: int, timeout: float | None = None) -> bool:
         """Block until at least ``count`` lock requests are waiting; False if ``timeout`` passed first."""
@@ -526,8 +669,8 @@ class LockManager:
         """The wait-for graph as a ``networkx.DiGraph``.
 
         Nodes are the tids of active transactions (attributes ``parent``, ``state``, ``depth``, and for a
-        waiting one ``waiting_for`` and ``mode``); edges carry ``kind`` ("held", "retained", "queued" or
-        "commit") and, for wait edges, ``resource``.  Built under the graph mutex, so it is consistent.
+        waiting one ``waiting_for`` and ``mode``); edges carry ``kind`` ("held", "retained", "queued",
+        "commit", or the kind of a registered wait, e.g. "dependency") and, for lock-wait edges, ``resource``.  Built under the graph mutex, so it is consistent.
         """
         import networkx
 
@@ -546,6 +689,9 @@ class LockManager:
             for txn in self._active.values():
                 for child in txn.children:
                     graph.add_edge(txn.tid, child.tid, kind="commit")
+                for wait in txn.external:
+                    for target, kind in wait.targets.items():
+                        graph.add_edge(txn.tid, target.tid, kind=kind, resource=None)
                 if txn.request is not None:
                     resource = txn.request.lock.resource
                     for target, kind in txn.waits.items():
@@ -667,17 +813,19 @@ class LockManager:
     def _resolve(self, events: list) -> None:
         """Check each new wait edge for a cycle and break every cycle found.
 
-        A cycle that exists only because of the fairness queue (some request on it is blocked by queued
-        requests alone) is broken by letting that request go first; any other cycle by telling a victim.
-        Caller holds the graph mutex and no stripe mutex.  (A callable victim policy runs with the graph
-        mutex released; the cycle is re-validated afterwards.)
+        ``events`` are ``(source, new targets)`` where ``source`` is a waiting lock ``_Request`` or a
+        registered :class:`ExternalWait`.  A cycle that exists only because of the fairness queue (some
+        request on it is blocked by queued requests alone) is broken by letting that request go first; any
+        other cycle by telling a victim.  Caller holds the graph mutex and no stripe mutex.  (A callable
+        victim policy runs with the graph mutex released; the cycle is re-validated afterwards.)
         """
         while events:
-            request, targets = events.pop()
-            if request.status is not WAITING:
+            source, targets = events.pop()
+            if source.status is not WAITING:
                 continue
-            txn = request.txn
-            live = [target for target in targets if target in txn.waits]
+            txn = source.txn
+            current = source.targets if source.__class__ is ExternalWait else txn.waits
+            live = [target for target in targets if target in current]
             if not live:
                 continue
             path = find_cycle(txn, live)
@@ -699,21 +847,35 @@ class LockManager:
                 self._counters["queue_jumps"] += 1
                 with jumping.lock.stripe.mutex:
                     events.extend(self._reevaluate(jumping.lock))
-                events.append((request, live))
+                events.append((source, live))
                 continue
+            waits = [_wait_of(node, following) for node, following in edges]
             wait_edges = tuple(
                 WaitEdge(
                     node.tid,
                     following.tid,
                     kind,
-                    None if kind == "commit" else node.request.lock.resource,
+                    node.request.lock.resource if wait.__class__ is _Request else None,
                 )
-                for (node, following), kind in zip(edges, kinds)
+                for (node, following), kind, wait in zip(edges, kinds, waits)
             )
-            candidates = [node for (node, _), kind in zip(edges, kinds) if kind != "commit"]
-            victim, note = self._choose_victim(txn, candidates, wait_edges, edges, kinds)
+            # Who can be told: a lock waiter (its acquire raises), a registered waiter with on_victim, and
+            # the source of the new edge itself (add_wait raises).
+            candidates = [
+                node for (node, _), wait in zip(edges, waits)
+                if wait is not None and (wait.__class__ is _Request or wait.on_victim is not None or wait is source)
+            ]
+            requester = txn if txn in candidates else candidates[0] if candidates else None
+            if requester is None:  # nobody on the cycle can be told (registered waits without on_victim)
+                continue
+            volunteer = next((node for (node, _), wait in zip(edges, waits) if node in candidates
+                              and wait.__class__ is ExternalWait and wait.preferred), None)
+            if volunteer is not None:
+                victim, note = volunteer, Lazy("(it volunteered: its work is re-run after the wait)")
+            else:
+                victim, note = self._choose_victim(requester, candidates, wait_edges, edges, kinds)
             if victim is None:  # the cycle changed while a victim policy ran: look again
-                events.append((request, live))
+                events.append((source, live))
                 continue
             self._counters["deadlocks"] += 1
             snapshot = self._snapshot_locked() if self._snapshot_on_deadlock else None
@@ -721,9 +883,15 @@ class LockManager:
                 self._victim_policy, "__name__", "callable"
             )
             error = Deadlock(victim.tid, txn.tid, wait_edges, policy, snapshot, note)
-            events.extend(self._withdraw(victim.request, VICTIM, error))
-            if victim is not txn:
-                events.append((request, live))
+            told = waits[[node for node, _ in edges].index(victim)]
+            if told.__class__ is _Request:
+                events.extend(self._withdraw(told, VICTIM, error))
+            else:
+                self._drop_wait(told, VICTIM, error)
+                if told is not source and told.on_victim is not None:
+                    self._notices.put((told.on_victim, error))
+            if victim is not txn or told is not source:
+                events.append((source, live))
 
     def _choose_victim(self, requester: _Txn, candidates: list, wait_edges: tuple, edges: list, kinds: list):
         policy = self._victim_policy
@@ -753,7 +921,7 @@ class LockManager:
             if kind == "commit":
                 if following not in node.children:
                     return None, ""
-            elif node.request is None or node.waits.get(following) != kind:
+            elif _wait_of(node, following) is None or edge_kind(node, following) != kind:
                 return None, ""
         for node in candidates:
             if node.tid == choice:
@@ -799,13 +967,15 @@ class LockManager:
                 txn.tid: TransactionInfo(txn.tid, None if txn.parent is None else txn.parent.tid, txn.state, txn.serial)
                 for txn in self._active.values()
             }
-            waits = {
-                txn.tid: MappingProxyType(
-                    {target.tid: (kind, txn.request.lock.resource) for target, kind in txn.waits.items()}
-                )
-                for txn in self._active.values()
-                if txn.request is not None
-            }
+            waits = {}
+            for txn in self._active.values():
+                edges = {}
+                for wait in txn.external:
+                    edges.update({target.tid: (kind, None) for target, kind in wait.targets.items()})
+                if txn.request is not None:
+                    edges.update({target.tid: (kind, txn.request.lock.resource) for target, kind in txn.waits.items()})
+                if edges:
+                    waits[txn.tid] = MappingProxyType(edges)
         finally:
             for stripe in reversed(stripes):
                 stripe.mutex.release()
@@ -987,6 +1157,15 @@ def _holders_of(resource: Any, lock: _Lock | None) -> Holders:
         MappingProxyType({txn.tid: mode for txn, mode in (lock.retained or {}).items()}),
         tuple(WaitingRequest(request.txn.tid, request.mode, request.jumped) for request in lock.waiters or ()),
     )
+
+
+def _wait_of(node: _Txn, following: _Txn):
+    """The wait behind the edge ``node -> following``: its lock request, a registered wait, or None (a
+    commit edge).  Caller holds the graph mutex."""
+    request = node.request
+    if request is not None and following in node.waits:
+        return request
+    return external_wait_to(node, following)
 
 
 def _subtree_size(txn: _Txn) -> int:

@@ -91,11 +91,13 @@ class LockStatistics:
     queue_jumps: int  #: cycles caused only by the fairness queue, resolved by letting a request go first
     timeouts: int
     inherited: int  #: lock entries handed from a committing subtransaction to its parent
+    registered_waits: int = 0  #: waits registered with add_wait that are still in the graph
 
 
 @dataclass(frozen=True)
 class VictimCandidate:
-    """A transaction on a deadlock cycle that is waiting for a lock (so it can be told)."""
+    """A transaction on a deadlock cycle that can be told: it waits for a lock, or in a registered wait
+    (``add_wait``) that can be cancelled."""
 
     tid: Hashable
     serial: int  #: begin order; larger is younger

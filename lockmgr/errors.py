@@ -68,9 +68,11 @@ class WaitEdge:
     * ``"retained"`` -- ``waiter`` waits for a lock ``target`` retains in a conflicting mode and ``target`` is
       not an ancestor of ``waiter``: the wait ends when an ancestor of ``waiter`` inherits it, or on release;
     * ``"queued"``   -- ``waiter`` is queued behind ``target``'s earlier conflicting request (fairness);
-    * ``"commit"``   -- ``waiter`` is the parent of the active child ``target`` and cannot commit before it.
+    * ``"commit"``   -- ``waiter`` is the parent of the active child ``target`` and cannot commit before it;
+    * any other kind -- a wait registered with ``LockManager.add_wait`` (e.g. ``"dependency"``: a coupling
+      gate wait for ``target``'s end; ``"nested"``: a thread running ``waiter`` is blocked inside ``target``).
 
-    ``resource`` is the resource waited for (None for commit edges).
+    ``resource`` is the resource waited for (None for commit edges and registered waits).
     """
 
     waiter: Hashable
@@ -79,8 +81,8 @@ class WaitEdge:
     resource: Any = None
 
     def describe(self) -> str:
-        if self.kind == "commit":
-            return f"{self.waiter!r} -[commit]-> {self.target!r}"
+        if self.resource is None:
+            return f"{self.waiter!r} -[{self.kind}]-> {self.target!r}"
         return f"{self.waiter!r} -[{self.kind} {self.resource!r}]-> {self.target!r}"
 
 
@@ -118,7 +120,7 @@ class Deadlock(LockError):
         path = "; ".join(edge.describe() for edge in self.cycle)
         return (
             f"deadlock: transaction {self.victim!r} was chosen as the victim (policy {self.policy!r}) of the "
-            f"wait-for cycle [{path}]. Its lock request was withdrawn; abort it with lm.abort({self.victim!r}) "
+            f"wait-for cycle [{path}]. Its wait was withdrawn; abort it with lm.abort({self.victim!r}) "
             f"and retry its work in a new transaction.{f' {self.note}' if self.note else ''}"
         )
 

@@ -29,7 +29,14 @@ The design note is ``spark_bridge/README.md``.
 from spark_bridge import errors
 from spark_bridge._app import LoadedApp, load_app
 from spark_bridge._ingest import ingest, sink_of
-from spark_bridge._ledger import QueryStatus, ingestion_status, ledger_query_id, parse_ledger_query_id
+from spark_bridge._ledger import (
+    IngestionLedger,
+    QueryStatus,
+    batch_committed,
+    ingestion_status,
+    ledger_query_id,
+    parse_ledger_query_id,
+)
 from spark_bridge._scaleout import PartitionedIngestSink
 from spark_bridge._sink import BatchOutcome, IngestSink, IngestStatistics, PhaseTimings
 from spark_bridge.mapping import EventMapping, RawEvent, Rejected, rows_to_events
@@ -38,6 +45,7 @@ from spark_bridge.session import get_spark
 __all__ = [
     "BatchOutcome",
     "EventMapping",
+    "IngestionLedger",
     "IngestSink",
     "IngestStatistics",
     "LoadedApp",
@@ -46,6 +54,7 @@ __all__ = [
     "QueryStatus",
     "RawEvent",
     "Rejected",
+    "batch_committed",
     "errors",
     "get_spark",
     "ingest",

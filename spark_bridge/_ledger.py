@@ -13,19 +13,28 @@ find a query; the name alone would make a *new* checkpoint (batch ids restarting
 collide with the old ledger rows and silently skip its batches. A checkpoint resumed
 under another name is refused (:class:`~spark_bridge.errors.QueryRenamedError`).
 
-Public here: :func:`ledger_query_id`, :func:`parse_ledger_query_id`, :func:`ingestion_status`,
-:class:`QueryStatus`.
+The ledger row of a batch is written by :class:`IngestionLedger`, a commit participant of the
+batch's top-level transaction: it goes into the same PostgreSQL transaction as the batch's effects and
+dead letters, so a batch is recorded exactly when its effects are.
+
+Public here: :class:`IngestionLedger`, :func:`batch_committed`, :func:`ledger_query_id`,
+:func:`parse_ledger_query_id`, :func:`ingestion_status`, :class:`QueryStatus`.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["QueryStatus", "ingestion_status", "ledger_query_id", "parse_ledger_query_id"]
+from activedb import CommitParticipant
+from activedb.errors import BatchAlreadyCommitted
+
+__all__ = ["IngestionLedger", "QueryStatus", "batch_committed", "ingestion_status", "ledger_query_id",
+           "parse_ledger_query_id"]
 
 LEDGER_TABLE = "activedb_ingestion_ledger"
 DEAD_LETTER_TABLE = "activedb_dead_letters"
@@ -149,3 +158,68 @@ def last_watermark(db: Any, query_id: str) -> dt.datetime | None:
             sa.select(sa.func.max(ledger.c.watermark)).where(
                 sa.or_(ledger.c.query_id == query_id, ledger.c.query_id.like(f"{query_id}#p%")))
         ).scalar()
+
+
+class IngestionLedger(CommitParticipant):
+    """The ledger row of batch ``batch_id`` of ``query_id``, written in the batch's own PostgreSQL
+    transaction (``db.transaction(participants=[ledger])``).  A batch already in the ledger raises
+    :class:`~activedb.errors.BatchAlreadyCommitted` there, so its effects are never applied twice.
+
+    The sink fills ``events``, ``dead_letters`` and ``watermark`` before the commit; the rule firings
+    come from the rule manager.  ``on_flush(batch_id)`` is called when everything is written and the
+    PostgreSQL transaction is about to commit (a seam for crash tests); ``flush_seconds`` is how long
+    the flush took (set once it committed).
+    """
+
+    def __init__(self, db: Any, query_id: str, batch_id: int, *,
+                 on_flush: Callable[[int], None] | None = None) -> None:
+        self.db = db
+        self.query_id = query_id
+        self.batch_id = batch_id
+        self.events = 0
+        self.dead_letters = 0
+        self.watermark: dt.datetime | None = None
+        self.rule_firings: dict[str, int] = {}
+        self._on_flush = on_flush
+        self.flush_began: float | None = None
+        self.flush_seconds = 0.0
+
+    def before_flush(self, transaction: Any) -> None:
+        self.flush_began = time.perf_counter()
+        self.rule_firings = self.db.rules.firings_in(transaction)
+
+    def write(self, transaction: Any, connection: Any) -> None:
+        from sqlalchemy.dialects import postgresql
+
+        ledger = self.db.table(LEDGER_TABLE)
+        statement = (
+            postgresql.insert(ledger)
+            .values(query_id=self.query_id, batch_id=self.batch_id, transaction_id=transaction.log_id,
+                    events=self.events, dead_letters=self.dead_letters, watermark=self.watermark,
+                    rule_firings=self.rule_firings)
+            .on_conflict_do_nothing()
+            .returning(ledger.c.batch_id)
+        )
+        if connection.execute(statement).first() is None:
+            raise BatchAlreadyCommitted(
+                f"batch {self.batch_id} of query {self.query_id!r} was already committed; its effects are not "
+                f"applied twice"
+            )
+
+    def about_to_commit(self, transaction: Any, connection: Any) -> None:
+        if self._on_flush is not None:
+            self._on_flush(self.batch_id)
+
+    def committed(self, transaction: Any) -> None:
+        if self.flush_began is not None:
+            self.flush_seconds = time.perf_counter() - self.flush_began
+
+
+def batch_committed(db: Any, query_id: str, batch_id: int) -> bool:
+    """True if ``(query_id, batch_id)`` is in the ingestion ledger of ``db`` (its effects are committed)."""
+    import sqlalchemy as sa
+
+    ledger = db.table(LEDGER_TABLE)
+    with db.engine.connect() as connection:
+        return connection.execute(sa.select(ledger.c.batch_id).where(
+            ledger.c.query_id == query_id, ledger.c.batch_id == batch_id)).first() is not None

@@ -7,16 +7,17 @@ For batch ``b`` of the query with ledger id ``q`` (see ``_ledger.py``):
    batch is what feeds Spark's event-time statistics, so skipping the job on a replay
    would hold the next batches' watermark back and make a restarted run differ from an
    uninterrupted one;
-2. ``db.batch_committed(q, b)`` — a replayed batch that already committed stops here;
+2. ``batch_committed(db, q, b)`` — a replayed batch that already committed stops here;
 3. :func:`~spark_bridge.mapping.rows_to_events` — rows become events sorted by
    application time, bad rows become dead letters; events older than the batch's
    watermark become dead letters too (*late*, Spark's own lateness rule), so that no
    applied event contradicts a punctuation already given;
-4. ``with db.transaction(batch=(q, b)) as tx`` — every event in its own subtransaction
-   (``sub.emit``: the rules on ``db.stream(type)`` fire inside it); a failing event aborts
-   only its subtransaction and becomes a dead letter; dead letters are inserted in ``tx``;
-   ``tx.info`` gets ``events`` (applied), ``dead_letters`` and ``watermark``; the engine's
-   flush writes the ledger row, the effects and the dead letters in **one** PostgreSQL
+4. ``with db.transaction(participants=[ledger]) as tx`` — every event in its own
+   subtransaction (``sub.emit``: the rules on ``db.stream(type)`` fire inside it); a failing
+   event aborts only its subtransaction and becomes a dead letter; dead letters are inserted
+   in ``tx``; the :class:`~spark_bridge._ledger.IngestionLedger` participant gets ``events``
+   (applied), ``dead_letters`` and ``watermark`` and writes the ledger row inside the engine's
+   flush, so the ledger row, the effects and the dead letters commit in **one** PostgreSQL
    transaction. ``BatchAlreadyCommitted`` at the flush (a concurrent duplicate) means
    skipped; a ``SerializationConflict`` (another process changed rows the batch read)
    re-runs the whole batch, at most ``batch_attempts`` times;
@@ -43,9 +44,19 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from spark_bridge._ledger import DEAD_LETTER_TABLE, check_not_renamed, last_watermark, ledger_query_id
+from activedb import TxnState
+from activedb.store import jsonable
+
+from spark_bridge._ledger import (
+    DEAD_LETTER_TABLE,
+    IngestionLedger,
+    batch_committed,
+    check_not_renamed,
+    last_watermark,
+    ledger_query_id,
+)
 from spark_bridge.errors import IngestError
-from spark_bridge.mapping import EventMapping, RawEvent, jsonable, rows_to_events
+from spark_bridge.mapping import EventMapping, RawEvent, rows_to_events
 
 __all__ = ["BatchOutcome", "IngestSink", "IngestStatistics", "PhaseTimings"]
 
@@ -54,6 +65,12 @@ logger = logging.getLogger("spark_bridge.ingest")
 _UTC = dt.timezone.utc
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=_UTC)
 _QUERY_ID_PROPERTY = "sql.streaming.queryId"
+_ACTIVE = TxnState.ACTIVE
+
+
+def _emit(sub: Any, event: RawEvent) -> None:
+    """The body of an event's subtransaction: hand it to the rules on ``db.stream(type)``."""
+    sub.emit(event.event_type, key=event.key, ts=event.ts, payload=event.payload)
 
 #: Phases reported to ``on_phase(phase, batch_id)``:
 #: ``fetched``  — rows are in Python (after ``toArrow``), nothing written;
@@ -175,59 +192,6 @@ def _rejection_reason(error: BaseException) -> str:
     return f"event processing failed: {type(error).__name__}: {error}"
 
 
-class _FlushWatch:
-    """Engine listener that finds the flush of the batch being committed on a thread.
-
-    The engine's top-level commit runs deferred rules (their reads open connections too)
-    and then the flush: one ``begin`` … ``commit`` on the committing thread. The last
-    ``begin`` before the ``commit`` event is the flush's; the ``commit`` event fires
-    before PostgreSQL commits, which is where ``on_phase("flush")`` is called.
-
-    Thread-safety: all state is thread-local; listeners run in the thread using the
-    connection.
-    """
-
-    def __init__(self, engine: Any, on_flush: Callable[[int], None]) -> None:
-        import sqlalchemy as sa
-
-        self._engine = engine
-        self._on_flush = on_flush
-        self._local = threading.local()
-        self._installed = True
-        sa.event.listen(engine, "begin", self._begin)
-        sa.event.listen(engine, "commit", self._commit)
-
-    def arm(self, batch_id: int) -> None:
-        self._local.batch_id = batch_id
-        self._local.last_begin = None
-        self._local.flush_began = None
-
-    def disarm(self) -> float | None:
-        """Stop watching this thread; return when the flush began (perf_counter) or None."""
-        began = getattr(self._local, "flush_began", None)
-        self._local.batch_id = None
-        return began
-
-    def _begin(self, connection: Any) -> None:
-        if getattr(self._local, "batch_id", None) is not None:
-            self._local.last_begin = time.perf_counter()
-
-    def _commit(self, connection: Any) -> None:
-        batch_id = getattr(self._local, "batch_id", None)
-        if batch_id is None:
-            return
-        self._local.flush_began = self._local.last_begin or time.perf_counter()
-        self._on_flush(batch_id)
-
-    def close(self) -> None:
-        import sqlalchemy as sa
-
-        if self._installed:
-            self._installed = False
-            sa.event.remove(self._engine, "begin", self._begin)
-            sa.event.remove(self._engine, "commit", self._commit)
-
-
 class IngestSink:
     """``foreachBatch`` callable applying each micro-batch to ``db`` through its rules.
 
@@ -277,7 +241,6 @@ class IngestSink:
         self._on_phase = on_phase
         self._batch_attempts = batch_attempts
         self._event_attempts = event_attempts
-        self._flush_watch = _FlushWatch(db.engine, self._flush_reached)
         # self._mutex protects everything below.
         self._mutex = threading.Lock()
         self._checked_spark_ids: set[str] = set()
@@ -373,7 +336,7 @@ class IngestSink:
     def _process(self, rows, batch_id, query_id, watermark, timings, punctuate) -> BatchOutcome:
         began = time.perf_counter() - timings.to_arrow
         row_count = rows.num_rows if hasattr(rows, "num_rows") else len(rows)
-        if self.db.batch_committed(query_id, batch_id):
+        if batch_committed(self.db, query_id, batch_id):
             return self._skipped(query_id, batch_id, row_count, watermark, timings, began)
 
         started = time.perf_counter()
@@ -416,60 +379,47 @@ class IngestSink:
                watermark: dt.datetime | None):
         """One top-level transaction for the batch; returns (applied, dead letters, firings, timings)."""
         started = time.perf_counter()
-        try:
-            with self.db.transaction(name=f"ingest:{self.query_name}", batch=(query_id, batch_id)) as tx:
-                self._prefetch_rows(tx, events)
-                applied = 0
-                failed: list[tuple[RawEvent, str]] = []
-                for event in events:
-                    reason = self._apply_event(tx, event)
-                    if reason is None:
-                        applied += 1
-                    else:
-                        failed.append((event, reason))
-                if failed:
-                    reasons = {id(event): reason for event, reason in failed}
-                    letters = letters + self._letters_for(rows, [event for event, _ in failed],
-                                                          lambda event: reasons[id(event)])
-                self._insert_dead_letters(tx, query_id, batch_id, letters)
-                tx.info["events"] = applied
-                tx.info["dead_letters"] = len(letters)
-                tx.info["watermark"] = watermark
-                self._flush_watch.arm(batch_id)
-                exit_began = time.perf_counter()
-            # Leaving the block committed the transaction, flush included (or raised).
-        finally:
-            flush_began = self._flush_watch.disarm()
+        ledger = IngestionLedger(self.db, query_id, batch_id, on_flush=self._flush_reached)
+        with self.db.transaction(name=f"ingest:{self.query_name}", participants=[ledger]) as tx:
+            self._prefetch_rows(tx, events)
+            applied = 0
+            failed: list[tuple[RawEvent, str]] = []
+            for event in events:
+                reason = self._apply_event(tx, event)
+                if reason is None:
+                    applied += 1
+                else:
+                    failed.append((event, reason))
+            if failed:
+                reasons = {id(event): reason for event, reason in failed}
+                letters = letters + self._letters_for(rows, [event for event, _ in failed],
+                                                      lambda event: reasons[id(event)])
+            self._insert_dead_letters(tx, query_id, batch_id, letters)
+            ledger.events = applied
+            ledger.dead_letters = len(letters)
+            ledger.watermark = watermark
+            exit_began = time.perf_counter()
+        # Leaving the block committed the transaction, flush included (or raised).
         ended = time.perf_counter()
-        flush_began = flush_began or ended
-        firings = dict(tx.info.get("rule_firings", {}))
+        flush_began = ledger.flush_began or ended
         timings = PhaseTimings(engine=exit_began - started, commit=max(0.0, flush_began - exit_began),
                                flush=ended - min(max(flush_began, exit_began), ended))
-        return applied, len(letters), firings, timings
+        return applied, len(letters), dict(ledger.rule_firings), timings
 
     def _apply_event(self, tx: Any, event: RawEvent) -> str | None:
         """Run ``event`` in its own subtransaction of ``tx``; None if it committed, else why not.
 
         Raises when the batch itself cannot go on (``tx`` unusable, PostgreSQL down)."""
         for attempt in range(1, self._event_attempts + 1):
-            context = tx.subtransaction(name=f"event:{event.event_type}")
-            sub = context.__enter__()  # errors here are the batch's: tx is no longer usable
             try:
-                sub.emit(event.event_type, key=event.key, ts=event.ts, payload=event.payload)
-            except BaseException as error:
-                context.__exit__(type(error), error, error.__traceback__)
-                failure = error
-            else:
-                try:
-                    context.__exit__(None, None, None)
-                    return None
-                except BaseException as error:  # the subtransaction's commit (its deferred rules) failed
-                    failure = error
-            if not isinstance(failure, Exception) or _is_infrastructure_failure(failure):
-                raise failure
-            if _is_deadlock(failure) and attempt < self._event_attempts:
-                continue
-            return _rejection_reason(failure)
+                tx.run_subtransaction(_emit, event, name=f"event:{event.event_type}")
+                return None
+            except Exception as failure:
+                if _is_infrastructure_failure(failure) or not tx.state is _ACTIVE:
+                    raise
+                if _is_deadlock(failure) and attempt < self._event_attempts:
+                    continue
+                return _rejection_reason(failure)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     # -- helpers ------------------------------------------------------------------------------
@@ -479,9 +429,7 @@ class IngestSink:
         the rules of ``db`` listen to (``None`` — anything — if no rule listens to any)."""
         if self._known_types is not None:
             return self._known_types
-        types = frozenset(rule.on.source for rule in self.db.rules
-                          if rule.enabled and rule.on.kind == "stream" and rule.on.source)
-        return types or None
+        return self.db.rules.stream_types() or None
 
     def _prefetch_rows(self, tx: Any, events: list[RawEvent]) -> None:
         for table, how in self._prefetch.items():
@@ -521,13 +469,9 @@ class IngestSink:
         their absence loaded in one query (``prefetch``), so no round trip per letter."""
         if not letters:
             return
-        import sqlalchemy as sa
-
-        with self.db.engine.connect() as connection:
-            ids = connection.execute(
-                sa.text("SELECT nextval(pg_get_serial_sequence(:table, 'id')) FROM generate_series(1, :count)"),
-                {"table": DEAD_LETTER_TABLE, "count": len(letters)},
-            ).scalars().all()
+        catalog = self.db.catalog
+        sequence = catalog.sequence_of(catalog.table_info(DEAD_LETTER_TABLE), "id")
+        ids = catalog.draw_keys(sequence, len(letters))
         tx.prefetch(DEAD_LETTER_TABLE, ids)
         for letter_id, (reason, raw) in zip(ids, letters):
             tx.insert(DEAD_LETTER_TABLE, id=letter_id, query_id=query_id, batch_id=batch_id, reason=reason,
@@ -641,5 +585,4 @@ class IngestSink:
                                    watermark_lag_seconds=(dt.datetime.now(_UTC) - watermark).total_seconds())
 
     def close(self) -> None:
-        """Remove the engine listeners (the sink cannot time flushes afterwards)."""
-        self._flush_watch.close()
+        """Nothing to release (kept for callers that close their sinks)."""

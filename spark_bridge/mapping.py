@@ -35,14 +35,14 @@ Pure Python plus pyarrow (imported only when a Table is passed); never imports p
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
-import decimal
 import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
+
+from activedb.store import jsonable  # the one conversion into storable JSON (dead letters, logs)
 
 from spark_bridge.errors import MappingError
 
@@ -127,30 +127,6 @@ class Rejected:
     position: int
     reason: str
     row: Mapping[str, Any] = field(hash=False)
-
-
-def jsonable(value: Any) -> Any:
-    """``value`` converted to something ``json.dumps`` (and PostgreSQL ``jsonb``) accepts.
-
-    datetimes, dates and times become ISO-8601 strings; ``Decimal`` and non-finite floats
-    become strings; bytes become base64 strings; mappings and sequences are converted
-    recursively (mapping keys become strings); anything else becomes its ``repr``.
-    """
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
-    if isinstance(value, (dt.datetime, dt.date, dt.time)):
-        return value.isoformat()
-    if isinstance(value, decimal.Decimal):
-        return str(value)
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return base64.b64encode(bytes(value)).decode("ascii")
-    if isinstance(value, Mapping):
-        return {str(key): jsonable(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [jsonable(item) for item in value]
-    return repr(value)
 
 
 def _describe(value: Any) -> str:

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 import activedb
 from activedb import Coupling, testing
 from activedb.errors import CascadeLimitExceeded, RuleError, RuleFailed, UnknownTable
+from activedb.rules import RuleContext
 from coupling import HistoryEvent, check_dependencies, dependencies_for
 from tests.conftest import APP_MIGRATIONS
 
@@ -180,7 +181,7 @@ def test_deferred_cycles_run_in_order(db):
 
     @db.rule(on=db.signalled("s0"), coupling="deferred")
     def first(tx, event):
-        order.append(("first", tx.deferred_queue is None))
+        order.append(("first", tx.slot(RuleContext).deferred_queue is None))
         tx.signal("s1")
 
     @db.rule(on=db.signalled("s1"), coupling="deferred")
@@ -197,7 +198,7 @@ def test_deferred_cycles_run_in_order(db):
         assert order == []                     # nothing before the commit point
         queue_of_trigger = tx
     assert [entry[0] for entry in order] == ["first", "second", "third"]
-    statistics = queue_of_trigger.deferred_queue.statistics()
+    statistics = queue_of_trigger.slot(RuleContext).deferred_queue.statistics()
     assert statistics.cycles_run == 3          # cycle 0, 1, 2 on the trigger's own queue
 
 

@@ -7,7 +7,7 @@ import sqlalchemy as sa
 
 import activedb
 from activedb import testing
-from activedb._transaction import TxnState
+from activedb import TxnState
 from lockmgr import Deadlock
 
 
@@ -310,16 +310,6 @@ def test_prefetch_loads_rows_once_for_the_tree(db):
         assert not any("FROM accounts" in statement for statement in statements)
     assert committed(db, "accounts")[(3,)]["balance"] == 33
     testing.check_history(db.history.snapshot()).assert_ok()
-
-
-def test_batch_ledger_makes_a_batch_exactly_once(db):
-    with db.transaction(batch=("query-a", 7)) as tx:
-        tx.write("items", "b", value=1)
-    assert db.batch_committed("query-a", 7) and not db.batch_committed("query-a", 8)
-    with pytest.raises(activedb.BatchAlreadyCommitted, match="batch 7 of query 'query-a'"):
-        with db.transaction(batch=("query-a", 7)) as tx:
-            tx.write("items", "b", value=2)
-    assert committed(db, "items")[("b",)]["value"] == 1
 
 
 def test_punctuation_never_moves_backwards(db):

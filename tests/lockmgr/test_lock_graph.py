@@ -14,6 +14,7 @@ class Node:
         self.name = name
         self.waits: dict = {}
         self.children: set = set()
+        self.external: tuple = ()
 
     def __repr__(self) -> str:
         return f"N{self.name}"

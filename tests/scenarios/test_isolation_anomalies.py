@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 import activedb
 from activedb import testing
-from activedb._transaction import TxnState
+from activedb import TxnState
 from lockmgr import Deadlock
 from tests.conftest import APP_MIGRATIONS
 

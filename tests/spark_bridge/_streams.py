@@ -106,7 +106,7 @@ def apply_directly(database: activedb.Database, rows: list[dict]) -> DirectRun:
                 applied += 1
             except (RuleFailed, CascadeLimitExceeded):
                 rejected += 1
-    return DirectRun(applied, rejected, dict(tx.info.get("rule_firings", {})))
+    return DirectRun(applied, rejected, database.rules.firings_in(tx))
 
 
 def app_state(database: activedb.Database) -> dict[str, list[tuple]]:

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 import sqlalchemy as sa
 
+import activedb
 import spark_bridge
 from activedb.errors import DatabaseUnavailable
 from spark_bridge import IngestSink
@@ -128,7 +129,7 @@ def test_a_database_failure_inside_an_event_fails_the_batch_instead_of_dead_lett
     assert calls.is_set()
     assert any(isinstance(cause, DatabaseUnavailable) for cause in (raised.value, raised.value.__cause__))
     assert ledger(database) == [] and dead_letters(database) == []
-    assert not database.batch_committed("q@down", 0)
+    assert not spark_bridge.batch_committed(database, "q@down", 0)
 
 
 def test_ingest_status_groups_ledger_rows_by_query_name(database):
@@ -153,3 +154,18 @@ def test_sink_arguments_are_checked(database):
         IngestSink(database, {"type": "t"}, query_name="q")
     with pytest.raises(IngestError, match="query_name"):
         IngestSink(database, app_counters.MAPPING, query_name=" ")
+
+
+def test_the_ledger_participant_makes_a_batch_exactly_once(database):
+    """The ledger row is written by a commit participant in the batch's own PostgreSQL transaction: a
+    second transaction for the same (query, batch) fails at its flush and writes nothing."""
+    first = spark_bridge.IngestionLedger(database, "query-a", 7)
+    with database.transaction(participants=[first]) as tx:
+        tx.write("counters", "b", total=1)
+    assert spark_bridge.batch_committed(database, "query-a", 7)
+    assert not spark_bridge.batch_committed(database, "query-a", 8)
+    with pytest.raises(activedb.BatchAlreadyCommitted, match="batch 7 of query 'query-a'"):
+        with database.transaction(participants=[spark_bridge.IngestionLedger(database, "query-a", 7)]) as tx:
+            tx.write("counters", "b", total=2)
+    with database.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT total FROM counters WHERE key = 'b'")).scalar() == 1

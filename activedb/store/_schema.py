@@ -1,90 +1,31 @@
-"""The shared store: keys, value checks, private write sets and the batched flush.
+"""What the store knows about a reflected table: keys, columns, value checks, cached statements.
 
-A node's writes go to its private **write set**: a dict ``(table, key) ->
-Entry``.  Entries compose (``Entry.then``) so that a child's commit can merge
-its write set into its parent's and a top-level commit flushes one entry per
-row.  Kinds:
+Every value is checked **at the write**, in the writing thread, so that a value PostgreSQL would reject
+at commit (a NUL character in text, a lone surrogate, an integer out of the column's range, NaN or a
+non-JSON value in a JSON column) fails the write with :class:`~activedb.errors.InvalidValue` naming the
+column — not the commit, with a driver error that prints the SQL and every parameter.
 
-* ``PATCH(values)`` — upsert: update the given columns, or insert the row.
-* ``INSERT(values)`` — the row must not exist.
-* ``DELETE`` — remove the row if present.
-* ``REPLACE(values)`` — delete then insert: the row is exactly ``values``.
-
-Composition (earlier ``a`` then later ``b``)::
-
-    a \\ b        PATCH        INSERT        DELETE
-    None         PATCH        INSERT        DELETE
-    PATCH        PATCH(a|b)   DuplicateKey  DELETE
-    INSERT       INSERT(a|b)  DuplicateKey  DELETE*
-    REPLACE      REPLACE(a|b) DuplicateKey  DELETE
-    DELETE       REPLACE(b)   REPLACE(b)    DELETE
-
-(*) an INSERT followed by a DELETE still flushes a DELETE: harmless.
-
-A read sees the node's own entry, then its ancestors' entries, then committed
-data: :func:`resolve` applies a chain of entries to a base image.
+Thread-safety: a :class:`TableInfo` is immutable after construction except for its statement cache,
+whose entries are written once per key (a racing duplicate build is harmless).
 """
 
 from __future__ import annotations
 
 import datetime
 import decimal
-import enum
-import json
+import math
 import uuid
-from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
-from activedb.errors import DuplicateKey, InvalidKey, InvalidValue, UnknownColumn
+from activedb.errors import InvalidKey, InvalidValue, UnknownColumn
+from activedb.store._writeset import Key
 
-Key = tuple  # primary-key values, in primary-key column order
+# Integer column ranges PostgreSQL enforces (smallint, integer, bigint).
+_INTEGER_RANGES = ((sa.SmallInteger, 2**15), (sa.BigInteger, 2**63), (sa.Integer, 2**31))
 
-
-class EntryKind(enum.Enum):
-    PATCH = "patch"
-    INSERT = "insert"
-    DELETE = "delete"
-    REPLACE = "replace"
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    kind: EntryKind
-    values: Mapping[str, Any] | None = None   # None only for DELETE
-
-    def then(self, later: "Entry", describe: str) -> "Entry":
-        """This entry followed by ``later`` on the same row (see the module table)."""
-        if later.kind is EntryKind.DELETE:
-            return later
-        if self.kind is EntryKind.DELETE:
-            return Entry(EntryKind.REPLACE, dict(later.values))
-        if later.kind is EntryKind.INSERT:
-            raise DuplicateKey(f"insert into {describe}: the row already exists (written earlier in this transaction)")
-        if later.kind is EntryKind.REPLACE:
-            return later
-        return Entry(self.kind, {**self.values, **later.values})
-
-    def apply(self, base: dict | None) -> dict | None:
-        """The row image after this entry, given the image before it."""
-        if self.kind is EntryKind.DELETE:
-            return None
-        if self.kind is EntryKind.PATCH and base is not None:
-            return {**base, **self.values}
-        return dict(self.values)
-
-
-def resolve(chain: list[Entry], base: dict | None) -> dict | None:
-    """Apply entries oldest-first (ancestors before descendants) to ``base``."""
-    image = base
-    for entry in chain:
-        image = entry.apply(image)
-    return image
-
-
-# --- schema checks --------------------------------------------------------------------------
 
 class TableInfo:
     """What the store needs to know about a reflected table, computed once."""
@@ -106,6 +47,7 @@ class TableInfo:
         # the default if it is a constant, else None.
         self.blank_row = {column.name: _constant_default(column) for column in table.columns}
         self._python_types = {name: _python_type(column) for name, column in self.columns.items()}
+        self._checks = {name: _extra_check(column) for name, column in self.columns.items()}
         self._key_clause = (
             sa.tuple_(*[table.c[name] for name in self.key_columns])
             if len(self.key_columns) > 1 else table.c[self.key_columns[0]]
@@ -159,9 +101,16 @@ class TableInfo:
             raise InvalidValue(
                 f"column {self.name}.{name} is {column.type}; got {value!r} ({type(value).__name__})"
             )
+        check = self._checks[name]
+        if check is not None:
+            problem = check(value)
+            if problem is not None:
+                raise InvalidValue(f"column {self.name}.{name} ({column.type}): {problem}; nothing was written")
 
     def full_key_row(self, key: Key) -> dict[str, Any]:
         return dict(zip(self.key_columns, key))
+
+    # statements, cached per table
 
     def update(self, columns: frozenset[str]):
         cached = self._statements.get(("update", columns))
@@ -171,8 +120,6 @@ class TableInfo:
             ).values({name: sa.bindparam(f"v_{name}") for name in columns if name not in self.key_columns})
             self._statements[("update", columns)] = cached
         return cached
-
-    # statements, cached per table
 
     def select_by_keys(self):
         cached = self._statements.get("select_by_keys")
@@ -204,6 +151,62 @@ class TableInfo:
             )
             self._statements["delete"] = cached
         return cached
+
+
+def text_problem(value: str) -> str | None:
+    """Why PostgreSQL cannot store the string ``value`` in a text or jsonb value, or None."""
+    if "\x00" in value:
+        return f"the text contains a NUL character at position {value.index(chr(0))} (PostgreSQL text cannot hold it)"
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as error:
+            return (f"the text contains a lone surrogate {value[error.start]!r} at position {error.start} "
+                    f"(not valid UTF-8; PostgreSQL rejects it)")
+    return None
+
+
+def json_problem(value: Any, path: str = "$") -> str | None:
+    """Why PostgreSQL ``jsonb`` cannot store ``value``, or None (a depth-first check)."""
+    if value is None or isinstance(value, (bool, int)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{path} is {value!r}, which JSON cannot represent"
+    if isinstance(value, str):
+        problem = text_problem(value)
+        return None if problem is None else f"{path}: {problem}"
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"{path} has the key {key!r} ({type(key).__name__}); JSON object keys are strings"
+            problem = text_problem(key) or json_problem(item, f"{path}.{key}")
+            if problem is not None:
+                return problem
+        return None
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            problem = json_problem(item, f"{path}[{index}]")
+            if problem is not None:
+                return problem
+        return None
+    return f"{path} is a {type(value).__name__} ({value!r:.60}), which is not a JSON value"
+
+
+def _extra_check(column: sa.Column):
+    """A check beyond the Python type for values of ``column``: returns a function
+    ``value -> problem or None``, or None when the type check is enough."""
+    column_type = column.type
+    if isinstance(column_type, (sa.String, sa.Text, sa.Enum)):
+        return text_problem
+    if isinstance(column_type, sa.Integer):
+        for integer_type, bound in _INTEGER_RANGES:
+            if isinstance(column_type, integer_type):
+                return lambda value, bound=bound: (
+                    None if -bound <= value < bound else f"{value} is outside the column's range "
+                    f"[{-bound}, {bound - 1}]")
+    if isinstance(column_type, (sa.JSON, postgresql.JSONB)):
+        return json_problem
+    return None
 
 
 def _constant_default(column: sa.Column) -> Any:
@@ -259,93 +262,3 @@ def _python_type(column: sa.Column):
     if isinstance(column_type, postgresql.ARRAY):
         return (list, tuple)
     return None
-
-
-def jsonable(value: Any) -> Any:
-    """A JSON-serialisable copy of a row image or value (for logs and dead letters)."""
-    return json.loads(json.dumps(value, default=str))
-
-
-# --- the flush ------------------------------------------------------------------------------
-
-def fetch_rows(connection: sa.Connection, info: TableInfo, keys: Iterable[Key], *, lock: str | None = None
-               ) -> dict[Key, dict]:
-    """Committed images of ``keys`` (missing keys absent from the result)."""
-    keys = list(keys)
-    if not keys:
-        return {}
-    statement = info.select_by_keys()
-    if lock == "share":
-        statement = statement.with_for_update(read=True)
-    elif lock == "update":
-        statement = statement.with_for_update()
-    bound = [key if len(info.key_columns) > 1 else key[0] for key in keys]
-    rows = connection.execute(statement, {"keys": bound}).mappings().all()
-    return {tuple(row[name] for name in info.key_columns): dict(row) for row in rows}
-
-
-def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
-                    writes: Mapping[tuple[str, Key], Entry]) -> int:
-    """Apply a merged write set with one batched statement per (table, kind, columns).
-
-    A PATCH that names every required column is an ``INSERT ... ON CONFLICT DO UPDATE``.
-    One that does not (an update of some columns of an existing row) is an ``UPDATE``
-    when the row exists (one ``SELECT ... FOR UPDATE`` per table finds out) and otherwise
-    an INSERT that PostgreSQL rejects with a clear message naming the missing columns.
-    """
-    deletes: dict[str, list[dict]] = {}
-    upserts: dict[tuple[str, frozenset[str]], list[dict]] = {}
-    inserts: dict[tuple[str, frozenset[str]], list[dict]] = {}
-    partial: dict[str, list[tuple[Key, dict]]] = {}
-    for (table_name, key), entry in writes.items():
-        info = infos[table_name]
-        if entry.kind in (EntryKind.DELETE, EntryKind.REPLACE):
-            deletes.setdefault(table_name, []).append({f"k_{n}": v for n, v in zip(info.key_columns, key)})
-        if entry.kind is EntryKind.DELETE:
-            continue
-        row = {**info.full_key_row(key), **entry.values}
-        if entry.kind is EntryKind.PATCH:
-            if info.required <= row.keys():
-                upserts.setdefault((table_name, frozenset(row)), []).append(row)
-            else:
-                partial.setdefault(table_name, []).append((key, row))
-        else:
-            inserts.setdefault((table_name, frozenset(row)), []).append(row)
-    for table_name, rows in deletes.items():
-        connection.execute(infos[table_name].delete(), rows)
-    updates: dict[tuple[str, frozenset[str]], list[dict]] = {}
-    for table_name, items in partial.items():
-        info = infos[table_name]
-        existing = fetch_rows(connection, info, [key for key, _ in items], lock="update")
-        for key, row in items:
-            if key in existing:
-                columns = frozenset(row)
-                updates.setdefault((table_name, columns), []).append(
-                    {**{f"k_{n}": v for n, v in zip(info.key_columns, key)},
-                     **{f"v_{n}": v for n, v in row.items() if n not in info.key_columns}})
-            else:
-                missing = sorted(info.required - row.keys())
-                raise InvalidValue(
-                    f"write to {table_name!r} creates the new row {key!r} without the NOT NULL column(s) "
-                    f"{', '.join(missing)}; give them in write() (nothing was written)"
-                )
-    for (table_name, columns), rows in updates.items():
-        connection.execute(infos[table_name].update(columns), rows)
-    for (table_name, columns), rows in upserts.items():
-        connection.execute(infos[table_name].upsert(columns), rows)
-    for (table_name, columns), rows in inserts.items():
-        try:
-            connection.execute(infos[table_name].table.insert(), rows)
-        except sa.exc.IntegrityError as error:
-            if getattr(error.orig, "sqlstate", None) == "23505":
-                raise DuplicateKey(
-                    f"insert into {table_name!r}: a row with the same primary key exists in the database "
-                    f"({str(error.orig).splitlines()[-1].strip()}); use write() to upsert"
-                ) from None
-            if getattr(error.orig, "sqlstate", None) == "23502":
-                raise InvalidValue(
-                    f"insert into {table_name!r}: {str(error.orig).splitlines()[0]}; give every NOT NULL column "
-                    f"(nothing was written)"
-                ) from None
-            raise
-    return len(writes)

@@ -1,0 +1,111 @@
+"""Events and event specifications.
+
+An :class:`Event` is one occurrence; an :class:`EventSpec` says which occurrences a rule reacts to.
+Specs are made by the ``Database`` helpers: ``db.inserted(table)``, ``db.updated(table)``,
+``db.deleted(table)``, ``db.modified(table)`` (any of the three), ``db.signalled(name)`` (application
+events raised with ``tx.signal``), ``db.began()``, ``db.committed()``, ``db.aborted()`` (transaction
+events of top-level transactions) and ``db.stream(event_type)`` (events from a stream, e.g. the Spark
+bridge).
+
+:class:`EventKind` is a ``str`` Enum: ``event.kind == "inserted"`` keeps working.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class EventKind(str, enum.Enum):
+    """What happened.  ``MODIFIED`` appears only in specs (any data event on a table)."""
+
+    INSERTED = "inserted"
+    UPDATED = "updated"
+    DELETED = "deleted"
+    MODIFIED = "modified"
+    SIGNAL = "signal"
+    STREAM = "stream"
+    BEGAN = "began"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    @property
+    def is_data(self) -> bool:
+        """A data event (or spec) on a table."""
+        return self in DATA_SPEC_KINDS
+
+    @property
+    def is_transaction_end(self) -> bool:
+        return self in (EventKind.COMMITTED, EventKind.ABORTED)
+
+
+DATA_KINDS = frozenset({EventKind.INSERTED, EventKind.UPDATED, EventKind.DELETED})
+DATA_SPEC_KINDS = DATA_KINDS | {EventKind.MODIFIED}
+TRANSACTION_KINDS = frozenset({EventKind.BEGAN, EventKind.COMMITTED, EventKind.ABORTED})
+KINDS = frozenset(EventKind)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event occurrence, as a rule's condition and action see it.
+
+    * ``kind``: an :class:`EventKind` (inserted | updated | deleted | signal | stream | began | committed |
+      aborted)
+    * ``source``: the table (data events), the signal name, or the stream event type
+    * ``key``: the row's primary key (data events) or the stream event's key
+    * ``old`` / ``new``: row images before and after (data events; an insert's ``new`` is the stored row,
+      every column)
+    * ``payload``: the signal's or stream event's fields
+    * ``ts``: application timestamp (stream events), else None
+    * ``transaction``: id of the transaction in which it occurred
+    """
+
+    kind: EventKind
+    source: str | None
+    key: Any = None
+    old: dict | None = None
+    new: dict | None = None
+    payload: dict = field(default_factory=dict)
+    ts: Any = None
+    transaction: str | None = None
+
+    def describe(self) -> str:
+        where = f" {self.source}" if self.source else ""
+        key = f" key={self.key!r}" if self.key is not None else ""
+        return f"{self.kind}{where}{key} in {self.transaction}"
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    """Which events a rule reacts to: a kind and, optionally, a source (table, signal or stream type)."""
+
+    kind: EventKind
+    source: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", EventKind(self.kind))
+
+    def matches(self, event: Event) -> bool:
+        if self.kind is EventKind.MODIFIED:
+            return event.kind in DATA_KINDS and event.source == self.source
+        if event.kind != self.kind:
+            return False
+        return self.source is None or self.source == event.source
+
+    @property
+    def is_data(self) -> bool:
+        return self.kind in DATA_SPEC_KINDS
+
+    def kinds(self) -> frozenset[EventKind]:
+        """The event kinds this spec matches (``MODIFIED``: the three data kinds)."""
+        return DATA_KINDS if self.kind is EventKind.MODIFIED else frozenset({self.kind})
+
+    def __str__(self) -> str:
+        return f"{self.kind}({self.source})" if self.source else f"{self.kind}()"

@@ -1,0 +1,33 @@
+"""Punctuations: per source, the event time before which no more events will come (seed 000 App. F).
+
+The Spark bridge passes Spark's event-time watermark here after each committed micro-batch; stream
+schedulers and reorder buffers read it.  A punctuation never moves backwards.
+
+Thread-safety: ``_mutex`` protects ``_marks`` (a leaf: nothing is called while it is held).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+
+class Punctuations:
+    """The latest punctuation of every source (in memory; the bridge re-seeds it from its ledger)."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._marks: dict[str, Any] = {}
+
+    def punctuate(self, source: str, watermark: Any) -> bool:
+        """Record that no event of ``source`` older than ``watermark`` will come; True if it advanced."""
+        with self._mutex:
+            current = self._marks.get(source)
+            if current is None or watermark > current:
+                self._marks[source] = watermark
+                return True
+            return False
+
+    def watermark(self, source: str) -> Any:
+        """The latest punctuation of ``source`` (None before the first)."""
+        return self._marks.get(source)

@@ -1,0 +1,330 @@
+"""The rule manager (``db.rules``): the registry's public face, and the extension through which rules
+fire inside transactions — dispatch, priority groups, immediate and deferred execution, C-A coupling.
+The detached family lives in ``_detached.py``.  The coupling-mode table is in ``README.md``.
+
+Thread-safety: ``_mutex`` protects the statistics; the registry and the detached runner have their own
+(see their modules).  No user code, logging or gate wait runs under any of them.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+from coupling import Coupling, DeferredCycleLimitExceeded, DeferredQueue, Verdict, has_own_deferred_queue, priority_groups
+from lockmgr import Deadlock
+
+from activedb.errors import CascadeLimitExceeded, RuleFailed, TransactionAborted
+from activedb.events import Event, EventKind
+from activedb.rules._context import GateKey, GateRole, RuleContext
+from activedb.rules._detached import DetachedRunner, DependencyAbort
+from activedb.rules._model import Firing, Rule, RuleCounters, RulesStatistics
+from activedb.rules._registry import RuleRegistry
+from activedb.txn import Transaction, TransactionExtension
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.store import Catalog
+    from activedb.txn import TransactionManager
+
+logger = logging.getLogger("activedb.rules")
+
+
+class RuleManager(TransactionExtension):
+    """The rules of one ``Database``; ``db.rules``.  Thread-safe (see the module docstring)."""
+
+    def __init__(self, catalog: "Catalog", transactions: "TransactionManager", *, max_cascade_depth: int = 16,
+                 max_deferred_cycles: int = 100, execution: str = "threads"):
+        if execution not in ("threads", "inline"):
+            raise ValueError("execution is 'threads' (equal priorities run concurrently) or 'inline'")
+        self.transactions = transactions
+        self.registry = RuleRegistry(catalog)
+        self.max_cascade_depth = max_cascade_depth
+        self.max_deferred_cycles = max_deferred_cycles
+        self.execution = execution
+        self._mutex = threading.Lock()       # protects _counters and _per_mode
+        self._counters: dict[str, RuleCounters] = collections.defaultdict(RuleCounters)
+        self._per_mode: collections.Counter = collections.Counter()
+        self._numbers = itertools.count(1)
+        self.detached = DetachedRunner(self, transactions)
+        self.gate = self.detached.gate
+        transactions.extensions.add(self)
+
+    # --- the registry, publicly -------------------------------------------------------------
+
+    def add(self, rule: Rule, *, replace: bool = False) -> Rule:
+        """Validate, register and persist ``rule``; returns it."""
+        return self.registry.add(rule, replace=replace, manager=self)
+
+    def remove(self, name: str) -> None:
+        self.registry.remove(name)
+
+    def enable(self, name: str) -> None:
+        self.registry.set_enabled(name, True)
+
+    def disable(self, name: str) -> None:
+        self.registry.set_enabled(name, False)
+
+    def get(self, name: str) -> Rule:
+        return self.registry.get(name)
+
+    def names(self) -> list[str]:
+        return self.registry.names()
+
+    def __iter__(self):
+        return iter(self.registry)
+
+    def persisted(self) -> list[dict]:
+        """The registry as stored in PostgreSQL (every rule ever declared on this database)."""
+        return self.registry.persisted()
+
+    def stream_types(self) -> frozenset[str]:
+        """The stream event types enabled rules listen to (``db.stream(type)``)."""
+        return self.registry.stream_types()
+
+    @property
+    def redefined(self) -> list[tuple[str, int, int]]:
+        return self.registry.redefined
+
+    def firings_in(self, transaction: Transaction) -> dict[str, int]:
+        """Per rule, how many firings were dispatched in ``transaction``'s tree so far."""
+        context = transaction.root.slot(RuleContext, create=False)
+        return dict(context.firings) if context is not None else {}
+
+    def statistics(self) -> RulesStatistics:
+        with self._mutex:
+            counters = {name: RuleCounters(**vars(counter)) for name, counter in self._counters.items()}
+            per_mode = dict(self._per_mode)
+        return RulesStatistics(rules=len(self.registry), enabled=sum(rule.enabled for rule in self.registry),
+                               per_rule=counters, per_mode=per_mode, detached_running=self.detached.running)
+
+    def wait_idle(self, timeout: float | None = 30.0) -> None:
+        """Wait until every detached rule transaction started so far has ended."""
+        self.detached.wait_idle(timeout)
+
+    def count(self, rule: Rule, what: str) -> None:
+        with self._mutex:
+            counter = self._counters[rule.name]
+            setattr(counter, what, getattr(counter, what) + 1)
+
+    # --- the extension hooks -------------------------------------------------------------------
+
+    def wants_old_images(self, table: str) -> bool:
+        return table in self.registry.observed_tables
+
+    def on_event(self, transaction: Transaction, event: Event) -> None:
+        self.dispatch(transaction, event)
+
+    def on_begin(self, transaction: Transaction) -> None:
+        if transaction.is_top_level and self.registry.by_kind.get(EventKind.BEGAN):
+            self.dispatch(transaction, Event(EventKind.BEGAN, transaction.name, transaction=transaction.id))
+
+    def before_commit(self, transaction: Transaction) -> None:
+        context = transaction.slot(RuleContext, create=False)
+        if context is None:
+            return
+        queue = context.deferred_queue
+        if queue is not None:
+            transaction.wait_children()
+            try:
+                for cycle in queue.cycles():
+                    self._run_groups(transaction, [item.firing for item in cycle], f"deferred cycle {cycle.number}")
+            except DeferredCycleLimitExceeded as error:
+                raise CascadeLimitExceeded(
+                    f"deferred rules of {transaction.id} kept firing each other for {queue.max_cycles} cycles; "
+                    f"break the cycle or raise max_deferred_cycles", [str(error)]) from error
+        if context.gate_key is not None:
+            verdict = self.detached.wait_may_commit(transaction, context)
+            if verdict is not Verdict.COMMIT:
+                firing = context.firing
+                raise DependencyAbort(f"{firing.coupling.value} dependency of {transaction.id} says abort")
+
+    def after_end(self, transaction: Transaction, committed: bool) -> None:
+        self.detached.transaction_ended(transaction, committed)
+        if transaction.is_top_level:
+            kind = EventKind.COMMITTED if committed else EventKind.ABORTED
+            if self.registry.by_kind.get(kind):
+                event = Event(kind, transaction.name, payload=dict(transaction.info), transaction=transaction.id)
+                try:
+                    self.dispatch(transaction, event, ended=True)
+                except Exception as error:   # the transaction has ended: report, never undo its outcome
+                    logger.error("rules on %s could not be fired: %r", event.describe(), error)
+
+    # --- dispatch ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _chain_of(transaction: Transaction) -> tuple[str, ...]:
+        node = transaction
+        while node is not None:
+            context = node.slot(RuleContext, create=False)
+            if context is not None and context.firing is not None:
+                return context.firing.chain
+            node = node.parent
+        return ()
+
+    def dispatch(self, transaction: Transaction, event: Event, *, ended: bool = False) -> None:
+        """Fire the rules matching ``event``, which occurred in ``transaction``."""
+        candidates = self.registry.by_kind.get(event.kind)
+        if not candidates:
+            return
+        rules = [rule for rule in candidates if rule.on.matches(event)]
+        if not rules:
+            return
+        chain = self._chain_of(transaction)
+        if len(chain) + 1 > self.max_cascade_depth:
+            names = " -> ".join((*chain, "|".join(rule.name for rule in rules)))
+            raise CascadeLimitExceeded(
+                f"rule cascade deeper than {self.max_cascade_depth} in transaction {transaction.id}: {names}; "
+                f"break the cycle or raise max_cascade_depth", [*chain, *(rule.name for rule in rules)])
+        firings = [Firing(rule, event, (*chain, rule.name), rule.coupling, next(self._numbers)) for rule in rules]
+        root_firings = transaction.root.slot(RuleContext).firings
+        with self._mutex:
+            for rule in rules:
+                self._counters[rule.name].fired += 1
+                self._per_mode[rule.coupling.value] += 1
+                root_firings[rule.name] += 1
+        immediate = []
+        for firing in firings:
+            coupling = firing.coupling
+            if coupling is Coupling.IMMEDIATE:
+                immediate.append(firing)
+            elif coupling is Coupling.DEFERRED:
+                self._queue_for(transaction).add(firing)
+            else:
+                self.detached.start(transaction, firing, ended=ended)
+        if immediate:
+            self._run_groups(transaction, immediate, "immediate")
+
+    def _queue_for(self, transaction: Transaction) -> DeferredQueue:
+        """The deferred queue a firing in ``transaction`` joins (``coupling.has_own_deferred_queue``):
+        top-level, immediate-rule, detached-rule and application subtransactions own one; a deferred
+        rule's transaction (and its condition/action children) hands its deferred firings to the queue
+        it was itself fired from, where they form the next cycle."""
+        node = transaction
+        while node is not None:
+            context = node.slot(RuleContext)
+            if has_own_deferred_queue(context.firing.coupling if context.firing is not None else None):
+                if context.deferred_queue is None:
+                    context.deferred_queue = DeferredQueue(max_cycles=self.max_deferred_cycles, name=node.id)
+                return context.deferred_queue
+            node = node.parent
+        raise AssertionError("a top-level transaction always owns a deferred queue")
+
+    def _run_groups(self, transaction: Transaction, firings: list[Firing], what: str) -> None:
+        """Run firings as children of ``transaction``: priority groups in order, a group concurrently."""
+        for group in priority_groups(firings):
+            failures: list[tuple[Firing, BaseException]] = []
+            if self.execution == "inline" or len(group) == 1:
+                for firing in group:
+                    try:
+                        transaction.run_subtransaction(self._execute, firing, name=f"rule:{firing.rule.name}")
+                    except DependencyAbort:
+                        pass
+                    except BaseException as error:
+                        failures.append((firing, error))
+            else:
+                handles = [(firing, transaction.spawn(self._execute, firing, name=f"rule:{firing.rule.name}"))
+                           for firing in group]
+                for firing, handle in handles:
+                    try:
+                        handle.result()
+                    except DependencyAbort:
+                        pass
+                    except BaseException as error:
+                        failures.append((firing, error))
+            if failures:
+                firing, error = failures[0]
+                if isinstance(error, (RuleFailed, CascadeLimitExceeded)):
+                    raise error
+                raise RuleFailed(
+                    f"{what} rule {firing.rule.name!r} failed on {firing.event.describe()}: {error!r}",
+                    firing.rule.name, firing.event) from error
+
+    def execute(self, transaction: Transaction, firing: Firing) -> bool:
+        """Run condition and action of ``firing`` in ``transaction`` (its own transaction); True if the
+        condition held and the action ran."""
+        return self._execute(transaction, firing)
+
+    def _execute(self, transaction: Transaction, firing: Firing) -> bool:
+        transaction.slot(RuleContext).firing = firing
+        rule, event = firing.rule, firing.event
+        observers = self.transactions.observers
+        if observers.on_firing_start:
+            observers.call("on_firing_start", transaction, firing)
+        outcome = "failed"
+        try:
+            if rule.action_coupling is Coupling.IMMEDIATE:
+                if not rule.condition(transaction, event):
+                    self.count(rule, "condition_false")
+                    outcome = "condition_false"
+                    return False
+                rule.action(transaction, event)
+            elif not self._condition_then_action_in_parallel(transaction, firing):
+                outcome = "condition_false"
+                return False
+            if rule.coupling.runs_as_subtransaction:
+                self.count(rule, "executed")   # detached rules count once their top-level commits
+            outcome = "executed"
+        except (DependencyAbort, CascadeLimitExceeded, RuleFailed, TransactionAborted):
+            outcome = "cancelled"
+            raise
+        except Exception as error:
+            self.count(rule, "failed")
+            logger.error("rule %r failed on %s: %r", rule.name, event.describe(), error)
+            raise RuleFailed(f"rule {rule.name!r} failed on {event.describe()}: {error!r}", rule.name,
+                             event) from error
+        finally:
+            if observers.on_firing_end:
+                observers.call("on_firing_end", transaction, firing, outcome)
+        return True
+
+    def _condition_then_action_in_parallel(self, transaction: Transaction, firing: Firing) -> bool:
+        """C-A sequential causally dependent: condition and action as parallel siblings; the action
+        commits only if the condition committed and returned true.  A condition that raises fails the
+        firing exactly as with immediate C-A coupling (``RuleFailed``)."""
+        rule, event = firing.rule, firing.event
+        gate = self.gate
+        condition_key, action_key = GateKey(GateRole.CONDITION, transaction.id), GateKey(GateRole.ACTION, transaction.id)
+        gate.register_action(action_key, condition_key, Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT)
+        condition_ids: list[str] = []
+
+        def condition_body(child: Transaction) -> bool:
+            context = child.slot(RuleContext)
+            context.firing, context.gate_report = firing, condition_key
+            condition_ids.append(child.id)
+            value = bool(rule.condition(child, event))
+            gate.condition_returned(condition_key, value)
+            return value
+
+        def action_body(child: Transaction) -> None:
+            context = child.slot(RuleContext)
+            context.firing, context.gate_report, context.gate_key = firing, action_key, action_key
+            context.gate_wait_target = condition_handle.transaction.id
+            rule.action(child, event)
+
+        condition_handle = transaction.spawn(condition_body, name=f"condition:{rule.name}")
+        action_handle = transaction.spawn(action_body, name=f"action:{rule.name}")
+        condition_error: BaseException | None = None
+        try:
+            condition_value = bool(condition_handle.result())
+        except BaseException as error:
+            condition_value, condition_error = False, error
+        try:
+            action_handle.result()
+        except Deadlock:
+            if condition_value:      # the action gave way to its condition: run it again, now after it
+                transaction.run_subtransaction(self._run_action_again, firing, name=f"action:{rule.name}")
+        except DependencyAbort:
+            pass
+        if condition_error is not None:
+            raise condition_error
+        if not condition_value:
+            self.count(rule, "condition_false")
+        return condition_value
+
+    @staticmethod
+    def _run_action_again(child: Transaction, firing: Firing) -> None:
+        child.slot(RuleContext).firing = firing
+        firing.rule.action(child, firing.event)

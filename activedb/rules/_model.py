@@ -1,0 +1,150 @@
+"""Rules, firings and their counters (Sentinel's rule class, seed 004 Fig. 10 — see ``README.md``)."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from coupling import Coupling
+
+from activedb.errors import RuleError
+from activedb.events import Event, EventSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.rules._manager import RuleManager
+    from activedb.txn import Transaction
+
+
+class Rule:
+    """A rule in class form (Sentinel's rule class).  Subclass and set the attributes::
+
+        class Alert(activedb.Rule):
+            on = db.updated("worker_status")
+            coupling = Coupling.DEFERRED
+            priority = 10
+            def condition(self, tx, event): return event.new["status"] == "violation"
+            def action(self, tx, event): tx.insert("alerts", worker=event.key, kind="violation", at=0.0)
+
+        db.rules.add(Alert())
+    """
+
+    name: str | None = None
+    on: EventSpec | None = None
+    coupling: Coupling | str = Coupling.IMMEDIATE
+    action_coupling: Coupling | str = Coupling.IMMEDIATE
+    priority: float | None = None
+    enabled: bool = True
+
+    def condition(self, tx: "Transaction", event: Event) -> bool:
+        return True
+
+    def action(self, tx: "Transaction", event: Event) -> Any:
+        raise NotImplementedError(f"rule {self.name!r} has no action")
+
+    # filled in by RuleManager.add
+    version: int = 0
+    _manager: "RuleManager | None" = None
+
+    def enable(self) -> None:
+        self._require_manager().enable(self.name)
+
+    def disable(self) -> None:
+        self._require_manager().disable(self.name)
+
+    def _require_manager(self) -> "RuleManager":
+        if self._manager is None:
+            raise RuleError(f"rule {self.name!r} is not registered on a database; use db.rules.add(rule)")
+        return self._manager
+
+    def condition_function(self) -> Callable | None:
+        """What identifies the condition's code (for the persisted definition's fingerprint)."""
+        return self.condition
+
+    def action_function(self) -> Callable:
+        return self.action
+
+    def __repr__(self) -> str:
+        state = "enabled" if self.enabled else "disabled"
+        return (f"<Rule {self.name!r} on {self.on} {Coupling.parse(self.coupling).value}/"
+                f"{Coupling.parse(self.action_coupling).value} priority={self.priority} {state}>")
+
+
+class FunctionRule(Rule):
+    """A rule declared with the ``db.rule(...)`` decorator."""
+
+    def __init__(self, action: Callable, *, on: EventSpec, when: Callable | None, coupling, action_coupling,
+                 priority, enabled: bool, name: str | None):
+        self._action = action
+        self._when = when
+        self.on = on
+        self.coupling = coupling
+        self.action_coupling = action_coupling
+        self.priority = priority
+        self.enabled = enabled
+        self.name = name or getattr(action, "__name__", None)
+        self.__doc__ = getattr(action, "__doc__", None)
+
+    def condition(self, tx: "Transaction", event: Event) -> bool:
+        return True if self._when is None else self._when(tx, event)
+
+    def action(self, tx: "Transaction", event: Event) -> Any:
+        return self._action(tx, event)
+
+    def condition_function(self) -> Callable | None:
+        return self._when
+
+    def action_function(self) -> Callable:
+        return self._action
+
+    def __call__(self, tx: "Transaction", event: Event) -> Any:
+        """The decorated function stays callable directly."""
+        return self._action(tx, event)
+
+
+@dataclass
+class Firing:
+    """One rule firing: the rule, the event, the cascade chain (names, outermost first)."""
+
+    rule: Rule
+    event: Event
+    chain: tuple[str, ...]
+    coupling: Coupling
+    number: int
+
+    @property
+    def priority(self):
+        return self.rule.priority
+
+
+@dataclass
+class RuleCounters:
+    fired: int = 0
+    condition_false: int = 0
+    executed: int = 0          # condition true, action ran and its transaction committed
+    failed: int = 0            # condition or action raised
+    cancelled: int = 0         # a dependency stopped it (trigger aborted/committed, condition false)
+    rerun_after_wait: int = 0  # detached dependent re-run after it was the victim of a gate-vs-lock cycle
+
+
+@dataclass(frozen=True)
+class RulesStatistics:
+    rules: int
+    enabled: int
+    per_rule: dict[str, RuleCounters]
+    per_mode: dict[str, int]
+    detached_running: int
+
+
+def fingerprint(function: Any) -> str:
+    """A digest of a function's source (or code), to notice a redefinition across runs."""
+    if function is None:
+        return "none"
+    target = getattr(function, "__func__", function)
+    try:
+        source = inspect.getsource(target)
+    except (OSError, TypeError):
+        code = getattr(target, "__code__", None)
+        source = repr(code.co_code) + repr(code.co_consts) if code else repr(target)
+    return hashlib.sha256(source.encode()).hexdigest()[:16]

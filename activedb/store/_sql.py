@@ -1,0 +1,142 @@
+"""The store's SQL: reading committed rows by key, applying a merged write set in batched statements,
+and :func:`jsonable`, the one conversion of arbitrary values into storable JSON.
+
+Every function takes the connection it runs on; none opens one, commits or retries.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import decimal
+import math
+from typing import Any, Iterable, Mapping
+
+import sqlalchemy as sa
+
+from activedb.errors import DuplicateKey, InvalidValue
+from activedb.store._schema import TableInfo
+from activedb.store._writeset import Entry, EntryKind, Key
+
+
+def storable_text(value: str) -> str:
+    """``value`` with what PostgreSQL cannot store spelled out: NUL as ``\\u0000`` and lone surrogates as
+    ``\\udXXX`` escapes (text, so nothing of the original is lost from view)."""
+    if "\x00" in value:
+        value = value.replace("\x00", "\\u0000")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            value = value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` converted to something ``json.dumps`` **and PostgreSQL ``jsonb``** accept.
+
+    datetimes, dates and times become ISO-8601 strings; ``Decimal`` and non-finite floats become
+    strings; bytes become base64 strings; mappings and sequences are converted recursively (keys become
+    strings); text PostgreSQL cannot store is made storable (:func:`storable_text`); anything else
+    becomes its ``repr``.  Used for dead letters, logs and annotations.
+    """
+    if value is None or isinstance(value, (bool, int)):
+        return value
+    if isinstance(value, str):
+        return storable_text(value)
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, Mapping):
+        return {storable_text(str(key)): jsonable(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [jsonable(item) for item in value]
+    return storable_text(repr(value))
+
+
+def fetch_rows(connection: sa.Connection, info: TableInfo, keys: Iterable[Key], *, lock: str | None = None
+               ) -> dict[Key, dict]:
+    """Committed images of ``keys`` (missing keys absent from the result)."""
+    keys = list(keys)
+    if not keys:
+        return {}
+    statement = info.select_by_keys()
+    if lock == "share":
+        statement = statement.with_for_update(read=True)
+    elif lock == "update":
+        statement = statement.with_for_update()
+    bound = [key if len(info.key_columns) > 1 else key[0] for key in keys]
+    rows = connection.execute(statement, {"keys": bound}).mappings().all()
+    return {tuple(row[name] for name in info.key_columns): dict(row) for row in rows}
+
+
+def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
+                    writes: Mapping[tuple[str, Key], Entry]) -> int:
+    """Apply a merged write set with one batched statement per (table, kind, columns).
+
+    A PATCH that names every required column is an ``INSERT ... ON CONFLICT DO UPDATE``.
+    One that does not (an update of some columns of an existing row) is an ``UPDATE``
+    when the row exists (one ``SELECT ... FOR UPDATE`` per table finds out) and otherwise
+    an INSERT that PostgreSQL rejects with a clear message naming the missing columns.
+    """
+    deletes: dict[str, list[dict]] = {}
+    upserts: dict[tuple[str, frozenset[str]], list[dict]] = {}
+    inserts: dict[tuple[str, frozenset[str]], list[dict]] = {}
+    partial: dict[str, list[tuple[Key, dict]]] = {}
+    for (table_name, key), entry in writes.items():
+        info = infos[table_name]
+        if entry.kind in (EntryKind.DELETE, EntryKind.REPLACE):
+            deletes.setdefault(table_name, []).append({f"k_{n}": v for n, v in zip(info.key_columns, key)})
+        if entry.kind is EntryKind.DELETE:
+            continue
+        row = {**info.full_key_row(key), **entry.values}
+        if entry.kind is EntryKind.PATCH:
+            if info.required <= row.keys():
+                upserts.setdefault((table_name, frozenset(row)), []).append(row)
+            else:
+                partial.setdefault(table_name, []).append((key, row))
+        else:
+            inserts.setdefault((table_name, frozenset(row)), []).append(row)
+    for table_name, rows in deletes.items():
+        connection.execute(infos[table_name].delete(), rows)
+    updates: dict[tuple[str, frozenset[str]], list[dict]] = {}
+    for table_name, items in partial.items():
+        info = infos[table_name]
+        existing = fetch_rows(connection, info, [key for key, _ in items], lock="update")
+        for key, row in items:
+            if key in existing:
+                columns = frozenset(row)
+                updates.setdefault((table_name, columns), []).append(
+                    {**{f"k_{n}": v for n, v in zip(info.key_columns, key)},
+                     **{f"v_{n}": v for n, v in row.items() if n not in info.key_columns}})
+            else:
+                missing = sorted(info.required - row.keys())
+                raise InvalidValue(
+                    f"write to {table_name!r} creates the new row {key!r} without the NOT NULL column(s) "
+                    f"{', '.join(missing)}; give them in write() (nothing was written)"
+                )
+    for (table_name, columns), rows in updates.items():
+        connection.execute(infos[table_name].update(columns), rows)
+    for (table_name, columns), rows in upserts.items():
+        connection.execute(infos[table_name].upsert(columns), rows)
+    for (table_name, columns), rows in inserts.items():
+        try:
+            connection.execute(infos[table_name].table.insert(), rows)
+        except sa.exc.IntegrityError as error:
+            if getattr(error.orig, "sqlstate", None) == "23505":
+                raise DuplicateKey(
+                    f"insert into {table_name!r}: a row with the same primary key exists in the database "
+                    f"({str(error.orig).splitlines()[-1].strip()}); use write() to upsert"
+                ) from None
+            if getattr(error.orig, "sqlstate", None) == "23502":
+                raise InvalidValue(
+                    f"insert into {table_name!r}: {str(error.orig).splitlines()[0]}; give every NOT NULL column "
+                    f"(nothing was written)"
+                ) from None
+            raise
+    return len(writes)

@@ -1,0 +1,20 @@
+"""Parallel nested transactions over the shared store.  Design note: ``README.md`` in this package.
+
+Public names: :class:`TransactionManager`, :class:`Transaction`, :class:`SubtransactionHandle`,
+:class:`TxnState`, :class:`Granularity`, and the seams :class:`CommitParticipant`,
+:class:`TransactionExtension`, :class:`Observer`, :class:`ReadBase`.
+"""
+
+from lockmgr import TxnState
+
+from activedb.txn._history import HistoryOp, HistoryRecorder
+from activedb.txn._hooks import HookRegistry, Observer, TransactionExtension
+from activedb.txn._locking import Granularity
+from activedb.txn._manager import TransactionManager
+from activedb.txn._participants import CommitParticipant
+from activedb.txn._tree import InlineSubtransaction, SubtransactionHandle, Transaction
+from activedb.txn._view import CommittedRows, ReadBase
+
+__all__ = ["TransactionManager", "Transaction", "SubtransactionHandle", "InlineSubtransaction", "TxnState",
+           "Granularity", "CommitParticipant", "TransactionExtension", "Observer", "HookRegistry", "ReadBase",
+           "CommittedRows", "HistoryOp", "HistoryRecorder"]

@@ -1,0 +1,195 @@
+"""The top-level commit: one PostgreSQL transaction for the whole tree, with commit participants.
+
+Steps (see ``_participants.py`` for the participants' side):
+
+1. ``before_flush`` of every enlisted participant;
+2. open one PostgreSQL transaction and **validate**: every committed image the tree relied on
+   (``root._db_reads``) is re-read ``FOR SHARE`` and compared; every scan is re-run and compared.  A
+   difference means another process committed in between: :class:`SerializationConflict`, nothing written;
+3. ``write`` of every enlisted participant (the Spark ingestion ledger row, the detached-rule outbox …);
+4. apply the merged write set (:func:`activedb.store.apply_write_set`: one batched statement per table,
+   kind and column set) and insert the transaction-log row;
+5. ``about_to_commit`` of every participant, then COMMIT; then ``committed`` of every participant.
+
+**Why the result is serializable although the transaction runs at READ COMMITTED.** Within one process,
+trees are ordered by the lock manager (strict two-phase locking across whole trees: a tree keeps every
+lock until its flush is over).  Against other processes, the flush re-reads every relied-on row ``FOR
+SHARE`` and the write set's rows are locked by its own UPDATE/INSERT/DELETE, so from step 2 to COMMIT the
+flush holds row locks on everything the tree read or wrote and has checked that what it read is still the
+committed version: that is two-phase locking on rows at commit time (optimistic validation, then locks),
+which orders it after every transaction whose effect it saw and before every one that changes a row it
+read.  What row locks cannot protect is the absence of rows: a tree that read a row as absent, or scanned
+a table (a predicate), needs PostgreSQL's predicate locks, so *those* flushes run at SERIALIZABLE.
+PostgreSQL's own serialization failures (SQLSTATE 40001 and 40P01) are retried a bounded number of times
+with jittered back-off, re-validating each time.
+
+If the connection breaks during the flush, the transaction log (a row with the tree's log id, written in
+the same database transaction) tells whether it committed.  Any other database error is reported for what
+it is (with the SQLSTATE and PostgreSQL's message, never the statement's parameters).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import TYPE_CHECKING, Mapping
+
+import sqlalchemy as sa
+
+from activedb.errors import DatabaseError, DatabaseUnavailable, SerializationConflict
+from activedb.store import Key, TableInfo, apply_write_set, fetch_rows, jsonable
+from activedb.txn._view import scan_rows
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.txn._tree import Transaction
+
+logger = logging.getLogger("activedb.transaction")
+
+_RETRYABLE_SQLSTATES = {"40001", "40P01"}
+# SQLSTATE classes that mean the connection (or the server) is gone, not the statement: 08 connection
+# exception, 57P01-57P03 admin/crash shutdown, cannot connect now.
+_CONNECTION_SQLSTATES_PREFIXES = ("08", "57P")
+
+
+def flush(root: "Transaction") -> None:
+    """Commit ``root``'s tree to PostgreSQL.  Precondition: ``root`` is top-level, COMMITTING, every child
+    ended, its segment closed.  Raises (nothing written) or returns (everything written)."""
+    manager = root.manager
+    catalog = manager.catalog
+    with root._mutex:
+        writes, reads, scans = dict(root._writes), dict(root._db_reads), list(root._scans)
+        participants = list(root._participants)
+    for participant in participants:
+        participant.before_flush(root)
+    names = {row[0] for row in writes} | {row[0] for row in reads} | {scan[0] for scan in scans}
+    infos = {name: catalog.table_info(name) for name in names}
+    needs_predicates = bool(scans) or any(image is None for image in reads.values())
+    isolation = "SERIALIZABLE" if needs_predicates else "READ COMMITTED"
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            with catalog.engine.connect().execution_options(isolation_level=isolation) as connection:
+                with connection.begin():
+                    _validate(root, connection, infos, reads, scans)
+                    for participant in participants:
+                        participant.write(root, connection)
+                    apply_write_set(connection, infos, writes)
+                    _log(root, connection, writes)
+                    for participant in participants:
+                        participant.about_to_commit(root, connection)
+            break
+        except sa.exc.OperationalError as error:
+            sqlstate = getattr(error.orig, "sqlstate", None)
+            if sqlstate in _RETRYABLE_SQLSTATES and attempt < manager.flush_retries:
+                # Jittered back-off between retries of the flush (not used to order threads).
+                time.sleep(random.uniform(0.5, 1.5) * min(0.2, 0.002 * 2 ** attempt))
+                continue
+            if sqlstate in _RETRYABLE_SQLSTATES:
+                raise SerializationConflict(
+                    f"commit of {root.id} failed {attempt} times on concurrent updates by another process; "
+                    f"nothing was written — re-run the transaction (Database.run(fn, retries=N) does)"
+                ) from error
+            _raise_database_error(root, error)   # returns only if the log proves the commit happened
+            break
+        except sa.exc.DBAPIError as error:
+            _raise_database_error(root, error)
+            break
+    recorder = manager.recorder
+    if recorder:
+        recorder.record_flush(root.id, writes)
+
+
+def _validate(root: "Transaction", connection: sa.Connection, infos: Mapping[str, TableInfo], reads, scans) -> None:
+    by_table: dict[str, list[Key]] = {}
+    for (table_name, key) in reads:
+        by_table.setdefault(table_name, []).append(key)
+    for table_name, keys in by_table.items():
+        current = fetch_rows(connection, infos[table_name], keys, lock="share")
+        for key in keys:
+            if current.get(key) != reads[(table_name, key)]:
+                raise SerializationConflict(
+                    f"commit of {root.id}: row {key!r} of {table_name!r} was changed by another process "
+                    f"after this transaction read it; nothing was written — re-run the transaction "
+                    f"(Database.run(fn, retries=N) does)"
+                )
+    for table_name, where, fetched in scans:
+        if scan_rows(connection, infos[table_name], where) != fetched:
+            raise SerializationConflict(
+                f"commit of {root.id}: rows of {table_name!r} it scanned were changed by another process; "
+                f"nothing was written — re-run the transaction"
+            )
+
+
+def _log(root: "Transaction", connection: sa.Connection, writes) -> None:
+    log = root.manager.catalog.table("activedb_transaction_log")
+    connection.execute(log.insert().values(
+        transaction_id=root.log_id,
+        began_at=root.began_at,
+        subtransactions=root.subtransactions_committed,
+        rows_written=len(writes),
+        tables=sorted({row[0] for row in writes}),
+        info=jsonable(root.info),
+    ))
+
+
+def _is_connection_failure(error: sa.exc.DBAPIError) -> bool:
+    if error.connection_invalidated:
+        return True
+    sqlstate = getattr(error.orig, "sqlstate", None)
+    if sqlstate is None:
+        # psycopg raises OperationalError without a SQLSTATE when the socket breaks.
+        return isinstance(error, sa.exc.OperationalError)
+    return sqlstate.startswith(_CONNECTION_SQLSTATES_PREFIXES)
+
+
+def _raise_database_error(root: "Transaction", error: sa.exc.DBAPIError) -> None:
+    """Raise what ``error`` means for the commit of ``root``; return only if the connection broke and the
+    transaction log shows that the commit happened."""
+    if _is_connection_failure(error):
+        _raise_unknown_outcome(root, error)
+        return
+    sqlstate = getattr(error.orig, "sqlstate", None)
+    message = str(error.orig).strip().splitlines()[0] if error.orig is not None else type(error).__name__
+    raise DatabaseError(
+        f"PostgreSQL refused the commit of {root.id} (SQLSTATE {sqlstate}): {message}; nothing was written. "
+        f"{_hint(sqlstate)}",
+        sqlstate=sqlstate,
+    ) from None
+
+
+def _hint(sqlstate: str | None) -> str:
+    if sqlstate == "53100":
+        return "The server's disk is full: free space, then re-run the transaction."
+    if sqlstate == "54000":
+        return "A value is too large for PostgreSQL (e.g. an indexed value beyond the index row limit): store less."
+    if sqlstate and sqlstate.startswith("23"):
+        return "A constraint of the schema rejected a row: check the values written."
+    if sqlstate and sqlstate.startswith("22"):
+        return "A value does not fit its column: check the values written."
+    return "Check the message above; the transaction can be re-run once the cause is fixed."
+
+
+def _raise_unknown_outcome(root: "Transaction", error: BaseException) -> None:
+    """The connection broke during the flush: find out from the log whether it committed."""
+    catalog = root.manager.catalog
+    log = catalog.table("activedb_transaction_log")
+    describe = catalog.describe()
+    try:
+        with catalog.engine.connect() as connection:
+            committed = connection.execute(
+                sa.select(log.c.id).where(log.c.transaction_id == root.log_id)).first() is not None
+    except sa.exc.DBAPIError:
+        raise DatabaseUnavailable(
+            f"lost the connection to PostgreSQL ({describe}) while committing {root.id}; "
+            f"PostgreSQL applied all of it or nothing — look for transaction_id {root.log_id!r} in "
+            f"activedb_transaction_log once the server is back"
+        ) from error
+    if committed:
+        logger.warning("connection lost after %s committed; the log confirms the commit", root.id)
+        return
+    raise DatabaseUnavailable(
+        f"lost the connection to PostgreSQL ({describe}) while committing {root.id}; nothing was "
+        f"written (activedb_transaction_log has no {root.log_id!r}) — re-run the transaction"
+    ) from error

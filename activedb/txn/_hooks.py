@@ -1,0 +1,149 @@
+"""The two hook seams of the transaction manager, and their registries.
+
+* :class:`TransactionExtension` — an **active** participant in every transaction of a manager: it sees
+  each begin and each event, runs work before a commit (the rule manager runs deferred rules there) and
+  may fail the operation by raising.  Extensions run in registration order; their exceptions are part of
+  the transaction's semantics and propagate.
+* :class:`Observer` — a **passive** listener to the life of transactions and rules (begin, spawn, commit,
+  abort, waits, rule firings).  It cannot change what happens: an observer that raises is removed and the
+  error logged (as trio's instruments are).
+
+Each method of both classes is a no-op whose docstring is the contract; override the ones you need.
+:class:`HookRegistry` keeps, per hook name, the bound methods of the members that override it, rebuilt
+when the membership changes, so a hook nobody overrides costs one empty-tuple check on the hot path.
+
+Thread-safety: hooks are called in the thread where the thing happens, with no activedb mutex held;
+``HookRegistry`` publishes immutable tuples (readers need no lock), its ``_mutex`` serialises add/remove.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.events import Event
+    from activedb.txn._tree import Transaction
+
+logger = logging.getLogger("activedb.observers")
+
+
+class TransactionExtension:
+    """An active participant in every transaction of a :class:`~activedb.txn.TransactionManager`
+    (``db.transactions.extensions.add(extension)``).  Exceptions propagate into the transaction."""
+
+    def wants_old_images(self, table: str) -> bool:
+        """True if data events on ``table`` are observed: writes then read the old row and emit events."""
+        return False
+
+    def on_begin(self, transaction: "Transaction") -> None:
+        """A transaction started (top-level or sub), in its thread, before its body runs."""
+
+    def on_event(self, transaction: "Transaction", event: "Event") -> None:
+        """``event`` occurred in ``transaction`` (a write with its locks held, a ``signal``, an ``emit``);
+        may raise to fail the operation (e.g. a failed immediate rule)."""
+
+    def before_commit(self, transaction: "Transaction") -> None:
+        """``transaction`` is about to commit (its body ended, before it waits for its children); may run
+        more work in it (deferred rules) or raise to abort it."""
+
+    def after_end(self, transaction: "Transaction", committed: bool) -> None:
+        """``transaction`` committed (a top-level one: after PostgreSQL committed) or aborted."""
+
+
+class Observer:
+    """A passive listener (``db.observe(observer)``).  An observer that raises is removed and logged.
+
+    Waits: ``kind`` is ``"lock"``, ``"children"`` or ``"dependency"`` (a rule waiting in the coupling gate
+    for its trigger's outcome); ``detail`` names what is waited for.
+    """
+
+    def on_begin(self, transaction: "Transaction") -> None:
+        """A transaction began (top-level or sub)."""
+
+    def on_spawn(self, parent: "Transaction", child: "Transaction") -> None:
+        """``parent`` created the child ``child`` (spawned on a worker or inline)."""
+
+    def on_commit(self, transaction: "Transaction") -> None:
+        """``transaction`` committed (a top-level one: after PostgreSQL committed)."""
+
+    def on_abort(self, transaction: "Transaction", reason: BaseException | None) -> None:
+        """``transaction`` aborted, for ``reason``."""
+
+    def on_wait_start(self, transaction: "Transaction", kind: str, detail: Any) -> None:
+        """``transaction`` starts to wait (``kind``: lock | children | dependency)."""
+
+    def on_wait_end(self, transaction: "Transaction", kind: str, detail: Any) -> None:
+        """The wait announced by ``on_wait_start`` ended (granted, or failed)."""
+
+    def on_firing_start(self, transaction: "Transaction", firing: Any) -> None:
+        """The rule firing ``firing`` (``activedb.rules.Firing``) starts running in ``transaction``."""
+
+    def on_firing_end(self, transaction: "Transaction", firing: Any, outcome: str) -> None:
+        """The firing ended: ``outcome`` is executed | condition_false | failed | cancelled."""
+
+
+class HookRegistry:
+    """Members of one hook class; ``registry.<hook>`` is the tuple of bound methods that override it.
+
+    ``passive=True`` (observers): a member whose hook raises is removed and the error logged.
+    """
+
+    def __init__(self, base: type, *, passive: bool):
+        self._base = base
+        self._passive = passive
+        self._names = [name for name in vars(base) if not name.startswith("_") and callable(getattr(base, name))]
+        self._mutex = threading.Lock()   # protects _members; published tuples are immutable
+        self._members: tuple = ()
+        self._publish()
+
+    def add(self, member: Any) -> Any:
+        if not isinstance(member, self._base):
+            raise TypeError(f"expected a {self._base.__name__} (subclass it and override its hooks), got {member!r}")
+        with self._mutex:
+            if member not in self._members:
+                self._members = self._members + (member,)
+                self._publish()
+        return member
+
+    def remove(self, member: Any) -> None:
+        with self._mutex:
+            self._members = tuple(other for other in self._members if other is not member)
+            self._publish()
+
+    def __iter__(self):
+        return iter(self._members)
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def _publish(self) -> None:
+        """Caller holds ``_mutex`` (or is the constructor).  One tuple per hook, of overriding members."""
+        for name in self._names:
+            default = getattr(self._base, name)
+            bound = tuple(getattr(member, name) for member in self._members
+                          if getattr(type(member), name, default) is not default)
+            setattr(self, name, bound)
+
+    def call(self, name: str, *args: Any) -> None:
+        """Call hook ``name`` on every member overriding it (passive: isolate failures)."""
+        hooks = getattr(self, name)
+        if not hooks:
+            return
+        if not self._passive:
+            for hook in hooks:
+                hook(*args)
+            return
+        for hook in hooks:
+            try:
+                hook(*args)
+            except Exception:
+                member = hook.__self__
+                logger.exception("observer %r raised in %s; it is removed", member, name)
+                self.remove(member)
+
+    def any(self, name: str, *args: Any) -> bool:
+        """True if some member's hook ``name`` returns true (e.g. ``wants_old_images``)."""
+        return any(hook(*args) for hook in getattr(self, name))
+

@@ -1,0 +1,152 @@
+"""The transaction manager of one ``Database``: creates trees and owns what they share.
+
+It owns the lock manager (through :class:`~activedb.txn._locking.Locking`), the worker pool, the
+catalog's read base, the extension and observer registries, the optional history recorder, and — per
+thread — the stack of transactions the thread is running, which is how waits become edges of the one
+wait-for graph (:meth:`TransactionManager.waiting`).
+
+Thread-safety: every method may be called from any thread.  ``_ids`` is an ``itertools.count`` (atomic
+``next`` under the GIL); the registries publish immutable tuples; the per-thread stacks are thread-local.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+
+import lockmgr
+
+from activedb.txn import _ids
+from activedb.txn._history import HistoryRecorder
+from activedb.txn._hooks import HookRegistry, Observer, TransactionExtension
+from activedb.txn._locking import Locking
+from activedb.txn._participants import CommitParticipant
+from activedb.txn._pool import WorkerPool
+from activedb.txn._tree import Transaction
+from activedb.txn._view import CommittedRows, ReadBase
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.store import Catalog
+
+
+class TransactionManager:
+    """Creates transaction trees for one ``Database``.  Thread-safe."""
+
+    def __init__(self, catalog: "Catalog", *, max_workers: int = 32, victim_policy: Any = "requester",
+                 flush_retries: int = 10, record_history: bool = False, lock_timeout: float | None = None):
+        self.catalog = catalog
+        self.locks = lockmgr.LockManager(victim_policy=victim_policy)
+        self.locking = Locking(self.locks, lock_timeout)
+        self.pool = WorkerPool(max_workers)
+        self.flush_retries = flush_retries
+        self.recorder: HistoryRecorder | None = HistoryRecorder() if record_history else None
+        self.read_base: ReadBase = CommittedRows(catalog, self.recorder)
+        self.extensions = HookRegistry(TransactionExtension, passive=False)
+        self.observers = HookRegistry(Observer, passive=True)
+        self.process_tag = _ids.new_process_tag()
+        self._ids = itertools.count(1)
+        self._local = threading.local()     # .running: the transactions this thread runs, innermost last
+
+    @property
+    def lock_timeout(self) -> float | None:
+        return self.locking.lock_timeout
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    # --- top-level transactions -----------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def transaction(self, *, name: str | None = None, participants: Iterable[CommitParticipant] = (),
+                    read_base: ReadBase | None = None,
+                    prepare: Callable[[Transaction], None] | None = None) -> Iterator[Transaction]:
+        """``with manager.transaction() as tx:`` — a top-level transaction, committed when the block ends
+        normally and aborted when it raises.  ``prepare(tx)`` runs before the extensions hear of its begin
+        (the rule manager uses it to attach the firing a detached rule runs)."""
+        transaction = Transaction(self, None, name=name, read_base=read_base)
+        outer = self.current()
+        nesting = None
+        try:
+            for participant in participants:
+                transaction.enlist(participant)
+            if outer is not None:
+                # This thread runs ``outer`` and now blocks inside a new top-level transaction until it
+                # ends: ``outer`` waits for it.  Its own holds become retains (it runs no operation
+                # meanwhile), and the wait is an edge of the wait-for graph, so that the new transaction
+                # waiting for a row ``outer``'s tree keeps is a deadlock reported at once.
+                outer._before_waiting_for_children()
+                nesting = self.locks.add_wait(outer.id, [transaction.id], kind="nested")
+            with self.running(transaction):
+                if prepare is not None:
+                    prepare(transaction)
+                self.extensions.call("on_begin", transaction)
+                self.observers.call("on_begin", transaction)
+                try:
+                    yield transaction
+                except BaseException as error:
+                    if transaction.state in (lockmgr.TxnState.ACTIVE, lockmgr.TxnState.COMMITTING):
+                        transaction.abort(error)
+                    raise
+                if transaction.state is lockmgr.TxnState.ACTIVE:
+                    transaction.commit()
+        except BaseException as error:
+            if transaction.state is lockmgr.TxnState.ACTIVE:
+                transaction.abort(error)
+            raise
+        finally:
+            if nesting is not None:
+                nesting.release()
+
+    # --- what threads run and wait for ------------------------------------------------------------
+
+    def current(self) -> Transaction | None:
+        """The innermost transaction the calling thread runs (None outside any)."""
+        running = getattr(self._local, "running", None)
+        return running[-1] if running else None
+
+    @contextlib.contextmanager
+    def running(self, transaction: Transaction) -> Iterator[None]:
+        """Mark ``transaction`` as run by the calling thread for the duration of the block."""
+        running = getattr(self._local, "running", None)
+        if running is None:
+            running = self._local.running = []
+        running.append(transaction)
+        try:
+            yield
+        finally:
+            running.pop()
+
+    @contextlib.contextmanager
+    def waiting(self, node: Transaction, kind: str, target: str | None,
+                on_victim: Callable[[BaseException], None] | None = None,
+                preferred_victim: bool = False) -> Iterator[None]:
+        """The calling thread waits on behalf of ``node`` (kind ``children``: for ``target`` or all of
+        ``node``'s children; ``dependency``: in the coupling gate for the transaction ``target``).
+
+        The transaction this thread runs (normally ``node``) uses no lock while it waits, so its holds
+        become retains first.  Unless the wait is one the lock manager already sees (a parent waiting for
+        its own children: the structural commit edges), it is registered as an edge of the one wait-for
+        graph, so a cycle through it and lock waits is found when it forms; ``on_victim`` is then how the
+        waiter is told it was chosen as the victim (``preferred_victim``: it volunteers, see
+        ``lockmgr.LockManager.add_wait``).
+        """
+        waiter = self.current()
+        if waiter is not None:
+            waiter._before_waiting_for_children()
+        registered = None
+        if waiter is not None and not (kind == "children" and waiter is node):
+            targets = [target] if target is not None else [child.id for child in node.children]
+            registered = self.locks.add_wait(waiter.id, targets, kind=kind, on_victim=on_victim,
+                                             preferred_victim=preferred_victim)
+        observers = self.observers
+        if observers.on_wait_start:
+            observers.call("on_wait_start", node, kind, target)
+        try:
+            yield
+        finally:
+            if registered is not None:
+                registered.release()
+            if observers.on_wait_end:
+                observers.call("on_wait_end", node, kind, target)

@@ -1,0 +1,599 @@
+"""A node of a transaction tree: its state machine, its children, its operations.
+
+The node delegates: locking to :mod:`activedb.txn._locking`, what it sees to :mod:`activedb.txn._view`,
+the top-level commit to :mod:`activedb.txn._flush`; extensions (the rule manager) and observers hear of
+its life through the manager's registries (:mod:`activedb.txn._hooks`).  See ``README.md`` in this
+package for the whole design: what a node sees, what the flush validates, the mutex order.
+
+State machine (``TxnState``, shared with ``lockmgr``)::
+
+    ACTIVE ──commit()──▶ COMMITTING ──▶ COMMITTED
+      │                      │
+      └──────abort()─────────┴──────▶ ABORTED
+
+Every operation checks the state it needs (``_check_active``) and says what to do otherwise.
+
+Thread-safety: a ``Transaction`` is used by the thread running it (``_thread``); its parent's and
+children's threads touch it only through ``_mutex``, which protects ``_state``, ``_children``, ``_tasks``,
+``_writes``, ``_db_reads``, ``_scans``, ``_participants``, ``_slots`` and ``_segment``.  Order: a child's
+``_mutex`` before its parent's, never the reverse; no ``_mutex`` is held while calling the lock manager,
+PostgreSQL, a hook or user code.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, TypeVar
+
+from lockmgr import Deadlock, Mode, TxnState
+
+from activedb.errors import (
+    DuplicateKey,
+    InvalidKey,
+    SerializationConflict,
+    TransactionAborted,
+    TransactionError,
+)
+from activedb.events import Event, EventKind
+from activedb.store import Entry, EntryKind, Key, TableInfo
+from activedb.txn import _flush, _ids, _view
+from activedb.txn._participants import CommitParticipant
+from activedb.txn._pool import Task
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.txn._manager import TransactionManager
+    from activedb.txn._view import ReadBase
+
+logger = logging.getLogger("activedb.transaction")
+
+SlotType = TypeVar("SlotType")
+
+
+class SubtransactionHandle:
+    """The handle ``spawn`` returns: ``result(timeout)``, ``wait(timeout)``, ``done()``, ``state``."""
+
+    def __init__(self, transaction: "Transaction", task: Task):
+        self.transaction = transaction
+        self._task = task
+
+    @property
+    def state(self) -> TxnState:
+        return self.transaction.state
+
+    def done(self) -> bool:
+        return self._task.done()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the subtransaction ended (runs it here if no worker started it)."""
+        with self.transaction.parent._waiting_for(self.transaction):
+            return self._task.wait(timeout)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The function's return value once the subtransaction committed; re-raises its error."""
+        if not self.wait(timeout):
+            raise TimeoutError(f"subtransaction {self.transaction.id} did not end within {timeout} s")
+        if self._task.error is not None:
+            raise self._task.error
+        return self._task.result
+
+    def __repr__(self) -> str:
+        return f"<SubtransactionHandle {self.transaction.id} {self.state.value}>"
+
+
+class Transaction:
+    """A node of a transaction tree.  See the module docstring."""
+
+    def __init__(self, manager: "TransactionManager", parent: "Transaction | None", *,
+                 name: str | None = None, read_base: "ReadBase | None" = None):
+        self.manager = manager
+        self.parent = parent
+        self.root: Transaction = parent.root if parent is not None else self
+        self.depth = parent.depth + 1 if parent is not None else 0
+        number = manager.next_id()
+        self.id = _ids.child_id(parent.id, number) if parent is not None else _ids.top_level_id(number)
+        self.name = name
+        self.began_at = datetime.datetime.now(datetime.timezone.utc)
+        #: Free-form JSON annotations of this transaction; a top-level transaction's are written into
+        #: its transaction-log row (``activedb_transaction_log.info``).
+        self.info: dict[str, Any] = {}
+        self.subtransactions_committed = 0
+        self._mutex = threading.Lock()
+        # Invariant: _state only moves ACTIVE -> COMMITTING -> COMMITTED, or to ABORTED from a non-final state.
+        self._state = TxnState.ACTIVE
+        self._children: list[Transaction] = []
+        self._tasks: dict[str, Task] = {}
+        self._writes: dict[tuple[str, Key], Entry] = {}
+        # Committed images this node relied on (None: no row), validated at the flush (see _view).
+        self._db_reads: dict[tuple[str, Key], dict | None] = {}
+        self._scans: list[tuple[str, Any, dict]] = []
+        self._participants: list[CommitParticipant] = []
+        self._slots: dict[type, Any] | None = None
+        self._segment: str | None = None
+        self._segment_number = 0
+        self._doomed: BaseException | None = None
+        # The thread that runs this node's operations (set again by a spawned child's worker).
+        self._thread = threading.get_ident()
+        # The tree's read base (see _view.ReadBase); only the root has one.
+        self._read_base = (read_base or manager.read_base) if parent is None else None
+        manager.locking.begin(self)
+        recorder = manager.recorder
+        if recorder:
+            recorder.record("begin", self.id, parent=parent.id if parent is not None else None, root=self.root.id)
+
+    # --- state ----------------------------------------------------------------------------
+
+    @property
+    def state(self) -> TxnState:
+        return self._state
+
+    @property
+    def is_top_level(self) -> bool:
+        return self.parent is None
+
+    @property
+    def children(self) -> list["Transaction"]:
+        with self._mutex:
+            return list(self._children)
+
+    def ancestors(self) -> Iterator["Transaction"]:
+        node = self.parent
+        while node is not None:
+            yield node
+            node = node.parent
+
+    @property
+    def log_id(self) -> str:
+        """The id of this tree's row in ``activedb_transaction_log``."""
+        return _ids.log_id(self.manager.process_tag, self.root.id)
+
+    def _check_active(self, operation: str) -> None:
+        if self._doomed is not None:
+            raise TransactionAborted(
+                f"{operation} in transaction {self.id}: it was aborted ({self._doomed}); "
+                f"start a new transaction"
+            ) from self._doomed
+        state = self._state
+        if state is not TxnState.ACTIVE:
+            raise TransactionError(
+                f"{operation} in transaction {self.id}, which is {state.value}; operations are only allowed "
+                f"while it is active — start a new transaction"
+            )
+
+    def doom(self, reason: BaseException) -> None:
+        """Mark this node and its active descendants for abort (they raise at their next operation)."""
+        pending = [self]
+        while pending:
+            node = pending.pop()
+            if node._doomed is None and node._state in (TxnState.ACTIVE, TxnState.COMMITTING):
+                node._doomed = reason
+            pending.extend(node.children)
+
+    # --- extension seams ------------------------------------------------------------------------
+
+    def enlist(self, participant: CommitParticipant) -> None:
+        """Make ``participant`` take part in the top-level commit (see ``CommitParticipant``).  Enlisted in
+        a subtransaction, it moves to the parent when the subtransaction commits and is dropped (its
+        ``aborted`` called) if it aborts."""
+        if not isinstance(participant, CommitParticipant):
+            raise TypeError(f"enlist() takes a CommitParticipant, got {participant!r}")
+        self._check_active("enlist")
+        with self._mutex:
+            self._participants.append(participant)
+
+    def slot(self, kind: type[SlotType], *, create: bool = True) -> SlotType | None:
+        """This transaction's object of type ``kind`` (one per type, created with ``kind()`` on first use;
+        ``create=False``: None if there is none).  A package keeps its per-transaction state here, in a
+        type it owns (e.g. the rule manager's ``RuleContext``), instead of attributes on the transaction."""
+        slots = self._slots
+        if slots is not None:
+            value = slots.get(kind)
+            if value is not None or not create:
+                return value
+        elif not create:
+            return None
+        with self._mutex:
+            if self._slots is None:
+                self._slots = {}
+            value = self._slots.get(kind)
+            if value is None:
+                value = self._slots[kind] = kind()
+        return value
+
+    # --- reads ----------------------------------------------------------------------------
+
+    def read(self, table: Any, key: Any) -> dict | None:
+        """The row with primary key ``key`` as a dict, or None; takes a READ lock."""
+        self._check_active("read")
+        info = self.manager.catalog.table_info(table)
+        key = info.key(key)
+        self.manager.locking.acquire(self, info, key, Mode.READ)
+        return _view.read_row(self, info, key)
+
+    def prefetch(self, table: Any, keys: Any) -> int:
+        """Read-lock ``keys`` of ``table`` and load their committed images in one query, so that
+        later reads in this tree (this node and its descendants) need no round trip.  Returns the
+        number of rows found.  Useful before processing a batch of events on known keys."""
+        self._check_active("prefetch")
+        info = self.manager.catalog.table_info(table)
+        wanted = []
+        for key in keys:
+            key = info.key(key)
+            row = (info.name, key)
+            if any(row in node._db_reads or row in node._writes for node in (self, *self.ancestors())):
+                continue
+            wanted.append(key)
+        wanted = list(dict.fromkeys(wanted))
+        locking = self.manager.locking
+        for key in wanted:
+            locking.acquire(self, info, key, Mode.READ)
+        if not wanted:
+            return 0
+        return self.root._read_base.read_many(self, info, wanted)
+
+    def scan(self, table: Any, where: Mapping[str, Any] | Callable[[dict], bool] | None = None) -> list[dict]:
+        """All rows of ``table`` matching ``where`` (a dict of equalities or a predicate on the row
+        dict), as this transaction sees them; takes a table-level READ lock."""
+        self._check_active("scan")
+        info = self.manager.catalog.table_info(table)
+        if isinstance(where, Mapping):
+            for column, value in where.items():
+                info.check_value(column, value)
+        self.manager.locking.acquire(self, info, None, Mode.READ)
+        rows = dict(self.root._read_base.scan(self, info, where))
+        for key in _view.written_keys(self, info.name):
+            rows[key] = _view.read_row(self, info, key, record=False)
+        result = [image for image in rows.values() if image is not None and _view.matches(image, where)]
+        recorder = self.manager.recorder
+        if recorder:
+            for key, image in rows.items():
+                recorder.record("read", self.id, root=self.root.id, table=info.name, key=key, value=image,
+                                source="scan")
+        return result
+
+    # --- writes ---------------------------------------------------------------------------
+
+    def write(self, table: Any, key: Any, **values: Any) -> None:
+        """Upsert: update the given columns of row ``key``, or insert it."""
+        self._check_active("write")
+        info = self.manager.catalog.table_info(table)
+        key = info.key(key)
+        values = self._values_without_key(info, key, values)
+        self._modify(info, key, Entry(EntryKind.PATCH, values))
+
+    def insert(self, table: Any, **values: Any) -> Key | Any:
+        """Insert a new row; returns its key.  A table whose key the database generates
+        (identity/serial) may omit it: the next sequence value is taken."""
+        self._check_active("insert")
+        info = self.manager.catalog.table_info(table)
+        values = info.check_values(values)
+        generated = any(values.get(name) is None for name in info.key_columns)
+        if generated:
+            values = {**values, **self._generated_key(info)}
+        key = info.key(info.key_from_values(values))
+        values = {name: value for name, value in values.items() if name not in info.key_columns}
+        self._modify(info, key, Entry(EntryKind.INSERT, values), must_not_exist=not generated)
+        return key[0] if len(key) == 1 else key
+
+    def delete(self, table: Any, key: Any) -> None:
+        """Delete row ``key`` if it exists."""
+        self._check_active("delete")
+        info = self.manager.catalog.table_info(table)
+        key = info.key(key)
+        self._modify(info, key, Entry(EntryKind.DELETE))
+
+    def _values_without_key(self, info: TableInfo, key: Key, values: dict) -> dict:
+        values = info.check_values(values)
+        for name, key_value in zip(info.key_columns, key):
+            if name in values:
+                if values.pop(name) != key_value:
+                    raise InvalidKey(f"{info.name}.{name} is part of the key {key!r}; it cannot be changed by write()")
+        return values
+
+    def _generated_key(self, info: TableInfo) -> dict:
+        if len(info.key_columns) != 1:
+            raise InvalidKey(f"insert into {info.name!r} needs the key columns {', '.join(info.key_columns)}")
+        column = info.key_columns[0]
+        catalog = self.manager.catalog
+        sequence = catalog.sequence_of(info, column)
+        if sequence is None:
+            raise InvalidKey(
+                f"insert into {info.name!r} needs a value for the key column {column!r} "
+                f"(it has no identity or serial default)"
+            )
+        return {column: catalog.next_generated_key(sequence)}
+
+    def _modify(self, info: TableInfo, key: Key, entry: Entry, *, must_not_exist: bool = False) -> None:
+        self.manager.locking.acquire(self, info, key, Mode.WRITE)
+        extensions = self.manager.extensions
+        if entry.kind is EntryKind.INSERT and not must_not_exist:
+            observed, old = extensions.any("wants_old_images", info.name), None   # a fresh sequence value: no row
+        else:
+            observed = must_not_exist or extensions.any("wants_old_images", info.name)
+            # An insert's existence check is not validated at the flush (a concurrent insert
+            # of the same key makes the flush's INSERT fail instead): no relied-on read.
+            old = (_view.read_row(self, info, key, record=False, relied=not must_not_exist)
+                   if observed else None)
+        if must_not_exist and old is not None:
+            raise DuplicateKey(
+                f"insert into {info.name!r}: a row with key {key!r} already exists; use write() to upsert"
+            )
+        row = (info.name, key)
+        with self._mutex:
+            previous = self._writes.get(row)
+            self._writes[row] = previous.then(entry, info.name) if previous else entry
+        recorder = self.manager.recorder
+        if recorder:
+            recorder.record("write", self.id, root=self.root.id, table=info.name, key=key, value=entry)
+        if observed and (entry.kind is not EntryKind.DELETE or old is not None):
+            if entry.kind is EntryKind.DELETE:
+                kind, new = EventKind.DELETED, None
+            else:
+                new = entry.apply(old)
+                if old is None:
+                    kind = EventKind.INSERTED
+                    # The stored row: every column (constant defaults for the ones not given) and the key.
+                    new = {**info.blank_row, **new, **info.full_key_row(key)}
+                else:
+                    kind = EventKind.UPDATED
+            display_key = key[0] if len(key) == 1 else key
+            extensions.call("on_event", self, Event(kind, info.name, display_key, old, new, transaction=self.id))
+
+    # --- subtransactions --------------------------------------------------------------------
+
+    def _new_child(self, name: str | None = None) -> "Transaction":
+        self._check_active("starting a subtransaction")
+        self.manager.locking.release_holds(self)
+        child = Transaction(self.manager, self, name=name)
+        with self._mutex:
+            self._children.append(child)
+        manager = self.manager
+        if manager.recorder:
+            manager.recorder.record("spawn", self.id, root=self.root.id, detail=child.id)
+        manager.observers.call("on_spawn", self, child)
+        return child
+
+    def spawn(self, function: Callable[..., Any], *args: Any, name: str | None = None,
+              **kwargs: Any) -> SubtransactionHandle:
+        """Run ``function(child, *args, **kwargs)`` as a subtransaction on a worker thread.
+
+        The child commits when the function returns and aborts (with its descendants)
+        if it raises; ``handle.result()`` returns the value or re-raises the error.
+        """
+        child = self._new_child(name)
+        task = self.manager.pool.submit(lambda: child._run_body(function, args, kwargs))
+        with self._mutex:
+            self._tasks[child.id] = task
+        return SubtransactionHandle(child, task)
+
+    def subtransaction(self, name: str | None = None) -> "InlineSubtransaction":
+        """``with tx.subtransaction() as child:`` runs a subtransaction inline in this thread."""
+        return InlineSubtransaction(self, name)
+
+    def run_subtransaction(self, function: Callable[..., Any], *args: Any, name: str | None = None,
+                           **kwargs: Any) -> Any:
+        """Run ``function(child, ...)`` as an inline subtransaction and return its result; the child
+        commits when it returns and aborts (re-raising) when it raises — ``with tx.subtransaction()`` as
+        one call, for code that needs the outcome without managing a context."""
+        with self.subtransaction(name) as child:
+            return function(child, *args, **kwargs)
+
+    def retry(self, function: Callable[..., Any], *args: Any, attempts: int = 3, **kwargs: Any) -> Any:
+        """Run ``function(child, ...)`` as an inline subtransaction, re-running it (in a fresh
+        subtransaction) when it is chosen as a deadlock victim or its commit finds that another process
+        changed a row it read, at most ``attempts`` times."""
+        if attempts < 1:
+            raise ValueError("attempts must be at least 1")
+        for attempt in range(1, attempts + 1):
+            try:
+                return self.run_subtransaction(function, *args, **kwargs)
+            except (Deadlock, SerializationConflict) as error:
+                if attempt == attempts:
+                    raise
+                logger.info("subtransaction of %s failed (%s); retry %d of %d", self.id,
+                            type(error).__name__, attempt, attempts)
+
+    def _run_body(self, function: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        self._thread = threading.get_ident()
+        manager = self.manager
+        with manager.running(self):
+            try:
+                manager.extensions.call("on_begin", self)
+                manager.observers.call("on_begin", self)
+                result = function(self, *args, **kwargs)
+            except BaseException as error:
+                self.abort(error)
+                raise
+            self.commit()
+        return result
+
+    def _waiting_for(self, child: "Transaction"):
+        """Context of a wait of this node for ``child`` (a handle's ``wait``/``result``)."""
+        return self.manager.waiting(self, "children", child.id)
+
+    def _before_waiting_for_children(self) -> None:
+        """The thread running this node is about to wait for its children: it uses none of its locks
+        while it waits, so they become *retained* (its segment commits) and Rule 1 grants them to its
+        descendants.  Otherwise a child asking for a row this node's own operations locked would wait for
+        a holder that waits for the child — a deadlock the lock manager could not see, since the holder is
+        the node's segment, not the node.  Only the node's own thread may do this (the segment is in use
+        while that thread runs an operation); a wait by another thread is registered with the lock
+        manager instead (``TransactionManager.waiting``)."""
+        if (self._segment is not None and self._thread == threading.get_ident()
+                and self._state in (TxnState.ACTIVE, TxnState.COMMITTING)):
+            self.manager.locking.release_holds(self)
+
+    def wait_children(self, timeout: float | None = None) -> None:
+        """Wait until every child has ended, running queued ones in this thread."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._mutex:
+                pending = [self._tasks[child.id] for child in self._children
+                           if child.id in self._tasks and not self._tasks[child.id].done()]
+            if not pending:
+                return
+            with self.manager.waiting(self, "children", None):
+                for task in pending:
+                    remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                    if not task.wait(remaining):
+                        raise TimeoutError(f"children of {self.id} did not end within {timeout} s")
+
+    # --- signals ----------------------------------------------------------------------------
+
+    def signal(self, name: str, **payload: Any) -> None:
+        """Raise an application event ``name`` with ``payload`` (rules on ``db.signalled(name)`` react)."""
+        self._check_active("signal")
+        self.manager.extensions.call("on_event", self, Event(EventKind.SIGNAL, name, payload=dict(payload),
+                                                             transaction=self.id))
+
+    def emit(self, event_type: str, *, key: Any = None, ts: Any = None, payload: Mapping[str, Any] | None = None
+             ) -> None:
+        """Hand a stream event (``db.stream(event_type)``) to the rules, in this transaction."""
+        self._check_active("emit")
+        self.manager.extensions.call("on_event", self, Event(EventKind.STREAM, event_type, key=key,
+                                                             payload=dict(payload or {}), ts=ts,
+                                                             transaction=self.id))
+
+    # --- commit and abort -------------------------------------------------------------------
+
+    def commit(self) -> None:
+        """Commit: wait for children, then delegate to the parent or flush to PostgreSQL."""
+        self._check_active("commit")
+        manager = self.manager
+        try:
+            manager.extensions.call("before_commit", self)
+        except BaseException as error:
+            self.abort(error)
+            raise
+        with self._mutex:
+            if self._state is not TxnState.ACTIVE:
+                raise TransactionError(f"commit of {self.id}, which is {self._state.value}")
+            self._state = TxnState.COMMITTING
+        try:
+            # COMMITTING: no operation of this node runs any more, so what its own operations hold
+            # becomes retained before it waits for its children (they may need those rows).
+            manager.locking.release_holds(self)
+            self.wait_children()
+            if self._doomed is not None:
+                raise TransactionAborted(f"transaction {self.id} was aborted ({self._doomed})") from self._doomed
+            if self.parent is not None:
+                self._delegate_to_parent()
+            else:
+                _flush.flush(self)
+        except BaseException as error:
+            self.abort(error)
+            raise
+        manager.locking.commit(self)   # subtransaction: parent inherits and retains; top-level: releases all
+        with self._mutex:
+            self._state = TxnState.COMMITTED
+            participants = self._participants if self.parent is None else ()
+        for participant in participants:
+            try:
+                participant.committed(self)
+            except Exception:
+                logger.exception("commit participant %r raised after %s committed", participant, self.id)
+        if manager.recorder:
+            manager.recorder.record("commit", self.id, parent=self.parent.id if self.parent else None,
+                                    root=self.root.id)
+        manager.extensions.call("after_end", self, True)
+        manager.observers.call("on_commit", self)
+
+    def _delegate_to_parent(self) -> None:
+        parent = self.parent
+        with self._mutex:
+            writes, reads, scans = self._writes, self._db_reads, self._scans
+            participants = self._participants
+        with parent._mutex:
+            if parent._state not in (TxnState.ACTIVE, TxnState.COMMITTING) or parent._doomed is not None:
+                raise TransactionAborted(f"the parent {parent.id} of {self.id} was aborted")
+            # Check and compose everything first, then install: a failure leaves the parent untouched.
+            for row, image in reads.items():
+                relied = parent._db_reads.get(row, image)
+                if relied != image:
+                    # Another process committed between two reads of the tree: the parent (or a
+                    # sibling that committed into it) relied on one image, this child on another.
+                    # Keeping both is not serializable; the child's commit fails and its work is
+                    # discarded, the parent keeps its own image (validated again at the flush).
+                    raise SerializationConflict(
+                        f"commit of {self.id}: row {row[1]!r} of {row[0]!r} changed in PostgreSQL between "
+                        f"this subtransaction's read and a read by {parent.id} or a sibling (another process "
+                        f"committed in between); nothing of {self.id} is kept — re-run it "
+                        f"(tx.retry(fn) does, or the whole transaction: Database.run(fn, retries=N))"
+                    )
+            merged = {}
+            for row, entry in writes.items():
+                previous = parent._writes.get(row)
+                merged[row] = previous.then(entry, row[0]) if previous else entry
+            parent._writes.update(merged)
+            for row, image in reads.items():
+                parent._db_reads.setdefault(row, image)
+            parent._scans.extend(scans)
+            parent._participants.extend(participants)
+            parent.subtransactions_committed += 1 + self.subtransactions_committed
+
+    def abort(self, reason: BaseException | str | None = None) -> None:
+        """Abort this node and its active descendants: write sets discarded, locks released."""
+        with self._mutex:
+            if self._state in (TxnState.COMMITTED, TxnState.ABORTED):
+                if self._state is TxnState.COMMITTED:
+                    raise TransactionError(f"abort of {self.id}, which is already committed")
+                return
+            self._state = TxnState.ABORTED
+            self._writes = {}
+            self._segment = None     # the lock manager aborts it with this node (a descendant)
+            participants, self._participants = self._participants, []
+        error = reason if isinstance(reason, BaseException) else TransactionAborted(str(reason or "aborted"))
+        self.doom(error)
+        manager = self.manager
+        manager.locking.abort(self)
+        self.wait_children()
+        for participant in participants:
+            try:
+                participant.aborted(self, error)
+            except Exception:
+                logger.exception("commit participant %r raised while %s aborted", participant, self.id)
+        if manager.recorder:
+            manager.recorder.record("abort", self.id, parent=self.parent.id if self.parent else None,
+                                    root=self.root.id, detail=repr(reason) if reason is not None else None)
+        manager.extensions.call("after_end", self, False)
+        manager.observers.call("on_abort", self, error)
+
+    def __repr__(self) -> str:
+        return f"<Transaction {self.id} {self._state.value}>"
+
+
+class InlineSubtransaction:
+    """``with tx.subtransaction() as child:``: commit on normal exit, abort (re-raising) on an exception."""
+
+    def __init__(self, parent: Transaction, name: str | None):
+        self._parent = parent
+        self._name = name
+        self.transaction: Transaction | None = None
+        self._running = None
+
+    def __enter__(self) -> Transaction:
+        child = self.transaction = self._parent._new_child(self._name)
+        manager = child.manager
+        self._running = manager.running(child)
+        self._running.__enter__()
+        try:
+            manager.extensions.call("on_begin", child)
+            manager.observers.call("on_begin", child)
+        except BaseException as error:
+            child.abort(error)
+            self._running.__exit__(None, None, None)
+            raise
+        return child
+
+    def __exit__(self, exc_type, exc, traceback) -> bool:
+        child = self.transaction
+        try:
+            if exc is not None:
+                child.abort(exc)
+                return False
+            child.commit()
+            return False
+        finally:
+            self._running.__exit__(None, None, None)

@@ -1,0 +1,153 @@
+"""What a node sees: its own writes → its ancestors' writes (nearest first) → a pluggable read base.
+
+:func:`read_row` walks the write entries of the node and of every ancestor, down to the first entry
+that does not depend on what was there before (INSERT, DELETE, REPLACE); only if every entry found is a
+PATCH (or there is none) does it ask the tree's :class:`ReadBase` for the image underneath.  The order
+matters: an image of committed data cached by this node must never hide an ancestor's newer version
+(that was bug A of the tree-isolation issue).
+
+The default base, :class:`CommittedRows`, is PostgreSQL's committed data.  Every committed image a node
+*relies on* is remembered on that node (``_db_reads``, with the image seen) and delegated to its parent
+when it commits; a node and its descendants reuse the nearest such image (repeatable reads inside a
+tree), and the top-level flush re-reads each one ``FOR SHARE`` and compares (see ``_flush.py``).  A
+stream scheduler can replace the base of its trees (``db.transaction(read_base=…)``), e.g. with a
+multi-version store that answers reads at a timestamp.
+
+Thread-safety: a node's ``_writes`` and ``_db_reads`` are written under its ``_mutex`` and read without it
+(one dict lookup, atomic); the lock on the row, taken before any read, orders every writer of the row.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
+
+import sqlalchemy as sa
+
+from activedb.store import Entry, EntryKind, Key, TableInfo, fetch_rows, resolve
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.store import Catalog
+    from activedb.txn._history import HistoryRecorder
+    from activedb.txn._tree import Transaction
+
+
+class ReadBase(Protocol):
+    """Where a tree's reads go when no write entry of the node or its ancestors decides the row."""
+
+    def read(self, node: "Transaction", info: TableInfo, key: Key, *, relied: bool) -> dict | None:
+        """The image of ``key`` underneath ``node``'s write entries (None: no row).  ``relied=False``:
+        the caller only checks existence and will not rely on the image for a decision the flush must
+        validate (an insert's duplicate check)."""
+
+    def read_many(self, node: "Transaction", info: TableInfo, keys: list[Key]) -> int:
+        """Load the images of ``keys`` in one go for later reads by ``node`` and its descendants;
+        returns how many rows exist."""
+
+    def scan(self, node: "Transaction", info: TableInfo, where: Any) -> dict[Key, dict]:
+        """Every row of the table matching ``where`` (a dict of equalities or None), by key."""
+
+
+class CommittedRows:
+    """The default read base: PostgreSQL's committed rows, each image remembered for validation."""
+
+    def __init__(self, catalog: "Catalog", recorder: "HistoryRecorder | None"):
+        self.catalog = catalog
+        self.recorder = recorder
+
+    def read(self, node: "Transaction", info: TableInfo, key: Key, *, relied: bool) -> dict | None:
+        row = (info.name, key)
+        ancestor: Transaction | None = node
+        while ancestor is not None:           # the nearest image this node or an ancestor relied on
+            reads = ancestor._db_reads
+            if row in reads:
+                return reads[row]
+            ancestor = ancestor.parent
+        with self.catalog.autocommit_connection() as connection:
+            image = fetch_rows(connection, info, [key]).get(key)
+        if relied:
+            with node._mutex:
+                image = node._db_reads.setdefault(row, image)
+            if self.recorder:
+                self.recorder.record_committed_read(node.id, node.root.id, info.name, key, image)
+        return image
+
+    def read_many(self, node: "Transaction", info: TableInfo, keys: list[Key]) -> int:
+        with self.catalog.autocommit_connection() as connection:
+            found = fetch_rows(connection, info, keys)
+        with node._mutex:
+            for key in keys:
+                node._db_reads.setdefault((info.name, key), found.get(key))
+        if self.recorder:
+            for key in keys:
+                self.recorder.record_committed_read(node.id, node.root.id, info.name, key, found.get(key))
+        return len(found)
+
+    def scan(self, node: "Transaction", info: TableInfo, where: Any) -> dict[Key, dict]:
+        fetched = scan_rows(self.catalog, info, where)
+        with node._mutex:
+            node._scans.append((info.name, where if isinstance(where, Mapping) else None, fetched))
+        return fetched
+
+
+def scan_rows(catalog_or_connection: Any, info: TableInfo, where: Any) -> dict[Key, dict]:
+    """Rows of ``info`` matching the equality dict ``where`` (anything else: all rows), by key."""
+    statement = sa.select(info.table)
+    if isinstance(where, Mapping):
+        statement = statement.where(*[info.table.c[column] == value for column, value in where.items()])
+    if isinstance(catalog_or_connection, sa.Connection):
+        rows = catalog_or_connection.execute(statement).mappings()
+        return {tuple(row[name] for name in info.key_columns): dict(row) for row in rows}
+    with catalog_or_connection.autocommit_connection() as connection:
+        rows = connection.execute(statement).mappings()
+        return {tuple(row[name] for name in info.key_columns): dict(row) for row in rows}
+
+
+def read_row(node: "Transaction", info: TableInfo, key: Key, *, record: bool = True, relied: bool = True
+             ) -> dict | None:
+    """The row as ``node`` sees it (module docstring).  Precondition: ``node``'s segment locks the row."""
+    row = (info.name, key)
+    chain: list[Entry] = []
+    ancestor: Transaction | None = node
+    source = None
+    needs_base = True
+    while ancestor is not None:
+        entry = ancestor._writes.get(row)
+        if entry is not None:
+            chain.append(entry)
+            if source is None:
+                source = ancestor
+            if entry.kind is not EntryKind.PATCH:
+                needs_base = False
+                break
+        ancestor = ancestor.parent
+    base = node.root._read_base.read(node, info, key, relied=relied) if needs_base else None
+    if not chain:
+        return base
+    chain.reverse()
+    image = resolve(chain, base)
+    if image is not None and base is None:
+        # A row created in this tree: every column, the ones not given at their constant default.
+        image = {**info.blank_row, **image, **info.full_key_row(key)}
+    recorder = node.manager.recorder
+    if recorder and record:
+        recorder.record("read", node.id, root=node.root.id, table=info.name, key=key, value=image,
+                        source="own" if source is node else f"ancestor:{source.id}")
+    return image
+
+
+def written_keys(node: "Transaction", table_name: str) -> set[Key]:
+    """Keys of ``table_name`` that ``node`` or an ancestor wrote."""
+    keys: set[Key] = set()
+    ancestor: Transaction | None = node
+    while ancestor is not None:
+        keys.update(key for (name, key) in list(ancestor._writes) if name == table_name)
+        ancestor = ancestor.parent
+    return keys
+
+
+def matches(image: dict, where: Mapping[str, Any] | Callable[[dict], bool] | None) -> bool:
+    if where is None:
+        return True
+    if callable(where) and not isinstance(where, Mapping):
+        return bool(where(image))
+    return all(image.get(column) == value for column, value in where.items())

@@ -1,0 +1,99 @@
+"""Registered waits (``LockManager.add_wait``): waits that are not lock waits join the one wait-for graph.
+
+A cycle through any mix of lock waits and registered waits is found when its last edge is added; the
+victim is told (a lock waiter's ``acquire`` raises, a registered waiter's ``on_victim`` is called, the
+adder of the closing edge gets ``Deadlock`` from ``add_wait``); a waiter that volunteers is chosen first.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from lockmgr import Deadlock, LockManager, Mode
+from lockmgr.testing import wait_until
+
+
+def test_a_registered_wait_closing_a_cycle_with_a_lock_wait_raises_for_its_adder():
+    lm = LockManager()
+    lm.begin("A")
+    lm.begin("B")
+    lm.acquire("A", "x", Mode.WRITE)
+    errors = []
+    waiter = threading.Thread(target=lambda: _acquire_or_record(lm, "B", "x", errors))
+    waiter.start()
+    wait_until(lambda: lm.statistics().waiting == 1)
+    with pytest.raises(Deadlock) as raised:          # A waits for B (e.g. B's commit): A -> B -> A
+        lm.add_wait("A", ["B"], kind="dependency")
+    assert [edge.kind for edge in raised.value.cycle] == ["dependency", "held"]
+    assert lm.statistics().registered_waits == 0
+    lm.abort("A")
+    waiter.join(5)
+    assert errors == [] and lm.holders("x").held == {"B": Mode.WRITE}
+
+
+def test_a_lock_wait_closing_a_cycle_through_a_registered_wait_picks_the_volunteer():
+    lm = LockManager()
+    lm.begin("T")
+    lm.begin("T.1", parent="T")                      # the trigger's subtransaction
+    lm.begin("D")                                    # a dependent (a detached rule's transaction)
+    lm.acquire("D", "row", Mode.WRITE)
+    told = threading.Event()
+    notices = []
+
+    def on_victim(error):
+        notices.append(error)
+        told.set()
+
+    wait = lm.add_wait("D", ["T"], kind="dependency", on_victim=on_victim, preferred_victim=True)
+    errors = []
+    trigger = threading.Thread(target=lambda: _acquire_or_record(lm, "T.1", "row", errors))
+    trigger.start()                                  # T.1 -> D (held) -> T (dependency) -> T.1 (commit)
+    assert told.wait(5)
+    assert wait.cancelled and isinstance(notices[0], Deadlock) and notices[0].victim == "D"
+    assert "volunteered" in str(notices[0])
+    lm.abort("D")                                    # the dependent gives way: the trigger gets the row
+    trigger.join(5)
+    assert errors == [] and lm.holders("row").held == {"T.1": Mode.WRITE}
+
+
+def test_released_waits_leave_no_edge_and_ended_targets_add_none():
+    lm = LockManager()
+    lm.begin("A")
+    lm.begin("B")
+    with lm.add_wait("A", ["B", "nobody"], kind="nested") as wait:
+        assert lm.statistics().registered_waits == 1
+        assert [(a, b, data["kind"]) for a, b, data in lm.wait_for_graph().edges(data=True)] == [("A", "B", "nested")]
+        assert lm.snapshot().waits["A"] == {"B": ("nested", None)}
+    assert wait.status.value == "granted" and lm.statistics().registered_waits == 0
+    assert list(lm.wait_for_graph().edges) == []
+    lm.commit("B")
+    assert lm.add_wait("A", ["B"]).targets == {}     # B ended: nothing to wait for
+
+
+def test_a_waiter_that_cannot_be_told_is_never_chosen():
+    lm = LockManager()
+    lm.begin("A")
+    lm.begin("B")
+    lm.acquire("B", "x", Mode.WRITE)
+    lm.add_wait("B", ["A"], kind="nested")           # no on_victim: B's thread cannot be interrupted
+    with pytest.raises(Deadlock) as raised:          # so the lock waiter that closes the cycle is the victim
+        lm.acquire("A", "x", Mode.WRITE)
+    assert raised.value.victim == "A"
+
+
+def test_abort_drops_the_registered_waits_of_the_aborted():
+    lm = LockManager()
+    lm.begin("A")
+    lm.begin("B")
+    lm.add_wait("A", ["B"])
+    lm.abort("A")
+    assert lm.statistics().registered_waits == 0
+
+
+def _acquire_or_record(lm, tid, resource, errors):
+    try:
+        lm.acquire(tid, resource, Mode.WRITE, timeout=10)
+    except Exception as error:  # recorded for the test to assert on
+        errors.append(error)
