@@ -100,5 +100,6 @@ def test_cli_round_trip_and_offline_sql(database_url):
 
 
 def test_unknown_table_is_a_clear_error(db):
-    with pytest.raises(activedb.UnknownTable, match="no table 'nope'.*migrations"):
+    with pytest.raises(activedb.UnknownTable, match="no table 'nope'.*migrations") as raised:
         db.table("nope")
+    assert "db.upgrade_app(" in str(raised.value) and "activedb.upgrade_app(db" not in str(raised.value)

@@ -89,6 +89,27 @@ def test_two_processes_share_one_server_which_stops_after_the_last(tmp_path):
     _wait_until(lambda: not psutil.pid_exists(first_info["postmaster"]), what="server stop")
 
 
+def test_connect_close_twice_in_one_process_still_stops_the_server_at_exit(tmp_path):
+    home = tmp_path / "home"
+    script = textwrap.dedent(
+        """
+        import json, sys
+        import activedb
+        first = activedb.connect(home=sys.argv[1]); pid = first.embedded.pid; first.close()
+        second = activedb.connect(home=sys.argv[1]); second.close()
+        print(json.dumps({"postmaster": pid}), flush=True)
+        """
+    )
+    env = dict(os.environ)
+    env.pop("ACTIVEDB_DATABASE_URL", None)
+    env.pop("ACTIVEDB_KEEP_SERVER", None)
+    done = subprocess.run([sys.executable, "-c", script, str(home)], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    postmaster = json.loads(done.stdout.strip().splitlines()[-1])["postmaster"]
+    _wait_until(lambda: not psutil.pid_exists(postmaster), what="server stop after the last user exited")
+
+
 def test_killed_user_is_pruned_and_server_still_stops(tmp_path):
     home = tmp_path / "home"
     victim = _start_client(home)

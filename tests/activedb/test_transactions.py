@@ -394,3 +394,40 @@ def test_lost_connection_is_a_clear_error_and_loses_nothing(db):
             tx.write("accounts", 1, balance=0)    # blind write: only the flush talks to PostgreSQL
     assert committed(db, "accounts")[(1,)]["balance"] == 100   # committed data intact
     assert committed(db, "accounts")[(2,)]["balance"] == 5
+
+
+@pytest.mark.parametrize("table, key, values, problem", [
+    ("items", "nul", {"note": "a\x00b"}, "NUL character"),
+    ("items", "surrogate", {"note": "a\ud800b"}, "lone surrogate"),
+    ("items", "range", {"value": 2**31}, "outside the column's range"),
+    ("accounts", 2**40, {"balance": 1}, "outside the column's range"),
+])
+def test_values_postgresql_would_reject_fail_at_the_write(db, table, key, values, problem):
+    with db.transaction() as tx:
+        with pytest.raises(activedb.InvalidValue, match=problem):
+            tx.write(table, key, **values)
+
+
+@pytest.mark.parametrize("raw, problem", [
+    ({"x": float("nan")}, "nan"),
+    ({"x": object()}, "not a JSON value"),
+    ({1: "x"}, "JSON object keys are strings"),
+    ({"x": ["ok", "a\x00"]}, r"\$\.x\[1\].*NUL"),
+])
+def test_json_values_postgresql_would_reject_fail_at_the_write(db, raw, problem):
+    with db.transaction() as tx:
+        with pytest.raises(activedb.InvalidValue, match=problem):
+            tx.insert("activedb_dead_letters", query_id="q", batch_id=1, reason="r", raw=raw)
+
+
+def test_a_commit_postgresql_refuses_says_what_happened_not_lost_connection(db):
+    import os
+
+    huge_key = os.urandom(600_000).hex()          # incompressible: beyond the btree index row limit
+    with pytest.raises(activedb.DatabaseError, match="SQLSTATE 54000.*nothing was written") as raised:
+        with db.transaction() as tx:
+            tx.write("items", "fine", value=1)
+            tx.write("items", huge_key, value=2)
+    message = str(raised.value)
+    assert "connection" not in message and huge_key[:100] not in message and len(message) < 1000
+    assert committed(db, "items") == {}

@@ -1,0 +1,207 @@
+"""The seams of the core: commit participants, observers, the typed slot, and the one wait-for graph
+(gate waits and nested top-level transactions are edges of it: cycles are reported, never hang)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+import sqlalchemy as sa
+
+import activedb
+from activedb import CommitParticipant, Coupling, Observer, testing
+from activedb.errors import RuleFailed
+from tests.conftest import APP_MIGRATIONS
+
+TIMEOUT = 20
+
+
+@pytest.fixture(scope="module")
+def db(database_url):
+    database = activedb.connect(database_url)
+    database.upgrade_app(APP_MIGRATIONS)
+    yield database
+    database.close()
+
+
+@pytest.fixture(autouse=True)
+def clean(db):
+    with db.engine.begin() as connection:
+        for table in ("accounts", "items", "events_seen"):
+            connection.execute(sa.text(f"DELETE FROM {table}"))
+    yield
+    for name in db.rules.names():
+        db.rules.remove(name)
+    db.rules.wait_idle(TIMEOUT)
+
+
+class Recorder(CommitParticipant):
+    def __init__(self, name, calls, table=None):
+        self.name, self.calls, self.table = name, calls, table
+
+    def before_flush(self, tx):
+        self.calls.append((self.name, "before_flush"))
+
+    def write(self, tx, connection):
+        self.calls.append((self.name, "write"))
+        if self.table:
+            connection.execute(sa.text(f"INSERT INTO {self.table} (key, value) VALUES (:k, 1)"), {"k": self.name})
+
+    def about_to_commit(self, tx, connection):
+        self.calls.append((self.name, "about_to_commit"))
+
+    def committed(self, tx):
+        self.calls.append((self.name, "committed"))
+
+    def aborted(self, tx, error):
+        self.calls.append((self.name, "aborted", type(error).__name__))
+
+
+def rows(db, table="items"):
+    with db.engine.connect() as connection:
+        return sorted(tuple(row) for row in connection.execute(sa.text(f"SELECT * FROM {table}")))
+
+
+def test_participants_take_part_in_order_in_the_one_database_transaction(db):
+    calls = []
+    with db.transaction(participants=[Recorder("first", calls, "items")]) as tx:
+        tx.write("accounts", 1, balance=1)
+        with tx.subtransaction() as child:
+            child.enlist(Recorder("child", calls, "items"))
+        with pytest.raises(ValueError):
+            with tx.subtransaction() as dropped:
+                dropped.enlist(Recorder("dropped", calls, "items"))
+                raise ValueError("this subtransaction aborts")
+    assert calls == [("dropped", "aborted", "ValueError"),
+                     ("first", "before_flush"), ("child", "before_flush"), ("first", "write"), ("child", "write"),
+                     ("first", "about_to_commit"), ("child", "about_to_commit"),
+                     ("first", "committed"), ("child", "committed")]
+    assert [row[0] for row in rows(db)] == ["child", "first"]
+
+
+def test_a_participant_that_raises_writes_nothing_and_hears_the_abort(db):
+    calls = []
+
+    class Refuses(Recorder):
+        def write(self, tx, connection):
+            super().write(tx, connection)
+            raise RuntimeError("no")
+
+    with pytest.raises(RuntimeError):
+        with db.transaction(participants=[Recorder("ok", calls, "items"), Refuses("refuses", calls)]) as tx:
+            tx.write("accounts", 2, balance=2)
+    assert rows(db) == [] and rows(db, "accounts") == []
+    assert calls[-2:] == [("ok", "aborted", "RuntimeError"), ("refuses", "aborted", "RuntimeError")]
+
+
+def test_observers_hear_life_cycles_and_a_raising_observer_is_removed(db, caplog):
+    heard = []
+
+    class Listens(Observer):
+        def on_begin(self, tx):
+            heard.append(("begin", tx.is_top_level))
+
+        def on_commit(self, tx):
+            heard.append(("commit", tx.is_top_level))
+
+        def on_abort(self, tx, reason):
+            heard.append(("abort", type(reason).__name__))
+
+        def on_firing_end(self, tx, firing, outcome):
+            heard.append(("firing", firing.rule.name, outcome))
+
+    class Breaks(Observer):
+        def on_begin(self, tx):
+            raise RuntimeError("observer bug")
+
+    listens, breaks = db.observe(Listens()), db.observe(Breaks())
+    try:
+        db.rule(on=db.signalled("ping"), name="pong")(lambda tx, ev: None)
+        with caplog.at_level(logging.ERROR, logger="activedb.observers"):
+            with db.transaction() as tx:
+                tx.signal("ping")
+        assert breaks not in list(db.transactions.observers)
+        assert "observer bug" in caplog.text
+        assert heard == [("begin", True), ("begin", False), ("firing", "pong", "executed"), ("commit", False),
+                         ("commit", True)]
+    finally:
+        db.transactions.observers.remove(listens)
+
+
+def test_the_typed_slot_is_one_object_per_type_and_transaction(db):
+    class Mine:
+        def __init__(self):
+            self.count = 0
+
+    with db.transaction() as tx:
+        assert tx.slot(Mine, create=False) is None
+        tx.slot(Mine).count += 1
+        tx.slot(Mine).count += 1
+        assert tx.slot(Mine).count == 2
+        with tx.subtransaction() as child:
+            assert child.slot(Mine, create=False) is None
+
+
+def test_a_dependent_waiting_for_its_trigger_gives_way_when_the_trigger_needs_its_row(db):
+    """Gate wait vs lock wait: the trigger waits for a row the dependent keeps, the dependent waits in
+    the coupling gate for the trigger.  The cycle is found when it forms; the dependent volunteers, aborts
+    and is re-run after its trigger committed.  Nothing polls."""
+    dependent_wrote = threading.Event()
+
+    @db.rule(on=db.signalled("go"), coupling=Coupling.DETACHED_CAUSALLY_DEPENDENT, name="compensate")
+    def compensate(tx, event):
+        current = tx.read("accounts", 9)
+        tx.write("accounts", 9, balance=(current["balance"] if current else 0) + 100)
+        dependent_wrote.set()
+
+    gate = db.rules.gate
+    with testing.Watchdog(60, db.transactions.locks):
+        with db.transaction() as tx:
+            tx.signal("go")
+            assert dependent_wrote.wait(TIMEOUT)
+            testing.wait_until(lambda: gate.statistics().waiting_to_commit == 1, TIMEOUT, "the gate wait")
+            tx.write("accounts", 9, balance=1)          # waits for the dependent's row: closes the cycle
+        db.rules.wait_idle(TIMEOUT)
+    counters = db.rules.statistics().per_rule["compensate"]
+    assert (counters.rerun_after_wait, counters.executed) == (1, 1)
+    assert rows(db, "accounts") == [(9, None, 101)]
+
+
+def test_a_rule_opening_its_own_top_level_on_its_triggers_row_is_a_deadlock_not_a_hang(db):
+    @db.rule(on=db.inserted("items"), name="own_transaction")
+    def own_transaction(tx, event):
+        with db.transaction() as separate:          # a new top-level, waiting for the trigger's row
+            separate.write("items", event.key, value=99)
+
+    with testing.Watchdog(60, db.transactions.locks):
+        with pytest.raises(RuleFailed) as raised:
+            with db.transaction() as tx:
+                tx.insert("items", key="k", value=1)
+    assert isinstance(raised.value.__cause__, activedb.Deadlock)
+    assert "nested" in str(raised.value.__cause__)
+    assert rows(db) == []
+
+
+def test_a_condition_that_raises_fails_the_firing_with_either_action_coupling(db):
+    for action_coupling in (Coupling.IMMEDIATE, Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT):
+        name = f"broken_{action_coupling.value}"
+
+        def broken(tx, event):
+            raise ValueError("condition bug")
+
+        db.rule(on=db.signalled(name), when=broken, action_coupling=action_coupling, name=name)(
+            lambda tx, event: tx.write("accounts", 5, balance=5))
+        with pytest.raises(RuleFailed, match="condition bug"):
+            with db.transaction() as tx:
+                tx.signal(name)
+        assert db.rules.statistics().per_rule[name].failed == 1
+    assert rows(db, "accounts") == []
+
+
+def test_an_insert_event_carries_the_stored_row(db):
+    seen = []
+    db.rule(on=db.inserted("events_seen"), name="sees")(lambda tx, event: seen.append((event.key, event.new)))
+    with db.transaction() as tx:
+        key = tx.insert("events_seen", rule="r")
+    assert seen == [(key, {"id": key, "rule": "r", "detail": None})]
