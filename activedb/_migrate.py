@@ -20,7 +20,7 @@ from alembic.script import ScriptDirectory
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy.engine import Engine
 
-import migrations
+from activedb import _migrations as migrations
 from activedb.errors import MigrationError
 
 

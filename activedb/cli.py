@@ -16,9 +16,18 @@ import sys
 
 import click
 
+from activedb import plugins
 from activedb.errors import ActivedbError
 
-BENCHMARKS = ("locks", "nested", "rules", "ingest")
+BUILTIN_BENCHMARKS = ("locks", "nested", "rules")
+
+
+def _benchmarks() -> dict[str, str]:
+    """Benchmark name -> module: activedb's own, plus those other packages contribute (``ingest`` comes
+    with spark_bridge) through the ``activedb.benchmarks`` entry points."""
+    found = {name: f"activedb.bench.{name}" for name in BUILTIN_BENCHMARKS}
+    found.update({name: entry.value for name, entry in plugins.entry_points(plugins.BENCHMARKS).items()})
+    return found
 
 
 class _Group(click.Group):
@@ -129,32 +138,23 @@ def demo(ctx: click.Context, events: int, workers: int, seed: int, spark: bool) 
 # --- bench ------------------------------------------------------------------------------
 
 @main.command()
-@click.argument("name", type=click.Choice(BENCHMARKS))
+@click.argument("name", type=click.Choice(sorted(_benchmarks())))
 @click.option("--quick", is_flag=True, help="Small sizes: a smoke run in seconds.")
 @click.option("--json-only", is_flag=True, help="Print only the JSON document.")
 def bench(name: str, quick: bool, json_only: bool) -> None:
     """Run benchmark NAME and print JSON plus a table (figures vs a baseline from the same run)."""
-    try:
-        module = importlib.import_module(f"activedb.bench.{name}")
-    except ModuleNotFoundError as error:
-        if error.name == f"activedb.bench.{name}":
-            raise click.ClickException(f"benchmark {name!r} is not built yet") from None
-        raise
+    module = importlib.import_module(_benchmarks()[name])
     report = module.run(quick=quick)
     report.print(json_only=json_only)
 
 
-def _register_ingestion_commands() -> None:
-    """``activedb run`` and ``activedb status`` live in ``activedb.cli_run`` (Spark ingestion)."""
-    import importlib.util
-
-    if importlib.util.find_spec("activedb.cli_run") is not None:
-        from activedb.cli_run import register_commands
-
-        register_commands(main)
+def _register_contributed_commands() -> None:
+    """Commands other packages contribute (``activedb run`` and ``status`` come with spark_bridge)."""
+    for entry in plugins.entry_points(plugins.COMMANDS).values():
+        entry.load()(main)
 
 
-_register_ingestion_commands()
+_register_contributed_commands()
 
 
 if __name__ == "__main__":  # pragma: no cover

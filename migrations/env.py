@@ -22,7 +22,7 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from migrations import VERSION_TABLE
+from activedb._migrations import VERSION_TABLE
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logging", True):

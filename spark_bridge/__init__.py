@@ -39,7 +39,7 @@ from spark_bridge._ledger import (
 )
 from spark_bridge._scaleout import PartitionedIngestSink
 from spark_bridge._sink import BatchOutcome, IngestSink, IngestStatistics, PhaseTimings
-from spark_bridge.mapping import EventMapping, RawEvent, Rejected, rows_to_events
+from spark_bridge.mapping import EventMapping, RawEvent, Rejected, as_mapping, rows_to_events
 from spark_bridge.session import get_spark
 
 __all__ = [
@@ -54,6 +54,7 @@ __all__ = [
     "QueryStatus",
     "RawEvent",
     "Rejected",
+    "as_mapping",
     "batch_committed",
     "errors",
     "get_spark",

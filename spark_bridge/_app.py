@@ -31,8 +31,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from spark_bridge.errors import AppLoadError
-from spark_bridge.mapping import EventMapping
+from spark_bridge.errors import AppLoadError, MappingError
+from spark_bridge.mapping import EventMapping, as_mapping
 
 __all__ = ["LoadedApp", "load_app", "register_function"]
 
@@ -109,8 +109,11 @@ def load_app(spec: str | Path | Callable[[Any], Any], *, require_mapping: bool =
     if not callable(register):
         raise AppLoadError(f"application {text!r} has no register(db) function declaring its rules")
     mapping = getattr(module, "MAPPING", None)
-    if mapping is not None and not isinstance(mapping, EventMapping):
-        raise AppLoadError(f"{text}: MAPPING must be a spark_bridge.EventMapping, got {type(mapping).__name__}")
+    if mapping is not None:
+        try:
+            mapping = as_mapping(mapping)
+        except MappingError as error:
+            raise AppLoadError(f"{text}: MAPPING: {error}") from None
     if require_mapping and mapping is None:
         raise AppLoadError(
             f"application {text!r} has no MAPPING; add for example "

@@ -13,8 +13,8 @@ from typing import Any
 from spark_bridge._app import portable_spec
 from spark_bridge._scaleout import PartitionedIngestSink
 from spark_bridge._sink import IngestSink
-from spark_bridge.errors import IngestError
-from spark_bridge.mapping import EventMapping
+from spark_bridge.errors import IngestError, MappingError
+from spark_bridge.mapping import EventMapping, as_mapping
 
 __all__ = ["ingest", "sink_of"]
 
@@ -101,8 +101,10 @@ def ingest(
             "restart. Pass a directory that survives restarts, one per query, e.g. "
             "checkpoint_location='/var/lib/myapp/checkpoints/" + str(query_name) + "'"
         )
-    if not isinstance(mapping, EventMapping):
-        raise IngestError(f"mapping must be a spark_bridge.EventMapping, got {type(mapping).__name__}")
+    try:
+        mapping = as_mapping(mapping)
+    except MappingError as error:
+        raise IngestError(f"mapping: {error}") from None
     if not getattr(streaming_df, "isStreaming", False):
         raise IngestError(
             "ingest() needs a streaming DataFrame (spark.readStream...); for a static DataFrame use "

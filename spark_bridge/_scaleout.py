@@ -19,7 +19,7 @@ engine's cost per event (hundreds of µs) the difference does not show.
 Why this is safe: all events of one key land in one partition (hash partitioning), so a
 key's events are applied in application-time order by one engine; engines in different
 processes coordinate through PostgreSQL (the flush validates every row a tree read and
-runs at SERIALIZABLE, so a cross-partition conflict re-runs that partition's batch).
+takes row locks, so a cross-partition conflict re-runs that partition's batch).
 If some partitions committed and another failed, the query fails; after the restart
 Spark re-runs the batch, the committed partitions are skipped by the ledger and the
 others applied. Hash partitioning of the same rows is deterministic, so a re-run puts
@@ -34,7 +34,8 @@ engine; a task waits for them before it reports back.
 
 Per-process cache: Spark reuses Python worker processes across tasks, so each worker
 keeps one ``Database`` per (URL, app) in ``_worker_databases`` (a connection pool and a rule
-registry are expensive to build per task). ``_worker_mutex`` protects that dict.
+registry are expensive to build per task). ``_worker_mutex`` protects that dict and ``_worker_sinks``;
+it is a leaf: nothing — no SQL, no Spark, no user code — runs while it is held.
 """
 
 from __future__ import annotations
@@ -68,25 +69,30 @@ def _app_key(app: str | Callable[[Any], Any]) -> str:
 
 
 def _worker_database(url: str, app: str | Callable[[Any], Any], connect_options: Mapping[str, Any]) -> Any:
+    """The worker process's ``Database`` for (URL, app), connected and with the app's rules declared.
+
+    The connection and the app's ``register`` run with no mutex held (they do SQL and run user code):
+    two threads of one worker that race build two, and the first to publish wins — the other is closed.
+    Declaring a rule is idempotent across processes (``INSERT … ON CONFLICT`` in the registry)."""
     import activedb
 
     key = (url, _app_key(app))
     with _worker_mutex:
         database = _worker_databases.get(key)
-        if database is not None:
-            return database
-        register = load_app(app).register
-        database = activedb.connect(url, upgrade=False, **dict(connect_options))
-        try:
-            register(database)
-        except Exception:
-            # Two workers registering a never-persisted rule at once: one insert loses the
-            # race on the registry's primary key. The second attempt finds the row.
-            database.close()
-            database = activedb.connect(url, upgrade=False, **dict(connect_options))
-            register(database)
-        _worker_databases[key] = database
+    if database is not None:
         return database
+    register = load_app(app).register
+    database = activedb.connect(url, upgrade=False, **dict(connect_options))
+    try:
+        register(database)
+    except BaseException:
+        database.close()
+        raise
+    with _worker_mutex:
+        published = _worker_databases.setdefault(key, database)
+    if published is not database:
+        database.close()
+    return published
 
 
 @dataclass(frozen=True)

@@ -55,8 +55,8 @@ from spark_bridge._ledger import (
     last_watermark,
     ledger_query_id,
 )
-from spark_bridge.errors import IngestError
-from spark_bridge.mapping import EventMapping, RawEvent, rows_to_events
+from spark_bridge.errors import IngestError, MappingError
+from spark_bridge.mapping import EventMapping, RawEvent, as_mapping, rows_to_events
 
 __all__ = ["BatchOutcome", "IngestSink", "IngestStatistics", "PhaseTimings"]
 
@@ -226,8 +226,10 @@ class IngestSink:
         batch_attempts: int = 3,
         event_attempts: int = 3,
     ) -> None:
-        if not isinstance(mapping, EventMapping):
-            raise IngestError(f"mapping must be a spark_bridge.EventMapping, got {type(mapping).__name__}")
+        try:
+            mapping = as_mapping(mapping)
+        except MappingError as error:
+            raise IngestError(f"mapping: {error}") from None
         if not isinstance(query_name, str) or not query_name.strip():
             raise IngestError("query_name must be a non-empty string (it names the query in the ledger)")
         if batch_attempts < 1 or event_attempts < 1:

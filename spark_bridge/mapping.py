@@ -46,7 +46,7 @@ from activedb.store import jsonable  # the one conversion into storable JSON (de
 
 from spark_bridge.errors import MappingError
 
-__all__ = ["EventMapping", "RawEvent", "Rejected", "jsonable", "rows_to_events"]
+__all__ = ["EventMapping", "RawEvent", "Rejected", "as_mapping", "jsonable", "rows_to_events"]
 
 _UTC = dt.timezone.utc
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=_UTC)
@@ -101,6 +101,23 @@ class EventMapping:
             return self.payload_columns
         reserved = {self.type_column, self.key_column, self.ts_column}
         return tuple(column for column in columns if column not in reserved)
+
+
+def as_mapping(mapping: Any) -> "EventMapping":
+    """``mapping`` as an :class:`EventMapping`: one already, or a dict of its keyword arguments — the
+    form an application module can declare without importing spark_bridge, e.g.
+    ``MAPPING = {"type_column": "type", "key_column": "worker", "ts_column": "ts", "payload_columns": ["room"]}``."""
+    if isinstance(mapping, EventMapping):
+        return mapping
+    if isinstance(mapping, Mapping):
+        try:
+            return EventMapping(**mapping)
+        except TypeError as error:
+            raise MappingError(
+                f"a MAPPING dict takes EventMapping's arguments (type_column, key_column, ts_column, "
+                f"payload_columns, type_map, ts_unit): {error}"
+            ) from None
+    raise MappingError(f"a mapping is a spark_bridge.EventMapping or a dict of its arguments, got {mapping!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,6 @@ are never run by the test suite's assertions on timings; a smoke test only
 checks that each benchmark runs in ``quick`` mode and reports its fields.
 """
 
-from activedb.bench._report import BenchReport, Row, measure_rate
+from activedb.bench.report import BenchReport, Row, measure_rate
 
 __all__ = ["BenchReport", "Row", "measure_rate"]

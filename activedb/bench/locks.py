@@ -24,7 +24,7 @@ import statistics
 import threading
 import time
 
-from activedb.bench._report import BenchReport, Row
+from activedb.bench.report import BenchReport, Row
 
 _TABLE = "bench"
 
@@ -196,38 +196,49 @@ def _threads(report: BenchReport, quick: bool) -> None:
     ))
 
 
+class _Node:
+    """A wait-for graph node with the shape ``lockmgr.find_cycle`` walks (``lockmgr.GraphNode``)."""
+
+    __slots__ = ("tid", "waits", "children", "external")
+
+    def __init__(self, tid: int) -> None:
+        self.tid = tid
+        self.waits: dict = {}
+        self.children: set = set()
+        self.external: tuple = ()
+
+
 def _wait_for_graph(size: int, seed: int):
-    """``size`` real transaction records (begun on a LockManager: trees of a root, 2 children, 4 grandchildren)
-    with wait edges set the way the manager sets them: half of the leaves wait for a random transaction of an
-    earlier tree (so the graph is acyclic).  Returns (manager, records, networkx graph)."""
+    """``size`` transactions as the lock manager's graph would hold them (trees of a root, 2 children, 4
+    grandchildren: "commit" edges parent -> child) where half of the leaves wait for a random transaction
+    of an earlier tree (so the graph is acyclic).  Returns (nodes by tid, networkx graph)."""
     import networkx
 
-    from lockmgr import LockManager
-
     rng = random.Random(seed)
-    lm = LockManager()
-    trees: list[list] = []
+    records: dict[int, _Node] = {}
+    trees: list[list[int]] = []
     number = 0
     while number < size:
         root = number
-        lm.begin(root)
+        records[root] = _Node(root)
         number += 1
         members = [root]
         for _ in range(2):
             if number >= size:
                 break
             child = number
-            lm.begin(child, parent=root)
+            records[child] = _Node(child)
+            records[root].children.add(records[child])
             number += 1
             members.append(child)
             for _ in range(2):
                 if number >= size:
                     break
-                lm.begin(number, parent=child)
+                records[number] = _Node(number)
+                records[child].children.add(records[number])
                 members.append(number)
                 number += 1
         trees.append(members)
-    records = lm._active  # the manager's own transaction records: the nodes find_cycle walks
     for index, members in enumerate(trees[1:], start=1):
         for member in members:
             record = records[member]
@@ -239,17 +250,17 @@ def _wait_for_graph(size: int, seed: int):
         graph.add_node(record.tid)
         graph.add_edges_from((record.tid, child.tid) for child in record.children)
         graph.add_edges_from((record.tid, target.tid) for target in record.waits)
-    return lm, records, graph
+    return records, graph
 
 
 def _deadlock_check(report: BenchReport, quick: bool) -> None:
     import networkx
 
-    from lockmgr._graph import find_cycle
+    from lockmgr import find_cycle
 
     samples = 500 if quick else 5000
     for size in (100, 1000, 10_000):
-        _, records, graph = _wait_for_graph(size, seed=size)
+        records, graph = _wait_for_graph(size, seed=size)
         nodes = list(records.values())
         rng = random.Random(size)
         timings = []

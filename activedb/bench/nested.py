@@ -20,7 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 
-from activedb.bench._report import BenchReport, Row
+from activedb.bench.report import BenchReport, Row
 from activedb.bench._setup import connect
 
 

@@ -27,7 +27,7 @@ import statistics
 import time
 
 from activedb import Coupling, Event
-from activedb.bench._report import BenchReport, Row
+from activedb.bench.report import BenchReport, Row
 from activedb.bench._setup import connect
 
 IMMEDIATE_EVENT = "bench_rule_immediate"

@@ -103,3 +103,16 @@ def test_unknown_table_is_a_clear_error(db):
     with pytest.raises(activedb.UnknownTable, match="no table 'nope'.*migrations") as raised:
         db.table("nope")
     assert "db.upgrade_app(" in str(raised.value) and "activedb.upgrade_app(db" not in str(raised.value)
+
+
+def test_an_application_folder_called_migrations_does_not_shadow_activedbs(database_url, tmp_path):
+    """activedb's own Alembic environment installs as ``activedb._migrations``, never as a global
+    ``migrations`` package that a user's ``migrations/`` folder next to the script would shadow."""
+    (tmp_path / "migrations").mkdir()
+    (tmp_path / "migrations" / "__init__.py").write_text("# the application's own migrations package\n")
+    script = "import activedb; db = activedb.connect(__import__('sys').argv[1]); print(db.current_revision())"
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-c", script, database_url], cwd=tmp_path, capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == _migrate.head()

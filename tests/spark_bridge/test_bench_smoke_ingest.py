@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from activedb.bench import BenchReport
-from activedb.bench.ingest import run
+from spark_bridge.bench_ingest import run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

@@ -114,7 +114,7 @@ def test_run_rejects_a_malformed_source_and_an_app_without_mapping(tmp_path, dat
 
 @pytest.mark.spark
 def test_kafka_without_the_connector_explains_how_to_add_it(spark, tmp_path):
-    from activedb.cli_run import SourceSpec, build_stream
+    from spark_bridge._cli import SourceSpec, build_stream
     from spark_bridge.errors import SourceError
 
     loaded = spark_bridge.load_app(APP_FILE)

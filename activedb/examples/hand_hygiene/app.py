@@ -77,16 +77,16 @@ import sqlalchemy as sa
 
 from activedb import Coupling, Event, Rule, Transaction
 from activedb.examples.hand_hygiene import MIGRATIONS as _MIGRATIONS
-from spark_bridge.mapping import EventMapping
 from activedb.examples.hand_hygiene.errors import ImpossibleTransition, LateBadgeEvent, MalformedBadgeEvent
 
 BADGE_EVENTS = ("enter", "exit", "sanitize", "mask")
 SAFE, WARNING, VIOLATION = "safe", "warning", "violation"
 STATUSES = (SAFE, WARNING, VIOLATION)
 COLORS = {SAFE: "green", WARNING: "yellow", VIOLATION: "red"}
-# What ``activedb run activedb.examples.hand_hygiene.app --source file:DIR`` needs (spark_bridge._app):
-# rows of JSON lines {"type": ..., "worker": ..., "ts": seconds, "room": ...}, as events.generate writes.
-MAPPING = EventMapping(type_column="type", key_column="worker", ts_column="ts", payload_columns=("room",))
+# What ``activedb run activedb.examples.hand_hygiene.app --source file:DIR`` needs: which columns of
+# the rows (JSON lines {"type": ..., "worker": ..., "ts": seconds, "room": ...}, as ``events.write_files``
+# writes) make an event — the arguments of spark_bridge's EventMapping, as plain data (no import of it).
+MAPPING = {"type_column": "type", "key_column": "worker", "ts_column": "ts", "payload_columns": ["room"]}
 SCHEMA = "type STRING, worker STRING, ts DOUBLE, room STRING"
 PREFETCH = {"worker_status": None}      # each batch loads its workers' rows in one query
 MIGRATIONS = _MIGRATIONS

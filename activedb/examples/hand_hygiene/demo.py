@@ -13,13 +13,9 @@ badge lights are read back from PostgreSQL, firing counts come from
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import logging
-import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import sqlalchemy as sa
 from rich.console import Console
@@ -27,6 +23,7 @@ from rich.table import Table
 
 import activedb
 from activedb import Coupling
+from activedb.plugins import load_feed
 from activedb.examples.hand_hygiene import MIGRATIONS
 from activedb.examples.hand_hygiene import app
 from activedb.examples.hand_hygiene.app import COLORS, SAFE, register, reset_tables
@@ -34,7 +31,6 @@ from activedb.examples.hand_hygiene.errors import BadgeEventRejected
 from activedb.examples.hand_hygiene.events import ApplyResult, apply_directly, generate
 
 DETACHED_WAIT_SECONDS = 300.0
-SPARK_FILES = 4                 # the Spark path writes the stream as this many files (micro-batches)
 _STATUS_STYLE = {"safe": "green", "warning": "yellow", "violation": "bold red"}
 
 
@@ -86,47 +82,9 @@ def _run_directly(db, events: list[dict], console: Console) -> ApplyResult:
 
 
 def _run_with_spark(db, events: list[dict], console: Console) -> tuple[str, ApplyResult | None]:
-    """Feed ``events`` through Spark Structured Streaming with ``spark_bridge.ingest``.
-
-    The events are written as JSON files (one micro-batch each), read as a file stream
-    with a checkpoint in the same temporary folder, and run to the end
-    (``availableNow``).  Each batch commits to PostgreSQL together with its ledger row.
-    What is printed comes from the ledger, read back from PostgreSQL.
-    """
-    import spark_bridge
-
-    console.print("starting Spark (local[2]) ...")
-    spark = spark_bridge.get_spark()
-    query_name = "hand_hygiene_demo"
-    with tempfile.TemporaryDirectory(prefix="activedb-demo-") as folder:
-        source = Path(folder) / "badge-events"
-        source.mkdir()
-        per_file = max(1, -(-len(events) // SPARK_FILES))
-        written_at = time.time() - SPARK_FILES
-        for number, start in enumerate(range(0, len(events), per_file)):
-            lines = "\n".join(json.dumps(event) for event in events[start:start + per_file])
-            path = source / f"part-{number:04d}.json"
-            path.write_text(lines + "\n")
-            # Spark's file source takes files in modification-time order: make it the arrival order.
-            os.utime(path, (written_at + number, written_at + number))
-        frame = (spark.readStream.schema(app.SCHEMA)
-                 .option("maxFilesPerTrigger", 1).json(str(source)))
-        query = spark_bridge.ingest(db, frame, mapping=app.MAPPING, query_name=query_name,
-                                    checkpoint_location=str(Path(folder) / "checkpoint"),
-                                    trigger={"availableNow": True}, prefetch=app.PREFETCH)
-        query.awaitTermination()
-        statistics = spark_bridge.sink_of(query).statistics()
-    console.print(
-        f"fed {len(events)} events through Spark Structured Streaming: {statistics.batches} micro-batches, "
-        f"{statistics.events} events applied in nested transactions, {statistics.dead_letters} dead letters "
-        f"(rejected by a rule or malformed)")
-    ledger = db.table("activedb_ingestion_ledger")
-    with db.engine.connect() as connection:      # this run's rows only: its query id is new with its checkpoint
-        batches, last, applied, letters = connection.execute(sa.select(
-            sa.func.count(), sa.func.max(ledger.c.batch_id), sa.func.sum(ledger.c.events),
-            sa.func.sum(ledger.c.dead_letters)).where(ledger.c.query_id == statistics.query_id)).one()
-    console.print(f"ingestion ledger in PostgreSQL for query {statistics.query_id}: {batches} batches committed "
-                  f"(last batch id {last}), {applied} events, {letters} dead letters")
+    """Feed ``events`` through the ``spark`` event feed (contributed by ``spark_bridge``)."""
+    feed = load_feed("spark")
+    feed(db, events, app, console)
     return "spark", None
 
 

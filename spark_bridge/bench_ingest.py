@@ -48,7 +48,7 @@ from typing import Any
 import sqlalchemy as sa
 
 import activedb
-from activedb.bench._report import BenchReport, Row
+from activedb.bench.report import BenchReport, Row
 
 SCHEMA = "type STRING, worker STRING, ts DOUBLE, room STRING"
 WORKERS = 100

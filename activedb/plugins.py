@@ -1,0 +1,47 @@
+"""What other packages contribute to activedb without activedb importing them: entry points.
+
+activedb never imports ``spark_bridge`` (imports point one way).  A package that builds on activedb
+declares in its ``pyproject.toml``::
+
+    [project.entry-points."activedb.commands"]     # a callable register(main: click.Group)
+    [project.entry-points."activedb.benchmarks"]   # a module with run(quick=False) -> BenchReport
+    [project.entry-points."activedb.feeds"]        # a callable feed(db, events, app, console)
+
+and activedb finds them here, by name.  ``spark_bridge`` contributes ``activedb run``/``status``, the
+``ingest`` benchmark and the ``spark`` feed of the demo.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+from typing import Any, Callable
+
+from activedb.errors import ActivedbError
+
+COMMANDS = "activedb.commands"
+BENCHMARKS = "activedb.benchmarks"
+FEEDS = "activedb.feeds"
+
+
+class PluginMissing(ActivedbError):
+    """A contribution (feed, benchmark, command) that no installed package provides."""
+
+
+def entry_points(group: str) -> dict[str, metadata.EntryPoint]:
+    return {entry.name: entry for entry in metadata.entry_points(group=group)}
+
+
+def load(group: str, name: str, what: str) -> Any:
+    entry = entry_points(group).get(name)
+    if entry is None:
+        raise PluginMissing(
+            f"no {what} named {name!r} is installed (entry point group {group!r}); it comes with the package "
+            f"that provides it (e.g. 'spark' and 'ingest' with spark_bridge: pip install -e '.[test]' from the "
+            f"repository)"
+        )
+    return entry.load()
+
+
+def load_feed(name: str) -> Callable[..., Any]:
+    """The event feed ``name`` (``feed(db, events, app, console)``), e.g. ``"spark"``."""
+    return load(FEEDS, name, "event feed")
