@@ -16,22 +16,24 @@
 * :func:`replay` gives the state a serial execution of the committed top-level
   transactions, in commit order, produces from an initial state.
 * :func:`wait_until` waits for observable state with a hard timeout;
-  :class:`Watchdog` turns a hang into a test failure that prints the wait-for graph.
+  :class:`Watchdog` turns a hang into a test failure that prints the wait-for graph;
+  :class:`Sequencer` orders blocks of several threads (re-exported from ``lockmgr.testing``).
 """
 
 from __future__ import annotations
 
-import faulthandler
-import sys
-import threading
-import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Iterable
 
 import networkx as nx
 
+from lockmgr.testing import Sequencer, Watchdog, wait_until  # the project's one copy of each
+
 from activedb.txn import HistoryOp
 from activedb.store import Entry
+
+
+__all__ = ["HistoryReport", "Sequencer", "Watchdog", "check_history", "replay", "wait_until"]
 
 
 @dataclass
@@ -177,52 +179,3 @@ def replay(ops: Iterable[HistoryOp], initial: dict[tuple, dict],
                 columns = (key_columns or {}).get(row[0], [])
                 state[row] = {**dict(zip(columns, row[1])), **image}
     return state
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, message: str = "condition") -> Any:
-    """Wait until ``predicate()`` is truthy (observable state), or fail after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {message}")
-        time.sleep(0.001)
-
-
-class Watchdog:
-    """Fails a hung concurrency test: after ``timeout`` s it dumps the wait-for graph and
-    every thread's stack to stderr, and sets ``fired`` (the test then fails)."""
-
-    def __init__(self, timeout: float, lock_manager=None, describe: Callable[[], str] | None = None):
-        self.timeout = timeout
-        self.lock_manager = lock_manager
-        self.describe = describe
-        self.fired = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="watchdog", daemon=True)
-
-    def _watch(self) -> None:
-        if self._stop.wait(self.timeout):
-            return
-        self.fired.set()
-        lines = [f"WATCHDOG: test still running after {self.timeout} s"]
-        if self.lock_manager is not None:
-            graph = self.lock_manager.wait_for_graph()
-            lines.append("wait-for graph edges:")
-            lines.extend(f"  {a} -> {b} ({data.get('kind')})" for a, b, data in graph.edges(data=True))
-        if self.describe is not None:
-            lines.append(self.describe())
-        print("\n".join(lines), file=sys.stderr, flush=True)
-        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-
-    def __enter__(self) -> "Watchdog":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        if self.fired.is_set() and exc_info[0] is None:
-            raise AssertionError(f"watchdog fired after {self.timeout} s (wait-for graph printed above)")

@@ -8,19 +8,26 @@ through.  Leaving the ``with`` block with a step still pending fails with a dump
 aborts every active transaction so that no thread stays stuck (the session threads are daemons anyway).
 
 :func:`wait_until` polls an observable condition with a hard timeout (for states the lock manager has no
-blocking wait for).
+blocking wait for); :class:`Watchdog` turns a hung test into a failure that prints the wait-for graph and
+every thread's stack; :class:`Sequencer` orders blocks of several threads without sleeping (block N starts
+when block N-1 has finished, as trio's ``testing.Sequencer``).  These are the project's only copies:
+``activedb.testing`` re-exports them, the coupling tests use them.
 
 Thread-safety: a Scenario is driven from one thread (the test's); its sessions run on their own threads.
+:class:`Sequencer` and :class:`Watchdog` may be used from any thread.
 """
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import queue
+import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-__all__ = ["Scenario", "Step", "ScenarioError", "wait_until"]
+__all__ = ["Scenario", "Step", "ScenarioError", "Sequencer", "Watchdog", "wait_until"]
 
 _POLL = 0.001  # seconds between looks at observable state while waiting for a step
 
@@ -29,14 +36,93 @@ class ScenarioError(AssertionError):
     """A step did not behave as the scenario declared (or the scenario hung)."""
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, message: str = "condition") -> None:
-    """Return as soon as ``predicate()`` is true; raise ``ScenarioError`` after ``timeout`` seconds."""
+def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, message: str = "condition",
+               describe: Callable[[], Any] | None = None) -> Any:
+    """Return ``predicate()``'s first truthy value; raise ``ScenarioError`` (an ``AssertionError``) after
+    ``timeout`` seconds, naming ``message`` and what ``describe()`` reports of the state."""
     deadline = time.monotonic() + timeout
     idle = threading.Event()
-    while not predicate():
+    while True:
+        value = predicate()
+        if value:
+            return value
         if time.monotonic() > deadline:
-            raise ScenarioError(f"timed out after {timeout} s waiting for {message}")
-        idle.wait(_POLL)
+            state = f"; state: {describe()}" if describe is not None else ""
+            raise ScenarioError(f"timed out after {timeout} s waiting for {message}{state}")
+        idle.wait(_POLL)   # polling observable state, not ordering threads
+
+
+class Watchdog:
+    """Fails a hung concurrency test: after ``timeout`` s it prints the wait-for graph of ``lock_manager``
+    (if given), what ``describe()`` returns, and every thread's stack to stderr, and sets ``fired``;
+    leaving the ``with`` block then raises ``AssertionError`` (the test fails instead of hanging CI)."""
+
+    def __init__(self, timeout: float, lock_manager: Any = None, describe: Callable[[], str] | None = None):
+        self.timeout = timeout
+        self.lock_manager = lock_manager
+        self.describe = describe
+        self.fired = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="watchdog", daemon=True)
+
+    def _watch(self) -> None:
+        if self._stop.wait(self.timeout):
+            return
+        self.fired.set()
+        lines = [f"WATCHDOG: test still running after {self.timeout} s"]
+        if self.lock_manager is not None:
+            graph = self.lock_manager.wait_for_graph()
+            lines.append("wait-for graph edges:")
+            lines.extend(f"  {a} -> {b} ({data.get('kind')})" for a, b, data in graph.edges(data=True))
+        if self.describe is not None:
+            lines.append(str(self.describe()))
+        print("\n".join(lines), file=sys.stderr, flush=True)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+
+    def __enter__(self) -> "Watchdog":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self.fired.is_set() and exc_info[0] is None:
+            raise AssertionError(f"watchdog fired after {self.timeout} s (wait-for graph printed above)")
+
+
+class Sequencer:
+    """Orders blocks of code run by several threads: ``with sequencer(n):`` starts only once block
+    ``n - 1`` has finished (block 0 starts at once).  A block number used twice, or a wait longer than
+    ``timeout``, raises ``ScenarioError`` — a broken sequence fails instead of hanging."""
+
+    def __init__(self, timeout: float = 10.0) -> None:
+        self.timeout = timeout
+        self._condition = threading.Condition()  # protects _done and _claimed
+        self._done = -1
+        self._claimed: set[int] = set()
+        self._broken: str | None = None
+
+    @contextlib.contextmanager
+    def __call__(self, position: int) -> Iterator[None]:
+        with self._condition:
+            if position in self._claimed:
+                raise ScenarioError(f"sequence point {position} used twice")
+            self._claimed.add(position)
+            if not self._condition.wait_for(lambda: self._broken or self._done >= position - 1, self.timeout):
+                self._broken = f"sequence point {position} waited {self.timeout} s for point {position - 1}"
+                self._condition.notify_all()
+            if self._broken:
+                raise ScenarioError(f"sequence broken: {self._broken}")
+        try:
+            yield
+        except BaseException:
+            with self._condition:
+                self._broken = self._broken or f"block {position} raised"
+                self._condition.notify_all()
+            raise
+        with self._condition:
+            self._done = max(self._done, position)
+            self._condition.notify_all()
 
 
 class Step:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import enum
 import threading
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -68,4 +67,4 @@ class RuleContext:
     gate_key: GateKey | None = None
     gate_wait_target: str | None = None
     gate_report: GateKey | None = None
-    firings: Counter = field(default_factory=Counter)
+    firings: dict[str, int] = field(default_factory=dict)

@@ -184,7 +184,7 @@ class RuleManager(TransactionExtension):
             for rule in rules:
                 self._counters[rule.name].fired += 1
                 self._per_mode[rule.coupling.value] += 1
-                root_firings[rule.name] += 1
+                root_firings[rule.name] = root_firings.get(rule.name, 0) + 1
         immediate = []
         for firing in firings:
             coupling = firing.coupling

@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from lockmgr import testing
+
 HARD_TIMEOUT = 5.0  # seconds; generous -- nothing here should take more than milliseconds
 
 
@@ -32,14 +34,14 @@ def _stacks() -> str:
 
 @pytest.fixture
 def wait_until():
-    """``wait_until(predicate, describe=lambda: "")``: poll observable state, fail after HARD_TIMEOUT."""
+    """``wait_until(predicate, describe=lambda: "")``: poll observable state, fail after HARD_TIMEOUT
+    (``lockmgr.testing.wait_until``, the project's one copy, plus every thread's stack)."""
 
     def wait(predicate: Callable[[], bool], describe: Callable[[], Any] = lambda: "", timeout: float = HARD_TIMEOUT) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if time.monotonic() > deadline:
-                pytest.fail(f"condition not reached within {timeout} s; state: {describe()}\n{_stacks()}")
-            time.sleep(0.0005)  # polling an observable state, not ordering threads
+        try:
+            testing.wait_until(predicate, timeout, "the condition", describe)
+        except testing.ScenarioError as error:
+            pytest.fail(f"{error}\n{_stacks()}")
 
     return wait
 

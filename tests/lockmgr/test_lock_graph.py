@@ -64,3 +64,32 @@ def test_a_wait_edge_wins_over_a_commit_edge_between_the_same_pair():
     assert edge_kind(parent, child) == "held"
     del parent.waits[child]
     assert edge_kind(parent, child) == "commit"
+
+
+def test_the_sequencer_orders_blocks_and_a_broken_sequence_fails():
+    import threading
+
+    import pytest
+
+    from lockmgr.testing import ScenarioError, Sequencer
+
+    sequencer, order = Sequencer(timeout=5), []
+
+    def worker(positions):
+        for position in positions:
+            with sequencer(position):
+                order.append(position)
+
+    threads = [threading.Thread(target=worker, args=(positions,)) for positions in ([1, 3], [0, 2, 4])]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert order == [0, 1, 2, 3, 4]
+    broken = Sequencer(timeout=0.05)
+    with pytest.raises(ScenarioError, match="waited"):
+        with broken(2):                               # block 1 never runs
+            pass
+    with pytest.raises(ScenarioError, match="used twice"):
+        with broken(2):
+            pass
