@@ -34,6 +34,11 @@ class MigrationError(ActivedbError):
     """The schema could not be upgraded or downgraded."""
 
 
+class SchemaNotAtHead(MigrationError):
+    """activedb's own tables are not at the revision this installation needs (the CLI never upgrades
+    them on its own; ``activedb db upgrade`` does)."""
+
+
 # --- store usage ----------------------------------------------------------------------
 
 class SchemaError(ActivedbError):

@@ -1,0 +1,129 @@
+"""Pictures of live transaction trees and the wait-for graph (``db.explain()``), and deadlocks explained
+on request (``connect(explain_deadlocks=True)``): the graph object drawn has the expected nodes and edges,
+and the rendered file is a real PNG/SVG of non-trivial size."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import sqlalchemy as sa
+
+import activedb
+from activedb.explain import Explanation
+from activedb.testing import Watchdog, wait_until
+
+TIMEOUT = 30
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(autouse=True)
+def clean(db):
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM items"))
+    yield
+
+
+def assert_png(path, minimum=15_000):
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE, f"{path} is not a PNG"
+    assert len(data) > minimum, f"{path} is only {len(data)} bytes"
+
+
+def test_a_waiting_tree_is_drawn_with_its_locks_and_a_held_edge(db, tmp_path):
+    holding, release = threading.Event(), threading.Event()
+    failures: list[BaseException] = []
+    ids: dict[str, str] = {}
+
+    def first() -> None:
+        try:
+            with db.transaction(name="first") as tx:
+                ids["first"] = tx.id
+                with tx.subtransaction(name="writer") as sub:
+                    ids["writer"] = sub.id
+                    sub.write("items", "k", value=1)
+                    holding.set()
+                    release.wait(TIMEOUT)
+        except BaseException as error:  # pragma: no cover - reported below
+            failures.append(error)
+
+    def second() -> None:
+        try:
+            with db.transaction(name="second") as tx:
+                ids["second"] = tx.id
+                tx.write("items", "k", value=2)
+        except BaseException as error:  # pragma: no cover
+            failures.append(error)
+
+    with Watchdog(TIMEOUT, db.transactions.locks):
+        threads = [threading.Thread(target=first)]
+        threads[0].start()
+        assert holding.wait(TIMEOUT)
+        threads.append(threading.Thread(target=second))
+        threads[1].start()
+        wait_until(lambda: db.transactions.locks.statistics().waiting == 1, TIMEOUT, "second never waited")
+        explanation = db.explain()
+        release.set()
+        for thread in threads:
+            thread.join(TIMEOUT)
+    assert failures == []
+
+    graph = explanation.graph
+    assert {ids["first"], ids["writer"], ids["second"]} <= set(graph.nodes)
+    assert not any("#" in node for node in graph.nodes), "lock segments are folded into their nodes"
+    assert graph.nodes[ids["writer"]]["name"] == "writer"
+    assert graph.nodes[ids["writer"]]["state"] == "active"
+    assert "WRITE items['k']" in graph.nodes[ids["writer"]]["held"]
+    assert graph.nodes[ids["second"]]["waiting_for"] == "WRITE items['k']"
+    assert graph.edges[ids["first"], ids["writer"]]["kind"] == "commit"
+    assert graph.edges[ids["second"], ids["writer"]]["kind"] == "held"
+    assert graph.edges[ids["second"], ids["writer"]]["resource"] == "items['k']"
+    assert "waiting for WRITE items['k']" in explanation.text()
+
+    png = explanation.render(tmp_path / "waiting.png")
+    assert_png(png)
+    svg = explanation.render(tmp_path / "waiting.svg")
+    assert svg.read_text().lstrip().startswith("<?xml") and "<svg" in svg.read_text()
+    again = Explanation.load(explanation.save(tmp_path / "waiting.json"))
+    assert again == explanation
+
+
+def test_a_deadlock_carries_its_picture_when_asked(database_url, tmp_path):
+    database = activedb.connect(database_url, explain_deadlocks=True)
+    first_done, ids = threading.Event(), {}
+    caught: list[BaseException] = []
+    barrier = threading.Barrier(2, timeout=TIMEOUT)
+
+    def one(mine: str, theirs: str, name: str, closes: bool) -> None:
+        try:
+            with database.transaction(name=name) as tx:
+                ids[name] = tx.id
+                tx.write("items", mine, value=1)
+                barrier.wait()
+                if closes:     # the second request closes the cycle: it is the requester, the victim
+                    wait_until(lambda: database.transactions.locks.statistics().waiting == 1, TIMEOUT,
+                               "the other transaction never waited")
+                tx.write("items", theirs, value=1)
+        except activedb.Deadlock as error:
+            caught.append(error)
+        finally:
+            first_done.set()
+
+    try:
+        with Watchdog(TIMEOUT, database.transactions.locks):
+            threads = [threading.Thread(target=one, args=("a", "b", "left", False)),
+                       threading.Thread(target=one, args=("b", "a", "right", True))]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(TIMEOUT)
+    finally:
+        database.close()
+    assert len(caught) == 1
+    explanation = caught[0].explanation
+    graph = explanation.graph
+    cycle = [(waiter, target) for waiter, target, data in graph.edges(data=True) if data["in_cycle"]]
+    assert sorted(cycle) == sorted([(ids["left"], ids["right"]), (ids["right"], ids["left"])])
+    assert {graph.edges[edge]["kind"] for edge in cycle} == {"held"}
+    assert explanation.deadlock and "victim" in explanation.deadlock
+    assert_png(explanation.render(tmp_path / "deadlock.png"))
