@@ -84,8 +84,9 @@ SAFE, WARNING, VIOLATION = "safe", "warning", "violation"
 STATUSES = (SAFE, WARNING, VIOLATION)
 COLORS = {SAFE: "green", WARNING: "yellow", VIOLATION: "red"}
 # What ``activedb run activedb.examples.hand_hygiene.app --source file:DIR`` needs: which columns of
-# the rows (JSON lines {"type": ..., "worker": ..., "ts": seconds, "room": ...}, as ``events.write_files``
-# writes) make an event — the arguments of spark_bridge's EventMapping, as plain data (no import of it).
+# the rows (JSON lines {"type": ..., "worker": ..., "ts": seconds, "room": ...}, as ``activedb demo
+# --write-events DIR`` writes them, see ``demo.write_event_files``) make an event — the arguments of
+# spark_bridge's EventMapping, as plain data (no import of it).
 MAPPING = {"type_column": "type", "key_column": "worker", "ts_column": "ts", "payload_columns": ["room"]}
 SCHEMA = "type STRING, worker STRING, ts DOUBLE, room STRING"
 PREFETCH = {"worker_status": None}      # each batch loads its workers' rows in one query
@@ -308,6 +309,11 @@ def register(db) -> dict[str, Rule]:
     declare(report_incident, on=db.inserted("alerts"), coupling=Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT,
             name="report_incident")
     return rules
+
+
+def reset(db) -> None:
+    """What ``activedb run APP --reset`` calls: start from empty application tables."""
+    reset_tables(db)
 
 
 def reset_tables(db) -> None:
