@@ -349,15 +349,17 @@ def rules_list(ctx: click.Context, include_removed: bool, module: str | None, as
                   + ("" if include_removed else " (--all includes removed ones)"), highlight=False)
         return
     table = Table(title="rules (activedb_rules)")
-    for column, options in (("name", {"overflow": "fold"}), ("event", {"overflow": "fold"}),
-                            ("coupling E-C / C-A", {"overflow": "fold"}), ("prio", {"justify": "right"}),
+    for column, options in (("name", {"no_wrap": True}), ("event", {"overflow": "fold"}),
+                            ("coupling", {"overflow": "fold"}), ("prio", {"justify": "right"}),
                             ("ver", {"justify": "right"}), ("state", {}), ("fired", {"justify": "right"}),
                             ("last fired", {}), ("module", {"overflow": "fold"})):
         table.add_column(column, **options)
     styles = {"enabled": "green", "disabled": "yellow", "removed": "dim"}
     for row in rows:
-        last = row["last_fired"].isoformat(timespec="seconds") if row["last_fired"] else "-"
-        table.add_row(row["name"], row["event"], f"{row['coupling']} / {row['action_coupling']}",
+        last = row["last_fired"].strftime("%Y-%m-%d %H:%M") if row["last_fired"] else "-"
+        coupling = row["coupling"] + ("" if row["action_coupling"] == "immediate" else
+                                      f" (C-A {row['action_coupling']})")
+        table.add_row(row["name"], row["event"], coupling,
                       "-" if row["priority"] is None else str(row["priority"]), str(row["version"]),
                       f"[{styles[row['state']]}]{row['state']}[/]", f"{row['fired']:,}", last, row["module"] or "-")
     out.print(table)
@@ -703,7 +705,9 @@ def _bench_command(name: str, module_name: str) -> click.Command:
 
     help_text = "\n\n".join("\b\n" + paragraph for paragraph in doc.split("\n\n"))   # keep its lists as written
 
-    @click.command(name, help=help_text, short_help=doc.splitlines()[0][:80])
+    summary = doc.splitlines()[0].split(": ", 1)[-1]
+
+    @click.command(name, help=help_text, short_help=summary[:90])
     @click.option("--quick", is_flag=True, help="Small sizes: a smoke run.")
     @click.option("--json-only", is_flag=True, help="Print only the JSON document (no table, no progress).")
     @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
