@@ -274,12 +274,12 @@ def from_snapshot(snapshot: "LockTableSnapshot", known: Mapping[str, tuple[str |
                   cycle: Iterable[Any] = (), victim: Any = None, title: str = "activedb transactions",
                   deadlock: str | None = None, states_from_snapshot: bool = False) -> Explanation:
     """An explanation from a lock-manager snapshot.  ``known`` maps the ids of activedb transactions to
-    ``(name, state)``; a lock-manager transaction that is not known but whose parent is, is that node's
+    ``(name, state[, parent id])``; a lock-manager transaction that is not known but whose parent is, is that node's
     segment and is folded into it.  ``cycle``: the ``WaitEdge``s of a deadlock, drawn in red, ``victim`` its
     victim; ``states_from_snapshot``: states as the lock manager saw them then (a deadlock's picture), not
     activedb's current ones.  Works for a bare ``lockmgr.LockManager`` too (``known`` empty: every
     lock-manager transaction is a node)."""
-    known = dict(known or {})
+    known = {tid: tuple(value) + (None,) * (3 - len(value)) for tid, value in (known or {}).items()}
     infos = snapshot.transactions
 
     def owner(tid: Any) -> str:
@@ -345,12 +345,14 @@ def from_snapshot(snapshot: "LockTableSnapshot", known: Mapping[str, tuple[str |
         info = infos.get(source) if source is not None else None
         if info is not None and info.parent is not None:
             return owner(info.parent)
+        if info is None and tid in known:        # ended (a committed child): its parent as activedb knows it
+            return known[tid][2]
         return None
 
     nodes = []
     for tid in sorted(node_ids, key=_order_key(infos, node_ids)):
         source = node_ids[tid]
-        name, state = known.get(tid, (None, None))
+        name, state, _ = known.get(tid, (None, None, None))
         if state is None or states_from_snapshot:
             info = infos.get(source)
             state = info.state.value if info is not None else "ended"
@@ -383,15 +385,15 @@ def _order_key(infos, node_ids):
     return key
 
 
-def _known_transactions(roots: Iterable[Any]) -> dict[str, tuple[str | None, str]]:
-    """``tid -> (name, state)`` of ``roots`` and all their descendants (public properties only)."""
-    known: dict[str, tuple[str | None, str]] = {}
+def _known_transactions(roots: Iterable[Any]) -> dict[str, tuple[str | None, str, str | None]]:
+    """``tid -> (name, state, parent id)`` of ``roots`` and all their descendants (public properties only)."""
+    known: dict[str, tuple[str | None, str, str | None]] = {}
     pending = list(roots)
     while pending:
         node = pending.pop()
         if node.id in known:
             continue
-        known[node.id] = (node.name, node.state.value)
+        known[node.id] = (node.name, node.state.value, node.parent.id if node.parent is not None else None)
         pending.extend(node.children)
     return known
 
@@ -479,14 +481,23 @@ def serve_on_signal(db: "Database", directory: str | Path | None = None) -> Path
 # --- drawing ---------------------------------------------------------------------------------------
 
 def _layout(explanation: Explanation) -> dict[str, tuple[float, float]]:
-    """Tidy tree layout: each leaf one column, a parent centred over its children, roots side by side."""
+    """Tidy tree layout: each leaf one column, a parent centred over its children, trees side by side;
+    trees of a single transaction (typically the waiters) go in a row of their own below the others, so
+    that the edges between trees stay short."""
     children: dict[str | None, list[str]] = {}
     for node in explanation.nodes:
         children.setdefault(node.parent, []).append(node.tid)
+    roots = children.get(None, [])
+    big = [root for root in roots if children.get(root)]
+    single = [root for root in roots if not children.get(root)]
+    if not big:
+        big, single = single, []
     positions: dict[str, tuple[float, float]] = {}
     column = [0.0]
+    deepest = [0]
 
     def place(tid: str, depth: int) -> float:
+        deepest[0] = max(deepest[0], depth)
         kids = children.get(tid, [])
         if not kids:
             x = column[0]
@@ -497,9 +508,15 @@ def _layout(explanation: Explanation) -> dict[str, tuple[float, float]]:
         positions[tid] = (x, -float(depth))
         return x
 
-    for root in children.get(None, []):
+    for root in big:
         place(root, 0)
         column[0] += 0.35                    # a gap between trees
+    if single:
+        width = max(column[0] - 0.35, float(len(single)))
+        step = width / len(single)
+        row = -float(deepest[0] + 1) - 0.15
+        for index, root in enumerate(single):
+            positions[root] = (step * (index + 0.5) - 0.5, row)
     return positions
 
 
@@ -551,7 +568,8 @@ def _clipped_curve(p0, p2, rad: float, start_box, end_box):
     # The part [t0, t1] of a quadratic Bézier is again one, with this control point (de Casteljau).
     sub_control = tuple((1 - t0) * (1 - t1) * p0[axis] + ((1 - t0) * t1 + t0 * (1 - t1)) * control[axis]
                         + t0 * t1 * p2[axis] for axis in (0, 1))
-    return [_point(p0, control, p2, t0), sub_control, _point(p0, control, p2, t1)], _point(p0, control, p2, 0.5)
+    label_at = t0 + 0.3 * (t1 - t0)          # nearer the waiter: labels of edges into one target do not pile up
+    return [_point(p0, control, p2, t0), sub_control, _point(p0, control, p2, t1)], _point(p0, control, p2, label_at)
 
 
 def _draw(explanation: Explanation, dpi: int):
@@ -573,7 +591,7 @@ def _draw(explanation: Explanation, dpi: int):
     xs = [x for x, _ in points.values()] or [0.0]
     ys = [y for _, y in points.values()] or [0.0]
     axes.set_xlim(min(xs) - x_scale * 0.7, max(xs) + x_scale * 0.7)
-    axes.set_ylim(min(ys) - y_scale * 0.7, max(ys) + y_scale * 0.6)
+    axes.set_ylim(min(ys) - y_scale * 0.75, max(ys) + y_scale * 0.75)
 
     texts = {}
     for node in explanation.nodes:
@@ -607,7 +625,7 @@ def _draw(explanation: Explanation, dpi: int):
         else:
             pair = frozenset((edge.waiter, edge.target))
             pair_count[pair] = pair_count.get(pair, 0) + 1
-            width, rad = (2.8 if edge.in_cycle else 1.8), 0.22 + 0.14 * (pair_count[pair] - 1)
+            width, rad = (2.8 if edge.in_cycle else 1.8), 0.18 + 0.14 * (pair_count[pair] - 1)
         vertices, middle = _clipped_curve(points[edge.waiter], points[edge.target], rad,
                                           boxes[edge.waiter], boxes[edge.target])
         path = CurvePath(vertices, [CurvePath.MOVETO, CurvePath.CURVE3, CurvePath.CURVE3])

@@ -127,3 +127,71 @@ def test_a_deadlock_carries_its_picture_when_asked(database_url, tmp_path):
     assert {graph.edges[edge]["kind"] for edge in cycle} == {"held"}
     assert explanation.deadlock and "victim" in explanation.deadlock
     assert_png(explanation.render(tmp_path / "deadlock.png"))
+
+
+def test_a_busy_moment_shows_every_kind_of_lock_and_registered_wait(db, tmp_path):
+    from activedb.examples import busy_moment
+
+    with Watchdog(TIMEOUT, db.transactions.locks):
+        moment = busy_moment.hold(db)
+        try:
+            explanation = db.explain()
+        finally:
+            moment.release()
+        db.rules.wait_idle(TIMEOUT)
+    ids = moment.ids
+    graph = explanation.graph
+    rule = next(node for node, data in graph.nodes(data=True) if data["name"] == "rule:light_badge")
+    child = ids["event:exit w2"]
+    expected = {
+        (ids["T-badges"], child): "commit",
+        (rule, ids["T-badges"]): "dependency",
+        (ids["T-report"], ids["T-badges"]): "retained",
+        (ids["T-cleanup"], child): "held",
+        (ids["T-audit"], child): "held",
+        (ids["T-audit"], ids["T-cleanup"]): "queued",
+    }
+    for (waiter, target), kind in expected.items():
+        assert graph.edges[waiter, target]["kind"] == kind, (waiter, target)
+    assert "WRITE worker_status['w1']" in graph.nodes[ids["T-badges"]]["retained"]
+    assert "WRITE worker_status['w2']" in graph.nodes[child]["held"]
+    assert graph.nodes[rule]["state"] == "active"
+    assert_png(explanation.render(tmp_path / "busy.png"), minimum=40_000)
+
+
+def test_the_cli_draws_a_live_process(database_url, tmp_path):
+    """``activedb explain --pid`` asks a running process (``db.explain_on_signal()``) for its picture."""
+    import os
+    import subprocess
+    import sys
+
+    from click.testing import CliRunner
+
+    from activedb.cli import main
+
+    home = tmp_path / "home"
+    script = (
+        "import sys, activedb\n"
+        "from activedb.examples import busy_moment\n"
+        f"db = activedb.connect({database_url!r})\n"
+        f"db.explain_on_signal({str(home / 'explain')!r})\n"
+        "moment = busy_moment.hold(db)\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.readline()\n"
+        "moment.release(); db.rules.wait_idle(30); db.close()\n"
+    )
+    environment = {**os.environ, "PYTHONPATH": os.getcwd()}
+    process = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               text=True, env=environment)
+    try:
+        assert process.stdout.readline().strip() == "ready"
+        result = CliRunner().invoke(main, ["--home", str(home), "explain", "--pid", str(process.pid),
+                                           "-o", str(tmp_path / "live.png")], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        assert "dependency" in result.output and "queued" in result.output and "retained" in result.output
+        assert_png(tmp_path / "live.png", minimum=40_000)
+        saved = Explanation.load(home / "explain" / f"{process.pid}.json")
+        assert {"commit", "held", "retained", "queued", "dependency"} <= saved.edge_kinds()
+    finally:
+        process.communicate("go\n", timeout=TIMEOUT)
+    assert process.returncode == 0
