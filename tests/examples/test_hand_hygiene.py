@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -219,6 +220,24 @@ def test_run_demo_end_to_end(app, database_url, capsys):
         assert worker in output and status in output
     assert "rule firings per coupling mode" in output
     assert "exclusive_causally_dependent" in output and "immediate" in output
+    # The story first: what the application is, what happened to the workers, then the engine's numbers.
+    positions = [output.index(text) for text in ("Hand hygiene in a hospital", "what happened to the workers",
+                                                 "under the hood", "rule firings per coupling mode")]
+    assert positions == sorted(positions)
+
+
+def test_demo_writes_event_files_for_activedb_run(tmp_path):
+    from click.testing import CliRunner
+
+    from activedb.cli import main
+
+    result = CliRunner().invoke(main, ["demo", "--write-events", str(tmp_path / "events"), "--events", "250"])
+    assert result.exit_code == 0, result.output
+    files = sorted((tmp_path / "events").glob("*.json"))
+    lines = [line for path in files for line in path.read_text().splitlines()]
+    assert len(files) == 3 and len(lines) == 250
+    assert [json.loads(line) for line in lines] == generate(12, 250, 7)
+    assert "activedb run activedb.examples.hand_hygiene.app --source file:" in " ".join(result.output.split())
 
 
 @pytest.mark.spark
