@@ -3,7 +3,7 @@
 * :func:`check_history` verifies a recorded history (``connect(record_history=True)``):
   conflict serializability of the committed top-level transactions (their
   precedence graph is acyclic, checked with networkx) and the ACTA axioms of
-  seed 004 §3.3.1 that apply to parallel nested transactions:
+  Concurrent Rule Execution §3.3.1 that apply to parallel nested transactions:
 
   1. a parent commits only after all its children ended;
   2. a committed child's operations are delegated to its parent — the write set a

@@ -1,4 +1,4 @@
-"""The hand-hygiene application (seed 000's HyReminder) on a real PostgreSQL.
+"""The hand-hygiene application (HyReminder, from Active CEP §1) on a real PostgreSQL.
 
 * hand-written badge sequences drive exact final statuses, audit trails, alerts and
   badge lights, read back from PostgreSQL;
@@ -59,7 +59,7 @@ def counters(db, name: str):
 
 
 SEQUENCE = [
-    # w1 — the seed's Example 1 (exit^2, enter^10 matches Q1 -> warning, exit^15 reads warning) and he
+    # w1 — Active CEP's Example 1 (exit^2, enter^10 matches Q1 -> warning, exit^15 reads warning) and he
     # leaves the room still unsanitized and unmasked -> violation.
     badge("enter", "w1", 0.0, "room1"), badge("exit", "w1", 2.0, "room1"),
     badge("enter", "w1", 10.0, "room2"), badge("exit", "w1", 15.0, "room2"),
