@@ -266,13 +266,20 @@ def _watch(query: Any, sink: Any, console: Any, stop: _StopRequest) -> str:
     from rich.text import Text
 
     started = time.monotonic()
+
+    def live_line() -> Text:
+        # Three columns short of the width: the ``^C`` a terminal echoes must not wrap the line, or the
+        # erase at the end would miss it.
+        line = progress_line(sink.statistics(), started)
+        room = max(20, console.width - 3)
+        return Text(line if len(line) <= room else line[:room - 1] + "…", no_wrap=True)
+
     if console.is_terminal:
-        with Live(Text(progress_line(sink.statistics(), started), overflow="ellipsis", no_wrap=True),
-                  console=console, refresh_per_second=4, transient=True) as live:
+        with Live(live_line(), console=console, refresh_per_second=4, transient=True) as live:
             while True:
                 if stop.event.wait(REFRESH_SECONDS):
                     return "stopped"
-                live.update(Text(progress_line(sink.statistics(), started), overflow="ellipsis", no_wrap=True))
+                live.update(live_line())
                 if not query.isActive:
                     return "ended"
     last_print = time.monotonic()
