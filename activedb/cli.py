@@ -677,7 +677,8 @@ def demo(ctx: click.Context, events: int, workers: int, seed: int, spark: bool, 
         return
     database = open_database(ctx, writes=True)
     try:
-        database.explain_on_signal()          # `activedb explain --pid PID` can draw it while it runs
+        home = _options(ctx)["home"]          # `activedb explain --pid PID` can draw it while it runs
+        database.explain_on_signal(Path(home) / "explain" if home else None)
         demo_module.run_demo(database=database, events=events, workers=workers, seed=seed, use_spark=spark)
     finally:
         database.close()
@@ -719,8 +720,16 @@ def _bench_command(name: str, module_name: str) -> click.Command:
                 plot_path: str | None) -> None:
         from activedb.bench import Progress
 
+        if plot_path and Path(plot_path).suffix.lower() not in (".png", ".svg"):
+            raise click.BadParameter("the plot is a .png or .svg file", param_hint="--plot")
         if name != "locks":      # the others use the database: it must be at head (created if new)
             open_database(ctx, writes=True).close()
+            import os
+
+            obj = _options(ctx)   # benchmarks connect with activedb.connect(): hand them --url / --home
+            for variable, value in (("ACTIVEDB_DATABASE_URL", obj["url"]), ("ACTIVEDB_HOME", obj["home"])):
+                if value:
+                    os.environ[variable] = value
         progress = Progress.none() if json_only else Progress.for_stream(sys.stderr, label=f"bench {name}")
         try:
             if "progress" in inspect.signature(module.run).parameters:

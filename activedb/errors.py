@@ -39,6 +39,11 @@ class SchemaNotAtHead(MigrationError):
     them on its own; ``activedb db upgrade`` does)."""
 
 
+class PictureError(ActivedbError):
+    """A picture could not be drawn or read: an unknown format, a saved explanation that is missing or
+    not one, a benchmark with nothing to plot."""
+
+
 # --- store usage ----------------------------------------------------------------------
 
 class SchemaError(ActivedbError):

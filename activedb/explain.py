@@ -51,7 +51,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-from activedb.errors import ActivedbError
+from activedb.errors import PictureError
 from activedb.txn import Observer
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -60,7 +60,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb._database import Database
 
 __all__ = ["Explanation", "ExplainNode", "ExplainEdge", "HeldLock", "explain", "from_snapshot",
-           "find_deadlock", "serve_on_signal", "DeadlockExplainer", "EDGE_KINDS", "ExplainError"]
+           "find_deadlock", "serve_on_signal", "DeadlockExplainer", "EDGE_KINDS", "PictureError"]
 
 #: Every edge kind, with the colour it is drawn in and what it means.
 EDGE_KINDS: dict[str, tuple[str, str]] = {
@@ -78,10 +78,6 @@ _WAITING_EDGE = "#f97316"
 _CYCLE_COLOUR = "#b91c1c"
 _MAX_LOCK_LINES = 4
 _REGISTERED_KINDS = ("dependency", "nested", "children")
-
-
-class ExplainError(ActivedbError):
-    """A picture could not be made or read (unknown format, no such snapshot, a process that does not answer)."""
 
 
 @dataclass(frozen=True)
@@ -232,9 +228,9 @@ class Explanation:
         try:
             return cls.from_json(json.loads(Path(path).read_text()))
         except FileNotFoundError:
-            raise ExplainError(f"no explanation at {path}") from None
+            raise PictureError(f"no explanation at {path}") from None
         except (KeyError, TypeError, ValueError) as error:
-            raise ExplainError(f"{path} is not an explanation written by activedb ({error!r})") from None
+            raise PictureError(f"{path} is not an explanation written by activedb ({error!r})") from None
 
     # --- the picture ------------------------------------------------------------------------------
 
@@ -244,7 +240,7 @@ class Explanation:
         path = Path(path)
         kind = (format or path.suffix.lstrip(".") or "png").lower()
         if kind not in ("png", "svg"):
-            raise ExplainError(f"cannot draw {path}: pictures are .png or .svg, not {kind!r}")
+            raise PictureError(f"cannot draw {path}: pictures are .png or .svg, not {kind!r}")
         figure = _draw(self, dpi)
         path.parent.mkdir(parents=True, exist_ok=True)
         figure.savefig(path, format=kind, dpi=dpi, bbox_inches="tight", facecolor="white")

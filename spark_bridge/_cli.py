@@ -421,7 +421,8 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
     if reset and loaded.reset is None:
         raise click.ClickException(f"--reset: application {loaded.name} has no reset(db) function")
     database = open_database(ctx, writes=True)
-    database.explain_on_signal()          # `activedb explain --pid PID` draws this process
+    home = obj.get("home")                # `activedb explain --pid PID` draws this process
+    database.explain_on_signal(Path(home) / "explain" if home else None)
     spark = None
     stop = _StopRequest()
     try:

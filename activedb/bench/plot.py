@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from activedb.bench.report import BenchReport
+from activedb.errors import PictureError
 
 _MET_COLOURS = {True: "#16a34a", False: "#dc2626", None: "#9ca3af"}
 
@@ -23,14 +24,14 @@ def plot_report(report: BenchReport, path: str | Path, *, dpi: int = 110) -> Pat
     path = Path(path)
     kind = path.suffix.lstrip(".").lower() or "png"
     if kind not in ("png", "svg"):
-        raise ValueError(f"--plot {path}: plots are .png or .svg")
+        raise PictureError(f"--plot {path}: plots are .png or .svg; choose another file name")
     panels: dict[str, list] = {}
     for series in report.series:
         panels.setdefault(series.panel, []).append(series)
     ratio_rows = [row for row in report.rows if row.ratio is not None]
     count = len(panels) + (1 if ratio_rows else 0)
     if count == 0:
-        raise ValueError(f"benchmark {report.title!r} reported nothing to plot")
+        raise PictureError(f"benchmark {report.title!r} reported nothing to plot (no series, no baselines)")
     columns = 1 if count == 1 else 2
     rows = -(-count // columns)
     bar_height = max(2.6, 0.32 * len(ratio_rows) + 1.2)
