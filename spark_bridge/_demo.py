@@ -31,7 +31,10 @@ def feed(db: Any, events: list[dict], app: Any, console: Any, progress: Any = No
         progress.note("starting Spark (local[2]; about 10 s) ...")
     else:
         console.print("starting Spark (local[2]) ...")
-    spark = spark_bridge.get_spark()
+    import activedb
+
+    # Spark's warnings go to a log file, not between the demo's lines.
+    spark = spark_bridge.get_spark(warnings_to=activedb.default_home() / "logs" / "spark.log")
     query_name = "hand_hygiene_demo"
     with tempfile.TemporaryDirectory(prefix="activedb-demo-") as folder:
         source = Path(folder) / "badge-events"
@@ -58,6 +61,7 @@ def feed(db: Any, events: list[dict], app: Any, console: Any, progress: Any = No
                 done = sink.statistics().batches
                 if done:
                     progress.update(done, f"micro-batches committed ({sink.statistics().events} events)")
+            progress.update(sink.statistics().batches, f"micro-batches committed ({sink.statistics().events} events)")
         if query.exception() is not None:
             raise RuntimeError(f"the demo's streaming query failed: {query.exception()}")
         statistics = sink.statistics()

@@ -195,3 +195,69 @@ def test_the_cli_draws_a_live_process(database_url, tmp_path):
     finally:
         process.communicate("go\n", timeout=TIMEOUT)
     assert process.returncode == 0
+
+
+def test_nested_and_children_waits_are_drawn(db, tmp_path):
+    """A thread running ``outer`` blocked inside the top-level ``inner`` it opened (``nested``), and a
+    thread running ``watcher`` waiting for another tree's child (``children``)."""
+    release, holding, spawned = threading.Event(), threading.Event(), threading.Event()
+    handles, ids, failures = {}, {}, []
+    locks = db.transactions.locks
+
+    def guarded(body):
+        def target():
+            try:
+                body()
+            except BaseException as error:  # pragma: no cover - reported below
+                failures.append(error)
+        return threading.Thread(target=target)
+
+    def holder():
+        with db.transaction(name="holder") as tx:
+            ids["holder"] = tx.id
+            tx.write("items", "n", value=1)
+            holding.set()
+            release.wait(TIMEOUT)
+
+    def outer():
+        with db.transaction(name="outer") as tx:
+            ids["outer"] = tx.id
+            with db.transaction(name="inner") as inner:        # this thread now waits inside `inner`
+                ids["inner"] = inner.id
+                inner.write("items", "n", value=2)
+
+    def parent():
+        with db.transaction(name="parent") as tx:
+            ids["parent"] = tx.id
+            handles["child"] = tx.spawn(lambda child: release.wait(TIMEOUT), name="slow child")
+            spawned.set()
+            handles["child"].result(TIMEOUT)
+
+    def watcher():
+        with db.transaction(name="watcher") as tx:
+            ids["watcher"] = tx.id
+            handles["child"].result(TIMEOUT)               # waits for another tree's child
+
+    with Watchdog(TIMEOUT, locks):
+        threads = [guarded(holder), guarded(parent)]
+        for thread in threads:
+            thread.start()
+        assert holding.wait(TIMEOUT) and spawned.wait(TIMEOUT)
+        threads += [guarded(outer), guarded(watcher)]
+        threads[2].start()
+        threads[3].start()
+        wait_until(lambda: locks.statistics().waiting >= 1 and locks.statistics().registered_waits >= 2, TIMEOUT,
+                   "the nested and children waits never appeared")
+        explanation = db.explain()
+        release.set()
+        for thread in threads:
+            thread.join(TIMEOUT)
+    assert failures == []
+    graph = explanation.graph
+    child = handles["child"].transaction.id
+    assert graph.edges[ids["outer"], ids["inner"]]["kind"] == "nested"
+    assert graph.edges[ids["inner"], ids["holder"]]["kind"] == "held"
+    assert graph.edges[ids["watcher"], child]["kind"] == "children"
+    assert graph.edges[ids["parent"], child]["kind"] == "commit"
+    assert graph.nodes[child]["name"] == "slow child"
+    assert_png(explanation.render(tmp_path / "registered.png"))
