@@ -103,7 +103,9 @@ class Transaction:
         self._mutex = threading.Lock()
         # Invariant: _state only moves ACTIVE -> COMMITTING -> COMMITTED, or to ABORTED from a non-final state.
         self._state = TxnState.ACTIVE
-        self._children: list[Transaction] = []
+        # Invariant: exactly the children that have not ended (a child removes itself once it committed
+        # or aborted: a long tree — a micro-batch of events — keeps no finished nodes alive).
+        self._children: dict[str, Transaction] = {}
         self._tasks: dict[str, Task] = {}
         self._writes: dict[tuple[str, Key], Entry] = {}
         # Committed images this node relied on (None: no row), validated at the flush (see _view).
@@ -136,7 +138,7 @@ class Transaction:
     @property
     def children(self) -> list["Transaction"]:
         with self._mutex:
-            return list(self._children)
+            return list(self._children.values())
 
     def ancestors(self) -> Iterator["Transaction"]:
         node = self.parent
@@ -348,7 +350,7 @@ class Transaction:
         self.manager.locking.release_holds(self)
         child = Transaction(self.manager, self, name=name)
         with self._mutex:
-            self._children.append(child)
+            self._children[child.id] = child
         manager = self.manager
         if manager.recorder:
             manager.recorder.record("spawn", self.id, root=self.root.id, detail=child.id)
@@ -365,7 +367,8 @@ class Transaction:
         child = self._new_child(name)
         task = self.manager.pool.submit(lambda: child._run_body(function, args, kwargs))
         with self._mutex:
-            self._tasks[child.id] = task
+            if child.id in self._children:      # not already ended (and forgotten) on a worker
+                self._tasks[child.id] = task
         return SubtransactionHandle(child, task)
 
     def subtransaction(self, name: str | None = None) -> "InlineSubtransaction":
@@ -430,8 +433,7 @@ class Transaction:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._mutex:
-                pending = [self._tasks[child.id] for child in self._children
-                           if child.id in self._tasks and not self._tasks[child.id].done()]
+                pending = [task for task in self._tasks.values() if not task.done()]
             if not pending:
                 return
             with self.manager.waiting(self, "children", None):
@@ -499,6 +501,14 @@ class Transaction:
                                     root=self.root.id)
         manager.extensions.call("after_end", self, True)
         manager.observers.call("on_commit", self)
+        if self.parent is not None:
+            self.parent._forget(self)
+
+    def _forget(self, child: "Transaction") -> None:
+        """``child`` ended: drop it (its effects were delegated, or discarded)."""
+        with self._mutex:
+            self._children.pop(child.id, None)
+            self._tasks.pop(child.id, None)
 
     def _delegate_to_parent(self) -> None:
         parent = self.parent
@@ -559,6 +569,8 @@ class Transaction:
                                     root=self.root.id, detail=repr(reason) if reason is not None else None)
         manager.extensions.call("after_end", self, False)
         manager.observers.call("on_abort", self, error)
+        if self.parent is not None:
+            self.parent._forget(self)
 
     def __repr__(self) -> str:
         return f"<Transaction {self.id} {self._state.value}>"
