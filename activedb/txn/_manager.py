@@ -37,7 +37,8 @@ class TransactionManager:
     def __init__(self, catalog: "Catalog", *, max_workers: int = 32, victim_policy: Any = "requester",
                  flush_retries: int = 10, record_history: bool = False, lock_timeout: float | None = None):
         self.catalog = catalog
-        self.locks = lockmgr.LockManager(victim_policy=victim_policy)
+        # Declared commit edges: a parent waits for its children only while it says so (see _locking.py).
+        self.locks = lockmgr.LockManager(victim_policy=victim_policy, commit_edges="declared")
         self.locking = Locking(self.locks, lock_timeout)
         self.pool = WorkerPool(max_workers)
         self.flush_retries = flush_retries
@@ -126,18 +127,19 @@ class TransactionManager:
         ``node``'s children; ``dependency``: in the coupling gate for the transaction ``target``).
 
         The transaction this thread runs (normally ``node``) uses no lock while it waits, so its holds
-        become retains first.  Unless the wait is one the lock manager already sees (a parent waiting for
-        its own children: the structural commit edges), it is registered as an edge of the one wait-for
-        graph, so a cycle through it and lock waits is found when it forms; ``on_victim`` is then how the
-        waiter is told it was chosen as the victim (``preferred_victim``: it volunteers, see
+        become retains first.  The wait is registered as an edge of the one wait-for graph (a parent
+        waiting for its own children: kind ``commit``), so a cycle through it and lock waits is found
+        when it forms; ``on_victim`` is then how the waiter is told it was chosen as the victim (``preferred_victim``: it volunteers, see
         ``lockmgr.LockManager.add_wait``).
         """
         waiter = self.current()
         if waiter is not None:
             waiter._before_waiting_for_children()
         registered = None
-        if waiter is not None and not (kind == "children" and waiter is node):
+        if waiter is not None:
             targets = [target] if target is not None else [child.id for child in node.children]
+            if kind == "children" and waiter is node:
+                kind = "commit"          # a parent waiting for its own children: the declared commit edge
             registered = self.locks.add_wait(waiter.id, targets, kind=kind, on_victim=on_victim,
                                              preferred_victim=preferred_victim)
         observers = self.observers

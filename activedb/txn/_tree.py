@@ -15,7 +15,7 @@ Every operation checks the state it needs (``_check_active``) and says what to d
 
 Thread-safety: a ``Transaction`` is used by the thread running it (``_thread``); its parent's and
 children's threads touch it only through ``_mutex``, which protects ``_state``, ``_children``, ``_tasks``,
-``_writes``, ``_db_reads``, ``_scans``, ``_participants``, ``_slots`` and ``_segment``.  Order: a child's
+``_writes``, ``_db_reads``, ``_scans``, ``_participants`` and ``_slots``.  Order: a child's
 ``_mutex`` before its parent's, never the reverse; no ``_mutex`` is held while calling the lock manager,
 PostgreSQL, a hook or user code.
 """
@@ -87,7 +87,7 @@ class Transaction:
     """A node of a transaction tree.  See the module docstring."""
 
     def __init__(self, manager: "TransactionManager", parent: "Transaction | None", *,
-                 name: str | None = None, read_base: "ReadBase | None" = None):
+                 name: str | None = None, read_base: "ReadBase | None" = None, inline: bool = False):
         self.manager = manager
         self.parent = parent
         self.root: Transaction = parent.root if parent is not None else self
@@ -113,14 +113,12 @@ class Transaction:
         self._scans: list[tuple[str, Any, dict]] = []
         self._participants: list[CommitParticipant] = []
         self._slots: dict[type, Any] | None = None
-        self._segment: str | None = None
-        self._segment_number = 0
         self._doomed: BaseException | None = None
         # The thread that runs this node's operations (set again by a spawned child's worker).
         self._thread = threading.get_ident()
         # The tree's read base (see _view.ReadBase); only the root has one.
         self._read_base = (read_base or manager.read_base) if parent is None else None
-        manager.locking.begin(self)
+        manager.locking.begin(self, awaited=inline)
         recorder = manager.recorder
         if recorder:
             recorder.record("begin", self.id, parent=parent.id if parent is not None else None, root=self.root.id)
@@ -345,10 +343,10 @@ class Transaction:
 
     # --- subtransactions --------------------------------------------------------------------
 
-    def _new_child(self, name: str | None = None) -> "Transaction":
+    def _new_child(self, name: str | None = None, *, inline: bool = False) -> "Transaction":
         self._check_active("starting a subtransaction")
         self.manager.locking.release_holds(self)
-        child = Transaction(self.manager, self, name=name)
+        child = Transaction(self.manager, self, name=name, inline=inline)
         with self._mutex:
             self._children[child.id] = child
         manager = self.manager
@@ -418,14 +416,12 @@ class Transaction:
 
     def _before_waiting_for_children(self) -> None:
         """The thread running this node is about to wait for its children: it uses none of its locks
-        while it waits, so they become *retained* (its segment commits) and Rule 1 grants them to its
-        descendants.  Otherwise a child asking for a row this node's own operations locked would wait for
-        a holder that waits for the child — a deadlock the lock manager could not see, since the holder is
-        the node's segment, not the node.  Only the node's own thread may do this (the segment is in use
-        while that thread runs an operation); a wait by another thread is registered with the lock
+        while it waits, so they become *retained* (in place) and Rule 1 grants them to its descendants.
+        Otherwise a child asking for a row this node's own operations locked would wait for a holder that
+        waits for the child.  Only the node's own thread may do this (a lock it just acquired for an
+        operation in progress must stay held); a wait by another thread is registered with the lock
         manager instead (``TransactionManager.waiting``)."""
-        if (self._segment is not None and self._thread == threading.get_ident()
-                and self._state in (TxnState.ACTIVE, TxnState.COMMITTING)):
+        if self._thread == threading.get_ident() and self._state in (TxnState.ACTIVE, TxnState.COMMITTING):
             self.manager.locking.release_holds(self)
 
     def wait_children(self, timeout: float | None = None) -> None:
@@ -552,7 +548,6 @@ class Transaction:
                 return
             self._state = TxnState.ABORTED
             self._writes = {}
-            self._segment = None     # the lock manager aborts it with this node (a descendant)
             participants, self._participants = self._participants, []
         error = reason if isinstance(reason, BaseException) else TransactionAborted(str(reason or "aborted"))
         self.doom(error)
@@ -586,7 +581,7 @@ class InlineSubtransaction:
         self._running = None
 
     def __enter__(self) -> Transaction:
-        child = self.transaction = self._parent._new_child(self._name)
+        child = self.transaction = self._parent._new_child(self._name, inline=True)
         manager = child.manager
         self._running = manager.running(child)
         self._running.__enter__()
