@@ -585,6 +585,7 @@ class Parser:
         else:
             column = self.name("the column to SELECT")
         self.expect_keyword("FROM", "in the subquery (SELECT column FROM table …)")
+        table_token = self.current
         table = self.name("the table after FROM")
         conditions: tuple[tuple[str, ast.Expr], ...] = ()
         if self.accept_keyword("WHERE"):
@@ -597,7 +598,7 @@ class Parser:
                 if not self.accept_keyword("AND"):
                     break
             conditions = tuple(pairs)
-        return ast.Select(table, column, conditions, position=self.position(start))
+        return ast.Select(table, column, conditions, position=self.position(table_token))
 
 
 def _unqualify(condition: ast.Expr, table: str) -> ast.Expr:
