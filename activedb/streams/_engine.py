@@ -703,6 +703,7 @@ class StreamEngine:
         if event_type is None:
             return None, self._reject(event, f"rejected: stream {stream.name} has no event type {event.type!r} "
                                              f"(types: {', '.join(stream.types or ())})")
+        event = dataclasses.replace(event, type=event_type, stream=stream.name, sts=now)
         try:
             kind = check_ts(event.ts)
         except ValueError as error:
@@ -720,7 +721,6 @@ class StreamEngine:
                        f"{format_ts(released)} already released by engine {self.name}; every event before it has "
                        f"been processed, so this one can no longer be put in order", punctuation=released)
         tie = stream.tie_key(event) if stream.tie_key is not None else None
-        event = dataclasses.replace(event, type=event_type, stream=stream.name, sts=now)
         key = order_key(event, stream.priority(event_type), tie)
         arrival = pending.arrivals
         pending.arrivals += 1
