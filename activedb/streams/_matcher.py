@@ -199,12 +199,7 @@ class Step:
     @property
     def may_read(self) -> bool:
         """Whether :meth:`complete` may read the store."""
-        query = self.matcher.query
-        if not (query.accepting_store or query.joint_store or _returns_read(query)):
-            return False
-        if self.matcher.any_match:
-            return self.accepting
-        return any(candidate is not None for _, candidate in self.entries)
+        return self.accepting and self.matcher.query.reads_store
 
     # --- phase 2 -------------------------------------------------------------------------
 
@@ -265,13 +260,13 @@ class Step:
         outputs: list[Output] = []
         kept_runs: list[tuple[StreamEvent, ...]] = []
         ctx = Ctx([None] * matcher.width, reader)
-        accepting_ok: bool | None = None
+        # Like skip-till-any-match: the accepting event's own store predicates are read once
+        # for every accepting event, whether or not a run is waiting for it.
+        accepting_ok = self._accepting_store(ctx) if self.accepting else False
         for kept, candidate in self.entries:
             if candidate is None:
                 kept_runs.append(kept)
                 continue
-            if accepting_ok is None:
-                accepting_ok = self._accepting_store(ctx)
             completed = False
             if accepting_ok:
                 for position, bound in zip(query.positives, candidate):
@@ -293,6 +288,3 @@ class Step:
         return Output(query=query.name, ts=max(event.ts for event in constituents), attributes=attributes,
                       constituents=tuple(constituents), sts=time.perf_counter(), position=self.event.position)
 
-
-def _returns_read(query: CompiledQuery) -> bool:
-    return any(spec for spec in query.reads)

@@ -57,8 +57,8 @@ def shuffle_bounded(rng: random.Random, events: list, slack: int) -> list:
 
 def observe(db, result_outputs) -> tuple:
     with db.engine.connect() as connection:
-        alerts = connection.execute(sa.text("SELECT worker, location FROM stream_alerts ORDER BY id")).all()
-    return (statuses(db), [tuple(row) for row in alerts],
+        alerts = connection.execute(sa.text("SELECT worker, location FROM stream_alerts ")).all()
+    return (statuses(db), sorted(tuple(row) for row in alerts),
             [(output.query, output.ts, dict(output.attributes)) for output in result_outputs])
 
 
