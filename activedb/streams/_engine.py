@@ -52,7 +52,6 @@ from activedb.streams._events import (
     DeadLetter,
     Output,
     StreamEvent,
-    canonical,
     check_ts,
     format_ts,
     order_key,
@@ -395,7 +394,9 @@ class StreamEngine:
       batch's transaction (exactly once across restarts); ``False`` keeps it in memory only;
     * ``record_dead_letters`` — insert dead letters into ``activedb_dead_letters`` in the
       batch's transaction (``False``: only return them, e.g. when the caller records its own);
-    * ``keep_outputs`` — return every output in ``BatchResult.outputs``.
+    * ``keep_outputs`` — return every output in ``BatchResult.outputs``;
+    * ``prefetch`` — before a batch's s-transactions run, load the rows their access plans
+      name with one ``tx.prefetch`` per table (read-locks them for the batch).
 
     Thread-safety: definitions and ``statistics()`` may be used from any thread; batches
     are processed one at a time (a second concurrent batch raises ``StreamStateError``).
@@ -403,7 +404,7 @@ class StreamEngine:
 
     def __init__(self, db: Any, *, name: str = "streams", scheduler: str | Scheduler = "sei",
                  aliases: Mapping[str, Any] | None = None, record_history: bool = False, durable: bool = True,
-                 record_dead_letters: bool = True, keep_outputs: bool = True):
+                 record_dead_letters: bool = True, keep_outputs: bool = True, prefetch: bool = True):
         if not isinstance(name, str) or not name.strip():
             raise StreamError("a StreamEngine needs a non-empty name (it keys the engine's saved state)")
         self.db = db
@@ -414,6 +415,7 @@ class StreamEngine:
         self.durable = durable
         self.record_dead_letters = record_dead_letters
         self.keep_outputs = keep_outputs
+        self.prefetch = prefetch
         self.metrics = Metrics(self.scheduler.name)
         self._mutex = threading.RLock()
         self._streams: dict[str, StreamSchema] = {}
@@ -422,6 +424,7 @@ class StreamEngine:
         self._rules: dict[str, CompiledRule] = {}
         self._rules_by_query: dict[str, tuple[CompiledRule, ...]] = {}
         self._by_type: dict[tuple[str, str], tuple[tuple[int, Matcher], ...]] = {}
+        self._plans: dict[tuple[str, str], tuple] = {}     # access-plan templates, see _plan_template
         self._state = _State()
         self._pending: _Pending | None = None
         self._loaded = not durable
@@ -546,6 +549,7 @@ class StreamEngine:
             for event_type in dict.fromkeys(query.types):
                 by_type.setdefault((query.stream.name, event_type), []).append((rank, self._matchers[query.name]))
         self._by_type = {key: tuple(value) for key, value in by_type.items()}
+        self._plans = {}
         rules: dict[str, list[CompiledRule]] = {}
         for rule in self._rules.values():
             rules.setdefault(rule.query, []).append(rule)
@@ -574,22 +578,35 @@ class StreamEngine:
         their accepting events, rules fire only there).  A key comes from the event when
         the definitions derive it from the event's attributes; otherwise the table."""
         stream = self._stream_of(event)
-        reads: set[Resource] = set()
-        writes: set[Resource] = set()
+        template = self._plans.get((stream.name, event.type))
+        if template is None:
+            template = self._plan_template(stream.name, event.type)
+        reads, writes, opaque = template
+        return AccessPlan(frozenset(Resource(table, _key_of(extract, event)) for table, extract in reads),
+                          frozenset(Resource(table, _key_of(extract, event)) for table, extract in writes), opaque)
+
+    def _plan_template(self, stream: str, event_type: str):
+        """Per (stream, type): the tables and how each key is taken from the event (cached
+        until the definitions change)."""
+        reads: dict[tuple, None] = {}
+        writes: dict[tuple, None] = {}
         opaque = False
-        for _, matcher in self._by_type.get((stream.name, event.type), ()):
-            query = matcher.query
-            if event.type != query.accepting_type:
-                continue
-            for spec in query.reads:
-                reads.add(Resource(spec.table, _derive_key(spec.key, event, query, None)))
-            for rule in self._rules_by_query.get(query.name, ()):
-                opaque = opaque or rule.opaque
-                for spec in rule.reads:
-                    reads.add(Resource(spec.table, _derive_key(spec.key, event, query, rule)))
-                for spec in rule.writes:
-                    writes.add(Resource(spec.table, _derive_key(spec.key, event, query, rule)))
-        return AccessPlan(frozenset(reads), frozenset(writes), opaque)
+        with self._mutex:
+            for _, matcher in self._by_type.get((stream, event_type), ()):
+                query = matcher.query
+                if event_type != query.accepting_type:
+                    continue
+                for spec in query.reads:
+                    reads[(spec.table, _key_extractor(spec.key, query, None))] = None
+                for rule in self._rules_by_query.get(query.name, ()):
+                    opaque = opaque or rule.opaque
+                    for spec in rule.reads:
+                        reads[(spec.table, _key_extractor(spec.key, query, rule))] = None
+                    for spec in rule.writes:
+                        writes[(spec.table, _key_extractor(spec.key, query, rule))] = None
+            template = (tuple(reads), tuple(writes), opaque)
+            self._plans[(stream, event_type)] = template
+        return template
 
     # --- processing ------------------------------------------------------------------------------
 
@@ -654,6 +671,8 @@ class StreamEngine:
         for event in released:
             matchers = self._by_type.get((event.stream, event.type), ())
             stransactions.append(STransaction(f"S{event.position}", event, matchers, self))
+        if self.prefetch and stransactions:
+            self._prefetch(tx, stransactions)
         run = BatchRun(self, tx, pending, stransactions)
         self.scheduler.run(run)
         letters.extend(run.dead_letters)
@@ -669,6 +688,20 @@ class StreamEngine:
         return BatchResult(admitted=admitted, released=len(released), processed=run.processed, failed=run.failed,
                            outputs=tuple(run.outputs), dead_letters=tuple(letters), buffered=len(pending.buffer),
                            punctuation=pending.released)
+
+    def _prefetch(self, tx: Any, stransactions: list[STransaction]) -> None:
+        """Load, in one query per table, the rows the batch's access plans name (Algorithm 1
+        at work): the s-transactions' reads then need no round trip."""
+        keys: dict[str, dict[tuple, None]] = {}
+        for stransaction in stransactions:
+            if not stransaction.matchers:
+                continue
+            plan = self.access_plan(stransaction.event)
+            for resource in plan.reads | plan.writes:
+                if resource.key is not None and all(value is not None for value in resource.key):
+                    keys.setdefault(resource.table, {})[resource.key] = None
+        for table, wanted in keys.items():
+            tx.prefetch(table, list(wanted))
 
     def _stream_of(self, event: StreamEvent) -> StreamSchema:
         if event.stream is not None:
@@ -880,14 +913,22 @@ def _jsonable_event(event: StreamEvent) -> dict:
             "attributes": {key: encode_value(value) for key, value in dict(event.attributes).items()}}
 
 
-def _derive_key(key_spec: Any, event: StreamEvent, query: CompiledQuery, rule: CompiledRule | None) -> tuple | None:
-    """The key values of a read/write spec taken from ``event``, or None (the whole table)."""
+def _key_of(extract: tuple | None, event: StreamEvent) -> tuple | None:
+    if extract is None:
+        return None
+    attributes = event.attributes
+    return tuple(value if is_literal else attributes.get(value) for is_literal, value in extract)
+
+
+def _key_extractor(key_spec: Any, query: CompiledQuery, rule: CompiledRule | None) -> tuple | None:
+    """How to take a read/write spec's key from an accepting event of ``query``: per key
+    column ``(True, constant)`` or ``(False, attribute)``; None if it cannot be (the table)."""
     if key_spec is None:
         return None
     values = []
     for _, source in key_spec:
         if isinstance(source, ast.Literal):
-            values.append(source.value)
+            values.append((True, source.value))
             continue
         if not isinstance(source, ast.AttributeRef):
             return None
@@ -896,19 +937,19 @@ def _derive_key(key_spec: Any, event: StreamEvent, query: CompiledQuery, rule: C
             expression = dict((name, item.expression) for name, item in
                               ((item.name, item) for item in query.definition.returns)).get(source.attribute)
             if isinstance(expression, ast.Literal):
-                values.append(expression.value)
+                values.append((True, expression.value))
                 continue
             if not isinstance(expression, ast.AttributeRef):
                 return None
             source = expression
-        attribute = _attribute_from_event(source, event, query)
+        attribute = _attribute_from_event(source, query)
         if attribute is None:
             return None
-        values.append(event.attributes.get(attribute))
+        values.append((False, attribute))
     return tuple(values)
 
 
-def _attribute_from_event(source: ast.AttributeRef, event: StreamEvent, query: CompiledQuery) -> str | None:
+def _attribute_from_event(source: ast.AttributeRef, query: CompiledQuery) -> str | None:
     """The attribute of the accepting ``event`` that has the value of ``source``, if any:
     ``source`` names the accepting component, or a partition attribute (same value on every
     event of a match)."""

@@ -151,4 +151,4 @@ def order_key(event: StreamEvent, priority: float | None, tie: Any) -> tuple:
     """The event's place in the declared total order (see the module docstring)."""
     rank = -priority if priority is not None else math.inf
     tie_part = (1, 0) if tie is None else (0, tie)
-    return (event.ts, rank, tie_part, event.type, canonical(dict(event.attributes)))
+    return (event.ts, rank, tie_part, event.type, repr(sorted(event.attributes.items())))
