@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import logging
 import threading
 import time
@@ -160,6 +161,7 @@ class _Pending:
         self.time_kind = base.time_kind
         self.buffer_added: dict[int, StreamEvent] = {}
         self.buffer_removed: set[int] = set()
+        self.units: list[str] = []          # history units run in this batch (aborted with it)
 
     def partition(self, key: tuple[str, tuple]) -> PartitionState | None:
         if key in self.overlay:
@@ -219,6 +221,7 @@ class BatchRun:
         self.processed = 0
         self.failed = 0
         self.view_factory: Callable[[Any, Stamp], Any] = lambda tx, stamp: StoreView(tx, stamp, engine.history)
+        self.serial = next(engine._batch_serials)
 
     def partition(self, query: str, key: tuple) -> PartitionState | None:
         with self._mutex:
@@ -236,13 +239,21 @@ class BatchRun:
         transaction).  True if it committed; False if it aborted (its event is then a dead
         letter).  Raises only when the batch cannot go on."""
         parent = self.tx if parent is None else parent
-        return self._run(stransaction, parent, stransaction.id, [rank for rank, _ in stransaction.matchers])
+        return self._run(stransaction, parent, self._unit(stransaction.id),
+                         [rank for rank, _ in stransaction.matchers])
+
+    def _unit(self, name: str) -> str:
+        """A unit id unique across batches (a re-run batch reuses positions)."""
+        unit = f"{name}.b{self.serial}"
+        with self._mutex:
+            self.pending.units.append(unit)
+        return unit
 
     def execute_unit(self, stransaction: STransaction, rank: int, tx: Any) -> bool:
         """Run only the query of ``rank`` (and the rules on its outputs) in ``tx`` itself, as
         its own unit — the unscheduled mode.  Raises the event's failure as a StreamError
         (after recording the dead letter) so that ``tx`` aborts."""
-        unit = f"{stransaction.id}/{rank}"
+        unit = self._unit(f"{stransaction.id}/{rank}")
         history = self.engine.history
         event = stransaction.event
         if history is not None:
@@ -268,7 +279,8 @@ class BatchRun:
         history = engine.history
         event = stransaction.event
         order = (event.position, ())
-        if not ranks:
+        if not ranks:                       # no query consumes the event: an empty s-transaction
+            engine.metrics.add(processed=1)
             with self._mutex:
                 self.processed += 1
             return True
@@ -346,8 +358,7 @@ class BatchRun:
             arrivals = [event.sts for event in output.constituents if event.sts is not None]
             if arrivals:
                 latency += output.sts - max(arrivals)
-        self.engine.metrics.add(processed=1 if outputs is not None else 0, outputs=len(outputs),
-                                query_latency=latency)
+        self.engine.metrics.add(processed=1, outputs=len(outputs), query_latency=latency)
         with self._mutex:
             self.processed += 1
             if self.engine.keep_outputs:
@@ -429,6 +440,7 @@ class StreamEngine:
         self._pending: _Pending | None = None
         self._loaded = not durable
         self._processing = threading.Lock()
+        self._batch_serials = itertools.count(1)
 
     # --- definitions ---------------------------------------------------------------------------
 
@@ -843,6 +855,8 @@ class StreamEngine:
             self._pending = None
         elif state is TxnState.ABORTED:
             self._pending = None
+            if self.history is not None and pending.units:
+                self.history.abort_units(pending.units)     # their subtransactions were undone with the batch
 
     def _load_locked(self) -> None:
         from activedb.streams import _persist

@@ -123,6 +123,19 @@ class StreamHistory:
             self._undo.setdefault(unit, []).append((row, self._last_write.get(row)))
             self._last_write[row] = sequence
 
+    def abort_units(self, units: list[str]) -> None:
+        """Units that ended committed but whose top-level transaction then aborted: record
+        them aborted (a later ``end`` overrides an earlier one) and forget their writes."""
+        with self._mutex:
+            gone = set(units)
+            for unit in units:
+                self.ops.append(StreamOp(self._next(), "end", unit, "", "", None, (), operation="aborted"))
+            ended = {op.unit: op.operation for op in self.ops if op.kind == "end"}
+            self._last_write = {}
+            for op in self.ops:
+                if op.kind == "write" and op.unit not in gone and ended.get(op.unit) != "aborted":
+                    self._last_write[(op.table, op.key)] = op.sequence
+
     def snapshot(self) -> list[StreamOp]:
         with self._mutex:
             return list(self.ops)

@@ -179,6 +179,7 @@ def test_an_aborted_batch_leaves_the_engine_as_before(db):
     assert made.statistics().buffered == first.buffered          # the aborted batch's admissions are gone
     rest = made.feed(events[half:], punctuation=streams.END_OF_STREAM)   # the batch re-run
     assert observe(db, first.outputs + rest.outputs) == expected
+    check_stream_history(made.history.snapshot()).assert_ok()     # the aborted batch's operations do not count
 
 
 def test_a_new_engine_object_resumes_from_the_saved_state(db):
