@@ -23,7 +23,7 @@ overloaded and raise a TypeError).  Plain Python values are literals.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from activedb.streams import algebra as ast
 from activedb.streams.errors import DefinitionError

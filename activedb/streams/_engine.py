@@ -47,9 +47,8 @@ from activedb.errors import DuplicateKey, SchemaError
 from activedb.streams import _language
 from activedb.streams import algebra as ast
 from activedb.streams._catalog import StoreCatalog, StreamSchema
-from activedb.streams._compile import CompiledQuery, CompiledRule, Ctx, ReadSpec, compile_query, compile_rule
+from activedb.streams._compile import CompiledQuery, CompiledRule, Ctx, compile_query, compile_rule
 from activedb.streams._events import (
-    END_OF_STREAM,
     DeadLetter,
     Output,
     StreamEvent,
@@ -66,10 +65,8 @@ from activedb.streams._view import Stamp, StoreView
 from activedb.streams.errors import (
     ActionFailed,
     DefinitionError,
-    EvaluationError,
     StreamError,
     StreamStateError,
-    UndeclaredAccess,
     UnknownName,
 )
 

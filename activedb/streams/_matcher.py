@@ -32,7 +32,6 @@ Thread-safety: a ``Matcher`` is immutable; states are values.  Steps are used by
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from activedb.streams import algebra as ast

@@ -29,7 +29,7 @@ def random_definitions(rng: random.Random) -> str:
         positives = [f"{rng.choice('ABC')} p{index}" for index in range(length)]
         items = list(positives)
         if length >= 2 and rng.random() < 0.6:
-            items.insert(1, f"!N n")
+            items.insert(1, "!N n")
         accepting = f"p{length - 1}"
         terms = []
         if rng.random() < 0.7:
