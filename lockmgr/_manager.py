@@ -69,6 +69,7 @@ TIMED_OUT = _RequestStatus.TIMED_OUT
 WITHDRAWN_BY_ABORT = _RequestStatus.ABORTED
 
 _NO_WAITS: dict = {}  # shared "no out-edges" value; never mutated (waits are replaced, not edited)
+_NO_DETAIL = Lazy("")  # immutable
 
 
 class _Txn:
@@ -349,7 +350,9 @@ class LockManager:
                 raise DuplicateTransaction(tid)
             parent_txn = None
             if parent is not None:
-                parent_txn = self._require_active(parent, Lazy("begin a child {!r} of it", tid))
+                parent_txn = self._active.get(parent)
+                if parent_txn is None or parent_txn.state is not ACTIVE:
+                    self._require_active(parent, Lazy("begin a child {!r} of it", tid))  # raises why
             self._serial += 1
             txn = _Txn(tid, parent_txn, self._serial, awaited)
             if parent_txn is not None:
@@ -372,7 +375,9 @@ class LockManager:
         """
         graph = self._graph_mutex
         with graph:
-            txn = self._require_active(tid, "commit")
+            txn = self._active.get(tid)
+            if txn is None or txn.state is not ACTIVE:
+                txn = self._require_active(tid, "commit")   # raises why
             if txn.request is not None:
                 raise RequestPending(tid, txn.request.lock.resource)
             if txn.children:
@@ -417,9 +422,10 @@ class LockManager:
             for wait in txn.external:  # waits its owner did not release: they end with it
                 self._drop_wait(wait, GRANTED, None)
             del self._active[tid]
-            self._remember(tid, "committed", Lazy(""))
+            self._remember(tid, "committed", _NO_DETAIL)
             self._counters["committed"] += 1
-            self._resolve(events)
+            if events:
+                self._resolve(events)
 
     def abort(self, tid: Hashable) -> None:
         """Abort ``tid`` and its active descendants: release every lock they hold or retain (Rule 4);

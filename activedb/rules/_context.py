@@ -48,7 +48,7 @@ class TrackedTrigger:
     committed: bool | None = None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class RuleContext:
     """The rules' state of one transaction (created on first use by ``tx.slot(RuleContext)``).
 

@@ -84,6 +84,7 @@ class Locking:
         timeout = self.lock_timeout
         name = info.name
         tid = node.id
+        node._holds = True
         try:
             if key is None or self._granularity.get(name) is Granularity.TABLE:
                 locks.acquire(tid, ("table", name), mode, timeout=timeout)
@@ -102,7 +103,9 @@ class Locking:
         """What ``node``'s own operations hold becomes *retained*, in place (``LockManager.retain``): its
         descendants may have those rows (Rule 1), other trees still may not.  Called by the thread running
         the node before it creates a child, waits for its children, or commits."""
-        self.lock_manager.retain(node.id)
+        if node._holds:
+            node._holds = False
+            self.lock_manager.retain(node.id)
 
     def holders(self, table: str, key: Any = None) -> lockmgr.Holders:
         """Who holds, retains and waits for a row (or, with ``key=None``, the table) — for tests and tools."""

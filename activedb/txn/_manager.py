@@ -107,17 +107,25 @@ class TransactionManager:
         running = getattr(self._local, "running", None)
         return running[-1] if running else None
 
+    def push_running(self, transaction: Transaction) -> None:
+        """The calling thread now runs ``transaction`` (until :meth:`pop_running`)."""
+        local = self._local
+        try:
+            local.running.append(transaction)
+        except AttributeError:
+            local.running = [transaction]
+
+    def pop_running(self) -> None:
+        self._local.running.pop()
+
     @contextlib.contextmanager
     def running(self, transaction: Transaction) -> Iterator[None]:
         """Mark ``transaction`` as run by the calling thread for the duration of the block."""
-        running = getattr(self._local, "running", None)
-        if running is None:
-            running = self._local.running = []
-        running.append(transaction)
+        self.push_running(transaction)
         try:
             yield
         finally:
-            running.pop()
+            self.pop_running()
 
     @contextlib.contextmanager
     def waiting(self, node: Transaction, kind: str, target: str | None,

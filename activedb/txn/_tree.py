@@ -86,6 +86,10 @@ class SubtransactionHandle:
 class Transaction:
     """A node of a transaction tree.  See the module docstring."""
 
+    __slots__ = ("manager", "parent", "root", "depth", "id", "name", "began_at", "info", "subtransactions_committed",
+                 "_mutex", "_state", "_children", "_tasks", "_writes", "_db_reads", "_scans", "_participants",
+                 "_slots", "_doomed", "_thread", "_read_base", "_holds", "__weakref__")
+
     def __init__(self, manager: "TransactionManager", parent: "Transaction | None", *,
                  name: str | None = None, read_base: "ReadBase | None" = None, inline: bool = False):
         self.manager = manager
@@ -95,7 +99,8 @@ class Transaction:
         number = manager.next_id()
         self.id = _ids.child_id(parent.id, number) if parent is not None else _ids.top_level_id(number)
         self.name = name
-        self.began_at = datetime.datetime.now(datetime.timezone.utc)
+        # When the tree began (the transaction log's began_at); only a top-level transaction needs it.
+        self.began_at = datetime.datetime.now(datetime.timezone.utc) if parent is None else None
         #: Free-form JSON annotations of this transaction; a top-level transaction's are written into
         #: its transaction-log row (``activedb_transaction_log.info``).
         self.info: dict[str, Any] = {}
@@ -116,6 +121,9 @@ class Transaction:
         self._doomed: BaseException | None = None
         # The thread that runs this node's operations (set again by a spawned child's worker).
         self._thread = threading.get_ident()
+        # True once an operation of this node took a lock since its holds were last made retained
+        # (written by the node's thread only).
+        self._holds = False
         # The tree's read base (see _view.ReadBase); only the root has one.
         self._read_base = (read_base or manager.read_base) if parent is None else None
         manager.locking.begin(self, awaited=inline)
@@ -308,10 +316,15 @@ class Transaction:
     def _modify(self, info: TableInfo, key: Key, entry: Entry, *, must_not_exist: bool = False) -> None:
         self.manager.locking.acquire(self, info, key, Mode.WRITE)
         extensions = self.manager.extensions
+        observed = False
+        for wants in extensions.wants_old_images:
+            if wants(info.name):
+                observed = True
+                break
         if entry.kind is EntryKind.INSERT and not must_not_exist:
-            observed, old = extensions.any("wants_old_images", info.name), None   # a fresh sequence value: no row
+            old = None   # a fresh sequence value: no row
         else:
-            observed = must_not_exist or extensions.any("wants_old_images", info.name)
+            observed = observed or must_not_exist
             # An insert's existence check is not validated at the flush (a concurrent insert
             # of the same key makes the flush's INSERT fail instead): no relied-on read.
             old = (_view.read_row(self, info, key, record=False, relied=not must_not_exist)
@@ -339,7 +352,9 @@ class Transaction:
                 else:
                     kind = EventKind.UPDATED
             display_key = key[0] if len(key) == 1 else key
-            extensions.call("on_event", self, Event(kind, info.name, display_key, old, new, transaction=self.id))
+            event = Event(kind, info.name, display_key, old, new, transaction=self.id)
+            for hook in extensions.on_event:
+                hook(self, event)
 
     # --- subtransactions --------------------------------------------------------------------
 
@@ -352,7 +367,8 @@ class Transaction:
         manager = self.manager
         if manager.recorder:
             manager.recorder.record("spawn", self.id, root=self.root.id, detail=child.id)
-        manager.observers.call("on_spawn", self, child)
+        if manager.observers.on_spawn:
+            manager.observers.call("on_spawn", self, child)
         return child
 
     def spawn(self, function: Callable[..., Any], *args: Any, name: str | None = None,
@@ -399,15 +415,20 @@ class Transaction:
     def _run_body(self, function: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         self._thread = threading.get_ident()
         manager = self.manager
-        with manager.running(self):
+        manager.push_running(self)
+        try:
             try:
-                manager.extensions.call("on_begin", self)
-                manager.observers.call("on_begin", self)
+                for hook in manager.extensions.on_begin:
+                    hook(self)
+                if manager.observers.on_begin:
+                    manager.observers.call("on_begin", self)
                 result = function(self, *args, **kwargs)
             except BaseException as error:
                 self.abort(error)
                 raise
             self.commit()
+        finally:
+            manager.pop_running()
         return result
 
     def _waiting_for(self, child: "Transaction"):
@@ -443,16 +464,18 @@ class Transaction:
     def signal(self, name: str, **payload: Any) -> None:
         """Raise an application event ``name`` with ``payload`` (rules on ``db.signalled(name)`` react)."""
         self._check_active("signal")
-        self.manager.extensions.call("on_event", self, Event(EventKind.SIGNAL, name, payload=dict(payload),
-                                                             transaction=self.id))
+        event = Event(EventKind.SIGNAL, name, payload=dict(payload), transaction=self.id)
+        for hook in self.manager.extensions.on_event:
+            hook(self, event)
 
     def emit(self, event_type: str, *, key: Any = None, ts: Any = None, payload: Mapping[str, Any] | None = None
              ) -> None:
         """Hand a stream event (``db.stream(event_type)``) to the rules, in this transaction."""
         self._check_active("emit")
-        self.manager.extensions.call("on_event", self, Event(EventKind.STREAM, event_type, key=key,
-                                                             payload=dict(payload or {}), ts=ts,
-                                                             transaction=self.id))
+        event = Event(EventKind.STREAM, event_type, key=key, payload=dict(payload or {}), ts=ts,
+                      transaction=self.id)
+        for hook in self.manager.extensions.on_event:
+            hook(self, event)
 
     # --- commit and abort -------------------------------------------------------------------
 
@@ -461,7 +484,8 @@ class Transaction:
         self._check_active("commit")
         manager = self.manager
         try:
-            manager.extensions.call("before_commit", self)
+            for hook in manager.extensions.before_commit:
+                hook(self)
         except BaseException as error:
             self.abort(error)
             raise
@@ -486,19 +510,21 @@ class Transaction:
         manager.locking.commit(self)   # subtransaction: parent inherits and retains; top-level: releases all
         with self._mutex:
             self._state = TxnState.COMMITTED
-            participants = self._participants if self.parent is None else ()
-        for participant in participants:
-            try:
-                participant.committed(self)
-            except Exception:
-                logger.exception("commit participant %r raised after %s committed", participant, self.id)
+        parent = self.parent
+        if parent is None:
+            for participant in self._participants:
+                try:
+                    participant.committed(self)
+                except Exception:
+                    logger.exception("commit participant %r raised after %s committed", participant, self.id)
         if manager.recorder:
-            manager.recorder.record("commit", self.id, parent=self.parent.id if self.parent else None,
-                                    root=self.root.id)
-        manager.extensions.call("after_end", self, True)
-        manager.observers.call("on_commit", self)
-        if self.parent is not None:
-            self.parent._forget(self)
+            manager.recorder.record("commit", self.id, parent=parent.id if parent else None, root=self.root.id)
+        for hook in manager.extensions.after_end:
+            hook(self, True)
+        if manager.observers.on_commit:
+            manager.observers.call("on_commit", self)
+        if parent is not None:
+            parent._forget(self)
 
     def _forget(self, child: "Transaction") -> None:
         """``child`` ended: drop it (its effects were delegated, or discarded)."""
@@ -574,23 +600,25 @@ class Transaction:
 class InlineSubtransaction:
     """``with tx.subtransaction() as child:``: commit on normal exit, abort (re-raising) on an exception."""
 
+    __slots__ = ("_parent", "_name", "transaction")
+
     def __init__(self, parent: Transaction, name: str | None):
         self._parent = parent
         self._name = name
         self.transaction: Transaction | None = None
-        self._running = None
 
     def __enter__(self) -> Transaction:
         child = self.transaction = self._parent._new_child(self._name, inline=True)
         manager = child.manager
-        self._running = manager.running(child)
-        self._running.__enter__()
+        manager.push_running(child)
         try:
-            manager.extensions.call("on_begin", child)
-            manager.observers.call("on_begin", child)
+            for hook in manager.extensions.on_begin:
+                hook(child)
+            if manager.observers.on_begin:
+                manager.observers.call("on_begin", child)
         except BaseException as error:
             child.abort(error)
-            self._running.__exit__(None, None, None)
+            manager.pop_running()
             raise
         return child
 
@@ -603,4 +631,4 @@ class InlineSubtransaction:
             child.commit()
             return False
         finally:
-            self._running.__exit__(None, None, None)
+            child.manager.pop_running()
