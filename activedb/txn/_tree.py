@@ -480,7 +480,11 @@ class Transaction:
     # --- commit and abort -------------------------------------------------------------------
 
     def commit(self) -> None:
-        """Commit: wait for children, then delegate to the parent or flush to PostgreSQL."""
+        """Commit: wait for children, then delegate to the parent or flush to PostgreSQL.  A node that
+        was doomed meanwhile (an ancestor aborted, a deadlock) aborts instead and raises why."""
+        doomed = self._doomed
+        if doomed is not None and self._state is TxnState.ACTIVE:
+            self.abort(doomed)
         self._check_active("commit")
         manager = self.manager
         try:
