@@ -433,6 +433,7 @@ class _Running:
     # runner counts it as blocked only from then on, and only once its own locks were handed over.
     waits_for_children: bool = False
     aborting: bool = False
+    trace_line: int = -1      # the runner's: where the trace shows this step being started
 
 
 class _Stop(Exception):
@@ -501,10 +502,6 @@ class PermutationRunner:
             self._cleanup()
             raise
         return self.outcome
-
-    def run_permutation(self, permutation: str) -> RunOutcome:
-        remaining = iter(permutation.split())
-        return self.run(lambda available: next(remaining, None))
 
     # --- setup ------------------------------------------------------------------------------------
 
@@ -691,7 +688,8 @@ class PermutationRunner:
             session.position += 1
         if isinstance(step.op, Spawn):
             self.outcome.spawn_index = session.position - (0 if floating else 1)
-        running = _Running(step)
+        running = _Running(step, trace_line=len(self.outcome.trace))
+        self.outcome.trace.append(f"step {name}:")
         session.running = running
         session.inbox.put(running)
 
@@ -737,7 +735,7 @@ class PermutationRunner:
                     if not running.seen_blocked:
                         running.seen_blocked = True
                         self.outcome.blocked.append(running.step.name)
-                        self.outcome.trace.append(f"step {running.step.name}: <waiting ...>")
+                        self.outcome.trace[running.trace_line] += " <waiting ...>"
                 else:
                     unsettled.append(session)
             if not unsettled:
@@ -759,16 +757,17 @@ class PermutationRunner:
                 pass
             except BaseException as commit_error:   # e.g. the parent was aborted, or SerializationConflict
                 error = commit_error
-        suffix = " <... completed>" if running.seen_blocked else ""
         if error is not None:
             self.outcome.errors[name] = error
-            self.outcome.trace.append(f"step {name}:{suffix} ERROR {type(error).__name__}: "
-                                      f"{str(error).splitlines()[0][:160] if str(error) else ''}")
+            shown = f" ERROR {type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}"
         else:
             if not running.step.op.control:
                 self.outcome.results[name] = running.value
             shown = "" if running.step.op.control else f" {running.value!r}"
-            self.outcome.trace.append(f"step {name}:{suffix}{shown}")
+        if running.seen_blocked:      # isolationtester's way: the result shows up where the step completed
+            self.outcome.trace.append(f"step {name}: <... completed>{shown}")
+        else:
+            self.outcome.trace[running.trace_line] += shown
         if running.ends_session or error is not None:
             session.ended = True
 
@@ -776,8 +775,8 @@ class PermutationRunner:
 
     def _finish(self) -> None:
         for session in self.sessions:
-            for step in (*([session.floating_spawn] if session.floating_spawn else []), *session.steps[session.position:]):
-                self.outcome.skipped.append(step.name)
+            left = [session.floating_spawn] if session.floating_spawn else []
+            self.outcome.skipped += [step.name for step in (*left, *session.steps[session.position:])]
         for thread in self.threads:
             thread.join(STEP_TIMEOUT)
             if thread.is_alive():
@@ -811,12 +810,34 @@ class PermutationRunner:
                          f"next {session.next_step().name if session.next_step() else '-'}")
         return "sessions:\n" + "\n".join(lines)
 
+    def _diagnose(self, graph) -> str:
+        """What a parent that waits for its children with its own locks still held means (bug B's shape)."""
+        child_ids = {child.tx.id for child in self.children if child.tx is not None}
+        for session in self.sessions:
+            running = session.running
+            if session.role is not Role.PARENT or running is None or not running.waits_for_children:
+                continue
+            segments = {node for node, data in graph.nodes(data=True)
+                        if data.get("parent") == session.tx.id and node not in child_ids}
+            if not segments:
+                continue
+            waiters = sorted({f"{waiter} for {data.get('resource')}" for waiter, target, data in graph.edges(data=True)
+                              if target in segments and data.get("kind") != "commit"})
+            if waiters:
+                return (f"\ndiagnosis: parent {session.name} waits for its children ({running.step.name}) while its "
+                        f"own operations (segment {sorted(segments)}) still hold locks that {'; '.join(waiters)} "
+                        f"wait(s) for — a deadlock the lock manager cannot see")
+            return (f"\ndiagnosis: parent {session.name} waits for its children ({running.step.name}) while its "
+                    f"own operations (segment {sorted(segments)}) still hold their locks — a wait the lock manager "
+                    f"cannot see; a child asking for one of those locks would hang")
+        return ""
+
     def _hang(self, reason: str) -> IsolationHang:
         graph = self.locks.wait_for_graph()
         edges = [f"  {waiter} -[{data.get('kind')} {data.get('resource', '')}]-> {target}"
                  for waiter, target, data in sorted(graph.edges(data=True), key=repr)]
         return IsolationHang(
-            f"{self.scenario.name} [{self.pairing.id}] hung: {reason}\n"
+            f"{self.scenario.name} [{self.pairing.id}] hung: {reason}{self._diagnose(graph)}\n"
             f"permutation so far: {' '.join(self.outcome.permutation)}\n"
             + "\n".join(f"  {line}" for line in self.outcome.trace) + "\n"
             + "wait-for graph:\n" + ("\n".join(edges) or "  (no edges)") + "\n"
