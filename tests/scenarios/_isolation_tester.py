@@ -9,9 +9,11 @@ are related:
 * ``siblings`` — every session is a subtransaction spawned by one parent that does nothing else and
   commits once all of them ended;
 * ``parent=T<n>`` — session ``T<n>`` is a top-level transaction and every other session is a child it
-  spawned (``tx.spawn``), running while the parent keeps operating.  The spawn is implicit at the start
-  unless the parent's steps include a ``Spawn()`` step; a ``Join()`` step waits for the children
-  (``handle.result``) and carries on.
+  spawned (``tx.spawn``), running while the parent keeps operating.  Unless the parent's steps include a
+  ``Spawn()`` step of their own, the runner adds one, ``s<n>``, that a permutation may place before any
+  of the parent's steps up to its first ``Commit``/``Abort``/``Join`` — so the parent's earlier steps
+  are *retained* by the time the children run (Rule 1 lets them at those rows), its later ones *held*
+  (they wait).  A ``Join()`` step waits for the children (``handle.result``) and carries on.
 
 :class:`PermutationRunner` runs one permutation the way ``isolationtester`` does: it sends a step to
 its session (each session runs on its own thread), then waits until every session is *settled* — its
@@ -25,17 +27,21 @@ a child has not ended.  A blocked step resumes when a later step of another sess
 say) is *skipped*.  Deadlock victims (``activedb.Deadlock``), ``SerializationConflict`` and the
 ``TransactionAborted`` of a doomed subtree are outcomes, recorded per step.
 
-A run fails with :class:`IsolationHang` — a message with the wait-for graph and each session's state,
-after the runner aborted every transaction so that no thread stays stuck — when a step neither
-completes nor blocks within ``STEP_TIMEOUT`` seconds, or when every session with steps left is blocked
-and the lock manager found no deadlock.
+A run fails with :class:`IsolationHang` — a message with the wait-for graph, each session's state and,
+for a parent that waits for its children while its own operations still hold locks, a diagnosis (issue
+9's bug B: a wait the lock manager cannot see) — when a step neither completes nor blocks within
+``STEP_TIMEOUT`` seconds, or when every session with steps left is blocked and the lock manager found no
+deadlock.  Before raising, the runner aborts every transaction of the run (which withdraws the waiting
+lock requests) and tells every session to stop, so no thread stays stuck; the message says whether all
+of them ended.
 
 :class:`PermutationTree` generates permutations: the valid permutations of a scenario form a tree
 (at each point, the next step of every session that is not blocked), discovered while running — each
 run walks one root-to-leaf path, choosing at random (a seeded ``random.Random``) among the branches not
 yet exhausted, so a scenario is enumerated exhaustively without repeats, or sampled evenly when capped.
-The runner's blocking is deterministic (one step is sent at a time), and the tree checks it: a prefix
-that offers different choices on two runs fails the test.
+The runner's blocking is deterministic (one step is sent at a time, and the runner waits until every
+session is settled before choosing the next), and the tree checks it: a prefix that offers different
+choices on two runs fails with :class:`NondeterministicRun`.
 
 :func:`serial_witness` decides whether a run's committed outcome is serializable: the final committed
 state and every committed session's reads must equal those of *some* serial execution of the committed
