@@ -31,6 +31,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb.store import Catalog
 
 
+_LIVE = (lockmgr.TxnState.ACTIVE, lockmgr.TxnState.COMMITTING)
+
+
 class TransactionManager:
     """Creates transaction trees for one ``Database``.  Thread-safe."""
 
@@ -144,7 +147,7 @@ class TransactionManager:
         if waiter is not None:
             waiter._before_waiting_for_children()
         registered = None
-        if waiter is not None:
+        if waiter is not None and waiter.state in _LIVE:    # an aborting node waits for its children unregistered
             targets = [target] if target is not None else [child.id for child in node.children]
             if kind == "children" and waiter is node:
                 kind = "commit"          # a parent waiting for its own children: the declared commit edge
