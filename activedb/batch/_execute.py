@@ -112,8 +112,10 @@ def run_serial(txns: list[Txn], specs: list[list[OpSpec]], table: VersionTable) 
 
 
 class TpgExecutor:
-    def __init__(self, tpg: Tpg, strategy: Strategy, table: VersionTable) -> None:
+    def __init__(self, tpg: Tpg, strategy: Strategy, table: VersionTable, *, trace: list | None = None) -> None:
+        """``trace``: if a list, every transition is appended as ``(\"T1\"..\"T6\", op id, from, to)``."""
         self.tpg = tpg
+        self._trace = trace
         self.strategy = strategy
         self.table = table
         self._groups = strategy.granularity is Granularity.KEY_GROUP
@@ -153,6 +155,8 @@ class TpgExecutor:
                 child.pending -= 1
                 if child.pending == 0 and child.state is BLK:
                     child.state = RDY
+                    if self._trace is not None:
+                        self._trace.append(("T1", child.id, BLK, RDY))
                 other = child.unit
                 if other is not unit:
                     other.pending -= 1
@@ -164,6 +168,8 @@ class TpgExecutor:
                 if child.pending == 0:
                     if child.state is BLK:
                         child.state = RDY
+                        if self._trace is not None:
+                            self._trace.append(("T1", child.id, BLK, RDY))
                     if not child.done:
                         self._ready(child)
 
@@ -189,6 +195,8 @@ class TpgExecutor:
                 op.output = output
                 op.state = EXE                                 # T2
         op.done = True
+        if self._trace is not None:
+            self._trace.append(("T2" if op.state is EXE else "T4", op.id, RDY, op.state))
         self._resolved(op)
         if failed and not txn.abort_applied:
             if self._immediate:
@@ -218,6 +226,8 @@ class TpgExecutor:
             if peer.done:
                 redo.append(peer)
             else:
+                if self._trace is not None:
+                    self._trace.append(("T4", peer.id, peer.state, ABT))
                 peer.state = ABT
         self._rollback(redo)
 
@@ -227,16 +237,20 @@ class TpgExecutor:
             self._apply_abort(txn)
 
     def _rollback(self, roots: list[Operation]) -> None:
-        """Undo the outcome of ``roots`` and, transitively, of every done operation below them
-        (T5/T6); each is scheduled again once its parents are done."""
+        """Undo the outcome of ``roots`` and, transitively, of every done operation below them.
+
+        An operation of an aborted transaction whose parents are all done passes through at
+        once (T4: its version goes, it stays resolved as ABT), so its executed children go
+        back to RDY (T5).  Any other undone operation goes to RDY or BLK (T5/T6) and its
+        children are counted unresolved again (T6)."""
         stack = list(roots)
         table = self.table
         groups = self._groups
+        trace = self._trace
         while stack:
             op = stack.pop()
             if not op.done:
                 continue
-            op.done = False
             self._rollbacks += 1
             if op.wrote is not None:
                 table.remove(op.wrote, op.t)
@@ -256,10 +270,23 @@ class TpgExecutor:
                             stack.append(peer)
                         else:
                             peer.state = RDY if peer.pending == 0 else BLK
+            before = op.state
+            if txn.abort_applied and op.pending == 0:
+                op.state = ABT                                 # T4: passes through, stays resolved
+                if trace is not None:
+                    trace.append(("T4", op.id, before, ABT))
+                for child in op.children:
+                    if child.done:
+                        stack.append(child)
+                continue
+            op.done = False
             if txn.abort_applied:
                 op.state = ABT
             else:
                 op.state = RDY if op.pending == 0 else BLK      # T5 / T6
+            if trace is not None:
+                trace.append(("T4" if op.state is ABT else "T5" if op.state is RDY else "T6", op.id, before,
+                              op.state))
             unit = op.unit
             if groups:
                 unit.remaining += 1
@@ -271,6 +298,8 @@ class TpgExecutor:
                     stack.append(child)
                 elif child.state is RDY:
                     child.state = BLK                          # T6
+                    if trace is not None:
+                        trace.append(("T6", child.id, RDY, BLK))
             if op.pending == 0:
                 self._ready(op)
 
