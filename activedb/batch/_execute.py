@@ -176,6 +176,7 @@ class TpgExecutor:
     def _execute(self, op: Operation) -> None:
         """Run ``op`` (precondition: ``pending == 0`` and not done)."""
         self._executions += 1
+        op.executions += 1
         txn = op.txn
         failed = False
         if txn.abort_applied:
