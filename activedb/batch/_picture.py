@@ -105,7 +105,7 @@ def render_tpg(transactions: StateTransactions, events: Iterable[Any], path: str
               for kind in EdgeKind]
     legend += [Patch(color=colour, label=state.name) for state, colour in _STATE_COLOURS.items()
                if state in (OpState.EXE, OpState.ABT)]
-    axes.legend(handles=legend, loc="upper right", fontsize=8, ncol=2)
+    axes.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     aborted = graph.graph["aborted"]
     caption = title or f"TPG of {len({d['t'] for _, d in graph.nodes(data=True)})} transactions ({strategy})"
     if aborted:

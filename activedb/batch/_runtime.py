@@ -220,10 +220,12 @@ def run_in_worker(transactions: StateTransactions, events: list[BatchEvent], ts:
 
 def execute(transactions: StateTransactions, prepared: Prepared, base: Mapping[tuple[str, Any], dict | None],
             *, loader: Callable[[str, Any], dict | None] | None = None, strategy: str | Strategy = AUTO,
-            processes: int | None = None) -> BatchResult:
+            processes: int | None = None, split: str = "auto") -> BatchResult:
     """Run a declared batch over ``base`` (images before the batch; missing states come from
     ``loader`` or are absent rows).  ``strategy``: ``"auto"`` (decision model), ``"serial"``
-    (reference), or a :class:`Strategy` / its name.  ``processes`` defaults to the object's."""
+    (reference), or a :class:`Strategy` / its name.  ``processes`` defaults to the object's.
+    ``split``: ``"auto"`` (the decision model's rule 4), ``"always"`` (whenever the batch has
+    two components or more and processes are allowed), ``"never"``."""
     runtime = runtime_of(transactions)
     if not isinstance(strategy, str) or strategy not in (AUTO, SERIAL):
         strategy = parse_strategy(strategy)
@@ -234,8 +236,9 @@ def execute(transactions: StateTransactions, prepared: Prepared, base: Mapping[t
     components = 0
     largest_share = 1.0
     parts: list[_Part] = []
-    split = False
-    if allowed > 1 and len(txns) > 1 and runtime.pool is not None:
+    if split not in ("auto", "always", "never"):
+        raise ValueError(f"split is 'auto', 'always' or 'never', not {split!r}")
+    if allowed > 1 and len(txns) > 1 and runtime.pool is not None and split != "never":
         started = time.perf_counter()
         touched = prepared.touched()
         groups = components_of(touched)
@@ -247,12 +250,15 @@ def execute(transactions: StateTransactions, prepared: Prepared, base: Mapping[t
         largest_share = max(sum(weights[index] for index in members) for members in groups) / total
         bins = bins_of(groups, weights, min(allowed, runtime.pool.workers + 1), pinned)
         bin_share = max(sum(weights[index] for index in members) for members in bins) / total
-        split, why = runtime.model.should_split(total, bin_share, allowed)
-        if split and sum(1 for members in bins if members) < 2:
-            split, why = False, "one component"
-        notes.append(("split: " if split else "not split: ") + why)
+        if split == "always":
+            splitting, why = True, "split='always'"
+        else:
+            splitting, why = runtime.model.should_split(total, bin_share, allowed)
+        if splitting and sum(1 for members in bins if members) < 2:
+            splitting, why = False, "one component"
+        notes.append(("split: " if splitting else "not split: ") + why)
         seconds["components"] = time.perf_counter() - started
-        if split:
+        if splitting:
             futures = []
             model_state = (runtime.model.abort_ratio, runtime.model.seconds_per_op, runtime.model.batches)
             for members in bins[1:]:
@@ -278,7 +284,7 @@ def execute(transactions: StateTransactions, prepared: Prepared, base: Mapping[t
                                  f"state transactions at module level so worker processes can import them)")
                     parts.append(_run_part([txns[index] for index in members], [specs[index] for index in members],
                                            base, loader, strategy, prepared.times, runtime.model))
-    if not split:
+    if not parts:
         parts = [_run_part(txns, specs, base, loader, strategy, prepared.times, runtime.model)]
     return _assemble(prepared, parts, strategy, seconds, components, largest_share, runtime, notes)
 
@@ -340,7 +346,7 @@ def _assemble(prepared: Prepared, parts: list[_Part], strategy, seconds: dict[st
 
 def run_in_memory(transactions: StateTransactions, events: Iterable[Any],
                   state: Mapping[tuple[str, Any], dict | None] | None = None, *, strategy: str | Strategy = AUTO,
-                  processes: int | None = None) -> BatchResult:
+                  processes: int | None = None, split: str = "auto") -> BatchResult:
     """Declare and run a batch over ``state`` (images before the batch; absent = no row)."""
     prepared = prepare(transactions, events)
-    return execute(transactions, prepared, dict(state or {}), strategy=strategy, processes=processes)
+    return execute(transactions, prepared, dict(state or {}), strategy=strategy, processes=processes, split=split)

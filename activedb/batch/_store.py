@@ -41,7 +41,7 @@ _MISSING = object()
 
 
 def apply_batch(tx: Any, events: Iterable[Any], transactions: StateTransactions, *,
-                strategy: str | Strategy = AUTO, processes: int | None = None) -> BatchResult:
+                strategy: str | Strategy = AUTO, processes: int | None = None, split: str = "auto") -> BatchResult:
     """Run ``events`` as one batch of state transactions inside the open transaction ``tx``
     and leave the final rows in its write set.  Does not commit and does not write dead
     letters: ``result.dead_letters`` lists ``(event, reason)`` for the caller to store."""
@@ -53,7 +53,8 @@ def apply_batch(tx: Any, events: Iterable[Any], transactions: StateTransactions,
         for key in keys:
             base[(table, key)] = tx.read(table, key)
     prefetch_seconds = time.perf_counter() - started
-    result = execute(transactions, prepared, base, loader=tx.read, strategy=strategy, processes=processes)
+    result = execute(transactions, prepared, base, loader=tx.read, strategy=strategy, processes=processes,
+                     split=split)
     started = time.perf_counter()
     written = 0
     for (table, key), image in result.final.items():
@@ -97,12 +98,12 @@ def dead_letter_row(event: BatchEvent) -> dict:
 
 def run_batch(db: Any, events: Iterable[Any], transactions: StateTransactions, *,
               strategy: str | Strategy = AUTO, batch: tuple[str, int] | None = None,
-              dead_letters: bool = True, processes: int | None = None) -> BatchResult:
+              dead_letters: bool = True, processes: int | None = None, split: str = "auto") -> BatchResult:
     """Convenience for users feeding events directly: one top-level transaction (recorded in
     the ingestion ledger as ``batch=(query_id, batch_id)`` if given) that applies the batch
     and inserts its dead letters into ``activedb_dead_letters``; commits on return."""
     with db.transaction(name="batch:tpg", batch=batch) as tx:
-        result = apply_batch(tx, events, transactions, strategy=strategy, processes=processes)
+        result = apply_batch(tx, events, transactions, strategy=strategy, processes=processes, split=split)
         letters = result.dead_letters
         if dead_letters:
             for event, reason in letters:
