@@ -18,7 +18,7 @@ import click
 
 from activedb.errors import ActivedbError
 
-BENCHMARKS = ("locks", "nested", "rules", "ingest")
+BENCHMARKS = ("locks", "nested", "rules", "ingest", "tpg")
 
 
 class _Group(click.Group):

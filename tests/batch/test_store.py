@@ -15,6 +15,7 @@ KEYS = 40
 
 
 def _reset(db, state):
+    tables = {table: db.table(table) for table, _ in state}   # reflected outside the DELETE's transaction
     with db.engine.begin() as connection:
         for table in (workloads.ACCOUNTS, workloads.ASSETS, workloads.GREP, workloads.TOLL_SPEED,
                       workloads.TOLL_COUNT, "activedb_dead_letters"):
@@ -23,7 +24,7 @@ def _reset(db, state):
         for (table, _), row in state.items():
             by_table.setdefault(table, []).append(row)
         for table, rows in by_table.items():
-            connection.execute(db.table(table).insert(), rows)
+            connection.execute(tables[table].insert(), rows)
 
 
 def _rows(db, table, key_column="id"):
