@@ -55,13 +55,15 @@ def components_of(touched: list[list[Any]]) -> list[list[int]]:
 
 
 def bins_of(components: list[list[int]], weights: list[int], count: int, pinned: set[int]) -> list[list[int]]:
-    """Pack components (by total weight) into ``count`` bins, heaviest first onto the lightest
-    bin; components containing a ``pinned`` transaction go to bin 0.  Returns the transaction
+    """Pack components (by total weight) into ``count`` bins: components containing a
+    ``pinned`` transaction first, into bin 0; then the others heaviest first onto the lightest
+    bin.  Returns the transaction
     indices per bin, ascending."""
     loads = [0] * count
     bins: list[list[int]] = [[] for _ in range(count)]
-    order = sorted(components, key=lambda members: -sum(weights[index] for index in members))
-    for members in order:
+    pinned_first = sorted(components, key=lambda members: (not any(index in pinned for index in members),
+                                                           -sum(weights[index] for index in members)))
+    for members in pinned_first:
         weight = sum(weights[index] for index in members)
         if any(index in pinned for index in members):
             target = 0
