@@ -179,6 +179,9 @@ def build_tpg(txns: list[Txn], specs: list[list[OpSpec]]) -> Tpg:
     last_nd: dict[str, Operation] = {}                       # table -> last unbounded ND write
     since_nd: dict[str, dict] = defaultdict(dict)            # table -> {state: last write} since it
     ops_per_state: dict[tuple[str, Any], int] = defaultdict(int)
+    # Only tables with an unbounded ND op need the writes since the last ND write.
+    nd_tables = {spec.table for declared in specs for spec in declared
+                 if spec.key is None and spec.candidates is None}
     TD, PD = EdgeKind.TD, EdgeKind.PD
     for txn, declared in zip(txns, specs):
         t = txn.t
@@ -197,9 +200,10 @@ def build_tpg(txns: list[Txn], specs: list[list[OpSpec]]) -> Tpg:
                     for parent in track[1]:
                         if _link(parent, op, TD, edges):
                             td += 1
-                nd = last_nd.get(table)
-                if nd is not None and (track is None or nd.t > track[0]) and _link(nd, op, PD, edges):
-                    pd += 1
+                if last_nd:
+                    nd = last_nd.get(table)
+                    if nd is not None and (track is None or nd.t > track[0]) and _link(nd, op, PD, edges):
+                        pd += 1
             else:
                 nd_count += 1
                 if spec.candidates is None:
@@ -228,24 +232,25 @@ def build_tpg(txns: list[Txn], specs: list[list[OpSpec]]) -> Tpg:
                 writer = track[2] if track is not None else None
                 if writer is not None and _link(writer, op, PD, edges):
                     pd += 1
-                nd = last_nd.get(param[0])
-                if nd is not None and (writer is None or nd.t > writer.t) and _link(nd, op, PD, edges):
-                    pd += 1
+                if last_nd:
+                    nd = last_nd.get(param[0])
+                    if nd is not None and (writer is None or nd.t > writer.t) and _link(nd, op, PD, edges):
+                        pd += 1
         ld += len(mine) - 1
         for op in mine:
             state = op.state_key
             if state is not None:
-                _touch(tracks, state, t, op, op.kind.writes, since_nd)
+                _touch(tracks, state, t, op, op.kind.writes, since_nd, nd_tables)
             elif op.spec.candidates is not None:
                 for key in op.spec.candidates:
-                    _touch(tracks, (op.spec.table, key), t, op, op.kind is OpKind.ND_WRITE, since_nd)
+                    _touch(tracks, (op.spec.table, key), t, op, op.kind is OpKind.ND_WRITE, since_nd, nd_tables)
             elif op.kind is OpKind.ND_WRITE:
                 last_nd[op.spec.table] = op
                 since_nd[op.spec.table] = {}
     return Tpg(txns, ops, edges, td, pd, ld, nd_count, window_count, dict(ops_per_state))
 
 
-def _touch(tracks, state, t, op, writes, since_nd) -> None:
+def _touch(tracks, state, t, op, writes, since_nd, nd_tables) -> None:
     track = tracks.get(state)
     if track is None:
         tracks[state] = [t, [op], op if writes else None]
@@ -257,7 +262,7 @@ def _touch(tracks, state, t, op, writes, since_nd) -> None:
             track[1].append(op)
         if writes:
             track[2] = op
-    if writes:
+    if writes and state[0] in nd_tables:
         since_nd[state[0]][state] = op
 
 
