@@ -38,7 +38,7 @@ from activedb.batch._strategy import AbortMode, Exploration, Granularity, Strate
 __all__ = ["Decision", "DecisionModel", "TpgProperties", "measure"]
 
 # Thresholds (see the README's "Decision model" section for the measurements behind them).
-MIN_DEPENDENCIES_PER_OP = 1.2     # rule 1: (TD + PD + LD) / operations
+MIN_DEPENDENCIES_PER_OP = 0.8     # rule 1: (TD + PD + LD) / operations
 MAX_SKEW_FOR_STRUCTURED = 8.0     # rule 1: busiest state / mean per state
 MIN_TD_PER_OP = 0.5               # rule 2
 MAX_PD_PER_OP = 0.05              # rule 2
