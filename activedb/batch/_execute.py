@@ -401,6 +401,11 @@ class TpgExecutor:
                 raise ExecutionInvariantBroken(f"transaction t={txn.t} ended with failed={txn.failed} but "
                                                f"abort_applied={txn.abort_applied} under {self.strategy}")
 
+    @property
+    def units(self) -> list[Unit]:
+        """The c-schedule units (empty for f-schedule)."""
+        return self._units
+
     def outcomes(self, specs: list[list[OpSpec]]) -> list[TxnOutcome]:
         result = []
         read, window = self.table.read, self.table.window

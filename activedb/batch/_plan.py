@@ -146,6 +146,20 @@ class Tpg:
     window_ops: int
     ops_per_state: dict[tuple[str, Any], int]
 
+    def release(self, units: list["Unit"] = ()) -> None:
+        """Break the reference cycles (parents ↔ children, op ↔ transaction, unit ↔ unit) once
+        the batch is done, so reference counting frees the graph at once instead of leaving a
+        large cyclic garbage to the collector (which would then run in the caller's code)."""
+        for op in self.ops:
+            op.parents = op.children = None
+            op.unit = op.txn = None
+        for txn in self.txns:
+            txn.ops = []
+            txn.failed = []
+        for unit in units:
+            unit.ops = []
+            unit.parents = unit.children = None
+
     def strata(self) -> int:
         """Assign ``op.stratum`` (1 + the largest parent stratum; roots 0); returns the count."""
         deepest = -1

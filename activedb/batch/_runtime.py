@@ -221,6 +221,7 @@ def _run_part(txns: list[Txn], specs: list[list[OpSpec]], base: Mapping, loader,
     statistics = executor.run()
     started = time.perf_counter()
     outcomes = executor.outcomes(specs)
+    tpg.release(executor.units)
     seconds["execute"] = statistics.seconds + time.perf_counter() - started
     final = table.final()
     return _Part(outcomes, final, {state: table.base(state) for state in final}, chosen_strategy.name, decision,
