@@ -194,11 +194,12 @@ def _plot(directory: Path, parameter: str, points: dict[str, list[tuple[float, f
 
 # --- the benchmark --------------------------------------------------------------------------------
 
-def run(quick: bool = False) -> BenchReport:
+def run(quick: bool = False, *, size: int | None = None) -> BenchReport:
+    """``size`` overrides T (the smoke test uses a tiny batch)."""
     from activedb.bench._setup import connect as bench_connect
 
     report = BenchReport("Batches of state transactions on a TPG (activedb bench tpg)")
-    size = 2_048 if quick else 10_240
+    size = size or (2_048 if quick else 10_240)
     repeat = 1 if quick else 2
     directory = Path(os.environ.get("ACTIVEDB_BENCH_DIR", "tpg-bench"))
     directory.mkdir(parents=True, exist_ok=True)
@@ -310,7 +311,8 @@ def run(quick: bool = False) -> BenchReport:
     # 4. Sweeps on SL.
     sweeps = {"theta": ([0.0, 0.4, 0.8] if quick else [0.0, 0.2, 0.4, 0.6, 0.8, 1.0], "Zipf skew θ"),
               "abort_ratio": ([0.0, 0.1, 0.5] if quick else [0.0, 0.01, 0.1, 0.3, 0.5], "abort ratio a"),
-              "batch": ([512, 1024, 2048] if quick else [2560, 5120, 10240, 20480], "batch size T")}
+              "batch": ([size // 4, size // 2, size] if quick else [size // 4, size // 2, size, size * 2],
+                        "batch size T")}
     sweep_json: dict[str, Any] = {}
     plots = []
     for parameter, (values, label) in sweeps.items():
