@@ -291,7 +291,6 @@ def run(quick: bool = False, *, size: int | None = None) -> BenchReport:
     workload = workloads.Workload(batch=size * 2, partitions=8)
     events, state = _events("sl", workload)
     with workloads.ledger(processes=2) as transactions:
-        transactions._runtime = None
         batch._runtime.runtime_of(transactions).pool.warm_up()
         one_rate, one = _in_memory(transactions, events, state, "ns/f/e", repeat, processes=1)
         two_rate, two = _in_memory(transactions, events, state, "ns/f/e", repeat, split="always")
