@@ -5,13 +5,13 @@
 * ``stream_alerts`` — rows inserted by rule actions;
 * ``stream_cells`` — the store of the randomised query/rule sets.
 
-Revision ID: t0005
-Revises: t0002   (chained after t0002 for now; renumber when t0003/t0004 land)
+Revision ID: t0003
+Revises: t0002
 """
 import sqlalchemy as sa
 from alembic import op
 
-revision = "t0005"
+revision = "t0003"
 down_revision = "t0002"
 branch_labels = None
 depends_on = None

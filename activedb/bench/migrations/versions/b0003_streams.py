@@ -5,14 +5,14 @@
   ``aliases``;
 * ``bench_stream_events`` — the plain write path: one row per event.
 
-Revision ID: b0005
-Revises: b0001   (chained after b0001 for now; renumber when other benchmark revisions land)
+Revision ID: b0003
+Revises: b0002
 """
 import sqlalchemy as sa
 from alembic import op
 
-revision = "b0005"
-down_revision = "b0001"
+revision = "b0003"
+down_revision = "b0002"
 branch_labels = None
 depends_on = None
 
