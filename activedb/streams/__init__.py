@@ -24,6 +24,7 @@ from activedb.streams._builders import (
     EventRef,
     Ref,
     component,
+    conj,
     delete,
     event,
     exists,
@@ -45,13 +46,13 @@ from activedb.streams._matcher import PartitionState
 from activedb.streams._metrics import QueryCounters, StreamStatistics
 from activedb.streams._scheduler import Scheduler, SEIScheduler, UnscheduledScheduler
 from activedb.streams._view import StoreView
-from activedb.streams.algebra import Selection
+from activedb.streams.algebra import Consumption, Selection
 from activedb.streams import errors
 
 __all__ = [
-    "AccessPlan", "BatchResult", "BatchRun", "CompiledQuery", "CompiledRule", "DeadLetter", "END_OF_STREAM",
+    "AccessPlan", "BatchResult", "BatchRun", "CompiledQuery", "CompiledRule", "Consumption", "DeadLetter", "END_OF_STREAM",
     "EventRef", "NEW", "Output", "PartitionState", "QueryCounters", "ReadSpec", "Ref", "Resource", "SEIScheduler",
     "STransaction", "Scheduler", "Selection", "StoreView", "StreamEngine", "StreamEvent", "StreamHistory",
     "StreamOp", "StreamSchema", "StreamStatistics", "UnscheduledScheduler", "WriteSpec", "algebra", "component",
-    "delete", "errors", "event", "exists", "insert", "lit", "not_", "parse", "same", "seq", "store", "update",
+    "conj", "delete", "errors", "event", "exists", "insert", "lit", "not_", "parse", "same", "seq", "store", "update",
 ]
