@@ -16,11 +16,12 @@ from activedb.events._time import (
     Timestamp,
     as_timestamp,
     hull,
+    local_order,
     order,
     precedes,
     uncertain,
 )
 
 __all__ = ["DATA_KINDS", "KINDS", "TRANSACTION_KINDS", "AccuracyInterval", "Event", "EventKind", "EventSpec",
-           "LocalClock", "Order", "Punctuations", "Timestamp", "as_timestamp", "hull", "order", "precedes",
+           "LocalClock", "Order", "Punctuations", "Timestamp", "as_timestamp", "hull", "local_order", "order", "precedes",
            "uncertain"]

@@ -31,13 +31,14 @@ from activedb.streams._builders import (
     insert,
     lit,
     not_,
+    query_definition,
     same,
     seq,
     store,
     update,
 )
 from activedb.streams._catalog import StreamSchema
-from activedb.streams._compile import CompiledQuery, CompiledRule, ReadSpec, WriteSpec
+from activedb.streams._compile import CompiledQuery, CompiledRule, Ctx, ReadSpec, WriteSpec, compile_query
 from activedb.streams._engine import AccessPlan, BatchResult, BatchRun, Resource, STransaction, StreamEngine
 from activedb.streams._events import END_OF_STREAM, DeadLetter, Output, StreamEvent
 from activedb.streams._history import StreamHistory, StreamOp
@@ -50,9 +51,9 @@ from activedb.streams.algebra import Consumption, Selection
 from activedb.streams import errors
 
 __all__ = [
-    "AccessPlan", "BatchResult", "BatchRun", "CompiledQuery", "CompiledRule", "Consumption", "DeadLetter", "END_OF_STREAM",
+    "AccessPlan", "BatchResult", "BatchRun", "CompiledQuery", "CompiledRule", "Consumption", "Ctx", "DeadLetter", "END_OF_STREAM",
     "EventRef", "NEW", "Output", "PartitionState", "QueryCounters", "ReadSpec", "Ref", "Resource", "SEIScheduler",
     "STransaction", "Scheduler", "Selection", "StoreView", "StreamEngine", "StreamEvent", "StreamHistory",
     "StreamOp", "StreamSchema", "StreamStatistics", "UnscheduledScheduler", "WriteSpec", "algebra", "component",
-    "conj", "delete", "errors", "event", "exists", "insert", "lit", "not_", "parse", "same", "seq", "store", "update",
+    "compile_query", "conj", "delete", "errors", "event", "exists", "insert", "lit", "not_", "parse", "query_definition", "same", "seq", "store", "update",
 ]
