@@ -19,6 +19,7 @@ from activedb.events._time import (
     local_order,
     order,
     precedes,
+    seconds,
     uncertain,
 )
 
