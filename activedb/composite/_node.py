@@ -23,6 +23,14 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb.composite._engine import CompositionEngine
 
 
+def _without(items: list[Item], taken: list[Item]) -> list[Item]:
+    """``items`` less the ones already chosen for earlier components (a type may fill several)."""
+    if not taken:
+        return items
+    numbers = {item.number for item in taken}
+    return [item for item in items if item.number not in numbers]
+
+
 class Step(enum.Enum):
     """What one evaluation step did."""
 
@@ -131,7 +139,7 @@ class Node:
             return Step.IDLE
         chosen: list[Item] = []
         for rank, items in enumerate(self.lists):
-            available = [item for item in items if all(item is not taken for taken in chosen)]
+            available = _without(items, chosen)
             if rank == 0 or self.conjunction:
                 candidates = oldest(available)
                 anchor = None
@@ -179,7 +187,7 @@ class Node:
             complete = True
             for rank in range(last - 1, -1, -1):
                 anchor = chosen[0]
-                available = [item for item in self.lists[rank] if all(item is not taken for taken in chosen)]
+                available = _without(self.lists[rank], chosen)
                 candidates = newest_before(available, anchor)
                 if not candidates:
                     complete = False
@@ -240,7 +248,7 @@ class Node:
                     if rank == own:
                         continue
                     taken = [item for item in chosen if item is not None]
-                    available = [item for item in self.lists[rank] if all(item is not other for other in taken)]
+                    available = _without(self.lists[rank], taken)
                     candidates = newest_before(available, event)
                     if not candidates:
                         complete = False

@@ -71,10 +71,11 @@ def oldest(items: Sequence[Item]) -> list[Item]:
     if not items:
         return []
     lowest_upper = min(item.ts.interval.upper for item in items)
-    # Anything whose lower bound is above the lowest upper bound is preceded by that item.
+    # Anything whose lower bound is above the lowest upper bound is preceded by that item; nothing
+    # precedes a candidate in interval order (it would end before lower(candidate) <= lowest_upper), so
+    # only the local order of one producer can still rule a candidate out.
     candidates = [item for item in items if item.ts.interval.lower <= lowest_upper]
-    return [item for item in candidates
-            if not any(other is not item and before(other.ts, item.ts) for other in items)]
+    return [item for item in candidates if not _locally_preceded(item, items)]
 
 
 def newest(items: Sequence[Item]) -> list[Item]:
@@ -82,8 +83,23 @@ def newest(items: Sequence[Item]) -> list[Item]:
         return []
     highest_lower = max(item.ts.interval.lower for item in items)
     candidates = [item for item in items if item.ts.interval.upper >= highest_lower]
-    return [item for item in candidates
-            if not any(other is not item and before(item.ts, other.ts) for other in items)]
+    return [item for item in candidates if not _locally_followed(item, items)]
+
+
+def _locally_preceded(item: Item, items: Sequence[Item]) -> bool:
+    ts = item.ts
+    if ts.local is None:
+        return False
+    return any(other is not item and other.ts.producer == ts.producer and other.ts.local is not None
+               and local_order(other.ts, ts) is Order.BEFORE for other in items)
+
+
+def _locally_followed(item: Item, items: Sequence[Item]) -> bool:
+    ts = item.ts
+    if ts.local is None:
+        return False
+    return any(other is not item and other.ts.producer == ts.producer and other.ts.local is not None
+               and local_order(ts, other.ts) is Order.BEFORE for other in items)
 
 
 def oldest_following(items: Iterable[Item], anchor: Item) -> list[Item]:
