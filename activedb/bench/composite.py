@@ -125,7 +125,8 @@ def run(quick: bool = False) -> BenchReport:
             for accuracy in accuracies:
                 arrivals = workload(producers, accuracy, events, 0.010, SEED)
                 names = [f"P{index}" for index in range(producers)]
-                rate, composites_rate, stats = throughput(operator, producers, [entry[1] for entry in arrivals], names)
+                rate, composites_rate, stats = throughput(operator, producers, [entry[1] for entry in arrivals],
+                                                          names)
                 point_rate, point_composites, point_stats = throughput(operator, producers,
                                                                        [entry[2] for entry in arrivals], names)
                 label = f"{operator} chronicle, {producers} producer{'s' if producers > 1 else ''}, accuracy " \
@@ -155,8 +156,8 @@ def run(quick: bool = False) -> BenchReport:
                                   "composites": len(interval_latencies), "point_composites": len(point_latencies)}))
             figures["latency"].append((operator, period, mean, point_mean, p95))
     report.notes.append("throughput: engine.submit over events and heartbeats (every 10 ms per producer), "
-                        "partitioned by attribute k into 8 partitions, uncertainties decided by a callback; point timestamps = the same "
-                        "readings with alpha = 0 through the same engine")
+                        "partitioned by attribute k into 8 partitions, uncertainties decided by a callback; "
+                        "point timestamps = the same readings with alpha = 0 through the same engine")
     report.notes.append("latency: simulated system time (ManualClock) from the arrival of a composite's last "
                         "constituent to its production; events arrive 0-2 ms after they occur")
     path = _plot(figures)

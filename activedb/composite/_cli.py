@@ -96,8 +96,9 @@ def register_commands(main: click.Group) -> None:
                   help="A built-in window: the paper's Fig. 3 scenario or random producers.")
     @click.option("--input", "input_path", type=click.Path(exists=True, dir_okay=False), default=None,
                   help="JSON lines of arrivals (see the module docstring).")
-    @click.option("--query", default="CREATE QUERY AB PATTERN AND(A, B) CONSUMING CHRONICLE RETURN A.id AS a, B.id AS b",
-                  show_default=True, help="The composition to run over the window.")
+    @click.option("--query", show_default=True,
+                  default="CREATE QUERY AB PATTERN AND(A, B) CONSUMING CHRONICLE RETURN A.id AS a, B.id AS b",
+                  help="The composition to run over the window.")
     @click.option("--producers", default=3, show_default=True, help="random: number of producers.")
     @click.option("--accuracy-ms", default=5.0, show_default=True, help="random: accuracy of every clock (ms).")
     @click.option("--events", default=24, show_default=True, help="random: number of events.")

@@ -23,7 +23,6 @@ from activedb.composite._model import (
     Choice,
     CompositeEvent,
     Heartbeat,
-    Resolution,
     Uncertainty,
     describe_event,
 )
@@ -654,7 +653,8 @@ class CompositionEngine:
                             state.last_seen) for name, state in self._producers.items()}
         return {"nodes": nodes, "processed": processed, "producers": producers,
                 "by_producer_type": {key: list(value) for key, value in self._by_producer_type.items()},
-                "blocked": set(self._blocked), "relied": dict(self._relied), "counts": collections.Counter(self._counts),
+                "blocked": set(self._blocked), "relied": dict(self._relied),
+                "counts": collections.Counter(self._counts),
                 "numbers": self._numbers}
 
     def _restore(self, participant: _Participant) -> None:

@@ -12,7 +12,7 @@ Not thread-safe by itself: used under ``CompositionEngine._mutex``.
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from activedb.composite._model import Resolution, Uncertainty, UncertaintyKind
 from activedb.composite._polist import Item, before, newest_before, oldest, oldest_following

@@ -78,7 +78,8 @@ def plot(window: Any, path: str | Path, *, title: str | None = None, unit: str =
                 axes.plot([(low + high) / 2, (lower + upper) / 2], [lanes[event.ts.producer], row],
                           color="green" if not decided else "orange", linewidth=0.7, alpha=0.7)
     axes.set_yticks(list(range(len(producers) + 1)), producers + ["composites"])
-    axes.set_xlabel(f"reference time ({unit}) from {origin if not isinstance(origin, dt.datetime) else origin.isoformat()}")
+    shown = origin.isoformat() if isinstance(origin, dt.datetime) else f"{origin:.6g}"
+    axes.set_xlabel(f"reference time ({unit}) from {shown}")
     axes.set_title(title or "accuracy intervals per producer, sync-points (red, dashed), composites (green; "
                             "orange: decided by the application)", fontsize=9)
     axes.grid(axis="x", alpha=0.3)

@@ -51,9 +51,10 @@ from activedb.streams.algebra import Consumption, Selection
 from activedb.streams import errors
 
 __all__ = [
-    "AccessPlan", "BatchResult", "BatchRun", "CompiledQuery", "CompiledRule", "Consumption", "Ctx", "DeadLetter", "END_OF_STREAM",
-    "EventRef", "NEW", "Output", "PartitionState", "QueryCounters", "ReadSpec", "Ref", "Resource", "SEIScheduler",
-    "STransaction", "Scheduler", "Selection", "StoreView", "StreamEngine", "StreamEvent", "StreamHistory",
-    "StreamOp", "StreamSchema", "StreamStatistics", "UnscheduledScheduler", "WriteSpec", "algebra", "component",
-    "compile_query", "conj", "delete", "errors", "event", "exists", "insert", "lit", "not_", "parse", "query_definition", "same", "seq", "store", "update",
+    "AccessPlan", "BatchResult", "BatchRun", "CompiledQuery", "CompiledRule", "Consumption", "Ctx", "DeadLetter",
+    "END_OF_STREAM", "EventRef", "NEW", "Output", "PartitionState", "QueryCounters", "ReadSpec", "Ref",
+    "Resource", "SEIScheduler", "STransaction", "Scheduler", "Selection", "StoreView", "StreamEngine",
+    "StreamEvent", "StreamHistory", "StreamOp", "StreamSchema", "StreamStatistics", "UnscheduledScheduler",
+    "WriteSpec", "algebra", "component", "compile_query", "conj", "delete", "errors", "event", "exists", "insert",
+    "lit", "not_", "parse", "query_definition", "same", "seq", "store", "update",
 ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from activedb import composite, streams
+from activedb import streams
 from activedb.composite import Choice, UncertainOrder, UncertaintyKind
 from activedb.events import Timestamp
 from activedb.streams.errors import DefinitionError

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from activedb import composite
 from activedb.composite import EventRejected, LateEvent, MembershipError, ProducerTimeout, TimeoutPolicy
 from activedb.events import Timestamp
 

@@ -60,7 +60,8 @@ def test_random_producers_compose_like_the_offline_reference(case):
     rng = random.Random(SEED + case)
     workload = generate(rng, producers=rng.randint(2, 5), events=rng.randint(6, 30), span=rng.choice([0.2, 1.0]),
                         accuracy_range=rng.choice([(0.0005, 0.002), (0.001, 0.050)]))
-    events = [item for items in workload.sequences.values() for item in items if not isinstance(item, composite.Heartbeat)]
+    events = [item for items in workload.sequences.values() for item in items
+              if not isinstance(item, composite.Heartbeat)]
     for shape in SHAPES:
         operator, consumption, partition = shape
         expected = reference(list(events), operator=operator, consumption=consumption, partition=partition)

@@ -78,7 +78,8 @@ def test_rows_become_interval_events_and_heartbeats_with_reasons_for_bad_rows():
 def test_micro_batch_boundaries_never_change_the_result(case):
     rng = random.Random(SEED + 100 + case)
     workload = generate(rng, producers=rng.randint(2, 4), events=rng.randint(10, 30), span=0.5)
-    events = [item for items in workload.sequences.values() for item in items if not isinstance(item, composite.Heartbeat)]
+    events = [item for items in workload.sequences.values() for item in items
+              if not isinstance(item, composite.Heartbeat)]
     for consumption in ("chronicle", "recent"):
         expected = reference(events, operator="SEQ", consumption=consumption, partition=True)
         results = []
@@ -105,7 +106,8 @@ def test_micro_batch_boundaries_never_change_the_result(case):
 def test_batches_from_spark(spark):
     rng = random.Random(SEED + 7)
     workload = generate(rng, producers=3, events=18, span=0.5, local=False)
-    events = [item for items in workload.sequences.values() for item in items if not isinstance(item, composite.Heartbeat)]
+    events = [item for items in workload.sequences.values() for item in items
+              if not isinstance(item, composite.Heartbeat)]
     rows = to_rows(interleave(rng, workload))
     for row in rows:
         row["ts"] = dt.datetime.fromtimestamp(row["ts"], dt.timezone.utc)      # a TIMESTAMP column
