@@ -43,6 +43,7 @@ from activedb.composite._model import (
     Uncertainty,
     UncertaintyKind,
 )
+from activedb.composite._polist import Item, POList
 from activedb.composite.errors import (
     CompositeError,
     EventRejected,
@@ -62,7 +63,7 @@ def plot(window, path, **options):
 
 __all__ = [
     "Choice", "CompositeError", "CompositeEvent", "CompositeStatistics", "CompositionEngine", "DEFAULT_TIMEOUT",
-    "EventRejected", "Heartbeat", "LateEvent", "ManualClock", "MembershipError", "MonotonicClock", "ProducerInfo",
+    "EventRejected", "Heartbeat", "Item", "LateEvent", "ManualClock", "MembershipError", "MonotonicClock", "POList", "ProducerInfo",
     "ProducerTimeout", "Resolution", "TimeoutPolicy", "UncertainOrder", "Uncertainty", "UncertaintyKind", "Window",
     "WindowEntry", "errors", "plot",
 ]

@@ -27,7 +27,7 @@ from activedb.composite._model import (
     describe_event,
 )
 from activedb.composite._node import Node
-from activedb.composite._polist import Item, Membership, Producer
+from activedb.composite._polist import Item, Membership, POList, Producer
 from activedb.composite.errors import (
     CompositeError,
     EventRejected,
@@ -646,7 +646,7 @@ class CompositionEngine:
         ``processed`` flag, which is saved separately)."""
         nodes = {}
         for key, node in self._nodes.items():
-            nodes[key] = (node, [list(items) for items in node.lists], dict(node.decisions), node.blocked_on,
+            nodes[key] = (node, [POList(items) for items in node.lists], dict(node.decisions), node.blocked_on,
                           list(node.pending_resolutions))
         processed = {item.number: item.processed for node in self._nodes.values() for item in node.items()}
         producers = {name: (state, state.sync, state.latest_local, state.state, state.events, state.heartbeats,

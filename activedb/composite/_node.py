@@ -15,7 +15,7 @@ import enum
 from typing import TYPE_CHECKING
 
 from activedb.composite._model import Resolution, Uncertainty, UncertaintyKind
-from activedb.composite._polist import Item, before, newest_before, oldest, oldest_following
+from activedb.composite._polist import POList, Item, before, newest_before, oldest, oldest_following
 from activedb.streams import CompiledQuery
 from activedb.streams import algebra as ast
 
@@ -53,7 +53,7 @@ class Node:
         self.types = tuple(query.types[index] for index in query.positives)
         components = query.definition.pattern.components()
         self.names = tuple(components[index].name for index in query.positives)
-        self.lists: list[list[Item]] = [[] for _ in self.types]
+        self.lists: list[POList] = [POList() for _ in self.types]
         # (component rank, kind, candidate numbers, anchor number) -> ("use", item) | ("drop", items)
         self.decisions: dict[tuple, tuple] = {}
         self.blocked_on: frozenset[str] = frozenset()
@@ -75,7 +75,7 @@ class Node:
         numbers = {item.number for item in doomed}
         for index, items in enumerate(self.lists):
             if any(item.number in numbers for item in items):
-                self.lists[index] = [item for item in items if item.number not in numbers]
+                self.lists[index] = POList(item for item in items if item.number not in numbers)
 
     # --- evaluation ----------------------------------------------------------------------------------
 
@@ -204,7 +204,7 @@ class Node:
                     if decision[0] == "drop":
                         return self._apply_drop(engine, decision[1])
                 chosen.insert(0, pick)
-            self.lists[last] = [item for item in self.lists[last] if item is not terminator]
+            self.lists[last] = POList(item for item in self.lists[last] if item is not terminator)
             if complete:
                 engine._compose(self, chosen)
             else:
@@ -216,7 +216,7 @@ class Node:
         if not self.lists[0]:
             return Step.IDLE
         item = min(self.lists[0], key=Item.sort_key)
-        self.lists[0] = [other for other in self.lists[0] if other is not item]
+        self.lists[0] = POList(other for other in self.lists[0] if other is not item)
         engine._compose(self, [item])
         return Step.COMPOSED
 

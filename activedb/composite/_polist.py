@@ -112,6 +112,23 @@ def newest_before(items: Iterable[Item], anchor: Item) -> list[Item]:
     return newest([item for item in items if item is not anchor and not before(anchor.ts, item.ts)])
 
 
+class POList(list):
+    """The paper's ``POList<E>``: the items that may play one component of a node, in arrival order (a
+    list; the order that matters is the partial one the methods compute)."""
+
+    def oldest(self) -> list[Item]:
+        return oldest(self)
+
+    def newest(self) -> list[Item]:
+        return newest(self)
+
+    def oldest_following(self, anchor: Item) -> list[Item]:
+        return oldest_following(self, anchor)
+
+    def newest_before(self, anchor: Item) -> list[Item]:
+        return newest_before(self, anchor)
+
+
 class Membership(enum.Enum):
     """A producer's state in the engine's (atomic) membership."""
 

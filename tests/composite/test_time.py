@@ -82,3 +82,26 @@ def test_hull_and_backward_compatible_event_ts():
     # Event.ts keeps holding plain numbers; it may now hold a Timestamp too.
     assert Event(EventKind.STREAM, "A", ts=5).ts == 5
     assert Event(EventKind.STREAM, "AB", ts=whole).ts.interval == AccuracyInterval(0.9, 3.2)
+
+
+def test_polist_oldest_and_oldest_following_on_hand_built_events():
+    from activedb import streams
+    from activedb.composite import Item, POList
+
+    def item(number, lower, upper, producer="P", local=None):
+        return Item(streams.StreamEvent("E", None, {}), Timestamp.between(lower, upper, producer=producer,
+                                                                          local=local), number)
+
+    a = item(1, 1.0, 2.0)
+    b = item(2, 2.0, 3.0, "Q")          # touches a: uncertain, so both are oldest
+    c = item(3, 3.5, 4.0)               # preceded by a and b
+    polist = POList([c, b, a])
+    assert {x.number for x in polist.oldest()} == {1, 2}
+    assert {x.number for x in polist.newest()} == {3}
+    anchor = item(9, 1.5, 1.6, "R")     # a ⊥ anchor, anchor < b, anchor < c
+    assert {x.number for x in polist.oldest_following(anchor)} == {1, 2}
+    assert {x.number for x in POList([b, c]).oldest_following(anchor)} == {2}
+    # One producer's local readings order what the intervals cannot.
+    early, late = item(4, 1.0, 2.0, "P", local=10.0), item(5, 1.0, 2.0, "P", local=10.5)
+    assert [x.number for x in POList([late, early]).oldest()] == [4]
+    assert [x.number for x in POList([late, early]).newest_before(item(6, 5.0, 6.0, "Q"))] == [5]
