@@ -191,3 +191,27 @@ def db_less_stream_engine():
     engine = streams.StreamEngine(NoDb(), name="t", durable=False)
     engine.create_stream("s", types=["A", "B"], attributes=["id"])
     return engine
+
+
+def test_composites_feed_a_further_composition_as_a_producer():
+    first = make_engine(AND_CHRONICLE, FIG2)
+    second = make_engine("CREATE QUERY ABthenC PATTERN SEQ(AB, C) RETURN AB.a AS a, C.id AS c",
+                         {"AB": ["AB"], "PC": ["C"]}, attributes=("id", "a", "b"))
+    forwarded = []
+
+    def forward(composites):
+        for item in composites:
+            forwarded.extend(second.signal(item.to_stream_event()))
+        progress = first.progress("AB")
+        if progress is not None:
+            forwarded.extend(second.heartbeat("AB", progress))
+
+    for event in (ev("A", 1.0, "PA", "a0"), ev("B", 1.1, "P1B", "b0"), ev("B", 1.2, "P2B", "b1")):
+        forward(first.signal(event))
+    assert second.signal(ev("C", 3.0, "PC", "c0")) == []            # a0 & b0 has not happened yet
+    for producer in ("PA", "P1B", "P2B"):
+        forward(first.heartbeat(producer, Timestamp.at(2.0, 0.005)))
+    forwarded += second.heartbeat("PC", Timestamp.at(4.0, 0.005))
+    assert [(item["a"], item["c"]) for item in forwarded] == [("a0", "c0")]
+    (result,) = forwarded
+    assert result.constituents[0].ts.producer == "AB" and result.ts.lower == pytest.approx(0.995)
