@@ -24,19 +24,21 @@ from activedb.streams._builders import (
     EventRef,
     Ref,
     component,
+    conj,
     delete,
     event,
     exists,
     insert,
     lit,
     not_,
+    query_definition,
     same,
     seq,
     store,
     update,
 )
 from activedb.streams._catalog import StreamSchema
-from activedb.streams._compile import CompiledQuery, CompiledRule, ReadSpec, WriteSpec
+from activedb.streams._compile import CompiledQuery, CompiledRule, Ctx, ReadSpec, WriteSpec, compile_query
 from activedb.streams._engine import AccessPlan, BatchResult, BatchRun, Resource, STransaction, StreamEngine
 from activedb.streams._events import END_OF_STREAM, DeadLetter, Output, StreamEvent
 from activedb.streams._history import StreamHistory, StreamOp
@@ -45,13 +47,14 @@ from activedb.streams._matcher import PartitionState
 from activedb.streams._metrics import QueryCounters, StreamStatistics
 from activedb.streams._scheduler import Scheduler, SEIScheduler, UnscheduledScheduler
 from activedb.streams._view import StoreView
-from activedb.streams.algebra import Selection
+from activedb.streams.algebra import Consumption, Selection
 from activedb.streams import errors
 
 __all__ = [
-    "AccessPlan", "BatchResult", "BatchRun", "CompiledQuery", "CompiledRule", "DeadLetter", "END_OF_STREAM",
-    "EventRef", "NEW", "Output", "PartitionState", "QueryCounters", "ReadSpec", "Ref", "Resource", "SEIScheduler",
-    "STransaction", "Scheduler", "Selection", "StoreView", "StreamEngine", "StreamEvent", "StreamHistory",
-    "StreamOp", "StreamSchema", "StreamStatistics", "UnscheduledScheduler", "WriteSpec", "algebra", "component",
-    "delete", "errors", "event", "exists", "insert", "lit", "not_", "parse", "same", "seq", "store", "update",
+    "AccessPlan", "BatchResult", "BatchRun", "CompiledQuery", "CompiledRule", "Consumption", "Ctx", "DeadLetter",
+    "END_OF_STREAM", "EventRef", "NEW", "Output", "PartitionState", "QueryCounters", "ReadSpec", "Ref",
+    "Resource", "SEIScheduler", "STransaction", "Scheduler", "Selection", "StoreView", "StreamEngine",
+    "StreamEvent", "StreamHistory", "StreamOp", "StreamSchema", "StreamStatistics", "UnscheduledScheduler",
+    "WriteSpec", "algebra", "component", "compile_query", "conj", "delete", "errors", "event", "exists", "insert",
+    "lit", "not_", "parse", "query_definition", "same", "seq", "store", "update",
 ]

@@ -190,6 +190,12 @@ def seq(*components: str | ast.EventComponent) -> ast.Seq:
                          for item in components))
 
 
+def conj(*components: str | ast.EventComponent) -> ast.Conj:
+    """``AND(…)`` (the paper's ``A & B``): every component occurs, in any order."""
+    return ast.Conj(tuple(item if isinstance(item, ast.EventComponent) else ast.EventComponent(item)
+                          for item in components))
+
+
 def update(table: str, *, set: Mapping[str, Any], where: Mapping[str, Any]) -> ast.UpdateAction:  # noqa: A002
     """``UPDATE table SET … WHERE <whole key> = …``."""
     return ast.UpdateAction(table, tuple((column, _node(value)) for column, value in set.items()),
@@ -235,7 +241,8 @@ def _returns(returns: Any) -> tuple[ast.ReturnItem, ...]:
 
 def query_definition(name: str, *, pattern: Any, returns: Any, where: Any = None, within: float | None = None,
                      stream: str | None = None, selection: ast.Selection | str = ast.Selection.SKIP_TILL_ANY_MATCH,
-                     priority: float | None = None) -> ast.QueryDefinition:
+                     priority: float | None = None, consumption: ast.Consumption | str | None = None
+                     ) -> ast.QueryDefinition:
     if isinstance(pattern, str):
         pattern = seq(pattern)
     elif isinstance(pattern, ast.EventComponent):
@@ -244,7 +251,8 @@ def query_definition(name: str, *, pattern: Any, returns: Any, where: Any = None
         raise DefinitionError(f"query {name}: pattern must be seq(…) or an event type, got {pattern!r}")
     return ast.QueryDefinition(name=name, pattern=pattern, returns=_returns(returns), where=_where(where),
                                within=float(within) if within is not None else None, stream=stream,
-                               selection=ast.Selection(selection), priority=priority)
+                               selection=ast.Selection(selection), priority=priority,
+                               consumption=ast.Consumption(consumption) if consumption is not None else None)
 
 
 def rule_definition(name: str, *, on_output: str, action: Any, when: Any = None, priority: float | None = None,

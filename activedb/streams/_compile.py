@@ -359,11 +359,15 @@ def compile_query(definition: ast.QueryDefinition, streams: dict[str, StreamSche
                               f"{len(streams)} streams: {', '.join(streams) or 'none — declare one first'})",
                               **_at(definition))
     pattern = definition.pattern
-    if not isinstance(pattern, ast.Seq):
-        raise DefinitionError(f"{what}: only SEQ patterns are supported", **_at(pattern))
+    if not isinstance(pattern, (ast.Seq, ast.Conj)):
+        raise DefinitionError(f"{what}: only SEQ and AND patterns are supported", **_at(pattern))
     components = pattern.components()
     if not components:
-        raise DefinitionError(f"{what}: SEQ() needs at least one event", **_at(pattern))
+        raise DefinitionError(f"{what}: {type(pattern).__name__.upper()}() needs at least one event", **_at(pattern))
+    if isinstance(pattern, ast.Conj) and any(component.negated for component in components):
+        which = next(component for component in components if component.negated)
+        raise DefinitionError(f"{what}: AND(…) has no place for a negative event (!{which.event_type}): negation "
+                              f"means 'not between two events', which only SEQ has", **_at(which))
     if components[0].negated or components[-1].negated:
         which = components[0] if components[0].negated else components[-1]
         raise DefinitionError(

@@ -528,6 +528,13 @@ class StreamEngine:
     def _add(self, definition: Any) -> CompiledQuery | CompiledRule:
         with self._mutex:
             if isinstance(definition, ast.QueryDefinition):
+                if isinstance(definition.pattern, ast.Conj) or definition.consumption is not None:
+                    what = "AND(…)" if isinstance(definition.pattern, ast.Conj) else "CONSUMING"
+                    raise DefinitionError(
+                        f"query {definition.name}: {what} belongs to the interval time model (events from many "
+                        f"producers, order possibly uncertain); define it on an activedb.composite."
+                        f"CompositionEngine — this engine's total order of point timestamps runs SEQ only",
+                        **_at(definition))
                 if any(name.casefold() == definition.name.casefold() for name in self._queries):
                     raise DefinitionError(f"query {definition.name} is already defined; give the new one "
                                           f"another name", **_at(definition))

@@ -9,7 +9,9 @@ Grammar (keywords are case-insensitive; ``[…]`` optional, ``{…}`` repeated):
     clause     := ON stream | PATTERN pattern | WHERE expr | WITHIN duration
                 | RETURN item { "," item } | MATCHING SKIP TILL (ANY | NEXT) MATCH   -- extension
                 | PRIORITY number                                                    -- extension
-    pattern    := SEQ "(" component { "," component } ")" | component
+                | CONSUMING (CHRONICLE | RECENT)                  -- extension (interval time model)
+    pattern    := SEQ "(" component { "," component } ")" | AND "(" component { "," component } ")"
+                | component
     component  := ["!"] type [alias]
     item       := expr [AS name]
     duration   := number unit         -- ms, s, sec, second(s), min, minute(s), h, hour(s), day(s)
@@ -157,6 +159,7 @@ def tokenize(text: str) -> list[Token]:
 _RESERVED = frozenset({
     "AND", "OR", "NOT", "SELECT", "FROM", "WHERE", "WITHIN", "RETURN", "PATTERN", "ON", "CREATE", "QUERY",
     "RULE", "BEGIN", "END", "WHEN", "AS", "IS", "NULL", "TRUE", "FALSE", "EXISTS", "MATCHING", "PRIORITY",
+    "CONSUMING",
     "REFERENCING", "FOR", "UPDATE", "INSERT", "DELETE", "SET", "VALUES", "INTO",
 })
 
@@ -278,7 +281,8 @@ class Parser:
         returns: tuple[ast.ReturnItem, ...] | None = None
         selection = ast.Selection.SKIP_TILL_ANY_MATCH
         priority = None
-        clauses = ("ON", "PATTERN", "WHERE", "WITHIN", "RETURN", "MATCHING", "PRIORITY")
+        consumption = None
+        clauses = ("ON", "PATTERN", "WHERE", "WITHIN", "RETURN", "MATCHING", "PRIORITY", "CONSUMING")
         while self.current.is_keyword(*clauses):
             token = self.advance()
             keyword = token.text.upper()
@@ -297,6 +301,11 @@ class Parser:
                 returns = self.returns()
             elif keyword == "MATCHING":
                 selection = self.selection()
+            elif keyword == "CONSUMING":
+                word = self.accept_keyword("CHRONICLE", "RECENT")
+                if word is None:
+                    raise self.error(f"expected CHRONICLE or RECENT after CONSUMING, found {self.current.describe()}")
+                consumption = ast.Consumption(word.text.lower())
             else:
                 priority = self.number("the query's priority")
         if pattern is None:
@@ -307,7 +316,7 @@ class Parser:
                              f"{self.current.describe()}")
         return ast.QueryDefinition(name=name, pattern=pattern, returns=returns, where=where, within=within,
                                    stream=stream, selection=selection, priority=priority,
-                                   position=self.position(start))
+                                   consumption=consumption, position=self.position(start))
 
     def pattern(self) -> ast.Pattern:
         start = self.current
@@ -319,6 +328,14 @@ class Parser:
                 items.append(self.component())
             self.expect_symbol(")", "to close SEQ(")
             return ast.Seq(tuple(items), position=self.position(start))
+        if self.current.is_keyword("AND") and self.peek().kind == "symbol" and self.peek().text == "(":
+            self.advance()
+            self.advance()
+            items = [self.component()]
+            while self.accept_symbol(","):
+                items.append(self.component())
+            self.expect_symbol(")", "to close AND(")
+            return ast.Conj(tuple(items), position=self.position(start))
         return ast.Seq((self.component(),), position=self.position(start))
 
     def component(self) -> ast.EventComponent:

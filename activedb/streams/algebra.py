@@ -7,11 +7,15 @@ Nothing here evaluates anything: ``_compile.py`` checks a definition against the
 streams and the store and turns it into closures, ``_matcher.py`` runs patterns.
 
 The nodes are independent of the time model.  A pattern only says *in which order*
-its components occur (:class:`Seq`) and *how far apart* they may be (``within``);
-what "before" and "span" mean is the matcher's time model (point timestamps with a
-declared total order today; accuracy intervals, where order can be uncertain, can
-reuse the same nodes with another time model).  New operators (conjunction,
-disjunction, repetition) are further :class:`Pattern` subclasses.
+its components occur (:class:`Seq`), that they all occur in any order
+(:class:`Conj`), and *how far apart* they may be (``within``); what "before" and
+"span" mean is the evaluator's time model: point timestamps with a declared total
+order (``activedb.streams``' matcher), or accuracy intervals from many producers,
+where order can be uncertain and is raised, never guessed
+(``activedb.composite``; a point is the interval with α = 0).  Which events a
+pattern combines when several could is the *selection* (``Selection``, the point
+matcher) or the *consumption* (``Consumption``, Snoop's chronicle and recent
+contexts, for the interval evaluator).
 
 All nodes are frozen dataclasses: immutable, hashable, safe to share between threads.
 """
@@ -50,6 +54,20 @@ class Selection(enum.Enum):
 
     SKIP_TILL_ANY_MATCH = "skip_till_any_match"
     SKIP_TILL_NEXT_MATCH = "skip_till_next_match"
+
+
+class Consumption(enum.Enum):
+    """Which candidate events a composition combines, and which it uses up (Snoop's contexts as
+    Liebig, Cilia, Buchmann, *Event Composition in Time-dependent Distributed Systems* §V use them).
+
+    * ``CHRONICLE``: the *oldest* candidates of every component are combined and consumed.
+    * ``RECENT``: every event of the terminating component (any component for ``Conj``) is
+      combined with the *latest* events of the other components that precede it; those are
+      not consumed, a newer event of the same component replaces them.
+    """
+
+    CHRONICLE = "chronicle"
+    RECENT = "recent"
 
 
 # --- expressions ----------------------------------------------------------------------------
@@ -263,6 +281,19 @@ class Seq(Pattern):
         return self.items
 
 
+@dataclass(frozen=True)
+class Conj(Pattern):
+    """``AND(E1, …, En)`` (the paper's ``E1 & E2``): every component occurs, in any order.  All
+    components are positive.  Under the point time model it has no evaluator (a total order
+    would make it a set of SEQs); the interval evaluator composes it."""
+
+    items: tuple[EventComponent, ...]
+    position: Position | None = _position()
+
+    def components(self) -> tuple[EventComponent, ...]:
+        return self.items
+
+
 # --- definitions ----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -277,7 +308,8 @@ class QueryDefinition:
     """``CREATE QUERY name [ON stream] PATTERN … [WHERE …] [WITHIN …] RETURN …``.
 
     ``within`` is in seconds (None: no window); ``selection`` is an extension of the
-    paper's language (``MATCHING SKIP TILL NEXT MATCH``)."""
+    paper's language (``MATCHING SKIP TILL NEXT MATCH``); ``consumption`` (``CONSUMING
+    CHRONICLE|RECENT``) is for the interval evaluator (None: its default, chronicle)."""
 
     name: str
     pattern: Pattern
@@ -287,6 +319,7 @@ class QueryDefinition:
     stream: str | None = None
     selection: Selection = Selection.SKIP_TILL_ANY_MATCH
     priority: float | None = None
+    consumption: Consumption | None = None
     position: Position | None = _position()
 
 
