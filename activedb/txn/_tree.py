@@ -68,8 +68,11 @@ class SubtransactionHandle:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the subtransaction ended (runs it here if no worker started it)."""
+        task = self._task
+        if task.done():
+            return True
         with self.transaction.parent._waiting_for(self.transaction):
-            return self._task.wait(timeout)
+            return task.wait(timeout)
 
     def result(self, timeout: float | None = None) -> Any:
         """The function's return value once the subtransaction committed; re-raises its error."""
