@@ -23,7 +23,9 @@ Härder–Rothermel locking) and the lock they wait for.  A node's own operation
 an internal lock-manager child, its *segment* (``T1.2#1``, see ``activedb/txn/README.md``); a segment is
 folded into its node.  Edges are the wait-for graph of the lock manager, every kind in one graph:
 
-* ``commit``    parent → each active child (a parent cannot commit before its children end): the tree;
+* ``child``     parent → child: the tree itself (not a wait);
+* ``commit``    a parent waits for its active child to end (the lock manager's commit edge: declared while
+  the parent waits for its children, e.g. in ``handle.result()`` or before it commits);
 * ``held``      waits for a lock the target holds in a conflicting mode;
 * ``retained``  waits for a lock the target (not an ancestor) retains;
 * ``queued``    queued behind the target's earlier conflicting request (fairness);
@@ -64,7 +66,8 @@ __all__ = ["Explanation", "ExplainNode", "ExplainEdge", "HeldLock", "explain", "
 
 #: Every edge kind, with the colour it is drawn in and what it means.
 EDGE_KINDS: dict[str, tuple[str, str]] = {
-    "commit": ("#9e9e9e", "parent waits for its active child (the tree)"),
+    "child": ("#c4c4c4", "the tree: parent → child"),
+    "commit": ("#4b5563", "parent waits for its active child to end"),
     "held": ("#d62728", "waits for a lock the target holds"),
     "retained": ("#9467bd", "waits for a lock the target retains"),
     "queued": ("#8c564b", "queued behind the target's earlier request"),
@@ -139,7 +142,8 @@ class Explanation:
     def graph(self):
         """A ``networkx.DiGraph``: a node per transaction (attributes ``name``, ``state``, ``depth``,
         ``parent``, ``held``, ``retained``, ``waiting_for`` as text), an edge per wait (``kind``,
-        ``resource``, ``in_cycle``).  Between one pair the wait edge wins over the commit edge."""
+        ``resource``, ``in_cycle``) and per parent → child (``kind="child"``).  Between one pair a wait edge
+        wins over the tree edge."""
         import networkx
 
         graph = networkx.DiGraph(title=self.title, deadlock=self.deadlock)
@@ -148,7 +152,7 @@ class Explanation:
                            held=[lock.describe() for lock in node.held],
                            retained=[lock.describe() for lock in node.retained],
                            waiting_for=node.waiting_for.describe() if node.waiting_for else None)
-        for edge in sorted(self.edges, key=lambda edge: edge.kind != "commit"):
+        for edge in sorted(self.edges, key=lambda edge: edge.kind != "child"):
             graph.add_edge(edge.waiter, edge.target, kind=edge.kind, resource=edge.resource, in_cycle=edge.in_cycle)
         return graph
 
@@ -185,7 +189,7 @@ class Explanation:
             walk(root, 0)
         if not self.nodes:
             lines.append("(no transaction is running)")
-        waits = [edge for edge in self.edges if edge.kind != "commit"]
+        waits = [edge for edge in self.edges if edge.kind != "child"]
         if waits:
             lines.append("waits:")
             for edge in waits:
@@ -317,7 +321,7 @@ def from_snapshot(snapshot: "LockTableSnapshot", known: Mapping[str, tuple[str |
             continue
         parent, child = owner(info.parent), owner(tid)
         if parent != child:
-            edges[(parent, child, "commit")] = ExplainEdge(parent, child, "commit")
+            edges[(parent, child, "child")] = ExplainEdge(parent, child, "child")
     for tid, targets in snapshot.waits.items():
         waiter = owner(tid)
         for target, (kind, resource) in targets.items():
@@ -519,7 +523,8 @@ def _layout(explanation: Explanation) -> dict[str, tuple[float, float]]:
 def _label(node: ExplainNode) -> str:
     head = node.tid + (f"  {node.name}" if node.name else "")
     lines = [head, node.state + (" — waiting" if node.waiting else "")]
-    locks = [f"holds {lock.describe()}" for lock in node.held] + [f"retains {lock.describe()}" for lock in node.retained]
+    locks = ([f"holds {lock.describe()}" for lock in node.held]
+             + [f"retains {lock.describe()}" for lock in node.retained])
     if len(locks) > _MAX_LOCK_LINES:
         locks = locks[:_MAX_LOCK_LINES - 1] + [f"… and {len(locks) - _MAX_LOCK_LINES + 1} more locks"]
     lines += locks
@@ -568,6 +573,13 @@ def _clipped_curve(p0, p2, rad: float, start_box, end_box):
     return [_point(p0, control, p2, t0), sub_control, _point(p0, control, p2, t1)], _point(p0, control, p2, label_at)
 
 
+def _crosses(p0, p2, rad: float, boxes) -> bool:
+    """True if the arc ``p0 -> p2`` bent by ``rad`` passes through one of ``boxes``."""
+    middle = ((p0[0] + p2[0]) / 2, (p0[1] + p2[1]) / 2)
+    control = (middle[0] + rad * (p2[1] - p0[1]), middle[1] - rad * (p2[0] - p0[0]))
+    return any(_inside(_point(p0, control, p2, step / 60), box) for step in range(1, 60) for box in boxes)
+
+
 def _draw(explanation: Explanation, dpi: int):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -612,23 +624,32 @@ def _draw(explanation: Explanation, dpi: int):
 
     kinds_drawn = []
     pair_count: dict[frozenset, int] = {}
+    waited = {(edge.waiter, edge.target) for edge in explanation.edges if edge.kind != "child"}
     for edge in explanation.edges:
         if edge.waiter not in points or edge.target not in points:
             continue
+        if edge.kind == "child" and (edge.waiter, edge.target) in waited:
+            continue                          # the wait along the tree edge is drawn instead
         colour = _CYCLE_COLOUR if edge.in_cycle else EDGE_KINDS.get(edge.kind, (_OTHER_KIND_COLOUR, ""))[0]
-        if edge.kind == "commit":
-            width, rad = 1.0, 0.0
+        if edge.kind in ("child", "commit"):
+            width, rad = (1.0 if edge.kind == "child" else 1.8), 0.0
         else:
             pair = frozenset((edge.waiter, edge.target))
             pair_count[pair] = pair_count.get(pair, 0) + 1
-            width, rad = (2.8 if edge.in_cycle else 1.8), 0.18 + 0.14 * (pair_count[pair] - 1)
+            width = 2.8 if edge.in_cycle else 1.8
+            base = 0.18 + 0.14 * (pair_count[pair] - 1)
+            others = [box for tid, box in boxes.items() if tid not in (edge.waiter, edge.target)]
+            # The first bend whose arc passes no other box (else the first one).
+            candidates = [base, -base] + [sign * bend for bend in (0.35, 0.5, 0.7, 0.9) for sign in (1, -1)]
+            rad = next((candidate for candidate in candidates
+                        if not _crosses(points[edge.waiter], points[edge.target], candidate, others)), base)
         vertices, middle = _clipped_curve(points[edge.waiter], points[edge.target], rad,
                                           boxes[edge.waiter], boxes[edge.target])
         path = CurvePath(vertices, [CurvePath.MOVETO, CurvePath.CURVE3, CurvePath.CURVE3])
         axes.add_patch(FancyArrowPatch(path=path, arrowstyle="-|>", mutation_scale=15, linewidth=width,
                                        color=colour, zorder=2, shrinkA=0, shrinkB=1,
                                        linestyle="--" if edge.kind in _REGISTERED_KINDS else "-"))
-        if edge.kind != "commit":
+        if edge.kind != "child":
             text = edge.kind + (f"\n{_shorten(edge.resource, 28)}" if edge.resource else "")
             axes.text(middle[0], middle[1], text, fontsize=7, ha="center", va="center", color=colour, zorder=4,
                       bbox=dict(boxstyle="round,pad=0.15", facecolor="white", edgecolor="none", alpha=0.85))

@@ -30,11 +30,14 @@ class GraphNode(Protocol):
     external: tuple
 
 
-def find_cycle(source: GraphNode, targets: Iterable[GraphNode]) -> list[GraphNode] | None:
+def find_cycle(source: GraphNode, targets: Iterable[GraphNode], structural: bool = True) -> list[GraphNode] | None:
     """Return ``[source, n1, ..., nk]`` with ``source -> n1 -> ... -> nk -> source`` if one of ``targets``
     reaches ``source`` (``n1`` is then one of ``targets``); None when no new edge closes a cycle.
 
-    Iterative depth-first search with a predecessor map (which doubles as the visited set).
+    Iterative depth-first search with a predecessor map (which doubles as the visited set).  With
+    ``structural=False`` a ``children`` edge is followed only to a child whose parent waits for it for its
+    whole life (``awaited``: an inline child); a manager whose commit edges are declared registers the
+    other waits for children as waits.
     """
     predecessor: dict = {}
     stack = []
@@ -55,6 +58,8 @@ def find_cycle(source: GraphNode, targets: Iterable[GraphNode]) -> list[GraphNod
                 predecessor[following] = node
                 push(following)
         for following in node.children:
+            if not structural and not following.awaited:
+                continue
             if following is source:
                 return _path(predecessor, node, source)
             if following not in predecessor:

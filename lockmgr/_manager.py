@@ -69,6 +69,7 @@ TIMED_OUT = _RequestStatus.TIMED_OUT
 WITHDRAWN_BY_ABORT = _RequestStatus.ABORTED
 
 _NO_WAITS: dict = {}  # shared "no out-edges" value; never mutated (waits are replaced, not edited)
+_NO_DETAIL = Lazy("")  # immutable
 
 
 class _Txn:
@@ -76,10 +77,10 @@ class _Txn:
 
     __slots__ = (
         "tid", "parent", "serial", "depth", "ancestors",
-        "children", "state", "locks", "mutex", "waits", "request", "external",
+        "children", "state", "locks", "holding", "mutex", "waits", "request", "external", "awaited",
     )
 
-    def __init__(self, tid: Hashable, parent: "_Txn | None", serial: int) -> None:
+    def __init__(self, tid: Hashable, parent: "_Txn | None", serial: int, awaited: bool = False) -> None:
         self.tid = tid
         self.parent = parent  # immutable
         self.serial = serial  # immutable; begin order, larger is younger
@@ -97,7 +98,10 @@ class _Txn:
         # Guarded by self.mutex.  resource -> _Lock.  Invariant: self has a held or retained entry in every
         # lock listed here, and every lock listed here is in its stripe's table.
         self.locks: dict[Any, _Lock] = {}
-        self.mutex = threading.Lock()  # protects state and locks
+        # Guarded by self.mutex.  resource -> _Lock.  Invariant: exactly the locks in which self has a held
+        # entry (a subset of ``locks``); ``retain`` converts them in place without looking at the others.
+        self.holding: dict[Any, _Lock] = {}
+        self.mutex = threading.Lock()  # protects state, locks and holding
         # Guarded by the graph mutex.  Out-edges for the pending request: target _Txn -> kind.
         # Invariant: non-empty iff request is not None (a waiting request always has a blocker).
         self.waits: dict[_Txn, str] = _NO_WAITS
@@ -105,6 +109,9 @@ class _Txn:
         # Guarded by the graph mutex: the registered waits (add_wait) that are not lock waits, each with
         # out-edges ``targets``.  Replaced whole, never mutated in place (find_cycle iterates it).
         self.external: tuple[ExternalWait, ...] = ()
+        # Immutable.  True: the parent waits for this child for its whole life (it runs inline in the
+        # parent's thread), so with declared commit edges "parent -> self" is an edge of the graph.
+        self.awaited = awaited
 
     def __repr__(self) -> str:
         return f"<txn {self.tid!r} {self.state.value}>"
@@ -286,6 +293,7 @@ class LockManager:
         stripes: int = 256,
         snapshot_on_deadlock: bool = False,
         remember_ended: int = 4096,
+        commit_edges: str = "structural",
     ) -> None:
         if not callable(victim_policy) and victim_policy not in VICTIM_POLICIES:
             raise ValueError(
@@ -294,6 +302,12 @@ class LockManager:
             )
         if stripes < 1:
             raise ValueError("stripes must be at least 1")
+        if commit_edges not in ("structural", "declared"):
+            raise ValueError("commit_edges is 'structural' (a parent always waits for its active children) or "
+                             "'declared' (only while it says so: add_wait(parent, children, kind='commit'))")
+        # Immutable.  True: every parent -> active child is an edge of the wait-for graph.  False: only the
+        # waits for children that the embedder registers (it retains before it waits; see the README).
+        self._structural = commit_edges == "structural"
         count = 1
         while count < stripes:
             count *= 2
@@ -324,8 +338,11 @@ class LockManager:
 
     # ------------------------------------------------------------------ transactions
 
-    def begin(self, tid: Hashable, parent: Hashable | None = None) -> None:
-        """Register a top-level transaction (``parent=None``) or a subtransaction of the active ``parent``."""
+    def begin(self, tid: Hashable, parent: Hashable | None = None, *, awaited: bool = False) -> None:
+        """Register a top-level transaction (``parent=None``) or a subtransaction of the active ``parent``.
+        ``awaited=True``: the parent waits for this child from now until it ends (e.g. the child runs
+        inline in the parent's thread); with declared commit edges that makes "parent waits for child" an
+        edge of the wait-for graph for the child's whole life."""
         if tid is None:
             raise ValueError("a transaction id must not be None (None means 'no parent')")
         with self._graph_mutex:
@@ -333,9 +350,11 @@ class LockManager:
                 raise DuplicateTransaction(tid)
             parent_txn = None
             if parent is not None:
-                parent_txn = self._require_active(parent, Lazy("begin a child {!r} of it", tid))
+                parent_txn = self._active.get(parent)
+                if parent_txn is None or parent_txn.state is not ACTIVE:
+                    self._require_active(parent, Lazy("begin a child {!r} of it", tid))  # raises why
             self._serial += 1
-            txn = _Txn(tid, parent_txn, self._serial)
+            txn = _Txn(tid, parent_txn, self._serial, awaited)
             if parent_txn is not None:
                 parent_txn.children.add(txn)
             self._active[tid] = txn
@@ -356,7 +375,9 @@ class LockManager:
         """
         graph = self._graph_mutex
         with graph:
-            txn = self._require_active(tid, "commit")
+            txn = self._active.get(tid)
+            if txn is None or txn.state is not ACTIVE:
+                txn = self._require_active(tid, "commit")   # raises why
             if txn.request is not None:
                 raise RequestPending(tid, txn.request.lock.resource)
             if txn.children:
@@ -365,6 +386,7 @@ class LockManager:
                 txn.state = COMMITTING
                 locks = txn.locks
                 txn.locks = {}
+                txn.holding = {}
         parent = txn.parent
         deferred: list[_Lock] = []
         # Locks without waiters are handed over (or released) under their stripe mutex only; no edge of the
@@ -400,9 +422,10 @@ class LockManager:
             for wait in txn.external:  # waits its owner did not release: they end with it
                 self._drop_wait(wait, GRANTED, None)
             del self._active[tid]
-            self._remember(tid, "committed", Lazy(""))
+            self._remember(tid, "committed", _NO_DETAIL)
             self._counters["committed"] += 1
-            self._resolve(events)
+            if events:
+                self._resolve(events)
 
     def abort(self, tid: Hashable) -> None:
         """Abort ``tid`` and its active descendants: release every lock they hold or retain (Rule 4);
@@ -424,6 +447,7 @@ class LockManager:
                     member.state = ABORTED
                     released.append((member, member.locks))
                     member.locks = {}
+                    member.holding = {}
                 detail = Lazy("it aborted") if member is txn else Lazy("its ancestor {!r} aborted", tid)
                 if member.request is not None:
                     request = member.request
@@ -554,6 +578,40 @@ class LockManager:
                 _downgrade(lock, txn, mode)
                 events = self._reevaluate(lock)
             self._resolve(events)
+
+    def retain(self, tid: Hashable) -> None:
+        """Everything ``tid`` holds becomes *retained*, in place (Rule 5, down to holding nothing): ``tid``
+        keeps transactions outside its subtree away but no longer excludes its descendants, whose waiting
+        requests are granted if Rule 1 now allows them.  For a transaction that is about to wait for its
+        children (or to let them run): it uses none of its locks meanwhile.  Call it from the thread that
+        runs ``tid``'s operations.  Cost: the locks it holds, not the ones it retains."""
+        txn = self._active.get(tid)
+        if txn is None or not txn.holding:
+            if txn is None:
+                with self._graph_mutex:
+                    self._require_active(tid, "retain")
+            return
+        with txn.mutex:
+            holding, txn.holding = txn.holding, {}
+        deferred = []
+        for lock in holding.values():
+            mutex = lock.stripe.mutex
+            mutex.acquire()
+            try:
+                if lock.waiters is None:
+                    _retain_entry(lock, txn)
+                else:
+                    deferred.append(lock)
+            finally:
+                mutex.release()
+        if deferred:
+            with self._graph_mutex:
+                events = []
+                for lock in deferred:
+                    with lock.stripe.mutex:
+                        _retain_entry(lock, txn)
+                        events.extend(self._reevaluate(lock))
+                self._resolve(events)
 
     # ------------------------------------------------------------------ registered waits
 
@@ -688,7 +746,8 @@ class LockManager:
                 graph.add_node(txn.tid, **attributes)
             for txn in self._active.values():
                 for child in txn.children:
-                    graph.add_edge(txn.tid, child.tid, kind="commit")
+                    if self._structural or child.awaited:
+                        graph.add_edge(txn.tid, child.tid, kind="commit")
                 for wait in txn.external:
                     for target, kind in wait.targets.items():
                         graph.add_edge(txn.tid, target.tid, kind=kind, resource=None)
@@ -828,7 +887,7 @@ class LockManager:
             live = [target for target in targets if target in current]
             if not live:
                 continue
-            path = find_cycle(txn, live)
+            path = find_cycle(txn, live, self._structural)
             if path is None:
                 continue
             edges = [(node, path[(index + 1) % len(path)]) for index, node in enumerate(path)]
@@ -1013,6 +1072,7 @@ def _grant_if_compatible(txn: _Txn, lock: _Lock, mode: Mode) -> bool:
             if txn.state is not ACTIVE:
                 return False
             txn.locks[lock.resource] = lock
+            txn.holding[lock.resource] = lock
         finally:
             txn_mutex.release()
     elif txn.state is not ACTIVE:
@@ -1025,7 +1085,20 @@ def _hold(lock: _Lock, txn: _Txn, target: Mode) -> None:
     if txn not in lock.held:
         with txn.mutex:
             txn.locks[lock.resource] = lock
+            txn.holding[lock.resource] = lock
     lock.held[txn] = target
+
+
+def _retain_entry(lock: _Lock, txn: _Txn) -> None:
+    """``txn`` stops holding ``lock`` and retains the mode it held (joined with what it retained)."""
+    mode = lock.held.pop(txn, None)
+    if mode is None:
+        return
+    retained = lock.retained
+    if retained is None:
+        retained = lock.retained = {}
+    previous = retained.get(txn)
+    retained[txn] = mode if previous is None else JOIN[previous][mode]
 
 
 def _release(lock: _Lock, txn: _Txn) -> None:
@@ -1089,6 +1162,7 @@ def _fast_grant(stripe: "_Stripe", txn: _Txn, resource: Any, mode: Mode) -> bool
                 lock.held[txn] = mode
                 stripe.locks[resource] = lock
                 txn.locks[resource] = lock
+                txn.holding[resource] = lock
                 return True
             finally:
                 txn_mutex.release()

@@ -52,6 +52,8 @@ _UTC = dt.timezone.utc
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=_UTC)
 _TS_UNITS: Mapping[str, int] = MappingProxyType({"s": 1, "ms": 1_000, "us": 1_000_000})
 _MISSING = object()  # a field absent from a row, as opposed to present and null
+_INTERVAL_FIELDS = ("producer_column", "accuracy_column", "accuracy_minus_column", "accuracy_plus_column",
+                    "local_ts_column", "heartbeat_type")
 
 
 @dataclass(frozen=True)
@@ -71,12 +73,40 @@ class EventMapping:
     payload_columns: tuple[str, ...] | None = None
     type_map: Mapping[Any, str] | None = field(default=None, hash=False)
     ts_unit: str = "s"
+    # Accuracy-interval time (activedb.composite; see spark_bridge/composite_feed.py).  The event's
+    # interval is [ts − α⁻, ts + α⁺] with α from ``accuracy_column`` (both sides) or
+    # ``accuracy_minus_column``/``accuracy_plus_column`` (seconds); ``producer_column`` names its producer,
+    # ``local_ts_column`` its local clock reading; rows whose type is ``heartbeat_type`` are heartbeats.
+    producer_column: str | None = None
+    accuracy_column: str | None = None
+    accuracy_minus_column: str | None = None
+    accuracy_plus_column: str | None = None
+    local_ts_column: str | None = None
+    heartbeat_type: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("type_column", "key_column", "ts_column"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 raise MappingError(f"EventMapping.{name} must be a non-empty column name, got {value!r}")
+        for name in _INTERVAL_FIELDS:
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise MappingError(f"EventMapping.{name} must be a non-empty string or None, got {value!r}")
+        if self.accuracy_column is not None and (self.accuracy_minus_column or self.accuracy_plus_column):
+            raise MappingError("EventMapping: give accuracy_column (both sides) or accuracy_minus_column/"
+                               "accuracy_plus_column, not both")
+        if (self.accuracy_minus_column is None) != (self.accuracy_plus_column is None):
+            raise MappingError("EventMapping: accuracy_minus_column and accuracy_plus_column go together")
+        uses_intervals = any(getattr(self, name) is not None for name in _INTERVAL_FIELDS if name != "producer_column")
+        if uses_intervals and self.producer_column is None:
+            raise MappingError("EventMapping: accuracy, local timestamp and heartbeat columns need producer_column "
+                               "(sync-points are kept per producer)")
+        named = [column for column in (self.type_column, self.key_column, self.ts_column, self.producer_column,
+                                       self.accuracy_column, self.accuracy_minus_column, self.accuracy_plus_column,
+                                       self.local_ts_column) if column is not None]
+        if len(set(named)) != len(named):
+            raise MappingError(f"EventMapping names one column for two purposes: {named}")
         if self.payload_columns is not None:
             if isinstance(self.payload_columns, str):
                 raise MappingError(
@@ -99,8 +129,14 @@ class EventMapping:
         """The payload columns for a batch whose columns are ``columns`` (in that order)."""
         if self.payload_columns is not None:
             return self.payload_columns
-        reserved = {self.type_column, self.key_column, self.ts_column}
+        reserved = {self.type_column, self.key_column, self.ts_column, self.producer_column, self.accuracy_column,
+                    self.accuracy_minus_column, self.accuracy_plus_column, self.local_ts_column}
         return tuple(column for column in columns if column not in reserved)
+
+    @property
+    def has_intervals(self) -> bool:
+        """Whether rows carry producers (and so feed a composition engine)."""
+        return self.producer_column is not None
 
 
 def as_mapping(mapping: Any) -> "EventMapping":
@@ -115,7 +151,8 @@ def as_mapping(mapping: Any) -> "EventMapping":
         except TypeError as error:
             raise MappingError(
                 f"a MAPPING dict takes EventMapping's arguments (type_column, key_column, ts_column, "
-                f"payload_columns, type_map, ts_unit): {error}"
+                f"payload_columns, type_map, ts_unit, producer_column, accuracy_column, accuracy_minus_column, "
+                f"accuracy_plus_column, local_ts_column, heartbeat_type): {error}"
             ) from None
     raise MappingError(f"a mapping is a spark_bridge.EventMapping or a dict of its arguments, got {mapping!r}")
 

@@ -9,5 +9,20 @@ from activedb.events._model import (
     EventSpec,
 )
 from activedb.events._progress import Punctuations
+from activedb.events._time import (
+    AccuracyInterval,
+    LocalClock,
+    Order,
+    Timestamp,
+    as_timestamp,
+    hull,
+    local_order,
+    order,
+    precedes,
+    seconds,
+    uncertain,
+)
 
-__all__ = ["DATA_KINDS", "KINDS", "TRANSACTION_KINDS", "Event", "EventKind", "EventSpec", "Punctuations"]
+__all__ = ["DATA_KINDS", "KINDS", "TRANSACTION_KINDS", "AccuracyInterval", "Event", "EventKind", "EventSpec",
+           "LocalClock", "Order", "Punctuations", "Timestamp", "as_timestamp", "hull", "local_order", "order", "precedes",
+           "uncertain"]

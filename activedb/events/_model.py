@@ -63,7 +63,8 @@ class Event:
     * ``old`` / ``new``: row images before and after (data events; an insert's ``new`` is the stored row,
       every column)
     * ``payload``: the signal's or stream event's fields
-    * ``ts``: application timestamp (stream events), else None
+    * ``ts``: application timestamp (stream events), else None: a number or datetime (a point), or an
+      :class:`~activedb.events.Timestamp` (an accuracy interval with its producer; composite events)
     * ``transaction``: id of the transaction in which it occurred
     """
 

@@ -4,7 +4,7 @@
 On the hand-hygiene tables, with one detached causally dependent rule declared:
 
 * ``T-badges`` (top-level) ran a child that updated ``w1`` and committed — so ``T-badges`` *retains* the
-  row — and runs a second child that holds ``w2`` while it works (held by the child's own operations);
+  row — and waits for a second child (a **commit** edge) that holds ``w2`` while it works;
   it signalled ``status_changed``, so the rule ``light_badge`` runs as its own top-level transaction and,
   done, waits in the coupling gate for ``T-badges`` to commit (a **dependency** edge);
 * ``T-report`` reads ``w1``: it waits for the lock ``T-badges`` **retains**;
@@ -91,7 +91,7 @@ def hold(db) -> BusyMoment:
     run("T-badges", badges)
     if not holding.wait(TIMEOUT):
         raise TimeoutError("the badge transaction never got its rows")
-    wait_until(lambda: locks.statistics().registered_waits >= 1, TIMEOUT, "the rule never waited for its trigger")
+    wait_until(lambda: _waits_of_kind(locks, "dependency"), TIMEOUT, "the rule never waited for its trigger")
     run("T-report", lambda tx: tx.read("worker_status", "w1"))
     wait_until(lambda: locks.statistics().waiting >= 1, TIMEOUT, "T-report never waited")
     run("T-cleanup", lambda tx: tx.write("worker_status", "w2", room=None))
@@ -99,6 +99,11 @@ def hold(db) -> BusyMoment:
     run("T-audit", lambda tx: tx.read("worker_status", "w2"))
     wait_until(lambda: locks.statistics().waiting >= 3, TIMEOUT, "T-audit never waited")
     return moment
+
+
+def _waits_of_kind(locks, kind: str) -> int:
+    """How many wait edges of ``kind`` the lock manager's graph has now."""
+    return sum(found == kind for targets in locks.snapshot().waits.values() for found, _ in targets.values())
 
 
 def main(argv: list[str]) -> int:

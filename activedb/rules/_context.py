@@ -48,7 +48,7 @@ class TrackedTrigger:
     committed: bool | None = None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class RuleContext:
     """The rules' state of one transaction (created on first use by ``tx.slot(RuleContext)``).
 
@@ -58,7 +58,9 @@ class RuleContext:
     * ``gate_key``: the gate key it must ask ``wait_may_commit`` for before committing (a dependent);
     * ``gate_wait_target``: the transaction id that gate wait waits for (an edge of the wait-for graph);
     * ``gate_report``: the gate key whose end this transaction reports (``trigger_ended``);
-    * ``firings``: per rule, the firings dispatched in this tree (kept on the top-level transaction).
+    * ``firings``: per rule, the firings dispatched in this tree (kept on the top-level transaction);
+    * ``inherited``: the tracked triggers of committed descendants (a committed subtransaction hands its
+      own and its inherited ones to its parent: an ancestor's abort must still report them aborted).
     """
 
     firing: "Firing | None" = None
@@ -68,3 +70,4 @@ class RuleContext:
     gate_wait_target: str | None = None
     gate_report: GateKey | None = None
     firings: dict[str, int] = field(default_factory=dict)
+    inherited: list[TrackedTrigger] | None = None

@@ -115,13 +115,19 @@ class DetachedRunner:
     # --- hearing of ends ---------------------------------------------------------------------------
 
     def transaction_ended(self, transaction: "Transaction", committed: bool) -> None:
+        context = transaction.slot(RuleContext, create=False)
         if not committed:
             self._report_aborted_subtree(transaction)
         elif transaction.is_top_level:
             with self._mutex:
                 tracked = self._tracked.pop(transaction.id, [])
             self._report(tracked, committed=True)
-        context = transaction.slot(RuleContext, create=False)
+        elif context is not None and (context.tracked is not None or context.inherited):
+            # A committed subtransaction leaves its parent's children: hand its tracked triggers up.
+            handed = ([context.tracked] if context.tracked is not None else []) + (context.inherited or [])
+            parent_context = transaction.parent.slot(RuleContext)
+            with self._mutex:
+                parent_context.inherited = (parent_context.inherited or []) + handed
         if context is not None and context.gate_report is not None:
             self._report_end(context.gate_report, committed)
 
@@ -135,8 +141,10 @@ class DetachedRunner:
         candidates = []
         for node in subtree:
             context = node.slot(RuleContext, create=False)
-            if context is not None and context.tracked is not None:
-                candidates.append(context.tracked)
+            if context is not None:
+                if context.tracked is not None:
+                    candidates.append(context.tracked)
+                candidates.extend(context.inherited or ())
         self._report(candidates)
         if transaction.is_top_level:
             with self._mutex:

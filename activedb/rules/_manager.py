@@ -110,7 +110,7 @@ class RuleManager(TransactionExtension):
     def statistics(self) -> RulesStatistics:
         with self._mutex:
             counters = {name: RuleCounters(**vars(counter)) for name, counter in self._counters.items()}
-            per_mode = dict(self._per_mode)
+            per_mode = {coupling.value: count for coupling, count in self._per_mode.items()}
         return RulesStatistics(rules=len(self.registry), enabled=sum(rule.enabled for rule in self.registry),
                                per_rule=counters, per_mode=per_mode, detached_running=self.detached.running)
 
@@ -202,7 +202,7 @@ class RuleManager(TransactionExtension):
         with self._mutex:
             for rule in rules:
                 self._counters[rule.name].fired += 1
-                self._per_mode[rule.coupling.value] += 1
+                self._per_mode[rule.coupling] += 1
                 root_firings[rule.name] = root_firings.get(rule.name, 0) + 1
         immediate = []
         for firing in firings:
@@ -233,18 +233,18 @@ class RuleManager(TransactionExtension):
 
     def _run_groups(self, transaction: Transaction, firings: list[Firing], what: str) -> None:
         """Run firings as children of ``transaction``: priority groups in order, a group concurrently."""
-        for group in priority_groups(firings):
+        for group in (priority_groups(firings) if len(firings) > 1 else (firings,)):
             failures: list[tuple[Firing, BaseException]] = []
             if self.execution == "inline" or len(group) == 1:
                 for firing in group:
                     try:
-                        transaction.run_subtransaction(self._execute, firing, name=f"rule:{firing.rule.name}")
+                        transaction.run_subtransaction(self._execute, firing, name=firing.transaction_name)
                     except DependencyAbort:
                         pass
                     except BaseException as error:
                         failures.append((firing, error))
             else:
-                handles = [(firing, transaction.spawn(self._execute, firing, name=f"rule:{firing.rule.name}"))
+                handles = [(firing, transaction.spawn(self._execute, firing, name=firing.transaction_name))
                            for firing in group]
                 for firing, handle in handles:
                     try:
@@ -283,8 +283,9 @@ class RuleManager(TransactionExtension):
             elif not self._condition_then_action_in_parallel(transaction, firing):
                 outcome = "condition_false"
                 return False
-            if rule.coupling.runs_as_subtransaction:
-                self.count(rule, "executed")   # detached rules count once their top-level commits
+            if firing.coupling.runs_as_subtransaction:
+                with self._mutex:              # detached rules count once their top-level commits
+                    self._counters[rule.name].executed += 1
             outcome = "executed"
         except (DependencyAbort, CascadeLimitExceeded, RuleFailed, TransactionAborted):
             outcome = "cancelled"

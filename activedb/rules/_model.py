@@ -118,6 +118,11 @@ class Firing:
     def priority(self):
         return self.rule.priority
 
+    @property
+    def transaction_name(self) -> str:
+        """The name of the transaction that runs it (``rule:<name>``)."""
+        return f"rule:{self.rule.name}"
+
 
 @dataclass
 class RuleCounters:

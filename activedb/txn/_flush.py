@@ -54,7 +54,7 @@ _CONNECTION_SQLSTATES_PREFIXES = ("08", "57P")
 
 def flush(root: "Transaction") -> None:
     """Commit ``root``'s tree to PostgreSQL.  Precondition: ``root`` is top-level, COMMITTING, every child
-    ended, its segment closed.  Raises (nothing written) or returns (everything written)."""
+    ended, its holds retained.  Raises (nothing written) or returns (everything written)."""
     manager = root.manager
     catalog = manager.catalog
     with root._mutex:

@@ -2,8 +2,6 @@
 
 * a top-level transaction: ``T<n>``;
 * a subtransaction: ``<parent id>.<n>`` (``T1.2``, ``T1.2.5``), ``n`` from the manager's one counter;
-* a node's lock-manager segment (see :mod:`activedb.txn._locking`): ``<node id>#<k>``, ``k`` counting
-  the node's segments;
 * the transaction-log id of a tree: ``<process tag>:<root id>`` (process tag = pid and a random suffix,
   so that ids of different processes and runs never collide in the shared log).
 """
@@ -20,10 +18,6 @@ def top_level_id(number: int) -> str:
 
 def child_id(parent_id: str, number: int) -> str:
     return f"{parent_id}.{number}"
-
-
-def segment_id(node_id: str, number: int) -> str:
-    return f"{node_id}#{number}"
 
 
 def log_id(process_tag: str, root_id: str) -> str:

@@ -3,19 +3,20 @@
 * **Resources.** A row is ``("row", table, key)`` under ``("table", table)``: IR/IW on the table, then
   READ/WRITE on the row.  ``Locking.set_granularity(table, TABLE)`` locks the whole table instead; a scan
   takes a table READ lock.
-* **Segments.** A node's own operations run under an internal lock-manager child of the node, its
-  *segment* (``<node id>#<n>``, see :mod:`activedb.txn._ids`).  Before the node creates a child or waits
-  for its children, the segment commits (:meth:`Locking.release_holds`): the node then *retains* what it
-  touched, so its descendants may use those rows (Rule 1) while other trees may not.  Holding through a
-  segment rather than the node itself keeps the lock manager's structural edge "a parent waits for its
-  children" from turning a child's temporary wait for a row the running parent holds into a reported
-  deadlock: the parent releases its holds before it actually waits.
+* **Holds become retains before a node waits.** A node's own operations hold their locks.  Before
+  the node creates a child, waits for its children or commits, they become *retained* in place
+  (:meth:`Locking.release_holds`, ``LockManager.retain``): its descendants may then use those rows
+  (Rule 1) while other trees may not.  The lock manager runs with *declared* commit edges: "a parent
+  waits for its children" is an edge of the wait-for graph only while the parent actually waits — for
+  the whole life of an inline child (``awaited`` at ``begin``), and while ``TransactionManager.waiting``
+  says so for a spawned one — so a child waiting for a row its *running* parent holds is a wait, not a
+  reported deadlock: the parent retains the row before it waits for the child.
 * **Errors.** Lock-manager errors are translated here, and only here: ``Deadlock`` and ``LockTimeout`` doom
   the node (it and its subtree must abort) and propagate; any other error of an aborted node becomes
   :class:`activedb.errors.TransactionAborted`.
 
-Thread-safety: ``_mutex`` protects ``_granularity``.  A node's segment fields are touched only by the
-thread running the node (``Transaction._thread``) and by its abort, under the node's ``_mutex``.
+Thread-safety: ``_mutex`` protects ``_granularity``.  Only the thread running a node acquires locks for
+it or makes its holds retained (``Transaction._thread``).
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import lockmgr
 from lockmgr import Deadlock, LockTimeout, Mode
 
 from activedb.errors import TransactionAborted
-from activedb.txn import _ids
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.store import Key, TableInfo
@@ -59,17 +59,18 @@ class Locking:
 
     # --- the node's life in the lock manager ------------------------------------------------------
 
-    def begin(self, node: "Transaction") -> None:
+    def begin(self, node: "Transaction", *, awaited: bool = False) -> None:
+        """Register ``node``; ``awaited``: its parent waits for it all its life (an inline child)."""
         parent = node.parent
-        self.lock_manager.begin(node.id, parent=parent.id if parent is not None else None)
+        self.lock_manager.begin(node.id, parent=parent.id if parent is not None else None, awaited=awaited)
 
     def commit(self, node: "Transaction") -> None:
         """Rule 2 (a subtransaction: the parent retains what it held and retained) or Rule 3 (top-level:
-        release everything).  Precondition: the segment is closed and every child ended."""
+        release everything).  Precondition: its holds are retained and every child ended."""
         self.lock_manager.commit(node.id)
 
     def abort(self, node: "Transaction") -> None:
-        """Rule 4 for the node, its segment and its active descendants."""
+        """Rule 4 for the node and its active descendants."""
         try:
             self.lock_manager.abort(node.id)
         except lockmgr.LockError:
@@ -79,16 +80,17 @@ class Locking:
 
     def acquire(self, node: "Transaction", info: "TableInfo", key: "Key | None", mode: Mode) -> None:
         """Lock ``key`` of ``info`` (``None``: the whole table) in ``mode`` for ``node``'s own operation."""
-        segment = node._segment or self._open_segment(node)
         locks = self.lock_manager
         timeout = self.lock_timeout
         name = info.name
+        tid = node.id
+        node._holds = True
         try:
             if key is None or self._granularity.get(name) is Granularity.TABLE:
-                locks.acquire(segment, ("table", name), mode, timeout=timeout)
+                locks.acquire(tid, ("table", name), mode, timeout=timeout)
             else:
-                locks.acquire(segment, ("table", name), Mode.IW if mode is Mode.WRITE else Mode.IR, timeout=timeout)
-                locks.acquire(segment, ("row", name, key), mode, timeout=timeout)
+                locks.acquire(tid, ("table", name), Mode.IW if mode is Mode.WRITE else Mode.IR, timeout=timeout)
+                locks.acquire(tid, ("row", name, key), mode, timeout=timeout)
         except (Deadlock, LockTimeout) as error:
             node.doom(error)
             raise
@@ -97,21 +99,13 @@ class Locking:
                 raise TransactionAborted(f"transaction {node.id} was aborted ({node._doomed})") from error
             raise
 
-    def _open_segment(self, node: "Transaction") -> str:
-        with node._mutex:
-            node._segment_number += 1
-            segment = _ids.segment_id(node.id, node._segment_number)
-            node._segment = segment
-        self.lock_manager.begin(segment, parent=node.id)
-        return segment
-
     def release_holds(self, node: "Transaction") -> None:
-        """Commit ``node``'s segment: the node now *retains* what its own operations locked (Rule 2), so
-        its descendants may have it.  Called before it creates a child or waits for its children."""
-        with node._mutex:
-            segment, node._segment = node._segment, None
-        if segment is not None:
-            self.lock_manager.commit(segment)
+        """What ``node``'s own operations hold becomes *retained*, in place (``LockManager.retain``): its
+        descendants may have those rows (Rule 1), other trees still may not.  Called by the thread running
+        the node before it creates a child, waits for its children, or commits."""
+        if node._holds:
+            node._holds = False
+            self.lock_manager.retain(node.id)
 
     def holders(self, table: str, key: Any = None) -> lockmgr.Holders:
         """Who holds, retains and waits for a row (or, with ``key=None``, the table) — for tests and tools."""

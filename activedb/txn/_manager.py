@@ -33,6 +33,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb.store import Catalog
 
 
+_LIVE = (lockmgr.TxnState.ACTIVE, lockmgr.TxnState.COMMITTING)
+
+
 class TransactionManager:
     """Creates transaction trees for one ``Database``.  Thread-safe."""
 
@@ -40,7 +43,9 @@ class TransactionManager:
                  flush_retries: int = 10, record_history: bool = False, lock_timeout: float | None = None,
                  snapshot_on_deadlock: bool = False):
         self.catalog = catalog
-        self.locks = lockmgr.LockManager(victim_policy=victim_policy, snapshot_on_deadlock=snapshot_on_deadlock)
+        # Declared commit edges: a parent waits for its children only while it says so (see _locking.py).
+        self.locks = lockmgr.LockManager(victim_policy=victim_policy, commit_edges="declared",
+                                         snapshot_on_deadlock=snapshot_on_deadlock)
         self.locking = Locking(self.locks, lock_timeout)
         self.pool = WorkerPool(max_workers)
         self.flush_retries = flush_retries
@@ -122,47 +127,70 @@ class TransactionManager:
         running = getattr(self._local, "running", None)
         return running[-1] if running else None
 
+    def push_running(self, transaction: Transaction) -> None:
+        """The calling thread now runs ``transaction`` (until :meth:`pop_running`)."""
+        local = self._local
+        try:
+            local.running.append(transaction)
+        except AttributeError:
+            local.running = [transaction]
+
+    def pop_running(self) -> None:
+        self._local.running.pop()
+
     @contextlib.contextmanager
     def running(self, transaction: Transaction) -> Iterator[None]:
         """Mark ``transaction`` as run by the calling thread for the duration of the block."""
-        running = getattr(self._local, "running", None)
-        if running is None:
-            running = self._local.running = []
-        running.append(transaction)
+        self.push_running(transaction)
         try:
             yield
         finally:
-            running.pop()
+            self.pop_running()
 
-    @contextlib.contextmanager
     def waiting(self, node: Transaction, kind: str, target: str | None,
                 on_victim: Callable[[BaseException], None] | None = None,
-                preferred_victim: bool = False) -> Iterator[None]:
-        """The calling thread waits on behalf of ``node`` (kind ``children``: for ``target`` or all of
-        ``node``'s children; ``dependency``: in the coupling gate for the transaction ``target``).
+                preferred_victim: bool = False) -> "_Waiting":
+        """``with manager.waiting(node, kind, target):`` — the calling thread waits on behalf of ``node``
+        (kind ``children``: for ``target`` or all of ``node``'s children; ``dependency``: in the coupling
+        gate for the transaction ``target``).
 
         The transaction this thread runs (normally ``node``) uses no lock while it waits, so its holds
-        become retains first.  Unless the wait is one the lock manager already sees (a parent waiting for
-        its own children: the structural commit edges), it is registered as an edge of the one wait-for
-        graph, so a cycle through it and lock waits is found when it forms; ``on_victim`` is then how the
-        waiter is told it was chosen as the victim (``preferred_victim``: it volunteers, see
-        ``lockmgr.LockManager.add_wait``).
+        become retains first.  The wait is registered as an edge of the one wait-for graph (a parent
+        waiting for its own children: kind ``commit``), so a cycle through it and lock waits is found
+        when it forms; ``on_victim`` is then how the waiter is told it was chosen as the victim
+        (``preferred_victim``: it volunteers, see ``lockmgr.LockManager.add_wait``).
         """
-        waiter = self.current()
+        return _Waiting(self, node, kind, target, on_victim, preferred_victim)
+
+
+class _Waiting:
+    """The context of one wait (see :meth:`TransactionManager.waiting`)."""
+
+    __slots__ = ("manager", "node", "kind", "target", "on_victim", "preferred_victim", "registered")
+
+    def __init__(self, manager, node, kind, target, on_victim, preferred_victim):
+        self.manager, self.node, self.kind, self.target = manager, node, kind, target
+        self.on_victim, self.preferred_victim, self.registered = on_victim, preferred_victim, None
+
+    def __enter__(self) -> None:
+        manager, node, kind, target = self.manager, self.node, self.kind, self.target
+        waiter = manager.current()
         if waiter is not None:
             waiter._before_waiting_for_children()
-        registered = None
-        if waiter is not None and not (kind == "children" and waiter is node):
-            targets = [target] if target is not None else [child.id for child in node.children]
-            registered = self.locks.add_wait(waiter.id, targets, kind=kind, on_victim=on_victim,
-                                             preferred_victim=preferred_victim)
-        observers = self.observers
+            if waiter.state in _LIVE:    # an aborting node waits for its children unregistered
+                targets = [target] if target is not None else [child.id for child in node.children]
+                if kind == "children" and waiter is node:
+                    kind = "commit"      # a parent waiting for its own children: the declared commit edge
+                self.registered = manager.locks.add_wait(waiter.id, targets, kind=kind, on_victim=self.on_victim,
+                                                         preferred_victim=self.preferred_victim)
+        observers = manager.observers
         if observers.on_wait_start:
-            observers.call("on_wait_start", node, kind, target)
-        try:
-            yield
-        finally:
-            if registered is not None:
-                registered.release()
-            if observers.on_wait_end:
-                observers.call("on_wait_end", node, kind, target)
+            observers.call("on_wait_start", node, self.kind, target)
+
+    def __exit__(self, *exc_info: object) -> None:
+        registered = self.registered
+        if registered is not None:
+            registered.release()
+        observers = self.manager.observers
+        if observers.on_wait_end:
+            observers.call("on_wait_end", self.node, self.kind, self.target)

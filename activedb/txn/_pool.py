@@ -83,10 +83,13 @@ class WorkerPool:
             raise ValueError("max_workers must be at least 1")
         self.max_workers = max_workers
         self._name = name
-        self._mutex = threading.Lock()           # protects _queue, _idle, _threads, _shutdown
+        self._mutex = threading.Lock()           # protects _queue, _idle, _woken, _threads, _shutdown
         self._work_available = threading.Condition(self._mutex)
         self._queue: deque[Task] = deque()
         self._idle = 0
+        # Invariant: 0 <= _woken <= _idle — idle workers already notified for a queued task but not yet
+        # awake: they are not idle for the next submit (else it would neither wake nor start a worker).
+        self._woken = 0
         self._threads: list[threading.Thread] = []
         self._shutdown = False
 
@@ -96,7 +99,8 @@ class WorkerPool:
             if self._shutdown:
                 raise RuntimeError("the worker pool is shut down (the Database was closed)")
             self._queue.append(task)
-            if self._idle > 0:
+            if self._idle > self._woken:
+                self._woken += 1
                 self._work_available.notify()
             elif len(self._threads) < self.max_workers:
                 thread = threading.Thread(target=self._worker, name=f"{self._name}-{len(self._threads)}",
@@ -112,6 +116,8 @@ class WorkerPool:
                     self._idle += 1
                     self._work_available.wait()
                     self._idle -= 1
+                    if self._woken:
+                        self._woken -= 1
                 if self._shutdown and not self._queue:
                     return
                 task = self._queue.popleft()

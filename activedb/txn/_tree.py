@@ -15,7 +15,7 @@ Every operation checks the state it needs (``_check_active``) and says what to d
 
 Thread-safety: a ``Transaction`` is used by the thread running it (``_thread``); its parent's and
 children's threads touch it only through ``_mutex``, which protects ``_state``, ``_children``, ``_tasks``,
-``_writes``, ``_db_reads``, ``_scans``, ``_participants``, ``_slots`` and ``_segment``.  Order: a child's
+``_writes``, ``_db_reads``, ``_scans``, ``_participants`` and ``_slots``.  Order: a child's
 ``_mutex`` before its parent's, never the reverse; no ``_mutex`` is held while calling the lock manager,
 PostgreSQL, a hook or user code.
 """
@@ -68,8 +68,11 @@ class SubtransactionHandle:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until the subtransaction ended (runs it here if no worker started it)."""
+        task = self._task
+        if task.done():
+            return True
         with self.transaction.parent._waiting_for(self.transaction):
-            return self._task.wait(timeout)
+            return task.wait(timeout)
 
     def result(self, timeout: float | None = None) -> Any:
         """The function's return value once the subtransaction committed; re-raises its error."""
@@ -86,8 +89,12 @@ class SubtransactionHandle:
 class Transaction:
     """A node of a transaction tree.  See the module docstring."""
 
+    __slots__ = ("manager", "parent", "root", "depth", "id", "name", "began_at", "info", "subtransactions_committed",
+                 "_mutex", "_state", "_children", "_tasks", "_writes", "_db_reads", "_scans", "_participants",
+                 "_slots", "_doomed", "_thread", "_read_base", "_holds", "__weakref__")
+
     def __init__(self, manager: "TransactionManager", parent: "Transaction | None", *,
-                 name: str | None = None, read_base: "ReadBase | None" = None):
+                 name: str | None = None, read_base: "ReadBase | None" = None, inline: bool = False):
         self.manager = manager
         self.parent = parent
         self.root: Transaction = parent.root if parent is not None else self
@@ -95,7 +102,8 @@ class Transaction:
         number = manager.next_id()
         self.id = _ids.child_id(parent.id, number) if parent is not None else _ids.top_level_id(number)
         self.name = name
-        self.began_at = datetime.datetime.now(datetime.timezone.utc)
+        # When the tree began (the transaction log's began_at); only a top-level transaction needs it.
+        self.began_at = datetime.datetime.now(datetime.timezone.utc) if parent is None else None
         #: Free-form JSON annotations of this transaction; a top-level transaction's are written into
         #: its transaction-log row (``activedb_transaction_log.info``).
         self.info: dict[str, Any] = {}
@@ -103,7 +111,9 @@ class Transaction:
         self._mutex = threading.Lock()
         # Invariant: _state only moves ACTIVE -> COMMITTING -> COMMITTED, or to ABORTED from a non-final state.
         self._state = TxnState.ACTIVE
-        self._children: list[Transaction] = []
+        # Invariant: exactly the children that have not ended (a child removes itself once it committed
+        # or aborted: a long tree — a micro-batch of events — keeps no finished nodes alive).
+        self._children: dict[str, Transaction] = {}
         self._tasks: dict[str, Task] = {}
         self._writes: dict[tuple[str, Key], Entry] = {}
         # Committed images this node relied on (None: no row), validated at the flush (see _view).
@@ -111,14 +121,15 @@ class Transaction:
         self._scans: list[tuple[str, Any, dict]] = []
         self._participants: list[CommitParticipant] = []
         self._slots: dict[type, Any] | None = None
-        self._segment: str | None = None
-        self._segment_number = 0
         self._doomed: BaseException | None = None
         # The thread that runs this node's operations (set again by a spawned child's worker).
         self._thread = threading.get_ident()
+        # True once an operation of this node took a lock since its holds were last made retained
+        # (written by the node's thread only).
+        self._holds = False
         # The tree's read base (see _view.ReadBase); only the root has one.
         self._read_base = (read_base or manager.read_base) if parent is None else None
-        manager.locking.begin(self)
+        manager.locking.begin(self, awaited=inline)
         recorder = manager.recorder
         if recorder:
             recorder.record("begin", self.id, parent=parent.id if parent is not None else None, root=self.root.id)
@@ -136,7 +147,7 @@ class Transaction:
     @property
     def children(self) -> list["Transaction"]:
         with self._mutex:
-            return list(self._children)
+            return list(self._children.values())
 
     def ancestors(self) -> Iterator["Transaction"]:
         node = self.parent
@@ -308,10 +319,15 @@ class Transaction:
     def _modify(self, info: TableInfo, key: Key, entry: Entry, *, must_not_exist: bool = False) -> None:
         self.manager.locking.acquire(self, info, key, Mode.WRITE)
         extensions = self.manager.extensions
+        observed = False
+        for wants in extensions.wants_old_images:
+            if wants(info.name):
+                observed = True
+                break
         if entry.kind is EntryKind.INSERT and not must_not_exist:
-            observed, old = extensions.any("wants_old_images", info.name), None   # a fresh sequence value: no row
+            old = None   # a fresh sequence value: no row
         else:
-            observed = must_not_exist or extensions.any("wants_old_images", info.name)
+            observed = observed or must_not_exist
             # An insert's existence check is not validated at the flush (a concurrent insert
             # of the same key makes the flush's INSERT fail instead): no relied-on read.
             old = (_view.read_row(self, info, key, record=False, relied=not must_not_exist)
@@ -339,20 +355,23 @@ class Transaction:
                 else:
                     kind = EventKind.UPDATED
             display_key = key[0] if len(key) == 1 else key
-            extensions.call("on_event", self, Event(kind, info.name, display_key, old, new, transaction=self.id))
+            event = Event(kind, info.name, display_key, old, new, transaction=self.id)
+            for hook in extensions.on_event:
+                hook(self, event)
 
     # --- subtransactions --------------------------------------------------------------------
 
-    def _new_child(self, name: str | None = None) -> "Transaction":
+    def _new_child(self, name: str | None = None, *, inline: bool = False) -> "Transaction":
         self._check_active("starting a subtransaction")
         self.manager.locking.release_holds(self)
-        child = Transaction(self.manager, self, name=name)
+        child = Transaction(self.manager, self, name=name, inline=inline)
         with self._mutex:
-            self._children.append(child)
+            self._children[child.id] = child
         manager = self.manager
         if manager.recorder:
             manager.recorder.record("spawn", self.id, root=self.root.id, detail=child.id)
-        manager.observers.call("on_spawn", self, child)
+        if manager.observers.on_spawn:
+            manager.observers.call("on_spawn", self, child)
         return child
 
     def spawn(self, function: Callable[..., Any], *args: Any, name: str | None = None,
@@ -365,7 +384,8 @@ class Transaction:
         child = self._new_child(name)
         task = self.manager.pool.submit(lambda: child._run_body(function, args, kwargs))
         with self._mutex:
-            self._tasks[child.id] = task
+            if child.id in self._children:      # not already ended (and forgotten) on a worker
+                self._tasks[child.id] = task
         return SubtransactionHandle(child, task)
 
     def subtransaction(self, name: str | None = None) -> "InlineSubtransaction":
@@ -398,15 +418,20 @@ class Transaction:
     def _run_body(self, function: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         self._thread = threading.get_ident()
         manager = self.manager
-        with manager.running(self):
+        manager.push_running(self)
+        try:
             try:
-                manager.extensions.call("on_begin", self)
-                manager.observers.call("on_begin", self)
+                for hook in manager.extensions.on_begin:
+                    hook(self)
+                if manager.observers.on_begin:
+                    manager.observers.call("on_begin", self)
                 result = function(self, *args, **kwargs)
             except BaseException as error:
                 self.abort(error)
                 raise
             self.commit()
+        finally:
+            manager.pop_running()
         return result
 
     def _waiting_for(self, child: "Transaction"):
@@ -415,14 +440,12 @@ class Transaction:
 
     def _before_waiting_for_children(self) -> None:
         """The thread running this node is about to wait for its children: it uses none of its locks
-        while it waits, so they become *retained* (its segment commits) and Rule 1 grants them to its
-        descendants.  Otherwise a child asking for a row this node's own operations locked would wait for
-        a holder that waits for the child — a deadlock the lock manager could not see, since the holder is
-        the node's segment, not the node.  Only the node's own thread may do this (the segment is in use
-        while that thread runs an operation); a wait by another thread is registered with the lock
+        while it waits, so they become *retained* (in place) and Rule 1 grants them to its descendants.
+        Otherwise a child asking for a row this node's own operations locked would wait for a holder that
+        waits for the child.  Only the node's own thread may do this (a lock it just acquired for an
+        operation in progress must stay held); a wait by another thread is registered with the lock
         manager instead (``TransactionManager.waiting``)."""
-        if (self._segment is not None and self._thread == threading.get_ident()
-                and self._state in (TxnState.ACTIVE, TxnState.COMMITTING)):
+        if self._thread == threading.get_ident() and self._state in (TxnState.ACTIVE, TxnState.COMMITTING):
             self.manager.locking.release_holds(self)
 
     def wait_children(self, timeout: float | None = None) -> None:
@@ -430,8 +453,7 @@ class Transaction:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             with self._mutex:
-                pending = [self._tasks[child.id] for child in self._children
-                           if child.id in self._tasks and not self._tasks[child.id].done()]
+                pending = [task for task in self._tasks.values() if not task.done()]
             if not pending:
                 return
             with self.manager.waiting(self, "children", None):
@@ -445,25 +467,32 @@ class Transaction:
     def signal(self, name: str, **payload: Any) -> None:
         """Raise an application event ``name`` with ``payload`` (rules on ``db.signalled(name)`` react)."""
         self._check_active("signal")
-        self.manager.extensions.call("on_event", self, Event(EventKind.SIGNAL, name, payload=dict(payload),
-                                                             transaction=self.id))
+        event = Event(EventKind.SIGNAL, name, payload=dict(payload), transaction=self.id)
+        for hook in self.manager.extensions.on_event:
+            hook(self, event)
 
     def emit(self, event_type: str, *, key: Any = None, ts: Any = None, payload: Mapping[str, Any] | None = None
              ) -> None:
         """Hand a stream event (``db.stream(event_type)``) to the rules, in this transaction."""
         self._check_active("emit")
-        self.manager.extensions.call("on_event", self, Event(EventKind.STREAM, event_type, key=key,
-                                                             payload=dict(payload or {}), ts=ts,
-                                                             transaction=self.id))
+        event = Event(EventKind.STREAM, event_type, key=key, payload=dict(payload or {}), ts=ts,
+                      transaction=self.id)
+        for hook in self.manager.extensions.on_event:
+            hook(self, event)
 
     # --- commit and abort -------------------------------------------------------------------
 
     def commit(self) -> None:
-        """Commit: wait for children, then delegate to the parent or flush to PostgreSQL."""
+        """Commit: wait for children, then delegate to the parent or flush to PostgreSQL.  A node that
+        was doomed meanwhile (an ancestor aborted, a deadlock) aborts instead and raises why."""
+        doomed = self._doomed
+        if doomed is not None and self._state is TxnState.ACTIVE:
+            self.abort(doomed)
         self._check_active("commit")
         manager = self.manager
         try:
-            manager.extensions.call("before_commit", self)
+            for hook in manager.extensions.before_commit:
+                hook(self)
         except BaseException as error:
             self.abort(error)
             raise
@@ -488,17 +517,27 @@ class Transaction:
         manager.locking.commit(self)   # subtransaction: parent inherits and retains; top-level: releases all
         with self._mutex:
             self._state = TxnState.COMMITTED
-            participants = self._participants if self.parent is None else ()
-        for participant in participants:
-            try:
-                participant.committed(self)
-            except Exception:
-                logger.exception("commit participant %r raised after %s committed", participant, self.id)
+        parent = self.parent
+        if parent is None:
+            for participant in self._participants:
+                try:
+                    participant.committed(self)
+                except Exception:
+                    logger.exception("commit participant %r raised after %s committed", participant, self.id)
         if manager.recorder:
-            manager.recorder.record("commit", self.id, parent=self.parent.id if self.parent else None,
-                                    root=self.root.id)
-        manager.extensions.call("after_end", self, True)
-        manager.observers.call("on_commit", self)
+            manager.recorder.record("commit", self.id, parent=parent.id if parent else None, root=self.root.id)
+        for hook in manager.extensions.after_end:
+            hook(self, True)
+        if manager.observers.on_commit:
+            manager.observers.call("on_commit", self)
+        if parent is not None:
+            parent._forget(self)
+
+    def _forget(self, child: "Transaction") -> None:
+        """``child`` ended: drop it (its effects were delegated, or discarded)."""
+        with self._mutex:
+            self._children.pop(child.id, None)
+            self._tasks.pop(child.id, None)
 
     def _delegate_to_parent(self) -> None:
         parent = self.parent
@@ -542,7 +581,6 @@ class Transaction:
                 return
             self._state = TxnState.ABORTED
             self._writes = {}
-            self._segment = None     # the lock manager aborts it with this node (a descendant)
             participants, self._participants = self._participants, []
         error = reason if isinstance(reason, BaseException) else TransactionAborted(str(reason or "aborted"))
         self.doom(error)
@@ -559,6 +597,8 @@ class Transaction:
                                     root=self.root.id, detail=repr(reason) if reason is not None else None)
         manager.extensions.call("after_end", self, False)
         manager.observers.call("on_abort", self, error)
+        if self.parent is not None:
+            self.parent._forget(self)
 
     def __repr__(self) -> str:
         return f"<Transaction {self.id} {self._state.value}>"
@@ -567,23 +607,25 @@ class Transaction:
 class InlineSubtransaction:
     """``with tx.subtransaction() as child:``: commit on normal exit, abort (re-raising) on an exception."""
 
+    __slots__ = ("_parent", "_name", "transaction")
+
     def __init__(self, parent: Transaction, name: str | None):
         self._parent = parent
         self._name = name
         self.transaction: Transaction | None = None
-        self._running = None
 
     def __enter__(self) -> Transaction:
-        child = self.transaction = self._parent._new_child(self._name)
+        child = self.transaction = self._parent._new_child(self._name, inline=True)
         manager = child.manager
-        self._running = manager.running(child)
-        self._running.__enter__()
+        manager.push_running(child)
         try:
-            manager.extensions.call("on_begin", child)
-            manager.observers.call("on_begin", child)
+            for hook in manager.extensions.on_begin:
+                hook(child)
+            if manager.observers.on_begin:
+                manager.observers.call("on_begin", child)
         except BaseException as error:
             child.abort(error)
-            self._running.__exit__(None, None, None)
+            manager.pop_running()
             raise
         return child
 
@@ -596,4 +638,4 @@ class InlineSubtransaction:
             child.commit()
             return False
         finally:
-            self._running.__exit__(None, None, None)
+            child.manager.pop_running()

@@ -104,7 +104,7 @@ def scan_rows(catalog_or_connection: Any, info: TableInfo, where: Any) -> dict[K
 
 def read_row(node: "Transaction", info: TableInfo, key: Key, *, record: bool = True, relied: bool = True
              ) -> dict | None:
-    """The row as ``node`` sees it (module docstring).  Precondition: ``node``'s segment locks the row."""
+    """The row as ``node`` sees it (module docstring).  Precondition: ``node`` holds a lock on the row."""
     row = (info.name, key)
     chain: list[Entry] = []
     ancestor: Transaction | None = node

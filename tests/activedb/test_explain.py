@@ -75,7 +75,7 @@ def test_a_waiting_tree_is_drawn_with_its_locks_and_a_held_edge(db, tmp_path):
     assert graph.nodes[ids["writer"]]["state"] == "active"
     assert "WRITE items['k']" in graph.nodes[ids["writer"]]["held"]
     assert graph.nodes[ids["second"]]["waiting_for"] == "WRITE items['k']"
-    assert graph.edges[ids["first"], ids["writer"]]["kind"] == "commit"
+    assert graph.edges[ids["first"], ids["writer"]]["kind"] == "child"      # the tree (run inline: no wait)
     assert graph.edges[ids["second"], ids["writer"]]["kind"] == "held"
     assert graph.edges[ids["second"], ids["writer"]]["resource"] == "items['k']"
     assert "waiting for WRITE items['k']" in explanation.text()
@@ -191,7 +191,7 @@ def test_the_cli_draws_a_live_process(database_url, tmp_path):
         assert "dependency" in result.output and "queued" in result.output and "retained" in result.output
         assert_png(tmp_path / "live.png", minimum=40_000)
         saved = Explanation.load(home / "explain" / f"{process.pid}.json")
-        assert {"commit", "held", "retained", "queued", "dependency"} <= saved.edge_kinds()
+        assert {"child", "commit", "held", "retained", "queued", "dependency"} <= saved.edge_kinds()
     finally:
         process.communicate("go\n", timeout=TIMEOUT)
     assert process.returncode == 0

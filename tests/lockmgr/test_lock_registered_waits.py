@@ -97,3 +97,54 @@ def _acquire_or_record(lm, tid, resource, errors):
         lm.acquire(tid, resource, Mode.WRITE, timeout=10)
     except Exception as error:  # recorded for the test to assert on
         errors.append(error)
+
+
+def test_retain_turns_holds_into_retains_in_place_and_lets_descendants_in():
+    lm = LockManager(commit_edges="declared")
+    lm.begin("P")
+    lm.acquire("P", "row", Mode.WRITE)
+    lm.begin("P.1", parent="P")                      # a spawned child: the parent does not wait for it yet
+    errors = []
+    child = threading.Thread(target=lambda: _acquire_or_record(lm, "P.1", "row", errors))
+    child.start()
+    wait_until(lambda: lm.statistics().waiting == 1)  # a wait, not a deadlock: nobody waits for P.1 yet
+    assert lm.holders("row").held == {"P": Mode.WRITE}
+    lm.retain("P")                                   # P is about to wait for its child
+    child.join(5)
+    assert errors == []
+    holders = lm.holders("row")
+    assert holders.held == {"P.1": Mode.WRITE} and holders.retained == {"P": Mode.WRITE}
+    lm.begin("Q")                                    # an outsider is still kept away by the retained lock
+    assert not lm.try_acquire("Q", "row", Mode.READ)
+
+
+def test_declared_commit_edges_count_while_the_parent_waits_or_for_an_inline_child():
+    lm = LockManager(commit_edges="declared")
+    lm.begin("P")
+    lm.begin("X")
+    lm.acquire("X", "row", Mode.WRITE)
+    lm.begin("P.1", parent="P", awaited=True)        # inline: P waits for it all its life
+    lm.acquire("P", "other", Mode.WRITE)
+    lm.retain("P")
+    lm.add_wait("P.1", ["X"], kind="nested")         # P.1's thread is blocked inside X
+    with pytest.raises(Deadlock) as raised:          # X -> P (retained) -> P.1 (commit, inline) -> X
+        lm.acquire("X", "other", Mode.WRITE)
+    assert [edge.kind for edge in raised.value.cycle] == ["retained", "commit", "nested"]
+    lm.begin("S")
+    lm.begin("S.1", parent="S")                      # spawned: S does not wait for it yet
+    lm.acquire("S", "s-row", Mode.WRITE)
+    lm.begin("Y")
+    lm.add_wait("S.1", ["Y"], kind="nested")         # S.1's thread is blocked inside Y
+    with pytest.raises(Deadlock) as raised:          # only once S waits for S.1 is the cycle there
+        with lm.add_wait("S", ["S.1"], kind="commit"):
+            lm.acquire("Y", "s-row", Mode.WRITE)     # Y -> S (held) -> S.1 (commit) -> Y (nested)
+    assert [edge.kind for edge in raised.value.cycle] == ["held", "commit", "nested"]
+    lm.begin("Z")
+    errors = []
+    waiter = threading.Thread(target=lambda: _acquire_or_record(lm, "Z", "s-row", errors))
+    waiter.start()                                   # without S's wait for S.1: Z simply waits for S
+    wait_until(lambda: lm.statistics().waiting == 1)
+    lm.commit("S.1")
+    lm.commit("S")
+    waiter.join(5)
+    assert errors == []

@@ -1,7 +1,10 @@
 """Adya/Hermitage isolation anomalies, as named steps in explicit orders.
 
 Each scenario is run twice: between two top-level transactions, and between two
-sibling subtransactions of one parent.  Every transaction is an *actor* on its
+sibling subtransactions of one parent.  These are single, hand-checked interleavings
+with their expected outcomes spelled out; ``test_isolation_permutations.py`` runs the
+same anomalies (and more) in every valid interleaving and three pairings, with a
+generic serializability check.  Every transaction is an *actor* on its
 own thread that executes the steps it is sent; the test sends steps in the
 scenario's order and, for a step that must block, waits until the lock manager
 shows one more waiter (observable state), never by sleeping.
@@ -17,7 +20,6 @@ import sqlalchemy as sa
 
 import activedb
 from activedb import testing
-from activedb import TxnState
 from lockmgr import Deadlock
 from tests.conftest import APP_MIGRATIONS
 
@@ -165,9 +167,9 @@ class SiblingPair(TopLevelPair):
 
     def wait_ended(self, actor: Actor) -> str:
         assert self._ended[actor.name].wait(TIMEOUT), f"{actor.name} did not end"
-        final = (TxnState.COMMITTED, TxnState.ABORTED)
+        final = (activedb.TxnState.COMMITTED, activedb.TxnState.ABORTED)
         state = testing.wait_until(lambda: actor.tx.state in final and actor.tx.state, TIMEOUT, "child end")
-        return "committed" if state is TxnState.COMMITTED else "aborted"
+        return "committed" if state is activedb.TxnState.COMMITTED else "aborted"
 
     def close(self) -> None:
         self.parent_thread.join(TIMEOUT)

@@ -1,0 +1,40 @@
+"""Batches of declared state transactions on a task precedence graph (MorphStream).
+
+Public interface::
+
+    from activedb import batch
+
+    transactions = batch.StateTransactions()          # an explicit object, no global registry
+
+    @transactions.on("deposit")
+    def deposit(event, ops):
+        ops.write("accounts", event.key, lambda own: {"balance": (own or {"balance": 0})["balance"]
+                                                      + event.payload["amount"]})
+
+    with db.transaction(participants=[...]) as tx:                # the caller owns the transaction
+        result = batch.apply_batch(tx, events, transactions)      # -> BatchResult
+        ...                                                       # result.dead_letters -> your table
+
+    batch.run_batch(db, events, transactions)                     # convenience: its own transaction
+    batch.run_in_memory(transactions, events, state)              # no database (tests, benchmarks)
+    batch.render_tpg(transactions, events, "tpg.png")             # the picture of a small batch
+
+Strategies: ``"auto"`` (the decision model), ``"serial"`` (the reference meaning), or
+``"bfs|dfs|ns / f|c / e|l"`` (see :mod:`activedb.batch._strategy`).  The design note is
+``activedb/batch/README.md``.
+"""
+
+from activedb.batch._declare import DELETE, Abort, BatchEvent, OpKind, Ops, StateTransactions
+from activedb.batch._decide import DecisionModel
+from activedb.batch._plan import EdgeKind, OpState
+from activedb.batch._result import BatchResult, BatchStatistics, TransactionResult
+from activedb.batch._runtime import normalise_events, run_in_memory
+from activedb.batch._store import apply_batch, dead_letter_row, run_batch
+from activedb.batch._strategy import AbortMode, Exploration, Granularity, Strategy, all_strategies, parse_strategy
+from activedb.batch._picture import render_tpg, tpg_graph
+from activedb.batch import errors
+
+__all__ = ["Abort", "AbortMode", "BatchEvent", "BatchResult", "BatchStatistics", "DELETE", "DecisionModel",
+           "EdgeKind", "Exploration", "Granularity", "OpKind", "OpState", "Ops", "StateTransactions", "Strategy",
+           "TransactionResult", "all_strategies", "apply_batch", "dead_letter_row", "errors", "normalise_events", "parse_strategy",
+           "render_tpg", "run_batch", "run_in_memory", "tpg_graph"]

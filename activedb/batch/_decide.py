@@ -1,0 +1,152 @@
+"""The decision model (§5.4, Table 2, Figure 7) over properties *measured* on the TPG just built.
+
+MorphStream's code fed its decision tree with properties its data generator computed from its
+own parameters and never measured at run time.  Here every input comes from the batch at
+hand or from the batches before it:
+
+| input (Table 2)            | measured as                                                        |
+|----------------------------|--------------------------------------------------------------------|
+| number of TDs / PDs / LDs  | edges the planner materialised, per operation                      |
+| vertex degree distribution | skew = operations on the busiest state / mean operations per state |
+| cyclic dependency          | an SCC of more than one key group (computed only when it matters)   |
+| ratio of aborting vertices | aborted / declared transactions of the previous batches (EWMA)     |
+| computation complexity     | seconds per operation execution of the previous batches (EWMA)     |
+
+Rules (the paper's three, thresholds calibrated on this machine by ``activedb bench tpg``;
+see the package README for the figures they come from):
+
+1. exploration — s-explore (BFS) when there are many dependencies per operation *and* the
+   degree distribution is balanced; otherwise ns-explore;
+2. granularity — c-schedule when there is no cycle, many TDs and few PDs; otherwise
+   f-schedule;
+3. abort — l-abort when operations are cheap *and* aborts are frequent; otherwise e-abort;
+4. processes (ours) — split the batch into connected components over worker processes when
+   more than one process is allowed, the largest bin holds at most ``MAX_BIN_SHARE`` of the
+   operations, and the batch's expected work outweighs the hand-off.
+
+Thread-safety: :class:`DecisionModel` is updated by one batch at a time (the owner's rule).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from activedb.batch._plan import Tpg, has_group_cycle
+from activedb.batch._strategy import AbortMode, Exploration, Granularity, Strategy
+
+__all__ = ["Decision", "DecisionModel", "TpgProperties", "measure"]
+
+# Thresholds (see the README's "Decision model" section for the measurements behind them).
+MIN_DEPENDENCIES_PER_OP = 0.8     # rule 1: (TD + PD + LD) / operations
+MAX_SKEW_FOR_STRUCTURED = 8.0     # rule 1: busiest state / mean per state
+MIN_TD_PER_OP = 0.5               # rule 2
+MAX_PD_PER_OP = 0.05              # rule 2
+MAX_CHEAP_OP_SECONDS = 20e-6      # rule 3: "low computation complexity"
+MIN_ABORT_RATIO_FOR_LAZY = 0.2    # rule 3: "high abort ratio"
+MAX_BIN_SHARE = 0.75              # rule 4
+MIN_WORK_SECONDS_FOR_PROCESSES = 0.02   # rule 4: expected execution time of the batch
+SMOOTHING = 0.5                   # EWMA weight of the newest batch
+
+
+@dataclass(frozen=True)
+class TpgProperties:
+    operations: int
+    transactions: int
+    states: int
+    td_per_op: float
+    pd_per_op: float
+    ld_per_op: float
+    skew: float
+    nd_ops: int
+    window_ops: int
+    cyclic: bool | None      # None: not computed (rule 2 was decided without it)
+
+
+def measure(tpg: Tpg) -> dict[str, Any]:
+    operations = max(1, len(tpg.ops))
+    counts = tpg.ops_per_state
+    mean = (sum(counts.values()) / len(counts)) if counts else 1.0
+    skew = (max(counts.values()) / mean) if counts else 1.0
+    return {"operations": len(tpg.ops), "transactions": len(tpg.txns), "states": len(counts),
+            "td_per_op": tpg.td_edges / operations, "pd_per_op": tpg.pd_edges / operations,
+            "ld_per_op": tpg.ld_pairs / operations, "skew": skew, "nd_ops": tpg.nd_ops,
+            "window_ops": tpg.window_ops}
+
+
+@dataclass(frozen=True)
+class Decision:
+    strategy: Strategy
+    properties: TpgProperties
+    abort_ratio: float
+    seconds_per_op: float | None
+    reasons: tuple[str, ...]
+
+
+@dataclass
+class DecisionModel:
+    """Remembers what earlier batches measured; decides per batch."""
+
+    abort_ratio: float = 0.0
+    seconds_per_op: float | None = None
+    batches: int = 0
+    history: list[str] = field(default_factory=list)
+
+    def decide(self, tpg: Tpg) -> Decision:
+        values = measure(tpg)
+        reasons = []
+        dependencies = values["td_per_op"] + values["pd_per_op"] + values["ld_per_op"]
+        if dependencies >= MIN_DEPENDENCIES_PER_OP and values["skew"] <= MAX_SKEW_FOR_STRUCTURED:
+            exploration = Exploration.BFS
+            reasons.append(f"s-explore: {dependencies:.2f} dependencies/op >= {MIN_DEPENDENCIES_PER_OP} and "
+                           f"skew {values['skew']:.1f} <= {MAX_SKEW_FOR_STRUCTURED}")
+        else:
+            exploration = Exploration.NS
+            reasons.append(f"ns-explore: {dependencies:.2f} dependencies/op, skew {values['skew']:.1f}")
+        cyclic = None
+        if values["td_per_op"] >= MIN_TD_PER_OP and values["pd_per_op"] <= MAX_PD_PER_OP:
+            cyclic = has_group_cycle(tpg)
+            if cyclic:
+                granularity = Granularity.OPERATION
+                reasons.append("f-schedule: the key groups form a cycle")
+            else:
+                granularity = Granularity.KEY_GROUP
+                reasons.append(f"c-schedule: acyclic, TD/op {values['td_per_op']:.2f} >= {MIN_TD_PER_OP}, "
+                               f"PD/op {values['pd_per_op']:.2f} <= {MAX_PD_PER_OP}")
+        else:
+            granularity = Granularity.OPERATION
+            reasons.append(f"f-schedule: TD/op {values['td_per_op']:.2f}, PD/op {values['pd_per_op']:.2f}")
+        cheap = self.seconds_per_op is None or self.seconds_per_op <= MAX_CHEAP_OP_SECONDS
+        if cheap and self.abort_ratio >= MIN_ABORT_RATIO_FOR_LAZY:
+            abort = AbortMode.LAZY
+            reasons.append(f"l-abort: observed abort ratio {self.abort_ratio:.2f}, cheap operations")
+        else:
+            abort = AbortMode.EAGER
+            cost = "unknown" if self.seconds_per_op is None else f"{self.seconds_per_op * 1e6:.1f} us"
+            reasons.append(f"e-abort: observed abort ratio {self.abort_ratio:.2f}, {cost}/op")
+        properties = TpgProperties(values["operations"], values["transactions"], values["states"],
+                                   values["td_per_op"], values["pd_per_op"], values["ld_per_op"], values["skew"],
+                                   values["nd_ops"], values["window_ops"], cyclic)
+        return Decision(Strategy(exploration, granularity, abort), properties, self.abort_ratio,
+                        self.seconds_per_op, tuple(reasons))
+
+    def should_split(self, operations: int, largest_share: float, processes: int) -> tuple[bool, str]:
+        if processes <= 1:
+            return False, "one process allowed"
+        if largest_share > MAX_BIN_SHARE:
+            return False, f"the largest bin holds {largest_share:.0%} of the operations (> {MAX_BIN_SHARE:.0%})"
+        expected = operations * (self.seconds_per_op or 5e-6)
+        if expected < MIN_WORK_SECONDS_FOR_PROCESSES:
+            return False, f"expected work {expected * 1e3:.1f} ms is below the hand-off cost"
+        return True, f"largest bin {largest_share:.0%} of the operations"
+
+    def observe(self, transactions: int, aborted: int, executions: int, seconds: float) -> None:
+        """Feed back what a batch measured (used by the next batch's decision)."""
+        if transactions:
+            ratio = aborted / transactions
+            self.abort_ratio = ratio if self.batches == 0 else (1 - SMOOTHING) * self.abort_ratio + SMOOTHING * ratio
+        if executions:
+            cost = seconds / executions
+            self.seconds_per_op = cost if self.seconds_per_op is None else (
+                (1 - SMOOTHING) * self.seconds_per_op + SMOOTHING * cost)
+        self.batches += 1

@@ -1,0 +1,292 @@
+"""Declared state transactions: the data the planner sees (PRE_PROCESS of the paper, §7.1).
+
+An application registers, per event type, a *declaring function* on an explicit
+:class:`StateTransactions` object::
+
+    batches = StateTransactions()
+
+    @batches.on("transfer")
+    def transfer(event, ops):
+        src, dst, amount = event.payload["src"], event.payload["dst"], event.payload["amount"]
+        ops.abort_if(lambda src_row: src_row is None or src_row["balance"] < amount,
+                     reads=[("accounts", src)], reason="insufficient funds")
+        ops.write("accounts", src, lambda own: {"balance": own["balance"] - amount})
+        ops.write("accounts", dst, lambda own, src_row: {"balance": (own or {"balance": 0})["balance"] + amount},
+                  reads=[("accounts", src)])
+
+The declaring function only *declares*: it runs once per event before anything executes and
+must not touch the database.  Every operation names the row it accesses as ``(table, key)``
+and the rows its function reads (``reads``: the parameter states of a parametric dependency).
+Functions receive row images (dicts, or None for a missing row) as of *before* the
+transaction (the paper's ``Read_t`` returns the version with timestamp < t), and must treat
+them as read-only.  A function aborts its transaction by raising :class:`Abort` (any other
+exception aborts it too, with the exception as the reason).
+
+Thread-safety: registration (``on``) is for set-up time; ``declare`` may run on any thread
+and in worker processes (the object pickles its declarations only).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from activedb.batch.errors import DeclarationError, UnknownEventType
+
+__all__ = ["Abort", "BatchEvent", "DELETE", "OpKind", "OpSpec", "Ops", "StateTransactions"]
+
+
+class Abort(Exception):
+    """Raised by an operation's function: its state transaction aborts with this reason."""
+
+
+class _Delete:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "DELETE"
+
+    def __reduce__(self):
+        return "DELETE"
+
+
+#: Returned by a write function: delete the row.
+DELETE = _Delete()
+
+
+class OpKind(enum.Enum):
+    READ = "read"                     # READ(table, key): output the row
+    WRITE = "write"                   # WRITE(table, key, f(own, *reads))
+    CHECK = "check"                   # abort_if(predicate(*reads)): reads only, may abort
+    WINDOW_READ = "window_read"       # READ(win_f(keys, size)): aggregate versions in [t - size, t)
+    WINDOW_WRITE = "window_write"     # WRITE(key, win_f(over, size))
+    ND_READ = "nd_read"               # READ(f*): key computed at run time
+    ND_WRITE = "nd_write"             # WRITE(f1*, f2*): key and value computed at run time
+
+    @property
+    def writes(self) -> bool:
+        return self in _WRITING
+
+    @property
+    def non_deterministic(self) -> bool:
+        return self in (OpKind.ND_READ, OpKind.ND_WRITE)
+
+    @property
+    def windowed(self) -> bool:
+        return self in (OpKind.WINDOW_READ, OpKind.WINDOW_WRITE)
+
+
+_WRITING = frozenset({OpKind.WRITE, OpKind.WINDOW_WRITE, OpKind.ND_WRITE})
+
+
+@dataclass(frozen=True, slots=True)
+class BatchEvent:
+    """One event of a batch, as declaring functions see it.  ``position`` is its index in the
+    batch as given; ``ts`` its application time (None: the position stands for it)."""
+
+    event_type: str
+    key: Any = None
+    ts: Any = None
+    payload: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    position: int = 0
+
+
+@dataclass(slots=True)
+class OpSpec:
+    """One declared state-access operation.  ``key`` is None for a non-deterministic op (its
+    ``key_fn`` computes it); ``params`` are the ``(table, key)`` states its function reads
+    (besides its own row); ``size`` is the window size (event-time units) of window ops."""
+
+    kind: OpKind
+    table: str
+    key: Any
+    params: tuple[tuple[str, Any], ...] = ()
+    fn: Callable[..., Any] | None = None
+    key_fn: Callable[..., Any] | None = None
+    size: Any = None
+    reason: str | None = None
+    name: str | None = None
+    candidates: tuple[Any, ...] | None = None   # ND ops: the keys it may access, if known
+
+    @property
+    def state(self) -> tuple[str, Any] | None:
+        return None if self.key is None else (self.table, self.key)
+
+
+def _state(pair: Any, what: str) -> tuple[str, Any]:
+    if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)):
+        raise DeclarationError(f"{what} must be (table, key) pairs, got {pair!r}; "
+                               f"write reads=[('accounts', 7)] for the row 7 of table accounts")
+    try:
+        hash(pair[1])
+    except TypeError:
+        raise DeclarationError(f"the key {pair[1]!r} in {what} is not hashable; use a scalar or a tuple") from None
+    return pair
+
+
+class Ops:
+    """The recorder a declaring function fills; one per event.  Not thread-safe (one event)."""
+
+    __slots__ = ("event", "specs", "_written")
+
+    def __init__(self, event: BatchEvent) -> None:
+        self.event = event
+        self.specs: list[OpSpec] = []
+        self._written: set[tuple[str, Any]] = set()
+
+    def _params(self, reads: Iterable[Any], own: tuple[str, Any] | None, what: str) -> tuple:
+        params = []
+        for pair in reads:
+            pair = _state(pair, what)
+            if pair != own and pair not in params:
+                params.append(pair)
+        return tuple(params)
+
+    def _check_key(self, table: str, key: Any) -> tuple[str, Any]:
+        if not isinstance(table, str):
+            raise DeclarationError(f"a table is named by a string, got {table!r}")
+        return _state((table, key), "an operation's row")
+
+    def _claim(self, state: tuple[str, Any]) -> None:
+        if state in self._written:
+            raise DeclarationError(
+                f"event {self.event.event_type!r} at position {self.event.position} writes {state!r} twice; "
+                f"a state transaction writes a row at most once: compute both changes in one write function")
+        self._written.add(state)
+
+    def read(self, table: str, key: Any, *, name: str | None = None) -> None:
+        """READ(table, key): the row as of before this transaction becomes output ``name``."""
+        self._check_key(table, key)
+        self.specs.append(OpSpec(OpKind.READ, table, key, name=name or f"{table}[{key!r}]"))
+
+    def write(self, table: str, key: Any, fn: Callable[..., Any], *, reads: Iterable[Any] = (),
+              name: str | None = None) -> None:
+        """WRITE(table, key, fn(own, *reads)): ``fn`` gets the row's image and the images of
+        ``reads`` (in order, own row excluded) and returns the columns to set (a mapping),
+        :data:`DELETE`, or raises :class:`Abort`.  The written row is the output ``name`` if given."""
+        state = self._check_key(table, key)
+        self._claim(state)
+        self.specs.append(OpSpec(OpKind.WRITE, table, key, self._params(reads, state, "reads"), fn=fn, name=name))
+
+    def abort_if(self, predicate: Callable[..., bool], *, reads: Iterable[Any], reason: str) -> None:
+        """Abort the transaction with ``reason`` if ``predicate(*images of reads)`` is true."""
+        pairs = [_state(pair, "reads") for pair in reads]
+        if not pairs:
+            raise DeclarationError("abort_if needs at least one (table, key) in reads")
+        own = pairs[0]
+        self.specs.append(OpSpec(OpKind.CHECK, own[0], own[1], self._params(pairs[1:], own, "reads"),
+                                 fn=predicate, reason=reason))
+
+    def window_read(self, table: str, keys: Iterable[Any], *, size: Any, aggregate: Callable[..., Any],
+                    name: str | None = None) -> None:
+        """READ(win_f(keys, size)): ``aggregate(windows)`` over, per key, the list of row versions
+        written in this batch by transactions with time in ``[t - size, t)``."""
+        keys = list(dict.fromkeys(keys))
+        if not keys:
+            raise DeclarationError("window_read needs at least one key")
+        own = self._check_key(table, keys[0])
+        params = self._params([(table, key) for key in keys[1:]], own, "keys")
+        self.specs.append(OpSpec(OpKind.WINDOW_READ, table, keys[0], params, fn=aggregate, size=size,
+                                 name=name or f"window:{table}"))
+
+    def window_write(self, table: str, key: Any, fn: Callable[..., Any], *, over: Iterable[Any], size: Any,
+                     name: str | None = None) -> None:
+        """WRITE(key, win_f(over, size)): ``fn(own, windows)``, ``windows`` = per ``over`` state
+        the list of its versions with time in ``[t - size, t)``."""
+        state = self._check_key(table, key)
+        self._claim(state)
+        over = [_state(pair, "over") for pair in over]
+        if not over:
+            raise DeclarationError("window_write needs at least one (table, key) in over")
+        spec = OpSpec(OpKind.WINDOW_WRITE, table, key, tuple(dict.fromkeys(over)), fn=fn, size=size, name=name)
+        self.specs.append(spec)
+
+    def read_any(self, table: str, key_fn: Callable[..., Any], *, reads: Iterable[Any] = (),
+                 candidates: Iterable[Any] | None = None, name: str | None = None) -> None:
+        """Non-deterministic READ(f*): the key is ``key_fn(*images of reads)`` at run time.
+        ``candidates`` (optional) bounds the keys it may yield; without it, any row of ``table``."""
+        self.specs.append(OpSpec(OpKind.ND_READ, table, None, self._params(reads, None, "reads"), key_fn=key_fn,
+                                 candidates=None if candidates is None else tuple(candidates),
+                                 name=name or f"any:{table}"))
+
+    def write_any(self, table: str, key_fn: Callable[..., Any], fn: Callable[..., Any], *,
+                  reads: Iterable[Any] = (), candidates: Iterable[Any] | None = None,
+                  name: str | None = None) -> None:
+        """Non-deterministic WRITE(f1*, f2*): key ``key_fn(*images of reads)``, value
+        ``fn(own, *images of reads)`` as for :meth:`write`."""
+        self.specs.append(OpSpec(OpKind.ND_WRITE, table, None, self._params(reads, None, "reads"), fn=fn,
+                                 key_fn=key_fn, candidates=None if candidates is None else tuple(candidates),
+                                 name=name))
+
+
+class StateTransactions:
+    """The declared state transactions of an application, keyed by event type.
+
+    Also remembers what earlier batches measured (abort ratio, time per operation) for the
+    decision model, and owns the worker processes when ``processes > 1`` (``close()`` them).
+    Pickling keeps the declarations only (that is what worker processes need).
+    Thread-safety: declare at set-up; afterwards one batch at a time per object.
+    """
+
+    def __init__(self, name: str = "state transactions", *, processes: int = 1) -> None:
+        self.name = name
+        self.processes = int(processes)
+        self._declarations: dict[str, Callable[[BatchEvent, Ops], None]] = {}
+        self._runtime = None   # created on first use (_runtime.Runtime): decision memory, pool
+
+    def on(self, event_type: str, *more_types: str):
+        """Decorator: ``fn(event, ops)`` declares the state transaction of these event types.
+        Returns ``fn`` unchanged (so a module-level function stays picklable by reference)."""
+        types = (event_type, *more_types)
+
+        def register(function):
+            for kind in types:
+                if not isinstance(kind, str) or not kind:
+                    raise DeclarationError(f"an event type is a non-empty string, got {kind!r}")
+                if kind in self._declarations and self._declarations[kind] is not function:
+                    raise DeclarationError(f"event type {kind!r} already has a state transaction "
+                                           f"({self._declarations[kind].__name__}); one per event type")
+                self._declarations[kind] = function
+            return function
+
+        return register
+
+    @property
+    def event_types(self) -> frozenset[str]:
+        return frozenset(self._declarations)
+
+    def declare(self, event: BatchEvent) -> list[OpSpec]:
+        """Run the declaring function of ``event``; raises UnknownEventType, DeclarationError,
+        or whatever the function raised."""
+        function = self._declarations.get(event.event_type)
+        if function is None:
+            raise UnknownEventType(f"no state transaction is declared for event type {event.event_type!r}; "
+                                   f"declare one with @transactions.on({event.event_type!r})")
+        ops = Ops(event)
+        function(event, ops)
+        if not ops.specs:
+            raise DeclarationError(f"the state transaction of {event.event_type!r} declared no operation")
+        return ops.specs
+
+    def __getstate__(self):
+        return {"name": self.name, "processes": 1, "_declarations": self._declarations, "_runtime": None}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+    def close(self) -> None:
+        """Stop the worker processes, if any were started."""
+        runtime, self._runtime = self._runtime, None
+        if runtime is not None:
+            runtime.close()
+
+    def __enter__(self) -> "StateTransactions":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"StateTransactions({self.name!r}, types={sorted(self._declarations)})"

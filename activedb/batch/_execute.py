@@ -1,0 +1,421 @@
+"""Execution: the S-TPG state machine (§6) under a strategy (§5), and the serial reference.
+
+:func:`run_serial` is the meaning of a batch (§2.1.1): transactions one at a time in
+timestamp order, every operation reading the state as of before its transaction, a
+transaction whose operation fails leaving no effect.
+
+:class:`TpgExecutor` runs a :class:`~activedb.batch._plan.Tpg` in one thread under one
+:class:`~activedb.batch._strategy.Strategy` and must give exactly the reference result.
+The transitions of the paper (Figure 8) and where they happen here:
+
+* **T1** BLK→RDY: ``_resolved`` — the last unresolved parent became done;
+* **T2** RDY→EXE: ``_execute`` — the operation's function succeeded; its version is added;
+* **T3** (speculative BLK→EXE) is not used: an operation runs only with every parent done;
+* **T4** any→ABT: ``_execute`` (its own failure) and ``_apply_abort`` (an LD peer's);
+  the versions of the transaction's executed operations are removed by ``_rollback``;
+* **T5** EXE/BLK→RDY and **T6** →BLK: ``_rollback`` — an operation whose input changed is
+  redone: RDY if all its parents are still done, else BLK, and its done children go the
+  same way (transitively).
+
+Two rules beyond the paper's text, both needed for the reference result: an ABT operation
+passes through (is *done* for its children) only once its own parents are done, so a
+reader behind an aborted write still waits for the write before it; and a failure is
+withdrawn when the failing operation is rolled back (its inputs changed), which re-opens
+its transaction if no other operation of it failed.
+
+Thread-safety: none; an executor is used by one thread, once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from activedb.batch._declare import OpSpec
+from activedb.batch._plan import Operation, OpState, Tpg, Txn, Unit, key_groups
+from activedb.batch._state import VersionTable, failure_reason, perform
+from activedb.batch._strategy import AbortMode, Exploration, Granularity, Strategy
+from activedb.batch.errors import ExecutionInvariantBroken
+
+__all__ = ["ExecutionStatistics", "TpgExecutor", "TxnOutcome", "first_failure", "run_serial"]
+
+BLK, RDY, EXE, ABT = OpState.BLK, OpState.RDY, OpState.EXE, OpState.ABT
+
+
+@dataclass(frozen=True)
+class TxnOutcome:
+    """What became of the transaction at timestamp ``t``."""
+
+    t: int
+    committed: bool
+    reason: str | None
+    outputs: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ExecutionStatistics:
+    executions: int          # operation runs, redos and ABT pass-throughs included
+    rollbacks: int           # EXE/ABT→RDY/BLK transitions (T5/T6 of a done operation)
+    aborts_applied: int      # transactions turned ABT (e-abort: at once; l-abort: per pass)
+    revoked: int             # aborts withdrawn because the failing op's inputs changed
+    passes: int              # l-abort: explorations of the whole TPG; BFS e-abort: restarts + 1
+    units: int               # scheduling units (operations, or key groups after merging cycles)
+    cyclic_ops: int          # c-schedule: operations in merged cycles
+    strata: int              # s-explore: number of strata (0 for ns-explore)
+    seconds: float           # wall time of the execution (strata and units included)
+
+
+def _outputs(txn: Txn) -> dict[str, Any]:
+    return {op.spec.name: op.output for op in txn.ops if op.spec.name is not None}
+
+
+def first_failure(specs: list[OpSpec], t: int, read, window) -> str | None:
+    """The reason of the first operation (declaration order) of the transaction at ``t`` that
+    fails against the state read through ``read``/``window``; None if none fails.  Both
+    executors name an aborted transaction's reason this way, so reasons are deterministic."""
+    for spec in specs:
+        try:
+            perform(spec, t, read, window)
+        except Exception as error:
+            return failure_reason(spec, error)
+    return None
+
+
+def run_serial(txns: list[Txn], specs: list[list[OpSpec]], table: VersionTable) -> list[TxnOutcome]:
+    """The reference: each transaction reads the state as of before it, all or nothing."""
+    outcomes = []
+    read, window = table.read, table.window
+    for txn, declared in zip(txns, specs):
+        t = txn.t
+        writes = []
+        outputs: dict[str, Any] = {}
+        reason = None
+        for spec in declared:
+            try:
+                state, image, output = perform(spec, t, read, window)
+            except Exception as error:
+                reason = failure_reason(spec, error)
+                break
+            if state is not None:
+                writes.append((state, image))
+            if spec.name is not None:
+                outputs[spec.name] = output
+        if reason is None:
+            for state, image in writes:
+                table.write(state, t, image)
+            outcomes.append(TxnOutcome(t, True, None, outputs))
+        else:
+            outcomes.append(TxnOutcome(t, False, reason, {}))
+    return outcomes
+
+
+class TpgExecutor:
+    def __init__(self, tpg: Tpg, strategy: Strategy, table: VersionTable, *, trace: list | None = None) -> None:
+        """``trace``: if a list, every transition is appended as ``(\"T1\"..\"T6\", op id, from, to)``."""
+        self.tpg = tpg
+        self._trace = trace
+        self.strategy = strategy
+        self.table = table
+        self._groups = strategy.granularity is Granularity.KEY_GROUP
+        self._eager = strategy.abort is AbortMode.EAGER
+        # BFS handles eager aborts at the stratum barrier ("layered"); DFS/NS at once.
+        self._immediate = self._eager and strategy.exploration is not Exploration.BFS
+        self._unapplied: list[Txn] = []
+        self._queue: deque | list = deque() if strategy.exploration is Exploration.NS else []
+        self._lifo = strategy.exploration is Exploration.DFS
+        self._lowest = 1 << 62       # BFS: the lowest stratum re-opened since the last barrier
+        self._executions = self._rollbacks = self._aborts = self._revoked = 0
+        self._passes = 1
+        self._units: list[Unit] = []
+        self._cyclic = 0
+        self._strata = 0
+        self._ran = False
+
+    # --- scheduling ----------------------------------------------------------------------
+
+    def _ready(self, op: Operation) -> None:
+        """``op`` has no unresolved parent and is not done: schedule it (or its unit)."""
+        target = op.unit if self._groups else op
+        if self._groups and target.pending:
+            return
+        if self.strategy.exploration is Exploration.BFS:
+            if target.stratum < self._lowest:
+                self._lowest = target.stratum
+        else:
+            self._queue.append(target)
+
+    def _resolved(self, op: Operation) -> None:
+        """``op`` became done: count it resolved for its children (T1 where the last one)."""
+        if self._groups:
+            unit = op.unit
+            unit.remaining -= 1
+            for child in op.children:
+                child.pending -= 1
+                if child.pending == 0 and child.state is BLK:
+                    child.state = RDY
+                    if self._trace is not None:
+                        self._trace.append(("T1", child.id, BLK, RDY))
+                other = child.unit
+                if other is not unit:
+                    other.pending -= 1
+                    if other.pending == 0 and other.remaining:
+                        self._ready(child)
+        else:
+            for child in op.children:
+                child.pending -= 1
+                if child.pending == 0:
+                    if child.state is BLK:
+                        child.state = RDY
+                        if self._trace is not None:
+                            self._trace.append(("T1", child.id, BLK, RDY))
+                    if not child.done:
+                        self._ready(child)
+
+    def _execute(self, op: Operation) -> None:
+        """Run ``op`` (precondition: ``pending == 0`` and not done)."""
+        self._executions += 1
+        op.executions += 1
+        txn = op.txn
+        failed = False
+        if txn.abort_applied:
+            op.state = ABT                                     # pass-through of an aborted transaction
+        else:
+            try:
+                state, image, output = perform(op.spec, op.t, self._read, self._window)
+            except Exception as error:
+                op.failure = failure_reason(op.spec, error)
+                op.state = ABT                                 # T4 (own failure)
+                txn.failed.append(op)
+                failed = True
+            else:
+                if state is not None:
+                    self.table.write(state, op.t, image)
+                    op.wrote = state
+                op.output = output
+                op.state = EXE                                 # T2
+        op.done = True
+        if self._trace is not None:
+            self._trace.append(("T2" if op.state is EXE else "T4", op.id, RDY, op.state))
+        self._resolved(op)
+        if failed and not txn.abort_applied:
+            if self._immediate:
+                self._apply_abort(txn)
+            else:
+                self._unapplied.append(txn)
+
+    def _run_unit(self, unit: Unit) -> None:
+        for op in unit.ops:
+            if not op.done and op.pending == 0:
+                self._execute(op)
+        if unit.remaining and not unit.pending and any(not op.done and op.pending == 0 for op in unit.ops):
+            self._ready(unit.ops[0])
+
+    # --- aborts and rollback ---------------------------------------------------------------
+
+    def _apply_abort(self, txn: Txn) -> None:
+        """T4 for the LD peers of a failed operation; their versions go, their readers redo."""
+        if txn.abort_applied or not txn.failed:
+            return
+        txn.abort_applied = True
+        self._aborts += 1
+        redo = []
+        for peer in txn.ops:
+            if peer.failure is not None:
+                continue
+            if peer.done:
+                redo.append(peer)
+            else:
+                if self._trace is not None:
+                    self._trace.append(("T4", peer.id, peer.state, ABT))
+                peer.state = ABT
+        self._rollback(redo)
+
+    def _apply_pending_aborts(self) -> None:
+        pending, self._unapplied = self._unapplied, []
+        for txn in pending:
+            self._apply_abort(txn)
+
+    def _rollback(self, roots: list[Operation]) -> None:
+        """Undo the outcome of ``roots`` and, transitively, of every done operation below them.
+
+        An operation of an aborted transaction whose parents are all done passes through at
+        once (T4: its version goes, it stays resolved as ABT), so its executed children go
+        back to RDY (T5).  Any other undone operation goes to RDY or BLK (T5/T6) and its
+        children are counted unresolved again (T6)."""
+        stack = list(roots)
+        table = self.table
+        groups = self._groups
+        trace = self._trace
+        while stack:
+            op = stack.pop()
+            if not op.done:
+                continue
+            self._rollbacks += 1
+            if op.wrote is not None:
+                table.remove(op.wrote, op.t)
+                op.wrote = None
+            op.output = None
+            txn = op.txn
+            if op.failure is not None:
+                op.failure = None
+                txn.failed.remove(op)
+                if not txn.failed and txn.abort_applied:       # the abort is withdrawn
+                    txn.abort_applied = False
+                    self._revoked += 1
+                    for peer in txn.ops:
+                        if peer is op:
+                            continue
+                        if peer.done:
+                            stack.append(peer)
+                        else:
+                            peer.state = RDY if peer.pending == 0 else BLK
+            before = op.state
+            if txn.abort_applied and op.pending == 0:
+                op.state = ABT                                 # T4: passes through, stays resolved
+                if trace is not None:
+                    trace.append(("T4", op.id, before, ABT))
+                for child in op.children:
+                    if child.done:
+                        stack.append(child)
+                continue
+            op.done = False
+            if txn.abort_applied:
+                op.state = ABT
+            else:
+                op.state = RDY if op.pending == 0 else BLK      # T5 / T6
+            if trace is not None:
+                trace.append(("T4" if op.state is ABT else "T5" if op.state is RDY else "T6", op.id, before,
+                              op.state))
+            unit = op.unit
+            if groups:
+                unit.remaining += 1
+            for child in op.children:
+                child.pending += 1
+                if groups and child.unit is not unit:
+                    child.unit.pending += 1
+                if child.done:
+                    stack.append(child)
+                elif child.state is RDY:
+                    child.state = BLK                          # T6
+                    if trace is not None:
+                        trace.append(("T6", child.id, RDY, BLK))
+            if op.pending == 0:
+                self._ready(op)
+
+    # --- exploration -----------------------------------------------------------------------
+
+    def run(self) -> ExecutionStatistics:
+        if self._ran:
+            raise ExecutionInvariantBroken("a TpgExecutor runs its TPG once; build a new TPG for another run")
+        self._ran = True
+        started = time.perf_counter()
+        self._read = self.table.read
+        self._window = self.table.window
+        ops = self.tpg.ops
+        for op in ops:
+            op.pending = len(op.parents)
+            op.state = RDY if op.pending == 0 else BLK
+        if self._groups:
+            self._units, self._cyclic = key_groups(self.tpg)
+            for unit in self._units:
+                unit.pending = sum(1 for op in unit.ops for parent in op.parents if parent.unit is not unit)
+            runnable = [unit for unit in self._units if unit.pending == 0]
+            for unit in self._units:
+                unit.remaining = len(unit.ops)
+        else:
+            runnable = [op for op in ops if op.pending == 0]
+        if self.strategy.exploration is Exploration.BFS:
+            self._run_bfs()
+        else:
+            if self._lifo:
+                runnable.reverse()
+            self._queue.extend(runnable)
+            self._run_queue()
+        self._check_finished()
+        return ExecutionStatistics(self._executions, self._rollbacks, self._aborts, self._revoked, self._passes,
+                                   len(self._units) if self._groups else len(ops), self._cyclic, self._strata,
+                                   time.perf_counter() - started)
+
+    def _run_queue(self) -> None:
+        queue = self._queue
+        pop = queue.pop if self._lifo else queue.popleft
+        groups = self._groups
+        while True:
+            while queue:
+                target = pop()
+                if groups:
+                    if target.remaining and not target.pending:
+                        self._run_unit(target)
+                elif not target.done and not target.pending:
+                    self._execute(target)
+            if not self._unapplied:
+                return
+            self._passes += 1
+            self._apply_pending_aborts()
+
+    def _run_bfs(self) -> None:
+        groups = self._groups
+        if groups:
+            count = 1 + max((unit.stratum for unit in self._units), default=-1)
+            strata: list[list] = [[] for _ in range(count)]
+            for unit in self._units:
+                strata[unit.stratum].append(unit)
+        else:
+            count = self.tpg.strata()
+            strata = [[] for _ in range(count)]
+            for op in self.tpg.ops:
+                strata[op.stratum].append(op)
+        self._strata = count
+        level = 0
+        while True:
+            while level < count:
+                for target in strata[level]:
+                    if groups:
+                        if target.remaining and not target.pending:
+                            self._run_unit(target)
+                    elif not target.done and not target.pending:
+                        self._execute(target)
+                if self._eager and self._unapplied:
+                    self._lowest = count
+                    self._passes += 1
+                    self._apply_pending_aborts()
+                    level = min(self._lowest, level + 1)   # restart from the earliest re-opened stratum
+                else:
+                    level += 1
+            if not self._unapplied:
+                return
+            self._lowest = count
+            self._passes += 1
+            self._apply_pending_aborts()
+            level = self._lowest
+
+    def _check_finished(self) -> None:
+        for op in self.tpg.ops:
+            if not op.done:
+                raise ExecutionInvariantBroken(f"{op!r} was never resolved under {self.strategy} "
+                                               f"(pending={op.pending}); please report this batch")
+        for txn in self.tpg.txns:
+            if bool(txn.failed) != txn.abort_applied:
+                raise ExecutionInvariantBroken(f"transaction t={txn.t} ended with failed={txn.failed} but "
+                                               f"abort_applied={txn.abort_applied} under {self.strategy}")
+
+    @property
+    def units(self) -> list[Unit]:
+        """The c-schedule units (empty for f-schedule)."""
+        return self._units
+
+    def outcomes(self, specs: list[list[OpSpec]]) -> list[TxnOutcome]:
+        result = []
+        read, window = self.table.read, self.table.window
+        for txn, declared in zip(self.tpg.txns, specs):
+            if txn.failed:
+                reason = first_failure(declared, txn.t, read, window)
+                if reason is None:
+                    raise ExecutionInvariantBroken(f"transaction t={txn.t} aborted ({txn.reason}) but none of its "
+                                                   f"operations fails against the final versions")
+                result.append(TxnOutcome(txn.t, False, reason, {}))
+            else:
+                result.append(TxnOutcome(txn.t, True, None, _outputs(txn)))
+        return result

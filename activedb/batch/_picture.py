@@ -1,0 +1,120 @@
+"""Pictures of a batch's TPG: which operations, which edges (TD, PD, LD), which final state.
+
+``tpg_graph`` returns a ``networkx.DiGraph`` (nodes: ``label``, ``kind``, ``state``, ``t``,
+``lane``, ``reason``; edges: ``kind``) after running the batch with a strategy, so a user sees
+why a transaction aborted and what waited for what.  ``render_tpg`` draws it to PNG/SVG
+with matplotlib: one column per timestamp, one row per state (ND operations on their own
+row), TD edges solid blue, PD edges orange, LD pairs dotted grey, nodes coloured by state
+(EXE green, ABT red).  For small batches (tens of operations); networkx and matplotlib are
+for pictures and reports only, never the executor's hot path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from activedb.batch._declare import StateTransactions
+from activedb.batch._execute import TpgExecutor
+from activedb.batch._plan import EdgeKind, OpState, build_tpg
+from activedb.batch._runtime import prepare
+from activedb.batch._state import VersionTable
+from activedb.batch._strategy import Strategy, parse_strategy
+
+__all__ = ["render_tpg", "tpg_graph"]
+
+_STATE_COLOURS = {OpState.EXE: "#7fc97f", OpState.ABT: "#f0027f", OpState.RDY: "#fdc086", OpState.BLK: "#bbbbbb"}
+_EDGE_STYLES = {EdgeKind.TD: ("#386cb0", "solid"), EdgeKind.PD: ("#f08000", "solid"),
+                EdgeKind.LD: ("#999999", "dotted")}
+
+
+def tpg_graph(transactions: StateTransactions, events: Iterable[Any],
+              state: Mapping[tuple[str, Any], dict | None] | None = None, *,
+              strategy: str | Strategy = "ns/f/e"):
+    """The executed TPG of a (small) batch as a networkx DiGraph."""
+    import networkx as nx
+
+    prepared = prepare(transactions, events)
+    tpg = build_tpg(prepared.txns, prepared.specs)
+    executor = TpgExecutor(tpg, parse_strategy(strategy), VersionTable(state, times=prepared.times))
+    executor.run()
+    graph = nx.DiGraph()
+    lanes: dict[Any, int] = {}
+    for op in tpg.ops:
+        lane_key = op.state_key if op.state_key is not None else ("#nd", op.id)
+        lane = lanes.setdefault(lane_key, len(lanes))
+        where = (f"{op.state_key[0]}[{op.state_key[1]!r}]" if op.state_key is not None
+                 else f"{op.spec.table}[{op.resolved[1]!r}?]" if op.resolved else f"{op.spec.table}[?]")
+        graph.add_node(op.id, label=f"O{op.id + 1}\n{op.kind.value}\n{where}", kind=op.kind.value,
+                       state=op.state.name, t=op.t, lane=lane, reason=op.txn.reason,
+                       event=op.txn.event.event_type)
+    for parent, child, kind in tpg.edges:
+        graph.add_edge(parent, child, kind=kind.name)
+    for txn in tpg.txns:
+        for first, second in zip(txn.ops, txn.ops[1:]):
+            if not graph.has_edge(first.id, second.id):
+                graph.add_edge(first.id, second.id, kind=EdgeKind.LD.name)
+    graph.graph["lanes"] = {lane: key for key, lane in lanes.items()}
+    graph.graph["aborted"] = {txn.t: txn.reason for txn in tpg.txns if txn.failed}
+    return graph
+
+
+def render_tpg(transactions: StateTransactions, events: Iterable[Any], path: str | Path,
+               state: Mapping[tuple[str, Any], dict | None] | None = None, *,
+               strategy: str | Strategy = "ns/f/e", title: str | None = None) -> Path:
+    """Draw the executed TPG of a small batch to ``path`` (.png or .svg); returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    graph = tpg_graph(transactions, events, state, strategy=strategy)
+    lanes = graph.graph["lanes"]
+    positions = {node: (data["t"] * 2.2, -data["lane"]) for node, data in graph.nodes(data=True)}
+    # Spread operations of one transaction on one lane (they cannot share a state, but be safe).
+    seen: dict[tuple[float, float], int] = {}
+    for node, (x, y) in list(positions.items()):
+        count = seen.get((x, y), 0)
+        seen[(x, y)] = count + 1
+        positions[node] = (x + 0.5 * count, y)
+    width = max(6.0, 1.9 * (1 + max((data["t"] for _, data in graph.nodes(data=True)), default=0)))
+    height = max(3.0, 1.2 * (len(lanes) + 1))
+    figure, axes = plt.subplots(figsize=(width, height))
+    for parent, child, data in graph.edges(data=True):
+        colour, style = _EDGE_STYLES[EdgeKind[data["kind"]]]
+        (x1, y1), (x2, y2) = positions[parent], positions[child]
+        axes.annotate("", xy=(x2, y2), xytext=(x1, y1),
+                      arrowprops=dict(arrowstyle="-|>" if data["kind"] != "LD" else "-", color=colour,
+                                      linestyle=style, lw=1.6, shrinkA=22, shrinkB=22,
+                                      connectionstyle="arc3,rad=0.15"))
+    for node, data in graph.nodes(data=True):
+        x, y = positions[node]
+        axes.scatter([x], [y], s=2200, color=_STATE_COLOURS[OpState[data["state"]]], edgecolors="black", zorder=3)
+        axes.text(x, y, data["label"] + f"\n{data['state']}", ha="center", va="center", fontsize=7, zorder=4)
+    axes.set_yticks([-lane for lane in lanes])
+    axes.set_yticklabels([f"{key[0]}[{key[1]!r}]" if key[0] != "#nd" else "ND op" for key in lanes.values()])
+    times = sorted({data["t"] for _, data in graph.nodes(data=True)})
+    axes.set_xticks([t * 2.2 for t in times])
+    axes.set_xticklabels([f"t={t}" for t in times])
+    axes.set_xlim(-1.2, max(t * 2.2 for t in times) + 1.6 if times else 1)
+    axes.set_ylim(-len(lanes) + 0.3, 0.8)
+    legend = [Line2D([0], [0], color=_EDGE_STYLES[kind][0], linestyle=_EDGE_STYLES[kind][1], label=kind.name)
+              for kind in EdgeKind]
+    legend += [Patch(color=colour, label=state.name) for state, colour in _STATE_COLOURS.items()
+               if state in (OpState.EXE, OpState.ABT)]
+    axes.legend(handles=legend, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    aborted = graph.graph["aborted"]
+    caption = title or f"TPG of {len({d['t'] for _, d in graph.nodes(data=True)})} transactions ({strategy})"
+    if aborted:
+        caption += "\naborted: " + "; ".join(f"t={t}: {reason}" for t, reason in sorted(aborted.items()))
+    axes.set_title(caption, fontsize=9)
+    for side in ("top", "right"):
+        axes.spines[side].set_visible(False)
+    figure.tight_layout()
+    path = Path(path)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path

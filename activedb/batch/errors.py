@@ -1,0 +1,33 @@
+"""Every error ``activedb.batch`` raises on purpose.
+
+Messages say what happened and what to do next.  They derive from
+``activedb.errors.ActivedbError`` so the CLI prints them as one line.
+"""
+
+from __future__ import annotations
+
+from activedb.errors import ActivedbError
+
+
+class BatchError(ActivedbError):
+    """Base class of the batch (TPG) executor's errors."""
+
+
+class DeclarationError(BatchError):
+    """A state transaction was declared wrongly (bad key, a key written twice, an unknown op)."""
+
+
+class UnknownEventType(DeclarationError):
+    """No state transaction is declared for an event type."""
+
+
+class StrategyError(BatchError):
+    """A strategy name or combination is not understood."""
+
+
+class ExecutionInvariantBroken(BatchError):
+    """The executor found its own bookkeeping inconsistent (a bug: please report it with the batch)."""
+
+
+class WorkerFailed(BatchError):
+    """A worker process failed while running a component of the batch."""

@@ -1,0 +1,162 @@
+"""The values the composition engine takes and gives: heartbeats, composite events, uncertainties and the
+application's choices.  All immutable (safe to share between threads)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from activedb.events import Timestamp
+from activedb.streams import StreamEvent
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """A producer's promise: none of its events not yet received has a lower bound below
+    ``lower(ts)`` (and, with a local reading, none was detected before ``ts.local``).  A heartbeat row
+    in a stream, or ``engine.heartbeat(producer, ts)`` for producers fed directly."""
+
+    producer: str
+    ts: Any
+
+
+class UncertaintyKind(enum.Enum):
+    """Why a composition could not go on without a decision.
+
+    * ``MULTIPLE``: several candidates of one component are mutually uncertain (``|oldest()| > 1``,
+      the paper's "exception (multiple a)"), so chronicle/recent cannot say which one to take;
+    * ``UNORDERED``: the one candidate's order relative to the event it must follow (SEQ) or precede
+      (recent) is uncertain (``a ⊥ b``) — the case the printed SEQ algorithm would compose silently."""
+
+    MULTIPLE = "multiple"
+    UNORDERED = "unordered"
+
+
+@dataclass(frozen=True)
+class Uncertainty:
+    """One undecidable step of a composition: which query, partition and component, the candidates, and
+    the constituents chosen so far (in component order)."""
+
+    query: str
+    partition: tuple
+    component: str
+    kind: UncertaintyKind
+    candidates: tuple[StreamEvent, ...]
+    chosen: tuple[StreamEvent, ...] = ()
+    relative_to: StreamEvent | None = None
+
+    def describe(self) -> str:
+        names = ", ".join(describe_event(event) for event in self.candidates)
+        where = f" (partition {self.partition!r})" if self.partition else ""
+        if self.kind is UncertaintyKind.MULTIPLE:
+            return (f"query {self.query}{where}: component {self.component} has {len(self.candidates)} candidates "
+                    f"whose order is uncertain: {names}")
+        return (f"query {self.query}{where}: the order of component {self.component}'s candidate {names} and "
+                f"{describe_event(self.relative_to)} is uncertain (their accuracy intervals overlap or touch)")
+
+
+class Choice:
+    """What an ``on_uncertain`` callback returns: :meth:`use` one candidate, or :meth:`drop` candidates
+    (they leave their lists without composing).  Returning a candidate event itself means ``use`` it;
+    returning None declines (the engine raises :class:`~activedb.composite.errors.UncertainOrder`)."""
+
+    __slots__ = ("use_event", "dropped")
+
+    def __init__(self, use_event: StreamEvent | None = None, dropped: tuple[StreamEvent, ...] = ()):
+        self.use_event = use_event
+        self.dropped = dropped
+
+    @classmethod
+    def use(cls, event: StreamEvent) -> "Choice":
+        return cls(use_event=event)
+
+    @classmethod
+    def drop(cls, *events: StreamEvent) -> "Choice":
+        if not events:
+            raise ValueError("Choice.drop needs at least one candidate to drop")
+        return cls(dropped=tuple(events))
+
+    def __repr__(self) -> str:
+        if self.use_event is not None:
+            return f"Choice.use({describe_event(self.use_event)})"
+        return f"Choice.drop({', '.join(describe_event(event) for event in self.dropped)})"
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """An uncertainty and what the application decided (recorded with the composite event)."""
+
+    uncertainty: Uncertainty
+    chosen: StreamEvent | None
+    dropped: tuple[StreamEvent, ...] = ()
+
+    def describe(self) -> str:
+        if self.chosen is not None:
+            return f"{self.uncertainty.describe()} -> the application chose {describe_event(self.chosen)}"
+        return (f"{self.uncertainty.describe()} -> the application dropped "
+                f"{', '.join(describe_event(event) for event in self.dropped)}")
+
+
+@dataclass(frozen=True)
+class CompositeEvent:
+    """A composite event: its query, the constituents (in component order, named by ``components``),
+    its interval timestamp (the hull of the constituents': it began no earlier than the lowest bound and
+    ended no later than the highest), the RETURN attributes, the partition (``[attr]`` values) and the
+    application's decisions it rests on (``resolutions``, empty when the order was certain)."""
+
+    query: str
+    ts: Timestamp
+    attributes: Mapping[str, Any]
+    constituents: tuple[StreamEvent, ...]
+    components: tuple[str, ...]
+    partition: tuple = ()
+    resolutions: tuple[Resolution, ...] = ()
+    consumption: str = "chronicle"
+    operator: str = "AND"
+    sts: float | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def type(self) -> str:
+        return self.query
+
+    def __getitem__(self, attribute: str) -> Any:
+        return self.attributes[attribute]
+
+    def constituent(self, component: str) -> StreamEvent:
+        return self.constituents[self.components.index(component)]
+
+    def describe(self) -> str:
+        parts = " & " if self.operator == "AND" else " ; "
+        inner = parts.join(describe_event(event) for event in self.constituents)
+        decided = f" (decided by the application: {len(self.resolutions)})" if self.resolutions else ""
+        return f"{self.query}({inner}) {self.ts.interval}{decided}"
+
+    def payload(self) -> dict[str, Any]:
+        """What a rule on the composite event sees as ``event.payload``: the RETURN attributes, plus
+        ``constituents`` (the events), ``components`` and ``resolutions``."""
+        payload = dict(self.attributes)
+        payload.setdefault("constituents", self.constituents)
+        payload.setdefault("components", self.components)
+        payload.setdefault("resolutions", self.resolutions)
+        return payload
+
+    def to_stream_event(self, stream: str | None = None) -> StreamEvent:
+        """This composite as an input event of another composition (its producer is the query)."""
+        return StreamEvent(self.query, self.ts, dict(self.attributes), stream=stream)
+
+    def sort_key(self) -> tuple:
+        """A deterministic order of composites (for comparing runs): by time, then content."""
+        return (self.query, self.ts.lower, self.ts.upper, repr(self.partition),
+                tuple(describe_event(event) for event in self.constituents))
+
+
+def describe_event(event: StreamEvent | None) -> str:
+    if event is None:
+        return "nothing"
+    ts = event.ts
+    key = ""
+    attributes = dict(event.attributes)
+    if "id" in attributes:
+        key = f"#{attributes['id']}"
+    return f"{event.type}{key}{ts}"

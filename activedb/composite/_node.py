@@ -1,0 +1,338 @@
+"""One composition node: a query's per-component partially ordered lists for one partition, and the
+evaluation of AND / SEQ under chronicle and recent consumption (the paper's CompositionNode, §V).
+
+``evaluate()`` is the paper's ``while (evaluate());`` followed by ``cleanUp()``: it composes as long as
+the candidate sets are stable and certain, asks the engine to resolve an uncertainty (an up-call, or
+``UncertainOrder``), and stops when a candidate set is not stable yet (it then records which producers
+it waits for — the input-node timeout watches them).
+
+Not thread-safe by itself: used under ``CompositionEngine._mutex``.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING
+
+from activedb.composite._model import Resolution, Uncertainty, UncertaintyKind
+from activedb.composite._polist import POList, Item, before, newest_before, oldest, oldest_following
+from activedb.streams import CompiledQuery
+from activedb.streams import algebra as ast
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.composite._engine import CompositionEngine
+
+
+def _without(items: list[Item], taken: list[Item]) -> list[Item]:
+    """``items`` less the ones already chosen for earlier components (a type may fill several)."""
+    if not taken:
+        return items
+    numbers = {item.number for item in taken}
+    return [item for item in items if item.number not in numbers]
+
+
+class Step(enum.Enum):
+    """What one evaluation step did."""
+
+    COMPOSED = "composed"        # a composite event (or a drop decided by the application): go on
+    BLOCKED = "blocked"          # a candidate set is not stable: wait for sync-points to move
+    IDLE = "idle"                # nothing to compose (a list is empty)
+
+
+class Node:
+    """The lists of one (query, partition).  ``lists[i]`` holds the events that may play the i-th
+    component (after its event-only filters); an event of a type named by several components is in
+    each of their lists, and leaves all of them when consumed."""
+
+    __slots__ = ("query", "partition", "lists", "decisions", "blocked_on", "pending_resolutions", "types",
+                 "names", "conjunction", "recent")
+
+    def __init__(self, query: CompiledQuery, partition: tuple):
+        self.query = query
+        self.partition = partition
+        self.types = tuple(query.types[index] for index in query.positives)
+        components = query.definition.pattern.components()
+        self.names = tuple(components[index].name for index in query.positives)
+        self.lists: list[POList] = [POList() for _ in self.types]
+        # (component rank, kind, candidate numbers, anchor number) -> ("use", item) | ("drop", items)
+        self.decisions: dict[tuple, tuple] = {}
+        self.blocked_on: frozenset[str] = frozenset()
+        self.pending_resolutions: list[Resolution] = []
+        self.conjunction = isinstance(query.definition.pattern, ast.Conj)
+        self.recent = query.definition.consumption is ast.Consumption.RECENT
+
+    def size(self) -> int:
+        return sum(len(items) for items in self.lists)
+
+    def items(self) -> list[Item]:
+        seen: dict[int, Item] = {}
+        for items in self.lists:
+            for item in items:
+                seen.setdefault(item.number, item)
+        return list(seen.values())
+
+    def remove(self, doomed: list[Item]) -> None:
+        numbers = {item.number for item in doomed}
+        for index, items in enumerate(self.lists):
+            if any(item.number in numbers for item in items):
+                self.lists[index] = POList(item for item in items if item.number not in numbers)
+
+    # --- evaluation ----------------------------------------------------------------------------------
+
+    def evaluate(self, engine: "CompositionEngine") -> int:
+        """Compose until blocked or idle; then clean up.  Returns the number of composite events."""
+        composed = 0
+        self.blocked_on = frozenset()
+        while True:
+            if self.recent:
+                step = self._recent_and(engine) if self.conjunction else self._recent_seq(engine)
+            else:
+                step = self._chronicle(engine)
+            if step is not Step.COMPOSED:
+                break
+            composed += 1
+        self._cleanup(engine)
+        return composed
+
+    def _stable(self, engine: "CompositionEngine", rank: int, candidates: list[Item]) -> bool:
+        if not candidates:
+            return False
+        blocking = engine._blocking([item.ts for item in candidates], self.types[rank])
+        if blocking:
+            self.blocked_on = self.blocked_on | blocking
+            return False
+        engine._rely(self.types[rank], min(item.ts.interval.upper for item in candidates))
+        return True
+
+    def _decide(self, engine: "CompositionEngine", rank: int, kind: UncertaintyKind, candidates: list[Item],
+                chosen: list[Item], anchor: Item | None) -> tuple:
+        """Resolve an uncertainty: ("use", item) or ("drop", items).  Raises UncertainOrder if the
+        application gives no choice.  A decision is asked once per distinct situation."""
+        candidates = sorted(candidates, key=Item.sort_key)
+        key = (rank, kind, tuple(item.number for item in candidates), anchor.number if anchor else None,
+               tuple(item.number for item in chosen))
+        cached = self.decisions.get(key)
+        if cached is not None:
+            return cached
+        uncertainty = Uncertainty(self.query.name, self.partition, self.names[rank], kind,
+                                  tuple(item.event for item in candidates),
+                                  tuple(item.event for item in chosen),
+                                  anchor.event if anchor is not None else None)
+        decision = engine._resolve(uncertainty, candidates)
+        self.decisions[key] = decision
+        if decision[0] == "drop":
+            self.pending_resolutions.append(
+                Resolution(uncertainty, None, tuple(item.event for item in decision[1])))
+        else:
+            self.pending_resolutions.append(Resolution(uncertainty, decision[1].event))
+        return decision
+
+    def _apply_drop(self, engine: "CompositionEngine", items: list[Item]) -> Step:
+        self.remove(items)
+        engine._dropped(self, items)
+        return Step.COMPOSED
+
+    # chronicle: AND and SEQ (the paper's algorithms, with gaps (a)–(c) closed) ---------------------
+
+    def _chronicle(self, engine: "CompositionEngine") -> Step:
+        if any(not items for items in self.lists):
+            return Step.IDLE
+        chosen: list[Item] = []
+        for rank, items in enumerate(self.lists):
+            available = _without(items, chosen)
+            if rank == 0 or self.conjunction:
+                candidates = oldest(available)
+                anchor = None
+            else:
+                anchor = chosen[-1]
+                candidates = oldest_following(available, anchor)
+            if not self._stable(engine, rank, candidates):
+                return Step.BLOCKED if candidates or self.blocked_on else Step.IDLE
+            if len(candidates) > 1:
+                decision = self._decide(engine, rank, UncertaintyKind.MULTIPLE, candidates, chosen, anchor)
+                if decision[0] == "drop":
+                    return self._apply_drop(engine, decision[1])
+                pick = decision[1]
+            else:
+                pick = candidates[0]
+            if anchor is not None and not before(anchor.ts, pick.ts):
+                # Gap (c): a single candidate whose order relative to its predecessor is uncertain.
+                decision = self._decide(engine, rank, UncertaintyKind.UNORDERED, [pick], chosen, anchor)
+                if decision[0] == "drop":
+                    return self._apply_drop(engine, decision[1])
+            chosen.append(pick)
+        self.remove(chosen)
+        engine._compose(self, chosen)
+        return Step.COMPOSED
+
+    # recent: derived (see the README) ----------------------------------------------------------------
+
+    def _recent_seq(self, engine: "CompositionEngine") -> Step:
+        """Every event of the last component, once no event of an earlier component can still come
+        before it, is combined with the newest events before it, component by component backwards; the
+        terminating event is used up, the others stay until a newer one rules them out."""
+        last = len(self.lists) - 1
+        if last == 0:
+            return self._recent_single(engine)
+        for terminator in sorted(self.lists[last], key=Item.sort_key):
+            blocking = frozenset()
+            for rank in range(last):
+                blocking = blocking | engine._blocking([terminator.ts], self.types[rank])
+            if blocking:
+                self.blocked_on = self.blocked_on | blocking
+                continue
+            for rank in range(last):
+                engine._rely(self.types[rank], terminator.ts.interval.upper)
+            chosen = [terminator]
+            complete = True
+            for rank in range(last - 1, -1, -1):
+                anchor = chosen[0]
+                available = _without(self.lists[rank], chosen)
+                candidates = newest_before(available, anchor)
+                if not candidates:
+                    complete = False
+                    break
+                if len(candidates) > 1:
+                    decision = self._decide(engine, rank, UncertaintyKind.MULTIPLE, candidates, chosen, anchor)
+                    if decision[0] == "drop":
+                        return self._apply_drop(engine, decision[1])
+                    pick = decision[1]
+                else:
+                    pick = candidates[0]
+                if not before(pick.ts, anchor.ts):
+                    decision = self._decide(engine, rank, UncertaintyKind.UNORDERED, [pick], chosen, anchor)
+                    if decision[0] == "drop":
+                        return self._apply_drop(engine, decision[1])
+                chosen.insert(0, pick)
+            self.lists[last] = POList(item for item in self.lists[last] if item is not terminator)
+            if complete:
+                engine._compose(self, chosen)
+            else:
+                engine._unmatched(self, terminator)
+            return Step.COMPOSED
+        return Step.BLOCKED if self.blocked_on else Step.IDLE
+
+    def _recent_single(self, engine: "CompositionEngine") -> Step:
+        if not self.lists[0]:
+            return Step.IDLE
+        item = min(self.lists[0], key=Item.sort_key)
+        self.lists[0] = POList(other for other in self.lists[0] if other is not item)
+        engine._compose(self, [item])
+        return Step.COMPOSED
+
+    def _recent_and(self, engine: "CompositionEngine") -> Step:
+        """Every event, once no event of another component can still come before it, is combined with
+        the newest events of the other components before it; events stay as candidates until a newer
+        one of their component rules them out."""
+        count = len(self.lists)
+        pending = sorted({item.number: item for items in self.lists for item in items
+                          if not item.processed}.values(), key=Item.sort_key)
+        for event in pending:
+            ranks = [rank for rank in range(count) if any(item is event for item in self.lists[rank])]
+            blocking = frozenset()
+            for rank in range(count):
+                if rank not in ranks:
+                    blocking = blocking | engine._blocking([event.ts], self.types[rank])
+            if blocking:
+                self.blocked_on = self.blocked_on | blocking
+                continue
+            for rank in range(count):
+                if rank not in ranks:
+                    engine._rely(self.types[rank], event.ts.interval.upper)
+            compositions: list[list[Item]] = []
+            for own in ranks:
+                chosen: list[Item | None] = [None] * count
+                chosen[own] = event
+                complete = True
+                for rank in range(count):
+                    if rank == own:
+                        continue
+                    taken = [item for item in chosen if item is not None]
+                    available = _without(self.lists[rank], taken)
+                    candidates = newest_before(available, event)
+                    if not candidates:
+                        complete = False
+                        break
+                    if len(candidates) > 1:
+                        decision = self._decide(engine, rank, UncertaintyKind.MULTIPLE, candidates, taken, event)
+                        if decision[0] == "drop":
+                            return self._apply_drop(engine, decision[1])
+                        pick = decision[1]
+                    else:
+                        pick = candidates[0]
+                    if not before(pick.ts, event.ts):
+                        decision = self._decide(engine, rank, UncertaintyKind.UNORDERED, [pick], taken, event)
+                        if decision[0] == "drop":
+                            return self._apply_drop(engine, decision[1])
+                    chosen[rank] = pick
+                if complete:
+                    compositions.append([item for item in chosen if item is not None])
+            # Decided without raising: only now does the event count as processed (an uncertainty raised
+            # above leaves it unprocessed, to be decided again).
+            event.processed = True
+            for composition in compositions:
+                engine._compose(self, composition)
+            if not compositions:
+                engine._unmatched(self, event)
+            return Step.COMPOSED
+        return Step.BLOCKED if self.blocked_on else Step.IDLE
+
+    # clean-up ----------------------------------------------------------------------------------------
+
+    def _cleanup(self, engine: "CompositionEngine") -> None:
+        """Drop events that can never be composed any more (the paper's unspecified cleanUp()).
+
+        * chronicle SEQ: an event of component i > 0 that precedes every event of component i − 1 in the
+          list and every one still to come (their producers' sync-points are past it) can follow none;
+        * recent: an event ruled out by a newer one of its component ``x < x'`` where every event that may
+          still look for it (unprocessed or to come) certainly follows ``x'``.
+        """
+        if not self.recent:
+            if self.conjunction:
+                return
+            for rank in range(1, len(self.lists)):
+                previous = self.lists[rank - 1]
+                useless = [item for item in self.lists[rank]
+                           if all(other is not item and before(item.ts, other.ts) for other in previous)
+                           and not engine._blocking([item.ts], self.types[rank - 1])]
+                if useless:
+                    for item in useless:
+                        engine._rely(self.types[rank - 1], item.ts.interval.upper)
+                    self.remove(useless)
+                    engine._discarded(self, useless)
+            return
+        count = len(self.lists)
+        for rank in range(count):
+            lookers = [rank + 1] if not self.conjunction else [other for other in range(count) if other != rank]
+            lookers = [looker for looker in lookers if looker < count]
+            if not lookers:
+                continue
+            items = self.lists[rank]
+            if len(items) < 2:
+                continue
+            ruled_out = []
+            for item in items:
+                if self.conjunction and not item.processed:
+                    continue
+                for newer in items:
+                    if newer is item or not before(item.ts, newer.ts):
+                        continue
+                    if self._rules_out(engine, newer, lookers):
+                        ruled_out.append(item)
+                        break
+            if ruled_out:
+                self.remove(ruled_out)
+                engine._discarded(self, ruled_out)
+
+    def _rules_out(self, engine: "CompositionEngine", newer: Item, lookers: list[int]) -> bool:
+        for looker in lookers:
+            for item in self.lists[looker]:
+                if self.conjunction and item.processed:
+                    continue
+                if item is newer or not before(newer.ts, item.ts):
+                    return False
+            if engine._blocking([newer.ts], self.types[looker]):
+                return False
+        for looker in lookers:
+            engine._rely(self.types[looker], newer.ts.interval.upper)
+        return True

@@ -1,0 +1,195 @@
+"""Partially ordered lists (the paper's ``POList<E>``) and the per-producer progress that decides stability.
+
+An :class:`Item` is an event in the lists of one composition node.  The order between items is the
+accuracy-interval order refined by the local timestamp order (``activedb.events.order``); the functions
+below are the paper's set definitions, computed directly (reconstructed formulas, see the README):
+
+* ``oldest(L) = { e ∈ L : ¬∃ e' ∈ L : e' < e }``
+* ``oldest_following(L, f) = oldest({ e ∈ L : f < e ∨ f ⊥ e })``
+* ``newest(L) = { e ∈ L : ¬∃ e' ∈ L : e < e' }``            (recent consumption, derived)
+* ``newest_before(L, x) = newest({ e ∈ L : e < x ∨ e ⊥ x })`` (recent consumption, derived)
+
+A :class:`Producer` keeps its **global sync-point** (no event of it not yet received has a lower bound
+below it; the lower bound of its latest event or heartbeat, kept monotone) and its latest local clock
+reading.  ``Producer.covers(stamps)`` says that every event it has not sent yet certainly follows the
+given candidates; the stability predicate is that for every producer of the candidates' type::
+
+    is_stable(S) ⇔ S ≠ ∅ ∧ min_{e ∈ S} upper(ts(e)) < min_{P ∈ PR(E)} ts_sync(P)
+
+(or, for candidates all from one producer with local readings, they are local-before its latest reading:
+the paper's single-producer optimisation).
+
+Not thread-safe by themselves: used under ``CompositionEngine._mutex``.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Iterable, Sequence
+
+from activedb.events import LocalClock, Order, Timestamp, local_order
+
+EXACT_CLOCK = LocalClock()
+from activedb.streams import StreamEvent
+
+
+class Item:
+    """An event in a node's lists.  ``number`` is its arrival number (identity only — never used to order);
+    ``processed`` marks, in recent consumption, an event whose own composition was decided."""
+
+    __slots__ = ("event", "ts", "number", "processed")
+
+    def __init__(self, event: StreamEvent, ts: Timestamp, number: int):
+        self.event = event
+        self.ts = ts
+        self.number = number
+        self.processed = False
+
+    @property
+    def producer(self) -> str:
+        return self.ts.producer
+
+    def sort_key(self) -> tuple:
+        ts = self.ts
+        return (ts.lower, ts.upper, ts.producer, ts.local if ts.local is not None else ts.lower,
+                self.event.type, repr(sorted(dict(self.event.attributes).items())))
+
+    def __repr__(self) -> str:
+        return f"<Item {self.event.type}{self.ts}>"
+
+
+def before(a: Timestamp, b: Timestamp) -> bool:
+    """``a < b``: interval order, refined by the local order of one producer's events."""
+    if a.interval.upper < b.interval.lower:
+        return True
+    if b.interval.upper < a.interval.lower:
+        return False
+    return local_order(a, b) is Order.BEFORE
+
+
+def oldest(items: Sequence[Item]) -> list[Item]:
+    if not items:
+        return []
+    lowest_upper = min(item.ts.interval.upper for item in items)
+    # Anything whose lower bound is above the lowest upper bound is preceded by that item; nothing
+    # precedes a candidate in interval order (it would end before lower(candidate) <= lowest_upper), so
+    # only the local order of one producer can still rule a candidate out.
+    candidates = [item for item in items if item.ts.interval.lower <= lowest_upper]
+    return [item for item in candidates if not _locally_preceded(item, items)]
+
+
+def newest(items: Sequence[Item]) -> list[Item]:
+    if not items:
+        return []
+    highest_lower = max(item.ts.interval.lower for item in items)
+    candidates = [item for item in items if item.ts.interval.upper >= highest_lower]
+    return [item for item in candidates if not _locally_followed(item, items)]
+
+
+def _locally_preceded(item: Item, items: Sequence[Item]) -> bool:
+    ts = item.ts
+    if ts.local is None:
+        return False
+    return any(other is not item and other.ts.producer == ts.producer and other.ts.local is not None
+               and local_order(other.ts, ts) is Order.BEFORE for other in items)
+
+
+def _locally_followed(item: Item, items: Sequence[Item]) -> bool:
+    ts = item.ts
+    if ts.local is None:
+        return False
+    return any(other is not item and other.ts.producer == ts.producer and other.ts.local is not None
+               and local_order(ts, other.ts) is Order.BEFORE for other in items)
+
+
+def oldest_following(items: Iterable[Item], anchor: Item) -> list[Item]:
+    """The oldest items that follow ``anchor`` (``anchor < e`` or ``anchor ⊥ e``)."""
+    return oldest([item for item in items if item is not anchor and not before(item.ts, anchor.ts)])
+
+
+def newest_before(items: Iterable[Item], anchor: Item) -> list[Item]:
+    """The newest items that precede ``anchor`` (``e < anchor`` or ``e ⊥ anchor``)."""
+    return newest([item for item in items if item is not anchor and not before(anchor.ts, item.ts)])
+
+
+class POList(list):
+    """The paper's ``POList<E>``: the items that may play one component of a node, in arrival order (a
+    list; the order that matters is the partial one the methods compute)."""
+
+    def oldest(self) -> list[Item]:
+        return oldest(self)
+
+    def newest(self) -> list[Item]:
+        return newest(self)
+
+    def oldest_following(self, anchor: Item) -> list[Item]:
+        return oldest_following(self, anchor)
+
+    def newest_before(self, anchor: Item) -> list[Item]:
+        return newest_before(self, anchor)
+
+
+class Membership(enum.Enum):
+    """A producer's state in the engine's (atomic) membership."""
+
+    JOINED = "joined"
+    LEFT = "left"
+
+
+class Producer:
+    """One producer's progress, as the composition engine knows it.
+
+    Invariant: ``sync`` never decreases; no event of this producer not yet received has a lower bound
+    below ``sync`` (the per-producer FIFO channel and monotone lower bounds make it so; a late event that
+    breaks it is accepted only if no decision relied on its absence)."""
+
+    __slots__ = ("name", "types", "sync", "latest_local", "clock", "last_seen", "state", "events", "heartbeats",
+                 "joined_at")
+
+    def __init__(self, name: str, types: frozenset[str], sync: Any, clock: LocalClock | None, now: float):
+        self.name = name
+        self.types = types
+        self.sync = sync
+        self.latest_local: Any = None
+        self.clock = clock
+        self.last_seen = now
+        self.joined_at = now
+        self.state = Membership.JOINED
+        self.events = 0
+        self.heartbeats = 0
+
+    def advance(self, ts: Timestamp) -> bool:
+        """Move the sync-point to ``lower(ts)`` (and the latest local reading); True if it moved."""
+        moved = False
+        lower = ts.interval.lower
+        if self.sync is None or self.sync < lower:
+            self.sync = lower
+            moved = True
+        if ts.local is not None and (self.latest_local is None or self.latest_local < ts.local):
+            self.latest_local = ts.local
+            moved = True
+        return moved
+
+    def covers(self, stamps: Sequence[Timestamp]) -> bool:
+        """Every event of this producer not yet received certainly follows the candidates ``stamps``:
+        the candidate with the lowest upper bound ends before the sync-point, or all candidates are this
+        producer's own and local-before its latest local reading."""
+        if not stamps:
+            return False
+        if self.state is Membership.LEFT:
+            return True
+        lowest_upper = min(stamp.interval.upper for stamp in stamps)
+        if self.sync is not None and lowest_upper < self.sync:
+            return True
+        if self.latest_local is None:
+            return False
+        for stamp in stamps:
+            if stamp.producer != self.name or stamp.local is None:
+                return False
+            clock = stamp.clock or self.clock or EXACT_CLOCK
+            if not clock.orders(stamp.local, self.latest_local):
+                return False
+        return True
+
+    def __repr__(self) -> str:
+        return f"<Producer {self.name} {sorted(self.types)} sync={self.sync!r} {self.state.value}>"

@@ -1,0 +1,310 @@
+"""Time of events from many producers: accuracy intervals, their partial order, local timestamps.
+
+After C. Liebig, M. Cilia, A. Buchmann, *Event Composition in Time-dependent Distributed Systems*
+(§III.C–D).  An event detected at a node whose clock is synchronised to reference time with a reliable
+error bound gets the **accuracy interval** ``[ref − α⁻, ref + α⁺]``, which contains the instant it
+occurred (α⁻ includes the local detection delay).  Two intervals are ordered only when one ends strictly
+before the other begins::
+
+    I_j < I_k  ⇔  upper(I_j) < lower(I_k)            (strict: touching intervals are NOT ordered)
+    I_j ⊥ I_k  ⇔  ¬(I_j < I_k) ∧ ¬(I_k < I_j)        (uncertain order, also for equal timestamps)
+
+so the order is never wrong about physical time (*time-consistent order*), and ``⊥`` says so when it
+cannot tell.  A point timestamp is the interval with α = 0: two different points are ordered as numbers
+are, two equal points are uncertain.
+
+Events of the **same producer** may additionally carry local clock readings (``local``), ordered by the
+producer's :class:`LocalClock` (§III.D, *local timestamp order*)::
+
+    lts_j < lts_k  ⇔  ldd < (lts_k − lts_j − G − u) / (1 + ρ)
+
+Public names: :class:`AccuracyInterval`, :class:`Timestamp`, :class:`LocalClock`, :class:`Order`,
+:func:`order`, :func:`as_timestamp`, :func:`hull`, :func:`seconds`.  Everything here is immutable and
+thread-safe.  Design note: ``activedb/composite/README.md`` (the composition that uses it).
+
+Values: references are numbers of seconds or aware ``datetime`` objects (one kind per interval); α⁻/α⁺
+are seconds (a number) or ``timedelta``.  ``Event.ts`` of the rules may hold a :class:`Timestamp`;
+plain numbers and datetimes keep meaning what they meant (points).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+
+class Order(enum.Enum):
+    """How two timestamps are ordered: the first BEFORE the second, AFTER it, or UNCERTAIN (``⊥``)."""
+
+    BEFORE = "before"
+    AFTER = "after"
+    UNCERTAIN = "uncertain"
+
+    def flipped(self) -> "Order":
+        if self is Order.BEFORE:
+            return Order.AFTER
+        if self is Order.AFTER:
+            return Order.BEFORE
+        return self
+
+
+def seconds(difference: Any) -> float:
+    """A difference of two times (a number or a ``timedelta``) in seconds."""
+    if isinstance(difference, dt.timedelta):
+        return difference.total_seconds()
+    return float(difference)
+
+
+def _offset(reference: Any, amount: Any) -> Any:
+    """``amount`` (seconds or timedelta) in the unit ``reference`` adds."""
+    if isinstance(reference, dt.datetime):
+        return amount if isinstance(amount, dt.timedelta) else dt.timedelta(seconds=float(amount))
+    if isinstance(amount, dt.timedelta):
+        return amount.total_seconds()
+    return amount
+
+
+def _check_time(value: Any, what: str) -> None:
+    if isinstance(value, bool):
+        raise ValueError(f"{what} {value!r} is a boolean, not a time")
+    if isinstance(value, (int, float)):
+        if not math.isfinite(value):
+            raise ValueError(f"{what} {value!r} is not finite")
+        return
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            raise ValueError(f"{what} {value.isoformat()} has no time zone; give aware datetimes (UTC)")
+        return
+    raise ValueError(f"{what} {value!r} is neither a number of seconds nor an aware datetime")
+
+
+def _check_accuracy(value: Any, what: str) -> None:
+    amount = seconds(value) if isinstance(value, (int, float, dt.timedelta)) and not isinstance(value, bool) \
+        else None
+    if amount is None or not math.isfinite(amount) or amount < 0:
+        raise ValueError(f"{what} must be a non-negative number of seconds (or timedelta), got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class AccuracyInterval:
+    """``[lower, upper]``: the reference-time instants an event may have occurred at.
+
+    Invariant: ``lower <= upper`` (checked); both of one kind (numbers or aware datetimes)."""
+
+    lower: Any
+    upper: Any
+
+    def __post_init__(self) -> None:
+        _check_time(self.lower, "lower bound")
+        _check_time(self.upper, "upper bound")
+        if isinstance(self.lower, dt.datetime) != isinstance(self.upper, dt.datetime):
+            raise ValueError(f"interval [{self.lower!r}, {self.upper!r}] mixes datetimes and numbers")
+        if self.upper < self.lower:
+            raise ValueError(f"interval [{self.lower!r}, {self.upper!r}] ends before it begins")
+
+    @classmethod
+    def around(cls, reference: Any, minus: Any = 0.0, plus: Any = None) -> "AccuracyInterval":
+        """``[reference − minus, reference + plus]`` (``plus`` defaults to ``minus``: ``[ref ± α]``)."""
+        _check_time(reference, "reference time")
+        plus = minus if plus is None else plus
+        _check_accuracy(minus, "α⁻")
+        _check_accuracy(plus, "α⁺")
+        return cls(reference - _offset(reference, minus), reference + _offset(reference, plus))
+
+    @classmethod
+    def point(cls, instant: Any) -> "AccuracyInterval":
+        return cls(instant, instant)
+
+    @property
+    def is_point(self) -> bool:
+        return self.lower == self.upper
+
+    @property
+    def width(self) -> float:
+        """The inaccuracy (``upper − lower``) in seconds."""
+        return seconds(self.upper - self.lower)
+
+    def precedes(self, other: "AccuracyInterval") -> bool:
+        """``self < other``: every instant of ``self`` is before every instant of ``other``."""
+        return self.upper < other.lower
+
+    def uncertain(self, other: "AccuracyInterval") -> bool:
+        """``self ⊥ other`` (overlapping or touching)."""
+        return not (self.upper < other.lower or other.upper < self.lower)
+
+    def __str__(self) -> str:
+        if self.is_point:
+            return f"[{_show(self.lower)}]"
+        return f"[{_show(self.lower)}, {_show(self.upper)}]"
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+@dataclass(frozen=True, slots=True)
+class LocalClock:
+    """How a producer's local clock readings order its own events (§III.D).
+
+    ``detection_delay`` (ldd), ``granularity`` (G) and ``rate_adjustment`` (u) in seconds; ``drift`` (ρ)
+    dimensionless.  All zero (the default) orders readings as numbers, strictly."""
+
+    detection_delay: float = 0.0
+    granularity: float = 0.0
+    rate_adjustment: float = 0.0
+    drift: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("detection_delay", "granularity", "rate_adjustment", "drift"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value < 0:
+                raise ValueError(f"LocalClock.{name} must be a non-negative number, got {value!r}")
+
+    def orders(self, earlier: Any, later: Any) -> bool:
+        """``lts(earlier) < lts(later)`` in the local timestamp order (certainly occurred before)."""
+        distance = seconds(later - earlier)
+        return self.detection_delay < (distance - self.granularity - self.rate_adjustment) / (1.0 + self.drift)
+
+
+EXACT_CLOCK = LocalClock()
+
+
+@dataclass(frozen=True, slots=True)
+class Timestamp:
+    """An event's time: its accuracy interval, its producer, and optionally its local clock reading.
+
+    Build with :meth:`at` (``[ref − α⁻, ref + α⁺]``), :meth:`between` (given bounds) or
+    :meth:`point`.  ``reference`` is the clock reading the interval was built around (the
+    middle for :meth:`between`); it is what a point-time consumer sees (see :attr:`point_value`)."""
+
+    interval: AccuracyInterval
+    producer: str | None = None
+    local: Any = None
+    clock: LocalClock | None = field(default=None, compare=False)
+    reference: Any = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.interval, AccuracyInterval):
+            raise TypeError(f"Timestamp.interval must be an AccuracyInterval, got {self.interval!r}")
+        if self.producer is not None and (not isinstance(self.producer, str) or not self.producer):
+            raise ValueError(f"a producer is a non-empty string, got {self.producer!r}")
+        if self.local is not None:
+            _check_time(self.local, "local timestamp")
+        if self.reference is None:
+            interval = self.interval
+            middle = interval.lower + (interval.upper - interval.lower) / 2
+            object.__setattr__(self, "reference", middle)
+
+    @classmethod
+    def at(cls, reference: Any, accuracy: Any = 0.0, *, minus: Any = None, plus: Any = None,
+           producer: str | None = None, local: Any = None, clock: LocalClock | None = None) -> "Timestamp":
+        """``[reference − α⁻, reference + α⁺]``; ``accuracy`` gives both unless ``minus``/``plus`` do."""
+        minus = accuracy if minus is None else minus
+        plus = accuracy if plus is None else plus
+        return cls(AccuracyInterval.around(reference, minus, plus), producer, local, clock, reference)
+
+    @classmethod
+    def between(cls, lower: Any, upper: Any, *, producer: str | None = None, local: Any = None,
+                clock: LocalClock | None = None) -> "Timestamp":
+        return cls(AccuracyInterval(lower, upper), producer, local, clock)
+
+    @classmethod
+    def point(cls, instant: Any, *, producer: str | None = None, local: Any = None) -> "Timestamp":
+        return cls(AccuracyInterval.point(instant), producer, local, None, instant)
+
+    @property
+    def lower(self) -> Any:
+        return self.interval.lower
+
+    @property
+    def upper(self) -> Any:
+        return self.interval.upper
+
+    @property
+    def is_point(self) -> bool:
+        return self.interval.is_point
+
+    @property
+    def point_value(self) -> Any:
+        """The single instant of a point timestamp; raises ``ValueError`` for a proper interval (a
+        point-time consumer would have to guess inside it)."""
+        if not self.interval.is_point:
+            raise ValueError(f"timestamp {self} is an interval, not a point; a total order of points cannot "
+                             f"hold it without guessing — compose it with the interval time model")
+        return self.interval.lower
+
+    def with_producer(self, producer: str) -> "Timestamp":
+        return Timestamp(self.interval, producer, self.local, self.clock, self.reference)
+
+    def __str__(self) -> str:
+        who = f"@{self.producer}" if self.producer else ""
+        local = f" lts={_show(self.local)}" if self.local is not None else ""
+        return f"{self.interval}{who}{local}"
+
+
+def as_timestamp(value: Any, producer: str | None = None) -> Timestamp:
+    """``value`` as a :class:`Timestamp`: one already (its producer filled in if it has none), an
+    :class:`AccuracyInterval`, or a number/datetime (a point)."""
+    if isinstance(value, Timestamp):
+        if value.producer is None and producer is not None:
+            return value.with_producer(producer)
+        return value
+    if isinstance(value, AccuracyInterval):
+        return Timestamp(value, producer)
+    _check_time(value, "timestamp")
+    return Timestamp.point(value, producer=producer)
+
+
+def local_order(a: Timestamp, b: Timestamp) -> Order | None:
+    """The local timestamp order of two events of the same producer (None if it does not apply or
+    cannot decide)."""
+    if a.producer is None or a.producer != b.producer or a.local is None or b.local is None:
+        return None
+    clock = a.clock or b.clock or EXACT_CLOCK
+    if clock.orders(a.local, b.local):
+        return Order.BEFORE
+    if clock.orders(b.local, a.local):
+        return Order.AFTER
+    return None
+
+
+def order(a: Any, b: Any) -> Order:
+    """The order of two timestamps: accuracy-interval order, refined by the local timestamp order for
+    events of one producer.  Numbers and datetimes are points."""
+    a, b = as_timestamp(a), as_timestamp(b)
+    if a.interval.upper < b.interval.lower:
+        return Order.BEFORE
+    if b.interval.upper < a.interval.lower:
+        return Order.AFTER
+    local = local_order(a, b)
+    return local if local is not None else Order.UNCERTAIN
+
+
+def precedes(a: Any, b: Any) -> bool:
+    """``a < b`` (certainly occurred before)."""
+    return order(a, b) is Order.BEFORE
+
+
+def uncertain(a: Any, b: Any) -> bool:
+    """``a ⊥ b``."""
+    return order(a, b) is Order.UNCERTAIN
+
+
+def hull(stamps: Iterable[Any], producer: str | None = None) -> Timestamp:
+    """The smallest interval containing every given timestamp (a composite event's time: it began no
+    earlier than the lowest bound and ended no later than the highest)."""
+    stamps = [as_timestamp(stamp) for stamp in stamps]
+    if not stamps:
+        raise ValueError("the hull of no timestamps is undefined")
+    lower = min(stamp.lower for stamp in stamps)
+    upper = max(stamp.upper for stamp in stamps)
+    reference = max(stamp.reference for stamp in stamps)
+    return Timestamp(AccuracyInterval(lower, upper), producer, None, None, reference)

@@ -1,0 +1,60 @@
+"""Stream transactions: pattern queries over the shared store, rules ON OUTPUT, and
+event-time correctness (Active CEP: Wang, Rundensteiner, Ellison, *Active Complex Event
+Processing over Event Streams*).
+
+Public interface::
+
+    from activedb import streams
+
+    engine = streams.StreamEngine(db, name="hygiene")            # SEI scheduler
+    engine.create_stream("estream", types=["EXIT", "SANITIZE", "ENTER", "MASK"],
+                         attributes=["HCW-ID", "location"])
+    engine.define(Q1_AND_R1_TEXT)                                # CREATE QUERY … / CREATE RULE …
+    with db.transaction() as tx:                                 # one micro-batch
+        result = engine.process(tx, events, punctuation=watermark)
+    engine.feed(events, punctuation=streams.END_OF_STREAM)      # or: a transaction of its own
+    engine.statistics()                                          # throughput, L_query, L_rule, …
+
+The design note is ``activedb/streams/README.md``.
+"""
+
+from activedb.streams import algebra
+from activedb.streams._builders import (
+    NEW,
+    EventRef,
+    Ref,
+    component,
+    conj,
+    delete,
+    event,
+    exists,
+    insert,
+    lit,
+    not_,
+    query_definition,
+    same,
+    seq,
+    store,
+    update,
+)
+from activedb.streams._catalog import StreamSchema
+from activedb.streams._compile import CompiledQuery, CompiledRule, Ctx, ReadSpec, WriteSpec, compile_query
+from activedb.streams._engine import AccessPlan, BatchResult, BatchRun, Resource, STransaction, StreamEngine
+from activedb.streams._events import END_OF_STREAM, DeadLetter, Output, StreamEvent
+from activedb.streams._history import StreamHistory, StreamOp
+from activedb.streams._language import parse
+from activedb.streams._matcher import PartitionState
+from activedb.streams._metrics import QueryCounters, StreamStatistics
+from activedb.streams._scheduler import Scheduler, SEIScheduler, UnscheduledScheduler
+from activedb.streams._view import StoreView
+from activedb.streams.algebra import Consumption, Selection
+from activedb.streams import errors
+
+__all__ = [
+    "AccessPlan", "BatchResult", "BatchRun", "CompiledQuery", "CompiledRule", "Consumption", "Ctx", "DeadLetter",
+    "END_OF_STREAM", "EventRef", "NEW", "Output", "PartitionState", "QueryCounters", "ReadSpec", "Ref",
+    "Resource", "SEIScheduler", "STransaction", "Scheduler", "Selection", "StoreView", "StreamEngine",
+    "StreamEvent", "StreamHistory", "StreamOp", "StreamSchema", "StreamStatistics", "UnscheduledScheduler",
+    "WriteSpec", "algebra", "component", "compile_query", "conj", "delete", "errors", "event", "exists", "insert",
+    "lit", "not_", "parse", "query_definition", "same", "seq", "store", "update",
+]

@@ -1,0 +1,275 @@
+"""The Python API for writing queries and rules: builders of :mod:`algebra` nodes.
+
+::
+
+    from activedb.streams import event, lit, same, seq, not_, store, update
+
+    EXIT, ENTER = event("EXIT"), event("ENTER")
+    engine.query("Q1", stream="estream",
+                 pattern=seq("EXIT", not_("SANITIZE"), "ENTER"),
+                 where=[same("HCW-ID"),
+                        EXIT["location"] != ENTER["location"],
+                        lit("safe") == store("workerStatus", "status", workerID=ENTER["HCW-ID"])],
+                 within=45, returns=[ENTER["HCW-ID"], ENTER["location"]])
+    engine.rule("R1", on_output="Q1", new="newEvent",
+                action=update("workerStatus", set={"status": "warning"},
+                              where={"workerID": event("newEvent")["HCW-ID"]}))
+
+builds exactly the definitions the text of Active CEP §3.1 parses to.  Expressions are
+:class:`Ref` objects: compare them with ``== != < <= > >=``, compute with ``+ - * /``,
+combine conditions with ``&``, ``|`` and ``~`` (Python's ``and``/``or``/``not`` cannot be
+overloaded and raise a TypeError).  Plain Python values are literals.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+from activedb.streams import algebra as ast
+from activedb.streams.errors import DefinitionError
+
+
+class Ref:
+    """An expression under construction; ``.node`` is the :mod:`algebra` node."""
+
+    __slots__ = ("node",)
+    __hash__ = None  # type: ignore[assignment]  # == builds an expression
+
+    def __init__(self, node: ast.Expr):
+        self.node = node
+
+    def _compare(self, operator: str, other: Any) -> "Ref":
+        return Ref(ast.Compare(operator, self.node, _node(other)))
+
+    def __eq__(self, other: Any) -> "Ref":  # type: ignore[override]
+        return self._compare("=", other)
+
+    def __ne__(self, other: Any) -> "Ref":  # type: ignore[override]
+        return self._compare("!=", other)
+
+    def __lt__(self, other: Any) -> "Ref":
+        return self._compare("<", other)
+
+    def __le__(self, other: Any) -> "Ref":
+        return self._compare("<=", other)
+
+    def __gt__(self, other: Any) -> "Ref":
+        return self._compare(">", other)
+
+    def __ge__(self, other: Any) -> "Ref":
+        return self._compare(">=", other)
+
+    def __add__(self, other: Any) -> "Ref":
+        return Ref(ast.Arithmetic("+", self.node, _node(other)))
+
+    def __radd__(self, other: Any) -> "Ref":
+        return Ref(ast.Arithmetic("+", _node(other), self.node))
+
+    def __sub__(self, other: Any) -> "Ref":
+        return Ref(ast.Arithmetic("-", self.node, _node(other)))
+
+    def __rsub__(self, other: Any) -> "Ref":
+        return Ref(ast.Arithmetic("-", _node(other), self.node))
+
+    def __mul__(self, other: Any) -> "Ref":
+        return Ref(ast.Arithmetic("*", self.node, _node(other)))
+
+    def __rmul__(self, other: Any) -> "Ref":
+        return Ref(ast.Arithmetic("*", _node(other), self.node))
+
+    def __truediv__(self, other: Any) -> "Ref":
+        return Ref(ast.Arithmetic("/", self.node, _node(other)))
+
+    def __neg__(self) -> "Ref":
+        return Ref(ast.Negate(self.node))
+
+    def __and__(self, other: Any) -> "Ref":
+        return Ref(ast.And(_flatten(ast.And, self.node) + _flatten(ast.And, _node(other))))
+
+    def __or__(self, other: Any) -> "Ref":
+        return Ref(ast.Or(_flatten(ast.Or, self.node) + _flatten(ast.Or, _node(other))))
+
+    def __invert__(self) -> "Ref":
+        return Ref(ast.Not(self.node))
+
+    def is_null(self) -> "Ref":
+        return Ref(ast.IsNull(self.node))
+
+    def is_not_null(self) -> "Ref":
+        return Ref(ast.IsNull(self.node, negated=True))
+
+    def __bool__(self) -> bool:
+        raise TypeError("a stream expression has no truth value here: combine conditions with &, | and ~ "
+                        "(not and/or/not), or pass a list to where= (its items are ANDed)")
+
+    def __repr__(self) -> str:
+        return f"Ref({self.node!r})"
+
+
+def _flatten(kind: type, node: ast.Expr) -> tuple[ast.Expr, ...]:
+    return node.operands if isinstance(node, kind) else (node,)
+
+
+def _node(value: Any) -> ast.Expr:
+    if isinstance(value, Ref):
+        return value.node
+    if isinstance(value, ast.Expr):
+        return value
+    if isinstance(value, EventRef):
+        raise DefinitionError(f"{value!r} is an event; name one of its attributes ({value.alias}['attribute'])")
+    return ast.Literal(value)
+
+
+def lit(value: Any) -> Ref:
+    """A literal (needed on the left of a comparison: ``lit('safe') == store(…)``)."""
+    return Ref(ast.Literal(value))
+
+
+class EventRef:
+    """A pattern component (or a rule's triggering output) by alias: ``ENTER['HCW-ID']``,
+    ``ENTER.location``."""
+
+    __slots__ = ("alias",)
+
+    def __init__(self, alias: str):
+        object.__setattr__(self, "alias", alias)
+
+    def __getitem__(self, attribute: str) -> Ref:
+        return Ref(ast.AttributeRef(self.alias, attribute))
+
+    def __getattr__(self, attribute: str) -> Ref:
+        if attribute.startswith("__"):
+            raise AttributeError(attribute)
+        return Ref(ast.AttributeRef(self.alias, attribute))
+
+    def __repr__(self) -> str:
+        return f"event({self.alias!r})"
+
+
+def event(alias: str) -> EventRef:
+    """The pattern component (or rule output) called ``alias``."""
+    return EventRef(alias)
+
+
+NEW = EventRef("NEW")
+
+
+def same(attribute: str) -> Ref:
+    """``[attribute]``: every event of the sequence has the same value (partitioning)."""
+    return Ref(ast.Equivalence(attribute))
+
+
+def _conditions(where: Mapping[str, Any] | None, keywords: Mapping[str, Any]) -> tuple[tuple[str, ast.Expr], ...]:
+    pairs = dict(where or {})
+    pairs.update(keywords)
+    return tuple((column, _node(value)) for column, value in pairs.items())
+
+
+def store(table: str, column: str, where: Mapping[str, Any] | None = None, **equalities: Any) -> Ref:
+    """``(SELECT column FROM table WHERE k = v …)``: a read of the store at the query's time."""
+    return Ref(ast.ScalarSubquery(ast.Select(table, column, _conditions(where, equalities))))
+
+
+def exists(table: str, where: Mapping[str, Any] | None = None, **equalities: Any) -> Ref:
+    """``EXISTS (SELECT * FROM table WHERE k = v …)``."""
+    return Ref(ast.Exists(ast.Select(table, None, _conditions(where, equalities))))
+
+
+def component(event_type: str, alias: str | None = None) -> ast.EventComponent:
+    return ast.EventComponent(event_type, alias)
+
+
+def not_(event_type: str, alias: str | None = None) -> ast.EventComponent:
+    """``!event_type``: a negative component of ``seq``."""
+    return ast.EventComponent(event_type, alias, negated=True)
+
+
+def seq(*components: str | ast.EventComponent) -> ast.Seq:
+    """``SEQ(…)``: strings are positive components named by their type."""
+    return ast.Seq(tuple(item if isinstance(item, ast.EventComponent) else ast.EventComponent(item)
+                         for item in components))
+
+
+def conj(*components: str | ast.EventComponent) -> ast.Conj:
+    """``AND(…)`` (the paper's ``A & B``): every component occurs, in any order."""
+    return ast.Conj(tuple(item if isinstance(item, ast.EventComponent) else ast.EventComponent(item)
+                          for item in components))
+
+
+def update(table: str, *, set: Mapping[str, Any], where: Mapping[str, Any]) -> ast.UpdateAction:  # noqa: A002
+    """``UPDATE table SET … WHERE <whole key> = …``."""
+    return ast.UpdateAction(table, tuple((column, _node(value)) for column, value in set.items()),
+                            tuple((column, _node(value)) for column, value in where.items()))
+
+
+def insert(table: str, values: Mapping[str, Any] | None = None, **columns: Any) -> ast.InsertAction:
+    """``INSERT INTO table (c, …) VALUES (v, …)``."""
+    pairs = dict(values or {})
+    pairs.update(columns)
+    return ast.InsertAction(table, tuple(pairs), tuple(_node(value) for value in pairs.values()))
+
+
+def delete(table: str, where: Mapping[str, Any] | None = None, **key: Any) -> ast.DeleteAction:
+    """``DELETE FROM table WHERE <whole key> = …``."""
+    return ast.DeleteAction(table, _conditions(where, key))
+
+
+def _where(where: Any) -> ast.Expr | None:
+    if where is None:
+        return None
+    if isinstance(where, (list, tuple)):
+        terms = tuple(term for item in where for term in _flatten(ast.And, _node(item)))
+        if not terms:
+            return None
+        return terms[0] if len(terms) == 1 else ast.And(terms)
+    return _node(where)
+
+
+def _returns(returns: Any) -> tuple[ast.ReturnItem, ...]:
+    items = []
+    pairs = returns.items() if isinstance(returns, Mapping) else ((None, value) for value in returns)
+    for name, value in pairs:
+        node = _node(value)
+        if name is None:
+            if isinstance(node, ast.AttributeRef):
+                name = node.attribute
+            else:
+                raise DefinitionError(f"name the returned expression {node!r}: returns={{'name': expression}}")
+        items.append(ast.ReturnItem(name, node))
+    return tuple(items)
+
+
+def query_definition(name: str, *, pattern: Any, returns: Any, where: Any = None, within: float | None = None,
+                     stream: str | None = None, selection: ast.Selection | str = ast.Selection.SKIP_TILL_ANY_MATCH,
+                     priority: float | None = None, consumption: ast.Consumption | str | None = None
+                     ) -> ast.QueryDefinition:
+    if isinstance(pattern, str):
+        pattern = seq(pattern)
+    elif isinstance(pattern, ast.EventComponent):
+        pattern = ast.Seq((pattern,))
+    if not isinstance(pattern, ast.Pattern):
+        raise DefinitionError(f"query {name}: pattern must be seq(…) or an event type, got {pattern!r}")
+    return ast.QueryDefinition(name=name, pattern=pattern, returns=_returns(returns), where=_where(where),
+                               within=float(within) if within is not None else None, stream=stream,
+                               selection=ast.Selection(selection), priority=priority,
+                               consumption=ast.Consumption(consumption) if consumption is not None else None)
+
+
+def rule_definition(name: str, *, on_output: str, action: Any, when: Any = None, priority: float | None = None,
+                    new: str = "NEW", reads: Iterable[str] | None = None, writes: Iterable[str] | None = None,
+                    replace: bool = False) -> ast.RuleDefinition:
+    actions = list(action) if isinstance(action, (list, tuple)) else [action]
+    built: list[ast.Action] = []
+    for item in actions:
+        if isinstance(item, ast.Action):
+            built.append(item)
+        elif callable(item):
+            built.append(ast.CallAction(item, frozenset(reads) if reads is not None else None,
+                                        frozenset(writes) if writes is not None else None))
+        else:
+            raise DefinitionError(f"rule {name}: an action is update(…), insert(…), delete(…) or a callable "
+                                  f"(tx, new), got {item!r}")
+    return ast.RuleDefinition(name=name, query=on_output, actions=tuple(built), new_alias=new,
+                              when=_where(when), priority=priority, replace=replace)
+
+

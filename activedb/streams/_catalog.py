@@ -1,0 +1,180 @@
+"""What definitions are checked against: the declared streams and the store's tables.
+
+* :class:`StreamSchema` — a declared input stream: its event types, their attributes,
+  and the application's order for events with equal timestamps (type priorities, then
+  an optional tie key; see ``_order.py``).
+* :class:`StoreCatalog` — resolves a table or column named in a definition to the
+  PostgreSQL table (reflected through ``db.table``).  Unquoted names match case-
+  insensitively, as SQL folds them (``workerStatus`` finds ``workerstatus``); an engine
+  may also map the paper's logical names onto its own schema with ``aliases``
+  (``{"workerStatus": ("worker_status", {"workerID": "worker"})}``).
+
+Thread-safety: a ``StoreCatalog`` is used under the engine's definition mutex only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import sqlalchemy as sa
+
+from activedb.errors import UnknownTable as StoreUnknownTable
+from activedb.streams.algebra import Position
+from activedb.streams.errors import DefinitionError, UnknownAttribute, UnknownName, UnknownTable
+
+
+def _at(position: Position | None) -> dict:
+    return {"line": position.line, "column": position.column} if position else {}
+
+
+@dataclass(frozen=True)
+class StreamSchema:
+    """A declared input stream.
+
+    ``types``: the event types (None: any type); ``attributes``: the attributes every
+    event has (``type_attributes`` adds per-type ones); ``priorities``: per type, the
+    order of events with equal timestamps (higher first, unlisted last); ``tie_key``:
+    a function ``event -> sortable`` ordering equal-timestamp events of equal priority
+    (e.g. by worker id).  Events still equal after that are ordered by their content, so
+    that the order never depends on arrival (see the README)."""
+
+    name: str
+    types: tuple[str, ...] | None
+    attributes: tuple[str, ...]
+    type_attributes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    priorities: Mapping[str, float] = field(default_factory=dict)
+    tie_key: Callable[[Any], Any] | None = None
+
+    def __post_init__(self) -> None:
+        folded: dict[str, str] = {}
+        for event_type in self.types or ():
+            if event_type.casefold() in folded:
+                raise DefinitionError(f"stream {self.name}: event type {event_type!r} is declared twice")
+            folded[event_type.casefold()] = event_type
+        object.__setattr__(self, "_types", folded)
+        for event_type in self.priorities:
+            if self.types is not None and event_type.casefold() not in folded:
+                raise UnknownName(f"stream {self.name}: priority for undeclared event type {event_type!r}")
+
+    def resolve_type(self, name: str) -> str | None:
+        """The declared spelling of event type ``name`` (case-insensitive), None if unknown."""
+        if self.types is None:
+            return name
+        return self._types.get(name.casefold())
+
+    def attributes_of(self, event_type: str) -> tuple[str, ...]:
+        return tuple(self.attributes) + tuple(self.type_attributes.get(event_type, ()))
+
+    def resolve_attribute(self, event_type: str, name: str, position: Position | None) -> str:
+        known = self.attributes_of(event_type)
+        if name in known:
+            return name
+        folded = [attribute for attribute in known if attribute.casefold() == name.casefold()]
+        if len(folded) == 1:
+            return folded[0]
+        raise UnknownAttribute(
+            f"event type {event_type} of stream {self.name} has no attribute {name!r} "
+            f"(it has {', '.join(known) or 'none'}); declare it with engine.create_stream(…, attributes=…)",
+            **_at(position))
+
+    def priority(self, event_type: str) -> float | None:
+        for declared, value in self.priorities.items():
+            if declared.casefold() == event_type.casefold():
+                return value
+        return None
+
+
+@dataclass(frozen=True)
+class TableSchema:
+    """A store table as definitions see it: the logical name written, the real table."""
+
+    written: str
+    name: str
+    key_columns: tuple[str, ...]
+    columns: tuple[str, ...]
+    required: frozenset[str]
+    column_aliases: Mapping[str, str]
+
+    def column(self, name: str, position: Position | None) -> str:
+        mapped = self.column_aliases.get(name)
+        if mapped is None:
+            for logical, real in self.column_aliases.items():
+                if logical.casefold() == name.casefold():
+                    mapped = real
+        if mapped is not None:
+            return mapped
+        if name in self.columns:
+            return name
+        folded = [column for column in self.columns if column.casefold() == name.casefold()]
+        if len(folded) == 1:
+            return folded[0]
+        raise UnknownAttribute(f"table {self.written} ({self.name}) has no column {name!r} "
+                               f"(columns: {', '.join(self.columns)})", **_at(position))
+
+    def key_from(self, pairs: Mapping[str, Any]) -> tuple | None:
+        """The pairs' values in key order if ``pairs`` names exactly the primary key, else None."""
+        if set(pairs) != set(self.key_columns):
+            return None
+        return tuple(pairs[column] for column in self.key_columns)
+
+
+class StoreCatalog:
+    """Resolves table names of definitions against the database (see the module docstring)."""
+
+    def __init__(self, db: Any, aliases: Mapping[str, Any] | None = None):
+        self.db = db
+        self._aliases: dict[str, tuple[str, dict[str, str]]] = {}
+        for logical, target in (aliases or {}).items():
+            if isinstance(target, str):
+                self._aliases[logical.casefold()] = (target, {})
+            else:
+                real, columns = target
+                self._aliases[logical.casefold()] = (real, dict(columns))
+        self._names: list[str] | None = None
+        self._schemas: dict[str, TableSchema] = {}
+
+    def _table_names(self, refresh: bool = False) -> list[str]:
+        if self._names is None or refresh:
+            self._names = sa.inspect(self.db.engine).get_table_names()
+        return self._names
+
+    def table(self, name: str, position: Position | None = None) -> TableSchema:
+        cached = self._schemas.get(name)
+        if cached is not None:
+            return cached
+        real, column_aliases = self._aliases.get(name.casefold(), (name, {}))
+        actual = self._resolve(real, refresh=False) or self._resolve(real, refresh=True)
+        if actual is None:
+            raise UnknownTable(
+                f"no table {name!r} in the store ({self.db.describe()}); store tables come from Alembic "
+                f"migrations (db.upgrade_app), or map the name with StreamEngine(…, aliases={{{name!r}: 'table'}})",
+                **_at(position))
+        try:
+            table = self.db.table(actual)
+        except StoreUnknownTable as error:   # dropped between listing and reflection
+            raise UnknownTable(str(error), **_at(position)) from None
+        key_columns = tuple(column.name for column in table.primary_key.columns)
+        if not key_columns:
+            raise DefinitionError(f"table {actual!r} has no primary key; the store addresses rows by key",
+                                  **_at(position))
+        required = frozenset(
+            column.name for column in table.columns
+            if not column.nullable and column.server_default is None and column.identity is None
+            and column.default is None and column.name not in key_columns)
+        schema = TableSchema(written=name, name=actual, key_columns=key_columns,
+                             columns=tuple(column.name for column in table.columns), required=required,
+                             column_aliases=column_aliases)
+        for logical, column in column_aliases.items():
+            if column not in schema.columns:
+                raise UnknownAttribute(f"alias {name}.{logical} maps to {column!r}, which table {actual} does not "
+                                       f"have (columns: {', '.join(schema.columns)})")
+        self._schemas[name] = schema
+        return schema
+
+    def _resolve(self, name: str, *, refresh: bool) -> str | None:
+        names = self._table_names(refresh)
+        if name in names:
+            return name
+        folded = [candidate for candidate in names if candidate.casefold() == name.casefold()]
+        return folded[0] if len(folded) == 1 else None

@@ -1,0 +1,632 @@
+"""Checking definitions against streams and store, and compiling them to closures.
+
+:func:`compile_query` and :func:`compile_rule` turn :mod:`algebra` definitions into
+:class:`CompiledQuery` / :class:`CompiledRule`: every name is resolved (unknown stream,
+event type, attribute, table, column or query → an error *now*, at definition time,
+with line and column when the definition came from text), WHERE is split into the
+pieces the matcher evaluates at different moments, and every expression becomes a
+closure ``fn(ctx) -> value`` over a :class:`Ctx`.
+
+Where a WHERE conjunct is evaluated (see ``_matcher.py`` and the README):
+
+* ``[attr]`` → the partition key;
+* event-only, one positive component → a filter of that component's events (``local``);
+* event-only, several positive components → when all of them are bound (``joint``);
+* mentions a negative component → part of that component's kill condition (it may
+  also mention positives up to the negative's right neighbour, never the store);
+* reads the store → evaluated at the accepting event, at its timestamp: once per
+  accepting event if it mentions only the accepting component (``accepting_store``),
+  else per candidate match (``joint_store``).
+
+Expressions follow SQL's three-valued logic: a comparison with NULL is unknown (None),
+and a condition holds only when it is true.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from activedb.streams import algebra as ast
+from activedb.streams._catalog import StoreCatalog, StreamSchema, TableSchema
+from activedb.streams.errors import (
+    DefinitionError,
+    EvaluationError,
+    UnknownAttribute,
+    UnknownName,
+    UnknownQuery,
+)
+
+
+class Ctx:
+    """What a compiled expression reads: the bound events (a list indexed by component,
+    or the triggering output for rules), the store view (``reader``), the current row
+    (UPDATE … SET)."""
+
+    __slots__ = ("events", "reader", "row")
+
+    def __init__(self, events: Any, reader: Any = None, row: dict | None = None):
+        self.events = events
+        self.reader = reader
+        self.row = row
+
+
+Fn = Callable[[Ctx], Any]
+
+
+def _at(node: Any) -> dict:
+    position = getattr(node, "position", None)
+    return {"line": position.line, "column": position.column} if position else {}
+
+
+@dataclass(frozen=True)
+class ReadSpec:
+    """A store read a definition may perform (for schedulers that lock ahead).
+
+    ``key``: for a one-row read, ``(column, source)`` per key column, where ``source``
+    is an :class:`~algebra.AttributeRef` (the value comes from an event or output
+    attribute), a :class:`~algebra.Literal`, or None (computed otherwise); None for a
+    table read (``scan``)."""
+
+    table: str
+    key: tuple[tuple[str, Any], ...] | None
+
+
+@dataclass(frozen=True)
+class WriteSpec:
+    """A store write a rule may perform; ``key`` as in :class:`ReadSpec` (None: any row)."""
+
+    table: str
+    key: tuple[tuple[str, Any], ...] | None
+
+
+# --- expressions ------------------------------------------------------------------------------
+
+_COMPARE = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
+            ">=": operator.ge}
+_ARITHMETIC = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
+
+
+class Scope:
+    """How the names of one expression resolve; collects what the expression uses."""
+
+    def __init__(self, catalog: StoreCatalog, *, components: dict[str, tuple[int, str, bool]] | None = None,
+                 stream: StreamSchema | None = None, new_alias: str | None = None, query: "CompiledQuery | None" = None,
+                 row_table: TableSchema | None = None, what: str = "expression"):
+        self.catalog = catalog
+        self.components = components or {}     # alias (casefolded) -> (index, event type, negated)
+        self.stream = stream
+        self.new_alias = new_alias
+        self.query = query
+        self.row_table = row_table
+        self.what = what
+        self.used: set[int] = set()           # component indices referenced
+        self.reads: list[ReadSpec] = []
+
+    def component(self, node: ast.AttributeRef) -> tuple[int, str]:
+        entry = self.components.get(node.alias.casefold())
+        if entry is None:
+            known = ", ".join(sorted({alias for alias in self.components})) or "none"
+            raise UnknownName(f"{self.what}: {node.alias}.{node.attribute} names no event of the pattern "
+                              f"(events: {known})", **_at(node))
+        index, event_type, _ = entry
+        attribute = self.stream.resolve_attribute(event_type, node.attribute, node.position)
+        self.used.add(index)
+        return index, attribute
+
+    def output_attribute(self, node: ast.AttributeRef) -> str:
+        aliases = {self.new_alias.casefold(), self.query.name.casefold()}
+        if node.alias.casefold() not in aliases:
+            raise UnknownName(f"{self.what}: {node.alias}.{node.attribute} — the triggering event is "
+                              f"{self.new_alias} (REFERENCING NEW AS …)", **_at(node))
+        names = self.query.output_names
+        if node.attribute in names:
+            return node.attribute
+        folded = [name for name in names if name.casefold() == node.attribute.casefold()]
+        if len(folded) == 1:
+            return folded[0]
+        raise UnknownAttribute(f"{self.what}: query {self.query.name} returns no attribute {node.attribute!r} "
+                               f"(it returns {', '.join(names)})", **_at(node))
+
+
+def compile_expression(node: ast.Expr, scope: Scope) -> Fn:
+    if isinstance(node, ast.Literal):
+        value = node.value
+        return lambda ctx: value
+    if isinstance(node, ast.AttributeRef):
+        if scope.query is not None:
+            attribute = scope.output_attribute(node)
+            return lambda ctx: ctx.events.attributes.get(attribute)
+        index, attribute = scope.component(node)
+        return lambda ctx: ctx.events[index].attributes.get(attribute)
+    if isinstance(node, ast.ColumnRef):
+        if scope.row_table is None:
+            raise UnknownName(f"{scope.what}: {node.column!r} is not qualified; write EVENT.{node.column} for an "
+                              f"event attribute (or use it inside a subquery on a table)", **_at(node))
+        column = scope.row_table.column(node.column, node.position)
+        return lambda ctx: ctx.row.get(column) if ctx.row is not None else None
+    if isinstance(node, ast.Compare):
+        left, right = compile_expression(node.left, scope), compile_expression(node.right, scope)
+        compare = _COMPARE[node.operator]
+        text = node.operator
+
+        def evaluate_compare(ctx: Ctx) -> Any:
+            a, b = left(ctx), right(ctx)
+            if a is None or b is None:
+                return None
+            try:
+                return compare(a, b)
+            except TypeError:
+                raise EvaluationError(f"cannot compare {a!r} {text} {b!r} ({type(a).__name__} with "
+                                      f"{type(b).__name__})") from None
+        return evaluate_compare
+    if isinstance(node, ast.Arithmetic):
+        left, right = compile_expression(node.left, scope), compile_expression(node.right, scope)
+        apply = _ARITHMETIC[node.operator]
+        text = node.operator
+
+        def evaluate_arithmetic(ctx: Ctx) -> Any:
+            a, b = left(ctx), right(ctx)
+            if a is None or b is None:
+                return None
+            try:
+                return apply(a, b)
+            except (TypeError, ZeroDivisionError) as error:
+                raise EvaluationError(f"cannot compute {a!r} {text} {b!r}: {error}") from None
+        return evaluate_arithmetic
+    if isinstance(node, ast.Negate):
+        operand = compile_expression(node.operand, scope)
+
+        def evaluate_negate(ctx: Ctx) -> Any:
+            value = operand(ctx)
+            return None if value is None else -value
+        return evaluate_negate
+    if isinstance(node, ast.IsNull):
+        operand = compile_expression(node.operand, scope)
+        if node.negated:
+            return lambda ctx: operand(ctx) is not None
+        return lambda ctx: operand(ctx) is None
+    if isinstance(node, ast.And):
+        operands = [compile_expression(operand, scope) for operand in node.operands]
+
+        def evaluate_and(ctx: Ctx) -> Any:
+            unknown = False
+            for operand in operands:
+                value = operand(ctx)
+                if value is None:
+                    unknown = True
+                elif not value:
+                    return False
+            return None if unknown else True
+        return evaluate_and
+    if isinstance(node, ast.Or):
+        operands = [compile_expression(operand, scope) for operand in node.operands]
+
+        def evaluate_or(ctx: Ctx) -> Any:
+            unknown = False
+            for operand in operands:
+                value = operand(ctx)
+                if value is None:
+                    unknown = True
+                elif value:
+                    return True
+            return None if unknown else False
+        return evaluate_or
+    if isinstance(node, ast.Not):
+        operand = compile_expression(node.operand, scope)
+
+        def evaluate_not(ctx: Ctx) -> Any:
+            value = operand(ctx)
+            return None if value is None else not value
+        return evaluate_not
+    if isinstance(node, (ast.ScalarSubquery, ast.Exists)):
+        return _compile_select(node, scope)
+    if isinstance(node, ast.Equivalence):
+        raise DefinitionError(f"{scope.what}: [{node.attribute}] (the equivalence test) is only allowed as a "
+                              f"top-level AND term of a query's WHERE", **_at(node))
+    raise DefinitionError(f"{scope.what}: unsupported expression {node!r}")
+
+
+def _compile_select(node: ast.ScalarSubquery | ast.Exists, scope: Scope) -> Fn:
+    select = node.select
+    table = scope.catalog.table(select.table, select.position or node.position)
+    column = table.column(select.column, select.position) if select.column is not None else None
+    conditions: dict[str, Fn] = {}
+    sources: dict[str, Any] = {}
+    for written, expression in select.conditions:
+        real = table.column(written, getattr(expression, "position", None) or select.position)
+        if real in conditions:
+            raise DefinitionError(f"{scope.what}: column {written} appears twice in the subquery's WHERE",
+                                  **_at(select))
+        if any(isinstance(inner, (ast.ScalarSubquery, ast.Exists)) for inner in expression.walk()):
+            raise DefinitionError(f"{scope.what}: nested subqueries are not supported; use a Python action",
+                                  **_at(expression))
+        inner_scope = Scope(scope.catalog, components=scope.components, stream=scope.stream,
+                            new_alias=scope.new_alias, query=scope.query, what=scope.what)
+        conditions[real] = compile_expression(expression, inner_scope)
+        scope.used |= inner_scope.used
+        sources[real] = expression if isinstance(expression, (ast.AttributeRef, ast.Literal)) else None
+    key_order = table.key_columns if set(conditions) == set(table.key_columns) else None
+    name = table.name
+    if key_order is not None:
+        scope.reads.append(ReadSpec(name, tuple((column_name, sources[column_name]) for column_name in key_order)))
+        key_functions = [conditions[column_name] for column_name in key_order]
+
+        def fetch(ctx: Ctx) -> list[dict]:
+            key = tuple(function(ctx) for function in key_functions)
+            if any(value is None for value in key):
+                return []          # column = NULL matches no row
+            row = ctx.reader.read(name, key)
+            return [] if row is None else [row]
+    else:
+        scope.reads.append(ReadSpec(name, None))
+        items = list(conditions.items())
+
+        def fetch(ctx: Ctx) -> list[dict]:
+            where = {column_name: function(ctx) for column_name, function in items}
+            if any(value is None for value in where.values()):
+                return []
+            return ctx.reader.scan(name, where)
+
+    if isinstance(node, ast.Exists):
+        return lambda ctx: bool(fetch(ctx))
+    written_table = select.table
+
+    def scalar(ctx: Ctx) -> Any:
+        rows = fetch(ctx)
+        if not rows:
+            return None
+        if len(rows) > 1:
+            raise EvaluationError(f"the subquery (SELECT {select.column} FROM {written_table} …) found {len(rows)} "
+                                  f"rows; a scalar subquery must find at most one (name the whole key)")
+        return rows[0].get(column)
+    return scalar
+
+
+# --- queries ----------------------------------------------------------------------------------
+
+@dataclass
+class NegativeSpec:
+    index: int                 # component index of the negative
+    left: int                  # index (into positives) of the positive before it
+    predicates: list[Fn] = field(default_factory=list)
+    local: list[Fn] = field(default_factory=list)   # predicates on the negative event alone
+
+
+@dataclass
+class CompiledQuery:
+    """A checked query, ready for the matcher.  Immutable once built."""
+
+    definition: ast.QueryDefinition
+    name: str
+    stream: StreamSchema
+    types: tuple[str, ...]                     # component index -> event type
+    negated: tuple[bool, ...]
+    positives: tuple[int, ...]                 # component indices of the positive components, in order
+    accepting: int                             # component index of the accepting component
+    partition: tuple[str, ...]                 # [attr] attributes
+    local: dict[int, list[Fn]]                 # component index -> event-only filters
+    joint_backward: dict[int, list[Fn]]        # positive rank -> predicates evaluable once ranks >= it are bound
+    joint_forward: dict[int, list[Fn]]         # positive rank -> predicates evaluable once ranks <= it are bound
+    accepting_store: list[Fn]                  # store predicates on the accepting event alone
+    joint_store: list[Fn]                      # store predicates over several components
+    negatives: list[NegativeSpec]
+    within: float | None
+    returns: tuple[tuple[str, Fn], ...]
+    selection: ast.Selection
+    priority: float | None
+    reads: tuple[ReadSpec, ...]
+    fingerprint: str
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.returns)
+
+    @property
+    def consumed_types(self) -> frozenset[str]:
+        return frozenset(self.types)
+
+    @property
+    def accepting_type(self) -> str:
+        return self.types[self.accepting]
+
+    @property
+    def reads_store(self) -> bool:
+        return bool(self.reads)
+
+    @property
+    def state_depends_on_store(self) -> bool:
+        """True if the matcher's state after an event depends on the event's store reads
+        (skip-till-next-match consumes a run only if its store predicates hold): a
+        concurrent scheduler must then finish an event's reads before the next event of
+        the same partition is matched."""
+        return self.selection is ast.Selection.SKIP_TILL_NEXT_MATCH and bool(self.accepting_store or self.joint_store)
+
+
+def compile_query(definition: ast.QueryDefinition, streams: dict[str, StreamSchema], catalog: StoreCatalog
+                  ) -> CompiledQuery:
+    what = f"query {definition.name}"
+    if definition.stream is not None:
+        stream = _find(streams, definition.stream)
+        if stream is None:
+            raise UnknownName(f"{what}: no stream {definition.stream!r} (declared: {', '.join(streams) or 'none'}); "
+                              f"declare it with engine.create_stream()", **_at(definition))
+    elif len(streams) == 1:
+        stream = next(iter(streams.values()))
+    else:
+        raise DefinitionError(f"{what}: name its stream with ON <stream> (the engine has "
+                              f"{len(streams)} streams: {', '.join(streams) or 'none — declare one first'})",
+                              **_at(definition))
+    pattern = definition.pattern
+    if not isinstance(pattern, (ast.Seq, ast.Conj)):
+        raise DefinitionError(f"{what}: only SEQ and AND patterns are supported", **_at(pattern))
+    components = pattern.components()
+    if not components:
+        raise DefinitionError(f"{what}: {type(pattern).__name__.upper()}() needs at least one event", **_at(pattern))
+    if isinstance(pattern, ast.Conj) and any(component.negated for component in components):
+        which = next(component for component in components if component.negated)
+        raise DefinitionError(f"{what}: AND(…) has no place for a negative event (!{which.event_type}): negation "
+                              f"means 'not between two events', which only SEQ has", **_at(which))
+    if components[0].negated or components[-1].negated:
+        which = components[0] if components[0].negated else components[-1]
+        raise DefinitionError(
+            f"{what}: a negative event (!{which.event_type}) must stand between two positive events; the first and "
+            f"the last event of a SEQ are positive (negative accepting events are outside Active CEP's model)",
+            **_at(which))
+    aliases: dict[str, tuple[int, str, bool]] = {}
+    types = []
+    for index, component in enumerate(components):
+        event_type = stream.resolve_type(component.event_type)
+        if event_type is None:
+            raise UnknownName(f"{what}: stream {stream.name} has no event type {component.event_type!r} "
+                              f"(types: {', '.join(stream.types or ())})", **_at(component))
+        key = component.name.casefold()
+        if key in aliases:
+            raise DefinitionError(f"{what}: {component.name} appears twice in the pattern; give each occurrence "
+                                  f"its own alias (SEQ({component.event_type} a, …, {component.event_type} b))",
+                                  **_at(component))
+        aliases[key] = (index, event_type, component.negated)
+        types.append(event_type)
+    positives = tuple(index for index, component in enumerate(components) if not component.negated)
+    rank = {index: position for position, index in enumerate(positives)}
+    accepting = positives[-1]
+
+    partition: list[str] = []
+    local: dict[int, list[Fn]] = {}
+    joint_backward: dict[int, list[Fn]] = {}
+    joint_forward: dict[int, list[Fn]] = {}
+    accepting_store: list[Fn] = []
+    joint_store: list[Fn] = []
+    reads: list[ReadSpec] = []
+    negatives = {index: NegativeSpec(index, rank[max(p for p in positives if p < index)])
+                 for index, component in enumerate(components) if component.negated}
+    for term in ast.conjuncts(definition.where):
+        if isinstance(term, ast.Equivalence):
+            resolved = None
+            for index, event_type in enumerate(types):
+                resolved = stream.resolve_attribute(event_type, term.attribute, term.position)
+            if resolved not in partition:
+                partition.append(resolved)
+            continue
+        scope = Scope(catalog, components=aliases, stream=stream, what=what)
+        function = compile_expression(term, scope)
+        used = scope.used
+        reads.extend(scope.reads)
+        negative_used = [index for index in used if components[index].negated]
+        if len(negative_used) > 1:
+            raise DefinitionError(f"{what}: one WHERE term may mention only one negative event", **_at(term))
+        if negative_used:
+            negative = negatives[negative_used[0]]
+            if scope.reads:
+                raise DefinitionError(f"{what}: a WHERE term on a negative event cannot read the store", **_at(term))
+            right = negative.left + 1
+            too_late = [index for index in used if not components[index].negated and rank[index] > right]
+            if too_late:
+                raise DefinitionError(
+                    f"{what}: a term on !{components[negative.index].event_type} may mention only the events up to "
+                    f"the positive event right after it, not {components[too_late[0]].name}", **_at(term))
+            (negative.local if used == {negative.index} else negative.predicates).append(function)
+            continue
+        if scope.reads:
+            if used <= {accepting}:
+                accepting_store.append(function)
+            else:
+                joint_store.append(function)
+            continue
+        if not used:
+            local.setdefault(accepting, []).append(function)
+        elif len(used) == 1:
+            local.setdefault(next(iter(used)), []).append(function)
+        else:
+            ranks = [rank[index] for index in used]
+            joint_backward.setdefault(min(ranks), []).append(function)
+            joint_forward.setdefault(max(ranks), []).append(function)
+    for event_type in types:
+        for attribute in partition:
+            stream.resolve_attribute(event_type, attribute, None)
+
+    returns: list[tuple[str, Fn]] = []
+    positive_aliases = {alias: entry for alias, entry in aliases.items() if not entry[2]}
+    for item in definition.returns:
+        if any(existing == item.name for existing, _ in returns):
+            raise DefinitionError(f"{what}: RETURN names {item.name!r} twice; rename one with AS", **_at(item))
+        scope = Scope(catalog, components=positive_aliases, stream=stream, what=f"{what} RETURN")
+        for node in item.expression.walk():
+            if isinstance(node, ast.AttributeRef) and node.alias.casefold() in aliases \
+                    and aliases[node.alias.casefold()][2]:
+                raise DefinitionError(f"{what}: RETURN cannot use the negative event {node.alias}", **_at(node))
+        returns.append((item.name, compile_expression(item.expression, scope)))
+        reads.extend(scope.reads)
+    if definition.within is not None and not definition.within > 0:
+        raise DefinitionError(f"{what}: WITHIN needs a positive window, got {definition.within!r}", **_at(definition))
+    return CompiledQuery(
+        definition=definition, name=definition.name, stream=stream, types=tuple(types),
+        negated=tuple(component.negated for component in components), positives=positives, accepting=accepting,
+        partition=tuple(partition), local=local, joint_backward=joint_backward, joint_forward=joint_forward,
+        accepting_store=accepting_store, joint_store=joint_store, negatives=list(negatives.values()),
+        within=definition.within, returns=tuple(returns), selection=definition.selection,
+        priority=definition.priority, reads=tuple(reads), fingerprint=fingerprint(definition))
+
+
+def fingerprint(definition: Any) -> str:
+    """A stable digest of a definition's structure (positions ignored)."""
+    import hashlib
+
+    return hashlib.sha256(repr(definition).encode()).hexdigest()[:16]
+
+
+def _find(mapping: dict[str, Any], name: str) -> Any:
+    if name in mapping:
+        return mapping[name]
+    folded = [value for key, value in mapping.items() if key.casefold() == name.casefold()]
+    return folded[0] if len(folded) == 1 else None
+
+
+# --- rules ------------------------------------------------------------------------------------
+
+@dataclass
+class CompiledRule:
+    """A checked ON OUTPUT rule.  ``actions`` are callables ``(ctx) -> None``."""
+
+    definition: ast.RuleDefinition
+    name: str
+    query: str
+    priority: float | None
+    when: Fn | None
+    actions: tuple[Callable[[Ctx], None], ...]
+    reads: tuple[ReadSpec, ...]
+    writes: tuple[WriteSpec, ...]
+    opaque: bool               # a Python action without declared tables
+
+
+def compile_rule(definition: ast.RuleDefinition, queries: dict[str, CompiledQuery], catalog: StoreCatalog
+                 ) -> CompiledRule:
+    what = f"rule {definition.name}"
+    query = _find(queries, definition.query)
+    if query is None:
+        raise UnknownQuery(f"{what}: ON OUTPUT {definition.query} — no such query (defined: "
+                           f"{', '.join(queries) or 'none'}); define the query first", **_at(definition))
+    reads: list[ReadSpec] = []
+    writes: list[WriteSpec] = []
+    when = None
+    if definition.when is not None:
+        scope = Scope(catalog, new_alias=definition.new_alias, query=query, what=f"{what} WHEN")
+        when = compile_expression(definition.when, scope)
+        reads.extend(scope.reads)
+    actions = []
+    opaque = False
+    for action in definition.actions:
+        if isinstance(action, ast.CallAction):
+            actions.append(_call_action(action, catalog, what))
+            if action.reads is None and action.writes is None:
+                opaque = True
+            for table in action.reads or ():
+                reads.append(ReadSpec(catalog.table(table).name, None))
+            for table in action.writes or ():
+                writes.append(WriteSpec(catalog.table(table).name, None))
+            continue
+        table = catalog.table(action.table, action.position)
+        if isinstance(action, ast.InsertAction):
+            columns = action.columns or tuple(table.columns)
+            if not action.columns and len(action.values) != len(columns):
+                raise DefinitionError(f"{what}: INSERT INTO {action.table} gives {len(action.values)} values for "
+                                      f"{len(columns)} columns; name the columns", **_at(action))
+            real = [table.column(column, action.position) for column in columns]
+            missing = table.required - set(real)
+            if missing:
+                raise DefinitionError(f"{what}: INSERT INTO {action.table} must give {', '.join(sorted(missing))} "
+                                      f"(NOT NULL without a default)", **_at(action))
+            scope = Scope(catalog, new_alias=definition.new_alias, query=query, what=f"{what} INSERT")
+            functions = [compile_expression(value, scope) for value in action.values]
+            reads.extend(scope.reads)
+            sources = dict(zip(real, action.values))
+            key = (tuple((column, _source(sources.get(column))) for column in table.key_columns)
+                   if all(column in sources for column in table.key_columns) else None)
+            writes.append(WriteSpec(table.name, key))
+            actions.append(_insert(table.name, real, functions))
+            continue
+        key_pairs = {}
+        for written, expression in action.key:
+            column = table.column(written, action.position)
+            if column in key_pairs:
+                raise DefinitionError(f"{what}: key column {written} appears twice", **_at(action))
+            key_pairs[column] = expression
+        if set(key_pairs) != set(table.key_columns):
+            raise DefinitionError(
+                f"{what}: the WHERE of {type(action).__name__[:-6].upper()} {action.table} must name its whole "
+                f"primary key ({', '.join(table.key_columns)}) with '=' — the action changes one row; for anything "
+                f"else use a Python action", **_at(action))
+        scope = Scope(catalog, new_alias=definition.new_alias, query=query, what=f"{what} WHERE")
+        key_functions = [compile_expression(key_pairs[column], scope) for column in table.key_columns]
+        reads.extend(scope.reads)
+        key_spec = tuple((column, _source(key_pairs[column])) for column in table.key_columns)
+        writes.append(WriteSpec(table.name, key_spec))
+        if isinstance(action, ast.DeleteAction):
+            actions.append(_delete(table.name, key_functions))
+            continue
+        assignments = []
+        for written, expression in action.assignments:
+            column = table.column(written, action.position)
+            if column in table.key_columns:
+                raise DefinitionError(f"{what}: UPDATE cannot change the key column {written}", **_at(action))
+            row_scope = Scope(catalog, new_alias=definition.new_alias, query=query, row_table=table,
+                              what=f"{what} SET")
+            assignments.append((column, compile_expression(expression, row_scope)))
+            reads.extend(row_scope.reads)
+        reads.append(ReadSpec(table.name, key_spec))      # the UPDATE reads the row it changes
+        actions.append(_update(table.name, key_functions, assignments))
+    return CompiledRule(definition=definition, name=definition.name, query=query.name,
+                        priority=definition.priority, when=when, actions=tuple(actions), reads=tuple(reads),
+                        writes=tuple(writes), opaque=opaque)
+
+
+def _source(expression: Any) -> Any:
+    return expression if isinstance(expression, (ast.AttributeRef, ast.Literal)) else None
+
+
+def _insert(table: str, columns: list[str], functions: list[Fn]) -> Callable[[Ctx], None]:
+    pairs = list(zip(columns, functions))
+
+    def insert(ctx: Ctx) -> None:
+        ctx.reader.insert(table, **{column: function(ctx) for column, function in pairs})
+    return insert
+
+
+def _delete(table: str, key_functions: list[Fn]) -> Callable[[Ctx], None]:
+    def delete(ctx: Ctx) -> None:
+        key = tuple(function(ctx) for function in key_functions)
+        if any(value is None for value in key):
+            return
+        ctx.reader.delete(table, key)
+    return delete
+
+
+def _update(table: str, key_functions: list[Fn], assignments: list[tuple[str, Fn]]) -> Callable[[Ctx], None]:
+    def update(ctx: Ctx) -> None:
+        key = tuple(function(ctx) for function in key_functions)
+        if any(value is None for value in key):
+            return                      # WHERE key = NULL matches no row
+        row = ctx.reader.read(table, key)
+        if row is None:
+            return                      # UPDATE of a missing row changes nothing (SQL)
+        ctx.row = row
+        try:
+            values = {column: function(ctx) for column, function in assignments}
+        finally:
+            ctx.row = None
+        ctx.reader.write(table, key, **values)
+    return update
+
+
+def _call_action(action: ast.CallAction, catalog: StoreCatalog, what: str) -> Callable[[Ctx], None]:
+    function = action.function
+    if not callable(function):
+        raise DefinitionError(f"{what}: action {function!r} is not callable; it is called as function(tx, new)")
+    reads = None if action.reads is None else frozenset(catalog.table(name).name for name in action.reads)
+    writes = None if action.writes is None else frozenset(catalog.table(name).name for name in action.writes)
+
+    def call(ctx: Ctx) -> None:
+        view = ctx.reader.declared(reads, writes) if (reads is not None or writes is not None) else ctx.reader
+        function(view, ctx.events)
+    return call

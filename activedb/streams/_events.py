@@ -1,0 +1,154 @@
+"""Input events, query outputs, dead letters, and the declared total order of events.
+
+* :class:`StreamEvent` — one input event: its type, **application time** ``ts`` (from
+  the source: a number of seconds or an aware ``datetime``) and attributes.  The engine
+  stamps it on arrival with its **system time** ``sts`` (``time.perf_counter()``; only
+  differences are meaningful) and, when the reorder buffer releases it, with its
+  ``position`` in the stream's declared total order.  ``ts`` and ``sts`` are never
+  mixed: windows and correctness use ``ts``, latencies use ``sts``.
+* :class:`Output` — a composite event produced by a query (``ts`` = the maximum of its
+  constituents' ``ts``); rules ON OUTPUT receive it.
+* :class:`DeadLetter` — an event the engine did not process, with the reason.
+
+The declared total order (:func:`order_key`): application time, then the type's
+priority (higher first, unlisted last), then the stream's ``tie_key``, then the event's
+own content (type, attributes) — so events with equal timestamps are ordered as the
+application declares and, where it declares nothing, by what they are, never by the
+accident of their arrival.  Two events equal in all of that are indistinguishable, and
+their order cannot matter.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEvent:
+    """One input event.  Immutable; safe to share between threads.
+
+    ``origin`` is the caller's own reference (e.g. the raw row it came from); the
+    engine hands it back in dead letters and never looks inside it."""
+
+    type: str
+    ts: Any
+    attributes: Mapping[str, Any] = field(default_factory=dict)
+    stream: str | None = None
+    origin: Any = field(default=None, compare=False, repr=False)
+    sts: float | None = field(default=None, compare=False, repr=False)
+    position: int | None = field(default=None, compare=False)
+
+    def __getitem__(self, attribute: str) -> Any:
+        return self.attributes[attribute]
+
+    def describe(self) -> str:
+        """``type^ts`` as Active CEP writes events (``exit^2``)."""
+        return f"{self.type}^{format_ts(self.ts)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """A composite event: the output of query ``query``.  Immutable.
+
+    ``ts`` = max of the constituents' ``ts`` (Active CEP App. B); ``sts`` = when the query
+    produced it; ``position`` = the accepting event's position."""
+
+    query: str
+    ts: Any
+    attributes: Mapping[str, Any]
+    constituents: tuple[StreamEvent, ...]
+    sts: float
+    position: int
+
+    @property
+    def type(self) -> str:
+        return self.query
+
+    def __getitem__(self, attribute: str) -> Any:
+        return self.attributes[attribute]
+
+    def describe(self) -> str:
+        return f"{self.query}^{format_ts(self.ts)}"
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """An event the engine did not process.  ``punctuation`` is set for late events (the
+    released punctuation it was older than)."""
+
+    event: StreamEvent
+    reason: str
+    punctuation: Any = None
+
+
+def format_ts(ts: Any) -> str:
+    if isinstance(ts, dt.datetime):
+        return ts.isoformat()
+    if isinstance(ts, float) and ts.is_integer():
+        return str(int(ts))
+    return str(ts)
+
+
+class _End:
+    """The punctuation that ends a stream: later than every timestamp."""
+
+    _instance = None
+
+    def __new__(cls):
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "END_OF_STREAM"
+
+    def __reduce__(self):
+        return (_End, ())
+
+
+END_OF_STREAM = _End()
+
+
+def ts_less(a: Any, b: Any) -> bool:
+    """``a < b`` for timestamps and punctuations (END_OF_STREAM is the largest)."""
+    if b is END_OF_STREAM:
+        return a is not END_OF_STREAM
+    if a is END_OF_STREAM:
+        return False
+    return a < b
+
+
+def check_ts(ts: Any) -> str:
+    """The kind of timestamp (``"number"`` or ``"datetime"``); raises ValueError otherwise."""
+    if isinstance(ts, bool):
+        raise ValueError(f"timestamp {ts!r} is a boolean, not a time")
+    if isinstance(ts, (int, float)):
+        if isinstance(ts, float) and not math.isfinite(ts):
+            raise ValueError(f"timestamp {ts!r} is not finite")
+        return "number"
+    if isinstance(ts, dt.datetime):
+        if ts.tzinfo is None:
+            raise ValueError(f"timestamp {ts.isoformat()} has no time zone; give aware datetimes (UTC)")
+        return "datetime"
+    raise ValueError(f"timestamp {ts!r} is neither a number of seconds nor a datetime")
+
+
+def seconds_between(later: Any, earlier: Any) -> float:
+    difference = later - earlier
+    return difference.total_seconds() if isinstance(difference, dt.timedelta) else float(difference)
+
+
+def canonical(value: Any) -> str:
+    """A deterministic text of ``value`` (for the last tie-break and fingerprints)."""
+    return json.dumps(value, sort_keys=True, default=repr, separators=(",", ":"))
+
+
+def order_key(event: StreamEvent, priority: float | None, tie: Any) -> tuple:
+    """The event's place in the declared total order (see the module docstring)."""
+    rank = -priority if priority is not None else math.inf
+    tie_part = (1, 0) if tie is None else (0, tie)
+    return (event.ts, rank, tie_part, event.type, repr(sorted(event.attributes.items())))

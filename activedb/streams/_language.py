@@ -1,0 +1,649 @@
+"""The textual language of Active CEP (§3.1, Appendix B): a hand-written lexer and
+recursive-descent parser producing :mod:`activedb.streams.algebra` nodes.
+
+Grammar (keywords are case-insensitive; ``[…]`` optional, ``{…}`` repeated)::
+
+    script     := statement { [";"] statement } [";"]
+    statement  := query | rule
+    query      := CREATE QUERY name clause { clause }           -- each clause at most once
+    clause     := ON stream | PATTERN pattern | WHERE expr | WITHIN duration
+                | RETURN item { "," item } | MATCHING SKIP TILL (ANY | NEXT) MATCH   -- extension
+                | PRIORITY number                                                    -- extension
+                | CONSUMING (CHRONICLE | RECENT)                  -- extension (interval time model)
+    pattern    := SEQ "(" component { "," component } ")" | AND "(" component { "," component } ")"
+                | component
+    component  := ["!"] type [alias]
+    item       := expr [AS name]
+    duration   := number unit         -- ms, s, sec, second(s), min, minute(s), h, hour(s), day(s)
+    rule       := CREATE [OR REPLACE] RULE name ON OUTPUT query
+                  [REFERENCING NEW AS alias] [FOR EACH EVENT] [WHEN expr] [PRIORITY number] body
+    body       := BEGIN action { [";"] action } [";"] END | action
+    action     := UPDATE table SET column "=" expr { "," column "=" expr } WHERE keys
+                | INSERT INTO table ["(" column { "," column } ")"] VALUES "(" expr { "," expr } ")"
+                | DELETE FROM table WHERE keys
+    keys       := column "=" expr { AND column "=" expr }
+    expr       := or ;  or := and { OR and } ;  and := not { AND not } ;  not := NOT not | comparison
+    comparison := sum [ ("=" | "!=" | "<>" | "<" | "<=" | ">" | ">=") sum | IS [NOT] NULL ]
+    sum        := product { ("+" | "-") product } ;  product := unary { ("*" | "/") unary }
+    unary      := "-" unary | primary
+    primary    := number | 'string' | TRUE | FALSE | NULL | name ["." name] | "[" name "]"
+                | "(" expr ")" | "(" SELECT (column | "*") FROM table [WHERE keys] ")"
+                | EXISTS "(" SELECT … ")"
+
+Names are letters, digits and ``_``; a ``-`` followed by a letter continues a name, so
+the paper's ``HCW-ID`` is one name (write ``a - b`` with spaces to subtract).
+``"Quoted"`` names are taken as written.  ``--`` starts a comment to the end of the line.
+Every error is a :class:`~activedb.streams.errors.QuerySyntaxError` with line and column.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from activedb.streams import algebra as ast
+from activedb.streams.errors import QuerySyntaxError
+
+_DURATION_UNITS = {
+    "ms": 0.001, "millisecond": 0.001, "milliseconds": 0.001, "msec": 0.001,
+    "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0,
+    "min": 60.0, "mins": 60.0, "minute": 60.0, "minutes": 60.0,
+    "h": 3600.0, "hr": 3600.0, "hour": 3600.0, "hours": 3600.0,
+    "day": 86400.0, "days": 86400.0,
+}
+
+_SYMBOLS = ("!=", "<>", "<=", ">=", "(", ")", ",", ".", ";", "[", "]", "!", "=", "<", ">", "+", "-", "*", "/")
+
+_NUMBER = re.compile(r"\d+(\.\d+)?([eE][+-]?\d+)?")
+
+
+@dataclass(frozen=True)
+class Token:
+    kind: str          # name | quoted | string | number | symbol | end
+    text: str
+    value: Any
+    line: int
+    column: int
+
+    def is_keyword(self, *words: str) -> bool:
+        return self.kind == "name" and self.text.upper() in words
+
+    def describe(self) -> str:
+        if self.kind == "end":
+            return "the end of the text"
+        if self.kind == "string":
+            return f"the string {self.text}"
+        return f"{self.text!r}"
+
+
+def tokenize(text: str) -> list[Token]:
+    tokens: list[Token] = []
+    index, line, line_start = 0, 1, 0
+    length = len(text)
+    while index < length:
+        char = text[index]
+        column = index - line_start + 1
+        if char == "\n":
+            index += 1
+            line += 1
+            line_start = index
+            continue
+        if char.isspace():
+            index += 1
+            continue
+        if text.startswith("--", index):
+            end = text.find("\n", index)
+            index = length if end == -1 else end
+            continue
+        if char.isalpha() or char == "_":
+            start = index
+            index += 1
+            while index < length:
+                current = text[index]
+                if current.isalnum() or current == "_":
+                    index += 1
+                elif current == "-" and index + 1 < length and text[index + 1].isalpha():
+                    index += 1
+                else:
+                    break
+            word = text[start:index]
+            tokens.append(Token("name", word, word, line, column))
+            continue
+        if char.isdigit():
+            match = _NUMBER.match(text, index)
+            number = match.group(0)
+            index = match.end()
+            value = float(number) if any(mark in number for mark in ".eE") else int(number)
+            tokens.append(Token("number", number, value, line, column))
+            continue
+        if char in "'\"":
+            quote = char
+            start = index
+            index += 1
+            parts = []
+            while True:
+                if index >= length:
+                    what = "string" if quote == "'" else "quoted name"
+                    raise QuerySyntaxError(f"unterminated {what}: add the closing {quote}", line=line,
+                                           column=column, text=text)
+                current = text[index]
+                if current == quote:
+                    if index + 1 < length and text[index + 1] == quote:
+                        parts.append(quote)
+                        index += 2
+                        continue
+                    index += 1
+                    break
+                if current == "\n":
+                    raise QuerySyntaxError(f"unterminated {'string' if quote == chr(39) else 'quoted name'}: "
+                                           f"add the closing {quote} before the end of the line",
+                                           line=line, column=column, text=text)
+                parts.append(current)
+                index += 1
+            value = "".join(parts)
+            tokens.append(Token("string" if quote == "'" else "quoted", text[start:index], value, line, column))
+            continue
+        for symbol in _SYMBOLS:
+            if text.startswith(symbol, index):
+                tokens.append(Token("symbol", symbol, symbol, line, column))
+                index += len(symbol)
+                break
+        else:
+            raise QuerySyntaxError(f"unexpected character {char!r}", line=line, column=column, text=text)
+    column = index - line_start + 1
+    tokens.append(Token("end", "", None, line, column))
+    return tokens
+
+
+_RESERVED = frozenset({
+    "AND", "OR", "NOT", "SELECT", "FROM", "WHERE", "WITHIN", "RETURN", "PATTERN", "ON", "CREATE", "QUERY",
+    "RULE", "BEGIN", "END", "WHEN", "AS", "IS", "NULL", "TRUE", "FALSE", "EXISTS", "MATCHING", "PRIORITY",
+    "CONSUMING",
+    "REFERENCING", "FOR", "UPDATE", "INSERT", "DELETE", "SET", "VALUES", "INTO",
+})
+
+
+class Parser:
+    """Parses one text; :meth:`script` returns the definitions in order."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self.tokens = tokenize(text)
+        self.index = 0
+
+    # --- token helpers --------------------------------------------------------------------
+
+    @property
+    def current(self) -> Token:
+        return self.tokens[self.index]
+
+    def peek(self, offset: int = 1) -> Token:
+        return self.tokens[min(self.index + offset, len(self.tokens) - 1)]
+
+    def advance(self) -> Token:
+        token = self.tokens[self.index]
+        if token.kind != "end":
+            self.index += 1
+        return token
+
+    def error(self, message: str, token: Token | None = None) -> QuerySyntaxError:
+        token = token or self.current
+        return QuerySyntaxError(message, line=token.line, column=token.column, text=self.text)
+
+    def position(self, token: Token | None = None) -> ast.Position:
+        token = token or self.current
+        return ast.Position(token.line, token.column)
+
+    def at_symbol(self, symbol: str) -> bool:
+        return self.current.kind == "symbol" and self.current.text == symbol
+
+    def accept_symbol(self, symbol: str) -> bool:
+        if self.at_symbol(symbol):
+            self.advance()
+            return True
+        return False
+
+    def expect_symbol(self, symbol: str, what: str) -> Token:
+        if not self.at_symbol(symbol):
+            raise self.error(f"expected {symbol!r} {what}, found {self.current.describe()}")
+        return self.advance()
+
+    def accept_keyword(self, *words: str) -> Token | None:
+        if self.current.is_keyword(*words):
+            return self.advance()
+        return None
+
+    def expect_keyword(self, word: str, what: str) -> Token:
+        if not self.current.is_keyword(word):
+            raise self.error(f"expected {word} {what}, found {self.current.describe()}")
+        return self.advance()
+
+    def name(self, what: str) -> str:
+        token = self.current
+        if token.kind == "quoted":
+            self.advance()
+            return token.value
+        if token.kind == "name" and token.text.upper() not in _RESERVED:
+            self.advance()
+            return token.text
+        if token.kind == "name":
+            raise self.error(f"expected {what}, found the keyword {token.text.upper()} "
+                             f"(write it in double quotes to use it as a name)")
+        raise self.error(f"expected {what}, found {token.describe()}")
+
+    def number(self, what: str) -> float | int:
+        negative = self.accept_symbol("-")
+        token = self.current
+        if token.kind != "number":
+            raise self.error(f"expected {what} (a number), found {token.describe()}")
+        self.advance()
+        return -token.value if negative else token.value
+
+    # --- script ---------------------------------------------------------------------------
+
+    def script(self) -> list[ast.QueryDefinition | ast.RuleDefinition]:
+        definitions = []
+        while True:
+            while self.accept_symbol(";"):
+                pass
+            if self.current.kind == "end":
+                break
+            definitions.append(self.statement())
+            if self.current.kind != "end" and not self.at_symbol(";") and not self.current.is_keyword("CREATE"):
+                raise self.error(f"expected ';' or the next CREATE after the definition, found "
+                                 f"{self.current.describe()}")
+        if not definitions:
+            raise self.error("no definition found: expected CREATE QUERY or CREATE RULE")
+        return definitions
+
+    def statement(self) -> ast.QueryDefinition | ast.RuleDefinition:
+        start = self.current
+        self.expect_keyword("CREATE", "to start a definition")
+        replace = False
+        if self.accept_keyword("OR"):
+            self.expect_keyword("REPLACE", "after CREATE OR")
+            replace = True
+        if self.accept_keyword("QUERY"):
+            if replace:
+                raise self.error("CREATE OR REPLACE is for rules; redefine a query with a new name", start)
+            return self.query(start)
+        if self.accept_keyword("RULE"):
+            return self.rule(start, replace)
+        raise self.error(f"expected QUERY or RULE after CREATE, found {self.current.describe()}")
+
+    # --- queries --------------------------------------------------------------------------
+
+    def query(self, start: Token) -> ast.QueryDefinition:
+        name = self.name("the query's name")
+        seen: dict[str, Token] = {}
+        stream = pattern = where = within = None
+        returns: tuple[ast.ReturnItem, ...] | None = None
+        selection = ast.Selection.SKIP_TILL_ANY_MATCH
+        priority = None
+        consumption = None
+        clauses = ("ON", "PATTERN", "WHERE", "WITHIN", "RETURN", "MATCHING", "PRIORITY", "CONSUMING")
+        while self.current.is_keyword(*clauses):
+            token = self.advance()
+            keyword = token.text.upper()
+            if keyword in seen:
+                raise self.error(f"{keyword} given twice in query {name}", token)
+            seen[keyword] = token
+            if keyword == "ON":
+                stream = self.name("the stream's name after ON")
+            elif keyword == "PATTERN":
+                pattern = self.pattern()
+            elif keyword == "WHERE":
+                where = self.expression()
+            elif keyword == "WITHIN":
+                within = self.duration()
+            elif keyword == "RETURN":
+                returns = self.returns()
+            elif keyword == "MATCHING":
+                selection = self.selection()
+            elif keyword == "CONSUMING":
+                word = self.accept_keyword("CHRONICLE", "RECENT")
+                if word is None:
+                    raise self.error(f"expected CHRONICLE or RECENT after CONSUMING, found {self.current.describe()}")
+                consumption = ast.Consumption(word.text.lower())
+            else:
+                priority = self.number("the query's priority")
+        if pattern is None:
+            raise self.error(f"query {name} needs a PATTERN clause (e.g. PATTERN SEQ(A, !B, C)); "
+                             f"found {self.current.describe()}")
+        if returns is None:
+            raise self.error(f"query {name} needs a RETURN clause (e.g. RETURN C.id); found "
+                             f"{self.current.describe()}")
+        return ast.QueryDefinition(name=name, pattern=pattern, returns=returns, where=where, within=within,
+                                   stream=stream, selection=selection, priority=priority,
+                                   consumption=consumption, position=self.position(start))
+
+    def pattern(self) -> ast.Pattern:
+        start = self.current
+        if self.current.is_keyword("SEQ") and self.peek().kind == "symbol" and self.peek().text == "(":
+            self.advance()
+            self.advance()
+            items = [self.component()]
+            while self.accept_symbol(","):
+                items.append(self.component())
+            self.expect_symbol(")", "to close SEQ(")
+            return ast.Seq(tuple(items), position=self.position(start))
+        if self.current.is_keyword("AND") and self.peek().kind == "symbol" and self.peek().text == "(":
+            self.advance()
+            self.advance()
+            items = [self.component()]
+            while self.accept_symbol(","):
+                items.append(self.component())
+            self.expect_symbol(")", "to close AND(")
+            return ast.Conj(tuple(items), position=self.position(start))
+        return ast.Seq((self.component(),), position=self.position(start))
+
+    def component(self) -> ast.EventComponent:
+        start = self.current
+        negated = self.accept_symbol("!")
+        event_type = self.name("an event type")
+        alias = None
+        if self.current.kind in ("name", "quoted") and not self.current.is_keyword(*_RESERVED):
+            alias = self.name("an alias")
+        return ast.EventComponent(event_type, alias, negated, position=self.position(start))
+
+    def duration(self) -> float:
+        start = self.current
+        amount = self.number("the window's length")
+        token = self.current
+        if token.kind != "name" or token.text.lower() not in _DURATION_UNITS:
+            raise self.error(f"expected a time unit after {amount} (ms, sec, min, hour, day), found "
+                             f"{token.describe()}")
+        self.advance()
+        seconds = float(amount) * _DURATION_UNITS[token.text.lower()]
+        if seconds <= 0:
+            raise self.error("WITHIN needs a positive window", start)
+        return seconds
+
+    def returns(self) -> tuple[ast.ReturnItem, ...]:
+        items = []
+        while True:
+            start = self.current
+            expression = self.expression()
+            if self.accept_keyword("AS"):
+                name = self.name("the output attribute's name after AS")
+            elif isinstance(expression, ast.AttributeRef):
+                name = expression.attribute
+            elif isinstance(expression, ast.ColumnRef) and expression.table is None:
+                name = expression.column
+            else:
+                raise self.error("name this RETURN expression with AS (e.g. RETURN a + 1 AS total)", start)
+            items.append(ast.ReturnItem(name, expression, position=self.position(start)))
+            if not self.accept_symbol(","):
+                return tuple(items)
+
+    def selection(self) -> ast.Selection:
+        self.expect_keyword("SKIP", "in MATCHING SKIP TILL ANY|NEXT MATCH")
+        self.expect_keyword("TILL", "in MATCHING SKIP TILL ANY|NEXT MATCH")
+        word = self.accept_keyword("ANY", "NEXT")
+        if word is None:
+            raise self.error(f"expected ANY or NEXT in MATCHING SKIP TILL … MATCH, found {self.current.describe()}")
+        self.expect_keyword("MATCH", "to end MATCHING SKIP TILL … MATCH")
+        return (ast.Selection.SKIP_TILL_ANY_MATCH if word.text.upper() == "ANY"
+                else ast.Selection.SKIP_TILL_NEXT_MATCH)
+
+    # --- rules ----------------------------------------------------------------------------
+
+    def rule(self, start: Token, replace: bool) -> ast.RuleDefinition:
+        name = self.name("the rule's name")
+        self.expect_keyword("ON", f"after CREATE RULE {name} (rules are ON OUTPUT <query>)")
+        self.expect_keyword("OUTPUT", "after ON (rules are ON OUTPUT <query>)")
+        query = self.name("the query's name after ON OUTPUT")
+        new_alias = "NEW"
+        if self.accept_keyword("REFERENCING"):
+            self.expect_keyword("NEW", "after REFERENCING")
+            self.expect_keyword("AS", "after REFERENCING NEW")
+            new_alias = self.name("the name of the new event after REFERENCING NEW AS")
+        if self.accept_keyword("FOR"):
+            self.expect_keyword("EACH", "after FOR")
+            self.expect_keyword("EVENT", "after FOR EACH (rules fire FOR EACH EVENT of the query's output)")
+        when = None
+        if self.accept_keyword("WHEN"):
+            when = self.expression()
+        priority = None
+        if self.accept_keyword("PRIORITY"):
+            priority = self.number("the rule's priority")
+        if self.accept_keyword("BEGIN"):
+            actions = []
+            while True:
+                while self.accept_symbol(";"):
+                    pass
+                if self.accept_keyword("END"):
+                    break
+                if self.current.kind == "end":
+                    raise self.error(f"rule {name}: BEGIN without END")
+                actions.append(self.action())
+                if not self.at_symbol(";") and not self.current.is_keyword("END"):
+                    raise self.error(f"expected ';' or END after the action, found {self.current.describe()}")
+            if not actions:
+                raise self.error(f"rule {name} has an empty BEGIN … END; give it an action")
+        else:
+            actions = [self.action()]
+        return ast.RuleDefinition(name=name, query=query, actions=tuple(actions), new_alias=new_alias, when=when,
+                                  priority=priority, replace=replace, position=self.position(start))
+
+    def action(self) -> ast.Action:
+        start = self.current
+        if self.accept_keyword("UPDATE"):
+            table = self.name("the table to UPDATE")
+            self.expect_keyword("SET", f"after UPDATE {table}")
+            assignments = []
+            while True:
+                column = self.name("a column to SET")
+                self.expect_symbol("=", f"after SET {column}")
+                assignments.append((column, self.expression()))
+                if not self.accept_symbol(","):
+                    break
+            self.expect_keyword("WHERE", f"in UPDATE {table} (an UPDATE changes one row: WHERE <key> = …)")
+            key = self.keys(f"UPDATE {table}")
+            return ast.UpdateAction(table, tuple(assignments), key, position=self.position(start))
+        if self.accept_keyword("INSERT"):
+            self.expect_keyword("INTO", "after INSERT")
+            table = self.name("the table to INSERT INTO")
+            columns: list[str] = []
+            if self.accept_symbol("("):
+                columns.append(self.name("a column"))
+                while self.accept_symbol(","):
+                    columns.append(self.name("a column"))
+                self.expect_symbol(")", "to close the column list")
+            self.expect_keyword("VALUES", f"in INSERT INTO {table}")
+            self.expect_symbol("(", "after VALUES")
+            values = [self.expression()]
+            while self.accept_symbol(","):
+                values.append(self.expression())
+            self.expect_symbol(")", "to close VALUES (")
+            if columns and len(columns) != len(values):
+                raise self.error(f"INSERT INTO {table} names {len(columns)} columns but gives {len(values)} values",
+                                 start)
+            return ast.InsertAction(table, tuple(columns), tuple(values), position=self.position(start))
+        if self.accept_keyword("DELETE"):
+            self.expect_keyword("FROM", "after DELETE")
+            table = self.name("the table to DELETE FROM")
+            self.expect_keyword("WHERE", f"in DELETE FROM {table} (a DELETE removes one row: WHERE <key> = …)")
+            return ast.DeleteAction(table, self.keys(f"DELETE FROM {table}"), position=self.position(start))
+        raise self.error(f"expected an action (UPDATE, INSERT or DELETE), found {self.current.describe()}; "
+                         f"anything else is a Python action (engine.rule(…, action=function))")
+
+    def keys(self, what: str) -> tuple[tuple[str, ast.Expr], ...]:
+        pairs = []
+        while True:
+            token = self.current
+            condition = self.comparison()
+            pairs.append(self._column_equality(condition, token, what))
+            if not self.accept_keyword("AND"):
+                return tuple(pairs)
+
+    def _column_equality(self, condition: ast.Expr, token: Token, what: str) -> tuple[str, ast.Expr]:
+        if isinstance(condition, ast.Compare) and condition.operator == "=":
+            left, right = condition.left, condition.right
+            if isinstance(left, ast.ColumnRef) and not isinstance(right, ast.ColumnRef):
+                return left.column, right
+            if isinstance(right, ast.ColumnRef) and not isinstance(left, ast.ColumnRef):
+                return right.column, left
+        raise self.error(f"the WHERE of {what} takes equalities column = expression joined by AND", token)
+
+    # --- expressions ----------------------------------------------------------------------
+
+    def expression(self) -> ast.Expr:
+        return self.disjunction()
+
+    def disjunction(self) -> ast.Expr:
+        start = self.current
+        operands = [self.conjunction()]
+        while self.accept_keyword("OR"):
+            operands.append(self.conjunction())
+        return operands[0] if len(operands) == 1 else ast.Or(tuple(operands), position=self.position(start))
+
+    def conjunction(self) -> ast.Expr:
+        start = self.current
+        operands = [self.negation()]
+        while self.accept_keyword("AND"):
+            operands.append(self.negation())
+        return operands[0] if len(operands) == 1 else ast.And(tuple(operands), position=self.position(start))
+
+    def negation(self) -> ast.Expr:
+        start = self.current
+        if self.accept_keyword("NOT"):
+            return ast.Not(self.negation(), position=self.position(start))
+        return self.comparison()
+
+    def comparison(self) -> ast.Expr:
+        start = self.current
+        left = self.sum()
+        token = self.current
+        if token.kind == "symbol" and token.text in ("=", "!=", "<>", "<", "<=", ">", ">="):
+            self.advance()
+            operator = "!=" if token.text == "<>" else token.text
+            return ast.Compare(operator, left, self.sum(), position=self.position(start))
+        if self.accept_keyword("IS"):
+            negated = self.accept_keyword("NOT") is not None
+            self.expect_keyword("NULL", "after IS [NOT]")
+            return ast.IsNull(left, negated, position=self.position(start))
+        return left
+
+    def sum(self) -> ast.Expr:
+        start = self.current
+        left = self.product()
+        while self.current.kind == "symbol" and self.current.text in ("+", "-"):
+            operator = self.advance().text
+            left = ast.Arithmetic(operator, left, self.product(), position=self.position(start))
+        return left
+
+    def product(self) -> ast.Expr:
+        start = self.current
+        left = self.unary()
+        while self.current.kind == "symbol" and self.current.text in ("*", "/"):
+            operator = self.advance().text
+            left = ast.Arithmetic(operator, left, self.unary(), position=self.position(start))
+        return left
+
+    def unary(self) -> ast.Expr:
+        start = self.current
+        if self.accept_symbol("-"):
+            operand = self.unary()
+            if isinstance(operand, ast.Literal) and isinstance(operand.value, (int, float)):
+                return ast.Literal(-operand.value, position=self.position(start))
+            return ast.Negate(operand, position=self.position(start))
+        return self.primary()
+
+    def primary(self) -> ast.Expr:
+        token = self.current
+        position = self.position(token)
+        if token.kind == "number":
+            self.advance()
+            return ast.Literal(token.value, position=position)
+        if token.kind == "string":
+            self.advance()
+            return ast.Literal(token.value, position=position)
+        if token.is_keyword("TRUE", "FALSE"):
+            self.advance()
+            return ast.Literal(token.text.upper() == "TRUE", position=position)
+        if token.is_keyword("NULL"):
+            self.advance()
+            return ast.Literal(None, position=position)
+        if token.is_keyword("EXISTS"):
+            self.advance()
+            self.expect_symbol("(", "after EXISTS")
+            select = self.select(token)
+            self.expect_symbol(")", "to close EXISTS (SELECT …")
+            return ast.Exists(select, position=position)
+        if self.accept_symbol("["):
+            attribute = self.name("an attribute in [ ] (the equivalence test)")
+            self.expect_symbol("]", f"to close [{attribute}")
+            return ast.Equivalence(attribute, position=position)
+        if self.accept_symbol("("):
+            if self.current.is_keyword("SELECT"):
+                select = self.select(token)
+                self.expect_symbol(")", "to close (SELECT …")
+                if select.column is None:
+                    raise self.error("a scalar subquery selects one column, not *; use EXISTS (SELECT * …) to "
+                                     "test for a row", token)
+                return ast.ScalarSubquery(select, position=position)
+            inner = self.expression()
+            self.expect_symbol(")", "to close the parenthesis")
+            return inner
+        if token.kind in ("name", "quoted"):
+            first = self.name("a name")
+            if self.accept_symbol("."):
+                second = self.name(f"an attribute after {first}.")
+                return ast.AttributeRef(first, second, position=position)
+            return ast.ColumnRef(first, position=position)
+        raise self.error(f"expected an expression, found {token.describe()}")
+
+    def select(self, start: Token) -> ast.Select:
+        self.expect_keyword("SELECT", "in the subquery")
+        if self.accept_symbol("*"):
+            column = None
+        else:
+            column = self.name("the column to SELECT")
+        self.expect_keyword("FROM", "in the subquery (SELECT column FROM table …)")
+        table_token = self.current
+        table = self.name("the table after FROM")
+        conditions: tuple[tuple[str, ast.Expr], ...] = ()
+        if self.accept_keyword("WHERE"):
+            pairs = []
+            while True:
+                token = self.current
+                condition = self.comparison()
+                condition = _unqualify(condition, table)
+                pairs.append(self._column_equality(condition, token, f"the subquery on {table}"))
+                if not self.accept_keyword("AND"):
+                    break
+            conditions = tuple(pairs)
+        return ast.Select(table, column, conditions, position=self.position(table_token))
+
+
+def _unqualify(condition: ast.Expr, table: str) -> ast.Expr:
+    """``table.column`` inside a subquery on ``table`` is the column (not an event attribute)."""
+    if not isinstance(condition, ast.Compare):
+        return condition
+
+    def fix(side: ast.Expr) -> ast.Expr:
+        if isinstance(side, ast.AttributeRef) and side.alias.lower() == table.lower():
+            return ast.ColumnRef(side.attribute, table, position=side.position)
+        return side
+
+    return ast.Compare(condition.operator, fix(condition.left), fix(condition.right), position=condition.position)
+
+
+def parse(text: str) -> list[ast.QueryDefinition | ast.RuleDefinition]:
+    """Parse a script of ``CREATE QUERY`` / ``CREATE RULE`` definitions."""
+    if not isinstance(text, str):
+        raise TypeError(f"parse() takes the definition's text, got {type(text).__name__}")
+    return Parser(text).script()
+
+
+def parse_one(text: str) -> ast.QueryDefinition | ast.RuleDefinition:
+    definitions = parse(text)
+    if len(definitions) != 1:
+        second = definitions[1]
+        position = second.position
+        raise QuerySyntaxError(f"expected one definition, found {len(definitions)}; use engine.define() for a "
+                               f"script", line=position.line if position else None,
+                               column=position.column if position else None, text=text)
+    return definitions[0]

@@ -1,0 +1,289 @@
+"""Running one pattern query over one partition's events.
+
+The state of a query is one :class:`PartitionState` per partition (the values of its
+``[attr]`` attributes; one partition if it has none).  States are immutable values: an
+event produces a *new* state, so the engine can keep the old one until the event's
+s-transaction commits (s-atomic: an aborted s-transaction leaves the matcher as it was)
+and until the micro-batch's top-level transaction commits.
+
+Evaluation of an event is split in two (see ``CompiledQuery.state_depends_on_store``):
+
+1. :meth:`Matcher.prepare` — pure, no store access, called in the declared order of the
+   events: prunes by the window, appends the event to the buffers of the components it
+   may play, decides whether it can be an accepting event (event-only filters), and for
+   skip-till-next-match advances the runs;
+2. :meth:`Step.complete` — inside the event's s-transaction: reads the store (the
+   accepting event's store predicates, then per candidate match), builds the outputs.
+
+**Skip-till-any-match** keeps, per component, the events that passed its filters within
+the window; at an accepting event it searches the buffers backwards (the latest
+candidates first) for one combination whose positive events are in order, satisfy the
+joint predicates and have no killing negative event between their neighbours: the first
+found is *the* output of that accepting event.  Buffers are never consumed.
+
+**Skip-till-next-match** keeps runs: each event of the first component starts one; a run
+binds, for its next component, the next event that satisfies it (filters, joint
+predicates, no killing negative event since its previous event, the window; for the
+accepting component also the store predicates) and ends with its output.
+
+Thread-safety: a ``Matcher`` is immutable; states are values.  Steps are used by one thread.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, NamedTuple
+
+from activedb.streams import algebra as ast
+from activedb.streams._compile import CompiledQuery, Ctx
+from activedb.streams._events import Output, StreamEvent, seconds_between
+
+
+class PartitionState(NamedTuple):
+    """``buffers[i]``: events that may play component ``i`` (skip-till-any-match) or, for
+    negative components, the negative events (both selections); ``runs``: the bound
+    events of each open run (skip-till-next-match), oldest run first."""
+
+    buffers: tuple[tuple[StreamEvent, ...], ...]
+    runs: tuple[tuple[StreamEvent, ...], ...] = ()
+
+    def size(self) -> int:
+        return sum(len(buffer) for buffer in self.buffers) + sum(len(run) for run in self.runs)
+
+
+def _all(predicates, ctx: Ctx) -> bool:
+    for predicate in predicates:
+        if predicate(ctx) is not True:
+            return False
+    return True
+
+
+class Matcher:
+    """The runtime of one compiled query."""
+
+    def __init__(self, query: CompiledQuery):
+        self.query = query
+        self.width = len(query.types)
+        self.by_type: dict[str, tuple[int, ...]] = {}
+        for index, event_type in enumerate(query.types):
+            self.by_type[event_type] = self.by_type.get(event_type, ()) + (index,)
+        self.rank = {index: position for position, index in enumerate(query.positives)}
+        self.negative_by_index = {negative.index: negative for negative in query.negatives}
+        self.empty = PartitionState(tuple(() for _ in query.types))
+        self.any_match = query.selection is ast.Selection.SKIP_TILL_ANY_MATCH
+
+    def consumes(self, event_type: str) -> bool:
+        return event_type in self.by_type
+
+    def partition_key(self, event: StreamEvent) -> tuple:
+        attributes = event.attributes
+        return tuple(attributes.get(attribute) for attribute in self.query.partition)
+
+    # --- phase 1 -------------------------------------------------------------------------
+
+    def prepare(self, state: PartitionState | None, event: StreamEvent) -> "Step":
+        """Precondition: ``event`` has a position and comes after every event ``state`` saw."""
+        query = self.query
+        state = state or self.empty
+        indices = self.by_type[event.type]
+        within = query.within
+        buffers = list(state.buffers)
+        runs = state.runs
+        if within is not None:
+            ts = event.ts
+            for index, buffer in enumerate(buffers):
+                if buffer and seconds_between(ts, buffer[0].ts) > within:
+                    buffers[index] = tuple(kept for kept in buffer if seconds_between(ts, kept.ts) <= within)
+            if runs:
+                runs = tuple(run for run in runs if seconds_between(ts, run[0].ts) <= within)
+        ctx = Ctx([None] * self.width)
+        matches: dict[int, bool] = {}
+        for index in indices:
+            ctx.events[index] = event
+            negative = self.negative_by_index.get(index)
+            filters = negative.local if negative is not None else query.local.get(index, ())
+            matches[index] = _all(filters, ctx)
+            ctx.events[index] = None
+        accepting = query.accepting
+        step = Step(self, event, matches.get(accepting, False))
+        if self.any_match:
+            step.search = tuple(buffers)
+            for index in indices:
+                if index != accepting and matches[index]:
+                    buffers[index] = buffers[index] + (event,)
+            step.state = PartitionState(tuple(buffers), ())
+            return step
+        # Skip-till-next-match: advance the runs (pure), leave the accepting candidates to complete().
+        positives = query.positives
+        entries: list[tuple[tuple[StreamEvent, ...] | None, tuple[StreamEvent, ...] | None]] = []
+        for run in runs:
+            component = positives[len(run)]
+            if matches.get(component) and self._extends(run, event, ctx, buffers):
+                if component == accepting:
+                    entries.append((run, run + (event,)))
+                else:
+                    entries.append((run + (event,), None))
+            else:
+                entries.append((run, None))
+        first = positives[0]
+        if matches.get(first):
+            if first == accepting:
+                entries.append((None, (event,)))
+            else:
+                entries.append(((event,), None))
+        for index in indices:
+            if index in self.negative_by_index and matches[index]:
+                buffers[index] = buffers[index] + (event,)
+        step.buffers = tuple(buffers)
+        step.entries = entries
+        step.state = PartitionState(step.buffers, tuple(kept for kept, candidate in entries
+                                                        if candidate is None and kept is not None))
+        return step
+
+    def _extends(self, run: tuple[StreamEvent, ...], event: StreamEvent, ctx: Ctx, buffers: list) -> bool:
+        """May ``run`` bind ``event`` as its next positive component (no store access)?"""
+        query = self.query
+        positives = query.positives
+        rank = len(run)
+        events = ctx.events
+        for position, bound in enumerate(run):
+            events[positives[position]] = bound
+        events[positives[rank]] = event
+        try:
+            if not _all(query.joint_forward.get(rank, ()), ctx):
+                return False
+            return not self._killed(rank - 1, ctx, buffers)
+        finally:
+            for index in range(self.width):
+                events[index] = None
+
+    def _killed(self, left_rank: int, ctx: Ctx, buffers) -> bool:
+        """Is there a negative event between the positives of ranks ``left_rank`` and
+        ``left_rank + 1`` (both bound in ``ctx``) that satisfies its predicates?"""
+        positives = self.query.positives
+        low = ctx.events[positives[left_rank]].position
+        high = ctx.events[positives[left_rank + 1]].position
+        for negative in self.query.negatives:
+            if negative.left != left_rank:
+                continue
+            for candidate in buffers[negative.index]:
+                if low < candidate.position < high:
+                    ctx.events[negative.index] = candidate
+                    try:
+                        if _all(negative.predicates, ctx):
+                            return True
+                    finally:
+                        ctx.events[negative.index] = None
+        return False
+
+
+class Step:
+    """One event's evaluation by one query (see the module docstring)."""
+
+    __slots__ = ("matcher", "event", "accepting", "state", "search", "entries", "buffers")
+
+    def __init__(self, matcher: Matcher, event: StreamEvent, accepting: bool):
+        self.matcher = matcher
+        self.event = event
+        self.accepting = accepting
+        self.state: PartitionState | None = None
+        self.search: tuple | None = None
+        self.entries: list | None = None
+        self.buffers: tuple | None = None
+
+    @property
+    def query(self) -> CompiledQuery:
+        return self.matcher.query
+
+    @property
+    def may_read(self) -> bool:
+        """Whether :meth:`complete` may read the store."""
+        return self.accepting and self.matcher.query.reads_store
+
+    # --- phase 2 -------------------------------------------------------------------------
+
+    def complete(self, reader: Any) -> tuple[list[Output], PartitionState]:
+        """The outputs and the partition's new state; reads through ``reader``."""
+        if self.matcher.any_match:
+            if not self.accepting:
+                return [], self.state
+            output = self._search(reader)
+            return ([output] if output is not None else []), self.state
+        return self._complete_runs(reader)
+
+    def _accepting_store(self, ctx: Ctx) -> bool:
+        query = self.matcher.query
+        if not query.accepting_store:
+            return True
+        ctx.events[query.accepting] = self.event
+        try:
+            return _all(query.accepting_store, ctx)
+        finally:
+            ctx.events[query.accepting] = None
+
+    def _search(self, reader: Any) -> Output | None:
+        matcher = self.matcher
+        query = matcher.query
+        ctx = Ctx([None] * matcher.width, reader)
+        if not self._accepting_store(ctx):
+            return None
+        positives = query.positives
+        buffers = self.search
+        events = ctx.events
+        events[query.accepting] = self.event
+
+        def search(rank: int, upper: int) -> bool:
+            if rank < 0:
+                for left in range(len(positives) - 1):
+                    if matcher._killed(left, ctx, buffers):
+                        return False
+                return _all(query.joint_store, ctx)
+            component = positives[rank]
+            predicates = query.joint_backward.get(rank, ())
+            for candidate in reversed(buffers[component]):
+                if candidate.position >= upper:
+                    continue
+                events[component] = candidate
+                if _all(predicates, ctx) and search(rank - 1, candidate.position):
+                    return True
+            events[component] = None
+            return False
+
+        if not search(len(positives) - 2, self.event.position):
+            return None
+        return self._output([events[index] for index in positives], ctx)
+
+    def _complete_runs(self, reader: Any) -> tuple[list[Output], PartitionState]:
+        matcher = self.matcher
+        query = matcher.query
+        outputs: list[Output] = []
+        kept_runs: list[tuple[StreamEvent, ...]] = []
+        ctx = Ctx([None] * matcher.width, reader)
+        # Like skip-till-any-match: the accepting event's own store predicates are read once
+        # for every accepting event, whether or not a run is waiting for it.
+        accepting_ok = self._accepting_store(ctx) if self.accepting else False
+        for kept, candidate in self.entries:
+            if candidate is None:
+                kept_runs.append(kept)
+                continue
+            completed = False
+            if accepting_ok:
+                for position, bound in zip(query.positives, candidate):
+                    ctx.events[position] = bound
+                completed = _all(query.joint_store, ctx)
+                if completed:
+                    outputs.append(self._output(list(candidate), ctx))
+                for index in range(matcher.width):
+                    ctx.events[index] = None
+            if not completed and kept is not None:
+                kept_runs.append(kept)
+        return outputs, PartitionState(self.buffers, tuple(kept_runs))
+
+    def _output(self, constituents: list[StreamEvent], ctx: Ctx) -> Output:
+        query = self.matcher.query
+        for index, bound in zip(query.positives, constituents):
+            ctx.events[index] = bound
+        attributes = {name: function(ctx) for name, function in query.returns}
+        return Output(query=query.name, ts=max(event.ts for event in constituents), attributes=attributes,
+                      constituents=tuple(constituents), sts=time.perf_counter(), position=self.event.position)
+

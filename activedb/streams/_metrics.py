@@ -1,0 +1,130 @@
+"""Active CEP Appendix G.2's metrics, measured in **system time** only.
+
+* throughput = ``numIn / T_proc``: events processed per second of processing time
+  (the time spent inside ``engine.process``), plus the wall-clock rate since the first
+  event arrived;
+* ``L_query`` (eq. 1) = mean over outputs of ``out.sts − max{e.sts | e ∈ out}``: from the
+  arrival of the latest constituent to the output — reorder buffering and waiting for
+  earlier s-transactions (SEI's blocking delay) included;
+* ``L_rule`` (eq. 2) = mean over rule instances of ``T_fin − T_ini``: from the instance's
+  creation (its triggering output, ``out.sts``) to the end of its action;
+* ``L_combined`` (eq. 3) = ``L_query + L_rule``.
+
+Application time (``ts``) never enters these figures.  ``phase_seconds`` splits the
+processing time (``buffer``: admission and reordering; ``match``: the pure part of
+pattern matching; ``reads``: query evaluation with its store reads; ``rules``; ``commit``:
+the s-transactions' subtransaction commits; ``state``: saving the engine's state into
+the batch's transaction).
+
+Thread-safety: ``_mutex`` protects every counter; the unscheduled mode updates them from
+several threads.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+PHASES = ("buffer", "match", "reads", "rules", "commit", "state")
+
+
+@dataclass(frozen=True)
+class QueryCounters:
+    evaluations: int = 0
+    outputs: int = 0
+
+
+@dataclass(frozen=True)
+class StreamStatistics:
+    """A consistent snapshot of an engine's counters and App. G.2 metrics.  Immutable.
+
+    Latencies are in seconds (None before the first output / rule instance)."""
+
+    scheduler: str
+    events_in: int                     # events handed to process()/feed()
+    events_processed: int              # s-transactions committed
+    events_failed: int                 # s-transactions aborted (their events are dead letters)
+    dead_letters: int                  # late + rejected + failed
+    late_events: int
+    buffered: int                      # waiting in the reorder buffer for a punctuation
+    released_punctuation: Any          # every event older than this has been released
+    outputs: int
+    rule_instances: int
+    store_reads: int
+    store_writes: int
+    processing_seconds: float          # T_proc
+    throughput: float                  # events_processed / processing_seconds
+    wall_events_per_second: float      # events_processed / (now - first arrival)
+    l_query: float | None
+    l_rule: float | None
+    l_combined: float | None
+    mean_reorder_delay: float | None   # release sts - arrival sts, per released event
+    ties_by_content: int               # equal-ts events only the content could order
+    phase_seconds: Mapping[str, float] = field(default_factory=dict)
+    per_query: Mapping[str, QueryCounters] = field(default_factory=dict)
+
+
+class Metrics:
+    def __init__(self, scheduler: str):
+        self.scheduler = scheduler
+        self._mutex = threading.Lock()
+        self.events_in = 0
+        self.processed = 0
+        self.failed = 0
+        self.dead_letters = 0
+        self.late = 0
+        self.outputs = 0
+        self.rule_instances = 0
+        self.reads = 0
+        self.writes = 0
+        self.processing = 0.0
+        self.first_arrival: float | None = None
+        self.query_latency = 0.0
+        self.rule_latency = 0.0
+        self.reorder_delay = 0.0
+        self.released = 0
+        self.ties_by_content = 0
+        self.phases = {phase: 0.0 for phase in PHASES}
+        self.per_query: dict[str, list[int]] = {}
+
+    def arrived(self, count: int, now: float) -> None:
+        with self._mutex:
+            self.events_in += count
+            if self.first_arrival is None and count:
+                self.first_arrival = now
+
+    def add(self, **amounts: Any) -> None:
+        with self._mutex:
+            for name, amount in amounts.items():
+                setattr(self, name, getattr(self, name) + amount)
+
+    def phase(self, name: str, seconds: float) -> None:
+        with self._mutex:
+            self.phases[name] += seconds
+
+    def query(self, name: str, outputs: int) -> None:
+        with self._mutex:
+            counters = self.per_query.setdefault(name, [0, 0])
+            counters[0] += 1
+            counters[1] += outputs
+
+    def snapshot(self, buffered: int, released: Any) -> StreamStatistics:
+        now = time.perf_counter()
+        with self._mutex:
+            l_query = self.query_latency / self.outputs if self.outputs else None
+            l_rule = self.rule_latency / self.rule_instances if self.rule_instances else None
+            combined = None if l_query is None and l_rule is None else (l_query or 0.0) + (l_rule or 0.0)
+            wall = now - self.first_arrival if self.first_arrival is not None else 0.0
+            return StreamStatistics(
+                scheduler=self.scheduler, events_in=self.events_in, events_processed=self.processed,
+                events_failed=self.failed, dead_letters=self.dead_letters, late_events=self.late, buffered=buffered,
+                released_punctuation=released, outputs=self.outputs, rule_instances=self.rule_instances,
+                store_reads=self.reads, store_writes=self.writes, processing_seconds=self.processing,
+                throughput=self.processed / self.processing if self.processing > 0 else 0.0,
+                wall_events_per_second=self.processed / wall if wall > 0 else 0.0,
+                l_query=l_query, l_rule=l_rule, l_combined=combined,
+                mean_reorder_delay=self.reorder_delay / self.released if self.released else None,
+                ties_by_content=self.ties_by_content, phase_seconds=dict(self.phases),
+                per_query={name: QueryCounters(*counters) for name, counters in self.per_query.items()})

@@ -1,0 +1,162 @@
+"""Saving the engine's state in the batch's own transaction (exactly once across restarts).
+
+Table ``activedb_stream_state`` (migration ``0002_stream_state``), primary key
+``(engine, kind, item)``, one JSONB ``value``:
+
+* ``meta`` — the released punctuation, the streams' punctuations, the next position and
+  arrival numbers, the timestamp kind, and each query's definition fingerprint;
+* ``buffer`` / ``<arrival number>`` — an event waiting in the reorder buffer;
+* ``partition`` / ``[query, key]`` — one matcher partition's buffers and runs.
+
+Each batch writes only what it changed, with ``tx.write``/``tx.delete`` in the caller's
+transaction: the rows commit with the batch's effects and its ledger row, or not at all.
+On the first batch of a new engine object the rows are loaded back; a query whose
+definition changed since its state was saved is refused (``StreamStateError``: call
+``engine.reset_state()`` to start over).
+
+Values are JSON; datetimes, dates and decimals are tagged (``{"$dt": iso}``, …).  An
+event attribute of another type cannot be saved: use ``StreamEngine(durable=False)``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+from typing import Any
+
+import sqlalchemy as sa
+
+from activedb.streams._events import END_OF_STREAM, StreamEvent, order_key
+from activedb.streams._matcher import PartitionState
+from activedb.streams.errors import StreamStateError
+
+TABLE = "activedb_stream_state"
+
+
+def encode_value(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value
+    if value is END_OF_STREAM:
+        return {"$end": True}
+    if isinstance(value, dt.datetime):
+        return {"$dt": value.isoformat()}
+    if isinstance(value, dt.date):
+        return {"$d": value.isoformat()}
+    if isinstance(value, decimal.Decimal):
+        return {"$dec": str(value)}
+    if isinstance(value, (list, tuple)):
+        return [encode_value(item) for item in value]
+    if isinstance(value, dict):
+        return {"$map": [[key, encode_value(item)] for key, item in value.items()]}
+    raise StreamStateError(f"cannot save {value!r} ({type(value).__name__}) in the engine's state; event "
+                           f"attributes must be numbers, text, booleans, dates or datetimes — or use "
+                           f"StreamEngine(durable=False)")
+
+
+def decode_value(value: Any) -> Any:
+    if isinstance(value, list):
+        return [decode_value(item) for item in value]
+    if isinstance(value, dict):
+        if "$dt" in value:
+            return dt.datetime.fromisoformat(value["$dt"])
+        if "$d" in value:
+            return dt.date.fromisoformat(value["$d"])
+        if "$dec" in value:
+            return decimal.Decimal(value["$dec"])
+        if "$end" in value:
+            return END_OF_STREAM
+        if "$map" in value:
+            return {key: decode_value(item) for key, item in value["$map"]}
+    return value
+
+
+def encode_event(event: StreamEvent) -> dict:
+    return {"t": event.type, "ts": encode_value(event.ts), "s": event.stream, "p": event.position,
+            "a": {key: encode_value(value) for key, value in dict(event.attributes).items()}}
+
+
+def decode_event(data: dict) -> StreamEvent:
+    return StreamEvent(type=data["t"], ts=decode_value(data["ts"]), stream=data["s"], position=data["p"],
+                       attributes={key: decode_value(value) for key, value in data["a"].items()})
+
+
+def _partition_item(query: str, key: tuple) -> str:
+    return json.dumps([query, [encode_value(value) for value in key]], separators=(",", ":"))
+
+
+def save(engine: Any, tx: Any, pending: Any) -> None:
+    """Write what ``pending`` changed into ``tx`` (see the module docstring)."""
+    name = engine.name
+    for arrival, event in pending.buffer_added.items():
+        tx.write(TABLE, (name, "buffer", f"{arrival:012d}"), value=encode_event(event))
+    pending.buffer_added = {}
+    for arrival in pending.buffer_removed:
+        tx.delete(TABLE, (name, "buffer", f"{arrival:012d}"))
+    pending.buffer_removed = set()
+    for (query, key), state in pending.overlay.items():
+        item = _partition_item(query, key)
+        if state is None:
+            tx.delete(TABLE, (name, "partition", item))
+        else:
+            tx.write(TABLE, (name, "partition", item), value={
+                "buffers": [[encode_event(event) for event in buffer] for buffer in state.buffers],
+                "runs": [[encode_event(event) for event in run] for run in state.runs]})
+    meta = {"released": encode_value(pending.released),
+            "punctuations": {stream: encode_value(value) for stream, value in pending.punctuations.items()},
+            "position": pending.position, "arrivals": pending.arrivals, "time_kind": pending.time_kind,
+            "fingerprints": {query.name: query.fingerprint for query in engine.queries.values()}}
+    tx.write(TABLE, (name, "meta", ""), value=meta)
+
+
+def load(engine: Any) -> Any:
+    """The engine's saved state (an empty one if it has none)."""
+    from activedb.streams._engine import _State
+
+    table = engine.db.table(TABLE)
+    with engine.db.engine.connect() as connection:
+        rows = connection.execute(sa.select(table.c.kind, table.c.item, table.c.value)
+                                  .where(table.c.engine == engine.name)).all()
+    state = _State()
+    if not rows:
+        return state
+    streams = engine.streams
+    queries = engine.queries
+    for kind, item, value in rows:
+        if kind == "meta":
+            for query, fingerprint in value.get("fingerprints", {}).items():
+                current = queries.get(query)
+                if current is not None and current.fingerprint != fingerprint:
+                    raise StreamStateError(
+                        f"engine {engine.name}: query {query} is not defined as it was when its state was saved "
+                        f"(its partial matches may not fit); call engine.reset_state() to start it over, or "
+                        f"restore the old definition")
+            state.released = decode_value(value["released"])
+            state.punctuations = {stream: decode_value(mark) for stream, mark in value["punctuations"].items()}
+            state.position = value["position"]
+            state.arrivals = value["arrivals"]
+            state.time_kind = value["time_kind"]
+        elif kind == "buffer":
+            event = decode_event(value)
+            stream = streams.get(event.stream)
+            if stream is None:
+                raise StreamStateError(f"engine {engine.name}: a buffered event belongs to stream {event.stream!r}, "
+                                       f"which is not declared; declare it before the first batch")
+            tie = stream.tie_key(event) if stream.tie_key is not None else None
+            state.buffer.append((order_key(event, stream.priority(event.type), tie), int(item), event))
+        elif kind == "partition":
+            query, key = json.loads(item)
+            key = tuple(decode_value(value_) for value_ in key)
+            state.partitions[(query, key)] = PartitionState(
+                tuple(tuple(decode_event(event) for event in buffer) for buffer in value["buffers"]),
+                tuple(tuple(decode_event(event) for event in run) for run in value["runs"]))
+    state.buffer.sort(key=lambda entry: (entry[0], entry[1]))
+    return state
+
+
+def delete(engine: Any) -> None:
+    table = engine.db.table(TABLE)
+    with engine.db.engine.begin() as connection:
+        connection.execute(sa.delete(table).where(table.c.engine == engine.name))

@@ -1,0 +1,387 @@
+"""The event algebra: the abstract syntax of pattern queries and ON OUTPUT rules.
+
+Both ways of writing a query — the textual language (``_language.py``) and the Python
+API (``_builders.py``) — produce these nodes, so a query written either way is the same
+value (``==`` compares the structure and ignores where in a text a node came from).
+Nothing here evaluates anything: ``_compile.py`` checks a definition against the
+streams and the store and turns it into closures, ``_matcher.py`` runs patterns.
+
+The nodes are independent of the time model.  A pattern only says *in which order*
+its components occur (:class:`Seq`), that they all occur in any order
+(:class:`Conj`), and *how far apart* they may be (``within``); what "before" and
+"span" mean is the evaluator's time model: point timestamps with a declared total
+order (``activedb.streams``' matcher), or accuracy intervals from many producers,
+where order can be uncertain and is raised, never guessed
+(``activedb.composite``; a point is the interval with α = 0).  Which events a
+pattern combines when several could is the *selection* (``Selection``, the point
+matcher) or the *consumption* (``Consumption``, Snoop's chronicle and recent
+contexts, for the interval evaluator).
+
+All nodes are frozen dataclasses: immutable, hashable, safe to share between threads.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a node starts in a definition's text (1-based)."""
+
+    line: int
+    column: int
+
+
+def _position() -> Any:
+    return field(default=None, compare=False, repr=False, hash=False)
+
+
+class Selection(enum.Enum):
+    """Which matches a pattern query outputs (Active CEP leaves it open; see the README).
+
+    * ``SKIP_TILL_ANY_MATCH``: any earlier events may form a match with an accepting
+      event (irrelevant events in between are skipped, partial matches are never
+      consumed); **one output per accepting event** — the match whose constituents are
+      the most recent ones, compared from the last component backwards.
+    * ``SKIP_TILL_NEXT_MATCH``: every event of the first component starts a run; a run
+      binds, for each further component, the *next* event that satisfies it, and ends
+      with its output (or when a negative event or the window kills it).  Several runs
+      may complete at the same accepting event: one output each.
+    """
+
+    SKIP_TILL_ANY_MATCH = "skip_till_any_match"
+    SKIP_TILL_NEXT_MATCH = "skip_till_next_match"
+
+
+class Consumption(enum.Enum):
+    """Which candidate events a composition combines, and which it uses up (Snoop's contexts as
+    Liebig, Cilia, Buchmann, *Event Composition in Time-dependent Distributed Systems* §V use them).
+
+    * ``CHRONICLE``: the *oldest* candidates of every component are combined and consumed.
+    * ``RECENT``: every event of the terminating component (any component for ``Conj``) is
+      combined with the *latest* events of the other components that precede it; those are
+      not consumed, a newer event of the same component replaces them.
+    """
+
+    CHRONICLE = "chronicle"
+    RECENT = "recent"
+
+
+# --- expressions ----------------------------------------------------------------------------
+
+class Expr:
+    """Base class of expressions."""
+
+    def children(self) -> tuple["Expr", ...]:
+        return ()
+
+    def walk(self) -> Iterator["Expr"]:
+        yield self
+        for child in self.children():
+            yield from child.walk()
+
+
+@dataclass(frozen=True)
+class Literal(Expr):
+    value: Any
+    position: Position | None = _position()
+
+
+@dataclass(frozen=True)
+class AttributeRef(Expr):
+    """``ALIAS.attribute``: an attribute of a pattern component (queries) or of the
+    triggering output (rules, ``newEvent.attribute``)."""
+
+    alias: str
+    attribute: str
+    position: Position | None = _position()
+
+
+@dataclass(frozen=True)
+class ColumnRef(Expr):
+    """A column of a store table: inside a subquery's WHERE, or of the row an UPDATE changes."""
+
+    column: str
+    table: str | None = None
+    position: Position | None = _position()
+
+
+@dataclass(frozen=True)
+class Compare(Expr):
+    operator: str            # = != < <= > >=
+    left: Expr
+    right: Expr
+    position: Position | None = _position()
+
+    OPERATORS = ("=", "!=", "<", "<=", ">", ">=")
+
+    def children(self):
+        return (self.left, self.right)
+
+
+@dataclass(frozen=True)
+class Arithmetic(Expr):
+    operator: str            # + - * /
+    left: Expr
+    right: Expr
+    position: Position | None = _position()
+
+    def children(self):
+        return (self.left, self.right)
+
+
+@dataclass(frozen=True)
+class Negate(Expr):
+    operand: Expr
+    position: Position | None = _position()
+
+    def children(self):
+        return (self.operand,)
+
+
+@dataclass(frozen=True)
+class IsNull(Expr):
+    operand: Expr
+    negated: bool = False    # IS NOT NULL
+    position: Position | None = _position()
+
+    def children(self):
+        return (self.operand,)
+
+
+@dataclass(frozen=True)
+class And(Expr):
+    operands: tuple[Expr, ...]
+    position: Position | None = _position()
+
+    def children(self):
+        return self.operands
+
+
+@dataclass(frozen=True)
+class Or(Expr):
+    operands: tuple[Expr, ...]
+    position: Position | None = _position()
+
+    def children(self):
+        return self.operands
+
+
+@dataclass(frozen=True)
+class Not(Expr):
+    operand: Expr
+    position: Position | None = _position()
+
+    def children(self):
+        return (self.operand,)
+
+
+@dataclass(frozen=True)
+class Select:
+    """``SELECT column FROM table WHERE c1 = e1 AND …`` over the shared store.
+
+    ``column`` is None for ``EXISTS (SELECT * …)``.  ``conditions`` are equalities
+    ``(column, expression)``; the expressions may refer to the outer query's events
+    (or the rule's output) and to constants.  When they bind the whole primary key the
+    read is one row (``tx.read``), otherwise a table read (``tx.scan``)."""
+
+    table: str
+    column: str | None
+    conditions: tuple[tuple[str, Expr], ...]
+    position: Position | None = _position()
+
+
+@dataclass(frozen=True)
+class ScalarSubquery(Expr):
+    """``(SELECT column FROM …)``: the column of the one matching row, NULL if none, an
+    error if several.  A **read of the store** at the query's (or rule's) timestamp."""
+
+    select: Select
+    position: Position | None = _position()
+
+    def children(self):
+        return tuple(expression for _, expression in self.select.conditions)
+
+
+@dataclass(frozen=True)
+class Exists(Expr):
+    """``EXISTS (SELECT * FROM …)``: true if a row matches.  A read of the store."""
+
+    select: Select
+    position: Position | None = _position()
+
+    def children(self):
+        return tuple(expression for _, expression in self.select.conditions)
+
+
+@dataclass(frozen=True)
+class Equivalence(Expr):
+    """``[attribute]``: every event of the sequence has the same value of ``attribute``
+    (the query is partitioned by it).  Only allowed as a top-level conjunct of WHERE."""
+
+    attribute: str
+    position: Position | None = _position()
+
+
+def conjuncts(expression: Expr | None) -> tuple[Expr, ...]:
+    """The top-level AND terms of ``expression`` (flattened)."""
+    if expression is None:
+        return ()
+    if isinstance(expression, And):
+        return tuple(term for operand in expression.operands for term in conjuncts(operand))
+    return (expression,)
+
+
+def reads_store(expression: Expr) -> bool:
+    return any(isinstance(node, (ScalarSubquery, Exists)) for node in expression.walk())
+
+
+def aliases_in(expression: Expr) -> frozenset[str]:
+    return frozenset(node.alias for node in expression.walk() if isinstance(node, AttributeRef))
+
+
+# --- patterns -------------------------------------------------------------------------------
+
+class Pattern:
+    """Base class of event patterns."""
+
+    def components(self) -> tuple["EventComponent", ...]:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class EventComponent:
+    """One event of a pattern: its type, the alias expressions use (default: the type
+    name), and whether it is negative (``!TYPE``: must *not* occur there)."""
+
+    event_type: str
+    alias: str | None = None
+    negated: bool = False
+    position: Position | None = _position()
+
+    @property
+    def name(self) -> str:
+        return self.alias or self.event_type
+
+
+@dataclass(frozen=True)
+class Seq(Pattern):
+    """``SEQ(E1, …, En)``: the positive components occur in this order (in the stream's
+    declared total order); a negative component must not occur between its positive
+    neighbours.  The first and the last component are positive; the last one's type is
+    the *accepting* event type."""
+
+    items: tuple[EventComponent, ...]
+    position: Position | None = _position()
+
+    def components(self) -> tuple[EventComponent, ...]:
+        return self.items
+
+
+@dataclass(frozen=True)
+class Conj(Pattern):
+    """``AND(E1, …, En)`` (the paper's ``E1 & E2``): every component occurs, in any order.  All
+    components are positive.  Under the point time model it has no evaluator (a total order
+    would make it a set of SEQs); the interval evaluator composes it."""
+
+    items: tuple[EventComponent, ...]
+    position: Position | None = _position()
+
+    def components(self) -> tuple[EventComponent, ...]:
+        return self.items
+
+
+# --- definitions ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ReturnItem:
+    name: str
+    expression: Expr
+    position: Position | None = _position()
+
+
+@dataclass(frozen=True)
+class QueryDefinition:
+    """``CREATE QUERY name [ON stream] PATTERN … [WHERE …] [WITHIN …] RETURN …``.
+
+    ``within`` is in seconds (None: no window); ``selection`` is an extension of the
+    paper's language (``MATCHING SKIP TILL NEXT MATCH``); ``consumption`` (``CONSUMING
+    CHRONICLE|RECENT``) is for the interval evaluator (None: its default, chronicle)."""
+
+    name: str
+    pattern: Pattern
+    returns: tuple[ReturnItem, ...]
+    where: Expr | None = None
+    within: float | None = None
+    stream: str | None = None
+    selection: Selection = Selection.SKIP_TILL_ANY_MATCH
+    priority: float | None = None
+    consumption: Consumption | None = None
+    position: Position | None = _position()
+
+
+class Action:
+    """Base class of rule actions."""
+
+
+@dataclass(frozen=True)
+class UpdateAction(Action):
+    """``UPDATE table SET c = e, … WHERE k1 = e1 AND …`` with the WHERE naming the whole
+    primary key: updates that row if it exists (a read and a write of the store)."""
+
+    table: str
+    assignments: tuple[tuple[str, Expr], ...]
+    key: tuple[tuple[str, Expr], ...]
+    position: Position | None = _position()
+
+
+@dataclass(frozen=True)
+class InsertAction(Action):
+    """``INSERT INTO table (c1, …) VALUES (e1, …)``."""
+
+    table: str
+    columns: tuple[str, ...]
+    values: tuple[Expr, ...]
+    position: Position | None = _position()
+
+
+@dataclass(frozen=True)
+class DeleteAction(Action):
+    """``DELETE FROM table WHERE k1 = e1 AND …`` (whole primary key)."""
+
+    table: str
+    key: tuple[tuple[str, Expr], ...]
+    position: Position | None = _position()
+
+
+@dataclass(frozen=True)
+class CallAction(Action):
+    """A Python callable ``function(tx, new)``: ``tx`` is the s-transaction's stamped view
+    of the store (read/scan/write/insert/delete), ``new`` the triggering output.
+    ``reads``/``writes`` declare the tables it may touch (checked when given; None means
+    undeclared — fine under SEI, but a scheduler that locks ahead needs them)."""
+
+    function: Callable[[Any, Any], Any]
+    reads: frozenset[str] | None = None
+    writes: frozenset[str] | None = None
+
+
+@dataclass(frozen=True)
+class RuleDefinition:
+    """``CREATE [OR REPLACE] RULE name ON OUTPUT query [REFERENCING NEW AS alias]
+    [FOR EACH EVENT] [WHEN condition] [PRIORITY n] BEGIN action; … END``.
+
+    ``priority`` (an extension) orders the rules fired by one output: higher first,
+    None last, equal priorities by name."""
+
+    name: str
+    query: str
+    actions: tuple[Action, ...]
+    new_alias: str = "NEW"
+    when: Expr | None = None
+    priority: float | None = None
+    replace: bool = False
+    position: Position | None = _position()

@@ -1,0 +1,83 @@
+"""Every error ``activedb.streams`` raises on purpose.
+
+Messages say what happened and what to do next.  Errors about a definition written
+in the textual language carry the ``line`` and ``column`` of the offending token
+(1-based) and show the line with a caret under it.
+"""
+
+from __future__ import annotations
+
+from activedb.errors import ActivedbError
+
+
+class StreamError(ActivedbError):
+    """Base class of the stream layer's errors."""
+
+
+class DefinitionError(StreamError):
+    """A query, rule or stream definition is invalid.
+
+    ``line``/``column`` point into the definition's text when it was written in the
+    textual language (None for definitions built in Python)."""
+
+    def __init__(self, message: str, *, line: int | None = None, column: int | None = None,
+                 text: str | None = None):
+        self.reason = message
+        self.line = line
+        self.column = column
+        if line is not None:
+            location = f"line {line}, column {column}: "
+            shown = ""
+            if text is not None:
+                lines = text.splitlines()
+                if 0 < line <= len(lines):
+                    source = lines[line - 1]
+                    shown = f"\n    {source}\n    {' ' * max(0, (column or 1) - 1)}^"
+            message = f"{location}{message}{shown}"
+        super().__init__(message)
+
+
+class QuerySyntaxError(DefinitionError):
+    """The text is not in the query/rule language (see ``activedb/streams/README.md``)."""
+
+
+class UnknownName(DefinitionError):
+    """A definition names a stream, event type, attribute, table, column or query that does not exist."""
+
+
+class UnknownTable(UnknownName):
+    pass
+
+
+class UnknownAttribute(UnknownName):
+    pass
+
+
+class UnknownQuery(UnknownName):
+    pass
+
+
+class StreamStateError(StreamError):
+    """The engine's saved state does not fit its definitions or its use (e.g. two batches at once)."""
+
+
+class EventRejected(StreamError):
+    """An input event could not be accepted (unknown stream or type, bad timestamp)."""
+
+
+class ActionFailed(StreamError):
+    """A rule's condition or action raised; the original error is ``__cause__``.
+
+    The event's s-transaction is aborted (s-atomic) and the event becomes a dead letter."""
+
+    def __init__(self, message: str, rule: str):
+        super().__init__(message)
+        self.rule = rule
+
+
+class EvaluationError(StreamError):
+    """An expression could not be evaluated on an event (e.g. a scalar subquery found two rows)."""
+
+
+class UndeclaredAccess(StreamError):
+    """A Python rule action touched a table it did not declare in ``reads=``/``writes=``."""

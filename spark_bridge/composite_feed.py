@@ -1,0 +1,167 @@
+"""Feeding a composition engine (``activedb.composite``) from the rows of a micro-batch.
+
+Public interface:
+
+* :func:`rows_to_items` — rows (a ``pyarrow.Table``/``RecordBatch`` or a list of dicts) → the engine's
+  inputs (events with accuracy-interval timestamps naming their producer, and heartbeats) in an order
+  the engine may take them, plus :class:`~spark_bridge.mapping.Rejected` rows with reasons;
+* :func:`feed_batch` — ``rows_to_items`` then ``engine.process(tx, items)`` (composite events emitted
+  into the batch's transaction, rules firing) or ``engine.submit(items)`` without a transaction.
+
+The mapping (:class:`~spark_bridge.mapping.EventMapping`) names the producer column, the accuracy
+column(s) (seconds; the interval is ``[ts − α⁻, ts + α⁺]``), an optional local-timestamp column, and the
+type value of heartbeat rows; heartbeats flow through the same stream as events.
+
+**Micro-batch boundaries never change a composition's result.**  Spark does not keep row order inside a
+batch, so each producer's rows are put back into detection order here — by local timestamp when there
+is one, else by lower bound, then by position (stable) — and the producers' sequences are merged by lower
+bound.  Across batches the engine keeps its state (lists, sync-points), so splitting one producer-ordered
+stream into batches anywhere feeds the engine the same per-producer sequences: the engine's result depends
+only on those (its decisions wait for stability), never on how they interleave.  The per-producer order
+across batches is the source's (a producer's rows must not arrive in a later batch than rows it detected
+after them; if they do, the engine refuses them as late when a decision relied on their absence).
+
+Pure Python plus pyarrow (imported only for a Table); never imports pyspark.
+
+What the sink (``_sink.py``) calls, for a mapping with ``producer_column``: inside the batch's
+``db.transaction(...)``, ``result = feed_batch(engine, batch_table, mapping, tx=tx)`` instead of
+``rows_to_events`` + the per-event ``emit`` loop; ``result.rejected`` become dead letters like mapping
+rejections; ``result.composites`` count as the batch's events; ``engine.poll()`` after the commit raises
+``ProducerTimeout`` for a silent producer.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from activedb import composite, streams
+from activedb.events import Timestamp
+
+from spark_bridge.mapping import _TS_UNITS, EventMapping, Rejected, _InvalidField, _to_utc, jsonable
+from spark_bridge.errors import MappingError
+
+__all__ = ["FeedResult", "feed_batch", "rows_to_items"]
+
+
+@dataclass(frozen=True)
+class FeedResult:
+    """What one batch did: the inputs taken, the composite events produced, the rows rejected."""
+
+    items: tuple[Any, ...]
+    composites: tuple[composite.CompositeEvent, ...]
+    rejected: tuple[Rejected, ...]
+
+
+def _rows(rows: Any) -> list[dict]:
+    try:
+        import pyarrow as pa
+    except ImportError:  # pragma: no cover - pyarrow is a dependency
+        pa = None
+    if pa is not None and isinstance(rows, (pa.Table, pa.RecordBatch)):
+        return rows.to_pylist()
+    return [row if isinstance(row, dict) else {"value": row} for row in rows]
+
+
+def _seconds(value: Any, label: str) -> float:
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise _InvalidField(f"{label} is {value!r}, need a non-negative number of seconds")
+    return float(value)
+
+
+def _local(value: Any, label: str) -> Any:
+    if isinstance(value, dt.datetime):
+        return (value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)).timestamp()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _InvalidField(f"{label} is {value!r}, need a number or a timestamp")
+    return float(value)
+
+
+def rows_to_items(rows: Any, mapping: EventMapping) -> tuple[list[Any], list[Rejected]]:
+    """Validate ``rows``; return the engine's inputs (per producer in detection order, producers merged by
+    lower bound) and the rejected rows.  Never raises for bad data."""
+    if mapping.producer_column is None:
+        raise MappingError("rows_to_items needs EventMapping(producer_column=…) (and accuracy columns for "
+                           "intervals): a composition engine keeps its progress per producer")
+    divisor = _TS_UNITS[mapping.ts_unit]
+    per_producer: dict[str, list[tuple[tuple, Any]]] = {}
+    rejected: list[Rejected] = []
+    for position, row in enumerate(_rows(rows)):
+        try:
+            producer = row.get(mapping.producer_column)
+            if not isinstance(producer, str) or not producer:
+                raise _InvalidField(f"producer ({mapping.producer_column!r}) is {producer!r}, need a non-empty string")
+            raw_type = row.get(mapping.type_column)
+            event_type = mapping.type_map.get(raw_type, raw_type) if mapping.type_map else raw_type
+            if not isinstance(event_type, str) or not event_type:
+                raise _InvalidField(f"event type ({mapping.type_column!r}) is {raw_type!r}, need a non-empty string")
+            raw_ts = row.get(mapping.ts_column)
+            if raw_ts is None:
+                raise _InvalidField(f"timestamp ({mapping.ts_column!r}) is null")
+            reference = _to_utc(raw_ts, divisor)
+            if mapping.accuracy_column is not None:
+                minus = plus = _seconds(row.get(mapping.accuracy_column), f"accuracy ({mapping.accuracy_column!r})")
+            elif mapping.accuracy_minus_column is not None:
+                minus = _seconds(row.get(mapping.accuracy_minus_column), f"α⁻ ({mapping.accuracy_minus_column!r})")
+                plus = _seconds(row.get(mapping.accuracy_plus_column), f"α⁺ ({mapping.accuracy_plus_column!r})")
+            else:
+                minus = plus = 0.0
+            local = None
+            if mapping.local_ts_column is not None and row.get(mapping.local_ts_column) is not None:
+                local = _local(row[mapping.local_ts_column], f"local timestamp ({mapping.local_ts_column!r})")
+            stamp = Timestamp.at(reference, minus=minus, plus=plus, producer=producer, local=local)
+            if mapping.heartbeat_type is not None and event_type == mapping.heartbeat_type:
+                item: Any = composite.Heartbeat(producer, stamp)
+            else:
+                key = row.get(mapping.key_column)
+                payload_names = mapping.payload_columns_for(row.keys())
+                absent = [name for name in payload_names if name not in row]
+                if absent:
+                    raise _InvalidField(f"missing field {absent[0]!r}")
+                attributes = {name: row[name] for name in payload_names}
+                attributes[mapping.key_column] = key
+                item = streams.StreamEvent(event_type, stamp, attributes)
+        except _InvalidField as error:
+            rejected.append(Rejected(position, str(error), jsonable(row)))
+            continue
+        except ValueError as error:                 # an interval the time model refuses
+            rejected.append(Rejected(position, f"timestamp: {error}", jsonable(row)))
+            continue
+        order = (stamp.local if stamp.local is not None else stamp.lower.timestamp(), stamp.lower, position)
+        per_producer.setdefault(producer, []).append((order, item))
+    sequences = []
+    for producer in sorted(per_producer):
+        entries = sorted(per_producer[producer], key=lambda entry: entry[0])
+        sequences.append([((item.ts.lower, producer, index), item) for index, (_, item) in enumerate(entries)])
+    items = [item for _, item in heapq.merge(*sequences, key=lambda entry: entry[0])]
+    return items, rejected
+
+
+def feed_batch(engine: composite.CompositionEngine, rows: Any, mapping: EventMapping, *, tx: Any = None
+               ) -> FeedResult:
+    """Feed one micro-batch: ``engine.process(tx, …)`` inside the batch's transaction (composites
+    emitted, state restored if it aborts) or ``engine.submit(…)`` when ``tx`` is None."""
+    items, rejected = rows_to_items(rows, mapping)
+    members = engine.producers()
+    accepted = []
+    for item in items:
+        producer = item.producer if isinstance(item, composite.Heartbeat) else item.ts.producer
+        info = members.get(producer)
+        problem = None
+        if info is None or info.state != "joined":
+            problem = (f"producer {producer!r} has not joined the composition engine (atomic membership: "
+                       f"engine.join(producer, types=[…]) before it sends)")
+        elif not isinstance(item, composite.Heartbeat) and item.type not in info.types:
+            problem = f"producer {producer!r} joined for {', '.join(info.types)}, not {item.type}"
+        if problem is None:
+            accepted.append(item)
+        else:
+            rejected.append(Rejected(-1, problem, jsonable({"producer": producer, "ts": str(item.ts)})))
+    items = accepted
+    composites = engine.process(tx, items) if tx is not None else engine.submit(items)
+    return FeedResult(tuple(items), tuple(composites), tuple(rejected))

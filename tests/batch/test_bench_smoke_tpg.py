@@ -1,0 +1,26 @@
+"""``activedb bench tpg`` runs on a tiny batch and reports its rows (no timing assertions)."""
+
+from __future__ import annotations
+
+import json
+
+from activedb.bench.tpg import run
+
+
+def test_tpg_benchmark_smoke(database_url, monkeypatch, tmp_path):
+    monkeypatch.setenv("ACTIVEDB_DATABASE_URL", database_url)     # the test's database, not the user's
+    monkeypatch.setenv("ACTIVEDB_BENCH_DIR", str(tmp_path))
+    report = run(quick=True, size=128)
+    names = [row.name for row in report.rows]
+    for workload in ("SL", "GS", "TP"):
+        assert f"{workload} in memory: serial reference" in names
+        assert sum(name.startswith(f"{workload} in memory: ") for name in names) == 14   # serial, auto, 12 fixed
+    assert any(name.startswith("SL end to end, C = 0 us: TPG apply_batch") for name in names)
+    assert any(name.startswith("SL (8 key groups) in memory: 2 processes vs 1") for name in names)
+    for row in report.rows:
+        assert row.value > 0
+        if row.baseline is not None:
+            assert row.ratio == row.value / row.baseline or abs(row.ratio - row.value / row.baseline) < 1e-9
+    for parameter in ("theta", "abort_ratio", "batch"):
+        assert (tmp_path / f"tpg-sweep-{parameter}.png").read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((tmp_path / "tpg-bench.json").read_text())["rows"]

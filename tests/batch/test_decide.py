@@ -1,0 +1,59 @@
+"""The decision model reads the TPG it was given and what earlier batches measured."""
+
+from __future__ import annotations
+
+from activedb import batch
+from activedb.batch._decide import DecisionModel
+from activedb.batch._plan import build_tpg
+from activedb.batch._runtime import prepare
+from activedb.batch._strategy import AbortMode, Exploration, Granularity
+from tests.batch.test_paper_examples import fig1_events, fig1_transactions
+
+
+def _counter_batch(keys: int, per_key: int):
+    transactions = batch.StateTransactions("counters")
+
+    @transactions.on("bump")
+    def bump(event, ops):
+        ops.write("c", event.key, lambda own: {"n": (own["n"] if own else 0) + 1})
+
+    return transactions, [{"type": "bump", "key": index % keys} for index in range(keys * per_key)]
+
+
+def _tpg(transactions, events):
+    prepared = prepare(transactions, events)
+    return build_tpg(prepared.txns, prepared.specs)
+
+
+def test_chains_without_parameters_get_key_groups():
+    """Many TDs, no PD, no cycle: c-schedule; balanced and dependency-rich: s-explore."""
+    decision = DecisionModel().decide(_tpg(*_counter_batch(keys=20, per_key=10)))
+    assert decision.strategy.granularity is Granularity.KEY_GROUP
+    assert decision.strategy.exploration is Exploration.BFS
+    assert decision.properties.cyclic is False and decision.properties.pd_per_op == 0
+
+
+def test_cyclic_key_groups_get_single_operations():
+    """Figure 1 has the cycle A → B (PD O1 → O3) → A (PD O3 → O5): f-schedule."""
+    transactions = fig1_transactions()
+    events = fig1_events() * 3
+    decision = DecisionModel().decide(_tpg(transactions, events))
+    assert decision.strategy.granularity is Granularity.OPERATION
+
+
+def test_observed_aborts_and_cost_choose_lazy_abort():
+    model = DecisionModel()
+    tpg = _tpg(*_counter_batch(keys=20, per_key=10))
+    assert model.decide(tpg).strategy.abort is AbortMode.EAGER
+    model.observe(transactions=100, aborted=40, executions=300, seconds=300 * 2e-6)   # cheap ops, 40 % aborts
+    assert model.decide(tpg).strategy.abort is AbortMode.LAZY
+    model.observe(transactions=100, aborted=40, executions=300, seconds=300 * 500e-6)  # now expensive ops
+    assert model.decide(tpg).strategy.abort is AbortMode.EAGER
+
+
+def test_a_skewed_batch_gets_non_structured_exploration():
+    transactions, events = _counter_batch(keys=50, per_key=2)
+    events += [{"type": "bump", "key": 0}] * 400                  # one hot key
+    decision = DecisionModel().decide(_tpg(transactions, events))
+    assert decision.properties.skew > 8
+    assert decision.strategy.exploration is Exploration.NS

@@ -1,0 +1,21 @@
+"""The picture of a small batch's TPG: edge kinds and operation states, drawn to PNG."""
+
+from __future__ import annotations
+
+from activedb import batch
+from tests.batch.test_paper_examples import FIG1_STATE, fig1_events, fig1_transactions
+
+
+def test_graph_has_edge_kinds_and_states():
+    graph = batch.tpg_graph(fig1_transactions(), fig1_events(v2=50), FIG1_STATE)
+    kinds = {data["kind"] for _, _, data in graph.edges(data=True)}
+    assert kinds == {"TD", "PD", "LD"}
+    states = [graph.nodes[node]["state"] for node in sorted(graph.nodes)]
+    assert states == ["EXE", "ABT", "ABT", "ABT", "ABT"]
+    assert graph.graph["aborted"] == {1: "Read(A) <= 50", 2: "Read(B) <= 3"}
+
+
+def test_render_to_png(tmp_path):
+    path = batch.render_tpg(fig1_transactions(), fig1_events(v2=50), tmp_path / "fig1.png", FIG1_STATE)
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000

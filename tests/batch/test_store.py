@@ -1,0 +1,113 @@
+"""End to end through the real PostgreSQL: ``apply_batch`` inside a transaction the caller
+opened (state, dead letters and the ingestion-ledger row commit together), ``run_batch``,
+and a batch split over two processes."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+import activedb
+from spark_bridge import IngestionLedger, batch_committed  # the ledger participant (a test may use both)
+from activedb import batch
+from activedb.batch import workloads
+
+KEYS = 40
+
+
+def _reset(db, state):
+    tables = {table: db.table(table) for table, _ in state}   # reflected outside the DELETE's transaction
+    with db.engine.begin() as connection:
+        for table in (workloads.ACCOUNTS, workloads.ASSETS, workloads.GREP, workloads.TOLL_SPEED,
+                      workloads.TOLL_COUNT, "activedb_dead_letters"):
+            connection.execute(sa.text(f"DELETE FROM {table}"))
+        by_table: dict[str, list[dict]] = {}
+        for (table, _), row in state.items():
+            by_table.setdefault(table, []).append(row)
+        for table, rows in by_table.items():
+            connection.execute(tables[table].insert(), rows)
+
+
+def _rows(db, table, key_column="id"):
+    with db.engine.connect() as connection:
+        return {row[key_column]: dict(row) for row in connection.execute(sa.select(db.table(table))).mappings()}
+
+
+def _ledger_batch(seed=3, partitions=1, size=300):
+    workload = workloads.Workload(theta=0.6, abort_ratio=0.1, cost_us=0, batch=size, keys=KEYS, seed=seed,
+                                  partitions=partitions)
+    state = {state: {**row, **({"balance": 400} if "balance" in row else {"value": 400})}
+             for state, row in workloads.initial_state("sl", KEYS).items()}
+    return workloads.generate_ledger(workload), state
+
+
+def test_apply_batch_commits_state_dead_letters_and_ledger_together(db):
+    events, state = _ledger_batch()
+    _reset(db, state)
+    transactions = workloads.ledger()
+    reference = batch.run_in_memory(transactions, events, state, strategy="serial")
+    assert reference.aborted
+    with db.transaction(participants=[IngestionLedger(db, "tpg-test", 1)]) as tx:
+        result = batch.apply_batch(tx, events, transactions)
+        for event, reason in result.dead_letters:
+            tx.insert("activedb_dead_letters", query_id="tpg-test", batch_id=1, reason=reason,
+                      raw=batch.dead_letter_row(event))
+        transaction_id = tx.log_id
+    assert [(o.committed, o.reason) for o in result.transactions] == [
+        (o.committed, o.reason) for o in reference.transactions]
+    accounts, assets = _rows(db, workloads.ACCOUNTS), _rows(db, workloads.ASSETS)
+    for (table, key), row in state.items():
+        expected = reference.final.get((table, key), row)
+        actual = (accounts if table == workloads.ACCOUNTS else assets)[key]
+        assert actual == expected, (table, key)
+    assert batch_committed(db, "tpg-test", 1)
+    with db.engine.connect() as connection:
+        letters = connection.execute(sa.text(
+            "SELECT reason FROM activedb_dead_letters WHERE query_id = 'tpg-test' ORDER BY id")).scalars().all()
+        written = connection.execute(sa.text("SELECT rows_written FROM activedb_transaction_log "
+                                             "WHERE transaction_id = :id"), {"id": transaction_id}).scalar_one()
+    assert letters == [reason for _, reason in reference.dead_letters]
+    # One write-set entry per changed row, however many versions the batch made of it.
+    assert written == len(reference.changes()) + len(letters)
+    # A replay of the same batch is recognised and skipped, nothing applied twice.
+    with pytest.raises(activedb.errors.BatchAlreadyCommitted):
+        with db.transaction(participants=[IngestionLedger(db, "tpg-test", 1)]) as tx:
+            batch.apply_batch(tx, events, transactions)
+    assert _rows(db, workloads.ACCOUNTS) == accounts
+
+
+def test_run_batch_with_toll_reports_and_rejected_events(db):
+    _reset(db, {})
+    events = workloads.generate_toll(workloads.Workload(batch=200, keys=10, abort_ratio=0.2, cost_us=0, seed=5))
+    events.append({"type": "unknown_kind", "ts": 999.0, "payload": {}})
+    transactions = workloads.toll()
+    reference = batch.run_in_memory(transactions, events, {}, strategy="serial")
+    result = batch.run_batch(db, events, transactions, query_id="tpg-toll", batch_id=7)
+    assert result.final == reference.final
+    speeds, counts = _rows(db, workloads.TOLL_SPEED, "segment"), _rows(db, workloads.TOLL_COUNT, "segment")
+    for (table, segment), row in reference.final.items():
+        stored = (speeds if table == workloads.TOLL_SPEED else counts)[segment]
+        assert {column: stored[column] for column in row} == pytest.approx(row)
+    with db.engine.connect() as connection:
+        reasons = connection.execute(sa.text(
+            "SELECT reason FROM activedb_dead_letters WHERE query_id = 'tpg-toll' ORDER BY id")).scalars().all()
+    assert len(reasons) == len(reference.aborted) + 1
+    assert any("no state transaction is declared for event type 'unknown_kind'" in reason for reason in reasons)
+
+
+def test_a_splitting_batch_runs_in_two_processes_with_the_serial_result(db):
+    events, state = _ledger_batch(seed=11, partitions=4, size=400)
+    _reset(db, state)
+    reference = batch.run_in_memory(workloads.ledger(), events, state, strategy="serial")
+    with workloads.ledger(processes=2) as transactions:
+        with db.transaction() as tx:
+            result = batch.apply_batch(tx, events, transactions, strategy="ns/f/e", split="always")
+        assert result.statistics.processes == 2, result.notes
+        assert result.statistics.components >= 4
+    assert result.final == reference.final
+    assert [(o.committed, o.reason) for o in result.transactions] == [
+        (o.committed, o.reason) for o in reference.transactions]
+    accounts = _rows(db, workloads.ACCOUNTS)
+    for (table, key), row in reference.final.items():
+        if table == workloads.ACCOUNTS:
+            assert accounts[key] == row

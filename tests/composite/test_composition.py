@@ -1,0 +1,217 @@
+"""Composition on hand-built events: the Figure 2/Figure 3 scenario of Liebig, Cilia, Buchmann (*Event
+Composition in Time-dependent Distributed Systems* §V: one A-producer, two B-producers, ``A & B``,
+chronicle), SEQ across producers, recent consumption, uncertainty raised or decided by the application."""
+
+from __future__ import annotations
+
+import pytest
+
+from activedb import streams
+from activedb.composite import Choice, UncertainOrder, UncertaintyKind
+from activedb.events import Timestamp
+from activedb.streams.errors import DefinitionError
+
+from tests.composite.conftest import FIG2, ev, make_engine, names
+
+AND_CHRONICLE = "CREATE QUERY AB PATTERN AND(A, B) CONSUMING CHRONICLE RETURN A.id AS a, B.id AS b"
+SEQ_CHRONICLE = "CREATE QUERY AthenB PATTERN SEQ(A, B) RETURN A.id AS a, B.id AS b"
+
+
+def test_fig3_no_composite_before_stability_then_the_right_pair():
+    engine = make_engine(AND_CHRONICLE, FIG2)
+    assert engine.signal(ev("B", 1.002, "P1B", "b1_0")) == []      # t1: a tentative a0 & b1_0 at most
+    assert engine.signal(ev("A", 1.000, "PA", "a0")) == []         # another A may be in transit
+    assert engine.signal(ev("A", 2.000, "PA", "a1")) == []         # t2: a0 is the oldest A, but B is not stable
+    assert engine.waiting()[("AB", ())]["blocked_on"] == ["P1B", "P2B"]
+    assert engine.signal(ev("B", 2.000, "P1B", "b1_1")) == []      # P2B may still send an older B
+    assert engine.waiting()[("AB", ())]["blocked_on"] == ["P2B"]
+    produced = engine.signal(ev("B", 1.500, "P2B", "b2_0"))        # P2B's sync-point passes b1_0
+    assert names(produced) == [("a0", "b1_0")]
+    (pair,) = produced
+    assert (pair.ts.lower, pair.ts.upper) == pytest.approx((0.995, 1.007))
+    assert pair.resolutions == () and pair.attributes == {"a": "a0", "b": "b1_0"}
+    assert names(engine.heartbeat("P2B", Timestamp.at(2.5, 0.005))) == []   # a1 & b2_0 needs PA to pass 1.505 …
+    assert names(engine.heartbeat("PA", Timestamp.at(2.6, 0.005))) == [("a1", "b2_0")]   # … chronicle: oldest B
+
+
+def fig3_uncertain(engine):
+    for event in (ev("B", 1.002, "P1B", "b1_0"), ev("A", 1.000, "PA", "a0"), ev("A", 2.0, "PA", "a1"),
+                  ev("B", 2.0, "P1B", "b1_1"), ev("B", 1.004, "P2B", "b2_0")):   # b1_0 ⊥ b2_0
+        assert engine.signal(event) == []
+    return engine.heartbeat("P2B", Timestamp.at(1.6, 0.005))        # oldest_b = {b1_0, b2_0} becomes stable
+
+
+def test_fig3_uncertain_oldest_b_raises_naming_both_candidates():
+    engine = make_engine(AND_CHRONICLE, FIG2)
+    with pytest.raises(UncertainOrder) as raised:
+        fig3_uncertain(engine)
+    uncertainty = raised.value.uncertainty
+    assert uncertainty.kind is UncertaintyKind.MULTIPLE and uncertainty.component == "B"
+    assert sorted(event["id"] for event in uncertainty.candidates) == ["b1_0", "b2_0"]
+    assert "b1_0" in str(raised.value) and "b2_0" in str(raised.value) and "on_uncertain" in str(raised.value)
+    # Nothing was consumed; the same question is raised again until the application decides.
+    with pytest.raises(UncertainOrder):
+        engine.heartbeat("P2B", Timestamp.at(1.7, 0.005))
+    (b2_0,) = [event for event in uncertainty.candidates if event["id"] == "b2_0"]
+    assert names(engine.discard(b2_0)) == [("a0", "b1_0")]
+
+
+def test_fig3_uncertain_oldest_b_handed_to_the_application_and_recorded():
+    asked = []
+
+    def choose(uncertainty):
+        asked.append(uncertainty)
+        return max(uncertainty.candidates, key=lambda event: event["id"])          # the application's policy
+
+    engine = make_engine(AND_CHRONICLE, FIG2, on_uncertain=choose)
+    produced = fig3_uncertain(engine)
+    assert names(produced) == [("a0", "b2_0")]
+    (resolution,) = produced[0].resolutions
+    assert resolution.chosen["id"] == "b2_0" and resolution.uncertainty is asked[0]
+    assert len(asked) == 1 and engine.statistics().decisions == 1
+
+
+def test_seq_across_producers_with_uncertain_order_raises_instead_of_composing():
+    # One candidate each, but a ⊥ b: the printed algorithm would compose (size 1); we raise (gap (c)).
+    engine = make_engine(SEQ_CHRONICLE, {"PA": ["A"], "PB": ["B"]})
+    engine.signal(ev("A", 1.000, "PA", "a0"))
+    engine.signal(ev("B", 1.008, "PB", "b0"))                       # [0.995,1.005] vs [1.003,1.013]: overlap
+    engine.heartbeat("PA", Timestamp.at(5.0, 0.005))
+    with pytest.raises(UncertainOrder) as raised:
+        engine.heartbeat("PB", Timestamp.at(5.0, 0.005))
+    assert raised.value.uncertainty.kind is UncertaintyKind.UNORDERED
+    assert raised.value.uncertainty.relative_to["id"] == "a0"
+    assert engine.statistics().composites == 0
+
+
+def test_seq_certain_order_composes_and_a_b_before_every_a_is_discarded():
+    engine = make_engine(SEQ_CHRONICLE, {"PA": ["A"], "PB": ["B"]})
+    assert engine.signal(ev("B", 0.5, "PB", "early")) == []
+    assert engine.signal(ev("A", 1.0, "PA", "a0")) == []
+    assert engine.signal(ev("B", 1.1, "PB", "b0")) == []            # a0 is not stable yet (PA may send older)
+    assert names(engine.heartbeat("PA", Timestamp.at(2.0, 0.005))) == []   # PB may still send a B before b0
+    assert names(engine.heartbeat("PB", Timestamp.at(2.0, 0.005))) == [("a0", "b0")]
+    assert engine.statistics().discarded == 1                       # "early" precedes every A, present or to come
+    assert engine.waiting() == {}
+
+
+def test_seq_with_one_producer_uses_local_timestamps():
+    # 50 ms accuracy makes the two events' intervals overlap; their local readings order them.
+    engine = make_engine(SEQ_CHRONICLE, {"P": ["A", "B"]})
+    engine.signal(ev("A", 1.000, "P", "a0", accuracy=0.05, local=10.000))
+    produced = engine.signal(ev("B", 1.010, "P", "b0", accuracy=0.05, local=10.010))
+    assert produced == []            # P may still send a B with the same local reading as b0
+    produced = engine.signal(ev("B", 1.020, "P", "b1", accuracy=0.05, local=10.020))
+    assert names(produced) == [("a0", "b0")]
+
+
+def test_recent_seq_pairs_each_b_with_the_newest_a_before_it():
+    engine = make_engine("CREATE QUERY R PATTERN SEQ(A, B) CONSUMING RECENT RETURN A.id AS a, B.id AS b",
+                         {"PA": ["A"], "PB": ["B"]})
+    for event in (ev("A", 1.0, "PA", "a0"), ev("A", 2.0, "PA", "a1"), ev("B", 2.5, "PB", "b0"),
+                  ev("B", 2.7, "PB", "b1")):
+        assert engine.signal(event) == []                           # PA may still send an A before b0
+    produced = engine.signal(ev("A", 3.0, "PA", "a2"))              # now it cannot
+    assert engine.signal(ev("B", 3.5, "PB", "b2")) == []
+    produced += engine.heartbeat("PA", Timestamp.at(9.0, 0.005))
+    assert names(produced) == [("a1", "b0"), ("a1", "b1"), ("a2", "b2")]
+    assert all(item.consumption == "recent" for item in produced)
+    assert engine.statistics().discarded >= 1                       # a0 was ruled out by a1 (and a1 by a2)
+
+
+def test_recent_and_combines_every_event_with_the_newest_of_the_other_component():
+    engine = make_engine("CREATE QUERY R PATTERN AND(A, B) CONSUMING RECENT RETURN A.id AS a, B.id AS b",
+                         {"PA": ["A"], "PB": ["B"]})
+    produced = []
+    for event in (ev("A", 1.0, "PA", "a0"), ev("B", 2.0, "PB", "b0"), ev("A", 3.0, "PA", "a1"),
+                  ev("B", 3.5, "PB", "b1")):
+        produced += engine.signal(event)
+    produced += engine.heartbeat("PB", Timestamp.at(9.0, 0.005))
+    produced += engine.heartbeat("PA", Timestamp.at(9.0, 0.005))
+    assert names(produced) == [("a0", "b0"), ("a1", "b0"), ("a1", "b1")]
+
+
+def test_recent_uncertain_newest_raises():
+    engine = make_engine("CREATE QUERY R PATTERN SEQ(A, B) CONSUMING RECENT RETURN A.id AS a",
+                         {"P1": ["A"], "P2": ["A"], "PB": ["B"]})
+    engine.signal(ev("A", 1.000, "P1", "a_1"))
+    engine.signal(ev("A", 1.003, "P2", "a_2"))                      # ⊥ a_1: which is the newest A before b?
+    engine.signal(ev("B", 2.0, "PB", "b0"))
+    engine.heartbeat("P1", Timestamp.at(3.0, 0.005))
+    with pytest.raises(UncertainOrder) as raised:
+        engine.heartbeat("P2", Timestamp.at(3.0, 0.005))
+    assert raised.value.uncertainty.kind is UncertaintyKind.MULTIPLE
+    assert sorted(event["id"] for event in raised.value.uncertainty.candidates) == ["a_1", "a_2"]
+
+
+def test_drop_choice_and_partitions():
+    def drop_all(uncertainty):
+        return Choice.drop(*uncertainty.candidates)
+
+    engine = make_engine("CREATE QUERY AB PATTERN AND(A, B) WHERE [k] RETURN A.id AS a, B.id AS b",
+                         FIG2, attributes=("id", "k"), on_uncertain=drop_all)
+    engine.signal(ev("A", 1.0, "PA", "a0", k=1))
+    engine.signal(ev("A", 1.0, "PA", "x0", k=2))                    # another partition
+    engine.signal(ev("B", 1.002, "P1B", "b1", k=1))
+    engine.signal(ev("B", 1.003, "P2B", "b2", k=1))                 # ⊥ b1 in partition 1
+    engine.signal(ev("B", 1.5, "P1B", "y1", k=2))
+    engine.heartbeat("PA", Timestamp.at(3.0, 0.005))
+    produced = engine.heartbeat("P1B", Timestamp.at(3.0, 0.005))
+    produced += engine.heartbeat("P2B", Timestamp.at(3.0, 0.005))
+    assert sorted(names(produced)) == [("x0", "y1")]
+    assert engine.statistics().dropped == 2
+    assert ("AB", (1,)) in engine.waiting()                         # a0 waits for a B of its own partition
+
+
+def test_definitions_the_interval_model_does_not_run_are_refused():
+    engine = make_engine(AND_CHRONICLE, FIG2, attributes=("id", "x"))
+    with pytest.raises(DefinitionError, match="negation"):
+        engine.define("CREATE QUERY N PATTERN SEQ(A, !B, A a2) RETURN A.id")
+    with pytest.raises(DefinitionError, match="WITHIN"):
+        engine.define("CREATE QUERY W PATTERN SEQ(A, B) WITHIN 5 sec RETURN A.id")
+    with pytest.raises(DefinitionError, match="cannot read the store"):
+        engine.define("CREATE QUERY S PATTERN SEQ(A, B) WHERE (SELECT v FROM t WHERE k = A.x) = 1 RETURN A.id")
+    with pytest.raises(DefinitionError, match=r"\[attr\]"):
+        engine.define("CREATE QUERY J PATTERN AND(A, B) WHERE A.x = B.x RETURN A.id")
+    # Local filters are fine: they decide which list an event enters.
+    engine.define("CREATE QUERY F PATTERN AND(A, B) WHERE A.x > 1 RETURN A.id AS a, B.id AS b")
+
+
+def test_the_point_time_engine_refuses_and_and_consumption(db_less_stream_engine):
+    with pytest.raises(DefinitionError, match="activedb.composite"):
+        db_less_stream_engine.define("CREATE QUERY AB PATTERN AND(A, B) RETURN A.id")
+
+
+@pytest.fixture
+def db_less_stream_engine():
+    class NoDb:
+        def watermark(self, source):
+            return None
+
+    engine = streams.StreamEngine(NoDb(), name="t", durable=False)
+    engine.create_stream("s", types=["A", "B"], attributes=["id"])
+    return engine
+
+
+def test_composites_feed_a_further_composition_as_a_producer():
+    first = make_engine(AND_CHRONICLE, FIG2)
+    second = make_engine("CREATE QUERY ABthenC PATTERN SEQ(AB, C) RETURN AB.a AS a, C.id AS c",
+                         {"AB": ["AB"], "PC": ["C"]}, attributes=("id", "a", "b"))
+    forwarded = []
+
+    def forward(composites):
+        for item in composites:
+            forwarded.extend(second.signal(item.to_stream_event()))
+        progress = first.progress("AB")
+        if progress is not None:
+            forwarded.extend(second.heartbeat("AB", progress))
+
+    for event in (ev("A", 1.0, "PA", "a0"), ev("B", 1.1, "P1B", "b0"), ev("B", 1.2, "P2B", "b1")):
+        forward(first.signal(event))
+    assert second.signal(ev("C", 3.0, "PC", "c0")) == []            # a0 & b0 has not happened yet
+    for producer in ("PA", "P1B", "P2B"):
+        forward(first.heartbeat(producer, Timestamp.at(2.0, 0.005)))
+    forwarded += second.heartbeat("PC", Timestamp.at(4.0, 0.005))
+    assert [(item["a"], item["c"]) for item in forwarded] == [("a0", "c0")]
+    (result,) = forwarded
+    assert result.constituents[0].ts.producer == "AB" and result.ts.lower == pytest.approx(0.995)

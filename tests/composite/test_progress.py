@@ -1,0 +1,100 @@
+"""Progress per producer: heartbeats, the input-node timeout on an injected clock, membership, late events."""
+
+from __future__ import annotations
+
+import pytest
+
+from activedb.composite import EventRejected, LateEvent, MembershipError, ProducerTimeout, TimeoutPolicy
+from activedb.events import Timestamp
+
+from tests.composite.conftest import FIG2, ev, make_engine, names
+
+AND_CHRONICLE = "CREATE QUERY AB PATTERN AND(A, B) RETURN A.id AS a, B.id AS b"
+
+
+def test_heartbeats_move_sync_points_like_events():
+    engine = make_engine(AND_CHRONICLE, FIG2)
+    engine.signal(ev("A", 1.0, "PA", "a0"))
+    engine.signal(ev("B", 1.1, "P1B", "b0"))
+    assert engine.heartbeat("PA", Timestamp.at(1.5, 0.005)) == []
+    assert engine.heartbeat("P1B", Timestamp.at(1.5, 0.005)) == []
+    assert names(engine.heartbeat("P2B", 1.2)) == [("a0", "b0")]      # a point heartbeat is alpha = 0
+    assert engine.producers()["P2B"].sync == 1.2
+    # An old heartbeat never moves a sync-point back.
+    engine.heartbeat("P2B", 0.5)
+    assert engine.producers()["P2B"].sync == 1.2
+
+
+def test_silent_producer_times_out_with_a_clear_error_instead_of_stalling(clock):
+    engine = make_engine(AND_CHRONICLE, FIG2, clock=clock, timeout=2.0)
+    engine.signal(ev("A", 1.0, "PA", "a0"))
+    engine.signal(ev("A", 2.0, "PA", "a1"))
+    engine.signal(ev("B", 1.1, "P1B", "b0"))
+    clock.advance(1.5)
+    engine.heartbeat("P1B", Timestamp.at(3.0, 0.005))
+    assert engine.poll() == []                                        # P2B silent 1.5 s < 2 s
+    clock.advance(1.0)
+    with pytest.raises(ProducerTimeout) as raised:                    # P1B keeps talking; P2B does not
+        engine.heartbeat("P1B", Timestamp.at(4.0, 0.005))
+    with pytest.raises(ProducerTimeout):
+        engine.poll()
+    assert raised.value.producers == ("P2B",)
+    assert "P2B silent for 2.5 s" in str(raised.value) and "heartbeat" in str(raised.value)
+    # A producer nobody waits for may stay silent.
+    quiet = make_engine(AND_CHRONICLE, FIG2, clock=clock, timeout=2.0)
+    clock.advance(100)
+    assert quiet.poll() == []
+
+
+def test_timeout_policy_exclude_lets_composition_go_on(clock):
+    engine = make_engine(AND_CHRONICLE, FIG2, clock=clock, timeout=2.0, on_timeout=TimeoutPolicy.EXCLUDE)
+    engine.signal(ev("A", 1.0, "PA", "a0"))
+    engine.signal(ev("A", 2.0, "PA", "a1"))
+    engine.signal(ev("B", 1.1, "P1B", "b0"))
+    engine.heartbeat("P1B", Timestamp.at(3.0, 0.005))
+    clock.advance(3.0)
+    assert names(engine.poll()) == [("a0", "b0")]
+    assert engine.producers()["P2B"].state == "left"
+    with pytest.raises(MembershipError, match="has left"):
+        engine.signal(ev("B", 4.0, "P2B", "late"))
+
+
+def test_membership_is_atomic_join_before_sending_and_leave():
+    engine = make_engine(AND_CHRONICLE, FIG2)
+    with pytest.raises(MembershipError, match="has not joined"):
+        engine.signal(ev("B", 1.0, "P3B", "x"))
+    engine.signal(ev("A", 1.0, "PA", "a0"))
+    engine.signal(ev("A", 2.0, "PA", "a1"))
+    engine.signal(ev("B", 1.1, "P1B", "b0"))
+    engine.signal(ev("B", 2.0, "P1B", "b1"))
+    assert names(engine.leave("P2B")) == [("a0", "b0")]               # P2B sent everything: b0 is stable
+    with pytest.raises(MembershipError, match="joins too late"):
+        engine.join("P3B", types=["B"], since=1.0)                    # a0 & b0 relied on nothing before 1.105
+    engine.join("P3B", types=["B"], since=1.9)
+    engine.signal(ev("B", 1.95, "P3B", "b3"))
+    engine.heartbeat("P3B", Timestamp.at(3.0, 0.005))
+    engine.heartbeat("P1B", Timestamp.at(3.0, 0.005))
+    assert names(engine.heartbeat("PA", Timestamp.at(3.0, 0.005))) == [("a1", "b3")]
+    with pytest.raises(EventRejected, match="joined for B"):
+        engine.signal(ev("A", 5.0, "P3B", "wrong type"))
+
+
+def test_late_events_are_refused_only_when_a_decision_relied_on_their_absence():
+    engine = make_engine(AND_CHRONICLE, FIG2)
+    engine.signal(ev("A", 1.0, "PA", "a0"))
+    engine.signal(ev("B", 5.0, "P1B", "b_late_sync"))
+    engine.heartbeat("P2B", Timestamp.at(6.0, 0.005))
+    engine.heartbeat("PA", Timestamp.at(5.0, 0.005))
+    engine.heartbeat("P1B", Timestamp.at(6.0, 0.005))                 # a0 & b_late_sync composed
+    assert engine.statistics().composites == 1
+    with pytest.raises(LateEvent, match="FIFO"):
+        engine.signal(ev("B", 2.0, "P1B", "b_from_the_past"))         # would have been the oldest B
+    # Below the sync-point but after everything decisions relied on: accepted and composed correctly.
+    engine.signal(ev("A", 9.0, "PA", "a1"))
+    engine.signal(ev("B", 8.0, "P2B", "b_ok"))
+    engine.signal(ev("B", 7.0, "P2B", "b_late_but_harmless"))
+    assert engine.statistics().late_accepted == 1
+    out = []
+    for producer in ("P1B", "P2B", "PA"):
+        out += engine.heartbeat(producer, Timestamp.at(20.0, 0.005))
+    assert names(out) == [("a1", "b_late_but_harmless")]

@@ -1,0 +1,75 @@
+"""Composite events fire activedb rules (through the public rule API) and the engine's state follows the
+transaction a batch ran in: an aborted batch leaves the engine as before it."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+import activedb
+from activedb import composite
+from activedb.events import Timestamp
+from tests.composite.conftest import FIG2, ev, make_engine, names
+from tests.conftest import APP_MIGRATIONS
+
+
+@pytest.fixture(scope="module")
+def db(database_url):
+    database = activedb.connect(database_url)
+    database.upgrade_app(APP_MIGRATIONS)
+    yield database
+    database.close()
+
+
+@pytest.fixture(autouse=True)
+def clean(db):
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE items"))
+    yield
+
+
+def items(db) -> dict[str, int]:
+    with db.engine.connect() as connection:
+        return dict(connection.execute(sa.text("SELECT key, value FROM items")).all())
+
+
+BATCH_1 = [ev("A", 1.0, "PA", "a0"), ev("B", 1.1, "P1B", "b0"), ev("A", 2.0, "PA", "a1")]
+BATCH_2 = [composite.Heartbeat("P1B", Timestamp.at(2.0, 0.005)), composite.Heartbeat("P2B", Timestamp.at(2.0, 0.005))]
+
+
+def test_a_rule_on_a_composite_event_sees_its_interval_and_constituents(db):
+    engine = make_engine("CREATE QUERY AB PATTERN AND(A, B) RETURN A.id AS a, B.id AS b", FIG2, db=db)
+    seen = []
+
+    @db.rule(on=engine.spec("AB"), name="store_composites")
+    def store(tx, event):
+        seen.append(event)
+        tx.insert("items", key=f"{event.payload['a']}&{event.payload['b']}",
+                  value=round((event.ts.upper - event.ts.lower) * 1000))
+
+    try:
+        with db.transaction() as tx:
+            assert engine.process(tx, BATCH_1) == []
+        with db.transaction() as tx:
+            assert names(engine.process(tx, BATCH_2)) == [("a0", "b0")]
+    finally:
+        db.rules.remove("store_composites")
+    assert items(db) == {"a0&b0": 110}                       # [0.995, 1.105] is 110 ms wide
+    (event,) = seen
+    assert event.kind == "stream" and event.source == "AB"
+    assert [constituent["id"] for constituent in event.payload["constituents"]] == ["a0", "b0"]
+
+
+def test_an_aborted_batch_leaves_the_engine_as_before(db):
+    engine = make_engine("CREATE QUERY AB PATTERN AND(A, B) RETURN A.id AS a, B.id AS b", FIG2, db=db)
+    with db.transaction() as tx:
+        engine.process(tx, BATCH_1)
+    before = engine.statistics()
+    with pytest.raises(RuntimeError):
+        with db.transaction() as tx:
+            assert names(engine.process(tx, BATCH_2)) == [("a0", "b0")]
+            raise RuntimeError("the batch fails after composing")
+    assert engine.statistics() == before                      # the composite and the sync-points are undone
+    assert engine.producers()["P2B"].sync is None
+    with db.transaction() as tx:                              # the re-run composes the same pair again
+        assert names(engine.process(tx, BATCH_2)) == [("a0", "b0")]

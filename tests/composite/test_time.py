@@ -1,0 +1,107 @@
+"""The time model on hand-built timestamps: interval order, uncertain order, local timestamp order.
+
+Liebig, Cilia, Buchmann, *Event Composition in Time-dependent Distributed Systems* §III.D: the interval
+order is strict (``upper(a) < lower(b)``), touching or overlapping intervals are uncertain, and events of
+one producer are ordered by their local readings when the local timestamp order can tell."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from activedb.events import AccuracyInterval, Event, EventKind, LocalClock, Order, Timestamp, as_timestamp, hull, order
+
+
+def test_disjoint_intervals_are_ordered_both_ways():
+    a = Timestamp.at(10.0, 0.005, producer="P1")
+    b = Timestamp.at(10.011, 0.005, producer="P2")
+    assert order(a, b) is Order.BEFORE
+    assert order(b, a) is Order.AFTER
+
+
+def test_touching_intervals_are_uncertain():
+    a = Timestamp.between(1.0, 2.0, producer="P1")
+    b = Timestamp.between(2.0, 3.0, producer="P2")            # upper(a) == lower(b): not strictly before
+    assert order(a, b) is Order.UNCERTAIN
+    assert order(b, a) is Order.UNCERTAIN
+    just_apart = Timestamp.between(2.000001, 3.0, producer="P2")
+    assert order(a, just_apart) is Order.BEFORE
+
+
+def test_overlapping_and_identical_timestamps_are_uncertain():
+    a = Timestamp.at(5.0, 0.010, producer="P1")
+    assert order(a, Timestamp.at(5.015, 0.010, producer="P2")) is Order.UNCERTAIN
+    assert order(a, a) is Order.UNCERTAIN
+    # Points are the special case alpha = 0: different points are ordered, equal points are not.
+    assert order(3, 4) is Order.BEFORE
+    assert order(Timestamp.point(4), 4) is Order.UNCERTAIN
+
+
+def test_asymmetric_accuracy_and_datetimes():
+    base = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
+    a = Timestamp.at(base, minus=0.030, plus=0.010, producer="P1")      # ldd widens the lower side
+    assert a.lower == base - dt.timedelta(milliseconds=30) and a.upper == base + dt.timedelta(milliseconds=10)
+    b = Timestamp.at(base + dt.timedelta(milliseconds=45), minus=0.030, plus=0.0, producer="P2")
+    assert order(a, b) is Order.BEFORE                    # 10 ms after base < 15 ms after base
+    c = Timestamp.at(base + dt.timedelta(milliseconds=40), minus=0.030, plus=0.0, producer="P2")
+    assert order(a, c) is Order.UNCERTAIN                 # touches at base + 10 ms
+
+
+def test_local_timestamps_order_one_producers_events_only():
+    a = Timestamp.at(7.0, 0.050, producer="P", local=100.000)
+    b = Timestamp.at(7.010, 0.050, producer="P", local=100.010)
+    assert order(a, b) is Order.BEFORE                    # global intervals overlap; local readings order them
+    other = Timestamp.at(7.010, 0.050, producer="Q", local=100.010)
+    assert order(a, other) is Order.UNCERTAIN             # local readings of different producers mean nothing
+    # The local order respects detection delay, granularity, rate adjustment and drift (§III.D).
+    clock = LocalClock(detection_delay=0.008, granularity=0.001, rate_adjustment=0.0005, drift=1e-5)
+    slow_a = Timestamp.at(7.0, 0.050, producer="P", local=100.000, clock=clock)
+    slow_b = Timestamp.at(7.010, 0.050, producer="P", local=100.009, clock=clock)
+    assert order(slow_a, slow_b) is Order.UNCERTAIN       # 9 ms − 1 ms − 0.5 ms < 8 ms of detection delay
+    slow_c = Timestamp.at(7.010, 0.050, producer="P", local=100.0096, clock=clock)
+    assert order(slow_a, slow_c) is Order.BEFORE
+
+
+def test_invalid_timestamps_are_refused_with_reasons():
+    with pytest.raises(ValueError, match="ends before it begins"):
+        AccuracyInterval(2.0, 1.0)
+    with pytest.raises(ValueError, match="non-negative"):
+        Timestamp.at(1.0, -0.1)
+    with pytest.raises(ValueError, match="time zone"):
+        Timestamp.at(dt.datetime(2024, 1, 1), 0.1)
+    with pytest.raises(ValueError, match="interval, not a point"):
+        Timestamp.at(1.0, 0.1).point_value
+
+
+def test_hull_and_backward_compatible_event_ts():
+    stamps = [Timestamp.at(1.0, 0.1, producer="P"), Timestamp.at(3.0, 0.2, producer="Q")]
+    whole = hull(stamps, producer="AB")
+    assert (whole.lower, whole.upper, whole.producer) == (0.9, 3.2, "AB")
+    assert as_timestamp(5).is_point and as_timestamp(5).point_value == 5
+    # Event.ts keeps holding plain numbers; it may now hold a Timestamp too.
+    assert Event(EventKind.STREAM, "A", ts=5).ts == 5
+    assert Event(EventKind.STREAM, "AB", ts=whole).ts.interval == AccuracyInterval(0.9, 3.2)
+
+
+def test_polist_oldest_and_oldest_following_on_hand_built_events():
+    from activedb import streams
+    from activedb.composite import Item, POList
+
+    def item(number, lower, upper, producer="P", local=None):
+        return Item(streams.StreamEvent("E", None, {}), Timestamp.between(lower, upper, producer=producer,
+                                                                          local=local), number)
+
+    a = item(1, 1.0, 2.0)
+    b = item(2, 2.0, 3.0, "Q")          # touches a: uncertain, so both are oldest
+    c = item(3, 3.5, 4.0)               # preceded by a and b
+    polist = POList([c, b, a])
+    assert {x.number for x in polist.oldest()} == {1, 2}
+    assert {x.number for x in polist.newest()} == {3}
+    anchor = item(9, 1.5, 1.6, "R")     # a ⊥ anchor, anchor < b, anchor < c
+    assert {x.number for x in polist.oldest_following(anchor)} == {1, 2}
+    assert {x.number for x in POList([b, c]).oldest_following(anchor)} == {2}
+    # One producer's local readings order what the intervals cannot.
+    early, late = item(4, 1.0, 2.0, "P", local=10.0), item(5, 1.0, 2.0, "P", local=10.5)
+    assert [x.number for x in POList([late, early]).oldest()] == [4]
+    assert [x.number for x in POList([late, early]).newest_before(item(6, 5.0, 6.0, "Q"))] == [5]

@@ -1,0 +1,85 @@
+"""Fixtures of the stream tests: a database with the test tables, clean per test, and
+the paper's Q1/R1 text (Active CEP §3.1, as printed) plus Q2 (its pattern, §2)."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+import activedb
+from activedb import streams
+from tests.conftest import APP_MIGRATIONS
+
+# Active CEP §3.1, as printed (line breaks as in the paper's listing).
+Q1_R1 = """\
+CREATE QUERY Q1 ON estream
+PATTERN SEQ(EXIT, !SANITIZE, ENTER)
+WHERE [HCW-ID] AND
+EXIT.location != ENTER.location AND
+'safe'=(SELECT status FROM workerStatus
+WHERE workerID=ENTER.HCW-ID)
+WITHIN 45 sec
+RETURN ENTER.HCW-ID, ENTER.location
+
+CREATE RULE R1
+ON OUTPUT Q1
+REFERENCING NEW AS newEvent
+FOR EACH EVENT
+BEGIN
+UPDATE workerStatus SET status = 'warning'
+WHERE workerID = newEvent.HCW-ID
+END
+"""
+
+# Active CEP §2 gives Q2's pattern and condition only: SEQ(MASK, EXIT) within 5 s for a worker in
+# "warning" when his EXIT occurs.  Its output is not used by any rule in Examples 1–3.
+Q2 = """\
+CREATE QUERY Q2 ON estream
+PATTERN SEQ(MASK, EXIT)
+WHERE [HCW-ID] AND 'warning' = (SELECT status FROM workerStatus WHERE workerID = EXIT.HCW-ID)
+WITHIN 5 sec
+RETURN EXIT.HCW-ID
+"""
+
+BADGE_TYPES = ("EXIT", "SANITIZE", "ENTER", "MASK")
+
+
+@pytest.fixture(scope="module")
+def db(database_url):
+    database = activedb.connect(database_url)
+    database.upgrade_app(APP_MIGRATIONS)
+    yield database
+    database.close()
+
+
+@pytest.fixture(autouse=True)
+def clean(db):
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE workerstatus, stream_alerts, stream_cells, activedb_stream_state, "
+                                   "activedb_dead_letters RESTART IDENTITY"))
+    yield
+
+
+def hygiene_engine(db, *, name="hygiene", scheduler="sei", with_q2=True, **options) -> streams.StreamEngine:
+    engine = streams.StreamEngine(db, name=name, scheduler=scheduler, record_history=True, **options)
+    engine.create_stream("estream", types=BADGE_TYPES, attributes=("HCW-ID", "location"))
+    engine.define(Q1_R1)
+    if with_q2:
+        engine.define(Q2)
+    return engine
+
+
+def badge(event_type: str, ts, worker="w1", location="room1") -> streams.StreamEvent:
+    return streams.StreamEvent(event_type, ts, {"HCW-ID": worker, "location": location})
+
+
+def statuses(db) -> dict[str, str]:
+    with db.engine.connect() as connection:
+        return dict(connection.execute(sa.text("SELECT workerid, status FROM workerstatus")).all())
+
+
+def set_status(db, **workers: str) -> None:
+    with db.engine.begin() as connection:
+        for worker, status in workers.items():
+            connection.execute(sa.text("INSERT INTO workerstatus VALUES (:w, :s) ON CONFLICT (workerid) DO UPDATE "
+                                       "SET status = excluded.status"), {"w": worker, "s": status})

@@ -1,0 +1,204 @@
+"""Disordered input (Active CEP App. F): the reorder buffer, punctuations, late events,
+equal timestamps, and the engine's state across micro-batches, aborts and restarts.
+
+Randomised parts use ``random.Random(seed)``; the seed is fixed, overridable with the
+environment variable ``ACTIVEDB_STREAMS_SEED``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import sqlalchemy as sa
+
+from activedb import streams
+from activedb.streams.errors import StreamStateError
+from activedb.testing import check_stream_history
+from tests.streams.conftest import BADGE_TYPES, Q1_R1, Q2, badge, set_status, statuses
+
+SEED = int(os.environ.get("ACTIVEDB_STREAMS_SEED", "20110901"))
+
+# The app-level edges used here (not Active CEP's): Q2's output moves the worker back to safe
+# (Appendix C's reading), and every Q1 output is logged in stream_alerts.
+EXTRA_RULES = """
+CREATE RULE R2 ON OUTPUT Q2 REFERENCING NEW AS n FOR EACH EVENT
+BEGIN UPDATE workerStatus SET status = 'safe' WHERE workerID = n.HCW-ID END;
+CREATE RULE LogQ1 ON OUTPUT Q1 REFERENCING NEW AS n PRIORITY 5
+BEGIN INSERT INTO stream_alerts (worker, location, at) VALUES (n.HCW-ID, n.location, 0) END
+"""
+
+
+def engine(db, name="disorder", **options) -> streams.StreamEngine:
+    made = streams.StreamEngine(db, name=name, record_history=True, **options)
+    made.create_stream("estream", types=BADGE_TYPES, attributes=("HCW-ID", "location"),
+                       priorities={"SANITIZE": 3, "EXIT": 2, "ENTER": 1})
+    made.define(Q1_R1)
+    made.define(Q2)
+    made.define(EXTRA_RULES)
+    return made
+
+
+def random_stream(rng: random.Random, count: int, workers: int = 4) -> list[streams.StreamEvent]:
+    """Badge events in timestamp order: integer timestamps (so ties happen), 4 rooms."""
+    events, ts = [], 0
+    for _ in range(count):
+        ts += rng.choice((0, 1, 1, 2, 3, 5))
+        events.append(badge(rng.choice(BADGE_TYPES), ts, f"w{rng.randrange(workers)}", f"r{rng.randrange(4)}"))
+    return events
+
+
+def shuffle_bounded(rng: random.Random, events: list, slack: int) -> list:
+    """Each event moves at most ``slack`` places later (a K-slack disorder)."""
+    keyed = [(index + rng.uniform(0, slack), event) for index, event in enumerate(events)]
+    return [event for _, event in sorted(keyed, key=lambda item: item[0])]
+
+
+def observe(db, result_outputs) -> tuple:
+    with db.engine.connect() as connection:
+        alerts = connection.execute(sa.text("SELECT worker, location FROM stream_alerts ")).all()
+    return (statuses(db), sorted(tuple(row) for row in alerts),
+            [(output.query, output.ts, dict(output.attributes)) for output in result_outputs])
+
+
+def reset(db, workers: int = 4) -> None:
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE workerstatus, stream_alerts, activedb_stream_state RESTART IDENTITY"))
+    set_status(db, **{f"w{number}": "safe" for number in range(workers)})
+
+
+def run_sorted(db, events, name="sorted"):
+    reset(db)
+    made = engine(db, name=name)
+    result = made.feed(sorted(events, key=lambda event: event.ts), punctuation=streams.END_OF_STREAM)
+    return observe(db, result.outputs), made
+
+
+def run_batches(db, arrival, *, batch_size: int, delay: int, name="batches"):
+    """Micro-batches of ``arrival``; each batch punctuated like Spark's watermark: the largest
+    timestamp seen before the batch minus ``delay``."""
+    reset(db)
+    made = engine(db, name=name)
+    outputs, letters, seen_max = [], [], None
+    for start in range(0, len(arrival), batch_size):
+        batch = arrival[start:start + batch_size]
+        watermark = None if seen_max is None else seen_max - delay
+        with db.transaction() as tx:
+            result = made.process(tx, batch, punctuation=watermark, batch_id=start // batch_size)
+        outputs.extend(result.outputs)
+        letters.extend(result.dead_letters)
+        seen_max = max([seen_max or 0] + [event.ts for event in batch])
+    result = made.feed([], punctuation=streams.END_OF_STREAM)
+    outputs.extend(result.outputs)
+    letters.extend(result.dead_letters)
+    return observe(db, outputs), letters, made
+
+
+def test_disordered_input_with_punctuations_equals_sorted_input(db):
+    rng = random.Random(SEED)
+    events = random_stream(rng, 300)
+    expected, reference = run_sorted(db, events)
+    assert expected[2], "the random stream should make Q1 match at least once"
+    arrival = shuffle_bounded(rng, events, slack=12)
+    assert arrival != events
+    got, letters, made = run_batches(db, arrival, batch_size=25, delay=40)
+    assert letters == []
+    assert got == expected
+    check_stream_history(made.history.snapshot()).assert_ok()
+    statistics = made.statistics()
+    assert statistics.late_events == 0 and statistics.buffered == 0
+    assert statistics.events_processed == len(events)
+
+
+def test_equal_timestamps_follow_the_declared_order_not_the_arrival(db):
+    """SANITIZE (priority 3) before ENTER (1) at the same time: the ENTER is sanitized, in any arrival order."""
+    results = []
+    for order in ((0, 1, 2), (0, 2, 1)):
+        reset(db)
+        made = engine(db, name=f"ties{order}")
+        stream = [badge("EXIT", 1, "w0", "a"), badge("SANITIZE", 5, "w0", "hall"), badge("ENTER", 5, "w0", "b")]
+        result = made.feed([stream[index] for index in order], punctuation=streams.END_OF_STREAM)
+        results.append(observe(db, result.outputs))
+        assert [output.query for output in result.outputs] == []
+        assert statuses(db)["w0"] == "safe"
+    assert results[0] == results[1]
+
+
+def test_events_at_the_punctuation_wait_and_late_events_are_dead_letters(db):
+    reset(db)
+    made = engine(db, name="late")
+    with db.transaction() as tx:
+        first = made.process(tx, [badge("EXIT", 1, "w0", "a"), badge("ENTER", 10, "w0", "b")], punctuation=10,
+                             batch_id=7)
+    assert (first.released, first.buffered, first.punctuation) == (1, 1, 10)   # ENTER^10 waits: ts 10 may still come
+    with db.transaction() as tx:
+        second = made.process(tx, [badge("SANITIZE", 10, "w0", "hall"), badge("MASK", 4, "w0", "a")],
+                              punctuation=12, batch_id=8)
+    # SANITIZE^10 is not late (the punctuation said: nothing *older* than 10); MASK^4 is.
+    assert [letter.event.describe() for letter in second.dead_letters] == ["MASK^4"]
+    (letter,) = second.dead_letters
+    assert letter.punctuation == 10
+    assert "older than the punctuation 10" in letter.reason and "late" in letter.reason
+    assert second.released == 2 and second.outputs == ()      # SANITIZE^10 orders before ENTER^10 (priority)
+    with db.engine.connect() as connection:
+        rows = connection.execute(sa.text("SELECT query_id, batch_id, reason, raw FROM activedb_dead_letters")).all()
+    assert [(row.query_id, row.batch_id) for row in rows] == [("streams:late", 8)]
+    assert rows[0].raw == {"type": "MASK", "ts": 4, "stream": "estream", "attributes": {"HCW-ID": "w0",
+                                                                                          "location": "a"}}
+    assert made.statistics().late_events == 1
+
+
+def test_db_punctuate_is_a_punctuation(db):
+    reset(db)
+    made = streams.StreamEngine(db, name="watermarked", durable=False)
+    made.create_stream("watermarked_stream", types=BADGE_TYPES, attributes=("HCW-ID", "location"))
+    result = made.feed([badge("EXIT", 3, "w0"), badge("EXIT", 8, "w0")])
+    assert (result.released, result.buffered) == (0, 2)           # no punctuation yet
+    db.punctuate("watermarked_stream", 5)
+    result = made.feed([])
+    assert (result.released, result.buffered, result.punctuation) == (1, 1, 5)
+
+
+def test_an_aborted_batch_leaves_the_engine_as_before(db):
+    rng = random.Random(SEED + 1)
+    events = random_stream(rng, 120)
+    expected, _ = run_sorted(db, events, name="reference")
+    reset(db)
+    made = engine(db, name="aborting")
+    half = len(events) // 2
+    first = made.feed(events[:half], punctuation=events[half].ts)
+
+    class Crash(Exception):
+        pass
+
+    with pytest.raises(Crash):
+        with db.transaction() as tx:
+            made.process(tx, events[half:], punctuation=streams.END_OF_STREAM)
+            raise Crash()
+    assert made.statistics().buffered == first.buffered          # the aborted batch's admissions are gone
+    rest = made.feed(events[half:], punctuation=streams.END_OF_STREAM)   # the batch re-run
+    assert observe(db, first.outputs + rest.outputs) == expected
+    check_stream_history(made.history.snapshot()).assert_ok()     # the aborted batch's operations do not count
+
+
+def test_a_new_engine_object_resumes_from_the_saved_state(db):
+    """Buffered events and partial matches survive a restart (they commit with each batch)."""
+    rng = random.Random(SEED + 2)
+    events = random_stream(rng, 160)
+    expected, _ = run_sorted(db, events, name="reference2")
+    reset(db)
+    half = len(events) // 2
+    before = engine(db, name="restart")
+    first = before.feed(events[:half], punctuation=events[half - 10].ts)
+    assert first.buffered > 0 and before.partitions("Q1")
+    after = engine(db, name="restart")                    # e.g. the driver restarted
+    rest = after.feed(events[half:], punctuation=streams.END_OF_STREAM)
+    assert observe(db, first.outputs + rest.outputs) == expected
+    changed = streams.StreamEngine(db, name="restart")
+    changed.create_stream("estream", types=BADGE_TYPES, attributes=("HCW-ID", "location"))
+    changed.define(Q1_R1.replace("WITHIN 45 sec", "WITHIN 50 sec"))
+    with pytest.raises(StreamStateError, match="reset_state"):
+        changed.feed([])
+    changed.reset_state()
+    assert changed.feed([]).buffered == 0

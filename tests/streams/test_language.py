@@ -1,0 +1,142 @@
+"""The textual language: Active CEP's Q1/R1 as printed, the same in Python, errors with line
+and column, unknown names caught at definition time."""
+
+from __future__ import annotations
+
+import pytest
+
+from activedb import streams
+from activedb.streams import algebra as ast
+from activedb.streams.errors import DefinitionError, QuerySyntaxError, UnknownAttribute, UnknownName, UnknownTable
+from tests.streams.conftest import BADGE_TYPES, Q1_R1, Q2, badge, hygiene_engine, set_status, statuses
+
+
+def engine_for(db, **options):
+    engine = streams.StreamEngine(db, name="language", durable=False, **options)
+    engine.create_stream("estream", types=BADGE_TYPES, attributes=("HCW-ID", "location"))
+    return engine
+
+
+def python_q1_r1():
+    EXIT, ENTER = streams.event("EXIT"), streams.event("ENTER")
+    query = streams._builders.query_definition(
+        "Q1", stream="estream", pattern=streams.seq("EXIT", streams.not_("SANITIZE"), "ENTER"),
+        where=[streams.same("HCW-ID"),
+               EXIT["location"] != ENTER["location"],
+               streams.lit("safe") == streams.store("workerStatus", "status", workerID=ENTER["HCW-ID"])],
+        within=45, returns=[ENTER["HCW-ID"], ENTER["location"]])
+    rule = streams._builders.rule_definition(
+        "R1", on_output="Q1", new="newEvent",
+        action=streams.update("workerStatus", set={"status": "warning"},
+                              where={"workerID": streams.event("newEvent")["HCW-ID"]}))
+    return query, rule
+
+
+def test_q1_r1_as_printed_parse_to_the_python_definitions():
+    query, rule = streams.parse(Q1_R1)
+    assert (query, rule) == python_q1_r1()
+    assert query.within == 45.0 and query.stream == "estream"
+    assert [item.name for item in query.returns] == ["HCW-ID", "location"]
+    assert rule.new_alias == "newEvent" and isinstance(rule.actions[0], ast.UpdateAction)
+
+
+def test_q1_r1_in_python_run_like_the_text(db):
+    set_status(db, w1="safe", w2="safe")
+    engine = engine_for(db)
+    EXIT, ENTER = streams.event("EXIT"), streams.event("ENTER")
+    engine.query("Q1", stream="estream", pattern=streams.seq("EXIT", streams.not_("SANITIZE"), "ENTER"),
+                 where=[streams.same("HCW-ID"), EXIT.location != ENTER.location,
+                        streams.lit("safe") == streams.store("workerStatus", "status", workerID=ENTER["HCW-ID"])],
+                 within=45, returns=[ENTER["HCW-ID"], ENTER.location])
+    engine.rule("R1", on_output="Q1", new="newEvent",
+                action=streams.update("workerStatus", set={"status": "warning"},
+                                      where={"workerID": streams.event("newEvent")["HCW-ID"]}))
+    events = [badge("EXIT", 1, "w1", "a"), badge("EXIT", 2, "w2", "a"), badge("SANITIZE", 3, "w2", "hall"),
+              badge("ENTER", 10, "w1", "b"), badge("ENTER", 11, "w2", "b")]
+    result = engine.feed(events, punctuation=streams.END_OF_STREAM)
+    assert [(output.query, output["HCW-ID"]) for output in result.outputs] == [("Q1", "w1")]
+    assert statuses(db) == {"w1": "warning", "w2": "safe"}
+
+
+def test_paper_clause_order_and_the_appendix_order_both_parse():
+    appendix = Q1_R1.replace("CREATE QUERY Q1 ON estream\nPATTERN SEQ(EXIT, !SANITIZE, ENTER)",
+                             "CREATE QUERY Q1\nPATTERN SEQ(EXIT, !SANITIZE, ENTER) ON estream")
+    assert streams.parse(appendix) == streams.parse(Q1_R1)
+
+
+def test_extensions_and_expressions_parse():
+    (query,) = streams.parse("""
+        create query Hot on s pattern seq(A a1, !B, A a2)   -- aliases for a repeated type
+        where [key] and a2.x - a1.x >= 2 * 3 and not (a1.y is null) and exists (select * from t where k = a2.key)
+        within 1500 ms matching skip till next match priority 5
+        return a2.key, a2.x + 1 as next_x""")
+    assert query.selection is streams.Selection.SKIP_TILL_NEXT_MATCH
+    assert query.within == 1.5 and query.priority == 5
+    assert [component.name for component in query.pattern.components()] == ["a1", "B", "a2"]
+    assert query.returns[1].name == "next_x"
+
+
+@pytest.mark.parametrize("text, line, column, words", [
+    ("CREATE QUERY Q PATTERN SEQ(A, B\nRETURN A.x", 2, 1, "expected ')' to close SEQ("),
+    ("CREATE QUERY Q\n  PATTERN SEQ(A)\n  WITHIN 45\n  RETURN A.x", 4, 3, "time unit"),
+    ("CREATE QUERY Q PATTERN SEQ(A) RETURN A.x + 1", 1, 38, "name this RETURN expression with AS"),
+    ("CREATE QUERY Q PATTERN SEQ(A) WHERE A.s = 'open\nRETURN A.x", 1, 43, "unterminated string"),
+    ("CREATE RULE R ON OUTPUT Q\nBEGIN\n  UPDATE t SET a = 1\nEND", 4, 1, "expected WHERE"),
+    ("CREATE RULE R ON Q BEGIN END", 1, 18, "expected OUTPUT"),
+    ("CREATE QUERY Q PATTERN SEQ(A) WHERE A.x = # RETURN A.x", 1, 43, "unexpected character '#'"),
+    ("CREATE TABLE t", 1, 8, "expected QUERY or RULE"),
+    ("CREATE QUERY Q PATTERN SEQ(A) WHERE A.k = (SELECT * FROM t WHERE k = 1) RETURN A.x", 1, 43,
+     "scalar subquery selects one column"),
+])
+def test_syntax_errors_point_at_line_and_column(text, line, column, words):
+    with pytest.raises(QuerySyntaxError) as caught:
+        streams.parse(text)
+    assert (caught.value.line, caught.value.column) == (line, column)
+    assert words in str(caught.value)
+    assert str(caught.value).startswith(f"line {line}, column {column}: ")
+    assert "^" in str(caught.value)            # the line is shown with a caret
+
+
+@pytest.mark.parametrize("text, error, line, column, words", [
+    (Q1_R1.replace("workerStatus\nWHERE", "workerStatuses\nWHERE"), UnknownTable, 5, 28, "no table 'workerStatuses'"),
+    (Q1_R1.replace("SELECT status FROM", "SELECT state FROM"), UnknownAttribute, 5, 27, "no column 'state'"),
+    (Q1_R1.replace("EXIT.location !=", "EXIT.room !="), UnknownAttribute, 4, 1, "no attribute 'room'"),
+    (Q1_R1.replace("[HCW-ID]", "[worker]"), UnknownAttribute, 3, 7, "no attribute 'worker'"),
+    (Q1_R1.replace("SEQ(EXIT, !SANITIZE", "SEQ(EXIT, !WASH"), UnknownName, 2, 19, "no event type 'WASH'"),
+    (Q1_R1.replace("ON estream", "ON badges"), UnknownName, 1, 1, "no stream 'badges'"),
+    (Q1_R1.replace("newEvent.HCW-ID", "newEvent.worker"), UnknownAttribute, 16, 18, "returns no attribute 'worker'"),
+    (Q1_R1.replace("UPDATE workerStatus SET status", "UPDATE workerStatus SET colour"), UnknownAttribute, 15, 1,
+     "no column 'colour'"),
+    (Q1_R1.replace("WHERE workerID = newEvent.HCW-ID", "WHERE status = newEvent.HCW-ID"), DefinitionError, 15, 1,
+     "whole primary key"),
+    (Q1_R1.replace("ON OUTPUT Q1", "ON OUTPUT Q9"), UnknownName, 10, 1, "no such query"),
+    (Q1_R1.replace("SEQ(EXIT, !SANITIZE, ENTER)", "SEQ(EXIT, ENTER, !SANITIZE)"), DefinitionError, 2, 26,
+     "must stand between two positive events"),
+    (Q1_R1.replace("RETURN ENTER.HCW-ID", "RETURN SANITIZE.HCW-ID"), DefinitionError, 8, 8, "negative event"),
+])
+def test_unknown_names_fail_at_definition_time(db, text, error, line, column, words):
+    engine = engine_for(db)
+    with pytest.raises(error) as caught:
+        engine.define(text)
+    assert words in str(caught.value)
+    assert (caught.value.line, caught.value.column) == (line, column), str(caught.value)
+
+
+def test_python_definitions_fail_at_definition_time_too(db):
+    engine = engine_for(db)
+    with pytest.raises(UnknownTable, match="no table 'nowhere'"):
+        engine.query("Q", pattern="ENTER", returns=[streams.event("ENTER")["HCW-ID"]],
+                     where=streams.exists("nowhere", id=streams.event("ENTER")["HCW-ID"]))
+    with pytest.raises(UnknownAttribute, match="no attribute 'badge'"):
+        engine.query("Q", pattern="ENTER", returns=[streams.event("ENTER")["badge"]])
+    with pytest.raises(TypeError, match="&, \\| and ~"):
+        engine.query("Q", pattern="ENTER", returns=[streams.event("ENTER")["HCW-ID"]],
+                     where=streams.event("ENTER").location == "a" and streams.event("ENTER").location == "b")
+    assert engine.queries == {}
+
+
+def test_hygiene_engine_accepts_q2(db):
+    engine = hygiene_engine(db, durable=False)
+    assert set(engine.queries) == {"Q1", "Q2"}
+    assert engine.queries["Q2"].accepting_type == "EXIT"
+    assert Q2.startswith("CREATE QUERY Q2")
