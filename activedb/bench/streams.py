@@ -6,12 +6,12 @@ Workload: the hand-hygiene badge events of ``activedb.examples.hand_hygiene.even
 transaction; each batch is punctuated like Spark's watermark (the largest timestamp seen
 before it minus 30 s) and a last empty batch punctuates ``END_OF_STREAM``.
 
-Queries and rules (``engine.define``; seed 000's names mapped onto ``bench_worker_status``
+Queries and rules (``engine.define``; Active CEP's names mapped onto ``bench_worker_status``
 with ``aliases``):
 
-* Q1/R1 — seed 000 §3.1 verbatim: ``SEQ(EXIT, !SANITIZE, ENTER)`` within 45 s into another
+* Q1/R1 — Active CEP §3.1 verbatim: ``SEQ(EXIT, !SANITIZE, ENTER)`` within 45 s into another
   room for a worker who is safe at his ENTER → warning;
-* Q2/R2 — Q2's pattern (seed 000 §2): ``SEQ(MASK, EXIT)`` within 5 s for a worker in warning;
+* Q2/R2 — Q2's pattern (Active CEP §2): ``SEQ(MASK, EXIT)`` within 5 s for a worker in warning;
   R2 (the benchmark's choice, after Appendix C's reading) puts him back to safe;
 * Q3/R3 — the benchmark's own edge: ``SANITIZE`` while in warning → safe.
 
@@ -188,7 +188,7 @@ def run(quick: bool = False) -> BenchReport:
     report.notes.append(
         f"{WORKERS} workers, micro-batches of {BATCH} events, punctuation = max ts seen before the batch - "
         f"{DELAY:g} s (like Spark's watermark), END_OF_STREAM last. events/s = events / wall time of all batches "
-        f"(commits included); throughput_T_proc = events / time inside engine.process (seed 000 App. G.2). "
+        f"(commits included); throughput_T_proc = events / time inside engine.process (Active CEP App. G.2). "
         f"L_query counts from the latest constituent's arrival (batch admission), so it includes reorder "
         f"buffering and SEI's wait for the earlier s-transactions of the batch.")
     report.notes.append("us_per_event: buffer (admission, reordering, release), match (pure pattern matching), "

@@ -1,5 +1,5 @@
 """Stream transactions: pattern queries over the shared store, rules ON OUTPUT, and
-event-time correctness (seed 000: Wang, Rundensteiner, Ellison, *Active Complex Event
+event-time correctness (Active CEP: Wang, Rundensteiner, Ellison, *Active Complex Event
 Processing over Event Streams*).
 
 Public interface::

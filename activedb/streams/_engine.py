@@ -101,7 +101,7 @@ class Resource:
 
 @dataclass(frozen=True)
 class AccessPlan:
-    """What an event's s-transaction may read and write (seed 000 Algorithm 1), derived
+    """What an event's s-transaction may read and write (Active CEP Algorithm 1), derived
     from the definitions alone.  ``opaque``: a Python action declared no tables."""
 
     reads: frozenset[Resource]
@@ -589,7 +589,7 @@ class StreamEngine:
     # --- Algorithm 1 -----------------------------------------------------------------------------
 
     def access_plan(self, event: StreamEvent) -> AccessPlan:
-        """The store resources ``event``'s s-transaction may read and write (seed 000
+        """The store resources ``event``'s s-transaction may read and write (Active CEP
         Algorithm 1, narrowed to what this engine can do: queries read the store only at
         their accepting events, rules fire only there).  A key comes from the event when
         the definitions derive it from the event's attributes; otherwise the table."""

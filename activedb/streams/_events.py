@@ -46,7 +46,7 @@ class StreamEvent:
         return self.attributes[attribute]
 
     def describe(self) -> str:
-        """``type^ts`` as seed 000 writes events (``exit^2``)."""
+        """``type^ts`` as Active CEP writes events (``exit^2``)."""
         return f"{self.type}^{format_ts(self.ts)}"
 
 
@@ -54,7 +54,7 @@ class StreamEvent:
 class Output:
     """A composite event: the output of query ``query``.  Immutable.
 
-    ``ts`` = max of the constituents' ``ts`` (seed 000 App. B); ``sts`` = when the query
+    ``ts`` = max of the constituents' ``ts`` (Active CEP App. B); ``sts`` = when the query
     produced it; ``position`` = the accepting event's position."""
 
     query: str

@@ -1,4 +1,4 @@
-"""The stream history: every Read and Write of the shared store, stamped (seed 000 §4.1).
+"""The stream history: every Read and Write of the shared store, stamped (Active CEP §4.1).
 
 An engine made with ``record_history=True`` records, in system-time order (``sequence``),
 each store operation its queries and rules perform:
@@ -38,7 +38,7 @@ class StreamOp:
     kind: str                      # read | write | begin | end
     unit: str                      # the unit of execution (s-transaction or query evaluation)
     stransaction: str              # the s-transaction (one per input event)
-    event: str                     # the event, as seed 000 writes it (exit^2)
+    event: str                     # the event, as Active CEP writes it (exit^2)
     ts: Any
     order: tuple                   # (position, step)
     origin: str | None = None      # the query or rule that performed it

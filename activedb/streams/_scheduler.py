@@ -3,7 +3,7 @@
 The engine hands a scheduler a :class:`~activedb.streams._engine.BatchRun`: the batch's
 top-level transaction ``tx`` and its s-transactions in the declared total order (each
 with its event, the queries consuming it and its access plan — the tables and keys it
-may read and write, computed from the definitions by Algorithm 1 of seed 000).  A
+may read and write, computed from the definitions by Algorithm 1 of Active CEP).  A
 scheduler decides when and on which thread each runs; the engine does the rest
 (matching, stamped store access, rules, dead letters, statistics) through:
 
@@ -16,10 +16,10 @@ scheduler decides when and on which thread each runs; the engine does the rest
 
 Schedulers in this package:
 
-* :class:`SEIScheduler` (seed 000 §5.1) — one s-transaction at a time, in order, each to
+* :class:`SEIScheduler` (Active CEP §5.1) — one s-transaction at a time, in order, each to
   its end before the next starts.  Trivially correct (Def. 6) for ordered input, which
   the reorder buffer provides.  The reference concurrent schedulers are checked against.
-* :class:`UnscheduledScheduler` — **for tests**: seed 000 §2's push-based execution.
+* :class:`UnscheduledScheduler` — **for tests**: Active CEP §2's push-based execution.
   Every query is an operator with its own input queue; operators run concurrently on
   worker threads, each taking its events in arrival order and running the rules on its
   outputs at once — no s-transactions, no synchronisation between queries.  The
@@ -59,7 +59,7 @@ class Scheduler(abc.ABC):
 
 
 class SEIScheduler(Scheduler):
-    """Single-Event-Initiated (seed 000 §5.1): one s-transaction at a time, in order."""
+    """Single-Event-Initiated (Active CEP §5.1): one s-transaction at a time, in order."""
 
     name = "sei"
 
