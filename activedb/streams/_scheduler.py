@@ -136,5 +136,9 @@ def make_scheduler(scheduler: str | Scheduler) -> Scheduler:
         return SEIScheduler()
     if scheduler == "unscheduled":
         return UnscheduledScheduler()
-    raise StreamError(f"unknown scheduler {scheduler!r}: use 'sei' (or 'unscheduled' in tests), or pass a "
-                      f"Scheduler instance")
+    if scheduler in ("s2pl", "lwm"):
+        from activedb.streams._concurrent import LWMScheduler, S2PLScheduler
+
+        return S2PLScheduler() if scheduler == "s2pl" else LWMScheduler()
+    raise StreamError(f"unknown scheduler {scheduler!r}: use 'sei', 's2pl' or 'lwm' (or 'unscheduled' in tests), "
+                      f"or pass a Scheduler instance")
