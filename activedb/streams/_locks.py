@@ -184,6 +184,9 @@ class StreamLockTable:
     say which earlier owner blocks a request (:meth:`blocker`)."""
 
     kind = "stream"
+    #: S2PL's queues are first-come-first-served: requests must arrive in the declared order.
+    #: LWM may take them in arrival order with punctuations (App. F).
+    ordered_insertion = True
 
     def __init__(self, waiting: WaitingContext = _no_registration):
         #: How a wait becomes an edge of the wait-for graph (the scheduler's ``db.transactions.waiting``).
@@ -204,15 +207,18 @@ class StreamLockTable:
 
     def insert(self, owner: Owner, resources: Iterable[tuple[str, tuple | None, LockMode]]) -> None:
         """Insert ``owner``'s requests (one per resource, the strongest mode asked).
-        Precondition: owners are inserted in increasing position, before any of them runs."""
+        Precondition: an owner's requests are inserted before it runs; S2PL: owners in
+        increasing position (LWM: any order, a punctuation published once every owner
+        older than it is in)."""
         merged: dict[tuple[str, tuple | None], LockMode] = {}
         for table, key, mode in resources:
             previous = merged.get((table, key))
             merged[(table, key)] = mode if previous is None or mode is LockMode.WRITE else previous
         with self._mutex:
-            if self._last_position is not None and owner.position <= self._last_position:
-                raise SchedulerError(f"lock requests of {owner.name} inserted after a later s-transaction's; the "
-                                     f"dispatcher inserts them in the declared order (this is a bug)")
+            if self.ordered_insertion and self._last_position is not None and owner.position <= self._last_position:
+                raise SchedulerError(f"lock requests of {owner.name} inserted after a later s-transaction's; "
+                                     f"{type(self).__name__} needs them in the declared order (use a reorder buffer "
+                                     f"in front of it, seed 000 App. F)")
             self._last_position = owner.position
             for (table, key), mode in merged.items():
                 request = Request(owner, table, key, mode)
@@ -374,6 +380,7 @@ class LWMLockTable(StreamLockTable):
     holds nothing back: an engine whose input is ordered needs none)."""
 
     kind = "stream-lwm"
+    ordered_insertion = False
 
     def __init__(self, waiting: WaitingContext = _no_registration):
         super().__init__(waiting)
