@@ -334,6 +334,11 @@ class StreamLockTable:
 
     # --- inspection -------------------------------------------------------------------------
 
+    def blocking(self, request: Request) -> Owner | None:
+        """The owner whose end ``request`` (in its own mode) would wait for right now."""
+        with self._mutex:
+            return self.blocker(request, request.mode)[0]
+
     def requests(self, table: str) -> list[Request]:
         """Every request on ``table``, in insertion order (for tests and tools)."""
         with self._mutex:
