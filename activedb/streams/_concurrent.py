@@ -470,6 +470,12 @@ class _VersionedView(_LockedView):
 
     def read(self, table: str, key: Any) -> dict | None:
         key = _as_key(key)
+        if not self._versions.tracks(table, key):
+            # No plan of the batch reads the row: only this s-transaction's own write lock
+            # covers it (a Python action may read the tables it writes).  Every earlier writer
+            # of it has ended and no later one can write before this one ends, so the tree
+            # shows exactly the version this Read must see.
+            return super().read(table, key)
         self._before("read", table, key)
         image, sequence = self._versions.read(self.stamp.position, table, key)
         self.reads += 1
@@ -478,6 +484,8 @@ class _VersionedView(_LockedView):
         return image
 
     def scan(self, table: str, where: Mapping[str, Any] | None = None) -> list[dict]:
+        if not self._versions.tracks_table(table):
+            return super().scan(table, where)          # as for read: covered by its own write lock only
         self._before("read", table, None)
         rows, seen = self._versions.scan(self.stamp.position, table, where)
         self.reads += 1

@@ -121,6 +121,11 @@ class VersionStore:
         with self._mutex:
             return table in self._tables or (table, key) in self._rows
 
+    def tracks_table(self, table: str) -> bool:
+        """True if the table was loaded whole (a plan of the batch reads it as a table)."""
+        with self._mutex:
+            return table in self._tables
+
     # --- the workers ------------------------------------------------------------------------
 
     def read(self, position: int, table: str, key: tuple) -> tuple[dict | None, int | None]:
