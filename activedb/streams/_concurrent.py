@@ -95,6 +95,7 @@ class SchedulerStatistics:
     lock_waits: int               # operations that waited for an earlier s-transaction's lock
     order_waits: int              # s-transactions that waited for a partition's previous one
     punctuation_waits: int
+    wait_seconds: float           # time s-transactions spent waiting (locks, order), summed
     max_in_flight: int            # most s-transactions running at once
     versions_peak: int            # LWM: most versions held at once in a batch
     versions_written: int
@@ -196,6 +197,7 @@ class LockingScheduler(Scheduler):
         self._lock_waits = 0
         self._order_waits = 0
         self._punctuation_waits = 0
+        self._wait_seconds = 0.0
         self._max_in_flight = 0
         self._versions_peak = 0
         self._versions_written = 0
@@ -412,6 +414,7 @@ class LockingScheduler(Scheduler):
             self._lock_waits += statistics.waits
             self._punctuation_waits += statistics.punctuation_waits
             self._order_waits += run.order_waits
+            self._wait_seconds += statistics.wait_seconds
             if versions is not None:
                 self._versions_peak = max(self._versions_peak, versions.peak_versions)
                 self._versions_written += versions.appended
@@ -423,7 +426,7 @@ class LockingScheduler(Scheduler):
                 stransactions=self._stransactions, lock_requests=self._requests,
                 write_lock_requests=self._write_requests, lock_waits=self._lock_waits,
                 order_waits=self._order_waits, punctuation_waits=self._punctuation_waits,
-                max_in_flight=self._max_in_flight, versions_peak=self._versions_peak,
+                wait_seconds=self._wait_seconds, max_in_flight=self._max_in_flight, versions_peak=self._versions_peak,
                 versions_written=self._versions_written)
 
 

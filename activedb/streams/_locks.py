@@ -1,13 +1,14 @@
 """Stream lock tables: S2PL's timestamp-ordered queues and LWM's write-lock queues.
 
-Both tables are filled by **one dispatcher**, in the declared total order of the batch's
-s-transactions, **before** any of them runs (seed 000 Algorithm 1's "insert every lock at
-the creation of ``T_i``", and App. E.1's dispatcher invariant).  Every request carries its
-owner's *stamp*: the s-transaction's ``position`` in the declared order (timestamp, then
-the application's order of equal timestamps), so "earlier" below is "smaller position".
-Requests are never inserted later and only disappear when their owner **ends**
-(committed or aborted, seed 000 Phase II) — so once a request is grantable it stays
-grantable, and a waiter only ever waits for an *earlier* owner to end.
+The engine's schedulers fill a table from **one dispatcher**, in the declared total order
+of the batch's s-transactions, **before** any of them runs (seed 000 Algorithm 1's "insert
+every lock at the creation of ``T_i``", and App. E.1's dispatcher invariant).  Every
+request carries its owner's *stamp*: the s-transaction's ``position`` in the declared
+order (timestamp, then the application's order of equal timestamps), so "earlier" below
+is "smaller position".  Requests only disappear when their owner **ends** (committed or
+aborted, seed 000 Phase II) — so once a request is grantable it stays grantable, and a
+waiter only ever waits for an *earlier* owner to end.  (LWM's table also accepts
+insertions in arrival order, later ones included, guarded by the punctuation: App. F.)
 
 * :class:`S2PLLockTable` (seed 000 §5.2, Fig. 3 left): a request is granted when no
   earlier request on an overlapping resource conflicts with it — whether that earlier
@@ -46,6 +47,7 @@ import contextlib
 import enum
 import heapq
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterable
 
@@ -161,6 +163,7 @@ class LockTableStatistics:
     waits: int                    # operations that had to wait for an earlier owner
     punctuation_waits: int        # LWM reads/writes that waited for a punctuation
     waiting: int                  # waiting right now
+    wait_seconds: float           # time spent waiting (lock and order waits), summed over the waiters
 
 
 @dataclass(frozen=True)
@@ -202,6 +205,7 @@ class StreamLockTable:
         self._grants = 0
         self._waits = 0
         self._punctuation_waits = 0
+        self._wait_seconds = 0.0
 
     # --- the dispatcher ---------------------------------------------------------------------
 
@@ -282,6 +286,7 @@ class StreamLockTable:
                     self._punctuation_waits += 1
                     self._gated.append(owner)
                 self._waiting[owner] = (request, blocker)
+            started = time.perf_counter()
             try:
                 if blocker is not None:
                     with self.waiting(owner, blocker, request):
@@ -291,6 +296,7 @@ class StreamLockTable:
             finally:
                 with self._mutex:
                     self._waiting.pop(owner, None)
+                    self._wait_seconds += time.perf_counter() - started
 
     def wait_for(self, owner: Owner, blocker: Owner, why: Request | None = None) -> None:
         """Block until ``blocker`` ended (an order dependency that is not a lock, e.g. the
@@ -304,12 +310,14 @@ class StreamLockTable:
                 owner.wake.clear()
                 blocker.waiters.append(owner)
                 self._waiting[owner] = (why, blocker)
+            started = time.perf_counter()
             try:
                 with self.waiting(owner, blocker, why):
                     owner.wake.wait()
             finally:
                 with self._mutex:
                     self._waiting.pop(owner, None)
+                    self._wait_seconds += time.perf_counter() - started
 
     def end(self, owner: Owner) -> None:
         """``owner`` committed or aborted: its requests disappear; wake who waited for it."""
@@ -355,7 +363,8 @@ class StreamLockTable:
         with self._mutex:
             return LockTableStatistics(requests=self._requests, write_requests=self._write_requests,
                                        grants=self._grants, waits=self._waits,
-                                       punctuation_waits=self._punctuation_waits, waiting=len(self._waiting))
+                                       punctuation_waits=self._punctuation_waits, waiting=len(self._waiting),
+                                       wait_seconds=self._wait_seconds)
 
 
 class S2PLLockTable(StreamLockTable):
