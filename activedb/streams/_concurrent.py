@@ -45,6 +45,7 @@ it is a leaf.  The observer's hooks run in the ending subtransaction's thread.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -68,6 +69,8 @@ from activedb.streams.errors import SchedulerError, StreamError
 from activedb.txn import Observer
 
 GRANULARITIES = ("tuple", "table")
+
+logger = logging.getLogger("activedb.streams")
 
 
 class SchedulerHooks:
@@ -160,8 +163,13 @@ class _Ends(Observer):
         run = self.run
         with run._mutex:
             work = run.by_node.pop(transaction.id, None)
-        if work is not None:
+        if work is None:
+            return
+        try:
             run.scheduler._ended(run, work, committed)
+        except Exception as error:        # the owner ended anyway (see _ended); fail the batch, keep listening
+            logger.exception("ending %s failed", work.stransaction.id)
+            run.broken = run.broken or error
 
 
 class LockingScheduler(Scheduler):

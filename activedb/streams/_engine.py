@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import itertools
 import logging
 import threading
@@ -122,8 +123,9 @@ class STransaction:
     def ts(self) -> Any:
         return self.event.ts
 
-    @property
+    @functools.cached_property
     def plan(self) -> AccessPlan:
+        """Algorithm 1's locks for this s-transaction (computed once)."""
         return self.engine.access_plan(self.event)
 
 
@@ -774,7 +776,7 @@ class StreamEngine:
         for stransaction in stransactions:
             if not stransaction.matchers:
                 continue
-            plan = self.access_plan(stransaction.event)
+            plan = stransaction.plan
             for resource in plan.reads | plan.writes:
                 if resource.key is not None and all(value is not None for value in resource.key):
                     keys.setdefault(resource.table, {})[resource.key] = None

@@ -15,7 +15,7 @@ buffer in front).  For every run:
   counter does not move; every aborted unit is a dead letter's).
 
 Seeded with ``ACTIVEDB_STREAMS_SEED`` (default fixed); ``ACTIVEDB_SCHEDULER_CASES`` sets the
-number of cases (default 6).
+number of cases (default 10).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from activedb.testing import Watchdog, check_stream_history
 from tests.streams.test_randomized import TYPES, random_definitions, random_events, reset, snapshot
 
 SEED = int(os.environ.get("ACTIVEDB_STREAMS_SEED", "20110901"))
-CASES = int(os.environ.get("ACTIVEDB_SCHEDULER_CASES", "6"))
+CASES = int(os.environ.get("ACTIVEDB_SCHEDULER_CASES", "10"))
 TIMEOUT = 60
 
 
