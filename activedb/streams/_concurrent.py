@@ -287,14 +287,15 @@ class LockingScheduler(Scheduler):
 
     def _input_state(self, run: _Run, stransaction: STransaction, query: str, key: tuple) -> PartitionState | None:
         """The state ``stransaction`` is matched on: the one committed by the latest earlier
-        s-transaction of the partition that may change it (skipping aborted ones)."""
+        s-transaction of the partition that may change it, skipping aborted ones (every one
+        of them has ended: see ``_work``)."""
         partition = (query, key)
         work = run.by_position[stransaction.event.position].inputs.get(partition)
         while work is not None and not work.committed:
             work = work.inputs.get(partition)
-        if work is None:
+        if work is None or work.result is None:
             return run.base_states.get(partition)
-        return work.result[0].get(partition) if work.result is not None else run.base_states.get(partition)
+        return work.result[0].get(partition)
 
     def _spawn_all(self, run: _Run) -> None:
         tx = run.batch.tx
@@ -350,11 +351,17 @@ class LockingScheduler(Scheduler):
                 self._max_in_flight = run.in_flight
         stransaction = work.stransaction
         self.hooks.started(stransaction)
+        # The partition order: wait for the latest earlier s-transaction that may change each
+        # partition this one consumes; if it aborted, for the one before it, and so on.
         waited = False
-        for dependency in dict.fromkeys(work.inputs.values()):
-            if dependency is not None and not dependency.owner.ended:
-                waited = True
-                run.table.wait_for(work.owner, dependency.owner)
+        for partition, dependency in work.inputs.items():
+            while dependency is not None:
+                if not dependency.owner.ended:
+                    waited = True
+                    run.table.wait_for(work.owner, dependency.owner)
+                if dependency.committed:
+                    break
+                dependency = dependency.inputs.get(partition)
         if waited:
             with run._mutex:
                 run.order_waits += 1

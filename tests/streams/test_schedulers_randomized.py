@@ -211,3 +211,28 @@ def test_a_batch_whose_transaction_aborts_leaves_nothing(db, name):
     reference = case.engine(db, f"{name}-reference", "sei")
     expected = snapshot(db, list(reference.feed(case.events[:40], punctuation=streams.END_OF_STREAM).outputs))
     assert got == expected
+
+
+@pytest.mark.parametrize("name", ["sei", "s2pl", "lwm"])
+def test_a_failed_s_transaction_leaves_no_trace_in_the_matcher(db, name):
+    """s-atomic under every scheduler: A^2 both completes a match and is buffered for later
+    ones; its rule fails, so A^3 — which waited for A^2 (the partition order) — is matched on
+    the state before A^2 and pairs with A^1."""
+    reset(db)
+    engine = streams.StreamEngine(db, name=f"atomic-{name}", scheduler=name, record_history=True, durable=False)
+    engine.create_stream("s", types=TYPES, attributes=("k", "x"))
+    engine.define("CREATE QUERY P PATTERN SEQ(A a1, A a2) WHERE [k] RETURN a1.x AS first, a2.x AS second")
+
+    def explode(tx, new):
+        if new["second"] == 13:
+            raise RuntimeError("unlucky")
+        tx.write("stream_cells", new["second"], value=new["first"])
+    engine.rule("Explode", on_output="P", action=explode, writes=["stream_cells"])
+    events = [streams.StreamEvent("A", ts, {"k": 1, "x": x}) for ts, x in ((1, 1), (2, 13), (3, 3))]
+    with Watchdog(TIMEOUT, db.transactions.locks):
+        result = engine.feed(events, punctuation=streams.END_OF_STREAM)
+    assert [letter.event.ts for letter in result.dead_letters] == [2]
+    assert [(output.ts, output["first"], output["second"]) for output in result.outputs] == [(3, 1, 3)]
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT value FROM stream_cells WHERE cell = 3")).scalar() == 1
+    check_stream_history(engine.history.snapshot()).assert_ok()
