@@ -123,7 +123,9 @@ def outcome(db, engine, outputs, letters) -> dict:
 def check_run(db, engine, deadlocks: int, case: Case, label: str) -> None:
     report = check_stream_history(engine.history.snapshot())
     assert report.ok, f"{label}, {case.describe()}\n{report.violations[:3]}"
-    assert db.transactions.locks.statistics().deadlocks == deadlocks, f"{label}: a deadlock"
+    locks = db.transactions.locks.statistics()
+    assert locks.deadlocks == deadlocks, f"{label}: a deadlock"
+    assert locks.registered_waits == 0 and locks.waiting == 0          # every wait edge was removed
     history = engine.history.snapshot()
     aborted = collections.Counter(op.stransaction for op in history if op.kind == "end" and op.operation == "aborted")
     assert all(count == 1 for count in aborted.values())          # no restart
