@@ -55,6 +55,17 @@ Experiments (each point a fresh engine on reset statuses):
   busy engine is in it.  Memory = the largest number of arrived-but-unprocessed events
   and of versions held, times their sizes measured once with ``tracemalloc``.
 
+``COST`` is 1 ms (``ACTIVEDB_BENCH_STREAMS_COST_MS`` changes it).  What the model predicts
+on an idle machine, per 4 events at writeN = 0.25 with every event doing readN Reads
+(a ``W`` event readN Reads and the Write): table locks — SEI runs ``4·readN + 1``
+operations one after another; S2PL runs the three readers together, then the writer
+alone (``readN + (readN + 1)``); LWM chains only the writers (a writer's Reads wait for
+the previous writer's end: ``readN + 1``) — so LWM/S2PL → ``(2·readN + 1)/(readN + 1)``
+(1.5 … 1.86, mean 1.73) and LWM/SEI → ``(4·readN + 1)/(readN + 1)`` (2.5 … 3.57, mean 3.2).
+Tuple locks: 100 rows, conflicts are rare, S2PL ≈ LWM, both bounded by CPU (the GIL).
+Every wake-up of a waiting s-transaction costs an OS scheduling delay on top, and CPU
+starvation (a shared machine) caps the concurrent schedulers first.
+
 Output: the JSON on stdout (``activedb bench streams``) and, in ``ACTIVEDB_BENCH_DIR``
 (default ``./bench-results``), ``streams.json`` and ``streams.png`` with the curves.
 ``--quick`` runs N = 1k for part 1 and a handful of small points for part 2.
@@ -122,7 +133,8 @@ BEGIN UPDATE workerStatus SET status = 'safe' WHERE workerID = n.HCW-ID END
 
 # --- part 2's parameters -------------------------------------------------------------------------
 
-COST = 0.001                        # seconds of time.sleep per Read and per Write (the store's round trip)
+# Seconds of time.sleep per Read and per Write (the store's round trip); ACTIVEDB_BENCH_STREAMS_COST_MS overrides.
+COST = float(os.environ.get("ACTIVEDB_BENCH_STREAMS_COST_MS", "1")) / 1000
 THREADS = 16                        # s-transactions S2PL and LWM run at once
 THROUGHPUT_EVENTS = 600
 THROUGHPUT_BATCH = 300
