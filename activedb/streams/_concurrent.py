@@ -139,10 +139,11 @@ class _Run:
         self.by_node: dict[str, _Work] = {}
         self.base_states: dict[tuple[str, tuple], PartitionState | None] = {}
         self.versions: VersionStore | None = None
-        # Protects by_node, floor_index, in_flight and each work's done/ending (a leaf).
+        # Protects by_node, floor_index, in_flight, max_in_flight and each work's started/ending/done (a leaf).
         self._mutex = threading.Lock()
         self.floor_index = 0               # works[:floor_index] have all ended
         self.in_flight = 0
+        self.max_in_flight = 0
         self.order_waits = 0
         self.broken: BaseException | None = None     # an infrastructure failure in a worker
 
@@ -347,8 +348,7 @@ class LockingScheduler(Scheduler):
             run.by_node[node.id] = work
             work.started = True
             run.in_flight += 1
-            if run.in_flight > self._max_in_flight:
-                self._max_in_flight = run.in_flight
+            run.max_in_flight = max(run.max_in_flight, run.in_flight)
         stransaction = work.stransaction
         self.hooks.started(stransaction)
         # The partition order: wait for the latest earlier s-transaction that may change each
@@ -430,6 +430,7 @@ class LockingScheduler(Scheduler):
             self._punctuation_waits += statistics.punctuation_waits
             self._order_waits += run.order_waits
             self._wait_seconds += statistics.wait_seconds
+            self._max_in_flight = max(self._max_in_flight, run.max_in_flight)
             if versions is not None:
                 self._versions_peak = max(self._versions_peak, versions.peak_versions)
                 self._versions_written += versions.appended

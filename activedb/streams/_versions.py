@@ -40,7 +40,6 @@ from typing import Any, Callable, Mapping
 
 from activedb.streams.errors import UnplannedAccess
 
-_ABSENT = None
 
 
 class _Row:
