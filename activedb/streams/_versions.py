@@ -41,7 +41,6 @@ from typing import Any, Callable, Mapping
 from activedb.streams.errors import UnplannedAccess
 
 
-
 class _Row:
     __slots__ = ("base", "base_sequence", "has_base", "positions", "versions")
 
