@@ -289,7 +289,4 @@ def test_grant_rule_matches_the_reference(plan, ended, kind):
     for request in requests:
         if request.owner.ended:
             continue
-        with table._mutex:
-            blocker, gated = table.blocker(request, request.mode)
-        assert not gated
-        assert blocker is reference_blocker(kind, requests, request), request.describe()
+        assert table.blocking(request) is reference_blocker(kind, requests, request), request.describe()
