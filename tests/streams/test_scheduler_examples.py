@@ -163,7 +163,7 @@ def test_example_4_under_s2pl(db):
 def test_example_5_under_lwm(db):
     set_status(db, w1="safe")
     events = [*EXAMPLE, badge("ENTER", 18, location="room1")]
-    gates = Gates(("EXIT^2", "finishing"), ("ENTER^10", "finishing"))
+    gates = Gates(("EXIT^2", "finishing"), ("ENTER^10", "finishing"), ("EXIT^15", "finishing"))
     scheduler = streams.LWMScheduler(hooks=gates)
     engine = hygiene_engine(db, scheduler=scheduler)
     deadlocks = db.transactions.locks.statistics().deadlocks
@@ -187,6 +187,10 @@ def test_example_5_under_lwm(db):
 
         # T2 ends: the lwm becomes 18 (enter^18's write lock), sl3^15 is granted and reads (10, warning).
         gates.open("ENTER^10", "finishing")
+        wait_until(lambda: gates.reached("EXIT^15", "finishing"), TIMEOUT, "T3 to read")
+        assert table.lwm("workerstatus", ("w1",)) is owners[18]           # lwm = 18
+        assert reads(engine, "Q2") == {2: "safe", 15: "warning"}
+        gates.open("EXIT^15", "finishing")
         result = feed.join()
 
     history = engine.history.snapshot()
