@@ -533,9 +533,18 @@ class _VersionedView(_LockedView):
     def _written(self, table: str, key: tuple, values: dict | None, operation: str) -> None:
         self.writes += 1
         sequence = self._record("write", table, key, values, operation) if self._history is not None else None
-        if self._versions.tracks(table, key):
-            image = None if operation == "delete" else self.tx.read(table, key)
-            self._versions.append(self.stamp.position, table, key, image, sequence)
+        versions = self._versions
+        if versions.tracks(table, key):
+            image = None
+            if operation == "write":
+                # A write patches the row: over the version this s-transaction sees (every earlier
+                # writer ended), the new image is that one with the values; activedb stores values
+                # as given (checked, not converted).  A row it creates is read back from the tree.
+                previous, _ = versions.read(self.stamp.position, table, key)
+                image = {**previous, **values} if previous is not None else self.tx.read(table, key)
+            elif operation == "insert":
+                image = self.tx.read(table, key)
+            versions.append(self.stamp.position, table, key, image, sequence)
 
 
 class LWMScheduler(LockingScheduler):
