@@ -3,7 +3,8 @@
 * :class:`StreamEvent` — one input event: its type, **application time** ``ts`` (from
   the source: a number of seconds or an aware ``datetime``) and attributes.  The engine
   stamps it on arrival with its **system time** ``sts`` (``time.perf_counter()``; only
-  differences are meaningful) and, when the reorder buffer releases it, with its
+  differences are meaningful — a source that measured the arrival itself, with the same
+  clock, may set ``sts`` and the engine keeps it) and, when the reorder buffer releases it, with its
   ``position`` in the stream's declared total order.  ``ts`` and ``sts`` are never
   mixed: windows and correctness use ``ts``, latencies use ``sts``.
 * :class:`Output` — a composite event produced by a query (``ts`` = the maximum of its

@@ -27,10 +27,12 @@ Schedulers in this package:
   operators' steps in a chosen order; the Definition 6 checker then finds the
   read-too-late and write-too-late anomalies of Examples 2 and 3.
 
-A scheduler that locks ahead (S2PL, LWM) implements :meth:`Scheduler.run` the same way:
-it reads ``st.plan`` when the batch arrives (before any s-transaction runs), runs
-``batch.execute(st, child)`` in subtransactions spawned on worker threads, and may give
-the engine another store view (``BatchRun.view_factory``) for reads at a timestamp.
+The schedulers that lock ahead — S2PL and LWM, :mod:`activedb.streams._concurrent` —
+read every ``st.plan`` when the batch arrives (before any s-transaction runs), run each
+s-transaction with ``batch.execute_in`` in a subtransaction spawned on a worker thread
+(``batch.finish`` once it ended), give the engine their store view
+(``BatchRun.view_factory``: locks first; LWM reads versions) and say on which matcher
+state each s-transaction is matched (``BatchRun.state_source``).
 """
 
 from __future__ import annotations
@@ -136,5 +138,9 @@ def make_scheduler(scheduler: str | Scheduler) -> Scheduler:
         return SEIScheduler()
     if scheduler == "unscheduled":
         return UnscheduledScheduler()
-    raise StreamError(f"unknown scheduler {scheduler!r}: use 'sei' (or 'unscheduled' in tests), or pass a "
-                      f"Scheduler instance")
+    if scheduler in ("s2pl", "lwm"):
+        from activedb.streams._concurrent import LWMScheduler, S2PLScheduler
+
+        return S2PLScheduler() if scheduler == "s2pl" else LWMScheduler()
+    raise StreamError(f"unknown scheduler {scheduler!r}: use 'sei', 's2pl' or 'lwm' (or 'unscheduled' in tests), "
+                      f"or pass a Scheduler instance")
