@@ -1,4 +1,4 @@
-"""``activedb bench streams``: stream transactions under SEI, S2PL and LWM (seed 000 §6).
+"""``activedb bench streams``: stream transactions under SEI, S2PL and LWM (Active CEP §6).
 
 Two parts, measured in one run on one database.
 
@@ -524,19 +524,19 @@ def headline(report: BenchReport, results: dict[str, Any]) -> None:
     lwm_s2pl = _ratio(throughput["lwm"], throughput["s2pl"])
     lwm_sei = _ratio(throughput["lwm"], throughput["sei"])
     report.add(Row(name="LWM / S2PL throughput, table locks, mean over readN", value=round(lwm_s2pl, 2), unit="x",
-                   target=">= 2.5 (seed 000 §6, Fig. 6)", met=lwm_s2pl >= 2.5,
+                   target=">= 2.5 (Active CEP §6, Fig. 6)", met=lwm_s2pl >= 2.5,
                    extra={"readN": read_ns, "lwm": _round(throughput["lwm"]), "s2pl": _round(throughput["s2pl"]),
                           "sei": _round(throughput["sei"])}))
     report.add(Row(name="LWM / SEI throughput, table locks, mean over readN", value=round(lwm_sei, 2), unit="x",
-                   target=">= 3.4 (seed 000 §6, Fig. 6)", met=lwm_sei >= 3.4))
+                   target=">= 3.4 (Active CEP §6, Fig. 6)", met=lwm_sei >= 3.4))
     if 6 in read_ns:
         at = read_ns.index(6)
         six_s2pl = throughput["lwm"][at] / throughput["s2pl"][at]
         six_sei = throughput["lwm"][at] / throughput["sei"][at]
         report.add(Row(name="LWM / S2PL throughput, table locks, readN = 6", value=round(six_s2pl, 2), unit="x",
-                       target=">= 3 (seed 000 §6)", met=six_s2pl >= 3))
+                       target=">= 3 (Active CEP §6)", met=six_s2pl >= 3))
         report.add(Row(name="LWM / SEI throughput, table locks, readN = 6", value=round(six_sei, 2), unit="x",
-                       target=">= 4.5 (seed 000 §6)", met=six_sei >= 4.5))
+                       target=">= 4.5 (Active CEP §6)", met=six_sei >= 4.5))
     tuple_level = results["throughput_vs_readN"]["tuple"]
     report.add(Row(name="LWM / S2PL throughput, tuple locks, mean over readN",
                    value=round(_ratio([p["throughput"] for p in tuple_level["lwm"]],
@@ -552,10 +552,10 @@ def headline(report: BenchReport, results: dict[str, Any]) -> None:
             s2pl_lwm = latency["s2pl"] / latency["lwm"]
             sei_lwm = latency["sei"] / latency["lwm"]
             report.add(Row(name="S2PL / LWM L_combined at 2,000 events/s", value=round(s2pl_lwm, 2), unit="x",
-                           target=">= 3 (LWM ≤ 1/3 of S2PL, seed 000 §6, Fig. 11)", met=s2pl_lwm >= 3,
+                           target=">= 3 (LWM ≤ 1/3 of S2PL, Active CEP §6, Fig. 11)", met=s2pl_lwm >= 3,
                            extra={"L_combined_ms": latency}))
             report.add(Row(name="SEI / LWM L_combined at 2,000 events/s", value=round(sei_lwm, 2), unit="x",
-                           target=">= 9 (LWM ≤ 1/9 of SEI, seed 000 §6, Fig. 11)", met=sei_lwm >= 9))
+                           target=">= 9 (LWM ≤ 1/9 of SEI, Active CEP §6, Fig. 11)", met=sei_lwm >= 9))
     seq = results["latency_vs_seqL"]
     for name in SCHEDULERS:
         relative = [point["L_combined_ms"] / base["L_combined_ms"] if base["L_combined_ms"] else None
@@ -630,7 +630,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
              f"S2PL/LWM: {THREADS} s-transactions at once; CPython {os.sys.version.split()[0]}", ""]
     lines += results.get("summary", [])
     axis.text(0, 1, "\n".join(lines), va="top", family="monospace", fontsize=9)
-    figure.suptitle("activedb bench streams — SEI vs S2PL vs LWM (seed 000 §6)")
+    figure.suptitle("activedb bench streams — SEI vs S2PL vs LWM (Active CEP §6)")
     figure.tight_layout()
     figure.savefig(path, dpi=90)
     pyplot.close(figure)
@@ -655,7 +655,7 @@ def run(quick: bool = False) -> BenchReport:
                                                   "experiments": results}, indent=2, default=str))
     plot(results, out / "streams.png")
     report.notes.append(
-        f"Part 2 (seed 000 §6): cost model = {COST * 1000:g} ms of time.sleep per store Read and Write after its "
+        f"Part 2 (Active CEP §6): cost model = {COST * 1000:g} ms of time.sleep per store Read and Write after its "
         f"lock is granted (a store a round trip away; it releases the GIL, so S2PL/LWM overlap store operations; "
         f"matching, locking and commits are real CPU and serialise on the GIL). S2PL/LWM run {THREADS} "
         f"s-transactions at once. Throughput = processed / T_proc over {results['parameters']['throughput_events']} "

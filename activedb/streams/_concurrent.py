@@ -1,4 +1,4 @@
-"""The concurrent schedulers: Strict 2PL (seed 000 §5.2) and Low-Water-Mark (§5.3, App. E, F).
+"""The concurrent schedulers: Strict 2PL (Active CEP §5.2) and Low-Water-Mark (§5.3, App. E, F).
 
 Both run a batch the same way (:class:`LockingScheduler`); they differ in their lock
 table (:mod:`activedb.streams._locks`) and in what a Read sees:
@@ -224,7 +224,7 @@ class LockingScheduler(Scheduler):
         for stransaction in runnable:
             if plans[stransaction.id].opaque:
                 raise SchedulerError(
-                    f"{self.name.upper()} inserts every lock of an s-transaction before it runs (seed 000 Algorithm "
+                    f"{self.name.upper()} inserts every lock of an s-transaction before it runs (Active CEP Algorithm "
                     f"1), but a rule on a query consuming {stransaction.event.type} events is a Python action that "
                     f"declared no tables; give it reads=[…]/writes=[…] or use scheduler='sei'")
         manager = db.transactions
@@ -470,7 +470,7 @@ class _LockedView(StoreView):
 
 
 class S2PLScheduler(LockingScheduler):
-    """Strict two-phase locking with locks inserted at arrival (seed 000 §5.2, Algorithm 1)."""
+    """Strict two-phase locking with locks inserted at arrival (Active CEP §5.2, Algorithm 1)."""
 
     name = "s2pl"
     lock_table_class = S2PLLockTable
@@ -548,7 +548,7 @@ class _VersionedView(_LockedView):
 
 
 class LWMScheduler(LockingScheduler):
-    """The Low-Water-Mark scheduler over a multi-version store (seed 000 §5.3, Algorithm 2,
+    """The Low-Water-Mark scheduler over a multi-version store (Active CEP §5.3, Algorithm 2,
     App. F's punctuation guard)."""
 
     name = "lwm"

@@ -1,22 +1,22 @@
 """Stream lock tables: S2PL's timestamp-ordered queues and LWM's write-lock queues.
 
 The engine's schedulers fill a table from **one dispatcher**, in the declared total order
-of the batch's s-transactions, **before** any of them runs (seed 000 Algorithm 1's "insert
+of the batch's s-transactions, **before** any of them runs (Active CEP Algorithm 1's "insert
 every lock at the creation of ``T_i``", and App. E.1's dispatcher invariant).  Every
 request carries its owner's *stamp*: the s-transaction's ``position`` in the declared
 order (timestamp, then the application's order of equal timestamps), so "earlier" below
 is "smaller position".  Requests only disappear when their owner **ends** (committed or
-aborted, seed 000 Phase II) — so once a request is grantable it stays grantable, and a
+aborted, Active CEP Phase II) — so once a request is grantable it stays grantable, and a
 waiter only ever waits for an *earlier* owner to end.  (LWM's table also accepts
 insertions in arrival order, later ones included, guarded by the punctuation: App. F.)
 
-* :class:`S2PLLockTable` (seed 000 §5.2, Fig. 3 left): a request is granted when no
+* :class:`S2PLLockTable` (Active CEP §5.2, Fig. 3 left): a request is granted when no
   earlier request on an overlapping resource conflicts with it — whether that earlier
   request is already held or still waiting.  That is the **no overtaking** rule: a later
   read never passes an earlier waiting write (the counter-example: ``T1`` holds ``sl``,
   ``T2`` waits for ``xl``, ``T3``'s ``sl`` is compatible with ``T1``'s; granting it lets
   ``T3`` read at 15 before ``T2`` writes at 10 — Def. 6 (1)).
-* :class:`LWMLockTable` (seed 000 §5.3, Algorithm 2, Fig. 3 right): only write locks
+* :class:`LWMLockTable` (Active CEP §5.3, Algorithm 2, Fig. 3 right): only write locks
   queue.  ``lwm(P) = min`` stamp of the write locks on ``P``; a Read at stamp ``s`` is
   granted when ``s ≤ lwm`` (every earlier write lock on ``P`` released — its own write lock
   at ``s`` does not hold it back), a Write when its lock is the oldest (``s = lwm``), which
@@ -222,7 +222,7 @@ class StreamLockTable:
             if self.ordered_insertion and self._last_position is not None and owner.position <= self._last_position:
                 raise SchedulerError(f"lock requests of {owner.name} inserted after a later s-transaction's; "
                                      f"{type(self).__name__} needs them in the declared order (use a reorder buffer "
-                                     f"in front of it, seed 000 App. F)")
+                                     f"in front of it, Active CEP App. F)")
             self._last_position = owner.position
             for (table, key), mode in merged.items():
                 request = Request(owner, table, key, mode)
@@ -368,7 +368,7 @@ class StreamLockTable:
 
 
 class S2PLLockTable(StreamLockTable):
-    """Seed 000 §5.2 with timestamp-ordered queues and no overtaking (module docstring)."""
+    """Active CEP §5.2 with timestamp-ordered queues and no overtaking (module docstring)."""
 
     kind = "stream-s2pl"
 
@@ -388,7 +388,7 @@ class S2PLLockTable(StreamLockTable):
 
 
 class LWMLockTable(StreamLockTable):
-    """Seed 000 §5.3 / Algorithm 2 with App. F's punctuation guard (module docstring).
+    """Active CEP §5.3 / Algorithm 2 with App. F's punctuation guard (module docstring).
 
     ``mrp`` — the most recent punctuation the dispatcher published (None: none yet, which
     holds nothing back: an engine whose input is ordered needs none)."""

@@ -1,4 +1,4 @@
-"""LWM's multi-version store: what a Read at a timestamp sees (seed 000 §5.3, Algorithm 2's
+"""LWM's multi-version store: what a Read at a timestamp sees (Active CEP §5.3, Algorithm 2's
 ``Map<time, string> versions``).
 
 One :class:`VersionStore` per micro-batch.  For every row the batch's s-transactions may
