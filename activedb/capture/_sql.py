@@ -1,0 +1,157 @@
+"""The SQL of change capture that is not in the migration: installing and removing the per-table
+trigger, and the statements consumers and the status run.
+
+The tables and functions come from activedb's revision ``0003_capture`` (``migrations/versions``);
+what is per table (the trigger ``activedb_capture`` and a row of ``activedb_capture_tables``) is
+installed by :func:`install_statements` — run by ``db.capture(table)`` or, inside an application's own
+Alembic revision, by :func:`activedb.capture.migration_ops.enable_capture`.
+
+Every function takes what it runs on; none opens a connection.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+#: The per-table row trigger's name (one per captured table).
+TRIGGER_NAME = "activedb_capture"
+#: The channel the commit sequencer notifies (payload ``commit``) and stopping consumers use (``stop``).
+CHANNEL = "activedb_capture"
+#: Advisory-lock class of the commit sequencer (``0003_capture``: ``pg_advisory_xact_lock(class, 0)``);
+#: consumers take ``pg_try_advisory_lock(class + 1, hash of their name)``.
+SEQUENCER_LOCK_CLASS = 0x61646263
+CONSUMER_LOCK_CLASS = SEQUENCER_LOCK_CLASS + 1
+
+TABLES = "activedb_capture_tables"
+CHANGES = "activedb_capture_changes"
+COMMITS = "activedb_capture_commits"
+CONSUMERS = "activedb_capture_consumers"
+
+
+def quote_identifier(name: str) -> str:
+    """``name`` as a PostgreSQL identifier, always quoted (the table is named exactly so)."""
+    if not isinstance(name, str) or not name or "\x00" in name:
+        raise ValueError(f"not a table name: {name!r}")
+    return '"' + name.replace('"', '""') + '"'
+
+
+def quote_literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def consumer_lock_key(name: str) -> int:
+    """The second half of a consumer's advisory-lock key (a collision only makes two names take turns)."""
+    return zlib.crc32(name.encode("utf-8")) & 0x7FFFFFFF
+
+
+_REQUIRE_SCHEMA = f"""
+DO $body$
+BEGIN
+    IF to_regclass('{CHANGES}') IS NULL OR to_regprocedure('activedb_capture_row()') IS NULL THEN
+        RAISE EXCEPTION 'activedb''s capture tables are missing (revision 0003_capture)'
+            USING HINT = 'run activedb''s own migrations first: activedb db upgrade, or activedb.connect(), '
+                         'which upgrades; an application revision that enables capture needs them';
+    END IF;
+END
+$body$"""
+
+
+def install_statements(table: str) -> list[str]:
+    """What capturing ``table`` takes: the row trigger and the registry row (idempotent)."""
+    return [
+        _REQUIRE_SCHEMA,
+        f"CREATE OR REPLACE TRIGGER {TRIGGER_NAME} AFTER INSERT OR UPDATE OR DELETE ON {quote_identifier(table)} "
+        f"FOR EACH ROW EXECUTE FUNCTION activedb_capture_row()",
+        f"INSERT INTO {TABLES} (table_name) VALUES ({quote_literal(table)}) ON CONFLICT (table_name) DO NOTHING",
+    ]
+
+
+def remove_statements(table: str) -> list[str]:
+    """What removing capture from ``table`` takes: the trigger, the registry row, and the table's captured
+    changes not yet pruned (with the commit rows left without changes).  Idempotent; works whether or not
+    activedb's capture tables (still) exist and whether or not the table does."""
+    literal = quote_literal(table)
+    return [f"""
+DO $body$
+BEGIN
+    IF to_regclass({quote_literal(quote_identifier(table))}) IS NOT NULL THEN
+        EXECUTE 'DROP TRIGGER IF EXISTS {TRIGGER_NAME} ON ' || quote_ident({literal});
+    END IF;
+    IF to_regclass('{CHANGES}') IS NOT NULL THEN
+        DELETE FROM {CHANGES} WHERE table_name = {literal};
+        DELETE FROM {COMMITS} c WHERE NOT EXISTS (SELECT 1 FROM {CHANGES} ch WHERE ch.xid = c.xid);
+        DELETE FROM {TABLES} WHERE table_name = {literal};
+    END IF;
+END
+$body$"""]
+
+
+CAPTURED_TABLES = f"""
+SELECT t.table_name, t.enabled_at,
+       EXISTS (SELECT 1 FROM pg_trigger g
+               WHERE g.tgrelid = to_regclass(quote_ident(t.table_name)) AND g.tgname = '{TRIGGER_NAME}'
+                 AND NOT g.tgisinternal) AS trigger_installed
+FROM {TABLES} t ORDER BY t.table_name"""
+
+REGISTER_CONSUMER = f"INSERT INTO {CONSUMERS} (name) VALUES (:name) ON CONFLICT (name) DO NOTHING"
+
+READ_POSITION = f"SELECT position, change_id FROM {CONSUMERS} WHERE name = :name"
+
+LOCK_POSITION = f"SELECT position, change_id FROM {CONSUMERS} WHERE name = :name FOR UPDATE"
+
+ADVANCE_POSITION = f"""
+UPDATE {CONSUMERS} SET position = :position, change_id = :change_id, handled = handled + :handled,
+       failed = failed + :failed, updated_at = now()
+WHERE name = :name"""
+
+# The next changes after (position, change_id), in commit order, then statement order.
+NEXT_CHANGES = f"""
+SELECT c.position, ch.id, ch.xid::text AS xid, ch.table_name, ch.operation, c.committed_at
+FROM {COMMITS} c JOIN {CHANGES} ch ON ch.xid = c.xid
+WHERE c.position >= :position AND (c.position > :position OR ch.id > :change_id)
+ORDER BY c.position, ch.id
+LIMIT :limit"""
+
+
+def typed_images(table: str, columns: list[str]) -> str:
+    """Old and new images of ``table``'s changes in a range, as the table's own row type: PostgreSQL
+    turns the captured ``jsonb`` back into typed columns (``o_<i>``, ``n_<i>``), so an event's rows hold
+    the Python values a read through activedb gives."""
+    qualified = quote_identifier(table)
+    select = ", ".join([f"o.{quote_identifier(name)} AS o_{index}" for index, name in enumerate(columns)]
+                       + [f"n.{quote_identifier(name)} AS n_{index}" for index, name in enumerate(columns)])
+    return f"""
+SELECT c.position AS position, ch.id AS change_id, {select}
+FROM {COMMITS} c JOIN {CHANGES} ch ON ch.xid = c.xid
+LEFT JOIN LATERAL jsonb_populate_record(NULL::{qualified}, ch.old_row) o ON ch.old_row IS NOT NULL
+LEFT JOIN LATERAL jsonb_populate_record(NULL::{qualified}, ch.new_row) n ON ch.new_row IS NOT NULL
+WHERE ch.table_name = :table AND c.position BETWEEN :first_position AND :last_position
+  AND (c.position > :first_position OR ch.id > :first_change)
+  AND (c.position < :last_position OR ch.id <= :last_change)"""
+
+
+# Commits every consumer has handled completely (below the smallest position) and older than the
+# retention: their changes and commit rows go.
+PRUNABLE = f"""
+SELECT c.position, c.xid::text AS xid FROM {COMMITS} c
+WHERE c.position < (SELECT min(position) FROM {CONSUMERS})
+  AND c.committed_at < now() - make_interval(secs => :retention_seconds)
+ORDER BY c.position
+LIMIT :limit"""
+
+PRUNE_CHANGES = f"DELETE FROM {CHANGES} WHERE xid = ANY(CAST(:xids AS xid8[]))"
+PRUNE_COMMITS = f"DELETE FROM {COMMITS} WHERE position = ANY(:positions)"
+
+LATEST_POSITION = f"SELECT coalesce(max(position), 0) FROM {COMMITS}"
+
+BACKLOG = f"""
+SELECT ch.table_name, count(*) AS changes, count(DISTINCT c.position) AS transactions,
+       min(c.committed_at) AS oldest
+FROM {COMMITS} c JOIN {CHANGES} ch ON ch.xid = c.xid
+WHERE c.position >= :position AND (c.position > :position OR ch.id > :change_id)
+GROUP BY ch.table_name"""
+
+CONSUMER_ROWS = f"""
+SELECT name, position, change_id, handled, failed, created_at, updated_at FROM {CONSUMERS} ORDER BY name"""
+
+RETAINED = f"SELECT count(*) FROM {CHANGES}"
