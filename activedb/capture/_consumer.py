@@ -272,6 +272,11 @@ class CaptureConsumer:
         """The position this consumer last committed (or read)."""
         return self._position
 
+    @property
+    def leadership_lock(self) -> tuple[int, int]:
+        """The session advisory lock ``(classid, objid)`` the leader of this name holds (``pg_locks``)."""
+        return _sql.CONSUMER_LOCK_CLASS, _sql.consumer_lock_key(self.name)
+
     def statistics(self) -> ConsumerStatistics:
         with self._mutex:
             return ConsumerStatistics(name=self.name, state=self._state, position=self._position,
@@ -424,16 +429,21 @@ class CaptureConsumer:
         ``_run_mutex``."""
         import psycopg
 
+        if self._state is ConsumerState.LEADING:
+            try:
+                self._drain_notifications()      # also finds out whether the session (and its lock) is still there
+                return True
+            except psycopg.OperationalError as error:
+                logger.warning("capture consumer %r lost its listener connection and with it the lead (%s)",
+                               self.name, str(error).strip())
+                self._close_listener()
         if self._listener is None or self._listener.closed:
             self._listener = None
             with self._mutex:
                 self._state = ConsumerState.STANDBY
             self._listener = self._connect_listener()
-        if self._state is ConsumerState.LEADING:
-            return True
         try:
-            got = self._listener.execute("SELECT pg_try_advisory_lock(%s, %s)",
-                                         (_sql.CONSUMER_LOCK_CLASS, _sql.consumer_lock_key(self.name))).fetchone()[0]
+            got = self._listener.execute("SELECT pg_try_advisory_lock(%s, %s)", self.leadership_lock).fetchone()[0]
         except psycopg.OperationalError as error:
             self._close_listener()
             raise DatabaseUnavailable(f"capture consumer {self.name!r} lost its connection: {error}") from None
@@ -503,7 +513,6 @@ class CaptureConsumer:
         attempt = 0
         while True:
             attempt += 1
-            self._drain_notifications()
             start = self._read_position()
             with self._mutex:
                 self._fetches_begun += 1
