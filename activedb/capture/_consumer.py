@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import sqlalchemy as sa
 
-from coupling import priority_groups
+from coupling import Coupling, priority_groups
 from lockmgr import Deadlock
 
 from activedb.capture import _sql
@@ -58,7 +58,7 @@ from activedb.errors import (
     UnknownTable,
 )
 from activedb.events import Event, EventKind, Origin
-from activedb.rules import Firing, Rule
+from activedb.rules import Firing, Rule, RuleContext
 from activedb.store import jsonable
 from activedb.txn import CommitParticipant
 
@@ -74,6 +74,8 @@ _KINDS = {"I": EventKind.INSERTED, "U": EventKind.UPDATED, "D": EventKind.DELETE
 #: A firing that is a deadlock victim or meets a serialization conflict runs again this often in its
 #: batch; then the whole batch is retried.
 FIRING_ATTEMPTS = 3
+#: Firings run together in one subtransaction (when that cannot be told apart from one each).
+CHUNK_FIRINGS = 100
 #: How many commits one pruning round removes at most.
 PRUNE_LIMIT = 1000
 _TRANSIENT = (Deadlock, SerializationConflict)
@@ -153,6 +155,20 @@ class ConsumerStatistics:
     conflicts: int
     pruned_commits: int
     lag_seconds: float | None
+    fetch_seconds: float          # reading changes and their typed rows
+    rules_seconds: float          # running the rules (the batch's transaction body)
+    commit_seconds: float         # the batch's flush: effects, position, COMMIT
+
+
+@dataclass
+class _Result:
+    """What one firing of a batch came to (``inline``: it ran in a subtransaction shared with others)."""
+
+    change: CapturedChange
+    firing: Firing
+    outcome: FiringOutcome
+    error: BaseException | None
+    inline: bool
 
 
 class _RetryBatch(Exception):
@@ -249,13 +265,14 @@ class CaptureConsumer:
         self._state = ConsumerState.NEW
         self._position = Position()
         self._counters = dict(batches=0, changes=0, firings=0, failed=0, retried_batches=0, conflicts=0,
-                              pruned_commits=0)
+                              pruned_commits=0, fetch_seconds=0.0, rules_seconds=0.0, commit_seconds=0.0)
         self._lag: float | None = None
         self._fetches_begun = 0                 # fetch numbers, to wait for a fetch that began later
         self._last_empty_fetch = 0              # number of the last fetch that found nothing
         self._last_behind_warning = 0.0
         self._firing_numbers = 0
         self._listener: "psycopg.Connection | None" = None
+        self._statements: dict[tuple, Any] = {}     # per (table, columns): the typed changes query
         self._last_prune = 0.0
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -282,7 +299,7 @@ class CaptureConsumer:
             return ConsumerStatistics(name=self.name, state=self._state, position=self._position,
                                       lag_seconds=self._lag, **self._counters)
 
-    def _count(self, **increments: int) -> None:
+    def _count(self, **increments: float) -> None:
         with self._mutex:
             for what, amount in increments.items():
                 self._counters[what] += amount
@@ -517,7 +534,9 @@ class CaptureConsumer:
             with self._mutex:
                 self._fetches_begun += 1
                 fetch = self._fetches_begun
+            began = time.perf_counter()
             changes = self._fetch(start, limit)
+            self._count(fetch_seconds=time.perf_counter() - began)
             if not changes:
                 with self._mutex:
                     self._position = start
@@ -559,72 +578,76 @@ class CaptureConsumer:
         return Position(row.position, row.change_id)
 
     def _fetch(self, start: Position, limit: int) -> list[tuple[CapturedChange, Event | None, str | None]]:
-        """The next changes after ``start`` with their events (None and a reason for a change that cannot
-        become one, e.g. of a table that no longer exists)."""
+        """The next changes after ``start``, in order, with their events (None and a reason for a change
+        that cannot become one, e.g. of a table that no longer exists): where the batch ends, then each
+        table's changes in that range with typed rows."""
         with self._database.engine.connect() as connection:
-            rows = connection.execute(sa.text(_sql.NEXT_CHANGES), {
-                "position": start.commit, "change_id": start.change_id, "limit": limit}).all()
-            changes = [CapturedChange(row.position, row.id, int(row.xid), row.table_name, row.operation,
-                                      row.committed_at) for row in rows]
-            if not changes:
+            bounds = connection.execute(sa.text(_sql.BATCH_BOUNDS), {
+                "position": start.commit, "change_id": start.change_id, "limit": limit}).first()
+            if bounds is None:
                 return []
-            images: dict[tuple[int, int], tuple[dict | None, dict | None]] = {}
-            problems: dict[str, str] = {}
-            for table_name in sorted({change.table for change in changes}):
+            end = Position(bounds.position, bounds.id)
+            result = []
+            for table_name in sorted(bounds.tables):
                 try:
-                    images.update(self._typed_images(connection, table_name, start, changes[-1].at))
-                except UnknownTable as error:
-                    problems[table_name] = str(error)
-                except sa.exc.ProgrammingError as error:   # dropped after it was reflected
+                    result.extend(self._changes_of(connection, table_name, start, end))
+                except sa.exc.ProgrammingError as error:   # dropped (or its type changed) after capture
                     if getattr(error.orig, "sqlstate", None) not in ("42P01", "42704"):
                         raise
                     connection.rollback()
-                    problems[table_name] = f"table {table_name!r} no longer exists"
-        result = []
-        for change in changes:
-            if change.table in problems:
-                result.append((change, None, f"{change.describe()} cannot be delivered: {problems[change.table]}"))
-                continue
-            old, new = images[(change.position, change.change_id)]
-            result.append((change, self._event(change, old, new), None))
+                    result.extend(self._undeliverable(connection, table_name, start, end,
+                                                      f"table {table_name!r} no longer exists"))
+                except UnknownTable as error:
+                    result.extend(self._undeliverable(connection, table_name, start, end, str(error)))
+        if len(bounds.tables) > 1:
+            result.sort(key=lambda entry: (entry[0].position, entry[0].change_id))
         return result
 
-    def _typed_images(self, connection: sa.Connection, table_name: str, start: Position, end: Position):
+    def _changes_of(self, connection: sa.Connection, table_name: str, start: Position, end: Position):
         table = self._database.table(table_name)
         columns = list(table.columns)
         names = [column.name for column in columns]
-        statement = sa.text(_sql.typed_images(table_name, names)).columns(
-            sa.column("position", sa.BigInteger), sa.column("change_id", sa.BigInteger),
-            *[sa.column(f"o_{index}", column.type) for index, column in enumerate(columns)],
-            *[sa.column(f"n_{index}", column.type) for index, column in enumerate(columns)])
+        key_indexes = [names.index(column.name) for column in table.primary_key.columns]
+        statement = self._statements.get((table_name, tuple(names)))
+        if statement is None:
+            statement = sa.text(_sql.changes_of(table_name, names)).columns(
+                sa.column("position", sa.BigInteger), sa.column("id", sa.BigInteger), sa.column("xid", sa.Text),
+                sa.column("operation", sa.Text), sa.column("committed_at", sa.DateTime(timezone=True)),
+                *[sa.column(f"o_{index}", column.type) for index, column in enumerate(columns)],
+                *[sa.column(f"n_{index}", column.type) for index, column in enumerate(columns)])
+            self._statements[(table_name, tuple(names))] = statement
         rows = connection.execute(statement, {
             "table": table_name, "first_position": start.commit, "first_change": start.change_id,
-            "last_position": end.commit, "last_change": end.change_id}).all()
+            "last_position": end.commit, "last_change": end.change_id})
         width = len(names)
-        images = {}
+        entries = []
         for row in rows:
+            change = CapturedChange(row[0], row[1], int(row[2]), table_name, row[3], row[4])
             values = tuple(row)
-            old = dict(zip(names, values[2:2 + width]))
-            new = dict(zip(names, values[2 + width:]))
-            images[(row.position, row.change_id)] = (old, new)
-        return images
+            kind = _KINDS[change.operation]
+            old = dict(zip(names, values[5:5 + width])) if kind is not EventKind.INSERTED else None
+            new = dict(zip(names, values[5 + width:])) if kind is not EventKind.DELETED else None
+            image = values[5 + width:] if new is not None else values[5:5 + width]
+            key = tuple(image[index] for index in key_indexes) if key_indexes else None
+            if key is not None and len(key) == 1:
+                key = key[0]
+            event = Event(kind, table_name, key, old, new,
+                          payload={"xid": change.xid, "commit_position": change.position,
+                                   "change_id": change.change_id, "committed_at": change.committed_at},
+                          transaction=f"pg:{change.xid}", origin=Origin.EXTERNAL)
+            entries.append((change, event, None))
+        return entries
 
-    def _event(self, change: CapturedChange, old: dict | None, new: dict | None) -> Event:
-        kind = _KINDS[change.operation]
-        if kind is EventKind.INSERTED:
-            old = None
-        elif kind is EventKind.DELETED:
-            new = None
-        table = self._database.table(change.table)
-        image = new if new is not None else old
-        key_columns = [column.name for column in table.primary_key.columns]
-        key = tuple(image[name] for name in key_columns) if key_columns else None
-        if key is not None and len(key) == 1:
-            key = key[0]
-        return Event(kind, change.table, key, old, new,
-                     payload={"xid": change.xid, "commit_position": change.position, "change_id": change.change_id,
-                              "committed_at": change.committed_at},
-                     transaction=f"pg:{change.xid}", origin=Origin.EXTERNAL)
+    def _undeliverable(self, connection: sa.Connection, table_name: str, start: Position, end: Position,
+                       reason: str):
+        rows = connection.execute(sa.text(_sql.changes_of_without_rows()), {
+            "table": table_name, "first_position": start.commit, "first_change": start.change_id,
+            "last_position": end.commit, "last_change": end.change_id})
+        entries = []
+        for row in rows:
+            change = CapturedChange(row.position, row.id, int(row.xid), table_name, row.operation, row.committed_at)
+            entries.append((change, None, f"{change.describe()} cannot be delivered: {reason}"))
+        return entries
 
     def _rules_by_table(self) -> dict[str, list[Rule]]:
         found: dict[str, list[Rule]] = {}
@@ -634,46 +657,113 @@ class CaptureConsumer:
         return found
 
     def _apply(self, start: Position, changes: list) -> int:
-        rules_by_table = self._rules_by_table()
         end = changes[-1][0].at
         writer = _PositionWriter(self, start, end, len(changes))
-        outcomes: list[tuple[Rule, FiringOutcome]] = []
+        planned = self._plan(changes, writer)
+        results: list[_Result] = []
+        began = time.perf_counter()
         with self._database.transaction(name=f"capture:{self.name}", participants=[writer]) as transaction:
-            for change, event, problem in changes:
-                if event is None:
-                    writer.dead_letters.append(_DeadLetter(change, problem))
-                    logger.error("capture consumer %r: %s", self.name, problem)
-                    continue
-                candidates = [rule for rule in rules_by_table.get(change.table, ()) if rule.on.matches(event)]
-                if not candidates:
-                    continue
-                firings = [Firing(rule, event, (rule.name,), rule.coupling, self._next_firing_number())
-                           for rule in candidates]
-                for group in (priority_groups(firings) if len(firings) > 1 else (firings,)):
-                    for firing in group:
-                        outcome, error = self._fire(transaction, firing)
-                        outcomes.append((firing.rule, outcome))
-                        if outcome is FiringOutcome.FAILED:
-                            writer.dead_letters.append(_DeadLetter(
-                                change, f"rule {firing.rule.name!r} failed on {change.describe()}: {error!r}",
-                                rule=firing.rule.name, key=event.key))
-            self._step(Step.FIRED, len(outcomes))
+            inline = self._may_share_a_subtransaction(planned)
+            for first in range(0, len(planned), CHUNK_FIRINGS):
+                results.extend(self._run_chunk(transaction, planned[first:first + CHUNK_FIRINGS], inline))
+            for result in results:
+                if result.outcome is FiringOutcome.FAILED:
+                    firing = result.firing
+                    writer.dead_letters.append(_DeadLetter(
+                        result.change, f"rule {firing.rule.name!r} failed on {result.change.describe()}: "
+                        f"{result.error!r}", rule=firing.rule.name, key=firing.event.key))
+            self._step(Step.FIRED, len(results))
+            fired = time.perf_counter()
         # Committed: the position and the effects are durable together.
+        committed = time.perf_counter()
         rules = self._database.rules
-        for rule, outcome in outcomes:
-            rules.count(rule, "fired")
-            if outcome is FiringOutcome.EXECUTED:
-                rules.count(rule, "executed")
+        for result in results:
+            rules.count(result.firing.rule, "fired")
+            if result.outcome is FiringOutcome.EXECUTED:
+                rules.count(result.firing.rule, "executed")
+            elif result.outcome is FiringOutcome.CONDITION_FALSE and result.inline:
+                rules.count(result.firing.rule, "condition_false")   # the rule manager counted the others
         with self._mutex:
             self._position = end
             counters = self._counters
             counters["batches"] += 1
             counters["changes"] += len(changes)
-            counters["firings"] += len(outcomes)
+            counters["firings"] += len(results)
             counters["failed"] += len(writer.dead_letters)
+            counters["rules_seconds"] += fired - began
+            counters["commit_seconds"] += committed - fired
             self._progress.notify_all()
         self._step(Step.COMMITTED, len(changes))
         return len(changes)
+
+    def _plan(self, changes: list, writer: _PositionWriter) -> list[tuple[CapturedChange, Firing]]:
+        """The batch's firings in order: changes in commit order, each change's rules in priority groups
+        (equal priorities in declaration order).  Changes that cannot become events are dead letters."""
+        rules_by_table = self._rules_by_table()
+        planned = []
+        for change, event, problem in changes:
+            if event is None:
+                writer.dead_letters.append(_DeadLetter(change, problem))
+                logger.error("capture consumer %r: %s", self.name, problem)
+                continue
+            candidates = [rule for rule in rules_by_table.get(change.table, ()) if rule.on.matches(event)]
+            if not candidates:
+                continue
+            firings = [Firing(rule, event, (rule.name,), rule.coupling, self._next_firing_number())
+                       for rule in candidates]
+            for group in (priority_groups(firings) if len(firings) > 1 else (firings,)):
+                planned.extend((change, firing) for firing in group)
+        return planned
+
+    def _may_share_a_subtransaction(self, planned: list[tuple[CapturedChange, Firing]]) -> bool:
+        """Whether firings may run together in one subtransaction (re-run one by one if any fails): only if
+        that cannot be told apart from one subtransaction each — no deferred rule is enabled (a deferred
+        rule fired by a firing runs when the firing's transaction commits) and every rule couples its
+        action immediately (C-A sequential needs the rule manager's parallel siblings)."""
+        if any(rule.enabled and rule.coupling is Coupling.DEFERRED for rule in self._database.rules):
+            return False
+        return all(firing.rule.action_coupling is Coupling.IMMEDIATE for _, firing in planned)
+
+    def _run_chunk(self, transaction: "Transaction", chunk: list[tuple[CapturedChange, Firing]],
+                   inline: bool) -> list["_Result"]:
+        """Run ``chunk``'s firings: together in one subtransaction if ``inline`` (the fast path), and one
+        subtransaction each if not, or if any of them raised there (nothing of the shared one is kept)."""
+        if inline and chunk:
+            try:
+                return transaction.run_subtransaction(self._run_inline, chunk, name=f"capture:{self.name}:rules")
+            except Exception as error:       # re-run one by one: the failing firing alone is discarded
+                logger.info("capture consumer %r: a firing of a chunk of %d raised (%r); running them one by one",
+                            self.name, len(chunk), error)
+        results = []
+        for change, firing in chunk:
+            outcome, error = self._fire(transaction, firing)
+            results.append(_Result(change, firing, outcome, error, inline=False))
+        return results
+
+    def _run_inline(self, transaction: "Transaction", chunk: list[tuple[CapturedChange, Firing]]) -> list["_Result"]:
+        """Conditions and actions of ``chunk`` in ``transaction``, in order, as the rule manager runs one
+        (the firing in the transaction's rule context, observers told); any exception propagates."""
+        observers = self._database.transactions.observers
+        context = transaction.slot(RuleContext)
+        results = []
+        for change, firing in chunk:
+            context.firing = firing
+            if observers.on_firing_start:
+                observers.call("on_firing_start", transaction, firing)
+            outcome = "failed"
+            try:
+                rule, event = firing.rule, firing.event
+                if rule.condition(transaction, event):
+                    rule.action(transaction, event)
+                    outcome = FiringOutcome.EXECUTED.value
+                else:
+                    outcome = FiringOutcome.CONDITION_FALSE.value
+            finally:
+                if observers.on_firing_end:
+                    observers.call("on_firing_end", transaction, firing, outcome)
+            results.append(_Result(change, firing, FiringOutcome(outcome), None, inline=True))
+        context.firing = None
+        return results
 
     def _next_firing_number(self) -> int:
         self._firing_numbers += 1      # under _run_mutex

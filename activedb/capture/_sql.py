@@ -104,30 +104,46 @@ UPDATE {CONSUMERS} SET position = :position, change_id = :change_id, handled = h
        failed = failed + :failed, updated_at = now()
 WHERE name = :name"""
 
-# The next changes after (position, change_id), in commit order, then statement order.
-NEXT_CHANGES = f"""
-SELECT c.position, ch.id, ch.xid::text AS xid, ch.table_name, ch.operation, c.committed_at
-FROM {COMMITS} c JOIN {CHANGES} ch ON ch.xid = c.xid
-WHERE c.position >= :position AND (c.position > :position OR ch.id > :change_id)
-ORDER BY c.position, ch.id
-LIMIT :limit"""
+# Where the next batch ends: the last of the next :limit changes after (position, change_id), in commit
+# order then statement order, and the tables they belong to (one row; NULLs when nothing is pending).
+BATCH_BOUNDS = f"""
+WITH next AS (
+    SELECT c.position, ch.id, ch.table_name
+    FROM {COMMITS} c JOIN {CHANGES} ch ON ch.xid = c.xid
+    WHERE c.position >= :position AND (c.position > :position OR ch.id > :change_id)
+    ORDER BY c.position, ch.id
+    LIMIT :limit)
+SELECT last.position, last.id, (SELECT array_agg(DISTINCT table_name) FROM next) AS tables
+FROM (SELECT position, id FROM next ORDER BY position DESC, id DESC LIMIT 1) AS last"""
 
 
-def typed_images(table: str, columns: list[str]) -> str:
-    """Old and new images of ``table``'s changes in a range, as the table's own row type: PostgreSQL
-    turns the captured ``jsonb`` back into typed columns (``o_<i>``, ``n_<i>``), so an event's rows hold
-    the Python values a read through activedb gives."""
+def changes_of(table: str, columns: list[str]) -> str:
+    """The changes of ``table`` in a batch's range, with their old and new rows as the table's own row
+    type: PostgreSQL turns the captured ``jsonb`` back into typed columns (``o_<i>``, ``n_<i>``), so an
+    event's rows hold the Python values a read through activedb gives."""
     qualified = quote_identifier(table)
     select = ", ".join([f"o.{quote_identifier(name)} AS o_{index}" for index, name in enumerate(columns)]
                        + [f"n.{quote_identifier(name)} AS n_{index}" for index, name in enumerate(columns)])
     return f"""
-SELECT c.position AS position, ch.id AS change_id, {select}
+SELECT c.position, ch.id, ch.xid::text AS xid, ch.operation, c.committed_at, {select}
 FROM {COMMITS} c JOIN {CHANGES} ch ON ch.xid = c.xid
 LEFT JOIN LATERAL jsonb_populate_record(NULL::{qualified}, ch.old_row) o ON ch.old_row IS NOT NULL
 LEFT JOIN LATERAL jsonb_populate_record(NULL::{qualified}, ch.new_row) n ON ch.new_row IS NOT NULL
 WHERE ch.table_name = :table AND c.position BETWEEN :first_position AND :last_position
   AND (c.position > :first_position OR ch.id > :first_change)
-  AND (c.position < :last_position OR ch.id <= :last_change)"""
+  AND (c.position < :last_position OR ch.id <= :last_change)
+ORDER BY c.position, ch.id"""
+
+
+def changes_of_without_rows() -> str:
+    """The changes of a table in a batch's range without their rows (a table that no longer exists)."""
+    return f"""
+SELECT c.position, ch.id, ch.xid::text AS xid, ch.operation, c.committed_at
+FROM {COMMITS} c JOIN {CHANGES} ch ON ch.xid = c.xid
+WHERE ch.table_name = :table AND c.position BETWEEN :first_position AND :last_position
+  AND (c.position > :first_position OR ch.id > :first_change)
+  AND (c.position < :last_position OR ch.id <= :last_change)
+ORDER BY c.position, ch.id"""
 
 
 # Commits every consumer has handled completely (below the smallest position) and older than the

@@ -423,3 +423,23 @@ def test_capture_can_be_turned_on_and_off_at_run_time(clean, conninfo):
     assert seen == []                      # removing capture dropped the change not yet consumed
     with pytest.raises(activedb.UnknownTable):
         db.capture("no_such_table")
+
+
+def test_deferred_rules_fired_by_a_captured_rule_run_before_the_next_change_is_handled(clean, conninfo):
+    """A deferred in-process rule fired by a captured rule's action runs when that firing's transaction
+    commits — before the next change's firing (so firings do not share one subtransaction then)."""
+    db = clean
+
+    @db.rule(on=db.captured("orders", "inserted"), coupling="detached")
+    def first(tx, event):
+        tx.insert("order_log", rule="first", kind="inserted", order_id=event.key)
+
+    @db.rule(on=db.inserted("order_log"), when=lambda tx, event: event.new["rule"] == "first", coupling="deferred")
+    def then(tx, event):
+        tx.insert("order_log", rule="then", kind="inserted", order_id=event.new["order_id"])
+
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (60, 'a', 1), (61, 'a', 1)")
+    db.capture.consumer().run_until_caught_up()
+    assert [(rule, order) for rule, _, order, *_ in log_rows(db)] == [("first", 60), ("then", 60),
+                                                                      ("first", 61), ("then", 61)]
