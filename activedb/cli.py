@@ -19,7 +19,7 @@ import click
 from activedb import plugins
 from activedb.errors import ActivedbError
 
-BUILTIN_BENCHMARKS = ("locks", "nested", "rules", "streams", "tpg", "composite")
+BUILTIN_BENCHMARKS = ("locks", "nested", "rules", "streams", "tpg", "composite", "capture")
 
 
 def _benchmarks() -> dict[str, str]:
