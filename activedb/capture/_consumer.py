@@ -197,16 +197,15 @@ class _PositionWriter(CommitParticipant):
     def write(self, transaction: "Transaction", connection: sa.Connection) -> None:
         consumer = self.consumer
         consumer._step(Step.WRITING, self.handled)
-        row = connection.execute(sa.text(_sql.LOCK_POSITION), {"name": consumer.name}).first()
-        found = Position(row.position, row.change_id) if row is not None else None
-        if found != self.start:
-            raise CaptureConflict(
-                f"capture consumer {consumer.name!r}: its position moved from {self.start} to {found} while this "
-                f"batch ran (another process consumes under the same name); nothing of the batch was kept — "
-                f"the consumer reads its position again")
-        connection.execute(sa.text(_sql.ADVANCE_POSITION), {
+        advanced = connection.execute(sa.text(_sql.ADVANCE_POSITION), {
             "name": consumer.name, "position": self.end.commit, "change_id": self.end.change_id,
-            "handled": self.handled, "failed": len(self.dead_letters)})
+            "handled": self.handled, "failed": len(self.dead_letters), "start_position": self.start.commit,
+            "start_change_id": self.start.change_id}).first()
+        if advanced is None:
+            raise CaptureConflict(
+                f"capture consumer {consumer.name!r}: its position is no longer {self.start}, where this batch "
+                f"started (another process consumes under the same name); nothing of the batch was kept — "
+                f"the consumer reads its position again")
         if self.dead_letters:
             letters = consumer._database.table("activedb_dead_letters")
             connection.execute(letters.insert(), [{
@@ -273,6 +272,8 @@ class CaptureConsumer:
         self._firing_numbers = 0
         self._listener: "psycopg.Connection | None" = None
         self._statements: dict[tuple, Any] = {}     # per (table, columns): the typed changes query
+        # The position as this consumer last committed it while leading (None: read it from PostgreSQL).
+        self._known_position: Position | None = None
         self._last_prune = 0.0
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -469,6 +470,7 @@ class CaptureConsumer:
                 self._state = ConsumerState.STANDBY
             return False
         self._register()
+        self._known_position = None
         with self._mutex:
             self._state = ConsumerState.LEADING
         logger.info("capture consumer %r leads (position %s)", self.name, self._position)
@@ -530,7 +532,9 @@ class CaptureConsumer:
         attempt = 0
         while True:
             attempt += 1
-            start = self._read_position()
+            start = self._known_position
+            if start is None:
+                start = self._known_position = self._read_position()
             with self._mutex:
                 self._fetches_begun += 1
                 fetch = self._fetches_begun
@@ -546,7 +550,13 @@ class CaptureConsumer:
             self._note_lag(changes[0][0])
             self._step(Step.FETCHED, len(changes))
             try:
-                return self._apply(start, changes)
+                try:
+                    handled = self._apply(start, changes)
+                except BaseException:
+                    self._known_position = None   # read it again: whatever happened, PostgreSQL knows
+                    raise
+                self._known_position = changes[-1][0].at
+                return handled
             except CaptureConflict as error:
                 logger.warning("%s", error)
                 self._count(conflicts=1)
@@ -796,8 +806,10 @@ class CaptureConsumer:
             change, f"the reactions to {change.describe()} cannot be committed: {error}",
             key=entry[1].key if entry[1] is not None else None))
         logger.error("capture consumer %r: %s; kept as a dead letter, going on", self.name, writer.dead_letters[0].reason)
+        self._known_position = None
         with self._database.transaction(name=f"capture:{self.name}", participants=[writer]):
             pass
+        self._known_position = change.at
         with self._mutex:
             self._position = change.at
             self._counters["batches"] += 1

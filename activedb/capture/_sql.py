@@ -97,24 +97,36 @@ REGISTER_CONSUMER = f"INSERT INTO {CONSUMERS} (name) VALUES (:name) ON CONFLICT 
 
 READ_POSITION = f"SELECT position, change_id FROM {CONSUMERS} WHERE name = :name"
 
-LOCK_POSITION = f"SELECT position, change_id FROM {CONSUMERS} WHERE name = :name FOR UPDATE"
-
+# Advance a consumer's position only from where its batch started (compare and set, under the row lock
+# the UPDATE takes until COMMIT): no row back means another process moved it.
 ADVANCE_POSITION = f"""
 UPDATE {CONSUMERS} SET position = :position, change_id = :change_id, handled = handled + :handled,
        failed = failed + :failed, updated_at = now()
-WHERE name = :name"""
+WHERE name = :name AND position = :start_position AND change_id = :start_change_id
+RETURNING name"""
 
 # Where the next batch ends: the last of the next :limit changes after (position, change_id), in commit
-# order then statement order, and the tables they belong to (one row; NULLs when nothing is pending).
+# order then statement order, and the tables they belong to (one row; none when nothing is pending).
+# Every step follows an index, whatever the size of the change table: commits by position (at most :limit
+# of them — each has at least one change), each commit's changes by (xid, id).
 BATCH_BOUNDS = f"""
 WITH next AS (
     SELECT c.position, ch.id, ch.table_name
-    FROM {COMMITS} c JOIN {CHANGES} ch ON ch.xid = c.xid
-    WHERE c.position >= :position AND (c.position > :position OR ch.id > :change_id)
+    FROM (SELECT position, xid FROM {COMMITS} WHERE position >= :position ORDER BY position LIMIT :limit) c
+    CROSS JOIN LATERAL (
+        SELECT id, table_name FROM {CHANGES}
+        WHERE xid = c.xid AND id > CASE WHEN c.position = :position THEN :change_id ELSE 0 END
+        ORDER BY id LIMIT :limit) ch
     ORDER BY c.position, ch.id
     LIMIT :limit)
 SELECT last.position, last.id, (SELECT array_agg(DISTINCT table_name) FROM next) AS tables
 FROM (SELECT position, id FROM next ORDER BY position DESC, id DESC LIMIT 1) AS last"""
+
+
+# The changes of commit ``c`` inside a batch's range, as one index range on (xid, id) per commit ("OFFSET 0"
+# keeps the planner from flattening the per-commit lookup into a scan of the whole change table).
+_ID_RANGE = """id > CASE WHEN c.position = :first_position THEN :first_change ELSE 0 END
+      AND id <= CASE WHEN c.position = :last_position THEN :last_change ELSE 9223372036854775807 END"""
 
 
 def changes_of(table: str, columns: list[str]) -> str:
@@ -126,12 +138,14 @@ def changes_of(table: str, columns: list[str]) -> str:
                        + [f"n.{quote_identifier(name)} AS n_{index}" for index, name in enumerate(columns)])
     return f"""
 SELECT c.position, ch.id, ch.xid::text AS xid, ch.operation, c.committed_at, {select}
-FROM {COMMITS} c JOIN {CHANGES} ch ON ch.xid = c.xid
+FROM {COMMITS} c
+CROSS JOIN LATERAL (
+    SELECT id, xid, operation, old_row, new_row FROM {CHANGES}
+    WHERE xid = c.xid AND table_name = :table AND {_ID_RANGE}
+    OFFSET 0) ch
 LEFT JOIN LATERAL jsonb_populate_record(NULL::{qualified}, ch.old_row) o ON ch.old_row IS NOT NULL
 LEFT JOIN LATERAL jsonb_populate_record(NULL::{qualified}, ch.new_row) n ON ch.new_row IS NOT NULL
-WHERE ch.table_name = :table AND c.position BETWEEN :first_position AND :last_position
-  AND (c.position > :first_position OR ch.id > :first_change)
-  AND (c.position < :last_position OR ch.id <= :last_change)
+WHERE c.position BETWEEN :first_position AND :last_position
 ORDER BY c.position, ch.id"""
 
 
@@ -139,10 +153,12 @@ def changes_of_without_rows() -> str:
     """The changes of a table in a batch's range without their rows (a table that no longer exists)."""
     return f"""
 SELECT c.position, ch.id, ch.xid::text AS xid, ch.operation, c.committed_at
-FROM {COMMITS} c JOIN {CHANGES} ch ON ch.xid = c.xid
-WHERE ch.table_name = :table AND c.position BETWEEN :first_position AND :last_position
-  AND (c.position > :first_position OR ch.id > :first_change)
-  AND (c.position < :last_position OR ch.id <= :last_change)
+FROM {COMMITS} c
+CROSS JOIN LATERAL (
+    SELECT id, xid, operation FROM {CHANGES}
+    WHERE xid = c.xid AND table_name = :table AND {_ID_RANGE}
+    OFFSET 0) ch
+WHERE c.position BETWEEN :first_position AND :last_position
 ORDER BY c.position, ch.id"""
 
 
