@@ -158,9 +158,11 @@ def disable_command(ctx: click.Context, tables: tuple[str, ...]) -> None:
 @click.option("--batch-size", default=500, show_default=True, help="Changes per batch (one transaction each).")
 @click.option("--retention", default=0.0, show_default=True, help="Seconds consumed changes are kept.")
 @click.option("--until-caught-up", is_flag=True, help="Exit once nothing is pending.")
+@click.option("--lead-timeout", default=30.0, show_default=True,
+              help="With --until-caught-up: seconds to wait while another consumer of NAME leads.")
 @click.pass_context
 def consume_command(ctx: click.Context, app: str, name: str, batch_size: int, retention: float,
-                    until_caught_up: bool) -> None:
+                    until_caught_up: bool, lead_timeout: float) -> None:
     """Run APP's rules on captured changes, exactly once, in commit order."""
     module = load_app(app)
     database = _connect(ctx)
@@ -171,7 +173,7 @@ def consume_command(ctx: click.Context, app: str, name: str, batch_size: int, re
         module.register(database)
         consumer = database.capture.consumer(name, batch_size=batch_size, retention=retention)
         if until_caught_up:
-            handled = consumer.run_until_caught_up()
+            handled = consumer.run_until_caught_up(lead_timeout=lead_timeout)
             click.echo(f"capture consumer {name!r}: handled {handled:,} changes, caught up at {consumer.position}")
             return
         stop = threading.Event()

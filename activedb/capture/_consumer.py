@@ -320,10 +320,18 @@ class CaptureConsumer:
                                f"use wait_caught_up() instead of run_once()")
         return self._run_once()
 
-    def run_until_caught_up(self, max_batches: int | None = None) -> int:
+    def run_until_caught_up(self, max_batches: int | None = None, *, lead_timeout: float = 0.0) -> int:
         """Run batches until one finds nothing pending (or ``max_batches`` ran); returns the changes
-        handled.  Raises :class:`CaptureError` if another consumer of this name leads."""
+        handled.  Waits up to ``lead_timeout`` seconds for another consumer of this name to let go of the
+        lead (in PostgreSQL: a lock wait), then raises :class:`CaptureError` if it still leads."""
+        if self._thread is not None:
+            raise CaptureError(f"capture consumer {self.name!r} runs on its own thread (start()); "
+                               f"use wait_caught_up() instead")
         total = batches = 0
+        if lead_timeout > 0:
+            with self._run_mutex:
+                self._check_open()
+                self._lead(wait=lead_timeout)
         while max_batches is None or batches < max_batches:
             handled = self.run_once()
             batches += 1
@@ -442,9 +450,9 @@ class CaptureConsumer:
             except Exception:      # already broken
                 pass
 
-    def _lead(self) -> bool:
-        """True if this consumer leads its name (taking the lock if it is free).  Caller holds
-        ``_run_mutex``."""
+    def _lead(self, wait: float = 0.0) -> bool:
+        """True if this consumer leads its name (taking the lock if it is free, or once it is within
+        ``wait`` seconds).  Caller holds ``_run_mutex``."""
         import psycopg
 
         if self._state is ConsumerState.LEADING:
@@ -461,7 +469,11 @@ class CaptureConsumer:
                 self._state = ConsumerState.STANDBY
             self._listener = self._connect_listener()
         try:
-            got = self._listener.execute("SELECT pg_try_advisory_lock(%s, %s)", self.leadership_lock).fetchone()[0]
+            if wait > 0:
+                got = self._wait_for_lock(wait)
+            else:
+                got = self._listener.execute("SELECT pg_try_advisory_lock(%s, %s)",
+                                             self.leadership_lock).fetchone()[0]
         except psycopg.OperationalError as error:
             self._close_listener()
             raise DatabaseUnavailable(f"capture consumer {self.name!r} lost its connection: {error}") from None
@@ -476,6 +488,20 @@ class CaptureConsumer:
         logger.info("capture consumer %r leads (position %s)", self.name, self._position)
         self._step(Step.LEADING, 0)
         return True
+
+    def _wait_for_lock(self, seconds: float) -> bool:
+        """Wait in PostgreSQL (a lock wait bounded by ``lock_timeout``) for the name's lock."""
+        import psycopg
+
+        listener = self._listener
+        listener.execute(f"SET lock_timeout = {int(seconds * 1000)}")
+        try:
+            listener.execute("SELECT pg_advisory_lock(%s, %s)", self.leadership_lock)
+            return True
+        except psycopg.errors.LockNotAvailable:
+            return False
+        finally:
+            listener.execute("RESET lock_timeout")
 
     def _register(self) -> None:
         try:

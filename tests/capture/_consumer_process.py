@@ -39,7 +39,7 @@ def main() -> None:
         maybe_die("rule")
 
     consumer = db.capture.consumer(batch_size=batch_size, on_step=lambda step, detail: maybe_die(step.value))
-    handled = consumer.run_until_caught_up()
+    handled = consumer.run_until_caught_up(lead_timeout=60)   # a killed predecessor's session may linger
     print(f"caught up {handled}", flush=True)
     db.close()
 

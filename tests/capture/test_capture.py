@@ -443,3 +443,17 @@ def test_deferred_rules_fired_by_a_captured_rule_run_before_the_next_change_is_h
     db.capture.consumer().run_until_caught_up()
     assert [(rule, order) for rule, _, order, *_ in log_rows(db)] == [("first", 60), ("then", 60),
                                                                       ("first", 61), ("then", 61)]
+
+
+def test_run_until_caught_up_waits_for_the_lead_in_postgresql(clean, conninfo):
+    db = clean
+    _app.register(db)
+    leader = db.capture.consumer()
+    assert leader.run_until_caught_up() == 0 and leader.state is ConsumerState.LEADING
+    other = db.capture.consumer()
+    with pytest.raises(activedb.capture.CaptureError, match="on standby"):
+        other.run_until_caught_up(lead_timeout=0.2)
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (70, 'x', 1)")
+    leader.close()
+    assert other.run_until_caught_up(lead_timeout=30) == 1 and other.state is ConsumerState.LEADING
