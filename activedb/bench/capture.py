@@ -5,7 +5,8 @@ Every figure is measured in one run against a baseline from the same run:
 1. **writer, single-row inserts** — an external writer (a plain psycopg connection, autocommit: one
    transaction and one durable commit per row) inserting into ``bench_capture_orders`` (captured) and
    into ``bench_capture_plain`` (the same shape, not captured), in alternating rounds; median µs per
-   insert.  The issue's goal: slowdown ≤ 1.5×.
+   insert.  The issue's goal: slowdown ≤ 1.5×.  Then four such writers at once (inserts/s): capturing
+   commits pass the commit sequencer one at a time (see the design note).
 2. **writer, executemany** — the same writer inserting ``rows`` rows in one transaction with
    ``executemany``, captured vs plain; µs per row.
 3. **end to end** — that writer's ``executemany`` of ``rows`` rows into the captured table while a
@@ -79,6 +80,38 @@ def _many(writer, table: str, ids: range) -> float:
     return (time.perf_counter() - start) / len(ids)
 
 
+def _concurrent(database, table: str, ids: _Ids, writers: int, per_writer: int) -> float:
+    """Inserts per second of ``writers`` connections inserting single rows at once."""
+    ranges = [ids.take(per_writer) for _ in range(writers)]
+    connections = [_writer(database) for _ in range(writers)]
+    start_line = threading.Barrier(writers + 1)
+    errors: list[BaseException] = []
+
+    def write(connection, numbers: range) -> None:
+        try:
+            start_line.wait(60)
+            _single_rows(connection, table, numbers)
+        except BaseException as error:   # reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=write, args=(connection, numbers))
+               for connection, numbers in zip(connections, ranges)]
+    try:
+        for thread in threads:
+            thread.start()
+        start_line.wait(60)
+        start = time.perf_counter()
+        for thread in threads:
+            thread.join()
+        elapsed = time.perf_counter() - start
+    finally:
+        for connection in connections:
+            connection.close()
+    if errors:
+        raise errors[0]
+    return writers * per_writer / elapsed
+
+
 def _effects(database) -> int:
     with database.engine.connect() as connection:
         return connection.execute(sa.text(f"SELECT count(*) FROM {EFFECTS}")).scalar()
@@ -87,6 +120,7 @@ def _effects(database) -> int:
 def run(quick: bool = False) -> BenchReport:
     report = BenchReport("change capture (activedb bench capture)")
     rounds, per_round = (3, 50) if quick else (15, 200)
+    writers = 4
     rows = 1000 if quick else 10_000
     samples = 5 if quick else 30
     database = connect()
@@ -116,6 +150,14 @@ def run(quick: bool = False) -> BenchReport:
                 baseline_name="same insert, table not captured", baseline=plain_us, ratio=plain_us / captured_us,
                 target="slowdown <= 1.5x", met=captured_us <= 1.5 * plain_us,
                 extra={"slowdown": round(captured_us / plain_us, 3), "rounds": rounds, "inserts_per_round": per_round}))
+
+            # 1b. several writers at once: capturing commits take the sequencer lock in turn.
+            plain_rate = _concurrent(database, PLAIN, ids, writers, per_round)
+            captured_rate = _concurrent(database, CAPTURED, ids, writers, per_round)
+            report.add(Row(
+                name=f"{writers} writers: single-row inserts, captured table", value=captured_rate, unit="inserts/s",
+                baseline_name="same, table not captured", baseline=plain_rate, ratio=captured_rate / plain_rate,
+                extra={"writers": writers, "inserts_per_writer": per_round}))
 
             # 2. executemany, captured vs plain (alternating, median of three).
             plain, captured = [], []
