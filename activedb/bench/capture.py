@@ -6,7 +6,8 @@ Every figure is measured in one run against a baseline from the same run:
    transaction and one durable commit per row) inserting into ``bench_capture_orders`` (captured) and
    into ``bench_capture_plain`` (the same shape, not captured), in alternating rounds; median µs per
    insert.  The issue's goal: slowdown ≤ 1.5×.  Then four such writers at once (inserts/s): capturing
-   commits pass the commit sequencer one at a time (see the design note).
+   commits pass the commit sequencer one at a time (see the design note).  And the row trigger's own
+   server time per row (``EXPLAIN ANALYZE`` of a rolled-back ``INSERT … SELECT``), which no fsync hides.
 2. **writer, executemany** — the same writer inserting ``rows`` rows in one transaction with
    ``executemany``, captured vs plain; µs per row.
 3. **end to end** — that writer's ``executemany`` of ``rows`` rows into the captured table while a
@@ -78,6 +79,20 @@ def _many(writer, table: str, ids: range) -> float:
         with writer.cursor() as cursor:
             cursor.executemany(INSERT.format(table=table), rows)
     return (time.perf_counter() - start) / len(ids)
+
+
+def _trigger_time(writer, ids: range) -> float:
+    """Server time of the capture trigger per row of one INSERT … SELECT (EXPLAIN ANALYZE), rolled back."""
+    import psycopg
+
+    with writer.transaction():
+        plan = writer.execute(
+            f"EXPLAIN (ANALYZE, FORMAT JSON) INSERT INTO {CAPTURED} (id, customer, amount, note) "
+            f"SELECT g, 'c', 1.5, 'bench' FROM generate_series(%s::bigint, %s::bigint) g",
+            (ids.start, ids.stop - 1)).fetchone()[0]
+        raise psycopg.Rollback()
+    [trigger] = [entry for entry in plan[0]["Triggers"] if entry["Trigger Name"] == "activedb_capture"]
+    return round(trigger["Time"] / trigger["Calls"] * 1000, 2)
 
 
 def _concurrent(database, table: str, ids: _Ids, writers: int, per_writer: int) -> float:
@@ -158,6 +173,13 @@ def run(quick: bool = False) -> BenchReport:
                 name=f"{writers} writers: single-row inserts, captured table", value=captured_rate, unit="inserts/s",
                 baseline_name="same, table not captured", baseline=plain_rate, ratio=captured_rate / plain_rate,
                 extra={"writers": writers, "inserts_per_writer": per_round}))
+
+            # 1c. the row trigger's own server time (EXPLAIN ANALYZE; rolled back, nothing captured stays).
+            trigger_us = []
+            for _ in range(3):
+                trigger_us.append(_trigger_time(writer, ids.take(2000)))
+            report.add(Row(name="capture row trigger: server time per captured row", value=min(trigger_us),
+                           unit="us/row", extra={"rows": 2000, "runs": trigger_us}))
 
             # 2. executemany, captured vs plain (alternating, median of three).
             plain, captured = [], []

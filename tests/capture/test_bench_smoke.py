@@ -17,5 +17,5 @@ def test_capture_benchmark_quick(database_url, monkeypatch):
     assert end_to_end.extra["changes"] == 1000 and end_to_end.value > 0
     assert rows["activedb writer: db.run(insert) into the captured table"].extra["own_changes_delivered"] == 0
     assert not any("not committed" in note for note in report.notes)
-    assert len(report.to_json()["rows"]) == 6
+    assert len(report.to_json()["rows"]) == 7
     assert rows["4 writers: single-row inserts, captured table"].value > 0
