@@ -3,25 +3,26 @@ once and in PostgreSQL's commit order.  Design note: ``README.md`` in this packa
 
 One **batch** is one top-level activedb transaction (named ``capture:<consumer>``):
 
-1. read the consumer's position ``(commit position, change id)`` and the next ``batch_size`` changes
-   after it, in commit order, then statement order; their old and new rows come back typed
-   (PostgreSQL turns the captured ``jsonb`` into the table's row type);
+1. from the consumer's position ``(commit position, change id)`` — read from PostgreSQL when it starts
+   leading, then kept — read where the next ``batch_size`` changes end, and each table's changes up to
+   there, in commit order, then statement order; their old and new rows come back typed (PostgreSQL
+   turns the captured ``jsonb`` into the table's row type);
 2. for each change, in that order, run every enabled rule on ``db.captured(table, kind)`` that matches,
    in priority groups (higher first; equal priorities one after the other, in declaration order), each
-   firing in its own subtransaction: a failing rule aborts only its subtransaction (it is logged,
+   firing as a subtransaction — or, when that cannot be told apart, a chunk of firings in one (re-run
+   one per subtransaction if any raises): a failing rule aborts only its own work (it is logged,
    counted and kept as a dead letter); a firing that was a deadlock victim or met a serialization
    conflict is re-run;
-3. the commit participant :class:`_PositionWriter` locks the consumer's row ``FOR UPDATE``, checks that
-   the position is still the one the batch started from (else :class:`CaptureConflict`: another process
-   took over, nothing of this batch is kept), and advances it — in the same PostgreSQL transaction as
-   the rules' effects.
+3. the commit participant :class:`_PositionWriter` advances the position with one compare-and-set
+   ``UPDATE`` from where the batch started (no row: :class:`CaptureConflict`, another process took over
+   and nothing of this batch is kept) — in the same PostgreSQL transaction as the rules' effects.
 
 So a crash anywhere before PostgreSQL's COMMIT leaves the position and the effects as they were (the
 batch runs again), and after it both moved (the batch is never run again): no reaction lost, none
 repeated.  Only one consumer of a name works at a time: it holds the session advisory lock
-``(CONSUMER_LOCK_CLASS, hash(name))`` on its listener connection (others wait in ``STANDBY`` and take
-over when that session ends, e.g. when the process is killed); the position check in step 3 makes two
-leaders (a lock lost with its connection while the batch ran) harmless.
+``leadership_lock`` on its listener connection (others wait in ``STANDBY`` and take over when that
+session ends, e.g. when the process is killed); the compare-and-set in step 3 makes two leaders (a lock
+lost with its connection while the batch ran) harmless.
 
 Thread-safety: a consumer runs batches one at a time (``_run_mutex``); ``start()`` runs them on its own
 thread, and ``run_once()`` is then refused.  ``_mutex`` protects the counters, the state and the fetch
@@ -37,7 +38,7 @@ import logging
 import random
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import sqlalchemy as sa
@@ -48,7 +49,6 @@ from lockmgr import Deadlock
 from activedb.capture import _sql
 from activedb.capture.errors import CaptureConflict, CaptureError, CaptureNotInstalled, ConsumerStopped
 from activedb.errors import (
-    ActivedbError,
     CascadeLimitExceeded,
     DatabaseError,
     DatabaseUnavailable,
@@ -258,7 +258,8 @@ class CaptureConsumer:
         self.behind_seconds = behind_seconds
         self.max_retries = max_retries
         self.on_step = on_step
-        self._run_mutex = threading.Lock()      # one batch at a time; protects _listener and _last_prune
+        # One batch at a time; protects _listener, _statements, _known_position, _firing_numbers, _last_prune.
+        self._run_mutex = threading.Lock()
         self._mutex = threading.Lock()          # protects the fields below
         self._progress = threading.Condition(self._mutex)
         self._state = ConsumerState.NEW

@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 import activedb
-from activedb.capture import CaptureNotEnabledWarning, ConsumerState, Position, Step
+from activedb.capture import CaptureNotEnabledWarning, ConsumerState, Step
 from activedb.events import EventKind, Origin
 from activedb.testing import Watchdog, wait_until
 from tests.capture import _app
