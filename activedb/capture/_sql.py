@@ -107,12 +107,13 @@ RETURNING name"""
 
 # Where the next batch ends: the last of the next :limit changes after (position, change_id), in commit
 # order then statement order, and the tables they belong to (one row; none when nothing is pending).
-# Every step follows an index, whatever the size of the change table: commits by position (at most :limit
-# of them — each has at least one change), each commit's changes by (xid, id).
+# Every step follows an index, whatever the size of the change table: commits by position (at most
+# :limit + 1 of them — each has at least one change, and the first may be the one the position is in,
+# already handled), each commit's changes by (xid, id).
 BATCH_BOUNDS = f"""
 WITH next AS (
     SELECT c.position, ch.id, ch.table_name
-    FROM (SELECT position, xid FROM {COMMITS} WHERE position >= :position ORDER BY position LIMIT :limit) c
+    FROM (SELECT position, xid FROM {COMMITS} WHERE position >= :position ORDER BY position LIMIT :limit + 1) c
     CROSS JOIN LATERAL (
         SELECT id, table_name FROM {CHANGES}
         WHERE xid = c.xid AND id > CASE WHEN c.position = :position THEN :change_id ELSE 0 END

@@ -63,7 +63,7 @@ def test_raw_sql_writers_fire_rules_once_per_committed_change_in_commit_order(cl
         for connection in (first, second, third):
             connection.close()
 
-    consumer = db.capture.consumer(batch_size=2)      # batches split transactions
+    consumer = db.capture.consumer(batch_size=1)      # batches split transactions
     assert consumer.run_until_caught_up() == 7
     assert logged(db) == [("inserted", 1), ("inserted", 2),        # psql
                           ("deleted", 2),                          # second committed first
