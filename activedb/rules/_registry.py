@@ -123,7 +123,7 @@ class RuleRegistry:
         if rule.coupling.runs_as_subtransaction:
             raise RuleError(
                 f"rule {rule.name!r}: on {rule.on} the writer's transaction has already committed when "
-                f"activedb hears of the change, so a {rule.coupling.value} rule cannot run inside it; use "
+                f"activedb hears of the change, so a rule with {rule.coupling.value} coupling cannot run inside it; use "
                 f"coupling='detached' (detached_causally_dependent and sequential_causally_dependent are "
                 f"accepted and mean the same here). To react inside activedb's own transactions, declare "
                 f"the rule on db.{rule.on.kind.value}({rule.on.source!r})"
