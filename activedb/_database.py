@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -14,8 +15,10 @@ from sqlalchemy.engine import Engine, URL, make_url
 from lockmgr import Deadlock
 
 from activedb import _embedded, _migrate
+from activedb.capture import CaptureManager
+from activedb.capture.errors import CaptureNotEnabledWarning
 from activedb.errors import DatabaseUnavailable, RuleError, SerializationConflict, TransactionError
-from activedb.events import EventKind, EventSpec, Punctuations
+from activedb.events import DATA_KINDS, EventKind, EventSpec, Origin, Punctuations
 from activedb.rules import FunctionRule, Rule, RuleManager
 from activedb.store import Catalog
 from activedb.txn import CommitParticipant, Observer, ReadBase, TransactionManager
@@ -90,6 +93,8 @@ class Database:
             from activedb.explain import DeadlockExplainer
 
             self.observe(DeadlockExplainer(self))
+        #: Change capture (``db.capture("orders")``, consumers, status): see ``activedb/capture/README.md``.
+        self.capture = CaptureManager(self)
 
     # --- rules and events -------------------------------------------------------------------
 
@@ -127,6 +132,26 @@ class Database:
     def modified(self, table: str) -> EventSpec:
         """Any of inserted, updated, deleted on ``table``."""
         return self._data_spec(EventKind.MODIFIED, table)
+
+    def captured(self, table: str, kind: str | EventKind = EventKind.MODIFIED) -> EventSpec:
+        """Committed changes to ``table`` made by **other PostgreSQL clients** (``kind``: inserted,
+        updated, deleted or modified), heard through change capture (``db.capture(table)``) after the
+        writer committed — so only the detached family of couplings applies.  activedb's own writes are
+        not among them: they raise ``db.inserted(table)`` etc. in-process.  Warns
+        (:class:`~activedb.capture.CaptureNotEnabledWarning`) if ``table`` is not captured."""
+        try:
+            parsed = EventKind(kind)
+        except ValueError:
+            parsed = None
+        if parsed not in DATA_KINDS | {EventKind.MODIFIED}:
+            raise RuleError(f"db.captured({table!r}, {kind!r}): the kind is one of inserted, updated, deleted, "
+                            f"modified")
+        spec = self._data_spec(parsed, table)
+        if not self.capture.is_captured(table):
+            warnings.warn(f"table {table!r} is not captured: rules on db.captured({table!r}) fire once capture is "
+                          f"enabled — db.capture({table!r}), or enable_capture(op, {table!r}) in a migration",
+                          CaptureNotEnabledWarning, stacklevel=2)
+        return EventSpec(spec.kind, spec.source, Origin.EXTERNAL)
 
     def signalled(self, name: str) -> EventSpec:
         """Application events raised with ``tx.signal(name, **payload)``."""
@@ -293,6 +318,7 @@ class Database:
         process using it exits (unless kept running)."""
         if not self._closed:
             self._closed = True
+            self.capture.close()
             self.transactions.pool.shutdown(wait=False)
             self.engine.dispose()
 

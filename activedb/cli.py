@@ -33,7 +33,7 @@ import click
 from activedb import plugins
 from activedb.errors import ActivedbError, SchemaNotAtHead
 
-BUILTIN_BENCHMARKS = ("locks", "nested", "rules", "streams", "tpg", "composite")
+BUILTIN_BENCHMARKS = ("locks", "nested", "rules", "streams", "tpg", "composite", "capture")
 WIDE = 132            # columns of tables printed to a file or a pipe
 
 

@@ -33,7 +33,7 @@ from sqlalchemy.dialects import postgresql
 from coupling import ACTION_COUPLINGS, Coupling, CouplingError
 
 from activedb.errors import RuleDefinitionChangedWarning, RuleError, UnknownTable
-from activedb.events import EventKind, EventSpec
+from activedb.events import EventKind, EventSpec, Origin
 from activedb.rules._model import FunctionRule, Rule, fingerprint
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -115,6 +115,8 @@ class RuleRegistry:
                 self.catalog.table(spec.source)
             except UnknownTable as error:
                 raise RuleError(f"rule {name!r}: {error}") from None
+        if spec.origin is Origin.EXTERNAL:
+            self._validate_external(rule)
         if spec.kind.is_transaction_end and not rule.coupling.runs_as_top_level:
             raise RuleError(
                 f"rule {name!r}: on {spec} the triggering transaction has already ended, so the rule must be "
@@ -128,6 +130,25 @@ class RuleRegistry:
         if isinstance(rule, FunctionRule):
             return getattr(rule.action_function(), "__module__", None) or "?"
         return type(rule).__module__
+
+    @staticmethod
+    def _validate_external(rule: Rule) -> None:
+        """A captured change (``db.captured``) is heard after its writer committed: the rule cannot be
+        part of the writer's transaction, and the writer cannot abort any more."""
+        if rule.coupling.runs_as_subtransaction:
+            raise RuleError(
+                f"rule {rule.name!r}: on {rule.on} the writer's transaction has already committed when "
+                f"activedb hears of the change, so a rule with {rule.coupling.value} coupling cannot run inside it; use "
+                f"coupling='detached' (detached_causally_dependent and sequential_causally_dependent are "
+                f"accepted and mean the same here). To react inside activedb's own transactions, declare "
+                f"the rule on db.{rule.on.kind.value}({rule.on.source!r})"
+            )
+        if rule.coupling is Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT:
+            raise RuleError(
+                f"rule {rule.name!r}: on {rule.on} an exclusive_causally_dependent rule would never run: it "
+                f"runs only if the trigger aborts, and only committed changes are captured; use "
+                f"coupling='detached'"
+            )
 
     def definition(self, rule: Rule) -> dict:
         return {
@@ -284,10 +305,11 @@ class RuleRegistry:
         ``_mutex``.  Readers use the published dict/frozenset without it: each is replaced whole."""
         by_kind: dict[EventKind, list[Rule]] = {}
         for rule in self._rules.values():
-            if not rule.enabled:
+            # Rules on captured changes are dispatched by activedb.capture's consumer, never in-process.
+            if not rule.enabled or rule.on.origin is not Origin.ACTIVEDB:
                 continue
             for kind in rule.on.kinds():
                 by_kind.setdefault(kind, []).append(rule)
         self.by_kind = {kind: tuple(rules) for kind, rules in by_kind.items()}
         self.observed_tables = frozenset(rule.on.source for rule in self._rules.values()
-                                         if rule.enabled and rule.on.is_data)
+                                         if rule.enabled and rule.on.is_data and rule.on.origin is Origin.ACTIVEDB)
