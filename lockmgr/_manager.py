@@ -72,6 +72,24 @@ _NO_WAITS: dict = {}  # shared "no out-edges" value; never mutated (waits are re
 _NO_DETAIL = Lazy("")  # immutable
 
 
+def _check_joins_conflict_as_their_parts() -> None:
+    """One mode per transaction and resource (the join of what it acquired, inherited or kept) is exact only
+    if a join conflicts with exactly the modes one of its parts conflicts with.  Lazy inheritance relies on
+    it too: Rule 1 checks a committed member's entry on its own until a fold joins it into its owner's, and
+    both must decide alike.  Checked at import, like the table itself in ``_modes``."""
+    for first in Mode:
+        for second in Mode:
+            for wanted in Mode:
+                joined = CONFLICTS[JOIN[first][second]][wanted]
+                assert joined == (CONFLICTS[first][wanted] or CONFLICTS[second][wanted]), (
+                    f"{JOIN[first][second].name} = join({first.name}, {second.name}) conflicts with "
+                    f"{wanted.name} differently from its parts: lockmgr keeps one joined mode per transaction "
+                    f"and resource, which needs the conflict set of a join to be the union of its parts'")
+
+
+_check_joins_conflict_as_their_parts()
+
+
 class _Txn:
     """One transaction.  Not thread-safe by itself: each field names the mutex that guards it.
 
