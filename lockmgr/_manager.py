@@ -124,7 +124,7 @@ class _Txn:
         self.locks: dict[Any, _Lock] = {}
         # Guarded by self.mutex.  resource -> _Lock.  Invariant: while self is ACTIVE, exactly the locks in
         # which self has a held entry (a subset of ``locks``); ``retain`` converts them in place without
-        # looking at the others.  Emptied when self commits or aborts.
+        # looking at the others.  Unused once self has ended.
         self.holding: dict[Any, _Lock] = {}
         self.mutex = threading.Lock()  # protects state, locks and holding
         # Guarded by the graph mutex.  Out-edges for the pending request: target _Txn -> kind.
@@ -476,8 +476,7 @@ class LockManager:
         mutex (so ``parent`` is ACTIVE: an abort of an ancestor would have aborted ``txn`` first)."""
         with txn.mutex:
             txn.state = COMMITTED
-            handed = len(txn.locks)
-            txn.holding = {}
+            handed = len(txn.locks)  # ``holding`` is left as it is: freeing it would cost O(locks) here
         # From here on txn's entries, and those its committed descendants made, count as retained by
         # parent's owner.  Readers without the graph mutex may still see txn as their owner for a while:
         # that only makes them wait where they need not (a commit only ever loosens Rule 1).
