@@ -69,6 +69,10 @@ TIMED_OUT = _RequestStatus.TIMED_OUT
 WITHDRAWN_BY_ABORT = _RequestStatus.ABORTED
 
 _NO_WAITS: dict = {}  # shared "no out-edges" value; never mutated (waits are replaced, not edited)
+# What a committed subtransaction keeps of the fields it no longer needs (shared, never mutated): its record
+# lives on until its tree ends, and the fewer objects it holds the less the cyclic GC has to scan.
+_NO_HOLDS: dict = {}
+_NO_CHILDREN: frozenset = frozenset()
 _NO_DETAIL = Lazy("")  # immutable
 
 
@@ -111,20 +115,22 @@ class _Txn:
             self.ancestors: frozenset[_Txn] = frozenset()
         else:
             self.depth = parent.depth + 1
-            self.ancestors = parent.ancestors | {parent}  # immutable; excludes self
+            # Excludes self.  Immutable while self is ACTIVE; emptied when it commits (nobody reads them then).
+            self.ancestors = parent.ancestors | {parent}
         # Guarded by the graph mutex.  Invariant: exactly the children whose state is ACTIVE (a child leaves
-        # when it commits or aborts); these are the "commit" edges.
+        # when it commits or aborts); these are the "commit" edges.  A shared empty set once self commits.
         self.children: set[_Txn] = set()
         # Written with the graph mutex AND self.mutex held; read under either (or racily, as a hint).
         self.state = ACTIVE
         # Guarded by self.mutex.  resource -> _Lock: the locks of self's own entries.  Invariant: self has a
-        # held or retained entry in every lock listed here -- except a committed subtransaction whose entry
-        # a fold merged into its owner's (``_fold``; the owner then lists the lock), and every lock listed
-        # here is in its stripe's table while self has an entry in it.  Never changes after self commits.
+        # held or retained entry in every lock listed here (so a listed lock is in its stripe's table) --
+        # except for a moment in a committed subtransaction: a fold moves its entry to its owner, then drops
+        # the listing; a release that took the list in between finds no entry and does nothing.  After self
+        # commits only a fold changes it.
         self.locks: dict[Any, _Lock] = {}
         # Guarded by self.mutex.  resource -> _Lock.  Invariant: while self is ACTIVE, exactly the locks in
         # which self has a held entry (a subset of ``locks``); ``retain`` converts them in place without
-        # looking at the others.  Unused once self has ended.
+        # looking at the others.  Emptied when self commits or aborts.
         self.holding: dict[Any, _Lock] = {}
         self.mutex = threading.Lock()  # protects state, locks and holding
         # Guarded by the graph mutex.  Out-edges for the pending request: target _Txn -> kind.
@@ -202,6 +208,10 @@ class _Stripe:
 
 
 _FREE_LOCKS_PER_STRIPE = 16
+# A new entry on a lock with this many entries first folds the entries of committed subtransactions
+# into their owners' (``_fold``): a lock that many committed members touched shrinks back to about one
+# entry per owner, at a cost amortized over the entries it folds.
+_FOLD_AT = 8
 
 
 def _new_lock(resource: Any, stripe: _Stripe) -> _Lock:
@@ -476,7 +486,10 @@ class LockManager:
         mutex (so ``parent`` is ACTIVE: an abort of an ancestor would have aborted ``txn`` first)."""
         with txn.mutex:
             txn.state = COMMITTED
-            handed = len(txn.locks)  # ``holding`` is left as it is: freeing it would cost O(locks) here
+            handed = len(txn.locks)
+            txn.holding = _NO_HOLDS
+        txn.children = _NO_CHILDREN  # empty already; nothing adds to a committed transaction's children
+        txn.ancestors = _NO_CHILDREN  # only a request of txn reads them, and none is granted any more
         # From here on txn's entries, and those its committed descendants made, count as retained by
         # parent's owner.  Readers without the graph mutex may still see txn as their owner for a while:
         # that only makes them wait where they need not (a commit only ever loosens Rule 1).
@@ -1134,7 +1147,10 @@ class LockManager:
 
 
 def _grant_if_compatible(txn: _Txn, lock: _Lock, mode: Mode) -> bool:
-    """Fast path of Rule 1 for a lock without waiters: grant and return True, or return False."""
+    """Fast path of Rule 1 for a lock without waiters: grant and return True, or return False.
+
+    An entry of a committed subtransaction counts as retained by its owner (lazy Rule 2); only a
+    conflicting entry needs its owner resolved, so entries that do not conflict cost what they did."""
     held = lock.held
     current = held.get(txn)
     if current is None:
@@ -1145,19 +1161,25 @@ def _grant_if_compatible(txn: _Txn, lock: _Lock, mode: Mode) -> bool:
             return txn.state is ACTIVE
     row = CONFLICTS[target]
     for holder, held_mode in held.items():
-        if holder.owner is not holder:  # an entry of a committed subtransaction (lazy Rule 2)
-            return _grant_after_fold(txn, lock, mode)
         if row[held_mode] and holder is not txn:
-            return False
+            if holder.owner is holder:
+                return False
+            owner = _owner_of(holder)
+            if owner is not txn and owner not in txn.ancestors:
+                return False
     retained = lock.retained
     if retained:
         ancestors = txn.ancestors
         for retainer, retained_mode in retained.items():
-            if retainer.owner is not retainer:
-                return _grant_after_fold(txn, lock, mode)
             if row[retained_mode] and retainer is not txn and retainer not in ancestors:
-                return False
+                if retainer.owner is retainer:
+                    return False
+                owner = _owner_of(retainer)  # never an ancestor itself: it committed, txn is active
+                if owner is not txn and owner not in ancestors:
+                    return False
     if current is None:
+        if len(held) + (len(retained) if retained else 0) >= _FOLD_AT:
+            _fold(lock)  # a new entry: keep the lock near one entry per owner (changes no decision)
         txn_mutex = txn.mutex
         txn_mutex.acquire()
         try:
@@ -1170,29 +1192,6 @@ def _grant_if_compatible(txn: _Txn, lock: _Lock, mode: Mode) -> bool:
     elif txn.state is not ACTIVE:
         return False
     held[txn] = target
-    return True
-
-
-def _grant_after_fold(txn: _Txn, lock: _Lock, mode: Mode) -> bool:
-    """``_grant_if_compatible`` for a lock with entries of committed subtransactions: fold them into their
-    owners' entries where possible, then decide with the owners resolved."""
-    _fold(lock)
-    target, blockers = _blockers(txn, lock, mode, [], True)
-    if blockers:
-        return False
-    if txn not in lock.held:
-        txn_mutex = txn.mutex
-        txn_mutex.acquire()
-        try:
-            if txn.state is not ACTIVE:
-                return False
-            txn.locks[lock.resource] = lock
-            txn.holding[lock.resource] = lock
-        finally:
-            txn_mutex.release()
-    elif txn.state is not ACTIVE:
-        return False
-    lock.held[txn] = target
     return True
 
 
@@ -1224,21 +1223,23 @@ def _owner_of(txn: _Txn) -> _Txn:
 def _fold(lock: _Lock) -> None:
     """Lazy Rule 2 made physical for one lock: merge each entry of a committed subtransaction into the
     retained entry of its owner, where that owner is ACTIVE (joined with what it retains; the owner now
-    lists the lock).  Folding changes nothing that Rule 1 decides -- the entry counted as the owner's
-    already -- but keeps the entries of a lock to one per owner, as eager inheritance did, so that a Rule-1
-    scan does not grow with the number of committed members.  An entry whose owner is no longer ACTIVE is
-    left where it is (its tree is ending; the release drops it).  The member's ``locks`` still lists the
-    lock: its release finds no entry there and does nothing.
+    lists the lock, the member no longer does).  Folding changes nothing that Rule 1 decides -- the entry
+    counted as the owner's already -- but keeps a lock near one entry per owner, as eager inheritance did,
+    so that a Rule-1 scan does not grow with the number of committed members.  An entry whose owner is no
+    longer ACTIVE is left where it is (its tree is ending; the release drops it).
 
-    Caller holds ``lock.stripe.mutex`` (and the graph mutex if the lock has waiters); takes owners'
-    mutexes one at a time."""
+    Caller holds ``lock.stripe.mutex`` (and the graph mutex if the lock has waiters); takes transaction
+    mutexes one at a time (the owner's, then the member's)."""
     held = lock.held
-    retained = lock.retained
     members = [member for member in held if member.owner is not member]
+    retained = lock.retained
     if retained:
-        members.extend(member for member in retained if member.owner is not member and member not in held)
+        for member in retained:
+            if member.owner is not member and member not in held:
+                members.append(member)
     if not members:
         return
+    resource = lock.resource
     moved = 0
     for member in members:
         owner = _owner_of(member)
@@ -1257,10 +1258,17 @@ def _fold(lock: _Lock) -> None:
                     mode = kept if mode is None else JOIN[mode][kept]
             previous = retained.get(owner)
             retained[owner] = mode if previous is None else JOIN[previous][mode]
-            owner.locks[lock.resource] = lock
-            moved += 1
+            owner.locks[resource] = lock
         finally:
             owner_mutex.release()
+        moved += 1
+        member_mutex = member.mutex
+        member_mutex.acquire()
+        try:
+            if member.locks.get(resource) is lock:
+                del member.locks[resource]
+        finally:
+            member_mutex.release()
     lock.stripe.folded += moved
 
 
@@ -1358,16 +1366,24 @@ def _committed_members(txn: _Txn) -> list[_Txn]:
 def _release_entries(locks: dict, txn: _Txn, members: list[_Txn],
                      deferred: "dict[_Lock, list[_Txn]] | None" = None) -> "dict[_Lock, list[_Txn]]":
     """Rules 3 and 4 for a subtree: release ``txn``'s entries (in ``locks``, its list taken from it) and
-    those of its committed ``members`` (their lists no longer change), lock by lock without the graph mutex
-    where nobody waits.  Returns ``deferred``: each lock with waiters and whose entries on it to release,
+    those of its committed ``members`` (each list taken under the member's mutex), lock by lock without the
+    graph mutex where nobody waits.  Returns ``deferred``: each lock with waiters and whose entries on it to release,
     for ``LockManager._release_deferred``."""
     if deferred is None:
         deferred = {}
     for lock in _release_all(locks, txn):
         deferred.setdefault(lock, []).append(txn)
     for member in members:
-        for lock in _release_all(member.locks, member):
-            deferred.setdefault(lock, []).append(member)
+        mutex = member.mutex
+        mutex.acquire()  # a fold may be dropping a listing (its owner was ACTIVE when it looked)
+        try:
+            listed = member.locks
+            member.locks = _NO_HOLDS
+        finally:
+            mutex.release()
+        if listed:
+            for lock in _release_all(listed, member):
+                deferred.setdefault(lock, []).append(member)
     return deferred
 
 
@@ -1468,7 +1484,8 @@ def _resource_count(txn: _Txn) -> int:
     with txn.mutex:
         resources = set(txn.locks)
     for member in _committed_members(txn):
-        resources.update(member.locks)
+        with member.mutex:
+            resources.update(member.locks)
     return len(resources)
 
 
