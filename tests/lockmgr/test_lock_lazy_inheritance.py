@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 
 import pytest
 
@@ -310,6 +311,55 @@ def test_retain_and_declared_commit_edges_with_committed_members():
         scenario.finish(outsider)
 
 
+class PausingResource:
+    """A resource whose hash blocks while ``armed`` is set, until ``go`` is set: a way to hold a thread in
+    the middle of the manager's release loop (it hashes the resource to delete it from the table), from
+    the outside, without a sleep.  Hashes to stripe 0."""
+
+    def __init__(self) -> None:
+        self.armed = threading.Event()
+        self.paused = threading.Event()
+        self.go = threading.Event()
+
+    def __hash__(self) -> int:
+        if self.armed.is_set():
+            self.armed.clear()
+            self.paused.set()
+            assert self.go.wait(10), "the test never let the release go on"
+        return 0
+
+    def __eq__(self, other) -> bool:
+        return self is other
+
+
+def test_a_fold_leaves_alone_the_entries_of_an_owner_that_is_being_released(monkeypatch):
+    """A aborts.  While its release is under way (held in the middle by a pausing resource), U's request
+    meets the entry of A's committed child A.1 and folds the lock: the owner, A, is no longer ACTIVE, so
+    the entry must stay where it is -- folding it into A would put it in a list already taken, and it would
+    never be released."""
+    monkeypatch.setattr(lockmgr._manager, "_FOLD_AT", 1)
+    lm = LockManager()
+    pausing = PausingResource()
+    for tid, parent in (("A", None), ("A.1", "A"), ("U", None)):
+        lm.begin(tid, parent)
+    lm.acquire("A", pausing, W)
+    lm.acquire("A.1", 1, IR)                     # resource 1: stripe 1, not the pausing one's
+    lm.commit("A.1")
+    pausing.armed.set()
+    aborting = threading.Thread(target=lambda: lm.abort("A"), daemon=True)
+    aborting.start()
+    try:
+        assert pausing.paused.wait(10), "the abort never reached its release loop"
+        assert lm.try_acquire("U", 1, IR), "IR is compatible with the IR A.1 made"
+    finally:
+        pausing.go.set()
+        aborting.join(10)
+    assert not aborting.is_alive()
+    assert dict(lm.holders(1).held) == {"U": IR} and dict(lm.holders(1).retained) == {}
+    lm.commit("U")
+    assert lm.statistics().locks == 0
+
+
 # ---------------------------------------------------------------- randomized, against eager inheritance
 
 
@@ -376,12 +426,16 @@ def _seed() -> int:
     return int(os.environ.get("LOCKMGR_LAZY_SEED", "0"))
 
 
-@pytest.fixture(params=["default", "fold on every new entry"])
+FOLD_THRESHOLDS = {"fold always": 1, "fold never": 10**9}
+
+
+@pytest.fixture(params=["default", "fold always", "fold never"])
 def fold_at(request, monkeypatch):
-    """Run with the manager's fold threshold, and with folds on every new entry (so that the randomized
-    histories also go through ``_fold`` all the time; a fold must never change a decision)."""
+    """Run with the manager's fold threshold, with a fold before every new entry and re-evaluation, and
+    with no fold at all (every entry of a committed member then stays and is resolved to its owner each
+    time): a fold must never change a decision."""
     if request.param != "default":
-        monkeypatch.setattr(lockmgr._manager, "_FOLD_AT", 1)
+        monkeypatch.setattr(lockmgr._manager, "_FOLD_AT", FOLD_THRESHOLDS[request.param])
     return request.param
 
 
@@ -438,11 +492,13 @@ def test_random_deep_trees_match_eager_inheritance(round_number, fold_at):
     assert lm.statistics().locks == 0 and lm.statistics().transactions == 0
 
 
-def test_stress_with_a_fold_on_every_new_entry(monkeypatch):
+@pytest.mark.parametrize("threshold", sorted(FOLD_THRESHOLDS))
+def test_stress_with_folds_always_and_never(threshold, monkeypatch):
     """The 16-thread stress test (tests/lockmgr/test_lock_stress.py: random trees, deliberate cycles,
-    snapshots checked against a recomputed wait-for graph) with folds running concurrently all the time."""
+    snapshots checked against a recomputed wait-for graph) with folds running concurrently all the time,
+    and with none (owners resolved on every check)."""
     from tests.lockmgr.test_lock_stress import test_stress_random_trees_with_deliberate_cycles as stress
 
-    monkeypatch.setattr(lockmgr._manager, "_FOLD_AT", 1)
+    monkeypatch.setattr(lockmgr._manager, "_FOLD_AT", FOLD_THRESHOLDS[threshold])
 
     stress("requester", 4 + _seed())
