@@ -69,15 +69,41 @@ TIMED_OUT = _RequestStatus.TIMED_OUT
 WITHDRAWN_BY_ABORT = _RequestStatus.ABORTED
 
 _NO_WAITS: dict = {}  # shared "no out-edges" value; never mutated (waits are replaced, not edited)
+# What a committed subtransaction keeps of the fields it no longer needs (shared, never mutated): its record
+# lives on until its tree ends, and the fewer objects it holds the less the cyclic GC has to scan.
+_NO_HOLDS: dict = {}
+_NO_CHILDREN: frozenset = frozenset()
 _NO_DETAIL = Lazy("")  # immutable
 
 
+def _check_joins_conflict_as_their_parts() -> None:
+    """One mode per transaction and resource (the join of what it acquired, inherited or kept) is exact only
+    if a join conflicts with exactly the modes one of its parts conflicts with.  Lazy inheritance relies on
+    it too: Rule 1 checks a committed member's entry on its own until a fold joins it into its owner's, and
+    both must decide alike.  Checked at import, like the table itself in ``_modes``."""
+    for first in Mode:
+        for second in Mode:
+            for wanted in Mode:
+                joined = CONFLICTS[JOIN[first][second]][wanted]
+                assert joined == (CONFLICTS[first][wanted] or CONFLICTS[second][wanted]), (
+                    f"{JOIN[first][second].name} = join({first.name}, {second.name}) conflicts with "
+                    f"{wanted.name} differently from its parts: lockmgr keeps one joined mode per transaction "
+                    f"and resource, which needs the conflict set of a join to be the union of its parts'")
+
+
+_check_joins_conflict_as_their_parts()
+
+
 class _Txn:
-    """One transaction.  Not thread-safe by itself: each field names the mutex that guards it."""
+    """One transaction.  Not thread-safe by itself: each field names the mutex that guards it.
+
+    A record outlives its commit while its tree runs: a committed subtransaction keeps its lock entries
+    (lazy Rule 2, see ``owner``) until the top-level commit or an abort releases them."""
 
     __slots__ = (
         "tid", "parent", "serial", "depth", "ancestors",
         "children", "state", "locks", "holding", "mutex", "waits", "request", "external", "awaited",
+        "owner", "committed", "blocked",
     )
 
     def __init__(self, tid: Hashable, parent: "_Txn | None", serial: int, awaited: bool = False) -> None:
@@ -89,21 +115,27 @@ class _Txn:
             self.ancestors: frozenset[_Txn] = frozenset()
         else:
             self.depth = parent.depth + 1
-            self.ancestors = parent.ancestors | {parent}  # immutable; excludes self
-        # Guarded by the graph mutex.  Invariant: exactly the children whose state is ACTIVE or COMMITTING
-        # (a committing child leaves only after its locks are inherited); these are the "commit" edges.
+            # Excludes self.  Immutable while self is ACTIVE; emptied when it commits (nobody reads them then).
+            self.ancestors = parent.ancestors | {parent}
+        # Guarded by the graph mutex.  Invariant: exactly the children whose state is ACTIVE (a child leaves
+        # when it commits or aborts); these are the "commit" edges.  A shared empty set once self commits.
         self.children: set[_Txn] = set()
         # Written with the graph mutex AND self.mutex held; read under either (or racily, as a hint).
         self.state = ACTIVE
-        # Guarded by self.mutex.  resource -> _Lock.  Invariant: self has a held or retained entry in every
-        # lock listed here, and every lock listed here is in its stripe's table.
+        # Guarded by self.mutex.  resource -> _Lock: the locks of self's own entries.  Invariant: self has a
+        # held or retained entry in every lock listed here (so a listed lock is in its stripe's table) --
+        # except for a moment in a committed subtransaction: a fold moves its entry to its owner, then drops
+        # the listing; a release that took the list in between finds no entry and does nothing.  After self
+        # commits only a fold changes it.
         self.locks: dict[Any, _Lock] = {}
-        # Guarded by self.mutex.  resource -> _Lock.  Invariant: exactly the locks in which self has a held
-        # entry (a subset of ``locks``); ``retain`` converts them in place without looking at the others.
+        # Guarded by self.mutex.  resource -> _Lock.  Invariant: while self is ACTIVE, exactly the locks in
+        # which self has a held entry (a subset of ``locks``); ``retain`` converts them in place without
+        # looking at the others.  Emptied when self commits or aborts.
         self.holding: dict[Any, _Lock] = {}
         self.mutex = threading.Lock()  # protects state, locks and holding
         # Guarded by the graph mutex.  Out-edges for the pending request: target _Txn -> kind.
-        # Invariant: non-empty iff request is not None (a waiting request always has a blocker).
+        # Invariant: non-empty iff request is not None (a waiting request always has a blocker); every
+        # target is an owner (``_owner_of(target) is target``: never a committed subtransaction).
         self.waits: dict[_Txn, str] = _NO_WAITS
         self.request: _Request | None = None  # guarded by the graph mutex; the WAITING request, if any
         # Guarded by the graph mutex: the registered waits (add_wait) that are not lock waits, each with
@@ -112,6 +144,21 @@ class _Txn:
         # Immutable.  True: the parent waits for this child for its whole life (it runs inline in the
         # parent's thread), so with declared commit edges "parent -> self" is an edge of the graph.
         self.awaited = awaited
+        # Lazy Rule 2 (a union-find forest over the tree).  ``owner is self`` unless self is a committed
+        # subtransaction; then it is an ancestor ``a`` of self such that every transaction strictly between
+        # self and ``a`` is a committed subtransaction too.  ``_owner_of`` follows the links to the first
+        # transaction that is not a committed subtransaction -- the one that retains self's entries now --
+        # and compresses the path.  Written to self's parent by ``commit`` (graph mutex), shortened by any
+        # thread that resolves it (an attribute store; every value ever written satisfies the invariant).
+        self.owner: _Txn = self
+        # Guarded by the graph mutex until self ends, then immutable.  The committed children whose entries
+        # self's subtree owns (each with its own ``committed``): what the top-level commit or an abort of
+        # self or an ancestor must also release.  A child that locked nothing and owns nothing is left out.
+        self.committed: list[_Txn] | None = None
+        # Guarded by the graph mutex.  The waiting transactions whose ``waits`` name self -- the reverse of
+        # those edges, so that a commit re-evaluates exactly the requests it redirects.
+        # Invariant: ``waiter in self.blocked`` iff ``self in waiter.waits``.
+        self.blocked: set[_Txn] | None = None
 
     def __repr__(self) -> str:
         return f"<txn {self.tid!r} {self.state.value}>"
@@ -121,9 +168,15 @@ class _Lock:
     """The lock-table entry of one resource.  Every field is guarded by ``stripe.mutex``; while ``waiters`` is
     not None, changes to ``held``, ``retained`` and ``waiters`` additionally need the graph mutex.
 
+    Entries are keyed by the transaction that made them, which may since have committed as a subtransaction
+    (lazy Rule 2): an entry of ``x`` *counts as* held by ``x`` if it is in ``held`` and ``_owner_of(x) is x``,
+    and otherwise as retained by ``_owner_of(x)`` (a committed subtransaction's held entry included).  What
+    the entries count as is exactly what eager inheritance would have stored (one mode per owner: the join).
+
     Invariants (with the stripe mutex held):
-      * the modes in ``held`` of two different transactions never conflict;
-      * if ``retained[r]`` conflicts with ``held[h]`` and ``h is not r``, then ``r`` is an ancestor of ``h``;
+      * the modes of two entries that count as held by different transactions never conflict;
+      * if an entry of ``x`` conflicts with an entry that counts as held by ``h``, ``x is not h`` and
+        ``o = _owner_of(x)`` is not ``h``, then ``o`` is an ancestor of ``h``;
       * the entry is in ``stripe.locks`` iff ``held`` or ``retained`` or ``waiters`` is non-empty;
       * ``waiters`` is None or a non-empty FIFO list of WAITING requests.
     """
@@ -142,11 +195,12 @@ class _Stripe:
     """One partition of the lock table (resources are spread over stripes by hash).  Every field is guarded
     by ``mutex``; see lockmgr/README.md for the order in which mutexes may be taken."""
 
-    __slots__ = ("mutex", "locks", "free")
+    __slots__ = ("mutex", "locks", "free", "folded")
 
     def __init__(self) -> None:
-        self.mutex = threading.Lock()  # protects `locks`, `free` and every field of the _Lock objects in them
+        self.mutex = threading.Lock()  # protects `locks`, `free`, `folded` and every field of its _Lock objects
         self.locks: dict[Any, _Lock] = {}
+        self.folded = 0  # entries of committed subtransactions merged into their owner's here (``_fold``)
         # Empty _Lock objects of this stripe for reuse (creating one is a fifth of an uncontended
         # acquire+release).  Safe because nothing refers to a discarded entry: a transaction lists only
         # locks it has an entry in, and a request refers to its lock only while it waits.
@@ -154,6 +208,11 @@ class _Stripe:
 
 
 _FREE_LOCKS_PER_STRIPE = 16
+# A new entry on a lock with this many entries, or a re-evaluation of its queue, first folds the entries of
+# committed subtransactions into their owners' (``_fold``): a lock that many committed members touched
+# shrinks back to about one entry per owner, at a cost amortized over the entries it folds.  (Tests set it
+# to 1 and to "never" to run every path with and without folds.)
+_FOLD_AT = 8
 
 
 def _new_lock(resource: Any, stripe: _Stripe) -> _Lock:
@@ -237,25 +296,34 @@ def _blockers(txn: _Txn, lock: _Lock, mode: Mode, ahead: list[_Request], jumped:
     """Rule 1 plus the fairness queue: who blocks ``txn``'s request for ``mode`` on ``lock``.
 
     ``ahead`` are the requests queued before this one that are still waiting.  Returns the mode the request
-    would hold and ``{blocking _Txn: kind}`` (empty: grantable).  Caller holds the stripe mutex (and the graph
-    mutex if the lock has waiters).
+    would hold and ``{blocking _Txn: kind}`` (empty: grantable); every blocker is an owner (lazy Rule 2: an
+    entry of a committed subtransaction counts as retained by ``_owner_of`` it).  Caller holds the stripe
+    mutex (and the graph mutex if the lock has waiters); without the graph mutex an owner may be stale,
+    which only errs on the side of blocking (a stale owner is a descendant of the true one).
     """
     held = lock.held
     current = held.get(txn)
     target = mode if current is None else JOIN[current][mode]
     row = CONFLICTS[target]
     blockers: dict[_Txn, str] = {}
+    ancestors = txn.ancestors
+    retainers: list[_Txn] = []  # owners of conflicting entries that count as retained
     # Rule 1a: no other transaction holds the lock in a conflicting mode.
     for holder, held_mode in held.items():
         if row[held_mode] and holder is not txn:
-            blockers[holder] = "held"
-    ancestors = txn.ancestors
+            if holder.owner is holder:
+                blockers[holder] = "held"
+            else:  # a committed subtransaction's held entry: retained by its owner
+                retainers.append(_owner_of(holder))
     # Rule 1b: every transaction retaining it in a conflicting mode is an ancestor (or txn itself).
     retained = lock.retained
     if retained:
         for retainer, retained_mode in retained.items():
-            if row[retained_mode] and retainer is not txn and retainer not in ancestors and retainer not in blockers:
-                blockers[retainer] = "retained"
+            if row[retained_mode] and retainer is not txn:
+                retainers.append(retainer if retainer.owner is retainer else _owner_of(retainer))
+    for retainer in retainers:
+        if retainer is not txn and retainer not in ancestors and retainer not in blockers:
+            blockers[retainer] = "retained"
     # Fairness: FIFO among conflicting requests, except behind an ancestor or behind a request that txn
     # or one of its ancestors is blocking (queueing there would be a certain deadlock).
     if not jumped:
@@ -370,6 +438,12 @@ class LockManager:
         """Commit ``tid``.  A subtransaction hands its held and retained locks to its parent, which retains
         them in the same modes (Rule 2); a top-level transaction releases all of them (Rule 3).
 
+        Rule 2 is lazy: a subtransaction's commit touches none of its lock entries.  It links the
+        subtransaction to its parent (``_Txn.owner``), so every entry it or its committed descendants made
+        now counts as retained by the parent's owner, and re-evaluates only the requests that were waiting
+        for it -- O(1) plus those, whatever it holds or retains.  The top-level commit releases the entries
+        of every committed member of the tree, each once.
+
         Raises ``ActiveChildren`` if a child of ``tid`` is still active, ``RequestPending`` if ``tid`` is
         waiting for a lock in another thread.
         """
@@ -382,41 +456,22 @@ class LockManager:
                 raise RequestPending(tid, txn.request.lock.resource)
             if txn.children:
                 raise ActiveChildren(tid, tuple(child.tid for child in txn.children))
+            parent = txn.parent
+            if parent is not None:
+                self._commit_subtransaction(txn, parent)
+                return
             with txn.mutex:
                 txn.state = COMMITTING
                 locks = txn.locks
                 txn.locks = {}
                 txn.holding = {}
-        parent = txn.parent
-        deferred: list[_Lock] = []
-        # Locks without waiters are handed over (or released) under their stripe mutex only; no edge of the
-        # wait-for graph depends on them.  Locks with waiters are redone below with the graph mutex.
-        if parent is None:
-            deferred = _release_all(locks, txn)
-        else:
-            for lock in locks.values():
-                mutex = lock.stripe.mutex
-                mutex.acquire()
-                try:
-                    if lock.waiters is None:
-                        _transfer(lock, txn, parent)
-                    else:
-                        deferred.append(lock)
-                finally:
-                    mutex.release()
+        # Rule 3.  The tree has no active member left, so its committed lists no longer change.  Locks
+        # without waiters are released under their stripe mutex only (no edge of the wait-for graph depends
+        # on them); locks with waiters are redone below with the graph mutex.
+        deferred = _release_entries(locks, txn, _committed_members(txn))
+        txn.committed = None
         with graph:
-            events: list = []
-            for lock in deferred:
-                with lock.stripe.mutex:
-                    if parent is None:
-                        _release(lock, txn)
-                    else:
-                        _transfer(lock, txn, parent)
-                    events.extend(self._reevaluate(lock))
-                    _discard_if_empty(lock)
-            if parent is not None:
-                parent.children.discard(txn)
-                self._counters["inherited"] += len(locks)
+            events = self._release_deferred(deferred)
             with txn.mutex:
                 txn.state = COMMITTED
             for wait in txn.external:  # waits its owner did not release: they end with it
@@ -427,9 +482,47 @@ class LockManager:
             if events:
                 self._resolve(events)
 
+    def _commit_subtransaction(self, txn: _Txn, parent: _Txn) -> None:
+        """Lazy Rule 2 for an ACTIVE ``txn`` without children or a pending request.  Caller holds the graph
+        mutex (so ``parent`` is ACTIVE: an abort of an ancestor would have aborted ``txn`` first)."""
+        with txn.mutex:
+            txn.state = COMMITTED
+            handed = len(txn.locks)
+            txn.holding = _NO_HOLDS
+        txn.children = _NO_CHILDREN  # empty already; nothing adds to a committed transaction's children
+        txn.ancestors = _NO_CHILDREN  # only a request of txn reads them, and none is granted any more
+        # From here on txn's entries, and those its committed descendants made, count as retained by
+        # parent's owner.  Readers without the graph mutex may still see txn as their owner for a while:
+        # that only makes them wait where they need not (a commit only ever loosens Rule 1).
+        txn.owner = parent
+        parent.children.discard(txn)
+        if handed or txn.committed:
+            if parent.committed is None:
+                parent.committed = [txn]
+            else:
+                parent.committed.append(txn)
+        self._counters["inherited"] += handed
+        # The requests waiting for txn now wait for parent's owner -- or for nothing, if that is an ancestor
+        # of theirs.  Seed 004 checks for deadlock "just before lock inheritance"; the new edges are checked
+        # here, as part of it, with the same outcome.  No other request's edges change (see the README, §9).
+        events: list = []
+        if txn.blocked:
+            for lock in {waiter.request.lock: None for waiter in txn.blocked}:
+                with lock.stripe.mutex:
+                    events.extend(self._reevaluate(lock))
+            assert not txn.blocked, txn.blocked
+        for wait in txn.external:  # waits its owner did not release: they end with it
+            self._drop_wait(wait, GRANTED, None)
+        del self._active[txn.tid]
+        self._remember(txn.tid, "committed", _NO_DETAIL)
+        self._counters["committed"] += 1
+        if events:
+            self._resolve(events)
+
     def abort(self, tid: Hashable) -> None:
-        """Abort ``tid`` and its active descendants: release every lock they hold or retain (Rule 4);
-        ancestors keep theirs.  A descendant waiting in ``acquire`` gets ``TransactionAborted``."""
+        """Abort ``tid`` and its active descendants: release every lock they hold or retain (Rule 4) --
+        including the entries of their committed descendants, which they retain; ancestors keep theirs.
+        A descendant waiting in ``acquire`` gets ``TransactionAborted``."""
         graph = self._graph_mutex
         with graph:
             txn = self._require_active(tid, "abort")
@@ -438,8 +531,7 @@ class LockManager:
             while stack:
                 member = stack.pop()
                 stack.extend(member.children)
-                if member.state is ACTIVE:  # a COMMITTING descendant finishes by itself (into aborted parents)
-                    members.append(member)
+                members.append(member)  # children are ACTIVE (a committing subtransaction is never seen)
             released: list[tuple[_Txn, dict]] = []
             events: list = []
             for member in members:
@@ -466,18 +558,26 @@ class LockManager:
             if txn.parent is not None:
                 txn.parent.children.discard(txn)
             self._resolve(events)
-        deferred: list[tuple[_Lock, _Txn]] = []
+        # Every member is ABORTED now, so their committed lists no longer change.
+        deferred: dict[_Lock, list[_Txn]] = {}
         for member, locks in released:
-            deferred.extend((lock, member) for lock in _release_all(locks, member))
+            _release_entries(locks, member, _committed_members(member), deferred)
+            member.committed = None
         if deferred:
             with graph:
-                events = []
-                for lock, member in deferred:
-                    with lock.stripe.mutex:
-                        _release(lock, member)
-                        events.extend(self._reevaluate(lock))
-                        _discard_if_empty(lock)
-                self._resolve(events)
+                self._resolve(self._release_deferred(deferred))
+
+    def _release_deferred(self, deferred: "dict[_Lock, list[_Txn]]") -> list:
+        """Release the entries that ``_release_entries`` set aside (locks with waiters) and regrant each
+        lock's queue once.  Caller holds the graph mutex and no stripe mutex.  Returns new-edge events."""
+        events: list = []
+        for lock, owners in deferred.items():
+            with lock.stripe.mutex:
+                for owner in owners:
+                    _release(lock, owner)
+                events.extend(self._reevaluate(lock))
+                _discard_if_empty(lock)
+        return events
 
     # ------------------------------------------------------------------ locks
 
@@ -709,8 +809,9 @@ class LockManager:
             waiting = self._waiting
             registered = self._registered_waits
         locks = sum(len(stripe.locks) for stripe in self._stripes)
+        folded = sum(stripe.folded for stripe in self._stripes)
         return LockStatistics(transactions=transactions, locks=locks, waiting=waiting, registered_waits=registered,
-                              **counters)
+                              folded=folded, **counters)
 
     def wait_until_waiting(self, count: int, timeout: float | None = None) -> bool:
         """Block until at least ``count`` lock requests are waiting; False if ``timeout`` passed first."""
@@ -815,6 +916,8 @@ class LockManager:
         waiters = lock.waiters
         if waiters is None:
             return []
+        if len(lock.held) + len(lock.retained or ()) >= _FOLD_AT:
+            _fold(lock)  # fewer entries for every _blockers below (changes no decision)
         before = {request: request.txn.waits for request in waiters}
         while True:
             granted = False
@@ -823,7 +926,7 @@ class LockManager:
                 txn = request.txn
                 request.target, blockers = _blockers(txn, lock, request.mode, ahead, request.jumped)
                 if blockers:
-                    txn.waits = blockers
+                    _set_waits(txn, blockers)
                     ahead.append(request)
                 else:
                     _hold(lock, txn, request.target)
@@ -852,7 +955,7 @@ class LockManager:
         request.status = status
         request.error = error
         txn = request.txn
-        txn.waits = _NO_WAITS
+        _set_waits(txn, _NO_WAITS)
         txn.request = None
         self._waiting -= 1
         self._waiting_changed.notify_all()
@@ -959,12 +1062,12 @@ class LockManager:
         if policy == "youngest":
             return max(candidates, key=lambda node: node.serial), ""
         if policy == "smallest_tree":
-            return min(candidates, key=lambda node: (_subtree_size(node), len(node.locks), -node.serial)), ""
+            return min(candidates, key=lambda node: (_subtree_size(node), _resource_count(node), -node.serial)), ""
         cycle = DeadlockCycle(
             edges=wait_edges,
             requester=requester.tid,
             candidates=tuple(
-                VictimCandidate(node.tid, node.serial, node.depth, _subtree_size(node), len(node.locks))
+                VictimCandidate(node.tid, node.serial, node.depth, _subtree_size(node), _resource_count(node))
                 for node in candidates
             ),
         )
@@ -1046,7 +1149,10 @@ class LockManager:
 
 
 def _grant_if_compatible(txn: _Txn, lock: _Lock, mode: Mode) -> bool:
-    """Fast path of Rule 1 for a lock without waiters: grant and return True, or return False."""
+    """Fast path of Rule 1 for a lock without waiters: grant and return True, or return False.
+
+    An entry of a committed subtransaction counts as retained by its owner (lazy Rule 2); only a
+    conflicting entry needs its owner resolved, so entries that do not conflict cost what they did."""
     held = lock.held
     current = held.get(txn)
     if current is None:
@@ -1058,14 +1164,24 @@ def _grant_if_compatible(txn: _Txn, lock: _Lock, mode: Mode) -> bool:
     row = CONFLICTS[target]
     for holder, held_mode in held.items():
         if row[held_mode] and holder is not txn:
-            return False
+            if holder.owner is holder:
+                return False
+            owner = _owner_of(holder)
+            if owner is not txn and owner not in txn.ancestors:
+                return False
     retained = lock.retained
     if retained:
         ancestors = txn.ancestors
         for retainer, retained_mode in retained.items():
             if row[retained_mode] and retainer is not txn and retainer not in ancestors:
-                return False
+                if retainer.owner is retainer:
+                    return False
+                owner = _owner_of(retainer)  # never an ancestor itself: it committed, txn is active
+                if owner is not txn and owner not in ancestors:
+                    return False
     if current is None:
+        if len(held) + (len(retained) if retained else 0) >= _FOLD_AT:
+            _fold(lock)  # a new entry: keep the lock near one entry per owner (changes no decision)
         txn_mutex = txn.mutex
         txn_mutex.acquire()
         try:
@@ -1079,6 +1195,100 @@ def _grant_if_compatible(txn: _Txn, lock: _Lock, mode: Mode) -> bool:
         return False
     held[txn] = target
     return True
+
+
+def _owner_of(txn: _Txn) -> _Txn:
+    """The transaction whose entries ``txn``'s entries count as now: ``txn`` unless it is a committed
+    subtransaction, else the nearest ancestor that is not one (the one that would retain them after
+    eager inheritance).  Follows the ``owner`` links and points every link on the way at the result.
+
+    Safe with only a stripe mutex held (or none): links only ever move up the chain of committed ancestors
+    and every value stored is valid.  Without the graph mutex the answer may be stale -- a descendant of
+    the true owner, because the owner committed meanwhile -- never an ancestor of it; and a result that is
+    an ancestor-or-self of an active transaction cannot be stale (it cannot commit before it)."""
+    owner = txn.owner
+    if owner is txn:
+        return txn
+    following = owner.owner
+    if following is owner:
+        return owner
+    path = [txn]
+    while following is not owner:
+        path.append(owner)
+        owner = following
+        following = owner.owner
+    for member in path:  # path compression: each of them is a committed descendant of owner
+        member.owner = owner
+    return owner
+
+
+def _fold(lock: _Lock) -> None:
+    """Lazy Rule 2 made physical for one lock: merge each entry of a committed subtransaction into the
+    retained entry of its owner, where that owner is ACTIVE (joined with what it retains; the owner now
+    lists the lock, the member no longer does).  Folding changes nothing that Rule 1 decides -- the entry
+    counted as the owner's already -- but keeps a lock near one entry per owner, as eager inheritance did,
+    so that a Rule-1 scan does not grow with the number of committed members.  An entry whose owner is no
+    longer ACTIVE is left where it is (its tree is ending; the release drops it).
+
+    Caller holds ``lock.stripe.mutex`` (and the graph mutex if the lock has waiters); takes transaction
+    mutexes one at a time (the owner's, then the member's)."""
+    held = lock.held
+    members = [member for member in held if member.owner is not member]
+    retained = lock.retained
+    if retained:
+        for member in retained:
+            if member.owner is not member and member not in held:
+                members.append(member)
+    if not members:
+        return
+    resource = lock.resource
+    moved = 0
+    for member in members:
+        owner = _owner_of(member)
+        owner_mutex = owner.mutex
+        owner_mutex.acquire()
+        try:
+            if owner.state is not ACTIVE:
+                continue
+            mode = held.pop(member, None)
+            retained = lock.retained
+            if retained is None:
+                retained = lock.retained = {}
+            else:
+                kept = retained.pop(member, None)
+                if kept is not None:
+                    mode = kept if mode is None else JOIN[mode][kept]
+            previous = retained.get(owner)
+            retained[owner] = mode if previous is None else JOIN[previous][mode]
+            owner.locks[resource] = lock
+        finally:
+            owner_mutex.release()
+        moved += 1
+        member_mutex = member.mutex
+        member_mutex.acquire()
+        try:
+            if member.locks.get(resource) is lock:
+                del member.locks[resource]
+        finally:
+            member_mutex.release()
+    lock.stripe.folded += moved
+
+
+def _set_waits(txn: _Txn, waits: dict) -> None:
+    """Replace ``txn``'s wait edges, keeping the reverse index ``blocked`` in step.  Caller holds the graph
+    mutex."""
+    old = txn.waits
+    for target in old:
+        if target not in waits:
+            target.blocked.discard(txn)
+    for target in waits:
+        if target not in old:
+            blocked = target.blocked
+            if blocked is None:
+                target.blocked = {txn}
+            else:
+                blocked.add(txn)
+    txn.waits = waits
 
 
 def _hold(lock: _Lock, txn: _Txn, target: Mode) -> None:
@@ -1139,6 +1349,46 @@ def _release_all(locks: dict, txn: _Txn) -> list[_Lock]:
     return deferred
 
 
+def _committed_members(txn: _Txn) -> list[_Txn]:
+    """Every committed descendant whose entries ``txn``'s subtree owns (the ``committed`` lists, walked).
+    Caller holds the graph mutex, or ``txn``'s subtree has no active member left."""
+    committed = txn.committed
+    if not committed:
+        return []
+    members: list[_Txn] = []
+    stack = list(committed)
+    while stack:
+        member = stack.pop()
+        members.append(member)
+        if member.committed:
+            stack.extend(member.committed)
+    return members
+
+
+def _release_entries(locks: dict, txn: _Txn, members: list[_Txn],
+                     deferred: "dict[_Lock, list[_Txn]] | None" = None) -> "dict[_Lock, list[_Txn]]":
+    """Rules 3 and 4 for a subtree: release ``txn``'s entries (in ``locks``, its list taken from it) and
+    those of its committed ``members`` (each list taken under the member's mutex), lock by lock without the
+    graph mutex where nobody waits.  Returns ``deferred``: each lock with waiters and whose entries on it to release,
+    for ``LockManager._release_deferred``."""
+    if deferred is None:
+        deferred = {}
+    for lock in _release_all(locks, txn):
+        deferred.setdefault(lock, []).append(txn)
+    for member in members:
+        mutex = member.mutex
+        mutex.acquire()  # a fold may be dropping a listing (its owner was ACTIVE when it looked)
+        try:
+            listed = member.locks
+            member.locks = _NO_HOLDS
+        finally:
+            mutex.release()
+        if listed:
+            for lock in _release_all(listed, member):
+                deferred.setdefault(lock, []).append(member)
+    return deferred
+
+
 def _fast_grant(stripe: "_Stripe", txn: _Txn, resource: Any, mode: Mode) -> bool:
     """The uncontended path of every acquire: grant ``mode`` at once if nobody waits for
     ``resource`` and Rule 1 allows it, under the stripe mutex only (and ``txn``'s, for a new
@@ -1171,33 +1421,6 @@ def _fast_grant(stripe: "_Stripe", txn: _Txn, resource: Any, mode: Mode) -> bool
         mutex.release()
 
 
-def _transfer(lock: _Lock, child: _Txn, parent: _Txn) -> None:
-    """Rule 2: ``parent`` inherits what ``child`` holds or retains and retains it in the same mode (joined
-    with what it already retains).  If ``parent`` aborted meanwhile the lock is released instead."""
-    mode = lock.held.pop(child, None)
-    retained = lock.retained
-    if retained is not None:
-        kept = retained.pop(child, None)
-        if kept is not None:
-            mode = kept if mode is None else JOIN[mode][kept]
-    if mode is not None:
-        parent_mutex = parent.mutex
-        parent_mutex.acquire()
-        try:
-            if parent.state is ACTIVE:
-                if retained is None:
-                    retained = lock.retained = {}
-                previous = retained.get(parent)
-                retained[parent] = mode if previous is None else JOIN[previous][mode]
-                parent.locks[lock.resource] = lock
-                return
-        finally:
-            parent_mutex.release()
-    if retained is not None and not retained:
-        lock.retained = None
-    _discard_if_empty(lock)
-
-
 def _downgrade(lock: _Lock, txn: _Txn, mode: Mode) -> None:
     held_mode = lock.held.get(txn)
     if held_mode is None:
@@ -1223,12 +1446,27 @@ def _discard_if_empty(lock: _Lock) -> None:
 
 
 def _holders_of(resource: Any, lock: _Lock | None) -> Holders:
+    """What ``lock``'s entries count as (see ``_Lock``): an entry of a committed subtransaction shows as
+    retained by its owner, joined with the owner's other retained modes.  Caller holds the stripe mutex."""
     if lock is None:
         return Holders(resource)
+    held: dict = {}
+    retained: dict = {}
+    for txn, mode in lock.held.items():
+        if txn.owner is txn:
+            held[txn.tid] = mode
+        else:
+            tid = _owner_of(txn).tid
+            previous = retained.get(tid)
+            retained[tid] = mode if previous is None else JOIN[previous][mode]
+    for txn, mode in (lock.retained or {}).items():
+        tid = (txn if txn.owner is txn else _owner_of(txn)).tid
+        previous = retained.get(tid)
+        retained[tid] = mode if previous is None else JOIN[previous][mode]
     return Holders(
         resource,
-        MappingProxyType({txn.tid: mode for txn, mode in lock.held.items()}),
-        MappingProxyType({txn.tid: mode for txn, mode in (lock.retained or {}).items()}),
+        MappingProxyType(held),
+        MappingProxyType(retained),
         tuple(WaitingRequest(request.txn.tid, request.mode, request.jumped) for request in lock.waiters or ()),
     )
 
@@ -1240,6 +1478,17 @@ def _wait_of(node: _Txn, following: _Txn):
     if request is not None and following in node.waits:
         return request
     return external_wait_to(node, following)
+
+
+def _resource_count(txn: _Txn) -> int:
+    """How many resources ``txn`` holds or retains, its committed members' entries included.  Caller holds
+    the graph mutex (deadlock resolution only: it walks the committed members)."""
+    with txn.mutex:
+        resources = set(txn.locks)
+    for member in _committed_members(txn):
+        with member.mutex:
+            resources.update(member.locks)
+    return len(resources)
 
 
 def _subtree_size(txn: _Txn) -> int:

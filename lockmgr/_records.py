@@ -18,7 +18,10 @@ from lockmgr.errors import WaitEdge
 class TxnState(enum.Enum):
     """Life cycle of a transaction in the lock manager.
 
-    ACTIVE -> COMMITTING -> COMMITTED      (commit: only from ACTIVE, only without active children)
+    ACTIVE -> COMMITTING -> COMMITTED      (top-level commit: only from ACTIVE, only without active
+                                           children; COMMITTING while its tree's locks are released)
+    ACTIVE -> COMMITTED                    (subtransaction commit, the same conditions: one step, since
+                                           lazy inheritance touches no lock)
     ACTIVE -> ABORTED                      (abort of itself or of an ancestor)
     """
 
@@ -90,8 +93,12 @@ class LockStatistics:
     deadlocks: int  #: cycles resolved by choosing a victim
     queue_jumps: int  #: cycles caused only by the fairness queue, resolved by letting a request go first
     timeouts: int
-    inherited: int  #: lock entries handed from a committing subtransaction to its parent
+    #: lock entries handed from a committing subtransaction to its parent, each counted once: at the commit
+    #: of the subtransaction whose entry it is (lazy inheritance: later commits pass it on untouched)
+    inherited: int
     registered_waits: int = 0  #: waits registered with add_wait that are still in the graph
+    #: entries of committed subtransactions merged into their owner's entry by a later request on the lock
+    folded: int = 0
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,10 @@ def test_locks_benchmark_reports_every_figure():
         "commit with inheritance, 100 tuple locks",
         "commit with inheritance, 1,000 tuple locks",
         "commit linearity",
+        "subtransaction commit alone, 10 tuple locks",
+        "subtransaction commit alone, 1,000 tuple locks",
+        "200 locks acquired at depth 1,",
+        "200 locks acquired at depth 50,",
     ]
     for prefix in expected_prefixes:
         assert any(name.startswith(prefix) for name in names), prefix

@@ -155,6 +155,29 @@ class LockManagerMachine(RuleBasedStateMachine):
         self.lm.commit(tid)
         self.model.commit(tid)
 
+    @precondition(lambda self: self.model.active)
+    @rule(data=st.data(), length=st.integers(2, 4), resource=st.sampled_from(RESOURCES),
+          modes=st.lists(st.sampled_from(MODES), min_size=4, max_size=4))
+    def chain_requests_and_commits(self, data, length, resource, modes):
+        """A chain of nested subtransactions, one request each, committed bottom-up: every commit hands a
+        level's locks (and the ones below it) one level further up."""
+        parent = data.draw(st.sampled_from(sorted(self.model.active)), label="parent")
+        chain = []
+        for level in range(length):
+            tid = self._new_tid()
+            self.lm.begin(tid, parent)
+            self.model.parent[tid] = parent
+            self.model.active.add(tid)
+            expected = self.model.allows(tid, resource, modes[level])
+            assert self.lm.try_acquire(tid, resource, modes[level]) == expected
+            if expected:
+                self.model.grant(tid, resource, modes[level])
+            chain.append(tid)
+            parent = tid
+        for tid in reversed(chain):
+            self.lm.commit(tid)
+            self.model.commit(tid)
+
     def _leaves(self) -> list[str]:
         return sorted(tid for tid in self.model.active if not self.model.children(tid))
 
