@@ -627,17 +627,21 @@ class LockManager:
             return True
 
     def acquire_tuple(
-        self, tid: Hashable, table: Hashable, key: Hashable, mode: Mode, timeout: float | None = None
+        self, tid: Hashable, table: Hashable, key: Hashable, mode: Mode, timeout: float | None = None,
+        resource: Hashable | None = None,
     ) -> None:
         """Lock the tuple ``(table, key)`` in ``mode`` (READ or WRITE) after the matching intention lock
         (IR or IW) on ``table``.  Nothing is locked at tuple level if ``tid`` already holds ``table`` in a
-        mode that covers ``mode`` (e.g. a table READ covers reading every tuple).  The tuple's resource is
-        the pair ``(table, key)``; ``timeout`` applies to each of the two requests.
+        mode that covers ``mode`` (e.g. a table READ covers reading every tuple), and the intention lock is
+        not asked for again if ``tid`` already holds one that covers it.  The tuple's resource is the pair
+        ``(table, key)``, or ``resource`` if given (an embedder's own naming); ``timeout`` applies to each
+        of the two requests.
         """
         intention = INTENTION_FOR.get(mode)
         if intention is None:
             raise ValueError(f"acquire_tuple takes Mode.READ or Mode.WRITE, not {mode!r}")
-        resource = (table, key)
+        if resource is None:
+            resource = (table, key)
         txn = self._active.get(tid)
         if txn is not None:
             # A hint read of tid's own table entry without its mutex: a stale answer only means taking

@@ -89,8 +89,7 @@ class Locking:
             if key is None or self._granularity.get(name) is Granularity.TABLE:
                 locks.acquire(tid, ("table", name), mode, timeout=timeout)
             else:
-                locks.acquire(tid, ("table", name), Mode.IW if mode is Mode.WRITE else Mode.IR, timeout=timeout)
-                locks.acquire(tid, ("row", name, key), mode, timeout=timeout)
+                locks.acquire_tuple(tid, ("table", name), key, mode, timeout, resource=("row", name, key))
         except (Deadlock, LockTimeout) as error:
             node.doom(error)
             raise
