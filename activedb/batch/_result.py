@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from activedb.batch._declare import BatchEvent
 
 __all__ = ["BatchResult", "BatchStatistics", "TransactionResult"]
 
 
-@dataclass(frozen=True)
-class TransactionResult:
-    """One declared state transaction: committed with its outputs, or aborted with why."""
+class TransactionResult(NamedTuple):
+    """One declared state transaction: committed with its outputs, or aborted with why.
+    Immutable (a named tuple: a batch makes one per event)."""
 
     event: BatchEvent
     committed: bool
