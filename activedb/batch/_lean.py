@@ -27,7 +27,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from activedb.batch._declare import BatchEvent, OpKind, Ops, OpSpec, no_operation, unknown_event_type
-from activedb.batch._result import TransactionResult
 from activedb.batch._state import failure_reason, merge_image, perform
 from activedb.batch.errors import ExecutionInvariantBroken
 
@@ -36,7 +35,6 @@ __all__ = ["LeanPart", "RouteMissed", "run_lean", "time_of"]
 _MISSING = object()
 _WRITE, _READ, _CHECK, _ND_WRITE = OpKind.WRITE, OpKind.READ, OpKind.CHECK, OpKind.ND_WRITE
 _WINDOWED = frozenset({OpKind.WINDOW_READ, OpKind.WINDOW_WRITE})
-_new_result = tuple.__new__
 
 
 class RouteMissed(BaseException):
@@ -72,25 +70,26 @@ def time_of(event: BatchEvent) -> Any:
 
 
 class LeanPart:
-    """What :func:`run_lean` computed: ``results`` (one per declared event, timestamp order),
-    ``rejected`` (events that could not be declared, with why), ``final`` (last image of every
-    state a committed transaction wrote; None = deleted), ``before`` (their images before the
-    batch), ``operations`` (declared), ``executions`` (operation runs), ``aborted``, ``states``
-    (states written), ``seconds`` and ``versions`` (whether window versions
-    were kept)."""
+    """What :func:`run_lean` computed: ``ts`` (the timestamps of the declared transactions,
+    ascending), ``aborted`` (t → reason), ``outputs`` (t → outputs of committed transactions that
+    have any), ``rejected`` (events that could not be declared, with why), ``final`` (last image
+    of every state a committed transaction wrote; None = deleted), ``before`` (their images
+    before the batch), ``operations`` (declared), ``executions`` (operation runs), ``states``
+    (states written), ``seconds`` and ``versions`` (whether window versions were kept)."""
 
-    __slots__ = ("results", "rejected", "final", "before", "operations", "executions", "aborted", "states",
-                 "seconds", "versions", "ts")
+    __slots__ = ("ts", "aborted", "outputs", "rejected", "final", "before", "operations", "executions", "states",
+                 "seconds", "versions")
 
     def __init__(self) -> None:
-        self.results: list[TransactionResult] = []
+        self.ts: list[int] = []
+        self.aborted: dict[int, str] = {}
+        self.outputs: dict[int, dict] = {}
         self.rejected: list[tuple[BatchEvent, str]] = []
         self.final: dict = {}
         self.before: dict = {}
-        self.operations = self.executions = self.aborted = self.states = 0
+        self.operations = self.executions = self.states = 0
         self.seconds = 0.0
         self.versions = False
-        self.ts: list[int] = []        # the timestamp of each result (same order)
 
 
 def run_lean(declarations: Mapping[str, Callable[[BatchEvent, Ops], None]], items: list[tuple[int, BatchEvent]],
@@ -114,14 +113,14 @@ def _run(declarations, items, base, loader, declared, versions, allowed) -> Lean
     started = time.perf_counter()
     part = LeanPart()
     part.versions = versions
-    results, rejected, result_ts = part.results, part.rejected, part.ts
+    rejected, result_ts, aborted_at, outputs_at = part.rejected, part.ts, part.aborted, part.outputs
     current: dict = dict(base)
     get = current.get
     loaded: dict = {}
     written: dict = {}                       # states written by committed transactions (ordered)
     history: dict = {}                       # state -> [(t, image), ...] (windows only)
     times: dict = {}
-    operations = executions = aborted = 0
+    operations = executions = 0
     declarations_get = declarations.get
 
     def miss(state, t):
@@ -236,9 +235,10 @@ def _run(declarations, items, base, loader, declared, versions, allowed) -> Lean
                     outputs[name] = output
         result_ts.append(t)
         if reason is not None:
-            aborted += 1
-            results.append(_new_result(TransactionResult, (event, False, reason, {})))
+            aborted_at[t] = reason
             continue
+        if outputs is not None:
+            outputs_at[t] = outputs
         if writes is not None:
             if several and len({state for state, _ in writes}) != len(writes):
                 raise ExecutionInvariantBroken(f"transaction t={t} writes a row twice (a non-deterministic write "
@@ -252,11 +252,10 @@ def _run(declarations, items, base, loader, declared, versions, allowed) -> Lean
                         history[state] = [(t, image)]
                     else:
                         entry.append((t, image))
-        results.append(_new_result(TransactionResult, (event, True, None, outputs if outputs is not None else {})))
     part.final = {state: current[state] for state in written}
     base_get = base.get
     part.before = {state: (loaded[state] if state in loaded else base_get(state)) for state in written}
-    part.operations, part.executions, part.aborted = operations, executions, aborted
+    part.operations, part.executions = operations, executions
     part.states = len(written)
     part.seconds = time.perf_counter() - started
     return part

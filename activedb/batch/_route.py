@@ -50,6 +50,9 @@ class Source(enum.Enum):
     FLAT = "flat"      # every scalar in the (nested) list payload[name]
 
 
+_FIELD, _KEY = Source.FIELD, Source.KEY
+
+
 def touched_states(specs: list[OpSpec]) -> tuple[list[tuple[str, Any]], list[str]]:
     """The states a declared transaction touches, and the tables of its unbounded ND ops."""
     states: list[tuple[str, Any]] = []
@@ -80,40 +83,117 @@ class RoutePlan:
     """Where the rows of one event type are named: ``pairs`` = ``(table, Source, name)``;
     ``unbounded`` = tables of ND operations without candidates."""
 
-    __slots__ = ("pairs", "unbounded")
+    __slots__ = ("pairs", "unbounded", "_states", "unite", "tables")
 
     def __init__(self, pairs: tuple[tuple[str, Source, Any], ...], unbounded: tuple[str, ...]) -> None:
         self.pairs = pairs
         self.unbounded = unbounded
+        self._states = _compile(pairs)
+        self.unite, self.tables = _compile_unite(pairs)
 
     def states(self, event: BatchEvent) -> list[tuple[str, Any]] | None:
-        """The predicted states of ``event``; None if its fields do not fit the plan."""
-        result = []
-        payload = event.payload
+        """The predicted states of ``event``; None if its fields do not fit the plan.  (A key
+        that is not hashable fails where the caller looks the state up.)"""
         try:
-            for table, source, name in self.pairs:
-                if source is Source.FIELD:
-                    key = payload[name]
-                    hash(key)
-                    result.append((table, key))
-                elif source is Source.KEY:
-                    key = event.key
-                    if key is None:
-                        return None
-                    result.append((table, key))
-                else:
-                    keys: list = []
-                    _flat(payload[name], keys)
-                    for key in keys:
-                        hash(key)
-                        result.append((table, key))
-        except (KeyError, TypeError):
+            return self._states(event)
+        except (KeyError, TypeError, IndexError):
             return None
-        return result
+
+    def __getstate__(self):
+        return (self.pairs, self.unbounded)
+
+    def __setstate__(self, state) -> None:
+        self.__init__(*state)
 
     def __repr__(self) -> str:
         parts = [f"{table}<-{source.value}{'' if name is None else ':' + str(name)}" for table, source, name in self.pairs]
         return f"RoutePlan({', '.join(parts)}{'; unbounded ' + ','.join(self.unbounded) if self.unbounded else ''})"
+
+
+def _compile(pairs: tuple[tuple[str, Source, Any], ...]):
+    """A function ``event -> [states]`` for ``pairs``, written out (one call and one list per
+    event).  Tables and field names are passed as values, never as text."""
+    namespace: dict[str, Any] = {"_flat_keys": _flat_keys, "_no_key": _no_key}
+    items = []
+    for number, (table, source, name) in enumerate(pairs):
+        namespace[f"table{number}"] = table
+        namespace[f"name{number}"] = name
+        if source is Source.FIELD:
+            items.append(f"(table{number}, payload[name{number}])")
+        elif source is Source.KEY:
+            items.append(f"(table{number}, event[1] if event[1] is not None else _no_key())")
+        else:
+            items.append(f"*[(table{number}, key) for key in _flat_keys(payload[name{number}])]")
+    code = "def states(event):\n    payload = event[3]\n    return [" + ", ".join(items) + "]\n"
+    exec(code, namespace)   # noqa: S102 - the text is built from fixed fragments and numbers only
+    return namespace["states"]
+
+
+_JOIN = """\
+{indent}number = ids{i}.get(key)
+{indent}if number is None:
+{indent}    number = ids{i}[key] = len(parents)
+{indent}    states.append((table{i}, key))
+{indent}    if first < 0:
+{indent}        parents.append(number)
+{indent}        first = number
+{indent}    else:
+{indent}        parents.append(first)
+{indent}else:
+{indent}    above = parents[number]
+{indent}    while above != number:
+{indent}        grand = parents[above]
+{indent}        parents[number] = grand
+{indent}        number = grand
+{indent}        above = parents[number]
+{indent}    if first < 0:
+{indent}        first = number
+{indent}    elif number != first:
+{indent}        parents[number] = first
+"""
+
+
+def _compile_unite(pairs: tuple[tuple[str, Source, Any], ...]):
+    """A function ``unite(event, ids, parents, states) -> number`` for ``pairs``: the union-find
+    step of :func:`route` for one event, written out per plan (the hot path of a split: no state
+    tuples but for new states, one dict per table).  ``ids[i]`` is the key → number dict of the
+    plan's i-th table; ``states[number]`` the state of a number.  Returns the number of the
+    event's first state; raises KeyError/TypeError if the event does not fit (the unions made
+    until then only merge components)."""
+    namespace: dict[str, Any] = {"_flat_keys": _flat_keys, "_no_key": _no_key}
+    lines = ["def unite(event, ids, parents, states):", "    payload = event[3]", "    first = -1"]
+    tables: list[str] = []
+    for number, (table, source, name) in enumerate(pairs):
+        if table not in tables:
+            tables.append(table)
+        index = tables.index(table)
+        namespace[f"table{index}"] = table
+        namespace[f"name{number}"] = name
+        if source is Source.FIELD:
+            lines.append(f"    key = payload[name{number}]")
+            lines.append(_JOIN.format(indent="    ", i=index).rstrip("\n"))
+        elif source is Source.KEY:
+            lines.append("    key = event[1]")
+            lines.append("    if key is None:\n        _no_key()")
+            lines.append(_JOIN.format(indent="    ", i=index).rstrip("\n"))
+        else:
+            lines.append(f"    for key in _flat_keys(payload[name{number}]):")
+            lines.append(_JOIN.format(indent="        ", i=index).rstrip("\n"))
+    lines.insert(1, "    " + ", ".join(f"ids{index}" for index in range(len(tables))) + (", = ids" if len(tables) == 1
+                                                                                           else " = ids"))
+    lines.append("    return first")
+    exec("\n".join(lines) + "\n", namespace)   # noqa: S102 - fixed fragments and numbers only
+    return namespace["unite"], tuple(tables)
+
+
+def _flat_keys(value: Any) -> list:
+    keys: list = []
+    _flat(value, keys)
+    return keys
+
+
+def _no_key():
+    raise KeyError("the event has no key")
 
 
 def _sources(event: BatchEvent, table: str, key: Any) -> set[tuple[str, Source, Any]]:
@@ -225,25 +305,37 @@ def route(router: Router, declare, batch: list[BatchEvent], count: int,
     them into ``count`` bins.  ``declare(event) -> specs`` raises for events that cannot be
     declared (they are rejected; they touch nothing).  ``declared``: specs already known."""
     routing = Routing()
-    parent: dict = {}                     # union-find over states (and ("#table", t) markers)
-    roots: list = [None] * len(batch)     # per transaction: one of its states (None: touches nothing)
-    weights = [0] * len(batch)
+    ids_of: dict[str, dict] = {}          # table (or "#table" for markers) -> key -> number
+    parents: list[int] = []               # union-find over the numbers
+    states_of_number: list = []           # number -> its state
+    firsts = [-1] * len(batch)            # per transaction: the number of one of its states
+    weights = [1] * len(batch)
     plans = router.plans
     unroutable = router.unroutable
     known = routing.declared
     predicted = 0
     unbounded_of: dict[int, tuple[str, ...]] = {}
+    plan_ids: dict[str, tuple] = {}       # event type -> the key dicts of its plan's tables
     for index, event in enumerate(batch):
-        states = None
-        plan = plans.get(event.event_type)
+        first = None
+        plan = plans.get(event[0])
         if plan is not None and (declared is None or index not in declared):
-            states = plan.states(event)
-            if states is not None:
+            dicts = plan_ids.get(event[0])
+            if dicts is None:
+                dicts = plan_ids[event[0]] = tuple(ids_of.setdefault(table, {}) for table in plan.tables)
+            try:
+                first = plan.unite(event, dicts, parents, states_of_number)
+            except (KeyError, TypeError, IndexError):
+                first = None                # does not fit the plan (or an unhashable key): declare it
+            else:
                 predicted += 1
+                weights[index] = len(plan.pairs)
                 if plan.unbounded:
                     unbounded_of[index] = plan.unbounded
-                    states = states + [("#table", table) for table in plan.unbounded]
-        if states is None:
+                    first = _union_all([("#table", table) for table in plan.unbounded] + [states_of_number[first]]
+                                       if first >= 0 else [("#table", table) for table in plan.unbounded],
+                                       ids_of, parents, states_of_number)
+        if first is None:
             specs = declared.get(index) if declared is not None else None
             if specs is None:
                 try:
@@ -253,65 +345,53 @@ def route(router: Router, declare, batch: list[BatchEvent], count: int,
             known[index] = specs
             if type(specs) is str:
                 continue
-            if event.event_type not in unroutable and event.event_type not in plans:
+            if event[0] not in unroutable and event[0] not in plans:
                 router.learn(event, specs)
             states, unbounded = touched_states(specs)
             if unbounded:
                 unbounded_of[index] = tuple(unbounded)
                 states = states + [("#table", table) for table in unbounded]
-        weights[index] = len(states) or 1
-        if not states:
-            continue
-        # union the states of this transaction
-        first = None
-        for state in states:
-            root = parent.get(state)
-            if root is None:
-                parent[state] = root = state if first is None else first
-                if first is None:
-                    first = state
-                continue
-            while True:                       # find, halving the path
-                above = parent[root]
-                if above == root:
-                    break
-                grand = parent[above]
-                parent[root] = grand
-                root = grand
-            if first is None:
-                first = root
-            elif root != first:
-                parent[root] = first
-        roots[index] = first
+            first = _union_all(states, ids_of, parents, states_of_number)
+            weights[index] = len(states) or 1
+        firsts[index] = first
     routing.predicted = predicted
     # Every state of an unbounded table joins the table's marker: any row of it may be written.
     if unbounded_of:
-        tables = {table for names in unbounded_of.values() for table in names}
-        for state in list(parent):
-            if state[0] in tables:
-                _union(parent, state, ("#table", state[0]))
-    # components
-    members: dict[Any, list[int]] = {}
-    for index, first in enumerate(roots):
-        key = _find(parent, first) if first is not None else ("#alone", index)
-        group = members.get(key)
+        markers = ids_of["#table"]
+        for table in {table for names in unbounded_of.values() for table in names}:
+            for number in ids_of.get(table, {}).values():
+                _link(parents, markers[table], number)
+    # components: the root of each transaction's first state
+    find = _finder(parents)
+    members: dict[int, list[int]] = {}
+    alone = -2
+    for index, first in enumerate(firsts):
+        if first < 0:
+            root = alone                   # touches nothing (rejected): a component of its own
+            alone -= 1
+        else:
+            root = find(first)
+        group = members.get(root)
         if group is None:
-            members[key] = [index]
+            members[root] = [index]
         else:
             group.append(index)
-    groups = list(members.items())
-    routing.components = len(groups)
+    routing.components = len(members)
     total = max(1, sum(weights))
     routing.weights = weights
     loads = [0] * count
     bins: list[list[int]] = [[] for _ in range(count)]
-    bin_of_root: dict[Any, int] = {}
-    weighed = sorted(((sum(weights[index] for index in group), root, group) for root, group in groups),
-                     key=lambda item: (not _pinned(item[2], unbounded_of), -item[0]))
+    bin_of_root: dict[int, int] = {}
+    weighed = []
+    for root, group in members.items():
+        pinned = bool(unbounded_of) and any(index in unbounded_of for index in group)
+        weighed.append((not pinned, -sum(weights[index] for index in group), root, group))
+    weighed.sort(key=lambda item: (item[0], item[1]))
     largest = 0
-    for weight, root, group in weighed:
+    for unpinned, negative, root, group in weighed:
+        weight = -negative
         largest = max(largest, weight)
-        target = 0 if _pinned(group, unbounded_of) else min(range(count), key=loads.__getitem__)
+        target = min(range(count), key=loads.__getitem__) if unpinned else 0
         loads[target] += weight
         bins[target].extend(group)
         bin_of_root[root] = target
@@ -319,32 +399,58 @@ def route(router: Router, declare, batch: list[BatchEvent], count: int,
     routing.bin_share = max(loads) / total
     routing.bins = [sorted(group) for group in bins]
     states_of: list[set] = [set() for _ in range(count)]
-    for state in parent:
-        if state[0] == "#table":
-            continue
-        states_of[bin_of_root[_find(parent, state)]].add(state)
+    for number, state in enumerate(states_of_number):
+        if state[0] != "#table":
+            states_of[bin_of_root[find(number)]].add(state)
     routing.states = states_of
     routing.unbounded = [set() for _ in range(count)]
     for index, tables in unbounded_of.items():
-        routing.unbounded[bin_of_root[_find(parent, roots[index])]].update(tables)
+        routing.unbounded[bin_of_root[find(firsts[index])]].update(tables)
     return routing
 
 
-def _pinned(group: list[int], unbounded_of: dict[int, Any]) -> bool:
-    return bool(unbounded_of) and any(index in unbounded_of for index in group)
+def _union_all(states: list, ids_of: dict, parents: list[int], states_of_number: list) -> int:
+    """Union the states of one transaction (the general path: declared events, markers);
+    returns the number of its first state (-1: none)."""
+    first = -1
+    for state in states:
+        ids = ids_of.get(state[0])
+        if ids is None:
+            ids = ids_of[state[0]] = {}
+        number = ids.get(state[1])
+        if number is None:
+            number = ids[state[1]] = len(parents)
+            states_of_number.append(state)
+            parents.append(number if first < 0 else first)
+            if first < 0:
+                first = number
+            continue
+        above = parents[number]
+        while above != number:             # find, halving the path
+            grand = parents[above]
+            parents[number] = grand
+            number = grand
+            above = parents[number]
+        if first < 0:
+            first = number
+        elif number != first:
+            parents[number] = first
+    return first
 
 
-def _find(parent: dict, item: Any) -> Any:
-    root = item
-    while parent[root] != root:
-        root = parent[root]
-    while parent[item] != root:
-        parent[item], item = root, parent[item]
-    return root
+def _finder(parents: list[int]):
+    def find(number: int) -> int:
+        root = number
+        while parents[root] != root:
+            root = parents[root]
+        while parents[number] != root:
+            parents[number], number = root, parents[number]
+        return root
+    return find
 
 
-def _union(parent: dict, first: Any, second: Any) -> None:
-    parent.setdefault(second, second)
-    one, other = _find(parent, first), _find(parent, second)
+def _link(parents: list[int], one: int, other: int) -> None:
+    find = _finder(parents)
+    one, other = find(one), find(other)
     if one != other:
-        parent[other] = one
+        parents[other] = one

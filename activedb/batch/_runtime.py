@@ -25,7 +25,7 @@ from activedb.batch._execute import ExecutionStatistics, TpgExecutor, run_serial
 from activedb.batch._lean import RouteMissed, run_lean, time_of
 from activedb.batch._parallel import WorkerPool
 from activedb.batch._plan import Tpg, Txn, build_tpg
-from activedb.batch._result import BatchResult, BatchStatistics, TransactionResult
+from activedb.batch._result import BatchResult, BatchStatistics
 from activedb.batch._route import Allowed, Router, route, touched_states
 from activedb.batch._state import VersionTable
 from activedb.batch._strategy import Strategy, parse_strategy
@@ -221,11 +221,13 @@ class _Times:
 
 @dataclass
 class _Part:
-    """What one process computed for its transactions (picklable: no events, no functions).
-    ``outcomes``: ``(t, committed, reason, outputs)`` ascending ``t`` — or, in this process,
-    ``results`` (ready TransactionResults) instead; ``rejected``: ``(t, reason)``."""
+    """What one process computed for its transactions (picklable: no events, no functions):
+    ``ts`` = the timestamps of its declared transactions (ascending), ``aborted`` = t → reason,
+    ``outputs`` = t → outputs of committed transactions that have any, ``rejected`` = (t, reason)."""
 
-    outcomes: list[tuple[int, bool, str | None, dict]]
+    ts: list[int]
+    aborted: dict[int, str]
+    outputs: dict[int, dict]
     rejected: list[tuple[int, str]]
     final: dict
     before: dict
@@ -235,10 +237,18 @@ class _Part:
     plan: dict[str, Any]
     seconds: dict[str, float]
     executions: int = 0
-    aborted: int = 0
     versions: bool = False
-    results: list[TransactionResult] | None = None
-    ts: list[int] = field(default_factory=list)     # the timestamp of each of ``results``
+
+
+def _compact(outcomes) -> tuple[list[int], dict[int, str], dict[int, dict]]:
+    ts, aborted, outputs = [], {}, {}
+    for outcome in outcomes:
+        ts.append(outcome.t)
+        if not outcome.committed:
+            aborted[outcome.t] = outcome.reason
+        elif outcome.outputs:
+            outputs[outcome.t] = outcome.outputs
+    return ts, aborted, outputs
 
 
 def _plan_counts(tpg: Tpg | None, operations: int, states: int = 0) -> dict[str, Any]:
@@ -253,23 +263,18 @@ def _plan_counts(tpg: Tpg | None, operations: int, states: int = 0) -> dict[str,
 
 def _run_part(transactions: StateTransactions, mode: str | Strategy, batch: list[BatchEvent],
               items: list[tuple[int, BatchEvent]], declared: Mapping[int, Any] | None, base: Mapping, loader,
-              allowed, model: DecisionModel, versions: bool, local: bool) -> _Part:
-    """Run ``items`` (``(t, event)``) with ``mode``; ``local``: results for this process (events
-    kept), else compact outcomes for shipping."""
+              allowed, model: DecisionModel, versions: bool) -> _Part:
+    """Run ``items`` (``(t, event)``) with ``mode``."""
     seconds: dict[str, float] = {}
     if mode == LEAN:
         lean = run_lean(transactions.declarations, items, base, loader=loader, declared=declared,
                         versions=versions, allowed=allowed)
         seconds["execute"] = lean.seconds
-        part = _Part([], [], lean.final, lean.before, LEAN, (), None, _plan_counts(None, lean.operations, lean.states),
-                     seconds, lean.executions, lean.aborted, lean.versions)
-        if local:
-            part.results, part.ts = lean.results, lean.ts
-        else:
-            part.outcomes = [(t, result[1], result[2], result[3]) for t, result in zip(lean.ts, lean.results)]
         positions = {event.position: t for t, event in items} if lean.rejected else {}
-        part.rejected = [(positions[event.position], reason) for event, reason in lean.rejected]
-        return part
+        return _Part(lean.ts, lean.aborted, lean.outputs,
+                     [(positions[event.position], reason) for event, reason in lean.rejected], lean.final,
+                     lean.before, LEAN, (), None, _plan_counts(None, lean.operations, lean.states), seconds,
+                     lean.executions, lean.versions)
     started = time.perf_counter()
     prepared = _declare_all(transactions, items, batch, declared, started)
     seconds["declare"] = prepared.seconds
@@ -283,11 +288,8 @@ def _run_part(transactions: StateTransactions, mode: str | Strategy, batch: list
         outcomes = run_serial(txns, specs, table)
         seconds["execute"] = time.perf_counter() - started
         final = table.final()
-        executions = operations
-        return _Part([(o.t, o.committed, o.reason, o.outputs) for o in outcomes], rejected, final,
-                     {state: table.base(state) for state in final}, SERIAL, (), None,
-                     _plan_counts(None, operations), seconds, executions,
-                     sum(1 for o in outcomes if not o.committed))
+        return _Part(*_compact(outcomes), rejected, final, {state: table.base(state) for state in final}, SERIAL, (),
+                     None, _plan_counts(None, operations), seconds, operations)
     started = time.perf_counter()
     tpg = build_tpg(txns, specs)
     seconds["plan"] = time.perf_counter() - started
@@ -306,10 +308,9 @@ def _run_part(transactions: StateTransactions, mode: str | Strategy, batch: list
     tpg.release(executor.units)
     seconds["execute"] = statistics.seconds + time.perf_counter() - started
     final = table.final()
-    return _Part([(o.t, o.committed, o.reason, o.outputs) for o in outcomes], rejected, final,
-                 {state: table.base(state) for state in final}, chosen_strategy.name, decision, statistics,
-                 _plan_counts(tpg, operations), seconds, statistics.executions,
-                 sum(1 for o in outcomes if not o.committed))
+    return _Part(*_compact(outcomes), rejected, final, {state: table.base(state) for state in final},
+                 chosen_strategy.name, decision, statistics, _plan_counts(tpg, operations), seconds,
+                 statistics.executions)
 
 
 def _checked_loader(loader, allowed):
@@ -335,7 +336,7 @@ def run_in_worker(transactions: StateTransactions, shipped: list[tuple], base: d
         batch = _Sparse(items)
         model = DecisionModel(abort_ratio=model_state[0], seconds_per_op=model_state[1], batches=model_state[2])
         try:
-            return _run_part(transactions, mode, batch, items, None, base, None, allowed, model, versions, False)
+            return _run_part(transactions, mode, batch, items, None, base, None, allowed, model, versions)
         except RouteMissed as missed:
             return _Missed(missed.state, missed.t)
 
@@ -425,7 +426,7 @@ def _execute(transactions, batch, base, loader, declared, strategy, processes, s
             parts = _run_split(transactions, runtime, mode, batch, routing, base, loader, declared, notes, seconds)
     if not parts:
         parts = [_run_part(transactions, mode, batch, list(enumerate(batch)), declared, base, loader, None, model,
-                           runtime.versions, True)]
+                           runtime.versions)]
     return _assemble(batch, parts, mode, seconds, components, largest_share, runtime, notes, decision)
 
 
@@ -485,7 +486,7 @@ def _run_split(transactions, runtime: Runtime, mode, batch, routing, base, loade
         notes.append(f"split abandoned: a route plan missed {missed[0][0]!r}; ran unsplit; plans dropped for "
                      f"{dropped or 'no type'}")
         return [_run_part(transactions, mode, batch, list(enumerate(batch)), declared, base, loader, None, model,
-                          runtime.versions, True)]
+                          runtime.versions)]
     return parts
 
 
@@ -500,7 +501,7 @@ def _run_local(transactions, mode, batch, routing, number: int, base, loader, ru
     known = routing.declared
     local_declared = {index: known[index] for index in members if index in known}
     return _run_part(transactions, mode, batch, [(index, batch[index]) for index in members], local_declared,
-                     local_base, loader, Allowed(states, tables), runtime.model, runtime.versions, True)
+                     local_base, loader, Allowed(states, tables), runtime.model, runtime.versions)
 
 
 _ABSENT = object()
@@ -515,36 +516,28 @@ def _is_pickling_problem(error: BaseException) -> bool:
 
 def _assemble(batch: list[BatchEvent], parts: list[_Part], mode, seconds: dict[str, float], components: int,
               largest_share: float, runtime: Runtime, notes: list[str], decision: tuple[str, ...]) -> BatchResult:
-    if len(parts) == 1 and parts[0].results is not None:
+    if len(parts) == 1:
         part = parts[0]
-        transactions = part.results
-        rejected = [(batch[t], reason) for t, reason in part.rejected]
-        final, before = part.final, part.before
+        ts, aborted, outputs, final, before = part.ts, part.aborted, part.outputs, part.final, part.before
+        rejected_at = part.rejected
     else:
-        collected: list[TransactionResult | None] = [None] * len(batch)
-        rejected_at: dict[int, str] = {}
-        final, before = {}, {}
+        ts, aborted, outputs, final, before, rejected_at = [], {}, {}, {}, {}, []
         for part in parts:
-            if part.results is not None:
-                for t, result in zip(part.ts, part.results):
-                    collected[t] = result
-            else:
-                for t, committed, reason, outputs in part.outcomes:
-                    collected[t] = TransactionResult(batch[t], committed, reason, outputs)
-            for t, reason in part.rejected:
-                rejected_at[t] = reason
+            ts.extend(part.ts)
+            aborted.update(part.aborted)
+            outputs.update(part.outputs)
             final.update(part.final)
             before.update(part.before)
-        transactions = [result for result in collected if result is not None]
-        rejected = [(batch[t], rejected_at[t]) for t in sorted(rejected_at)]
+            rejected_at.extend(part.rejected)
+        ts.sort()
+        rejected_at.sort()
+    rejected = [(batch[t], reason) for t, reason in rejected_at]
     totals: dict[str, Any] = {}
     execution = {"executions": 0, "rollbacks": 0, "aborts_applied": 0, "revoked": 0, "passes": 0, "units": 0,
                  "cyclic_ops": 0, "strata": 0}
     busiest = 0
-    aborted = 0
     part_seconds: dict[str, float] = {}
     for part in parts:
-        aborted += part.aborted
         for name, value in part.plan.items():
             if name == "busiest":
                 busiest = max(busiest, value)
@@ -565,18 +558,18 @@ def _assemble(batch: list[BatchEvent], parts: list[_Part], mode, seconds: dict[s
     mean = totals.get("on_states", 0) / totals["states"] if totals.get("on_states") and totals.get("states") else 1.0
     strategies = sorted({part.strategy for part in parts})
     statistics = BatchStatistics(
-        transactions=len(transactions), rejected=len(rejected), operations=totals.get("operations", 0),
+        transactions=len(ts), rejected=len(rejected), operations=totals.get("operations", 0),
         td_edges=totals.get("td", 0), pd_edges=totals.get("pd", 0), ld_pairs=totals.get("ld", 0),
         nd_ops=totals.get("nd", 0), window_ops=totals.get("window", 0), states=totals.get("states", 0),
         skew=(busiest / mean) if mean and busiest else 1.0, components=components,
         largest_component_share=largest_share, processes=len(parts), seconds=seconds,
         decision=decision or parts[0].decision, **execution)
     if mode != SERIAL:
-        runtime.model.observe(len(transactions), aborted, execution["executions"], seconds.get("execute", 0.0),
+        runtime.model.observe(len(ts), len(aborted), execution["executions"], seconds.get("execute", 0.0),
                               lean=all(part.execution is None for part in parts),
                               total_seconds=sum(seconds.get(phase, 0.0) for phase in ("execute", "plan", "decide")))
     runtime.model.history.append("+".join(strategies))
-    return BatchResult(transactions, rejected, final, before, "+".join(strategies), statistics, notes)
+    return BatchResult(batch, ts, aborted, outputs, rejected, final, before, "+".join(strategies), statistics, notes)
 
 
 def run_in_memory(transactions: StateTransactions, events: Iterable[Any],
