@@ -30,11 +30,12 @@ from activedb.batch._plan import EdgeKind, OpState
 from activedb.batch._result import BatchResult, BatchStatistics, TransactionResult
 from activedb.batch._runtime import normalise_events, run_in_memory
 from activedb.batch._store import apply_batch, dead_letter_row, run_batch
+from activedb.batch._commit import PendingBatch, PendingState, apply_at_commit
 from activedb.batch._strategy import AbortMode, Exploration, Granularity, Strategy, all_strategies, parse_strategy
 from activedb.batch._picture import render_tpg, tpg_graph
 from activedb.batch import errors
 
-__all__ = ["Abort", "AbortMode", "BatchEvent", "BatchResult", "BatchStatistics", "DELETE", "DecisionModel",
+__all__ = ["PendingBatch", "PendingState", "apply_at_commit", "Abort", "AbortMode", "BatchEvent", "BatchResult", "BatchStatistics", "DELETE", "DecisionModel",
            "EdgeKind", "Exploration", "Granularity", "OpKind", "OpState", "Ops", "StateTransactions", "Strategy",
            "TransactionResult", "all_strategies", "apply_batch", "dead_letter_row", "errors", "normalise_events", "parse_strategy",
            "render_tpg", "run_batch", "run_in_memory", "tpg_graph"]

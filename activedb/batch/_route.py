@@ -39,7 +39,7 @@ from typing import Any
 
 from activedb.batch._declare import BatchEvent, OpSpec
 
-__all__ = ["Allowed", "RoutePlan", "Router", "Routing", "Source", "touched_states"]
+__all__ = ["Allowed", "RoutePlan", "Router", "Routing", "Source", "route", "touched_states", "written_tables"]
 
 LEARNING_EVENTS = 4        # declarations of a type a plan must agree with before it is used
 
@@ -71,6 +71,11 @@ def touched_states(specs: list[OpSpec]) -> tuple[list[tuple[str, Any]], list[str
     return states, unbounded
 
 
+def written_tables(specs: list[OpSpec]) -> frozenset[str]:
+    """The tables a declared transaction writes."""
+    return frozenset(spec.table for spec in specs if spec.kind.writes)
+
+
 def _flat(value: Any, into: list) -> None:
     if isinstance(value, (list, tuple)):
         for item in value:
@@ -83,11 +88,13 @@ class RoutePlan:
     """Where the rows of one event type are named: ``pairs`` = ``(table, Source, name)``;
     ``unbounded`` = tables of ND operations without candidates."""
 
-    __slots__ = ("pairs", "unbounded", "_states", "unite", "tables")
+    __slots__ = ("pairs", "unbounded", "written", "_states", "unite", "tables")
 
-    def __init__(self, pairs: tuple[tuple[str, Source, Any], ...], unbounded: tuple[str, ...]) -> None:
+    def __init__(self, pairs: tuple[tuple[str, Source, Any], ...], unbounded: tuple[str, ...],
+                 written: frozenset[str] = frozenset()) -> None:
         self.pairs = pairs
         self.unbounded = unbounded
+        self.written = written          # the tables its operations write (learnt)
         self._states = _compile(pairs)
         self.unite, self.tables = _compile_unite(pairs)
 
@@ -100,7 +107,7 @@ class RoutePlan:
             return None
 
     def __getstate__(self):
-        return (self.pairs, self.unbounded)
+        return (self.pairs, self.unbounded, self.written)
 
     def __setstate__(self, state) -> None:
         self.__init__(*state)
@@ -237,7 +244,7 @@ class Router:
                 return
             pairs |= found
         seen = self._learning.setdefault(kind, [])
-        seen.append((pairs, event, set(states), tuple(sorted(set(unbounded)))))
+        seen.append((pairs, event, set(states), tuple(sorted(set(unbounded))), written_tables(specs)))
         if len(seen) < LEARNING_EVENTS:
             return
         del self._learning[kind]
@@ -246,8 +253,8 @@ class Router:
             self._give_up(kind)
             return
         plan = RoutePlan(tuple(sorted(common, key=lambda pair: (pair[0], pair[1].value, str(pair[2])))),
-                         seen[0][3])
-        for _, learnt, states_seen, _ in seen:       # it must predict every state the events touched
+                         seen[0][3], frozenset().union(*(entry[4] for entry in seen)))
+        for _, learnt, states_seen, _, _ in seen:       # it must predict every state the events touched
             predicted = plan.states(learnt)
             if predicted is None or not states_seen <= set(predicted):
                 self._give_up(kind)

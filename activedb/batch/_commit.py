@@ -1,0 +1,394 @@
+"""Execute at commit: a batch run inside the top-level transaction's one PostgreSQL transaction.
+
+:func:`apply_at_commit` is the fast store path.  Instead of loading every row into the
+transaction tree (a lock-manager request and a relied-on image per row, a write-set entry per
+row, then a flush that re-reads every relied-on row ``FOR SHARE`` to validate it), the batch
+becomes a :class:`~activedb.CommitParticipant` whose ``write(tx, connection)`` — inside the
+flush's PostgreSQL transaction — does the whole batch against PostgreSQL's own row locks:
+
+1. lock and read every declared row: per table (in name order) one ``SELECT … WHERE key =
+   ANY(:keys) ORDER BY key FOR UPDATE`` (a deterministic lock order, so two batches cannot
+   deadlock on each other's rows);
+2. run the batch on those images (the lean executor, or the strategy asked for; rows no
+   declaration or route plan named are read on demand the same way, after a table lock);
+3. write the final state with one statement per table and kind (INSERT / UPDATE of the changed
+   columns / DELETE), insert the dead letters, call ``on_result`` (e.g. to set the counts of an
+   ingestion-ledger row written next).
+
+Why this is serializable without validating anything: every row the batch reads or writes is
+locked ``FOR UPDATE`` from its read to COMMIT, and the images are read after the locks are
+granted (PostgreSQL returns the latest committed version of a row it locks), so the batch is
+ordered after every transaction that committed a change to those rows and before every one that
+changes them later — strict two-phase locking on rows.  Another process's flush that read one of
+these rows validates it ``FOR SHARE`` and waits for the lock, then sees the batch's change and
+conflicts; a plain writer waits.  What row locks cannot hold is a row's *absence*: when
+:func:`apply_at_commit` is called it asks PostgreSQL which declared rows do not exist yet and
+reads those through the tree (``tx.prefetch``), so the flush runs at SERIALIZABLE and validates
+that they are still absent — exactly the core's rule for absent reads.  A row that existed then
+and is gone at commit raises :class:`~activedb.errors.SerializationConflict` (re-run).
+
+What this path cannot do: raise data events into the tree (it writes below it).  So when an
+extension observes a table the batch writes (``db.rules.observes(table)``: a rule would fire on
+its changes), :func:`apply_at_commit` runs the batch at once through the tree instead
+(:func:`~activedb.batch._store.apply_batch`: ``read_many``/``write_many``), and the rules fire as
+always; the returned :class:`PendingBatch` is the same either way.  The rows the batch writes
+at commit must not also be written through the tree by the same transaction (its write set is
+applied after the participants and would overwrite them).
+
+Participants write in enlistment order: a participant that needs the batch's result inside
+the commit (an ingestion ledger counting the batch's events) is enlisted *after*
+``apply_at_commit`` (``tx.enlist(ledger)``), or updates its row in ``on_result``.  The result of
+a deferred batch exists once the commit wrote it: ``pending.result`` after the ``with`` block.
+If PostgreSQL makes the flush retry (serialization failure, deadlock), ``write`` runs again from
+the start on a fresh connection: the batch is run again on the rows as they are then.
+
+Thread-safety: a :class:`PendingBatch` belongs to one transaction; its state is read by the
+transaction's thread (and by whoever reads ``result`` after the commit).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+
+from activedb.batch._declare import BatchEvent, StateTransactions
+from activedb.batch._result import BatchResult
+from activedb.batch._route import touched_states, written_tables
+from activedb.batch._runtime import AUTO, execute_batch, normalise_events, runtime_of
+from activedb.batch._store import DEAD_LETTER_TABLE, apply_batch, dead_letter_row
+from activedb.batch._strategy import Strategy
+from activedb.batch.errors import BatchNotCommitted
+from activedb.errors import InvalidKey, SerializationConflict
+from activedb.store import jsonable
+from activedb.txn import CommitParticipant
+
+__all__ = ["PendingBatch", "PendingState", "apply_at_commit"]
+
+_MISSING = object()
+
+
+class PendingState(enum.Enum):
+    """``PENDING`` (enlisted; runs inside the commit) → ``COMMITTED`` | ``ABORTED``."""
+
+    PENDING = "pending"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+
+
+class PendingBatch(CommitParticipant):
+    """A batch that runs inside the commit of the transaction it is enlisted in (module
+    docstring).  ``result`` is its :class:`BatchResult` once the transaction committed;
+    ``state`` says where it is; ``mode`` is ``"at commit"`` or ``"through the tree"`` (a rule
+    observes a table it writes); ``seconds`` = time per phase of the last run."""
+
+    def __init__(self, transactions: StateTransactions, batch: list[BatchEvent], declared: dict[int, Any],
+                 keys: dict[str, dict[Any, Any]], absent: dict[str, set], unbounded: set[str], *,
+                 strategy: str | Strategy, processes: int | None, split: str, dead_letters: str | None,
+                 query_id: str | None, batch_id: int | None,
+                 letters: Callable[[BatchResult], list[tuple[str, Any]]] | None,
+                 on_result: Callable[[BatchResult, sa.Connection], None] | None,
+                 ready: BatchResult | None = None) -> None:
+        self.transactions = transactions
+        self.batch = batch
+        self._declared = declared
+        self._keys = keys                 # table -> {declared key: normalised key tuple}
+        self._absent = absent             # table -> normalised keys found absent when applied
+        self._unbounded = unbounded       # tables of ND operations without candidates
+        self._strategy = strategy
+        self._processes = processes
+        self._split = split
+        self._dead_letters = dead_letters
+        self._query_id = query_id
+        self._batch_id = batch_id
+        self._letters = letters
+        self._on_result = on_result
+        self._ready = ready               # computed through the tree (a rule observes a table)
+        self._result: BatchResult | None = ready
+        self.mode = "through the tree" if ready is not None else "at commit"
+        # Invariant: PENDING until the transaction ends; then COMMITTED or ABORTED, never again PENDING.
+        self.state = PendingState.PENDING
+        self.error: BaseException | None = None
+        self.seconds: dict[str, float] = {}
+        self.rows_written = 0
+
+    @property
+    def result(self) -> BatchResult:
+        """The batch's result; only once the transaction committed."""
+        if self.state is not PendingState.COMMITTED:
+            raise BatchNotCommitted(
+                f"the batch's transaction is {self.state.value}"
+                + (f" ({type(self.error).__name__}: {self.error})" if self.error is not None else "")
+                + "; read pending.result after the transaction committed (after its `with` block)")
+        assert self._result is not None
+        return self._result
+
+    # --- the commit -----------------------------------------------------------------------
+
+    def write(self, transaction: Any, connection: sa.Connection) -> None:
+        if self.state is not PendingState.PENDING:
+            raise BatchNotCommitted(f"a {self.state.value} batch cannot be written again; apply the events again")
+        catalog = transaction.manager.catalog
+        seconds: dict[str, float] = {}
+        if self._ready is not None:
+            result = self._ready
+        else:
+            started = time.perf_counter()
+            base = self._lock_and_read(catalog, connection)
+            seconds["lock_and_read"] = time.perf_counter() - started
+            result = execute_batch(self.transactions, self.batch, base, loader=_OnDemand(catalog, connection),
+                                   declared=self._declared, strategy=self._strategy, processes=self._processes,
+                                   split=self._split)
+            seconds.update(result.statistics.seconds)
+            started = time.perf_counter()
+            self.rows_written = _write_final(catalog, connection, result)
+            seconds["write"] = time.perf_counter() - started
+        started = time.perf_counter()
+        if self._on_result is not None:
+            self._on_result(result, connection)
+        letters = self._letters(result) if self._letters is not None else [
+            (reason, dead_letter_row(event)) for event, reason in result.dead_letters]
+        if self._dead_letters is not None and letters:
+            table = catalog.table(self._dead_letters)
+            connection.execute(table.insert(), [
+                {"query_id": self._query_id, "batch_id": self._batch_id, "reason": reason,
+                 "raw": jsonable(raw) if isinstance(raw, Mapping) else {"value": jsonable(raw)}}
+                for reason, raw in letters])
+        seconds["dead_letters"] = time.perf_counter() - started
+        transaction.info["batch"] = {"events": result.committed_count, "dead_letters": len(letters),
+                                     "rows_written": self.rows_written, "mode": self.mode}
+        self._result = result
+        self.seconds = {"apply": self.seconds.get("apply", 0.0), **seconds}
+
+    def committed(self, transaction: Any) -> None:
+        self.state = PendingState.COMMITTED
+
+    def aborted(self, transaction: Any, error: BaseException | None) -> None:
+        if self.state is PendingState.PENDING:
+            self.state = PendingState.ABORTED
+            self.error = error
+            self._result = None
+
+    # --- rows -----------------------------------------------------------------------------
+
+    def _lock_and_read(self, catalog: Any, connection: sa.Connection) -> dict[tuple[str, Any], Any]:
+        """Lock every declared row ``FOR UPDATE`` (tables in name order, keys in key order) and
+        return their images; absent rows must be the ones found absent when the batch was applied."""
+        for table in sorted(self._unbounded):
+            _lock_table(catalog, connection, table)
+        base: dict[tuple[str, Any], Any] = {}
+        for table in sorted(self._keys):
+            keys = self._keys[table]
+            info = catalog.table_info(table)
+            found = _select_for_update(connection, info, list(keys.values()))
+            absent = self._absent.get(table, ())
+            for given, key in keys.items():
+                image = found.get(key)
+                if image is None and key not in absent and table not in self._unbounded:
+                    raise SerializationConflict(
+                        f"row {given!r} of {table!r} was deleted by another process after the batch was applied "
+                        f"(it existed then); nothing was written — re-run the transaction "
+                        f"(Database.run(fn, retries=N) does)")
+                base[(table, given)] = image
+        return base
+
+
+class _OnDemand:
+    """Rows no declaration named (ND operations without candidates, a route plan that missed):
+    lock their table against writers (``SHARE ROW EXCLUSIVE``: an absent row stays absent), then
+    read the row ``FOR UPDATE``."""
+
+    def __init__(self, catalog: Any, connection: sa.Connection) -> None:
+        self.catalog = catalog
+        self.connection = connection
+        self.locked: set[str] = set()
+
+    def __call__(self, table: str, key: Any) -> dict | None:
+        if table not in self.locked:
+            _lock_table(self.catalog, self.connection, table)
+            self.locked.add(table)
+        info = self.catalog.table_info(table)
+        return _select_for_update(self.connection, info, [info.key(key)]).get(info.key(key))
+
+
+def _lock_table(catalog: Any, connection: sa.Connection, table: str) -> None:
+    name = catalog.table_info(table).table
+    preparer = connection.dialect.identifier_preparer
+    connection.execute(sa.text(f"LOCK TABLE {preparer.format_table(name)} IN SHARE ROW EXCLUSIVE MODE"))
+
+
+def _select_for_update(connection: sa.Connection, info: Any, keys: list[tuple]) -> dict[tuple, dict]:
+    """The images of ``keys`` (normalised key tuples), locked ``FOR UPDATE`` in key order."""
+    if not keys:
+        return {}
+    columns = [info.table.c[name] for name in info.key_columns]
+    names = info.key_columns
+    if len(columns) == 1:
+        column = columns[0]
+        statement = (sa.select(info.table)
+                     .where(column == sa.any_(sa.bindparam("keys", type_=postgresql.ARRAY(column.type))))
+                     .order_by(column).with_for_update())
+        rows = connection.execute(statement, {"keys": sorted(key[0] for key in keys)}).mappings()
+        name = names[0]
+        return {(row[name],): dict(row) for row in rows}
+    found: dict[tuple, dict] = {}
+    ordered = sorted(keys)
+    statement = info.select_by_keys().order_by(*columns).with_for_update()
+    for start in range(0, len(ordered), 5000):    # bounded bind parameters per statement
+        rows = connection.execute(statement, {"keys": ordered[start:start + 5000]}).mappings()
+        found.update((tuple(row[name] for name in names), dict(row)) for row in rows)
+    return found
+
+
+def _write_final(catalog: Any, connection: sa.Connection, result: BatchResult) -> int:
+    """The batch's final rows, one statement per table, kind and column set."""
+    by_table: dict[str, list[tuple[Any, Any, Any]]] = {}
+    for (table, key), image in result.final.items():
+        by_table.setdefault(table, []).append((key, image, result.before.get((table, key))))
+    written = 0
+    for table in sorted(by_table):
+        info = catalog.table_info(table)
+        deletes: list[dict] = []
+        updates: dict[frozenset, list[dict]] = {}
+        inserts: dict[frozenset, list[dict]] = {}
+        for given, image, old in by_table[table]:
+            key = info.key(given)
+            key_row = info.full_key_row(key)
+            if image is None:
+                if old is not None:
+                    deletes.append({f"k_{name}": value for name, value in key_row.items()})
+                continue
+            if old is None:
+                values = {name: value for name, value in image.items() if name not in key_row}
+                _check_key_columns(info, given, image, key_row)
+                row = {**key_row, **info.check_values(values)}
+                inserts.setdefault(frozenset(row), []).append(row)
+                continue
+            changes = {name: value for name, value in image.items() if old.get(name, _MISSING) != value}
+            if not changes:
+                continue
+            _check_key_columns(info, given, changes, key_row)
+            info.check_values(changes)
+            row = {f"k_{name}": value for name, value in key_row.items()}
+            row.update((f"v_{name}", value) for name, value in changes.items())
+            updates.setdefault(frozenset(changes), []).append(row)
+        if deletes:
+            connection.execute(info.delete(), deletes)
+        for columns, rows in updates.items():
+            connection.execute(info.update(columns), rows)
+        for rows in inserts.values():
+            connection.execute(info.table.insert(), rows)
+        written += len(deletes) + sum(len(rows) for rows in updates.values()) + sum(
+            len(rows) for rows in inserts.values())
+    return written
+
+
+def _check_key_columns(info: Any, given: Any, values: Mapping[str, Any], key_row: Mapping[str, Any]) -> None:
+    for name, value in key_row.items():
+        if name in values and values[name] != value:
+            raise InvalidKey(f"a write function of the batch changed {info.name}.{name} of row {given!r} to "
+                             f"{values[name]!r}; the key of a row cannot change — write another row instead")
+
+
+# --- applying ------------------------------------------------------------------------------
+
+def apply_at_commit(tx: Any, events: Iterable[Any], transactions: StateTransactions, *,
+                    strategy: str | Strategy = AUTO, processes: int | None = None, split: str = "auto",
+                    dead_letters: str | None = DEAD_LETTER_TABLE, query_id: str | None = None,
+                    batch_id: int | None = None,
+                    letters: Callable[[BatchResult], list[tuple[str, Any]]] | None = None,
+                    on_result: Callable[[BatchResult, sa.Connection], None] | None = None) -> PendingBatch:
+    """Enlist ``events`` as a batch that runs inside the commit of ``tx`` (module docstring) and
+    return its :class:`PendingBatch`.  ``dead_letters``: the table its dead letters go to (None:
+    none are stored), labelled ``query_id``/``batch_id``; ``letters(result)`` → ``[(reason,
+    raw)]`` replaces the default rows (``dead_letter_row``); ``on_result(result, connection)`` is
+    called inside the commit before the dead letters are inserted."""
+    tx_started = time.perf_counter()
+    batch = normalise_events(events)
+    runtime = runtime_of(transactions)
+    router = runtime.router
+    plans = router.plans
+    declare = transactions.declare
+    declared: dict[int, Any] = {}
+    states: dict[str, dict[Any, None]] = {}
+    unbounded: set[str] = set()
+    written: set[str] = set()
+    for t, event in enumerate(batch):
+        plan = plans.get(event[0])
+        predicted = plan.states(event) if plan is not None else None
+        if predicted is not None:
+            try:
+                for table, key in predicted:
+                    keys = states.get(table)
+                    if keys is None:
+                        states[table] = {key: None}
+                    else:
+                        keys[key] = None
+            except TypeError:          # an unhashable key: declare the event instead
+                predicted = None
+            else:
+                unbounded.update(plan.unbounded)
+                written |= plan.written
+                continue
+        try:
+            specs = declare(event)
+        except Exception as error:
+            declared[t] = f"{type(error).__name__}: {error}"
+            continue
+        declared[t] = specs
+        if event[0] not in plans and event[0] not in router.unroutable:
+            router.learn(event, specs)
+        touched, tables = touched_states(specs)
+        unbounded.update(tables)
+        written |= written_tables(specs)
+        for table, key in touched:
+            states.setdefault(table, {})[key] = None
+    extensions = tx.manager.extensions
+    observed = sorted(table for table in written if extensions.any("wants_old_images", table))
+    if observed:
+        result = apply_batch(tx, batch, transactions, strategy=strategy, processes=processes, split=split)
+        result.notes.append(f"ran through the transaction tree: {', '.join(observed)} observed by rules")
+        pending = PendingBatch(transactions, batch, declared, {}, {}, set(), strategy=strategy, processes=processes,
+                               split=split, dead_letters=dead_letters, query_id=query_id, batch_id=batch_id,
+                               letters=letters, on_result=on_result, ready=result)
+        tx.enlist(pending)
+        return pending
+    catalog = tx.manager.catalog
+    keys: dict[str, dict[Any, Any]] = {}
+    absent: dict[str, set] = {}
+    for table, given_keys in states.items():
+        info = catalog.table_info(table)
+        keys[table] = normalised = {given: info.key(given) for given in given_keys}
+        if table in unbounded:
+            continue
+        existing = _existing(catalog, info, list(normalised.values()))
+        missing = [given for given, key in normalised.items() if key not in existing]
+        if missing:
+            tx.prefetch(table, missing)    # relied on as absent: the flush validates it, at SERIALIZABLE
+            absent[table] = {normalised[given] for given in missing}
+    pending = PendingBatch(transactions, batch, declared, keys, absent, unbounded, strategy=strategy,
+                           processes=processes, split=split, dead_letters=dead_letters, query_id=query_id,
+                           batch_id=batch_id, letters=letters, on_result=on_result)
+    pending.seconds["apply"] = time.perf_counter() - tx_started
+    tx.enlist(pending)
+    return pending
+
+
+def _existing(catalog: Any, info: Any, keys: list[tuple]) -> set[tuple]:
+    """Which of ``keys`` exist now (one query; no lock: absence is validated at the flush)."""
+    columns = [info.table.c[name] for name in info.key_columns]
+    with catalog.autocommit_connection() as connection:
+        if len(columns) == 1:
+            column = columns[0]
+            statement = sa.select(column).where(
+                column == sa.any_(sa.bindparam("keys", type_=postgresql.ARRAY(column.type))))
+            return {(value,) for value in connection.execute(statement, {"keys": [key[0] for key in keys]}).scalars()}
+        found: set[tuple] = set()
+        statement = sa.select(*columns).where(sa.tuple_(*columns).in_(sa.bindparam("keys", expanding=True)))
+        for start in range(0, len(keys), 5000):
+            found.update(tuple(row) for row in connection.execute(statement, {"keys": keys[start:start + 5000]}))
+        return found
