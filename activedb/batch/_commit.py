@@ -21,11 +21,13 @@ granted (PostgreSQL returns the latest committed version of a row it locks), so 
 ordered after every transaction that committed a change to those rows and before every one that
 changes them later — strict two-phase locking on rows.  Another process's flush that read one of
 these rows validates it ``FOR SHARE`` and waits for the lock, then sees the batch's change and
-conflicts; a plain writer waits.  What row locks cannot hold is a row's *absence*: when
-:func:`apply_at_commit` is called it asks PostgreSQL which declared rows do not exist yet and
-reads those through the tree (``tx.prefetch``), so the flush runs at SERIALIZABLE and validates
-that they are still absent — exactly the core's rule for absent reads.  A row that existed then
-and is gone at commit raises :class:`~activedb.errors.SerializationConflict` (re-run).
+conflicts; a plain writer waits.  What a row lock cannot hold is a row's *absence*: when some
+declared rows of a table do not exist, the batch locks that table ``IN SHARE ROW EXCLUSIVE MODE``
+(it blocks every writer of the table, no reader) and reads those rows again — rows committed
+meanwhile are found and locked, the others stay absent until the batch commits.  Two-phase
+locking again, at table granularity for the absences only; the flush stays at READ COMMITTED.
+A deadlock between these locks and another writer's is PostgreSQL's to find (SQLSTATE 40P01):
+the flush retries, and ``write`` runs again from the start.
 
 What this path cannot do: raise data events into the tree (it writes below it).  So when an
 extension observes a table the batch writes (``db.rules.observes(table)``: a rule would fire on
@@ -63,7 +65,7 @@ from activedb.batch._runtime import AUTO, execute_batch, normalise_events, runti
 from activedb.batch._store import DEAD_LETTER_TABLE, apply_batch, dead_letter_row
 from activedb.batch._strategy import Strategy
 from activedb.batch.errors import BatchNotCommitted
-from activedb.errors import InvalidKey, SerializationConflict
+from activedb.errors import InvalidKey
 from activedb.store import jsonable
 from activedb.txn import CommitParticipant
 
@@ -87,7 +89,7 @@ class PendingBatch(CommitParticipant):
     observes a table it writes); ``seconds`` = time per phase of the last run."""
 
     def __init__(self, transactions: StateTransactions, batch: list[BatchEvent], declared: dict[int, Any],
-                 keys: dict[str, dict[Any, Any]], absent: dict[str, set], unbounded: set[str], *,
+                 keys: dict[str, dict[Any, Any]], unbounded: set[str], *,
                  strategy: str | Strategy, processes: int | None, split: str, dead_letters: str | None,
                  query_id: str | None, batch_id: int | None,
                  letters: Callable[[BatchResult], list[tuple[str, Any]]] | None,
@@ -97,7 +99,6 @@ class PendingBatch(CommitParticipant):
         self.batch = batch
         self._declared = declared
         self._keys = keys                 # table -> {declared key: normalised key tuple}
-        self._absent = absent             # table -> normalised keys found absent when applied
         self._unbounded = unbounded       # tables of ND operations without candidates
         self._strategy = strategy
         self._processes = processes
@@ -145,7 +146,7 @@ class PendingBatch(CommitParticipant):
                                    split=self._split)
             seconds.update(result.statistics.seconds)
             started = time.perf_counter()
-            self.rows_written = _write_final(catalog, connection, result)
+            self.rows_written = _write_final(catalog, connection, result, self._keys)
             seconds["write"] = time.perf_counter() - started
         started = time.perf_counter()
         if self._on_result is not None:
@@ -177,7 +178,8 @@ class PendingBatch(CommitParticipant):
 
     def _lock_and_read(self, catalog: Any, connection: sa.Connection) -> dict[tuple[str, Any], Any]:
         """Lock every declared row ``FOR UPDATE`` (tables in name order, keys in key order) and
-        return their images; absent rows must be the ones found absent when the batch was applied."""
+        return their images; a table with absent rows is locked against writers and those rows
+        read again (module docstring)."""
         for table in sorted(self._unbounded):
             _lock_table(catalog, connection, table)
         base: dict[tuple[str, Any], Any] = {}
@@ -185,15 +187,12 @@ class PendingBatch(CommitParticipant):
             keys = self._keys[table]
             info = catalog.table_info(table)
             found = _select_for_update(connection, info, list(keys.values()))
-            absent = self._absent.get(table, ())
+            if len(found) < len(keys) and table not in self._unbounded:
+                _lock_table(catalog, connection, table)
+                found.update(_select_for_update(connection, info, [key for key in keys.values() if key not in found]))
+            get = found.get
             for given, key in keys.items():
-                image = found.get(key)
-                if image is None and key not in absent and table not in self._unbounded:
-                    raise SerializationConflict(
-                        f"row {given!r} of {table!r} was deleted by another process after the batch was applied "
-                        f"(it existed then); nothing was written — re-run the transaction "
-                        f"(Database.run(fn, retries=N) does)")
-                base[(table, given)] = image
+                base[(table, given)] = get(key)
         return base
 
 
@@ -232,9 +231,9 @@ def _select_for_update(connection: sa.Connection, info: Any, keys: list[tuple]) 
         statement = (sa.select(info.table)
                      .where(column == sa.any_(sa.bindparam("keys", type_=postgresql.ARRAY(column.type))))
                      .order_by(column).with_for_update())
-        rows = connection.execute(statement, {"keys": sorted(key[0] for key in keys)}).mappings()
-        name = names[0]
-        return {(row[name],): dict(row) for row in rows}
+        rows, fields = _fetch(connection, statement, {"keys": sorted(key[0] for key in keys)})
+        return {(row[0],): dict(zip(fields, row)) for row in rows} if fields[0] == names[0] else {
+            (image[names[0]],): image for image in (dict(zip(fields, row)) for row in rows)}
     found: dict[tuple, dict] = {}
     ordered = sorted(keys)
     statement = info.select_by_keys().order_by(*columns).with_for_update()
@@ -244,47 +243,166 @@ def _select_for_update(connection: sa.Connection, info: Any, keys: list[tuple]) 
     return found
 
 
-def _write_final(catalog: Any, connection: sa.Connection, result: BatchResult) -> int:
-    """The batch's final rows, one statement per table, kind and column set."""
+def _fetch(connection: sa.Connection, statement: Any, parameters: dict) -> tuple[list[tuple], list[str]]:
+    """Run ``statement`` on the connection's own driver cursor (rows as plain tuples, arrays sent
+    in binary): the batch reads tens of thousands of rows here, and a SQLAlchemy row object per
+    row would cost more than PostgreSQL's work for it."""
+    cursor = connection.connection.driver_connection.cursor(binary=True)
+    try:
+        cursor.execute(_binary_sql(connection, statement, parameters), parameters)
+        fields = [description.name for description in cursor.description]
+        return cursor.fetchall(), fields
+    finally:
+        cursor.close()
+
+
+def _binary_sql(connection: sa.Connection, statement: Any, parameters: dict) -> str:
+    """The statement's SQL for the driver, its parameters marked binary (``%(name)b``)."""
+    sql = str(statement.compile(dialect=connection.dialect))
+    for name in parameters:
+        sql = sql.replace(f"%({name})s", f"%({name})b")
+    return sql
+
+
+def _run(connection: sa.Connection, statement: Any, parameters: dict) -> None:
+    """Execute ``statement`` with array parameters on the driver cursor, in binary."""
+    cursor = connection.connection.driver_connection.cursor(binary=True)
+    try:
+        cursor.execute(_binary_sql(connection, statement, parameters), parameters)
+    finally:
+        cursor.close()
+
+
+def _write_final(catalog: Any, connection: sa.Connection, result: BatchResult,
+                 normalised: Mapping[str, Mapping[Any, tuple]]) -> int:
+    """The batch's final rows: per table, one statement per kind (DELETE, UPDATE of a set of
+    changed columns, INSERT of a set of columns) — each row's values as arrays, joined with
+    ``unnest`` (one round trip however many rows), or, for values without a plain array form,
+    the same statement executed once per row.  ``normalised[table][key]``: the key tuples
+    checked when the batch was applied."""
     by_table: dict[str, list[tuple[Any, Any, Any]]] = {}
     for (table, key), image in result.final.items():
         by_table.setdefault(table, []).append((key, image, result.before.get((table, key))))
     written = 0
     for table in sorted(by_table):
         info = catalog.table_info(table)
+        known = normalised.get(table, {})
+        key_columns = info.key_columns
+        single = key_columns[0] if len(key_columns) == 1 else None
         deletes: list[dict] = []
         updates: dict[frozenset, list[dict]] = {}
         inserts: dict[frozenset, list[dict]] = {}
         for given, image, old in by_table[table]:
-            key = info.key(given)
-            key_row = info.full_key_row(key)
+            key = known.get(given)
+            if key is None:
+                key = info.key(given)
+            key_row = {single: key[0]} if single is not None else info.full_key_row(key)
             if image is None:
                 if old is not None:
-                    deletes.append({f"k_{name}": value for name, value in key_row.items()})
+                    deletes.append(key_row)
                 continue
             if old is None:
-                values = {name: value for name, value in image.items() if name not in key_row}
                 _check_key_columns(info, given, image, key_row)
-                row = {**key_row, **info.check_values(values)}
+                row = {**image, **key_row}
                 inserts.setdefault(frozenset(row), []).append(row)
                 continue
             changes = {name: value for name, value in image.items() if old.get(name, _MISSING) != value}
             if not changes:
                 continue
             _check_key_columns(info, given, changes, key_row)
-            info.check_values(changes)
-            row = {f"k_{name}": value for name, value in key_row.items()}
-            row.update((f"v_{name}", value) for name, value in changes.items())
-            updates.setdefault(frozenset(changes), []).append(row)
+            changes.update(key_row)
+            updates.setdefault(frozenset(changes), []).append(changes)
         if deletes:
-            connection.execute(info.delete(), deletes)
+            _delete(connection, info, deletes)
         for columns, rows in updates.items():
-            connection.execute(info.update(columns), rows)
-        for rows in inserts.values():
-            connection.execute(info.table.insert(), rows)
+            names = sorted(columns.difference(key_columns))
+            _check_columns(info, names, rows)
+            _update(connection, info, names, rows)
+        for columns, rows in inserts.items():
+            names = sorted(columns)
+            _check_columns(info, [name for name in names if name not in key_columns], rows)
+            _insert(connection, info, names, rows)
         written += len(deletes) + sum(len(rows) for rows in updates.values()) + sum(
             len(rows) for rows in inserts.values())
     return written
+
+
+def _check_columns(info: Any, names: list[str], rows: list[dict]) -> None:
+    """``info.check_value`` for every value written (an unknown column, a wrong type, an integer
+    out of range fail here, naming the column, as a write through the tree would), checking a
+    column of plain ints by its extremes."""
+    for name in names:
+        values = [row[name] for row in rows]
+        column = info.columns.get(name)
+        if column is not None and isinstance(column.type, sa.Integer) and values and all(
+                type(value) is int for value in values):
+            info.check_value(name, min(values))
+            info.check_value(name, max(values))
+            continue
+        for value in values:
+            info.check_value(name, value)
+
+
+# Column types whose Python values PostgreSQL takes as arrays through ``unnest``, and the one
+# Python type every value must have (or None) for the driver to send the array in binary.
+_ARRAY_TYPES = ((sa.Integer, int), (sa.Float, float), (sa.Text, str), (sa.Boolean, bool))
+
+
+def _arrays(info: Any, names: list[str], rows: list[dict]):
+    """``unnest(:a0, :a1, …) AS v(names…)`` and its parameters, or None if a column's values have
+    no plain array form (then the caller executes the statement once per row)."""
+    binds, parameters = [], {}
+    for number, name in enumerate(names):
+        column = info.table.c[name]
+        python_type = next((kind for sql_type, kind in _ARRAY_TYPES if isinstance(column.type, sql_type)
+                            and not isinstance(column.type, sa.Enum)), None)
+        if python_type is None:
+            return None
+        values = [row[name] for row in rows]
+        if python_type is float:
+            values = [float(value) if type(value) is int else value for value in values]
+        if not all(type(value) is python_type or value is None for value in values):
+            return None
+        binds.append(sa.bindparam(f"a{number}", type_=postgresql.ARRAY(column.type)))
+        parameters[f"a{number}"] = values
+    derived = sa.func.unnest(*binds).table_valued(*names).render_derived(name="v")
+    return derived, parameters
+
+
+def _key_match(info: Any, derived: Any):
+    return sa.and_(*[info.table.c[name] == derived.c[name] for name in info.key_columns])
+
+
+def _delete(connection: sa.Connection, info: Any, rows: list[dict]) -> None:
+    arrays = _arrays(info, list(info.key_columns), rows)
+    if arrays is None:
+        connection.execute(info.delete(), [{f"k_{name}": value for name, value in row.items()} for row in rows])
+        return
+    derived, parameters = arrays
+    _run(connection, sa.delete(info.table).where(_key_match(info, derived)), parameters)
+
+
+def _update(connection: sa.Connection, info: Any, columns: list[str], rows: list[dict]) -> None:
+    arrays = _arrays(info, [*info.key_columns, *columns], rows)
+    if arrays is None:
+        connection.execute(info.update(frozenset(columns)), [
+            {**{f"k_{name}": row[name] for name in info.key_columns}, **{f"v_{name}": row[name] for name in columns}}
+            for row in rows])
+        return
+    derived, parameters = arrays
+    statement = sa.update(info.table).where(_key_match(info, derived)).values(
+        {name: derived.c[name] for name in columns})
+    _run(connection, statement, parameters)
+
+
+def _insert(connection: sa.Connection, info: Any, columns: list[str], rows: list[dict]) -> None:
+    arrays = _arrays(info, columns, rows)
+    if arrays is None:
+        connection.execute(info.table.insert(), rows)
+        return
+    derived, parameters = arrays
+    statement = sa.insert(info.table).from_select(columns, sa.select(*[derived.c[name] for name in columns]))
+    _run(connection, statement, parameters)
 
 
 def _check_key_columns(info: Any, given: Any, values: Mapping[str, Any], key_row: Mapping[str, Any]) -> None:
@@ -352,25 +470,14 @@ def apply_at_commit(tx: Any, events: Iterable[Any], transactions: StateTransacti
     if observed:
         result = apply_batch(tx, batch, transactions, strategy=strategy, processes=processes, split=split)
         result.notes.append(f"ran through the transaction tree: {', '.join(observed)} observed by rules")
-        pending = PendingBatch(transactions, batch, declared, {}, {}, set(), strategy=strategy, processes=processes,
+        pending = PendingBatch(transactions, batch, declared, {}, set(), strategy=strategy, processes=processes,
                                split=split, dead_letters=dead_letters, query_id=query_id, batch_id=batch_id,
                                letters=letters, on_result=on_result, ready=result)
         tx.enlist(pending)
         return pending
     catalog = tx.manager.catalog
-    keys: dict[str, dict[Any, Any]] = {}
-    absent: dict[str, set] = {}
-    for table, given_keys in states.items():
-        info = catalog.table_info(table)
-        keys[table] = normalised = {given: info.key(given) for given in given_keys}
-        if table in unbounded:
-            continue
-        existing = _existing(catalog, info, list(normalised.values()))
-        missing = [given for given, key in normalised.items() if key not in existing]
-        if missing:
-            tx.prefetch(table, missing)    # relied on as absent: the flush validates it, at SERIALIZABLE
-            absent[table] = {normalised[given] for given in missing}
-    pending = PendingBatch(transactions, batch, declared, keys, absent, unbounded, strategy=strategy,
+    keys = {table: _normalised_keys(catalog.table_info(table), given_keys) for table, given_keys in states.items()}
+    pending = PendingBatch(transactions, batch, declared, keys, unbounded, strategy=strategy,
                            processes=processes, split=split, dead_letters=dead_letters, query_id=query_id,
                            batch_id=batch_id, letters=letters, on_result=on_result)
     pending.seconds["apply"] = time.perf_counter() - tx_started
@@ -378,17 +485,12 @@ def apply_at_commit(tx: Any, events: Iterable[Any], transactions: StateTransacti
     return pending
 
 
-def _existing(catalog: Any, info: Any, keys: list[tuple]) -> set[tuple]:
-    """Which of ``keys`` exist now (one query; no lock: absence is validated at the flush)."""
-    columns = [info.table.c[name] for name in info.key_columns]
-    with catalog.autocommit_connection() as connection:
-        if len(columns) == 1:
-            column = columns[0]
-            statement = sa.select(column).where(
-                column == sa.any_(sa.bindparam("keys", type_=postgresql.ARRAY(column.type))))
-            return {(value,) for value in connection.execute(statement, {"keys": [key[0] for key in keys]}).scalars()}
-        found: set[tuple] = set()
-        statement = sa.select(*columns).where(sa.tuple_(*columns).in_(sa.bindparam("keys", expanding=True)))
-        for start in range(0, len(keys), 5000):
-            found.update(tuple(row) for row in connection.execute(statement, {"keys": keys[start:start + 5000]}))
-        return found
+def _normalised_keys(info: Any, given_keys: Iterable[Any]) -> dict[Any, tuple]:
+    """``{key as declared: key tuple}``, checked as ``info.key`` checks (a column of plain ints by
+    its extremes)."""
+    given = list(given_keys)
+    if len(info.key_columns) == 1 and given and all(type(key) is int for key in given):
+        info.key(min(given))
+        info.key(max(given))
+        return {key: (key,) for key in given}
+    return {key: info.key(key) for key in given}

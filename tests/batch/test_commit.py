@@ -3,8 +3,8 @@ top-level transaction's one PostgreSQL transaction, on rows it locks ``FOR UPDAT
 
 * state, dead letters and an ingestion-ledger row (enlisted after the batch, counts filled by
   ``on_result``) commit together; a replay of the batch is skipped and changes nothing;
-* rows that do not exist yet (TP segments) are created, and a concurrent insert of one of them
-  makes the commit conflict instead of being overwritten;
+* rows that do not exist yet (TP segments) are created; another writer's insert of one of them
+  committed before the batch's commit is counted on, one attempted during it waits and follows;
 * a writer in **another process** (a subprocess driven step by step through its stdin) reading
   and writing the batch's rows before, during and after the batch's commit loses no update;
 * a rule observing a table the batch writes makes the batch run through the transaction tree,
@@ -16,6 +16,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 import sqlalchemy as sa
@@ -86,7 +87,7 @@ def test_at_commit_writes_state_dead_letters_and_ledger_together_and_a_replay_is
     assert _letters(db, "at-commit") == [reason for _, reason in reference.dead_letters]
 
 
-def test_new_rows_are_created_and_a_concurrent_insert_of_one_conflicts(db):
+def test_new_rows_are_created_and_concurrent_inserts_of_them_are_ordered(db):
     _reset(db, {})
     events = workloads.generate_toll(workloads.Workload(batch=120, keys=12, abort_ratio=0.2, cost_us=0, seed=9))
     transactions = workloads.toll()
@@ -97,18 +98,40 @@ def test_new_rows_are_created_and_a_concurrent_insert_of_one_conflicts(db):
     counts = _rows(db, workloads.TOLL_COUNT, "segment")
     assert {segment: row["vehicles"] for segment, row in counts.items()} == {
         key: image["vehicles"] for (table, key), image in reference.final.items() if table == workloads.TOLL_COUNT}
-    # A segment the next batch creates is inserted by someone else before the batch commits.
-    fresh = [{"type": "position_report", "ts": 1.0, "payload": {"segment": 500, "vehicle": 1, "speed": 50.0}}]
+    report = [{"type": "position_report", "ts": 1.0, "payload": {"segment": 500, "vehicle": 1, "speed": 50.0}}]
     other = activedb.connect(db.engine.url.render_as_string(hide_password=False))
     try:
-        with pytest.raises(activedb.errors.SerializationConflict):
+        with testing.Watchdog(60, db.transactions.locks):
+            # A row the batch creates is inserted by another writer after apply_at_commit, before the
+            # commit: the batch finds it at commit and counts on top of it.
             with db.transaction() as tx:
-                batch.apply_at_commit(tx, fresh, transactions, dead_letters=None)
+                batch.apply_at_commit(tx, report, transactions, dead_letters=None)
                 with other.transaction() as intruder:
                     intruder.write(workloads.TOLL_COUNT, 500, vehicles=7)
+            assert _rows(db, workloads.TOLL_COUNT, "segment")[500]["vehicles"] == 8
+            # A writer that inserts a row the batch found absent, while the batch commits, waits for the
+            # batch's table lock and comes after it.
+            report[0]["payload"]["segment"] = 501
+            done = []
+
+            def insert_during_commit():
+                with other.transaction() as intruder:
+                    intruder.write(workloads.TOLL_COUNT, 501, vehicles=70)
+                done.append(True)
+
+            with db.transaction() as tx:
+                batch.apply_at_commit(tx, report, transactions, dead_letters=None)
+                tx.enlist(_HoldBeforeCommit(lambda: _start_thread(insert_during_commit),
+                                            lambda: _waiting_on_a_lock(db)))
+            testing.wait_until(lambda: done, timeout=30, message="the other writer to commit")
+            assert _rows(db, workloads.TOLL_COUNT, "segment")[501]["vehicles"] == 70
     finally:
         other.close()
-    assert _rows(db, workloads.TOLL_COUNT, "segment")[500]["vehicles"] == 7   # not overwritten
+
+
+def _start_thread(function):
+    thread = threading.Thread(target=function, name="other writer", daemon=True)
+    thread.start()
 
 
 # --- another process ---------------------------------------------------------------------------
