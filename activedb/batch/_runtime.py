@@ -336,9 +336,11 @@ def run_in_worker(transactions: StateTransactions, shipped: list[tuple], base: d
         batch = _Sparse(items)
         model = DecisionModel(abort_ratio=model_state[0], seconds_per_op=model_state[1], batches=model_state[2])
         try:
-            return _run_part(transactions, mode, batch, items, None, base, None, allowed, model, versions)
+            part = _run_part(transactions, mode, batch, items, None, base, None, allowed, model, versions)
         except RouteMissed as missed:
             return _Missed(missed.state, missed.t)
+        part.before = None      # the caller has the images before the batch: not shipped back
+        return part
 
 
 class _Sparse:
@@ -478,6 +480,8 @@ def _run_split(transactions, runtime: Runtime, mode, batch, routing, base, loade
         if isinstance(answer, _Missed):
             missed.append((answer.state, answer.t))
         else:
+            if answer.before is None:
+                answer.before = {state: base_get(state) for state in answer.final}
             parts.append(answer)
     if missed:
         dropped = sorted({batch[t].event_type for _, t in missed if t >= 0})
