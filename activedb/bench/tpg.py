@@ -25,6 +25,10 @@ with C = 0 (the engine's own cost).  In one run, on the same machine and Postgre
    serial reference and four fixed strategies; PNG plots and the JSON are written to
    ``$ACTIVEDB_BENCH_DIR`` (default ``./tpg-bench``).
 
+5. **instructions per event** (``perf stat -e instructions:u``, when perf is available): the
+   engine in memory per strategy, and for the split the calling process alone vs all processes
+   — stable figures on a loaded machine, where wall-clock ones swing by 2×.
+
 Goals (issue 14): TPG ≥ 5× the per-event nested path on SL; ≥ 1.6× with 2 processes on a
 batch that splits.  ``--quick`` uses T = 2,048 and short sweeps (≈ 1 min).
 """
@@ -254,6 +258,39 @@ def _end_to_end(report: BenchReport, database, name: str, cost: float, size: int
                           "nested_loop_us_per_event": round(phases["nested"]["events"] / count * 1e6, 1)}))
 
 
+def _instructions(report: BenchReport, size: int, quick: bool) -> None:
+    from activedb.bench._tpg_count import instructions_per_event, perf_available
+
+    if not perf_available():
+        report.notes.append("instructions per event: perf stat -e instructions:u is not available here (skipped)")
+        return
+    strategies = ("serial", "auto", "tpg") if quick else ("serial", "auto", "tpg", "ns/f/e", "bfs/c/l")
+    for name in ("sl", "gs", "tp"):
+        count = size * 4 if name == "tp" else size
+        figures = {strategy: instructions_per_event(name, strategy, count) for strategy in strategies}
+        reference = figures["serial"]
+        for strategy, figure in figures.items():
+            if figure is None or reference is None:
+                continue
+            report.add(Row(name=f"{name.upper()} in memory, C = 0: instructions per event, {strategy}", value=figure,
+                           unit="instructions/event", baseline_name="serial reference", baseline=reference,
+                           ratio=reference / figure, extra={"lower_is_better": True}))
+    # The split: what the calling process executes alone (its serial share) and all processes together.
+    count = size * 2
+    one = instructions_per_event("sl", "auto", count, cost=10.0, partitions=8)
+    parent = instructions_per_event("sl", "auto", count, cost=10.0, partitions=8, processes=2, inherit=False)
+    total = instructions_per_event("sl", "auto", count, cost=10.0, partitions=8, processes=2)
+    if None not in (one, parent, total):
+        workers = total - parent
+        bound = one / max(parent, workers)
+        report.add(Row(name="SL (8 key groups, C = 10 us): instructions per event of the calling process, 2 processes "
+                            "vs 1", value=parent, unit="instructions/event", baseline_name="1 process (lean)",
+                       baseline=one, ratio=one / parent,
+                       extra={"lower_is_better": True, "workers": round(workers), "all_processes": round(total),
+                              "speed_up_bound": round(bound, 2),
+                              "meaning": "one / max(parent, workers): the 2-process speed-up if both had a core"}))
+
+
 # --- plots ----------------------------------------------------------------------------------------
 
 def _plot(directory: Path, parameter: str, points: dict[str, list[tuple[float, float]]], label: str) -> Path:
@@ -280,8 +317,11 @@ def _plot(directory: Path, parameter: str, points: dict[str, list[tuple[float, f
 
 # --- the benchmark --------------------------------------------------------------------------------
 
-def run(quick: bool = False, *, size: int | None = None) -> BenchReport:
-    """``size`` overrides T (the smoke test uses a tiny batch)."""
+def run(quick: bool = False, *, size: int | None = None, instructions: bool | None = None) -> BenchReport:
+    """``size`` overrides T (the smoke test uses a tiny batch); ``instructions``: section 5 (perf
+    stat, a minute or two; default: full runs only, or ``ACTIVEDB_BENCH_INSTRUCTIONS=1``)."""
+    if instructions is None:
+        instructions = not quick or os.environ.get("ACTIVEDB_BENCH_INSTRUCTIONS") == "1"
     from activedb.bench._setup import connect as bench_connect
 
     report = BenchReport("Batches of state transactions on a TPG (activedb bench tpg)")
@@ -401,6 +441,11 @@ def run(quick: bool = False, *, size: int | None = None) -> BenchReport:
             report.add(Row(name=f"SL sweep {parameter}: {strategy}", value=series[-1][1], unit="txn/s",
                            extra={"series": [[x, round(y, 1)] for x, y in series]}))
     (directory / "tpg-sweeps.json").write_text(json.dumps(sweep_json, indent=1))
+
+    # 5. Instructions per event (perf stat): stable where wall-clock figures are not.
+    if instructions:
+        _instructions(report, size, quick)
+
     (directory / "tpg-bench.json").write_text(json.dumps(report.to_json(), indent=1, default=str))
     report.notes.append(f"T = {size} (TP {size * 4}); C = 10 us unless stated; plots: {', '.join(plots)}; JSON beside "
                         f"them; wall time {time.perf_counter() - started_all:.0f} s")
