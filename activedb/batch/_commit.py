@@ -64,8 +64,8 @@ from activedb.batch._route import touched_states, written_tables
 from activedb.batch._runtime import AUTO, execute_batch, normalise_events, runtime_of
 from activedb.batch._store import DEAD_LETTER_TABLE, apply_batch, dead_letter_row
 from activedb.batch._strategy import Strategy
-from activedb.batch.errors import BatchNotCommitted
-from activedb.errors import InvalidKey
+from activedb.batch.errors import BatchNotCommitted, DeclarationError
+from activedb.errors import InvalidKey, InvalidValue
 from activedb.store import jsonable
 from activedb.txn import CommitParticipant
 
@@ -207,11 +207,15 @@ class _OnDemand:
         self.locked: set[str] = set()
 
     def __call__(self, table: str, key: Any) -> dict | None:
+        info = self.catalog.table_info(table)
+        try:
+            normalised = info.key(key)
+        except (InvalidKey, InvalidValue) as error:   # a computed key that cannot name a row: the op fails
+            raise DeclarationError(f"the row {key!r} of {table!r} cannot exist: {error}") from None
         if table not in self.locked:
             _lock_table(self.catalog, self.connection, table)
             self.locked.add(table)
-        info = self.catalog.table_info(table)
-        return _select_for_update(self.connection, info, [info.key(key)]).get(info.key(key))
+        return _select_for_update(self.connection, info, [normalised]).get(normalised)
 
 
 def _lock_table(catalog: Any, connection: sa.Connection, table: str) -> None:
@@ -426,6 +430,7 @@ def apply_at_commit(tx: Any, events: Iterable[Any], transactions: StateTransacti
     raw)]`` replaces the default rows (``dead_letter_row``); ``on_result(result, connection)`` is
     called inside the commit before the dead letters are inserted."""
     tx_started = time.perf_counter()
+    events = list(events)
     batch = normalise_events(events)
     runtime = runtime_of(transactions)
     router = runtime.router
@@ -468,7 +473,7 @@ def apply_at_commit(tx: Any, events: Iterable[Any], transactions: StateTransacti
     extensions = tx.manager.extensions
     observed = sorted(table for table in written if extensions.any("wants_old_images", table))
     if observed:
-        result = apply_batch(tx, batch, transactions, strategy=strategy, processes=processes, split=split)
+        result = apply_batch(tx, events, transactions, strategy=strategy, processes=processes, split=split)
         result.notes.append(f"ran through the transaction tree: {', '.join(observed)} observed by rules")
         pending = PendingBatch(transactions, batch, declared, {}, set(), strategy=strategy, processes=processes,
                                split=split, dead_letters=dead_letters, query_id=query_id, batch_id=batch_id,

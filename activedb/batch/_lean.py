@@ -12,10 +12,11 @@ locked.  The differential tests hold it equal to :func:`~activedb.batch._execute
 
 Entry point: :func:`run_lean`.  It takes ``(t, event)`` pairs in timestamp order and either
 declares each event itself or takes its already declared operations (``declared``).  Missing
-images come from ``base``, then ``loader`` (on demand), then count as absent rows; with
-``allowed`` (a worker's part of a split batch), a state outside it raises :class:`RouteMissed`
-instead: the batch's split was planned on a prediction that this event broke, and the caller
-runs the batch again unsplit.
+images come from ``base``, then ``loader`` (on demand; a loader error is the batch's, not an
+operation's — except a :class:`DeclarationError`: the key cannot name a row), then count as
+absent rows; with ``allowed`` (a worker's part of a split batch), a state outside it raises
+:class:`RouteMissed` instead: the batch's split was planned on a prediction that this event
+broke, and the caller runs the batch again unsplit.
 
 Thread-safety: none; one call runs on one thread.
 """
@@ -28,7 +29,7 @@ from typing import Any
 
 from activedb.batch._declare import BatchEvent, OpKind, Ops, OpSpec, no_operation, unknown_event_type
 from activedb.batch._state import failure_reason, merge_image, perform
-from activedb.batch.errors import ExecutionInvariantBroken
+from activedb.batch.errors import DeclarationError, ExecutionInvariantBroken
 
 __all__ = ["LeanPart", "RouteMissed", "run_lean", "time_of"]
 
@@ -130,6 +131,8 @@ def _run(declarations, items, base, loader, declared, versions, allowed) -> Lean
         if loader is not None:
             try:
                 image = loader(state[0], state[1])
+            except DeclarationError:       # the loader says the key cannot name a row: the op fails
+                raise
             except Exception as error:
                 raise _LoadFailed(error) from error
         else:

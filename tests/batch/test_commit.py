@@ -289,3 +289,59 @@ def test_a_rule_on_a_written_table_runs_the_batch_through_the_tree(db):
         assert sorted(fired) == sorted(changed_assets)
     finally:
         db.rules.remove("tpg_assets_watch")
+
+
+def test_windows_and_non_deterministic_rows_at_commit_equal_the_reference(db):
+    """GS with window reads and ND writes/reads without candidates: the rows an ND operation
+    computes are read on demand at commit (after a table lock), windows see the batch's versions."""
+    from tests.batch.test_differential import _batch, _summary
+
+    transactions, events, state = _batch("gs", 0.8, 0.5, 0)
+    _reset(db, state)
+    reference = batch.run_in_memory(workloads.grep_sum(), events, state, strategy="serial")
+    assert reference.statistics.operations and any(event["type"].startswith("gs_nd") for event in events)
+    with db.transaction() as tx:
+        pending = batch.apply_at_commit(tx, events, transactions, query_id="gs-at-commit", batch_id=3)
+    assert _summary(pending.result) == _summary(reference)
+    stored = _rows(db, workloads.GREP)
+    for (table, key), image in reference.final.items():
+        assert stored.get(key) == ({"id": key, **image} if image is not None else None), key
+    assert _letters(db, "gs-at-commit") == [reason for _, reason in reference.dead_letters]
+
+
+def test_a_batch_split_over_two_processes_at_commit(db):
+    events, state = _ledger_batch(seed=13, partitions=4, size=400)
+    _reset(db, state)
+    reference = batch.run_in_memory(workloads.ledger(), events, state, strategy="serial")
+    with workloads.ledger(processes=2) as transactions:
+        with db.transaction() as tx:
+            pending = batch.apply_at_commit(tx, events, transactions, split="always", dead_letters=None)
+    result = pending.result
+    assert result.statistics.processes == 2, result.notes
+    assert result.final == reference.final and result.dead_letters == reference.dead_letters
+    _stored(db, state, reference)
+
+
+def test_dead_letters_name_the_events_as_given_on_both_paths(db):
+    """``event.position`` of a dead letter is the index in the list given (out of ts order here),
+    whether the batch runs at commit or, a rule observing a written table, through the tree."""
+    events, state = _ledger_batch(seed=8, size=80)
+    events = list(reversed(events))                       # arrival order differs from ts order
+    transactions = workloads.ledger()
+    reference = batch.run_in_memory(transactions, events, state, strategy="serial")
+    expected = [(event.position, reason) for event, reason in reference.dead_letters]
+    assert expected
+    for observed in (False, True):
+        _reset(db, state)
+        if observed:
+            db.rule(on=db.updated(workloads.ACCOUNTS), name="tpg_accounts_watch")(lambda tx, event: None)
+        try:
+            with db.transaction() as tx:
+                pending = batch.apply_at_commit(tx, events, transactions, dead_letters=None)
+        finally:
+            if observed:
+                db.rules.remove("tpg_accounts_watch")
+        assert pending.mode == ("through the tree" if observed else "at commit")
+        assert [(event.position, reason) for event, reason in pending.result.dead_letters] == expected
+        assert all(events[event.position]["payload"] == dict(event.payload)
+                   for event, _ in pending.result.dead_letters)
