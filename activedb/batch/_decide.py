@@ -18,7 +18,8 @@ operations that hold it (Python functions), one thread is all a process has, and
 only adds planning and bookkeeping to the serial order it must reproduce anyway: the model picks
 the lean serial executor (``_lean.py``), and real parallelism comes from splitting the batch
 into components over processes (rule 4), each part lean.  The reasons it gives carry the
-costs it measured (seconds per operation, lean and TPG, from the batches that ran each way).
+costs it measured (seconds per operation, lean and TPG — planning included — from the batches
+that ran each way); should a TPG ever measure cheaper than lean here, it picks the TPG.
 ``strategy="tpg"`` skips rule 0 and applies the paper's rules to the graph just built:
 
 Rules (the paper's three, thresholds calibrated on this machine by ``activedb bench tpg``;
@@ -118,6 +119,9 @@ class DecisionModel:
         measured = ", ".join(f"{name} {value * 1e6:.2f} us/op" for name, value in
                              (("lean", self.lean_seconds_per_op), ("TPG", self.tpg_seconds_per_op))
                              if value is not None) or "no batch measured yet"
+        lean, tpg = self.lean_seconds_per_op, self.tpg_seconds_per_op
+        if lean is not None and tpg is not None and tpg < lean:
+            return "tpg", (f"TPG: measured cheaper per operation than lean ({measured})",)
         if threads <= 1 or gil:
             return "lean", (f"lean serial: {threads} executor thread{'s' if threads != 1 else ''}"
                             f"{' under the GIL' if gil else ''} — exploring a TPG buys no concurrency here, only "
