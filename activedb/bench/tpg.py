@@ -326,11 +326,12 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
 
     report = BenchReport("Batches of state transactions on a TPG (activedb bench tpg)")
     size = size or (2_048 if quick else 10_240)
-    repeat = 1 if quick else 2
+    repeat = 1 if quick else 3
     directory = Path(os.environ.get("ACTIVEDB_BENCH_DIR", "tpg-bench"))
     directory.mkdir(parents=True, exist_ok=True)
     logging.getLogger("activedb.rules").setLevel(logging.CRITICAL)   # rule failures are the aborts
     started_all = time.perf_counter()
+    load_at_start = os.getloadavg()[0]
 
     # 1. In memory: every strategy vs the serial reference, at Table 6 defaults.
     for name in ("sl", "gs", "tp"):
@@ -446,9 +447,11 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
     if instructions:
         _instructions(report, size, quick)
 
-    (directory / "tpg-bench.json").write_text(json.dumps(report.to_json(), indent=1, default=str))
+    report.notes.append(f"load average (1 min) at start {load_at_start:.1f}, at the end of the sweeps "
+                        f"{os.getloadavg()[0]:.1f}, on {os.cpu_count()} cores")
     report.notes.append(f"T = {size} (TP {size * 4}); C = 10 us unless stated; plots: {', '.join(plots)}; JSON beside "
                         f"them; wall time {time.perf_counter() - started_all:.0f} s")
     report.notes.append("in-memory rows run in one process (threads buy nothing for these busy-waiting "
                         "operations under the GIL); 'processes' rows split components over a forkserver pool")
+    (directory / "tpg-bench.json").write_text(json.dumps(report.to_json(), indent=1, default=str))
     return report
