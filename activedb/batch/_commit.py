@@ -61,7 +61,7 @@ from sqlalchemy.dialects import postgresql
 from activedb.batch._declare import BatchEvent, StateTransactions
 from activedb.batch._result import BatchResult
 from activedb.batch._route import touched_states, written_tables
-from activedb.batch._runtime import AUTO, execute_batch, normalise_events, runtime_of
+from activedb.batch._runtime import AUTO, _NoCyclicGc, execute_batch, normalise_events, runtime_of
 from activedb.batch._store import DEAD_LETTER_TABLE, apply_batch, dead_letter_row
 from activedb.batch._strategy import Strategy
 from activedb.batch.errors import BatchNotCommitted, DeclarationError
@@ -131,6 +131,10 @@ class PendingBatch(CommitParticipant):
     # --- the commit -----------------------------------------------------------------------
 
     def write(self, transaction: Any, connection: sa.Connection) -> None:
+        with _NoCyclicGc():        # tens of thousands of small objects: no cyclic collection meanwhile
+            self._write(transaction, connection)
+
+    def _write(self, transaction: Any, connection: sa.Connection) -> None:
         if self.state is not PendingState.PENDING:
             raise BatchNotCommitted(f"a {self.state.value} batch cannot be written again; apply the events again")
         catalog = transaction.manager.catalog
@@ -292,41 +296,50 @@ def _write_final(catalog: Any, connection: sa.Connection, result: BatchResult,
         info = catalog.table_info(table)
         known = normalised.get(table, {})
         key_columns = info.key_columns
+        key_set = frozenset(key_columns)
         single = key_columns[0] if len(key_columns) == 1 else None
         deletes: list[dict] = []
-        updates: dict[frozenset, list[dict]] = {}
+        updates: dict[tuple, list[dict]] = {}      # changed column names -> rows (key columns + those)
         inserts: dict[frozenset, list[dict]] = {}
         for given, image, old in by_table[table]:
             key = known.get(given)
             if key is None:
                 key = info.key(given)
-            key_row = {single: key[0]} if single is not None else info.full_key_row(key)
             if image is None:
                 if old is not None:
-                    deletes.append(key_row)
+                    deletes.append({single: key[0]} if single is not None else info.full_key_row(key))
                 continue
+            key_row = {single: key[0]} if single is not None else info.full_key_row(key)
             if old is None:
                 _check_key_columns(info, given, image, key_row)
                 row = {**image, **key_row}
                 inserts.setdefault(frozenset(row), []).append(row)
                 continue
-            changes = {name: value for name, value in image.items() if old.get(name, _MISSING) != value}
-            if not changes:
+            old_get = old.get
+            changed = tuple(name for name, value in image.items() if old_get(name, _MISSING) != value)
+            if not changed:
                 continue
-            _check_key_columns(info, given, changes, key_row)
-            changes.update(key_row)
-            updates.setdefault(frozenset(changes), []).append(changes)
+            if not key_set.isdisjoint(changed):
+                _check_key_columns(info, given, image, key_row)
+            rows = updates.get(changed)
+            if rows is None:
+                updates[changed] = rows = []
+            key_row.update((name, image[name]) for name in changed)
+            rows.append(key_row)
         if deletes:
             _delete(connection, info, deletes)
-        for columns, rows in updates.items():
-            names = sorted(columns.difference(key_columns))
+        merged: dict[frozenset, list[dict]] = {}
+        for changed, rows in updates.items():       # the same columns in another order: one statement
+            merged.setdefault(frozenset(changed), []).extend(rows)
+        for columns, rows in merged.items():
+            names = sorted(columns)
             _check_columns(info, names, rows)
             _update(connection, info, names, rows)
         for columns, rows in inserts.items():
             names = sorted(columns)
-            _check_columns(info, [name for name in names if name not in key_columns], rows)
+            _check_columns(info, [name for name in names if name not in key_set], rows)
             _insert(connection, info, names, rows)
-        written += len(deletes) + sum(len(rows) for rows in updates.values()) + sum(
+        written += len(deletes) + sum(len(rows) for rows in merged.values()) + sum(
             len(rows) for rows in inserts.values())
     return written
 
@@ -429,6 +442,13 @@ def apply_at_commit(tx: Any, events: Iterable[Any], transactions: StateTransacti
     none are stored), labelled ``query_id``/``batch_id``; ``letters(result)`` → ``[(reason,
     raw)]`` replaces the default rows (``dead_letter_row``); ``on_result(result, connection)`` is
     called inside the commit before the dead letters are inserted."""
+    with _NoCyclicGc():
+        return _apply_at_commit(tx, events, transactions, strategy, processes, split, dead_letters, query_id, batch_id,
+                                letters, on_result)
+
+
+def _apply_at_commit(tx, events, transactions, strategy, processes, split, dead_letters, query_id, batch_id, letters,
+                     on_result) -> PendingBatch:
     tx_started = time.perf_counter()
     events = list(events)
     batch = normalise_events(events)

@@ -31,7 +31,7 @@ from typing import Any
 
 from activedb.batch._declare import BatchEvent, StateTransactions
 from activedb.batch._result import BatchResult
-from activedb.batch._runtime import AUTO, execute, prepare
+from activedb.batch._runtime import AUTO, _NoCyclicGc, execute, prepare
 from activedb.batch._strategy import Strategy
 
 __all__ = ["DEAD_LETTER_TABLE", "apply_batch", "dead_letter_row", "run_batch"]
@@ -50,6 +50,11 @@ def apply_batch(tx: Any, events: Iterable[Any], transactions: StateTransactions,
     ``"table"`` (one WRITE lock per table the batch touches)."""
     if lock not in ("write", "table"):
         raise ValueError(f"apply_batch(lock={lock!r}): use 'write' or 'table'")
+    with _NoCyclicGc():        # tens of thousands of small objects: no cyclic collection meanwhile
+        return _apply_batch(tx, events, transactions, strategy, processes, split, lock)
+
+
+def _apply_batch(tx, events, transactions, strategy, processes, split, lock) -> BatchResult:
     prepared = prepare(transactions, events)
     started = time.perf_counter()
     base: dict[tuple[str, Any], dict | None] = {}
