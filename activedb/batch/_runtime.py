@@ -580,10 +580,11 @@ def run_in_memory(transactions: StateTransactions, events: Iterable[Any],
                   state: Mapping[tuple[str, Any], dict | None] | None = None, *, strategy: str | Strategy = AUTO,
                   processes: int | None = None, split: str = "auto") -> BatchResult:
     """Declare and run a batch over ``state`` (images before the batch; absent = no row)."""
-    started = time.perf_counter()
-    batch = normalise_events(events)
-    normalised = time.perf_counter() - started
-    result = execute_batch(transactions, batch, dict(state or {}), strategy=strategy, processes=processes,
-                           split=split)
+    with _NoCyclicGc():
+        started = time.perf_counter()
+        batch = normalise_events(events)
+        normalised = time.perf_counter() - started
+        result = execute_batch(transactions, batch, dict(state or {}), strategy=strategy, processes=processes,
+                               split=split)
     result.statistics.seconds["normalise"] = normalised
     return result
