@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["read_many", "write_many"]
 
 _READ_LOCKS = {"read": Mode.READ, "write": Mode.WRITE}
+_CHUNK = 10_000   # keys per query of read_many
 
 
 def read_many(node: "Transaction", table: Any, keys: Iterable[Any], lock: str = "read") -> dict[Any, dict | None]:
@@ -56,9 +57,11 @@ def read_many(node: "Transaction", table: Any, keys: Iterable[Any], lock: str = 
             locking.acquire(node, info, key, mode)
     chain = (node, *node.ancestors())
     name = info.name
-    wanted = [key for key in normalised.values() if not any((name, key) in member._db_reads for member in chain)]
-    if wanted:
-        node.root._read_base.read_many(node, info, list(dict.fromkeys(wanted)))
+    wanted = list(dict.fromkeys(key for key in normalised.values()
+                                if not any((name, key) in member._db_reads for member in chain)))
+    read_base = node.root._read_base
+    for start in range(0, len(wanted), _CHUNK):   # PostgreSQL takes at most 65,535 parameters a statement
+        read_base.read_many(node, info, wanted[start:start + _CHUNK])
     return {given: _view.read_row(node, info, key) for given, key in normalised.items()}
 
 
