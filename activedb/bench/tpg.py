@@ -310,7 +310,8 @@ def _plot(directory: Path, parameter: str, points: dict[str, list[tuple[float, f
     figure, axes = plt.subplots(figsize=(6.4, 4.2))
     for name, series in points.items():
         xs, ys = zip(*series)
-        axes.plot(xs, ys, marker="o", label=name, linewidth=2.4 if name == "auto" else 1.2)
+        axes.plot(xs, ys, marker="o", label="auto (lean)" if name == "auto" else name,
+                  linewidth=2.4 if name == "auto" else 1.2)
     axes.set_xlabel(label)
     axes.set_ylabel("transactions per CPU second (in memory)")
     axes.set_title(f"SL: throughput vs {label}")
