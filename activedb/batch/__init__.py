@@ -42,7 +42,8 @@ from activedb.batch._strategy import AbortMode, Exploration, Granularity, Strate
 from activedb.batch._picture import render_tpg, tpg_graph
 from activedb.batch import errors
 
-__all__ = ["PendingBatch", "PendingState", "apply_at_commit", "Abort", "AbortMode", "BatchEvent", "BatchResult", "BatchStatistics", "DELETE", "DecisionModel",
-           "EdgeKind", "Exploration", "Granularity", "OpKind", "OpState", "Ops", "StateTransactions", "Strategy",
-           "TransactionResult", "all_strategies", "apply_batch", "dead_letter_row", "errors", "normalise_events", "parse_strategy",
-           "render_tpg", "run_batch", "run_in_memory", "tpg_graph"]
+__all__ = ["Abort", "AbortMode", "all_strategies", "apply_at_commit", "apply_batch", "BatchEvent",
+           "BatchResult", "BatchStatistics", "dead_letter_row", "DecisionModel", "DELETE", "EdgeKind",
+           "errors", "Exploration", "Granularity", "normalise_events", "OpKind", "Ops", "OpState",
+           "parse_strategy", "PendingBatch", "PendingState", "render_tpg", "run_batch", "run_in_memory",
+           "StateTransactions", "Strategy", "tpg_graph", "TransactionResult"]

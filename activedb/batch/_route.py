@@ -113,7 +113,8 @@ class RoutePlan:
         self.__init__(*state)
 
     def __repr__(self) -> str:
-        parts = [f"{table}<-{source.value}{'' if name is None else ':' + str(name)}" for table, source, name in self.pairs]
+        parts = [f"{table}<-{source.value}{'' if name is None else ':' + str(name)}"
+                 for table, source, name in self.pairs]
         return f"RoutePlan({', '.join(parts)}{'; unbounded ' + ','.join(self.unbounded) if self.unbounded else ''})"
 
 

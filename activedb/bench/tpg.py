@@ -23,8 +23,9 @@ with C = 0 (the engine's own cost).  In one run, on the same machine and Postgre
    components), C = 10 µs, in memory: one process (lean) vs two (this one + one warmed worker,
    the batch routed by learned plans, each part lean), best of ``repeat`` with the load average;
 4. **sweeps** on SL: θ, abort ratio a, batch size T — transactions per CPU second of the
-   decision model, the serial reference, the decision model on the TPG and four fixed strategies; PNG plots and the JSON are written to
-   ``$ACTIVEDB_BENCH_DIR`` (default ``./tpg-bench``).
+   decision model, the serial reference, the decision model on the TPG and four fixed
+   strategies; PNG plots and the JSON are written to ``$ACTIVEDB_BENCH_DIR`` (default
+   ``./tpg-bench``).
 
 5. **instructions per event** (``perf stat -e instructions:u``, when perf is available): the
    engine in memory per strategy, and for the split the calling process alone vs all processes

@@ -74,7 +74,8 @@ def test_read_many_images_are_validated_at_the_flush(db, accounts, database_url)
 @pytest.mark.parametrize("lock", ["row", "table"])
 def test_write_many_writes_deletes_and_raises_the_data_events(db, accounts, lock):
     seen = []
-    db.rule(on=db.updated("accounts"), name="bulk_updates")(lambda tx, event: seen.append((event.key, event.new["balance"])))
+    db.rule(on=db.updated("accounts"), name="bulk_updates")(
+        lambda tx, event: seen.append((event.key, event.new["balance"])))
     db.rule(on=db.deleted("accounts"), name="bulk_deletes")(lambda tx, event: seen.append((event.key, None)))
     try:
         with db.transaction() as tx:
