@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -14,8 +15,10 @@ from sqlalchemy.engine import Engine, URL, make_url
 from lockmgr import Deadlock
 
 from activedb import _embedded, _migrate
+from activedb.capture import CaptureManager
+from activedb.capture.errors import CaptureNotEnabledWarning
 from activedb.errors import DatabaseUnavailable, RuleError, SerializationConflict, TransactionError
-from activedb.events import EventKind, EventSpec, Punctuations
+from activedb.events import DATA_KINDS, EventKind, EventSpec, Origin, Punctuations
 from activedb.rules import FunctionRule, Rule, RuleManager
 from activedb.store import Catalog
 from activedb.txn import CommitParticipant, Observer, ReadBase, TransactionManager
@@ -76,15 +79,22 @@ class Database:
 
     def __init__(self, engine: Engine, *, embedded: _embedded.EmbeddedServer | None = None,
                  max_cascade_depth: int = 16, max_deferred_cycles: int = 100, rule_execution: str = "threads",
-                 **transaction_options: Any):
+                 explain_deadlocks: bool = False, **transaction_options: Any):
         self.engine = engine
         self.embedded = embedded
         self._closed = False
         self.catalog = Catalog(engine, self.describe)
-        self.transactions = TransactionManager(self.catalog, **transaction_options)
+        self.transactions = TransactionManager(self.catalog, snapshot_on_deadlock=explain_deadlocks,
+                                               **transaction_options)
         self.rules = RuleManager(self.catalog, self.transactions, max_cascade_depth=max_cascade_depth,
                                  max_deferred_cycles=max_deferred_cycles, execution=rule_execution)
         self.punctuations = Punctuations()
+        if explain_deadlocks:
+            from activedb.explain import DeadlockExplainer
+
+            self.observe(DeadlockExplainer(self))
+        #: Change capture (``db.capture("orders")``, consumers, status): see ``activedb/capture/README.md``.
+        self.capture = CaptureManager(self)
 
     # --- rules and events -------------------------------------------------------------------
 
@@ -122,6 +132,26 @@ class Database:
     def modified(self, table: str) -> EventSpec:
         """Any of inserted, updated, deleted on ``table``."""
         return self._data_spec(EventKind.MODIFIED, table)
+
+    def captured(self, table: str, kind: str | EventKind = EventKind.MODIFIED) -> EventSpec:
+        """Committed changes to ``table`` made by **other PostgreSQL clients** (``kind``: inserted,
+        updated, deleted or modified), heard through change capture (``db.capture(table)``) after the
+        writer committed — so only the detached family of couplings applies.  activedb's own writes are
+        not among them: they raise ``db.inserted(table)`` etc. in-process.  Warns
+        (:class:`~activedb.capture.CaptureNotEnabledWarning`) if ``table`` is not captured."""
+        try:
+            parsed = EventKind(kind)
+        except ValueError:
+            parsed = None
+        if parsed not in DATA_KINDS | {EventKind.MODIFIED}:
+            raise RuleError(f"db.captured({table!r}, {kind!r}): the kind is one of inserted, updated, deleted, "
+                            f"modified")
+        spec = self._data_spec(parsed, table)
+        if not self.capture.is_captured(table):
+            warnings.warn(f"table {table!r} is not captured: rules on db.captured({table!r}) fire once capture is "
+                          f"enabled — db.capture({table!r}), or enable_capture(op, {table!r}) in a migration",
+                          CaptureNotEnabledWarning, stacklevel=2)
+        return EventSpec(spec.kind, spec.source, Origin.EXTERNAL)
 
     def signalled(self, name: str) -> EventSpec:
         """Application events raised with ``tx.signal(name, **payload)``."""
@@ -242,22 +272,53 @@ class Database:
     def current_revision(self) -> str | None:
         return _migrate.current(self.engine)
 
+    def schema_state(self) -> "tuple[_migrate.SchemaState, str | None]":
+        """Where activedb's own schema stands: ``(SchemaState, current revision)`` — NEW (never
+        initialised), AT_HEAD, BEHIND (an older revision, or downgraded to base) or UNKNOWN."""
+        return _migrate.schema_state(self.engine)
+
     def upgrade_app(self, script_location: str | Path, revision: str = "head") -> None:
         """Run the application's own Alembic migrations on this database."""
         _migrate.upgrade_app(self.engine, script_location, revision)
         self.refresh_schema()
 
     def downgrade_app(self, script_location: str | Path, revision: str) -> None:
+        """Downgrade the application's own Alembic migrations to ``revision`` (``"base"`` drops its tables)."""
         _migrate.downgrade_app(self.engine, script_location, revision)
         self.refresh_schema()
 
+    def app_revision(self, script_location: str | Path) -> tuple[list[str], str | None]:
+        """``(current revisions, head revision)`` of the application's Alembic directory on this database."""
+        return _migrate.app_current(self.engine, script_location)
+
+    # --- what is going on -------------------------------------------------------------------
+
+    def explain(self, *, deadlock: BaseException | None = None):
+        """A consistent picture of this process's live transaction trees and the lock manager's wait-for
+        graph (see :mod:`activedb.explain`): ``.graph`` (networkx), ``.render(path)`` (PNG/SVG), ``.text()``,
+        ``.save(path)`` (JSON).  With ``deadlock=`` (a ``lockmgr.Deadlock``, or an error caused by one) its
+        cycle is marked, and the lock table is the one the deadlock carries when the database was connected
+        with ``explain_deadlocks=True`` (taken when the cycle was found), else the current one."""
+        from activedb import explain as explain_module
+
+        return explain_module.explain(self, deadlock=deadlock)
+
     # --- lifecycle ------------------------------------------------------------------------
+
+    def explain_on_signal(self, directory: str | Path | None = None) -> Path:
+        """Let ``activedb explain --pid PID`` draw this process: on SIGUSR1 a thread writes
+        ``db.explain()`` as JSON to ``directory/PID.json`` (default ``$ACTIVEDB_HOME/explain``).  Call from
+        the main thread; returns the file's path.  ``activedb run`` and ``activedb demo`` do this."""
+        from activedb import explain as explain_module
+
+        return explain_module.serve_on_signal(self, directory)
 
     def close(self) -> None:
         """Stop the worker pool and close the connection pool.  The embedded server stops when the last
         process using it exits (unless kept running)."""
         if not self._closed:
             self._closed = True
+            self.capture.close()
             self.transactions.pool.shutdown(wait=False)
             self.engine.dispose()
 
@@ -295,6 +356,7 @@ def connect(
     max_cascade_depth: int = 16,
     max_deferred_cycles: int = 100,
     rule_execution: str = "threads",
+    explain_deadlocks: bool = False,
     **engine_options: Any,
 ) -> Database:
     """Connect to activedb's database and bring its schema to head.
@@ -303,7 +365,11 @@ def connect(
       use the psycopg 3 driver.
     * Neither: the embedded server under ``home`` (default ``ACTIVEDB_HOME``), started
       or reused; see ``activedb._embedded`` for its lifecycle.
-    * ``upgrade=False`` skips ``alembic upgrade head`` (for ``activedb db`` commands).
+    * ``upgrade=False`` skips ``alembic upgrade head``.  The rule: only this function (with the default
+      ``upgrade=True``) and ``activedb db upgrade`` ever upgrade activedb's schema; every other CLI command
+      connects with ``upgrade=False`` and refuses a schema that is behind, saying to run ``activedb db
+      upgrade`` (a database that never had activedb's tables gets them from the commands that write,
+      which say so).
     * ``keep_server=True`` leaves the embedded server running after the last user exits.
     * ``record_history=True`` records every transaction operation (``db.history``) for
       ``activedb.testing.check_history``; ``max_workers`` bounds the subtransaction
@@ -312,6 +378,10 @@ def connect(
     * ``max_cascade_depth`` bounds rule cascades, ``max_deferred_cycles`` deferred cycles;
       ``rule_execution="inline"`` runs equal-priority rules one after the other in the
       triggering thread instead of concurrently on worker threads.
+    * ``explain_deadlocks=True`` attaches a picture to every deadlock: the ``lockmgr.Deadlock`` a victim
+      gets carries ``explanation`` (an :class:`activedb.explain.Explanation` of the lock table and the
+      transaction trees when the cycle was found; ``error.explanation.render("deadlock.png")``).  It costs
+      a full lock-table snapshot per deadlock.
     """
     sa_url, server = resolve_url(url, home, keep_server)
     engine = create_engine(sa_url, **engine_options)
@@ -319,7 +389,7 @@ def connect(
     database = Database(engine, embedded=server, record_history=record_history, max_workers=max_workers,
                         victim_policy=victim_policy, lock_timeout=lock_timeout,
                         max_cascade_depth=max_cascade_depth, max_deferred_cycles=max_deferred_cycles,
-                        rule_execution=rule_execution)
+                        rule_execution=rule_execution, explain_deadlocks=explain_deadlocks)
     if upgrade:
         database.upgrade("head")
     return database

@@ -10,6 +10,7 @@ for a ready-made one).
 
 from __future__ import annotations
 
+import enum
 import io
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -18,10 +19,38 @@ from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 from alembic.runtime.migration import MigrationContext
+import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from activedb import _migrations as migrations
 from activedb.errors import MigrationError
+
+
+class SchemaState(enum.Enum):
+    """Where a database's activedb schema stands relative to this installation's revisions."""
+
+    NEW = "new"            # never initialised: no activedb version table
+    AT_HEAD = "at head"
+    BEHIND = "behind"      # an older revision, or downgraded to base (the version table is empty)
+    UNKNOWN = "unknown"    # a revision this installation does not know (a newer activedb wrote it)
+
+
+def schema_state(engine: Engine) -> tuple[SchemaState, str | None]:
+    """``(state, current revision or None)`` of activedb's own schema in ``engine``'s database."""
+    with engine.connect() as connection:
+        if not sa.inspect(connection).has_table(migrations.VERSION_TABLE):
+            return SchemaState.NEW, None
+    revision = current(engine)
+    if revision == head():
+        return SchemaState.AT_HEAD, revision
+    if revision is None:
+        return SchemaState.BEHIND, None
+    script = ScriptDirectory.from_config(_config(migrations.SCRIPT_LOCATION))
+    try:
+        script.get_revision(revision)
+    except Exception:
+        return SchemaState.UNKNOWN, revision
+    return SchemaState.BEHIND, revision
 
 
 def _config(script_location: Path, connection=None, url: str | None = None) -> Config:
@@ -77,11 +106,108 @@ def head(script_location: Path | None = None) -> str:
 
 def upgrade_app(engine: Engine, script_location: str | Path, revision: str = "head") -> None:
     """Run an application's own Alembic environment (its env.py decides the version table)."""
-    _run(engine, "upgrade", revision, Path(script_location))
+    _run(engine, "upgrade", revision, app_location(script_location))
 
 
 def downgrade_app(engine: Engine, script_location: str | Path, revision: str) -> None:
-    _run(engine, "downgrade", revision, Path(script_location))
+    _run(engine, "downgrade", revision, app_location(script_location))
+
+
+def app_location(script_location: str | Path) -> Path:
+    """``script_location`` checked to be an Alembic directory (``env.py`` and ``versions/``)."""
+    location = Path(script_location)
+    if not (location / "env.py").is_file():
+        where = location.resolve()
+        raise MigrationError(
+            f"no Alembic environment at {str(script_location)!r} ({where}{' does not exist' if not location.exists() else ' has no env.py'}); "
+            f"an application keeps its tables in its own Alembic directory: create one with "
+            f"`activedb app init {script_location}` and add a revision under its versions/"
+        )
+    return location
+
+
+def app_current(engine: Engine, script_location: str | Path) -> tuple[list[str], str | None]:
+    """``(current revisions, head revision)`` of an application's Alembic environment; the version table
+    is the one its ``env.py`` configures, so the environment is run (without changing anything)."""
+    from alembic.runtime.environment import EnvironmentContext
+
+    location = app_location(script_location)
+    heads: list[str] = []
+    try:
+        with engine.connect() as connection:
+            config = _config(location, connection)
+            script = ScriptDirectory.from_config(config)
+
+            def record(revision, context):
+                heads.extend(context.get_current_heads())
+                return []
+
+            with EnvironmentContext(config, script, fn=record, dont_mutate=True):
+                script.run_env()
+            return heads, script.get_current_head()
+    except MigrationError:
+        raise
+    except Exception as error:
+        raise MigrationError(f"reading the revision of {str(script_location)!r} failed: {_first_line(error)}") from error
+
+
+APP_ENV = '''"""Alembic environment of {name}: its own version table, run by `activedb app upgrade` or
+db.upgrade_app(path) (both pass their connection) or by the plain `alembic` tool."""
+from activedb.alembic_env import run_env
+
+run_env(version_table="{version_table}")
+'''
+
+APP_REVISION = '''"""{name}: first tables.
+
+Revision ID: {revision}
+Revises:
+Create Date: {date}
+"""
+import sqlalchemy as sa
+from alembic import op
+
+revision = "{revision}"
+down_revision = None
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    # One table as an example: replace it with yours.
+    op.create_table(
+        "{name}_items",
+        sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
+        sa.Column("name", sa.Text, nullable=False),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table("{name}_items")
+'''
+
+
+def init_app(script_location: str | Path, name: str | None = None) -> list[Path]:
+    """Create an application's Alembic directory: ``env.py`` (its own version table, ``NAME_alembic_version``),
+    ``script.py.mako`` and a first revision in ``versions/`` with an example table.  Refuses a directory
+    that already has an ``env.py``.  Returns the files written."""
+    import datetime
+    import re
+
+    location = Path(script_location)
+    if (location / "env.py").exists():
+        raise MigrationError(f"{str(script_location)!r} already has an env.py; nothing was written")
+    if name is None:
+        parts = [part for part in location.resolve().parts if part not in ("migrations", "alembic")]
+        name = parts[-1] if parts else "app"
+    name = re.sub(r"[^a-z0-9_]", "_", name.lower()).strip("_") or "app"
+    (location / "versions").mkdir(parents=True, exist_ok=True)
+    written = [location / "env.py", location / "script.py.mako", location / "versions" / "0001_first_tables.py"]
+    written[0].write_text(APP_ENV.format(name=name, version_table=f"{name}_alembic_version"))
+    written[1].write_text((migrations.SCRIPT_LOCATION / "script.py.mako").read_text())
+    written[2].write_text(APP_REVISION.format(name=name, revision=f"{name}_0001",
+                                              date=datetime.date.today().isoformat()))
+    return written
 
 
 def _first_line(error: BaseException) -> str:

@@ -34,6 +34,16 @@ class MigrationError(ActivedbError):
     """The schema could not be upgraded or downgraded."""
 
 
+class SchemaNotAtHead(MigrationError):
+    """activedb's own tables are not at the revision this installation needs (the CLI never upgrades
+    them on its own; ``activedb db upgrade`` does)."""
+
+
+class PictureError(ActivedbError):
+    """A picture could not be drawn or read: an unknown format, a saved explanation that is missing or
+    not one, a benchmark with nothing to plot."""
+
+
 # --- store usage ----------------------------------------------------------------------
 
 class SchemaError(ActivedbError):

@@ -3,7 +3,7 @@
 * :func:`check_history` verifies a recorded history (``connect(record_history=True)``):
   conflict serializability of the committed top-level transactions (their
   precedence graph is acyclic, checked with networkx) and the ACTA axioms of
-  seed 004 §3.3.1 that apply to parallel nested transactions:
+  Concurrent Rule Execution §3.3.1 that apply to parallel nested transactions:
 
   1. a parent commits only after all its children ended;
   2. a committed child's operations are delegated to its parent — the write set a
@@ -15,7 +15,7 @@
 
 * :func:`replay` gives the state a serial execution of the committed top-level
   transactions, in commit order, produces from an initial state.
-* :func:`check_stream_history` checks seed 000's Definition 6 on a stream history
+* :func:`check_stream_history` checks Active CEP's Definition 6 on a stream history
   (``StreamEngine(record_history=True)``) and reports every read-too-late and
   write-too-late with the operations involved.
 * :func:`wait_until` waits for observable state with a hard timeout;
@@ -188,7 +188,7 @@ def replay(ops: Iterable[HistoryOp], initial: dict[tuple, dict],
 
 
 class StreamAnomaly(enum.Enum):
-    """Seed 000 §2's anomalies.
+    """Active CEP §2's anomalies.
 
     * ``READ_TOO_LATE`` (Example 2; Def. 6 (3)): a Read saw a Write that comes *after* it in
       the declared order (a larger timestamp, or an equal one declared later) — the Read
@@ -241,7 +241,7 @@ class StreamHistoryReport:
 
 
 def check_stream_history(ops: Iterable[Any]) -> StreamHistoryReport:
-    """Check seed 000 Definition 6 on a recorded stream history.
+    """Check Active CEP Definition 6 on a recorded stream history.
 
     Only operations of committed units count.  The declared order of operations is their
     ``order`` — timestamp order, with equal timestamps ordered as the application

@@ -1,7 +1,7 @@
 """coupling -- the coupling-mode semantics of ECA rules, with no SQL and no Spark.
 
-Seed 004 (Saygın, Ulusoy, Chakravarthy, *Concurrent Rule Execution in Active Databases*) §2.1, §3.2,
-§3.3.2 and axioms 18-30, as a pure library that imports nothing else of ours:
+Saygın, Ulusoy, Chakravarthy, *Concurrent Rule Execution in Active Databases* §2.1, §3.2, §3.3.2 and
+axioms 18-30 (the papers are listed in docs/papers.md), as a pure library that imports nothing else of ours:
 
 * :class:`Coupling` -- the six coupling modes; :data:`ACTION_COUPLINGS` -- the valid C-A couplings;
   :func:`has_own_deferred_queue` -- which transactions run deferred cycles.

@@ -1,6 +1,6 @@
-"""Deferred firings executed in cycles just before a transaction commits (seed 004 §2.1, §3.3.2).
+"""Deferred firings executed in cycles just before a transaction commits (Concurrent Rule Execution §2.1, §3.3.2).
 
-Seed 004 §2.1 (after [HLM88]): "In cycle-0, deferred transactions that have been fired up to that
+Concurrent Rule Execution §2.1 (after [HLM88]): "In cycle-0, deferred transactions that have been fired up to that
 point are executed. [...] Execution of the deferred transactions that are fired during cycle-0 by
 another deferred transaction is postponed to the next cycle, which is cycle-1 [...] This process
 continues until there are no deferred transactions left."
@@ -17,7 +17,7 @@ Typical use by a transaction manager::
     queue = DeferredQueue(max_cycles=100)       # when the transaction begins
     queue.add(firing)                            # whenever a deferred rule fires
     for cycle in queue.cycles():                 # just before commit
-        for group in cycle.groups(key=...):      # priorities, seed 004 §3.2
+        for group in cycle.groups(key=...):      # priorities, Concurrent Rule Execution §3.2
             run(group)                           # concurrently; may call queue.add(...)
     # queue is now CLOSED; commit.
 

@@ -1,6 +1,6 @@
 """ACTA dependencies between transactions and the dependencies each coupling mode creates.
 
-Notation (ACTA, seed 004 §3.3): ``t_j X t_i`` -- read "t_j is X-dependent on t_i" -- constrains the
+Notation (ACTA, Concurrent Rule Execution §3.3): ``t_j X t_i`` -- read "t_j is X-dependent on t_i" -- constrains the
 events of ``t_j`` (the *dependent*) by the events of ``t_i`` (the *trigger* of the dependency, whose
 begin/commit/abort decides what ``t_j`` may do). A :class:`Dependency` stores exactly that pair:
 ``Dependency(kind, dependent=t_j, trigger=t_i)`` and prints as ``"t_j X t_i"``.
@@ -23,7 +23,8 @@ from .errors import InvalidActionCoupling
 
 
 class DependencyKind(enum.Enum):
-    """The dependencies used by seed 004 §3.3 for the coupling modes; each docstring is the definition.
+    """The dependencies used by Concurrent Rule Execution §3.3 for the coupling modes; each docstring is the
+    definition.
 
     ``H`` is the history, ``e -> f`` means event ``e`` precedes event ``f`` in ``H``; ``j`` is the
     dependent and ``i`` the trigger of the dependency (``j X i``).
@@ -32,28 +33,28 @@ class DependencyKind(enum.Enum):
     CD = (
         "CD",
         "Commit dependency, j CD i: if both commit, i commits before j. "
-        "Commit_j in H => (Commit_i in H => Commit_i -> Commit_j). (ACTA; seed 004 §3.3)",
+        "Commit_j in H => (Commit_i in H => Commit_i -> Commit_j). (ACTA; Concurrent Rule Execution §3.3)",
     )
     AD = (
         "AD",
         "Abort dependency, j AD i: if i aborts, j aborts. Abort_i in H => Abort_j in H. "
-        "(ACTA; seed 004 §3.3)",
+        "(ACTA; Concurrent Rule Execution §3.3)",
     )
     WD = (
         "WD",
         "Weak-abort dependency, j WD i: if i aborts and j has not committed before that, j aborts. "
-        "Abort_i in H => (not (Commit_j -> Abort_i) => Abort_j in H). (ACTA; seed 004 §3.3)",
+        "Abort_i in H => (not (Commit_j -> Abort_i) => Abort_j in H). (ACTA; Concurrent Rule Execution §3.3)",
     )
     ED = (
         "ED",
         "Exclusion dependency, j ED i: if i commits, j aborts. Commit_i in H => Abort_j in H. "
-        "(ACTA; seed 004 §3.3)",
+        "(ACTA; Concurrent Rule Execution §3.3)",
     )
     SQD = (
         "SQD",
         "Sequential dependency, j SQD i: j begins only after i has committed. "
         "Begin_j in H => Commit_i -> Begin_j. This is ACTA's begin-on-commit dependency (BCD; "
-        "DependencyKind.BCD is an alias). Seed 004 §3.3.2 writes the definition with the operands "
+        "DependencyKind.BCD is an alias). Concurrent Rule Execution §3.3.2 writes the definition with the operands "
         "the other way round (t_i SQD t_j <=> (Begin_tj in H => Commit_ti -> Begin_tj)), which "
         "contradicts its own axiom 22 (Spawn_Seq_tp[tc] => tc SQD tp, 'tc can start its execution only "
         "if tp commits'); we follow axiom 22 and the ACTA convention of the other dependencies.",
@@ -61,7 +62,7 @@ class DependencyKind(enum.Enum):
     BCD = SQD  # alias: ACTA's begin-on-commit dependency is the same constraint
     CRD = (
         "CRD",
-        "Condition-result dependency, j CRD i (our name; seed 004 §3.3.2 uses it without naming it): "
+        "Condition-result dependency, j CRD i (our name; Concurrent Rule Execution §3.3.2 uses it without naming it): "
         "j commits only after i has committed *and* i (a rule's condition) returned true. "
         "Commit_j in H => (Commit_i -> Commit_j and result(i) = true). Used between a condition and "
         "its action under sequential causally dependent C-A coupling.",
@@ -125,7 +126,8 @@ def dependencies_for(coupling: Coupling | str, dependent: Hashable, trigger: Has
     """The ACTA dependencies created when ``trigger`` spawns ``dependent`` with E-C ``coupling``.
 
     ``dependent`` is the transaction the rule runs in; ``trigger`` is the triggering transaction
-    (its parent for immediate/deferred). Exactly DESIGN §3's table, from seed 004 axioms 19-23:
+    (its parent for immediate/deferred). Exactly the table of coupling/README.md, from Concurrent Rule Execution
+    axioms 19-23:
 
     ==============================  =====================================================
     immediate, deferred (ax. 19)    ``dependent WD trigger`` and ``trigger CD dependent``:
@@ -170,7 +172,7 @@ def dependencies_for(coupling: Coupling | str, dependent: Hashable, trigger: Has
 def action_dependencies_for(coupling: Coupling | str, action: Hashable, condition: Hashable) -> frozenset[Dependency]:
     """The dependencies between a rule's ``condition`` transaction and its ``action`` transaction.
 
-    Seed 004 §3.3.2 (last paragraph): the C-A coupling is immediate or sequential causally dependent.
+    Concurrent Rule Execution §3.3.2 (last paragraph): the C-A coupling is immediate or sequential causally dependent.
 
     * immediate: none -- "condition evaluation is followed by execution of the action only if the
       condition evaluates to true", inside the condition's transaction. (If the action is run as its

@@ -1,6 +1,6 @@
 """Run-time enforcement of ACTA dependencies between transactions that run in parallel.
 
-Seed 004 §3: "Top-level transactions are executed in parallel. [...] Abort and commit dependencies
+Concurrent Rule Execution §3: "Top-level transactions are executed in parallel. [...] Abort and commit dependencies
 among the top-level transactions are enforced by the transaction manager." The :class:`DependencyGate`
 is the part of that enforcement that does not know what a transaction is: the transaction manager
 registers dependencies, asks before a dependent begins and before it commits, and reports every end.
@@ -166,7 +166,7 @@ class DependencyGate:
         if mode.runs_as_subtransaction:
             raise UnsupportedByGate(
                 f"{mode} rules run as subtransactions: the child's WD on its parent and the parent's "
-                "CD on its child (seed 004 axiom 19) are enforced by the nested transaction tree "
+                "CD on its child (Concurrent Rule Execution axiom 19) are enforced by the nested transaction tree "
                 "(wait-for-commit, abort of descendants), not by the DependencyGate"
             )
         dependencies = dependencies_for(mode, dependent, trigger)

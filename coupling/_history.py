@@ -1,4 +1,4 @@
-"""Recorded histories and the check of ACTA dependencies against them (seed 004 §3.3).
+"""Recorded histories and the check of ACTA dependencies against them (Concurrent Rule Execution §3.3).
 
 A history is a set of :class:`HistoryEvent` -- a transaction's begin, commit or abort with a sequence
 number; ``e -> f`` ("e precedes f") means ``e.seq < f.seq``. :func:`check_dependencies` evaluates each
@@ -152,7 +152,7 @@ def check_dependencies(
     """Return the violations of ``dependencies`` in ``history`` (an empty list when all hold).
 
     Each dependency ``j X i`` (``j`` dependent, ``i`` trigger) is checked by its ACTA definition on the
-    history as given (seed 004 §3.3, §3.3.2):
+    history as given (Concurrent Rule Execution §3.3, §3.3.2):
 
     * CD:  ``Commit_j in H => (Commit_i in H => Commit_i -> Commit_j)``
     * AD:  ``Abort_i in H => Abort_j in H``

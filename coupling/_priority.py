@@ -1,4 +1,4 @@
-"""Rule priorities (seed 004 §3.2, axioms 29-30): order of execution groups.
+"""Rule priorities (Concurrent Rule Execution §3.2, axioms 29-30): order of execution groups.
 
 Thread-safety: a pure function.
 """
@@ -27,7 +27,7 @@ def _priority_attribute(item: Any) -> Any:
 def priority_groups(items: Iterable[Item], key: Callable[[Item], Any] | None = None) -> list[list[Item]]:
     """Split ``items`` into execution groups in descending priority.
 
-    Seed 004 §3.2: rules of one group (the immediate-and-detached firings of one transaction, or one
+    Concurrent Rule Execution §3.2: rules of one group (the immediate-and-detached firings of one transaction, or one
     cycle of its deferred firings) "should be executed in sequence with respect to their priorities.
     Transactions with same priority are executed concurrently. In case a transaction does not possess
     a priority, we should assign the lowest priority among the group". Axioms 29-30: operations of a

@@ -35,7 +35,7 @@ class InvalidActionCoupling(CouplingError, ValueError):
         self.valid = tuple(sorted(valid))
         super().__init__(
             f"{given!s} is not a valid condition-action coupling; use one of: {', '.join(self.valid)} "
-            "(seed 004 §3.3.2: other modes make no sense between a condition and its action)"
+            "(Concurrent Rule Execution §3.3.2: other modes make no sense between a condition and its action)"
         )
 
 

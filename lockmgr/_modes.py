@@ -1,7 +1,7 @@
 """Lock modes, their one conflict table, and the lattice operations derived from it.
 
-The five modes are the multi-granularity modes of Gray et al., with seed 004's names for the two tuple
-modes::
+The five modes are the multi-granularity modes of Gray et al., with the names of Concurrent Rule Execution (§4.2.1) for
+the two tuple modes::
 
     IR     intention read   - the holder will take READ locks on parts (tuples) of this object (a table)
     IW     intention write  - the holder will take READ or WRITE locks on parts of this object

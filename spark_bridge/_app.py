@@ -12,7 +12,8 @@ provides:
   arguments of :func:`spark_bridge.ingest` (optional);
 * ``from_rate(df)`` — turns the ``rate`` source's ``(timestamp, value)`` rows into the
   application's columns (optional; ``activedb run --source rate`` otherwise makes
-  ``type``/``key``/``ts`` columns itself).
+  ``type``/``key``/``ts`` columns itself);
+* ``reset(db)`` — empties the application's tables (optional; ``activedb run --reset``).
 
 Public here: :func:`load_app`, :class:`LoadedApp`, :func:`register_function`. A file is
 imported under a module name derived from its absolute path, so loading it twice (the
@@ -51,6 +52,7 @@ class LoadedApp:
     watermark_delay: str | None
     prefetch: dict | None
     from_rate: Callable[[Any], Any] | None
+    reset: Callable[[Any], Any] | None = None
 
 
 def _module_from_file(path: Path) -> ModuleType:
@@ -126,6 +128,7 @@ def load_app(spec: str | Path | Callable[[Any], Any], *, require_mapping: bool =
             migrations = Path(module.__file__).parent / migrations
     known = getattr(module, "KNOWN_TYPES", None)
     from_rate = getattr(module, "from_rate", None)
+    reset = getattr(module, "reset", None)
     return LoadedApp(
         name=text,
         module=module,
@@ -137,6 +140,7 @@ def load_app(spec: str | Path | Callable[[Any], Any], *, require_mapping: bool =
         watermark_delay=getattr(module, "WATERMARK_DELAY", None),
         prefetch=getattr(module, "PREFETCH", None),
         from_rate=from_rate if callable(from_rate) else None,
+        reset=reset if callable(reset) else None,
     )
 
 

@@ -1,8 +1,9 @@
 """``activedb run`` and ``activedb status``: Spark ingestion from the command line.
 
     activedb run APP --source file:DIR|rate|socket:HOST:PORT|kafka:BROKERS/TOPIC
-                 [--checkpoint DIR] [--query-name NAME] [...]
+                 [--checkpoint DIR] [--query-name NAME] [--reset] [...]
     activedb status [--query-name NAME] [--json]
+    activedb dead-letters replay APP [--id N] [--query NAME] [--batch B] [--reason TEXT]
 
 ``APP`` is a module name or a ``.py`` file providing ``register(db)`` and ``MAPPING`` (an
 ``spark_bridge.EventMapping``), optionally ``MIGRATIONS``, ``SCHEMA``, ``KNOWN_TYPES``,
@@ -11,7 +12,12 @@
 ``spark_bridge.ingest`` and shows a live progress line until the query ends or is
 stopped: Ctrl-C (SIGINT) or SIGTERM lets the batch in progress finish, stops the query,
 waits for detached rules and prints a summary (a second Ctrl-C stops at once; the
-ledger keeps that exactly-once too). ``status`` reads the ingestion ledger.
+ledger keeps that exactly-once too). ``status`` reads the ingestion ledger. ``dead-letters
+replay`` re-submits dead letters through the same path, exactly once (``_replay.py``).
+
+Both connect as every activedb command does (``activedb.cli.open_database``): they never upgrade
+activedb's schema (``run`` creates it in a database that never had it). Spark's warnings go to
+``$ACTIVEDB_HOME/logs/spark.log``, not to the console.
 
 Socket and Kafka sources carry JSON text parsed with the app's ``SCHEMA``; a line that is
 not JSON becomes a row of nulls, which is dead-lettered (``event type ... is null``) without
@@ -24,6 +30,7 @@ its original text. The ``rate`` source's rows become the app's columns through i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -37,7 +44,7 @@ from typing import Any
 
 import click
 
-__all__ = ["register_commands", "run_command", "status_command", "parse_source"]
+__all__ = ["register_commands", "run_command", "status_command", "replay_command", "parse_source"]
 
 SINK_IDLE_TIMEOUT_SECONDS = 120.0
 DETACHED_TIMEOUT_SECONDS = 60.0
@@ -206,8 +213,12 @@ def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
 
-def progress_line(statistics: Any) -> str:
-    """One line: batches, events/s, rule firings, dead letters, watermark lag."""
+def progress_line(statistics: Any, waiting_since: float | None = None) -> str:
+    """One line: batches, events/s, rule firings, dead letters, watermark lag.  Before the first batch
+    (``waiting_since``: when the query started) it says what is going on instead of showing zeros."""
+    if statistics.batches == 0 and statistics.batches_skipped == 0 and waiting_since is not None:
+        return (f"{statistics.query_name}: waiting for the first micro-batch "
+                f"({time.monotonic() - waiting_since:.0f} s; Spark plans the query and reads the source)")
     firings = sum(statistics.rule_firings.values())
     skipped = f" ({statistics.batches_skipped} skipped)" if statistics.batches_skipped else ""
     lag = "-" if statistics.watermark_lag_seconds is None else f"{statistics.watermark_lag_seconds:,.1f} s"
@@ -249,17 +260,26 @@ class _StopRequest:
 def _watch(query: Any, sink: Any, console: Any, stop: _StopRequest) -> str:
     """Refresh the progress line until the query ends or a stop is requested.
 
-    Returns ``"stopped"`` or ``"ended"``."""
+    On a terminal the line is live and *transient*: it is erased when watching ends (Ctrl-C echoes
+    ``^C`` into it), and the caller prints the final line in full.  Returns ``"stopped"`` or ``"ended"``."""
     from rich.live import Live
     from rich.text import Text
 
+    started = time.monotonic()
+
+    def live_line() -> Text:
+        # Three columns short of the width: the ``^C`` a terminal echoes must not wrap the line, or the
+        # erase at the end would miss it.
+        line = progress_line(sink.statistics(), started)
+        room = max(20, console.width - 3)
+        return Text(line if len(line) <= room else line[:room - 1] + "…", no_wrap=True)
+
     if console.is_terminal:
-        with Live(Text(progress_line(sink.statistics())), console=console, refresh_per_second=4,
-                  transient=False) as live:
+        with Live(live_line(), console=console, refresh_per_second=4, transient=True) as live:
             while True:
                 if stop.event.wait(REFRESH_SECONDS):
                     return "stopped"
-                live.update(Text(progress_line(sink.statistics())))
+                live.update(live_line())
                 if not query.isActive:
                     return "ended"
     last_print = time.monotonic()
@@ -269,13 +289,13 @@ def _watch(query: Any, sink: Any, console: Any, stop: _StopRequest) -> str:
         if not query.isActive:
             return "ended"
         if time.monotonic() - last_print >= PLAIN_PROGRESS_SECONDS:
-            console.print(progress_line(sink.statistics()), highlight=False)
+            console.print(progress_line(sink.statistics(), started), highlight=False, soft_wrap=True)
             last_print = time.monotonic()
 
 
 def _stop_query(query: Any, sink: Any, stop: _StopRequest, console: Any) -> None:
     """Let the batch in progress finish (unless forced), then stop the query."""
-    console.print("stopping: letting the batch in progress finish (Ctrl-C again to stop at once)", highlight=False)
+    console.print("\nstopping: letting the batch in progress finish (Ctrl-C again to stop at once)", highlight=False)
     deadline = time.monotonic() + SINK_IDLE_TIMEOUT_SECONDS
     while not stop.forced.is_set() and time.monotonic() < deadline:
         if sink.wait_idle(timeout=REFRESH_SECONDS):
@@ -314,6 +334,17 @@ def _spark_conf(packages: str | None, entries: tuple[str, ...]) -> dict[str, str
     return conf
 
 
+@contextlib.contextmanager
+def _status(console: Any, text: str):
+    """A spinner with ``text`` on a terminal; one line otherwise."""
+    if console.is_terminal:
+        with console.status(text):
+            yield
+    else:
+        console.print(text, highlight=False)
+        yield
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
@@ -325,7 +356,11 @@ def _first_line(error: BaseException) -> str:
 @click.option("--checkpoint", type=click.Path(file_okay=False), default=None,
               help="Spark checkpoint directory (default: ACTIVEDB_HOME/checkpoints/QUERY_NAME). Restarting from it "
                    "resumes the query exactly once.")
-@click.option("--query-name", default=None, help="Stable name of the query (default: the app's name).")
+@click.option("--query-name", default=None,
+              help="Stable name of the query (default: the app's name). A new name (or a new --checkpoint) starts "
+                   "over: every file of a file source is read again.")
+@click.option("--reset", is_flag=True, help="Empty the application's tables first (calls the app's reset(db)); "
+                                            "without it, a run continues from what earlier runs left.")
 @click.option("--format", "file_format", type=click.Choice(["json", "csv", "parquet"]), default="json",
               show_default=True, help="File format of a file source.")
 @click.option("--max-files-per-trigger", type=int, default=None, help="File source: files per micro-batch.")
@@ -343,21 +378,37 @@ def _first_line(error: BaseException) -> str:
                                               "table either way).")
 @click.pass_context
 def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str | None, query_name: str | None,
-                file_format: str, max_files_per_trigger: int | None, rows_per_second: int, trigger: str | None,
-                available_now: bool, watermark_delay: str | None, partitions: int | None, packages: str | None,
-                spark_conf_entries: tuple[str, ...], verbose: bool) -> None:
-    """Ingest a stream into APP's rules until stopped (Ctrl-C stops cleanly)."""
-    from rich.console import Console
+                reset: bool, file_format: str, max_files_per_trigger: int | None, rows_per_second: int,
+                trigger: str | None, available_now: bool, watermark_delay: str | None, partitions: int | None,
+                packages: str | None, spark_conf_entries: tuple[str, ...], verbose: bool) -> None:
+    """Ingest a stream into APP's rules until stopped (Ctrl-C stops cleanly).
 
+    \b
+    APP is a module name (package.module) or a .py file that provides:
+      register(db)   declares its rules on db (required)
+      MAPPING        which columns make an event: a spark_bridge.EventMapping, or the dict
+                     {"type_column": ..., "key_column": ..., "ts_column": ..., "payload_columns": [...]}
+                     (required)
+      SCHEMA         the rows' Spark schema, e.g. "type STRING, key STRING, ts DOUBLE" (file, socket
+                     and Kafka sources need it)
+      MIGRATIONS     its Alembic directory, upgraded before ingesting (optional)
+      PREFETCH, KNOWN_TYPES, WATERMARK_DELAY, from_rate(df), reset(db)   (optional)
+    Example: activedb.examples.hand_hygiene.app (events: `activedb demo --write-events DIR`).
+
+    \b
+    Each micro-batch commits to PostgreSQL with its ledger row, exactly once; restarting with the
+    same --checkpoint and --query-name resumes. Rows the rules reject go to the dead letters
+    (`activedb dead-letters list`). The application's tables keep what earlier runs left: events
+    older than that state may be rejected as late; --reset starts from empty tables.
+    """
     import spark_bridge
+    from activedb.cli import console as make_console, open_database
     from spark_bridge.errors import SparkBridgeError
 
     source = parse_source(source_text)
     conf = _spark_conf(packages, spark_conf_entries)
-    obj = ctx.obj or {}
-    console = Console()
-    if not console.is_terminal:          # a file or a pipe is not bound to 80 columns
-        console = Console(width=max(console.width, 132))
+    obj = ctx.find_root().obj or {}
+    console = make_console()
     if not verbose:
         logging.getLogger("activedb.rules").setLevel(logging.CRITICAL)
     try:
@@ -367,21 +418,27 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
     name = query_name or _default_query_name(app)
     checkpoint_dir = Path(checkpoint) if checkpoint else _default_checkpoint(obj.get("home"), name)
 
-    import activedb
-
-    database = activedb.connect(obj.get("url"), home=obj.get("home"))
+    if reset and loaded.reset is None:
+        raise click.ClickException(f"--reset: application {loaded.name} has no reset(db) function")
+    database = open_database(ctx, writes=True)
+    home = obj.get("home")                # `activedb explain --pid PID` draws this process
+    database.explain_on_signal(Path(home) / "explain" if home else None)
     spark = None
     stop = _StopRequest()
     try:
         if loaded.migrations is not None:
             database.upgrade_app(loaded.migrations)
+        if reset:
+            loaded.reset(database)
+            console.print(f"reset: {loaded.name}'s tables are empty", highlight=False)
         loaded.register(database)
         event_types = sorted({rule.on.source for rule in database.rules if rule.on.kind == "stream"})
         console.print(f"[bold]activedb run[/bold] {loaded.name}: {len(database.rules.names())} rules, "
                       f"source {source.describe()}, query {name!r}, checkpoint {checkpoint_dir}", highlight=False)
-        console.print("starting Spark ...", highlight=False)
+        spark_log = _default_checkpoint(obj.get("home"), "-").parent.parent / "logs" / "spark.log"
         try:
-            spark = spark_bridge.get_spark(f"activedb-run-{name}", conf=conf)
+            with _status(console, f"starting Spark (10-30 s; its warnings go to {spark_log}) ..."):
+                spark = spark_bridge.get_spark(f"activedb-run-{name}", conf=conf, warnings_to=spark_log)
             frame = build_stream(spark, source, loaded, file_format=file_format,
                                  max_files_per_trigger=max_files_per_trigger, rows_per_second=rows_per_second,
                                  event_types=event_types)
@@ -403,7 +460,12 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
             database.rules.wait_idle(DETACHED_TIMEOUT_SECONDS)
         except TimeoutError as error:
             console.print(f"[yellow]{error}[/yellow]")
-        console.print(progress_line(sink.statistics()), highlight=False)
+        final = sink.statistics()
+        console.print(progress_line(final), highlight=False, soft_wrap=True)
+        if final.dead_letters:
+            console.print(f"{final.dead_letters:,} rows went to the dead letters: `activedb dead-letters list --query "
+                          f"{name}` shows why, `activedb dead-letters replay {app} --query {name}` re-submits them",
+                          highlight=False, soft_wrap=True)
         if failure is not None and how != "stopped":
             message = _first_line(failure)
             if _is_missing_data_source(failure) and source.kind == "kafka":
@@ -424,11 +486,10 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
 @click.pass_context
 def status_command(ctx: click.Context, query_name: str | None, as_json: bool) -> None:
     """Show what ingestion has committed, per query, from PostgreSQL's ledger."""
-    import activedb
     import spark_bridge
+    from activedb.cli import open_database
 
-    obj = ctx.obj or {}
-    database = activedb.connect(obj.get("url"), home=obj.get("home"))
+    database = open_database(ctx, writes=False)
     try:
         statuses = spark_bridge.ingestion_status(database, query_name)
     finally:
@@ -436,12 +497,11 @@ def status_command(ctx: click.Context, query_name: str | None, as_json: bool) ->
     if as_json:
         click.echo(json.dumps([dataclasses.asdict(status) for status in statuses], indent=2, default=str))
         return
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=max(console.width, 132))
+    from activedb.cli import console as make_console
+
+    console = make_console()
     if not statuses:
         which = f"query {query_name!r}" if query_name else "any query"
         console.print(f"no ingestion has committed a batch for {which} yet", highlight=False)
@@ -465,7 +525,67 @@ def status_command(ctx: click.Context, query_name: str | None, as_json: bool) ->
     console.print(rules)
 
 
+@click.command("replay")
+@click.argument("app")
+@click.option("--id", "ids", type=int, multiple=True, help="Only these dead letters (repeatable).")
+@click.option("--query", default=None, help="Only those of this query name (as given to `activedb run`).")
+@click.option("--batch", type=int, default=None, help="Only those of this batch id.")
+@click.option("--reason", default=None, help="Only those whose reason contains this text.")
+@click.option("--limit", type=int, default=0, help="At most this many (default: all that match).")
+@click.option("--verbose", is_flag=True, help="Also log each event the rules reject again.")
+@click.pass_context
+def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...], query: str | None, batch: int | None,
+                   reason: str | None, limit: int, verbose: bool) -> None:
+    """Re-submit dead letters (not yet replayed) to APP's rules through the same path as a micro-batch,
+    exactly once: each commits with its ledger row (query replay:NAME, batch = the dead letter's id) and
+    is marked replayed in the same transaction; one rejected again becomes a new dead letter.
+
+    APP is what `activedb run` takes (register(db) and MAPPING)."""
+    from activedb.cli import open_database, select_dead_letters
+    from spark_bridge._replay import replay_dead_letters
+    from spark_bridge.errors import SparkBridgeError
+
+    try:
+        loaded = spark_bridge_load_app(app)
+    except SparkBridgeError as error:
+        raise click.ClickException(str(error)) from None
+    if not verbose:
+        logging.getLogger("activedb.rules").setLevel(logging.CRITICAL)
+    database = open_database(ctx, writes=True)
+    try:
+        letters = select_dead_letters(database, ids=ids, query=query, batch=batch, reason=reason, replayed=False,
+                                      limit=limit or None)
+        if not letters:
+            click.echo("no dead letters to replay match (`activedb dead-letters list --all` shows replayed ones)")
+            return
+        if loaded.migrations is not None:
+            database.upgrade_app(loaded.migrations)
+        loaded.register(database)
+        outcomes = replay_dead_letters(database, loaded, letters)
+    finally:
+        database.close()
+    counts: dict[str, int] = {}
+    for outcome in outcomes:
+        counts[outcome.outcome] = counts.get(outcome.outcome, 0) + 1
+    queries = sorted({outcome.query_id for outcome in outcomes})
+    click.echo(f"replayed {len(outcomes)} dead letter(s) as {', '.join(queries)}: "
+               + ", ".join(f"{count} {what}" for what, count in sorted(counts.items())))
+    if counts.get("rejected again"):
+        click.echo(f"those rejected again are new dead letters: activedb dead-letters list --query "
+                   f"{queries[0].split(':', 1)[1]}")
+
+
+def spark_bridge_load_app(app: str):
+    import spark_bridge
+
+    return spark_bridge.load_app(app, require_mapping=True)
+
+
 def register_commands(main_group: click.Group) -> None:
-    """Add ``run`` and ``status`` to the ``activedb`` command group."""
+    """Add ``run`` and ``status`` to the ``activedb`` command group, and ``replay`` to its ``dead-letters``
+    group."""
     main_group.add_command(run_command, "run")
     main_group.add_command(status_command, "status")
+    letters = main_group.commands.get("dead-letters")
+    if isinstance(letters, click.Group):
+        letters.add_command(replay_command, "replay")

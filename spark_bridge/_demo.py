@@ -15,18 +15,26 @@ import sqlalchemy as sa
 SPARK_FILES = 4                 # the stream is written as this many files (micro-batches)
 
 
-def feed(db: Any, events: list[dict], app: Any, console: Any) -> None:
+def feed(db: Any, events: list[dict], app: Any, console: Any, progress: Any = None) -> None:
     """Feed ``events`` through Spark Structured Streaming with ``spark_bridge.ingest``.
 
     The events are written as JSON files (one micro-batch each), read as a file stream
     with a checkpoint in the same temporary folder, and run to the end
     (``availableNow``).  Each batch commits to PostgreSQL together with its ledger row.
-    What is printed comes from the ledger, read back from PostgreSQL.
+    What is printed comes from the ledger, read back from PostgreSQL.  ``progress`` (an
+    ``activedb.bench.Progress``) hears of Spark's start and of every committed micro-batch.
     """
     import spark_bridge
 
-    console.print("starting Spark (local[2]) ...")
-    spark = spark_bridge.get_spark()
+    if progress is not None:
+        progress.start("micro-batches", total=SPARK_FILES)
+        progress.note("starting Spark (local[2]; about 10 s) ...")
+    else:
+        console.print("starting Spark (local[2]) ...")
+    import activedb
+
+    # Spark's warnings go to a log file, not between the demo's lines.
+    spark = spark_bridge.get_spark(warnings_to=activedb.default_home() / "logs" / "spark.log")
     query_name = "hand_hygiene_demo"
     with tempfile.TemporaryDirectory(prefix="activedb-demo-") as folder:
         source = Path(folder) / "badge-events"
@@ -44,8 +52,19 @@ def feed(db: Any, events: list[dict], app: Any, console: Any) -> None:
         query = spark_bridge.ingest(db, frame, mapping=spark_bridge.as_mapping(app.MAPPING), query_name=query_name,
                                     checkpoint_location=str(Path(folder) / "checkpoint"),
                                     trigger={"availableNow": True}, prefetch=app.PREFETCH)
-        query.awaitTermination()
-        statistics = spark_bridge.sink_of(query).statistics()
+        sink = spark_bridge.sink_of(query)
+        if progress is None:
+            query.awaitTermination()
+        else:
+            progress.note("waiting for the first micro-batch ...")
+            while not query.awaitTermination(0.5):
+                done = sink.statistics().batches
+                if done:
+                    progress.update(done, f"micro-batches committed ({sink.statistics().events} events)")
+            progress.update(sink.statistics().batches, f"micro-batches committed ({sink.statistics().events} events)")
+        if query.exception() is not None:
+            raise RuntimeError(f"the demo's streaming query failed: {query.exception()}")
+        statistics = sink.statistics()
     console.print(
         f"fed {len(events)} events through Spark Structured Streaming: {statistics.batches} micro-batches, "
         f"{statistics.events} events applied in nested transactions, {statistics.dead_letters} dead letters "

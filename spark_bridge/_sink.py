@@ -136,7 +136,8 @@ class BatchOutcome:
 class IngestStatistics:
     """A snapshot of an ingestion's progress, for the CLI's progress line. Immutable.
 
-    ``events_per_second`` is over the wall time since the first batch began;
+    ``events_per_second`` is over the wall time from the first batch's start to the last
+    batch's end (so it does not decay while the stream is idle);
     ``last_batch_events_per_second`` over the last committed batch's time in the sink.
     ``watermark_lag_seconds`` is wall-clock now minus the watermark (None without one).
     """
@@ -259,6 +260,7 @@ class IngestSink:
         self._timings = PhaseTimings()
         self._seconds_in_sink = 0.0
         self._first_batch_began: float | None = None
+        self._last_batch_ended: float | None = None
         self._last_batch_rate: float | None = None
         self._recent: collections.deque[BatchOutcome] = collections.deque(maxlen=RECENT_OUTCOMES)
         self._in_batch = 0  # Invariant: number of __call__/process calls currently running (>= 0)
@@ -320,22 +322,26 @@ class IngestSink:
         watermark: dt.datetime | None = None,
         extra_timings: PhaseTimings | None = None,
         punctuate: bool = True,
+        participants: Collection[Any] = (),
         _counted: bool = False,
     ) -> BatchOutcome:
         """Apply one batch (a ``pyarrow.Table``/``RecordBatch`` or a list of dicts) as
         ``(query_id, batch_id)``, exactly once. ``watermark``: events older than it are dead
         letters, and it is punctuated after the commit (``punctuate=False``: the caller does).
         Raises only when the batch could not be committed (PostgreSQL unusable, conflicts
-        beyond ``batch_attempts``); the batch may then be re-run."""
+        beyond ``batch_attempts``); the batch may then be re-run.  ``participants``: more commit
+        participants of the batch's transaction (a dead-letter replay marks its letter there); one that
+        raises ``BatchAlreadyCommitted`` makes the batch skipped."""
         if not _counted:
             self._enter()
         try:
-            return self._process(rows, batch_id, query_id, watermark, extra_timings or PhaseTimings(), punctuate)
+            return self._process(rows, batch_id, query_id, watermark, extra_timings or PhaseTimings(), punctuate,
+                                 tuple(participants))
         finally:
             if not _counted:
                 self._leave()
 
-    def _process(self, rows, batch_id, query_id, watermark, timings, punctuate) -> BatchOutcome:
+    def _process(self, rows, batch_id, query_id, watermark, timings, punctuate, participants=()) -> BatchOutcome:
         began = time.perf_counter() - timings.to_arrow
         row_count = rows.num_rows if hasattr(rows, "num_rows") else len(rows)
         if batch_committed(self.db, query_id, batch_id):
@@ -359,7 +365,7 @@ class IngestSink:
         for attempt in range(1, self._batch_attempts + 1):
             try:
                 applied, dead_letters, firings, phase_timings = self._apply(
-                    rows, good, letters, query_id, batch_id, watermark)
+                    rows, good, letters, query_id, batch_id, watermark, participants)
                 break
             except BatchAlreadyCommitted:
                 return self._skipped(query_id, batch_id, row_count, watermark, timings, began)
@@ -378,11 +384,11 @@ class IngestSink:
         return outcome
 
     def _apply(self, rows, events: list[RawEvent], letters: list[tuple[str, Any]], query_id: str, batch_id: int,
-               watermark: dt.datetime | None):
+               watermark: dt.datetime | None, participants: tuple = ()):
         """One top-level transaction for the batch; returns (applied, dead letters, firings, timings)."""
         started = time.perf_counter()
         ledger = IngestionLedger(self.db, query_id, batch_id, on_flush=self._flush_reached)
-        with self.db.transaction(name=f"ingest:{self.query_name}", participants=[ledger]) as tx:
+        with self.db.transaction(name=f"ingest:{self.query_name}", participants=[ledger, *participants]) as tx:
             self._prefetch_rows(tx, events)
             applied = 0
             failed: list[tuple[RawEvent, str]] = []
@@ -528,9 +534,11 @@ class IngestSink:
             return self._idle.wait_for(lambda: self._in_batch == 0, timeout)
 
     def _record(self, outcome: BatchOutcome, began: float) -> None:
-        elapsed = time.perf_counter() - began
+        ended = time.perf_counter()
+        elapsed = ended - began
         outcome = dataclasses.replace(outcome, seconds=elapsed)
         with self._mutex:
+            self._last_batch_ended = ended
             self._query_id = self._query_id or outcome.query_id
             self._last_batch_id = outcome.batch_id
             self._rows += outcome.rows
@@ -560,10 +568,10 @@ class IngestSink:
 
     def statistics(self) -> IngestStatistics:
         """A consistent snapshot of the counters (see :class:`IngestStatistics`)."""
-        now = time.perf_counter()
         with self._mutex:
             watermark = self._watermark
-            elapsed = 0.0 if self._first_batch_began is None else now - self._first_batch_began
+            elapsed = (0.0 if self._first_batch_began is None or self._last_batch_ended is None
+                       else self._last_batch_ended - self._first_batch_began)
             snapshot = IngestStatistics(
                 query_name=self.query_name,
                 query_id=self._query_id,

@@ -48,7 +48,8 @@ from typing import Any
 import sqlalchemy as sa
 
 import activedb
-from activedb.bench.report import BenchReport, Row
+from activedb.bench import Progress
+from activedb.bench.report import BenchReport, Row, Series
 
 SCHEMA = "type STRING, worker STRING, ts DOUBLE, room STRING"
 WORKERS = 100
@@ -181,17 +182,36 @@ def _cleanup(database, plain_ids: list[str]) -> None:
                                                            table.c.query_id.in_(plain_ids))))
 
 
-def run(quick: bool = False) -> BenchReport:
+def _series(report: BenchReport) -> None:
+    """events/s against the batch size, per path (for ``--plot``)."""
+    paths: dict[str, list[tuple[float, float]]] = {}
+    for row in report.rows:
+        size_text, _, label = row.name.partition(" events/batch: ")
+        if not label or label.endswith("vs the goal"):
+            continue
+        label = label.replace(" vs plain write", "")
+        paths.setdefault(label, []).append((int(size_text.replace(",", "")), row.value))
+    for label, points in paths.items():
+        report.add_series(Series("events/s by batch size", label, "events per micro-batch", "events/s",
+                                 points, log_x=True, log_y=True))
+
+
+def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
     import spark_bridge
     from activedb.examples.hand_hygiene import MIGRATIONS
     from activedb.examples.hand_hygiene.app import register, reset_tables
     from activedb.examples.hand_hygiene.events import generate
     from activedb.bench._setup import connect as bench_connect
 
+    progress = progress or Progress.none()
     report = BenchReport("Spark ingestion end to end (activedb bench ingest)")
     plan = {1_000: 3} if quick else {1_000: 4, 10_000: 3, 100_000: 2}
     minimal_sizes = set(plan)
     scale_out_from = 1_000 if quick else 10_000
+    progress.start("bench ingest", total=sum(2 + (2 if size in minimal_sizes else 0)
+                                             + (1 if size in minimal_sizes and size >= scale_out_from else 0)
+                                             for size in plan))
+    progress.note("starting Spark and the databases ...")
     timeout = 600.0 if quick else 3600.0
     logging.getLogger("activedb.rules").setLevel(logging.CRITICAL)   # rejected badge events are expected
 
@@ -218,15 +238,17 @@ def run(quick: bool = False) -> BenchReport:
             source = folder / f"events-{size}"
             _write_files(source, events, size)
 
-            plain = _plain_run(spark, url, source, folder / f"plain-{size}", timeout)
+            with progress.step(f"{size:,} events/batch: plain write"):
+                plain = _plain_run(spark, url, source, folder / f"plain-{size}", timeout)
             plain_ids.append(plain["query_id"])
             plain_rate = plain["rows"] / plain["seconds"]
             report.add(Row(name=f"{size:,} events/batch: plain write (COPY, no rules)", value=plain_rate,
                            unit="events/s", extra={"events_per_batch": size, "measured_batches": plain["batches"],
                                                    **_microseconds(plain["per_phase"], plain["rows"])}))
             reset_tables(database)
-            rules = _rule_run(spark, database, source, folder / f"rules-{size}", f"{QUERY_PREFIX}-{size}",
-                              mapping, {"worker_status": None}, timeout)
+            with progress.step(f"{size:,} events/batch: hand-hygiene rules"):
+                rules = _rule_run(spark, database, source, folder / f"rules-{size}", f"{QUERY_PREFIX}-{size}",
+                                  mapping, {"worker_status": None}, timeout)
             rule_rate = rules["rows"] / rules["seconds"]
             ratio = rule_rate / plain_rate
             extra = {"events_per_batch": size, "measured_batches": rules["batches"], "applied": rules["events"],
@@ -249,9 +271,10 @@ def run(quick: bool = False) -> BenchReport:
                                      {"partition_by_key": 2, "app": register_minimal}))
                 for label, engine, options in variants:
                     tag = label.split(",")[0] + ("-p2" if options else "")
-                    light = _rule_run(spark, engine, source, folder / f"minimal-{tag}-{size}",
-                                      f"{QUERY_PREFIX}-min-{tag}-{size}", mapping, {"bench_objects": _worker_number},
-                                      timeout, **options)
+                    with progress.step(f"{size:,} events/batch: one immediate rule ({label})"):
+                        light = _rule_run(spark, engine, source, folder / f"minimal-{tag}-{size}",
+                                          f"{QUERY_PREFIX}-min-{tag}-{size}", mapping,
+                                          {"bench_objects": _worker_number}, timeout, **options)
                     light_rate = light["rows"] / light["seconds"]
                     report.add(Row(name=f"{size:,} events/batch: one immediate rule per event ({label})",
                                    value=light_rate, unit="events/s", baseline_name="plain write (COPY, no rules)",
@@ -261,6 +284,7 @@ def run(quick: bool = False) -> BenchReport:
                                    extra={"events_per_batch": size, "measured_batches": light["batches"],
                                           "rule_cost_x_plain": round(plain_rate / light_rate, 1),
                                           **_microseconds(light["per_phase"], light["rows"])}))
+        _series(report)
         report.notes.append(
             f"hand-hygiene workload: events.generate({WORKERS} workers, seed {SEED}); {dict(plan)} "
             f"(events per batch: batches); steady state = every batch but the first, rows / Spark triggerExecution")

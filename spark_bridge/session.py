@@ -13,12 +13,19 @@ weaker (not atomic on every file system); keep it off for checkpoints on object 
 or network file systems whose rename is not atomic.
 
 pyspark is imported inside :func:`get_spark` only; importing this module starts nothing.
+
+``get_spark(warnings_to=PATH)`` keeps the JVM's warnings off the console (the commands use it: a
+newcomer should see the application, not Spark's housekeeping): the JVM is started with its stderr on a
+pipe read by a thread, which appends warning lines (``WARN``, ``WARNING:``) to ``PATH`` and passes
+every other line (errors) through to the real stderr.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -81,8 +88,12 @@ def get_spark(
     master: str = "local[2]",
     fast_checkpoints: bool = True,
     conf: Mapping[str, str] | None = None,
+    warnings_to: str | Path | None = None,
 ) -> "SparkSession":
     """Return a SparkSession configured by :func:`spark_conf`, starting Java if needed.
+
+    ``warnings_to``: if this call starts the JVM, its warning lines go to that file instead of the
+    console (see the module docstring).
 
     Resolves Java first (:func:`spark_bridge._java.ensure_java`, which sets
     ``JAVA_HOME``); for a ``local`` master also sets ``SPARK_LOCAL_IP=127.0.0.1``, and
@@ -110,9 +121,43 @@ def get_spark(
         app_name, master=master, fast_checkpoints=fast_checkpoints, conf=conf
     ).items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    if warnings_to is not None and SparkSession.getActiveSession() is None:
+        session = _with_quiet_stderr(builder.getOrCreate, Path(warnings_to))
+    else:
+        session = builder.getOrCreate()
     if not fast_checkpoints and _CHECKPOINT_FILE_MANAGER_KEY not in (conf or {}):
         # A reused session may carry the option from an earlier call; back to Spark's default.
         session.conf.unset(_CHECKPOINT_FILE_MANAGER_KEY)
     session.sparkContext.setLogLevel("WARN")
     return session
+
+
+_WARNING_LINE = re.compile(rb"^(WARNING: |\S+ \S+ WARN |Picked up )")
+
+
+def _with_quiet_stderr(start, log_path: Path):
+    """Run ``start()`` (which launches the JVM) with file descriptor 2 on a pipe, so that the JVM
+    inherits the pipe as its stderr; a daemon thread copies warning lines to ``log_path`` and everything
+    else to the original stderr, for as long as the JVM lives.  Python's own fd 2 is restored at once."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    read_end, write_end = os.pipe()
+    original = os.dup(2)
+
+    def pump() -> None:
+        with os.fdopen(read_end, "rb") as source, open(log_path, "ab") as log:
+            for line in source:
+                if _WARNING_LINE.match(line):
+                    log.write(line)
+                    log.flush()
+                else:
+                    os.write(original, line)
+
+    threading.Thread(target=pump, name="spark-stderr", daemon=True).start()
+    sys.stderr.flush()
+    os.dup2(write_end, 2)
+    try:
+        return start()
+    finally:
+        sys.stderr.flush()
+        os.dup2(original, 2)
+        os.close(write_end)

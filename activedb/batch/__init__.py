@@ -1,4 +1,4 @@
-"""Batches of declared state transactions on a task precedence graph (MorphStream, seed 002).
+"""Batches of declared state transactions on a task precedence graph (MorphStream).
 
 Public interface::
 

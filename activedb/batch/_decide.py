@@ -1,4 +1,4 @@
-"""The decision model (§5.4, Table 2, Fig. 7) over properties *measured* on the TPG just built.
+"""The decision model (§5.4, Table 2, Figure 7) over properties *measured* on the TPG just built.
 
 MorphStream's code fed its decision tree with properties its data generator computed from its
 own parameters and never measured at run time.  Here every input comes from the batch at

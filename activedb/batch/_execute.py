@@ -6,7 +6,7 @@ transaction whose operation fails leaving no effect.
 
 :class:`TpgExecutor` runs a :class:`~activedb.batch._plan.Tpg` in one thread under one
 :class:`~activedb.batch._strategy.Strategy` and must give exactly the reference result.
-The transitions of the paper (Fig. 8) and where they happen here:
+The transitions of the paper (Figure 8) and where they happen here:
 
 * **T1** BLK→RDY: ``_resolved`` — the last unresolved parent became done;
 * **T2** RDY→EXE: ``_execute`` — the operation's function succeeded; its version is added;

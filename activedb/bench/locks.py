@@ -24,7 +24,8 @@ import statistics
 import threading
 import time
 
-from activedb.bench.report import BenchReport, Row
+from activedb.bench.progress import Progress
+from activedb.bench.report import BenchReport, Row, Series
 
 _TABLE = "bench"
 
@@ -346,12 +347,19 @@ def _commit_cost(report: BenchReport, quick: bool) -> None:
     ))
 
 
-def run(quick: bool = False) -> BenchReport:
+def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
+    progress = progress or Progress.none()
     report = BenchReport(title="locks" + (" (quick)" if quick else ""))
-    _uncontended(report, quick)
-    _threads(report, quick)
-    _deadlock_check(report, quick)
-    _commit_cost(report, quick)
+    progress.start("bench locks", total=4)
+    with progress.step("uncontended tuple locks vs a bare table"):
+        _uncontended(report, quick)
+    with progress.step("1-8 threads on disjoint keys"):
+        _threads(report, quick)
+    with progress.step("deadlock check per new wait edge"):
+        _deadlock_check(report, quick)
+    with progress.step("commit with inheritance"):
+        _commit_cost(report, quick)
+    _series(report)
     report.notes.extend([
         "pairs: acquire_tuple (IW on the table, WRITE on the tuple) by a depth-2 leaf, released by the leaf's "
         "abort (Rule 4); the bare table gets the same (table, key) calls and releases key by key (the "
@@ -364,6 +372,26 @@ def run(quick: bool = False) -> BenchReport:
         "ratios are value/baseline where higher is better and baseline/value for times",
     ])
     return report
+
+
+def _series(report: BenchReport) -> None:
+    """The sweeps of the rows, for ``--plot``."""
+    def points(prefix: str, number) -> list[tuple[float, float]]:
+        return [(number(row), row.value) for row in report.rows if row.name.startswith(prefix)]
+
+    report.add_series(Series("threads on disjoint keys (aggregate)", "lockmgr", "threads", "pairs/s",
+                             points("aggregate pairs/s, ", lambda row: int(row.name.split(", ")[1].split()[0]))))
+    report.add_series(Series("deadlock check per new wait edge", "lockmgr (median)", "transactions in the graph",
+                             "µs per check", points("deadlock check", lambda row: int(
+                                 row.name.rsplit(", ", 1)[1].split()[0].replace(",", ""))), log_x=True, log_y=True))
+    report.add_series(Series("deadlock check per new wait edge", "networkx.find_cycle (full scan)",
+                             "transactions in the graph", "µs per check",
+                             [(int(row.name.rsplit(", ", 1)[1].split()[0].replace(",", "")), row.baseline)
+                              for row in report.rows if row.name.startswith("deadlock check")],
+                             log_x=True, log_y=True))
+    report.add_series(Series("commit with inheritance", "lockmgr", "tuple locks", "µs per lock",
+                             points("commit with inheritance", lambda row: int(
+                                 row.name.rsplit(", ", 1)[1].split()[0].replace(",", ""))), log_x=True))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,4 +1,8 @@
-"""The report format shared by every benchmark."""
+"""The report format shared by every benchmark: rows (a figure against a baseline measured in the same
+run), notes, and optional series (the points of a sweep, for ``activedb bench NAME --plot``).
+
+``BenchReport.print_table()`` prints a table that fits the console (stdout); ``to_json()`` is the full
+document (``--json-only`` prints it, ``--json FILE`` writes it)."""
 
 from __future__ import annotations
 
@@ -32,14 +36,32 @@ class Row:
 
 
 @dataclass
+class Series:
+    """The points of one sweep (x, y), drawn as a line on the panel ``panel`` of the benchmark's plot."""
+
+    panel: str
+    label: str
+    x_label: str
+    y_label: str
+    points: list[tuple[float, float]] = field(default_factory=list)
+    log_x: bool = False
+    log_y: bool = False
+
+
+@dataclass
 class BenchReport:
     title: str
     rows: list[Row] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    series: list[Series] = field(default_factory=list)
 
     def add(self, row: Row) -> Row:
         self.rows.append(row)
         return row
+
+    def add_series(self, series: Series) -> Series:
+        self.series.append(series)
+        return series
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -48,18 +70,37 @@ class BenchReport:
             "machine": platform.machine(),
             "rows": [asdict(row) for row in self.rows],
             "notes": self.notes,
+            "series": [asdict(series) for series in self.series],
         }
 
+    def write_json(self, path) -> None:
+        from pathlib import Path
+
+        Path(path).write_text(json.dumps(self.to_json(), indent=2, default=str) + "\n")
+
     def print(self, *, json_only: bool = False) -> None:
-        print(json.dumps(self.to_json(), indent=2, default=str))
+        """The JSON document (``json_only``) or the table, on stdout."""
         if json_only:
-            return
+            print(json.dumps(self.to_json(), indent=2, default=str))
+        else:
+            self.print_table()
+
+    def print_table(self, console=None) -> None:
+        """The rows as a table that fits the console's width (long cells wrap), then the notes."""
         from rich.console import Console
         from rich.table import Table
 
-        table = Table(title=self.title)
-        for column in ("figure", "value", "baseline", "ratio", "target", "met"):
-            table.add_column(column)
+        if console is None:
+            console = Console()
+            if not console.is_terminal:       # a file or a pipe: wide, so that lines do not wrap
+                console = Console(width=max(console.width, 140))
+        table = Table(title=self.title, show_lines=False, expand=False)
+        table.add_column("figure", ratio=4, overflow="fold")
+        table.add_column("value", justify="right", no_wrap=True)
+        table.add_column("baseline", ratio=3, overflow="fold")
+        table.add_column("ratio", justify="right", no_wrap=True)
+        table.add_column("target", ratio=2, overflow="fold")
+        table.add_column("met", no_wrap=True)
         for row in self.rows:
             baseline = "" if row.baseline is None else f"{_fmt(row.baseline)} {row.unit} ({row.baseline_name})"
             table.add_row(
@@ -68,12 +109,11 @@ class BenchReport:
                 baseline,
                 "" if row.ratio is None else f"{row.ratio:.3g}",
                 row.target or "",
-                {True: "yes", False: "NO", None: ""}[row.met],
+                {True: "yes", False: "[bold red]NO[/bold red]", None: ""}[row.met],
             )
-        console = Console(stderr=False)
         console.print(table)
         for note in self.notes:
-            console.print(f"- {note}")
+            console.print(f"- {note}", highlight=False)
 
 
 def _fmt(number: float) -> str:

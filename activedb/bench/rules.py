@@ -27,6 +27,7 @@ import statistics
 import time
 
 from activedb import Coupling, Event
+from activedb.bench.progress import Progress
 from activedb.bench.report import BenchReport, Row
 from activedb.bench._setup import connect
 
@@ -82,16 +83,22 @@ def _compare(database, report: BenchReport, label: str, event_type: str, count: 
     ))
 
 
-def run(quick: bool = False) -> BenchReport:
+def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
+    progress = progress or Progress.none()
     report = BenchReport("rule firing (activedb bench rules)")
     count = 200 if quick else 2000
     repeat = 1 if quick else 5
+    progress.start("bench rules", total=4)
     for execution in ("inline", "threads"):
         database = connect(rule_execution=execution)
         try:
             _declare(database)
-            _compare(database, report, f"immediate rules, {execution}", IMMEDIATE_EVENT, count, repeat, execution)
-            _compare(database, report, f"deferred rules, {execution}", DEFERRED_EVENT, count, repeat, execution)
+            with progress.step(f"immediate rules, {execution}"):
+                _compare(database, report, f"immediate rules, {execution}", IMMEDIATE_EVENT, count, repeat,
+                         execution)
+            with progress.step(f"deferred rules, {execution}"):
+                _compare(database, report, f"deferred rules, {execution}", DEFERRED_EVENT, count, repeat,
+                         execution)
             fired = database.rules.statistics().per_rule
             executed = sum(counter.executed for counter in fired.values())
             if executed != sum(counter.fired for counter in fired.values()):

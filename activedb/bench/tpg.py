@@ -1,4 +1,4 @@
-"""``activedb bench tpg``: batches of declared state transactions on a TPG (seed 002).
+"""``activedb bench tpg``: batches of declared state transactions on a TPG (MorphStream).
 
 Workloads SL, GS, TP from ``activedb.batch.workloads`` at Table 6 defaults (θ 0.2, a 1 %,
 C 10 µs, T 10,240; TP 40,960; SL 25 % deposits, GS l = 1, r = 2; states per table = T) and

@@ -93,7 +93,7 @@ def register_commands(main: click.Group) -> None:
 
     @composite_group.command(name="plot")
     @click.option("--scenario", type=click.Choice(["fig3", "random"]), default=None,
-                  help="A built-in window: the paper's Fig. 3 scenario or random producers.")
+                  help="A built-in window: the paper's Figure 3 scenario or random producers.")
     @click.option("--input", "input_path", type=click.Path(exists=True, dir_okay=False), default=None,
                   help="JSON lines of arrivals (see the module docstring).")
     @click.option("--query", show_default=True,

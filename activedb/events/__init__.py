@@ -7,6 +7,7 @@ from activedb.events._model import (
     Event,
     EventKind,
     EventSpec,
+    Origin,
 )
 from activedb.events._progress import Punctuations
 from activedb.events._time import (
@@ -24,5 +25,5 @@ from activedb.events._time import (
 )
 
 __all__ = ["DATA_KINDS", "KINDS", "TRANSACTION_KINDS", "AccuracyInterval", "Event", "EventKind", "EventSpec",
-           "LocalClock", "Order", "Punctuations", "Timestamp", "as_timestamp", "hull", "local_order", "order", "precedes",
+           "LocalClock", "Order", "Origin", "Punctuations", "Timestamp", "as_timestamp", "hull", "local_order", "order", "precedes",
            "uncertain"]

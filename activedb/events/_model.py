@@ -5,7 +5,8 @@ Specs are made by the ``Database`` helpers: ``db.inserted(table)``, ``db.updated
 ``db.deleted(table)``, ``db.modified(table)`` (any of the three), ``db.signalled(name)`` (application
 events raised with ``tx.signal``), ``db.began()``, ``db.committed()``, ``db.aborted()`` (transaction
 events of top-level transactions) and ``db.stream(event_type)`` (events from a stream, e.g. the Spark
-bridge).
+bridge).  ``db.captured(table, kind)`` is a data spec whose :class:`Origin` is ``EXTERNAL``: committed
+changes made by other PostgreSQL clients, delivered by ``activedb.capture``.
 
 :class:`EventKind` is a ``str`` Enum: ``event.kind == "inserted"`` keeps working.
 """
@@ -46,6 +47,18 @@ class EventKind(str, enum.Enum):
         return self in (EventKind.COMMITTED, EventKind.ABORTED)
 
 
+class Origin(str, enum.Enum):
+    """Who made a data change.  ``ACTIVEDB``: a transaction of activedb (its in-process events, raised
+    while the transaction runs); ``EXTERNAL``: any other PostgreSQL client, heard through
+    ``activedb.capture`` after the writer committed."""
+
+    ACTIVEDB = "activedb"
+    EXTERNAL = "external"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 DATA_KINDS = frozenset({EventKind.INSERTED, EventKind.UPDATED, EventKind.DELETED})
 DATA_SPEC_KINDS = DATA_KINDS | {EventKind.MODIFIED}
 TRANSACTION_KINDS = frozenset({EventKind.BEGAN, EventKind.COMMITTED, EventKind.ABORTED})
@@ -65,7 +78,9 @@ class Event:
     * ``payload``: the signal's or stream event's fields
     * ``ts``: application timestamp (stream events), else None: a number or datetime (a point), or an
       :class:`~activedb.events.Timestamp` (an accuracy interval with its producer; composite events)
-    * ``transaction``: id of the transaction in which it occurred
+    * ``transaction``: id of the transaction in which it occurred (a captured change: ``pg:<xid>``, the
+      writing PostgreSQL transaction; its commit order is in ``payload``, see ``activedb.capture``)
+    * ``origin``: :class:`Origin` — ``ACTIVEDB`` for activedb's own events, ``EXTERNAL`` for captured changes
     """
 
     kind: EventKind
@@ -76,6 +91,7 @@ class Event:
     payload: dict = field(default_factory=dict)
     ts: Any = None
     transaction: str | None = None
+    origin: Origin = Origin.ACTIVEDB
 
     def describe(self) -> str:
         where = f" {self.source}" if self.source else ""
@@ -85,15 +101,23 @@ class Event:
 
 @dataclass(frozen=True)
 class EventSpec:
-    """Which events a rule reacts to: a kind and, optionally, a source (table, signal or stream type)."""
+    """Which events a rule reacts to: a kind and, optionally, a source (table, signal or stream type),
+    and for data specs the :class:`Origin` of the changes (``EXTERNAL``: ``db.captured(table, kind)``)."""
 
     kind: EventKind
     source: str | None = None
+    origin: Origin = Origin.ACTIVEDB
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", EventKind(self.kind))
+        object.__setattr__(self, "origin", Origin(self.origin))
+        if self.origin is Origin.EXTERNAL and self.kind not in DATA_SPEC_KINDS:
+            raise ValueError(f"only data events (inserted, updated, deleted, modified) come from external "
+                             f"writers, not {self.kind}")
 
     def matches(self, event: Event) -> bool:
+        if event.origin is not self.origin:
+            return False
         if self.kind is EventKind.MODIFIED:
             return event.kind in DATA_KINDS and event.source == self.source
         if event.kind != self.kind:
@@ -109,4 +133,5 @@ class EventSpec:
         return DATA_KINDS if self.kind is EventKind.MODIFIED else frozenset({self.kind})
 
     def __str__(self) -> str:
-        return f"{self.kind}({self.source})" if self.source else f"{self.kind}()"
+        text = f"{self.kind}({self.source})" if self.source else f"{self.kind}()"
+        return f"captured {text}" if self.origin is Origin.EXTERNAL else text

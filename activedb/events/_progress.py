@@ -1,4 +1,4 @@
-"""Punctuations: per source, the event time before which no more events will come (seed 000 App. F).
+"""Punctuations: per source, the event time before which no more events will come (Active CEP, Appendix F).
 
 The Spark bridge passes Spark's event-time watermark here after each committed micro-batch; stream
 schedulers and reorder buffers read it.  A punctuation never moves backwards.

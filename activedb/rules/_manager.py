@@ -59,12 +59,20 @@ class RuleManager(TransactionExtension):
         return self.registry.add(rule, replace=replace, manager=self)
 
     def remove(self, name: str) -> None:
+        """Stop rule ``name`` firing here and mark it removed in ``activedb_rules`` (also a rule only
+        persisted, declared by another process); a later declaration brings it back."""
         self.registry.remove(name)
 
+    def purge(self, names) -> int:
+        """Delete the persisted rows of ``names`` (see ``RuleRegistry.purge``); returns how many."""
+        return self.registry.purge(names)
+
     def enable(self, name: str) -> None:
+        """Enable ``name`` here (if declared) and in ``activedb_rules``."""
         self.registry.set_enabled(name, True)
 
     def disable(self, name: str) -> None:
+        """Disable ``name`` here (if declared) and in ``activedb_rules``."""
         self.registry.set_enabled(name, False)
 
     def get(self, name: str) -> Rule:
@@ -76,9 +84,15 @@ class RuleManager(TransactionExtension):
     def __iter__(self):
         return iter(self.registry)
 
-    def persisted(self) -> list[dict]:
-        """The registry as stored in PostgreSQL (every rule ever declared on this database)."""
-        return self.registry.persisted()
+    def persisted(self, *, include_removed: bool = True, module: str | None = None) -> list[dict]:
+        """The registry as stored in PostgreSQL (every rule ever declared on this database); see
+        ``RuleRegistry.persisted`` for the filters."""
+        return self.registry.persisted(include_removed=include_removed, module=module)
+
+    def firing_counts(self) -> dict[str, dict]:
+        """Per rule name, firings recorded by committed transactions (``activedb_transaction_log``):
+        ``{"fired": n, "last": datetime of the last such commit}``."""
+        return self.registry.firing_counts()
 
     def observes(self, table: str) -> bool:
         """Whether an enabled rule reacts to data events (insert/update/delete) on ``table``: a
@@ -185,7 +199,12 @@ class RuleManager(TransactionExtension):
                 f"rule cascade deeper than {self.max_cascade_depth} in transaction {transaction.id}: {names}; "
                 f"break the cycle or raise max_cascade_depth", [*chain, *(rule.name for rule in rules)])
         firings = [Firing(rule, event, (*chain, rule.name), rule.coupling, next(self._numbers)) for rule in rules]
-        root_firings = transaction.root.slot(RuleContext).firings
+        root = transaction.root
+        root_firings = root.slot(RuleContext).firings
+        if not root_firings:
+            # The tree's firings go into its transaction-log row (serialised at the flush, when every child
+            # has ended), where ``activedb rules list`` sums them.
+            root.info.setdefault("rule_firings", root_firings)
         with self._mutex:
             for rule in rules:
                 self._counters[rule.name].fired += 1

@@ -1,4 +1,5 @@
-"""Rules, firings and their counters (Sentinel's rule class, seed 004 Fig. 10 — see ``README.md``)."""
+"""Rules, firings and their counters (Sentinel's rule class, Concurrent Rule Execution §4.3: a rule has a name,
+an event, a condition, an action, a coupling mode and an enabled flag — see ``README.md``)."""
 
 from __future__ import annotations
 

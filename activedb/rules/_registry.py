@@ -6,6 +6,14 @@ version and warns (:class:`~activedb.errors.RuleDefinitionChangedWarning`); the 
 flag wins across ``connect()`` calls.  The first persist of a name is ``INSERT … ON CONFLICT DO NOTHING``
 so two processes declaring the same rule at once never collide.
 
+The persisted registry is also managed on its own, without declaring the rules (what ``activedb rules
+…`` does): :meth:`RuleRegistry.set_enabled` and :meth:`RuleRegistry.remove` act on the row whether or not
+the rule is declared in this process; a removed rule keeps its row with ``removed_at`` set (a later
+declaration clears it) until :meth:`RuleRegistry.purge` deletes it; ``module`` records which Python
+module declared a rule, so that one application's rules can be listed and pruned on a shared database.
+A change made from another process reaches a running process when it declares the rule again (the
+persisted flag is read at declaration).
+
 Thread-safety: ``_mutex`` protects ``_rules``; the index (``by_kind``, ``observed_tables``) is rebuilt
 under it and published whole (readers use it without the mutex).  No SQL runs under the mutex.
 """
@@ -25,7 +33,7 @@ from sqlalchemy.dialects import postgresql
 from coupling import ACTION_COUPLINGS, Coupling, CouplingError
 
 from activedb.errors import RuleDefinitionChangedWarning, RuleError, UnknownTable
-from activedb.events import EventKind, EventSpec
+from activedb.events import EventKind, EventSpec, Origin
 from activedb.rules._model import FunctionRule, Rule, fingerprint
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -107,11 +115,39 @@ class RuleRegistry:
                 self.catalog.table(spec.source)
             except UnknownTable as error:
                 raise RuleError(f"rule {name!r}: {error}") from None
+        if spec.origin is Origin.EXTERNAL:
+            self._validate_external(rule)
         if spec.kind.is_transaction_end and not rule.coupling.runs_as_top_level:
             raise RuleError(
                 f"rule {name!r}: on {spec} the triggering transaction has already ended, so the rule must be "
                 f"detached (detached, detached_causally_dependent, sequential_causally_dependent or "
                 f"exclusive_causally_dependent), not {rule.coupling.value}"
+            )
+
+    @staticmethod
+    def module_of(rule: Rule) -> str:
+        """The Python module that declared ``rule``: its action function's, or its ``Rule`` subclass's."""
+        if isinstance(rule, FunctionRule):
+            return getattr(rule.action_function(), "__module__", None) or "?"
+        return type(rule).__module__
+
+    @staticmethod
+    def _validate_external(rule: Rule) -> None:
+        """A captured change (``db.captured``) is heard after its writer committed: the rule cannot be
+        part of the writer's transaction, and the writer cannot abort any more."""
+        if rule.coupling.runs_as_subtransaction:
+            raise RuleError(
+                f"rule {rule.name!r}: on {rule.on} the writer's transaction has already committed when "
+                f"activedb hears of the change, so a rule with {rule.coupling.value} coupling cannot run inside it; use "
+                f"coupling='detached' (detached_causally_dependent and sequential_causally_dependent are "
+                f"accepted and mean the same here). To react inside activedb's own transactions, declare "
+                f"the rule on db.{rule.on.kind.value}({rule.on.source!r})"
+            )
+        if rule.coupling is Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT:
+            raise RuleError(
+                f"rule {rule.name!r}: on {rule.on} an exclusive_causally_dependent rule would never run: it "
+                f"runs only if the trigger aborts, and only committed changes are captured; use "
+                f"coupling='detached'"
             )
 
     def definition(self, rule: Rule) -> dict:
@@ -130,7 +166,8 @@ class RuleRegistry:
         digest = hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()
         table = self.catalog.table(RULES_TABLE)
         values = dict(event=str(rule.on), coupling=rule.coupling.value, action_coupling=rule.action_coupling.value,
-                      priority=rule.priority, definition_hash=digest, definition=definition)
+                      priority=rule.priority, definition_hash=digest, definition=definition,
+                      module=self.module_of(rule))
         with self.catalog.engine.begin() as connection:
             inserted = connection.execute(
                 postgresql.insert(table).values(name=rule.name, enabled=rule.enabled, version=1, **values)
@@ -141,11 +178,18 @@ class RuleRegistry:
             row = connection.execute(sa.select(table).where(table.c.name == rule.name).with_for_update()).one()
             if row.definition_hash == digest:
                 rule.version = row.version
-                rule.enabled = row.enabled           # the persisted flag wins across connect() calls
+                if row.removed_at is not None:       # declared again after a removal: back, as declared
+                    connection.execute(table.update().where(table.c.name == rule.name).values(
+                        removed_at=None, enabled=rule.enabled, module=values["module"], updated_at=sa.func.now()))
+                else:
+                    rule.enabled = row.enabled       # the persisted flag wins across connect() calls
+                    if row.module != values["module"]:
+                        connection.execute(table.update().where(table.c.name == rule.name).values(
+                            module=values["module"]))
                 return
             version = row.version + 1
             connection.execute(table.update().where(table.c.name == rule.name).values(
-                version=version, enabled=rule.enabled, updated_at=sa.func.now(), **values))
+                version=version, enabled=rule.enabled, removed_at=None, updated_at=sa.func.now(), **values))
             rule.version = version
         changed = [key for key in definition if row.definition.get(key) != definition[key]]
         message = (f"rule {rule.name!r} was redefined (changed: {', '.join(changed)}); "
@@ -155,26 +199,61 @@ class RuleRegistry:
         with self._mutex:
             self.redefined.append((rule.name, row.version, version))
 
-    def remove(self, name: str) -> Rule:
+    def remove(self, name: str) -> Rule | None:
+        """Stop ``name`` firing in this process and mark it removed in ``activedb_rules`` (``removed_at``).
+
+        Works on a rule declared in this process and on one only persisted (another process's, as
+        ``activedb rules remove`` does); returns the declared ``Rule`` or None.  Raises ``RuleError`` if
+        neither knows the name."""
         with self._mutex:
             removed = self._rules.pop(name, None)
-            self._reindex()
-            if removed is None:
-                raise RuleError(f"no rule named {name!r}; declared: {', '.join(self._rules) or 'none'}")
-        return removed
-
-    def set_enabled(self, name: str, enabled: bool) -> None:
-        with self._mutex:
-            rule = self._rules.get(name)
-        if rule is None:
-            raise RuleError(f"no rule named {name!r}; declared: {', '.join(self.names()) or 'none'}")
+            if removed is not None:
+                self._reindex()
         table = self.catalog.table(RULES_TABLE)
         with self.catalog.engine.begin() as connection:
-            connection.execute(table.update().where(table.c.name == name).values(enabled=enabled,
-                                                                                  updated_at=sa.func.now()))
+            marked = connection.execute(table.update().where(table.c.name == name, table.c.removed_at.is_(None))
+                                        .values(removed_at=sa.func.now(), updated_at=sa.func.now())
+                                        .returning(table.c.name)).first()
+            known = marked is not None or connection.execute(
+                sa.select(table.c.name).where(table.c.name == name)).first() is not None
+        if removed is None and not known:
+            raise RuleError(f"no rule named {name!r}; declared here: {', '.join(self.names()) or 'none'} "
+                            f"(`activedb rules list` shows the persisted ones)")
+        return removed
+
+    def purge(self, names) -> int:
+        """Delete the rows of ``names`` from ``activedb_rules`` (their versions and flags are forgotten; a
+        later declaration starts again at version 1).  Rules declared in this process stop firing too.
+        Returns the number of rows deleted."""
+        names = list(names)
         with self._mutex:
-            rule.enabled = enabled
+            for name in names:
+                self._rules.pop(name, None)
             self._reindex()
+        table = self.catalog.table(RULES_TABLE)
+        with self.catalog.engine.begin() as connection:
+            return connection.execute(table.delete().where(table.c.name.in_(names))).rowcount
+
+    def set_enabled(self, name: str, enabled: bool) -> None:
+        """Enable or disable ``name`` in ``activedb_rules`` and, if it is declared here, in this process.
+        A removed rule cannot be enabled: it comes back when its application declares it again."""
+        with self._mutex:
+            rule = self._rules.get(name)
+        table = self.catalog.table(RULES_TABLE)
+        with self.catalog.engine.begin() as connection:
+            row = connection.execute(sa.select(table.c.removed_at).where(table.c.name == name)).first()
+            if row is None and rule is None:
+                raise RuleError(f"no rule named {name!r}; declared here: {', '.join(self.names()) or 'none'} "
+                                f"(`activedb rules list` shows the persisted ones)")
+            if row is not None and row.removed_at is not None and rule is None:
+                raise RuleError(f"rule {name!r} was removed; it comes back when its application declares it "
+                                f"again (or delete it for good: activedb rules remove --purge {name})")
+            connection.execute(table.update().where(table.c.name == name).values(
+                enabled=enabled, updated_at=sa.func.now()))
+        if rule is not None:
+            with self._mutex:
+                rule.enabled = enabled
+                self._reindex()
 
     def get(self, name: str) -> Rule:
         with self._mutex:
@@ -194,11 +273,28 @@ class RuleRegistry:
     def __len__(self) -> int:
         return len(self._rules)
 
-    def persisted(self) -> list[dict]:
-        """The registry as stored in PostgreSQL (every rule ever declared on this database)."""
+    def persisted(self, *, include_removed: bool = True, module: str | None = None) -> list[dict]:
+        """The registry as stored in PostgreSQL (every rule ever declared on this database, by name);
+        ``include_removed=False`` leaves out removed rules, ``module`` keeps the rules declared by that
+        module or a module under it (``activedb.examples`` matches ``activedb.examples.hand_hygiene.app``)."""
         table = self.catalog.table(RULES_TABLE)
+        query = sa.select(table).order_by(table.c.name)
+        if not include_removed:
+            query = query.where(table.c.removed_at.is_(None))
+        if module:
+            query = query.where(sa.or_(table.c.module == module, table.c.module.like(f"{module}.%")))
         with self.catalog.engine.connect() as connection:
-            return [dict(row._mapping) for row in connection.execute(sa.select(table).order_by(table.c.name))]
+            return [dict(row._mapping) for row in connection.execute(query)]
+
+    def firing_counts(self) -> dict[str, dict]:
+        """Per rule, ``{"fired": n, "last": datetime}`` summed over the committed top-level transactions in
+        ``activedb_transaction_log`` (each records the firings dispatched in its tree, ``info.rule_firings``)."""
+        with self.catalog.engine.connect() as connection:
+            rows = connection.execute(sa.text(
+                "SELECT firing.key AS name, sum(firing.value::bigint) AS fired, max(log.committed_at) AS last "
+                "FROM activedb_transaction_log AS log, jsonb_each_text(log.info -> 'rule_firings') AS firing "
+                "WHERE log.info ? 'rule_firings' GROUP BY firing.key")).all()
+        return {row.name: {"fired": int(row.fired), "last": row.last} for row in rows}
 
     def stream_types(self) -> frozenset[str]:
         """The stream event types enabled rules listen to (``db.stream(type)``)."""
@@ -209,10 +305,11 @@ class RuleRegistry:
         ``_mutex``.  Readers use the published dict/frozenset without it: each is replaced whole."""
         by_kind: dict[EventKind, list[Rule]] = {}
         for rule in self._rules.values():
-            if not rule.enabled:
+            # Rules on captured changes are dispatched by activedb.capture's consumer, never in-process.
+            if not rule.enabled or rule.on.origin is not Origin.ACTIVEDB:
                 continue
             for kind in rule.on.kinds():
                 by_kind.setdefault(kind, []).append(rule)
         self.by_kind = {kind: tuple(rules) for kind, rules in by_kind.items()}
         self.observed_tables = frozenset(rule.on.source for rule in self._rules.values()
-                                         if rule.enabled and rule.on.is_data)
+                                         if rule.enabled and rule.on.is_data and rule.on.origin is Origin.ACTIVEDB)

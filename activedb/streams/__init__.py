@@ -1,12 +1,12 @@
 """Stream transactions: pattern queries over the shared store, rules ON OUTPUT, and
-event-time correctness (seed 000: Wang, Rundensteiner, Ellison, *Active Complex Event
+event-time correctness (Active CEP: Wang, Rundensteiner, Ellison, *Active Complex Event
 Processing over Event Streams*).
 
 Public interface::
 
     from activedb import streams
 
-    engine = streams.StreamEngine(db, name="hygiene")            # SEI scheduler
+    engine = streams.StreamEngine(db, name="hygiene")            # SEI; or scheduler="s2pl" / "lwm"
     engine.create_stream("estream", types=["EXIT", "SANITIZE", "ENTER", "MASK"],
                          attributes=["HCW-ID", "location"])
     engine.define(Q1_AND_R1_TEXT)                                # CREATE QUERY … / CREATE RULE …
@@ -39,10 +39,18 @@ from activedb.streams._builders import (
 )
 from activedb.streams._catalog import StreamSchema
 from activedb.streams._compile import CompiledQuery, CompiledRule, Ctx, ReadSpec, WriteSpec, compile_query
+from activedb.streams._concurrent import (
+    LockingScheduler,
+    LWMScheduler,
+    S2PLScheduler,
+    SchedulerHooks,
+    SchedulerStatistics,
+)
 from activedb.streams._engine import AccessPlan, BatchResult, BatchRun, Resource, STransaction, StreamEngine
 from activedb.streams._events import END_OF_STREAM, DeadLetter, Output, StreamEvent
 from activedb.streams._history import StreamHistory, StreamOp
 from activedb.streams._language import parse
+from activedb.streams._locks import LockMode, LWMLockTable, S2PLLockTable, StreamLockTable
 from activedb.streams._matcher import PartitionState
 from activedb.streams._metrics import QueryCounters, StreamStatistics
 from activedb.streams._scheduler import Scheduler, SEIScheduler, UnscheduledScheduler
@@ -52,9 +60,11 @@ from activedb.streams import errors
 
 __all__ = [
     "AccessPlan", "BatchResult", "BatchRun", "CompiledQuery", "CompiledRule", "Consumption", "Ctx", "DeadLetter",
-    "END_OF_STREAM", "EventRef", "NEW", "Output", "PartitionState", "QueryCounters", "ReadSpec", "Ref",
-    "Resource", "SEIScheduler", "STransaction", "Scheduler", "Selection", "StoreView", "StreamEngine",
-    "StreamEvent", "StreamHistory", "StreamOp", "StreamSchema", "StreamStatistics", "UnscheduledScheduler",
-    "WriteSpec", "algebra", "component", "compile_query", "conj", "delete", "errors", "event", "exists", "insert",
-    "lit", "not_", "parse", "query_definition", "same", "seq", "store", "update",
+    "END_OF_STREAM", "EventRef", "LWMLockTable", "LWMScheduler", "LockMode", "LockingScheduler", "NEW", "Output",
+    "PartitionState", "QueryCounters", "ReadSpec", "Ref", "Resource", "S2PLLockTable", "S2PLScheduler",
+    "SEIScheduler", "STransaction", "Scheduler", "SchedulerHooks", "SchedulerStatistics", "Selection", "StoreView",
+    "StreamEngine", "StreamEvent", "StreamHistory", "StreamLockTable", "StreamOp", "StreamSchema",
+    "StreamStatistics", "UnscheduledScheduler", "WriteSpec", "algebra", "compile_query", "component", "conj",
+    "delete", "errors", "event", "exists", "insert", "lit", "not_", "parse", "query_definition", "same", "seq",
+    "store", "update",
 ]

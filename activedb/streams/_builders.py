@@ -15,7 +15,7 @@
                 action=update("workerStatus", set={"status": "warning"},
                               where={"workerID": event("newEvent")["HCW-ID"]}))
 
-builds exactly the definitions the text of seed 000 §3.1 parses to.  Expressions are
+builds exactly the definitions the text of Active CEP §3.1 parses to.  Expressions are
 :class:`Ref` objects: compare them with ``== != < <= > >=``, compute with ``+ - * /``,
 combine conditions with ``&``, ``|`` and ``~`` (Python's ``and``/``or``/``not`` cannot be
 overloaded and raise a TypeError).  Plain Python values are literals.

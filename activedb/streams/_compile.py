@@ -372,7 +372,7 @@ def compile_query(definition: ast.QueryDefinition, streams: dict[str, StreamSche
         which = components[0] if components[0].negated else components[-1]
         raise DefinitionError(
             f"{what}: a negative event (!{which.event_type}) must stand between two positive events; the first and "
-            f"the last event of a SEQ are positive (negative accepting events are outside seed 000's model)",
+            f"the last event of a SEQ are positive (negative accepting events are outside Active CEP's model)",
             **_at(which))
     aliases: dict[str, tuple[int, str, bool]] = {}
     types = []

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import itertools
 import logging
 import threading
@@ -101,7 +102,7 @@ class Resource:
 
 @dataclass(frozen=True)
 class AccessPlan:
-    """What an event's s-transaction may read and write (seed 000 Algorithm 1), derived
+    """What an event's s-transaction may read and write (Active CEP Algorithm 1), derived
     from the definitions alone.  ``opaque``: a Python action declared no tables."""
 
     reads: frozenset[Resource]
@@ -122,8 +123,9 @@ class STransaction:
     def ts(self) -> Any:
         return self.event.ts
 
-    @property
+    @functools.cached_property
     def plan(self) -> AccessPlan:
+        """Algorithm 1's locks for this s-transaction (computed once)."""
         return self.engine.access_plan(self.event)
 
 
@@ -217,16 +219,30 @@ class BatchRun:
         self.dead_letters: list[DeadLetter] = []
         self.processed = 0
         self.failed = 0
-        self.view_factory: Callable[[Any, Stamp], Any] = lambda tx, stamp: StoreView(tx, stamp, engine.history)
+        self.view_factory: Callable[[Any, Stamp], Any] = (
+            lambda tx, stamp: StoreView(tx, stamp, engine.history, engine.operation_cost))
         self.serial = next(engine._batch_serials)
+        # Invariant: _installed_at[partition] is the position of the s-transaction whose state is in the
+        # overlay; a state from an earlier position never replaces a later one (concurrent schedulers may
+        # end s-transactions out of order; only those that cannot change a partition's state run unordered).
+        self._installed_at: dict[tuple[str, tuple], int] = {}
+        #: A concurrent scheduler's answer to "on which state of partition ``key`` of ``query``
+        #: is ``stransaction`` matched" (``state_source(stransaction, query, key)``); None: the
+        #: batch's current state (SEI: the previous s-transaction's).
+        self.state_source: Callable[[STransaction, str, tuple], PartitionState | None] | None = None
 
     def partition(self, query: str, key: tuple) -> PartitionState | None:
         with self._mutex:
             return self.pending.partition((query, key))
 
-    def _install(self, touched: dict[tuple[str, tuple], PartitionState]) -> None:
+    def _install(self, touched: dict[tuple[str, tuple], PartitionState], position: int | None) -> None:
         with self._mutex:
+            installed_at = self._installed_at
             for key, state in touched.items():
+                if position is not None:
+                    if installed_at.get(key, -1) > position:
+                        continue
+                    installed_at[key] = position
                 self.pending.overlay[key] = state if state.size() else None
 
     # --- the whole s-transaction (SEI and schedulers that lock ahead) ---------------------------
@@ -238,6 +254,47 @@ class BatchRun:
         parent = self.tx if parent is None else parent
         return self._run(stransaction, parent, self._unit(stransaction.id),
                          [rank for rank, _ in stransaction.matchers])
+
+    def new_unit(self, stransaction: STransaction) -> str:
+        """The history unit of ``stransaction`` when a scheduler runs it with ``execute_in``."""
+        return self._unit(stransaction.id)
+
+    def execute_in(self, stransaction: STransaction, tx: Any, unit: str) -> tuple:
+        """Run the whole s-transaction in ``tx``, a subtransaction the scheduler made for it
+        (e.g. spawned on a worker thread): every consuming query, then the rules on their
+        outputs.  The caller's subtransaction ends it: when it has committed or aborted, the
+        scheduler calls :meth:`finish` with what this returned.  Raises the event's failure
+        as a StreamError (after recording the dead letter) so that ``tx`` aborts, and
+        infrastructure errors as they are."""
+        history = self.engine.history
+        event = stransaction.event
+        if history is not None:
+            history.begin(unit, stransaction.id, event.describe(), event.ts, (event.position, ()))
+        try:
+            return self._body(tx, stransaction, unit, [rank for rank, _ in stransaction.matchers])
+        except BaseException as error:
+            if _event_failure(error):
+                self._failed(stransaction, error)
+                if not isinstance(error, StreamError):
+                    raise ActionFailed(str(error), rule="") from error
+            raise
+
+    def finish(self, stransaction: STransaction, unit: str, committed: bool, result: tuple | None) -> None:
+        """``stransaction``'s subtransaction (see :meth:`execute_in`) committed or aborted:
+        record its end; if committed, its partitions' states and outputs become the batch's."""
+        history = self.engine.history
+        event = stransaction.event
+        if history is not None:
+            history.end(unit, stransaction.id, event.describe(), event.ts, (event.position, ()), committed)
+        if committed and result is not None:
+            touched, outputs = result
+            self._succeeded(touched, outputs, event.position)
+
+    def count_empty(self) -> None:
+        """An s-transaction no query consumes: nothing to run, it counts as processed."""
+        self.engine.metrics.add(processed=1)
+        with self._mutex:
+            self.processed += 1
 
     def _unit(self, name: str) -> str:
         """A unit id unique across batches (a re-run batch reuses positions)."""
@@ -268,7 +325,7 @@ class BatchRun:
         # The unit's commit is the caller's (the subtransaction ends when this returns).
         if history is not None:
             history.end(unit, stransaction.id, event.describe(), event.ts, (event.position, ()), True)
-        self._succeeded(touched, outputs)
+        self._succeeded(touched, outputs, None)
         return True
 
     def _run(self, stransaction: STransaction, parent: Any, unit: str, ranks: list[int]) -> bool:
@@ -277,9 +334,7 @@ class BatchRun:
         event = stransaction.event
         order = (event.position, ())
         if not ranks:                       # no query consumes the event: an empty s-transaction
-            engine.metrics.add(processed=1)
-            with self._mutex:
-                self.processed += 1
+            self.count_empty()
             return True
         if history is not None:
             history.begin(unit, stransaction.id, event.describe(), event.ts, order)
@@ -305,7 +360,7 @@ class BatchRun:
             return False
         if history is not None:
             history.end(unit, stransaction.id, event.describe(), event.ts, order, committed)
-        self._succeeded(touched, outputs)
+        self._succeeded(touched, outputs, event.position)
         return True
 
     def _body(self, tx: Any, stransaction: STransaction, unit: str, ranks: list[int]):
@@ -322,7 +377,9 @@ class BatchRun:
             query = matcher.query
             key = matcher.partition_key(event)
             started = time.perf_counter()
-            step = matcher.prepare(self.partition(query.name, key), event)
+            source = self.state_source
+            state = self.partition(query.name, key) if source is None else source(stransaction, query.name, key)
+            step = matcher.prepare(state, event)
             prepared = time.perf_counter()
             view.at(0, rank, query.name)
             outputs, state = step.complete(view)
@@ -348,8 +405,8 @@ class BatchRun:
         metrics.add(rule_instances=instances, rule_latency=rule_latency, reads=view.reads, writes=view.writes)
         return touched, all_outputs
 
-    def _succeeded(self, touched, outputs: list[Output]) -> None:
-        self._install(touched)
+    def _succeeded(self, touched, outputs: list[Output], position: int | None) -> None:
+        self._install(touched, position)
         latency = 0.0
         for output in outputs:
             arrivals = [event.sts for event in output.constituents if event.sts is not None]
@@ -404,7 +461,16 @@ class StreamEngine:
       batch's transaction (``False``: only return them, e.g. when the caller records its own);
     * ``keep_outputs`` — return every output in ``BatchResult.outputs``;
     * ``prefetch`` — before a batch's s-transactions run, load the rows their access plans
-      name with one ``tx.prefetch`` per table (read-locks them for the batch).
+      name with one ``tx.prefetch`` per table (read-locks them for the batch);
+    * ``operation_cost`` — **for benchmarks**: a callable ``cost(kind)`` (``"read"`` or
+      ``"write"``) run before every store operation of an s-transaction, once its lock is
+      granted — how ``activedb bench streams`` models a store whose operations cost a round
+      trip.  Applications and tests leave it None.
+
+    ``scheduler``: ``"sei"``, ``"s2pl"``, ``"lwm"`` (the defaults of
+    :class:`S2PLScheduler`/:class:`LWMScheduler`: tuple locks, 8 s-transactions at a time),
+    ``"unscheduled"`` (tests only), or a :class:`Scheduler` instance
+    (``streams.LWMScheduler(granularity="table", workers=16)``).
 
     Thread-safety: definitions and ``statistics()`` may be used from any thread; batches
     are processed one at a time (a second concurrent batch raises ``StreamStateError``).
@@ -412,7 +478,8 @@ class StreamEngine:
 
     def __init__(self, db: Any, *, name: str = "streams", scheduler: str | Scheduler = "sei",
                  aliases: Mapping[str, Any] | None = None, record_history: bool = False, durable: bool = True,
-                 record_dead_letters: bool = True, keep_outputs: bool = True, prefetch: bool = True):
+                 record_dead_letters: bool = True, keep_outputs: bool = True, prefetch: bool = True,
+                 operation_cost: Callable[[str], None] | None = None):
         if not isinstance(name, str) or not name.strip():
             raise StreamError("a StreamEngine needs a non-empty name (it keys the engine's saved state)")
         self.db = db
@@ -424,6 +491,7 @@ class StreamEngine:
         self.record_dead_letters = record_dead_letters
         self.keep_outputs = keep_outputs
         self.prefetch = prefetch
+        self.operation_cost = operation_cost
         self.metrics = Metrics(self.scheduler.name)
         self._mutex = threading.RLock()
         self._streams: dict[str, StreamSchema] = {}
@@ -589,7 +657,7 @@ class StreamEngine:
     # --- Algorithm 1 -----------------------------------------------------------------------------
 
     def access_plan(self, event: StreamEvent) -> AccessPlan:
-        """The store resources ``event``'s s-transaction may read and write (seed 000
+        """The store resources ``event``'s s-transaction may read and write (Active CEP
         Algorithm 1, narrowed to what this engine can do: queries read the store only at
         their accepting events, rules fire only there).  A key comes from the event when
         the definitions derive it from the event's attributes; otherwise the table."""
@@ -691,6 +759,9 @@ class StreamEngine:
             self._prefetch(tx, stransactions)
         run = BatchRun(self, tx, pending, stransactions)
         self.scheduler.run(run)
+        # A concurrent scheduler ends s-transactions out of order: report in the declared order.
+        run.outputs.sort(key=lambda output: output.position)
+        run.dead_letters.sort(key=lambda letter: letter.event.position)
         letters.extend(run.dead_letters)
         started = time.perf_counter()
         if letters and self.record_dead_letters:
@@ -712,7 +783,7 @@ class StreamEngine:
         for stransaction in stransactions:
             if not stransaction.matchers:
                 continue
-            plan = self.access_plan(stransaction.event)
+            plan = stransaction.plan
             for resource in plan.reads | plan.writes:
                 if resource.key is not None and all(value is not None for value in resource.key):
                     keys.setdefault(resource.table, {})[resource.key] = None
@@ -752,7 +823,8 @@ class StreamEngine:
         if event_type is None:
             return None, self._reject(event, f"rejected: stream {stream.name} has no event type {event.type!r} "
                                              f"(types: {', '.join(stream.types or ())})")
-        event = dataclasses.replace(event, type=event_type, stream=stream.name, sts=now)
+        event = dataclasses.replace(event, type=event_type, stream=stream.name,
+                                    sts=event.sts if event.sts is not None else now)
         try:
             kind = check_ts(event.ts)
         except ValueError as error:

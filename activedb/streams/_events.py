@@ -3,7 +3,8 @@
 * :class:`StreamEvent` — one input event: its type, **application time** ``ts`` (from
   the source: a number of seconds or an aware ``datetime``) and attributes.  The engine
   stamps it on arrival with its **system time** ``sts`` (``time.perf_counter()``; only
-  differences are meaningful) and, when the reorder buffer releases it, with its
+  differences are meaningful — a source that measured the arrival itself, with the same
+  clock, may set ``sts`` and the engine keeps it) and, when the reorder buffer releases it, with its
   ``position`` in the stream's declared total order.  ``ts`` and ``sts`` are never
   mixed: windows and correctness use ``ts``, latencies use ``sts``.
 * :class:`Output` — a composite event produced by a query (``ts`` = the maximum of its
@@ -46,7 +47,7 @@ class StreamEvent:
         return self.attributes[attribute]
 
     def describe(self) -> str:
-        """``type^ts`` as seed 000 writes events (``exit^2``)."""
+        """``type^ts`` as Active CEP writes events (``exit^2``)."""
         return f"{self.type}^{format_ts(self.ts)}"
 
 
@@ -54,7 +55,7 @@ class StreamEvent:
 class Output:
     """A composite event: the output of query ``query``.  Immutable.
 
-    ``ts`` = max of the constituents' ``ts`` (seed 000 App. B); ``sts`` = when the query
+    ``ts`` = max of the constituents' ``ts`` (Active CEP App. B); ``sts`` = when the query
     produced it; ``position`` = the accepting event's position."""
 
     query: str

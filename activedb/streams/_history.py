@@ -1,4 +1,4 @@
-"""The stream history: every Read and Write of the shared store, stamped (seed 000 §4.1).
+"""The stream history: every Read and Write of the shared store, stamped (Active CEP §4.1).
 
 An engine made with ``record_history=True`` records, in system-time order (``sequence``),
 each store operation its queries and rules perform:
@@ -38,7 +38,7 @@ class StreamOp:
     kind: str                      # read | write | begin | end
     unit: str                      # the unit of execution (s-transaction or query evaluation)
     stransaction: str              # the s-transaction (one per input event)
-    event: str                     # the event, as seed 000 writes it (exit^2)
+    event: str                     # the event, as Active CEP writes it (exit^2)
     ts: Any
     order: tuple                   # (position, step)
     origin: str | None = None      # the query or rule that performed it
@@ -114,7 +114,8 @@ class StreamHistory:
                                      value, read_from))
 
     def write(self, unit: str, stransaction: str, event: str, ts: Any, order: tuple, origin: str, table: str,
-              key: tuple, value: Any, operation: str) -> None:
+              key: tuple, value: Any, operation: str) -> int:
+        """Record a Write; returns its sequence (a multi-version store keeps it with the version)."""
         with self._mutex:
             sequence = self._next()
             self.ops.append(StreamOp(sequence, "write", unit, stransaction, event, ts, order, origin, table, key,
@@ -122,6 +123,13 @@ class StreamHistory:
             row = (table, key)
             self._undo.setdefault(unit, []).append((row, self._last_write.get(row)))
             self._last_write[row] = sequence
+            return sequence
+
+    def last_writes(self, table: str) -> dict[tuple, int]:
+        """The sequence of the latest not-aborted Write of each row of ``table`` (what a Read of
+        the row before the next Write sees): a multi-version store takes it for its base images."""
+        with self._mutex:
+            return {row[1]: sequence for row, sequence in self._last_write.items() if row[0] == table}
 
     def abort_units(self, units: list[str]) -> None:
         """Units that ended committed but whose top-level transaction then aborted: record

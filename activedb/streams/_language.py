@@ -1,4 +1,4 @@
-"""The textual language of seed 000 (§3.1, Appendix B): a hand-written lexer and
+"""The textual language of Active CEP (§3.1, Appendix B): a hand-written lexer and
 recursive-descent parser producing :mod:`activedb.streams.algebra` nodes.
 
 Grammar (keywords are case-insensitive; ``[…]`` optional, ``{…}`` repeated)::

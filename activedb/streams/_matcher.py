@@ -75,6 +75,19 @@ class Matcher:
     def consumes(self, event_type: str) -> bool:
         return event_type in self.by_type
 
+    def may_change(self, event_type: str) -> bool:
+        """Can an event of ``event_type`` change a partition's state beyond pruning by the
+        window?  Skip-till-any-match: only if it may play a non-accepting component (it is
+        then buffered); skip-till-next-match: always (it may start, advance or end a run).
+        Pruning needs no order: every later event prunes at least as much.  A concurrent
+        scheduler runs the s-transactions that may change a partition in order (the next
+        one consuming the partition waits for the end of the previous one that may change
+        it), so that each is matched on the state its predecessors committed."""
+        if not self.any_match:
+            return True
+        accepting = self.query.accepting
+        return any(index != accepting for index in self.by_type.get(event_type, ()))
+
     def partition_key(self, event: StreamEvent) -> tuple:
         attributes = event.attributes
         return tuple(attributes.get(attribute) for attribute in self.query.partition)

@@ -1,4 +1,4 @@
-"""Seed 000 Appendix G.2's metrics, measured in **system time** only.
+"""Active CEP Appendix G.2's metrics, measured in **system time** only.
 
 * throughput = ``numIn / T_proc``: events processed per second of processing time
   (the time spent inside ``engine.process``), plus the wall-clock rate since the first

@@ -3,7 +3,7 @@
 The engine hands a scheduler a :class:`~activedb.streams._engine.BatchRun`: the batch's
 top-level transaction ``tx`` and its s-transactions in the declared total order (each
 with its event, the queries consuming it and its access plan — the tables and keys it
-may read and write, computed from the definitions by Algorithm 1 of seed 000).  A
+may read and write, computed from the definitions by Algorithm 1 of Active CEP).  A
 scheduler decides when and on which thread each runs; the engine does the rest
 (matching, stamped store access, rules, dead letters, statistics) through:
 
@@ -16,10 +16,10 @@ scheduler decides when and on which thread each runs; the engine does the rest
 
 Schedulers in this package:
 
-* :class:`SEIScheduler` (seed 000 §5.1) — one s-transaction at a time, in order, each to
+* :class:`SEIScheduler` (Active CEP §5.1) — one s-transaction at a time, in order, each to
   its end before the next starts.  Trivially correct (Def. 6) for ordered input, which
   the reorder buffer provides.  The reference concurrent schedulers are checked against.
-* :class:`UnscheduledScheduler` — **for tests**: seed 000 §2's push-based execution.
+* :class:`UnscheduledScheduler` — **for tests**: Active CEP §2's push-based execution.
   Every query is an operator with its own input queue; operators run concurrently on
   worker threads, each taking its events in arrival order and running the rules on its
   outputs at once — no s-transactions, no synchronisation between queries.  The
@@ -27,10 +27,12 @@ Schedulers in this package:
   operators' steps in a chosen order; the Definition 6 checker then finds the
   read-too-late and write-too-late anomalies of Examples 2 and 3.
 
-A scheduler that locks ahead (S2PL, LWM) implements :meth:`Scheduler.run` the same way:
-it reads ``st.plan`` when the batch arrives (before any s-transaction runs), runs
-``batch.execute(st, child)`` in subtransactions spawned on worker threads, and may give
-the engine another store view (``BatchRun.view_factory``) for reads at a timestamp.
+The schedulers that lock ahead — S2PL and LWM, :mod:`activedb.streams._concurrent` —
+read every ``st.plan`` when the batch arrives (before any s-transaction runs), run each
+s-transaction with ``batch.execute_in`` in a subtransaction spawned on a worker thread
+(``batch.finish`` once it ended), give the engine their store view
+(``BatchRun.view_factory``: locks first; LWM reads versions) and say on which matcher
+state each s-transaction is matched (``BatchRun.state_source``).
 """
 
 from __future__ import annotations
@@ -59,7 +61,7 @@ class Scheduler(abc.ABC):
 
 
 class SEIScheduler(Scheduler):
-    """Single-Event-Initiated (seed 000 §5.1): one s-transaction at a time, in order."""
+    """Single-Event-Initiated (Active CEP §5.1): one s-transaction at a time, in order."""
 
     name = "sei"
 
@@ -136,5 +138,9 @@ def make_scheduler(scheduler: str | Scheduler) -> Scheduler:
         return SEIScheduler()
     if scheduler == "unscheduled":
         return UnscheduledScheduler()
-    raise StreamError(f"unknown scheduler {scheduler!r}: use 'sei' (or 'unscheduled' in tests), or pass a "
-                      f"Scheduler instance")
+    if scheduler in ("s2pl", "lwm"):
+        from activedb.streams._concurrent import LWMScheduler, S2PLScheduler
+
+        return S2PLScheduler() if scheduler == "s2pl" else LWMScheduler()
+    raise StreamError(f"unknown scheduler {scheduler!r}: use 'sei', 's2pl' or 'lwm' (or 'unscheduled' in tests), "
+                      f"or pass a Scheduler instance")

@@ -15,7 +15,7 @@ Thread-safety: a view belongs to the thread running its unit of work.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from activedb.streams.errors import UndeclaredAccess
 
@@ -38,10 +38,11 @@ def _as_key(key: Any) -> tuple:
 class StoreView:
     """Stamped store access for one unit of work (see the module docstring)."""
 
-    def __init__(self, tx: Any, stamp: Stamp, history: Any = None):
+    def __init__(self, tx: Any, stamp: Stamp, history: Any = None, cost: Callable[[str], None] | None = None):
         self.tx = tx
         self.stamp = stamp
         self._history = history
+        self._cost = cost
         self._phase = 0
         self._rank = 0
         self._counter = 0
@@ -64,14 +65,21 @@ class StoreView:
         self._counter += 1
         return (self.stamp.position, (self._phase, self._rank, self._counter))
 
-    def _record(self, method: str, *args: Any, **kwargs: Any) -> None:
+    def _record(self, method: str, *args: Any, **kwargs: Any) -> Any:
         stamp = self.stamp
-        getattr(self._history, method)(stamp.unit, stamp.stransaction, stamp.event, stamp.ts, self._order(),
-                                       self.origin, *args, **kwargs)
+        return getattr(self._history, method)(stamp.unit, stamp.stransaction, stamp.event, stamp.ts, self._order(),
+                                              self.origin, *args, **kwargs)
+
+    def _before(self, kind: str, table: str, key: tuple | None) -> None:
+        """Runs before every operation (``kind`` read/write; ``key`` None: the table or a
+        generated key).  A locking scheduler's view waits for its lock here."""
+        if self._cost is not None:
+            self._cost(kind)
 
     # --- the store API --------------------------------------------------------------------------
 
     def read(self, table: str, key: Any) -> dict | None:
+        self._before("read", table, _as_key(key))
         row = self.tx.read(table, key)
         self.reads += 1
         if self._history is not None:
@@ -79,6 +87,7 @@ class StoreView:
         return row
 
     def scan(self, table: str, where: Mapping[str, Any] | None = None) -> list[dict]:
+        self._before("read", table, None)
         rows = self.tx.scan(table, where)
         self.reads += 1
         if self._history is not None:
@@ -86,12 +95,14 @@ class StoreView:
         return rows
 
     def write(self, table: str, key: Any, **values: Any) -> None:
+        self._before("write", table, _as_key(key))
         self.tx.write(table, key, **values)
         self.writes += 1
         if self._history is not None:
             self._record("write", table, _as_key(key), dict(values), "write")
 
     def insert(self, table: str, **values: Any) -> Any:
+        self._before("write", table, self._key_of_values(table, values))
         key = self.tx.insert(table, **values)
         self.writes += 1
         if self._history is not None:
@@ -99,10 +110,15 @@ class StoreView:
         return key
 
     def delete(self, table: str, key: Any) -> None:
+        self._before("write", table, _as_key(key))
         self.tx.delete(table, key)
         self.writes += 1
         if self._history is not None:
             self._record("write", table, _as_key(key), None, "delete")
+
+    def _key_of_values(self, table: str, values: Mapping[str, Any]) -> tuple | None:
+        """The key an insert names (None if the database generates it); only locking views need it."""
+        return None
 
     def declared(self, reads: frozenset[str] | None, writes: frozenset[str] | None) -> "DeclaredView":
         return DeclaredView(self, reads or frozenset(), writes or frozenset())

@@ -40,7 +40,7 @@ def _position() -> Any:
 
 
 class Selection(enum.Enum):
-    """Which matches a pattern query outputs (seed 000 leaves it open; see the README).
+    """Which matches a pattern query outputs (Active CEP leaves it open; see the README).
 
     * ``SKIP_TILL_ANY_MATCH``: any earlier events may form a match with an accepting
       event (irrelevant events in between are skipped, partial matches are never

@@ -81,3 +81,13 @@ class EvaluationError(StreamError):
 
 class UndeclaredAccess(StreamError):
     """A Python rule action touched a table it did not declare in ``reads=``/``writes=``."""
+
+
+class SchedulerError(StreamError):
+    """A scheduler cannot run the batch as defined (e.g. S2PL/LWM and a Python action that
+    declared no tables: its locks cannot be inserted ahead).  The batch fails; fix the
+    definitions or choose another scheduler."""
+
+
+class UnplannedAccess(SchedulerError):
+    """An s-transaction touched a table or row its access plan (Algorithm 1) did not lock."""

@@ -6,7 +6,9 @@ thread — the stack of transactions the thread is running, which is how waits b
 wait-for graph (:meth:`TransactionManager.waiting`).
 
 Thread-safety: every method may be called from any thread.  ``_ids`` is an ``itertools.count`` (atomic
-``next`` under the GIL); the registries publish immutable tuples; the per-thread stacks are thread-local.
+``next`` under the GIL); the registries publish immutable tuples; the per-thread stacks are thread-local;
+``_live_mutex`` (a leaf) protects ``_live``, the running top-level transactions (for pictures and tools:
+:meth:`TransactionManager.live_transactions`).
 """
 
 from __future__ import annotations
@@ -38,10 +40,12 @@ class TransactionManager:
     """Creates transaction trees for one ``Database``.  Thread-safe."""
 
     def __init__(self, catalog: "Catalog", *, max_workers: int = 32, victim_policy: Any = "requester",
-                 flush_retries: int = 10, record_history: bool = False, lock_timeout: float | None = None):
+                 flush_retries: int = 10, record_history: bool = False, lock_timeout: float | None = None,
+                 snapshot_on_deadlock: bool = False):
         self.catalog = catalog
         # Declared commit edges: a parent waits for its children only while it says so (see _locking.py).
-        self.locks = lockmgr.LockManager(victim_policy=victim_policy, commit_edges="declared")
+        self.locks = lockmgr.LockManager(victim_policy=victim_policy, commit_edges="declared",
+                                         snapshot_on_deadlock=snapshot_on_deadlock)
         self.locking = Locking(self.locks, lock_timeout)
         self.pool = WorkerPool(max_workers)
         self.flush_retries = flush_retries
@@ -52,6 +56,9 @@ class TransactionManager:
         self.process_tag = _ids.new_process_tag()
         self._ids = itertools.count(1)
         self._local = threading.local()     # .running: the transactions this thread runs, innermost last
+        self._live_mutex = threading.Lock()  # protects _live (a leaf: nothing else is taken while holding it)
+        # Invariant: _live holds exactly the top-level transactions whose ``transaction()`` block is running.
+        self._live: dict[str, Transaction] = {}
 
     @property
     def lock_timeout(self) -> float | None:
@@ -59,6 +66,12 @@ class TransactionManager:
 
     def next_id(self) -> int:
         return next(self._ids)
+
+    def live_transactions(self) -> list[Transaction]:
+        """The top-level transactions running now (their ``with`` block has not ended), oldest first.  Their
+        descendants are reachable through ``children``; ``activedb.explain`` draws them."""
+        with self._live_mutex:
+            return list(self._live.values())
 
     # --- top-level transactions -----------------------------------------------------------------
 
@@ -72,6 +85,8 @@ class TransactionManager:
         transaction = Transaction(self, None, name=name, read_base=read_base)
         outer = self.current()
         nesting = None
+        with self._live_mutex:
+            self._live[transaction.id] = transaction
         try:
             for participant in participants:
                 transaction.enlist(participant)
@@ -100,6 +115,8 @@ class TransactionManager:
                 transaction.abort(error)
             raise
         finally:
+            with self._live_mutex:
+                self._live.pop(transaction.id, None)
             if nesting is not None:
                 nesting.release()
 

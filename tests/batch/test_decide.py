@@ -34,7 +34,7 @@ def test_chains_without_parameters_get_key_groups():
 
 
 def test_cyclic_key_groups_get_single_operations():
-    """Fig. 1 has the cycle A → B (PD O1 → O3) → A (PD O3 → O5): f-schedule."""
+    """Figure 1 has the cycle A → B (PD O1 → O3) → A (PD O3 → O5): f-schedule."""
     transactions = fig1_transactions()
     events = fig1_events() * 3
     decision = DecisionModel().decide(_tpg(transactions, events))

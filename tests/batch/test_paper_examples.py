@@ -1,4 +1,4 @@
-"""The worked examples of MorphStream (seed 002): Fig. 1 (edges and final state), Fig. 9
+"""The worked examples of MorphStream: Figure 1 (edges and final state), Figure 9
 (the execution trace, regular and aborting), a non-deterministic write (§4.4, §6.5.2) and a
 window write (§4.3, §6.5.1) — each through every strategy against the serial reference."""
 
@@ -16,7 +16,7 @@ STRATEGIES = ["serial", "auto", "lean", "tpg"] + [strategy.name for strategy in 
 
 
 def fig1_transactions() -> batch.StateTransactions:
-    """Fig. 1: Deposit(A, V1); Transfer(A, B, V2); Transfer(B, A, V3), with the paper's
+    """Figure 1: Deposit(A, V1); Transfer(A, B, V2); Transfer(B, A, V3), with the paper's
     functions: a transfer's debit and credit both require Read(src) > V."""
     transactions = batch.StateTransactions("fig. 1")
 
@@ -86,7 +86,7 @@ def test_fig1_aborting_transfer_leaves_no_effect(strategy):
 
 
 def fig9_transactions() -> batch.StateTransactions:
-    """Fig. 9: O1 and O2 in one transaction (LD); O3 parametrically depends on O2."""
+    """Figure 9: O1 and O2 in one transaction (LD); O3 parametrically depends on O2."""
     transactions = batch.StateTransactions("fig. 9")
 
     @transactions.on("pair")

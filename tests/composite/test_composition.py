@@ -1,4 +1,4 @@
-"""Composition on hand-built events: the Fig. 2/Fig. 3 scenario of Liebig, Cilia, Buchmann (*Event
+"""Composition on hand-built events: the Figure 2/Figure 3 scenario of Liebig, Cilia, Buchmann (*Event
 Composition in Time-dependent Distributed Systems* §V: one A-producer, two B-producers, ``A & B``,
 chronicle), SEQ across producers, recent consumption, uncertainty raised or decided by the application."""
 

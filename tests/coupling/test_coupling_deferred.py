@@ -1,4 +1,5 @@
-"""Deferred cycles (seed 004 §2.1, §3.3.2 Cases 1-2, axioms 27-28) and the deferred-from-immediate choice."""
+"""Deferred cycles (Concurrent Rule Execution §2.1, §3.3.2 Cases 1-2, axioms 27-28) and the
+deferred-from-immediate choice."""
 
 from __future__ import annotations
 

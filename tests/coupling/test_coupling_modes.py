@@ -1,4 +1,5 @@
-"""The six modes and the dependencies each one creates (seed 004 axioms 18-23, DESIGN §3)."""
+"""The six modes and the dependencies each one creates (Concurrent Rule Execution §3.3.2, axioms 18-23;
+the table in coupling/README.md)."""
 
 from __future__ import annotations
 

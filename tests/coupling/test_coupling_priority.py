@@ -1,4 +1,4 @@
-"""priority_groups: seed 004 §3.2 and axioms 29-30."""
+"""priority_groups: Concurrent Rule Execution §3.2 and axioms 29-30."""
 
 from __future__ import annotations
 

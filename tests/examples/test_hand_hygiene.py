@@ -1,4 +1,4 @@
-"""The hand-hygiene application (seed 000's HyReminder) on a real PostgreSQL.
+"""The hand-hygiene application (HyReminder, from Active CEP §1) on a real PostgreSQL.
 
 * hand-written badge sequences drive exact final statuses, audit trails, alerts and
   badge lights, read back from PostgreSQL;
@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -58,7 +59,7 @@ def counters(db, name: str):
 
 
 SEQUENCE = [
-    # w1 — the seed's Example 1 (exit^2, enter^10 matches Q1 -> warning, exit^15 reads warning) and he
+    # w1 — Active CEP's Example 1 (exit^2, enter^10 matches Q1 -> warning, exit^15 reads warning) and he
     # leaves the room still unsanitized and unmasked -> violation.
     badge("enter", "w1", 0.0, "room1"), badge("exit", "w1", 2.0, "room1"),
     badge("enter", "w1", 10.0, "room2"), badge("exit", "w1", 15.0, "room2"),
@@ -219,6 +220,24 @@ def test_run_demo_end_to_end(app, database_url, capsys):
         assert worker in output and status in output
     assert "rule firings per coupling mode" in output
     assert "exclusive_causally_dependent" in output and "immediate" in output
+    # The story first: what the application is, what happened to the workers, then the engine's numbers.
+    positions = [output.index(text) for text in ("Hand hygiene in a hospital", "what happened to the workers",
+                                                 "under the hood", "rule firings per coupling mode")]
+    assert positions == sorted(positions)
+
+
+def test_demo_writes_event_files_for_activedb_run(tmp_path):
+    from click.testing import CliRunner
+
+    from activedb.cli import main
+
+    result = CliRunner().invoke(main, ["demo", "--write-events", str(tmp_path / "events"), "--events", "250"])
+    assert result.exit_code == 0, result.output
+    files = sorted((tmp_path / "events").glob("*.json"))
+    lines = [line for path in files for line in path.read_text().splitlines()]
+    assert len(files) == 3 and len(lines) == 250
+    assert [json.loads(line) for line in lines] == generate(12, 250, 7)
+    assert "activedb run activedb.examples.hand_hygiene.app --source file:" in " ".join(result.output.split())
 
 
 @pytest.mark.spark

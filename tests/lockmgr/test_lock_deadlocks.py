@@ -59,7 +59,7 @@ def test_a_child_waiting_for_a_lock_its_parent_holds_is_a_deadlock_through_the_c
 
 def test_deadlock_created_by_inheritance_is_detected_when_the_waiter_is_redirected():
     """T2.a waits for T1.a's lock; T1 waits for T2's lock.  No cycle -- until T1.a commits and T1 retains
-    the lock: then T2.a waits for T1 (retained), closing T1 -> T2 -> T2.a -> T1 (seed 004 §4.2.2:
+    the lock: then T2.a waits for T1 (retained), closing T1 -> T2 -> T2.a -> T1 (Concurrent Rule Execution §4.2.2:
     "deadlock detection is performed ... just before lock inheritance")."""
     lm = LockManager()
     for tid, parent in (("T1", None), ("T1.a", "T1"), ("T2", None), ("T2.a", "T2")):

@@ -1,8 +1,8 @@
 """Hypothesis stateful test: the lock manager against a small sequential reference model of Rules 1–5.
 
 The model is deliberately naive -- a dict of held modes and a dict of retained modes keyed by
-(transaction, resource), the rules written as directly as DESIGN §2 states them -- and shares no code with
-lockmgr except the conflict table (which test_lock_rules checks against the textbook matrix).  Single
+(transaction, resource), the rules written as directly as Concurrent Rule Execution §3.1 states them -- and
+shares no code with lockmgr except the conflict table (which test_lock_rules checks against the textbook matrix).  Single
 threaded: requests that the model says would wait go through ``try_acquire``, which must then refuse.
 """
 

@@ -1,4 +1,4 @@
-"""Härder–Rothermel Rules 1–5 (DESIGN §2, seed 004 §3.1), one test per rule, plus the lock modes.
+"""Härder–Rothermel Rules 1–5 (Concurrent Rule Execution §3.1), one test per rule, plus the lock modes.
 
 Single-threaded where the rule can be shown with ``try_acquire``; threads (driven by lockmgr.testing's
 Scenario, never by sleeping) where a waiter must be woken.

@@ -1,4 +1,6 @@
-"""Seed 004's Figures 7, 8 and 9 as scenarios: named steps, one session (thread) per transaction, run in an
+"""The figures of Concurrent Rule Execution §4.2 as scenarios (Figure 7: control spheres; Figure 8:
+wait-for-commit edges; Figure 9: waits for held and for retained locks — described in docs/papers.md):
+named steps, one session (thread) per transaction, run in an
 explicit order, with the expected history -- which step completed, which blocked -- written out as in a
 PostgreSQL isolation spec.  Driven by lockmgr.testing.Scenario (no sleeps; blocking is observed on the lock
 manager)."""

@@ -45,7 +45,7 @@ def test_run_ingests_a_file_source_until_ctrl_c_stops_it_cleanly(tmp_path, make_
                "--query-name", "cli", "--max-files-per-trigger", "1"]
     with open(output, "wb") as sink:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env={**os.environ, "COLUMNS": "200"})
+                                   env={**os.environ, "COLUMNS": "200", "ACTIVEDB_HOME": str(tmp_path / "home")})
     try:
         database = app_database(url)
         try:
@@ -61,6 +61,8 @@ def test_run_ingests_a_file_source_until_ctrl_c_stops_it_cleanly(tmp_path, make_
             assert "stopped cleanly" in text
             assert "cli: batches 3 (last 2)" in text
             assert "Traceback" not in text
+            assert " WARN " not in text and "WARNING:" not in text, "Spark's warnings belong in the log file"
+            assert (tmp_path / "home" / "logs" / "spark.log").exists()
 
             direct = app_database(make_database_url("cli_direct"))
             try:
@@ -96,6 +98,13 @@ def test_run_ingests_a_file_source_until_ctrl_c_stops_it_cleanly(tmp_path, make_
     result = runner.invoke(main, ["--url", url, "status", "--query-name", "nothing-here"])
     assert result.exit_code == 0
     assert "no ingestion has committed a batch for query 'nothing-here' yet" in result.output
+
+
+def test_run_help_says_what_an_app_provides():
+    text = " ".join(CliRunner().invoke(main, ["run", "--help"]).output.split())
+    for name in ("register(db)", "MAPPING", "SCHEMA", "MIGRATIONS", "reset(db)", "--reset",
+                 "activedb.examples.hand_hygiene.app", "starts over"):
+        assert name in text, name
 
 
 def test_run_rejects_a_malformed_source_and_an_app_without_mapping(tmp_path, database_url):

@@ -169,3 +169,12 @@ def test_the_ledger_participant_makes_a_batch_exactly_once(database):
             tx.write("counters", "b", total=2)
     with database.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT total FROM counters WHERE key = 'b'")).scalar() == 1
+
+
+def test_the_average_rate_does_not_decay_while_the_stream_is_idle(database):
+    sink = IngestSink(database, app_counters.MAPPING, query_name="idle")
+    sink.process([_event(seq, amount=1) for seq in range(1, 6)], 0, query_id="idle@rate")
+    first = sink.statistics().events_per_second
+    with database.engine.connect() as connection:      # time passes, no batch comes
+        connection.execute(sa.text("SELECT pg_sleep(0.05)"))
+    assert first > 0 and sink.statistics().events_per_second == first

@@ -1,5 +1,5 @@
 """Fixtures of the stream tests: a database with the test tables, clean per test, and
-the paper's Q1/R1 text (seed 000 §3.1, as printed) plus Q2 (its pattern, §2)."""
+the paper's Q1/R1 text (Active CEP §3.1, as printed) plus Q2 (its pattern, §2)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import activedb
 from activedb import streams
 from tests.conftest import APP_MIGRATIONS
 
-# Seed 000 §3.1, as printed (line breaks as in the paper's listing).
+# Active CEP §3.1, as printed (line breaks as in the paper's listing).
 Q1_R1 = """\
 CREATE QUERY Q1 ON estream
 PATTERN SEQ(EXIT, !SANITIZE, ENTER)
@@ -31,7 +31,7 @@ WHERE workerID = newEvent.HCW-ID
 END
 """
 
-# Seed 000 §2 gives Q2's pattern and condition only: SEQ(MASK, EXIT) within 5 s for a worker in
+# Active CEP §2 gives Q2's pattern and condition only: SEQ(MASK, EXIT) within 5 s for a worker in
 # "warning" when his EXIT occurs.  Its output is not used by any rule in Examples 1–3.
 Q2 = """\
 CREATE QUERY Q2 ON estream

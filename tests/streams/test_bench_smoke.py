@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
+
 from activedb.bench import BenchReport
 from activedb.bench.streams import run
 
 
-def test_streams_benchmark_quick(database_url, monkeypatch):
+def test_streams_benchmark_quick(database_url, monkeypatch, tmp_path):
     monkeypatch.setenv("ACTIVEDB_DATABASE_URL", database_url)     # the test's database, not the user's
+    monkeypatch.setenv("ACTIVEDB_BENCH_DIR", str(tmp_path))        # the JSON and the plot go here
     report = run(quick=True)
     assert isinstance(report, BenchReport)
-    assert [row.name for row in report.rows] == ["SEI, 1,000 events", "SEI L_combined, 1,000 events"]
+    names = [row.name for row in report.rows]
+    assert names[:2] == ["SEI, 1,000 events", "SEI L_combined, 1,000 events"]
     sei = report.rows[0]
     assert sei.unit == "events/s" and sei.value > 0 and sei.baseline > 0
     assert sei.extra["processed"] == 1000 and sei.extra["late"] == 0
@@ -18,3 +22,18 @@ def test_streams_benchmark_quick(database_url, monkeypatch):
     assert sei.extra["L_combined_ms"] == report.rows[1].value
     assert set(sei.extra["us_per_event"]) >= {"buffer", "match", "reads", "rules", "commit", "state",
                                               "top_level_commit"}
+    # Part 2: the paper's ratios as rows with their targets (met or not: no timing assertion).
+    targets = {row.name: row for row in report.rows if row.target}
+    assert "LWM / S2PL throughput, table locks, mean over readN" in targets
+    assert "SEI / LWM L_combined at 2,000 events/s" in targets
+    assert all(row.value > 0 and row.met in (True, False) for row in targets.values())
+    saved = json.loads((tmp_path / "streams.json").read_text())
+    experiments = saved["experiments"]
+    for figure in ("throughput_vs_readN", "throughput_vs_writeN", "latency_vs_seqL", "latency_vs_rate"):
+        assert figure in experiments
+    for name in ("sei", "s2pl", "lwm"):
+        points = experiments["throughput_vs_readN"]["table"][name]
+        assert len(points) == len(experiments["throughput_vs_readN"]["readN"])
+        assert all(point["throughput"] > 0 and point["reads_per_event"] > 0 for point in points)
+    assert experiments["latency_vs_rate"]["lwm"][0]["memory_kib"] > 0
+    assert (tmp_path / "streams.png").stat().st_size > 10_000

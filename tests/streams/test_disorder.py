@@ -1,4 +1,4 @@
-"""Disordered input (seed 000 App. F): the reorder buffer, punctuations, late events,
+"""Disordered input (Active CEP App. F): the reorder buffer, punctuations, late events,
 equal timestamps, and the engine's state across micro-batches, aborts and restarts.
 
 Randomised parts use ``random.Random(seed)``; the seed is fixed, overridable with the
@@ -20,7 +20,7 @@ from tests.streams.conftest import BADGE_TYPES, Q1_R1, Q2, badge, set_status, st
 
 SEED = int(os.environ.get("ACTIVEDB_STREAMS_SEED", "20110901"))
 
-# The app-level edges used here (not seed 000's): Q2's output moves the worker back to safe
+# The app-level edges used here (not Active CEP's): Q2's output moves the worker back to safe
 # (Appendix C's reading), and every Q1 output is logged in stream_alerts.
 EXTRA_RULES = """
 CREATE RULE R2 ON OUTPUT Q2 REFERENCING NEW AS n FOR EACH EVENT

@@ -1,4 +1,4 @@
-"""Seed 000 §2, Examples 1–3, as named steps.
+"""Active CEP §2, Examples 1–3, as named steps.
 
 One health-care worker, ``workerStatus`` holds his status (``safe`` before time 10), the
 sub-stream ``exit^2, enter^10, exit^15`` (ENTER into another room than the EXIT, so Q1
@@ -108,7 +108,7 @@ def test_example_2_read_too_late(db):
     (violation,) = report.violations
     assert (violation.read.origin, violation.read.ts) == ("Q2", 2)
     assert (violation.write.origin, violation.write.ts, violation.write.value) == ("R1", 10, {"status": "warning"})
-    assert violation.read.sequence > violation.write.sequence     # crossed lines of Fig. 2(b)
+    assert violation.read.sequence > violation.write.sequence     # crossed lines of Figure 2(b)
 
 
 def test_example_3_write_too_late(db):
@@ -125,7 +125,7 @@ def test_example_3_write_too_late(db):
     assert (violation.read.origin, violation.read.ts) == ("Q2", 15)
     assert (violation.write.origin, violation.write.ts) == ("R1", 10)
     assert violation.seen is None                       # Q2 saw the value from before the history
-    assert violation.write.sequence > violation.read.sequence     # crossed the other way (Fig. 2(c))
+    assert violation.write.sequence > violation.read.sequence     # crossed the other way (Figure 2(c))
     assert "write-too-late" in violation.message and "R1" in violation.message
 
 

@@ -1,4 +1,4 @@
-"""The textual language: seed 000's Q1/R1 as printed, the same in Python, errors with line
+"""The textual language: Active CEP's Q1/R1 as printed, the same in Python, errors with line
 and column, unknown names caught at definition time."""
 
 from __future__ import annotations

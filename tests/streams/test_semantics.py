@@ -1,6 +1,6 @@
 """Pattern semantics and rule actions: selection, negation, window, partitions, the
 composite timestamp, UPDATE/INSERT/DELETE/Python actions, WHEN, s-atomicity, and the
-access plan (seed 000 Algorithm 1) a locking scheduler will use."""
+access plan (Active CEP Algorithm 1) a locking scheduler will use."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The hand-hygiene application of seed 000 (HyReminder), used by ``activedb demo``.
+"""The hand-hygiene application (HyReminder, from the paper Active CEP §1; see docs/papers.md), used by
+``activedb demo``.
 
 * :mod:`.app` — the rules (``register(db)``), the statuses and the design note;
 * :mod:`.events` — a deterministic badge-event generator and the direct (non-Spark) feeder;

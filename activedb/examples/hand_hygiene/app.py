@@ -1,4 +1,5 @@
-"""The hand-hygiene application of seed 000 (HyReminder) as ECA rules on activedb.
+"""The hand-hygiene application (HyReminder, from *Active Complex Event Processing
+over Event Streams* — "Active CEP" in docs/papers.md) as ECA rules on activedb.
 
 Public interface:
 
@@ -8,17 +9,17 @@ Public interface:
 * the vocabulary: :data:`BADGE_EVENTS`, :data:`SAFE` / :data:`WARNING` /
   :data:`VIOLATION`, :data:`COLORS`, :data:`STATUS_CHANGED`, :data:`APP_TABLES`.
 
-The application (seed 000 §1–§3, Appendix B/C)
----------------------------------------------
+The application (Active CEP §1–§3, Appendices B and C)
+------------------------------------------------------
 Every health-care worker wears an RFID badge with a three-colour light for his
 hygiene status, ``safe`` (green), ``warning`` (yellow) or ``violation`` (red), kept in
 the shared table ``worker_status``.  Sensors report badge events of four types, the
-seed's behaviours: ``enter`` and ``exit`` (a patient room), ``sanitize`` (a hand
+paper's behaviours: ``enter`` and ``exit`` (a patient room), ``sanitize`` (a hand
 sanitizer dispenser) and ``mask``.  Each arrives as a stream event
 (``tx.emit(type, key=worker, ts=application_time, payload={"room": ...})``) in its own
 subtransaction, and the rules below move the worker between the three statuses.
-Figure 1 of the seed is a drawing; its text gives Q1 verbatim and Q2's pattern, and the
-edges here are built from those:
+The paper's Figure 1 draws the three statuses as nodes and pattern queries as the edges between
+them; its text gives Q1 verbatim and Q2's pattern, and the edges here are built from those:
 
 * **safe → warning** (Q1/R1, verbatim): ``SEQ(EXIT, !SANITIZE, ENTER)`` within 45 s,
   ``EXIT.location != ENTER.location``, for a worker who is ``safe`` when he enters;
@@ -29,7 +30,7 @@ edges here are built from those:
 
 The patterns are evaluated against per-worker state (last EXIT room and time, last
 SANITIZE, last MASK), so a rule reads the shared table and its action writes it — the
-query–rule interaction of the seed.  A badge event that contradicts the worker's
+query–rule interaction of the paper.  A badge event that contradicts the worker's
 state (an ENTER while the badge places him in a room, an EXIT from another room than
 his, or a timestamp older than his last applied event) is *rejected*: the rule raises,
 the event's subtransaction aborts, and nothing of it is applied.
@@ -84,8 +85,9 @@ SAFE, WARNING, VIOLATION = "safe", "warning", "violation"
 STATUSES = (SAFE, WARNING, VIOLATION)
 COLORS = {SAFE: "green", WARNING: "yellow", VIOLATION: "red"}
 # What ``activedb run activedb.examples.hand_hygiene.app --source file:DIR`` needs: which columns of
-# the rows (JSON lines {"type": ..., "worker": ..., "ts": seconds, "room": ...}, as ``events.write_files``
-# writes) make an event — the arguments of spark_bridge's EventMapping, as plain data (no import of it).
+# the rows (JSON lines {"type": ..., "worker": ..., "ts": seconds, "room": ...}, as ``activedb demo
+# --write-events DIR`` writes them, see ``demo.write_event_files``) make an event — the arguments of
+# spark_bridge's EventMapping, as plain data (no import of it).
 MAPPING = {"type_column": "type", "key_column": "worker", "ts_column": "ts", "payload_columns": ["room"]}
 SCHEMA = "type STRING, worker STRING, ts DOUBLE, room STRING"
 PREFETCH = {"worker_status": None}      # each batch loads its workers' rows in one query
@@ -308,6 +310,11 @@ def register(db) -> dict[str, Rule]:
     declare(report_incident, on=db.inserted("alerts"), coupling=Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT,
             name="report_incident")
     return rules
+
+
+def reset(db) -> None:
+    """What ``activedb run APP --reset`` calls: start from empty application tables."""
+    reset_tables(db)
 
 
 def reset_tables(db) -> None:

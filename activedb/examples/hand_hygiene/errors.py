@@ -21,6 +21,6 @@ class ImpossibleTransition(BadgeEventRejected):
 class LateBadgeEvent(BadgeEventRejected):
     """The event's application time is older than the last event applied for the worker.
 
-    Stream transactions write a worker's state in timestamp order (seed 000,
-    Definition 6); a late event would rewrite history, so it is rejected.
+    Stream transactions write a worker's state in timestamp order (Active CEP,
+    §4.1 Notion of correctness); a late event would rewrite history, so it is rejected.
     """

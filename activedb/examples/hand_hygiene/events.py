@@ -9,6 +9,9 @@ Public interface:
   transactions without Spark (sorted by ``ts``; one top-level transaction per chunk, one
   subtransaction per event).
 
+``generate`` returns a list; to get files for ``activedb run … --source file:DIR`` use
+``activedb demo --write-events DIR`` (:func:`activedb.examples.hand_hygiene.demo.write_event_files`).
+
 The generator simulates each worker: in the corridor he enters a room, sanitizes or
 masks; in a room he exits it, sanitizes or masks; his next event comes 1–30 s later.
 Two kinds of noise make the demo's rejection and ordering paths do work:
@@ -23,6 +26,7 @@ Two kinds of noise make the demo's rejection and ordering paths do work:
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import random
 from dataclasses import dataclass, field
@@ -103,7 +107,7 @@ class ApplyResult:
     chunks: int = 0
 
 
-def apply_directly(db, events: Iterable[dict], *, chunk_size: int = DEFAULT_CHUNK_SIZE) -> ApplyResult:
+def apply_directly(db, events: Iterable[dict], *, chunk_size: int = DEFAULT_CHUNK_SIZE, progress=None) -> ApplyResult:
     """Process ``events`` in timestamp order through activedb, without Spark.
 
     One top-level transaction per ``chunk_size`` events (re-run on a serialization
@@ -115,6 +119,7 @@ def apply_directly(db, events: Iterable[dict], *, chunk_size: int = DEFAULT_CHUN
     A chunk that is re-run after a conflict first aborted as a whole, so the exclusive
     causally dependent compensation rules fire for the events of the aborted attempt —
     that is their contract (they commit exactly when the processing they depend on aborts).
+    ``progress`` (an ``activedb.bench.Progress``) hears of every chunk.
     """
     if chunk_size < 1:
         raise ValueError("chunk_size must be at least 1")
@@ -128,9 +133,13 @@ def apply_directly(db, events: Iterable[dict], *, chunk_size: int = DEFAULT_CHUN
         ordered.append(event)
     ordered.sort(key=lambda event: seconds(event["ts"]))      # stable: equal timestamps keep arrival order
     applied, rejected, chunks = 0, list(malformed), 0
+    if progress is not None:
+        progress.start("badge events", total=-(-len(ordered) // chunk_size))
     for start in range(0, len(ordered), chunk_size):
         chunk = ordered[start:start + chunk_size]
-        chunk_applied, chunk_rejected = db.run(_apply_chunk, chunk)
+        with contextlib.nullcontext() if progress is None else progress.step(
+                f"events {start + 1}-{start + len(chunk)} of {len(ordered)}"):
+            chunk_applied, chunk_rejected = db.run(_apply_chunk, chunk)
         applied += chunk_applied
         rejected.extend(chunk_rejected)
         chunks += 1

@@ -1,6 +1,6 @@
 """Tables of the stream-transaction tests (tests/streams).
 
-* ``workerstatus`` — seed 000 §3.1's ``workerStatus(workerID, status)``; created with the
+* ``workerstatus`` — Active CEP §3.1's ``workerStatus(workerID, status)``; created with the
   names PostgreSQL gives the paper's unquoted identifiers, so Q1 and R1 run as printed;
 * ``stream_alerts`` — rows inserted by rule actions;
 * ``stream_cells`` — the store of the randomised query/rule sets.

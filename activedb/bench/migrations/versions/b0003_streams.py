@@ -1,7 +1,7 @@
 """Tables of ``activedb bench streams``.
 
 * ``bench_worker_status`` — the hand-hygiene status per worker; the benchmark's queries
-  use seed 000's names (``workerStatus(workerID, status)``) mapped onto it by the engine's
+  use Active CEP's names (``workerStatus(workerID, status)``) mapped onto it by the engine's
   ``aliases``;
 * ``bench_stream_events`` — the plain write path: one row per event.
 

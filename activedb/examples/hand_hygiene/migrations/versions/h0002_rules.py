@@ -1,6 +1,6 @@
 """Hand-hygiene rules: pattern state on worker_status, channels, audit trail, badge lights.
 
-* ``worker_status`` gains what the pattern queries of seed 000 need to remember per
+* ``worker_status`` gains what the pattern queries of Active CEP (§1) need to remember per
   worker: when the status last changed, the last EXIT (room and time), the last
   SANITIZE and the last MASK (application time, seconds).
 * ``notifications.channel``: ``badge`` (the detached real-time reminder) or

@@ -1,0 +1,269 @@
+"""``activedb bench capture``: what change capture costs the writer, and how fast its consumer goes.
+
+Every figure is measured in one run against a baseline from the same run:
+
+1. **writer, single-row inserts** — an external writer (a plain psycopg connection, autocommit: one
+   transaction and one durable commit per row) inserting into ``bench_capture_orders`` (captured) and
+   into ``bench_capture_plain`` (the same shape, not captured), in alternating rounds; median µs per
+   insert.  The issue's goal: slowdown ≤ 1.5×.  Then four such writers at once (inserts/s): capturing
+   commits pass the commit sequencer one at a time (see the design note).  And the row trigger's own
+   server time per row (``EXPLAIN ANALYZE`` of a rolled-back ``INSERT … SELECT``), which no fsync hides.
+2. **writer, executemany** — the same writer inserting ``rows`` rows in one transaction with
+   ``executemany``, captured vs plain; µs per row.
+3. **end to end** — that writer's ``executemany`` of ``rows`` rows into the captured table while a
+   consumer (``db.capture.start()``) runs one detached rule per change that writes a row of
+   ``bench_capture_effects`` (``tx.write``, an upsert by key): captured changes per second from the writer's first row until the last
+   rule effect is committed, next to the writer's own rows per second (the consumer keeps up when it
+   drains the burst about as fast as the writer wrote it; the figure says how far it is from that).
+4. **latency** — one external single-row insert (its commit included) → the consumer's batch with its
+   rule effect committed (the consumer woken by LISTEN/NOTIFY); median of ``samples``.
+5. **activedb as the writer** — ``db.run(insert)`` into the captured vs the plain table: what the
+   recognition of activedb's own writes costs (its changes are captured, then dropped at its
+   transaction-log row, and never delivered).
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+
+import sqlalchemy as sa
+
+from activedb.bench._setup import connect
+from activedb.bench.report import BenchReport, Row
+
+PLAIN = "bench_capture_plain"
+CAPTURED = "bench_capture_orders"
+EFFECTS = "bench_capture_effects"
+INSERT = "INSERT INTO {table} (id, customer, amount, note) VALUES (%s, %s, %s, %s)"
+
+
+def _reset(database) -> None:
+    with database.engine.begin() as connection:
+        connection.execute(sa.text(f"TRUNCATE {PLAIN}, {CAPTURED}, {EFFECTS}, activedb_capture_changes, "
+                                   f"activedb_capture_commits, activedb_capture_consumers"))
+
+
+def _writer(database):
+    import psycopg
+
+    url = database.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    return psycopg.connect(url, autocommit=True)
+
+
+class _Ids:
+    def __init__(self) -> None:
+        self.next = 1
+
+    def take(self, count: int) -> range:
+        taken = range(self.next, self.next + count)
+        self.next += count
+        return taken
+
+
+def _single_rows(writer, table: str, ids: range) -> float:
+    """Seconds per single-row insert (one autocommit transaction each)."""
+    statement = INSERT.format(table=table)
+    start = time.perf_counter()
+    for number in ids:
+        writer.execute(statement, (number, f"c{number % 10}", number % 1000 / 10, "bench"))
+    return (time.perf_counter() - start) / len(ids)
+
+
+def _many(writer, table: str, ids: range) -> float:
+    """Seconds per row of one ``executemany`` transaction."""
+    rows = [(number, f"c{number % 10}", number % 1000 / 10, "bench") for number in ids]
+    start = time.perf_counter()
+    with writer.transaction():
+        with writer.cursor() as cursor:
+            cursor.executemany(INSERT.format(table=table), rows)
+    return (time.perf_counter() - start) / len(ids)
+
+
+def _trigger_time(writer, ids: range) -> float:
+    """Server time of the capture trigger per row of one INSERT … SELECT (EXPLAIN ANALYZE), rolled back."""
+    import psycopg
+
+    with writer.transaction():
+        plan = writer.execute(
+            f"EXPLAIN (ANALYZE, FORMAT JSON) INSERT INTO {CAPTURED} (id, customer, amount, note) "
+            f"SELECT g, 'c', 1.5, 'bench' FROM generate_series(%s::bigint, %s::bigint) g",
+            (ids.start, ids.stop - 1)).fetchone()[0]
+        raise psycopg.Rollback()
+    [trigger] = [entry for entry in plan[0]["Triggers"] if entry["Trigger Name"] == "activedb_capture"]
+    return round(trigger["Time"] / trigger["Calls"] * 1000, 2)
+
+
+def _concurrent(database, table: str, ids: _Ids, writers: int, per_writer: int) -> float:
+    """Inserts per second of ``writers`` connections inserting single rows at once."""
+    ranges = [ids.take(per_writer) for _ in range(writers)]
+    connections = [_writer(database) for _ in range(writers)]
+    start_line = threading.Barrier(writers + 1)
+    errors: list[BaseException] = []
+
+    def write(connection, numbers: range) -> None:
+        try:
+            start_line.wait(60)
+            _single_rows(connection, table, numbers)
+        except BaseException as error:   # reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=write, args=(connection, numbers))
+               for connection, numbers in zip(connections, ranges)]
+    try:
+        for thread in threads:
+            thread.start()
+        start_line.wait(60)
+        start = time.perf_counter()
+        for thread in threads:
+            thread.join()
+        elapsed = time.perf_counter() - start
+    finally:
+        for connection in connections:
+            connection.close()
+    if errors:
+        raise errors[0]
+    return writers * per_writer / elapsed
+
+
+def _effects(database) -> int:
+    with database.engine.connect() as connection:
+        return connection.execute(sa.text(f"SELECT count(*) FROM {EFFECTS}")).scalar()
+
+
+def run(quick: bool = False) -> BenchReport:
+    report = BenchReport("change capture (activedb bench capture)")
+    rounds, per_round = (3, 50) if quick else (15, 200)
+    writers = 4
+    rows = 1000 if quick else 10_000
+    samples = 5 if quick else 30
+    database = connect()
+    try:
+        database.capture(CAPTURED)
+        database.capture.remove(PLAIN)          # in case an earlier run captured it
+        _reset(database)
+
+        @database.rule(on=database.captured(CAPTURED, "inserted"), coupling="detached", name="bench_capture_effect")
+        def effect(tx, event):
+            # An upsert by key: tx.insert with an explicit key would first check that the row is absent (one
+            # round trip per change — activedb's insert semantics, measured by its own benchmarks).
+            tx.write(EFFECTS, event.key, commit_position=event.payload["commit_position"])
+
+        ids = _Ids()
+        with _writer(database) as writer:
+            # 1. single-row inserts, alternating rounds (no consumer running: the capture's own cost).
+            _single_rows(writer, PLAIN, ids.take(per_round))           # warm up both
+            _single_rows(writer, CAPTURED, ids.take(per_round))
+            plain, captured = [], []
+            for _ in range(rounds):
+                plain.append(_single_rows(writer, PLAIN, ids.take(per_round)))
+                captured.append(_single_rows(writer, CAPTURED, ids.take(per_round)))
+            plain_us, captured_us = statistics.median(plain) * 1e6, statistics.median(captured) * 1e6
+            report.add(Row(
+                name="writer: single-row insert, captured table", value=captured_us, unit="us/insert",
+                baseline_name="same insert, table not captured", baseline=plain_us, ratio=plain_us / captured_us,
+                target="slowdown <= 1.5x", met=captured_us <= 1.5 * plain_us,
+                extra={"slowdown": round(captured_us / plain_us, 3), "rounds": rounds, "inserts_per_round": per_round}))
+
+            # 1b. several writers at once: capturing commits take the sequencer lock in turn.
+            plain_rate = _concurrent(database, PLAIN, ids, writers, per_round)
+            captured_rate = _concurrent(database, CAPTURED, ids, writers, per_round)
+            report.add(Row(
+                name=f"{writers} writers: single-row inserts, captured table", value=captured_rate, unit="inserts/s",
+                baseline_name="same, table not captured", baseline=plain_rate, ratio=captured_rate / plain_rate,
+                extra={"writers": writers, "inserts_per_writer": per_round}))
+
+            # 1c. the row trigger's own server time (EXPLAIN ANALYZE; rolled back, nothing captured stays).
+            trigger_us = []
+            for _ in range(3):
+                trigger_us.append(_trigger_time(writer, ids.take(2000)))
+            report.add(Row(name="capture row trigger: server time per captured row", value=min(trigger_us),
+                           unit="us/row", extra={"rows": 2000, "runs": trigger_us}))
+
+            # 2. executemany, captured vs plain (alternating, median of three).
+            plain, captured = [], []
+            for _ in range(1 if quick else 3):
+                plain.append(_many(writer, PLAIN, ids.take(rows)))
+                captured.append(_many(writer, CAPTURED, ids.take(rows)))
+            plain_us, captured_us = statistics.median(plain) * 1e6, statistics.median(captured) * 1e6
+            report.add(Row(
+                name=f"writer: executemany of {rows:,} rows, captured table", value=captured_us, unit="us/row",
+                baseline_name="same, table not captured", baseline=plain_us, ratio=plain_us / captured_us,
+                extra={"slowdown": round(captured_us / plain_us, 3)}))
+
+            # The backlog of 1 and 2 is not part of 3: consume it first.
+            consumer = database.capture.consumer("bench", batch_size=500)
+            consumer.run_until_caught_up()
+            consumer.close()
+            before = _effects(database)
+
+            # 3. end to end: a burst of `rows` rows, the consumer running on its thread.
+            consumer = database.capture.start("bench", batch_size=500, idle_wait=1.0)
+            consumer.wait_caught_up(120)
+            before_statistics = consumer.statistics()
+            start = time.perf_counter()
+            writer_seconds = _many(writer, CAPTURED, ids.take(rows)) * rows
+            consumer.wait_caught_up(600)
+            total_seconds = time.perf_counter() - start
+            spent = consumer.statistics()
+            phases = {name: round(getattr(spent, name) - getattr(before_statistics, name), 3)
+                      for name in ("fetch_seconds", "rules_seconds", "commit_seconds")}
+            handled = _effects(database) - before
+            writer_rate, consumed_rate = rows / writer_seconds, handled / total_seconds
+            report.add(Row(
+                name=f"end to end: executemany of {rows:,} rows -> rule effects committed", value=consumed_rate,
+                unit="changes/s", baseline_name="the writer's own rate", baseline=writer_rate,
+                ratio=consumed_rate / writer_rate, target="consumption keeps up with the writer",
+                met=handled == rows and consumed_rate >= writer_rate,
+                extra={"changes": handled, "writer_seconds": round(writer_seconds, 3),
+                       "drained_seconds": round(total_seconds, 3), "batch_size": 500,
+                       "consumer_batches": spent.batches - before_statistics.batches, **phases}))
+
+            # 4. latency of one insert, consumer woken by NOTIFY: until the batch holding it committed.
+            latencies = []
+            committed = threading.Event()
+            consumer.on_step = lambda step, detail: committed.set() if step.value == "committed" else None
+            for number in ids.take(samples):
+                consumer.wait_caught_up(60)
+                committed.clear()
+                start = time.perf_counter()
+                writer.execute(INSERT.format(table=CAPTURED), (number, "latency", 1, "bench"))
+                if not committed.wait(60):
+                    report.notes.append(f"latency sample {number}: no batch committed within 60 s")
+                    continue
+                latencies.append(time.perf_counter() - start)
+            consumer.close()
+            report.add(Row(name="latency: one external insert -> its rule effect committed",
+                           value=statistics.median(latencies) * 1e3, unit="ms",
+                           extra={"samples": len(latencies),
+                                  "p90_ms": round(sorted(latencies)[int(0.9 * (len(latencies) - 1))] * 1e3, 2)}))
+
+        # 5. activedb as the writer: its own changes to a captured table are recognised and dropped.
+        plain, captured = [], []
+        own = ids.take(2 * rounds * per_round // 4)
+        half = len(own) // 2
+        for index, number in enumerate(own):
+            table, into = (PLAIN, plain) if index % 2 == 0 else (CAPTURED, captured)
+            start = time.perf_counter()
+            database.run(lambda tx: tx.insert(table, id=number, customer="own", amount=1, note="bench"))
+            into.append(time.perf_counter() - start)
+        plain_us, captured_us = statistics.median(plain) * 1e6, statistics.median(captured) * 1e6
+        with database.engine.connect() as connection:
+            leaked = connection.execute(sa.text("SELECT count(*) FROM activedb_capture_changes c JOIN "
+                                                "activedb_capture_commits m ON m.xid = c.xid WHERE "
+                                                f"c.table_name = '{CAPTURED}' AND (c.new_row->>'customer') = 'own'")
+                                        ).scalar()
+        report.add(Row(name="activedb writer: db.run(insert) into the captured table", value=captured_us,
+                       unit="us/transaction", baseline_name="same, table not captured", baseline=plain_us,
+                       ratio=plain_us / captured_us,
+                       extra={"transactions": half, "own_changes_delivered": leaked}))
+        report.notes.append(
+            "writer = a plain psycopg connection on the same machine (unix socket); figures are medians of "
+            "alternating rounds, captured and plain in the same run. The single-row figures are dominated by the "
+            "durable commit (fsync), the executemany ones by the trigger's work per row (a jsonb image and a row "
+            "in activedb_capture_changes).")
+        database.capture.remove(CAPTURED)
+    finally:
+        database.close()
+    return report

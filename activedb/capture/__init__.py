@@ -1,0 +1,49 @@
+"""Change capture: rules react to committed changes made by any PostgreSQL client.
+Design note: ``README.md`` in this package.
+
+Public interface::
+
+    db.capture("orders")                        # or enable_capture(op, "orders") in an Alembic revision
+    @db.rule(on=db.captured("orders", "inserted"), coupling="detached")
+    def audit(tx, event): ...                   # event.origin is Origin.EXTERNAL; event.payload has
+                                                # xid, commit_position, change_id, committed_at
+    consumer = db.capture.start()               # exactly once, in commit order
+    db.capture.status()                         # backlog per consumer and table
+
+* :class:`CaptureManager` (``db.capture``), :class:`CaptureConsumer`, :class:`ConsumerState`,
+  :class:`Step`, :class:`Position`, :class:`ConsumerStatistics`;
+* :func:`capture_status` and :class:`CaptureStatus`, :class:`ConsumerBacklog`, :class:`TableBacklog`,
+  :class:`CapturedTable` — what ``activedb capture status`` shows (another command can show it too);
+* :mod:`activedb.capture.migration_ops` — ``enable_capture(op, table)`` / ``disable_capture(op, table)``;
+* :mod:`activedb.capture.errors`.
+"""
+
+from activedb.capture._consumer import (
+    CaptureConsumer,
+    CapturedChange,
+    ConsumerState,
+    ConsumerStatistics,
+    FiringOutcome,
+    Position,
+    Step,
+)
+from activedb.capture._manager import CaptureManager
+from activedb.capture._status import (
+    CapturedTable,
+    CaptureStatus,
+    ConsumerBacklog,
+    TableBacklog,
+    capture_status,
+)
+from activedb.capture.errors import (
+    CaptureConflict,
+    CaptureError,
+    CaptureNotEnabledWarning,
+    CaptureNotInstalled,
+    ConsumerStopped,
+)
+
+__all__ = ["CaptureManager", "CaptureConsumer", "CapturedChange", "ConsumerState", "ConsumerStatistics",
+           "FiringOutcome", "Position", "Step", "CapturedTable", "CaptureStatus", "ConsumerBacklog", "TableBacklog",
+           "capture_status", "CaptureConflict", "CaptureError", "CaptureNotEnabledWarning", "CaptureNotInstalled",
+           "ConsumerStopped"]

@@ -1,0 +1,199 @@
+"""``activedb capture …``: change capture from the command line (contributed through the
+``activedb.commands`` entry point, like the commands other packages add).
+
+    activedb capture status [--json] [--behind-changes N] [--behind-seconds S]
+    activedb capture enable TABLE...          # db.capture(TABLE); prefer enable_capture in a migration
+    activedb capture disable TABLE...
+    activedb capture consume APP [--name NAME] [--batch-size N] [--retention SECONDS] [--until-caught-up]
+
+``APP`` is a module name or a ``.py`` file with ``register(db)`` declaring the rules on
+``db.captured(...)`` (and optionally ``MIGRATIONS``, the application's Alembic directory, upgraded
+first).  ``consume`` runs until Ctrl-C / SIGTERM (the batch in progress finishes or is rolled back:
+exactly once either way), or with ``--until-caught-up`` until nothing is pending.  ``status`` shows the
+backlog per consumer and table and says which consumer is far behind (exit code 0 either way).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import ModuleType
+
+import click
+
+from activedb.capture.errors import CaptureError
+
+
+def _connect(ctx: click.Context):
+    import activedb
+
+    obj = ctx.obj or {}
+    return activedb.connect(obj.get("url"), home=obj.get("home"))
+
+
+def load_app(spec: str) -> ModuleType:
+    """The application module named by ``spec`` (a module name or a ``.py`` path)."""
+    path = Path(spec)
+    if spec.endswith(".py") or path.is_file():
+        if not path.is_file():
+            raise CaptureError(f"no such application file: {spec} (give a .py file or an importable module name)")
+        name = f"_activedb_capture_app_{path.stem}"
+        loader = importlib.util.spec_from_file_location(name, path.resolve())
+        module = importlib.util.module_from_spec(loader)
+        if str(path.resolve().parent) not in sys.path:
+            sys.path.append(str(path.resolve().parent))   # sibling modules import as for `python app.py`
+        loader.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(spec)
+        except ModuleNotFoundError as error:
+            raise CaptureError(f"no module named {spec!r}: give an importable module or a .py file "
+                               f"({error})") from None
+    if not callable(getattr(module, "register", None)):
+        raise CaptureError(f"{spec} has no register(db) function declaring its rules")
+    return module
+
+
+@click.group("capture")
+def capture_group() -> None:
+    """Rules on changes made by any PostgreSQL client (activedb.capture)."""
+
+
+@capture_group.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@click.option("--behind-changes", default=10_000, show_default=True, help="A consumer with more pending is behind.")
+@click.option("--behind-seconds", default=60.0, show_default=True,
+              help="A consumer whose oldest pending change is older is behind.")
+@click.pass_context
+def status_command(ctx: click.Context, as_json: bool, behind_changes: int, behind_seconds: float) -> None:
+    """Captured tables and the backlog per consumer and table."""
+    database = _connect(ctx)
+    try:
+        status = database.capture.status(behind_changes=behind_changes, behind_seconds=behind_seconds)
+    finally:
+        database.close()
+    if as_json:
+        document = dataclasses.asdict(status)
+        document["warnings"] = status.warnings()
+        click.echo(json.dumps(document, indent=2, default=str))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=max(console.width, 132))
+    if not status.tables:
+        console.print("no table is captured (db.capture(table), or enable_capture(op, table) in a migration)",
+                      highlight=False)
+    else:
+        tables = Table(title="captured tables (activedb_capture_tables)")
+        for column in ("table", "since", "trigger"):
+            tables.add_column(column)
+        for table in status.tables:
+            tables.add_row(table.name, table.enabled_at.isoformat(timespec="seconds"),
+                           "yes" if table.trigger_installed else "MISSING")
+        console.print(tables)
+    backlog = Table(title=f"backlog ({status.retained_changes:,} changes retained, latest commit position "
+                          f"{status.latest_position})")
+    for column in ("consumer", "position", "handled", "failed", "table", "pending changes", "transactions",
+                   "oldest pending", "state"):
+        backlog.add_column(column)
+    for consumer in status.consumers:
+        position = f"{consumer.position.commit}/{consumer.position.change_id}"
+        state = "BEHIND" if consumer.behind else "ok"
+        rows = consumer.tables or ()
+        if not rows:
+            backlog.add_row(consumer.name, position, f"{consumer.handled:,}", f"{consumer.failed:,}", "-", "0", "0",
+                            "-", state)
+        for table in rows:
+            backlog.add_row(consumer.name, position, f"{consumer.handled:,}", f"{consumer.failed:,}", table.table,
+                            f"{table.changes:,}", f"{table.transactions:,}",
+                            table.oldest_committed_at.isoformat(timespec="seconds"), state)
+    for table in status.unconsumed:
+        backlog.add_row("(none)", "-", "-", "-", table.table, f"{table.changes:,}", f"{table.transactions:,}",
+                        table.oldest_committed_at.isoformat(timespec="seconds"), "no consumer")
+    console.print(backlog)
+    for line in status.warnings():
+        console.print(f"[yellow]warning:[/yellow] {line}", highlight=False)
+
+
+@capture_group.command("enable")
+@click.argument("tables", nargs=-1, required=True)
+@click.pass_context
+def enable_command(ctx: click.Context, tables: tuple[str, ...]) -> None:
+    """Capture TABLES (better: enable_capture(op, table) in the application's migration)."""
+    database = _connect(ctx)
+    try:
+        for table in tables:
+            database.capture(table)
+            click.echo(f"capturing {table}")
+    finally:
+        database.close()
+
+
+@capture_group.command("disable")
+@click.argument("tables", nargs=-1, required=True)
+@click.pass_context
+def disable_command(ctx: click.Context, tables: tuple[str, ...]) -> None:
+    """Stop capturing TABLES (their changes not yet consumed are dropped)."""
+    database = _connect(ctx)
+    try:
+        for table in tables:
+            database.capture.remove(table)
+            click.echo(f"no longer capturing {table}")
+    finally:
+        database.close()
+
+
+@capture_group.command("consume")
+@click.argument("app")
+@click.option("--name", default="default", show_default=True, help="Consumer name (one leader per name).")
+@click.option("--batch-size", default=500, show_default=True, help="Changes per batch (one transaction each).")
+@click.option("--retention", default=0.0, show_default=True, help="Seconds consumed changes are kept.")
+@click.option("--until-caught-up", is_flag=True, help="Exit once nothing is pending.")
+@click.option("--lead-timeout", default=30.0, show_default=True,
+              help="With --until-caught-up: seconds to wait while another consumer of NAME leads.")
+@click.pass_context
+def consume_command(ctx: click.Context, app: str, name: str, batch_size: int, retention: float,
+                    until_caught_up: bool, lead_timeout: float) -> None:
+    """Run APP's rules on captured changes, exactly once, in commit order."""
+    module = load_app(app)
+    database = _connect(ctx)
+    try:
+        migrations = getattr(module, "MIGRATIONS", None)
+        if migrations:
+            database.upgrade_app(migrations)
+        module.register(database)
+        consumer = database.capture.consumer(name, batch_size=batch_size, retention=retention)
+        if until_caught_up:
+            handled = consumer.run_until_caught_up(lead_timeout=lead_timeout)
+            click.echo(f"capture consumer {name!r}: handled {handled:,} changes, caught up at {consumer.position}")
+            return
+        stop = threading.Event()
+        previous = {number: signal.signal(number, lambda *_: stop.set()) for number in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            consumer.start()
+            click.echo(f"capture consumer {name!r} running (Ctrl-C stops)")
+            while not stop.wait(1.0):     # woken by the signal handler (the timeout only re-checks)
+                pass
+        finally:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
+            consumer.close()
+        statistics = consumer.statistics()
+        click.echo(f"capture consumer {name!r}: {statistics.changes:,} changes in {statistics.batches:,} batches, "
+                   f"{statistics.firings:,} firings, {statistics.failed:,} failed; at {statistics.position}")
+    finally:
+        database.close()
+
+
+def register_commands(main_group: click.Group) -> None:
+    """Add ``activedb capture`` to the ``activedb`` command group."""
+    main_group.add_command(capture_group, "capture")

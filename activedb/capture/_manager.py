@@ -1,0 +1,119 @@
+"""``db.capture``: turning capture on and off per table, consumers, status.  Design note: ``README.md``.
+
+Thread-safety: ``_mutex`` protects ``_consumers`` (a leaf; no SQL under it).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from activedb.capture import _sql
+from activedb.capture._consumer import CaptureConsumer, prune
+from activedb.capture._status import BEHIND_CHANGES, BEHIND_SECONDS, CapturedTable, CaptureStatus, capture_status
+from activedb.capture.errors import CaptureError, CaptureNotInstalled
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb._database import Database
+
+
+class CaptureManager:
+    """Change capture of one database: ``db.capture``.  Thread-safe.
+
+    ::
+
+        db.capture("orders")                     # every committed change of orders, by any client
+        @db.rule(on=db.captured("orders", "inserted"), coupling="detached")
+        def audit(tx, event): ...
+        consumer = db.capture.start()            # consume on a thread (or: activedb capture consume APP)
+
+    Capture is better installed by the application's own Alembic revision
+    (:func:`activedb.capture.migration_ops.enable_capture`), so that it is part of the schema history.
+    """
+
+    def __init__(self, database: "Database"):
+        self._database = database
+        self._mutex = threading.Lock()    # protects _consumers
+        self._consumers: list[CaptureConsumer] = []
+
+    # --- which tables ----------------------------------------------------------------------------
+
+    def __call__(self, table: str) -> CapturedTable:
+        """Capture every committed insert, update and delete on ``table`` (idempotent)."""
+        self._database.table(table)                  # unknown tables are refused with the usual message
+        self._run(_sql.install_statements(table), f"capture {table!r}")
+        return next(captured for captured in self.tables() if captured.name == table)
+
+    def remove(self, table: str) -> None:
+        """Stop capturing ``table``: its trigger, its registry row and its captured changes not yet pruned
+        go (what ``disable_capture`` does in a migration)."""
+        self._run(_sql.remove_statements(table), f"stop capturing {table!r}")
+
+    def tables(self) -> tuple[CapturedTable, ...]:
+        """The captured tables (empty if activedb's capture tables are not installed)."""
+        with self._database.engine.connect() as connection:
+            if not connection.execute(sa.text("SELECT to_regclass(:name) IS NOT NULL"), {"name": _sql.TABLES}).scalar():
+                return ()
+            return tuple(CapturedTable(row.table_name, row.enabled_at, row.trigger_installed)
+                         for row in connection.execute(sa.text(_sql.CAPTURED_TABLES)))
+
+    def is_captured(self, table: str) -> bool:
+        return any(captured.name == table and captured.trigger_installed for captured in self.tables())
+
+    def _run(self, statements: list[str], what: str) -> None:
+        try:
+            with self._database.engine.begin() as connection:
+                for statement in statements:
+                    connection.execute(sa.text(statement))
+        except sa.exc.DBAPIError as error:
+            message = str(error.orig).strip().splitlines()[0] if error.orig is not None else str(error)
+            if "capture tables are missing" in message:
+                raise CaptureNotInstalled(
+                    f"cannot {what}: activedb's capture tables (revision 0004_capture) are missing in "
+                    f"{self._database.describe()}; upgrade activedb's schema first (db.upgrade(), or "
+                    f"activedb db upgrade)") from None
+            raise CaptureError(f"cannot {what}: PostgreSQL said: {message}") from None
+
+    # --- consumers ---------------------------------------------------------------------------------
+
+    def consumer(self, name: str = "default", **options: Any) -> CaptureConsumer:
+        """A consumer of the captured changes (see :class:`CaptureConsumer` for ``options``); call its
+        ``start()``, or ``run_once()``/``run_until_caught_up()`` from your own loop."""
+        consumer = CaptureConsumer(self._database, name, **options)
+        with self._mutex:
+            self._consumers.append(consumer)
+        return consumer
+
+    def start(self, name: str = "default", **options: Any) -> CaptureConsumer:
+        """A consumer running on its own thread until ``db.close()`` (or its ``stop()``)."""
+        return self.consumer(name, **options).start()
+
+    def drop_consumer(self, name: str) -> None:
+        """Forget consumer ``name``'s position (it no longer holds back pruning; if it runs again, it
+        starts from the oldest retained change)."""
+        with self._database.engine.begin() as connection:
+            connection.execute(sa.text(f"DELETE FROM {_sql.CONSUMERS} WHERE name = :name"), {"name": name})
+
+    def prune(self, retention: float | dt.timedelta = 0.0) -> int:
+        """Remove changes every consumer has handled and older than ``retention``; returns the commits
+        removed (consumers prune by themselves every ``prune_interval``)."""
+        seconds = retention.total_seconds() if isinstance(retention, dt.timedelta) else float(retention)
+        removed = total = prune(self._database.engine, seconds)
+        while removed:
+            removed = prune(self._database.engine, seconds)
+            total += removed
+        return total
+
+    def status(self, *, behind_changes: int = BEHIND_CHANGES, behind_seconds: float = BEHIND_SECONDS) -> CaptureStatus:
+        """The backlog per consumer and table (see :class:`CaptureStatus`)."""
+        return capture_status(self._database.engine, behind_changes=behind_changes, behind_seconds=behind_seconds)
+
+    def close(self) -> None:
+        """Close every consumer made here (``db.close()`` calls it)."""
+        with self._mutex:
+            consumers, self._consumers = self._consumers, []
+        for consumer in consumers:
+            consumer.close()

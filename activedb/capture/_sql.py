@@ -1,0 +1,190 @@
+"""The SQL of change capture that is not in the migration: installing and removing the per-table
+trigger, and the statements consumers and the status run.
+
+The tables and functions come from activedb's revision ``0004_capture`` (``migrations/versions``);
+what is per table (the trigger ``activedb_capture`` and a row of ``activedb_capture_tables``) is
+installed by :func:`install_statements` — run by ``db.capture(table)`` or, inside an application's own
+Alembic revision, by :func:`activedb.capture.migration_ops.enable_capture`.
+
+Every function takes what it runs on; none opens a connection.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+#: The per-table row trigger's name (one per captured table).
+TRIGGER_NAME = "activedb_capture"
+#: The channel the commit sequencer notifies (payload ``commit``) and stopping consumers use (``stop``).
+CHANNEL = "activedb_capture"
+#: Advisory-lock class of the commit sequencer (``0004_capture``: ``pg_advisory_xact_lock(class, 0)``);
+#: consumers take ``pg_try_advisory_lock(class + 1, hash of their name)``.
+SEQUENCER_LOCK_CLASS = 0x61646263
+CONSUMER_LOCK_CLASS = SEQUENCER_LOCK_CLASS + 1
+
+TABLES = "activedb_capture_tables"
+CHANGES = "activedb_capture_changes"
+COMMITS = "activedb_capture_commits"
+CONSUMERS = "activedb_capture_consumers"
+
+
+def quote_identifier(name: str) -> str:
+    """``name`` as a PostgreSQL identifier, always quoted (the table is named exactly so)."""
+    if not isinstance(name, str) or not name or "\x00" in name:
+        raise ValueError(f"not a table name: {name!r}")
+    return '"' + name.replace('"', '""') + '"'
+
+
+def quote_literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def consumer_lock_key(name: str) -> int:
+    """The second half of a consumer's advisory-lock key (a collision only makes two names take turns)."""
+    return zlib.crc32(name.encode("utf-8")) & 0x7FFFFFFF
+
+
+_REQUIRE_SCHEMA = f"""
+DO $body$
+BEGIN
+    IF to_regclass('{CHANGES}') IS NULL OR to_regprocedure('activedb_capture_row()') IS NULL THEN
+        RAISE EXCEPTION 'activedb''s capture tables are missing (revision 0004_capture)'
+            USING HINT = 'run activedb''s own migrations first: activedb db upgrade, or activedb.connect(), '
+                         'which upgrades; an application revision that enables capture needs them';
+    END IF;
+END
+$body$"""
+
+
+def install_statements(table: str) -> list[str]:
+    """What capturing ``table`` takes: the row trigger and the registry row (idempotent)."""
+    return [
+        _REQUIRE_SCHEMA,
+        f"CREATE OR REPLACE TRIGGER {TRIGGER_NAME} AFTER INSERT OR UPDATE OR DELETE ON {quote_identifier(table)} "
+        f"FOR EACH ROW EXECUTE FUNCTION activedb_capture_row()",
+        f"INSERT INTO {TABLES} (table_name) VALUES ({quote_literal(table)}) ON CONFLICT (table_name) DO NOTHING",
+    ]
+
+
+def remove_statements(table: str) -> list[str]:
+    """What removing capture from ``table`` takes: the trigger, the registry row, and the table's captured
+    changes not yet pruned (with the commit rows left without changes).  Idempotent; works whether or not
+    activedb's capture tables (still) exist and whether or not the table does."""
+    literal = quote_literal(table)
+    return [f"""
+DO $body$
+BEGIN
+    IF to_regclass({quote_literal(quote_identifier(table))}) IS NOT NULL THEN
+        EXECUTE 'DROP TRIGGER IF EXISTS {TRIGGER_NAME} ON ' || quote_ident({literal});
+    END IF;
+    IF to_regclass('{CHANGES}') IS NOT NULL THEN
+        DELETE FROM {CHANGES} WHERE table_name = {literal};
+        DELETE FROM {COMMITS} c WHERE NOT EXISTS (SELECT 1 FROM {CHANGES} ch WHERE ch.xid = c.xid);
+        DELETE FROM {TABLES} WHERE table_name = {literal};
+    END IF;
+END
+$body$"""]
+
+
+CAPTURED_TABLES = f"""
+SELECT t.table_name, t.enabled_at,
+       EXISTS (SELECT 1 FROM pg_trigger g
+               WHERE g.tgrelid = to_regclass(quote_ident(t.table_name)) AND g.tgname = '{TRIGGER_NAME}'
+                 AND NOT g.tgisinternal) AS trigger_installed
+FROM {TABLES} t ORDER BY t.table_name"""
+
+REGISTER_CONSUMER = f"INSERT INTO {CONSUMERS} (name) VALUES (:name) ON CONFLICT (name) DO NOTHING"
+
+READ_POSITION = f"SELECT position, change_id FROM {CONSUMERS} WHERE name = :name"
+
+# Advance a consumer's position only from where its batch started (compare and set, under the row lock
+# the UPDATE takes until COMMIT): no row back means another process moved it.
+ADVANCE_POSITION = f"""
+UPDATE {CONSUMERS} SET position = :position, change_id = :change_id, handled = handled + :handled,
+       failed = failed + :failed, updated_at = now()
+WHERE name = :name AND position = :start_position AND change_id = :start_change_id
+RETURNING name"""
+
+# Where the next batch ends: the last of the next :limit changes after (position, change_id), in commit
+# order then statement order, and the tables they belong to (one row; none when nothing is pending).
+# Every step follows an index, whatever the size of the change table: commits by position (at most
+# :limit + 1 of them — each has at least one change, and the first may be the one the position is in,
+# already handled), each commit's changes by (xid, id).
+BATCH_BOUNDS = f"""
+WITH next AS (
+    SELECT c.position, ch.id, ch.table_name
+    FROM (SELECT position, xid FROM {COMMITS} WHERE position >= :position ORDER BY position LIMIT :limit + 1) c
+    CROSS JOIN LATERAL (
+        SELECT id, table_name FROM {CHANGES}
+        WHERE xid = c.xid AND id > CASE WHEN c.position = :position THEN :change_id ELSE 0 END
+        ORDER BY id LIMIT :limit) ch
+    ORDER BY c.position, ch.id
+    LIMIT :limit)
+SELECT last.position, last.id, (SELECT array_agg(DISTINCT table_name) FROM next) AS tables
+FROM (SELECT position, id FROM next ORDER BY position DESC, id DESC LIMIT 1) AS last"""
+
+
+# The changes of commit ``c`` inside a batch's range, as one index range on (xid, id) per commit ("OFFSET 0"
+# keeps the planner from flattening the per-commit lookup into a scan of the whole change table).
+_ID_RANGE = """id > CASE WHEN c.position = :first_position THEN :first_change ELSE 0 END
+      AND id <= CASE WHEN c.position = :last_position THEN :last_change ELSE 9223372036854775807 END"""
+
+
+def changes_of(table: str, columns: list[str]) -> str:
+    """The changes of ``table`` in a batch's range, with their old and new rows as the table's own row
+    type: PostgreSQL turns the captured ``jsonb`` back into typed columns (``o_<i>``, ``n_<i>``), so an
+    event's rows hold the Python values a read through activedb gives."""
+    qualified = quote_identifier(table)
+    select = ", ".join([f"o.{quote_identifier(name)} AS o_{index}" for index, name in enumerate(columns)]
+                       + [f"n.{quote_identifier(name)} AS n_{index}" for index, name in enumerate(columns)])
+    return f"""
+SELECT c.position, ch.id, ch.xid::text AS xid, ch.operation, c.committed_at, {select}
+FROM {COMMITS} c
+CROSS JOIN LATERAL (
+    SELECT id, xid, operation, old_row, new_row FROM {CHANGES}
+    WHERE xid = c.xid AND table_name = :table AND {_ID_RANGE}
+    OFFSET 0) ch
+LEFT JOIN LATERAL jsonb_populate_record(NULL::{qualified}, ch.old_row) o ON ch.old_row IS NOT NULL
+LEFT JOIN LATERAL jsonb_populate_record(NULL::{qualified}, ch.new_row) n ON ch.new_row IS NOT NULL
+WHERE c.position BETWEEN :first_position AND :last_position
+ORDER BY c.position, ch.id"""
+
+
+def changes_of_without_rows() -> str:
+    """The changes of a table in a batch's range without their rows (a table that no longer exists)."""
+    return f"""
+SELECT c.position, ch.id, ch.xid::text AS xid, ch.operation, c.committed_at
+FROM {COMMITS} c
+CROSS JOIN LATERAL (
+    SELECT id, xid, operation FROM {CHANGES}
+    WHERE xid = c.xid AND table_name = :table AND {_ID_RANGE}
+    OFFSET 0) ch
+WHERE c.position BETWEEN :first_position AND :last_position
+ORDER BY c.position, ch.id"""
+
+
+# Commits every consumer has handled completely (below the smallest position) and older than the
+# retention: their changes and commit rows go.
+PRUNABLE = f"""
+SELECT c.position, c.xid::text AS xid FROM {COMMITS} c
+WHERE c.position < (SELECT min(position) FROM {CONSUMERS})
+  AND c.committed_at < now() - make_interval(secs => :retention_seconds)
+ORDER BY c.position
+LIMIT :limit"""
+
+PRUNE_CHANGES = f"DELETE FROM {CHANGES} WHERE xid = ANY(CAST(:xids AS xid8[]))"
+PRUNE_COMMITS = f"DELETE FROM {COMMITS} WHERE position = ANY(:positions)"
+
+LATEST_POSITION = f"SELECT coalesce(max(position), 0) FROM {COMMITS}"
+
+BACKLOG = f"""
+SELECT ch.table_name, count(*) AS changes, count(DISTINCT c.position) AS transactions,
+       min(c.committed_at) AS oldest
+FROM {COMMITS} c JOIN {CHANGES} ch ON ch.xid = c.xid
+WHERE c.position >= :position AND (c.position > :position OR ch.id > :change_id)
+GROUP BY ch.table_name"""
+
+CONSUMER_ROWS = f"""
+SELECT name, position, change_id, handled, failed, created_at, updated_at FROM {CONSUMERS} ORDER BY name"""
+
+RETAINED = f"SELECT count(*) FROM {CHANGES}"

@@ -1,0 +1,124 @@
+"""The capture backlog, per consumer and per table, read from PostgreSQL (``db.capture.status()``,
+``activedb capture status``).
+
+A consumer is **behind** when more than ``behind_changes`` changes wait for it, or the oldest of them
+committed more than ``behind_seconds`` ago.  Without any consumer, every retained change is backlog.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+from activedb.capture import _sql
+from activedb.capture._consumer import Position
+
+#: Defaults of the "behind" thresholds.
+BEHIND_CHANGES = 10_000
+BEHIND_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class CapturedTable:
+    """A captured table: since when, and whether its trigger is (still) there — a table dropped and
+    created again loses its trigger: capture it again."""
+
+    name: str
+    enabled_at: dt.datetime
+    trigger_installed: bool
+
+
+@dataclass(frozen=True)
+class TableBacklog:
+    """Changes of one table waiting for a consumer (``transactions``: how many commits they came in)."""
+
+    table: str
+    changes: int
+    transactions: int
+    oldest_committed_at: dt.datetime | None
+
+
+@dataclass(frozen=True)
+class ConsumerBacklog:
+    """One consumer's position and what waits for it."""
+
+    name: str
+    position: Position
+    handled: int
+    failed: int
+    updated_at: dt.datetime
+    tables: tuple[TableBacklog, ...]
+    lag_seconds: float | None      # age of the oldest change waiting for it (None: caught up)
+    behind: bool
+
+    @property
+    def changes(self) -> int:
+        return sum(table.changes for table in self.tables)
+
+
+@dataclass(frozen=True)
+class CaptureStatus:
+    """What ``activedb capture status`` shows.  ``installed`` is False when activedb's schema lacks the
+    capture tables (revision ``0004_capture``)."""
+
+    installed: bool
+    tables: tuple[CapturedTable, ...] = ()
+    consumers: tuple[ConsumerBacklog, ...] = ()
+    unconsumed: tuple[TableBacklog, ...] = ()   # everything retained, when there is no consumer
+    retained_changes: int = 0
+    latest_position: int = 0
+
+    def warnings(self) -> list[str]:
+        """One line per problem worth a look: consumers behind, tables without their trigger, changes
+        nobody consumes."""
+        lines = []
+        for consumer in self.consumers:
+            if consumer.behind:
+                lag = f", the oldest committed {consumer.lag_seconds:.0f} s ago" if consumer.lag_seconds else ""
+                lines.append(f"consumer {consumer.name!r} is far behind: {consumer.changes:,} changes wait{lag}; "
+                             f"check that its process runs (activedb capture consume APP) and what its rules wait for")
+        for table in self.tables:
+            if not table.trigger_installed:
+                lines.append(f"table {table.name!r} is registered as captured but has no capture trigger (was it "
+                             f"dropped and created again?): run db.capture({table.name!r}) or your migration again")
+        if not self.consumers and self.retained_changes:
+            lines.append(f"{self.retained_changes:,} captured changes and no consumer: start one "
+                         f"(db.capture.start() or activedb capture consume APP)")
+        return lines
+
+
+def capture_status(engine: sa.Engine, *, behind_changes: int = BEHIND_CHANGES,
+                   behind_seconds: float = BEHIND_SECONDS) -> CaptureStatus:
+    """Read the capture backlog (several queries; counts scan the backlog)."""
+    with engine.connect() as connection:
+        installed = connection.execute(sa.text("SELECT to_regclass(:name) IS NOT NULL"),
+                                       {"name": _sql.CHANGES}).scalar()
+        if not installed:
+            return CaptureStatus(installed=False)
+        tables = tuple(CapturedTable(row.table_name, row.enabled_at, row.trigger_installed)
+                       for row in connection.execute(sa.text(_sql.CAPTURED_TABLES)))
+        now = connection.execute(sa.text("SELECT now()")).scalar()
+        consumers = []
+        for row in connection.execute(sa.text(_sql.CONSUMER_ROWS)).all():
+            backlog = _backlog(connection, Position(row.position, row.change_id))
+            oldest = min((table.oldest_committed_at for table in backlog), default=None)
+            lag = (now - oldest).total_seconds() if oldest is not None else None
+            pending = sum(table.changes for table in backlog)
+            consumers.append(ConsumerBacklog(
+                name=row.name, position=Position(row.position, row.change_id), handled=row.handled,
+                failed=row.failed, updated_at=row.updated_at, tables=backlog, lag_seconds=lag,
+                behind=pending > behind_changes or (lag is not None and lag > behind_seconds)))
+        unconsumed = () if consumers else _backlog(connection, Position())
+        retained = connection.execute(sa.text(_sql.RETAINED)).scalar()
+        latest = connection.execute(sa.text(_sql.LATEST_POSITION)).scalar()
+    return CaptureStatus(installed=True, tables=tables, consumers=tuple(consumers), unconsumed=unconsumed,
+                         retained_changes=retained, latest_position=latest)
+
+
+def _backlog(connection: sa.Connection, position: Position) -> tuple[TableBacklog, ...]:
+    rows = connection.execute(sa.text(_sql.BACKLOG), {"position": position.commit,
+                                                      "change_id": position.change_id}).all()
+    return tuple(sorted((TableBacklog(row.table_name, row.changes, row.transactions, row.oldest) for row in rows),
+                        key=lambda table: table.table))

@@ -1,0 +1,38 @@
+"""Capture in an application's own Alembic revisions, so that it is part of the schema history::
+
+    # myapp/migrations/versions/0007_capture_orders.py
+    from activedb.capture.migration_ops import disable_capture, enable_capture
+
+    def upgrade():
+        enable_capture(op, "orders")
+
+    def downgrade():
+        disable_capture(op, "orders")
+
+``enable_capture`` installs the row trigger ``activedb_capture`` on the table and registers it in
+``activedb_capture_tables``; it needs activedb's own revision ``0004_capture`` (``activedb.connect()``
+upgrades activedb's schema before an application's migrations run).  ``disable_capture`` removes
+everything ``enable_capture`` installed, and the table's captured changes not yet pruned; it is
+idempotent and works after activedb's own capture tables are gone.  Both work offline
+(``alembic upgrade --sql``): they emit plain SQL.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from activedb.capture._sql import install_statements, remove_statements
+
+__all__ = ["enable_capture", "disable_capture"]
+
+
+def enable_capture(op: Any, table: str) -> None:
+    """Capture every committed insert, update and delete on ``table``, by any PostgreSQL client."""
+    for statement in install_statements(table):
+        op.execute(statement)
+
+
+def disable_capture(op: Any, table: str) -> None:
+    """Stop capturing ``table``: drop its trigger, its registry row and its captured changes."""
+    for statement in remove_statements(table):
+        op.execute(statement)

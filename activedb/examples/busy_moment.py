@@ -1,0 +1,133 @@
+"""A busy moment of a process, held still so that ``db.explain()`` can draw it: the picture in the README
+(``docs/explain.png``) and a test of the picture use it.
+
+On the hand-hygiene tables, with one detached causally dependent rule declared:
+
+* ``T-badges`` (top-level) ran a child that updated ``w1`` and committed — so ``T-badges`` *retains* the
+  row — and waits for a second child (a **commit** edge) that holds ``w2`` while it works;
+  it signalled ``status_changed``, so the rule ``light_badge`` runs as its own top-level transaction and,
+  done, waits in the coupling gate for ``T-badges`` to commit (a **dependency** edge);
+* ``T-report`` reads ``w1``: it waits for the lock ``T-badges`` **retains**;
+* ``T-cleanup`` updates ``w2``: it waits for the child that **holds** it;
+* ``T-audit`` reads ``w2``: it waits for the holder, and is **queued** behind ``T-cleanup``'s earlier
+  request (first come, first served).
+
+:func:`hold` sets the moment up and returns a handle whose ``release()`` lets everything finish.  Run
+``python -m activedb.examples.busy_moment OUT.png`` to draw it (on ``ACTIVEDB_DATABASE_URL`` or the
+embedded database).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from dataclasses import dataclass, field
+
+from activedb import Coupling
+from activedb.examples.hand_hygiene import MIGRATIONS
+from activedb.testing import wait_until
+
+TIMEOUT = 30.0
+RULE = "light_badge"
+
+
+@dataclass
+class BusyMoment:
+    """The running moment: the threads, the ids of its transactions, and how to end it."""
+
+    ids: dict[str, str] = field(default_factory=dict)
+    errors: list[BaseException] = field(default_factory=list)
+    _release: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    def release(self, timeout: float = TIMEOUT) -> None:
+        """Let every transaction of the moment finish, and wait for them."""
+        self._release.set()
+        for thread in self._threads:
+            thread.join(timeout)
+        if self.errors:
+            raise self.errors[0]
+
+
+def hold(db) -> BusyMoment:
+    """Set the moment up on ``db`` (its hand-hygiene tables are created if needed) and return it once every
+    wait described in the module docstring is in the lock manager's graph."""
+    db.upgrade_app(MIGRATIONS)
+    with db.transaction() as tx:
+        for worker in ("w1", "w2"):
+            tx.write("worker_status", worker, status="safe", changes=0)
+    if RULE not in db.rules.names():
+        db.rule(on=db.signalled("status_changed"), coupling=Coupling.DETACHED_CAUSALLY_DEPENDENT, name=RULE)(
+            lambda tx, event: tx.insert("badge_lights", worker=event.payload["worker"], color="yellow",
+                                        status="warning", at=0.0))
+    moment = BusyMoment()
+    holding = threading.Event()
+    locks = db.transactions.locks
+
+    def run(name, body) -> None:
+        def target() -> None:
+            try:
+                with db.transaction(name=name) as tx:
+                    moment.ids[name] = tx.id
+                    body(tx)
+            except BaseException as error:  # reported by release()
+                moment.errors.append(error)
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        moment._threads.append(thread)
+        thread.start()
+
+    def badges(tx) -> None:
+        with tx.subtransaction(name="event:enter w1") as first:
+            first.write("worker_status", "w1", status="warning", changes=1)
+        tx.signal("status_changed", worker="w1")
+
+        def second(child) -> None:
+            moment.ids["event:exit w2"] = child.id
+            child.write("worker_status", "w2", status="violation", changes=1)
+            holding.set()
+            moment._release.wait(TIMEOUT)
+        tx.spawn(second, name="event:exit w2").result(TIMEOUT)
+
+    run("T-badges", badges)
+    if not holding.wait(TIMEOUT):
+        raise TimeoutError("the badge transaction never got its rows")
+    wait_until(lambda: _waits_of_kind(locks, "dependency"), TIMEOUT, "the rule never waited for its trigger")
+    run("T-report", lambda tx: tx.read("worker_status", "w1"))
+    wait_until(lambda: locks.statistics().waiting >= 1, TIMEOUT, "T-report never waited")
+    run("T-cleanup", lambda tx: tx.write("worker_status", "w2", room=None))
+    wait_until(lambda: locks.statistics().waiting >= 2, TIMEOUT, "T-cleanup never waited")
+    run("T-audit", lambda tx: tx.read("worker_status", "w2"))
+    wait_until(lambda: locks.statistics().waiting >= 3, TIMEOUT, "T-audit never waited")
+    return moment
+
+
+def _waits_of_kind(locks, kind: str) -> int:
+    """How many wait edges of ``kind`` the lock manager's graph has now."""
+    return sum(found == kind for targets in locks.snapshot().waits.values() for found, _ in targets.values())
+
+
+def main(argv: list[str]) -> int:
+    import activedb
+
+    if len(argv) != 1:
+        print("usage: python -m activedb.examples.busy_moment OUT.png|OUT.svg", file=sys.stderr)
+        return 2
+    db = activedb.connect()
+    try:
+        moment = hold(db)
+        try:
+            explanation = db.explain()
+        finally:
+            moment.release()
+        explanation = type(explanation)(nodes=explanation.nodes, edges=explanation.edges,
+                                        title="activedb explain: a busy moment", taken_at=explanation.taken_at)
+        print(explanation.text())
+        print(f"wrote {explanation.render(argv[0])}")
+        db.rules.wait_idle(TIMEOUT)
+    finally:
+        db.close()
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,599 @@
+"""The concurrent schedulers: Strict 2PL (Active CEP §5.2) and Low-Water-Mark (§5.3, App. E, F).
+
+Both run a batch the same way (:class:`LockingScheduler`); they differ in their lock
+table (:mod:`activedb.streams._locks`) and in what a Read sees:
+
+1. **Dispatch** (the caller's thread, which runs the batch's transaction), in the
+   declared order, before any s-transaction runs: refuse a plan that cannot be locked
+   ahead (a Python action without declared tables); insert every lock of each
+   s-transaction's access plan (Algorithm 1; at ``granularity="table"`` every resource
+   becomes its table); note, per query partition, which earlier s-transaction may change
+   the partition's matcher state (see ``Matcher.may_change``) — the next one consuming
+   the partition waits for its end, and is matched on the state it committed.  LWM then
+   loads the base images of every row the plans read and publishes the punctuation.
+2. **Run**: each s-transaction is a subtransaction spawned on the database's worker
+   pool (``tx.spawn``), at most ``workers`` at a time beyond the oldest unfinished one;
+   the dispatcher then waits for all of them.  Inside, the engine runs the queries and
+   rules (``BatchRun.execute_in``) through this scheduler's store view, which waits for
+   the lock of every operation first.
+3. **End**: an :class:`~activedb.Observer` hears the subtransaction commit (its writes
+   are now in the batch's transaction) or abort (LWM: its versions are dropped first),
+   records the end, installs its matcher states, and only then releases its locks —
+   Phase II of S2PL, Algorithm 2's ``ReleaseLock``.
+
+Every wait — for a lock, or for the s-transaction that may change a partition — goes
+through ``db.transactions.waiting(...)``: an edge of the lock manager's one wait-for
+graph (kinds ``stream-s2pl``, ``stream-lwm``, ``stream-order``).  Every wait is for an
+*earlier* s-transaction, which waits only for earlier ones, so no cycle can form: no
+deadlock, no abort, no restart (the tests check the lock manager's counters).
+
+What a Read sees:
+
+* **S2PL** — the activedb tree as it is (``tx.read`` in the s-transaction's
+  subtransaction): its locks ensure every earlier conflicting s-transaction has ended
+  (and committed into the batch's transaction) and no later one has written.
+* **LWM** — the :class:`~activedb.streams._versions.VersionStore`: the latest version
+  written by an earlier s-transaction (or its own), else the base image.  Writes go into
+  the s-transaction's subtransaction as under SEI — LWM grants them in timestamp order
+  per row — and leave a version (the row read back after the write).  Reads never touch
+  activedb's locks, so a Read never blocks a Write at any layer.
+
+Thread-safety: a scheduler object serves one engine, one batch at a time (``run`` is not
+re-entrant); ``_mutex`` protects the counters and the run's progress (``_Run.done``);
+it is a leaf.  The observer's hooks run in the ending subtransaction's thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from activedb.streams._engine import AccessPlan, BatchRun, STransaction
+from activedb.streams._locks import (
+    LockMode,
+    LockTableStatistics,
+    LWMLockTable,
+    Owner,
+    Request,
+    S2PLLockTable,
+    StreamLockTable,
+)
+from activedb.streams._matcher import PartitionState
+from activedb.streams._scheduler import Scheduler
+from activedb.streams._versions import VersionStatistics, VersionStore
+from activedb.streams._view import Stamp, StoreView, _as_key
+from activedb.streams.errors import SchedulerError, StreamError
+from activedb.txn import Observer
+
+GRANULARITIES = ("tuple", "table")
+
+logger = logging.getLogger("activedb.streams")
+
+
+class SchedulerHooks:
+    """Points where a test can hold an s-transaction (named-step scenarios).  Both run on
+    the s-transaction's worker thread; the default does nothing."""
+
+    def started(self, stransaction: STransaction) -> None:
+        """The s-transaction's subtransaction runs; nothing of it has waited or run yet."""
+
+    def finishing(self, stransaction: STransaction) -> None:
+        """Its queries and rules ran; it holds every lock it took; it has not committed."""
+
+
+@dataclass(frozen=True)
+class SchedulerStatistics:
+    """Counters of a concurrent scheduler over every batch it ran.  Immutable."""
+
+    scheduler: str
+    granularity: str
+    workers: int
+    batches: int
+    stransactions: int            # run on workers (s-transactions no query consumes are not)
+    lock_requests: int
+    write_lock_requests: int
+    lock_waits: int               # operations that waited for an earlier s-transaction's lock
+    order_waits: int              # s-transactions that waited for a partition's previous one
+    punctuation_waits: int
+    wait_seconds: float           # time s-transactions spent waiting (locks, order), summed
+    max_in_flight: int            # most s-transactions running at once
+    versions_peak: int            # LWM: most versions held at once in a batch
+    versions_written: int
+
+
+class _Work:
+    """One s-transaction of the run: its lock-table owner, its unit, what it depends on."""
+
+    __slots__ = ("stransaction", "owner", "unit", "inputs", "result", "committed", "started", "ending", "done",
+                 "handle", "index")
+
+    def __init__(self, stransaction: STransaction, index: int):
+        self.stransaction = stransaction
+        self.index = index
+        event = stransaction.event
+        self.owner = Owner(event.position, event.ts, stransaction.id)
+        self.unit = ""
+        # For each partition it consumes: the earlier s-transaction whose end it waits for
+        # and whose committed state it is matched on (None: the state before the batch).
+        self.inputs: dict[tuple[str, tuple], _Work | None] = {}
+        self.result: tuple | None = None
+        self.committed = False
+        self.started = False              # its body began on a worker
+        self.ending = False
+        self.done = False                 # ended, and its locks released
+        self.handle: Any = None
+
+
+class _Run:
+    """One batch under a locking scheduler."""
+
+    def __init__(self, scheduler: "LockingScheduler", batch: BatchRun, table: StreamLockTable):
+        self.scheduler = scheduler
+        self.batch = batch
+        self.table = table
+        self.works: list[_Work] = []
+        self.by_position: dict[int, _Work] = {}
+        self.by_node: dict[str, _Work] = {}
+        self.base_states: dict[tuple[str, tuple], PartitionState | None] = {}
+        self.versions: VersionStore | None = None
+        # Protects by_node, floor_index, in_flight, max_in_flight and each work's started/ending/done (a leaf).
+        self._mutex = threading.Lock()
+        self.floor_index = 0               # works[:floor_index] have all ended
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.order_waits = 0
+        self.broken: BaseException | None = None     # an infrastructure failure in a worker
+
+
+class _Ends(Observer):
+    """Hears the s-transactions' subtransactions end (see the module docstring, step 3)."""
+
+    def __init__(self, run: _Run):
+        self.run = run
+
+    def on_commit(self, transaction: Any) -> None:
+        self._end(transaction, True)
+
+    def on_abort(self, transaction: Any, reason: BaseException | None) -> None:
+        self._end(transaction, False)
+
+    def _end(self, transaction: Any, committed: bool) -> None:
+        run = self.run
+        with run._mutex:
+            work = run.by_node.pop(transaction.id, None)
+        if work is None:
+            return
+        try:
+            run.scheduler._ended(run, work, committed)
+        except Exception as error:        # the owner ended anyway (see _ended); fail the batch, keep listening
+            logger.exception("ending %s failed", work.stransaction.id)
+            run.broken = run.broken or error
+
+
+class LockingScheduler(Scheduler):
+    """What S2PL and LWM share (module docstring).
+
+    * ``granularity`` — ``"tuple"`` (a row where Algorithm 1 derives its key from the
+      event, else the table) or ``"table"`` (every lock on its table);
+    * ``workers`` — how many s-transactions may run at once beyond the oldest unfinished
+      one (they run on ``db``'s worker pool, whose size bounds it too);
+    * ``hooks`` — :class:`SchedulerHooks` for tests;
+    * ``lock_table`` — the lock-table class (tests give deliberately broken ones).
+    """
+
+    lock_table_class: type[StreamLockTable] = StreamLockTable
+
+    def __init__(self, *, granularity: str = "tuple", workers: int = 8, hooks: SchedulerHooks | None = None,
+                 lock_table: type[StreamLockTable] | None = None):
+        if granularity not in GRANULARITIES:
+            raise SchedulerError(f"granularity {granularity!r}: use 'tuple' or 'table'")
+        if not isinstance(workers, int) or workers < 1:
+            raise SchedulerError(f"workers={workers!r}: give a positive number of s-transactions to run at once")
+        self.granularity = granularity
+        self.workers = workers
+        self.hooks = hooks or SchedulerHooks()
+        self.lock_table_factory = lock_table or self.lock_table_class
+        #: The lock table of the latest batch (for inspection by tests and tools).
+        self.last_lock_table: StreamLockTable | None = None
+        self._mutex = threading.Lock()     # protects the counters below (a leaf)
+        self._batches = 0
+        self._stransactions = 0
+        self._requests = 0
+        self._write_requests = 0
+        self._lock_waits = 0
+        self._order_waits = 0
+        self._punctuation_waits = 0
+        self._wait_seconds = 0.0
+        self._max_in_flight = 0
+        self._versions_peak = 0
+        self._versions_written = 0
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.granularity} locks, {self.workers} workers)"
+
+    # --- a batch ----------------------------------------------------------------------------
+
+    def run(self, batch: BatchRun) -> None:
+        engine = batch.engine
+        db = engine.db
+        runnable = [stransaction for stransaction in batch.stransactions if stransaction.matchers]
+        plans = {stransaction.id: stransaction.plan for stransaction in runnable}
+        for stransaction in runnable:
+            if plans[stransaction.id].opaque:
+                raise SchedulerError(
+                    f"{self.name.upper()} inserts every lock of an s-transaction before it runs (Active CEP Algorithm "
+                    f"1), but a rule on a query consuming {stransaction.event.type} events is a Python action that "
+                    f"declared no tables; give it reads=[…]/writes=[…] or use scheduler='sei'")
+        manager = db.transactions
+        table = self.lock_table_factory()
+        table.waiting = self._waiting_context(manager, table)
+        run = _Run(self, batch, table)
+        self.last_lock_table = table
+        self._dispatch(run, runnable, plans)
+        for stransaction in batch.stransactions:
+            if not stransaction.matchers:
+                batch.count_empty()
+        self._prepare(run, plans)
+        batch.view_factory = lambda tx, stamp: self._view(run, tx, stamp)
+        batch.state_source = lambda stransaction, query, key: self._input_state(run, stransaction, query, key)
+        ends = db.observe(_Ends(run))
+        try:
+            self._spawn_all(run)
+        finally:
+            manager.observers.remove(ends)
+            self._account(run)
+
+    def _dispatch(self, run: _Run, runnable: list[STransaction], plans: Mapping[str, AccessPlan]) -> None:
+        """Insert the locks in the declared order and note the partition order (step 1)."""
+        batch = run.batch
+        table = run.table
+        last_changer: dict[tuple[str, tuple], _Work] = {}
+        for index, stransaction in enumerate(runnable):
+            work = _Work(stransaction, index)
+            work.unit = batch.new_unit(stransaction)
+            table.insert(work.owner, self._resources(batch, plans[stransaction.id]))
+            event = stransaction.event
+            for _, matcher in stransaction.matchers:
+                partition = (matcher.query.name, matcher.partition_key(event))
+                if partition not in work.inputs:
+                    work.inputs[partition] = last_changer.get(partition)
+                    if partition not in run.base_states:
+                        run.base_states[partition] = batch.partition(*partition)
+                if matcher.may_change(event.type):
+                    last_changer[partition] = work
+            run.works.append(work)
+            run.by_position[event.position] = work
+
+    def _resources(self, batch: BatchRun, plan: AccessPlan) -> list[tuple[str, tuple | None, LockMode]]:
+        """The plan's resources at this scheduler's granularity: a row stays a row only at
+        tuple granularity, where activedb itself locks rows of that table, and when its key
+        has no NULL (the operation then names no row, or the database generates its key)."""
+        locking = batch.engine.db.transactions.locking
+        table_level = self.granularity == "table"
+        resources = []
+        for resources_of, mode in ((plan.reads, LockMode.READ), (plan.writes, LockMode.WRITE)):
+            for resource in resources_of:
+                key = resource.key
+                if key is not None and (table_level or any(value is None for value in key)
+                                        or locking.granularity(resource.table).value == "table"):
+                    key = None
+                resources.append((resource.table, key, mode))
+        return resources
+
+    def _prepare(self, run: _Run, plans: Mapping[str, AccessPlan]) -> None:
+        """After the dispatch, before the workers start (LWM loads its base images here)."""
+
+    def _input_state(self, run: _Run, stransaction: STransaction, query: str, key: tuple) -> PartitionState | None:
+        """The state ``stransaction`` is matched on: the one committed by the latest earlier
+        s-transaction of the partition that may change it, skipping aborted ones (every one
+        of them has ended: see ``_work``)."""
+        partition = (query, key)
+        work = run.by_position[stransaction.event.position].inputs.get(partition)
+        while work is not None and not work.committed:
+            work = work.inputs.get(partition)
+        if work is None or work.result is None:
+            return run.base_states.get(partition)
+        return work.result[0].get(partition)
+
+    def _spawn_all(self, run: _Run) -> None:
+        tx = run.batch.tx
+        oldest = 0
+        works = run.works
+        for work in works:
+            # At most `workers` s-transactions beyond the oldest unfinished one: wait for it
+            # (a parent waiting for its child; if no worker took it yet, this thread runs it).
+            while True:
+                with run._mutex:
+                    while oldest < len(works) and works[oldest].done:
+                        oldest += 1
+                    if work.index - oldest < self.workers:
+                        break
+                self._settle(run, works[oldest])
+            if run.broken is not None:
+                break
+            work.handle = tx.spawn(self._work, run, work, name=f"s-transaction {work.stransaction.event.describe()}")
+            # Known before any later s-transaction exists: the target of the edges of waits for it.
+            work.owner.node = work.handle.transaction
+        errors: list[BaseException] = []
+        for work in works:
+            if work.handle is None:
+                continue
+            self._settle(run, work)
+            try:
+                work.handle.result()
+            except StreamError:
+                pass                      # the event is a dead letter already
+            except BaseException as error:   # noqa: BLE001 - re-raised once every s-transaction ended
+                errors.append(error)
+        if errors:
+            raise errors[0]
+        if run.broken is not None:        # pragma: no cover - a failure that was not the worker's result
+            raise run.broken
+
+    def _settle(self, run: _Run, work: _Work) -> None:
+        """Wait until ``work``'s subtransaction ended.  If it ended without its body having
+        run (its parent was aborted first), the observer never knew it: end it here, so
+        that nobody waits for it forever."""
+        work.handle.wait()
+        if not work.done:
+            self._ended(run, work, False)
+
+    def _work(self, node: Any, run: _Run, work: _Work) -> None:
+        """The body of one s-transaction's subtransaction (on a worker thread)."""
+        work.owner.node = node
+        with run._mutex:
+            run.by_node[node.id] = work
+            work.started = True
+            run.in_flight += 1
+            run.max_in_flight = max(run.max_in_flight, run.in_flight)
+        stransaction = work.stransaction
+        self.hooks.started(stransaction)
+        # The partition order: wait for the latest earlier s-transaction that may change each
+        # partition this one consumes; if it aborted, for the one before it, and so on.
+        waited = False
+        for partition, dependency in work.inputs.items():
+            while dependency is not None:
+                if not dependency.owner.ended:
+                    waited = True
+                    run.table.wait_for(work.owner, dependency.owner)
+                if dependency.committed:
+                    break
+                dependency = dependency.inputs.get(partition)
+        if waited:
+            with run._mutex:
+                run.order_waits += 1
+        try:
+            work.result = run.batch.execute_in(stransaction, node, work.unit)
+        except StreamError:
+            raise                         # the event's failure: its subtransaction aborts
+        except BaseException as error:
+            run.broken = error            # the batch cannot go on: spawn no more
+            raise
+        self.hooks.finishing(stransaction)
+
+    def _ended(self, run: _Run, work: _Work, committed: bool) -> None:
+        """Step 3 (from the observer): record, install, then release — in that order."""
+        with run._mutex:
+            if work.done or work.ending:
+                return
+            work.ending = True
+            ran = work.started
+        try:
+            work.committed = committed
+            run.batch.finish(work.stransaction, work.unit, committed, work.result if committed else None)
+            if not committed:
+                self._discard(run, work)
+        finally:
+            run.table.end(work.owner)
+            with run._mutex:
+                work.done = True
+                if ran:
+                    run.in_flight -= 1
+                works = run.works
+                index = run.floor_index
+                while index < len(works) and works[index].done:
+                    index += 1
+                run.floor_index = index
+                floor = works[index].owner.position if index < len(works) else None
+            if run.versions is not None and floor is not None:
+                run.versions.advance(floor)
+
+    def _discard(self, run: _Run, work: _Work) -> None:
+        """An aborted s-transaction's effects outside activedb's tree (LWM: its versions)."""
+
+    def _waiting_context(self, manager: Any, table: StreamLockTable):
+        """How a wait of the lock table becomes an edge of the one wait-for graph."""
+        def waiting(owner: Owner, blocker: Owner, request: Request | None):
+            return manager.waiting(owner.node, table.kind if request is not None else "stream-order",
+                                   blocker.node.id, on_victim=lambda error: table.make_victim(owner, error))
+        return waiting
+
+    # --- the store view ---------------------------------------------------------------------
+
+    def _view(self, run: _Run, tx: Any, stamp: Stamp) -> StoreView:
+        raise NotImplementedError
+
+    # --- statistics -------------------------------------------------------------------------
+
+    def _account(self, run: _Run) -> None:
+        statistics: LockTableStatistics = run.table.statistics()
+        versions: VersionStatistics | None = run.versions.statistics() if run.versions is not None else None
+        with self._mutex:
+            self._batches += 1
+            self._stransactions += len(run.works)
+            self._requests += statistics.requests
+            self._write_requests += statistics.write_requests
+            self._lock_waits += statistics.waits
+            self._punctuation_waits += statistics.punctuation_waits
+            self._order_waits += run.order_waits
+            self._wait_seconds += statistics.wait_seconds
+            self._max_in_flight = max(self._max_in_flight, run.max_in_flight)
+            if versions is not None:
+                self._versions_peak = max(self._versions_peak, versions.peak_versions)
+                self._versions_written += versions.appended
+
+    def statistics(self) -> SchedulerStatistics:
+        with self._mutex:
+            return SchedulerStatistics(
+                scheduler=self.name, granularity=self.granularity, workers=self.workers, batches=self._batches,
+                stransactions=self._stransactions, lock_requests=self._requests,
+                write_lock_requests=self._write_requests, lock_waits=self._lock_waits,
+                order_waits=self._order_waits, punctuation_waits=self._punctuation_waits,
+                wait_seconds=self._wait_seconds, max_in_flight=self._max_in_flight, versions_peak=self._versions_peak,
+                versions_written=self._versions_written)
+
+
+class _LockedView(StoreView):
+    """A view whose every operation first waits for its lock in the run's lock table."""
+
+    def __init__(self, run: _Run, work: _Work, tx: Any, stamp: Stamp):
+        engine = run.batch.engine
+        super().__init__(tx, stamp, engine.history, engine.operation_cost)
+        self._run = run
+        self._owner = work.owner
+        self._table = run.table
+        self._catalog = engine.catalog
+
+    def _before(self, kind: str, table: str, key: tuple | None) -> None:
+        self._table.acquire(self._owner, table, key, LockMode.READ if kind == "read" else LockMode.WRITE)
+        if self._cost is not None:
+            self._cost(kind)
+
+    def _key_of_values(self, table: str, values: Mapping[str, Any]) -> tuple | None:
+        columns = self._catalog.table(table).key_columns
+        if all(values.get(column) is not None for column in columns):
+            return tuple(values[column] for column in columns)
+        return None
+
+
+class S2PLScheduler(LockingScheduler):
+    """Strict two-phase locking with locks inserted at arrival (Active CEP §5.2, Algorithm 1)."""
+
+    name = "s2pl"
+    lock_table_class = S2PLLockTable
+
+    def _view(self, run: _Run, tx: Any, stamp: Stamp) -> StoreView:
+        return _LockedView(run, run.by_position[stamp.position], tx, stamp)
+
+
+class _VersionedView(_LockedView):
+    """LWM's view: Reads from the version store at the s-transaction's position, Writes into
+    its subtransaction (granted in timestamp order) leaving a version."""
+
+    def __init__(self, run: _Run, work: _Work, tx: Any, stamp: Stamp):
+        super().__init__(run, work, tx, stamp)
+        self._versions = run.versions
+
+    def read(self, table: str, key: Any) -> dict | None:
+        key = _as_key(key)
+        if not self._versions.tracks(table, key):
+            # No plan of the batch reads the row: only this s-transaction's own write lock
+            # covers it (a Python action may read the tables it writes).  Every earlier writer
+            # of it has ended and no later one can write before this one ends, so the tree
+            # shows exactly the version this Read must see.
+            return super().read(table, key)
+        self._before("read", table, key)
+        image, sequence = self._versions.read(self.stamp.position, table, key)
+        self.reads += 1
+        if self._history is not None:
+            self._record("read", table, key, image, read_from=sequence)
+        return image
+
+    def scan(self, table: str, where: Mapping[str, Any] | None = None) -> list[dict]:
+        if not self._versions.tracks_table(table):
+            return super().scan(table, where)          # as for read: covered by its own write lock only
+        self._before("read", table, None)
+        rows, seen = self._versions.scan(self.stamp.position, table, where)
+        self.reads += 1
+        if self._history is not None:
+            self._record("scan", table, rows, read_from=seen)
+        return rows
+
+    def write(self, table: str, key: Any, **values: Any) -> None:
+        key = _as_key(key)
+        self._before("write", table, key)
+        self.tx.write(table, key, **values)
+        self._written(table, key, dict(values), "write")
+
+    def insert(self, table: str, **values: Any) -> Any:
+        self._before("write", table, self._key_of_values(table, values))
+        inserted = self.tx.insert(table, **values)
+        self._written(table, _as_key(inserted), dict(values), "insert")
+        return inserted
+
+    def delete(self, table: str, key: Any) -> None:
+        key = _as_key(key)
+        self._before("write", table, key)
+        self.tx.delete(table, key)
+        self._written(table, key, None, "delete")
+
+    def _written(self, table: str, key: tuple, values: dict | None, operation: str) -> None:
+        self.writes += 1
+        sequence = self._record("write", table, key, values, operation) if self._history is not None else None
+        versions = self._versions
+        if versions.tracks(table, key):
+            image = None
+            if operation == "write":
+                # A write patches the row: over the version this s-transaction sees (every earlier
+                # writer ended), the new image is that one with the values; activedb stores values
+                # as given (checked, not converted).  A row it creates is read back from the tree.
+                previous, _ = versions.read(self.stamp.position, table, key)
+                image = {**previous, **values} if previous is not None else self.tx.read(table, key)
+            elif operation == "insert":
+                image = self.tx.read(table, key)
+            versions.append(self.stamp.position, table, key, image, sequence)
+
+
+class LWMScheduler(LockingScheduler):
+    """The Low-Water-Mark scheduler over a multi-version store (Active CEP §5.3, Algorithm 2,
+    App. F's punctuation guard)."""
+
+    name = "lwm"
+    lock_table_class = LWMLockTable
+
+    def _prepare(self, run: _Run, plans: Mapping[str, AccessPlan]) -> None:
+        """Load the base image of every row the batch may read, then publish the punctuation."""
+        batch = run.batch
+        tx = batch.tx
+        engine = batch.engine
+        history = engine.history
+        versions = run.versions = VersionStore()
+        whole: set[str] = set()
+        rows: dict[str, dict[tuple, None]] = {}
+        for work in run.works:
+            for resource in plans[work.stransaction.id].reads:
+                if resource.key is None:
+                    whole.add(resource.table)
+                elif all(value is not None for value in resource.key):
+                    rows.setdefault(resource.table, {})[resource.key] = None
+        started = time.perf_counter()
+        for table in whole:
+            columns = engine.catalog.table(table).key_columns
+            images = {tuple(image[column] for column in columns): image for image in tx.scan(table)}
+            versions.load_table(table, images, history.last_writes(table) if history is not None else {})
+        for table, keys in rows.items():
+            if table in whole:
+                continue
+            wanted = list(keys)
+            tx.prefetch(table, wanted)
+            sequences = history.last_writes(table) if history is not None else {}
+            for key in wanted:
+                versions.load_row(table, key, tx.read(table, key), sequences.get(key))
+        engine.metrics.phase("reads", time.perf_counter() - started)
+        if run.works:
+            versions.advance(run.works[0].owner.position)
+        table = run.table
+        assert isinstance(table, LWMLockTable)
+        # Every event older than the released bound has its locks in (the reorder buffer
+        # released the batch in the declared order, and the dispatcher inserted them all).
+        table.publish(batch.pending.released)
+
+    def _discard(self, run: _Run, work: _Work) -> None:
+        if run.versions is not None:
+            run.versions.drop(work.owner.position)
+
+    def _view(self, run: _Run, tx: Any, stamp: Stamp) -> StoreView:
+        return _VersionedView(run, run.by_position[stamp.position], tx, stamp)

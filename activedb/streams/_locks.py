@@ -1,0 +1,435 @@
+"""Stream lock tables: S2PL's timestamp-ordered queues and LWM's write-lock queues.
+
+The engine's schedulers fill a table from **one dispatcher**, in the declared total order
+of the batch's s-transactions, **before** any of them runs (Active CEP Algorithm 1's "insert
+every lock at the creation of ``T_i``", and App. E.1's dispatcher invariant).  Every
+request carries its owner's *stamp*: the s-transaction's ``position`` in the declared
+order (timestamp, then the application's order of equal timestamps), so "earlier" below
+is "smaller position".  Requests only disappear when their owner **ends** (committed or
+aborted, Active CEP Phase II) — so once a request is grantable it stays grantable, and a
+waiter only ever waits for an *earlier* owner to end.  (LWM's table also accepts
+insertions in arrival order, later ones included, guarded by the punctuation: App. F.)
+
+* :class:`S2PLLockTable` (Active CEP §5.2, Fig. 3 left): a request is granted when no
+  earlier request on an overlapping resource conflicts with it — whether that earlier
+  request is already held or still waiting.  That is the **no overtaking** rule: a later
+  read never passes an earlier waiting write (the counter-example: ``T1`` holds ``sl``,
+  ``T2`` waits for ``xl``, ``T3``'s ``sl`` is compatible with ``T1``'s; granting it lets
+  ``T3`` read at 15 before ``T2`` writes at 10 — Def. 6 (1)).
+* :class:`LWMLockTable` (Active CEP §5.3, Algorithm 2, Fig. 3 right): only write locks
+  queue.  ``lwm(P) = min`` stamp of the write locks on ``P``; a Read at stamp ``s`` is
+  granted when ``s ≤ lwm`` (every earlier write lock on ``P`` released — its own write lock
+  at ``s`` does not hold it back), a Write when its lock is the oldest (``s = lwm``), which
+  is the same test; read locks never block anything (kept for instrumentation).  With
+  App. F's punctuation guard: both also need ``ts ≤ mrp``, the most recent punctuation the
+  dispatcher published after inserting every lock of the events before it.
+
+Resources are ``(table, key)`` (a tuple) or ``(table, None)`` (the table).  A table
+request overlaps every tuple request of its table: for each table the structures keep
+table-level and tuple-level queues and, for table-level requests, the union of the
+tuple-level ones.  Each queue is a min-heap of ``(position, owner)`` with lazy deletion of
+ended owners, so ``lwm`` and "the earliest conflicting request" cost O(1) amortised.
+
+Waiting: a waiter registers itself with the blocker it found (the earliest live one) and
+sleeps on its own event; the blocker's ``end`` wakes it and it looks again.  The wait
+itself is wrapped in the ``waiting`` context the scheduler gives (``db.transactions.waiting``:
+an edge ``waiter → blocker`` of the one wait-for graph).  A Read held back only by the
+punctuation waits for the next ``publish`` — input, not a transaction, so not an edge.
+
+Thread-safety: ``_mutex`` protects every queue, every request's ``held``, every owner's
+``ended``/``waiters`` and the counters; it is a leaf (nothing else is taken while it is
+held, and no user code runs under it).  ``Owner.wake`` is set outside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import heapq
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, ContextManager, Iterable
+
+from activedb.streams._events import ts_less
+from activedb.streams.errors import SchedulerError, UnplannedAccess
+
+
+class LockMode(enum.Enum):
+    READ = "read"
+    WRITE = "write"
+
+    def covers(self, other: "LockMode") -> bool:
+        return self is LockMode.WRITE or other is LockMode.READ
+
+
+class Owner:
+    """One s-transaction as the lock table sees it: its stamp and whether it ended.
+
+    ``node`` is the activedb (sub)transaction running it (the target of wait-for edges);
+    ``victim`` is set if the lock manager chose it as a deadlock victim while it waited."""
+
+    __slots__ = ("position", "ts", "name", "node", "ended", "waiters", "wake", "victim", "requests")
+
+    def __init__(self, position: int, ts: Any, name: str):
+        self.position = position
+        self.ts = ts
+        self.name = name
+        self.node: Any = None
+        # Invariant: ended only moves False -> True, under the table's _mutex; then waiters is empty.
+        self.ended = False
+        self.waiters: list[Owner] = []
+        self.wake = threading.Event()
+        self.victim: BaseException | None = None
+        self.requests: dict[tuple[str, tuple | None], Request] = {}
+
+    def __repr__(self) -> str:
+        return f"<Owner {self.name} @{self.position}{' ended' if self.ended else ''}>"
+
+
+@dataclass(eq=False)
+class Request:
+    """A lock request of ``owner`` on ``table`` (``key`` None: the whole table)."""
+
+    owner: Owner
+    table: str
+    key: tuple | None
+    mode: LockMode
+    held: bool = False           # granted to an operation of its owner at least once
+
+    def describe(self) -> str:
+        letter = "xl" if self.mode is LockMode.WRITE else "sl"
+        target = self.table if self.key is None else f"{self.table}[{_show_key(self.key)}]"
+        return f"{letter}_{self.owner.name}({target})"
+
+
+def _show_key(key: tuple) -> str:
+    return repr(key[0]) if len(key) == 1 else repr(key)
+
+
+class _Queue:
+    """A min-heap of (position, serial, owner); ended owners are dropped lazily."""
+
+    __slots__ = ("heap",)
+
+    def __init__(self) -> None:
+        self.heap: list[tuple[int, int, Owner]] = []
+
+    def push(self, owner: Owner, serial: int) -> None:
+        heapq.heappush(self.heap, (owner.position, serial, owner))
+
+    def first(self) -> Owner | None:
+        """The earliest owner that has not ended.  Caller holds the table's mutex."""
+        heap = self.heap
+        while heap and heap[0][2].ended:
+            heapq.heappop(heap)
+        return heap[0][2] if heap else None
+
+    def __len__(self) -> int:
+        return len(self.heap)
+
+
+def _earliest_before(position: int, queues: Iterable[_Queue | None]) -> Owner | None:
+    best: Owner | None = None
+    for queue in queues:
+        if queue is None:
+            continue
+        owner = queue.first()
+        if owner is not None and owner.position < position and (best is None or owner.position < best.position):
+            best = owner
+    return best
+
+
+@dataclass
+class _Table:
+    """The queues of one table (see the module docstring)."""
+
+    table_reads: _Queue = field(default_factory=_Queue)
+    table_writes: _Queue = field(default_factory=_Queue)
+    tuple_reads: dict[tuple, _Queue] = field(default_factory=dict)
+    tuple_writes: dict[tuple, _Queue] = field(default_factory=dict)
+    any_tuple_reads: _Queue = field(default_factory=_Queue)
+    any_tuple_writes: _Queue = field(default_factory=_Queue)
+    requests: list[Request] = field(default_factory=list)     # every request, in insertion order
+
+
+@dataclass(frozen=True)
+class LockTableStatistics:
+    """Counters of one lock table (one batch).  Immutable."""
+
+    requests: int                 # lock requests inserted (read + write)
+    write_requests: int
+    grants: int                   # operations granted (an owner's request may be used several times)
+    waits: int                    # operations that had to wait for an earlier owner
+    punctuation_waits: int        # LWM reads/writes that waited for a punctuation
+    waiting: int                  # waiting right now
+    wait_seconds: float           # time spent waiting (lock and order waits), summed over the waiters
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Who waits right now, for what and behind whom (``blocker`` None: the punctuation)."""
+
+    waiter: str
+    request: str
+    blocker: str | None
+
+
+WaitingContext = Callable[[Owner, Owner, Request], ContextManager[Any]]
+
+
+def _no_registration(owner: Owner, blocker: Owner, request: Request) -> ContextManager[Any]:
+    return contextlib.nullcontext()
+
+
+class StreamLockTable:
+    """What S2PL and LWM share: insertion by the dispatcher, waiting, ending.  Subclasses
+    say which earlier owner blocks a request (:meth:`blocker`)."""
+
+    kind = "stream"
+    #: S2PL's queues are first-come-first-served: requests must arrive in the declared order.
+    #: LWM may take them in arrival order with punctuations (App. F).
+    ordered_insertion = True
+
+    def __init__(self, waiting: WaitingContext = _no_registration):
+        #: How a wait becomes an edge of the wait-for graph (the scheduler's ``db.transactions.waiting``).
+        self.waiting = waiting
+        self._mutex = threading.Lock()
+        self._tables: dict[str, _Table] = {}
+        self._serial = 0
+        self._last_position: int | None = None
+        self._waiting: dict[Owner, tuple[Request | None, Owner | None]] = {}
+        self._gated: list[Owner] = []        # owners waiting for a punctuation (LWM)
+        self._requests = 0
+        self._write_requests = 0
+        self._grants = 0
+        self._waits = 0
+        self._punctuation_waits = 0
+        self._wait_seconds = 0.0
+
+    # --- the dispatcher ---------------------------------------------------------------------
+
+    def insert(self, owner: Owner, resources: Iterable[tuple[str, tuple | None, LockMode]]) -> None:
+        """Insert ``owner``'s requests (one per resource, the strongest mode asked).
+        Precondition: an owner's requests are inserted before it runs; S2PL: owners in
+        increasing position (LWM: any order, a punctuation published once every owner
+        older than it is in)."""
+        merged: dict[tuple[str, tuple | None], LockMode] = {}
+        for table, key, mode in resources:
+            previous = merged.get((table, key))
+            merged[(table, key)] = mode if previous is None or mode is LockMode.WRITE else previous
+        with self._mutex:
+            if self.ordered_insertion and self._last_position is not None and owner.position <= self._last_position:
+                raise SchedulerError(f"lock requests of {owner.name} inserted after a later s-transaction's; "
+                                     f"{type(self).__name__} needs them in the declared order (use a reorder buffer "
+                                     f"in front of it, Active CEP App. F)")
+            self._last_position = owner.position
+            for (table, key), mode in merged.items():
+                request = Request(owner, table, key, mode)
+                owner.requests[(table, key)] = request
+                self._enqueue(self._tables.setdefault(table, _Table()), request)
+                self._requests += 1
+                if mode is LockMode.WRITE:
+                    self._write_requests += 1
+
+    def _enqueue(self, table: _Table, request: Request) -> None:
+        """Put ``request`` into ``table``'s queues.  Caller holds ``_mutex``."""
+        self._serial += 1
+        serial, owner, key = self._serial, request.owner, request.key
+        table.requests.append(request)
+        write = request.mode is LockMode.WRITE
+        if key is None:
+            (table.table_writes if write else table.table_reads).push(owner, serial)
+        else:
+            queues = table.tuple_writes if write else table.tuple_reads
+            queue = queues.get(key)
+            if queue is None:
+                queue = queues[key] = _Queue()
+            queue.push(owner, serial)
+            (table.any_tuple_writes if write else table.any_tuple_reads).push(owner, serial)
+
+    # --- the workers ------------------------------------------------------------------------
+
+    def request_for(self, owner: Owner, table: str, key: tuple | None, mode: LockMode) -> Request:
+        """The request of ``owner`` that covers an operation on ``(table, key)`` in ``mode``."""
+        requests = owner.requests
+        for candidate in ((table, key), (table, None)) if key is not None else ((table, None),):
+            request = requests.get(candidate)
+            if request is not None and request.mode.covers(mode):
+                return request
+        target = table if key is None else f"{table}[{_show_key(key)}]"
+        planned = ", ".join(request.describe() for request in requests.values()) or "none"
+        raise UnplannedAccess(
+            f"s-transaction {owner.name} {'reads' if mode is LockMode.READ else 'writes'} {target}, which its access "
+            f"plan (Algorithm 1) did not lock (its locks: {planned}); a rule must declare every table it touches "
+            f"(reads=[…], writes=[…])")
+
+    def acquire(self, owner: Owner, table: str, key: tuple | None, mode: LockMode) -> Request:
+        """Block until the operation of ``owner`` on ``(table, key)`` in ``mode`` may run.
+        Called on the thread running ``owner``; raises the deadlock error if it was chosen
+        as a victim while it waited (cannot happen by construction, see the design note)."""
+        request = self.request_for(owner, table, key, mode)
+        while True:
+            with self._mutex:
+                if owner.victim is not None:
+                    raise owner.victim
+                blocker, gated = self.blocker(request, mode)
+                if blocker is None and not gated:
+                    request.held = True
+                    self._grants += 1
+                    return request
+                owner.wake.clear()
+                if blocker is not None:
+                    blocker.waiters.append(owner)
+                    self._waits += 1
+                else:
+                    self._punctuation_waits += 1
+                    self._gated.append(owner)
+                self._waiting[owner] = (request, blocker)
+            started = time.perf_counter()
+            try:
+                if blocker is not None:
+                    with self.waiting(owner, blocker, request):
+                        owner.wake.wait()
+                else:
+                    owner.wake.wait()
+            finally:
+                with self._mutex:
+                    self._waiting.pop(owner, None)
+                    self._wait_seconds += time.perf_counter() - started
+
+    def wait_for(self, owner: Owner, blocker: Owner, why: Request | None = None) -> None:
+        """Block until ``blocker`` ended (an order dependency that is not a lock, e.g. the
+        matcher state of a partition); registered like a lock wait."""
+        while True:
+            with self._mutex:
+                if owner.victim is not None:
+                    raise owner.victim
+                if blocker.ended:
+                    return
+                owner.wake.clear()
+                blocker.waiters.append(owner)
+                self._waiting[owner] = (why, blocker)
+            started = time.perf_counter()
+            try:
+                with self.waiting(owner, blocker, why):
+                    owner.wake.wait()
+            finally:
+                with self._mutex:
+                    self._waiting.pop(owner, None)
+                    self._wait_seconds += time.perf_counter() - started
+
+    def end(self, owner: Owner) -> None:
+        """``owner`` committed or aborted: its requests disappear; wake who waited for it."""
+        with self._mutex:
+            owner.ended = True
+            waiters, owner.waiters = owner.waiters, []
+        for waiter in waiters:
+            waiter.wake.set()
+
+    def make_victim(self, owner: Owner, error: BaseException) -> None:
+        """The lock manager chose ``owner`` as a deadlock victim while it waited: wake it."""
+        with self._mutex:
+            owner.victim = error
+        owner.wake.set()
+
+    # --- the rule --------------------------------------------------------------------------
+
+    def blocker(self, request: Request, mode: LockMode) -> tuple[Owner | None, bool]:
+        """``(earliest owner whose end the operation must wait for, held back by the
+        punctuation)``; ``(None, False)``: grant.  Caller holds ``_mutex``."""
+        raise NotImplementedError
+
+    # --- inspection -------------------------------------------------------------------------
+
+    def blocking(self, request: Request) -> Owner | None:
+        """The owner whose end ``request`` (in its own mode) would wait for right now."""
+        with self._mutex:
+            return self.blocker(request, request.mode)[0]
+
+    def requests(self, table: str) -> list[Request]:
+        """Every request on ``table``, in insertion order (for tests and tools)."""
+        with self._mutex:
+            entry = self._tables.get(table)
+            return list(entry.requests) if entry is not None else []
+
+    def waits(self) -> list[Wait]:
+        with self._mutex:
+            return [Wait(owner.name, request.describe() if request is not None else "(order)",
+                         blocker.name if blocker is not None else None)
+                    for owner, (request, blocker) in self._waiting.items()]
+
+    def statistics(self) -> LockTableStatistics:
+        with self._mutex:
+            return LockTableStatistics(requests=self._requests, write_requests=self._write_requests,
+                                       grants=self._grants, waits=self._waits,
+                                       punctuation_waits=self._punctuation_waits, waiting=len(self._waiting),
+                                       wait_seconds=self._wait_seconds)
+
+
+class S2PLLockTable(StreamLockTable):
+    """Active CEP §5.2 with timestamp-ordered queues and no overtaking (module docstring)."""
+
+    kind = "stream-s2pl"
+
+    def blocker(self, request: Request, mode: LockMode) -> tuple[Owner | None, bool]:
+        table = self._tables[request.table]
+        position, key = request.owner.position, request.key
+        write = request.mode is LockMode.WRITE
+        if key is None:
+            queues: tuple = (table.table_writes, table.any_tuple_writes)
+            if write:
+                queues += (table.table_reads, table.any_tuple_reads)
+        else:
+            queues = (table.table_writes, table.tuple_writes.get(key))
+            if write:
+                queues += (table.table_reads, table.tuple_reads.get(key))
+        return _earliest_before(position, queues), False
+
+
+class LWMLockTable(StreamLockTable):
+    """Active CEP §5.3 / Algorithm 2 with App. F's punctuation guard (module docstring).
+
+    ``mrp`` — the most recent punctuation the dispatcher published (None: none yet, which
+    holds nothing back: an engine whose input is ordered needs none)."""
+
+    kind = "stream-lwm"
+    ordered_insertion = False
+
+    def __init__(self, waiting: WaitingContext = _no_registration):
+        super().__init__(waiting)
+        self.mrp: Any = None
+
+    def publish(self, punctuation: Any) -> None:
+        """The dispatcher inserted the locks of every event older than ``punctuation``."""
+        with self._mutex:
+            if self.mrp is None or ts_less(self.mrp, punctuation):
+                self.mrp = punctuation
+            gated, self._gated = self._gated, []
+        for owner in gated:
+            owner.wake.set()
+
+    def lwm(self, table: str, key: tuple | None = None) -> Owner | None:
+        """The owner of the oldest write lock a request on ``(table, key)`` must respect
+        (None: no write lock, lwm = +∞) — for tests and tools."""
+        with self._mutex:
+            entry = self._tables.get(table)
+            if entry is None:
+                return None
+            queues = (entry.table_writes, entry.any_tuple_writes) if key is None else (
+                entry.table_writes, entry.tuple_writes.get(key))
+            return _earliest_before(float("inf"), queues)   # type: ignore[arg-type]
+
+    def blocker(self, request: Request, mode: LockMode) -> tuple[Owner | None, bool]:
+        table = self._tables[request.table]
+        owner, key = request.owner, request.key
+        if key is None:
+            queues: tuple = (table.table_writes, table.any_tuple_writes)
+        else:
+            queues = (table.table_writes, table.tuple_writes.get(key))
+        # Reads and writes alike: every earlier write lock on an overlapping resource is gone
+        # (a Read at s <= lwm; a Write whose lock is the oldest, s = lwm).  Reads never block.
+        blocker = _earliest_before(owner.position, queues)
+        mrp = self.mrp
+        gated = blocker is None and mrp is not None and ts_less(mrp, owner.ts)
+        return blocker, gated

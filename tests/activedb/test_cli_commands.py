@@ -1,0 +1,192 @@
+"""The operator's commands against the real embedded PostgreSQL: ``activedb rules``, ``activedb app``,
+``activedb dead-letters`` (list, show, purge; replay in tests/spark_bridge), ``activedb bench`` output and
+help, and ``activedb --help``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner
+
+import activedb
+from activedb.cli import main
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def invoke(url, *arguments):
+    result = CliRunner().invoke(main, ["--url", url, *arguments], catch_exceptions=False)
+    return result
+
+
+def rule_rows(db) -> dict[str, dict]:
+    return {row["name"]: row for row in db.rules.persisted()}
+
+
+def test_help_lists_every_command():
+    output = CliRunner().invoke(main, ["--help"]).output
+    for command in ("app", "bench", "db", "dead-letters", "demo", "explain", "rules", "run", "status"):
+        assert f"  {command} " in output, command
+    letters = CliRunner().invoke(main, ["dead-letters", "--help"]).output
+    for command in ("list", "show", "purge", "replay"):
+        assert f"  {command} " in letters
+    rules = CliRunner().invoke(main, ["rules", "--help"]).output
+    for command in ("list", "show", "enable", "disable", "remove"):
+        assert f"  {command} " in rules
+
+
+def nothing(tx, event):
+    return None
+
+
+def test_db_rules_remove_marks_the_rule_removed_in_the_registry(db):
+    db.rule(on=db.signalled("trap8"), name="trap8")(nothing)
+    assert rule_rows(db)["trap8"]["removed_at"] is None
+    db.rules.remove("trap8")
+    row = rule_rows(db)["trap8"]
+    assert row["removed_at"] is not None                     # was left enabled, as if still declared
+    assert "trap8" not in {row["name"] for row in db.rules.persisted(include_removed=False)}
+    db.rule(on=db.signalled("trap8"), name="trap8")(nothing)     # declared again: back
+    assert rule_rows(db)["trap8"]["removed_at"] is None
+    db.rules.remove("trap8")
+
+
+def test_rules_list_show_enable_disable_remove(db, database_url):
+    def act(tx, event):
+        tx.write("items", "fired", value=1)
+
+    db.rule(on=db.signalled("cli_ping"), coupling="deferred", priority=7, name="cli_ping")(act)
+    for _ in range(3):
+        with db.transaction() as tx:
+            tx.signal("cli_ping")
+
+    listed = invoke(database_url, "rules", "list", "--json")
+    assert listed.exit_code == 0, listed.output
+    row = {entry["name"]: entry for entry in json.loads(listed.output)}["cli_ping"]
+    assert (row["event"], row["coupling"], row["priority"], row["version"], row["state"], row["fired"]) == \
+        ("signal(cli_ping)", "deferred", 7, 1, "enabled", 3)
+    assert row["module"] == __name__
+    table = invoke(database_url, "rules", "list").output
+    assert "cli_ping" in table and "deferred" in table and "enabled" in table
+    shown = invoke(database_url, "rules", "show", "cli_ping").output
+    assert "fired     3 times" in shown and "signal(cli_ping)" in shown
+
+    assert invoke(database_url, "rules", "disable", "cli_ping").exit_code == 0
+    assert rule_rows(db)["cli_ping"]["enabled"] is False
+    other = activedb.connect(database_url)
+    try:
+        again = other.rule(on=other.signalled("cli_ping"), coupling="deferred", priority=7, name="cli_ping")(act)
+        assert again.enabled is False                       # the persisted flag wins
+    finally:
+        other.close()
+    assert invoke(database_url, "rules", "enable", "cli_ping").exit_code == 0
+    assert rule_rows(db)["cli_ping"]["enabled"] is True
+
+    assert invoke(database_url, "rules", "remove", "cli_ping").exit_code == 0
+    assert rule_rows(db)["cli_ping"]["removed_at"] is not None
+    assert "cli_ping" not in invoke(database_url, "rules", "list").output
+    assert "removed" in invoke(database_url, "rules", "list", "--all").output
+    refused = invoke(database_url, "rules", "enable", "cli_ping")
+    assert refused.exit_code == 1 and "was removed" in refused.output
+    missing = invoke(database_url, "rules", "disable", "no_such_rule")
+    assert missing.exit_code == 1 and "no rule named 'no_such_rule'" in missing.output
+
+
+def test_rules_of_another_app_are_pruned_by_module(db, database_url):
+    with db.engine.begin() as connection:       # rules another application declared on this shared database
+        for name in ("other_a", "other_b"):
+            connection.execute(sa.text(
+                "INSERT INTO activedb_rules (name, event, coupling, action_coupling, definition_hash, definition, "
+                "module) VALUES (:name, 'signal(x)', 'immediate', 'immediate', 'h', '{}', 'otherapp.rules')"),
+                {"name": name})
+    listed = json.loads(invoke(database_url, "rules", "list", "--module", "otherapp", "--json").output)
+    assert sorted(row["name"] for row in listed) == ["other_a", "other_b"]
+    refused = invoke(database_url, "rules", "remove", "--module", "otherapp", "--purge")
+    assert refused.exit_code != 0 and "pass --yes" in refused.output
+    assert invoke(database_url, "rules", "remove", "--module", "otherapp", "--purge", "--yes").exit_code == 0
+    assert not {"other_a", "other_b"} & set(rule_rows(db))
+
+
+def test_app_init_upgrade_current_downgrade(db, database_url, tmp_path):
+    path = tmp_path / "myapp" / "migrations"
+    result = invoke(database_url, "app", "init", str(path))
+    assert result.exit_code == 0 and (path / "env.py").exists() and list((path / "versions").glob("*.py"))
+    assert "base (head is myapp_0001" in invoke(database_url, "app", "current", str(path)).output
+    upgraded = invoke(database_url, "app", "upgrade", str(path))
+    assert upgraded.exit_code == 0 and "now at myapp_0001" in upgraded.output
+    assert "myapp_0001 (at head)" in invoke(database_url, "app", "current", str(path)).output
+    with db.engine.connect() as connection:
+        assert sa.inspect(connection).has_table("myapp_items")
+    refused = invoke(database_url, "app", "downgrade", str(path), "base")
+    assert refused.exit_code != 0 and "pass --yes" in refused.output
+    assert invoke(database_url, "app", "downgrade", str(path), "base", "--yes").exit_code == 0
+    with db.engine.connect() as connection:
+        assert not sa.inspect(connection).has_table("myapp_items")
+    missing = invoke(database_url, "app", "upgrade", str(tmp_path / "nowhere"))
+    assert missing.exit_code == 1 and "activedb app init" in missing.output
+
+
+@pytest.fixture
+def letters(db):
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM activedb_dead_letters"))
+        ids = [connection.execute(sa.text(
+            "INSERT INTO activedb_dead_letters (query_id, batch_id, reason, raw) VALUES (:query, :batch, :reason, "
+            "CAST(:raw AS jsonb)) RETURNING id"), values).scalar_one() for values in (
+            {"query": "badges@00000000-0000-0000-0000-000000000001", "batch": 0, "reason": "late: too old",
+             "raw": '{"type": "enter", "worker": "w1"}'},
+            {"query": "badges@00000000-0000-0000-0000-000000000001", "batch": 1,
+             "reason": "rejected by rule 'track': impossible", "raw": '{"type": "exit", "worker": "w2"}'},
+            {"query": "other@00000000-0000-0000-0000-000000000002", "batch": 0, "reason": "event type is null",
+             "raw": '{"type": null}'},
+        )]
+    return ids
+
+
+def test_dead_letters_list_show_and_purge_with_filters(database_url, letters):
+    everything = json.loads(invoke(database_url, "dead-letters", "list", "--json").output)
+    assert [letter["id"] for letter in everything] == letters
+    by_query = json.loads(invoke(database_url, "dead-letters", "list", "--query", "badges", "--json").output)
+    assert [letter["id"] for letter in by_query] == letters[:2]
+    by_batch = json.loads(invoke(database_url, "dead-letters", "list", "--query", "badges", "--batch", "1",
+                                 "--json").output)
+    assert [letter["id"] for letter in by_batch] == [letters[1]]
+    by_reason = json.loads(invoke(database_url, "dead-letters", "list", "--reason", "LATE", "--json").output)
+    assert [letter["id"] for letter in by_reason] == [letters[0]]
+    table = invoke(database_url, "dead-letters", "list", "--limit", "2").output
+    assert "dead letters (2 of 3)" in table and "1 more" in table
+    shown = invoke(database_url, "dead-letters", "show", str(letters[1])).output
+    assert "rejected by rule 'track'" in shown and '"worker": "w2"' in shown
+
+    refused = invoke(database_url, "dead-letters", "purge", "--query", "other")
+    assert refused.exit_code != 0 and "pass --yes" in refused.output
+    purged = invoke(database_url, "dead-letters", "purge", "--query", "other", "--yes")
+    assert purged.exit_code == 0 and "deleted 1 dead letter" in purged.output
+    remaining = json.loads(invoke(database_url, "dead-letters", "list", "--json").output)
+    assert [letter["id"] for letter in remaining] == letters[:2]
+
+
+def test_bench_prints_a_table_progress_lines_and_writes_json_and_a_plot(tmp_path):
+    result = CliRunner().invoke(main, ["bench", "locks", "--quick", "--json", str(tmp_path / "locks.json"),
+                                       "--plot", str(tmp_path / "locks.png")], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    stdout = result.stdout
+    assert not stdout.lstrip().startswith("{"), "JSON only with --json-only or into a file"
+    assert len(stdout.splitlines()) < 80 and "uncontended tuple" in stdout
+    assert max(len(line) for line in stdout.splitlines()) <= 140
+    assert "[bench locks] 4/4 commit with inheritance: done in" in result.stderr
+    document = json.loads((tmp_path / "locks.json").read_text())
+    assert document["benchmark"] == "locks (quick)" and len(document["rows"]) >= 12 and document["series"]
+    picture = (tmp_path / "locks.png").read_bytes()
+    assert picture[:8] == PNG_SIGNATURE and len(picture) > 30_000
+
+
+def test_each_benchmark_has_its_own_help():
+    runner = CliRunner()
+    locks = runner.invoke(main, ["bench", "locks", "--help"]).output
+    rules = runner.invoke(main, ["bench", "rules", "--help"]).output
+    assert "Deadlock check per new wait edge" in locks and "--plot" in locks
+    assert "firings per second" in " ".join(rules.split())
+    assert locks != rules

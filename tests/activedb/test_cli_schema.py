@@ -1,0 +1,84 @@
+"""The schema rule of the CLI, against the real embedded PostgreSQL: ``activedb db downgrade`` asks before
+dropping tables, and no command but ``activedb db upgrade`` brings the schema back to head."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner
+
+from activedb import _migrate
+from activedb.cli import main
+
+
+def invoke(url, *arguments):
+    return CliRunner().invoke(main, ["--url", url, *arguments], catch_exceptions=False)
+
+
+def activedb_tables(url) -> set[str]:
+    engine = sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://"))
+    try:
+        with engine.connect() as connection:
+            return {name for name in sa.inspect(connection).get_table_names() if name.startswith("activedb_")}
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def url(database_url):
+    result = invoke(database_url, "db", "upgrade")
+    assert result.exit_code == 0, result.output
+    return database_url
+
+
+def test_downgrade_to_base_asks_first_and_takes_yes(url):
+    refused = invoke(url, "db", "downgrade", "base")
+    assert refused.exit_code != 0
+    assert "pass --yes" in refused.output and "drops every activedb table" in refused.output
+    assert "activedb_rules" in activedb_tables(url)            # nothing was dropped
+
+    done = invoke(url, "db", "downgrade", "base", "--yes")
+    assert done.exit_code == 0, done.output
+    assert activedb_tables(url) == {"activedb_alembic_version"}
+
+
+@pytest.mark.parametrize("command", [["status"], ["rules", "list"], ["dead-letters", "list"],
+                                     ["demo", "--no-spark", "--events", "10"], ["bench", "rules", "--quick"]])
+def test_no_command_silently_upgrades_a_downgraded_schema(url, command):
+    if invoke(url, "db", "current").output.split()[0] != "base":
+        assert invoke(url, "db", "downgrade", "base", "--yes").exit_code == 0
+    result = invoke(url, *command)
+    assert result.exit_code == 1
+    assert "run `activedb db upgrade`" in result.output and "base (downgraded)" in result.output
+    assert activedb_tables(url) == {"activedb_alembic_version"}, f"{command} changed the schema"
+
+
+def test_db_current_says_behind_and_db_upgrade_brings_it_back(url):
+    invoke(url, "db", "downgrade", "base", "--yes")
+    assert "behind: head is" in invoke(url, "db", "current").output
+    upgraded = invoke(url, "db", "upgrade")
+    assert upgraded.exit_code == 0 and f"now at {_migrate.head()}" in upgraded.output
+    assert "at head" in invoke(url, "db", "current").output
+    assert {"activedb_rules", "activedb_dead_letters"} <= activedb_tables(url)
+
+
+def test_a_new_database_is_created_by_writing_commands_only(make_fresh_url):
+    reading = invoke(make_fresh_url, "rules", "list")
+    assert reading.exit_code == 1 and "no activedb tables yet" in reading.output
+    assert activedb_tables(make_fresh_url) == set()
+    writing = invoke(make_fresh_url, "rules", "disable", "nothing")
+    assert "created activedb's tables" in writing.output
+    assert "activedb_rules" in activedb_tables(make_fresh_url)
+
+
+@pytest.fixture
+def make_fresh_url(pg_server):
+    from tests.conftest import _admin
+
+    name = "t_cli_schema_fresh"
+    with _admin(pg_server) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.execute(f'CREATE DATABASE "{name}"')
+    yield pg_server.url(name)
+    with _admin(pg_server) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

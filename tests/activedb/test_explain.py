@@ -1,0 +1,263 @@
+"""Pictures of live transaction trees and the wait-for graph (``db.explain()``), and deadlocks explained
+on request (``connect(explain_deadlocks=True)``): the graph object drawn has the expected nodes and edges,
+and the rendered file is a real PNG/SVG of non-trivial size."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import sqlalchemy as sa
+
+import activedb
+from activedb.explain import Explanation
+from activedb.testing import Watchdog, wait_until
+
+TIMEOUT = 30
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(autouse=True)
+def clean(db):
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM items"))
+    yield
+
+
+def assert_png(path, minimum=15_000):
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE, f"{path} is not a PNG"
+    assert len(data) > minimum, f"{path} is only {len(data)} bytes"
+
+
+def test_a_waiting_tree_is_drawn_with_its_locks_and_a_held_edge(db, tmp_path):
+    holding, release = threading.Event(), threading.Event()
+    failures: list[BaseException] = []
+    ids: dict[str, str] = {}
+
+    def first() -> None:
+        try:
+            with db.transaction(name="first") as tx:
+                ids["first"] = tx.id
+                with tx.subtransaction(name="writer") as sub:
+                    ids["writer"] = sub.id
+                    sub.write("items", "k", value=1)
+                    holding.set()
+                    release.wait(TIMEOUT)
+        except BaseException as error:  # pragma: no cover - reported below
+            failures.append(error)
+
+    def second() -> None:
+        try:
+            with db.transaction(name="second") as tx:
+                ids["second"] = tx.id
+                tx.write("items", "k", value=2)
+        except BaseException as error:  # pragma: no cover
+            failures.append(error)
+
+    with Watchdog(TIMEOUT, db.transactions.locks):
+        threads = [threading.Thread(target=first)]
+        threads[0].start()
+        assert holding.wait(TIMEOUT)
+        threads.append(threading.Thread(target=second))
+        threads[1].start()
+        wait_until(lambda: db.transactions.locks.statistics().waiting == 1, TIMEOUT, "second never waited")
+        explanation = db.explain()
+        release.set()
+        for thread in threads:
+            thread.join(TIMEOUT)
+    assert failures == []
+
+    graph = explanation.graph
+    assert {ids["first"], ids["writer"], ids["second"]} <= set(graph.nodes)
+    assert not any("#" in node for node in graph.nodes), "lock segments are folded into their nodes"
+    assert graph.nodes[ids["writer"]]["name"] == "writer"
+    assert graph.nodes[ids["writer"]]["state"] == "active"
+    assert "WRITE items['k']" in graph.nodes[ids["writer"]]["held"]
+    assert graph.nodes[ids["second"]]["waiting_for"] == "WRITE items['k']"
+    assert graph.edges[ids["first"], ids["writer"]]["kind"] == "child"      # the tree (run inline: no wait)
+    assert graph.edges[ids["second"], ids["writer"]]["kind"] == "held"
+    assert graph.edges[ids["second"], ids["writer"]]["resource"] == "items['k']"
+    assert "waiting for WRITE items['k']" in explanation.text()
+
+    png = explanation.render(tmp_path / "waiting.png")
+    assert_png(png)
+    svg = explanation.render(tmp_path / "waiting.svg")
+    assert svg.read_text().lstrip().startswith("<?xml") and "<svg" in svg.read_text()
+    again = Explanation.load(explanation.save(tmp_path / "waiting.json"))
+    assert again == explanation
+
+
+def test_a_deadlock_carries_its_picture_when_asked(database_url, tmp_path):
+    database = activedb.connect(database_url, explain_deadlocks=True)
+    first_done, ids = threading.Event(), {}
+    caught: list[BaseException] = []
+    barrier = threading.Barrier(2, timeout=TIMEOUT)
+
+    def one(mine: str, theirs: str, name: str, closes: bool) -> None:
+        try:
+            with database.transaction(name=name) as tx:
+                ids[name] = tx.id
+                tx.write("items", mine, value=1)
+                barrier.wait()
+                if closes:     # the second request closes the cycle: it is the requester, the victim
+                    wait_until(lambda: database.transactions.locks.statistics().waiting == 1, TIMEOUT,
+                               "the other transaction never waited")
+                tx.write("items", theirs, value=1)
+        except activedb.Deadlock as error:
+            caught.append(error)
+        finally:
+            first_done.set()
+
+    try:
+        with Watchdog(TIMEOUT, database.transactions.locks):
+            threads = [threading.Thread(target=one, args=("a", "b", "left", False)),
+                       threading.Thread(target=one, args=("b", "a", "right", True))]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(TIMEOUT)
+    finally:
+        database.close()
+    assert len(caught) == 1
+    explanation = caught[0].explanation
+    graph = explanation.graph
+    cycle = [(waiter, target) for waiter, target, data in graph.edges(data=True) if data["in_cycle"]]
+    assert sorted(cycle) == sorted([(ids["left"], ids["right"]), (ids["right"], ids["left"])])
+    assert {graph.edges[edge]["kind"] for edge in cycle} == {"held"}
+    assert explanation.deadlock and "victim" in explanation.deadlock
+    assert_png(explanation.render(tmp_path / "deadlock.png"))
+
+
+def test_a_busy_moment_shows_every_kind_of_lock_and_registered_wait(db, tmp_path):
+    from activedb.examples import busy_moment
+
+    with Watchdog(TIMEOUT, db.transactions.locks):
+        moment = busy_moment.hold(db)
+        try:
+            explanation = db.explain()
+        finally:
+            moment.release()
+        db.rules.wait_idle(TIMEOUT)
+    ids = moment.ids
+    graph = explanation.graph
+    rule = next(node for node, data in graph.nodes(data=True) if data["name"] == "rule:light_badge")
+    child = ids["event:exit w2"]
+    expected = {
+        (ids["T-badges"], child): "commit",
+        (rule, ids["T-badges"]): "dependency",
+        (ids["T-report"], ids["T-badges"]): "retained",
+        (ids["T-cleanup"], child): "held",
+        (ids["T-audit"], child): "held",
+        (ids["T-audit"], ids["T-cleanup"]): "queued",
+    }
+    for (waiter, target), kind in expected.items():
+        assert graph.edges[waiter, target]["kind"] == kind, (waiter, target)
+    assert "WRITE worker_status['w1']" in graph.nodes[ids["T-badges"]]["retained"]
+    assert "WRITE worker_status['w2']" in graph.nodes[child]["held"]
+    assert graph.nodes[rule]["state"] == "active"
+    assert_png(explanation.render(tmp_path / "busy.png"), minimum=40_000)
+
+
+def test_the_cli_draws_a_live_process(database_url, tmp_path):
+    """``activedb explain --pid`` asks a running process (``db.explain_on_signal()``) for its picture."""
+    import os
+    import subprocess
+    import sys
+
+    from click.testing import CliRunner
+
+    from activedb.cli import main
+
+    home = tmp_path / "home"
+    script = (
+        "import sys, activedb\n"
+        "from activedb.examples import busy_moment\n"
+        f"db = activedb.connect({database_url!r})\n"
+        f"db.explain_on_signal({str(home / 'explain')!r})\n"
+        "moment = busy_moment.hold(db)\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.readline()\n"
+        "moment.release(); db.rules.wait_idle(30); db.close()\n"
+    )
+    environment = {**os.environ, "PYTHONPATH": os.getcwd()}
+    process = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               text=True, env=environment)
+    try:
+        assert process.stdout.readline().strip() == "ready"
+        result = CliRunner().invoke(main, ["--home", str(home), "explain", "--pid", str(process.pid),
+                                           "-o", str(tmp_path / "live.png")], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        assert "dependency" in result.output and "queued" in result.output and "retained" in result.output
+        assert_png(tmp_path / "live.png", minimum=40_000)
+        saved = Explanation.load(home / "explain" / f"{process.pid}.json")
+        assert {"child", "commit", "held", "retained", "queued", "dependency"} <= saved.edge_kinds()
+    finally:
+        process.communicate("go\n", timeout=TIMEOUT)
+    assert process.returncode == 0
+
+
+def test_nested_and_children_waits_are_drawn(db, tmp_path):
+    """A thread running ``outer`` blocked inside the top-level ``inner`` it opened (``nested``), and a
+    thread running ``watcher`` waiting for another tree's child (``children``)."""
+    release, holding, spawned = threading.Event(), threading.Event(), threading.Event()
+    handles, ids, failures = {}, {}, []
+    locks = db.transactions.locks
+
+    def guarded(body):
+        def target():
+            try:
+                body()
+            except BaseException as error:  # pragma: no cover - reported below
+                failures.append(error)
+        return threading.Thread(target=target)
+
+    def holder():
+        with db.transaction(name="holder") as tx:
+            ids["holder"] = tx.id
+            tx.write("items", "n", value=1)
+            holding.set()
+            release.wait(TIMEOUT)
+
+    def outer():
+        with db.transaction(name="outer") as tx:
+            ids["outer"] = tx.id
+            with db.transaction(name="inner") as inner:        # this thread now waits inside `inner`
+                ids["inner"] = inner.id
+                inner.write("items", "n", value=2)
+
+    def parent():
+        with db.transaction(name="parent") as tx:
+            ids["parent"] = tx.id
+            handles["child"] = tx.spawn(lambda child: release.wait(TIMEOUT), name="slow child")
+            spawned.set()
+            handles["child"].result(TIMEOUT)
+
+    def watcher():
+        with db.transaction(name="watcher") as tx:
+            ids["watcher"] = tx.id
+            handles["child"].result(TIMEOUT)               # waits for another tree's child
+
+    with Watchdog(TIMEOUT, locks):
+        threads = [guarded(holder), guarded(parent)]
+        for thread in threads:
+            thread.start()
+        assert holding.wait(TIMEOUT) and spawned.wait(TIMEOUT)
+        threads += [guarded(outer), guarded(watcher)]
+        threads[2].start()
+        threads[3].start()
+        wait_until(lambda: locks.statistics().waiting >= 1 and locks.statistics().registered_waits >= 2, TIMEOUT,
+                   "the nested and children waits never appeared")
+        explanation = db.explain()
+        release.set()
+        for thread in threads:
+            thread.join(TIMEOUT)
+    assert failures == []
+    graph = explanation.graph
+    child = handles["child"].transaction.id
+    assert graph.edges[ids["outer"], ids["inner"]]["kind"] == "nested"
+    assert graph.edges[ids["inner"], ids["holder"]]["kind"] == "held"
+    assert graph.edges[ids["watcher"], child]["kind"] == "children"
+    assert graph.edges[ids["parent"], child]["kind"] == "commit"
+    assert graph.nodes[child]["name"] == "slow child"
+    assert_png(explanation.render(tmp_path / "registered.png"))

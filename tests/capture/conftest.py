@@ -1,0 +1,75 @@
+"""Fixtures of the capture tests.
+
+* ``capture_db`` (module): ``activedb.connect(database_url)`` with the capture tests' own tables and
+  the application revision that enables capture on ``orders`` and ``typed_samples``;
+* ``clean`` (function): forgets rules, consumers, captured changes and the tables' rows before a test;
+* ``conninfo``: a libpq connection string for raw psycopg writers ("another service");
+* ``make_database_url``: a further fresh database (an uninterrupted reference run).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+
+import activedb
+
+MIGRATIONS = Path(__file__).parent / "app_migrations"
+TABLES = ("orders", "order_log", "order_totals", "typed_samples")
+
+
+def libpq(url: str) -> str:
+    """A SQLAlchemy URL as a libpq connection string (psycopg's)."""
+    return sa.make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="module")
+def capture_db(database_url):
+    database = activedb.connect(database_url)
+    database.upgrade_app(MIGRATIONS)
+    yield database
+    database.close()
+
+
+@pytest.fixture
+def conninfo(database_url) -> str:
+    return libpq(database_url)
+
+
+@pytest.fixture
+def clean(capture_db):
+    """A clean slate: no rules, no consumers, no captured changes, empty tables (capture stays on)."""
+    db = capture_db
+    db.capture.close()
+    for name in db.rules.names():
+        db.rules.remove(name)
+    with db.engine.begin() as connection:
+        # Plain DELETEs would be captured: drop the rows with TRUNCATE, which row triggers do not see.
+        connection.execute(sa.text(f"TRUNCATE {', '.join(TABLES)}, activedb_capture_changes, "
+                                   f"activedb_capture_commits, activedb_capture_consumers, activedb_dead_letters, "
+                                   f"activedb_rules"))
+    db.refresh_schema()
+    return db
+
+
+@pytest.fixture
+def make_database_url(pg_server, request):
+    made = []
+
+    def make(suffix: str) -> str:
+        name = ("t_" + re.sub(r"[^a-z0-9_]", "_", request.node.name.lower()))[:40] + "_" + suffix
+        with psycopg.connect(f"host={pg_server.socket_directory} user=postgres dbname=postgres",
+                             autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            admin.execute(f'CREATE DATABASE "{name}"')
+        made.append(name)
+        return pg_server.url(name)
+
+    yield make
+    with psycopg.connect(f"host={pg_server.socket_directory} user=postgres dbname=postgres", autocommit=True) as admin:
+        for name in made:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -1,0 +1,21 @@
+"""``activedb bench capture`` runs in quick mode and reports its figures (no timing assertions)."""
+
+from __future__ import annotations
+
+from activedb.bench import BenchReport
+from activedb.bench.capture import run
+
+
+def test_capture_benchmark_quick(database_url, monkeypatch):
+    monkeypatch.setenv("ACTIVEDB_DATABASE_URL", database_url)     # the test's database, not the user's
+    report = run(quick=True)
+    assert isinstance(report, BenchReport)
+    rows = {row.name: row for row in report.rows}
+    single = rows["writer: single-row insert, captured table"]
+    assert single.value > 0 and single.baseline > 0 and single.met is not None
+    end_to_end = rows["end to end: executemany of 1,000 rows -> rule effects committed"]
+    assert end_to_end.extra["changes"] == 1000 and end_to_end.value > 0
+    assert rows["activedb writer: db.run(insert) into the captured table"].extra["own_changes_delivered"] == 0
+    assert not any("latency sample" in note for note in report.notes)
+    assert len(report.to_json()["rows"]) == 7
+    assert rows["4 writers: single-row inserts, captured table"].value > 0

@@ -1,0 +1,459 @@
+"""Rules react to committed changes of any PostgreSQL client: once per committed change, in commit order.
+
+Writers are raw psycopg connections ("psql", "another service"); the rules of ``_app.register`` log
+every firing into ``order_log`` in firing order.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import threading
+import uuid
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+
+import activedb
+from activedb.capture import CaptureNotEnabledWarning, ConsumerState, Step
+from activedb.events import EventKind, Origin
+from activedb.testing import Watchdog, wait_until
+from tests.capture import _app
+
+WATCHDOG_SECONDS = 60
+
+
+def log_rows(db) -> list[tuple]:
+    with db.engine.connect() as connection:
+        return [tuple(row) for row in connection.execute(sa.text(
+            "SELECT rule, kind, order_id, xid, commit_position, change_id FROM order_log ORDER BY id"))]
+
+
+def logged(db, rule: str = "log_change") -> list[tuple[str, int]]:
+    return [(kind, order_id) for name, kind, order_id, *_ in log_rows(db) if name == rule]
+
+
+def test_raw_sql_writers_fire_rules_once_per_committed_change_in_commit_order(clean, conninfo):
+    db = clean
+    _app.register(db)
+    first, second, third = (psycopg.connect(conninfo) for _ in range(3))
+    try:
+        # psql-style autocommit writes: one transaction each.
+        with psycopg.connect(conninfo, autocommit=True) as psql:
+            psql.execute("INSERT INTO orders (id, customer, amount) VALUES (1, 'ann', 10.50), (2, 'bob', 3)")
+        # Write order: first, then second; commit order: second, then first.
+        first.execute("UPDATE orders SET status = 'paid' WHERE id = 1")
+        first.execute("INSERT INTO orders (id, customer, amount) VALUES (3, 'ann', 1)")
+        second.execute("DELETE FROM orders WHERE id = 2")
+        second.commit()
+        first.commit()
+        # A transaction that rolls back: no event.
+        third.execute("INSERT INTO orders (id, customer, amount) VALUES (4, 'zed', 1)")
+        third.rollback()
+        # A savepoint rolled back inside a committed transaction: only what was kept.
+        third.execute("INSERT INTO orders (id, customer, amount) VALUES (5, 'cy', 2)")
+        with third.transaction():            # a savepoint
+            third.execute("INSERT INTO orders (id, customer, amount) VALUES (6, 'cy', 3)")
+            third.execute("SAVEPOINT inner_one")
+            third.execute("UPDATE orders SET status = 'held' WHERE id = 5")
+            third.execute("ROLLBACK TO SAVEPOINT inner_one")
+        third.commit()
+    finally:
+        for connection in (first, second, third):
+            connection.close()
+
+    consumer = db.capture.consumer(batch_size=1)      # batches split transactions
+    assert consumer.run_until_caught_up() == 7
+    assert logged(db) == [("inserted", 1), ("inserted", 2),        # psql
+                          ("deleted", 2),                          # second committed first
+                          ("updated", 1), ("inserted", 3),         # then first, in statement order
+                          ("inserted", 5), ("inserted", 6)]        # the savepoint's update rolled back
+    rows = log_rows(db)
+    positions = [row[4] for row in rows]
+    assert positions == sorted(positions) and len(set(positions)) == 4      # four committed transactions
+    assert len({row[5] for row in rows}) == len(rows)                       # each change once
+    assert consumer.run_until_caught_up() == 0                              # nothing delivered twice
+    with db.engine.connect() as connection:
+        totals = dict(connection.execute(sa.text("SELECT customer, total FROM order_totals")).all())
+    assert totals == {"ann": decimal.Decimal("11.50"), "bob": decimal.Decimal("3.00"), "cy": decimal.Decimal("5.00")}
+    statistics = db.rules.statistics().per_rule
+    assert statistics["log_change"].executed == 7 and statistics["running_total"].executed == 5
+
+
+def test_events_carry_old_and_new_rows_the_writers_xid_and_commit_order(clean, conninfo):
+    db = clean
+    seen = []
+
+    @db.rule(on=db.captured("orders"), coupling="detached")
+    def remember(tx, event):
+        seen.append(event)
+
+    with psycopg.connect(conninfo) as writer:
+        writer.execute("INSERT INTO orders (id, customer, amount) VALUES (7, 'dee', 1.25)")
+        writer.execute("UPDATE orders SET amount = 2.5 WHERE id = 7")
+        xid = int(writer.execute("SELECT pg_current_xact_id()::text").fetchone()[0])
+        writer.commit()
+    db.capture.consumer().run_until_caught_up()
+    inserted, updated = seen
+    assert inserted.kind is EventKind.INSERTED and inserted.origin is Origin.EXTERNAL
+    assert inserted.source == "orders" and inserted.key == 7 and inserted.old is None
+    assert inserted.new == {"id": 7, "customer": "dee", "amount": decimal.Decimal("1.25"), "status": "new"}
+    assert updated.kind is EventKind.UPDATED
+    assert updated.old["amount"] == decimal.Decimal("1.25") and updated.new["amount"] == decimal.Decimal("2.50")
+    assert inserted.transaction == updated.transaction == f"pg:{xid}"
+    assert inserted.payload["xid"] == xid
+    assert inserted.payload["commit_position"] == updated.payload["commit_position"]
+    assert inserted.payload["change_id"] < updated.payload["change_id"]
+    assert isinstance(inserted.payload["committed_at"], dt.datetime)
+
+
+def test_captured_rows_hold_the_values_an_activedb_read_gives(clean, conninfo):
+    db = clean
+    seen = {}
+
+    @db.rule(on=db.captured("typed_samples", "inserted"), coupling="detached")
+    def remember(tx, event):
+        seen[event.key] = event.new
+
+    with psycopg.connect(conninfo) as writer:
+        writer.execute(
+            "INSERT INTO typed_samples VALUES (1, -32768, 9223372036854775807, 12345678901234.123456, 0.1, true, "
+            "'text ''quoted'' é', '2024-02-29 23:59:59.123456+05:30', '2024-01-01 00:00:00', '2000-01-01', "
+            "'12:34:56.5', '1 day 02:03:04', '{\"a\": [1, 2.5, null], \"b\": {\"c\": \"d\"}}', "
+            "'12345678-1234-5678-1234-567812345678', '\\x00ff10', ARRAY['x', NULL, 'z'])")
+        writer.execute("INSERT INTO typed_samples (id) VALUES (2)")
+        writer.commit()
+    db.capture.consumer().run_until_caught_up()
+    for key in (1, 2):
+        assert seen[key] == db.run(lambda tx: tx.read("typed_samples", key))
+    assert seen[1]["exact"] == decimal.Decimal("12345678901234.123456")
+    assert seen[1]["span"] == dt.timedelta(days=1, hours=2, minutes=3, seconds=4)
+    assert seen[1]["uid"] == uuid.UUID("12345678-1234-5678-1234-567812345678")
+    assert seen[1]["blob"] == b"\x00\xff\x10" and seen[1]["tags"] == ["x", None, "z"]
+
+
+def test_changes_made_by_activedb_are_not_delivered_twice(clean, conninfo):
+    db = clean
+    _app.register(db)
+    in_process = []
+
+    @db.rule(on=db.inserted("orders"), coupling="immediate")
+    def own(tx, event):
+        in_process.append(event.key)
+
+    with db.transaction() as tx:
+        tx.insert("orders", id=20, customer="own", amount=1)
+        tx.write("orders", 20, status="paid")
+    db.run(lambda tx: tx.delete("orders", 20))
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (21, 'ext', 2)")
+    with db.engine.connect() as connection:
+        captured = connection.execute(sa.text("SELECT count(*) FROM activedb_capture_changes")).scalar()
+    assert captured == 1                                  # only the external insert
+    consumer = db.capture.consumer()
+    consumer.run_until_caught_up()
+    assert in_process == [20]
+    assert logged(db) == [("inserted", 21)]
+    # The consumer's own effects (order_log, order_totals) are activedb writes too: if they were captured
+    # tables they would raise in-process events only.  Capture one and run again.
+    db.capture("order_totals")
+    try:
+        with psycopg.connect(conninfo, autocommit=True) as psql:
+            psql.execute("INSERT INTO orders (id, customer, amount) VALUES (22, 'ext', 3)")
+        consumer.run_until_caught_up()
+        with db.engine.connect() as connection:
+            tables = connection.execute(sa.text("SELECT DISTINCT table_name FROM activedb_capture_changes")).scalars()
+            assert set(tables) <= {"orders"}
+    finally:
+        db.capture.remove("order_totals")
+
+
+DOCUMENTED_MESSAGE = ("rule 'audit': on captured inserted(orders) the writer's transaction has already committed "
+                      "when activedb hears of the change, so a rule with {coupling} coupling cannot run inside it; "
+                      "use coupling='detached' (detached_causally_dependent and sequential_causally_dependent are "
+                      "accepted and mean the same here). To react inside activedb's own transactions, declare the "
+                      "rule on db.inserted('orders')")
+
+
+@pytest.mark.parametrize("coupling", ["immediate", "deferred"])
+def test_an_immediate_or_deferred_rule_on_captured_changes_is_rejected_with_the_documented_message(clean, coupling):
+    db = clean
+    with pytest.raises(activedb.RuleError) as raised:
+        @db.rule(on=db.captured("orders", "inserted"), coupling=coupling)
+        def audit(tx, event):
+            pass
+    assert str(raised.value) == DOCUMENTED_MESSAGE.format(coupling=coupling)     # activedb/capture/README.md
+    assert "audit" not in db.rules.names()
+
+
+def test_exclusive_rules_on_captured_changes_are_rejected_and_the_detached_family_accepted(clean):
+    db = clean
+    with pytest.raises(activedb.RuleError, match="would never run"):
+        db.rule(on=db.captured("orders"), coupling="exclusive_causally_dependent")(lambda tx, event: None)
+    for number, coupling in enumerate(["detached", "detached_causally_dependent", "sequential_causally_dependent"]):
+        db.rule(on=db.captured("orders"), coupling=coupling, name=f"ok_{number}")(lambda tx, event: None)
+    assert {"ok_0", "ok_1", "ok_2"} <= set(db.rules.names())
+    with pytest.raises(activedb.RuleError, match="inserted, updated, deleted, modified"):
+        db.captured("orders", "signal")
+
+
+def test_a_rule_on_a_table_that_is_not_captured_warns(clean):
+    db = clean
+    with pytest.warns(CaptureNotEnabledWarning, match=r"db.capture\('order_log'\)"):
+        db.captured("order_log", "inserted")
+    with pytest.raises(activedb.UnknownTable):
+        db.captured("no_such_table")
+
+
+def test_a_failing_rule_is_a_dead_letter_and_the_others_go_on(clean, conninfo):
+    db = clean
+    _app.register(db)
+
+    @db.rule(on=db.captured("orders", "inserted"), coupling="detached", priority=5)
+    def picky(tx, event):
+        tx.insert("order_log", rule="picky", kind="before", order_id=event.key)   # discarded with the failure
+        if event.key == 31:
+            raise ValueError("no 31")
+
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (30, 'a', 1), (31, 'a', 1), (32, 'a', 1)")
+    consumer = db.capture.consumer()
+    assert consumer.run_until_caught_up() == 3
+    assert logged(db) == [("inserted", 30), ("inserted", 31), ("inserted", 32)]
+    assert logged(db, "picky") == [("before", 30), ("before", 32)]
+    with db.engine.connect() as connection:
+        letters = connection.execute(sa.text("SELECT query_id, reason, raw FROM activedb_dead_letters")).all()
+    [(query, reason, raw)] = letters
+    assert query == "capture:default" and "rule 'picky' failed" in reason and "no 31" in reason
+    assert raw["key"] == 31 and raw["rule"] == "picky" and raw["table"] == "orders"
+    assert consumer.statistics().failed == 1
+
+
+def test_a_change_whose_reactions_postgresql_refuses_becomes_a_dead_letter(clean, conninfo):
+    db = clean
+
+    @db.rule(on=db.captured("orders", "inserted"), coupling="detached")
+    def copy(tx, event):
+        # order_totals.total is numeric(14, 2): 10**13 does not fit — PostgreSQL refuses it at the flush.
+        amount = event.new["amount"] * (10 ** 12 if event.key == 42 else 1)
+        tx.insert("order_totals", customer=f"c{event.key}", total=amount, orders=1)
+
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES "
+                     "(40, 'a', 1), (41, 'a', 1), (42, 'a', 99), (43, 'a', 1), (44, 'a', 1)")
+    consumer = db.capture.consumer(batch_size=5)
+    assert consumer.run_until_caught_up() == 5
+    with db.engine.connect() as connection:
+        customers = connection.execute(sa.text("SELECT customer FROM order_totals ORDER BY 1")).scalars().all()
+        reasons = connection.execute(sa.text("SELECT reason FROM activedb_dead_letters")).scalars().all()
+    assert customers == ["c40", "c41", "c43", "c44"]
+    [reason] = reasons
+    assert "cannot be committed" in reason and "change" in reason
+
+
+def test_two_concurrent_writers_are_delivered_in_their_commit_order(clean, conninfo):
+    """Two writer threads insert concurrently, then each transaction takes a ticket (an UPDATE of one row,
+    locked until its commit) and stores it in its order: the ticket order is the commit order, whatever
+    order they wrote in.  The updates must arrive with increasing tickets, every insert before its update."""
+    db = clean
+    with psycopg.connect(conninfo, autocommit=True) as setup:
+        setup.execute("INSERT INTO order_totals (customer) VALUES ('ticket')")    # order_totals is not captured
+    seen: list[tuple[str, int, decimal.Decimal]] = []
+
+    @db.rule(on=db.captured("orders"), coupling="detached")
+    def remember(tx, event):
+        seen.append((event.kind.value, event.key, event.new["amount"]))
+
+    writers, per_writer = 2, 30
+    start = threading.Barrier(writers)
+    errors = []
+
+    def write(number: int) -> None:
+        try:
+            with psycopg.connect(conninfo) as connection:
+                start.wait(timeout=30)
+                for index in range(per_writer):
+                    order = number * 1000 + index
+                    connection.execute("INSERT INTO orders (id, customer, amount) VALUES (%s, 'w', 0)", (order,))
+                    ticket = connection.execute("UPDATE order_totals SET orders = orders + 1 WHERE customer = "
+                                                "'ticket' RETURNING orders").fetchone()[0]
+                    connection.execute("UPDATE orders SET amount = %s WHERE id = %s", (ticket, order))
+                    connection.commit()
+        except BaseException as error:   # reported by the main thread
+            errors.append(error)
+
+    with Watchdog(WATCHDOG_SECONDS, db.transactions.locks):
+        threads = [threading.Thread(target=write, args=(number,)) for number in range(writers)]
+        for thread in threads:
+            thread.start()
+        consumer = db.capture.start(idle_wait=0.2)
+        for thread in threads:
+            thread.join(WATCHDOG_SECONDS)
+        assert not errors
+        consumer.wait_caught_up(WATCHDOG_SECONDS)
+        consumer.stop()
+    assert len(seen) == 2 * writers * per_writer
+    tickets = [int(amount) for kind, _, amount in seen if kind == "updated"]
+    assert tickets == list(range(1, writers * per_writer + 1))
+    for position in range(0, len(seen), 2):        # each transaction: its insert, then its update
+        (first_kind, first_key, _), (second_kind, second_key, _) = seen[position:position + 2]
+        assert (first_kind, second_kind) == ("inserted", "updated") and first_key == second_key
+
+
+def test_consumers_of_one_name_never_both_handle_a_change_and_a_standby_takes_over(clean, conninfo):
+    db = clean
+    _app.register(db)
+    with Watchdog(WATCHDOG_SECONDS, db.transactions.locks):
+        first = db.capture.start(idle_wait=0.1)
+        wait_until(lambda: first.state is ConsumerState.LEADING, 30, "the first consumer leads")
+        second = db.capture.start(idle_wait=0.1)
+        wait_until(lambda: second.state is ConsumerState.STANDBY, 30, "the second consumer waits")
+        with psycopg.connect(conninfo) as writer:
+            for order in range(50, 80):
+                writer.execute("INSERT INTO orders (id, customer, amount) VALUES (%s, 'x', 1)", (order,))
+                writer.commit()
+        first.wait_caught_up(WATCHDOG_SECONDS)
+        assert second.state is ConsumerState.STANDBY and second.statistics().changes == 0
+        first.close()                                    # its session ends: the standby takes over
+        wait_until(lambda: second.state is ConsumerState.LEADING, 30, "the standby takes over")
+        with psycopg.connect(conninfo, autocommit=True) as psql:
+            psql.execute("INSERT INTO orders (id, customer, amount) VALUES (80, 'x', 1)")
+        second.wait_caught_up(WATCHDOG_SECONDS)
+        second.close()
+    assert logged(db) == [("inserted", order) for order in range(50, 81)]
+
+
+def test_a_batch_whose_position_moved_meanwhile_keeps_nothing(clean, conninfo, database_url):
+    """The leader loses its lock (its session is terminated) while its batch runs; another process's
+    consumer takes over and handles the changes; the first one's flush finds the position moved and keeps
+    nothing."""
+    db = clean
+
+    def log_only(database) -> None:        # inserts only: the batch's own validation finds nothing changed
+        database.rule(on=database.captured("orders", "inserted"), coupling="detached", name="log_change")(
+            lambda tx, event: tx.insert("order_log", rule="log_change", kind=event.kind.value, order_id=event.key))
+
+    log_only(db)
+    fired, release = threading.Event(), threading.Event()
+
+    def hold_after_rules(step: Step, detail: int) -> None:
+        if step is Step.FIRED and not fired.is_set():
+            fired.set()
+            assert release.wait(WATCHDOG_SECONDS)
+
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (90, 'x', 1), (91, 'x', 2)")
+    slow = db.capture.consumer(on_step=hold_after_rules)
+    result = {}
+    with Watchdog(WATCHDOG_SECONDS, db.transactions.locks):
+        runner = threading.Thread(target=lambda: result.setdefault("handled", slow.run_once()))
+        runner.start()
+        assert fired.wait(WATCHDOG_SECONDS)
+        with psycopg.connect(conninfo, autocommit=True) as admin:
+            terminated = admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                "AND classid = %s::bigint::oid AND objid = %s::bigint::oid", slow.leadership_lock).fetchall()
+            assert terminated == [(True,)]
+        with activedb.connect(database_url) as other_process:     # its own lock manager, as another process
+            log_only(other_process)
+            assert other_process.capture.consumer().run_until_caught_up() == 2
+        release.set()
+        runner.join(WATCHDOG_SECONDS)
+    assert result["handled"] == 0 and slow.statistics().conflicts == 1
+    assert logged(db) == [("inserted", 90), ("inserted", 91)]
+    assert slow.run_once() == 0                      # it reconnects: on standby or caught up, never twice
+    assert logged(db) == [("inserted", 90), ("inserted", 91)]
+
+
+def test_backlog_is_visible_a_consumer_far_behind_says_so_and_consumed_changes_are_pruned(clean, conninfo):
+    db = clean
+    _app.register(db)
+    status = db.capture.status()
+    assert status.installed and {table.name for table in status.tables} >= {"orders", "typed_samples"}
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) SELECT g, 'b', 1 FROM generate_series(100, 119) g")
+        psql.execute("INSERT INTO typed_samples (id) VALUES (100)")
+    status = db.capture.status()
+    assert not status.consumers and status.retained_changes == 21
+    assert {table.table: table.changes for table in status.unconsumed} == {"orders": 20, "typed_samples": 1}
+    assert any("no consumer" in line for line in status.warnings())
+
+    keeper = db.capture.consumer("keeper", batch_size=5, retention=dt.timedelta(hours=1), prune_interval=0)
+    keeper.run_once()
+    status = db.capture.status(behind_changes=10)
+    [backlog] = status.consumers
+    assert backlog.name == "keeper" and backlog.changes == 16 and backlog.behind
+    assert {table.table: table.changes for table in backlog.tables} == {"orders": 15, "typed_samples": 1}
+    assert any("'keeper' is far behind: 16 changes wait" in line for line in status.warnings())
+    keeper.run_until_caught_up()
+    status = db.capture.status(behind_changes=10)
+    assert status.consumers[0].changes == 0 and not status.consumers[0].behind and not status.warnings()
+    assert status.retained_changes == 21                      # kept for an hour
+    assert db.capture.prune(retention=dt.timedelta(hours=1)) == 0
+    assert db.capture.prune() == 1                            # everything below the consumer's position
+    assert db.capture.status().retained_changes == 1          # the commit at its position stays
+
+    keeper.close()
+    pruning = db.capture.consumer("keeper", prune_interval=0)
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (120, 'b', 1)")
+    pruning.run_until_caught_up()
+    assert db.capture.status().retained_changes == 1
+    db.capture.drop_consumer("keeper")
+    assert db.capture.status().consumers == ()
+
+
+def test_capture_can_be_turned_on_and_off_at_run_time(clean, conninfo):
+    db = clean
+    seen = []
+    captured = db.capture("order_log")
+    assert captured.name == "order_log" and captured.trigger_installed and db.capture.is_captured("order_log")
+
+    @db.rule(on=db.captured("order_log", "inserted"), coupling="detached")
+    def remember(tx, event):
+        seen.append(event.new["rule"])
+
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("INSERT INTO order_log (rule, kind) VALUES ('external', 'x')")
+        db.capture.remove("order_log")
+        assert not db.capture.is_captured("order_log")
+        psql.execute("INSERT INTO order_log (rule, kind) VALUES ('not captured', 'x')")
+    db.capture.consumer().run_until_caught_up()
+    assert seen == []                      # removing capture dropped the change not yet consumed
+    with pytest.raises(activedb.UnknownTable):
+        db.capture("no_such_table")
+
+
+def test_deferred_rules_fired_by_a_captured_rule_run_before_the_next_change_is_handled(clean, conninfo):
+    """A deferred in-process rule fired by a captured rule's action runs when that firing's transaction
+    commits — before the next change's firing (so firings do not share one subtransaction then)."""
+    db = clean
+
+    @db.rule(on=db.captured("orders", "inserted"), coupling="detached")
+    def first(tx, event):
+        tx.insert("order_log", rule="first", kind="inserted", order_id=event.key)
+
+    @db.rule(on=db.inserted("order_log"), when=lambda tx, event: event.new["rule"] == "first", coupling="deferred")
+    def then(tx, event):
+        tx.insert("order_log", rule="then", kind="inserted", order_id=event.new["order_id"])
+
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (60, 'a', 1), (61, 'a', 1)")
+    db.capture.consumer().run_until_caught_up()
+    assert [(rule, order) for rule, _, order, *_ in log_rows(db)] == [("first", 60), ("then", 60),
+                                                                      ("first", 61), ("then", 61)]
+
+
+def test_run_until_caught_up_waits_for_the_lead_in_postgresql(clean, conninfo):
+    db = clean
+    _app.register(db)
+    leader = db.capture.consumer()
+    assert leader.run_until_caught_up() == 0 and leader.state is ConsumerState.LEADING
+    other = db.capture.consumer()
+    with pytest.raises(activedb.capture.CaptureError, match="on standby"):
+        other.run_until_caught_up(lead_timeout=0.2)
+    with psycopg.connect(conninfo, autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (70, 'x', 1)")
+    leader.close()
+    assert other.run_until_caught_up(lead_timeout=30) == 1 and other.state is ConsumerState.LEADING

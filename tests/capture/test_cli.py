@@ -1,0 +1,58 @@
+"""``activedb capture status|enable|disable|consume`` (in-process, through click's runner)."""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+from click.testing import CliRunner
+
+import activedb
+from activedb.cli import main
+from tests.capture import _app
+from tests.capture.conftest import MIGRATIONS, libpq
+
+APP_FILE = _app.__file__
+
+
+def test_capture_commands_show_the_backlog_and_consume_it(database_url):
+    database = activedb.connect(database_url)
+    database.upgrade_app(MIGRATIONS, "c0001")        # tables, not yet captured
+    database.close()
+    runner = CliRunner()
+
+    def cli(*args: str):
+        result = runner.invoke(main, ["--url", database_url, "capture", *args], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    assert "no table is captured" in cli("status")
+    assert "capturing orders" in cli("enable", "orders")
+    _app.run_workload(libpq(database_url), _app.workload(seed=3, transactions=6))
+    output = cli("status")
+    assert "orders" in output and "no consumer" in output
+    document = json.loads(cli("status", "--json"))
+    pending = document["unconsumed"][0]["changes"]
+    assert document["tables"][0]["name"] == "orders" and pending > 0 and document["warnings"]
+
+    output = cli("consume", APP_FILE, "--until-caught-up", "--batch-size", "4")
+    assert f"handled {pending:,} changes" in output
+    document = json.loads(cli("status", "--json", "--behind-changes", "0"))
+    [consumer] = document["consumers"]
+    assert consumer["name"] == "default" and consumer["handled"] == pending and not consumer["behind"]
+    assert document["warnings"] == []
+
+    with psycopg.connect(libpq(database_url), autocommit=True) as psql:
+        psql.execute("INSERT INTO orders (id, customer, amount) VALUES (9999, 'late', 1)")
+    document = json.loads(cli("status", "--json", "--behind-changes", "0"))
+    assert document["consumers"][0]["behind"] and "far behind" in document["warnings"][0]
+    assert "BEHIND" in cli("status", "--behind-changes", "0")
+
+    # consume upgraded the app's migrations (_app.MIGRATIONS), whose head captures typed_samples too.
+    assert "no longer capturing typed_samples" in cli("disable", "orders", "typed_samples")
+    assert "no table is captured" in cli("status")
+
+
+def test_consume_names_a_missing_application_clearly(database_url):
+    result = CliRunner().invoke(main, ["--url", database_url, "capture", "consume", "no_such_app_module"])
+    assert result.exit_code == 1 and "no module named 'no_such_app_module'" in result.output

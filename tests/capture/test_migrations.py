@@ -1,0 +1,97 @@
+"""Capture is part of the schema history: an application's revision enables it, its downgrade removes
+everything it installed; activedb's own revision ``0004_capture`` round-trips too."""
+
+from __future__ import annotations
+
+import psycopg
+import sqlalchemy as sa
+
+import activedb
+from activedb import _migrate
+from tests.capture.conftest import MIGRATIONS, libpq
+
+
+def schema_objects(db) -> set[str]:
+    """Every table, index, sequence, trigger, constraint and function of the public schema, by name."""
+    with db.engine.connect() as connection:
+        return set(connection.execute(sa.text("""
+            SELECT 'relation:' || relname FROM pg_class
+             WHERE relnamespace = 'public'::regnamespace AND relkind IN ('r', 'S', 'i', 'v')
+            UNION ALL
+            SELECT 'trigger:' || tgrelid::regclass || ':' || tgname FROM pg_trigger WHERE NOT tgisinternal
+            UNION ALL
+            SELECT 'constraint:' || conrelid::regclass || ':' || conname FROM pg_constraint
+             WHERE connamespace = 'public'::regnamespace
+            UNION ALL
+            SELECT 'function:' || proname FROM pg_proc WHERE pronamespace = 'public'::regnamespace
+        """)).scalars())
+
+
+def rows(db, sql: str) -> list[tuple]:
+    with db.engine.connect() as connection:
+        return [tuple(row) for row in connection.execute(sa.text(sql))]
+
+
+def test_the_applications_capture_revision_round_trips(database_url):
+    db = activedb.connect(database_url)
+    try:
+        db.upgrade_app(MIGRATIONS, "c0001")
+        before = schema_objects(db)
+        db.upgrade_app(MIGRATIONS, "c0002")
+        installed = schema_objects(db) - before
+        assert installed == {"trigger:orders:activedb_capture", "trigger:typed_samples:activedb_capture"}
+        assert rows(db, "SELECT table_name FROM activedb_capture_tables ORDER BY 1") == [("orders",),
+                                                                                         ("typed_samples",)]
+        with psycopg.connect(libpq(database_url), autocommit=True) as psql:
+            psql.execute("INSERT INTO orders (id, customer, amount) VALUES (1, 'a', 1)")
+            psql.execute("INSERT INTO order_log (rule, kind) VALUES ('not', 'captured')")
+        assert rows(db, "SELECT table_name FROM activedb_capture_changes") == [("orders",)]
+
+        db.downgrade_app(MIGRATIONS, "c0001")
+        assert schema_objects(db) == before
+        assert rows(db, "SELECT count(*) FROM activedb_capture_tables") == [(0,)]
+        assert rows(db, "SELECT count(*) FROM activedb_capture_changes") == [(0,)]
+        assert rows(db, "SELECT count(*) FROM activedb_capture_commits") == [(0,)]
+        with psycopg.connect(libpq(database_url), autocommit=True) as psql:
+            psql.execute("INSERT INTO orders (id, customer, amount) VALUES (2, 'a', 1)")
+        assert rows(db, "SELECT count(*) FROM activedb_capture_changes") == [(0,)]
+
+        db.upgrade_app(MIGRATIONS, "c0002")
+        assert schema_objects(db) - before == installed
+    finally:
+        db.close()
+
+
+def test_activedbs_capture_revision_round_trips_and_takes_the_per_table_triggers_with_it(database_url):
+    db = activedb.connect(database_url)
+    try:
+        db.upgrade_app(MIGRATIONS, "c0002")          # capture on, from the application's revision
+        with_capture = schema_objects(db)
+        db.downgrade("0003_removed_rules_and_replays")
+        without = schema_objects(db)
+        assert not {name for name in without if "activedb_capture" in name}
+        assert with_capture - without >= {"relation:activedb_capture_changes", "function:activedb_capture_row",
+                                          "trigger:orders:activedb_capture",
+                                          "trigger:activedb_transaction_log:activedb_capture_own_writes"}
+        # The application's downgrade still works once activedb's capture tables are gone (idempotent).
+        db.downgrade_app(MIGRATIONS, "c0001")
+        # Enabling capture without activedb's tables says what to do.
+        try:
+            db.upgrade_app(MIGRATIONS, "c0002")
+        except activedb.MigrationError as error:
+            assert "capture tables are missing" in str(error)
+        else:
+            raise AssertionError("enable_capture ran without activedb's capture tables")
+        db.upgrade("head")
+        assert db.current_revision() == _migrate.head() == "0004_capture"
+        db.upgrade_app(MIGRATIONS, "c0002")
+        assert schema_objects(db) == with_capture
+    finally:
+        db.close()
+
+
+def test_capture_revisions_print_as_offline_sql():
+    activedbs = _migrate.offline_sql("postgresql+psycopg://", "upgrade", "head")
+    assert "CREATE CONSTRAINT TRIGGER activedb_capture_sequence" in activedbs
+    assert "DROP TABLE activedb_capture_changes" in _migrate.offline_sql(
+        "postgresql+psycopg://", "downgrade", "0004_capture:0003_removed_rules_and_replays")

@@ -1,0 +1,296 @@
+"""Seed 000 Example 4 (S2PL) and Example 5 (LWM) on the engine, as named steps; and the
+deliberately broken schedulers the Definition 6 checker must catch.
+
+One health-care worker, Q1/R1 as printed and Q2 (``tests/streams/conftest.py``), the
+sub-stream ``exit^2, enter^10, exit^15`` (Example 5 adds ``enter^18``).  Each
+s-transaction runs on a worker thread; :class:`Gates` holds chosen ones at the
+scheduler's hooks (``started``: spawned, nothing done yet; ``finishing``: its queries and
+rules ran, it still holds every lock) until the test opens the gate.  What each step
+waits for is read from the lock table and from the lock manager's one wait-for graph —
+observable state, no sleeps — under a watchdog.
+
+Why ``enter^10`` waits for ``exit^2`` before it even asks for a lock: ``exit^2`` may change
+Q1's partition of the worker (an EXIT is buffered for ``SEQ(EXIT, !SANITIZE, ENTER)``), and
+``enter^10`` is matched on the state ``exit^2`` commits (an edge of kind ``stream-order``).
+Example 4's lock waits (``xl2`` behind ``sl1``, ``sl3`` behind ``xl2``) are checked in the
+lock table at the same moments.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from activedb import streams
+from activedb.testing import StreamAnomaly, Watchdog, check_stream_history, wait_until
+from tests.streams.conftest import badge, hygiene_engine, set_status, statuses
+
+TIMEOUT = 20
+EXAMPLE = [badge("EXIT", 2, location="room1"), badge("ENTER", 10, location="room2"),
+           badge("EXIT", 15, location="room2")]
+
+
+class Gates(streams.SchedulerHooks):
+    """Holds s-transactions (by event, e.g. ``ENTER^10``) at a hook until opened."""
+
+    def __init__(self, *held: tuple[str, str]):
+        self._gates = {point: threading.Event() for point in held}
+        self._reached: set[tuple[str, str]] = set()
+        self._mutex = threading.Lock()
+
+    def started(self, stransaction) -> None:
+        self._at(stransaction, "started")
+
+    def finishing(self, stransaction) -> None:
+        self._at(stransaction, "finishing")
+
+    def _at(self, stransaction, point: str) -> None:
+        key = (stransaction.event.describe(), point)
+        with self._mutex:
+            self._reached.add(key)
+        gate = self._gates.get(key)
+        if gate is not None and not gate.wait(TIMEOUT):
+            raise AssertionError(f"gate {key} was never opened")
+
+    def reached(self, event: str, point: str) -> bool:
+        with self._mutex:
+            return (event, point) in self._reached
+
+    def open(self, event: str, point: str) -> None:
+        self._gates[(event, point)].set()
+
+    def open_all(self) -> None:
+        for gate in self._gates.values():
+            gate.set()
+
+
+class Feed:
+    """``engine.feed`` on a thread of its own (the dispatcher); ``join`` returns its result."""
+
+    def __init__(self, engine, events):
+        self.outcome: dict = {}
+        self.thread = threading.Thread(target=self._run, args=(engine, events), name="dispatcher", daemon=True)
+        self.thread.start()
+
+    def _run(self, engine, events) -> None:
+        try:
+            self.outcome["result"] = engine.feed(events, punctuation=streams.END_OF_STREAM)
+        except BaseException as error:      # noqa: BLE001 - re-raised by join
+            self.outcome["error"] = error
+
+    def join(self):
+        self.thread.join(TIMEOUT)
+        assert not self.thread.is_alive(), "the batch did not end"
+        if "error" in self.outcome:
+            raise self.outcome["error"]
+        return self.outcome["result"]
+
+
+def reads(engine, origin: str) -> dict:
+    return {op.ts: (op.value or {}).get("status") for op in engine.history.snapshot()
+            if op.kind == "read" and op.origin == origin}
+
+
+def request_of(scheduler, ts):
+    """The (only) lock request of the s-transaction at ``ts`` on the worker's row."""
+    (request,) = [request for request in scheduler.last_lock_table.requests("workerstatus")
+                  if request.owner.ts == ts]
+    return request
+
+
+def edge(db, waiter, target) -> str | None:
+    """The kind of the wait-for graph's edge between two s-transactions' subtransactions."""
+    if waiter.node is None or target.node is None:
+        return None                       # not spawned yet
+    graph = db.transactions.locks.wait_for_graph()
+    data = graph.get_edge_data(waiter.node.id, target.node.id)
+    return data.get("kind") if data else None
+
+
+def no_aborts(engine) -> bool:
+    return all(op.operation == "committed" for op in engine.history.snapshot() if op.kind == "end")
+
+
+def test_example_4_under_s2pl(db):
+    set_status(db, w1="safe")
+    gates = Gates(("EXIT^2", "finishing"), ("ENTER^10", "finishing"))
+    scheduler = streams.S2PLScheduler(hooks=gates)
+    engine = hygiene_engine(db, scheduler=scheduler)
+    deadlocks = db.transactions.locks.statistics().deadlocks
+
+    # Algorithm 1's lock sets: T1 = {sl1}, T2 = {sl2, xl2}, T3 = {sl3} (sl2 is part of xl2).
+    plans = {event.describe(): engine.access_plan(event) for event in EXAMPLE}
+    row = streams.Resource("workerstatus", ("w1",))
+    assert (plans["EXIT^2"].reads, plans["EXIT^2"].writes) == ({row}, frozenset())
+    assert (plans["ENTER^10"].reads, plans["ENTER^10"].writes) == ({row}, {row})
+    assert (plans["EXIT^15"].reads, plans["EXIT^15"].writes) == ({row}, frozenset())
+
+    with Watchdog(TIMEOUT, db.transactions.locks):
+        feed = Feed(engine, EXAMPLE)
+        # Step 1: T1 read at 2 and holds sl1; T2 and T3 are open and wait for it.
+        wait_until(lambda: gates.reached("EXIT^2", "finishing"), TIMEOUT, "T1 to finish its read")
+        sl1, xl2, sl3 = (request_of(scheduler, ts) for ts in (2, 10, 15))
+        assert [sl1.describe(), xl2.describe(), sl3.describe()] == [
+            "sl_S0(workerstatus['w1'])", "xl_S1(workerstatus['w1'])", "sl_S2(workerstatus['w1'])"]
+        assert sl1.held and not xl2.held
+        assert scheduler.last_lock_table.blocking(xl2) is sl1.owner      # xl2 delayed until T1 releases
+        assert scheduler.last_lock_table.blocking(sl3) is xl2.owner      # sl3 queued behind xl2: no overtaking
+        wait_until(lambda: edge(db, xl2.owner, sl1.owner) == "stream-order"
+                   and edge(db, sl3.owner, sl1.owner) == "stream-order", TIMEOUT, "T2 and T3 to wait for T1")
+
+        # Step 2: T1 ends; T2 reads safe at 10, R1 writes warning; T2 holds xl2.
+        gates.open("EXIT^2", "finishing")
+        wait_until(lambda: gates.reached("ENTER^10", "finishing"), TIMEOUT, "T2 to finish")
+        # T3 now waits for T2's xl2 — a lock wait, an edge of the one wait-for graph.
+        wait_until(lambda: edge(db, sl3.owner, xl2.owner) == "stream-s2pl", TIMEOUT, "sl3 to wait for xl2")
+        assert [(wait.waiter, wait.blocker) for wait in scheduler.last_lock_table.waits()] == [("S2", "S1")]
+        assert 15 not in reads(engine, "Q2")
+
+        # Step 3: T2 ends; sl3 is granted and Q2 reads warning at 15.
+        gates.open("ENTER^10", "finishing")
+        result = feed.join()
+
+    assert [(output.query, output.ts) for output in result.outputs] == [("Q1", 10)]
+    assert reads(engine, "Q2") == {2: "safe", 15: "warning"}
+    assert statuses(db) == {"w1": "warning"}
+    check_stream_history(engine.history.snapshot()).assert_ok()
+    assert no_aborts(engine) and db.transactions.locks.statistics().deadlocks == deadlocks
+    statistics = scheduler.statistics()
+    assert statistics.lock_waits == 1 and statistics.order_waits == 2
+
+
+def test_example_5_under_lwm(db):
+    set_status(db, w1="safe")
+    events = [*EXAMPLE, badge("ENTER", 18, location="room1")]
+    gates = Gates(("EXIT^2", "finishing"), ("ENTER^10", "finishing"), ("EXIT^15", "finishing"))
+    scheduler = streams.LWMScheduler(hooks=gates)
+    engine = hygiene_engine(db, scheduler=scheduler)
+    deadlocks = db.transactions.locks.statistics().deadlocks
+
+    with Watchdog(TIMEOUT, db.transactions.locks):
+        feed = Feed(engine, events)
+        # While T2 (enter^10) is open, sl1 is granted: Q2 reads at 2 and sees (-inf, safe).
+        wait_until(lambda: gates.reached("EXIT^2", "finishing") and gates.reached("ENTER^10", "started"), TIMEOUT,
+                   "T1 to read while T2 is open")
+        table = scheduler.last_lock_table
+        owners = {request.owner.ts: request.owner for request in table.requests("workerstatus")}
+        assert table.lwm("workerstatus", ("w1",)) is owners[10]          # lwm = 10
+        assert reads(engine, "Q2") == {2: "safe"}
+
+        # T1 ends; T2 reads safe at 10 and writes (10, warning); it still holds its write lock.
+        gates.open("EXIT^2", "finishing")
+        wait_until(lambda: gates.reached("ENTER^10", "finishing"), TIMEOUT, "T2 to write")
+        # sl3^15 is delayed by the lwm although the version (10, warning) exists: T2 may still write.
+        wait_until(lambda: edge(db, owners[15], owners[10]) == "stream-lwm", TIMEOUT, "sl3 to wait for the lwm")
+        assert 15 not in reads(engine, "Q2")
+
+        # T2 ends: the lwm becomes 18 (enter^18's write lock), sl3^15 is granted and reads (10, warning).
+        gates.open("ENTER^10", "finishing")
+        wait_until(lambda: gates.reached("EXIT^15", "finishing"), TIMEOUT, "T3 to read")
+        assert table.lwm("workerstatus", ("w1",)) is owners[18]           # lwm = 18
+        assert reads(engine, "Q2") == {2: "safe", 15: "warning"}
+        gates.open("EXIT^15", "finishing")
+        result = feed.join()
+
+    history = engine.history.snapshot()
+    (read_15,) = [op for op in history if op.kind == "read" and op.origin == "Q2" and op.ts == 15]
+    (write_10,) = [op for op in history if op.kind == "write" and op.ts == 10]
+    assert read_15.value == {"workerid": "w1", "status": "warning"} and read_15.read_from == write_10.sequence
+    assert reads(engine, "Q1") == {10: "safe", 18: "warning"}     # enter^18 reads after T2: no second match
+    assert [(output.query, output.ts) for output in result.outputs] == [("Q1", 10)]
+    assert statuses(db) == {"w1": "warning"}
+    check_stream_history(history).assert_ok()
+    assert no_aborts(engine) and db.transactions.locks.statistics().deadlocks == deadlocks
+    assert scheduler.statistics().versions_written == 1
+
+
+def test_lwm_reads_never_block_writes_and_see_the_older_version(db):
+    """A Read at 1 held back until after a Write at 5 committed still sees the value before
+    it (multi-versioning); under S2PL the same Write waits for the Read instead."""
+    for name, scheduler_class in (("lwm", streams.LWMScheduler), ("s2pl", streams.S2PLScheduler)):
+        set_status(db, w1="safe")
+        gates = Gates(("A^1", "started"))
+        scheduler = scheduler_class(hooks=gates)
+        engine = streams.StreamEngine(db, name=f"rw-{name}", scheduler=scheduler, record_history=True)
+        engine.create_stream("s", types=("A", "B"), attributes=("HCW-ID",))
+        engine.define("""
+            CREATE QUERY QA PATTERN SEQ(A) WHERE 'safe' = (SELECT status FROM workerStatus WHERE workerID = A.HCW-ID)
+            RETURN A.HCW-ID
+            CREATE QUERY QB PATTERN SEQ(B) RETURN B.HCW-ID
+            CREATE RULE RB ON OUTPUT QB BEGIN UPDATE workerStatus SET status = 'warning' WHERE workerID = NEW.HCW-ID END
+        """)
+        events = [streams.StreamEvent("A", 1, {"HCW-ID": "w1"}), streams.StreamEvent("B", 5, {"HCW-ID": "w1"})]
+        with Watchdog(TIMEOUT, db.transactions.locks):
+            feed = Feed(engine, events)
+            wait_until(lambda: gates.reached("A^1", "started"), TIMEOUT, "the reader to be held")
+            writer = request_of(scheduler, 5)
+            if name == "lwm":
+                wait_until(lambda: any(op.kind == "end" and op.ts == 5 for op in engine.history.snapshot()),
+                           TIMEOUT, "the write at 5 to commit while the read at 1 is open")
+            else:
+                reader = request_of(scheduler, 1)
+                wait_until(lambda: edge(db, writer.owner, reader.owner) == "stream-s2pl", TIMEOUT,
+                           "the write at 5 to wait for the read at 1")
+            gates.open("A^1", "started")
+            result = feed.join()
+        assert [output.query for output in result.outputs] == ["QA", "QB"]    # the read at 1 saw safe
+        check_stream_history(engine.history.snapshot()).assert_ok()
+        assert statuses(db) == {"w1": "warning"}
+
+
+class OvertakingS2PL(streams.S2PLLockTable):
+    """Broken on purpose: waits only for conflicting requests already *held*, so a later
+    compatible read passes an earlier waiting write."""
+
+    def blocker(self, request, mode):
+        for other in self._tables[request.table].requests:
+            if (other.owner is not request.owner and other.held and not other.owner.ended
+                    and (other.key is None or request.key is None or other.key == request.key)
+                    and (other.mode is streams.LockMode.WRITE or request.mode is streams.LockMode.WRITE)):
+                return other.owner, False
+        return None, False
+
+
+class ReadAboveLWM(streams.LWMLockTable):
+    """Broken on purpose: grants every Read, even above the low-water mark."""
+
+    def blocker(self, request, mode):
+        if mode is streams.LockMode.READ:
+            return None, False
+        return super().blocker(request, mode)
+
+
+@pytest.mark.parametrize("scheduler_class, broken", [
+    (streams.S2PLScheduler, None), (streams.S2PLScheduler, OvertakingS2PL),
+    (streams.LWMScheduler, None), (streams.LWMScheduler, ReadAboveLWM)],
+    ids=["s2pl", "s2pl-overtaking", "lwm", "lwm-read-above-lwm"])
+def test_the_checker_catches_broken_schedulers(db, scheduler_class, broken):
+    """T2 (enter^10) is held before it does anything; T3 (exit^15) then asks to read.  A
+    correct scheduler makes T3 wait for T2's write; a broken one lets T3 read the value
+    from before T2's write — the write-too-late of Example 3, which the checker reports."""
+    set_status(db, w1="safe")
+    gates = Gates(("ENTER^10", "started"))
+    scheduler = scheduler_class(hooks=gates, lock_table=broken)
+    engine = hygiene_engine(db, scheduler=scheduler)
+    with Watchdog(TIMEOUT, db.transactions.locks):
+        feed = Feed(engine, EXAMPLE)
+        wait_until(lambda: gates.reached("ENTER^10", "started"), TIMEOUT, "T2 to be held")
+        t2, t3 = request_of(scheduler, 10).owner, request_of(scheduler, 15).owner
+        if broken is None:
+            wait_until(lambda: edge(db, t3, t2) == scheduler.lock_table_class.kind, TIMEOUT, "T3 to wait for T2")
+        else:
+            wait_until(lambda: gates.reached("EXIT^15", "finishing"), TIMEOUT, "T3 to read past T2")
+        gates.open("ENTER^10", "started")
+        feed.join()
+    report = check_stream_history(engine.history.snapshot())
+    if broken is None:
+        report.assert_ok()
+        assert reads(engine, "Q2") == {2: "safe", 15: "warning"}
+    else:
+        assert reads(engine, "Q2") == {2: "safe", 15: "safe"}
+        assert [(violation.kind, violation.clause) for violation in report.violations] == [
+            (StreamAnomaly.WRITE_TOO_LATE, "(1)")]
+        (violation,) = report.violations
+        assert (violation.read.origin, violation.read.ts) == ("Q2", 15)
+        assert (violation.write.origin, violation.write.ts) == ("R1", 10)
