@@ -12,6 +12,16 @@ hand or from the batches before it:
 | ratio of aborting vertices | aborted / declared transactions of the previous batches (EWMA)     |
 | computation complexity     | seconds per operation execution of the previous batches (EWMA)     |
 
+Rule 0 (ours, before the paper's three): **whether to explore a TPG at all.**  Exploring buys
+concurrency: several executor threads running ready operations at once.  Under the GIL, with
+operations that hold it (Python functions), one thread is all a process has, and a TPG then
+only adds planning and bookkeeping to the serial order it must reproduce anyway: the model picks
+the lean serial executor (``_lean.py``), and real parallelism comes from splitting the batch
+into components over processes (rule 4), each part lean.  The reasons it gives carry the
+costs it measured (seconds per operation, lean and TPG — planning included — from the batches
+that ran each way); should a TPG ever measure cheaper than lean here, it picks the TPG.
+``strategy="tpg"`` skips rule 0 and applies the paper's rules to the graph just built:
+
 Rules (the paper's three, thresholds calibrated on this machine by ``activedb bench tpg``;
 see the package README for the figures they come from):
 
@@ -29,6 +39,7 @@ Thread-safety: :class:`DecisionModel` is updated by one batch at a time (the own
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +47,11 @@ from activedb.batch._plan import Tpg, has_group_cycle
 from activedb.batch._strategy import AbortMode, Exploration, Granularity, Strategy
 
 __all__ = ["Decision", "DecisionModel", "TpgProperties", "measure"]
+
+
+def _gil_enabled() -> bool:
+    check = getattr(sys, "_is_gil_enabled", None)     # CPython 3.13+ (free-threaded builds)
+    return True if check is None else bool(check())
 
 # Thresholds (see the README's "Decision model" section for the measurements behind them).
 MIN_DEPENDENCIES_PER_OP = 0.8     # rule 1: (TD + PD + LD) / operations
@@ -91,6 +107,26 @@ class DecisionModel:
     seconds_per_op: float | None = None
     batches: int = 0
     history: list[str] = field(default_factory=list)
+    lean_seconds_per_op: float | None = None      # measured by batches run lean
+    tpg_seconds_per_op: float | None = None       # measured by batches run on a TPG
+
+    def choose_execution(self, threads: int = 1, gil: bool | None = None) -> tuple[str, tuple[str, ...]]:
+        """Rule 0: ``("lean", reasons)`` or ``("tpg", reasons)``.  ``threads``: executor threads
+        available to explore a TPG (this executor explores on one); ``gil``: whether they share
+        one interpreter lock (default: what this interpreter says)."""
+        if gil is None:
+            gil = _gil_enabled()
+        measured = ", ".join(f"{name} {value * 1e6:.2f} us/op" for name, value in
+                             (("lean", self.lean_seconds_per_op), ("TPG", self.tpg_seconds_per_op))
+                             if value is not None) or "no batch measured yet"
+        lean, tpg = self.lean_seconds_per_op, self.tpg_seconds_per_op
+        if lean is not None and tpg is not None and tpg < lean:
+            return "tpg", (f"TPG: measured cheaper per operation than lean ({measured})",)
+        if threads <= 1 or gil:
+            return "lean", (f"lean serial: {threads} executor thread{'s' if threads != 1 else ''}"
+                            f"{' under the GIL' if gil else ''} — exploring a TPG buys no concurrency here, only "
+                            f"planning ({measured}); processes split components (rule 4)",)
+        return "tpg", (f"TPG: {threads} threads without a shared interpreter lock ({measured})",)
 
     def decide(self, tpg: Tpg) -> Decision:
         values = measure(tpg)
@@ -140,8 +176,19 @@ class DecisionModel:
             return False, f"expected work {expected * 1e3:.1f} ms is below the hand-off cost"
         return True, f"largest bin {largest_share:.0%} of the operations"
 
-    def observe(self, transactions: int, aborted: int, executions: int, seconds: float) -> None:
-        """Feed back what a batch measured (used by the next batch's decision)."""
+    def observe(self, transactions: int, aborted: int, executions: int, seconds: float, *, lean: bool = False,
+                total_seconds: float | None = None) -> None:
+        """Feed back what a batch measured (used by the next batch's decision): ``seconds`` of
+        execution for ``executions`` operation runs; ``total_seconds`` with planning; ``lean``:
+        it ran on the lean executor (else on a TPG)."""
+        if executions:
+            cost = (seconds if total_seconds is None else total_seconds) / executions
+            if lean:
+                self.lean_seconds_per_op = cost if self.lean_seconds_per_op is None else (
+                    (1 - SMOOTHING) * self.lean_seconds_per_op + SMOOTHING * cost)
+            else:
+                self.tpg_seconds_per_op = cost if self.tpg_seconds_per_op is None else (
+                    (1 - SMOOTHING) * self.tpg_seconds_per_op + SMOOTHING * cost)
         if transactions:
             ratio = aborted / transactions
             self.abort_ratio = ratio if self.batches == 0 else (1 - SMOOTHING) * self.abort_ratio + SMOOTHING * ratio

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from activedb.batch.errors import DeclarationError, UnknownEventType
 
@@ -81,23 +81,29 @@ class OpKind(enum.Enum):
 _WRITING = frozenset({OpKind.WRITE, OpKind.WINDOW_WRITE, OpKind.ND_WRITE})
 
 
-@dataclass(frozen=True, slots=True)
-class BatchEvent:
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+class BatchEvent(NamedTuple):
     """One event of a batch, as declaring functions see it.  ``position`` is its index in the
-    batch as given; ``ts`` its application time (None: the position stands for it)."""
+    batch as given; ``ts`` its application time (None: the position stands for it).
+
+    Immutable (a named tuple: cheap to make, to pickle and to read — a batch makes one per event)."""
 
     event_type: str
     key: Any = None
     ts: Any = None
-    payload: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    payload: Mapping[str, Any] = _EMPTY
     position: int = 0
 
 
-@dataclass(slots=True)
-class OpSpec:
+class OpSpec(NamedTuple):
     """One declared state-access operation.  ``key`` is None for a non-deterministic op (its
     ``key_fn`` computes it); ``params`` are the ``(table, key)`` states its function reads
-    (besides its own row); ``size`` is the window size (event-time units) of window ops."""
+    (besides its own row); ``size`` is the window size (event-time units) of window ops;
+    ``state`` is ``(table, key)`` (None for a non-deterministic op).
+
+    A named tuple: a batch makes one per declared operation, so it is cheap to make."""
 
     kind: OpKind
     table: str
@@ -109,66 +115,105 @@ class OpSpec:
     reason: str | None = None
     name: str | None = None
     candidates: tuple[Any, ...] | None = None   # ND ops: the keys it may access, if known
+    state: tuple[str, Any] | None = None
 
-    @property
-    def state(self) -> tuple[str, Any] | None:
-        return None if self.key is None else (self.table, self.key)
+
+_new_spec = tuple.__new__
+_READ, _WRITE, _CHECK = OpKind.READ, OpKind.WRITE, OpKind.CHECK
+
+
+def _bad_pair(pair: Any, what: str) -> DeclarationError:
+    if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)):
+        return DeclarationError(f"{what} must be (table, key) pairs, got {pair!r}; "
+                                f"write reads=[('accounts', 7)] for the row 7 of table accounts")
+    if pair[1] is None:
+        return DeclarationError(f"a key in {what} is None; name the row by a scalar or a tuple")
+    return DeclarationError(f"the key {pair[1]!r} in {what} is not hashable; use a scalar or a tuple")
 
 
 def _state(pair: Any, what: str) -> tuple[str, Any]:
-    if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)):
-        raise DeclarationError(f"{what} must be (table, key) pairs, got {pair!r}; "
-                               f"write reads=[('accounts', 7)] for the row 7 of table accounts")
-    try:
-        hash(pair[1])
-    except TypeError:
-        raise DeclarationError(f"the key {pair[1]!r} in {what} is not hashable; use a scalar or a tuple") from None
-    return pair
+    if type(pair) is tuple and len(pair) == 2 and type(pair[0]) is str and pair[1] is not None:
+        try:
+            hash(pair[1])
+        except TypeError:
+            raise _bad_pair(pair, what) from None
+        return pair
+    if isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str) and pair[1] is not None:
+        return _state((str(pair[0]), pair[1]), what)
+    raise _bad_pair(pair, what)
 
 
 class Ops:
-    """The recorder a declaring function fills; one per event.  Not thread-safe (one event)."""
+    """The recorder a declaring function fills; one per event.  Not thread-safe (one event).
 
-    __slots__ = ("event", "specs", "_written")
+    ``windowed`` is set when the event declared a window operation (the lean executor then
+    keeps the versions windows read)."""
+
+    __slots__ = ("event", "specs", "_written", "windowed")
 
     def __init__(self, event: BatchEvent) -> None:
         self.event = event
         self.specs: list[OpSpec] = []
-        self._written: set[tuple[str, Any]] = set()
+        self._written: set[tuple[str, Any]] | None = None
+        self.windowed = False
 
     def _params(self, reads: Iterable[Any], own: tuple[str, Any] | None, what: str) -> tuple:
         params = []
         for pair in reads:
-            pair = _state(pair, what)
+            if type(pair) is tuple and len(pair) == 2 and type(pair[0]) is str and pair[1] is not None:
+                try:
+                    hash(pair[1])
+                except TypeError:
+                    raise _bad_pair(pair, what) from None
+            else:
+                pair = _state(pair, what)
             if pair != own and pair not in params:
                 params.append(pair)
         return tuple(params)
 
     def _check_key(self, table: str, key: Any) -> tuple[str, Any]:
-        if not isinstance(table, str):
-            raise DeclarationError(f"a table is named by a string, got {table!r}")
+        if type(table) is not str:
+            if not isinstance(table, str):
+                raise DeclarationError(f"a table is named by a string, got {table!r}")
+            table = str(table)
         return _state((table, key), "an operation's row")
 
     def _claim(self, state: tuple[str, Any]) -> None:
-        if state in self._written:
+        written = self._written
+        if written is None:
+            self._written = {state}
+            return
+        if state in written:
             raise DeclarationError(
                 f"event {self.event.event_type!r} at position {self.event.position} writes {state!r} twice; "
                 f"a state transaction writes a row at most once: compute both changes in one write function")
-        self._written.add(state)
+        written.add(state)
 
     def read(self, table: str, key: Any, *, name: str | None = None) -> None:
         """READ(table, key): the row as of before this transaction becomes output ``name``."""
-        self._check_key(table, key)
-        self.specs.append(OpSpec(OpKind.READ, table, key, name=name or f"{table}[{key!r}]"))
+        state = self._check_key(table, key)
+        self.specs.append(_new_spec(OpSpec, (_READ, state[0], key, (), None, None, None, None,
+                                             name or f"{table}[{key!r}]", None, state)))
 
     def write(self, table: str, key: Any, fn: Callable[..., Any], *, reads: Iterable[Any] = (),
               name: str | None = None) -> None:
         """WRITE(table, key, fn(own, *reads)): ``fn`` gets the row's image and the images of
         ``reads`` (in order, own row excluded) and returns the columns to set (a mapping),
         :data:`DELETE`, or raises :class:`Abort`.  The written row is the output ``name`` if given."""
-        state = self._check_key(table, key)
-        self._claim(state)
-        self.specs.append(OpSpec(OpKind.WRITE, table, key, self._params(reads, state, "reads"), fn=fn, name=name))
+        # The hot path of declaring: the checks of _check_key and _claim, inlined.
+        state = (table, key) if type(table) is str and key is not None else self._check_key(table, key)
+        written = self._written
+        try:
+            if written is None:
+                self._written = {state}
+            elif state in written:
+                self._claim(state)
+            else:
+                written.add(state)
+        except TypeError:
+            raise _bad_pair(state, "an operation's row") from None
+        self.specs.append(_new_spec(OpSpec, (_WRITE, state[0], key, self._params(reads, state, "reads") if reads
+                                             else (), fn, None, None, None, name, None, state)))
 
     def abort_if(self, predicate: Callable[..., bool], *, reads: Iterable[Any], reason: str) -> None:
         """Abort the transaction with ``reason`` if ``predicate(*images of reads)`` is true."""
@@ -176,8 +221,8 @@ class Ops:
         if not pairs:
             raise DeclarationError("abort_if needs at least one (table, key) in reads")
         own = pairs[0]
-        self.specs.append(OpSpec(OpKind.CHECK, own[0], own[1], self._params(pairs[1:], own, "reads"),
-                                 fn=predicate, reason=reason))
+        self.specs.append(_new_spec(OpSpec, (_CHECK, own[0], own[1], self._params(pairs[1:], own, "reads"),
+                                             predicate, None, None, reason, None, None, own)))
 
     def window_read(self, table: str, keys: Iterable[Any], *, size: Any, aggregate: Callable[..., Any],
                     name: str | None = None) -> None:
@@ -188,8 +233,9 @@ class Ops:
             raise DeclarationError("window_read needs at least one key")
         own = self._check_key(table, keys[0])
         params = self._params([(table, key) for key in keys[1:]], own, "keys")
-        self.specs.append(OpSpec(OpKind.WINDOW_READ, table, keys[0], params, fn=aggregate, size=size,
-                                 name=name or f"window:{table}"))
+        self.windowed = True
+        self.specs.append(OpSpec(OpKind.WINDOW_READ, own[0], keys[0], params, fn=aggregate, size=size,
+                                 name=name or f"window:{table}", state=own))
 
     def window_write(self, table: str, key: Any, fn: Callable[..., Any], *, over: Iterable[Any], size: Any,
                      name: str | None = None) -> None:
@@ -200,25 +246,44 @@ class Ops:
         over = [_state(pair, "over") for pair in over]
         if not over:
             raise DeclarationError("window_write needs at least one (table, key) in over")
-        spec = OpSpec(OpKind.WINDOW_WRITE, table, key, tuple(dict.fromkeys(over)), fn=fn, size=size, name=name)
-        self.specs.append(spec)
+        self.windowed = True
+        self.specs.append(OpSpec(OpKind.WINDOW_WRITE, state[0], key, tuple(dict.fromkeys(over)), fn=fn, size=size,
+                                 name=name, state=state))
 
     def read_any(self, table: str, key_fn: Callable[..., Any], *, reads: Iterable[Any] = (),
                  candidates: Iterable[Any] | None = None, name: str | None = None) -> None:
         """Non-deterministic READ(f*): the key is ``key_fn(*images of reads)`` at run time.
         ``candidates`` (optional) bounds the keys it may yield; without it, any row of ``table``."""
+        self._check_key(table, 0)
         self.specs.append(OpSpec(OpKind.ND_READ, table, None, self._params(reads, None, "reads"), key_fn=key_fn,
-                                 candidates=None if candidates is None else tuple(candidates),
-                                 name=name or f"any:{table}"))
+                                 candidates=_candidates(table, candidates), name=name or f"any:{table}"))
 
     def write_any(self, table: str, key_fn: Callable[..., Any], fn: Callable[..., Any], *,
                   reads: Iterable[Any] = (), candidates: Iterable[Any] | None = None,
                   name: str | None = None) -> None:
         """Non-deterministic WRITE(f1*, f2*): key ``key_fn(*images of reads)``, value
         ``fn(own, *images of reads)`` as for :meth:`write`."""
+        self._check_key(table, 0)
         self.specs.append(OpSpec(OpKind.ND_WRITE, table, None, self._params(reads, None, "reads"), fn=fn,
-                                 key_fn=key_fn, candidates=None if candidates is None else tuple(candidates),
-                                 name=name))
+                                 key_fn=key_fn, candidates=_candidates(table, candidates), name=name))
+
+
+def _candidates(table: str, candidates: Iterable[Any] | None) -> tuple[Any, ...] | None:
+    if candidates is None:
+        return None
+    keys = tuple(candidates)
+    for key in keys:
+        _state((table, key), "candidates")
+    return keys
+
+
+def unknown_event_type(event_type: Any) -> UnknownEventType:
+    return UnknownEventType(f"no state transaction is declared for event type {event_type!r}; "
+                            f"declare one with @transactions.on({event_type!r})")
+
+
+def no_operation(event_type: Any) -> DeclarationError:
+    return DeclarationError(f"the state transaction of {event_type!r} declared no operation")
 
 
 class StateTransactions:
@@ -260,15 +325,23 @@ class StateTransactions:
     def declare(self, event: BatchEvent) -> list[OpSpec]:
         """Run the declaring function of ``event``; raises UnknownEventType, DeclarationError,
         or whatever the function raised."""
+        return self.declare_ops(event).specs
+
+    def declare_ops(self, event: BatchEvent) -> Ops:
+        """As :meth:`declare`, returning the filled recorder (``specs``, ``windowed``)."""
         function = self._declarations.get(event.event_type)
         if function is None:
-            raise UnknownEventType(f"no state transaction is declared for event type {event.event_type!r}; "
-                                   f"declare one with @transactions.on({event.event_type!r})")
+            raise unknown_event_type(event.event_type)
         ops = Ops(event)
         function(event, ops)
         if not ops.specs:
-            raise DeclarationError(f"the state transaction of {event.event_type!r} declared no operation")
-        return ops.specs
+            raise no_operation(event.event_type)
+        return ops
+
+    @property
+    def declarations(self) -> Mapping[str, Callable[[BatchEvent, Ops], None]]:
+        """Event type → declaring function (read-only view)."""
+        return MappingProxyType(self._declarations)
 
     def __getstate__(self):
         return {"name": self.name, "processes": 1, "_declarations": self._declarations, "_runtime": None}

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from activedb.batch._declare import BatchEvent
 
 __all__ = ["BatchResult", "BatchStatistics", "TransactionResult"]
 
 
-@dataclass(frozen=True)
-class TransactionResult:
-    """One declared state transaction: committed with its outputs, or aborted with why."""
+class TransactionResult(NamedTuple):
+    """One declared state transaction: committed with its outputs, or aborted with why.
+    Immutable (a named tuple: a batch makes one per event)."""
 
     event: BatchEvent
     committed: bool
@@ -47,20 +47,53 @@ class BatchStatistics:
     decision: tuple[str, ...] = ()  # the decision model's reasons (empty for fixed strategies)
 
 
-@dataclass
 class BatchResult:
     """``transactions`` in timestamp order; ``rejected`` = events that could not be declared
     (unknown type, a declaring function that raised); ``final`` = the last version of every
     state written by a committed transaction (None = deleted); ``before`` = their images
-    before the batch."""
+    before the batch.
 
-    transactions: list[TransactionResult]
-    rejected: list[tuple[BatchEvent, str]]
-    final: dict[tuple[str, Any], dict | None]
-    before: dict[tuple[str, Any], dict | None]
-    strategy: str
-    statistics: BatchStatistics | None = None
-    notes: list[str] = field(default_factory=list)
+    A batch keeps its outcomes compactly — the timestamps of its declared transactions, the
+    reasons of the aborted ones, the outputs of those that have any — and makes the
+    :class:`TransactionResult` objects only when ``transactions``, ``committed`` or ``aborted``
+    is first read (a sink that stores dead letters and counts never makes them).
+    Thread-safety: read-only once returned; the lazy list is made at most once per thread race
+    (the same list either way)."""
+
+    def __init__(self, events: list[BatchEvent], ts: list[int], aborted: dict[int, str], outputs: dict[int, dict],
+                 rejected: list[tuple[BatchEvent, str]], final: dict[tuple[str, Any], dict | None],
+                 before: dict[tuple[str, Any], dict | None], strategy: str,
+                 statistics: BatchStatistics | None = None, notes: list[str] | None = None) -> None:
+        self._events = events          # the batch, by timestamp (events[t])
+        self._ts = ts                  # timestamps of the declared transactions, ascending
+        self._aborted = aborted        # t -> reason
+        self._outputs = outputs        # t -> outputs (committed transactions with outputs)
+        self._transactions: list[TransactionResult] | None = None
+        self.rejected = rejected
+        self.final = final
+        self.before = before
+        self.strategy = strategy
+        self.statistics = statistics
+        self.notes = notes if notes is not None else []
+
+    @property
+    def transactions(self) -> list[TransactionResult]:
+        if self._transactions is None:
+            events, aborted, outputs = self._events, self._aborted, self._outputs
+            new = tuple.__new__
+            self._transactions = [
+                new(TransactionResult, (events[t], False, aborted[t], {})) if t in aborted
+                else new(TransactionResult, (events[t], True, None, outputs[t] if t in outputs else {}))
+                for t in self._ts]
+        return self._transactions
+
+    @property
+    def committed_count(self) -> int:
+        return len(self._ts) - len(self._aborted)
+
+    @property
+    def aborted_count(self) -> int:
+        return len(self._aborted)
 
     @property
     def committed(self) -> list[TransactionResult]:
@@ -73,9 +106,14 @@ class BatchResult:
     @property
     def dead_letters(self) -> list[tuple[BatchEvent, str]]:
         """Every event without effect, with the reason, in batch position order."""
-        letters = [(result.event, result.reason or "aborted") for result in self.aborted] + list(self.rejected)
+        events = self._events
+        letters = [(events[t], reason or "aborted") for t, reason in self._aborted.items()] + list(self.rejected)
         return sorted(letters, key=lambda letter: letter[0].position)
 
     def changes(self) -> dict[tuple[str, Any], dict | None]:
         """The states whose final image differs from the image before the batch."""
         return {state: image for state, image in self.final.items() if self.before.get(state) != image}
+
+    def __repr__(self) -> str:
+        return (f"<BatchResult {self.strategy}: {self.committed_count} committed, {self.aborted_count} aborted, "
+                f"{len(self.rejected)} rejected, {len(self.final)} rows written>")

@@ -1,33 +1,44 @@
-"""One batch, in memory: declare → plan → decide → execute (in this process or split over
-worker processes) → :class:`~activedb.batch._result.BatchResult`.
+"""One batch, in memory: declare → decide → execute (lean, the reference, or a TPG strategy; in
+this process or split over worker processes) → :class:`~activedb.batch._result.BatchResult`.
 
-The store integration (``_store.py``) wraps this with prefetching and writing back; tests
-and benchmarks call it directly with a dict of base images.
+Strategies: ``"auto"`` (the decision model: the lean serial executor unless the batch splits
+over processes; see ``_decide.py``), ``"lean"`` (the lean executor, ``_lean.py``), ``"serial"``
+(the reference, ``_execute.run_serial``), ``"tpg"`` (build the TPG and let the decision model
+pick the three dimensions), or a fixed :class:`~activedb.batch._strategy.Strategy`.
+
+The store integrations (``_store.py``, ``_commit.py``) wrap this with loading and writing;
+tests and benchmarks call it directly with a dict of base images.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import gc
+import operator
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from activedb.batch._declare import BatchEvent, OpKind, OpSpec, StateTransactions
-from activedb.batch._decide import DecisionModel, measure
-from activedb.batch._execute import ExecutionStatistics, TpgExecutor, TxnOutcome, run_serial
-from activedb.batch._parallel import WorkerPool, bins_of, components_of
+from activedb.batch._declare import BatchEvent, OpSpec, StateTransactions
+from activedb.batch._decide import DecisionModel
+from activedb.batch._execute import ExecutionStatistics, TpgExecutor, run_serial
+from activedb.batch._lean import RouteMissed, run_lean, time_of
+from activedb.batch._parallel import WorkerPool
 from activedb.batch._plan import Tpg, Txn, build_tpg
-from activedb.batch._result import BatchResult, BatchStatistics, TransactionResult
+from activedb.batch._result import BatchResult, BatchStatistics
+from activedb.batch._route import Allowed, Router, route, touched_states
 from activedb.batch._state import VersionTable
 from activedb.batch._strategy import Strategy, parse_strategy
 from activedb.batch.errors import WorkerFailed
 
-__all__ = ["Prepared", "Runtime", "execute", "normalise_events", "ping", "prepare"]
+__all__ = ["AUTO", "LEAN", "Prepared", "Runtime", "SERIAL", "TPG", "execute", "execute_batch", "normalise_events",
+           "ping", "prepare", "run_in_memory", "runtime_of"]
 
-SERIAL = "serial"
 AUTO = "auto"
+LEAN = "lean"
+SERIAL = "serial"
+TPG = "tpg"
+_MODES = (AUTO, LEAN, SERIAL, TPG)
 
 
 def ping() -> bool:
@@ -36,11 +47,14 @@ def ping() -> bool:
 
 
 class Runtime:
-    """Per :class:`StateTransactions`: the decision model's memory and the worker pool."""
+    """Per :class:`StateTransactions`: the decision model's memory, the route plans, the worker
+    pool, and whether its batches have window operations (the lean executor then keeps versions)."""
 
     def __init__(self, processes: int) -> None:
         self.model = DecisionModel()
+        self.router = Router()
         self.pool = WorkerPool(processes - 1) if processes > 1 else None
+        self.versions = False
 
     def close(self) -> None:
         if self.pool is not None:
@@ -55,10 +69,19 @@ def runtime_of(transactions: StateTransactions) -> Runtime:
 
 # --- events ---------------------------------------------------------------------------------
 
+_new_event = tuple.__new__
+
+
 def _as_batch_event(event: Any, position: int) -> BatchEvent:
+    if type(event) is dict:
+        kind = event.get("event_type")
+        if kind is None:
+            kind = event.get("type")
+        payload = event.get("payload")
+        return _new_event(BatchEvent, (kind, event.get("key"), event.get("ts"), dict(payload) if payload else {},
+                                       position))
     if isinstance(event, BatchEvent):
-        return event if event.position == position else BatchEvent(event.event_type, event.key, event.ts,
-                                                                   event.payload, position)
+        return event if event.position == position else event._replace(position=position)
     if isinstance(event, Mapping):
         kind = event.get("event_type", event.get("type"))
         return BatchEvent(kind, event.get("key"), event.get("ts"), dict(event.get("payload") or {}), position)
@@ -69,55 +92,44 @@ def _as_batch_event(event: Any, position: int) -> BatchEvent:
                       dict(getattr(event, "payload", None) or {}), position)
 
 
+_by_ts = operator.itemgetter(2)
+
+
 def normalise_events(events: Iterable[Any]) -> list[BatchEvent]:
     """Events as :class:`BatchEvent` in timestamp order: stably sorted by ``ts`` when every
     event has one (out-of-order arrival, C1 of the paper), else in the order given.
     Accepts BatchEvents, ``spark_bridge`` RawEvents (``event_type, key, ts, payload``),
     stream ``activedb.Event``s, and mappings with those keys."""
     batch = [_as_batch_event(event, position) for position, event in enumerate(events)]
-    if batch and all(event.ts is not None for event in batch):
+    if batch and all(event[2] is not None for event in batch):
         try:
-            batch.sort(key=lambda event: event.ts)
+            batch.sort(key=_by_ts)
         except TypeError:
             pass   # incomparable timestamps: keep arrival order
     return batch
 
 
-def _time_of(event: BatchEvent) -> Any:
-    if event.ts is None:
-        return event.position
-    if isinstance(event.ts, dt.datetime):
-        return event.ts.timestamp()
-    return event.ts
-
-
-# --- declaring ------------------------------------------------------------------------------
+# --- declaring (for the reference and the TPG strategies) -----------------------------------
 
 @dataclass
 class Prepared:
     """A declared batch: ``txns[i]``/``specs[i]`` for the i-th declared event in timestamp
-    order (``txns[i].t`` its timestamp in the whole batch); ``times[t]`` its event time."""
+    order (``txns[i].t`` its timestamp in the whole batch); ``times[t]`` its event time;
+    ``batch`` = every event in timestamp order (``batch[t]``)."""
 
     txns: list[Txn]
     specs: list[list[OpSpec]]
     rejected: list[tuple[BatchEvent, str]]
     times: list[Any]
     seconds: float
+    batch: list[BatchEvent] = field(default_factory=list)
 
     def touched(self) -> list[list[tuple[str, Any]]]:
         """Per transaction, the states it touches (ND without candidates: a table marker)."""
         result = []
         for declared in self.specs:
-            states = []
-            for spec in declared:
-                if spec.key is not None:
-                    states.append((spec.table, spec.key))
-                elif spec.candidates is not None:
-                    states.extend((spec.table, key) for key in spec.candidates)
-                else:
-                    states.append(("#table", spec.table))
-                states.extend(spec.params)
-            result.append(states)
+            states, unbounded = touched_states(declared)
+            result.append(states + [("#table", table) for table in unbounded])
         return result
 
     def states_by_table(self) -> dict[str, list[Any]]:
@@ -128,6 +140,14 @@ class Prepared:
                 if table != "#table":
                     tables.setdefault(table, {})[key] = None
         return {table: list(keys) for table, keys in tables.items()}
+
+    def declared(self) -> dict[int, list[OpSpec] | str]:
+        """``t`` → the specs of the event at ``t``, or the reason it was rejected."""
+        result: dict[int, list[OpSpec] | str] = {txn.t: specs for txn, specs in zip(self.txns, self.specs)}
+        positions = {event.position: t for t, event in enumerate(self.batch)}
+        for event, reason in self.rejected:
+            result[positions[event.position]] = reason
+        return result
 
 
 class _NoCyclicGc:
@@ -144,37 +164,71 @@ class _NoCyclicGc:
             gc.enable()
 
 
-def prepare(transactions: StateTransactions, events: Iterable[Any]) -> Prepared:
+def prepare(transactions: StateTransactions, events: Iterable[Any], *, normalised: bool = False) -> Prepared:
     """PRE_PROCESS: normalise and declare every event; events that cannot be declared are
     rejected with the reason (they become dead letters)."""
     with _NoCyclicGc():
-        return _prepare(transactions, events)
+        started = time.perf_counter()
+        batch = list(events) if normalised else normalise_events(events)
+        return _declare_all(transactions, list(enumerate(batch)), batch, None, started)
 
 
-def _prepare(transactions: StateTransactions, events: Iterable[Any]) -> Prepared:
-    started = time.perf_counter()
-    batch = normalise_events(events)
-    times = [_time_of(event) for event in batch]
+def _declare_all(transactions: StateTransactions, items: list[tuple[int, BatchEvent]], batch: list[BatchEvent],
+                 declared: Mapping[int, Any] | None, started: float) -> Prepared:
     txns: list[Txn] = []
     specs: list[list[OpSpec]] = []
     rejected: list[tuple[BatchEvent, str]] = []
     declare = transactions.declare
-    for t, event in enumerate(batch):
-        try:
-            declared = declare(event)
-        except Exception as error:
-            rejected.append((event, f"{type(error).__name__}: {error}"))
+    for t, event in items:
+        known = declared.get(t) if declared is not None else None
+        if known is None:
+            try:
+                known = declare(event)
+            except Exception as error:
+                known = f"{type(error).__name__}: {error}"
+        if type(known) is str:
+            rejected.append((event, known))
             continue
-        txns.append(Txn(t, event, times[t]))
-        specs.append(declared)
-    return Prepared(txns, specs, rejected, times, time.perf_counter() - started)
+        txns.append(Txn(t, event, time_of(event)))
+        specs.append(known)
+    times = _Times(batch)
+    return Prepared(txns, specs, rejected, times, time.perf_counter() - started, batch)
 
 
-# --- executing ------------------------------------------------------------------------------
+class _Times:
+    """``times[t]``: the time of the event at ``t`` (computed on demand)."""
+
+    __slots__ = ("_batch", "_cache")
+
+    def __init__(self, batch: list[BatchEvent]) -> None:
+        self._batch = batch
+        self._cache: dict[int, Any] = {}
+
+    def __getitem__(self, t: int) -> Any:
+        value = self._cache.get(t)
+        if value is None:
+            value = self._cache[t] = time_of(self._batch[t])
+        return value
+
+    def __len__(self) -> int:
+        return len(self._batch)
+
+    def __iter__(self):
+        return (self[t] for t in range(len(self._batch)))
+
+
+# --- one part of a batch --------------------------------------------------------------------
 
 @dataclass
 class _Part:
-    outcomes: list[TxnOutcome]
+    """What one process computed for its transactions (picklable: no events, no functions):
+    ``ts`` = the timestamps of its declared transactions (ascending), ``aborted`` = t → reason,
+    ``outputs`` = t → outputs of committed transactions that have any, ``rejected`` = (t, reason)."""
+
+    ts: list[int]
+    aborted: dict[int, str]
+    outputs: dict[int, dict]
+    rejected: list[tuple[int, str]]
     final: dict
     before: dict
     strategy: str
@@ -182,12 +236,24 @@ class _Part:
     execution: ExecutionStatistics | None
     plan: dict[str, Any]
     seconds: dict[str, float]
+    executions: int = 0
+    versions: bool = False
 
 
-def _plan_counts(tpg: Tpg | None, txns: list[Txn], specs: list[list[OpSpec]]) -> dict[str, Any]:
+def _compact(outcomes) -> tuple[list[int], dict[int, str], dict[int, dict]]:
+    ts, aborted, outputs = [], {}, {}
+    for outcome in outcomes:
+        ts.append(outcome.t)
+        if not outcome.committed:
+            aborted[outcome.t] = outcome.reason
+        elif outcome.outputs:
+            outputs[outcome.t] = outcome.outputs
+    return ts, aborted, outputs
+
+
+def _plan_counts(tpg: Tpg | None, operations: int, states: int = 0) -> dict[str, Any]:
     if tpg is None:
-        operations = sum(len(declared) for declared in specs)
-        return {"operations": operations, "td": 0, "pd": 0, "ld": 0, "nd": 0, "window": 0, "states": 0,
+        return {"operations": operations, "td": 0, "pd": 0, "ld": 0, "nd": 0, "window": 0, "states": states,
                 "busiest": 0, "on_states": 0}
     counts = tpg.ops_per_state
     return {"operations": len(tpg.ops), "td": tpg.td_edges, "pd": tpg.pd_edges, "ld": tpg.ld_pairs,
@@ -195,28 +261,46 @@ def _plan_counts(tpg: Tpg | None, txns: list[Txn], specs: list[list[OpSpec]]) ->
             "busiest": max(counts.values(), default=0), "on_states": sum(counts.values())}
 
 
-def _run_part(txns: list[Txn], specs: list[list[OpSpec]], base: Mapping, loader, strategy: str | Strategy,
-              times: list[Any], model: DecisionModel) -> _Part:
+def _run_part(transactions: StateTransactions, mode: str | Strategy, batch: list[BatchEvent],
+              items: list[tuple[int, BatchEvent]], declared: Mapping[int, Any] | None, base: Mapping, loader,
+              allowed, model: DecisionModel, versions: bool) -> _Part:
+    """Run ``items`` (``(t, event)``) with ``mode``."""
     seconds: dict[str, float] = {}
-    table = VersionTable(base, times=times, loader=loader)
-    if strategy == SERIAL:
+    if mode == LEAN:
+        lean = run_lean(transactions.declarations, items, base, loader=loader, declared=declared,
+                        versions=versions, allowed=allowed)
+        seconds["execute"] = lean.seconds
+        positions = {event.position: t for t, event in items} if lean.rejected else {}
+        return _Part(lean.ts, lean.aborted, lean.outputs,
+                     [(positions[event.position], reason) for event, reason in lean.rejected], lean.final,
+                     lean.before, LEAN, (), None, _plan_counts(None, lean.operations, lean.states), seconds,
+                     lean.executions, lean.versions)
+    started = time.perf_counter()
+    prepared = _declare_all(transactions, items, batch, declared, started)
+    seconds["declare"] = prepared.seconds
+    positions = {event.position: t for t, event in items} if prepared.rejected else {}
+    rejected = [(positions[event.position], reason) for event, reason in prepared.rejected]
+    table = VersionTable(base, times=prepared.times, loader=_checked_loader(loader, allowed))
+    txns, specs = prepared.txns, prepared.specs
+    operations = sum(len(declared_specs) for declared_specs in specs)
+    if mode == SERIAL:
         started = time.perf_counter()
         outcomes = run_serial(txns, specs, table)
         seconds["execute"] = time.perf_counter() - started
         final = table.final()
-        return _Part(outcomes, final, {state: table.base(state) for state in final}, SERIAL, (), None,
-                     _plan_counts(None, txns, specs), seconds)
+        return _Part(*_compact(outcomes), rejected, final, {state: table.base(state) for state in final}, SERIAL, (),
+                     None, _plan_counts(None, operations), seconds, operations)
     started = time.perf_counter()
     tpg = build_tpg(txns, specs)
     seconds["plan"] = time.perf_counter() - started
     decision: tuple[str, ...] = ()
-    if strategy == AUTO:
+    if mode == TPG:
         started = time.perf_counter()
         chosen = model.decide(tpg)
         seconds["decide"] = time.perf_counter() - started
         chosen_strategy, decision = chosen.strategy, chosen.reasons
     else:
-        chosen_strategy = parse_strategy(strategy)
+        chosen_strategy = parse_strategy(mode)
     executor = TpgExecutor(tpg, chosen_strategy, table)
     statistics = executor.run()
     started = time.perf_counter()
@@ -224,96 +308,207 @@ def _run_part(txns: list[Txn], specs: list[list[OpSpec]], base: Mapping, loader,
     tpg.release(executor.units)
     seconds["execute"] = statistics.seconds + time.perf_counter() - started
     final = table.final()
-    return _Part(outcomes, final, {state: table.base(state) for state in final}, chosen_strategy.name, decision,
-                 statistics, _plan_counts(tpg, txns, specs), seconds)
+    return _Part(*_compact(outcomes), rejected, final, {state: table.base(state) for state in final},
+                 chosen_strategy.name, decision, statistics, _plan_counts(tpg, operations), seconds,
+                 statistics.executions)
 
 
-def run_in_worker(transactions: StateTransactions, events: list[BatchEvent], ts: list[int], base: dict,
-                  strategy: str, times: list[Any], model_state: tuple) -> _Part:
-    """Worker-process entry: re-declare ``events`` (timestamps ``ts``), plan, execute."""
-    txns, specs = [], []
-    for t, event in zip(ts, events):
-        specs.append(transactions.declare(event))
-        txns.append(Txn(t, event, times[t]))
-    model = DecisionModel(abort_ratio=model_state[0], seconds_per_op=model_state[1], batches=model_state[2])
+def _checked_loader(loader, allowed):
+    if allowed is None:
+        return loader
+
+    def load(table, key):
+        if (table, key) not in allowed:
+            raise RouteMissed((table, key), -1)
+        return loader(table, key) if loader is not None else None
+
+    return load
+
+
+def run_in_worker(transactions: StateTransactions, shipped: list[tuple], base: dict, absent: list, tables: tuple,
+                  mode: str, model_state: tuple, versions: bool) -> _Part:
+    """Worker-process entry: ``shipped`` = ``(t, event_type, key, ts, payload, position)`` per
+    transaction (ascending ``t``); ``base`` = the images of the part's states, ``absent`` = its
+    states without a row, ``tables`` = unbounded tables (none: those parts stay in the caller)."""
     with _NoCyclicGc():
-        return _run_part(txns, specs, base, None, strategy, times, model)
+        items = [(item[0], _new_event(BatchEvent, item[1:])) for item in shipped]
+        allowed = Allowed(set(base).union(absent), tables)
+        batch = _Sparse(items)
+        model = DecisionModel(abort_ratio=model_state[0], seconds_per_op=model_state[1], batches=model_state[2])
+        try:
+            part = _run_part(transactions, mode, batch, items, None, base, None, allowed, model, versions)
+        except RouteMissed as missed:
+            return _Missed(missed.state, missed.t)
+        part.before = None      # the caller has the images before the batch: not shipped back
+        return part
 
 
-def execute(transactions: StateTransactions, prepared: Prepared, base: Mapping[tuple[str, Any], dict | None],
-            *, loader: Callable[[str, Any], dict | None] | None = None, strategy: str | Strategy = AUTO,
+class _Sparse:
+    """``batch[t]`` for the ``(t, event)`` pairs a worker has."""
+
+    __slots__ = ("_events",)
+
+    def __init__(self, items: list[tuple[int, BatchEvent]]) -> None:
+        self._events = dict(items)
+
+    def __getitem__(self, t: int) -> BatchEvent:
+        return self._events[t]
+
+    def __len__(self) -> int:
+        return len(self._events)
+
+
+@dataclass
+class _Missed:
+    """A part's prediction missed (the worker's answer instead of a part)."""
+
+    state: Any
+    t: int
+
+
+# --- a batch --------------------------------------------------------------------------------
+
+def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base: Mapping[tuple[str, Any], Any], *,
+                  loader: Callable[[str, Any], Any] | None = None, declared: Mapping[int, Any] | None = None,
+                  strategy: str | Strategy = AUTO, processes: int | None = None, split: str = "auto",
+                  declare_seconds: float = 0.0) -> BatchResult:
+    """Run the normalised ``batch`` (``batch[t]``, timestamp order) over ``base`` (images before
+    the batch; missing states come from ``loader`` or are absent rows).  ``declared[t]``: specs
+    (or a rejection reason) already known for the event at ``t``.  ``processes`` defaults to the
+    object's; ``split``: ``"auto"`` (the decision model's rule), ``"always"`` (whenever the batch
+    has two components or more and processes are allowed), ``"never"``."""
+    with _NoCyclicGc():
+        return _execute(transactions, batch, base, loader, declared, strategy, processes, split, declare_seconds)
+
+
+def execute(transactions: StateTransactions, prepared: Prepared, base: Mapping[tuple[str, Any], Any], *,
+            loader: Callable[[str, Any], Any] | None = None, strategy: str | Strategy = AUTO,
             processes: int | None = None, split: str = "auto") -> BatchResult:
-    """Run a declared batch over ``base`` (images before the batch; missing states come from
-    ``loader`` or are absent rows).  ``strategy``: ``"auto"`` (decision model), ``"serial"``
-    (reference), or a :class:`Strategy` / its name.  ``processes`` defaults to the object's.
-    ``split``: ``"auto"`` (the decision model's rule 4), ``"always"`` (whenever the batch has
-    two components or more and processes are allowed), ``"never"``."""
-    with _NoCyclicGc():
-        return _execute(transactions, prepared, base, loader, strategy, processes, split)
+    """:func:`execute_batch` for an already declared batch."""
+    return execute_batch(transactions, prepared.batch, base, loader=loader, declared=prepared.declared(),
+                         strategy=strategy, processes=processes, split=split, declare_seconds=prepared.seconds)
 
 
-def _execute(transactions, prepared, base, loader, strategy, processes, split) -> BatchResult:
+def _mode_of(strategy: str | Strategy) -> str | Strategy:
+    if isinstance(strategy, str) and strategy in _MODES:
+        return strategy
+    return parse_strategy(strategy)
+
+
+def _execute(transactions, batch, base, loader, declared, strategy, processes, split, declare_seconds) -> BatchResult:
     runtime = runtime_of(transactions)
-    if not isinstance(strategy, str) or strategy not in (AUTO, SERIAL):
-        strategy = parse_strategy(strategy)
-    allowed = transactions.processes if processes is None else processes
-    txns, specs = prepared.txns, prepared.specs
-    notes: list[str] = []
-    seconds: dict[str, float] = {"declare": prepared.seconds}
-    components = 0
-    largest_share = 1.0
-    parts: list[_Part] = []
+    mode = _mode_of(strategy)
     if split not in ("auto", "always", "never"):
         raise ValueError(f"split is 'auto', 'always' or 'never', not {split!r}")
-    if allowed > 1 and len(txns) > 1 and runtime.pool is not None and split != "never":
+    allowed_processes = transactions.processes if processes is None else processes
+    model = runtime.model
+    notes: list[str] = []
+    seconds: dict[str, float] = {"declare": declare_seconds} if declare_seconds else {}
+    decision: tuple[str, ...] = ()
+    if mode == AUTO:
+        mode, decision = model.choose_execution(threads=1)
+    parts: list[_Part] = []
+    components, largest_share = 0, 1.0
+    if (allowed_processes > 1 and len(batch) > 1 and runtime.pool is not None and split != "never"):
         started = time.perf_counter()
-        touched = prepared.touched()
-        groups = components_of(touched)
-        weights = [len(declared) for declared in specs]
-        pinned = {index for index, declared in enumerate(specs)
-                  if any(spec.key is None and spec.candidates is None for spec in declared)}
-        total = max(1, sum(weights))
-        components = len(groups)
-        largest_share = max(sum(weights[index] for index in members) for members in groups) / total
-        bins = bins_of(groups, weights, min(allowed, runtime.pool.workers + 1), pinned)
-        bin_share = max(sum(weights[index] for index in members) for members in bins) / total
+        count = min(allowed_processes, runtime.pool.workers + 1)
+        routing = route(runtime.router, transactions.declare, batch, count, declared)
+        seconds["route"] = time.perf_counter() - started
+        components, largest_share = routing.components, routing.largest_share
+        operations = sum(routing.weights)
         if split == "always":
             splitting, why = True, "split='always'"
         else:
-            splitting, why = runtime.model.should_split(total, bin_share, allowed)
-        if splitting and sum(1 for members in bins if members) < 2:
+            splitting, why = model.should_split(operations, routing.bin_share, allowed_processes)
+        if splitting and sum(1 for members in routing.bins if members) < 2:
             splitting, why = False, "one component"
-        notes.append(("split: " if splitting else "not split: ") + why)
-        seconds["components"] = time.perf_counter() - started
+        notes.append(("split: " if splitting else "not split: ") + why +
+                      f" ({routing.predicted} of {len(batch)} events routed by plans)")
         if splitting:
-            futures = []
-            model_state = (runtime.model.abort_ratio, runtime.model.seconds_per_op, runtime.model.batches)
-            for members in bins[1:]:
-                if not members:
-                    continue
-                states = {state for index in members for state in touched[index] if state[0] != "#table"}
-                part_base = {state: base[state] for state in states if state in base}
-                futures.append((members, runtime.pool.submit(
-                    run_in_worker, transactions, [txns[index].event for index in members],
-                    [txns[index].t for index in members], part_base,
-                    strategy if isinstance(strategy, str) else strategy.name, prepared.times, model_state)))
-            local = bins[0]
-            parts.append(_run_part([txns[index] for index in local], [specs[index] for index in local], base, loader,
-                                   strategy, prepared.times, runtime.model))
-            for members, future in futures:
-                try:
-                    parts.append(future.result())
-                except Exception as error:   # e.g. a declaring function that cannot be pickled
-                    if not _is_pickling_problem(error):
-                        raise WorkerFailed(f"a worker process failed on {len(members)} transactions: "
-                                           f"{type(error).__name__}: {error}") from error
-                    notes.append(f"ran a part in this process: {type(error).__name__}: {error} (declare the "
-                                 f"state transactions at module level so worker processes can import them)")
-                    parts.append(_run_part([txns[index] for index in members], [specs[index] for index in members],
-                                           base, loader, strategy, prepared.times, runtime.model))
+            parts = _run_split(transactions, runtime, mode, batch, routing, base, loader, declared, notes, seconds)
     if not parts:
-        parts = [_run_part(txns, specs, base, loader, strategy, prepared.times, runtime.model)]
-    return _assemble(prepared, parts, strategy, seconds, components, largest_share, runtime, notes)
+        parts = [_run_part(transactions, mode, batch, list(enumerate(batch)), declared, base, loader, None, model,
+                           runtime.versions)]
+    return _assemble(batch, parts, mode, seconds, components, largest_share, runtime, notes, decision)
+
+
+def _run_split(transactions, runtime: Runtime, mode, batch, routing, base, loader, declared, notes, seconds
+               ) -> list[_Part]:
+    """Bins 1.. to the workers (compact tuples: the events, the part's images), bin 0 here, at
+    the same time; a missed prediction anywhere runs the batch again unsplit."""
+    started = time.perf_counter()
+    model = runtime.model
+    name = mode if isinstance(mode, str) else mode.name
+    model_state = (model.abort_ratio, model.seconds_per_op, model.batches)
+    futures = []
+    base_get = base.get
+    for number in range(1, len(routing.bins)):
+        members = routing.bins[number]
+        if not members:
+            continue
+        shipped = [(index, *batch[index]) for index in members]
+        part_base, absent = {}, []
+        for state in routing.states[number]:
+            image = base_get(state, _ABSENT)
+            if image is _ABSENT:
+                absent.append(state)
+            else:
+                part_base[state] = image
+        futures.append((number, runtime.pool.submit(run_in_worker, transactions, shipped, part_base, absent, (),
+                                                    name, model_state, runtime.versions)))
+    seconds["ship"] = time.perf_counter() - started
+    parts: list[_Part] = []
+    missed: list[tuple[Any, int]] = []
+    try:
+        parts.append(_run_local(transactions, mode, batch, routing, 0, base, loader, runtime))
+    except RouteMissed as error:
+        missed.append((error.state, error.t))
+    for number, future in futures:
+        answer: Any = None
+        try:
+            answer = future.result()
+        except Exception as error:   # e.g. a declaring function that cannot be pickled
+            if not _is_pickling_problem(error):
+                raise WorkerFailed(f"a worker process failed on {len(routing.bins[number])} transactions: "
+                                   f"{type(error).__name__}: {error}") from error
+            notes.append(f"ran a part in this process: {type(error).__name__}: {error} (declare the "
+                         f"state transactions at module level so worker processes can import them)")
+            try:
+                answer = _run_local(transactions, mode, batch, routing, number, base, loader, runtime)
+            except RouteMissed as missed_here:
+                answer = _Missed(missed_here.state, missed_here.t)
+        if isinstance(answer, _Missed):
+            missed.append((answer.state, answer.t))
+        else:
+            if answer.before is None:
+                answer.before = {state: base_get(state) for state in answer.final}
+            parts.append(answer)
+    if missed:
+        dropped = sorted({batch[t].event_type for _, t in missed if t >= 0})
+        for event_type in dropped:
+            runtime.router.drop(event_type)
+        notes.append(f"split abandoned: a route plan missed {missed[0][0]!r}; ran unsplit; plans dropped for "
+                     f"{dropped or 'no type'}")
+        return [_run_part(transactions, mode, batch, list(enumerate(batch)), declared, base, loader, None, model,
+                          runtime.versions)]
+    return parts
+
+
+def _run_local(transactions, mode, batch, routing, number: int, base, loader, runtime: Runtime) -> _Part:
+    """Bin ``number`` in this process, over its own images only (so a missed prediction shows)."""
+    states, tables = routing.states[number], routing.unbounded[number]
+    if tables:
+        local_base = {state: image for state, image in base.items() if state in states or state[0] in tables}
+    else:
+        local_base = {state: base[state] for state in states if state in base}
+    members = routing.bins[number]
+    known = routing.declared
+    local_declared = {index: known[index] for index in members if index in known}
+    return _run_part(transactions, mode, batch, [(index, batch[index]) for index in members], local_declared,
+                     local_base, loader, Allowed(states, tables), runtime.model, runtime.versions)
+
+
+_ABSENT = object()
 
 
 def _is_pickling_problem(error: BaseException) -> bool:
@@ -323,21 +518,30 @@ def _is_pickling_problem(error: BaseException) -> bool:
         "pickle" in str(error).lower() or "Can't get" in str(error) or "Can't pickle" in str(error))
 
 
-def _assemble(prepared: Prepared, parts: list[_Part], strategy, seconds: dict[str, float], components: int,
-              largest_share: float, runtime: Runtime, notes: list[str]) -> BatchResult:
-    outcome_of: dict[int, TxnOutcome] = {}
-    final: dict = {}
-    before: dict = {}
+def _assemble(batch: list[BatchEvent], parts: list[_Part], mode, seconds: dict[str, float], components: int,
+              largest_share: float, runtime: Runtime, notes: list[str], decision: tuple[str, ...]) -> BatchResult:
+    if len(parts) == 1:
+        part = parts[0]
+        ts, aborted, outputs, final, before = part.ts, part.aborted, part.outputs, part.final, part.before
+        rejected_at = part.rejected
+    else:
+        ts, aborted, outputs, final, before, rejected_at = [], {}, {}, {}, {}, []
+        for part in parts:
+            ts.extend(part.ts)
+            aborted.update(part.aborted)
+            outputs.update(part.outputs)
+            final.update(part.final)
+            before.update(part.before)
+            rejected_at.extend(part.rejected)
+        ts.sort()
+        rejected_at.sort()
+    rejected = [(batch[t], reason) for t, reason in rejected_at]
     totals: dict[str, Any] = {}
     execution = {"executions": 0, "rollbacks": 0, "aborts_applied": 0, "revoked": 0, "passes": 0, "units": 0,
                  "cyclic_ops": 0, "strata": 0}
     busiest = 0
     part_seconds: dict[str, float] = {}
     for part in parts:
-        for outcome in part.outcomes:
-            outcome_of[outcome.t] = outcome
-        final.update(part.final)
-        before.update(part.before)
         for name, value in part.plan.items():
             if name == "busiest":
                 busiest = max(busiest, value)
@@ -348,32 +552,39 @@ def _assemble(prepared: Prepared, parts: list[_Part], strategy, seconds: dict[st
                 value = getattr(part.execution, name)
                 execution[name] = max(execution[name], value) if name in ("passes", "strata") else (
                     execution[name] + value)
+        else:
+            execution["executions"] += part.executions
         for name, value in part.seconds.items():
             part_seconds[name] = max(part_seconds.get(name, 0.0), value) if len(parts) > 1 else value
+        if part.versions:
+            runtime.versions = True
     seconds.update(part_seconds)
-    transactions = []
-    aborted = 0
-    for txn in prepared.txns:
-        outcome = outcome_of[txn.t]
-        aborted += not outcome.committed
-        transactions.append(TransactionResult(txn.event, outcome.committed, outcome.reason, outcome.outputs))
-    mean = totals.get("on_states", 0) / totals["states"] if totals.get("states") else 1.0
+    mean = totals.get("on_states", 0) / totals["states"] if totals.get("on_states") and totals.get("states") else 1.0
     strategies = sorted({part.strategy for part in parts})
     statistics = BatchStatistics(
-        transactions=len(prepared.txns), rejected=len(prepared.rejected), operations=totals.get("operations", 0),
+        transactions=len(ts), rejected=len(rejected), operations=totals.get("operations", 0),
         td_edges=totals.get("td", 0), pd_edges=totals.get("pd", 0), ld_pairs=totals.get("ld", 0),
         nd_ops=totals.get("nd", 0), window_ops=totals.get("window", 0), states=totals.get("states", 0),
-        skew=(busiest / mean) if mean else 1.0, components=components, largest_component_share=largest_share,
-        processes=len(parts), seconds=seconds, decision=parts[0].decision, **execution)
-    if parts[0].execution is not None and strategy != SERIAL:
-        runtime.model.observe(len(prepared.txns), aborted, execution["executions"], seconds.get("execute", 0.0))
+        skew=(busiest / mean) if mean and busiest else 1.0, components=components,
+        largest_component_share=largest_share, processes=len(parts), seconds=seconds,
+        decision=decision or parts[0].decision, **execution)
+    if mode != SERIAL:
+        runtime.model.observe(len(ts), len(aborted), execution["executions"], seconds.get("execute", 0.0),
+                              lean=all(part.execution is None for part in parts),
+                              total_seconds=sum(seconds.get(phase, 0.0) for phase in ("execute", "plan", "decide")))
     runtime.model.history.append("+".join(strategies))
-    return BatchResult(transactions, list(prepared.rejected), final, before, "+".join(strategies), statistics, notes)
+    return BatchResult(batch, ts, aborted, outputs, rejected, final, before, "+".join(strategies), statistics, notes)
 
 
 def run_in_memory(transactions: StateTransactions, events: Iterable[Any],
                   state: Mapping[tuple[str, Any], dict | None] | None = None, *, strategy: str | Strategy = AUTO,
                   processes: int | None = None, split: str = "auto") -> BatchResult:
     """Declare and run a batch over ``state`` (images before the batch; absent = no row)."""
-    prepared = prepare(transactions, events)
-    return execute(transactions, prepared, dict(state or {}), strategy=strategy, processes=processes, split=split)
+    with _NoCyclicGc():
+        started = time.perf_counter()
+        batch = normalise_events(events)
+        normalised = time.perf_counter() - started
+        result = execute_batch(transactions, batch, dict(state or {}), strategy=strategy, processes=processes,
+                               split=split)
+    result.statistics.seconds["normalise"] = normalised
+    return result

@@ -27,7 +27,7 @@ from typing import Any
 from activedb.batch._declare import DELETE, Abort, OpKind, OpSpec
 from activedb.batch.errors import DeclarationError, ExecutionInvariantBroken
 
-__all__ = ["VersionTable", "failure_reason", "perform"]
+__all__ = ["VersionTable", "failure_reason", "merge_image", "perform"]
 
 _MISSING = object()
 
@@ -102,7 +102,8 @@ class VersionTable:
         return sum(len(stamps) for stamps, _ in self._versions.values())
 
 
-def _merge(own: dict | None, result: Any, spec: OpSpec) -> dict | None:
+def merge_image(own: dict | None, result: Any, spec: OpSpec) -> dict | None:
+    """The image a write function's ``result`` makes of ``own`` (the columns merged; DELETE: None)."""
     if result is DELETE:
         return None
     if not isinstance(result, Mapping):
@@ -127,7 +128,7 @@ def perform(spec: OpSpec, t: int, read: Callable[[tuple[str, Any], int], Any],
             result = spec.fn(own, *[read(param, t) for param in spec.params])
         else:
             result = spec.fn(own)
-        image = _merge(own, result, spec)
+        image = merge_image(own, result, spec)
         return state, image, image
     if kind is OpKind.READ:
         return None, None, read((spec.table, spec.key), t)
@@ -142,7 +143,7 @@ def perform(spec: OpSpec, t: int, read: Callable[[tuple[str, Any], int], Any],
     if kind is OpKind.WINDOW_WRITE:
         state = (spec.table, spec.key)
         own = read(state, t)
-        image = _merge(own, spec.fn(own, [window(param, t, spec.size) for param in spec.params]), spec)
+        image = merge_image(own, spec.fn(own, [window(param, t, spec.size) for param in spec.params]), spec)
         return state, image, image
     params = [read(param, t) for param in spec.params]
     key = spec.key_fn(*params)
@@ -153,7 +154,7 @@ def perform(spec: OpSpec, t: int, read: Callable[[tuple[str, Any], int], Any],
     if kind is OpKind.ND_READ:
         return None, None, read(state, t)
     own = read(state, t)
-    image = _merge(own, spec.fn(own, *params), spec)
+    image = merge_image(own, spec.fn(own, *params), spec)
     return state, image, image
 
 

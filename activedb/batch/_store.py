@@ -3,23 +3,23 @@
 :func:`apply_batch` is what a caller that owns the transaction (the Spark sink, a user) runs:
 
 1. declare every event (rejected events are returned, not raised);
-2. ``tx.prefetch(table, keys)`` once per table for every declared row (own, parameter,
-   window source, ND candidate) and take the images with ``tx.read`` (no round trip);
+2. ``tx.read_many(table, keys, lock="write")`` once per table for every declared row (own,
+   parameter, window source, ND candidate): WRITE locks and the images in one query;
 3. execute the TPG in memory (this process, or components over worker processes);
-4. write each touched row's **final** version once: ``tx.write(table, key, **changed
-   columns)`` or ``tx.delete`` — one write-set entry per key, whatever the number of
-   versions the batch made;
+4. write each touched row's **final** version once: ``tx.write_many(table, {key: changed
+   columns or None})`` — one write-set entry per key, whatever the number of versions the
+   batch made, with the data events rules observing the table react to;
 5. return the :class:`BatchResult`: aborted transactions with their reasons are the
    caller's dead letters, so the batch's state, its dead letters and (with
    ``db.transaction(batch=...)``) the ingestion-ledger row commit in one PostgreSQL
    transaction.
 
-Rows are locked by ``prefetch`` with READ locks and upgraded to WRITE by ``tx.write`` at
-step 4.  Two concurrent batches on shared rows can therefore deadlock on the upgrade; the
-lock manager detects it and the victim's batch re-runs (``db.run`` retries).  A
-``prefetch(..., for_update=True)`` in the core would take WRITE locks up front (see the
-README).  Rows a non-deterministic operation without candidates computes at run time are
-read with ``tx.read`` when first needed (so such batches run in this process).
+Rows are WRITE-locked when they are read (step 2): two concurrent batches on shared rows
+queue on the first shared row instead of deadlocking on a READ→WRITE upgrade.  Rows a
+non-deterministic operation without candidates computes at run time are read with ``tx.read``
+when first needed (so such batches run in this process).  This path writes through the
+transaction tree, so rules observing the written tables fire; :func:`apply_at_commit`
+(``_commit.py``) is the faster path for batches no rule observes.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 
 from activedb.batch._declare import BatchEvent, StateTransactions
 from activedb.batch._result import BatchResult
-from activedb.batch._runtime import AUTO, execute, prepare
+from activedb.batch._runtime import AUTO, _NoCyclicGc, execute, prepare
 from activedb.batch._strategy import Strategy
 
 __all__ = ["DEAD_LETTER_TABLE", "apply_batch", "dead_letter_row", "run_batch"]
@@ -41,36 +41,46 @@ _MISSING = object()
 
 
 def apply_batch(tx: Any, events: Iterable[Any], transactions: StateTransactions, *,
-                strategy: str | Strategy = AUTO, processes: int | None = None, split: str = "auto") -> BatchResult:
+                strategy: str | Strategy = AUTO, processes: int | None = None, split: str = "auto",
+                lock: str = "write") -> BatchResult:
     """Run ``events`` as one batch of state transactions inside the open transaction ``tx``
     and leave the final rows in its write set.  Does not commit and does not write dead
-    letters: ``result.dead_letters`` lists ``(event, reason)`` for the caller to store."""
+    letters: ``result.dead_letters`` lists ``(event, reason)`` for the caller to store.
+    ``lock``: ``"write"`` (WRITE row locks on every declared row, taken when they are read) or
+    ``"table"`` (one WRITE lock per table the batch touches)."""
+    if lock not in ("write", "table"):
+        raise ValueError(f"apply_batch(lock={lock!r}): use 'write' or 'table'")
+    with _NoCyclicGc():        # tens of thousands of small objects: no cyclic collection meanwhile
+        return _apply_batch(tx, events, transactions, strategy, processes, split, lock)
+
+
+def _apply_batch(tx, events, transactions, strategy, processes, split, lock) -> BatchResult:
     prepared = prepare(transactions, events)
     started = time.perf_counter()
     base: dict[tuple[str, Any], dict | None] = {}
     for table, keys in prepared.states_by_table().items():
-        tx.prefetch(table, keys)
-        for key in keys:
-            base[(table, key)] = tx.read(table, key)
+        for key, image in tx.read_many(table, keys, lock=lock).items():
+            base[(table, key)] = image
     prefetch_seconds = time.perf_counter() - started
     result = execute(transactions, prepared, base, loader=tx.read, strategy=strategy, processes=processes,
                      split=split)
     started = time.perf_counter()
-    written = 0
+    by_table: dict[str, dict[Any, dict | None]] = {}
     for (table, key), image in result.final.items():
         old = result.before.get((table, key), base.get((table, key)))
         if image is None:
             if old is not None:
-                tx.delete(table, key)
-                written += 1
+                by_table.setdefault(table, {})[key] = None
             continue
         if old is None:
             changes = dict(image)
         else:
             changes = {column: value for column, value in image.items() if old.get(column, _MISSING) != value}
         if changes:
-            tx.write(table, key, **changes)
-            written += 1
+            by_table.setdefault(table, {})[key] = changes
+    written = 0
+    for table, rows in by_table.items():
+        written += tx.write_many(table, rows, lock="table" if lock == "table" else "row")
     if result.statistics is not None:
         result.statistics.seconds["prefetch"] = prefetch_seconds
         result.statistics.seconds["write"] = time.perf_counter() - started

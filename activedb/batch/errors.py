@@ -31,3 +31,8 @@ class ExecutionInvariantBroken(BatchError):
 
 class WorkerFailed(BatchError):
     """A worker process failed while running a component of the batch."""
+
+
+class BatchNotCommitted(BatchError):
+    """The result of a batch run at commit was read before its transaction committed (or after
+    it aborted)."""

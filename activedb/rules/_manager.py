@@ -94,6 +94,12 @@ class RuleManager(TransactionExtension):
         ``{"fired": n, "last": datetime of the last such commit}``."""
         return self.registry.firing_counts()
 
+    def observes(self, table: str) -> bool:
+        """Whether an enabled rule reacts to data events (insert/update/delete) on ``table``: a
+        writer that bypasses the transaction tree (e.g. a batch written at commit) would keep
+        those rules from firing, so it must write through the tree when this is true."""
+        return table in self.registry.observed_tables
+
     def stream_types(self) -> frozenset[str]:
         """The stream event types enabled rules listen to (``db.stream(type)``)."""
         return self.registry.stream_types()
@@ -126,7 +132,7 @@ class RuleManager(TransactionExtension):
     # --- the extension hooks -------------------------------------------------------------------
 
     def wants_old_images(self, table: str) -> bool:
-        return table in self.registry.observed_tables
+        return self.observes(table)
 
     def on_event(self, transaction: Transaction, event: Event) -> None:
         self.dispatch(transaction, event)

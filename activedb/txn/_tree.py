@@ -39,7 +39,7 @@ from activedb.errors import (
 )
 from activedb.events import Event, EventKind
 from activedb.store import Entry, EntryKind, Key, TableInfo
-from activedb.txn import _flush, _ids, _view
+from activedb.txn import _bulk, _flush, _ids, _view
 from activedb.txn._participants import CommitParticipant
 from activedb.txn._pool import Task
 
@@ -244,6 +244,19 @@ class Transaction:
             return 0
         return self.root._read_base.read_many(self, info, wanted)
 
+    def read_many(self, table: Any, keys: Any, *, lock: str = "read") -> dict[Any, dict | None]:
+        """The rows ``keys`` of ``table`` as this transaction sees them, ``{key: dict or None}``, with
+        their committed images loaded in one query.  ``lock``: ``"read"`` (READ row locks, as
+        ``prefetch``), ``"write"`` (WRITE row locks now: no upgrade when the rows are written later),
+        ``"table"`` (one WRITE lock on the table, no row locks).  See ``_bulk.py``."""
+        return _bulk.read_many(self, table, keys, lock)
+
+    def write_many(self, table: Any, rows: Mapping[Any, Mapping[str, Any] | None], *, lock: str = "row") -> int:
+        """``write(table, key, **values)`` for every ``key: values`` of ``rows`` (``None``: ``delete``),
+        with the same data events; ``lock="table"``: one table WRITE lock instead of one per row.
+        Returns the number of rows.  See ``_bulk.py``."""
+        return _bulk.write_many(self, table, rows, lock)
+
     def scan(self, table: Any, where: Mapping[str, Any] | Callable[[dict], bool] | None = None) -> list[dict]:
         """All rows of ``table`` matching ``where`` (a dict of equalities or a predicate on the row
         dict), as this transaction sees them; takes a table-level READ lock."""
@@ -316,8 +329,10 @@ class Transaction:
             )
         return {column: catalog.next_generated_key(sequence)}
 
-    def _modify(self, info: TableInfo, key: Key, entry: Entry, *, must_not_exist: bool = False) -> None:
-        self.manager.locking.acquire(self, info, key, Mode.WRITE)
+    def _modify(self, info: TableInfo, key: Key, entry: Entry, *, must_not_exist: bool = False,
+                lock: bool = True) -> None:
+        if lock:   # False: the node took a table lock covering the row (write_many, _bulk.py)
+            self.manager.locking.acquire(self, info, key, Mode.WRITE)
         extensions = self.manager.extensions
         observed = False
         for wants in extensions.wants_old_images:

@@ -14,9 +14,12 @@ def test_tpg_benchmark_smoke(database_url, monkeypatch, tmp_path):
     names = [row.name for row in report.rows]
     for workload in ("SL", "GS", "TP"):
         assert f"{workload} in memory: serial reference" in names
-        assert sum(name.startswith(f"{workload} in memory: ") for name in names) == 14   # serial, auto, 12 fixed
-    assert any(name.startswith("SL end to end, C = 0 us: TPG apply_batch") for name in names)
-    assert any(name.startswith("SL (8 key groups) in memory: 2 processes vs 1") for name in names)
+        # serial, auto (lean), the decision model on the TPG, 12 fixed strategies
+        assert sum(name.startswith(f"{workload} in memory: ") for name in names) == 15
+        for path in ("TPG at commit (", "TPG through the tree", "per-event nested path", "plain write path"):
+            assert any(name.startswith(f"{workload} end to end, C = 0 us: {path}") for name in names), path
+    assert any(name.startswith("SL (8 key groups, C = 10 us) in memory: 2 processes") for name in names)
+    assert any(name.startswith("SL (8 key groups) in memory: 2 processes vs 1 (ns/f/e)") for name in names)
     for row in report.rows:
         assert row.value > 0
         if row.baseline is not None:

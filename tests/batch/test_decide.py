@@ -57,3 +57,26 @@ def test_a_skewed_batch_gets_non_structured_exploration():
     decision = DecisionModel().decide(_tpg(transactions, events))
     assert decision.properties.skew > 8
     assert decision.strategy.exploration is Exploration.NS
+
+
+def test_rule_0_picks_lean_under_the_gil_and_reports_what_it_measured():
+    model = DecisionModel()
+    mode, reasons = model.choose_execution(threads=1)
+    assert mode == "lean" and "no batch measured yet" in reasons[0]
+    model.observe(100, 0, 400, 400 * 5e-6, lean=True)
+    model.observe(100, 0, 400, 400 * 9e-6, lean=False, total_seconds=400 * 20e-6)
+    mode, reasons = model.choose_execution(threads=1)
+    assert mode == "lean" and "lean 5.00 us/op" in reasons[0] and "TPG 20.00 us/op" in reasons[0]
+    assert model.choose_execution(threads=4, gil=False)[0] == "tpg"
+    for _ in range(3):                                     # (TPG batches that paid off; an EWMA)
+        model.observe(100, 0, 400, 400 * 1e-6, lean=False, total_seconds=400 * 1e-6)
+    assert model.choose_execution(threads=1)[0] == "tpg"
+
+
+def test_auto_runs_lean_and_tpg_runs_the_decision_on_the_graph():
+    transactions, events = _counter_batch(keys=20, per_key=10)
+    lean = batch.run_in_memory(transactions, events, {}, strategy="auto")
+    assert lean.strategy == "lean" and "lean serial" in lean.statistics.decision[0]
+    tpg = batch.run_in_memory(transactions, events, {}, strategy="tpg")
+    assert tpg.strategy == "bfs/c/e" and tpg.statistics.td_edges > 0
+    assert tpg.final == lean.final

@@ -16,7 +16,7 @@ from activedb import batch
 from activedb.batch import workloads
 
 SEED = int(os.environ.get("ACTIVEDB_TEST_SEED", "7"))
-STRATEGIES = ["auto"] + [strategy.name for strategy in batch.all_strategies()]
+STRATEGIES = ["auto", "lean", "tpg"] + [strategy.name for strategy in batch.all_strategies()]
 
 
 def _summary(result: batch.BatchResult):

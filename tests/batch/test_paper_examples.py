@@ -12,7 +12,7 @@ from activedb.batch._plan import EdgeKind, OpState, build_tpg
 from activedb.batch._runtime import prepare
 from activedb.batch._state import VersionTable
 
-STRATEGIES = ["serial", "auto"] + [strategy.name for strategy in batch.all_strategies()]
+STRATEGIES = ["serial", "auto", "lean", "tpg"] + [strategy.name for strategy in batch.all_strategies()]
 
 
 def fig1_transactions() -> batch.StateTransactions:

@@ -44,3 +44,52 @@ def test_workload_split_over_two_processes_equals_one():
     assert split.statistics.processes == 2 and split.statistics.components >= 4
     assert split.final == reference.final
     assert split.dead_letters == reference.dead_letters
+
+
+# --- the split routed by learned plans ---------------------------------------------------------
+
+from tests.batch.test_differential import _batch, _summary  # noqa: E402
+
+
+def test_every_workload_split_by_route_plans_equals_the_reference():
+    """SL (transfers across key groups), GS (windows, ND with and without candidates), TP:
+    split over two processes, routed by learned plans, each part on the lean executor or a TPG
+    strategy — the serial reference's state, outputs and dead letters."""
+    for name in ("sl", "gs", "tp"):
+        _, events, state = _batch(name, 0.8, 0.5, 0)
+        reference = batch.run_in_memory(workloads.workload_transactions(name), events, state, strategy="serial")
+        with workloads.workload_transactions(name, processes=2) as transactions:
+            for strategy in ("auto", "ns/f/e"):
+                result = batch.run_in_memory(transactions, events, state, strategy=strategy, split="always")
+                assert _summary(result) == _summary(reference), (name, strategy, result.notes)
+            router = batch._runtime.runtime_of(transactions).router
+            assert router.plans, f"{name}: no route plan was learned ({result.notes})"
+
+
+def route_guess_declare(event, ops):
+    """Writes ``a``; only flagged events also write ``b`` (the learning events are unflagged)."""
+    payload = event.payload
+    ops.write("t", payload["a"], lambda own: {"v": (own["v"] if own else 0) + 1})
+    if payload.get("flag"):
+        ops.write("t", payload["b"], lambda own: {"v": (own["v"] if own else 0) + 10})
+
+
+def test_a_route_plan_that_misses_abandons_the_split_and_the_plan():
+    transactions = batch.StateTransactions("conditional", processes=2)
+    transactions.on("touch")(route_guess_declare)
+    events = [{"type": "touch", "payload": {"a": index % 8, "b": 8 + index % 3, "flag": index >= 40}}
+              for index in range(80)]
+    # The flagged events join the components of keys 0-7 through b = 8, 9, 10: a plan learned
+    # from the unflagged events predicts a (only) and splits what must not be split.
+    events += [{"type": "touch", "payload": {"a": 8 + index % 3, "b": 0, "flag": False}} for index in range(3)]
+    try:
+        result = batch.run_in_memory(transactions, events, {}, split="always")
+        router = batch._runtime.runtime_of(transactions).router
+    finally:
+        transactions.close()
+    serial = batch.StateTransactions("serial")
+    serial.on("touch")(route_guess_declare)
+    expected = batch.run_in_memory(serial, events, {}, strategy="serial")
+    assert result.final == expected.final
+    assert any("split abandoned" in note for note in result.notes), result.notes
+    assert "touch" in router.unroutable and "touch" not in router.plans

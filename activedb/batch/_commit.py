@@ -1,0 +1,521 @@
+"""Execute at commit: a batch run inside the top-level transaction's one PostgreSQL transaction.
+
+:func:`apply_at_commit` is the fast store path.  Instead of loading every row into the
+transaction tree (a lock-manager request and a relied-on image per row, a write-set entry per
+row, then a flush that re-reads every relied-on row ``FOR SHARE`` to validate it), the batch
+becomes a :class:`~activedb.CommitParticipant` whose ``write(tx, connection)`` — inside the
+flush's PostgreSQL transaction — does the whole batch against PostgreSQL's own row locks:
+
+1. lock and read every declared row: per table (in name order) one ``SELECT … WHERE key =
+   ANY(:keys) ORDER BY key FOR UPDATE`` (a deterministic lock order, so two batches cannot
+   deadlock on each other's rows);
+2. run the batch on those images (the lean executor, or the strategy asked for; rows no
+   declaration or route plan named are read on demand the same way, after a table lock);
+3. write the final state with one statement per table and kind (INSERT / UPDATE of the changed
+   columns / DELETE), insert the dead letters, call ``on_result`` (e.g. to set the counts of an
+   ingestion-ledger row written next).
+
+Why this is serializable without validating anything: every row the batch reads or writes is
+locked ``FOR UPDATE`` from its read to COMMIT, and the images are read after the locks are
+granted (PostgreSQL returns the latest committed version of a row it locks), so the batch is
+ordered after every transaction that committed a change to those rows and before every one that
+changes them later — strict two-phase locking on rows.  Another process's flush that read one of
+these rows validates it ``FOR SHARE`` and waits for the lock, then sees the batch's change and
+conflicts; a plain writer waits.  What a row lock cannot hold is a row's *absence*: when some
+declared rows of a table do not exist, the batch locks that table ``IN SHARE ROW EXCLUSIVE MODE``
+(it blocks every writer of the table, no reader) and reads those rows again — rows committed
+meanwhile are found and locked, the others stay absent until the batch commits.  Two-phase
+locking again, at table granularity for the absences only; the flush stays at READ COMMITTED.
+A deadlock between these locks and another writer's is PostgreSQL's to find (SQLSTATE 40P01):
+the flush retries, and ``write`` runs again from the start.
+
+What this path cannot do: raise data events into the tree (it writes below it).  So when an
+extension observes a table the batch writes (``db.rules.observes(table)``: a rule would fire on
+its changes), :func:`apply_at_commit` runs the batch at once through the tree instead
+(:func:`~activedb.batch._store.apply_batch`: ``read_many``/``write_many``), and the rules fire as
+always; the returned :class:`PendingBatch` is the same either way.  The rows the batch writes
+at commit must not also be written through the tree by the same transaction (its write set is
+applied after the participants and would overwrite them).
+
+Participants write in enlistment order: a participant that needs the batch's result inside
+the commit (an ingestion ledger counting the batch's events) is enlisted *after*
+``apply_at_commit`` (``tx.enlist(ledger)``), or updates its row in ``on_result``.  The result of
+a deferred batch exists once the commit wrote it: ``pending.result`` after the ``with`` block.
+If PostgreSQL makes the flush retry (serialization failure, deadlock), ``write`` runs again from
+the start on a fresh connection: the batch is run again on the rows as they are then.
+
+Thread-safety: a :class:`PendingBatch` belongs to one transaction; its state is read by the
+transaction's thread (and by whoever reads ``result`` after the commit).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+
+from activedb.batch._declare import BatchEvent, StateTransactions
+from activedb.batch._result import BatchResult
+from activedb.batch._route import touched_states, written_tables
+from activedb.batch._runtime import AUTO, _NoCyclicGc, execute_batch, normalise_events, runtime_of
+from activedb.batch._store import DEAD_LETTER_TABLE, apply_batch, dead_letter_row
+from activedb.batch._strategy import Strategy
+from activedb.batch.errors import BatchNotCommitted, DeclarationError
+from activedb.errors import InvalidKey, InvalidValue
+from activedb.store import jsonable
+from activedb.txn import CommitParticipant
+
+__all__ = ["PendingBatch", "PendingState", "apply_at_commit"]
+
+_MISSING = object()
+
+
+class PendingState(enum.Enum):
+    """``PENDING`` (enlisted; runs inside the commit) → ``COMMITTED`` | ``ABORTED``."""
+
+    PENDING = "pending"
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+
+
+class PendingBatch(CommitParticipant):
+    """A batch that runs inside the commit of the transaction it is enlisted in (module
+    docstring).  ``result`` is its :class:`BatchResult` once the transaction committed;
+    ``state`` says where it is; ``mode`` is ``"at commit"`` or ``"through the tree"`` (a rule
+    observes a table it writes); ``seconds`` = time per phase of the last run."""
+
+    def __init__(self, transactions: StateTransactions, batch: list[BatchEvent], declared: dict[int, Any],
+                 keys: dict[str, dict[Any, Any]], unbounded: set[str], *,
+                 strategy: str | Strategy, processes: int | None, split: str, dead_letters: str | None,
+                 query_id: str | None, batch_id: int | None,
+                 letters: Callable[[BatchResult], list[tuple[str, Any]]] | None,
+                 on_result: Callable[[BatchResult, sa.Connection], None] | None,
+                 ready: BatchResult | None = None) -> None:
+        self.transactions = transactions
+        self.batch = batch
+        self._declared = declared
+        self._keys = keys                 # table -> {declared key: normalised key tuple}
+        self._unbounded = unbounded       # tables of ND operations without candidates
+        self._strategy = strategy
+        self._processes = processes
+        self._split = split
+        self._dead_letters = dead_letters
+        self._query_id = query_id
+        self._batch_id = batch_id
+        self._letters = letters
+        self._on_result = on_result
+        self._ready = ready               # computed through the tree (a rule observes a table)
+        self._result: BatchResult | None = ready
+        self.mode = "through the tree" if ready is not None else "at commit"
+        # Invariant: PENDING until the transaction ends; then COMMITTED or ABORTED, never again PENDING.
+        self.state = PendingState.PENDING
+        self.error: BaseException | None = None
+        self.seconds: dict[str, float] = {}
+        self.rows_written = 0
+
+    @property
+    def result(self) -> BatchResult:
+        """The batch's result; only once the transaction committed."""
+        if self.state is not PendingState.COMMITTED:
+            raise BatchNotCommitted(
+                f"the batch's transaction is {self.state.value}"
+                + (f" ({type(self.error).__name__}: {self.error})" if self.error is not None else "")
+                + "; read pending.result after the transaction committed (after its `with` block)")
+        assert self._result is not None
+        return self._result
+
+    # --- the commit -----------------------------------------------------------------------
+
+    def write(self, transaction: Any, connection: sa.Connection) -> None:
+        with _NoCyclicGc():        # tens of thousands of small objects: no cyclic collection meanwhile
+            self._write(transaction, connection)
+
+    def _write(self, transaction: Any, connection: sa.Connection) -> None:
+        if self.state is not PendingState.PENDING:
+            raise BatchNotCommitted(f"a {self.state.value} batch cannot be written again; apply the events again")
+        catalog = transaction.manager.catalog
+        seconds: dict[str, float] = {}
+        if self._ready is not None:
+            result = self._ready
+        else:
+            started = time.perf_counter()
+            base = self._lock_and_read(catalog, connection)
+            seconds["lock_and_read"] = time.perf_counter() - started
+            result = execute_batch(self.transactions, self.batch, base, loader=_OnDemand(catalog, connection),
+                                   declared=self._declared, strategy=self._strategy, processes=self._processes,
+                                   split=self._split)
+            seconds.update(result.statistics.seconds)
+            started = time.perf_counter()
+            self.rows_written = _write_final(catalog, connection, result, self._keys)
+            seconds["write"] = time.perf_counter() - started
+        started = time.perf_counter()
+        if self._on_result is not None:
+            self._on_result(result, connection)
+        letters = self._letters(result) if self._letters is not None else [
+            (reason, dead_letter_row(event)) for event, reason in result.dead_letters]
+        if self._dead_letters is not None and letters:
+            table = catalog.table(self._dead_letters)
+            connection.execute(table.insert(), [
+                {"query_id": self._query_id, "batch_id": self._batch_id, "reason": reason,
+                 "raw": jsonable(raw) if isinstance(raw, Mapping) else {"value": jsonable(raw)}}
+                for reason, raw in letters])
+        seconds["dead_letters"] = time.perf_counter() - started
+        transaction.info["batch"] = {"events": result.committed_count, "dead_letters": len(letters),
+                                     "rows_written": self.rows_written, "mode": self.mode}
+        self._result = result
+        self.seconds = {"apply": self.seconds.get("apply", 0.0), **seconds}
+
+    def committed(self, transaction: Any) -> None:
+        self.state = PendingState.COMMITTED
+
+    def aborted(self, transaction: Any, error: BaseException | None) -> None:
+        if self.state is PendingState.PENDING:
+            self.state = PendingState.ABORTED
+            self.error = error
+            self._result = None
+
+    # --- rows -----------------------------------------------------------------------------
+
+    def _lock_and_read(self, catalog: Any, connection: sa.Connection) -> dict[tuple[str, Any], Any]:
+        """Lock every declared row ``FOR UPDATE`` (tables in name order, keys in key order) and
+        return their images; a table with absent rows is locked against writers and those rows
+        read again (module docstring)."""
+        for table in sorted(self._unbounded):
+            _lock_table(catalog, connection, table)
+        base: dict[tuple[str, Any], Any] = {}
+        for table in sorted(self._keys):
+            keys = self._keys[table]
+            info = catalog.table_info(table)
+            found = _select_for_update(connection, info, list(keys.values()))
+            if len(found) < len(keys) and table not in self._unbounded:
+                _lock_table(catalog, connection, table)
+                found.update(_select_for_update(connection, info, [key for key in keys.values() if key not in found]))
+            get = found.get
+            for given, key in keys.items():
+                base[(table, given)] = get(key)
+        return base
+
+
+class _OnDemand:
+    """Rows no declaration named (ND operations without candidates, a route plan that missed):
+    lock their table against writers (``SHARE ROW EXCLUSIVE``: an absent row stays absent), then
+    read the row ``FOR UPDATE``."""
+
+    def __init__(self, catalog: Any, connection: sa.Connection) -> None:
+        self.catalog = catalog
+        self.connection = connection
+        self.locked: set[str] = set()
+
+    def __call__(self, table: str, key: Any) -> dict | None:
+        info = self.catalog.table_info(table)
+        try:
+            normalised = info.key(key)
+        except (InvalidKey, InvalidValue) as error:   # a computed key that cannot name a row: the op fails
+            raise DeclarationError(f"the row {key!r} of {table!r} cannot exist: {error}") from None
+        if table not in self.locked:
+            _lock_table(self.catalog, self.connection, table)
+            self.locked.add(table)
+        return _select_for_update(self.connection, info, [normalised]).get(normalised)
+
+
+def _lock_table(catalog: Any, connection: sa.Connection, table: str) -> None:
+    name = catalog.table_info(table).table
+    preparer = connection.dialect.identifier_preparer
+    connection.execute(sa.text(f"LOCK TABLE {preparer.format_table(name)} IN SHARE ROW EXCLUSIVE MODE"))
+
+
+def _select_for_update(connection: sa.Connection, info: Any, keys: list[tuple]) -> dict[tuple, dict]:
+    """The images of ``keys`` (normalised key tuples), locked ``FOR UPDATE`` in key order."""
+    if not keys:
+        return {}
+    columns = [info.table.c[name] for name in info.key_columns]
+    names = info.key_columns
+    if len(columns) == 1:
+        column = columns[0]
+        statement = (sa.select(info.table)
+                     .where(column == sa.any_(sa.bindparam("keys", type_=postgresql.ARRAY(column.type))))
+                     .order_by(column).with_for_update())
+        rows, fields = _fetch(connection, statement, {"keys": sorted(key[0] for key in keys)})
+        return {(row[0],): dict(zip(fields, row)) for row in rows} if fields[0] == names[0] else {
+            (image[names[0]],): image for image in (dict(zip(fields, row)) for row in rows)}
+    found: dict[tuple, dict] = {}
+    ordered = sorted(keys)
+    statement = info.select_by_keys().order_by(*columns).with_for_update()
+    for start in range(0, len(ordered), 5000):    # bounded bind parameters per statement
+        rows = connection.execute(statement, {"keys": ordered[start:start + 5000]}).mappings()
+        found.update((tuple(row[name] for name in names), dict(row)) for row in rows)
+    return found
+
+
+def _fetch(connection: sa.Connection, statement: Any, parameters: dict) -> tuple[list[tuple], list[str]]:
+    """Run ``statement`` on the connection's own driver cursor (rows as plain tuples, arrays sent
+    in binary): the batch reads tens of thousands of rows here, and a SQLAlchemy row object per
+    row would cost more than PostgreSQL's work for it."""
+    cursor = connection.connection.driver_connection.cursor(binary=True)
+    try:
+        cursor.execute(_binary_sql(connection, statement, parameters), parameters)
+        fields = [description.name for description in cursor.description]
+        return cursor.fetchall(), fields
+    finally:
+        cursor.close()
+
+
+def _binary_sql(connection: sa.Connection, statement: Any, parameters: dict) -> str:
+    """The statement's SQL for the driver, its parameters marked binary (``%(name)b``)."""
+    sql = str(statement.compile(dialect=connection.dialect))
+    for name in parameters:
+        sql = sql.replace(f"%({name})s", f"%({name})b")
+    return sql
+
+
+def _run(connection: sa.Connection, statement: Any, parameters: dict) -> None:
+    """Execute ``statement`` with array parameters on the driver cursor, in binary."""
+    cursor = connection.connection.driver_connection.cursor(binary=True)
+    try:
+        cursor.execute(_binary_sql(connection, statement, parameters), parameters)
+    finally:
+        cursor.close()
+
+
+def _write_final(catalog: Any, connection: sa.Connection, result: BatchResult,
+                 normalised: Mapping[str, Mapping[Any, tuple]]) -> int:
+    """The batch's final rows: per table, one statement per kind (DELETE, UPDATE of a set of
+    changed columns, INSERT of a set of columns) — each row's values as arrays, joined with
+    ``unnest`` (one round trip however many rows), or, for values without a plain array form,
+    the same statement executed once per row.  ``normalised[table][key]``: the key tuples
+    checked when the batch was applied."""
+    by_table: dict[str, list[tuple[Any, Any, Any]]] = {}
+    for (table, key), image in result.final.items():
+        by_table.setdefault(table, []).append((key, image, result.before.get((table, key))))
+    written = 0
+    for table in sorted(by_table):
+        info = catalog.table_info(table)
+        known = normalised.get(table, {})
+        key_columns = info.key_columns
+        key_set = frozenset(key_columns)
+        single = key_columns[0] if len(key_columns) == 1 else None
+        deletes: list[dict] = []
+        updates: dict[tuple, list[dict]] = {}      # changed column names -> rows (key columns + those)
+        inserts: dict[frozenset, list[dict]] = {}
+        for given, image, old in by_table[table]:
+            key = known.get(given)
+            if key is None:
+                key = info.key(given)
+            if image is None:
+                if old is not None:
+                    deletes.append({single: key[0]} if single is not None else info.full_key_row(key))
+                continue
+            key_row = {single: key[0]} if single is not None else info.full_key_row(key)
+            if old is None:
+                _check_key_columns(info, given, image, key_row)
+                row = {**image, **key_row}
+                inserts.setdefault(frozenset(row), []).append(row)
+                continue
+            old_get = old.get
+            changed = tuple(name for name, value in image.items() if old_get(name, _MISSING) != value)
+            if not changed:
+                continue
+            if not key_set.isdisjoint(changed):
+                _check_key_columns(info, given, image, key_row)
+            rows = updates.get(changed)
+            if rows is None:
+                updates[changed] = rows = []
+            key_row.update((name, image[name]) for name in changed)
+            rows.append(key_row)
+        if deletes:
+            _delete(connection, info, deletes)
+        merged: dict[frozenset, list[dict]] = {}
+        for changed, rows in updates.items():       # the same columns in another order: one statement
+            merged.setdefault(frozenset(changed), []).extend(rows)
+        for columns, rows in merged.items():
+            names = sorted(columns)
+            _check_columns(info, names, rows)
+            _update(connection, info, names, rows)
+        for columns, rows in inserts.items():
+            names = sorted(columns)
+            _check_columns(info, [name for name in names if name not in key_set], rows)
+            _insert(connection, info, names, rows)
+        written += len(deletes) + sum(len(rows) for rows in merged.values()) + sum(
+            len(rows) for rows in inserts.values())
+    return written
+
+
+def _check_columns(info: Any, names: list[str], rows: list[dict]) -> None:
+    """``info.check_value`` for every value written (an unknown column, a wrong type, an integer
+    out of range fail here, naming the column, as a write through the tree would), checking a
+    column of plain ints by its extremes."""
+    for name in names:
+        values = [row[name] for row in rows]
+        column = info.columns.get(name)
+        if column is not None and isinstance(column.type, sa.Integer) and values and all(
+                type(value) is int for value in values):
+            info.check_value(name, min(values))
+            info.check_value(name, max(values))
+            continue
+        for value in values:
+            info.check_value(name, value)
+
+
+# Column types whose Python values PostgreSQL takes as arrays through ``unnest``, and the one
+# Python type every value must have (or None) for the driver to send the array in binary.
+_ARRAY_TYPES = ((sa.Integer, int), (sa.Float, float), (sa.Text, str), (sa.Boolean, bool))
+
+
+def _arrays(info: Any, names: list[str], rows: list[dict]):
+    """``unnest(:a0, :a1, …) AS v(names…)`` and its parameters, or None if a column's values have
+    no plain array form (then the caller executes the statement once per row)."""
+    binds, parameters = [], {}
+    for number, name in enumerate(names):
+        column = info.table.c[name]
+        python_type = next((kind for sql_type, kind in _ARRAY_TYPES if isinstance(column.type, sql_type)
+                            and not isinstance(column.type, sa.Enum)), None)
+        if python_type is None:
+            return None
+        values = [row[name] for row in rows]
+        if python_type is float:
+            values = [float(value) if type(value) is int else value for value in values]
+        if not all(type(value) is python_type or value is None for value in values):
+            return None
+        binds.append(sa.bindparam(f"a{number}", type_=postgresql.ARRAY(column.type)))
+        parameters[f"a{number}"] = values
+    derived = sa.func.unnest(*binds).table_valued(*names).render_derived(name="v")
+    return derived, parameters
+
+
+def _key_match(info: Any, derived: Any):
+    return sa.and_(*[info.table.c[name] == derived.c[name] for name in info.key_columns])
+
+
+def _delete(connection: sa.Connection, info: Any, rows: list[dict]) -> None:
+    arrays = _arrays(info, list(info.key_columns), rows)
+    if arrays is None:
+        connection.execute(info.delete(), [{f"k_{name}": value for name, value in row.items()} for row in rows])
+        return
+    derived, parameters = arrays
+    _run(connection, sa.delete(info.table).where(_key_match(info, derived)), parameters)
+
+
+def _update(connection: sa.Connection, info: Any, columns: list[str], rows: list[dict]) -> None:
+    arrays = _arrays(info, [*info.key_columns, *columns], rows)
+    if arrays is None:
+        connection.execute(info.update(frozenset(columns)), [
+            {**{f"k_{name}": row[name] for name in info.key_columns}, **{f"v_{name}": row[name] for name in columns}}
+            for row in rows])
+        return
+    derived, parameters = arrays
+    statement = sa.update(info.table).where(_key_match(info, derived)).values(
+        {name: derived.c[name] for name in columns})
+    _run(connection, statement, parameters)
+
+
+def _insert(connection: sa.Connection, info: Any, columns: list[str], rows: list[dict]) -> None:
+    arrays = _arrays(info, columns, rows)
+    if arrays is None:
+        connection.execute(info.table.insert(), rows)
+        return
+    derived, parameters = arrays
+    statement = sa.insert(info.table).from_select(columns, sa.select(*[derived.c[name] for name in columns]))
+    _run(connection, statement, parameters)
+
+
+def _check_key_columns(info: Any, given: Any, values: Mapping[str, Any], key_row: Mapping[str, Any]) -> None:
+    for name, value in key_row.items():
+        if name in values and values[name] != value:
+            raise InvalidKey(f"a write function of the batch changed {info.name}.{name} of row {given!r} to "
+                             f"{values[name]!r}; the key of a row cannot change — write another row instead")
+
+
+# --- applying ------------------------------------------------------------------------------
+
+def apply_at_commit(tx: Any, events: Iterable[Any], transactions: StateTransactions, *,
+                    strategy: str | Strategy = AUTO, processes: int | None = None, split: str = "auto",
+                    dead_letters: str | None = DEAD_LETTER_TABLE, query_id: str | None = None,
+                    batch_id: int | None = None,
+                    letters: Callable[[BatchResult], list[tuple[str, Any]]] | None = None,
+                    on_result: Callable[[BatchResult, sa.Connection], None] | None = None) -> PendingBatch:
+    """Enlist ``events`` as a batch that runs inside the commit of ``tx`` (module docstring) and
+    return its :class:`PendingBatch`.  ``dead_letters``: the table its dead letters go to (None:
+    none are stored), labelled ``query_id``/``batch_id``; ``letters(result)`` → ``[(reason,
+    raw)]`` replaces the default rows (``dead_letter_row``); ``on_result(result, connection)`` is
+    called inside the commit before the dead letters are inserted."""
+    with _NoCyclicGc():
+        return _apply_at_commit(tx, events, transactions, strategy, processes, split, dead_letters, query_id, batch_id,
+                                letters, on_result)
+
+
+def _apply_at_commit(tx, events, transactions, strategy, processes, split, dead_letters, query_id, batch_id, letters,
+                     on_result) -> PendingBatch:
+    tx_started = time.perf_counter()
+    events = list(events)
+    batch = normalise_events(events)
+    runtime = runtime_of(transactions)
+    router = runtime.router
+    plans = router.plans
+    declare = transactions.declare
+    declared: dict[int, Any] = {}
+    states: dict[str, dict[Any, None]] = {}
+    unbounded: set[str] = set()
+    written: set[str] = set()
+    for t, event in enumerate(batch):
+        plan = plans.get(event[0])
+        predicted = plan.states(event) if plan is not None else None
+        if predicted is not None:
+            try:
+                for table, key in predicted:
+                    keys = states.get(table)
+                    if keys is None:
+                        states[table] = {key: None}
+                    else:
+                        keys[key] = None
+            except TypeError:          # an unhashable key: declare the event instead
+                predicted = None
+            else:
+                unbounded.update(plan.unbounded)
+                written |= plan.written
+                continue
+        try:
+            specs = declare(event)
+        except Exception as error:
+            declared[t] = f"{type(error).__name__}: {error}"
+            continue
+        declared[t] = specs
+        if event[0] not in plans and event[0] not in router.unroutable:
+            router.learn(event, specs)
+        touched, tables = touched_states(specs)
+        unbounded.update(tables)
+        written |= written_tables(specs)
+        for table, key in touched:
+            states.setdefault(table, {})[key] = None
+    extensions = tx.manager.extensions
+    observed = sorted(table for table in written if extensions.any("wants_old_images", table))
+    if observed:
+        result = apply_batch(tx, events, transactions, strategy=strategy, processes=processes, split=split)
+        result.notes.append(f"ran through the transaction tree: {', '.join(observed)} observed by rules")
+        pending = PendingBatch(transactions, batch, declared, {}, set(), strategy=strategy, processes=processes,
+                               split=split, dead_letters=dead_letters, query_id=query_id, batch_id=batch_id,
+                               letters=letters, on_result=on_result, ready=result)
+        tx.enlist(pending)
+        return pending
+    catalog = tx.manager.catalog
+    keys = {table: _normalised_keys(catalog.table_info(table), given_keys) for table, given_keys in states.items()}
+    pending = PendingBatch(transactions, batch, declared, keys, unbounded, strategy=strategy,
+                           processes=processes, split=split, dead_letters=dead_letters, query_id=query_id,
+                           batch_id=batch_id, letters=letters, on_result=on_result)
+    pending.seconds["apply"] = time.perf_counter() - tx_started
+    tx.enlist(pending)
+    return pending
+
+
+def _normalised_keys(info: Any, given_keys: Iterable[Any]) -> dict[Any, tuple]:
+    """``{key as declared: key tuple}``, checked as ``info.key`` checks (a column of plain ints by
+    its extremes)."""
+    given = list(given_keys)
+    if len(info.key_columns) == 1 and given and all(type(key) is int for key in given):
+        info.key(min(given))
+        info.key(max(given))
+        return {key: (key,) for key in given}
+    return {key: info.key(key) for key in given}

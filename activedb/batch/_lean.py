@@ -1,0 +1,265 @@
+"""The lean executor: the batch's meaning, computed the cheapest way one thread can.
+
+Serial in timestamp order (§2.1.1 of the paper), one event at a time: declare it, run its
+operations against the current images (a transaction reads the state as of before it: its own
+writes are buffered until it ends), keep them if no operation failed.  No TPG, no operation
+objects, no version list — a dict of current images, plus per state the versions windows read
+when the batch has window operations.  It is what the decision model picks when exploring a
+TPG buys nothing (one executor thread under the GIL: see ``_decide.py``), what each process of
+a split batch runs on its part, and what the execute-at-commit participant runs on the rows it
+locked.  The differential tests hold it equal to :func:`~activedb.batch._execute.run_serial`
+(the reference) and to every TPG strategy.
+
+Entry point: :func:`run_lean`.  It takes ``(t, event)`` pairs in timestamp order and either
+declares each event itself or takes its already declared operations (``declared``).  Missing
+images come from ``base``, then ``loader`` (on demand; a loader error is the batch's, not an
+operation's — except a :class:`DeclarationError`: the key cannot name a row), then count as
+absent rows; with ``allowed`` (a worker's part of a split batch), a state outside it raises
+:class:`RouteMissed` instead: the batch's split was planned on a prediction that this event
+broke, and the caller runs the batch again unsplit.
+
+Thread-safety: none; one call runs on one thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from activedb.batch._declare import BatchEvent, OpKind, Ops, OpSpec, no_operation, unknown_event_type
+from activedb.batch._state import failure_reason, merge_image, perform
+from activedb.batch.errors import DeclarationError, ExecutionInvariantBroken
+
+__all__ = ["LeanPart", "RouteMissed", "run_lean", "time_of"]
+
+_MISSING = object()
+_WRITE, _READ, _CHECK, _ND_WRITE = OpKind.WRITE, OpKind.READ, OpKind.CHECK, OpKind.ND_WRITE
+_WINDOWED = frozenset({OpKind.WINDOW_READ, OpKind.WINDOW_WRITE})
+
+
+class RouteMissed(BaseException):
+    """An operation touched a state outside the part this process was given (the split was
+    planned on predicted states; the prediction missed).  A ``BaseException`` so that no
+    operation's failure handling can mistake it for an abort."""
+
+    def __init__(self, state: tuple[str, Any], t: int) -> None:
+        super().__init__(f"transaction t={t} touched {state!r}, outside its predicted part")
+        self.state = state
+        self.t = t
+
+
+class _NeedVersions(BaseException):
+    """A window operation appeared in a run that keeps no versions: run again keeping them."""
+
+
+class _LoadFailed(BaseException):
+    """The loader failed (a database error): not an operation's failure — re-raised as is."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def time_of(event: BatchEvent) -> Any:
+    """An event's time for windows: its ``ts`` (datetimes as POSIX seconds), else its position."""
+    ts = event.ts
+    if ts is None:
+        return event.position
+    timestamp = getattr(ts, "timestamp", None)
+    return timestamp() if timestamp is not None and not isinstance(ts, (int, float)) else ts
+
+
+class LeanPart:
+    """What :func:`run_lean` computed: ``ts`` (the timestamps of the declared transactions,
+    ascending), ``aborted`` (t → reason), ``outputs`` (t → outputs of committed transactions that
+    have any), ``rejected`` (events that could not be declared, with why), ``final`` (last image
+    of every state a committed transaction wrote; None = deleted), ``before`` (their images
+    before the batch), ``operations`` (declared), ``executions`` (operation runs), ``states``
+    (states written), ``seconds`` and ``versions`` (whether window versions were kept)."""
+
+    __slots__ = ("ts", "aborted", "outputs", "rejected", "final", "before", "operations", "executions", "states",
+                 "seconds", "versions")
+
+    def __init__(self) -> None:
+        self.ts: list[int] = []
+        self.aborted: dict[int, str] = {}
+        self.outputs: dict[int, dict] = {}
+        self.rejected: list[tuple[BatchEvent, str]] = []
+        self.final: dict = {}
+        self.before: dict = {}
+        self.operations = self.executions = self.states = 0
+        self.seconds = 0.0
+        self.versions = False
+
+
+def run_lean(declarations: Mapping[str, Callable[[BatchEvent, Ops], None]], items: list[tuple[int, BatchEvent]],
+             base: Mapping[tuple[str, Any], Any], *, loader: Callable[[str, Any], Any] | None = None,
+             declared: Mapping[int, list[OpSpec] | str] | None = None, versions: bool = False,
+             allowed: Any = None) -> LeanPart:
+    """Run ``items`` (``(t, event)``, ascending ``t``) serially.  ``declared[t]``: the event's
+    operations, or the reason it was rejected (then it is not declared again).  ``versions``:
+    keep the versions windows read from the start (else a window operation restarts the run
+    keeping them).  ``allowed``: a container of the states this run may touch (a split part)."""
+    while True:
+        try:
+            return _run(declarations, items, base, loader, declared, versions, allowed)
+        except _NeedVersions:
+            versions = True
+        except _LoadFailed as failure:
+            raise failure.error from None
+
+
+def _run(declarations, items, base, loader, declared, versions, allowed) -> LeanPart:
+    started = time.perf_counter()
+    part = LeanPart()
+    part.versions = versions
+    rejected, result_ts, aborted_at, outputs_at = part.rejected, part.ts, part.aborted, part.outputs
+    current: dict = dict(base)
+    get = current.get
+    loaded: dict = {}
+    written: dict = {}                       # states written by committed transactions (ordered)
+    history: dict = {}                       # state -> [(t, image), ...] (windows only)
+    times: dict = {}
+    operations = executions = 0
+    declarations_get = declarations.get
+
+    def miss(state, t):
+        """A state not in ``current``: load it (or count it absent), once."""
+        if allowed is not None and state not in allowed:
+            raise RouteMissed(state, t)
+        if loader is not None:
+            try:
+                image = loader(state[0], state[1])
+            except DeclarationError:       # the loader says the key cannot name a row: the op fails
+                raise
+            except Exception as error:
+                raise _LoadFailed(error) from error
+        else:
+            image = None
+        current[state] = loaded[state] = image
+        return image
+
+    def read(state, t):
+        image = get(state, _MISSING)
+        return miss(state, t) if image is _MISSING else image
+
+    def window(state, t, size):
+        versions_of = history.get(state)
+        if not versions_of:
+            return []
+        if not times:
+            times.update((stamp, time_of(event)) for stamp, event in items)
+        lower = times[t] - size
+        first = len(versions_of)
+        while first > 0 and times[versions_of[first - 1][0]] >= lower:
+            first -= 1
+        return [image for _, image in versions_of[first:]]
+
+    for t, event in items:
+        # --- declare ------------------------------------------------------------------------
+        specs = declared.get(t) if declared is not None else None
+        if specs is None:
+            function = declarations_get(event.event_type)
+            if function is None:
+                rejected.append((event, f"UnknownEventType: {unknown_event_type(event.event_type)}"))
+                continue
+            ops = Ops(event)
+            try:
+                function(event, ops)
+            except Exception as error:
+                rejected.append((event, f"{type(error).__name__}: {error}"))
+                continue
+            specs = ops.specs
+            if not specs:
+                rejected.append((event, f"DeclarationError: {no_operation(event.event_type)}"))
+                continue
+            if ops.windowed and not versions:
+                raise _NeedVersions()
+        elif type(specs) is str:
+            rejected.append((event, specs))
+            continue
+        elif not versions and any(spec[0] in _WINDOWED for spec in specs):
+            raise _NeedVersions()
+        operations += len(specs)
+        # --- execute: every operation reads the state as of before this transaction ----------
+        writes = None
+        outputs = None
+        reason = None
+        several = False
+        for spec in specs:
+            executions += 1
+            kind = spec[0]
+            try:
+                if kind is _WRITE:
+                    state = spec[10]
+                    own = get(state, _MISSING)
+                    if own is _MISSING:
+                        own = miss(state, t)
+                    params = spec[3]
+                    if params:
+                        values = []
+                        for param in params:
+                            value = get(param, _MISSING)
+                            values.append(miss(param, t) if value is _MISSING else value)
+                        result = spec[4](own, *values)
+                    else:
+                        result = spec[4](own)
+                    if type(result) is dict:
+                        output = {**own, **result} if own is not None else dict(result)
+                    else:
+                        output = merge_image(own, result, spec)
+                    if writes is None:
+                        writes = [(state, output)]
+                    else:
+                        writes.append((state, output))
+                elif kind is _READ:
+                    state = spec[10]
+                    output = get(state, _MISSING)
+                    if output is _MISSING:
+                        output = miss(state, t)
+                else:
+                    state, image, output = perform(spec, t, read, window)
+                    if state is not None:
+                        if kind is _ND_WRITE:
+                            several = True
+                        if writes is None:
+                            writes = [(state, image)]
+                        else:
+                            writes.append((state, image))
+            except Exception as error:
+                reason = failure_reason(spec, error)
+                break
+            name = spec[8]
+            if name is not None:
+                if outputs is None:
+                    outputs = {name: output}
+                else:
+                    outputs[name] = output
+        result_ts.append(t)
+        if reason is not None:
+            aborted_at[t] = reason
+            continue
+        if outputs is not None:
+            outputs_at[t] = outputs
+        if writes is not None:
+            if several and len({state for state, _ in writes}) != len(writes):
+                raise ExecutionInvariantBroken(f"transaction t={t} writes a row twice (a non-deterministic write "
+                                               f"resolved to a row it also writes); write each row once")
+            for state, image in writes:
+                current[state] = image
+                written[state] = None
+                if versions:
+                    entry = history.get(state)
+                    if entry is None:
+                        history[state] = [(t, image)]
+                    else:
+                        entry.append((t, image))
+    part.final = {state: current[state] for state in written}
+    base_get = base.get
+    part.before = {state: (loaded[state] if state in loaded else base_get(state)) for state in written}
+    part.operations, part.executions = operations, executions
+    part.states = len(written)
+    part.seconds = time.perf_counter() - started
+    return part
+

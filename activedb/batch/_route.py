@@ -1,0 +1,464 @@
+"""Routing a batch over processes: which rows each event touches, without declaring it.
+
+Splitting a batch into connected components needs the states every transaction touches.
+Declaring every event in the calling process would make that process do a large share of the
+batch's work alone (the declaring functions are half of the engine's cost), which is exactly
+what limits a split.  So the router learns, per event type, a **route plan**: where in the
+event the rows it touches are named.  From the first declarations of a type it records, for
+every state ``(table, key)`` the operations touch (own rows, parameter rows, ND candidates),
+which parts of the event hold ``key``:
+
+* ``KEY`` — the event's own key (``event.key``);
+* ``FIELD name`` — a payload field (``payload[name] == key``, same type);
+* ``FLAT name`` — every scalar inside a list-valued payload field (GrepSum's ``ops``).
+
+A plan is the pairs ``(table, source)`` that matched in every learning event; it is kept only
+if it covers every state each learning event touched.  An ND operation without candidates
+marks its table *unbounded* (any row): every transaction on that table ends up in one part.
+Types whose rows cannot be found in the event (computed keys, conditional operations the
+learning events did not show) get no plan: their events are declared here, as before.
+
+Predictions are checked where it is free: each part runs with the set of states predicted for
+it (``allowed``), and a state outside it (looked up only on a miss of the part's images)
+raises :class:`~activedb.batch._lean.RouteMissed` — the split is abandoned for the batch (run
+again unsplit) and the type's plan dropped.  Over-prediction only merges components.
+
+Union-find over the predicted states gives the components; components are packed into bins
+(heaviest first onto the lightest bin; unbounded-ND components into bin 0, which runs in the
+calling process with its loader).
+
+Thread-safety: a :class:`Router` belongs to one :class:`StateTransactions` runtime and is used
+by one batch at a time.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from typing import Any
+
+from activedb.batch._declare import BatchEvent, OpSpec
+
+__all__ = ["Allowed", "RoutePlan", "Router", "Routing", "Source", "route", "touched_states", "written_tables"]
+
+LEARNING_EVENTS = 4        # declarations of a type a plan must agree with before it is used
+
+
+class Source(enum.Enum):
+    KEY = "key"        # event.key
+    FIELD = "field"    # payload[name]
+    FLAT = "flat"      # every scalar in the (nested) list payload[name]
+
+
+_FIELD, _KEY = Source.FIELD, Source.KEY
+
+
+def touched_states(specs: list[OpSpec]) -> tuple[list[tuple[str, Any]], list[str]]:
+    """The states a declared transaction touches, and the tables of its unbounded ND ops."""
+    states: list[tuple[str, Any]] = []
+    unbounded: list[str] = []
+    for spec in specs:
+        state = spec.state
+        if state is not None:
+            states.append(state)
+        elif spec.candidates is not None:
+            table = spec.table
+            states.extend((table, key) for key in spec.candidates)
+        else:
+            unbounded.append(spec.table)
+        if spec.params:
+            states.extend(spec.params)
+    return states, unbounded
+
+
+def written_tables(specs: list[OpSpec]) -> frozenset[str]:
+    """The tables a declared transaction writes."""
+    return frozenset(spec.table for spec in specs if spec.kind.writes)
+
+
+def _flat(value: Any, into: list) -> None:
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            _flat(item, into)
+    else:
+        into.append(value)
+
+
+class RoutePlan:
+    """Where the rows of one event type are named: ``pairs`` = ``(table, Source, name)``;
+    ``unbounded`` = tables of ND operations without candidates."""
+
+    __slots__ = ("pairs", "unbounded", "written", "_states", "unite", "tables")
+
+    def __init__(self, pairs: tuple[tuple[str, Source, Any], ...], unbounded: tuple[str, ...],
+                 written: frozenset[str] = frozenset()) -> None:
+        self.pairs = pairs
+        self.unbounded = unbounded
+        self.written = written          # the tables its operations write (learnt)
+        self._states = _compile(pairs)
+        self.unite, self.tables = _compile_unite(pairs)
+
+    def states(self, event: BatchEvent) -> list[tuple[str, Any]] | None:
+        """The predicted states of ``event``; None if its fields do not fit the plan.  (A key
+        that is not hashable fails where the caller looks the state up.)"""
+        try:
+            return self._states(event)
+        except (KeyError, TypeError, IndexError):
+            return None
+
+    def __getstate__(self):
+        return (self.pairs, self.unbounded, self.written)
+
+    def __setstate__(self, state) -> None:
+        self.__init__(*state)
+
+    def __repr__(self) -> str:
+        parts = [f"{table}<-{source.value}{'' if name is None else ':' + str(name)}"
+                 for table, source, name in self.pairs]
+        return f"RoutePlan({', '.join(parts)}{'; unbounded ' + ','.join(self.unbounded) if self.unbounded else ''})"
+
+
+def _compile(pairs: tuple[tuple[str, Source, Any], ...]):
+    """A function ``event -> [states]`` for ``pairs``, written out (one call and one list per
+    event).  Tables and field names are passed as values, never as text."""
+    namespace: dict[str, Any] = {"_flat_keys": _flat_keys, "_no_key": _no_key}
+    items = []
+    for number, (table, source, name) in enumerate(pairs):
+        namespace[f"table{number}"] = table
+        namespace[f"name{number}"] = name
+        if source is Source.FIELD:
+            items.append(f"(table{number}, payload[name{number}])")
+        elif source is Source.KEY:
+            items.append(f"(table{number}, event[1] if event[1] is not None else _no_key())")
+        else:
+            items.append(f"*[(table{number}, key) for key in _flat_keys(payload[name{number}])]")
+    code = "def states(event):\n    payload = event[3]\n    return [" + ", ".join(items) + "]\n"
+    exec(code, namespace)   # noqa: S102 - the text is built from fixed fragments and numbers only
+    return namespace["states"]
+
+
+_JOIN = """\
+{indent}number = ids{i}.get(key)
+{indent}if number is None:
+{indent}    number = ids{i}[key] = len(parents)
+{indent}    states.append((table{i}, key))
+{indent}    if first < 0:
+{indent}        parents.append(number)
+{indent}        first = number
+{indent}    else:
+{indent}        parents.append(first)
+{indent}else:
+{indent}    above = parents[number]
+{indent}    while above != number:
+{indent}        grand = parents[above]
+{indent}        parents[number] = grand
+{indent}        number = grand
+{indent}        above = parents[number]
+{indent}    if first < 0:
+{indent}        first = number
+{indent}    elif number != first:
+{indent}        parents[number] = first
+"""
+
+
+def _compile_unite(pairs: tuple[tuple[str, Source, Any], ...]):
+    """A function ``unite(event, ids, parents, states) -> number`` for ``pairs``: the union-find
+    step of :func:`route` for one event, written out per plan (the hot path of a split: no state
+    tuples but for new states, one dict per table).  ``ids[i]`` is the key → number dict of the
+    plan's i-th table; ``states[number]`` the state of a number.  Returns the number of the
+    event's first state; raises KeyError/TypeError if the event does not fit (the unions made
+    until then only merge components)."""
+    namespace: dict[str, Any] = {"_flat_keys": _flat_keys, "_no_key": _no_key}
+    lines = ["def unite(event, ids, parents, states):", "    payload = event[3]", "    first = -1"]
+    tables: list[str] = []
+    for number, (table, source, name) in enumerate(pairs):
+        if table not in tables:
+            tables.append(table)
+        index = tables.index(table)
+        namespace[f"table{index}"] = table
+        namespace[f"name{number}"] = name
+        if source is Source.FIELD:
+            lines.append(f"    key = payload[name{number}]")
+            lines.append(_JOIN.format(indent="    ", i=index).rstrip("\n"))
+        elif source is Source.KEY:
+            lines.append("    key = event[1]")
+            lines.append("    if key is None:\n        _no_key()")
+            lines.append(_JOIN.format(indent="    ", i=index).rstrip("\n"))
+        else:
+            lines.append(f"    for key in _flat_keys(payload[name{number}]):")
+            lines.append(_JOIN.format(indent="        ", i=index).rstrip("\n"))
+    lines.insert(1, "    " + ", ".join(f"ids{index}" for index in range(len(tables))) + (", = ids" if len(tables) == 1
+                                                                                           else " = ids"))
+    lines.append("    return first")
+    exec("\n".join(lines) + "\n", namespace)   # noqa: S102 - fixed fragments and numbers only
+    return namespace["unite"], tuple(tables)
+
+
+def _flat_keys(value: Any) -> list:
+    keys: list = []
+    _flat(value, keys)
+    return keys
+
+
+def _no_key():
+    raise KeyError("the event has no key")
+
+
+def _sources(event: BatchEvent, table: str, key: Any) -> set[tuple[str, Source, Any]]:
+    found = set()
+    if event.key is not None and type(event.key) is type(key) and event.key == key:
+        found.add((table, Source.KEY, None))
+    for name, value in event.payload.items():
+        if type(value) is type(key):
+            try:
+                if value == key:
+                    found.add((table, Source.FIELD, name))
+            except Exception:   # an odd __eq__: not a source
+                pass
+        elif isinstance(value, (list, tuple)):
+            keys: list = []
+            _flat(value, keys)
+            if any(type(item) is type(key) and item == key for item in keys):
+                found.add((table, Source.FLAT, name))
+    return found
+
+
+class Router:
+    """Learns route plans and predicts the states of a batch's events (module docstring)."""
+
+    def __init__(self) -> None:
+        self.plans: dict[str, RoutePlan] = {}
+        self.unroutable: set[str] = set()
+        self._learning: dict[str, list[tuple[set, list, tuple]]] = {}
+
+    def learn(self, event: BatchEvent, specs: list[OpSpec]) -> None:
+        """Learn from one declaration of ``event`` (called for events without a plan)."""
+        kind = event.event_type
+        if kind in self.plans or kind in self.unroutable:
+            return
+        states, unbounded = touched_states(specs)
+        pairs: set = set()
+        for table, key in dict.fromkeys(states):
+            found = _sources(event, table, key)
+            if not found:
+                self._give_up(kind)
+                return
+            pairs |= found
+        seen = self._learning.setdefault(kind, [])
+        seen.append((pairs, event, set(states), tuple(sorted(set(unbounded))), written_tables(specs)))
+        if len(seen) < LEARNING_EVENTS:
+            return
+        del self._learning[kind]
+        common = set.intersection(*(entry[0] for entry in seen))
+        if len({entry[3] for entry in seen}) != 1:
+            self._give_up(kind)
+            return
+        plan = RoutePlan(tuple(sorted(common, key=lambda pair: (pair[0], pair[1].value, str(pair[2])))),
+                         seen[0][3], frozenset().union(*(entry[4] for entry in seen)))
+        for _, learnt, states_seen, _, _ in seen:       # it must predict every state the events touched
+            predicted = plan.states(learnt)
+            if predicted is None or not states_seen <= set(predicted):
+                self._give_up(kind)
+                return
+        self.plans[kind] = plan
+
+    def _give_up(self, kind: str) -> None:
+        self.unroutable.add(kind)
+        self._learning.pop(kind, None)
+
+    def drop(self, event_type: str) -> None:
+        """A prediction of ``event_type`` missed: declare its events from now on."""
+        self.plans.pop(event_type, None)
+        self.unroutable.add(event_type)
+
+
+class Allowed:
+    """The states a part may touch: its predicted states, and any row of its unbounded tables."""
+
+    __slots__ = ("states", "tables")
+
+    def __init__(self, states: set, tables: Iterable[str] = ()) -> None:
+        self.states = states
+        self.tables = frozenset(tables)
+
+    def __contains__(self, state: Any) -> bool:
+        return state in self.states or (bool(self.tables) and state[0] in self.tables)
+
+
+class Routing:
+    """The split of one batch: ``bins[i]`` = the indices (into the batch) of the transactions of
+    bin ``i`` (ascending), ``states[i]`` = the states predicted for them, ``unbounded[i]`` = the
+    unbounded-ND tables of bin i; ``components`` and ``largest_share`` describe the split;
+    ``declared`` = index → specs of the events declared here (no plan), ``predicted`` = how
+    many events were routed by a plan."""
+
+    __slots__ = ("bins", "states", "unbounded", "components", "largest_share", "bin_share", "declared",
+                 "predicted", "weights")
+
+    def __init__(self) -> None:
+        self.bins: list[list[int]] = []
+        self.states: list[set] = []
+        self.unbounded: list[set] = []
+        self.components = 0
+        self.largest_share = 1.0
+        self.bin_share = 1.0
+        self.declared: dict[int, list[OpSpec] | str] = {}
+        self.predicted = 0
+        self.weights: list[int] = []
+
+
+def route(router: Router, declare, batch: list[BatchEvent], count: int,
+          declared: dict[int, Any] | None = None) -> Routing:
+    """Predict (or declare) the states of every event of ``batch``, find the components, pack
+    them into ``count`` bins.  ``declare(event) -> specs`` raises for events that cannot be
+    declared (they are rejected; they touch nothing).  ``declared``: specs already known."""
+    routing = Routing()
+    ids_of: dict[str, dict] = {}          # table (or "#table" for markers) -> key -> number
+    parents: list[int] = []               # union-find over the numbers
+    states_of_number: list = []           # number -> its state
+    firsts = [-1] * len(batch)            # per transaction: the number of one of its states
+    weights = [1] * len(batch)
+    plans = router.plans
+    unroutable = router.unroutable
+    known = routing.declared
+    predicted = 0
+    unbounded_of: dict[int, tuple[str, ...]] = {}
+    plan_ids: dict[str, tuple] = {}       # event type -> the key dicts of its plan's tables
+    for index, event in enumerate(batch):
+        first = None
+        plan = plans.get(event[0])
+        if plan is not None and (declared is None or index not in declared):
+            dicts = plan_ids.get(event[0])
+            if dicts is None:
+                dicts = plan_ids[event[0]] = tuple(ids_of.setdefault(table, {}) for table in plan.tables)
+            try:
+                first = plan.unite(event, dicts, parents, states_of_number)
+            except (KeyError, TypeError, IndexError):
+                first = None                # does not fit the plan (or an unhashable key): declare it
+            else:
+                predicted += 1
+                weights[index] = len(plan.pairs)
+                if plan.unbounded:
+                    unbounded_of[index] = plan.unbounded
+                    first = _union_all([("#table", table) for table in plan.unbounded] + [states_of_number[first]]
+                                       if first >= 0 else [("#table", table) for table in plan.unbounded],
+                                       ids_of, parents, states_of_number)
+        if first is None:
+            specs = declared.get(index) if declared is not None else None
+            if specs is None:
+                try:
+                    specs = declare(event)
+                except Exception as error:
+                    specs = f"{type(error).__name__}: {error}"
+            known[index] = specs
+            if type(specs) is str:
+                continue
+            if event[0] not in unroutable and event[0] not in plans:
+                router.learn(event, specs)
+            states, unbounded = touched_states(specs)
+            if unbounded:
+                unbounded_of[index] = tuple(unbounded)
+                states = states + [("#table", table) for table in unbounded]
+            first = _union_all(states, ids_of, parents, states_of_number)
+            weights[index] = len(states) or 1
+        firsts[index] = first
+    routing.predicted = predicted
+    # Every state of an unbounded table joins the table's marker: any row of it may be written.
+    if unbounded_of:
+        markers = ids_of["#table"]
+        for table in {table for names in unbounded_of.values() for table in names}:
+            for number in ids_of.get(table, {}).values():
+                _link(parents, markers[table], number)
+    # components: the root of each transaction's first state
+    find = _finder(parents)
+    members: dict[int, list[int]] = {}
+    alone = -2
+    for index, first in enumerate(firsts):
+        if first < 0:
+            root = alone                   # touches nothing (rejected): a component of its own
+            alone -= 1
+        else:
+            root = find(first)
+        group = members.get(root)
+        if group is None:
+            members[root] = [index]
+        else:
+            group.append(index)
+    routing.components = len(members)
+    total = max(1, sum(weights))
+    routing.weights = weights
+    loads = [0] * count
+    bins: list[list[int]] = [[] for _ in range(count)]
+    bin_of_root: dict[int, int] = {}
+    weighed = []
+    for root, group in members.items():
+        pinned = bool(unbounded_of) and any(index in unbounded_of for index in group)
+        weighed.append((not pinned, -sum(weights[index] for index in group), root, group))
+    weighed.sort(key=lambda item: (item[0], item[1]))
+    largest = 0
+    for unpinned, negative, root, group in weighed:
+        weight = -negative
+        largest = max(largest, weight)
+        target = min(range(count), key=loads.__getitem__) if unpinned else 0
+        loads[target] += weight
+        bins[target].extend(group)
+        bin_of_root[root] = target
+    routing.largest_share = largest / total
+    routing.bin_share = max(loads) / total
+    routing.bins = [sorted(group) for group in bins]
+    states_of: list[set] = [set() for _ in range(count)]
+    for number, state in enumerate(states_of_number):
+        if state[0] != "#table":
+            states_of[bin_of_root[find(number)]].add(state)
+    routing.states = states_of
+    routing.unbounded = [set() for _ in range(count)]
+    for index, tables in unbounded_of.items():
+        routing.unbounded[bin_of_root[find(firsts[index])]].update(tables)
+    return routing
+
+
+def _union_all(states: list, ids_of: dict, parents: list[int], states_of_number: list) -> int:
+    """Union the states of one transaction (the general path: declared events, markers);
+    returns the number of its first state (-1: none)."""
+    first = -1
+    for state in states:
+        ids = ids_of.get(state[0])
+        if ids is None:
+            ids = ids_of[state[0]] = {}
+        number = ids.get(state[1])
+        if number is None:
+            number = ids[state[1]] = len(parents)
+            states_of_number.append(state)
+            parents.append(number if first < 0 else first)
+            if first < 0:
+                first = number
+            continue
+        above = parents[number]
+        while above != number:             # find, halving the path
+            grand = parents[above]
+            parents[number] = grand
+            number = grand
+            above = parents[number]
+        if first < 0:
+            first = number
+        elif number != first:
+            parents[number] = first
+    return first
+
+
+def _finder(parents: list[int]):
+    def find(number: int) -> int:
+        root = number
+        while parents[root] != root:
+            root = parents[root]
+        while parents[number] != root:
+            parents[number], number = root, parents[number]
+        return root
+    return find
+
+
+def _link(parents: list[int], one: int, other: int) -> None:
+    find = _finder(parents)
+    one, other = find(one), find(other)
+    if one != other:
+        parents[other] = one

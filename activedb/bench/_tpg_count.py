@@ -1,0 +1,80 @@
+"""Instruction counts of the batch engine (``activedb bench tpg``, section 5).
+
+Wall-clock figures swing by 2× on a machine shared with other work; the number of user-space
+instructions a run executes does not (±1 % here).  :func:`instructions_per_event` runs this
+module twice under ``perf stat -e instructions:u`` — once stopping after the set-up (workload
+generated, modules imported, pool warmed, plans learnt), once running one more batch — and
+divides the difference by the batch size.  ``inherit=False`` counts the calling process only
+(``--no-inherit``: the parent of a split batch), else every process it started (its workers).
+
+Run as ``python -m activedb.bench._tpg_count WORKLOAD STRATEGY SIZE COST PARTITIONS PROCESSES
+PHASE`` (PHASE ``setup`` or ``run``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+__all__ = ["instructions_per_event", "perf_available"]
+
+
+def perf_available() -> bool:
+    """Whether ``perf stat`` can count this user's instructions here."""
+    if shutil.which("perf") is None:
+        return False
+    try:
+        completed = subprocess.run(["perf", "stat", "-x,", "-e", "instructions:u", "true"], capture_output=True,
+                                   text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return completed.returncode == 0 and _count(completed.stderr) is not None
+
+
+def _count(text: str) -> int | None:
+    for line in text.splitlines():
+        fields = line.split(",")
+        if len(fields) > 2 and "instructions" in fields[2] and fields[0].strip().isdigit():
+            return int(fields[0])
+    return None
+
+
+def instructions_per_event(workload: str, strategy: str, size: int, *, cost: float = 0.0, partitions: int = 1,
+                           processes: int = 1, inherit: bool = True) -> float | None:
+    """User-space instructions per event of one batch (see the module docstring); None if perf failed."""
+    counts = []
+    for phase in ("setup", "run"):
+        command = ["perf", "stat", "-x,", "-e", "instructions:u"] + ([] if inherit else ["--no-inherit"]) + [
+            sys.executable, "-m", "activedb.bench._tpg_count", workload, strategy, str(size), str(cost),
+            str(partitions), str(processes), phase]
+        completed = subprocess.run(command, capture_output=True, text=True, timeout=1800, env=dict(os.environ))
+        count = _count(completed.stderr)
+        if completed.returncode != 0 or count is None:
+            return None
+        counts.append(count)
+    return (counts[1] - counts[0]) / size
+
+
+def _main(workload: str, strategy: str, size: int, cost: float, partitions: int, processes: int, phase: str) -> None:
+    from activedb import batch
+    from activedb.batch import workloads
+    from activedb.bench.tpg import _events
+
+    events, state = _events(workload, workloads.Workload(batch=size, cost_us=cost, partitions=partitions))
+    transactions = workloads.workload_transactions(workload, processes=processes)
+    try:
+        options = {"split": "always"} if processes > 1 else {}
+        if processes > 1:
+            batch._runtime.runtime_of(transactions).pool.warm_up()
+        batch.run_in_memory(transactions, events[: max(64, size // 16)], state, strategy=strategy, **options)
+        if phase == "run":
+            batch.run_in_memory(transactions, events, state, strategy=strategy, **options)
+    finally:
+        transactions.close()
+
+
+if __name__ == "__main__":
+    _name, _strategy, _size, _cost, _partitions, _processes, _phase = sys.argv[1:8]
+    _main(_name, _strategy, int(_size), float(_cost), int(_partitions), int(_processes), _phase)

@@ -1,0 +1,99 @@
+"""``tx.read_many`` / ``tx.write_many`` (``activedb/txn/_bulk.py``) on the real PostgreSQL: the
+images as the node sees them loaded in one query, the locks at the granularity asked for, the
+same data events and validation as the per-row operations."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+import activedb
+from lockmgr import Mode
+
+
+def committed(db, table):
+    with db.engine.connect() as connection:
+        return {row.id: row.balance for row in connection.execute(sa.text(f"SELECT id, balance FROM {table}"))}
+
+
+@pytest.fixture()
+def accounts(db):
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM accounts"))
+        connection.execute(sa.text("INSERT INTO accounts (id, balance) SELECT n, n * 10 FROM generate_series(1, 6) n"))
+
+
+def _statements(db):
+    statements = []
+
+    def record(connection, cursor, statement, *rest):
+        statements.append(statement)
+
+    sa.event.listen(db.engine, "before_cursor_execute", record)
+    return statements, lambda: sa.event.remove(db.engine, "before_cursor_execute", record)
+
+
+def test_read_many_returns_what_the_node_sees_in_one_query(db, accounts):
+    with db.transaction() as tx:
+        tx.write("accounts", 2, balance=222)
+        statements, stop = _statements(db)
+        try:
+            images = tx.read_many("accounts", [1, 2, 9, 1])
+        finally:
+            stop()
+        assert list(images) == [1, 2, 9]                       # keyed as given, each once
+        assert images[1]["balance"] == 10 and images[2]["balance"] == 222 and images[9] is None
+        assert sum("FROM accounts" in statement for statement in statements) == 1
+        assert tx.read("accounts", 1)["balance"] == 10        # later reads need no round trip
+
+
+@pytest.mark.parametrize("lock, row_mode, table_mode", [("read", Mode.READ, Mode.IR), ("write", Mode.WRITE, Mode.IW),
+                                                         ("table", None, Mode.WRITE)])
+def test_read_many_locks_at_the_granularity_asked(db, accounts, lock, row_mode, table_mode):
+    locks = db.transactions.locks
+    with db.transaction() as tx:
+        tx.read_many("accounts", [3, 4], lock=lock)
+        row = locks.holders(("row", "accounts", (3,)))
+        assert (row.held.get(tx.id) if row else None) is row_mode
+        assert locks.holders(("table", "accounts")).held.get(tx.id) is table_mode
+
+
+def test_read_many_images_are_validated_at_the_flush(db, accounts, database_url):
+    other = activedb.connect(database_url)
+    try:
+        with pytest.raises(activedb.SerializationConflict):
+            with db.transaction() as tx:
+                images = tx.read_many("accounts", [5], lock="write")
+                other.run(lambda o: o.write("accounts", 5, balance=0))   # another process commits in between
+                tx.write("accounts", 5, balance=images[5]["balance"] + 1)
+    finally:
+        other.close()
+    assert committed(db, "accounts")[5] == 0
+
+
+@pytest.mark.parametrize("lock", ["row", "table"])
+def test_write_many_writes_deletes_and_raises_the_data_events(db, accounts, lock):
+    seen = []
+    db.rule(on=db.updated("accounts"), name="bulk_updates")(
+        lambda tx, event: seen.append((event.key, event.new["balance"])))
+    db.rule(on=db.deleted("accounts"), name="bulk_deletes")(lambda tx, event: seen.append((event.key, None)))
+    try:
+        with db.transaction() as tx:
+            assert tx.write_many("accounts", {1: {"balance": 11}, 2: {"balance": 22}, 6: None}, lock=lock) == 3
+            holders = db.transactions.locks.holders(("row", "accounts", (1,)))
+            assert bool(holders) is (lock == "row")
+    finally:
+        db.rules.remove("bulk_updates")
+        db.rules.remove("bulk_deletes")
+    assert sorted(seen) == [(1, 11), (2, 22), (6, None)]
+    assert committed(db, "accounts") == {1: 11, 2: 22, 3: 30, 4: 40, 5: 50}
+
+
+def test_bulk_operations_check_what_they_are_given(db, accounts):
+    with db.transaction() as tx:
+        with pytest.raises(ValueError, match="use 'read', 'write' or 'table'"):
+            tx.read_many("accounts", [1], lock="row")
+        with pytest.raises(activedb.InvalidKey):
+            tx.write_many("accounts", {1: {"id": 2, "balance": 1}})
+        with pytest.raises(activedb.InvalidValue):
+            tx.write_many("accounts", {1: {"balance": "ten"}})

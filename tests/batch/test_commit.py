@@ -1,0 +1,347 @@
+"""Execute at commit (``batch.apply_at_commit``) on the real PostgreSQL: the batch runs inside the
+top-level transaction's one PostgreSQL transaction, on rows it locks ``FOR UPDATE``.
+
+* state, dead letters and an ingestion-ledger row (enlisted after the batch, counts filled by
+  ``on_result``) commit together; a replay of the batch is skipped and changes nothing;
+* rows that do not exist yet (TP segments) are created; another writer's insert of one of them
+  committed before the batch's commit is counted on, one attempted during it waits and follows;
+* a writer in **another process** (a subprocess driven step by step through its stdin) reading
+  and writing the batch's rows before, during and after the batch's commit loses no update;
+* a rule observing a table the batch writes makes the batch run through the transaction tree,
+  and the rule fires.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+import sqlalchemy as sa
+
+import activedb
+from activedb import batch, testing
+from activedb.batch import workloads
+from spark_bridge import IngestionLedger, batch_committed  # the ledger participant
+from tests.batch.test_store import KEYS, _ledger_batch, _reset, _rows
+
+
+def _stored(db, state, reference):
+    accounts, assets = _rows(db, workloads.ACCOUNTS), _rows(db, workloads.ASSETS)
+    for (table, key), row in state.items():
+        expected = reference.final.get((table, key), row)
+        assert (accounts if table == workloads.ACCOUNTS else assets)[key] == expected, (table, key)
+
+
+def _letters(db, query_id):
+    with db.engine.connect() as connection:
+        return connection.execute(sa.text("SELECT reason FROM activedb_dead_letters WHERE query_id = :q ORDER BY id"),
+                                  {"q": query_id}).scalars().all()
+
+
+def test_at_commit_writes_state_dead_letters_and_ledger_together_and_a_replay_is_skipped(db):
+    events, state = _ledger_batch(seed=21)
+    _reset(db, state)
+    transactions = workloads.ledger()
+    reference = batch.run_in_memory(transactions, events, state, strategy="serial")
+    assert reference.aborted
+
+    def attempt():
+        ledger = IngestionLedger(db, "at-commit", 1)
+
+        def counts(result, connection):      # called inside the commit, before the ledger writes
+            ledger.events, ledger.dead_letters = result.committed_count, len(result.dead_letters)
+
+        with db.transaction(name="at-commit") as tx:
+            pending = batch.apply_at_commit(tx, events, transactions, query_id="at-commit", batch_id=1,
+                                            on_result=counts)
+            tx.enlist(ledger)                # after the batch: its row needs the counts
+            assert pending.state is batch.PendingState.PENDING
+            with pytest.raises(batch.errors.BatchNotCommitted):
+                pending.result
+        return pending, tx
+
+    pending, tx = attempt()
+    assert pending.state is batch.PendingState.COMMITTED and pending.mode == "at commit"
+    result = pending.result
+    assert [(o.event.position, o.committed, o.reason) for o in result.transactions] == [
+        (o.event.position, o.committed, o.reason) for o in reference.transactions]
+    assert result.final == reference.final
+    _stored(db, state, reference)
+    assert _letters(db, "at-commit") == [reason for _, reason in reference.dead_letters]
+    assert batch_committed(db, "at-commit", 1)
+    with db.engine.connect() as connection:
+        ledger_row = connection.execute(sa.text(
+            "SELECT events, dead_letters FROM activedb_ingestion_ledger WHERE query_id = 'at-commit'")).one()
+        info = connection.execute(sa.text("SELECT info FROM activedb_transaction_log WHERE transaction_id = :id"),
+                                  {"id": tx.log_id}).scalar_one()
+    assert tuple(ledger_row) == (len(reference.committed), len(reference.dead_letters))
+    assert info["batch"]["rows_written"] == len(reference.changes())
+    # The same batch again: the ledger refuses it inside the same PostgreSQL transaction.
+    before = _rows(db, workloads.ACCOUNTS)
+    with pytest.raises(activedb.errors.BatchAlreadyCommitted):
+        attempt()
+    assert _rows(db, workloads.ACCOUNTS) == before
+    assert _letters(db, "at-commit") == [reason for _, reason in reference.dead_letters]
+
+
+def test_new_rows_are_created_and_concurrent_inserts_of_them_are_ordered(db):
+    _reset(db, {})
+    events = workloads.generate_toll(workloads.Workload(batch=120, keys=12, abort_ratio=0.2, cost_us=0, seed=9))
+    transactions = workloads.toll()
+    reference = batch.run_in_memory(transactions, events, {}, strategy="serial")
+    with db.transaction() as tx:
+        pending = batch.apply_at_commit(tx, events, transactions, dead_letters=None)
+    assert pending.result.final == reference.final
+    counts = _rows(db, workloads.TOLL_COUNT, "segment")
+    assert {segment: row["vehicles"] for segment, row in counts.items()} == {
+        key: image["vehicles"] for (table, key), image in reference.final.items() if table == workloads.TOLL_COUNT}
+    report = [{"type": "position_report", "ts": 1.0, "payload": {"segment": 500, "vehicle": 1, "speed": 50.0}}]
+    other = activedb.connect(db.engine.url.render_as_string(hide_password=False))
+    try:
+        with testing.Watchdog(60, db.transactions.locks):
+            # A row the batch creates is inserted by another writer after apply_at_commit, before the
+            # commit: the batch finds it at commit and counts on top of it.
+            with db.transaction() as tx:
+                batch.apply_at_commit(tx, report, transactions, dead_letters=None)
+                with other.transaction() as intruder:
+                    intruder.write(workloads.TOLL_COUNT, 500, vehicles=7)
+            assert _rows(db, workloads.TOLL_COUNT, "segment")[500]["vehicles"] == 8
+            # A writer that inserts a row the batch found absent, while the batch commits, waits for the
+            # batch's table lock and comes after it.
+            report[0]["payload"]["segment"] = 501
+            done = []
+
+            def insert_during_commit():
+                with other.transaction() as intruder:
+                    intruder.write(workloads.TOLL_COUNT, 501, vehicles=70)
+                done.append(True)
+
+            with db.transaction() as tx:
+                batch.apply_at_commit(tx, report, transactions, dead_letters=None)
+                tx.enlist(_HoldBeforeCommit(lambda: _start_thread(insert_during_commit),
+                                            lambda: _waiting_on_a_lock(db)))
+            testing.wait_until(lambda: done, timeout=30, message="the other writer to commit")
+            assert _rows(db, workloads.TOLL_COUNT, "segment")[501]["vehicles"] == 70
+    finally:
+        other.close()
+
+
+def _start_thread(function):
+    thread = threading.Thread(target=function, name="other writer", daemon=True)
+    thread.start()
+
+
+# --- another process ---------------------------------------------------------------------------
+
+WRITER = textwrap.dedent(
+    """
+    import sys, threading, activedb, faulthandler
+    faulthandler.dump_traceback_later(100, exit=True)   # a hung writer fails the test
+    db = activedb.connect(sys.argv[1])
+    print("ready", flush=True)
+    tx = context = None
+    for line in sys.stdin:
+        command, *arguments = line.split()
+        if command == "rmw":                  # read-modify-write in one transaction, retried on conflicts
+            key, delta = int(arguments[0]), int(arguments[1])
+            def add(tx):
+                row = tx.read("tpg_accounts", key)
+                tx.write("tpg_accounts", key, balance=row["balance"] + delta)
+            db.run(add, retries=5)
+            print("done", flush=True)
+        elif command == "read":                # open a transaction and read (its image is relied on)
+            context = db.transaction()
+            tx = context.__enter__()
+            print(tx.read("tpg_accounts", int(arguments[0]))["balance"], flush=True)
+        elif command == "write_commit":        # write what was read + delta, commit (may conflict)
+            key, delta = int(arguments[0]), int(arguments[1])
+            row = tx.read("tpg_accounts", key)
+            tx.write("tpg_accounts", key, balance=row["balance"] + delta)
+            try:
+                context.__exit__(None, None, None)
+                print("committed", flush=True)
+            except activedb.SerializationConflict:
+                print("conflict", flush=True)
+        elif command == "quit":
+            break
+    db.close()
+    """
+)
+
+
+class _Writer:
+    def __init__(self, database_url):
+        self.process = subprocess.Popen([sys.executable, "-c", WRITER, database_url], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self.ask(None) == "ready"
+
+    def send(self, line):
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+
+    def ask(self, line):
+        if line is not None:
+            self.send(line)
+        answer = self.process.stdout.readline().strip()
+        assert answer, self.process.stderr.read()
+        return answer
+
+    def close(self):
+        try:
+            self.send("quit")
+        except BrokenPipeError:
+            pass
+        _, errors = self.process.communicate(timeout=60)
+        assert self.process.returncode == 0, errors
+
+
+def _balance(db, key):
+    with db.engine.connect() as connection:
+        return connection.execute(sa.text(f"SELECT balance FROM {workloads.ACCOUNTS} WHERE id = :k"),
+                                  {"k": key}).scalar_one()
+
+
+def _waiting_on_a_lock(db) -> bool:
+    with db.engine.connect() as connection:
+        return connection.execute(sa.text(
+            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE NOT l.granted AND a.datname = current_database()")).scalar_one() > 0
+
+
+def _activity(db):
+    with db.engine.connect() as connection:
+        return connection.execute(sa.text(
+            "SELECT pid, state, wait_event_type, wait_event, left(query, 80) FROM pg_stat_activity "
+            "WHERE datname = current_database()")).all()
+
+
+class _HoldBeforeCommit(activedb.CommitParticipant):
+    """Enlisted after the batch: once the batch's rows are written and locked, ``start()`` the
+    other process's step, and hold the commit until ``until()``."""
+
+    def __init__(self, start, until, describe=None):
+        self.start = start
+        self.until = until
+        self.describe = describe
+
+    def about_to_commit(self, transaction, connection):
+        self.start()
+        testing.wait_until(self.until, timeout=30, message="the other process to wait for the batch's row lock",
+                           describe=self.describe)
+
+
+def test_a_writer_in_another_process_loses_no_update(db, database_url):
+    key = 3
+    state = {state: {**row, **({"balance": 1000} if "balance" in row else {"value": 1000})}
+             for state, row in workloads.initial_state("sl", KEYS).items()}
+    _reset(db, state)
+    deposits = [{"type": "deposit", "ts": float(number), "payload": {"account": key, "asset": 1, "amount": 10}}
+                for number in range(5)]
+    transactions = workloads.ledger()
+    writer = _Writer(database_url)
+    try:
+        with testing.Watchdog(120, db.transactions.locks):
+            # A: the other process commits between apply_at_commit and the commit: the batch reads its row.
+            with db.transaction() as tx:
+                batch.apply_at_commit(tx, deposits, transactions)
+                assert writer.ask(f"rmw {key} 100") == "done"
+            assert _balance(db, key) == 1000 + 100 + 50
+            # B: the other process read before the batch committed and writes after: its flush conflicts.
+            assert writer.ask(f"read {key}") == "1150"
+            with db.transaction() as tx:
+                batch.apply_at_commit(tx, deposits, transactions)
+            assert writer.ask(f"write_commit {key} 100") == "conflict"
+            assert _balance(db, key) == 1200
+            # C: the other process flushes while the batch's commit holds the row lock: it waits,
+            # then sees the batch's change (its read-modify-write is re-run), nothing lost.
+            with db.transaction() as tx:
+                batch.apply_at_commit(tx, deposits, transactions)
+                tx.enlist(_HoldBeforeCommit(lambda: writer.send(f"rmw {key} 100"), lambda: _waiting_on_a_lock(db),
+                                            lambda: _activity(db)))
+            assert writer.ask(None) == "done"
+            assert _balance(db, key) == 1200 + 50 + 100
+    finally:
+        writer.close()
+
+
+def test_a_rule_on_a_written_table_runs_the_batch_through_the_tree(db):
+    events, state = _ledger_batch(seed=5, size=60)
+    _reset(db, state)
+    fired = []
+
+    @db.rule(on=db.updated(workloads.ASSETS), name="tpg_assets_watch")
+    def watch(tx, event):
+        fired.append(event.key)
+
+    try:
+        assert db.rules.observes(workloads.ASSETS) and not db.rules.observes(workloads.ACCOUNTS)
+        transactions = workloads.ledger()
+        reference = batch.run_in_memory(transactions, events, state, strategy="serial")
+        with db.transaction() as tx:
+            pending = batch.apply_at_commit(tx, events, transactions, dead_letters=None)
+        assert pending.mode == "through the tree"
+        assert pending.result.final == reference.final
+        _stored(db, state, reference)
+        changed_assets = {key for (table, key), image in reference.changes().items() if table == workloads.ASSETS}
+        assert sorted(fired) == sorted(changed_assets)
+    finally:
+        db.rules.remove("tpg_assets_watch")
+
+
+def test_windows_and_non_deterministic_rows_at_commit_equal_the_reference(db):
+    """GS with window reads and ND writes/reads without candidates: the rows an ND operation
+    computes are read on demand at commit (after a table lock), windows see the batch's versions."""
+    from tests.batch.test_differential import _batch, _summary
+
+    transactions, events, state = _batch("gs", 0.8, 0.5, 0)
+    _reset(db, state)
+    reference = batch.run_in_memory(workloads.grep_sum(), events, state, strategy="serial")
+    assert reference.statistics.operations and any(event["type"].startswith("gs_nd") for event in events)
+    with db.transaction() as tx:
+        pending = batch.apply_at_commit(tx, events, transactions, query_id="gs-at-commit", batch_id=3)
+    assert _summary(pending.result) == _summary(reference)
+    stored = _rows(db, workloads.GREP)
+    for (table, key), image in reference.final.items():
+        assert stored.get(key) == ({"id": key, **image} if image is not None else None), key
+    assert _letters(db, "gs-at-commit") == [reason for _, reason in reference.dead_letters]
+
+
+def test_a_batch_split_over_two_processes_at_commit(db):
+    events, state = _ledger_batch(seed=13, partitions=4, size=400)
+    _reset(db, state)
+    reference = batch.run_in_memory(workloads.ledger(), events, state, strategy="serial")
+    with workloads.ledger(processes=2) as transactions:
+        with db.transaction() as tx:
+            pending = batch.apply_at_commit(tx, events, transactions, split="always", dead_letters=None)
+    result = pending.result
+    assert result.statistics.processes == 2, result.notes
+    assert result.final == reference.final and result.dead_letters == reference.dead_letters
+    _stored(db, state, reference)
+
+
+def test_dead_letters_name_the_events_as_given_on_both_paths(db):
+    """``event.position`` of a dead letter is the index in the list given (out of ts order here),
+    whether the batch runs at commit or, a rule observing a written table, through the tree."""
+    events, state = _ledger_batch(seed=8, size=80)
+    events = list(reversed(events))                       # arrival order differs from ts order
+    transactions = workloads.ledger()
+    reference = batch.run_in_memory(transactions, events, state, strategy="serial")
+    expected = [(event.position, reason) for event, reason in reference.dead_letters]
+    assert expected
+    for observed in (False, True):
+        _reset(db, state)
+        if observed:
+            db.rule(on=db.updated(workloads.ACCOUNTS), name="tpg_accounts_watch")(lambda tx, event: None)
+        try:
+            with db.transaction() as tx:
+                pending = batch.apply_at_commit(tx, events, transactions, dead_letters=None)
+        finally:
+            if observed:
+                db.rules.remove("tpg_accounts_watch")
+        assert pending.mode == ("through the tree" if observed else "at commit")
+        assert [(event.position, reason) for event, reason in pending.result.dead_letters] == expected
+        assert all(events[event.position]["payload"] == dict(event.payload)
+                   for event, _ in pending.result.dead_letters)
