@@ -59,6 +59,10 @@ def jsonable(value: Any) -> Any:
     return storable_text(repr(value))
 
 
+#: Keys per statement when reading rows by key (PostgreSQL's limit is 65,535 bind parameters).
+FETCH_CHUNK = 20_000
+
+
 def fetch_rows(connection: sa.Connection, info: TableInfo, keys: Iterable[Key], *, lock: str | None = None
                ) -> dict[Key, dict]:
     """Committed images of ``keys`` (missing keys absent from the result)."""
@@ -71,8 +75,14 @@ def fetch_rows(connection: sa.Connection, info: TableInfo, keys: Iterable[Key], 
     elif lock == "update":
         statement = statement.with_for_update()
     bound = [key if len(info.key_columns) > 1 else key[0] for key in keys]
-    rows = connection.execute(statement, {"keys": bound}).mappings().all()
-    return {tuple(row[name] for name in info.key_columns): dict(row) for row in rows}
+    names = info.key_columns
+    found: dict[Key, dict] = {}
+    # One statement per FETCH_CHUNK keys: PostgreSQL takes at most 65,535 bind parameters per statement.
+    step = FETCH_CHUNK // len(names)
+    for start in range(0, len(bound), step):
+        rows = connection.execute(statement, {"keys": bound[start:start + step]}).mappings().all()
+        found.update((tuple(row[name] for name in names), dict(row)) for row in rows)
+    return found
 
 
 def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],

@@ -431,3 +431,19 @@ def test_a_commit_postgresql_refuses_says_what_happened_not_lost_connection(db):
     message = str(raised.value)
     assert "connection" not in message and huge_key[:100] not in message and len(message) < 1000
     assert committed(db, "items") == {}
+
+
+def test_a_tree_that_read_more_rows_than_one_statement_can_bind_commits(db):
+    """PostgreSQL binds at most 65,535 parameters per statement: reads by key (prefetch, validation at the
+    flush) are split into several statements."""
+    keys = list(range(70_000))
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("INSERT INTO accounts (id, balance) SELECT g, 1 FROM generate_series(0, 69999) g"))
+    try:
+        with db.transaction() as tx:
+            db.set_granularity("accounts", "table")
+            assert tx.prefetch("accounts", keys) == 70_000
+            tx.write("accounts", 5, balance=2)
+        assert committed(db, "accounts")[(5,)]["balance"] == 2
+    finally:
+        db.set_granularity("accounts", "tuple")
