@@ -6,8 +6,8 @@ Public names: :class:`Catalog`, :class:`TableInfo`, :class:`Entry`, :class:`Entr
 
 from activedb.store._catalog import KEY_BLOCK, Catalog
 from activedb.store._schema import TableInfo, json_problem, text_problem
-from activedb.store._sql import apply_write_set, fetch_rows, jsonable, storable_text
+from activedb.store._sql import apply_write_set, fetch_rows, is_connection_failure, jsonable, storable_text
 from activedb.store._writeset import Entry, EntryKind, Key, Row, resolve
 
 __all__ = ["KEY_BLOCK", "Catalog", "TableInfo", "Entry", "EntryKind", "Key", "Row", "resolve", "fetch_rows",
-           "apply_write_set", "jsonable", "storable_text", "json_problem", "text_problem"]
+           "apply_write_set", "is_connection_failure", "jsonable", "storable_text", "json_problem", "text_problem"]

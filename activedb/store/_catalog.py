@@ -19,6 +19,7 @@ import sqlalchemy as sa
 
 from activedb.errors import DatabaseUnavailable, TransactionError, UnknownTable
 from activedb.store._schema import TableInfo
+from activedb.store._sql import is_connection_failure
 
 #: Generated keys are drawn from a sequence this many at a time (one round trip per block).
 KEY_BLOCK = 64
@@ -103,6 +104,8 @@ class Catalog:
             with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
                 yield connection
         except sa.exc.OperationalError as error:
+            if not is_connection_failure(error):
+                raise
             reason = str(error.orig or error).strip().splitlines()[0]
             raise DatabaseUnavailable(
                 f"lost the connection to PostgreSQL ({self._describe()}) while reading: {reason}; "

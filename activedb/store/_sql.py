@@ -19,6 +19,20 @@ from activedb.store._schema import TableInfo
 from activedb.store._writeset import Entry, EntryKind, Key
 
 
+# SQLSTATE classes that mean the connection (or the server) is gone, not the statement: 08 connection
+# exception, 57P01-57P03 admin/crash shutdown, cannot connect now.
+_CONNECTION_SQLSTATES_PREFIXES = ("08", "57P")
+
+
+def is_connection_failure(error: sa.exc.DBAPIError) -> bool:
+    """True if ``error`` means the connection to PostgreSQL broke (SQLAlchemy invalidated it, or the
+    SQLSTATE says so), not that a statement was refused."""
+    if error.connection_invalidated:
+        return True
+    sqlstate = getattr(error.orig, "sqlstate", None)
+    return sqlstate is not None and sqlstate.startswith(_CONNECTION_SQLSTATES_PREFIXES)
+
+
 def storable_text(value: str) -> str:
     """``value`` with what PostgreSQL cannot store spelled out: NUL as ``\\u0000`` and lone surrogates as
     ``\\udXXX`` escapes (text, so nothing of the original is lost from view)."""

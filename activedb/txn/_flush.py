@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Mapping
 import sqlalchemy as sa
 
 from activedb.errors import DatabaseError, DatabaseUnavailable, SerializationConflict
-from activedb.store import Key, TableInfo, apply_write_set, fetch_rows, jsonable
+from activedb.store import Key, TableInfo, apply_write_set, fetch_rows, is_connection_failure, jsonable
 from activedb.txn._view import scan_rows
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -47,9 +47,6 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger("activedb.transaction")
 
 _RETRYABLE_SQLSTATES = {"40001", "40P01"}
-# SQLSTATE classes that mean the connection (or the server) is gone, not the statement: 08 connection
-# exception, 57P01-57P03 admin/crash shutdown, cannot connect now.
-_CONNECTION_SQLSTATES_PREFIXES = ("08", "57P")
 
 
 def flush(root: "Transaction") -> None:
@@ -134,20 +131,10 @@ def _log(root: "Transaction", connection: sa.Connection, writes) -> None:
     ))
 
 
-def _is_connection_failure(error: sa.exc.DBAPIError) -> bool:
-    if error.connection_invalidated:
-        return True
-    sqlstate = getattr(error.orig, "sqlstate", None)
-    if sqlstate is None:
-        # psycopg raises OperationalError without a SQLSTATE when the socket breaks.
-        return isinstance(error, sa.exc.OperationalError)
-    return sqlstate.startswith(_CONNECTION_SQLSTATES_PREFIXES)
-
-
 def _raise_database_error(root: "Transaction", error: sa.exc.DBAPIError) -> None:
     """Raise what ``error`` means for the commit of ``root``; return only if the connection broke and the
     transaction log shows that the commit happened."""
-    if _is_connection_failure(error):
+    if is_connection_failure(error):
         _raise_unknown_outcome(root, error)
         return
     sqlstate = getattr(error.orig, "sqlstate", None)
