@@ -212,7 +212,7 @@ _FREE_LOCKS_PER_STRIPE = 16
 # committed subtransactions into their owners' (``_fold``): a lock that many committed members touched
 # shrinks back to about one entry per owner, at a cost amortized over the entries it folds.  (Tests set it
 # to 1 and to "never" to run every path with and without folds.)
-_FOLD_AT = 8
+_FOLD_AT = 4
 
 
 def _new_lock(resource: Any, stripe: _Stripe) -> _Lock:
