@@ -86,6 +86,10 @@ def record_of(transaction: "Transaction") -> LineageRecord:
     """The lineage record of ``transaction``'s tree, with its writer enlisted (on the root while the root
     is active, else on ``transaction`` itself, whence it is delegated to the root)."""
     root = transaction.root
+    if transaction.state in (TxnState.COMMITTED, TxnState.ABORTED) or root.state in (TxnState.COMMITTED,
+                                                                                    TxnState.ABORTED):
+        raise LineageError(f"cannot record lineage in {transaction.id}: its tree has ended "
+                           f"({root.state.value}); record it while the transaction runs")
     record = root.slot(LineageRecord)
     with record.mutex:
         if record.writer is not None:
