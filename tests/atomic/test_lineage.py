@@ -166,3 +166,18 @@ def test_prune_forgets_old_lineage(db):
     assert db.batches.prune(older_than=0) >= 1
     assert db.batches.transaction(tx.log_id) is None
     assert scalar(db, "SELECT count(*) FROM activedb_lineage_batches WHERE query_id = :q", q=query) == 0
+
+
+def test_the_lineage_revision_round_trips(database_url):
+    import activedb
+    from activedb import _migrate
+
+    database = activedb.connect(database_url)
+    try:
+        assert _migrate.head() == "0006_lineage"
+        database.downgrade("0004_capture")
+        assert scalar(database, "SELECT to_regclass('activedb_lineage') IS NULL")
+        database.upgrade("head")
+        assert scalar(database, "SELECT to_regclass('activedb_lineage_undo') IS NOT NULL")
+    finally:
+        database.close()
