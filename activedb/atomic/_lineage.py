@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -112,14 +113,16 @@ class LineageWriter(CommitParticipant):
 
     def __init__(self, record: LineageRecord):
         self.record = record
-        # The connection of the flush attempt that wrote already (a retried flush writes again).
-        self._written_on: int | None = None
+        # The connection of the flush attempt that wrote already (a retried flush, on a new connection,
+        # writes again; a writer enlisted twice writes once).  A weak reference: a dead connection's
+        # id may be reused by the next one.
+        self._written_on: weakref.ref | None = None
         self._before: dict[tuple[str, Any], dict | None] = {}
 
     def write(self, transaction: "Transaction", connection: sa.Connection) -> None:
-        if self._written_on == id(connection):
+        if self._written_on is not None and self._written_on() is connection:
             return
-        self._written_on = id(connection)
+        self._written_on = weakref.ref(connection)
         record = self.record
         with record.mutex:
             consumed, produced = list(record.consumed), list(record.produced)
