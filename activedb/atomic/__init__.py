@@ -11,10 +11,10 @@ executor of state transactions.)
 """
 
 from activedb.atomic import errors
-from activedb.atomic._batches import Batches
+from activedb.atomic._batches import Batches, SplitFailure
 from activedb.atomic._compensate import CompensationPlan, CompensationReport, Mode, Scope, Unsafe
 from activedb.atomic._graph import BoundReached, IndependentScover, TransactionLineage
 from activedb.atomic._lineage import BatchRef
 
 __all__ = ["Batches", "BatchRef", "BoundReached", "CompensationPlan", "CompensationReport", "IndependentScover",
-           "Mode", "Scope", "TransactionLineage", "Unsafe", "errors"]
+           "Mode", "Scope", "SplitFailure", "TransactionLineage", "Unsafe", "errors"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import enum
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
@@ -16,6 +17,13 @@ from activedb.atomic.errors import LineageError, UnknownBatch
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb import Database, Transaction
+
+
+class SplitFailure(enum.Enum):
+    """What to do with a split batch one partition of which failed for good."""
+
+    FORWARD = "forward"          # complete it forward: apply the failed partition again after the fix
+    COMPENSATE = "compensate"    # compensate the committed partitions: the batch leaves no effect
 
 
 def _ref(batch: Any) -> BatchRef:
@@ -216,6 +224,19 @@ class Batches:
         if dry_run:
             return CompensationReport(compensation, dry_run=True)
         return _compensate.execute(self, compensation, allow_unsafe=allow_unsafe)
+
+    def settle_failed_split(self, source_batch: Any, *, on_failure: str | "SplitFailure",
+                            allow_unsafe: bool = False) -> CompensationReport | None:
+        """A partition of the split batch ``source_batch`` failed for good (a poisoned partition replay
+        cannot fix).  ``on_failure="forward"``: nothing is undone — the batch completes forward when the
+        failed partition is applied again after the fix (the ledger skips the committed ones); returns
+        None.  ``"compensate"``: the partitions that committed (and everything they triggered) are
+        compensated in full, so the source batch leaves no effect; returns the report.  The Spark
+        scale-out path is meant to call this with ``ingest(..., on_partition_failure=...)``."""
+        policy = SplitFailure(on_failure)
+        if policy is SplitFailure.FORWARD:
+            return None
+        return self.compensate(source_batch, mode="full", allow_unsafe=allow_unsafe)
 
     # --- retention -----------------------------------------------------------------------------------
 
