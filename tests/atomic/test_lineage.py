@@ -10,7 +10,6 @@ import uuid
 import pytest
 import sqlalchemy as sa
 
-from activedb import Coupling
 from activedb.atomic.errors import LineageError, NoCompensation, UnsafeUndo
 
 
