@@ -16,6 +16,7 @@ from lockmgr import Deadlock
 from activedb import _embedded, _migrate
 from activedb.errors import DatabaseUnavailable, RuleError, SerializationConflict, TransactionError
 from activedb.events import EventKind, EventSpec, Punctuations
+from activedb.outbox import Outbox
 from activedb.rules import FunctionRule, Rule, RuleManager
 from activedb.store import Catalog
 from activedb.txn import CommitParticipant, Observer, ReadBase, TransactionManager
@@ -65,6 +66,11 @@ def check_reachable(engine: Engine) -> None:
         ) from None
 
 
+def _retried(error: BaseException | None) -> bool:
+    """The aborts ``Database.run`` answers with another attempt."""
+    return isinstance(error, (SerializationConflict, Deadlock))
+
+
 class Database:
     """A connected activedb database.
 
@@ -76,7 +82,7 @@ class Database:
 
     def __init__(self, engine: Engine, *, embedded: _embedded.EmbeddedServer | None = None,
                  max_cascade_depth: int = 16, max_deferred_cycles: int = 100, rule_execution: str = "threads",
-                 **transaction_options: Any):
+                 outbox_options: dict[str, Any] | None = None, **transaction_options: Any):
         self.engine = engine
         self.embedded = embedded
         self._closed = False
@@ -84,6 +90,8 @@ class Database:
         self.transactions = TransactionManager(self.catalog, **transaction_options)
         self.rules = RuleManager(self.catalog, self.transactions, max_cascade_depth=max_cascade_depth,
                                  max_deferred_cycles=max_deferred_cycles, execution=rule_execution)
+        #: Detached-family firings, recorded durably and run exactly once (``activedb/outbox/README.md``).
+        self.outbox = Outbox(self.catalog, self.transactions, self.rules, **(outbox_options or {}))
         self.punctuations = Punctuations()
 
     # --- rules and events -------------------------------------------------------------------
@@ -175,10 +183,15 @@ class Database:
         """Run ``function(tx, *args, **kwargs)`` in a top-level transaction, re-running it (at most
         ``retries`` more times) on a serialization conflict or a deadlock, after a jittered exponential
         back-off starting at ``backoff`` seconds (so that the transactions that collided do not collide
-        again in lock step)."""
+        again in lock step).  An attempt that is re-run is not an outcome for the rules: the detached and
+        exclusive causally dependent firings of an aborted attempt are dropped (the attempt that commits
+        fires its own; see :meth:`activedb.outbox.Outbox.mark_replayed`)."""
         for attempt in range(retries + 1):
             try:
                 with self.transaction() as transaction:
+                    if attempt < retries:
+                        # An attempt this loop re-runs leaves nothing behind, detached firings included.
+                        self.outbox.mark_replayed(transaction, when=_retried)
                     return function(transaction, *args, **kwargs)
             except (SerializationConflict, Deadlock):
                 if attempt == retries:
@@ -258,6 +271,7 @@ class Database:
         process using it exits (unless kept running)."""
         if not self._closed:
             self._closed = True
+            self.outbox.close()
             self.transactions.pool.shutdown(wait=False)
             self.engine.dispose()
 
@@ -295,6 +309,7 @@ def connect(
     max_cascade_depth: int = 16,
     max_deferred_cycles: int = 100,
     rule_execution: str = "threads",
+    outbox_options: dict[str, Any] | None = None,
     **engine_options: Any,
 ) -> Database:
     """Connect to activedb's database and bring its schema to head.
@@ -312,6 +327,10 @@ def connect(
     * ``max_cascade_depth`` bounds rule cascades, ``max_deferred_cycles`` deferred cycles;
       ``rule_execution="inline"`` runs equal-priority rules one after the other in the
       triggering thread instead of concurrently on worker threads.
+    * ``outbox_options`` go to :class:`activedb.outbox.Outbox` (``group_size``, ``max_groups``,
+      ``max_attempts``, ``recovery_interval``): how recorded detached firings are run.  The outbox starts
+      with the connection (schema at head): recorded firings this database holds for rules registered
+      later — left by a process that died — are claimed and run as soon as those rules are registered.
     """
     sa_url, server = resolve_url(url, home, keep_server)
     engine = create_engine(sa_url, **engine_options)
@@ -319,7 +338,8 @@ def connect(
     database = Database(engine, embedded=server, record_history=record_history, max_workers=max_workers,
                         victim_policy=victim_policy, lock_timeout=lock_timeout,
                         max_cascade_depth=max_cascade_depth, max_deferred_cycles=max_deferred_cycles,
-                        rule_execution=rule_execution)
+                        rule_execution=rule_execution, outbox_options=outbox_options)
     if upgrade:
         database.upgrade("head")
+        database.outbox.start()
     return database

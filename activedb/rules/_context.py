@@ -5,7 +5,6 @@ coupling gate.  Owned by the rules package; nobody else reads it."""
 from __future__ import annotations
 
 import enum
-import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -18,8 +17,6 @@ if TYPE_CHECKING:  # pragma: no cover
 class GateRole(enum.Enum):
     """What a key of the coupling gate stands for."""
 
-    FIRING = "firing"         # a detached-family rule firing (the dependent)
-    TRIGGER = "trigger"       # a transaction whose effective outcome dependents wait for
     CONDITION = "condition"   # the condition subtransaction of a C-A sequential firing
     ACTION = "action"         # its action subtransaction (the dependent)
 
@@ -36,25 +33,11 @@ class GateKey:
 
 
 @dataclass(eq=False)
-class TrackedTrigger:
-    """The effective outcome of a transaction some detached-family rule depends on: committed only
-    when it and every ancestor committed (the top-level commit made it durable); aborted as soon as it
-    or an ancestor aborted.  ``root_id`` is the tree's top-level transaction (what dependents wait for)."""
-
-    key: GateKey
-    transaction_id: str
-    root_id: str
-    ended: threading.Event = field(default_factory=threading.Event)
-    committed: bool | None = None
-
-
-@dataclass(eq=False)
 class RuleContext:
     """The rules' state of one transaction (created on first use by ``tx.slot(RuleContext)``).
 
     * ``firing``: the rule firing this transaction executes (None for application transactions);
     * ``deferred_queue``: deferred firings waiting for this transaction's commit (if it owns a queue);
-    * ``tracked``: its effective-outcome record, once a causally dependent rule depends on it;
     * ``gate_key``: the gate key it must ask ``wait_may_commit`` for before committing (a dependent);
     * ``gate_wait_target``: the transaction id that gate wait waits for (an edge of the wait-for graph);
     * ``gate_report``: the gate key whose end this transaction reports (``trigger_ended``);
@@ -63,7 +46,6 @@ class RuleContext:
 
     firing: "Firing | None" = None
     deferred_queue: "DeferredQueue | None" = None
-    tracked: TrackedTrigger | None = None
     gate_key: GateKey | None = None
     gate_wait_target: str | None = None
     gate_report: GateKey | None = None

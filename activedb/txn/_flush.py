@@ -5,7 +5,9 @@ Steps (see ``_participants.py`` for the participants' side):
 1. ``before_flush`` of every enlisted participant;
 2. open one PostgreSQL transaction and **validate**: every committed image the tree relied on
    (``root._db_reads``) is re-read ``FOR SHARE`` and compared; every scan is re-run and compared.  A
-   difference means another process committed in between: :class:`SerializationConflict`, nothing written;
+   difference means another process committed in between: :class:`SerializationConflict`, nothing written.
+   Generated keys the tree inserts are checked against their sequences (a ``TRUNCATE … RESTART
+   IDENTITY`` since they were drawn would hand them out again): ``GeneratedKeysReset``, nothing written;
 3. ``write`` of every enlisted participant (the Spark ingestion ledger row, the detached-rule outbox …);
 4. apply the merged write set (:func:`activedb.store.apply_write_set`: one batched statement per table,
    kind and column set) and insert the transaction-log row;
@@ -37,8 +39,8 @@ from typing import TYPE_CHECKING, Mapping
 
 import sqlalchemy as sa
 
-from activedb.errors import DatabaseError, DatabaseUnavailable, SerializationConflict
-from activedb.store import Key, TableInfo, apply_write_set, fetch_rows, jsonable
+from activedb.errors import DatabaseError, DatabaseUnavailable, DuplicateKey, SerializationConflict
+from activedb.store import EntryKind, Key, TableInfo, apply_write_set, fetch_rows, jsonable
 from activedb.txn._view import scan_rows
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -73,9 +75,10 @@ def flush(root: "Transaction") -> None:
             with catalog.engine.connect().execution_options(isolation_level=isolation) as connection:
                 with connection.begin():
                     _validate(root, connection, infos, reads, scans)
+                    _check_generated_keys(catalog, connection, infos, writes)
                     for participant in participants:
                         participant.write(root, connection)
-                    apply_write_set(connection, infos, writes)
+                    _apply(catalog, connection, infos, writes)
                     _log(root, connection, writes)
                     for participant in participants:
                         participant.about_to_commit(root, connection)
@@ -120,6 +123,39 @@ def _validate(root: "Transaction", connection: sa.Connection, infos: Mapping[str
                 f"commit of {root.id}: rows of {table_name!r} it scanned were changed by another process; "
                 f"nothing was written — re-run the transaction"
             )
+
+
+def _check_generated_keys(catalog, connection: sa.Connection, infos: Mapping[str, TableInfo], writes) -> None:
+    """Generated keys the tree inserts must not have been given away again by a reset sequence
+    (:meth:`activedb.store.Catalog.check_generated_keys`; raises ``GeneratedKeysReset``, retryable)."""
+    by_table: dict[str, list] = {}
+    for (table_name, key), entry in writes.items():
+        if entry.kind is EntryKind.INSERT and len(key) == 1:
+            by_table.setdefault(table_name, []).append(key[0])
+    if not by_table:
+        return
+    used: dict[str, list[int]] = {}
+    for table_name, values in by_table.items():
+        info = infos[table_name]
+        sequence = catalog.sequence_of(info, info.key_columns[0])
+        if sequence is not None:
+            used.setdefault(sequence, []).extend(value for value in values if isinstance(value, int))
+    if used:
+        catalog.check_generated_keys(connection, used)
+
+
+def _apply(catalog, connection: sa.Connection, infos: Mapping[str, TableInfo], writes) -> None:
+    try:
+        apply_write_set(connection, infos, writes)
+    except DuplicateKey as error:
+        # A generated key may have collided (a sequence reset the check could not see, e.g. setval to a
+        # value and back up): never hand out the rest of that block.
+        info = infos.get(error.table) if error.table else None
+        if info is not None and len(info.key_columns) == 1:
+            sequence = catalog.sequence_of(info, info.key_columns[0])
+            if sequence is not None:
+                catalog.invalidate_key_blocks(sequence)
+        raise
 
 
 def _log(root: "Transaction", connection: sa.Connection, writes) -> None:

@@ -176,10 +176,14 @@ class Transaction:
     def enlist(self, participant: CommitParticipant) -> None:
         """Make ``participant`` take part in the top-level commit (see ``CommitParticipant``).  Enlisted in
         a subtransaction, it moves to the parent when the subtransaction commits and is dropped (its
-        ``aborted`` called) if it aborts."""
+        ``aborted`` called) if it aborts.  Allowed while the transaction is active or waiting for its
+        children to commit."""
         if not isinstance(participant, CommitParticipant):
             raise TypeError(f"enlist() takes a CommitParticipant, got {participant!r}")
-        self._check_active("enlist")
+        # Also while COMMITTING (waiting for its children, before it delegates or flushes): a running child
+        # may enlist in its root (the outbox does); the commit reads the list only after every child ended.
+        if not (self._state is TxnState.COMMITTING and self._doomed is None):
+            self._check_active("enlist")
         with self._mutex:
             self._participants.append(participant)
 
