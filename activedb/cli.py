@@ -3,6 +3,7 @@
     activedb db upgrade [REV] | downgrade REV | current     the layer's schema (Alembic)
     activedb demo                                           the hand-hygiene demo, on the embedded database
     activedb bench NAME                                     benchmarks (JSON and a table)
+    activedb outbox [--retry [ID ...]] [--json]             detached rule firings: pending, done, failed
 
 ``--url`` (or ``ACTIVEDB_DATABASE_URL``) selects an external PostgreSQL; without
 it the embedded server under ``ACTIVEDB_HOME`` is used.  Errors are printed as
@@ -133,6 +134,57 @@ def demo(ctx: click.Context, events: int, workers: int, seed: int, spark: bool) 
 
     demo_module.run_demo(url=ctx.obj["url"], home=ctx.obj["home"], events=events, workers=workers,
                          seed=seed, use_spark=spark)
+
+
+# --- outbox -----------------------------------------------------------------------------
+
+@main.command()
+@click.option("--retry", "retry", is_flag=True, help="Make the failed firings pending again (all, or the IDs given).")
+@click.argument("ids", nargs=-1, type=int)
+@click.option("--limit", default=50, show_default=True, help="Failed firings shown.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@click.pass_context
+def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], limit: int, as_json: bool) -> None:
+    """Detached rule firings (activedb_outbox): counts per rule and the failed ones, with rule, trigger,
+    event and error.  --retry makes failed firings pending again; the next process that registers their
+    rules (or this database's running processes, within seconds) runs them."""
+    import dataclasses
+    import json
+
+    database = _connect(ctx)
+    try:
+        if retry:
+            count = database.outbox.retry_failed(ids or None)
+            click.echo(f"{count} failed firing(s) are pending again")
+        statistics = database.outbox.statistics()
+        failures = database.outbox.failures(limit=limit)
+    finally:
+        database.close()
+    if as_json:
+        click.echo(json.dumps({"statistics": dataclasses.asdict(statistics),
+                               "failed": [dataclasses.asdict(failure) for failure in failures]},
+                              indent=2, default=str))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=max(console.width, 132))
+    table = Table(title="detached rule firings (activedb_outbox)")
+    for column in ("rule", "pending", "done", "failed"):
+        table.add_column(column)
+    for rule, counts in sorted(statistics.per_rule.items()):
+        table.add_row(rule, *(f"{counts.get(status, 0):,}" for status in ("pending", "done", "failed")))
+    console.print(table)
+    if failures:
+        failed = Table(title="failed firings (activedb outbox --retry [ID ...] runs them again)")
+        for column in ("id", "rule", "trigger", "event", "attempts", "error"):
+            failed.add_column(column)
+        for failure in failures:
+            failed.add_row(str(failure.id), failure.rule, f"{failure.trigger} ({failure.trigger_outcome})",
+                           failure.event, str(failure.attempts), failure.error)
+        console.print(failed)
 
 
 # --- bench ------------------------------------------------------------------------------

@@ -66,7 +66,9 @@ def _causes(error: BaseException):
     while error is not None and id(error) not in seen:
         seen.add(id(error))
         yield error
-        error = error.__cause__ or error.__context__
+        # ``raise ... from None`` hides the context on purpose: so do we.
+        error = error.__cause__ if error.__cause__ is not None else (
+            None if error.__suppress_context__ else error.__context__)
 
 
 def is_retryable(error: BaseException) -> bool:
