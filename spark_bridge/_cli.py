@@ -352,6 +352,20 @@ def _where(error: BaseException) -> str:
     return f" (at {Path(frame.filename).name}:{frame.lineno} in {frame.name})"
 
 
+def _quiet_query_failures(spark: Any) -> None:
+    """``run`` reports a failed query itself (the Python cause, what to do): keep Spark from logging the same
+    failure as a Java stack trace ("Query ... terminated with error", logged at ERROR by the stream's
+    execution class)."""
+    try:
+        jvm = spark.sparkContext._jvm
+        level = jvm.org.apache.logging.log4j.Level.FATAL
+        for logger_name in ("org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",
+                            "org.apache.spark.sql.execution.streaming.MicroBatchExecution"):
+            jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(logger_name, level)
+    except Exception:          # another logging backend: the trace is printed, the message below too
+        pass
+
+
 def what_to_do(error: BaseException, app: str) -> str:
     """One line: how to get a failed ``activedb run`` going again."""
     from activedb.errors import ActivedbError, DatabaseError, DatabaseUnavailable
@@ -447,6 +461,7 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
         console.print("starting Spark ...", highlight=False)
         try:
             spark = spark_bridge.get_spark(f"activedb-run-{name}", conf=conf)
+            _quiet_query_failures(spark)
             frame = build_stream(spark, source, loaded, file_format=file_format,
                                  max_files_per_trigger=max_files_per_trigger, rows_per_second=rows_per_second,
                                  event_types=event_types)
