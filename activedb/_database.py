@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import time
 from pathlib import Path
 from typing import Any, Iterable
@@ -24,14 +25,38 @@ from activedb.txn import CommitParticipant, Observer, ReadBase, TransactionManag
 CONNECT_TIMEOUT_SECONDS = 5
 
 
+# A password in a URL's user info (``scheme://user:SECRET@host``, also when the rest does not parse), and a
+# ``password=`` parameter (URL query, or libpq's ``key=value`` connection string; quoted values too).
+_URL_USERINFO_SECRET = re.compile(r"(://[^:/?#@\s]*:)([^\s@]*)(@)")
+_PASSWORD_PARAMETER = re.compile(
+    r"""(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^\s&;,'"]+)""")
+MASK = "***"
+
+
+def mask_secrets(text: str) -> str:
+    """``text`` with every database password masked: in URLs (user info and ``?password=``), and in libpq
+    ``host=... password=...`` strings.  Applied to every message and log line that may show a URL."""
+    text = _URL_USERINFO_SECRET.sub(lambda match: f"{match.group(1)}{MASK}{match.group(3)}", text)
+    return _PASSWORD_PARAMETER.sub(lambda match: f"{match.group(1)}{MASK}", text)
+
+
 def normalise_url(url: str | URL) -> URL:
-    """Accept ``postgresql://`` / ``postgres://`` URLs and use the psycopg 3 driver."""
+    """Accept ``postgresql://`` / ``postgres://`` URLs (a password in the query string moves into the URL's
+    user info) and libpq ``key=value`` connection strings; use the psycopg 3 driver."""
+    if isinstance(url, str) and "://" not in url and "=" in url:
+        url = _from_conninfo(url)
     try:
         parsed = make_url(url)
     except Exception as error:
-        raise DatabaseUnavailable(f"not a database URL: {url!r} ({error}); expected postgresql://user:password@host:port/database") from error
+        raise DatabaseUnavailable(
+            f"not a database URL: {mask_secrets(str(url))!r} ({mask_secrets(str(error))}); expected "
+            f"postgresql://user:password@host:port/database") from None
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
+    if "password" in parsed.query:
+        query = {key: value for key, value in parsed.query.items() if key != "password"}
+        secret = parsed.query["password"]
+        parsed = parsed.set(password=secret if isinstance(secret, str) else secret[0], query=query)
     if not parsed.drivername.startswith("postgresql"):
         raise DatabaseUnavailable(
             f"activedb needs PostgreSQL, got a {parsed.drivername!r} URL ({describe_url(parsed)})"
@@ -39,11 +64,33 @@ def normalise_url(url: str | URL) -> URL:
     return parsed
 
 
+def _from_conninfo(conninfo: str) -> URL:
+    """A libpq ``key=value`` connection string as a SQLAlchemy URL."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        parts = {key: str(value) for key, value in conninfo_to_dict(conninfo).items()}
+    except Exception as error:
+        raise DatabaseUnavailable(
+            f"not a connection string: {mask_secrets(conninfo)!r} ({mask_secrets(str(error))}); expected "
+            f"postgresql://user:password@host:port/database or host=... dbname=... user=...") from None
+    host = parts.pop("host", None)
+    port = parts.pop("port", None)
+    query = {}
+    if host and host.startswith("/"):
+        query["host"] = host
+        host = None
+    query.update(parts)
+    return URL.create("postgresql+psycopg", username=query.pop("user", None), password=query.pop("password", None),
+                      host=host, port=int(port) if port and port.isdigit() else None,
+                      database=query.pop("dbname", None), query=query)
+
+
 def describe_url(url: URL) -> str:
     """Host, port and database with the password masked, for error messages."""
     host = url.host or url.query.get("host") or "localhost"
     port = f":{url.port}" if url.port else ""
-    return f"host {host}{port}, database {url.database!r} ({url.render_as_string(hide_password=True)})"
+    return mask_secrets(f"host {host}{port}, database {url.database!r} ({url.render_as_string(hide_password=True)})")
 
 
 def create_engine(url: URL, **options: Any) -> Engine:
@@ -59,7 +106,7 @@ def check_reachable(engine: Engine) -> None:
         with engine.connect() as connection:
             connection.execute(sa.text("SELECT 1"))
     except sa.exc.OperationalError as error:
-        reason = str(error.orig).strip().splitlines()[0] if error.orig else str(error).splitlines()[0]
+        reason = mask_secrets(str(error.orig).strip().splitlines()[0] if error.orig else str(error).splitlines()[0])
         raise DatabaseUnavailable(
             f"cannot connect to PostgreSQL at {describe_url(engine.url)}: {reason}. "
             f"Check the URL (connect(url) or ACTIVEDB_DATABASE_URL) and that the server is running."
@@ -283,7 +330,7 @@ class Database:
 
     def __repr__(self) -> str:
         kind = "embedded" if self.embedded else "external"
-        return f"<activedb.Database {kind} {self.engine.url.render_as_string(hide_password=True)}>"
+        return f"<activedb.Database {kind} {mask_secrets(self.engine.url.render_as_string(hide_password=True))}>"
 
 
 def resolve_url(url: str | URL | None, home: str | Path | None, keep_server: bool | None):

@@ -38,7 +38,9 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except ActivedbError as error:
-            click.echo(f"activedb: error: {error}", err=True)
+            from activedb._database import mask_secrets
+
+            click.echo(f"activedb: error: {mask_secrets(str(error))}", err=True)
             ctx.exit(1)
         except KeyboardInterrupt:
             click.echo("activedb: interrupted", err=True)

@@ -429,6 +429,7 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
     from rich.console import Console
 
     import spark_bridge
+    from activedb import mask_secrets
     from spark_bridge.errors import SparkBridgeError
 
     source = parse_source(source_text)
@@ -487,7 +488,7 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
         if failure is not None and how != "stopped":
             if _is_missing_data_source(failure) and source.kind == "kafka":
                 raise click.ClickException(f"the streaming query failed: {_kafka_hint()}")
-            raise click.ClickException(failure_message(sink, failure, loaded.name))
+            raise click.ClickException(mask_secrets(failure_message(sink, failure, loaded.name)))
         console.print("stopped cleanly; restart with the same --checkpoint and --query-name to resume"
                       if how == "stopped" else "the query finished", highlight=False)
     finally:
