@@ -1,6 +1,6 @@
 """Session fixtures: a real embedded PostgreSQL and, for Spark tests, a real local Spark.
 
-* ``pg_server`` (session): the embedded server (pgserver wheel) in a temporary
+* ``pg_server`` (session): the embedded server (pgserver's binaries) in a temporary
   ACTIVEDB_HOME, stopped at the end.
 * ``database_url`` (module): a fresh PostgreSQL database per test module, so
   modules never see each other's data.
@@ -40,7 +40,7 @@ def pg_server():
 
 
 def _admin(server) -> psycopg.Connection:
-    return psycopg.connect(f"host={server.socket_directory} user=postgres dbname=postgres", autocommit=True)
+    return psycopg.connect(server.conninfo("postgres"), autocommit=True)
 
 
 @pytest.fixture(scope="module")
