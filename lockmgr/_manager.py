@@ -512,7 +512,7 @@ class LockManager:
         """
         intention = INTENTION_FOR.get(mode)
         if intention is None:
-            raise ValueError(f"acquire_tuple takes Mode.READ or Mode.WRITE, not {mode!r}")
+            raise ValueError(f"acquire_tuple takes Mode.READ, Mode.UPDATE or Mode.WRITE, not {mode!r}")
         resource = (table, key)
         txn = self._active.get(tid)
         if txn is not None:

@@ -41,6 +41,7 @@ import sqlalchemy as sa
 
 from activedb.errors import DatabaseError, DatabaseUnavailable, DuplicateKey, SerializationConflict
 from activedb.store import EntryKind, Key, TableInfo, apply_write_set, fetch_rows, jsonable
+from activedb.txn._rowlocks import RowLocks
 from activedb.txn._view import scan_rows
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -68,21 +69,72 @@ def flush(root: "Transaction") -> None:
     infos = {name: catalog.table_info(name) for name in names}
     needs_predicates = bool(scans) or any(image is None for image in reads.values())
     isolation = "SERIALIZABLE" if needs_predicates else "READ COMMITTED"
+    rowlocks = RowLocks.of(root, create=False)
+    locked = set(rowlocks.rows) if rowlocks is not None else set()
+    held = rowlocks.take_connection() if rowlocks is not None else None
+    if held is not None and needs_predicates:
+        # SERIALIZABLE cannot start inside the held transaction: let its locks go, lock again below.
+        held.rollback()
+        held.close()
+        held = None
+    if held is not None:
+        _flush_in_held(root, held, infos, writes, reads, scans, participants, locked)
+    else:
+        _flush_with_retries(root, isolation, infos, writes, reads, scans, participants, locked)
+    recorder = manager.recorder
+    if recorder:
+        recorder.record_flush(root.id, writes)
+
+
+def _write_all(root, connection, infos, writes, reads, scans, participants, locked, *, held: bool) -> None:
+    """Every step of the flush inside ``connection``'s open transaction (the module docstring's 2–5)."""
+    catalog = root.manager.catalog
+    _validate(root, connection, infos, {row: image for row, image in reads.items() if not (held and row in locked)},
+              scans, locked)
+    _check_generated_keys(catalog, connection, infos, writes)
+    for participant in participants:
+        participant.write(root, connection)
+    _apply(catalog, connection, infos, writes)
+    _log(root, connection, writes)
+    for participant in participants:
+        participant.about_to_commit(root, connection)
+
+
+def _flush_in_held(root, connection, infos, writes, reads, scans, participants, locked) -> None:
+    """The flush inside the transaction that holds the tree's rows read for update (``_rowlocks``): those rows
+    are the current committed ones already (locked since they were read), the rest is validated as usual.
+    A serialization failure cannot be retried on this transaction: the tree is re-run instead."""
+    try:
+        try:
+            _write_all(root, connection, infos, writes, reads, scans, participants, locked, held=True)
+            connection.commit()
+        except BaseException:
+            connection.rollback()
+            raise
+        finally:
+            connection.close()
+    except sa.exc.OperationalError as error:
+        sqlstate = getattr(error.orig, "sqlstate", None)
+        if sqlstate in _RETRYABLE_SQLSTATES or sqlstate == "55P03":
+            raise SerializationConflict(
+                f"commit of {root.id} failed on concurrent updates by another process (SQLSTATE {sqlstate}); "
+                f"nothing was written — re-run the transaction (Database.run(fn, retries=N) does)"
+            ) from error
+        _raise_database_error(root, error)
+    except sa.exc.DBAPIError as error:
+        _raise_database_error(root, error)
+
+
+def _flush_with_retries(root, isolation, infos, writes, reads, scans, participants, locked) -> None:
+    manager = root.manager
     attempt = 0
     while True:
         attempt += 1
         try:
-            with catalog.engine.connect().execution_options(isolation_level=isolation) as connection:
+            with manager.catalog.engine.connect().execution_options(isolation_level=isolation) as connection:
                 with connection.begin():
-                    _validate(root, connection, infos, reads, scans)
-                    _check_generated_keys(catalog, connection, infos, writes)
-                    for participant in participants:
-                        participant.write(root, connection)
-                    _apply(catalog, connection, infos, writes)
-                    _log(root, connection, writes)
-                    for participant in participants:
-                        participant.about_to_commit(root, connection)
-            break
+                    _write_all(root, connection, infos, writes, reads, scans, participants, locked, held=False)
+            return
         except sa.exc.OperationalError as error:
             sqlstate = getattr(error.orig, "sqlstate", None)
             if sqlstate in _RETRYABLE_SQLSTATES and attempt < manager.flush_retries:
@@ -95,21 +147,21 @@ def flush(root: "Transaction") -> None:
                     f"nothing was written — re-run the transaction (Database.run(fn, retries=N) does)"
                 ) from error
             _raise_database_error(root, error)   # returns only if the log proves the commit happened
-            break
+            return
         except sa.exc.DBAPIError as error:
             _raise_database_error(root, error)
-            break
-    recorder = manager.recorder
-    if recorder:
-        recorder.record_flush(root.id, writes)
+            return
 
 
-def _validate(root: "Transaction", connection: sa.Connection, infos: Mapping[str, TableInfo], reads, scans) -> None:
-    by_table: dict[str, list[Key]] = {}
+def _validate(root: "Transaction", connection: sa.Connection, infos: Mapping[str, TableInfo], reads, scans,
+              for_update: set = frozenset()) -> None:
+    """Re-read every relied-on image and compare; rows the tree read for update are locked ``FOR UPDATE``
+    first, table by table in name order (so two flushes take them in the same order), the rest ``FOR SHARE``."""
+    by_table: dict[tuple[int, str], list[Key]] = {}
     for (table_name, key) in reads:
-        by_table.setdefault(table_name, []).append(key)
-    for table_name, keys in by_table.items():
-        current = fetch_rows(connection, infos[table_name], keys, lock="share")
+        by_table.setdefault((0 if (table_name, key) in for_update else 1, table_name), []).append(key)
+    for (shared, table_name), keys in sorted(by_table.items()):
+        current = fetch_rows(connection, infos[table_name], keys, lock="share" if shared else "update")
         for key in keys:
             if current.get(key) != reads[(table_name, key)]:
                 raise SerializationConflict(

@@ -87,7 +87,7 @@ class Locking:
             if key is None or self._granularity.get(name) is Granularity.TABLE:
                 locks.acquire(segment, ("table", name), mode, timeout=timeout)
             else:
-                locks.acquire(segment, ("table", name), Mode.IW if mode is Mode.WRITE else Mode.IR, timeout=timeout)
+                locks.acquire(segment, ("table", name), Mode.IR if mode is Mode.READ else Mode.IW, timeout=timeout)
                 locks.acquire(segment, ("row", name, key), mode, timeout=timeout)
         except (Deadlock, LockTimeout) as error:
             node.doom(error)

@@ -208,11 +208,17 @@ class Transaction:
 
     # --- reads ----------------------------------------------------------------------------
 
-    def read(self, table: Any, key: Any) -> dict | None:
-        """The row with primary key ``key`` as a dict, or None; takes a READ lock."""
+    def read(self, table: Any, key: Any, *, for_update: bool = False) -> dict | None:
+        """The row with primary key ``key`` as a dict, or None; takes a READ lock.  ``for_update=True``: read
+        with intent to write it — an UPDATE lock (two read-modify-writes of the row queue here instead of
+        deadlocking when both upgrade), and the row locked in PostgreSQL until the tree commits (see
+        ``_rowlocks.py``)."""
         self._check_active("read")
         info = self.manager.catalog.table_info(table)
         key = info.key(key)
+        if for_update:
+            self.manager.locking.acquire(self, info, key, Mode.UPDATE)
+            return _view.read_row(self, info, key, for_update=True)
         self.manager.locking.acquire(self, info, key, Mode.READ)
         return _view.read_row(self, info, key)
 
