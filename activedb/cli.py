@@ -20,7 +20,7 @@ import click
 from activedb import plugins
 from activedb.errors import ActivedbError
 
-BUILTIN_BENCHMARKS = ("locks", "nested", "rules")
+BUILTIN_BENCHMARKS = ("locks", "nested", "rules", "hotkeys")
 
 
 def _benchmarks() -> dict[str, str]:

@@ -32,6 +32,7 @@ it is (with the SQLSTATE and PostgreSQL's message, never the statement's paramet
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
@@ -210,16 +211,22 @@ def _apply(catalog, connection: sa.Connection, infos: Mapping[str, TableInfo], w
         raise
 
 
+# One plain statement: psycopg adapts the list to text[] and the JSON text to jsonb itself (SQLAlchemy's ARRAY
+# and JSONB bind processing cost ~0.15 ms of Python per flush).
+_LOG_ROW = sa.text(
+    "INSERT INTO activedb_transaction_log (transaction_id, began_at, subtransactions, rows_written, tables, info) "
+    "VALUES (:transaction_id, :began_at, :subtransactions, :rows_written, :tables, CAST(:info AS jsonb))")
+
+
 def _log(root: "Transaction", connection: sa.Connection, writes) -> None:
-    log = root.manager.catalog.table("activedb_transaction_log")
-    connection.execute(log.insert().values(
-        transaction_id=root.log_id,
-        began_at=root.began_at,
-        subtransactions=root.subtransactions_committed,
-        rows_written=len(writes),
-        tables=sorted({row[0] for row in writes}),
-        info=jsonable(root.info),
-    ))
+    connection.execute(_LOG_ROW, {
+        "transaction_id": root.log_id,
+        "began_at": root.began_at,
+        "subtransactions": root.subtransactions_committed,
+        "rows_written": len(writes),
+        "tables": sorted({row[0] for row in writes}),
+        "info": json.dumps(jsonable(root.info)) if root.info else "{}",
+    })
 
 
 def _is_connection_failure(error: sa.exc.DBAPIError) -> bool:
