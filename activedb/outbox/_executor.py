@@ -43,6 +43,7 @@ from activedb.errors import (
     DatabaseUnavailable,
     DuplicateKey,
     RecordsTakenOver,
+    RuleFailed,
     SerializationConflict,
 )
 from activedb.outbox import _records
@@ -86,6 +87,10 @@ def is_connection_failure(error: BaseException) -> bool:
 
 
 def describe_error(error: BaseException) -> str:
+    """``Type: message`` of what went wrong — for a rule that raised, of what the rule raised (the record
+    names the rule and the event already)."""
+    while isinstance(error, RuleFailed) and error.__cause__ is not None:
+        error = error.__cause__
     text = f"{type(error).__name__}: {error}"
     cause = error.__cause__
     if cause is not None and str(cause) not in text:
