@@ -106,6 +106,9 @@ class Outbox:
         self._closed = False
         self._lost = 0
         self._liveness_mutex = threading.Lock()    # protects _liveness (SQL under it; a leaf)
+        # Serialises recovery passes (SQL and the executor's submit under it; no other mutex but the
+        # executor's leaf is taken under it): a pass that returns has queued what it claimed.
+        self._claim_mutex = threading.Lock()
         self._liveness: Any = None
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -325,6 +328,11 @@ class Outbox:
         Returns how many records were claimed."""
         if not self._started:
             self.start()
+        with self._claim_mutex:       # one pass at a time: a caller waits for a pass in flight to submit
+            return self._recover(limit)
+
+    def _recover(self, limit: int) -> int:
+        """Caller holds ``_claim_mutex``."""
         self._executor.unpark()
         names = [rule.name for rule in self.rules]
         if not names or self._executor.backlog > CLAIM_BACKLOG:

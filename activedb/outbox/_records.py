@@ -11,8 +11,9 @@ Record states (``status``)::
        └──(the firing failed for good, in the flush of its group or alone)──▶ failed ──(retry)──▶ pending
 
 A pending record has an ``owner``: the liveness key of the process that runs it (a session-level
-advisory lock that process holds).  A record whose owner's lock is free (the process died) may be
-claimed by any process; claims skip rows another claimer has locked (``FOR UPDATE SKIP LOCKED``).
+advisory lock that process holds).  A record whose owner's lock no session holds (the process died,
+``pg_locks`` says) may be claimed by any process; claims skip rows another claimer has locked
+(``FOR UPDATE SKIP LOCKED``).
 Marking done or failed requires ``owner = me AND status = 'pending'`` and checks the row count, so a
 record another process took over is never finished twice.
 """
@@ -87,11 +88,18 @@ def finish(connection: sa.Connection, owner: int, *, done: Sequence[int] = (),
             f"the other process runs them")
 
 
+# An owner is alive while some session holds its liveness lock: a session-level advisory lock on the bigint
+# ``owner``, which pg_locks shows as classid = high half, objid = low half, objsubid = 1.  (Reading pg_locks,
+# unlike trying the lock, never makes a concurrent claimer see a dead owner as alive.)
 _CLAIM = sa.text("""
 WITH dead AS (
     SELECT owner FROM (SELECT DISTINCT owner FROM activedb_outbox
                        WHERE status = 'pending' AND owner IS NOT NULL AND owner <> :me) AS owners
-    WHERE pg_try_advisory_xact_lock(owner)
+    WHERE NOT EXISTS (
+        SELECT 1 FROM pg_locks AS l
+        WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+          AND l.classid::bigint = (owners.owner >> 32) AND l.objid::bigint = (owners.owner & 4294967295))
 ), claimable AS (
     SELECT id FROM activedb_outbox
     WHERE status = 'pending' AND rule = ANY(:rules)
@@ -108,9 +116,8 @@ RETURNING o.id, o.rule, o.coupling, o.event, o.chain, o.attempts
 
 def claim(connection: sa.Connection, me: int, rules: Iterable[str], limit: int) -> list[Any]:
     """Claim up to ``limit`` pending records of ``rules`` nobody alive owns (unowned, or owned by a process
-    whose liveness lock is free); they become ``me``'s.  Rows another claimer is claiming are skipped.
-    Call it in a transaction of its own (the owners' liveness is tested with transaction-level advisory
-    locks, released at its end)."""
+    whose liveness lock no session holds); they become ``me``'s.  Rows another claimer is claiming are
+    skipped."""
     rows = connection.execute(_CLAIM, {"me": me, "rules": list(rules), "limit": limit}).all()
     return sorted(rows, key=lambda row: row.id)
 

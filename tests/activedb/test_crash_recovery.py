@@ -69,6 +69,13 @@ def _pending(database) -> int:
         return connection.execute(sa.text("SELECT count(*) FROM activedb_outbox WHERE status = 'pending'")).scalar()
 
 
+def _liveness_locks(database) -> int:
+    with database.engine.connect() as connection:
+        return connection.execute(sa.text(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())")).scalar()
+
+
 def test_every_mode_outcome_and_crash_point_keeps_its_dependency_after_recovery(migrated):
     setup = activedb.connect(migrated)
     with setup.engine.begin() as connection:
@@ -80,9 +87,13 @@ def test_every_mode_outcome_and_crash_point_keeps_its_dependency_after_recovery(
         assert sorted(reached) == sorted(crash_scenarios.name_of(*spec) for spec in crash_scenarios.SCENARIOS)
     finally:
         _kill(driver)
+    driver_log = driver.stderr.read()
 
     database = activedb.connect(migrated, outbox_options={"recovery_interval": None})
     try:
+        # PostgreSQL ends the killed driver's sessions when it sees their sockets close: until then its
+        # liveness lock says it is alive.  Wait for that (only this process's lock is left).
+        testing.wait_until(lambda: _liveness_locks(database) == 1, TIMEOUT, "the killed driver's sessions ended")
         recorded_before_recovery = _pending(database)
         crash_scenarios.register(database)
         database.outbox.recover()
@@ -100,7 +111,7 @@ def test_every_mode_outcome_and_crash_point_keeps_its_dependency_after_recovery(
             runs = durable and may_run_after(mode, committed)
             expected_records += runs
             assert (name in triggers) is (durable and committed), name
-            assert effects.get(name, 0) == (1 if runs else 0), (name, effects.get(name))
+            assert effects.get(name, 0) == (1 if runs else 0), (name, effects.get(name), outbox, driver_log[-2000:])
         assert recorded_before_recovery == expected_records          # SIGKILLed with all of them pending
         assert len(outbox) == expected_records
         assert {status for _, status, _ in outbox} == {"done"}
