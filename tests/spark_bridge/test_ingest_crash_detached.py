@@ -4,9 +4,12 @@ checkpoint: every table — the detached family's effects included — equals an
 The driver (``spark_bridge._experiments.ingest_driver``) reads JSON-lines files (one per micro-batch)
 with real Spark.  Its runs, each a new process with its own JVM:
 
-1. killed **inside the engine's flush** of batch 1 (PostgreSQL rolls the batch back);
-2. killed **between batch 2's commit and its detached rules** (every detached firing held before it
-   runs; the outbox has pending records of the killed process — checked before the kill);
+1. killed **inside the engine's flush** of batch 1 — the PostgreSQL transaction holds batch 1's
+   ledger row, effects, dead letters and outbox records, uncommitted (checked) — PostgreSQL rolls it
+   back; the next run re-runs batch 1 with the same id;
+2. killed **between batch 2's commit and its detached rules** — and before Spark's commit log (every
+   detached firing held before it runs; the outbox has pending records of the killed process, checked
+   before the kill); the next run re-runs batch 2, finds it in the ledger and skips it;
 3. killed at **random moments** (``RANDOM_KILLS`` of them, 2–12 s after Spark is ready; drawn from
    ``random.Random(SEED)``, ``ACTIVEDB_CRASH_SEED`` overrides the seed);
 4. run to the end.
@@ -85,6 +88,21 @@ def _database(url: str) -> activedb.Database:
     return database
 
 
+def _assert_flush_is_open(url: str) -> None:
+    """While run 1 is held: its flush transaction is open in PostgreSQL, batch 1 not visible."""
+    import psycopg
+
+    from spark_bridge._baseline import psycopg_conninfo
+
+    with psycopg.connect(psycopg_conninfo(url)) as connection:
+        open_transactions = connection.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND state = 'idle in transaction' AND backend_xid IS NOT NULL").fetchone()[0]
+        batches = [row[0] for row in connection.execute("SELECT batch_id FROM activedb_ingestion_ledger")]
+    assert open_transactions == 1
+    assert batches == [0]
+
+
 def _pending(url: str) -> int:
     database = activedb.connect(url)
     try:
@@ -114,6 +132,8 @@ def test_killed_in_the_flush_between_commit_and_detached_rules_and_at_random_the
             processes.append(process)
             if hold is not None:
                 wait_for_line(log, lambda words: words[:1] == ["holding"], timeout=TIMEOUT_SECONDS, process=process)
+                if hold.startswith("flush"):
+                    _assert_flush_is_open(url)
                 if hold.startswith("detached"):
                     assert _pending(url) > 0      # batch 2 committed, its detached firings recorded, not run
             else:
@@ -134,9 +154,13 @@ def test_killed_in_the_flush_between_commit_and_detached_rules_and_at_random_the
             if process.poll() is None:
                 kill_driver(process)
 
-    steps = [[words for _, words in read_log(log)] for log in logs]
-    assert ["holding", "flush", "1"] in steps[0] and ["committed", "1"] not in steps[0]
-    assert ["holding", "detached", "2"] in steps[1]
+    steps = [[words for _, words in read_log(log) if words[0] in ("fetched", "flush", "committed", "skipped")]
+             for log in logs]
+    assert steps[0][-1] == ["flush", "1"]                           # killed inside the flush
+    assert steps[1][0] == ["fetched", "1"] and ["committed", "1"] in steps[1]    # batch 1 re-run
+    assert steps[1][-1] == ["committed", "2"]                        # killed before Spark's commit log
+    if steps[2]:                                                     # the random kill may come before
+        assert steps[2][:2] == [["fetched", "2"], ["skipped", "2"]]  # batch 2 re-run, found, skipped
 
     crashed = _database(url)
     register(crashed)
@@ -154,6 +178,7 @@ def test_killed_in_the_flush_between_commit_and_detached_rules_and_at_random_the
         for table in expected:
             assert actual[table] == expected[table], (table, set(actual[table]) ^ set(expected[table]))
         assert {status for _, status, _, _ in actual["outbox"]} == {"done"}
+        assert [batch for batch, *_ in actual["ledger"]] == list(range(FILES))           # each batch once
         assert actual["notifications"] and actual["badge_lights"] and actual["compensations"]
     finally:
         crashed.close()
