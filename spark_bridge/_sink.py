@@ -179,6 +179,14 @@ def _is_infrastructure_failure(error: BaseException) -> bool:
                for cause in _walk_causes(error))
 
 
+def _conflict_in(error: BaseException) -> BaseException | None:
+    """The ``SerializationConflict`` behind ``error``, if another process (or a sequence reset) got in the way:
+    not the event's fault — the batch is re-run."""
+    from activedb.errors import SerializationConflict
+
+    return next((cause for cause in _walk_causes(error) if isinstance(cause, SerializationConflict)), None)
+
+
 def _is_deadlock(error: BaseException) -> bool:
     from lockmgr import Deadlock
 
@@ -562,6 +570,9 @@ class IngestSink:
                 tx.run_subtransaction(_emit, event, name=f"event:{event.event_type}")
                 return None
             except Exception as failure:
+                conflict = _conflict_in(failure)
+                if conflict is not None:
+                    raise conflict from failure   # not the event's fault: the whole batch is re-run
                 if _is_infrastructure_failure(failure) or not tx.state is _ACTIVE:
                     raise
                 if _is_deadlock(failure) and attempt < self._event_attempts:

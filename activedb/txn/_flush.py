@@ -92,7 +92,7 @@ def _write_all(root, connection, infos, writes, reads, scans, participants, lock
     catalog = root.manager.catalog
     _validate(root, connection, infos, {row: image for row, image in reads.items() if not (held and row in locked)},
               scans, locked)
-    _check_generated_keys(catalog, connection, infos, writes)
+    _check_generated_keys(catalog, connection, infos, writes, root.began_at)
     for participant in participants:
         participant.write(root, connection)
     _apply(catalog, connection, infos, writes)
@@ -178,7 +178,8 @@ def _validate(root: "Transaction", connection: sa.Connection, infos: Mapping[str
             )
 
 
-def _check_generated_keys(catalog, connection: sa.Connection, infos: Mapping[str, TableInfo], writes) -> None:
+def _check_generated_keys(catalog, connection: sa.Connection, infos: Mapping[str, TableInfo], writes,
+                          began_at) -> None:
     """Generated keys the tree inserts must not have been given away again by a reset sequence
     (:meth:`activedb.store.Catalog.check_generated_keys`; raises ``GeneratedKeysReset``, retryable)."""
     by_table: dict[str, list] = {}
@@ -194,7 +195,7 @@ def _check_generated_keys(catalog, connection: sa.Connection, infos: Mapping[str
         if sequence is not None:
             used.setdefault(sequence, []).extend(value for value in values if isinstance(value, int))
     if used:
-        catalog.check_generated_keys(connection, used)
+        catalog.check_generated_keys(connection, used, began_at)
 
 
 def _apply(catalog, connection: sa.Connection, infos: Mapping[str, TableInfo], writes) -> None:

@@ -313,7 +313,7 @@ class Transaction:
                 f"insert into {info.name!r} needs a value for the key column {column!r} "
                 f"(it has no identity or serial default)"
             )
-        return {column: catalog.next_generated_key(sequence)}
+        return {column: catalog.next_generated_key(sequence, self.root.began_at)}
 
     def _modify(self, info: TableInfo, key: Key, entry: Entry, *, must_not_exist: bool = False) -> None:
         self.manager.locking.acquire(self, info, key, Mode.WRITE)

@@ -226,3 +226,22 @@ def test_events_come_back_from_a_record_exactly():
         key: value for key, value in event.new.items() if key != "nan"}
     assert decoded.new["nan"] != decoded.new["nan"]                    # NaN, still a float
     assert "\\u0000" not in json.dumps(encoded)                        # nothing jsonb would refuse
+
+
+def test_a_transaction_spanning_a_reset_sequence_never_collides_with_its_own_keys(db):
+    """Stale keys cached before a reset, then a fresh block drawn in the same transaction, whose values
+    overlap them: the draw notices the reset and the transaction is re-run — never a duplicate key."""
+    with db.transaction() as tx:
+        tx.insert("events_seen", rule="before", detail="0")          # a block of 64, 63 left cached
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE events_seen RESTART IDENTITY"))
+    attempts = []
+
+    def insert_many(tx):
+        attempts.append(1)
+        return [tx.insert("events_seen", rule="many", detail=str(number)) for number in range(100)]
+
+    keys = db.run(insert_many)
+    assert len(attempts) == 2 and len(set(keys)) == 100
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT count(*) FROM events_seen")).scalar() == 100
