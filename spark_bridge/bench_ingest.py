@@ -18,7 +18,7 @@ For each ``S``, in the same run on the same Spark session and PostgreSQL:
 2b. **the PL/pgSQL peer** — what a PostgreSQL user would write instead: the same rows, sorted by
    time, ``COPY``'d (one transaction per batch, with its ledger row) into ``hh_badge_events``, whose
    ``BEFORE INSERT`` row trigger applies the same hand-hygiene logic to the same tables (Alembic
-   revision ``b0002`` of the benchmark's migrations; detached actions as inserts in the same
+   revision ``b0005`` of the benchmark's migrations; detached actions as inserts in the same
    transaction).  Its final tables are compared with the rule run's (generated ids aside): the
    ``same_result_as_activedb`` figure;
 3. **minimal rules** — ``ingest`` with one immediate rule per event (read and write one row

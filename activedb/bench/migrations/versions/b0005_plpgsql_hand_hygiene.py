@@ -9,13 +9,13 @@ causally dependent), the incident report (sequential causally dependent) — all
 transaction — and, for a rejected event, its compensation (exclusive causally dependent) instead of the
 event.  Accepted events are kept in ``hh_badge_events``.
 
-Revision ID: b0002
-Revises: b0001
+Revision ID: b0005
+Revises: b0004
 """
 from alembic import op
 
-revision = "b0002"
-down_revision = "b0001"
+revision = "b0005"
+down_revision = "b0004"
 branch_labels = None
 depends_on = None
 
