@@ -702,7 +702,7 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], limit: int, as
     import dataclasses
     import json
 
-    database = _connect(ctx)
+    database = open_database(ctx, writes=retry)
     try:
         if retry:
             count = database.outbox.retry_failed(ids or None)
@@ -716,18 +716,15 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], limit: int, as
                                "failed": [dataclasses.asdict(failure) for failure in failures]},
                               indent=2, default=str))
         return
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=max(console.width, 132))
+    out = console()
     table = Table(title="detached rule firings (activedb_outbox)")
     for column in ("rule", "pending", "done", "failed"):
         table.add_column(column)
     for rule, counts in sorted(statistics.per_rule.items()):
         table.add_row(rule, *(f"{counts.get(status, 0):,}" for status in ("pending", "done", "failed")))
-    console.print(table)
+    out.print(table)
     if failures:
         failed = Table(title="failed firings (activedb outbox --retry [ID ...] runs them again)")
         for column in ("id", "rule", "trigger", "event", "attempts", "error"):
@@ -735,7 +732,7 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], limit: int, as
         for failure in failures:
             failed.add_row(str(failure.id), failure.rule, f"{failure.trigger} ({failure.trigger_outcome})",
                            failure.event, str(failure.attempts), failure.error)
-        console.print(failed)
+        out.print(failed)
 
 
 # --- bench ------------------------------------------------------------------------------
