@@ -16,7 +16,7 @@ from coupling import Coupling
 from lockmgr import Deadlock, LockTimeout
 
 from activedb import errors
-from activedb._database import Database, connect
+from activedb._database import Database, connect, mask_secrets
 from activedb._embedded import default_home
 from activedb.errors import *  # noqa: F401,F403 - the error classes are public
 from activedb.events import Event, EventKind, EventSpec
@@ -30,6 +30,6 @@ from activedb.txn import (
     TxnState,
 )
 
-__all__ = ["Database", "connect", "default_home", "errors", "Coupling", "Deadlock", "LockTimeout", "Event", "EventKind",
+__all__ = ["Database", "connect", "default_home", "mask_secrets", "errors", "Coupling", "Deadlock", "LockTimeout", "Event", "EventKind",
            "EventSpec", "Rule", "SubtransactionHandle", "Transaction", "TxnState", "CommitParticipant",
            "Observer", "TransactionExtension"] + [name for name in dir(errors) if name[0].isupper()]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import time
 import warnings
 from pathlib import Path
@@ -20,6 +21,7 @@ from activedb.capture import CaptureManager
 from activedb.capture.errors import CaptureNotEnabledWarning
 from activedb.errors import DatabaseUnavailable, RuleError, SerializationConflict, TransactionError
 from activedb.events import DATA_KINDS, EventKind, EventSpec, Origin, Punctuations
+from activedb.outbox import Outbox
 from activedb.rules import FunctionRule, Rule, RuleManager
 from activedb.store import Catalog
 from activedb.txn import CommitParticipant, Observer, ReadBase, TransactionManager
@@ -27,14 +29,38 @@ from activedb.txn import CommitParticipant, Observer, ReadBase, TransactionManag
 CONNECT_TIMEOUT_SECONDS = 5
 
 
+# A password in a URL's user info (``scheme://user:SECRET@host``, also when the rest does not parse), and a
+# ``password=`` parameter (URL query, or libpq's ``key=value`` connection string; quoted values too).
+_URL_USERINFO_SECRET = re.compile(r"(://[^:/?#@\s]*:)([^\s@]*)(@)")
+_PASSWORD_PARAMETER = re.compile(
+    r"""(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|[^\s&;,'"]+)""")
+MASK = "***"
+
+
+def mask_secrets(text: str) -> str:
+    """``text`` with every database password masked: in URLs (user info and ``?password=``), and in libpq
+    ``host=... password=...`` strings.  Applied to every message and log line that may show a URL."""
+    text = _URL_USERINFO_SECRET.sub(lambda match: f"{match.group(1)}{MASK}{match.group(3)}", text)
+    return _PASSWORD_PARAMETER.sub(lambda match: f"{match.group(1)}{MASK}", text)
+
+
 def normalise_url(url: str | URL) -> URL:
-    """Accept ``postgresql://`` / ``postgres://`` URLs and use the psycopg 3 driver."""
+    """Accept ``postgresql://`` / ``postgres://`` URLs (a password in the query string moves into the URL's
+    user info) and libpq ``key=value`` connection strings; use the psycopg 3 driver."""
+    if isinstance(url, str) and "://" not in url and "=" in url:
+        url = _from_conninfo(url)
     try:
         parsed = make_url(url)
     except Exception as error:
-        raise DatabaseUnavailable(f"not a database URL: {url!r} ({error}); expected postgresql://user:password@host:port/database") from error
+        raise DatabaseUnavailable(
+            f"not a database URL: {mask_secrets(str(url))!r} ({mask_secrets(str(error))}); expected "
+            f"postgresql://user:password@host:port/database") from None
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
+    if "password" in parsed.query:
+        query = {key: value for key, value in parsed.query.items() if key != "password"}
+        secret = parsed.query["password"]
+        parsed = parsed.set(password=secret if isinstance(secret, str) else secret[0], query=query)
     if not parsed.drivername.startswith("postgresql"):
         raise DatabaseUnavailable(
             f"activedb needs PostgreSQL, got a {parsed.drivername!r} URL ({describe_url(parsed)})"
@@ -42,11 +68,33 @@ def normalise_url(url: str | URL) -> URL:
     return parsed
 
 
+def _from_conninfo(conninfo: str) -> URL:
+    """A libpq ``key=value`` connection string as a SQLAlchemy URL."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        parts = {key: str(value) for key, value in conninfo_to_dict(conninfo).items()}
+    except Exception as error:
+        raise DatabaseUnavailable(
+            f"not a connection string: {mask_secrets(conninfo)!r} ({mask_secrets(str(error))}); expected "
+            f"postgresql://user:password@host:port/database or host=... dbname=... user=...") from None
+    host = parts.pop("host", None)
+    port = parts.pop("port", None)
+    query = {}
+    if host and host.startswith("/"):
+        query["host"] = host
+        host = None
+    query.update(parts)
+    return URL.create("postgresql+psycopg", username=query.pop("user", None), password=query.pop("password", None),
+                      host=host, port=int(port) if port and port.isdigit() else None,
+                      database=query.pop("dbname", None), query=query)
+
+
 def describe_url(url: URL) -> str:
     """Host, port and database with the password masked, for error messages."""
     host = url.host or url.query.get("host") or "localhost"
     port = f":{url.port}" if url.port else ""
-    return f"host {host}{port}, database {url.database!r} ({url.render_as_string(hide_password=True)})"
+    return mask_secrets(f"host {host}{port}, database {url.database!r} ({url.render_as_string(hide_password=True)})")
 
 
 def create_engine(url: URL, **options: Any) -> Engine:
@@ -62,11 +110,16 @@ def check_reachable(engine: Engine) -> None:
         with engine.connect() as connection:
             connection.execute(sa.text("SELECT 1"))
     except sa.exc.OperationalError as error:
-        reason = str(error.orig).strip().splitlines()[0] if error.orig else str(error).splitlines()[0]
+        reason = mask_secrets(str(error.orig).strip().splitlines()[0] if error.orig else str(error).splitlines()[0])
         raise DatabaseUnavailable(
             f"cannot connect to PostgreSQL at {describe_url(engine.url)}: {reason}. "
             f"Check the URL (connect(url) or ACTIVEDB_DATABASE_URL) and that the server is running."
         ) from None
+
+
+def _retried(error: BaseException | None) -> bool:
+    """The aborts ``Database.run`` answers with another attempt."""
+    return isinstance(error, (SerializationConflict, Deadlock))
 
 
 class Database:
@@ -80,7 +133,8 @@ class Database:
 
     def __init__(self, engine: Engine, *, embedded: _embedded.EmbeddedServer | None = None,
                  max_cascade_depth: int = 16, max_deferred_cycles: int = 100, rule_execution: str = "threads",
-                 explain_deadlocks: bool = False, **transaction_options: Any):
+                 explain_deadlocks: bool = False, outbox_options: dict[str, Any] | None = None,
+                 **transaction_options: Any):
         self.engine = engine
         self.embedded = embedded
         self._closed = False
@@ -89,6 +143,8 @@ class Database:
                                                **transaction_options)
         self.rules = RuleManager(self.catalog, self.transactions, max_cascade_depth=max_cascade_depth,
                                  max_deferred_cycles=max_deferred_cycles, execution=rule_execution)
+        #: Detached-family firings, recorded durably and run exactly once (``activedb/outbox/README.md``).
+        self.outbox = Outbox(self.catalog, self.transactions, self.rules, **(outbox_options or {}))
         self.punctuations = Punctuations()
         if explain_deadlocks:
             from activedb.explain import DeadlockExplainer
@@ -208,10 +264,15 @@ class Database:
         """Run ``function(tx, *args, **kwargs)`` in a top-level transaction, re-running it (at most
         ``retries`` more times) on a serialization conflict or a deadlock, after a jittered exponential
         back-off starting at ``backoff`` seconds (so that the transactions that collided do not collide
-        again in lock step)."""
+        again in lock step).  An attempt that is re-run is not an outcome for the rules: the detached and
+        exclusive causally dependent firings of an aborted attempt are dropped (the attempt that commits
+        fires its own; see :meth:`activedb.outbox.Outbox.mark_replayed`)."""
         for attempt in range(retries + 1):
             try:
                 with self.transaction() as transaction:
+                    if attempt < retries:
+                        # An attempt this loop re-runs leaves nothing behind, detached firings included.
+                        self.outbox.mark_replayed(transaction, when=_retried)
                     return function(transaction, *args, **kwargs)
             except (SerializationConflict, Deadlock):
                 if attempt == retries:
@@ -322,6 +383,7 @@ class Database:
         if not self._closed:
             self._closed = True
             self.capture.close()
+            self.outbox.close()
             self.transactions.pool.shutdown(wait=False)
             self.engine.dispose()
 
@@ -333,7 +395,7 @@ class Database:
 
     def __repr__(self) -> str:
         kind = "embedded" if self.embedded else "external"
-        return f"<activedb.Database {kind} {self.engine.url.render_as_string(hide_password=True)}>"
+        return f"<activedb.Database {kind} {mask_secrets(self.engine.url.render_as_string(hide_password=True))}>"
 
 
 def resolve_url(url: str | URL | None, home: str | Path | None, keep_server: bool | None):
@@ -360,6 +422,7 @@ def connect(
     max_deferred_cycles: int = 100,
     rule_execution: str = "threads",
     explain_deadlocks: bool = False,
+    outbox_options: dict[str, Any] | None = None,
     **engine_options: Any,
 ) -> Database:
     """Connect to activedb's database and bring its schema to head.
@@ -385,6 +448,10 @@ def connect(
       gets carries ``explanation`` (an :class:`activedb.explain.Explanation` of the lock table and the
       transaction trees when the cycle was found; ``error.explanation.render("deadlock.png")``).  It costs
       a full lock-table snapshot per deadlock.
+    * ``outbox_options`` go to :class:`activedb.outbox.Outbox` (``group_size``, ``max_groups``,
+      ``max_attempts``, ``recovery_interval``): how recorded detached firings are run.  The outbox starts
+      with the connection (schema at head): recorded firings this database holds for rules registered
+      later — left by a process that died — are claimed and run as soon as those rules are registered.
     """
     sa_url, server = resolve_url(url, home, keep_server)
     engine = create_engine(sa_url, **engine_options)
@@ -392,7 +459,9 @@ def connect(
     database = Database(engine, embedded=server, record_history=record_history, max_workers=max_workers,
                         victim_policy=victim_policy, lock_timeout=lock_timeout,
                         max_cascade_depth=max_cascade_depth, max_deferred_cycles=max_deferred_cycles,
-                        rule_execution=rule_execution, explain_deadlocks=explain_deadlocks)
+                        rule_execution=rule_execution, explain_deadlocks=explain_deadlocks,
+                        outbox_options=outbox_options)
     if upgrade:
         database.upgrade("head")
+        database.outbox.start()
     return database

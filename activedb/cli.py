@@ -7,6 +7,7 @@
     activedb dead-letters list|show|purge (|replay)             rows ingestion could not apply
     activedb explain [FILE.json | --pid PID] -o OUT.png         a picture of transactions and their waits
     activedb bench NAME [--quick] [--plot OUT.png]              benchmarks (NAME --help says what each measures)
+    activedb outbox [--retry [ID ...]] [--json]                 detached rule firings: pending, done, failed
 
 (``run``, ``status`` and ``dead-letters replay`` come with spark_bridge, through entry points.)
 
@@ -33,7 +34,7 @@ import click
 from activedb import plugins
 from activedb.errors import ActivedbError, SchemaNotAtHead
 
-BUILTIN_BENCHMARKS = ("locks", "nested", "rules", "streams", "tpg", "composite", "capture")
+BUILTIN_BENCHMARKS = ("locks", "nested", "rules", "streams", "tpg", "composite", "capture", "hotkeys")
 WIDE = 132            # columns of tables printed to a file or a pipe
 
 
@@ -62,7 +63,9 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except ActivedbError as error:
-            click.echo(f"activedb: error: {error}", err=True)
+            from activedb._database import mask_secrets
+
+            click.echo(f"activedb: error: {mask_secrets(str(error))}", err=True)
             ctx.exit(1)
         except KeyboardInterrupt:
             click.echo("activedb: interrupted", err=True)
@@ -682,6 +685,54 @@ def demo(ctx: click.Context, events: int, workers: int, seed: int, spark: bool, 
         demo_module.run_demo(database=database, events=events, workers=workers, seed=seed, use_spark=spark)
     finally:
         database.close()
+
+
+# --- outbox -----------------------------------------------------------------------------
+
+@main.command()
+@click.option("--retry", "retry", is_flag=True, help="Make the failed firings pending again (all, or the IDs given).")
+@click.argument("ids", nargs=-1, type=int)
+@click.option("--limit", default=50, show_default=True, help="Failed firings shown.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@click.pass_context
+def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], limit: int, as_json: bool) -> None:
+    """Detached rule firings (activedb_outbox): counts per rule and the failed ones, with rule, trigger,
+    event and error.  --retry makes failed firings pending again; the next process that registers their
+    rules (or this database's running processes, within seconds) runs them."""
+    import dataclasses
+    import json
+
+    database = open_database(ctx, writes=retry)
+    try:
+        if retry:
+            count = database.outbox.retry_failed(ids or None)
+            click.echo(f"{count} failed firing(s) are pending again")
+        statistics = database.outbox.statistics()
+        failures = database.outbox.failures(limit=limit)
+    finally:
+        database.close()
+    if as_json:
+        click.echo(json.dumps({"statistics": dataclasses.asdict(statistics),
+                               "failed": [dataclasses.asdict(failure) for failure in failures]},
+                              indent=2, default=str))
+        return
+    from rich.table import Table
+
+    out = console()
+    table = Table(title="detached rule firings (activedb_outbox)")
+    for column in ("rule", "pending", "done", "failed"):
+        table.add_column(column)
+    for rule, counts in sorted(statistics.per_rule.items()):
+        table.add_row(rule, *(f"{counts.get(status, 0):,}" for status in ("pending", "done", "failed")))
+    out.print(table)
+    if failures:
+        failed = Table(title="failed firings (activedb outbox --retry [ID ...] runs them again)")
+        for column in ("id", "rule", "trigger", "event", "attempts", "error"):
+            failed.add_column(column)
+        for failure in failures:
+            failed.add_row(str(failure.id), failure.rule, f"{failure.trigger} ({failure.trigger_outcome})",
+                           failure.event, str(failure.attempts), failure.error)
+        out.print(failed)
 
 
 # --- bench ------------------------------------------------------------------------------

@@ -80,8 +80,22 @@ class SerializationConflict(TransactionError):
     """Another process changed data this transaction read or wrote; retries were exhausted."""
 
 
+class GeneratedKeysReset(SerializationConflict):
+    """A generated key the transaction used came from a sequence that was reset since (``TRUNCATE …
+    RESTART IDENTITY``): nothing was written; re-running the transaction draws fresh keys.  A
+    :class:`SerializationConflict`, so ``Database.run`` and the outbox retry it."""
+
+    def __init__(self, message: str, sequence: str | None = None):
+        super().__init__(message)
+        self.sequence = sequence
+
+
 class DuplicateKey(TransactionError):
-    """An insert found a row with the same primary key."""
+    """An insert found a row with the same primary key (``table``: where, when known)."""
+
+    def __init__(self, message: str, table: str | None = None):
+        super().__init__(message)
+        self.table = table
 
 
 # --- rules ----------------------------------------------------------------------------
@@ -109,6 +123,18 @@ class RuleFailed(TransactionError):
         super().__init__(message)
         self.rule = rule
         self.event = event
+
+
+# --- the outbox of detached rule firings -----------------------------------------------
+
+class OutboxError(ActivedbError):
+    """The outbox of detached rule firings could not record or run a firing."""
+
+
+class RecordsTakenOver(OutboxError, SerializationConflict):
+    """Outbox records this process was running were claimed by another process meanwhile (this process
+    lost its liveness lock, e.g. after its connection broke): the transaction that would have marked them
+    done wrote nothing; the other process runs them."""
 
 
 # --- ingestion ------------------------------------------------------------------------

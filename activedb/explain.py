@@ -29,7 +29,8 @@ folded into its node.  Edges are the wait-for graph of the lock manager, every k
 * ``held``      waits for a lock the target holds in a conflicting mode;
 * ``retained``  waits for a lock the target (not an ancestor) retains;
 * ``queued``    queued behind the target's earlier conflicting request (fairness);
-* ``dependency`` a detached rule waiting in the coupling gate for its trigger's tree;
+* ``dependency`` a rule action waiting in the coupling gate for its condition (C-A sequential causally
+  dependent coupling);
 * ``nested``    a thread running the waiter is blocked inside the new top-level transaction target;
 * ``children``  a thread running the waiter waits for another node's child (``handle.result()``).
 
@@ -71,7 +72,7 @@ EDGE_KINDS: dict[str, tuple[str, str]] = {
     "held": ("#d62728", "waits for a lock the target holds"),
     "retained": ("#9467bd", "waits for a lock the target retains"),
     "queued": ("#8c564b", "queued behind the target's earlier request"),
-    "dependency": ("#1f77b4", "rule waits in the coupling gate for its trigger"),
+    "dependency": ("#1f77b4", "an action waits in the coupling gate for its condition"),
     "nested": ("#17becf", "blocked inside a nested top-level transaction"),
     "children": ("#bcbd22", "waits for another node's child"),
 }

@@ -6,7 +6,8 @@ axioms 18-30 (the papers are listed in docs/papers.md), as a pure library that i
 * :class:`Coupling` -- the six coupling modes; :data:`ACTION_COUPLINGS` -- the valid C-A couplings;
   :func:`has_own_deferred_queue` -- which transactions run deferred cycles.
 * :class:`DependencyKind`, :class:`Dependency`, :func:`dependencies_for`,
-  :func:`action_dependencies_for` -- the ACTA dependencies (CD, AD, WD, ED, SQD, CRD) each mode creates.
+  :func:`action_dependencies_for` -- the ACTA dependencies (CD, AD, WD, ED, SQD, CRD) each mode creates;
+  :func:`may_run_after` -- whether a detached-family dependent started after its trigger ended may run.
 * :class:`DependencyGate`, :class:`Verdict` -- run-time enforcement of those dependencies between
   transactions that run in parallel (the detached family, C-A sequential causally dependent).
 * :class:`DeferredQueue` -- deferred firings handed out in cycles just before a commit.
@@ -26,7 +27,7 @@ from ._deferred import (
     DeferredQueueStatistics,
     QueueState,
 )
-from ._dependencies import Dependency, DependencyKind, action_dependencies_for, dependencies_for
+from ._dependencies import Dependency, DependencyKind, action_dependencies_for, dependencies_for, may_run_after
 from ._gate import DependencyGate, DependentState, GateStatistics, Verdict
 from ._history import HistoryEvent, HistoryEventKind, HistoryRecorder, check_dependencies
 from ._modes import ACTION_COUPLINGS, Coupling, has_own_deferred_queue
@@ -78,5 +79,6 @@ __all__ = [
     "check_dependencies",
     "dependencies_for",
     "has_own_deferred_queue",
+    "may_run_after",
     "priority_groups",
 ]

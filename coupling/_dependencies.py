@@ -195,3 +195,27 @@ def action_dependencies_for(coupling: Coupling | str, action: Hashable, conditio
             Dependency(DependencyKind.CRD, action, condition),
         }
     )
+
+
+def may_run_after(coupling: Coupling | str, trigger_committed: bool) -> bool:
+    """Whether a detached-family dependent may run to its commit once its trigger's outcome is known
+    (``trigger_committed``) — the decision every dependency of :func:`dependencies_for` allows when the
+    dependent begins *after* the trigger ended: AD and SQD need the trigger committed, ED needs it aborted,
+    CD holds either way (the trigger ended first).  Detached: always.  This is how a dependent that is only
+    started after the outcome is durable (activedb's outbox) satisfies its mode without waiting.
+
+    Immediate and deferred rules are children of their trigger and never run after it:
+    :class:`~coupling.errors.UnsupportedByGate`.
+    """
+    mode = Coupling.parse(coupling)
+    if mode.runs_as_subtransaction:
+        from .errors import UnsupportedByGate
+
+        raise UnsupportedByGate(f"{mode} rules run inside their trigger, never after it")
+    allowed = True
+    for dependency in dependencies_for(mode, "dependent", "trigger"):
+        if dependency.kind in (DependencyKind.AD, DependencyKind.SQD):
+            allowed = allowed and trigger_committed
+        elif dependency.kind is DependencyKind.ED:
+            allowed = allowed and not trigger_committed
+    return allowed

@@ -630,7 +630,7 @@ class LockManager:
         self, tid: Hashable, table: Hashable, key: Hashable, mode: Mode, timeout: float | None = None,
         resource: Hashable | None = None,
     ) -> None:
-        """Lock the tuple ``(table, key)`` in ``mode`` (READ or WRITE) after the matching intention lock
+        """Lock the tuple ``(table, key)`` in ``mode`` (READ, UPDATE or WRITE) after the matching intention lock
         (IR or IW) on ``table``.  Nothing is locked at tuple level if ``tid`` already holds ``table`` in a
         mode that covers ``mode`` (e.g. a table READ covers reading every tuple), and the intention lock is
         not asked for again if ``tid`` already holds one that covers it.  The tuple's resource is the pair
@@ -639,7 +639,7 @@ class LockManager:
         """
         intention = INTENTION_FOR.get(mode)
         if intention is None:
-            raise ValueError(f"acquire_tuple takes Mode.READ or Mode.WRITE, not {mode!r}")
+            raise ValueError(f"acquire_tuple takes Mode.READ, Mode.UPDATE or Mode.WRITE, not {mode!r}")
         if resource is None:
             resource = (table, key)
         txn = self._active.get(tid)

@@ -1,11 +1,14 @@
 """Lock modes, their one conflict table, and the lattice operations derived from it.
 
-The five modes are the multi-granularity modes of Gray et al., with the names of Concurrent Rule Execution (§4.2.1) for
-the two tuple modes::
+The modes are the multi-granularity modes of Gray et al., with the names of Concurrent Rule Execution (§4.2.1) for
+the two tuple modes, plus the *update* mode of System R and DB2 (read with intent to write)::
 
     IR     intention read   - the holder will take READ locks on parts (tuples) of this object (a table)
-    IW     intention write  - the holder will take READ or WRITE locks on parts of this object
+    IW     intention write  - the holder will take READ, UPDATE or WRITE locks on parts of this object
     READ   shared           - the holder reads the whole object
+    UPDATE update           - the holder reads the object and will write it: compatible with readers, not
+                              with another UPDATE — so two read-modify-write transactions queue at the read
+                              instead of both reading and then deadlocking on the conversion to WRITE
     RIW    read + intention write (SIX) - reads the whole object and will write some parts
     WRITE  exclusive        - the holder reads and writes the whole object
 
@@ -29,20 +32,24 @@ class Mode(enum.IntEnum):
     IR = 0
     IW = 1
     READ = 2
-    RIW = 3
-    WRITE = 4
+    UPDATE = 3
+    RIW = 4
+    WRITE = 5
 
 
 _ALL = tuple(Mode)
 
 # The one conflict table.  Row: a mode somebody has; column: a mode somebody wants.  True = conflict.
-#                    IR     IW     READ   RIW    WRITE
+# UPDATE is symmetric here (a held UPDATE admits new readers, as in DB2): readers are never blocked by a
+# read-modify-write in progress; its conversion to WRITE waits for them to finish.
+#                     IR     IW     READ   UPDATE RIW    WRITE
 _TABLE = {
-    Mode.IR:    (False, False, False, False, True),
-    Mode.IW:    (False, False, True,  True,  True),
-    Mode.READ:  (False, True,  False, True,  True),
-    Mode.RIW:   (False, True,  True,  True,  True),
-    Mode.WRITE: (True,  True,  True,  True,  True),
+    Mode.IR:     (False, False, False, False, False, True),
+    Mode.IW:     (False, False, True,  True,  True,  True),
+    Mode.READ:   (False, True,  False, False, True,  True),
+    Mode.UPDATE: (False, True,  False, True,  True,  True),
+    Mode.RIW:    (False, True,  True,  True,  True,  True),
+    Mode.WRITE:  (True,  True,  True,  True,  True,  True),
 }
 
 #: ``CONFLICTS[a][b]`` is True when a lock in mode ``a`` conflicts with a lock in mode ``b`` (symmetric).
@@ -54,8 +61,8 @@ def _conflict_set(mode: Mode) -> frozenset[Mode]:
 
 
 # The lattice order is derived from the table: ``a`` covers ``b`` exactly when every mode that conflicts
-# with ``b`` also conflicts with ``a``.  For these five modes that yields the textbook order
-# IR < IW < RIW < WRITE and IR < READ < RIW, with READ and IW incomparable.
+# with ``b`` also conflicts with ``a``.  For these six modes that yields the textbook order
+# IR < IW < RIW < WRITE and IR < READ < UPDATE < RIW, with READ/UPDATE and IW incomparable.
 #: ``COVERS[a][b]``: a lock held in mode ``a`` already grants everything mode ``b`` would.
 COVERS: tuple[tuple[bool, ...], ...] = tuple(
     tuple(_conflict_set(a) >= _conflict_set(b) for b in _ALL) for a in _ALL
@@ -88,8 +95,9 @@ def join(a: Mode, b: Mode) -> Mode:
     return JOIN[a][b]
 
 
-#: The intention mode a transaction must hold on a table before locking one of its tuples in a mode.
-INTENTION_FOR = {Mode.READ: Mode.IR, Mode.WRITE: Mode.IW}
+#: The intention mode a transaction must hold on a table before locking one of its tuples in a mode (an
+#: update lock takes IW at once: converting IR to IW on a shared table later would be another deadlock).
+INTENTION_FOR = {Mode.READ: Mode.IR, Mode.UPDATE: Mode.IW, Mode.WRITE: Mode.IW}
 
 
 def _check_table() -> None:
@@ -99,11 +107,20 @@ def _check_table() -> None:
             if COVERS[a][b]:
                 # Monotonicity: a stronger mode conflicts with at least what a weaker one does.
                 assert _conflict_set(a) >= _conflict_set(b)
-    # The lattice is the textbook one: IR < IW < RIW < WRITE and IR < READ < RIW.
+    # The lattice is the textbook one: IR < IW < RIW < WRITE and IR < READ < UPDATE < RIW.
     assert JOIN[Mode.IW][Mode.READ] is Mode.RIW
     assert JOIN[Mode.IR][Mode.IW] is Mode.IW
     assert JOIN[Mode.READ][Mode.WRITE] is Mode.WRITE
     assert not COVERS[Mode.READ][Mode.IW] and not COVERS[Mode.IW][Mode.READ]
+    # The update mode: above READ (a reader may upgrade to it), below RIW and WRITE, incomparable with IW;
+    # it admits readers and intention readers, and excludes itself (two updaters queue).
+    assert COVERS[Mode.UPDATE][Mode.READ] and not COVERS[Mode.READ][Mode.UPDATE]
+    assert COVERS[Mode.RIW][Mode.UPDATE] and COVERS[Mode.WRITE][Mode.UPDATE]
+    assert not COVERS[Mode.UPDATE][Mode.IW] and not COVERS[Mode.IW][Mode.UPDATE]
+    assert JOIN[Mode.READ][Mode.UPDATE] is Mode.UPDATE and JOIN[Mode.UPDATE][Mode.WRITE] is Mode.WRITE
+    assert JOIN[Mode.IW][Mode.UPDATE] is Mode.RIW
+    assert CONFLICTS[Mode.UPDATE][Mode.UPDATE] and not CONFLICTS[Mode.UPDATE][Mode.READ]
+    assert not CONFLICTS[Mode.UPDATE][Mode.IR] and CONFLICTS[Mode.UPDATE][Mode.IW]
 
 
 _check_table()

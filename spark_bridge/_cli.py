@@ -19,11 +19,14 @@ Both connect as every activedb command does (``activedb.cli.open_database``): th
 activedb's schema (``run`` creates it in a database that never had it). Spark's warnings go to
 ``$ACTIVEDB_HOME/logs/spark.log``, not to the console.
 
-Socket and Kafka sources carry JSON text parsed with the app's ``SCHEMA``; a line that is
-not JSON becomes a row of nulls, which is dead-lettered (``event type ... is null``) without
-its original text. The ``rate`` source's rows become the app's columns through its
-``from_rate(df)``, or synthetic ones (the first event type its rules listen to, keys
-``k0``..``k9``, payload from ``value``).
+File (JSON, CSV), socket and Kafka sources are read against the app's ``SCHEMA`` plus Spark's
+corrupt-record column (``_corrupt_record``): a line that is not JSON, or whose values do not fit
+the schema, is dead-lettered with the true reason and its original text. The ``rate`` source's
+rows become the app's columns through its ``from_rate(df)``, or synthetic ones (the first event
+type its rules listen to, keys ``k0``..``k9``, payload from ``value``).
+
+A batch that fails stops ``run`` with the Python cause (not Spark's Java stack trace), one line
+of what to do, and exit code 1; running the same command again resumes at that batch.
 
 :func:`register_commands` adds both commands to the ``activedb`` group.
 """
@@ -121,11 +124,26 @@ def _is_missing_data_source(error: BaseException) -> bool:
     return "DATA_SOURCE_NOT_FOUND" in text or "Failed to find data source" in text
 
 
+CORRUPT_COLUMN = "_corrupt_record"
+
+
+def with_corrupt_column(schema: Any, name: str = CORRUPT_COLUMN) -> Any:
+    """``schema`` (a DDL string or ``StructType``) plus Spark's corrupt-record column ``name`` (text): a line
+    Spark cannot read against the schema keeps its original text there (``columnNameOfCorruptRecord``)."""
+    from pyspark.sql import types
+
+    struct = _struct_schema(schema)
+    if name in struct.fieldNames():
+        return struct
+    return types.StructType([*struct.fields, types.StructField(name, types.StringType(), True)])
+
+
 def _parsed_json(frame: Any, schema: Any, column: str = "value") -> Any:
     from pyspark.sql import functions
 
-    return frame.select(functions.from_json(functions.col(column).cast("string"), schema).alias("event")).select(
-        "event.*")
+    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}
+    parsed = functions.from_json(functions.col(column).cast("string"), with_corrupt_column(schema), options)
+    return frame.select(parsed.alias("event")).select("event.*")
 
 
 def _synthetic_rate_columns(frame: Any, loaded: Any, event_types: list[str]) -> Any:
@@ -181,7 +199,11 @@ def build_stream(spark: Any, source: SourceSpec, loaded: Any, *, file_format: st
         if not Path(source.path).is_dir():
             raise SourceError(f"--source file:{source.path}: no such directory (Spark watches a directory for new "
                               f"files)")
-        reader = spark.readStream.schema(schema)
+        if file_format in ("json", "csv"):
+            reader = (spark.readStream.schema(with_corrupt_column(schema))
+                      .option("columnNameOfCorruptRecord", CORRUPT_COLUMN).option("mode", "PERMISSIVE"))
+        else:
+            reader = spark.readStream.schema(schema)
         if max_files_per_trigger:
             reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
         if file_format == "csv":
@@ -350,6 +372,63 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+def _where(error: BaseException) -> str:
+    """``file:line in function`` of the innermost frame of ``error``'s traceback ('' if none)."""
+    import traceback
+
+    frames = traceback.extract_tb(error.__traceback__) if error.__traceback__ is not None else []
+    if not frames:
+        return ""
+    frame = frames[-1]
+    return f" (at {Path(frame.filename).name}:{frame.lineno} in {frame.name})"
+
+
+def _quiet_query_failures(spark: Any) -> None:
+    """``run`` reports a failed query itself (the Python cause, what to do): keep Spark from logging the same
+    failure as a Java stack trace ("Query ... terminated with error", logged at ERROR by the stream's
+    execution class)."""
+    try:
+        jvm = spark.sparkContext._jvm
+        level = jvm.org.apache.logging.log4j.Level.FATAL
+        for logger_name in ("org.apache.spark.sql.execution.streaming.runtime.MicroBatchExecution",
+                            "org.apache.spark.sql.execution.streaming.MicroBatchExecution"):
+            jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(logger_name, level)
+    except Exception:          # another logging backend: the trace is printed, the message below too
+        pass
+
+
+def what_to_do(error: BaseException, app: str) -> str:
+    """One line: how to get a failed ``activedb run`` going again."""
+    from activedb.errors import ActivedbError, DatabaseError, DatabaseUnavailable
+
+    from spark_bridge._sink import _walk_causes
+
+    resume = "then run the same command again: it resumes at the failed batch, exactly once"
+    causes = list(_walk_causes(error))
+    if any(isinstance(cause, DatabaseUnavailable) for cause in causes):
+        return f"make PostgreSQL reachable again (is the server up? is the URL right?), {resume}"
+    if any(isinstance(cause, DatabaseError) for cause in causes):
+        return f"fix what PostgreSQL refused (disk space, the schema), {resume}"
+    if isinstance(error, ActivedbError):
+        return f"fix the application {app} or the database as the message says, {resume}"
+    return f"fix the cause in the application {app} (--verbose logs more), {resume}"
+
+
+def failure_message(sink: Any, failure: BaseException, app: str) -> str:
+    """What ``run`` prints when the query failed: the Python cause and one line of what to do."""
+    found = sink.last_failure()
+    if found is not None:
+        batch, error = found
+        cause = f"batch {batch} failed: {type(error).__name__}: {_first_line(error)}{_where(error)}"
+        return f"{cause}\n  what to do: {what_to_do(error, app)}"
+    text = _first_line(failure)
+    marker = "Reason: "
+    if marker in text:
+        text = text.split(marker, 1)[1]
+    return (f"the streaming query failed: {text}\n  what to do: check the source and the Spark options, then "
+            f"run the same command again: it resumes from the checkpoint")
+
+
 @click.command("run")
 @click.argument("app")
 @click.option("--source", "source_text", required=True, help=f"Where events come from: {_SOURCE_FORMS}.")
@@ -402,6 +481,7 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
     older than that state may be rejected as late; --reset starts from empty tables.
     """
     import spark_bridge
+    from activedb import mask_secrets
     from activedb.cli import console as make_console, open_database
     from spark_bridge.errors import SparkBridgeError
 
@@ -439,6 +519,7 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
         try:
             with _status(console, f"starting Spark (10-30 s; its warnings go to {spark_log}) ..."):
                 spark = spark_bridge.get_spark(f"activedb-run-{name}", conf=conf, warnings_to=spark_log)
+            _quiet_query_failures(spark)
             frame = build_stream(spark, source, loaded, file_format=file_format,
                                  max_files_per_trigger=max_files_per_trigger, rows_per_second=rows_per_second,
                                  event_types=event_types)
@@ -467,10 +548,9 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
                           f"{name}` shows why, `activedb dead-letters replay {app} --query {name}` re-submits them",
                           highlight=False, soft_wrap=True)
         if failure is not None and how != "stopped":
-            message = _first_line(failure)
             if _is_missing_data_source(failure) and source.kind == "kafka":
-                message = _kafka_hint()
-            raise click.ClickException(f"the streaming query failed: {message}")
+                raise click.ClickException(f"the streaming query failed: {_kafka_hint()}")
+            raise click.ClickException(mask_secrets(failure_message(sink, failure, loaded.name)))
         console.print("stopped cleanly; restart with the same --checkpoint and --query-name to resume"
                       if how == "stopped" else "the query finished", highlight=False)
     finally:
@@ -485,13 +565,17 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 @click.pass_context
 def status_command(ctx: click.Context, query_name: str | None, as_json: bool) -> None:
-    """Show what ingestion has committed, per query, from PostgreSQL's ledger."""
+    """Show what ingestion has committed, per query, from PostgreSQL's ledger, and the detached rule
+    firings (pending, done, failed — with the failures' rule, trigger, event and error)."""
+    import activedb
     import spark_bridge
     from activedb.cli import open_database
 
     database = open_database(ctx, writes=False)
     try:
         statuses = spark_bridge.ingestion_status(database, query_name)
+        detached = database.outbox.statistics()
+        failures = database.outbox.failures(limit=20)
     finally:
         database.close()
     if as_json:
@@ -505,24 +589,42 @@ def status_command(ctx: click.Context, query_name: str | None, as_json: bool) ->
     if not statuses:
         which = f"query {query_name!r}" if query_name else "any query"
         console.print(f"no ingestion has committed a batch for {which} yet", highlight=False)
+    else:
+        table = Table(title="ingestion (activedb_ingestion_ledger)")
+        for column in ("query", "batches", "last batch", "events", "dead letters", "watermark", "last commit"):
+            table.add_column(column)
+        for status in statuses:
+            batches = f"{status.batches}" + (f" x {status.partitions} partitions" if status.partitions else "")
+            table.add_row(status.query_name, batches, str(status.last_batch_id), f"{status.events:,}",
+                          f"{status.dead_letters:,}",
+                          "-" if status.watermark is None else status.watermark.isoformat(),
+                          status.last_committed_at.isoformat(timespec="seconds"))
+        console.print(table)
+        rules = Table(title="rule firings (summed over the ledger)")
+        for column in ("query", "rule", "firings"):
+            rules.add_column(column)
+        for status in statuses:
+            for rule, count in status.rule_firings.items():
+                rules.add_row(status.query_name, rule, f"{count:,}")
+        console.print(rules)
+    print_detached(console, detached, failures)
+
+
+def print_detached(console: Any, detached: Any, failures: list[Any]) -> None:
+    """The outbox's counts and its failed firings (``activedb status``)."""
+    from rich.table import Table
+
+    console.print(f"detached rule firings (activedb_outbox): {detached.pending:,} pending, {detached.done:,} done, "
+                  f"{detached.failed:,} failed", highlight=False)
+    if not failures:
         return
-    table = Table(title="ingestion (activedb_ingestion_ledger)")
-    for column in ("query", "batches", "last batch", "events", "dead letters", "watermark", "last commit"):
+    table = Table(title="failed detached rule firings (retry: activedb outbox --retry)")
+    for column in ("id", "rule", "trigger", "event", "error"):
         table.add_column(column)
-    for status in statuses:
-        batches = f"{status.batches}" + (f" x {status.partitions} partitions" if status.partitions else "")
-        table.add_row(status.query_name, batches, str(status.last_batch_id), f"{status.events:,}",
-                      f"{status.dead_letters:,}",
-                      "-" if status.watermark is None else status.watermark.isoformat(),
-                      status.last_committed_at.isoformat(timespec="seconds"))
+    for failure in failures:
+        table.add_row(str(failure.id), failure.rule, f"{failure.trigger} ({failure.trigger_outcome})",
+                      failure.event, failure.error)
     console.print(table)
-    rules = Table(title="rule firings (summed over the ledger)")
-    for column in ("query", "rule", "firings"):
-        rules.add_column(column)
-    for status in statuses:
-        for rule, count in status.rule_firings.items():
-            rules.add_row(status.query_name, rule, f"{count:,}")
-    console.print(rules)
 
 
 @click.command("replay")

@@ -38,6 +38,7 @@ __all__ = ["IngestionLedger", "QueryStatus", "batch_committed", "ingestion_statu
 
 LEDGER_TABLE = "activedb_ingestion_ledger"
 DEAD_LETTER_TABLE = "activedb_dead_letters"
+EVENT_ID_TABLE = "activedb_ingested_events"
 
 _UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 _LEDGER_ID = re.compile(rf"^(?P<name>.*)@(?P<spark>{_UUID})(?:#p(?P<partition>\d+))?$")
@@ -180,6 +181,10 @@ class IngestionLedger(CommitParticipant):
         self.dead_letters = 0
         self.watermark: dt.datetime | None = None
         self.rule_firings: dict[str, int] = {}
+        #: With an event-id column: the query's name and the ids of the events the batch processed,
+        #: recorded in the same transaction (duplicate detection across batches and checkpoints).
+        self.query_name: str | None = None
+        self.event_ids: list[str] = []
         self._on_flush = on_flush
         self.flush_began: float | None = None
         self.flush_seconds = 0.0
@@ -205,6 +210,24 @@ class IngestionLedger(CommitParticipant):
                 f"batch {self.batch_id} of query {self.query_id!r} was already committed; its effects are not "
                 f"applied twice"
             )
+        if self.event_ids:
+            self._record_event_ids(connection)
+
+    def _record_event_ids(self, connection: Any) -> None:
+        from sqlalchemy.dialects import postgresql
+
+        from activedb.errors import SerializationConflict
+
+        table = self.db.table(EVENT_ID_TABLE)
+        inserted = connection.execute(
+            postgresql.insert(table).on_conflict_do_nothing().returning(table.c.event_id),
+            [{"query_name": self.query_name, "event_id": event_id, "query_id": self.query_id,
+              "batch_id": self.batch_id} for event_id in self.event_ids]).all()
+        if len(inserted) != len(self.event_ids):
+            raise SerializationConflict(
+                f"batch {self.batch_id} of {self.query_id!r}: {len(self.event_ids) - len(inserted)} of its event "
+                f"ids were ingested by another process meanwhile; nothing was written — the batch is re-run and "
+                f"finds them duplicates")
 
     def about_to_commit(self, transaction: Any, connection: Any) -> None:
         if self._on_flush is not None:
@@ -213,6 +236,19 @@ class IngestionLedger(CommitParticipant):
     def committed(self, transaction: Any) -> None:
         if self.flush_began is not None:
             self.flush_seconds = time.perf_counter() - self.flush_began
+
+
+def ingested_event_ids(db: Any, query_name: str, event_ids: list[str]) -> dict[str, tuple[str, int]]:
+    """Of ``event_ids``, those already ingested under ``query_name``: ``{event id: (query id, batch id)}``."""
+    import sqlalchemy as sa
+
+    if not event_ids:
+        return {}
+    table = db.table(EVENT_ID_TABLE)
+    with db.engine.connect() as connection:
+        rows = connection.execute(sa.select(table.c.event_id, table.c.query_id, table.c.batch_id).where(
+            table.c.query_name == query_name, table.c.event_id.in_(list(dict.fromkeys(event_ids))))).all()
+    return {row.event_id: (row.query_id, row.batch_id) for row in rows}
 
 
 def batch_committed(db: Any, query_id: str, batch_id: int) -> bool:

@@ -234,6 +234,9 @@ class PartitionedIngestSink(IngestSink):
             else:
                 self._phase("skipped", batch_id)
             self.record_outcome(outcome, began)
+        except BaseException as error:
+            self._failed(batch_id, error)
+            raise
         finally:
             self._leave()
 

@@ -44,7 +44,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from activedb import TxnState
+from activedb import CommitParticipant, TxnState
 from activedb.store import jsonable
 
 from spark_bridge._ledger import (
@@ -52,6 +52,7 @@ from spark_bridge._ledger import (
     IngestionLedger,
     batch_committed,
     check_not_renamed,
+    ingested_event_ids,
     last_watermark,
     ledger_query_id,
 )
@@ -164,7 +165,9 @@ def _walk_causes(error: BaseException):
     while error is not None and id(error) not in seen:
         seen.add(id(error))
         yield error
-        error = error.__cause__ or error.__context__
+        # ``raise ... from None`` hides the context on purpose: so do we.
+        error = error.__cause__ if error.__cause__ is not None else (
+            None if error.__suppress_context__ else error.__context__)
 
 
 def _is_infrastructure_failure(error: BaseException) -> bool:
@@ -177,10 +180,52 @@ def _is_infrastructure_failure(error: BaseException) -> bool:
                for cause in _walk_causes(error))
 
 
+def _conflict_in(error: BaseException) -> BaseException | None:
+    """The ``SerializationConflict`` behind ``error``, if another process (or a sequence reset) got in the way:
+    not the event's fault — the batch is re-run."""
+    from activedb.errors import SerializationConflict
+
+    return next((cause for cause in _walk_causes(error) if isinstance(cause, SerializationConflict)), None)
+
+
 def _is_deadlock(error: BaseException) -> bool:
     from lockmgr import Deadlock
 
     return any(isinstance(cause, Deadlock) for cause in _walk_causes(error))
+
+
+def _is_poison_failure(error: BaseException) -> bool:
+    """PostgreSQL refused the commit because of the values written (a data exception, an integrity or a
+    size limit: SQLSTATE classes 22, 23, 54, or the engine's own DuplicateKey/InvalidValue at the flush) —
+    something an event caused, as opposed to the server (disk full, connection) or a conflict."""
+    from activedb.errors import DatabaseError, DuplicateKey, InvalidValue
+
+    if _is_infrastructure_failure(error):
+        return False
+    if isinstance(error, (DuplicateKey, InvalidValue)):
+        return True
+    return isinstance(error, DatabaseError) and (error.sqlstate or "")[:2] in ("22", "23", "54")
+
+
+def _poison_reason(error: BaseException) -> str:
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return f"PostgreSQL refused this event's writes at the commit: {text}"
+
+
+def _reason_of(pairs: list[tuple[Any, str]]) -> Callable[[Any], str]:
+    reasons = {id(item): reason for item, reason in pairs}
+    return lambda item: reasons[id(item)]
+
+
+class _TrialPassed(Exception):
+    """A trial flush got everything written: roll it back."""
+
+
+class _TrialStop(CommitParticipant):
+    """Turns a flush into a trial: everything is written, then the transaction is rolled back."""
+
+    def about_to_commit(self, transaction: Any, connection: Any) -> None:
+        raise _TrialPassed()
 
 
 def _rejection_reason(error: BaseException) -> str:
@@ -263,6 +308,7 @@ class IngestSink:
         self._last_batch_ended: float | None = None
         self._last_batch_rate: float | None = None
         self._recent: collections.deque[BatchOutcome] = collections.deque(maxlen=RECENT_OUTCOMES)
+        self._last_failure: tuple[int, BaseException] | None = None
         self._in_batch = 0  # Invariant: number of __call__/process calls currently running (>= 0)
         self._idle = threading.Condition(self._mutex)
 
@@ -282,8 +328,22 @@ class IngestSink:
             self._phase("fetched", batch_id)
             self.process(table, batch_id, query_id=query_id, watermark=watermark,
                          extra_timings=PhaseTimings(to_arrow=to_arrow), _counted=True)
+        except BaseException as error:
+            self._failed(batch_id, error)
+            raise
         finally:
             self._leave()
+
+    def _failed(self, batch_id: int, error: BaseException) -> None:
+        """Remember why a batch failed: Spark wraps the error in a Java stack trace (what ``activedb run``
+        prints is this instead)."""
+        with self._mutex:
+            self._last_failure = (batch_id, error)
+
+    def last_failure(self) -> tuple[int, BaseException] | None:
+        """``(batch id, the Python exception)`` of the last batch that raised out of the sink, or None."""
+        with self._mutex:
+            return self._last_failure
 
     def spark_watermark(self, spark_query_id: str) -> dt.datetime | None:
         """Spark's event-time watermark of the batch now running in query ``spark_query_id``.
@@ -358,11 +418,16 @@ class IngestSink:
                     f"late: {self.mapping.ts_column} {event.ts.isoformat()} is older than the stream's "
                     f"watermark {watermark.isoformat()} (Spark's lateness rule)"))
                 good = on_time
+        if self.mapping.id_column is not None:
+            good, duplicates = self._without_duplicates(good)
+            letters += self._letters_for(rows, [event for event, _ in duplicates], _reason_of(duplicates))
         timings = timings + PhaseTimings(validate=time.perf_counter() - started)
 
         from activedb.errors import BatchAlreadyCommitted, SerializationConflict
 
-        for attempt in range(1, self._batch_attempts + 1):
+        attempt = 0
+        while True:
+            attempt += 1
             try:
                 applied, dead_letters, firings, phase_timings = self._apply(
                     rows, good, letters, query_id, batch_id, watermark, participants)
@@ -370,10 +435,22 @@ class IngestSink:
             except BatchAlreadyCommitted:
                 return self._skipped(query_id, batch_id, row_count, watermark, timings, began)
             except SerializationConflict:
-                if attempt == self._batch_attempts:
+                if attempt >= self._batch_attempts:
                     raise
                 logger.info("batch %s of %s conflicted with another process; re-running it (%d of %d)",
                             batch_id, query_id, attempt + 1, self._batch_attempts)
+            except Exception as failure:
+                if not _is_poison_failure(failure):
+                    raise
+                # PostgreSQL refused the batch's commit because of what some event wrote (a key too large
+                # for its index, a constraint): find those events, dead-letter them, apply the rest.
+                culprits = self._find_culprits(good, failure)
+                logger.warning("batch %s of %s: PostgreSQL refused the writes of %d event(s); they become dead "
+                               "letters and the batch is applied without them", batch_id, query_id, len(culprits))
+                letters = letters + self._letters_for(rows, [event for event, _ in culprits], _reason_of(culprits))
+                gone = {id(event) for event, _ in culprits}
+                good = [event for event in good if id(event) not in gone]
+                attempt -= 1       # not a conflict: the batch gets its attempts again
         timings = timings + phase_timings
         self._phase("committed", batch_id)
         if punctuate and watermark is not None:
@@ -388,7 +465,13 @@ class IngestSink:
         """One top-level transaction for the batch; returns (applied, dead letters, firings, timings)."""
         started = time.perf_counter()
         ledger = IngestionLedger(self.db, query_id, batch_id, on_flush=self._flush_reached)
+        if self.mapping.id_column is not None:
+            ledger.query_name = self.query_name
+            ledger.event_ids = [event.event_id for event in events]
         with self.db.transaction(name=f"ingest:{self.query_name}", participants=[ledger, *participants]) as tx:
+            # The batch is re-run until it commits (by this sink after a conflict, by Spark after a crash):
+            # an aborted attempt is not an outcome for the detached rules it fired.
+            self.db.outbox.mark_replayed(tx)
             self._prefetch_rows(tx, events)
             applied = 0
             failed: list[tuple[RawEvent, str]] = []
@@ -399,9 +482,7 @@ class IngestSink:
                 else:
                     failed.append((event, reason))
             if failed:
-                reasons = {id(event): reason for event, reason in failed}
-                letters = letters + self._letters_for(rows, [event for event, _ in failed],
-                                                      lambda event: reasons[id(event)])
+                letters = letters + self._letters_for(rows, [event for event, _ in failed], _reason_of(failed))
             self._insert_dead_letters(tx, query_id, batch_id, letters)
             ledger.events = applied
             ledger.dead_letters = len(letters)
@@ -414,6 +495,78 @@ class IngestSink:
                                flush=ended - min(max(flush_began, exit_began), ended))
         return applied, len(letters), dict(ledger.rule_firings), timings
 
+    # -- poison: events whose writes PostgreSQL refuses ---------------------------------------------
+
+    def _trial(self, events: list[RawEvent]) -> BaseException | None:
+        """Apply ``events`` in a transaction that is flushed and then rolled back; the refusal of a poison
+        failure, or None if PostgreSQL took everything."""
+        stop = _TrialStop()
+        try:
+            with self.db.transaction(name=f"trial:{self.query_name}", participants=[stop]) as tx:
+                self.db.outbox.mark_replayed(tx)
+                self._prefetch_rows(tx, events)
+                for event in events:
+                    self._apply_event(tx, event)
+        except _TrialPassed:
+            return None
+        except Exception as failure:
+            if _is_poison_failure(failure):
+                return failure
+            raise
+        raise AssertionError("unreachable: a trial never commits")
+
+    def _find_culprits(self, events: list[RawEvent], failure: BaseException) -> list[tuple[RawEvent, str]]:
+        """The events whose writes make PostgreSQL refuse the batch, each with PostgreSQL's reason.
+
+        Halves are tried on their own (flushed and rolled back), recursively: a poison event makes every set
+        it is in fail, so about 2n event applications and log2(n) rounds find one.  If a failure needs events
+        of both halves (two events inserting the same key), the first prefix of the batch that fails names
+        the culprit instead.  If even no event at all fails, the batch itself is the problem: raised."""
+        if not events or self._trial([]) is not None:
+            raise failure
+
+        def search(subset: list[RawEvent], known: BaseException | None) -> list[tuple[RawEvent, str]]:
+            refusal = known if known is not None else self._trial(subset)
+            if refusal is None:
+                return []
+            if len(subset) == 1:
+                return [(subset[0], _poison_reason(refusal))]
+            middle = len(subset) // 2
+            found = search(subset[:middle], None) + search(subset[middle:], None)
+            if found:
+                return found
+            low, high = 1, len(subset)           # subset[:high] fails; find the shortest failing prefix
+            while low < high:
+                probe = (low + high) // 2
+                if self._trial(subset[:probe]) is None:
+                    low = probe + 1
+                else:
+                    high = probe
+            culprit = subset[low - 1]
+            return [(culprit, _poison_reason(self._trial(subset[:low]) or refusal)
+                     + " (together with an earlier event of the batch)")]
+
+        return search(events, failure)
+
+    def _without_duplicates(self, events: list[RawEvent]) -> tuple[list[RawEvent], list[tuple[RawEvent, str]]]:
+        """Split off events whose id was already ingested under this query name, or appeared earlier in
+        the batch (the first occurrence, in application-time order, is applied)."""
+        seen = ingested_event_ids(self.db, self.query_name, [event.event_id for event in events])
+        first: dict[str, RawEvent] = {}
+        kept, duplicates = [], []
+        for event in events:
+            if event.event_id in seen:
+                query_id, batch = seen[event.event_id]
+                duplicates.append((event, f"duplicate: event id {event.event_id!r} was already ingested in batch "
+                                          f"{batch} of {query_id}"))
+            elif event.event_id in first:
+                duplicates.append((event, f"duplicate: event id {event.event_id!r} appears more than once in "
+                                          f"this batch (row {first[event.event_id].position} was applied)"))
+            else:
+                first[event.event_id] = event
+                kept.append(event)
+        return kept, duplicates
+
     def _apply_event(self, tx: Any, event: RawEvent) -> str | None:
         """Run ``event`` in its own subtransaction of ``tx``; None if it committed, else why not.
 
@@ -423,6 +576,9 @@ class IngestSink:
                 tx.run_subtransaction(_emit, event, name=f"event:{event.event_type}")
                 return None
             except Exception as failure:
+                conflict = _conflict_in(failure)
+                if conflict is not None:
+                    raise conflict from failure   # not the event's fault: the whole batch is re-run
                 if _is_infrastructure_failure(failure) or not tx.state is _ACTIVE:
                     raise
                 if _is_deadlock(failure) and attempt < self._event_attempts:

@@ -29,6 +29,13 @@ Decisions, fixed here so the engine can rely on them:
 * **Order**: good events are sorted by timestamp; rows with equal timestamps keep their
   order in the batch (the sort is stable), and :attr:`RawEvent.position` records each
   row's index in the input.
+* **Corrupt records**: a row whose :attr:`EventMapping.corrupt_column` (Spark's
+  ``columnNameOfCorruptRecord``, ``_corrupt_record`` by default) holds text is a line Spark
+  could not read against the stream's schema: it is rejected with the true reason —
+  malformed JSON (with the parser's message), not an object, or which field has a value of
+  the wrong type — and its raw row keeps the original line.
+* **Event ids** (:attr:`EventMapping.id_column`): non-null, made text (``str``); a row
+  without one is rejected. Duplicates are the sink's business (it knows what was ingested).
 
 Pure Python plus pyarrow (imported only when a Table is passed); never imports pyspark.
 """
@@ -61,10 +68,13 @@ class EventMapping:
     """Which columns of a batch make an event. Immutable; safe to share between threads.
 
     ``payload_columns=None`` means every column except the type, key and timestamp
-    columns; a list names exactly the payload columns (each must be present in a row,
-    null values are allowed). ``type_map`` renames raw type values (for example numeric
-    codes to names). ``ts_unit`` is the unit of numeric timestamps: ``"s"``, ``"ms"`` or
-    ``"us"`` since the Unix epoch.
+    columns (and the corrupt-record column); a list names exactly the payload columns (each
+    must be present in a row, null values are allowed). ``type_map`` renames raw type values
+    (for example numeric codes to names). ``ts_unit`` is the unit of numeric timestamps:
+    ``"s"``, ``"ms"`` or ``"us"`` since the Unix epoch. ``id_column`` names a column that
+    identifies an event across re-sends (the sink then dead-letters an event whose id it has
+    already ingested under the same query name); ``corrupt_column`` is Spark's corrupt-record
+    column (rows where it holds text are rejected with the reason; ``None``: no such column).
     """
 
     type_column: str
@@ -83,6 +93,8 @@ class EventMapping:
     accuracy_plus_column: str | None = None
     local_ts_column: str | None = None
     heartbeat_type: str | None = None
+    id_column: str | None = None
+    corrupt_column: str | None = "_corrupt_record"
 
     def __post_init__(self) -> None:
         for name in ("type_column", "key_column", "ts_column"):
@@ -107,6 +119,10 @@ class EventMapping:
                                        self.local_ts_column) if column is not None]
         if len(set(named)) != len(named):
             raise MappingError(f"EventMapping names one column for two purposes: {named}")
+        for name in ("id_column", "corrupt_column"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise MappingError(f"EventMapping.{name} must be a non-empty column name or None, got {value!r}")
         if self.payload_columns is not None:
             if isinstance(self.payload_columns, str):
                 raise MappingError(
@@ -130,7 +146,7 @@ class EventMapping:
         if self.payload_columns is not None:
             return self.payload_columns
         reserved = {self.type_column, self.key_column, self.ts_column, self.producer_column, self.accuracy_column,
-                    self.accuracy_minus_column, self.accuracy_plus_column, self.local_ts_column}
+                    self.accuracy_minus_column, self.accuracy_plus_column, self.local_ts_column, self.corrupt_column}
         return tuple(column for column in columns if column not in reserved)
 
     @property
@@ -152,7 +168,7 @@ def as_mapping(mapping: Any) -> "EventMapping":
             raise MappingError(
                 f"a MAPPING dict takes EventMapping's arguments (type_column, key_column, ts_column, "
                 f"payload_columns, type_map, ts_unit, producer_column, accuracy_column, accuracy_minus_column, "
-                f"accuracy_plus_column, local_ts_column, heartbeat_type): {error}"
+                f"accuracy_plus_column, local_ts_column, heartbeat_type, id_column, corrupt_column): {error}"
             ) from None
     raise MappingError(f"a mapping is a spark_bridge.EventMapping or a dict of its arguments, got {mapping!r}")
 
@@ -168,6 +184,7 @@ class RawEvent:
     ts: dt.datetime
     payload: Mapping[str, Any] = field(hash=False)
     position: int  # index of the row in the batch handed to rows_to_events
+    event_id: str | None = None  # the id column's value as text (EventMapping.id_column), else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +242,32 @@ def _to_utc(value: Any, unit_divisor: int) -> dt.datetime:
     if isinstance(value, dt.date):
         raise _InvalidField(f"is {_describe(value)}, a date without a time")
     raise _InvalidField(f"is {_describe(value)}, not a timestamp")
+
+
+def corrupt_reason(line: Any, values: Mapping[str, Any], types: Mapping[str, str], mapping: "EventMapping") -> str:
+    """Why Spark could not read ``line`` (the corrupt-record column's text) against the schema whose
+    column types are ``types``; ``values`` is what Spark made of the row's other columns."""
+    import json
+
+    text = line if isinstance(line, str) else repr(line)
+    shown = text if len(text) <= 80 else text[:77] + "..."
+    try:
+        parsed = json.loads(text)
+    except ValueError as error:
+        message = getattr(error, "msg", str(error))
+        column = getattr(error, "colno", None)
+        where = f" at column {column}" if column else ""
+        return f"malformed JSON: {message}{where} in {shown!r}"
+    if not isinstance(parsed, dict):
+        return f"the line is a JSON {type(parsed).__name__}, not an object: {shown!r}"
+    reserved = {mapping.corrupt_column}
+    for name, value in parsed.items():
+        if name in reserved or name not in types or value is None:
+            continue
+        if values.get(name) is None:
+            return (f"field {name!r} is {_describe(value)}, which does not fit the stream's schema "
+                    f"({name} {types[name]})")
+    return f"Spark could not read the line against the stream's schema ({', '.join(f'{n} {t}' for n, t in types.items())}): {shown!r}"
 
 
 def _check_key(value: Any) -> str | int:
@@ -380,6 +423,18 @@ def rows_to_events(
         if not isinstance(row, Mapping):
             errors[position] = f"row is {_describe(row)}, not a mapping of column to value"
     mappings = [row if isinstance(row, Mapping) else {} for row in rows]
+    if mapping.corrupt_column is not None:
+        for position, row in enumerate(mappings):
+            line = row.get(mapping.corrupt_column)
+            if line is not None and position not in errors:
+                types = {name: type(value).__name__ for name, value in row.items() if name != mapping.corrupt_column}
+                errors[position] = corrupt_reason(line, row, types, mapping)
+    id_values: list[Any] = [None] * len(rows)
+    if mapping.id_column is not None:
+        id_values, id_errors = _convert_column([row.get(mapping.id_column, _MISSING) for row in mappings], _event_id,
+                                               f"event id ({mapping.id_column!r})")
+        for position, reason in id_errors.items():
+            errors.setdefault(position, reason)
 
     type_values, type_errors = _convert_column(
         [row.get(mapping.type_column, _MISSING) for row in mappings], _type_converter(mapping, known), type_label
@@ -396,7 +451,7 @@ def rows_to_events(
         for position, reason in column_errors.items():
             errors.setdefault(position, reason)
 
-    reserved = (mapping.type_column, mapping.key_column, mapping.ts_column)
+    reserved = (mapping.type_column, mapping.key_column, mapping.ts_column, mapping.corrupt_column)
     good: list[RawEvent] = []
     for position, row in enumerate(mappings):
         if position in errors:
@@ -409,7 +464,8 @@ def rows_to_events(
                 errors[position] = f"missing field {absent[0]!r}"
                 continue
             payload = {name: row[name] for name in mapping.payload_columns}
-        good.append(RawEvent(type_values[position], key_values[position], ts_values[position], payload, position))
+        good.append(RawEvent(type_values[position], key_values[position], ts_values[position], payload, position,
+                             id_values[position]))
 
     bad = [
         Rejected(position, errors[position], jsonable(rows[position]) if isinstance(rows[position], Mapping)
@@ -442,24 +498,61 @@ def _arrow_rows_to_events(
         return [], _arrow_rejections(table, {position: reason for position in range(count)})
 
     type_label, key_label, ts_label = labels
-    type_values, errors = _arrow_type_column(table.column(mapping.type_column), mapping, known, type_label)
+    corrupt = _arrow_corrupt_rows(table, mapping)
+    type_values, type_errors = _arrow_type_column(table.column(mapping.type_column), mapping, known, type_label)
     key_values, key_errors = _arrow_key_column(table.column(mapping.key_column), key_label)
     ts_values, ts_errors = _arrow_ts_column(table.column(mapping.ts_column), unit_divisor, ts_label)
-    for column_errors in (key_errors, ts_errors):
+    errors = dict(corrupt)
+    id_values: list[Any] = [None] * count
+    id_errors: dict[int, str] = {}
+    if mapping.id_column is not None:
+        if mapping.id_column not in names:
+            id_errors = {position: f"missing field {mapping.id_column!r} (the event id)" for position in range(count)}
+        else:
+            id_values, id_errors = _convert_column(_arrow_values(table.column(mapping.id_column)), _event_id,
+                                                   f"event id ({mapping.id_column!r})")
+    for column_errors in (type_errors, key_errors, ts_errors, id_errors):
         for position, reason in column_errors.items():
             errors.setdefault(position, reason)
 
     payload_columns = [_arrow_values(table.column(name)) for name in payload_names]
     payload_rows = zip(*payload_columns) if payload_columns else ((),) * count
     good = [
-        RawEvent(event_type, key, ts, dict(zip(payload_names, payload)), position)
-        for position, (event_type, key, ts, payload) in enumerate(
-            zip(type_values, key_values, ts_values, payload_rows)
+        RawEvent(event_type, key, ts, dict(zip(payload_names, payload)), position, event_id)
+        for position, (event_type, key, ts, payload, event_id) in enumerate(
+            zip(type_values, key_values, ts_values, payload_rows, id_values)
         )
         if position not in errors
     ]
     good.sort(key=_by_ts)
     return good, _arrow_rejections(table, errors)
+
+
+def _arrow_corrupt_rows(table: Any, mapping: EventMapping) -> dict[int, str]:
+    """``{position: reason}`` for rows whose corrupt-record column holds text."""
+    column_name = mapping.corrupt_column
+    if column_name is None or column_name not in table.schema.names:
+        return {}
+    column = table.column(column_name)
+    if column.null_count == len(column):
+        return {}
+    lines = column.to_pylist()
+    positions = [position for position, line in enumerate(lines) if line is not None]
+    subset = table.take(positions)
+    names = [name for name in subset.schema.names if name != column_name]
+    types = {name: str(subset.schema.field(name).type) for name in names}
+    columns = {name: _arrow_values(subset.column(name)) for name in names}
+    return {position: corrupt_reason(lines[position], {name: columns[name][index] for name in names}, types, mapping)
+            for index, position in enumerate(positions)}
+
+
+def _event_id(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise _InvalidField(f"is {_describe(value)}, need a string or an integer")
+    text = str(value)
+    if not text:
+        raise _InvalidField("is an empty string")
+    return text
 
 
 def _arrow_rejections(table: Any, errors: Mapping[int, str]) -> list[Rejected]:

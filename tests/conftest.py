@@ -1,11 +1,13 @@
 """Session fixtures: a real embedded PostgreSQL and, for Spark tests, a real local Spark.
 
-* ``pg_server`` (session): the embedded server (pgserver wheel) in a temporary
+* ``pg_server`` (session): the embedded server (pgserver's binaries) in a temporary
   ACTIVEDB_HOME, stopped at the end.
 * ``database_url`` (module): a fresh PostgreSQL database per test module, so
   modules never see each other's data.
 * ``db`` (module): ``activedb.connect(database_url)`` with activedb's schema at
   head and the tests' own tables (``tests/app_migrations``) created by Alembic.
+* ``make_database_url`` (module): ``make(suffix)`` -> the URL of another fresh database (tests that
+  compare two runs).
 * ``spark`` (session): a ``local[2]`` SparkSession, UI off (see
   ``tests/spark_bridge/conftest.py``).
 """
@@ -40,7 +42,7 @@ def pg_server():
 
 
 def _admin(server) -> psycopg.Connection:
-    return psycopg.connect(f"host={server.socket_directory} user=postgres dbname=postgres", autocommit=True)
+    return psycopg.connect(server.conninfo("postgres"), autocommit=True)
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +76,24 @@ def db(database_url):
     database.upgrade_app(APP_MIGRATIONS)
     yield database
     database.close()
+
+
+@pytest.fixture(scope="module")
+def make_database_url(pg_server, request):
+    """``make(suffix)`` -> the URL of a fresh, empty PostgreSQL database (dropped at the
+    end of the module), for tests that compare two runs in separate databases."""
+    module = re.sub(r"[^a-z0-9_]", "_", request.module.__name__.lower())[-40:]
+    created: list[str] = []
+
+    def make(suffix: str) -> str:
+        name = f"t_{module}_{suffix}"[:63]
+        with _admin(pg_server) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            admin.execute(f'CREATE DATABASE "{name}"')
+        created.append(name)
+        return pg_server.url(name)
+
+    yield make
+    with _admin(pg_server) as admin:
+        for name in created:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

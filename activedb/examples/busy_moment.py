@@ -1,12 +1,14 @@
 """A busy moment of a process, held still so that ``db.explain()`` can draw it: the picture in the README
 (``docs/explain.png``) and a test of the picture use it.
 
-On the hand-hygiene tables, with one detached causally dependent rule declared:
+On the hand-hygiene tables, with one rule declared whose condition and action are sequential causally
+dependent (C-A coupling: they run as parallel siblings, and the action may commit only after its
+condition committed and returned true):
 
 * ``T-badges`` (top-level) ran a child that updated ``w1`` and committed — so ``T-badges`` *retains* the
   row — and waits for a second child (a **commit** edge) that holds ``w2`` while it works;
-  it signalled ``status_changed``, so the rule ``light_badge`` runs as its own top-level transaction and,
-  done, waits in the coupling gate for ``T-badges`` to commit (a **dependency** edge);
+* ``T-light`` signalled ``status_changed``: the rule ``light_badge``'s condition is still deciding, and its
+  action, done, waits in the coupling gate for the condition to commit (a **dependency** edge);
 * ``T-report`` reads ``w1``: it waits for the lock ``T-badges`` **retains**;
 * ``T-cleanup`` updates ``w2``: it waits for the child that **holds** it;
 * ``T-audit`` reads ``w2``: it waits for the holder, and is **queued** behind ``T-cleanup``'s earlier
@@ -56,11 +58,13 @@ def hold(db) -> BusyMoment:
     with db.transaction() as tx:
         for worker in ("w1", "w2"):
             tx.write("worker_status", worker, status="safe", changes=0)
-    if RULE not in db.rules.names():
-        db.rule(on=db.signalled("status_changed"), coupling=Coupling.DETACHED_CAUSALLY_DEPENDENT, name=RULE)(
-            lambda tx, event: tx.insert("badge_lights", worker=event.payload["worker"], color="yellow",
-                                        status="warning", at=0.0))
     moment = BusyMoment()
+    if RULE in db.rules.names():
+        db.rules.remove(RULE)
+    db.rule(on=db.signalled("status_changed"), when=lambda tx, event: moment._release.wait(TIMEOUT),
+            coupling=Coupling.IMMEDIATE, action_coupling=Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT, name=RULE)(
+        lambda tx, event: tx.insert("badge_lights", worker=event.payload["worker"], color="yellow",
+                                    status="warning", at=0.0))
     holding = threading.Event()
     locks = db.transactions.locks
 
@@ -79,7 +83,6 @@ def hold(db) -> BusyMoment:
     def badges(tx) -> None:
         with tx.subtransaction(name="event:enter w1") as first:
             first.write("worker_status", "w1", status="warning", changes=1)
-        tx.signal("status_changed", worker="w1")
 
         def second(child) -> None:
             moment.ids["event:exit w2"] = child.id
@@ -91,7 +94,8 @@ def hold(db) -> BusyMoment:
     run("T-badges", badges)
     if not holding.wait(TIMEOUT):
         raise TimeoutError("the badge transaction never got its rows")
-    wait_until(lambda: _waits_of_kind(locks, "dependency"), TIMEOUT, "the rule never waited for its trigger")
+    run("T-light", lambda tx: tx.signal("status_changed", worker="w1"))
+    wait_until(lambda: _waits_of_kind(locks, "dependency"), TIMEOUT, "the rule's action never waited for its condition")
     run("T-report", lambda tx: tx.read("worker_status", "w1"))
     wait_until(lambda: locks.statistics().waiting >= 1, TIMEOUT, "T-report never waited")
     run("T-cleanup", lambda tx: tx.write("worker_status", "w2", room=None))

@@ -4,9 +4,9 @@ Public names: :class:`RuleManager` (``db.rules``), :class:`Rule`, :class:`Functi
 :class:`RuleCounters`, :class:`RulesStatistics`, :class:`RuleContext` (the rules' per-transaction slot).
 """
 
-from activedb.rules._context import GateKey, GateRole, RuleContext, TrackedTrigger
+from activedb.rules._context import GateKey, GateRole, RuleContext
 from activedb.rules._manager import RuleManager
 from activedb.rules._model import FunctionRule, Firing, Rule, RuleCounters, RulesStatistics
 
 __all__ = ["RuleManager", "Rule", "FunctionRule", "Firing", "RuleCounters", "RulesStatistics", "RuleContext",
-           "GateKey", "GateRole", "TrackedTrigger"]
+           "GateKey", "GateRole"]

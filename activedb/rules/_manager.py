@@ -55,13 +55,17 @@ class RuleManager(TransactionExtension):
     # --- the registry, publicly -------------------------------------------------------------
 
     def add(self, rule: Rule, *, replace: bool = False) -> Rule:
-        """Validate, register and persist ``rule``; returns it."""
-        return self.registry.add(rule, replace=replace, manager=self)
+        """Validate, register and persist ``rule``; returns it.  (Recorded firings of it that no living
+        process runs — e.g. left by a process that died — are claimed and run soon after.)"""
+        added = self.registry.add(rule, replace=replace, manager=self)
+        self.detached.rules_changed()
+        return added
 
     def remove(self, name: str) -> None:
         """Stop rule ``name`` firing here and mark it removed in ``activedb_rules`` (also a rule only
         persisted, declared by another process); a later declaration brings it back."""
         self.registry.remove(name)
+        self.detached.rules_changed()
 
     def purge(self, names) -> int:
         """Delete the persisted rows of ``names`` (see ``RuleRegistry.purge``); returns how many."""
@@ -121,13 +125,13 @@ class RuleManager(TransactionExtension):
                                per_rule=counters, per_mode=per_mode, detached_running=self.detached.running)
 
     def wait_idle(self, timeout: float | None = 30.0) -> None:
-        """Wait until every detached rule transaction started so far has ended."""
+        """Wait until every detached-family firing recorded so far by this process has run."""
         self.detached.wait_idle(timeout)
 
-    def count(self, rule: Rule, what: str) -> None:
+    def count(self, rule: Rule, what: str, amount: int = 1) -> None:
         with self._mutex:
             counter = self._counters[rule.name]
-            setattr(counter, what, getattr(counter, what) + 1)
+            setattr(counter, what, getattr(counter, what) + amount)
 
     # --- the extension hooks -------------------------------------------------------------------
 
@@ -143,8 +147,15 @@ class RuleManager(TransactionExtension):
 
     def before_commit(self, transaction: Transaction) -> None:
         context = transaction.slot(RuleContext, create=False)
-        if context is None:
-            return
+        if context is not None:
+            self._before_commit(transaction, context)
+        if transaction.is_top_level and self.registry.by_kind.get(EventKind.COMMITTED):
+            # Rules on this transaction's commit (all of the detached family) fire now, just before its
+            # flush, so that the outbox records them in it: they run if and only if the commit happens.
+            self.dispatch(transaction, Event(EventKind.COMMITTED, transaction.name, payload=dict(transaction.info),
+                                             transaction=transaction.id))
+
+    def _before_commit(self, transaction: Transaction, context: RuleContext) -> None:
         queue = context.deferred_queue
         if queue is not None:
             transaction.wait_children()
@@ -163,14 +174,13 @@ class RuleManager(TransactionExtension):
 
     def after_end(self, transaction: Transaction, committed: bool) -> None:
         self.detached.transaction_ended(transaction, committed)
-        if transaction.is_top_level:
-            kind = EventKind.COMMITTED if committed else EventKind.ABORTED
-            if self.registry.by_kind.get(kind):
-                event = Event(kind, transaction.name, payload=dict(transaction.info), transaction=transaction.id)
-                try:
-                    self.dispatch(transaction, event, ended=True)
-                except Exception as error:   # the transaction has ended: report, never undo its outcome
-                    logger.error("rules on %s could not be fired: %r", event.describe(), error)
+        if transaction.is_top_level and not committed and self.registry.by_kind.get(EventKind.ABORTED):
+            event = Event(EventKind.ABORTED, transaction.name, payload=dict(transaction.info),
+                          transaction=transaction.id)
+            try:
+                self.dispatch(transaction, event, ended=True)
+            except Exception as error:   # the transaction has ended: report, never undo its outcome
+                logger.error("rules on %s could not be fired: %r", event.describe(), error)
 
     # --- dispatch ----------------------------------------------------------------------------
 

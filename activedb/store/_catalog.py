@@ -3,26 +3,30 @@
 Tables come from Alembic migrations and are reflected lazily, once, on first use; after migrations run
 in the same process :meth:`Catalog.refresh` forgets them.
 
-Thread-safety: ``_mutex`` protects ``_metadata``, ``_tables``, ``_infos``, ``_sequences`` and
-``_key_blocks``; no SQL runs while it is held.  ``_reflect_mutex`` serialises reflection (which runs SQL)
+Thread-safety: ``_mutex`` protects ``_metadata``, ``_tables``, ``_infos``, ``_sequences``,
+``_key_blocks``, ``_key_history`` and ``_reset_at``; no SQL runs while it is held.  ``_reflect_mutex`` serialises reflection (which runs SQL)
 and is taken before ``_mutex``, never after.  Readers use the published dicts without a mutex (one
 lookup, atomic) and fall back to the locked path on a miss.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import datetime
 import threading
 from typing import Any, Callable, Iterator
 
 import sqlalchemy as sa
 
-from activedb.errors import DatabaseUnavailable, TransactionError, UnknownTable
+from activedb.errors import DatabaseUnavailable, GeneratedKeysReset, TransactionError, UnknownTable
 from activedb.store._schema import TableInfo
 from activedb.store._sql import is_connection_failure
 
 #: Generated keys are drawn from a sequence this many at a time (one round trip per block).
 KEY_BLOCK = 64
+#: How many drawn blocks per sequence are remembered to check generated keys at the flush.
+KEY_HISTORY = 256
 
 
 class Catalog:
@@ -38,6 +42,10 @@ class Catalog:
         self._infos: dict[str, TableInfo] = {}
         self._sequences: dict[tuple[str, str], str | None] = {}
         self._key_blocks: dict[str, list[int]] = {}     # sequence -> drawn, unused values (largest first)
+        # sequence -> (lowest, highest value, sequence storage) of recently drawn blocks, oldest first
+        self._key_history: dict[str, collections.deque] = {}
+        # sequence -> when a draw found it reset (transactions that began before may hold stale keys)
+        self._reset_at: dict[str, datetime.datetime] = {}
 
     def describe(self) -> str:
         """Host, port and database, password masked (for messages)."""
@@ -92,6 +100,7 @@ class Catalog:
             self._infos = {}
             self._sequences = {}
             self._key_blocks = {}
+            self._key_history = {}
 
     # --- connections and generated keys -------------------------------------------------------
 
@@ -125,22 +134,116 @@ class Catalog:
             return name
         return sequences[key]
 
-    def next_generated_key(self, sequence: str) -> int:
+    def next_generated_key(self, sequence: str, since: datetime.datetime | None = None) -> int:
         """The next value of ``sequence``, drawn :data:`KEY_BLOCK` at a time (one round trip per block;
-        unused values of a block are gaps, as after any rollback in PostgreSQL)."""
+        unused values of a block are gaps, as after any rollback in PostgreSQL).  Every value handed out
+        is checked again at the flush of the transaction that used it (:meth:`check_generated_keys`).
+
+        ``since``: when the transaction asking began.  If the sequence was found reset after that, the
+        transaction may hold keys from before the reset, which the sequence now hands out again — a fresh
+        key could equal one it already used: :class:`~activedb.errors.GeneratedKeysReset` (re-run it)."""
         with self._mutex:
+            self._check_not_reset_since(sequence, since)
             block = self._key_blocks.get(sequence)
             if block:
                 return block.pop()
-        values = self.draw_keys(sequence, KEY_BLOCK)
+        values, storage = self._draw(sequence, KEY_BLOCK)
         values.sort(reverse=True)
-        first = values.pop()
         with self._mutex:
+            self._remember_block(sequence, values, storage)
             self._key_blocks.setdefault(sequence, []).extend(values)
-        return first
+            self._check_not_reset_since(sequence, since)
+            return self._key_blocks[sequence].pop()
 
     def draw_keys(self, sequence: str, count: int) -> list[int]:
-        """``count`` fresh values of ``sequence`` in one round trip (not cached)."""
+        """``count`` fresh values of ``sequence`` in one round trip (not cached; checked at the flush like
+        the cached ones)."""
+        values, storage = self._draw(sequence, count)
+        with self._mutex:
+            self._remember_block(sequence, values, storage)
+        return values
+
+    def _draw(self, sequence: str, count: int) -> tuple[list[int], int]:
+        """``count`` values of ``sequence`` and the sequence's storage (``pg_relation_filenode``), which
+        ``TRUNCATE ... RESTART IDENTITY`` and ``ALTER SEQUENCE ... RESTART`` change."""
         with self.autocommit_connection() as connection:
-            return list(connection.execute(sa.text("SELECT nextval(:s) FROM generate_series(1, :n)"),
-                                           {"s": sequence, "n": count}).scalars().all())
+            rows = connection.execute(
+                sa.text("SELECT nextval(:s), pg_relation_filenode(CAST(:s AS regclass)) "
+                        "FROM generate_series(1, :n)"), {"s": sequence, "n": count}).all()
+        return [row[0] for row in rows], rows[0][1]
+
+    def _remember_block(self, sequence: str, values: list[int], storage: int) -> None:
+        """Record a drawn block.  A block whose storage differs from the last one's means the sequence was
+        reset since (``TRUNCATE … RESTART IDENTITY``, ``ALTER SEQUENCE … RESTART``): the older blocks are
+        forgotten (their values overlap the new ones, so they can no longer be told apart by value — a
+        ``setval`` lower, which keeps the storage, is caught at the flush by the last-value check only as
+        long as no block was drawn after it) and the reset's time is kept —
+        every transaction older than it fails at its flush (:meth:`check_generated_keys`).  Caller holds
+        ``_mutex``."""
+        if not values:
+            return
+        history = self._key_history.get(sequence)
+        if history:
+            _, _, last_storage = history[-1]
+            if last_storage != storage:
+                self._key_blocks.pop(sequence, None)
+                history.clear()
+                self._reset_at[sequence] = datetime.datetime.now(datetime.timezone.utc)
+        history = self._key_history.setdefault(sequence, collections.deque(maxlen=KEY_HISTORY))
+        history.append((min(values), max(values), storage))
+
+    def _check_not_reset_since(self, sequence: str, since: datetime.datetime | None) -> None:
+        """Caller holds ``_mutex``."""
+        reset_at = self._reset_at.get(sequence)
+        if since is not None and reset_at is not None and since <= reset_at:
+            raise GeneratedKeysReset(
+                f"the sequence {sequence} was reset (e.g. TRUNCATE ... RESTART IDENTITY) while this transaction "
+                f"ran: keys it took before may be handed out again; nothing was written — re-run the transaction "
+                f"(Database.run(fn) does)", sequence=sequence)
+
+    def check_generated_keys(self, connection: sa.Connection, used: dict[str, list[int]],
+                             since: datetime.datetime | None = None) -> None:
+        """Raise :class:`~activedb.errors.GeneratedKeysReset` if a value in ``used`` (sequence -> values a
+        transaction is about to insert) was drawn from a sequence that has since been reset: its storage
+        changed (``TRUNCATE ... RESTART IDENTITY``, ``ALTER SEQUENCE ... RESTART``) or its last value is
+        now below the value (``setval``) — the sequence would hand the value out again.  The cached blocks
+        of such a sequence are dropped.  One query for all sequences; values this catalog did not draw
+        (explicit keys) are not judged here (an insert that collides still fails with ``DuplicateKey``)."""
+        with self._mutex:
+            for sequence in used:
+                self._check_not_reset_since(sequence, since)
+            histories = {sequence: list(self._key_history.get(sequence, ())) for sequence in used}
+        wanted = [sequence for sequence, history in histories.items() if history]
+        if not wanted:
+            return
+        rows = connection.execute(
+            sa.text("SELECT s, pg_relation_filenode(CAST(s AS regclass)), pg_sequence_last_value(CAST(s AS regclass)) "
+                    "FROM unnest(CAST(:s AS text[])) AS s"), {"s": wanted}).all()
+        for sequence, storage, last_value in rows:
+            history = histories[sequence]
+            for value in used[sequence]:
+                drawn_from = next((block_storage for low, high, block_storage in reversed(history)
+                                   if low <= value <= high), None)
+                if drawn_from is None:
+                    continue
+                if drawn_from != storage or last_value is None or value > last_value:
+                    self.invalidate_key_blocks(sequence)
+                    raise GeneratedKeysReset(
+                        f"the sequence {sequence} was reset (e.g. TRUNCATE ... RESTART IDENTITY) after this "
+                        f"transaction took the generated key {value} from it: the key may be handed out again; "
+                        f"nothing was written — re-run the transaction (Database.run(fn) does; its next keys "
+                        f"come from the sequence as it is now)", sequence=sequence)
+
+    def invalidate_key_blocks(self, sequence: str | None = None) -> None:
+        """Forget cached generated keys (of ``sequence``, or of every sequence): the next insert draws fresh
+        ones.  Called when a reset is detected, and after an insert of a generated key collided."""
+        with self._mutex:
+            now = datetime.datetime.now(datetime.timezone.utc)
+            if sequence is None:
+                self._reset_at = dict.fromkeys(set(self._key_blocks) | set(self._key_history), now)
+                self._key_blocks = {}
+                self._key_history = {}
+            else:
+                self._key_blocks.pop(sequence, None)
+                self._key_history.pop(sequence, None)
+                self._reset_at[sequence] = now

@@ -121,6 +121,14 @@ class TableInfo:
             self._statements[("update", columns)] = cached
         return cached
 
+    def cached(self, name: Any, build: Any) -> Any:
+        """A statement on this table built once by ``build()`` and kept under ``name`` (for statements other
+        modules need, e.g. the row locks of reads for update)."""
+        statement = self._statements.get(name)
+        if statement is None:
+            statement = self._statements[name] = build()
+        return statement
+
     def select_by_keys(self):
         cached = self._statements.get("select_by_keys")
         if cached is None:

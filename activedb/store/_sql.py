@@ -155,7 +155,7 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
             if getattr(error.orig, "sqlstate", None) == "23505":
                 raise DuplicateKey(
                     f"insert into {table_name!r}: a row with the same primary key exists in the database "
-                    f"({str(error.orig).splitlines()[-1].strip()}); use write() to upsert"
+                    f"({str(error.orig).splitlines()[-1].strip()}); use write() to upsert", table=table_name
                 ) from None
             if getattr(error.orig, "sqlstate", None) == "23502":
                 raise InvalidValue(

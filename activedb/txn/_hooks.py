@@ -55,8 +55,8 @@ class TransactionExtension:
 class Observer:
     """A passive listener (``db.observe(observer)``).  An observer that raises is removed and logged.
 
-    Waits: ``kind`` is ``"lock"``, ``"children"`` or ``"dependency"`` (a rule waiting in the coupling gate
-    for its trigger's outcome); ``detail`` names what is waited for.
+    Waits: ``kind`` is ``"lock"``, ``"children"`` or ``"dependency"`` (a rule's action waiting in the coupling
+    gate for its condition); ``detail`` names what is waited for.
     """
 
     def on_begin(self, transaction: "Transaction") -> None:

@@ -187,10 +187,14 @@ class Transaction:
     def enlist(self, participant: CommitParticipant) -> None:
         """Make ``participant`` take part in the top-level commit (see ``CommitParticipant``).  Enlisted in
         a subtransaction, it moves to the parent when the subtransaction commits and is dropped (its
-        ``aborted`` called) if it aborts."""
+        ``aborted`` called) if it aborts.  Allowed while the transaction is active or waiting for its
+        children to commit."""
         if not isinstance(participant, CommitParticipant):
             raise TypeError(f"enlist() takes a CommitParticipant, got {participant!r}")
-        self._check_active("enlist")
+        # Also while COMMITTING (waiting for its children, before it delegates or flushes): a running child
+        # may enlist in its root (the outbox does); the commit reads the list only after every child ended.
+        if not (self._state is TxnState.COMMITTING and self._doomed is None):
+            self._check_active("enlist")
         with self._mutex:
             self._participants.append(participant)
 
@@ -215,11 +219,17 @@ class Transaction:
 
     # --- reads ----------------------------------------------------------------------------
 
-    def read(self, table: Any, key: Any) -> dict | None:
-        """The row with primary key ``key`` as a dict, or None; takes a READ lock."""
+    def read(self, table: Any, key: Any, *, for_update: bool = False) -> dict | None:
+        """The row with primary key ``key`` as a dict, or None; takes a READ lock.  ``for_update=True``: read
+        with intent to write it — an UPDATE lock (two read-modify-writes of the row queue here instead of
+        deadlocking when both upgrade), and the row locked in PostgreSQL until the tree commits (see
+        ``_rowlocks.py``)."""
         self._check_active("read")
         info = self.manager.catalog.table_info(table)
         key = info.key(key)
+        if for_update:
+            self.manager.locking.acquire(self, info, key, Mode.UPDATE)
+            return _view.read_row(self, info, key, for_update=True)
         self.manager.locking.acquire(self, info, key, Mode.READ)
         return _view.read_row(self, info, key)
 
@@ -327,7 +337,7 @@ class Transaction:
                 f"insert into {info.name!r} needs a value for the key column {column!r} "
                 f"(it has no identity or serial default)"
             )
-        return {column: catalog.next_generated_key(sequence)}
+        return {column: catalog.next_generated_key(sequence, self.root.began_at)}
 
     def _modify(self, info: TableInfo, key: Key, entry: Entry, *, must_not_exist: bool = False,
                 lock: bool = True) -> None:

@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
 
 import sqlalchemy as sa
 
+from activedb.errors import SerializationConflict
 from activedb.store import Entry, EntryKind, Key, TableInfo, fetch_rows, resolve
+from activedb.txn._rowlocks import RowLocks
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.store import Catalog
@@ -34,10 +36,12 @@ if TYPE_CHECKING:  # pragma: no cover
 class ReadBase(Protocol):
     """Where a tree's reads go when no write entry of the node or its ancestors decides the row."""
 
-    def read(self, node: "Transaction", info: TableInfo, key: Key, *, relied: bool) -> dict | None:
+    def read(self, node: "Transaction", info: TableInfo, key: Key, *, relied: bool, for_update: bool = False
+             ) -> dict | None:
         """The image of ``key`` underneath ``node``'s write entries (None: no row).  ``relied=False``:
         the caller only checks existence and will not rely on the image for a decision the flush must
-        validate (an insert's duplicate check)."""
+        validate (an insert's duplicate check).  ``for_update``: the caller will write the row — a base
+        over a database locks it there until the tree ends (``CommittedRows``: ``FOR UPDATE``)."""
 
     def read_many(self, node: "Transaction", info: TableInfo, keys: list[Key]) -> int:
         """Load the images of ``keys`` in one go for later reads by ``node`` and its descendants;
@@ -54,8 +58,11 @@ class CommittedRows:
         self.catalog = catalog
         self.recorder = recorder
 
-    def read(self, node: "Transaction", info: TableInfo, key: Key, *, relied: bool) -> dict | None:
+    def read(self, node: "Transaction", info: TableInfo, key: Key, *, relied: bool, for_update: bool = False
+             ) -> dict | None:
         row = (info.name, key)
+        if for_update:
+            return self._read_for_update(node, info, key)
         ancestor: Transaction | None = node
         while ancestor is not None:           # the nearest image this node or an ancestor relied on
             reads = ancestor._db_reads
@@ -69,6 +76,33 @@ class CommittedRows:
                 image = node._db_reads.setdefault(row, image)
             if self.recorder:
                 self.recorder.record_committed_read(node.id, node.root.id, info.name, key, image)
+        return image
+
+    def _read_for_update(self, node: "Transaction", info: TableInfo, key: Key) -> dict | None:
+        """The row locked ``FOR UPDATE`` in PostgreSQL for the rest of the tree (``_rowlocks``); it must agree
+        with any image the tree relied on before (else another process changed it in between)."""
+        row = (info.name, key)
+        session = RowLocks.of(node.root)
+        if row in session.rows:
+            ancestor: Transaction | None = node
+            while ancestor is not None:
+                if row in ancestor._db_reads:
+                    return ancestor._db_reads[row]
+                ancestor = ancestor.parent
+        image = session.lock(info, key)
+        ancestor = node
+        while ancestor is not None:
+            reads = ancestor._db_reads
+            if row in reads and reads[row] != image:
+                raise SerializationConflict(
+                    f"row {key!r} of {info.name!r} changed in PostgreSQL between an earlier read of this transaction "
+                    f"and its read for update (another process committed in between); nothing was written — "
+                    f"re-run the transaction (Database.run(fn, retries=N) does)")
+            ancestor = ancestor.parent
+        with node._mutex:
+            image = node._db_reads.setdefault(row, image)
+        if self.recorder:
+            self.recorder.record_committed_read(node.id, node.root.id, info.name, key, image)
         return image
 
     def read_many(self, node: "Transaction", info: TableInfo, keys: list[Key]) -> int:
@@ -102,8 +136,8 @@ def scan_rows(catalog_or_connection: Any, info: TableInfo, where: Any) -> dict[K
         return {tuple(row[name] for name in info.key_columns): dict(row) for row in rows}
 
 
-def read_row(node: "Transaction", info: TableInfo, key: Key, *, record: bool = True, relied: bool = True
-             ) -> dict | None:
+def read_row(node: "Transaction", info: TableInfo, key: Key, *, record: bool = True, relied: bool = True,
+             for_update: bool = False) -> dict | None:
     """The row as ``node`` sees it (module docstring).  Precondition: ``node`` holds a lock on the row."""
     row = (info.name, key)
     chain: list[Entry] = []
@@ -120,7 +154,12 @@ def read_row(node: "Transaction", info: TableInfo, key: Key, *, record: bool = T
                 needs_base = False
                 break
         ancestor = ancestor.parent
-    base = node.root._read_base.read(node, info, key, relied=relied) if needs_base else None
+    if not needs_base:
+        base = None
+    elif for_update:
+        base = node.root._read_base.read(node, info, key, relied=relied, for_update=True)
+    else:
+        base = node.root._read_base.read(node, info, key, relied=relied)
     if not chain:
         return base
     chain.reverse()

@@ -18,7 +18,10 @@ The ``on_phase`` seam writes ``fetched <id>``, ``flush <id>``, ``committed <id>`
 * ``flush`` — *inside the engine's flush*: the PostgreSQL transaction holds the ledger row,
   the batch's effects and its dead letters and is about to commit (the hook is the
   engine's SQLAlchemy ``commit`` event on the committing thread);
-* ``committed`` — PostgreSQL committed, Spark's commit log not yet written.
+* ``committed`` — PostgreSQL committed, Spark's commit log not yet written;
+* ``detached`` — from batch ``BATCH``'s flush on, every detached-family rule firing is held before it
+  runs (their records are pending in the outbox): a crash between a batch's commit and its detached
+  rules.  ``holding detached <id>`` is written once the batch committed.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from spark_bridge._experiments.crash_driver import _EventLog
 
 __all__ = ["HOLD_PHASES", "start_ingest_driver"]
 
-HOLD_PHASES = ("fetched", "flush", "committed")
+HOLD_PHASES = ("fetched", "flush", "committed", "detached")
 
 
 def _driver(argv: Sequence[str]) -> int:
@@ -69,8 +72,23 @@ def _driver(argv: Sequence[str]) -> int:
         database.upgrade_app(loaded.migrations)
     loaded.register(database)
 
+    hold_detached = threading.Event()
+
+    class _HoldDetached(activedb.Observer):
+        def on_firing_start(self, transaction, firing) -> None:
+            if hold_detached.is_set() and firing.coupling.runs_as_top_level:
+                threading.Event().wait()  # until SIGKILL: the firing's record stays pending
+
+    database.observe(_HoldDetached())
+
     def on_phase(phase: str, batch_id: int) -> None:
         log.write(f"{phase} {batch_id}")
+        if hold_phase == "detached" and batch_id == hold_batch:
+            if phase == "flush":
+                hold_detached.set()
+            elif phase == "committed":
+                log.write(f"holding detached {batch_id}")
+                threading.Event().wait()  # until SIGKILL
         if phase == hold_phase and batch_id == hold_batch:
             log.write(f"holding {phase} {batch_id}")
             threading.Event().wait()  # until SIGKILL

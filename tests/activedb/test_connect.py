@@ -65,6 +65,33 @@ def test_bad_url_from_cli_exits_non_zero_without_traceback(tmp_path):
     assert len(lines) == 1 and "payroll" in lines[0] and "s3cret" not in lines[0]
 
 
+SECRET_FORMS = [
+    "postgresql://alice:s3cret@127.0.0.1:notaport/payroll",          # does not even parse
+    "postgresql://alice@127.0.0.1:1/payroll?password=s3cret",         # password in the query
+    "host=127.0.0.1 port=1 dbname=payroll user=alice password=s3cret",  # libpq key=value
+    "host=127.0.0.1 port=1 dbname=payroll user=alice password='s3cret and more'",
+]
+
+
+@pytest.mark.parametrize("url", SECRET_FORMS)
+def test_every_url_form_is_masked_in_errors_and_the_cli(url):
+    with pytest.raises(activedb.DatabaseUnavailable) as caught:
+        activedb.connect(url)
+    assert "s3cret" not in str(caught.value) and "payroll" in str(caught.value)
+    result = subprocess.run([sys.executable, "-m", "activedb.cli", "--url", url, "db", "current"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "s3cret" not in result.stderr + result.stdout and "Traceback" not in result.stderr
+    assert "payroll" in result.stderr
+
+
+def test_mask_secrets_covers_urls_queries_and_connection_strings():
+    assert activedb.mask_secrets("postgresql://u:pa/ss@h/x") == "postgresql://u:***@h/x"
+    assert activedb.mask_secrets("x?password=p&sslmode=off") == "x?password=***&sslmode=off"
+    assert activedb.mask_secrets("host=h PASSWORD = 'a b\\' c' dbname=d") == "host=h PASSWORD = *** dbname=d"
+    assert activedb.mask_secrets("no secrets here: user=alice") == "no secrets here: user=alice"
+
+
 def test_non_postgresql_url_is_refused():
     with pytest.raises(activedb.DatabaseUnavailable, match="needs PostgreSQL"):
         activedb.connect("sqlite:///x.db")

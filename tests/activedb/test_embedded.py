@@ -1,4 +1,6 @@
-"""The embedded PostgreSQL: start, reuse by two processes, crash recovery, refusals.
+"""The embedded PostgreSQL: start, reuse by two processes, crash recovery, refusals, and locked down
+(private socket directory, password authentication, no directory of the user's widened, another OS
+user cannot reach the socket — tested as uid 65534 where the tests run as root).
 
 Each test uses its own ACTIVEDB_HOME so it starts its own server; processes are
 coordinated through their stdin/stdout (a line protocol), never by sleeping.
@@ -6,14 +8,18 @@ coordinated through their stdin/stdout (a line protocol), never by sleeping.
 
 import json
 import os
+import shutil
 import signal
+import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
 
 import psutil
+import psycopg
 import pytest
 
 import activedb
@@ -172,3 +178,143 @@ def test_corrupted_data_directory_is_a_clear_error_and_kept(tmp_path):
     with pytest.raises(activedb.EmbeddedServerError, match="did not start.*nothing was deleted"):
         _embedded.start(home)
     assert (pgdata / "PG_VERSION").exists() and (pgdata / "global" / "pg_control").read_bytes() == b"garbage"
+
+
+# --- locked down ----------------------------------------------------------------------------------
+
+NOBODY = 65534
+
+
+def _as_nobody_available() -> bool:
+    return os.geteuid() == 0 and shutil.which("setpriv") is not None
+
+
+def _nobody_reaches_socket(socket_directory: str) -> str:
+    """Try, as uid/gid 65534, to connect to the server's unix socket: 'connected' or the error's name."""
+    probe = ("import socket, sys\n"
+             "s = socket.socket(socket.AF_UNIX)\n"
+             "try:\n    s.connect(sys.argv[1]); print('connected')\n"
+             "except OSError as e:\n    print(type(e).__name__)\n")
+    done = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "/usr/bin/python3",
+                           "-c", probe, str(Path(socket_directory) / ".s.PGSQL.5432")],
+                          capture_output=True, text=True, timeout=60)
+    return done.stdout.strip() or done.stderr.strip()
+
+
+def _assert_locked_down(server) -> None:
+    socket_directory = Path(server.socket_directory)
+    info = socket_directory.stat()
+    assert stat.S_IMODE(info.st_mode) == 0o700 and info.st_uid == os.getuid()
+    hba = [line.split() for line in (server.data_directory / "pg_hba.conf").read_text().splitlines()
+           if line.strip() and not line.startswith("#")]
+    assert hba and all(words[-1] == "scram-sha-256" for words in hba)
+    password_file = server.data_directory.parent / "password"
+    assert stat.S_IMODE(password_file.stat().st_mode) == 0o600
+    with pytest.raises(psycopg.OperationalError, match="password"):
+        psycopg.connect(host=str(socket_directory), user="postgres", dbname="postgres").close()
+    with psycopg.connect(server.conninfo("postgres")) as connection:
+        assert connection.execute("SELECT 1").fetchone() == (1,)
+    if _as_nobody_available():
+        assert _nobody_reaches_socket(server.socket_directory) == "PermissionError"
+
+
+def test_the_server_is_locked_down_and_no_parent_directory_changes_mode(tmp_path):
+    outer = tmp_path / "private"
+    outer.mkdir(mode=0o700)
+    middle = outer / "group-readable"
+    middle.mkdir(mode=0o750)
+    os.chmod(outer, 0o700)
+    os.chmod(middle, 0o750)
+    before = {path: stat.S_IMODE(path.stat().st_mode) for path in (tmp_path, outer, middle)}
+    home = middle / "new" / "home"
+    server = _embedded.start(home)
+    try:
+        _assert_locked_down(server)
+        assert {path: stat.S_IMODE(path.stat().st_mode) for path in before} == before
+        assert stat.S_IMODE((middle / "new").stat().st_mode) == 0o700
+        assert stat.S_IMODE(home.stat().st_mode) == 0o700
+        assert "password" not in repr(server) and server.password not in repr(server)
+    finally:
+        _embedded.stop(home)
+
+
+def test_a_long_home_keeps_its_socket_in_a_private_temp_directory(tmp_path):
+    home = tmp_path / ("x" * 60) / ("y" * 60) / "home"
+    server = _embedded.start(home)
+    try:
+        assert not server.socket_directory.startswith(str(home.resolve()))
+        assert Path(server.socket_directory).parent == Path(tempfile.gettempdir())
+        _assert_locked_down(server)
+    finally:
+        _embedded.stop(home)
+
+
+def test_a_planted_socket_directory_is_refused(tmp_path):
+    home = tmp_path / ("p" * 60) / ("q" * 60) / "home"
+    server = _embedded.start(home)
+    socket_directory = Path(server.socket_directory)
+    _embedded.stop(home)
+    _wait_until(lambda: not _postmasters(home.resolve() / "pgdata"), what="server stop")
+    assert not socket_directory.exists()                 # removed with the server it served
+    socket_directory.mkdir()
+    os.chmod(socket_directory, 0o777)                    # as if another user had made it for us
+    try:
+        with pytest.raises(activedb.EmbeddedServerError, match="not a private directory"):
+            _embedded.start(home)
+    finally:
+        socket_directory.rmdir()
+
+
+def test_an_older_trusting_data_directory_and_a_lost_password_are_locked_again(tmp_path):
+    home = tmp_path / "home"
+    server = _embedded.start(home)
+    pgdata = server.data_directory
+    _embedded.stop(home)
+    _wait_until(lambda: not _postmasters(pgdata), what="server stop")
+    (pgdata / "pg_hba.conf").write_text("local all all trust\n")       # what pgserver's initdb wrote
+    (home / "password").unlink()
+    server = _embedded.start(home)
+    try:
+        _assert_locked_down(server)
+    finally:
+        _embedded.stop(home)
+    _wait_until(lambda: not _postmasters(pgdata), what="server stop")
+    (home / "password").unlink()                                      # lost; pg_hba.conf still locked
+    server = _embedded.start(home)
+    try:
+        _assert_locked_down(server)
+    finally:
+        _embedded.stop(home)
+
+
+@pytest.mark.skipif(not _as_nobody_available(), reason="needs root and setpriv to act as another user")
+def test_a_normal_user_runs_the_server_as_itself(tmp_path):
+    """The default set-up as a normal user (uid 65534 here): its server, its socket, no one else's."""
+    base = Path(tempfile.mkdtemp(prefix="activedb-nobody-"))
+    try:
+        os.chown(base, NOBODY, NOBODY)
+        script = textwrap.dedent(
+            """
+            import json, os, pathlib, psutil
+            import activedb
+            db = activedb.connect()
+            with db.engine.begin() as c:
+                c.exec_driver_sql("CREATE TABLE IF NOT EXISTS marks (who int primary key)")
+            server = db.embedded
+            info = os.stat(server.socket_directory)
+            print(json.dumps({"uid": psutil.Process(server.pid).uids().real, "socket_owner": info.st_uid,
+                              "socket_mode": info.st_mode & 0o777, "home": str(server.data_directory.parent)}))
+            db.close()
+            """)
+        env = {key: value for key, value in os.environ.items() if not key.startswith(("ACTIVEDB_", "XDG_"))}
+        env.update(HOME=str(base), PYTHONPATH=os.environ.get("PYTHONPATH", ""))
+        done = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", sys.executable,
+                               "-c", script], capture_output=True, text=True, env=env, timeout=180, cwd=base)
+        assert done.returncode == 0, done.stderr[-3000:]
+        report = json.loads(done.stdout.strip().splitlines()[-1])
+        assert report == {"uid": NOBODY, "socket_owner": NOBODY, "socket_mode": 0o700,
+                          "home": str(base / ".local" / "share" / "activedb")}
+        assert stat.S_IMODE(base.stat().st_mode) == 0o700       # mkdtemp's mode, untouched
+    finally:
+        _wait_until(lambda: not _postmasters(base / ".local" / "share" / "activedb" / "pgdata"), what="server stop")
+        shutil.rmtree(base, ignore_errors=True)

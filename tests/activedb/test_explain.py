@@ -141,11 +141,12 @@ def test_a_busy_moment_shows_every_kind_of_lock_and_registered_wait(db, tmp_path
         db.rules.wait_idle(TIMEOUT)
     ids = moment.ids
     graph = explanation.graph
-    rule = next(node for node, data in graph.nodes(data=True) if data["name"] == "rule:light_badge")
+    action = next(node for node, data in graph.nodes(data=True) if data["name"] == "action:light_badge")
+    condition = next(node for node, data in graph.nodes(data=True) if data["name"] == "condition:light_badge")
     child = ids["event:exit w2"]
     expected = {
         (ids["T-badges"], child): "commit",
-        (rule, ids["T-badges"]): "dependency",
+        (action, condition): "dependency",
         (ids["T-report"], ids["T-badges"]): "retained",
         (ids["T-cleanup"], child): "held",
         (ids["T-audit"], child): "held",
@@ -155,7 +156,7 @@ def test_a_busy_moment_shows_every_kind_of_lock_and_registered_wait(db, tmp_path
         assert graph.edges[waiter, target]["kind"] == kind, (waiter, target)
     assert "WRITE worker_status['w1']" in graph.nodes[ids["T-badges"]]["retained"]
     assert "WRITE worker_status['w2']" in graph.nodes[child]["held"]
-    assert graph.nodes[rule]["state"] == "active"
+    assert graph.nodes[action]["state"] == "active"
     assert_png(explanation.render(tmp_path / "busy.png"), minimum=40_000)
 
 

@@ -143,29 +143,43 @@ def test_the_typed_slot_is_one_object_per_type_and_transaction(db):
             assert child.slot(Mine, create=False) is None
 
 
-def test_a_dependent_waiting_for_its_trigger_gives_way_when_the_trigger_needs_its_row(db):
-    """Gate wait vs lock wait: the trigger waits for a row the dependent keeps, the dependent waits in
-    the coupling gate for the trigger.  The cycle is found when it forms; the dependent volunteers, aborts
-    and is re-run after its trigger committed.  Nothing polls."""
-    dependent_wrote = threading.Event()
+def test_an_action_waiting_for_its_condition_gives_way_when_the_condition_needs_its_row(db):
+    """Gate wait vs lock wait (C-A sequential causally dependent coupling): the action, done, waits in the
+    coupling gate for its condition (a sibling); the condition then needs the row the action keeps.  The
+    cycle is found when it forms; the action volunteers, aborts, and runs again once the condition
+    committed true.  Nothing polls."""
+    action_wrote = threading.Event()
+    gate = db.rules.gate
 
-    @db.rule(on=db.signalled("go"), coupling=Coupling.DETACHED_CAUSALLY_DEPENDENT, name="compensate")
+    def condition(tx, event):
+        assert action_wrote.wait(TIMEOUT)
+        testing.wait_until(lambda: gate.statistics().waiting_to_commit == 1, TIMEOUT, "the action's gate wait")
+        tx.read("accounts", 9)                   # the row the action keeps: closes the cycle
+        return True
+
+    @db.rule(on=db.signalled("go"), when=condition, action_coupling=Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT,
+             name="compensate")
     def compensate(tx, event):
         current = tx.read("accounts", 9)
         tx.write("accounts", 9, balance=(current["balance"] if current else 0) + 100)
-        dependent_wrote.set()
+        action_wrote.set()
 
-    gate = db.rules.gate
-    with testing.Watchdog(60, db.transactions.locks):
-        with db.transaction() as tx:
-            tx.signal("go")
-            assert dependent_wrote.wait(TIMEOUT)
-            testing.wait_until(lambda: gate.statistics().waiting_to_commit == 1, TIMEOUT, "the gate wait")
-            tx.write("accounts", 9, balance=1)          # waits for the dependent's row: closes the cycle
-        db.rules.wait_idle(TIMEOUT)
-    counters = db.rules.statistics().per_rule["compensate"]
-    assert (counters.rerun_after_wait, counters.executed) == (1, 1)
-    assert rows(db, "accounts") == [(9, None, 101)]
+    class Aborts(Observer):
+        def __init__(self):
+            self.reasons = []
+
+        def on_abort(self, transaction, reason):
+            self.reasons.append(type(reason).__name__)
+
+    aborts = db.observe(Aborts())
+    try:
+        with testing.Watchdog(60, db.transactions.locks):
+            with db.transaction() as tx:
+                tx.signal("go")
+    finally:
+        db.transactions.observers.remove(aborts)
+    assert aborts.reasons == ["Deadlock"]          # the first run of the action, and nothing else
+    assert rows(db, "accounts") == [(9, None, 100)]
 
 
 def test_a_rule_opening_its_own_top_level_on_its_triggers_row_is_a_deadlock_not_a_hang(db):

@@ -375,7 +375,8 @@ def _terminate_backends(database):
     import psycopg
 
     url = database.engine.url
-    with psycopg.connect(host=url.query["host"], user=url.username, dbname="postgres", autocommit=True) as admin:
+    with psycopg.connect(host=url.query["host"], user=url.username, password=url.password, dbname="postgres",
+                         autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (url.database,))
 
 

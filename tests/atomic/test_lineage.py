@@ -173,8 +173,8 @@ def test_the_lineage_revision_round_trips(database_url):
 
     database = activedb.connect(database_url)
     try:
-        assert _migrate.head() == "0006_lineage"
-        database.downgrade("0004_capture")
+        assert _migrate.head() == "0007_lineage"
+        database.downgrade("0006_ingested_events")
         assert scalar(database, "SELECT to_regclass('activedb_lineage') IS NULL")
         database.upgrade("head")
         assert scalar(database, "SELECT to_regclass('activedb_lineage_undo') IS NOT NULL")

@@ -9,10 +9,8 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
-import psycopg
 import pytest
 import sqlalchemy as sa
 
@@ -54,22 +52,3 @@ def clean(capture_db):
                                    f"activedb_rules"))
     db.refresh_schema()
     return db
-
-
-@pytest.fixture
-def make_database_url(pg_server, request):
-    made = []
-
-    def make(suffix: str) -> str:
-        name = ("t_" + re.sub(r"[^a-z0-9_]", "_", request.node.name.lower()))[:40] + "_" + suffix
-        with psycopg.connect(f"host={pg_server.socket_directory} user=postgres dbname=postgres",
-                             autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            admin.execute(f'CREATE DATABASE "{name}"')
-        made.append(name)
-        return pg_server.url(name)
-
-    yield make
-    with psycopg.connect(f"host={pg_server.socket_directory} user=postgres dbname=postgres", autocommit=True) as admin:
-        for name in made:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

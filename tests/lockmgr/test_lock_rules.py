@@ -13,7 +13,7 @@ import pytest
 from lockmgr import LockManager, Mode, conflicts, covers, join
 from lockmgr.testing import Scenario
 
-IR, IW, R, RIW, W = Mode.IR, Mode.IW, Mode.READ, Mode.RIW, Mode.WRITE
+IR, IW, R, U, RIW, W = Mode.IR, Mode.IW, Mode.READ, Mode.UPDATE, Mode.RIW, Mode.WRITE
 
 
 def held(lm, resource):
@@ -29,9 +29,10 @@ def retained(lm, resource):
 
 def test_conflict_table_is_the_multigranularity_matrix():
     expected_compatible = {
-        IR: {IR, IW, R, RIW},
+        IR: {IR, IW, R, U, RIW},
         IW: {IR, IW},
-        R: {IR, R},
+        R: {IR, R, U},
+        U: {IR, R},
         RIW: {IR},
         W: set(),
     }
@@ -43,9 +44,27 @@ def test_conflict_table_is_the_multigranularity_matrix():
 def test_join_and_covers_form_the_lattice():
     assert join(R, IW) is RIW and join(IR, IW) is IW and join(RIW, W) is W and join(R, R) is R
     assert covers(W, R) and covers(RIW, IW) and covers(RIW, R) and not covers(R, IW) and not covers(IW, R)
+    assert join(R, U) is U and join(U, W) is W and join(U, IW) is RIW and covers(U, R) and not covers(U, IW)
     for a, b in itertools.product(Mode, Mode):
         upper = join(a, b)
         assert covers(upper, a) and covers(upper, b)
+
+
+def test_two_read_modify_writes_with_update_locks_queue_instead_of_deadlocking():
+    """The conversion deadlock the update mode exists for: with READ, both readers then both want WRITE
+    (a cycle); with UPDATE the second waits at its read, and the first converts to WRITE while a plain
+    reader still reads."""
+    lm = LockManager()
+    for tid in ("A", "B", "C"):
+        lm.begin(tid)
+    lm.acquire("A", "counter", U)
+    assert not lm.try_acquire("B", "counter", U)          # the second updater waits at its read
+    assert lm.try_acquire("C", "counter", R)              # readers are still admitted
+    lm.commit("C")
+    lm.acquire("A", "counter", W)                         # conversion: no other updater holds it
+    lm.commit("A")
+    assert lm.try_acquire("B", "counter", U)
+    lm.commit("B")
 
 
 # ---------------------------------------------------------------- Rule 1

@@ -134,3 +134,26 @@ def test_kafka_without_the_connector_explains_how_to_add_it(spark, tmp_path):
     assert "Kafka connector is not on the classpath" in message
     assert "--packages org.apache.spark:spark-sql-kafka-0-10_2.13:" in message
     assert "spark.jars.packages" in message
+
+
+@pytest.mark.spark
+def test_a_failing_batch_prints_the_python_cause_and_what_to_do(tmp_path, make_database_url):
+    """A batch that raises stops ``run`` with exit code 1, the Python exception (type, message, where) and
+    one line of what to do — not Spark's Java stack trace around a py4j proxy error."""
+    workload = counter_workload(files=1, rows_per_file=5, seed=3)
+    write_files(tmp_path / "in", workload.batches)
+    app = tmp_path / "broken_app.py"
+    app.write_text("from tests.spark_bridge.app_counters import MAPPING, SCHEMA, MIGRATIONS, register\n"
+                   "PREFETCH = {'no_such_table': None}\n")
+    url = make_database_url("cli_fail")
+    done = subprocess.run(
+        [sys.executable, "-m", "activedb.cli", "--url", url, "run", str(app), "--source", f"file:{tmp_path / 'in'}",
+         "--checkpoint", str(tmp_path / "checkpoint"), "--available-now"],
+        capture_output=True, text=True, timeout=TIMEOUT_SECONDS, env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "batch 0 failed: UnknownTable: no table 'no_such_table'" in done.stderr
+    assert "(at _catalog.py:" in done.stderr
+    assert "what to do: fix the application" in done.stderr
+    assert "resumes at the failed batch" in done.stderr
+    for noise in ("Python Proxy", "py4j", "Traceback", "\tat org.apache"):
+        assert noise not in done.stderr, done.stderr[-3000:]

@@ -56,7 +56,7 @@ def db(database_url):
 def clean(db):
     with db.engine.begin() as connection:
         connection.execute(sa.text("TRUNCATE workerstatus, stream_alerts, stream_cells, activedb_stream_state, "
-                                   "activedb_dead_letters RESTART IDENTITY"))
+                                   "activedb_dead_letters"))
     yield
 
 

@@ -64,7 +64,7 @@ def observe(db, result_outputs) -> tuple:
 
 def reset(db, workers: int = 4) -> None:
     with db.engine.begin() as connection:
-        connection.execute(sa.text("TRUNCATE workerstatus, stream_alerts, activedb_stream_state RESTART IDENTITY"))
+        connection.execute(sa.text("TRUNCATE workerstatus, stream_alerts, activedb_stream_state"))
     set_status(db, **{f"w{number}": "safe" for number in range(workers)})
 
 

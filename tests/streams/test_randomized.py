@@ -71,7 +71,7 @@ def random_events(rng: random.Random, count: int) -> list[streams.StreamEvent]:
 
 def reset(db) -> None:
     with db.engine.begin() as connection:
-        connection.execute(sa.text("TRUNCATE stream_cells, stream_alerts, activedb_stream_state RESTART IDENTITY"))
+        connection.execute(sa.text("TRUNCATE stream_cells, stream_alerts, activedb_stream_state"))
         connection.execute(sa.text("INSERT INTO stream_cells (cell, value) SELECT g, 0 FROM generate_series(0, 5) g"))
 
 

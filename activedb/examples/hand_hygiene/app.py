@@ -52,15 +52,19 @@ rule                       coupling (priority)              why
                                                             re-reads ``worker_status``)
 ``audit_transition``       deferred (10)                    the audit row is written once per committed-to-be
                                                             transition, after the alert
-``notify_badge``           detached                         the real-time reminder on the badge must not wait
-                                                            for (or be undone with) the stream transaction
-``badge_light``            detached causally dependent      the light command is prepared in parallel but
-                                                            sent only if the status change commits
+``notify_badge``           detached                         the real-time reminder on the badge must not be
+                                                            undone with the stream transaction (it is sent
+                                                            whatever becomes of it)
+``badge_light``            detached causally dependent      the light command is sent only if, and after,
+                                                            the status change commits
 ``report_incident``        sequential causally dependent    the incident report to infection control starts
                                                             only after the alert is durable
 ``compensate_<type>`` ×4   exclusive causally dependent     the contingency: commits only if the event's
                                                             processing aborted (a rejected badge event)
 =========================  ==============================  =================================================
+
+The detached family is recorded in activedb's outbox with the outcome that lets it run and runs
+from there exactly once, after that outcome is durable (``activedb/outbox/README.md``).
 
 Status changes are announced with the application event ``status_changed``
 (``tx.signal``) rather than observed as updates of ``worker_status``: every badge

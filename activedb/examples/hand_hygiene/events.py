@@ -116,9 +116,10 @@ def apply_directly(db, events: Iterable[dict], *, chunk_size: int = DEFAULT_CHUN
     on ``db.stream(type)`` fire inside it.  An event whose processing raises aborts only
     its subtransaction: it is reported in ``ApplyResult.rejected`` and the chunk goes on.
 
-    A chunk that is re-run after a conflict first aborted as a whole, so the exclusive
-    causally dependent compensation rules fire for the events of the aborted attempt —
-    that is their contract (they commit exactly when the processing they depend on aborts).
+    A chunk that is re-run after a conflict leaves nothing of its aborted attempt behind:
+    ``Database.run`` declares the attempts it re-runs replayed, so the outbox drops their
+    detached and exclusive causally dependent firings (the attempt that commits fires its
+    own) — as if the aborted attempt had never run.
     ``progress`` (an ``activedb.bench.Progress``) hears of every chunk.
     """
     if chunk_size < 1:

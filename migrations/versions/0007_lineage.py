@@ -15,14 +15,14 @@ What this revision installs (the design note is ``activedb/atomic/README.md``):
 
 The downgrade drops the three tables.
 
-Revision ID: 0006_lineage
-Revises: 0004_capture
+Revision ID: 0007_lineage
+Revises: 0006_ingested_events
 Create Date: 2026-11-30
 """
 from alembic import op
 
-revision = "0006_lineage"
-down_revision = "0004_capture"
+revision = "0007_lineage"
+down_revision = "0006_ingested_events"
 branch_labels = None
 depends_on = None
 

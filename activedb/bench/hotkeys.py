@@ -1,0 +1,217 @@
+"""``activedb bench hotkeys``: read-modify-write on hot keys, against plain psycopg in the same run.
+
+Workload: ``THREADS`` threads increment ``COUNTERS`` counters (rows of ``bench_objects``), thread ``t``'s
+``i``-th increment going to counter ``(t + i) % COUNTERS``: read the value, write value + 1, commit.
+
+* **baseline** — psycopg, one connection per thread: ``SELECT value … FOR UPDATE``, ``UPDATE``, ``COMMIT``;
+* **activedb, update lock** — ``db.run(fn)`` with ``tx.read(…, for_update=True)`` then ``tx.write``: an UPDATE
+  lock in the lock manager, the row locked ``FOR UPDATE`` in PostgreSQL on the tree's connection, the
+  flush in that transaction;
+* **activedb, plain read** — ``tx.read`` then ``tx.write`` (what an application wrote before the update
+  lock existed): both readers convert to WRITE and one is a deadlock victim, re-run by ``db.run``.
+
+Each runs for ``seconds`` in one process, then again in ``PROCESSES`` processes (each with ``THREADS``
+threads; started, then released together through their stdin), measuring commits/s, re-runs and
+failures, and the commit latency's median and 99th percentile.  The counters' final sum must equal the
+commits counted (checked after every run).  Figures are ratios against the baseline of the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+
+from activedb.bench.report import BenchReport, Row
+
+THREADS = 8
+COUNTERS = 4
+PROCESSES = 3
+GOAL = 0.5
+MODES = ("psycopg", "update-lock", "plain-read")
+
+
+def _conninfo(url: str) -> str:
+    return url.replace("postgresql+psycopg://", "postgresql://", 1)
+
+
+def _reset(url: str) -> None:
+    import psycopg
+
+    with psycopg.connect(_conninfo(url), autocommit=True) as connection:
+        connection.execute("DELETE FROM bench_objects WHERE id <= %s", (COUNTERS,))
+        connection.execute("INSERT INTO bench_objects (id, value) SELECT n, 0 FROM generate_series(1, %s) AS n",
+                           (COUNTERS,))
+
+
+def _total(url: str) -> int:
+    import psycopg
+
+    with psycopg.connect(_conninfo(url), autocommit=True) as connection:
+        return connection.execute("SELECT coalesce(sum(value), 0) FROM bench_objects WHERE id <= %s",
+                                  (COUNTERS,)).fetchone()[0]
+
+
+def _increment_for_update(tx, key: int) -> None:
+    row = tx.read("bench_objects", key, for_update=True)
+    tx.write("bench_objects", key, value=row["value"] + 1)
+
+
+def _increment_plain(tx, key: int) -> None:
+    row = tx.read("bench_objects", key)
+    tx.write("bench_objects", key, value=row["value"] + 1)
+
+
+def _workers(mode: str, url: str, threads: int, seconds: float, start: threading.Event) -> dict[str, Any]:
+    """Run ``threads`` threads of ``mode`` for ``seconds`` once ``start`` is set; their summed figures."""
+    import psycopg
+
+    import activedb
+    from activedb.errors import SerializationConflict
+
+    database = activedb.connect(url, upgrade=False) if mode != "psycopg" else None
+    results: list[dict[str, Any]] = [{} for _ in range(threads)]
+
+    def work(number: int) -> None:
+        latencies, commits, attempts, failures = [], 0, 0, 0
+        connection = psycopg.connect(_conninfo(url)) if mode == "psycopg" else None
+        counter = [0]
+
+        def counted(function):
+            def wrapped(tx, key):
+                counter[0] += 1
+                return function(tx, key)
+            return wrapped
+
+        increment = counted(_increment_for_update if mode == "update-lock" else _increment_plain)
+        start.wait()
+        deadline = time.perf_counter() + seconds
+        step = 0
+        while time.perf_counter() < deadline:
+            key = 1 + (number + step) % COUNTERS
+            step += 1
+            began = time.perf_counter()
+            try:
+                if connection is not None:
+                    attempts += 1
+                    with connection.transaction():
+                        value = connection.execute("SELECT value FROM bench_objects WHERE id = %s FOR UPDATE",
+                                                   (key,)).fetchone()[0]
+                        connection.execute("UPDATE bench_objects SET value = %s WHERE id = %s", (value + 1, key))
+                else:
+                    database.run(increment, key, retries=20)
+            except (activedb.Deadlock, SerializationConflict, activedb.TransactionAborted):
+                failures += 1
+                continue
+            commits += 1
+            latencies.append(time.perf_counter() - began)
+        if connection is not None:
+            connection.close()
+        results[number] = {"commits": commits, "attempts": attempts + counter[0], "failures": failures,
+                           "latencies": latencies}
+
+    workers = [threading.Thread(target=work, args=(number,)) for number in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    if database is not None:
+        database.close()
+    latencies = [latency for result in results for latency in result["latencies"]]
+    return {"commits": sum(result["commits"] for result in results),
+            "attempts": sum(result["attempts"] for result in results),
+            "failures": sum(result["failures"] for result in results),
+            "latencies": latencies}
+
+
+def _in_processes(mode: str, url: str, processes: int, threads: int, seconds: float) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    children = [subprocess.Popen([sys.executable, "-m", "activedb.bench.hotkeys", mode, str(threads), str(seconds)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                 env={**env, "ACTIVEDB_BENCH_URL": url}) for _ in range(processes)]
+    try:
+        for child in children:                 # every child connected and its threads are waiting
+            if child.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"a hotkeys benchmark worker did not start ({mode})")
+        for child in children:
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        reports = [json.loads(child.stdout.readline()) for child in children]
+    finally:
+        for child in children:
+            child.wait(timeout=seconds + 120)
+    return {"commits": sum(report["commits"] for report in reports),
+            "attempts": sum(report["attempts"] for report in reports),
+            "failures": sum(report["failures"] for report in reports),
+            "latencies": [latency for report in reports for latency in report["latencies"]]}
+
+
+def _child(mode: str, threads: int, seconds: float) -> None:
+    """A worker process: connect, say ``ready``, wait for ``go`` on stdin, run, print the figures."""
+    url = os.environ["ACTIVEDB_BENCH_URL"]
+    start = threading.Event()
+    outcome: dict[str, Any] = {}
+    runner = threading.Thread(target=lambda: outcome.update(_workers(mode, url, threads, seconds, start)))
+    runner.start()
+    print("ready", flush=True)
+    sys.stdin.readline()
+    start.set()
+    runner.join()
+    print(json.dumps(outcome), flush=True)
+
+
+def _measure(mode: str, url: str, processes: int, seconds: float) -> dict[str, Any]:
+    _reset(url)
+    if processes == 1:
+        start = threading.Event()
+        start.set()
+        figures = _workers(mode, url, THREADS, seconds, start)
+    else:
+        figures = _in_processes(mode, url, processes, THREADS, seconds)
+    total = _total(url)
+    if total != figures["commits"]:
+        raise AssertionError(f"{mode}: the counters sum to {total} but {figures['commits']} increments committed")
+    latencies = sorted(figures["latencies"]) or [0.0]
+    return {"rate": figures["commits"] / seconds, "commits": figures["commits"],
+            "reruns": figures["attempts"] - figures["commits"] - figures["failures"], "failures": figures["failures"],
+            "p50_ms": round(statistics.median(latencies) * 1000, 2),
+            "p99_ms": round(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000, 2)}
+
+
+def run(quick: bool = False) -> BenchReport:
+    from activedb.bench._setup import connect as bench_connect
+
+    seconds = 2.0 if quick else 8.0
+    report = BenchReport("Hot keys: read-modify-write (activedb bench hotkeys)")
+    database = bench_connect()
+    url = database.url.render_as_string(hide_password=False)
+    database.close()
+    for processes in (1, PROCESSES):
+        where = "one process" if processes == 1 else f"{processes} processes"
+        measured = {mode: _measure(mode, url, processes, seconds) for mode in MODES}
+        baseline = measured["psycopg"]
+        for mode in MODES[1:]:
+            figures = measured[mode]
+            ratio = figures["rate"] / baseline["rate"] if baseline["rate"] else 0.0
+            report.add(Row(
+                name=f"{THREADS} threads x {COUNTERS} counters, {where}: activedb {mode} vs psycopg FOR UPDATE",
+                value=figures["rate"], unit="commits/s", baseline_name="psycopg SELECT ... FOR UPDATE + UPDATE",
+                baseline=baseline["rate"], ratio=ratio,
+                target=f">= {GOAL} of psycopg" if mode == "update-lock" else None,
+                met=(ratio >= GOAL) if mode == "update-lock" else None,
+                extra={**{key: value for key, value in figures.items() if key != "rate"},
+                       "baseline_p50_ms": baseline["p50_ms"], "baseline_p99_ms": baseline["p99_ms"]}))
+    report.notes.append(f"{seconds:g} s per run; threads per process {THREADS}; counters {COUNTERS}; "
+                        f"reruns = attempts db.run made beyond the first (deadlock victims, conflicts); the "
+                        f"counters' final sum equals the commits counted in every run")
+    return report
+
+
+if __name__ == "__main__":    # a worker process of the multi-process runs
+    _child(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]))

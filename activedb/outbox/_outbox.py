@@ -1,0 +1,415 @@
+"""``db.outbox``: durable detached-family rule firings.  The design note is ``README.md`` here.
+
+The rule manager's detached runner hands every firing of a detached, detached causally dependent,
+sequential causally dependent or exclusive causally dependent rule to :meth:`Outbox.record`.  The
+firing is recorded in ``activedb_outbox`` together with the outcome that lets it run
+(:mod:`activedb.outbox._recording`), run from that record in a group transaction whose flush marks it
+done (:mod:`activedb.outbox._executor`), and — if this process dies first — claimed and run by whichever
+process next runs a recovery pass with the rule registered (:meth:`Outbox.recover`).
+
+Thread-safety: every public method may be called from any thread.  ``_mutex`` protects ``_closed``,
+``_lost``; the liveness connection has its own ``_liveness_mutex`` (SQL under it, a leaf).  The
+executor's and the recording participants' mutexes are leaves; none is held while calling PostgreSQL,
+the transaction manager or a rule.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+
+import sqlalchemy as sa
+
+from coupling import Coupling, may_run_after
+from lockmgr import TxnState
+
+from activedb.events import EventKind
+from activedb.outbox import _codec, _records
+from activedb.outbox._executor import Executor, Work, describe_error
+from activedb.outbox._recording import Entry, TreeFirings, TreeState, cancelled_per_rule
+from activedb.rules import Firing
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.rules import RuleManager
+    from activedb.store import Catalog
+    from activedb.txn import Transaction, TransactionManager
+
+logger = logging.getLogger("activedb.outbox")
+
+#: Records claimed per query of a recovery pass; a pass claims nothing while the backlog exceeds
+#: ``CLAIM_BACKLOG`` (it comes back on the next pass).
+CLAIM_LIMIT = 1000
+CLAIM_BACKLOG = 20_000
+
+
+def _always(_: BaseException | None) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class FailedFiring:
+    """A detached-family firing that failed for good (``activedb outbox``, ``activedb status``)."""
+
+    id: int
+    rule: str
+    coupling: str
+    event: str                  # the event, described
+    trigger: str                # the trigger's transaction id (and its tree's log id, if it committed)
+    trigger_outcome: str
+    attempts: int
+    error: str
+    failed_at: Any
+
+
+@dataclass(frozen=True)
+class OutboxStatistics:
+    """What the outbox holds (from PostgreSQL) and what this process is doing (in memory)."""
+
+    pending: int
+    done: int
+    failed: int
+    per_rule: Mapping[str, Mapping[str, int]] = field(default_factory=dict)   # rule -> {status: count}
+    ready: int = 0              # in this process: queued to run
+    running: int = 0            # in this process: in a group transaction now
+    parked: int = 0             # in this process: waiting for PostgreSQL to come back
+    groups: int = 0             # group transactions this process committed
+    splits: int = 0             # groups split to isolate a failing member
+    lost: int = 0               # firings this process could not record (PostgreSQL unreachable at an abort)
+
+
+class Outbox:
+    """The durable outbox of one ``Database`` (``db.outbox``).  Thread-safe.
+
+    * ``group_size`` — at most this many firings per group transaction;
+    * ``max_groups`` — group transactions running at once (each on a worker-pool thread);
+    * ``max_attempts`` — runs of a firing that fails retryably (deadlock, serialization conflict, reset
+      sequence) before it is recorded as failed;
+    * ``recovery_interval`` — seconds between recovery passes (claiming records of dead processes); a
+      pass also runs at once when a rule is registered, and on :meth:`recover`.  ``None``: only then.
+    """
+
+    def __init__(self, catalog: "Catalog", transactions: "TransactionManager", rules: "RuleManager", *,
+                 group_size: int = 256, max_groups: int = 2, max_attempts: int = 5,
+                 recovery_interval: float | None = 10.0):
+        self.catalog = catalog
+        self.transactions = transactions
+        self.rules = rules
+        self.recovery_interval = recovery_interval
+        #: This process's liveness key (the owner of the records it runs); see ``_records``.
+        self.owner = secrets.randbits(62) + 1
+        self._executor = Executor(self, group_size=group_size, max_groups=max_groups, max_attempts=max_attempts)
+        self._mutex = threading.Lock()        # protects _started, _closed, _lost, _thread
+        self._started = False
+        self._closed = False
+        self._lost = 0
+        self._liveness_mutex = threading.Lock()    # protects _liveness (SQL under it; a leaf)
+        # Serialises recovery passes (SQL and the executor's submit under it; no other mutex but the
+        # executor's leaf is taken under it): a pass that returns has queued what it claimed.
+        self._claim_mutex = threading.Lock()
+        self._liveness: Any = None
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._sequence: str | None = None
+        rules.detached.attach(self)
+
+    # --- life -------------------------------------------------------------------------------
+
+    @property
+    def table(self) -> sa.Table:
+        return self.catalog.table(_records.TABLE)
+
+    def start(self) -> None:
+        """Take this process's liveness lock and start the recovery thread (``connect()`` does; idempotent).
+        Needs the schema at head (the ``activedb_outbox`` table)."""
+        with self._mutex:
+            if self._started or self._closed:
+                return
+            self._started = True
+        self._take_liveness()
+        thread = threading.Thread(target=self._recovery_loop, name="activedb-outbox-recovery", daemon=True)
+        with self._mutex:
+            self._thread = thread
+        thread.start()
+
+    def _take_liveness(self) -> None:
+        with self._liveness_mutex:
+            if self._liveness is not None:
+                return
+            raw = self.catalog.engine.raw_connection()
+            driver = raw.driver_connection        # psycopg's connection
+            raw.detach()                          # ours for the life of the process, not the pool's
+            driver.autocommit = True
+            driver.execute("SELECT pg_advisory_lock(%s)", (self.owner,))
+            self._liveness = driver
+
+    def _check_liveness(self) -> None:
+        """Re-take the liveness lock if its connection broke (records may have been taken over meanwhile;
+        finishing them then fails with ``RecordsTakenOver`` and the other process runs them)."""
+        with self._liveness_mutex:
+            raw = self._liveness
+            if raw is None:
+                return
+            try:
+                raw.execute("SELECT 1")
+                return
+            except Exception:
+                logger.warning("outbox: the liveness connection broke; taking the lock again")
+                try:
+                    raw.close()
+                except Exception:
+                    pass
+                self._liveness = None
+        self._take_liveness()
+
+    def close(self) -> None:
+        """Stop running and recovering (records still pending stay in PostgreSQL for the next process)."""
+        with self._mutex:
+            if self._closed:
+                return
+            self._closed = True
+            thread = self._thread
+        self._wake.set()
+        self._executor.close()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=10)
+        with self._liveness_mutex:
+            raw, self._liveness = self._liveness, None
+        if raw is not None:
+            try:
+                raw.close()
+            except Exception:
+                pass
+
+    # --- recording (the detached runner's hook) ----------------------------------------------
+
+    def record(self, trigger: "Transaction", firing: "Firing", *, ended: bool) -> None:
+        """A detached-family ``firing`` occurred in ``trigger``.  ``ended``: ``trigger`` is a top-level
+        transaction that already ended (its ``aborted`` event)."""
+        if not self._started:
+            self.start()
+        if ended:
+            committed = trigger.state is TxnState.COMMITTED
+            state = trigger.slot(TreeState, create=False)
+            replayed = state is not None and not committed and self._replayed(state)
+            if not replayed and may_run_after(firing.coupling, committed):
+                self.record_now([(firing, trigger.id, trigger.log_id if committed else None, committed)])
+            else:
+                self.count_cancelled([Entry(firing, trigger)])
+            return
+        root = trigger.root
+        entry = Entry(firing, trigger, firing.event.kind is EventKind.COMMITTED and trigger is root)
+        state = root.slot(TreeState)
+        participant = self._participant(root, state)
+        if participant is not None:
+            participant.add(entry)
+            return
+        # The tree is aborting already (it could not take a participant): its abort decides now.
+        with state.mutex:
+            replay_policy = state.replay_when is not None
+        if not entry.requires_commit and not replay_policy and may_run_after(firing.coupling, False):
+            self.record_now([(firing, trigger.id, None, False)])
+        else:
+            self.count_cancelled([entry])
+
+    def _participant(self, root: "Transaction", state: TreeState) -> TreeFirings | None:
+        """The tree's recording participant, enlisted on its root the first time (None if the root can no
+        longer take one: it is aborting)."""
+        with state.mutex:
+            participant = state.participant
+            if participant is None:
+                participant = TreeFirings(self, state)
+                try:
+                    root.enlist(participant)
+                except Exception:
+                    return None
+                state.participant = participant
+            return participant
+
+    @staticmethod
+    def _replayed(state: TreeState) -> bool:
+        with state.mutex:
+            return state.replayed()
+
+    def mark_replayed(self, transaction: "Transaction",
+                      when: Callable[[BaseException | None], bool] | None = None) -> None:
+        """Declare that if ``transaction``'s tree aborts (for a reason ``when(reason)`` accepts; default: any),
+        its owner runs the same input again until it commits — the Spark sink does (a batch attempt it
+        discards is re-run, like a batch Spark replays after a crash), and so does ``Database.run`` for the
+        conflicts it retries.  Such an abort is not an outcome: the detached and exclusive causally dependent
+        firings of the aborted attempt are dropped, as a crash would have dropped them, instead of recorded —
+        the attempt that commits fires its own."""
+        root = transaction.root
+        state = root.slot(TreeState)
+        with state.mutex:
+            state.replay_when = when if when is not None else _always
+        self._participant(root, state)      # so that it hears the abort and its reason
+
+    def draw_ids(self, count: int) -> list[int]:
+        if count == 0:
+            return []
+        if self._sequence is None:
+            self._sequence = self.catalog.sequence_of(self.catalog.table_info(_records.TABLE), "id")
+        return self.catalog.draw_keys(self._sequence, count)
+
+    def record_now(self, items: list[tuple["Firing", str, str | None, bool]]) -> None:
+        """Record ``(firing, trigger id, trigger log id, trigger committed)`` items in a transaction of their
+        own, then run them (their outcome is already decided: an ended or aborted trigger)."""
+        if not items:
+            return
+        try:
+            ids = self.draw_ids(len(items))
+            records = [_records.NewRecord(record_id, firing.rule.name, firing.coupling.value,
+                                          _codec.encode_event(firing.event), list(firing.chain), trigger_id,
+                                          log_id, "committed" if committed else "aborted")
+                       for record_id, (firing, trigger_id, log_id, committed) in zip(ids, items)]
+            with self.catalog.engine.begin() as connection:
+                _records.insert(connection, self.table, records, self.owner)
+        except Exception as error:
+            with self._mutex:
+                self._lost += len(items)
+            logger.error("outbox: could not record %d detached firing(s) of an ended transaction (%s); they are "
+                         "lost: %s", len(items), ", ".join(sorted({item[0].rule.name for item in items})),
+                         describe_error(error))
+            return
+        self.run_recorded([(record_id, firing, 0) for record_id, (firing, *_) in zip(ids, items)])
+
+    def run_recorded(self, items: Iterable[tuple[int, "Firing", int]]) -> None:
+        """Queue recorded firings ``(record id, firing, attempts)`` to run."""
+        self._executor.submit([Work(record_id, firing, attempts) for record_id, firing, attempts in items])
+
+    def count_cancelled(self, entries) -> None:
+        rules_by_name = {entry.firing.rule.name: entry.firing.rule for entry in entries}
+        for name, count in cancelled_per_rule(entries).items():
+            self.rules.count(rules_by_name[name], "cancelled", count)
+
+    # --- running ------------------------------------------------------------------------------
+
+    def still_owned(self, ids: list[int]) -> set[int]:
+        with self.catalog.engine.connect() as connection:
+            return _records.still_owned(connection, self.owner, ids)
+
+    def fail_alone(self, work: Work, error: BaseException) -> None:
+        """Mark one record failed in a transaction of its own (its group could not commit with it)."""
+        if work.firing is not None:
+            logger.error("detached rule %r failed for good on %s after %d attempt(s): %s", work.firing.rule.name,
+                         work.firing.event.describe(), work.attempts, describe_error(error))
+        else:
+            logger.error("outbox record %d cannot be run: %s", work.record_id, describe_error(error))
+        try:
+            with self.catalog.engine.begin() as connection:
+                _records.finish(connection, self.owner, failed=[(work.record_id, describe_error(error))])
+        except Exception as failure:
+            logger.error("outbox: could not mark record %d failed (%s); it stays pending", work.record_id,
+                         describe_error(failure))
+
+    def wait_idle(self, timeout: float | None = 30.0) -> None:
+        """Wait until every firing this process queued has been run (or parked: PostgreSQL unreachable)."""
+        if not self._executor.wait_idle(timeout):
+            raise TimeoutError(f"{self._executor.backlog} detached rule firing(s) still queued or running after "
+                               f"{timeout} s")
+
+    @property
+    def running(self) -> int:
+        """Firings queued, running or parked in this process."""
+        return self._executor.backlog
+
+    # --- recovery -----------------------------------------------------------------------------
+
+    def rules_changed(self) -> None:
+        """A rule was registered: records of it may now be claimable (wakes the recovery thread)."""
+        self._wake.set()
+
+    def recover(self, limit: int = CLAIM_LIMIT) -> int:
+        """Claim pending records nobody alive runs (their process died, or they were retried) whose rules are
+        registered here, and run them; also retry the firings parked while PostgreSQL was unreachable.
+        Returns how many records were claimed."""
+        if not self._started:
+            self.start()
+        with self._claim_mutex:       # one pass at a time: a caller waits for a pass in flight to submit
+            return self._recover(limit)
+
+    def _recover(self, limit: int) -> int:
+        """Caller holds ``_claim_mutex``."""
+        self._executor.unpark()
+        names = [rule.name for rule in self.rules]
+        if not names or self._executor.backlog > CLAIM_BACKLOG:
+            return 0
+        with self.catalog.engine.begin() as connection:
+            rows = _records.claim(connection, self.owner, names, limit)
+        works = []
+        for row in rows:
+            try:
+                firing = Firing(self.rules.get(row.rule), _codec.decode_event(row.event), tuple(row.chain),
+                                Coupling(row.coupling), -row.id)
+            except Exception as error:     # e.g. an event this version cannot decode: failed, for a person
+                self.fail_alone(Work(row.id, None, row.attempts), error)
+                continue
+            works.append(Work(row.id, firing, row.attempts))
+        self._executor.submit(works)
+        if works:
+            logger.info("outbox: claimed %d pending detached firing(s)", len(works))
+        return len(works)
+
+    def _recovery_loop(self) -> None:
+        while True:
+            self._wake.wait(self.recovery_interval)
+            self._wake.clear()
+            with self._mutex:
+                if self._closed:
+                    return
+            try:
+                self._check_liveness()
+                while self.recover() == CLAIM_LIMIT:
+                    pass
+            except Exception as error:       # PostgreSQL down, schema missing: try again next pass
+                logger.warning("outbox recovery pass failed: %s", describe_error(error))
+
+    # --- what the outbox holds ------------------------------------------------------------------
+
+    def statistics(self) -> OutboxStatistics:
+        with self.catalog.engine.connect() as connection:
+            counts = _records.counts(connection)
+        per_rule: dict[str, dict[str, int]] = {}
+        for status, by_rule in counts.items():
+            for rule, count in by_rule.items():
+                per_rule.setdefault(rule, {})[status] = count
+        memory = self._executor.statistics()
+        with self._mutex:
+            lost = self._lost
+        return OutboxStatistics(
+            pending=sum(counts.get("pending", {}).values()), done=sum(counts.get("done", {}).values()),
+            failed=sum(counts.get("failed", {}).values()), per_rule=per_rule, ready=memory["ready"],
+            running=memory["running"], parked=memory["parked"], groups=memory["groups"],
+            splits=memory["splits"], lost=lost)
+
+    def failures(self, limit: int = 100) -> list[FailedFiring]:
+        """The most recent firings that failed for good, newest first."""
+        with self.catalog.engine.connect() as connection:
+            rows = _records.failed(connection, limit)
+        result = []
+        for row in rows:
+            try:
+                event = _codec.decode_event(row.event).describe()
+            except Exception:
+                event = str(row.event)[:200]
+            trigger = row.trigger_id + (f" (log {row.trigger_log_id})" if row.trigger_log_id else "")
+            result.append(FailedFiring(row.id, row.rule, row.coupling, event, trigger, row.trigger_outcome,
+                                       row.attempts, row.error or "", row.finished_at))
+        return result
+
+    def retry_failed(self, ids: Iterable[int] | None = None) -> int:
+        """Make failed records pending again (``ids``, or all of them) and run a recovery pass; returns how
+        many were reset."""
+        with self.catalog.engine.begin() as connection:
+            count = _records.retry(connection, None if ids is None else list(ids))
+        if count:
+            self._wake.set()
+        return count
+
+    def purge_done(self) -> int:
+        """Delete the records of firings that ran (they are kept for inspection until then)."""
+        with self.catalog.engine.begin() as connection:
+            return _records.purge_done(connection)

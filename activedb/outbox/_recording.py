@@ -1,0 +1,148 @@
+"""Recording detached-family firings in the flush of their trigger's tree.
+
+A firing of a detached-family rule occurs inside some node of a transaction tree (its *trigger*).  It
+is kept in memory on the tree — one :class:`TreeFirings` commit participant per tree, enlisted on the
+root the first time a firing occurs in it — until the tree's outcome is decided:
+
+* **the root commits**: in its flush, every kept firing whose mode allows it given its trigger's
+  *effective* outcome (committed iff the trigger and every ancestor committed; see
+  :func:`coupling.may_run_after`) is inserted into ``activedb_outbox`` — in the same PostgreSQL
+  transaction as the tree's effects.  A detached firing is recorded whatever its trigger did; a causally
+  dependent one only if its trigger committed; an exclusive one only if its trigger (an event
+  subtransaction, say) aborted while the root committed.  The rest are cancelled (counted, never run);
+* **the root aborts**: nothing of the tree reaches PostgreSQL; every trigger in it aborted, so the
+  detached and exclusive causally dependent firings are recorded right away in a small transaction of
+  their own and then run — unless the tree's owner declared that an abort of this tree is not an outcome
+  (:meth:`~activedb.outbox.Outbox.mark_replayed`: the Spark sink re-runs the same input until it commits,
+  exactly as after a crash).
+
+Either way a record exists only once the outcome that allows it is durable, so the firing can run at
+once, from the record, and its own flush marks the record done.  A firing of a rule on a top-level
+transaction's ``committed`` event is dispatched just before that transaction's flush and recorded in it
+(``requires_commit``): if the flush fails, the event never happened.
+
+Thread-safety: ``TreeFirings._mutex`` protects its entry list (firings occur on any thread of the tree);
+the decision and the SQL run in the committing thread after every node of the tree ended.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from coupling import may_run_after
+from lockmgr import TxnState
+
+from activedb.outbox import _codec
+from activedb.outbox._records import NewRecord, insert
+from activedb.txn import CommitParticipant
+
+if TYPE_CHECKING:  # pragma: no cover
+    import sqlalchemy as sa
+
+    from activedb.outbox._outbox import Outbox
+    from activedb.rules import Firing
+    from activedb.txn import Transaction
+
+
+@dataclass(eq=False)
+class Entry:
+    """A firing kept on its tree until the tree's outcome is known."""
+
+    firing: "Firing"
+    trigger: "Transaction"
+    requires_commit: bool = False     # a firing on the root's own ``committed`` event
+
+
+class TreeState:
+    """The outbox's per-tree state (``root.slot(TreeState)``): the participant, and whether an abort of
+    the tree is an outcome.  ``mutex`` protects every field."""
+
+    def __init__(self) -> None:
+        self.mutex = threading.Lock()
+        self.participant: TreeFirings | None = None
+        # Set by Outbox.mark_replayed: which abort reasons the tree's owner answers with a re-run of the
+        # same input (None: the tree's abort is an outcome).
+        self.replay_when: Callable[[BaseException | None], bool] | None = None
+        self.aborted = False
+        self.abort_error: BaseException | None = None
+
+    def replayed(self) -> bool:
+        """The tree aborted and its owner re-runs it: the abort is not an outcome.  Caller holds ``mutex``."""
+        return self.aborted and self.replay_when is not None and bool(self.replay_when(self.abort_error))
+
+
+def effectively_committed(trigger: "Transaction", root: "Transaction") -> bool:
+    """At ``root``'s flush (every node ended): did ``trigger`` and each ancestor below the root commit?"""
+    node = trigger
+    while node is not root:
+        if node.state is not TxnState.COMMITTED:
+            return False
+        node = node.parent
+    return True
+
+
+class TreeFirings(CommitParticipant):
+    """The detached-family firings of one tree, recorded in its flush (see the module docstring)."""
+
+    def __init__(self, outbox: "Outbox", state: TreeState):
+        self._outbox = outbox
+        self._state = state
+        self._mutex = threading.Lock()        # protects _entries
+        self._entries: list[Entry] = []
+        self._records: list[NewRecord] = []
+        self._recorded: list[Entry] = []      # the entries behind _records, same order
+        self._cancelled: list[Entry] = []
+
+    def add(self, entry: Entry) -> None:
+        with self._mutex:
+            self._entries.append(entry)
+
+    # --- the commit participant -----------------------------------------------------------------
+
+    def before_flush(self, transaction: "Transaction") -> None:
+        with self._mutex:
+            entries = list(self._entries)
+        recorded, cancelled = [], []
+        for entry in entries:
+            committed = entry.requires_commit or effectively_committed(entry.trigger, transaction)
+            (recorded if may_run_after(entry.firing.coupling, committed) else cancelled).append((entry, committed))
+        ids = self._outbox.draw_ids(len(recorded))
+        log_id = transaction.log_id
+        self._records = [
+            NewRecord(record_id, entry.firing.rule.name, entry.firing.coupling.value,
+                      _codec.encode_event(entry.firing.event), list(entry.firing.chain), entry.trigger.id,
+                      log_id, "committed" if committed else "aborted")
+            for record_id, (entry, committed) in zip(ids, recorded)
+        ]
+        self._recorded = [entry for entry, _ in recorded]
+        self._cancelled = [entry for entry, _ in cancelled]
+
+    def write(self, transaction: "Transaction", connection: "sa.Connection") -> None:
+        insert(connection, self._outbox.table, self._records, self._outbox.owner)
+
+    def committed(self, transaction: "Transaction") -> None:
+        self._outbox.count_cancelled(self._cancelled)
+        self._outbox.run_recorded([(record.id, entry.firing, 0) for record, entry in zip(self._records,
+                                                                                           self._recorded)])
+
+    def aborted(self, transaction: "Transaction", error: BaseException | None) -> None:
+        with self._mutex:
+            entries, self._entries = self._entries, []
+        state = self._state
+        with state.mutex:
+            state.aborted, state.abort_error = True, error
+            replayed = state.replayed()
+        if replayed:
+            return        # the owner re-runs the same input: as after a crash, the attempt left nothing
+        keep = [entry for entry in entries
+                if not entry.requires_commit and may_run_after(entry.firing.coupling, False)]
+        kept = set(map(id, keep))
+        self._outbox.count_cancelled([entry for entry in entries if id(entry) not in kept])
+        self._outbox.record_now([(entry.firing, entry.trigger.id, None, False) for entry in keep])
+
+
+def cancelled_per_rule(entries) -> collections.Counter:
+    return collections.Counter(entry.firing.rule.name for entry in entries)

@@ -1,0 +1,158 @@
+"""The outbox's SQL: writing records, claiming them, marking them done or failed, reading them back.
+
+Every function takes the connection it runs on and never commits: the callers decide which PostgreSQL
+transaction a statement belongs to (the trigger's flush, a detached group's flush, or a small
+transaction of its own).  The table is created by the Alembic revision ``0005_outbox``.
+
+Record states (``status``)::
+
+    pending ──(its firing's own flush)──▶ done
+       │
+       └──(the firing failed for good, in the flush of its group or alone)──▶ failed ──(retry)──▶ pending
+
+A pending record has an ``owner``: the liveness key of the process that runs it (a session-level
+advisory lock that process holds).  A record whose owner's lock no session holds (the process died,
+``pg_locks`` says) may be claimed by any process; claims skip rows another claimer has locked
+(``FOR UPDATE SKIP LOCKED``).
+Marking done or failed requires ``owner = me AND status = 'pending'`` and checks the row count, so a
+record another process took over is never finished twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import sqlalchemy as sa
+
+from activedb.errors import RecordsTakenOver
+
+TABLE = "activedb_outbox"
+STATUSES = ("pending", "done", "failed")
+ERROR_LIMIT = 4000      # characters of an error kept in a failed record
+
+
+@dataclass(frozen=True)
+class NewRecord:
+    """A record to insert (its id drawn from the table's sequence beforehand)."""
+
+    id: int
+    rule: str
+    coupling: str
+    event: dict
+    chain: list[str]
+    trigger_id: str
+    trigger_log_id: str | None
+    trigger_outcome: str          # committed | aborted
+
+
+def insert(connection: sa.Connection, table: sa.Table, records: Sequence[NewRecord], owner: int) -> None:
+    """Insert ``records`` as pending, owned by ``owner`` (one batched statement)."""
+    if not records:
+        return
+    connection.execute(table.insert(), [
+        {"id": record.id, "rule": record.rule, "coupling": record.coupling, "event": record.event,
+         "chain": record.chain, "trigger_id": record.trigger_id, "trigger_log_id": record.trigger_log_id,
+         "trigger_outcome": record.trigger_outcome, "owner": owner}
+        for record in records
+    ])
+
+
+_MARK_DONE = sa.text(
+    "UPDATE activedb_outbox SET status = 'done', finished_at = now(), attempts = attempts + 1, "
+    "transaction_id = :log_id WHERE id = ANY(:ids) AND owner = :owner AND status = 'pending'")
+_MARK_FAILED = sa.text(
+    "UPDATE activedb_outbox AS o SET status = 'failed', finished_at = now(), attempts = o.attempts + 1, "
+    "error = f.error, transaction_id = :log_id "
+    "FROM unnest(CAST(:ids AS bigint[]), CAST(:errors AS text[])) AS f(id, error) "
+    "WHERE o.id = f.id AND o.owner = :owner AND o.status = 'pending'")
+
+
+def finish(connection: sa.Connection, owner: int, *, done: Sequence[int] = (),
+           failed: Sequence[tuple[int, str]] = (), log_id: str | None = None) -> None:
+    """Mark ``done`` records done and ``failed`` ``(id, error)`` records failed, in the caller's transaction;
+    raises :class:`RecordsTakenOver` (the caller's transaction must then roll back) if any of them is no
+    longer a pending record of ``owner``."""
+    changed = 0
+    if done:
+        changed += connection.execute(_MARK_DONE, {"ids": list(done), "owner": owner, "log_id": log_id}).rowcount
+    if failed:
+        changed += connection.execute(_MARK_FAILED, {
+            "ids": [record_id for record_id, _ in failed],
+            "errors": [error[:ERROR_LIMIT] for _, error in failed],
+            "owner": owner, "log_id": log_id}).rowcount
+    if changed != len(done) + len(failed):
+        raise RecordsTakenOver(
+            f"{len(done) + len(failed) - changed} of {len(done) + len(failed)} outbox records this process ran "
+            f"were taken over by another process (or finished) meanwhile; nothing of this group was written — "
+            f"the other process runs them")
+
+
+# An owner is alive while some session holds its liveness lock: a session-level advisory lock on the bigint
+# ``owner``, which pg_locks shows as classid = high half, objid = low half, objsubid = 1.  (Reading pg_locks,
+# unlike trying the lock, never makes a concurrent claimer see a dead owner as alive.)
+_CLAIM = sa.text("""
+WITH dead AS (
+    SELECT owner FROM (SELECT DISTINCT owner FROM activedb_outbox
+                       WHERE status = 'pending' AND owner IS NOT NULL AND owner <> :me) AS owners
+    WHERE NOT EXISTS (
+        SELECT 1 FROM pg_locks AS l
+        WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+          AND l.classid::bigint = (owners.owner >> 32) AND l.objid::bigint = (owners.owner & 4294967295))
+), claimable AS (
+    SELECT id FROM activedb_outbox
+    WHERE status = 'pending' AND rule = ANY(:rules)
+      AND (owner IS NULL OR owner IN (SELECT owner FROM dead))
+    ORDER BY id
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE activedb_outbox AS o SET owner = :me
+FROM claimable WHERE o.id = claimable.id
+RETURNING o.id, o.rule, o.coupling, o.event, o.chain, o.attempts
+""")
+
+
+def claim(connection: sa.Connection, me: int, rules: Iterable[str], limit: int) -> list[Any]:
+    """Claim up to ``limit`` pending records of ``rules`` nobody alive owns (unowned, or owned by a process
+    whose liveness lock no session holds); they become ``me``'s.  Rows another claimer is claiming are
+    skipped."""
+    rows = connection.execute(_CLAIM, {"me": me, "rules": list(rules), "limit": limit}).all()
+    return sorted(rows, key=lambda row: row.id)
+
+
+def still_owned(connection: sa.Connection, me: int, ids: Sequence[int]) -> set[int]:
+    """The ids among ``ids`` that are still pending records of ``me``."""
+    rows = connection.execute(sa.text(
+        "SELECT id FROM activedb_outbox WHERE id = ANY(:ids) AND owner = :me AND status = 'pending'"),
+        {"ids": list(ids), "me": me}).scalars()
+    return set(rows)
+
+
+def counts(connection: sa.Connection) -> dict[str, dict[str, int]]:
+    """``{status: {rule: count}}``."""
+    result: dict[str, dict[str, int]] = {status: {} for status in STATUSES}
+    for status, rule, count in connection.execute(sa.text(
+            "SELECT status, rule, count(*) FROM activedb_outbox GROUP BY status, rule")):
+        result.setdefault(status, {})[rule] = count
+    return result
+
+
+def failed(connection: sa.Connection, limit: int) -> list[Any]:
+    return connection.execute(sa.text(
+        "SELECT id, rule, coupling, event, trigger_id, trigger_log_id, trigger_outcome, attempts, error, "
+        "created_at, finished_at FROM activedb_outbox WHERE status = 'failed' ORDER BY id DESC LIMIT :limit"),
+        {"limit": limit}).all()
+
+
+def retry(connection: sa.Connection, ids: Sequence[int] | None) -> int:
+    """Failed records (``ids``, or all) become pending and unowned; returns how many."""
+    where = "status = 'failed'" + ("" if ids is None else " AND id = ANY(:ids)")
+    return connection.execute(sa.text(
+        f"UPDATE activedb_outbox SET status = 'pending', owner = NULL, finished_at = NULL WHERE {where}"),
+        {} if ids is None else {"ids": list(ids)}).rowcount
+
+
+def purge_done(connection: sa.Connection) -> int:
+    return connection.execute(sa.text("DELETE FROM activedb_outbox WHERE status = 'done'")).rowcount

@@ -1,0 +1,143 @@
+"""Rows read for update, locked in PostgreSQL until the tree commits (``tx.read(table, key, for_update=True)``).
+
+Within a process, a read for update takes the lock manager's UPDATE mode on the row (``lockmgr``: two
+read-modify-writes queue at the read instead of deadlocking when both convert to WRITE).  Against other
+processes, the row is read with ``SELECT … FOR UPDATE`` on a PostgreSQL connection the tree keeps — one
+per tree, opened by its first read for update, in a READ COMMITTED transaction — and the tree's flush
+runs in that same transaction.  So a second process that wants the row waits for PostgreSQL's row lock
+and then reads the committed result, exactly as ``SELECT … FOR UPDATE`` + ``UPDATE`` written by hand:
+conflicts are resolved by the database's row locks, not by re-running whole trees after a failed
+validation (what optimistic reads would need), and no flush deadlocks in PostgreSQL on rows both read
+``FOR SHARE`` and then write.
+
+* A tree that also read a row as absent or scanned a table needs SERIALIZABLE at its flush, which a
+  transaction cannot switch to after its first statement: its locks are released just before the flush,
+  which then locks the rows read for update ``FOR UPDATE`` (before validating them) and validates as
+  usual — a conflict then re-runs the tree, nothing is lost.
+* A lock wait in PostgreSQL is bounded (``LOCK_TIMEOUT``): a cycle through both PostgreSQL's row locks and
+  this process's lock manager is visible to neither detector, and the timeout breaks it
+  (``SerializationConflict``: ``Database.run`` re-runs the tree).
+
+Thread-safety: ``_mutex`` protects the connection and ``rows``; it is a leaf held while a statement runs on
+the connection (a connection runs one statement at a time), never while taking any other mutex.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+import sqlalchemy as sa
+
+from activedb.errors import DatabaseUnavailable, SerializationConflict
+from activedb.txn._participants import CommitParticipant
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.store import Key, TableInfo
+    from activedb.txn._tree import Transaction
+
+#: How long a read for update waits for another process's row lock before giving up (a retryable conflict).
+LOCK_TIMEOUT = "10s"
+
+
+def _locked_row(connection: sa.Connection, info: "TableInfo", key: "Key") -> dict | None:
+    """``SELECT … FOR UPDATE`` of one row, bounding the lock wait (``set_config('lock_timeout', …, true)`` is
+    evaluated by the scan, before the row is locked: no extra round trip for a ``SET LOCAL``)."""
+    statement = info.cached("rowlocks:select", lambda: (
+        sa.select(info.table)
+        .where(*[info.table.c[name] == sa.bindparam(f"k_{name}") for name in info.key_columns])
+        .where(sa.func.set_config("lock_timeout", LOCK_TIMEOUT, True).isnot(None))
+        .with_for_update()))
+    row = connection.execute(statement, {f"k_{name}": value for name, value in zip(info.key_columns, key)}
+                             ).mappings().first()
+    return dict(row) if row is not None else None
+
+
+class _Slot:
+    """``root.slot(_Slot)``: the tree's session, created once under ``mutex``."""
+
+    def __init__(self) -> None:
+        self.mutex = threading.Lock()
+        self.session: RowLocks | None = None
+
+
+class RowLocks(CommitParticipant):
+    """The PostgreSQL row locks of one tree (a commit participant of its root).  Thread-safe."""
+
+    def __init__(self, root: "Transaction"):
+        self._root = root
+        self._mutex = threading.Lock()          # protects connection, _transaction, rows
+        self.connection: sa.Connection | None = None
+        self._transaction = None
+        #: (table, key) of every row this tree holds ``FOR UPDATE``.
+        self.rows: set[tuple[str, "Key"]] = set()
+
+    @classmethod
+    def of(cls, root: "Transaction", *, create: bool = True) -> "RowLocks | None":
+        slot = root.slot(_Slot, create=create)
+        if slot is None:
+            return None
+        with slot.mutex:
+            if slot.session is None and create:
+                session = cls(root)
+                root.enlist(session)
+                slot.session = session
+            return slot.session
+
+    def lock(self, info: "TableInfo", key: "Key") -> dict | None:
+        """The committed image of row ``key``, locked ``FOR UPDATE`` until the tree ends (None: no row)."""
+        row = (info.name, key)
+        with self._mutex:
+            if self.connection is None:
+                self._open()
+            try:
+                image = _locked_row(self.connection, info, key)
+            except sa.exc.OperationalError as error:
+                self._close()
+                sqlstate = getattr(error.orig, "sqlstate", None)
+                if sqlstate in ("55P03", "40P01", "40001"):
+                    raise SerializationConflict(
+                        f"row {key!r} of {info.name!r} stayed locked by another process (SQLSTATE {sqlstate}); "
+                        f"nothing was written — re-run the transaction (Database.run(fn) does)") from None
+                raise DatabaseUnavailable(f"lost the connection to PostgreSQL while locking row {key!r} of "
+                                          f"{info.name!r}: {str(error.orig or error).splitlines()[0]}") from error
+            self.rows.add(row)
+        return image
+
+    def _open(self) -> None:
+        """Caller holds ``_mutex``."""
+        catalog = self._root.manager.catalog
+        connection = catalog.engine.connect().execution_options(isolation_level="READ COMMITTED")
+        self._transaction = connection.begin()
+        self.connection = connection
+
+    def take_connection(self) -> sa.Connection | None:
+        """For the flush: the connection in its open transaction (the caller commits or rolls it back and closes
+        it), or None if no row was locked."""
+        with self._mutex:
+            connection, self.connection, self._transaction = self.connection, None, None
+            return connection
+
+    def release(self) -> None:
+        """Roll back (the locks go) and close."""
+        with self._mutex:
+            self._close()
+
+    def _close(self) -> None:
+        """Caller holds ``_mutex``."""
+        connection, self.connection = self.connection, None
+        self._transaction = None
+        if connection is not None:
+            try:
+                connection.rollback()
+                connection.close()
+            except sa.exc.DBAPIError:
+                connection.invalidate()
+
+    # --- the commit participant -----------------------------------------------------------------
+
+    def aborted(self, transaction: "Transaction", error: BaseException | None) -> None:
+        self.release()
+
+    def committed(self, transaction: "Transaction") -> None:
+        self.release()          # normally already handed to the flush and closed there

@@ -1,0 +1,59 @@
+"""The outbox of detached-family rule firings (``activedb/outbox/README.md``).
+
+One row per firing of a detached, detached causally dependent, sequential causally dependent or
+exclusive causally dependent rule, written in the same PostgreSQL transaction as the outcome that lets
+it run (its trigger's top-level commit, or — for a firing whose trigger's whole tree aborted — a small
+transaction of its own right after the abort), and marked ``done`` (or ``failed``) in the same
+transaction as the firing's own effects.
+
+* ``owner``: the liveness key of the process that runs it — a PostgreSQL session-level advisory lock
+  that process holds; when the process dies its session ends, the lock is free, and any process may
+  claim the record (``FOR UPDATE SKIP LOCKED``).
+* ``trigger_outcome``: ``committed`` or ``aborted``: the decisive outcome of the trigger, durable with
+  the record, so the coupling mode's dependency holds after a restart.
+
+Revision ID: 0005_outbox
+Revises: 0004_capture
+Create Date: 2026-11-22
+"""
+import sqlalchemy as sa
+from alembic import op
+from sqlalchemy.dialects import postgresql
+
+revision = "0005_outbox"
+down_revision = "0004_capture"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "activedb_outbox",
+        sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
+        sa.Column("rule", sa.Text, nullable=False),
+        sa.Column("coupling", sa.Text, nullable=False),
+        sa.Column("event", postgresql.JSONB, nullable=False),
+        sa.Column("chain", postgresql.ARRAY(sa.Text), nullable=False, server_default="{}"),
+        sa.Column("trigger_id", sa.Text, nullable=False),
+        sa.Column("trigger_log_id", sa.Text, nullable=True),
+        sa.Column("trigger_outcome", sa.Text, nullable=False),
+        sa.Column("status", sa.Text, nullable=False, server_default="pending"),
+        sa.Column("owner", sa.BigInteger, nullable=True),
+        sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+        sa.Column("error", sa.Text, nullable=True),
+        sa.Column("transaction_id", sa.Text, nullable=True),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+        sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
+        sa.CheckConstraint("status IN ('pending', 'done', 'failed')", name="activedb_outbox_status"),
+        sa.CheckConstraint("trigger_outcome IN ('committed', 'aborted')", name="activedb_outbox_outcome"),
+    )
+    op.create_index("ix_activedb_outbox_pending", "activedb_outbox", ["owner", "id"],
+                    postgresql_where=sa.text("status = 'pending'"))
+    op.create_index("ix_activedb_outbox_failed", "activedb_outbox", ["rule"],
+                    postgresql_where=sa.text("status = 'failed'"))
+
+
+def downgrade() -> None:
+    op.drop_index("ix_activedb_outbox_failed", table_name="activedb_outbox")
+    op.drop_index("ix_activedb_outbox_pending", table_name="activedb_outbox")
+    op.drop_table("activedb_outbox")

@@ -1,0 +1,143 @@
+"""Hot keys: read-modify-write with ``tx.read(table, key, for_update=True)``.
+
+* in one process, the update lock makes two read-modify-writes of one row queue at the read — with plain
+  reads both read, both convert to WRITE, and one is a deadlock victim (shown step by step);
+* 8 threads incrementing 2 counters commit every increment at the first attempt;
+* across two engines (two lock managers: two processes, as far as PostgreSQL can tell) the row lock taken
+  at the read orders them in PostgreSQL: the second waits (observed in ``pg_locks``) and reads the first's
+  result — no validation failure, no re-run;
+* a tree that also scans flushes at SERIALIZABLE (its held locks are let go and taken again at the flush).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import sqlalchemy as sa
+
+import activedb
+from activedb import testing
+from tests.conftest import APP_MIGRATIONS
+
+TIMEOUT = 30
+
+
+@pytest.fixture(scope="module")
+def db(database_url):
+    database = activedb.connect(database_url)
+    database.upgrade_app(APP_MIGRATIONS)
+    yield database
+    database.close()
+
+
+@pytest.fixture(autouse=True)
+def counters(db):
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM accounts"))
+        connection.execute(sa.text("INSERT INTO accounts (id, balance) VALUES (1, 0), (2, 0)"))
+
+
+def balances(db) -> dict[int, int]:
+    with db.engine.connect() as connection:
+        return dict(connection.execute(sa.text("SELECT id, balance FROM accounts")).all())
+
+
+def test_plain_reads_deadlock_on_conversion_and_update_locks_queue_instead(db):
+    locks = db.transactions.locks
+    first_read, second_read = threading.Event(), threading.Event()
+    outcome = {}
+
+    def increment(name, own_read, other_read, for_update):
+        try:
+            with db.transaction() as tx:
+                row = tx.read("accounts", 1, for_update=for_update)
+                own_read.set()
+                if not for_update:
+                    assert other_read.wait(TIMEOUT)          # both have read: now both convert
+                tx.write("accounts", 1, balance=row["balance"] + 1)
+            outcome[name] = "committed"
+        except activedb.Deadlock:
+            outcome[name] = "deadlock"
+
+    with testing.Watchdog(60, locks):
+        for for_update in (False, True):
+            outcome.clear()
+            first_read.clear(), second_read.clear()
+            first = threading.Thread(target=increment, args=("first", first_read, second_read, for_update))
+            first.start()
+            assert first_read.wait(TIMEOUT)
+            second = threading.Thread(target=increment, args=("second", second_read, first_read, for_update))
+            second.start()
+            first.join(TIMEOUT), second.join(TIMEOUT)
+            if for_update:
+                assert outcome == {"first": "committed", "second": "committed"}
+            else:
+                assert sorted(outcome.values()) == ["committed", "deadlock"]
+    assert balances(db)[1] == 3
+
+
+def test_eight_threads_on_two_hot_counters_commit_every_increment_at_the_first_attempt(db):
+    attempts = []
+    per_thread = 15
+
+    def increment(tx, key):
+        attempts.append(key)
+        row = tx.read("accounts", key, for_update=True)
+        tx.write("accounts", key, balance=row["balance"] + 1)
+
+    def worker(number):
+        for step in range(per_thread):
+            db.run(increment, 1 + (number + step) % 2)
+
+    with testing.Watchdog(120, db.transactions.locks):
+        threads = [threading.Thread(target=worker, args=(number,)) for number in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    assert balances(db) == {1: 4 * per_thread, 2: 4 * per_thread}
+    assert len(attempts) == 8 * per_thread                  # no deadlock, no conflict: nothing re-ran
+
+
+def test_across_engines_the_row_lock_orders_the_writers_without_a_rerun(db, database_url):
+    other = activedb.connect(database_url)
+    try:
+        second_done = threading.Event()
+        attempts = []
+
+        def increment(tx):
+            attempts.append(1)
+            row = tx.read("accounts", 1, for_update=True)
+            tx.write("accounts", 1, balance=row["balance"] + 1)
+
+        def second():
+            other.run(increment)
+            second_done.set()
+
+        def waiting_for_a_row_lock() -> bool:
+            with db.engine.connect() as connection:
+                return connection.execute(sa.text(
+                    "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype IN ('transactionid', 'tuple')"
+                )).scalar() > 0
+
+        with db.transaction() as tx:
+            row = tx.read("accounts", 1, for_update=True)
+            thread = threading.Thread(target=second)
+            thread.start()
+            testing.wait_until(waiting_for_a_row_lock, TIMEOUT, "the other engine waiting for the row lock")
+            assert not second_done.is_set()
+            tx.write("accounts", 1, balance=row["balance"] + 10)
+        thread.join(TIMEOUT)
+        assert second_done.is_set()
+        assert balances(db)[1] == 11 and attempts == [1]
+    finally:
+        other.close()
+
+
+def test_a_tree_that_also_scans_locks_again_at_a_serializable_flush(db):
+    with db.transaction() as tx:
+        row = tx.read("accounts", 2, for_update=True)
+        others = tx.scan("accounts", lambda image: image["id"] != 2)
+        tx.write("accounts", 2, balance=row["balance"] + len(others))
+    assert balances(db)[2] == 1

@@ -1,0 +1,247 @@
+"""The outbox of detached-family firings (``activedb/outbox``), on real PostgreSQL.
+
+* a record is written with the trigger's outcome, run in a group transaction and marked done there;
+  firings the outcome rules out are cancelled, never written;
+* many firings share few group commits; a member whose flush fails is isolated by splitting the group
+  (the others commit), a member that raises fails alone — recorded with rule, trigger, event and error,
+  shown by ``activedb outbox`` and run again by ``--retry``;
+* a retried ``Database.run`` attempt leaves no detached firing behind;
+* a sequence reset (``TRUNCATE … RESTART IDENTITY``) never makes a cached generated key collide: the
+  transaction is re-run with fresh keys, no detached insert is lost;
+* events survive the round trip through the record exactly (datetimes, tuples, NUL characters, …).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import threading
+import uuid
+
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner
+
+import activedb
+from activedb import Coupling, Event, EventKind
+from activedb.cli import main
+from activedb.errors import GeneratedKeysReset, SerializationConflict
+from activedb.outbox import _codec
+from tests.conftest import APP_MIGRATIONS
+
+TIMEOUT = 60
+
+
+@pytest.fixture(scope="module")
+def migrated(database_url):
+    database = activedb.connect(database_url)
+    database.upgrade_app(APP_MIGRATIONS)
+    database.close()
+    return database_url
+
+
+@pytest.fixture
+def db(migrated):
+    database = activedb.connect(migrated, outbox_options={"recovery_interval": None, "group_size": 64})
+    with database.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE items, events_seen, accounts, activedb_outbox, activedb_rules "
+                                   "RESTART IDENTITY"))
+    yield database
+    database.rules.wait_idle(TIMEOUT)
+    database.close()
+
+
+def seen(db) -> list[tuple]:
+    with db.engine.connect() as connection:
+        return sorted(tuple(row) for row in connection.execute(sa.text("SELECT rule, detail FROM events_seen")))
+
+
+def records(db) -> list[tuple]:
+    with db.engine.connect() as connection:
+        return [tuple(row) for row in connection.execute(sa.text(
+            "SELECT rule, status, trigger_outcome, error IS NOT NULL FROM activedb_outbox ORDER BY id"))]
+
+
+def test_a_record_carries_the_outcome_and_is_done_in_the_firings_own_flush(db):
+    for mode in (Coupling.DETACHED, Coupling.DETACHED_CAUSALLY_DEPENDENT, Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT):
+        db.rule(on=db.signalled("go"), coupling=mode, name=mode.value)(
+            lambda tx, event, name=mode.value: tx.insert("events_seen", rule=name, detail=event.payload["n"]))
+    with db.transaction() as tx:
+        tx.signal("go", n="1")
+        with pytest.raises(RuntimeError):
+            with tx.subtransaction() as child:           # a trigger that aborts inside a committed tree
+                child.signal("go", n="2")
+                raise RuntimeError("the event fails")
+    db.rules.wait_idle(TIMEOUT)
+    assert seen(db) == [("detached", "1"), ("detached", "2"), ("detached_causally_dependent", "1"),
+                        ("exclusive_causally_dependent", "2")]
+    assert sorted(records(db)) == [
+        ("detached", "done", "aborted", False), ("detached", "done", "committed", False),
+        ("detached_causally_dependent", "done", "committed", False),
+        ("exclusive_causally_dependent", "done", "aborted", False)]
+    counters = db.rules.statistics().per_rule
+    assert counters["exclusive_causally_dependent"].cancelled == 1       # its trigger "1" committed
+    assert counters["detached_causally_dependent"].cancelled == 1        # its trigger "2" aborted
+    with db.engine.connect() as connection:                              # done in the group's own flush
+        assert connection.execute(sa.text(
+            "SELECT count(*) FROM activedb_outbox o JOIN activedb_transaction_log l "
+            "ON l.transaction_id = o.transaction_id")).scalar() == 4
+
+
+def test_many_firings_share_few_group_commits(db):
+    db.rule(on=db.signalled("go"), coupling=Coupling.DETACHED, name="many")(
+        lambda tx, event: tx.insert("events_seen", rule="many", detail=str(event.payload["n"])))
+    groups_before = db.outbox.statistics().groups
+    with db.transaction() as tx:
+        for number in range(300):
+            tx.signal("go", n=number)
+    db.rules.wait_idle(TIMEOUT)
+    assert len(seen(db)) == 300
+    groups = db.outbox.statistics().groups - groups_before
+    assert 300 // 64 <= groups <= 300 // 16        # group_size 64: a handful of commits, not 300
+
+
+def test_a_member_whose_writes_postgresql_refuses_fails_alone_and_the_rest_commit(db):
+    @db.rule(on=db.signalled("go"), coupling=Coupling.DETACHED, name="sometimes_huge")
+    def sometimes_huge(tx, event):
+        number = event.payload["n"]
+        key = "x" * 900_000 + uuid.uuid4().hex * 2000 if number == 7 else f"k{number}"   # too large to index
+        tx.write("items", key, value=number)
+
+    with db.transaction() as tx:
+        for number in range(20):
+            tx.signal("go", n=number)
+    db.rules.wait_idle(TIMEOUT)
+    with db.engine.connect() as connection:
+        values = sorted(connection.execute(sa.text("SELECT value FROM items")).scalars())
+    assert values == [number for number in range(20) if number != 7]
+    statuses = [status for _, status, _, _ in records(db)]
+    assert statuses.count("done") == 19 and statuses.count("failed") == 1
+    assert db.outbox.statistics().splits >= 1
+    [failure] = db.outbox.failures()
+    assert failure.rule == "sometimes_huge" and "54000" in failure.error
+
+
+def test_a_failing_rule_is_recorded_shown_and_retried(db, migrated):
+    broken = threading.Event()
+    broken.set()
+
+    @db.rule(on=db.signalled("pay"), coupling=Coupling.DETACHED_CAUSALLY_DEPENDENT, name="ledger_entry")
+    def ledger_entry(tx, event):
+        if broken.is_set():
+            raise ZeroDivisionError("the exchange rate is zero")
+        tx.insert("events_seen", rule="ledger_entry", detail=str(event.payload["amount"]))
+
+    with db.transaction(name="payment") as tx:
+        tx.signal("pay", amount=12)
+        trigger = tx.id
+    db.rules.wait_idle(TIMEOUT)
+    [failure] = db.outbox.failures()
+    assert failure.rule == "ledger_entry" and failure.coupling == "detached_causally_dependent"
+    assert failure.trigger.startswith(trigger) and failure.trigger_outcome == "committed"
+    assert "signal pay" in failure.event and "ZeroDivisionError: the exchange rate is zero" in failure.error
+    assert seen(db) == []
+
+    runner = CliRunner()
+    shown = runner.invoke(main, ["--url", migrated, "outbox"], env={"COLUMNS": "250"})
+    assert shown.exit_code == 0, shown.output
+    assert "ledger_entry" in shown.output and "exchange rate is zero" in shown.output
+    as_json = json.loads(runner.invoke(main, ["--url", migrated, "outbox", "--json"]).output)
+    assert as_json["statistics"]["failed"] == 1 and as_json["failed"][0]["id"] == failure.id
+
+    broken.clear()                                       # the cause is fixed
+    retried = runner.invoke(main, ["--url", migrated, "outbox", "--retry", str(failure.id)])
+    assert retried.exit_code == 0 and "1 failed firing(s) are pending again" in retried.output
+    assert db.outbox.recover() == 1
+    db.rules.wait_idle(TIMEOUT)
+    assert seen(db) == [("ledger_entry", "12")]
+    assert db.outbox.failures() == []
+
+
+def test_an_attempt_database_run_retries_leaves_no_detached_firing(db):
+    db.rule(on=db.signalled("go"), coupling=Coupling.DETACHED, name="once")(
+        lambda tx, event: tx.insert("events_seen", rule="once", detail=str(event.payload["attempt"])))
+    attempts = []
+
+    def body(tx):
+        attempts.append(1)
+        tx.signal("go", attempt=len(attempts))
+        if len(attempts) == 1:
+            raise SerializationConflict("as if another process had changed a row this attempt read")
+
+    db.run(body)
+    db.rules.wait_idle(TIMEOUT)
+    assert len(attempts) == 2 and seen(db) == [("once", "2")]
+
+
+def test_generated_keys_are_never_reused_after_the_sequence_was_reset(db):
+    with db.transaction() as tx:
+        first = tx.insert("events_seen", rule="before", detail="a")     # draws a block of keys
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE events_seen RESTART IDENTITY"))
+        connection.execute(sa.text("INSERT INTO events_seen (rule, detail) SELECT 'other', n::text "
+                                   "FROM generate_series(1, 5) AS n"))     # another writer takes 1..5
+    with pytest.raises(GeneratedKeysReset, match="was reset"):
+        with db.transaction() as tx:
+            tx.insert("events_seen", rule="after", detail="b")          # a key from the old block
+    key = db.run(lambda tx: tx.insert("events_seen", rule="after", detail="b"))   # fresh keys
+    assert key > 5 and first == 1
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT count(*) FROM events_seen")).scalar() == 6
+
+
+def test_detached_inserts_survive_a_sequence_reset_between_their_trigger_and_them(db):
+    release = threading.Event()
+
+    @db.rule(on=db.signalled("go"), coupling=Coupling.DETACHED, name="insert_later")
+    def insert_later(tx, event):
+        release.wait(TIMEOUT)
+        tx.insert("events_seen", rule="insert_later", detail=str(event.payload["n"]))
+
+    with db.transaction() as tx:                      # warm the key block up
+        tx.insert("events_seen", rule="warm", detail="0")
+    with db.transaction() as tx:
+        for number in range(10):
+            tx.signal("go", n=number)
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE events_seen RESTART IDENTITY"))
+    release.set()
+    db.rules.wait_idle(TIMEOUT)
+    assert [detail for rule, detail in seen(db)] == sorted(str(number) for number in range(10))
+    assert {status for _, status, _, _ in records(db)} == {"done"}
+
+
+def test_events_come_back_from_a_record_exactly():
+    event = Event(EventKind.UPDATED, "t", key=("a", 1), old={"n": decimal.Decimal("1.50"), "$x": 1},
+                  new={"at": dt.datetime(2024, 5, 1, 12, tzinfo=dt.timezone.utc), "nul": "a\x00b",
+                       "lone": "\ud800", "bytes": b"\x00\x01", "nan": float("nan"), "day": dt.date(2024, 5, 1),
+                       "set": {1, 2}, "nested": [{"when": dt.time(1, 2)}], 3: "int key"},
+                  payload={"id": uuid.UUID(int=7), "span": dt.timedelta(seconds=90)}, ts=1.5, transaction="T1.2")
+    encoded = json.loads(json.dumps(_codec.encode_event(event)))      # what jsonb gives back
+    decoded = _codec.decode_event(encoded)
+    assert decoded.kind is EventKind.UPDATED and decoded.key == ("a", 1)
+    assert decoded.old == event.old and decoded.payload == event.payload and decoded.ts == 1.5
+    assert {key: value for key, value in decoded.new.items() if key != "nan"} == {
+        key: value for key, value in event.new.items() if key != "nan"}
+    assert decoded.new["nan"] != decoded.new["nan"]                    # NaN, still a float
+    assert "\\u0000" not in json.dumps(encoded)                        # nothing jsonb would refuse
+
+
+def test_a_transaction_spanning_a_reset_sequence_never_collides_with_its_own_keys(db):
+    """Stale keys cached before a reset, then a fresh block drawn in the same transaction, whose values
+    overlap them: the draw notices the reset and the transaction is re-run — never a duplicate key."""
+    with db.transaction() as tx:
+        tx.insert("events_seen", rule="before", detail="0")          # a block of 64, 63 left cached
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE events_seen RESTART IDENTITY"))
+    attempts = []
+
+    def insert_many(tx):
+        attempts.append(1)
+        return [tx.insert("events_seen", rule="many", detail=str(number)) for number in range(100)]
+
+    keys = db.run(insert_many)
+    assert len(attempts) == 2 and len(set(keys)) == 100
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT count(*) FROM events_seen")).scalar() == 100

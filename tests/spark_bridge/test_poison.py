@@ -1,0 +1,157 @@
+"""Poison rows never stop a stream: every row PostgreSQL cannot store, and every row Spark cannot read,
+ends as one dead letter with a true reason and its raw text, while the batch's other rows apply.
+
+* without Spark (``IngestSink.process``): a NUL character and a lone surrogate in a key (refused at the
+  write), a 1 MB key (refused by PostgreSQL at the commit: the batch is bisected to find it), and a key
+  that collides with another event's insert;
+* through real Spark (a file stream read with the corrupt-record column): NUL, a 1 MB key, malformed
+  JSON, a value of the wrong type, a line that is not an object — in the first of three batches; the
+  stream goes on, and the applied rows equal the good rows applied directly;
+* duplicate events: with ``EventMapping(id_column=...)``, a re-sent event (same id) is one dead letter,
+  in the same batch or a later one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import random
+import string
+
+import pytest
+
+import spark_bridge
+from spark_bridge import EventMapping, IngestSink
+from spark_bridge._cli import with_corrupt_column
+from tests.spark_bridge import app_counters
+from tests.spark_bridge._streams import (
+    BASE_TIME,
+    app_database,
+    app_state,
+    apply_directly,
+    dead_letters,
+    iso,
+    ledger,
+    run_to_end,
+)
+
+BIG_KEY = "".join(random.Random(3).choice(string.ascii_letters) for _ in range(1_000_000))   # incompressible
+
+
+def _row(seq: int, key: str, amount: int = 5, kind: str = "add") -> dict:
+    return {"type": kind, "key": key, "ts": iso(BASE_TIME + dt.timedelta(seconds=seq)), "amount": amount, "seq": seq}
+
+
+@pytest.fixture()
+def databases(make_database_url, request):
+    name = request.node.name[5:30]
+    ingested, direct = app_database(make_database_url(name)), app_database(make_database_url(name + "_d"))
+    yield ingested, direct
+    ingested.close()
+    direct.close()
+
+
+def _parsed(rows: list[dict]) -> list[dict]:
+    return [{**row, "ts": dt.datetime.fromisoformat(row["ts"].replace("Z", "+00:00"))} for row in rows]
+
+
+def test_rows_postgresql_cannot_store_become_dead_letters_and_the_rest_applies(databases):
+    ingested, direct = databases
+    good = [_row(seq, f"k{seq % 3}") for seq in range(1, 21)]
+    poison = [_row(21, "k\x00nul"), _row(22, "k\ud800surrogate"), _row(23, BIG_KEY)]
+    rows = good[:7] + poison[:1] + good[7:12] + poison[1:] + good[12:]
+    sink = IngestSink(ingested, app_counters.MAPPING, query_name="poison")
+    outcome = sink.process(_parsed(rows), 0, query_id="poison@direct")
+
+    assert (outcome.committed, outcome.events, outcome.dead_letters) == (True, 20, 3)
+    reference = apply_directly(direct, good)
+    assert app_state(ingested) == app_state(direct)
+    letters = {raw["seq"]: (reason, raw) for _, _, reason, raw in dead_letters(ingested)}
+    assert sorted(letters) == [21, 22, 23]
+    assert "NUL character" in letters[21][0] and letters[21][1]["key"] == "k\\u0000nul"
+    assert "lone surrogate" in letters[22][0] and letters[22][1]["key"].startswith("k\\ud800")
+    assert "PostgreSQL refused this event's writes at the commit" in letters[23][0]
+    assert "54000" in letters[23][0] and "index row" in letters[23][0]
+    assert letters[23][1]["key"] == BIG_KEY                      # the raw text, whole
+    assert ledger(ingested) == [("poison@direct", 0, 20, 3)]
+    assert reference.applied == 20
+
+
+def test_a_failure_that_needs_two_events_names_the_later_one(databases):
+    """Two events insert the same milestone row (a key collision only their combination causes): the
+    halves pass alone, the first failing prefix names the later event."""
+    ingested, _ = databases
+    rows = [_row(1, "a", amount=10), _row(2, "b", amount=10)]
+    sink = IngestSink(ingested, app_counters.MAPPING, query_name="pair")
+    with ingested.engine.begin() as connection:                       # a row both events' writes collide with
+        connection.exec_driver_sql("CREATE UNIQUE INDEX one_total_of_ten ON counters (total) WHERE total = 10")
+    try:
+        outcome = sink.process(_parsed(rows), 0, query_id="pair@direct")
+    finally:
+        with ingested.engine.begin() as connection:
+            connection.exec_driver_sql("DROP INDEX one_total_of_ten")
+    assert (outcome.events, outcome.dead_letters) == (1, 1)
+    [(_, _, reason, raw)] = dead_letters(ingested)
+    assert raw["seq"] == 2 and "23505" in reason and "together with an earlier event" in reason
+
+
+def test_duplicate_event_ids_are_dead_letters_in_the_same_batch_and_later(databases):
+    ingested, direct = databases
+    mapping = EventMapping("type", "key", "ts", payload_columns=("amount", "seq"), id_column="seq")
+    sink = IngestSink(ingested, mapping, query_name="dedup")
+    first = [_row(seq, "k") for seq in range(1, 6)] + [_row(3, "k")]          # seq 3 twice in one batch
+    second = [_row(seq, "k") for seq in range(5, 9)]                         # seq 5 re-sent a batch later
+    one = sink.process(_parsed(first), 0, query_id="dedup@a")
+    two = sink.process(_parsed(second), 1, query_id="dedup@a")
+    assert (one.events, one.dead_letters, two.events, two.dead_letters) == (5, 1, 3, 1)
+    reasons = sorted(reason for _, _, reason, _ in dead_letters(ingested))
+    assert "event id '3' appears more than once in this batch" in reasons[0]
+    assert "event id '5' was already ingested in batch 0 of dedup@a" in reasons[1]
+    apply_directly(direct, [_row(seq, "k") for seq in range(1, 9)])
+    assert app_state(ingested) == app_state(direct)
+
+
+@pytest.mark.spark
+def test_poison_lines_through_spark_are_dead_letters_and_the_stream_goes_on(spark, tmp_path, databases):
+    ingested, direct = databases
+    good = [[_row(seq, f"k{seq % 4}") for seq in range(start, start + 10)] for start in (1, 101, 201)]
+    lines = [[json.dumps(row) for row in batch] for batch in good]
+    poison = [
+        json.dumps(_row(50, "k\x00nul")),                                  # NUL: refused at the write
+        json.dumps(_row(51, BIG_KEY)),                                    # 1 MB key: refused at the commit
+        '{"type": "add", "key": "k1", "ts": "2024-05-01T12:00:52Z", "amount": 1, "seq": 52',   # malformed
+        json.dumps({**_row(53, "k1"), "amount": "many"}),                 # wrong type for INT
+        json.dumps({**_row(54, "k1"), "ts": "not a time"}),               # wrong type for TIMESTAMP
+        "[1, 2, 3]",                                                      # not an object
+    ]
+    lines[0] = lines[0][:4] + poison + lines[0][4:]
+    source = tmp_path / "in"
+    source.mkdir()
+    for index, batch in enumerate(lines):
+        path = source / f"part-{index:03d}.json"
+        path.write_text("\n".join(batch) + "\n")
+        os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))
+    frame = (spark.readStream.schema(with_corrupt_column(app_counters.SCHEMA))
+             .option("columnNameOfCorruptRecord", "_corrupt_record").option("maxFilesPerTrigger", 1)
+             .json(str(source)))
+    query = spark_bridge.ingest(ingested, frame, mapping=app_counters.MAPPING, query_name="poison-spark",
+                                checkpoint_location=str(tmp_path / "checkpoint"), trigger={"availableNow": True})
+    run_to_end(query)
+
+    apply_directly(direct, [row for batch in good for row in batch])
+    assert app_state(ingested) == app_state(direct)
+    assert [batch for _, batch, *_ in ledger(ingested)] == [0, 1, 2]
+    letters = dead_letters(ingested)
+    assert len(letters) == len(poison) and {batch for _, batch, _, _ in letters} == {0}
+    by_line = {}
+    for _, _, reason, raw in letters:
+        line = raw.get("_corrupt_record")
+        by_line[line if line is not None else raw["seq"]] = reason
+    assert "NUL character" in by_line[50]
+    assert "PostgreSQL refused this event's writes at the commit" in by_line[51]
+    assert by_line[poison[2]].startswith("malformed JSON:")
+    assert "field 'amount' is 'many' (str), which does not fit the stream's schema (amount int32)" in by_line[poison[3]]
+    assert "field 'ts' is 'not a time' (str)" in by_line[poison[4]]
+    assert "not an object" in by_line[poison[5]]
+    assert not any("is null" in reason for reason in by_line.values())
