@@ -16,6 +16,7 @@ from sqlalchemy.engine import Engine, URL, make_url
 from lockmgr import Deadlock
 
 from activedb import _embedded, _migrate
+from activedb.atomic import Batches
 from activedb.capture import CaptureManager
 from activedb.capture.errors import CaptureNotEnabledWarning
 from activedb.errors import DatabaseUnavailable, RuleError, SerializationConflict, TransactionError
@@ -151,6 +152,8 @@ class Database:
             self.observe(DeadlockExplainer(self))
         #: Change capture (``db.capture("orders")``, consumers, status): see ``activedb/capture/README.md``.
         self.capture = CaptureManager(self)
+        #: Atomic batches (lineage, scover, compensation): see ``activedb/atomic/README.md``.
+        self.batches = Batches(self)
 
     # --- rules and events -------------------------------------------------------------------
 

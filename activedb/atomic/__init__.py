@@ -1,0 +1,20 @@
+"""Atomic batches (Vidyasankar, *On Atomic Batch Executions in Stream Processing*): lineage recorded in
+the same PostgreSQL transaction as the effects, the paper's scover and independent scover over the
+recorded transaction graph, and compensation of a source batch (full or non-intrusive) run as new
+recorded transactions, exactly once.
+
+Public interface: ``db.batches`` (:class:`Batches`) — ``consumed / produced / triggered_by / note``,
+``compensation / rule_compensation / transaction_compensation / undo_by_before_image``, ``composite /
+scover / independent_scover / graph``, ``plan / compensate``, ``prune``; the CLI ``activedb batches``.
+Design note: ``README.md`` in this package.  (``activedb.batch``, singular, is the unrelated TPG
+executor of state transactions.)
+"""
+
+from activedb.atomic import errors
+from activedb.atomic._batches import Batches, SplitFailure
+from activedb.atomic._compensate import CompensationPlan, CompensationReport, Mode, Scope, Unsafe
+from activedb.atomic._graph import BoundReached, IndependentScover, TransactionLineage
+from activedb.atomic._lineage import BatchRef
+
+__all__ = ["Batches", "BatchRef", "BoundReached", "CompensationPlan", "CompensationReport", "IndependentScover",
+           "Mode", "Scope", "SplitFailure", "TransactionLineage", "Unsafe", "errors"]

@@ -1,0 +1,262 @@
+"""``db.batches``: the public face of atomic batches (lineage, scover, compensation)."""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+import sqlalchemy as sa
+
+from activedb.atomic import _compensate, _graph
+from activedb.atomic._compensate import CompensationPlan, CompensationReport, Mode, Scope
+from activedb.atomic._graph import IndependentScover, LineageExplorer, TransactionLineage
+from activedb.atomic._lineage import BatchRef, RuleNotes, UndoKeys, add_note, record_of
+from activedb.atomic.errors import LineageError, UnknownBatch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb import Database, Transaction
+
+
+class SplitFailure(enum.Enum):
+    """What to do with a split batch one partition of which failed for good."""
+
+    FORWARD = "forward"          # complete it forward: apply the failed partition again after the fix
+    COMPENSATE = "compensate"    # compensate the committed partitions: the batch leaves no effect
+
+
+def _ref(batch: Any) -> BatchRef:
+    if isinstance(batch, BatchRef):
+        return batch
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return BatchRef.of(*batch)
+    raise LineageError(f"a batch is (query_id, batch_id), got {batch!r}")
+
+
+class Batches:
+    """Atomic batches of one database (``db.batches``).  Thread-safe: ``_mutex`` protects the
+    compensation registries and the hook registration; recording goes to per-tree slots."""
+
+    def __init__(self, db: "Database"):
+        self.db = db
+        self._mutex = threading.Lock()
+        self._actions: dict[str, Callable[..., Any]] = {}
+        self._rule_actions: dict[str, Callable[..., Any]] = {}
+        self._transaction_actions: dict[str, Callable[..., Any]] = {}
+        self._undo_tables: set[str] = set()
+        self._undo_extension: UndoKeys | None = None
+        self._rule_observer: RuleNotes | None = None
+
+    # --- recording lineage ---------------------------------------------------------------------
+
+    @staticmethod
+    def lineage_id(transaction: "Transaction") -> str:
+        """The lineage id of ``transaction``'s tree: its transaction-log id."""
+        return transaction.root.log_id
+
+    def consumed(self, transaction: "Transaction", query_id: Any, batch_id: Any = None) -> None:
+        """``transaction``'s tree consumed batch ``(query_id, batch_id)`` (a source batch, or one a
+        recorded transaction produced)."""
+        ref = _ref(query_id) if batch_id is None else BatchRef.of(query_id, batch_id)
+        record = record_of(transaction)
+        with record.mutex:
+            record.consumed[ref] = None
+
+    def produced(self, transaction: "Transaction", query_id: Any, batch_id: Any = None) -> None:
+        """``transaction``'s tree produced (derived) batch ``(query_id, batch_id)``: whoever consumes it is
+        triggered by this transaction."""
+        ref = _ref(query_id) if batch_id is None else BatchRef.of(query_id, batch_id)
+        record = record_of(transaction)
+        with record.mutex:
+            record.produced[ref] = None
+
+    def triggered_by(self, transaction: "Transaction", *lineage_ids: str) -> None:
+        """``transaction``'s tree was triggered by the recorded transactions ``lineage_ids``."""
+        for lineage_id in lineage_ids:
+            if not isinstance(lineage_id, str) or not lineage_id:
+                raise LineageError(f"a lineage id is a transaction-log id (text), got {lineage_id!r}")
+        record = record_of(transaction)
+        with record.mutex:
+            for lineage_id in lineage_ids:
+                if lineage_id != transaction.root.log_id:
+                    record.parents[lineage_id] = None
+
+    def note(self, transaction: "Transaction", action: str, **args: Any) -> None:
+        """Record that compensating this transaction runs the declared compensation ``action(tx, **args)``.
+        Made in a subtransaction, the note counts only if it commits."""
+        with self._mutex:
+            if action not in self._actions:
+                raise LineageError(f"no compensation named {action!r} is declared; declare it with "
+                                   f"@db.batches.compensation({action!r}) before noting it")
+        from activedb.store import jsonable
+
+        add_note(transaction, {"kind": "action", "action": action, "args": jsonable(args)})
+
+    # --- declaring compensations -----------------------------------------------------------------
+
+    def compensation(self, name: str):
+        """Decorator: ``@db.batches.compensation("refund") def refund(tx, **args)`` — a named compensation
+        that transactions note with ``db.batches.note(tx, "refund", ...)``."""
+        def register(function):
+            with self._mutex:
+                self._actions[name] = function
+            return function
+        return register
+
+    def rule_compensation(self, rule_name: str):
+        """Decorator: ``fn(tx, event)`` undoes one executed firing of rule ``rule_name`` (``event`` is the
+        firing's event as recorded, JSON values)."""
+        def register(function):
+            with self._mutex:
+                self._rule_actions[rule_name] = function
+                if self._rule_observer is None:
+                    self._rule_observer = self.db.observe(RuleNotes(self))
+            return function
+        return register
+
+    def transaction_compensation(self, name: str):
+        """Decorator: ``fn(tx, lineage)`` undoes a recorded top-level transaction named ``name``
+        (``db.transaction(name=...)``; detached rules run in ``rule:<rule name>``); ``lineage`` is its
+        :class:`TransactionLineage` (batches, parents, notes)."""
+        def register(function):
+            with self._mutex:
+                self._transaction_actions[name] = function
+            return function
+        return register
+
+    def undo_by_before_image(self, *tables: str) -> None:
+        """Opt ``tables`` into generic before-image undo: every recorded transaction's flush keeps the
+        before and after images of the rows it wrote there.  Writes to these tables then read the old row
+        (a validated read), like tables observed by rules.  Unsafe when a later transaction used the
+        rows: the plan says so and compensation refuses unless told otherwise."""
+        for table in tables:
+            self.db.table(table)
+        with self._mutex:
+            self._undo_tables |= set(tables)
+            extension = UndoKeys(self._undo_tables)
+            if self._undo_extension is not None:
+                self.db.transactions.extensions.remove(self._undo_extension)
+            self._undo_extension = self.db.transactions.extensions.add(extension)
+
+    def has_rule_compensation(self, rule_name: str) -> bool:
+        return rule_name in self._rule_actions
+
+    def rule_compensation_of(self, rule_name: str) -> Callable[..., Any]:
+        function = self._rule_actions.get(rule_name)
+        if function is None:
+            raise LineageError(f"a firing of rule {rule_name!r} was noted but no rule_compensation is declared "
+                               f"for it in this process; declare it, then compensate again")
+        return function
+
+    def compensation_of(self, name: str) -> Callable[..., Any]:
+        function = self._actions.get(name)
+        if function is None:
+            raise LineageError(f"compensation {name!r} was noted but is not declared in this process; declare "
+                               f"it with @db.batches.compensation({name!r}), then compensate again")
+        return function
+
+    def transaction_compensation_of(self, name: str) -> Callable[..., Any] | None:
+        return self._transaction_actions.get(name)
+
+    def has_compensation_for(self, node: TransactionLineage) -> bool:
+        return bool(node.notes) or (node.name is not None and node.name in self._transaction_actions)
+
+    # --- reading the graph -------------------------------------------------------------------------
+
+    def _explore(self, function: Callable[[LineageExplorer], Any]) -> Any:
+        with self.db.engine.connect() as connection:
+            with connection.begin():
+                connection.execute(sa.text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY"))
+                return function(LineageExplorer(connection))
+
+    def transaction(self, lineage_id: str) -> TransactionLineage | None:
+        return self._explore(lambda explorer: explorer.load([lineage_id]).get(lineage_id))
+
+    def composite(self, batch: Any) -> set[str]:
+        """``𝒯(b)``: the lineage ids of the transactions whose input is ``batch`` and of all they trigger."""
+        return self._explore(lambda explorer: _graph.composite(explorer, _ref(batch))[0])
+
+    def scover(self, *batches: Any, consecutive: bool = False) -> set[BatchRef]:
+        """The source covering batch set of ``batches`` (by derivation)."""
+        return self._explore(lambda explorer: _graph.scover(explorer, [_ref(batch) for batch in batches],
+                                                            consecutive=consecutive))
+
+    def independent_scover(self, batch: Any, *, max_rounds: int = 64, max_transactions: int = 100_000,
+                           consecutive: bool = False) -> IndependentScover:
+        """The §3 closure from ``batch``, cut (and reported as cut) at the bounds given."""
+        return self._explore(lambda explorer: _graph.independent_scover(
+            explorer, _ref(batch), max_rounds=max_rounds, max_transactions=max_transactions,
+            consecutive=consecutive))
+
+    def graph(self, batch: Any, *, max_rounds: int = 64, max_transactions: int = 100_000):
+        """``(networkx graph of 𝒯(b) and what its independent scover pulled in, IndependentScover)``."""
+        def build(explorer: LineageExplorer):
+            ref = _ref(batch)
+            if not explorer.consumers([ref]):
+                raise UnknownBatch(f"no recorded transaction consumed batch {ref}")
+            cover = _graph.independent_scover(explorer, ref, max_rounds=max_rounds, max_transactions=max_transactions)
+            members, _ = _graph.composite(explorer, ref)
+            graph = explorer.graph(members | cover.transactions)
+            for tid in graph.nodes:
+                graph.nodes[tid]["in_composite"] = tid in members
+            return graph, cover
+        return self._explore(build)
+
+    # --- compensating ------------------------------------------------------------------------------
+
+    def plan(self, source_batch: Any, *, mode: str = "full", scope: str = "batch", max_rounds: int = 64,
+             max_transactions: int = 100_000, consecutive: bool = False) -> CompensationPlan:
+        return self._explore(lambda explorer: _compensate.plan(
+            self, explorer, _ref(source_batch), mode=Mode(mode), scope=Scope(scope), max_rounds=max_rounds,
+            max_transactions=max_transactions, consecutive=consecutive))
+
+    def compensate(self, source_batch: Any, *, mode: str = "full", scope: str = "batch", dry_run: bool = False,
+                   allow_unsafe: bool = False, max_rounds: int = 64, max_transactions: int = 100_000,
+                   consecutive: bool = False) -> CompensationReport:
+        """Compensate ``source_batch``: ``mode`` ``"full"`` (all of ``𝒯(b)``) or ``"non-intrusive"`` (the
+        prefix shared with no other batch); ``scope="independent"`` compensates the independent scover.
+        Runs in reverse topological order, one recorded top-level transaction per compensated one; a
+        second call resumes what a crash interrupted (each is compensated at most once).  ``dry_run``:
+        the report of what would be undone, nothing changed."""
+        compensation = self.plan(source_batch, mode=mode, scope=scope, max_rounds=max_rounds,
+                                 max_transactions=max_transactions, consecutive=consecutive)
+        if dry_run:
+            return CompensationReport(compensation, dry_run=True)
+        return _compensate.execute(self, compensation, allow_unsafe=allow_unsafe)
+
+    def settle_failed_split(self, source_batch: Any, *, on_failure: str | "SplitFailure",
+                            allow_unsafe: bool = False) -> CompensationReport | None:
+        """A partition of the split batch ``source_batch`` failed for good (a poisoned partition replay
+        cannot fix).  ``on_failure="forward"``: nothing is undone — the batch completes forward when the
+        failed partition is applied again after the fix (the ledger skips the committed ones); returns
+        None.  ``"compensate"``: the partitions that committed (and everything they triggered) are
+        compensated in full, so the source batch leaves no effect; returns the report.  The Spark
+        scale-out path is meant to call this with ``ingest(..., on_partition_failure=...)``."""
+        policy = SplitFailure(on_failure)
+        if policy is SplitFailure.FORWARD:
+            return None
+        return self.compensate(source_batch, mode="full", allow_unsafe=allow_unsafe)
+
+    # --- retention -----------------------------------------------------------------------------------
+
+    def prune(self, *, older_than: datetime.timedelta | float) -> int:
+        """Delete lineage recorded more than ``older_than`` ago (a timedelta or seconds), with its batches
+        and undo images; returns how many transactions were forgotten.  Compensation of a batch needs its
+        lineage: prune only what you will never compensate."""
+        seconds = older_than.total_seconds() if isinstance(older_than, datetime.timedelta) else float(older_than)
+        with self.db.engine.begin() as connection:
+            return connection.execute(sa.text(
+                "DELETE FROM activedb_lineage WHERE recorded_at < now() - make_interval(secs => :s)"),
+                {"s": seconds}).rowcount
+
+    def statistics(self) -> dict:
+        with self.db.engine.connect() as connection:
+            row = connection.execute(sa.text(
+                "SELECT count(*) AS transactions, count(compensates) AS compensations, min(recorded_at) AS oldest "
+                "FROM activedb_lineage")).one()
+        return {"transactions": row.transactions, "compensations": row.compensations, "oldest": row.oldest}
+
+
+def batch_refs(values: Iterable[Any]) -> list[BatchRef]:
+    return [_ref(value) for value in values]

@@ -1,0 +1,214 @@
+"""``activedb batches …``: atomic batches from the command line (contributed through the
+``activedb.commands`` entry point).
+
+    activedb batches show QUERY BATCH [--png FILE] [--json] [--max-rounds N]
+    activedb batches compensate QUERY BATCH [--mode full|non-intrusive] [--scope batch|independent]
+                                            [--dry-run] [--allow-unsafe] [--app APP] [--json]
+    activedb batches prune --older-than SECONDS
+
+``show`` prints the batch's composite transaction 𝒯(b) as a tree (a transaction shared with another
+branch is printed once and referred to after), its scover and its independent scover (with the bound
+reached, if any); ``--png`` draws the graph.  ``compensate --dry-run`` prints what would be undone and
+what it would cost other batches; without it, it compensates (``--app``: a module or ``.py`` file with
+``register(db)`` declaring the compensations).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import click
+
+
+def _open(ctx: click.Context, *, writes: bool):
+    from activedb.cli import open_database
+
+    return open_database(ctx, writes=writes)
+
+
+def _load_app(spec: str):
+    if spec.endswith(".py") or Path(spec).is_file():
+        module_spec = importlib.util.spec_from_file_location(Path(spec).stem, spec)
+        if module_spec is None or module_spec.loader is None:
+            raise click.ClickException(f"cannot load {spec!r}: not a Python file")
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+        return module
+    return importlib.import_module(spec)
+
+
+@click.group("batches")
+def batches_group() -> None:
+    """Atomic batches: lineage, scover, compensation."""
+
+
+@batches_group.command("show")
+@click.argument("query")
+@click.argument("batch")
+@click.option("--png", "png", type=click.Path(dir_okay=False), help="Also draw the graph into this PNG file.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a tree.")
+@click.option("--max-rounds", default=64, show_default=True, help="Bound of the independent-scover closure.")
+@click.pass_context
+def show(ctx: click.Context, query: str, batch: str, png: str | None, as_json: bool, max_rounds: int) -> None:
+    """The composite transaction of batch (QUERY, BATCH), its scover and independent scover."""
+    db = _open(ctx, writes=False)
+    try:
+        graph, cover = db.batches.graph((query, batch), max_rounds=max_rounds)
+        scover = db.batches.scover((query, batch))
+        if as_json:
+            click.echo(json.dumps({
+                "batch": f"{query}/{batch}",
+                "composite": sorted(node for node in graph.nodes if graph.nodes[node]["in_composite"]),
+                "edges": sorted([list(edge) for edge in graph.edges]),
+                "scover": sorted(map(str, scover)),
+                "independent_scover": sorted(map(str, cover.batches)), "rounds": cover.rounds,
+                "cut_at_bound": None if cover.cut is None else cover.cut.value,
+                "frontier": sorted(map(str, cover.frontier))}, indent=2))
+        else:
+            click.echo(render_tree(graph, f"{query}/{batch}"))
+            click.echo(f"scover: {', '.join(sorted(map(str, scover)))}")
+            state = ("complete" if cover.complete
+                     else f"CUT at the {cover.cut.value} bound — not independent; next round would add "
+                          f"{', '.join(sorted(map(str, cover.frontier))) or 'more transactions'}")
+            click.echo(f"independent scover ({cover.rounds} rounds, {state}): "
+                       f"{', '.join(sorted(map(str, cover.batches)))}")
+        if png:
+            draw(graph, f"{query}/{batch}", png)
+            click.echo(f"picture: {png}", err=True)
+    finally:
+        db.close()
+
+
+def render_tree(graph, title: str) -> str:
+    """𝒯(b) as an indented tree; transactions pulled in only by the independent scover are listed after."""
+    import networkx as nx
+
+    members = [node for node in graph.nodes if graph.nodes[node]["in_composite"]]
+    sub = graph.subgraph(members)
+    roots = sorted(node for node in sub.nodes if sub.in_degree(node) == 0)
+    lines = [f"𝒯({title}): {len(members)} transaction(s)"]
+    seen: set[str] = set()
+
+    def label(node: str) -> str:
+        lineage = graph.nodes[node]["lineage"]
+        name = f" {lineage.name}" if lineage.name else ""
+        consumed = ", ".join(map(str, lineage.consumed))
+        compensated = f"  [compensated by {lineage.compensated_by}]" if lineage.compensated_by else ""
+        return f"{node}{name}  ← {consumed or '-'}{compensated}"
+
+    def walk(node: str, depth: int) -> None:
+        indent = "  " * depth + ("└─ " if depth else "")
+        if node in seen:
+            lines.append(f"{indent}{node} (shared, see above)")
+            return
+        seen.add(node)
+        lines.append(indent + label(node))
+        for child in sorted(sub.successors(node)):
+            walk(child, depth + 1)
+
+    for root in roots:
+        walk(root, 0)
+    others = sorted(set(graph.nodes) - set(members), key=str)
+    if others:
+        lines.append(f"pulled in by the independent scover ({len(others)}):")
+        order = {node: index for index, node in enumerate(nx.topological_sort(graph))}
+        for node in sorted(others, key=order.get):
+            lines.append("  " + label(node))
+    return "\n".join(lines)
+
+
+def draw(graph, title: str, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import networkx as nx
+
+    for layer, nodes in enumerate(nx.topological_generations(graph)):
+        for node in nodes:
+            graph.nodes[node]["layer"] = layer
+    positions = nx.multipartite_layout(graph, subset_key="layer")
+    colours = ["#f4a261" if graph.nodes[node]["in_composite"] else "#cfd8dc" for node in graph.nodes]
+    labels = {node: (graph.nodes[node]["lineage"].name or node.rsplit(":", 1)[-1]) for node in graph.nodes}
+    figure, axes = plt.subplots(figsize=(max(6, 1.2 * len(graph)), 5))
+    nx.draw_networkx(graph, positions, ax=axes, labels=labels, node_color=colours, node_size=900, font_size=7,
+                     arrows=True)
+    axes.set_title(f"T({title}) (orange) and the transactions its independent scover adds (grey)")
+    axes.axis("off")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+@batches_group.command("compensate")
+@click.argument("query")
+@click.argument("batch")
+@click.option("--mode", type=click.Choice(["full", "non-intrusive"]), default="full", show_default=True)
+@click.option("--scope", type=click.Choice(["batch", "independent"]), default="batch", show_default=True)
+@click.option("--dry-run", is_flag=True, help="Print what would be undone; change nothing.")
+@click.option("--allow-unsafe", is_flag=True, help="Restore before-images even where a later transaction used the rows.")
+@click.option("--app", "app", help="Module or .py file with register(db) declaring the compensations.")
+@click.option("--max-rounds", default=64, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def compensate(ctx: click.Context, query: str, batch: str, mode: str, scope: str, dry_run: bool,
+               allow_unsafe: bool, app: str | None, max_rounds: int, as_json: bool) -> None:
+    """Compensate source batch (QUERY, BATCH) — or, with --dry-run, say what that would do."""
+    db = _open(ctx, writes=not dry_run)
+    try:
+        if app:
+            _load_app(app).register(db)
+        report = db.batches.compensate((query, batch), mode=mode, scope=scope, dry_run=dry_run,
+                                       allow_unsafe=allow_unsafe, max_rounds=max_rounds)
+        described = report.describe()
+        if as_json:
+            click.echo(json.dumps(described, indent=2, default=str))
+            return
+        verb = "would compensate" if dry_run else "compensated"
+        order = described["compensate_in_order"]
+        click.echo(f"{verb} {len(order)} transaction(s) of {query}/{batch} ({mode}, scope {scope}), in order:")
+        for line in order:
+            click.echo(f"  {line}")
+        if described["already_compensated"]:
+            click.echo(f"already compensated before: {', '.join(described['already_compensated'])}")
+        click.echo(f"interfering: {'yes' if described['interfering'] else 'no (non-intrusive)'}"
+                   + (f" — batches losing completion: {', '.join(described['losing_completion'])}"
+                      if described["interfering"] else ""))
+        if described["partially_dropped"]:
+            click.echo(f"partially dropped batches: {', '.join(described['partially_dropped'])}")
+        if described["kept"]:
+            click.echo(f"kept (monotonic execution broken): {', '.join(described['kept'])}")
+        for line in described["unsafe"]:
+            click.echo(f"UNSAFE undo: {line}")
+        for tid in described["missing_compensation"]:
+            click.echo(f"NO COMPENSATION for {tid}: declare one (--app) or opt its tables into before-image undo")
+        cover = described["independent_scover"]
+        if cover is not None and cover["cut_at_bound"]:
+            click.echo(f"independent scover cut at the {cover['cut_at_bound']} bound after {cover['rounds']} rounds")
+    finally:
+        db.close()
+
+
+@batches_group.command("prune")
+@click.option("--older-than", type=float, required=True, help="Seconds.")
+@click.pass_context
+def prune(ctx: click.Context, older_than: float) -> None:
+    """Forget lineage recorded more than --older-than seconds ago."""
+    db = _open(ctx, writes=True)
+    try:
+        click.echo(f"forgot {db.batches.prune(older_than=older_than)} transaction(s)")
+    finally:
+        db.close()
+
+
+def register_commands(main_group: click.Group) -> None:
+    """Add ``activedb batches`` to the ``activedb`` command group."""
+    main_group.add_command(batches_group, "batches")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(batches_group())

@@ -1,0 +1,350 @@
+"""Compensation of a source batch: which transactions, in which order, with what, and what it costs
+other batches (Vidyasankar, *On Atomic Batch Executions in Stream Processing*, §2–§4).
+
+:func:`plan` decides, from the recorded graph, without changing anything:
+
+* **scope** — ``batch``: ``𝒯(b)``; ``independent``: ``𝒯`` of every batch of the independent scover of
+  ``b`` (Fig. 2 option (c));
+* **mode** — ``full``: every transaction of the scope (Fig. 2 option (b)); ``non-intrusive``: only the
+  transactions that belong to no other source batch's composite transaction — a prefix of ``GT(𝒯(b))``
+  (a transaction shared with another batch has all its descendants shared too, so the set is closed
+  under predecessors), never interfering (Fig. 2 option (a));
+* **interference** — a compensated transaction that also belongs to ``𝒯(x)`` of a source batch ``x``
+  outside the scope takes ``x``'s completion away: ``losing_completion``;
+* **partially dropped batches** (§4a) — a batch that still exists (a source batch outside the scope, or
+  a derived batch whose producer is kept) but whose consumer is compensated: it is no longer used in
+  every execution it was used in;
+* **kept** — transactions of ``𝒯(b)`` a non-intrusive compensation leaves (``b``'s monotonic execution
+  is broken, as the paper says it may be);
+* **unsafe undo** — a before-image undo of a row that a later transaction wrote (the current image is
+  not the one the compensated transaction left) or whose transaction's output a kept transaction read
+  (it consumed a batch the compensated one produced, or names it as parent).
+
+:func:`execute` runs the plan in reverse topological order, one new top-level transaction per
+compensated transaction, whose flush records ``compensates = <log id>`` in ``activedb_lineage``
+(UNIQUE): a transaction is compensated at most once, and running the same compensation again after a
+crash skips exactly the ones that committed.
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import networkx as nx
+import sqlalchemy as sa
+
+from activedb.events import Event, EventKind
+from activedb.errors import DatabaseError
+from activedb.store import jsonable
+
+from activedb.atomic._graph import (IndependentScover, LineageExplorer, TransactionLineage, composite,
+                                    independent_scover)
+from activedb.atomic._lineage import BatchRef, record_of
+from activedb.atomic.errors import CompensationFailed, NoCompensation, UnknownBatch, UnsafeUndo
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.atomic._batches import Batches
+
+logger = logging.getLogger("activedb.atomic")
+
+
+class Mode(enum.Enum):
+    FULL = "full"
+    NON_INTRUSIVE = "non-intrusive"
+
+
+class Scope(enum.Enum):
+    BATCH = "batch"
+    INDEPENDENT = "independent"
+
+
+@dataclass
+class UndoRow:
+    transaction_id: str
+    table: str
+    key: Any
+    before: dict | None
+    after: dict | None
+
+
+@dataclass
+class Unsafe:
+    """A before-image undo that would lose or contradict what a later transaction did."""
+
+    transaction_id: str
+    table: str | None
+    key: Any
+    reason: str
+
+
+@dataclass
+class CompensationPlan:
+    batch: BatchRef
+    mode: Mode
+    scope: Scope
+    targets: set[BatchRef]
+    order: list[str]                       # reverse topological order: what runs, first to last
+    already: set[str]                      # compensated before (skipped)
+    losing_completion: set[BatchRef]       # source batches outside the scope whose 𝒯 loses a transaction
+    partially_dropped: set[BatchRef]
+    kept: set[str]                         # of 𝒯(targets), left in place (non-intrusive)
+    unsafe: list[Unsafe]
+    missing: list[str]                     # transactions with effects and nothing that undoes them
+    cover: IndependentScover | None = None
+    nodes: dict[str, TransactionLineage] = field(default_factory=dict)
+    undo: dict[str, list[UndoRow]] = field(default_factory=dict)
+
+    @property
+    def interfering(self) -> bool:
+        return bool(self.losing_completion)
+
+    def describe(self) -> dict:
+        return {
+            "batch": str(self.batch), "mode": self.mode.value, "scope": self.scope.value,
+            "targets": sorted(map(str, self.targets)),
+            "compensate_in_order": [self._label(tid) for tid in self.order],
+            "already_compensated": sorted(self.already),
+            "interfering": self.interfering,
+            "losing_completion": sorted(map(str, self.losing_completion)),
+            "partially_dropped": sorted(map(str, self.partially_dropped)),
+            "kept": sorted(self._label(tid) for tid in self.kept),
+            "unsafe": [f"{item.transaction_id} {item.table or ''} {item.key if item.key is not None else ''}: "
+                       f"{item.reason}".replace("  ", " ") for item in self.unsafe],
+            "missing_compensation": sorted(self.missing),
+            "independent_scover": None if self.cover is None else {
+                "batches": sorted(map(str, self.cover.batches)), "rounds": self.cover.rounds,
+                "cut_at_bound": None if self.cover.cut is None else self.cover.cut.value},
+        }
+
+    def _label(self, tid: str) -> str:
+        node = self.nodes.get(tid)
+        return f"{tid} ({node.name})" if node is not None and node.name else tid
+
+
+@dataclass
+class CompensationReport:
+    plan: CompensationPlan
+    dry_run: bool
+    compensated: list[str] = field(default_factory=list)   # by this call, in order
+    compensating: dict[str, str] = field(default_factory=dict)   # compensated -> compensating log id
+
+    def describe(self) -> dict:
+        return {**self.plan.describe(), "dry_run": self.dry_run, "compensated": self.compensated,
+                "compensating_transactions": self.compensating}
+
+
+def _memberships(explorer: LineageExplorer, tid: str) -> set[BatchRef]:
+    """The source batches ``b`` with ``tid ∈ 𝒯(b)``: those consumed by ``tid`` or an ancestor."""
+    ancestors, _ = explorer.ancestors_or_self([tid])
+    refs: set[BatchRef] = set()
+    for node in explorer.load(ancestors).values():
+        refs |= {ref for ref in node.consumed if explorer.is_source(ref)}
+    return refs
+
+
+def plan(batches: "Batches", explorer: LineageExplorer, batch: BatchRef, *, mode: Mode, scope: Scope,
+         max_rounds: int, max_transactions: int, consecutive: bool) -> CompensationPlan:
+    if not explorer.consumers([batch]):
+        raise UnknownBatch(f"no recorded transaction consumed batch {batch}; `activedb batches show` lists "
+                           f"what lineage knows (lineage older than the retention may have been pruned)")
+    cover = None
+    if scope is Scope.INDEPENDENT:
+        cover = independent_scover(explorer, batch, max_rounds=max_rounds, max_transactions=max_transactions,
+                                   consecutive=consecutive)
+        targets = set(cover.batches) | {batch}
+    else:
+        targets = {batch}
+    everything: set[str] = set()
+    for target in targets:
+        members, _ = composite(explorer, target)
+        everything |= members
+    others = {tid: _memberships(explorer, tid) - targets for tid in everything}
+    if mode is Mode.FULL:
+        chosen = set(everything)
+    else:
+        chosen = {tid for tid in everything if not others[tid]}
+    nodes = explorer.load(everything)
+    already = {tid for tid in chosen if nodes[tid].compensated_by is not None}
+    graph = explorer.graph(chosen)
+    order = [tid for tid in reversed(list(nx.topological_sort(graph))) if tid not in already]
+    losing = set().union(*(others[tid] for tid in chosen)) if chosen else set()
+    partially = _partially_dropped(explorer, chosen, targets)
+    kept = everything - chosen
+    undo = _undo_rows(explorer.connection, order)
+    unsafe = _unsafe(batches, explorer, chosen, kept, undo)
+    missing = _missing(batches, explorer.connection, nodes, order, undo)
+    return CompensationPlan(batch, mode, scope, targets, order, already, losing, partially, kept, unsafe,
+                            missing, cover, nodes, undo)
+
+
+def _partially_dropped(explorer: LineageExplorer, chosen: set[str], targets: set[BatchRef]) -> set[BatchRef]:
+    result: set[BatchRef] = set()
+    for node in explorer.load(chosen).values():
+        for ref in node.consumed:
+            producers = explorer.producers([ref])
+            still_exists = (ref not in targets) if not producers else not producers <= chosen
+            if still_exists:
+                result.add(ref)
+    return result
+
+
+def _undo_rows(connection: sa.Connection, ids: list[str]) -> dict[str, list[UndoRow]]:
+    rows: dict[str, list[UndoRow]] = {}
+    for row in connection.execute(sa.text(
+            "SELECT transaction_id, table_name, row_key, before_image, after_image FROM activedb_lineage_undo "
+            " WHERE transaction_id = ANY(:ids) ORDER BY transaction_id, seq"), {"ids": list(ids)}):
+        key = tuple(row.row_key) if isinstance(row.row_key, list) else row.row_key
+        rows.setdefault(row.transaction_id, []).append(
+            UndoRow(row.transaction_id, row.table_name, key, row.before_image, row.after_image))
+    return rows
+
+
+def _current_image(connection: sa.Connection, catalog, table_name: str, key: Any) -> dict | None:
+    table = catalog.table(table_name)
+    columns = list(table.primary_key.columns)
+    values = key if isinstance(key, tuple) else (key,)
+    row = connection.execute(sa.select(table).where(*[column == value for column, value in zip(columns, values)])
+                             ).mappings().first()
+    return None if row is None else jsonable(dict(row))
+
+
+def _unsafe(batches: "Batches", explorer: LineageExplorer, chosen: set[str], kept: set[str],
+            undo: dict[str, list[UndoRow]]) -> list[Unsafe]:
+    found: list[Unsafe] = []
+    catalog = batches.db.catalog
+    for tid, rows in undo.items():
+        readers = explorer.children([tid]) - chosen
+        if readers:
+            found.append(Unsafe(tid, None, None, f"its output was read by transactions that are not compensated: "
+                                                 f"{', '.join(sorted(readers))}"))
+        for row in rows:
+            if _current_image(explorer.connection, catalog, row.table, row.key) != row.after:
+                later = _later_writers(explorer.connection, row, chosen)
+                who = f" (recorded later writers: {', '.join(later)})" if later else ""
+                found.append(Unsafe(tid, row.table, row.key,
+                                    f"a later transaction changed the row after it{who}: restoring its "
+                                    f"before-image would lose that change"))
+    return found
+
+
+def _later_writers(connection: sa.Connection, row: UndoRow, chosen: set[str]) -> list[str]:
+    found = connection.execute(sa.text(
+        "SELECT u.transaction_id FROM activedb_lineage_undo u JOIN activedb_lineage l USING (transaction_id) "
+        " WHERE u.table_name = :t AND u.row_key = CAST(:k AS jsonb) AND l.recorded_at >= "
+        "       (SELECT recorded_at FROM activedb_lineage WHERE transaction_id = :id) AND u.transaction_id <> :id"),
+        {"t": row.table, "k": json.dumps(jsonable(row.key)), "id": row.transaction_id}).scalars()
+    return sorted(tid for tid in found if tid not in chosen)
+
+
+def _missing(batches: "Batches", connection: sa.Connection, nodes: dict[str, TransactionLineage], order: list[str],
+             undo: dict[str, list[UndoRow]]) -> list[str]:
+    candidates = [tid for tid in order if not batches.has_compensation_for(nodes[tid]) and tid not in undo]
+    if not candidates:
+        return []
+    written = dict(connection.execute(sa.text(
+        "SELECT transaction_id, rows_written FROM activedb_transaction_log WHERE transaction_id = ANY(:ids)"),
+        {"ids": candidates}).all())
+    return [tid for tid in candidates if written.get(tid, 0)]
+
+
+# --- execution ------------------------------------------------------------------------------------
+
+def execute(batches: "Batches", compensation: CompensationPlan, *, allow_unsafe: bool) -> CompensationReport:
+    report = CompensationReport(compensation, dry_run=False)
+    if compensation.missing:
+        raise NoCompensation(
+            f"compensating {compensation.batch}: {', '.join(compensation.missing)} wrote rows and nothing undoes "
+            f"them; declare a compensation (db.batches.compensation / rule_compensation / "
+            f"transaction_compensation) or opt their tables into db.batches.undo_by_before_image(...) — nothing "
+            f"was compensated")
+    if compensation.unsafe and not allow_unsafe:
+        details = "; ".join(f"{item.transaction_id}: {item.reason}" for item in compensation.unsafe)
+        raise UnsafeUndo(
+            f"compensating {compensation.batch} by before-images is unsafe: {details}. Nothing was compensated; "
+            f"compensate with mode='full' (or a larger scope), declare logical compensations, or pass "
+            f"allow_unsafe=True to restore the images anyway")
+    for tid in compensation.order:
+        node = compensation.nodes[tid]
+        try:
+            with batches.db.transaction(name=f"compensate:{tid}") as tx:
+                record = record_of(tx)
+                with record.mutex:
+                    record.compensates = tid
+                _apply(batches, tx, node, compensation.undo.get(tid, []), allow_unsafe)
+                report.compensating[tid] = tx.log_id
+        except DatabaseError as error:
+            if error.sqlstate == "23505" and _compensated(batches, tid):
+                logger.info("%s was compensated meanwhile by another run; skipped", tid)
+                continue
+            raise CompensationFailed(
+                f"compensating {tid} failed: {error}; {len(report.compensated)} transaction(s) before it were "
+                f"compensated and recorded — run the same compensation again to resume") from error
+        except (UnsafeUndo, NoCompensation):
+            raise
+        except Exception as error:
+            raise CompensationFailed(
+                f"compensating {tid} failed: {error!r}; {len(report.compensated)} transaction(s) before it were "
+                f"compensated and recorded — fix the cause and run the same compensation again to resume"
+            ) from error
+        report.compensated.append(tid)
+    return report
+
+
+def _compensated(batches: "Batches", tid: str) -> bool:
+    with batches.db.engine.connect() as connection:
+        return connection.execute(sa.text("SELECT 1 FROM activedb_lineage WHERE compensates = :id"),
+                                  {"id": tid}).first() is not None
+
+
+def _apply(batches: "Batches", tx, node: TransactionLineage, undo: list[UndoRow], allow_unsafe: bool) -> None:
+    """Undo ``node`` inside ``tx``: its notes newest first, its named-transaction compensation, then the
+    before-images of its undoable rows, newest first."""
+    for note in reversed(node.notes):
+        if note.get("kind") == "rule":
+            function = batches.rule_compensation_of(note["rule"])
+            function(tx, decode_event(note["event"]))
+        else:
+            function = batches.compensation_of(note["action"])
+            function(tx, **note.get("args", {}))
+    if node.name is not None and batches.transaction_compensation_of(node.name) is not None:
+        batches.transaction_compensation_of(node.name)(tx, node)
+    for row in reversed(undo):
+        current = tx.read(row.table, row.key)
+        if jsonable(current) != row.after and not allow_unsafe:
+            raise UnsafeUndo(f"row {row.key!r} of {row.table!r} changed after {row.transaction_id} wrote it; "
+                             f"nothing of this compensation step was written")
+        if row.before is None:
+            if current is not None:
+                tx.delete(row.table, row.key)
+        else:
+            tx.write(row.table, row.key, **_typed(batches, row.table, row.before))
+
+
+def _typed(batches: "Batches", table_name: str, image: dict) -> dict:
+    """A JSON image back into the column types (datetimes were stored as ISO-8601 text)."""
+    table = batches.db.table(table_name)
+    keys = {column.name for column in table.primary_key.columns}
+    values = {}
+    for name, value in image.items():
+        if name in keys or name not in table.c:
+            continue
+        try:
+            python_type = table.c[name].type.python_type
+        except NotImplementedError:
+            python_type = None
+        if isinstance(value, str) and python_type in (datetime.datetime, datetime.date, datetime.time):
+            value = python_type.fromisoformat(value)
+        values[name] = value
+    return values
+
+
+def decode_event(data: dict) -> Event:
+    """A recorded event (JSON) back as an :class:`activedb.Event`; values are as JSON stored them."""
+    key = tuple(data["key"]) if isinstance(data.get("key"), list) else data.get("key")
+    return Event(EventKind(data["kind"]), data.get("source"), key, data.get("old"), data.get("new"),
+                 data.get("payload") or {}, data.get("ts"), data.get("transaction"))

@@ -1,0 +1,319 @@
+"""The recorded transaction graph and the paper's sets over it (Vidyasankar, *On Atomic Batch Executions
+in Stream Processing*, §2–§3).
+
+The graph ``GT(𝐓)`` of all recorded composite transactions: a node per recorded top-level transaction
+(its log id); an edge ``X → Y`` when Y was triggered by X — Y named X as a parent, or Y consumed a batch X
+produced, or (with the detached-rule outbox) Y ran a firing X triggered.  Compensating transactions are
+not part of it.
+
+It is explored from the database on demand (:class:`LineageExplorer`): the sets below only ever load
+the part of the graph they reach, and a closure that keeps growing is cut at the caller's bound.
+
+* :func:`composite` — ``𝒯(b)``, the batch composite transaction of a batch: the transactions whose input
+  is ``b`` and everything they trigger, directly or not;
+* :func:`scover` — the *source covering batch set* of a set of batches: the source batches they are
+  derived from;
+* :func:`independent_scover` — the §3 closure ``D_1, U_1, D_2, U_2, …`` (descendants, then ancestors,
+  alternately) until ``U_k = U_{k-1}``; its source batches are the independent scover.
+
+Thread-safety: an explorer belongs to one caller (one connection); the functions are pure otherwise.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import networkx as nx
+import sqlalchemy as sa
+
+from activedb.atomic._lineage import BatchRef
+
+
+@dataclass
+class TransactionLineage:
+    """One recorded top-level transaction, as read back."""
+
+    transaction_id: str
+    name: str | None
+    recorded_at: object
+    parents: tuple[str, ...]
+    consumed: tuple[BatchRef, ...]
+    produced: tuple[BatchRef, ...]
+    notes: list[dict]
+    compensates: str | None = None
+    compensated_by: str | None = None
+
+
+class LineageExplorer:
+    """Loads recorded transactions and their neighbours from PostgreSQL, caching what it read."""
+
+    def __init__(self, connection: sa.Connection):
+        self.connection = connection
+        self.nodes: dict[str, TransactionLineage] = {}
+        self._children: dict[str, set[str]] = {}
+        self._parents: dict[str, set[str]] = {}
+        self._consumers: dict[BatchRef, set[str]] = {}
+        self._producers: dict[BatchRef, set[str]] = {}
+        self._has_outbox = connection.execute(sa.text(
+            "SELECT to_regclass('activedb_outbox') IS NOT NULL")).scalar()
+
+    # --- loading -------------------------------------------------------------------------------
+
+    def load(self, ids: Iterable[str]) -> dict[str, TransactionLineage]:
+        wanted = [tid for tid in set(ids) if tid not in self.nodes]
+        if wanted:
+            rows = self.connection.execute(sa.text(
+                "SELECT l.transaction_id, l.name, l.recorded_at, l.parents, l.notes, l.compensates, "
+                "       c.transaction_id AS compensated_by "
+                "  FROM activedb_lineage l LEFT JOIN activedb_lineage c ON c.compensates = l.transaction_id "
+                " WHERE l.transaction_id = ANY(:ids)"), {"ids": wanted}).all()
+            batches: dict[str, tuple[list, list]] = {row.transaction_id: ([], []) for row in rows}
+            for row in self.connection.execute(sa.text(
+                    "SELECT transaction_id, role, query_id, batch_id FROM activedb_lineage_batches "
+                    " WHERE transaction_id = ANY(:ids) ORDER BY query_id, batch_id"), {"ids": wanted}):
+                batches[row.transaction_id][0 if row.role == "C" else 1].append(BatchRef(row.query_id, row.batch_id))
+            for row in rows:
+                consumed, produced = batches[row.transaction_id]
+                self.nodes[row.transaction_id] = TransactionLineage(
+                    row.transaction_id, row.name, row.recorded_at, tuple(row.parents), tuple(consumed),
+                    tuple(produced), list(row.notes), row.compensates, row.compensated_by)
+        return {tid: self.nodes[tid] for tid in ids if tid in self.nodes}
+
+    def consumers(self, refs: Iterable[BatchRef]) -> set[str]:
+        return self._by_batch(refs, "C", self._consumers)
+
+    def producers(self, refs: Iterable[BatchRef]) -> set[str]:
+        return self._by_batch(refs, "P", self._producers)
+
+    def _by_batch(self, refs: Iterable[BatchRef], role: str, cache: dict[BatchRef, set[str]]) -> set[str]:
+        refs = set(refs)
+        missing = [ref for ref in refs if ref not in cache]
+        if missing:
+            for ref in missing:
+                cache[ref] = set()
+            for row in self.connection.execute(sa.text(
+                    "SELECT b.query_id, b.batch_id, b.transaction_id FROM activedb_lineage_batches b "
+                    "  JOIN unnest(CAST(:queries AS text[]), CAST(:batches AS text[])) AS w(query_id, batch_id) "
+                    "    ON b.query_id = w.query_id AND b.batch_id = w.batch_id "
+                    "  JOIN activedb_lineage l ON l.transaction_id = b.transaction_id "
+                    " WHERE b.role = :role AND l.compensates IS NULL"),
+                    {"queries": [ref.query_id for ref in missing], "batches": [ref.batch_id for ref in missing],
+                     "role": role}):
+                cache[BatchRef(row.query_id, row.batch_id)].add(row.transaction_id)
+        found: set[str] = set()
+        for ref in refs:
+            found |= cache[ref]
+        return found
+
+    def children(self, ids: Iterable[str]) -> set[str]:
+        """Transactions triggered by any of ``ids``: named as parent, consumers of their output batches,
+        runs of their detached firings (outbox)."""
+        ids = set(ids)
+        missing = [tid for tid in ids if tid not in self._children]
+        if missing:
+            for tid in missing:
+                self._children[tid] = set()
+            for row in self.connection.execute(sa.text(
+                    "SELECT transaction_id, parents FROM activedb_lineage WHERE parents && CAST(:ids AS text[])"),
+                    {"ids": missing}):
+                for parent in row.parents:
+                    if parent in self._children:
+                        self._children[parent].add(row.transaction_id)
+            if self._has_outbox:
+                for row in self.connection.execute(sa.text(
+                        "SELECT DISTINCT trigger_log_id, transaction_id FROM activedb_outbox "
+                        " WHERE trigger_log_id = ANY(:ids) AND status = 'done' AND transaction_id IS NOT NULL"),
+                        {"ids": missing}):
+                    self._children[row.trigger_log_id].add(row.transaction_id)
+            nodes = self.load(missing)
+            for tid in missing:
+                node = nodes.get(tid)
+                if node is not None and node.produced:
+                    self._children[tid] |= self.consumers(node.produced)
+        result: set[str] = set()
+        for tid in ids:
+            result |= self._children[tid]
+        self.load(result)
+        return {tid for tid in result if tid in self.nodes and self.nodes[tid].compensates is None}
+
+    def parents(self, ids: Iterable[str]) -> set[str]:
+        ids = set(ids)
+        missing = [tid for tid in ids if tid not in self._parents]
+        if missing:
+            nodes = self.load(missing)
+            for tid in missing:
+                found: set[str] = set()
+                node = nodes.get(tid)
+                if node is not None:
+                    found |= set(node.parents)
+                    if node.consumed:
+                        found |= self.producers(node.consumed)
+                self._parents[tid] = found
+            if self._has_outbox:
+                for row in self.connection.execute(sa.text(
+                        "SELECT DISTINCT trigger_log_id, transaction_id FROM activedb_outbox "
+                        " WHERE transaction_id = ANY(:ids) AND status = 'done' AND trigger_log_id IS NOT NULL"),
+                        {"ids": missing}):
+                    self._parents[row.transaction_id].add(row.trigger_log_id)
+        result: set[str] = set()
+        for tid in ids:
+            result |= self._parents[tid]
+        self.load(result)
+        return {tid for tid in result if tid in self.nodes}
+
+    def is_source(self, ref: BatchRef) -> bool:
+        """A source batch: no recorded transaction produced it (it came from outside)."""
+        return not self.producers([ref])
+
+    def known_batches(self, query_id: str) -> list[str]:
+        return list(self.connection.execute(sa.text(
+            "SELECT DISTINCT batch_id FROM activedb_lineage_batches WHERE query_id = :q AND role = 'C'"),
+            {"q": query_id}).scalars())
+
+    # --- closures ------------------------------------------------------------------------------
+
+    def descendants_or_self(self, ids: Iterable[str], limit: int | None = None) -> tuple[set[str], bool]:
+        """``(closure, cut)``: ``cut`` if it was stopped at ``limit`` transactions."""
+        return self._closure(ids, self.children, limit)
+
+    def ancestors_or_self(self, ids: Iterable[str], limit: int | None = None) -> tuple[set[str], bool]:
+        return self._closure(ids, self.parents, limit)
+
+    def _closure(self, ids, step, limit) -> tuple[set[str], bool]:
+        seen = set(ids)
+        frontier = set(seen)
+        while frontier:
+            if limit is not None and len(seen) > limit:
+                return seen, True
+            frontier = step(frontier) - seen
+            seen |= frontier
+        return seen, False
+
+    def graph(self, ids: Iterable[str]) -> nx.DiGraph:
+        """The subgraph of ``GT(𝐓)`` induced by ``ids`` (nodes carry their :class:`TransactionLineage`)."""
+        ids = set(ids)
+        graph = nx.DiGraph()
+        for tid, node in self.load(ids).items():
+            graph.add_node(tid, lineage=node)
+        for tid in ids:
+            for child in self.children([tid]) & ids:
+                graph.add_edge(tid, child)
+        return graph
+
+
+# --- the paper's sets ------------------------------------------------------------------------------
+
+def composite(explorer: LineageExplorer, batch: BatchRef, limit: int | None = None) -> tuple[set[str], bool]:
+    """``𝒯(b)`` (§3): the transactions whose input is ``batch`` and every transaction they trigger."""
+    return explorer.descendants_or_self(explorer.consumers([batch]), limit)
+
+
+def source_batches(explorer: LineageExplorer, ids: Iterable[str]) -> set[BatchRef]:
+    """The source batches input to the transactions ``ids``."""
+    refs: set[BatchRef] = set()
+    for node in explorer.load(ids).values():
+        refs |= set(node.consumed)
+    return {ref for ref in refs if explorer.is_source(ref)}
+
+
+def scover(explorer: LineageExplorer, batches: Iterable[BatchRef], *, consecutive: bool = False) -> set[BatchRef]:
+    """The source covering batch set of ``batches`` (§2, by derivation): a source batch covers itself; a
+    derived batch is covered by the source batches its producers and their ancestors consumed.
+    ``consecutive``: fill the gaps in each query's batch order (§4b, relaxed batch order)."""
+    result: set[BatchRef] = set()
+    for ref in batches:
+        producers = explorer.producers([ref])
+        if not producers:
+            result.add(ref)
+            continue
+        ancestors, _ = explorer.ancestors_or_self(producers)
+        result |= source_batches(explorer, ancestors)
+    return fill_gaps(explorer, result) if consecutive else result
+
+
+def fill_gaps(explorer: LineageExplorer, refs: set[BatchRef]) -> set[BatchRef]:
+    """Make each query's batches consecutive in batch order (integer batch ids; others are left alone)."""
+    result = set(refs)
+    by_query: dict[str, list[int]] = {}
+    for ref in refs:
+        if ref.batch_id.lstrip("-").isdigit():
+            by_query.setdefault(ref.query_id, []).append(int(ref.batch_id))
+    for query_id, numbers in by_query.items():
+        low, high = min(numbers), max(numbers)
+        for batch_id in explorer.known_batches(query_id):
+            if batch_id.lstrip("-").isdigit() and low <= int(batch_id) <= high:
+                result.add(BatchRef(query_id, batch_id))
+    return result
+
+
+class BoundReached(enum.Enum):
+    """Why a closure stopped before its fixpoint."""
+
+    ROUNDS = "rounds"
+    TRANSACTIONS = "transactions"
+
+
+@dataclass
+class IndependentScover:
+    """The result of the §3 iteration: ``batches`` (the source batches input to ``transactions`` = the
+    last ``U``), ``rounds`` (``k``), and, if the closure was cut at the caller's bound before ``U_k =
+    U_{k-1}``, ``cut`` says which bound (``batches`` is then *not* independent: compensating it interferes
+    with the batches in ``frontier`` — source batches the next round would have added)."""
+
+    batch: BatchRef
+    batches: set[BatchRef]
+    transactions: set[str]
+    rounds: int
+    cut: BoundReached | None = None
+    frontier: set[BatchRef] = field(default_factory=set)
+
+    @property
+    def complete(self) -> bool:
+        return self.cut is None
+
+
+def independent_scover(explorer: LineageExplorer, batch: BatchRef, *, max_rounds: int = 64,
+                       max_transactions: int = 100_000, consecutive: bool = False) -> IndependentScover:
+    """The independent scover of ``batch`` (§3): ``D_1`` = the transactions whose input is ``batch`` and
+    their descendants; ``U_i`` = every transaction with a path to some ``X ∈ D_i`` (ancestors, ``D_i``
+    included); ``D_{i+1}`` = descendants of ``U_i`` **and of the other consumers of ``U_i``'s source
+    batches** (compensating a source batch compensates all of ``𝒯`` of it); stop when ``U_k = U_{k-1}``.
+    ``consecutive``: the source batches of each ``U_i`` are made consecutive in batch order (§4b).
+
+    Never loops forever: after ``max_rounds`` rounds or past ``max_transactions`` transactions the result
+    is returned with ``cut`` set (overlapping batches, §4a / Fig. 4, grow it without end)."""
+    seeds = explorer.consumers([batch])
+    upper: set[str] = set()
+    rounds = 0
+    while True:
+        rounds += 1
+        grown, cut = _round(explorer, seeds | upper, max_transactions)
+        if cut:
+            return IndependentScover(batch, _sources(explorer, upper, consecutive), upper | grown, rounds,
+                                     BoundReached.TRANSACTIONS,
+                                     _sources(explorer, grown, consecutive) - _sources(explorer, upper, consecutive))
+        sources = _sources(explorer, grown, consecutive)
+        seeds = explorer.consumers(sources)
+        if grown == upper and seeds <= grown:
+            return IndependentScover(batch, sources, grown, rounds)
+        if rounds >= max_rounds:
+            # What the next round would pull in, for the report (itself bounded).
+            following, _ = _round(explorer, seeds | grown, max_transactions)
+            return IndependentScover(batch, sources, grown, rounds, BoundReached.ROUNDS,
+                                     _sources(explorer, following, consecutive) - sources)
+        upper = grown
+
+
+def _round(explorer: LineageExplorer, start: set[str], limit: int) -> tuple[set[str], bool]:
+    """One ``D_i`` then ``U_i``: ``(U_i, cut)``."""
+    down, cut = explorer.descendants_or_self(start, limit)
+    if cut:
+        return down, True
+    return explorer.ancestors_or_self(down, limit)
+
+
+def _sources(explorer: LineageExplorer, transactions: set[str], consecutive: bool) -> set[BatchRef]:
+    sources = source_batches(explorer, transactions)
+    return fill_gaps(explorer, sources) if consecutive else sources

@@ -1,0 +1,257 @@
+"""Recording lineage: what a top-level transaction consumed, produced, who triggered it, what undoes it.
+
+Everything here plugs into the transaction manager's seams (``activedb/txn/README.md``); nothing edits
+``Transaction`` or ``RuleManager``:
+
+* :class:`LineageRecord` — the tree's lineage, kept in the **root's** typed slot
+  (``tx.root.slot(LineageRecord)``);
+* :class:`LineageWriter` — the commit participant that writes it inside the tree's one PostgreSQL
+  transaction (``write``: the lineage row, its batches, and the before-images of undoable rows read
+  ``FOR UPDATE``; ``about_to_commit``: their after-images), so a transaction is recorded exactly when its
+  effects are;
+* :class:`NoteParticipant` — one compensation note (a rule firing, a named action) enlisted on the node
+  that made it: it reaches the root only if that node and every ancestor below the root commit
+  (delegation), and is dropped with an aborted subtransaction;
+* :class:`UndoKeys` — a ``TransactionExtension`` that asks for old images of the tables opted into
+  generic before-image undo and collects the keys written there (registered only once a table is opted
+  in, so it costs nothing otherwise);
+* :class:`RuleNotes` — an ``Observer`` that notes every firing of a rule with a declared compensation
+  (registered only once one is declared).
+
+Thread-safety: ``LineageRecord.mutex`` protects the record's lists and its writer; every other object
+is immutable after construction or used by one flush at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable
+
+import sqlalchemy as sa
+
+from activedb.txn import CommitParticipant, Observer, TransactionExtension, TxnState
+from activedb.store import jsonable
+
+from activedb.atomic.errors import LineageError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb import Transaction
+    from activedb.atomic._batches import Batches
+
+
+@dataclass(frozen=True, order=True)
+class BatchRef:
+    """A batch of a stream: ``(query_id, batch_id)``; ids are text (a Spark batch id ``7`` is ``"7"``)."""
+
+    query_id: str
+    batch_id: str
+
+    @classmethod
+    def of(cls, query_id: Any, batch_id: Any) -> "BatchRef":
+        if isinstance(query_id, BatchRef):
+            return query_id
+        if not isinstance(query_id, str) or not query_id:
+            raise LineageError(f"a batch is (query_id, batch_id) with a non-empty text query id, got {query_id!r}")
+        if batch_id is None:
+            raise LineageError(f"batch of {query_id!r}: the batch id is missing")
+        return cls(query_id, str(batch_id))
+
+    def __str__(self) -> str:
+        return f"{self.query_id}/{self.batch_id}"
+
+
+@dataclass(eq=False)
+class LineageRecord:
+    """The lineage of one tree (the slot of its root).  ``mutex`` protects every field."""
+
+    mutex: threading.Lock = field(default_factory=threading.Lock)
+    consumed: dict[BatchRef, None] = field(default_factory=dict)     # ordered sets
+    produced: dict[BatchRef, None] = field(default_factory=dict)
+    parents: dict[str, None] = field(default_factory=dict)
+    compensates: str | None = None
+    notes: list[dict] = field(default_factory=list)                 # filled by the notes' before_flush
+    undo_keys: dict[tuple[str, Any], None] = field(default_factory=dict)
+    # Invariant: at most one LineageWriter per tree is enlisted at a time (None: none yet, or the node it
+    # was enlisted in aborted before delegating it).
+    writer: "LineageWriter | None" = None
+
+    def is_empty(self) -> bool:
+        return not (self.consumed or self.produced or self.parents or self.compensates or self.notes
+                    or self.undo_keys)
+
+
+def record_of(transaction: "Transaction") -> LineageRecord:
+    """The lineage record of ``transaction``'s tree, with its writer enlisted (on the root while the root
+    is active, else on ``transaction`` itself, whence it is delegated to the root)."""
+    root = transaction.root
+    if transaction.state in (TxnState.COMMITTED, TxnState.ABORTED) or root.state in (TxnState.COMMITTED,
+                                                                                    TxnState.ABORTED):
+        raise LineageError(f"cannot record lineage in {transaction.id}: its tree has ended "
+                           f"({root.state.value}); record it while the transaction runs")
+    record = root.slot(LineageRecord)
+    with record.mutex:
+        if record.writer is not None:
+            return record
+        writer = record.writer = LineageWriter(record)
+    target = root if root.state is TxnState.ACTIVE else transaction
+    try:
+        target.enlist(writer)
+    except Exception as error:
+        with record.mutex:
+            record.writer = None
+        raise LineageError(
+            f"cannot record lineage in {transaction.id}: {error}; record it while the transaction is active"
+        ) from error
+    return record
+
+
+class LineageWriter(CommitParticipant):
+    """Writes a tree's :class:`LineageRecord` in its flush (see the module docstring)."""
+
+    def __init__(self, record: LineageRecord):
+        self.record = record
+        # The connection of the flush attempt that wrote already (a retried flush, on a new connection,
+        # writes again; a writer enlisted twice writes once).  A weak reference: a dead connection's
+        # id may be reused by the next one.
+        self._written_on: weakref.ref | None = None
+        self._before: dict[tuple[str, Any], dict | None] = {}
+
+    def write(self, transaction: "Transaction", connection: sa.Connection) -> None:
+        if self._written_on is not None and self._written_on() is connection:
+            return
+        self._written_on = weakref.ref(connection)
+        record = self.record
+        with record.mutex:
+            consumed, produced = list(record.consumed), list(record.produced)
+            parents, notes, keys = list(record.parents), list(record.notes), list(record.undo_keys)
+            compensates = record.compensates
+        connection.execute(
+            sa.text("""
+                WITH row AS (
+                    INSERT INTO activedb_lineage (transaction_id, name, parents, compensates, notes)
+                    VALUES (:id, :name, :parents, :compensates, CAST(:notes AS jsonb))
+                    RETURNING transaction_id)
+                INSERT INTO activedb_lineage_batches (transaction_id, role, query_id, batch_id)
+                SELECT row.transaction_id, b.role, b.query_id, b.batch_id
+                  FROM row, unnest(CAST(:roles AS text[]), CAST(:queries AS text[]), CAST(:batches AS text[]))
+                       AS b(role, query_id, batch_id)
+                ON CONFLICT DO NOTHING"""),
+            {"id": transaction.log_id, "name": transaction.name, "parents": parents, "compensates": compensates,
+             "notes": json.dumps(notes),
+             "roles": ["C"] * len(consumed) + ["P"] * len(produced),
+             "queries": [ref.query_id for ref in consumed + produced],
+             "batches": [ref.batch_id for ref in consumed + produced]})
+        self._before = _images(transaction, connection, keys, lock=True) if keys else {}
+
+    def about_to_commit(self, transaction: "Transaction", connection: sa.Connection) -> None:
+        before = self._before
+        if not before:
+            return
+        after = _images(transaction, connection, list(before), lock=False)
+        rows = []
+        for (table_name, key), image in before.items():
+            new = after[(table_name, key)]
+            if new == image:
+                continue       # an aborted subtransaction's key, or a write of the same values
+            rows.append({"id": transaction.log_id, "seq": len(rows), "table": table_name,
+                         "key": json.dumps(jsonable(key)), "before": _json(image), "after": _json(new)})
+        if rows:
+            connection.execute(sa.text(
+                "INSERT INTO activedb_lineage_undo (transaction_id, seq, table_name, row_key, before_image, "
+                "after_image) VALUES (:id, :seq, :table, CAST(:key AS jsonb), CAST(:before AS jsonb), "
+                "CAST(:after AS jsonb))"), rows)
+
+    def aborted(self, transaction: "Transaction", error: BaseException | None) -> None:
+        record = self.record
+        with record.mutex:
+            if record.writer is self and not transaction.is_top_level:
+                record.writer = None    # dropped with a subtransaction: the next fact enlists a new one
+
+
+def _json(image: dict | None) -> str | None:
+    return None if image is None else json.dumps(jsonable(image))
+
+
+def _images(transaction: "Transaction", connection: sa.Connection, keys: list[tuple[str, Any]], *, lock: bool
+            ) -> dict[tuple[str, Any], dict | None]:
+    """Committed images (inside the flush) of ``(table, display key)`` rows; None where there is none."""
+    catalog = transaction.manager.catalog
+    by_table: dict[str, list] = {}
+    for table_name, key in keys:
+        by_table.setdefault(table_name, []).append(key)
+    images: dict[tuple[str, Any], dict | None] = {}
+    for table_name, display_keys in by_table.items():
+        table = catalog.table(table_name)
+        columns = [column for column in table.primary_key.columns]
+        normal = [key if isinstance(key, tuple) else (key,) for key in display_keys]
+        condition = (sa.tuple_(*columns).in_(normal) if len(columns) > 1
+                     else columns[0].in_([key[0] for key in normal]))
+        statement = sa.select(table).where(condition)
+        if lock:
+            statement = statement.with_for_update()
+        found = {tuple(row[column.name] for column in columns): dict(row)
+                 for row in connection.execute(statement).mappings()}
+        for display_key, key in zip(display_keys, normal):
+            images[(table_name, display_key)] = found.get(key)
+    return images
+
+
+class NoteParticipant(CommitParticipant):
+    """One compensation note, enlisted on the node that made it; reaches the root's record by delegation."""
+
+    def __init__(self, record: LineageRecord, note: dict):
+        self.record = record
+        self.note = note
+
+    def before_flush(self, transaction: "Transaction") -> None:
+        with self.record.mutex:
+            self.record.notes.append(self.note)
+
+
+def add_note(transaction: "Transaction", note: dict) -> None:
+    record = record_of(transaction)
+    transaction.enlist(NoteParticipant(record, note))
+
+
+def encode_event(event: Any) -> dict:
+    return jsonable({"kind": getattr(event.kind, "value", event.kind), "source": event.source, "key": event.key,
+                     "old": event.old, "new": event.new, "payload": event.payload, "ts": event.ts,
+                     "transaction": event.transaction})
+
+
+class UndoKeys(TransactionExtension):
+    """Collects the keys written in tables opted into before-image undo (see the module docstring)."""
+
+    def __init__(self, tables: Iterable[str] = ()):
+        self.tables = frozenset(tables)
+
+    def wants_old_images(self, table: str) -> bool:
+        return table in self.tables
+
+    def on_event(self, transaction: "Transaction", event: Any) -> None:
+        if event.source not in self.tables or event.old is event.new is None:
+            return
+        if getattr(event.kind, "value", None) not in ("inserted", "updated", "deleted"):
+            return
+        key = event.key if not isinstance(event.key, list) else tuple(event.key)
+        record = record_of(transaction)
+        with record.mutex:
+            record.undo_keys[(event.source, key)] = None
+
+
+class RuleNotes(Observer):
+    """Notes every firing of a rule with a declared compensation, in the firing's own transaction."""
+
+    def __init__(self, batches: "Batches"):
+        self.batches = batches
+
+    def on_firing_end(self, transaction: "Transaction", firing: Any, outcome: str) -> None:
+        # Called in the firing's own transaction, before it commits: the note commits (or is dropped)
+        # with the firing's effects.
+        name = firing.rule.name
+        if outcome != "executed" or not self.batches.has_rule_compensation(name):
+            return
+        add_note(transaction, {"kind": "rule", "rule": name, "event": encode_event(firing.event)})

@@ -1,0 +1,32 @@
+"""Every error and warning of ``activedb.atomic`` (atomic batches: lineage, scover, compensation)."""
+
+from __future__ import annotations
+
+from activedb.errors import ActivedbError
+
+
+class AtomicBatchError(ActivedbError):
+    """Base class of the errors of ``activedb.atomic``."""
+
+
+class LineageError(AtomicBatchError):
+    """Lineage was recorded wrongly (outside a transaction, on a finished one, with bad ids)."""
+
+
+class UnknownBatch(AtomicBatchError):
+    """No recorded transaction consumed or produced the batch that was named."""
+
+
+class NoCompensation(AtomicBatchError):
+    """A transaction to compensate has nothing that undoes it (no declared compensation, no undo images)."""
+
+
+class UnsafeUndo(AtomicBatchError):
+    """A before-image undo would overwrite rows a later transaction wrote or read after the one being
+    undone: the logical caveat of generic undo (Vidyasankar, *On Atomic Batch Executions in Stream
+    Processing*, §1, on sagas)."""
+
+
+class CompensationFailed(AtomicBatchError):
+    """A compensating transaction failed; the ones before it committed and are recorded, so running the
+    same compensation again resumes after them."""

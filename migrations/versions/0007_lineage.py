@@ -1,0 +1,74 @@
+"""Lineage of atomic batches (activedb.atomic): which batches each top-level transaction consumed and
+produced, which transactions triggered it, what undoes it, and which transaction compensated it.
+
+What this revision installs (the design note is ``activedb/atomic/README.md``):
+
+* ``activedb_lineage`` — one row per recorded top-level transaction, keyed by its transaction-log id
+  (``activedb_transaction_log.transaction_id``), written in the same PostgreSQL transaction as its
+  effects: ``parents`` (the log ids of the transactions that triggered it), ``compensates`` (for a
+  compensating transaction: the log id it undoes — UNIQUE, so a transaction is compensated at most
+  once), ``notes`` (the compensation actions recorded while it ran: rule firings and named actions);
+* ``activedb_lineage_batches`` — the batches each recorded transaction consumed (``C``) or produced
+  (``P``), as ``(query_id, batch_id)``;
+* ``activedb_lineage_undo`` — before and after images of the rows it wrote in tables whose generic
+  before-image undo was opted into (``db.batches.undo_by_before_image(table)``).
+
+The downgrade drops the three tables.
+
+Revision ID: 0007_lineage
+Revises: 0006_ingested_events
+Create Date: 2026-11-30
+"""
+from alembic import op
+
+revision = "0007_lineage"
+down_revision = "0006_ingested_events"
+branch_labels = None
+depends_on = None
+
+UPGRADE = """
+CREATE TABLE activedb_lineage (
+    transaction_id text PRIMARY KEY,
+    name text,
+    recorded_at timestamptz NOT NULL DEFAULT now(),
+    parents text[] NOT NULL DEFAULT '{}',
+    compensates text UNIQUE,
+    notes jsonb NOT NULL DEFAULT '[]'
+);
+CREATE INDEX activedb_lineage_parents ON activedb_lineage USING gin (parents);
+CREATE INDEX activedb_lineage_recorded_at ON activedb_lineage (recorded_at);
+
+CREATE TABLE activedb_lineage_batches (
+    transaction_id text NOT NULL REFERENCES activedb_lineage ON DELETE CASCADE,
+    role char(1) NOT NULL CHECK (role IN ('C', 'P')),
+    query_id text NOT NULL,
+    batch_id text NOT NULL,
+    PRIMARY KEY (transaction_id, role, query_id, batch_id)
+);
+CREATE INDEX activedb_lineage_batches_by_batch ON activedb_lineage_batches (query_id, batch_id, role);
+
+CREATE TABLE activedb_lineage_undo (
+    transaction_id text NOT NULL REFERENCES activedb_lineage ON DELETE CASCADE,
+    seq integer NOT NULL,
+    table_name text NOT NULL,
+    row_key jsonb NOT NULL,
+    before_image jsonb,
+    after_image jsonb,
+    PRIMARY KEY (transaction_id, seq)
+);
+CREATE INDEX activedb_lineage_undo_by_row ON activedb_lineage_undo (table_name, row_key);
+"""
+
+DOWNGRADE = """
+DROP TABLE activedb_lineage_undo;
+DROP TABLE activedb_lineage_batches;
+DROP TABLE activedb_lineage;
+"""
+
+
+def upgrade() -> None:
+    op.execute(UPGRADE)
+
+
+def downgrade() -> None:
+    op.execute(DOWNGRADE)

@@ -1,0 +1,38 @@
+"""``activedb batches show`` and ``compensate`` on Fig. 2 of the paper (merges)."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from activedb.cli import main
+
+from tests.atomic import _figures
+
+
+def test_show_and_compensate_figure2(db, database_url, tmp_path):
+    _figures.declare(db)
+    fig = _figures.figure2(db)
+    query, batch = fig.a(1)
+    runner = CliRunner()
+
+    def run(*args):
+        result = runner.invoke(main, ["--url", database_url, "batches", *args], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    picture = tmp_path / "fig2.png"
+    shown = run("show", query, batch, "--png", str(picture))
+    assert "𝒯(" in shown and "3 transaction(s)" in shown and "T31" in shown
+    assert "independent scover (2 rounds, complete)" in shown
+    assert picture.stat().st_size > 1000
+    data = json.loads(run("show", query, batch, "--json"))
+    assert fig.name_set(data["composite"]) == {"T11", "T21", "T31"} and len(data["independent_scover"]) == 6
+    dry = run("compensate", query, batch, "--dry-run")
+    assert "would compensate 3 transaction(s)" in dry and "interfering: yes" in dry
+    assert len(fig.in_effect()) == 10
+    done = json.loads(run("compensate", query, batch, "--mode", "non-intrusive", "--app", "tests.atomic._fig_app",
+                          "--json"))
+    assert not done["interfering"] and len(done["compensated"]) == 1
+    assert "T11" not in fig.in_effect() and len(fig.in_effect()) == 9

@@ -1,0 +1,182 @@
+"""Lineage is written in the same PostgreSQL transaction as the effects (or not at all), survives only
+committed subtransactions' notes, prunes on request; compensation by rule, by named transaction and by
+before-image undo, and the undo's unsafe cases detected and refused."""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+
+import pytest
+import sqlalchemy as sa
+
+from activedb.atomic.errors import LineageError, NoCompensation, UnsafeUndo
+
+
+def prefix() -> str:
+    return f"q{uuid.uuid4().hex[:8]}"
+
+
+def scalar(db, sql, **params):
+    with db.engine.connect() as connection:
+        return connection.execute(sa.text(sql), params).scalar()
+
+
+def test_lineage_commits_with_the_effects_and_not_without(db):
+    query = prefix()
+    with pytest.raises(RuntimeError):
+        with db.transaction() as tx:
+            db.batches.consumed(tx, query, 1)
+            tx.insert("items", key=f"{query}-x", value=1)
+            raise RuntimeError("the batch fails")
+    assert scalar(db, "SELECT count(*) FROM activedb_lineage_batches WHERE query_id = :q", q=query) == 0
+    with db.transaction(name="ingest") as tx:
+        db.batches.consumed(tx, query, 1)
+        db.batches.produced(tx, f"{query}-out", 7)
+        db.batches.triggered_by(tx, "elsewhere:T1")
+        tx.insert("items", key=f"{query}-x", value=1)
+    lineage = db.batches.transaction(tx.log_id)
+    assert [str(ref) for ref in lineage.consumed] == [f"{query}/1"]
+    assert [str(ref) for ref in lineage.produced] == [f"{query}-out/7"]
+    assert lineage.parents == ("elsewhere:T1",) and lineage.name == "ingest"
+    # The lineage row and the transaction-log row are the same transaction's.
+    assert scalar(db, "SELECT count(*) FROM activedb_transaction_log WHERE transaction_id = :t", t=tx.log_id) == 1
+    with pytest.raises(LineageError):
+        db.batches.consumed(tx, query, 2)            # finished transaction
+
+
+def test_notes_of_an_aborted_subtransaction_are_dropped(db):
+    query = prefix()
+    undone = []
+
+    @db.batches.compensation("undo-item")
+    def undo_item(tx, key):
+        undone.append(key)
+        tx.delete("items", key)
+
+    with db.transaction() as tx:
+        db.batches.consumed(tx, query, 1)
+        with tx.subtransaction() as kept:
+            kept.insert("items", key=f"{query}-kept", value=1)
+            db.batches.note(kept, "undo-item", key=f"{query}-kept")
+        with pytest.raises(RuntimeError):
+            with tx.subtransaction() as lost:
+                lost.insert("items", key=f"{query}-lost", value=1)
+                db.batches.note(lost, "undo-item", key=f"{query}-lost")
+                raise RuntimeError("this event fails alone")
+    assert [note["args"]["key"] for note in db.batches.transaction(tx.log_id).notes] == [f"{query}-kept"]
+    db.batches.compensate((query, 1))
+    assert undone == [f"{query}-kept"]
+    assert scalar(db, "SELECT count(*) FROM items WHERE key LIKE :p", p=f"{query}-%") == 0
+
+
+def test_rule_and_named_transaction_compensations(db):
+    query = prefix()
+
+    @db.rule(on=db.inserted("items"), name=f"audit-{query}")
+    def audit(tx, event):
+        if event.key.startswith(query):
+            tx.insert("events_seen", rule="audit", detail=event.key)
+
+    @db.batches.rule_compensation(f"audit-{query}")
+    def unaudit(tx, event):
+        for row in tx.scan("events_seen", {"detail": event.key}):
+            tx.delete("events_seen", row["id"])
+
+    @db.batches.transaction_compensation(f"load-{query}")
+    def unload(tx, lineage):
+        for ref in lineage.consumed:
+            tx.delete("items", f"{query}-{ref.batch_id}")
+
+    for batch_id in (1, 2):
+        with db.transaction(name=f"load-{query}") as tx:
+            db.batches.consumed(tx, query, batch_id)
+            tx.insert("items", key=f"{query}-{batch_id}", value=batch_id)
+    assert scalar(db, "SELECT count(*) FROM events_seen WHERE detail LIKE :p", p=f"{query}-%") == 2
+    report = db.batches.compensate((query, 1))
+    assert len(report.compensated) == 1
+    assert scalar(db, "SELECT count(*) FROM events_seen WHERE detail LIKE :p", p=f"{query}-%") == 1
+    assert scalar(db, "SELECT string_agg(key, ',') FROM items WHERE key LIKE :p", p=f"{query}-%") == f"{query}-2"
+    db.rules.remove(f"audit-{query}")
+
+
+def test_before_image_undo_and_its_unsafe_cases(db):
+    query = prefix()
+    db.batches.undo_by_before_image("accounts")
+    account = 900_000 + int(uuid.uuid4().int % 90_000)
+    with db.transaction() as tx:
+        tx.insert("accounts", id=account, owner="ann", balance=10)
+    with db.transaction() as tx:
+        db.batches.consumed(tx, query, 1)
+        tx.write("accounts", account, balance=15)
+        tx.insert("accounts", id=account + 1, owner="bob", balance=1)
+    plan = db.batches.plan((query, 1))
+    assert plan.unsafe == [] and plan.missing == []
+    # A later transaction changes the row: restoring the before-image would lose its change.
+    with db.transaction() as tx:
+        tx.write("accounts", account, balance=20)
+    plan = db.batches.plan((query, 1))
+    assert [item.key for item in plan.unsafe] == [account]
+    with pytest.raises(UnsafeUndo):
+        db.batches.compensate((query, 1))
+    assert scalar(db, "SELECT balance FROM accounts WHERE id = :i", i=account) == 20    # nothing done
+    with db.transaction() as tx:
+        tx.write("accounts", account, balance=15)        # the later change undone by hand
+    report = db.batches.compensate((query, 1))
+    assert len(report.compensated) == 1
+    assert scalar(db, "SELECT balance FROM accounts WHERE id = :i", i=account) == 10
+    assert scalar(db, "SELECT count(*) FROM accounts WHERE id = :i", i=account + 1) == 0
+
+
+def test_undo_is_unsafe_when_a_kept_transaction_read_its_output(db):
+    query = prefix()
+    db.batches.undo_by_before_image("items")
+    with db.transaction() as first:
+        db.batches.consumed(first, query, 1)
+        db.batches.produced(first, f"{query}-mid", 1)
+        first.insert("items", key=f"{query}-a", value=1)
+    with db.transaction() as second:
+        db.batches.consumed(second, query, 2)
+        db.batches.consumed(second, f"{query}-mid", 1)        # merges batch 1's output with batch 2
+        second.insert("items", key=f"{query}-b", value=2)
+    plan = db.batches.plan((query, 1), mode="non-intrusive")
+    assert plan.order == [first.log_id] and plan.kept == {second.log_id}
+    assert any(second.log_id in item.reason for item in plan.unsafe)
+    full = db.batches.plan((query, 1), mode="full")
+    assert full.unsafe == [] and full.interfering
+
+
+def test_a_transaction_with_effects_and_no_compensation_is_refused(db):
+    query = prefix()
+    with db.transaction() as tx:
+        db.batches.consumed(tx, query, 1)
+        tx.insert("pairs", a=1, b=int(uuid.uuid4().int % 1_000_000), value="x")
+    with pytest.raises(NoCompensation):
+        db.batches.compensate((query, 1))
+    assert db.batches.plan((query, 1)).missing == [tx.log_id]
+
+
+def test_prune_forgets_old_lineage(db):
+    query = prefix()
+    with db.transaction() as tx:
+        db.batches.consumed(tx, query, 1)
+    assert db.batches.prune(older_than=datetime.timedelta(hours=1)) == 0
+    assert db.batches.transaction(tx.log_id) is not None
+    assert db.batches.prune(older_than=0) >= 1
+    assert db.batches.transaction(tx.log_id) is None
+    assert scalar(db, "SELECT count(*) FROM activedb_lineage_batches WHERE query_id = :q", q=query) == 0
+
+
+def test_the_lineage_revision_round_trips(database_url):
+    import activedb
+    from activedb import _migrate
+
+    database = activedb.connect(database_url)
+    try:
+        assert _migrate.head() == "0007_lineage"
+        database.downgrade("0006_ingested_events")
+        assert scalar(database, "SELECT to_regclass('activedb_lineage') IS NULL")
+        database.upgrade("head")
+        assert scalar(database, "SELECT to_regclass('activedb_lineage_undo') IS NOT NULL")
+    finally:
+        database.close()

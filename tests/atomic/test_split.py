@@ -1,0 +1,63 @@
+"""A split batch (scale-out partitions, each its own top-level transaction consuming the same source
+batch) one partition of which is poisoned: compensate → the source batch leaves no effect; forward →
+it completes once the partition is fixed.  Nothing lost or doubled either way."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import sqlalchemy as sa
+
+
+def run_partitions(db, query, batch_id, partitions, poisoned=None):
+    """Partition K writes items ``<query>-K-<n>``; the poisoned one raises before committing."""
+    committed = []
+    for partition in range(partitions):
+        try:
+            with db.transaction(name="partition") as tx:
+                db.batches.consumed(tx, query, batch_id)
+                for number in range(3):
+                    tx.insert("items", key=f"{query}-{partition}-{number}", value=number)
+                if partition == poisoned:
+                    raise ValueError("poisoned partition")
+            committed.append(tx.log_id)
+        except ValueError:
+            pass
+    return committed
+
+
+def rows(db, query):
+    with db.engine.connect() as connection:
+        return connection.execute(sa.text("SELECT count(*) FROM items WHERE key LIKE :p"),
+                                  {"p": f"{query}-%"}).scalar()
+
+
+@pytest.fixture
+def undo_items(db):
+    db.batches.undo_by_before_image("items")
+    return db
+
+
+def test_compensate_a_split_batch_with_a_poisoned_partition(undo_items):
+    db = undo_items
+    query = f"split{uuid.uuid4().hex[:8]}"
+    committed = run_partitions(db, query, 7, partitions=3, poisoned=1)
+    assert len(committed) == 2 and rows(db, query) == 6
+    report = db.batches.settle_failed_split((query, 7), on_failure="compensate")
+    assert sorted(report.compensated) == sorted(committed) and not report.plan.interfering
+    assert rows(db, query) == 0                        # the source batch left no effect
+    assert db.batches.settle_failed_split((query, 7), on_failure="compensate").compensated == []
+
+
+def test_complete_a_split_batch_forward_after_the_fix(undo_items):
+    db = undo_items
+    query = f"split{uuid.uuid4().hex[:8]}"
+    run_partitions(db, query, 8, partitions=3, poisoned=1)
+    assert db.batches.settle_failed_split((query, 8), on_failure="forward") is None
+    assert rows(db, query) == 6
+    with db.transaction(name="partition") as tx:       # the fixed partition, applied again
+        db.batches.consumed(tx, query, 8)
+        for number in range(3):
+            tx.insert("items", key=f"{query}-1-{number}", value=number)
+    assert rows(db, query) == 9 and len(db.batches.composite((query, 8))) == 3
