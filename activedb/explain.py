@@ -19,9 +19,9 @@ Public interface::
 **What is drawn.** Nodes are activedb transactions (``T1`` top-level, ``T1.2`` its child) with their name,
 state (active, committing, committed, aborted; *waiting* when they wait for a lock or in a registered
 wait), the locks they **hold** (may use) and **retain** (inherited from committed children, Rule 2 of
-Härder–Rothermel locking) and the lock they wait for.  A node's own operations hold their locks through
-an internal lock-manager child, its *segment* (``T1.2#1``, see ``activedb/txn/README.md``); a segment is
-folded into its node.  Edges are the wait-for graph of the lock manager, every kind in one graph:
+Härder–Rothermel locking) and the lock they wait for.  A lock-manager transaction whose id extends a
+node's id with ``#`` (an internal helper of the node, if an embedder uses one) is folded into that node.
+Edges are the wait-for graph of the lock manager, every kind in one graph:
 
 * ``child``     parent → child: the tree itself (not a wait);
 * ``commit``    a parent waits for its active child to end (the lock manager's commit edge: declared while
