@@ -54,3 +54,31 @@ def test_the_commands_the_readme_documents_exist():
     for command in re.findall(r"`activedb ([a-z-]+)", text):
         result = CliRunner().invoke(main, [command, "--help"])
         assert result.exit_code == 0, f"README mentions `activedb {command}`: {result.output}"
+
+
+def _section_example(heading: str) -> str:
+    text = README.read_text()
+    section = text[text.index(heading):]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def _run_example(code: str, database_url: str, tmp_path: Path) -> str:
+    script = tmp_path / "example.py"
+    script.write_text(code)
+    environment = {**os.environ, "ACTIVEDB_DATABASE_URL": database_url, "ACTIVEDB_HOME": str(tmp_path / "home"),
+                   "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=environment, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_the_stream_transactions_example_runs_as_printed(database_url, tmp_path):
+    code = _section_example("## Pattern queries over the store")
+    assert "CREATE QUERY Q1 ON estream" in code and "CREATE RULE R1 ON OUTPUT Q1" in code
+    assert _run_example(code, database_url, tmp_path) == "warning\n"
+
+
+def test_the_state_transactions_example_runs_as_printed(database_url, tmp_path):
+    code = _section_example("## Batches of state transactions")
+    assert _run_example(code, database_url, tmp_path) == "room 2 0\n"
