@@ -48,7 +48,7 @@ class TpgHandler:
         self.last_pending: Any = None     # the last batch's PendingBatch (its mode, seconds, result)
 
     def accepted_types(self) -> frozenset[str] | None:
-        return frozenset(self.transactions.event_types()) or None
+        return frozenset(self.transactions.event_types) or None
 
     def handle(self, tx: Any, batch_input: BatchInput, ledger: IngestionLedger) -> None:
         from activedb import batch
