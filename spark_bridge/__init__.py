@@ -11,6 +11,10 @@ Public interface:
 * :class:`IngestSink` (the ``foreachBatch`` callable, also usable without Spark through
   :meth:`IngestSink.process`), :class:`PartitionedIngestSink`, :func:`sink_of`,
   :class:`IngestStatistics`, :class:`BatchOutcome`, :class:`PhaseTimings`;
+* ``ingest(…, queries=engine, scheduler=…)`` (stream engines), ``ingest(…, executor="tpg",
+  transactions=…)`` (declared state transactions), ``ingest(…, composition=engine)`` (many
+  producers): :class:`BatchHandler`, :class:`BatchInput`; :func:`end_of_stream` releases what a
+  stream engine still buffers once a bounded source ended;
 * :func:`ingestion_status`, :class:`QueryStatus` — what the ledger says was committed;
   :func:`ledger_query_id`, :func:`parse_ledger_query_id`;
 * :func:`load_app`, :class:`LoadedApp` — an application module (``register(db)``,
@@ -28,6 +32,7 @@ The design note is ``spark_bridge/README.md``.
 
 from spark_bridge import errors
 from spark_bridge._app import LoadedApp, load_app
+from spark_bridge._handler import BatchHandler, BatchInput, end_of_stream
 from spark_bridge._ingest import ingest, sink_of
 from spark_bridge._ledger import (
     IngestionLedger,
@@ -43,6 +48,8 @@ from spark_bridge.mapping import EventMapping, RawEvent, Rejected, as_mapping, r
 from spark_bridge.session import get_spark
 
 __all__ = [
+    "BatchHandler",
+    "BatchInput",
     "BatchOutcome",
     "EventMapping",
     "IngestionLedger",
@@ -56,6 +63,7 @@ __all__ = [
     "Rejected",
     "as_mapping",
     "batch_committed",
+    "end_of_stream",
     "errors",
     "get_spark",
     "ingest",

@@ -13,7 +13,14 @@ provides:
 * ``from_rate(df)`` — turns the ``rate`` source's ``(timestamp, value)`` rows into the
   application's columns (optional; ``activedb run --source rate`` otherwise makes
   ``type``/``key``/``ts`` columns itself);
-* ``reset(db)`` — empties the application's tables (optional; ``activedb run --reset``).
+* ``reset(db)`` — empties the application's tables (optional; ``activedb run --reset``);
+* ``QUERIES`` — stream engines for the queries path: a factory ``QUERIES(db, scheduler=…)`` (or
+  ``QUERIES(db)``) returning a ``StreamEngine`` or a list, built with ``record_dead_letters=False``;
+  ``SCHEDULER`` — its scheduler (``"sei"``, ``"s2pl"``, ``"lwm"``; optional);
+* ``EXECUTOR = "tpg"`` and ``TRANSACTIONS`` — the TPG path: a ``batch.StateTransactions`` or a
+  zero-argument factory returning one (optional).
+
+:func:`ingest_options` turns the last two into ``ingest()`` keyword arguments.
 
 Public here: :func:`load_app`, :class:`LoadedApp`, :func:`register_function`. A file is
 imported under a module name derived from its absolute path, so loading it twice (the
@@ -35,7 +42,7 @@ from typing import Any
 from spark_bridge.errors import AppLoadError, MappingError
 from spark_bridge.mapping import EventMapping, as_mapping
 
-__all__ = ["LoadedApp", "load_app", "register_function"]
+__all__ = ["LoadedApp", "ingest_options", "load_app", "register_function"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,10 @@ class LoadedApp:
     prefetch: dict | None
     from_rate: Callable[[Any], Any] | None
     reset: Callable[[Any], Any] | None = None
+    queries: Any = None
+    scheduler: Any = None
+    executor: str | None = None
+    transactions: Any = None
 
 
 def _module_from_file(path: Path) -> ModuleType:
@@ -141,7 +152,32 @@ def load_app(spec: str | Path | Callable[[Any], Any], *, require_mapping: bool =
         prefetch=getattr(module, "PREFETCH", None),
         from_rate=from_rate if callable(from_rate) else None,
         reset=reset if callable(reset) else None,
+        queries=getattr(module, "QUERIES", None),
+        scheduler=getattr(module, "SCHEDULER", None),
+        executor=getattr(module, "EXECUTOR", None),
+        transactions=getattr(module, "TRANSACTIONS", None),
     )
+
+
+def ingest_options(loaded: LoadedApp, *, scheduler: Any = None) -> dict[str, Any]:
+    """``ingest()`` keyword arguments for the application's path: ``queries``/``scheduler`` from
+    ``QUERIES``/``SCHEDULER`` (``scheduler`` given here wins), ``executor``/``transactions`` from
+    ``EXECUTOR``/``TRANSACTIONS``; empty for the rule path."""
+    options: dict[str, Any] = {}
+    if loaded.queries is not None:
+        options["queries"] = loaded.queries
+        chosen = scheduler if scheduler is not None else loaded.scheduler
+        if chosen is not None:
+            options["scheduler"] = chosen
+    elif scheduler is not None:
+        raise AppLoadError(f"--scheduler needs an application with QUERIES (stream engines); {loaded.name} has none")
+    if loaded.executor is not None:
+        options["executor"] = loaded.executor
+        transactions = loaded.transactions
+        if callable(transactions) and not hasattr(transactions, "declare"):
+            transactions = transactions()
+        options["transactions"] = transactions
+    return options
 
 
 def register_function(spec: str | Path | Callable[[Any], Any]) -> Callable[[Any], Any]:

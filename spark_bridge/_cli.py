@@ -483,6 +483,7 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
     import spark_bridge
     from activedb import mask_secrets
     from activedb.cli import console as make_console, open_database
+    from spark_bridge._app import ingest_options
     from spark_bridge.errors import SparkBridgeError
 
     source = parse_source(source_text)
@@ -528,6 +529,7 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
                 trigger={"availableNow": True} if available_now else trigger, known_types=loaded.known_types,
                 prefetch=loaded.prefetch, watermark_delay=watermark_delay or loaded.watermark_delay,
                 partition_by_key=partitions, app=app if partitions else None,
+                **ingest_options(loaded),       # the app's QUERIES/SCHEDULER or EXECUTOR/TRANSACTIONS
             )
         except SparkBridgeError as error:
             raise click.ClickException(str(error)) from None

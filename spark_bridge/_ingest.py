@@ -11,6 +11,7 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from spark_bridge._app import portable_spec
+from spark_bridge._handler import choose_handler
 from spark_bridge._scaleout import PartitionedIngestSink
 from spark_bridge._sink import IngestSink
 from spark_bridge.errors import IngestError, MappingError
@@ -64,6 +65,11 @@ def ingest(
     start: bool = True,
     on_phase: Callable[[str, int], None] | None = None,
     connect_options: Mapping[str, Any] | None = None,
+    queries: Any = None,
+    scheduler: Any = None,
+    executor: str | None = None,
+    transactions: Any = None,
+    composition: Any = None,
 ) -> Any:
     """Feed ``streaming_df`` into ``db``'s rules, one micro-batch per top-level transaction,
     exactly once; return the started ``StreamingQuery`` (its sink is ``query.activedb_sink``).
@@ -90,7 +96,16 @@ def ingest(
       ``activedb.connect``;
     * ``start=False`` returns the ``DataStreamWriter`` (sink in ``writer.activedb_sink``)
       for the caller to configure and start;
-    * ``on_phase(phase, batch_id)`` — a seam for crash tests (``_sink.PHASES``).
+    * ``on_phase(phase, batch_id)`` — a seam for crash tests (``_sink.PHASES``);
+    * ``queries`` (+ ``scheduler``) — the queries path: each batch goes to stream engines
+      (``activedb.streams.StreamEngine``, built with ``record_dead_letters=False``; one, a list, or
+      a factory ``factory(db, scheduler=…)``) with the watermark as punctuation; ``scheduler``
+      (``"sei"``, ``"s2pl"``, ``"lwm"`` or a ``streams.Scheduler``) must be the engines' own;
+    * ``executor="tpg"`` and ``transactions`` — the TPG path: each batch runs as declared state
+      transactions (``activedb.batch.StateTransactions``) through the planner at commit;
+    * ``composition`` — the composite path (a mapping with ``producer_column``): each batch goes
+      to an ``activedb.composite.CompositionEngine``.
+      These paths exclude each other and the scale-out path (``_handler.choose_handler`` says why).
 
     pyspark is needed only for the DataFrame itself; nothing else here imports it.
     """
@@ -125,12 +140,16 @@ def ingest(
         streaming_df = streaming_df.withWatermark(mapping.ts_column, delay)
 
     session = streaming_df.sparkSession
+    handler = choose_handler(db, mapping, queries=queries, scheduler=scheduler, executor=executor,
+                             transactions=transactions, composition=composition,
+                             partition_by_key=partition_by_key, prefetch=prefetch)
     if partition_by_key is None:
         if app is not None:
             raise IngestError("app= is for the scale-out path only (with partition_by_key=N); "
                               "without it the rules registered on db are used")
         sink: IngestSink = IngestSink(db, mapping, query_name=query_name, known_types=known_types,
-                                      prefetch=prefetch, spark_session=session, on_phase=on_phase)
+                                      prefetch=prefetch, spark_session=session, on_phase=on_phase,
+                                      handler=handler)
     else:
         sink = PartitionedIngestSink(db, mapping, query_name=query_name, partitions=partition_by_key,
                                      app=None if app is None else portable_spec(app), known_types=known_types,

@@ -254,7 +254,9 @@ class IngestSink:
       watermark); ``None`` means no watermark unless :meth:`process` is given one;
     * ``on_phase(phase, batch_id)`` — a seam for crash tests (:data:`PHASES`);
     * ``batch_attempts`` — top-level attempts per batch on serialization conflicts;
-      ``event_attempts`` — attempts per event when a rule is chosen as deadlock victim.
+      ``event_attempts`` — attempts per event when a rule is chosen as deadlock victim;
+    * ``handler`` — a ``_handler.BatchHandler`` (stream queries, TPG, composition) that takes the
+      batches instead of the per-event rule path (``ingest`` builds it from its arguments).
 
     Thread-safety: see the module docstring.
     """
@@ -271,6 +273,7 @@ class IngestSink:
         on_phase: Callable[[str, int], None] | None = None,
         batch_attempts: int = 3,
         event_attempts: int = 3,
+        handler: Any = None,
     ) -> None:
         try:
             mapping = as_mapping(mapping)
@@ -289,6 +292,9 @@ class IngestSink:
         self._on_phase = on_phase
         self._batch_attempts = batch_attempts
         self._event_attempts = event_attempts
+        #: Where the batches go instead of the per-event rule path (``_handler.BatchHandler``: queries,
+        #: tpg, composite), or None.  Set once here, never changed.
+        self.handler = handler
         # self._mutex protects everything below.
         self._mutex = threading.Lock()
         self._checked_spark_ids: set[str] = set()
@@ -402,6 +408,11 @@ class IngestSink:
                 self._leave()
 
     def _process(self, rows, batch_id, query_id, watermark, timings, punctuate, participants=()) -> BatchOutcome:
+        if self.handler is not None:
+            from spark_bridge._handler import process_with_handler
+
+            return process_with_handler(self, self.handler, rows, batch_id, query_id, watermark, timings, punctuate,
+                                        participants)
         began = time.perf_counter() - timings.to_arrow
         row_count = rows.num_rows if hasattr(rows, "num_rows") else len(rows)
         if batch_committed(self.db, query_id, batch_id):
@@ -751,4 +762,7 @@ class IngestSink:
                                    watermark_lag_seconds=(dt.datetime.now(_UTC) - watermark).total_seconds())
 
     def close(self) -> None:
-        """Nothing to release (kept for callers that close their sinks)."""
+        """Release the handler's resources (the TPG path's worker processes); nothing else to release."""
+        close = getattr(self.handler, "close", None)
+        if callable(close):
+            close()

@@ -23,11 +23,12 @@ after them; if they do, the engine refuses them as late when a decision relied o
 
 Pure Python plus pyarrow (imported only for a Table); never imports pyspark.
 
-What the sink (``_sink.py``) calls, for a mapping with ``producer_column``: inside the batch's
+What the sink calls (``_composite_handler.py``, for ``ingest(…, composition=engine)`` with a mapping that
+has ``producer_column``): inside the batch's
 ``db.transaction(...)``, ``result = feed_batch(engine, batch_table, mapping, tx=tx)`` instead of
 ``rows_to_events`` + the per-event ``emit`` loop; ``result.rejected`` become dead letters like mapping
-rejections; ``result.composites`` count as the batch's events; ``engine.poll()`` after the commit raises
-``ProducerTimeout`` for a silent producer.
+rejections; ``result.composites`` count as the batch's events; ``engine.process`` checks the producers'
+timeouts itself (``ProducerTimeout`` fails the batch).
 """
 
 from __future__ import annotations

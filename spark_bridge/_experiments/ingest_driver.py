@@ -9,7 +9,8 @@ but the sink is the rule layer: ``python -m spark_bridge._experiments.ingest_dri
 [--hold PHASE:BATCH] [--schema DDL]``.
 
 It connects to ``URL``, upgrades the app's ``MIGRATIONS``, registers its rules and runs
-a JSON-lines file stream (one file per micro-batch, ``availableNow``) through ``ingest``.
+a JSON-lines file stream (one file per micro-batch, ``availableNow``) through ``ingest`` — on the
+app's path (``QUERIES``/``SCHEDULER``, ``EXECUTOR``/``TRANSACTIONS``, see ``_app.py``).
 The ``on_phase`` seam writes ``fetched <id>``, ``flush <id>``, ``committed <id>``,
 ``skipped <id>`` to the fsynced log, then ``finished``. ``--hold PHASE:BATCH`` writes
 ``holding PHASE <id>`` and blocks forever at that point of that batch:
@@ -34,6 +35,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from spark_bridge._app import ingest_options
 from spark_bridge._experiments.crash_driver import _EventLog
 
 __all__ = ["HOLD_PHASES", "start_ingest_driver"]
@@ -100,6 +102,7 @@ def _driver(argv: Sequence[str]) -> int:
     query = spark_bridge.ingest(
         database, frame, mapping=loaded.mapping, query_name=options.query_name,
         checkpoint_location=str(options.checkpoint), trigger={"availableNow": True}, on_phase=on_phase,
+        **ingest_options(loaded),        # the app's path: QUERIES/SCHEDULER or EXECUTOR/TRANSACTIONS
     )
     query.awaitTermination()
     failure = query.exception()

@@ -1,0 +1,68 @@
+"""The composite path: micro-batches into a composition engine (``activedb.composite``: events from
+many producers with accuracy intervals, heartbeats), for ``ingest(db, frame, mapping=EventMapping(…,
+producer_column=…), composition=engine)``.
+
+Per batch, inside its one transaction (``_handler.process_with_handler``):
+``composite_feed.feed_batch(engine, rows, mapping, tx=tx)`` — rows become interval events and
+heartbeats in an order the engine may take (per producer in detection order), the engine's
+composite events are emitted into ``tx`` (rules on them fire there), and its state returns to
+what it was if ``tx`` aborts.  Rows it rejects (bad fields, a producer that has not joined) are
+dead letters in ``tx``.  ``ledger.events`` = composite events produced by the batch.
+
+The engine reads the rows itself (``validates_rows = False``): a heartbeat row has no key, and the
+order that matters is per producer, not by reference time.  Lateness is the engine's too (its
+stability rule waits for every producer), so the sink drops nothing behind Spark's watermark.
+
+Limit: a composition engine keeps its lists and sync-points in memory.  A batch that aborts
+restores them; a restarted driver starts from an empty engine (its producers join again), so
+exactly once holds for the batches' effects and ledger rows, not for partial compositions that
+span a crash.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spark_bridge._handler import BatchInput
+from spark_bridge._ledger import IngestionLedger
+from spark_bridge.errors import IngestError
+
+__all__ = ["CompositeHandler"]
+
+
+class CompositeHandler:
+    """Feeds each batch to a composition engine (module docstring).  Thread-safety: one batch at a
+    time (the engine's own mutex guards its state)."""
+
+    name = "composite"
+    late_rows_are_dead_letters = False
+    validates_rows = False
+
+    def __init__(self, engine: Any, mapping: Any) -> None:
+        from activedb import composite
+
+        if not isinstance(engine, composite.CompositionEngine):
+            raise IngestError(f"composition= takes an activedb.composite.CompositionEngine; got {engine!r}")
+        if mapping.producer_column is None:
+            raise IngestError(
+                "composition= needs a mapping that names the producer: EventMapping(…, producer_column='producer', "
+                "accuracy_column='accuracy', heartbeat_type='heartbeat')")
+        self.engine = engine
+        self.mapping = mapping
+        self.composites = 0        # composite events produced by committed batches (statistics)
+
+    def accepted_types(self) -> frozenset[str] | None:
+        return None
+
+    def handle(self, tx: Any, batch: BatchInput, ledger: IngestionLedger) -> None:
+        from spark_bridge.composite_feed import feed_batch
+
+        result = feed_batch(self.engine, batch.rows, self.mapping, tx=tx)
+        letters = list(batch.letters) + [(rejected.reason, rejected.row) for rejected in result.rejected]
+        batch.insert_dead_letters(tx, letters)
+        ledger.events = len(result.composites)
+        ledger.dead_letters = len(letters)
+        ledger.watermark = batch.watermark
+
+    def end_of_stream(self, db: Any, query_name: str) -> int:
+        return 0          # the engine decides by stability and heartbeats, not by the end of the source

@@ -1,0 +1,238 @@
+"""What a micro-batch is handed to, besides the rules: the :class:`BatchHandler` interface and the
+one loop that runs any handler exactly once.
+
+The sink (``_sink.py``) keeps today's per-event rule path built in.  ``ingest(..., queries=…)``,
+``ingest(..., executor="tpg", transactions=…)`` and ``ingest(..., composition=…)`` give it a handler
+instead, one per path, each in its own module:
+
+=========================  ====================================  ==========================================
+path                       module                                the batch goes to
+=========================  ====================================  ==========================================
+queries (stream engines)   ``_queries_handler.QueriesHandler``   ``engine.process(tx, events, punctuation=
+                                                                 watermark, batch_id=b)`` per engine
+tpg (state transactions)   ``_tpg_handler.TpgHandler``           ``activedb.batch.apply_at_commit`` (a commit
+                                                                 participant that runs before the ledger)
+composite (many producers) ``_composite_handler.                 ``composite_feed.feed_batch(engine, rows,
+                           CompositeHandler``                    mapping, tx=tx)``
+=========================  ====================================  ==========================================
+
+The protocol of one batch (:func:`process_with_handler`) is the sink's own, step for step:
+skip a batch the ledger has; validate rows (``rows_to_events``, unless the handler reads the rows
+itself) — bad rows, duplicates and, where the handler wants it, rows older than Spark's watermark
+become dead letters; then in **one** top-level transaction, marked replayed for the outbox,
+``handler.handle(tx, batch, ledger)`` and *after it* the ledger participant (enlisted last, so a
+participant the handler enlisted — the TPG batch — writes first and the ledger row sees its
+counts); ``BatchAlreadyCommitted`` at the flush means skipped, ``SerializationConflict`` re-runs the
+batch (at most ``batch_attempts``).  What the handler must do in ``handle``: hand the batch to its
+engine inside ``tx``, get every dead letter into ``tx`` (itself, or through its engine), and leave
+``ledger.events`` / ``ledger.dead_letters`` set by the time the ledger writes its row.
+
+Not here (yet): the rule path's bisection of a batch PostgreSQL refuses at the commit (a poison
+event) — with a handler such a batch fails, and ``activedb run`` says which; the scale-out path.
+
+Thread-safety: a handler is called by one batch at a time (Spark's ``foreachBatch``); the engines
+behind the handlers refuse concurrent batches themselves.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from spark_bridge._ledger import IngestionLedger, batch_committed
+from spark_bridge.mapping import RawEvent, rows_to_events
+
+__all__ = ["BatchHandler", "BatchInput", "process_with_handler"]
+
+logger = logging.getLogger("spark_bridge.ingest")
+
+
+@dataclass(frozen=True)
+class BatchInput:
+    """One micro-batch as a handler sees it.  Immutable.
+
+    ``rows``: the batch as fetched (a ``pyarrow.Table`` or a list of dicts); ``events``: the rows
+    that validated, sorted by application time (empty if the handler validates itself);
+    ``letters``: ``(reason, raw row)`` of the rows the sink already rejected — the handler adds
+    its own and stores them all; ``letters_for(events, reason)`` makes dead letters with the raw
+    rows of events of this batch; ``insert_dead_letters(tx, letters)`` stores them in ``tx``."""
+
+    rows: Any
+    events: tuple[RawEvent, ...]
+    letters: tuple[tuple[str, Any], ...]
+    query_id: str
+    query_name: str
+    batch_id: int
+    watermark: dt.datetime | None
+    letters_for: Callable[[list[RawEvent], Callable[[RawEvent], str]], list[tuple[str, Any]]]
+    insert_dead_letters: Callable[[Any, list[tuple[str, Any]]], None]
+
+
+@runtime_checkable
+class BatchHandler(Protocol):
+    """Where a micro-batch's events go instead of the per-event rule path (module docstring)."""
+
+    #: The path's name, for messages and statistics (``"queries"``, ``"tpg"``, ``"composite"``).
+    name: str
+    #: True: the sink dead-letters rows older than the batch's watermark before ``handle`` (Spark's
+    #: lateness rule, as on the rule path).  False: the handler's engine decides lateness itself.
+    late_rows_are_dead_letters: bool
+    #: True: the sink runs ``rows_to_events`` and passes the events; False: the handler reads
+    #: ``BatchInput.rows`` itself (``events`` and ``letters`` are then empty).
+    validates_rows: bool
+
+    def accepted_types(self) -> frozenset[str] | None:
+        """Event types the sink accepts when ``ingest(known_types=…)`` is not given (None: any)."""
+
+    def handle(self, tx: Any, batch: BatchInput, ledger: IngestionLedger) -> None:
+        """Apply ``batch`` inside ``tx`` (the batch's top-level transaction) and set the ledger's
+        ``events`` and ``dead_letters`` — now, or in a commit participant enlisted here that writes
+        before the ledger.  Raise to fail the batch (``tx`` then aborts and nothing is kept)."""
+
+    def end_of_stream(self, db: Any, query_name: str) -> int:
+        """The source ended: release what the engine still holds back, in a transaction of its own;
+        returns how many events that processed.  Idempotent."""
+
+
+def process_with_handler(sink: Any, handler: BatchHandler, rows: Any, batch_id: int, query_id: str,
+                         watermark: dt.datetime | None, timings: Any, punctuate: bool, participants: tuple) -> Any:
+    """One batch through ``handler``, exactly once; returns the sink's ``BatchOutcome``.
+
+    ``sink`` is the calling :class:`~spark_bridge._sink.IngestSink` (its mapping, dead-letter
+    helpers, phases and statistics are used as the rule path uses them)."""
+    from activedb.errors import BatchAlreadyCommitted, SerializationConflict
+
+    from spark_bridge._sink import BatchOutcome, PhaseTimings, _reason_of
+
+    began = time.perf_counter() - timings.to_arrow
+    row_count = rows.num_rows if hasattr(rows, "num_rows") else len(rows)
+    if batch_committed(sink.db, query_id, batch_id):
+        return sink._skipped(query_id, batch_id, row_count, watermark, timings, began)
+
+    started = time.perf_counter()
+    good: list[RawEvent] = []
+    letters: list[tuple[str, Any]] = []
+    if handler.validates_rows:
+        accepted = sink._known_types if sink._known_types is not None else handler.accepted_types()
+        good, bad = rows_to_events(rows, sink.mapping, accepted)
+        letters = [(rejected.reason, rejected.row) for rejected in bad]
+        if watermark is not None and handler.late_rows_are_dead_letters:
+            late = [event for event in good if event.ts < watermark]
+            if late:
+                letters += sink._letters_for(rows, late, lambda event: (
+                    f"late: {sink.mapping.ts_column} {event.ts.isoformat()} is older than the stream's "
+                    f"watermark {watermark.isoformat()} (Spark's lateness rule)"))
+                good = [event for event in good if event.ts >= watermark]
+        if sink.mapping.id_column is not None:
+            good, duplicates = sink._without_duplicates(good)
+            letters += sink._letters_for(rows, [event for event, _ in duplicates], _reason_of(duplicates))
+    timings = timings + PhaseTimings(validate=time.perf_counter() - started)
+
+    batch = BatchInput(
+        rows=rows, events=tuple(good), letters=tuple(letters), query_id=query_id, query_name=sink.query_name,
+        batch_id=batch_id, watermark=watermark,
+        letters_for=lambda events, reason: sink._letters_for(rows, events, reason),
+        insert_dead_letters=lambda tx, items: sink._insert_dead_letters(tx, query_id, batch_id, items))
+    attempt = 0
+    while True:
+        attempt += 1
+        started = time.perf_counter()
+        ledger = IngestionLedger(sink.db, query_id, batch_id, on_flush=sink._flush_reached)
+        if sink.mapping.id_column is not None:
+            ledger.query_name = sink.query_name
+            ledger.event_ids = [event.event_id for event in good]
+        try:
+            with sink.db.transaction(name=f"ingest:{sink.query_name}", participants=list(participants)) as tx:
+                # Re-run until it commits: an aborted attempt is no outcome for the detached rules it fired.
+                sink.db.outbox.mark_replayed(tx)
+                handler.handle(tx, batch, ledger)
+                tx.enlist(ledger)        # last: a participant the handler enlisted writes the counts first
+                exit_began = time.perf_counter()
+        except BatchAlreadyCommitted:
+            return sink._skipped(query_id, batch_id, row_count, watermark, timings, began)
+        except SerializationConflict:
+            if attempt >= sink._batch_attempts:
+                raise
+            logger.info("batch %s of %s conflicted with another process; re-running it (%d of %d)",
+                        batch_id, query_id, attempt + 1, sink._batch_attempts)
+            continue
+        break
+    ended = time.perf_counter()
+    flush_began = ledger.flush_began or ended
+    timings = timings + PhaseTimings(engine=exit_began - started, commit=max(0.0, flush_began - exit_began),
+                                     flush=ended - min(max(flush_began, exit_began), ended))
+    sink._phase("committed", batch_id)
+    if punctuate and watermark is not None:
+        sink.db.punctuate(sink.query_name, watermark)
+    outcome = BatchOutcome(query_id, batch_id, True, row_count, ledger.events, ledger.dead_letters,
+                           dict(ledger.rule_firings), watermark, timings, attempt)
+    sink._record(outcome, began)
+    return outcome
+
+
+def choose_handler(db: Any, mapping: Any, *, queries: Any = None, scheduler: Any = None, executor: str | None = None,
+                   transactions: Any = None, composition: Any = None, partition_by_key: int | None = None,
+                   prefetch: Any = None) -> BatchHandler | None:
+    """The handler for ``ingest()``'s arguments (None: the rule path), after checking that they go
+    together; every refusal says what to do instead."""
+    from spark_bridge.errors import IngestError
+
+    if executor not in (None, "rules", "tpg"):
+        raise IngestError(f"executor must be 'rules' (the default: events through the rules, one subtransaction "
+                          f"each) or 'tpg' (declared state transactions planned per batch); got {executor!r}")
+    tpg = executor == "tpg"
+    chosen = [name for name, given in (("queries=", queries is not None), ("executor='tpg'", tpg),
+                                        ("composition=", composition is not None)) if given]
+    if len(chosen) > 1:
+        raise IngestError(
+            f"{' and '.join(chosen)} are different paths for a batch; choose one per query (start two ingest() "
+            f"queries over the same source, each with its own query_name and checkpoint, to feed both)")
+    if transactions is not None and not tpg:
+        raise IngestError("transactions= is for executor='tpg': pass ingest(…, executor='tpg', transactions=…)")
+    if tpg and transactions is None:
+        raise IngestError("executor='tpg' needs transactions=batch.StateTransactions() declaring each event type's "
+                          "state transaction (see activedb/batch/README.md)")
+    if scheduler is not None and queries is None:
+        raise IngestError("scheduler= chooses the stream engine's scheduler (sei, s2pl, lwm): pass queries=engine "
+                          "too; the rule path and executor='tpg' have no such choice")
+    if not chosen:
+        return None
+    if partition_by_key is not None:
+        instead = {"queries=": "for concurrency inside a batch use scheduler='s2pl' or 'lwm' (one engine orders "
+                               "events across keys)",
+                   "executor='tpg'": "the planner splits a batch into independent components itself: use "
+                                     "batch.StateTransactions(processes=N)",
+                   "composition=": "a composition spans producers and keys, so it runs in one engine"}[chosen[0]]
+        raise IngestError(f"partition_by_key= (the scale-out path) does not combine with {chosen[0]}: {instead}")
+    if prefetch:
+        raise IngestError(f"prefetch= is for the rule path; with {chosen[0]} rows are loaded by the engine "
+                          f"(stream engines prefetch what their access plans name; the TPG batch reads its declared "
+                          f"rows FOR UPDATE)")
+    if queries is not None:
+        from spark_bridge._queries_handler import QueriesHandler, build_engines
+
+        return QueriesHandler(build_engines(db, queries, scheduler), mapping.key_column)
+    if tpg:
+        from spark_bridge._tpg_handler import TpgHandler
+
+        return TpgHandler(transactions)
+    from spark_bridge._composite_handler import CompositeHandler
+
+    return CompositeHandler(composition, mapping)
+
+
+def end_of_stream(query_or_sink: Any) -> int:
+    """Tell the engine behind a query made by ``ingest(…, queries=…)`` that its (bounded) source has
+    ended: events its reorder buffer still holds are released (``punctuation=END_OF_STREAM``) and
+    processed in a transaction of their own.  Call it after the query terminated (``availableNow``);
+    afterwards every new event of the engine is late.  Returns how many events that processed (0 for
+    the other paths).  Idempotent."""
+    sink = getattr(query_or_sink, "activedb_sink", query_or_sink)
+    handler = getattr(sink, "handler", None)
+    if handler is None:
+        return 0
+    return handler.end_of_stream(sink.db, sink.query_name)

@@ -1,0 +1,200 @@
+"""The queries path: micro-batches into ``activedb.streams`` engines (pattern queries, rules ON
+OUTPUT, SEI / S2PL / LWM), for ``ingest(db, frame, queries=engine_or_list, scheduler=…)``.
+
+Per batch, inside its one transaction (``_handler.process_with_handler``): every validated row
+becomes ``StreamEvent(type, ts, {**payload, <key column>: key}, stream=…, origin=…)`` — rows older
+than Spark's watermark are **not** dropped here: the engine's reorder buffer decides, and an event
+older than a punctuation it already released is its dead letter, whose reason names that
+punctuation — then ``engine.process(tx, events, punctuation=watermark, batch_id=b)`` per engine.
+The engines are built with ``record_dead_letters=False``; their dead letters are stored here with
+the raw row (for an event of this batch) or the event as JSON (an event buffered by an earlier
+batch), under the ingest query's ledger id.  ``ledger.events`` = s-transactions that committed in
+this batch (events a punctuation has not released yet wait in the engine's state, which commits
+with the batch; they count in the batch that releases them).
+
+An event goes to every engine with a stream declaring its type (a stream without ``types`` takes
+every type); with one stream the engine resolves it, with several the event names the one stream
+of that engine declaring its type.
+
+Thread-safety: one batch at a time (``StreamEngine.process`` refuses a second concurrent one).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+from activedb.store import jsonable
+
+from spark_bridge._handler import BatchInput
+from spark_bridge._ledger import IngestionLedger
+from spark_bridge.errors import IngestError
+
+__all__ = ["QueriesHandler", "build_engines"]
+
+SCHEDULERS = ("sei", "s2pl", "lwm")
+
+
+def _is_engine(value: Any) -> bool:
+    from activedb import streams
+
+    return isinstance(value, streams.StreamEngine)
+
+
+def build_engines(db: Any, queries: Any, scheduler: Any) -> list[Any]:
+    """The engines behind ``ingest(queries=…, scheduler=…)``, checked.
+
+    ``queries`` is a :class:`~activedb.streams.StreamEngine`, a list of them, or a factory
+    ``factory(db, scheduler=…)`` (``factory(db)`` without ``scheduler=``) returning one or a list.
+    ``scheduler`` (``"sei"``, ``"s2pl"``, ``"lwm"`` or a ``streams.Scheduler``) must be the one each
+    engine was built with."""
+    from activedb import streams
+
+    if scheduler is not None and not (isinstance(scheduler, str) or isinstance(scheduler, streams.Scheduler)):
+        raise IngestError(f"scheduler must be one of {', '.join(SCHEDULERS)} or a streams.Scheduler such as "
+                          f"streams.LWMScheduler(granularity='table'); got {scheduler!r}")
+    if isinstance(scheduler, str) and scheduler not in SCHEDULERS:
+        raise IngestError(f"unknown scheduler {scheduler!r}: use one of {', '.join(SCHEDULERS)} "
+                          f"(or a configured streams.S2PLScheduler/LWMScheduler)")
+    built = queries
+    if callable(queries) and not _is_engine(queries):
+        built = queries(db) if scheduler is None else queries(db, scheduler=scheduler)
+    engines = list(built) if isinstance(built, (list, tuple)) else [built]
+    if not engines or not all(_is_engine(engine) for engine in engines):
+        raise IngestError(
+            "queries= takes a streams.StreamEngine, a list of them, or a factory(db, scheduler=…) returning them; "
+            f"got {queries!r}")
+    names = [engine.name for engine in engines]
+    if len(set(names)) != len(names):
+        raise IngestError(f"two engines are named {sorted({n for n in names if names.count(n) > 1})[0]!r}: the name "
+                          f"keys an engine's saved state, give each its own StreamEngine(name=…)")
+    for engine in engines:
+        if engine.db is not db:
+            raise IngestError(f"engine {engine.name!r} was built on another Database than the one given to "
+                              f"ingest(); build it with StreamEngine(db, …) on the same db")
+        if engine.record_dead_letters:
+            raise IngestError(
+                f"engine {engine.name!r} records its own dead letters (under 'streams:{engine.name}', without the "
+                f"raw row); ingest() stores them with the batch's raw rows under the query's ledger id: build it "
+                f"with StreamEngine(db, …, record_dead_letters=False)")
+        if not engine.streams:
+            raise IngestError(f"engine {engine.name!r} has no stream: declare one with engine.create_stream(…) "
+                              f"before ingest()")
+        if scheduler is None:
+            continue
+        have = engine.scheduler
+        agrees = have.name == scheduler if isinstance(scheduler, str) else have is scheduler
+        if not agrees:
+            wanted = scheduler if isinstance(scheduler, str) else type(scheduler).__name__
+            raise IngestError(
+                f"engine {engine.name!r} runs scheduler {have.name!r}, but ingest() was asked for {wanted!r}: build "
+                f"the engine with StreamEngine(db, …, scheduler={wanted!r}) (or pass a factory "
+                f"queries=lambda db, scheduler: … that does), or leave scheduler= out to use the engine's")
+    return engines
+
+
+class QueriesHandler:
+    """Feeds each batch to stream engines (module docstring).  ``key_attribute``: the attribute the
+    event's key becomes (the mapping's key column name)."""
+
+    name = "queries"
+    late_rows_are_dead_letters = False      # the engine's reorder buffer decides lateness
+    validates_rows = True
+
+    def __init__(self, engines: Sequence[Any], key_attribute: str) -> None:
+        self.engines = tuple(engines)
+        self.key_attribute = key_attribute
+        # Per engine: event type -> the stream to name (None: the engine's only stream).
+        self._routes: list[dict[str, str | None] | None] = []
+        for engine in self.engines:
+            schemas = engine.streams
+            if any(schema.types is None for schema in schemas.values()):
+                self._routes.append(None if len(schemas) == 1 else {})
+                continue
+            routes: dict[str, str | None] = {}
+            for name, schema in schemas.items():
+                for event_type in schema.types:
+                    routes.setdefault(event_type, None if len(schemas) == 1 else name)
+            self._routes.append(routes)
+
+    def accepted_types(self) -> frozenset[str] | None:
+        types: set[str] = set()
+        for engine in self.engines:
+            for schema in engine.streams.values():
+                if schema.types is None:
+                    return None
+                types.update(schema.types)
+        return frozenset(types)
+
+    def _events_for(self, index: int, batch: BatchInput) -> list[Any]:
+        from activedb import streams
+
+        routes = self._routes[index]
+        events = []
+        for raw in batch.events:
+            if routes is None:
+                stream = None
+            elif raw.event_type in routes:
+                stream = routes[raw.event_type]
+            else:
+                continue
+            attributes = {**raw.payload, self.key_attribute: raw.key}
+            events.append(streams.StreamEvent(raw.event_type, raw.ts, attributes, stream=stream,
+                                              origin=(batch.batch_id, raw)))
+        return events
+
+    def handle(self, tx: Any, batch: BatchInput, ledger: IngestionLedger) -> None:
+        processed = 0
+        letters = list(batch.letters)
+        punctuation = batch.watermark
+        for index, engine in enumerate(self.engines):
+            result = engine.process(tx, self._events_for(index, batch), punctuation=punctuation,
+                                    batch_id=batch.batch_id)
+            processed += result.processed
+            letters += self._letters(engine, batch, result.dead_letters)
+        batch.insert_dead_letters(tx, letters)
+        ledger.events = processed
+        ledger.dead_letters = len(letters)
+        ledger.watermark = batch.watermark
+
+    def _letters(self, engine: Any, batch: BatchInput, dead: Sequence[Any]) -> list[tuple[str, Any]]:
+        letters = []
+        for letter in dead:
+            reason = f"{letter.reason} (stream engine {engine.name!r})" if engine.name not in letter.reason \
+                else letter.reason
+            origin = letter.event.origin
+            if isinstance(origin, tuple) and len(origin) == 2 and origin[0] == batch.batch_id:
+                letters += batch.letters_for([origin[1]], lambda _event, text=reason: text)
+            else:                  # buffered by an earlier batch (or loaded from the saved state)
+                letters.append((reason, _event_row(letter.event)))
+        return letters
+
+    def end_of_stream(self, db: Any, query_name: str) -> int:
+        """``engine.process(tx, [], punctuation=END_OF_STREAM)`` for every engine, in one transaction;
+        dead letters under ``<query_name>:end``.  Idempotent: the engines' saved state records the
+        release, so a second call releases nothing."""
+        from activedb import streams
+
+        from spark_bridge._ledger import DEAD_LETTER_TABLE
+
+        processed = 0
+        with db.transaction(name=f"ingest:{query_name}:end") as tx:
+            letters = []
+            for engine in self.engines:
+                result = engine.process(tx, [], punctuation=streams.END_OF_STREAM)
+                processed += result.processed
+                letters += [(letter.reason, _event_row(letter.event)) for letter in result.dead_letters]
+            for reason, raw in letters:
+                tx.insert(DEAD_LETTER_TABLE, query_id=f"{query_name}:end", batch_id=None, reason=reason, raw=raw)
+        return processed
+
+    def statistics(self) -> dict[str, Any]:
+        """``{engine name: StreamStatistics}`` (throughput, L_query, L_rule, …) of every engine."""
+        return {engine.name: engine.statistics() for engine in self.engines}
+
+
+def _event_row(event: Any) -> dict[str, Any]:
+    ts = event.ts
+    return {"type": event.type, "ts": ts.isoformat() if isinstance(ts, dt.datetime) else ts,
+            "stream": event.stream, "attributes": jsonable(dict(event.attributes))}

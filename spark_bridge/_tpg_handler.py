@@ -1,0 +1,79 @@
+"""The TPG path: micro-batches of declared state transactions (``activedb.batch``, MorphStream's
+task precedence graph), for ``ingest(db, frame, executor="tpg", transactions=state_transactions)``.
+
+Per batch, inside its one transaction (``_handler.process_with_handler``):
+``batch.apply_at_commit(tx, events, transactions, query_id=q, batch_id=b, on_result=counts,
+letters=rows)`` enlists the batch as a commit participant **before** the ledger — inside the one
+PostgreSQL transaction of the commit it locks the declared rows ``FOR UPDATE``, runs the batch
+(the decision model's strategy unless ``strategy=`` says otherwise), writes the final state, calls
+``on_result`` (which fills the ledger's counts) and inserts the dead letters — transactions that
+aborted, with their reason and the raw row — and then the ledger writes its row.  So state, dead
+letters and ledger row commit together or not at all.  If a rule observes a table the batch writes,
+``apply_at_commit`` runs the batch through the transaction tree at once instead (the rules fire);
+the rest is the same.
+
+Rows older than the batch's watermark are dead letters before the batch runs (Spark's lateness
+rule, as on the rule path).  ``StateTransactions(processes=N)`` runs components of a batch in N
+processes; call :meth:`TpgHandler.close` (``sink.close()``) when the query stops.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spark_bridge._handler import BatchInput
+from spark_bridge._ledger import IngestionLedger
+from spark_bridge.errors import IngestError
+
+__all__ = ["TpgHandler"]
+
+
+class TpgHandler:
+    """Runs each batch through the TPG planner at commit (module docstring).  Thread-safety: one
+    batch at a time."""
+
+    name = "tpg"
+    late_rows_are_dead_letters = True
+    validates_rows = True
+
+    def __init__(self, transactions: Any, *, strategy: str = "auto") -> None:
+        from activedb import batch
+
+        if not isinstance(transactions, batch.StateTransactions):
+            raise IngestError(
+                "executor='tpg' needs transactions=batch.StateTransactions() with a @transactions.on(type) "
+                f"declaration per event type; got {transactions!r}")
+        self.transactions = transactions
+        self.strategy = strategy
+        self.last_pending: Any = None     # the last batch's PendingBatch (its mode, seconds, result)
+
+    def accepted_types(self) -> frozenset[str] | None:
+        return frozenset(self.transactions.event_types) or None
+
+    def handle(self, tx: Any, batch_input: BatchInput, ledger: IngestionLedger) -> None:
+        from activedb import batch
+
+        events = list(batch_input.events)
+        base = list(batch_input.letters)
+
+        def counts(result: Any, connection: Any) -> None:     # inside the commit, before the ledger's write
+            ledger.events = result.committed_count
+            ledger.dead_letters = len(base) + len(result.dead_letters)
+
+        def dead_letter_rows(result: Any) -> list[tuple[str, Any]]:
+            # event.position is the index in `events`; that RawEvent's own .position is its Arrow row
+            failed = [(events[event.position], reason) for event, reason in result.dead_letters]
+            reasons = {id(event): f"aborted: {reason}" for event, reason in failed}
+            return base + batch_input.letters_for([event for event, _ in failed], lambda event: reasons[id(event)])
+
+        ledger.watermark = batch_input.watermark
+        self.last_pending = batch.apply_at_commit(
+            tx, events, self.transactions, strategy=self.strategy, query_id=batch_input.query_id,
+            batch_id=batch_input.batch_id, on_result=counts, letters=dead_letter_rows)
+
+    def end_of_stream(self, db: Any, query_name: str) -> int:
+        return 0          # nothing is held back between batches
+
+    def close(self) -> None:
+        """Stop the worker processes of ``StateTransactions(processes=N)``, if any."""
+        self.transactions.close()
