@@ -3,7 +3,8 @@ batch one partition of which fails for good (``ingest(..., on_partition_failure=
 
 * without Spark: ``IngestSink.process`` records, in the batch's own flush, that its transaction consumed
   the source batch — a scale-out partition (ledger id ``NAME@SPARK#pK``) the source ``NAME@SPARK`` — and
-  records nothing with lineage off;
+  records nothing with lineage off; a driver that died between the failed task's settlement and the
+  compensation is resumed by the replay, once;
 * real Spark (``local[2]``, two partitions, the ``app_split`` application whose poisoned key makes its
   partition's commit fail until a fix row exists), three batches, the poison in the second:
   - ``compensate``: the stream runs to its end; the committed partition of batch 1 is compensated, the
@@ -84,6 +85,35 @@ def test_every_batch_transaction_records_the_source_batch_it_consumed(make_datab
         sink.record_lineage = False
         assert sink.process([_row(3, "c", 0)], 2, query_id=driver).committed
         assert query_rows(database, "SELECT count(*) FROM activedb_lineage_batches WHERE batch_id = '2'") == [(0,)]
+    finally:
+        database.close()
+
+
+def test_a_driver_that_died_before_compensating_is_resumed_by_the_replay(make_database_url):
+    """The failed task settled (dead letters, ledger row, *compensating*) and the driver died before it
+    compensated: when Spark re-runs the batch every partition is skipped, and the driver resumes the
+    compensation — once."""
+    from spark_bridge import _atomic
+
+    database = split_database(make_database_url("resume"))
+    try:
+        source = f"q@{uuid.uuid4()}"
+        sink = IngestSink(database, app_split.MAPPING, query_name="q")
+        assert sink.process([_row(1, "a", 0), _row(2, "b", 0)], 4, query_id=f"{source}#p0").committed
+        poisoned = [_row(3, app_split.POISON_KEY, 0)]
+        with pytest.raises(app_split.PoisonedBatch) as refused:
+            sink.process(poisoned, 4, query_id=f"{source}#p1")
+        assert _atomic.settle_failed_partition(sink, poisoned, f"{source}#p1", 4, 1, 2, refused.value) == 1
+        assert len(counters(database)) == 2 and _failures(database) == [(4, 1, "compensate", "compensating")]
+
+        # The replay: the ledger has both partitions (skipped); the driver finds the interrupted settlement.
+        assert not sink.process(poisoned, 4, query_id=f"{source}#p1").committed
+        _atomic.after_replay(database, source, 4)
+        assert counters(database) == [] and _failures(database) == [(4, 1, "compensate", "compensated")]
+        _atomic.after_replay(database, source, 4)                     # again: nothing left to do
+        assert query_rows(database, "SELECT count(*) FROM activedb_lineage WHERE compensates IS NOT NULL") == [(1,)]
+        assert query_rows(database, "SELECT reason LIKE '%failed for good (PoisonedBatch%' FROM activedb_dead_letters"
+                          ) == [(True,)]
     finally:
         database.close()
 
