@@ -449,6 +449,9 @@ def failure_message(sink: Any, failure: BaseException, app: str) -> str:
 @click.option("--watermark-delay", default=None, help="Event-time watermark delay, e.g. '30 seconds'.")
 @click.option("--partitions", type=int, default=None,
               help="Scale-out path: repartition each batch by key over N Spark tasks, each with its own engine.")
+@click.option("--on-partition-failure", type=click.Choice(["forward", "compensate"]), default=None,
+              help="Scale-out path: when a partition fails for good, stop and complete the batch after the fix "
+                   "(forward, the default) or compensate the committed partitions and go on (compensate).")
 @click.option("--packages", default=None, help="Maven coordinates added to spark.jars.packages "
                                                "(e.g. the Kafka connector).")
 @click.option("--spark-conf", "spark_conf_entries", multiple=True, metavar="KEY=VALUE",
@@ -459,7 +462,8 @@ def failure_message(sink: Any, failure: BaseException, app: str) -> str:
 def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str | None, query_name: str | None,
                 reset: bool, file_format: str, max_files_per_trigger: int | None, rows_per_second: int,
                 trigger: str | None, available_now: bool, watermark_delay: str | None, partitions: int | None,
-                packages: str | None, spark_conf_entries: tuple[str, ...], verbose: bool) -> None:
+                packages: str | None, spark_conf_entries: tuple[str, ...], verbose: bool,
+                on_partition_failure: str | None = None) -> None:
     """Ingest a stream into APP's rules until stopped (Ctrl-C stops cleanly).
 
     \b
@@ -530,6 +534,7 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
                 prefetch=loaded.prefetch, watermark_delay=watermark_delay or loaded.watermark_delay,
                 partition_by_key=partitions, app=app if partitions else None,
                 **ingest_options(loaded),       # the app's QUERIES/SCHEDULER or EXECUTOR/TRANSACTIONS
+                on_partition_failure=on_partition_failure,
             )
         except SparkBridgeError as error:
             raise click.ClickException(str(error)) from None
@@ -572,10 +577,12 @@ def status_command(ctx: click.Context, query_name: str | None, as_json: bool) ->
     import activedb
     import spark_bridge
     from activedb.cli import open_database
+    from spark_bridge._atomic import print_split_batches, split_status
 
     database = open_database(ctx, writes=False)
     try:
         statuses = spark_bridge.ingestion_status(database, query_name)
+        splits = split_status(database, query_name)
         detached = database.outbox.statistics()
         failures = database.outbox.failures(limit=20)
     finally:
@@ -609,6 +616,7 @@ def status_command(ctx: click.Context, query_name: str | None, as_json: bool) ->
             for rule, count in status.rule_firings.items():
                 rules.add_row(status.query_name, rule, f"{count:,}")
         console.print(rules)
+    print_split_batches(console, splits)
     print_detached(console, detached, failures)
 
 

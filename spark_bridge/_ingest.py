@@ -70,6 +70,8 @@ def ingest(
     executor: str | None = None,
     transactions: Any = None,
     composition: Any = None,
+    on_partition_failure: str | None = None,
+    lineage: bool = True,
 ) -> Any:
     """Feed ``streaming_df`` into ``db``'s rules, one micro-batch per top-level transaction,
     exactly once; return the started ``StreamingQuery`` (its sink is ``query.activedb_sink``).
@@ -94,6 +96,12 @@ def ingest(
       is repartitioned by key into ``N`` Spark tasks, each applying its partition in its
       own engine that registers ``app``'s rules; ``connect_options`` go to their
       ``activedb.connect``;
+    * ``on_partition_failure`` — scale-out only: when a partition fails for good, ``"forward"``
+      (default: the query fails; after the fix a restart completes the batch) or ``"compensate"``
+      (the committed partitions are compensated, the failed one's rows become dead letters, the
+      query goes on: the batch is all-or-nothing); see ``_atomic.py``;
+    * ``lineage`` — every batch transaction records the source batch it consumed
+      (``db.batches``, in the same flush); on by default;
     * ``start=False`` returns the ``DataStreamWriter`` (sink in ``writer.activedb_sink``)
       for the caller to configure and start;
     * ``on_phase(phase, batch_id)`` — a seam for crash tests (``_sink.PHASES``);
@@ -144,17 +152,20 @@ def ingest(
                              transactions=transactions, composition=composition,
                              partition_by_key=partition_by_key, prefetch=prefetch)
     if partition_by_key is None:
-        if app is not None:
-            raise IngestError("app= is for the scale-out path only (with partition_by_key=N); "
-                              "without it the rules registered on db are used")
+        if app is not None or on_partition_failure is not None:
+            raise IngestError(f"{'app=' if app is not None else 'on_partition_failure='} is for the scale-out "
+                              f"path only (with partition_by_key=N); without it a batch is one transaction, "
+                              f"atomic by itself, and the rules registered on db are used")
         sink: IngestSink = IngestSink(db, mapping, query_name=query_name, known_types=known_types,
                                       prefetch=prefetch, spark_session=session, on_phase=on_phase,
                                       handler=handler)
+        sink.record_lineage = lineage
     else:
         sink = PartitionedIngestSink(db, mapping, query_name=query_name, partitions=partition_by_key,
                                      app=None if app is None else portable_spec(app), known_types=known_types,
                                      prefetch=prefetch, spark_session=session, on_phase=on_phase,
-                                     connect_options=connect_options)
+                                     connect_options=connect_options,
+                                     on_partition_failure=on_partition_failure or "forward", lineage=lineage)
     writer = (streaming_df.writeStream.foreachBatch(sink).queryName(query_name)
               .option("checkpointLocation", str(checkpoint_location)))
     writer = _apply_trigger(writer, trigger)

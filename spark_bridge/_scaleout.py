@@ -20,10 +20,16 @@ Why this is safe: all events of one key land in one partition (hash partitioning
 key's events are applied in application-time order by one engine; engines in different
 processes coordinate through PostgreSQL (the flush validates every row a tree read and
 takes row locks, so a cross-partition conflict re-runs that partition's batch).
-If some partitions committed and another failed, the query fails; after the restart
-Spark re-runs the batch, the committed partitions are skipped by the ledger and the
-others applied. Hash partitioning of the same rows is deterministic, so a re-run puts
-every row in the partition it was in before.
+A task whose batch transaction fails reports the failure instead of failing the Spark job, so every
+partition ends (committed or failed) before the driver decides what the failure means
+(``on_partition_failure``, see ``_atomic.py``): ``"forward"`` — the query fails; after the fix and a
+restart Spark re-runs the batch, the committed partitions are skipped by the ledger and the
+others applied (hash partitioning of the same rows is deterministic, so a re-run puts every row
+in the partition it was in before); ``"compensate"`` — the failed partition's rows become dead
+letters and the committed partitions are compensated, so the source batch leaves no effect. A
+task that dies (not its transaction: the worker process) fails the Spark job and the query, and
+the batch is completed forward by the replay. Every partition's transaction records in its
+lineage that it consumed the source batch ``(NAME@SPARK_QUERY_ID, b)``.
 
 When to use it: rules that are CPU-bound in Python (one process holds the GIL; two
 task processes use two cores) and keys that are independent (rules of one key touch
@@ -47,6 +53,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from spark_bridge import _atomic
 from spark_bridge._app import load_app
 from spark_bridge._ledger import ledger_query_id
 from spark_bridge._sink import BatchOutcome, IngestSink, PhaseTimings
@@ -112,21 +119,46 @@ class _PartitionTask:
     connect_options: tuple[tuple[str, Any], ...]
     detached_timeout: float
     local_time_columns: tuple[str, ...]  # TIMESTAMP (not TIMESTAMP_NTZ) columns of the batch
+    partitions: int = 1
+    on_partition_failure: str = "forward"   # a SplitFailure value
+    lineage: bool = True
 
     def __call__(self, partition: int, rows: Iterator[Any]) -> Iterator[dict[str, Any]]:
         started = time.perf_counter()
         batch = [self._row_dict(row) for row in rows]
         fetched = time.perf_counter() - started
         sink = self._sink()
-        outcome = sink.process(batch, self.batch_id,
-                               query_id=ledger_query_id(self.query_name, self._spark_id, partition),
-                               watermark=self.watermark, punctuate=False, extra_timings=PhaseTimings(to_arrow=fetched))
+        query_id = ledger_query_id(self.query_name, self._spark_id, partition)
+        try:
+            outcome = sink.process(batch, self.batch_id, query_id=query_id, watermark=self.watermark,
+                                   punctuate=False, extra_timings=PhaseTimings(to_arrow=fetched))
+        except Exception as error:      # reported to the driver, which decides (module docstring)
+            failure = self._failure(sink, partition, query_id, batch, error)
+            sink.db.rules.wait_idle(self.detached_timeout)
+            yield failure
+            return
         sink.db.rules.wait_idle(self.detached_timeout)
         timings = outcome.timings
         yield {
             "partition": partition, "query_id": outcome.query_id, "committed": outcome.committed,
             "rows": outcome.rows, "events": outcome.events, "dead_letters": outcome.dead_letters,
             "rule_firings": dict(outcome.rule_firings), "timings": timings.as_tuple(),
+        }
+
+    def _failure(self, sink: IngestSink, partition: int, query_id: str, batch: list[dict[str, Any]],
+                 error: BaseException) -> dict[str, Any]:
+        """The report of a partition whose batch transaction failed; with the policy ``compensate`` (and not
+        an outage) its rows are dead letters first (``_atomic.settle_failed_partition``)."""
+        infrastructure = _atomic.is_infrastructure_failure(error)
+        letters, settled = 0, False
+        if not infrastructure and _atomic.as_policy(self.on_partition_failure) is _atomic.SplitFailure.COMPENSATE:
+            letters = _atomic.settle_failed_partition(sink, batch, query_id, self.batch_id, partition,
+                                                      self.partitions, error)
+            settled = True
+        return {
+            "partition": partition, "query_id": query_id, "committed": settled, "rows": len(batch), "events": 0, "dead_letters": letters, "rule_firings": {},
+            "timings": PhaseTimings().as_tuple(), "failed": True, "error": _atomic.describe(error),
+            "infrastructure": infrastructure,
         }
 
     def _row_dict(self, row: Any) -> dict[str, Any]:
@@ -144,7 +176,8 @@ class _PartitionTask:
         return self.query_id.rsplit("@", 1)[1]
 
     def _sink(self) -> IngestSink:
-        key = (self.url, _app_key(self.app), self.query_name, self.mapping, self.known_types, self.prefetch)
+        key = (self.url, _app_key(self.app), self.query_name, self.mapping, self.known_types, self.prefetch,
+               self.lineage)
         with _worker_mutex:
             sink = _worker_sinks.get(key)
         if sink is not None:
@@ -152,6 +185,7 @@ class _PartitionTask:
         database = _worker_database(self.url, self.app, dict(self.connect_options))
         sink = IngestSink(database, self.mapping, query_name=self.query_name, known_types=self.known_types,
                           prefetch=dict(self.prefetch))
+        sink.record_lineage = self.lineage
         with _worker_mutex:
             return _worker_sinks.setdefault(key, sink)
 
@@ -163,7 +197,10 @@ class PartitionedIngestSink(IngestSink):
     punctuates; the events are applied by the tasks' engines. ``app`` is what the tasks
     load to register the rules (a module name, an absolute ``.py`` path, or an importable
     ``register(db)`` callable). ``connect_options`` go to ``activedb.connect`` in the
-    tasks (default: the driver's ``rule_execution``).
+    tasks (default: the driver's ``rule_execution``). ``on_partition_failure`` — ``"forward"``
+    or ``"compensate"``: what a partition that fails for good means (``_atomic.py``); compensations
+    run on the driver's ``db`` (declare them there too). ``lineage`` — each partition's transaction
+    records that it consumed the source batch.
 
     Thread-safety: as :class:`IngestSink`.
     """
@@ -182,6 +219,8 @@ class PartitionedIngestSink(IngestSink):
         on_phase: Callable[[str, int], None] | None = None,
         connect_options: Mapping[str, Any] | None = None,
         detached_timeout: float = 300.0,
+        on_partition_failure: str = "forward",
+        lineage: bool = True,
     ) -> None:
         super().__init__(db, mapping, query_name=query_name, known_types=known_types, prefetch=prefetch,
                          spark_session=spark_session, on_phase=on_phase)
@@ -195,6 +234,9 @@ class PartitionedIngestSink(IngestSink):
             )
         self.partitions = partitions
         self.app = app
+        self.on_partition_failure = _atomic.as_policy(on_partition_failure)
+        self.record_lineage = lineage
+        self._declared: set[str] = set()   # ledger query ids whose policy was recorded; under self._mutex
         self._prefetch_items = tuple(sorted((prefetch or {}).items()))
         options = {"rule_execution": db.rules.execution}
         options.update(connect_options or {})
@@ -211,6 +253,7 @@ class PartitionedIngestSink(IngestSink):
             if not spark_query_id:
                 raise IngestError("PartitionedIngestSink must run as foreachBatch of a streaming query")
             query_id = self._query_id_for(spark_query_id)
+            self._declare(query_id)
             began = time.perf_counter()
             watermark = self.spark_watermark(spark_query_id)
             task = _PartitionTask(
@@ -220,12 +263,19 @@ class PartitionedIngestSink(IngestSink):
                 detached_timeout=self._detached_timeout,
                 local_time_columns=tuple(field.name for field in batch_df.schema.fields
                                          if field.dataType.typeName() == "timestamp"),
+                partitions=self.partitions, on_partition_failure=self.on_partition_failure.value,
+                lineage=self.record_lineage,
             )
             self._phase("fetched", batch_id)
             # Always run the job, also for a batch whose partitions all committed: running it
             # feeds Spark's event-time statistics (see _sink.py), and each task skips by itself.
             results = (batch_df.repartition(self.partitions, functions.col(self.mapping.key_column))
                        .rdd.mapPartitionsWithIndex(task).collect())
+            failures = [row for row in results if row.get("failed")]
+            if failures:
+                _atomic.settle(self.db, query_id, batch_id, self.partitions, self.on_partition_failure, failures)
+            elif any(not row["committed"] for row in results):
+                _atomic.after_replay(self.db, query_id, batch_id)
             outcome = self._combine(query_id, batch_id, watermark, results)
             if outcome.committed:
                 self._phase("committed", batch_id)
@@ -239,6 +289,15 @@ class PartitionedIngestSink(IngestSink):
             raise
         finally:
             self._leave()
+
+    def _declare(self, query_id: str) -> None:
+        """Record the query's partition count and policy once per run (``activedb status`` shows them)."""
+        with self._mutex:
+            if query_id in self._declared:
+                return
+        _atomic.declare_policy(self.db, query_id, self.query_name, self.partitions, self.on_partition_failure)
+        with self._mutex:
+            self._declared.add(query_id)
 
     @staticmethod
     def _combine(query_id: str, batch_id: int, watermark: dt.datetime | None, results: list[Any]) -> BatchOutcome:

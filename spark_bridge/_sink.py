@@ -47,6 +47,7 @@ from typing import Any
 from activedb import CommitParticipant, TxnState
 from activedb.store import jsonable
 
+from spark_bridge._atomic import lineage_participants
 from spark_bridge._ledger import (
     DEAD_LETTER_TABLE,
     IngestionLedger,
@@ -261,6 +262,10 @@ class IngestSink:
     Thread-safety: see the module docstring.
     """
 
+    #: Record each batch transaction's lineage (it consumed the source batch; ``spark_bridge/_atomic.py``),
+    #: in its own flush. ``ingest(..., lineage=False)`` sets it False on the sink.
+    record_lineage: bool = True
+
     def __init__(
         self,
         db: Any,
@@ -401,8 +406,9 @@ class IngestSink:
         if not _counted:
             self._enter()
         try:
+            participants = (*participants, *lineage_participants(self.db, query_id, batch_id, self.record_lineage))
             return self._process(rows, batch_id, query_id, watermark, extra_timings or PhaseTimings(), punctuate,
-                                 tuple(participants))
+                                 participants)
         finally:
             if not _counted:
                 self._leave()

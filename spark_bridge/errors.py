@@ -60,3 +60,10 @@ class AppLoadError(IngestError):
 
 class SourceError(IngestError):
     """A ``--source`` specification is malformed or its Spark connector is missing."""
+
+
+class PartitionFailed(IngestError):
+    """A partition of a scale-out batch failed for good and the query stops: with
+    ``on_partition_failure="forward"`` (fix the cause and restart from the checkpoint; the batch
+    completes), when PostgreSQL was unusable (restart once it is back), or when compensating the
+    committed partitions failed (declare the compensation; a restart resumes it)."""

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from activedb.atomic import _compensate, _graph
 from activedb.atomic._compensate import CompensationPlan, CompensationReport, Mode, Scope
 from activedb.atomic._graph import IndependentScover, LineageExplorer, TransactionLineage
-from activedb.atomic._lineage import BatchRef, RuleNotes, UndoKeys, add_note, record_of
+from activedb.atomic._lineage import BatchRef, ConsumedBatches, RuleNotes, UndoKeys, add_note, record_of
 from activedb.atomic.errors import LineageError, UnknownBatch
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -62,6 +62,13 @@ class Batches:
         record = record_of(transaction)
         with record.mutex:
             record.consumed[ref] = None
+
+    def consuming(self, query_id: Any, batch_id: Any = None) -> ConsumedBatches:
+        """A commit participant recording that the tree it is enlisted in consumed batch
+        ``(query_id, batch_id)``: ``db.transaction(participants=[db.batches.consuming(q, b)])`` is
+        ``db.batches.consumed(tx, q, b)`` for a caller that does not run the transaction's body (the Spark
+        sink).  Written in the same flush as the effects."""
+        return ConsumedBatches([_ref(query_id) if batch_id is None else BatchRef.of(query_id, batch_id)])
 
     def produced(self, transaction: "Transaction", query_id: Any, batch_id: Any = None) -> None:
         """``transaction``'s tree produced (derived) batch ``(query_id, batch_id)``: whoever consumes it is

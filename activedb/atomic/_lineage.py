@@ -12,6 +12,9 @@ Everything here plugs into the transaction manager's seams (``activedb/txn/READM
 * :class:`NoteParticipant` — one compensation note (a rule firing, a named action) enlisted on the node
   that made it: it reaches the root only if that node and every ancestor below the root commit
   (delegation), and is dropped with an aborted subtransaction;
+* :class:`ConsumedBatches` — a commit participant for callers that enlist participants when the
+  transaction begins (``db.transaction(participants=[...])``, the Spark sink): at the flush it adds its
+  batches to the tree's record as ``consumed`` and makes sure a writer writes them;
 * :class:`UndoKeys` — a ``TransactionExtension`` that asks for old images of the tables opted into
   generic before-image undo and collects the keys written there (registered only once a table is opted
   in, so it costs nothing otherwise);
@@ -209,6 +212,38 @@ class NoteParticipant(CommitParticipant):
     def before_flush(self, transaction: "Transaction") -> None:
         with self.record.mutex:
             self.record.notes.append(self.note)
+
+
+class ConsumedBatches(CommitParticipant):
+    """Records, at the flush of the tree it is enlisted in, that the tree consumed ``refs``
+    (``db.batches.consuming(query, batch)``).  Same effect as ``db.batches.consumed(tx, ...)`` called while
+    the tree runs, for callers that only hand participants to ``db.transaction(participants=[...])``.
+
+    The flush copies its participant list before ``before_flush``, so a writer enlisted there would not
+    write: if the tree's record has no writer yet, this participant makes one and calls it itself.
+    Reusable across attempts (a re-run batch enlists it in a new tree).  Used by one flush at a time."""
+
+    def __init__(self, refs: Iterable[BatchRef]):
+        self.refs = tuple(refs)
+        self._writer: LineageWriter | None = None   # the writer this participant runs (no other one enlisted)
+
+    def before_flush(self, transaction: "Transaction") -> None:
+        record = transaction.root.slot(LineageRecord)
+        self._writer = None
+        with record.mutex:
+            for ref in self.refs:
+                record.consumed[ref] = None
+            if record.writer is None:
+                # Invariant kept: the record's one writer is this participant's (enlisted through it).
+                record.writer = self._writer = LineageWriter(record)
+
+    def write(self, transaction: "Transaction", connection: sa.Connection) -> None:
+        if self._writer is not None:
+            self._writer.write(transaction, connection)
+
+    def about_to_commit(self, transaction: "Transaction", connection: sa.Connection) -> None:
+        if self._writer is not None:
+            self._writer.about_to_commit(transaction, connection)
 
 
 def add_note(transaction: "Transaction", note: dict) -> None:

@@ -1,0 +1,62 @@
+"""Split batches of the Spark scale-out path (issue 15): the policy each query declared for a partition
+that fails for good, and every such failure with how it was settled.
+
+What this revision installs (the design note is ``spark_bridge/README.md``, "Atomic split batches"):
+
+* ``activedb_split_queries`` — one row per scale-out query (ledger query id ``NAME@SPARK_QUERY_ID``):
+  its partition count and ``on_partition_failure`` (``forward`` or ``compensate``), written by the driver
+  at the query's first batch of each run (``activedb status`` shows it);
+* ``activedb_split_failures`` — one row per partition of a source batch that failed for good: the
+  policy applied, the error, and the state — ``pending completion`` (forward: the batch completes when
+  the partition is applied again after the fix), ``completed``, ``compensating`` (the failed partition's
+  rows are dead letters; the committed partitions are being compensated), ``compensated``.
+
+The downgrade drops both tables.
+
+Revision ID: 0008_split_batches
+Revises: 0007_lineage
+Create Date: 2026-12-02
+"""
+from alembic import op
+
+revision = "0008_split_batches"
+down_revision = "0007_lineage"
+branch_labels = None
+depends_on = None
+
+UPGRADE = """
+CREATE TABLE activedb_split_queries (
+    query_id text PRIMARY KEY,
+    query_name text NOT NULL,
+    partitions integer NOT NULL CHECK (partitions > 0),
+    on_partition_failure text NOT NULL CHECK (on_partition_failure IN ('forward', 'compensate')),
+    declared_at timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE activedb_split_failures (
+    query_id text NOT NULL,
+    batch_id bigint NOT NULL,
+    partition integer NOT NULL,
+    partitions integer NOT NULL,
+    policy text NOT NULL CHECK (policy IN ('forward', 'compensate')),
+    state text NOT NULL CHECK (state IN ('pending completion', 'completed', 'compensating', 'compensated')),
+    error text NOT NULL,
+    failed_at timestamptz NOT NULL DEFAULT now(),
+    settled_at timestamptz,
+    compensated integer,
+    PRIMARY KEY (query_id, batch_id, partition)
+);
+"""
+
+DOWNGRADE = """
+DROP TABLE activedb_split_failures;
+DROP TABLE activedb_split_queries;
+"""
+
+
+def upgrade() -> None:
+    op.execute(UPGRADE)
+
+
+def downgrade() -> None:
+    op.execute(DOWNGRADE)

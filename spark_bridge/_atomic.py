@@ -1,0 +1,314 @@
+"""Atomic batches on the Spark bridge (issue 15): lineage of every batch transaction, and what the
+scale-out path does when one partition of a batch fails for good.
+
+**Lineage.** Every batch transaction the sink commits records, in its own flush, that it consumed the
+*source* batch ``(NAME@SPARK_QUERY_ID, b)`` — for a scale-out partition too (its ledger id
+``NAME@SPARK_QUERY_ID#pK`` minus ``#pK``), so the partitions of a batch are one composite transaction
+``𝒯(b)`` of ``db.batches`` (``activedb/atomic/README.md``).  :func:`lineage_participants` gives the
+commit participant (``db.batches.consuming``); on by default, ``ingest(..., lineage=False)`` turns it
+off.
+
+**A partition that fails for good** (``ingest(..., partition_by_key=N, on_partition_failure=...)``).
+Each scale-out task reports a failure of its batch transaction instead of failing the Spark job, so every
+other partition runs to its end (committed or failed) before the driver decides:
+
+* a failure of PostgreSQL itself (unreachable, the connection lost) is not the partition's fault: the
+  query fails whatever the policy, and the batch is completed forward by Spark's replay;
+* ``forward`` (the default; the behaviour before this option) — the failure is recorded
+  (``activedb_split_failures``, state *pending completion*) and the query fails with
+  :class:`~spark_bridge.errors.PartitionFailed`; after the fix, restarting the query from its checkpoint
+  re-runs the batch: the ledger skips the committed partitions, the failed one is applied, the rows turn
+  *completed*;
+* ``compensate`` — the failed task writes, in one transaction, its partition's rows as dead letters, its
+  ledger row (0 events) and its failure row (*compensating*); the driver then compensates the committed
+  partitions and everything they triggered (``db.batches.settle_failed_split``), marks the rows
+  *compensated*, punctuates and goes on with the next batch: the source batch left no effect, and its
+  failed partition's rows can be replayed from the dead letters once the cause is fixed.  A crash in
+  between: Spark re-runs the batch, every partition is skipped by the ledger, and the driver finds the
+  *compensating* rows and resumes the compensation (each transaction is compensated at most once).
+
+Compensating needs a compensation for what the partitions wrote (before-image undo of the application's
+tables, rule or transaction compensations — declared on the driver's database); without one, the query
+fails with what to declare and resumes the compensation when restarted.
+
+Everything here uses activedb's public API (``db.batches``, commit participants, ``db.transaction``).
+Thread-safety: stateless functions; :class:`FailureRow` is used by one flush at a time.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+
+from activedb import CommitParticipant
+from activedb.atomic import SplitFailure
+
+from spark_bridge._ledger import IngestionLedger, ledger_query_id, parse_ledger_query_id
+from spark_bridge.errors import IngestError, PartitionFailed
+
+__all__ = ["SplitBatchStatus", "SplitState", "as_policy", "lineage_participants", "source_query_id",
+           "split_status"]
+
+logger = logging.getLogger("spark_bridge.ingest")
+
+QUERIES_TABLE = "activedb_split_queries"
+FAILURES_TABLE = "activedb_split_failures"
+
+
+class SplitState(enum.Enum):
+    """The state of a failed partition of a source batch (``activedb_split_failures.state``).
+
+    Transitions: PENDING_COMPLETION → COMPLETED (forward: the batch was re-run after the fix and the
+    partition committed); PENDING_COMPLETION → COMPENSATING (the query was restarted with
+    ``on_partition_failure="compensate"`` and the partition failed again); COMPENSATING → COMPENSATED."""
+
+    PENDING_COMPLETION = "pending completion"
+    COMPLETED = "completed"
+    COMPENSATING = "compensating"
+    COMPENSATED = "compensated"
+
+
+def as_policy(value: Any) -> SplitFailure:
+    """``on_partition_failure`` as a :class:`activedb.atomic.SplitFailure`, or a clear error."""
+    try:
+        return SplitFailure(getattr(value, "value", value))
+    except ValueError:
+        raise IngestError(f"on_partition_failure must be 'forward' (re-run the failed partition after the fix) or "
+                          f"'compensate' (undo the committed partitions), got {value!r}") from None
+
+
+# --- lineage -------------------------------------------------------------------------------------------
+
+def source_query_id(query_id: str) -> str:
+    """The source batch's query id of a ledger query id: ``NAME@SPARK`` for ``NAME@SPARK#pK``; other ids
+    (a dead-letter replay's ``replay:NAME``, the baseline's bare ids) as they are."""
+    name, spark_id, partition = parse_ledger_query_id(query_id)
+    return query_id if spark_id is None or partition is None else ledger_query_id(name, spark_id)
+
+
+def lineage_participants(db: Any, query_id: str, batch_id: int, enabled: bool = True) -> tuple:
+    """The commit participants that record the batch transaction's lineage: it consumed the source batch
+    ``(source_query_id(query_id), batch_id)``.  Empty when lineage is off."""
+    if not enabled:
+        return ()
+    return (db.batches.consuming(source_query_id(query_id), batch_id),)
+
+
+# --- the policy a query declared -------------------------------------------------------------------------
+
+def declare_policy(db: Any, query_id: str, query_name: str, partitions: int, policy: SplitFailure) -> None:
+    """Record (upsert) the scale-out query's partition count and policy, for ``activedb status``."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text(
+            f"INSERT INTO {QUERIES_TABLE} (query_id, query_name, partitions, on_partition_failure) "
+            "VALUES (:q, :name, :n, :policy) ON CONFLICT (query_id) DO UPDATE SET partitions = EXCLUDED.partitions, "
+            "on_partition_failure = EXCLUDED.on_partition_failure, declared_at = now()"),
+            {"q": query_id, "name": query_name, "n": partitions, "policy": policy.value})
+
+
+# --- the failed task's side ---------------------------------------------------------------------------------
+
+def is_infrastructure_failure(error: BaseException) -> bool:
+    """PostgreSQL unusable (not the partition's fault): replay will complete the batch."""
+    from spark_bridge._sink import _is_infrastructure_failure
+
+    return _is_infrastructure_failure(error)
+
+
+def describe(error: BaseException) -> str:
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+class FailureRow(CommitParticipant):
+    """Writes (upserts) a failed partition's ``activedb_split_failures`` row inside a flush."""
+
+    def __init__(self, query_id: str, batch_id: int, partition: int, partitions: int, policy: SplitFailure,
+                 state: SplitState, error: str):
+        self.values = {"q": query_id, "b": batch_id, "p": partition, "n": partitions, "policy": policy.value,
+                       "state": state.value, "error": error}
+
+    def write(self, transaction: Any, connection: Any) -> None:
+        _upsert_failure(connection, self.values)
+
+
+def _upsert_failure(connection: Any, values: Mapping[str, Any]) -> None:
+    connection.execute(sa.text(
+        f"INSERT INTO {FAILURES_TABLE} (query_id, batch_id, partition, partitions, policy, state, error) "
+        "VALUES (:q, :b, :p, :n, :policy, :state, :error) ON CONFLICT (query_id, batch_id, partition) DO UPDATE "
+        "SET policy = EXCLUDED.policy, state = EXCLUDED.state, error = EXCLUDED.error, failed_at = now(), "
+        "settled_at = NULL, compensated = NULL"), dict(values))
+
+
+def settle_failed_partition(sink: Any, rows: Sequence[Mapping[str, Any]], query_id: str, batch_id: int,
+                            partition: int, partitions: int, error: BaseException) -> int:
+    """Policy *compensate*, in the failed task: the partition's rows become dead letters, with its ledger row
+    (0 events) and its failure row (*compensating*), in one transaction.  Returns the number of letters.
+
+    From then on a replay of the batch skips this partition (the ledger has it), and the driver — now or
+    after a restart — compensates the partitions that committed."""
+    from activedb.store import jsonable
+
+    source = source_query_id(query_id)
+    reason = (f"partition {partition} of batch {batch_id} failed for good ({describe(error)}); the source batch "
+              f"was compensated (on_partition_failure='compensate') — replay these rows once the cause is fixed")
+    letters = [(reason, dict(jsonable(row))) for row in rows]
+    ledger = IngestionLedger(sink.db, query_id, batch_id)
+    failure = FailureRow(source, batch_id, partition, partitions, SplitFailure.COMPENSATE, SplitState.COMPENSATING,
+                         describe(error))
+    with sink.db.transaction(name=f"ingest-failed:{sink.query_name}", participants=[ledger, failure]) as tx:
+        sink._insert_dead_letters(tx, query_id, batch_id, letters)
+        ledger.dead_letters = len(letters)
+    return len(letters)
+
+
+# --- the driver's side ------------------------------------------------------------------------------------------
+
+def record_forward_failures(db: Any, source: str, batch_id: int, partitions: int,
+                            failures: Sequence[Mapping[str, Any]]) -> None:
+    """Policy *forward*: record each failed partition as *pending completion*."""
+    with db.engine.begin() as connection:
+        for failure in failures:
+            _upsert_failure(connection, {"q": source, "b": batch_id, "p": failure["partition"], "n": partitions,
+                                         "policy": SplitFailure.FORWARD.value,
+                                         "state": SplitState.PENDING_COMPLETION.value, "error": failure["error"]})
+
+
+def compensate_split(db: Any, source: str, batch_id: int) -> int:
+    """Compensate the committed partitions of ``(source, batch_id)`` and mark its *compensating* rows
+    *compensated*; the number of transactions compensated (by this call and before).  Resumable."""
+    from activedb.atomic.errors import LineageError, UnknownBatch
+
+    try:
+        report = db.batches.settle_failed_split((source, batch_id), on_failure=SplitFailure.COMPENSATE.value)
+        compensated = len(report.compensated) + len(report.plan.already)
+    except UnknownBatch:
+        compensated = 0          # no partition committed (or lineage is off): nothing to undo
+    except LineageError as error:
+        raise PartitionFailed(
+            f"batch {batch_id} of {source}: a partition failed for good and compensating the committed ones "
+            f"failed: {error}. The failed partition's rows are dead letters; fix the cause (declare the "
+            f"compensation on the driver's database) and restart the query from its checkpoint — the "
+            f"compensation resumes where it stopped") from error
+    with db.engine.begin() as connection:
+        connection.execute(sa.text(
+            f"UPDATE {FAILURES_TABLE} SET state = :done, settled_at = now(), compensated = :n "
+            "WHERE query_id = :q AND batch_id = :b AND state = :compensating"),
+            {"done": SplitState.COMPENSATED.value, "n": compensated, "q": source, "b": batch_id,
+             "compensating": SplitState.COMPENSATING.value})
+    logger.warning("batch %s of %s: a partition failed for good; %d committed transaction(s) compensated, the "
+                   "failed partition's rows are dead letters", batch_id, source, compensated)
+    return compensated
+
+
+def after_replay(db: Any, source: str, batch_id: int) -> None:
+    """A batch some partitions of which the ledger skipped (Spark re-ran it) has no failure now: a forward
+    failure of it is *completed*; an interrupted compensation of it is resumed."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text(
+            f"UPDATE {FAILURES_TABLE} SET state = :completed, settled_at = now() "
+            "WHERE query_id = :q AND batch_id = :b AND state = :pending"),
+            {"completed": SplitState.COMPLETED.value, "q": source, "b": batch_id,
+             "pending": SplitState.PENDING_COMPLETION.value})
+        compensating = connection.execute(sa.text(
+            f"SELECT 1 FROM {FAILURES_TABLE} WHERE query_id = :q AND batch_id = :b AND state = :compensating"),
+            {"q": source, "b": batch_id, "compensating": SplitState.COMPENSATING.value}).first()
+    if compensating is not None:
+        compensate_split(db, source, batch_id)
+
+
+def settle(db: Any, source: str, batch_id: int, partitions: int, policy: SplitFailure,
+           failures: Sequence[Mapping[str, Any]]) -> None:
+    """The driver's decision for a batch some partitions of which failed (their task reports): raises
+    :class:`PartitionFailed` when the query must stop (forward, or PostgreSQL unusable), else compensates."""
+    which = ", ".join(f"partition {failure['partition']}: {failure['error']}" for failure in failures)
+    if any(failure["infrastructure"] for failure in failures):
+        raise PartitionFailed(
+            f"batch {batch_id} of {source}: PostgreSQL was unusable for {which}. Nothing is compensated for an "
+            f"outage: restart the query from its checkpoint once PostgreSQL is back — Spark re-runs the batch, "
+            f"the committed partitions are skipped and the others applied")
+    if policy is SplitFailure.FORWARD:
+        record_forward_failures(db, source, batch_id, partitions, failures)
+        raise PartitionFailed(
+            f"batch {batch_id} of {source} is split and {which} failed for good; the other partitions "
+            f"committed (on_partition_failure='forward'). Fix the cause and restart the query from its "
+            f"checkpoint: Spark re-runs the batch, the committed partitions are skipped and the failed one is "
+            f"applied. To undo the committed partitions instead, restart with on_partition_failure='compensate'")
+    compensate_split(db, source, batch_id)
+
+
+# --- status ---------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SplitBatchStatus:
+    """One source batch of a scale-out query with a failed partition (or the query's policy alone, with
+    ``batch_id`` None). Immutable."""
+
+    query_name: str
+    query_id: str
+    on_partition_failure: str | None
+    partitions: int | None
+    batch_id: int | None = None
+    state: str | None = None                  # the batch's least settled partition state
+    failed_partitions: tuple[int, ...] = ()
+    error: str | None = None
+    compensated: int | None = None
+
+
+def split_status(db: Any, query_name: str | None = None) -> list[SplitBatchStatus]:
+    """The scale-out queries' declared policies and their batches with a partition that failed for good,
+    from PostgreSQL (``activedb status``)."""
+    with db.engine.connect() as connection:
+        queries = connection.execute(sa.text(
+            f"SELECT query_id, query_name, partitions, on_partition_failure FROM {QUERIES_TABLE}")).all()
+        failures = connection.execute(sa.text(
+            f"SELECT query_id, batch_id, partition, partitions, policy, state, error, compensated "
+            f"FROM {FAILURES_TABLE} ORDER BY query_id, batch_id, partition")).all()
+    declared = {row.query_id: row for row in queries}
+    order = [state.value for state in (SplitState.PENDING_COMPLETION, SplitState.COMPENSATING,
+                                       SplitState.COMPLETED, SplitState.COMPENSATED)]
+    grouped: dict[tuple[str, int], list[Any]] = {}
+    for row in failures:
+        grouped.setdefault((row.query_id, row.batch_id), []).append(row)
+    result = []
+    for query_id, row in sorted(declared.items()):
+        if query_name is None or row.query_name == query_name:
+            result.append(SplitBatchStatus(row.query_name, query_id, row.on_partition_failure, row.partitions))
+    for (query_id, batch_id), rows in sorted(grouped.items()):
+        name = parse_ledger_query_id(query_id)[0]
+        if query_name is not None and name != query_name:
+            continue
+        state = min((row.state for row in rows), key=order.index)
+        result.append(SplitBatchStatus(
+            name, query_id, rows[0].policy, rows[0].partitions, batch_id, state,
+            tuple(row.partition for row in rows), rows[0].error,
+            max((row.compensated for row in rows if row.compensated is not None), default=None)))
+    return result
+
+
+def print_split_batches(console: Any, statuses: list[SplitBatchStatus]) -> None:
+    """The scale-out policies and the split batches with a failed partition (``activedb status``)."""
+    if not statuses:
+        return
+    from rich.table import Table
+
+    for status in statuses:
+        if status.batch_id is None:
+            console.print(f"scale-out query {status.query_name} ({status.partitions} partitions): "
+                          f"on_partition_failure={status.on_partition_failure}", highlight=False)
+    failed = [status for status in statuses if status.batch_id is not None]
+    if not failed:
+        return
+    table = Table(title="split batches with a partition that failed for good (activedb_split_failures)")
+    for column in ("query", "batch", "policy", "state", "failed partitions", "compensated", "error"):
+        table.add_column(column)
+    for status in failed:
+        table.add_row(status.query_name, str(status.batch_id), status.on_partition_failure or "-",
+                      status.state or "-", ", ".join(map(str, status.failed_partitions)),
+                      "-" if status.compensated is None else str(status.compensated), status.error or "")
+    console.print(table)

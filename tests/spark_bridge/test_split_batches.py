@@ -1,0 +1,246 @@
+"""Atomic batches through the Spark bridge (issue 15): lineage of every batch transaction, and a scale-out
+batch one partition of which fails for good (``ingest(..., on_partition_failure=...)``).
+
+* without Spark: ``IngestSink.process`` records, in the batch's own flush, that its transaction consumed
+  the source batch — a scale-out partition (ledger id ``NAME@SPARK#pK``) the source ``NAME@SPARK`` — and
+  records nothing with lineage off; a driver that died between the failed task's settlement and the
+  compensation is resumed by the replay, once;
+* real Spark (``local[2]``, two partitions, the ``app_split`` application whose poisoned key makes its
+  partition's commit fail until a fix row exists), three batches, the poison in the second:
+  - ``compensate``: the stream runs to its end; the committed partition of batch 1 is compensated, the
+    failed one's rows are dead letters, and the counters equal batches 0 and 2 applied directly (batch 1
+    left no effect); every row of batch 1 is counted once; ``activedb status`` shows the policy and the
+    compensated batch;
+  - ``forward``: the query stops at batch 1 with ``PartitionFailed`` (the other partition committed, the
+    failure is *pending completion*); after the fix, restarting from the checkpoint completes it — the
+    counters equal all rows applied directly, no partition applied twice.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+
+import pytest
+import sqlalchemy as sa
+
+import activedb
+import spark_bridge
+from spark_bridge import IngestSink
+from spark_bridge.errors import IngestError, PartitionFailed
+from tests.spark_bridge import app_split
+from tests.spark_bridge._streams import (
+    BASE_TIME,
+    STREAM_TIMEOUT_SECONDS,
+    apply_directly,
+    counter_workload,
+    iso,
+    run_to_end,
+    write_files,
+)
+
+APP_FILE = app_split.__file__
+
+
+def split_database(url: str) -> activedb.Database:
+    database = activedb.connect(url)
+    database.upgrade_app(app_split.MIGRATIONS)
+    app_split.register(database)
+    return database
+
+
+def counters(database) -> list[tuple]:
+    with database.engine.connect() as connection:
+        return sorted(tuple(row) for row in connection.execute(sa.text("SELECT * FROM counters")))
+
+
+def query_rows(database, sql: str, **params) -> list[tuple]:
+    with database.engine.connect() as connection:
+        return [tuple(row) for row in connection.execute(sa.text(sql), params)]
+
+
+def _row(seq: int, key: str, minute: int, amount: int = 5) -> dict:
+    return {"type": "add", "key": key, "ts": iso(BASE_TIME + dt.timedelta(minutes=minute, seconds=seq % 50)),
+            "amount": amount, "seq": seq}
+
+
+# --- lineage, without Spark ------------------------------------------------------------------------------------
+
+def test_every_batch_transaction_records_the_source_batch_it_consumed(make_database_url):
+    database = split_database(make_database_url("lineage"))
+    try:
+        spark_id = str(uuid.uuid4())
+        driver, partition = f"q@{spark_id}", f"q@{spark_id}#p1"
+        sink = IngestSink(database, app_split.MAPPING, query_name="q")
+        first = sink.process([_row(1, "a", 0)], 0, query_id=driver)
+        second = sink.process([_row(2, "b", 0)], 1, query_id=partition)
+        assert first.committed and second.committed
+        [applied] = database.batches.composite((driver, 0))
+        [partitioned] = database.batches.composite((driver, 1))        # the partition consumed the source batch
+        ledger = dict(((q, b), t) for q, b, t in query_rows(
+            database, "SELECT query_id, batch_id, transaction_id FROM activedb_ingestion_ledger"))
+        assert (ledger[(driver, 0)], ledger[(partition, 1)]) == (applied, partitioned)
+        assert database.batches.transaction(applied).name == "ingest:q"
+
+        sink.record_lineage = False
+        assert sink.process([_row(3, "c", 0)], 2, query_id=driver).committed
+        assert query_rows(database, "SELECT count(*) FROM activedb_lineage_batches WHERE batch_id = '2'") == [(0,)]
+    finally:
+        database.close()
+
+
+def test_a_driver_that_died_before_compensating_is_resumed_by_the_replay(make_database_url):
+    """The failed task settled (dead letters, ledger row, *compensating*) and the driver died before it
+    compensated: when Spark re-runs the batch every partition is skipped, and the driver resumes the
+    compensation — once."""
+    from spark_bridge import _atomic
+
+    database = split_database(make_database_url("resume"))
+    try:
+        source = f"q@{uuid.uuid4()}"
+        sink = IngestSink(database, app_split.MAPPING, query_name="q")
+        assert sink.process([_row(1, "a", 0), _row(2, "b", 0)], 4, query_id=f"{source}#p0").committed
+        poisoned = [_row(3, app_split.POISON_KEY, 0)]
+        with pytest.raises(app_split.PoisonedBatch) as refused:
+            sink.process(poisoned, 4, query_id=f"{source}#p1")
+        assert _atomic.settle_failed_partition(sink, poisoned, f"{source}#p1", 4, 1, 2, refused.value) == 1
+        assert len(counters(database)) == 2 and _failures(database) == [(4, 1, "compensate", "compensating")]
+
+        # The replay: the ledger has both partitions (skipped); the driver finds the interrupted settlement.
+        assert not sink.process(poisoned, 4, query_id=f"{source}#p1").committed
+        _atomic.after_replay(database, source, 4)
+        assert counters(database) == [] and _failures(database) == [(4, 1, "compensate", "compensated")]
+        _atomic.after_replay(database, source, 4)                     # again: nothing left to do
+        assert query_rows(database, "SELECT count(*) FROM activedb_lineage WHERE compensates IS NOT NULL") == [(1,)]
+        assert query_rows(database, "SELECT reason LIKE '%failed for good (PoisonedBatch%' FROM activedb_dead_letters"
+                          ) == [(True,)]
+    finally:
+        database.close()
+
+
+@pytest.mark.spark
+def test_on_partition_failure_is_checked_and_belongs_to_the_scale_out_path(spark, tmp_path, make_database_url):
+    database = split_database(make_database_url("misuse"))
+    try:
+        frame = spark.readStream.schema(app_split.SCHEMA).json(str(tmp_path))
+        common = dict(mapping=app_split.MAPPING, query_name="x", checkpoint_location=str(tmp_path / "c"))
+        with pytest.raises(IngestError, match="on_partition_failure= is for the scale-out path only"):
+            spark_bridge.ingest(database, frame, on_partition_failure="compensate", **common)
+        with pytest.raises(IngestError, match="'forward'.*'compensate'.*got 'undo'"):
+            spark_bridge.ingest(database, frame, partition_by_key=2, app=APP_FILE, on_partition_failure="undo",
+                                **common)
+    finally:
+        database.close()
+
+
+# --- a poisoned partition, real Spark ---------------------------------------------------------------------------
+
+def _workload():
+    """Three files; file 1 also holds two ``add``s of the poisoned key (after its other rows' keys k0..k5)."""
+    workload = counter_workload(files=3, rows_per_file=24, seed=31, keys=6)
+    poison = [_row(1000 + number, app_split.POISON_KEY, 1, amount=7) for number in range(2)]
+    workload.batches[1].extend(poison)
+    return workload, poison
+
+
+def _ingest(spark, database, directory, checkpoint, policy):
+    frame = spark.readStream.schema(app_split.SCHEMA).option("maxFilesPerTrigger", 1).json(str(directory))
+    return spark_bridge.ingest(database, frame, mapping=app_split.MAPPING, query_name="split",
+                               checkpoint_location=str(checkpoint), trigger={"availableNow": True},
+                               partition_by_key=2, app=APP_FILE, on_partition_failure=policy)
+
+
+def _good(workload, files) -> list[dict]:
+    """The rows of ``files`` that validation accepts (``Workload.good`` in file order)."""
+    per_file = len(workload.good) // 3
+    return [row for index in files for row in workload.good[index * per_file:(index + 1) * per_file]]
+
+
+def _ledger(database, batch_id) -> dict[str, tuple[int, int]]:
+    return {query_id.rsplit("#", 1)[1]: (events, letters) for query_id, events, letters in query_rows(
+        database, "SELECT query_id, events, dead_letters FROM activedb_ingestion_ledger WHERE batch_id = :b",
+        b=batch_id)}
+
+
+def _failures(database) -> list[tuple]:
+    return query_rows(database, "SELECT batch_id, partition, policy, state FROM activedb_split_failures")
+
+
+@pytest.mark.spark
+def test_compensate_a_batch_whose_partition_fails_for_good(spark, tmp_path, make_database_url):
+    workload, poison = _workload()
+    write_files(tmp_path / "in", workload.batches)
+    streamed, direct = split_database(make_database_url("comp")), split_database(make_database_url("comp_d"))
+    try:
+        query = _ingest(spark, streamed, tmp_path / "in", tmp_path / "checkpoint", "compensate")
+        run_to_end(query)                                   # the stream went on past the poisoned batch
+        source = f"split@{query.id}"
+
+        apply_directly(direct, _good(workload, [0, 2]))
+        assert counters(streamed) == counters(direct)       # batch 1 left no effect on the application
+        [(batch, failed, policy, state)] = _failures(streamed)
+        assert (batch, policy, state) == (1, "compensate", "compensated")
+
+        ledger = _ledger(streamed, 1)
+        assert set(ledger) == {"p0", "p1"} and ledger[f"p{failed}"][0] == 0
+        assert sum(events + letters for events, letters in ledger.values()) == len(workload.batches[1])
+        letters = query_rows(streamed, "SELECT raw->>'seq' FROM activedb_dead_letters WHERE batch_id = 1 "
+                                       "AND query_id = :q AND reason LIKE '%failed for good%'",
+                             q=f"{source}#p{failed}")
+        assert len(letters) == ledger[f"p{failed}"][1]        # the failed partition's rows, once each
+        assert {str(row["seq"]) for row in poison} <= {seq for (seq,) in letters}
+
+        # Lineage: both partitions of every batch consumed the source batch; batch 1's committed one was
+        # compensated by a recorded transaction, and compensating again finds nothing left.
+        assert len(streamed.batches.composite((source, 0))) == 2
+        [committed] = streamed.batches.composite((source, 1))
+        assert streamed.batches.transaction(committed).compensated_by is not None
+        assert streamed.batches.settle_failed_split((source, 1), on_failure="compensate").compensated == []
+
+        from click.testing import CliRunner
+
+        from activedb.cli import main
+
+        result = CliRunner().invoke(main, ["--url", streamed.url.render_as_string(hide_password=False), "status"],
+                                    env={"COLUMNS": "250"})
+        assert result.exit_code == 0, result.output
+        assert "on_partition_failure=compensate" in result.output
+        assert "compensated" in result.output and "PoisonedBatch" in result.output
+    finally:
+        streamed.close()
+        direct.close()
+
+
+@pytest.mark.spark
+def test_forward_completes_the_batch_after_the_fix(spark, tmp_path, make_database_url):
+    workload, poison = _workload()
+    write_files(tmp_path / "in", workload.batches)
+    streamed, direct = split_database(make_database_url("fwd")), split_database(make_database_url("fwd_d"))
+    try:
+        query = _ingest(spark, streamed, tmp_path / "in", tmp_path / "checkpoint", "forward")
+        with pytest.raises(Exception):
+            query.awaitTermination(STREAM_TIMEOUT_SECONDS)
+        failed_batch, failure = spark_bridge.sink_of(query).last_failure()
+        assert failed_batch == 1 and isinstance(failure, PartitionFailed), failure
+        [(batch, failed, policy, state)] = _failures(streamed)
+        assert (batch, policy, state) == (1, "forward", "pending completion")
+        assert set(_ledger(streamed, 1)) == {f"p{1 - failed}"}   # the other partition committed
+
+        with streamed.transaction() as tx:                       # the fix
+            tx.insert("items", key=app_split.FIX_KEY, value=1)
+        resumed = _ingest(spark, streamed, tmp_path / "in", tmp_path / "checkpoint", "forward")
+        run_to_end(resumed)
+
+        with direct.transaction() as tx:
+            tx.insert("items", key=app_split.FIX_KEY, value=1)
+        reference = apply_directly(direct, _good(workload, [0, 1, 2]) + poison)
+        assert counters(streamed) == counters(direct)            # complete, nothing lost or doubled
+        assert _failures(streamed) == [(1, failed, "forward", "completed")]
+        rows = query_rows(streamed, "SELECT query_id, batch_id FROM activedb_ingestion_ledger")
+        assert sorted(batch for _, batch in rows) == [0, 0, 1, 1, 2, 2]
+        assert sum(events for events, _ in _ledger(streamed, 0).values()) + sum(
+            events for batch in (1, 2) for events, _ in _ledger(streamed, batch).values()) == reference.applied
+        assert len(streamed.batches.composite((f"split@{query.id}", 1))) == 2
+    finally:
+        streamed.close()
+        direct.close()
