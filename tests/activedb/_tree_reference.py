@@ -13,14 +13,17 @@ What it models
   the committed table (a difference is ``SerializationConflict``) and applies the write set.  A
   child whose relied image of a row differs from the one its parent relies on cannot commit
   (``SerializationConflict``).
-* **Locks** (Härder-Rothermel, lockmgr/README.md).  A node's own operations hold their locks
-  through its *segment* (owner ``"<node>#"``): READ/WRITE on ``("row", "items", (key,))`` after
-  IR/IW on ``("table", "items")``; a scan takes READ on the table.  The segment commits -- its
-  holds become the node's retains -- when the node creates a child, waits for a child
-  (``handle.result``), or commits.  Rule 1 decides grants; a committing node hands its locks to
-  its parent (retained), a top-level commit or any abort releases them.  The wait-for graph has
-  the wait edges of waiting requests and a commit edge from every node to each active child
-  (segments included); a request that closes a cycle is the deadlock victim ("requester" policy).
+* **Locks** (Härder-Rothermel, lockmgr/README.md).  A node's own operations *hold* their locks on
+  the node itself: READ/WRITE on ``("row", "items", (key,))`` after IR/IW on ``("table", "items")``;
+  a scan takes READ on the table.  Its holds become *retained* (in place) when the node creates a
+  child, waits for a child that has not ended (``handle.result``), or commits.  Rule 1 decides
+  grants (a lock the running parent *holds* keeps its children out; one it *retains* does not); a
+  committing node's locks count as retained by its parent (lazy inheritance: the lock manager
+  reports them so), a top-level commit or any abort releases them.  Commit edges are *declared*
+  (activedb runs the lock manager with ``commit_edges="declared"``): the wait-for graph has the edges
+  of waiting lock requests, an edge from a node to its inline child for the child's whole life, and
+  from a node to the child it waits for (``handle.result``) or, while its commit waits, to every
+  active child.  A request that closes a cycle is the deadlock victim ("requester" policy).
 * **Threads.**  Every node is an actor: IDLE (ready for a step), LOCK_WAIT, COMMIT_WAIT and
   ABORT_WAIT (its commit/abort waits for spawned children), JOIN_WAIT (``handle.result`` on a
   child), INLINE (its thread runs an inline child), ENDED.  A doomed idle node is told to abort
@@ -32,8 +35,8 @@ What it leaves out (transitions that need it are reported ``ambiguous`` and not 
   request, or a granted step continuing to its next lock) -- except the exempt conversion case
   in which the requester blocks the waiter and is granted or is the deadlock victim at once.
 * Deadlocks other than one closed by the request of the step the test sends (e.g. one closed by
-  a wait redirected from a segment to its node when the segment commits, or by a step that
-  continues after a grant): which thread is told first is a race there.
+  a wait redirected to a parent when a child commits, by a parent registering its wait for a
+  child, or by a step that continues after a grant): which thread is told first is a race there.
 
 Every method is single-threaded; the model is deep-copied to try a transition.
 """
@@ -107,7 +110,7 @@ class Change:
 
 
 def compose(earlier: Change, later: Change) -> Change:
-    """``earlier`` then ``later`` on one row (the table in activedb/_store.py's docstring)."""
+    """``earlier`` then ``later`` on one row (the table in the docstring of activedb/store/_writeset.py)."""
     if later.kind is ChangeKind.DELETE:
         return later
     if earlier.kind is ChangeKind.DELETE:
@@ -160,7 +163,7 @@ class Node:
     doomed: bool = False
     abort_sent: bool = False
     in_lock_manager: bool = True      # begun there and not yet committed or aborted
-    segment: bool = False             # its segment is active in the lock manager
+    holds: bool = False               # an operation of its own took a lock since its holds were last retained
     children: list[str] = field(default_factory=list)
     writes: dict[str, Change] = field(default_factory=dict)
     db_reads: dict[str, dict | None] = field(default_factory=dict)
@@ -201,10 +204,6 @@ class Expect:
     what: str
     node: str
     value: Any = None
-
-
-def segment_of(name: str) -> str:
-    return name + "#"
 
 
 class TreeModel:
@@ -261,8 +260,6 @@ class TreeModel:
         for node in self.nodes.values():
             if node.in_lock_manager:
                 transactions.add(node.name)
-            if node.segment:
-                transactions.add(segment_of(node.name))
         resources = {}
         for resource, entry in self.locks.items():
             if entry:
@@ -275,7 +272,7 @@ class TreeModel:
         for node in self.nodes.values():
             lines.append(
                 f"  {node.name} parent={node.parent} {node.how} {node.phase.value} {node.busy.value}"
-                f"{' doomed' if node.doomed else ''}{' segment' if node.segment else ''} writes={node.writes}"
+                f"{' doomed' if node.doomed else ''}{' holds' if node.holds else ''} writes={node.writes}"
                 f" relied={node.db_reads} scans={len(node.scans)} step={node.step} waits_for={node.waits_for}")
         for resource, entry in self.locks.items():
             if entry:
@@ -301,14 +298,14 @@ class TreeModel:
                                                 for other in self._ancestry(node)))
         node.step = (op, op.lock_requests(node.prefetching))
         if node.step[1]:
-            node.segment = True         # the first lock request begins the node's segment
+            node.holds = True
         self._advance(node, primary=True)
         self._finish()
 
     def spawn(self, name: str) -> str:
         node = self.nodes[name]
         self._require_ready(node)
-        self._close_segment(node)
+        self._retain_holds(node)
         child = self._new_node(name, "spawn")
         self.expected.append(Expect("result", name, ("ok", None)))
         self.expected.append(Expect("started", child))
@@ -317,7 +314,7 @@ class TreeModel:
     def inline(self, name: str) -> str:
         node = self.nodes[name]
         self._require_ready(node)
-        self._close_segment(node)
+        self._retain_holds(node)
         child = self._new_node(name, "inline")
         node.busy, node.waits_for = Busy.INLINE, child
         self.expected.append(Expect("started", child))
@@ -327,20 +324,23 @@ class TreeModel:
         """``handle.result()`` on a spawned child, from the parent's thread."""
         node = self.nodes[name]
         self._require_ready(node)
-        self._close_segment(node)
         if self.nodes[child].busy is Busy.ENDED:
+            # The handle returns at once: the node does not wait, its holds stay held.
             self.expected.append(Expect("result", name, ("ok", self._outcome(self.nodes[child]))))
         else:
+            self._retain_holds(node)
             node.busy, node.waits_for = Busy.JOIN_WAIT, child
+            self._check_new_wait(node)
         self._finish()
 
     def commit(self, name: str) -> None:
         node = self.nodes[name]
         self._require_ready(node)
         node.phase = Phase.COMMITTING
-        self._close_segment(node)
+        self._retain_holds(node)
         if self._live_spawned(node):
             node.busy = Busy.COMMIT_WAIT
+            self._check_new_wait(node)
         else:
             self._finish_commit(node)
         self._finish()
@@ -549,8 +549,6 @@ class TreeModel:
     # --- locks -------------------------------------------------------------------------------
 
     def _owner_parent(self, owner: str) -> str | None:
-        if owner.endswith("#"):
-            return owner[:-1]
         return self.nodes[owner].parent
 
     def _ancestors_or_self(self, owner: str) -> set[str]:
@@ -562,14 +560,23 @@ class TreeModel:
         return found
 
     def _edges(self, owner: str) -> list[str]:
-        """Wait-for graph out-edges: what its waiting request waits for, and commit edges."""
+        """Wait-for graph out-edges: what its waiting request waits for, and the declared commit edges
+        (an inline child all its life; the child a join waits for; every active child while the
+        node's commit waits)."""
         targets = list(self.requests[owner].blockers) if owner in self.requests else []
-        if not owner.endswith("#"):
-            node = self.nodes[owner]
-            targets.extend(child for child in node.children if self.nodes[child].in_lock_manager)
-            if node.segment:
-                targets.append(segment_of(owner))
+        node = self.nodes[owner]
+        for child in node.children:
+            member = self.nodes[child]
+            if member.in_lock_manager and (member.how == "inline" or node.busy is Busy.COMMIT_WAIT
+                                           or (node.busy is Busy.JOIN_WAIT and node.waits_for == child)):
+                targets.append(child)
         return targets
+
+    def _check_new_wait(self, node: Node) -> None:
+        """A wait for children was just registered: a cycle through it is resolved by the lock manager
+        in a way the model leaves out."""
+        if self._reaches(self._edges(node.name), node.name):
+            self.ambiguous = f"{node.name}'s wait for its children closes a cycle"
 
     def _reaches(self, sources, goal: str) -> bool:
         seen, stack = set(), list(sources)
@@ -593,8 +600,8 @@ class TreeModel:
         return frozenset(found)
 
     def _request(self, node: Node, resource: tuple, mode: Mode, primary: bool) -> str:
-        """One ``acquire`` by the node's segment: "granted", "waiting" or "victim"."""
-        owner = segment_of(node.name)
+        """One ``acquire`` for the node's own operation: "granted", "waiting" or "victim"."""
+        owner = node.name
         entry = self.locks.setdefault(resource, LockEntry())
         held = entry.held.get(owner)
         if held is not None and covers(held, mode):
@@ -632,6 +639,9 @@ class TreeModel:
         op, requests = node.step
         while requests:
             resource, mode = requests[0]
+            if self._covered_by_table(node, resource, mode):
+                requests = requests[1:]
+                continue
             outcome = self._request(node, resource, mode, primary)
             if outcome == "waiting":
                 node.step = (op, requests)
@@ -645,6 +655,15 @@ class TreeModel:
         node.step = None
         node.busy = Busy.IDLE
         self.expected.append(Expect("result", node.name, self._execute(node, op)))
+
+    def _covered_by_table(self, node: Node, resource: tuple, mode: Mode) -> bool:
+        """``acquire_tuple`` takes no row lock if the node *holds* the table in a mode covering ``mode``
+        (e.g. after a scan: a table READ covers reading every row)."""
+        if resource[0] != "row":
+            return False
+        entry = self.locks.get(TABLE_RESOURCE)
+        held = entry.held.get(node.name) if entry is not None else None
+        return held is not None and covers(held, mode)
 
     def _reevaluate(self) -> None:
         """Grant every waiting request Rule 1 now allows; granted steps continue (queued)."""
@@ -660,21 +679,22 @@ class TreeModel:
                 del self.requests[owner]
                 entry.waiting.remove(owner)
                 entry.held[owner] = request.target
-                self._queue.append(("granted", owner[:-1]))
+                self._queue.append(("granted", owner))
                 changed = True
         if self._has_cycle():
             self.ambiguous = "a deadlock closed by a wait redirected in a commit or abort"
 
-    def _close_segment(self, node: Node) -> None:
-        if not node.segment:
+    def _retain_holds(self, node: Node) -> None:
+        """``Locking.release_holds``: what the node's own operations hold becomes retained, in place."""
+        if not node.holds:
             return
-        owner = segment_of(node.name)
+        owner = node.name
         for entry in self.locks.values():
             mode = entry.held.pop(owner, None)
             if mode is not None:
-                previous = entry.retained.get(node.name)
-                entry.retained[node.name] = mode if previous is None else join(previous, mode)
-        node.segment = False
+                previous = entry.retained.get(owner)
+                entry.retained[owner] = mode if previous is None else join(previous, mode)
+        node.holds = False
         self._reevaluate()
 
     def _lock_manager_commit(self, node: Node) -> None:
@@ -688,8 +708,8 @@ class TreeModel:
         self._reevaluate()
 
     def _lock_manager_abort(self, node: Node) -> None:
-        """Rule 4 for the node and its lock-manager descendants (segments included); their waiting
-        requests are withdrawn and raise ``TransactionAborted`` in their threads."""
+        """Rule 4 for the node and its lock-manager descendants; their waiting requests are withdrawn
+        and raise ``TransactionAborted`` in their threads."""
         members: list[str] = []
         pending = [node.name]
         while pending:
@@ -698,15 +718,13 @@ class TreeModel:
             if member.in_lock_manager:
                 members.append(name)
                 member.in_lock_manager = False
-            if member.segment:
-                members.append(segment_of(name))
-                member.segment = False
+            member.holds = False
             pending.extend(child for child in member.children if self.nodes[child].in_lock_manager)
         for owner in members:
             request = self.requests.pop(owner, None)
             if request is not None:
                 self.locks[request.resource].waiting.remove(owner)
-                self._queue.append(("withdrawn", owner[:-1]))
+                self._queue.append(("withdrawn", owner))
             for entry in self.locks.values():
                 entry.held.pop(owner, None)
                 entry.retained.pop(owner, None)
@@ -765,8 +783,10 @@ class TreeModel:
         for node in self.nodes.values():
             if node.busy is not Busy.LOCK_WAIT or node.step is None:
                 continue
-            owner = segment_of(node.name)
+            owner = node.name
             for resource, mode in node.step[1]:
+                if self._covered_by_table(node, resource, mode):
+                    continue
                 entry = self.locks.get(resource)
                 held = entry.held.get(owner) if entry else None
                 if held is not None and covers(held, mode):

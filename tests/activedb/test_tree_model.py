@@ -10,7 +10,7 @@ and, for a step that must block, until the lock table shows exactly the waiting 
 predicts (``LockManager.snapshot``), each with a hard timeout that fails with the wait-for graph.
 
 The reference model (``_tree_reference.py``) predicts what every step returns, which steps block
-and on what (Härder-Rothermel locks, segments included), deadlock victims, what each node ends
+and on what (Härder-Rothermel hold/retain locks with declared commit edges), deadlock victims, what each node ends
 with, and what the committed table holds.  Rules: begin a tree (at most two live at once); read,
 prefetch, write (upsert of some columns), insert, delete, scan (optionally ``where value = v``);
 a new child, spawned (``tx.spawn``) or inline (``tx.subtransaction()``); wait for a spawned child
@@ -41,7 +41,8 @@ Environment (CI runs the defaults: a derandomized, fixed sequence of examples):
 * ``ACTIVEDB_MODEL_EXTERNAL=0`` turns the "another process" rule off;
 * ``ACTIVEDB_MODEL_TRACE=1`` prints every example's steps (run pytest with ``-s``);
 * ``ACTIVEDB_MODEL_LOCK_TABLE=0`` compares only the number of waiting lock requests instead of the
-  whole lock table (which relies on how activedb names a node's segment);
+  whole lock table (held, retained and waiting entries per transaction, as ``LockManager.snapshot``
+  reports them);
 * ``ACTIVEDB_MODEL_SHRINK=0`` reports the first failing example as found (shrinking an example that
   hangs costs a timeout per attempt).
 """
@@ -534,12 +535,9 @@ class TreeMachine(RuleBasedStateMachine):
         return transactions, resources
 
     def _owner(self, tid) -> str:
-        """A lock-manager transaction id as a model owner: a node's name, or ``name#`` for the
-        internal lock-manager child through which the node's own operations lock (its segment,
-        ``<transaction id>#<n>`` -- the one place this test relies on activedb's internal naming)."""
-        base, separator, _ = str(tid).partition("#")
-        name = self.tids.get(base, f"?{base}")
-        return name + "#" if separator else name
+        """A lock-manager transaction id as a model owner: the node's name (a node's own operations
+        lock as the node itself)."""
+        return self.tids.get(str(tid), f"?{tid}")
 
     def _table(self) -> dict:
         with self.db.engine.connect() as connection:

@@ -16,7 +16,7 @@ parent's entry to the base (with the flush's meaning of each kind).  What the tr
 check the algebra directly: composing is faithful to applying entries one by one, and associative
 (a child's composed entry merged into its parent's equals the writes applied one by one).
 
-This test imports ``activedb._store`` (pure code) -- the only private module it uses.
+It uses ``activedb.store``'s write-set entries (pure code: no database, no threads).
 
 The last test states a gap, strict-xfail until it is fixed: the entry keeps an INSERT's "must
 not exist" only while it stays an INSERT; composed with a later DELETE it becomes a plain DELETE
@@ -33,10 +33,8 @@ from hypothesis import Phase, example, given, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
-from activedb import _store
 from activedb.errors import DuplicateKey
-
-Entry, EntryKind, resolve = _store.Entry, _store.EntryKind, _store.resolve
+from activedb.store import Entry, EntryKind, resolve
 
 # CI: a fixed (derandomized) run; ACTIVEDB_TEST_SEED=<int> or "random" and ACTIVEDB_WRITESET_EXAMPLES for long runs.
 EXAMPLES = int(os.environ.get("ACTIVEDB_WRITESET_EXAMPLES", "150"))
@@ -75,7 +73,7 @@ def model_apply(kind: EntryKind, values: dict, state: dict | None) -> dict | Non
 
 
 def flush_apply(entry: Entry, base: dict | None) -> dict | None:
-    """What the flush (``_store.apply_write_set``) does with one row's entry: PATCH upserts,
+    """What the flush (``activedb.store.apply_write_set``) does with one row's entry: PATCH upserts,
     INSERT inserts (PostgreSQL refuses an existing key), REPLACE deletes then inserts, DELETE deletes."""
     if entry.kind is EntryKind.INSERT and base is not None:
         raise DuplicateKey("the flush's INSERT found the row")
