@@ -5,7 +5,7 @@ lists (the workload: ``_list_append_workload.py``), recording every micro-operat
 themselves.  After the run the final lists are read from PostgreSQL and the whole history goes to
 ``activedb.testing.check_list_append``, which infers the dependency graph from the lists and looks
 for anomalies among the committed top-level transactions *and* among the committed children of
-every parent together with the parent's own operations (design note: ``activedb/_elle.py``).
+every parent together with the parent's own operations (its docstring is the design note).
 
 * ``test_one_process``: the trees of one process are isolated by the lock manager.
 * ``test_two_processes``: a second OS process runs the same workload on the same database; trees
