@@ -112,7 +112,12 @@ def _validate(root: "Transaction", connection: sa.Connection, infos: Mapping[str
                     f"(Database.run(fn, retries=N) does)"
                 )
     for table_name, where, fetched in scans:
-        if scan_rows(connection, infos[table_name], where) != fetched:
+        # FOR SHARE: the scanned rows stay locked until COMMIT, like every relied-on row.  SERIALIZABLE's
+        # predicate locks alone do not order this flush against another process's READ COMMITTED flush
+        # (PostgreSQL detects serialization anomalies only among SERIALIZABLE transactions): without the
+        # row locks the two could each miss the other's write (write skew; found by the list-append
+        # history test across two processes).
+        if scan_rows(connection, infos[table_name], where, lock="share") != fetched:
             raise SerializationConflict(
                 f"commit of {root.id}: rows of {table_name!r} it scanned were changed by another process; "
                 f"nothing was written — re-run the transaction"

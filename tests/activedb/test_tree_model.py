@@ -262,14 +262,37 @@ class TreeMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.model.ready())
     @rule(data=st.data())
     def read(self, data):
-        """Reads favour a (node, row) pair where the node would read afresh a row another branch of
-        its tree already relies on (read from committed data): after another process wrote it, that
-        gives one tree two images of the row, which a child's commit or the flush must refuse."""
+        """Reads favour (node, row) pairs that meet the tree's isolation rules:
+
+        * *fresh* -- the node would read afresh a row another branch of its tree already relies on
+          (read from committed data): after another process wrote it, the tree has two images of the
+          row, which a child's commit or the flush must refuse; pairs whose row another process has
+          already changed (*stale*) most of all;
+        * *inherited* -- a row an ancestor of the node wrote: every read of the node must see the
+          ancestor's version, never a committed image it cached at an earlier read."""
         ready = self._ready_names()
         fresh = [(name, key) for name in ready for key in self._fresh_in_tree(name)]
-        name, key = data.draw(st.sampled_from(fresh * 3 + [(name, key) for name in ready for key in KEYS]
+        stale = [(name, key) for name, key in fresh if self._changed_since_relied(name, key)]
+        inherited = [(name, key) for name in ready for key in self._written_by_ancestors(name)]
+        name, key = data.draw(st.sampled_from(stale * 6 + fresh * 3 + inherited * 3
+                                              + [(name, key) for name in ready for key in KEYS]
                                               + [(name, None) for name in ready]), label="reader")
         self._operate(data, lambda _: [("read", key) if key else ("prefetch", KEYS)], name=name)
+
+    def _written_by_ancestors(self, name: str) -> list[str]:
+        """Rows an ancestor of ``name`` wrote (and ``name`` did not)."""
+        found: set[str] = set()
+        current = self.model.nodes[name].parent
+        while current is not None:
+            found |= set(self.model.nodes[current].writes)
+            current = self.model.nodes[current].parent
+        return sorted(found - set(self.model.nodes[name].writes))
+
+    def _changed_since_relied(self, name: str, key: str) -> bool:
+        """Another process changed ``key`` after some node of ``name``'s tree relied on it."""
+        root = self.model.root_of(name)
+        return any(key in node.db_reads and node.db_reads[key] != self.model.table.get(key)
+                   for node in self.model.live() if self.model.root_of(node.name) == root)
 
     def _fresh_in_tree(self, name: str) -> list[str]:
         """Rows some node of ``name``'s tree relies on but neither ``name`` nor its ancestors do."""
