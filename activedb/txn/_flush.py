@@ -4,8 +4,9 @@ Steps (see ``_participants.py`` for the participants' side):
 
 1. ``before_flush`` of every enlisted participant;
 2. open one PostgreSQL transaction and **validate**: every committed image the tree relied on
-   (``root._db_reads``) is re-read ``FOR SHARE`` and compared; every scan is re-run and compared.  A
-   difference means another process committed in between: :class:`SerializationConflict`, nothing written;
+   (``root._db_reads``) is re-read ``FOR SHARE`` and compared; every scan is re-run ``FOR SHARE`` and
+   compared.  A difference means another process committed in between: :class:`SerializationConflict`,
+   nothing written;
 3. ``write`` of every enlisted participant (the Spark ingestion ledger row, the detached-rule outbox …);
 4. apply the merged write set (:func:`activedb.store.apply_write_set`: one batched statement per table,
    kind and column set) and insert the transaction-log row;

@@ -19,12 +19,20 @@ the threads'.  Size: ``ACTIVEDB_LIST_APPEND_TRANSACTIONS`` top-level transaction
 wait-for graph and every stack.  A failing run leaves its history and final lists as JSON in the
 test's ``tmp_path`` and names the file.
 
-What it catches (each tree-isolation fix reverted alone, CI sizes): a child reading its ancestor's
-write over a stale cached image shows in one process as backward reads in committed children, lost
-appends, incompatible orders and G-single cycles between a child and its parent's own operations; a
-parent waiting for a child that needs the parent's own locks hangs (the watchdog fails the test);
-siblings relying on different committed images of a row show across two processes as G-single
-cycles at the top level (or a lost append) in most seeds — more reliably in longer runs.
+What it catches (each tree-isolation fix of issue 9 reverted alone, CI sizes and seed):
+
+* A (a child's read returns a committed image it cached instead of its ancestor's write): one process
+  -- backward reads, incompatible orders, lost appends, G-single cycles; two processes -- the same and
+  G2-item cycles;
+* B (a parent's own locks stay held while it waits for its children): the lock manager reports the
+  cycle as a ``Deadlock`` (it no longer hangs); the workload fails on any deadlock in which a node
+  waiting for its children holds a lock another transaction waits for (``breaks_hold_retain``);
+* C (siblings relying on different committed images of a row): two processes -- G-single cycles at
+  the top level.  One process cannot show it (its trees are isolated by locks).
+
+It also found, on today's core, write skew between a flush that validated a scan (SERIALIZABLE, no
+row locks) and another process's READ COMMITTED flush (fixed: scanned rows are re-read FOR SHARE),
+and a doomed node's ``handle.result()`` raising lockmgr's raw ``TransactionAborted``.
 """
 
 from __future__ import annotations
