@@ -13,6 +13,11 @@
   4. the abort of a parent aborts its active children (no descendant commits after
      its ancestor aborted).
 
+* :func:`check_list_append` checks a list-append history that a test recorded itself, in the
+  manner of Jepsen's Elle but for transaction trees: every level of a tree (the top-level
+  transactions, and the committed children of each node with the node's own operations) must be
+  serializable, with no aborted, intermediate or lost append.  Its docstring is the design note; it
+  returns a :class:`ListAppendReport` (``ok``, ``anomalies``, ``kinds()``, ``assert_ok()``).
 * :func:`replay` gives the state a serial execution of the committed top-level
   transactions, in commit order, produces from an initial state.
 * :func:`check_stream_history` checks Active CEP's Definition 6 on a stream history
@@ -27,8 +32,9 @@ from __future__ import annotations
 
 import bisect
 import enum
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 import networkx as nx
 
@@ -38,8 +44,10 @@ from activedb.txn import HistoryOp
 from activedb.store import Entry
 
 
-__all__ = ["HistoryReport", "Sequencer", "StreamAnomaly", "StreamHistoryReport", "StreamViolation", "Watchdog",
-           "check_history", "check_stream_history", "replay", "wait_until"]
+__all__ = ["Anomaly", "AnomalyKind", "Dependency", "DependencyKind", "HistoryReport", "ListAppendReport",
+           "ListAppendStatistics", "Outcome", "RecordedTransaction", "Sequencer", "StreamAnomaly",
+           "StreamHistoryReport", "StreamViolation", "Watchdog", "check_history", "check_list_append",
+           "check_stream_history", "replay", "wait_until"]
 
 
 @dataclass
@@ -313,3 +321,668 @@ def check_stream_history(ops: Iterable[Any]) -> StreamHistoryReport:
             if latest is None or write.sequence > latest.sequence:
                 latest = write
     return report
+
+# ======================================================================= list-append histories
+# check_list_append: Elle's inference (Kingsbury and Alvaro, "Elle: Inferring Isolation Anomalies from
+# Experimental Observations") for transaction trees; the design note is its docstring.
+
+_APPEND = "append"
+_READ = "read"
+_SPAWN = "spawn"
+_JOIN = "join"
+
+_TOP_LEVEL = "top level"   # the scope of the top-level transactions
+
+
+class Outcome(enum.Enum):
+    COMMITTED = "committed"
+    ABORTED = "aborted"
+
+
+class DependencyKind(enum.Enum):
+    WW = "ww"
+    WR = "wr"
+    RW = "rw"
+    ORDER = "order"     # a parent's program order between its own stretches and its children
+
+
+class AnomalyKind(enum.Enum):
+    G0 = "G0"
+    G1A = "G1a"
+    G1B = "G1b"
+    G1C = "G1c"
+    G_SINGLE = "G-single"
+    G2_ITEM = "G2-item"
+    LOST_APPEND = "lost-append"
+    DUPLICATE_ELEMENT = "duplicate-element"
+    BACKWARD_READ = "backward-read"
+    INCOMPATIBLE_ORDER = "incompatible-order"
+    UNKNOWN_ELEMENT = "unknown-element"
+
+
+@dataclass(frozen=True)
+class RecordedTransaction:
+    """One node of a transaction tree as a test recorded it (see :func:`check_list_append`).
+
+    ``ops`` are normalised to tuples (lists seen become tuples), so a history read back from JSON
+    compares equal to the one written.  Immutable; safe to share between threads."""
+
+    id: str
+    parent: str | None
+    outcome: Outcome
+    ops: tuple[tuple, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "outcome", Outcome(self.outcome))
+        object.__setattr__(self, "ops", tuple(_normalise_op(self.id, op) for op in self.ops))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "parent": self.parent, "outcome": self.outcome.value,
+                "ops": [list(op[:2]) + ([list(op[2])] if op[0] == _READ else list(op[2:])) for op in self.ops]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "RecordedTransaction":
+        return cls(id=data["id"], parent=data.get("parent"), outcome=Outcome(data["outcome"]),
+                   ops=tuple(tuple(op) for op in data.get("ops", ())))
+
+
+def _normalise_op(transaction_id: str, op: Sequence[Any]) -> tuple:
+    op = tuple(op)
+    if len(op) == 3 and op[0] == _APPEND:
+        return op
+    if len(op) == 3 and op[0] == _READ and isinstance(op[2], (list, tuple)):
+        return (_READ, op[1], tuple(op[2]))
+    if len(op) == 2 and op[0] in (_SPAWN, _JOIN):
+        return op
+    raise ValueError(
+        f"transaction {transaction_id}: operation {op!r} is none of ('append', key, element), "
+        f"('read', key, list_seen), ('spawn', child_id), ('join', child_id); record it in one of these forms"
+    )
+
+
+@dataclass(frozen=True)
+class Dependency:
+    """An edge of a scope's dependency graph, with the operations that made it."""
+
+    source: str
+    target: str
+    kind: DependencyKind
+    key: Hashable | None
+    why: str
+
+    def __str__(self) -> str:
+        on = f" on {self.key!r}" if self.key is not None else ""
+        return f"{self.source} -{self.kind.value}-> {self.target}{on}: {self.why}"
+
+
+@dataclass(frozen=True)
+class Anomaly:
+    kind: AnomalyKind
+    scope: str                     # _TOP_LEVEL or "children of <id>"
+    description: str
+    cycle: tuple[Dependency, ...] = ()
+
+    def __str__(self) -> str:
+        lines = [f"{self.kind.value} ({self.scope}): {self.description}"]
+        lines.extend(f"    {dependency}" for dependency in self.cycle)
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class ListAppendStatistics:
+    transactions: int
+    effectively_committed: int
+    top_level: int
+    committed_top_level: int
+    reads: int
+    appends: int
+    keys: int
+    scopes: int                    # scopes whose graph was built (the top level included)
+    dependencies: dict[str, int]   # edges per kind, all scopes together
+    sibling_dependencies: int      # ww/wr/rw edges in the scopes of children (children, parents' stretches)
+
+
+@dataclass
+class ListAppendReport:
+    """The result of :func:`check_list_append`.  Not thread-safe (a plain value)."""
+
+    anomalies: list[Anomaly]
+    statistics: ListAppendStatistics
+    graphs: dict[str, nx.DiGraph] = field(default_factory=dict, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return not self.anomalies
+
+    def kinds(self) -> Counter:
+        """How many anomalies of each kind (``Counter`` of :class:`AnomalyKind`)."""
+        return Counter(anomaly.kind for anomaly in self.anomalies)
+
+    def assert_ok(self, limit: int = 12) -> None:
+        """Raise ``AssertionError`` listing the anomalies (the first ``limit`` in full)."""
+        if self.ok:
+            return
+        counts = ", ".join(f"{kind.value}: {count}" for kind, count in sorted(
+            self.kinds().items(), key=lambda item: item[0].value))
+        shown = "\n".join(str(anomaly) for anomaly in self.anomalies[:limit])
+        more = f"\n... and {len(self.anomalies) - limit} more" if len(self.anomalies) > limit else ""
+        raise AssertionError(f"{len(self.anomalies)} anomalies in the list-append history ({counts}):\n"
+                             f"{shown}{more}")
+
+
+def check_list_append(history: Iterable[RecordedTransaction | Mapping[str, Any]],
+                      final: Mapping[Hashable, Sequence[Any]] | None = None, *,
+                      aborted_reads: bool = True) -> ListAppendReport:
+    """Check a list-append history in the manner of Jepsen's Elle, for transaction trees.
+
+    ``history``: every recorded node (a :class:`RecordedTransaction` or its JSON form).
+    ``final``: the committed lists read after the run, ``{key: list}``; a key missing from it is an
+    empty list (no row).  None: no final read (version orders come from the longest committed reads).
+    ``aborted_reads``: also require the reads of effectively aborted nodes never to go backwards.
+    Turn it off when trees of several processes are isolated optimistically (validated at the
+    flush): a tree that will fail its validation may meanwhile have seen two committed versions.
+
+    Raises ``ValueError`` for a malformed history (duplicate ids, unknown parents, an element
+    appended twice, a child without its parent's ``spawn``).  Keeps no state between calls.
+
+    **The workload.**  Every key holds a list; a transaction *appends* elements that are unique in the
+    whole run (``"<writer>:<n>"``) and *reads* whole lists.  Because an element is appended exactly once
+    and a list only grows, one list read tells which writes it saw *and in which order they happened*
+    (Adya's dependency graph can be inferred from the values alone — "Elle: Inferring Isolation
+    Anomalies from Experimental Observations", Kingsbury and Alvaro, §3).
+
+    **The history.**  A list of :class:`RecordedTransaction`: every node of every transaction tree
+    (``parent`` is None for a top-level transaction), its outcome, and its own micro-operations in
+    program order:
+
+    * ``("append", key, element)`` and ``("read", key, list_seen)``;
+    * ``("spawn", child_id)`` where the node created a child (spawned or inline), ``("join", child_id)``
+      where it learned that the child ended (``handle.result()`` returned or raised, or an inline
+      subtransaction's ``with`` block exited).  Every child must have its ``spawn``; ``join`` is optional.
+
+    A node's own operations are *not* its children's: a parent's record holds only what the parent's
+    own code did.  The test records all this itself — the checker never looks inside activedb.
+
+    **Outcomes.**  A node is *effectively committed* when it and all its ancestors committed; otherwise
+    it is effectively aborted (a committed child of an aborted parent is undone with it).  Only the
+    operations of effectively committed nodes count as committed operations.
+
+    **Version order.**  The final lists (read from the database after the run) give each key's version
+    order; every committed read must be a prefix of its key's final list (else *incompatible order*).
+    Without a final list for any key, the longest committed read stands in for it (and lost appends
+    cannot be checked).
+
+    **Scopes.**  Serializability is required at every level of a tree: parents and children run in
+    parallel and serializability is the correctness criterion among them too (Saygın, Ulusoy and
+    Chakravarthy, "Concurrent Rule Execution in Active Databases", §2, parent-child and sibling
+    parallelism).  So the dependency graph is built once per *scope*:
+
+    * the **top level**: units are the committed top-level transactions, each standing for its whole
+      tree (the operations of its effectively committed nodes);
+    * the **children of one effectively committed node P**: units are P's committed children (each
+      standing for its subtree) *and P's own operations*, cut into *stretches* at P's ``spawn`` and
+      ``join`` markers (units ``P/own#0``, ``P/own#1``, ...).  A stretch is atomic with respect to P's
+      children: a node's own operations hold their locks until the node next creates a child, waits for
+      one or commits; only then do the locks become *retained*, which Rule 1 lets the node's descendants
+      have (``activedb/txn/README.md``, "Locks").  A ``join`` of a child that had already ended retains
+      nothing; cutting there anyway is sound (the child ended before everything after the marker).  Only elements appended inside P's
+      subtree take part (a list read is restricted to them); what came from outside the subtree is fixed
+      for the subtree's lifetime and is checked in the enclosing scope.
+
+    Within a scope, for each key with version order restricted to the scope, ``e1 < e2 < ...``:
+
+    * ``ww``: the unit that appended ``e_i`` → the unit that appended ``e_(i+1)`` (when different);
+    * ``wr``: the unit that appended the last element of a read → the reading unit;
+    * ``rw``: the reading unit → the unit that appended the first element the read did not see;
+    * ``order`` (children scopes only, the parent's program order): stretch ``i`` → stretch ``i+1``;
+      the stretch before ``spawn(C)`` → C (a child sees what its parent did before creating it); C →
+      the stretch after ``join(C)`` (the parent sees a committed child's work once it has waited for it).
+
+    **Anomalies** (Adya's names as Elle uses them):
+
+    * cycles — **G0** (``ww`` only), **G1c** (``ww`` and ``wr``, at least one ``wr``), **G-single**
+      (exactly one ``rw``), **G2-item** (more than one ``rw``); ``order`` edges may appear in any of
+      them (the report says so).  Found per strongly connected component: one example cycle per kind;
+    * **G1a**: a committed read (or the final list) holds an element appended by an effectively
+      aborted node;
+    * **G1b**: a committed read ends in an element that is not the last one its writing unit appended to
+      that key (it saw an intermediate state of another unit of the same scope);
+    * **lost append**: an effectively committed append missing from its key's final list;
+    * **duplicate element**: an element twice in one list;
+    * **backward read**: within one node, a read that does not extend what the node read or appended
+      before on that key (every node, also aborted ones, unless ``aborted_reads=False``);
+    * **incompatible order**: a committed read that is not a prefix of the key's version order;
+    * **unknown element**: an element nobody appended (to that key).
+
+    Complexity: linear in the number of operations times list lengths for the checks and edges; the
+    cycle search runs only inside non-trivial strongly connected components.
+    """
+    return _Checker(history, final, aborted_reads).run()
+
+
+# --- the list-append checker ------------------------------------------------------------------------------------
+
+def _show(values: Sequence[Any]) -> str:
+    values = list(values)
+    if len(values) <= 6:
+        return repr(values)
+    return f"[{len(values)} elements: {values[0]!r}, ..., {', '.join(repr(v) for v in values[-3:])}]"
+
+
+@dataclass
+class _Read:
+    node: str
+    index: int          # position in the node's ops
+    key: Hashable
+    seen: tuple
+
+
+class _Checker:
+    """One run of the checker over one history.  Used by one thread."""
+
+    def __init__(self, history: Iterable[RecordedTransaction | Mapping[str, Any]],
+                 final: Mapping[Hashable, Sequence[Any]] | None, aborted_reads: bool = True):
+        self.aborted_reads = aborted_reads
+        self.nodes: dict[str, RecordedTransaction] = {}
+        for item in history:
+            node = item if isinstance(item, RecordedTransaction) else RecordedTransaction.from_json(item)
+            if node.id in self.nodes:
+                raise ValueError(f"transaction id {node.id!r} is recorded twice; ids must be unique in a history")
+            self.nodes[node.id] = node
+        self.final = {key: tuple(values) for key, values in final.items()} if final is not None else None
+        self.anomalies: list[Anomaly] = []
+        self.graphs: dict[str, nx.DiGraph] = {}
+        self.children: dict[str, list[str]] = {tid: [] for tid in self.nodes}
+        for node in self.nodes.values():
+            if node.parent is not None:
+                if node.parent not in self.nodes:
+                    raise ValueError(f"transaction {node.id}: its parent {node.parent!r} is not in the history")
+                self.children[node.parent].append(node.id)
+        self._effective: dict[str, bool] = {}
+        self._chain: dict[str, tuple[str, ...]] = {}
+        # Stretch number of each of a node's own operations; the markers' positions.
+        self.stretch_of: dict[str, list[int]] = {}
+        self.stretch_count: dict[str, int] = {}
+        self.spawned_after: dict[str, int] = {}    # child -> the parent's stretch before its spawn
+        self.joined_before: dict[str, int] = {}    # child -> the parent's stretch after its join
+        for node in self.nodes.values():
+            self._index_markers(node)
+        # Every element's append: element -> (node id, key, index of the append in the node's ops).
+        self.appended: dict[Any, tuple[str, Hashable, int]] = {}
+        self.reads: list[_Read] = []
+        self.reads_of: dict[str, list[_Read]] = {tid: [] for tid in self.nodes}
+        self.appends_of: dict[str, list[Any]] = {tid: [] for tid in self.nodes}
+        for node in self.nodes.values():
+            for index, op in enumerate(node.ops):
+                if op[0] == _APPEND:
+                    if op[2] in self.appended:
+                        raise ValueError(
+                            f"element {op[2]!r} is appended twice ({self.appended[op[2]][0]} and {node.id}); "
+                            f"every appended element must be unique in the history")
+                    self.appended[op[2]] = (node.id, op[1], index)
+                    self.appends_of[node.id].append(op[2])
+                elif op[0] == _READ:
+                    read = _Read(node.id, index, op[1], op[2])
+                    self.reads.append(read)
+                    self.reads_of[node.id].append(read)
+        self.keys = sorted({appended[1] for appended in self.appended.values()} | {read.key for read in self.reads}
+                           | set(self.final or ()), key=repr)
+        self.order: dict[Hashable, tuple] = {}
+        self.position: dict[Hashable, dict[Any, int]] = {}   # key -> element -> index in the version order
+        self.clean_reads: set[tuple[str, int]] = set()   # committed reads consistent with the order
+        self.edge_counts: Counter = Counter()
+        self.sibling_dependencies = 0
+        self.scopes = 0
+
+    def _index_markers(self, node: RecordedTransaction) -> None:
+        """Number the node's stretches: its own operations between two ``spawn``/``join`` markers."""
+        stretches = []
+        stretch = 0
+        spawned = set()
+        for op in node.ops:
+            if op[0] in (_SPAWN, _JOIN):
+                child = self.nodes.get(op[1])
+                if child is None or child.parent != node.id:
+                    raise ValueError(f"transaction {node.id}: {op!r} names {op[1]!r}, which is not its child")
+                if op[0] == _SPAWN:
+                    if op[1] in spawned:
+                        raise ValueError(f"transaction {node.id} spawns {op[1]} twice")
+                    spawned.add(op[1])
+                    self.spawned_after[op[1]] = stretch
+                else:
+                    if op[1] not in spawned:
+                        raise ValueError(f"transaction {node.id} joins {op[1]} before spawning it")
+                    self.joined_before.setdefault(op[1], stretch + 1)
+                stretch += 1
+            stretches.append(stretch)    # a marker belongs to the stretch after it (unused)
+        self.stretch_of[node.id] = stretches
+        self.stretch_count[node.id] = stretch + 1
+        for child in self.children[node.id]:
+            if child not in spawned:
+                raise ValueError(f"transaction {child} has no ('spawn', {child!r}) in its parent {node.id}'s "
+                                 f"operations; record it where the parent created the child")
+
+    # --- tree helpers -----------------------------------------------------------------------
+
+    def chain(self, tid: str) -> tuple[str, ...]:
+        """``tid`` and its ancestors, nearest first."""
+        chain = self._chain.get(tid)
+        if chain is None:
+            parent = self.nodes[tid].parent
+            chain = (tid,) + (self.chain(parent) if parent is not None else ())
+            self._chain[tid] = chain
+        return chain
+
+    def effective(self, tid: str) -> bool:
+        value = self._effective.get(tid)
+        if value is None:
+            value = all(self.nodes[node].outcome is Outcome.COMMITTED for node in self.chain(tid))
+            self._effective[tid] = value
+        return value
+
+    def writer(self, element: Any) -> str:
+        return self.appended[element][0]
+
+    # --- the run ----------------------------------------------------------------------------
+
+    def run(self) -> ListAppendReport:
+        self.check_lists()
+        self.check_backward_reads()
+        self.check_scope(_TOP_LEVEL, None)
+        for tid in self.nodes:
+            if self.effective(tid) and any(self.effective(child) for child in self.children[tid]):
+                self.check_scope(f"children of {tid}", tid)
+        statistics = ListAppendStatistics(
+            transactions=len(self.nodes),
+            effectively_committed=sum(self.effective(tid) for tid in self.nodes),
+            top_level=sum(node.parent is None for node in self.nodes.values()),
+            committed_top_level=sum(node.parent is None and self.effective(node.id) for node in self.nodes.values()),
+            reads=len(self.reads),
+            appends=len(self.appended),
+            keys=len(self.keys),
+            scopes=self.scopes,
+            dependencies={kind.value: self.edge_counts[kind] for kind in DependencyKind},
+            sibling_dependencies=self.sibling_dependencies,
+        )
+        return ListAppendReport(self.anomalies, statistics, self.graphs)
+
+    def report(self, kind: AnomalyKind, scope: str, description: str, cycle: tuple[Dependency, ...] = ()) -> None:
+        self.anomalies.append(Anomaly(kind, scope, description, cycle))
+
+    # --- per-key checks ---------------------------------------------------------------------
+
+    def check_lists(self) -> None:
+        """Duplicates, unknown and aborted elements, version orders, prefixes, lost appends."""
+        duplicates_seen = set()
+
+        def duplicates(values: tuple, where: str, key: Hashable) -> bool:
+            counts = Counter(values)
+            twice = sorted((element for element, count in counts.items() if count > 1), key=repr)
+            if twice and (key, tuple(twice)) not in duplicates_seen:
+                duplicates_seen.add((key, tuple(twice)))
+                self.report(AnomalyKind.DUPLICATE_ELEMENT, _TOP_LEVEL,
+                            f"{where} of {key!r} holds {', '.join(map(repr, twice))} more than once: {_show(values)}")
+            return bool(twice)
+
+        def foreign(values: tuple, where: str, key: Hashable, reported: set) -> bool:
+            """Report elements nobody appended to ``key`` and elements of aborted appends."""
+            bad = False
+            for element in values:
+                appended = self.appended.get(element)
+                if appended is None or appended[1] != key:
+                    bad = True
+                    if (key, element) not in reported:
+                        reported.add((key, element))
+                        by = f" (it was appended to {appended[1]!r})" if appended else ""
+                        self.report(AnomalyKind.UNKNOWN_ELEMENT, _TOP_LEVEL,
+                                    f"{where} of {key!r} holds {element!r}, which nobody appended to it{by}")
+                elif not self.effective(appended[0]):
+                    bad = True
+                    if (key, element) not in reported:
+                        reported.add((key, element))
+                        aborted = next(tid for tid in self.chain(appended[0])
+                                       if self.nodes[tid].outcome is Outcome.ABORTED)
+                        self.report(AnomalyKind.G1A, _TOP_LEVEL,
+                                    f"{where} of {key!r} holds {element!r}, appended by {appended[0]}, which "
+                                    f"{'aborted' if aborted == appended[0] else f'was undone when {aborted} aborted'}: "
+                                    f"{_show(values)}")
+            return bad
+
+        reported: set = set()
+        clean_reads: dict[Hashable, list[_Read]] = {key: [] for key in self.keys}
+        for read in self.reads:
+            bad = duplicates(read.seen, f"the read by {read.node}", read.key)
+            if self.effective(read.node):
+                bad = foreign(read.seen, f"the committed read by {read.node}", read.key, reported) or bad
+                if not bad:
+                    clean_reads[read.key].append(read)
+        for key in self.keys:
+            if self.final is not None:
+                order = self.final.get(key, ())
+                duplicates(order, "the final list", key)
+                foreign(order, "the final list", key, reported)
+            else:
+                order = max((read.seen for read in clean_reads[key]), key=len, default=())
+            self.order[key] = order
+            positions = self.position[key] = {}
+            for position, element in enumerate(order):
+                positions.setdefault(element, position)
+            incompatible = set()
+            for read in clean_reads[key]:
+                if read.seen != order[:len(read.seen)] and read.seen not in incompatible:
+                    incompatible.add(read.seen)
+                    differ = next((i for i, (a, b) in enumerate(zip(read.seen, order)) if a != b), len(order))
+                    self.report(AnomalyKind.INCOMPATIBLE_ORDER, _TOP_LEVEL,
+                                f"the committed read by {read.node} of {key!r}, {_show(read.seen)}, is not a prefix "
+                                f"of the version order {_show(order)} (they differ at position {differ})")
+        if self.final is not None:
+            for element, (tid, key, _) in self.appended.items():
+                if self.effective(tid) and element not in self.position[key]:
+                    self.report(AnomalyKind.LOST_APPEND, _TOP_LEVEL,
+                                f"{element!r}, appended to {key!r} by {tid} (effectively committed), is missing from "
+                                f"the final list {_show(self.order[key])}")
+        self.clean_reads = {(read.node, read.index) for reads in clean_reads.values() for read in reads
+                            if read.seen == self.order[read.key][:len(read.seen)]}
+
+    def check_backward_reads(self) -> None:
+        """Within one node, every read extends what it read before and keeps its own appends."""
+        for node in self.nodes.values():
+            if not self.aborted_reads and not self.effective(node.id):
+                continue
+            known: dict[Hashable, tuple] = {}
+            own: dict[Hashable, list] = {}
+            for op in node.ops:
+                if op[0] == _APPEND:
+                    own.setdefault(op[1], []).append(op[2])
+                    if op[1] in known:
+                        known[op[1]] = known[op[1]] + (op[2],)
+                elif op[0] == _READ:
+                    key, seen = op[1], op[2]
+                    before = known.get(key)
+                    missing = [element for element in own.get(key, []) if element not in seen]
+                    if before is not None and seen[:len(before)] != before:
+                        self.report(AnomalyKind.BACKWARD_READ, _TOP_LEVEL,
+                                    f"{node.id} ({node.outcome.value}) read {key!r} = {_show(seen)} after it had "
+                                    f"seen or written {_show(before)}")
+                    elif missing:
+                        self.report(AnomalyKind.BACKWARD_READ, _TOP_LEVEL,
+                                    f"{node.id} ({node.outcome.value}) read {key!r} = {_show(seen)} without its own "
+                                    f"earlier append(s) {', '.join(map(repr, missing))}")
+                    known[key] = seen
+
+    # --- dependency graphs ------------------------------------------------------------------
+
+    def subtree(self, tid: str) -> list[str]:
+        """``tid`` and its effectively committed descendants (``tid`` first)."""
+        found, pending = [], [tid]
+        while pending:
+            node = pending.pop()
+            found.append(node)
+            pending.extend(child for child in self.children[node] if self.effective(child))
+        return found
+
+    def check_scope(self, scope: str, parent: str | None) -> None:
+        """Build the dependency graph of one scope and look for cycles and intermediate reads."""
+        self.scopes += 1
+        graph = nx.DiGraph()
+        self.graphs[scope] = graph
+        if parent is None:
+            members = [tid for tid in self.nodes if self.effective(tid)]
+        else:
+            members = self.subtree(parent)
+
+        def unit(tid: str, index: int) -> str:
+            """The unit of this scope that node ``tid``'s operation ``index`` belongs to."""
+            if parent is None:
+                return self.chain(tid)[-1]
+            if tid == parent:
+                return self.stretch_name(parent, self.stretch_of[parent][index])
+            chain = self.chain(tid)
+            return chain[chain.index(parent) - 1]
+
+        def add(source: str, target: str, kind: DependencyKind, key: Hashable | None, why: str) -> None:
+            if source == target:
+                return
+            if not graph.has_edge(source, target):
+                graph.add_edge(source, target, dependencies={})
+            dependencies = graph.edges[source, target]["dependencies"]
+            if kind not in dependencies:
+                dependencies[kind] = Dependency(source, target, kind, key, why)
+                self.edge_counts[kind] += 1
+                if parent is not None and kind is not DependencyKind.ORDER:
+                    self.sibling_dependencies += 1
+
+        # Units: the committed top-level transactions, or the parent's stretches and committed children.
+        if parent is None:
+            graph.add_nodes_from(tid for tid in members if self.nodes[tid].parent is None)
+        else:
+            names = [self.stretch_name(parent, number) for number in range(self.stretch_count[parent])]
+            graph.add_nodes_from(names)
+            for earlier, later in zip(names, names[1:]):
+                add(earlier, later, DependencyKind.ORDER, None, "the parent's program order")
+            for child in self.children[parent]:
+                if not self.effective(child):
+                    continue
+                graph.add_node(child)
+                add(names[self.spawned_after[child]], child, DependencyKind.ORDER, None,
+                    f"{parent} created {child} after these operations")
+                if child in self.joined_before:
+                    add(child, names[self.joined_before[child]], DependencyKind.ORDER, None,
+                        f"{parent} waited for {child} before these operations")
+
+        # The version order of each key restricted to the scope's elements, and who appended what.
+        located: dict[Any, tuple[int, str, str]] = {}       # element -> (position in scope, unit, node)
+        scope_order: dict[Hashable, list] = {key: [] for key in self.keys}
+        for tid in members:
+            for element in self.appends_of[tid]:
+                key = self.appended[element][1]
+                if element in self.position[key]:
+                    scope_order[key].append(element)
+        last_of_unit: dict[tuple[str, Hashable], Any] = {}
+        for key, elements in scope_order.items():
+            elements.sort(key=self.position[key].__getitem__)
+            for position, element in enumerate(elements):
+                tid, _, index = self.appended[element]
+                owner = unit(tid, index)
+                located[element] = (position, owner, tid)
+                last_of_unit[(owner, key)] = element
+            for previous, following in zip(elements, elements[1:]):
+                add(located[previous][1], located[following][1], DependencyKind.WW, key,
+                    f"{located[previous][2]} appended {previous!r}, {located[following][2]} appended the next "
+                    f"element {following!r}")
+
+        for tid in members:
+            for read in self.reads_of[tid]:
+                if (read.node, read.index) not in self.clean_reads:
+                    continue
+                seen = [element for element in read.seen if element in located]
+                order = scope_order[read.key]
+                if seen != order[:len(seen)]:
+                    continue        # only possible if the read is not a prefix of the order: reported
+                reader = unit(read.node, read.index)
+                if seen:
+                    last = seen[-1]
+                    _, owner, writer = located[last]
+                    if owner != reader:
+                        add(owner, reader, DependencyKind.WR, read.key,
+                            f"{read.node} read {_show(read.seen)}, ending in {last!r} appended by {writer}")
+                        final_of_owner = last_of_unit[(owner, read.key)]
+                        if final_of_owner != last:
+                            self.report(AnomalyKind.G1B, scope,
+                                        f"{read.node}{'' if reader == read.node else f' (in {reader})'} read "
+                                        f"{read.key!r} = {_show(read.seen)}, ending in "
+                                        f"{last!r} by {writer}, but {owner} appended {final_of_owner!r} to it later: "
+                                        f"an intermediate state of {owner}")
+                if len(seen) < len(order):
+                    missed = order[len(seen)]
+                    _, owner, writer = located[missed]
+                    if owner != reader:
+                        add(reader, owner, DependencyKind.RW, read.key,
+                            f"{read.node} read {_show(read.seen)} and missed {missed!r}, appended next by {writer}")
+        self.find_cycles(scope, graph)
+
+    @staticmethod
+    def stretch_name(parent: str, number: int) -> str:
+        return f"{parent}/own#{number}"
+
+    def find_cycles(self, scope: str, graph: nx.DiGraph) -> None:
+        """One example cycle per kind and strongly connected component (see :func:`check_list_append`)."""
+        if nx.is_directed_acyclic_graph(graph):
+            return
+        ww, wr, rw, order = DependencyKind.WW, DependencyKind.WR, DependencyKind.RW, DependencyKind.ORDER
+
+        def view(allowed: frozenset) -> nx.DiGraph:
+            return nx.subgraph_view(
+                graph, filter_edge=lambda u, v: bool(allowed & graph.edges[u, v]["dependencies"].keys()))
+
+        def components(allowed: frozenset) -> dict[str, int]:
+            return {member: number for number, component in enumerate(nx.strongly_connected_components(view(allowed)))
+                    for member in component}
+
+        def cycle_through(source: str, target: str, kind: DependencyKind, allowed: frozenset) -> tuple[Dependency, ...]:
+            path = nx.shortest_path(view(allowed), target, source)
+            steps = [graph.edges[source, target]["dependencies"][kind]]
+            for a, b in zip(path, path[1:]):
+                dependencies = graph.edges[a, b]["dependencies"]
+                steps.append(next(dependencies[k] for k in (ww, wr, order, rw) if k in dependencies and k in allowed))
+            return tuple(steps)
+
+        def describe(cycle: tuple[Dependency, ...]) -> str:
+            units = " -> ".join([cycle[0].source] + [step.target for step in cycle])
+            with_order = " (with the parent's program order)" if any(step.kind is order for step in cycle) else ""
+            return f"cycle {units}{with_order}"
+
+        edges = [(u, v, kind) for u, v, data in graph.edges(data=True) for kind in data["dependencies"]]
+        # G0 and G1c: the closing edge is in the searched subgraph, so a cycle through u -> v exists
+        # exactly when u and v share a strongly connected component of that subgraph.
+        for anomaly_kind, edge_kind, allowed in ((AnomalyKind.G0, ww, frozenset({ww, order})),
+                                                 (AnomalyKind.G1C, wr, frozenset({ww, wr, order}))):
+            component_of = components(allowed)
+            done = set()
+            for u, v, kind in edges:
+                if kind is edge_kind and component_of[u] == component_of[v] and component_of[u] not in done:
+                    done.add(component_of[u])
+                    cycle = cycle_through(u, v, kind, allowed)
+                    self.report(anomaly_kind, scope, describe(cycle), cycle)
+        # G-single: an rw edge u -> v closed by a path v -> u without rw edges (reachability, not a
+        # shared component: the rw edge itself is not in that subgraph).  G2-item: an rw edge in a
+        # cycle of the whole graph, reported for the components that have no G-single.
+        everything = frozenset(DependencyKind)
+        without_rw = frozenset({ww, wr, order})
+        component_of = components(everything)
+        without_rw_view = view(without_rw)
+        single, multiple = set(), set()
+        for u, v, kind in edges:
+            component = component_of[u]
+            if kind is not rw or component_of[v] != component or component in single:
+                continue
+            if nx.has_path(without_rw_view, v, u):
+                single.add(component)
+                cycle = cycle_through(u, v, kind, without_rw)
+                self.report(AnomalyKind.G_SINGLE, scope, describe(cycle), cycle)
+        for u, v, kind in edges:
+            component = component_of[u]
+            if kind is rw and component_of[v] == component and component not in single | multiple:
+                multiple.add(component)
+                cycle = cycle_through(u, v, kind, everything)
+                self.report(AnomalyKind.G2_ITEM, scope, describe(cycle), cycle)

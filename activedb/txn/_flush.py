@@ -4,8 +4,8 @@ Steps (see ``_participants.py`` for the participants' side):
 
 1. ``before_flush`` of every enlisted participant;
 2. open one PostgreSQL transaction and **validate**: every committed image the tree relied on
-   (``root._db_reads``) is re-read ``FOR SHARE`` and compared; every scan is re-run and compared.  A
-   difference means another process committed in between: :class:`SerializationConflict`, nothing written.
+   (``root._db_reads``) is re-read ``FOR SHARE`` and compared; every scan is re-run ``FOR SHARE`` and
+   compared.  A difference means another process committed in between: :class:`SerializationConflict`, nothing written.
    Generated keys the tree inserts are checked against their sequences (a ``TRUNCATE … RESTART
    IDENTITY`` since they were drawn would hand them out again): ``GeneratedKeysReset``, nothing written;
 3. ``write`` of every enlisted participant (the Spark ingestion ledger row, the detached-rule outbox …);
@@ -168,7 +168,12 @@ def _validate(root: "Transaction", connection: sa.Connection, infos: Mapping[str
                     f"(Database.run(fn, retries=N) does)"
                 )
     for table_name, where, fetched in scans:
-        if scan_rows(connection, infos[table_name], where) != fetched:
+        # FOR SHARE: the scanned rows stay locked until COMMIT, like every relied-on row.  SERIALIZABLE's
+        # predicate locks alone do not order this flush against another process's READ COMMITTED flush
+        # (PostgreSQL detects serialization anomalies only among SERIALIZABLE transactions): without the
+        # row locks the two could each miss the other's write (write skew; found by the list-append
+        # history test across two processes).
+        if scan_rows(connection, infos[table_name], where, lock="share") != fetched:
             raise SerializationConflict(
                 f"commit of {root.id}: rows of {table_name!r} it scanned were changed by another process; "
                 f"nothing was written — re-run the transaction"

@@ -181,8 +181,15 @@ class _Waiting:
                 targets = [target] if target is not None else [child.id for child in node.children]
                 if kind == "children" and waiter is node:
                     kind = "commit"      # a parent waiting for its own children: the declared commit edge
-                self.registered = manager.locks.add_wait(waiter.id, targets, kind=kind, on_victim=self.on_victim,
-                                                         preferred_victim=self.preferred_victim)
+                try:
+                    self.registered = manager.locks.add_wait(waiter.id, targets, kind=kind, on_victim=self.on_victim,
+                                                             preferred_victim=self.preferred_victim)
+                except lockmgr.TransactionNotActive:
+                    # An ancestor's abort reached the lock manager but not yet this thread (``doom`` comes
+                    # first, so the node is doomed): it waits unregistered, as an aborting node does, and
+                    # learns of the abort from what it waits for (its children are doomed too).
+                    if waiter._doomed is None:
+                        raise
         observers = manager.observers
         if observers.on_wait_start:
             observers.call("on_wait_start", node, self.kind, target)

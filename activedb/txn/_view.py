@@ -123,11 +123,15 @@ class CommittedRows:
         return fetched
 
 
-def scan_rows(catalog_or_connection: Any, info: TableInfo, where: Any) -> dict[Key, dict]:
-    """Rows of ``info`` matching the equality dict ``where`` (anything else: all rows), by key."""
+def scan_rows(catalog_or_connection: Any, info: TableInfo, where: Any, *, lock: str | None = None
+              ) -> dict[Key, dict]:
+    """Rows of ``info`` matching the equality dict ``where`` (anything else: all rows), by key;
+    ``lock="share"`` (a connection only) locks them ``FOR SHARE``."""
     statement = sa.select(info.table)
     if isinstance(where, Mapping):
         statement = statement.where(*[info.table.c[column] == value for column, value in where.items()])
+    if lock == "share":
+        statement = statement.with_for_update(read=True)
     if isinstance(catalog_or_connection, sa.Connection):
         rows = catalog_or_connection.execute(statement).mappings()
         return {tuple(row[name] for name in info.key_columns): dict(row) for row in rows}

@@ -9,6 +9,12 @@ B. A parent that locked a row in its own operations while its child ran, then wa
 C. Two sibling subtransactions that read one row before and after another process committed a new
    version of it both reached the flush with only one of the two images, so the flush validated the
    wrong one and committed a write based on a stale read.
+
+Found later by the list-append history test (``tests/scenarios/test_list_append_history.py``):
+
+D. A node whose ancestor had just aborted, waiting for its own child (``handle.result()``), got the lock
+   manager's raw ``lockmgr.TransactionAborted`` (registering the wait in the wait-for graph found the node
+   aborted there) instead of waiting for the doomed child and raising activedb's ``TransactionAborted``.
 """
 
 from __future__ import annotations
@@ -127,3 +133,39 @@ def test_c_siblings_that_read_different_committed_versions_cannot_commit(db):
             seen = first.result(TIMEOUT)
             tx.spawn(lambda child: child.write("accounts", 2, balance=seen + 100)).result(TIMEOUT)
     assert balances(db) == {1: 15, 2: 0}                     # nothing of the tree was written
+
+
+def test_d_a_node_whose_ancestor_aborted_waits_for_its_child_and_raises_activedbs_error(db):
+    locks = db.transactions.locks
+    child_started, child_may_wait, grandchild_may_end = threading.Event(), threading.Event(), threading.Event()
+    seen: list[BaseException] = []
+
+    def grandchild(g):
+        assert grandchild_may_end.wait(TIMEOUT)
+
+    def child(c):
+        handle = c.spawn(grandchild)
+        child_started.set()
+        assert child_may_wait.wait(TIMEOUT)       # the root's abort has reached the lock manager
+        try:
+            handle.result(TIMEOUT)
+        except BaseException as error:
+            seen.append(error)
+            raise
+
+    def release_once_aborted(tid: str) -> None:
+        testing.wait_until(lambda: not locks.is_active(tid), TIMEOUT, "the abort to reach the lock manager")
+        child_may_wait.set()
+        grandchild_may_end.set()
+
+    with testing.Watchdog(30, locks):
+        with pytest.raises(RuntimeError, match="the root aborts"):
+            with db.transaction() as tx:
+                handle = tx.spawn(child)
+                assert child_started.wait(TIMEOUT)
+                helper = threading.Thread(target=release_once_aborted, args=(handle.transaction.id,))
+                helper.start()
+                raise RuntimeError("the root aborts")  # abort() waits for the child, which waits for its own
+        helper.join(TIMEOUT)
+    assert len(seen) == 1 and isinstance(seen[0], activedb.TransactionAborted), seen
+    assert balances(db) == {1: 10, 2: 0}
