@@ -1,6 +1,13 @@
 """The hand-hygiene application (HyReminder, from *Active Complex Event Processing
 over Event Streams* — "Active CEP" in docs/papers.md) as ECA rules on activedb.
 
+``activedb demo`` runs the same application as the paper's pattern queries instead
+(:mod:`activedb.examples.hand_hygiene.queries`: Q1/R1 verbatim, order and lateness decided by the
+stream engine); this rule-based version stays for ``activedb run``, ``activedb bench ingest`` and the
+demo's Spark feed until that feed takes a stream engine.  Its edges differ from the query app's where
+both make their own choice: here a masked EXIT keeps the warning, there (after App. C) Q2's rule
+moves the worker back to safe; and Q1's negation is approximated by "since the last EXIT".
+
 Public interface:
 
 * :func:`register` ``(db) -> dict[str, Rule]`` — declares every rule on ``db`` (an

@@ -1,19 +1,26 @@
 """``activedb demo``: the hand-hygiene application (HyReminder, from *Active Complex Event Processing over
-Event Streams*, Wang, Rundensteiner, Ellison — see ``docs/papers.md``), end to end.
+Event Streams*, Wang, Rundensteiner, Ellison — see ``docs/papers.md``), end to end, as the paper's
+pattern queries.
 
-:func:`run_demo` tells the story in four steps, each a function so that the demo is easy to re-express
-(e.g. with pattern queries):
+:func:`run_demo` tells the story in four steps:
 
-1. :func:`introduce` — what the application is: badges, statuses, the rules;
-2. :func:`feed` — brings the application's tables to head (Alembic), empties them, declares the rules
-   (:func:`activedb.examples.hand_hygiene.app.register`) and feeds a generated stream of badge events
-   (:mod:`activedb.examples.hand_hygiene.events`) — through Spark Structured Streaming (the ``spark``
-   feed, contributed by spark_bridge) or directly — with a progress bar, then waits for the detached
-   rules;
-3. :func:`tell_story` — what happened to the workers, read back from PostgreSQL;
-4. :func:`show_engine` — the engine's numbers: the rows the rules wrote, firings per coupling mode and
-   per rule (``db.rules.statistics()``).
+1. :func:`introduce` — what the application is: badges, statuses, the queries that move workers;
+2. :func:`feed` — brings the application's tables to head (Alembic), empties them, declares the
+   coupling-mode rules (:func:`activedb.examples.hand_hygiene.queries.register_rules`), builds the stream
+   engine with Q1/R1 verbatim, Q2's pattern and the app's own edges
+   (:func:`activedb.examples.hand_hygiene.queries.make_engine`), and feeds a generated stream of badge
+   events (:mod:`activedb.examples.hand_hygiene.events`) in arrival order — directly, as micro-batch
+   transactions with a punctuation each (:func:`activedb.examples.hand_hygiene.queries.feed`), or through
+   Spark Structured Streaming (the ``spark`` feed, contributed by spark_bridge) — with a progress bar,
+   then waits for the detached rules;
+3. :func:`tell_story` — what happened to the workers and which query moved them, read back from
+   PostgreSQL;
+4. :func:`show_engine` — the engines' numbers: per-query outputs and App. G.2 latencies
+   (``engine.statistics()``), the rows the rules wrote, firings per coupling mode and per rule
+   (``db.rules.statistics()``).
 
+The Spark feed runs the queries when it accepts an ``engine`` (spark_bridge's ``ingest(…,
+queries=engine)``); an older Spark feed runs the rule-based app (:mod:`.app`), and the demo says so.
 Nothing printed is canned.  :func:`write_event_files` writes the same generated stream as JSON-lines
 files for ``activedb run`` (``activedb demo --write-events DIR``).
 """
@@ -26,10 +33,12 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
+from rich.columns import Columns
 from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
@@ -39,10 +48,10 @@ from activedb import Coupling
 from activedb.bench.progress import Progress
 from activedb.plugins import load_feed
 from activedb.examples.hand_hygiene import MIGRATIONS
-from activedb.examples.hand_hygiene import app
-from activedb.examples.hand_hygiene.app import COLORS, SAFE, register, reset_tables
+from activedb.examples.hand_hygiene import app, queries
+from activedb.examples.hand_hygiene.app import COLORS, SAFE
 from activedb.examples.hand_hygiene.errors import BadgeEventRejected
-from activedb.examples.hand_hygiene.events import ApplyResult, apply_directly, generate
+from activedb.examples.hand_hygiene.events import generate
 
 DETACHED_WAIT_SECONDS = 300.0
 EVENTS_PER_FILE = 100
@@ -55,9 +64,23 @@ class DemoSummary:
 
     path: str                       # "direct" or "spark"
     events: int
-    rejected: int | None            # None when Spark fed the events (the bridge keeps its own counts)
+    rejected: int | None            # aborted s-transactions (direct); None when Spark fed the events
     statuses: dict[str, str]        # read back from PostgreSQL
     per_mode: dict[str, int]        # live rule-manager counters
+    application: str = "queries"    # "queries" (the stream engine) or "rules" (the rule-based app.py)
+    per_query: dict[str, int] = field(default_factory=dict)     # outputs per query (engine statistics)
+
+
+@dataclass
+class Run:
+    """What :func:`feed` set up and did, for the story."""
+
+    path: str                       # "direct" or "spark"
+    application: str                # "queries" or "rules"
+    rules: dict                     # the ECA rules declared on the database, by name
+    engine: Any = None              # the StreamEngine (queries)
+    result: Any = None              # queries.FeedResult (direct, queries) or events.ApplyResult (direct, rules)
+    dead_letter_query: str | None = None     # query_id of this run's dead letters in activedb_dead_letters
 
 
 def _console() -> Console:
@@ -77,11 +100,17 @@ def run_demo(*, database=None, url=None, home=None, events=400, workers=12, seed
         database = activedb.connect(url, home=home)
     try:
         introduce(console, events=events, workers=workers, seed=seed)
-        path, result, rules = feed(database, console, events=events, workers=workers, seed=seed, use_spark=use_spark)
-        statuses = tell_story(database, console, result)
-        show_engine(database, rules, console)
-        return DemoSummary(path=path, events=events, rejected=None if result is None else len(result.rejected),
-                           statuses=statuses, per_mode=dict(database.rules.statistics().per_mode))
+        run = feed(database, console, events=events, workers=workers, seed=seed, use_spark=use_spark)
+        statuses = tell_story(database, console, run)
+        show_engine(database, run, console)
+        rejected = None
+        if run.result is not None:
+            rejected = run.result.failed if run.application == "queries" else len(run.result.rejected)
+        per_query = ({name: counters.outputs for name, counters in run.engine.statistics().per_query.items()}
+                     if run.engine is not None else {})
+        return DemoSummary(path=run.path, events=events, rejected=rejected, statuses=statuses,
+                           per_mode=dict(database.rules.statistics().per_mode), application=run.application,
+                           per_query=per_query)
     finally:
         if own:
             database.close()
@@ -94,21 +123,45 @@ def introduce(console: Console, *, events: int, workers: int, seed: int) -> None
         f"{workers} health-care workers wear RFID badges with a light: [green]green = safe[/green], "
         "[yellow]yellow = warning[/yellow], [red]red = violation[/red].\n"
         "Sensors report when a worker enters or leaves a patient room, sanitizes his hands or puts on a mask.\n"
-        "Rules watch the stream: leaving a room and entering another within 45 s without sanitizing → warning;\n"
-        "leaving a room still in warning and without a mask → violation (an alert, a reminder on the badge,\n"
-        "an incident report to infection control); sanitizing → safe again. A badge event that contradicts\n"
-        "where the worker is (a sensor glitch) is rejected and compensated.\n"
+        "Pattern queries watch the stream and their rules move the worker between the statuses:\n"
+        "  Q1/R1 (the paper's, verbatim): SEQ(EXIT, !SANITIZE, ENTER) within 45 s into another room, safe → warning;\n"
+        "  Q2 (the paper's pattern): SEQ(MASK, EXIT) within 5 s in warning → safe (R2: the app's choice);\n"
+        "  Q3, Q4 (the app's own): SANITIZE → safe; EXIT in warning without that mask → violation\n"
+        "  (an alert, a reminder on the badge, an incident report to infection control).\n"
+        "A badge event that contradicts where the worker is (a sensor glitch) is rejected: its stream transaction\n"
+        "aborts and is compensated. Events arrive out of order; the engine applies them in timestamp order.\n"
         f"Today: {events} generated badge events (seed {seed}), about 3 % glitches, 2 % arriving out of order.",
         title="activedb demo", border_style="cyan"), highlight=False)
 
 
-def feed(database, console: Console, *, events: int, workers: int, seed: int, use_spark: bool):
-    """Tables, rules, and the events in; returns ``(path, ApplyResult or None, rules)``."""
+def _spark_feed_takes_queries() -> tuple[Any, bool]:
+    spark_feed = load_feed("spark")
+    return spark_feed, "engine" in inspect.signature(spark_feed).parameters
+
+
+def feed(database, console: Console, *, events: int, workers: int, seed: int, use_spark: bool) -> Run:
+    """Tables, rules, the engine, and the events in; returns the :class:`Run`."""
     database.upgrade_app(MIGRATIONS)
-    reset_tables(database)
-    rules = register(database)
+    spark_feed, spark_takes_queries = _spark_feed_takes_queries() if use_spark else (None, True)
     stream = generate(workers, events, seed)
-    console.print(f"{len(rules)} rules declared on {database.describe()}; feeding the events "
+    if spark_takes_queries:
+        rules = queries.register_rules(database)
+        engine = queries.make_engine(database, record_dead_letters=not use_spark)
+        queries.reset(database, engine)
+        run = Run(path="spark" if use_spark else "direct", application="queries", rules=rules, engine=engine,
+                  dead_letter_query=None if use_spark else f"streams:{engine.name}")
+        definitions = f"{len(engine.queries)} queries and {len(engine.rules)} ON OUTPUT rules (engine " \
+                      f"{engine.name!r}, scheduler {engine.scheduler.name})"
+    else:
+        app.reset_tables(database)
+        rules = app.register(database)
+        run = Run(path="spark", application="rules", rules=rules)
+        definitions = "the rule-based app (activedb.examples.hand_hygiene.app): this Spark feed does not run " \
+                      "pattern queries yet"
+        console.print("[yellow]note:[/yellow] the installed Spark feed cannot feed a stream engine (spark_bridge's "
+                      "ingest(…, queries=engine)); the Spark run uses the rule-based app. "
+                      "`activedb demo --no-spark` runs the queries.", highlight=False)
+    console.print(f"{definitions}; {len(rules)} ECA rules declared on {database.describe()}; feeding the events "
                   f"{'through Spark Structured Streaming' if use_spark else 'directly (no Spark)'} ...",
                   highlight=False)
     progress = Progress.for_stream(label="demo")
@@ -116,29 +169,34 @@ def feed(database, console: Console, *, events: int, workers: int, seed: int, us
     try:
         with _rejections_not_logged():
             if use_spark:
-                path, result = _run_with_spark(database, stream, console, progress)
+                _run_with_spark(database, stream, console, progress, spark_feed, run)
             else:
-                path, result = "direct", apply_directly(database, stream, progress=progress)
+                run.result = queries.feed(database, run.engine, stream, progress=progress)
             progress.note("waiting for the detached rules ...")
             database.rules.wait_idle(DETACHED_WAIT_SECONDS)
     finally:
         progress.close()
     elapsed = time.perf_counter() - started
-    if result is not None:
-        console.print(f"fed {result.events} events in {result.chunks} top-level transactions: {result.applied} "
-                      f"applied, {len(result.rejected)} rejected (each in its own subtransaction); "
-                      f"{elapsed:.2f} s including the detached rules", highlight=False)
-    return path, result, rules
+    result = run.result
+    if isinstance(result, queries.FeedResult):
+        console.print(f"fed {result.events} events in {result.batches} micro-batch transactions (the last one "
+                      f"END_OF_STREAM): {result.processed} stream transactions committed, {result.failed} aborted, "
+                      f"{len(result.dead_letters)} dead letters; {elapsed:.2f} s including the detached rules",
+                      highlight=False)
+    return run
 
 
-def _run_with_spark(db, events: list[dict], console: Console, progress: Progress) -> tuple[str, ApplyResult | None]:
+def _run_with_spark(db, events: list[dict], console: Console, progress: Progress, spark_feed, run: Run) -> None:
     """Feed ``events`` through the ``spark`` event feed (contributed by ``spark_bridge``)."""
-    spark_feed = load_feed("spark")
-    if "progress" in inspect.signature(spark_feed).parameters:
-        spark_feed(db, events, app, console, progress=progress)
-    else:
-        spark_feed(db, events, app, console)
-    return "spark", None
+    options: dict[str, Any] = {}
+    parameters = inspect.signature(spark_feed).parameters
+    if "progress" in parameters:
+        options["progress"] = progress
+    if run.engine is not None:
+        options["engine"] = run.engine
+    outcome = spark_feed(db, events, app, console, **options)
+    if isinstance(outcome, dict) and outcome.get("dead_letter_query"):
+        run.dead_letter_query = outcome["dead_letter_query"]
 
 
 def write_event_files(directory: str | Path, *, events: int = 400, workers: int = 12, seed: int = 7,
@@ -187,7 +245,7 @@ def _rejections_not_logged():
 
 # --- the story, then the engine: read back from PostgreSQL and the live counters -------------------
 
-_CAUSES = {
+_CAUSES = {       # the rule-based app's transitions (app.py), when the Spark feed runs it
     ("safe", "warning"): "entered a room without sanitizing after leaving another",
     ("warning", "violation"): "left the room still unsanitized and without a mask",
     ("warning", "safe"): "sanitized",
@@ -195,9 +253,17 @@ _CAUSES = {
 }
 
 
-def tell_story(db, console: Console, result: ApplyResult | None = None) -> dict[str, str]:
-    """What happened to the workers: where they ended, the status changes and why, alerts, rejected
-    badge events, and one worker's day; returns ``{worker: final status}``."""
+def _cause(run: Run, old: str, new: str, event: str) -> str:
+    if run.application == "queries":
+        edge = queries.EDGES.get((old, new, event))
+        return "" if edge is None else f"{edge[0]} ({edge[1]}): {edge[2]}"
+    return _CAUSES.get((old, new), "")
+
+
+def tell_story(db, console: Console, run: Run) -> dict[str, str]:
+    """What happened to the workers: where they ended, the status changes and which query made them,
+    alerts, rejected badge events, and one worker's day — all read back from PostgreSQL; returns
+    ``{worker: final status}``."""
     status_table = db.table("worker_status")
     alerts, notifications = db.table("alerts"), db.table("notifications")
     compensations, changes = db.table("compensations"), db.table("status_changes")
@@ -205,20 +271,28 @@ def tell_story(db, console: Console, result: ApplyResult | None = None) -> dict[
         workers = connection.execute(sa.select(status_table).order_by(status_table.c.worker)).mappings().all()
         alert_counts = dict(connection.execute(
             sa.select(alerts.c.worker, sa.func.count()).group_by(alerts.c.worker)).all())
+        change_counts = dict(connection.execute(
+            sa.select(changes.c.worker, sa.func.count()).group_by(changes.c.worker)).all())
         compensation_counts = dict(connection.execute(
             sa.select(compensations.c.worker, sa.func.count()).group_by(compensations.c.worker)).all())
         light_of = dict(connection.execute(sa.text(
             "SELECT DISTINCT ON (worker) worker, color FROM badge_lights ORDER BY worker, at DESC, id DESC")).all())
         transitions = connection.execute(
-            sa.select(changes.c.old_status, changes.c.new_status, sa.func.count())
-            .group_by(changes.c.old_status, changes.c.new_status)
-            .order_by(sa.func.count().desc())).all()
+            sa.select(changes.c.old_status, changes.c.new_status, changes.c.event, sa.func.count())
+            .group_by(changes.c.old_status, changes.c.new_status, changes.c.event)
+            .order_by(sa.func.count().desc(), changes.c.old_status, changes.c.new_status)).all()
         channels = dict(connection.execute(
             sa.select(notifications.c.channel, sa.func.count()).group_by(notifications.c.channel)).all())
         rejected = connection.execute(
-            sa.select(compensations.c.worker, compensations.c.reason).order_by(compensations.c.at).limit(3)).all()
+            sa.select(compensations.c.worker, compensations.c.event, compensations.c.at)
+            .order_by(compensations.c.at).limit(3)).all()
         rejected_total = connection.execute(sa.select(sa.func.count()).select_from(compensations)).scalar_one()
         alert_total = connection.execute(sa.select(sa.func.count()).select_from(alerts)).scalar_one()
+        letters = late = None
+        if run.dead_letter_query is not None:
+            letters, late = connection.execute(sa.text(
+                "SELECT count(*), count(*) FILTER (WHERE reason ILIKE '%punctuation%') FROM activedb_dead_letters "
+                "WHERE query_id = :query"), {"query": run.dead_letter_query}).one()
         busiest = connection.execute(
             sa.select(changes.c.worker).group_by(changes.c.worker)
             .order_by(sa.func.count().desc(), changes.c.worker).limit(1)).scalar()
@@ -231,24 +305,33 @@ def tell_story(db, console: Console, result: ApplyResult | None = None) -> dict[
     console.print(f"At the end of the stream [green]{ending['safe']} are safe[/green], "
                   f"[yellow]{ending['warning']} in warning[/yellow] and [red]{ending['violation']} in violation"
                   f"[/red] ({len(workers)} workers).")
-    for old, new, count in transitions:
-        cause = _CAUSES.get((old, new), "")
-        console.print(f"  {count:>4} × {old} → {new}" + (f"  ({cause})" if cause else ""), highlight=False)
+    if run.application == "queries":
+        console.print("Every status change below was made by a query's rule inside the stream transaction of the "
+                      "badge event that completed the pattern (audit trail: status_changes):", highlight=False)
+    for old, new, event, count in transitions:
+        cause = _cause(run, old, new, event)
+        console.print(f"  {count:>4} × {old} → {new} on {event}" + (f"  — {cause}" if cause else ""),
+                      highlight=False)
     console.print(f"{alert_total} violations raised an alert: {channels.get('badge', 0)} reminders went to the badges "
                   f"at once (detached rule) and {channels.get('infection_control', 0)} incident reports to "
                   f"infection control once the alert was durable (sequential causally dependent rule).",
                   highlight=False)
     if rejected_total:
-        examples = "; ".join(f"{worker}: {reason.split(' was rejected')[0]}" for worker, reason in rejected)
-        console.print(f"{rejected_total} badge events were rejected as sensor glitches and compensated (an "
-                      f"exclusive causally dependent rule commits exactly when the event's processing aborts), "
-                      f"e.g. {examples}.", highlight=False)
+        examples = "; ".join(f"{worker}: {event} at t={at:g}" for worker, event, at in rejected)
+        what = ("its stream transaction aborted" if run.application == "queries"
+                else "its subtransaction aborted")
+        console.print(f"{rejected_total} badge events contradicted where the badge placed the worker: {what} and an "
+                      f"exclusive causally dependent rule, which commits exactly when that transaction aborts, "
+                      f"compensated it (compensations), e.g. {examples}.", highlight=False)
+    if letters is not None:
+        console.print(f"Dead letters of this run (activedb_dead_letters): {letters}, of them {late} late (older than "
+                      f"a punctuation the engine had released) and {letters - late} rejected.", highlight=False)
     if day:
         steps = ", ".join(f"t={at:g} s {old} → {new} ({event})" for at, old, new, event in day[:8])
         more = f", and {len(day) - 8} more" if len(day) > 8 else ""
         console.print(f"The busiest day was {busiest}'s: {steps}{more}.", highlight=False)
 
-    table = Table(title="the workers, read back from PostgreSQL (worker_status, badge_lights, alerts)")
+    table = Table(title="the workers, read back from PostgreSQL (worker_status, status_changes, badge_lights, alerts)")
     for column in ("worker", "status", "badge light", "room", "status changes", "alerts", "rejected events",
                    "last event"):
         table.add_column(column)
@@ -259,7 +342,7 @@ def tell_story(db, console: Console, result: ApplyResult | None = None) -> dict[
         style = _STATUS_STYLE.get(row["status"], "")
         last = "-" if row["last_ts"] is None else f"{row['last_event']} at t={row['last_ts']:.1f} s"
         table.add_row(row["worker"], f"[{style}]{row['status']}[/{style}]", light, row["room"] or "-",
-                      str(row["changes"]), str(alert_counts.get(row["worker"], 0)),
+                      str(change_counts.get(row["worker"], 0)), str(alert_counts.get(row["worker"], 0)),
                       str(compensation_counts.get(row["worker"], 0)), last)
     console.print(table)
     console.print(f"badge lights (detached causally dependent rule) agree with worker_status for "
@@ -267,8 +350,29 @@ def tell_story(db, console: Console, result: ApplyResult | None = None) -> dict[
     return {row["worker"]: row["status"] for row in workers}
 
 
-def show_engine(db, rules: dict, console: Console) -> None:
-    """The engine's numbers: rows the rules wrote, firings per coupling mode and per rule."""
+def _source_of_query(name: str) -> str:
+    if name == "Q1":
+        return "paper (verbatim)"
+    if name == "Q2":
+        return "paper's pattern"
+    return "app"
+
+
+def _edge_of_query(name: str) -> str:
+    if name.startswith("SEEN_"):
+        return "records the reading"
+    sources = {old: None for (old, _, _), (label, _, _) in queries.EDGES.items() if label.split("/")[0] == name}
+    targets = {new: None for (_, new, _), (label, _, _) in queries.EDGES.items() if label.split("/")[0] == name}
+    return f"{'/'.join(sources)} → {'/'.join(targets)}" if sources else "-"
+
+
+def _milliseconds(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.2f} ms"
+
+
+def show_engine(db, run: Run, console: Console) -> None:
+    """The engines' numbers: per-query outputs and App. G.2 metrics (stream engine), rows the rules wrote,
+    firings per coupling mode and per rule (rule manager)."""
     notifications, compensations = db.table("notifications"), db.table("compensations")
     changes, alerts = db.table("status_changes"), db.table("alerts")
     with db.engine.connect() as connection:
@@ -285,6 +389,27 @@ def show_engine(db, rules: dict, console: Console) -> None:
         alert_total = connection.execute(sa.select(sa.func.count()).select_from(alerts)).scalar_one()
 
     console.rule("[bold]under the hood: the engine[/bold]")
+    if run.engine is not None:
+        statistics = run.engine.statistics()
+        per_query = Table(title=f"pattern queries (engine {run.engine.name!r}, {statistics.scheduler}: "
+                                f"engine.statistics().per_query)")
+        for column in ("query", "source", "edge", "evaluations", "outputs"):
+            per_query.add_column(column, justify="right" if column in ("evaluations", "outputs") else "left")
+        for name in sorted(statistics.per_query, key=lambda query: (query.startswith("SEEN_"), query)):
+            counters = statistics.per_query[name]
+            per_query.add_row(name, _source_of_query(name), _edge_of_query(name), str(counters.evaluations),
+                              str(counters.outputs))
+        console.print(per_query)
+        console.print(
+            f"stream transactions: {statistics.events_processed} committed, {statistics.events_failed} aborted, "
+            f"{statistics.late_events} late, {statistics.buffered} still buffered; {statistics.outputs} query outputs "
+            f"(of aborted stream transactions too), {statistics.rule_instances} ON OUTPUT rule instances; "
+            f"{statistics.store_reads} store reads, {statistics.store_writes} writes.  App. G.2 (system time): "
+            f"L_query {_milliseconds(statistics.l_query)} (includes waiting in the reorder buffer for the next "
+            f"punctuation), L_rule {_milliseconds(statistics.l_rule)}, L_combined "
+            f"{_milliseconds(statistics.l_combined)}, throughput {statistics.throughput:,.0f} events/s inside "
+            f"engine.process.", highlight=False)
+
     written = Table(title="what the rules wrote (PostgreSQL)")
     written.add_column("table")
     written.add_column("rows", justify="right")
@@ -303,20 +428,18 @@ def show_engine(db, rules: dict, console: Console) -> None:
     for mode in Coupling:
         if mode.value in statistics.per_mode:
             modes.add_row(mode.value, str(statistics.per_mode[mode.value]))
-    from rich.columns import Columns
-
     console.print(Columns([written, modes]))
 
-    per_rule = Table(title="per rule (db.rules.statistics().per_rule)")
+    per_rule = Table(title="ECA rules (db.rules.statistics().per_rule)")
     for column in ("rule", "coupling", "priority", "fired", "condition false", "executed", "failed", "cancelled"):
         per_rule.add_column(column, justify="left" if column in ("rule", "coupling") else "right")
-    for name, rule in rules.items():
+    for name, rule in run.rules.items():
         counters = statistics.per_rule.get(name)
         numbers = ([counters.fired, counters.condition_false, counters.executed, counters.failed, counters.cancelled]
                    if counters else [0, 0, 0, 0, 0])
         priority = "-" if rule.priority is None else str(rule.priority)
         per_rule.add_row(name, Coupling.parse(rule.coupling).value, priority, *map(str, numbers))
     console.print(per_rule)
-    console.print("Next: `activedb rules list` shows the persisted rules, `activedb demo --write-events DIR` writes "
-                  "events for `activedb run`, `activedb explain --pid PID` draws a running process.",
-                  highlight=False)
+    console.print("Next: `activedb rules list` shows the persisted rules, `activedb dead-letters list` the rejected "
+                  "events, `activedb demo --write-events DIR` writes events for `activedb run`, `activedb explain "
+                  "--pid PID` draws a running process.", highlight=False)

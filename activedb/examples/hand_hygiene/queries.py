@@ -1,0 +1,407 @@
+"""The hand-hygiene application as pattern queries (Active CEP: Wang, Rundensteiner, Ellison, *Active
+Complex Event Processing over Event Streams*, §1–§3 and App. C) — what ``activedb demo`` runs.
+
+Public interface:
+
+* :func:`make_engine` ``(db, scheduler="sei", **options) -> streams.StreamEngine`` — the stream
+  ``estream`` and every query and ON OUTPUT rule below, over the demo's own tables;
+* :func:`register_rules` ``(db) -> dict[str, Rule]`` — the ECA rules of the six coupling modes that
+  react to what the queries' rules do (see "Coupling modes");
+* :func:`to_stream_events` — the demo's badge-event dicts (``{"type": "enter", "worker", "ts",
+  "room"}``, :mod:`.events`) as ``streams.StreamEvent`` s;
+* :func:`feed` ``(db, engine, events, …) -> FeedResult`` — micro-batches without Spark: one top-level
+  transaction per chunk, ``engine.process(tx, chunk, punctuation=…)``, ``END_OF_STREAM`` at the end;
+* :func:`reset` — empties the application's tables, the engine's saved state and its dead letters;
+* :data:`Q1_R1` (the paper's text, verbatim), :data:`APP_QUERIES`, :data:`EDGES`, :data:`ENGINE_NAME`.
+
+The rule-based version of the same application (per-worker pattern columns, no queries) is
+:mod:`.app`; ``activedb run activedb.examples.hand_hygiene.app`` and the ingest benchmark use it.
+
+The statuses and the edges between them
+---------------------------------------
+The paper's Figure 1 draws the statuses ``safe`` / ``warning`` / ``violation`` as nodes and pattern
+queries as the edges between them ("if the HCW is in the start-status node and his behaviour matches the
+pattern query annotating an outgoing edge, change his status to the end-status node").  It writes out
+only Q1 and its rule R1 (§3.1) and gives Q2's pattern in words (§2).  Everything else here is **the
+app's own choice, not the paper's**:
+
+=======================  =============================================================  ===========================
+edge                     query → rule                                                   source
+=======================  =============================================================  ===========================
+safe → warning           Q1 ``SEQ(EXIT, !SANITIZE, ENTER)`` ``[HCW-ID]``, other room,   paper, verbatim (§3.1)
+                         ``'safe'`` at the ENTER, within 45 s → R1 ``UPDATE … 'warning'``
+warning → safe           Q2 ``SEQ(MASK, EXIT)`` ``[HCW-ID]``, ``'warning'`` at the       pattern: paper (§2);
+                         EXIT, within 5 s → R2 ``UPDATE … 'safe'``                       R2: the app's choice,
+                                                                                        after App. C's hint that
+                                                                                        Q2 leads to green
+warning → violation      Q4 ``SEQ(EXIT)`` ``'warning'`` at the EXIT → R4 ``WHEN`` still   the app's own
+                         ``'warning'`` ``UPDATE … 'violation'`` (a masked exit was
+                         already moved to safe by R2: Q2 has the higher priority, so
+                         R2 runs first in the same s-transaction, and R4's WHEN
+                         re-reads the status)
+warning/violation → safe Q3 ``SEQ(SANITIZE)`` not ``'safe'`` → R3 ``UPDATE … 'safe'``    the app's own
+(where the badge is)     SEEN_ENTER/EXIT/SANITIZE/MASK → ``record_badge``: the          the app's own
+                         worker's room and last event (a new badge starts ``safe``)
+=======================  =============================================================  ===========================
+
+Numbering: Q3 is the name the paper's App. C gives a third query without defining it; Q4 is ours.
+Priorities (an extension of the paper's language, ``PRIORITY n``): the SEEN_* queries first (their
+rule records the reading before any transition), then Q2 before Q4; Q1 and Q3 have none (last).  All
+queries of an s-transaction read before any of its rules runs, so every status a query checks is the
+status *when the event occurs* — the paper's reading of Q1 and Q2.  Equal timestamps: SANITIZE before
+MASK before the others (``priorities=``), as ``activedb bench streams`` declares.
+
+Order and lateness are the engine's: events may arrive out of order; the reorder buffer releases them
+in timestamp order once a punctuation guarantees nothing older can come, and an event older than a
+released punctuation is a dead letter naming it (``activedb_dead_letters``).
+
+Coupling modes (ECA rules on what the queries' rules write)
+-----------------------------------------------------------
+Every store write of an s-transaction goes through activedb's transaction, so activedb's own rules fire
+on it inside the s-transaction:
+
+=============================  =============================  ==========================================
+rule                           coupling, event                what and why
+=============================  =============================  ==========================================
+``reject_impossible_move``     immediate, ``worker_status``   a reading that contradicts where the badge
+                               modified                       places the worker (ENTER while in a room,
+                                                              EXIT of another room) raises: the
+                                                              s-transaction aborts, nothing of the event
+                                                              is applied, it is a dead letter
+``announce_status_change``     immediate, ``worker_status``   old and new status differ → signal
+                               updated                        ``status_changed`` (worker, old, new, ts,
+                                                              event) inside the s-transaction
+``alert_violation``            deferred, ``status_changed``   the alert, from the final status
+``audit_transition``           deferred, ``status_changed``   the audit row
+``notify_badge``               detached, alert inserted       the reminder, whatever becomes of the batch
+``badge_light``                detached causally dependent    the light command, only if the change
+                                                              commits
+``report_incident``            sequential causally dependent  the incident report, once the alert is
+                                                              durable
+``compensate_rejected_badge``  exclusive causally dependent,  the contingency: commits exactly when the
+                               ``worker_status`` modified     reading's s-transaction aborted (a rejected
+                                                              badge event): a ``compensations`` row asks
+                                                              for the badge reader's re-sync
+=============================  =============================  ==========================================
+
+A write of ``worker_status`` either records a reading (``record_badge``: the status is written back
+unchanged) or is a transition (R1–R4: only the status changes) — that is how the rules tell them apart.
+An activedb rule failing inside a store write surfaces as ``RuleFailed``, which the stream engine treats
+as an infrastructure failure (the batch fails); ``record_badge`` turns the app's own rejection
+(a :class:`~.errors.BadgeEventRejected` cause) into its action's error, so only the event's
+s-transaction aborts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+from typing import Any, Iterable
+
+import sqlalchemy as sa
+
+from activedb import Coupling, Event, Rule, Transaction, streams
+from activedb.errors import RuleFailed
+from activedb.examples.hand_hygiene import app
+from activedb.examples.hand_hygiene.app import SAFE, STATUS_CHANGED, WORKERS
+from activedb.examples.hand_hygiene.errors import BadgeEventRejected, ImpossibleTransition, MalformedBadgeEvent
+
+ENGINE_NAME = "hand_hygiene"
+STREAM = "estream"
+EVENT_TYPES = ("EXIT", "SANITIZE", "ENTER", "MASK")
+ATTRIBUTES = ("HCW-ID", "location")
+ALIASES = {"workerStatus": (WORKERS, {"workerID": "worker"})}
+TIE_PRIORITIES = {"SANITIZE": 2, "MASK": 1}      # equal timestamps: SANITIZE, MASK, then the others
+DEFAULT_CHUNK_SIZE = 50
+PUNCTUATION_DELAY = 30.0     # a chunk's punctuation: the largest ts seen before it minus this (like a watermark)
+
+#: Q1 and R1 exactly as printed in Active CEP §3.1 (the streams README and ``activedb bench streams`` run the
+#: same text).
+Q1_R1 = """
+CREATE QUERY Q1 ON estream
+PATTERN SEQ(EXIT, !SANITIZE, ENTER)
+WHERE [HCW-ID] AND
+EXIT.location != ENTER.location AND
+'safe'=(SELECT status FROM workerStatus
+WHERE workerID=ENTER.HCW-ID)
+WITHIN 45 sec
+RETURN ENTER.HCW-ID, ENTER.location
+
+CREATE RULE R1
+ON OUTPUT Q1
+REFERENCING NEW AS newEvent
+FOR EACH EVENT
+BEGIN
+UPDATE workerStatus SET status = 'warning'
+WHERE workerID = newEvent.HCW-ID
+END
+"""
+
+#: Q2's pattern is the paper's (§2); R2, Q3/R3 and Q4/R4 are the app's own (see the module docstring).
+APP_QUERIES = """
+-- Q2: the paper's pattern; its rule R2 (back to safe) is the app's choice, after App. C.
+CREATE QUERY Q2 ON estream PATTERN SEQ(MASK, EXIT)
+WHERE [HCW-ID] AND 'warning' = (SELECT status FROM workerStatus WHERE workerID = EXIT.HCW-ID)
+WITHIN 5 sec
+RETURN EXIT.HCW-ID, EXIT.location
+PRIORITY 20
+
+CREATE RULE R2 ON OUTPUT Q2 REFERENCING NEW AS n FOR EACH EVENT
+BEGIN UPDATE workerStatus SET status = 'safe' WHERE workerID = n.HCW-ID END
+
+-- Q3 (the app's own): sanitizing while in warning or violation -> safe.
+CREATE QUERY Q3 ON estream PATTERN SANITIZE
+WHERE 'safe' != (SELECT status FROM workerStatus WHERE workerID = SANITIZE.HCW-ID)
+RETURN SANITIZE.HCW-ID, SANITIZE.location
+
+CREATE RULE R3 ON OUTPUT Q3 REFERENCING NEW AS n FOR EACH EVENT
+BEGIN UPDATE workerStatus SET status = 'safe' WHERE workerID = n.HCW-ID END
+
+-- Q4 (the app's own): leaving a room in warning -> violation, unless R2 has just excused it (Q2 runs first).
+CREATE QUERY Q4 ON estream PATTERN EXIT
+WHERE 'warning' = (SELECT status FROM workerStatus WHERE workerID = EXIT.HCW-ID)
+RETURN EXIT.HCW-ID, EXIT.location
+PRIORITY 10
+
+CREATE RULE R4 ON OUTPUT Q4 REFERENCING NEW AS n FOR EACH EVENT
+WHEN 'warning' = (SELECT status FROM workerStatus WHERE workerID = n.HCW-ID)
+BEGIN UPDATE workerStatus SET status = 'violation' WHERE workerID = n.HCW-ID END
+"""
+
+SEEN_PRIORITY = 100
+
+#: (old status, new status, badge event) → (query/rule, source, why) — how the story explains a transition.
+EDGES = {
+    ("safe", "warning", "enter"): ("Q1/R1", "paper", "entered another room within 45 s of leaving one, unsanitized"),
+    ("warning", "safe", "exit"): ("Q2/R2", "paper's pattern, app's rule", "masked, then left within 5 s"),
+    ("warning", "safe", "sanitize"): ("Q3/R3", "app", "sanitized"),
+    ("violation", "safe", "sanitize"): ("Q3/R3", "app", "sanitized"),
+    ("warning", "violation", "exit"): ("Q4/R4", "app", "left a room in warning without a mask"),
+}
+
+
+# --- the engine -----------------------------------------------------------------------------------
+
+def make_engine(db, scheduler: str | streams.Scheduler = "sei", **options: Any) -> streams.StreamEngine:
+    """The application's stream engine on ``db`` (its tables at head: ``db.upgrade_app(MIGRATIONS)``).
+
+    ``options`` go to :class:`~activedb.streams.StreamEngine` (e.g. ``record_dead_letters=False`` when
+    the Spark bridge stores the dead letters, ``keep_outputs=False``).  Under ``"s2pl"``/``"lwm"`` every
+    Python action here declares the tables it touches, as those schedulers require."""
+    options.setdefault("name", ENGINE_NAME)
+    options.setdefault("aliases", ALIASES)
+    engine = streams.StreamEngine(db, scheduler=scheduler, **options)
+    engine.create_stream(STREAM, types=EVENT_TYPES, attributes=ATTRIBUTES, priorities=TIE_PRIORITIES)
+    for event_type in EVENT_TYPES:
+        accepting = streams.event(event_type)
+        engine.query(f"SEEN_{event_type}", stream=STREAM, pattern=streams.seq(event_type),
+                     returns=[accepting["HCW-ID"], accepting["location"]], priority=SEEN_PRIORITY)
+        engine.rule(f"record_{event_type.lower()}", on_output=f"SEEN_{event_type}", action=record_badge,
+                    reads=[WORKERS], writes=[WORKERS])
+    engine.define(Q1_R1)
+    engine.define(APP_QUERIES)
+    return engine
+
+
+def record_badge(tx, new) -> None:
+    """Rule on SEEN_<type> (the app's own): record where the badge places the worker and his last event.
+
+    A badge seen for the first time starts ``safe`` in the corridor.  The status is written back
+    unchanged (a write that keeps the status is a reading, see the module docstring).  The immediate
+    rule ``reject_impossible_move`` checks the reading inside this write; its rejection aborts the
+    s-transaction."""
+    worker, room = new["HCW-ID"], new["location"]
+    kind = new.constituents[-1].type.lower()
+    row = tx.read(WORKERS, worker)
+    values: dict[str, Any] = {"last_event": kind, "last_ts": new.ts}
+    if row is None:
+        values.update(status=SAFE, changes=0)
+    else:
+        values["status"] = row["status"]
+    if kind == "enter":
+        values["room"] = room
+    elif kind == "exit":
+        values.update(room=None, last_exit_room=room, last_exit_ts=new.ts)
+    elif kind == "sanitize":
+        values["last_sanitize_ts"] = new.ts
+    elif kind == "mask":
+        values["last_mask_ts"] = new.ts
+    try:
+        tx.write(WORKERS, worker, **values)
+    except RuleFailed as failure:
+        if isinstance(failure.__cause__, BadgeEventRejected):
+            raise failure.__cause__ from failure
+        raise
+
+
+def to_stream_events(events: Iterable[dict]) -> list[streams.StreamEvent]:
+    """The demo's badge events (:func:`.events.generate`) as stream events: type upper-cased, ``worker`` →
+    ``HCW-ID``, ``room`` → ``location``, ``ts`` in seconds (a ``datetime`` becomes epoch seconds).  A
+    malformed event is still converted as far as it goes: the engine makes it a dead letter."""
+    converted = []
+    for raw in events:
+        kind = raw.get("type")
+        ts = raw.get("ts")
+        if isinstance(ts, dt.datetime):
+            ts = app.seconds(ts)
+        converted.append(streams.StreamEvent(kind.upper() if isinstance(kind, str) else kind, ts,
+                                             {"HCW-ID": raw.get("worker"), "location": raw.get("room")},
+                                             stream=STREAM, origin=raw))
+    return converted
+
+
+# --- the coupling modes: ECA rules on what the queries' rules write -------------------------------
+
+def _is_reading(event: Event) -> bool:
+    """A write of ``worker_status`` that records a badge reading (the status unchanged, or a new row)."""
+    return event.old is None or event.old.get("status") == event.new.get("status")
+
+
+def impossible_move(tx: Transaction, event: Event) -> bool:
+    return _is_reading(event) and _contradiction(event) is not None
+
+
+def _contradiction(event: Event) -> str | None:
+    """Why the reading in ``event`` contradicts the worker's previous row, or None."""
+    old, new = event.old or {}, event.new
+    was_in = old.get("room")
+    at = f"t={new['last_ts']:g}"
+    if new.get("last_event") == "enter":
+        if not new.get("room"):
+            return f"enter of {event.key} at {at} names no room"
+        if was_in is not None:
+            return f"{event.key} enters {new['room']} at {at} but his badge places him in {was_in} (no exit seen)"
+    elif new.get("last_event") == "exit":
+        if was_in != new.get("last_exit_room"):
+            return (f"{event.key} exits {new.get('last_exit_room')} at {at} but his badge places him in "
+                    f"{was_in or 'the corridor'}")
+    return None
+
+
+def reject_impossible_move(tx: Transaction, event: Event) -> None:
+    """Immediate: reject the reading (its s-transaction aborts; ``compensate_rejected_badge`` commits)."""
+    reason = _contradiction(event)
+    if reason is not None and "names no room" in reason:
+        raise MalformedBadgeEvent(reason)
+    raise ImpossibleTransition(reason)
+
+
+def status_differs(tx: Transaction, event: Event) -> bool:
+    return event.old is not None and event.old.get("status") != event.new.get("status")
+
+
+def announce_status_change(tx: Transaction, event: Event) -> None:
+    """Immediate: a transition made by R1–R4 becomes the application event ``status_changed``.
+
+    Its time and cause are the reading's that the same s-transaction recorded just before (the SEEN_*
+    queries run first), so ``ts`` is the badge event's application time."""
+    new = event.new
+    tx.signal(STATUS_CHANGED, worker=event.key, old=event.old["status"], new=new["status"], ts=new["last_ts"],
+              event=new["last_event"])
+
+
+def is_reading(tx: Transaction, event: Event) -> bool:
+    return _is_reading(event)
+
+
+def compensate_rejected_badge(tx: Transaction, event: Event) -> None:
+    """Exclusive causally dependent: commits only if the reading's s-transaction aborted."""
+    new = event.new
+    reason = _contradiction(event) or "its s-transaction aborted"
+    room = new.get("room") if new.get("last_event") == "enter" else new.get("last_exit_room")
+    where = f" {room}" if room else ""
+    tx.insert("compensations", worker=str(event.key), event=str(new.get("last_event")), at=float(new["last_ts"]),
+              reason=f"{new.get('last_event')}{where} at t={new['last_ts']:g} was rejected ({reason}): badge reader "
+                     f"flagged for re-sync, worker asked to badge again")
+
+
+def register_rules(db) -> dict[str, Rule]:
+    """Declare the coupling-mode rules on ``db`` and return them by name.  Precondition: the
+    application's migrations ran (``db.upgrade_app(MIGRATIONS)``)."""
+    rules: dict[str, Rule] = {}
+
+    def declare(action, **options) -> None:
+        rule = db.rule(**options)(action)
+        rules[rule.name] = rule
+
+    declare(reject_impossible_move, on=db.modified(WORKERS), when=impossible_move, coupling=Coupling.IMMEDIATE,
+            priority=app.PRIORITY_TRACK, name="reject_impossible_move")
+    declare(announce_status_change, on=db.updated(WORKERS), when=status_differs, coupling=Coupling.IMMEDIATE,
+            priority=app.PRIORITY_TRANSITION, name="announce_status_change")
+    declare(app.alert_violation, on=db.signalled(STATUS_CHANGED), when=app.final_status_is_violation,
+            coupling=Coupling.DEFERRED, priority=app.PRIORITY_ALERT, name="alert_violation")
+    declare(app.audit_transition, on=db.signalled(STATUS_CHANGED), coupling=Coupling.DEFERRED,
+            priority=app.PRIORITY_AUDIT, name="audit_transition")
+    declare(app.notify_badge, on=db.inserted("alerts"), coupling=Coupling.DETACHED, name="notify_badge")
+    declare(app.badge_light, on=db.signalled(STATUS_CHANGED), coupling=Coupling.DETACHED_CAUSALLY_DEPENDENT,
+            name="badge_light")
+    declare(app.report_incident, on=db.inserted("alerts"), coupling=Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT,
+            name="report_incident")
+    declare(compensate_rejected_badge, on=db.modified(WORKERS), when=is_reading,
+            coupling=Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT, name="compensate_rejected_badge")
+    return rules
+
+
+# --- feeding without Spark ---------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class FeedResult:
+    """What :func:`feed` did (its engine's counters for this feed; the dead letters are also in
+    ``activedb_dead_letters`` unless the engine was built with ``record_dead_letters=False``)."""
+
+    events: int
+    batches: int                  # top-level transactions, the final END_OF_STREAM one included
+    processed: int                # s-transactions committed
+    failed: int                   # s-transactions aborted (rejected badge events)
+    dead_letters: tuple[streams.DeadLetter, ...]
+
+
+def feed(db, engine: streams.StreamEngine, events: Iterable[dict], *, chunk_size: int = DEFAULT_CHUNK_SIZE,
+         delay: float = PUNCTUATION_DELAY, progress=None) -> FeedResult:
+    """Feed the demo's badge events, in **arrival** order, as micro-batches of ``chunk_size``: one
+    top-level transaction per chunk (``db.run``: re-run on a serialization conflict; the engine's
+    pending state of an aborted attempt is dropped), ``engine.process(tx, chunk, punctuation=p,
+    batch_id=n)`` with ``p`` = the largest timestamp seen in earlier chunks minus ``delay`` (a
+    watermark), and a last transaction with ``END_OF_STREAM``.  ``progress`` (an
+    ``activedb.bench.Progress``) hears of every batch."""
+    if chunk_size < 1:
+        raise ValueError("chunk_size must be at least 1")
+    converted = to_stream_events(events)
+    chunks = [converted[start:start + chunk_size] for start in range(0, len(converted), chunk_size)]
+    plan: list[tuple[list, Any]] = []
+    seen = None
+    for chunk in chunks:
+        plan.append((chunk, None if seen is None else seen - delay))
+        stamps = [event.ts for event in chunk if isinstance(event.ts, (int, float)) and not isinstance(event.ts, bool)]
+        if stamps:
+            seen = max(stamps) if seen is None else max(seen, *stamps)
+    plan.append(([], streams.END_OF_STREAM))
+    processed = failed = 0
+    letters: list[streams.DeadLetter] = []
+    if progress is not None:
+        progress.start("micro-batches", total=len(plan))
+    for number, (chunk, punctuation) in enumerate(plan):
+        label = "end of stream" if punctuation is streams.END_OF_STREAM else (
+            f"events {number * chunk_size + 1}-{number * chunk_size + len(chunk)} of {len(converted)}")
+        with contextlib.nullcontext() if progress is None else progress.step(label):
+            result = db.run(_process, engine, chunk, punctuation, number)
+        processed += result.processed
+        failed += result.failed
+        letters.extend(result.dead_letters)
+    return FeedResult(events=len(converted), batches=len(plan), processed=processed, failed=failed,
+                      dead_letters=tuple(letters))
+
+
+def _process(tx, engine: streams.StreamEngine, chunk: list, punctuation: Any, batch_id: int) -> streams.BatchResult:
+    return engine.process(tx, chunk, punctuation=punctuation, batch_id=batch_id)
+
+
+def reset(db, engine: streams.StreamEngine) -> None:
+    """Start clean: empty the application's tables, forget ``engine``'s saved state (buffer, partial
+    matches, punctuations) and delete its dead letters (``query_id = "streams:<name>"``)."""
+    app.reset_tables(db)
+    engine.reset_state()
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM activedb_dead_letters WHERE query_id = :query"),
+                           {"query": f"streams:{engine.name}"})
