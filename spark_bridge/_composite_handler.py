@@ -64,5 +64,5 @@ class CompositeHandler:
         ledger.dead_letters = len(letters)
         ledger.watermark = batch.watermark
 
-    def end_of_stream(self, db: Any, query_name: str) -> int:
+    def end_of_stream(self, db: Any, query_name: str, query_id: str | None = None) -> int:
         return 0          # the engine decides by stability and heartbeats, not by the end of the source

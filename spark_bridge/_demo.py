@@ -15,7 +15,8 @@ import sqlalchemy as sa
 SPARK_FILES = 4                 # the stream is written as this many files (micro-batches)
 
 
-def feed(db: Any, events: list[dict], app: Any, console: Any, progress: Any = None) -> None:
+def feed(db: Any, events: list[dict], app: Any, console: Any, progress: Any = None,
+         engine: Any = None) -> dict | None:
     """Feed ``events`` through Spark Structured Streaming with ``spark_bridge.ingest``.
 
     The events are written as JSON files (one micro-batch each), read as a file stream
@@ -23,6 +24,13 @@ def feed(db: Any, events: list[dict], app: Any, console: Any, progress: Any = No
     (``availableNow``).  Each batch commits to PostgreSQL together with its ledger row.
     What is printed comes from the ledger, read back from PostgreSQL.  ``progress`` (an
     ``activedb.bench.Progress``) hears of Spark's start and of every committed micro-batch.
+
+    ``engine`` (an ``activedb.streams.StreamEngine`` built with ``record_dead_letters=False``): the
+    batches go to its pattern queries (``ingest(…, queries=engine)``) instead of ``app``'s rules —
+    the rows renamed to the paper's vocabulary (``ENTER``…, ``HCW-ID``, ``location``), the time a
+    Spark timestamp with a 30 s watermark (each batch's punctuation), and ``END_OF_STREAM`` once the
+    files are read.  Returns ``{"dead_letter_query": ledger query id}`` (where the run's dead letters
+    are kept).
     """
     import spark_bridge
 
@@ -49,9 +57,21 @@ def feed(db: Any, events: list[dict], app: Any, console: Any, progress: Any = No
             os.utime(path, (written_at + number, written_at + number))
         frame = (spark.readStream.schema(app.SCHEMA)
                  .option("maxFilesPerTrigger", 1).json(str(source)))
-        query = spark_bridge.ingest(db, frame, mapping=spark_bridge.as_mapping(app.MAPPING), query_name=query_name,
-                                    checkpoint_location=str(Path(folder) / "checkpoint"),
-                                    trigger={"availableNow": True}, prefetch=app.PREFETCH)
+        checkpoint = str(Path(folder) / "checkpoint")
+        if engine is None:
+            query = spark_bridge.ingest(db, frame, mapping=spark_bridge.as_mapping(app.MAPPING),
+                                        query_name=query_name, checkpoint_location=checkpoint,
+                                        trigger={"availableNow": True}, prefetch=app.PREFETCH)
+        else:
+            from pyspark.sql import functions as F
+
+            frame = frame.select(F.upper(F.col("type")).alias("type"), F.col("worker").alias("HCW-ID"),
+                                 F.col("room").alias("location"), F.timestamp_seconds(F.col("ts")).alias("ts"))
+            query = spark_bridge.ingest(db, frame, mapping=spark_bridge.EventMapping(
+                                            "type", "HCW-ID", "ts", payload_columns=("location",)),
+                                        query_name=f"{query_name}_queries", checkpoint_location=checkpoint,
+                                        trigger={"availableNow": True}, queries=engine,
+                                        watermark_delay="30 seconds")
         sink = spark_bridge.sink_of(query)
         if progress is None:
             query.awaitTermination()
@@ -64,11 +84,19 @@ def feed(db: Any, events: list[dict], app: Any, console: Any, progress: Any = No
             progress.update(sink.statistics().batches, f"micro-batches committed ({sink.statistics().events} events)")
         if query.exception() is not None:
             raise RuntimeError(f"the demo's streaming query failed: {query.exception()}")
+        released = spark_bridge.end_of_stream(query) if engine is not None else 0
         statistics = sink.statistics()
-    console.print(
-        f"fed {len(events)} events through Spark Structured Streaming: {statistics.batches} micro-batches, "
-        f"{statistics.events} events applied in nested transactions, {statistics.dead_letters} dead letters "
-        f"(rejected by a rule or malformed)")
+    if engine is None:
+        console.print(
+            f"fed {len(events)} events through Spark Structured Streaming: {statistics.batches} micro-batches, "
+            f"{statistics.events} events applied in nested transactions, {statistics.dead_letters} dead letters "
+            f"(rejected by a rule or malformed)")
+    else:
+        console.print(
+            f"fed {len(events)} events through Spark Structured Streaming into the pattern queries: "
+            f"{statistics.batches} micro-batches (each one transaction, punctuated by Spark's watermark), "
+            f"{statistics.events + released} stream transactions committed ({released} released at the end of "
+            f"the stream), {statistics.dead_letters} dead letters (late, rejected or malformed)")
     ledger = db.table("activedb_ingestion_ledger")
     with db.engine.connect() as connection:      # this run's rows only: its query id is new with its checkpoint
         batches, last, applied, letters = connection.execute(sa.select(
@@ -76,6 +104,6 @@ def feed(db: Any, events: list[dict], app: Any, console: Any, progress: Any = No
             sa.func.sum(ledger.c.dead_letters)).where(ledger.c.query_id == statistics.query_id)).one()
     console.print(f"ingestion ledger in PostgreSQL for query {statistics.query_id}: {batches} batches committed "
                   f"(last batch id {last}), {applied} events, {letters} dead letters")
-    return None
+    return {"dead_letter_query": statistics.query_id}
 
 

@@ -93,9 +93,10 @@ class BatchHandler(Protocol):
         ``events`` and ``dead_letters`` — now, or in a commit participant enlisted here that writes
         before the ledger.  Raise to fail the batch (``tx`` then aborts and nothing is kept)."""
 
-    def end_of_stream(self, db: Any, query_name: str) -> int:
+    def end_of_stream(self, db: Any, query_name: str, query_id: str | None = None) -> int:
         """The source ended: release what the engine still holds back, in a transaction of its own;
-        returns how many events that processed.  Idempotent."""
+        returns how many events that processed.  Idempotent.  ``query_id``: the ledger id of the run
+        (its dead letters are kept under it), if the sink has seen a batch."""
 
 
 def process_with_handler(sink: Any, handler: BatchHandler, rows: Any, batch_id: int, query_id: str,
@@ -235,4 +236,4 @@ def end_of_stream(query_or_sink: Any) -> int:
     handler = getattr(sink, "handler", None)
     if handler is None:
         return 0
-    return handler.end_of_stream(sink.db, sink.query_name)
+    return handler.end_of_stream(sink.db, sink.query_name, sink.statistics().query_id)

@@ -170,9 +170,9 @@ class QueriesHandler:
                 letters.append((reason, _event_row(letter.event)))
         return letters
 
-    def end_of_stream(self, db: Any, query_name: str) -> int:
+    def end_of_stream(self, db: Any, query_name: str, query_id: str | None = None) -> int:
         """``engine.process(tx, [], punctuation=END_OF_STREAM)`` for every engine, in one transaction;
-        dead letters under ``<query_name>:end``.  Idempotent: the engines' saved state records the
+        dead letters under the run's ledger id ``query_id`` (batch id NULL), or ``<query_name>:end`` without one.  Idempotent: the engines' saved state records the
         release, so a second call releases nothing."""
         from activedb import streams
 
@@ -186,7 +186,7 @@ class QueriesHandler:
                 processed += result.processed
                 letters += [(letter.reason, _event_row(letter.event)) for letter in result.dead_letters]
             for reason, raw in letters:
-                tx.insert(DEAD_LETTER_TABLE, query_id=f"{query_name}:end", batch_id=None, reason=reason, raw=raw)
+                tx.insert(DEAD_LETTER_TABLE, query_id=query_id or f"{query_name}:end", batch_id=None, reason=reason, raw=raw)
         return processed
 
     def statistics(self) -> dict[str, Any]:

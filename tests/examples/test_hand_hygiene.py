@@ -229,9 +229,10 @@ def test_demo_writes_event_files_for_activedb_run(tmp_path):
 
 @pytest.mark.spark
 def test_run_demo_through_spark_matches_the_direct_path(app, database_url, make_database_url, spark, capsys):
-    """The Spark feed gives the state the same application gives without Spark.  Until spark_bridge's
-    ``ingest(…, queries=engine)`` is wired into the demo's Spark feed, that application is the rule-based
-    one (``app.py``), and the demo says so."""
+    """The Spark feed gives the state the same application gives without Spark: the pattern queries
+    through ``ingest(…, queries=engine)``, whose dead letters (the run's ledger id, those released at the
+    end of the stream included) are the rejected events.  (A Spark feed without ``engine=`` runs the
+    rule-based app, and the demo says so: the second branch.)"""
     db = app
     through_spark = run_demo(url=database_url, events=120, workers=4, seed=5, use_spark=True)
     output = " ".join(capsys.readouterr().out.split())      # rich wraps long lines
@@ -243,7 +244,7 @@ def test_run_demo_through_spark_matches_the_direct_path(app, database_url, make_
         direct = run_demo(url=make_database_url("direct"), events=120, workers=4, seed=5, use_spark=False)
         assert through_spark.statuses == direct.statuses
         assert spark_compensations == [(direct.rejected,)]
-        assert f"{direct.rejected} dead letters" in output
+        assert f"Dead letters of this run (activedb_dead_letters): {direct.rejected}, of them 0 late" in output
     else:
         assert through_spark.application == "rules" and "uses the rule-based app" in output
         reset_tables(db)

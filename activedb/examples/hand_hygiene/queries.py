@@ -213,8 +213,9 @@ def record_badge(tx, new) -> None:
     s-transaction."""
     worker, room = new["HCW-ID"], new["location"]
     kind = new.constituents[-1].type.lower()
+    ts = app.seconds(new.ts) if isinstance(new.ts, dt.datetime) else new.ts     # Spark delivers datetimes
     row = tx.read(WORKERS, worker)
-    values: dict[str, Any] = {"last_event": kind, "last_ts": new.ts}
+    values: dict[str, Any] = {"last_event": kind, "last_ts": ts}
     if row is None:
         values.update(status=SAFE, changes=0)
     else:
@@ -222,11 +223,11 @@ def record_badge(tx, new) -> None:
     if kind == "enter":
         values["room"] = room
     elif kind == "exit":
-        values.update(room=None, last_exit_room=room, last_exit_ts=new.ts)
+        values.update(room=None, last_exit_room=room, last_exit_ts=ts)
     elif kind == "sanitize":
-        values["last_sanitize_ts"] = new.ts
+        values["last_sanitize_ts"] = ts
     elif kind == "mask":
-        values["last_mask_ts"] = new.ts
+        values["last_mask_ts"] = ts
     try:
         tx.write(WORKERS, worker, **values)
     except RuleFailed as failure:
