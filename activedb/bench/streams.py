@@ -88,6 +88,7 @@ import sqlalchemy as sa
 
 from activedb import streams
 from activedb.bench._setup import connect
+from activedb.examples.hand_hygiene.queries import Q1_R1
 from activedb.bench.report import BenchReport, Row
 from activedb.streams._versions import VersionStore
 
@@ -97,25 +98,8 @@ BATCH = 1000
 DELAY = 30.0
 ALIASES = {"workerStatus": ("bench_worker_status", {"workerID": "worker_id"})}
 
-DEFINITIONS = """
-CREATE QUERY Q1 ON estream
-PATTERN SEQ(EXIT, !SANITIZE, ENTER)
-WHERE [HCW-ID] AND
-EXIT.location != ENTER.location AND
-'safe'=(SELECT status FROM workerStatus
-WHERE workerID=ENTER.HCW-ID)
-WITHIN 45 sec
-RETURN ENTER.HCW-ID, ENTER.location
-
-CREATE RULE R1
-ON OUTPUT Q1
-REFERENCING NEW AS newEvent
-FOR EACH EVENT
-BEGIN
-UPDATE workerStatus SET status = 'warning'
-WHERE workerID = newEvent.HCW-ID
-END
-
+# Q1/R1 as printed in Active CEP §3.1 (the demo application's text), then the benchmark's Q2/R2 and Q3/R3.
+DEFINITIONS = Q1_R1 + """
 CREATE QUERY Q2 ON estream PATTERN SEQ(MASK, EXIT)
 WHERE [HCW-ID] AND 'warning' = (SELECT status FROM workerStatus WHERE workerID = EXIT.HCW-ID)
 WITHIN 5 sec RETURN EXIT.HCW-ID
