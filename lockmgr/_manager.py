@@ -503,8 +503,8 @@ class LockManager:
                 parent.committed.append(txn)
         self._counters["inherited"] += handed
         # The requests waiting for txn now wait for parent's owner -- or for nothing, if that is an ancestor
-        # of theirs.  Seed 004 checks for deadlock "just before lock inheritance"; the new edges are checked
-        # here, as part of it, with the same outcome.  No other request's edges change (see the README, §9).
+        # of theirs.  Concurrent Rule Execution in Active Databases (§4.2.2) checks for deadlock "just before
+        # lock inheritance"; the new edges are checked here, as part of it, with the same outcome.  No other request's edges change (see the README, §9).
         events: list = []
         if txn.blocked:
             for lock in {waiter.request.lock: None for waiter in txn.blocked}:

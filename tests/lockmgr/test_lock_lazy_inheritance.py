@@ -5,8 +5,8 @@ Checked here, through the public API (the fold threshold aside): deep chains (ev
 moved, each entry is counted once), a committed member's entries keeping outsiders away but not the
 descendants of its owner, an abort releasing what the aborted subtree's committed members made, a fold
 keeping one entry per owner, and ownership moving up while a request waits -- to a new ancestor that may
-grant it, or close a cycle (seed 004 checks for deadlock "just before lock inheritance").  Threads are
-ordered by lockmgr.testing.Scenario (observable state, no sleeps).  The randomized tests below run with
+grant it, or close a cycle (Concurrent Rule Execution in Active Databases checks for deadlock "just
+before lock inheritance").  Threads are ordered by lockmgr.testing.Scenario (observable state, no sleeps).  The randomized tests below run with
 seed 0 by default; set LOCKMGR_LAZY_SEED to another integer to try more.
 """
 

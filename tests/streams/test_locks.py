@@ -1,4 +1,4 @@
-"""The stream lock tables on their own (pure logic, no database): seed 000 Example 4 for
+"""The stream lock tables on their own (pure logic, no database): Active CEP Example 4 for
 S2PL and Example 5 for LWM at the lock table, as named steps on threads; the no-overtaking
 rule and a mutant that breaks it; tuple and table granularity; App. F's punctuation guard
 with a late event's lock; and a property test of the grant rule against a brute-force
@@ -74,7 +74,7 @@ def owners(*stamps):
 
 
 def test_example_4_s2pl_queues_in_timestamp_order_without_overtaking():
-    """Seed 000 Example 4: T1 (exit^2) = {sl1}, T2 (enter^10) = {sl2, xl2}, T3 (exit^15) = {sl3}."""
+    """Active CEP Example 4: T1 (exit^2) = {sl1}, T2 (enter^10) = {sl2, xl2}, T3 (exit^15) = {sl3}."""
     table = S2PLLockTable()
     t1, t2, t3 = owners((0, 2), (1, 10), (2, 15))
     table.insert(t1, [(TABLE, KEY, R)])
@@ -127,7 +127,7 @@ def test_the_overtaking_mutant_lets_a_later_read_pass_an_earlier_waiting_write()
 
 
 def test_example_5_lwm_grants_reads_below_the_low_water_mark():
-    """Seed 000 Example 5 / Fig. 4: while T2 (enter^10) is open, T1's read at 2 is granted
+    """Active CEP Example 5 / Fig. 4: while T2 (enter^10) is open, T1's read at 2 is granted
     and T3's read at 15 is delayed; once T2 ends the lwm is 18 (T4's write lock) and the
     read at 15 is granted."""
     table = LWMLockTable()

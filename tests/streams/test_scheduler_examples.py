@@ -1,4 +1,4 @@
-"""Seed 000 Example 4 (S2PL) and Example 5 (LWM) on the engine, as named steps; and the
+"""Active CEP Example 4 (S2PL) and Example 5 (LWM) on the engine, as named steps; and the
 deliberately broken schedulers the Definition 6 checker must catch.
 
 One health-care worker, Q1/R1 as printed and Q2 (``tests/streams/conftest.py``), the
