@@ -1,4 +1,4 @@
-"""Atomic batches on the Spark bridge (issue 15): lineage of every batch transaction, and what the
+"""Atomic batches on the Spark bridge: lineage of every batch transaction, and what the
 scale-out path does when one partition of a batch fails for good.
 
 **Lineage.** Every batch transaction the sink commits records, in its own flush, that it consumed the

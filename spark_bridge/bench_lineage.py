@@ -9,7 +9,7 @@ take turns batch by batch (which goes first alternates) — lineage off, lineage
 ``INSERT … WITH … INSERT`` in the batch's flush) — and the medians are compared.  Batch sizes: 1,000
 events (a micro-batch; 10,000 without ``--quick``) and 10 events (small batches: the worst case a
 stream sees).  Besides the ratio of the medians, the median of the paired differences (the two batches
-of a round run back to back) is reported: on a shared machine it is the steadier figure.  The goal of issue 15 is at most 10 % on micro-batches.  Spark itself is left out: it
+of a round run back to back) is reported: on a shared machine it is the steadier figure.  The goal is at most 10 % on micro-batches.  Spark itself is left out: it
 adds the same fixed cost to both, so the ratio here is the pessimistic one.
 """
 

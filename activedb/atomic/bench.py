@@ -5,7 +5,7 @@ inline subtransaction per event that reads and writes a counter row.  Each round
 twice, alternately — without lineage, and with ``db.batches.consumed(tx, query, batch)`` (the lineage
 row and its batch row written in the batch's own flush) — and the medians are compared.  Batch sizes:
 1,000 events (a micro-batch), 10 events, and 1 event (the worst case: a lineage INSERT per
-single-event transaction).  The goal of issue 15 is a cost of at most 10 % on ingest-sized batches.
+single-event transaction).  The goal is a cost of at most 10 % on ingest-sized batches.
 """
 
 from __future__ import annotations

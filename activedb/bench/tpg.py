@@ -31,7 +31,7 @@ with C = 0 (the engine's own cost).  In one run, on the same machine and Postgre
    engine in memory per strategy, and for the split the calling process alone vs all processes
    — stable figures on a loaded machine, where wall-clock ones swing by 2×.
 
-Goals (issue 14): TPG ≥ 5× the per-event nested path on SL; ≥ 1.6× with 2 processes on a
+Goals: TPG ≥ 5× the per-event nested path on SL; ≥ 1.6× with 2 processes on a
 batch that splits.  ``--quick`` uses T = 2,048 and short sweeps (≈ 1 min).
 """
 

@@ -1,4 +1,4 @@
-"""Split batches of the Spark scale-out path (issue 15): the policy each query declared for a partition
+"""Split batches of the Spark scale-out path: the policy each query declared for a partition
 that fails for good, and every such failure with how it was settled.
 
 What this revision installs (the design note is ``spark_bridge/README.md``, "Atomic split batches"):

@@ -32,7 +32,7 @@ and deadlocks other than those closed by the request of the step the test just s
 reference model's docstring).  Where it mirrors a known bug (an insert's existence check is not
 validated at the flush) it says so: ``INSERT_CHECK_VALIDATED`` and the strict-xfail test at the end.
 
-What it catches (each tree-isolation fix of issue 9 reverted alone, CI defaults): A -- a read returns
+What it catches (each tree-isolation fix (bugs A, B, C of the regression tests) reverted alone, CI defaults): A -- a read returns
 the committed image where the model expects the ancestor's write; B -- the lock table shows a
 committing parent still holding its rows while its child waits.  C (siblings relying on different
 committed images) needs another process's write between two fresh reads of one row in two branches;

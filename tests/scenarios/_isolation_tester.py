@@ -28,8 +28,8 @@ say) is *skipped*.  Deadlock victims (``activedb.Deadlock``), ``SerializationCon
 ``TransactionAborted`` of a doomed subtree are outcomes, recorded per step.
 
 A run fails with :class:`IsolationHang` — a message with the wait-for graph, each session's state and,
-for a parent that waits for its children while its own operations still hold locks, a diagnosis (issue
-9's bug B: a wait the lock manager cannot see) — when a step neither completes nor blocks within
+for a parent that waits for its children while its own operations still hold locks, a diagnosis (the
+tree-isolation bug B: a wait the lock manager cannot see) — when a step neither completes nor blocks within
 ``STEP_TIMEOUT`` seconds, or when every session with steps left is blocked and the lock manager found no
 deadlock.  Before raising, the runner aborts every transaction of the run (which withdraws the waiting
 lock requests) and tells every session to stop, so no thread stays stuck; the message says whether all

@@ -43,7 +43,7 @@ every session that does not abort on purpose (the checks are not vacuous), and a
 neither completes nor blocks within ``STEP_TIMEOUT``, or every session blocked without a deadlock — fails
 with the wait-for graph after aborting every transaction of the run.
 
-**Bugs A and B of issue 9** are scenarios of their own among the parent/child permutations (``bug-A``,
+**Bugs A and B of the tree-isolation regressions** are scenarios of their own among the parent/child permutations (``bug-A``,
 ``bug-B-commit``, ``bug-B-join``): A, a child re-reading a row its parent wrote before spawning it; B,
 a parent locking a row while its child runs and then waiting for the child (commit or ``handle.result``).
 With the fix reverted, the generic scenarios find both as well: A as non-serializable reads (a second
@@ -188,7 +188,7 @@ SCENARIOS = [
         "T3": [("r3all", Scan(ALL)), ("c3", Commit())],
     }, permutations=["r1all inc2y w1x c1 c2 r3all c3"]),
 
-    # Issue 9, bug A: the parent writes x without reading it, spawns the child; the child reads x, then
+    # Bug A (tree isolation): the parent writes x without reading it, spawns the child; the child reads x, then
     # reads it again to increment it.  The buggy read path consulted the child's cached committed image
     # before the parent's write, so the second read returned 10, not 11.
     Scenario.of("bug-A", "a child re-reading a row its parent wrote", {
@@ -196,7 +196,7 @@ SCENARIOS = [
         "T2": [("r2x", Read("x")), ("inc2x", Increment("x", 1)), ("c2", Commit())],
     }, permutations=["w1x s1 r2x inc2x c2 c1", "w1x s1 r2x inc2x c1 c2"], pairings=["parent=T1"]),
 
-    # Issue 9, bug B: the parent locks x in its own operations while the child runs, then waits for the
+    # Bug B (tree isolation): the parent locks x in its own operations while the child runs, then waits for the
     # child — by committing, or by handle.result() and carrying on.  The buggy parent kept holding x in
     # its segment while it waited for a child that waited for x: a hang the lock manager could not see.
     Scenario.of("bug-B-commit", "a parent that read a row waits (commit) for a child that writes it", {

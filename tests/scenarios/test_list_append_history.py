@@ -19,7 +19,7 @@ the threads'.  Size: ``ACTIVEDB_LIST_APPEND_TRANSACTIONS`` top-level transaction
 wait-for graph and every stack.  A failing run leaves its history and final lists as JSON in the
 test's ``tmp_path`` and names the file.
 
-What it catches (each tree-isolation fix of issue 9 reverted alone, CI sizes and seed):
+What it catches (each tree-isolation fix (bugs A, B, C of the regression tests) reverted alone, CI sizes and seed):
 
 * A (a child's read returns a committed image it cached instead of its ancestor's write): one process
   -- backward reads, incompatible orders, lost appends, G-single cycles; two processes -- the same and

@@ -1,4 +1,4 @@
-"""Atomic batches through the Spark bridge (issue 15): lineage of every batch transaction, and a scale-out
+"""Atomic batches through the Spark bridge: lineage of every batch transaction, and a scale-out
 batch one partition of which fails for good (``ingest(..., on_partition_failure=...)``).
 
 * without Spark: ``IngestSink.process`` records, in the batch's own flush, that its transaction consumed
