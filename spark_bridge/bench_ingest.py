@@ -259,7 +259,7 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
     from activedb.examples.hand_hygiene import MIGRATIONS
     from activedb.examples.hand_hygiene.app import register, reset_tables
     from activedb.examples.hand_hygiene.events import generate
-    from activedb.bench._setup import connect as bench_connect
+    from activedb.bench import connect_database as bench_connect
 
     progress = progress or Progress.none()
     report = BenchReport("Spark ingestion end to end (activedb bench ingest)")

@@ -50,7 +50,7 @@ def _cleanup(database, queries: list[str]) -> None:
 
 
 def run(quick: bool = False) -> BenchReport:
-    from activedb.bench._setup import connect
+    from activedb.bench import connect_database as connect
 
     from spark_bridge._sink import IngestSink
 

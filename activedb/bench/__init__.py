@@ -9,7 +9,11 @@ draws the figures (``activedb.bench.plot``).  Benchmarks are never run by the te
 on timings; a smoke test only checks that each benchmark runs in ``quick`` mode and reports its fields.
 """
 
+from activedb.bench._setup import MIGRATIONS
+from activedb.bench._setup import connect as connect_database
 from activedb.bench.progress import Progress
 from activedb.bench.report import BenchReport, Row, Series, measure_rate
 
-__all__ = ["BenchReport", "Row", "Series", "Progress", "measure_rate"]
+#: ``connect_database(**options)``: a benchmark's database (embedded, or ``ACTIVEDB_DATABASE_URL``) with the
+#: benchmarks' tables (``MIGRATIONS``, an Alembic directory) at head and the scratch tables empty.
+__all__ = ["MIGRATIONS", "BenchReport", "Row", "Series", "Progress", "connect_database", "measure_rate"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import activedb
-from activedb.bench._setup import MIGRATIONS as BENCH_MIGRATIONS
+from activedb.bench import MIGRATIONS as BENCH_MIGRATIONS
 from tests.conftest import APP_MIGRATIONS
 
 

@@ -10,7 +10,7 @@ Rows: ``type`` (deposit | transfer), ``k`` (the mapping's key column; unused by 
 from __future__ import annotations
 
 from activedb.batch import workloads
-from activedb.bench._setup import MIGRATIONS as BENCH_MIGRATIONS  # the tpg_* tables' Alembic revisions
+from activedb.bench import MIGRATIONS as BENCH_MIGRATIONS  # the tpg_* tables' Alembic revisions
 
 from spark_bridge import EventMapping
 

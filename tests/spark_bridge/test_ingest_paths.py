@@ -27,7 +27,7 @@ import sqlalchemy as sa
 import activedb
 import spark_bridge
 from activedb import composite, streams
-from activedb.bench._setup import MIGRATIONS as BENCH_MIGRATIONS
+from activedb.bench import MIGRATIONS as BENCH_MIGRATIONS
 from spark_bridge.errors import IngestError
 from tests.conftest import APP_MIGRATIONS
 from tests.spark_bridge import app_ledger
