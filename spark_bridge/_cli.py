@@ -585,6 +585,7 @@ def status_command(ctx: click.Context, query_name: str | None, as_json: bool) ->
         splits = split_status(database, query_name)
         detached = database.outbox.statistics()
         failures = database.outbox.failures(limit=20)
+        capture = database.capture.status()
     finally:
         database.close()
     if as_json:
@@ -618,6 +619,25 @@ def status_command(ctx: click.Context, query_name: str | None, as_json: bool) ->
         console.print(rules)
     print_split_batches(console, splits)
     print_detached(console, detached, failures)
+    print_capture_backlog(console, capture)
+
+
+def print_capture_backlog(console: Any, capture: Any) -> None:
+    """Change capture's backlog per consumer and table, and its warnings (``activedb status``; the whole
+    picture is ``activedb capture status``)."""
+    if not capture.installed or not (capture.tables or capture.retained_changes):
+        return
+    lines = []
+    for consumer in capture.consumers:
+        waiting = ", ".join(f"{table.table} {table.changes:,}" for table in consumer.tables) or "nothing"
+        lines.append(f"consumer {consumer.name!r}: {consumer.changes:,} changes pending ({waiting})"
+                     f"{' — BEHIND' if consumer.behind else ''}")
+    for table in capture.unconsumed:
+        lines.append(f"table {table.table}: {table.changes:,} changes and no consumer")
+    console.print(f"change capture ({len(capture.tables)} captured table(s); `activedb capture status` for more): "
+                  + ("; ".join(lines) if lines else "no backlog"), highlight=False, soft_wrap=True)
+    for line in capture.warnings():
+        console.print(f"[yellow]warning:[/yellow] {line}", highlight=False)
 
 
 def print_detached(console: Any, detached: Any, failures: list[Any]) -> None:

@@ -31,6 +31,9 @@ def test_capture_commands_show_the_backlog_and_consume_it(database_url):
     _app.run_workload(libpq(database_url), _app.workload(seed=3, transactions=6))
     output = cli("status")
     assert "orders" in output and "no consumer" in output
+    overall = runner.invoke(main, ["--url", database_url, "status"], catch_exceptions=False)
+    assert overall.exit_code == 0, overall.output      # `activedb status` shows the backlog too
+    assert "change capture (1 captured table(s)" in overall.output and "changes and no consumer" in overall.output
     document = json.loads(cli("status", "--json"))
     pending = document["unconsumed"][0]["changes"]
     assert document["tables"][0]["name"] == "orders" and pending > 0 and document["warnings"]
