@@ -35,8 +35,10 @@ held while calling Spark, the engine or PostgreSQL.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import datetime as dt
+import gc
 import logging
 import threading
 import time
@@ -237,6 +239,24 @@ def _rejection_reason(error: BaseException) -> str:
     if isinstance(error, CascadeLimitExceeded):
         return f"rule cascade limit: {error}"
     return f"event processing failed: {type(error).__name__}: {error}"
+
+
+@contextlib.contextmanager
+def _no_cyclic_gc():
+    """Pause the cyclic garbage collector while a batch's events run.  Every event leaves records that
+    live until the batch's tree ends (the lock manager keeps a committed subtransaction's record while
+    its tree runs), so the collector would scan a set that only grows, again and again: 12-15 µs of CPU
+    per event with one immediate rule, a fifth of the engine's time.  Pausing it changes no peak
+    memory (those records are alive anyway); what becomes garbage when the tree ends is collected once
+    the collector runs again.  (The pause is process-wide: detached rules running meanwhile run without
+    it too; acyclic objects are still freed at once by reference counting.)"""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class IngestSink:
@@ -492,12 +512,13 @@ class IngestSink:
             self._prefetch_rows(tx, events)
             applied = 0
             failed: list[tuple[RawEvent, str]] = []
-            for event in events:
-                reason = self._apply_event(tx, event)
-                if reason is None:
-                    applied += 1
-                else:
-                    failed.append((event, reason))
+            with _no_cyclic_gc():
+                for event in events:
+                    reason = self._apply_event(tx, event)
+                    if reason is None:
+                        applied += 1
+                    else:
+                        failed.append((event, reason))
             if failed:
                 letters = letters + self._letters_for(rows, [event for event, _ in failed], _reason_of(failed))
             self._insert_dead_letters(tx, query_id, batch_id, letters)
