@@ -445,7 +445,8 @@ class IngestSink:
             return self._skipped(query_id, batch_id, row_count, watermark, timings, began)
 
         started = time.perf_counter()
-        good, bad = rows_to_events(rows, self.mapping, self.known_types())
+        with _no_cyclic_gc():        # 100k new events at once: the collector would rescan them repeatedly
+            good, bad = rows_to_events(rows, self.mapping, self.known_types())
         letters = [(rejected.reason, rejected.row) for rejected in bad]
         if watermark is not None:
             on_time = [event for event in good if event.ts >= watermark]
