@@ -112,8 +112,12 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
     upserts: dict[tuple[str, frozenset[str]], list[dict]] = {}
     inserts: dict[tuple[str, frozenset[str]], list[dict]] = {}
     partial: dict[str, list[tuple[Key, dict]]] = {}
+    absent: dict[str, list[Key]] = {}
     for (table_name, key), entry in writes.items():
         info = infos[table_name]
+        if entry.kind is EntryKind.ABSENT:
+            absent.setdefault(table_name, []).append(key)
+            continue
         if entry.kind in (EntryKind.DELETE, EntryKind.REPLACE):
             deletes.setdefault(table_name, []).append({f"k_{n}": v for n, v in zip(info.key_columns, key)})
         if entry.kind is EntryKind.DELETE:
@@ -126,6 +130,15 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
                 partial.setdefault(table_name, []).append((key, row))
         else:
             inserts.setdefault((table_name, frozenset(row)), []).append(row)
+    for table_name, keys in absent.items():
+        # Rows the tree inserted and deleted again: nothing to write, but they must still be absent — a
+        # row another process committed since would make the tree's insert a duplicate in any serial order.
+        found = fetch_rows(connection, infos[table_name], keys)
+        if found:
+            raise DuplicateKey(
+                f"insert into {table_name!r}: the row {next(iter(found))!r}, which this transaction inserted and "
+                f"deleted again, was inserted by another transaction since; nothing was written — re-run the "
+                f"transaction", table=table_name)
     for table_name, rows in deletes.items():
         connection.execute(infos[table_name].delete(), rows)
     updates: dict[tuple[str, frozenset[str]], list[dict]] = {}

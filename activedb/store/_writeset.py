@@ -8,17 +8,26 @@ commit flushes one entry per row.  Kinds:
 * ``INSERT(values)`` — the row must not exist.
 * ``DELETE`` — remove the row if present.
 * ``REPLACE(values)`` — delete then insert: the row is exactly ``values``.
+* ``ABSENT`` — the row must not exist; nothing is written.  Only composition makes it: an INSERT
+  followed by a DELETE.
 
 Composition (earlier ``a`` then later ``b``)::
 
     a \\ b        PATCH        INSERT        DELETE
     None         PATCH        INSERT        DELETE
     PATCH        PATCH(a|b)   DuplicateKey  DELETE
-    INSERT       INSERT(a|b)  DuplicateKey  DELETE*
+    INSERT       INSERT(a|b)  DuplicateKey  ABSENT
     REPLACE      REPLACE(a|b) DuplicateKey  DELETE
     DELETE       REPLACE(b)   REPLACE(b)    DELETE
+    ABSENT       INSERT(b)    INSERT(b)     ABSENT
 
-(*) an INSERT followed by a DELETE still flushes a DELETE: harmless.
+An INSERT keeps its "must not exist" through later writes: the tree checked that the row was absent
+(or drew a fresh key), and if another process inserted the row before the flush, the tree was not
+serializable after it.  So INSERT then DELETE is ABSENT (the flush checks the row is still absent and
+writes nothing), and ABSENT then a write is an INSERT again — never a DELETE or a REPLACE, which would
+remove or overwrite the other process's row.  A child's composed entry merged into its parent follows
+the same table (ABSENT as ``b``: after INSERT or ABSENT it stays ABSENT, after anything else it is a
+DELETE; REPLACE as ``b`` after INSERT or ABSENT is an INSERT).
 
 A read resolves a chain of entries, oldest first (ancestors before descendants), over a base image
 (:func:`resolve`).  ``tests/activedb/test_writeset_model.py`` checks this table against a dict model.
@@ -41,32 +50,40 @@ class EntryKind(enum.Enum):
     INSERT = "insert"
     DELETE = "delete"
     REPLACE = "replace"
+    ABSENT = "absent"      # the row must not exist; nothing is written (an INSERT, then a DELETE)
 
 
 @dataclass(frozen=True, slots=True)
 class Entry:
     kind: EntryKind
-    values: Mapping[str, Any] | None = None   # None only for DELETE
+    values: Mapping[str, Any] | None = None   # None only for DELETE and ABSENT
 
     def then(self, later: "Entry", describe: str) -> "Entry":
         """This entry followed by ``later`` on the same row (see the module table)."""
-        if later.kind is EntryKind.DELETE:
-            return later
+        must_not_exist = self.kind is EntryKind.INSERT or self.kind is EntryKind.ABSENT
+        if later.kind is EntryKind.DELETE or later.kind is EntryKind.ABSENT:
+            return _ABSENT if must_not_exist else _DELETE
+        if self.kind is EntryKind.ABSENT:
+            return Entry(EntryKind.INSERT, dict(later.values))
         if self.kind is EntryKind.DELETE:
             return Entry(EntryKind.REPLACE, dict(later.values))
         if later.kind is EntryKind.INSERT:
             raise DuplicateKey(f"insert into {describe}: the row already exists (written earlier in this transaction)")
         if later.kind is EntryKind.REPLACE:
-            return later
+            return Entry(EntryKind.INSERT, dict(later.values)) if must_not_exist else later
         return Entry(self.kind, {**self.values, **later.values})
 
     def apply(self, base: dict | None) -> dict | None:
         """The row image after this entry, given the image before it."""
-        if self.kind is EntryKind.DELETE:
+        if self.kind is EntryKind.DELETE or self.kind is EntryKind.ABSENT:
             return None
         if self.kind is EntryKind.PATCH and base is not None:
             return {**base, **self.values}
         return dict(self.values)
+
+
+_DELETE = Entry(EntryKind.DELETE)
+_ABSENT = Entry(EntryKind.ABSENT)
 
 
 def resolve(chain: list[Entry], base: dict | None) -> dict | None:

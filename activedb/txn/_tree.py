@@ -604,11 +604,18 @@ class Transaction:
                 if self._state is TxnState.COMMITTED:
                     raise TransactionError(f"abort of {self.id}, which is already committed")
                 return
+        error = reason if isinstance(reason, BaseException) else TransactionAborted(str(reason or "aborted"))
+        # Doom the subtree before its writes are discarded: a descendant reading meanwhile then raises
+        # instead of returning the row without them (``_view.read_row`` checks after reading).
+        self.doom(error)
+        with self._mutex:
+            if self._state in (TxnState.COMMITTED, TxnState.ABORTED):
+                if self._state is TxnState.COMMITTED:
+                    raise TransactionError(f"abort of {self.id}, which is already committed")
+                return
             self._state = TxnState.ABORTED
             self._writes = {}
             participants, self._participants = self._participants, []
-        error = reason if isinstance(reason, BaseException) else TransactionAborted(str(reason or "aborted"))
-        self.doom(error)
         manager = self.manager
         manager.locking.abort(self)
         self.wait_children()

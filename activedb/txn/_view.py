@@ -164,6 +164,10 @@ def read_row(node: "Transaction", info: TableInfo, key: Key, *, record: bool = T
         base = node.root._read_base.read(node, info, key, relied=relied, for_update=True)
     else:
         base = node.root._read_base.read(node, info, key, relied=relied)
+    if node._doomed is not None:
+        # An ancestor aborted while this read ran: it is doomed before its writes are discarded, so a
+        # chain read without them is never returned (a doomed node sees no state that never existed).
+        node._check_active("read")
     if not chain:
         return base
     chain.reverse()

@@ -50,11 +50,9 @@ from typing import Any
 from lockmgr import Mode, conflicts, covers, join
 
 # activedb checks an insert's "must not exist" against committed data without remembering the image
-# for validation at the flush (a concurrent insert would make the flush's INSERT fail instead).  The
-# model mirrors that -- but a later delete of the row turns the INSERT into a DELETE (or, with another
-# insert, a REPLACE) and then a row another process inserted is deleted or overwritten: a bug, see
-# test_tree_model.test_insert_then_delete_keeps_a_row_another_process_inserted.  Once it is fixed by
-# validating the check, set this True.
+# for validation at the flush: the INSERT entry carries it instead (a concurrent insert makes the
+# flush's INSERT fail), also through a later DELETE (ABSENT, checked at the flush) and a later insert
+# (an INSERT again) -- see test_tree_model.test_insert_then_delete_keeps_a_row_another_process_inserted.
 INSERT_CHECK_VALIDATED = False
 
 TABLE = "items"
@@ -92,6 +90,7 @@ class ChangeKind(enum.Enum):
     INSERT = "insert"
     DELETE = "delete"
     REPLACE = "replace"
+    ABSENT = "absent"      # an INSERT then a DELETE: the row must still be absent at the flush
 
 
 @dataclass(frozen=True)
@@ -102,7 +101,7 @@ class Change:
     values: tuple[tuple[str, Any], ...] = ()
 
     def apply(self, base: dict | None) -> dict | None:
-        if self.kind is ChangeKind.DELETE:
+        if self.kind is ChangeKind.DELETE or self.kind is ChangeKind.ABSENT:
             return None
         if self.kind is ChangeKind.PATCH and base is not None:
             return {**base, **dict(self.values)}
@@ -111,14 +110,17 @@ class Change:
 
 def compose(earlier: Change, later: Change) -> Change:
     """``earlier`` then ``later`` on one row (the table in the docstring of activedb/store/_writeset.py)."""
-    if later.kind is ChangeKind.DELETE:
-        return later
+    must_not_exist = earlier.kind in (ChangeKind.INSERT, ChangeKind.ABSENT)
+    if later.kind in (ChangeKind.DELETE, ChangeKind.ABSENT):
+        return Change(ChangeKind.ABSENT) if must_not_exist else Change(ChangeKind.DELETE)
+    if earlier.kind is ChangeKind.ABSENT:
+        return Change(ChangeKind.INSERT, later.values)
     if earlier.kind is ChangeKind.DELETE:
         return Change(ChangeKind.REPLACE, later.values)
     if later.kind is ChangeKind.INSERT:
         raise AssertionError("an insert over a visible row is a DuplicateKey at the operation, never composed")
     if later.kind is ChangeKind.REPLACE:
-        return later
+        return Change(ChangeKind.INSERT, later.values) if must_not_exist else later
     return Change(earlier.kind, tuple(sorted({**dict(earlier.values), **dict(later.values)}.items())))
 
 
@@ -486,9 +488,11 @@ class TreeModel:
             if self._select(where) != fetched:
                 return "SerializationConflict"
         for key, change in node.writes.items():
-            if change.kind is ChangeKind.INSERT and key in self.table:
+            if change.kind in (ChangeKind.INSERT, ChangeKind.ABSENT) and key in self.table:
                 return "DuplicateKey"
         for key, change in node.writes.items():
+            if change.kind is ChangeKind.ABSENT:
+                continue
             if change.kind is ChangeKind.DELETE:
                 self.table.pop(key, None)
             elif change.kind is ChangeKind.PATCH and key in self.table:

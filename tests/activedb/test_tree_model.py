@@ -29,8 +29,9 @@ manager must be empty and (unless "another process" wrote) the recorded history 
 
 What the model leaves out (such transitions are not generated): the lock manager's fairness queue,
 and deadlocks other than those closed by the request of the step the test just sent (see the
-reference model's docstring).  Where it mirrors a known bug (an insert's existence check is not
-validated at the flush) it says so: ``INSERT_CHECK_VALIDATED`` and the strict-xfail test at the end.
+reference model's docstring).  An insert's existence check is carried by the write-set entry, not
+validated as a read (``INSERT_CHECK_VALIDATED``); the test at the end checks that it survives a
+later delete.
 
 What it catches (each tree-isolation fix (bugs A, B, C of the regression tests) reverted alone, CI defaults): A -- a read returns
 the committed image where the model expects the ancestor's write; B -- the lock table shows a
@@ -709,13 +710,10 @@ def test_transaction_trees_match_the_reference_model(db):
 
 
 @pytest.mark.parametrize("then_insert_again", [False, True], ids=["insert-delete", "insert-delete-insert"])
-@pytest.mark.xfail(strict=True, reason=(
-    "activedb bug: an insert's existence check is not validated at the flush, and a later delete turns "
-    "the INSERT entry into a DELETE (or REPLACE), so a row another process inserted meanwhile is deleted "
-    "or overwritten instead of the commit failing"))
 def test_insert_then_delete_keeps_a_row_another_process_inserted(db, then_insert_again):
-    """Not serializable today: with the other process first, the tree's insert fails; with the tree
-    first, the other process's row survives (or its insert fails).  The tree must not commit over it."""
+    """With the other process first, the tree's insert fails; with the tree first, the other process's
+    row survives.  The tree must not commit over it: an INSERT keeps its "must not exist" through a
+    later DELETE (the write set's ABSENT entry, checked at the flush), so the commit fails."""
     with db.engine.begin() as connection:
         connection.execute(sa.text("DELETE FROM items"))
     committed = True

@@ -18,10 +18,9 @@ check the algebra directly: composing is faithful to applying entries one by one
 
 It uses ``activedb.store``'s write-set entries (pure code: no database, no threads).
 
-The last test states a gap, strict-xfail until it is fixed: the entry keeps an INSERT's "must
-not exist" only while it stays an INSERT; composed with a later DELETE it becomes a plain DELETE
-(or with DELETE and INSERT a REPLACE), so if the row appeared in PostgreSQL after the insert was
-checked (another process inserted it) the flush deletes or overwrites that row instead of failing.
+The last test is the gap it found (an INSERT composed with a later DELETE became a plain DELETE, or
+with DELETE and INSERT a REPLACE, so a row another process inserted after the check was deleted or
+overwritten at the flush): an INSERT now keeps its "must not exist" through later writes (ABSENT).
 """
 
 from __future__ import annotations
@@ -49,7 +48,8 @@ def seeded(test):
 COLUMNS = ("value", "note")
 values_strategy = st.dictionaries(st.sampled_from(COLUMNS), st.integers(0, 3), min_size=1)
 rows = st.none() | st.fixed_dictionaries({"value": st.integers(0, 3), "note": st.integers(0, 3)})
-kinds = st.sampled_from(list(EntryKind))
+# What a node writes (ABSENT is made only by composition: an INSERT, then a DELETE).
+kinds = st.sampled_from([kind for kind in EntryKind if kind is not EntryKind.ABSENT])
 
 
 def entry_of(kind: EntryKind, values: dict) -> Entry:
@@ -74,8 +74,9 @@ def model_apply(kind: EntryKind, values: dict, state: dict | None) -> dict | Non
 
 def flush_apply(entry: Entry, base: dict | None) -> dict | None:
     """What the flush (``activedb.store.apply_write_set``) does with one row's entry: PATCH upserts,
-    INSERT inserts (PostgreSQL refuses an existing key), REPLACE deletes then inserts, DELETE deletes."""
-    if entry.kind is EntryKind.INSERT and base is not None:
+    INSERT inserts (PostgreSQL refuses an existing key), REPLACE deletes then inserts, DELETE deletes,
+    ABSENT checks that the row does not exist and writes nothing."""
+    if entry.kind in (EntryKind.INSERT, EntryKind.ABSENT) and base is not None:
         raise DuplicateKey("the flush's INSERT found the row")
     return entry.apply(base)
 
@@ -203,10 +204,6 @@ def test_valid_writes_flush_to_the_model(writes, base):
     assert flush_apply(compose(chain), base) == state
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "activedb bug: an INSERT composed with a later DELETE (or DELETE and INSERT) loses its 'must not "
-    "exist', so a row another process inserted after the check is deleted or overwritten at the flush "
-    "instead of the commit failing"))
 @seeded
 @settings(SETTINGS, phases=[Phase.explicit, Phase.generate])     # a counterexample is enough: no shrinking
 @example(writes=[(EntryKind.INSERT, {"value": 1}), (EntryKind.DELETE, {})], appeared={"value": 2, "note": 0})
