@@ -21,7 +21,10 @@ flush holds row locks on everything the tree read or wrote and has checked that 
 committed version: that is two-phase locking on rows at commit time (optimistic validation, then locks),
 which orders it after every transaction whose effect it saw and before every one that changes a row it
 read.  What row locks cannot protect is the absence of rows: a tree that read a row as absent, or scanned
-a table (a predicate), needs PostgreSQL's predicate locks, so *those* flushes run at SERIALIZABLE.
+a table (a predicate), locks those tables ``IN SHARE ROW EXCLUSIVE MODE`` before it validates (writers
+of them that are committing finish first and are seen; later ones wait for this COMMIT), and runs at
+SERIALIZABLE as well.  (SERIALIZABLE alone is not enough: PostgreSQL orders it only against other
+SERIALIZABLE transactions, and another process's READ COMMITTED flush may insert blindly.)
 PostgreSQL's own serialization failures (SQLSTATE 40001 and 40P01) are retried a bounded number of times
 with jittered back-off, re-validating each time.
 
@@ -155,6 +158,18 @@ def _validate(root: "Transaction", connection: sa.Connection, infos: Mapping[str
               for_update: set = frozenset()) -> None:
     """Re-read every relied-on image and compare; rows the tree read for update are locked ``FOR UPDATE``
     first, table by table in name order (so two flushes take them in the same order), the rest ``FOR SHARE``."""
+    predicate_tables = sorted({scan[0] for scan in scans}
+                              | {name for (name, _), image in reads.items() if image is None})
+    if predicate_tables:
+        # Absence and predicates: row locks cannot hold them, and SERIALIZABLE orders this flush only
+        # against other SERIALIZABLE transactions, not against a READ COMMITTED flush of another process
+        # that inserts blindly (a phantom).  So take the tables first, before any row: writers of them that
+        # are committing finish first (and are seen by the checks below), the next ones wait for COMMIT.
+        # SHARE ROW EXCLUSIVE conflicts with itself, so two such flushes of one table cannot both lock it
+        # and then deadlock on their writes.
+        preparer = connection.dialect.identifier_preparer
+        connection.execute(sa.text(f"LOCK TABLE {', '.join(preparer.quote(name) for name in predicate_tables)} "
+                                   f"IN SHARE ROW EXCLUSIVE MODE"))
     by_table: dict[tuple[int, str], list[Key]] = {}
     for (table_name, key) in reads:
         by_table.setdefault((0 if (table_name, key) in for_update else 1, table_name), []).append(key)

@@ -169,3 +169,63 @@ def test_d_a_node_whose_ancestor_aborted_waits_for_its_child_and_raises_activedb
         helper.join(TIMEOUT)
     assert len(seen) == 1 and isinstance(seen[0], activedb.TransactionAborted), seen
     assert balances(db) == {1: 10, 2: 0}
+
+
+def test_e_a_scan_sees_a_row_another_process_was_inserting_during_the_flush(db, database_url):
+    """Write skew through a phantom across processes: T1 scans ``items`` for notes 'p' (none) and
+    writes row x; another process's T2 reads x and blindly inserts a row with note 'p'.  T2's flush is
+    held after its insert, before COMMIT; T1 commits meanwhile.  Either order alone is fine, but T1 must
+    not commit without T2's row when T2 read x before T1's write: T1's flush waits for T2 (the scanned
+    table is locked before validation), sees the new row and fails with ``SerializationConflict``."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM items"))
+        connection.execute(sa.text("INSERT INTO items (key, value, note) VALUES ('x', 0, 'q')"))
+    other = activedb.connect(database_url)          # a second Database: another process's engine
+    inserted, release = threading.Event(), threading.Event()
+
+    class HoldBeforeCommit(activedb.CommitParticipant):
+        def about_to_commit(self, transaction, connection):
+            inserted.set()                          # T2's insert is applied, not committed
+            release.wait(TIMEOUT * 3)
+
+    outcome: dict[str, object] = {}
+
+    def t1() -> None:
+        try:
+            with db.transaction() as tx:
+                found = tx.scan("items", {"note": "p"})
+                tx.write("items", "x", value=len(found))
+                inserted.wait(TIMEOUT * 3)
+            outcome["t1"] = "committed"
+        except activedb.SerializationConflict as error:
+            outcome["t1"] = error
+
+    try:
+        with testing.Watchdog(TIMEOUT * 6, db.transactions.locks):
+            worker = threading.Thread(target=t1)
+            with other.transaction(participants=[HoldBeforeCommit()]) as tx:
+                tx.read("items", "x")
+                tx.insert("items", key="r", value=1, note="p")
+                worker.start()
+                # leaving the block flushes T2 and holds it in about_to_commit; then T1 commits
+                threading.Thread(target=_release_when_waiting, args=(db, worker, release), daemon=True).start()
+            worker.join(TIMEOUT * 6)
+    finally:
+        release.set()
+        other.close()
+    assert isinstance(outcome.get("t1"), activedb.SerializationConflict), outcome
+    with db.engine.connect() as connection:
+        assert dict(connection.execute(sa.text("SELECT key, value FROM items")).all()) == {"x": 0, "r": 1}
+
+
+def _release_when_waiting(db, worker: threading.Thread, release: threading.Event) -> None:
+    """Let T2 commit once T1's flush waits in PostgreSQL for a lock (or T1 already ended)."""
+    def t1_waits() -> bool:
+        if not worker.is_alive():
+            return True
+        with db.engine.connect() as connection:
+            return bool(connection.execute(sa.text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock'")).scalar())
+    testing.wait_until(t1_waits, TIMEOUT * 3, "T1's flush to wait for a lock")
+    release.set()
