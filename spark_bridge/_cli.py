@@ -569,7 +569,9 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
 
 @click.command("status")
 @click.option("--query-name", default=None, help="Only this query.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object instead of tables: ingestion, split_batches, detached, detached_failures, "
+                   "capture.")
 @click.pass_context
 def status_command(ctx: click.Context, query_name: str | None, as_json: bool) -> None:
     """Show what ingestion has committed, per query, from PostgreSQL's ledger, and the detached rule
@@ -589,7 +591,14 @@ def status_command(ctx: click.Context, query_name: str | None, as_json: bool) ->
     finally:
         database.close()
     if as_json:
-        click.echo(json.dumps([dataclasses.asdict(status) for status in statuses], indent=2, default=str))
+        document = {
+            "ingestion": [dataclasses.asdict(status) for status in statuses],
+            "split_batches": [dataclasses.asdict(split) for split in splits],
+            "detached": dataclasses.asdict(detached),
+            "detached_failures": [dataclasses.asdict(failure) for failure in failures],
+            "capture": {**dataclasses.asdict(capture), "warnings": capture.warnings()},
+        }
+        click.echo(json.dumps(document, indent=2, default=str))
         return
     from rich.table import Table
 
