@@ -12,7 +12,7 @@ Not thread-safe by itself: used under ``CompositionEngine._mutex``.
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from activedb.composite._model import Resolution, Uncertainty, UncertaintyKind
 from activedb.composite._polist import POList, Item, before, newest_before, oldest, oldest_following
@@ -127,6 +127,25 @@ class Node:
             self.pending_resolutions.append(Resolution(uncertainty, decision[1].event))
         return decision
 
+    def _choose(self, engine: "CompositionEngine", rank: int, candidates: list[Item], chosen: list[Item],
+                anchor: Item | None, in_order: Callable[[Item], bool]) -> "tuple[Item | None, Step | None]":
+        """One item of component ``rank`` from ``candidates`` (not empty): the application decides among
+        several (``MULTIPLE``), and on one whose order against ``anchor`` is uncertain (``UNORDERED``:
+        ``in_order(pick)`` is false).  ``(pick, None)``, or ``(None, step)`` when the decision dropped
+        items instead of picking."""
+        if len(candidates) > 1:
+            decision = self._decide(engine, rank, UncertaintyKind.MULTIPLE, candidates, chosen, anchor)
+            if decision[0] == "drop":
+                return None, self._apply_drop(engine, decision[1])
+            pick = decision[1]
+        else:
+            pick = candidates[0]
+        if anchor is not None and not in_order(pick):
+            decision = self._decide(engine, rank, UncertaintyKind.UNORDERED, [pick], chosen, anchor)
+            if decision[0] == "drop":
+                return None, self._apply_drop(engine, decision[1])
+        return pick, None
+
     def _apply_drop(self, engine: "CompositionEngine", items: list[Item]) -> Step:
         self.remove(items)
         engine._dropped(self, items)
@@ -148,18 +167,11 @@ class Node:
                 candidates = oldest_following(available, anchor)
             if not self._stable(engine, rank, candidates):
                 return Step.BLOCKED if candidates or self.blocked_on else Step.IDLE
-            if len(candidates) > 1:
-                decision = self._decide(engine, rank, UncertaintyKind.MULTIPLE, candidates, chosen, anchor)
-                if decision[0] == "drop":
-                    return self._apply_drop(engine, decision[1])
-                pick = decision[1]
-            else:
-                pick = candidates[0]
-            if anchor is not None and not before(anchor.ts, pick.ts):
-                # Gap (c): a single candidate whose order relative to its predecessor is uncertain.
-                decision = self._decide(engine, rank, UncertaintyKind.UNORDERED, [pick], chosen, anchor)
-                if decision[0] == "drop":
-                    return self._apply_drop(engine, decision[1])
+            # Gap (c) inside: a single candidate whose order relative to its predecessor is uncertain.
+            pick, dropped = self._choose(engine, rank, candidates, chosen, anchor,
+                                         lambda pick: before(anchor.ts, pick.ts))
+            if dropped is not None:
+                return dropped
             chosen.append(pick)
         self.remove(chosen)
         engine._compose(self, chosen)
@@ -192,17 +204,10 @@ class Node:
                 if not candidates:
                     complete = False
                     break
-                if len(candidates) > 1:
-                    decision = self._decide(engine, rank, UncertaintyKind.MULTIPLE, candidates, chosen, anchor)
-                    if decision[0] == "drop":
-                        return self._apply_drop(engine, decision[1])
-                    pick = decision[1]
-                else:
-                    pick = candidates[0]
-                if not before(pick.ts, anchor.ts):
-                    decision = self._decide(engine, rank, UncertaintyKind.UNORDERED, [pick], chosen, anchor)
-                    if decision[0] == "drop":
-                        return self._apply_drop(engine, decision[1])
+                pick, dropped = self._choose(engine, rank, candidates, chosen, anchor,
+                                             lambda pick: before(pick.ts, anchor.ts))
+                if dropped is not None:
+                    return dropped
                 chosen.insert(0, pick)
             self.lists[last] = POList(item for item in self.lists[last] if item is not terminator)
             if complete:
@@ -253,17 +258,10 @@ class Node:
                     if not candidates:
                         complete = False
                         break
-                    if len(candidates) > 1:
-                        decision = self._decide(engine, rank, UncertaintyKind.MULTIPLE, candidates, taken, event)
-                        if decision[0] == "drop":
-                            return self._apply_drop(engine, decision[1])
-                        pick = decision[1]
-                    else:
-                        pick = candidates[0]
-                    if not before(pick.ts, event.ts):
-                        decision = self._decide(engine, rank, UncertaintyKind.UNORDERED, [pick], taken, event)
-                        if decision[0] == "drop":
-                            return self._apply_drop(engine, decision[1])
+                    pick, dropped = self._choose(engine, rank, candidates, taken, event,
+                                                 lambda pick: before(pick.ts, event.ts))
+                    if dropped is not None:
+                        return dropped
                     chosen[rank] = pick
                 if complete:
                     compositions.append([item for item in chosen if item is not None])
