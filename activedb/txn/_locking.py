@@ -104,7 +104,13 @@ class Locking:
         the node before it creates a child, waits for its children, or commits."""
         if node._holds:
             node._holds = False
-            self.lock_manager.retain(node.id)
+            try:
+                self.lock_manager.retain(node.id)
+            except lockmgr.TransactionNotActive:
+                # An ancestor's abort reached the lock manager first (``doom`` comes before it, so the node
+                # is doomed): its locks are gone with the ancestor's, there is nothing left to retain.
+                if node._doomed is None:
+                    raise
 
     def holders(self, table: str, key: Any = None) -> lockmgr.Holders:
         """Who holds, retains and waits for a row (or, with ``key=None``, the table) — for tests and tools."""

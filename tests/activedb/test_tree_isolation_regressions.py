@@ -135,7 +135,10 @@ def test_c_siblings_that_read_different_committed_versions_cannot_commit(db):
     assert balances(db) == {1: 15, 2: 0}                     # nothing of the tree was written
 
 
-def test_d_a_node_whose_ancestor_aborted_waits_for_its_child_and_raises_activedbs_error(db):
+@pytest.mark.parametrize("holds_a_lock", [False, True], ids=["holding-nothing", "holding-a-row"])
+def test_d_a_node_whose_ancestor_aborted_waits_for_its_child_and_raises_activedbs_error(db, holds_a_lock):
+    """With ``holding-a-row`` the child locked a row after spawning, so waiting first makes its holds
+    retained — a lock-manager call that the ancestor's abort has already made impossible."""
     locks = db.transactions.locks
     child_started, child_may_wait, grandchild_may_end = threading.Event(), threading.Event(), threading.Event()
     seen: list[BaseException] = []
@@ -145,6 +148,8 @@ def test_d_a_node_whose_ancestor_aborted_waits_for_its_child_and_raises_activedb
 
     def child(c):
         handle = c.spawn(grandchild)
+        if holds_a_lock:
+            c.read("accounts", 1)
         child_started.set()
         assert child_may_wait.wait(TIMEOUT)       # the root's abort has reached the lock manager
         try:
