@@ -61,7 +61,6 @@ import copy
 import os
 import queue
 import threading
-import time
 from typing import Any, Callable
 
 import pytest
@@ -583,12 +582,11 @@ class TreeMachine(RuleBasedStateMachine):
 
     @staticmethod
     def _wait(predicate: Callable[[], Any]) -> bool:
-        """Wait for observable state (polling, as ``testing.wait_until``); False after TIMEOUT s."""
-        deadline = time.monotonic() + TIMEOUT
-        while not predicate():
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.001)
+        """Wait for observable state (``testing.wait_until``); False after TIMEOUT s (the caller reports)."""
+        try:
+            testing.wait_until(predicate, TIMEOUT)
+        except AssertionError:           # wait_until's ScenarioError
+            return False
         return True
 
     def _fail(self, label: str, message: str) -> None:
