@@ -249,14 +249,20 @@ class StreamHistoryReport:
 
 
 def check_stream_history(ops: Iterable[Any]) -> StreamHistoryReport:
-    """Check Active CEP Definition 6 on a recorded stream history.
+    """Check Active CEP Definition 6 on a recorded stream history, by timestamps.
 
-    Only operations of committed units count.  The declared order of operations is their
-    ``order`` — timestamp order, with equal timestamps ordered as the application
-    declared (Def. 6 (4)).  The check is on the *values* read (a Read must see exactly the
-    latest Write before it in the declared order: case (1) and, semantically, case (3) —
-    a multi-version store may let a Read run after a later Write if it reads the older
-    version) and on the system-time order of the Writes of each row (case (2)).
+    Only operations of committed units count.  The declared order of two operations is
+    their timestamps' (``ts``); only equal timestamps are ordered by ``order`` — the order
+    the application declared (Def. 6 (4)).  Neither the recorded positions nor the system
+    order of the records decide anything: a history whose recorded order contradicts the
+    timestamps is judged by the timestamps.  Checked:
+
+    * every Read sees exactly the Write that the timestamp-ordered application of all
+      Writes before it leaves in its row — case (1) and, semantically, case (3) (a
+      multi-version store may let a Read run after a later Write if it reads the older
+      version); the Write it saw is its ``read_from``;
+    * the Writes of each row run (in system order, ``sequence``) in non-decreasing
+      timestamp order — case (2).
     """
     ops = sorted(ops, key=lambda op: op.sequence)
     ended = {op.unit: op.operation for op in ops if op.kind == "end"}
@@ -272,14 +278,14 @@ def check_stream_history(ops: Iterable[Any]) -> StreamHistoryReport:
             report.writes += 1
         else:
             report.reads += 1
-    orders: dict[tuple, list] = {}
+    declared: dict[tuple, list] = {}
     for row, writes in writes_by_row.items():
-        writes.sort(key=lambda op: op.order)
-        orders[row] = [op.order for op in writes]
+        writes.sort(key=_declared)
+        declared[row] = [_declared(op) for op in writes]
 
     def check_read(read, row, seen_sequence) -> None:
         writes = writes_by_row.get(row, [])
-        index = bisect.bisect_left(orders.get(row, []), read.order)
+        index = bisect.bisect_left(declared.get(row, []), _declared(read))
         expected = writes[index - 1] if index else None
         if seen_sequence is not None and seen_sequence not in by_sequence:
             dirty = aborted_writes.get(seen_sequence)
@@ -288,12 +294,12 @@ def check_stream_history(ops: Iterable[Any]) -> StreamHistoryReport:
                 f"dirty read: {read.describe()} saw #{seen_sequence}, a write of aborted work"))
             return
         seen = by_sequence.get(seen_sequence) if seen_sequence is not None else None
-        if seen is not None and seen.order > read.order:
+        if seen is not None and _declared(seen) > _declared(read):
             report.violations.append(StreamViolation(
                 StreamAnomaly.READ_TOO_LATE, "(3)", read, seen, seen,
                 f"read-too-late: {read.describe()} saw {seen.describe()}, whose timestamp comes after the read's "
                 f"(Def. 6 (3): the read must precede that write; it ran after it)"))
-        elif expected is not None and (seen is None or seen.order < expected.order):
+        elif expected is not None and (seen is None or _declared(seen) < _declared(expected)):
             what = seen.describe() if seen is not None else "the value from before the history"
             report.violations.append(StreamViolation(
                 StreamAnomaly.WRITE_TOO_LATE, "(1)", read, expected, seen,
@@ -321,6 +327,12 @@ def check_stream_history(ops: Iterable[Any]) -> StreamHistoryReport:
             if latest is None or write.sequence > latest.sequence:
                 latest = write
     return report
+
+
+def _declared(op: Any) -> tuple:
+    """An operation's place in Definition 6's order: its timestamp; equal timestamps in the
+    order the application declared (the recorded ``order``)."""
+    return (op.ts, op.order)
 
 # ======================================================================= list-append histories
 # check_list_append: Elle's inference (Kingsbury and Alvaro, "Elle: Inferring Isolation Anomalies from

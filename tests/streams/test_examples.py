@@ -153,3 +153,39 @@ def test_aborted_work_is_ignored_and_dirty_reads_are_reported():
     history.end("B", "B", "e^2", 2, (1, ()), True)
     report = check_stream_history(history.snapshot())
     assert [violation.kind for violation in report.violations] == [StreamAnomaly.DIRTY_READ]
+
+
+def test_the_checker_judges_by_timestamps_not_by_the_recorded_order():
+    """Definition 6 is about timestamps: a Read at ts 15 recorded (and positioned) before the
+    Write at ts 10 it should have seen, with the value from before that Write, is a
+    write-too-late — whatever order the engine recorded or declared."""
+    history = streams.StreamHistory()
+    history.begin("S15", "S15", "exit^15", 15, (0, ()))
+    history.read("S15", "S15", "exit^15", 15, (0, (0, 0, 1)), "Q2", "workerstatus", ("w1",), {"status": "safe"})
+    history.end("S15", "S15", "exit^15", 15, (0, ()), True)
+    history.begin("S10", "S10", "enter^10", 10, (1, ()))
+    history.write("S10", "S10", "enter^10", 10, (1, (1, 0, 1)), "R1", "workerstatus", ("w1",),
+                  {"status": "warning"}, "write")
+    history.end("S10", "S10", "enter^10", 10, (1, ()), True)
+    report = check_stream_history(history.snapshot())
+    assert [(violation.kind, violation.clause) for violation in report.violations] == [
+        (StreamAnomaly.WRITE_TOO_LATE, "(1)")], report.violations
+    (violation,) = report.violations
+    assert (violation.read.origin, violation.read.ts, violation.write.origin, violation.write.ts) == (
+        "Q2", 15, "R1", 10)
+    assert violation.seen is None and "write-too-late" in violation.message
+
+
+def test_writes_are_judged_by_their_timestamps_not_their_positions():
+    """Def. 6 (2) by timestamps: two writes of one row run in the order of their declared
+    positions, but against their timestamps."""
+    history = streams.StreamHistory()
+    for unit, ts, position in (("S1", 10, 0), ("S0", 5, 1)):            # position says 10 first; ts says 5
+        history.begin(unit, unit, f"e^{ts}", ts, (position, ()))
+        history.write(unit, unit, f"e^{ts}", ts, (position, (1, 0, 1)), "R", "workerstatus", ("w1",),
+                      {"status": str(ts)}, "write")
+        history.end(unit, unit, f"e^{ts}", ts, (position, ()), True)
+    report = check_stream_history(history.snapshot())
+    assert [(violation.kind, violation.clause) for violation in report.violations] == [
+        (StreamAnomaly.WRITE_TOO_LATE, "(2)")]
+    assert (report.violations[0].write.ts, report.violations[0].seen.ts) == (5, 10)
