@@ -66,6 +66,12 @@ Tuple locks: 100 rows, conflicts are rare, S2PL ≈ LWM, both bounded by CPU (th
 Every wake-up of a waiting s-transaction costs an OS scheduling delay on top, and CPU
 starvation (a shared machine) caps the concurrent schedulers first.
 
+**Checked, not only measured.**  Every run (part 1 and each scheduler at each point of part
+2, every repetition) records its stream history and ``activedb.testing.check_stream_history``
+checks Definition 6 on it, by timestamps; the table has a "Definition 6 violations" row per
+experiment and scheduler listing the count per point (0 expected; the no-scheduler baseline
+of the seqL experiment promises nothing).  Recording is inside the measured time.
+
 Output: the JSON on stdout (``activedb bench streams``) and, in ``ACTIVEDB_BENCH_DIR``
 (default ``./bench-results``), ``streams.json`` and ``streams.png`` with the curves.
 ``--quick`` runs N = 1k for part 1 and a handful of small points for part 2.
@@ -91,6 +97,7 @@ from activedb.bench._setup import connect
 from activedb.examples.hand_hygiene.queries import Q1_R1
 from activedb.bench.report import BenchReport, Row
 from activedb.streams._versions import VersionStore
+from activedb.testing import check_stream_history
 
 WORKERS = 100
 SEED = 7
@@ -163,7 +170,7 @@ def _batches(events: list) -> list[tuple[list, Any]]:
 def run_sei(database, events: list, name: str) -> dict[str, Any]:
     _reset(database)
     engine = streams.StreamEngine(database, name=name, aliases=ALIASES, keep_outputs=False,
-                                  record_dead_letters=False)
+                                  record_dead_letters=False, record_history=True)
     engine.create_stream("estream", types=("EXIT", "SANITIZE", "ENTER", "MASK"), attributes=("HCW-ID", "location"),
                          priorities={"SANITIZE": 2, "MASK": 1})
     engine.define(DEFINITIONS)
@@ -178,7 +185,7 @@ def run_sei(database, events: list, name: str) -> dict[str, Any]:
     seconds = time.perf_counter() - started
     statistics = engine.statistics()
     engine.reset_state()
-    return {"seconds": seconds, "commit": commit, "statistics": statistics}
+    return {"seconds": seconds, "commit": commit, "statistics": statistics, "definition_6": _checked(engine)}
 
 
 def run_plain(database, events: list) -> float:
@@ -198,13 +205,16 @@ def _ms(value: float | None) -> float | None:
     return None if value is None else round(value * 1000, 3)
 
 
-def _hand_hygiene(report: BenchReport, database, sizes: tuple[int, ...]) -> None:
+def _hand_hygiene(report: BenchReport, database, sizes: tuple[int, ...]) -> list[tuple[int, dict]]:
+    """Part 1's rows; returns each size's Definition 6 check."""
     warm = workload(200)
     run_sei(database, warm, "bench-warmup")
     run_plain(database, warm)
+    checked = []
     for size in sizes:
         events = workload(size)
         sei = run_sei(database, events, f"bench-{size}")
+        checked.append((size, sei["definition_6"]))
         plain_seconds = run_plain(database, events)
         statistics = sei["statistics"]
         rate = statistics.events_processed / sei["seconds"]
@@ -227,6 +237,7 @@ def _hand_hygiene(report: BenchReport, database, sizes: tuple[int, ...]) -> None
                 "L_combined_ms": _ms(statistics.l_combined),
                 "mean_reorder_delay_ms": _ms(statistics.mean_reorder_delay),
                 "us_per_event": per_event,
+                "definition_6": sei["definition_6"],
             },
         ))
         report.add(Row(name=f"SEI L_combined, {size:,} events", value=_ms(statistics.l_combined) or 0.0,
@@ -243,6 +254,7 @@ def _hand_hygiene(report: BenchReport, database, sizes: tuple[int, ...]) -> None
                         "subtransaction commits), state (saving buffer/partitions into the batch transaction), "
                         "top_level_commit (the batch's PostgreSQL flush), other (the rest: subtransaction "
                         "creation, prefetch, bookkeeping)")
+    return checked
 
 
 # --- part 2: the query-rule pool -----------------------------------------------------------------------
@@ -307,7 +319,8 @@ def _engine(database, name: str, scheduler: Any, types: tuple[str, ...], definit
             cost: Callable[[str], None] | None) -> streams.StreamEngine:
     _reset(database)
     engine = streams.StreamEngine(database, name=name, scheduler=scheduler, aliases=ALIASES, durable=False,
-                                  keep_outputs=False, record_dead_letters=False, operation_cost=cost)
+                                  keep_outputs=False, record_dead_letters=False, operation_cost=cost,
+                                  record_history=True)
     engine.create_stream("bstream", types=types, attributes=("HCW-ID", "next"))
     engine.define(definitions)
     return engine
@@ -317,6 +330,13 @@ def _sleep_cost(seconds: float) -> Callable[[str], None]:
     def cost(kind: str) -> None:
         time.sleep(seconds)
     return cost
+
+
+def _checked(engine) -> dict[str, int]:
+    """Definition 6 on the run's recorded history (Active CEP §4.1): the Reads and Writes
+    checked and the violations found (0 expected)."""
+    report = check_stream_history(engine.history.snapshot())
+    return {"reads": report.reads, "writes": report.writes, "violations": len(report.violations)}
 
 
 def _scheduler_figures(engine) -> dict[str, Any]:
@@ -336,6 +356,7 @@ def measure_throughput(database, scheduler: Callable[[], Any], events: list, def
     time per event (all threads), the least of the runs."""
     best: dict[str, Any] | None = None
     cpu = float("inf")
+    violations = 0
     for _ in range(repeat):
         engine = _engine(database, "bench-throughput", scheduler(), types, definitions, cost)
         started, cpu_started = time.perf_counter(), time.process_time()
@@ -347,6 +368,7 @@ def measure_throughput(database, scheduler: Callable[[], Any], events: list, def
         cpu = min(cpu, (time.process_time() - cpu_started) / len(events) * 1e6)
         statistics = engine.statistics()
         assert statistics.events_processed == len(events), "every event must be processed"
+        violations += _checked(engine)["violations"]
         point = {"throughput": statistics.throughput, "wall_events_per_second": len(events) / wall,
                  "reads_per_event": round(statistics.store_reads / len(events), 3),
                  "writes_per_event": round(statistics.store_writes / len(events), 3),
@@ -357,6 +379,7 @@ def measure_throughput(database, scheduler: Callable[[], Any], events: list, def
             best = point
     assert best is not None
     best["cpu_us_per_event"] = round(cpu, 1)
+    best["violations"] = violations                 # over all the point's runs, not only the best
     return best
 
 
@@ -389,7 +412,8 @@ def measure_realtime(database, scheduler: Any, events: list, rate: float, defini
     return {"L_query_ms": _ms(statistics.l_query), "L_rule_ms": _ms(statistics.l_rule),
             "L_combined_ms": _ms(statistics.l_combined), "outputs": statistics.outputs,
             "rule_instances": statistics.rule_instances, "peak_queue": peak_queue, "batches": batches,
-            "versions_peak": versions_peak, "throughput": statistics.throughput, **figures}
+            "versions_peak": versions_peak, "throughput": statistics.throughput,
+            "violations": _checked(engine)["violations"], **figures}
 
 
 def _sizes_in_memory() -> tuple[float, float]:
@@ -550,6 +574,32 @@ def headline(report: BenchReport, results: dict[str, Any]) -> None:
                               "baseline_ms": [point["L_combined_ms"] for point in seq["baseline"]]}))
 
 
+def definition_6_rows(report: BenchReport, results: dict[str, Any], part_1: list[tuple[int, dict]]) -> None:
+    """One row per experiment and scheduler: Definition 6 violations found in the recorded
+    histories, per point (every run of a point checked, 0 expected)."""
+    def add(name: str, parameter: str, points: list, violations: list[int], promised: bool = True) -> None:
+        shown = ", ".join(f"{point:g}: {count}" for point, count in zip(points, violations))
+        report.add(Row(name=f"Definition 6 violations, {name} (per {parameter} {shown})", value=sum(violations),
+                       unit="violations", target="0 (Active CEP Def. 6)" if promised else None,
+                       met=sum(violations) == 0 if promised else None,
+                       extra={parameter: points, "violations": violations}))
+
+    add("part 1, SEI", "N", [size for size, _ in part_1], [checked["violations"] for _, checked in part_1])
+    for experiment, parameter in (("throughput_vs_readN", "readN"), ("throughput_vs_writeN", "writeN")):
+        data = results[experiment]
+        for granularity in ("tuple", "table"):
+            for name in SCHEDULERS:
+                add(f"{experiment.replace('_', ' ')}, {granularity} locks, {name.upper()}", parameter,
+                    data[parameter], [point["violations"] for point in data[granularity][name]])
+    seq = results["latency_vs_seqL"]
+    for name in ("baseline", *SCHEDULERS):
+        add(f"latency vs seqL, {'no scheduler (not promised)' if name == 'baseline' else name.upper()}", "seqL",
+            seq["seqL"], [point["violations"] for point in seq[name]], promised=name != "baseline")
+    rate = results["latency_vs_rate"]
+    for name in SCHEDULERS:
+        add(f"latency vs rate, {name.upper()}", "rate", rate["rate"], [point["violations"] for point in rate[name]])
+
+
 def _round(values: list[float]) -> list[float]:
     return [round(value, 1) for value in values]
 
@@ -625,11 +675,12 @@ def run(quick: bool = False) -> BenchReport:
     sizes = (1000,) if quick else (1000, 10_000, 100_000)
     database = connect()
     try:
-        _hand_hygiene(report, database, sizes)
+        part_1 = _hand_hygiene(report, database, sizes)
         results = run_experiments(database, quick)
     finally:
         database.close()
     headline(report, results)
+    definition_6_rows(report, results, part_1)
     results["summary"] = [f"{row.name}: {row.value:g}{row.unit if row.unit == 'x' else ' ' + row.unit}"
                           + (f"  (target {row.target}: {'met' if row.met else 'NOT met'})" if row.target else "")
                           for row in report.rows if row.unit.startswith("x")]
@@ -645,4 +696,9 @@ def run(quick: bool = False) -> BenchReport:
         f"s-transactions at once. Throughput = processed / T_proc over {results['parameters']['throughput_events']} "
         f"ordered events in batches of {THROUGHPUT_BATCH}; latencies with real-time arrivals. Curves: "
         f"{out / 'streams.png'}, numbers: {out / 'streams.json'}.")
+    report.notes.append(
+        "Every run records its stream history (record_history=True; its recording is inside the measured time) "
+        "and activedb.testing.check_stream_history checks Definition 6 on it by timestamps: the 'Definition 6 "
+        "violations' rows count what it found per scheduler and point, over all runs of a point (0 expected; "
+        "the no-scheduler baseline of the seqL experiment promises nothing).")
     return report
