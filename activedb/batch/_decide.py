@@ -22,8 +22,27 @@ costs it measured (seconds per operation, lean and TPG — planning included —
 that ran each way); should a TPG ever measure cheaper than lean here, it picks the TPG.
 ``strategy="tpg"`` skips rule 0 and applies the paper's rules to the graph just built:
 
-Rules (the paper's three, thresholds calibrated on this machine by ``activedb bench tpg``;
-see the package README for the figures they come from):
+Two rule sets for the paper's three dimensions, selectable (``DecisionModel(rule=...)``):
+
+**"morphstream" (the default): MorphStream's own decision tree** (its scheduler collector's
+``decisionTree``, with the "bottom lines" its runner sets for Streaming Ledger), on the
+paper's Table 2 inputs counted per batch of ``c`` transactions.  The bottom lines are relative
+to the batch: ``B_TD = 0.2·c``, ``B_LD = 2·c``, ``B_PD = 0.3·c``, ``B_SUM = 0.8·c``,
+``B_VDD = 0.3``, ``B_RofA = 0.7`` (:class:`BottomLines`).  Names as MorphStream writes them:
+``OG``/``OP`` = c-/f-schedule, ``NS``/``BFS`` = ns-/s-explore, ``_A`` = e-abort (none = l-abort):
+
+1. s-explore (BFS) iff ``TD + LD + PD > B_SUM`` and ``VDD < B_VDD`` (the vertex degree
+   distribution is balanced; VDD is the Zipf exponent of the accesses per state);
+2. f-schedule (OP) iff the key groups are cyclic, or ``TD < B_TD``, or ``PD > B_PD``;
+   else c-schedule (OG);
+3. e-abort (``_A``) iff the computation complexity is high (≥ 40 µs per operation, the
+   runner's line) or ``RofA < B_RofA``; else l-abort.
+
+For Streaming Ledger's bottom lines at ``c = 10,240`` (TD 3,000, LD 30,000, PD 100, VDD 0.1,
+acyclic, cheap): ``OG_BFS_A`` at abort ratio 0, ``OG_BFS`` at 0.8; with PD 5,000 ``OP_BFS_A``.
+
+**"calibrated"**: the thresholds per operation this package used before (calibrated on this
+machine by ``activedb bench tpg``; see the package README):
 
 1. exploration — s-explore (BFS) when there are many dependencies per operation *and* the
    degree distribution is balanced; otherwise ns-explore;
@@ -39,14 +58,16 @@ Thread-safety: :class:`DecisionModel` is updated by one batch at a time (the own
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterable
 
 from activedb.batch._plan import Tpg, has_group_cycle
 from activedb.batch._strategy import AbortMode, Exploration, Granularity, Strategy
 
-__all__ = ["Decision", "DecisionModel", "TpgProperties", "measure"]
+__all__ = ["BottomLines", "Decision", "DecisionModel", "TpgProperties", "TreeInputs", "decision_tree", "measure",
+           "morphstream_name", "zipf_exponent"]
 
 
 def _gil_enabled() -> bool:
@@ -63,6 +84,97 @@ MIN_ABORT_RATIO_FOR_LAZY = 0.2    # rule 3: "high abort ratio"
 MAX_BIN_SHARE = 0.75              # rule 4
 MIN_WORK_SECONDS_FOR_PROCESSES = 0.02   # rule 4: expected execution time of the batch
 SMOOTHING = 0.5                   # EWMA weight of the newest batch
+HIGH_COMPLEXITY_SECONDS = 40e-6   # MorphStream's runner: a UDF of >= 40,000 ns is "complexity high"
+RULES = ("morphstream", "calibrated")
+
+
+@dataclass(frozen=True)
+class BottomLines:
+    """MorphStream's thresholds ("bottom lines") for its decision tree."""
+
+    td: float
+    ld: float
+    pd: float
+    total: float          # TD + LD + PD above this: "many dependencies"
+    vdd: float
+    abort_ratio: float
+
+    @classmethod
+    def for_batch(cls, c: int) -> "BottomLines":
+        """Streaming Ledger's lines, relative to a batch of ``c`` transactions."""
+        return cls(td=0.2 * c, ld=2.0 * c, pd=0.3 * c, total=0.8 * c, vdd=0.3, abort_ratio=0.7)
+
+
+@dataclass(frozen=True)
+class TreeInputs:
+    """The paper's Table 2 inputs for one batch: dependency counts per batch (not per
+    operation), the vertex degree distribution as a Zipf exponent, cycles, complexity and the
+    ratio of aborting vertices."""
+
+    batch: int            # c: transactions in the batch
+    td: float
+    ld: float
+    pd: float
+    vdd: float
+    cyclic: bool
+    complexity_high: bool
+    abort_ratio: float
+
+
+def morphstream_name(strategy: Strategy) -> str:
+    """A strategy as MorphStream names its schedulers (``OG_BFS_A``, ``OP_NS``, ...)."""
+    unit = "OG" if strategy.granularity is Granularity.KEY_GROUP else "OP"
+    exploration = {Exploration.NS: "NS", Exploration.BFS: "BFS", Exploration.DFS: "DFS"}[strategy.exploration]
+    return f"{unit}_{exploration}{'_A' if strategy.abort is AbortMode.EAGER else ''}"
+
+
+def decision_tree(inputs: TreeInputs, lines: BottomLines | None = None,
+                  cyclic: Callable[[], bool] | None = None) -> tuple[Strategy, tuple[str, ...]]:
+    """MorphStream's decision tree on ``inputs`` (``lines`` default: Streaming Ledger's for the
+    batch).  ``cyclic``, if given, is asked instead of ``inputs.cyclic`` and only when the
+    other granularity conditions do not already decide (cycle detection costs a pass)."""
+    lines = lines or BottomLines.for_batch(inputs.batch)
+    reasons = []
+    total = inputs.td + inputs.ld + inputs.pd
+    if total > lines.total and inputs.vdd < lines.vdd:
+        exploration = Exploration.BFS
+        reasons.append(f"BFS: TD+LD+PD {total:,.0f} > {lines.total:,.0f} and VDD {inputs.vdd:.2f} < {lines.vdd:g}")
+    else:
+        exploration = Exploration.NS
+        reasons.append(f"NS: TD+LD+PD {total:,.0f} (line {lines.total:,.0f}), VDD {inputs.vdd:.2f} "
+                       f"(line {lines.vdd:g})")
+    if inputs.td < lines.td or inputs.pd > lines.pd:
+        granularity = Granularity.OPERATION
+        reasons.append(f"OP: TD {inputs.td:,.0f} (line {lines.td:,.0f}), PD {inputs.pd:,.0f} (line {lines.pd:,.0f})")
+    elif cyclic() if cyclic is not None else inputs.cyclic:
+        granularity = Granularity.OPERATION
+        reasons.append("OP: the key groups form a cycle")
+    else:
+        granularity = Granularity.KEY_GROUP
+        reasons.append(f"OG: acyclic, TD {inputs.td:,.0f} >= {lines.td:,.0f}, PD {inputs.pd:,.0f} <= {lines.pd:,.0f}")
+    if inputs.complexity_high or inputs.abort_ratio < lines.abort_ratio:
+        abort = AbortMode.EAGER
+        reasons.append(f"_A (e-abort): abort ratio {inputs.abort_ratio:.2f} (line {lines.abort_ratio:g})"
+                       f"{', high complexity' if inputs.complexity_high else ''}")
+    else:
+        abort = AbortMode.LAZY
+        reasons.append(f"l-abort: abort ratio {inputs.abort_ratio:.2f} >= {lines.abort_ratio:g}, low complexity")
+    return Strategy(exploration, granularity, abort), tuple(reasons)
+
+
+def zipf_exponent(counts: Iterable[int]) -> float:
+    """The vertex degree distribution as MorphStream's generator states it (θ of a Zipf law):
+    the least-squares slope of log(count) against log(rank), negated; 0 for uniform access."""
+    ranked = sorted((count for count in counts if count > 0), reverse=True)
+    if len(ranked) < 2:
+        return 0.0
+    xs = [math.log(rank) for rank in range(1, len(ranked) + 1)]
+    ys = [math.log(count) for count in ranked]
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    if spread == 0:
+        return 0.0
+    return max(0.0, -sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread)
 
 
 @dataclass(frozen=True)
@@ -87,7 +199,8 @@ def measure(tpg: Tpg) -> dict[str, Any]:
     return {"operations": len(tpg.ops), "transactions": len(tpg.txns), "states": len(counts),
             "td_per_op": tpg.td_edges / operations, "pd_per_op": tpg.pd_edges / operations,
             "ld_per_op": tpg.ld_pairs / operations, "skew": skew, "nd_ops": tpg.nd_ops,
-            "window_ops": tpg.window_ops}
+            "window_ops": tpg.window_ops, "td": tpg.td_edges, "pd": tpg.pd_edges, "ld": tpg.ld_pairs,
+            "vdd": zipf_exponent(counts.values()) if counts else 0.0}
 
 
 @dataclass(frozen=True)
@@ -109,6 +222,11 @@ class DecisionModel:
     history: list[str] = field(default_factory=list)
     lean_seconds_per_op: float | None = None      # measured by batches run lean
     tpg_seconds_per_op: float | None = None       # measured by batches run on a TPG
+    rule: str = "morphstream"                     # the paper's three dimensions: see RULES
+
+    def __post_init__(self) -> None:
+        if self.rule not in RULES:
+            raise ValueError(f"unknown decision rule {self.rule!r}: use one of {', '.join(RULES)}")
 
     def choose_execution(self, threads: int = 1, gil: bool | None = None) -> tuple[str, tuple[str, ...]]:
         """Rule 0: ``("lean", reasons)`` or ``("tpg", reasons)``.  ``threads``: executor threads
@@ -129,6 +247,39 @@ class DecisionModel:
         return "tpg", (f"TPG: {threads} threads without a shared interpreter lock ({measured})",)
 
     def decide(self, tpg: Tpg) -> Decision:
+        """The strategy for ``tpg`` by ``self.rule``."""
+        if self.rule == "morphstream":
+            return self._decide_by_tree(tpg)
+        return self._decide_calibrated(tpg)
+
+    def tree_inputs(self, values: dict[str, Any], cyclic: bool = False) -> TreeInputs:
+        """Table 2's inputs from a batch's measured ``values`` and what earlier batches measured."""
+        complexity_high = self.seconds_per_op is not None and self.seconds_per_op >= HIGH_COMPLEXITY_SECONDS
+        return TreeInputs(batch=values["transactions"], td=values["td"], ld=values["ld"], pd=values["pd"],
+                          vdd=values["vdd"], cyclic=cyclic, complexity_high=complexity_high,
+                          abort_ratio=self.abort_ratio)
+
+    def _decide_by_tree(self, tpg: Tpg) -> Decision:
+        values = measure(tpg)
+        computed: list[bool] = []
+
+        def cyclic() -> bool:
+            computed.append(has_group_cycle(tpg))
+            return computed[-1]
+
+        strategy, reasons = decision_tree(self.tree_inputs(values), cyclic=cyclic)
+        reasons = (f"{morphstream_name(strategy)} (MorphStream's decision tree, c = {values['transactions']:,})",
+                   *reasons)
+        return Decision(strategy, self._properties(values, computed[-1] if computed else None), self.abort_ratio,
+                        self.seconds_per_op, reasons)
+
+    @staticmethod
+    def _properties(values: dict[str, Any], cyclic: bool | None) -> TpgProperties:
+        return TpgProperties(values["operations"], values["transactions"], values["states"], values["td_per_op"],
+                             values["pd_per_op"], values["ld_per_op"], values["skew"], values["nd_ops"],
+                             values["window_ops"], cyclic)
+
+    def _decide_calibrated(self, tpg: Tpg) -> Decision:
         values = measure(tpg)
         reasons = []
         dependencies = values["td_per_op"] + values["pd_per_op"] + values["ld_per_op"]
@@ -160,11 +311,8 @@ class DecisionModel:
             abort = AbortMode.EAGER
             cost = "unknown" if self.seconds_per_op is None else f"{self.seconds_per_op * 1e6:.1f} us"
             reasons.append(f"e-abort: observed abort ratio {self.abort_ratio:.2f}, {cost}/op")
-        properties = TpgProperties(values["operations"], values["transactions"], values["states"],
-                                   values["td_per_op"], values["pd_per_op"], values["ld_per_op"], values["skew"],
-                                   values["nd_ops"], values["window_ops"], cyclic)
-        return Decision(Strategy(exploration, granularity, abort), properties, self.abort_ratio,
-                        self.seconds_per_op, tuple(reasons))
+        return Decision(Strategy(exploration, granularity, abort), self._properties(values, cyclic),
+                        self.abort_ratio, self.seconds_per_op, tuple(reasons))
 
     def should_split(self, operations: int, largest_share: float, processes: int) -> tuple[bool, str]:
         if processes <= 1:

@@ -295,9 +295,14 @@ class StateTransactions:
     Thread-safety: declare at set-up; afterwards one batch at a time per object.
     """
 
-    def __init__(self, name: str = "state transactions", *, processes: int = 1) -> None:
+    def __init__(self, name: str = "state transactions", *, processes: int = 1,
+                 decision_rule: str = "morphstream") -> None:
+        if decision_rule not in ("morphstream", "calibrated"):
+            raise DeclarationError(f"unknown decision_rule {decision_rule!r}: use 'morphstream' (MorphStream's "
+                                   f"decision tree) or 'calibrated' (this package's per-operation thresholds)")
         self.name = name
         self.processes = int(processes)
+        self.decision_rule = decision_rule     # how strategy="tpg" picks its strategy (see _decide.py)
         self._declarations: dict[str, Callable[[BatchEvent, Ops], None]] = {}
         self._runtime = None   # created on first use (_runtime.Runtime): decision memory, pool
 
@@ -344,7 +349,8 @@ class StateTransactions:
         return MappingProxyType(self._declarations)
 
     def __getstate__(self):
-        return {"name": self.name, "processes": 1, "_declarations": self._declarations, "_runtime": None}
+        return {"name": self.name, "processes": 1, "decision_rule": self.decision_rule,
+                "_declarations": self._declarations, "_runtime": None}
 
     def __setstate__(self, state):
         self.__dict__.update(state)

@@ -50,8 +50,8 @@ class Runtime:
     """Per :class:`StateTransactions`: the decision model's memory, the route plans, the worker
     pool, and whether its batches have window operations (the lean executor then keeps versions)."""
 
-    def __init__(self, processes: int) -> None:
-        self.model = DecisionModel()
+    def __init__(self, processes: int, rule: str = "morphstream") -> None:
+        self.model = DecisionModel(rule=rule)
         self.router = Router()
         self.pool = WorkerPool(processes - 1) if processes > 1 else None
         self.versions = False
@@ -63,7 +63,7 @@ class Runtime:
 
 def runtime_of(transactions: StateTransactions) -> Runtime:
     if transactions._runtime is None:
-        transactions._runtime = Runtime(transactions.processes)
+        transactions._runtime = Runtime(transactions.processes, transactions.decision_rule)
     return transactions._runtime
 
 
@@ -334,7 +334,8 @@ def run_in_worker(transactions: StateTransactions, shipped: list[tuple], base: d
         items = [(item[0], _new_event(BatchEvent, item[1:])) for item in shipped]
         allowed = Allowed(set(base).union(absent), tables)
         batch = _Sparse(items)
-        model = DecisionModel(abort_ratio=model_state[0], seconds_per_op=model_state[1], batches=model_state[2])
+        model = DecisionModel(abort_ratio=model_state[0], seconds_per_op=model_state[1], batches=model_state[2],
+                              rule=model_state[3])
         try:
             part = _run_part(transactions, mode, batch, items, None, base, None, allowed, model, versions)
         except RouteMissed as missed:
@@ -439,7 +440,7 @@ def _run_split(transactions, runtime: Runtime, mode, batch, routing, base, loade
     started = time.perf_counter()
     model = runtime.model
     name = mode if isinstance(mode, str) else mode.name
-    model_state = (model.abort_ratio, model.seconds_per_op, model.batches)
+    model_state = (model.abort_ratio, model.seconds_per_op, model.batches, model.rule)
     futures = []
     base_get = base.get
     for number in range(1, len(routing.bins)):

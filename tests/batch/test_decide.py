@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from activedb import batch
-from activedb.batch._decide import DecisionModel
+from activedb.batch._decide import DecisionModel, TreeInputs, decision_tree, morphstream_name, zipf_exponent
 from activedb.batch._plan import build_tpg
 from activedb.batch._runtime import prepare
 from activedb.batch._strategy import AbortMode, Exploration, Granularity
+from activedb.batch.errors import DeclarationError
 from tests.batch.test_paper_examples import fig1_events, fig1_transactions
 
 
@@ -42,7 +43,7 @@ def test_cyclic_key_groups_get_single_operations():
 
 
 def test_observed_aborts_and_cost_choose_lazy_abort():
-    model = DecisionModel()
+    model = DecisionModel(rule="calibrated")
     tpg = _tpg(*_counter_batch(keys=20, per_key=10))
     assert model.decide(tpg).strategy.abort is AbortMode.EAGER
     model.observe(transactions=100, aborted=40, executions=300, seconds=300 * 2e-6)   # cheap ops, 40 % aborts
@@ -80,3 +81,73 @@ def test_auto_runs_lean_and_tpg_runs_the_decision_on_the_graph():
     tpg = batch.run_in_memory(transactions, events, {}, strategy="tpg")
     assert tpg.strategy == "bfs/c/e" and tpg.statistics.td_edges > 0
     assert tpg.final == lean.final
+
+
+# --- MorphStream's own decision tree (the default rule) ---------------------------------------------
+
+C = 10_240      # Streaming Ledger's events (transactions) per batch in MorphStream's scripts
+
+
+def _ledger(abort_ratio: float, pd: float = 100) -> TreeInputs:
+    return TreeInputs(batch=C, td=3_000, ld=30_000, pd=pd, vdd=0.1, cyclic=False, complexity_high=False,
+                      abort_ratio=abort_ratio)
+
+
+def test_streaming_ledger_without_aborts_is_og_bfs_a():
+    strategy, reasons = decision_tree(_ledger(abort_ratio=0.0))
+    assert morphstream_name(strategy) == "OG_BFS_A", reasons
+    assert strategy.name == "bfs/c/e"
+
+
+def test_streaming_ledger_with_many_aborts_is_og_bfs():
+    strategy, reasons = decision_tree(_ledger(abort_ratio=0.8))
+    assert morphstream_name(strategy) == "OG_BFS", reasons
+    assert strategy.abort is AbortMode.LAZY
+
+
+def test_streaming_ledger_with_many_parametric_dependencies_is_op_bfs_a():
+    strategy, reasons = decision_tree(_ledger(abort_ratio=0.0, pd=5_000))
+    assert morphstream_name(strategy) == "OP_BFS_A", reasons
+    assert any("PD 5,000" in reason for reason in reasons)
+
+
+def test_the_granularity_line_is_relative_to_the_batch():
+    """0.2·c TDs per batch count as many: 3,000 TDs are many for c = 10,240 (line 2,048), few
+    for c = 20,480 (line 4,096) — whatever the TDs per operation."""
+    assert decision_tree(_ledger(0.0))[0].granularity is Granularity.KEY_GROUP
+    bigger = TreeInputs(batch=2 * C, td=3_000, ld=30_000, pd=100, vdd=0.1, cyclic=False, complexity_high=False,
+                        abort_ratio=0.0)
+    assert decision_tree(bigger)[0].granularity is Granularity.OPERATION
+    assert decision_tree(TreeInputs(**{**_ledger(0.0).__dict__, "cyclic": True}))[0].granularity is \
+        Granularity.OPERATION
+    assert morphstream_name(decision_tree(TreeInputs(**{**_ledger(0.8).__dict__, "complexity_high": True}))[0]) == \
+        "OG_BFS_A"     # expensive operations: eager abort whatever the abort ratio
+
+
+def test_vdd_is_the_zipf_exponent_of_the_accesses():
+    assert zipf_exponent([5] * 100) < 1e-9
+    assert abs(zipf_exponent([round(10_000 / rank ** 0.8) for rank in range(1, 200)]) - 0.8) < 0.02
+
+
+def test_the_model_applies_the_tree_to_the_tpg_and_the_calibrated_rule_stays_selectable():
+    tpg = _tpg(*_counter_batch(keys=20, per_key=10))      # 200 transactions, 180 TDs (line 40), no PD
+    decision = DecisionModel().decide(tpg)
+    assert decision.reasons[0].startswith("OG_BFS_A")
+    model = DecisionModel()
+    model.observe(transactions=100, aborted=80, executions=300, seconds=300 * 2e-6)   # 80 % aborts, cheap
+    assert morphstream_name(model.decide(tpg).strategy) == "OG_BFS"
+    calibrated = DecisionModel(rule="calibrated")
+    calibrated.observe(transactions=100, aborted=40, executions=300, seconds=300 * 2e-6)
+    assert calibrated.decide(tpg).strategy.abort is AbortMode.LAZY      # its own line: 0.2
+    assert DecisionModel().decide(tpg).strategy.abort is AbortMode.EAGER
+
+
+def test_state_transactions_choose_the_rule():
+    assert batch.StateTransactions().decision_rule == "morphstream"
+    assert batch.StateTransactions(decision_rule="calibrated").decision_rule == "calibrated"
+    try:
+        batch.StateTransactions(decision_rule="fastest")
+    except DeclarationError as error:
+        assert "calibrated" in str(error)
+    else:
+        raise AssertionError("an unknown rule must be refused")
