@@ -39,6 +39,7 @@ from activedb.composite._model import (
     Choice,
     CompositeEvent,
     Heartbeat,
+    Invalidation,
     Resolution,
     Uncertainty,
     UncertaintyKind,
@@ -63,7 +64,8 @@ def plot(window, path, **options):
 
 __all__ = [
     "Choice", "CompositeError", "CompositeEvent", "CompositeStatistics", "CompositionEngine", "DEFAULT_TIMEOUT",
-    "EventRejected", "Heartbeat", "Item", "LateEvent", "ManualClock", "MembershipError", "MonotonicClock", "POList", "ProducerInfo",
+    "EventRejected", "Heartbeat", "Invalidation", "Item", "LateEvent", "ManualClock", "MembershipError",
+    "MonotonicClock", "POList", "ProducerInfo",
     "ProducerTimeout", "Resolution", "TimeoutPolicy", "UncertainOrder", "Uncertainty", "UncertaintyKind", "Window",
     "WindowEntry", "errors", "plot",
 ]

@@ -23,6 +23,7 @@ from activedb.composite._model import (
     Choice,
     CompositeEvent,
     Heartbeat,
+    Invalidation,
     Uncertainty,
     describe_event,
 )
@@ -36,7 +37,7 @@ from activedb.composite.errors import (
     ProducerTimeout,
     UncertainOrder,
 )
-from activedb.events import EventSpec, EventKind, LocalClock, Timestamp, as_timestamp, hull
+from activedb.events import EventSpec, EventKind, LocalClock, Timestamp, as_timestamp, hull, precedes
 from activedb.streams import CompiledQuery, Ctx, StreamEvent, StreamSchema, algebra as ast, compile_query, parse
 from activedb.streams import query_definition
 from activedb.streams.errors import DefinitionError
@@ -67,6 +68,7 @@ class ProducerInfo:
     events: int
     heartbeats: int
     silent_for: float
+    membership: str = "atomic"        # "atomic" | "weak"
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,7 @@ class CompositeStatistics:
     late_accepted: int
     waiting: int                     # events in the lists
     blocked_nodes: int               # nodes waiting for sync-points
+    invalidations: int = 0           # weak membership's notices (engine.invalidations())
 
 
 @dataclass(frozen=True)
@@ -136,15 +139,22 @@ class CompositionEngine:
       ``on_timeout`` applies (None: wait forever — not recommended);
     * ``on_uncertain`` — ``callback(uncertainty) -> Choice | event | None``; None (default) raises
       :class:`UncertainOrder`;
-    * ``window`` — how many arrivals and composites to keep for ``window()`` / the picture.
+    * ``window`` — how many arrivals and composites to keep for ``window()`` / the picture (and for
+      weak membership's invalidation check);
+    * ``on_invalidation`` — ``callback(invalidation)``, called after the call that took the event (outside
+      the engine's mutex) with every :class:`~activedb.composite.Invalidation`; all are also recorded
+      (``invalidations()``).
 
-    Membership is **atomic** (the paper's §IV): a producer joins (``join``) before it sends, with the
-    event types it produces; events of unknown producers are refused.  See the README.
+    Membership (the paper's §IV) is **atomic** by default: a producer joins (``join``) before it sends,
+    with the event types it produces; events of unknown producers are refused.  ``join(…,
+    membership="weak")`` admits a producer discovered late at once; compositions its old events would
+    have changed are reported afterwards (``on_invalidation``).  See the README.
     """
 
     def __init__(self, db: Any = None, *, name: str = "composite", clock: Any = None,
                  timeout: float | None = DEFAULT_TIMEOUT, on_timeout: TimeoutPolicy | str = TimeoutPolicy.RAISE,
-                 on_uncertain: Callable[[Uncertainty], Any] | None = None, window: int = 2000):
+                 on_uncertain: Callable[[Uncertainty], Any] | None = None, window: int = 2000,
+                 on_invalidation: Callable[[Invalidation], Any] | None = None):
         if not isinstance(name, str) or not name.strip():
             raise CompositeError("a CompositionEngine needs a non-empty name")
         if timeout is not None and not timeout > 0:
@@ -155,6 +165,7 @@ class CompositionEngine:
         self.timeout = timeout
         self.on_timeout = TimeoutPolicy(on_timeout)
         self.on_uncertain = on_uncertain
+        self.on_invalidation = on_invalidation
         self._mutex = threading.Lock()
         self._owner: int | None = None                            # thread holding _mutex (re-entry check)
         self._streams: dict[str, StreamSchema] = {}
@@ -176,6 +187,8 @@ class CompositionEngine:
         self._entries: collections.deque[WindowEntry] = collections.deque(maxlen=window)
         self._composites: collections.deque[CompositeEvent] = collections.deque(maxlen=window)
         self._uncertainties: collections.deque[Uncertainty] = collections.deque(maxlen=window)
+        self._invalidations: list[Invalidation] = []          # the record (weak membership)
+        self._notices: list[Invalidation] = []                # not yet handed to on_invalidation
 
     # --- definitions ------------------------------------------------------------------------------
 
@@ -244,12 +257,23 @@ class CompositionEngine:
     # --- membership ---------------------------------------------------------------------------------
 
     def join(self, producer: str, *, types: Iterable[str], since: Any = None,
-             clock: LocalClock | None = None) -> None:
-        """Register ``producer`` for ``types`` before it sends (atomic membership).
+             clock: LocalClock | None = None, membership: str = "atomic") -> None:
+        """Register ``producer`` for ``types``.
 
-        ``since`` promises that none of its events will have a lower bound below it; it must be after
-        every instant compositions already relied on.  Without it the producer's sync-point is unknown
-        until its first event or heartbeat, and compositions of its types wait for that."""
+        ``membership="atomic"`` (default): before it sends.  ``since`` promises that none of its events
+        will have a lower bound below it; it must be after every instant compositions already relied on.
+        Without it the producer's sync-point is unknown until its first event or heartbeat, and
+        compositions of its types wait for that.
+
+        ``membership="weak"``: a producer discovered late is admitted at once, whatever compositions
+        already relied on.  Its events are taken like any other's; one that arrives after decisions
+        relied on its absence (an *old* event) is checked against the compositions already produced, and
+        those it would have changed are reported: an :class:`~activedb.composite.Invalidation` to
+        ``on_invalidation`` and in ``invalidations()``."""
+        if membership not in ("atomic", "weak"):
+            raise MembershipError(f"membership is 'atomic' (join before sending) or 'weak' (admitted late, "
+                                  f"invalidated compositions reported), got {membership!r}")
+        weak = membership == "weak"
         types = frozenset(types)
         if not producer or not isinstance(producer, str):
             raise MembershipError(f"a producer is a non-empty string, got {producer!r}")
@@ -261,7 +285,7 @@ class CompositionEngine:
                 raise MembershipError(f"producer {producer} has already joined engine {self.name}")
             if since is not None:
                 since = as_timestamp(since).interval.lower
-                for event_type in types:
+                for event_type in () if weak else types:
                     relied = self._relied.get(event_type)
                     if relied is not None and not relied < since:
                         raise MembershipError(
@@ -269,7 +293,7 @@ class CompositionEngine:
                             f"event before {relied!r} being in transit, and it may send events from {since!r} on; "
                             f"join producers before they send (atomic membership), or give since= later than "
                             f"{relied!r}")
-            state = Producer(producer, types, since, clock, self.clock.now())
+            state = Producer(producer, types, since, clock, self.clock.now(), weak=weak)
             self._producers[producer] = state
             for event_type in types:
                 self._by_producer_type.setdefault(event_type, []).append(state)
@@ -290,7 +314,8 @@ class CompositionEngine:
         with self._locked():
             now = self.clock.now()
             return {name: ProducerInfo(name, tuple(sorted(state.types)), state.sync, state.latest_local,
-                                       state.state.value, state.events, state.heartbeats, now - state.last_seen)
+                                       state.state.value, state.events, state.heartbeats, now - state.last_seen,
+                                       "weak" if state.weak else "atomic")
                     for name, state in self._producers.items()}
 
     def _member(self, producer: str | None) -> Producer:
@@ -341,6 +366,7 @@ class CompositionEngine:
             composites, self._outbox = self._outbox, []
         for composite in composites:
             tx.emit(composite.query, key=composite.partition or None, ts=composite.ts, payload=composite.payload())
+        self._notify()
         self._raise_uncertain()
         self._check_timeouts()
         return composites
@@ -398,7 +424,7 @@ class CompositionEngine:
                                 f"{raw.type}; join it with every type it produces")
         event = raw if raw.ts is ts else dataclasses.replace(raw, ts=ts)
         now = self.clock.now()
-        self._check_late(producer, ts, event.type, f"event {describe_event(event)}")
+        old = self._check_late(producer, ts, event.type, f"event {describe_event(event)}")
         producer.last_seen = now
         producer.events += 1
         self._counts["events"] += 1
@@ -408,6 +434,7 @@ class CompositionEngine:
         self._entries.append(WindowEntry("event", producer.name, event.type, ts, producer.sync, now,
                                          describe_event(event)))
         touched = []
+        entered: dict[tuple[str, tuple], list[int]] = {}
         for query, ranks in self._by_type.get(event.type, ()):
             ctx = Ctx([None] * len(query.types))
             accepted = []
@@ -427,10 +454,51 @@ class CompositionEngine:
             for rank in accepted:
                 node.lists[rank].append(item)
             touched.append(node)
+            entered[key] = accepted
+        if old:
+            self._invalidate(producer, event, entered)
         for node in touched:
             self._evaluate(node)
         if moved:
             self._wake(producer.types, skip=touched)
+
+    def _invalidate(self, producer: Producer, event: StreamEvent, entered: dict[tuple[str, tuple], list[int]]
+                    ) -> None:
+        """Weak membership: the compositions already produced (of the nodes ``event`` entered, with the
+        components it entered: ``entered``) that ``event`` would have changed, recorded and queued for
+        ``on_invalidation``.  A composition is changed if, for a component the event entered, the event does not certainly come after
+        (chronicle: the oldest is taken) or before (recent: the newest is taken) that component's
+        constituent, and — under SEQ — could stand between its neighbours' constituents."""
+        changed = []
+        for composite in self._composites:
+            ranks = entered.get((composite.query, composite.partition))
+            if ranks and any(self._would_change(composite, rank, event.ts) for rank in ranks):
+                changed.append(composite)
+        if changed:
+            notice = Invalidation(producer.name, event, tuple(changed), self._relied.get(event.type))
+            self._invalidations.append(notice)
+            self._notices.append(notice)
+            self._counts["invalidations"] += 1
+
+    @staticmethod
+    def _would_change(composite: CompositeEvent, rank: int, ts: Timestamp) -> bool:
+        constituents = composite.constituents
+        own = constituents[rank].ts
+        if composite.consumption == "recent":
+            changed = not precedes(ts, own)          # possibly newer than the one recent consumption took
+        else:
+            changed = not precedes(own, ts)          # possibly older than the one chronicle took
+        if changed and composite.operator == "SEQ":
+            if rank > 0 and precedes(ts, constituents[rank - 1].ts):
+                return False                         # it cannot follow the previous component's constituent
+            if rank + 1 < len(constituents) and precedes(constituents[rank + 1].ts, ts):
+                return False                         # nor precede the next one's
+        return changed
+
+    def invalidations(self) -> tuple[Invalidation, ...]:
+        """Every invalidation notice so far (weak membership), oldest first."""
+        with self._locked():
+            return tuple(self._invalidations)
 
     def _take_heartbeat(self, heartbeat: Heartbeat) -> None:
         producer = self._member(heartbeat.producer)
@@ -451,9 +519,11 @@ class CompositionEngine:
             self._wake(producer.types)
 
     def _check_late(self, producer: Producer, ts: Timestamp, event_type: str, what: str,
-                    heartbeat: bool = False) -> None:
+                    heartbeat: bool = False) -> bool:
         """An input below the producer's sync-point (or local reading) breaks its FIFO promise: accept it
-        only if no decision about its type relied on its absence."""
+        only if no decision about its type relied on its absence.  Returns True for an *old* event of a
+        weak member: one that keeps its producer's FIFO promise but that decisions relied on the absence
+        of (taken, and checked against the compositions already produced)."""
         lower = ts.interval.lower
         behind = producer.sync is not None and lower < producer.sync
         local_behind = (ts.local is not None and producer.latest_local is not None
@@ -462,17 +532,20 @@ class CompositionEngine:
             if producer.sync is None:
                 behind = False
             if behind or local_behind:
-                return                  # an old heartbeat says nothing new; sync-points never move back
+                return False            # an old heartbeat says nothing new; sync-points never move back
         relied = self._relied.get(event_type)
+        if producer.weak and not heartbeat and not (behind or local_behind):
+            return relied is not None and not relied < lower
         if producer.sync is None and not heartbeat:
             if relied is not None and not relied < lower:
                 self._counts["late_refused"] += 1
                 raise LateEvent(f"{what} is the first of producer {producer.name}, which joined without since=, "
                                 f"but compositions of {event_type} already relied on no event before {relied!r} "
-                                f"being in transit; join producers with since= before they send (atomic membership)")
-            return
+                                f"being in transit; join producers with since= before they send (atomic membership), "
+                                f"or join it with membership='weak' to be told which compositions it changes")
+            return False
         if not (behind or local_behind):
-            return
+            return False
         if local_behind or (relied is not None and not relied < lower):
             self._counts["late_refused"] += 1
             raise LateEvent(f"{what} arrived after its producer's sync-point {producer.sync!r} moved past it, and "
@@ -480,6 +553,7 @@ class CompositionEngine:
                             f"transit; a producer must send its events in detection order (FIFO) with "
                             f"non-decreasing lower bounds — send a heartbeat instead of an event from the past")
         self._counts["late_accepted"] += 1
+        return False
 
     # --- inside: evaluation --------------------------------------------------------------------------
 
@@ -621,14 +695,24 @@ class CompositionEngine:
     # --- results, locking, snapshots -----------------------------------------------------------------------
 
     def _finish(self, raise_timeouts: bool = True) -> list[CompositeEvent]:
-        """End a call: raise the first uncertainty met (the others are in ``error.others``; the outputs
-        made before stay for ``take_outputs()``), then the timeouts; else return the outputs."""
+        """End a call: hand out the invalidation notices, raise the first uncertainty met (the others
+        are in ``error.others``; the outputs made before stay for ``take_outputs()``), then the timeouts;
+        else return the outputs."""
+        self._notify()
         self._raise_uncertain()
         if raise_timeouts:
             self._check_timeouts()
         with self._locked():
             outputs, self._outbox = self._outbox, []
         return outputs
+
+    def _notify(self) -> None:
+        """Call ``on_invalidation`` with the notices queued by the call (outside ``_mutex``)."""
+        with self._locked():
+            notices, self._notices = self._notices, []
+        if self.on_invalidation is not None:
+            for notice in notices:
+                self.on_invalidation(notice)
 
     def _raise_uncertain(self) -> None:
         with self._locked():
@@ -655,7 +739,7 @@ class CompositionEngine:
                 "by_producer_type": {key: list(value) for key, value in self._by_producer_type.items()},
                 "blocked": set(self._blocked), "relied": dict(self._relied),
                 "counts": collections.Counter(self._counts),
-                "numbers": self._numbers}
+                "numbers": self._numbers, "invalidations": list(self._invalidations)}
 
     def _restore(self, participant: _Participant) -> None:
         with self._locked():
@@ -685,6 +769,8 @@ class CompositionEngine:
             self._relied = snapshot["relied"]
             self._counts = snapshot["counts"]
             self._numbers = snapshot["numbers"]
+            self._invalidations = snapshot["invalidations"]
+            self._notices = []
             self._outbox = []
             self._participant = None
 
@@ -703,7 +789,8 @@ class CompositionEngine:
                 uncertainties=counts["uncertainties"], decisions=counts["decisions"], dropped=counts["dropped"],
                 discarded=counts["discarded"], unmatched=counts["unmatched"],
                 late_refused=counts["late_refused"], late_accepted=counts["late_accepted"],
-                waiting=sum(node.size() for node in self._nodes.values()), blocked_nodes=len(self._blocked))
+                waiting=sum(node.size() for node in self._nodes.values()), blocked_nodes=len(self._blocked),
+                invalidations=counts["invalidations"])
 
     def waiting(self) -> dict[tuple[str, tuple], dict[str, Any]]:
         """Per node that holds events: its lists (as events) and the producers it waits for."""

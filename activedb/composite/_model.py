@@ -151,6 +151,27 @@ class CompositeEvent:
                 tuple(describe_event(event) for event in self.constituents))
 
 
+@dataclass(frozen=True)
+class Invalidation:
+    """Weak membership's notice (the paper's §IV): an event of a late-joining producer arrived after
+    compositions were decided that relied on no such event being in transit, and it would have changed
+    them — it is older than (chronicle) or possibly newer than (recent) a constituent of the same
+    component, or its order against it is uncertain.  ``composites`` are those compositions (in the
+    order they were produced); ``relied`` is the instant up to which decisions about the event's type
+    relied on its absence.  The event itself was taken like any other."""
+
+    producer: str
+    event: StreamEvent
+    composites: tuple[CompositeEvent, ...]
+    relied: Any
+
+    def describe(self) -> str:
+        shown = "; ".join(composite.describe() for composite in self.composites)
+        return (f"{describe_event(self.event)} of {self.producer} (weak membership) arrived after decisions "
+                f"relied on no {self.event.type} before {self.relied!r} being in transit; it would have changed "
+                f"{len(self.composites)} composite(s): {shown}")
+
+
 def describe_event(event: StreamEvent | None) -> str:
     if event is None:
         return "nothing"

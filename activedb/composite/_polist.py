@@ -130,7 +130,7 @@ class POList(list):
 
 
 class Membership(enum.Enum):
-    """A producer's state in the engine's (atomic) membership."""
+    """A producer's state in the engine's membership (atomic or weak, see ``Producer.weak``)."""
 
     JOINED = "joined"
     LEFT = "left"
@@ -144,10 +144,12 @@ class Producer:
     breaks it is accepted only if no decision relied on its absence)."""
 
     __slots__ = ("name", "types", "sync", "latest_local", "clock", "last_seen", "state", "events", "heartbeats",
-                 "joined_at")
+                 "joined_at", "weak")
 
-    def __init__(self, name: str, types: frozenset[str], sync: Any, clock: LocalClock | None, now: float):
+    def __init__(self, name: str, types: frozenset[str], sync: Any, clock: LocalClock | None, now: float,
+                 weak: bool = False):
         self.name = name
+        self.weak = weak          # weak membership: admitted late; its old events are checked against the past
         self.types = types
         self.sync = sync
         self.latest_local: Any = None

@@ -98,3 +98,75 @@ def test_late_events_are_refused_only_when_a_decision_relied_on_their_absence():
     for producer in ("P1B", "P2B", "PA"):
         out += engine.heartbeat(producer, Timestamp.at(20.0, 0.005))
     assert names(out) == [("a1", "b_late_but_harmless")]
+
+
+def _one_pair_decided(**options):
+    """``a0 & b1_0`` composed from PA and P1B; decisions about B relied on no B before 1.105 in transit."""
+    engine = make_engine(AND_CHRONICLE, {"PA": ["A"], "P1B": ["B"]}, **options)
+    engine.signal(ev("A", 1.0, "PA", "a0"))
+    engine.signal(ev("A", 3.0, "PA", "a1"))
+    engine.signal(ev("B", 1.1, "P1B", "b1_0"))
+    assert names(engine.heartbeat("P1B", Timestamp.at(2.0, 0.005))) == [("a0", "b1_0")]
+    return engine
+
+
+def test_atomic_membership_refuses_a_producer_discovered_late():
+    engine = _one_pair_decided()
+    with pytest.raises(MembershipError, match="joins too late"):
+        engine.join("P3B", types=["B"], since=1.0)
+    engine.join("P3B", types=["B"])                                   # without since= it may join ...
+    with pytest.raises(LateEvent, match="membership='weak'"):
+        engine.signal(ev("B", 1.05, "P3B", "b3_0"))                   # ... but its old event is refused
+    assert engine.invalidations() == ()
+
+
+def test_weak_membership_admits_a_late_producer_and_reports_what_its_old_event_changes():
+    notices = []
+    engine = _one_pair_decided(on_invalidation=notices.append)
+    engine.join("P3B", types=["B"], since=1.0, membership="weak")     # admitted at once, whatever was decided
+    assert engine.producers()["P3B"].membership == "weak"
+    assert engine.producers()["PA"].membership == "atomic"
+    # b3_0 certainly precedes b1_0: chronicle would have composed a0 & b3_0.  Taken, and reported.
+    assert engine.signal(ev("B", 1.05, "P3B", "b3_0")) == []
+    (notice,) = notices
+    assert engine.invalidations() == (notice,)                        # recorded
+    assert engine.statistics().invalidations == 1
+    assert notice.producer == "P3B" and notice.event["id"] == "b3_0"
+    assert names(notice.composites) == [("a0", "b1_0")]
+    assert notice.relied == pytest.approx(1.105)
+    assert "weak membership" in notice.describe() and "AB(" in notice.describe()
+    # The old event was taken like any other: once every sync-point passed a1, a1 & b3_0 are composed.
+    out = []
+    for producer in ("P1B", "P3B", "PA"):
+        out += engine.heartbeat(producer, Timestamp.at(4.0, 0.005))
+    assert names(out) == [("a1", "b3_0")]
+    # An event that changes nothing already decided is not reported.
+    engine.signal(ev("B", 4.5, "P3B", "b3_1"))
+    assert len(notices) == 1 and len(engine.invalidations()) == 1
+
+
+def test_weak_membership_reports_only_compositions_the_old_event_would_have_changed():
+    """Under chronicle an old event certainly after a composite's constituent of its component changed
+    nothing there; under SEQ an event certainly before the previous component's constituent could
+    not have followed it."""
+    notices = []
+    engine = make_engine("CREATE QUERY AthenB PATTERN SEQ(A, B) RETURN A.id AS a, B.id AS b",
+                         {"PA": ["A"], "P1B": ["B"]}, on_invalidation=notices.append)
+    out = []
+    for event in (ev("A", 1.0, "PA", "a0"), ev("B", 1.2, "P1B", "b0"), ev("A", 2.0, "PA", "a1"),
+                  ev("B", 2.2, "P1B", "b1")):
+        out += engine.signal(event)
+    out += engine.heartbeat("PA", Timestamp.at(3.0, 0.005)) + engine.heartbeat("P1B", Timestamp.at(3.0, 0.005))
+    assert names(out) == [("a0", "b0"), ("a1", "b1")]
+    engine.join("P3B", types=["B"], membership="weak")
+    engine.signal(ev("B", 1.1, "P3B", "b3_0"))      # between a0 and b0: a0 ; b3_0 would have been composed
+    (notice,) = notices
+    assert names(notice.composites) == [("a0", "b0")]                 # not a1 ; b1: b3_0 precedes a1
+    engine.signal(ev("B", 1.5, "P3B", "b3_1"))      # after b0, before a1: changes neither composite
+    assert len(notices) == 1 and engine.statistics().invalidations == 1
+
+
+def test_membership_must_be_atomic_or_weak():
+    engine = make_engine(AND_CHRONICLE, FIG2)
+    with pytest.raises(MembershipError, match="'atomic'"):
+        engine.join("P9", types=["B"], membership="eventual")
