@@ -9,7 +9,12 @@ table (:mod:`activedb.streams._locks`) and in what a Read sees:
    s-transaction's access plan (Algorithm 1; at ``granularity="table"`` every resource
    becomes its table); note, per query partition, which earlier s-transaction may change
    the partition's matcher state (see ``Matcher.may_change``) — the next one consuming
-   the partition waits for its end, and is matched on the state it committed.  LWM then
+   the partition waits until that state is final, and is matched on it: as soon as the
+   earlier one has *matched* and has no rule left to run (nothing can then abort it for
+   its event: ``BatchRun.on_matched``), else at its end (the state it committed, skipping
+   an aborted one).  The pattern state of a partition thus advances in timestamp order
+   without holding the later s-transactions' store operations behind the earlier ones'
+   (Active CEP Example 5: ``enter^10`` runs while ``exit^2`` still holds its read lock).  LWM then
    loads the base images of every row the plans read and publishes the punctuation.
 2. **Run**: each s-transaction is a subtransaction spawned on the database's worker
    pool (``tx.spawn``), at most ``workers`` at a time beyond the oldest unfinished one;
@@ -108,7 +113,7 @@ class _Work:
     """One s-transaction of the run: its lock-table owner, its unit, what it depends on."""
 
     __slots__ = ("stransaction", "owner", "unit", "inputs", "result", "committed", "started", "ending", "done",
-                 "handle", "index")
+                 "handle", "index", "matched")
 
     def __init__(self, stransaction: STransaction, index: int):
         self.stransaction = stransaction
@@ -120,6 +125,8 @@ class _Work:
         # and whose committed state it is matched on (None: the state before the batch).
         self.inputs: dict[tuple[str, tuple], _Work | None] = {}
         self.result: tuple | None = None
+        # Its partitions' final states, once it matched with no rule left to run (else None).
+        self.matched: dict[tuple[str, tuple], PartitionState] | None = None
         self.committed = False
         self.started = False              # its body began on a worker
         self.ending = False
@@ -239,6 +246,7 @@ class LockingScheduler(Scheduler):
         self._prepare(run, plans)
         batch.view_factory = lambda tx, stamp: self._view(run, tx, stamp)
         batch.state_source = lambda stransaction, query, key: self._input_state(run, stransaction, query, key)
+        batch.on_matched = lambda stransaction, touched, certain: self._matched(run, stransaction, touched, certain)
         ends = db.observe(_Ends(run))
         try:
             self._spawn_all(run)
@@ -287,16 +295,29 @@ class LockingScheduler(Scheduler):
         """After the dispatch, before the workers start (LWM loads its base images here)."""
 
     def _input_state(self, run: _Run, stransaction: STransaction, query: str, key: tuple) -> PartitionState | None:
-        """The state ``stransaction`` is matched on: the one committed by the latest earlier
-        s-transaction of the partition that may change it, skipping aborted ones (every one
-        of them has ended: see ``_work``)."""
+        """The state ``stransaction`` is matched on: the final one of the latest earlier
+        s-transaction of the partition that may change it — matched with no rule left, or
+        committed — skipping aborted ones (each of them is final or ended: see ``_work``)."""
         partition = (query, key)
         work = run.by_position[stransaction.event.position].inputs.get(partition)
-        while work is not None and not work.committed:
+        while work is not None and work.matched is None and not work.committed:
             work = work.inputs.get(partition)
-        if work is None or work.result is None:
+        if work is None:
+            return run.base_states.get(partition)
+        if work.matched is not None:
+            return work.matched.get(partition)
+        if work.result is None:
             return run.base_states.get(partition)
         return work.result[0].get(partition)
+
+    def _matched(self, run: _Run, stransaction: STransaction, touched: dict, certain: bool) -> None:
+        """``stransaction`` matched (``BatchRun.on_matched``): if no rule is left to run, its
+        states are final — publish them and wake the s-transactions waiting for them."""
+        if not certain:
+            return
+        work = run.by_position[stransaction.event.position]
+        work.matched = touched
+        run.table.matched(work.owner)
 
     def _spawn_all(self, run: _Run) -> None:
         tx = run.batch.tx
@@ -351,15 +372,16 @@ class LockingScheduler(Scheduler):
             run.max_in_flight = max(run.max_in_flight, run.in_flight)
         stransaction = work.stransaction
         self.hooks.started(stransaction)
-        # The partition order: wait for the latest earlier s-transaction that may change each
-        # partition this one consumes; if it aborted, for the one before it, and so on.
+        # The partition order: wait until the latest earlier s-transaction that may change each
+        # partition this one consumes has final states (matched with no rule left, or ended);
+        # if it aborted, for the one before it, and so on.
         waited = False
         for partition, dependency in work.inputs.items():
             while dependency is not None:
-                if not dependency.owner.ended:
+                if not dependency.owner.ended and not dependency.owner.matched:
                     waited = True
-                    run.table.wait_for(work.owner, dependency.owner)
-                if dependency.committed:
+                    run.table.wait_for(work.owner, dependency.owner, matched=True)
+                if dependency.matched is not None or dependency.committed:
                     break
                 dependency = dependency.inputs.get(partition)
         if waited:

@@ -230,6 +230,13 @@ class BatchRun:
         #: is ``stransaction`` matched" (``state_source(stransaction, query, key)``); None: the
         #: batch's current state (SEI: the previous s-transaction's).
         self.state_source: Callable[[STransaction, str, tuple], PartitionState | None] | None = None
+        #: Called on the s-transaction's thread once its queries matched, before its rules run:
+        #: ``on_matched(stransaction, touched, certain)`` with the partitions' new states;
+        #: ``certain``: no rule instance is left to run, so nothing after this point can abort it
+        #: for its event (its states are final as soon as it commits, which it will unless the
+        #: whole batch fails).  A concurrent scheduler lets the next s-transaction of a
+        #: partition be matched on them at once (Active CEP Example 5).
+        self.on_matched: Callable[[STransaction, dict, bool], None] | None = None
 
     def partition(self, query: str, key: tuple) -> PartitionState | None:
         with self._mutex:
@@ -388,6 +395,9 @@ class BatchRun:
             metrics.query(query.name, len(outputs))
             touched[(query.name, key)] = state
             produced.append((rank, query, outputs))
+        if self.on_matched is not None:
+            self.on_matched(stransaction, dict(touched),
+                            not any(outputs and engine._rules_by_query.get(query.name) for _, query, outputs in produced))
         started = time.perf_counter()
         rule_latency = 0.0
         instances = 0

@@ -69,7 +69,7 @@ class Owner:
     ``node`` is the activedb (sub)transaction running it (the target of wait-for edges);
     ``victim`` is set if the lock manager chose it as a deadlock victim while it waited."""
 
-    __slots__ = ("position", "ts", "name", "node", "ended", "waiters", "wake", "victim", "requests")
+    __slots__ = ("position", "ts", "name", "node", "ended", "matched", "waiters", "wake", "victim", "requests")
 
     def __init__(self, position: int, ts: Any, name: str):
         self.position = position
@@ -78,6 +78,8 @@ class Owner:
         self.node: Any = None
         # Invariant: ended only moves False -> True, under the table's _mutex; then waiters is empty.
         self.ended = False
+        # Its partition states are final (it matched and will run no rule): see StreamLockTable.matched.
+        self.matched = False
         self.waiters: list[Owner] = []
         self.wake = threading.Event()
         self.victim: BaseException | None = None
@@ -298,14 +300,15 @@ class StreamLockTable:
                     self._waiting.pop(owner, None)
                     self._wait_seconds += time.perf_counter() - started
 
-    def wait_for(self, owner: Owner, blocker: Owner, why: Request | None = None) -> None:
-        """Block until ``blocker`` ended (an order dependency that is not a lock, e.g. the
-        matcher state of a partition); registered like a lock wait."""
+    def wait_for(self, owner: Owner, blocker: Owner, why: Request | None = None, *, matched: bool = False) -> None:
+        """Block until ``blocker`` ended — or, with ``matched``, until its partition states are
+        final (:meth:`matched`) — an order dependency that is not a lock (the matcher state of
+        a partition); registered like a lock wait."""
         while True:
             with self._mutex:
                 if owner.victim is not None:
                     raise owner.victim
-                if blocker.ended:
+                if blocker.ended or (matched and blocker.matched):
                     return
                 owner.wake.clear()
                 blocker.waiters.append(owner)
@@ -318,6 +321,17 @@ class StreamLockTable:
                 with self._mutex:
                     self._waiting.pop(owner, None)
                     self._wait_seconds += time.perf_counter() - started
+
+    def matched(self, owner: Owner) -> None:
+        """``owner``'s partition states are final (it matched, no rule is left to run): wake who
+        waited for them.  Its locks stay until :meth:`end`: only the order waiters (no request)
+        are woken; lock waiters keep waiting for its end."""
+        with self._mutex:
+            owner.matched = True
+            woken = [waiter for waiter in owner.waiters if self._waiting.get(waiter, (None, None))[0] is None]
+            owner.waiters = [waiter for waiter in owner.waiters if waiter not in woken]
+        for waiter in woken:
+            waiter.wake.set()
 
     def end(self, owner: Owner) -> None:
         """``owner`` committed or aborted: its requests disappear; wake who waited for it."""
