@@ -31,6 +31,7 @@
 from __future__ import annotations
 
 import bisect
+import decimal
 import enum
 from collections import Counter
 from dataclasses import dataclass, field
@@ -204,12 +205,16 @@ class StreamAnomaly(enum.Enum):
     * ``WRITE_TOO_LATE`` (Example 3; Def. 6 (1)): a Read did not see a Write that comes
       before it in the declared order — the Write ran too late; or (Def. 6 (2)) two Writes
       of one row ran against their declared order;
-    * ``DIRTY_READ``: a Read saw a Write of aborted work (outside Def. 6, never correct).
+    * ``DIRTY_READ``: a Read saw a Write of aborted work (outside Def. 6, never correct);
+    * ``WRONG_VALUE``: the value a Read returned is not the one the Write it saw left (a
+      column that Write set differs, or the Write deleted the row and the Read found one) —
+      the recorded ``read_from`` cannot be trusted for it.
     """
 
     READ_TOO_LATE = "read-too-late"
     WRITE_TOO_LATE = "write-too-late"
     DIRTY_READ = "dirty read"
+    WRONG_VALUE = "wrong value"
 
 
 @dataclass(frozen=True)
@@ -262,7 +267,10 @@ def check_stream_history(ops: Iterable[Any]) -> StreamHistoryReport:
       multi-version store may let a Read run after a later Write if it reads the older
       version); the Write it saw is its ``read_from``;
     * the Writes of each row run (in system order, ``sequence``) in non-decreasing
-      timestamp order — case (2).
+      timestamp order — case (2);
+    * the value a keyed Read returned agrees with the Write it saw (every column that Write
+      set; no row after a delete) — so a Read's value, not only its recorded source, is the
+      one the timestamp-ordered Writes produce.
     """
     ops = sorted(ops, key=lambda op: op.sequence)
     ended = {op.unit: op.operation for op in ops if op.kind == "end"}
@@ -294,6 +302,11 @@ def check_stream_history(ops: Iterable[Any]) -> StreamHistoryReport:
                 f"dirty read: {read.describe()} saw #{seen_sequence}, a write of aborted work"))
             return
         seen = by_sequence.get(seen_sequence) if seen_sequence is not None else None
+        if seen is not None and read.key is not None and not _agrees(read.value, seen):
+            report.violations.append(StreamViolation(
+                StreamAnomaly.WRONG_VALUE, "-", read, seen, seen,
+                f"wrong value: {read.describe()} returned {read.value!r}, but {seen.describe()}, the write it saw, "
+                f"left {seen.value!r}"))
         if seen is not None and _declared(seen) > _declared(read):
             report.violations.append(StreamViolation(
                 StreamAnomaly.READ_TOO_LATE, "(3)", read, seen, seen,
@@ -327,6 +340,23 @@ def check_stream_history(ops: Iterable[Any]) -> StreamHistoryReport:
             if latest is None or write.sequence > latest.sequence:
                 latest = write
     return report
+
+
+def _agrees(value: Any, write: Any) -> bool:
+    """Does the image a Read returned agree with ``write``, the last Write of its row?"""
+    if write.operation == "delete":
+        return value is None
+    if not isinstance(write.value, Mapping) or not isinstance(value, Mapping):
+        return True                     # nothing comparable was recorded
+    return all(value[column] == written for column, written in write.value.items()
+               if column in value and _comparable(value[column], written))
+
+
+def _comparable(read: Any, written: Any) -> bool:
+    """Values the store returns as written: same type, or both numbers (a column's type may
+    turn a written string into a date, which is no wrong value)."""
+    numbers = (int, float, decimal.Decimal)
+    return type(read) is type(written) or (isinstance(read, numbers) and isinstance(written, numbers))
 
 
 def _declared(op: Any) -> tuple:

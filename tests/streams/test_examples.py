@@ -179,3 +179,20 @@ def test_the_checker_judges_by_timestamps_not_by_the_recorded_order():
         "Q2", 15, "R1", 10)
     assert violation.seen is None and "write-too-late" in violation.message
 
+
+
+def test_the_checker_compares_the_value_read_with_the_write_it_saw():
+    """A Read recorded after the Write at 10 (so the recorder says it saw it) that returned the
+    value from before it: its value is not the one the timestamp-ordered Writes produce."""
+    history = streams.StreamHistory()
+    history.begin("S10", "S10", "enter^10", 10, (0, ()))
+    history.write("S10", "S10", "enter^10", 10, (0, (1, 0, 1)), "R1", "workerstatus", ("w1",),
+                  {"status": "warning"}, "write")
+    history.end("S10", "S10", "enter^10", 10, (0, ()), True)
+    history.begin("S15", "S15", "exit^15", 15, (1, ()))
+    history.read("S15", "S15", "exit^15", 15, (1, (0, 0, 1)), "Q2", "workerstatus", ("w1",),
+                 {"workerid": "w1", "status": "safe"})
+    history.end("S15", "S15", "exit^15", 15, (1, ()), True)
+    report = check_stream_history(history.snapshot())
+    assert [violation.kind for violation in report.violations] == [StreamAnomaly.WRONG_VALUE]
+    assert "'safe'" in report.violations[0].message and "'warning'" in report.violations[0].message
