@@ -31,13 +31,15 @@ tuple-level ones.  Each queue is a min-heap of ``(position, owner)`` with lazy d
 ended owners, so ``lwm`` and "the earliest conflicting request" cost O(1) amortised.
 
 Waiting: a waiter registers itself with the blocker it found (the earliest live one) and
-sleeps on its own event; the blocker's ``end`` wakes it and it looks again.  The wait
+sleeps on its own event; the blocker's ``end`` wakes it and it looks again (an order
+waiter — one waiting for a partition's matcher state, ``wait_for(…, matched=True)`` — is
+also woken by the blocker's ``matched``: its states are final before it ends).  The wait
 itself is wrapped in the ``waiting`` context the scheduler gives (``db.transactions.waiting``:
 an edge ``waiter → blocker`` of the one wait-for graph).  A Read held back only by the
 punctuation waits for the next ``publish`` — input, not a transaction, so not an edge.
 
 Thread-safety: ``_mutex`` protects every queue, every request's ``held``, every owner's
-``ended``/``waiters`` and the counters; it is a leaf (nothing else is taken while it is
+``ended``/``matched``/``waiters`` and the counters; it is a leaf (nothing else is taken while it is
 held, and no user code runs under it).  ``Owner.wake`` is set outside it.
 """
 
