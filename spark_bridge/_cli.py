@@ -1,7 +1,7 @@
 """``activedb run`` and ``activedb status``: Spark ingestion from the command line.
 
     activedb run APP --source file:DIR|rate|socket:HOST:PORT|kafka:BROKERS/TOPIC
-                 [--checkpoint DIR] [--query-name NAME] [--reset] [...]
+                 [--checkpoint DIR] [--query-name NAME] [--reset] [--metrics-port [ADDRESS:]PORT] [...]
     activedb status [--query-name NAME] [--json]
     activedb dead-letters replay APP [--id N] [--query NAME] [--batch B] [--reason TEXT]
 
