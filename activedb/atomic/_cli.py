@@ -194,8 +194,10 @@ def draw(graph, title: str, path: str, notes: Sequence[str] = ()) -> None:
     axes.set_ylim(-tallest / 2, tallest / 2)
     axes.axis("off")
     count = sum(graph.nodes[node]["in_composite"] for node in graph.nodes)
-    axes.set_title("\n".join(textwrap.wrap(f"$\\mathcal{{T}}$({title}): {count} transaction(s), triggering order "
-                                            f"left to right", width=int(width * 11))), fontsize=10)
+    shape = ("one transaction: the batch was applied whole, nothing split off or triggered after it"
+             if len(graph) == 1 else f"{count} transaction(s), triggering order left to right")
+    axes.set_title("\n".join(textwrap.wrap(f"$\\mathcal{{T}}$({title}): {shape}", width=int(width * 11))),
+                   fontsize=10)
     handles = [Patch(facecolor="#f4a261", edgecolor="#37474f", label="in $\\mathcal{T}$(b)"),
                Patch(facecolor="#cfd8dc", edgecolor="#37474f", label="added by the independent scover"),
                Patch(facecolor="white", edgecolor="#c62828", linewidth=2.2, label="compensated")]
