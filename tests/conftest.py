@@ -60,7 +60,7 @@ SERVER_SUITE = (
 def pytest_collection_modifyitems(config, items):
     root = Path(__file__).parent
     for item in items:
-        relative = Path(item.fspath).relative_to(root).as_posix() if Path(item.fspath).is_relative_to(root) else ""
+        relative = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
         if any(relative == entry or (entry.endswith("/") and relative.startswith(entry)) for entry in SERVER_SUITE):
             item.add_marker(pytest.mark.server)
 
