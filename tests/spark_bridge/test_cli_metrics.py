@@ -7,8 +7,10 @@ import sys
 
 import pytest
 import sqlalchemy as sa
+from click.testing import CliRunner
 
 import spark_bridge
+from activedb.cli import main
 from tests.metrics._served import ServingProcess, scrape, total
 from tests.spark_bridge._streams import APP_FILE, app_database, counter_workload, write_files
 
@@ -59,3 +61,14 @@ def test_a_scrape_during_a_run_returns_the_families_with_the_runs_numbers(tmp_pa
     finally:
         database.capture.remove("items")
         database.close()
+
+
+def test_a_bad_metrics_port_is_one_line_before_spark_starts(tmp_path, database_url):
+    runner = CliRunner()
+    for value, message in (("nonsense", "give a port (e.g. 9464) or ADDRESS:PORT"),
+                           ("203.0.113.7:9464", "cannot serve metrics on 203.0.113.7:9464")):
+        result = runner.invoke(main, ["--url", database_url, "--home", str(tmp_path / "home"), "run", APP_FILE,
+                                      "--source", f"file:{tmp_path}", "--metrics-port", value])
+        assert result.exit_code == 1, result.output
+        assert message in result.output and "Traceback" not in result.output
+        assert "starting Spark" not in result.output
