@@ -1,7 +1,7 @@
 """``activedb run`` and ``activedb status``: Spark ingestion from the command line.
 
     activedb run APP --source file:DIR|rate|socket:HOST:PORT|kafka:BROKERS/TOPIC
-                 [--checkpoint DIR] [--query-name NAME] [--reset] [...]
+                 [--checkpoint DIR] [--query-name NAME] [--reset] [--metrics-port [ADDRESS:]PORT] [...]
     activedb status [--query-name NAME] [--json]
     activedb dead-letters replay APP [--id N] [--query NAME] [--batch B] [--reason TEXT]
 
@@ -46,6 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import click
+
+from activedb.metrics import metrics_port_option, start_metrics
 
 __all__ = ["register_commands", "run_command", "status_command", "replay_command", "parse_source"]
 
@@ -458,12 +460,13 @@ def failure_message(sink: Any, failure: BaseException, app: str) -> str:
               help="Extra Spark configuration (repeatable).")
 @click.option("--verbose", is_flag=True, help="Also log each event the rules reject (they go to the dead-letter "
                                               "table either way).")
+@metrics_port_option
 @click.pass_context
 def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str | None, query_name: str | None,
                 reset: bool, file_format: str, max_files_per_trigger: int | None, rows_per_second: int,
                 trigger: str | None, available_now: bool, watermark_delay: str | None, partitions: int | None,
                 packages: str | None, spark_conf_entries: tuple[str, ...], verbose: bool,
-                on_partition_failure: str | None = None) -> None:
+                on_partition_failure: str | None = None, metrics_port: str | None = None) -> None:
     """Ingest a stream into APP's rules until stopped (Ctrl-C stops cleanly).
 
     \b
@@ -509,8 +512,12 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
     home = obj.get("home")                # `activedb explain --pid PID` draws this process
     database.explain_on_signal(Path(home) / "explain" if home else None)
     spark = None
+    metrics = None
     stop = _StopRequest()
     try:
+        metrics = start_metrics(database, metrics_port)
+        if metrics is not None:
+            console.print(f"metrics: {metrics.url}", highlight=False)
         if loaded.migrations is not None:
             database.upgrade_app(loaded.migrations)
         if reset:
@@ -539,6 +546,8 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
         except SparkBridgeError as error:
             raise click.ClickException(str(error)) from None
         sink = spark_bridge.sink_of(query)
+        if metrics is not None:
+            metrics.watch_ingestion(sink)
         stop.install()
         how = _watch(query, sink, console, stop)
         if how == "stopped":
@@ -564,6 +573,8 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
         stop.restore()
         if spark is not None:
             spark.stop()
+        if metrics is not None:
+            metrics.close()
         database.close()
 
 

@@ -10,6 +10,11 @@
   compare two runs).
 * ``spark`` (session): a ``local[2]`` SparkSession, UI off (see
   ``tests/spark_bridge/conftest.py``).
+
+**Another server.** With ``ACTIVEDB_TEST_SERVER=1`` the databases are created on the server of
+``ACTIVEDB_DATABASE_URL`` instead (a user that may create databases, e.g.
+``postgresql+psycopg://activedb:PASSWORD@127.0.0.1:5433/postgres``).  ``.ci/run`` runs the tests marked
+``server`` (:data:`SERVER_SUITE`) that way, against a PostgreSQL installed from the distribution's packages.
 """
 
 from __future__ import annotations
@@ -20,17 +25,73 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from dataclasses import dataclass
+
 import psycopg
 import pytest
+import sqlalchemy as sa
 
 import activedb
 from activedb import _embedded
 
 APP_MIGRATIONS = Path(__file__).parent / "app_migrations"
+SERVER_VARIABLE = "ACTIVEDB_TEST_SERVER"
+
+#: The part of the suite marked ``server``: what must hold on any PostgreSQL a user points activedb at
+#: (core transactions, rules, the outbox, change capture, the Spark bridge's exactly-once tests, metrics).
+#: Paths relative to ``tests/``; a module or a directory.
+SERVER_SUITE = (
+    "activedb/test_transactions.py",
+    "activedb/test_rules.py",
+    "activedb/test_outbox.py",
+    "activedb/test_connect.py",
+    "capture/test_capture.py",
+    "capture/test_cli.py",
+    "capture/test_crash.py",
+    "capture/test_migrations.py",
+    "spark_bridge/test_sink.py",
+    "spark_bridge/test_baseline.py",
+    "spark_bridge/test_replay.py",
+    "spark_bridge/test_crash_restart.py",
+    "metrics/",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    root = Path(__file__).parent
+    for item in items:
+        relative = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
+        if any(relative == entry or (entry.endswith("/") and relative.startswith(entry)) for entry in SERVER_SUITE):
+            item.add_marker(pytest.mark.server)
+
+
+@dataclass(frozen=True)
+class ExternalServer:
+    """A PostgreSQL server the run was pointed at (``ACTIVEDB_TEST_SERVER=1``): the same ``url`` and
+    ``conninfo`` as the embedded server's handle, over the URL's host, port, user and password."""
+
+    base: sa.URL
+
+    def url(self, database: str) -> str:
+        return self.base.set(drivername="postgresql+psycopg", database=database).render_as_string(hide_password=False)
+
+    def conninfo(self, database: str) -> str:
+        from psycopg.conninfo import make_conninfo
+
+        parts = {"host": self.base.host, "port": self.base.port, "user": self.base.username,
+                 "password": self.base.password, "dbname": database, **self.base.query}
+        return make_conninfo(**{key: value for key, value in parts.items() if value is not None})
 
 
 @pytest.fixture(scope="session")
 def pg_server():
+    if os.environ.get(SERVER_VARIABLE) == "1":
+        url = os.environ.pop("ACTIVEDB_DATABASE_URL", None)
+        if not url:
+            pytest.exit(f"{SERVER_VARIABLE}=1 needs ACTIVEDB_DATABASE_URL: the URL of a user who may create "
+                        f"databases on the server to test against", returncode=4)
+        yield ExternalServer(sa.make_url(url))
+        return
     # Keep tests away from the user's real embedded database and environment.  The directory is
     # our own (not pytest's numbered tmp dirs, which a concurrent pytest session may prune).
     os.environ.pop("ACTIVEDB_DATABASE_URL", None)

@@ -19,7 +19,9 @@ import importlib
 import importlib.util
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -77,7 +79,10 @@ def show(ctx: click.Context, query: str, batch: str, png: str | None, as_json: b
             click.echo(f"independent scover ({cover.rounds} rounds, {state}): "
                        f"{', '.join(sorted(map(str, cover.batches)))}")
         if png:
-            draw(graph, f"{query}/{batch}", png)
+            draw(graph, f"{query}/{batch}", png, notes=[
+                f"scover: {', '.join(sorted(map(str, scover)))}",
+                f"independent scover ({cover.rounds} rounds, {'complete' if cover.complete else 'cut at a bound'}): "
+                f"{', '.join(sorted(map(str, cover.batches)))}"])
             click.echo(f"picture: {png}", err=True)
     finally:
         db.close()
@@ -121,26 +126,88 @@ def render_tree(graph, title: str) -> str:
     return "\n".join(lines)
 
 
-def draw(graph, title: str, path: str) -> None:
+QUERY_CHARACTERS = 18          # a batch's query id is cut to this many characters in a node's label
+
+
+def _short_batch(ref: Any) -> str:
+    """``query/batch`` of a batch, the query cut in the middle (Spark query ids are long)."""
+    query = ref.query_id
+    if len(query) > QUERY_CHARACTERS:
+        query = query[:QUERY_CHARACTERS // 2] + "…" + query[-(QUERY_CHARACTERS // 2 - 1):]
+    return f"{query}/{ref.batch_id}"
+
+
+def _node_label(node: str, lineage: Any) -> str:
+    name = lineage.name or ("…" + node[-8:] if len(node) > 12 else node)
+    consumed = [_short_batch(ref) for ref in lineage.consumed]
+    lines = [name]
+    if consumed:
+        lines.append("← " + ", ".join(consumed[:2]) + (f" +{len(consumed) - 2}" if len(consumed) > 2 else ""))
+    if lineage.compensated_by:
+        lines.append("compensated")
+    return "\n".join(lines)
+
+
+def draw(graph, title: str, path: str, notes: Sequence[str] = ()) -> None:
+    """𝒯(b) left to right by triggering order: each transaction a labelled box (its name and the batches
+    it consumed), orange in 𝒯(b), grey when only the independent scover adds it, a red border when it
+    was compensated; ``notes`` (the scovers) under the graph.  The figure grows with the graph and is
+    saved with everything inside it (nothing cut at the edges)."""
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import networkx as nx
+    from matplotlib.patches import Patch
 
-    for layer, nodes in enumerate(nx.topological_generations(graph)):
-        for node in nodes:
-            graph.nodes[node]["layer"] = layer
-    positions = nx.multipartite_layout(graph, subset_key="layer")
-    colours = ["#f4a261" if graph.nodes[node]["in_composite"] else "#cfd8dc" for node in graph.nodes]
-    labels = {node: (graph.nodes[node]["lineage"].name or node.rsplit(":", 1)[-1]) for node in graph.nodes}
-    figure, axes = plt.subplots(figsize=(max(6, 1.2 * len(graph)), 5))
-    nx.draw_networkx(graph, positions, ax=axes, labels=labels, node_color=colours, node_size=900, font_size=7,
-                     arrows=True)
-    axes.set_title(f"T({title}) (orange) and the transactions its independent scover adds (grey)")
+    # Layers left to right; inside a layer, each transaction near its parents (fewer crossings).
+    layers = [sorted(nodes, key=str) for nodes in nx.topological_generations(graph)]
+    rank: dict[str, float] = {}
+    for layer, nodes in enumerate(layers):
+        if layer:
+            nodes.sort(key=lambda node: (sum(rank[parent] for parent in graph.predecessors(node))
+                                         / max(1, graph.in_degree(node)), str(node)))
+        for index, node in enumerate(nodes):
+            rank[node] = index
+    tallest = max((len(nodes) for nodes in layers), default=1)
+    positions = {node: (float(layer), (len(nodes) - 1) / 2 - index)
+                 for layer, nodes in enumerate(layers) for index, node in enumerate(nodes)}
+    width = min(24.0, max(8.0, 3.4 * len(layers) + 1.0))
+    height = min(18.0, max(3.0, 0.85 * tallest + 1.6))
+    figure, axes = plt.subplots(figsize=(width, height))
+    boxes = {}
+    for node, (x, y) in positions.items():
+        in_composite = graph.nodes[node]["in_composite"]
+        compensated = bool(graph.nodes[node]["lineage"].compensated_by)
+        boxes[node] = axes.text(
+            x, y, _node_label(node, graph.nodes[node]["lineage"]), ha="center", va="center", fontsize=8, zorder=3,
+            bbox={"boxstyle": "round,pad=0.45", "facecolor": "#f4a261" if in_composite else "#cfd8dc",
+                  "edgecolor": "#c62828" if compensated else "#37474f", "linewidth": 2.2 if compensated else 0.8})
+    for source, target in graph.edges:       # drawn over the boxes, clipped to their borders
+        axes.annotate("", xy=positions[target], xytext=positions[source], zorder=4,
+                      arrowprops={"arrowstyle": "-|>", "color": "#546e7a", "linewidth": 1.0, "shrinkA": 1,
+                                  "shrinkB": 1, "patchA": boxes[source].get_bbox_patch(),
+                                  "patchB": boxes[target].get_bbox_patch()})
+    axes.set_xlim(-0.5, len(layers) - 0.5)
+    axes.set_ylim(-tallest / 2, tallest / 2)
     axes.axis("off")
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    count = sum(graph.nodes[node]["in_composite"] for node in graph.nodes)
+    shape = ("one transaction: the batch was applied whole, nothing split off or triggered after it"
+             if len(graph) == 1 else f"{count} transaction(s), triggering order left to right")
+    axes.set_title("\n".join(textwrap.wrap(f"$\\mathcal{{T}}$({title}): {shape}", width=int(width * 11))),
+                   fontsize=10)
+    handles = [Patch(facecolor="#f4a261", edgecolor="#37474f", label="in $\\mathcal{T}$(b)"),
+               Patch(facecolor="#cfd8dc", edgecolor="#37474f", label="added by the independent scover"),
+               Patch(facecolor="white", edgecolor="#c62828", linewidth=2.2, label="compensated")]
+    axes.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=3, fontsize=8,
+                frameon=False)
+    if notes:
+        wrapped = [line for note in notes for line in textwrap.wrap(note, width=int(width * 13))]
+        axes.text(0.5, -0.12 * 3.0 / height, "\n".join(wrapped), transform=axes.transAxes, ha="center", va="top",
+                  fontsize=8)
+    figure.savefig(path, dpi=120, bbox_inches="tight", pad_inches=0.2)
     plt.close(figure)
 
 

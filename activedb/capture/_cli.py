@@ -5,6 +5,7 @@
     activedb capture enable TABLE...          # db.capture(TABLE); prefer enable_capture in a migration
     activedb capture disable TABLE...
     activedb capture consume APP [--name NAME] [--batch-size N] [--retention SECONDS] [--until-caught-up]
+                                 [--metrics-port [ADDRESS:]PORT]
 
 ``APP`` is a module name or a ``.py`` file with ``register(db)`` declaring the rules on
 ``db.captured(...)`` (and optionally ``MIGRATIONS``, the application's Alembic directory, upgraded
@@ -28,6 +29,7 @@ from types import ModuleType
 import click
 
 from activedb.capture.errors import CaptureError
+from activedb.metrics import metrics_port_option, start_metrics
 
 
 def _connect(ctx: click.Context):
@@ -160,18 +162,25 @@ def disable_command(ctx: click.Context, tables: tuple[str, ...]) -> None:
 @click.option("--until-caught-up", is_flag=True, help="Exit once nothing is pending.")
 @click.option("--lead-timeout", default=30.0, show_default=True,
               help="With --until-caught-up: seconds to wait while another consumer of NAME leads.")
+@metrics_port_option
 @click.pass_context
 def consume_command(ctx: click.Context, app: str, name: str, batch_size: int, retention: float,
-                    until_caught_up: bool, lead_timeout: float) -> None:
+                    until_caught_up: bool, lead_timeout: float, metrics_port: str | None = None) -> None:
     """Run APP's rules on captured changes, exactly once, in commit order."""
     module = load_app(app)
     database = _connect(ctx)
+    metrics = None
     try:
+        metrics = start_metrics(database, metrics_port)
+        if metrics is not None:
+            click.echo(f"metrics: {metrics.url}")
         migrations = getattr(module, "MIGRATIONS", None)
         if migrations:
             database.upgrade_app(migrations)
         module.register(database)
         consumer = database.capture.consumer(name, batch_size=batch_size, retention=retention)
+        if metrics is not None:
+            metrics.watch_consumer(consumer)
         if until_caught_up:
             handled = consumer.run_until_caught_up(lead_timeout=lead_timeout)
             click.echo(f"capture consumer {name!r}: handled {handled:,} changes, caught up at {consumer.position}")
@@ -191,6 +200,8 @@ def consume_command(ctx: click.Context, app: str, name: str, batch_size: int, re
         click.echo(f"capture consumer {name!r}: {statistics.changes:,} changes in {statistics.batches:,} batches, "
                    f"{statistics.firings:,} firings, {statistics.failed:,} failed; at {statistics.position}")
     finally:
+        if metrics is not None:
+            metrics.close()
         database.close()
 
 

@@ -375,8 +375,9 @@ def _terminate_backends(database):
     import psycopg
 
     url = database.engine.url
-    with psycopg.connect(host=url.query["host"], user=url.username, password=url.password, dbname="postgres",
-                         autocommit=True) as admin:
+    # the embedded server's socket directory (a query parameter), or another server's host and port
+    with psycopg.connect(host=url.host or url.query["host"], port=url.port, user=url.username, password=url.password,
+                         dbname="postgres", autocommit=True) as admin:
         admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (url.database,))
 
 

@@ -1,0 +1,31 @@
+"""``--metrics-port`` for the long-running commands (``activedb run``, ``activedb capture consume``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+HELP = ("Serve Prometheus metrics on http://127.0.0.1:PORT/metrics (ADDRESS:PORT to choose the interface, "
+        "e.g. 0.0.0.0:9464; 0: any free port). Off by default.")
+
+
+def metrics_port_option(function):
+    """The ``--metrics-port [ADDRESS:]PORT`` option (the value reaches the command as ``metrics_port``)."""
+    return click.option("--metrics-port", "metrics_port", default=None, metavar="[ADDRESS:]PORT", help=HELP)(function)
+
+
+def start_metrics(database: Any, listen: str | None):
+    """A started :class:`~activedb.metrics.MetricsExporter` on ``listen``, or None when ``listen`` is None.
+    The caller closes it.  A bad value or a port in use is a one-line click error."""
+    if listen is None:
+        return None
+    from activedb.metrics._exporter import MetricsExporter
+    from activedb.metrics.errors import MetricsError
+
+    exporter = MetricsExporter(database)
+    try:
+        exporter.start(listen)
+    except MetricsError as error:
+        raise click.ClickException(str(error)) from None
+    return exporter

@@ -1,0 +1,230 @@
+"""The Prometheus collector: reads the existing statistics and status queries at scrape time.
+
+Nothing here is called in a hot path.  Each scrape asks, through public interfaces only:
+
+* ``db.rules.statistics()`` — firings per rule and outcome;
+* ``db.transactions.locks.statistics()`` — lock waits, deadlocks, timeouts, transactions;
+* ``db.outbox.statistics()`` — detached firings pending, done, failed (PostgreSQL);
+* ``db.capture.status()`` — change capture's backlog per consumer and table (PostgreSQL);
+* ``activedb_dead_letters`` — dead letters not yet replayed, per reason (PostgreSQL);
+* every watched ingestion's ``statistics()`` and ``recent_outcomes()`` and every watched capture
+  consumer's ``statistics()`` (registered by whoever runs them, e.g. ``activedb run``).
+
+A source that fails (PostgreSQL unreachable) is skipped for that scrape and reported as
+``activedb_metrics_source_up{source=...} 0``; the others are still exported.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from activedb.metrics._latency import BatchLatency
+
+logger = logging.getLogger("activedb.metrics")
+
+DEAD_LETTERS = "activedb_dead_letters"
+REASON_LENGTH = 80          # a reason label is the reason's text before its first colon, cut to this length
+RULE_OUTCOMES = ("fired", "condition_false", "executed", "failed", "cancelled", "rerun_after_wait")
+
+
+class IngestionSource(Protocol):
+    """What an ingestion offers to be watched (the Spark bridge's sink has both)."""
+
+    def statistics(self) -> Any:
+        """A frozen snapshot with ``query_name``, ``batches``, ``batches_skipped``, ``rows``, ``events``,
+        ``dead_letters``, ``rule_firings`` (rule -> count), ``watermark_lag_seconds`` (or None)."""
+
+    def recent_outcomes(self) -> list[Any]:
+        """The last batches' outcomes, oldest first, each with ``seconds``."""
+
+
+class ConsumerSource(Protocol):
+    """What a capture consumer offers to be watched (``db.capture.consumer(...)``)."""
+
+    def statistics(self) -> Any:
+        """A frozen snapshot with ``name``, ``batches``, ``changes``, ``firings``, ``failed``,
+        ``lag_seconds`` (or None)."""
+
+
+def reason_label(reason: str) -> str:
+    """A dead letter's reason as a label of bounded variety: its text before the first colon."""
+    head = reason.split(":", 1)[0].strip() or "unknown"
+    return head[:REASON_LENGTH]
+
+
+class ActivedbCollector(Collector):
+    """The metric families of one :class:`~activedb.Database` and the sources watched on it.
+
+    Thread-safe: ``_mutex`` protects ``_ingestions`` and ``_consumers`` (the lists, not the sources,
+    which are thread-safe themselves); scrapes may run concurrently with ``watch_*``."""
+
+    def __init__(self, database: Any) -> None:
+        self.database = database
+        self._mutex = threading.Lock()
+        self._ingestions: list[tuple[IngestionSource, BatchLatency]] = []
+        self._consumers: list[ConsumerSource] = []
+
+    def watch_ingestion(self, source: IngestionSource) -> None:
+        with self._mutex:
+            self._ingestions.append((source, BatchLatency()))
+
+    def watch_consumer(self, consumer: ConsumerSource) -> None:
+        with self._mutex:
+            self._consumers.append(consumer)
+
+    def describe(self) -> list[Metric]:
+        return []       # families depend on what is watched: let the registry call collect() lazily
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("activedb_metrics_source_up",
+                               "1 if the last scrape could read this source, 0 if it failed (see the log)",
+                               labels=["source"])
+        for name, read in (("rules", self._rules), ("locks", self._locks), ("outbox", self._outbox),
+                           ("capture", self._capture), ("dead_letters", self._dead_letters),
+                           ("ingestion", self._ingestion), ("capture_consumers", self._capture_consumers)):
+            try:
+                families = list(read())
+            except Exception as error:          # a scrape must not fail because one source did
+                logger.warning("metrics: could not read %s: %s", name, error)
+                up.add_metric([name], 0)
+                continue
+            up.add_metric([name], 1)
+            yield from families
+        yield up
+
+    # --- the sources ---------------------------------------------------------------------------
+
+    def _rules(self) -> Iterator[Metric]:
+        statistics = self.database.rules.statistics()
+        firings = CounterMetricFamily("activedb_rule_firings", "Rule firings of this process, per rule and "
+                                      "outcome (fired: triggered; then condition_false, executed, failed, "
+                                      "cancelled, rerun_after_wait)", labels=["rule", "outcome"])
+        for rule, counters in sorted(statistics.per_rule.items()):
+            for outcome in RULE_OUTCOMES:
+                firings.add_metric([rule, outcome], getattr(counters, outcome))
+        yield firings
+        yield _gauge("activedb_rules", "Rules declared on this database object", statistics.rules)
+        yield _gauge("activedb_rules_enabled", "Rules enabled", statistics.enabled)
+
+    def _locks(self) -> Iterator[Metric]:
+        statistics = self.database.transactions.locks.statistics()
+        yield _counter("activedb_lock_waits", "Lock requests that had to wait", statistics.waits)
+        yield _counter("activedb_deadlocks", "Deadlock cycles resolved by choosing a victim", statistics.deadlocks)
+        yield _counter("activedb_lock_timeouts", "Lock requests that timed out", statistics.timeouts)
+        yield _gauge("activedb_lock_waiting", "Lock requests waiting now", statistics.waiting)
+        yield _gauge("activedb_locks", "Resources with a holder, retainer or waiter now", statistics.locks)
+        transactions = CounterMetricFamily("activedb_transactions", "Transactions (top-level and nested), "
+                                           "per event: begun, committed, aborted", labels=["event"])
+        for event in ("begun", "committed", "aborted"):
+            transactions.add_metric([event], getattr(statistics, event))
+        yield transactions
+
+    def _outbox(self) -> Iterator[Metric]:
+        statistics = self.database.outbox.statistics()
+        firings = GaugeMetricFamily("activedb_outbox_firings", "Detached rule firings in the outbox, per status",
+                                    labels=["status"])
+        for status in ("pending", "done", "failed"):
+            firings.add_metric([status], getattr(statistics, status))
+        yield firings
+
+    def _capture(self) -> Iterator[Metric]:
+        status = self.database.capture.status()
+        backlog = GaugeMetricFamily("activedb_capture_backlog_changes", "Captured changes waiting for a "
+                                    "consumer, per consumer and table (consumer \"\": retained, no consumer)",
+                                    labels=["consumer", "table"])
+        lag = GaugeMetricFamily("activedb_capture_lag_seconds", "Age of the oldest change waiting for the "
+                                "consumer (0: caught up)", labels=["consumer"])
+        if status.installed:
+            for consumer in status.consumers:
+                for table in consumer.tables:
+                    backlog.add_metric([consumer.name, table.table], table.changes)
+                lag.add_metric([consumer.name], consumer.lag_seconds or 0.0)
+            for table in status.unconsumed:
+                backlog.add_metric(["", table.table], table.changes)
+        yield backlog
+        yield lag
+
+    def _dead_letters(self) -> Iterator[Metric]:
+        import sqlalchemy as sa
+
+        letters = GaugeMetricFamily("activedb_dead_letters", "Dead letters not yet replayed, per reason (the "
+                                    "reason's text before its first colon)", labels=["reason"])
+        table = self.database.table(DEAD_LETTERS)
+        statement = (sa.select(table.c.reason, sa.func.count()).where(table.c.replayed_at.is_(None))
+                     .group_by(table.c.reason))
+        per_label: dict[str, int] = {}
+        with self.database.engine.connect() as connection:
+            for reason, count in connection.execute(statement):
+                label = reason_label(reason)
+                per_label[label] = per_label.get(label, 0) + count
+        for label, count in sorted(per_label.items()):
+            letters.add_metric([label], count)
+        yield letters
+
+    def _ingestion(self) -> Iterator[Metric]:
+        with self._mutex:
+            ingestions = list(self._ingestions)
+        families = {
+            "batches": CounterMetricFamily("activedb_ingest_batches", "Micro-batches committed", labels=["query"]),
+            "batches_skipped": CounterMetricFamily("activedb_ingest_batches_skipped", "Micro-batches the ledger "
+                                                   "already had (replayed by Spark, not applied again)",
+                                                   labels=["query"]),
+            "rows": CounterMetricFamily("activedb_ingest_rows", "Rows received", labels=["query"]),
+            "events": CounterMetricFamily("activedb_ingest_events", "Events applied", labels=["query"]),
+            "dead_letters": CounterMetricFamily("activedb_ingest_dead_letters", "Rows that went to the dead "
+                                                "letters", labels=["query"]),
+        }
+        firings = CounterMetricFamily("activedb_ingest_rule_firings", "Rule firings in committed batches",
+                                      labels=["query", "rule"])
+        lag = GaugeMetricFamily("activedb_ingest_watermark_lag_seconds", "Wall clock minus the stream's "
+                                "watermark", labels=["query"])
+        latency = HistogramMetricFamily("activedb_batch_seconds", "Seconds a micro-batch took in the sink",
+                                        labels=["query"])
+        for source, histogram in ingestions:
+            statistics = source.statistics()
+            histogram.absorb(source.recent_outcomes())
+            query = statistics.query_name
+            for field, family in families.items():
+                family.add_metric([query], getattr(statistics, field))
+            for rule, count in sorted(statistics.rule_firings.items()):
+                firings.add_metric([query, rule], count)
+            if statistics.watermark_lag_seconds is not None:
+                lag.add_metric([query], statistics.watermark_lag_seconds)
+            buckets, total = histogram.snapshot()
+            latency.add_metric([query], buckets, total)
+        yield from families.values()
+        yield from (firings, lag, latency)
+
+    def _capture_consumers(self) -> Iterator[Metric]:
+        with self._mutex:
+            consumers = list(self._consumers)
+        families = {
+            field: CounterMetricFamily(f"activedb_capture_consumer_{field}", f"Capture consumer's {text}",
+                                       labels=["consumer"])
+            for field, text in (("batches", "batches committed"), ("changes", "changes handled"),
+                                ("firings", "rule firings"), ("failed", "changes kept as dead letters"))
+        }
+        lag = GaugeMetricFamily("activedb_capture_consumer_lag_seconds", "Age of the oldest change of the "
+                                "consumer's last batch when it was read", labels=["consumer"])
+        for consumer in consumers:
+            statistics = consumer.statistics()
+            for field, family in families.items():
+                family.add_metric([statistics.name], getattr(statistics, field))
+            if statistics.lag_seconds is not None:
+                lag.add_metric([statistics.name], statistics.lag_seconds)
+        yield from families.values()
+        yield lag
+
+
+def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, documentation, value=value)
+
+
+def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, documentation, value=value)

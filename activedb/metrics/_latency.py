@@ -1,0 +1,61 @@
+"""The batch latency histogram, filled from a source's recent batches at scrape time.
+
+An ingestion keeps its last batches' outcomes (``recent_outcomes()``, oldest first, each with its
+``seconds``).  A :class:`BatchLatency` remembers the last outcome it counted and, when asked, counts the
+ones after it: no call in the batch path, and every batch counted once.  If more batches finished
+between two scrapes than the source keeps (a hundred for the Spark bridge's sink), the oldest of them are
+not in the histogram; the batch and event counters stay exact either way.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+#: Upper bounds (seconds) of the histogram's buckets; ``+Inf`` is implied.
+BUCKETS: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class BatchLatency:
+    """Cumulative histogram of batch seconds.  Thread-safe: ``_mutex`` protects every field below it."""
+
+    def __init__(self, buckets: Sequence[float] = BUCKETS) -> None:
+        self.buckets = tuple(sorted(buckets))
+        self._mutex = threading.Lock()
+        self._counts = [0] * (len(self.buckets) + 1)    # per bucket, not cumulative; the last is +Inf
+        self._sum = 0.0
+        # Invariant: _last is the newest outcome counted (kept alive, so ``is`` never matches a newcomer).
+        self._last: Any = None
+
+    def absorb(self, outcomes: Sequence[Any]) -> int:
+        """Count the outcomes after the last one counted (``outcomes`` oldest first); returns how many."""
+        with self._mutex:
+            start = 0
+            for index in range(len(outcomes) - 1, -1, -1):
+                if outcomes[index] is self._last:
+                    start = index + 1
+                    break
+            fresh = outcomes[start:]
+            for outcome in fresh:
+                seconds = float(outcome.seconds)
+                self._counts[bisect.bisect_left(self.buckets, seconds)] += 1
+                self._sum += seconds
+            if fresh:
+                self._last = fresh[-1]
+            return len(fresh)
+
+    def snapshot(self) -> tuple[list[tuple[str, int]], float]:
+        """``([(upper bound, cumulative count), ...], sum)`` in the Prometheus client's bucket format."""
+        with self._mutex:
+            counts, total = list(self._counts), self._sum
+        cumulative, running = [], 0
+        for bound, count in zip([*map(_bound, self.buckets), "+Inf"], counts):
+            running += count
+            cumulative.append((bound, running))
+        return cumulative, total
+
+
+def _bound(value: float) -> str:
+    return repr(float(value))

@@ -1,0 +1,37 @@
+"""``composite.plot``'s time axis: long empty stretches are compressed by a monotone map, so millisecond
+intervals in a window of seconds are drawn wide enough to see, and order and overlap are kept."""
+
+from __future__ import annotations
+
+import itertools
+
+from click.testing import CliRunner
+
+from activedb.cli import main
+from activedb.composite._plot import _TimeAxis
+
+
+def test_the_map_is_monotone_and_keeps_overlap():
+    intervals = [(0, 10), (5, 15), (1000, 1010), (1004, 1012), (2500, 2510)]
+    axis = _TimeAxis([end for interval in intervals for end in interval], [high - low for low, high in intervals])
+    samples = sorted({value for low, high in intervals for value in (low, high, (low + high) / 2)} | {500, 1800})
+    drawn = [axis(value) for value in samples]
+    assert drawn == sorted(drawn) and len(set(drawn)) == len(drawn)
+    for (low, high), (other_low, other_high) in itertools.combinations(intervals, 2):
+        overlaps = low <= other_high and other_low <= high
+        assert overlaps == (axis(low) <= axis(other_high) and axis(other_low) <= axis(high))
+    assert len(axis.breaks) == 2
+    span = axis(2510) - axis(0)
+    assert all((axis(high) - axis(low)) / span > 0.05 for low, high in intervals)     # no slivers
+
+
+def test_an_axis_without_long_gaps_is_not_compressed():
+    axis = _TimeAxis([0, 40, 60, 100, 130, 170], [40, 40, 40])
+    assert axis.breaks == [] and [axis(value) - axis(0) for value in (0, 60, 170)] == [0, 60, 170]
+
+
+def test_the_fig3_scenario_draws(tmp_path):
+    out = tmp_path / "fig3.png"
+    result = CliRunner().invoke(main, ["composite", "plot", "--scenario", "fig3", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,173 @@
+"""The Prometheus endpoint (``activedb/metrics``) on real PostgreSQL: a scrape over HTTP returns the rule
+firings per rule and outcome, lock waits and deadlocks, dead letters per reason, the outbox and capture
+numbers, read at scrape time from the public statistics; a failing source is reported, not fatal."""
+
+from __future__ import annotations
+
+import threading
+import urllib.request
+
+import pytest
+import sqlalchemy as sa
+from prometheus_client.parser import text_string_to_metric_families
+
+import activedb
+from activedb.metrics import BatchLatency, MetricsError, MetricsExporter, parse_listen, reason_label
+from activedb.testing import Watchdog, wait_until
+from tests.conftest import APP_MIGRATIONS
+
+TIMEOUT = 60
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    """``{(sample name, sorted labels): value}`` of a scrape."""
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def scrape(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=TIMEOUT) as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/plain")
+        return response.read().decode()
+
+
+def deadlock(database) -> int:
+    """Two transactions that each hold a row the other wants: one is the victim.  Returns the victims."""
+    caught: list[BaseException] = []
+    barrier = threading.Barrier(2, timeout=TIMEOUT)
+
+    def one(mine: str, theirs: str, closes: bool) -> None:
+        try:
+            with database.transaction() as tx:
+                tx.write("items", mine, value=1)
+                barrier.wait()
+                if closes:
+                    wait_until(lambda: database.transactions.locks.statistics().waiting == 1, TIMEOUT,
+                               "the other transaction never waited")
+                tx.write("items", theirs, value=1)
+        except activedb.Deadlock as error:
+            caught.append(error)
+
+    with Watchdog(TIMEOUT, database.transactions.locks):
+        threads = [threading.Thread(target=one, args=("a", "b", False)),
+                   threading.Thread(target=one, args=("b", "a", True))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(TIMEOUT)
+    return len(caught)
+
+
+@pytest.fixture
+def database(database_url):
+    database = activedb.connect(database_url)
+    database.upgrade_app(APP_MIGRATIONS)
+    with database.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE items, events_seen, activedb_dead_letters, activedb_outbox "
+                                   "RESTART IDENTITY"))
+    yield database
+    database.close()
+
+
+def test_a_scrape_returns_rules_locks_dead_letters_outbox_and_capture(database):
+    @database.rule(on=database.signalled("go"), name="positive")
+    def positive(tx, event):
+        if event.payload["n"] < 0:
+            raise ValueError("negative")
+        tx.insert("events_seen", rule="positive", detail=str(event.payload["n"]))
+
+    @database.rule(on=database.signalled("go"), coupling=activedb.Coupling.DETACHED, name="later")
+    def later(tx, event):
+        tx.insert("events_seen", rule="later", detail=str(event.payload["n"]))
+
+    with database.transaction() as tx:
+        for number in (1, 2, -1):
+            try:
+                with tx.subtransaction() as child:
+                    child.signal("go", n=number)
+            except activedb.RuleFailed:
+                pass
+    database.rules.wait_idle(TIMEOUT)                # the detached firings ran (through the outbox)
+    assert deadlock(database) == 1
+    with database.engine.begin() as connection:
+        connection.execute(sa.text(
+            "INSERT INTO activedb_dead_letters (query_id, batch_id, reason, raw) VALUES "
+            "('q@1', 0, 'late: ts 2024-05-01 is older than the watermark', '{}'), "
+            "('q@1', 0, 'late: ts 2024-05-02 is older than the watermark', '{}'), "
+            "('q@1', 1, 'rejected by rule ''positive'': negative', '{}')"))
+
+    with MetricsExporter(database) as exporter:
+        url = exporter.start("127.0.0.1:0")
+        assert url == f"http://127.0.0.1:{exporter.port}/metrics" and exporter.port > 0
+        values = samples(scrape(url))
+
+    assert values[("activedb_rule_firings_total", (("outcome", "fired"), ("rule", "positive")))] == 3
+    assert values[("activedb_rule_firings_total", (("outcome", "executed"), ("rule", "positive")))] == 2
+    assert values[("activedb_rule_firings_total", (("outcome", "failed"), ("rule", "positive")))] == 1
+    assert values[("activedb_lock_waits_total", ())] >= 1
+    assert values[("activedb_deadlocks_total", ())] == 1
+    assert values[("activedb_transactions_total", (("event", "aborted"),))] >= 2
+    assert values[("activedb_dead_letters", (("reason", "late"),))] == 2
+    assert values[("activedb_dead_letters", (("reason", "rejected by rule 'positive'"),))] == 1
+    assert values[("activedb_outbox_firings", (("status", "done"),))] == 3     # detached: also the aborted trigger
+    assert values[("activedb_outbox_firings", (("status", "failed"),))] == 0
+    assert ("activedb_outbox_firings", (("status", "pending"),)) in values
+    assert all(values[("activedb_metrics_source_up", (("source", source),))] == 1
+               for source in ("rules", "locks", "outbox", "capture", "dead_letters", "ingestion"))
+
+
+def test_capture_backlog_is_exported_per_table(database):
+    database.capture("items")
+    try:
+        with database.engine.begin() as connection:          # another program's writes
+            connection.execute(sa.text("INSERT INTO items (key, value) VALUES ('x', 1), ('y', 1), ('z', 1)"))
+        values = samples(MetricsExporter(database).scrape())
+        assert values[("activedb_capture_backlog_changes", (("consumer", ""), ("table", "items")))] == 3
+    finally:
+        database.capture.remove("items")
+
+
+def test_a_source_that_fails_is_reported_and_the_others_still_export(database):
+    class Broken:
+        def statistics(self):
+            raise RuntimeError("the source is gone")
+
+    exporter = MetricsExporter(database)
+    exporter.watch_consumer(Broken())
+    values = samples(exporter.scrape())
+    assert values[("activedb_metrics_source_up", (("source", "capture_consumers"),))] == 0
+    assert values[("activedb_metrics_source_up", (("source", "rules"),))] == 1
+
+
+def test_the_histogram_counts_each_batch_once_across_scrapes():
+    class Outcome:
+        def __init__(self, seconds: float) -> None:
+            self.seconds = seconds
+
+    histogram = BatchLatency(buckets=(0.1, 1.0))
+    recent = [Outcome(0.05), Outcome(0.5)]
+    assert histogram.absorb(recent) == 2
+    assert histogram.absorb(recent) == 0              # nothing new
+    recent = recent[1:] + [Outcome(3.0)]              # the source dropped its oldest
+    assert histogram.absorb(recent) == 1
+    assert histogram.snapshot() == ([("0.1", 1), ("1.0", 2), ("+Inf", 3)], pytest.approx(3.55))
+
+
+def test_listen_forms_and_their_errors():
+    assert parse_listen("9464") == ("127.0.0.1", 9464)
+    assert parse_listen(0) == ("127.0.0.1", 0)
+    assert parse_listen("0.0.0.0:9464") == ("0.0.0.0", 9464)
+    assert parse_listen("[::1]:9464") == ("::1", 9464)
+    for bad in ("", "port", "70000", "host:-1"):
+        with pytest.raises(MetricsError, match="give a port"):
+            parse_listen(bad)
+    assert reason_label("late: ts 1 is older") == "late"
+    assert reason_label("") == "unknown"
+
+
+def test_a_port_in_use_says_what_to_do(database):
+    with MetricsExporter(database) as first:
+        first.start("127.0.0.1:0")
+        with pytest.raises(MetricsError, match="choose another --metrics-port"):
+            MetricsExporter(database).start(f"127.0.0.1:{first.port}")

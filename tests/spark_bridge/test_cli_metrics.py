@@ -1,0 +1,74 @@
+"""``activedb run --metrics-port``: a Prometheus scrape during a real run (Spark ``local[2]``, a file source,
+PostgreSQL) returns the metric families an operator watches, with the run's numbers in them."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner
+
+import spark_bridge
+from activedb.cli import main
+from tests.metrics._served import ServingProcess, scrape, total
+from tests.spark_bridge._streams import APP_FILE, app_database, counter_workload, write_files
+
+TIMEOUT_SECONDS = 180
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_scrape_during_a_run_returns_the_families_with_the_runs_numbers(tmp_path, make_database_url):
+    write_files(tmp_path / "in", counter_workload(files=3, rows_per_file=30, seed=41).batches)
+    url = make_database_url("metrics")
+    database = app_database(url)
+    database.capture("items")                   # another program's writes wait for a consumer: a backlog
+    with database.engine.begin() as connection:
+        connection.execute(sa.text("INSERT INTO items (key, value) VALUES ('x', 1), ('y', 2)"))
+    command = [sys.executable, "-m", "activedb.cli", "--url", url, "run", APP_FILE,
+               "--source", f"file:{tmp_path / 'in'}", "--checkpoint", str(tmp_path / "checkpoint"),
+               "--query-name", "metered", "--max-files-per-trigger", "1", "--metrics-port", "127.0.0.1:0"]
+    try:
+        with ServingProcess(command, tmp_path / "run.out",
+                            {"COLUMNS": "200", "ACTIVEDB_HOME": str(tmp_path / "home")}) as served:
+            endpoint = served.endpoint(TIMEOUT_SECONDS)
+            served.wait_for(lambda: [status.batches for status in spark_bridge.ingestion_status(database, "metered")]
+                            == [3], "three committed batches", TIMEOUT_SECONDS)
+            # the sink counts a batch after its commit: wait for the scrape to show the third
+            families = served.wait_for(
+                lambda: (lambda families: families if total(families, "activedb_ingest_batches", query="metered") == 3
+                         else None)(scrape(endpoint)), "the scrape to show three batches", TIMEOUT_SECONDS)
+
+            [status] = spark_bridge.ingestion_status(database, "metered")
+            assert total(families, "activedb_ingest_events", query="metered") == status.events > 0
+            assert total(families, "activedb_ingest_dead_letters", query="metered") == status.dead_letters > 0
+            for rule, count in status.rule_firings.items():
+                assert total(families, "activedb_ingest_rule_firings", query="metered", rule=rule) == count
+            assert total(families, "activedb_rule_firings", rule="apply_add", outcome="executed") > 0
+            assert total(families, "activedb_rule_firings", rule="apply_add", outcome="failed") > 0
+            assert total(families, "activedb_dead_letters") == status.dead_letters
+            assert len({sample.labels["reason"] for sample in families["activedb_dead_letters"]}) >= 2
+            assert total(families, "activedb_capture_backlog_changes", consumer="", table="items") == 2
+            [count] = [sample.value for sample in families["activedb_batch_seconds"]
+                       if sample.name == "activedb_batch_seconds_count"]
+            assert count == 3
+            assert total(families, "activedb_transactions", event="committed") > 0
+            for family in ("activedb_lock_waits", "activedb_deadlocks", "activedb_outbox_firings"):
+                assert family in families, family      # present (this workload has no lock contention: 0)
+            assert all(sample.value == 1 for sample in families["activedb_metrics_source_up"])
+            served.interrupt(TIMEOUT_SECONDS)
+    finally:
+        database.capture.remove("items")
+        database.close()
+
+
+def test_a_bad_metrics_port_is_one_line_before_spark_starts(tmp_path, database_url):
+    runner = CliRunner()
+    for value, message in (("nonsense", "give a port (e.g. 9464) or ADDRESS:PORT"),
+                           ("203.0.113.7:9464", "cannot serve metrics on 203.0.113.7:9464")):
+        result = runner.invoke(main, ["--url", database_url, "--home", str(tmp_path / "home"), "run", APP_FILE,
+                                      "--source", f"file:{tmp_path}", "--metrics-port", value])
+        assert result.exit_code == 1, result.output
+        assert message in result.output and "Traceback" not in result.output
+        assert "starting Spark" not in result.output

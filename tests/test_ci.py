@@ -1,0 +1,27 @@
+"""``.ci/run`` runs what the README says: its test command verbatim, then the ``server`` part of the suite
+against the distribution's PostgreSQL (and the list of that part names files that exist)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tests.conftest import SERVER_SUITE
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_ci_runs_the_readme_test_command_then_the_server_part():
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)\n```", readme, re.S)
+    test_command = next(block for block in blocks if "pytest" in block)
+    commands = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
+                if line.strip() and not line.startswith("#") and not line.startswith(("set ", "cd "))]
+    assert commands[0] == test_command
+    assert commands[1] == ".ci/with-distribution-postgres .venv/bin/python -m pytest -m server"
+    assert commands[1] in " ".join(readme.split())
+
+
+def test_the_server_part_names_existing_tests():
+    for entry in SERVER_SUITE:
+        assert (ROOT / "tests" / entry).exists(), entry
