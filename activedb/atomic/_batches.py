@@ -16,7 +16,8 @@ from activedb.atomic._lineage import BatchRef, ConsumedBatches, RuleNotes, UndoK
 from activedb.atomic.errors import LineageError, UnknownBatch
 
 if TYPE_CHECKING:  # pragma: no cover
-    from activedb import Database, Transaction
+    from activedb._handle import DatabaseHandle as Database
+    from activedb.txn import Transaction
 
 
 class SplitFailure(enum.Enum):

@@ -41,7 +41,7 @@ from activedb.store import jsonable
 from activedb.atomic.errors import LineageError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from activedb import Transaction
+    from activedb.txn import Transaction
     from activedb.atomic._batches import Batches
 
 

@@ -23,7 +23,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 
-from activedb.bench.progress import Progress
+from activedb.progress import Progress
 from activedb.bench.report import BenchReport, Row, Series
 from activedb.bench._setup import connect
 

@@ -27,7 +27,7 @@ import statistics
 import time
 
 from activedb import Coupling, Event
-from activedb.bench.progress import Progress
+from activedb.progress import Progress
 from activedb.bench.report import BenchReport, Row
 from activedb.bench._setup import connect
 

@@ -65,7 +65,7 @@ from activedb.txn import CommitParticipant
 if TYPE_CHECKING:  # pragma: no cover
     import psycopg
 
-    from activedb._database import Database
+    from activedb._handle import DatabaseHandle as Database
     from activedb.txn import Transaction
 
 logger = logging.getLogger("activedb.capture")
