@@ -1,0 +1,7 @@
+"""``python -m activedb.cli``: the ``activedb`` command."""
+
+import sys
+
+from activedb.cli import main
+
+sys.exit(main())
