@@ -6,30 +6,8 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-import activedb
 from activedb import streams
-from tests.conftest import APP_MIGRATIONS
-
-# Active CEP §3.1, as printed (line breaks as in the paper's listing).
-Q1_R1 = """\
-CREATE QUERY Q1 ON estream
-PATTERN SEQ(EXIT, !SANITIZE, ENTER)
-WHERE [HCW-ID] AND
-EXIT.location != ENTER.location AND
-'safe'=(SELECT status FROM workerStatus
-WHERE workerID=ENTER.HCW-ID)
-WITHIN 45 sec
-RETURN ENTER.HCW-ID, ENTER.location
-
-CREATE RULE R1
-ON OUTPUT Q1
-REFERENCING NEW AS newEvent
-FOR EACH EVENT
-BEGIN
-UPDATE workerStatus SET status = 'warning'
-WHERE workerID = newEvent.HCW-ID
-END
-"""
+from activedb.examples.hand_hygiene.queries import Q1_R1  # Active CEP §3.1, as printed (the app owns it)
 
 # Active CEP §2 gives Q2's pattern and condition only: SEQ(MASK, EXIT) within 5 s for a worker in
 # "warning" when his EXIT occurs.  Its output is not used by any rule in Examples 1–3.
@@ -42,14 +20,6 @@ RETURN EXIT.HCW-ID
 """
 
 BADGE_TYPES = ("EXIT", "SANITIZE", "ENTER", "MASK")
-
-
-@pytest.fixture(scope="module")
-def db(database_url):
-    database = activedb.connect(database_url)
-    database.upgrade_app(APP_MIGRATIONS)
-    yield database
-    database.close()
 
 
 @pytest.fixture(autouse=True)
