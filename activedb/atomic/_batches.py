@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import enum
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable
 
 import sqlalchemy as sa
 
@@ -264,7 +264,3 @@ class Batches:
                 "SELECT count(*) AS transactions, count(compensates) AS compensations, min(recorded_at) AS oldest "
                 "FROM activedb_lineage")).one()
         return {"transactions": row.transactions, "compensations": row.compensations, "oldest": row.oldest}
-
-
-def batch_refs(values: Iterable[Any]) -> list[BatchRef]:
-    return [_ref(value) for value in values]

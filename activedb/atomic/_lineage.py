@@ -81,10 +81,6 @@ class LineageRecord:
     # was enlisted in aborted before delegating it).
     writer: "LineageWriter | None" = None
 
-    def is_empty(self) -> bool:
-        return not (self.consumed or self.produced or self.parents or self.compensates or self.notes
-                    or self.undo_keys)
-
 
 def record_of(transaction: "Transaction") -> LineageRecord:
     """The lineage record of ``transaction``'s tree, with its writer enlisted (on the root while the root

@@ -781,13 +781,11 @@ class CaptureConsumer:
         for _ in range(FIRING_ATTEMPTS):
             try:
                 (fired,) = self._database.rules.fire(transaction, [firing])
+                if not isinstance(fired.error, _TRANSIENT):
+                    return fired
+                transient = fired.error
             except _TRANSIENT as error:
                 transient = error
-                continue
-            if isinstance(fired.error, _TRANSIENT):
-                transient = fired.error
-                continue
-            return fired
         raise _RetryBatch(f"rule {firing.rule.name!r} kept failing on {firing.event.describe()}: {transient!r}")
 
     def _give_up(self, start: Position, entry, error: DatabaseError) -> int:

@@ -283,12 +283,10 @@ class RuleManager(TransactionExtension):
         return self._execute(transaction, firing)
 
     def fire(self, transaction: Transaction, firings: list[Firing], *, shared: bool = False) -> list[Fired]:
-        """Run ``firings``, in order, in ``transaction`` and tell each one's :class:`FiringOutcome` — for a
-        caller that plans its own firings (the capture consumer).  Each runs as :meth:`execute` does, in a
-        subtransaction of its own, where a rule that raises is FAILED and the others go on; with ``shared``
-        all run in ``transaction`` itself, and the first that raises propagates (nothing of the others is
-        then kept: the caller runs them again one by one).  An error of the transaction itself (a deadlock,
-        a serialization conflict) propagates either way."""
+        """Run ``firings`` (planned by the caller: the capture consumer) in order, each as :meth:`execute` does
+        in a subtransaction of its own, and tell each one's :class:`FiringOutcome` (a rule that raises is
+        FAILED, the others go on); ``shared``: all in ``transaction`` itself, the first error propagates.
+        An error of the transaction itself (deadlock, serialization conflict) propagates either way."""
         if shared:
             return [Fired(FiringOutcome.EXECUTED if self._execute(transaction, firing)
                           else FiringOutcome.CONDITION_FALSE) for firing in firings]
