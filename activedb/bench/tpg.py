@@ -380,14 +380,11 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
                             f"model chose {chosen.strategy} ({auto_rate:,.0f} txn/s)")
 
     # 2. End to end through PostgreSQL: every path on the same rows, interleaved, best of `repeat`.
-    database = bench_connect(rule_execution="inline")
-    try:
+    with bench_connect(rule_execution="inline") as database:
         for event_type, rule in NESTED_RULES.items():
             database.rule(on=database.stream(event_type), name=f"bench_tpg_{event_type}")(rule)
         for name, cost in (("sl", 0.0), ("sl", 10.0), ("tp", 0.0), ("gs", 0.0)):
             _end_to_end(report, database, name, cost, size, repeat)
-    finally:
-        database.close()
 
     # 3. Processes: a batch that splits (8 disjoint key groups), C = 10 us.
     workload = workloads.Workload(batch=size * 2, partitions=8)

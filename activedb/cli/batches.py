@@ -38,8 +38,7 @@ def batches_group() -> None:
 @click.pass_context
 def show(ctx: click.Context, query: str, batch: str, png: str | None, as_json: bool, max_rounds: int) -> None:
     """The composite transaction of batch (QUERY, BATCH), its scover and independent scover."""
-    db = open_database(ctx, writes=False)
-    try:
+    with open_database(ctx, writes=False) as db:
         graph, cover = db.batches.graph((query, batch), max_rounds=max_rounds)
         scover = db.batches.scover((query, batch))
         if as_json:
@@ -62,8 +61,6 @@ def show(ctx: click.Context, query: str, batch: str, png: str | None, as_json: b
         if png:
             draw(graph, f"{query}/{batch}", png)
             click.echo(f"picture: {png}", err=True)
-    finally:
-        db.close()
 
 
 def render_tree(graph, title: str) -> str:
@@ -141,8 +138,7 @@ def draw(graph, title: str, path: str) -> None:
 def compensate(ctx: click.Context, query: str, batch: str, mode: str, scope: str, dry_run: bool,
                allow_unsafe: bool, app: str | None, max_rounds: int, as_json: bool) -> None:
     """Compensate source batch (QUERY, BATCH) — or, with --dry-run, say what that would do."""
-    db = open_database(ctx, writes=not dry_run)
-    try:
+    with open_database(ctx, writes=not dry_run) as db:
         if app:
             load_app(app).register(db)
         report = db.batches.compensate((query, batch), mode=mode, scope=scope, dry_run=dry_run,
@@ -172,8 +168,6 @@ def compensate(ctx: click.Context, query: str, batch: str, mode: str, scope: str
         cover = described["independent_scover"]
         if cover is not None and cover["cut_at_bound"]:
             click.echo(f"independent scover cut at the {cover['cut_at_bound']} bound after {cover['rounds']} rounds")
-    finally:
-        db.close()
 
 
 @batches_group.command("prune")
@@ -181,11 +175,8 @@ def compensate(ctx: click.Context, query: str, batch: str, mode: str, scope: str
 @click.pass_context
 def prune(ctx: click.Context, older_than: float) -> None:
     """Forget lineage recorded more than --older-than seconds ago."""
-    db = open_database(ctx, writes=True)
-    try:
+    with open_database(ctx, writes=True) as db:
         click.echo(f"forgot {db.batches.prune(older_than=older_than)} transaction(s)")
-    finally:
-        db.close()
 
 
 def register_commands(main_group: click.Group) -> None:

@@ -73,11 +73,8 @@ def capture_group() -> None:
 @click.pass_context
 def status_command(ctx: click.Context, as_json: bool, behind_changes: int, behind_seconds: float) -> None:
     """Captured tables and the backlog per consumer and table."""
-    database = _connect(ctx)
-    try:
+    with _connect(ctx) as database:
         status = database.capture.status(behind_changes=behind_changes, behind_seconds=behind_seconds)
-    finally:
-        database.close()
     if as_json:
         document = dataclasses.asdict(status)
         document["warnings"] = status.warnings()
@@ -129,13 +126,10 @@ def status_command(ctx: click.Context, as_json: bool, behind_changes: int, behin
 @click.pass_context
 def enable_command(ctx: click.Context, tables: tuple[str, ...]) -> None:
     """Capture TABLES (better: enable_capture(op, table) in the application's migration)."""
-    database = _connect(ctx)
-    try:
+    with _connect(ctx) as database:
         for table in tables:
             database.capture(table)
             click.echo(f"capturing {table}")
-    finally:
-        database.close()
 
 
 @capture_group.command("disable")
@@ -143,13 +137,10 @@ def enable_command(ctx: click.Context, tables: tuple[str, ...]) -> None:
 @click.pass_context
 def disable_command(ctx: click.Context, tables: tuple[str, ...]) -> None:
     """Stop capturing TABLES (their changes not yet consumed are dropped)."""
-    database = _connect(ctx)
-    try:
+    with _connect(ctx) as database:
         for table in tables:
             database.capture.remove(table)
             click.echo(f"no longer capturing {table}")
-    finally:
-        database.close()
 
 
 @capture_group.command("consume")
@@ -165,8 +156,7 @@ def consume_command(ctx: click.Context, app: str, name: str, batch_size: int, re
                     until_caught_up: bool, lead_timeout: float) -> None:
     """Run APP's rules on captured changes, exactly once, in commit order."""
     module = load_app(app)
-    database = _connect(ctx)
-    try:
+    with _connect(ctx) as database:
         migrations = getattr(module, "MIGRATIONS", None)
         if migrations:
             database.upgrade_app(migrations)
@@ -190,8 +180,6 @@ def consume_command(ctx: click.Context, app: str, name: str, batch_size: int, re
         statistics = consumer.statistics()
         click.echo(f"capture consumer {name!r}: {statistics.changes:,} changes in {statistics.batches:,} batches, "
                    f"{statistics.firings:,} firings, {statistics.failed:,} failed; at {statistics.position}")
-    finally:
-        database.close()
 
 
 def register_commands(main_group: click.Group) -> None:
