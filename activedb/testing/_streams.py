@@ -1,0 +1,136 @@
+"""Active CEP's Definition 6 on a recorded stream history (``check_stream_history``)."""
+
+from __future__ import annotations
+
+import bisect
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+
+class StreamAnomaly(enum.Enum):
+    """Active CEP §2's anomalies.
+
+    * ``READ_TOO_LATE`` (Example 2; Def. 6 (3)): a Read saw a Write that comes *after* it in
+      the declared order (a larger timestamp, or an equal one declared later) — the Read
+      ran too late;
+    * ``WRITE_TOO_LATE`` (Example 3; Def. 6 (1)): a Read did not see a Write that comes
+      before it in the declared order — the Write ran too late; or (Def. 6 (2)) two Writes
+      of one row ran against their declared order;
+    * ``DIRTY_READ``: a Read saw a Write of aborted work (outside Def. 6, never correct).
+    """
+
+    READ_TOO_LATE = "read-too-late"
+    WRITE_TOO_LATE = "write-too-late"
+    DIRTY_READ = "dirty read"
+
+
+@dataclass(frozen=True)
+class StreamViolation:
+    """One violation of Definition 6 with the operations involved.
+
+    ``read``: the Read (None for two Writes out of order); ``write``: the Write the
+    violation is about (seen too early, or missed); ``seen``: the Write whose value the
+    Read actually saw (None: the value from before the history), or, for two Writes, the
+    Write that ran first although declared later."""
+
+    kind: StreamAnomaly
+    clause: str
+    read: Any
+    write: Any
+    seen: Any
+    message: str
+
+
+@dataclass
+class StreamHistoryReport:
+    violations: list[StreamViolation] = field(default_factory=list)
+    reads: int = 0
+    writes: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def of_kind(self, kind: StreamAnomaly) -> list[StreamViolation]:
+        return [violation for violation in self.violations if violation.kind is kind]
+
+    def assert_ok(self) -> None:
+        if self.violations:
+            shown = "\n  ".join(violation.message for violation in self.violations[:20])
+            raise AssertionError(f"{len(self.violations)} Definition 6 violation(s):\n  {shown}")
+
+
+def check_stream_history(ops: Iterable[Any]) -> StreamHistoryReport:
+    """Check Active CEP Definition 6 on a recorded stream history.
+
+    Only operations of committed units count.  The declared order of operations is their
+    ``order`` — timestamp order, with equal timestamps ordered as the application
+    declared (Def. 6 (4)).  The check is on the *values* read (a Read must see exactly the
+    latest Write before it in the declared order: case (1) and, semantically, case (3) —
+    a multi-version store may let a Read run after a later Write if it reads the older
+    version) and on the system-time order of the Writes of each row (case (2)).
+    """
+    ops = sorted(ops, key=lambda op: op.sequence)
+    ended = {op.unit: op.operation for op in ops if op.kind == "end"}
+    committed = [op for op in ops if op.kind in ("read", "write") and ended.get(op.unit) == "committed"]
+    aborted_writes = {op.sequence: op for op in ops if op.kind == "write" and ended.get(op.unit) != "committed"}
+    report = StreamHistoryReport()
+    writes_by_row: dict[tuple, list] = {}
+    by_sequence = {}
+    for op in committed:
+        if op.kind == "write":
+            writes_by_row.setdefault((op.table, op.key), []).append(op)
+            by_sequence[op.sequence] = op
+            report.writes += 1
+        else:
+            report.reads += 1
+    orders: dict[tuple, list] = {}
+    for row, writes in writes_by_row.items():
+        writes.sort(key=lambda op: op.order)
+        orders[row] = [op.order for op in writes]
+
+    def check_read(read, row, seen_sequence) -> None:
+        writes = writes_by_row.get(row, [])
+        index = bisect.bisect_left(orders.get(row, []), read.order)
+        expected = writes[index - 1] if index else None
+        if seen_sequence is not None and seen_sequence not in by_sequence:
+            dirty = aborted_writes.get(seen_sequence)
+            report.violations.append(StreamViolation(
+                StreamAnomaly.DIRTY_READ, "-", read, dirty, dirty,
+                f"dirty read: {read.describe()} saw #{seen_sequence}, a write of aborted work"))
+            return
+        seen = by_sequence.get(seen_sequence) if seen_sequence is not None else None
+        if seen is not None and seen.order > read.order:
+            report.violations.append(StreamViolation(
+                StreamAnomaly.READ_TOO_LATE, "(3)", read, seen, seen,
+                f"read-too-late: {read.describe()} saw {seen.describe()}, whose timestamp comes after the read's "
+                f"(Def. 6 (3): the read must precede that write; it ran after it)"))
+        elif expected is not None and (seen is None or seen.order < expected.order):
+            what = seen.describe() if seen is not None else "the value from before the history"
+            report.violations.append(StreamViolation(
+                StreamAnomaly.WRITE_TOO_LATE, "(1)", read, expected, seen,
+                f"write-too-late: {read.describe()} should have seen {expected.describe()} but saw {what} "
+                f"(Def. 6 (1): the write must precede the read; it ran after it)"))
+
+    for op in committed:
+        if op.kind != "read":
+            continue
+        if op.key is not None:
+            check_read(op, (op.table, op.key), op.read_from)
+        else:
+            seen_by_key = op.read_from or {}
+            for row in writes_by_row:
+                if row[0] == op.table:
+                    check_read(op, row, seen_by_key.get(row[1]))
+    for row, writes in writes_by_row.items():
+        latest = None
+        for write in writes:
+            if latest is not None and write.sequence < latest.sequence:
+                report.violations.append(StreamViolation(
+                    StreamAnomaly.WRITE_TOO_LATE, "(2)", None, latest, write,
+                    f"write-too-late: {latest.describe()} ran after {write.describe()}, whose timestamp is later "
+                    f"(Def. 6 (2): writes run in timestamp order)"))
+            if latest is None or write.sequence > latest.sequence:
+                latest = write
+    return report
