@@ -9,11 +9,13 @@ if TYPE_CHECKING:  # pragma: no cover
     import sqlalchemy as sa
 
     from activedb.rules import RuleManager
+    from activedb.store import Catalog
     from activedb.txn import CommitParticipant, Observer, ReadBase, Transaction, TransactionManager
 
 
 class DatabaseHandle(Protocol):
     engine: sa.Engine
+    catalog: Catalog
     transactions: TransactionManager
     rules: RuleManager
 

@@ -119,7 +119,7 @@ class Batches:
             with self._mutex:
                 self._rule_actions[rule_name] = function
                 if self._rule_observer is None:
-                    self._rule_observer = self.db.observe(RuleNotes(self))
+                    self._rule_observer = self.db.observe(RuleNotes(self.has_rule_compensation))
             return function
         return register
 
