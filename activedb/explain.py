@@ -60,7 +60,7 @@ from activedb.txn import Observer
 if TYPE_CHECKING:  # pragma: no cover
     from lockmgr import LockTableSnapshot
 
-    from activedb._database import Database
+    from activedb._handle import DatabaseHandle as Database
 
 __all__ = ["Explanation", "ExplainNode", "ExplainEdge", "HeldLock", "explain", "from_snapshot",
            "find_deadlock", "serve_on_signal", "DeadlockExplainer", "EDGE_KINDS", "PictureError"]

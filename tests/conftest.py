@@ -5,7 +5,9 @@
 * ``database_url`` (module): a fresh PostgreSQL database per test module, so
   modules never see each other's data.
 * ``db`` (module): ``activedb.connect(database_url)`` with activedb's schema at
-  head and the tests' own tables (``tests/app_migrations``) created by Alembic.
+  head and the tests' own tables (``tests/app_migrations``) created by Alembic; a module that needs
+  other options says so once, ``pytestmark = pytest.mark.db(record_history=True)`` (see ``db_options``);
+  ``migrated`` (module) is the same database's URL for tests that connect on their own.
 * ``make_database_url`` (module): ``make(suffix)`` -> the URL of another fresh database (tests that
   compare two runs).
 * ``spark`` (session): a ``local[2]`` SparkSession, UI off (see
@@ -106,15 +108,24 @@ def _admin(server) -> psycopg.Connection:
     return psycopg.connect(server.conninfo("postgres"), autocommit=True)
 
 
+def drop_database(server, name: str) -> None:
+    with _admin(server) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def create_database(server, name: str) -> str:
+    """A fresh, empty database ``name`` (dropped first if it exists); returns its URL."""
+    drop_database(server, name)
+    with _admin(server) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    return server.url(name)
+
+
 @pytest.fixture(scope="module")
 def database_url(pg_server, request):
     name = "t_" + re.sub(r"[^a-z0-9_]", "_", request.module.__name__.lower())[-50:]
-    with _admin(pg_server) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.execute(f'CREATE DATABASE "{name}"')
-    yield pg_server.url(name)
-    with _admin(pg_server) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    yield create_database(pg_server, name)
+    drop_database(pg_server, name)
 
 
 @pytest.fixture(scope="session")
@@ -132,9 +143,35 @@ def spark(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def db(database_url):
-    database = activedb.connect(database_url)
-    database.upgrade_app(APP_MIGRATIONS)
+def db_options(request) -> dict:
+    """How the module's ``db`` is made: the keyword arguments of its ``pytest.mark.db(...)`` (``migrations``:
+    the application Alembic directories to upgrade, default ``tests/app_migrations``; the rest go to
+    ``activedb.connect``), then those of an indirect parametrization of ``db``.  A folder's conftest may
+    override this fixture for all its modules."""
+    marker = request.node.get_closest_marker("db")
+    return dict(marker.kwargs) if marker else {}
+
+
+def open_db(url: str, options: dict) -> activedb.Database:
+    """``activedb.connect(url, ...)`` with the application tables of ``options`` (see ``db_options``) at head."""
+    options = dict(options)
+    migrations = options.pop("migrations", (APP_MIGRATIONS,))
+    database = activedb.connect(url, **options)
+    for directory in migrations:
+        database.upgrade_app(directory)
+    return database
+
+
+@pytest.fixture(scope="module")
+def migrated(database_url, db_options) -> str:
+    """``database_url`` with the tables ``db`` would have, for tests that open their own ``Database``."""
+    open_db(database_url, db_options).close()
+    return database_url
+
+
+@pytest.fixture(scope="module")
+def db(database_url, db_options, request):
+    database = open_db(database_url, {**db_options, **getattr(request, "param", {})})
     yield database
     database.close()
 
@@ -148,13 +185,9 @@ def make_database_url(pg_server, request):
 
     def make(suffix: str) -> str:
         name = f"t_{module}_{suffix}"[:63]
-        with _admin(pg_server) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            admin.execute(f'CREATE DATABASE "{name}"')
         created.append(name)
-        return pg_server.url(name)
+        return create_database(pg_server, name)
 
     yield make
-    with _admin(pg_server) as admin:
-        for name in created:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    for name in created:
+        drop_database(pg_server, name)

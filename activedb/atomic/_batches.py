@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import enum
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable
 
 import sqlalchemy as sa
 
@@ -16,7 +16,8 @@ from activedb.atomic._lineage import BatchRef, ConsumedBatches, RuleNotes, UndoK
 from activedb.atomic.errors import LineageError, UnknownBatch
 
 if TYPE_CHECKING:  # pragma: no cover
-    from activedb import Database, Transaction
+    from activedb._handle import DatabaseHandle as Database
+    from activedb.txn import Transaction
 
 
 class SplitFailure(enum.Enum):
@@ -118,7 +119,7 @@ class Batches:
             with self._mutex:
                 self._rule_actions[rule_name] = function
                 if self._rule_observer is None:
-                    self._rule_observer = self.db.observe(RuleNotes(self))
+                    self._rule_observer = self.db.observe(RuleNotes(self.has_rule_compensation))
             return function
         return register
 
@@ -263,7 +264,3 @@ class Batches:
                 "SELECT count(*) AS transactions, count(compensates) AS compensations, min(recorded_at) AS oldest "
                 "FROM activedb_lineage")).one()
         return {"transactions": row.transactions, "compensations": row.compensations, "oldest": row.oldest}
-
-
-def batch_refs(values: Iterable[Any]) -> list[BatchRef]:
-    return [_ref(value) for value in values]

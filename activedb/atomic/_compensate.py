@@ -33,7 +33,7 @@ import enum
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import networkx as nx
 import sqlalchemy as sa
@@ -48,9 +48,19 @@ from activedb.atomic._lineage import BatchRef, record_of
 from activedb.atomic.errors import CompensationFailed, NoCompensation, UnknownBatch, UnsafeUndo
 
 if TYPE_CHECKING:  # pragma: no cover
-    from activedb.atomic._batches import Batches
+    from activedb._handle import DatabaseHandle
 
 logger = logging.getLogger("activedb.atomic")
+
+
+class Compensations(Protocol):
+    """What compensating needs of ``db.batches`` (:class:`~activedb.atomic.Batches` is one)."""
+
+    db: DatabaseHandle
+    def compensation_of(self, name: str) -> Callable[..., Any]: ...
+    def rule_compensation_of(self, rule_name: str) -> Callable[..., Any]: ...
+    def transaction_compensation_of(self, name: str) -> Callable[..., Any] | None: ...
+    def has_compensation_for(self, node: TransactionLineage) -> bool: ...
 
 
 class Mode(enum.Enum):
@@ -147,7 +157,7 @@ def _memberships(explorer: LineageExplorer, tid: str) -> set[BatchRef]:
     return refs
 
 
-def plan(batches: "Batches", explorer: LineageExplorer, batch: BatchRef, *, mode: Mode, scope: Scope,
+def plan(batches: Compensations, explorer: LineageExplorer, batch: BatchRef, *, mode: Mode, scope: Scope,
          max_rounds: int, max_transactions: int, consecutive: bool) -> CompensationPlan:
     if not explorer.consumers([batch]):
         raise UnknownBatch(f"no recorded transaction consumed batch {batch}; `activedb batches show` lists "
@@ -213,7 +223,7 @@ def _current_image(connection: sa.Connection, catalog, table_name: str, key: Any
     return None if row is None else jsonable(dict(row))
 
 
-def _unsafe(batches: "Batches", explorer: LineageExplorer, chosen: set[str], kept: set[str],
+def _unsafe(batches: Compensations, explorer: LineageExplorer, chosen: set[str], kept: set[str],
             undo: dict[str, list[UndoRow]]) -> list[Unsafe]:
     found: list[Unsafe] = []
     catalog = batches.db.catalog
@@ -241,7 +251,7 @@ def _later_writers(connection: sa.Connection, row: UndoRow, chosen: set[str]) ->
     return sorted(tid for tid in found if tid not in chosen)
 
 
-def _missing(batches: "Batches", connection: sa.Connection, nodes: dict[str, TransactionLineage], order: list[str],
+def _missing(batches: Compensations, connection: sa.Connection, nodes: dict[str, TransactionLineage], order: list[str],
              undo: dict[str, list[UndoRow]]) -> list[str]:
     candidates = [tid for tid in order if not batches.has_compensation_for(nodes[tid]) and tid not in undo]
     if not candidates:
@@ -254,7 +264,7 @@ def _missing(batches: "Batches", connection: sa.Connection, nodes: dict[str, Tra
 
 # --- execution ------------------------------------------------------------------------------------
 
-def execute(batches: "Batches", compensation: CompensationPlan, *, allow_unsafe: bool) -> CompensationReport:
+def execute(batches: Compensations, compensation: CompensationPlan, *, allow_unsafe: bool) -> CompensationReport:
     report = CompensationReport(compensation, dry_run=False)
     if compensation.missing:
         raise NoCompensation(
@@ -295,13 +305,13 @@ def execute(batches: "Batches", compensation: CompensationPlan, *, allow_unsafe:
     return report
 
 
-def _compensated(batches: "Batches", tid: str) -> bool:
+def _compensated(batches: Compensations, tid: str) -> bool:
     with batches.db.engine.connect() as connection:
         return connection.execute(sa.text("SELECT 1 FROM activedb_lineage WHERE compensates = :id"),
                                   {"id": tid}).first() is not None
 
 
-def _apply(batches: "Batches", tx, node: TransactionLineage, undo: list[UndoRow], allow_unsafe: bool) -> None:
+def _apply(batches: Compensations, tx, node: TransactionLineage, undo: list[UndoRow], allow_unsafe: bool) -> None:
     """Undo ``node`` inside ``tx``: its notes newest first, its named-transaction compensation, then the
     before-images of its undoable rows, newest first."""
     for note in reversed(node.notes):
@@ -325,7 +335,7 @@ def _apply(batches: "Batches", tx, node: TransactionLineage, undo: list[UndoRow]
             tx.write(row.table, row.key, **_typed(batches, row.table, row.before))
 
 
-def _typed(batches: "Batches", table_name: str, image: dict) -> dict:
+def _typed(batches: Compensations, table_name: str, image: dict) -> dict:
     """A JSON image back into the column types (datetimes were stored as ISO-8601 text)."""
     table = batches.db.table(table_name)
     keys = {column.name for column in table.primary_key.columns}

@@ -31,7 +31,7 @@ import json
 import threading
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import sqlalchemy as sa
 
@@ -41,8 +41,7 @@ from activedb.store import jsonable
 from activedb.atomic.errors import LineageError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from activedb import Transaction
-    from activedb.atomic._batches import Batches
+    from activedb.txn import Transaction
 
 
 @dataclass(frozen=True, order=True)
@@ -80,10 +79,6 @@ class LineageRecord:
     # Invariant: at most one LineageWriter per tree is enlisted at a time (None: none yet, or the node it
     # was enlisted in aborted before delegating it).
     writer: "LineageWriter | None" = None
-
-    def is_empty(self) -> bool:
-        return not (self.consumed or self.produced or self.parents or self.compensates or self.notes
-                    or self.undo_keys)
 
 
 def record_of(transaction: "Transaction") -> LineageRecord:
@@ -278,15 +273,15 @@ class UndoKeys(TransactionExtension):
 
 
 class RuleNotes(Observer):
-    """Notes every firing of a rule with a declared compensation, in the firing's own transaction."""
+    """Notes every firing of a rule that ``has_compensation(name)``, in the firing's own transaction."""
 
-    def __init__(self, batches: "Batches"):
-        self.batches = batches
+    def __init__(self, has_compensation: Callable[[str], bool]):
+        self.has_compensation = has_compensation
 
     def on_firing_end(self, transaction: "Transaction", firing: Any, outcome: str) -> None:
         # Called in the firing's own transaction, before it commits: the note commits (or is dropped)
         # with the firing's effects.
         name = firing.rule.name
-        if outcome != "executed" or not self.batches.has_rule_compensation(name):
+        if outcome != "executed" or not self.has_compensation(name):
             return
         add_note(transaction, {"kind": "rule", "rule": name, "event": encode_event(firing.event)})

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import multiprocessing
-from typing import Any
+from typing import Any, Callable
 
 __all__ = ["WorkerPool", "bins_of", "components_of"]
 
@@ -80,10 +80,12 @@ def _context():
 
 
 class WorkerPool:
-    """Worker processes for batch parts; started on first use, reused across batches."""
+    """Worker processes for batch parts; started on first use, reused across batches.  ``ping``: a function
+    of the module the parts run in, which :meth:`warm_up` runs in each worker (so that it imports it)."""
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, ping: Callable[[], Any]) -> None:
         self.workers = workers
+        self.ping = ping
         self._executor: concurrent.futures.ProcessPoolExecutor | None = None
 
     def _pool(self) -> concurrent.futures.ProcessPoolExecutor:
@@ -93,9 +95,7 @@ class WorkerPool:
 
     def warm_up(self) -> None:
         """Start the workers and import the executor in them (the first batch need not)."""
-        from activedb.batch._runtime import ping
-
-        futures = [self._pool().submit(ping) for _ in range(self.workers)]
+        futures = [self._pool().submit(self.ping) for _ in range(self.workers)]
         for future in futures:
             future.result()
 

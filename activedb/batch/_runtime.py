@@ -53,7 +53,7 @@ class Runtime:
     def __init__(self, processes: int, rule: str = "morphstream") -> None:
         self.model = DecisionModel(rule=rule)
         self.router = Router()
-        self.pool = WorkerPool(processes - 1) if processes > 1 else None
+        self.pool = WorkerPool(processes - 1, ping) if processes > 1 else None
         self.versions = False
 
     def close(self) -> None:

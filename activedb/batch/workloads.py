@@ -32,7 +32,7 @@ from activedb.batch._declare import Abort, StateTransactions
 
 __all__ = ["ACCOUNTS", "ASSETS", "GREP", "MODULUS", "TOLL_COUNT", "TOLL_SPEED", "Workload", "ZipfKeys",
            "generate_grep_sum", "generate_ledger", "generate_toll", "grep_sum", "initial_state", "ledger", "toll",
-           "workload_transactions"]
+           "workload_events", "workload_transactions"]
 
 ACCOUNTS = "tpg_accounts"
 ASSETS = "tpg_assets"
@@ -374,3 +374,12 @@ def toll(*, processes: int = 1) -> StateTransactions:
 def workload_transactions(name: str, *, processes: int = 1) -> StateTransactions:
     """A new StateTransactions object for workload ``name`` (sl, gs, tp)."""
     return {"sl": ledger, "gs": grep_sum, "tp": toll}[name](processes=processes)
+
+
+def workload_events(name: str, workload: Workload) -> tuple[list[dict], dict]:
+    """The events of workload ``name`` (sl, gs, tp) and the state they start from."""
+    if name == "sl":
+        return generate_ledger(workload), initial_state("sl", workload.key_count)
+    if name == "gs":
+        return generate_grep_sum(workload), initial_state("gs", workload.key_count)
+    return generate_toll(workload), {}

@@ -11,7 +11,7 @@ on timings; a smoke test only checks that each benchmark runs in ``quick`` mode 
 
 from activedb.bench._setup import MIGRATIONS
 from activedb.bench._setup import connect as connect_database
-from activedb.bench.progress import Progress
+from activedb.progress import Progress
 from activedb.bench.report import BenchReport, Row, Series, measure_rate
 
 #: ``connect_database(**options)``: a benchmark's database (embedded, or ``ACTIVEDB_DATABASE_URL``) with the

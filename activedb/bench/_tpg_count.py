@@ -60,9 +60,9 @@ def instructions_per_event(workload: str, strategy: str, size: int, *, cost: flo
 def _main(workload: str, strategy: str, size: int, cost: float, partitions: int, processes: int, phase: str) -> None:
     from activedb import batch
     from activedb.batch import workloads
-    from activedb.bench.tpg import _events
 
-    events, state = _events(workload, workloads.Workload(batch=size, cost_us=cost, partitions=partitions))
+    events, state = workloads.workload_events(workload, workloads.Workload(batch=size, cost_us=cost,
+                                                                           partitions=partitions))
     transactions = workloads.workload_transactions(workload, processes=processes)
     try:
         options = {"split": "always"} if processes > 1 else {}

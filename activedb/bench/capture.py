@@ -138,8 +138,7 @@ def run(quick: bool = False) -> BenchReport:
     writers = 4
     rows = 1000 if quick else 10_000
     samples = 5 if quick else 30
-    database = connect()
-    try:
+    with connect() as database:
         database.capture(CAPTURED)
         database.capture.remove(PLAIN)          # in case an earlier run captured it
         _reset(database)
@@ -264,6 +263,4 @@ def run(quick: bool = False) -> BenchReport:
             "durable commit (fsync), the executemany ones by the trigger's work per row (a jsonb image and a row "
             "in activedb_capture_changes).")
         database.capture.remove(CAPTURED)
-    finally:
-        database.close()
     return report

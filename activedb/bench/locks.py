@@ -30,7 +30,7 @@ import statistics
 import threading
 import time
 
-from activedb.bench.progress import Progress
+from activedb.progress import Progress
 from activedb.bench.report import BenchReport, Row, Series
 
 _TABLE = "bench"

@@ -23,7 +23,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 
-from activedb.bench.progress import Progress
+from activedb.progress import Progress
 from activedb.bench.report import BenchReport, Row, Series
 from activedb.bench._setup import connect
 
@@ -147,8 +147,7 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
     progress = progress or Progress.none()
     report = BenchReport("nested transactions (activedb bench nested)")
     progress.start("bench nested", total=5)
-    database = connect(max_workers=32)
-    try:
+    with connect(max_workers=32) as database:
         total_objects = 350 if quick else 1400
         repeat = 1 if quick else 5
         with progress.step("warm-up"):
@@ -167,6 +166,4 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
         report.notes.append(f"{total_objects} objects per hierarchy (prefetched by the root in one query), 20 % "
                             f"written; CPU = time.process_time() of the whole process (all threads), including "
                             f"the top-level flush; best of {repeat}")
-    finally:
-        database.close()
     return report

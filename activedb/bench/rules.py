@@ -27,7 +27,7 @@ import statistics
 import time
 
 from activedb import Coupling, Event
-from activedb.bench.progress import Progress
+from activedb.progress import Progress
 from activedb.bench.report import BenchReport, Row
 from activedb.bench._setup import connect
 
@@ -93,8 +93,7 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
     repeat = 1 if quick else 5
     progress.start("bench rules", total=4)
     for execution in ("inline", "threads"):
-        database = connect(rule_execution=execution)
-        try:
+        with connect(rule_execution=execution) as database:
             _declare(database)
             with progress.step(f"immediate rules, {execution}"):
                 _compare(database, report, f"immediate rules, {execution}", IMMEDIATE_EVENT, count, repeat,
@@ -106,8 +105,6 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
             executed = sum(counter.executed for counter in fired.values())
             if executed != sum(counter.fired for counter in fired.values()):
                 report.notes.append(f"{execution}: {executed} of the firings executed — check the rule log")
-        finally:
-            database.close()
     report.notes.append(
         f"{count} firings per top-level transaction, the commit (flush of {count} rows to PostgreSQL) included "
         f"in both the rule figure and its baseline; median of {repeat}. ratio = firings/s / direct calls/s; "

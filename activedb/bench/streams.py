@@ -460,36 +460,27 @@ def run_experiments(database, quick: bool) -> dict[str, Any]:
         "throughput_repeat": REPEAT,
         "throughput_batch": THROUGHPUT_BATCH, "underloaded_rate": UNDERLOADED_RATE, "rate_seconds": seconds}}
 
-    # Figs. 5 and 6: throughput vs readN (writeN = 0.25), tuple and table locks.
-    by_read: dict[str, dict[str, list]] = {"tuple": {}, "table": {}}
-    for read_n in read_ns:
-        events = pool_events(count, 0.25, rng)
-        definitions = pool_definitions(read_n)
-        sei = measure_throughput(database, lambda: "sei", events, definitions, ("E", "W"), cost, THROUGHPUT_BATCH,
-                                 repeat)
-        for granularity in ("tuple", "table"):
-            series = by_read[granularity]
-            series.setdefault("sei", []).append(sei)
-            for name in ("s2pl", "lwm"):
-                series.setdefault(name, []).append(measure_throughput(
-                    database, lambda: make_scheduler(name, granularity), events, definitions, ("E", "W"), cost,
-                    THROUGHPUT_BATCH, repeat))
-    results["throughput_vs_readN"] = {"readN": list(read_ns), **by_read}
+    def sweep(cases) -> dict[str, dict[str, list]]:
+        """Throughput of SEI, and of S2PL and LWM with tuple and table locks, per (events, definitions)."""
+        found: dict[str, dict[str, list]] = {"tuple": {}, "table": {}}
+        for events, definitions in cases:
+            sei = measure_throughput(database, lambda: "sei", events, definitions, ("E", "W"), cost,
+                                     THROUGHPUT_BATCH, repeat)
+            for granularity in ("tuple", "table"):
+                series = found[granularity]
+                series.setdefault("sei", []).append(sei)
+                for name in ("s2pl", "lwm"):
+                    series.setdefault(name, []).append(measure_throughput(
+                        database, lambda: make_scheduler(name, granularity), events, definitions, ("E", "W"), cost,
+                        THROUGHPUT_BATCH, repeat))
+        return found
 
+    # Figs. 5 and 6: throughput vs readN (writeN = 0.25), tuple and table locks.
+    by_read = sweep((pool_events(count, 0.25, rng), pool_definitions(read_n)) for read_n in read_ns)
+    results["throughput_vs_readN"] = {"readN": list(read_ns), **by_read}
     # Figs. 7 and 8: throughput vs writeN (readN = 1).
-    by_write: dict[str, dict[str, list]] = {"tuple": {}, "table": {}}
     definitions = pool_definitions(1)
-    for write_n in write_ns:
-        events = pool_events(count, write_n, rng)
-        sei = measure_throughput(database, lambda: "sei", events, definitions, ("E", "W"), cost, THROUGHPUT_BATCH,
-                                 repeat)
-        for granularity in ("tuple", "table"):
-            series = by_write[granularity]
-            series.setdefault("sei", []).append(sei)
-            for name in ("s2pl", "lwm"):
-                series.setdefault(name, []).append(measure_throughput(
-                    database, lambda: make_scheduler(name, granularity), events, definitions, ("E", "W"), cost,
-                    THROUGHPUT_BATCH, repeat))
+    by_write = sweep((pool_events(count, write_n, rng), definitions) for write_n in write_ns)
     results["throughput_vs_writeN"] = {"writeN": list(write_ns), **by_write}
 
     # Figs. 9 and 10: combined latency vs seqL, underloaded, tuple locks; baseline = no scheduler.

@@ -55,14 +55,6 @@ NESTED_GOAL = 5.0
 PROCESS_GOAL = 1.6
 
 
-def _events(name: str, workload: workloads.Workload) -> tuple[list[dict], dict]:
-    if name == "sl":
-        return workloads.generate_ledger(workload), workloads.initial_state("sl", workload.key_count)
-    if name == "gs":
-        return workloads.generate_grep_sum(workload), workloads.initial_state("gs", workload.key_count)
-    return workloads.generate_toll(workload), {}
-
-
 def _in_memory(transactions, events, state, strategy, repeat: int, *, clock=time.perf_counter,
                **options) -> tuple[float, batch.BatchResult]:
     """Best rate of ``repeat`` runs by ``clock``: wall time (``perf_counter``, what a split is
@@ -202,7 +194,7 @@ def _per_event(phases: dict[str, float], count: int) -> dict[str, float]:
 
 def _end_to_end(report: BenchReport, database, name: str, cost: float, size: int, repeat: int) -> None:
     workload = workloads.Workload(batch=size, cost_us=cost)
-    events, state = _events(name, workload)
+    events, state = workloads.workload_events(name, workload)
     count = len(events)
     prefetch = batch._runtime.prepare(workloads.workload_transactions(name), events).states_by_table()
     at_commit, through_tree = workloads.workload_transactions(name), workloads.workload_transactions(name)
@@ -346,7 +338,7 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
     # 1. In memory: every strategy vs the serial reference, at Table 6 defaults.
     for name in ("sl", "gs", "tp"):
         workload = workloads.Workload(batch=size * 4 if name == "tp" else size)
-        events, state = _events(name, workload)
+        events, state = workloads.workload_events(name, workload)
         transactions = workloads.workload_transactions(name)
         serial_rate, reference = _in_memory(transactions, events, state, "serial", repeat, clock=CPU)
         report.add(Row(name=f"{name.upper()} in memory: serial reference", value=serial_rate, unit="txn/CPU-s",
@@ -380,18 +372,15 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
                             f"model chose {chosen.strategy} ({auto_rate:,.0f} txn/s)")
 
     # 2. End to end through PostgreSQL: every path on the same rows, interleaved, best of `repeat`.
-    database = bench_connect(rule_execution="inline")
-    try:
+    with bench_connect(rule_execution="inline") as database:
         for event_type, rule in NESTED_RULES.items():
             database.rule(on=database.stream(event_type), name=f"bench_tpg_{event_type}")(rule)
         for name, cost in (("sl", 0.0), ("sl", 10.0), ("tp", 0.0), ("gs", 0.0)):
             _end_to_end(report, database, name, cost, size, repeat)
-    finally:
-        database.close()
 
     # 3. Processes: a batch that splits (8 disjoint key groups), C = 10 us.
     workload = workloads.Workload(batch=size * 2, partitions=8)
-    events, state = _events("sl", workload)
+    events, state = workloads.workload_events("sl", workload)
     one = workloads.ledger()
     with workloads.ledger(processes=2) as transactions:
         batch._runtime.runtime_of(transactions).pool.warm_up()
@@ -447,7 +436,7 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
         points: dict[str, list[tuple[float, float]]] = {}
         for value in values:
             workload = workloads.Workload(**{"batch": size, parameter: value})
-            events, state = _events("sl", workload)
+            events, state = workloads.workload_events("sl", workload)
             transactions = workloads.ledger()
             for strategy in ("serial", "auto", *SWEEP_STRATEGIES):
                 rate, _ = _in_memory(transactions, events, state, strategy, 1, clock=CPU)

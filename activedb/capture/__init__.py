@@ -23,7 +23,6 @@ from activedb.capture._consumer import (
     CapturedChange,
     ConsumerState,
     ConsumerStatistics,
-    FiringOutcome,
     Position,
     Step,
 )
@@ -42,6 +41,7 @@ from activedb.capture.errors import (
     CaptureNotInstalled,
     ConsumerStopped,
 )
+from activedb.rules import FiringOutcome     # a batch's firings run through the rule manager
 
 __all__ = ["CaptureManager", "CaptureConsumer", "CapturedChange", "ConsumerState", "ConsumerStatistics",
            "FiringOutcome", "Position", "Step", "CapturedTable", "CaptureStatus", "ConsumerBacklog", "TableBacklog",

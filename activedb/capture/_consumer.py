@@ -49,23 +49,21 @@ from lockmgr import Deadlock
 from activedb.capture import _sql
 from activedb.capture.errors import CaptureConflict, CaptureError, CaptureNotInstalled, ConsumerStopped
 from activedb.errors import (
-    CascadeLimitExceeded,
     DatabaseError,
     DatabaseUnavailable,
-    RuleFailed,
     SerializationConflict,
     TransactionAborted,
     UnknownTable,
 )
 from activedb.events import Event, EventKind, Origin
-from activedb.rules import Firing, Rule, RuleContext
+from activedb.rules import Fired, Firing, FiringOutcome, Rule
 from activedb.store import jsonable
 from activedb.txn import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
     import psycopg
 
-    from activedb._database import Database
+    from activedb._handle import DatabaseHandle as Database
     from activedb.txn import Transaction
 
 logger = logging.getLogger("activedb.capture")
@@ -102,12 +100,6 @@ class Step(enum.Enum):
     COMMITTED = "committed"    # the batch committed (detail: changes)
     PRUNED = "pruned"          # consumed changes were pruned (detail: commits removed)
     IDLE = "idle"              # caught up: waiting for a notification
-
-
-class FiringOutcome(enum.Enum):
-    EXECUTED = "executed"
-    CONDITION_FALSE = "condition_false"
-    FAILED = "failed"
 
 
 @dataclass(frozen=True, order=True)
@@ -718,8 +710,6 @@ class CaptureConsumer:
             rules.count(result.firing.rule, "fired")
             if result.outcome is FiringOutcome.EXECUTED:
                 rules.count(result.firing.rule, "executed")
-            elif result.outcome is FiringOutcome.CONDITION_FALSE and result.inline:
-                rules.count(result.firing.rule, "condition_false")   # the rule manager counted the others
         with self._mutex:
             self._position = end
             counters = self._counters
@@ -763,11 +753,15 @@ class CaptureConsumer:
 
     def _run_chunk(self, transaction: "Transaction", chunk: list[tuple[CapturedChange, Firing]],
                    inline: bool) -> list["_Result"]:
-        """Run ``chunk``'s firings: together in one subtransaction if ``inline`` (the fast path), and one
-        subtransaction each if not, or if any of them raised there (nothing of the shared one is kept)."""
+        """Run ``chunk``'s firings through the rule manager: together in one subtransaction if ``inline`` (the
+        fast path), and one subtransaction each if not, or if any of them raised there (nothing of the
+        shared one is kept)."""
         if inline and chunk:
             try:
-                return transaction.run_subtransaction(self._run_inline, chunk, name=f"capture:{self.name}:rules")
+                fired = transaction.run_subtransaction(self._database.rules.fire, [firing for _, firing in chunk],
+                                                       shared=True, name=f"capture:{self.name}:rules")
+                return [_Result(change, firing, outcome, None, inline=True)
+                        for (change, firing), (outcome, _) in zip(chunk, fired)]
             except Exception as error:       # re-run one by one: the failing firing alone is discarded
                 logger.info("capture consumer %r: a firing of a chunk of %d raised (%r); running them one by one",
                             self.name, len(chunk), error)
@@ -777,52 +771,21 @@ class CaptureConsumer:
             results.append(_Result(change, firing, outcome, error, inline=False))
         return results
 
-    def _run_inline(self, transaction: "Transaction", chunk: list[tuple[CapturedChange, Firing]]) -> list["_Result"]:
-        """Conditions and actions of ``chunk`` in ``transaction``, in order, as the rule manager runs one
-        (the firing in the transaction's rule context, observers told); any exception propagates."""
-        observers = self._database.transactions.observers
-        context = transaction.slot(RuleContext)
-        results = []
-        for change, firing in chunk:
-            context.firing = firing
-            if observers.on_firing_start:
-                observers.call("on_firing_start", transaction, firing)
-            outcome = "failed"
-            try:
-                rule, event = firing.rule, firing.event
-                if rule.condition(transaction, event):
-                    rule.action(transaction, event)
-                    outcome = FiringOutcome.EXECUTED.value
-                else:
-                    outcome = FiringOutcome.CONDITION_FALSE.value
-            finally:
-                if observers.on_firing_end:
-                    observers.call("on_firing_end", transaction, firing, outcome)
-            results.append(_Result(change, firing, FiringOutcome(outcome), None, inline=True))
-        context.firing = None
-        return results
-
     def _next_firing_number(self) -> int:
         self._firing_numbers += 1      # under _run_mutex
         return self._firing_numbers
 
-    def _fire(self, transaction: "Transaction", firing: Firing) -> tuple[FiringOutcome, BaseException | None]:
-        """Run one firing in its own subtransaction of the batch."""
+    def _fire(self, transaction: "Transaction", firing: Firing) -> Fired:
+        """Run one firing in its own subtransaction of the batch, again while it fails transiently."""
         transient: BaseException | None = None
         for _ in range(FIRING_ATTEMPTS):
             try:
-                executed = transaction.run_subtransaction(self._database.rules.execute, firing,
-                                                          name=firing.transaction_name)
-                return (FiringOutcome.EXECUTED if executed else FiringOutcome.CONDITION_FALSE), None
+                (fired,) = self._database.rules.fire(transaction, [firing])
+                if not isinstance(fired.error, _TRANSIENT):
+                    return fired
+                transient = fired.error
             except _TRANSIENT as error:
                 transient = error
-            except RuleFailed as error:
-                if isinstance(error.__cause__, _TRANSIENT):
-                    transient = error.__cause__
-                    continue
-                return FiringOutcome.FAILED, error.__cause__ or error
-            except CascadeLimitExceeded as error:
-                return FiringOutcome.FAILED, error
         raise _RetryBatch(f"rule {firing.rule.name!r} kept failing on {firing.event.describe()}: {transient!r}")
 
     def _give_up(self, start: Position, entry, error: DatabaseError) -> int:

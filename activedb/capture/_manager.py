@@ -17,7 +17,7 @@ from activedb.capture._status import BEHIND_CHANGES, BEHIND_SECONDS, CapturedTab
 from activedb.capture.errors import CaptureError, CaptureNotInstalled
 
 if TYPE_CHECKING:  # pragma: no cover
-    from activedb._database import Database
+    from activedb._handle import DatabaseHandle as Database
 
 
 class CaptureManager:

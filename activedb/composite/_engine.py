@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from activedb import CommitParticipant
+from activedb.txn import CommitParticipant
 from activedb.composite._clock import MonotonicClock
 from activedb.composite._model import (
     Choice,

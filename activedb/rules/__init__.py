@@ -1,12 +1,13 @@
 """ECA rules: declaring, persisting and firing them in all six coupling modes.  Design note: ``README.md``.
 
 Public names: :class:`RuleManager` (``db.rules``), :class:`Rule`, :class:`FunctionRule`, :class:`Firing`,
+:class:`FiringOutcome` and :class:`Fired` (:meth:`RuleManager.fire`),
 :class:`RuleCounters`, :class:`RulesStatistics`, :class:`RuleContext` (the rules' per-transaction slot).
 """
 
 from activedb.rules._context import GateKey, GateRole, RuleContext
 from activedb.rules._manager import RuleManager
-from activedb.rules._model import FunctionRule, Firing, Rule, RuleCounters, RulesStatistics
+from activedb.rules._model import Fired, FiringOutcome, FunctionRule, Firing, Rule, RuleCounters, RulesStatistics
 
-__all__ = ["RuleManager", "Rule", "FunctionRule", "Firing", "RuleCounters", "RulesStatistics", "RuleContext",
-           "GateKey", "GateRole"]
+__all__ = ["RuleManager", "Rule", "FunctionRule", "Firing", "FiringOutcome", "Fired", "RuleCounters",
+           "RulesStatistics", "RuleContext", "GateKey", "GateRole"]

@@ -21,7 +21,7 @@ from activedb.errors import CascadeLimitExceeded, RuleFailed, TransactionAborted
 from activedb.events import Event, EventKind
 from activedb.rules._context import GateKey, GateRole, RuleContext
 from activedb.rules._detached import DetachedRunner, DependencyAbort
-from activedb.rules._model import Firing, Rule, RuleCounters, RulesStatistics
+from activedb.rules._model import Fired, Firing, FiringOutcome, Rule, RuleCounters, RulesStatistics
 from activedb.rules._registry import RuleRegistry
 from activedb.txn import Transaction, TransactionExtension
 
@@ -281,6 +281,26 @@ class RuleManager(TransactionExtension):
         """Run condition and action of ``firing`` in ``transaction`` (its own transaction); True if the
         condition held and the action ran."""
         return self._execute(transaction, firing)
+
+    def fire(self, transaction: Transaction, firings: list[Firing], *, shared: bool = False) -> list[Fired]:
+        """Run ``firings`` (planned by the caller: the capture consumer) in order, each as :meth:`execute` does
+        in a subtransaction of its own, and tell each one's :class:`FiringOutcome` (a rule that raises is
+        FAILED, the others go on); ``shared``: all in ``transaction`` itself, the first error propagates.
+        An error of the transaction itself (deadlock, serialization conflict) propagates either way."""
+        if shared:
+            return [Fired(FiringOutcome.EXECUTED if self._execute(transaction, firing)
+                          else FiringOutcome.CONDITION_FALSE) for firing in firings]
+        fired = []
+        for firing in firings:
+            try:
+                executed = transaction.run_subtransaction(self._execute, firing, name=firing.transaction_name)
+            except RuleFailed as error:
+                fired.append(Fired(FiringOutcome.FAILED, error.__cause__ or error))
+            except CascadeLimitExceeded as error:
+                fired.append(Fired(FiringOutcome.FAILED, error))
+            else:
+                fired.append(Fired(FiringOutcome.EXECUTED if executed else FiringOutcome.CONDITION_FALSE))
+        return fired
 
     def _execute(self, transaction: Transaction, firing: Firing) -> bool:
         transaction.slot(RuleContext).firing = firing

@@ -3,10 +3,11 @@ an event, a condition, an action, a coupling mode and an enabled flag — see ``
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import inspect
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from coupling import Coupling
 
@@ -122,6 +123,21 @@ class Firing:
     def transaction_name(self) -> str:
         """The name of the transaction that runs it (``rule:<name>``)."""
         return f"rule:{self.rule.name}"
+
+
+class FiringOutcome(enum.Enum):
+    """What a firing run by :meth:`RuleManager.fire` came to."""
+
+    EXECUTED = "executed"                  # the condition held and the action ran
+    CONDITION_FALSE = "condition_false"
+    FAILED = "failed"                      # the condition or the action raised (``Fired.error`` says what)
+
+
+class Fired(NamedTuple):
+    """One firing's outcome (:meth:`RuleManager.fire`); ``error``: the rule's own exception when FAILED."""
+
+    outcome: FiringOutcome
+    error: BaseException | None = None
 
 
 @dataclass

@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import sqlalchemy as sa
 
-from activedb import TxnState
+from activedb.txn import TxnState
 from activedb.errors import DuplicateKey, SchemaError
 from activedb.streams import _language
 from activedb.streams import algebra as ast

@@ -73,12 +73,7 @@ def test_a_new_database_is_created_by_writing_commands_only(make_fresh_url):
 
 @pytest.fixture
 def make_fresh_url(pg_server):
-    from tests.conftest import _admin
+    from tests.conftest import create_database, drop_database
 
-    name = "t_cli_schema_fresh"
-    with _admin(pg_server) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.execute(f'CREATE DATABASE "{name}"')
-    yield pg_server.url(name)
-    with _admin(pg_server) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    yield create_database(pg_server, "t_cli_schema_fresh")
+    drop_database(pg_server, "t_cli_schema_fresh")

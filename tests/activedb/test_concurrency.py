@@ -17,17 +17,10 @@ import sqlalchemy as sa
 import activedb
 from activedb import testing
 from lockmgr import Deadlock
-from tests.conftest import APP_MIGRATIONS
+
+pytestmark = pytest.mark.db(record_history=True, max_workers=8)
 
 KEYS = [f"k{number}" for number in range(8)]
-
-
-@pytest.fixture(scope="module")
-def db(database_url):
-    database = activedb.connect(database_url, record_history=True, max_workers=8)
-    database.upgrade_app(APP_MIGRATIONS)
-    yield database
-    database.close()
 
 
 def _state(db) -> dict:

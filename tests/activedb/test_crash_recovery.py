@@ -26,17 +26,8 @@ import activedb
 from activedb import testing
 from coupling import may_run_after
 from tests.activedb import crash_scenarios
-from tests.conftest import APP_MIGRATIONS
 
 TIMEOUT = 120
-
-
-@pytest.fixture(scope="module")
-def migrated(database_url):
-    database = activedb.connect(database_url)
-    database.upgrade_app(APP_MIGRATIONS)
-    database.close()
-    return database_url
 
 
 def _start(arguments: list[str], env: dict | None = None) -> subprocess.Popen:

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from pathlib import Path
 
 import psutil
@@ -24,6 +23,7 @@ import pytest
 
 import activedb
 from activedb import _embedded
+from activedb.testing import wait_until
 
 CLIENT = textwrap.dedent(
     """
@@ -72,14 +72,6 @@ def _postmasters(pgdata: Path) -> list[psutil.Process]:
     return found
 
 
-def _wait_until(predicate, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)  # polling observable state, not ordering threads
-
-
 def test_two_processes_share_one_server_which_stops_after_the_last(tmp_path):
     home = tmp_path / "home"
     first = _start_client(home)
@@ -92,7 +84,7 @@ def test_two_processes_share_one_server_which_stops_after_the_last(tmp_path):
     _finish(first)
     assert psutil.pid_exists(first_info["postmaster"])   # still used by the second process
     _finish(second)
-    _wait_until(lambda: not psutil.pid_exists(first_info["postmaster"]), what="server stop")
+    wait_until(lambda: not psutil.pid_exists(first_info["postmaster"]), 30, "server stop")
 
 
 def test_connect_close_twice_in_one_process_still_stops_the_server_at_exit(tmp_path):
@@ -113,7 +105,7 @@ def test_connect_close_twice_in_one_process_still_stops_the_server_at_exit(tmp_p
                           timeout=120)
     assert done.returncode == 0, done.stderr
     postmaster = json.loads(done.stdout.strip().splitlines()[-1])["postmaster"]
-    _wait_until(lambda: not psutil.pid_exists(postmaster), what="server stop after the last user exited")
+    wait_until(lambda: not psutil.pid_exists(postmaster), 30, "server stop after the last user exited")
 
 
 def test_killed_user_is_pruned_and_server_still_stops(tmp_path):
@@ -125,7 +117,7 @@ def test_killed_user_is_pruned_and_server_still_stops(tmp_path):
     survivor = _start_client(home)
     assert _ready(survivor)["postmaster"] == info["postmaster"]   # reused, not restarted
     _finish(survivor)
-    _wait_until(lambda: not psutil.pid_exists(info["postmaster"]), what="server stop")
+    wait_until(lambda: not psutil.pid_exists(info["postmaster"]), 30, "server stop")
 
 
 def test_stale_postmaster_pid_after_crash_is_recovered(tmp_path):
@@ -173,7 +165,7 @@ def test_corrupted_data_directory_is_a_clear_error_and_kept(tmp_path):
     _ready(client)
     _finish(client)
     pgdata = home.resolve() / "pgdata"
-    _wait_until(lambda: not _postmasters(pgdata), what="server stop")
+    wait_until(lambda: not _postmasters(pgdata), 30, "server stop")
     (pgdata / "global" / "pg_control").write_bytes(b"garbage")
     with pytest.raises(activedb.EmbeddedServerError, match="did not start.*nothing was deleted"):
         _embedded.start(home)
@@ -254,7 +246,7 @@ def test_a_planted_socket_directory_is_refused(tmp_path):
     server = _embedded.start(home)
     socket_directory = Path(server.socket_directory)
     _embedded.stop(home)
-    _wait_until(lambda: not _postmasters(home.resolve() / "pgdata"), what="server stop")
+    wait_until(lambda: not _postmasters(home.resolve() / "pgdata"), 30, "server stop")
     assert not socket_directory.exists()                 # removed with the server it served
     socket_directory.mkdir()
     os.chmod(socket_directory, 0o777)                    # as if another user had made it for us
@@ -270,7 +262,7 @@ def test_an_older_trusting_data_directory_and_a_lost_password_are_locked_again(t
     server = _embedded.start(home)
     pgdata = server.data_directory
     _embedded.stop(home)
-    _wait_until(lambda: not _postmasters(pgdata), what="server stop")
+    wait_until(lambda: not _postmasters(pgdata), 30, "server stop")
     (pgdata / "pg_hba.conf").write_text("local all all trust\n")       # what pgserver's initdb wrote
     (home / "password").unlink()
     server = _embedded.start(home)
@@ -278,7 +270,7 @@ def test_an_older_trusting_data_directory_and_a_lost_password_are_locked_again(t
         _assert_locked_down(server)
     finally:
         _embedded.stop(home)
-    _wait_until(lambda: not _postmasters(pgdata), what="server stop")
+    wait_until(lambda: not _postmasters(pgdata), 30, "server stop")
     (home / "password").unlink()                                      # lost; pg_hba.conf still locked
     server = _embedded.start(home)
     try:
@@ -316,5 +308,5 @@ def test_a_normal_user_runs_the_server_as_itself(tmp_path):
                           "home": str(base / ".local" / "share" / "activedb")}
         assert stat.S_IMODE(base.stat().st_mode) == 0o700       # mkdtemp's mode, untouched
     finally:
-        _wait_until(lambda: not _postmasters(base / ".local" / "share" / "activedb" / "pgdata"), what="server stop")
+        wait_until(lambda: not _postmasters(base / ".local" / "share" / "activedb" / "pgdata"), 30, "server stop")
         shutil.rmtree(base, ignore_errors=True)

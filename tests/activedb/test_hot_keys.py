@@ -18,17 +18,8 @@ import sqlalchemy as sa
 
 import activedb
 from activedb import testing
-from tests.conftest import APP_MIGRATIONS
 
 TIMEOUT = 30
-
-
-@pytest.fixture(scope="module")
-def db(database_url):
-    database = activedb.connect(database_url)
-    database.upgrade_app(APP_MIGRATIONS)
-    yield database
-    database.close()
 
 
 @pytest.fixture(autouse=True)

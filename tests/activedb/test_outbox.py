@@ -28,17 +28,8 @@ from activedb import Coupling, Event, EventKind
 from activedb.cli import main
 from activedb.errors import GeneratedKeysReset, SerializationConflict
 from activedb.outbox import _codec
-from tests.conftest import APP_MIGRATIONS
 
 TIMEOUT = 60
-
-
-@pytest.fixture(scope="module")
-def migrated(database_url):
-    database = activedb.connect(database_url)
-    database.upgrade_app(APP_MIGRATIONS)
-    database.close()
-    return database_url
 
 
 @pytest.fixture

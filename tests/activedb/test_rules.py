@@ -19,19 +19,10 @@ import sqlalchemy as sa
 import activedb
 from activedb import Coupling, testing
 from activedb.errors import CascadeLimitExceeded, RuleError, RuleFailed, UnknownTable
-from activedb.rules import RuleContext
+from activedb.rules import Firing, FiringOutcome, RuleContext
 from coupling import HistoryEvent, check_dependencies, dependencies_for
-from tests.conftest import APP_MIGRATIONS
 
 WAIT = 20
-
-
-@pytest.fixture(scope="module")
-def migrated(database_url):
-    database = activedb.connect(database_url)
-    database.upgrade_app(APP_MIGRATIONS)
-    database.close()
-    return database_url
 
 
 @pytest.fixture
@@ -387,3 +378,39 @@ def test_transaction_events_fire_detached_rules(db):
             raise TriggerAborts()
     db.rules.wait_idle(WAIT)
     assert sorted(seen) == sorted([(trigger, "payment"), ("aborted", failed)])
+
+
+def test_fire_runs_planned_firings_and_tells_each_outcome(db):
+    """``db.rules.fire``: firings a caller planned (as the capture consumer does) run in the caller's
+    transaction, each in a subtransaction of its own; a failing one is FAILED with the rule's own error and
+    its writes are gone, the others' stay; shared, the first failure propagates."""
+    @db.rule(on=db.signalled("planned"), coupling="detached", name="writes")
+    def writes(tx, event):
+        tx.write("items", event.payload["key"], value=1)
+
+    @db.rule(on=db.signalled("planned"), coupling="detached", name="never", when=lambda tx, event: False)
+    def never(tx, event):
+        raise AssertionError("its condition is false")
+
+    @db.rule(on=db.signalled("planned"), coupling="detached", name="breaks")
+    def breaks(tx, event):
+        tx.write("items", "broken", value=2)
+        raise ZeroDivisionError("oops")
+
+    def firings(key):
+        event = activedb.Event(activedb.EventKind.SIGNAL, "planned", payload={"key": key})
+        return [Firing(rule, event, (rule.name,), rule.coupling, number)
+                for number, rule in enumerate((writes, never, breaks))]
+
+    with db.transaction() as tx:
+        fired = db.rules.fire(tx, firings("kept"))
+    assert [outcome for outcome, _ in fired] == [FiringOutcome.EXECUTED, FiringOutcome.CONDITION_FALSE,
+                                                 FiringOutcome.FAILED]
+    assert isinstance(fired[2].error, ZeroDivisionError) and fired[0].error is None
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT key FROM items ORDER BY key")).scalars().all() == ["kept"]
+
+    with pytest.raises(RuleFailed, match="breaks"):
+        with db.transaction() as tx:
+            tx.run_subtransaction(db.rules.fire, firings("shared"), shared=True)
+    assert db.rules.statistics().per_rule["breaks"].failed == 2

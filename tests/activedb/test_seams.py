@@ -12,17 +12,8 @@ import sqlalchemy as sa
 import activedb
 from activedb import CommitParticipant, Coupling, Observer, testing
 from activedb.errors import RuleFailed
-from tests.conftest import APP_MIGRATIONS
 
 TIMEOUT = 20
-
-
-@pytest.fixture(scope="module")
-def db(database_url):
-    database = activedb.connect(database_url)
-    database.upgrade_app(APP_MIGRATIONS)
-    yield database
-    database.close()
 
 
 @pytest.fixture(autouse=True)

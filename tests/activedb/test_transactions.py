@@ -10,6 +10,8 @@ from activedb import testing
 from activedb import TxnState
 from lockmgr import Deadlock
 
+pytestmark = pytest.mark.db(record_history=True)
+
 
 @pytest.fixture(autouse=True)
 def clean_tables(db):
@@ -18,14 +20,6 @@ def clean_tables(db):
             connection.execute(sa.text(f"DELETE FROM {table}"))
     db.history.clear() if db.history else None
     yield
-
-
-@pytest.fixture(scope="module")
-def db(database_url):
-    database = activedb.connect(database_url, record_history=True)
-    database.upgrade_app(__import__("tests.conftest", fromlist=["APP_MIGRATIONS"]).APP_MIGRATIONS)
-    yield database
-    database.close()
 
 
 def committed(db, table):

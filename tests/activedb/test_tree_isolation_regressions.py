@@ -26,17 +26,10 @@ import sqlalchemy as sa
 
 import activedb
 from activedb import testing
-from tests.conftest import APP_MIGRATIONS
+
+pytestmark = pytest.mark.db(record_history=True)
 
 TIMEOUT = 10
-
-
-@pytest.fixture(scope="module")
-def db(database_url):
-    database = activedb.connect(database_url, record_history=True)
-    database.upgrade_app(APP_MIGRATIONS)
-    yield database
-    database.close()
 
 
 @pytest.fixture(autouse=True)

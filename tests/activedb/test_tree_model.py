@@ -71,8 +71,11 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 import activedb
 from activedb import testing
+from tests import _actors as actors
+from tests._actors import ABORT, COMMIT
 from tests.activedb._tree_reference import Busy, Op, TreeModel
-from tests.conftest import APP_MIGRATIONS
+
+pytestmark = pytest.mark.db(record_history=True)
 
 KEYS = ("a", "b", "c")
 INITIAL_ROWS = {
@@ -96,57 +99,18 @@ COMPARE_LOCK_TABLE = os.environ.get("ACTIVEDB_MODEL_LOCK_TABLE", "1") != "0"
 IDLE_LIMIT = 30 * TIMEOUT      # an actor nobody talks to for this long aborts its node (leak guard)
 EXAMPLE_TIMEOUT = 20 * TIMEOUT
 
-COMMIT = object()
-ABORT = object()
 
-
-class AbortRequested(Exception):
-    """Raised in a node's body when the test tells it to abort."""
-
-
-@pytest.fixture(scope="module")
-def db(database_url):
-    database = activedb.connect(database_url, record_history=True)
-    database.upgrade_app(APP_MIGRATIONS)
-    yield database
-    database.close()
-
-
-class Actor:
-    """Runs one node's steps on the node's thread.  ``inbox``: steps (functions of the transaction),
-    ``COMMIT`` or ``ABORT``; ``outbox``: ``("started", tx.id)`` then one ``("ok", value)`` or
-    ``("error", exception)`` per step.  Thread-safe through its queues and the ``ended`` event."""
+class Actor(actors.Actor):
+    """A node as an actor (``tests/_actors.py``): announces itself, survives ``DuplicateKey``; a spawned
+    node's ``handle``, or an inline/top-level node's end (``ended``, set by whoever ran its body)."""
 
     def __init__(self, name: str):
-        self.name = name
-        self.inbox: queue.Queue = queue.Queue()
-        self.outbox: queue.Queue = queue.Queue()
-        self.tx: activedb.Transaction | None = None
+        super().__init__(name, idle_timeout=IDLE_LIMIT, announce=True, survivable=(activedb.DuplicateKey,))
         self.handle: activedb.SubtransactionHandle | None = None    # a spawned node's
         self.top_level = False
         self.ended = threading.Event()      # set by whoever ran the body (not for spawned nodes)
         self.final_state: activedb.TxnState | None = None
         self.error: BaseException | None = None
-
-    def serve(self, tx) -> None:
-        """The node's body: returns on COMMIT (the node then commits), raises on ABORT."""
-        self.tx = tx
-        self.outbox.put(("started", tx.id))
-        while True:
-            message = self.inbox.get(timeout=IDLE_LIMIT)
-            if message is COMMIT:
-                return None
-            if message is ABORT:
-                raise AbortRequested(f"the test aborts {self.name}")
-            try:
-                value = message(tx)
-            except activedb.DuplicateKey as error:     # leaves the node usable
-                self.outbox.put(("error", error))
-                continue
-            except BaseException as error:
-                self.outbox.put(("error", error))
-                raise
-            self.outbox.put(("ok", value))
 
     def record_end(self, error: BaseException | None) -> None:
         self.error = error

@@ -1,7 +1,7 @@
 """Fixtures of the capture tests.
 
-* ``capture_db`` (module): ``activedb.connect(database_url)`` with the capture tests' own tables and
-  the application revision that enables capture on ``orders`` and ``typed_samples``;
+* ``db`` (module, the shared fixture): with the capture tests' own tables and the application revision
+  that enables capture on ``orders`` and ``typed_samples`` (``db_options``);
 * ``clean`` (function): forgets rules, consumers, captured changes and the tables' rows before a test;
 * ``conninfo``: a libpq connection string for raw psycopg writers ("another service");
 * ``make_database_url``: a further fresh database (an uninterrupted reference run).
@@ -14,8 +14,6 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-import activedb
-
 MIGRATIONS = Path(__file__).parent / "app_migrations"
 TABLES = ("orders", "order_log", "order_totals", "typed_samples")
 
@@ -26,11 +24,8 @@ def libpq(url: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def capture_db(database_url):
-    database = activedb.connect(database_url)
-    database.upgrade_app(MIGRATIONS)
-    yield database
-    database.close()
+def db_options() -> dict:
+    return {"migrations": (MIGRATIONS,)}
 
 
 @pytest.fixture
@@ -39,9 +34,8 @@ def conninfo(database_url) -> str:
 
 
 @pytest.fixture
-def clean(capture_db):
+def clean(db):
     """A clean slate: no rules, no consumers, no captured changes, empty tables (capture stays on)."""
-    db = capture_db
     db.capture.close()
     for name in db.rules.names():
         db.rules.remove(name)

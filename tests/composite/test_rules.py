@@ -6,19 +6,9 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-import activedb
 from activedb import composite
 from activedb.events import Timestamp
 from tests.composite.conftest import FIG2, ev, make_engine, names
-from tests.conftest import APP_MIGRATIONS
-
-
-@pytest.fixture(scope="module")
-def db(database_url):
-    database = activedb.connect(database_url)
-    database.upgrade_app(APP_MIGRATIONS)
-    yield database
-    database.close()
 
 
 @pytest.fixture(autouse=True)

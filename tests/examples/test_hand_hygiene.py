@@ -16,7 +16,6 @@ import json
 import random
 
 import pytest
-import sqlalchemy as sa
 
 import activedb
 
@@ -24,6 +23,7 @@ from activedb.examples.hand_hygiene import MIGRATIONS
 from activedb.examples.hand_hygiene.app import COLORS, register, reset_tables
 from activedb.examples.hand_hygiene.demo import run_demo
 from activedb.examples.hand_hygiene.events import apply_directly, generate
+from tests.examples._story import STORY, badge, rows
 
 WAIT = 60
 
@@ -43,15 +43,6 @@ def app(hygiene):
     return db
 
 
-def badge(kind: str, worker: str, ts: float, room: str = "corridor") -> dict:
-    return {"type": kind, "worker": worker, "ts": ts, "room": room}
-
-
-def rows(db, query: str, **parameters) -> list[tuple]:
-    with db.engine.connect() as connection:
-        return [tuple(row) for row in connection.execute(sa.text(query), parameters)]
-
-
 def statuses(db) -> dict[str, str]:
     return dict(rows(db, "SELECT worker, status FROM worker_status"))
 
@@ -60,34 +51,7 @@ def counters(db, name: str):
     return db.rules.statistics().per_rule.get(name)
 
 
-SEQUENCE = [
-    # w1 — Active CEP's Example 1 (exit^2, enter^10 matches Q1 -> warning, exit^15 reads warning) and he
-    # leaves the room still unsanitized and unmasked -> violation.
-    badge("enter", "w1", 0.0, "room1"), badge("exit", "w1", 2.0, "room1"),
-    badge("enter", "w1", 10.0, "room2"), badge("exit", "w1", 15.0, "room2"),
-    # w2 — sanitizes between the rooms: !SANITIZE fails, Q1 does not match.
-    badge("enter", "w2", 0.5, "room1"), badge("exit", "w2", 2.5, "room1"),
-    badge("sanitize", "w2", 5.0), badge("enter", "w2", 10.5, "room2"),
-    # w3 — enters the next room after the 45 s window.
-    badge("enter", "w3", 1.0, "room1"), badge("exit", "w3", 3.0, "room1"), badge("enter", "w3", 60.0, "room2"),
-    # w4 — goes back into the same room (EXIT.location = ENTER.location).
-    badge("enter", "w4", 1.5, "room3"), badge("exit", "w4", 3.5, "room3"), badge("enter", "w4", 11.0, "room3"),
-    # w5 — warned, masks, and leaves within 5 s: Q2's SEQ(MASK, EXIT) keeps him in warning.
-    badge("enter", "w5", 0.2, "room1"), badge("exit", "w5", 2.2, "room1"), badge("enter", "w5", 10.2, "room2"),
-    badge("mask", "w5", 12.0, "room2"), badge("exit", "w5", 15.2, "room2"),
-    # w6 — warned, sanitizes in the room -> safe; leaving is then fine.
-    badge("enter", "w6", 0.3, "room1"), badge("exit", "w6", 2.3, "room1"), badge("enter", "w6", 10.3, "room2"),
-    badge("sanitize", "w6", 12.3, "room2"), badge("exit", "w6", 15.3, "room2"),
-    # w7 — violation, then sanitizes in the corridor -> safe.
-    badge("enter", "w7", 0.4, "room1"), badge("exit", "w7", 2.4, "room1"), badge("enter", "w7", 10.4, "room2"),
-    badge("exit", "w7", 15.4, "room2"), badge("sanitize", "w7", 20.0),
-    # w8 — an ENTER while badged in room1 is impossible: rejected (and compensated), the rest applies.
-    badge("enter", "w8", 0.6, "room1"), badge("enter", "w8", 5.0, "room2"), badge("exit", "w8", 8.0, "room1"),
-    # w9 — warned; an EXIT from a room he is not in is rejected *before* the escalation rule (priority
-    # 100 over 50) could turn it into a violation with its alert and notification; then sanitizes.
-    badge("enter", "w9", 0.7, "room1"), badge("exit", "w9", 2.7, "room1"), badge("enter", "w9", 10.7, "room2"),
-    badge("exit", "w9", 12.0, "room3"), badge("sanitize", "w9", 14.0, "room2"),
-]
+SEQUENCE = STORY
 
 
 def test_badge_events_drive_the_statuses(app):

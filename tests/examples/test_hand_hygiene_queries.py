@@ -16,18 +16,10 @@ import sqlalchemy as sa
 from activedb import streams
 from activedb.examples.hand_hygiene import MIGRATIONS, queries
 from activedb.examples.hand_hygiene.demo import run_demo
+from tests.examples._story import STORY, badge, rows
 
 WAIT = 60
 README = Path(__file__).resolve().parents[2] / "activedb" / "streams" / "README.md"
-
-
-def badge(kind: str, worker: str, ts: float, room: str = "corridor") -> dict:
-    return {"type": kind, "worker": worker, "ts": ts, "room": room}
-
-
-def rows(db, query: str, **parameters) -> list[tuple]:
-    with db.engine.connect() as connection:
-        return [tuple(row) for row in connection.execute(sa.text(query), parameters)]
 
 
 @pytest.fixture(scope="module")
@@ -67,32 +59,7 @@ def test_the_engine_defines_the_edges(hygiene):
     assert engine.rules["R1"].definition == reference.rules["R1"].definition
 
 
-SEQUENCE = [
-    # w1 — Active CEP's Example 1: exit^2, enter^10 matches Q1 (safe -> warning); exit^15 in warning, unmasked:
-    # Q4/R4 -> violation.
-    badge("enter", "w1", 0.0, "room1"), badge("exit", "w1", 2.0, "room1"),
-    badge("enter", "w1", 10.0, "room2"), badge("exit", "w1", 15.0, "room2"),
-    # w2 — sanitizes between the rooms: !SANITIZE kills the match.
-    badge("enter", "w2", 0.5, "room1"), badge("exit", "w2", 2.5, "room1"),
-    badge("sanitize", "w2", 5.0), badge("enter", "w2", 10.5, "room2"),
-    # w3 — enters the next room after the 45 s window.
-    badge("enter", "w3", 1.0, "room1"), badge("exit", "w3", 3.0, "room1"), badge("enter", "w3", 60.0, "room2"),
-    # w4 — back into the same room (EXIT.location = ENTER.location).
-    badge("enter", "w4", 1.5, "room3"), badge("exit", "w4", 3.5, "room3"), badge("enter", "w4", 11.0, "room3"),
-    # w5 — warned, masks, leaves within 5 s: Q2 matches, R2 (the app's choice) -> safe; R4's WHEN then sees safe.
-    badge("enter", "w5", 0.2, "room1"), badge("exit", "w5", 2.2, "room1"), badge("enter", "w5", 10.2, "room2"),
-    badge("mask", "w5", 12.0, "room2"), badge("exit", "w5", 15.2, "room2"),
-    # w6 — warned, sanitizes in the room: Q3/R3 -> safe; leaving is then fine.
-    badge("enter", "w6", 0.3, "room1"), badge("exit", "w6", 2.3, "room1"), badge("enter", "w6", 10.3, "room2"),
-    badge("sanitize", "w6", 12.3, "room2"), badge("exit", "w6", 15.3, "room2"),
-    # w7 — violation, then sanitizes in the corridor -> safe.
-    badge("enter", "w7", 0.4, "room1"), badge("exit", "w7", 2.4, "room1"), badge("enter", "w7", 10.4, "room2"),
-    badge("exit", "w7", 15.4, "room2"), badge("sanitize", "w7", 20.0),
-    # w8 — an ENTER while badged in room1 is impossible: rejected (s-transaction aborted, compensated).
-    badge("enter", "w8", 0.6, "room1"), badge("enter", "w8", 5.0, "room2"), badge("exit", "w8", 8.0, "room1"),
-    # w9 — warned; an EXIT from a room he is not in is rejected, so Q4 cannot escalate it; then sanitizes.
-    badge("enter", "w9", 0.7, "room1"), badge("exit", "w9", 2.7, "room1"), badge("enter", "w9", 10.7, "room2"),
-    badge("exit", "w9", 12.0, "room3"), badge("sanitize", "w9", 14.0, "room2"),
+SEQUENCE = STORY + [
     # w10 — masked too early (more than 5 s before leaving): Q2 does not match, Q4 escalates.
     badge("enter", "w10", 0.8, "room1"), badge("exit", "w10", 2.8, "room1"), badge("enter", "w10", 10.8, "room2"),
     badge("mask", "w10", 11.0, "room2"), badge("exit", "w10", 17.0, "room2"),

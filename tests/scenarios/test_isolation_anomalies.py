@@ -12,7 +12,6 @@ shows one more waiter (observable state), never by sleeping.
 
 from __future__ import annotations
 
-import queue
 import threading
 
 import pytest
@@ -21,18 +20,12 @@ import sqlalchemy as sa
 import activedb
 from activedb import testing
 from lockmgr import Deadlock
-from tests.conftest import APP_MIGRATIONS
+from tests import _actors as actors
+
+pytestmark = pytest.mark.db(record_history=True)
 
 TIMEOUT = 20
 BLOCKED = "blocked"
-
-
-@pytest.fixture(scope="module")
-def db(database_url):
-    database = activedb.connect(database_url, record_history=True)
-    database.upgrade_app(APP_MIGRATIONS)
-    yield database
-    database.close()
 
 
 @pytest.fixture(autouse=True)
@@ -45,36 +38,14 @@ def initial_state(db):
     testing.check_history(db.history.snapshot()).assert_ok()
 
 
-class _Finish:
-    def __init__(self, commit: bool):
-        self.commit = commit
-
-
-class Actor:
-    """Runs one transaction's steps on its own thread; ``step`` returns the result or BLOCKED."""
+class Actor(actors.Actor):
+    """One transaction as an actor (``tests/_actors.py``); ``step`` returns the result or BLOCKED."""
 
     def __init__(self, db, name: str):
+        super().__init__(name, idle_timeout=TIMEOUT)
         self.db = db
-        self.name = name
-        self.inbox: queue.Queue = queue.Queue()
-        self.outbox: queue.Queue = queue.Queue()
         self.outcome: str | None = None
         self.error: BaseException | None = None
-        self.tx = None
-
-    def body(self, tx) -> None:
-        self.tx = tx
-        while True:
-            step = self.inbox.get(timeout=TIMEOUT)
-            if isinstance(step, _Finish):
-                if not step.commit:
-                    raise _Rollback()
-                return
-            try:
-                self.outbox.put(("ok", step(tx)))
-            except BaseException as error:
-                self.outbox.put(("error", error))
-                raise
 
     def step(self, function, *, blocks: bool = False):
         waiting_before = self.db.transactions.locks.statistics().waiting
@@ -84,26 +55,17 @@ class Actor:
                 lambda: not self.outbox.empty() or self.db.transactions.locks.statistics().waiting > waiting_before,
                 TIMEOUT, f"{self.name} to block")
             if not self.outbox.empty():
-                raise AssertionError(f"{self.name}'s step was expected to block but completed: {self._take()!r}")
+                raise AssertionError(f"{self.name}'s step was expected to block but completed: "
+                                     f"{self.take(TIMEOUT)!r}")
             return BLOCKED
-        return self._take()
-
-    def _take(self):
-        kind, value = self.outbox.get(timeout=TIMEOUT)
-        if kind == "error":
-            raise value
-        return value
+        return self.take(TIMEOUT)
 
     def resume(self):
         """The result of a step that blocked earlier."""
-        return self._take()
+        return self.take(TIMEOUT)
 
     def finish(self, commit: bool = True) -> None:
-        self.inbox.put(_Finish(commit))
-
-
-class _Rollback(Exception):
-    pass
+        self.inbox.put(actors.COMMIT if commit else actors.ABORT)
 
 
 class TopLevelPair:
@@ -119,7 +81,7 @@ class TopLevelPair:
     def _run(self, actor: Actor) -> None:
         try:
             with self.db.transaction() as tx:
-                actor.body(tx)
+                actor.serve(tx)
             actor.outcome = "committed"
         except BaseException as error:
             actor.outcome, actor.error = "aborted", error
@@ -157,7 +119,7 @@ class SiblingPair(TopLevelPair):
 
     def _child(self, tx, actor: Actor) -> None:
         try:
-            actor.body(tx)
+            actor.serve(tx)
             actor.outcome = "committed"   # the child commits right after its body returns
         except BaseException as error:
             actor.outcome, actor.error = "aborted", error

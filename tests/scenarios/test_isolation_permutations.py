@@ -74,7 +74,6 @@ import pytest
 
 import activedb
 from activedb import testing
-from tests.conftest import APP_MIGRATIONS
 from tests.scenarios._isolation_tester import (
     PARENT_T1,
     PARENT_T2,
@@ -100,6 +99,8 @@ from tests.scenarios._isolation_tester import (
     Write,
     serial_witness,
 )
+
+pytestmark = pytest.mark.db(record_history=True)
 
 SEED = int(os.environ.get("ACTIVEDB_ISOLATION_SEED", "20240609"))
 EXHAUSTIVE = os.environ.get("ACTIVEDB_ISOLATION_EXHAUSTIVE", "") not in ("", "0")
@@ -216,14 +217,6 @@ CASES = [pytest.param(scenario, pairing, id=f"{scenario.name}-{pairing.id}")
 
 # The failures a step may end with; anything else fails the test.
 EXPECTED_ERRORS = (activedb.Deadlock, activedb.SerializationConflict, activedb.TransactionAborted)
-
-
-@pytest.fixture(scope="module")
-def db(database_url):
-    database = activedb.connect(database_url, record_history=True)
-    database.upgrade_app(APP_MIGRATIONS)
-    yield database
-    database.close()
 
 
 class PermutationFailed(AssertionError):

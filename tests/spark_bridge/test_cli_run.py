@@ -11,12 +11,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from click.testing import CliRunner
 
 import spark_bridge
+from activedb import testing
 from activedb.cli import main
 from tests.spark_bridge._streams import APP_FILE, app_database, app_state, apply_directly, counter_workload, write_files
 
@@ -24,13 +24,13 @@ TIMEOUT_SECONDS = 120
 
 
 def _wait_until(predicate, *, timeout: float, process: subprocess.Popen, output) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
+    """``testing.wait_until`` while ``activedb run`` is alive; its output tells what it saw."""
+    def reached():
         if process.poll() is not None:
             raise AssertionError(f"activedb run exited with {process.returncode}:\n{output.read_text()[-3000:]}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not reached in {timeout} s:\n{output.read_text()[-3000:]}")
-        time.sleep(0.1)  # polling PostgreSQL: this paces the check, it orders nothing
+        return predicate()
+
+    testing.wait_until(reached, timeout, "the condition", describe=lambda: output.read_text()[-3000:])
 
 
 @pytest.mark.spark

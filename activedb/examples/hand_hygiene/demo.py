@@ -45,7 +45,7 @@ from rich.table import Table
 
 import activedb
 from activedb import Coupling
-from activedb.bench.progress import Progress
+from activedb.progress import Progress
 from activedb.plugins import load_feed
 from activedb.examples.hand_hygiene import MIGRATIONS
 from activedb.examples.hand_hygiene import app, queries

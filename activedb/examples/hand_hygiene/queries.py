@@ -118,7 +118,7 @@ PUNCTUATION_DELAY = 30.0     # a chunk's punctuation: the largest ts seen before
 
 #: Q1 and R1 exactly as printed in Active CEP §3.1 (the streams README and ``activedb bench streams`` run the
 #: same text).
-Q1_R1 = """
+Q1_R1 = """\
 CREATE QUERY Q1 ON estream
 PATTERN SEQ(EXIT, !SANITIZE, ENTER)
 WHERE [HCW-ID] AND

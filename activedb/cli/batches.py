@@ -15,8 +15,6 @@ what it would cost other batches; without it, it compensates (``--app``: a modul
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import sys
 from collections.abc import Sequence
@@ -25,22 +23,8 @@ from typing import Any
 
 import click
 
-
-def _open(ctx: click.Context, *, writes: bool):
-    from activedb.cli import open_database
-
-    return open_database(ctx, writes=writes)
-
-
-def _load_app(spec: str):
-    if spec.endswith(".py") or Path(spec).is_file():
-        module_spec = importlib.util.spec_from_file_location(Path(spec).stem, spec)
-        if module_spec is None or module_spec.loader is None:
-            raise click.ClickException(f"cannot load {spec!r}: not a Python file")
-        module = importlib.util.module_from_spec(module_spec)
-        module_spec.loader.exec_module(module)
-        return module
-    return importlib.import_module(spec)
+from activedb.cli import open_database
+from activedb.cli.capture import load_app
 
 
 @click.group("batches")
@@ -57,8 +41,7 @@ def batches_group() -> None:
 @click.pass_context
 def show(ctx: click.Context, query: str, batch: str, png: str | None, as_json: bool, max_rounds: int) -> None:
     """The composite transaction of batch (QUERY, BATCH), its scover and independent scover."""
-    db = _open(ctx, writes=False)
-    try:
+    with open_database(ctx, writes=False) as db:
         graph, cover = db.batches.graph((query, batch), max_rounds=max_rounds)
         scover = db.batches.scover((query, batch))
         if as_json:
@@ -84,8 +67,6 @@ def show(ctx: click.Context, query: str, batch: str, png: str | None, as_json: b
                 f"independent scover ({cover.rounds} rounds, {'complete' if cover.complete else 'cut at a bound'}): "
                 f"{', '.join(sorted(map(str, cover.batches)))}"])
             click.echo(f"picture: {png}", err=True)
-    finally:
-        db.close()
 
 
 def render_tree(graph, title: str) -> str:
@@ -225,10 +206,9 @@ def draw(graph, title: str, path: str, notes: Sequence[str] = ()) -> None:
 def compensate(ctx: click.Context, query: str, batch: str, mode: str, scope: str, dry_run: bool,
                allow_unsafe: bool, app: str | None, max_rounds: int, as_json: bool) -> None:
     """Compensate source batch (QUERY, BATCH) — or, with --dry-run, say what that would do."""
-    db = _open(ctx, writes=not dry_run)
-    try:
+    with open_database(ctx, writes=not dry_run) as db:
         if app:
-            _load_app(app).register(db)
+            load_app(app).register(db)
         report = db.batches.compensate((query, batch), mode=mode, scope=scope, dry_run=dry_run,
                                        allow_unsafe=allow_unsafe, max_rounds=max_rounds)
         described = report.describe()
@@ -256,8 +236,6 @@ def compensate(ctx: click.Context, query: str, batch: str, mode: str, scope: str
         cover = described["independent_scover"]
         if cover is not None and cover["cut_at_bound"]:
             click.echo(f"independent scover cut at the {cover['cut_at_bound']} bound after {cover['rounds']} rounds")
-    finally:
-        db.close()
 
 
 @batches_group.command("prune")
@@ -265,11 +243,8 @@ def compensate(ctx: click.Context, query: str, batch: str, mode: str, scope: str
 @click.pass_context
 def prune(ctx: click.Context, older_than: float) -> None:
     """Forget lineage recorded more than --older-than seconds ago."""
-    db = _open(ctx, writes=True)
-    try:
+    with open_database(ctx, writes=True) as db:
         click.echo(f"forgot {db.batches.prune(older_than=older_than)} transaction(s)")
-    finally:
-        db.close()
 
 
 def register_commands(main_group: click.Group) -> None:

@@ -75,11 +75,8 @@ def capture_group() -> None:
 @click.pass_context
 def status_command(ctx: click.Context, as_json: bool, behind_changes: int, behind_seconds: float) -> None:
     """Captured tables and the backlog per consumer and table."""
-    database = _connect(ctx)
-    try:
+    with _connect(ctx) as database:
         status = database.capture.status(behind_changes=behind_changes, behind_seconds=behind_seconds)
-    finally:
-        database.close()
     if as_json:
         document = dataclasses.asdict(status)
         document["warnings"] = status.warnings()
@@ -131,13 +128,10 @@ def status_command(ctx: click.Context, as_json: bool, behind_changes: int, behin
 @click.pass_context
 def enable_command(ctx: click.Context, tables: tuple[str, ...]) -> None:
     """Capture TABLES (better: enable_capture(op, table) in the application's migration)."""
-    database = _connect(ctx)
-    try:
+    with _connect(ctx) as database:
         for table in tables:
             database.capture(table)
             click.echo(f"capturing {table}")
-    finally:
-        database.close()
 
 
 @capture_group.command("disable")
@@ -145,13 +139,10 @@ def enable_command(ctx: click.Context, tables: tuple[str, ...]) -> None:
 @click.pass_context
 def disable_command(ctx: click.Context, tables: tuple[str, ...]) -> None:
     """Stop capturing TABLES (their changes not yet consumed are dropped)."""
-    database = _connect(ctx)
-    try:
+    with _connect(ctx) as database:
         for table in tables:
             database.capture.remove(table)
             click.echo(f"no longer capturing {table}")
-    finally:
-        database.close()
 
 
 @capture_group.command("consume")

@@ -822,7 +822,3 @@ def _register_contributed_commands() -> None:
 
 
 _register_contributed_commands()
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -35,8 +35,7 @@ def _batch(db, events: int, query: str | None, batch_id: int) -> float:
 
 def run(quick: bool = False) -> BenchReport:
     report = BenchReport("lineage recording (activedb bench lineage)")
-    database = connect()
-    try:
+    with connect() as database:
         with database.transaction() as tx:
             for key in range(KEYS):
                 tx.write("bench_objects", key, value=0)
@@ -64,8 +63,6 @@ def run(quick: bool = False) -> BenchReport:
         database.batches.prune(older_than=0)
         report.notes.append("medians of alternating rounds in one process and one database; the single-event row is "
                             "the worst case (one lineage INSERT per one-event top-level transaction)")
-    finally:
-        database.close()
     return report
 
 

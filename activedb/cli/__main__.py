@@ -1,0 +1,4 @@
+"""``python -m activedb.cli``: the ``activedb`` command."""
+from activedb.cli import main
+
+main()

@@ -1,0 +1,90 @@
+"""The layers drawn in the README's layout section hold in the code: every import (at module level, inside
+functions, or for type checking only) goes to the same layer or one below, and no circle spans two parts
+(subpackages, or top-level modules of ``activedb``)."""
+
+import ast
+import re
+from pathlib import Path
+
+import networkx as nx
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("activedb", "spark_bridge", "lockmgr", "coupling")
+
+
+def layers() -> dict[str, int]:
+    """Part -> layer, from the README's drawing (``7  activedb.cli  activedb.bench ...``, top first)."""
+    text = (ROOT / "README.md").read_text()
+    drawing = re.search(r"### Layers\n.*?```text\n(.*?)```", text, re.S).group(1)
+    found = {}
+    for line in drawing.splitlines():
+        number, _, parts = line.partition(" ")
+        found.update({part: int(number) for part in parts.split()})
+    return found
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            relative = path.relative_to(ROOT).with_suffix("")
+            if "migrations" in relative.parts:
+                continue
+            name = ".".join(relative.parts)
+            found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def part(module: str) -> str:
+    """``activedb.txn._tree`` -> ``activedb.txn``; a top-level module of activedb stands alone; the other
+    packages are one part each."""
+    pieces = module.split(".")
+    if pieces[0] != "activedb" or len(pieces) == 1:
+        return pieces[0]
+    return ".".join(pieces[:2])
+
+
+def import_graph() -> nx.DiGraph:
+    known = modules()
+    graph = nx.DiGraph()
+    for name, path in known.items():
+        is_package = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    here = name.split(".")[: len(name.split(".")) - node.level + is_package]
+                    base = ".".join(here + ([node.module] if node.module else []))
+                targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
+            else:
+                continue
+            for target in targets:       # the first that names a module: ``from a import b`` may import a.b
+                if target.startswith("activedb._migrations"):
+                    break                    # the repository's migrations/ folder, installed under that name
+                while target and target not in known:
+                    target = target.rpartition(".")[0]
+                if target:
+                    if part(target) != part(name):
+                        graph.add_edge(part(name), part(target), via=f"{name} -> {target}")
+                    break
+    return graph
+
+
+def test_every_part_has_a_layer_in_the_readme():
+    missing = {part(module) for module in modules()} - set(layers())
+    assert not missing, f"parts missing from the README's layer drawing: {sorted(missing)}"
+
+
+def test_no_import_runs_up_a_layer():
+    rank = layers()
+    upward = [data["via"] for a, b, data in import_graph().edges(data=True) if rank[b] > rank[a]]
+    assert not upward, "imports that run back up:\n" + "\n".join(sorted(upward))
+
+
+def test_no_circle_spans_two_parts():
+    graph = import_graph()
+    circles = [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1]
+    edges = [data["via"] for a, b, data in graph.edges(data=True) if any(a in c and b in c for c in circles)]
+    assert not circles, f"circles {circles} through:\n" + "\n".join(sorted(edges))
