@@ -710,6 +710,22 @@ def _unregister(pgdata: Path) -> None:
                 pass
 
 
+def log_of_url(url) -> str | None:
+    """The log file of this process's embedded server that a SQLAlchemy ``url`` points at, if any (for
+    advice in error messages)."""
+    socket = url.query.get("host")
+    return log_of_socket(socket) if isinstance(socket, str) else None
+
+
+def log_of_socket(socket_directory: str) -> str | None:
+    """The log file of the embedded server of this process listening in ``socket_directory``, if any."""
+    with _registry_mutex:
+        for pgdata, registration in _registry.items():
+            if registration.server.socket_directory == socket_directory:
+                return str(pgdata / "log")
+    return None
+
+
 def stop(home: Path) -> None:
     """Unregister this process from the server under ``home``; stops it if this was the last user."""
     _unregister((Path(home).expanduser().resolve()) / "pgdata")

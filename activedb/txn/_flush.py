@@ -43,7 +43,8 @@ from typing import TYPE_CHECKING, Mapping
 
 import sqlalchemy as sa
 
-from activedb.errors import DatabaseError, DatabaseUnavailable, DuplicateKey, SerializationConflict
+from activedb.errors import (DatabaseError, DatabaseUnavailable, DiskFull, DuplicateKey, Failure, SerializationConflict,
+                             classify)
 from activedb.store import EntryKind, Key, TableInfo, apply_write_set, fetch_rows, is_connection_failure, jsonable
 from activedb.txn._rowlocks import RowLocks
 from activedb.txn._view import scan_rows
@@ -255,9 +256,11 @@ def _raise_database_error(root: "Transaction", error: sa.exc.DBAPIError) -> None
         return
     sqlstate = getattr(error.orig, "sqlstate", None)
     message = str(error.orig).strip().splitlines()[0] if error.orig is not None else type(error).__name__
-    raise DatabaseError(
+    kind = DiskFull if classify(error) is Failure.DISK_FULL else DatabaseError
+    server_log = root.manager.catalog.server_log() if kind is DiskFull else None
+    raise kind(
         f"PostgreSQL refused the commit of {root.id} (SQLSTATE {sqlstate}): {message}; nothing was written. "
-        f"{_hint(sqlstate)}",
+        f"{_hint(sqlstate)}{f' The server log is {server_log}.' if server_log else ''}",
         sqlstate=sqlstate,
     ) from None
 
@@ -277,13 +280,14 @@ def _hint(sqlstate: str | None) -> str:
 def _raise_unknown_outcome(root: "Transaction", error: BaseException) -> None:
     """The connection broke during the flush: find out from the log whether it committed."""
     catalog = root.manager.catalog
-    log = catalog.table("activedb_transaction_log")
-    describe = catalog.describe()
+    server_log = catalog.server_log()
+    describe = catalog.describe() + (f"; the server's log is {server_log}" if server_log else "")
     try:
+        log = catalog.table("activedb_transaction_log")
         with catalog.engine.connect() as connection:
             committed = connection.execute(
                 sa.select(log.c.id).where(log.c.transaction_id == root.log_id)).first() is not None
-    except sa.exc.DBAPIError:
+    except (sa.exc.DBAPIError, DatabaseUnavailable):
         raise DatabaseUnavailable(
             f"lost the connection to PostgreSQL ({describe}) while committing {root.id}; "
             f"PostgreSQL applied all of it or nothing — look for transaction_id {root.log_id!r} in "
