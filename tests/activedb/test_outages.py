@@ -190,3 +190,24 @@ def test_a_full_disk_is_disk_full_or_unavailable_naming_the_server_log(tmp_path)
             database.close()
         _embedded.stop(home)
         subprocess.run(["umount", "-l", str(mount)], capture_output=True, timeout=60)
+
+
+def test_the_cli_prints_a_database_failure_no_layer_wrapped_as_one_line_not_a_traceback():
+    import click
+    from click.testing import CliRunner
+
+    from activedb.cli import _Group
+
+    @click.group(cls=_Group)
+    def group():
+        pass
+
+    @group.command("probe")
+    def probe():
+        psycopg.connect("host=127.0.0.1 port=1 dbname=x user=x connect_timeout=5")
+
+    result = CliRunner().invoke(group, ["probe"])
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "lost the connection to PostgreSQL" in lines[0] and "check that the server is up" \
+        in lines[0], result.output
