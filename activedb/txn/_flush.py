@@ -54,7 +54,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger("activedb.transaction")
 
-_RETRYABLE_SQLSTATES = {"40001", "40P01"}
+_RETRIED = (Failure.SERIALIZATION_CONFLICT, Failure.DEADLOCK)      # SQLSTATE 40001 and 40P01 (classify)
 
 
 def flush(root: "Transaction") -> None:
@@ -117,7 +117,7 @@ def _flush_in_held(root, connection, infos, writes, reads, scans, participants, 
             connection.close()
     except sa.exc.OperationalError as error:
         sqlstate = getattr(error.orig, "sqlstate", None)
-        if sqlstate in _RETRYABLE_SQLSTATES or sqlstate == "55P03":
+        if classify(error) in _RETRIED or sqlstate == "55P03":
             raise SerializationConflict(
                 f"commit of {root.id} failed on concurrent updates by another process (SQLSTATE {sqlstate}); "
                 f"nothing was written — re-run the transaction (Database.run(fn, retries=N) does)"
@@ -138,12 +138,12 @@ def _flush_with_retries(root, isolation, infos, writes, reads, scans, participan
                     _write_all(root, connection, infos, writes, reads, scans, participants, locked, held=False)
             return
         except sa.exc.OperationalError as error:
-            sqlstate = getattr(error.orig, "sqlstate", None)
-            if sqlstate in _RETRYABLE_SQLSTATES and attempt < manager.flush_retries:
+            retried = classify(error) in _RETRIED
+            if retried and attempt < manager.flush_retries:
                 # Jittered back-off between retries of the flush (not used to order threads).
                 time.sleep(random.uniform(0.5, 1.5) * min(0.2, 0.002 * 2 ** attempt))
                 continue
-            if sqlstate in _RETRYABLE_SQLSTATES:
+            if retried:
                 raise SerializationConflict(
                     f"commit of {root.id} failed {attempt} times on concurrent updates by another process; "
                     f"nothing was written — re-run the transaction (Database.run(fn, retries=N) does)"
