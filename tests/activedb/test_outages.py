@@ -73,6 +73,7 @@ def test_a_killed_server_is_unavailable_for_reads_writes_and_run_never_a_raw_dri
         _kill_server(database)
         attempts = {
             "read": lambda: database.run(lambda tx: tx.read("accounts", 1), retries=0),
+            "read for update": lambda: database.run(lambda tx: tx.read("accounts", 1, for_update=True), retries=0),
             "write": lambda: database.run(lambda tx: tx.write("accounts", 2, balance=5), retries=0),
             "scan": lambda: database.run(lambda tx: list(tx.scan("accounts")), retries=0),
         }
