@@ -1,6 +1,7 @@
 """Starting up safely: a home someone else could have made is refused (and nothing in it is touched),
-the password is never written through a link, and processes starting together — on a fresh home, or on
-an empty database (activedb's schema and an application's) — all succeed.
+the password is never written through a link, and processes starting together — on a fresh home, on a
+home whose server is stopped, or on an empty database (activedb's schema and an application's) — all
+succeed.
 
 Processes are released together by a ``multiprocessing.Barrier``, never by sleeping.
 """
@@ -123,7 +124,7 @@ def _together(barrier, results, worker: int, attempt, cleanup) -> None:
         results.put((worker, repetition, failure))
 
 
-def _start_on_fresh_homes(barrier, results, worker: int, homes: list[str]) -> None:
+def _start_on_homes(barrier, results, worker: int, homes: list[str]) -> None:
     databases = {}
 
     def attempt(repetition: int) -> None:
@@ -174,7 +175,16 @@ def _failures(outcomes: list[tuple]) -> list[str]:
 
 def test_processes_starting_together_on_a_fresh_home_all_succeed(tmp_path, pg_server):
     homes = [str(tmp_path / f"home{repetition}") for repetition in range(REPETITIONS)]
-    outcomes = _run_together(_start_on_fresh_homes, homes)
+    outcomes = _run_together(_start_on_homes, homes)
+    assert len(outcomes) == PROCESSES * REPETITIONS
+    assert not _failures(outcomes), "\n".join(_failures(outcomes))
+
+
+def test_processes_starting_a_stopped_server_together_all_succeed(tmp_path, pg_server):
+    home = tmp_path / "home"
+    _embedded.start(home)             # initialised once; each repetition starts the stopped server anew
+    _embedded.stop(home)
+    outcomes = _run_together(_start_on_homes, [str(home)] * REPETITIONS)
     assert len(outcomes) == PROCESSES * REPETITIONS
     assert not _failures(outcomes), "\n".join(_failures(outcomes))
 
