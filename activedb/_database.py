@@ -19,7 +19,8 @@ from activedb import _embedded, _migrate
 from activedb.atomic import Batches
 from activedb.capture import CaptureManager
 from activedb.capture.errors import CaptureNotEnabledWarning
-from activedb.errors import DatabaseUnavailable, RuleError, SerializationConflict, TransactionError
+from activedb.errors import (BadDatabaseURL, RuleError, SerializationConflict, TransactionError,
+                             database_failure)
 from activedb.events import DATA_KINDS, EventKind, EventSpec, Origin, Punctuations
 from activedb.outbox import Outbox
 from activedb.rules import FunctionRule, Rule, RuleManager
@@ -52,9 +53,14 @@ def normalise_url(url: str | URL) -> URL:
     try:
         parsed = make_url(url)
     except Exception as error:
-        raise DatabaseUnavailable(
+        raise BadDatabaseURL(
             f"not a database URL: {mask_secrets(str(url))!r} ({mask_secrets(str(error))}); expected "
             f"postgresql://user:password@host:port/database") from None
+    if "@" in (parsed.host or "") or "@" in (parsed.database or "") or "@" in str(parsed.query.get("host", "")):
+        raise BadDatabaseURL(
+            f"the database URL has more than one '@' before its host (it would connect to host "
+            f"{(parsed.host or '').rsplit('@', 1)[-1]!r}): a password containing '@' must be percent-encoded as %40 "
+            f"(urllib.parse.quote(password, safe='')), or passed in ?password= or PGPASSWORD")
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     if "password" in parsed.query:
@@ -62,7 +68,7 @@ def normalise_url(url: str | URL) -> URL:
         secret = parsed.query["password"]
         parsed = parsed.set(password=secret if isinstance(secret, str) else secret[0], query=query)
     if not parsed.drivername.startswith("postgresql"):
-        raise DatabaseUnavailable(
+        raise BadDatabaseURL(
             f"activedb needs PostgreSQL, got a {parsed.drivername!r} URL ({describe_url(parsed)})"
         )
     return parsed
@@ -75,7 +81,7 @@ def _from_conninfo(conninfo: str) -> URL:
     try:
         parts = {key: str(value) for key, value in conninfo_to_dict(conninfo).items()}
     except Exception as error:
-        raise DatabaseUnavailable(
+        raise BadDatabaseURL(
             f"not a connection string: {mask_secrets(conninfo)!r} ({mask_secrets(str(error))}); expected "
             f"postgresql://user:password@host:port/database or host=... dbname=... user=...") from None
     host = parts.pop("host", None)
@@ -106,15 +112,20 @@ def create_engine(url: URL, **options: Any) -> Engine:
 
 
 def check_reachable(engine: Engine) -> None:
+    """Connect once: a URL the driver refuses is a :class:`BadDatabaseURL`, every other failure the
+    documented error of :func:`activedb.errors.database_failure` (unavailable, refused, disk full)."""
     try:
         with engine.connect() as connection:
             connection.execute(sa.text("SELECT 1"))
-    except sa.exc.OperationalError as error:
-        reason = mask_secrets(str(error.orig).strip().splitlines()[0] if error.orig else str(error).splitlines()[0])
-        raise DatabaseUnavailable(
-            f"cannot connect to PostgreSQL at {describe_url(engine.url)}: {reason}. "
-            f"Check the URL (connect(url) or ACTIVEDB_DATABASE_URL) and that the server is running."
-        ) from None
+    except (sa.exc.ProgrammingError, sa.exc.ArgumentError) as error:
+        reason = mask_secrets(str(getattr(error, "orig", None) or error).strip().splitlines()[0])
+        raise BadDatabaseURL(
+            f"the database URL {describe_url(engine.url)} cannot be used: {reason}. Fix the URL (connect(url) or "
+            f"ACTIVEDB_DATABASE_URL): options go in ?name=value and must be libpq's "
+            f"(https://www.postgresql.org/docs/current/libpq-connect.html#LIBPQ-PARAMKEYWORDS)") from None
+    except sa.exc.DBAPIError as error:
+        raise database_failure(error, "connecting", describe_url(engine.url),
+                               server_log=_embedded.log_of_url(engine.url)) from None
 
 
 def _retried(error: BaseException | None) -> bool:

@@ -5,6 +5,11 @@
 
 Locked down (nothing of the user's is opened to anyone):
 
+* **A home or data directory someone else could have made is refused**, as ssh's StrictModes and
+  PostgreSQL's own data-directory check do: ``ACTIVEDB_HOME`` must belong to the user running activedb
+  and the data directory to that user (as root: or to the service user below), neither writable by
+  group or others.  The password file and the lock file are never opened through a symbolic link, and
+  the password file only if it is a regular file of this user.
 * **No permission of an existing directory is ever changed.**  Directories activedb creates are ``0700``
   (``ACTIVEDB_HOME`` and its parents that did not exist, the data directory, the socket directory).
 * **The socket is in a directory only the server's owner can enter**: the data directory itself when
@@ -29,7 +34,8 @@ Lifecycle (documented in README):
 
 * The first process starts the server (``initdb`` on first use), later processes reuse it: the
   ``postmaster.pid`` file says which server runs, and a lock file in ``ACTIVEDB_HOME`` (``flock``)
-  serialises start and stop, so there is never a second postmaster on one data directory.
+  serialises start and stop (and the creation of the database), so there is never a second postmaster
+  on one data directory, and processes starting together on a fresh home all succeed.
 * Every process that uses the server is listed in ``pgdata/.handle_pids.json``.  When the last one exits
   normally the server is stopped cleanly (fast shutdown, in an ``atexit`` hook).  ``keep_running=True``
   (or ``ACTIVEDB_KEEP_SERVER=1``) leaves it running for the next process instead.
@@ -264,6 +270,45 @@ def _make_private_directory(path: Path, *, traversable: bool = False) -> None:
         os.chmod(directory, mode)          # ours, just made: the umask may have narrowed it further
 
 
+def _check_owned(directory: Path, owners: set[int], what: str) -> None:
+    """Refuse an existing ``directory`` that is not a directory owned by one of ``owners``, or that group or
+    others may write to (as ssh's StrictModes and PostgreSQL's own data-directory check do): whoever else
+    can write there can plant a link where activedb writes the server's password, or replace the server's
+    files.  Nothing is changed: the user decides."""
+    try:
+        info = os.lstat(directory)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(info.st_mode):
+        raise EmbeddedServerError(
+            f"{what} {directory} is not a directory ({stat.filemode(info.st_mode)}); move it away or set "
+            f"ACTIVEDB_HOME to another directory (nothing was touched)")
+    if info.st_uid not in owners:
+        raise EmbeddedServerError(
+            f"{what} {directory} belongs to uid {info.st_uid}, not to uid {os.geteuid()} running activedb: someone "
+            f"else may have made it, and activedb keeps the server's password and data there. Use a directory of "
+            f"your own (set ACTIVEDB_HOME, or remove {directory} so that activedb creates it), or, if it is yours, "
+            f"chown it (nothing was touched)")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise EmbeddedServerError(
+            f"{what} {directory} is writable by group or others ({stat.filemode(info.st_mode)}): they could plant "
+            f"links or files where activedb keeps the server's password and data. Make it private (chmod go-w "
+            f"{directory}, better chmod 700) or set ACTIVEDB_HOME to another directory (nothing was touched)")
+
+
+def _data_directory_owners() -> set[int]:
+    """Who may own a data directory: this user; as root, also the service user an older activedb (or one
+    without user namespaces) made it for."""
+    if os.geteuid() != 0:
+        return {os.geteuid()}
+    import pwd
+
+    try:
+        return {0, pwd.getpwnam(SERVICE_USER).pw_uid}
+    except KeyError:
+        return {0}
+
+
 def _socket_directory(pgdata: Path, runner: _Runner) -> Path:
     """Where the server's socket goes: the data directory, or a private directory in the temp dir."""
     if len(str(pgdata / SOCKET_FILE).encode()) <= SOCKET_PATH_LIMIT:
@@ -313,20 +358,45 @@ def _check_data_directory(pgdata: Path) -> None:
 
 # --- the password ------------------------------------------------------------------------------
 
-def _read_password(home: Path) -> str | None:
-    path = home / PASSWORD_FILE
+def _open_secret(path: Path, flags: int) -> int:
+    """``os.open`` of a file holding a secret: never through a symbolic link, and only a regular file this
+    user owns (a link, a FIFO or someone else's file planted there is refused, and nothing is written)."""
     try:
-        return path.read_text().strip() or None
-    except FileNotFoundError:
-        return None
+        descriptor = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+    except OSError as error:
+        if os.path.islink(path):
+            raise EmbeddedServerError(
+                f"{path} is a symbolic link (to {os.readlink(path)}); activedb keeps the server's password there and "
+                f"never follows a link for it — someone may have planted it. Remove the link and connect again "
+                f"(nothing was written)") from None
+        raise EmbeddedServerError(f"cannot open {path}: {error}; check the file and its directory") from None
+    info = os.fstat(descriptor)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+        os.close(descriptor)
+        raise EmbeddedServerError(
+            f"{path} is not a regular file of uid {os.geteuid()} (it is {stat.filemode(info.st_mode)}, owner uid "
+            f"{info.st_uid}); activedb keeps the server's password there — someone may have planted it. Remove it "
+            f"and connect again (nothing was written)")
+    return descriptor
+
+
+def _read_password(home: Path) -> str | None:
+    try:
+        descriptor = _open_secret(home / PASSWORD_FILE, os.O_RDONLY)
+    except EmbeddedServerError:
+        if not os.path.lexists(home / PASSWORD_FILE):
+            return None
+        raise
+    with os.fdopen(descriptor, "r") as file:
+        return file.read().strip() or None
 
 
 def _write_password(home: Path, password: str) -> None:
-    path = home / PASSWORD_FILE
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    descriptor = _open_secret(home / PASSWORD_FILE, os.O_WRONLY | os.O_CREAT)
+    os.fchmod(descriptor, 0o600)               # the file itself, never what a link points to
+    os.ftruncate(descriptor, 0)
     with os.fdopen(descriptor, "w") as file:
         file.write(password + "\n")
-    os.chmod(path, 0o600)
 
 
 def _hba_trusts(pgdata: Path) -> bool:
@@ -504,7 +574,12 @@ class _FileLock:
         self._descriptor: int | None = None
 
     def __enter__(self) -> "_FileLock":
-        self._descriptor = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            self._descriptor = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as error:
+            raise EmbeddedServerError(
+                f"cannot open the lock file {self._path} ({error}); if it is a symbolic link someone may have "
+                f"planted it: remove it and connect again") from None
         fcntl.flock(self._descriptor, fcntl.LOCK_EX)
         return self
 
@@ -558,13 +633,17 @@ def start(home: Path | None = None, *, keep_running: bool | None = None) -> Embe
         keep_running = os.environ.get("ACTIVEDB_KEEP_SERVER", "") not in ("", "0", "false", "no")
     home = (home or default_home()).expanduser().resolve()
     pgdata = home / "pgdata"
-    _check_data_directory(pgdata)
-    runner = _runner_for(pgdata)
+    _check_owned(home, {os.geteuid()}, "ACTIVEDB_HOME")
+    _check_owned(pgdata, _data_directory_owners(), "the data directory")
     try:
-        _make_private_directory(home, traversable=runner.how == "service")
+        _make_private_directory(home, traversable=_runner_for(pgdata).how == "service")
     except OSError as error:
         raise EmbeddedServerError(f"cannot create ACTIVEDB_HOME {home}: {error}") from error
+    _check_owned(home, {os.geteuid()}, "ACTIVEDB_HOME")       # again: made by someone else meanwhile?
     with _FileLock(home / LOCK_FILE):
+        # Under the lock: another process may be initialising this data directory right now.
+        _check_data_directory(pgdata)
+        runner = _runner_for(pgdata)
         with _registry_mutex:
             registration = _registry.get(pgdata)
         if pgdata.exists():
@@ -597,7 +676,7 @@ def start(home: Path | None = None, *, keep_running: bool | None = None) -> Embe
             else:
                 _registry[pgdata].server = server
                 _registry[pgdata].keep_running = _registry[pgdata].keep_running and keep_running
-    _ensure_database(server)
+        _ensure_database(server)          # under the lock: processes starting together create it once
     return server
 
 
@@ -631,6 +710,22 @@ def _unregister(pgdata: Path) -> None:
                 pass
 
 
+def log_of_url(url) -> str | None:
+    """The log file of this process's embedded server that a SQLAlchemy ``url`` points at, if any (for
+    advice in error messages)."""
+    socket = url.query.get("host")
+    return log_of_socket(socket) if isinstance(socket, str) else None
+
+
+def log_of_socket(socket_directory: str) -> str | None:
+    """The log file of the embedded server of this process listening in ``socket_directory``, if any."""
+    with _registry_mutex:
+        for pgdata, registration in _registry.items():
+            if registration.server.socket_directory == socket_directory:
+                return str(pgdata / "log")
+    return None
+
+
 def stop(home: Path) -> None:
     """Unregister this process from the server under ``home``; stops it if this was the last user."""
     _unregister((Path(home).expanduser().resolve()) / "pgdata")
@@ -652,5 +747,5 @@ def _ensure_database(server: EmbeddedServer, database: str = DATABASE_NAME) -> N
         if not exists:
             try:
                 connection.execute(f'CREATE DATABASE "{database}"')
-            except psycopg.errors.DuplicateDatabase:  # another process won the race
-                pass
+            except (psycopg.errors.DuplicateDatabase, psycopg.errors.UniqueViolation):
+                pass                      # created meanwhile by a client that does not take our lock

@@ -1,7 +1,8 @@
 """Driving Alembic from activedb: the layer's own revisions and an application's.
 
 activedb's own tables live in ``migrations/`` (version table
-``activedb_alembic_version``).  An application keeps its tables in its own
+``activedb_alembic_version``).  Every upgrade and downgrade holds a PostgreSQL advisory lock
+(``MIGRATION_LOCK``) for its transaction, so processes upgrading one database at once take turns.  An application keeps its tables in its own
 Alembic environment; :func:`upgrade_app` runs it on the same database, passing
 the open connection in ``config.attributes["connection"]`` so the app's
 ``env.py`` can use it (see ``activedb/examples/hand_hygiene/migrations/env.py``
@@ -71,10 +72,18 @@ def downgrade(engine: Engine, revision: str, *, script_location: Path | None = N
     _run(engine, "downgrade", revision, script_location)
 
 
+# The PostgreSQL advisory lock every upgrade and downgrade of this database holds (activedb's own schema
+# and an application's): processes starting together take turns, and the later ones find the schema at
+# the revision the first one reached.  Any 64-bit number nobody else uses: "activedb" in ASCII.
+MIGRATION_LOCK = int.from_bytes(b"activedb", "big") >> 1
+
+
 def _run(engine: Engine, action: str, revision: str, script_location: Path | None) -> None:
     location = script_location or migrations.SCRIPT_LOCATION
     try:
         with engine.begin() as connection:
+            # Held until this transaction ends (Alembic runs inside it: the connection is passed).
+            connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
             getattr(command, action)(_config(location, connection), revision)
     except MigrationError:
         raise

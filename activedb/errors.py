@@ -6,6 +6,8 @@ Messages say what happened *and what to do next*.  The CLI prints
 
 from __future__ import annotations
 
+import enum
+
 
 class ActivedbError(Exception):
     """Base class of activedb's own errors."""
@@ -14,7 +16,13 @@ class ActivedbError(Exception):
 # --- database and server -------------------------------------------------------------
 
 class DatabaseUnavailable(ActivedbError):
-    """The database could not be reached (wrong URL, server down, bad credentials)."""
+    """The database could not be reached (server down, connection refused, connection lost, bad
+    credentials)."""
+
+
+class BadDatabaseURL(DatabaseUnavailable):
+    """The database URL cannot be used as written (not a URL, an unknown option, an unencoded ``@`` in the
+    password); nothing was contacted."""
 
 
 class DatabaseError(ActivedbError):
@@ -24,6 +32,137 @@ class DatabaseError(ActivedbError):
     def __init__(self, message: str, sqlstate: str | None = None):
         super().__init__(message)
         self.sqlstate = sqlstate
+
+
+class DiskFull(DatabaseError):
+    """The database server's disk is full (SQLSTATE 53100): nothing was written."""
+
+
+class Failure(enum.Enum):
+    """What a failure means for the caller (:func:`classify`)."""
+
+    CONNECTION_LOST = "connection lost"      # server down, connection refused or broken: retry when it is back
+    SERIALIZATION_CONFLICT = "serialization conflict"    # another writer won: re-run the transaction
+    DEADLOCK = "deadlock"                    # chosen as a deadlock's victim: re-run the transaction
+    DISK_FULL = "disk full"                  # the server's disk is full: free space, then re-run
+    BAD_VALUE = "bad value"                  # a value or row the schema refuses: fix the data
+    REFUSED = "refused"                      # PostgreSQL refused the statement otherwise (see its SQLSTATE)
+    BUG = "bug"                              # anything else: a bug in the application or in activedb
+
+
+# SQLSTATE classes that mean the connection (or the server) is gone, not the statement: 08 connection
+# exception, 57P01-57P05 admin/crash shutdown, cannot connect now, idle session timeout.
+_CONNECTION_SQLSTATE_PREFIXES = ("08", "57P")
+
+
+def sqlstate_of(error: BaseException) -> str | None:
+    """The SQLSTATE of a PostgreSQL error (a psycopg error, or SQLAlchemy's wrapper of one), else None."""
+    return getattr(getattr(error, "orig", None), "sqlstate", None) or getattr(error, "sqlstate", None)
+
+
+def causes(error: BaseException):
+    """``error`` and its causes (``raise ... from``) and contexts, outermost first; a context hidden with
+    ``raise ... from None`` is hidden here too."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ if error.__cause__ is not None else (
+            None if error.__suppress_context__ else error.__context__)
+
+
+def classify(error: BaseException) -> Failure:
+    """The one classifier of failures: what ``error`` (or the first cause in its chain that says) means.
+
+    A lost or never-opened connection (SQLAlchemy invalidated it, SQLSTATE class 08 or 57P, or a
+    connection-level error without a SQLSTATE, e.g. "Connection refused") is ``CONNECTION_LOST``;
+    SQLSTATE 40001 and :class:`SerializationConflict` are ``SERIALIZATION_CONFLICT``; 40P01 and the lock
+    manager's deadlock ``DEADLOCK``; 53100 ``DISK_FULL``; classes 22 and 23, 54000 and
+    :class:`SchemaError` ``BAD_VALUE``; any other SQLSTATE ``REFUSED``; everything else ``BUG``."""
+    for cause in causes(error):
+        found = _classify_one(cause)
+        if found is not None:
+            return found
+    return Failure.BUG
+
+
+def _classify_one(error: BaseException) -> Failure | None:
+    if isinstance(error, DatabaseUnavailable):
+        return Failure.CONNECTION_LOST
+    if isinstance(error, SerializationConflict):
+        return Failure.SERIALIZATION_CONFLICT
+    if isinstance(error, DiskFull):
+        return Failure.DISK_FULL
+    if isinstance(error, SchemaError):
+        return Failure.BAD_VALUE
+    if isinstance(error, DatabaseError):
+        return _by_sqlstate(error.sqlstate) or Failure.REFUSED
+    from lockmgr import Deadlock
+
+    if isinstance(error, Deadlock):
+        return Failure.DEADLOCK
+    if getattr(error, "connection_invalidated", False):
+        return Failure.CONNECTION_LOST
+    sqlstate = sqlstate_of(error)
+    if sqlstate is not None:
+        return _by_sqlstate(sqlstate) or Failure.REFUSED
+    import psycopg
+
+    if isinstance(getattr(error, "orig", None) or error, (psycopg.OperationalError, psycopg.InterfaceError)):
+        return Failure.CONNECTION_LOST      # no SQLSTATE: the client's side of the connection failed
+    return None
+
+
+def _by_sqlstate(sqlstate: str | None) -> Failure | None:
+    if sqlstate is None:
+        return None
+    if sqlstate.startswith(_CONNECTION_SQLSTATE_PREFIXES):
+        return Failure.CONNECTION_LOST
+    if sqlstate == "40001":
+        return Failure.SERIALIZATION_CONFLICT
+    if sqlstate == "40P01":
+        return Failure.DEADLOCK
+    if sqlstate == "53100":
+        return Failure.DISK_FULL
+    if sqlstate.startswith(("22", "23")) or sqlstate == "54000":
+        return Failure.BAD_VALUE
+    return None
+
+
+def database_failure(error: BaseException, doing: str, where: str, *, server_log: str | None = None
+                     ) -> ActivedbError:
+    """The documented error a caller sees for a database ``error`` met while ``doing`` (e.g. "reading")
+    at ``where`` (host and database, password masked): :class:`DatabaseUnavailable` (server down,
+    connection refused or lost), :class:`DiskFull`, or :class:`DatabaseError` (refused, with the SQLSTATE
+    and PostgreSQL's message).  ``server_log``: where the embedded server's log is, named in the advice.
+    Serialization conflicts and deadlocks are not turned into one of these (their callers retry them)."""
+    kind = classify(error)
+    orig = getattr(error, "orig", None) or error
+    lines = str(orig).strip().splitlines()
+    message = lines[0] if lines else type(orig).__name__
+    log = f"; the server's log is {server_log}" if server_log else ""
+    if kind is Failure.CONNECTION_LOST and doing == "connecting":
+        return DatabaseUnavailable(
+            f"cannot connect to PostgreSQL at {where}: {message}. Check the URL (connect(url) or "
+            f"ACTIVEDB_DATABASE_URL) and that the server is running{log}")
+    if kind is Failure.CONNECTION_LOST:
+        return DatabaseUnavailable(
+            f"lost the connection to PostgreSQL ({where}) while {doing}: {message}; nothing committed is "
+            f"affected — check that the server is up{log}, then retry the transaction")
+    sqlstate = sqlstate_of(error)
+    if kind is Failure.DISK_FULL:
+        return DiskFull(
+            f"PostgreSQL's disk is full ({where}) while {doing} (SQLSTATE {sqlstate}): {message}. Nothing was "
+            f"written; free space on the server's disk{log}, then retry", sqlstate=sqlstate)
+    return DatabaseError(
+        f"PostgreSQL refused {doing} ({where}) (SQLSTATE {sqlstate}): {message}. "
+        f"{_HINTS.get(kind, 'Fix what the message says, then retry')}", sqlstate=sqlstate)
+
+
+_HINTS = {
+    Failure.BAD_VALUE: "A value or row does not fit the schema (a constraint, a type, a size limit): fix the data",
+    Failure.BUG: "This looks like a bug: report it with the message",
+}
 
 
 class EmbeddedServerError(ActivedbError):

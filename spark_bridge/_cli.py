@@ -401,16 +401,17 @@ def _quiet_query_failures(spark: Any) -> None:
 
 def what_to_do(error: BaseException, app: str) -> str:
     """One line: how to get a failed ``activedb run`` going again."""
-    from activedb.errors import ActivedbError, DatabaseError, DatabaseUnavailable
-
-    from spark_bridge._sink import _walk_causes
+    from activedb.errors import ActivedbError, DatabaseError, Failure, causes, classify, sqlstate_of
 
     resume = "then run the same command again: it resumes at the failed batch, exactly once"
-    causes = list(_walk_causes(error))
-    if any(isinstance(cause, DatabaseUnavailable) for cause in causes):
+    kind = classify(error)
+    if kind is Failure.CONNECTION_LOST:
         return f"make PostgreSQL reachable again (is the server up? is the URL right?), {resume}"
-    if any(isinstance(cause, DatabaseError) for cause in causes):
-        return f"fix what PostgreSQL refused (disk space, the schema), {resume}"
+    if kind is Failure.DISK_FULL:
+        return f"free space on the database server's disk, {resume}"
+    if kind is Failure.REFUSED or any(isinstance(cause, DatabaseError) or sqlstate_of(cause)
+                                      for cause in causes(error)):
+        return f"fix what PostgreSQL refused (the schema, the values), {resume}"
     if isinstance(error, ActivedbError):
         return f"fix the application {app} or the database as the message says, {resume}"
     return f"fix the cause in the application {app} (--verbose logs more), {resume}"

@@ -164,13 +164,9 @@ class IngestStatistics:
 
 
 def _walk_causes(error: BaseException):
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        yield error
-        # ``raise ... from None`` hides the context on purpose: so do we.
-        error = error.__cause__ if error.__cause__ is not None else (
-            None if error.__suppress_context__ else error.__context__)
+    from activedb.errors import causes
+
+    return causes(error)
 
 
 def _is_infrastructure_failure(error: BaseException) -> bool:

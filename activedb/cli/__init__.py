@@ -67,6 +67,19 @@ class _Group(click.Group):
 
             click.echo(f"activedb: error: {mask_secrets(str(error))}", err=True)
             ctx.exit(1)
+        except Exception as error:
+            # A database failure no layer below turned into one of the documented errors: still one line.
+            import psycopg
+            import sqlalchemy as sa
+
+            from activedb._database import mask_secrets
+            from activedb.errors import database_failure
+
+            if not isinstance(error, (sa.exc.DBAPIError, psycopg.Error)):
+                raise
+            failure = database_failure(error, f"running `activedb {ctx.invoked_subcommand}`", "the database")
+            click.echo(f"activedb: error: {mask_secrets(str(failure))}", err=True)
+            ctx.exit(1)
         except KeyboardInterrupt:
             click.echo("activedb: interrupted", err=True)
             ctx.exit(130)

@@ -45,6 +45,7 @@ from activedb.errors import (
     RecordsTakenOver,
     RuleFailed,
     SerializationConflict,
+    causes as _causes,
 )
 from activedb.outbox import _records
 from activedb.store import storable_text
@@ -60,16 +61,6 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger("activedb.outbox")
 
 _RETRYABLE = (Deadlock, LockTimeout, SerializationConflict, DatabaseUnavailable)
-
-
-def _causes(error: BaseException):
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        yield error
-        # ``raise ... from None`` hides the context on purpose: so do we.
-        error = error.__cause__ if error.__cause__ is not None else (
-            None if error.__suppress_context__ else error.__context__)
 
 
 def is_retryable(error: BaseException) -> bool:

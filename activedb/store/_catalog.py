@@ -19,9 +19,9 @@ from typing import Any, Callable, Iterator
 
 import sqlalchemy as sa
 
-from activedb.errors import DatabaseUnavailable, GeneratedKeysReset, TransactionError, UnknownTable
+from activedb.errors import (Failure, GeneratedKeysReset, TransactionError, UnknownTable, classify,
+                             database_failure)
 from activedb.store._schema import TableInfo
-from activedb.store._sql import is_connection_failure
 
 #: Generated keys are drawn from a sequence this many at a time (one round trip per block).
 KEY_BLOCK = 64
@@ -69,6 +69,8 @@ class Catalog:
             metadata = self._metadata
             try:
                 table = sa.Table(name, metadata, autoload_with=self.engine)
+            except sa.exc.OperationalError as error:
+                raise self.database_failure(error, f"reading the columns of {name!r}") from error
             except sa.exc.NoSuchTableError:
                 raise UnknownTable(
                     f"no table {name!r} in {self._describe()}; tables are created by Alembic migrations "
@@ -108,18 +110,26 @@ class Catalog:
     def autocommit_connection(self) -> Iterator[sa.Connection]:
         """A connection for one-statement reads of committed data: autocommit, so no BEGIN/ROLLBACK
         round trips around the statement (a read is atomic on its own).  A lost connection becomes
-        :class:`DatabaseUnavailable` (the pool reconnects next time)."""
+        :class:`DatabaseUnavailable` (the pool reconnects next time), another refusal
+        :class:`DatabaseError` (:func:`activedb.errors.database_failure`)."""
         try:
             with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
                 yield connection
         except sa.exc.OperationalError as error:
-            if not is_connection_failure(error):
-                raise
-            reason = str(error.orig or error).strip().splitlines()[0]
-            raise DatabaseUnavailable(
-                f"lost the connection to PostgreSQL ({self._describe()}) while reading: {reason}; "
-                f"nothing committed is affected — check that the server is up, then retry the transaction"
-            ) from error
+            if classify(error) in (Failure.SERIALIZATION_CONFLICT, Failure.DEADLOCK):
+                raise                       # retried by their callers
+            raise self.database_failure(error, "reading") from error
+
+    def database_failure(self, error: BaseException, doing: str) -> Exception:
+        """The documented error for a database ``error`` met while ``doing`` (unavailable, refused, disk
+        full: :func:`activedb.errors.database_failure`), naming the embedded server's log if it is one."""
+        return database_failure(error, doing, self._describe(), server_log=self.server_log())
+
+    def server_log(self) -> str | None:
+        """Where the server's log is, when this is an embedded server of this process (for advice)."""
+        from activedb._embedded import log_of_url
+
+        return log_of_url(self.engine.url)
 
     def sequence_of(self, info: TableInfo, column: str) -> str | None:
         """The sequence behind a serial/identity ``column`` (cached per table), or None."""

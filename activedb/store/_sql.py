@@ -14,23 +14,15 @@ from typing import Any, Iterable, Mapping
 
 import sqlalchemy as sa
 
-from activedb.errors import DuplicateKey, InvalidValue
+from activedb.errors import DuplicateKey, Failure, InvalidValue, classify
 from activedb.store._schema import TableInfo
 from activedb.store._writeset import Entry, EntryKind, Key
 
 
-# SQLSTATE classes that mean the connection (or the server) is gone, not the statement: 08 connection
-# exception, 57P01-57P03 admin/crash shutdown, cannot connect now.
-_CONNECTION_SQLSTATES_PREFIXES = ("08", "57P")
-
-
-def is_connection_failure(error: sa.exc.DBAPIError) -> bool:
-    """True if ``error`` means the connection to PostgreSQL broke (SQLAlchemy invalidated it, or the
-    SQLSTATE says so), not that a statement was refused."""
-    if error.connection_invalidated:
-        return True
-    sqlstate = getattr(error.orig, "sqlstate", None)
-    return sqlstate is not None and sqlstate.startswith(_CONNECTION_SQLSTATES_PREFIXES)
+def is_connection_failure(error: BaseException) -> bool:
+    """True if ``error`` means the connection to PostgreSQL broke or could not be opened, not that a
+    statement was refused (:func:`activedb.errors.classify` decides)."""
+    return classify(error) is Failure.CONNECTION_LOST
 
 
 def storable_text(value: str) -> str:

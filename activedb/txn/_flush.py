@@ -43,7 +43,8 @@ from typing import TYPE_CHECKING, Mapping
 
 import sqlalchemy as sa
 
-from activedb.errors import DatabaseError, DatabaseUnavailable, DuplicateKey, SerializationConflict
+from activedb.errors import (DatabaseError, DatabaseUnavailable, DiskFull, DuplicateKey, Failure, SerializationConflict,
+                             classify)
 from activedb.store import EntryKind, Key, TableInfo, apply_write_set, fetch_rows, is_connection_failure, jsonable
 from activedb.txn._rowlocks import RowLocks
 from activedb.txn._view import scan_rows
@@ -53,7 +54,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger("activedb.transaction")
 
-_RETRYABLE_SQLSTATES = {"40001", "40P01"}
+_RETRIED = (Failure.SERIALIZATION_CONFLICT, Failure.DEADLOCK)      # SQLSTATE 40001 and 40P01 (classify)
 
 
 def flush(root: "Transaction") -> None:
@@ -116,7 +117,7 @@ def _flush_in_held(root, connection, infos, writes, reads, scans, participants, 
             connection.close()
     except sa.exc.OperationalError as error:
         sqlstate = getattr(error.orig, "sqlstate", None)
-        if sqlstate in _RETRYABLE_SQLSTATES or sqlstate == "55P03":
+        if classify(error) in _RETRIED or sqlstate == "55P03":
             raise SerializationConflict(
                 f"commit of {root.id} failed on concurrent updates by another process (SQLSTATE {sqlstate}); "
                 f"nothing was written — re-run the transaction (Database.run(fn, retries=N) does)"
@@ -137,12 +138,12 @@ def _flush_with_retries(root, isolation, infos, writes, reads, scans, participan
                     _write_all(root, connection, infos, writes, reads, scans, participants, locked, held=False)
             return
         except sa.exc.OperationalError as error:
-            sqlstate = getattr(error.orig, "sqlstate", None)
-            if sqlstate in _RETRYABLE_SQLSTATES and attempt < manager.flush_retries:
+            retried = classify(error) in _RETRIED
+            if retried and attempt < manager.flush_retries:
                 # Jittered back-off between retries of the flush (not used to order threads).
                 time.sleep(random.uniform(0.5, 1.5) * min(0.2, 0.002 * 2 ** attempt))
                 continue
-            if sqlstate in _RETRYABLE_SQLSTATES:
+            if retried:
                 raise SerializationConflict(
                     f"commit of {root.id} failed {attempt} times on concurrent updates by another process; "
                     f"nothing was written — re-run the transaction (Database.run(fn, retries=N) does)"
@@ -255,9 +256,11 @@ def _raise_database_error(root: "Transaction", error: sa.exc.DBAPIError) -> None
         return
     sqlstate = getattr(error.orig, "sqlstate", None)
     message = str(error.orig).strip().splitlines()[0] if error.orig is not None else type(error).__name__
-    raise DatabaseError(
+    kind = DiskFull if classify(error) is Failure.DISK_FULL else DatabaseError
+    server_log = root.manager.catalog.server_log() if kind is DiskFull else None
+    raise kind(
         f"PostgreSQL refused the commit of {root.id} (SQLSTATE {sqlstate}): {message}; nothing was written. "
-        f"{_hint(sqlstate)}",
+        f"{_hint(sqlstate)}{f' The server log is {server_log}.' if server_log else ''}",
         sqlstate=sqlstate,
     ) from None
 
@@ -277,13 +280,14 @@ def _hint(sqlstate: str | None) -> str:
 def _raise_unknown_outcome(root: "Transaction", error: BaseException) -> None:
     """The connection broke during the flush: find out from the log whether it committed."""
     catalog = root.manager.catalog
-    log = catalog.table("activedb_transaction_log")
-    describe = catalog.describe()
+    server_log = catalog.server_log()
+    describe = catalog.describe() + (f"; the server's log is {server_log}" if server_log else "")
     try:
+        log = catalog.table("activedb_transaction_log")
         with catalog.engine.connect() as connection:
             committed = connection.execute(
                 sa.select(log.c.id).where(log.c.transaction_id == root.log_id)).first() is not None
-    except sa.exc.DBAPIError:
+    except (sa.exc.DBAPIError, DatabaseUnavailable):
         raise DatabaseUnavailable(
             f"lost the connection to PostgreSQL ({describe}) while committing {root.id}; "
             f"PostgreSQL applied all of it or nothing — look for transaction_id {root.log_id!r} in "

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
 
-from activedb.errors import DatabaseUnavailable, SerializationConflict
+from activedb.errors import Failure, SerializationConflict, classify
 from activedb.txn._participants import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -88,19 +88,19 @@ class RowLocks(CommitParticipant):
         """The committed image of row ``key``, locked ``FOR UPDATE`` until the tree ends (None: no row)."""
         row = (info.name, key)
         with self._mutex:
-            if self.connection is None:
-                self._open()
             try:
+                if self.connection is None:
+                    self._open()
                 image = _locked_row(self.connection, info, key)
             except sa.exc.OperationalError as error:
                 self._close()
                 sqlstate = getattr(error.orig, "sqlstate", None)
-                if sqlstate in ("55P03", "40P01", "40001"):
+                if sqlstate == "55P03" or classify(error) in (Failure.SERIALIZATION_CONFLICT, Failure.DEADLOCK):
                     raise SerializationConflict(
                         f"row {key!r} of {info.name!r} stayed locked by another process (SQLSTATE {sqlstate}); "
                         f"nothing was written — re-run the transaction (Database.run(fn) does)") from None
-                raise DatabaseUnavailable(f"lost the connection to PostgreSQL while locking row {key!r} of "
-                                          f"{info.name!r}: {str(error.orig or error).splitlines()[0]}") from error
+                raise self._root.manager.catalog.database_failure(
+                    error, f"locking row {key!r} of {info.name!r}") from error
             self.rows.add(row)
         return image
 

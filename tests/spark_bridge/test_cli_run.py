@@ -19,8 +19,9 @@ import spark_bridge
 from activedb import testing
 from activedb.cli import main
 from tests.spark_bridge._streams import APP_FILE, app_database, app_state, apply_directly, counter_workload, write_files
+from tests.spark_bridge._waits import DRIVER_WAIT_SECONDS, run_to_completion
 
-TIMEOUT_SECONDS = 120
+TIMEOUT_SECONDS = DRIVER_WAIT_SECONDS      # minutes: holds under 5-8x CPU load, fails with what it saw
 
 
 def _wait_until(predicate, *, timeout: float, process: subprocess.Popen, output) -> None:
@@ -149,10 +150,10 @@ def test_a_failing_batch_prints_the_python_cause_and_what_to_do(tmp_path, make_d
     app.write_text("from tests.spark_bridge.app_counters import MAPPING, SCHEMA, MIGRATIONS, register\n"
                    "PREFETCH = {'no_such_table': None}\n")
     url = make_database_url("cli_fail")
-    done = subprocess.run(
+    done = run_to_completion(
         [sys.executable, "-m", "activedb.cli", "--url", url, "run", str(app), "--source", f"file:{tmp_path / 'in'}",
          "--checkpoint", str(tmp_path / "checkpoint"), "--available-now"],
-        capture_output=True, text=True, timeout=TIMEOUT_SECONDS, env={**os.environ, "COLUMNS": "200"})
+        env={**os.environ, "COLUMNS": "200"})
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
     assert "batch 0 failed: UnknownTable: no table 'no_such_table'" in done.stderr
     assert "(at _catalog.py:" in done.stderr

@@ -20,13 +20,13 @@ import psycopg
 import pytest
 
 from spark_bridge._baseline import psycopg_conninfo
-from spark_bridge._experiments.crash_driver import kill_driver, read_log, start_driver, wait_for_line
+from spark_bridge._experiments.crash_driver import kill_driver, read_log, start_driver
+from tests.spark_bridge._waits import DRIVER_WAIT_SECONDS, wait_for_driver_line
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 FILES = 5
 ROWS_PER_FILE = 200
-TIMEOUT_SECONDS = 180
 
 
 def _batches(log) -> list[list[str]]:
@@ -59,18 +59,21 @@ def test_killed_driver_replays_the_planned_batch_and_the_ledger_makes_it_exactly
     try:
         # Run 1: killed inside batch 1's database transaction.
         processes.append(start_driver(log=logs[0], hold="written:1", output=tmp_path / "run1.out", **common))
-        wait_for_line(logs[0], lambda words: words[:1] == ["holding"], timeout=TIMEOUT_SECONDS, process=processes[-1])
+        wait_for_driver_line(logs[0], lambda words: words[:1] == ["holding"], process=processes[-1],
+                             output=tmp_path / "run1.out", what="run 1's 'holding' line")
         kill_driver(processes[-1])
 
         # Run 2: re-runs batch 1; killed after batch 3's database commit.
         processes.append(start_driver(log=logs[1], hold="committed:3", output=tmp_path / "run2.out", **common))
-        wait_for_line(logs[1], lambda words: words[:1] == ["holding"], timeout=TIMEOUT_SECONDS, process=processes[-1])
+        wait_for_driver_line(logs[1], lambda words: words[:1] == ["holding"], process=processes[-1],
+                             output=tmp_path / "run2.out", what="run 2's 'holding' line")
         kill_driver(processes[-1])
 
         # Run 3: re-runs batch 3, skips it, finishes.
         processes.append(start_driver(log=logs[2], output=tmp_path / "run3.out", **common))
-        wait_for_line(logs[2], lambda words: words[:1] == ["finished"], timeout=TIMEOUT_SECONDS, process=processes[-1])
-        assert processes[-1].wait(timeout=60) == 0
+        wait_for_driver_line(logs[2], lambda words: words[:1] == ["finished"], process=processes[-1],
+                             output=tmp_path / "run3.out", what="run 3's 'finished' line")
+        assert processes[-1].wait(timeout=DRIVER_WAIT_SECONDS) == 0, (tmp_path / "run3.out").read_text()[-3000:]
     finally:
         for process in processes:
             if process.poll() is None:

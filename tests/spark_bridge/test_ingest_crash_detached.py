@@ -38,8 +38,9 @@ from activedb.examples.hand_hygiene import MIGRATIONS
 from activedb.examples.hand_hygiene.app import MAPPING, register, reset_tables
 from activedb.examples.hand_hygiene.events import generate
 from spark_bridge import IngestSink
-from spark_bridge._experiments.crash_driver import kill_driver, read_log, wait_for_line
+from spark_bridge._experiments.crash_driver import kill_driver, read_log
 from spark_bridge._experiments.ingest_driver import start_ingest_driver
+from tests.spark_bridge._waits import DRIVER_WAIT_SECONDS, wait_for_driver_line
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -47,7 +48,7 @@ SOAK = os.environ.get("ACTIVEDB_SOAK", "") not in ("", "0")
 EVENTS, FILES, RANDOM_KILLS = (6_000, 12, 10) if SOAK else (600, 6, 1)
 SEED = int(os.environ.get("ACTIVEDB_CRASH_SEED", "20261122"))
 APP = "activedb.examples.hand_hygiene.app"
-TIMEOUT_SECONDS = 300
+TIMEOUT_SECONDS = DRIVER_WAIT_SECONDS      # minutes: holds under 5-8x CPU load, fails with what it saw
 
 
 def _files(directory: Path) -> list[list[dict]]:
@@ -131,14 +132,15 @@ def test_killed_in_the_flush_between_commit_and_detached_rules_and_at_random_the
             process = start_ingest_driver(log=log, hold=hold, output=tmp_path / f"run{number}.out", **common)
             processes.append(process)
             if hold is not None:
-                wait_for_line(log, lambda words: words[:1] == ["holding"], timeout=TIMEOUT_SECONDS, process=process)
+                wait_for_driver_line(log, lambda words: words[:1] == ["holding"], process=process,
+                                     output=tmp_path / f"run{number}.out", what=f"run {number}'s 'holding' line")
                 if hold.startswith("flush"):
                     _assert_flush_is_open(url)
                 if hold.startswith("detached"):
                     assert _pending(url) > 0      # batch 2 committed, its detached firings recorded, not run
             else:
-                wait_for_line(log, lambda words: words[:1] == ["spark-ready"], timeout=TIMEOUT_SECONDS,
-                              process=process)
+                wait_for_driver_line(log, lambda words: words[:1] == ["spark-ready"], process=process,
+                                     output=tmp_path / f"run{number}.out", what=f"run {number}'s 'spark-ready' line")
                 deadline = time.monotonic() + delay
                 while time.monotonic() < deadline and process.poll() is None:
                     time.sleep(0.05)              # a random moment to crash at; orders nothing
@@ -146,9 +148,9 @@ def test_killed_in_the_flush_between_commit_and_detached_rules_and_at_random_the
         last = tmp_path / "final.log"
         logs.append(last)
         processes.append(start_ingest_driver(log=last, output=tmp_path / "final.out", **common))
-        wait_for_line(last, lambda words: words[:1] in (["finished"], ["failed"]), timeout=TIMEOUT_SECONDS,
-                      process=processes[-1])
-        assert processes[-1].wait(timeout=120) == 0, (tmp_path / "final.out").read_text()[-3000:]
+        wait_for_driver_line(last, lambda words: words[:1] in (["finished"], ["failed"]), process=processes[-1],
+                             output=tmp_path / "final.out", what="the final run's 'finished' line")
+        assert processes[-1].wait(timeout=TIMEOUT_SECONDS) == 0, (tmp_path / "final.out").read_text()[-3000:]
     finally:
         for process in processes:
             if process.poll() is None:

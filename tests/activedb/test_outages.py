@@ -1,0 +1,214 @@
+"""Database failures a caller can see are a few documented errors, each saying what to do (the table in
+activedb's README): unavailable (server killed, backend terminated, connection refused), refused (with the
+SQLSTATE and PostgreSQL's message), disk full (with the embedded server's log), bad URL.  One classifier,
+``activedb.errors.classify``, decides what a failure means.
+
+The server-killed and disk-full cases use an embedded server under the test's own home (never the session's).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import psutil
+import psycopg
+import pytest
+import sqlalchemy as sa
+
+import activedb
+from activedb import _embedded
+from activedb.errors import BadDatabaseURL, DatabaseError, DatabaseUnavailable, DiskFull, Failure, classify
+from tests.conftest import APP_MIGRATIONS
+
+
+def _own_database(home: Path) -> activedb.Database:
+    database = activedb.connect(home=home)
+    database.upgrade_app(APP_MIGRATIONS)
+    return database
+
+
+def _kill_server(database: activedb.Database) -> None:
+    """SIGKILL the postmaster and every backend (a crash, not a shutdown)."""
+    postmaster = psutil.Process(database.embedded.pid)
+    processes = [postmaster, *postmaster.children(recursive=True)]
+    for process in processes:
+        process.kill()
+    psutil.wait_procs(processes, timeout=120)
+
+
+# --- the classifier -----------------------------------------------------------------------------
+
+def test_classify_names_what_real_failures_mean(db):
+    with pytest.raises(sa.exc.DBAPIError) as division:
+        with db.engine.connect() as connection:
+            connection.execute(sa.text("SELECT 1 / 0"))
+    assert classify(division.value) is Failure.BAD_VALUE
+    with pytest.raises(sa.exc.DBAPIError) as unknown:
+        with db.engine.connect() as connection:
+            connection.execute(sa.text("SELECT * FROM no_such_relation"))
+    assert classify(unknown.value) is Failure.REFUSED
+    with pytest.raises(psycopg.OperationalError) as refused:
+        psycopg.connect("host=127.0.0.1 port=1 dbname=x user=x connect_timeout=5")
+    assert classify(refused.value) is Failure.CONNECTION_LOST          # never opened: no SQLSTATE
+    assert classify(activedb.Deadlock("t1", "t2", (), "requester")) is Failure.DEADLOCK
+    assert classify(RuntimeError("a bug")) is Failure.BUG
+    wrapped = DatabaseUnavailable("gone")
+    wrapped.__cause__ = ValueError("inner")
+    assert classify(wrapped) is Failure.CONNECTION_LOST
+
+
+# --- unavailable ---------------------------------------------------------------------------------
+
+def test_a_killed_server_is_unavailable_for_reads_writes_and_run_never_a_raw_driver_error(tmp_path):
+    home = tmp_path / "home"
+    database = _own_database(home)
+    try:
+        database.run(lambda tx: tx.write("accounts", 1, balance=100))
+        _kill_server(database)
+        attempts = {
+            "read": lambda: database.run(lambda tx: tx.read("accounts", 1), retries=0),
+            "read for update": lambda: database.run(lambda tx: tx.read("accounts", 1, for_update=True), retries=0),
+            "write": lambda: database.run(lambda tx: tx.write("accounts", 2, balance=5), retries=0),
+            "scan": lambda: database.run(lambda tx: list(tx.scan("accounts")), retries=0),
+        }
+        for what, attempt in attempts.items():
+            for _ in range(3):       # pooled connections (dead) and new ones (refused) alike
+                with pytest.raises(DatabaseUnavailable) as caught:
+                    attempt()
+                message = str(caught.value)
+                assert "lost the connection to PostgreSQL" in message, (what, message)
+                assert "server is up" in message or "once the server is back" in message, (what, message)
+                assert str(home.resolve() / "pgdata" / "log") in message, (what, message)
+                assert classify(caught.value) is Failure.CONNECTION_LOST
+    finally:
+        database.close()
+        _embedded.stop(home)
+
+
+def test_a_terminated_backend_is_unavailable_and_the_next_transaction_works(db):
+    db.run(lambda tx: tx.write("accounts", 7, balance=70))
+    url = db.engine.url
+    with psycopg.connect(host=url.query["host"], user=url.username, password=url.password, dbname="postgres",
+                         autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (url.database,))
+    failures = []
+    for _ in range(12):              # every pooled connection is dead; each attempt meets one, or a new one
+        try:
+            db.run(lambda tx: tx.read("accounts", 7), retries=0)
+        except DatabaseUnavailable as error:
+            failures.append(error)
+    assert failures and all("lost the connection to PostgreSQL" in str(error) for error in failures)
+    assert db.run(lambda tx: tx.read("accounts", 7))["balance"] == 70
+
+
+def test_connection_refused_says_to_check_the_server_and_the_url():
+    with pytest.raises(DatabaseUnavailable, match=r"cannot connect to PostgreSQL at .*Connection refused.*"
+                                                  r"Check the URL .* the server is running") as caught:
+        activedb.connect("postgresql://alice:s3cret@127.0.0.1:1/payroll")
+    assert not isinstance(caught.value, BadDatabaseURL) and "s3cret" not in str(caught.value)
+
+
+# --- bad URL -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("url, expected", [
+    ("postgresql://alice:s3cret@127.0.0.1:1/payroll?nosuchoption=1", r'invalid connection option "nosuchoption"'),
+    ("postgresql://alice:s3c@ret@127.0.0.1:1/payroll", r"more than one '@'.*%40"),
+])
+def test_a_bad_url_is_one_line_saying_what_to_fix_also_from_the_cli(url, expected):
+    with pytest.raises(BadDatabaseURL, match=expected) as caught:
+        activedb.connect(url)
+    assert "s3c" not in str(caught.value) and "\n" not in str(caught.value)
+    done = subprocess.run([sys.executable, "-m", "activedb.cli", "--url", url, "db", "current"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr and "s3c" not in done.stderr, done.stderr[-2000:]
+
+
+# --- refused, and what `activedb run` says ------------------------------------------------------------
+
+def test_activedb_run_says_to_make_the_database_reachable_for_an_outage_not_to_fix_the_application():
+    from spark_bridge._cli import what_to_do
+
+    with pytest.raises(psycopg.OperationalError) as refused:
+        psycopg.connect("host=127.0.0.1 port=1 dbname=x user=x connect_timeout=5")
+    advice = what_to_do(refused.value, "app.py")
+    assert "make PostgreSQL reachable again" in advice and "fix the cause in the application" not in advice
+    advice = what_to_do(DiskFull("disk full", sqlstate="53100"), "app.py")
+    assert "free space" in advice
+    advice = what_to_do(DatabaseError("refused", sqlstate="42P01"), "app.py")
+    assert "fix what PostgreSQL refused" in advice
+
+
+# --- disk full -----------------------------------------------------------------------------------
+
+def _mount_small_filesystem(path: Path, megabytes: int) -> bool:
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        return False
+    path.mkdir(mode=0o700)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}m,mode=0700", "tmpfs", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    return done.returncode == 0
+
+
+def test_a_full_disk_is_disk_full_or_unavailable_naming_the_server_log(tmp_path):
+    mount = tmp_path / f"small-{uuid.uuid4().hex[:8]}"
+    if not _mount_small_filesystem(mount, 120):
+        pytest.skip("mounting a small tmpfs needs root and a mount the machine allows")
+    home = mount / "home"
+    database = None
+    try:
+        database = _own_database(home)
+        # Fill the filesystem but a little, then write more than that little.
+        free = shutil.disk_usage(mount).free
+        with open(mount / "filler", "wb") as filler:
+            filler.truncate(0)
+            chunk = b"\0" * (1 << 20)
+            for _ in range(max(0, free // len(chunk) - 2)):
+                filler.write(chunk)
+        caught = None
+        for number in range(200):
+            try:
+                database.run(lambda tx, n=number: tx.write("accounts", 1000 + n, owner=secrets.token_hex(100_000)), retries=0)
+            except (DiskFull, DatabaseUnavailable) as error:
+                caught = error
+                break
+        assert caught is not None, "the filesystem never filled up"
+        log = str(home.resolve() / "pgdata" / "log")
+        if isinstance(caught, DiskFull):
+            assert caught.sqlstate == "53100" and "free space" in str(caught)
+        else:                        # the server PANICked on its WAL: the connection is gone
+            assert classify(caught) is Failure.CONNECTION_LOST
+        assert log in str(caught), str(caught)
+    finally:
+        if database is not None:
+            database.close()
+        _embedded.stop(home)
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True, timeout=60)
+
+
+def test_the_cli_prints_a_database_failure_no_layer_wrapped_as_one_line_not_a_traceback():
+    import click
+    from click.testing import CliRunner
+
+    from activedb.cli import _Group
+
+    @click.group(cls=_Group)
+    def group():
+        pass
+
+    @group.command("probe")
+    def probe():
+        psycopg.connect("host=127.0.0.1 port=1 dbname=x user=x connect_timeout=5")
+
+    result = CliRunner().invoke(group, ["probe"])
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "lost the connection to PostgreSQL" in lines[0] and "check that the server is up" \
+        in lines[0], result.output
