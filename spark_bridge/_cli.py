@@ -429,6 +429,34 @@ def failure_message(sink: Any, failure: BaseException, app: str) -> str:
             f"run the same command again: it resumes from the checkpoint")
 
 
+def _checkpoint_progress(checkpoint_dir: Path) -> int:
+    """How many micro-batches Spark's checkpoint at ``checkpoint_dir`` has committed (0: none, or none yet)."""
+    commits = checkpoint_dir / "commits"
+    if not commits.is_dir():
+        return 0
+    return sum(1 for path in commits.iterdir() if path.name.isdigit())
+
+
+def _refuse_reset_with_progress(database: Any, name: str, checkpoint_dir: Path) -> None:
+    """``--reset`` empties the application's tables; if the ledger or the checkpoint has progress for query
+    ``name``, the run would resume after those batches and their effects would be lost: refuse, saying
+    what to do instead."""
+    import spark_bridge
+
+    found = []
+    statuses = spark_bridge.ingestion_status(database, name)
+    if statuses:
+        found.append(f"the ledger holds {statuses[0].batches:,} batches ({statuses[0].events:,} events)")
+    committed = _checkpoint_progress(checkpoint_dir)
+    if committed:
+        found.append(f"the checkpoint {checkpoint_dir} has {committed:,} committed batches")
+    if found:
+        raise click.ClickException(
+            f"--reset refused: query {name!r} has progress ({'; '.join(found)}), and it would resume after it "
+            f"while --reset empties the tables its batches wrote, losing their data. Run without --reset to "
+            f"resume, or start over with a new --query-name (and --checkpoint) together with --reset.")
+
+
 @click.command("run")
 @click.argument("app")
 @click.option("--source", "source_text", required=True, help=f"Where events come from: {_SOURCE_FORMS}.")
@@ -439,7 +467,9 @@ def failure_message(sink: Any, failure: BaseException, app: str) -> str:
               help="Stable name of the query (default: the app's name). A new name (or a new --checkpoint) starts "
                    "over: every file of a file source is read again.")
 @click.option("--reset", is_flag=True, help="Empty the application's tables first (calls the app's reset(db)); "
-                                            "without it, a run continues from what earlier runs left.")
+                                            "without it, a run continues from what earlier runs left. Refused "
+                                            "when the query already has progress (ledger or checkpoint): use a "
+                                            "new --query-name to start over.")
 @click.option("--format", "file_format", type=click.Choice(["json", "csv", "parquet"]), default="json",
               show_default=True, help="File format of a file source.")
 @click.option("--max-files-per-trigger", type=int, default=None, help="File source: files per micro-batch.")
@@ -514,6 +544,7 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
         if loaded.migrations is not None:
             database.upgrade_app(loaded.migrations)
         if reset:
+            _refuse_reset_with_progress(database, name, checkpoint_dir)
             loaded.reset(database)
             console.print(f"reset: {loaded.name}'s tables are empty", highlight=False)
         loaded.register(database)
