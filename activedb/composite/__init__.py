@@ -25,25 +25,7 @@ Design note: ``activedb/composite/README.md``.
 """
 
 from activedb.composite import errors
-from activedb.composite._clock import ManualClock, MonotonicClock
-from activedb.composite._engine import (
-    DEFAULT_TIMEOUT,
-    CompositeStatistics,
-    CompositionEngine,
-    ProducerInfo,
-    TimeoutPolicy,
-    Window,
-    WindowEntry,
-)
-from activedb.composite._model import (
-    Choice,
-    CompositeEvent,
-    Heartbeat,
-    Resolution,
-    Uncertainty,
-    UncertaintyKind,
-)
-from activedb.composite._polist import Item, POList
+from activedb import lazy
 from activedb.composite.errors import (
     CompositeError,
     EventRejected,
@@ -67,3 +49,16 @@ __all__ = [
     "ProducerTimeout", "Resolution", "TimeoutPolicy", "UncertainOrder", "Uncertainty", "UncertaintyKind", "Window",
     "WindowEntry", "errors", "plot",
 ]
+
+# imported on first use: `import activedb.composite` stays fast (the CLI's start)
+__getattr__, __dir__ = lazy.exports(__name__, {
+    "activedb.composite._clock": ["ManualClock", "MonotonicClock"],
+    "activedb.composite._engine": [
+        "DEFAULT_TIMEOUT", "CompositeStatistics", "CompositionEngine", "ProducerInfo", "TimeoutPolicy", "Window",
+        "WindowEntry",
+    ],
+    "activedb.composite._model": [
+        "Choice", "CompositeEvent", "Heartbeat", "Resolution", "Uncertainty", "UncertaintyKind",
+    ],
+    "activedb.composite._polist": ["Item", "POList"],
+})
