@@ -22,7 +22,7 @@ costs it measured (seconds per operation, lean and TPG — planning included —
 that ran each way); should a TPG ever measure cheaper than lean here, it picks the TPG.
 ``strategy="tpg"`` skips rule 0 and applies the paper's rules to the graph just built:
 
-Rules (the paper's three, thresholds calibrated on this machine by ``activedb bench tpg``;
+Rules (the paper's three, thresholds calibrated on a 2-core machine by ``activedb bench tpg``;
 see the package README for the figures they come from):
 
 1. exploration — s-explore (BFS) when there are many dependencies per operation *and* the

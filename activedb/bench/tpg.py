@@ -234,7 +234,7 @@ def _end_to_end(report: BenchReport, database, name: str, cost: float, size: int
         timing["commit_and_rest"] = best[path] - sum(seconds for phase, seconds in timing.items())
     assert committed.aborted_count == nested_failed == tree_result.aborted_count, \
         "the TPG paths and the nested path disagree on aborts"
-    report.add(Row(name=f"{label}: per-event nested path (today)", value=rates["nested"], unit="events/s",
+    report.add(Row(name=f"{label}: per-event nested path", value=rates["nested"], unit="events/s",
                    extra={"failed_events": nested_failed, "us_per_event": round(1e6 / rates["nested"], 1),
                           "us_per_event_by_phase": _per_event(phases["nested"], count)}))
     report.add(Row(name=f"{label}: plain write path (one row per event, no logic)", value=rates["plain"],
