@@ -57,7 +57,8 @@ def console(stderr: bool = False):
 
 
 class _Group(click.Group):
-    """Turns activedb's own errors into one clear line and exit code 1."""
+    """Turns activedb's own errors and a command's refusals (``click.ClickException``) into one clear line,
+    ``activedb: error: …``, and exit code 1."""
 
     def invoke(self, ctx: click.Context):
         try:
@@ -67,6 +68,13 @@ class _Group(click.Group):
 
             click.echo(f"activedb: error: {mask_secrets(str(error))}", err=True)
             ctx.exit(1)
+        except click.UsageError:
+            raise                        # click's own form: the usage line, then the error
+        except click.ClickException as error:           # a command's own refusal: the same one-line form
+            from activedb._database import mask_secrets
+
+            click.echo(f"activedb: error: {mask_secrets(error.format_message())}", err=True)
+            ctx.exit(error.exit_code)
         except KeyboardInterrupt:
             click.echo("activedb: interrupted", err=True)
             ctx.exit(130)
