@@ -146,7 +146,7 @@ def feed(database, console: Console, *, events: int, workers: int, seed: int, us
     stream = generate(workers, events, seed)
     if spark_takes_queries:
         rules = queries.register_rules(database)
-        engine = queries.make_engine(database, record_dead_letters=not use_spark)
+        engine = queries.make_engine(database, record_dead_letters=False)   # as badge rows: replayable
         queries.reset(database, engine)
         run = Run(path="spark" if use_spark else "direct", application="queries", rules=rules, engine=engine,
                   dead_letter_query=None if use_spark else f"streams:{engine.name}")
