@@ -97,3 +97,17 @@ def make_database_url(pg_server, request):
     with _admin(pg_server) as admin:
         for name in created:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failure's report never shows a test database's password: tests pass URLs to subprocesses, and
+    ``TimeoutExpired`` (or an assertion on a command line) prints the whole command."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and report.longrepr is not None:
+        text = str(report.longrepr)
+        masked = activedb.mask_secrets(text)
+        if masked != text:
+            report.longrepr = masked
+    report.sections = [(name, activedb.mask_secrets(content)) for name, content in report.sections]
