@@ -797,6 +797,10 @@ def _bench_command(name: str, module_name: str) -> click.Command:
                 report = module.run(quick=quick)
         finally:
             progress.close()
+        if quick:
+            report.title += " (--quick: a smoke run, its figures are not meant to meet the targets)"
+            report.notes.insert(0, "quick run (--quick): small sizes for a smoke test; its figures are not meant to "
+                                   "meet the targets (a full run, without --quick, is)")
         if json_path:
             report.write_json(json_path)
         if json_only:
