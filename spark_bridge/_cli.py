@@ -263,8 +263,10 @@ class _StopRequest:
         self._previous: dict[int, Any] = {}
 
     def install(self) -> None:
+        """Handle SIGINT/SIGTERM (again: pyspark's SparkContext installs its own SIGINT handler); ``restore``
+        brings back what was there before the first call."""
         for number in (signal.SIGINT, signal.SIGTERM):
-            self._previous[number] = signal.signal(number, self._handle)
+            self._previous.setdefault(number, signal.signal(number, self._handle))
 
     def restore(self) -> None:
         for number, handler in self._previous.items():
@@ -354,6 +356,16 @@ def _spark_conf(packages: str | None, entries: tuple[str, ...]) -> dict[str, str
         existing = conf.get("spark.jars.packages")
         conf["spark.jars.packages"] = f"{existing},{packages}" if existing else packages
     return conf
+
+
+def _started_spark() -> Any:
+    """What an interrupted start left running (a session, or a bare SparkContext), to be stopped; or None."""
+    try:
+        from pyspark import SparkContext
+        from pyspark.sql import SparkSession
+    except ImportError:
+        return None
+    return SparkSession.getActiveSession() or getattr(SparkContext, "_active_spark_context", None)
 
 
 @contextlib.contextmanager
@@ -552,9 +564,19 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
         console.print(f"[bold]activedb run[/bold] {loaded.name}: {len(database.rules.names())} rules, "
                       f"source {source.describe()}, query {name!r}, checkpoint {checkpoint_dir}", highlight=False)
         spark_log = _default_checkpoint(obj.get("home"), "-").parent.parent / "logs" / "spark.log"
+        stop.install()      # from here Ctrl-C is a request: Spark's start is not cut halfway (no orphaned JVM)
         try:
-            with _status(console, f"starting Spark (10-30 s; its warnings go to {spark_log}) ..."):
-                spark = spark_bridge.get_spark(f"activedb-run-{name}", conf=conf, warnings_to=spark_log)
+            try:
+                with _status(console, f"starting Spark (10-30 s; its warnings go to {spark_log}) ..."):
+                    spark = spark_bridge.get_spark(f"activedb-run-{name}", conf=conf, warnings_to=spark_log)
+            except KeyboardInterrupt:          # pyspark's own SIGINT handler, installed with its SparkContext
+                stop.event.set()
+                spark = _started_spark()
+            stop.install()
+            if stop.event.is_set():
+                console.print("stopped while Spark was starting: nothing was ingested, Spark is stopped",
+                              highlight=False)
+                ctx.exit(130)
             _quiet_query_failures(spark)
             frame = build_stream(spark, source, loaded, file_format=file_format,
                                  max_files_per_trigger=max_files_per_trigger, rows_per_second=rows_per_second,
@@ -570,7 +592,6 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
         except SparkBridgeError as error:
             raise click.ClickException(str(error)) from None
         sink = spark_bridge.sink_of(query)
-        stop.install()
         how = _watch(query, sink, console, stop)
         if how == "stopped":
             _stop_query(query, sink, stop, console)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -123,6 +124,51 @@ def test_run_rejects_a_malformed_source_and_an_app_without_mapping(tmp_path, dat
     assert result.exit_code == 1
     assert "has no MAPPING" in result.output
     assert "Traceback" not in result.output
+
+
+def _processes_with(marker: str) -> list[str]:
+    """Command lines of the running processes that contain ``marker`` (zombies have none)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if marker in line:
+                found.append(f"{entry.name}: {line[:200]}")
+    return found
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_ctrl_c_while_spark_starts_prints_one_line_and_leaves_no_jvm(tmp_path, make_database_url):
+    from activedb.testing import wait_until
+
+    (tmp_path / "in").mkdir()
+    marker = f"ctrl-c-start-{uuid.uuid4().hex[:8]}"
+    output = tmp_path / "run.out"
+    command = [sys.executable, "-m", "activedb.cli", "run", APP_FILE, "--source", f"file:{tmp_path / 'in'}",
+               "--checkpoint", str(tmp_path / "checkpoint"), "--query-name", marker]
+    with open(output, "wb") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env={**os.environ, "COLUMNS": "200", "ACTIVEDB_HOME": str(tmp_path / "home"),
+                                        "ACTIVEDB_DATABASE_URL": make_database_url("ctrl_c_start")})
+    try:
+        wait_until(lambda: "starting Spark" in output.read_text() or process.poll() is not None, timeout=120,
+                   message="activedb run to start Spark", describe=lambda: output.read_text()[-2000:])
+        os.killpg(process.pid, signal.SIGINT)                   # what Ctrl-C in a terminal does
+        assert process.wait(timeout=TIMEOUT_SECONDS) == 130, output.read_text()[-3000:]
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+    text = output.read_text()
+    assert "stopped while Spark was starting: nothing was ingested, Spark is stopped" in text, text[-3000:]
+    for noise in ("Traceback", "py4j", "\tat org.apache", "KeyboardInterrupt"):
+        assert noise not in text, text[-3000:]
+    wait_until(lambda: not _processes_with(marker), timeout=60, message="the Spark JVM to exit",
+               describe=lambda: _processes_with(marker))
 
 
 _RESETTABLE_APP = """
