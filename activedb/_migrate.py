@@ -63,6 +63,9 @@ def _config(script_location: Path, connection=None, url: str | None = None) -> C
     return config
 
 
+MIGRATION_LOCK = 0x61637469766462       # PostgreSQL advisory lock key held by every migration ("activdb")
+
+
 def upgrade(engine: Engine, revision: str = "head", *, script_location: Path | None = None) -> None:
     _run(engine, "upgrade", revision, script_location)
 
@@ -75,6 +78,9 @@ def _run(engine: Engine, action: str, revision: str, script_location: Path | Non
     location = script_location or migrations.SCRIPT_LOCATION
     try:
         with engine.begin() as connection:
+            # Two processes starting on a new database (``activedb run`` and a program, say) would both create
+            # the tables: the second waits here, then finds the schema at its revision.
+            connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK})")
             getattr(command, action)(_config(location, connection), revision)
     except MigrationError:
         raise
