@@ -524,7 +524,8 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
     Each micro-batch commits to PostgreSQL with its ledger row, exactly once; restarting with the
     same --checkpoint and --query-name resumes. Rows the rules reject go to the dead letters
     (`activedb dead-letters list`). The application's tables keep what earlier runs left: events
-    older than that state may be rejected as late; --reset starts from empty tables.
+    older than that state may be rejected as late; --reset starts from empty tables (refused once
+    the query has progress in the ledger or the checkpoint: a resumed run would lose data).
     """
     import spark_bridge
     from activedb import mask_secrets
