@@ -798,7 +798,6 @@ def _bench_command(name: str, module_name: str) -> click.Command:
         finally:
             progress.close()
         if quick:
-            report.title += " (--quick: a smoke run, its figures are not meant to meet the targets)"
             report.notes.insert(0, "quick run (--quick): small sizes for a smoke test; its figures are not meant to "
                                    "meet the targets (a full run, without --quick, is)")
         if json_path:
