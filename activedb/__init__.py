@@ -12,24 +12,23 @@ participants, extensions, observers, read bases), ``activedb.rules`` (ECA rules,
 Design notes live in each package's ``README.md``; ``activedb/README.md`` is the overview.
 """
 
-from coupling import Coupling
-from lockmgr import Deadlock, LockTimeout
-
 from activedb import errors
-from activedb._database import Database, connect, mask_secrets
-from activedb._embedded import default_home
+from activedb import lazy
 from activedb.errors import *  # noqa: F401,F403 - the error classes are public
-from activedb.events import Event, EventKind, EventSpec
-from activedb.rules import Rule
-from activedb.txn import (
-    CommitParticipant,
-    Observer,
-    SubtransactionHandle,
-    Transaction,
-    TransactionExtension,
-    TxnState,
-)
 
 __all__ = ["Database", "connect", "default_home", "mask_secrets", "errors", "Coupling", "Deadlock", "LockTimeout", "Event", "EventKind",
            "EventSpec", "Rule", "SubtransactionHandle", "Transaction", "TxnState", "CommitParticipant",
            "Observer", "TransactionExtension"] + [name for name in dir(errors) if name[0].isupper()]
+
+# imported on first use: `import activedb` stays fast (the CLI's start)
+__getattr__, __dir__ = lazy.exports(__name__, {
+    "coupling": ["Coupling"],
+    "lockmgr": ["Deadlock", "LockTimeout"],
+    "activedb._database": ["Database", "connect", "mask_secrets"],
+    "activedb._embedded": ["default_home"],
+    "activedb.events": ["Event", "EventKind", "EventSpec"],
+    "activedb.rules": ["Rule"],
+    "activedb.txn": [
+        "CommitParticipant", "Observer", "SubtransactionHandle", "Transaction", "TransactionExtension", "TxnState",
+    ],
+})

@@ -31,21 +31,7 @@ The design note is ``spark_bridge/README.md``.
 """
 
 from spark_bridge import errors
-from spark_bridge._app import LoadedApp, load_app
-from spark_bridge._handler import BatchHandler, BatchInput, end_of_stream
-from spark_bridge._ingest import ingest, sink_of
-from spark_bridge._ledger import (
-    IngestionLedger,
-    QueryStatus,
-    batch_committed,
-    ingestion_status,
-    ledger_query_id,
-    parse_ledger_query_id,
-)
-from spark_bridge._scaleout import PartitionedIngestSink
-from spark_bridge._sink import BatchOutcome, IngestSink, IngestStatistics, PhaseTimings
-from spark_bridge.mapping import EventMapping, RawEvent, Rejected, as_mapping, rows_to_events
-from spark_bridge.session import get_spark
+from activedb import lazy
 
 __all__ = [
     "BatchHandler",
@@ -74,3 +60,18 @@ __all__ = [
     "rows_to_events",
     "sink_of",
 ]
+
+# imported on first use: `import spark_bridge` stays fast (the CLI's start)
+__getattr__, __dir__ = lazy.exports(__name__, {
+    "spark_bridge._app": ["LoadedApp", "load_app"],
+    "spark_bridge._handler": ["BatchHandler", "BatchInput", "end_of_stream"],
+    "spark_bridge._ingest": ["ingest", "sink_of"],
+    "spark_bridge._ledger": [
+        "IngestionLedger", "QueryStatus", "batch_committed", "ingestion_status", "ledger_query_id",
+        "parse_ledger_query_id",
+    ],
+    "spark_bridge._scaleout": ["PartitionedIngestSink"],
+    "spark_bridge._sink": ["BatchOutcome", "IngestSink", "IngestStatistics", "PhaseTimings"],
+    "spark_bridge.mapping": ["EventMapping", "RawEvent", "Rejected", "as_mapping", "rows_to_events"],
+    "spark_bridge.session": ["get_spark"],
+})

@@ -265,8 +265,10 @@ class _StopRequest:
         self._previous: dict[int, Any] = {}
 
     def install(self) -> None:
+        """Handle SIGINT/SIGTERM (again: pyspark's SparkContext installs its own SIGINT handler); ``restore``
+        brings back what was there before the first call."""
         for number in (signal.SIGINT, signal.SIGTERM):
-            self._previous[number] = signal.signal(number, self._handle)
+            self._previous.setdefault(number, signal.signal(number, self._handle))
 
     def restore(self) -> None:
         for number, handler in self._previous.items():
@@ -358,6 +360,16 @@ def _spark_conf(packages: str | None, entries: tuple[str, ...]) -> dict[str, str
     return conf
 
 
+def _started_spark() -> Any:
+    """What an interrupted start left running (a session, or a bare SparkContext), to be stopped; or None."""
+    try:
+        from pyspark import SparkContext
+        from pyspark.sql import SparkSession
+    except ImportError:
+        return None
+    return SparkSession.getActiveSession() or getattr(SparkContext, "_active_spark_context", None)
+
+
 @contextlib.contextmanager
 def _status(console: Any, text: str):
     """A spinner with ``text`` on a terminal; one line otherwise."""
@@ -432,6 +444,34 @@ def failure_message(sink: Any, failure: BaseException, app: str) -> str:
             f"run the same command again: it resumes from the checkpoint")
 
 
+def _checkpoint_progress(checkpoint_dir: Path) -> int:
+    """How many micro-batches Spark's checkpoint at ``checkpoint_dir`` has committed (0: none, or none yet)."""
+    commits = checkpoint_dir / "commits"
+    if not commits.is_dir():
+        return 0
+    return sum(1 for path in commits.iterdir() if path.name.isdigit())
+
+
+def _refuse_reset_with_progress(database: Any, name: str, checkpoint_dir: Path) -> None:
+    """``--reset`` empties the application's tables; if the ledger or the checkpoint has progress for query
+    ``name``, the run would resume after those batches and their effects would be lost: refuse, saying
+    what to do instead."""
+    import spark_bridge
+
+    found = []
+    statuses = spark_bridge.ingestion_status(database, name)
+    if statuses:
+        found.append(f"the ledger holds {statuses[0].batches:,} batches ({statuses[0].events:,} events)")
+    committed = _checkpoint_progress(checkpoint_dir)
+    if committed:
+        found.append(f"the checkpoint {checkpoint_dir} has {committed:,} committed batches")
+    if found:
+        raise click.ClickException(
+            f"--reset refused: query {name!r} has progress ({'; '.join(found)}), and it would resume after it "
+            f"while --reset empties the tables its batches wrote, losing their data. Run without --reset to "
+            f"resume, or start over with a new --query-name (and --checkpoint) together with --reset.")
+
+
 @click.command("run")
 @click.argument("app")
 @click.option("--source", "source_text", required=True, help=f"Where events come from: {_SOURCE_FORMS}.")
@@ -442,7 +482,9 @@ def failure_message(sink: Any, failure: BaseException, app: str) -> str:
               help="Stable name of the query (default: the app's name). A new name (or a new --checkpoint) starts "
                    "over: every file of a file source is read again.")
 @click.option("--reset", is_flag=True, help="Empty the application's tables first (calls the app's reset(db)); "
-                                            "without it, a run continues from what earlier runs left.")
+                                            "without it, a run continues from what earlier runs left. Refused "
+                                            "when the query already has progress (ledger or checkpoint): use a "
+                                            "new --query-name to start over.")
 @click.option("--format", "file_format", type=click.Choice(["json", "csv", "parquet"]), default="json",
               show_default=True, help="File format of a file source.")
 @click.option("--max-files-per-trigger", type=int, default=None, help="File source: files per micro-batch.")
@@ -486,7 +528,8 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
     Each micro-batch commits to PostgreSQL with its ledger row, exactly once; restarting with the
     same --checkpoint and --query-name resumes. Rows the rules reject go to the dead letters
     (`activedb dead-letters list`). The application's tables keep what earlier runs left: events
-    older than that state may be rejected as late; --reset starts from empty tables.
+    older than that state may be rejected as late; --reset starts from empty tables (refused once
+    the query has progress in the ledger or the checkpoint: a resumed run would lose data).
     """
     import spark_bridge
     from activedb import mask_secrets
@@ -522,6 +565,7 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
         if loaded.migrations is not None:
             database.upgrade_app(loaded.migrations)
         if reset:
+            _refuse_reset_with_progress(database, name, checkpoint_dir)
             loaded.reset(database)
             console.print(f"reset: {loaded.name}'s tables are empty", highlight=False)
         loaded.register(database)
@@ -529,9 +573,19 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
         console.print(f"[bold]activedb run[/bold] {loaded.name}: {len(database.rules.names())} rules, "
                       f"source {source.describe()}, query {name!r}, checkpoint {checkpoint_dir}", highlight=False)
         spark_log = _default_checkpoint(obj.get("home"), "-").parent.parent / "logs" / "spark.log"
+        stop.install()      # from here Ctrl-C is a request: Spark's start is not cut halfway (no orphaned JVM)
         try:
-            with _status(console, f"starting Spark (10-30 s; its warnings go to {spark_log}) ..."):
-                spark = spark_bridge.get_spark(f"activedb-run-{name}", conf=conf, warnings_to=spark_log)
+            try:
+                with _status(console, f"starting Spark (10-30 s; its warnings go to {spark_log}) ..."):
+                    spark = spark_bridge.get_spark(f"activedb-run-{name}", conf=conf, warnings_to=spark_log)
+            except KeyboardInterrupt:          # pyspark's own SIGINT handler, installed with its SparkContext
+                stop.event.set()
+                spark = _started_spark()
+            stop.install()
+            if stop.event.is_set():
+                console.print("stopped while Spark was starting: nothing was ingested, Spark is stopped",
+                              highlight=False)
+                ctx.exit(130)
             _quiet_query_failures(spark)
             frame = build_stream(spark, source, loaded, file_format=file_format,
                                  max_files_per_trigger=max_files_per_trigger, rows_per_second=rows_per_second,

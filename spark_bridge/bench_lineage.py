@@ -19,6 +19,7 @@ import datetime as dt
 import statistics
 import time
 import uuid
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -49,8 +50,9 @@ def _cleanup(database, queries: list[str]) -> None:
             connection.execute(sa.text("DELETE FROM activedb_ingestion_ledger WHERE query_id = :q"), {"q": query})
 
 
-def run(quick: bool = False) -> BenchReport:
-    from activedb.bench import connect_database as connect
+def run(quick: bool = False, progress: Any = None) -> BenchReport:
+    """``progress``: an ``activedb.bench.Progress`` that hears of each batch size."""
+    from activedb.bench import Progress, connect_database as connect
 
     from spark_bridge._sink import IngestSink
 
@@ -65,6 +67,8 @@ def run(quick: bool = False) -> BenchReport:
     try:
         batch_id = 0
         shapes = ((1_000, 10), (10, 100)) if quick else ((10_000, 6), (1_000, 30), (10, 300))
+        progress = progress or Progress.none()
+        progress.start("bench ingest-lineage", total=len(shapes))
         for events, rounds in shapes:
             timings: dict[bool, list[float]] = {False: [], True: []}
             for round_number in range(rounds + 1):                 # round 0 warms up
@@ -93,6 +97,7 @@ def run(quick: bool = False) -> BenchReport:
                 extra={"rounds": rounds, "cost_percent": round((1 - ratio) * 100, 1),
                        "added_ms_per_batch_paired_median": round(added * 1000, 2),
                        "paired_cost_percent": round(added / statistics.median(timings[False]) * 100, 1)}))
+            progress.update(len(report.rows), f"{events:,} events per batch, lineage on and off")
         with database.engine.connect() as connection:
             recorded_batches = connection.execute(sa.text(
                 "SELECT count(*) FROM activedb_lineage_batches WHERE query_id = :q"), {"q": queries[1]}).scalar()

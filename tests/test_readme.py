@@ -2,12 +2,14 @@
 directory and run by a new interpreter — against the test database (``ACTIVEDB_DATABASE_URL``, which
 ``activedb.connect()`` honours as the README says)."""
 
+import dataclasses
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,29 +58,94 @@ def test_the_commands_the_readme_documents_exist():
         assert result.exit_code == 0, f"README mentions `activedb {command}`: {result.output}"
 
 
-def _section_example(heading: str) -> str:
-    text = README.read_text()
-    section = text[text.index(heading):]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+FENCE = re.compile(r"^```python\n(.*?)^```\n", re.S | re.M)
+FRAGMENT = "# fragment:"
+SAID = re.compile(r"\s*It prints(?: `([^`]*)`| nothing|:\n+```text\n(.*?)```)", re.S)
 
 
-def _run_example(code: str, database_url: str, tmp_path: Path) -> str:
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """One ``python`` code block of a README: a complete example (run as printed, its output compared with
+    what the text after it says it prints) or a fragment (first line ``# fragment: what it continues``)."""
+
+    readme: Path
+    line: int
+    code: str
+    expected: str | None            # what the README says it prints; None: it does not say
+
+    @property
+    def fragment(self) -> bool:
+        return self.code.startswith(FRAGMENT)
+
+    @property
+    def spark(self) -> bool:
+        return "spark_bridge" in self.code
+
+    def __str__(self) -> str:
+        return f"{self.readme.relative_to(ROOT)}:{self.line}"
+
+
+def readmes() -> list[Path]:
+    return sorted(path for path in ROOT.glob("**/README.md")
+                  if not {".venv", "node_modules", "build"} & set(path.relative_to(ROOT).parts)
+                  and ".egg-info" not in str(path))
+
+
+def blocks(readme: Path) -> list[Block]:
+    text = readme.read_text()
+    found = []
+    for match in FENCE.finditer(text):
+        said = SAID.match(text, match.end())
+        expected = None
+        if said is not None:
+            expected = said.group(1) + "\n" if said.group(1) is not None else (said.group(2) or "")
+        found.append(Block(readme, text.count("\n", 0, match.start()) + 1, match.group(1), expected))
+    return found
+
+
+ALL_BLOCKS = [block for readme in readmes() for block in blocks(readme)]
+COMPLETE = [pytest.param(block, id=str(block), marks=[pytest.mark.spark] if block.spark else [])
+            for block in ALL_BLOCKS if not block.fragment]
+
+
+def test_every_readme_block_is_a_complete_example_or_a_marked_fragment():
+    assert len(ALL_BLOCKS) >= 15 and len(COMPLETE) >= 8, [str(block) for block in ALL_BLOCKS]
+    for block in ALL_BLOCKS:
+        if block.fragment:
+            assert len(block.code.splitlines()[0]) > len(FRAGMENT) + 10, f"{block}: say what the fragment continues"
+            earlier = [other for other in ALL_BLOCKS if other.readme == block.readme and other.line < block.line]
+            assert any(not other.fragment for other in earlier) or "README" in block.code.splitlines()[0], \
+                f"{block}: a fragment continues a complete example above it, or names the README that has it"
+        else:
+            assert block.expected is not None, \
+                f"{block}: a complete example is followed by 'It prints `…`', 'It prints nothing' or 'It prints:' " \
+                f"and a text block (or its first line is '{FRAGMENT} …')"
+
+
+@pytest.mark.parametrize("block", COMPLETE)
+def test_a_complete_readme_example_runs_in_a_fresh_directory_and_prints_what_the_readme_says(
+        block, make_database_url, tmp_path):
+    url = make_database_url(re.sub(r"[^a-z0-9]", "_", str(block).lower())[-30:])
+    assert _run_example(block.code, url, tmp_path, timeout=600 if block.spark else 180) == block.expected, str(block)
+
+
+def _run_example(code: str, database_url: str, tmp_path: Path, *, timeout: float = 180) -> str:
     script = tmp_path / "example.py"
     script.write_text(code)
     environment = {**os.environ, "ACTIVEDB_DATABASE_URL": database_url, "ACTIVEDB_HOME": str(tmp_path / "home"),
                    "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=environment, capture_output=True,
-                          text=True, timeout=120)
+    try:
+        done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=environment, capture_output=True,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as expired:      # its message names the script only, never the URL
+        raise AssertionError(f"the example did not finish in {timeout} s: {(expired.stderr or b'')[-3000:]!r}") \
+            from None
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 
 
-def test_the_stream_transactions_example_runs_as_printed(database_url, tmp_path):
-    code = _section_example("## Pattern queries over the store")
-    assert "CREATE QUERY Q1 ON estream" in code and "CREATE RULE R1 ON OUTPUT Q1" in code
-    assert _run_example(code, database_url, tmp_path) == "warning\n"
-
-
-def test_the_state_transactions_example_runs_as_printed(database_url, tmp_path):
-    code = _section_example("## Batches of state transactions")
-    assert _run_example(code, database_url, tmp_path) == "room 2 0\n"
+def test_the_pattern_query_example_prints_the_same_on_a_second_run_on_the_same_database(make_database_url, tmp_path):
+    [block] = [block for block in ALL_BLOCKS if block.readme == README and "CREATE RULE R1 ON OUTPUT Q1" in block.code]
+    url = make_database_url("pattern_twice")
+    first = _run_example(block.code, url, tmp_path)
+    assert first == _run_example(block.code, url, tmp_path) == block.expected == "warning\n"

@@ -11,10 +11,15 @@ executor of state transactions.)
 """
 
 from activedb.atomic import errors
-from activedb.atomic._batches import Batches, SplitFailure
-from activedb.atomic._compensate import CompensationPlan, CompensationReport, Mode, Scope, Unsafe
-from activedb.atomic._graph import BoundReached, IndependentScover, TransactionLineage
-from activedb.atomic._lineage import BatchRef
+from activedb import lazy
 
 __all__ = ["Batches", "BatchRef", "BoundReached", "CompensationPlan", "CompensationReport", "IndependentScover",
            "Mode", "Scope", "SplitFailure", "TransactionLineage", "Unsafe", "errors"]
+
+# imported on first use: `import activedb.atomic` stays fast (the CLI's start)
+__getattr__, __dir__ = lazy.exports(__name__, {
+    "activedb.atomic._batches": ["Batches", "SplitFailure"],
+    "activedb.atomic._compensate": ["CompensationPlan", "CompensationReport", "Mode", "Scope", "Unsafe"],
+    "activedb.atomic._graph": ["BoundReached", "IndependentScover", "TransactionLineage"],
+    "activedb.atomic._lineage": ["BatchRef"],
+})

@@ -41,8 +41,8 @@ to the batch: ``B_TD = 0.2·c``, ``B_LD = 2·c``, ``B_PD = 0.3·c``, ``B_SUM = 0
 For Streaming Ledger's bottom lines at ``c = 10,240`` (TD 3,000, LD 30,000, PD 100, VDD 0.1,
 acyclic, cheap): ``OG_BFS_A`` at abort ratio 0, ``OG_BFS`` at 0.8; with PD 5,000 ``OP_BFS_A``.
 
-**"calibrated"**: the thresholds per operation this package used before (calibrated on this
-machine by ``activedb bench tpg``; see the package README):
+**"calibrated"**: the thresholds per operation this package used before (calibrated on a
+2-core machine by ``activedb bench tpg``; see the package README):
 
 1. exploration — s-explore (BFS) when there are many dependencies per operation *and* the
    degree distribution is balanced; otherwise ns-explore;

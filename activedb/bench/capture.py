@@ -31,6 +31,7 @@ import time
 import sqlalchemy as sa
 
 from activedb.bench._setup import connect
+from activedb.bench.progress import Progress
 from activedb.bench.report import BenchReport, Row
 
 PLAIN = "bench_capture_plain"
@@ -132,8 +133,10 @@ def _effects(database) -> int:
         return connection.execute(sa.text(f"SELECT count(*) FROM {EFFECTS}")).scalar()
 
 
-def run(quick: bool = False) -> BenchReport:
+def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
     report = BenchReport("change capture (activedb bench capture)")
+    progress = progress or Progress.none()
+    progress.start("bench capture", total=7)
     rounds, per_round = (3, 50) if quick else (15, 200)
     writers = 4
     rows = 1000 if quick else 10_000
@@ -164,6 +167,7 @@ def run(quick: bool = False) -> BenchReport:
                 baseline_name="same insert, table not captured", baseline=plain_us, ratio=plain_us / captured_us,
                 target="slowdown <= 1.5x", met=captured_us <= 1.5 * plain_us,
                 extra={"slowdown": round(captured_us / plain_us, 3), "rounds": rounds, "inserts_per_round": per_round}))
+            progress.update(1, "writer: single-row inserts, captured vs plain")
 
             # 1b. several writers at once: capturing commits take the sequencer lock in turn.
             plain_rate = _concurrent(database, PLAIN, ids, writers, per_round)
@@ -172,6 +176,7 @@ def run(quick: bool = False) -> BenchReport:
                 name=f"{writers} writers: single-row inserts, captured table", value=captured_rate, unit="inserts/s",
                 baseline_name="same, table not captured", baseline=plain_rate, ratio=captured_rate / plain_rate,
                 extra={"writers": writers, "inserts_per_writer": per_round}))
+            progress.update(2, f"{writers} writers at once, captured vs plain")
 
             # 1c. the row trigger's own server time (EXPLAIN ANALYZE; rolled back, nothing captured stays).
             trigger_us = []
@@ -179,6 +184,7 @@ def run(quick: bool = False) -> BenchReport:
                 trigger_us.append(_trigger_time(writer, ids.take(2000)))
             report.add(Row(name="capture row trigger: server time per captured row", value=min(trigger_us),
                            unit="us/row", extra={"rows": 2000, "runs": trigger_us}))
+            progress.update(3, "the capture row trigger's server time")
 
             # 2. executemany, captured vs plain (alternating, median of three).
             plain, captured = [], []
@@ -190,6 +196,7 @@ def run(quick: bool = False) -> BenchReport:
                 name=f"writer: executemany of {rows:,} rows, captured table", value=captured_us, unit="us/row",
                 baseline_name="same, table not captured", baseline=plain_us, ratio=plain_us / captured_us,
                 extra={"slowdown": round(captured_us / plain_us, 3)}))
+            progress.update(4, f"writer: executemany of {rows:,} rows, captured vs plain")
 
             # The backlog of 1 and 2 is not part of 3: consume it first.
             consumer = database.capture.consumer("bench", batch_size=500)
@@ -218,6 +225,7 @@ def run(quick: bool = False) -> BenchReport:
                 extra={"changes": handled, "writer_seconds": round(writer_seconds, 3),
                        "drained_seconds": round(total_seconds, 3), "batch_size": 500,
                        "consumer_batches": spent.batches - before_statistics.batches, **phases}))
+            progress.update(5, "end to end: a burst consumed by the rules")
 
             # 4. latency of one insert, consumer woken by NOTIFY: until the batch holding it committed.
             latencies = []
@@ -237,6 +245,7 @@ def run(quick: bool = False) -> BenchReport:
                            value=statistics.median(latencies) * 1e3, unit="ms",
                            extra={"samples": len(latencies),
                                   "p90_ms": round(sorted(latencies)[int(0.9 * (len(latencies) - 1))] * 1e3, 2)}))
+            progress.update(6, f"latency of one insert ({len(latencies)} samples)")
 
         # 5. activedb as the writer: its own changes to a captured table are recognised and dropped.
         plain, captured = [], []
@@ -257,6 +266,7 @@ def run(quick: bool = False) -> BenchReport:
                        unit="us/transaction", baseline_name="same, table not captured", baseline=plain_us,
                        ratio=plain_us / captured_us,
                        extra={"transactions": half, "own_changes_delivered": leaked}))
+        progress.update(7, "activedb as the writer of a captured table")
         report.notes.append(
             "writer = a plain psycopg connection on the same machine (unix socket); figures are medians of "
             "alternating rounds, captured and plain in the same run. The single-row figures are dominated by the "

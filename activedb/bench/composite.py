@@ -15,8 +15,9 @@ Two measurements, both in one run, no database (the engine is pure Python; rules
    ``ManualClock`` advanced to each arrival, so a composite's latency is simulated system time from the
    arrival of its last constituent to its production.  Compared with the same run on point timestamps.
 
-``--quick``: N = 1,000 and fewer configurations.  A PNG of both (``activedb-bench-composite.png`` in the
-current directory, or ``$ACTIVEDB_BENCH_DIR``) is written unless matplotlib is missing.
+``--quick``: N = 1,000 and fewer configurations.  A PNG of both (``activedb-bench-composite.png`` in
+``$ACTIVEDB_BENCH_DIR``, or in a new temporary folder; the notes name it) is written unless matplotlib is
+missing.
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ from __future__ import annotations
 import os
 import random
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
 from activedb import composite, streams
+from activedb.bench.progress import Progress
 from activedb.bench.report import BenchReport, Row
 from activedb.composite import Choice, UncertaintyKind
 from activedb.events import Timestamp
@@ -113,12 +116,14 @@ def latency(operator: str, producers: int, arrivals: list, use_point: bool) -> l
     return latencies
 
 
-def run(quick: bool = False) -> BenchReport:
+def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
     report = BenchReport("composite: events from many producers, accuracy-interval time vs point timestamps")
     events = 1000 if quick else 5000
     producer_counts = (1, 4) if quick else (1, 2, 4, 8)
     accuracies = (0.001, 0.050) if quick else (0.001, 0.010, 0.050)
     periods = (0.005, 0.050) if quick else (0.001, 0.005, 0.010, 0.050, 0.100)
+    progress = progress or Progress.none()
+    progress.start("bench composite", total=2 * len(producer_counts) + 2)
     figures: dict = {"throughput": [], "latency": []}
     for operator in ("AND", "SEQ"):
         for producers in producer_counts:
@@ -141,6 +146,8 @@ def run(quick: bool = False) -> BenchReport:
                                       "dropped": stats.dropped, "events": stats.events}))
                 figures["throughput"].append((operator, producers, accuracy, composites_rate, point_composites,
                                               rate, point_rate))
+            progress.update(len(figures["throughput"]) // len(accuracies),
+                            f"throughput of {operator}, {producers} producer(s), every accuracy")
     for operator in ("AND", "SEQ"):
         for period in periods:
             arrivals = workload(4, 0.005, events // 2, period, SEED + 1, delay=0.002)
@@ -155,6 +162,8 @@ def run(quick: bool = False) -> BenchReport:
                            extra={"p95_ms": p95, "point_p95_ms": _percentile(point_latencies, 0.95) * 1000,
                                   "composites": len(interval_latencies), "point_composites": len(point_latencies)}))
             figures["latency"].append((operator, period, mean, point_mean, p95))
+        progress.update(2 * len(producer_counts) + (1 if operator == "AND" else 2),
+                        f"latency to stability of {operator}, every heartbeat period")
     report.notes.append("throughput: engine.submit over events and heartbeats (every 10 ms per producer), "
                         "partitioned by attribute k into 8 partitions, uncertainties decided by a callback; "
                         "point timestamps = the same readings with alpha = 0 through the same engine")
@@ -208,7 +217,8 @@ def _plot(figures: dict) -> Path | None:
     right.set_title("latency added by waiting for stability (4 producers)")
     right.legend(fontsize=7)
     figure.tight_layout()
-    path = Path(os.environ.get("ACTIVEDB_BENCH_DIR", ".")) / "activedb-bench-composite.png"
+    folder = os.environ.get("ACTIVEDB_BENCH_DIR") or tempfile.mkdtemp(prefix="activedb-bench-composite-")
+    path = Path(folder) / "activedb-bench-composite.png"
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path

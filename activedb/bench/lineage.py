@@ -15,6 +15,7 @@ import time
 import uuid
 
 from activedb.bench._setup import connect
+from activedb.bench.progress import Progress
 from activedb.bench.report import BenchReport, Row
 
 KEYS = 200
@@ -33,8 +34,10 @@ def _batch(db, events: int, query: str | None, batch_id: int) -> float:
     return time.perf_counter() - started
 
 
-def run(quick: bool = False) -> BenchReport:
+def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
     report = BenchReport("lineage recording (activedb bench lineage)")
+    progress = progress or Progress.none()
+    progress.start("bench lineage", total=3)
     with connect() as database:
         with database.transaction() as tx:
             for key in range(KEYS):
@@ -60,6 +63,7 @@ def run(quick: bool = False) -> BenchReport:
                 baseline_name="same batches, no lineage", baseline=plain_rate, ratio=ratio,
                 target=">= 0.90 of no lineage" if goal else None, met=(ratio >= 0.90) if goal else None,
                 extra={"rounds": rounds, "cost_percent": round((1 - ratio) * 100, 1)}))
+            progress.update(len(report.rows), f"batches of {events} event(s), with and without lineage")
         database.batches.prune(older_than=0)
         report.notes.append("medians of alternating rounds in one process and one database; the single-event row is "
                             "the worst case (one lineage INSERT per one-event top-level transaction)")

@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ import sqlalchemy as sa
 
 from activedb import batch
 from activedb.batch import workloads
+from activedb.bench.progress import Progress
 from activedb.bench.report import BenchReport, Row
 
 SWEEP_STRATEGIES = ("tpg", "ns/f/e", "bfs/f/e", "ns/f/l", "bfs/c/e")
@@ -226,7 +228,7 @@ def _end_to_end(report: BenchReport, database, name: str, cost: float, size: int
         timing["commit_and_rest"] = best[path] - sum(seconds for phase, seconds in timing.items())
     assert committed.aborted_count == nested_failed == tree_result.aborted_count, \
         "the TPG paths and the nested path disagree on aborts"
-    report.add(Row(name=f"{label}: per-event nested path (today)", value=rates["nested"], unit="events/s",
+    report.add(Row(name=f"{label}: per-event nested path", value=rates["nested"], unit="events/s",
                    extra={"failed_events": nested_failed, "us_per_event": round(1e6 / rates["nested"], 1),
                           "us_per_event_by_phase": _per_event(phases["nested"], count)}))
     report.add(Row(name=f"{label}: plain write path (one row per event, no logic)", value=rates["plain"],
@@ -319,17 +321,25 @@ def _plot(directory: Path, parameter: str, points: dict[str, list[tuple[float, f
 
 # --- the benchmark --------------------------------------------------------------------------------
 
-def run(quick: bool = False, *, size: int | None = None, instructions: bool | None = None) -> BenchReport:
+def run(quick: bool = False, *, size: int | None = None, instructions: bool | None = None,
+        progress: Progress | None = None) -> BenchReport:
     """``size`` overrides T (the smoke test uses a tiny batch); ``instructions``: section 5 (perf
-    stat, a minute or two; default: full runs only, or ``ACTIVEDB_BENCH_INSTRUCTIONS=1``)."""
+    stat, a minute or two; default: full runs only, or ``ACTIVEDB_BENCH_INSTRUCTIONS=1``). The plots and
+    JSON go to ``$ACTIVEDB_BENCH_DIR``, or to a new temporary folder the report's notes name."""
     if instructions is None:
         instructions = not quick or os.environ.get("ACTIVEDB_BENCH_INSTRUCTIONS") == "1"
+    progress = progress or Progress.none()
+    progress.start("bench tpg", total=11 + (1 if instructions else 0))
+    finished = iter(range(1, 100))
+
+    def done(description: str) -> None:
+        progress.update(next(finished), description)
     from activedb.bench._setup import connect as bench_connect
 
     report = BenchReport("Batches of state transactions on a TPG (activedb bench tpg)")
     size = size or (2_048 if quick else 10_240)
     repeat = 1 if quick else 3
-    directory = Path(os.environ.get("ACTIVEDB_BENCH_DIR", "tpg-bench"))
+    directory = Path(os.environ.get("ACTIVEDB_BENCH_DIR") or tempfile.mkdtemp(prefix="activedb-bench-tpg-"))
     directory.mkdir(parents=True, exist_ok=True)
     logging.getLogger("activedb.rules").setLevel(logging.CRITICAL)   # rule failures are the aborts
     started_all = time.perf_counter()
@@ -370,6 +380,7 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
                                          for phase, seconds in result.statistics.seconds.items()}}))
         report.notes.append(f"{name.upper()}: best fixed strategy {best[0]} ({best[1]:,.0f} txn/s); the decision "
                             f"model chose {chosen.strategy} ({auto_rate:,.0f} txn/s)")
+        done(f"{name.upper()} in memory: every strategy against the serial reference")
 
     # 2. End to end through PostgreSQL: every path on the same rows, interleaved, best of `repeat`.
     with bench_connect(rule_execution="inline") as database:
@@ -377,6 +388,7 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
             database.rule(on=database.stream(event_type), name=f"bench_tpg_{event_type}")(rule)
         for name, cost in (("sl", 0.0), ("sl", 10.0), ("tp", 0.0), ("gs", 0.0)):
             _end_to_end(report, database, name, cost, size, repeat)
+            done(f"{name.upper()} end to end through PostgreSQL, C = {cost:g} us")
 
     # 3. Processes: a batch that splits (8 disjoint key groups), C = 10 us.
     workload = workloads.Workload(batch=size * 2, partitions=8)
@@ -420,6 +432,7 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
     report.add(Row(name="SL (8 key groups) in memory: 2 processes vs 1 (ns/f/e)", value=ns_two_rate, unit="txn/s",
                    baseline_name="1 process (ns/f/e)", baseline=ns_one_rate, ratio=ns_two_rate / ns_one_rate,
                    extra={"processes": ns_two.statistics.processes, "notes": ns_two.notes}))
+    done("SL in memory: 2 processes against 1")
     report.add(Row(name="SL (8 key groups) in memory: decision model with 2 processes allowed", value=auto_rate,
                    unit="txn/s", baseline_name="1 process (lean)", baseline=one_rate, ratio=auto_rate / one_rate,
                    extra={"strategy": auto_two.strategy, "processes": auto_two.statistics.processes,
@@ -443,6 +456,7 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
                 points.setdefault(strategy, []).append((value, rate))
         sweep_json[parameter] = points
         plots.append(str(_plot(directory, parameter, points, label)))
+        done(f"SL sweep of {label}")
         for strategy, series in points.items():
             report.add(Row(name=f"SL sweep {parameter}: {strategy}", value=series[-1][1], unit="txn/CPU-s",
                            extra={"series": [[x, round(y, 1)] for x, y in series]}))
@@ -451,6 +465,7 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
     # 5. Instructions per event (perf stat): stable where wall-clock figures are not.
     if instructions:
         _instructions(report, size, quick)
+        done("instructions per event (perf stat)")
 
     report.notes.append(f"load average (1 min) at start {load_at_start:.1f}, at the end of the sweeps "
                         f"{os.getloadavg()[0]:.1f}, on {os.cpu_count()} cores")

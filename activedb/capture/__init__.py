@@ -18,22 +18,7 @@ Public interface::
 * :mod:`activedb.capture.errors`.
 """
 
-from activedb.capture._consumer import (
-    CaptureConsumer,
-    CapturedChange,
-    ConsumerState,
-    ConsumerStatistics,
-    Position,
-    Step,
-)
-from activedb.capture._manager import CaptureManager
-from activedb.capture._status import (
-    CapturedTable,
-    CaptureStatus,
-    ConsumerBacklog,
-    TableBacklog,
-    capture_status,
-)
+from activedb import lazy
 from activedb.capture.errors import (
     CaptureConflict,
     CaptureError,
@@ -41,9 +26,20 @@ from activedb.capture.errors import (
     CaptureNotInstalled,
     ConsumerStopped,
 )
-from activedb.rules import FiringOutcome     # a batch's firings run through the rule manager
 
 __all__ = ["CaptureManager", "CaptureConsumer", "CapturedChange", "ConsumerState", "ConsumerStatistics",
            "FiringOutcome", "Position", "Step", "CapturedTable", "CaptureStatus", "ConsumerBacklog", "TableBacklog",
            "capture_status", "CaptureConflict", "CaptureError", "CaptureNotEnabledWarning", "CaptureNotInstalled",
            "ConsumerStopped"]
+
+# imported on first use: `import activedb.capture` stays fast (the CLI's start)
+__getattr__, __dir__ = lazy.exports(__name__, {
+    "activedb.capture._consumer": [
+        "CaptureConsumer", "CapturedChange", "ConsumerState", "ConsumerStatistics", "Position", "Step",
+    ],
+    "activedb.rules": ["FiringOutcome"],        # a batch's firings run through the rule manager
+    "activedb.capture._manager": ["CaptureManager"],
+    "activedb.capture._status": [
+        "CapturedTable", "CaptureStatus", "ConsumerBacklog", "TableBacklog", "capture_status",
+    ],
+})

@@ -71,14 +71,18 @@ class CaptureStatus:
     latest_position: int = 0
 
     def warnings(self) -> list[str]:
-        """One line per problem worth a look: consumers behind, tables without their trigger, changes
-        nobody consumes."""
+        """One line per problem worth a look: consumers behind or with failed firings, tables without their
+        trigger, changes nobody consumes."""
         lines = []
         for consumer in self.consumers:
             if consumer.behind:
                 lag = f", the oldest committed {consumer.lag_seconds:.0f} s ago" if consumer.lag_seconds else ""
                 lines.append(f"consumer {consumer.name!r} is far behind: {consumer.changes:,} changes wait{lag}; "
                              f"check that its process runs (activedb capture consume APP) and what its rules wait for")
+        for consumer in self.consumers:
+            if consumer.failed:
+                lines.append(f"consumer {consumer.name!r} has {consumer.failed:,} failed rule firings: `activedb "
+                             f"dead-letters list --query capture:{consumer.name}` shows each with its error")
         for table in self.tables:
             if not table.trigger_installed:
                 lines.append(f"table {table.name!r} is registered as captured but has no capture trigger (was it "

@@ -57,7 +57,8 @@ def console(stderr: bool = False):
 
 
 class _Group(click.Group):
-    """Turns activedb's own errors into one clear line and exit code 1."""
+    """Turns activedb's own errors and a command's refusals (``click.ClickException``) into one clear line,
+    ``activedb: error: …``, and exit code 1."""
 
     def invoke(self, ctx: click.Context):
         try:
@@ -67,6 +68,13 @@ class _Group(click.Group):
 
             click.echo(f"activedb: error: {mask_secrets(str(error))}", err=True)
             ctx.exit(1)
+        except click.UsageError:
+            raise                        # click's own form: the usage line, then the error
+        except click.ClickException as error:           # a command's own refusal: the same one-line form
+            from activedb._database import mask_secrets
+
+            click.echo(f"activedb: error: {mask_secrets(error.format_message())}", err=True)
+            ctx.exit(error.exit_code)
         except Exception as error:
             # A database failure no layer below turned into one of the documented errors: still one line.
             import psycopg
@@ -802,6 +810,9 @@ def _bench_command(name: str, module_name: str) -> click.Command:
                 report = module.run(quick=quick)
         finally:
             progress.close()
+        if quick:
+            report.notes.insert(0, "quick run (--quick): small sizes for a smoke test; its figures are not meant to "
+                                   "meet the targets (a full run, without --quick, is)")
         if json_path:
             report.write_json(json_path)
         if json_only:

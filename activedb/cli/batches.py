@@ -15,10 +15,10 @@ what it would cost other batches; without it, it compensates (``--app``: a modul
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import click
@@ -32,6 +32,22 @@ def batches_group() -> None:
     """Atomic batches: lineage, scover, compensation."""
 
 
+@contextlib.contextmanager
+def _spark_form_hint(query: str):
+    """A batch Spark ingestion consumed is recorded as ``NAME@SPARK_QUERY_ID``: say so when a bare name is
+    not found."""
+    from activedb.atomic.errors import UnknownBatch
+
+    try:
+        yield
+    except UnknownBatch as error:
+        if "@" in query:
+            raise
+        raise UnknownBatch(f"{error}; a batch Spark ingestion consumed is named NAME@SPARK_QUERY_ID, e.g. "
+                           f"`activedb batches show {query}@<id> BATCH` (`activedb status --json` lists each "
+                           f"query's spark_query_ids)") from None
+
+
 @batches_group.command("show")
 @click.argument("query")
 @click.argument("batch")
@@ -40,8 +56,9 @@ def batches_group() -> None:
 @click.option("--max-rounds", default=64, show_default=True, help="Bound of the independent-scover closure.")
 @click.pass_context
 def show(ctx: click.Context, query: str, batch: str, png: str | None, as_json: bool, max_rounds: int) -> None:
-    """The composite transaction of batch (QUERY, BATCH), its scover and independent scover."""
-    with open_database(ctx, writes=False) as db:
+    """The composite transaction of batch (QUERY, BATCH), its scover and independent scover. A batch Spark
+    ingestion consumed: QUERY is NAME@SPARK_QUERY_ID (`activedb status --json` lists the ids)."""
+    with open_database(ctx, writes=False) as db, _spark_form_hint(query):
         graph, cover = db.batches.graph((query, batch), max_rounds=max_rounds)
         scover = db.batches.scover((query, batch))
         if as_json:
@@ -209,8 +226,9 @@ def compensate(ctx: click.Context, query: str, batch: str, mode: str, scope: str
     with open_database(ctx, writes=not dry_run) as db:
         if app:
             load_app(app).register(db)
-        report = db.batches.compensate((query, batch), mode=mode, scope=scope, dry_run=dry_run,
-                                       allow_unsafe=allow_unsafe, max_rounds=max_rounds)
+        with _spark_form_hint(query):
+            report = db.batches.compensate((query, batch), mode=mode, scope=scope, dry_run=dry_run,
+                                           allow_unsafe=allow_unsafe, max_rounds=max_rounds)
         described = report.describe()
         if as_json:
             click.echo(json.dumps(described, indent=2, default=str))

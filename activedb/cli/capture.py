@@ -106,7 +106,7 @@ def status_command(ctx: click.Context, as_json: bool, behind_changes: int, behin
         backlog.add_column(column)
     for consumer in status.consumers:
         position = f"{consumer.position.commit}/{consumer.position.change_id}"
-        state = "BEHIND" if consumer.behind else "ok"
+        state = "BEHIND" if consumer.behind else "FAILURES" if consumer.failed else "ok"
         rows = consumer.tables or ()
         if not rows:
             backlog.add_row(consumer.name, position, f"{consumer.handled:,}", f"{consumer.failed:,}", "-", "0", "0",

@@ -24,8 +24,7 @@ from typing import Any
 
 import click
 
-from activedb import composite, streams
-from activedb.events import Timestamp
+from activedb import composite        # lazy: the engine is imported when a command uses it
 
 FIG3 = [
     {"producer": "P1B", "type": "B", "ref": 1.002, "attributes": {"id": "b1_0"}},
@@ -57,6 +56,9 @@ def random_arrivals(producers: int, accuracy: float, events: int, seed: int) -> 
 
 
 def _item(row: dict[str, Any], default_accuracy: float) -> Any:
+    from activedb import streams
+    from activedb.events import Timestamp
+
     minus = row.get("minus", row.get("accuracy", default_accuracy))
     plus = row.get("plus", row.get("accuracy", default_accuracy))
     stamp = Timestamp.at(row["ref"], minus=minus, plus=plus, producer=row["producer"], local=row.get("local"))

@@ -25,26 +25,7 @@ Design note: ``activedb/composite/README.md``.
 """
 
 from activedb.composite import errors
-from activedb.composite._clock import ManualClock, MonotonicClock
-from activedb.composite._engine import (
-    DEFAULT_TIMEOUT,
-    CompositeStatistics,
-    CompositionEngine,
-    ProducerInfo,
-    TimeoutPolicy,
-    Window,
-    WindowEntry,
-)
-from activedb.composite._model import (
-    Choice,
-    CompositeEvent,
-    Heartbeat,
-    Invalidation,
-    Resolution,
-    Uncertainty,
-    UncertaintyKind,
-)
-from activedb.composite._polist import Item, POList
+from activedb import lazy
 from activedb.composite.errors import (
     CompositeError,
     EventRejected,
@@ -64,8 +45,20 @@ def plot(window, path, **options):
 
 __all__ = [
     "Choice", "CompositeError", "CompositeEvent", "CompositeStatistics", "CompositionEngine", "DEFAULT_TIMEOUT",
-    "EventRejected", "Heartbeat", "Invalidation", "Item", "LateEvent", "ManualClock", "MembershipError",
-    "MonotonicClock", "POList", "ProducerInfo",
+    "EventRejected", "Heartbeat", "Invalidation", "Item", "LateEvent", "ManualClock", "MembershipError", "MonotonicClock", "POList", "ProducerInfo",
     "ProducerTimeout", "Resolution", "TimeoutPolicy", "UncertainOrder", "Uncertainty", "UncertaintyKind", "Window",
     "WindowEntry", "errors", "plot",
 ]
+
+# imported on first use: `import activedb.composite` stays fast (the CLI's start)
+__getattr__, __dir__ = lazy.exports(__name__, {
+    "activedb.composite._clock": ["ManualClock", "MonotonicClock"],
+    "activedb.composite._engine": [
+        "DEFAULT_TIMEOUT", "CompositeStatistics", "CompositionEngine", "ProducerInfo", "TimeoutPolicy", "Window",
+        "WindowEntry",
+    ],
+    "activedb.composite._model": [
+        "Choice", "CompositeEvent", "Heartbeat", "Invalidation", "Resolution", "Uncertainty", "UncertaintyKind",
+    ],
+    "activedb.composite._polist": ["Item", "POList"],
+})

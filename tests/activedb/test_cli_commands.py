@@ -92,6 +92,9 @@ def test_rules_list_show_enable_disable_remove(db, database_url):
     assert refused.exit_code == 1 and "was removed" in refused.output
     missing = invoke(database_url, "rules", "disable", "no_such_rule")
     assert missing.exit_code == 1 and "no rule named 'no_such_rule'" in missing.output
+    shown = invoke(database_url, "rules", "show", "no_such_rule")       # the same mistake, the same form
+    assert shown.exit_code == 1 and shown.output.startswith("activedb: error: no rule named 'no_such_rule'")
+    assert missing.output.startswith("activedb: error: ") and "Error:" not in shown.output
 
 
 def test_rules_of_another_app_are_pruned_by_module(db, database_url):

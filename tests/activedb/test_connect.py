@@ -145,3 +145,39 @@ def test_an_application_folder_called_migrations_does_not_shadow_activedbs(datab
                           env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == _migrate.head()
+
+
+def test_processes_starting_on_a_new_database_at_once_all_get_its_schema(make_database_url):
+    """``activedb run`` and a program connecting to a new database together: each migration waits for the
+    other's (an advisory lock) instead of failing on a duplicate table."""
+    import threading
+
+    from activedb.examples.hand_hygiene import MIGRATIONS
+
+    url = make_database_url("together")
+    start, failures = threading.Barrier(4), []
+
+    def connect_and_upgrade() -> None:
+        start.wait(60)
+        try:
+            database = activedb.connect(url)
+            try:
+                database.upgrade_app(MIGRATIONS)
+            finally:
+                database.close()
+        except Exception as error:        # reported below, with every thread's
+            failures.append(error)
+
+    threads = [threading.Thread(target=connect_and_upgrade, daemon=True) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 120
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    assert not any(thread.is_alive() for thread in threads), "a migration still waits after 120 s"
+    assert not failures, failures
+    engine = sa.create_engine(url)
+    try:
+        assert _migrate.current(engine) == _migrate.head()
+    finally:
+        engine.dispose()

@@ -36,3 +36,8 @@ def test_show_and_compensate_figure2(db, database_url, tmp_path):
                           "--json"))
     assert not done["interfering"] and len(done["compensated"]) == 1
     assert "T11" not in fig.in_effect() and len(fig.in_effect()) == 9
+
+    unknown = runner.invoke(main, ["--url", database_url, "batches", "show", "badges", "1"])
+    assert unknown.exit_code == 1
+    assert "a batch Spark ingestion consumed is named NAME@SPARK_QUERY_ID, e.g. `activedb batches show " \
+           "badges@<id> BATCH`" in unknown.output

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import io
 import json
 
+from activedb.bench import Progress
 from activedb.bench.tpg import run
 
 
 def test_tpg_benchmark_smoke(database_url, monkeypatch, tmp_path):
     monkeypatch.setenv("ACTIVEDB_DATABASE_URL", database_url)     # the test's database, not the user's
     monkeypatch.setenv("ACTIVEDB_BENCH_DIR", str(tmp_path))
-    report = run(quick=True, size=128)
+    monkeypatch.delenv("ACTIVEDB_BENCH_INSTRUCTIONS", raising=False)
+    steps = io.StringIO()
+    report = run(quick=True, size=128, progress=Progress.for_stream(steps, label="bench tpg"))
+    lines = steps.getvalue().splitlines()
+    assert lines[0] == "[bench tpg] 1/11 SL in memory: every strategy against the serial reference", lines
+    assert len(lines) == 11 and lines[-1].startswith("[bench tpg] 11/11 SL sweep of batch size"), lines
     names = [row.name for row in report.rows]
     for workload in ("SL", "GS", "TP"):
         assert f"{workload} in memory: serial reference" in names

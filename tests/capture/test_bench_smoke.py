@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from activedb.bench import BenchReport
+import io
+
+from activedb.bench import BenchReport, Progress
 from activedb.bench.capture import run
 
 
 def test_capture_benchmark_quick(database_url, monkeypatch):
     monkeypatch.setenv("ACTIVEDB_DATABASE_URL", database_url)     # the test's database, not the user's
-    report = run(quick=True)
+    steps = io.StringIO()
+    report = run(quick=True, progress=Progress.for_stream(steps, label="bench capture"))
     assert isinstance(report, BenchReport)
+    lines = steps.getvalue().splitlines()
+    assert len(lines) == 7 and lines[-1] == "[bench capture] 7/7 activedb as the writer of a captured table", lines
     rows = {row.name: row for row in report.rows}
     single = rows["writer: single-row insert, captured table"]
     assert single.value > 0 and single.baseline > 0 and single.met is not None

@@ -228,6 +228,10 @@ def test_a_failing_rule_is_a_dead_letter_and_the_others_go_on(clean, conninfo):
     assert query == "capture:default" and "rule 'picky' failed" in reason and "no 31" in reason
     assert raw["key"] == 31 and raw["rule"] == "picky" and raw["table"] == "orders"
     assert consumer.statistics().failed == 1
+    [backlog] = db.capture.status().consumers             # caught up, but not "ok": a firing failed
+    assert backlog.failed == 1 and backlog.changes == 0
+    assert "consumer 'default' has 1 failed rule firings: `activedb dead-letters list --query capture:default`" \
+        in " ".join(db.capture.status().warnings())
 
 
 def test_a_change_whose_reactions_postgresql_refuses_becomes_a_dead_letter(clean, conninfo):

@@ -14,3 +14,21 @@ def test_benchmark_pieces_produce_composites_on_both_time_models():
     assert interval.composites > 0 and interval.uncertainties > 0
     latencies = bench.latency("AND", 3, arrivals, use_point=False)
     assert latencies and min(latencies) >= 0
+
+
+def test_the_quick_cli_run_shows_progress_says_it_is_quick_and_writes_nothing_into_the_current_directory(
+        database_url, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from activedb.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ACTIVEDB_BENCH_DIR", raising=False)
+    result = CliRunner().invoke(main, ["--url", database_url, "bench", "composite", "--quick"],
+                                env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "[bench composite] 6/6 latency to stability of SEQ" in result.output      # progress (stderr)
+    assert "its figures are not meant to meet the targets" in " ".join(result.output.split())
+    assert list(tmp_path.iterdir()) == [], "files go to a folder the notes name, not the current directory"
+    plot = next(line for line in result.output.splitlines() if line.startswith("- plot: ")).split(": ", 1)[1]
+    assert plot.endswith("activedb-bench-composite.png") and not plot.startswith(str(tmp_path))

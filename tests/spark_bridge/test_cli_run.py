@@ -11,6 +11,8 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -123,6 +125,107 @@ def test_run_rejects_a_malformed_source_and_an_app_without_mapping(tmp_path, dat
     assert result.exit_code == 1
     assert "has no MAPPING" in result.output
     assert "Traceback" not in result.output
+
+
+def _processes_with(marker: str) -> list[str]:
+    """Command lines of the running processes that contain ``marker`` (zombies have none)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if marker in line:
+                found.append(f"{entry.name}: {line[:200]}")
+    return found
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_ctrl_c_while_spark_starts_prints_one_line_and_leaves_no_jvm(tmp_path, make_database_url):
+    from activedb.testing import wait_until
+
+    (tmp_path / "in").mkdir()
+    marker = f"ctrl-c-start-{uuid.uuid4().hex[:8]}"
+    output = tmp_path / "run.out"
+    command = [sys.executable, "-m", "activedb.cli", "run", APP_FILE, "--source", f"file:{tmp_path / 'in'}",
+               "--checkpoint", str(tmp_path / "checkpoint"), "--query-name", marker]
+    with open(output, "wb") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env={**os.environ, "COLUMNS": "200", "ACTIVEDB_HOME": str(tmp_path / "home"),
+                                        "ACTIVEDB_DATABASE_URL": make_database_url("ctrl_c_start")})
+    try:
+        wait_until(lambda: "starting Spark" in output.read_text() or process.poll() is not None, timeout=120,
+                   message="activedb run to start Spark", describe=lambda: output.read_text()[-2000:])
+        os.killpg(process.pid, signal.SIGINT)                   # what Ctrl-C in a terminal does
+        assert process.wait(timeout=TIMEOUT_SECONDS) == 130, output.read_text()[-3000:]
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+    text = output.read_text()
+    assert "stopped while Spark was starting: nothing was ingested, Spark is stopped" in text, text[-3000:]
+    for noise in ("Traceback", "py4j", "\tat org.apache", "KeyboardInterrupt"):
+        assert noise not in text, text[-3000:]
+    wait_until(lambda: not _processes_with(marker), timeout=60, message="the Spark JVM to exit",
+               describe=lambda: _processes_with(marker))
+
+
+_RESETTABLE_APP = """
+from tests.spark_bridge.app_counters import MAPPING, MIGRATIONS, SCHEMA, register
+
+def reset(db):
+    with db.engine.begin() as connection:
+        connection.exec_driver_sql("TRUNCATE counters, milestones")
+"""
+
+
+def test_reset_is_refused_when_the_query_has_progress_in_the_ledger_or_the_checkpoint(tmp_path, make_database_url):
+    from spark_bridge._ledger import ledger_query_id
+    from tests.spark_bridge.test_sink import _event
+
+    url = make_database_url("reset_guard")
+    database = app_database(url)
+    try:
+        sink = spark_bridge.IngestSink(database, spark_bridge.EventMapping("type", "key", "ts", payload_columns=(
+            "amount", "seq")), query_name="resumed")
+        sink.process([_event(seq, amount=10) for seq in range(1, 4)], 0,
+                     query_id=ledger_query_id("resumed", str(uuid.uuid4())))
+        sink.close()
+        before = app_state(database)
+    finally:
+        database.close()
+    assert before["counters"], "the batch must have written the table --reset would empty"
+    application = tmp_path / "resettable_app.py"
+    application.write_text(_RESETTABLE_APP)
+    (tmp_path / "in").mkdir()
+    runner = CliRunner()
+
+    def run(query_name: str, checkpoint: str):
+        return runner.invoke(main, ["--url", url, "run", str(application), "--source", f"file:{tmp_path / 'in'}",
+                                    "--query-name", query_name, "--checkpoint", checkpoint, "--reset"],
+                             env={"COLUMNS": "300", "ACTIVEDB_HOME": str(tmp_path / "home")})
+
+    result = run("resumed", str(tmp_path / "fresh_checkpoint"))        # the ledger has its batch
+    assert result.exit_code == 1, result.output
+    text = " ".join(result.output.split())
+    assert "--reset refused: query 'resumed' has progress (the ledger holds 1 batches (3 events))" in text
+    assert "Run without --reset to resume, or start over with a new --query-name" in text
+    assert "Traceback" not in result.output
+
+    checkpoint = tmp_path / "old_checkpoint"                            # Spark's checkpoint has a commit
+    (checkpoint / "commits").mkdir(parents=True)
+    (checkpoint / "commits" / "0").write_text("v1\n{}")
+    result = run("another", str(checkpoint))
+    assert result.exit_code == 1, result.output
+    assert f"the checkpoint {checkpoint} has 1 committed batches" in " ".join(result.output.split())
+
+    database = app_database(url)
+    try:
+        assert app_state(database) == before, "a refused --reset must leave the tables as they were"
+    finally:
+        database.close()
 
 
 @pytest.mark.spark

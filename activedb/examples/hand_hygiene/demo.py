@@ -146,7 +146,7 @@ def feed(database, console: Console, *, events: int, workers: int, seed: int, us
     stream = generate(workers, events, seed)
     if spark_takes_queries:
         rules = queries.register_rules(database)
-        engine = queries.make_engine(database, record_dead_letters=not use_spark)
+        engine = queries.make_engine(database, record_dead_letters=False)   # as badge rows: replayable
         queries.reset(database, engine)
         run = Run(path="spark" if use_spark else "direct", application="queries", rules=rules, engine=engine,
                   dead_letter_query=None if use_spark else f"streams:{engine.name}")
@@ -219,11 +219,11 @@ def write_event_files(directory: str | Path, *, events: int = 400, workers: int 
     console.print(f"wrote {len(stream)} badge events of {workers} workers (seed {seed}) into {len(written)} files "
                   f"in {directory}", highlight=False)
     console.print(
-        f"next: activedb run activedb.examples.hand_hygiene.app --source file:{directory} --available-now\n"
-        "note: the application's tables keep what earlier runs (and the demo) left; events older than a "
-        "worker's last applied event are then rejected as late (dead letters, `activedb dead-letters list`). "
-        "Add --reset to start from empty tables, or generate later events with another --seed into a new "
-        "directory.", highlight=False)
+        f"next: activedb run activedb.examples.hand_hygiene.app --source file:{directory} --available-now --reset\n"
+        "note: --reset empties the application's tables first: they keep what earlier runs (and the demo) left, "
+        "and events older than a worker's last applied event would be rejected as late (dead letters). It is "
+        "refused once the query has progress: run again without it to resume, or add --query-name NEW to start "
+        "over.", highlight=False)
     return written
 
 

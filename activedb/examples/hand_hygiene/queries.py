@@ -348,8 +348,10 @@ def register_rules(db) -> dict[str, Rule]:
 
 @dataclasses.dataclass(frozen=True)
 class FeedResult:
-    """What :func:`feed` did (its engine's counters for this feed; the dead letters are also in
-    ``activedb_dead_letters`` unless the engine was built with ``record_dead_letters=False``)."""
+    """What :func:`feed` did (its engine's counters for this feed). The dead letters are also in
+    ``activedb_dead_letters`` (query ``streams:<engine name>``): written by the engine, or — built with
+    ``record_dead_letters=False`` — by :func:`feed` as the badge rows they were, which ``activedb
+    dead-letters replay activedb.examples.hand_hygiene.app`` re-submits."""
 
     events: int
     batches: int                  # top-level transactions, the final END_OF_STREAM one included
@@ -395,7 +397,21 @@ def feed(db, engine: streams.StreamEngine, events: Iterable[dict], *, chunk_size
 
 
 def _process(tx, engine: streams.StreamEngine, chunk: list, punctuation: Any, batch_id: int) -> streams.BatchResult:
-    return engine.process(tx, chunk, punctuation=punctuation, batch_id=batch_id)
+    result = engine.process(tx, chunk, punctuation=punctuation, batch_id=batch_id)
+    if not engine.record_dead_letters:          # as the badge rows they were: replayable through the app
+        for letter in result.dead_letters:
+            tx.insert("activedb_dead_letters", query_id=f"streams:{engine.name}", batch_id=batch_id,
+                      reason=letter.reason, raw=badge_row(letter.event))
+    return result
+
+
+def badge_row(event: streams.StreamEvent) -> dict:
+    """The demo's badge event (:func:`.events.generate`'s form, the rule-based app's ``MAPPING``) a stream
+    event came from — the inverse of :func:`to_stream_events`."""
+    attributes = dict(event.attributes)
+    kind = event.type.lower() if isinstance(event.type, str) else event.type
+    ts = event.ts if isinstance(event.ts, (int, float, str)) or event.ts is None else str(event.ts)
+    return {"type": kind, "worker": attributes.get("HCW-ID"), "ts": ts, "room": attributes.get("location")}
 
 
 def reset(db, engine: streams.StreamEngine) -> None:
