@@ -682,7 +682,8 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...], query: st
     is marked replayed in the same transaction; one rejected again becomes a new dead letter.
 
     APP is what `activedb run` takes (register(db) and MAPPING)."""
-    from activedb.cli import open_database, select_dead_letters
+    from activedb import deadletters
+    from activedb.cli import open_database
     from spark_bridge._replay import replay_dead_letters
     from spark_bridge.errors import SparkBridgeError
 
@@ -694,8 +695,8 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...], query: st
         logging.getLogger("activedb.rules").setLevel(logging.CRITICAL)
     database = open_database(ctx, writes=True)
     try:
-        letters = select_dead_letters(database, ids=ids, query=query, batch=batch, reason=reason, replayed=False,
-                                      limit=limit or None)
+        letters = deadletters.select(database, deadletters.LetterFilter(
+            ids=tuple(ids), query=query, batch=batch, reason=reason, replayed=False), limit=limit or None)
         if not letters:
             click.echo("no dead letters to replay match (`activedb dead-letters list --all` shows replayed ones)")
             return
