@@ -9,7 +9,6 @@ import json
 import math
 
 import pyarrow as pa
-import pytest
 from click.testing import CliRunner
 
 from activedb import deadletters

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-import sqlalchemy as sa
 
 import spark_bridge
 from activedb import deadletters
