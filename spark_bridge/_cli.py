@@ -125,6 +125,7 @@ def _is_missing_data_source(error: BaseException) -> bool:
 
 
 CORRUPT_COLUMN = "_corrupt_record"
+LINE_COLUMN = "_line"        # EventMapping.line_column's default
 
 
 def with_corrupt_column(schema: Any, name: str = CORRUPT_COLUMN) -> Any:
@@ -139,11 +140,14 @@ def with_corrupt_column(schema: Any, name: str = CORRUPT_COLUMN) -> Any:
 
 
 def _parsed_json(frame: Any, schema: Any, column: str = "value") -> Any:
+    """``frame``'s JSON text column parsed against ``schema``, keeping each row's line in ``_line`` (the
+    mapping's ``line_column``: a lone surrogate, which Spark's conversion turns into ``?``, is found there)."""
     from pyspark.sql import functions
 
     options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}
-    parsed = functions.from_json(functions.col(column).cast("string"), with_corrupt_column(schema), options)
-    return frame.select(parsed.alias("event")).select("event.*")
+    line = functions.col(column).cast("string")
+    parsed = functions.from_json(line, with_corrupt_column(schema), options)
+    return frame.select(parsed.alias("event"), line.alias(LINE_COLUMN)).select("event.*", LINE_COLUMN)
 
 
 def _synthetic_rate_columns(frame: Any, loaded: Any, event_types: list[str]) -> Any:
@@ -189,6 +193,8 @@ def _struct_schema(schema: Any) -> Any:
 def build_stream(spark: Any, source: SourceSpec, loaded: Any, *, file_format: str, max_files_per_trigger: int | None,
                  rows_per_second: int, event_types: list[str]) -> Any:
     """The streaming DataFrame for ``source``, in the app's columns."""
+    from pyspark.sql import functions
+
     from spark_bridge.errors import SourceError
 
     schema = loaded.schema
@@ -199,7 +205,13 @@ def build_stream(spark: Any, source: SourceSpec, loaded: Any, *, file_format: st
         if not Path(source.path).is_dir():
             raise SourceError(f"--source file:{source.path}: no such directory (Spark watches a directory for new "
                               f"files)")
-        if file_format in ("json", "csv"):
+        if file_format == "json":      # read as text and parsed here: each row keeps its line (lone surrogates)
+            reader = spark.readStream.format("text")
+            if max_files_per_trigger:
+                reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
+            lines = reader.load(source.path)
+            return _parsed_json(lines.where(functions.length(functions.trim(lines.value)) > 0), schema)
+        if file_format == "csv":
             reader = (spark.readStream.schema(with_corrupt_column(schema))
                       .option("columnNameOfCorruptRecord", CORRUPT_COLUMN).option("mode", "PERMISSIVE"))
         else:
