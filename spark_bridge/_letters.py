@@ -34,8 +34,11 @@ class BatchLetters:
     def rejected(self, bad: Iterable[Rejected]) -> list[Letter]:
         """Letters for rows ``rows_to_events`` rejected."""
         bad = list(bad)
-        return [Letter(item.reason, original, item.row)
-                for item, original in zip(bad, self._originals([item.position for item in bad]))]
+        from_rows = [item for item in bad if item.position >= 0]
+        originals = dict(zip(map(id, from_rows), self._originals([item.position for item in from_rows])))
+        # A rejection that is no row of the batch (position -1: e.g. a composition heartbeat out of order)
+        # keeps what it describes.
+        return [Letter(item.reason, originals.get(id(item), item.row), item.row) for item in bad]
 
     def for_events(self, events: Sequence[RawEvent], reason: Callable[[RawEvent], str]) -> list[Letter]:
         """Letters for ``events`` of this batch, with the row each came from."""

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from activedb import CommitParticipant, TxnState
+from activedb.deadletters import Letter
 
 from spark_bridge._atomic import lineage_participants
 from spark_bridge._letters import BatchLetters
@@ -505,7 +506,7 @@ class IngestSink:
         self._record(outcome, began)
         return outcome
 
-    def _apply(self, dead: BatchLetters, events: list[RawEvent], letters: list[Any], watermark: dt.datetime | None,
+    def _apply(self, dead: BatchLetters, events: list[RawEvent], letters: list[Letter], watermark: dt.datetime | None,
                participants: tuple = ()):
         """One top-level transaction for the batch; returns (applied, dead letters, firings, timings)."""
         started = time.perf_counter()

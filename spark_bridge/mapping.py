@@ -206,7 +206,7 @@ class Rejected:
     the problem in one sentence.
     """
 
-    position: int
+    position: int  # index of the row in the batch, or -1 for a rejection that is no row of it
     reason: str
     row: Mapping[str, Any] = field(hash=False)
 
