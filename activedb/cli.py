@@ -467,10 +467,11 @@ LIST_REASON_CHARS = 300
 LIST_ROW_CHARS = 200
 
 
-def _shortened(text: str, limit: int, letter_id: int) -> str:
+def _shortened(text: str, limit: int, letter_id: int) -> tuple[str, bool]:
+    """``(text, False)``, or its first ``limit`` characters with a note and True."""
     if len(text) <= limit:
-        return text
-    return f"{text[:limit]}… ({len(text):,} characters; `activedb dead-letters show {letter_id}` shows all)"
+        return text, False
+    return f"{text[:limit]}… ({len(text):,} characters; `activedb dead-letters show {letter_id}` shows all)", True
 
 
 def _letter_filter(ids=(), query=None, batch=None, reason=None, replayed=None):
@@ -519,15 +520,17 @@ def letters_list(ctx: click.Context, ids, query, batch, reason, include_replayed
         database.close()
     rows = []
     for letter in letters:
-        reason_text, row_text = letter.reason, json.dumps(letter.raw, default=str)
+        reason_text, reason_cut = letter.reason, False
+        row_text, row_cut = json.dumps(letter.raw, default=str), False
         if not full:
-            reason_text = _shortened(reason_text, LIST_REASON_CHARS, letter.id)
-            row_text = _shortened(row_text, LIST_ROW_CHARS, letter.id)
-        rows.append((letter, reason_text, row_text))
-    if as_json:
+            reason_text, reason_cut = _shortened(reason_text, LIST_REASON_CHARS, letter.id)
+            row_text, row_cut = _shortened(row_text, LIST_ROW_CHARS, letter.id)
+        rows.append((letter, reason_text, row_text, reason_cut, row_cut))
+    if as_json:        # "cut": true when the reason or the row was cut; a cut row is its cut text
         click.echo(json.dumps([{**{key: value for key, value in letter.as_dict().items() if key != "original"},
-                                "reason": reason_text, "raw": letter.raw if full else row_text}
-                               for letter, reason_text, row_text in rows], indent=2, default=str))
+                                "reason": reason_text, "raw": row_text if row_cut else letter.raw,
+                                "cut": reason_cut or row_cut}
+                               for letter, reason_text, row_text, reason_cut, row_cut in rows], indent=2, default=str))
         return
     from rich.table import Table
 
@@ -540,7 +543,7 @@ def letters_list(ctx: click.Context, ids, query, batch, reason, include_replayed
                             ("batch", {"justify": "right"}), ("reason", {"overflow": "fold", "ratio": 3}),
                             ("row", {"overflow": "fold", "ratio": 2}), ("replayed", {})):
         table.add_column(column, **options)
-    for letter, reason_text, row_text in rows:
+    for letter, reason_text, row_text, _, _ in rows:
         replayed = letter.replayed_at.isoformat(timespec="seconds") if letter.replayed_at else "-"
         table.add_row(str(letter.id), letter.query_id or "-", "-" if letter.batch_id is None else
                       str(letter.batch_id), reason_text, row_text, replayed)

@@ -88,12 +88,12 @@ def test_list_cuts_long_rows_and_show_prints_them_whole(db, database_url):
     as_json = runner.invoke(main, ["--url", database_url, "dead-letters", "list", "--query", "big", "--json"],
                             catch_exceptions=False)
     [cut] = json.loads(as_json.output)
-    assert len(as_json.output) < 10_000 and cut["id"] == letter.id
+    assert len(as_json.output) < 10_000 and cut["id"] == letter.id and cut["cut"] is True
     assert cut["raw"].endswith(f"(1,000,011 characters; `activedb dead-letters show {letter.id}` shows all)")
     assert cut["reason"].endswith(f"`activedb dead-letters show {letter.id}` shows all)")
     full = runner.invoke(main, ["--url", database_url, "dead-letters", "list", "--query", "big", "--json", "--full"],
                          catch_exceptions=False)
-    assert json.loads(full.output)[0]["raw"] == {"key": BIG}
+    assert json.loads(full.output)[0]["raw"] == {"key": BIG} and json.loads(full.output)[0]["cut"] is False
     shown = runner.invoke(main, ["--url", database_url, "dead-letters", "show", str(letter.id)],
                           catch_exceptions=False)
     assert shown.exit_code == 0 and BIG in shown.output
