@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from activedb.store import exact_json, from_exact_json, jsonable
+from activedb.store import exact_json, from_exact_json, jsonable, storable_text
 
 __all__ = ["TABLE", "Letter", "LetterFilter", "LetterRecord", "count", "decode_original", "encode_original",
            "insert", "purge", "select", "table_rows"]
@@ -143,8 +143,9 @@ def decode_original(stored: Any) -> Any:
 
 def table_rows(query_id: str | None, batch_id: int | None, letters: Iterable[Letter]) -> list[dict]:
     """The rows of ``activedb_dead_letters`` for ``letters`` (for a commit participant that inserts them
-    on its own connection: ``connection.execute(table.insert(), table_rows(...))``)."""
-    return [{"query_id": query_id, "batch_id": batch_id, "reason": letter.reason, "raw": letter.raw(),
+    on its own connection: ``connection.execute(table.insert(), table_rows(...))``).  A reason that quotes
+    text PostgreSQL cannot store (a NUL character, a lone surrogate) has it spelled out."""
+    return [{"query_id": query_id, "batch_id": batch_id, "reason": storable_text(letter.reason), "raw": letter.raw(),
              "original": encode_original(letter.row)} for letter in letters]
 
 

@@ -63,6 +63,14 @@ def test_every_original_row_round_trips_through_postgresql(db):
     assert {record.batch_id for record in stored} == {7}
 
 
+def test_a_reason_quoting_unstorable_text_is_stored_spelled_out(db):
+    """A rule's message may quote the very value PostgreSQL refused; the letter must still be written."""
+    with db.transaction() as tx:
+        deadletters.insert(tx, db.catalog, "quoting@q", 1, [Letter("key 'x\x00y' or 'k\ud800' refused", {"k": 1})])
+    [letter] = deadletters.select(db, LetterFilter(query="quoting"))
+    assert letter.reason == "key 'x\\u0000y' or 'k\\ud800' refused"
+
+
 def test_filters_select_a_query_its_replays_and_nothing_alike(db):
     with db.transaction() as tx:
         for query_id in ("orders@00000000-0000-0000-0000-000000000001", "replay:orders", "orders_x@y",
