@@ -152,17 +152,20 @@ def settle_failed_partition(sink: Any, rows: Sequence[Mapping[str, Any]], query_
 
     From then on a replay of the batch skips this partition (the ledger has it), and the driver — now or
     after a restart — compensates the partitions that committed."""
-    from activedb.store import jsonable
+    from activedb.deadletters import Letter
+
+    from spark_bridge._letters import BatchLetters
 
     source = source_query_id(query_id)
     reason = (f"partition {partition} of batch {batch_id} failed for good ({describe(error)}); the source batch "
               f"was compensated (on_partition_failure='compensate') — replay these rows once the cause is fixed")
-    letters = [(reason, dict(jsonable(row))) for row in rows]
+    dead = BatchLetters(sink.db, rows, query_id, batch_id)
+    letters = [Letter(reason, dict(row)) for row in rows]
     ledger = IngestionLedger(sink.db, query_id, batch_id)
     failure = FailureRow(source, batch_id, partition, partitions, SplitFailure.COMPENSATE, SplitState.COMPENSATING,
                          describe(error))
     with sink.db.transaction(name=f"ingest-failed:{sink.query_name}", participants=[ledger, failure]) as tx:
-        sink._insert_dead_letters(tx, query_id, batch_id, letters)
+        dead.insert(tx, letters)
         ledger.dead_letters = len(letters)
     return len(letters)
 

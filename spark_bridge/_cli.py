@@ -127,6 +127,7 @@ def _is_missing_data_source(error: BaseException) -> bool:
 
 
 CORRUPT_COLUMN = "_corrupt_record"
+LINE_COLUMN = "_line"        # EventMapping.line_column's default
 
 
 def with_corrupt_column(schema: Any, name: str = CORRUPT_COLUMN) -> Any:
@@ -141,11 +142,14 @@ def with_corrupt_column(schema: Any, name: str = CORRUPT_COLUMN) -> Any:
 
 
 def _parsed_json(frame: Any, schema: Any, column: str = "value") -> Any:
+    """``frame``'s JSON text column parsed against ``schema``, keeping each row's line in ``_line`` (the
+    mapping's ``line_column``: a lone surrogate, which Spark's conversion turns into ``?``, is found there)."""
     from pyspark.sql import functions
 
     options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}
-    parsed = functions.from_json(functions.col(column).cast("string"), with_corrupt_column(schema), options)
-    return frame.select(parsed.alias("event")).select("event.*")
+    line = functions.col(column).cast("string")
+    parsed = functions.from_json(line, with_corrupt_column(schema), options)
+    return frame.select(parsed.alias("event"), line.alias(LINE_COLUMN)).select("event.*", LINE_COLUMN)
 
 
 def _synthetic_rate_columns(frame: Any, loaded: Any, event_types: list[str]) -> Any:
@@ -191,6 +195,8 @@ def _struct_schema(schema: Any) -> Any:
 def build_stream(spark: Any, source: SourceSpec, loaded: Any, *, file_format: str, max_files_per_trigger: int | None,
                  rows_per_second: int, event_types: list[str]) -> Any:
     """The streaming DataFrame for ``source``, in the app's columns."""
+    from pyspark.sql import functions
+
     from spark_bridge.errors import SourceError
 
     schema = loaded.schema
@@ -201,7 +207,13 @@ def build_stream(spark: Any, source: SourceSpec, loaded: Any, *, file_format: st
         if not Path(source.path).is_dir():
             raise SourceError(f"--source file:{source.path}: no such directory (Spark watches a directory for new "
                               f"files)")
-        if file_format in ("json", "csv"):
+        if file_format == "json":      # read as text and parsed here: each row keeps its line (lone surrogates)
+            reader = spark.readStream.format("text")
+            if max_files_per_trigger:
+                reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
+            lines = reader.load(source.path)
+            return _parsed_json(lines.where(functions.length(functions.trim(lines.value)) > 0), schema)
+        if file_format == "csv":
             reader = (spark.readStream.schema(with_corrupt_column(schema))
                       .option("columnNameOfCorruptRecord", CORRUPT_COLUMN).option("mode", "PERMISSIVE"))
         else:
@@ -748,7 +760,8 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...], query: st
     is marked replayed in the same transaction; one rejected again becomes a new dead letter.
 
     APP is what `activedb run` takes (register(db) and MAPPING)."""
-    from activedb.cli import open_database, select_dead_letters
+    from activedb import deadletters
+    from activedb.cli import open_database
     from spark_bridge._replay import replay_dead_letters
     from spark_bridge.errors import SparkBridgeError
 
@@ -760,8 +773,8 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...], query: st
         logging.getLogger("activedb.rules").setLevel(logging.CRITICAL)
     database = open_database(ctx, writes=True)
     try:
-        letters = select_dead_letters(database, ids=ids, query=query, batch=batch, reason=reason, replayed=False,
-                                      limit=limit or None)
+        letters = deadletters.select(database, deadletters.LetterFilter(
+            ids=tuple(ids), query=query, batch=batch, reason=reason, replayed=False), limit=limit or None)
         if not letters:
             click.echo("no dead letters to replay match (`activedb dead-letters list --all` shows replayed ones)")
             return

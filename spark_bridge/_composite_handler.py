@@ -58,8 +58,8 @@ class CompositeHandler:
         from spark_bridge.composite_feed import feed_batch
 
         result = feed_batch(self.engine, batch.rows, self.mapping, tx=tx)
-        letters = list(batch.letters) + [(rejected.reason, rejected.row) for rejected in result.rejected]
-        batch.insert_dead_letters(tx, letters)
+        letters = list(batch.letters) + batch.dead_letters.rejected(result.rejected)
+        batch.dead_letters.insert(tx, letters)
         ledger.events = len(result.composites)
         ledger.dead_letters = len(letters)
         ledger.watermark = batch.watermark

@@ -39,11 +39,13 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from activedb.deadletters import Letter
+
 from spark_bridge._ledger import IngestionLedger, batch_committed
+from spark_bridge._letters import BatchLetters
 from spark_bridge.mapping import RawEvent, rows_to_events
 
 __all__ = ["BatchHandler", "BatchInput", "process_with_handler"]
@@ -57,19 +59,19 @@ class BatchInput:
 
     ``rows``: the batch as fetched (a ``pyarrow.Table`` or a list of dicts); ``events``: the rows
     that validated, sorted by application time (empty if the handler validates itself);
-    ``letters``: ``(reason, raw row)`` of the rows the sink already rejected — the handler adds
-    its own and stores them all; ``letters_for(events, reason)`` makes dead letters with the raw
-    rows of events of this batch; ``insert_dead_letters(tx, letters)`` stores them in ``tx``."""
+    ``letters``: the dead letters (``activedb.deadletters.Letter``) of the rows the sink already
+    rejected — the handler adds its own and stores them all; ``dead_letters`` is the batch's dead-letter
+    sink: ``dead_letters.for_events(events, reason)`` makes letters keeping the original rows of events of
+    this batch, ``dead_letters.insert(tx, letters)`` stores them in ``tx``."""
 
     rows: Any
     events: tuple[RawEvent, ...]
-    letters: tuple[tuple[str, Any], ...]
+    letters: tuple[Letter, ...]
     query_id: str
     query_name: str
     batch_id: int
     watermark: dt.datetime | None
-    letters_for: Callable[[list[RawEvent], Callable[[RawEvent], str]], list[tuple[str, Any]]]
-    insert_dead_letters: Callable[[Any, list[tuple[str, Any]]], None]
+    dead_letters: BatchLetters
 
 
 @runtime_checkable
@@ -116,35 +118,34 @@ def process_with_handler(sink: Any, handler: BatchHandler, rows: Any, batch_id: 
 
     started = time.perf_counter()
     good: list[RawEvent] = []
-    letters: list[tuple[str, Any]] = []
+    letters: list[Letter] = []
+    dead = BatchLetters(sink.db, rows, query_id, batch_id)
     if handler.validates_rows:
         accepted = sink._known_types if sink._known_types is not None else handler.accepted_types()
         good, bad = rows_to_events(rows, sink.mapping, accepted)
-        letters = [(rejected.reason, rejected.row) for rejected in bad]
+        letters = dead.rejected(bad)
         if watermark is not None and handler.late_rows_are_dead_letters:
             late = [event for event in good if event.ts < watermark]
             if late:
-                letters += sink._letters_for(rows, late, lambda event: (
+                letters += dead.for_events(late, lambda event: (
                     f"late: {sink.mapping.ts_column} {event.ts.isoformat()} is older than the stream's "
                     f"watermark {watermark.isoformat()} (Spark's lateness rule)"))
                 good = [event for event in good if event.ts >= watermark]
         if sink.mapping.id_column is not None:
             good, duplicates = sink._without_duplicates(good)
-            letters += sink._letters_for(rows, [event for event, _ in duplicates], _reason_of(duplicates))
+            letters += dead.for_events([event for event, _ in duplicates], _reason_of(duplicates))
     timings = timings + PhaseTimings(validate=time.perf_counter() - started)
 
     batch = BatchInput(
         rows=rows, events=tuple(good), letters=tuple(letters), query_id=query_id, query_name=sink.query_name,
-        batch_id=batch_id, watermark=watermark,
-        letters_for=lambda events, reason: sink._letters_for(rows, events, reason),
-        insert_dead_letters=lambda tx, items: sink._insert_dead_letters(tx, query_id, batch_id, items))
+        batch_id=batch_id, watermark=watermark, dead_letters=dead)
     attempt = 0
     while True:
         attempt += 1
         started = time.perf_counter()
         ledger = IngestionLedger(sink.db, query_id, batch_id, on_flush=sink._flush_reached)
         if sink.mapping.id_column is not None:
-            ledger.query_name = sink.query_name
+            ledger.query_name = sink.event_ids_under
             ledger.event_ids = [event.event_id for event in good]
         try:
             with sink.db.transaction(name=f"ingest:{sink.query_name}", participants=list(participants)) as tx:

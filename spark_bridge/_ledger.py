@@ -37,7 +37,6 @@ __all__ = ["IngestionLedger", "QueryStatus", "batch_committed", "ingestion_statu
            "parse_ledger_query_id"]
 
 LEDGER_TABLE = "activedb_ingestion_ledger"
-DEAD_LETTER_TABLE = "activedb_dead_letters"
 EVENT_ID_TABLE = "activedb_ingested_events"
 
 _UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"

@@ -25,6 +25,8 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
+from activedb import deadletters
+from activedb.deadletters import Letter
 from activedb.store import jsonable
 
 from spark_bridge._handler import BatchInput
@@ -153,21 +155,21 @@ class QueriesHandler:
                                     batch_id=batch.batch_id)
             processed += result.processed
             letters += self._letters(engine, batch, result.dead_letters)
-        batch.insert_dead_letters(tx, letters)
+        batch.dead_letters.insert(tx, letters)
         ledger.events = processed
         ledger.dead_letters = len(letters)
         ledger.watermark = batch.watermark
 
-    def _letters(self, engine: Any, batch: BatchInput, dead: Sequence[Any]) -> list[tuple[str, Any]]:
+    def _letters(self, engine: Any, batch: BatchInput, dead: Sequence[Any]) -> list[Letter]:
         letters = []
         for letter in dead:
             reason = f"{letter.reason} (stream engine {engine.name!r})" if engine.name not in letter.reason \
                 else letter.reason
             origin = letter.event.origin
             if isinstance(origin, tuple) and len(origin) == 2 and origin[0] == batch.batch_id:
-                letters += batch.letters_for([origin[1]], lambda _event, text=reason: text)
+                letters += batch.dead_letters.for_events([origin[1]], lambda _event, text=reason: text)
             else:                  # buffered by an earlier batch (or loaded from the saved state)
-                letters.append((reason, _event_row(letter.event)))
+                letters.append(_event_letter(reason, letter.event))
         return letters
 
     def end_of_stream(self, db: Any, query_name: str, query_id: str | None = None) -> int:
@@ -176,17 +178,14 @@ class QueriesHandler:
         release, so a second call releases nothing."""
         from activedb import streams
 
-        from spark_bridge._ledger import DEAD_LETTER_TABLE
-
         processed = 0
         with db.transaction(name=f"ingest:{query_name}:end") as tx:
             letters = []
             for engine in self.engines:
                 result = engine.process(tx, [], punctuation=streams.END_OF_STREAM)
                 processed += result.processed
-                letters += [(letter.reason, _event_row(letter.event)) for letter in result.dead_letters]
-            for reason, raw in letters:
-                tx.insert(DEAD_LETTER_TABLE, query_id=query_id or f"{query_name}:end", batch_id=None, reason=reason, raw=raw)
+                letters += [_event_letter(letter.reason, letter.event) for letter in result.dead_letters]
+            deadletters.insert(tx, db.catalog, query_id or f"{query_name}:end", None, letters)
         return processed
 
     def statistics(self) -> dict[str, Any]:
@@ -194,7 +193,10 @@ class QueriesHandler:
         return {engine.name: engine.statistics() for engine in self.engines}
 
 
-def _event_row(event: Any) -> dict[str, Any]:
+def _event_letter(reason: str, event: Any) -> Letter:
+    """A dead letter for an engine's event whose row is no longer at hand (held back by an earlier batch):
+    the event itself, kept exactly."""
+    row = {"type": event.type, "ts": event.ts, "stream": event.stream, "attributes": dict(event.attributes)}
     ts = event.ts
-    return {"type": event.type, "ts": ts.isoformat() if isinstance(ts, dt.datetime) else ts,
-            "stream": event.stream, "attributes": jsonable(dict(event.attributes))}
+    return Letter(reason, row, {**row, "ts": ts.isoformat() if isinstance(ts, dt.datetime) else ts,
+                                "attributes": jsonable(row["attributes"])})

@@ -47,11 +47,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from activedb import CommitParticipant, TxnState
-from activedb.store import jsonable
+from activedb.deadletters import Letter
 
 from spark_bridge._atomic import lineage_participants
+from spark_bridge._letters import BatchLetters
 from spark_bridge._ledger import (
-    DEAD_LETTER_TABLE,
     IngestionLedger,
     batch_committed,
     check_not_renamed,
@@ -273,7 +273,9 @@ class IngestSink:
     * ``batch_attempts`` — top-level attempts per batch on serialization conflicts;
       ``event_attempts`` — attempts per event when a rule is chosen as deadlock victim;
     * ``handler`` — a ``_handler.BatchHandler`` (stream queries, TPG, composition) that takes the
-      batches instead of the per-event rule path (``ingest`` builds it from its arguments).
+      batches instead of the per-event rule path (``ingest`` builds it from its arguments);
+    * ``event_ids_under`` — the query name whose ingested event ids count for duplicate detection
+      (default ``query_name``; a dead-letter replay passes the original query's name).
 
     Thread-safety: see the module docstring.
     """
@@ -295,6 +297,7 @@ class IngestSink:
         batch_attempts: int = 3,
         event_attempts: int = 3,
         handler: Any = None,
+        event_ids_under: str | None = None,
     ) -> None:
         try:
             mapping = as_mapping(mapping)
@@ -316,6 +319,10 @@ class IngestSink:
         #: Where the batches go instead of the per-event rule path (``_handler.BatchHandler``: queries,
         #: tpg, composite), or None.  Set once here, never changed.
         self.handler = handler
+        #: The query name event ids are kept under for duplicate detection (``EventMapping.id_column``): the
+        #: query's own name, or for a dead-letter replay the name of the query the letter came from — one
+        #: scope for a query and its replays.
+        self.event_ids_under = event_ids_under or query_name
         # self._mutex protects everything below.
         self._mutex = threading.Lock()
         self._checked_spark_ids: set[str] = set()
@@ -443,18 +450,19 @@ class IngestSink:
         started = time.perf_counter()
         with _no_cyclic_gc():        # 100k new events at once: the collector would rescan them repeatedly
             good, bad = rows_to_events(rows, self.mapping, self.known_types())
-        letters = [(rejected.reason, rejected.row) for rejected in bad]
+        dead = BatchLetters(self.db, rows, query_id, batch_id)
+        letters = dead.rejected(bad)
         if watermark is not None:
             on_time = [event for event in good if event.ts >= watermark]
             if len(on_time) != len(good):
                 late = [event for event in good if event.ts < watermark]
-                letters += self._letters_for(rows, late, lambda event: (
+                letters += dead.for_events(late, lambda event: (
                     f"late: {self.mapping.ts_column} {event.ts.isoformat()} is older than the stream's "
                     f"watermark {watermark.isoformat()} (Spark's lateness rule)"))
                 good = on_time
         if self.mapping.id_column is not None:
             good, duplicates = self._without_duplicates(good)
-            letters += self._letters_for(rows, [event for event, _ in duplicates], _reason_of(duplicates))
+            letters += dead.for_events([event for event, _ in duplicates], _reason_of(duplicates))
         timings = timings + PhaseTimings(validate=time.perf_counter() - started)
 
         from activedb.errors import BatchAlreadyCommitted, SerializationConflict
@@ -464,7 +472,7 @@ class IngestSink:
             attempt += 1
             try:
                 applied, dead_letters, firings, phase_timings = self._apply(
-                    rows, good, letters, query_id, batch_id, watermark, participants)
+                    dead, good, letters, watermark, participants)
                 break
             except BatchAlreadyCommitted:
                 return self._skipped(query_id, batch_id, row_count, watermark, timings, began)
@@ -481,7 +489,7 @@ class IngestSink:
                 culprits = self._find_culprits(good, failure)
                 logger.warning("batch %s of %s: PostgreSQL refused the writes of %d event(s); they become dead "
                                "letters and the batch is applied without them", batch_id, query_id, len(culprits))
-                letters = letters + self._letters_for(rows, [event for event, _ in culprits], _reason_of(culprits))
+                letters = letters + dead.for_events([event for event, _ in culprits], _reason_of(culprits))
                 gone = {id(event) for event, _ in culprits}
                 good = [event for event in good if id(event) not in gone]
                 attempt -= 1       # not a conflict: the batch gets its attempts again
@@ -494,14 +502,13 @@ class IngestSink:
         self._record(outcome, began)
         return outcome
 
-    def _apply(self, rows, events: list[RawEvent], letters: list[tuple[str, Any]], query_id: str, batch_id: int,
-               watermark: dt.datetime | None, participants: tuple = ()):
+    def _apply(self, dead: BatchLetters, events: list[RawEvent], letters: list[Letter], watermark: dt.datetime | None,
+               participants: tuple = ()):
         """One top-level transaction for the batch; returns (applied, dead letters, firings, timings)."""
         started = time.perf_counter()
-        ledger = IngestionLedger(self.db, query_id, batch_id, on_flush=self._flush_reached)
+        ledger = IngestionLedger(self.db, dead.query_id, dead.batch_id, on_flush=self._flush_reached)
         if self.mapping.id_column is not None:
-            ledger.query_name = self.query_name
-            ledger.event_ids = [event.event_id for event in events]
+            ledger.query_name = self.event_ids_under
         with self.db.transaction(name=f"ingest:{self.query_name}", participants=[ledger, *participants]) as tx:
             # The batch is re-run until it commits (by this sink after a conflict, by Spark after a crash):
             # an aborted attempt is not an outcome for the detached rules it fired.
@@ -517,8 +524,11 @@ class IngestSink:
                     else:
                         failed.append((event, reason))
             if failed:
-                letters = letters + self._letters_for(rows, [event for event, _ in failed], _reason_of(failed))
-            self._insert_dead_letters(tx, query_id, batch_id, letters)
+                letters = letters + dead.for_events([event for event, _ in failed], _reason_of(failed))
+            if self.mapping.id_column is not None:    # the ids of the events applied: a rejected one may come again
+                refused = {id(event) for event, _ in failed}
+                ledger.event_ids = [event.event_id for event in events if id(event) not in refused]
+            dead.insert(tx, letters)
             ledger.events = applied
             ledger.dead_letters = len(letters)
             ledger.watermark = watermark
@@ -586,7 +596,7 @@ class IngestSink:
     def _without_duplicates(self, events: list[RawEvent]) -> tuple[list[RawEvent], list[tuple[RawEvent, str]]]:
         """Split off events whose id was already ingested under this query name, or appeared earlier in
         the batch (the first occurrence, in application-time order, is applied)."""
-        seen = ingested_event_ids(self.db, self.query_name, [event.event_id for event in events])
+        seen = ingested_event_ids(self.db, self.event_ids_under, [event.event_id for event in events])
         first: dict[str, RawEvent] = {}
         kept, duplicates = [], []
         for event in events:
@@ -641,40 +651,6 @@ class IngestSink:
             keys = [key for key in dict.fromkeys(keys) if key is not None]
             if keys:
                 tx.prefetch(table, keys)
-
-    def _letters_for(self, rows: Any, events: list[RawEvent], reason: Callable[[RawEvent], str]
-                     ) -> list[tuple[str, Any]]:
-        """Dead letters for events, with the raw row each came from."""
-        if not events:
-            return []
-        positions = [event.position for event in events]
-        if hasattr(rows, "take"):
-            import pyarrow as pa
-
-            from spark_bridge.mapping import _arrow_values
-
-            subset = rows.take(pa.array(positions, pa.int64()))
-            names = subset.schema.names
-            columns = [_arrow_values(subset.column(index)) for index in range(subset.num_columns)]
-            raws = [{name: jsonable(column[index]) for name, column in zip(names, columns)}
-                    for index in range(len(positions))]
-        else:
-            raws = [jsonable(rows[position]) if isinstance(rows[position], Mapping)
-                    else {"value": jsonable(rows[position])} for position in positions]
-        return [(reason(event), raw) for event, raw in zip(events, raws)]
-
-    def _insert_dead_letters(self, tx: Any, query_id: str, batch_id: int, letters: list[tuple[str, Any]]) -> None:
-        """Insert ``letters`` into the dead-letter table in ``tx``: ids drawn in one query,
-        their absence loaded in one query (``prefetch``), so no round trip per letter."""
-        if not letters:
-            return
-        catalog = self.db.catalog
-        sequence = catalog.sequence_of(catalog.table_info(DEAD_LETTER_TABLE), "id")
-        ids = catalog.draw_keys(sequence, len(letters))
-        tx.prefetch(DEAD_LETTER_TABLE, ids)
-        for letter_id, (reason, raw) in zip(ids, letters):
-            tx.insert(DEAD_LETTER_TABLE, id=letter_id, query_id=query_id, batch_id=batch_id, reason=reason,
-                      raw=raw if isinstance(raw, Mapping) else {"value": raw})
 
     def _query_id_for(self, spark_query_id: str) -> str:
         with self._mutex:

@@ -60,11 +60,12 @@ class TpgHandler:
             ledger.events = result.committed_count
             ledger.dead_letters = len(base) + len(result.dead_letters)
 
-        def dead_letter_rows(result: Any) -> list[tuple[str, Any]]:
+        def dead_letter_rows(result: Any) -> list[Any]:
             # event.position is the index in `events`; that RawEvent's own .position is its Arrow row
             failed = [(events[event.position], reason) for event, reason in result.dead_letters]
             reasons = {id(event): f"aborted: {reason}" for event, reason in failed}
-            return base + batch_input.letters_for([event for event, _ in failed], lambda event: reasons[id(event)])
+            return base + batch_input.dead_letters.for_events([event for event, _ in failed],
+                                                              lambda event: reasons[id(event)])
 
         ledger.watermark = batch_input.watermark
         self.last_pending = batch.apply_at_commit(

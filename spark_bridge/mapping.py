@@ -34,6 +34,10 @@ Decisions, fixed here so the engine can rely on them:
   could not read against the stream's schema: it is rejected with the true reason —
   malformed JSON (with the parser's message), not an object, or which field has a value of
   the wrong type — and its raw row keeps the original line.
+* **Lone surrogates** (:attr:`EventMapping.line_column`): Spark's string conversion replaces a lone
+  surrogate (a ``\ud800``–``\udfff`` escape without its pair) by ``?``, so the value Spark delivers is not
+  the one sent. When the batch carries each row's original line (the bridge's JSON parsing keeps it in
+  ``_line``), a row whose line has one is rejected, naming the field, and keeps the line.
 * **Event ids** (:attr:`EventMapping.id_column`): non-null, made text (``str``); a row
   without one is rejected. Duplicates are the sink's business (it knows what was ingested).
 
@@ -43,7 +47,9 @@ Pure Python plus pyarrow (imported only when a Table is passed); never imports p
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
+import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -74,7 +80,9 @@ class EventMapping:
     ``"s"``, ``"ms"`` or ``"us"`` since the Unix epoch. ``id_column`` names a column that
     identifies an event across re-sends (the sink then dead-letters an event whose id it has
     already ingested under the same query name); ``corrupt_column`` is Spark's corrupt-record
-    column (rows where it holds text are rejected with the reason; ``None``: no such column).
+    column (rows where it holds text are rejected with the reason; ``None``: no such column);
+    ``line_column`` holds each row's original line where the source keeps it (rows whose line has a
+    lone surrogate are rejected: Spark replaced it by ``?``; ``None``: no such column).
     """
 
     type_column: str
@@ -95,6 +103,7 @@ class EventMapping:
     heartbeat_type: str | None = None
     id_column: str | None = None
     corrupt_column: str | None = "_corrupt_record"
+    line_column: str | None = "_line"
 
     def __post_init__(self) -> None:
         for name in ("type_column", "key_column", "ts_column"):
@@ -119,7 +128,7 @@ class EventMapping:
                                        self.local_ts_column) if column is not None]
         if len(set(named)) != len(named):
             raise MappingError(f"EventMapping names one column for two purposes: {named}")
-        for name in ("id_column", "corrupt_column"):
+        for name in ("id_column", "corrupt_column", "line_column"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise MappingError(f"EventMapping.{name} must be a non-empty column name or None, got {value!r}")
@@ -146,7 +155,8 @@ class EventMapping:
         if self.payload_columns is not None:
             return self.payload_columns
         reserved = {self.type_column, self.key_column, self.ts_column, self.producer_column, self.accuracy_column,
-                    self.accuracy_minus_column, self.accuracy_plus_column, self.local_ts_column, self.corrupt_column}
+                    self.accuracy_minus_column, self.accuracy_plus_column, self.local_ts_column, self.corrupt_column,
+                    self.line_column}
         return tuple(column for column in columns if column not in reserved)
 
     @property
@@ -168,7 +178,8 @@ def as_mapping(mapping: Any) -> "EventMapping":
             raise MappingError(
                 f"a MAPPING dict takes EventMapping's arguments (type_column, key_column, ts_column, "
                 f"payload_columns, type_map, ts_unit, producer_column, accuracy_column, accuracy_minus_column, "
-                f"accuracy_plus_column, local_ts_column, heartbeat_type, id_column, corrupt_column): {error}"
+                f"accuracy_plus_column, local_ts_column, heartbeat_type, id_column, corrupt_column, line_column): "
+                f"{error}"
             ) from None
     raise MappingError(f"a mapping is a spark_bridge.EventMapping or a dict of its arguments, got {mapping!r}")
 
@@ -195,7 +206,7 @@ class Rejected:
     the problem in one sentence.
     """
 
-    position: int
+    position: int  # index of the row in the batch, or -1 for a rejection that is no row of it
     reason: str
     row: Mapping[str, Any] = field(hash=False)
 
@@ -268,6 +279,40 @@ def corrupt_reason(line: Any, values: Mapping[str, Any], types: Mapping[str, str
             return (f"field {name!r} is {_describe(value)}, which does not fit the stream's schema "
                     f"({name} {types[name]})")
     return f"Spark could not read the line against the stream's schema ({', '.join(f'{n} {t}' for n, t in types.items())}): {shown!r}"
+
+
+#: A JSON escape of a surrogate code point (paired or not; :func:`lone_surrogate_reason` tells).
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def lone_surrogate_reason(line: Any, fields: Collection[str]) -> str | None:
+    """Why the row of JSON text ``line`` cannot be trusted as Spark delivered it, or None: the value of one
+    of its ``fields`` (the batch's columns) holds a lone surrogate, which Spark's string conversion replaced
+    by ``?``.  Fields the schema does not read are not looked at."""
+    if not isinstance(line, str) or _SURROGATE_ESCAPE.search(line) is None:
+        return None
+    try:
+        parsed = json.loads(line)
+    except ValueError:
+        return None                     # a malformed line: the corrupt-record column says why
+    if not isinstance(parsed, dict):
+        return None                     # not an object: the corrupt-record column says why
+    field = next((name for name, value in parsed.items()
+                  if name in fields and _has_lone_surrogate(value)), None)
+    if field is None:
+        return None
+    return (f"field {field!a} holds a lone surrogate (a \\ud800-\\udfff escape without its pair), which Spark's string "
+            f"conversion turns into '?': the row is not applied, its line is kept")
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        return any("\ud800" <= char <= "\udfff" for char in value)   # a pair was decoded into one character
+    if isinstance(value, dict):
+        return any(_has_lone_surrogate(name) or _has_lone_surrogate(item) for name, item in value.items())
+    if isinstance(value, list):
+        return any(_has_lone_surrogate(item) for item in value)
+    return False
 
 
 def _check_key(value: Any) -> str | int:
@@ -429,6 +474,11 @@ def rows_to_events(
             if line is not None and position not in errors:
                 types = {name: type(value).__name__ for name, value in row.items() if name != mapping.corrupt_column}
                 errors[position] = corrupt_reason(line, row, types, mapping)
+    if mapping.line_column is not None:
+        for position, row in enumerate(mappings):
+            reason = lone_surrogate_reason(row.get(mapping.line_column), row.keys())
+            if reason is not None:
+                errors.setdefault(position, reason)
     id_values: list[Any] = [None] * len(rows)
     if mapping.id_column is not None:
         id_values, id_errors = _convert_column([row.get(mapping.id_column, _MISSING) for row in mappings], _event_id,
@@ -451,7 +501,7 @@ def rows_to_events(
         for position, reason in column_errors.items():
             errors.setdefault(position, reason)
 
-    reserved = (mapping.type_column, mapping.key_column, mapping.ts_column, mapping.corrupt_column)
+    reserved = (mapping.type_column, mapping.key_column, mapping.ts_column, mapping.corrupt_column, mapping.line_column)
     good: list[RawEvent] = []
     for position, row in enumerate(mappings):
         if position in errors:
@@ -503,6 +553,8 @@ def _arrow_rows_to_events(
     key_values, key_errors = _arrow_key_column(table.column(mapping.key_column), key_label)
     ts_values, ts_errors = _arrow_ts_column(table.column(mapping.ts_column), unit_divisor, ts_label)
     errors = dict(corrupt)
+    for position, reason in _arrow_lone_surrogate_rows(table, mapping).items():
+        errors.setdefault(position, reason)
     id_values: list[Any] = [None] * count
     id_errors: dict[int, str] = {}
     if mapping.id_column is not None:
@@ -539,11 +591,35 @@ def _arrow_corrupt_rows(table: Any, mapping: EventMapping) -> dict[int, str]:
     lines = column.to_pylist()
     positions = [position for position, line in enumerate(lines) if line is not None]
     subset = table.take(positions)
-    names = [name for name in subset.schema.names if name != column_name]
+    names = [name for name in subset.schema.names if name not in (column_name, mapping.line_column)]
     types = {name: str(subset.schema.field(name).type) for name in names}
     columns = {name: _arrow_values(subset.column(name)) for name in names}
     return {position: corrupt_reason(lines[position], {name: columns[name][index] for name in names}, types, mapping)
             for index, position in enumerate(positions)}
+
+
+def _arrow_lone_surrogate_rows(table: Any, mapping: EventMapping) -> dict[int, str]:
+    """``{position: reason}`` for rows whose original line (``line_column``) holds a lone surrogate; the
+    lines without any surrogate escape are passed over without a Python loop."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    column_name = mapping.line_column
+    if column_name is None or column_name not in table.schema.names:
+        return {}
+    column = table.column(column_name)
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        return {}
+    suspects = pc.fill_null(pc.match_substring_regex(column, _SURROGATE_ESCAPE.pattern), False)
+    if not pc.any(suspects).as_py():
+        return {}
+    reasons = {}
+    fields = frozenset(table.schema.names)
+    for position, (suspect, line) in enumerate(zip(suspects.to_pylist(), column.to_pylist())):
+        reason = lone_surrogate_reason(line, fields) if suspect else None
+        if reason is not None:
+            reasons[position] = reason
+    return reasons
 
 
 def _event_id(value: Any) -> str:

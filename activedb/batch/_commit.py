@@ -58,15 +58,15 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
+from activedb import deadletters
 from activedb.batch._declare import BatchEvent, StateTransactions
 from activedb.batch._result import BatchResult
 from activedb.batch._route import touched_states, written_tables
 from activedb.batch._runtime import AUTO, _NoCyclicGc, execute_batch, normalise_events, runtime_of
-from activedb.batch._store import DEAD_LETTER_TABLE, apply_batch, dead_letter_row
+from activedb.batch._store import DEAD_LETTER_TABLE, apply_batch, dead_letter
 from activedb.batch._strategy import Strategy
 from activedb.batch.errors import BatchNotCommitted, DeclarationError
 from activedb.errors import InvalidKey, InvalidValue
-from activedb.store import jsonable
 from activedb.txn import CommitParticipant
 
 __all__ = ["PendingBatch", "PendingState", "apply_at_commit"]
@@ -156,13 +156,10 @@ class PendingBatch(CommitParticipant):
         if self._on_result is not None:
             self._on_result(result, connection)
         letters = self._letters(result) if self._letters is not None else [
-            (reason, dead_letter_row(event)) for event, reason in result.dead_letters]
+            dead_letter(event, reason) for event, reason in result.dead_letters]
         if self._dead_letters is not None and letters:
-            table = catalog.table(self._dead_letters)
-            connection.execute(table.insert(), [
-                {"query_id": self._query_id, "batch_id": self._batch_id, "reason": reason,
-                 "raw": jsonable(raw) if isinstance(raw, Mapping) else {"value": jsonable(raw)}}
-                for reason, raw in letters])
+            connection.execute(catalog.table(self._dead_letters).insert(),
+                               deadletters.table_rows(self._query_id, self._batch_id, letters))
         seconds["dead_letters"] = time.perf_counter() - started
         transaction.info["batch"] = {"events": result.committed_count, "dead_letters": len(letters),
                                      "rows_written": self.rows_written, "mode": self.mode}
@@ -435,12 +432,12 @@ def apply_at_commit(tx: Any, events: Iterable[Any], transactions: StateTransacti
                     strategy: str | Strategy = AUTO, processes: int | None = None, split: str = "auto",
                     dead_letters: str | None = DEAD_LETTER_TABLE, query_id: str | None = None,
                     batch_id: int | None = None,
-                    letters: Callable[[BatchResult], list[tuple[str, Any]]] | None = None,
+                    letters: Callable[[BatchResult], list[deadletters.Letter]] | None = None,
                     on_result: Callable[[BatchResult, sa.Connection], None] | None = None) -> PendingBatch:
     """Enlist ``events`` as a batch that runs inside the commit of ``tx`` (module docstring) and
     return its :class:`PendingBatch`.  ``dead_letters``: the table its dead letters go to (None:
-    none are stored), labelled ``query_id``/``batch_id``; ``letters(result)`` → ``[(reason,
-    raw)]`` replaces the default rows (``dead_letter_row``); ``on_result(result, connection)`` is
+    none are stored), labelled ``query_id``/``batch_id``; ``letters(result)`` → ``[Letter]``
+    (``activedb.deadletters``) replaces the default ones (``dead_letter``); ``on_result(result, connection)`` is
     called inside the commit before the dead letters are inserted."""
     with _NoCyclicGc():
         return _apply_at_commit(tx, events, transactions, strategy, processes, split, dead_letters, query_id, batch_id,

@@ -24,19 +24,19 @@ transaction tree, so rules observing the written tables fire; :func:`apply_at_co
 
 from __future__ import annotations
 
-import datetime as dt
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
+from activedb import deadletters
 from activedb.batch._declare import BatchEvent, StateTransactions
 from activedb.batch._result import BatchResult
 from activedb.batch._runtime import AUTO, _NoCyclicGc, execute, prepare
 from activedb.batch._strategy import Strategy
 
-__all__ = ["DEAD_LETTER_TABLE", "apply_batch", "dead_letter_row", "run_batch"]
+__all__ = ["DEAD_LETTER_TABLE", "apply_batch", "dead_letter", "dead_letter_row", "run_batch"]
 
-DEAD_LETTER_TABLE = "activedb_dead_letters"
+DEAD_LETTER_TABLE = deadletters.TABLE
 _MISSING = object()
 
 
@@ -88,22 +88,15 @@ def _apply_batch(tx, events, transactions, strategy, processes, split, lock) -> 
     return result
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(name): _jsonable(item) for name, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(item) for item in value]
-    if isinstance(value, (dt.datetime, dt.date)):
-        return value.isoformat()
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    return str(value)
+def dead_letter(event: BatchEvent, reason: str) -> deadletters.Letter:
+    """The dead letter for ``event``: the event's fields, kept exactly."""
+    return deadletters.Letter(reason, {"event_type": event.event_type, "key": event.key, "ts": event.ts,
+                                       "payload": event.payload})
 
 
 def dead_letter_row(event: BatchEvent) -> dict:
-    """The ``raw`` JSON of a dead letter for ``event``."""
-    return {"event_type": event.event_type, "key": _jsonable(event.key), "ts": _jsonable(event.ts),
-            "payload": _jsonable(event.payload)}
+    """The readable ``raw`` JSON of a dead letter for ``event``."""
+    return dead_letter(event, "").raw()
 
 
 def run_batch(db: Any, events: Iterable[Any], transactions: StateTransactions, *,
@@ -118,9 +111,8 @@ def run_batch(db: Any, events: Iterable[Any], transactions: StateTransactions, *
         result = apply_batch(tx, events, transactions, strategy=strategy, processes=processes, split=split)
         letters = result.dead_letters
         if dead_letters:
-            for event, reason in letters:
-                tx.insert(DEAD_LETTER_TABLE, query_id=query_id, batch_id=batch_id, reason=reason,
-                          raw=dead_letter_row(event))
+            deadletters.insert(tx, db.catalog, query_id, batch_id,
+                               [dead_letter(event, reason) for event, reason in letters])
         tx.info["events"] = len(result.committed)
         tx.info["dead_letters"] = len(letters)
     return result

@@ -46,6 +46,7 @@ import sqlalchemy as sa
 from coupling import Coupling, priority_groups
 from lockmgr import Deadlock
 
+from activedb import deadletters
 from activedb.capture import _sql
 from activedb.capture.errors import CaptureConflict, CaptureError, CaptureNotInstalled, ConsumerStopped
 from activedb.errors import (
@@ -57,7 +58,6 @@ from activedb.errors import (
 )
 from activedb.events import Event, EventKind, Origin
 from activedb.rules import Fired, Firing, FiringOutcome, Rule
-from activedb.store import jsonable
 from activedb.txn import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -199,14 +199,13 @@ class _PositionWriter(CommitParticipant):
                 f"started (another process consumes under the same name); nothing of the batch was kept — "
                 f"the consumer reads its position again")
         if self.dead_letters:
-            letters = consumer._database.table("activedb_dead_letters")
-            connection.execute(letters.insert(), [{
-                "query_id": f"capture:{consumer.name}", "batch_id": letter.change.position, "reason": letter.reason,
-                "raw": {"consumer": consumer.name, "table": letter.change.table,
+            connection.execute(consumer._database.table(deadletters.TABLE).insert(), [
+                row for letter in self.dead_letters for row in deadletters.table_rows(
+                    f"capture:{consumer.name}", letter.change.position, [deadletters.Letter(letter.reason, {
+                        "consumer": consumer.name, "table": letter.change.table,
                         "operation": _KINDS[letter.change.operation].value, "xid": letter.change.xid,
                         "commit_position": letter.change.position, "change_id": letter.change.change_id,
-                        "rule": letter.rule, "key": jsonable(letter.key)},
-            } for letter in self.dead_letters])
+                        "rule": letter.rule, "key": letter.key})])])
 
     def about_to_commit(self, transaction: "Transaction", connection: sa.Connection) -> None:
         self.consumer._step(Step.WRITTEN, self.handled)

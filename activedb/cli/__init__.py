@@ -483,37 +483,22 @@ def rules_remove(ctx: click.Context, names: tuple[str, ...], module: str | None,
 
 # --- dead letters -----------------------------------------------------------------------
 
-DEAD_LETTERS = "activedb_dead_letters"
+#: How much of a dead letter's reason and row ``dead-letters list`` prints (``show ID`` or ``--full``: all).
+LIST_REASON_CHARS = 300
+LIST_ROW_CHARS = 200
 
 
-def _letter_query(table, *, ids=(), query=None, batch=None, reason=None, replayed=None):
-    import sqlalchemy as sa
-
-    statement = sa.select(table)
-    if ids:
-        statement = statement.where(table.c.id.in_(list(ids)))
-    if query:
-        statement = statement.where(sa.or_(table.c.query_id == query, table.c.query_id.like(f"{query}@%"),
-                                           table.c.query_id.like(f"replay:{query}")))
-    if batch is not None:
-        statement = statement.where(table.c.batch_id == batch)
-    if reason:
-        statement = statement.where(table.c.reason.ilike(f"%{reason}%"))
-    if replayed is not None:
-        statement = statement.where(table.c.replayed_at.is_not(None) if replayed else table.c.replayed_at.is_(None))
-    return statement.order_by(table.c.id)
+def _shortened(text: str, limit: int, letter_id: int) -> tuple[str, bool]:
+    """``(text, False)``, or its first ``limit`` characters with a note and True."""
+    if len(text) <= limit:
+        return text, False
+    return f"{text[:limit]}… ({len(text):,} characters; `activedb dead-letters show {letter_id}` shows all)", True
 
 
-def select_dead_letters(database, *, ids=(), query=None, batch=None, reason=None, replayed=None,
-                        limit: int | None = None) -> list[dict]:
-    """Dead letters matching the filters (``query``: a query name, matching its ledger ids ``NAME@…`` and
-    its replays ``replay:NAME``; ``reason``: a case-insensitive substring; ``replayed``: True/False/None)."""
-    table = database.table(DEAD_LETTERS)
-    statement = _letter_query(table, ids=ids, query=query, batch=batch, reason=reason, replayed=replayed)
-    if limit is not None:
-        statement = statement.limit(limit)
-    with database.engine.connect() as connection:
-        return [dict(row._mapping) for row in connection.execute(statement)]
+def _letter_filter(ids=(), query=None, batch=None, reason=None, replayed=None):
+    from activedb.deadletters import LetterFilter
+
+    return LetterFilter(ids=tuple(ids), query=query, batch=batch, reason=reason, replayed=replayed)
 
 
 def letter_filters(function):
@@ -538,26 +523,35 @@ def dead_letters() -> None:
 @letter_filters
 @click.option("--all", "include_replayed", is_flag=True, help="Include dead letters already replayed.")
 @click.option("--limit", type=int, default=50, show_default=True, help="At most this many (0: all).")
+@click.option("--full", is_flag=True, help=f"Print reasons and rows whole (else cut at {LIST_REASON_CHARS}/"
+                                           f"{LIST_ROW_CHARS} characters; `show ID` prints one whole).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.pass_context
-def letters_list(ctx: click.Context, ids, query, batch, reason, include_replayed: bool, limit: int,
+def letters_list(ctx: click.Context, ids, query, batch, reason, include_replayed: bool, limit: int, full: bool,
                  as_json: bool) -> None:
-    """Dead letters, oldest first (not yet replayed unless --all)."""
+    """Dead letters, oldest first (not yet replayed unless --all); long reasons and rows are cut."""
+    from activedb import deadletters
+
+    selected = _letter_filter(ids, query, batch, reason, None if include_replayed else False)
     database = open_database(ctx, writes=False)
     try:
-        letters = select_dead_letters(database, ids=ids, query=query, batch=batch, reason=reason,
-                                      replayed=None if include_replayed else False, limit=limit or None)
-        import sqlalchemy as sa
-
-        table = database.table(DEAD_LETTERS)
-        with database.engine.connect() as connection:
-            total = connection.execute(sa.select(sa.func.count()).select_from(
-                _letter_query(table, ids=ids, query=query, batch=batch, reason=reason,
-                              replayed=None if include_replayed else False).subquery())).scalar_one()
+        letters = deadletters.select(database, selected, limit=limit or None)
+        total = deadletters.count(database, selected)
     finally:
         database.close()
-    if as_json:
-        click.echo(json.dumps(letters, indent=2, default=str))
+    rows = []
+    for letter in letters:
+        reason_text, reason_cut = letter.reason, False
+        row_text, row_cut = json.dumps(letter.raw, default=str), False
+        if not full:
+            reason_text, reason_cut = _shortened(reason_text, LIST_REASON_CHARS, letter.id)
+            row_text, row_cut = _shortened(row_text, LIST_ROW_CHARS, letter.id)
+        rows.append((letter, reason_text, row_text, reason_cut, row_cut))
+    if as_json:        # "cut": true when the reason or the row was cut; a cut row is its cut text
+        click.echo(json.dumps([{**{key: value for key, value in letter.as_dict().items() if key != "original"},
+                                "reason": reason_text, "raw": row_text if row_cut else letter.raw,
+                                "cut": reason_cut or row_cut}
+                               for letter, reason_text, row_text, reason_cut, row_cut in rows], indent=2, default=str))
         return
     from rich.table import Table
 
@@ -570,10 +564,10 @@ def letters_list(ctx: click.Context, ids, query, batch, reason, include_replayed
                             ("batch", {"justify": "right"}), ("reason", {"overflow": "fold", "ratio": 3}),
                             ("row", {"overflow": "fold", "ratio": 2}), ("replayed", {})):
         table.add_column(column, **options)
-    for letter in letters:
-        replayed = letter["replayed_at"].isoformat(timespec="seconds") if letter.get("replayed_at") else "-"
-        table.add_row(str(letter["id"]), letter["query_id"] or "-", "-" if letter["batch_id"] is None else
-                      str(letter["batch_id"]), letter["reason"], json.dumps(letter["raw"], default=str), replayed)
+    for letter, reason_text, row_text, _, _ in rows:
+        replayed = letter.replayed_at.isoformat(timespec="seconds") if letter.replayed_at else "-"
+        table.add_row(str(letter.id), letter.query_id or "-", "-" if letter.batch_id is None else
+                      str(letter.batch_id), reason_text, row_text, replayed)
     out.print(table)
     if total > len(letters):
         out.print(f"{total - len(letters)} more: --limit 0 shows all", highlight=False)
@@ -584,18 +578,21 @@ def letters_list(ctx: click.Context, ids, query, batch, reason, include_replayed
 @click.pass_context
 def letters_show(ctx: click.Context, letter_id: int) -> None:
     """One dead letter in full: its query, batch, reason and the raw row."""
+    from activedb import deadletters
+
     database = open_database(ctx, writes=False)
     try:
-        letters = select_dead_letters(database, ids=[letter_id])
+        letters = deadletters.select(database, _letter_filter(ids=[letter_id]))
     finally:
         database.close()
     if not letters:
         raise click.ClickException(f"no dead letter with id {letter_id}")
-    letter = letters[0]
+    letter = letters[0].as_dict()
     click.echo(f"dead letter {letter['id']}")
     for key in ("query_id", "batch_id", "created_at", "replayed_at", "replay_query_id", "reason"):
         click.echo(f"  {key:<15} {letter.get(key) if letter.get(key) is not None else '-'}")
-    click.echo("  raw row:")
+    click.echo("  raw row" + ("" if letter["original"] is not None else
+                              " (written before originals were kept: a replay submits this form)") + ":")
     click.echo("    " + json.dumps(letter["raw"], indent=2, default=str).replace("\n", "\n    "))
 
 
@@ -606,21 +603,17 @@ def letters_show(ctx: click.Context, letter_id: int) -> None:
 @click.pass_context
 def letters_purge(ctx: click.Context, ids, query, batch, reason, only_replayed: bool, yes: bool) -> None:
     """Delete the dead letters that match the filters (all of them without filters). Asks first."""
-    import sqlalchemy as sa
+    from activedb import deadletters
 
+    selected = _letter_filter(ids, query, batch, reason, True if only_replayed else None)
     database = open_database(ctx, writes=True)
     try:
-        table = database.table(DEAD_LETTERS)
-        selected = _letter_query(table, ids=ids, query=query, batch=batch, reason=reason,
-                                 replayed=True if only_replayed else None).with_only_columns(table.c.id)
-        with database.engine.connect() as connection:
-            count = connection.execute(sa.select(sa.func.count()).select_from(selected.subquery())).scalar_one()
+        count = deadletters.count(database, selected)
         if count == 0:
             click.echo("no dead letters match; nothing deleted")
             return
         _confirm(f"delete {count} dead letter(s) from {database.describe()}?", yes)
-        with database.engine.begin() as connection:
-            deleted = connection.execute(table.delete().where(table.c.id.in_(selected.scalar_subquery()))).rowcount
+        deleted = deadletters.purge(database, selected)
         click.echo(f"deleted {deleted} dead letter(s)")
     finally:
         database.close()

@@ -43,6 +43,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import sqlalchemy as sa
 
+from activedb import deadletters
 from activedb.txn import TxnState
 from activedb.errors import DuplicateKey, SchemaError
 from activedb.streams import _language
@@ -72,8 +73,6 @@ from activedb.streams.errors import (
 )
 
 logger = logging.getLogger("activedb.streams")
-
-DEAD_LETTER_TABLE = "activedb_dead_letters"
 
 
 # --- results and plans ------------------------------------------------------------------------
@@ -921,9 +920,9 @@ class StreamEngine:
         return released
 
     def _record_dead_letters(self, tx: Any, letters: list[DeadLetter], batch_id: int | None) -> None:
-        for letter in letters:
-            tx.insert(DEAD_LETTER_TABLE, query_id=f"streams:{self.name}", batch_id=batch_id,
-                      reason=letter.reason, raw=_jsonable_event(letter.event))
+        deadletters.insert(tx, self.db.catalog, f"streams:{self.name}", batch_id, [
+            deadletters.Letter(letter.reason, _event_row(letter.event), _jsonable_event(letter.event))
+            for letter in letters])
 
     # --- state -------------------------------------------------------------------------------
 
@@ -1004,6 +1003,11 @@ def _event_from_mapping(raw: Mapping[str, Any]) -> StreamEvent:
         attributes = {key: value for key, value in raw.items() if key not in ("type", "ts", "stream")}
     return StreamEvent(type=raw.get("type"), ts=raw.get("ts"), attributes=dict(attributes), stream=raw.get("stream"),
                        origin=raw)
+
+
+def _event_row(event: StreamEvent) -> dict:
+    """A dead letter's original row for ``event``: its fields, kept exactly."""
+    return {"type": event.type, "ts": event.ts, "stream": event.stream, "attributes": dict(event.attributes)}
 
 
 def _jsonable_event(event: StreamEvent) -> dict:

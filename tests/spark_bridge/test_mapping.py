@@ -263,3 +263,22 @@ def test_every_row_is_either_good_or_bad_and_good_is_sorted(rows):
     for rejected in bad:
         assert isinstance(rejected, Rejected) and rejected.reason
         json.dumps(rejected.row, allow_nan=False)
+
+
+@pytest.mark.parametrize("as_arrow", [True, False])
+def test_a_line_with_a_lone_surrogate_rejects_its_row_whatever_spark_made_of_it(as_arrow):
+    """The original line (``_line``) shows what Spark's string conversion hid behind a '?'."""
+    lines = ['{"type": "a", "key": "k\\ud800x", "ts": 1}',            # lone high surrogate: rejected
+             '{"type": "a", "key": "k\\ud83d\\ude00x", "ts": 2}',     # a pair: one character, fine
+             '{"type": "a", "key": "k\\\\ud800x", "ts": 3}',          # an escaped backslash, not an escape
+             '{"type": "a", "key": "k?x", "ts": 4, "unread": "\\udc00"}',   # a field the batch does not have
+             None]                                                     # no line kept: nothing to check
+    columns = {"type": ["a"] * 5, "key": ["k?x", "k\U0001F600x", "k\\ud800x", "k?x", "k?x"], "ts": [1, 2, 3, 4, 5],
+               "_line": lines}
+    rows = pa.table(columns) if as_arrow else [dict(zip(columns, values)) for values in zip(*columns.values())]
+    good, bad = rows_to_events(rows, MAPPING)
+    assert [event.position for event in good] == [1, 2, 3, 4]
+    assert all("_line" not in event.payload for event in good)
+    [rejected] = bad
+    assert rejected.position == 0 and rejected.reason.startswith("field 'key' holds a lone surrogate")
+    assert "turns into '?'" in rejected.reason and json.loads(rejected.row["_line"])["key"] == "k\ud800x"

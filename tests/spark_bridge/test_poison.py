@@ -22,6 +22,7 @@ import string
 import pytest
 
 import spark_bridge
+from activedb import deadletters
 from spark_bridge import EventMapping, IngestSink
 from spark_bridge._cli import with_corrupt_column
 from tests.spark_bridge import app_counters
@@ -155,3 +156,37 @@ def test_poison_lines_through_spark_are_dead_letters_and_the_stream_goes_on(spar
     assert "field 'ts' is 'not a time' (str)" in by_line[poison[4]]
     assert "not an object" in by_line[poison[5]]
     assert not any("is null" in reason for reason in by_line.values())
+
+
+@pytest.mark.spark
+def test_lone_surrogates_through_spark_are_dead_letters_not_question_marks(spark, tmp_path, databases):
+    """Spark's string conversion turns a lone surrogate escape into '?': its own JSON reader delivers a value
+    no one sent.  The source ``activedb run`` builds keeps each line (``_line``), so such a row is a dead letter
+    naming the field, with its line; a surrogate pair, a real '?' and a lone surrogate in a field the schema
+    does not read are applied."""
+    from spark_bridge._cli import build_stream, parse_source
+
+    ingested, direct = databases
+    rows = [_row(1, "k\ud800lone"), _row(2, "k\udc00low"), _row(3, "k\U0001F600pair"), _row(4, "k?real"),
+            {**_row(5, "k1"), "note": "\ud83d"}]
+    source = tmp_path / "in"
+    source.mkdir()
+    (source / "part-000.json").write_text("\n".join(json.dumps(row) for row in rows) + "\n\n")   # \\ud800 escapes
+
+    delivered = spark.read.schema(app_counters.SCHEMA).json(str(source)).toArrow().column("key").to_pylist()
+    assert delivered == ["k?lone", "k?low", "k\U0001F600pair", "k?real", "k1"]      # what Spark alone makes of them
+
+    loaded = spark_bridge.load_app(str(app_counters.__file__), require_mapping=True)
+    frame = build_stream(spark, parse_source(f"file:{source}"), loaded, file_format="json", max_files_per_trigger=1,
+                         rows_per_second=1, event_types=[])
+    query = spark_bridge.ingest(ingested, frame, mapping=app_counters.MAPPING, query_name="surrogates",
+                                checkpoint_location=str(tmp_path / "checkpoint"), trigger={"availableNow": True})
+    run_to_end(query)
+
+    apply_directly(direct, [rows[2], rows[3], rows[4]])
+    assert app_state(ingested) == app_state(direct)
+    assert ledger(ingested)[0][2:] == (3, 2)
+    letters = deadletters.select(ingested)
+    assert [letter.reason.split(" holds")[0] for letter in letters] == ["field 'key'", "field 'key'"]
+    assert [json.loads(letter.row().column("_line")[0].as_py())["key"] for letter in letters] == [
+        "k\ud800lone", "k\udc00low"]

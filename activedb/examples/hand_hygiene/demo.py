@@ -44,7 +44,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 import activedb
-from activedb import Coupling
+from activedb import Coupling, deadletters
 from activedb.progress import Progress
 from activedb.plugins import load_feed
 from activedb.examples.hand_hygiene import MIGRATIONS
@@ -290,9 +290,8 @@ def tell_story(db, console: Console, run: Run) -> dict[str, str]:
         alert_total = connection.execute(sa.select(sa.func.count()).select_from(alerts)).scalar_one()
         letters = late = None
         if run.dead_letter_query is not None:
-            letters, late = connection.execute(sa.text(
-                "SELECT count(*), count(*) FILTER (WHERE reason ILIKE '%punctuation%') FROM activedb_dead_letters "
-                "WHERE query_id = :query"), {"query": run.dead_letter_query}).one()
+            letters = deadletters.count(db, deadletters.LetterFilter(query=run.dead_letter_query))
+            late = deadletters.count(db, deadletters.LetterFilter(query=run.dead_letter_query, reason="punctuation"))
         busiest = connection.execute(
             sa.select(changes.c.worker).group_by(changes.c.worker)
             .order_by(sa.func.count().desc(), changes.c.worker).limit(1)).scalar()

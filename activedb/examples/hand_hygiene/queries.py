@@ -99,9 +99,7 @@ import dataclasses
 import datetime as dt
 from typing import Any, Iterable
 
-import sqlalchemy as sa
-
-from activedb import Coupling, Event, Rule, Transaction, streams
+from activedb import Coupling, Event, Rule, Transaction, deadletters, streams
 from activedb.errors import RuleFailed
 from activedb.examples.hand_hygiene import app
 from activedb.examples.hand_hygiene.app import SAFE, STATUS_CHANGED, WORKERS
@@ -419,6 +417,4 @@ def reset(db, engine: streams.StreamEngine) -> None:
     matches, punctuations) and delete its dead letters (``query_id = "streams:<name>"``)."""
     app.reset_tables(db)
     engine.reset_state()
-    with db.engine.begin() as connection:
-        connection.execute(sa.text("DELETE FROM activedb_dead_letters WHERE query_id = :query"),
-                           {"query": f"streams:{engine.name}"})
+    deadletters.purge(db, deadletters.LetterFilter(query=f"streams:{engine.name}"))

@@ -1,0 +1,25 @@
+"""Dead letters: rows that could not be applied, kept exactly, for reading and replay.  Design note:
+``README.md``.
+
+Public names: :class:`Letter` (one to write), :class:`LetterRecord` (one stored), :class:`LetterFilter`,
+:func:`insert`, :func:`table_rows`, :func:`select`, :func:`count`, :func:`purge`, :class:`LetterReplayed`,
+:func:`encode_original`, :func:`decode_original`, :data:`TABLE`.
+"""
+
+from activedb.deadletters._letters import (
+    TABLE,
+    Letter,
+    LetterFilter,
+    LetterRecord,
+    count,
+    decode_original,
+    encode_original,
+    insert,
+    purge,
+    select,
+    table_rows,
+)
+from activedb.deadletters._replayed import LetterReplayed
+
+__all__ = ["TABLE", "Letter", "LetterFilter", "LetterRecord", "LetterReplayed", "count", "decode_original",
+           "encode_original", "insert", "purge", "select", "table_rows"]

@@ -1,0 +1,192 @@
+"""The dead-letter table ``activedb_dead_letters``: its record type, what goes into it, and its SQL.
+
+A dead letter is written by whoever could not apply a row (the Spark bridge's sink and its handlers, the
+stream engine, the batch executor, the capture consumer) — all of them through :func:`insert` (inside a
+transaction) or :func:`table_rows` (inside a commit participant's flush) — and read, counted, purged and
+marked replayed only here.
+
+Each letter keeps its row twice: ``raw``, readable JSON (:func:`activedb.store.jsonable`: what the CLI
+shows and ``--reason``/``--query`` filters go with), and ``original``, the row exactly as it reached its
+writer (:func:`activedb.store.exact_json`, or an Arrow IPC stream of the one-row table Spark delivered),
+which a replay submits again.  Letters written before ``original`` existed replay their ``raw``.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from activedb.store import exact_json, from_exact_json, jsonable, storable_text
+
+__all__ = ["TABLE", "Letter", "LetterFilter", "LetterRecord", "count", "decode_original", "encode_original",
+           "insert", "purge", "select", "table_rows"]
+
+TABLE = "activedb_dead_letters"
+_ARROW_TAG = "$arrow"
+
+
+@dataclass(frozen=True)
+class Letter:
+    """A dead letter about to be written: why, and the row. Immutable.
+
+    ``row`` is the original, kept exactly (any value :func:`activedb.store.exact_json` takes, or a one-row
+    ``pyarrow.Table``); ``shown`` the readable form for ``raw`` (default: ``jsonable(row)``, wrapped as
+    ``{"value": ...}`` unless it is a mapping)."""
+
+    reason: str
+    row: Any = field(hash=False)
+    shown: Mapping[str, Any] | None = field(default=None, hash=False)
+
+    def raw(self) -> dict:
+        if self.shown is not None:
+            return dict(self.shown)
+        shown = jsonable(self.row)
+        return shown if isinstance(shown, dict) else {"value": shown}
+
+
+@dataclass(frozen=True)
+class LetterRecord:
+    """One row of ``activedb_dead_letters``. Immutable."""
+
+    id: int
+    query_id: str | None
+    batch_id: int | None
+    reason: str
+    raw: Any = field(hash=False)
+    original: Any = field(default=None, hash=False, repr=False)   # the stored encoding; see row()
+    created_at: dt.datetime | None = None
+    replayed_at: dt.datetime | None = None
+    replay_query_id: str | None = None
+
+    @classmethod
+    def from_mapping(cls, row: Mapping[str, Any]) -> "LetterRecord":
+        return cls(**{name: row.get(name) for name in cls.__dataclass_fields__})
+
+    def as_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+    def row(self) -> Any:
+        """The row as its writer had it (a one-row ``pyarrow.Table`` for rows Spark delivered, else a
+        dict or the value); ``raw`` for letters written before originals were kept."""
+        if self.original is None:
+            return self.raw
+        return decode_original(self.original)
+
+
+@dataclass(frozen=True)
+class LetterFilter:
+    """Which dead letters a command means. Immutable.
+
+    ``query``: a query name — its ledger ids ``NAME@…``, its replays ``replay:NAME`` and the letters
+    written under the name itself; ``reason``: a case-insensitive substring; ``replayed``: True/False/None
+    (either)."""
+
+    ids: tuple[int, ...] = ()
+    query: str | None = None
+    batch: int | None = None
+    reason: str | None = None
+    replayed: bool | None = None
+
+    def statement(self, table: Any) -> Any:
+        import sqlalchemy as sa
+
+        statement = sa.select(table)
+        if self.ids:
+            statement = statement.where(table.c.id.in_(list(self.ids)))
+        if self.query:
+            statement = statement.where(sa.or_(table.c.query_id == self.query,
+                                               table.c.query_id.like(f"{_like(self.query)}@%", escape="\\"),
+                                               table.c.query_id == f"replay:{self.query}"))
+        if self.batch is not None:
+            statement = statement.where(table.c.batch_id == self.batch)
+        if self.reason:
+            statement = statement.where(table.c.reason.ilike(f"%{_like(self.reason)}%", escape="\\"))
+        if self.replayed is not None:
+            statement = statement.where(table.c.replayed_at.is_not(None) if self.replayed
+                                        else table.c.replayed_at.is_(None))
+        return statement.order_by(table.c.id)
+
+
+def _like(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+# --- the original row ----------------------------------------------------------------------------------
+
+def encode_original(row: Any) -> Any:
+    """``row`` as the ``original`` column's JSON: a one-row ``pyarrow.Table``/``RecordBatch`` as an Arrow
+    IPC stream (schema included, so the row replays through the same conversion Spark's rows take),
+    anything else through :func:`activedb.store.exact_json`."""
+    if type(row).__module__.startswith("pyarrow") and hasattr(row, "schema") and hasattr(row, "num_rows"):
+        import pyarrow as pa
+
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, row.schema) as writer:
+            writer.write(row)
+        return {_ARROW_TAG: base64.b64encode(sink.getvalue().to_pybytes()).decode("ascii")}
+    return exact_json(row)
+
+
+def decode_original(stored: Any) -> Any:
+    """The inverse of :func:`encode_original`."""
+    if isinstance(stored, Mapping) and len(stored) == 1 and _ARROW_TAG in stored:
+        import pyarrow as pa
+
+        return pa.ipc.open_stream(base64.b64decode(stored[_ARROW_TAG])).read_all()
+    return from_exact_json(stored)
+
+
+# --- writing -------------------------------------------------------------------------------------------
+
+def table_rows(query_id: str | None, batch_id: int | None, letters: Iterable[Letter]) -> list[dict]:
+    """The rows of ``activedb_dead_letters`` for ``letters`` (for a commit participant that inserts them
+    on its own connection: ``connection.execute(table.insert(), table_rows(...))``).  A reason that quotes
+    text PostgreSQL cannot store (a NUL character, a lone surrogate) has it spelled out."""
+    return [{"query_id": query_id, "batch_id": batch_id, "reason": storable_text(letter.reason), "raw": letter.raw(),
+             "original": encode_original(letter.row)} for letter in letters]
+
+
+def insert(tx: Any, catalog: Any, query_id: str | None, batch_id: int | None, letters: Sequence[Letter]) -> None:
+    """Insert ``letters`` in ``tx`` (an activedb transaction of the database whose catalog is ``catalog``):
+    ids drawn in one query and their absence loaded in one query (``prefetch``), so no round trip per
+    letter; they commit with ``tx``."""
+    if not letters:
+        return
+    rows = table_rows(query_id, batch_id, letters)
+    sequence = catalog.sequence_of(catalog.table_info(TABLE), "id")
+    ids = catalog.draw_keys(sequence, len(rows))
+    tx.prefetch(TABLE, ids)
+    for letter_id, row in zip(ids, rows):
+        tx.insert(TABLE, id=letter_id, **row)
+
+
+# --- reading -------------------------------------------------------------------------------------------
+
+def select(database: Any, letters: LetterFilter = LetterFilter(), *, limit: int | None = None) -> list[LetterRecord]:
+    """The dead letters ``letters`` selects, oldest first (at most ``limit``)."""
+    table = database.table(TABLE)
+    statement = letters.statement(table)
+    if limit is not None:
+        statement = statement.limit(limit)
+    with database.engine.connect() as connection:
+        return [LetterRecord.from_mapping(row._mapping) for row in connection.execute(statement)]
+
+
+def count(database: Any, letters: LetterFilter = LetterFilter()) -> int:
+    import sqlalchemy as sa
+
+    table = database.table(TABLE)
+    with database.engine.connect() as connection:
+        return connection.execute(sa.select(sa.func.count()).select_from(
+            letters.statement(table).subquery())).scalar_one()
+
+
+def purge(database: Any, letters: LetterFilter) -> int:
+    """Delete the dead letters ``letters`` selects; how many were deleted."""
+    table = database.table(TABLE)
+    selected = letters.statement(table).with_only_columns(table.c.id).order_by(None)
+    with database.engine.begin() as connection:
+        return connection.execute(table.delete().where(table.c.id.in_(selected.scalar_subquery()))).rowcount

@@ -1,0 +1,113 @@
+"""Values as JSON PostgreSQL's ``jsonb`` holds, and back — exactly.
+
+:func:`exact_json` keeps what :func:`~activedb.store.jsonable` (the readable, lossy form) gives up: a
+``datetime`` stays a ``datetime``, a tuple a tuple, a ``Decimal`` a ``Decimal``, a string with a NUL
+character or a lone surrogate (which ``jsonb`` cannot hold) comes back with it, NaN and infinities come
+back as floats, and a float that ``jsonb`` would print as an integer (``1e+300``, ``-0.0``) stays a float.
+Plain JSON values (None, bools, ints, ordinary finite floats, storable strings, lists, dicts with plain
+string keys) are stored as themselves; every other value is a one-key object whose key starts with ``$``
+(a dict whose keys could be mistaken for such a tag is stored as ``{"$map": [[key, value], ...]}``).  A
+value of a type the codec does not know is pickled (``{"$pickle": base64}``): exact, though opaque.
+
+Used by the outbox (events of recorded firings) and the dead letters (the original rows).  Pure
+functions, thread-safe.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+import math
+import pickle
+import uuid
+from typing import Any
+
+from activedb.store._schema import text_problem
+
+__all__ = ["exact_json", "from_exact_json"]
+
+_TAG = "$"
+
+
+def _storable(text: str) -> bool:
+    return text_problem(text) is None
+
+
+def exact_json(value: Any) -> Any:
+    """``value`` as JSON ``jsonb`` accepts, decodable by :func:`from_exact_json` into an equal value."""
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return value if type(value) is int else {"$pickle": _pickled(value)}
+    if isinstance(value, float):
+        if type(value) is float and math.isfinite(value) and "e" not in repr(value) and math.copysign(1.0, value) > 0:
+            return value
+        return {"$float": repr(float(value))}
+    if isinstance(value, str):
+        if type(value) is not str:        # a str Enum (e.g. EventKind): its plain value
+            value = str.__str__(value) if not hasattr(value, "value") else value.value
+        if _storable(value):
+            return value
+        return {"$str": base64.b64encode(value.encode("utf-8", "surrogatepass")).decode("ascii")}
+    if isinstance(value, dt.datetime):
+        return {"$datetime": value.isoformat()}
+    if isinstance(value, dt.date):
+        return {"$date": value.isoformat()}
+    if isinstance(value, dt.time):
+        return {"$time": value.isoformat()}
+    if isinstance(value, dt.timedelta):
+        return {"$timedelta": [value.days, value.seconds, value.microseconds]}
+    if isinstance(value, decimal.Decimal):
+        return {"$decimal": str(value)}
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return {"$bytes": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, uuid.UUID):
+        return {"$uuid": str(value)}
+    if isinstance(value, tuple):
+        return {"$tuple": [exact_json(item) for item in value]}
+    if isinstance(value, list):
+        return [exact_json(item) for item in value]
+    if isinstance(value, (set, frozenset)):
+        return {"$set" if isinstance(value, set) else "$frozenset": [exact_json(item) for item in value]}
+    if isinstance(value, dict):
+        if all(type(key) is str and not key.startswith(_TAG) and _storable(key) for key in value):
+            return {key: exact_json(item) for key, item in value.items()}
+        return {"$map": [[exact_json(key), exact_json(item)] for key, item in value.items()]}
+    return {"$pickle": _pickled(value)}
+
+
+def _pickled(value: Any) -> str:
+    return base64.b64encode(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)).decode("ascii")
+
+
+_DECODERS = {
+    "$float": float,
+    "$str": lambda text: base64.b64decode(text).decode("utf-8", "surrogatepass"),
+    "$datetime": dt.datetime.fromisoformat,
+    "$date": dt.date.fromisoformat,
+    "$time": dt.time.fromisoformat,
+    "$timedelta": lambda parts: dt.timedelta(days=parts[0], seconds=parts[1], microseconds=parts[2]),
+    "$decimal": decimal.Decimal,
+    "$bytes": lambda text: base64.b64decode(text),
+    "$uuid": uuid.UUID,
+    "$tuple": lambda items: tuple(from_exact_json(item) for item in items),
+    "$set": lambda items: {from_exact_json(item) for item in items},
+    "$frozenset": lambda items: frozenset(from_exact_json(item) for item in items),
+    "$map": lambda pairs: {from_exact_json(key): from_exact_json(item) for key, item in pairs},
+    "$pickle": lambda text: pickle.loads(base64.b64decode(text)),
+}
+
+
+def from_exact_json(value: Any) -> Any:
+    """The inverse of :func:`exact_json`."""
+    if isinstance(value, list):
+        return [from_exact_json(item) for item in value]
+    if isinstance(value, dict):
+        if len(value) == 1:
+            (key, item), = value.items()
+            decoder = _DECODERS.get(key)
+            if decoder is not None:
+                return decoder(item)
+        return {key: from_exact_json(item) for key, item in value.items()}
+    return value

@@ -1,0 +1,107 @@
+"""activedb.deadletters: a dead letter keeps its row exactly (through real PostgreSQL), the filters select
+what the CLI means, and ``dead-letters list`` cuts long rows while ``show`` and ``--full`` print them whole."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+import math
+
+import pyarrow as pa
+from click.testing import CliRunner
+
+from activedb import deadletters
+from activedb.cli import main
+from activedb.deadletters import Letter, LetterFilter
+
+BIG = "k" * 1_000_000
+UTC = dt.timezone.utc
+
+ROWS = [
+    {"key": "x1\x00evil", "room": "ro\x00om1"},                       # NUL: jsonb cannot hold it
+    {"key": "k\ud800lone", "\udfffkey": "v"},                          # lone surrogates, in a value and a key
+    {"ts": math.nan, "amount": math.inf, "low": -math.inf, "zero": -0.0, "huge": 1e300, "tiny": 5e-324},
+    {"key": BIG},                                                        # 1 MB
+    {"_corrupt_record": '{"type": "add", "key": "k1", "ts": '},         # an unreadable line, as it came
+    {"ts": dt.datetime(2024, 5, 1, 12, 0, 0, 123456, tzinfo=UTC), "naive": dt.datetime(2024, 5, 1, 12),
+     "day": dt.date(2024, 5, 1), "price": decimal.Decimal("1.10"), "blob": b"\x00\xff", "pair": (1, "a"),
+     "list": [1, [2, None]], "$type": "a key that looks like a tag", 7: "a non-text key"},
+    "not a mapping at all",
+]
+
+
+def _nan_equal(left, right) -> bool:
+    """Equality where NaN equals NaN and -0.0 differs from 0.0 (what "exactly" means here)."""
+    if isinstance(left, float) and isinstance(right, float):
+        return (math.isnan(left) and math.isnan(right)) or (left == right and math.copysign(1, left) ==
+                                                            math.copysign(1, right))
+    if isinstance(left, dict) and isinstance(right, dict):
+        return left.keys() == right.keys() and all(_nan_equal(left[key], right[key]) for key in left)
+    if isinstance(left, (list, tuple)) and isinstance(right, (list, tuple)):
+        return type(left) is type(right) and len(left) == len(right) and all(map(_nan_equal, left, right))
+    return type(left) is type(right) and left == right
+
+
+def test_every_original_row_round_trips_through_postgresql(db):
+    arrow = pa.table({"type": ["add"], "key": ["x1\x00evil"], "ts": pa.array([dt.datetime(2024, 5, 1, tzinfo=UTC)],
+                                                                             pa.timestamp("us", tz="UTC")),
+                      "amount": pa.array([None], pa.int32()), "_corrupt_record": pa.array([None], pa.string())})
+    letters = [Letter(f"poison {index}", row) for index, row in enumerate(ROWS)] + [Letter("arrow", arrow)]
+    with db.transaction() as tx:
+        deadletters.insert(tx, db.catalog, "originals@q", 7, letters)
+    stored = deadletters.select(db, LetterFilter(query="originals"))
+    assert [letter.reason for letter in stored] == [letter.reason for letter in letters]
+    for letter, record in zip(letters[:-1], stored):
+        assert _nan_equal(record.row(), letter.row), record.reason
+    back = stored[-1].row()
+    assert back.schema == arrow.schema and back.to_pylist() == arrow.to_pylist()
+    # The readable form stays readable: NUL spelled out, the big key whole.
+    assert stored[0].raw == {"key": "x1\\u0000evil", "room": "ro\\u0000om1"}
+    assert stored[3].raw["key"] == BIG
+    assert stored[6].raw == {"value": "not a mapping at all"}
+    assert {record.batch_id for record in stored} == {7}
+
+
+def test_a_reason_quoting_unstorable_text_is_stored_spelled_out(db):
+    """A rule's message may quote the very value PostgreSQL refused; the letter must still be written."""
+    with db.transaction() as tx:
+        deadletters.insert(tx, db.catalog, "quoting@q", 1, [Letter("key 'x\x00y' or 'k\ud800' refused", {"k": 1})])
+    [letter] = deadletters.select(db, LetterFilter(query="quoting"))
+    assert letter.reason == "key 'x\\u0000y' or 'k\\ud800' refused"
+
+
+def test_filters_select_a_query_its_replays_and_nothing_alike(db):
+    with db.transaction() as tx:
+        for query_id in ("orders@00000000-0000-0000-0000-000000000001", "replay:orders", "orders_x@y",
+                         "ordersX", "orders"):
+            deadletters.insert(tx, db.catalog, query_id, 1, [Letter(f"bad in {query_id}", {"q": query_id})])
+    chosen = {letter.query_id for letter in deadletters.select(db, LetterFilter(query="orders"))}
+    assert chosen == {"orders@00000000-0000-0000-0000-000000000001", "replay:orders", "orders"}
+    assert {letter.query_id for letter in deadletters.select(db, LetterFilter(query="orders_"))} == set()
+    assert deadletters.count(db, LetterFilter(query="orders", reason="REPLAY:")) == 1
+    assert deadletters.purge(db, LetterFilter(query="orders")) == 3
+    assert deadletters.count(db, LetterFilter(query="orders")) == 0
+
+
+def test_list_cuts_long_rows_and_show_prints_them_whole(db, database_url):
+    with db.transaction() as tx:
+        deadletters.insert(tx, db.catalog, "big@q", 1, [Letter("key too large " + "why " * 200, {"key": BIG})])
+    [letter] = deadletters.select(db, LetterFilter(query="big"))
+    runner = CliRunner()
+    listed = runner.invoke(main, ["--url", database_url, "dead-letters", "list", "--query", "big"],
+                           catch_exceptions=False, terminal_width=200)
+    assert listed.exit_code == 0, listed.output
+    assert len(listed.output) < 10_000, len(listed.output)
+    as_json = runner.invoke(main, ["--url", database_url, "dead-letters", "list", "--query", "big", "--json"],
+                            catch_exceptions=False)
+    [cut] = json.loads(as_json.output)
+    assert len(as_json.output) < 10_000 and cut["id"] == letter.id and cut["cut"] is True
+    assert cut["raw"].endswith(f"(1,000,011 characters; `activedb dead-letters show {letter.id}` shows all)")
+    assert cut["reason"].endswith(f"`activedb dead-letters show {letter.id}` shows all)")
+    full = runner.invoke(main, ["--url", database_url, "dead-letters", "list", "--query", "big", "--json", "--full"],
+                         catch_exceptions=False)
+    assert json.loads(full.output)[0]["raw"] == {"key": BIG} and json.loads(full.output)[0]["cut"] is False
+    shown = runner.invoke(main, ["--url", database_url, "dead-letters", "show", str(letter.id)],
+                          catch_exceptions=False)
+    assert shown.exit_code == 0 and BIG in shown.output
