@@ -31,7 +31,7 @@ import time
 import sqlalchemy as sa
 
 from activedb.bench._setup import connect
-from activedb.bench.progress import Progress
+from activedb.progress import Progress
 from activedb.bench.report import BenchReport, Row
 
 PLAIN = "bench_capture_plain"

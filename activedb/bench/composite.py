@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from activedb import composite, streams
-from activedb.bench.progress import Progress
+from activedb.progress import Progress
 from activedb.bench.report import BenchReport, Row
 from activedb.composite import Choice, UncertaintyKind
 from activedb.events import Timestamp

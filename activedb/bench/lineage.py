@@ -15,7 +15,7 @@ import time
 import uuid
 
 from activedb.bench._setup import connect
-from activedb.bench.progress import Progress
+from activedb.progress import Progress
 from activedb.bench.report import BenchReport, Row
 
 KEYS = 200

@@ -49,7 +49,7 @@ import sqlalchemy as sa
 
 from activedb import batch
 from activedb.batch import workloads
-from activedb.bench.progress import Progress
+from activedb.progress import Progress
 from activedb.bench.report import BenchReport, Row
 
 SWEEP_STRATEGIES = ("tpg", "ns/f/e", "bfs/f/e", "ns/f/l", "bfs/c/e")
