@@ -660,6 +660,27 @@ class LockManager:
         self.acquire(tid, table, intention, timeout)
         self.acquire(tid, resource, mode, timeout)
 
+    def try_acquire_tuple(self, tid: Hashable, table: Hashable, key: Hashable, mode: Mode,
+                          resource: Hashable | None = None) -> bool:
+        """``acquire_tuple`` that never blocks: True if the tuple (and its intention lock) is granted now,
+        False otherwise (nothing is queued; an intention lock granted before the refusal stays)."""
+        intention = INTENTION_FOR.get(mode)
+        if intention is None:
+            raise ValueError(f"try_acquire_tuple takes Mode.READ, Mode.UPDATE or Mode.WRITE, not {mode!r}")
+        if resource is None:
+            resource = (table, key)
+        txn = self._active.get(tid)
+        if txn is not None:
+            table_lock = txn.locks.get(table)
+            table_mode = None if table_lock is None else table_lock.held.get(txn)
+            if table_mode is not None and txn.state is ACTIVE:
+                covers = COVERS[table_mode]
+                if covers[mode]:
+                    return True
+                if covers[intention]:
+                    return self.try_acquire(tid, resource, mode)
+        return self.try_acquire(tid, table, intention) and self.try_acquire(tid, resource, mode)
+
     def downgrade(self, tid: Hashable, resource: Hashable, mode: Mode) -> None:
         """Rule 5: weaken the mode ``tid`` holds on ``resource`` to ``mode``; ``tid`` then retains the old
         mode, so transactions outside its subtree still cannot get a conflicting lock.  Waiters that the
@@ -716,6 +737,57 @@ class LockManager:
                         _retain_entry(lock, txn)
                         events.extend(self._reevaluate(lock))
                 self._resolve(events)
+
+    def drop_holds(self, tid: Hashable) -> None:
+        """Release what ``tid`` *holds*, keep what it retains: Rule 4 for a savepoint.  An embedder that
+        runs a subtransaction lazily (without a transaction of its own here) takes that subtransaction's
+        locks in its parent's name, after making the parent's own holds retained; when the
+        subtransaction aborts, the parent's holds are exactly its locks, and this releases them.  Waiters
+        that Rule 1 now admits are granted."""
+        with self._graph_mutex:
+            txn = self._require_active(tid, "drop_holds")
+            with txn.mutex:
+                holding, txn.holding = txn.holding, {}
+            events: list = []
+            for resource, lock in holding.items():
+                with lock.stripe.mutex:
+                    lock.held.pop(txn, None)
+                    if not (lock.retained and txn in lock.retained):
+                        with txn.mutex:
+                            txn.locks.pop(resource, None)
+                    events.extend(self._reevaluate(lock))
+                    _discard_if_empty(lock)
+            self._resolve(events)
+
+    def hand_down(self, tid: Hashable, child: Hashable) -> None:
+        """Move everything ``tid`` holds to its active ``child``, which then holds it in the same modes;
+        ``tid`` keeps what it retains.  For an embedder whose lazily run subtransaction took its locks in
+        its parent's name (see ``drop_holds``) and now gets a transaction of its own here: afterwards the
+        locks are the child's, exactly as if it had acquired them itself.  Wait edges that named ``tid``
+        as the holder now name ``child`` (and are checked for cycles)."""
+        with self._graph_mutex:
+            txn = self._require_active(tid, Lazy("hand its holds down to {!r}", child))
+            heir = self._require_active(child, Lazy("take the holds of {!r}", tid))
+            if heir.parent is not txn:
+                raise ValueError(f"hand_down: {child!r} is not a child of {tid!r}")
+            with txn.mutex:
+                holding, txn.holding = txn.holding, {}
+            events: list = []
+            for resource, lock in holding.items():
+                with lock.stripe.mutex:
+                    mode = lock.held.pop(txn, None)
+                    if mode is None:
+                        continue
+                    current = lock.held.get(heir)
+                    lock.held[heir] = mode if current is None else JOIN[current][mode]
+                    with heir.mutex:
+                        heir.locks[resource] = lock
+                        heir.holding[resource] = lock
+                    if not (lock.retained and txn in lock.retained):
+                        with txn.mutex:
+                            txn.locks.pop(resource, None)
+                    events.extend(self._reevaluate(lock))
+            self._resolve(events)
 
     # ------------------------------------------------------------------ registered waits
 

@@ -91,10 +91,11 @@ class Transaction:
 
     __slots__ = ("manager", "parent", "root", "depth", "id", "name", "began_at", "info", "subtransactions_committed",
                  "_mutex", "_state", "_children", "_tasks", "_writes", "_db_reads", "_scans", "_participants",
-                 "_slots", "_doomed", "_thread", "_read_base", "_holds", "__weakref__")
+                 "_slots", "_doomed", "_thread", "_read_base", "_holds", "_lazy", "__weakref__")
 
     def __init__(self, manager: "TransactionManager", parent: "Transaction | None", *,
-                 name: str | None = None, read_base: "ReadBase | None" = None, inline: bool = False):
+                 name: str | None = None, read_base: "ReadBase | None" = None, inline: bool = False,
+                 lazy: bool = False):
         self.manager = manager
         self.parent = parent
         self.root: Transaction = parent.root if parent is not None else self
@@ -129,6 +130,9 @@ class Transaction:
         self._holds = False
         # The tree's read base (see _view.ReadBase); only the root has one.
         self._read_base = (read_base or manager.read_base) if parent is None else None
+        # True while this inline child has no lock-manager transaction of its own: its locks are taken in
+        # its parent's name (README, "Lazy inline subtransactions"); ``materialize`` ends it.
+        self._lazy = lazy
         manager.locking.begin(self, awaited=inline)
         recorder = manager.recorder
         if recorder:
@@ -386,10 +390,22 @@ class Transaction:
 
     # --- subtransactions --------------------------------------------------------------------
 
+    def materialize(self) -> None:
+        """Give this lazy inline subtransaction its own lock-manager transaction now (it is about to
+        create a child, wait, or wait for a lock); a no-op for any other node.  Called by the thread
+        running it.  See README, "Lazy inline subtransactions"."""
+        if self._lazy:
+            self.manager.locking.materialize(self)
+
     def _new_child(self, name: str | None = None, *, inline: bool = False) -> "Transaction":
         self._check_active("starting a subtransaction")
-        self.manager.locking.release_holds(self)
-        child = Transaction(self.manager, self, name=name, inline=inline)
+        manager = self.manager
+        if self._lazy:
+            self.materialize()
+        manager.locking.release_holds(self)
+        # Lazy: an inline child of a node with no other live child (so no sibling can conflict with it).
+        lazy = inline and manager.lazy_subtransactions and not self._children
+        child = Transaction(manager, self, name=name, inline=inline, lazy=lazy)
         with self._mutex:
             self._children[child.id] = child
         manager = self.manager

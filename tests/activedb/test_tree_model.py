@@ -104,9 +104,12 @@ class AbortRequested(Exception):
     """Raised in a node's body when the test tells it to abort."""
 
 
-@pytest.fixture(scope="module")
-def db(database_url):
+@pytest.fixture(scope="module", params=["lazy", "materialized"])
+def db(request, database_url):
+    """Both representations of inline subtransactions (``lazy``: no lock-manager transaction until one
+    is needed; ``materialized``: every node registered from its start) must match the one model."""
     database = activedb.connect(database_url, record_history=True)
+    database.transactions.lazy_subtransactions = request.param == "lazy"
     database.upgrade_app(APP_MIGRATIONS)
     yield database
     database.close()
@@ -552,7 +555,7 @@ class TreeMachine(RuleBasedStateMachine):
     def _lock_picture(self) -> tuple:
         if not COMPARE_LOCK_TABLE:
             return self.locks.statistics().waiting
-        snapshot = self.locks.snapshot()
+        snapshot = self.db.transactions.lock_snapshot()     # lazy nodes shown as the nodes they are
         transactions = {self._owner(tid) for tid in snapshot.transactions}
         resources = {}
         for resource, holders in snapshot.resources.items():
