@@ -129,10 +129,10 @@ def _cumulative(stats: pstats.Stats, wanted: tuple[str, str]) -> float:
 
 
 def _database_wait(stats: pstats.Stats) -> float:
-    """Time blocked on PostgreSQL: psycopg's waits on its socket (the outermost ones)."""
+    """Time spent on PostgreSQL's side of the connection: psycopg's ``Connection.wait`` (the socket wait
+    for the server and libpq's protocol work; the statement building before it counts as Python)."""
     return sum(row[3] for (filename, _, name), row in stats.stats.items()
-               if "psycopg" in filename and filename.endswith("waiting.py") and name.startswith("wait")
-               and not any("waiting.py" in caller[0] for caller in row[4]))
+               if name == "wait" and filename.replace("\\", "/").endswith("psycopg/connection.py"))
 
 
 def _phases(database, count: int, per_event_us: float) -> dict[str, float]:
