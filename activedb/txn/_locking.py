@@ -11,9 +11,15 @@
   the whole life of an inline child (``awaited`` at ``begin``), and while ``TransactionManager.waiting``
   says so for a spawned one — so a child waiting for a row its *running* parent holds is a wait, not a
   reported deadlock: the parent retains the row before it waits for the child.
-* **Errors.** Lock-manager errors are translated here, and only here: ``Deadlock`` and ``LockTimeout`` doom
-  the node (it and its subtree must abort) and propagate; any other error of an aborted node becomes
-  :class:`activedb.errors.TransactionAborted`.
+* **Lazy inline subtransactions.** An inline child that starts lazy has no lock-manager transaction: its
+  requests are asked in its parent's name without waiting, its commit makes the parent's holds retained,
+  its abort drops them; it materializes (``materialize``: begin, then ``hand_down``) before it waits or
+  creates a child.  The invariant and the proof are in ``README.md``.
+* **Errors.** Lock-manager errors are translated here: ``Deadlock`` and ``LockTimeout`` doom
+  the node (it and its subtree must abort) and propagate; any other error of an aborted node (also one
+  begun just after its ancestor's abort reached the lock manager: ``begin``, ``commit``, a lazy node's
+  requests) becomes :class:`activedb.errors.TransactionAborted`.  (``TransactionManager`` translates the
+  same way where it registers waits.)
 
 Thread-safety: ``_mutex`` protects ``_granularity``.  Only the thread running a node acquires locks for
 it or makes its holds retained (``Transaction._thread``).
