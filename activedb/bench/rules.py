@@ -95,13 +95,13 @@ def _compare(database, report: BenchReport, label: str, event_type: str, count: 
     rule_rate = count / statistics.median(rule_times)
     direct_rate = count / statistics.median(direct_times)
     overhead_us = (1 / rule_rate - 1 / direct_rate) * 1e6
-    # The goal of the core redesign: immediate rules run inline reach half the rate of calling the action.
-    goal = label.startswith("immediate") and execution == "inline"
+    # The goals of cheap subtransactions: immediate inline 0.8 of calling the action, the others 0.6.
+    goal = 0.8 if label.startswith("immediate") and execution == "inline" else 0.6
     report.add(Row(
         name=label, value=rule_rate, unit="firings/s",
         baseline_name="direct calls, one plain transaction", baseline=direct_rate,
-        ratio=rule_rate / direct_rate, target=">= 0.5 of direct calls" if goal else None,
-        met=rule_rate / direct_rate >= 0.5 if goal else None,
+        ratio=rule_rate / direct_rate, target=f">= {goal} of direct calls",
+        met=rule_rate / direct_rate >= goal,
         extra={"rule_execution": execution, "firings_per_transaction": count, "repeat": repeat,
                "machinery_us_per_firing": round(overhead_us, 1)},
     ))

@@ -182,19 +182,29 @@ class Locking:
             return snapshot
         transactions = dict(snapshot.transactions)
         resources = dict(snapshot.resources)
+        waits = {waiter: dict(edges) for waiter, edges in snapshot.waits.items()}
         for node in lazy:
-            parent = transactions.get(node.parent.id)
+            parent_id = node.parent.id
+            parent = transactions.get(parent_id)
             if parent is None:
                 continue                       # the parent's abort reached the lock manager
-            transactions[node.id] = dataclasses.replace(parent, tid=node.id, parent=node.parent.id)
+            transactions[node.id] = dataclasses.replace(parent, tid=node.id, parent=parent_id)
+            moved = set()
             for resource, holders in resources.items():
-                mode = holders.held.get(node.parent.id)
+                mode = holders.held.get(parent_id)
                 if mode is not None:
-                    held = {tid: held_mode for tid, held_mode in holders.held.items() if tid != node.parent.id}
+                    held = {tid: held_mode for tid, held_mode in holders.held.items() if tid != parent_id}
                     held[node.id] = mode
                     resources[resource] = dataclasses.replace(holders, held=types.MappingProxyType(held))
+                    moved.add(resource)
+            for edges in waits.values():       # "waits for the holder of r": the lazy node holds r
+                edge = edges.get(parent_id)
+                if edge is not None and edge[1] in moved:
+                    edges[node.id] = edges.pop(parent_id)
         return dataclasses.replace(snapshot, transactions=types.MappingProxyType(transactions),
-                                   resources=types.MappingProxyType(resources))
+                                   resources=types.MappingProxyType(resources),
+                                   waits=types.MappingProxyType({waiter: types.MappingProxyType(edges)
+                                                                 for waiter, edges in waits.items()}))
 
     def holders(self, table: str, key: Any = None) -> lockmgr.Holders:
         """Who holds, retains and waits for a row (or, with ``key=None``, the table) — for tests and tools."""
