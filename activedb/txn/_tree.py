@@ -545,7 +545,8 @@ class Transaction:
             # COMMITTING: no operation of this node runs any more, so what its own operations hold
             # becomes retained before it waits for its children (they may need those rows).
             manager.locking.release_holds(self)
-            self.wait_children()
+            if self._tasks:                # only spawned children have tasks (an inline child has ended)
+                self.wait_children()
             if self._doomed is not None:
                 raise TransactionAborted(f"transaction {self.id} was aborted ({self._doomed})") from self._doomed
             if self.parent is not None:
