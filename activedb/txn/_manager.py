@@ -84,11 +84,13 @@ class TransactionManager:
     @contextlib.contextmanager
     def transaction(self, *, name: str | None = None, participants: Iterable[CommitParticipant] = (),
                     read_base: ReadBase | None = None,
-                    prepare: Callable[[Transaction], None] | None = None) -> Iterator[Transaction]:
+                    prepare: Callable[[Transaction], None] | None = None,
+                    update_intent: frozenset = frozenset()) -> Iterator[Transaction]:
         """``with manager.transaction() as tx:`` — a top-level transaction, committed when the block ends
         normally and aborted when it raises.  ``prepare(tx)`` runs before the extensions hear of its begin
-        (the rule manager uses it to attach the firing a detached rule runs)."""
-        transaction = Transaction(self, None, name=name, read_base=read_base)
+        (the rule manager uses it to attach the firing a detached rule runs).  ``update_intent``: tables
+        whose plain reads take update intent in this tree (``Database.run``'s hot-key learning)."""
+        transaction = Transaction(self, None, name=name, read_base=read_base, update_intent=update_intent)
         outer = self.current()
         nesting = None
         with self._live_mutex:
