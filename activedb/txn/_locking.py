@@ -94,13 +94,16 @@ class Locking:
             _raise_aborted(node, error)
         node._holds, parent._holds = parent._holds, False
         node._lazy = False
+        parent._lazy_child = None
 
     def commit(self, node: "Transaction") -> None:
         """Rule 2 (a subtransaction: the parent retains what it held and retained) or Rule 3 (top-level:
         release everything).  Precondition: its holds are retained and every child ended.  A lazy node's
         locks are already its parent's holds: they become the parent's retains (Rule 2 exactly)."""
         if node._lazy:
-            self.release_holds(node.parent)
+            parent = node.parent
+            parent._lazy_child = None
+            self.release_holds(parent)
             return
         try:
             self.lock_manager.commit(node.id)
@@ -113,6 +116,7 @@ class Locking:
         try:
             if node._lazy:
                 parent = node.parent
+                parent._lazy_child = None
                 if parent._holds:
                     parent._holds = False
                     self.lock_manager.drop_holds(parent.id)
@@ -144,6 +148,10 @@ class Locking:
             if granted:
                 return
             node.materialize()
+        elif node._lazy_child is not None:
+            # The node itself locks while its lazy child runs (its own object used inside the child's
+            # block): its holds must be its own again, so the child takes its locks with it first.
+            self.materialize(node._lazy_child)
         timeout = self.lock_timeout
         tid = node.id
         node._holds = True
@@ -164,6 +172,8 @@ class Locking:
         """What ``node``'s own operations hold becomes *retained*, in place (``LockManager.retain``): its
         descendants may have those rows (Rule 1), other trees still may not.  Called by the thread running
         the node before it creates a child, waits for its children, or commits."""
+        if node._lazy_child is not None:
+            self.materialize(node._lazy_child)    # what the node holds is its lazy child's: hand it down
         if node._holds and not node._lazy:
             node._holds = False
             try:

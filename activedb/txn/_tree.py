@@ -91,7 +91,7 @@ class Transaction:
 
     __slots__ = ("manager", "parent", "root", "depth", "id", "name", "began_at", "info", "subtransactions_committed",
                  "_mutex", "_state", "_children", "_tasks", "_writes", "_db_reads", "_scans", "_participants",
-                 "_slots", "_doomed", "_thread", "_read_base", "_holds", "_lazy", "_update_intent", "_plain_reads",
+                 "_slots", "_doomed", "_thread", "_read_base", "_holds", "_lazy", "_lazy_child", "_update_intent", "_plain_reads",
                  "_read_then_written", "__weakref__")
 
     def __init__(self, manager: "TransactionManager", parent: "Transaction | None", *,
@@ -134,6 +134,8 @@ class Transaction:
         # True while this inline child has no lock-manager transaction of its own: its locks are taken in
         # its parent's name (README, "Lazy inline subtransactions"); ``materialize`` ends it.
         self._lazy = lazy
+        # This node's live lazy child, if any (while it runs, what this node holds is the child's).
+        self._lazy_child: Transaction | None = None
         # Hot keys (the root's): tables whose plain reads take update intent in this tree (learned by
         # ``Database.run`` from an attempt that read rows of them, wrote them and failed), and what this
         # tree teaches: the rows it read plainly, the tables of those it then wrote.
@@ -424,6 +426,8 @@ class Transaction:
         # Lazy: an inline child of a node with no other live child (so no sibling can conflict with it).
         lazy = inline and manager.lazy_subtransactions and not self._children
         child = Transaction(manager, self, name=name, inline=inline, lazy=lazy)
+        if lazy:
+            self._lazy_child = child
         with self._mutex:
             self._children[child.id] = child
         manager = self.manager

@@ -146,3 +146,40 @@ def test_rule_programs_behave_alike_with_lazy_and_materialized_subtransactions(d
         db.transactions.lazy_subtransactions = True
     assert lazy == materialized
     assert db.transactions.locks.statistics().transactions == 0     # nothing left in the lock manager
+
+
+def _picture(db, names: dict) -> dict:
+    """The lock table (``lock_snapshot``: lazy nodes as themselves) with ids replaced by ``names``."""
+    snapshot = db.transactions.lock_snapshot()
+    return {resource: ({names.get(tid, "?"): mode.name for tid, mode in holders.held.items()},
+                       {names.get(tid, "?"): mode.name for tid, mode in holders.retained.items()})
+            for resource, holders in snapshot.resources.items() if holders}
+
+
+@pytest.mark.parametrize("lazy", [True, False], ids=["lazy", "materialized"])
+def test_a_parent_locking_while_its_child_runs_keeps_its_own_lock_when_the_child_aborts(db, lazy):
+    """The parent's object used inside its inline child's block: the parent's own lock is its own (the
+    lazy child materializes first and takes its locks with it), so the child's abort releases only the
+    child's.  Same pictures in both representations."""
+    db.transactions.lazy_subtransactions = lazy
+    pictures = []
+    try:
+        with db.transaction() as tx:
+            names = {tx.id: "parent"}
+            try:
+                with tx.subtransaction() as child:
+                    names[child.id] = "child"
+                    child.write("items", "a", value=5)
+                    tx.read("items", "b")
+                    pictures.append(_picture(db, names))
+                    raise Planned("child")
+            except Planned:
+                pass
+            pictures.append(_picture(db, names))
+    finally:
+        db.transactions.lazy_subtransactions = True
+    inside, after = pictures
+    assert inside[("row", "items", ("a",))] == ({"child": "WRITE"}, {})
+    assert inside[("row", "items", ("b",))] == ({"parent": "READ"}, {})
+    assert ("row", "items", ("a",)) not in after                       # Rule 4: the child's lock is gone
+    assert after[("row", "items", ("b",))] == ({"parent": "READ"}, {})  # the parent's stays
