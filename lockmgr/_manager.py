@@ -208,6 +208,9 @@ class _Stripe:
 
 
 _FREE_LOCKS_PER_STRIPE = 16
+# What a transaction's own table lock already gives a tuple request (``LockManager._tuple_request``).
+_COVERED = "covered"
+_INTENTION_HELD = "intention held"
 # A new entry on a lock with this many entries, or a re-evaluation of its queue, first folds the entries of
 # committed subtransactions into their owners' (``_fold``): a lock that many committed members touched
 # shrinks back to about one entry per owner, at a cost amortized over the entries it folds.  (Tests set it
@@ -637,26 +640,14 @@ class LockManager:
         ``(table, key)``, or ``resource`` if given (an embedder's own naming); ``timeout`` applies to each
         of the two requests.
         """
-        intention = INTENTION_FOR.get(mode)
-        if intention is None:
-            raise ValueError(f"acquire_tuple takes Mode.READ, Mode.UPDATE or Mode.WRITE, not {mode!r}")
-        if resource is None:
-            resource = (table, key)
-        txn = self._active.get(tid)
-        if txn is not None:
-            # A hint read of tid's own table entry without its mutex: a stale answer only means taking
-            # the full path below.
-            table_lock = txn.locks.get(table)
-            table_mode = None if table_lock is None else table_lock.held.get(txn)
-            if table_mode is not None and txn.state is ACTIVE:
-                covers = COVERS[table_mode]
-                if covers[mode]:
-                    return  # e.g. a table READ already covers reading every tuple
-                if covers[intention]:
-                    if _fast_grant(self._stripes[hash(resource) & self._stripe_mask], txn, resource, mode):
-                        return
-                    self._acquire_slow(tid, resource, mode, timeout)
-                    return
+        intention, resource, txn, held = self._tuple_request(tid, table, key, mode, resource, "acquire_tuple")
+        if held is _COVERED:
+            return  # e.g. a table READ already covers reading every tuple
+        if held is _INTENTION_HELD:
+            if _fast_grant(self._stripes[hash(resource) & self._stripe_mask], txn, resource, mode):
+                return
+            self._acquire_slow(tid, resource, mode, timeout)
+            return
         self.acquire(tid, table, intention, timeout)
         self.acquire(tid, resource, mode, timeout)
 
@@ -664,9 +655,20 @@ class LockManager:
                           resource: Hashable | None = None) -> bool:
         """``acquire_tuple`` that never blocks: True if the tuple (and its intention lock) is granted now,
         False otherwise (nothing is queued; an intention lock granted before the refusal stays)."""
+        intention, resource, _, held = self._tuple_request(tid, table, key, mode, resource, "try_acquire_tuple")
+        if held is _COVERED:
+            return True
+        if held is _INTENTION_HELD:
+            return self.try_acquire(tid, resource, mode)
+        return self.try_acquire(tid, table, intention) and self.try_acquire(tid, resource, mode)
+
+    def _tuple_request(self, tid: Hashable, table: Hashable, key: Hashable, mode: Mode, resource: Hashable | None,
+                       operation: str) -> tuple:
+        """``(intention, resource, txn, what tid's table lock already gives)`` for a tuple request: a hint
+        read of tid's own table entry without its mutex (a stale answer only means the full path)."""
         intention = INTENTION_FOR.get(mode)
         if intention is None:
-            raise ValueError(f"try_acquire_tuple takes Mode.READ, Mode.UPDATE or Mode.WRITE, not {mode!r}")
+            raise ValueError(f"{operation} takes Mode.READ, Mode.UPDATE or Mode.WRITE, not {mode!r}")
         if resource is None:
             resource = (table, key)
         txn = self._active.get(tid)
@@ -676,10 +678,10 @@ class LockManager:
             if table_mode is not None and txn.state is ACTIVE:
                 covers = COVERS[table_mode]
                 if covers[mode]:
-                    return True
+                    return intention, resource, txn, _COVERED
                 if covers[intention]:
-                    return self.try_acquire(tid, resource, mode)
-        return self.try_acquire(tid, table, intention) and self.try_acquire(tid, resource, mode)
+                    return intention, resource, txn, _INTENTION_HELD
+        return intention, resource, txn, None
 
     def downgrade(self, tid: Hashable, resource: Hashable, mode: Mode) -> None:
         """Rule 5: weaken the mode ``tid`` holds on ``resource`` to ``mode``; ``tid`` then retains the old

@@ -181,7 +181,8 @@ def _counter_rule(database, count: int, size: int) -> float:
     return time.perf_counter() - start
 
 
-def _counter_trigger(database, count: int, size: int) -> float:
+def _counter_peer(database, count: int, size: int, apply_batch) -> float:
+    """Seconds for ``apply_batch(cursor, keys)`` per batch of ``size`` events, one psycopg transaction each."""
     keys = max(1, count // 10)
     raw = database.engine.raw_connection()
     try:
@@ -189,31 +190,30 @@ def _counter_trigger(database, count: int, size: int) -> float:
         start = time.perf_counter()
         for first in range(0, count, size):
             with connection.cursor() as cursor:
-                with cursor.copy("COPY bench_counter_events (key) FROM STDIN") as copy:
-                    for number in range(first, min(count, first + size)):
-                        copy.write_row((number % keys,))
+                apply_batch(cursor, [number % keys for number in range(first, min(count, first + size))])
             connection.commit()
         return time.perf_counter() - start
     finally:
         raw.close()
+
+
+def _copy_into_trigger_table(cursor, keys: list[int]) -> None:
+    with cursor.copy("COPY bench_counter_events (key) FROM STDIN") as copy:
+        for key in keys:
+            copy.write_row((key,))
+
+
+def _executemany_upsert(cursor, keys: list[int]) -> None:
+    cursor.executemany("INSERT INTO bench_counters (key, n) VALUES (%s, 1) "
+                       "ON CONFLICT (key) DO UPDATE SET n = bench_counters.n + 1", [(key,) for key in keys])
+
+
+def _counter_trigger(database, count: int, size: int) -> float:
+    return _counter_peer(database, count, size, _copy_into_trigger_table)
 
 
 def _counter_executemany(database, count: int, size: int) -> float:
-    keys = max(1, count // 10)
-    raw = database.engine.raw_connection()
-    try:
-        connection = raw.driver_connection
-        start = time.perf_counter()
-        for first in range(0, count, size):
-            with connection.cursor() as cursor:
-                cursor.executemany(
-                    "INSERT INTO bench_counters (key, n) VALUES (%s, 1) "
-                    "ON CONFLICT (key) DO UPDATE SET n = bench_counters.n + 1",
-                    [(number % keys,) for number in range(first, min(count, first + size))])
-            connection.commit()
-        return time.perf_counter() - start
-    finally:
-        raw.close()
+    return _counter_peer(database, count, size, _executemany_upsert)
 
 
 def _compare_counters(database, report: BenchReport, count: int, size: int, repeat: int) -> None:
