@@ -104,12 +104,9 @@ class AbortRequested(Exception):
     """Raised in a node's body when the test tells it to abort."""
 
 
-@pytest.fixture(scope="module", params=["lazy", "materialized"])
-def db(request, database_url):
-    """Both representations of inline subtransactions (``lazy``: no lock-manager transaction until one
-    is needed; ``materialized``: every node registered from its start) must match the one model."""
+@pytest.fixture(scope="module")
+def db(database_url):
     database = activedb.connect(database_url, record_history=True)
-    database.transactions.lazy_subtransactions = request.param == "lazy"
     database.upgrade_app(APP_MIGRATIONS)
     yield database
     database.close()
@@ -689,6 +686,16 @@ def _diff(what: str, actual: dict, expected: dict) -> str:
         if actual.get(key) != expected.get(key):
             lines.append(f"  {what} {key!r}: real {actual.get(key)!r} model {expected.get(key)!r}")
     return "\n".join(lines)
+
+
+@pytest.fixture(autouse=True, params=["lazy", "materialized"])
+def representation(request, db):
+    """Both representations of inline subtransactions (``lazy``: no lock-manager transaction until one
+    is needed; ``materialized``: every node registered from its start) must match the one model."""
+    saved = db.transactions.lazy_subtransactions
+    db.transactions.lazy_subtransactions = request.param == "lazy"
+    yield request.param
+    db.transactions.lazy_subtransactions = saved
 
 
 @pytest.mark.timeout(600)
