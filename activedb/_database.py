@@ -149,6 +149,8 @@ class Database:
         self.engine = engine
         self.embedded = embedded
         self._closed = False
+        # Hot keys: per function run by ``run``, the tables whose plain reads it learned to make for update.
+        self._update_intent: dict[Any, frozenset] = {}
         self.catalog = Catalog(engine, self.describe)
         self.transactions = TransactionManager(self.catalog, snapshot_on_deadlock=explain_deadlocks,
                                                **transaction_options)
@@ -277,15 +279,30 @@ class Database:
         back-off starting at ``backoff`` seconds (so that the transactions that collided do not collide
         again in lock step).  An attempt that is re-run is not an outcome for the rules: the detached and
         exclusive causally dependent firings of an aborted attempt are dropped (the attempt that commits
-        fires its own; see :meth:`activedb.outbox.Outbox.mark_replayed`)."""
+        fires its own; see :meth:`activedb.outbox.Outbox.mark_replayed`).
+
+        Hot keys: when an attempt that read rows and then wrote them fails this way, the tables of those
+        rows are learned for ``function`` (per function, in this ``Database``): from then on its plain
+        ``tx.read`` of them reads for update (``for_update=True``), so that two runs queue at the read
+        instead of colliding when both convert their read locks to write locks."""
+        self._check_open()
+        site = getattr(function, "__code__", function)
+        learned = self._update_intent.get(site, frozenset())
         for attempt in range(retries + 1):
+            attempted = None
             try:
-                with self.transaction() as transaction:
+                with self.transactions.transaction(update_intent=learned) as transaction:
+                    attempted = transaction
                     if attempt < retries:
                         # An attempt this loop re-runs leaves nothing behind, detached firings included.
                         self.outbox.mark_replayed(transaction, when=_retried)
                     return function(transaction, *args, **kwargs)
             except (SerializationConflict, Deadlock):
+                if attempted is not None and not attempted.read_then_written() <= learned:
+                    learned = learned | attempted.read_then_written()
+                    if len(self._update_intent) >= 4096:     # bounded: functions made on the fly
+                        self._update_intent.clear()
+                    self._update_intent[site] = learned
                 if attempt == retries:
                     raise
                 # Jittered back-off between retries (not used to order threads).

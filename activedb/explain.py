@@ -420,7 +420,7 @@ def explain(db: "Database", *, deadlock: BaseException | None = None, also: Iter
     found = find_deadlock(deadlock) if deadlock is not None else None
     snapshot = getattr(found, "snapshot", None)
     if snapshot is None:
-        snapshot = db.transactions.locks.snapshot()
+        snapshot = db.transactions.lock_snapshot()     # lazy inline subtransactions shown as themselves
     roots = list(db.transactions.live_transactions()) + [node.root for node in also]
     known = _known_transactions(roots)
     cycle = found.cycle if found is not None else ()

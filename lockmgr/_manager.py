@@ -208,6 +208,9 @@ class _Stripe:
 
 
 _FREE_LOCKS_PER_STRIPE = 16
+# What a transaction's own table lock already gives a tuple request (``LockManager._tuple_request``).
+_COVERED = "covered"
+_INTENTION_HELD = "intention held"
 # A new entry on a lock with this many entries, or a re-evaluation of its queue, first folds the entries of
 # committed subtransactions into their owners' (``_fold``): a lock that many committed members touched
 # shrinks back to about one entry per owner, at a cost amortized over the entries it folds.  (Tests set it
@@ -637,28 +640,48 @@ class LockManager:
         ``(table, key)``, or ``resource`` if given (an embedder's own naming); ``timeout`` applies to each
         of the two requests.
         """
+        intention, resource, txn, held = self._tuple_request(tid, table, key, mode, resource, "acquire_tuple")
+        if held is _COVERED:
+            return  # e.g. a table READ already covers reading every tuple
+        if held is _INTENTION_HELD:
+            if _fast_grant(self._stripes[hash(resource) & self._stripe_mask], txn, resource, mode):
+                return
+            self._acquire_slow(tid, resource, mode, timeout)
+            return
+        self.acquire(tid, table, intention, timeout)
+        self.acquire(tid, resource, mode, timeout)
+
+    def try_acquire_tuple(self, tid: Hashable, table: Hashable, key: Hashable, mode: Mode,
+                          resource: Hashable | None = None) -> bool:
+        """``acquire_tuple`` that never blocks: True if the tuple (and its intention lock) is granted now,
+        False otherwise (nothing is queued; an intention lock granted before the refusal stays)."""
+        intention, resource, _, held = self._tuple_request(tid, table, key, mode, resource, "try_acquire_tuple")
+        if held is _COVERED:
+            return True
+        if held is _INTENTION_HELD:
+            return self.try_acquire(tid, resource, mode)
+        return self.try_acquire(tid, table, intention) and self.try_acquire(tid, resource, mode)
+
+    def _tuple_request(self, tid: Hashable, table: Hashable, key: Hashable, mode: Mode, resource: Hashable | None,
+                       operation: str) -> tuple:
+        """``(intention, resource, txn, what tid's table lock already gives)`` for a tuple request: a hint
+        read of tid's own table entry without its mutex (a stale answer only means the full path)."""
         intention = INTENTION_FOR.get(mode)
         if intention is None:
-            raise ValueError(f"acquire_tuple takes Mode.READ, Mode.UPDATE or Mode.WRITE, not {mode!r}")
+            raise ValueError(f"{operation} takes Mode.READ, Mode.UPDATE or Mode.WRITE, not {mode!r}")
         if resource is None:
             resource = (table, key)
         txn = self._active.get(tid)
         if txn is not None:
-            # A hint read of tid's own table entry without its mutex: a stale answer only means taking
-            # the full path below.
             table_lock = txn.locks.get(table)
             table_mode = None if table_lock is None else table_lock.held.get(txn)
             if table_mode is not None and txn.state is ACTIVE:
                 covers = COVERS[table_mode]
                 if covers[mode]:
-                    return  # e.g. a table READ already covers reading every tuple
+                    return intention, resource, txn, _COVERED
                 if covers[intention]:
-                    if _fast_grant(self._stripes[hash(resource) & self._stripe_mask], txn, resource, mode):
-                        return
-                    self._acquire_slow(tid, resource, mode, timeout)
-                    return
-        self.acquire(tid, table, intention, timeout)
-        self.acquire(tid, resource, mode, timeout)
+                    return intention, resource, txn, _INTENTION_HELD
+        return intention, resource, txn, None
 
     def downgrade(self, tid: Hashable, resource: Hashable, mode: Mode) -> None:
         """Rule 5: weaken the mode ``tid`` holds on ``resource`` to ``mode``; ``tid`` then retains the old
@@ -716,6 +739,57 @@ class LockManager:
                         _retain_entry(lock, txn)
                         events.extend(self._reevaluate(lock))
                 self._resolve(events)
+
+    def drop_holds(self, tid: Hashable) -> None:
+        """Release what ``tid`` *holds*, keep what it retains: Rule 4 for a savepoint.  An embedder that
+        runs a subtransaction lazily (without a transaction of its own here) takes that subtransaction's
+        locks in its parent's name, after making the parent's own holds retained; when the
+        subtransaction aborts, the parent's holds are exactly its locks, and this releases them.  Waiters
+        that Rule 1 now admits are granted."""
+        with self._graph_mutex:
+            txn = self._require_active(tid, "drop_holds")
+            with txn.mutex:
+                holding, txn.holding = txn.holding, {}
+            events: list = []
+            for resource, lock in holding.items():
+                with lock.stripe.mutex:
+                    lock.held.pop(txn, None)
+                    if not (lock.retained and txn in lock.retained):
+                        with txn.mutex:
+                            txn.locks.pop(resource, None)
+                    events.extend(self._reevaluate(lock))
+                    _discard_if_empty(lock)
+            self._resolve(events)
+
+    def hand_down(self, tid: Hashable, child: Hashable) -> None:
+        """Move everything ``tid`` holds to its active ``child``, which then holds it in the same modes;
+        ``tid`` keeps what it retains.  For an embedder whose lazily run subtransaction took its locks in
+        its parent's name (see ``drop_holds``) and now gets a transaction of its own here: afterwards the
+        locks are the child's, exactly as if it had acquired them itself.  Wait edges that named ``tid``
+        as the holder now name ``child`` (and are checked for cycles)."""
+        with self._graph_mutex:
+            txn = self._require_active(tid, Lazy("hand its holds down to {!r}", child))
+            heir = self._require_active(child, Lazy("take the holds of {!r}", tid))
+            if heir.parent is not txn:
+                raise ValueError(f"hand_down: {child!r} is not a child of {tid!r}")
+            with txn.mutex:
+                holding, txn.holding = txn.holding, {}
+            events: list = []
+            for resource, lock in holding.items():
+                with lock.stripe.mutex:
+                    mode = lock.held.pop(txn, None)
+                    if mode is None:
+                        continue
+                    current = lock.held.get(heir)
+                    lock.held[heir] = mode if current is None else JOIN[current][mode]
+                    with heir.mutex:
+                        heir.locks[resource] = lock
+                        heir.holding[resource] = lock
+                    if not (lock.retained and txn in lock.retained):
+                        with txn.mutex:
+                            txn.locks.pop(resource, None)
+                    events.extend(self._reevaluate(lock))
+            self._resolve(events)
 
     # ------------------------------------------------------------------ registered waits
 

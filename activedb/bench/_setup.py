@@ -15,5 +15,5 @@ def connect(**options) -> activedb.Database:
     database = activedb.connect(**options)
     database.upgrade_app(MIGRATIONS)
     with database.engine.begin() as connection:
-        connection.execute(sa.text("TRUNCATE bench_objects, bench_rows"))
+        connection.execute(sa.text("TRUNCATE bench_objects, bench_rows, bench_counters"))
     return database

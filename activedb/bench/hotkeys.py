@@ -8,7 +8,9 @@ Workload: ``THREADS`` threads increment ``COUNTERS`` counters (rows of ``bench_o
   lock in the lock manager, the row locked ``FOR UPDATE`` in PostgreSQL on the tree's connection, the
   flush in that transaction;
 * **activedb, plain read** — ``tx.read`` then ``tx.write`` (what an application wrote before the update
-  lock existed): both readers convert to WRITE and one is a deadlock victim, re-run by ``db.run``.
+  lock existed): both readers convert to WRITE and one is a deadlock victim (or, across processes, fails
+  validation), re-run by ``db.run`` — which learns from that failure to read the table for update in
+  every later run of the function (the first failures of each process are the price).
 
 Each runs for ``seconds`` in one process, then again in ``PROCESSES`` processes (each with ``THREADS``
 threads; started, then released together through their stdin), measuring commits/s, re-runs and
@@ -33,7 +35,8 @@ from activedb.bench.report import BenchReport, Row
 THREADS = 8
 COUNTERS = 4
 PROCESSES = 3
-GOAL = 0.5
+GOAL = 0.6              # update lock vs psycopg FOR UPDATE
+PLAIN_GOAL = 0.3        # plain read-then-write re-run by db.run vs psycopg FOR UPDATE, several processes
 MODES = ("psycopg", "update-lock", "plain-read")
 
 
@@ -203,8 +206,9 @@ def run(quick: bool = False) -> BenchReport:
                 name=f"{THREADS} threads x {COUNTERS} counters, {where}: activedb {mode} vs psycopg FOR UPDATE",
                 value=figures["rate"], unit="commits/s", baseline_name="psycopg SELECT ... FOR UPDATE + UPDATE",
                 baseline=baseline["rate"], ratio=ratio,
-                target=f">= {GOAL} of psycopg" if mode == "update-lock" else None,
-                met=(ratio >= GOAL) if mode == "update-lock" else None,
+                target=(f">= {GOAL} of psycopg" if mode == "update-lock"
+                        else f">= {PLAIN_GOAL} of psycopg" if processes > 1 else None),
+                met=(ratio >= GOAL if mode == "update-lock" else ratio >= PLAIN_GOAL if processes > 1 else None),
                 extra={**{key: value for key, value in figures.items() if key != "rate"},
                        "baseline_p50_ms": baseline["p50_ms"], "baseline_p99_ms": baseline["p99_ms"]}))
     report.notes.append(f"{seconds:g} s per run; threads per process {THREADS}; counters {COUNTERS}; "

@@ -11,9 +11,15 @@
   the whole life of an inline child (``awaited`` at ``begin``), and while ``TransactionManager.waiting``
   says so for a spawned one — so a child waiting for a row its *running* parent holds is a wait, not a
   reported deadlock: the parent retains the row before it waits for the child.
-* **Errors.** Lock-manager errors are translated here, and only here: ``Deadlock`` and ``LockTimeout`` doom
-  the node (it and its subtree must abort) and propagate; any other error of an aborted node becomes
-  :class:`activedb.errors.TransactionAborted`.
+* **Lazy inline subtransactions.** An inline child that starts lazy has no lock-manager transaction: its
+  requests are asked in its parent's name without waiting, its commit makes the parent's holds retained,
+  its abort drops them; it materializes (``materialize``: begin, then ``hand_down``) before it waits or
+  creates a child.  The invariant and the proof are in ``README.md``.
+* **Errors.** Lock-manager errors are translated here: ``Deadlock`` and ``LockTimeout`` doom
+  the node (it and its subtree must abort) and propagate; any other error of an aborted node (also one
+  begun just after its ancestor's abort reached the lock manager: ``begin``, ``commit``, a lazy node's
+  requests) becomes :class:`activedb.errors.TransactionAborted`.  (``TransactionManager`` translates the
+  same way where it registers waits.)
 
 Thread-safety: ``_mutex`` protects ``_granularity``.  Only the thread running a node acquires locks for
 it or makes its holds retained (``Transaction._thread``).
@@ -21,8 +27,10 @@ it or makes its holds retained (``Transaction._thread``).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import threading
+import types
 from typing import TYPE_CHECKING, Any
 
 import lockmgr
@@ -60,18 +68,59 @@ class Locking:
     # --- the node's life in the lock manager ------------------------------------------------------
 
     def begin(self, node: "Transaction", *, awaited: bool = False) -> None:
-        """Register ``node``; ``awaited``: its parent waits for it all its life (an inline child)."""
+        """Register ``node``; ``awaited``: its parent waits for it all its life (an inline child).  A lazy
+        node (``node._lazy``) is not registered until it materializes (see ``materialize``)."""
+        if node._lazy:
+            return
         parent = node.parent
-        self.lock_manager.begin(node.id, parent=parent.id if parent is not None else None, awaited=awaited)
+        try:
+            self.lock_manager.begin(node.id, parent=parent.id if parent is not None else None, awaited=awaited)
+        except lockmgr.TransactionNotActive as error:
+            # An ancestor's abort reached the lock manager between the parent's last check and this begin
+            # (``doom`` comes first, so the parent is doomed): refuse the child with activedb's error.
+            _raise_aborted(parent, error)
+
+    def materialize(self, node: "Transaction") -> None:
+        """Give the lazy ``node`` its own lock-manager transaction (an awaited child of its parent) and
+        hand it the locks it took in its parent's name: afterwards the lock table is exactly what it would
+        be had ``node`` been registered from the start (see README, "Lazy inline subtransactions")."""
+        parent = node.parent
+        locks = self.lock_manager
+        try:
+            locks.begin(node.id, parent=parent.id, awaited=True)
+            if parent._holds:
+                locks.hand_down(parent.id, node.id)
+        except lockmgr.TransactionNotActive as error:
+            _raise_aborted(node, error)
+        node._holds, parent._holds = parent._holds, False
+        node._lazy = False
+        parent._lazy_child = None
 
     def commit(self, node: "Transaction") -> None:
         """Rule 2 (a subtransaction: the parent retains what it held and retained) or Rule 3 (top-level:
-        release everything).  Precondition: its holds are retained and every child ended."""
-        self.lock_manager.commit(node.id)
+        release everything).  Precondition: its holds are retained and every child ended.  A lazy node's
+        locks are already its parent's holds: they become the parent's retains (Rule 2 exactly)."""
+        if node._lazy:
+            parent = node.parent
+            parent._lazy_child = None
+            self.release_holds(parent)
+            return
+        try:
+            self.lock_manager.commit(node.id)
+        except lockmgr.TransactionNotActive as error:
+            _raise_aborted(node, error)
 
     def abort(self, node: "Transaction") -> None:
-        """Rule 4 for the node and its active descendants."""
+        """Rule 4 for the node and its active descendants (a lazy node: what it took in its parent's name,
+        which is exactly what the parent holds)."""
         try:
+            if node._lazy:
+                parent = node.parent
+                parent._lazy_child = None
+                if parent._holds:
+                    parent._holds = False
+                    self.lock_manager.drop_holds(parent.id)
+                return
             self.lock_manager.abort(node.id)
         except lockmgr.LockError:
             pass   # already gone with an aborted ancestor
@@ -81,8 +130,29 @@ class Locking:
     def acquire(self, node: "Transaction", info: "TableInfo", key: "Key | None", mode: Mode) -> None:
         """Lock ``key`` of ``info`` (``None``: the whole table) in ``mode`` for ``node``'s own operation."""
         locks = self.lock_manager
-        timeout = self.lock_timeout
         name = info.name
+        if node._lazy:
+            # In the parent's name, never waiting: granted now exactly when it would be granted to the node
+            # (the parent holds nothing else and has no other live child); else the node materializes.
+            parent = node.parent
+            table_level = key is None or self._granularity.get(name) is Granularity.TABLE
+            try:
+                if table_level:
+                    granted = locks.try_acquire(parent.id, ("table", name), mode)
+                else:
+                    granted = locks.try_acquire_tuple(parent.id, ("table", name), key, mode,
+                                                      resource=("row", name, key))
+            except lockmgr.LockError as error:
+                _raise_aborted(node, error)
+            parent._holds = True
+            if granted:
+                return
+            node.materialize()
+        elif node._lazy_child is not None:
+            # The node itself locks while its lazy child runs (its own object used inside the child's
+            # block): its holds must be its own again, so the child takes its locks with it first.
+            self.materialize(node._lazy_child)
+        timeout = self.lock_timeout
         tid = node.id
         node._holds = True
         try:
@@ -95,14 +165,16 @@ class Locking:
             raise
         except lockmgr.LockError as error:
             if node._doomed is not None:
-                raise TransactionAborted(f"transaction {node.id} was aborted ({node._doomed})") from error
+                _raise_aborted(node, error)
             raise
 
     def release_holds(self, node: "Transaction") -> None:
         """What ``node``'s own operations hold becomes *retained*, in place (``LockManager.retain``): its
         descendants may have those rows (Rule 1), other trees still may not.  Called by the thread running
         the node before it creates a child, waits for its children, or commits."""
-        if node._holds:
+        if node._lazy_child is not None:
+            self.materialize(node._lazy_child)    # what the node holds is its lazy child's: hand it down
+        if node._holds and not node._lazy:
             node._holds = False
             try:
                 self.lock_manager.retain(node.id)
@@ -112,6 +184,49 @@ class Locking:
                 if node._doomed is None:
                     raise
 
+    @staticmethod
+    def logical_snapshot(snapshot: lockmgr.LockTableSnapshot, lazy: "list[Transaction]") -> lockmgr.LockTableSnapshot:
+        """``snapshot`` with each node of ``lazy`` (live lazy nodes) in place: it is a transaction, and
+        what its parent holds it holds (the parent holds nothing else while it has a lazy child)."""
+        if not lazy:
+            return snapshot
+        transactions = dict(snapshot.transactions)
+        resources = dict(snapshot.resources)
+        waits = {waiter: dict(edges) for waiter, edges in snapshot.waits.items()}
+        for node in lazy:
+            parent_id = node.parent.id
+            parent = transactions.get(parent_id)
+            if parent is None:
+                continue                       # the parent's abort reached the lock manager
+            transactions[node.id] = dataclasses.replace(parent, tid=node.id, parent=parent_id)
+            moved = set()
+            for resource, holders in resources.items():
+                mode = holders.held.get(parent_id)
+                if mode is not None:
+                    held = {tid: held_mode for tid, held_mode in holders.held.items() if tid != parent_id}
+                    held[node.id] = mode
+                    resources[resource] = dataclasses.replace(holders, held=types.MappingProxyType(held))
+                    moved.add(resource)
+            for edges in waits.values():       # "waits for the holder of r": the lazy node holds r
+                edge = edges.get(parent_id)
+                if edge is not None and edge[1] in moved:
+                    edges[node.id] = edges.pop(parent_id)
+        return dataclasses.replace(snapshot, transactions=types.MappingProxyType(transactions),
+                                   resources=types.MappingProxyType(resources),
+                                   waits=types.MappingProxyType({waiter: types.MappingProxyType(edges)
+                                                                 for waiter, edges in waits.items()}))
+
     def holders(self, table: str, key: Any = None) -> lockmgr.Holders:
         """Who holds, retains and waits for a row (or, with ``key=None``, the table) — for tests and tools."""
         return self.lock_manager.holders(("table", table) if key is None else ("row", table, key))
+
+
+def _raise_aborted(node: "Transaction", error: BaseException) -> None:
+    """Raise activedb's error for a lock-manager refusal of a doomed ``node`` (its ancestor's abort reached
+    the lock manager first), or the lock manager's own if ``node`` is not doomed (a bug: let it show)."""
+    tid, doomed = node.id, None
+    while node is not None and doomed is None:    # a node begun after the doom walk: its ancestor's
+        doomed, node = node._doomed, node.parent
+    if doomed is None:
+        raise error
+    raise TransactionAborted(f"transaction {tid} was aborted ({doomed}); start a new transaction") from error

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import lockmgr
 
+from activedb.errors import TransactionAborted
 from activedb.txn import _ids
 from activedb.txn._history import HistoryRecorder
 from activedb.txn._hooks import HookRegistry, Observer, TransactionExtension
@@ -47,6 +49,10 @@ class TransactionManager:
         self.locks = lockmgr.LockManager(victim_policy=victim_policy, commit_edges="declared",
                                          snapshot_on_deadlock=snapshot_on_deadlock)
         self.locking = Locking(self.locks, lock_timeout)
+        #: Inline subtransactions start lazy (no lock-manager transaction until they need one; see
+        #: README, "Lazy inline subtransactions").  ``ACTIVEDB_SUBTRANSACTIONS=materialized`` (or False
+        #: here) registers every node from its start, the reference the equivalence tests compare with.
+        self.lazy_subtransactions = os.environ.get("ACTIVEDB_SUBTRANSACTIONS", "lazy") != "materialized"
         self.pool = WorkerPool(max_workers)
         self.flush_retries = flush_retries
         self.recorder: HistoryRecorder | None = HistoryRecorder() if record_history else None
@@ -78,11 +84,13 @@ class TransactionManager:
     @contextlib.contextmanager
     def transaction(self, *, name: str | None = None, participants: Iterable[CommitParticipant] = (),
                     read_base: ReadBase | None = None,
-                    prepare: Callable[[Transaction], None] | None = None) -> Iterator[Transaction]:
+                    prepare: Callable[[Transaction], None] | None = None,
+                    update_intent: frozenset = frozenset()) -> Iterator[Transaction]:
         """``with manager.transaction() as tx:`` — a top-level transaction, committed when the block ends
         normally and aborted when it raises.  ``prepare(tx)`` runs before the extensions hear of its begin
-        (the rule manager uses it to attach the firing a detached rule runs)."""
-        transaction = Transaction(self, None, name=name, read_base=read_base)
+        (the rule manager uses it to attach the firing a detached rule runs).  ``update_intent``: tables
+        whose plain reads take update intent in this tree (``Database.run``'s hot-key learning)."""
+        transaction = Transaction(self, None, name=name, read_base=read_base, update_intent=update_intent)
         outer = self.current()
         nesting = None
         with self._live_mutex:
@@ -95,8 +103,18 @@ class TransactionManager:
                 # ends: ``outer`` waits for it.  Its own holds become retains (it runs no operation
                 # meanwhile), and the wait is an edge of the wait-for graph, so that the new transaction
                 # waiting for a row ``outer``'s tree keeps is a deadlock reported at once.
+                outer.materialize()
                 outer._before_waiting_for_children()
-                nesting = self.locks.add_wait(outer.id, [transaction.id], kind="nested")
+                try:
+                    nesting = self.locks.add_wait(outer.id, [transaction.id], kind="nested")
+                except lockmgr.TransactionNotActive as error:
+                    # ``outer``'s ancestor aborted (``doom`` came first): activedb's error, not the lock
+                    # manager's.
+                    if outer._doomed is None:
+                        raise
+                    raise TransactionAborted(
+                        f"transaction {outer.id} was aborted ({outer._doomed}); start a new transaction"
+                    ) from error
             with self.running(transaction):
                 if prepare is not None:
                     prepare(transaction)
@@ -119,6 +137,22 @@ class TransactionManager:
                 self._live.pop(transaction.id, None)
             if nesting is not None:
                 nesting.release()
+
+    def lock_snapshot(self) -> lockmgr.LockTableSnapshot:
+        """The lock table as the transaction trees see it: the lock manager's snapshot with every lazy
+        inline subtransaction shown as the transaction it stands for (what its parent holds is its own,
+        see README, "Lazy inline subtransactions") — the same picture whichever representation runs."""
+        snapshot = self.locks.snapshot()
+        with self._live_mutex:
+            pending = list(self._live.values())
+        lazy = []
+        while pending:
+            node = pending.pop()
+            children = node.children
+            pending.extend(children)
+            if node._lazy and node.state in _LIVE:
+                lazy.append(node)
+        return self.locking.logical_snapshot(snapshot, lazy)
 
     # --- what threads run and wait for ------------------------------------------------------------
 
@@ -176,6 +210,7 @@ class _Waiting:
         manager, node, kind, target = self.manager, self.node, self.kind, self.target
         waiter = manager.current()
         if waiter is not None:
+            waiter.materialize()    # a wait is an edge of the wait-for graph: the waiter must be in it
             waiter._before_waiting_for_children()
             if waiter.state in _LIVE:    # an aborting node waits for its children unregistered
                 targets = [target] if target is not None else [child.id for child in node.children]

@@ -91,10 +91,12 @@ class Transaction:
 
     __slots__ = ("manager", "parent", "root", "depth", "id", "name", "began_at", "info", "subtransactions_committed",
                  "_mutex", "_state", "_children", "_tasks", "_writes", "_db_reads", "_scans", "_participants",
-                 "_slots", "_doomed", "_thread", "_read_base", "_holds", "__weakref__")
+                 "_slots", "_doomed", "_thread", "_read_base", "_holds", "_lazy", "_lazy_child", "_update_intent", "_plain_reads",
+                 "_read_then_written", "__weakref__")
 
     def __init__(self, manager: "TransactionManager", parent: "Transaction | None", *,
-                 name: str | None = None, read_base: "ReadBase | None" = None, inline: bool = False):
+                 name: str | None = None, read_base: "ReadBase | None" = None, inline: bool = False,
+                 lazy: bool = False, update_intent: frozenset = frozenset()):
         self.manager = manager
         self.parent = parent
         self.root: Transaction = parent.root if parent is not None else self
@@ -129,6 +131,17 @@ class Transaction:
         self._holds = False
         # The tree's read base (see _view.ReadBase); only the root has one.
         self._read_base = (read_base or manager.read_base) if parent is None else None
+        # True while this inline child has no lock-manager transaction of its own: its locks are taken in
+        # its parent's name (README, "Lazy inline subtransactions"); ``materialize`` ends it.
+        self._lazy = lazy
+        # This node's live lazy child, if any (while it runs, what this node holds is the child's).
+        self._lazy_child: Transaction | None = None
+        # Hot keys (the root's): tables whose plain reads take update intent in this tree (learned by
+        # ``Database.run`` from an attempt that read rows of them, wrote them and failed), and what this
+        # tree teaches: the rows it read plainly, the tables of those it then wrote.
+        self._update_intent = update_intent
+        self._plain_reads: set | None = set() if parent is None else None
+        self._read_then_written: set | None = set() if parent is None else None
         manager.locking.begin(self, awaited=inline)
         recorder = manager.recorder
         if recorder:
@@ -227,11 +240,19 @@ class Transaction:
         self._check_active("read")
         info = self.manager.catalog.table_info(table)
         key = info.key(key)
-        if for_update:
+        root = self.root
+        if for_update or info.name in root._update_intent:
             self.manager.locking.acquire(self, info, key, Mode.UPDATE)
             return _view.read_row(self, info, key, for_update=True)
         self.manager.locking.acquire(self, info, key, Mode.READ)
+        root._plain_reads.add((info.name, key))
         return _view.read_row(self, info, key)
+
+    def read_then_written(self) -> frozenset[str]:
+        """The tables of which this tree read a row plainly (``tx.read`` without ``for_update``) and then
+        wrote it: where two such trees convert their read locks to write locks and one must give way.
+        ``Database.run`` learns them from an attempt that failed (see README, "Hot keys")."""
+        return frozenset(self.root._read_then_written)
 
     def prefetch(self, table: Any, keys: Any) -> int:
         """Read-lock ``keys`` of ``table`` and load their committed images in one query, so that
@@ -341,6 +362,9 @@ class Transaction:
 
     def _modify(self, info: TableInfo, key: Key, entry: Entry, *, must_not_exist: bool = False,
                 lock: bool = True) -> None:
+        root = self.root
+        if root._plain_reads and (info.name, key) in root._plain_reads:
+            root._read_then_written.add(info.name)    # before the lock: a conversion may be the victim
         if lock:   # False: the node took a table lock covering the row (write_many, _bulk.py)
             self.manager.locking.acquire(self, info, key, Mode.WRITE)
         extensions = self.manager.extensions
@@ -386,10 +410,24 @@ class Transaction:
 
     # --- subtransactions --------------------------------------------------------------------
 
+    def materialize(self) -> None:
+        """Give this lazy inline subtransaction its own lock-manager transaction now (it is about to
+        create a child, wait, or wait for a lock); a no-op for any other node.  Called by the thread
+        running it.  See README, "Lazy inline subtransactions"."""
+        if self._lazy:
+            self.manager.locking.materialize(self)
+
     def _new_child(self, name: str | None = None, *, inline: bool = False) -> "Transaction":
         self._check_active("starting a subtransaction")
-        self.manager.locking.release_holds(self)
-        child = Transaction(self.manager, self, name=name, inline=inline)
+        manager = self.manager
+        if self._lazy:
+            self.materialize()
+        manager.locking.release_holds(self)
+        # Lazy: an inline child of a node with no other live child (so no sibling can conflict with it).
+        lazy = inline and manager.lazy_subtransactions and not self._children
+        child = Transaction(manager, self, name=name, inline=inline, lazy=lazy)
+        if lazy:
+            self._lazy_child = child
         with self._mutex:
             self._children[child.id] = child
         manager = self.manager
@@ -529,7 +567,8 @@ class Transaction:
             # COMMITTING: no operation of this node runs any more, so what its own operations hold
             # becomes retained before it waits for its children (they may need those rows).
             manager.locking.release_holds(self)
-            self.wait_children()
+            if self._tasks:                # only spawned children have tasks (an inline child has ended)
+                self.wait_children()
             if self._doomed is not None:
                 raise TransactionAborted(f"transaction {self.id} was aborted ({self._doomed})") from self._doomed
             if self.parent is not None:

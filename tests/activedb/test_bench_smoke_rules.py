@@ -11,12 +11,23 @@ def test_rules_benchmark_quick(database_url, monkeypatch):
     report = run(quick=True)
     assert isinstance(report, BenchReport)
     names = [row.name for row in report.rows]
-    assert names == ["immediate rules, inline", "deferred rules, inline",
-                     "immediate rules, threads", "deferred rules, threads"]
+    firing_rows = ["immediate rules, inline", "deferred rules, inline", "immediate rules, threads",
+                   "deferred rules, threads"]
+    counter_rows = [f"counter upsert rule, inline, {size}/batch vs {peer}"
+                    for size in ("1,000", "10,000") for peer in ("trigger", "executemany")]
+    assert sorted(names) == sorted(firing_rows + counter_rows)
     for row in report.rows:
-        assert row.unit == "firings/s" and row.value > 0 and row.baseline > 0
+        assert row.value > 0 and row.baseline > 0
         assert row.ratio == row.value / row.baseline
-        assert row.extra["firings_per_transaction"] == 200
+        if row.name in firing_rows:
+            assert row.unit == "firings/s" and row.extra["firings_per_transaction"] == 200
+        else:
+            assert row.unit == "events/s" and row.extra["events"] == 10_000
+    phases = next(row for row in report.rows if row.name == "immediate rules, inline").extra["phases_us_per_event"]
+    for phase in ("match", "condition", "child create", "lock", "write", "child commit", "firing record", "flush",
+                  "postgresql share", "python share"):
+        assert phases[phase] >= 0, phases
     document = report.to_json()
-    assert len(document["rows"]) == 4 and document["notes"]
+    assert len(document["rows"]) == 8 and document["notes"]
     assert not any("check the rule log" in note for note in report.notes)   # every firing executed
+    assert not any("different counters" in note for note in report.notes)  # the three paths agree

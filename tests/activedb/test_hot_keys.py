@@ -132,3 +132,40 @@ def test_a_tree_that_also_scans_locks_again_at_a_serializable_flush(db):
         others = tx.scan("accounts", lambda image: image["id"] != 2)
         tx.write("accounts", 2, balance=row["balance"] + len(others))
     assert balances(db)[2] == 1
+
+
+def test_db_run_learns_update_intent_from_a_read_then_write_that_deadlocked(db):
+    """Plain ``tx.read`` then ``tx.write`` of one row by two ``db.run`` calls at once: both read, both
+    convert, one is the deadlock victim and is re-run.  The re-run, and every later run of the function,
+    reads that table for update: a third run, paused after its read, holds the UPDATE lock."""
+    both_read = threading.Barrier(2, timeout=TIMEOUT)
+    paused, resume = threading.Event(), threading.Event()
+    attempts = []
+    phase = {"colliding": True}
+
+    def increment(tx):
+        attempts.append(tx.id)
+        row = tx.read("accounts", 1)
+        if phase["colliding"] and len(attempts) <= 2:
+            both_read.wait()                                # both have read: now both convert to WRITE
+        elif not phase["colliding"]:
+            paused.set()
+            assert resume.wait(TIMEOUT)
+        tx.write("accounts", 1, balance=row["balance"] + 1)
+
+    with testing.Watchdog(60, db.transactions.locks):
+        runs = [threading.Thread(target=db.run, args=(increment,), kwargs={"retries": 5}) for _ in range(2)]
+        for run in runs:
+            run.start()
+        for run in runs:
+            run.join(TIMEOUT)
+        assert len(attempts) == 3, attempts                 # one of the two was re-run once
+        phase["colliding"] = False
+        third = threading.Thread(target=db.run, args=(increment,))
+        third.start()
+        assert paused.wait(TIMEOUT)
+        held = db.transactions.locking.holders("accounts", (1,)).held
+        resume.set()
+        third.join(TIMEOUT)
+    assert "UPDATE" in {mode.name for mode in held.values()}, held
+    assert balances(db)[1] == 3                             # no update lost

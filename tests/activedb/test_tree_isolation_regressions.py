@@ -227,3 +227,45 @@ def _release_when_waiting(db, worker: threading.Thread, release: threading.Event
                 "AND wait_event_type = 'Lock'")).scalar())
     testing.wait_until(t1_waits, TIMEOUT * 3, "T1's flush to wait for a lock")
     release.set()
+
+
+@pytest.mark.parametrize("representation", ["lazy", "materialized"])
+def test_f_a_subtransaction_opened_as_an_ancestor_aborts_fails_with_activedbs_error(db, monkeypatch,
+                                                                                   representation):
+    """F. A worker opening ``with tx.subtransaction()`` under a node whose ancestor was aborting got the
+    lock manager's raw ``TransactionAborted`` from the child's begin (found by the list-append history
+    test).  The interleaving is forced at the one point between the node's own check and the child's
+    registration: the node's holds becoming retained, held here until the root's abort reached the lock
+    manager."""
+    monkeypatch.setattr(db.transactions, "lazy_subtransactions", representation == "lazy")
+    locking = db.transactions.locking
+    release_holds = locking.release_holds
+    in_window, child_started = threading.Event(), threading.Event()
+    seen: list[BaseException] = []
+
+    def held_until_aborted(node):
+        if node.name == "worker":
+            in_window.set()
+            testing.wait_until(lambda: not db.transactions.locks.is_active(node.id), TIMEOUT,
+                               "the root's abort to reach the lock manager")
+        release_holds(node)
+
+    def worker(c):
+        child_started.set()
+        try:
+            with c.subtransaction() as inner:
+                inner.read("accounts", 1)
+        except BaseException as error:
+            seen.append(error)
+            raise
+
+    monkeypatch.setattr(locking, "release_holds", held_until_aborted)
+    with testing.Watchdog(30, db.transactions.locks):
+        with pytest.raises(RuntimeError, match="the root aborts"):
+            with db.transaction() as tx:
+                tx.spawn(worker, name="worker")
+                assert in_window.wait(TIMEOUT)      # the worker passed its check, not yet its child's begin
+                raise RuntimeError("the root aborts")
+    assert child_started.is_set()
+    assert len(seen) == 1 and type(seen[0]) is activedb.TransactionAborted, seen
+    assert balances(db) == {1: 10, 2: 0}

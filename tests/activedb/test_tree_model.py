@@ -516,7 +516,7 @@ class TreeMachine(RuleBasedStateMachine):
     def _lock_picture(self) -> tuple:
         if not COMPARE_LOCK_TABLE:
             return self.locks.statistics().waiting
-        snapshot = self.locks.snapshot()
+        snapshot = self.db.transactions.lock_snapshot()     # lazy nodes shown as the nodes they are
         transactions = {self._owner(tid) for tid in snapshot.transactions}
         resources = {}
         for resource, holders in snapshot.resources.items():
@@ -650,6 +650,16 @@ def _diff(what: str, actual: dict, expected: dict) -> str:
         if actual.get(key) != expected.get(key):
             lines.append(f"  {what} {key!r}: real {actual.get(key)!r} model {expected.get(key)!r}")
     return "\n".join(lines)
+
+
+@pytest.fixture(autouse=True, params=["lazy", "materialized"])
+def representation(request, db):
+    """Both representations of inline subtransactions (``lazy``: no lock-manager transaction until one
+    is needed; ``materialized``: every node registered from its start) must match the one model."""
+    saved = db.transactions.lazy_subtransactions
+    db.transactions.lazy_subtransactions = request.param == "lazy"
+    yield request.param
+    db.transactions.lazy_subtransactions = saved
 
 
 @pytest.mark.timeout(600)

@@ -59,6 +59,16 @@ def transactions(default: int) -> int:
 REPOSITORY = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(autouse=True, params=["lazy", "materialized"])
+def representation(request, db):
+    """Both representations of inline subtransactions (see ``activedb/txn/README.md``, "Lazy inline
+    subtransactions") must produce serializable histories; the second process runs the same one."""
+    saved = db.transactions.lazy_subtransactions
+    db.transactions.lazy_subtransactions = request.param == "lazy"
+    yield request.param
+    db.transactions.lazy_subtransactions = saved
+
+
 @pytest.fixture(autouse=True)
 def empty_lists(db):
     reset(db)
@@ -110,11 +120,11 @@ def test_one_process(db, tmp_path):
     assert_exercised(report, recorder.outcomes, THREADS * count)
 
 
-def test_two_processes(db, database_url, tmp_path):
+def test_two_processes(db, database_url, tmp_path, representation):
     count = transactions(350)
     output = tmp_path / "p1-history.json"
     errors = tmp_path / "p1-stderr.txt"
-    environment = {**os.environ, "PYTHONPATH": str(REPOSITORY)}
+    environment = {**os.environ, "PYTHONPATH": str(REPOSITORY), "ACTIVEDB_SUBTRANSACTIONS": representation}
     with open(errors, "w") as stderr:
         process = subprocess.Popen(
             [sys.executable, "-m", "tests.scenarios._list_append_workload", database_url, "p1", SEED,

@@ -1,0 +1,185 @@
+"""Lazy and materialized inline subtransactions are the same thing to a rule program.
+
+Random rule programs (immediate and deferred rules whose actions read, write, emit further events,
+fail, and open inline or spawned subtransactions whose failure they catch) run once with lazy inline
+subtransactions and once with every node registered in the lock manager from its start; the final
+table, every value read (by which rule, in which order), the firing counts and the outcome of the
+top-level transaction must be equal.  Spawning and a caught failure of a child exercise the mixed
+trees: a lazy node that materializes (it spawns) and one that aborts while it is lazy.
+
+``ACTIVEDB_LAZY_EXAMPLES`` (default 60) sets how many programs are tried.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+import sqlalchemy as sa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import activedb
+from activedb import Coupling
+from tests.conftest import APP_MIGRATIONS
+
+KEYS = ("a", "b", "c")
+RULES = 4                     # rule i reacts to stream event "lazy{i}"; rule 3 is deferred
+EXAMPLES = int(os.environ.get("ACTIVEDB_LAZY_EXAMPLES", "60"))
+
+
+class Program:
+    """What the rules do in the current example (the rules are declared once and look it up)."""
+
+    def __init__(self) -> None:
+        self.actions: list[list] = [[] for _ in range(RULES)]
+        self.reads: list[tuple] = []
+        self.mutex = threading.Lock()
+
+
+PROGRAM = Program()
+
+
+class Planned(Exception):
+    """A failure the program asked for."""
+
+
+def run_ops(tx, ops: list, who: str) -> None:
+    for op in ops:
+        kind = op[0]
+        if kind == "read":
+            row = tx.read("items", op[1])
+            with PROGRAM.mutex:
+                PROGRAM.reads.append((who, op[1], None if row is None else row["value"]))
+        elif kind == "write":
+            row = tx.read("items", op[1])
+            tx.write("items", op[1], value=(0 if row is None else row["value"] or 0) + op[2])
+        elif kind == "emit":
+            tx.emit(f"lazy{op[1]}")
+        elif kind == "fail":
+            raise Planned(who)
+        elif kind == "inline":
+            try:
+                with tx.subtransaction() as child:
+                    run_ops(child, op[1], who + "/inline")
+            except Exception:
+                pass                                   # the child aborted; its parent goes on
+        elif kind == "spawn":
+            try:
+                tx.spawn(run_ops, op[1], who + "/spawn").result(30)
+            except Exception:
+                pass
+
+
+def _rule_action(number: int):
+    def action(tx, event) -> None:
+        run_ops(tx, PROGRAM.actions[number], f"rule{number}")
+    return action
+
+
+@pytest.fixture(scope="module")
+def db(database_url):
+    database = activedb.connect(database_url, rule_execution="inline")
+    database.upgrade_app(APP_MIGRATIONS)
+    for number in range(RULES):
+        coupling = Coupling.DEFERRED if number == RULES - 1 else Coupling.IMMEDIATE
+        database.rule(on=database.stream(f"lazy{number}"), coupling=coupling,
+                      name=f"lazy_equivalence_{number}")(_rule_action(number))
+    yield database
+    database.close()
+
+
+def _ops(depth: int, rule: int | None):
+    """Operations of a rule action (``rule``: its number; it emits only later rules: no endless cascade)
+    or of a transaction body (``rule`` None)."""
+    first = 0 if rule is None else rule + 1
+    simple = [st.tuples(st.just("read"), st.sampled_from(KEYS)),
+              st.tuples(st.just("write"), st.sampled_from(KEYS), st.integers(1, 9)),
+              st.tuples(st.just("fail"))]
+    if first < RULES:
+        simple.append(st.tuples(st.just("emit"), st.integers(first, RULES - 1)))
+    if depth == 0:
+        return st.lists(st.one_of(simple), max_size=4)
+    nested = _ops(depth - 1, rule)
+    return st.lists(st.one_of(*simple, st.tuples(st.just("inline"), nested), st.tuples(st.just("spawn"), nested)),
+                    max_size=4)
+
+
+PROGRAMS = st.tuples(
+    st.tuples(*[_ops(1, number) for number in range(RULES)]),
+    _ops(2, None),
+)
+
+
+def _run(db, program, lazy: bool) -> tuple:
+    actions, body = program
+    db.transactions.lazy_subtransactions = lazy
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM items"))
+        connection.execute(sa.text("INSERT INTO items (key, value) VALUES ('a', 1), ('b', 2)"))
+    PROGRAM.actions = list(actions)
+    PROGRAM.reads = []
+    before = {name: counter.fired for name, counter in db.rules.statistics().per_rule.items()}
+    outcome = "committed"
+    try:
+        with db.transaction() as tx:
+            run_ops(tx, body, "top")
+    except Exception as error:
+        outcome = type(error).__name__
+    after = {name: counter.fired for name, counter in db.rules.statistics().per_rule.items()}
+    fired = {name: count - before.get(name, 0) for name, count in after.items() if count != before.get(name, 0)}
+    with db.engine.connect() as connection:
+        table = dict(connection.execute(sa.text("SELECT key, value FROM items ORDER BY key")).all())
+    return outcome, table, list(PROGRAM.reads), fired
+
+
+@pytest.mark.timeout(900)
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None,
+          derandomize=os.environ.get("ACTIVEDB_TEST_SEED") in (None, ""))
+@given(program=PROGRAMS)
+def test_rule_programs_behave_alike_with_lazy_and_materialized_subtransactions(db, program):
+    try:
+        lazy = _run(db, program, lazy=True)
+        materialized = _run(db, program, lazy=False)
+    finally:
+        db.transactions.lazy_subtransactions = True
+    assert lazy == materialized
+    assert db.transactions.locks.statistics().transactions == 0     # nothing left in the lock manager
+
+
+def _picture(db, names: dict) -> dict:
+    """The lock table (``lock_snapshot``: lazy nodes as themselves) with ids replaced by ``names``."""
+    snapshot = db.transactions.lock_snapshot()
+    return {resource: ({names.get(tid, "?"): mode.name for tid, mode in holders.held.items()},
+                       {names.get(tid, "?"): mode.name for tid, mode in holders.retained.items()})
+            for resource, holders in snapshot.resources.items() if holders}
+
+
+@pytest.mark.parametrize("lazy", [True, False], ids=["lazy", "materialized"])
+def test_a_parent_locking_while_its_child_runs_keeps_its_own_lock_when_the_child_aborts(db, lazy):
+    """The parent's object used inside its inline child's block: the parent's own lock is its own (the
+    lazy child materializes first and takes its locks with it), so the child's abort releases only the
+    child's.  Same pictures in both representations."""
+    db.transactions.lazy_subtransactions = lazy
+    pictures = []
+    try:
+        with db.transaction() as tx:
+            names = {tx.id: "parent"}
+            try:
+                with tx.subtransaction() as child:
+                    names[child.id] = "child"
+                    child.write("items", "a", value=5)
+                    tx.read("items", "b")
+                    pictures.append(_picture(db, names))
+                    raise Planned("child")
+            except Planned:
+                pass
+            pictures.append(_picture(db, names))
+    finally:
+        db.transactions.lazy_subtransactions = True
+    inside, after = pictures
+    assert inside[("row", "items", ("a",))] == ({"child": "WRITE"}, {})
+    assert inside[("row", "items", ("b",))] == ({"parent": "READ"}, {})
+    assert ("row", "items", ("a",)) not in after                       # Rule 4: the child's lock is gone
+    assert after[("row", "items", ("b",))] == ({"parent": "READ"}, {})  # the parent's stays
