@@ -56,7 +56,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from activedb.streams._engine import AccessPlan, BatchRun, STransaction
+from activedb.streams._batch import AccessPlan, BatchRun, STransaction
 from activedb.streams._locks import (
     LockMode,
     LockTableStatistics,
