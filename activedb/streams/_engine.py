@@ -19,9 +19,10 @@ globals).  Per micro-batch the caller owns one top-level transaction and calls
    and the caller's ledger row: exactly once.
 
 The engine's in-memory state follows the batch's outcome: the state a batch produced is
-kept *pending* until its top-level transaction is seen committed (then it becomes the
-engine's state) or aborted (then it is dropped, and a re-run of the batch starts from
-the state before it).  ``feed(events)`` does all of it in a transaction of its own.
+kept *pending* until its top-level transaction commits (then it becomes the engine's
+state) or aborts (then it is dropped, and a re-run of the batch starts from the state
+before it); a commit participant enlisted in that transaction tells the engine which.
+``feed(events)`` does all of it in a transaction of its own.
 
 The engine is the coordinator; each job has its own module: the definitions and access
 plans (``_definitions.Definitions``), admission, punctuations and release
@@ -42,7 +43,6 @@ import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from activedb import deadletters
-from activedb.txn import TxnState
 from activedb.streams import algebra as ast
 from activedb.streams._batch import AccessPlan, BatchResult, BatchRun, Resource, STransaction, prefetch
 from activedb.streams._catalog import StoreCatalog, StreamSchema
@@ -54,7 +54,7 @@ from activedb.streams._matcher import PartitionState
 from activedb.streams._metrics import Metrics, StreamStatistics
 from activedb.streams._reorder import ReorderBuffer
 from activedb.streams._scheduler import Scheduler, make_scheduler
-from activedb.streams._state import Pending, State
+from activedb.streams._state import BatchOutcome, Pending, State
 from activedb.streams.errors import StreamError, StreamStateError
 
 __all__ = ["AccessPlan", "BatchResult", "BatchRun", "Resource", "STransaction", "StreamEngine"]
@@ -222,14 +222,12 @@ class StreamEngine:
         """``process`` in a top-level transaction of its own (committed before returning)."""
         with self.db.transaction(name=f"streams:{self.name}") as tx:
             result = self.process(tx, events, punctuation=punctuation, punctuations=punctuations)
-        self._resolve()
         return result
 
     def _process(self, tx, events, punctuation, punctuations, batch_id) -> BatchResult:
         began = time.perf_counter()
         root = tx.root
         with self._mutex:
-            self._resolve_locked()
             if not self._loaded:
                 self._load_locked()
             pending = self._pending
@@ -238,7 +236,9 @@ class StreamEngine:
                     f"engine {self.name} has a batch in transaction {pending.root.id} that is still "
                     f"{pending.root.state.value}; commit or abort it before the next batch")
             if pending is None:
-                pending = self._pending = Pending(root, self._state)
+                pending = Pending(root, self._state)
+                root.enlist(BatchOutcome(pending, self._settle))     # raises if root cannot take a batch
+                self._pending = pending
             streams = self._definitions.streams()
         if not streams:
             raise StreamStateError(f"engine {self.name} has no stream; declare one with engine.create_stream()")
@@ -289,21 +289,16 @@ class StreamEngine:
 
     # --- state -------------------------------------------------------------------------------
 
-    def _resolve(self) -> None:
+    def _settle(self, pending: Pending, committed: bool) -> None:
+        """The top-level transaction of ``pending``'s batch ended (its ``BatchOutcome`` says so):
+        committed, the pending state becomes the engine's; aborted, it is dropped."""
         with self._mutex:
-            self._resolve_locked()
-
-    def _resolve_locked(self) -> None:
-        pending = self._pending
-        if pending is None:
-            return
-        state = pending.root.state
-        if state is TxnState.COMMITTED:
-            self._state = pending.materialize()
+            if self._pending is not pending:
+                return
             self._pending = None
-        elif state is TxnState.ABORTED:
-            self._pending = None
-            if self.history is not None and pending.units:
+            if committed:
+                self._state = pending.materialize()
+            elif self.history is not None and pending.units:
                 self.history.abort_units(pending.units)     # their subtransactions were undone with the batch
 
     def _load_locked(self) -> None:
@@ -316,7 +311,6 @@ class StreamEngine:
         """Forget the buffer, partial matches and punctuations, in memory and (if durable)
         in the database.  Precondition: no batch is in progress."""
         with self._mutex:
-            self._resolve_locked()
             if self._pending is not None:
                 raise StreamStateError(f"engine {self.name} has a batch in progress; finish it first")
             if self.durable:
@@ -329,19 +323,16 @@ class StreamEngine:
     def buffered(self) -> list[StreamEvent]:
         """The events waiting in the reorder buffer, in their release order."""
         with self._mutex:
-            self._resolve_locked()
             source = self._pending.buffer if self._pending is not None else self._state.buffer
             return [event for _, _, event in source]
 
     def partitions(self, query: str) -> dict[tuple, PartitionState]:
         """The committed matcher states of ``query`` by partition key (for inspection)."""
         with self._mutex:
-            self._resolve_locked()
             return {key: state for (name, key), state in self._state.partitions.items() if name == query}
 
     def statistics(self) -> StreamStatistics:
         with self._mutex:
-            self._resolve_locked()
             current = self._pending if self._pending is not None else self._state
             return self.metrics.snapshot(len(current.buffer), current.released)
 

@@ -1,20 +1,22 @@
 """The stream engine's state: the committed one between batches, and a batch's pending one.
 
 A batch works on a :class:`Pending` laid over the committed :class:`State` (the matcher
-partitions as an overlay, the buffer and punctuations as copies).  When the batch's
-top-level transaction commits, the pending state is materialized into the new committed
-one; when it aborts, the pending state is dropped.  Neither class locks: the engine's
-``_mutex`` protects the committed state and the pointer to the pending one, and
-``BatchRun._mutex`` the overlay while a batch runs.
+partitions as an overlay, the buffer and punctuations as copies).  The engine enlists a
+:class:`BatchOutcome` in the batch's top-level transaction when it makes the pending
+state: when that transaction commits, the pending state is materialized into the new
+committed one; when it aborts, the pending state is dropped.  Neither state class locks:
+the engine's ``_mutex`` protects the committed state and the pointer to the pending one,
+and ``BatchRun._mutex`` the overlay while a batch runs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from activedb.streams._events import StreamEvent
 from activedb.streams._matcher import PartitionState
+from activedb.txn import CommitParticipant
 
 
 @dataclass
@@ -63,3 +65,18 @@ class Pending:
         return State(partitions=partitions, buffer=self.buffer, released=self.released,
                      punctuations=self.punctuations, position=self.position, arrivals=self.arrivals,
                      time_kind=self.time_kind)
+
+
+class BatchOutcome(CommitParticipant):
+    """Tells the engine how the top-level transaction of a batch ended: ``settle(pending,
+    committed)``, called once, after the outcome is known (outside the transaction's locks)."""
+
+    def __init__(self, pending: Pending, settle: Callable[[Pending, bool], None]):
+        self.pending = pending
+        self.settle = settle
+
+    def committed(self, transaction: Any) -> None:
+        self.settle(self.pending, True)
+
+    def aborted(self, transaction: Any, error: BaseException | None) -> None:
+        self.settle(self.pending, False)
