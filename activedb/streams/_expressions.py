@@ -132,34 +132,15 @@ def compile_expression(node: ast.Expr, scope: Scope) -> Fn:
         column = scope.row_table.column(node.column, node.position)
         return lambda ctx: ctx.row.get(column) if ctx.row is not None else None
     if isinstance(node, ast.Compare):
-        left, right = compile_expression(node.left, scope), compile_expression(node.right, scope)
-        compare = _COMPARE[node.operator]
         text = node.operator
-
-        def evaluate_compare(ctx: Ctx) -> Any:
-            a, b = left(ctx), right(ctx)
-            if a is None or b is None:
-                return None
-            try:
-                return compare(a, b)
-            except TypeError:
-                raise EvaluationError(f"cannot compare {a!r} {text} {b!r} ({type(a).__name__} with "
-                                      f"{type(b).__name__})") from None
-        return evaluate_compare
+        return _null_propagating(
+            compile_expression(node.left, scope), compile_expression(node.right, scope), _COMPARE[text], TypeError,
+            lambda a, b, error: f"cannot compare {a!r} {text} {b!r} ({type(a).__name__} with {type(b).__name__})")
     if isinstance(node, ast.Arithmetic):
-        left, right = compile_expression(node.left, scope), compile_expression(node.right, scope)
-        apply = _ARITHMETIC[node.operator]
         text = node.operator
-
-        def evaluate_arithmetic(ctx: Ctx) -> Any:
-            a, b = left(ctx), right(ctx)
-            if a is None or b is None:
-                return None
-            try:
-                return apply(a, b)
-            except (TypeError, ZeroDivisionError) as error:
-                raise EvaluationError(f"cannot compute {a!r} {text} {b!r}: {error}") from None
-        return evaluate_arithmetic
+        return _null_propagating(
+            compile_expression(node.left, scope), compile_expression(node.right, scope), _ARITHMETIC[text],
+            (TypeError, ZeroDivisionError), lambda a, b, error: f"cannot compute {a!r} {text} {b!r}: {error}")
     if isinstance(node, ast.Negate):
         operand = compile_expression(node.operand, scope)
 
@@ -172,32 +153,22 @@ def compile_expression(node: ast.Expr, scope: Scope) -> Fn:
         if node.negated:
             return lambda ctx: operand(ctx) is not None
         return lambda ctx: operand(ctx) is None
-    if isinstance(node, ast.And):
+    if isinstance(node, (ast.And, ast.Or)):
+        # SQL's three-valued AND/OR: a decisive operand (false for AND, true for OR) decides;
+        # else unknown if any operand is unknown.
         operands = [compile_expression(operand, scope) for operand in node.operands]
+        decisive = isinstance(node, ast.Or)
 
-        def evaluate_and(ctx: Ctx) -> Any:
+        def evaluate_connective(ctx: Ctx) -> Any:
             unknown = False
             for operand in operands:
                 value = operand(ctx)
                 if value is None:
                     unknown = True
-                elif not value:
-                    return False
-            return None if unknown else True
-        return evaluate_and
-    if isinstance(node, ast.Or):
-        operands = [compile_expression(operand, scope) for operand in node.operands]
-
-        def evaluate_or(ctx: Ctx) -> Any:
-            unknown = False
-            for operand in operands:
-                value = operand(ctx)
-                if value is None:
-                    unknown = True
-                elif value:
-                    return True
-            return None if unknown else False
-        return evaluate_or
+                elif bool(value) is decisive:
+                    return decisive
+            return None if unknown else not decisive
+        return evaluate_connective
     if isinstance(node, ast.Not):
         operand = compile_expression(node.operand, scope)
 
@@ -211,6 +182,22 @@ def compile_expression(node: ast.Expr, scope: Scope) -> Fn:
         raise DefinitionError(f"{scope.what}: [{node.attribute}] (the equivalence test) is only allowed as a "
                               f"top-level AND term of a query's WHERE", **_at(node))
     raise DefinitionError(f"{scope.what}: unsupported expression {node!r}")
+
+
+def _null_propagating(left: Fn, right: Fn, apply: Callable[[Any, Any], Any],
+                      failures: type[Exception] | tuple[type[Exception], ...],
+                      describe: Callable[[Any, Any, Exception], str]) -> Fn:
+    """``apply`` to both operands; NULL (None) if either is NULL (SQL); an ``EvaluationError``
+    saying ``describe(a, b, error)`` if ``apply`` raises one of ``failures``."""
+    def evaluate(ctx: Ctx) -> Any:
+        a, b = left(ctx), right(ctx)
+        if a is None or b is None:
+            return None
+        try:
+            return apply(a, b)
+        except failures as error:
+            raise EvaluationError(describe(a, b, error)) from None
+    return evaluate
 
 
 def _compile_select(node: ast.ScalarSubquery | ast.Exists, scope: Scope) -> Fn:
