@@ -115,9 +115,9 @@ def declare_policy(db: Any, query_id: str, query_name: str, partitions: int, pol
 
 def is_infrastructure_failure(error: BaseException) -> bool:
     """PostgreSQL unusable (not the partition's fault): replay will complete the batch."""
-    from spark_bridge._sink import _is_infrastructure_failure
+    from spark_bridge._failures import is_infrastructure_failure as infrastructure
 
-    return _is_infrastructure_failure(error)
+    return infrastructure(error)
 
 
 def describe(error: BaseException) -> str:

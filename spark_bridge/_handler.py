@@ -1,7 +1,7 @@
 """What a micro-batch is handed to, besides the rules: the :class:`BatchHandler` interface and the
 one loop that runs any handler exactly once.
 
-The sink (``_sink.py``) keeps today's per-event rule path built in.  ``ingest(..., queries=…)``,
+The sink (``_sink.py``) keeps the per-event rule path built in.  ``ingest(..., queries=…)``,
 ``ingest(..., executor="tpg", transactions=…)`` and ``ingest(..., composition=…)`` give it a handler
 instead, one per path, each in its own module:
 
@@ -44,9 +44,11 @@ from typing import Any, Protocol, runtime_checkable
 
 from activedb.deadletters import Letter
 
+from spark_bridge._batch import SinkContext
 from spark_bridge._ledger import IngestionLedger, batch_committed
 from spark_bridge._letters import BatchLetters
-from spark_bridge.mapping import RawEvent, rows_to_events
+from spark_bridge._outcome import BatchOutcome, PhaseTimings
+from spark_bridge.mapping import RawEvent
 
 __all__ = ["BatchHandler", "BatchInput", "process_with_handler"]
 
@@ -101,78 +103,67 @@ class BatchHandler(Protocol):
         (its dead letters are kept under it), if the sink has seen a batch."""
 
 
-def process_with_handler(sink: Any, handler: BatchHandler, rows: Any, batch_id: int, query_id: str,
-                         watermark: dt.datetime | None, timings: Any, punctuate: bool, participants: tuple) -> Any:
-    """One batch through ``handler``, exactly once; returns the sink's ``BatchOutcome``.
+def process_with_handler(context: SinkContext, handler: BatchHandler, rows: Any, batch_id: int, query_id: str,
+                         watermark: dt.datetime | None, timings: PhaseTimings, punctuate: bool,
+                         participants: tuple) -> BatchOutcome:
+    """One batch through ``handler``, exactly once; returns its outcome.
 
-    ``sink`` is the calling :class:`~spark_bridge._sink.IngestSink` (its mapping, dead-letter
-    helpers, phases and statistics are used as the rule path uses them)."""
+    ``context`` is what the calling :class:`~spark_bridge._sink.IngestSink` shares with its batch paths
+    (database, mapping, names, attempts; its book records phases and statistics as on the rule path)."""
     from activedb.errors import BatchAlreadyCommitted, SerializationConflict
 
-    from spark_bridge._sink import BatchOutcome, PhaseTimings, _reason_of
-
+    book = context.book
     began = time.perf_counter() - timings.to_arrow
     row_count = rows.num_rows if hasattr(rows, "num_rows") else len(rows)
-    if batch_committed(sink.db, query_id, batch_id):
-        return sink._skipped(query_id, batch_id, row_count, watermark, timings, began)
+    if batch_committed(context.db, query_id, batch_id):
+        return book.skipped(query_id, batch_id, row_count, watermark, timings, began)
 
     started = time.perf_counter()
     good: list[RawEvent] = []
     letters: list[Letter] = []
-    dead = BatchLetters(sink.db, rows, query_id, batch_id)
+    dead = BatchLetters(context.db, rows, query_id, batch_id)
     if handler.validates_rows:
-        accepted = sink._known_types if sink._known_types is not None else handler.accepted_types()
-        good, bad = rows_to_events(rows, sink.mapping, accepted)
-        letters = dead.rejected(bad)
-        if watermark is not None and handler.late_rows_are_dead_letters:
-            late = [event for event in good if event.ts < watermark]
-            if late:
-                letters += dead.for_events(late, lambda event: (
-                    f"late: {sink.mapping.ts_column} {event.ts.isoformat()} is older than the stream's "
-                    f"watermark {watermark.isoformat()} (Spark's lateness rule)"))
-                good = [event for event in good if event.ts >= watermark]
-        if sink.mapping.id_column is not None:
-            good, duplicates = sink._without_duplicates(good)
-            letters += dead.for_events([event for event, _ in duplicates], _reason_of(duplicates))
+        accepted = context.known_types if context.known_types is not None else handler.accepted_types()
+        good, letters = context.validate(rows, dead, watermark, accepted, handler.late_rows_are_dead_letters)
     timings = timings + PhaseTimings(validate=time.perf_counter() - started)
 
     batch = BatchInput(
-        rows=rows, events=tuple(good), letters=tuple(letters), query_id=query_id, query_name=sink.query_name,
+        rows=rows, events=tuple(good), letters=tuple(letters), query_id=query_id, query_name=context.query_name,
         batch_id=batch_id, watermark=watermark, dead_letters=dead)
     attempt = 0
     while True:
         attempt += 1
         started = time.perf_counter()
-        ledger = IngestionLedger(sink.db, query_id, batch_id, on_flush=sink._flush_reached)
-        if sink.mapping.id_column is not None:
-            ledger.query_name = sink.event_ids_under
+        ledger = IngestionLedger(context.db, query_id, batch_id, on_flush=book.flush_reached)
+        if context.mapping.id_column is not None:
+            ledger.query_name = context.event_ids_under
             ledger.event_ids = [event.event_id for event in good]
         try:
-            with sink.db.transaction(name=f"ingest:{sink.query_name}", participants=list(participants)) as tx:
+            with context.db.transaction(name=f"ingest:{context.query_name}", participants=list(participants)) as tx:
                 # Re-run until it commits: an aborted attempt is no outcome for the detached rules it fired.
-                sink.db.outbox.mark_replayed(tx)
+                context.db.outbox.mark_replayed(tx)
                 handler.handle(tx, batch, ledger)
                 tx.enlist(ledger)        # last: a participant the handler enlisted writes the counts first
                 exit_began = time.perf_counter()
         except BatchAlreadyCommitted:
-            return sink._skipped(query_id, batch_id, row_count, watermark, timings, began)
+            return book.skipped(query_id, batch_id, row_count, watermark, timings, began)
         except SerializationConflict:
-            if attempt >= sink._batch_attempts:
+            if attempt >= context.batch_attempts:
                 raise
             logger.info("batch %s of %s conflicted with another process; re-running it (%d of %d)",
-                        batch_id, query_id, attempt + 1, sink._batch_attempts)
+                        batch_id, query_id, attempt + 1, context.batch_attempts)
             continue
         break
     ended = time.perf_counter()
     flush_began = ledger.flush_began or ended
     timings = timings + PhaseTimings(engine=exit_began - started, commit=max(0.0, flush_began - exit_began),
                                      flush=ended - min(max(flush_began, exit_began), ended))
-    sink._phase("committed", batch_id)
+    book.phase("committed", batch_id)
     if punctuate and watermark is not None:
-        sink.db.punctuate(sink.query_name, watermark)
+        context.db.punctuate(context.query_name, watermark)
     outcome = BatchOutcome(query_id, batch_id, True, row_count, ledger.events, ledger.dead_letters,
                            dict(ledger.rule_firings), watermark, timings, attempt)
-    sink._record(outcome, began)
+    book.record(outcome, began)
     return outcome
 
 

@@ -34,9 +34,8 @@ __all__ = ["CaptureManager", "CaptureConsumer", "CapturedChange", "ConsumerState
 
 # imported on first use: `import activedb.capture` stays fast (the CLI's start)
 __getattr__, __dir__ = lazy.exports(__name__, {
-    "activedb.capture._consumer": [
-        "CaptureConsumer", "CapturedChange", "ConsumerState", "ConsumerStatistics", "Position", "Step",
-    ],
+    "activedb.capture._consumer": ["CaptureConsumer", "ConsumerState", "ConsumerStatistics"],
+    "activedb.capture._position": ["CapturedChange", "Position", "Step"],
     "activedb.rules": ["FiringOutcome"],        # a batch's firings run through the rule manager
     "activedb.capture._manager": ["CaptureManager"],
     "activedb.capture._status": [

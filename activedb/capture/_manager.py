@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from activedb.capture import _sql
-from activedb.capture._consumer import CaptureConsumer, prune
+from activedb.capture._consumer import CaptureConsumer
+from activedb.capture._position import prune
 from activedb.capture._status import BEHIND_CHANGES, BEHIND_SECONDS, CapturedTable, CaptureStatus, capture_status
 from activedb.capture.errors import CaptureError, CaptureNotInstalled
 

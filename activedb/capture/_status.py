@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from activedb.capture import _sql
-from activedb.capture._consumer import Position
+from activedb.capture._position import Position
 
 #: Defaults of the "behind" thresholds.
 BEHIND_CHANGES = 10_000

@@ -53,10 +53,8 @@ __all__ = [
 # imported on first use: `import activedb.composite` stays fast (the CLI's start)
 __getattr__, __dir__ = lazy.exports(__name__, {
     "activedb.composite._clock": ["ManualClock", "MonotonicClock"],
-    "activedb.composite._engine": [
-        "DEFAULT_TIMEOUT", "CompositeStatistics", "CompositionEngine", "ProducerInfo", "TimeoutPolicy", "Window",
-        "WindowEntry",
-    ],
+    "activedb.composite._engine": ["DEFAULT_TIMEOUT", "CompositionEngine"],
+    "activedb.composite._records": ["CompositeStatistics", "ProducerInfo", "TimeoutPolicy", "Window", "WindowEntry"],
     "activedb.composite._model": [
         "Choice", "CompositeEvent", "Heartbeat", "Invalidation", "Resolution", "Uncertainty", "UncertaintyKind",
     ],

@@ -1,132 +1,42 @@
-"""The composition engine: producers and their progress, the nodes of every query, and the outside world
-(transactions, rules, the window a picture is drawn from).
+"""The composition engine: the public object, coordinating its collaborators — the producers
+(``_members.Members``), the input node (``_input.InputNode``), the composition nodes and what they call
+while evaluating (``_evaluation.Evaluation``), the rollback of an aborted transaction's batches
+(``_rollback.Rollback``) — and the outside world (transactions, rules, the window a picture is drawn
+from).  Its records (statistics, producer info, the window) are in ``_records``.
 
-Thread-safety: ``_mutex`` protects every field below it (producers, nodes, the outbox, statistics, the
-window).  Lock order: ``_mutex`` is taken alone — the engine calls no other lock of ours while holding
-it, and it is released before ``tx.emit`` runs rules.  The ``on_uncertain`` callback runs under
-``_mutex`` (a decision is part of one evaluation step); the callback must not call back into the engine
-(doing so raises ``CompositeError`` instead of deadlocking).
+Thread-safety: ``_mutex`` protects every field below it and the collaborators' state (producers, nodes,
+the outbox, statistics, the window); the collaborators do not lock.  Lock order: ``_mutex`` is taken
+alone — the engine calls no other lock of ours while holding it, and it is released before ``tx.emit``
+runs rules.  The ``on_uncertain`` callback runs under ``_mutex`` (a decision is part of one evaluation
+step); the callback must not call back into the engine (doing so raises ``CompositeError`` instead of
+deadlocking).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import enum
 import threading
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from activedb.txn import CommitParticipant
 from activedb.composite._clock import MonotonicClock
-from activedb.composite._model import (
-    Choice,
-    CompositeEvent,
-    Heartbeat,
-    Invalidation,
-    Uncertainty,
-    describe_event,
-)
-from activedb.composite._node import Node
-from activedb.composite._polist import Item, Membership, POList, Producer
-from activedb.composite.errors import (
-    CompositeError,
-    EventRejected,
-    LateEvent,
-    MembershipError,
-    ProducerTimeout,
-    UncertainOrder,
-)
-from activedb.events import EventSpec, EventKind, LocalClock, Timestamp, as_timestamp, hull, precedes
-from activedb.streams import CompiledQuery, Ctx, StreamEvent, StreamSchema, algebra as ast, compile_query, parse
+from activedb.composite._evaluation import Evaluation
+from activedb.composite._input import InputNode
+from activedb.composite._members import Members
+from activedb.composite._model import CompositeEvent, Heartbeat, Invalidation, Uncertainty, describe_event
+from activedb.composite._polist import Membership
+from activedb.composite._records import CompositeStatistics, ProducerInfo, TimeoutPolicy, Window, WindowEntry
+from activedb.composite._rollback import Rollback
+from activedb.composite.errors import CompositeError, MembershipError, ProducerTimeout
+from activedb.events import EventSpec, EventKind, LocalClock
+from activedb.streams import CompiledQuery, StreamEvent, StreamSchema, algebra as ast, compile_query, parse
 from activedb.streams import query_definition
 from activedb.streams.errors import DefinitionError
 
+__all__ = ["DEFAULT_TIMEOUT", "CompositeStatistics", "CompositionEngine", "ProducerInfo", "TimeoutPolicy", "Window",
+           "WindowEntry"]
+
 DEFAULT_TIMEOUT = 30.0
-
-
-class TimeoutPolicy(enum.Enum):
-    """What an input node does when a producer it waits for stays silent past the timeout.
-
-    * ``RAISE`` (default): raise :class:`ProducerTimeout` at the consumer (the paper's choice);
-    * ``EXCLUDE``: the producer leaves the membership (its later events are refused), composition goes on
-      without it — only for applications that accept losing its late events."""
-
-    RAISE = "raise"
-    EXCLUDE = "exclude"
-
-
-@dataclass(frozen=True)
-class ProducerInfo:
-    """What the engine knows of one producer (``engine.producers()``)."""
-
-    name: str
-    types: tuple[str, ...]
-    sync: Any
-    latest_local: Any
-    state: str
-    events: int
-    heartbeats: int
-    silent_for: float
-    membership: str = "atomic"        # "atomic" | "weak"
-
-
-@dataclass(frozen=True)
-class CompositeStatistics:
-    """Counters of one engine (``engine.statistics()``)."""
-
-    events: int
-    heartbeats: int
-    composites: int
-    uncertainties: int
-    decisions: int
-    dropped: int
-    discarded: int
-    unmatched: int
-    late_refused: int
-    late_accepted: int
-    waiting: int                     # events in the lists
-    blocked_nodes: int               # nodes waiting for sync-points
-    invalidations: int = 0           # weak membership's notices (engine.invalidations())
-
-
-@dataclass(frozen=True)
-class WindowEntry:
-    """One thing that arrived (an event or a heartbeat), for the picture."""
-
-    kind: str                         # "event" | "heartbeat"
-    producer: str
-    type: str | None
-    ts: Timestamp
-    sync_after: Any                   # the producer's sync-point after it
-    arrival: float                    # system time
-    label: str
-
-
-@dataclass(frozen=True)
-class Window:
-    """A window of the engine's history: per producer the intervals of its events and heartbeats, the
-    sync-points, and the composite events chosen (see ``activedb.composite.plot``)."""
-
-    entries: tuple[WindowEntry, ...]
-    composites: tuple[CompositeEvent, ...]
-    sync_points: Mapping[str, Any]
-    producers: Mapping[str, tuple[str, ...]]
-    uncertainties: tuple[Uncertainty, ...] = ()
-
-
-class _Participant(CommitParticipant):
-    """Restores the engine's state if the transaction a batch ran in aborts (a CommitParticipant)."""
-
-    def __init__(self, engine: "CompositionEngine", snapshot: dict):
-        self.engine = engine
-        self.snapshot = snapshot
-
-    def committed(self, transaction: Any) -> None:
-        self.engine._forget_snapshot(self)
-
-    def aborted(self, transaction: Any, error: BaseException | None) -> None:
-        self.engine._restore(self)
 
 
 class CompositionEngine:
@@ -168,27 +78,14 @@ class CompositionEngine:
         self.on_invalidation = on_invalidation
         self._mutex = threading.Lock()
         self._owner: int | None = None                            # thread holding _mutex (re-entry check)
+        self._guard = _Holding(self)                              # `with self._guard:` takes _mutex
         self._streams: dict[str, StreamSchema] = {}
         self._queries: dict[str, CompiledQuery] = {}
-        self._by_type: dict[str, list[tuple[CompiledQuery, tuple[int, ...]]]] = {}
-        self._producers: dict[str, Producer] = {}
-        self._by_producer_type: dict[str, list[Producer]] = {}
-        self._nodes: dict[tuple[str, tuple], Node] = {}
-        self._blocked: set[tuple[str, tuple]] = set()
-        # Invariant: every decision about type T relied on no event of T with lower bound <= _relied[T]
-        # still being in transit.
-        self._relied: dict[str, Any] = {}
-        self._numbers = 0
-        self._outbox: list[CompositeEvent] = []
-        self._raised: list[UncertainOrder] = []              # uncertainties met during the current call
-        self._participant: _Participant | None = None
-        self._counts = collections.Counter()
-        self._window_size = window
-        self._entries: collections.deque[WindowEntry] = collections.deque(maxlen=window)
-        self._composites: collections.deque[CompositeEvent] = collections.deque(maxlen=window)
-        self._uncertainties: collections.deque[Uncertainty] = collections.deque(maxlen=window)
-        self._invalidations: list[Invalidation] = []          # the record (weak membership)
-        self._notices: list[Invalidation] = []                # not yet handed to on_invalidation
+        self._counts: collections.Counter = collections.Counter()  # shared by the collaborators
+        self._members = Members(name, self._counts)
+        self._evaluation = Evaluation(self._members, self.clock, self._counts, on_uncertain, window)
+        self._input = InputNode(name, self.clock, self._counts, self._members, self._evaluation, window)
+        self._rollback = Rollback(self._guard, self._members, self._evaluation, self._input, self._counts)
 
     # --- definitions ------------------------------------------------------------------------------
 
@@ -198,7 +95,7 @@ class CompositionEngine:
         schema = StreamSchema(name=name, types=tuple(types) if types is not None else None,
                               attributes=tuple(attributes),
                               type_attributes={key: tuple(value) for key, value in (type_attributes or {}).items()})
-        with self._locked():
+        with self._guard:
             if name in self._streams:
                 raise DefinitionError(f"stream {name!r} is already declared")
             self._streams[name] = schema
@@ -224,7 +121,7 @@ class CompositionEngine:
     def create_query(self, definition: ast.QueryDefinition) -> CompiledQuery:
         if definition.consumption is None:
             definition = dataclasses.replace(definition, consumption=ast.Consumption.CHRONICLE)
-        with self._locked():
+        with self._guard:
             if not self._streams:
                 raise DefinitionError(f"engine {self.name} has no stream; declare its types with "
                                       f"engine.create_stream(name, types=[…], attributes=[…])")
@@ -233,23 +130,19 @@ class CompositionEngine:
             compiled = compile_query(definition, self._streams, _NoStore())
             _check_composable(compiled)
             self._queries[compiled.name] = compiled
-            ranks: dict[str, list[int]] = {}
-            for rank, index in enumerate(compiled.positives):
-                ranks.setdefault(compiled.types[index], []).append(rank)
-            for event_type, positions in ranks.items():
-                self._by_type.setdefault(event_type, []).append((compiled, tuple(positions)))
+            self._input.route(compiled)
         return compiled
 
     @property
     def queries(self) -> dict[str, CompiledQuery]:
-        with self._locked():
+        with self._guard:
             return dict(self._queries)
 
     def spec(self, query: str) -> EventSpec:
         """The rule event spec of ``query``'s composite events: ``@db.rule(on=engine.spec("AB"))``.
         Composite events reach rules as stream events (``tx.emit``) whose ``ts`` is the composite's
         interval :class:`~activedb.events.Timestamp` and whose payload is ``CompositeEvent.payload()``."""
-        with self._locked():
+        with self._guard:
             if query not in self._queries:
                 raise DefinitionError(f"no query {query!r} in engine {self.name}")
         return EventSpec(EventKind.STREAM, query)
@@ -279,62 +172,29 @@ class CompositionEngine:
             raise MembershipError(f"a producer is a non-empty string, got {producer!r}")
         if not types:
             raise MembershipError(f"producer {producer} must name the event types it produces")
-        with self._locked():
-            existing = self._producers.get(producer)
-            if existing is not None and existing.state is Membership.JOINED:
-                raise MembershipError(f"producer {producer} has already joined engine {self.name}")
-            if since is not None:
-                since = as_timestamp(since).interval.lower
-                for event_type in () if weak else types:
-                    relied = self._relied.get(event_type)
-                    if relied is not None and not relied < since:
-                        raise MembershipError(
-                            f"producer {producer} joins too late: compositions of {event_type} already relied on no "
-                            f"event before {relied!r} being in transit, and it may send events from {since!r} on; "
-                            f"join producers before they send (atomic membership), or give since= later than "
-                            f"{relied!r}")
-            state = Producer(producer, types, since, clock, self.clock.now(), weak=weak)
-            self._producers[producer] = state
-            for event_type in types:
-                self._by_producer_type.setdefault(event_type, []).append(state)
+        with self._guard:
+            self._members.join(producer, types, since, clock, self.clock.now(), weak)
 
     def leave(self, producer: str) -> list[CompositeEvent]:
         """``producer`` has sent everything (its channel is FIFO, so everything it sent has arrived): it
         no longer holds compositions back.  Returns composites this made possible."""
-        with self._locked():
-            state = self._member(producer)
-            state.state = Membership.LEFT
-            for event_type in state.types:
-                self._by_producer_type[event_type] = [other for other in self._by_producer_type[event_type]
-                                                      if other is not state]
-            self._wake(state.types)
+        with self._guard:
+            state = self._members.member(producer)
+            self._members.leave(state)
+            self._evaluation.wake(state.types)
         return self._finish()
 
     def producers(self) -> dict[str, ProducerInfo]:
-        with self._locked():
-            now = self.clock.now()
-            return {name: ProducerInfo(name, tuple(sorted(state.types)), state.sync, state.latest_local,
-                                       state.state.value, state.events, state.heartbeats, now - state.last_seen,
-                                       "weak" if state.weak else "atomic")
-                    for name, state in self._producers.items()}
-
-    def _member(self, producer: str | None) -> Producer:
-        state = self._producers.get(producer) if producer is not None else None
-        if state is None:
-            raise MembershipError(f"producer {producer!r} has not joined engine {self.name} (known: "
-                                  f"{', '.join(sorted(self._producers)) or 'none'}); call engine.join(producer, "
-                                  f"types=[…]) before it sends (atomic membership)")
-        if state.state is Membership.LEFT:
-            raise MembershipError(f"producer {producer} has left engine {self.name}; join it again to send more")
-        return state
+        with self._guard:
+            return self._members.info(self.clock.now())
 
     # --- input ------------------------------------------------------------------------------------------
 
     def signal(self, event: StreamEvent | Heartbeat) -> list[CompositeEvent]:
         """Take one event (its ``ts`` a :class:`Timestamp` naming its producer, or a number/datetime with
         ``attributes['producer']``) or a :class:`Heartbeat`; return the composite events it made possible."""
-        with self._locked():
-            self._take(event)
+        with self._guard:
+            self._input.take(event)
         return self._finish()
 
     def heartbeat(self, producer: str, ts: Any) -> list[CompositeEvent]:
@@ -343,33 +203,20 @@ class CompositionEngine:
 
     def submit(self, items: Iterable[StreamEvent | Heartbeat]) -> list[CompositeEvent]:
         """Signal every item in the order given (each producer's items in its order)."""
-        with self._locked():
+        with self._guard:
             for item in items:
-                self._take(item)
+                self._input.take(item)
         return self._finish()
 
     def process(self, tx: Any, items: Iterable[StreamEvent | Heartbeat]) -> list[CompositeEvent]:
         """``submit`` within transaction ``tx``: every composite event is emitted into ``tx`` (rules on
         ``engine.spec(query)`` fire), and if ``tx``'s top-level transaction aborts, the engine's state
         returns to what it was before the first batch of that transaction."""
-        with self._locked():
-            root = tx.root
-            if self._participant is None or self._participant.snapshot.get("root") is not root:
-                snapshot = self._snapshot()
-                snapshot["root"] = root
-                participant = _Participant(self, snapshot)
-                self._participant = participant
-                root.enlist(participant)
+        with self._guard:
+            self._rollback.enlist(tx.root)
             for item in items:
-                self._take(item)
-        with self._locked():
-            composites, self._outbox = self._outbox, []
-        for composite in composites:
-            tx.emit(composite.query, key=composite.partition or None, ts=composite.ts, payload=composite.payload())
-        self._notify()
-        self._raise_uncertain()
-        self._check_timeouts()
-        return composites
+                self._input.take(item)
+        return self._finish(emit_into=tx)
 
     def poll(self) -> list[CompositeEvent]:
         """Check the input nodes' timeouts (raises :class:`ProducerTimeout`, or excludes silent producers
@@ -378,311 +225,76 @@ class CompositionEngine:
 
     def take_outputs(self) -> list[CompositeEvent]:
         """Composite events produced before an error interrupted the call that produced them."""
-        with self._locked():
-            outputs, self._outbox = self._outbox, []
-        return outputs
+        with self._guard:
+            return self._evaluation.take_outbox()
 
     def discard(self, event: StreamEvent) -> list[CompositeEvent]:
         """Remove ``event`` from every list (e.g. after ``UncertainOrder``, as the application decides)."""
-        with self._locked():
+        with self._guard:
             found = False
-            for node in self._nodes.values():
+            for node in self._evaluation.nodes.values():
                 doomed = [item for item in node.items() if item.event == event]
                 if doomed:
                     found = True
                     node.remove(doomed)
                     self._counts["dropped"] += len(doomed)
-                    self._wake_node(node)
+                    self._evaluation.evaluate(node)
             if not found:
                 raise CompositeError(f"{describe_event(event)} is in no list of engine {self.name}")
         return self._finish()
 
-    # --- inside: taking an input ---------------------------------------------------------------------
+    # --- the end of a call -------------------------------------------------------------------------------
 
-    def _take(self, raw: Any) -> None:
-        """Precondition: the caller holds ``_mutex``."""
-        if isinstance(raw, Heartbeat):
-            self._take_heartbeat(raw)
-            return
-        if isinstance(raw, Mapping):
-            raw = StreamEvent(raw.get("type"), raw.get("ts"), dict(raw.get("attributes", {})), raw.get("stream"))
-        if not isinstance(raw, StreamEvent):
-            raise EventRejected(f"engine {self.name} takes StreamEvent or Heartbeat objects, got {raw!r}")
-        producer_name = raw.ts.producer if isinstance(raw.ts, Timestamp) else None
-        if producer_name is None:
-            producer_name = dict(raw.attributes).get("producer")
-        try:
-            ts = as_timestamp(raw.ts, producer_name)
-        except (TypeError, ValueError) as error:
-            raise EventRejected(f"{raw.type}: bad timestamp: {error}") from None
-        if ts.producer is None:
-            raise EventRejected(f"event {raw.type}{ts} names no producer; give it Timestamp(…, producer=…) "
-                                f"(the engine orders and waits per producer)")
-        producer = self._member(ts.producer)
-        if raw.type not in producer.types:
-            raise EventRejected(f"producer {producer.name} joined for {', '.join(sorted(producer.types))}, not "
-                                f"{raw.type}; join it with every type it produces")
-        event = raw if raw.ts is ts else dataclasses.replace(raw, ts=ts)
-        now = self.clock.now()
-        old = self._check_late(producer, ts, event.type, f"event {describe_event(event)}")
-        producer.last_seen = now
-        producer.events += 1
-        self._counts["events"] += 1
-        moved = producer.advance(ts)
-        self._numbers += 1
-        item = Item(event, ts, self._numbers)
-        self._entries.append(WindowEntry("event", producer.name, event.type, ts, producer.sync, now,
-                                         describe_event(event)))
-        touched = []
-        entered: dict[tuple[str, tuple], list[int]] = {}
-        for query, ranks in self._by_type.get(event.type, ()):
-            ctx = Ctx([None] * len(query.types))
-            accepted = []
-            for rank in ranks:
-                index = query.positives[rank]
-                ctx.events[index] = event
-                if all(check(ctx) is True for check in query.local.get(index, ())):
-                    accepted.append(rank)
-                ctx.events[index] = None
-            if not accepted:
-                continue
-            partition = tuple(dict(event.attributes).get(attribute) for attribute in query.partition)
-            key = (query.name, partition)
-            node = self._nodes.get(key)
-            if node is None:
-                node = self._nodes[key] = Node(query, partition)
-            for rank in accepted:
-                node.lists[rank].append(item)
-            touched.append(node)
-            entered[key] = accepted
-        if old:
-            self._invalidate(producer, event, entered)
-        for node in touched:
-            self._evaluate(node)
-        if moved:
-            self._wake(producer.types, skip=touched)
-
-    def _invalidate(self, producer: Producer, event: StreamEvent, entered: dict[tuple[str, tuple], list[int]]
-                    ) -> None:
-        """Weak membership: the compositions already produced (of the nodes ``event`` entered, with the
-        components it entered: ``entered``) that ``event`` would have changed, recorded and queued for
-        ``on_invalidation``.  A composition is changed if, for a component the event entered, the event does not certainly come after
-        (chronicle: the oldest is taken) or before (recent: the newest is taken) that component's
-        constituent, and — under SEQ — could stand between its neighbours' constituents."""
-        changed = []
-        for composite in self._composites:
-            ranks = entered.get((composite.query, composite.partition))
-            if ranks and any(self._would_change(composite, rank, event.ts) for rank in ranks):
-                changed.append(composite)
-        if changed:
-            notice = Invalidation(producer.name, event, tuple(changed), self._relied.get(event.type))
-            self._invalidations.append(notice)
-            self._notices.append(notice)
-            self._counts["invalidations"] += 1
-
-    @staticmethod
-    def _would_change(composite: CompositeEvent, rank: int, ts: Timestamp) -> bool:
-        constituents = composite.constituents
-        own = constituents[rank].ts
-        if composite.consumption == "recent":
-            changed = not precedes(ts, own)          # possibly newer than the one recent consumption took
-        else:
-            changed = not precedes(own, ts)          # possibly older than the one chronicle took
-        if changed and composite.operator == "SEQ":
-            if rank > 0 and precedes(ts, constituents[rank - 1].ts):
-                return False                         # it cannot follow the previous component's constituent
-            if rank + 1 < len(constituents) and precedes(constituents[rank + 1].ts, ts):
-                return False                         # nor precede the next one's
-        return changed
-
-    def invalidations(self) -> tuple[Invalidation, ...]:
-        """Every invalidation notice so far (weak membership), oldest first."""
-        with self._locked():
-            return tuple(self._invalidations)
-
-    def _take_heartbeat(self, heartbeat: Heartbeat) -> None:
-        producer = self._member(heartbeat.producer)
-        try:
-            ts = as_timestamp(heartbeat.ts, producer.name)
-        except (TypeError, ValueError) as error:
-            raise EventRejected(f"heartbeat of {producer.name}: bad timestamp: {error}") from None
-        now = self.clock.now()
-        producer.last_seen = now
-        producer.heartbeats += 1
-        self._counts["heartbeats"] += 1
-        for event_type in producer.types:
-            self._check_late(producer, ts, event_type, f"heartbeat {ts} of {producer.name}", heartbeat=True)
-        moved = producer.advance(ts)
-        self._entries.append(WindowEntry("heartbeat", producer.name, None, ts, producer.sync, now,
-                                         f"heartbeat {producer.name}"))
-        if moved:
-            self._wake(producer.types)
-
-    def _check_late(self, producer: Producer, ts: Timestamp, event_type: str, what: str,
-                    heartbeat: bool = False) -> bool:
-        """An input below the producer's sync-point (or local reading) breaks its FIFO promise: accept it
-        only if no decision about its type relied on its absence.  Returns True for an *old* event of a
-        weak member: one that keeps its producer's FIFO promise but that decisions relied on the absence
-        of (taken, and checked against the compositions already produced)."""
-        lower = ts.interval.lower
-        behind = producer.sync is not None and lower < producer.sync
-        local_behind = (ts.local is not None and producer.latest_local is not None
-                        and ts.local < producer.latest_local)
-        if heartbeat:
-            if producer.sync is None:
-                behind = False
-            if behind or local_behind:
-                return False            # an old heartbeat says nothing new; sync-points never move back
-        relied = self._relied.get(event_type)
-        if producer.weak and not heartbeat and not (behind or local_behind):
-            return relied is not None and not relied < lower
-        if producer.sync is None and not heartbeat:
-            if relied is not None and not relied < lower:
-                self._counts["late_refused"] += 1
-                raise LateEvent(f"{what} is the first of producer {producer.name}, which joined without since=, "
-                                f"but compositions of {event_type} already relied on no event before {relied!r} "
-                                f"being in transit; join producers with since= before they send (atomic membership), "
-                                f"or join it with membership='weak' to be told which compositions it changes")
-            return False
-        if not (behind or local_behind):
-            return False
-        if local_behind or (relied is not None and not relied < lower):
-            self._counts["late_refused"] += 1
-            raise LateEvent(f"{what} arrived after its producer's sync-point {producer.sync!r} moved past it, and "
-                            f"compositions of {event_type} already relied on no event before {relied!r} being in "
-                            f"transit; a producer must send its events in detection order (FIFO) with "
-                            f"non-decreasing lower bounds — send a heartbeat instead of an event from the past")
-        self._counts["late_accepted"] += 1
-        return False
-
-    # --- inside: evaluation --------------------------------------------------------------------------
-
-    def _evaluate(self, node: Node) -> None:
-        key = (node.query.name, node.partition)
-        try:
-            node.evaluate(self)
-        except UncertainOrder as error:
-            # Raised at the end of the call (after every input of it was taken); the node keeps its
-            # events and raises again whenever it is evaluated, until the application decides.
-            if all(str(error) != str(other) for other in self._raised):
-                self._raised.append(error)
-            self._blocked.add(key)
-            return
-        if node.blocked_on:
-            self._blocked.add(key)
-        else:
-            self._blocked.discard(key)
-        if not node.size() and not node.blocked_on:
-            self._nodes.pop(key, None)
-
-    def _wake(self, types: Iterable[str], skip: Sequence[Node] = ()) -> None:
-        types = set(types)
-        for key in sorted(self._blocked, key=repr):
-            node = self._nodes.get(key)
-            if node is None or any(node is skipped for skipped in skip):
-                continue
-            if types & set(node.types):
-                self._evaluate(node)
-
-    def _wake_node(self, node: Node) -> None:
-        self._evaluate(node)
-
-    def _blocking(self, stamps: list[Timestamp], event_type: str) -> frozenset[str]:
-        """The producers of ``event_type`` that may still send an event the candidates ``stamps`` do not
-        certainly precede (empty: the candidate set is stable)."""
-        return frozenset(producer.name for producer in self._by_producer_type.get(event_type, ())
-                         if not producer.covers(stamps))
-
-    def _rely(self, event_type: str, value: Any) -> None:
-        current = self._relied.get(event_type)
-        if current is None or current < value:
-            self._relied[event_type] = value
-
-    def _resolve(self, uncertainty: Uncertainty, candidates: list[Item]) -> tuple:
-        self._counts["uncertainties"] += 1
-        self._uncertainties.append(uncertainty)
-        if self.on_uncertain is None:
-            raise UncertainOrder(uncertainty)
-        answer = self.on_uncertain(uncertainty)
-        if answer is None:
-            raise UncertainOrder(uncertainty)
-        if isinstance(answer, StreamEvent):
-            answer = Choice.use(answer)
-        if not isinstance(answer, Choice):
-            raise CompositeError(f"on_uncertain returned {answer!r}; return Choice.use(event), Choice.drop(*events), "
-                                 f"one of the candidate events, or None to raise UncertainOrder")
-        self._counts["decisions"] += 1
-        if answer.use_event is not None:
-            for item in candidates:
-                if item.event == answer.use_event:
-                    return ("use", item)
-            raise CompositeError(f"on_uncertain chose {describe_event(answer.use_event)}, which is not one of the "
-                                 f"candidates ({', '.join(describe_event(item.event) for item in candidates)})")
-        dropped = []
-        for event in answer.dropped:
-            matches = [item for item in candidates if item.event == event]
-            if not matches:
-                raise CompositeError(f"on_uncertain dropped {describe_event(event)}, which is not a candidate")
-            dropped.extend(matches)
-        return ("drop", dropped)
-
-    def _compose(self, node: Node, chosen: list[Item]) -> None:
-        query = node.query
-        events: list[Any] = [None] * len(query.types)
-        for rank, item in enumerate(chosen):
-            events[query.positives[rank]] = item.event
-        ctx = Ctx(events)
-        attributes = {name: function(ctx) for name, function in query.returns}
-        composite = CompositeEvent(
-            query=query.name, ts=hull([item.ts for item in chosen], producer=query.name), attributes=attributes,
-            constituents=tuple(item.event for item in chosen), components=node.names, partition=node.partition,
-            resolutions=tuple(node.pending_resolutions), consumption=query.definition.consumption.value,
-            operator="AND" if node.conjunction else "SEQ", sts=self.clock.now())
-        node.pending_resolutions.clear()
-        node.decisions.clear()
-        self._counts["composites"] += 1
-        self._outbox.append(composite)
-        self._composites.append(composite)
-
-    def _dropped(self, node: Node, items: list[Item]) -> None:
-        self._counts["dropped"] += len(items)
-        node.decisions.clear()
-
-    def _discarded(self, node: Node, items: list[Item]) -> None:
-        self._counts["discarded"] += len(items)
-
-    def _unmatched(self, node: Node, item: Item) -> None:
-        self._counts["unmatched"] += 1
-
-    # --- timeouts --------------------------------------------------------------------------------------
+    def _finish(self, emit_into: Any = None) -> list[CompositeEvent]:
+        """End a call: hand the outputs to ``emit_into`` (a transaction: every composite event is emitted
+        into it first), hand out the invalidation notices (outside ``_mutex``), raise the first
+        uncertainty met (the others are in ``error.others``; the outputs made before stay for
+        ``take_outputs()`` unless emitted), then the timeouts; else return the outputs."""
+        if emit_into is not None:
+            with self._guard:
+                outputs = self._evaluation.take_outbox()
+            for composite in outputs:
+                emit_into.emit(composite.query, key=composite.partition or None, ts=composite.ts,
+                               payload=composite.payload())
+        with self._guard:
+            notices, self._input.notices = self._input.notices, []
+        if self.on_invalidation is not None:
+            for notice in notices:
+                self.on_invalidation(notice)
+        with self._guard:
+            raised, self._evaluation.raised = self._evaluation.raised, []
+        if raised:
+            first = raised[0]
+            first.others = tuple(raised[1:])
+            raise first
+        self._check_timeouts()
+        if emit_into is not None:
+            return outputs
+        with self._guard:
+            return self._evaluation.take_outbox()
 
     def _check_timeouts(self) -> None:
         if self.timeout is None:
             return
-        with self._locked():
+        with self._guard:
             now = self.clock.now()
+            producers = self._members.producers
             waited: dict[str, list[str]] = {}
-            for key in sorted(self._blocked, key=repr):
-                node = self._nodes.get(key)
-                if node is None:
-                    continue
+            for key, node in self._evaluation.blocked_nodes():
                 for name in node.blocked_on:
-                    producer = self._producers.get(name)
+                    producer = producers.get(name)
                     if producer is not None and producer.state is Membership.JOINED \
                             and now - producer.last_seen > self.timeout:
                         waited.setdefault(name, []).append(f"{key[0]}{'/' + repr(key[1]) if key[1] else ''}")
             if not waited:
                 return
-            silent = {name: now - self._producers[name].last_seen for name in waited}
+            silent = {name: now - producers[name].last_seen for name in waited}
             if self.on_timeout is TimeoutPolicy.EXCLUDE:
                 for name in sorted(waited):
-                    state = self._producers[name]
-                    state.state = Membership.LEFT
-                    for event_type in state.types:
-                        self._by_producer_type[event_type] = [other for other in self._by_producer_type[event_type]
-                                                              if other is not state]
+                    state = producers[name]
+                    self._members.leave(state)
                     self._counts["excluded"] += 1
-                    self._wake(state.types)
+                    self._evaluation.wake(state.types)
                 return
         details = "; ".join(f"{name} silent for {silent[name]:.3g} s, blocking {', '.join(sorted(set(nodes)))}"
                             for name, nodes in sorted(waited.items()))
@@ -692,151 +304,71 @@ class CompositionEngine:
             f"send heartbeats (engine.heartbeat(producer, ts) or heartbeat rows), engine.leave() it if it is gone, "
             f"or run the engine with on_timeout='exclude'", tuple(sorted(waited)), silent)
 
-    # --- results, locking, snapshots -----------------------------------------------------------------------
-
-    def _finish(self, raise_timeouts: bool = True) -> list[CompositeEvent]:
-        """End a call: hand out the invalidation notices, raise the first uncertainty met (the others
-        are in ``error.others``; the outputs made before stay for ``take_outputs()``), then the timeouts;
-        else return the outputs."""
-        self._notify()
-        self._raise_uncertain()
-        if raise_timeouts:
-            self._check_timeouts()
-        with self._locked():
-            outputs, self._outbox = self._outbox, []
-        return outputs
-
-    def _notify(self) -> None:
-        """Call ``on_invalidation`` with the notices queued by the call (outside ``_mutex``)."""
-        with self._locked():
-            notices, self._notices = self._notices, []
-        if self.on_invalidation is not None:
-            for notice in notices:
-                self.on_invalidation(notice)
-
-    def _raise_uncertain(self) -> None:
-        with self._locked():
-            raised, self._raised = self._raised, []
-        if raised:
-            first = raised[0]
-            first.others = tuple(raised[1:])
-            raise first
-
-    def _locked(self):
-        return _Holding(self)
-
-    def _snapshot(self) -> dict:
-        """Precondition: the caller holds ``_mutex``.  Items are shared (immutable but for the
-        ``processed`` flag, which is saved separately)."""
-        nodes = {}
-        for key, node in self._nodes.items():
-            nodes[key] = (node, [POList(items) for items in node.lists], dict(node.decisions), node.blocked_on,
-                          list(node.pending_resolutions))
-        processed = {item.number: item.processed for node in self._nodes.values() for item in node.items()}
-        producers = {name: (state, state.sync, state.latest_local, state.state, state.events, state.heartbeats,
-                            state.last_seen) for name, state in self._producers.items()}
-        return {"nodes": nodes, "processed": processed, "producers": producers,
-                "by_producer_type": {key: list(value) for key, value in self._by_producer_type.items()},
-                "blocked": set(self._blocked), "relied": dict(self._relied),
-                "counts": collections.Counter(self._counts),
-                "numbers": self._numbers, "invalidations": list(self._invalidations)}
-
-    def _restore(self, participant: _Participant) -> None:
-        with self._locked():
-            if self._participant is not participant:
-                return
-            snapshot = participant.snapshot
-            self._nodes = {}
-            items_by_number = {}
-            for key, (node, lists, decisions, blocked_on, resolutions) in snapshot["nodes"].items():
-                node.lists = lists
-                node.decisions = decisions
-                node.blocked_on = blocked_on
-                node.pending_resolutions = resolutions
-                self._nodes[key] = node
-                for item in node.items():
-                    items_by_number[item.number] = item
-            for number, processed in snapshot["processed"].items():
-                if number in items_by_number:
-                    items_by_number[number].processed = processed
-            self._producers = {}
-            for name, (state, sync, local, membership, events, heartbeats, seen) in snapshot["producers"].items():
-                state.sync, state.latest_local, state.state = sync, local, membership
-                state.events, state.heartbeats, state.last_seen = events, heartbeats, seen
-                self._producers[name] = state
-            self._by_producer_type = snapshot["by_producer_type"]
-            self._blocked = snapshot["blocked"]
-            self._relied = snapshot["relied"]
-            self._counts = snapshot["counts"]
-            self._numbers = snapshot["numbers"]
-            self._invalidations = snapshot["invalidations"]
-            self._notices = []
-            self._outbox = []
-            self._participant = None
-
-    def _forget_snapshot(self, participant: _Participant) -> None:
-        with self._locked():
-            if self._participant is participant:
-                self._participant = None
-
     # --- inspection --------------------------------------------------------------------------------------
 
+    def invalidations(self) -> tuple[Invalidation, ...]:
+        """Every invalidation notice so far (weak membership), oldest first."""
+        with self._guard:
+            return tuple(self._input.invalidations)
+
     def statistics(self) -> CompositeStatistics:
-        with self._locked():
+        with self._guard:
             counts = self._counts
             return CompositeStatistics(
                 events=counts["events"], heartbeats=counts["heartbeats"], composites=counts["composites"],
                 uncertainties=counts["uncertainties"], decisions=counts["decisions"], dropped=counts["dropped"],
                 discarded=counts["discarded"], unmatched=counts["unmatched"],
                 late_refused=counts["late_refused"], late_accepted=counts["late_accepted"],
-                waiting=sum(node.size() for node in self._nodes.values()), blocked_nodes=len(self._blocked),
+                waiting=sum(node.size() for node in self._evaluation.nodes.values()),
+                blocked_nodes=len(self._evaluation.blocked),
                 invalidations=counts["invalidations"])
 
     def waiting(self) -> dict[tuple[str, tuple], dict[str, Any]]:
         """Per node that holds events: its lists (as events) and the producers it waits for."""
-        with self._locked():
+        with self._guard:
             return {key: {"lists": {name: [item.event for item in items] for name, items in
                                     zip(node.names, node.lists)},
                           "blocked_on": sorted(node.blocked_on)}
-                    for key, node in self._nodes.items() if node.size() or node.blocked_on}
+                    for key, node in self._evaluation.nodes.items() if node.size() or node.blocked_on}
 
     def progress(self, query: str) -> Any:
         """A lower bound of the lower bound of every composite event ``query`` may still produce (None:
         unknown): what a consumer of these composites uses as this query's sync-point
         (``other.heartbeat(query, engine.progress(query))``)."""
-        with self._locked():
+        with self._guard:
             compiled = self._queries.get(query)
             if compiled is None:
                 raise DefinitionError(f"no query {query!r} in engine {self.name}")
             bounds = []
-            for key, node in self._nodes.items():
+            for key, node in self._evaluation.nodes.items():
                 if key[0] == query:
                     bounds.extend(item.ts.interval.lower for item in node.items())
-            for event_type in set(compiled.types):
-                for producer in self._by_producer_type.get(event_type, ()):
-                    if producer.sync is None:
-                        return None
-                    bounds.append(producer.sync)
+            syncs = self._members.syncs(compiled.types)
+            if syncs is None:
+                return None
+            bounds.extend(syncs)
             return min(bounds) if bounds else None
 
     def window(self, last: int | None = None) -> Window:
         """The latest arrivals and composites (at most ``last`` arrivals), for ``activedb.composite.plot``."""
-        with self._locked():
-            entries = tuple(self._entries)[-last:] if last else tuple(self._entries)
+        with self._guard:
+            entries = tuple(self._input.entries)[-last:] if last else tuple(self._input.entries)
             start = min((entry.ts.interval.lower for entry in entries), default=None)
-            composites = tuple(composite for composite in self._composites
+            composites = tuple(composite for composite in self._evaluation.composites
                                if start is None or not composite.ts.interval.upper < start)
             return Window(entries=entries, composites=composites,
-                          sync_points={name: state.sync for name, state in self._producers.items()},
-                          producers={name: tuple(sorted(state.types)) for name, state in self._producers.items()},
-                          uncertainties=tuple(self._uncertainties))
+                          sync_points={name: state.sync for name, state in self._members.producers.items()},
+                          producers={name: tuple(sorted(state.types))
+                                     for name, state in self._members.producers.items()},
+                          uncertainties=tuple(self._evaluation.uncertainties))
 
     def __repr__(self) -> str:
-        return f"<CompositionEngine {self.name}: {len(self._queries)} queries, {len(self._producers)} producers>"
+        return (f"<CompositionEngine {self.name}: {len(self._queries)} queries, {len(self._members.producers)} "
+                f"producers>")
 
 
 class _Holding:
-    """``with engine._locked():`` — takes ``_mutex``; a re-entrant call (the on_uncertain callback calling
+    """``with engine._guard:`` — takes ``_mutex``; a re-entrant call (the on_uncertain callback calling
     the engine) raises instead of deadlocking."""
 
     __slots__ = ("engine",)

@@ -2,9 +2,9 @@
 evaluation of AND / SEQ under chronicle and recent consumption (the paper's CompositionNode, §V).
 
 ``evaluate()`` is the paper's ``while (evaluate());`` followed by ``cleanUp()``: it composes as long as
-the candidate sets are stable and certain, asks the engine to resolve an uncertainty (an up-call, or
-``UncertainOrder``), and stops when a candidate set is not stable yet (it then records which producers
-it waits for — the input-node timeout watches them).
+the candidate sets are stable and certain, asks its context (the engine's ``Evaluation``) to resolve an
+uncertainty (an up-call, or ``UncertainOrder``), and stops when a candidate set is not stable yet (it
+then records which producers it waits for — the input-node timeout watches them).
 
 Not thread-safe by itself: used under ``CompositionEngine._mutex``.
 """
@@ -20,7 +20,7 @@ from activedb.streams import CompiledQuery
 from activedb.streams import algebra as ast
 
 if TYPE_CHECKING:  # pragma: no cover
-    from activedb.composite._engine import CompositionEngine
+    from activedb.composite._evaluation import Evaluation
 
 
 def _without(items: list[Item], taken: list[Item]) -> list[Item]:
@@ -79,32 +79,32 @@ class Node:
 
     # --- evaluation ----------------------------------------------------------------------------------
 
-    def evaluate(self, engine: "CompositionEngine") -> int:
+    def evaluate(self, context: "Evaluation") -> int:
         """Compose until blocked or idle; then clean up.  Returns the number of composite events."""
         composed = 0
         self.blocked_on = frozenset()
         while True:
             if self.recent:
-                step = self._recent_and(engine) if self.conjunction else self._recent_seq(engine)
+                step = self._recent_and(context) if self.conjunction else self._recent_seq(context)
             else:
-                step = self._chronicle(engine)
+                step = self._chronicle(context)
             if step is not Step.COMPOSED:
                 break
             composed += 1
-        self._cleanup(engine)
+        self._cleanup(context)
         return composed
 
-    def _stable(self, engine: "CompositionEngine", rank: int, candidates: list[Item]) -> bool:
+    def _stable(self, context: "Evaluation", rank: int, candidates: list[Item]) -> bool:
         if not candidates:
             return False
-        blocking = engine._blocking([item.ts for item in candidates], self.types[rank])
+        blocking = context.blocking([item.ts for item in candidates], self.types[rank])
         if blocking:
             self.blocked_on = self.blocked_on | blocking
             return False
-        engine._rely(self.types[rank], min(item.ts.interval.upper for item in candidates))
+        context.rely(self.types[rank], min(item.ts.interval.upper for item in candidates))
         return True
 
-    def _decide(self, engine: "CompositionEngine", rank: int, kind: UncertaintyKind, candidates: list[Item],
+    def _decide(self, context: "Evaluation", rank: int, kind: UncertaintyKind, candidates: list[Item],
                 chosen: list[Item], anchor: Item | None) -> tuple:
         """Resolve an uncertainty: ("use", item) or ("drop", items).  Raises UncertainOrder if the
         application gives no choice.  A decision is asked once per distinct situation."""
@@ -118,7 +118,7 @@ class Node:
                                   tuple(item.event for item in candidates),
                                   tuple(item.event for item in chosen),
                                   anchor.event if anchor is not None else None)
-        decision = engine._resolve(uncertainty, candidates)
+        decision = context.resolve(uncertainty, candidates)
         self.decisions[key] = decision
         if decision[0] == "drop":
             self.pending_resolutions.append(
@@ -127,33 +127,33 @@ class Node:
             self.pending_resolutions.append(Resolution(uncertainty, decision[1].event))
         return decision
 
-    def _choose(self, engine: "CompositionEngine", rank: int, candidates: list[Item], chosen: list[Item],
+    def _choose(self, context: "Evaluation", rank: int, candidates: list[Item], chosen: list[Item],
                 anchor: Item | None, in_order: Callable[[Item], bool]) -> "tuple[Item | None, Step | None]":
         """One item of component ``rank`` from ``candidates`` (not empty): the application decides among
         several (``MULTIPLE``), and on one whose order against ``anchor`` is uncertain (``UNORDERED``:
         ``in_order(pick)`` is false).  ``(pick, None)``, or ``(None, step)`` when the decision dropped
         items instead of picking."""
         if len(candidates) > 1:
-            decision = self._decide(engine, rank, UncertaintyKind.MULTIPLE, candidates, chosen, anchor)
+            decision = self._decide(context, rank, UncertaintyKind.MULTIPLE, candidates, chosen, anchor)
             if decision[0] == "drop":
-                return None, self._apply_drop(engine, decision[1])
+                return None, self._apply_drop(context, decision[1])
             pick = decision[1]
         else:
             pick = candidates[0]
         if anchor is not None and not in_order(pick):
-            decision = self._decide(engine, rank, UncertaintyKind.UNORDERED, [pick], chosen, anchor)
+            decision = self._decide(context, rank, UncertaintyKind.UNORDERED, [pick], chosen, anchor)
             if decision[0] == "drop":
-                return None, self._apply_drop(engine, decision[1])
+                return None, self._apply_drop(context, decision[1])
         return pick, None
 
-    def _apply_drop(self, engine: "CompositionEngine", items: list[Item]) -> Step:
+    def _apply_drop(self, context: "Evaluation", items: list[Item]) -> Step:
         self.remove(items)
-        engine._dropped(self, items)
+        context.dropped(self, items)
         return Step.COMPOSED
 
     # chronicle: AND and SEQ (the paper's algorithms, with gaps (a)–(c) closed) ---------------------
 
-    def _chronicle(self, engine: "CompositionEngine") -> Step:
+    def _chronicle(self, context: "Evaluation") -> Step:
         if any(not items for items in self.lists):
             return Step.IDLE
         chosen: list[Item] = []
@@ -165,36 +165,36 @@ class Node:
             else:
                 anchor = chosen[-1]
                 candidates = oldest_following(available, anchor)
-            if not self._stable(engine, rank, candidates):
+            if not self._stable(context, rank, candidates):
                 return Step.BLOCKED if candidates or self.blocked_on else Step.IDLE
             # Gap (c) inside: a single candidate whose order relative to its predecessor is uncertain.
-            pick, dropped = self._choose(engine, rank, candidates, chosen, anchor,
+            pick, dropped = self._choose(context, rank, candidates, chosen, anchor,
                                          lambda pick: before(anchor.ts, pick.ts))
             if dropped is not None:
                 return dropped
             chosen.append(pick)
         self.remove(chosen)
-        engine._compose(self, chosen)
+        context.compose(self, chosen)
         return Step.COMPOSED
 
     # recent: derived (see the README) ----------------------------------------------------------------
 
-    def _recent_seq(self, engine: "CompositionEngine") -> Step:
+    def _recent_seq(self, context: "Evaluation") -> Step:
         """Every event of the last component, once no event of an earlier component can still come
         before it, is combined with the newest events before it, component by component backwards; the
         terminating event is used up, the others stay until a newer one rules them out."""
         last = len(self.lists) - 1
         if last == 0:
-            return self._recent_single(engine)
+            return self._recent_single(context)
         for terminator in sorted(self.lists[last], key=Item.sort_key):
             blocking = frozenset()
             for rank in range(last):
-                blocking = blocking | engine._blocking([terminator.ts], self.types[rank])
+                blocking = blocking | context.blocking([terminator.ts], self.types[rank])
             if blocking:
                 self.blocked_on = self.blocked_on | blocking
                 continue
             for rank in range(last):
-                engine._rely(self.types[rank], terminator.ts.interval.upper)
+                context.rely(self.types[rank], terminator.ts.interval.upper)
             chosen = [terminator]
             complete = True
             for rank in range(last - 1, -1, -1):
@@ -204,28 +204,28 @@ class Node:
                 if not candidates:
                     complete = False
                     break
-                pick, dropped = self._choose(engine, rank, candidates, chosen, anchor,
+                pick, dropped = self._choose(context, rank, candidates, chosen, anchor,
                                              lambda pick: before(pick.ts, anchor.ts))
                 if dropped is not None:
                     return dropped
                 chosen.insert(0, pick)
             self.lists[last] = POList(item for item in self.lists[last] if item is not terminator)
             if complete:
-                engine._compose(self, chosen)
+                context.compose(self, chosen)
             else:
-                engine._unmatched(self, terminator)
+                context.unmatched(self, terminator)
             return Step.COMPOSED
         return Step.BLOCKED if self.blocked_on else Step.IDLE
 
-    def _recent_single(self, engine: "CompositionEngine") -> Step:
+    def _recent_single(self, context: "Evaluation") -> Step:
         if not self.lists[0]:
             return Step.IDLE
         item = min(self.lists[0], key=Item.sort_key)
         self.lists[0] = POList(other for other in self.lists[0] if other is not item)
-        engine._compose(self, [item])
+        context.compose(self, [item])
         return Step.COMPOSED
 
-    def _recent_and(self, engine: "CompositionEngine") -> Step:
+    def _recent_and(self, context: "Evaluation") -> Step:
         """Every event, once no event of another component can still come before it, is combined with
         the newest events of the other components before it; events stay as candidates until a newer
         one of their component rules them out."""
@@ -237,13 +237,13 @@ class Node:
             blocking = frozenset()
             for rank in range(count):
                 if rank not in ranks:
-                    blocking = blocking | engine._blocking([event.ts], self.types[rank])
+                    blocking = blocking | context.blocking([event.ts], self.types[rank])
             if blocking:
                 self.blocked_on = self.blocked_on | blocking
                 continue
             for rank in range(count):
                 if rank not in ranks:
-                    engine._rely(self.types[rank], event.ts.interval.upper)
+                    context.rely(self.types[rank], event.ts.interval.upper)
             compositions: list[list[Item]] = []
             for own in ranks:
                 chosen: list[Item | None] = [None] * count
@@ -258,7 +258,7 @@ class Node:
                     if not candidates:
                         complete = False
                         break
-                    pick, dropped = self._choose(engine, rank, candidates, taken, event,
+                    pick, dropped = self._choose(context, rank, candidates, taken, event,
                                                  lambda pick: before(pick.ts, event.ts))
                     if dropped is not None:
                         return dropped
@@ -269,15 +269,15 @@ class Node:
             # above leaves it unprocessed, to be decided again).
             event.processed = True
             for composition in compositions:
-                engine._compose(self, composition)
+                context.compose(self, composition)
             if not compositions:
-                engine._unmatched(self, event)
+                context.unmatched(self, event)
             return Step.COMPOSED
         return Step.BLOCKED if self.blocked_on else Step.IDLE
 
     # clean-up ----------------------------------------------------------------------------------------
 
-    def _cleanup(self, engine: "CompositionEngine") -> None:
+    def _cleanup(self, context: "Evaluation") -> None:
         """Drop events that can never be composed any more (the paper's unspecified cleanUp()).
 
         * chronicle SEQ: an event of component i > 0 that precedes every event of component i − 1 in the
@@ -292,12 +292,12 @@ class Node:
                 previous = self.lists[rank - 1]
                 useless = [item for item in self.lists[rank]
                            if all(other is not item and before(item.ts, other.ts) for other in previous)
-                           and not engine._blocking([item.ts], self.types[rank - 1])]
+                           and not context.blocking([item.ts], self.types[rank - 1])]
                 if useless:
                     for item in useless:
-                        engine._rely(self.types[rank - 1], item.ts.interval.upper)
+                        context.rely(self.types[rank - 1], item.ts.interval.upper)
                     self.remove(useless)
-                    engine._discarded(self, useless)
+                    context.discarded(self, useless)
             return
         count = len(self.lists)
         for rank in range(count):
@@ -315,22 +315,22 @@ class Node:
                 for newer in items:
                     if newer is item or not before(item.ts, newer.ts):
                         continue
-                    if self._rules_out(engine, newer, lookers):
+                    if self._rules_out(context, newer, lookers):
                         ruled_out.append(item)
                         break
             if ruled_out:
                 self.remove(ruled_out)
-                engine._discarded(self, ruled_out)
+                context.discarded(self, ruled_out)
 
-    def _rules_out(self, engine: "CompositionEngine", newer: Item, lookers: list[int]) -> bool:
+    def _rules_out(self, context: "Evaluation", newer: Item, lookers: list[int]) -> bool:
         for looker in lookers:
             for item in self.lists[looker]:
                 if self.conjunction and item.processed:
                     continue
                 if item is newer or not before(newer.ts, item.ts):
                     return False
-            if engine._blocking([newer.ts], self.types[looker]):
+            if context.blocking([newer.ts], self.types[looker]):
                 return False
         for looker in lookers:
-            engine._rely(self.types[looker], newer.ts.interval.upper)
+            context.rely(self.types[looker], newer.ts.interval.upper)
         return True

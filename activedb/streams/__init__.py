@@ -46,7 +46,8 @@ from activedb.streams._concurrent import (
     SchedulerHooks,
     SchedulerStatistics,
 )
-from activedb.streams._engine import AccessPlan, BatchResult, BatchRun, Resource, STransaction, StreamEngine
+from activedb.streams._batch import AccessPlan, BatchResult, BatchRun, Resource, STransaction
+from activedb.streams._engine import StreamEngine
 from activedb.streams._events import END_OF_STREAM, DeadLetter, Output, StreamEvent
 from activedb.streams._history import StreamHistory, StreamOp
 from activedb.streams._language import parse

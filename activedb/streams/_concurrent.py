@@ -56,7 +56,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from activedb.streams._engine import AccessPlan, BatchRun, STransaction
+from activedb.streams._batch import AccessPlan, BatchRun, STransaction
 from activedb.streams._locks import (
     LockMode,
     LockTableStatistics,
@@ -69,7 +69,7 @@ from activedb.streams._locks import (
 from activedb.streams._matcher import PartitionState
 from activedb.streams._scheduler import Scheduler
 from activedb.streams._versions import VersionStatistics, VersionStore
-from activedb.streams._view import Stamp, StoreView, _as_key
+from activedb.streams._view import LockedView, Stamp, StoreView, VersionedView
 from activedb.streams.errors import SchedulerError, StreamError
 from activedb.txn import Observer
 
@@ -468,29 +468,6 @@ class LockingScheduler(Scheduler):
                 versions_written=self._versions_written)
 
 
-class _LockedView(StoreView):
-    """A view whose every operation first waits for its lock in the run's lock table."""
-
-    def __init__(self, run: _Run, work: _Work, tx: Any, stamp: Stamp):
-        engine = run.batch.engine
-        super().__init__(tx, stamp, engine.history, engine.operation_cost)
-        self._run = run
-        self._owner = work.owner
-        self._table = run.table
-        self._catalog = engine.catalog
-
-    def _before(self, kind: str, table: str, key: tuple | None) -> None:
-        self._table.acquire(self._owner, table, key, LockMode.READ if kind == "read" else LockMode.WRITE)
-        if self._cost is not None:
-            self._cost(kind)
-
-    def _key_of_values(self, table: str, values: Mapping[str, Any]) -> tuple | None:
-        columns = self._catalog.table(table).key_columns
-        if all(values.get(column) is not None for column in columns):
-            return tuple(values[column] for column in columns)
-        return None
-
-
 class S2PLScheduler(LockingScheduler):
     """Strict two-phase locking with locks inserted at arrival (Active CEP §5.2, Algorithm 1)."""
 
@@ -498,75 +475,9 @@ class S2PLScheduler(LockingScheduler):
     lock_table_class = S2PLLockTable
 
     def _view(self, run: _Run, tx: Any, stamp: Stamp) -> StoreView:
-        return _LockedView(run, run.by_position[stamp.position], tx, stamp)
-
-
-class _VersionedView(_LockedView):
-    """LWM's view: Reads from the version store at the s-transaction's position, Writes into
-    its subtransaction (granted in timestamp order) leaving a version."""
-
-    def __init__(self, run: _Run, work: _Work, tx: Any, stamp: Stamp):
-        super().__init__(run, work, tx, stamp)
-        self._versions = run.versions
-
-    def read(self, table: str, key: Any) -> dict | None:
-        key = _as_key(key)
-        if not self._versions.tracks(table, key):
-            # No plan of the batch reads the row: only this s-transaction's own write lock
-            # covers it (a Python action may read the tables it writes).  Every earlier writer
-            # of it has ended and no later one can write before this one ends, so the tree
-            # shows exactly the version this Read must see.
-            return super().read(table, key)
-        self._before("read", table, key)
-        image, sequence = self._versions.read(self.stamp.position, table, key)
-        self.reads += 1
-        if self._history is not None:
-            self._record("read", table, key, image, read_from=sequence)
-        return image
-
-    def scan(self, table: str, where: Mapping[str, Any] | None = None) -> list[dict]:
-        if not self._versions.tracks_table(table):
-            return super().scan(table, where)          # as for read: covered by its own write lock only
-        self._before("read", table, None)
-        rows, seen = self._versions.scan(self.stamp.position, table, where)
-        self.reads += 1
-        if self._history is not None:
-            self._record("scan", table, rows, read_from=seen)
-        return rows
-
-    def write(self, table: str, key: Any, **values: Any) -> None:
-        key = _as_key(key)
-        self._before("write", table, key)
-        self.tx.write(table, key, **values)
-        self._written(table, key, dict(values), "write")
-
-    def insert(self, table: str, **values: Any) -> Any:
-        self._before("write", table, self._key_of_values(table, values))
-        inserted = self.tx.insert(table, **values)
-        self._written(table, _as_key(inserted), dict(values), "insert")
-        return inserted
-
-    def delete(self, table: str, key: Any) -> None:
-        key = _as_key(key)
-        self._before("write", table, key)
-        self.tx.delete(table, key)
-        self._written(table, key, None, "delete")
-
-    def _written(self, table: str, key: tuple, values: dict | None, operation: str) -> None:
-        self.writes += 1
-        sequence = self._record("write", table, key, values, operation) if self._history is not None else None
-        versions = self._versions
-        if versions.tracks(table, key):
-            image = None
-            if operation == "write":
-                # A write patches the row: over the version this s-transaction sees (every earlier
-                # writer ended), the new image is that one with the values; activedb stores values
-                # as given (checked, not converted).  A row it creates is read back from the tree.
-                previous, _ = versions.read(self.stamp.position, table, key)
-                image = {**previous, **values} if previous is not None else self.tx.read(table, key)
-            elif operation == "insert":
-                image = self.tx.read(table, key)
-            versions.append(self.stamp.position, table, key, image, sequence)
+        engine = run.batch.engine
+        return LockedView(tx, stamp, engine.history, engine.operation_cost, table=run.table,
+                          owner=run.by_position[stamp.position].owner, catalog=engine.catalog)
 
 
 class LWMScheduler(LockingScheduler):
@@ -618,4 +529,7 @@ class LWMScheduler(LockingScheduler):
             run.versions.drop(work.owner.position)
 
     def _view(self, run: _Run, tx: Any, stamp: Stamp) -> StoreView:
-        return _VersionedView(run, run.by_position[stamp.position], tx, stamp)
+        engine = run.batch.engine
+        return VersionedView(tx, stamp, engine.history, engine.operation_cost, table=run.table,
+                             owner=run.by_position[stamp.position].owner, catalog=engine.catalog,
+                             versions=run.versions)

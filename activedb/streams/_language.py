@@ -1,5 +1,5 @@
-"""The textual language of Active CEP (§3.1, Appendix B): a hand-written lexer and
-recursive-descent parser producing :mod:`activedb.streams.algebra` nodes.
+"""The textual language of Active CEP (§3.1, Appendix B): a hand-written lexer
+(``_lexer.py``) and recursive-descent parser producing :mod:`activedb.streams.algebra` nodes.
 
 Grammar (keywords are case-insensitive; ``[…]`` optional, ``{…}`` repeated)::
 
@@ -38,207 +38,16 @@ Every error is a :class:`~activedb.streams.errors.QuerySyntaxError` with line an
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-from typing import Any
-
 from activedb.streams import algebra as ast
+from activedb.streams._lexer import DURATION_UNITS, RESERVED, Token, TokenCursor, tokenize
 from activedb.streams.errors import QuerySyntaxError
 
-_DURATION_UNITS = {
-    "ms": 0.001, "millisecond": 0.001, "milliseconds": 0.001, "msec": 0.001,
-    "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0,
-    "min": 60.0, "mins": 60.0, "minute": 60.0, "minutes": 60.0,
-    "h": 3600.0, "hr": 3600.0, "hour": 3600.0, "hours": 3600.0,
-    "day": 86400.0, "days": 86400.0,
-}
-
-_SYMBOLS = ("!=", "<>", "<=", ">=", "(", ")", ",", ".", ";", "[", "]", "!", "=", "<", ">", "+", "-", "*", "/")
-
-_NUMBER = re.compile(r"\d+(\.\d+)?([eE][+-]?\d+)?")
+__all__ = ["Parser", "Token", "parse", "parse_one", "tokenize"]
 
 
-@dataclass(frozen=True)
-class Token:
-    kind: str          # name | quoted | string | number | symbol | end
-    text: str
-    value: Any
-    line: int
-    column: int
-
-    def is_keyword(self, *words: str) -> bool:
-        return self.kind == "name" and self.text.upper() in words
-
-    def describe(self) -> str:
-        if self.kind == "end":
-            return "the end of the text"
-        if self.kind == "string":
-            return f"the string {self.text}"
-        return f"{self.text!r}"
-
-
-def tokenize(text: str) -> list[Token]:
-    tokens: list[Token] = []
-    index, line, line_start = 0, 1, 0
-    length = len(text)
-    while index < length:
-        char = text[index]
-        column = index - line_start + 1
-        if char == "\n":
-            index += 1
-            line += 1
-            line_start = index
-            continue
-        if char.isspace():
-            index += 1
-            continue
-        if text.startswith("--", index):
-            end = text.find("\n", index)
-            index = length if end == -1 else end
-            continue
-        if char.isalpha() or char == "_":
-            start = index
-            index += 1
-            while index < length:
-                current = text[index]
-                if current.isalnum() or current == "_":
-                    index += 1
-                elif current == "-" and index + 1 < length and text[index + 1].isalpha():
-                    index += 1
-                else:
-                    break
-            word = text[start:index]
-            tokens.append(Token("name", word, word, line, column))
-            continue
-        if char.isdigit():
-            match = _NUMBER.match(text, index)
-            number = match.group(0)
-            index = match.end()
-            value = float(number) if any(mark in number for mark in ".eE") else int(number)
-            tokens.append(Token("number", number, value, line, column))
-            continue
-        if char in "'\"":
-            quote = char
-            start = index
-            index += 1
-            parts = []
-            while True:
-                if index >= length:
-                    what = "string" if quote == "'" else "quoted name"
-                    raise QuerySyntaxError(f"unterminated {what}: add the closing {quote}", line=line,
-                                           column=column, text=text)
-                current = text[index]
-                if current == quote:
-                    if index + 1 < length and text[index + 1] == quote:
-                        parts.append(quote)
-                        index += 2
-                        continue
-                    index += 1
-                    break
-                if current == "\n":
-                    raise QuerySyntaxError(f"unterminated {'string' if quote == chr(39) else 'quoted name'}: "
-                                           f"add the closing {quote} before the end of the line",
-                                           line=line, column=column, text=text)
-                parts.append(current)
-                index += 1
-            value = "".join(parts)
-            tokens.append(Token("string" if quote == "'" else "quoted", text[start:index], value, line, column))
-            continue
-        for symbol in _SYMBOLS:
-            if text.startswith(symbol, index):
-                tokens.append(Token("symbol", symbol, symbol, line, column))
-                index += len(symbol)
-                break
-        else:
-            raise QuerySyntaxError(f"unexpected character {char!r}", line=line, column=column, text=text)
-    column = index - line_start + 1
-    tokens.append(Token("end", "", None, line, column))
-    return tokens
-
-
-_RESERVED = frozenset({
-    "AND", "OR", "NOT", "SELECT", "FROM", "WHERE", "WITHIN", "RETURN", "PATTERN", "ON", "CREATE", "QUERY",
-    "RULE", "BEGIN", "END", "WHEN", "AS", "IS", "NULL", "TRUE", "FALSE", "EXISTS", "MATCHING", "PRIORITY",
-    "CONSUMING",
-    "REFERENCING", "FOR", "UPDATE", "INSERT", "DELETE", "SET", "VALUES", "INTO",
-})
-
-
-class Parser:
-    """Parses one text; :meth:`script` returns the definitions in order."""
-
-    def __init__(self, text: str):
-        self.text = text
-        self.tokens = tokenize(text)
-        self.index = 0
-
-    # --- token helpers --------------------------------------------------------------------
-
-    @property
-    def current(self) -> Token:
-        return self.tokens[self.index]
-
-    def peek(self, offset: int = 1) -> Token:
-        return self.tokens[min(self.index + offset, len(self.tokens) - 1)]
-
-    def advance(self) -> Token:
-        token = self.tokens[self.index]
-        if token.kind != "end":
-            self.index += 1
-        return token
-
-    def error(self, message: str, token: Token | None = None) -> QuerySyntaxError:
-        token = token or self.current
-        return QuerySyntaxError(message, line=token.line, column=token.column, text=self.text)
-
-    def position(self, token: Token | None = None) -> ast.Position:
-        token = token or self.current
-        return ast.Position(token.line, token.column)
-
-    def at_symbol(self, symbol: str) -> bool:
-        return self.current.kind == "symbol" and self.current.text == symbol
-
-    def accept_symbol(self, symbol: str) -> bool:
-        if self.at_symbol(symbol):
-            self.advance()
-            return True
-        return False
-
-    def expect_symbol(self, symbol: str, what: str) -> Token:
-        if not self.at_symbol(symbol):
-            raise self.error(f"expected {symbol!r} {what}, found {self.current.describe()}")
-        return self.advance()
-
-    def accept_keyword(self, *words: str) -> Token | None:
-        if self.current.is_keyword(*words):
-            return self.advance()
-        return None
-
-    def expect_keyword(self, word: str, what: str) -> Token:
-        if not self.current.is_keyword(word):
-            raise self.error(f"expected {word} {what}, found {self.current.describe()}")
-        return self.advance()
-
-    def name(self, what: str) -> str:
-        token = self.current
-        if token.kind == "quoted":
-            self.advance()
-            return token.value
-        if token.kind == "name" and token.text.upper() not in _RESERVED:
-            self.advance()
-            return token.text
-        if token.kind == "name":
-            raise self.error(f"expected {what}, found the keyword {token.text.upper()} "
-                             f"(write it in double quotes to use it as a name)")
-        raise self.error(f"expected {what}, found {token.describe()}")
-
-    def number(self, what: str) -> float | int:
-        negative = self.accept_symbol("-")
-        token = self.current
-        if token.kind != "number":
-            raise self.error(f"expected {what} (a number), found {token.describe()}")
-        self.advance()
-        return -token.value if negative else token.value
+class Parser(TokenCursor):
+    """Parses one text; :meth:`script` returns the definitions in order (one method per
+    grammar rule; the token helpers are :class:`~activedb.streams._lexer.TokenCursor`'s)."""
 
     # --- script ---------------------------------------------------------------------------
 
@@ -343,7 +152,7 @@ class Parser:
         negated = self.accept_symbol("!")
         event_type = self.name("an event type")
         alias = None
-        if self.current.kind in ("name", "quoted") and not self.current.is_keyword(*_RESERVED):
+        if self.current.kind in ("name", "quoted") and not self.current.is_keyword(*RESERVED):
             alias = self.name("an alias")
         return ast.EventComponent(event_type, alias, negated, position=self.position(start))
 
@@ -351,11 +160,11 @@ class Parser:
         start = self.current
         amount = self.number("the window's length")
         token = self.current
-        if token.kind != "name" or token.text.lower() not in _DURATION_UNITS:
+        if token.kind != "name" or token.text.lower() not in DURATION_UNITS:
             raise self.error(f"expected a time unit after {amount} (ms, sec, min, hour, day), found "
                              f"{token.describe()}")
         self.advance()
-        seconds = float(amount) * _DURATION_UNITS[token.text.lower()]
+        seconds = float(amount) * DURATION_UNITS[token.text.lower()]
         if seconds <= 0:
             raise self.error("WITHIN needs a positive window", start)
         return seconds

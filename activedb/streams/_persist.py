@@ -113,13 +113,13 @@ def save(engine: Any, tx: Any, pending: Any) -> None:
 
 def load(engine: Any) -> Any:
     """The engine's saved state (an empty one if it has none)."""
-    from activedb.streams._engine import _State
+    from activedb.streams._state import State
 
     table = engine.db.table(TABLE)
     with engine.db.engine.connect() as connection:
         rows = connection.execute(sa.select(table.c.kind, table.c.item, table.c.value)
                                   .where(table.c.engine == engine.name)).all()
-    state = _State()
+    state = State()
     if not rows:
         return state
     streams = engine.streams

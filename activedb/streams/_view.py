@@ -6,8 +6,10 @@ the scheduler runs the work in (``tx.read``, ``tx.scan``, ``tx.write``, ``tx.ins
 ``tx.delete``) and records each operation, stamped with the s-transaction's timestamp
 and declared order, in the engine's stream history (when it keeps one).
 
-A scheduler over a multi-version store supplies another view with the same methods
-(reads at a timestamp); nothing else in the engine needs to change.
+The concurrent schedulers use two views with the same methods: :class:`LockedView`
+(S2PL: every operation first waits for its lock in the batch's stream lock table) and
+:class:`VersionedView` (LWM: reads from the version store at the s-transaction's
+position; writes leave a version); nothing else in the engine needs to change.
 
 Thread-safety: a view belongs to the thread running its unit of work.
 """
@@ -15,9 +17,14 @@ Thread-safety: a view belongs to the thread running its unit of work.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+from activedb.streams._locks import LockMode
 from activedb.streams.errors import UndeclaredAccess
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.streams._locks import Owner, StreamLockTable
+    from activedb.streams._versions import VersionStore
 
 
 @dataclass(frozen=True)
@@ -161,3 +168,97 @@ class DeclaredView:
     def delete(self, table: str, key: Any) -> None:
         self._check(table, self._writes, "writes")
         self._view.delete(table, key)
+
+
+# --- the concurrent schedulers' views -------------------------------------------------------------
+
+class LockedView(StoreView):
+    """A view whose every operation first waits for its lock in the batch's stream lock
+    table (``table``; ``owner``: the s-transaction's lock owner) — S2PL's view."""
+
+    def __init__(self, tx: Any, stamp: Stamp, history: Any, cost: Callable[[str], None] | None, *,
+                 table: "StreamLockTable", owner: "Owner", catalog: Any):
+        super().__init__(tx, stamp, history, cost)
+        self._owner = owner
+        self._table = table
+        self._catalog = catalog
+
+    def _before(self, kind: str, table: str, key: tuple | None) -> None:
+        self._table.acquire(self._owner, table, key, LockMode.READ if kind == "read" else LockMode.WRITE)
+        if self._cost is not None:
+            self._cost(kind)
+
+    def _key_of_values(self, table: str, values: Mapping[str, Any]) -> tuple | None:
+        columns = self._catalog.table(table).key_columns
+        if all(values.get(column) is not None for column in columns):
+            return tuple(values[column] for column in columns)
+        return None
+
+
+class VersionedView(LockedView):
+    """LWM's view: Reads from the version store (``versions``) at the s-transaction's
+    position, Writes into its subtransaction (granted in timestamp order) leaving a version."""
+
+    def __init__(self, tx: Any, stamp: Stamp, history: Any, cost: Callable[[str], None] | None, *,
+                 table: "StreamLockTable", owner: "Owner", catalog: Any, versions: "VersionStore"):
+        super().__init__(tx, stamp, history, cost, table=table, owner=owner, catalog=catalog)
+        self._versions = versions
+
+    def read(self, table: str, key: Any) -> dict | None:
+        key = _as_key(key)
+        if not self._versions.tracks(table, key):
+            # No plan of the batch reads the row: only this s-transaction's own write lock
+            # covers it (a Python action may read the tables it writes).  Every earlier writer
+            # of it has ended and no later one can write before this one ends, so the tree
+            # shows exactly the version this Read must see.
+            return super().read(table, key)
+        self._before("read", table, key)
+        image, sequence = self._versions.read(self.stamp.position, table, key)
+        self.reads += 1
+        if self._history is not None:
+            self._record("read", table, key, image, read_from=sequence)
+        return image
+
+    def scan(self, table: str, where: Mapping[str, Any] | None = None) -> list[dict]:
+        if not self._versions.tracks_table(table):
+            return super().scan(table, where)          # as for read: covered by its own write lock only
+        self._before("read", table, None)
+        rows, seen = self._versions.scan(self.stamp.position, table, where)
+        self.reads += 1
+        if self._history is not None:
+            self._record("scan", table, rows, read_from=seen)
+        return rows
+
+    def write(self, table: str, key: Any, **values: Any) -> None:
+        key = _as_key(key)
+        self._before("write", table, key)
+        self.tx.write(table, key, **values)
+        self._written(table, key, dict(values), "write")
+
+    def insert(self, table: str, **values: Any) -> Any:
+        self._before("write", table, self._key_of_values(table, values))
+        inserted = self.tx.insert(table, **values)
+        self._written(table, _as_key(inserted), dict(values), "insert")
+        return inserted
+
+    def delete(self, table: str, key: Any) -> None:
+        key = _as_key(key)
+        self._before("write", table, key)
+        self.tx.delete(table, key)
+        self._written(table, key, None, "delete")
+
+    def _written(self, table: str, key: tuple, values: dict | None, operation: str) -> None:
+        self.writes += 1
+        sequence = self._record("write", table, key, values, operation) if self._history is not None else None
+        versions = self._versions
+        if versions.tracks(table, key):
+            image = None
+            if operation == "write":
+                # A write patches the row: over the version this s-transaction sees (every earlier
+                # writer ended), the new image is that one with the values; activedb stores values
+                # as given (checked, not converted).  A row it creates is read back from the tree.
+                previous, _ = versions.read(self.stamp.position, table, key)
+                image = {**previous, **values} if previous is not None else self.tx.read(table, key)
+            elif operation == "insert":
+                image = self.tx.read(table, key)
+            versions.append(self.stamp.position, table, key, image, sequence)

@@ -182,6 +182,29 @@ def test_an_aborted_batch_leaves_the_engine_as_before(db):
     check_stream_history(made.history.snapshot()).assert_ok()     # the aborted batch's operations do not count
 
 
+def test_the_engine_learns_its_batch_s_outcome_when_the_transaction_ends(db):
+    """The engine enlists in the batch's top-level transaction: an abort is applied as it
+    happens — the batch's units are recorded aborted before the engine is called again."""
+    reset(db)
+    made = engine(db, name="outcome")
+    events = random_stream(random.Random(SEED + 5), 30)
+
+    class Crash(Exception):
+        pass
+
+    with pytest.raises(Crash):
+        with db.transaction() as tx:
+            made.process(tx, events, punctuation=streams.END_OF_STREAM)
+            ran = {op.unit for op in made.history.snapshot() if op.kind == "begin"}
+            assert ran, "the doomed batch ran no s-transaction; the test needs one"
+            raise Crash()
+    aborted = {op.unit for op in made.history.snapshot() if op.kind == "end" and op.operation == "aborted"}
+    assert ran <= aborted, f"units of the aborted batch not recorded aborted: {sorted(ran - aborted)}"
+    result = made.feed(events, punctuation=streams.END_OF_STREAM)     # no batch in progress any more
+    assert result.released == len(events)
+    check_stream_history(made.history.snapshot()).assert_ok()
+
+
 def test_a_new_engine_object_resumes_from_the_saved_state(db):
     """Buffered events and partial matches survive a restart (they commit with each batch)."""
     rng = random.Random(SEED + 2)

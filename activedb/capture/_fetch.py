@@ -1,0 +1,102 @@
+"""Reading a capture consumer's next batch: where it ends, then each table's changes up to there with
+typed old and new rows (PostgreSQL turns the captured ``jsonb`` into the table's row type), as events of
+origin ``EXTERNAL``.  Design note: ``README.md`` in this package."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from activedb.capture import _sql
+from activedb.capture._position import KINDS, CapturedChange, Position
+from activedb.errors import UnknownTable
+from activedb.events import Event, EventKind, Origin
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb._handle import DatabaseHandle as Database
+
+#: One fetched change: its event, or None and why it cannot become one.
+Entry = tuple[CapturedChange, "Event | None", "str | None"]
+
+
+class ChangeReader:
+    """Reads batches of captured changes of ``database``.  Not thread-safe: the consumer calls it under
+    its ``_run_mutex`` (``_statements`` caches, per table and columns, the typed changes query)."""
+
+    def __init__(self, database: "Database"):
+        self.database = database
+        self._statements: dict[tuple, Any] = {}
+
+    def fetch(self, start: Position, limit: int) -> list[Entry]:
+        """The next changes after ``start``, in order, with their events (None and a reason for a change
+        that cannot become one, e.g. of a table that no longer exists): where the batch ends, then each
+        table's changes in that range with typed rows."""
+        with self.database.engine.connect() as connection:
+            bounds = connection.execute(sa.text(_sql.BATCH_BOUNDS), {
+                "position": start.commit, "change_id": start.change_id, "limit": limit}).first()
+            if bounds is None:
+                return []
+            end = Position(bounds.position, bounds.id)
+            result = []
+            for table_name in sorted(bounds.tables):
+                try:
+                    result.extend(self._changes_of(connection, table_name, start, end))
+                except sa.exc.ProgrammingError as error:   # dropped (or its type changed) after capture
+                    if getattr(error.orig, "sqlstate", None) not in ("42P01", "42704"):
+                        raise
+                    connection.rollback()
+                    result.extend(self._undeliverable(connection, table_name, start, end,
+                                                      f"table {table_name!r} no longer exists"))
+                except UnknownTable as error:
+                    result.extend(self._undeliverable(connection, table_name, start, end, str(error)))
+        if len(bounds.tables) > 1:
+            result.sort(key=lambda entry: (entry[0].position, entry[0].change_id))
+        return result
+
+    def _changes_of(self, connection: sa.Connection, table_name: str, start: Position,
+                    end: Position) -> list[Entry]:
+        table = self.database.table(table_name)
+        columns = list(table.columns)
+        names = [column.name for column in columns]
+        key_indexes = [names.index(column.name) for column in table.primary_key.columns]
+        statement = self._statements.get((table_name, tuple(names)))
+        if statement is None:
+            statement = sa.text(_sql.changes_of(table_name, names)).columns(
+                sa.column("position", sa.BigInteger), sa.column("id", sa.BigInteger), sa.column("xid", sa.Text),
+                sa.column("operation", sa.Text), sa.column("committed_at", sa.DateTime(timezone=True)),
+                *[sa.column(f"o_{index}", column.type) for index, column in enumerate(columns)],
+                *[sa.column(f"n_{index}", column.type) for index, column in enumerate(columns)])
+            self._statements[(table_name, tuple(names))] = statement
+        rows = connection.execute(statement, {
+            "table": table_name, "first_position": start.commit, "first_change": start.change_id,
+            "last_position": end.commit, "last_change": end.change_id})
+        width = len(names)
+        entries = []
+        for row in rows:
+            change = CapturedChange(row[0], row[1], int(row[2]), table_name, row[3], row[4])
+            values = tuple(row)
+            kind = KINDS[change.operation]
+            old = dict(zip(names, values[5:5 + width])) if kind is not EventKind.INSERTED else None
+            new = dict(zip(names, values[5 + width:])) if kind is not EventKind.DELETED else None
+            image = values[5 + width:] if new is not None else values[5:5 + width]
+            key = tuple(image[index] for index in key_indexes) if key_indexes else None
+            if key is not None and len(key) == 1:
+                key = key[0]
+            event = Event(kind, table_name, key, old, new,
+                          payload={"xid": change.xid, "commit_position": change.position,
+                                   "change_id": change.change_id, "committed_at": change.committed_at},
+                          transaction=f"pg:{change.xid}", origin=Origin.EXTERNAL)
+            entries.append((change, event, None))
+        return entries
+
+    def _undeliverable(self, connection: sa.Connection, table_name: str, start: Position, end: Position,
+                       reason: str) -> list[Entry]:
+        rows = connection.execute(sa.text(_sql.changes_of_without_rows()), {
+            "table": table_name, "first_position": start.commit, "first_change": start.change_id,
+            "last_position": end.commit, "last_change": end.change_id})
+        entries = []
+        for row in rows:
+            change = CapturedChange(row.position, row.id, int(row.xid), table_name, row.operation, row.committed_at)
+            entries.append((change, None, f"{change.describe()} cannot be delivered: {reason}"))
+        return entries

@@ -1,0 +1,124 @@
+"""A capture consumer's listener connection: it ``LISTEN``\\ s for commit notifications and holds the
+session advisory lock that makes one consumer of a name the leader (the lock goes with the session, e.g.
+when the process is killed).  Design note: ``README.md`` in this package."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import sqlalchemy as sa
+
+from activedb.capture import _sql
+from activedb.errors import DatabaseUnavailable
+
+if TYPE_CHECKING:  # pragma: no cover
+    import psycopg
+
+    from activedb._handle import DatabaseHandle as Database
+
+logger = logging.getLogger("activedb.capture")
+
+
+class Listener:
+    """The leadership of consumer ``name`` and its notifications.  Not thread-safe: the consumer calls
+    it under its ``_run_mutex``, except :meth:`wait_for_notification` (its loop thread, while no batch
+    runs) and :func:`wake` (any thread, its own connection)."""
+
+    def __init__(self, database: "Database", name: str):
+        self.database = database
+        self.name = name
+        self._connection: "psycopg.Connection | None" = None
+
+    @property
+    def lock(self) -> tuple[int, int]:
+        """The session advisory lock ``(classid, objid)`` the leader of this name holds (``pg_locks``)."""
+        return _sql.CONSUMER_LOCK_CLASS, _sql.consumer_lock_key(self.name)
+
+    @property
+    def connected(self) -> bool:
+        return self._connection is not None and not self._connection.closed
+
+    def connect(self) -> None:
+        """Open the listener connection (any broken one is dropped first)."""
+        import psycopg
+
+        self._connection = None
+        url = self.database.engine.url.set(drivername="postgresql")
+        try:
+            connection = psycopg.connect(url.render_as_string(hide_password=False), autocommit=True,
+                                         connect_timeout=5)
+            connection.execute(f"LISTEN {_sql.CHANNEL}")
+        except psycopg.OperationalError as error:
+            raise DatabaseUnavailable(f"capture consumer {self.name!r} cannot connect to PostgreSQL "
+                                      f"({self.database.describe()}): {str(error).strip()}") from None
+        self._connection = connection
+
+    def close(self) -> None:
+        """End the session: the leadership lock is released."""
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            try:
+                connection.close()
+            except Exception:      # already broken
+                pass
+
+    def still_held(self) -> bool:
+        """Drop notifications already received (the next batch reads what they announced) and find out
+        whether the session, and with it the lock, is still there (if not, the connection is closed)."""
+        import psycopg
+
+        try:
+            if self._connection is not None:
+                for _ in self._connection.notifies(timeout=0):
+                    pass
+            return True
+        except psycopg.OperationalError as error:
+            logger.warning("capture consumer %r lost its listener connection and with it the lead (%s)",
+                           self.name, str(error).strip())
+            self.close()
+            return False
+
+    def take(self, wait: float = 0.0) -> bool:
+        """Take the name's lock if it is free (or once it is, within ``wait`` seconds: a lock wait in
+        PostgreSQL bounded by ``lock_timeout``).  Precondition: :attr:`connected`."""
+        import psycopg
+
+        connection = self._connection
+        try:
+            if wait <= 0:
+                return connection.execute("SELECT pg_try_advisory_lock(%s, %s)", self.lock).fetchone()[0]
+            connection.execute(f"SET lock_timeout = {int(wait * 1000)}")
+            try:
+                connection.execute("SELECT pg_advisory_lock(%s, %s)", self.lock)
+                return True
+            except psycopg.errors.LockNotAvailable:
+                return False
+            finally:
+                connection.execute("RESET lock_timeout")
+        except psycopg.OperationalError as error:
+            self.close()
+            raise DatabaseUnavailable(f"capture consumer {self.name!r} lost its connection: {error}") from None
+
+    def wait_for_notification(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a commit notification; False if the connection was lost
+        (the caller closes it, under its ``_run_mutex``).  Precondition: :attr:`connected`."""
+        import psycopg
+
+        try:
+            for _ in self._connection.notifies(timeout=timeout, stop_after=1):
+                pass
+            return True
+        except psycopg.OperationalError as error:
+            logger.warning("capture consumer %r: listener connection lost (%s); reconnecting", self.name, error)
+            return False
+
+
+def wake(database: "Database", name: str, why: str) -> None:
+    """Interrupt the wait for notifications of the consumers of ``database`` (``stop``, ``poke``)."""
+    try:
+        with database.engine.begin() as connection:
+            connection.execute(sa.text("SELECT pg_notify(:channel, :payload)"),
+                               {"channel": _sql.CHANNEL, "payload": why})
+    except sa.exc.DBAPIError as error:
+        logger.warning("capture consumer %r: could not notify (%s)", name, error)

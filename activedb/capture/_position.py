@@ -1,0 +1,154 @@
+"""Where a capture consumer is, and what moves it: :class:`Position`, :class:`CapturedChange`, the commit
+participant :class:`PositionWriter` (the compare-and-set advance and the batch's dead letters, in the
+batch's PostgreSQL transaction), reading and registering a consumer's row, and :func:`prune`.  Design
+note: ``README.md`` in this package."""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import sqlalchemy as sa
+
+from activedb import deadletters
+from activedb.capture import _sql
+from activedb.capture.errors import CaptureConflict, CaptureNotInstalled
+from activedb.events import EventKind
+from activedb.txn import CommitParticipant
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb._handle import DatabaseHandle as Database
+    from activedb.txn import Transaction
+
+#: The change table's operation letters and the event kinds they become.
+KINDS = {"I": EventKind.INSERTED, "U": EventKind.UPDATED, "D": EventKind.DELETED}
+#: How many commits one pruning round removes at most.
+PRUNE_LIMIT = 1000
+
+
+class Step(enum.Enum):
+    """The points of a batch that ``on_step(step, detail)`` hears of (monitoring; tests kill there)."""
+
+    LEADING = "leading"        # became the leader of its name (detail: 0)
+    FETCHED = "fetched"        # a batch was read (detail: changes)
+    FIRED = "fired"            # its rules ran; the flush is next (detail: firings)
+    WRITING = "writing"        # inside the flush, before the position row is checked and advanced
+    WRITTEN = "written"        # everything written, PostgreSQL's COMMIT is next
+    COMMITTED = "committed"    # the batch committed (detail: changes)
+    PRUNED = "pruned"          # consumed changes were pruned (detail: commits removed)
+    IDLE = "idle"              # caught up: waiting for a notification
+
+
+@dataclass(frozen=True, order=True)
+class Position:
+    """Where a consumer is: every change up to and including ``change_id`` of the commit at ``commit``
+    is handled (and every change of an earlier commit).  ``(0, 0)``: nothing yet."""
+
+    commit: int = 0
+    change_id: int = 0
+
+
+@dataclass(frozen=True)
+class CapturedChange:
+    """One captured change, as read from the change table (the rows come separately, typed)."""
+
+    position: int
+    change_id: int
+    xid: int
+    table: str
+    operation: str
+    committed_at: dt.datetime
+
+    @property
+    def at(self) -> Position:
+        return Position(self.position, self.change_id)
+
+    def describe(self) -> str:
+        return (f"captured {KINDS[self.operation].value} on {self.table!r} (change {self.change_id} of "
+                f"transaction {self.xid}, commit position {self.position})")
+
+
+@dataclass
+class DeadLetter:
+    """A change (or one rule's reaction to it) that is kept aside instead of handled."""
+
+    change: CapturedChange
+    reason: str
+    rule: str | None = None
+    key: Any = None
+
+
+@dataclass(eq=False)
+class PositionWriter(CommitParticipant):
+    """Advances consumer ``name``'s position from ``start`` to ``end`` in the batch's PostgreSQL
+    transaction, after checking it is still at ``start``; writes the batch's ``dead_letters`` there too.
+    ``on_step`` hears :attr:`Step.WRITING` and :attr:`Step.WRITTEN`.  Used by one batch (one thread)."""
+
+    database: "Database"
+    name: str
+    start: Position
+    end: Position
+    handled: int
+    on_step: Callable[[Step, int], None]
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+
+    def write(self, transaction: "Transaction", connection: sa.Connection) -> None:
+        self.on_step(Step.WRITING, self.handled)
+        advanced = connection.execute(sa.text(_sql.ADVANCE_POSITION), {
+            "name": self.name, "position": self.end.commit, "change_id": self.end.change_id,
+            "handled": self.handled, "failed": len(self.dead_letters), "start_position": self.start.commit,
+            "start_change_id": self.start.change_id}).first()
+        if advanced is None:
+            raise CaptureConflict(
+                f"capture consumer {self.name!r}: its position is no longer {self.start}, where this batch "
+                f"started (another process consumes under the same name); nothing of the batch was kept — "
+                f"the consumer reads its position again")
+        if self.dead_letters:
+            connection.execute(self.database.table(deadletters.TABLE).insert(), [
+                row for letter in self.dead_letters for row in deadletters.table_rows(
+                    f"capture:{self.name}", letter.change.position, [deadletters.Letter(letter.reason, {
+                        "consumer": self.name, "table": letter.change.table,
+                        "operation": KINDS[letter.change.operation].value, "xid": letter.change.xid,
+                        "commit_position": letter.change.position, "change_id": letter.change.change_id,
+                        "rule": letter.rule, "key": letter.key})])])
+
+    def about_to_commit(self, transaction: "Transaction", connection: sa.Connection) -> None:
+        self.on_step(Step.WRITTEN, self.handled)
+
+
+def register(database: "Database", name: str) -> None:
+    """Make sure consumer ``name`` has its row (position ``(0, 0)`` when new)."""
+    try:
+        with database.engine.begin() as connection:
+            connection.execute(sa.text(_sql.REGISTER_CONSUMER), {"name": name})
+    except sa.exc.ProgrammingError as error:
+        if getattr(error.orig, "sqlstate", None) == "42P01":
+            raise CaptureNotInstalled(
+                f"activedb's capture tables are missing in {database.describe()}; upgrade activedb's "
+                f"schema (activedb db upgrade, or db.upgrade())") from None
+        raise
+
+
+def read_position(database: "Database", name: str) -> Position:
+    """Consumer ``name``'s committed position (registering it again if its row was dropped meanwhile)."""
+    with database.engine.connect() as connection:
+        row = connection.execute(sa.text(_sql.READ_POSITION), {"name": name}).first()
+    if row is None:    # removed by db.capture.drop_consumer while running: start again
+        register(database, name)
+        return Position()
+    return Position(row.position, row.change_id)
+
+
+def prune(engine: sa.Engine, retention_seconds: float, limit: int = PRUNE_LIMIT) -> int:
+    """Remove changes every consumer has handled and that committed more than ``retention_seconds`` ago
+    (at most ``limit`` commits); returns the number of commits removed."""
+    with engine.begin() as connection:
+        rows = connection.execute(sa.text(_sql.PRUNABLE), {"retention_seconds": retention_seconds,
+                                                           "limit": limit}).all()
+        if not rows:
+            return 0
+        connection.execute(sa.text(_sql.PRUNE_CHANGES), {"xids": [str(row.xid) for row in rows]})
+        connection.execute(sa.text(_sql.PRUNE_COMMITS), {"positions": [row.position for row in rows]})
+    return len(rows)

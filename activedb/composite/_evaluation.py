@@ -1,0 +1,178 @@
+"""The composition nodes of one engine and what they call while they evaluate (the paper's §V.B
+``while (evaluate())``, §V.D uncertainty): stability, resolution of uncertain orders, composition.
+
+:class:`Evaluation` owns the nodes (one per query and ``[attr]`` partition), which of them wait for
+sync-points (``blocked``), the outbox of composite events not yet handed out, the uncertainties met
+during the current call (``raised``), and the recent composites and uncertainties kept for the picture
+and for weak membership's invalidation check.  A node calls back ``blocking``, ``rely``, ``resolve``,
+``compose``, ``dropped``, ``discarded`` and ``unmatched``.
+
+Not thread-safe by itself: used under ``CompositionEngine._mutex`` (the ``on_uncertain`` callback runs
+under it).
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Callable, Iterable, Sequence
+
+from activedb.composite._members import Members
+from activedb.composite._model import Choice, CompositeEvent, Uncertainty, describe_event
+from activedb.composite._node import Node
+from activedb.composite._polist import Item, POList
+from activedb.composite.errors import CompositeError, UncertainOrder
+from activedb.events import Timestamp, hull
+from activedb.streams import Ctx, StreamEvent
+
+
+class Evaluation:
+    """The nodes of one engine and the context they evaluate in (see the module docstring)."""
+
+    def __init__(self, members: Members, clock: Any, counts: collections.Counter,
+                 on_uncertain: Callable[[Uncertainty], Any] | None, window: int):
+        self.members = members
+        self.clock = clock
+        self.counts = counts
+        self.on_uncertain = on_uncertain
+        self.nodes: dict[tuple[str, tuple], Node] = {}
+        self.blocked: set[tuple[str, tuple]] = set()
+        self.outbox: list[CompositeEvent] = []
+        self.raised: list[UncertainOrder] = []              # uncertainties met during the current call
+        self.composites: collections.deque[CompositeEvent] = collections.deque(maxlen=window)
+        self.uncertainties: collections.deque[Uncertainty] = collections.deque(maxlen=window)
+
+    def node(self, query: Any, partition: tuple) -> Node:
+        """The node of ``query`` for ``partition`` (made on first use)."""
+        key = (query.name, partition)
+        node = self.nodes.get(key)
+        if node is None:
+            node = self.nodes[key] = Node(query, partition)
+        return node
+
+    def evaluate(self, node: Node) -> None:
+        key = (node.query.name, node.partition)
+        try:
+            node.evaluate(self)
+        except UncertainOrder as error:
+            # Raised at the end of the call (after every input of it was taken); the node keeps its
+            # events and raises again whenever it is evaluated, until the application decides.
+            if all(str(error) != str(other) for other in self.raised):
+                self.raised.append(error)
+            self.blocked.add(key)
+            return
+        if node.blocked_on:
+            self.blocked.add(key)
+        else:
+            self.blocked.discard(key)
+        if not node.size() and not node.blocked_on:
+            self.nodes.pop(key, None)
+
+    def wake(self, types: Iterable[str], skip: Sequence[Node] = ()) -> None:
+        """Evaluate again the blocked nodes of ``types`` (a sync-point moved), but those in ``skip``."""
+        types = set(types)
+        for key in sorted(self.blocked, key=repr):
+            node = self.nodes.get(key)
+            if node is None or any(node is skipped for skipped in skip):
+                continue
+            if types & set(node.types):
+                self.evaluate(node)
+
+    def blocked_nodes(self) -> list[tuple[tuple[str, tuple], Node]]:
+        """The nodes waiting for sync-points, in a stable order."""
+        return [(key, self.nodes[key]) for key in sorted(self.blocked, key=repr) if key in self.nodes]
+
+    def take_outbox(self) -> list[CompositeEvent]:
+        outputs, self.outbox = self.outbox, []
+        return outputs
+
+    # --- what a node calls while it evaluates ----------------------------------------------------------
+
+    def blocking(self, stamps: list[Timestamp], event_type: str) -> frozenset[str]:
+        return self.members.blocking(stamps, event_type)
+
+    def rely(self, event_type: str, value: Any) -> None:
+        self.members.rely(event_type, value)
+
+    def resolve(self, uncertainty: Uncertainty, candidates: list[Item]) -> tuple:
+        self.counts["uncertainties"] += 1
+        self.uncertainties.append(uncertainty)
+        if self.on_uncertain is None:
+            raise UncertainOrder(uncertainty)
+        answer = self.on_uncertain(uncertainty)
+        if answer is None:
+            raise UncertainOrder(uncertainty)
+        if isinstance(answer, StreamEvent):
+            answer = Choice.use(answer)
+        if not isinstance(answer, Choice):
+            raise CompositeError(f"on_uncertain returned {answer!r}; return Choice.use(event), Choice.drop(*events), "
+                                 f"one of the candidate events, or None to raise UncertainOrder")
+        self.counts["decisions"] += 1
+        if answer.use_event is not None:
+            for item in candidates:
+                if item.event == answer.use_event:
+                    return ("use", item)
+            raise CompositeError(f"on_uncertain chose {describe_event(answer.use_event)}, which is not one of the "
+                                 f"candidates ({', '.join(describe_event(item.event) for item in candidates)})")
+        dropped = []
+        for event in answer.dropped:
+            matches = [item for item in candidates if item.event == event]
+            if not matches:
+                raise CompositeError(f"on_uncertain dropped {describe_event(event)}, which is not a candidate")
+            dropped.extend(matches)
+        return ("drop", dropped)
+
+    def compose(self, node: Node, chosen: list[Item]) -> None:
+        query = node.query
+        events: list[Any] = [None] * len(query.types)
+        for rank, item in enumerate(chosen):
+            events[query.positives[rank]] = item.event
+        ctx = Ctx(events)
+        attributes = {name: function(ctx) for name, function in query.returns}
+        composite = CompositeEvent(
+            query=query.name, ts=hull([item.ts for item in chosen], producer=query.name), attributes=attributes,
+            constituents=tuple(item.event for item in chosen), components=node.names, partition=node.partition,
+            resolutions=tuple(node.pending_resolutions), consumption=query.definition.consumption.value,
+            operator="AND" if node.conjunction else "SEQ", sts=self.clock.now())
+        node.pending_resolutions.clear()
+        node.decisions.clear()
+        self.counts["composites"] += 1
+        self.outbox.append(composite)
+        self.composites.append(composite)
+
+    def dropped(self, node: Node, items: list[Item]) -> None:
+        self.counts["dropped"] += len(items)
+        node.decisions.clear()
+
+    def discarded(self, node: Node, items: list[Item]) -> None:
+        self.counts["discarded"] += len(items)
+
+    def unmatched(self, node: Node, item: Item) -> None:
+        self.counts["unmatched"] += 1
+
+    # --- a batch's rollback ----------------------------------------------------------------------------
+
+    def snapshot(self) -> dict:
+        """Items are shared (immutable but for the ``processed`` flag, which is saved separately)."""
+        nodes = {}
+        for key, node in self.nodes.items():
+            nodes[key] = (node, [POList(items) for items in node.lists], dict(node.decisions), node.blocked_on,
+                          list(node.pending_resolutions))
+        processed = {item.number: item.processed for node in self.nodes.values() for item in node.items()}
+        return {"nodes": nodes, "processed": processed, "blocked": set(self.blocked)}
+
+    def restore(self, snapshot: dict) -> None:
+        self.nodes = {}
+        items_by_number = {}
+        for key, (node, lists, decisions, blocked_on, resolutions) in snapshot["nodes"].items():
+            node.lists = lists
+            node.decisions = decisions
+            node.blocked_on = blocked_on
+            node.pending_resolutions = resolutions
+            self.nodes[key] = node
+            for item in node.items():
+                items_by_number[item.number] = item
+        for number, processed in snapshot["processed"].items():
+            if number in items_by_number:
+                items_by_number[number].processed = processed
+        self.blocked = snapshot["blocked"]
+        self.outbox = []

@@ -1,0 +1,209 @@
+"""The input node of one composition engine (the paper's InputNode, §IV and §V.C): events and
+heartbeats in, checked against their producer's membership and FIFO promise, routed into the lists of
+the nodes whose queries consume them.
+
+:class:`InputNode` owns the routing of event types to queries, the arrival numbers, the arrivals kept
+for the picture (``entries``), and weak membership's invalidation notices (``invalidations``, the
+record; ``notices``, those not yet handed to ``on_invalidation``).  An input moves its producer's
+sync-point; the nodes it entered are evaluated, and the blocked nodes of its producer's types woken.
+
+Not thread-safe by itself: used under ``CompositionEngine._mutex``.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any, Mapping
+
+from activedb.composite._evaluation import Evaluation
+from activedb.composite._members import Members
+from activedb.composite._model import CompositeEvent, Heartbeat, Invalidation, describe_event
+from activedb.composite._polist import Item, Producer
+from activedb.composite._records import WindowEntry
+from activedb.composite.errors import EventRejected, LateEvent
+from activedb.events import Timestamp, as_timestamp, precedes
+from activedb.streams import CompiledQuery, Ctx, StreamEvent
+
+
+class InputNode:
+    """Takes the inputs of engine ``name`` (see the module docstring)."""
+
+    def __init__(self, name: str, clock: Any, counts: collections.Counter, members: Members,
+                 evaluation: Evaluation, window: int):
+        self.name = name
+        self.clock = clock
+        self.counts = counts
+        self.members = members
+        self.evaluation = evaluation
+        self.by_type: dict[str, list[tuple[CompiledQuery, tuple[int, ...]]]] = {}
+        self.numbers = 0
+        self.entries: collections.deque[WindowEntry] = collections.deque(maxlen=window)
+        self.invalidations: list[Invalidation] = []          # the record (weak membership)
+        self.notices: list[Invalidation] = []                # not yet handed to on_invalidation
+
+    def route(self, query: CompiledQuery) -> None:
+        """Events of ``query``'s positive components' types go to its nodes from now on."""
+        ranks: dict[str, list[int]] = {}
+        for rank, index in enumerate(query.positives):
+            ranks.setdefault(query.types[index], []).append(rank)
+        for event_type, positions in ranks.items():
+            self.by_type.setdefault(event_type, []).append((query, tuple(positions)))
+
+    def take(self, raw: Any) -> None:
+        """Precondition: the caller holds the engine's mutex."""
+        if isinstance(raw, Heartbeat):
+            self._heartbeat(raw)
+            return
+        if isinstance(raw, Mapping):
+            raw = StreamEvent(raw.get("type"), raw.get("ts"), dict(raw.get("attributes", {})), raw.get("stream"))
+        if not isinstance(raw, StreamEvent):
+            raise EventRejected(f"engine {self.name} takes StreamEvent or Heartbeat objects, got {raw!r}")
+        producer_name = raw.ts.producer if isinstance(raw.ts, Timestamp) else None
+        if producer_name is None:
+            producer_name = dict(raw.attributes).get("producer")
+        try:
+            ts = as_timestamp(raw.ts, producer_name)
+        except (TypeError, ValueError) as error:
+            raise EventRejected(f"{raw.type}: bad timestamp: {error}") from None
+        if ts.producer is None:
+            raise EventRejected(f"event {raw.type}{ts} names no producer; give it Timestamp(…, producer=…) "
+                                f"(the engine orders and waits per producer)")
+        producer = self.members.member(ts.producer)
+        if raw.type not in producer.types:
+            raise EventRejected(f"producer {producer.name} joined for {', '.join(sorted(producer.types))}, not "
+                                f"{raw.type}; join it with every type it produces")
+        event = raw if raw.ts is ts else dataclasses.replace(raw, ts=ts)
+        now = self.clock.now()
+        old = self._check_late(producer, ts, event.type, f"event {describe_event(event)}")
+        producer.last_seen = now
+        producer.events += 1
+        self.counts["events"] += 1
+        moved = producer.advance(ts)
+        self.numbers += 1
+        item = Item(event, ts, self.numbers)
+        self.entries.append(WindowEntry("event", producer.name, event.type, ts, producer.sync, now,
+                                         describe_event(event)))
+        touched = []
+        entered: dict[tuple[str, tuple], list[int]] = {}
+        for query, ranks in self.by_type.get(event.type, ()):
+            ctx = Ctx([None] * len(query.types))
+            accepted = []
+            for rank in ranks:
+                index = query.positives[rank]
+                ctx.events[index] = event
+                if all(check(ctx) is True for check in query.local.get(index, ())):
+                    accepted.append(rank)
+                ctx.events[index] = None
+            if not accepted:
+                continue
+            partition = tuple(dict(event.attributes).get(attribute) for attribute in query.partition)
+            key = (query.name, partition)
+            node = self.evaluation.node(query, partition)
+            for rank in accepted:
+                node.lists[rank].append(item)
+            touched.append(node)
+            entered[key] = accepted
+        if old:
+            self._invalidate(producer, event, entered)
+        for node in touched:
+            self.evaluation.evaluate(node)
+        if moved:
+            self.evaluation.wake(producer.types, skip=touched)
+
+    def _invalidate(self, producer: Producer, event: StreamEvent, entered: dict[tuple[str, tuple], list[int]]
+                    ) -> None:
+        """Weak membership: the compositions already produced (of the nodes ``event`` entered, with the
+        components it entered: ``entered``) that ``event`` would have changed, recorded and queued for
+        ``on_invalidation``.  A composition is changed if, for a component the event entered, the event
+        does not certainly come after (chronicle: the oldest is taken) or before (recent: the newest is
+        taken) that component's constituent, and — under SEQ — could stand between its neighbours'
+        constituents."""
+        changed = []
+        for composite in self.evaluation.composites:
+            ranks = entered.get((composite.query, composite.partition))
+            if ranks and any(self._would_change(composite, rank, event.ts) for rank in ranks):
+                changed.append(composite)
+        if changed:
+            notice = Invalidation(producer.name, event, tuple(changed), self.members.relied.get(event.type))
+            self.invalidations.append(notice)
+            self.notices.append(notice)
+            self.counts["invalidations"] += 1
+
+    @staticmethod
+    def _would_change(composite: CompositeEvent, rank: int, ts: Timestamp) -> bool:
+        constituents = composite.constituents
+        own = constituents[rank].ts
+        if composite.consumption == "recent":
+            changed = not precedes(ts, own)          # possibly newer than the one recent consumption took
+        else:
+            changed = not precedes(own, ts)          # possibly older than the one chronicle took
+        if changed and composite.operator == "SEQ":
+            if rank > 0 and precedes(ts, constituents[rank - 1].ts):
+                return False                         # it cannot follow the previous component's constituent
+            if rank + 1 < len(constituents) and precedes(constituents[rank + 1].ts, ts):
+                return False                         # nor precede the next one's
+        return changed
+
+    def _heartbeat(self, heartbeat: Heartbeat) -> None:
+        producer = self.members.member(heartbeat.producer)
+        try:
+            ts = as_timestamp(heartbeat.ts, producer.name)
+        except (TypeError, ValueError) as error:
+            raise EventRejected(f"heartbeat of {producer.name}: bad timestamp: {error}") from None
+        now = self.clock.now()
+        producer.last_seen = now
+        producer.heartbeats += 1
+        self.counts["heartbeats"] += 1
+        for event_type in producer.types:
+            self._check_late(producer, ts, event_type, f"heartbeat {ts} of {producer.name}", heartbeat=True)
+        moved = producer.advance(ts)
+        self.entries.append(WindowEntry("heartbeat", producer.name, None, ts, producer.sync, now,
+                                         f"heartbeat {producer.name}"))
+        if moved:
+            self.evaluation.wake(producer.types)
+
+    def _check_late(self, producer: Producer, ts: Timestamp, event_type: str, what: str,
+                    heartbeat: bool = False) -> bool:
+        """An input below the producer's sync-point (or local reading) breaks its FIFO promise: accept it
+        only if no decision about its type relied on its absence.  Returns True for an *old* event of a
+        weak member: one that keeps its producer's FIFO promise but that decisions relied on the absence
+        of (taken, and checked against the compositions already produced)."""
+        lower = ts.interval.lower
+        behind = producer.sync is not None and lower < producer.sync
+        local_behind = (ts.local is not None and producer.latest_local is not None
+                        and ts.local < producer.latest_local)
+        if heartbeat:
+            if producer.sync is None:
+                behind = False
+            if behind or local_behind:
+                return False            # an old heartbeat says nothing new; sync-points never move back
+        relied = self.members.relied.get(event_type)
+        if producer.weak and not heartbeat and not (behind or local_behind):
+            return relied is not None and not relied < lower
+        if producer.sync is None and not heartbeat:
+            if relied is not None and not relied < lower:
+                self.counts["late_refused"] += 1
+                raise LateEvent(f"{what} is the first of producer {producer.name}, which joined without since=, "
+                                f"but compositions of {event_type} already relied on no event before {relied!r} "
+                                f"being in transit; join producers with since= before they send (atomic membership), "
+                                f"or join it with membership='weak' to be told which compositions it changes")
+            return False
+        if not (behind or local_behind):
+            return False
+        if local_behind or (relied is not None and not relied < lower):
+            self.counts["late_refused"] += 1
+            raise LateEvent(f"{what} arrived after its producer's sync-point {producer.sync!r} moved past it, and "
+                            f"compositions of {event_type} already relied on no event before {relied!r} being in "
+                            f"transit; a producer must send its events in detection order (FIFO) with "
+                            f"non-decreasing lower bounds — send a heartbeat instead of an event from the past")
+        self.counts["late_accepted"] += 1
+        return False
+
+    def snapshot(self) -> dict:
+        return {"numbers": self.numbers, "invalidations": list(self.invalidations)}
+
+    def restore(self, snapshot: dict) -> None:
+        self.numbers = snapshot["numbers"]
+        self.invalidations = snapshot["invalidations"]
+        self.notices = []

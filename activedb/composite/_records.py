@@ -1,0 +1,81 @@
+"""The composition engine's public records: the timeout policy, what it tells of producers and of
+itself (statistics), and the window of its history a picture is drawn from.  Immutable values."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from activedb.composite._model import CompositeEvent, Uncertainty
+from activedb.events import Timestamp
+
+
+class TimeoutPolicy(enum.Enum):
+    """What an input node does when a producer it waits for stays silent past the timeout.
+
+    * ``RAISE`` (default): raise :class:`ProducerTimeout` at the consumer (the paper's choice);
+    * ``EXCLUDE``: the producer leaves the membership (its later events are refused), composition goes on
+      without it — only for applications that accept losing its late events."""
+
+    RAISE = "raise"
+    EXCLUDE = "exclude"
+
+
+@dataclass(frozen=True)
+class ProducerInfo:
+    """What the engine knows of one producer (``engine.producers()``)."""
+
+    name: str
+    types: tuple[str, ...]
+    sync: Any
+    latest_local: Any
+    state: str
+    events: int
+    heartbeats: int
+    silent_for: float
+    membership: str = "atomic"        # "atomic" | "weak"
+
+
+@dataclass(frozen=True)
+class CompositeStatistics:
+    """Counters of one engine (``engine.statistics()``)."""
+
+    events: int
+    heartbeats: int
+    composites: int
+    uncertainties: int
+    decisions: int
+    dropped: int
+    discarded: int
+    unmatched: int
+    late_refused: int
+    late_accepted: int
+    waiting: int                     # events in the lists
+    blocked_nodes: int               # nodes waiting for sync-points
+    invalidations: int = 0           # weak membership's notices (engine.invalidations())
+
+
+@dataclass(frozen=True)
+class WindowEntry:
+    """One thing that arrived (an event or a heartbeat), for the picture."""
+
+    kind: str                         # "event" | "heartbeat"
+    producer: str
+    type: str | None
+    ts: Timestamp
+    sync_after: Any                   # the producer's sync-point after it
+    arrival: float                    # system time
+    label: str
+
+
+@dataclass(frozen=True)
+class Window:
+    """A window of the engine's history: per producer the intervals of its events and heartbeats, the
+    sync-points, and the composite events chosen (see ``activedb.composite.plot``)."""
+
+    entries: tuple[WindowEntry, ...]
+    composites: tuple[CompositeEvent, ...]
+    sync_points: Mapping[str, Any]
+    producers: Mapping[str, tuple[str, ...]]
+    uncertainties: tuple[Uncertainty, ...] = ()

@@ -1,0 +1,75 @@
+"""A composition engine's state follows the transactions its batches ran in: if the top-level
+transaction of ``engine.process(tx, …)`` aborts, the engine returns to its state before the first batch
+of that transaction.
+
+:class:`Rollback` takes a snapshot of the members, the nodes and the input node when a top-level
+transaction runs its first batch, and enlists a commit participant in it: on commit the snapshot is
+forgotten, on abort it is restored (under the engine's mutex, which the participant takes itself —
+it is called by the transaction, outside every engine call).
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any
+
+from activedb.composite._evaluation import Evaluation
+from activedb.composite._input import InputNode
+from activedb.composite._members import Members
+from activedb.txn import CommitParticipant
+
+
+class _Participant(CommitParticipant):
+    """Restores the engine's state if the transaction a batch ran in aborts (a CommitParticipant)."""
+
+    def __init__(self, rollback: "Rollback", root: Any, snapshot: dict):
+        self.rollback = rollback
+        self.root = root
+        self.snapshot = snapshot
+
+    def committed(self, transaction: Any) -> None:
+        self.rollback.forget(self)
+
+    def aborted(self, transaction: Any, error: BaseException | None) -> None:
+        self.rollback.restore(self)
+
+
+class Rollback:
+    """The snapshot of the state before the current top-level transaction's first batch."""
+
+    def __init__(self, guard: Any, members: Members, evaluation: Evaluation, inputs: InputNode,
+                 counts: collections.Counter):
+        self.guard = guard                   # the engine's mutex, as a context manager
+        self.members = members
+        self.evaluation = evaluation
+        self.inputs = inputs
+        self.counts = counts
+        self.current: _Participant | None = None
+
+    def enlist(self, root: Any) -> None:
+        """Precondition: the caller holds the engine's mutex.  Snapshot the state and enlist in ``root``
+        unless this top-level transaction already ran a batch."""
+        if self.current is not None and self.current.root is root:
+            return
+        snapshot = {"members": self.members.snapshot(), "evaluation": self.evaluation.snapshot(),
+                    "inputs": self.inputs.snapshot(), "counts": collections.Counter(self.counts)}
+        participant = _Participant(self, root, snapshot)
+        self.current = participant
+        root.enlist(participant)
+
+    def restore(self, participant: _Participant) -> None:
+        with self.guard:
+            if self.current is not participant:
+                return
+            snapshot = participant.snapshot
+            self.evaluation.restore(snapshot["evaluation"])
+            self.members.restore(snapshot["members"])
+            self.inputs.restore(snapshot["inputs"])
+            self.counts.clear()
+            self.counts.update(snapshot["counts"])
+            self.current = None
+
+    def forget(self, participant: _Participant) -> None:
+        with self.guard:
+            if self.current is participant:
+                self.current = None

@@ -1,0 +1,384 @@
+"""One batch's s-transactions: what they are, and how the scheduler runs them.
+
+:class:`STransaction` is the s-transaction of one released event (Active CEP Def. 7);
+:class:`BatchRun` holds a ``process`` call's s-transactions, the batch's pending state and
+its results, and offers the scheduler the ways to run them (``execute`` — a whole
+s-transaction as a subtransaction; ``execute_in``/``finish`` — in a subtransaction the
+scheduler made; ``execute_unit`` — one query, the unscheduled mode).  :func:`prefetch` loads
+what the batch's access plans name (Algorithm 1) before any of it runs.
+
+Thread-safety: ``BatchRun._mutex`` protects the outputs, dead letters, counters and the
+pending state's overlay; it is taken after the engine's mutex and never held while user
+code, the store or the scheduler runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable
+
+import sqlalchemy as sa
+
+from activedb.errors import DuplicateKey, SchemaError
+from activedb.streams._compile import CompiledQuery, CompiledRule, Ctx
+from activedb.streams._events import DeadLetter, Output, StreamEvent
+from activedb.streams._matcher import Matcher, PartitionState
+from activedb.streams._state import Pending
+from activedb.streams._view import Stamp, StoreView
+from activedb.streams.errors import ActionFailed, StreamError
+
+if TYPE_CHECKING:
+    from activedb.streams._definitions import Definitions
+    from activedb.streams._engine import StreamEngine
+
+logger = logging.getLogger("activedb.streams")
+
+
+# --- results and plans ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BatchResult:
+    """What one ``process``/``feed`` call did.  Immutable."""
+
+    admitted: int                      # events put into the reorder buffer
+    released: int                      # events released (their s-transactions ran)
+    processed: int                     # s-transactions committed
+    failed: int                        # s-transactions aborted (dead letters)
+    outputs: tuple[Output, ...]        # query outputs, in order (empty with keep_outputs=False)
+    dead_letters: tuple[DeadLetter, ...]
+    buffered: int                      # still waiting for a punctuation
+    punctuation: Any                   # the released bound after this call
+
+
+@dataclass(frozen=True)
+class Resource:
+    """A table (``key`` None) or one row of it."""
+
+    table: str
+    key: tuple | None = None
+
+
+@dataclass(frozen=True)
+class AccessPlan:
+    """What an event's s-transaction may read and write (Active CEP Algorithm 1), derived
+    from the definitions alone.  ``opaque``: a Python action declared no tables."""
+
+    reads: frozenset[Resource]
+    writes: frozenset[Resource]
+    opaque: bool = False
+
+
+@dataclass
+class STransaction:
+    """The s-transaction of one released event (Def. 7): ``T.ts = event.ts``."""
+
+    id: str
+    event: StreamEvent
+    matchers: tuple[tuple[int, Matcher], ...]        # (query rank, matcher), in query order
+    engine: "StreamEngine" = field(repr=False)
+
+    @property
+    def ts(self) -> Any:
+        return self.event.ts
+
+    @functools.cached_property
+    def plan(self) -> AccessPlan:
+        """Algorithm 1's locks for this s-transaction (computed once)."""
+        return self.engine.access_plan(self.event)
+
+
+# --- one batch ----------------------------------------------------------------------------------
+
+_INFRASTRUCTURE: tuple[type[BaseException], ...] = ()
+
+
+def _infrastructure() -> tuple[type[BaseException], ...]:
+    global _INFRASTRUCTURE
+    if not _INFRASTRUCTURE:
+        from lockmgr import Deadlock, LockTimeout
+
+        from activedb.errors import DatabaseUnavailable, SerializationConflict, TransactionError
+
+        _INFRASTRUCTURE = (DatabaseUnavailable, SerializationConflict, Deadlock, LockTimeout, TransactionError,
+                           sa.exc.SQLAlchemyError)
+    return _INFRASTRUCTURE
+
+
+def _event_failure(error: BaseException) -> bool:
+    """True if ``error`` is the event's own fault (the event becomes a dead letter), False if
+    the batch cannot go on (PostgreSQL unusable, lock trouble, the transaction aborted)."""
+    if isinstance(error, DuplicateKey):
+        return True
+    if isinstance(error, (StreamError, SchemaError)):
+        return True
+    return False
+
+
+class BatchRun:
+    """The s-transactions of one ``process`` call and what the scheduler calls to run them."""
+
+    def __init__(self, engine: "StreamEngine", tx: Any, pending: Pending, stransactions: list[STransaction], *,
+                 serial: int, definitions: "Definitions"):
+        self.engine = engine
+        self.tx = tx
+        self.pending = pending
+        self.stransactions = stransactions
+        self._mutex = threading.Lock()       # protects outputs, dead_letters, counters, pending.overlay
+        self.outputs: list[Output] = []
+        self.dead_letters: list[DeadLetter] = []
+        self.processed = 0
+        self.failed = 0
+        self.view_factory: Callable[[Any, Stamp], Any] = (
+            lambda tx, stamp: StoreView(tx, stamp, engine.history, engine.operation_cost))
+        self.serial = serial                 # unique across the engine's batches (history unit ids)
+        self.definitions = definitions        # the engine's queries and rules (rules_by_query)
+        # Invariant: _installed_at[partition] is the position of the s-transaction whose state is in the
+        # overlay; a state from an earlier position never replaces a later one (concurrent schedulers may
+        # end s-transactions out of order; only those that cannot change a partition's state run unordered).
+        self._installed_at: dict[tuple[str, tuple], int] = {}
+        #: A concurrent scheduler's answer to "on which state of partition ``key`` of ``query``
+        #: is ``stransaction`` matched" (``state_source(stransaction, query, key)``); None: the
+        #: batch's current state (SEI: the previous s-transaction's).
+        self.state_source: Callable[[STransaction, str, tuple], PartitionState | None] | None = None
+        #: Called on the s-transaction's thread once its queries matched, before its rules run:
+        #: ``on_matched(stransaction, touched, certain)`` with the partitions' new states;
+        #: ``certain``: no rule instance is left to run, so nothing after this point can abort it
+        #: for its event (its states are final as soon as it commits, which it will unless the
+        #: whole batch fails).  A concurrent scheduler lets the next s-transaction of a
+        #: partition be matched on them at once (Active CEP Example 5).
+        self.on_matched: Callable[[STransaction, dict, bool], None] | None = None
+
+    def partition(self, query: str, key: tuple) -> PartitionState | None:
+        with self._mutex:
+            return self.pending.partition((query, key))
+
+    def _install(self, touched: dict[tuple[str, tuple], PartitionState], position: int | None) -> None:
+        with self._mutex:
+            installed_at = self._installed_at
+            for key, state in touched.items():
+                if position is not None:
+                    if installed_at.get(key, -1) > position:
+                        continue
+                    installed_at[key] = position
+                self.pending.overlay[key] = state if state.size() else None
+
+    # --- the whole s-transaction (SEI and schedulers that lock ahead) ---------------------------
+
+    def execute(self, stransaction: STransaction, parent: Any = None) -> bool:
+        """Run ``stransaction`` as one subtransaction of ``parent`` (default: the batch's
+        transaction).  True if it committed; False if it aborted (its event is then a dead
+        letter).  Raises only when the batch cannot go on."""
+        parent = self.tx if parent is None else parent
+        return self._run(stransaction, parent, self._unit(stransaction.id),
+                         [rank for rank, _ in stransaction.matchers])
+
+    def new_unit(self, stransaction: STransaction) -> str:
+        """The history unit of ``stransaction`` when a scheduler runs it with ``execute_in``."""
+        return self._unit(stransaction.id)
+
+    def execute_in(self, stransaction: STransaction, tx: Any, unit: str) -> tuple:
+        """Run the whole s-transaction in ``tx``, a subtransaction the scheduler made for it
+        (e.g. spawned on a worker thread): every consuming query, then the rules on their
+        outputs.  The caller's subtransaction ends it: when it has committed or aborted, the
+        scheduler calls :meth:`finish` with what this returned.  Raises the event's failure
+        as a StreamError (after recording the dead letter) so that ``tx`` aborts, and
+        infrastructure errors as they are."""
+        history = self.engine.history
+        event = stransaction.event
+        if history is not None:
+            history.begin(unit, stransaction.id, event.describe(), event.ts, (event.position, ()))
+        try:
+            return self._body(tx, stransaction, unit, [rank for rank, _ in stransaction.matchers])
+        except BaseException as error:
+            if _event_failure(error):
+                self._failed(stransaction, error)
+                if not isinstance(error, StreamError):
+                    raise ActionFailed(str(error), rule="") from error
+            raise
+
+    def finish(self, stransaction: STransaction, unit: str, committed: bool, result: tuple | None) -> None:
+        """``stransaction``'s subtransaction (see :meth:`execute_in`) committed or aborted:
+        record its end; if committed, its partitions' states and outputs become the batch's."""
+        history = self.engine.history
+        event = stransaction.event
+        if history is not None:
+            history.end(unit, stransaction.id, event.describe(), event.ts, (event.position, ()), committed)
+        if committed and result is not None:
+            touched, outputs = result
+            self._succeeded(touched, outputs, event.position)
+
+    def count_empty(self) -> None:
+        """An s-transaction no query consumes: nothing to run, it counts as processed."""
+        self.engine.metrics.add(processed=1)
+        with self._mutex:
+            self.processed += 1
+
+    def _unit(self, name: str) -> str:
+        """A unit id unique across batches (a re-run batch reuses positions)."""
+        unit = f"{name}.b{self.serial}"
+        with self._mutex:
+            self.pending.units.append(unit)
+        return unit
+
+    def execute_unit(self, stransaction: STransaction, rank: int, tx: Any) -> bool:
+        """Run only the query of ``rank`` (and the rules on its outputs) in ``tx`` itself, as
+        its own unit — the unscheduled mode.  Raises the event's failure as a StreamError
+        (after recording the dead letter) so that ``tx`` aborts."""
+        unit = self._unit(f"{stransaction.id}/{rank}")
+        history = self.engine.history
+        event = stransaction.event
+        if history is not None:
+            history.begin(unit, stransaction.id, event.describe(), event.ts, (event.position, ()))
+        try:
+            touched, outputs = self._body(tx, stransaction, unit, [rank])
+        except BaseException as error:
+            if history is not None:
+                history.end(unit, stransaction.id, event.describe(), event.ts, (event.position, ()), False)
+            if _event_failure(error):
+                self._failed(stransaction, error)
+                if not isinstance(error, StreamError):
+                    raise ActionFailed(str(error), rule="") from error
+            raise
+        # The unit's commit is the caller's (the subtransaction ends when this returns).
+        if history is not None:
+            history.end(unit, stransaction.id, event.describe(), event.ts, (event.position, ()), True)
+        self._succeeded(touched, outputs, None)
+        return True
+
+    def _run(self, stransaction: STransaction, parent: Any, unit: str, ranks: list[int]) -> bool:
+        engine = self.engine
+        history = engine.history
+        event = stransaction.event
+        order = (event.position, ())
+        if not ranks:                       # no query consumes the event: an empty s-transaction
+            self.count_empty()
+            return True
+        if history is not None:
+            history.begin(unit, stransaction.id, event.describe(), event.ts, order)
+        context = parent.subtransaction(name=f"s-transaction {event.describe()}")
+        child = context.__enter__()
+        committed = False
+        try:
+            try:
+                touched, outputs = self._body(child, stransaction, unit, ranks)
+            except BaseException as error:
+                context.__exit__(type(error), error, error.__traceback__)
+                raise
+            started = time.perf_counter()
+            context.__exit__(None, None, None)     # commit into the parent
+            engine.metrics.phase("commit", time.perf_counter() - started)
+            committed = True
+        except BaseException as error:
+            if history is not None:
+                history.end(unit, stransaction.id, event.describe(), event.ts, order, False)
+            if not _event_failure(error):
+                raise
+            self._failed(stransaction, error)
+            return False
+        if history is not None:
+            history.end(unit, stransaction.id, event.describe(), event.ts, order, committed)
+        self._succeeded(touched, outputs, event.position)
+        return True
+
+    def _body(self, tx: Any, stransaction: STransaction, unit: str, ranks: list[int]):
+        engine = self.engine
+        metrics = engine.metrics
+        event = stransaction.event
+        view = self.view_factory(tx, Stamp(unit, stransaction.id, event.describe(), event.ts, event.position))
+        touched: dict[tuple[str, tuple], PartitionState] = {}
+        produced: list[tuple[int, CompiledQuery, list[Output]]] = []
+        wanted = set(ranks)
+        for rank, matcher in stransaction.matchers:
+            if rank not in wanted:
+                continue
+            query = matcher.query
+            key = matcher.partition_key(event)
+            started = time.perf_counter()
+            source = self.state_source
+            state = self.partition(query.name, key) if source is None else source(stransaction, query.name, key)
+            step = matcher.prepare(state, event)
+            prepared = time.perf_counter()
+            view.at(0, rank, query.name)
+            outputs, state = step.complete(view)
+            metrics.phase("match", prepared - started)
+            metrics.phase("reads", time.perf_counter() - prepared)
+            metrics.query(query.name, len(outputs))
+            touched[(query.name, key)] = state
+            produced.append((rank, query, outputs))
+        rules_by_query = self.definitions.rules_by_query
+        if self.on_matched is not None:
+            self.on_matched(stransaction, dict(touched),
+                            not any(outputs and rules_by_query.get(query.name) for _, query, outputs in produced))
+        started = time.perf_counter()
+        rule_latency = 0.0
+        instances = 0
+        all_outputs = []
+        for rank, query, outputs in produced:
+            rules = rules_by_query.get(query.name, ())
+            for output in outputs:
+                all_outputs.append(output)
+                for rule in rules:
+                    view.at(1, rank, rule.name)
+                    _run_rule(rule, output, view)
+                    instances += 1
+                    rule_latency += time.perf_counter() - output.sts
+        metrics.phase("rules", time.perf_counter() - started)
+        metrics.add(rule_instances=instances, rule_latency=rule_latency, reads=view.reads, writes=view.writes)
+        return touched, all_outputs
+
+    def _succeeded(self, touched, outputs: list[Output], position: int | None) -> None:
+        self._install(touched, position)
+        latency = 0.0
+        for output in outputs:
+            arrivals = [event.sts for event in output.constituents if event.sts is not None]
+            if arrivals:
+                latency += output.sts - max(arrivals)
+        self.engine.metrics.add(processed=1, outputs=len(outputs), query_latency=latency)
+        with self._mutex:
+            self.processed += 1
+            if self.engine.keep_outputs:
+                self.outputs.extend(outputs)
+
+    def _failed(self, stransaction: STransaction, error: BaseException) -> None:
+        reason = (f"s-transaction of {stransaction.event.describe()} aborted: {type(error).__name__}: {error}"
+                  if not isinstance(error, ActionFailed) else f"s-transaction of {stransaction.event.describe()} "
+                                                              f"aborted: {error}")
+        logger.info("%s", reason)
+        with self._mutex:
+            self.failed += 1
+            self.dead_letters.append(DeadLetter(stransaction.event, reason))
+        self.engine.metrics.add(failed=1, dead_letters=1)
+
+
+def _run_rule(rule: CompiledRule, output: Output, view: Any) -> None:
+    ctx = Ctx(output, view)
+    try:
+        if rule.when is not None and rule.when(ctx) is not True:
+            return
+        for action in rule.actions:
+            action(ctx)
+    except (StreamError, SchemaError, DuplicateKey):
+        raise
+    except _infrastructure():
+        raise
+    except Exception as error:
+        raise ActionFailed(f"rule {rule.name} raised {type(error).__name__}: {error}", rule.name) from error
+
+
+def prefetch(tx: Any, stransactions: list[STransaction]) -> None:
+    """Load, in one query per table, the rows the batch's access plans name (Algorithm 1
+    at work): the s-transactions' reads then need no round trip."""
+    keys: dict[str, dict[tuple, None]] = {}
+    for stransaction in stransactions:
+        if not stransaction.matchers:
+            continue
+        plan = stransaction.plan
+        for resource in plan.reads | plan.writes:
+            if resource.key is not None and all(value is not None for value in resource.key):
+                keys.setdefault(resource.table, {})[resource.key] = None
+    for table, wanted in keys.items():
+        tx.prefetch(table, list(wanted))

@@ -1,0 +1,259 @@
+"""The stream engine's definitions: declared streams, compiled queries and rules, the
+indexes a batch uses, and Algorithm 1's access plans derived from them.
+
+:class:`Definitions` is the engine's collaborator for everything defined before events
+arrive; it owns the dictionaries of streams, queries, matchers and rules, orders queries and
+rules by priority then name, indexes matchers by (stream, event type) and rules by query,
+and caches per (stream, event type) the template of the access plan (tables, and how each
+key is taken from the event) until the definitions change.
+
+Thread-safety: every change holds the mutex the engine passes in (the engine's own, so the
+engine's lock order is unchanged); ``rules_by_query`` and the indexes are replaced whole,
+never mutated, so a batch may read them without it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from activedb.streams import _language
+from activedb.streams import algebra as ast
+from activedb.streams._batch import AccessPlan, Resource
+from activedb.streams._catalog import StoreCatalog, StreamSchema
+from activedb.streams._compile import CompiledQuery, CompiledRule, compile_query, compile_rule
+from activedb.streams._events import StreamEvent
+from activedb.streams._matcher import Matcher
+from activedb.streams.errors import DefinitionError, UnknownName
+
+
+class Definitions:
+    """The streams, queries and rules of one engine (see the module docstring)."""
+
+    def __init__(self, catalog: StoreCatalog, mutex: threading.RLock):
+        self.catalog = catalog
+        self._mutex = mutex
+        self._streams: dict[str, StreamSchema] = {}
+        self._queries: dict[str, CompiledQuery] = {}
+        self._matchers: dict[str, Matcher] = {}
+        self._rules: dict[str, CompiledRule] = {}
+        #: The rules on each query's outputs, by priority then name (replaced whole on a change).
+        self.rules_by_query: dict[str, tuple[CompiledRule, ...]] = {}
+        self._by_type: dict[tuple[str, str], tuple[tuple[int, Matcher], ...]] = {}
+        self._plans: dict[tuple[str, str], tuple] = {}     # access-plan templates, see _plan_template
+
+    def add_stream(self, schema: StreamSchema) -> StreamSchema:
+        with self._mutex:
+            if schema.name in self._streams:
+                raise DefinitionError(f"stream {schema.name!r} is already declared")
+            self._streams[schema.name] = schema
+        return schema
+
+    def define(self, text: str) -> list[CompiledQuery | CompiledRule]:
+        """Define every ``CREATE QUERY`` / ``CREATE RULE`` of ``text``, in order."""
+        defined = []
+        for definition in _language.parse(text):
+            try:
+                defined.append(self.add(definition))
+            except DefinitionError as error:
+                if error.line is not None and "\n" not in str(error):
+                    raise type(error)(error.reason, line=error.line, column=error.column, text=text) from None
+                raise
+        return defined
+
+    def define_text(self, text: str, kind: type) -> list:
+        definitions = _language.parse(text)
+        for definition in definitions:
+            if not isinstance(definition, kind):
+                what = "CREATE QUERY" if kind is ast.QueryDefinition else "CREATE RULE"
+                position = definition.position
+                raise DefinitionError(f"expected {what} here; use engine.define() for a script of both",
+                                      line=position.line if position else None,
+                                      column=position.column if position else None, text=text)
+        try:
+            return [self.add(definition) for definition in definitions]
+        except DefinitionError as error:
+            if error.line is not None and "\n" not in str(error):
+                raise type(error)(error.reason, line=error.line, column=error.column, text=text) from None
+            raise
+
+
+    def add(self, definition: Any) -> CompiledQuery | CompiledRule:
+        with self._mutex:
+            if isinstance(definition, ast.QueryDefinition):
+                if isinstance(definition.pattern, ast.Conj) or definition.consumption is not None:
+                    what = "AND(…)" if isinstance(definition.pattern, ast.Conj) else "CONSUMING"
+                    raise DefinitionError(
+                        f"query {definition.name}: {what} belongs to the interval time model (events from many "
+                        f"producers, order possibly uncertain); define it on an activedb.composite."
+                        f"CompositionEngine — this engine's total order of point timestamps runs SEQ only",
+                        **_at(definition))
+                if any(name.casefold() == definition.name.casefold() for name in self._queries):
+                    raise DefinitionError(f"query {definition.name} is already defined; give the new one "
+                                          f"another name", **_at(definition))
+                compiled = compile_query(definition, self._streams, self.catalog)
+                self._queries[compiled.name] = compiled
+                self._matchers[compiled.name] = Matcher(compiled)
+                self._reindex()
+                return compiled
+            if isinstance(definition, ast.RuleDefinition):
+                existing = [name for name in self._rules if name.casefold() == definition.name.casefold()]
+                if existing and not definition.replace:
+                    raise DefinitionError(f"rule {definition.name} is already defined; use CREATE OR REPLACE RULE "
+                                          f"(replace=True) to redefine it", **_at(definition))
+                compiled = compile_rule(definition, self._queries, self.catalog)
+                for name in existing:
+                    del self._rules[name]
+                self._rules[compiled.name] = compiled
+                self._reindex()
+                return compiled
+        raise DefinitionError(f"not a query or rule definition: {definition!r}")
+
+    def _reindex(self) -> None:
+        """Precondition: the caller holds the mutex."""
+        ordered = sorted(self._queries.values(), key=_priority_then_name)
+        by_type: dict[tuple[str, str], list[tuple[int, Matcher]]] = {}
+        for rank, query in enumerate(ordered):
+            for event_type in dict.fromkeys(query.types):
+                by_type.setdefault((query.stream.name, event_type), []).append((rank, self._matchers[query.name]))
+        self._by_type = {key: tuple(value) for key, value in by_type.items()}
+        self._plans = {}
+        rules: dict[str, list[CompiledRule]] = {}
+        for rule in self._rules.values():
+            rules.setdefault(rule.query, []).append(rule)
+        self.rules_by_query = {query: tuple(sorted(group, key=_priority_then_name)) for query, group in rules.items()}
+
+
+    def queries(self) -> dict[str, CompiledQuery]:
+        with self._mutex:
+            return dict(self._queries)
+
+    def rules(self) -> dict[str, CompiledRule]:
+        with self._mutex:
+            return dict(self._rules)
+
+    def streams(self) -> dict[str, StreamSchema]:
+        with self._mutex:
+            return dict(self._streams)
+
+    def matchers(self, stream: str, event_type: str) -> tuple[tuple[int, Matcher], ...]:
+        """The (query rank, matcher) pairs consuming events of ``event_type`` on ``stream``."""
+        return self._by_type.get((stream, event_type), ())
+
+    def counts(self) -> tuple[int, int]:
+        """(queries, rules) defined."""
+        return len(self._queries), len(self._rules)
+
+    # --- Algorithm 1 -----------------------------------------------------------------------------
+
+    def access_plan(self, event: StreamEvent) -> AccessPlan:
+        """The store resources ``event``'s s-transaction may read and write (Active CEP
+        Algorithm 1, narrowed to what this engine can do: queries read the store only at
+        their accepting events, rules fire only there).  A key comes from the event when
+        the definitions derive it from the event's attributes; otherwise the table."""
+        stream = self.stream_of(event)
+        template = self._plans.get((stream.name, event.type))
+        if template is None:
+            template = self._plan_template(stream.name, event.type)
+        reads, writes, opaque = template
+        return AccessPlan(frozenset(Resource(table, _key_of(extract, event)) for table, extract in reads),
+                          frozenset(Resource(table, _key_of(extract, event)) for table, extract in writes), opaque)
+
+    def _plan_template(self, stream: str, event_type: str):
+        """Per (stream, type): the tables and how each key is taken from the event (cached
+        until the definitions change)."""
+        reads: dict[tuple, None] = {}
+        writes: dict[tuple, None] = {}
+        opaque = False
+        with self._mutex:
+            for _, matcher in self._by_type.get((stream, event_type), ()):
+                query = matcher.query
+                if event_type != query.accepting_type:
+                    continue
+                for spec in query.reads:
+                    reads[(spec.table, _key_extractor(spec.key, query, None))] = None
+                for rule in self.rules_by_query.get(query.name, ()):
+                    opaque = opaque or rule.opaque
+                    for spec in rule.reads:
+                        reads[(spec.table, _key_extractor(spec.key, query, rule))] = None
+                    for spec in rule.writes:
+                        writes[(spec.table, _key_extractor(spec.key, query, rule))] = None
+            template = (tuple(reads), tuple(writes), opaque)
+            self._plans[(stream, event_type)] = template
+        return template
+
+    # --- processing ------------------------------------------------------------------------------
+
+
+    def stream_of(self, event: StreamEvent) -> StreamSchema:
+        if event.stream is not None:
+            stream = self._streams.get(event.stream)
+            if stream is None:
+                raise UnknownName(f"no stream {event.stream!r}")
+            return stream
+        if len(self._streams) == 1:
+            return next(iter(self._streams.values()))
+        raise UnknownName("the event names no stream and the engine has several")
+
+
+def _priority_then_name(item: Any) -> tuple:
+    priority = item.priority
+    return (0, -priority, item.name) if priority is not None else (1, 0, item.name)
+
+
+def _at(node: Any) -> dict:
+    position = getattr(node, "position", None)
+    return {"line": position.line, "column": position.column} if position else {}
+
+
+
+def _key_of(extract: tuple | None, event: StreamEvent) -> tuple | None:
+    if extract is None:
+        return None
+    attributes = event.attributes
+    return tuple(value if is_literal else attributes.get(value) for is_literal, value in extract)
+
+
+def _key_extractor(key_spec: Any, query: CompiledQuery, rule: CompiledRule | None) -> tuple | None:
+    """How to take a read/write spec's key from an accepting event of ``query``: per key
+    column ``(True, constant)`` or ``(False, attribute)``; None if it cannot be (the table)."""
+    if key_spec is None:
+        return None
+    values = []
+    for _, source in key_spec:
+        if isinstance(source, ast.Literal):
+            values.append((True, source.value))
+            continue
+        if not isinstance(source, ast.AttributeRef):
+            return None
+        if rule is not None and source.alias.casefold() in (rule.definition.new_alias.casefold(),
+                                                            query.name.casefold()):
+            expression = dict((name, item.expression) for name, item in
+                              ((item.name, item) for item in query.definition.returns)).get(source.attribute)
+            if isinstance(expression, ast.Literal):
+                values.append((True, expression.value))
+                continue
+            if not isinstance(expression, ast.AttributeRef):
+                return None
+            source = expression
+        attribute = _attribute_from_event(source, query)
+        if attribute is None:
+            return None
+        values.append((False, attribute))
+    return tuple(values)
+
+
+def _attribute_from_event(source: ast.AttributeRef, query: CompiledQuery) -> str | None:
+    """The attribute of the accepting ``event`` that has the value of ``source``, if any:
+    ``source`` names the accepting component, or a partition attribute (same value on every
+    event of a match)."""
+    components = query.definition.pattern.components()
+    alias = source.alias.casefold()
+    for index, component in enumerate(components):
+        if component.name.casefold() == alias:
+            stream = query.stream
+            attribute = stream.resolve_attribute(query.types[index], source.attribute, None)
+            if index == query.accepting or attribute in query.partition:
+                return attribute
+            return None
+    return None

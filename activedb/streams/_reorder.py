@@ -1,0 +1,152 @@
+"""The reorder buffer and punctuations: events in, events out in the declared total order.
+
+:class:`ReorderBuffer` admits an event (checks its stream, type and timestamp; an event
+older than the punctuation already released is a *late* dead letter naming that
+punctuation) into the batch's pending buffer, ordered by the declared total order
+(``_events.order_key``); computes the new bound, ``min over the engine's streams of their
+most recent punctuation`` (explicit, or ``db.watermark(stream)``); and releases every
+buffered event strictly older than the bound, giving each its position.  Events *at* the
+bound wait, since an event with that timestamp may still come (Active CEP, Definition 6).
+
+It keeps no state of its own: the buffer, punctuations, positions and arrival numbers live
+in the batch's :class:`~activedb.streams._state.Pending`, which only the thread running
+the batch touches.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from typing import Any, Callable, Mapping
+
+from activedb.streams._catalog import StreamSchema
+from activedb.streams._events import DeadLetter, StreamEvent, check_ts, format_ts, order_key, ts_less
+from activedb.streams._metrics import Metrics
+from activedb.streams._state import Pending
+
+
+class ReorderBuffer:
+    """Admission, punctuation bounds and release for engine ``name`` (see the module docstring)."""
+
+    def __init__(self, name: str, metrics: Metrics, watermark: Callable[[str], Any]):
+        self.name = name
+        self.metrics = metrics
+        self.watermark = watermark
+
+    def admit(self, raw, now: float, pending: Pending, streams: dict[str, StreamSchema]):
+        """Put one event into the buffer; returns (event, None) or (None, dead letter)."""
+        if isinstance(raw, Mapping):
+            raw = _event_from_mapping(raw)
+        if not isinstance(raw, StreamEvent):
+            return None, DeadLetter(StreamEvent("?", None, {}, origin=raw),
+                                    f"rejected: not an event ({type(raw).__name__}); give StreamEvent objects or "
+                                    f"dicts with type, ts and attributes")
+        event = raw
+        if event.stream is None:
+            if len(streams) != 1:
+                return None, self._reject(event, f"rejected: the event names no stream and engine {self.name} has "
+                                                 f"{len(streams)} ({', '.join(streams)})")
+            stream = next(iter(streams.values()))
+        else:
+            stream = streams.get(event.stream)
+            if stream is None:
+                return None, self._reject(event, f"rejected: no stream {event.stream!r} in engine {self.name} "
+                                                 f"(streams: {', '.join(streams)})")
+        event_type = stream.resolve_type(event.type) if isinstance(event.type, str) else None
+        if event_type is None:
+            return None, self._reject(event, f"rejected: stream {stream.name} has no event type {event.type!r} "
+                                             f"(types: {', '.join(stream.types or ())})")
+        event = dataclasses.replace(event, type=event_type, stream=stream.name,
+                                    sts=event.sts if event.sts is not None else now)
+        try:
+            kind = check_ts(event.ts)
+        except ValueError as error:
+            return None, self._reject(event, f"rejected: {error}")
+        if pending.time_kind is None:
+            pending.time_kind = kind
+        elif kind != pending.time_kind:
+            return None, self._reject(event, f"rejected: timestamp {event.ts!r} is a {kind}, but this engine's "
+                                             f"events carry {pending.time_kind}s")
+        released = pending.released
+        if released is not None and ts_less(event.ts, released):
+            self.metrics.add(late=1)
+            return None, self._reject(
+                event, f"late: {event.describe()} (ts {format_ts(event.ts)}) is older than the punctuation "
+                       f"{format_ts(released)} already released by engine {self.name}; every event before it has "
+                       f"been processed, so this one can no longer be put in order", punctuation=released)
+        tie = stream.tie_key(event) if stream.tie_key is not None else None
+        key = order_key(event, stream.priority(event_type), tie)
+        arrival = pending.arrivals
+        pending.arrivals += 1
+        bisect.insort(pending.buffer, (key, arrival, event))
+        pending.buffer_added[arrival] = event
+        return event, None
+
+    def _reject(self, event: StreamEvent, reason: str, punctuation: Any = None) -> DeadLetter:
+        self.metrics.add(dead_letters=1)
+        return DeadLetter(event, reason, punctuation)
+
+    def bound(self, pending: Pending, streams, punctuation, punctuations) -> Any:
+        given = dict(punctuations or {})
+        if punctuation is not None:
+            for name in streams:
+                given.setdefault(name, punctuation)
+        for name in streams:
+            candidates = [value for value in (given.get(name), self.watermark(name),
+                                              pending.punctuations.get(name)) if value is not None]
+            if not candidates:
+                continue
+            best = candidates[0]
+            for value in candidates[1:]:
+                if ts_less(best, value):
+                    best = value
+            pending.punctuations[name] = best
+        if any(name not in pending.punctuations for name in streams):
+            return pending.released
+        bound = None
+        for name in streams:
+            value = pending.punctuations[name]
+            if bound is None or ts_less(value, bound):
+                bound = value
+        if pending.released is not None and not ts_less(pending.released, bound):
+            return pending.released
+        return bound
+
+    def release(self, pending: Pending, bound: Any, now: float) -> list[StreamEvent]:
+        if bound is None or bound is pending.released and not pending.buffer:
+            return []
+        buffer = pending.buffer
+        cut = 0
+        while cut < len(buffer) and ts_less(buffer[cut][2].ts, bound):
+            cut += 1
+        pending.released = bound
+        if not cut:
+            return []
+        released = []
+        ties = 0
+        previous = None
+        delay = 0.0
+        for key, arrival, event in buffer[:cut]:
+            if previous is not None and previous[:4] == key[:4]:
+                ties += 1
+            previous = key
+            event = dataclasses.replace(event, position=pending.position)
+            pending.position += 1
+            released.append(event)
+            if event.sts is not None:
+                delay += now - event.sts
+            if arrival in pending.buffer_added:
+                del pending.buffer_added[arrival]
+            else:
+                pending.buffer_removed.add(arrival)
+        del buffer[:cut]
+        self.metrics.add(released=len(released), reorder_delay=delay, ties_by_content=ties)
+        return released
+
+
+def _event_from_mapping(raw: Mapping[str, Any]) -> StreamEvent:
+    attributes = raw.get("attributes")
+    if attributes is None:
+        attributes = {key: value for key, value in raw.items() if key not in ("type", "ts", "stream")}
+    return StreamEvent(type=raw.get("type"), ts=raw.get("ts"), attributes=dict(attributes), stream=raw.get("stream"),
+                       origin=raw)

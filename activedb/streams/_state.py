@@ -1,0 +1,82 @@
+"""The stream engine's state: the committed one between batches, and a batch's pending one.
+
+A batch works on a :class:`Pending` laid over the committed :class:`State` (the matcher
+partitions as an overlay, the buffer and punctuations as copies).  The engine enlists a
+:class:`BatchOutcome` in the batch's top-level transaction when it makes the pending
+state: when that transaction commits, the pending state is materialized into the new
+committed one; when it aborts, the pending state is dropped.  Neither state class locks:
+the engine's ``_mutex`` protects the committed state and the pointer to the pending one,
+and ``BatchRun._mutex`` the overlay while a batch runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from activedb.streams._events import StreamEvent
+from activedb.streams._matcher import PartitionState
+from activedb.txn import CommitParticipant
+
+
+@dataclass
+class State:
+    """The engine's state between batches (the committed one) or during one (pending)."""
+
+    partitions: dict[tuple[str, tuple], PartitionState] = field(default_factory=dict)
+    # Invariant: sorted by (order key, arrival number); no entry is older than `released`.
+    buffer: list[tuple[tuple, int, StreamEvent]] = field(default_factory=list)
+    released: Any = None              # every event older than this was released (None: nothing yet)
+    punctuations: dict[str, Any] = field(default_factory=dict)
+    position: int = 0                 # the next release position
+    arrivals: int = 0                 # the next arrival number
+    time_kind: str | None = None      # "number" or "datetime", fixed by the first event
+
+
+class Pending:
+    """A batch's state on top of the committed one (partitions as an overlay)."""
+
+    def __init__(self, root: Any, base: State):
+        self.root = root
+        self.base = base
+        self.overlay: dict[tuple[str, tuple], PartitionState | None] = {}
+        self.buffer = list(base.buffer)
+        self.released = base.released
+        self.punctuations = dict(base.punctuations)
+        self.position = base.position
+        self.arrivals = base.arrivals
+        self.time_kind = base.time_kind
+        self.buffer_added: dict[int, StreamEvent] = {}
+        self.buffer_removed: set[int] = set()
+        self.units: list[str] = []          # history units run in this batch (aborted with it)
+
+    def partition(self, key: tuple[str, tuple]) -> PartitionState | None:
+        if key in self.overlay:
+            return self.overlay[key]
+        return self.base.partitions.get(key)
+
+    def materialize(self) -> State:
+        partitions = self.base.partitions
+        for key, value in self.overlay.items():
+            if value is None:
+                partitions.pop(key, None)
+            else:
+                partitions[key] = value
+        return State(partitions=partitions, buffer=self.buffer, released=self.released,
+                     punctuations=self.punctuations, position=self.position, arrivals=self.arrivals,
+                     time_kind=self.time_kind)
+
+
+class BatchOutcome(CommitParticipant):
+    """Tells the engine how the top-level transaction of a batch ended: ``settle(pending,
+    committed)``, called once, after the outcome is known (outside the transaction's locks)."""
+
+    def __init__(self, pending: Pending, settle: Callable[[Pending, bool], None]):
+        self.pending = pending
+        self.settle = settle
+
+    def committed(self, transaction: Any) -> None:
+        self.settle(self.pending, True)
+
+    def aborted(self, transaction: Any, error: BaseException | None) -> None:
+        self.settle(self.pending, False)

@@ -1,0 +1,139 @@
+"""How the rule path tells failures apart, and how it finds the events PostgreSQL refuses.
+
+A failure inside an event's subtransaction is the event's (a rule rejected it: a dead letter), a
+conflict with another process (:func:`conflict_in`: the batch is re-run), a deadlock (the event is
+re-run), or the server's (:func:`is_infrastructure_failure`: the batch fails).  A batch whose commit
+PostgreSQL refuses because of the values written (:func:`is_poison_failure`) is searched by
+:func:`find_culprits` for the events that caused it, with trial flushes (:func:`trial`) that are rolled
+back.  Design note: the package's ``README.md``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from activedb import CommitParticipant
+
+from spark_bridge.mapping import RawEvent
+
+__all__ = ["conflict_in", "find_culprits", "is_deadlock", "is_infrastructure_failure", "is_poison_failure",
+           "rejection_reason", "trial"]
+
+
+def is_infrastructure_failure(error: BaseException) -> bool:
+    """True if ``error`` means PostgreSQL is unusable (the batch must fail, not the event)."""
+    import sqlalchemy as sa
+
+    from activedb.errors import DatabaseUnavailable, causes
+
+    return any(isinstance(cause, (DatabaseUnavailable, sa.exc.OperationalError, sa.exc.InterfaceError))
+               for cause in causes(error))
+
+
+def conflict_in(error: BaseException) -> BaseException | None:
+    """The ``SerializationConflict`` behind ``error``, if another process (or a sequence reset) got in the way:
+    not the event's fault — the batch is re-run."""
+    from activedb.errors import SerializationConflict, causes
+
+    return next((cause for cause in causes(error) if isinstance(cause, SerializationConflict)), None)
+
+
+def is_deadlock(error: BaseException) -> bool:
+    from lockmgr import Deadlock
+
+    from activedb.errors import causes
+
+    return any(isinstance(cause, Deadlock) for cause in causes(error))
+
+
+def is_poison_failure(error: BaseException) -> bool:
+    """PostgreSQL refused the commit because of the values written (a data exception, an integrity or a
+    size limit: SQLSTATE classes 22, 23, 54, or the engine's own DuplicateKey/InvalidValue at the flush) —
+    something an event caused, as opposed to the server (disk full, connection) or a conflict."""
+    from activedb.errors import DatabaseError, DuplicateKey, InvalidValue
+
+    if is_infrastructure_failure(error):
+        return False
+    if isinstance(error, (DuplicateKey, InvalidValue)):
+        return True
+    return isinstance(error, DatabaseError) and (error.sqlstate or "")[:2] in ("22", "23", "54")
+
+
+def rejection_reason(error: BaseException) -> str:
+    """The dead-letter reason of an event whose subtransaction failed."""
+    from activedb.errors import CascadeLimitExceeded, RuleFailed
+
+    if isinstance(error, RuleFailed):
+        return f"rejected by rule {error.rule!r}: {error}"
+    if isinstance(error, CascadeLimitExceeded):
+        return f"rule cascade limit: {error}"
+    return f"event processing failed: {type(error).__name__}: {error}"
+
+
+def _poison_reason(error: BaseException) -> str:
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return f"PostgreSQL refused this event's writes at the commit: {text}"
+
+
+class _TrialPassed(Exception):
+    """A trial flush got everything written: roll it back."""
+
+
+class _TrialStop(CommitParticipant):
+    """Turns a flush into a trial: everything is written, then the transaction is rolled back."""
+
+    def about_to_commit(self, transaction: Any, connection: Any) -> None:
+        raise _TrialPassed()
+
+
+def trial(db: Any, query_name: str, apply: Callable[[Any, list[RawEvent]], None],
+          events: list[RawEvent]) -> BaseException | None:
+    """Run ``apply(tx, events)`` in a transaction that is flushed and then rolled back; the refusal of a
+    poison failure, or None if PostgreSQL took everything."""
+    try:
+        with db.transaction(name=f"trial:{query_name}", participants=[_TrialStop()]) as tx:
+            db.outbox.mark_replayed(tx)
+            apply(tx, events)
+    except _TrialPassed:
+        return None
+    except Exception as failure:
+        if is_poison_failure(failure):
+            return failure
+        raise
+    raise AssertionError("unreachable: a trial never commits")
+
+
+def find_culprits(try_events: Callable[[list[RawEvent]], BaseException | None], events: list[RawEvent],
+                  failure: BaseException) -> list[tuple[RawEvent, str]]:
+    """The events whose writes make PostgreSQL refuse the batch, each with PostgreSQL's reason;
+    ``try_events(subset)`` is a :func:`trial` of ``subset``.
+
+    Halves are tried on their own (flushed and rolled back), recursively: a poison event makes every set
+    it is in fail, so about 2n event applications and log2(n) rounds find one.  If a failure needs events
+    of both halves (two events inserting the same key), the first prefix of the batch that fails names
+    the culprit instead.  If even no event at all fails, the batch itself is the problem: raised."""
+    if not events or try_events([]) is not None:
+        raise failure
+
+    def search(subset: list[RawEvent], known: BaseException | None) -> list[tuple[RawEvent, str]]:
+        refusal = known if known is not None else try_events(subset)
+        if refusal is None:
+            return []
+        if len(subset) == 1:
+            return [(subset[0], _poison_reason(refusal))]
+        middle = len(subset) // 2
+        found = search(subset[:middle], None) + search(subset[middle:], None)
+        if found:
+            return found
+        low, high = 1, len(subset)           # subset[:high] fails; find the shortest failing prefix
+        while low < high:
+            probe = (low + high) // 2
+            if try_events(subset[:probe]) is None:
+                low = probe + 1
+            else:
+                high = probe
+        culprit = subset[low - 1]
+        return [(culprit, _poison_reason(try_events(subset[:low]) or refusal)
+                 + " (together with an earlier event of the batch)")]
+
+    return search(events, failure)

@@ -1,0 +1,244 @@
+"""What a sink reports: :class:`PhaseTimings`, :class:`BatchOutcome`, :class:`IngestStatistics`, and
+:class:`BatchBook`, the bookkeeping of a sink's batches (the phases its ``on_phase`` hook hears, the
+counters, the batches in progress) that every Spark path records through.  Design note: the package's
+``README.md``."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import datetime as dt
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+__all__ = ["PHASES", "RECENT_OUTCOMES", "BatchBook", "BatchOutcome", "IngestStatistics", "PhaseTimings"]
+
+_UTC = dt.timezone.utc
+
+#: Phases reported to ``on_phase(phase, batch_id)``:
+#: ``fetched``  — rows are in Python (after ``toArrow``), nothing written;
+#: ``flush``    — inside the engine's flush: the PostgreSQL transaction holds the ledger
+#:                row, the effects and the dead letters, and is about to commit;
+#: ``committed`` — the batch committed (before the punctuation and before Spark's commit log);
+#: ``skipped``  — the ledger already had the batch.
+PHASES = ("fetched", "flush", "committed", "skipped")
+
+#: How many batch outcomes :meth:`IngestSink.recent_outcomes` keeps (like Spark's recentProgress).
+RECENT_OUTCOMES = 100
+
+
+@dataclass(frozen=True)
+class PhaseTimings:
+    """Seconds spent per phase (summed over batches). Immutable.
+
+    ``to_arrow``: ``batch_df.toArrow()`` (runs the Spark job of the batch);
+    ``validate``: ``rows_to_events`` and the late-event split;
+    ``engine``: the per-event subtransactions (immediate rules, and deferred rules, which
+    an event's subtransaction runs before it commits) plus the dead-letter inserts;
+    ``commit``: the top-level commit up to its flush (top-level deferred rules, waiting
+    for children);
+    ``flush``: the engine's PostgreSQL transaction (validation, ledger row, write set,
+    transaction log, commit) and the lock release after it.
+    """
+
+    to_arrow: float = 0.0
+    validate: float = 0.0
+    engine: float = 0.0
+    commit: float = 0.0
+    flush: float = 0.0
+
+    def __add__(self, other: "PhaseTimings") -> "PhaseTimings":
+        return PhaseTimings(*(mine + theirs for mine, theirs in zip(self.as_tuple(), other.as_tuple())))
+
+    def as_tuple(self) -> tuple[float, float, float, float, float]:
+        return (self.to_arrow, self.validate, self.engine, self.commit, self.flush)
+
+    @property
+    def total(self) -> float:
+        return sum(self.as_tuple())
+
+
+@dataclass(frozen=True)
+class BatchOutcome:
+    """What :meth:`IngestSink.process` did with one batch. Immutable."""
+
+    query_id: str
+    batch_id: int
+    committed: bool  # False: the ledger already had (query_id, batch_id); nothing was applied
+    rows: int
+    events: int  # events applied (their subtransactions committed)
+    dead_letters: int  # rejected rows + late events + events the rules rejected
+    rule_firings: Mapping[str, int]
+    watermark: dt.datetime | None
+    timings: PhaseTimings
+    attempts: int = 1  # top-level transactions it took (serialization conflicts re-run the batch)
+    seconds: float = 0.0  # wall time in the sink, toArrow included (set when recorded)
+
+
+@dataclass(frozen=True)
+class IngestStatistics:
+    """A snapshot of an ingestion's progress, for the CLI's progress line. Immutable.
+
+    ``events_per_second`` is over the wall time from the first batch's start to the last
+    batch's end (so it does not decay while the stream is idle);
+    ``last_batch_events_per_second`` over the last committed batch's time in the sink.
+    ``watermark_lag_seconds`` is wall-clock now minus the watermark (None without one).
+    """
+
+    query_name: str
+    query_id: str | None
+    batches: int
+    batches_skipped: int
+    last_batch_id: int | None
+    rows: int
+    events: int
+    dead_letters: int
+    rule_firings: Mapping[str, int]
+    watermark: dt.datetime | None
+    watermark_lag_seconds: float | None
+    events_per_second: float
+    last_batch_events_per_second: float | None
+    seconds_in_sink: float
+    timings: PhaseTimings = field(default_factory=PhaseTimings)
+
+
+class BatchBook:
+    """The bookkeeping of one sink's batches: ``on_phase(phase, batch_id)`` (:data:`PHASES`), the
+    counters behind :class:`IngestStatistics`, the last :data:`RECENT_OUTCOMES` outcomes, the batches in
+    progress and the last failure.
+
+    Thread-safety: ``_mutex`` protects every field below it; ``on_phase`` is called without it.
+    """
+
+    def __init__(self, query_name: str, on_phase: Callable[[str, int], None] | None = None):
+        self.query_name = query_name
+        self._on_phase = on_phase
+        self._mutex = threading.Lock()
+        self._query_id: str | None = None
+        self._batches = 0
+        self._batches_skipped = 0
+        self._last_batch_id: int | None = None
+        self._rows = 0
+        self._events = 0
+        self._dead_letters = 0
+        self._rule_firings: dict[str, int] = {}
+        self._watermark: dt.datetime | None = None
+        self._timings = PhaseTimings()
+        self._seconds_in_sink = 0.0
+        self._first_batch_began: float | None = None
+        self._last_batch_ended: float | None = None
+        self._last_batch_rate: float | None = None
+        self._recent: collections.deque[BatchOutcome] = collections.deque(maxlen=RECENT_OUTCOMES)
+        self._last_failure: tuple[int, BaseException] | None = None
+        self._in_batch = 0  # Invariant: number of __call__/process calls currently running (>= 0)
+        self._idle = threading.Condition(self._mutex)
+
+    # -- phases -----------------------------------------------------------------------------------
+
+    def phase(self, phase: str, batch_id: int) -> None:
+        """Tell ``on_phase`` that batch ``batch_id`` reached ``phase`` (one of :data:`PHASES`)."""
+        if self._on_phase is not None:
+            self._on_phase(phase, batch_id)
+
+    def flush_reached(self, batch_id: int) -> None:
+        """The ledger participant's ``on_flush``: the ``flush`` phase."""
+        self.phase("flush", batch_id)
+
+    def skipped(self, query_id: str, batch_id: int, row_count: int, watermark: dt.datetime | None,
+                timings: PhaseTimings, began: float) -> BatchOutcome:
+        """Record a batch the ledger already had; returns its outcome."""
+        self.phase("skipped", batch_id)
+        outcome = BatchOutcome(query_id, batch_id, False, row_count, 0, 0, {}, watermark, timings)
+        self.record(outcome, began)
+        return outcome
+
+    # -- batches in progress, failures ------------------------------------------------------------
+
+    def enter(self) -> None:
+        with self._mutex:
+            self._in_batch += 1
+            if self._first_batch_began is None:
+                self._first_batch_began = time.perf_counter()
+
+    def leave(self) -> None:
+        with self._mutex:
+            self._in_batch -= 1
+            self._idle.notify_all()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no batch is being processed; False if ``timeout`` passed first."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._in_batch == 0, timeout)
+
+    def failed(self, batch_id: int, error: BaseException) -> None:
+        with self._mutex:
+            self._last_failure = (batch_id, error)
+
+    def last_failure(self) -> tuple[int, BaseException] | None:
+        with self._mutex:
+            return self._last_failure
+
+    def running_as(self, query_id: str) -> None:
+        """The ledger query id of the run (before its first batch is recorded)."""
+        with self._mutex:
+            self._query_id = query_id
+
+    # -- outcomes and statistics ------------------------------------------------------------------
+
+    def record(self, outcome: BatchOutcome, began: float) -> None:
+        """Count ``outcome`` (a batch that began at ``time.perf_counter()`` ``began``)."""
+        ended = time.perf_counter()
+        elapsed = ended - began
+        outcome = dataclasses.replace(outcome, seconds=elapsed)
+        with self._mutex:
+            self._last_batch_ended = ended
+            self._query_id = self._query_id or outcome.query_id
+            self._last_batch_id = outcome.batch_id
+            self._rows += outcome.rows
+            self._timings = self._timings + outcome.timings
+            self._seconds_in_sink += elapsed
+            self._recent.append(outcome)
+            if outcome.watermark is not None and (self._watermark is None or outcome.watermark > self._watermark):
+                self._watermark = outcome.watermark
+            if not outcome.committed:
+                self._batches_skipped += 1
+                return
+            self._batches += 1
+            self._events += outcome.events
+            self._dead_letters += outcome.dead_letters
+            for rule, count in outcome.rule_firings.items():
+                self._rule_firings[rule] = self._rule_firings.get(rule, 0) + count
+            self._last_batch_rate = outcome.events / elapsed if elapsed > 0 else None
+
+    def recent_outcomes(self) -> list[BatchOutcome]:
+        with self._mutex:
+            return list(self._recent)
+
+    def statistics(self) -> IngestStatistics:
+        with self._mutex:
+            watermark = self._watermark
+            elapsed = (0.0 if self._first_batch_began is None or self._last_batch_ended is None
+                       else self._last_batch_ended - self._first_batch_began)
+            snapshot = IngestStatistics(
+                query_name=self.query_name,
+                query_id=self._query_id,
+                batches=self._batches,
+                batches_skipped=self._batches_skipped,
+                last_batch_id=self._last_batch_id,
+                rows=self._rows,
+                events=self._events,
+                dead_letters=self._dead_letters,
+                rule_firings=dict(self._rule_firings),
+                watermark=watermark,
+                watermark_lag_seconds=None,
+                events_per_second=self._events / elapsed if elapsed > 0 else 0.0,
+                last_batch_events_per_second=self._last_batch_rate,
+                seconds_in_sink=self._seconds_in_sink,
+                timings=self._timings,
+            )
+        if watermark is None:
+            return snapshot
+        return dataclasses.replace(snapshot,
+                                   watermark_lag_seconds=(dt.datetime.now(_UTC) - watermark).total_seconds())
