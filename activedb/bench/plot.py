@@ -68,16 +68,18 @@ def plot_report(report: BenchReport, path: str | Path, *, dpi: int = 100) -> Pat
         axes = parts[-1].add_subplot()
         labels = [_shorten(row.name, 90) for row in ratio_rows]
         values = [row.ratio for row in ratio_rows]
-        axes.barh(range(len(values)), values, color=[_MET_COLOURS[row.met] for row in ratio_rows])
+        bars = axes.barh(range(len(values)), values, color=[_MET_COLOURS[row.met] for row in ratio_rows])
+        axes.bar_label(bars, labels=[f"{value:.3g}" for value in values], fontsize=7, padding=2)
         axes.set_yticks(range(len(values)), labels, fontsize=8)
         axes.invert_yaxis()
         axes.axvline(1.0, color="#374151", linewidth=0.8)
         axes.set_xscale("log")
         low, high = min(values + [1.0]), max(values + [1.0])
+        axes.set_xlim(low / 1.15, high * (2.0 if high / low > 10 else 1.15))   # room for the value labels
         if high / low < 1000:            # a few decades: label 0.2, 0.5, 2, 5 as well, in plain numbers
             axes.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
             axes.xaxis.set_major_formatter(_plain)
-            axes.xaxis.set_minor_formatter(NullFormatter())
+            axes.xaxis.set_minor_formatter(_plain if high / low < 10 else NullFormatter())
         axes.set_xlabel("ratio to the baseline measured in the same run (log scale; > 1 is better)")
         axes.set_title("against baselines", fontsize=10, loc="left")
         axes.legend(handles=[Patch(color=_MET_COLOURS[met], label=label) for met, label in
