@@ -37,7 +37,7 @@ def plot_report(report: BenchReport, path: str | Path, *, dpi: int = 100) -> Pat
     columns = 1 if len(panels) <= 1 else 2
     series_rows = -(-len(panels) // columns)
     # the bars get a full-width row of their own at the bottom, tall enough for one readable label per row
-    bar_height = max(2.6, 0.3 * len(ratio_rows) + 1.2) if ratio_rows else 0.0
+    bar_height = max(2.6, 0.27 * len(ratio_rows) + 1.2) if ratio_rows else 0.0
     heights = [3.4] * series_rows + ([bar_height] if ratio_rows else [])
     figure = Figure(figsize=(6.4 * columns if panels else 11.0, sum(heights) + 0.6), dpi=dpi, layout="constrained")
     FigureCanvasAgg(figure)
@@ -71,7 +71,7 @@ def plot_report(report: BenchReport, path: str | Path, *, dpi: int = 100) -> Pat
         bars = axes.barh(range(len(values)), values, color=[_MET_COLOURS[row.met] for row in ratio_rows])
         axes.bar_label(bars, labels=[f"{value:.3g}" for value in values], fontsize=7, padding=2)
         axes.set_yticks(range(len(values)), labels, fontsize=8)
-        axes.invert_yaxis()
+        axes.set_ylim(len(values) - 0.4, -0.6)     # top to bottom as in the table, no empty margin
         axes.axvline(1.0, color="#374151", linewidth=0.8)
         axes.set_xscale("log")
         low, high = min(values + [1.0]), max(values + [1.0])
