@@ -367,6 +367,9 @@ def from_snapshot(snapshot: "LockTableSnapshot", known: Mapping[str, tuple[str |
                                  retained=tuple(sorted(retained.get(tid, ()), key=_lock_key)),
                                  waiting_for=waiting.get(tid), segments=tuple(sorted(segments.get(tid, ()))),
                                  registered_wait=registered.get(tid)))
+    for node in nodes:                          # a child the lock table no longer links (ended, or lock-free)
+        if node.parent is not None and (node.parent, node.tid, "child") not in edges:
+            edges[(node.parent, node.tid, "child")] = ExplainEdge(node.parent, node.tid, "child")
     cycle_path = [owner(edge.waiter) for edge in cycle]
     if cycle_path:
         described = " → ".join(cycle_path + cycle_path[:1])
@@ -527,6 +530,8 @@ def _label(node: ExplainNode) -> str:
     locks = ([f"holds {lock.describe()}" for lock in node.held]
              + [f"retains {lock.describe()}" for lock in node.retained])
     if len(locks) > _MAX_LOCK_LINES:
+        locks = _summary("holds", node.held) + _summary("retains", node.retained)
+    if len(locks) > _MAX_LOCK_LINES:
         locks = locks[:_MAX_LOCK_LINES - 1] + [f"… and {len(locks) - _MAX_LOCK_LINES + 1} more locks"]
     lines += locks
     if node.waiting_for is not None:
@@ -534,6 +539,21 @@ def _label(node: ExplainNode) -> str:
     if node.registered_wait is not None:
         lines.append(f"in a {node.registered_wait} wait")
     return "\n".join(_shorten(line) for line in lines)
+
+
+def _summary(verb: str, locks: tuple[HeldLock, ...]) -> list[str]:
+    """Many locks in few lines: the row locks of one table in one mode counted (``retains WRITE 12 rows of
+    worker_status``) before the table locks, which matter less once the rows are there."""
+    rows: dict[tuple[str, str], list[HeldLock]] = {}
+    tables = []
+    for lock in locks:
+        if lock.resource.startswith("table "):
+            tables.append(f"{verb} {lock.describe()}")
+        else:
+            rows.setdefault((lock.mode, lock.resource.split("[", 1)[0]), []).append(lock)
+    lines = [f"{verb} {members[0].describe()}" if len(members) == 1 else
+             f"{verb} {mode} {len(members)} rows of {table}" for (mode, table), members in rows.items()]
+    return lines + tables
 
 
 def _shorten(line: str, width: int = 44) -> str:

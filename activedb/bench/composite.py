@@ -218,6 +218,7 @@ def _plot(figures: dict) -> Path | None:
     right.legend(fontsize=7)
     figure.tight_layout()
     folder = os.environ.get("ACTIVEDB_BENCH_DIR") or tempfile.mkdtemp(prefix="activedb-bench-composite-")
+    Path(folder).mkdir(parents=True, exist_ok=True)
     path = Path(folder) / "activedb-bench-composite.png"
     figure.savefig(path, dpi=110)
     plt.close(figure)

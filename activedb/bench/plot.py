@@ -16,10 +16,11 @@ from activedb.errors import PictureError
 _MET_COLOURS = {True: "#16a34a", False: "#dc2626", None: "#9ca3af"}
 
 
-def plot_report(report: BenchReport, path: str | Path, *, dpi: int = 110) -> Path:
+def plot_report(report: BenchReport, path: str | Path, *, dpi: int = 100) -> Path:
     """Draw ``report`` into ``path`` (.png or .svg); returns the path."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     path = Path(path)
     kind = path.suffix.lstrip(".").lower() or "png"
@@ -29,53 +30,101 @@ def plot_report(report: BenchReport, path: str | Path, *, dpi: int = 110) -> Pat
     for series in report.series:
         panels.setdefault(series.panel, []).append(series)
     ratio_rows = [row for row in report.rows if row.ratio is not None]
-    count = len(panels) + (1 if ratio_rows else 0)
+    # rows whose figure is itself a ratio of two measurements of the run (unit "x": LWM / S2PL throughput)
+    quotient_rows = [row for row in report.rows if row.ratio is None and row.unit == "x" and row.value > 0]
+    bar_groups = [group for group in (
+        ("against baselines", ratio_rows, [row.ratio for row in ratio_rows]),
+        ("figures that are ratios themselves (unit x; each row's target says which way is better)",
+         quotient_rows, [row.value for row in quotient_rows])) if group[1]]
+    count = len(panels) + (1 if bar_groups else 0)
     if count == 0:
         raise PictureError(f"benchmark {report.title!r} reported nothing to plot (no series, no baselines)")
-    columns = 1 if count == 1 else 2
-    rows = -(-count // columns)
-    bar_height = max(2.6, 0.32 * len(ratio_rows) + 1.2)
-    figure = Figure(figsize=(7.0 * columns, 3.6 * (rows - (1 if ratio_rows else 0)) + bar_height + 0.8), dpi=dpi)
+    columns = 1 if len(panels) <= 1 else 2
+    series_rows = -(-len(panels) // columns)
+    # the bars get a full-width row of their own at the bottom, tall enough for one readable label per row
+    bar_height = sum(0.27 * len(rows) + 0.9 for _, rows, _ in bar_groups) + 0.3 if bar_groups else 0.0
+    heights = [3.4] * series_rows + ([max(bar_height, 2.6)] if bar_groups else [])
+    width = max(6.4 * columns, 11.0 if bar_groups else 0.0)   # the bars' labels need the width
+    figure = Figure(figsize=(width, sum(heights) + 0.6), dpi=dpi, layout="constrained")
     FigureCanvasAgg(figure)
-    grid = figure.add_gridspec(rows, columns, height_ratios=[3.6] * (rows - 1) + [bar_height if ratio_rows else 3.6])
-    position = 0
-    for name, members in panels.items():
-        axes = figure.add_subplot(grid[position // columns, position % columns])
-        position += 1
+    # two sub-figures laid out on their own, so the bars' long labels do not push the panels aside
+    parts = list(figure.subfigures(2, 1, height_ratios=[sum(heights[:-1]), heights[-1]])) \
+        if panels and bar_groups else [figure]
+    grid = parts[0].add_gridspec(max(series_rows, 1), columns)
+    for position, (name, members) in enumerate(panels.items()):
+        axes = parts[0].add_subplot(grid[position // columns, position % columns])
         for series in members:
             xs = [x for x, _ in series.points]
             ys = [y for _, y in series.points]
             axes.plot(xs, ys, marker="o", label=series.label)
         first = members[0]
-        axes.set_title(name, fontsize=10, loc="left")
+        axes.set_title(_shorten(name, 70), fontsize=10, loc="left")
         axes.set_xlabel(first.x_label)
         axes.set_ylabel(first.y_label)
         if first.log_x:
             axes.set_xscale("log")
+        elif all(float(x).is_integer() for series in members for x, _ in series.points):
+            axes.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))   # fanout 1, 2, 3: no 1.5
         if first.log_y:
             axes.set_yscale("log")
+            ys = [y for series in members for _, y in series.points if y > 0]
+            if ys and max(ys) / min(ys) < 10:           # within a decade: 400, 600, 1k rather than 4×10²
+                axes.yaxis.set_major_formatter(_plain)
+                axes.yaxis.set_minor_formatter(_plain)
+        else:
+            axes.yaxis.set_major_formatter(_plain)   # no "1e6" offset over the panel's title
         axes.grid(True, alpha=0.3)
-        if len(members) > 1 or members[0].label:
+        if len(members) > 4:                         # many lines: the legend beside the panel, not over it
+            axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+        elif len(members) > 1 or members[0].label:
             axes.legend(fontsize=8)
-    if ratio_rows:
-        axes = figure.add_subplot(grid[rows - 1, :] if position % columns == 0 else
-                                  grid[position // columns, position % columns])
-        labels = [_shorten(row.name) for row in ratio_rows]
-        values = [row.ratio for row in ratio_rows]
-        axes.barh(range(len(values)), values, color=[_MET_COLOURS[row.met] for row in ratio_rows])
-        axes.set_yticks(range(len(values)), labels, fontsize=7)
-        axes.invert_yaxis()
-        axes.axvline(1.0, color="#374151", linewidth=0.8)
-        axes.set_xscale("log")
-        axes.set_xlabel("ratio to the baseline measured in the same run (log; > 1 is better)")
-        axes.set_title("against baselines (green: target met, red: missed, grey: no target)", fontsize=10,
-                       loc="left")
-        axes.grid(True, axis="x", alpha=0.3)
+    if bar_groups:
+        # stacked, each as tall as its rows need; the bars against a baseline first, with the colour key
+        bar_axes = parts[-1].subplots(len(bar_groups), 1, squeeze=False,
+                                      height_ratios=[0.27 * len(rows) + 0.9 for _, rows, _ in bar_groups])
+        for axes, (title, rows, values) in zip(bar_axes[:, 0], bar_groups):
+            _bars(axes, rows, values, title, against_baselines=rows is ratio_rows, key=axes is bar_axes[0, 0])
     figure.suptitle(report.title, fontsize=12, x=0.01, ha="left")
-    figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, format=kind, facecolor="white")
     return path
+
+
+def _bars(axes, rows: list, values: list[float], title: str, *, against_baselines: bool, key: bool) -> None:
+    """One horizontal bar per row (log scale, the value written at the bar), coloured by target."""
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import LogLocator, NullFormatter
+
+    labels = [_shorten(row.name, 90) for row in rows]
+    bars = axes.barh(range(len(values)), values, color=[_MET_COLOURS[row.met] for row in rows])
+    axes.bar_label(bars, labels=[_plain(value, digits=3) for value in values], fontsize=7, padding=2)
+    axes.set_yticks(range(len(values)), labels, fontsize=8)
+    axes.set_ylim(len(values) - 0.4, -0.6)     # top to bottom as in the table, no empty margin
+    axes.axvline(1.0, color="#374151", linewidth=0.8)
+    axes.set_xscale("log")
+    low, high = min(values + [1.0]), max(values + [1.0])
+    axes.set_xlim(low / 1.15, high * (2.0 if high / low > 10 else 1.15))   # room for the value labels
+    if high / low < 1000:            # a few decades: label 0.2, 0.5, 2, 5 as well, in plain numbers
+        axes.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        axes.xaxis.set_major_formatter(_plain)
+        axes.xaxis.set_minor_formatter(_plain if high / low < 10 else NullFormatter())
+    axes.set_xlabel("ratio to the baseline measured in the same run (log scale; > 1 is better)"
+                    if against_baselines else "value (log scale)")
+    axes.set_title(title, fontsize=10, loc="left")
+    if key:
+        axes.legend(handles=[Patch(color=_MET_COLOURS[met], label=label) for met, label in
+                             ((True, "target met"), (False, "target missed"), (None, "no target"))],
+                    fontsize=8, ncols=3, loc="lower right", bbox_to_anchor=(1.0, 1.0), frameon=False,
+                    borderaxespad=0.2)
+    axes.grid(True, axis="x", alpha=0.3)
+
+
+def _plain(value: float, _position=None, *, digits: int = 4) -> str:
+    """A tick label without matplotlib's offset: 1.2M, 950k, 0.575."""
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.{digits}g}{suffix}"
+    return f"{value:.{digits}g}"
 
 
 def _shorten(text: str, width: int = 60) -> str:

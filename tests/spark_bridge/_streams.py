@@ -78,10 +78,11 @@ def write_files(directory: Path, batches: list[list[dict]]) -> None:
         os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))
 
 
-def app_database(url: str) -> activedb.Database:
+def app_database(url: str, app=app_counters) -> activedb.Database:
+    """A database with the tables and rules of ``app`` (a module: ``MIGRATIONS``, ``register``)."""
     database = activedb.connect(url)
-    database.upgrade_app(app_counters.MIGRATIONS)
-    app_counters.register(database)
+    database.upgrade_app(app.MIGRATIONS)
+    app.register(database)
     return database
 
 

@@ -1,5 +1,6 @@
 """``activedb run --metrics-port``: a Prometheus scrape during a real run (Spark ``local[2]``, a file source,
-PostgreSQL) returns the metric families an operator watches, with the run's numbers in them."""
+PostgreSQL) returns the metric families an operator watches, with the run's numbers in them — lock waits included:
+the application (``app_watched``) has two rules on one event that read and write the same row as siblings."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from click.testing import CliRunner
 import spark_bridge
 from activedb.cli import main
 from tests.metrics._served import ServingProcess, scrape, total
-from tests.spark_bridge._streams import APP_FILE, app_database, counter_workload, write_files
+from tests.spark_bridge import app_watched
+from tests.spark_bridge._streams import app_database, counter_workload, write_files
 
 TIMEOUT_SECONDS = 180
+APP_FILE = app_watched.__file__
 
 
 @pytest.mark.spark
@@ -22,7 +25,7 @@ TIMEOUT_SECONDS = 180
 def test_a_scrape_during_a_run_returns_the_families_with_the_runs_numbers(tmp_path, make_database_url):
     write_files(tmp_path / "in", counter_workload(files=3, rows_per_file=30, seed=41).batches)
     url = make_database_url("metrics")
-    database = app_database(url)
+    database = app_database(url, app_watched)
     database.capture("items")                   # another program's writes wait for a consumer: a backlog
     with database.engine.begin() as connection:
         connection.execute(sa.text("INSERT INTO items (key, value) VALUES ('x', 1), ('y', 2)"))
@@ -54,8 +57,12 @@ def test_a_scrape_during_a_run_returns_the_families_with_the_runs_numbers(tmp_pa
                        if sample.name == "activedb_batch_seconds_count"]
             assert count == 3
             assert total(families, "activedb_transactions", event="committed") > 0
-            for family in ("activedb_lock_waits", "activedb_deadlocks", "activedb_outbox_firings"):
-                assert family in families, family      # present (this workload has no lock contention: 0)
+            assert total(families, "activedb_rule_firings", rule="watch_large_add", outcome="executed") > 0
+            # apply_add and watch_large_add on one row, at the same time: some requests wait (8 of about 55 adds
+            # in an engine-only run of these events); a deadlock does not arise here (one of them only reads)
+            assert total(families, "activedb_lock_waits") > 0
+            for family in ("activedb_deadlocks", "activedb_outbox_firings"):
+                assert family in families, family
             assert all(sample.value == 1 for sample in families["activedb_metrics_source_up"])
             served.interrupt(TIMEOUT_SECONDS)
     finally:
