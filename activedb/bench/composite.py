@@ -22,16 +22,14 @@ missing.
 
 from __future__ import annotations
 
-import os
 import random
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 from activedb import composite, streams
 from activedb.progress import Progress
-from activedb.bench.report import BenchReport, Row
+from activedb.bench.report import BenchReport, Row, output_folder
 from activedb.composite import Choice, UncertaintyKind
 from activedb.events import Timestamp
 
@@ -217,9 +215,7 @@ def _plot(figures: dict) -> Path | None:
     right.set_title("latency added by waiting for stability (4 producers)")
     right.legend(fontsize=7)
     figure.tight_layout()
-    folder = os.environ.get("ACTIVEDB_BENCH_DIR") or tempfile.mkdtemp(prefix="activedb-bench-composite-")
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    path = Path(folder) / "activedb-bench-composite.png"
+    path = output_folder("composite") / "activedb-bench-composite.png"
     figure.savefig(path, dpi=110)
     plt.close(figure)
     return path

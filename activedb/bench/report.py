@@ -7,10 +7,13 @@ document (``--json-only`` prints it, ``--json FILE`` writes it)."""
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 
@@ -131,3 +134,11 @@ def measure_rate(operation: Callable[[], None], *, count: int, repeat: int = 3) 
             operation()
         best = min(best, time.perf_counter() - start)
     return count / best
+
+
+def output_folder(benchmark: str) -> Path:
+    """Where a benchmark writes its files (plots, JSON): ``$ACTIVEDB_BENCH_DIR`` if set, otherwise a new
+    temporary folder, never the current directory unasked; the caller names the folder in its notes."""
+    folder = Path(os.environ.get("ACTIVEDB_BENCH_DIR") or tempfile.mkdtemp(prefix=f"activedb-bench-{benchmark}-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder

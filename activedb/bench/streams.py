@@ -72,8 +72,8 @@ checks Definition 6 on it, by timestamps; the table has a "Definition 6 violatio
 experiment and scheduler listing the count per point (0 expected; the no-scheduler baseline
 of the seqL experiment promises nothing).  Recording is inside the measured time.
 
-Output: the JSON on stdout (``activedb bench streams``) and, in ``ACTIVEDB_BENCH_DIR``
-(default ``./bench-results``), ``streams.json`` and ``streams.png`` with the curves.
+Output: the JSON on stdout (``activedb bench streams``) and, in ``$ACTIVEDB_BENCH_DIR`` or a new
+temporary folder that the notes name, ``streams.json`` and ``streams.png`` with the curves.
 ``--quick`` runs N = 1k for part 1 and a handful of small points for part 2.
 """
 
@@ -95,7 +95,7 @@ import sqlalchemy as sa
 from activedb import streams
 from activedb.bench._setup import connect
 from activedb.examples.hand_hygiene.queries import Q1_R1
-from activedb.bench.report import BenchReport, Row
+from activedb.bench.report import BenchReport, Row, output_folder
 from activedb.streams._versions import VersionStore
 from activedb.testing import check_stream_history
 
@@ -675,8 +675,7 @@ def run(quick: bool = False) -> BenchReport:
     results["summary"] = [f"{row.name}: {row.value:g}{row.unit if row.unit == 'x' else ' ' + row.unit}"
                           + (f"  (target {row.target}: {'met' if row.met else 'NOT met'})" if row.target else "")
                           for row in report.rows if row.unit.startswith("x")]
-    out = Path(os.environ.get("ACTIVEDB_BENCH_DIR", "bench-results"))
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_folder("streams")
     (out / "streams.json").write_text(json.dumps({"rows": [dataclasses.asdict(row) for row in report.rows],
                                                   "experiments": results}, indent=2, default=str))
     plot(results, out / "streams.png")

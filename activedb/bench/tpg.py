@@ -40,7 +40,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -50,7 +49,7 @@ import sqlalchemy as sa
 from activedb import batch
 from activedb.batch import workloads
 from activedb.progress import Progress
-from activedb.bench.report import BenchReport, Row
+from activedb.bench.report import BenchReport, Row, output_folder
 
 SWEEP_STRATEGIES = ("tpg", "ns/f/e", "bfs/f/e", "ns/f/l", "bfs/c/e")
 NESTED_GOAL = 5.0
@@ -339,8 +338,7 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
     report = BenchReport("Batches of state transactions on a TPG (activedb bench tpg)")
     size = size or (2_048 if quick else 10_240)
     repeat = 1 if quick else 3
-    directory = Path(os.environ.get("ACTIVEDB_BENCH_DIR") or tempfile.mkdtemp(prefix="activedb-bench-tpg-"))
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = output_folder("tpg")
     logging.getLogger("activedb.rules").setLevel(logging.CRITICAL)   # rule failures are the aborts
     started_all = time.perf_counter()
     load_at_start = os.getloadavg()[0]
