@@ -300,6 +300,9 @@ class Transaction:
         rows = dict(self.root._read_base.scan(self, info, where))
         for key in _view.written_keys(self, info.name):
             rows[key] = _view.read_row(self, info, key, record=False)
+        # An ancestor that aborted during the scan was doomed before its writes were discarded: a scan
+        # that merged the tree's writes without them is never returned (as ``_view.read_row`` does).
+        self._check_active("scan")
         result = [image for image in rows.values() if image is not None and _view.matches(image, where)]
         recorder = self.manager.recorder
         if recorder:
