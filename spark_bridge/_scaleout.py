@@ -247,7 +247,8 @@ class PartitionedIngestSink(IngestSink):
     def __call__(self, batch_df: Any, batch_id: int) -> None:
         from pyspark.sql import functions
 
-        self._enter()
+        book = self.context.book        # the counters and phases (``_outcome.BatchBook``)
+        book.enter()
         try:
             spark_query_id = batch_df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
             if not spark_query_id:
@@ -266,7 +267,7 @@ class PartitionedIngestSink(IngestSink):
                 partitions=self.partitions, on_partition_failure=self.on_partition_failure.value,
                 lineage=self.record_lineage,
             )
-            self._phase("fetched", batch_id)
+            book.phase("fetched", batch_id)
             # Always run the job, also for a batch whose partitions all committed: running it
             # feeds Spark's event-time statistics (see _sink.py), and each task skips by itself.
             results = (batch_df.repartition(self.partitions, functions.col(self.mapping.key_column))
@@ -278,17 +279,17 @@ class PartitionedIngestSink(IngestSink):
                 _atomic.after_replay(self.db, query_id, batch_id)
             outcome = self._combine(query_id, batch_id, watermark, results)
             if outcome.committed:
-                self._phase("committed", batch_id)
+                book.phase("committed", batch_id)
                 if watermark is not None:
                     self.db.punctuate(self.query_name, watermark)
             else:
-                self._phase("skipped", batch_id)
+                book.phase("skipped", batch_id)
             self.record_outcome(outcome, began)
         except BaseException as error:
-            self._failed(batch_id, error)
+            book.failed(batch_id, error)
             raise
         finally:
-            self._leave()
+            book.leave()
 
     def _declare(self, query_id: str) -> None:
         """Record the query's partition count and policy once per run (``activedb status`` shows them)."""
