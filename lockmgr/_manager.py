@@ -7,14 +7,14 @@ may be used from several threads, but it waits for at most one lock at a time (`
 from __future__ import annotations
 
 import enum
-import queue
 import threading
 import time
 from collections import OrderedDict
 from types import MappingProxyType
 from typing import Any, Callable, Hashable, Iterable, Union
 
-from lockmgr._graph import edge_kind, external_wait_to, find_cycle
+from lockmgr._deadlock import VICTIM_POLICIES, Cycle, VictimNotifier, choose_victim, policy_name, queue_jumper
+from lockmgr._graph import find_cycle
 from lockmgr._modes import CONFLICTS, COVERS, INTENTION_FOR, JOIN, Mode
 from lockmgr._records import (
     DeadlockCycle,
@@ -23,7 +23,6 @@ from lockmgr._records import (
     LockTableSnapshot,
     TransactionInfo,
     TxnState,
-    VictimCandidate,
     WaitingRequest,
 )
 from lockmgr.errors import (
@@ -38,11 +37,9 @@ from lockmgr.errors import (
     TransactionAborted,
     TransactionNotActive,
     UnknownTransaction,
-    WaitEdge,
 )
 
 VictimPolicy = Union[str, Callable[[DeadlockCycle], Hashable]]
-VICTIM_POLICIES = ("requester", "youngest", "smallest_tree")
 
 ACTIVE = TxnState.ACTIVE
 COMMITTING = TxnState.COMMITTING
@@ -404,8 +401,7 @@ class LockManager:
         self._registered_waits = 0  # Invariant: number of ExternalWait objects with status WAITING
         # Victims of cycles that are registered waits: (callback, error), run by the notifier thread so that
         # no callback runs with a mutex held.  The thread is started on the first add_wait with on_victim.
-        self._notices: queue.SimpleQueue = queue.SimpleQueue()
-        self._notifier: threading.Thread | None = None
+        self._notifier = VictimNotifier()
 
     # ------------------------------------------------------------------ transactions
 
@@ -834,8 +830,8 @@ class LockManager:
             self._resolve([(wait, list(edges))])
             if wait.status is VICTIM:
                 raise wait.error
-        if on_victim is not None and self._notifier is None:
-            self._start_notifier()
+        if on_victim is not None:
+            self._notifier.start()
         return wait
 
     def _release_wait(self, wait: ExternalWait) -> None:
@@ -852,23 +848,6 @@ class LockManager:
         wait.targets = {}
         self._registered_waits -= 1
         self._waiting_changed.notify_all()
-
-    def _start_notifier(self) -> None:
-        with self._graph_mutex:
-            if self._notifier is not None:
-                return
-            self._notifier = threading.Thread(target=self._notify_victims, name="lockmgr-notifier", daemon=True)
-        self._notifier.start()
-
-    def _notify_victims(self) -> None:
-        while True:
-            callback, error = self._notices.get()
-            try:
-                callback(error)
-            except Exception:  # a broken callback must not stop the notifier
-                import logging
-
-                logging.getLogger("lockmgr").exception("on_victim callback raised")
 
     # ------------------------------------------------------------------ inspection
 
@@ -1071,16 +1050,7 @@ class LockManager:
             path = find_cycle(txn, live, self._structural)
             if path is None:
                 continue
-            edges = [(node, path[(index + 1) % len(path)]) for index, node in enumerate(path)]
-            kinds = [edge_kind(node, following) for node, following in edges]
-            jumper = next(
-                (
-                    node
-                    for (node, _), kind in zip(edges, kinds)
-                    if kind == "queued" and all(value == "queued" for value in node.waits.values())
-                ),
-                None,
-            )
+            jumper = queue_jumper(path)
             if jumper is not None:
                 jumping = jumper.request
                 jumping.jumped = True
@@ -1089,87 +1059,25 @@ class LockManager:
                     events.extend(self._reevaluate(jumping.lock))
                 events.append((source, live))
                 continue
-            waits = [_wait_of(node, following) for node, following in edges]
-            wait_edges = tuple(
-                WaitEdge(
-                    node.tid,
-                    following.tid,
-                    kind,
-                    node.request.lock.resource if wait.__class__ is _Request else None,
-                )
-                for (node, following), kind, wait in zip(edges, kinds, waits)
-            )
-            # Who can be told: a lock waiter (its acquire raises), a registered waiter with on_victim, and
-            # the source of the new edge itself (add_wait raises).
-            candidates = [
-                node for (node, _), wait in zip(edges, waits)
-                if wait is not None and (wait.__class__ is _Request or wait.on_victim is not None or wait is source)
-            ]
-            requester = txn if txn in candidates else candidates[0] if candidates else None
-            if requester is None:  # nobody on the cycle can be told (registered waits without on_victim)
+            cycle = Cycle(path, txn, source)
+            if cycle.requester is None:  # nobody on the cycle can be told (registered waits without on_victim)
                 continue
-            volunteer = next((node for (node, _), wait in zip(edges, waits) if node in candidates
-                              and wait.__class__ is ExternalWait and wait.preferred), None)
-            if volunteer is not None:
-                victim, note = volunteer, Lazy("(it volunteered: its work is re-run after the wait)")
-            else:
-                victim, note = self._choose_victim(requester, candidates, wait_edges, edges, kinds)
+            victim, note = choose_victim(self._victim_policy, cycle, self._graph_mutex, _resource_count)
             if victim is None:  # the cycle changed while a victim policy ran: look again
                 events.append((source, live))
                 continue
             self._counters["deadlocks"] += 1
             snapshot = self._snapshot_locked() if self._snapshot_on_deadlock else None
-            policy = self._victim_policy if isinstance(self._victim_policy, str) else getattr(
-                self._victim_policy, "__name__", "callable"
-            )
-            error = Deadlock(victim.tid, txn.tid, wait_edges, policy, snapshot, note)
-            told = waits[[node for node, _ in edges].index(victim)]
+            error = Deadlock(victim.tid, txn.tid, cycle.wait_edges, policy_name(self._victim_policy), snapshot, note)
+            told = cycle.wait_of_victim(victim)
             if told.__class__ is _Request:
                 events.extend(self._withdraw(told, VICTIM, error))
             else:
                 self._drop_wait(told, VICTIM, error)
                 if told is not source and told.on_victim is not None:
-                    self._notices.put((told.on_victim, error))
+                    self._notifier.tell(told.on_victim, error)
             if victim is not txn or told is not source:
                 events.append((source, live))
-
-    def _choose_victim(self, requester: _Txn, candidates: list, wait_edges: tuple, edges: list, kinds: list):
-        policy = self._victim_policy
-        if policy == "requester":
-            return requester, ""
-        if policy == "youngest":
-            return max(candidates, key=lambda node: node.serial), ""
-        if policy == "smallest_tree":
-            return min(candidates, key=lambda node: (_subtree_size(node), _resource_count(node), -node.serial)), ""
-        cycle = DeadlockCycle(
-            edges=wait_edges,
-            requester=requester.tid,
-            candidates=tuple(
-                VictimCandidate(node.tid, node.serial, node.depth, _subtree_size(node), _resource_count(node))
-                for node in candidates
-            ),
-        )
-        note = ""
-        self._graph_mutex.release()
-        try:
-            choice = policy(cycle)
-        except Exception as error:  # a broken policy must not leave the cycle in place
-            choice, note = None, Lazy("(victim policy raised {!r}; the requester was chosen instead)", error)
-        finally:
-            self._graph_mutex.acquire()
-        for (node, following), kind in zip(edges, kinds):
-            if kind == "commit":
-                if following not in node.children:
-                    return None, ""
-            elif _wait_of(node, following) is None or edge_kind(node, following) != kind:
-                return None, ""
-        for node in candidates:
-            if node.tid == choice:
-                return node, note
-        if not note:
-            note = Lazy("(victim policy returned {!r}, not a waiting member of the cycle; the requester was chosen)",
-                        choice)
-        return requester, note
 
     # ------------------------------------------------------------------ helpers (graph mutex held)
 
@@ -1549,15 +1457,6 @@ def _holders_of(resource: Any, lock: _Lock | None) -> Holders:
     )
 
 
-def _wait_of(node: _Txn, following: _Txn):
-    """The wait behind the edge ``node -> following``: its lock request, a registered wait, or None (a
-    commit edge).  Caller holds the graph mutex."""
-    request = node.request
-    if request is not None and following in node.waits:
-        return request
-    return external_wait_to(node, following)
-
-
 def _resource_count(txn: _Txn) -> int:
     """How many resources ``txn`` holds or retains, its committed members' entries included.  Caller holds
     the graph mutex (deadlock resolution only: it walks the committed members)."""
@@ -1567,16 +1466,6 @@ def _resource_count(txn: _Txn) -> int:
         with member.mutex:
             resources.update(member.locks)
     return len(resources)
-
-
-def _subtree_size(txn: _Txn) -> int:
-    size = 0
-    stack = [txn]
-    while stack:
-        node = stack.pop()
-        size += 1
-        stack.extend(node.children)
-    return size
 
 
 def _check_mode(mode: Any) -> None:
