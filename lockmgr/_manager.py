@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
 from typing import Any, Callable, Hashable, Iterable, Union
 
 from lockmgr._deadlock import VICTIM_POLICIES, Cycle, VictimNotifier, choose_victim, policy_name, queue_jumper
@@ -17,18 +16,16 @@ from lockmgr._entries import (
     _discard_if_empty,
     _downgrade,
     _fast_grant,
-    _fold_if_crowded,
     _hold,
-    _release,
     _release_entries,
     _resource_count,
     _retain_entry,
-    _set_waits,
 )
 from lockmgr._export import add_wait_for_graph, holders_of, snapshot_of
 from lockmgr._graph import find_cycle
 from lockmgr._modes import COVERS, INTENTION_FOR, JOIN, Mode
 from lockmgr._table import (
+    EndedLog,
     ABORTED,
     ACTIVE,
     COMMITTED,
@@ -43,12 +40,11 @@ from lockmgr._table import (
     _new_lock,
     _NO_CHILDREN,
     _NO_HOLDS,
-    _NO_WAITS,
     _Request,
-    _RequestStatus,
     _Stripe,
     _Txn,
 )
+from lockmgr._queues import WaitQueues
 from lockmgr._records import (
     DeadlockCycle,
     Holders,
@@ -64,8 +60,6 @@ from lockmgr.errors import (
     LockTimeout,
     RequestPending,
     TransactionAborted,
-    TransactionNotActive,
-    UnknownTransaction,
 )
 
 VictimPolicy = Union[str, Callable[[DeadlockCycle], Hashable]]
@@ -174,18 +168,16 @@ class LockManager:
         # transitions), the wait-for graph (waits, request, every _Request), the counters below, and -- with
         # the stripe mutex -- every lock that has waiters.
         self._graph_mutex = threading.Lock()
-        self._waiting_changed = threading.Condition(self._graph_mutex)
+        # The wait queues' counters and the condition they notify, on the graph mutex (``_queues``).
+        self._queues = WaitQueues(self._graph_mutex)
         # tid -> _Txn of every ACTIVE or COMMITTING transaction.  Written with the graph mutex held; the fast
         # path reads it without (one dict lookup, atomic).
         self._active: dict[Hashable, _Txn] = {}
-        self._ended: OrderedDict[Hashable, tuple[str, Lazy]] = OrderedDict()  # recent ends, for messages
-        self._remember_ended = remember_ended
+        self._ended = EndedLog(remember_ended)  # recent ends, for messages
         self._serial = 0
-        self._waiting = 0  # Invariant: number of _Request objects with status WAITING
         self._counters = dict.fromkeys(
             ("begun", "committed", "aborted", "waits", "deadlocks", "queue_jumps", "timeouts", "inherited"), 0
         )
-        self._registered_waits = 0  # Invariant: number of ExternalWait objects with status WAITING
         # Victims of cycles that are registered waits: (callback, error), run by the notifier thread so that
         # no callback runs with a mutex held.  The thread is started on the first add_wait with on_victim.
         self._notifier = VictimNotifier()
@@ -206,13 +198,13 @@ class LockManager:
             if parent is not None:
                 parent_txn = self._active.get(parent)
                 if parent_txn is None or parent_txn.state is not ACTIVE:
-                    self._require_active(parent, Lazy("begin a child {!r} of it", tid))  # raises why
+                    self._ended.require_active(self._active, parent, Lazy("begin a child {!r} of it", tid))  # raises why
             self._serial += 1
             txn = _Txn(tid, parent_txn, self._serial, awaited)
             if parent_txn is not None:
                 parent_txn.children.add(txn)
             self._active[tid] = txn
-            self._ended.pop(tid, None)
+            self._ended.forget(tid)
             self._counters["begun"] += 1
 
     def is_active(self, tid: Hashable) -> bool:
@@ -237,7 +229,7 @@ class LockManager:
         with graph:
             txn = self._active.get(tid)
             if txn is None or txn.state is not ACTIVE:
-                txn = self._require_active(tid, "commit")   # raises why
+                txn = self._ended.require_active(self._active, tid, "commit")   # raises why
             if txn.request is not None:
                 raise RequestPending(tid, txn.request.lock.resource)
             if txn.children:
@@ -257,13 +249,13 @@ class LockManager:
         deferred = _release_entries(locks, txn, _committed_members(txn))
         txn.committed = None
         with graph:
-            events = self._release_deferred(deferred)
+            events = self._queues.release_deferred(deferred)
             with txn.mutex:
                 txn.state = COMMITTED
             for wait in txn.external:  # waits its owner did not release: they end with it
-                self._drop_wait(wait, GRANTED, None)
+                self._queues.drop_wait(wait, GRANTED, None)
             del self._active[tid]
-            self._remember(tid, "committed", _NO_DETAIL)
+            self._ended.remember(tid, "committed", _NO_DETAIL)
             self._counters["committed"] += 1
             if events:
                 self._resolve(events)
@@ -295,12 +287,12 @@ class LockManager:
         if txn.blocked:
             for lock in {waiter.request.lock: None for waiter in txn.blocked}:
                 with lock.stripe.mutex:
-                    events.extend(self._reevaluate(lock))
+                    events.extend(self._queues.reevaluate(lock))
             assert not txn.blocked, txn.blocked
         for wait in txn.external:  # waits its owner did not release: they end with it
-            self._drop_wait(wait, GRANTED, None)
+            self._queues.drop_wait(wait, GRANTED, None)
         del self._active[txn.tid]
-        self._remember(txn.tid, "committed", _NO_DETAIL)
+        self._ended.remember(txn.tid, "committed", _NO_DETAIL)
         self._counters["committed"] += 1
         if events:
             self._resolve(events)
@@ -311,7 +303,7 @@ class LockManager:
         A descendant waiting in ``acquire`` gets ``TransactionAborted``."""
         graph = self._graph_mutex
         with graph:
-            txn = self._require_active(tid, "abort")
+            txn = self._ended.require_active(self._active, tid, "abort")
             members: list[_Txn] = []
             stack = [txn]
             while stack:
@@ -334,12 +326,12 @@ class LockManager:
                         Lazy("acquire {} on {!r}", request.mode.name, request.lock.resource),
                         Lazy("{} while it was waiting", detail),
                     )
-                    events.extend(self._withdraw(request, WITHDRAWN_BY_ABORT, error))
+                    events.extend(self._queues.withdraw(request, WITHDRAWN_BY_ABORT, error))
                 member.children.clear()
                 for wait in member.external:
-                    self._drop_wait(wait, WITHDRAWN_BY_ABORT, None)
+                    self._queues.drop_wait(wait, WITHDRAWN_BY_ABORT, None)
                 del self._active[member.tid]
-                self._remember(member.tid, "aborted", detail)
+                self._ended.remember(member.tid, "aborted", detail)
                 self._counters["aborted"] += 1
             if txn.parent is not None:
                 txn.parent.children.discard(txn)
@@ -351,19 +343,7 @@ class LockManager:
             member.committed = None
         if deferred:
             with graph:
-                self._resolve(self._release_deferred(deferred))
-
-    def _release_deferred(self, deferred: "dict[_Lock, list[_Txn]]") -> list:
-        """Release the entries that ``_release_entries`` set aside (locks with waiters) and regrant each
-        lock's queue once.  Caller holds the graph mutex and no stripe mutex.  Returns new-edge events."""
-        events: list = []
-        for lock, owners in deferred.items():
-            with lock.stripe.mutex:
-                for owner in owners:
-                    _release(lock, owner)
-                events.extend(self._reevaluate(lock))
-                _discard_if_empty(lock)
-        return events
+                self._resolve(self._queues.release_deferred(deferred))
 
     # ------------------------------------------------------------------ locks
 
@@ -391,7 +371,7 @@ class LockManager:
             return True
         _check_mode(mode)
         with self._graph_mutex:
-            txn = self._require_active(tid, Lazy("try_acquire {} on {!r}", mode.name, resource))
+            txn = self._ended.require_active(self._active, tid, Lazy("try_acquire {} on {!r}", mode.name, resource))
             if txn.request is not None:
                 raise RequestPending(tid, txn.request.lock.resource)
             stripe = self._stripes[hash(resource) & self._stripe_mask]
@@ -408,7 +388,7 @@ class LockManager:
                     _discard_if_empty(lock)
                     return False
                 _hold(lock, txn, target)
-                events = self._reevaluate(lock)
+                events = self._queues.reevaluate(lock)
             self._resolve(events)
             return True
 
@@ -480,13 +460,13 @@ class LockManager:
                     _downgrade(lock, txn, mode)
                     return
         with self._graph_mutex:
-            txn = self._require_active(tid, Lazy("downgrade {!r} to {}", resource, mode.name))
+            txn = self._ended.require_active(self._active, tid, Lazy("downgrade {!r} to {}", resource, mode.name))
             with stripe.mutex:
                 lock = stripe.locks.get(resource)
                 if lock is None:
                     raise LockNotHeld(tid, resource)
                 _downgrade(lock, txn, mode)
-                events = self._reevaluate(lock)
+                events = self._queues.reevaluate(lock)
             self._resolve(events)
 
     def retain(self, tid: Hashable) -> None:
@@ -499,7 +479,7 @@ class LockManager:
         if txn is None or not txn.holding:
             if txn is None:
                 with self._graph_mutex:
-                    self._require_active(tid, "retain")
+                    self._ended.require_active(self._active, tid, "retain")
             return
         with txn.mutex:
             holding, txn.holding = txn.holding, {}
@@ -520,7 +500,7 @@ class LockManager:
                 for lock in deferred:
                     with lock.stripe.mutex:
                         _retain_entry(lock, txn)
-                        events.extend(self._reevaluate(lock))
+                        events.extend(self._queues.reevaluate(lock))
                 self._resolve(events)
 
     def drop_holds(self, tid: Hashable) -> None:
@@ -530,7 +510,7 @@ class LockManager:
         subtransaction aborts, the parent's holds are exactly its locks, and this releases them.  Waiters
         that Rule 1 now admits are granted."""
         with self._graph_mutex:
-            txn = self._require_active(tid, "drop_holds")
+            txn = self._ended.require_active(self._active, tid, "drop_holds")
             with txn.mutex:
                 holding, txn.holding = txn.holding, {}
             events: list = []
@@ -540,7 +520,7 @@ class LockManager:
                     if not (lock.retained and txn in lock.retained):
                         with txn.mutex:
                             txn.locks.pop(resource, None)
-                    events.extend(self._reevaluate(lock))
+                    events.extend(self._queues.reevaluate(lock))
                     _discard_if_empty(lock)
             self._resolve(events)
 
@@ -551,8 +531,8 @@ class LockManager:
         locks are the child's, exactly as if it had acquired them itself.  Wait edges that named ``tid``
         as the holder now name ``child`` (and are checked for cycles)."""
         with self._graph_mutex:
-            txn = self._require_active(tid, Lazy("hand its holds down to {!r}", child))
-            heir = self._require_active(child, Lazy("take the holds of {!r}", tid))
+            txn = self._ended.require_active(self._active, tid, Lazy("hand its holds down to {!r}", child))
+            heir = self._ended.require_active(self._active, child, Lazy("take the holds of {!r}", tid))
             if heir.parent is not txn:
                 raise ValueError(f"hand_down: {child!r} is not a child of {tid!r}")
             with txn.mutex:
@@ -571,7 +551,7 @@ class LockManager:
                     if not (lock.retained and txn in lock.retained):
                         with txn.mutex:
                             txn.locks.pop(resource, None)
-                    events.extend(self._reevaluate(lock))
+                    events.extend(self._queues.reevaluate(lock))
             self._resolve(events)
 
     # ------------------------------------------------------------------ registered waits
@@ -601,7 +581,7 @@ class LockManager:
         with self._graph_mutex:
             txn = self._active.get(waiter)
             if txn is None:
-                self._require_active(waiter, Lazy("wait ({}) for {!r}", kind, targets))
+                self._ended.require_active(self._active, waiter, Lazy("wait ({}) for {!r}", kind, targets))
             edges = {}
             for tid in targets:
                 target = self._active.get(tid)
@@ -612,8 +592,8 @@ class LockManager:
                 wait.status = GRANTED
                 return wait
             txn.external = txn.external + (wait,)
-            self._registered_waits += 1
-            self._waiting_changed.notify_all()
+            self._queues.registered += 1
+            self._queues.changed.notify_all()
             self._resolve([(wait, list(edges))])
             if wait.status is VICTIM:
                 raise wait.error
@@ -624,17 +604,7 @@ class LockManager:
     def _release_wait(self, wait: ExternalWait) -> None:
         with self._graph_mutex:
             if wait.status is WAITING:
-                self._drop_wait(wait, GRANTED, None)
-
-    def _drop_wait(self, wait: ExternalWait, status: "_RequestStatus", error: BaseException | None) -> None:
-        """Remove ``wait``'s edges with its final ``status``.  Caller holds the graph mutex."""
-        txn = wait.txn
-        txn.external = tuple(other for other in txn.external if other is not wait)
-        wait.status = status
-        wait.error = error
-        wait.targets = {}
-        self._registered_waits -= 1
-        self._waiting_changed.notify_all()
+                self._queues.drop_wait(wait, GRANTED, None)
 
     # ------------------------------------------------------------------ inspection
 
@@ -650,8 +620,8 @@ class LockManager:
         with self._graph_mutex:
             counters = dict(self._counters)
             transactions = len(self._active)
-            waiting = self._waiting
-            registered = self._registered_waits
+            waiting = self._queues.waiting
+            registered = self._queues.registered
         locks = sum(len(stripe.locks) for stripe in self._stripes)
         folded = sum(stripe.folded for stripe in self._stripes)
         return LockStatistics(transactions=transactions, locks=locks, waiting=waiting, registered_waits=registered,
@@ -659,8 +629,8 @@ class LockManager:
 
     def wait_until_waiting(self, count: int, timeout: float | None = None) -> bool:
         """Block until at least ``count`` lock requests are waiting; False if ``timeout`` passed first."""
-        with self._waiting_changed:
-            return self._waiting_changed.wait_for(lambda: self._waiting >= count, timeout)
+        with self._queues.changed:
+            return self._queues.changed.wait_for(lambda: self._queues.waiting >= count, timeout)
 
     def snapshot(self) -> LockTableSnapshot:
         """A consistent copy of the whole lock table, the tree and the wait-for graph (takes every mutex,
@@ -690,7 +660,7 @@ class LockManager:
             raise ValueError("timeout must be None or >= 0")
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._graph_mutex:
-            txn = self._require_active(tid, Lazy("acquire {} on {!r}", mode.name, resource))
+            txn = self._ended.require_active(self._active, tid, Lazy("acquire {} on {!r}", mode.name, resource))
             if txn.request is not None:
                 raise RequestPending(tid, txn.request.lock.resource)
             stripe = self._stripes[hash(resource) & self._stripe_mask]
@@ -708,13 +678,13 @@ class LockManager:
                 else:
                     lock.waiters.append(request)
                 txn.request = request
-                self._waiting += 1
-                events = self._reevaluate(lock)
+                self._queues.waiting += 1
+                events = self._queues.reevaluate(lock)
             if request.status is GRANTED:
                 return
             self._counters["waits"] += 1
             request.condition = threading.Condition(self._graph_mutex)
-            self._waiting_changed.notify_all()
+            self._queues.changed.notify_all()
             self._resolve(events)
             while request.status is WAITING:
                 if deadline is None:
@@ -724,76 +694,13 @@ class LockManager:
                 if remaining <= 0:
                     blockers = tuple(blocker.tid for blocker in txn.waits)
                     self._counters["timeouts"] += 1
-                    self._resolve(self._withdraw(request, TIMED_OUT, None))
+                    self._resolve(self._queues.withdraw(request, TIMED_OUT, None))
                     raise LockTimeout(tid, resource, mode, timeout, blockers)
                 request.condition.wait(remaining)
             if request.status is GRANTED:
                 return
             assert request.error is not None
             raise request.error
-
-    def _reevaluate(self, lock: _Lock) -> list:
-        """Grant every queued request of ``lock`` that Rule 1 and the queue now allow, in FIFO order, and
-        recompute the wait edges of the others.  Returns ``[(request, new targets)]`` for the edges that
-        are new, to be checked by ``_resolve``.  Caller holds the graph mutex and ``lock.stripe.mutex``.
-        """
-        waiters = lock.waiters
-        if waiters is None:
-            return []
-        _fold_if_crowded(lock)  # fewer entries for every _blockers below (changes no decision)
-        before = {request: request.txn.waits for request in waiters}
-        while True:
-            granted = False
-            ahead: list[_Request] = []
-            for request in tuple(lock.waiters or ()):
-                txn = request.txn
-                request.target, blockers = _blockers(txn, lock, request.mode, ahead, request.jumped)
-                if blockers:
-                    _set_waits(txn, blockers)
-                    ahead.append(request)
-                else:
-                    _hold(lock, txn, request.target)
-                    self._dequeue(request, GRANTED, None)
-                    granted = True
-            # A grant adds a holder, which can change what earlier requests wait for (and exemptions):
-            # repeat until a pass grants nothing, so every remaining request's edges are current.
-            if not granted or lock.waiters is None:
-                break
-        events = []
-        for request in lock.waiters or ():
-            old = before.get(request, _NO_WAITS)
-            new = [target for target in request.txn.waits if target not in old]
-            if new:
-                events.append((request, new))
-        return events
-
-    def _dequeue(self, request: _Request, status: _RequestStatus, error: BaseException | None) -> None:
-        """Take ``request`` out of its queue with its final ``status`` and wake its thread.
-        Caller holds the graph mutex and the request's stripe mutex."""
-        assert request.status is WAITING, request.status
-        lock = request.lock
-        lock.waiters.remove(request)
-        if not lock.waiters:
-            lock.waiters = None
-        request.status = status
-        request.error = error
-        txn = request.txn
-        _set_waits(txn, _NO_WAITS)
-        txn.request = None
-        self._waiting -= 1
-        self._waiting_changed.notify_all()
-        if request.condition is not None:
-            request.condition.notify()
-
-    def _withdraw(self, request: _Request, status: _RequestStatus, error: BaseException | None) -> list:
-        """Withdraw a waiting request (victim, timeout, abort) and regrant its lock's queue.
-        Caller holds the graph mutex and no stripe mutex.  Returns new-edge events."""
-        lock = request.lock
-        with lock.stripe.mutex:
-            self._dequeue(request, status, error)
-            events = self._reevaluate(lock)
-            _discard_if_empty(lock)
-        return events
 
     def _resolve(self, events: list) -> None:
         """Check each new wait edge for a cycle and break every cycle found.
@@ -822,7 +729,7 @@ class LockManager:
                 jumping.jumped = True
                 self._counters["queue_jumps"] += 1
                 with jumping.lock.stripe.mutex:
-                    events.extend(self._reevaluate(jumping.lock))
+                    events.extend(self._queues.reevaluate(jumping.lock))
                 events.append((source, live))
                 continue
             cycle = Cycle(path, txn, source)
@@ -837,34 +744,13 @@ class LockManager:
             error = Deadlock(victim.tid, txn.tid, cycle.wait_edges, policy_name(self._victim_policy), snapshot, note)
             told = cycle.wait_of_victim(victim)
             if told.__class__ is _Request:
-                events.extend(self._withdraw(told, VICTIM, error))
+                events.extend(self._queues.withdraw(told, VICTIM, error))
             else:
-                self._drop_wait(told, VICTIM, error)
+                self._queues.drop_wait(told, VICTIM, error)
                 if told is not source and told.on_victim is not None:
                     self._notifier.tell(told.on_victim, error)
             if victim is not txn or told is not source:
                 events.append((source, live))
-
-    # ------------------------------------------------------------------ helpers (graph mutex held)
-
-    def _require_active(self, tid: Hashable, operation: str) -> _Txn:
-        txn = self._active.get(tid)
-        if txn is not None:
-            if txn.state is ACTIVE:
-                return txn
-            raise TransactionNotActive(tid, txn.state.value, operation)
-        ended = self._ended.get(tid)
-        if ended is None:
-            raise UnknownTransaction(tid)
-        state, detail = ended
-        if state == "aborted":
-            raise TransactionAborted(tid, operation, detail)
-        raise TransactionNotActive(tid, state, operation, detail)
-
-    def _remember(self, tid: Hashable, state: str, detail: Lazy) -> None:
-        self._ended[tid] = (state, detail)
-        if len(self._ended) > self._remember_ended:
-            self._ended.popitem(last=False)
 
 
 def _check_mode(mode: Any) -> None:

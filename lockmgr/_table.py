@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import enum
 import threading
+from collections import OrderedDict
 from typing import Any, Hashable
 
 from lockmgr._modes import CONFLICTS, JOIN, Mode
 from lockmgr._records import TxnState
+from lockmgr.errors import Lazy, TransactionAborted, TransactionNotActive, UnknownTransaction
 
 ACTIVE = TxnState.ACTIVE
 COMMITTING = TxnState.COMMITTING
@@ -243,3 +245,37 @@ def _committed_members(txn: _Txn) -> list[_Txn]:
         if member.committed:
             stack.extend(member.committed)
     return members
+
+
+class EndedLog:
+    """The last ``size`` ended transactions (tid -> (state, detail)), only to explain why a tid is refused.
+    Guarded by the manager's graph mutex."""
+
+    __slots__ = ("ended", "size")
+
+    def __init__(self, size: int) -> None:
+        self.ended: OrderedDict[Hashable, tuple[str, Lazy]] = OrderedDict()
+        self.size = size
+
+    def remember(self, tid: Hashable, state: str, detail: Lazy) -> None:
+        self.ended[tid] = (state, detail)
+        if len(self.ended) > self.size:
+            self.ended.popitem(last=False)
+
+    def forget(self, tid: Hashable) -> None:
+        self.ended.pop(tid, None)
+
+    def require_active(self, active: dict, tid: Hashable, operation: "str | Lazy") -> _Txn:
+        """``active[tid]`` if it is ACTIVE; else raise why not (not active, aborted, or unknown)."""
+        txn = active.get(tid)
+        if txn is not None:
+            if txn.state is ACTIVE:
+                return txn
+            raise TransactionNotActive(tid, txn.state.value, operation)
+        ended = self.ended.get(tid)
+        if ended is None:
+            raise UnknownTransaction(tid)
+        state, detail = ended
+        if state == "aborted":
+            raise TransactionAborted(tid, operation, detail)
+        raise TransactionNotActive(tid, state, operation, detail)
