@@ -255,7 +255,7 @@ def _release_entries(locks: dict, txn: _Txn, members: list[_Txn],
     """Rules 3 and 4 for a subtree: release ``txn``'s entries (in ``locks``, its list taken from it) and
     those of its committed ``members`` (each list taken under the member's mutex), lock by lock without the
     graph mutex where nobody waits.  Returns ``deferred``: each lock with waiters and whose entries on it to release,
-    for ``LockManager._release_deferred``."""
+    for ``WaitQueues.release_deferred`` (``_queues``)."""
     if deferred is None:
         deferred = {}
     for lock in _release_all(locks, txn):

@@ -25,7 +25,7 @@ ABORTED = TxnState.ABORTED
 
 class _RequestStatus(enum.Enum):
     """A queued request's state.  WAITING -> GRANTED | VICTIM | TIMED_OUT | ABORTED, exactly once, with the
-    graph mutex held (``_dequeue`` is the only place that leaves WAITING)."""
+    graph mutex held (``WaitQueues.dequeue`` is the only place that leaves WAITING)."""
 
     WAITING = "waiting"
     GRANTED = "granted"
