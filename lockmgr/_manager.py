@@ -24,8 +24,9 @@ from lockmgr._entries import (
 from lockmgr._export import add_wait_for_graph, holders_of, snapshot_of
 from lockmgr._graph import find_cycle
 from lockmgr._modes import COVERS, INTENTION_FOR, JOIN, Mode
+from lockmgr._queues import WaitQueues
+from lockmgr._records import DeadlockCycle, Holders, LockStatistics, LockTableSnapshot
 from lockmgr._table import (
-    EndedLog,
     ABORTED,
     ACTIVE,
     COMMITTED,
@@ -35,6 +36,7 @@ from lockmgr._table import (
     VICTIM,
     WAITING,
     WITHDRAWN_BY_ABORT,
+    EndedLog,
     _committed_members,
     _Lock,
     _new_lock,
@@ -43,13 +45,6 @@ from lockmgr._table import (
     _Request,
     _Stripe,
     _Txn,
-)
-from lockmgr._queues import WaitQueues
-from lockmgr._records import (
-    DeadlockCycle,
-    Holders,
-    LockStatistics,
-    LockTableSnapshot,
 )
 from lockmgr.errors import (
     ActiveChildren,
