@@ -6,246 +6,65 @@ may be used from several threads, but it waits for at most one lock at a time (`
 
 from __future__ import annotations
 
-import enum
-import queue
 import threading
 import time
-from collections import OrderedDict
-from types import MappingProxyType
 from typing import Any, Callable, Hashable, Iterable, Union
 
-from lockmgr._graph import edge_kind, external_wait_to, find_cycle
-from lockmgr._modes import CONFLICTS, COVERS, INTENTION_FOR, JOIN, Mode
-from lockmgr._records import (
-    DeadlockCycle,
-    Holders,
-    LockStatistics,
-    LockTableSnapshot,
-    TransactionInfo,
-    TxnState,
-    VictimCandidate,
-    WaitingRequest,
+from lockmgr._deadlock import VICTIM_POLICIES, Cycle, VictimNotifier, choose_victim, policy_name, queue_jumper
+from lockmgr._entries import (
+    _blockers,
+    _discard_if_empty,
+    _downgrade,
+    _fast_grant,
+    _hold,
+    _release_entries,
+    _resource_count,
+    _retain_entry,
+)
+from lockmgr._export import add_wait_for_graph, holders_of, snapshot_of
+from lockmgr._graph import find_cycle
+from lockmgr._modes import COVERS, INTENTION_FOR, JOIN, Mode
+from lockmgr._queues import WaitQueues
+from lockmgr._records import DeadlockCycle, Holders, LockStatistics, LockTableSnapshot
+from lockmgr._table import (
+    ABORTED,
+    ACTIVE,
+    COMMITTED,
+    COMMITTING,
+    GRANTED,
+    TIMED_OUT,
+    VICTIM,
+    WAITING,
+    WITHDRAWN_BY_ABORT,
+    EndedLog,
+    _committed_members,
+    _Lock,
+    _new_lock,
+    _NO_CHILDREN,
+    _NO_HOLDS,
+    _Request,
+    _Stripe,
+    _Txn,
 )
 from lockmgr.errors import (
     ActiveChildren,
     Deadlock,
     DuplicateTransaction,
-    InvalidDowngrade,
     LockNotHeld,
     Lazy,
     LockTimeout,
     RequestPending,
     TransactionAborted,
-    TransactionNotActive,
-    UnknownTransaction,
-    WaitEdge,
 )
 
 VictimPolicy = Union[str, Callable[[DeadlockCycle], Hashable]]
-VICTIM_POLICIES = ("requester", "youngest", "smallest_tree")
 
-ACTIVE = TxnState.ACTIVE
-COMMITTING = TxnState.COMMITTING
-COMMITTED = TxnState.COMMITTED
-ABORTED = TxnState.ABORTED
-
-
-
-class _RequestStatus(enum.Enum):
-    """A queued request's state.  WAITING -> GRANTED | VICTIM | TIMED_OUT | ABORTED, exactly once, with the
-    graph mutex held (``_dequeue`` is the only place that leaves WAITING)."""
-
-    WAITING = "waiting"
-    GRANTED = "granted"
-    VICTIM = "victim"
-    TIMED_OUT = "timed out"
-    ABORTED = "aborted"
-
-
-WAITING = _RequestStatus.WAITING
-GRANTED = _RequestStatus.GRANTED
-VICTIM = _RequestStatus.VICTIM
-TIMED_OUT = _RequestStatus.TIMED_OUT
-WITHDRAWN_BY_ABORT = _RequestStatus.ABORTED
-
-_NO_WAITS: dict = {}  # shared "no out-edges" value; never mutated (waits are replaced, not edited)
-# What a committed subtransaction keeps of the fields it no longer needs (shared, never mutated): its record
-# lives on until its tree ends, and the fewer objects it holds the less the cyclic GC has to scan.
-_NO_HOLDS: dict = {}
-_NO_CHILDREN: frozenset = frozenset()
 _NO_DETAIL = Lazy("")  # immutable
 
 
-def _check_joins_conflict_as_their_parts() -> None:
-    """One mode per transaction and resource (the join of what it acquired, inherited or kept) is exact only
-    if a join conflicts with exactly the modes one of its parts conflicts with.  Lazy inheritance relies on
-    it too: Rule 1 checks a committed member's entry on its own until a fold joins it into its owner's, and
-    both must decide alike.  Checked at import, like the table itself in ``_modes``."""
-    for first in Mode:
-        for second in Mode:
-            for wanted in Mode:
-                joined = CONFLICTS[JOIN[first][second]][wanted]
-                assert joined == (CONFLICTS[first][wanted] or CONFLICTS[second][wanted]), (
-                    f"{JOIN[first][second].name} = join({first.name}, {second.name}) conflicts with "
-                    f"{wanted.name} differently from its parts: lockmgr keeps one joined mode per transaction "
-                    f"and resource, which needs the conflict set of a join to be the union of its parts'")
-
-
-_check_joins_conflict_as_their_parts()
-
-
-class _Txn:
-    """One transaction.  Not thread-safe by itself: each field names the mutex that guards it.
-
-    A record outlives its commit while its tree runs: a committed subtransaction keeps its lock entries
-    (lazy Rule 2, see ``owner``) until the top-level commit or an abort releases them."""
-
-    __slots__ = (
-        "tid", "parent", "serial", "depth", "ancestors",
-        "children", "state", "locks", "holding", "mutex", "waits", "request", "external", "awaited",
-        "owner", "committed", "blocked",
-    )
-
-    def __init__(self, tid: Hashable, parent: "_Txn | None", serial: int, awaited: bool = False) -> None:
-        self.tid = tid
-        self.parent = parent  # immutable
-        self.serial = serial  # immutable; begin order, larger is younger
-        if parent is None:
-            self.depth = 0
-            self.ancestors: frozenset[_Txn] = frozenset()
-        else:
-            self.depth = parent.depth + 1
-            # Excludes self.  Immutable while self is ACTIVE; emptied when it commits (nobody reads them then).
-            self.ancestors = parent.ancestors | {parent}
-        # Guarded by the graph mutex.  Invariant: exactly the children whose state is ACTIVE (a child leaves
-        # when it commits or aborts); these are the "commit" edges.  A shared empty set once self commits.
-        self.children: set[_Txn] = set()
-        # Written with the graph mutex AND self.mutex held; read under either (or racily, as a hint).
-        self.state = ACTIVE
-        # Guarded by self.mutex.  resource -> _Lock: the locks of self's own entries.  Invariant: self has a
-        # held or retained entry in every lock listed here (so a listed lock is in its stripe's table) --
-        # except for a moment in a committed subtransaction: a fold moves its entry to its owner, then drops
-        # the listing; a release that took the list in between finds no entry and does nothing.  After self
-        # commits only a fold changes it.
-        self.locks: dict[Any, _Lock] = {}
-        # Guarded by self.mutex.  resource -> _Lock.  Invariant: while self is ACTIVE, exactly the locks in
-        # which self has a held entry (a subset of ``locks``); ``retain`` converts them in place without
-        # looking at the others.  Emptied when self commits or aborts.
-        self.holding: dict[Any, _Lock] = {}
-        self.mutex = threading.Lock()  # protects state, locks and holding
-        # Guarded by the graph mutex.  Out-edges for the pending request: target _Txn -> kind.
-        # Invariant: non-empty iff request is not None (a waiting request always has a blocker); every
-        # target is an owner (``_owner_of(target) is target``: never a committed subtransaction).
-        self.waits: dict[_Txn, str] = _NO_WAITS
-        self.request: _Request | None = None  # guarded by the graph mutex; the WAITING request, if any
-        # Guarded by the graph mutex: the registered waits (add_wait) that are not lock waits, each with
-        # out-edges ``targets``.  Replaced whole, never mutated in place (find_cycle iterates it).
-        self.external: tuple[ExternalWait, ...] = ()
-        # Immutable.  True: the parent waits for this child for its whole life (it runs inline in the
-        # parent's thread), so with declared commit edges "parent -> self" is an edge of the graph.
-        self.awaited = awaited
-        # Lazy Rule 2 (a union-find forest over the tree).  ``owner is self`` unless self is a committed
-        # subtransaction; then it is an ancestor ``a`` of self such that every transaction strictly between
-        # self and ``a`` is a committed subtransaction too.  ``_owner_of`` follows the links to the first
-        # transaction that is not a committed subtransaction -- the one that retains self's entries now --
-        # and compresses the path.  Written to self's parent by ``commit`` (graph mutex), shortened by any
-        # thread that resolves it (an attribute store; every value ever written satisfies the invariant).
-        self.owner: _Txn = self
-        # Guarded by the graph mutex until self ends, then immutable.  The committed children whose entries
-        # self's subtree owns (each with its own ``committed``): what the top-level commit or an abort of
-        # self or an ancestor must also release.  A child that locked nothing and owns nothing is left out.
-        self.committed: list[_Txn] | None = None
-        # Guarded by the graph mutex.  The waiting transactions whose ``waits`` name self -- the reverse of
-        # those edges, so that a commit re-evaluates exactly the requests it redirects.
-        # Invariant: ``waiter in self.blocked`` iff ``self in waiter.waits``.
-        self.blocked: set[_Txn] | None = None
-
-    def __repr__(self) -> str:
-        return f"<txn {self.tid!r} {self.state.value}>"
-
-
-class _Lock:
-    """The lock-table entry of one resource.  Every field is guarded by ``stripe.mutex``; while ``waiters`` is
-    not None, changes to ``held``, ``retained`` and ``waiters`` additionally need the graph mutex.
-
-    Entries are keyed by the transaction that made them, which may since have committed as a subtransaction
-    (lazy Rule 2): an entry of ``x`` *counts as* held by ``x`` if it is in ``held`` and ``_owner_of(x) is x``,
-    and otherwise as retained by ``_owner_of(x)`` (a committed subtransaction's held entry included).  What
-    the entries count as is exactly what eager inheritance would have stored (one mode per owner: the join).
-
-    Invariants (with the stripe mutex held):
-      * the modes of two entries that count as held by different transactions never conflict;
-      * if an entry of ``x`` conflicts with an entry that counts as held by ``h``, ``x is not h`` and
-        ``o = _owner_of(x)`` is not ``h``, then ``o`` is an ancestor of ``h``;
-      * the entry is in ``stripe.locks`` iff ``held`` or ``retained`` or ``waiters`` is non-empty;
-      * ``waiters`` is None or a non-empty FIFO list of WAITING requests.
-    """
-
-    __slots__ = ("resource", "stripe", "held", "retained", "waiters")
-
-    def __init__(self, resource: Any, stripe: "_Stripe") -> None:
-        self.resource = resource
-        self.stripe = stripe
-        self.held: dict[_Txn, Mode] = {}  # holder -> the one mode it holds (join of what it acquired)
-        self.retained: dict[_Txn, Mode] | None = None  # retainer -> the one mode it retains (join)
-        self.waiters: list[_Request] | None = None
-
-
-class _Stripe:
-    """One partition of the lock table (resources are spread over stripes by hash).  Every field is guarded
-    by ``mutex``; see lockmgr/README.md for the order in which mutexes may be taken."""
-
-    __slots__ = ("mutex", "locks", "free", "folded")
-
-    def __init__(self) -> None:
-        self.mutex = threading.Lock()  # protects `locks`, `free`, `folded` and every field of its _Lock objects
-        self.locks: dict[Any, _Lock] = {}
-        self.folded = 0  # entries of committed subtransactions merged into their owner's here (``_fold``)
-        # Empty _Lock objects of this stripe for reuse (creating one is a fifth of an uncontended
-        # acquire+release).  Safe because nothing refers to a discarded entry: a transaction lists only
-        # locks it has an entry in, and a request refers to its lock only while it waits.
-        self.free: list[_Lock] = []
-
-
-_FREE_LOCKS_PER_STRIPE = 16
 # What a transaction's own table lock already gives a tuple request (``LockManager._tuple_request``).
 _COVERED = "covered"
 _INTENTION_HELD = "intention held"
-# A new entry on a lock with this many entries, or a re-evaluation of its queue, first folds the entries of
-# committed subtransactions into their owners' (``_fold``): a lock that many committed members touched
-# shrinks back to about one entry per owner, at a cost amortized over the entries it folds.  (Tests set it
-# to 1 and to "never" to run every path with and without folds.)
-_FOLD_AT = 4
-
-
-def _new_lock(resource: Any, stripe: _Stripe) -> _Lock:
-    """An empty entry for ``resource`` (reused if possible).  Caller holds ``stripe.mutex``; the caller
-    inserts it into ``stripe.locks``."""
-    free = stripe.free
-    if free:
-        lock = free.pop()
-        lock.resource = resource
-        return lock
-    return _Lock(resource, stripe)
-
-
-class _Request:
-    """A lock request that had to go through the slow path.  Guarded by the graph mutex (and, while queued,
-    also by its lock's stripe mutex for ``target``)."""
-
-    __slots__ = ("txn", "lock", "mode", "target", "status", "error", "condition", "jumped")
-
-    def __init__(self, txn: _Txn, lock: _Lock, mode: Mode) -> None:
-        self.txn = txn
-        self.lock = lock
-        self.mode = mode
-        self.target = mode  # the mode it would hold if granted: join(current held mode, mode)
-        self.status = WAITING
-        self.error: BaseException | None = None
-        self.condition: threading.Condition | None = None  # on the graph mutex; created when it waits
-        self.jumped = False  # True: exempt from queueing behind earlier requests (set to break a cycle)
-
-
 class ExternalWait:
     """A registered wait that is not a lock wait (``LockManager.add_wait``): ``waiter`` cannot go on
     before each of ``targets`` ends (or does something the caller waits for).  Its edges are part of the
@@ -293,52 +112,6 @@ class ExternalWait:
 
     def __repr__(self) -> str:
         return f"<ExternalWait {self.kind} {self.txn.tid!r} -> {[t.tid for t in self.targets]!r} {self.status.value}>"
-
-
-def _blockers(txn: _Txn, lock: _Lock, mode: Mode, ahead: list[_Request], jumped: bool) -> tuple[Mode, dict]:
-    """Rule 1 plus the fairness queue: who blocks ``txn``'s request for ``mode`` on ``lock``.
-
-    ``ahead`` are the requests queued before this one that are still waiting.  Returns the mode the request
-    would hold and ``{blocking _Txn: kind}`` (empty: grantable); every blocker is an owner (lazy Rule 2: an
-    entry of a committed subtransaction counts as retained by ``_owner_of`` it).  Caller holds the stripe
-    mutex (and the graph mutex if the lock has waiters); without the graph mutex an owner may be stale,
-    which only errs on the side of blocking (a stale owner is a descendant of the true one).
-    """
-    held = lock.held
-    current = held.get(txn)
-    target = mode if current is None else JOIN[current][mode]
-    row = CONFLICTS[target]
-    blockers: dict[_Txn, str] = {}
-    ancestors = txn.ancestors
-    retainers: list[_Txn] = []  # owners of conflicting entries that count as retained
-    # Rule 1a: no other transaction holds the lock in a conflicting mode.
-    for holder, held_mode in held.items():
-        if row[held_mode] and holder is not txn:
-            if holder.owner is holder:
-                blockers[holder] = "held"
-            else:  # a committed subtransaction's held entry: retained by its owner
-                retainers.append(_owner_of(holder))
-    # Rule 1b: every transaction retaining it in a conflicting mode is an ancestor (or txn itself).
-    retained = lock.retained
-    if retained:
-        for retainer, retained_mode in retained.items():
-            if row[retained_mode] and retainer is not txn:
-                retainers.append(retainer if retainer.owner is retainer else _owner_of(retainer))
-    for retainer in retainers:
-        if retainer is not txn and retainer not in ancestors and retainer not in blockers:
-            blockers[retainer] = "retained"
-    # Fairness: FIFO among conflicting requests, except behind an ancestor or behind a request that txn
-    # or one of its ancestors is blocking (queueing there would be a certain deadlock).
-    if not jumped:
-        for earlier in ahead:
-            other = earlier.txn
-            if not row[earlier.target] or other in blockers or other in ancestors:
-                continue
-            waits = other.waits
-            if txn in waits or not ancestors.isdisjoint(waits):
-                continue
-            blockers[other] = "queued"
-    return target, blockers
 
 
 class LockManager:
@@ -390,22 +163,19 @@ class LockManager:
         # transitions), the wait-for graph (waits, request, every _Request), the counters below, and -- with
         # the stripe mutex -- every lock that has waiters.
         self._graph_mutex = threading.Lock()
-        self._waiting_changed = threading.Condition(self._graph_mutex)
+        # The wait queues' counters and the condition they notify, on the graph mutex (``_queues``).
+        self._queues = WaitQueues(self._graph_mutex)
         # tid -> _Txn of every ACTIVE or COMMITTING transaction.  Written with the graph mutex held; the fast
         # path reads it without (one dict lookup, atomic).
         self._active: dict[Hashable, _Txn] = {}
-        self._ended: OrderedDict[Hashable, tuple[str, Lazy]] = OrderedDict()  # recent ends, for messages
-        self._remember_ended = remember_ended
+        self._ended = EndedLog(remember_ended)  # recent ends, for messages
         self._serial = 0
-        self._waiting = 0  # Invariant: number of _Request objects with status WAITING
         self._counters = dict.fromkeys(
             ("begun", "committed", "aborted", "waits", "deadlocks", "queue_jumps", "timeouts", "inherited"), 0
         )
-        self._registered_waits = 0  # Invariant: number of ExternalWait objects with status WAITING
         # Victims of cycles that are registered waits: (callback, error), run by the notifier thread so that
         # no callback runs with a mutex held.  The thread is started on the first add_wait with on_victim.
-        self._notices: queue.SimpleQueue = queue.SimpleQueue()
-        self._notifier: threading.Thread | None = None
+        self._notifier = VictimNotifier()
 
     # ------------------------------------------------------------------ transactions
 
@@ -423,13 +193,13 @@ class LockManager:
             if parent is not None:
                 parent_txn = self._active.get(parent)
                 if parent_txn is None or parent_txn.state is not ACTIVE:
-                    self._require_active(parent, Lazy("begin a child {!r} of it", tid))  # raises why
+                    self._ended.require_active(self._active, parent, Lazy("begin a child {!r} of it", tid))  # raises why
             self._serial += 1
             txn = _Txn(tid, parent_txn, self._serial, awaited)
             if parent_txn is not None:
                 parent_txn.children.add(txn)
             self._active[tid] = txn
-            self._ended.pop(tid, None)
+            self._ended.forget(tid)
             self._counters["begun"] += 1
 
     def is_active(self, tid: Hashable) -> bool:
@@ -454,7 +224,7 @@ class LockManager:
         with graph:
             txn = self._active.get(tid)
             if txn is None or txn.state is not ACTIVE:
-                txn = self._require_active(tid, "commit")   # raises why
+                txn = self._ended.require_active(self._active, tid, "commit")   # raises why
             if txn.request is not None:
                 raise RequestPending(tid, txn.request.lock.resource)
             if txn.children:
@@ -474,13 +244,13 @@ class LockManager:
         deferred = _release_entries(locks, txn, _committed_members(txn))
         txn.committed = None
         with graph:
-            events = self._release_deferred(deferred)
+            events = self._queues.release_deferred(deferred)
             with txn.mutex:
                 txn.state = COMMITTED
             for wait in txn.external:  # waits its owner did not release: they end with it
-                self._drop_wait(wait, GRANTED, None)
+                self._queues.drop_wait(wait, GRANTED, None)
             del self._active[tid]
-            self._remember(tid, "committed", _NO_DETAIL)
+            self._ended.remember(tid, "committed", _NO_DETAIL)
             self._counters["committed"] += 1
             if events:
                 self._resolve(events)
@@ -512,12 +282,12 @@ class LockManager:
         if txn.blocked:
             for lock in {waiter.request.lock: None for waiter in txn.blocked}:
                 with lock.stripe.mutex:
-                    events.extend(self._reevaluate(lock))
+                    events.extend(self._queues.reevaluate(lock))
             assert not txn.blocked, txn.blocked
         for wait in txn.external:  # waits its owner did not release: they end with it
-            self._drop_wait(wait, GRANTED, None)
+            self._queues.drop_wait(wait, GRANTED, None)
         del self._active[txn.tid]
-        self._remember(txn.tid, "committed", _NO_DETAIL)
+        self._ended.remember(txn.tid, "committed", _NO_DETAIL)
         self._counters["committed"] += 1
         if events:
             self._resolve(events)
@@ -528,7 +298,7 @@ class LockManager:
         A descendant waiting in ``acquire`` gets ``TransactionAborted``."""
         graph = self._graph_mutex
         with graph:
-            txn = self._require_active(tid, "abort")
+            txn = self._ended.require_active(self._active, tid, "abort")
             members: list[_Txn] = []
             stack = [txn]
             while stack:
@@ -551,12 +321,12 @@ class LockManager:
                         Lazy("acquire {} on {!r}", request.mode.name, request.lock.resource),
                         Lazy("{} while it was waiting", detail),
                     )
-                    events.extend(self._withdraw(request, WITHDRAWN_BY_ABORT, error))
+                    events.extend(self._queues.withdraw(request, WITHDRAWN_BY_ABORT, error))
                 member.children.clear()
                 for wait in member.external:
-                    self._drop_wait(wait, WITHDRAWN_BY_ABORT, None)
+                    self._queues.drop_wait(wait, WITHDRAWN_BY_ABORT, None)
                 del self._active[member.tid]
-                self._remember(member.tid, "aborted", detail)
+                self._ended.remember(member.tid, "aborted", detail)
                 self._counters["aborted"] += 1
             if txn.parent is not None:
                 txn.parent.children.discard(txn)
@@ -568,19 +338,7 @@ class LockManager:
             member.committed = None
         if deferred:
             with graph:
-                self._resolve(self._release_deferred(deferred))
-
-    def _release_deferred(self, deferred: "dict[_Lock, list[_Txn]]") -> list:
-        """Release the entries that ``_release_entries`` set aside (locks with waiters) and regrant each
-        lock's queue once.  Caller holds the graph mutex and no stripe mutex.  Returns new-edge events."""
-        events: list = []
-        for lock, owners in deferred.items():
-            with lock.stripe.mutex:
-                for owner in owners:
-                    _release(lock, owner)
-                events.extend(self._reevaluate(lock))
-                _discard_if_empty(lock)
-        return events
+                self._resolve(self._queues.release_deferred(deferred))
 
     # ------------------------------------------------------------------ locks
 
@@ -608,7 +366,7 @@ class LockManager:
             return True
         _check_mode(mode)
         with self._graph_mutex:
-            txn = self._require_active(tid, Lazy("try_acquire {} on {!r}", mode.name, resource))
+            txn = self._ended.require_active(self._active, tid, Lazy("try_acquire {} on {!r}", mode.name, resource))
             if txn.request is not None:
                 raise RequestPending(tid, txn.request.lock.resource)
             stripe = self._stripes[hash(resource) & self._stripe_mask]
@@ -625,7 +383,7 @@ class LockManager:
                     _discard_if_empty(lock)
                     return False
                 _hold(lock, txn, target)
-                events = self._reevaluate(lock)
+                events = self._queues.reevaluate(lock)
             self._resolve(events)
             return True
 
@@ -697,13 +455,13 @@ class LockManager:
                     _downgrade(lock, txn, mode)
                     return
         with self._graph_mutex:
-            txn = self._require_active(tid, Lazy("downgrade {!r} to {}", resource, mode.name))
+            txn = self._ended.require_active(self._active, tid, Lazy("downgrade {!r} to {}", resource, mode.name))
             with stripe.mutex:
                 lock = stripe.locks.get(resource)
                 if lock is None:
                     raise LockNotHeld(tid, resource)
                 _downgrade(lock, txn, mode)
-                events = self._reevaluate(lock)
+                events = self._queues.reevaluate(lock)
             self._resolve(events)
 
     def retain(self, tid: Hashable) -> None:
@@ -716,7 +474,7 @@ class LockManager:
         if txn is None or not txn.holding:
             if txn is None:
                 with self._graph_mutex:
-                    self._require_active(tid, "retain")
+                    self._ended.require_active(self._active, tid, "retain")
             return
         with txn.mutex:
             holding, txn.holding = txn.holding, {}
@@ -737,7 +495,7 @@ class LockManager:
                 for lock in deferred:
                     with lock.stripe.mutex:
                         _retain_entry(lock, txn)
-                        events.extend(self._reevaluate(lock))
+                        events.extend(self._queues.reevaluate(lock))
                 self._resolve(events)
 
     def drop_holds(self, tid: Hashable) -> None:
@@ -747,7 +505,7 @@ class LockManager:
         subtransaction aborts, the parent's holds are exactly its locks, and this releases them.  Waiters
         that Rule 1 now admits are granted."""
         with self._graph_mutex:
-            txn = self._require_active(tid, "drop_holds")
+            txn = self._ended.require_active(self._active, tid, "drop_holds")
             with txn.mutex:
                 holding, txn.holding = txn.holding, {}
             events: list = []
@@ -757,7 +515,7 @@ class LockManager:
                     if not (lock.retained and txn in lock.retained):
                         with txn.mutex:
                             txn.locks.pop(resource, None)
-                    events.extend(self._reevaluate(lock))
+                    events.extend(self._queues.reevaluate(lock))
                     _discard_if_empty(lock)
             self._resolve(events)
 
@@ -768,8 +526,8 @@ class LockManager:
         locks are the child's, exactly as if it had acquired them itself.  Wait edges that named ``tid``
         as the holder now name ``child`` (and are checked for cycles)."""
         with self._graph_mutex:
-            txn = self._require_active(tid, Lazy("hand its holds down to {!r}", child))
-            heir = self._require_active(child, Lazy("take the holds of {!r}", tid))
+            txn = self._ended.require_active(self._active, tid, Lazy("hand its holds down to {!r}", child))
+            heir = self._ended.require_active(self._active, child, Lazy("take the holds of {!r}", tid))
             if heir.parent is not txn:
                 raise ValueError(f"hand_down: {child!r} is not a child of {tid!r}")
             with txn.mutex:
@@ -788,7 +546,7 @@ class LockManager:
                     if not (lock.retained and txn in lock.retained):
                         with txn.mutex:
                             txn.locks.pop(resource, None)
-                    events.extend(self._reevaluate(lock))
+                    events.extend(self._queues.reevaluate(lock))
             self._resolve(events)
 
     # ------------------------------------------------------------------ registered waits
@@ -818,7 +576,7 @@ class LockManager:
         with self._graph_mutex:
             txn = self._active.get(waiter)
             if txn is None:
-                self._require_active(waiter, Lazy("wait ({}) for {!r}", kind, targets))
+                self._ended.require_active(self._active, waiter, Lazy("wait ({}) for {!r}", kind, targets))
             edges = {}
             for tid in targets:
                 target = self._active.get(tid)
@@ -829,46 +587,19 @@ class LockManager:
                 wait.status = GRANTED
                 return wait
             txn.external = txn.external + (wait,)
-            self._registered_waits += 1
-            self._waiting_changed.notify_all()
+            self._queues.registered += 1
+            self._queues.changed.notify_all()
             self._resolve([(wait, list(edges))])
             if wait.status is VICTIM:
                 raise wait.error
-        if on_victim is not None and self._notifier is None:
-            self._start_notifier()
+        if on_victim is not None:
+            self._notifier.start()
         return wait
 
     def _release_wait(self, wait: ExternalWait) -> None:
         with self._graph_mutex:
             if wait.status is WAITING:
-                self._drop_wait(wait, GRANTED, None)
-
-    def _drop_wait(self, wait: ExternalWait, status: "_RequestStatus", error: BaseException | None) -> None:
-        """Remove ``wait``'s edges with its final ``status``.  Caller holds the graph mutex."""
-        txn = wait.txn
-        txn.external = tuple(other for other in txn.external if other is not wait)
-        wait.status = status
-        wait.error = error
-        wait.targets = {}
-        self._registered_waits -= 1
-        self._waiting_changed.notify_all()
-
-    def _start_notifier(self) -> None:
-        with self._graph_mutex:
-            if self._notifier is not None:
-                return
-            self._notifier = threading.Thread(target=self._notify_victims, name="lockmgr-notifier", daemon=True)
-        self._notifier.start()
-
-    def _notify_victims(self) -> None:
-        while True:
-            callback, error = self._notices.get()
-            try:
-                callback(error)
-            except Exception:  # a broken callback must not stop the notifier
-                import logging
-
-                logging.getLogger("lockmgr").exception("on_victim callback raised")
+                self._queues.drop_wait(wait, GRANTED, None)
 
     # ------------------------------------------------------------------ inspection
 
@@ -877,15 +608,15 @@ class LockManager:
         stripe = self._stripes[hash(resource) & self._stripe_mask]
         with stripe.mutex:
             lock = stripe.locks.get(resource)
-            return _holders_of(resource, lock)
+            return holders_of(resource, lock)
 
     def statistics(self) -> LockStatistics:
         """Counters; ``waiting`` is exact (tests wait on it), ``locks`` is summed stripe by stripe."""
         with self._graph_mutex:
             counters = dict(self._counters)
             transactions = len(self._active)
-            waiting = self._waiting
-            registered = self._registered_waits
+            waiting = self._queues.waiting
+            registered = self._queues.registered
         locks = sum(len(stripe.locks) for stripe in self._stripes)
         folded = sum(stripe.folded for stripe in self._stripes)
         return LockStatistics(transactions=transactions, locks=locks, waiting=waiting, registered_waits=registered,
@@ -893,14 +624,14 @@ class LockManager:
 
     def wait_until_waiting(self, count: int, timeout: float | None = None) -> bool:
         """Block until at least ``count`` lock requests are waiting; False if ``timeout`` passed first."""
-        with self._waiting_changed:
-            return self._waiting_changed.wait_for(lambda: self._waiting >= count, timeout)
+        with self._queues.changed:
+            return self._queues.changed.wait_for(lambda: self._queues.waiting >= count, timeout)
 
     def snapshot(self) -> LockTableSnapshot:
         """A consistent copy of the whole lock table, the tree and the wait-for graph (takes every mutex,
         in the documented order; meant for tests, debugging and reports, not for hot paths)."""
         with self._graph_mutex:
-            return self._snapshot_locked()
+            return snapshot_of(self._stripes, self._active)
 
     def wait_for_graph(self):
         """The wait-for graph as a ``networkx.DiGraph``.
@@ -913,27 +644,7 @@ class LockManager:
 
         graph = networkx.DiGraph()
         with self._graph_mutex:
-            for txn in self._active.values():
-                attributes = {
-                    "parent": None if txn.parent is None else txn.parent.tid,
-                    "state": txn.state.value,
-                    "depth": txn.depth,
-                }
-                if txn.request is not None:
-                    attributes["waiting_for"] = txn.request.lock.resource
-                    attributes["mode"] = txn.request.mode
-                graph.add_node(txn.tid, **attributes)
-            for txn in self._active.values():
-                for child in txn.children:
-                    if self._structural or child.awaited:
-                        graph.add_edge(txn.tid, child.tid, kind="commit")
-                for wait in txn.external:
-                    for target, kind in wait.targets.items():
-                        graph.add_edge(txn.tid, target.tid, kind=kind, resource=None)
-                if txn.request is not None:
-                    resource = txn.request.lock.resource
-                    for target, kind in txn.waits.items():
-                        graph.add_edge(txn.tid, target.tid, kind=kind, resource=resource)
+            add_wait_for_graph(graph, self._active, self._structural)
         return graph
 
     # ------------------------------------------------------------------ slow paths (graph mutex)
@@ -944,7 +655,7 @@ class LockManager:
             raise ValueError("timeout must be None or >= 0")
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._graph_mutex:
-            txn = self._require_active(tid, Lazy("acquire {} on {!r}", mode.name, resource))
+            txn = self._ended.require_active(self._active, tid, Lazy("acquire {} on {!r}", mode.name, resource))
             if txn.request is not None:
                 raise RequestPending(tid, txn.request.lock.resource)
             stripe = self._stripes[hash(resource) & self._stripe_mask]
@@ -962,13 +673,13 @@ class LockManager:
                 else:
                     lock.waiters.append(request)
                 txn.request = request
-                self._waiting += 1
-                events = self._reevaluate(lock)
+                self._queues.waiting += 1
+                events = self._queues.reevaluate(lock)
             if request.status is GRANTED:
                 return
             self._counters["waits"] += 1
             request.condition = threading.Condition(self._graph_mutex)
-            self._waiting_changed.notify_all()
+            self._queues.changed.notify_all()
             self._resolve(events)
             while request.status is WAITING:
                 if deadline is None:
@@ -978,77 +689,13 @@ class LockManager:
                 if remaining <= 0:
                     blockers = tuple(blocker.tid for blocker in txn.waits)
                     self._counters["timeouts"] += 1
-                    self._resolve(self._withdraw(request, TIMED_OUT, None))
+                    self._resolve(self._queues.withdraw(request, TIMED_OUT, None))
                     raise LockTimeout(tid, resource, mode, timeout, blockers)
                 request.condition.wait(remaining)
             if request.status is GRANTED:
                 return
             assert request.error is not None
             raise request.error
-
-    def _reevaluate(self, lock: _Lock) -> list:
-        """Grant every queued request of ``lock`` that Rule 1 and the queue now allow, in FIFO order, and
-        recompute the wait edges of the others.  Returns ``[(request, new targets)]`` for the edges that
-        are new, to be checked by ``_resolve``.  Caller holds the graph mutex and ``lock.stripe.mutex``.
-        """
-        waiters = lock.waiters
-        if waiters is None:
-            return []
-        if len(lock.held) + len(lock.retained or ()) >= _FOLD_AT:
-            _fold(lock)  # fewer entries for every _blockers below (changes no decision)
-        before = {request: request.txn.waits for request in waiters}
-        while True:
-            granted = False
-            ahead: list[_Request] = []
-            for request in tuple(lock.waiters or ()):
-                txn = request.txn
-                request.target, blockers = _blockers(txn, lock, request.mode, ahead, request.jumped)
-                if blockers:
-                    _set_waits(txn, blockers)
-                    ahead.append(request)
-                else:
-                    _hold(lock, txn, request.target)
-                    self._dequeue(request, GRANTED, None)
-                    granted = True
-            # A grant adds a holder, which can change what earlier requests wait for (and exemptions):
-            # repeat until a pass grants nothing, so every remaining request's edges are current.
-            if not granted or lock.waiters is None:
-                break
-        events = []
-        for request in lock.waiters or ():
-            old = before.get(request, _NO_WAITS)
-            new = [target for target in request.txn.waits if target not in old]
-            if new:
-                events.append((request, new))
-        return events
-
-    def _dequeue(self, request: _Request, status: _RequestStatus, error: BaseException | None) -> None:
-        """Take ``request`` out of its queue with its final ``status`` and wake its thread.
-        Caller holds the graph mutex and the request's stripe mutex."""
-        assert request.status is WAITING, request.status
-        lock = request.lock
-        lock.waiters.remove(request)
-        if not lock.waiters:
-            lock.waiters = None
-        request.status = status
-        request.error = error
-        txn = request.txn
-        _set_waits(txn, _NO_WAITS)
-        txn.request = None
-        self._waiting -= 1
-        self._waiting_changed.notify_all()
-        if request.condition is not None:
-            request.condition.notify()
-
-    def _withdraw(self, request: _Request, status: _RequestStatus, error: BaseException | None) -> list:
-        """Withdraw a waiting request (victim, timeout, abort) and regrant its lock's queue.
-        Caller holds the graph mutex and no stripe mutex.  Returns new-edge events."""
-        lock = request.lock
-        with lock.stripe.mutex:
-            self._dequeue(request, status, error)
-            events = self._reevaluate(lock)
-            _discard_if_empty(lock)
-        return events
 
     def _resolve(self, events: list) -> None:
         """Check each new wait edge for a cycle and break every cycle found.
@@ -1071,512 +718,34 @@ class LockManager:
             path = find_cycle(txn, live, self._structural)
             if path is None:
                 continue
-            edges = [(node, path[(index + 1) % len(path)]) for index, node in enumerate(path)]
-            kinds = [edge_kind(node, following) for node, following in edges]
-            jumper = next(
-                (
-                    node
-                    for (node, _), kind in zip(edges, kinds)
-                    if kind == "queued" and all(value == "queued" for value in node.waits.values())
-                ),
-                None,
-            )
+            jumper = queue_jumper(path)
             if jumper is not None:
                 jumping = jumper.request
                 jumping.jumped = True
                 self._counters["queue_jumps"] += 1
                 with jumping.lock.stripe.mutex:
-                    events.extend(self._reevaluate(jumping.lock))
+                    events.extend(self._queues.reevaluate(jumping.lock))
                 events.append((source, live))
                 continue
-            waits = [_wait_of(node, following) for node, following in edges]
-            wait_edges = tuple(
-                WaitEdge(
-                    node.tid,
-                    following.tid,
-                    kind,
-                    node.request.lock.resource if wait.__class__ is _Request else None,
-                )
-                for (node, following), kind, wait in zip(edges, kinds, waits)
-            )
-            # Who can be told: a lock waiter (its acquire raises), a registered waiter with on_victim, and
-            # the source of the new edge itself (add_wait raises).
-            candidates = [
-                node for (node, _), wait in zip(edges, waits)
-                if wait is not None and (wait.__class__ is _Request or wait.on_victim is not None or wait is source)
-            ]
-            requester = txn if txn in candidates else candidates[0] if candidates else None
-            if requester is None:  # nobody on the cycle can be told (registered waits without on_victim)
+            cycle = Cycle(path, txn, source)
+            if cycle.requester is None:  # nobody on the cycle can be told (registered waits without on_victim)
                 continue
-            volunteer = next((node for (node, _), wait in zip(edges, waits) if node in candidates
-                              and wait.__class__ is ExternalWait and wait.preferred), None)
-            if volunteer is not None:
-                victim, note = volunteer, Lazy("(it volunteered: its work is re-run after the wait)")
-            else:
-                victim, note = self._choose_victim(requester, candidates, wait_edges, edges, kinds)
+            victim, note = choose_victim(self._victim_policy, cycle, self._graph_mutex, _resource_count)
             if victim is None:  # the cycle changed while a victim policy ran: look again
                 events.append((source, live))
                 continue
             self._counters["deadlocks"] += 1
-            snapshot = self._snapshot_locked() if self._snapshot_on_deadlock else None
-            policy = self._victim_policy if isinstance(self._victim_policy, str) else getattr(
-                self._victim_policy, "__name__", "callable"
-            )
-            error = Deadlock(victim.tid, txn.tid, wait_edges, policy, snapshot, note)
-            told = waits[[node for node, _ in edges].index(victim)]
+            snapshot = snapshot_of(self._stripes, self._active) if self._snapshot_on_deadlock else None
+            error = Deadlock(victim.tid, txn.tid, cycle.wait_edges, policy_name(self._victim_policy), snapshot, note)
+            told = cycle.wait_of_victim(victim)
             if told.__class__ is _Request:
-                events.extend(self._withdraw(told, VICTIM, error))
+                events.extend(self._queues.withdraw(told, VICTIM, error))
             else:
-                self._drop_wait(told, VICTIM, error)
+                self._queues.drop_wait(told, VICTIM, error)
                 if told is not source and told.on_victim is not None:
-                    self._notices.put((told.on_victim, error))
+                    self._notifier.tell(told.on_victim, error)
             if victim is not txn or told is not source:
                 events.append((source, live))
-
-    def _choose_victim(self, requester: _Txn, candidates: list, wait_edges: tuple, edges: list, kinds: list):
-        policy = self._victim_policy
-        if policy == "requester":
-            return requester, ""
-        if policy == "youngest":
-            return max(candidates, key=lambda node: node.serial), ""
-        if policy == "smallest_tree":
-            return min(candidates, key=lambda node: (_subtree_size(node), _resource_count(node), -node.serial)), ""
-        cycle = DeadlockCycle(
-            edges=wait_edges,
-            requester=requester.tid,
-            candidates=tuple(
-                VictimCandidate(node.tid, node.serial, node.depth, _subtree_size(node), _resource_count(node))
-                for node in candidates
-            ),
-        )
-        note = ""
-        self._graph_mutex.release()
-        try:
-            choice = policy(cycle)
-        except Exception as error:  # a broken policy must not leave the cycle in place
-            choice, note = None, Lazy("(victim policy raised {!r}; the requester was chosen instead)", error)
-        finally:
-            self._graph_mutex.acquire()
-        for (node, following), kind in zip(edges, kinds):
-            if kind == "commit":
-                if following not in node.children:
-                    return None, ""
-            elif _wait_of(node, following) is None or edge_kind(node, following) != kind:
-                return None, ""
-        for node in candidates:
-            if node.tid == choice:
-                return node, note
-        if not note:
-            note = Lazy("(victim policy returned {!r}, not a waiting member of the cycle; the requester was chosen)",
-                        choice)
-        return requester, note
-
-    # ------------------------------------------------------------------ helpers (graph mutex held)
-
-    def _require_active(self, tid: Hashable, operation: str) -> _Txn:
-        txn = self._active.get(tid)
-        if txn is not None:
-            if txn.state is ACTIVE:
-                return txn
-            raise TransactionNotActive(tid, txn.state.value, operation)
-        ended = self._ended.get(tid)
-        if ended is None:
-            raise UnknownTransaction(tid)
-        state, detail = ended
-        if state == "aborted":
-            raise TransactionAborted(tid, operation, detail)
-        raise TransactionNotActive(tid, state, operation, detail)
-
-    def _remember(self, tid: Hashable, state: str, detail: Lazy) -> None:
-        self._ended[tid] = (state, detail)
-        if len(self._ended) > self._remember_ended:
-            self._ended.popitem(last=False)
-
-    def _snapshot_locked(self) -> LockTableSnapshot:
-        """Caller holds the graph mutex; takes every stripe mutex in index order."""
-        stripes = self._stripes
-        for stripe in stripes:
-            stripe.mutex.acquire()
-        try:
-            resources = {
-                resource: _holders_of(resource, lock)
-                for stripe in stripes
-                for resource, lock in stripe.locks.items()
-            }
-            transactions = {
-                txn.tid: TransactionInfo(txn.tid, None if txn.parent is None else txn.parent.tid, txn.state, txn.serial)
-                for txn in self._active.values()
-            }
-            waits = {}
-            for txn in self._active.values():
-                edges = {}
-                for wait in txn.external:
-                    edges.update({target.tid: (kind, None) for target, kind in wait.targets.items()})
-                if txn.request is not None:
-                    edges.update({target.tid: (kind, txn.request.lock.resource) for target, kind in txn.waits.items()})
-                if edges:
-                    waits[txn.tid] = MappingProxyType(edges)
-        finally:
-            for stripe in reversed(stripes):
-                stripe.mutex.release()
-        return LockTableSnapshot(MappingProxyType(transactions), MappingProxyType(resources), MappingProxyType(waits))
-
-
-# ---------------------------------------------------------------------- lock-entry operations
-# All of these require the lock's stripe mutex (and the graph mutex if the lock has waiters).
-
-
-def _grant_if_compatible(txn: _Txn, lock: _Lock, mode: Mode) -> bool:
-    """Fast path of Rule 1 for a lock without waiters: grant and return True, or return False.
-
-    An entry of a committed subtransaction counts as retained by its owner (lazy Rule 2); only a
-    conflicting entry needs its owner resolved, so entries that do not conflict cost what they did."""
-    held = lock.held
-    current = held.get(txn)
-    if current is None:
-        target = mode
-    else:
-        target = JOIN[current][mode]
-        if target is current:
-            return txn.state is ACTIVE
-    row = CONFLICTS[target]
-    for holder, held_mode in held.items():
-        if row[held_mode] and holder is not txn:
-            if holder.owner is holder:
-                return False
-            owner = _owner_of(holder)
-            if owner is not txn and owner not in txn.ancestors:
-                return False
-    retained = lock.retained
-    if retained:
-        ancestors = txn.ancestors
-        for retainer, retained_mode in retained.items():
-            if row[retained_mode] and retainer is not txn and retainer not in ancestors:
-                if retainer.owner is retainer:
-                    return False
-                owner = _owner_of(retainer)  # never an ancestor itself: it committed, txn is active
-                if owner is not txn and owner not in ancestors:
-                    return False
-    if current is None:
-        if len(held) + (len(retained) if retained else 0) >= _FOLD_AT:
-            _fold(lock)  # a new entry: keep the lock near one entry per owner (changes no decision)
-        txn_mutex = txn.mutex
-        txn_mutex.acquire()
-        try:
-            if txn.state is not ACTIVE:
-                return False
-            txn.locks[lock.resource] = lock
-            txn.holding[lock.resource] = lock
-        finally:
-            txn_mutex.release()
-    elif txn.state is not ACTIVE:
-        return False
-    held[txn] = target
-    return True
-
-
-def _owner_of(txn: _Txn) -> _Txn:
-    """The transaction whose entries ``txn``'s entries count as now: ``txn`` unless it is a committed
-    subtransaction, else the nearest ancestor that is not one (the one that would retain them after
-    eager inheritance).  Follows the ``owner`` links and points every link on the way at the result.
-
-    Safe with only a stripe mutex held (or none): links only ever move up the chain of committed ancestors
-    and every value stored is valid.  Without the graph mutex the answer may be stale -- a descendant of
-    the true owner, because the owner committed meanwhile -- never an ancestor of it; and a result that is
-    an ancestor-or-self of an active transaction cannot be stale (it cannot commit before it)."""
-    owner = txn.owner
-    if owner is txn:
-        return txn
-    following = owner.owner
-    if following is owner:
-        return owner
-    path = [txn]
-    while following is not owner:
-        path.append(owner)
-        owner = following
-        following = owner.owner
-    for member in path:  # path compression: each of them is a committed descendant of owner
-        member.owner = owner
-    return owner
-
-
-def _fold(lock: _Lock) -> None:
-    """Lazy Rule 2 made physical for one lock: merge each entry of a committed subtransaction into the
-    retained entry of its owner, where that owner is ACTIVE (joined with what it retains; the owner now
-    lists the lock, the member no longer does).  Folding changes nothing that Rule 1 decides -- the entry
-    counted as the owner's already -- but keeps a lock near one entry per owner, as eager inheritance did,
-    so that a Rule-1 scan does not grow with the number of committed members.  An entry whose owner is no
-    longer ACTIVE is left where it is (its tree is ending; the release drops it).
-
-    Caller holds ``lock.stripe.mutex`` (and the graph mutex if the lock has waiters); takes transaction
-    mutexes one at a time (the owner's, then the member's)."""
-    held = lock.held
-    members = [member for member in held if member.owner is not member]
-    retained = lock.retained
-    if retained:
-        for member in retained:
-            if member.owner is not member and member not in held:
-                members.append(member)
-    if not members:
-        return
-    resource = lock.resource
-    moved = 0
-    for member in members:
-        owner = _owner_of(member)
-        owner_mutex = owner.mutex
-        owner_mutex.acquire()
-        try:
-            if owner.state is not ACTIVE:
-                continue
-            mode = held.pop(member, None)
-            retained = lock.retained
-            if retained is None:
-                retained = lock.retained = {}
-            else:
-                kept = retained.pop(member, None)
-                if kept is not None:
-                    mode = kept if mode is None else JOIN[mode][kept]
-            previous = retained.get(owner)
-            retained[owner] = mode if previous is None else JOIN[previous][mode]
-            owner.locks[resource] = lock
-        finally:
-            owner_mutex.release()
-        moved += 1
-        member_mutex = member.mutex
-        member_mutex.acquire()
-        try:
-            if member.locks.get(resource) is lock:
-                del member.locks[resource]
-        finally:
-            member_mutex.release()
-    lock.stripe.folded += moved
-
-
-def _set_waits(txn: _Txn, waits: dict) -> None:
-    """Replace ``txn``'s wait edges, keeping the reverse index ``blocked`` in step.  Caller holds the graph
-    mutex."""
-    old = txn.waits
-    for target in old:
-        if target not in waits:
-            target.blocked.discard(txn)
-    for target in waits:
-        if target not in old:
-            blocked = target.blocked
-            if blocked is None:
-                target.blocked = {txn}
-            else:
-                blocked.add(txn)
-    txn.waits = waits
-
-
-def _hold(lock: _Lock, txn: _Txn, target: Mode) -> None:
-    if txn not in lock.held:
-        with txn.mutex:
-            txn.locks[lock.resource] = lock
-            txn.holding[lock.resource] = lock
-    lock.held[txn] = target
-
-
-def _retain_entry(lock: _Lock, txn: _Txn) -> None:
-    """``txn`` stops holding ``lock`` and retains the mode it held (joined with what it retained)."""
-    mode = lock.held.pop(txn, None)
-    if mode is None:
-        return
-    retained = lock.retained
-    if retained is None:
-        retained = lock.retained = {}
-    previous = retained.get(txn)
-    retained[txn] = mode if previous is None else JOIN[previous][mode]
-
-
-def _release(lock: _Lock, txn: _Txn) -> None:
-    """Rules 3 and 4: drop everything ``txn`` holds or retains on ``lock``."""
-    lock.held.pop(txn, None)
-    retained = lock.retained
-    if retained is not None:
-        retained.pop(txn, None)
-        if not retained:
-            lock.retained = None
-    _discard_if_empty(lock)
-
-
-def _release_all(locks: dict, txn: _Txn) -> list[_Lock]:
-    """Release ``txn``'s entries in every lock of ``locks`` that has no waiters, each under its stripe mutex
-    only (no wait edge depends on a lock without waiters).  Returns the locks with waiters, which the
-    caller must release with the graph mutex held and then regrant.  (``_release``, inlined: this loop is
-    the release half of every acquire+release pair.)"""
-    deferred = []
-    for resource, lock in locks.items():
-        mutex = lock.stripe.mutex
-        mutex.acquire()
-        try:
-            if lock.waiters is None:
-                held = lock.held
-                if held.pop(txn, None) is not None and not held and lock.retained is None:
-                    stripe = lock.stripe
-                    del stripe.locks[resource]  # listed in txn.locks => still in the table (invariant)
-                    free = stripe.free
-                    if len(free) < _FREE_LOCKS_PER_STRIPE:
-                        free.append(lock)
-                else:
-                    _release(lock, txn)
-            else:
-                deferred.append(lock)
-        finally:
-            mutex.release()
-    return deferred
-
-
-def _committed_members(txn: _Txn) -> list[_Txn]:
-    """Every committed descendant whose entries ``txn``'s subtree owns (the ``committed`` lists, walked).
-    Caller holds the graph mutex, or ``txn``'s subtree has no active member left."""
-    committed = txn.committed
-    if not committed:
-        return []
-    members: list[_Txn] = []
-    stack = list(committed)
-    while stack:
-        member = stack.pop()
-        members.append(member)
-        if member.committed:
-            stack.extend(member.committed)
-    return members
-
-
-def _release_entries(locks: dict, txn: _Txn, members: list[_Txn],
-                     deferred: "dict[_Lock, list[_Txn]] | None" = None) -> "dict[_Lock, list[_Txn]]":
-    """Rules 3 and 4 for a subtree: release ``txn``'s entries (in ``locks``, its list taken from it) and
-    those of its committed ``members`` (each list taken under the member's mutex), lock by lock without the
-    graph mutex where nobody waits.  Returns ``deferred``: each lock with waiters and whose entries on it to release,
-    for ``LockManager._release_deferred``."""
-    if deferred is None:
-        deferred = {}
-    for lock in _release_all(locks, txn):
-        deferred.setdefault(lock, []).append(txn)
-    for member in members:
-        mutex = member.mutex
-        mutex.acquire()  # a fold may be dropping a listing (its owner was ACTIVE when it looked)
-        try:
-            listed = member.locks
-            member.locks = _NO_HOLDS
-        finally:
-            mutex.release()
-        if listed:
-            for lock in _release_all(listed, member):
-                deferred.setdefault(lock, []).append(member)
-    return deferred
-
-
-def _fast_grant(stripe: "_Stripe", txn: _Txn, resource: Any, mode: Mode) -> bool:
-    """The uncontended path of every acquire: grant ``mode`` at once if nobody waits for
-    ``resource`` and Rule 1 allows it, under the stripe mutex only (and ``txn``'s, for a new
-    entry).  False sends the caller to the slow path, which queues, waits or refuses."""
-    mutex = stripe.mutex
-    mutex.acquire()
-    try:
-        lock = stripe.locks.get(resource)
-        if lock is None:
-            txn_mutex = txn.mutex
-            txn_mutex.acquire()
-            try:
-                if txn.state is not ACTIVE:
-                    return False
-                free = stripe.free
-                if free:
-                    lock = free.pop()
-                    lock.resource = resource
-                else:
-                    lock = _Lock(resource, stripe)
-                lock.held[txn] = mode
-                stripe.locks[resource] = lock
-                txn.locks[resource] = lock
-                txn.holding[resource] = lock
-                return True
-            finally:
-                txn_mutex.release()
-        return lock.waiters is None and _grant_if_compatible(txn, lock, mode)
-    finally:
-        mutex.release()
-
-
-def _downgrade(lock: _Lock, txn: _Txn, mode: Mode) -> None:
-    held_mode = lock.held.get(txn)
-    if held_mode is None:
-        raise LockNotHeld(txn.tid, lock.resource)
-    if held_mode is mode or not COVERS[held_mode][mode]:
-        raise InvalidDowngrade(txn.tid, lock.resource, held_mode, mode)
-    lock.held[txn] = mode
-    if lock.retained is None:
-        lock.retained = {}
-    previous = lock.retained.get(txn)
-    lock.retained[txn] = held_mode if previous is None else JOIN[previous][held_mode]
-
-
-def _discard_if_empty(lock: _Lock) -> None:
-    if not lock.held and not lock.retained and lock.waiters is None:
-        stripe = lock.stripe
-        table = stripe.locks
-        if table.get(lock.resource) is lock:
-            del table[lock.resource]
-            lock.retained = None
-            if len(stripe.free) < _FREE_LOCKS_PER_STRIPE:
-                stripe.free.append(lock)
-
-
-def _holders_of(resource: Any, lock: _Lock | None) -> Holders:
-    """What ``lock``'s entries count as (see ``_Lock``): an entry of a committed subtransaction shows as
-    retained by its owner, joined with the owner's other retained modes.  Caller holds the stripe mutex."""
-    if lock is None:
-        return Holders(resource)
-    held: dict = {}
-    retained: dict = {}
-    for txn, mode in lock.held.items():
-        if txn.owner is txn:
-            held[txn.tid] = mode
-        else:
-            tid = _owner_of(txn).tid
-            previous = retained.get(tid)
-            retained[tid] = mode if previous is None else JOIN[previous][mode]
-    for txn, mode in (lock.retained or {}).items():
-        tid = (txn if txn.owner is txn else _owner_of(txn)).tid
-        previous = retained.get(tid)
-        retained[tid] = mode if previous is None else JOIN[previous][mode]
-    return Holders(
-        resource,
-        MappingProxyType(held),
-        MappingProxyType(retained),
-        tuple(WaitingRequest(request.txn.tid, request.mode, request.jumped) for request in lock.waiters or ()),
-    )
-
-
-def _wait_of(node: _Txn, following: _Txn):
-    """The wait behind the edge ``node -> following``: its lock request, a registered wait, or None (a
-    commit edge).  Caller holds the graph mutex."""
-    request = node.request
-    if request is not None and following in node.waits:
-        return request
-    return external_wait_to(node, following)
-
-
-def _resource_count(txn: _Txn) -> int:
-    """How many resources ``txn`` holds or retains, its committed members' entries included.  Caller holds
-    the graph mutex (deadlock resolution only: it walks the committed members)."""
-    with txn.mutex:
-        resources = set(txn.locks)
-    for member in _committed_members(txn):
-        with member.mutex:
-            resources.update(member.locks)
-    return len(resources)
-
-
-def _subtree_size(txn: _Txn) -> int:
-    size = 0
-    stack = [txn]
-    while stack:
-        node = stack.pop()
-        size += 1
-        stack.extend(node.children)
-    return size
 
 
 def _check_mode(mode: Any) -> None:

@@ -18,7 +18,7 @@ import threading
 
 import pytest
 
-import lockmgr._manager
+import lockmgr._entries
 from lockmgr import Deadlock, LockManager, Mode, conflicts, join
 from lockmgr.testing import Scenario
 
@@ -337,7 +337,7 @@ def test_a_fold_leaves_alone_the_entries_of_an_owner_that_is_being_released(monk
     meets the entry of A's committed child A.1 and folds the lock: the owner, A, is no longer ACTIVE, so
     the entry must stay where it is -- folding it into A would put it in a list already taken, and it would
     never be released."""
-    monkeypatch.setattr(lockmgr._manager, "_FOLD_AT", 1)
+    monkeypatch.setattr(lockmgr._entries, "_FOLD_AT", 1)
     lm = LockManager()
     pausing = PausingResource()
     for tid, parent in (("A", None), ("A.1", "A"), ("U", None)):
@@ -435,7 +435,7 @@ def fold_at(request, monkeypatch):
     with no fold at all (every entry of a committed member then stays and is resolved to its owner each
     time): a fold must never change a decision."""
     if request.param != "default":
-        monkeypatch.setattr(lockmgr._manager, "_FOLD_AT", FOLD_THRESHOLDS[request.param])
+        monkeypatch.setattr(lockmgr._entries, "_FOLD_AT", FOLD_THRESHOLDS[request.param])
     return request.param
 
 
@@ -499,6 +499,6 @@ def test_stress_with_folds_always_and_never(threshold, monkeypatch):
     and with none (owners resolved on every check)."""
     from tests.lockmgr.test_lock_stress import test_stress_random_trees_with_deliberate_cycles as stress
 
-    monkeypatch.setattr(lockmgr._manager, "_FOLD_AT", FOLD_THRESHOLDS[threshold])
+    monkeypatch.setattr(lockmgr._entries, "_FOLD_AT", FOLD_THRESHOLDS[threshold])
 
     stress("requester", 4 + _seed())

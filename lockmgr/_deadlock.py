@@ -1,0 +1,196 @@
+"""Deadlock resolution: what a cycle of the wait-for graph is made of, which waiter is told, and telling it.
+
+The lock manager finds a cycle with :func:`lockmgr._graph.find_cycle` whenever a waiter gets an edge to a
+new target, and hands the path here.  This module never reads the manager: every function takes what it
+needs explicitly -- the path of nodes (the manager's transaction records, read through the
+:class:`lockmgr._graph.GraphNode` fields plus ``request``, ``tid``, ``serial``, ``depth``), the victim
+policy, the graph mutex (only to release it around a callable policy) and a ``resource_count(node)``
+function (the lock table is the manager's).  It changes nothing in the graph: the manager withdraws the
+victim's request or drops its registered wait, counts, and raises.
+
+Mutex order: every function here expects its caller to hold the manager's graph mutex (and no stripe
+mutex); :func:`choose_victim` releases it while a callable policy runs and takes it back before it
+returns.  :class:`VictimNotifier` runs the ``on_victim`` callbacks on its own thread with no mutex held.
+
+Paper: *Concurrent Rule Execution* §4.2.2 (deadlock detection just before lock inheritance; the requester
+is the victim).  The other policies and registered waits are this library's; see the design note, §8.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Any, Callable, Hashable
+
+from lockmgr._graph import GraphNode, edge_kind, external_wait_to
+from lockmgr._records import DeadlockCycle, VictimCandidate
+from lockmgr.errors import Lazy, WaitEdge
+
+VICTIM_POLICIES = ("requester", "youngest", "smallest_tree")
+
+
+def wait_of(node: Any, following: Any):
+    """The wait behind the edge ``node -> following``: its lock request, a registered wait, or None (a
+    commit edge).  A lock request is the node's ``request``; anything else returned is a registered wait."""
+    request = node.request
+    if request is not None and following in node.waits:
+        return request
+    return external_wait_to(node, following)
+
+
+def queue_jumper(path: list[GraphNode]) -> Any:
+    """The node of the cycle ``path`` that is blocked by ``queued`` edges alone and whose request goes first
+    to break it (no victim needed), or None when the cycle is not only a queueing artefact."""
+    for index, node in enumerate(path):
+        following = path[(index + 1) % len(path)]
+        if edge_kind(node, following) == "queued" and all(kind == "queued" for kind in node.waits.values()):
+            return node
+    return None
+
+
+class Cycle:
+    """A deadlock cycle described for victim choice and for the ``Deadlock`` error.
+
+    ``edges`` are the node pairs along the cycle, ``kinds`` their edge kinds, ``waits`` the wait behind each
+    edge (:func:`wait_of`), ``wait_edges`` the public :class:`~lockmgr.errors.WaitEdge` tuple, ``candidates``
+    the nodes that can be told (a lock waiter, a registered waiter with ``on_victim``, or ``source`` itself,
+    the wait whose new edge closed the cycle: ``add_wait`` raises), ``requester`` the candidate whose new
+    edge closed the cycle (or the first candidate; None if nobody can be told), ``volunteer`` the first
+    candidate that registered its wait with ``preferred_victim=True`` (or None).
+    """
+
+    __slots__ = ("edges", "kinds", "waits", "wait_edges", "candidates", "requester", "volunteer")
+
+    def __init__(self, path: list[GraphNode], requester: Any, source: Any) -> None:
+        edges = [(node, path[(index + 1) % len(path)]) for index, node in enumerate(path)]
+        kinds = [edge_kind(node, following) for node, following in edges]
+        waits = [wait_of(node, following) for node, following in edges]
+        self.edges = edges
+        self.kinds = kinds
+        self.waits = waits
+        self.wait_edges = tuple(
+            WaitEdge(node.tid, following.tid, kind,
+                     node.request.lock.resource if wait is not None and wait is node.request else None)
+            for (node, following), kind, wait in zip(edges, kinds, waits)
+        )
+        candidates = [
+            node for (node, _), wait in zip(edges, waits)
+            if wait is not None and (wait is node.request or wait.on_victim is not None or wait is source)
+        ]
+        self.candidates = candidates
+        self.requester = requester if requester in candidates else candidates[0] if candidates else None
+        self.volunteer = next(
+            (node for (node, _), wait in zip(edges, waits)
+             if node in candidates and wait is not node.request and wait.preferred),
+            None,
+        )
+
+    def wait_of_victim(self, victim: Any):
+        """The wait through which ``victim`` (a candidate) is told: its lock request or its registered wait."""
+        return self.waits[[node for node, _ in self.edges].index(victim)]
+
+    def still_there(self) -> bool:
+        """True if every edge of the cycle still exists with the same kind (after the graph mutex was
+        released while a callable policy ran)."""
+        for (node, following), kind in zip(self.edges, self.kinds):
+            if kind == "commit":
+                if following not in node.children:
+                    return False
+            elif wait_of(node, following) is None or edge_kind(node, following) != kind:
+                return False
+        return True
+
+
+def choose_victim(
+    policy: "str | Callable[[DeadlockCycle], Hashable]",
+    cycle: Cycle,
+    graph_mutex: threading.Lock,
+    resource_count: Callable[[Any], int],
+) -> tuple[Any, "Lazy | str"]:
+    """``(victim, note)`` for ``cycle`` (which has a requester): a volunteer first, then the policy.
+    ``note`` explains an override.  Returns ``(None, "")`` if the cycle changed while a callable policy ran
+    with ``graph_mutex`` released: the caller looks for a cycle again.  Caller holds ``graph_mutex``."""
+    if cycle.volunteer is not None:
+        return cycle.volunteer, Lazy("(it volunteered: its work is re-run after the wait)")
+    requester, candidates = cycle.requester, cycle.candidates
+    if policy == "requester":
+        return requester, ""
+    if policy == "youngest":
+        return max(candidates, key=lambda node: node.serial), ""
+    if policy == "smallest_tree":
+        return min(candidates, key=lambda node: (subtree_size(node), resource_count(node), -node.serial)), ""
+    description = DeadlockCycle(
+        edges=cycle.wait_edges,
+        requester=requester.tid,
+        candidates=tuple(
+            VictimCandidate(node.tid, node.serial, node.depth, subtree_size(node), resource_count(node))
+            for node in candidates
+        ),
+    )
+    note: Lazy | str = ""
+    graph_mutex.release()
+    try:
+        choice = policy(description)
+    except Exception as error:  # a broken policy must not leave the cycle in place
+        choice, note = None, Lazy("(victim policy raised {!r}; the requester was chosen instead)", error)
+    finally:
+        graph_mutex.acquire()
+    if not cycle.still_there():
+        return None, ""
+    for node in candidates:
+        if node.tid == choice:
+            return node, note
+    if not note:
+        note = Lazy("(victim policy returned {!r}, not a waiting member of the cycle; the requester was chosen)",
+                    choice)
+    return requester, note
+
+
+def policy_name(policy: "str | Callable[[DeadlockCycle], Hashable]") -> str:
+    """The policy as ``Deadlock`` reports it: its name, or the callable's ``__name__``."""
+    return policy if isinstance(policy, str) else getattr(policy, "__name__", "callable")
+
+
+def subtree_size(node: Any) -> int:
+    """How many active transactions the subtree of ``node`` has (``node`` included)."""
+    size = 0
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        size += 1
+        stack.extend(current.children)
+    return size
+
+
+class VictimNotifier:
+    """Tells victims that are registered waits: ``tell(on_victim, error)`` queues the call, and one daemon
+    thread (started on first ``start()``) runs it with no mutex held, so that no callback runs inside the
+    lock manager.  A callback that raises is logged and does not stop the thread."""
+
+    def __init__(self) -> None:
+        self._notices: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._start_mutex = threading.Lock()
+
+    def start(self) -> None:
+        """Start the thread if it is not running (any thread, any mutex held or not)."""
+        if self._thread is not None:
+            return
+        with self._start_mutex:
+            if self._thread is not None:
+                return
+            thread = threading.Thread(target=self._run, name="lockmgr-notifier", daemon=True)
+            thread.start()
+            self._thread = thread
+
+    def tell(self, on_victim: Callable[[BaseException], None], error: BaseException) -> None:
+        self._notices.put((on_victim, error))
+
+    def _run(self) -> None:
+        while True:
+            callback, error = self._notices.get()
+            try:
+                callback(error)
+            except Exception:  # a broken callback must not stop the notifier
+                logging.getLogger("lockmgr").exception("on_victim callback raised")

@@ -1,0 +1,96 @@
+"""What the lock manager shows of itself: ``holders_of`` (one resource), ``snapshot_of`` (everything, as
+immutable records) and ``wait_for_graph_of`` (a networkx graph).  Read-only functions over the records of
+``_table``; each says which mutex its caller holds.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any
+
+from lockmgr._modes import JOIN
+from lockmgr._records import Holders, LockTableSnapshot, TransactionInfo, WaitingRequest
+from lockmgr._table import _Lock, _owner_of
+
+
+def holders_of(resource: Any, lock: _Lock | None) -> Holders:
+    """What ``lock``'s entries count as (see ``_Lock``): an entry of a committed subtransaction shows as
+    retained by its owner, joined with the owner's other retained modes.  Caller holds the stripe mutex."""
+    if lock is None:
+        return Holders(resource)
+    held: dict = {}
+    retained: dict = {}
+    for txn, mode in lock.held.items():
+        if txn.owner is txn:
+            held[txn.tid] = mode
+        else:
+            tid = _owner_of(txn).tid
+            previous = retained.get(tid)
+            retained[tid] = mode if previous is None else JOIN[previous][mode]
+    for txn, mode in (lock.retained or {}).items():
+        tid = (txn if txn.owner is txn else _owner_of(txn)).tid
+        previous = retained.get(tid)
+        retained[tid] = mode if previous is None else JOIN[previous][mode]
+    return Holders(
+        resource,
+        MappingProxyType(held),
+        MappingProxyType(retained),
+        tuple(WaitingRequest(request.txn.tid, request.mode, request.jumped) for request in lock.waiters or ()),
+    )
+
+
+def snapshot_of(stripes: tuple, active: dict) -> LockTableSnapshot:
+    """The whole lock table, the tree and the wait-for graph of the ``active`` transactions (tid -> record).
+    Caller holds the graph mutex; takes every stripe mutex in index order."""
+    for stripe in stripes:
+        stripe.mutex.acquire()
+    try:
+        resources = {
+            resource: holders_of(resource, lock)
+            for stripe in stripes
+            for resource, lock in stripe.locks.items()
+        }
+        transactions = {
+            txn.tid: TransactionInfo(txn.tid, None if txn.parent is None else txn.parent.tid, txn.state, txn.serial)
+            for txn in active.values()
+        }
+        waits = {}
+        for txn in active.values():
+            edges = {}
+            for wait in txn.external:
+                edges.update({target.tid: (kind, None) for target, kind in wait.targets.items()})
+            if txn.request is not None:
+                edges.update({target.tid: (kind, txn.request.lock.resource) for target, kind in txn.waits.items()})
+            if edges:
+                waits[txn.tid] = MappingProxyType(edges)
+    finally:
+        for stripe in reversed(stripes):
+            stripe.mutex.release()
+    return LockTableSnapshot(MappingProxyType(transactions), MappingProxyType(resources), MappingProxyType(waits))
+
+
+def add_wait_for_graph(graph: Any, active: dict, structural: bool) -> None:
+    """Add the wait-for graph of the ``active`` transactions to ``graph``, an empty ``networkx.DiGraph``
+    (see ``LockManager.wait_for_graph``).  ``structural``: every parent -> active child is a commit edge,
+    else only those to an ``awaited`` child.  Caller holds the graph mutex."""
+    for txn in active.values():
+        attributes = {
+            "parent": None if txn.parent is None else txn.parent.tid,
+            "state": txn.state.value,
+            "depth": txn.depth,
+        }
+        if txn.request is not None:
+            attributes["waiting_for"] = txn.request.lock.resource
+            attributes["mode"] = txn.request.mode
+        graph.add_node(txn.tid, **attributes)
+    for txn in active.values():
+        for child in txn.children:
+            if structural or child.awaited:
+                graph.add_edge(txn.tid, child.tid, kind="commit")
+        for wait in txn.external:
+            for target, kind in wait.targets.items():
+                graph.add_edge(txn.tid, target.tid, kind=kind, resource=None)
+        if txn.request is not None:
+            resource = txn.request.lock.resource
+            for target, kind in txn.waits.items():
+                graph.add_edge(txn.tid, target.tid, kind=kind, resource=resource)

@@ -1,0 +1,116 @@
+"""The wait queues: re-evaluating a lock's FIFO after a change (grant what Rule 1 and the queue allow,
+recompute the others' wait edges), taking a request out of its queue, withdrawing one, and dropping a
+registered wait -- with the counters and the condition that ``wait_until_waiting`` and ``statistics`` read.
+
+``WaitQueues`` belongs to one ``LockManager`` and shares its graph mutex: every method expects its caller to
+hold the graph mutex, and says which stripe mutex it expects (README §6-§7).  Methods return the
+``(source, new targets)`` events that the manager's deadlock check (``LockManager._resolve``) must see.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from lockmgr._entries import _blockers, _discard_if_empty, _fold_if_crowded, _hold, _release, _set_waits
+from lockmgr._table import _NO_WAITS, GRANTED, WAITING, _Lock, _Request, _RequestStatus, _Txn
+
+
+class WaitQueues:
+    """The queue operations of one lock manager.  Fields are guarded by the manager's graph mutex.
+
+    Invariants: ``waiting`` = number of ``_Request`` objects with status WAITING; ``registered`` = number of
+    registered waits (``ExternalWait``) with status WAITING; ``changed`` is notified whenever either moves.
+    """
+
+    __slots__ = ("changed", "waiting", "registered")
+
+    def __init__(self, graph_mutex: threading.Lock) -> None:
+        self.changed = threading.Condition(graph_mutex)
+        self.waiting = 0
+        self.registered = 0
+
+    def release_deferred(self, deferred: "dict[_Lock, list[_Txn]]") -> list:
+        """Release the entries that ``_entries._release_entries`` set aside (locks with waiters) and regrant each
+        lock's queue once.  Caller holds the graph mutex and no stripe mutex.  Returns new-edge events."""
+        events: list = []
+        for lock, owners in deferred.items():
+            with lock.stripe.mutex:
+                for owner in owners:
+                    _release(lock, owner)
+                events.extend(self.reevaluate(lock))
+                _discard_if_empty(lock)
+        return events
+
+    def reevaluate(self, lock: _Lock) -> list:
+        """Grant every queued request of ``lock`` that Rule 1 and the queue now allow, in FIFO order, and
+        recompute the wait edges of the others.  Returns ``[(request, new targets)]`` for the edges that
+        are new, to be checked by ``LockManager._resolve``.  Caller holds the graph mutex and ``lock.stripe.mutex``.
+        """
+        waiters = lock.waiters
+        if waiters is None:
+            return []
+        _fold_if_crowded(lock)  # fewer entries for every _blockers below (changes no decision)
+        before = {request: request.txn.waits for request in waiters}
+        while True:
+            granted = False
+            ahead: list[_Request] = []
+            for request in tuple(lock.waiters or ()):
+                txn = request.txn
+                request.target, blockers = _blockers(txn, lock, request.mode, ahead, request.jumped)
+                if blockers:
+                    _set_waits(txn, blockers)
+                    ahead.append(request)
+                else:
+                    _hold(lock, txn, request.target)
+                    self.dequeue(request, GRANTED, None)
+                    granted = True
+            # A grant adds a holder, which can change what earlier requests wait for (and exemptions):
+            # repeat until a pass grants nothing, so every remaining request's edges are current.
+            if not granted or lock.waiters is None:
+                break
+        events = []
+        for request in lock.waiters or ():
+            old = before.get(request, _NO_WAITS)
+            new = [target for target in request.txn.waits if target not in old]
+            if new:
+                events.append((request, new))
+        return events
+
+    def dequeue(self, request: _Request, status: _RequestStatus, error: BaseException | None) -> None:
+        """Take ``request`` out of its queue with its final ``status`` and wake its thread.
+        Caller holds the graph mutex and the request's stripe mutex."""
+        assert request.status is WAITING, request.status
+        lock = request.lock
+        lock.waiters.remove(request)
+        if not lock.waiters:
+            lock.waiters = None
+        request.status = status
+        request.error = error
+        txn = request.txn
+        _set_waits(txn, _NO_WAITS)
+        txn.request = None
+        self.waiting -= 1
+        self.changed.notify_all()
+        if request.condition is not None:
+            request.condition.notify()
+
+    def withdraw(self, request: _Request, status: _RequestStatus, error: BaseException | None) -> list:
+        """Withdraw a waiting request (victim, timeout, abort) and regrant its lock's queue.
+        Caller holds the graph mutex and no stripe mutex.  Returns new-edge events."""
+        lock = request.lock
+        with lock.stripe.mutex:
+            self.dequeue(request, status, error)
+            events = self.reevaluate(lock)
+            _discard_if_empty(lock)
+        return events
+
+    def drop_wait(self, wait: Any, status: _RequestStatus, error: BaseException | None) -> None:
+        """Remove ``wait``'s edges with its final ``status``.  Caller holds the graph mutex."""
+        txn = wait.txn
+        txn.external = tuple(other for other in txn.external if other is not wait)
+        wait.status = status
+        wait.error = error
+        wait.targets = {}
+        self.registered -= 1
+        self.changed.notify_all()
