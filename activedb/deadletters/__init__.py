@@ -2,7 +2,7 @@
 ``README.md``.
 
 Public names: :class:`Letter` (one to write), :class:`LetterRecord` (one stored), :class:`LetterFilter`,
-:func:`insert`, :func:`table_rows`, :func:`select`, :func:`count`, :func:`purge`, :class:`LetterReplayed`,
+:func:`insert`, :func:`table_rows`, :func:`select`, :func:`count`, :func:`count_by_reason`, :func:`purge`, :class:`LetterReplayed`,
 :func:`encode_original`, :func:`decode_original`, :data:`TABLE`.
 """
 
@@ -12,6 +12,7 @@ from activedb.deadletters._letters import (
     LetterFilter,
     LetterRecord,
     count,
+    count_by_reason,
     decode_original,
     encode_original,
     insert,
@@ -21,5 +22,5 @@ from activedb.deadletters._letters import (
 )
 from activedb.deadletters._replayed import LetterReplayed
 
-__all__ = ["TABLE", "Letter", "LetterFilter", "LetterRecord", "LetterReplayed", "count", "decode_original",
+__all__ = ["TABLE", "Letter", "LetterFilter", "LetterRecord", "LetterReplayed", "count", "count_by_reason", "decode_original",
            "encode_original", "insert", "purge", "select", "table_rows"]

@@ -21,7 +21,7 @@ from typing import Any
 
 from activedb.store import exact_json, from_exact_json, jsonable, storable_text
 
-__all__ = ["TABLE", "Letter", "LetterFilter", "LetterRecord", "count", "decode_original", "encode_original",
+__all__ = ["TABLE", "Letter", "LetterFilter", "LetterRecord", "count", "count_by_reason", "decode_original", "encode_original",
            "insert", "purge", "select", "table_rows"]
 
 TABLE = "activedb_dead_letters"
@@ -182,6 +182,17 @@ def count(database: Any, letters: LetterFilter = LetterFilter()) -> int:
     with database.engine.connect() as connection:
         return connection.execute(sa.select(sa.func.count()).select_from(
             letters.statement(table).subquery())).scalar_one()
+
+
+def count_by_reason(database: Any, letters: LetterFilter = LetterFilter()) -> dict[str, int]:
+    """How many of the dead letters ``letters`` selects there are per reason, ``{reason: count}``."""
+    import sqlalchemy as sa
+
+    table = database.table(TABLE)
+    selected = letters.statement(table).order_by(None).subquery()
+    statement = sa.select(selected.c.reason, sa.func.count()).group_by(selected.c.reason)
+    with database.engine.connect() as connection:
+        return dict(connection.execute(statement).all())
 
 
 def purge(database: Any, letters: LetterFilter) -> int:

@@ -28,7 +28,6 @@ from activedb.metrics._latency import BatchLatency
 
 logger = logging.getLogger("activedb.metrics")
 
-DEAD_LETTERS = "activedb_dead_letters"
 REASON_LENGTH = 80          # a reason label is the reason's text before its first colon, cut to this length
 RULE_OUTCOMES = ("fired", "condition_false", "executed", "failed", "cancelled", "rerun_after_wait")
 
@@ -151,18 +150,15 @@ class ActivedbCollector(Collector):
         yield lag
 
     def _dead_letters(self) -> Iterator[Metric]:
-        import sqlalchemy as sa
+        from activedb import deadletters
 
         letters = GaugeMetricFamily("activedb_dead_letters", "Dead letters not yet replayed, per reason (the "
                                     "reason's text before its first colon)", labels=["reason"])
-        table = self.database.table(DEAD_LETTERS)
-        statement = (sa.select(table.c.reason, sa.func.count()).where(table.c.replayed_at.is_(None))
-                     .group_by(table.c.reason))
         per_label: dict[str, int] = {}
-        with self.database.engine.connect() as connection:
-            for reason, count in connection.execute(statement):
-                label = reason_label(reason)
-                per_label[label] = per_label.get(label, 0) + count
+        for reason, count in deadletters.count_by_reason(self.database,
+                                                         deadletters.LetterFilter(replayed=False)).items():
+            label = reason_label(reason)
+            per_label[label] = per_label.get(label, 0) + count
         for label, count in sorted(per_label.items()):
             letters.add_metric([label], count)
         yield letters
