@@ -501,15 +501,32 @@ def _stop_postgres(pgdata: Path) -> None:
     try:
         process = psutil.Process(info.pid)
         process.send_signal(signal.SIGINT)
-        process.wait(STOP_TIMEOUT_SECONDS)
-    except psutil.NoSuchProcess:
+        if _exited(process, STOP_TIMEOUT_SECONDS):
+            return
+        process.send_signal(signal.SIGQUIT)     # immediate shutdown: crash recovery at the next start
+        _exited(process, STOP_TIMEOUT_SECONDS)
+    except psutil.Error:
         return
-    except psutil.TimeoutExpired:
+
+
+def _exited(process, timeout: float) -> bool:
+    """Wait until the postmaster has exited: gone, or a zombie.  Its parent is init (``pg_ctl`` daemonises it),
+    and an init that reaps slowly (some container inits take over a second) must not make every command that
+    stopped the server wait for the reaping."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    delay = 0.001
+    while True:
         try:
-            process.send_signal(signal.SIGQUIT)     # immediate shutdown: crash recovery at the next start
-            process.wait(STOP_TIMEOUT_SECONDS)
-        except psutil.Error:
-            pass
+            if process.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(delay)          # polling another process's state, not ordering threads
+        delay = min(delay * 2, 0.04)
 
 
 def _lock_down(pgdata: Path, home: Path, server: EmbeddedServer | None, runner: _Runner) -> str:
