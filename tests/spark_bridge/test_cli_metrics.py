@@ -1,6 +1,7 @@
 """``activedb run --metrics-port``: a Prometheus scrape during a real run (Spark ``local[2]``, a file source,
-PostgreSQL) returns the metric families an operator watches, with the run's numbers in them — lock waits included:
-the application (``app_watched``) has two rules on one event that read and write the same row as siblings."""
+PostgreSQL) returns the metric families an operator watches, with the run's numbers in them — lock waits, a deadlock and
+failed outbox firings included: the application (``app_watched``) has sibling rules that read and write one row, a
+deadlock staged once between two of them, and a detached rule whose service is down."""
 
 from __future__ import annotations
 
@@ -38,10 +39,17 @@ def test_a_scrape_during_a_run_returns_the_families_with_the_runs_numbers(tmp_pa
             endpoint = served.endpoint(TIMEOUT_SECONDS)
             served.wait_for(lambda: [status.batches for status in spark_bridge.ingestion_status(database, "metered")]
                             == [3], "three committed batches", TIMEOUT_SECONDS)
-            # the sink counts a batch after its commit: wait for the scrape to show the third
-            families = served.wait_for(
-                lambda: (lambda families: families if total(families, "activedb_ingest_batches", query="metered") == 3
-                         else None)(scrape(endpoint)), "the scrape to show three batches", TIMEOUT_SECONDS)
+            # the sink counts a batch after its commit, and detached firings run after it: wait for the scrape to
+            # show the third batch and the outbox's failed firings
+            def complete(families):
+                done = (total(families, "activedb_ingest_batches", query="metered") == 3
+                        and total(families, "activedb_outbox_firings", status="failed") > 0
+                        and total(families, "activedb_outbox_firings", status="pending") == 0)
+                return families if done else None
+
+            families = served.wait_for(lambda: complete(scrape(endpoint)),
+                                       "the scrape to show three batches and no pending outbox firing",
+                                       TIMEOUT_SECONDS)
 
             [status] = spark_bridge.ingestion_status(database, "metered")
             assert total(families, "activedb_ingest_events", query="metered") == status.events > 0
@@ -59,10 +67,15 @@ def test_a_scrape_during_a_run_returns_the_families_with_the_runs_numbers(tmp_pa
             assert total(families, "activedb_transactions", event="committed") > 0
             assert total(families, "activedb_rule_firings", rule="watch_large_add", outcome="executed") > 0
             # apply_add and watch_large_add on one row, at the same time: some requests wait (8 of about 55 adds
-            # in an engine-only run of these events); a deadlock does not arise here (one of them only reads)
+            # in an engine-only run of these events); lock_left and lock_right deadlock once, on the first add
             assert total(families, "activedb_lock_waits") > 0
-            for family in ("activedb_deadlocks", "activedb_outbox_firings"):
-                assert family in families, family
+            assert total(families, "activedb_deadlocks") >= 1
+            # every large add fails for good in the outbox (the pager is down)
+            assert total(families, "activedb_outbox_firings", status="failed") > 0
+            assert total(families, "activedb_rule_firings", rule="page_on_large_add", outcome="failed") > 0
+            # the deadlock's event ran again: no event was lost to it, and the stage wrote nothing that stayed
+            with database.engine.connect() as connection:
+                assert connection.execute(sa.text("SELECT count(*) FROM milestones WHERE threshold = -1")).scalar() == 0
             assert all(sample.value == 1 for sample in families["activedb_metrics_source_up"])
             served.interrupt(TIMEOUT_SECONDS)
     finally:
