@@ -19,6 +19,7 @@ from lockmgr import (
     UnknownTransaction,
 )
 from lockmgr.testing import Scenario
+from tests.lockmgr._trees import manager
 
 IR, IW, R, RIW, W = Mode.IR, Mode.IW, Mode.READ, Mode.RIW, Mode.WRITE
 
@@ -28,9 +29,7 @@ def kinds(error: Deadlock) -> set[tuple]:
 
 
 def test_two_transactions_crossing_is_a_deadlock_and_only_the_victim_is_told():
-    lm = LockManager()
-    lm.begin("A")
-    lm.begin("B")
+    lm = manager("A", "B")
     lm.acquire("A", "x", W)
     lm.acquire("B", "y", W)
     with Scenario(lm) as scenario:
@@ -47,9 +46,7 @@ def test_two_transactions_crossing_is_a_deadlock_and_only_the_victim_is_told():
 
 
 def test_a_child_waiting_for_a_lock_its_parent_holds_is_a_deadlock_through_the_commit_edge():
-    lm = LockManager()
-    lm.begin("P")
-    lm.begin("P.1", parent="P")
+    lm = manager("P", "P.1")
     lm.acquire("P", "x", W)
     with pytest.raises(Deadlock) as caught:
         lm.acquire("P.1", "x", R)
@@ -61,9 +58,7 @@ def test_deadlock_created_by_inheritance_is_detected_when_the_waiter_is_redirect
     """T2.a waits for T1.a's lock; T1 waits for T2's lock.  No cycle -- until T1.a commits and T1 retains
     the lock: then T2.a waits for T1 (retained), closing T1 -> T2 -> T2.a -> T1 (Concurrent Rule Execution §4.2.2:
     "deadlock detection is performed ... just before lock inheritance")."""
-    lm = LockManager()
-    for tid, parent in (("T1", None), ("T1.a", "T1"), ("T2", None), ("T2.a", "T2")):
-        lm.begin(tid, parent)
+    lm = manager("T1", "T1.a", "T2", "T2.a")
     lm.acquire("T1.a", "x", W)
     lm.acquire("T2", "y", W)
     with Scenario(lm) as scenario:
@@ -82,9 +77,7 @@ def test_deadlock_created_by_inheritance_is_detected_when_the_waiter_is_redirect
 
 
 def test_deadlock_across_three_trees_with_subtransactions():
-    lm = LockManager()
-    for tid, parent in (("A", None), ("A.1", "A"), ("B", None), ("B.1", "B"), ("C", None), ("C.1", "C")):
-        lm.begin(tid, parent)
+    lm = manager("A", "A.1", "B", "B.1", "C", "C.1")
     lm.acquire("A.1", "a", W)
     lm.acquire("B.1", "b", W)
     lm.acquire("C.1", "c", W)
@@ -102,10 +95,7 @@ def test_deadlock_across_three_trees_with_subtransactions():
 
 @pytest.mark.parametrize("policy", ["youngest", "smallest_tree"])
 def test_victim_policies_can_choose_a_transaction_other_than_the_requester(policy):
-    lm = LockManager(victim_policy=policy)
-    lm.begin("Old")
-    lm.begin("Old.1", parent="Old")  # a bigger subtree for smallest_tree
-    lm.begin("Young")
+    lm = manager("Old", "Old.1", "Young", victim_policy=policy)   # Old.1: a bigger subtree for smallest_tree
     lm.acquire("Old", "x", W)
     lm.acquire("Young", "y", W)
     with Scenario(lm) as scenario:
@@ -126,9 +116,7 @@ def test_a_callable_victim_policy_sees_the_cycle_and_its_candidates():
         seen.append(cycle)
         return "B"
 
-    lm = LockManager(victim_policy=choose_b)
-    lm.begin("A")
-    lm.begin("B")
+    lm = manager("A", "B", victim_policy=choose_b)
     lm.acquire("A", "x", W)
     lm.acquire("B", "y", W)
     with Scenario(lm) as scenario:
@@ -147,9 +135,7 @@ def test_a_broken_callable_policy_falls_back_to_the_requester():
     def broken(cycle):
         raise RuntimeError("oops")
 
-    lm = LockManager(victim_policy=broken)
-    lm.begin("A")
-    lm.begin("B")
+    lm = manager("A", "B", victim_policy=broken)
     lm.acquire("A", "x", W)
     lm.acquire("B", "y", W)
     with Scenario(lm) as scenario:
@@ -169,9 +155,7 @@ def test_unknown_victim_policy_is_refused():
 
 
 def test_a_waiting_write_is_not_starved_by_a_stream_of_reads():
-    lm = LockManager()
-    lm.begin("Reader")
-    lm.begin("Writer")
+    lm = manager("Reader", "Writer")
     lm.acquire("Reader", "x", R)
     with Scenario(lm) as scenario:
         writer = scenario.run("w", "Writer wants x", lambda: lm.acquire("Writer", "x", W), blocks=True)
@@ -193,9 +177,7 @@ def test_a_waiting_write_is_not_starved_by_a_stream_of_reads():
 
 
 def test_a_cycle_caused_only_by_the_queue_is_broken_by_letting_the_queued_reader_go_first():
-    lm = LockManager()
-    for tid in ("T1", "T2", "T3"):
-        lm.begin(tid)
+    lm = manager("T1", "T2", "T3")
     lm.acquire("T1", "x", R)
     lm.acquire("T3", "y", W)
     with Scenario(lm) as scenario:
@@ -217,9 +199,7 @@ def test_a_cycle_caused_only_by_the_queue_is_broken_by_letting_the_queued_reader
 
 
 def test_timeout_withdraws_the_request_and_lets_the_queue_behind_it_through():
-    lm = LockManager()
-    for tid in ("Reader", "Writer", "Late"):
-        lm.begin(tid)
+    lm = manager("Reader", "Writer", "Late")
     lm.acquire("Reader", "x", R)
     with Scenario(lm) as scenario:
         writer = scenario.run("w", "Writer waits 0.2 s", lambda: lm.acquire("Writer", "x", W, timeout=0.2),
@@ -233,11 +213,7 @@ def test_timeout_withdraws_the_request_and_lets_the_queue_behind_it_through():
 
 
 def test_wait_for_graph_exports_all_edge_kinds():
-    lm = LockManager()
-    lm.begin("T")
-    lm.begin("T.1", parent="T")
-    lm.begin("U")
-    lm.begin("V")
+    lm = manager("T", "T.1", "U", "V")
     lm.acquire("T.1", "x", W)
     lm.commit("T.1")
     lm.begin("T.2", parent="T")
@@ -274,9 +250,7 @@ def test_errors_say_what_to_do():
 
 
 def test_one_pending_request_per_transaction():
-    lm = LockManager()
-    lm.begin("A")
-    lm.begin("B")
+    lm = manager("A", "B")
     lm.acquire("A", "x", W)
     lm.acquire("A", "y", W)
     with Scenario(lm) as scenario:
@@ -291,9 +265,7 @@ def test_one_pending_request_per_transaction():
 def test_abort_from_another_thread_wakes_the_waiter_with_transaction_aborted():
     from lockmgr import TransactionAborted
 
-    lm = LockManager()
-    lm.begin("A")
-    lm.begin("B")
+    lm = manager("A", "B")
     lm.acquire("A", "x", W)
     errors = []
     started = threading.Event()

@@ -19,18 +19,12 @@ import threading
 import pytest
 
 import lockmgr._entries
-from lockmgr import Deadlock, LockManager, Mode, conflicts, join
+from lockmgr import Deadlock, LockManager, Mode
 from lockmgr.testing import Scenario
+from tests.lockmgr._reference import ReferenceModel
+from tests.lockmgr._trees import held, manager, retained
 
 IR, IW, R, RIW, W = Mode.IR, Mode.IW, Mode.READ, Mode.RIW, Mode.WRITE
-
-
-def held(lm, resource):
-    return dict(lm.holders(resource).held)
-
-
-def retained(lm, resource):
-    return dict(lm.holders(resource).retained)
 
 
 def edges(lm):
@@ -77,8 +71,7 @@ def test_a_deep_chain_commits_without_moving_a_lock_and_each_level_sees_its_reta
 
 
 def test_a_fresh_branch_of_a_deep_chain_may_use_what_the_chain_retains():
-    lm = LockManager()
-    lm.begin("T")
+    lm = manager("T")
     parent = "T"
     for level in range(1, 51):
         lm.begin(f"T.{level}", parent=parent)
@@ -100,10 +93,7 @@ def test_a_fresh_branch_of_a_deep_chain_may_use_what_the_chain_retains():
 
 
 def test_a_committed_members_entries_block_outsiders_but_not_descendants_of_its_owner():
-    lm = LockManager()
-    for tid, parent in (("T", None), ("T.1", "T"), ("T.1.1", "T.1"), ("T.1.2", "T.1"), ("T.2", "T"),
-                        ("T.2.1", "T.2"), ("U", None)):
-        lm.begin(tid, parent)
+    lm = manager("T", "T.1", "T.1.1", "T.1.2", "T.2", "T.2.1", "U")
     lm.acquire("T.1.1", "x", W)
     lm.commit("T.1.1")                                   # owner of the entry: T.1
     assert retained(lm, "x") == {"T.1": W} and held(lm, "x") == {}
@@ -121,10 +111,7 @@ def test_a_committed_members_entries_block_outsiders_but_not_descendants_of_its_
 
 
 def test_an_upgrade_by_the_owner_past_its_committed_members_entries():
-    lm = LockManager()
-    lm.begin("T")
-    lm.begin("T.1", parent="T")
-    lm.begin("T.2", parent="T")
+    lm = manager("T", "T.1", "T.2")
     lm.acquire("T.1", "x", R)
     lm.acquire("T.2", "x", R)
     lm.acquire("T", "x", IR)
@@ -137,8 +124,7 @@ def test_an_upgrade_by_the_owner_past_its_committed_members_entries():
 
 def test_many_siblings_fold_into_one_entry_of_their_parent():
     children = 200
-    lm = LockManager()
-    lm.begin("T")
+    lm = manager("T")
     for number in range(children):
         tid = f"T.{number}"
         lm.begin(tid, parent="T")
@@ -180,9 +166,7 @@ def test_abort_of_an_owner_releases_its_committed_members_entries_and_ancestors_
 
 
 def test_abort_of_an_owner_wakes_an_outsider_waiting_for_a_committed_members_entry():
-    lm = LockManager()
-    for tid, parent in (("T", None), ("T.1", "T"), ("T.1.1", "T.1"), ("U", None)):
-        lm.begin(tid, parent)
+    lm = manager("T", "T.1", "T.1.1", "U")
     lm.acquire("T.1.1", "x", W)
     lm.commit("T.1.1")
     lm.commit("T.1")                                     # T owns x
@@ -200,9 +184,7 @@ def test_abort_of_an_owner_wakes_an_outsider_waiting_for_a_committed_members_ent
 def test_a_waiter_follows_the_owner_up_the_tree_and_is_granted_inside_its_sphere():
     """T.2 waits for x, which T.1.1 (committed) made: the retainer is T.1, outside T.2's ancestry.  When
     T.1 commits the owner becomes T, an ancestor of T.2: the request is granted at that commit."""
-    lm = LockManager()
-    for tid, parent in (("T", None), ("T.1", "T"), ("T.1.1", "T.1"), ("T.2", "T")):
-        lm.begin(tid, parent)
+    lm = manager("T", "T.1", "T.1.1", "T.2")
     lm.acquire("T.1.1", "x", W)
     lm.commit("T.1.1")
     with Scenario(lm) as scenario:
@@ -215,9 +197,7 @@ def test_a_waiter_follows_the_owner_up_the_tree_and_is_granted_inside_its_sphere
 
 
 def test_an_outsiders_wait_is_redirected_to_each_new_owner_until_the_top_level_commit():
-    lm = LockManager()
-    for tid, parent in (("T", None), ("T.1", "T"), ("T.1.1", "T.1"), ("T.1.1.1", "T.1.1"), ("U", None)):
-        lm.begin(tid, parent)
+    lm = manager("T", "T.1", "T.1.1", "T.1.1.1", "U")
     lm.acquire("T.1.1.1", "x", W)
     lm.commit("T.1.1.1")
     with Scenario(lm) as scenario:
@@ -236,9 +216,7 @@ def test_an_outsiders_wait_is_redirected_to_each_new_owner_until_the_top_level_c
 def test_ownership_moving_up_closes_a_cycle_and_the_redirected_waiter_is_the_victim():
     """T1.a.b made x and committed (owner T1.a).  T2.a waits for x (edge to T1.a), T1 waits for T2's y.
     No cycle -- until T1.a commits: the owner of x becomes T1, and T2.a -> T1 -> T2 -> T2.a closes."""
-    lm = LockManager()
-    for tid, parent in (("T1", None), ("T1.a", "T1"), ("T1.a.b", "T1.a"), ("T2", None), ("T2.a", "T2")):
-        lm.begin(tid, parent)
+    lm = manager("T1", "T1.a", "T1.a.b", "T2", "T2.a")
     lm.acquire("T1.a.b", "x", W)
     lm.commit("T1.a.b")
     lm.acquire("T2", "y", W)
@@ -263,9 +241,7 @@ def test_ownership_moving_up_closes_a_cycle_and_the_redirected_waiter_is_the_vic
 def test_a_queued_request_is_re_evaluated_when_the_owner_ahead_of_it_changes():
     """Fairness across an ownership change: U2's READ queues behind U1's WRITE, which waits for the
     retainer T.1 (via the committed T.1.1).  T.1 commits: U1 now waits for T; U2 still queues behind U1."""
-    lm = LockManager()
-    for tid, parent in (("T", None), ("T.1", "T"), ("T.1.1", "T.1"), ("U1", None), ("U2", None)):
-        lm.begin(tid, parent)
+    lm = manager("T", "T.1", "T.1.1", "U1", "U2")
     lm.acquire("T.1.1", "x", R)
     lm.commit("T.1.1")
     with Scenario(lm) as scenario:
@@ -288,9 +264,7 @@ def test_a_queued_request_is_re_evaluated_when_the_owner_ahead_of_it_changes():
 def test_retain_and_declared_commit_edges_with_committed_members():
     """activedb's pattern: the parent retains before it waits for its children; a child's committed
     sibling's row is usable by the next child; an outsider's wait is an edge to the parent."""
-    lm = LockManager(commit_edges="declared")
-    lm.begin("P")
-    lm.begin("Q")
+    lm = manager("P", "Q", commit_edges="declared")
     lm.acquire("P", "row", W)
     lm.retain("P")
     lm.begin("P.1", parent="P")
@@ -363,65 +337,6 @@ def test_a_fold_leaves_alone_the_entries_of_an_owner_that_is_being_released(monk
 # ---------------------------------------------------------------- randomized, against eager inheritance
 
 
-class EagerModel:
-    """Rules 1-5 with eager inheritance over plain dicts: the behaviour lazy inheritance must reproduce."""
-
-    def __init__(self) -> None:
-        self.parent: dict = {}
-        self.active: set = set()
-        self.held: dict = {}      # (tid, resource) -> mode
-        self.retained: dict = {}  # (tid, resource) -> mode
-
-    def ancestors(self, tid):
-        result = set()
-        node = self.parent[tid]
-        while node is not None:
-            result.add(node)
-            node = self.parent[node]
-        return result
-
-    def allows(self, tid, resource, mode) -> bool:
-        current = self.held.get((tid, resource))
-        wanted = mode if current is None else join(current, mode)
-        ancestors = self.ancestors(tid)
-        for (other, where), other_mode in self.held.items():
-            if where == resource and other != tid and conflicts(other_mode, wanted):
-                return False
-        for (other, where), other_mode in self.retained.items():
-            if where == resource and other != tid and other not in ancestors and conflicts(other_mode, wanted):
-                return False
-        return True
-
-    def grant(self, tid, resource, mode) -> None:
-        current = self.held.get((tid, resource))
-        self.held[(tid, resource)] = mode if current is None else join(current, mode)
-
-    def commit(self, tid) -> None:
-        parent = self.parent[tid]
-        for store in (self.held, self.retained):
-            for (owner, resource), mode in list(store.items()):
-                if owner == tid:
-                    del store[(owner, resource)]
-                    if parent is not None:
-                        previous = self.retained.get((parent, resource))
-                        self.retained[(parent, resource)] = mode if previous is None else join(previous, mode)
-        self.active.discard(tid)
-
-    def abort(self, tid) -> None:
-        doomed = {tid}
-        grown = True
-        while grown:
-            grown = False
-            for child in self.active:
-                if self.parent[child] in doomed and child not in doomed:
-                    doomed.add(child)
-                    grown = True
-        for store in (self.held, self.retained):
-            for key in [key for key in store if key[0] in doomed]:
-                del store[key]
-        self.active -= doomed
-
-
 def _seed() -> int:
     return int(os.environ.get("LOCKMGR_LAZY_SEED", "0"))
 
@@ -445,7 +360,7 @@ def test_random_deep_trees_match_eager_inheritance(round_number, fold_at):
     abort; after every step each resource's holders equal the eager model's."""
     rng = random.Random(_seed() * 1000 + round_number)
     lm = LockManager()
-    model = EagerModel()
+    model = ReferenceModel()              # eager inheritance: what lazy inheritance must reproduce
     resources = ("a", "b", "c", "d", "e", "f")
     modes, weights = zip(*((IR, 3), (IW, 3), (R, 3), (RIW, 1), (W, 1)))
     counter = 0
@@ -462,8 +377,7 @@ def test_random_deep_trees_match_eager_inheritance(round_number, fold_at):
                 if deep:
                     parent = max(rng.sample(deep, min(3, len(deep))), key=lambda candidate: len(model.ancestors(candidate)))
             lm.begin(tid, parent)
-            model.parent[tid] = parent
-            model.active.add(tid)
+            model.begin(tid, parent)
         elif choice < 0.7:
             tid = rng.choice(active)
             resource = rng.choice(resources)
