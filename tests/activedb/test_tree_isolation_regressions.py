@@ -28,6 +28,7 @@ import sqlalchemy as sa
 
 import activedb
 from activedb import testing
+from tests._tables import balances, history_checked, refill
 
 pytestmark = pytest.mark.db(record_history=True)
 
@@ -36,17 +37,9 @@ TIMEOUT = 10
 
 @pytest.fixture(autouse=True)
 def rows(db):
-    with db.engine.begin() as connection:
-        connection.execute(sa.text("DELETE FROM accounts"))
-        connection.execute(sa.text("INSERT INTO accounts (id, balance) VALUES (1, 10), (2, 0)"))
-    db.history.clear()
-    yield
-    testing.check_history(db.history.snapshot()).assert_ok()
-
-
-def balances(db) -> dict[int, int]:
-    with db.engine.connect() as connection:
-        return dict(connection.execute(sa.text("SELECT id, balance FROM accounts")).all())
+    refill(db, "accounts", "(id, balance) VALUES (1, 10), (2, 0)")
+    with history_checked(db):
+        yield
 
 
 def test_a_child_rereading_a_row_its_parent_wrote_sees_the_parent_version(db):

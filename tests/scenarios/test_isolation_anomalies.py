@@ -15,12 +15,12 @@ from __future__ import annotations
 import threading
 
 import pytest
-import sqlalchemy as sa
 
 import activedb
 from activedb import testing
 from lockmgr import Deadlock
 from tests import _actors as actors
+from tests._tables import history_checked, item_values, refill
 
 pytestmark = pytest.mark.db(record_history=True)
 
@@ -30,12 +30,9 @@ BLOCKED = "blocked"
 
 @pytest.fixture(autouse=True)
 def initial_state(db):
-    with db.engine.begin() as connection:
-        connection.execute(sa.text("DELETE FROM items"))
-        connection.execute(sa.text("INSERT INTO items (key, value) VALUES ('x', 10), ('y', 20)"))
-    db.history.clear()
-    yield
-    testing.check_history(db.history.snapshot()).assert_ok()
+    refill(db, "items", "(key, value) VALUES ('x', 10), ('y', 20)")
+    with history_checked(db):
+        yield
 
 
 class Actor(actors.Actor):
@@ -149,11 +146,6 @@ def write(key, value):
     return lambda tx: tx.write("items", key, value=value)
 
 
-def committed_values(db):
-    with db.engine.connect() as connection:
-        return dict(connection.execute(sa.text("SELECT key, value FROM items")).all())
-
-
 @pytest.mark.parametrize("kind", PAIRS)
 def test_g0_dirty_write(db, kind):
     pair = PAIRS[kind](db)
@@ -168,7 +160,7 @@ def test_g0_dirty_write(db, kind):
     t2.finish()
     assert pair.wait_ended(t2) == "committed"
     pair.close()
-    assert committed_values(db) == {"x": 12, "y": 22}    # never x from one and y from the other
+    assert item_values(db) == {"x": 12, "y": 22}    # never x from one and y from the other
 
 
 @pytest.mark.parametrize("kind", PAIRS)
@@ -182,7 +174,7 @@ def test_g1a_aborted_read(db, kind):
     assert t2.resume() == 10
     t2.finish()
     pair.close()
-    assert committed_values(db) == {"x": 10, "y": 20}
+    assert item_values(db) == {"x": 10, "y": 20}
 
 
 @pytest.mark.parametrize("kind", PAIRS)
@@ -213,7 +205,7 @@ def test_g1c_circular_information_flow(db, kind):
     t1.finish()
     assert pair.wait_ended(t1) == "committed"
     pair.close()
-    assert committed_values(db) == {"x": 11, "y": 20}
+    assert item_values(db) == {"x": 11, "y": 20}
 
 
 @pytest.mark.parametrize("kind", PAIRS)
@@ -248,7 +240,7 @@ def test_lost_update(db, kind):
     t1.finish()
     pair.wait_ended(t1)
     pair.close()
-    assert committed_values(db)["x"] == 11   # T2's update was not silently lost: T2 aborted
+    assert item_values(db)["x"] == 11   # T2's update was not silently lost: T2 aborted
 
 
 @pytest.mark.parametrize("kind", PAIRS)
@@ -267,7 +259,7 @@ def test_read_skew(db, kind):
     t2.finish()
     pair.wait_ended(t2)
     pair.close()
-    assert committed_values(db) == {"x": 12, "y": 18}
+    assert item_values(db) == {"x": 12, "y": 18}
 
 
 @pytest.mark.parametrize("kind", PAIRS)
@@ -284,4 +276,4 @@ def test_write_skew(db, kind):
     t1.finish()
     pair.wait_ended(t1)
     pair.close()
-    assert committed_values(db) == {"x": 11, "y": 20}
+    assert item_values(db) == {"x": 11, "y": 20}
