@@ -28,21 +28,26 @@ def kinds(error: Deadlock) -> set[tuple]:
     return {(edge.waiter, edge.target, edge.kind) for edge in error.cycle}
 
 
-def test_two_transactions_crossing_is_a_deadlock_and_only_the_victim_is_told():
+@pytest.mark.parametrize("granted, wanted", [
+    ({"A": ("x", W), "B": ("y", W)}, {"A": ("y", W), "B": ("x", W)}),   # each wants the row the other wrote
+    ({"A": ("x", R), "B": ("x", R)}, {"A": ("x", W), "B": ("x", W)}),   # both upgrade a read (Rule 1)
+], ids=["crossing", "conversion"])
+def test_two_transactions_waiting_for_each_other_is_a_deadlock_and_only_the_victim_is_told(granted, wanted):
     lm = manager("A", "B")
-    lm.acquire("A", "x", W)
-    lm.acquire("B", "y", W)
+    for tid, (resource, mode) in granted.items():
+        lm.acquire(tid, resource, mode)
     with Scenario(lm) as scenario:
-        a_waits = scenario.run("a", "A wants y", lambda: lm.acquire("A", "y", W), blocks=True)
-        b_step = scenario.run("b", "B wants x", lambda: lm.acquire("B", "x", W), raises=Deadlock)
+        a_waits = scenario.run("a", f"A wants {wanted['A']}", lambda: lm.acquire("A", *wanted["A"]), blocks=True)
+        b_step = scenario.run("b", f"B wants {wanted['B']}", lambda: lm.acquire("B", *wanted["B"]), raises=Deadlock)
         error = b_step.error
-        assert error.victim == "B" and error.policy == "requester"
+        assert error.victim == "B" and error.requester == "B" and error.policy == "requester"
         assert kinds(error) == {("B", "A", "held"), ("A", "B", "held")}
         assert "lm.abort('B')" in str(error)
         scenario.still_blocked(a_waits)
         assert lm.statistics().waiting == 1 and lm.statistics().deadlocks == 1
         scenario.run("b", "B aborts", lambda: lm.abort("B"))
         scenario.finish(a_waits)
+    assert dict(lm.holders(wanted["A"][0]).held) == {"A": W}
 
 
 def test_a_child_waiting_for_a_lock_its_parent_holds_is_a_deadlock_through_the_commit_edge():

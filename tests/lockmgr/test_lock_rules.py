@@ -110,25 +110,8 @@ def test_rule1_upgrade_read_to_write():
     assert held(lm, "t") == {"A": RIW}, "IW + READ is RIW (SIX)"
 
 
-def test_rule1_upgrade_waits_for_the_other_reader_and_conversion_deadlock_is_detected():
-    lm = manager("A", "B")
-    lm.acquire("A", "x", R)
-    lm.acquire("B", "x", R)
-    with Scenario(lm) as scenario:
-        a_upgrade = scenario.run("a", "A upgrades x to WRITE", lambda: lm.acquire("A", "x", W), blocks=True)
-        from lockmgr import Deadlock
-
-        step = scenario.run("b", "B upgrades x to WRITE", lambda: lm.acquire("B", "x", W), raises=Deadlock)
-        error = step.error
-        assert error.victim == "B" and error.requester == "B"
-        assert {(edge.waiter, edge.target, edge.kind) for edge in error.cycle} == {
-            ("B", "A", "held"),
-            ("A", "B", "held"),
-        }
-        scenario.still_blocked(a_upgrade)
-        scenario.run("b", "B aborts", lambda: lm.abort("B"))
-        scenario.finish(a_upgrade)
-    assert held(lm, "x") == {"A": W}
+# Rule 1's conversion deadlock (two readers both upgrading) is a case of test_lock_deadlocks'
+# test_two_transactions_waiting_for_each_other_is_a_deadlock_and_only_the_victim_is_told.
 
 
 # ---------------------------------------------------------------- Rule 2
