@@ -19,7 +19,7 @@ from lockmgr import (
     UnknownTransaction,
 )
 from lockmgr.testing import Scenario
-from tests.lockmgr._trees import manager
+from tests.lockmgr._trees import commits, manager
 
 IR, IW, R, RIW, W = Mode.IR, Mode.IW, Mode.READ, Mode.RIW, Mode.WRITE
 
@@ -70,15 +70,14 @@ def test_deadlock_created_by_inheritance_is_detected_when_the_waiter_is_redirect
         t2a = scenario.run("t2a", "T2.a wants x", lambda: lm.acquire("T2.a", "x", W), blocks=True)
         t1 = scenario.run("t1", "T1 wants y", lambda: lm.acquire("T1", "y", W), blocks=True)
         assert lm.statistics().deadlocks == 0
-        scenario.run("t1a", "T1.a commits", lambda: lm.commit("T1.a"))
+        commits(scenario, "T1.a")
         scenario.finish(t2a, raises=Deadlock)
         error = t2a.error
         assert error.victim == "T2.a"
         assert kinds(error) == {("T2.a", "T1", "retained"), ("T1", "T2", "held"), ("T2", "T2.a", "commit")}
         scenario.still_blocked(t1)
         scenario.run("t2a", "T2.a aborts", lambda: lm.abort("T2.a"))
-        scenario.run("t2", "T2 commits", lambda: lm.commit("T2"))
-        scenario.finish(t1)
+        commits(scenario, "T2", t1)
 
 
 def test_deadlock_across_three_trees_with_subtransactions():
@@ -93,9 +92,8 @@ def test_deadlock_across_three_trees_with_subtransactions():
         assert kinds(third.error) == {("A.1", "B.1", "held"), ("B.1", "C.1", "held"), ("C.1", "A.1", "held")}
         scenario.run("c", "C aborts", lambda: lm.abort("C"))
         scenario.finish(second)
-        scenario.run("b", "B.1 commits", lambda: lm.commit("B.1"))
-        scenario.run("b", "B commits", lambda: lm.commit("B"))
-        scenario.finish(first)
+        commits(scenario, "B.1")
+        commits(scenario, "B", first)
 
 
 @pytest.mark.parametrize("policy", ["youngest", "smallest_tree"])
@@ -174,11 +172,9 @@ def test_a_waiting_write_is_not_starved_by_a_stream_of_reads():
         lm.begin("Reader.1", parent="Reader")
         assert lm.try_acquire("Reader.1", "x", R)
         lm.commit("Reader.1")
-        scenario.run("r", "Reader commits", lambda: lm.commit("Reader"))
-        scenario.finish(writer)
+        commits(scenario, "Reader", writer)
         scenario.still_blocked(late)
-        scenario.run("w", "Writer commits", lambda: lm.commit("Writer"))
-        scenario.finish(late)
+        commits(scenario, "Writer", late)
 
 
 def test_a_cycle_caused_only_by_the_queue_is_broken_by_letting_the_queued_reader_go_first():
@@ -194,10 +190,8 @@ def test_a_cycle_caused_only_by_the_queue_is_broken_by_letting_the_queued_reader
         statistics = lm.statistics()
         assert statistics.queue_jumps == 1 and statistics.deadlocks == 0
         assert dict(lm.holders("x").held) == {"T1": R, "T3": R}
-        scenario.run("t3", "T3 commits", lambda: lm.commit("T3"))
-        scenario.finish(t1)
-        scenario.run("t1", "T1 commits", lambda: lm.commit("T1"))
-        scenario.finish(t2)
+        commits(scenario, "T3", t1)
+        commits(scenario, "T1", t2)
 
 
 # ---------------------------------------------------------------- timeouts and errors
@@ -263,8 +257,7 @@ def test_one_pending_request_per_transaction():
         scenario.run("b2", "B also wants y", lambda: lm.acquire("B", "y", W), raises=RequestPending)
         assert lm.try_acquire("B", "free", W), "an uncontended grant is not a second wait"
         scenario.run("b2", "B cannot commit while waiting", lambda: lm.commit("B"), raises=RequestPending)
-        scenario.run("a", "A commits", lambda: lm.commit("A"))
-        scenario.finish(b)
+        commits(scenario, "A", b)
 
 
 def test_abort_from_another_thread_wakes_the_waiter_with_transaction_aborted():

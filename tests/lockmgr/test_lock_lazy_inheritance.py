@@ -22,7 +22,7 @@ import lockmgr._entries
 from lockmgr import Deadlock, LockManager, Mode
 from lockmgr.testing import Scenario
 from tests.lockmgr._reference import ReferenceModel
-from tests.lockmgr._trees import held, manager, retained
+from tests.lockmgr._trees import commits, held, manager, retained
 
 IR, IW, R, RIW, W = Mode.IR, Mode.IW, Mode.READ, Mode.RIW, Mode.WRITE
 
@@ -190,8 +190,7 @@ def test_a_waiter_follows_the_owner_up_the_tree_and_is_granted_inside_its_sphere
     with Scenario(lm) as scenario:
         waiting = scenario.run("t2", "T.2 writes x", lambda: lm.acquire("T.2", "x", W), blocks=True)
         assert ("T.2", "T.1", "retained") in edges(lm)
-        scenario.run("t1", "T.1 commits", lambda: lm.commit("T.1"))
-        scenario.finish(waiting)
+        commits(scenario, "T.1", waiting)
     assert held(lm, "x") == {"T.2": W} and retained(lm, "x") == {"T": W}
     assert lm.statistics().waiting == 0
 
@@ -203,13 +202,12 @@ def test_an_outsiders_wait_is_redirected_to_each_new_owner_until_the_top_level_c
     with Scenario(lm) as scenario:
         waiting = scenario.run("u", "U reads x", lambda: lm.acquire("U", "x", R), blocks=True)
         assert ("U", "T.1.1", "retained") in edges(lm)
-        scenario.run("t", "T.1.1 commits", lambda: lm.commit("T.1.1"))
+        commits(scenario, "T.1.1")
         assert ("U", "T.1", "retained") in edges(lm) and ("U", "T.1.1", "retained") not in edges(lm)
-        scenario.run("t", "T.1 commits", lambda: lm.commit("T.1"))
+        commits(scenario, "T.1")
         assert {(waiter, target) for waiter, target, _ in edges(lm)} == {("U", "T")}
         scenario.still_blocked(waiting)
-        scenario.run("t", "T commits", lambda: lm.commit("T"))
-        scenario.finish(waiting)
+        commits(scenario, "T", waiting)
     assert held(lm, "x") == {"U": R}
 
 
@@ -224,7 +222,7 @@ def test_ownership_moving_up_closes_a_cycle_and_the_redirected_waiter_is_the_vic
         t2a = scenario.run("t2a", "T2.a wants x", lambda: lm.acquire("T2.a", "x", W), blocks=True)
         t1 = scenario.run("t1", "T1 wants y", lambda: lm.acquire("T1", "y", W), blocks=True)
         assert ("T2.a", "T1.a", "retained") in edges(lm) and lm.statistics().deadlocks == 0
-        scenario.run("t1a", "T1.a commits", lambda: lm.commit("T1.a"))
+        commits(scenario, "T1.a")
         scenario.finish(t2a, raises=Deadlock)
         error = t2a.error
         assert error.victim == "T2.a"
@@ -232,8 +230,7 @@ def test_ownership_moving_up_closes_a_cycle_and_the_redirected_waiter_is_the_vic
             ("T2.a", "T1", "retained"), ("T1", "T2", "held"), ("T2", "T2.a", "commit")}
         scenario.still_blocked(t1)
         scenario.run("t2a", "T2.a aborts", lambda: lm.abort("T2.a"))
-        scenario.run("t2", "T2 commits", lambda: lm.commit("T2"))
-        scenario.finish(t1)
+        commits(scenario, "T2", t1)
     lm.commit("T1")
     assert lm.statistics().locks == 0
 
@@ -248,14 +245,12 @@ def test_a_queued_request_is_re_evaluated_when_the_owner_ahead_of_it_changes():
         writer = scenario.run("u1", "U1 writes x", lambda: lm.acquire("U1", "x", W), blocks=True)
         reader = scenario.run("u2", "U2 reads x", lambda: lm.acquire("U2", "x", R), blocks=True)
         assert edges(lm) >= {("U1", "T.1", "retained"), ("U2", "U1", "queued")}
-        scenario.run("t", "T.1 commits", lambda: lm.commit("T.1"))
+        commits(scenario, "T.1")
         assert edges(lm) >= {("U1", "T", "retained"), ("U2", "U1", "queued")}
         assert ("U1", "T.1", "retained") not in edges(lm)
-        scenario.run("t", "T commits", lambda: lm.commit("T"))
-        scenario.finish(writer)
+        commits(scenario, "T", writer)
         scenario.still_blocked(reader)
-        scenario.run("u1", "U1 commits", lambda: lm.commit("U1"))
-        scenario.finish(reader)
+        commits(scenario, "U1", reader)
 
 
 # ---------------------------------------------------------------- retain, declared edges, registered waits
@@ -281,8 +276,7 @@ def test_retain_and_declared_commit_edges_with_committed_members():
         # A registered wait of P for Q closes Q -> P -> Q: P, the adder, is told.
         with pytest.raises(Deadlock):
             lm.add_wait("P", ["Q"], kind="dependency")
-        scenario.run("p", "P commits", lambda: lm.commit("P"))
-        scenario.finish(outsider)
+        commits(scenario, "P", outsider)
 
 
 class PausingResource:

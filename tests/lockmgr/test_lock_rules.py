@@ -12,7 +12,7 @@ import pytest
 
 from lockmgr import Mode, conflicts, covers, join
 from lockmgr.testing import Scenario
-from tests.lockmgr._trees import held, manager, retained
+from tests.lockmgr._trees import commits, held, manager, retained
 
 IR, IW, R, U, RIW, W = Mode.IR, Mode.IW, Mode.READ, Mode.UPDATE, Mode.RIW, Mode.WRITE
 
@@ -145,8 +145,7 @@ def test_rule2_inheritance_wakes_a_waiter_whose_common_ancestor_inherits():
         waiting = scenario.run("s2", "T.2 reads x", lambda: lm.acquire("T.2", "x", R), blocks=True)
         edges = lm.wait_for_graph().edges(data=True)
         assert ("T.2", "T.1", {"kind": "held", "resource": "x"}) in edges
-        scenario.run("s1", "T.1 commits", lambda: lm.commit("T.1"))
-        scenario.finish(waiting)
+        commits(scenario, "T.1", waiting)
     assert held(lm, "x") == {"T.2": R} and retained(lm, "x") == {"T": W}
 
 
@@ -173,8 +172,7 @@ def test_rule3_top_level_commit_releases_everything_and_wakes_waiters():
         waiting = scenario.run("u", "U writes x", lambda: lm.acquire("U", "x", W), blocks=True)
         edges = lm.wait_for_graph().edges(data=True)
         assert ("U", "T", {"kind": "retained", "resource": "x"}) in edges
-        scenario.run("t", "T commits", lambda: lm.commit("T"))
-        scenario.finish(waiting)
+        commits(scenario, "T", waiting)
     assert held(lm, "x") == {"U": W}
     assert not lm.holders("y")
     assert lm.statistics().locks == 1
