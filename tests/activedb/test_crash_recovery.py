@@ -26,6 +26,7 @@ import activedb
 from activedb import testing
 from coupling import may_run_after
 from tests.activedb import crash_scenarios
+from tests.examples._story import table_state
 
 TIMEOUT = 120
 
@@ -143,23 +144,6 @@ WORKER = textwrap.dedent(
     """)
 
 
-def _state(database) -> dict[str, list[tuple]]:
-    """The hand-hygiene tables, generated ids left out (detached rows get theirs in whatever order they run)."""
-    queries = {
-        "worker_status": "SELECT * FROM worker_status",
-        "alerts": "SELECT worker, kind, at FROM alerts",
-        "status_changes": "SELECT worker, old_status, new_status, event, at FROM status_changes",
-        # an incident report names its alert's generated id: left out too
-        "notifications": "SELECT worker, regexp_replace(message, '\\(alert [0-9]+\\)', ''), at, channel "
-                         "FROM notifications",
-        "badge_lights": "SELECT worker, color, status, at FROM badge_lights",
-        "compensations": "SELECT worker, reason, at, event FROM compensations",
-    }
-    with database.engine.connect() as connection:
-        return {table: sorted(tuple(row) for row in connection.execute(sa.text(query)))
-                for table, query in queries.items()}
-
-
 def test_a_killed_process_leaves_its_detached_work_to_the_others_and_nothing_runs_twice(migrated, make_database_url):
     from activedb.examples.hand_hygiene import MIGRATIONS
     from activedb.examples.hand_hygiene.app import register, reset_tables
@@ -188,7 +172,7 @@ def test_a_killed_process_leaves_its_detached_work_to_the_others_and_nothing_run
                 statuses = dict(connection.execute(sa.text(
                     "SELECT status, count(*) FROM activedb_outbox GROUP BY status")).all())
             assert set(statuses) == {"done"}
-            crashed = _state(database)
+            crashed = table_state(database)
         finally:
             database.close()
         for survivor in processes[1:]:
@@ -208,7 +192,7 @@ def test_a_killed_process_leaves_its_detached_work_to_the_others_and_nothing_run
         for share in shares:
             apply_directly(reference, share, chunk_size=10)
         reference.rules.wait_idle(TIMEOUT)
-        expected = _state(reference)
+        expected = table_state(reference)
     finally:
         reference.close()
     for table in expected:

@@ -30,6 +30,17 @@ def assert_png(path, minimum=15_000):
     assert len(data) > minimum, f"{path} is only {len(data)} bytes"
 
 
+def explained_when(db, ready, what: str, release: threading.Event, threads: list[threading.Thread]) -> Explanation:
+    """Wait until ``ready()`` (``what`` says what it waits for), take ``db.explain()``, then let the threads go
+    (``release``) and join them."""
+    wait_until(ready, TIMEOUT, what)
+    explanation = db.explain()
+    release.set()
+    for thread in threads:
+        thread.join(TIMEOUT)
+    return explanation
+
+
 def test_a_waiting_tree_is_drawn_with_its_locks_and_a_held_edge(db, tmp_path):
     holding, release = threading.Event(), threading.Event()
     failures: list[BaseException] = []
@@ -61,11 +72,8 @@ def test_a_waiting_tree_is_drawn_with_its_locks_and_a_held_edge(db, tmp_path):
         assert holding.wait(TIMEOUT)
         threads.append(threading.Thread(target=second))
         threads[1].start()
-        wait_until(lambda: db.transactions.locks.statistics().waiting == 1, TIMEOUT, "second never waited")
-        explanation = db.explain()
-        release.set()
-        for thread in threads:
-            thread.join(TIMEOUT)
+        explanation = explained_when(db, lambda: db.transactions.locks.statistics().waiting == 1, "second never waited",
+                                     release, threads)
     assert failures == []
 
     graph = explanation.graph
@@ -247,12 +255,9 @@ def test_nested_and_children_waits_are_drawn(db, tmp_path):
         threads += [guarded(outer), guarded(watcher)]
         threads[2].start()
         threads[3].start()
-        wait_until(lambda: locks.statistics().waiting >= 1 and locks.statistics().registered_waits >= 2, TIMEOUT,
-                   "the nested and children waits never appeared")
-        explanation = db.explain()
-        release.set()
-        for thread in threads:
-            thread.join(TIMEOUT)
+        explanation = explained_when(
+            db, lambda: locks.statistics().waiting >= 1 and locks.statistics().registered_waits >= 2,
+            "the nested and children waits never appeared", release, threads)
     assert failures == []
     graph = explanation.graph
     child = handles["child"].transaction.id

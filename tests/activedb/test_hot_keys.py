@@ -18,20 +18,14 @@ import sqlalchemy as sa
 
 import activedb
 from activedb import testing
+from tests._tables import balances, refill
 
 TIMEOUT = 30
 
 
 @pytest.fixture(autouse=True)
 def counters(db):
-    with db.engine.begin() as connection:
-        connection.execute(sa.text("DELETE FROM accounts"))
-        connection.execute(sa.text("INSERT INTO accounts (id, balance) VALUES (1, 0), (2, 0)"))
-
-
-def balances(db) -> dict[int, int]:
-    with db.engine.connect() as connection:
-        return dict(connection.execute(sa.text("SELECT id, balance FROM accounts")).all())
+    refill(db, "accounts", "(id, balance) VALUES (1, 0), (2, 0)")
 
 
 def test_plain_reads_deadlock_on_conversion_and_update_locks_queue_instead(db):

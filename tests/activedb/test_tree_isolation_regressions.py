@@ -28,6 +28,7 @@ import sqlalchemy as sa
 
 import activedb
 from activedb import testing
+from tests._tables import balances, history_checked, refill
 
 pytestmark = pytest.mark.db(record_history=True)
 
@@ -36,17 +37,9 @@ TIMEOUT = 10
 
 @pytest.fixture(autouse=True)
 def rows(db):
-    with db.engine.begin() as connection:
-        connection.execute(sa.text("DELETE FROM accounts"))
-        connection.execute(sa.text("INSERT INTO accounts (id, balance) VALUES (1, 10), (2, 0)"))
-    db.history.clear()
-    yield
-    testing.check_history(db.history.snapshot()).assert_ok()
-
-
-def balances(db) -> dict[int, int]:
-    with db.engine.connect() as connection:
-        return dict(connection.execute(sa.text("SELECT id, balance FROM accounts")).all())
+    refill(db, "accounts", "(id, balance) VALUES (1, 10), (2, 0)")
+    with history_checked(db):
+        yield
 
 
 def test_a_child_rereading_a_row_its_parent_wrote_sees_the_parent_version(db):
@@ -231,6 +224,30 @@ def _release_when_waiting(db, worker: threading.Thread, release: threading.Event
     release.set()
 
 
+def abort_the_root_in_the_window(db, body, in_window: threading.Event, before=None) -> list[BaseException]:
+    """Spawn ``body`` as the root's child "worker" (after ``before(tx)``, if given) and abort the root (it
+    raises) as soon as the worker is ``in_window``.  Returns the list of the errors ``body`` raises (it may
+    still be running)."""
+    seen: list[BaseException] = []
+
+    def worker(child):
+        try:
+            body(child)
+        except BaseException as error:
+            seen.append(error)
+            raise
+
+    with testing.Watchdog(30, db.transactions.locks):
+        with pytest.raises(RuntimeError, match="the root aborts"):
+            with db.transaction() as tx:
+                if before is not None:
+                    before(tx)
+                tx.spawn(worker, name="worker")
+                assert in_window.wait(TIMEOUT)
+                raise RuntimeError("the root aborts")
+    return seen
+
+
 @pytest.mark.parametrize("representation", ["lazy", "materialized"])
 def test_f_a_subtransaction_opened_as_an_ancestor_aborts_fails_with_activedbs_error(db, monkeypatch,
                                                                                    representation):
@@ -243,7 +260,6 @@ def test_f_a_subtransaction_opened_as_an_ancestor_aborts_fails_with_activedbs_er
     locking = db.transactions.locking
     release_holds = locking.release_holds
     in_window, child_started = threading.Event(), threading.Event()
-    seen: list[BaseException] = []
 
     def held_until_aborted(node):
         if node.name == "worker":
@@ -254,20 +270,12 @@ def test_f_a_subtransaction_opened_as_an_ancestor_aborts_fails_with_activedbs_er
 
     def worker(c):
         child_started.set()
-        try:
-            with c.subtransaction() as inner:
-                inner.read("accounts", 1)
-        except BaseException as error:
-            seen.append(error)
-            raise
+        with c.subtransaction() as inner:
+            inner.read("accounts", 1)
 
     monkeypatch.setattr(locking, "release_holds", held_until_aborted)
-    with testing.Watchdog(30, db.transactions.locks):
-        with pytest.raises(RuntimeError, match="the root aborts"):
-            with db.transaction() as tx:
-                tx.spawn(worker, name="worker")
-                assert in_window.wait(TIMEOUT)      # the worker passed its check, not yet its child's begin
-                raise RuntimeError("the root aborts")
+    # in the window: the worker passed its check, not yet its child's begin
+    seen = abort_the_root_in_the_window(db, worker, in_window)
     assert child_started.is_set()
     assert len(seen) == 1 and type(seen[0]) is activedb.TransactionAborted, seen
     assert balances(db) == {1: 10, 2: 0}
@@ -282,7 +290,6 @@ def test_g_a_scan_whose_ancestor_aborts_meanwhile_fails_instead_of_missing_the_a
     locking = db.transactions.locking
     acquire = locking.acquire
     in_window = threading.Event()
-    seen: list[BaseException] = []
     scanned: list[list[dict]] = []
     root_box: list = []
 
@@ -293,22 +300,14 @@ def test_g_a_scan_whose_ancestor_aborts_meanwhile_fails_instead_of_missing_the_a
             testing.wait_until(lambda: root_box[0].state is activedb.TxnState.ABORTED, TIMEOUT,
                                "the root to abort")
 
-    def worker(child):
-        try:
-            scanned.append(child.scan("accounts"))
-        except BaseException as error:
-            seen.append(error)
-            raise
+    def root_writes(tx):
+        root_box.append(tx)
+        tx.write("accounts", 1, balance=99)
 
     monkeypatch.setattr(locking, "acquire", held_until_aborted)
-    with testing.Watchdog(30, db.transactions.locks):
-        with pytest.raises(RuntimeError, match="the root aborts"):
-            with db.transaction() as tx:
-                root_box.append(tx)
-                tx.write("accounts", 1, balance=99)
-                tx.spawn(worker, name="worker")
-                assert in_window.wait(TIMEOUT)      # the worker holds the table lock, not yet its rows
-                raise RuntimeError("the root aborts")
+    # in the window: the worker holds the table lock, not yet its rows
+    seen = abort_the_root_in_the_window(db, lambda child: scanned.append(child.scan("accounts")), in_window,
+                                        before=root_writes)
     testing.wait_until(lambda: seen or scanned, TIMEOUT, "the worker to finish its scan")
     assert scanned == [] and len(seen) == 1 and type(seen[0]) is activedb.TransactionAborted, (scanned, seen)
     assert balances(db) == {1: 10, 2: 0}

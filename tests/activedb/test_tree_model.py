@@ -117,6 +117,16 @@ class Actor(actors.Actor):
         self.final_state = self.tx.state if self.tx is not None else None
         self.ended.set()
 
+    def serve_within(self, begin: Callable) -> None:
+        """Serve inside the transaction ``begin()`` opens (``with begin() as tx``) and record how it ended."""
+        error = None
+        try:
+            with begin() as tx:
+                self.serve(tx)
+        except BaseException as caught:
+            error = caught
+        self.record_end(error)
+
     def is_ended(self) -> bool:
         if self.handle is not None:
             return self.handle.done()
@@ -163,13 +173,7 @@ def spawn_step(child: Actor) -> Callable:
 
 def inline_step(child: Actor) -> Callable:
     def run(tx):
-        error = None
-        try:
-            with tx.subtransaction() as subtransaction:
-                child.serve(subtransaction)
-        except BaseException as caught:
-            error = caught
-        child.record_end(error)
+        child.serve_within(tx.subtransaction)
         return "inline ended"
     return run
 
@@ -182,16 +186,6 @@ def join_step(child: Actor) -> Callable:
         except BaseException as error:
             return f"failed:{type(error).__name__}"
     return run
-
-
-def run_tree(db, actor: Actor) -> None:
-    error = None
-    try:
-        with db.transaction() as tx:
-            actor.serve(tx)
-    except BaseException as caught:
-        error = caught
-    actor.record_end(error)
 
 
 # --- the state machine ----------------------------------------------------------------------------
@@ -438,7 +432,7 @@ class TreeMachine(RuleBasedStateMachine):
     def _start_tree(self, name: str) -> None:
         actor = self.actors[name]
         actor.top_level = True
-        threading.Thread(target=run_tree, args=(self.db, actor), name=f"tree-{name}", daemon=True).start()
+        threading.Thread(target=actor.serve_within, args=(self.db.transaction,), name=f"tree-{name}", daemon=True).start()
 
     def _send(self, name: str, message: Any) -> None:
         self.actors[name].inbox.put(message)

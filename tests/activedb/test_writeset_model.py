@@ -188,19 +188,29 @@ def test_merging_a_child_is_associative(first, second, third):
     assert first.then(second.then(third, "items"), "items") == left
 
 
-@seeded
-@SETTINGS
-@given(st.lists(st.tuples(kinds, values_strategy), min_size=1, max_size=5), rows)
-def test_valid_writes_flush_to_the_model(writes, base):
-    """Writes each valid against what the tree saw, flushed on the base they saw, give the model's row."""
+def checked_chain(writes, base) -> tuple[list, dict | None] | None:
+    """The entries of ``writes``, each checked against what the tree sees (the model, from ``base``), and the
+    model's row after them; None when the model refuses one (a duplicate insert)."""
     state = base
     chain = []
     for kind, values in writes:
         try:
             state = model_apply(kind, values, state)
         except DuplicateKey:
-            return
+            return None
         chain.append(entry_of(kind, values))
+    return chain, state
+
+
+@seeded
+@SETTINGS
+@given(st.lists(st.tuples(kinds, values_strategy), min_size=1, max_size=5), rows)
+def test_valid_writes_flush_to_the_model(writes, base):
+    """Writes each valid against what the tree saw, flushed on the base they saw, give the model's row."""
+    checked = checked_chain(writes, base)
+    if checked is None:
+        return
+    chain, state = checked
     assert flush_apply(compose(chain), base) == state
 
 
@@ -213,14 +223,10 @@ def test_flush_on_a_row_that_appeared_since_fails_or_is_serializable(writes, app
     """The writes were checked against an absent row; by the flush another process inserted
     ``appeared``.  The flush must either fail or give what running the writes after that insert
     gives (a serial order)."""
-    state = None
-    chain = []
-    for kind, values in writes:
-        try:
-            state = model_apply(kind, values, state)
-        except DuplicateKey:
-            return
-        chain.append(entry_of(kind, values))
+    checked = checked_chain(writes, None)
+    if checked is None:
+        return
+    chain, _ = checked
     try:
         flushed = flush_apply(compose(chain), appeared)
     except DuplicateKey:

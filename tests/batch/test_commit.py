@@ -25,7 +25,7 @@ import activedb
 from activedb import batch, testing
 from activedb.batch import workloads
 from spark_bridge import IngestionLedger, batch_committed  # the ledger participant
-from tests.batch.test_store import KEYS, _ledger_batch, _reset, _rows
+from tests.batch.test_store import KEYS, _ledger_batch, _ledger_reference, _reset, _rows
 
 
 def _stored(db, state, reference):
@@ -42,10 +42,8 @@ def _letters(db, query_id):
 
 
 def test_at_commit_writes_state_dead_letters_and_ledger_together_and_a_replay_is_skipped(db):
-    events, state = _ledger_batch(seed=21)
-    _reset(db, state)
     transactions = workloads.ledger()
-    reference = batch.run_in_memory(transactions, events, state, strategy="serial")
+    events, state, reference = _ledger_reference(db, transactions, seed=21)
     assert reference.aborted
 
     def attempt():
@@ -310,9 +308,7 @@ def test_windows_and_non_deterministic_rows_at_commit_equal_the_reference(db):
 
 
 def test_a_batch_split_over_two_processes_at_commit(db):
-    events, state = _ledger_batch(seed=13, partitions=4, size=400)
-    _reset(db, state)
-    reference = batch.run_in_memory(workloads.ledger(), events, state, strategy="serial")
+    events, state, reference = _ledger_reference(db, seed=13, partitions=4, size=400)
     with workloads.ledger(processes=2) as transactions:
         with db.transaction() as tx:
             pending = batch.apply_at_commit(tx, events, transactions, split="always", dead_letters=None)

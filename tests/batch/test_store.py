@@ -41,11 +41,17 @@ def _ledger_batch(seed=3, partitions=1, size=300):
     return workloads.generate_ledger(workload), state
 
 
-def test_apply_batch_commits_state_dead_letters_and_ledger_together(db):
-    events, state = _ledger_batch()
+def _ledger_reference(db, transactions=None, **options):
+    """A ledger batch (``_ledger_batch(**options)``), its initial state written to ``db``, and its serial run in
+    memory by ``transactions`` (a new ``workloads.ledger()`` by default): ``(events, state, reference)``."""
+    events, state = _ledger_batch(**options)
     _reset(db, state)
+    return events, state, batch.run_in_memory(transactions or workloads.ledger(), events, state, strategy="serial")
+
+
+def test_apply_batch_commits_state_dead_letters_and_ledger_together(db):
     transactions = workloads.ledger()
-    reference = batch.run_in_memory(transactions, events, state, strategy="serial")
+    events, state, reference = _ledger_reference(db, transactions)
     assert reference.aborted
     with db.transaction(participants=[IngestionLedger(db, "tpg-test", 1)]) as tx:
         result = batch.apply_batch(tx, events, transactions)
@@ -96,9 +102,7 @@ def test_run_batch_with_toll_reports_and_rejected_events(db):
 
 
 def test_a_splitting_batch_runs_in_two_processes_with_the_serial_result(db):
-    events, state = _ledger_batch(seed=11, partitions=4, size=400)
-    _reset(db, state)
-    reference = batch.run_in_memory(workloads.ledger(), events, state, strategy="serial")
+    events, state, reference = _ledger_reference(db, seed=11, partitions=4, size=400)
     with workloads.ledger(processes=2) as transactions:
         with db.transaction() as tx:
             result = batch.apply_batch(tx, events, transactions, strategy="ns/f/e", split="always")

@@ -8,6 +8,7 @@ import sqlalchemy as sa
 
 from activedb import composite
 from activedb.events import Timestamp
+from tests._tables import item_values
 from tests.composite.conftest import FIG2, ev, make_engine, names
 
 
@@ -16,11 +17,6 @@ def clean(db):
     with db.engine.begin() as connection:
         connection.execute(sa.text("TRUNCATE items"))
     yield
-
-
-def items(db) -> dict[str, int]:
-    with db.engine.connect() as connection:
-        return dict(connection.execute(sa.text("SELECT key, value FROM items")).all())
 
 
 BATCH_1 = [ev("A", 1.0, "PA", "a0"), ev("B", 1.1, "P1B", "b0"), ev("A", 2.0, "PA", "a1")]
@@ -44,7 +40,7 @@ def test_a_rule_on_a_composite_event_sees_its_interval_and_constituents(db):
             assert names(engine.process(tx, BATCH_2)) == [("a0", "b0")]
     finally:
         db.rules.remove("store_composites")
-    assert items(db) == {"a0&b0": 110}                       # [0.995, 1.105] is 110 ms wide
+    assert item_values(db) == {"a0&b0": 110}                       # [0.995, 1.105] is 110 ms wide
     (event,) = seen
     assert event.kind == "stream" and event.source == "AB"
     assert [constituent["id"] for constituent in event.payload["constituents"]] == ["a0", "b0"]

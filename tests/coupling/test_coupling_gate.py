@@ -365,33 +365,29 @@ def test_subtransaction_modes_and_weak_abort_are_refused():
     assert gate.statistics().dependencies == 0
 
 
+def refused(match: str, call, *args, **keywords) -> None:
+    """``call(*args, **keywords)`` raises ``GateProtocolError`` with ``match`` in its message."""
+    with pytest.raises(GateProtocolError, match=match):
+        call(*args, **keywords)
+
+
 def test_protocol_errors():
     gate = DependencyGate()
     gate.register("S", "T", Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT)
-    with pytest.raises(GateProtocolError, match="never got BEGIN"):
-        gate.wait_may_commit("S")
+    refused("never got BEGIN", gate.wait_may_commit, "S")
     gate.register("D", "T", Coupling.DETACHED_CAUSALLY_DEPENDENT)
     assert gate.wait_may_begin("D") is BEGIN
-    with pytest.raises(GateProtocolError, match="in state begun"):
-        gate.wait_may_begin("D")
-    with pytest.raises(GateProtocolError, match="before calling wait_may_begin"):
-        gate.register("D", "U", Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT)
-    with pytest.raises(GateProtocolError, match="cycle"):
-        gate.register("T", "D", Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT)
-    with pytest.raises(GateProtocolError, match="did not grant"):
-        gate.trigger_ended("D", committed=True)  # committed without asking
-    with pytest.raises(GateProtocolError, match="end twice"):
-        gate.trigger_ended("D", committed=False)
-    with pytest.raises(GateProtocolError, match="already ended"):
-        gate.register("D", "T", Coupling.DETACHED_CAUSALLY_DEPENDENT)
-    with pytest.raises(GateProtocolError, match="after it was reported to have ended"):
-        gate.wait_may_commit("D")
+    refused("in state begun", gate.wait_may_begin, "D")
+    refused("before calling wait_may_begin", gate.register, "D", "U", Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT)
+    refused("cycle", gate.register, "T", "D", Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT)
+    refused("did not grant", gate.trigger_ended, "D", committed=True)  # committed without asking
+    refused("end twice", gate.trigger_ended, "D", committed=False)
+    refused("already ended", gate.register, "D", "T", Coupling.DETACHED_CAUSALLY_DEPENDENT)
+    refused("after it was reported to have ended", gate.wait_may_commit, "D")
     gate.condition_returned("C", True)
-    with pytest.raises(GateProtocolError, match="twice"):
-        gate.condition_returned("C", True)
+    refused("twice", gate.condition_returned, "C", True)
     gate.trigger_ended("E", committed=True)
-    with pytest.raises(GateProtocolError, match="before trigger_ended"):
-        gate.condition_returned("E", True)
+    refused("before trigger_ended", gate.condition_returned, "E", True)
 
 
 def test_a_dependent_told_to_abort_cannot_commit():
@@ -399,12 +395,9 @@ def test_a_dependent_told_to_abort_cannot_commit():
     gate.register("D", "T", Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT)
     gate.trigger_ended("T", committed=True)
     assert gate.wait_may_commit("D") is ABORT
-    with pytest.raises(GateProtocolError, match="in state stopped"):
-        gate.wait_may_commit("D")
-    with pytest.raises(GateProtocolError, match="already told to abort"):
-        gate.register("D", "U", Coupling.DETACHED_CAUSALLY_DEPENDENT)
-    with pytest.raises(GateProtocolError, match="did not grant"):
-        gate.trigger_ended("D", committed=True)
+    refused("in state stopped", gate.wait_may_commit, "D")
+    refused("already told to abort", gate.register, "D", "U", Coupling.DETACHED_CAUSALLY_DEPENDENT)
+    refused("did not grant", gate.trigger_ended, "D", committed=True)
 
 
 # ---------------------------------------------------------------- property: against a reference model

@@ -1,6 +1,6 @@
 """The badge story both hand-hygiene tests run (the plain-rule app and the pattern-query app): nine workers,
 each a case of Active CEP's Examples 1–3 or of the app's own rules; each test asserts what its app makes
-of it."""
+of it.  Also the app's tables as comparable rows (``table_state``), for the tests that compare two runs."""
 
 from __future__ import annotations
 
@@ -14,6 +14,26 @@ def badge(kind: str, worker: str, ts: float, room: str = "corridor") -> dict:
 def rows(db, query: str, **parameters) -> list[tuple]:
     with db.engine.connect() as connection:
         return [tuple(row) for row in connection.execute(sa.text(query), parameters)]
+
+
+#: The hand-hygiene app's tables, generated ids left out (detached rows get theirs in whatever order they run).
+APP_TABLES = {
+    "worker_status": "SELECT * FROM worker_status",
+    "alerts": "SELECT worker, kind, at FROM alerts",
+    "status_changes": "SELECT worker, old_status, new_status, event, at FROM status_changes",
+    # an incident report names its alert's generated id: left out too
+    "notifications": "SELECT worker, regexp_replace(message, '\\(alert [0-9]+\\)', ''), at, channel "
+                     "FROM notifications",
+    "badge_lights": "SELECT worker, color, status, at FROM badge_lights",
+    "compensations": "SELECT worker, reason, at, event FROM compensations",
+}
+
+
+def table_state(database, queries: dict[str, str] = APP_TABLES) -> dict[str, list[tuple]]:
+    """Each of ``queries``' rows, sorted, by its name."""
+    with database.engine.connect() as connection:
+        return {table: sorted(tuple(row) for row in connection.execute(sa.text(query)))
+                for table, query in queries.items()}
 
 
 STORY = [

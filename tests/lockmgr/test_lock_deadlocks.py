@@ -19,6 +19,7 @@ from lockmgr import (
     UnknownTransaction,
 )
 from lockmgr.testing import Scenario
+from tests.lockmgr._trees import commits, manager
 
 IR, IW, R, RIW, W = Mode.IR, Mode.IW, Mode.READ, Mode.RIW, Mode.WRITE
 
@@ -27,29 +28,30 @@ def kinds(error: Deadlock) -> set[tuple]:
     return {(edge.waiter, edge.target, edge.kind) for edge in error.cycle}
 
 
-def test_two_transactions_crossing_is_a_deadlock_and_only_the_victim_is_told():
-    lm = LockManager()
-    lm.begin("A")
-    lm.begin("B")
-    lm.acquire("A", "x", W)
-    lm.acquire("B", "y", W)
+@pytest.mark.parametrize("granted, wanted", [
+    ({"A": ("x", W), "B": ("y", W)}, {"A": ("y", W), "B": ("x", W)}),   # each wants the row the other wrote
+    ({"A": ("x", R), "B": ("x", R)}, {"A": ("x", W), "B": ("x", W)}),   # both upgrade a read (Rule 1)
+], ids=["crossing", "conversion"])
+def test_two_transactions_waiting_for_each_other_is_a_deadlock_and_only_the_victim_is_told(granted, wanted):
+    lm = manager("A", "B")
+    for tid, (resource, mode) in granted.items():
+        lm.acquire(tid, resource, mode)
     with Scenario(lm) as scenario:
-        a_waits = scenario.run("a", "A wants y", lambda: lm.acquire("A", "y", W), blocks=True)
-        b_step = scenario.run("b", "B wants x", lambda: lm.acquire("B", "x", W), raises=Deadlock)
+        a_waits = scenario.run("a", f"A wants {wanted['A']}", lambda: lm.acquire("A", *wanted["A"]), blocks=True)
+        b_step = scenario.run("b", f"B wants {wanted['B']}", lambda: lm.acquire("B", *wanted["B"]), raises=Deadlock)
         error = b_step.error
-        assert error.victim == "B" and error.policy == "requester"
+        assert error.victim == "B" and error.requester == "B" and error.policy == "requester"
         assert kinds(error) == {("B", "A", "held"), ("A", "B", "held")}
         assert "lm.abort('B')" in str(error)
         scenario.still_blocked(a_waits)
         assert lm.statistics().waiting == 1 and lm.statistics().deadlocks == 1
         scenario.run("b", "B aborts", lambda: lm.abort("B"))
         scenario.finish(a_waits)
+    assert dict(lm.holders(wanted["A"][0]).held) == {"A": W}
 
 
 def test_a_child_waiting_for_a_lock_its_parent_holds_is_a_deadlock_through_the_commit_edge():
-    lm = LockManager()
-    lm.begin("P")
-    lm.begin("P.1", parent="P")
+    lm = manager("P", "P.1")
     lm.acquire("P", "x", W)
     with pytest.raises(Deadlock) as caught:
         lm.acquire("P.1", "x", R)
@@ -61,30 +63,25 @@ def test_deadlock_created_by_inheritance_is_detected_when_the_waiter_is_redirect
     """T2.a waits for T1.a's lock; T1 waits for T2's lock.  No cycle -- until T1.a commits and T1 retains
     the lock: then T2.a waits for T1 (retained), closing T1 -> T2 -> T2.a -> T1 (Concurrent Rule Execution §4.2.2:
     "deadlock detection is performed ... just before lock inheritance")."""
-    lm = LockManager()
-    for tid, parent in (("T1", None), ("T1.a", "T1"), ("T2", None), ("T2.a", "T2")):
-        lm.begin(tid, parent)
+    lm = manager("T1", "T1.a", "T2", "T2.a")
     lm.acquire("T1.a", "x", W)
     lm.acquire("T2", "y", W)
     with Scenario(lm) as scenario:
         t2a = scenario.run("t2a", "T2.a wants x", lambda: lm.acquire("T2.a", "x", W), blocks=True)
         t1 = scenario.run("t1", "T1 wants y", lambda: lm.acquire("T1", "y", W), blocks=True)
         assert lm.statistics().deadlocks == 0
-        scenario.run("t1a", "T1.a commits", lambda: lm.commit("T1.a"))
+        commits(scenario, "T1.a")
         scenario.finish(t2a, raises=Deadlock)
         error = t2a.error
         assert error.victim == "T2.a"
         assert kinds(error) == {("T2.a", "T1", "retained"), ("T1", "T2", "held"), ("T2", "T2.a", "commit")}
         scenario.still_blocked(t1)
         scenario.run("t2a", "T2.a aborts", lambda: lm.abort("T2.a"))
-        scenario.run("t2", "T2 commits", lambda: lm.commit("T2"))
-        scenario.finish(t1)
+        commits(scenario, "T2", t1)
 
 
 def test_deadlock_across_three_trees_with_subtransactions():
-    lm = LockManager()
-    for tid, parent in (("A", None), ("A.1", "A"), ("B", None), ("B.1", "B"), ("C", None), ("C.1", "C")):
-        lm.begin(tid, parent)
+    lm = manager("A", "A.1", "B", "B.1", "C", "C.1")
     lm.acquire("A.1", "a", W)
     lm.acquire("B.1", "b", W)
     lm.acquire("C.1", "c", W)
@@ -95,17 +92,13 @@ def test_deadlock_across_three_trees_with_subtransactions():
         assert kinds(third.error) == {("A.1", "B.1", "held"), ("B.1", "C.1", "held"), ("C.1", "A.1", "held")}
         scenario.run("c", "C aborts", lambda: lm.abort("C"))
         scenario.finish(second)
-        scenario.run("b", "B.1 commits", lambda: lm.commit("B.1"))
-        scenario.run("b", "B commits", lambda: lm.commit("B"))
-        scenario.finish(first)
+        commits(scenario, "B.1")
+        commits(scenario, "B", first)
 
 
 @pytest.mark.parametrize("policy", ["youngest", "smallest_tree"])
 def test_victim_policies_can_choose_a_transaction_other_than_the_requester(policy):
-    lm = LockManager(victim_policy=policy)
-    lm.begin("Old")
-    lm.begin("Old.1", parent="Old")  # a bigger subtree for smallest_tree
-    lm.begin("Young")
+    lm = manager("Old", "Old.1", "Young", victim_policy=policy)   # Old.1: a bigger subtree for smallest_tree
     lm.acquire("Old", "x", W)
     lm.acquire("Young", "y", W)
     with Scenario(lm) as scenario:
@@ -126,9 +119,7 @@ def test_a_callable_victim_policy_sees_the_cycle_and_its_candidates():
         seen.append(cycle)
         return "B"
 
-    lm = LockManager(victim_policy=choose_b)
-    lm.begin("A")
-    lm.begin("B")
+    lm = manager("A", "B", victim_policy=choose_b)
     lm.acquire("A", "x", W)
     lm.acquire("B", "y", W)
     with Scenario(lm) as scenario:
@@ -147,9 +138,7 @@ def test_a_broken_callable_policy_falls_back_to_the_requester():
     def broken(cycle):
         raise RuntimeError("oops")
 
-    lm = LockManager(victim_policy=broken)
-    lm.begin("A")
-    lm.begin("B")
+    lm = manager("A", "B", victim_policy=broken)
     lm.acquire("A", "x", W)
     lm.acquire("B", "y", W)
     with Scenario(lm) as scenario:
@@ -169,9 +158,7 @@ def test_unknown_victim_policy_is_refused():
 
 
 def test_a_waiting_write_is_not_starved_by_a_stream_of_reads():
-    lm = LockManager()
-    lm.begin("Reader")
-    lm.begin("Writer")
+    lm = manager("Reader", "Writer")
     lm.acquire("Reader", "x", R)
     with Scenario(lm) as scenario:
         writer = scenario.run("w", "Writer wants x", lambda: lm.acquire("Writer", "x", W), blocks=True)
@@ -185,17 +172,13 @@ def test_a_waiting_write_is_not_starved_by_a_stream_of_reads():
         lm.begin("Reader.1", parent="Reader")
         assert lm.try_acquire("Reader.1", "x", R)
         lm.commit("Reader.1")
-        scenario.run("r", "Reader commits", lambda: lm.commit("Reader"))
-        scenario.finish(writer)
+        commits(scenario, "Reader", writer)
         scenario.still_blocked(late)
-        scenario.run("w", "Writer commits", lambda: lm.commit("Writer"))
-        scenario.finish(late)
+        commits(scenario, "Writer", late)
 
 
 def test_a_cycle_caused_only_by_the_queue_is_broken_by_letting_the_queued_reader_go_first():
-    lm = LockManager()
-    for tid in ("T1", "T2", "T3"):
-        lm.begin(tid)
+    lm = manager("T1", "T2", "T3")
     lm.acquire("T1", "x", R)
     lm.acquire("T3", "y", W)
     with Scenario(lm) as scenario:
@@ -207,19 +190,15 @@ def test_a_cycle_caused_only_by_the_queue_is_broken_by_letting_the_queued_reader
         statistics = lm.statistics()
         assert statistics.queue_jumps == 1 and statistics.deadlocks == 0
         assert dict(lm.holders("x").held) == {"T1": R, "T3": R}
-        scenario.run("t3", "T3 commits", lambda: lm.commit("T3"))
-        scenario.finish(t1)
-        scenario.run("t1", "T1 commits", lambda: lm.commit("T1"))
-        scenario.finish(t2)
+        commits(scenario, "T3", t1)
+        commits(scenario, "T1", t2)
 
 
 # ---------------------------------------------------------------- timeouts and errors
 
 
 def test_timeout_withdraws_the_request_and_lets_the_queue_behind_it_through():
-    lm = LockManager()
-    for tid in ("Reader", "Writer", "Late"):
-        lm.begin(tid)
+    lm = manager("Reader", "Writer", "Late")
     lm.acquire("Reader", "x", R)
     with Scenario(lm) as scenario:
         writer = scenario.run("w", "Writer waits 0.2 s", lambda: lm.acquire("Writer", "x", W, timeout=0.2),
@@ -233,11 +212,7 @@ def test_timeout_withdraws_the_request_and_lets_the_queue_behind_it_through():
 
 
 def test_wait_for_graph_exports_all_edge_kinds():
-    lm = LockManager()
-    lm.begin("T")
-    lm.begin("T.1", parent="T")
-    lm.begin("U")
-    lm.begin("V")
+    lm = manager("T", "T.1", "U", "V")
     lm.acquire("T.1", "x", W)
     lm.commit("T.1")
     lm.begin("T.2", parent="T")
@@ -274,9 +249,7 @@ def test_errors_say_what_to_do():
 
 
 def test_one_pending_request_per_transaction():
-    lm = LockManager()
-    lm.begin("A")
-    lm.begin("B")
+    lm = manager("A", "B")
     lm.acquire("A", "x", W)
     lm.acquire("A", "y", W)
     with Scenario(lm) as scenario:
@@ -284,16 +257,13 @@ def test_one_pending_request_per_transaction():
         scenario.run("b2", "B also wants y", lambda: lm.acquire("B", "y", W), raises=RequestPending)
         assert lm.try_acquire("B", "free", W), "an uncontended grant is not a second wait"
         scenario.run("b2", "B cannot commit while waiting", lambda: lm.commit("B"), raises=RequestPending)
-        scenario.run("a", "A commits", lambda: lm.commit("A"))
-        scenario.finish(b)
+        commits(scenario, "A", b)
 
 
 def test_abort_from_another_thread_wakes_the_waiter_with_transaction_aborted():
     from lockmgr import TransactionAborted
 
-    lm = LockManager()
-    lm.begin("A")
-    lm.begin("B")
+    lm = manager("A", "B")
     lm.acquire("A", "x", W)
     errors = []
     started = threading.Event()

@@ -19,18 +19,12 @@ import threading
 import pytest
 
 import lockmgr._entries
-from lockmgr import Deadlock, LockManager, Mode, conflicts, join
+from lockmgr import Deadlock, LockManager, Mode
 from lockmgr.testing import Scenario
+from tests.lockmgr._reference import ReferenceModel
+from tests.lockmgr._trees import commits, held, manager, retained
 
 IR, IW, R, RIW, W = Mode.IR, Mode.IW, Mode.READ, Mode.RIW, Mode.WRITE
-
-
-def held(lm, resource):
-    return dict(lm.holders(resource).held)
-
-
-def retained(lm, resource):
-    return dict(lm.holders(resource).retained)
 
 
 def edges(lm):
@@ -77,8 +71,7 @@ def test_a_deep_chain_commits_without_moving_a_lock_and_each_level_sees_its_reta
 
 
 def test_a_fresh_branch_of_a_deep_chain_may_use_what_the_chain_retains():
-    lm = LockManager()
-    lm.begin("T")
+    lm = manager("T")
     parent = "T"
     for level in range(1, 51):
         lm.begin(f"T.{level}", parent=parent)
@@ -100,10 +93,7 @@ def test_a_fresh_branch_of_a_deep_chain_may_use_what_the_chain_retains():
 
 
 def test_a_committed_members_entries_block_outsiders_but_not_descendants_of_its_owner():
-    lm = LockManager()
-    for tid, parent in (("T", None), ("T.1", "T"), ("T.1.1", "T.1"), ("T.1.2", "T.1"), ("T.2", "T"),
-                        ("T.2.1", "T.2"), ("U", None)):
-        lm.begin(tid, parent)
+    lm = manager("T", "T.1", "T.1.1", "T.1.2", "T.2", "T.2.1", "U")
     lm.acquire("T.1.1", "x", W)
     lm.commit("T.1.1")                                   # owner of the entry: T.1
     assert retained(lm, "x") == {"T.1": W} and held(lm, "x") == {}
@@ -121,10 +111,7 @@ def test_a_committed_members_entries_block_outsiders_but_not_descendants_of_its_
 
 
 def test_an_upgrade_by_the_owner_past_its_committed_members_entries():
-    lm = LockManager()
-    lm.begin("T")
-    lm.begin("T.1", parent="T")
-    lm.begin("T.2", parent="T")
+    lm = manager("T", "T.1", "T.2")
     lm.acquire("T.1", "x", R)
     lm.acquire("T.2", "x", R)
     lm.acquire("T", "x", IR)
@@ -137,8 +124,7 @@ def test_an_upgrade_by_the_owner_past_its_committed_members_entries():
 
 def test_many_siblings_fold_into_one_entry_of_their_parent():
     children = 200
-    lm = LockManager()
-    lm.begin("T")
+    lm = manager("T")
     for number in range(children):
         tid = f"T.{number}"
         lm.begin(tid, parent="T")
@@ -180,9 +166,7 @@ def test_abort_of_an_owner_releases_its_committed_members_entries_and_ancestors_
 
 
 def test_abort_of_an_owner_wakes_an_outsider_waiting_for_a_committed_members_entry():
-    lm = LockManager()
-    for tid, parent in (("T", None), ("T.1", "T"), ("T.1.1", "T.1"), ("U", None)):
-        lm.begin(tid, parent)
+    lm = manager("T", "T.1", "T.1.1", "U")
     lm.acquire("T.1.1", "x", W)
     lm.commit("T.1.1")
     lm.commit("T.1")                                     # T owns x
@@ -200,45 +184,37 @@ def test_abort_of_an_owner_wakes_an_outsider_waiting_for_a_committed_members_ent
 def test_a_waiter_follows_the_owner_up_the_tree_and_is_granted_inside_its_sphere():
     """T.2 waits for x, which T.1.1 (committed) made: the retainer is T.1, outside T.2's ancestry.  When
     T.1 commits the owner becomes T, an ancestor of T.2: the request is granted at that commit."""
-    lm = LockManager()
-    for tid, parent in (("T", None), ("T.1", "T"), ("T.1.1", "T.1"), ("T.2", "T")):
-        lm.begin(tid, parent)
+    lm = manager("T", "T.1", "T.1.1", "T.2")
     lm.acquire("T.1.1", "x", W)
     lm.commit("T.1.1")
     with Scenario(lm) as scenario:
         waiting = scenario.run("t2", "T.2 writes x", lambda: lm.acquire("T.2", "x", W), blocks=True)
         assert ("T.2", "T.1", "retained") in edges(lm)
-        scenario.run("t1", "T.1 commits", lambda: lm.commit("T.1"))
-        scenario.finish(waiting)
+        commits(scenario, "T.1", waiting)
     assert held(lm, "x") == {"T.2": W} and retained(lm, "x") == {"T": W}
     assert lm.statistics().waiting == 0
 
 
 def test_an_outsiders_wait_is_redirected_to_each_new_owner_until_the_top_level_commit():
-    lm = LockManager()
-    for tid, parent in (("T", None), ("T.1", "T"), ("T.1.1", "T.1"), ("T.1.1.1", "T.1.1"), ("U", None)):
-        lm.begin(tid, parent)
+    lm = manager("T", "T.1", "T.1.1", "T.1.1.1", "U")
     lm.acquire("T.1.1.1", "x", W)
     lm.commit("T.1.1.1")
     with Scenario(lm) as scenario:
         waiting = scenario.run("u", "U reads x", lambda: lm.acquire("U", "x", R), blocks=True)
         assert ("U", "T.1.1", "retained") in edges(lm)
-        scenario.run("t", "T.1.1 commits", lambda: lm.commit("T.1.1"))
+        commits(scenario, "T.1.1")
         assert ("U", "T.1", "retained") in edges(lm) and ("U", "T.1.1", "retained") not in edges(lm)
-        scenario.run("t", "T.1 commits", lambda: lm.commit("T.1"))
+        commits(scenario, "T.1")
         assert {(waiter, target) for waiter, target, _ in edges(lm)} == {("U", "T")}
         scenario.still_blocked(waiting)
-        scenario.run("t", "T commits", lambda: lm.commit("T"))
-        scenario.finish(waiting)
+        commits(scenario, "T", waiting)
     assert held(lm, "x") == {"U": R}
 
 
 def test_ownership_moving_up_closes_a_cycle_and_the_redirected_waiter_is_the_victim():
     """T1.a.b made x and committed (owner T1.a).  T2.a waits for x (edge to T1.a), T1 waits for T2's y.
     No cycle -- until T1.a commits: the owner of x becomes T1, and T2.a -> T1 -> T2 -> T2.a closes."""
-    lm = LockManager()
-    for tid, parent in (("T1", None), ("T1.a", "T1"), ("T1.a.b", "T1.a"), ("T2", None), ("T2.a", "T2")):
-        lm.begin(tid, parent)
+    lm = manager("T1", "T1.a", "T1.a.b", "T2", "T2.a")
     lm.acquire("T1.a.b", "x", W)
     lm.commit("T1.a.b")
     lm.acquire("T2", "y", W)
@@ -246,7 +222,7 @@ def test_ownership_moving_up_closes_a_cycle_and_the_redirected_waiter_is_the_vic
         t2a = scenario.run("t2a", "T2.a wants x", lambda: lm.acquire("T2.a", "x", W), blocks=True)
         t1 = scenario.run("t1", "T1 wants y", lambda: lm.acquire("T1", "y", W), blocks=True)
         assert ("T2.a", "T1.a", "retained") in edges(lm) and lm.statistics().deadlocks == 0
-        scenario.run("t1a", "T1.a commits", lambda: lm.commit("T1.a"))
+        commits(scenario, "T1.a")
         scenario.finish(t2a, raises=Deadlock)
         error = t2a.error
         assert error.victim == "T2.a"
@@ -254,8 +230,7 @@ def test_ownership_moving_up_closes_a_cycle_and_the_redirected_waiter_is_the_vic
             ("T2.a", "T1", "retained"), ("T1", "T2", "held"), ("T2", "T2.a", "commit")}
         scenario.still_blocked(t1)
         scenario.run("t2a", "T2.a aborts", lambda: lm.abort("T2.a"))
-        scenario.run("t2", "T2 commits", lambda: lm.commit("T2"))
-        scenario.finish(t1)
+        commits(scenario, "T2", t1)
     lm.commit("T1")
     assert lm.statistics().locks == 0
 
@@ -263,23 +238,19 @@ def test_ownership_moving_up_closes_a_cycle_and_the_redirected_waiter_is_the_vic
 def test_a_queued_request_is_re_evaluated_when_the_owner_ahead_of_it_changes():
     """Fairness across an ownership change: U2's READ queues behind U1's WRITE, which waits for the
     retainer T.1 (via the committed T.1.1).  T.1 commits: U1 now waits for T; U2 still queues behind U1."""
-    lm = LockManager()
-    for tid, parent in (("T", None), ("T.1", "T"), ("T.1.1", "T.1"), ("U1", None), ("U2", None)):
-        lm.begin(tid, parent)
+    lm = manager("T", "T.1", "T.1.1", "U1", "U2")
     lm.acquire("T.1.1", "x", R)
     lm.commit("T.1.1")
     with Scenario(lm) as scenario:
         writer = scenario.run("u1", "U1 writes x", lambda: lm.acquire("U1", "x", W), blocks=True)
         reader = scenario.run("u2", "U2 reads x", lambda: lm.acquire("U2", "x", R), blocks=True)
         assert edges(lm) >= {("U1", "T.1", "retained"), ("U2", "U1", "queued")}
-        scenario.run("t", "T.1 commits", lambda: lm.commit("T.1"))
+        commits(scenario, "T.1")
         assert edges(lm) >= {("U1", "T", "retained"), ("U2", "U1", "queued")}
         assert ("U1", "T.1", "retained") not in edges(lm)
-        scenario.run("t", "T commits", lambda: lm.commit("T"))
-        scenario.finish(writer)
+        commits(scenario, "T", writer)
         scenario.still_blocked(reader)
-        scenario.run("u1", "U1 commits", lambda: lm.commit("U1"))
-        scenario.finish(reader)
+        commits(scenario, "U1", reader)
 
 
 # ---------------------------------------------------------------- retain, declared edges, registered waits
@@ -288,9 +259,7 @@ def test_a_queued_request_is_re_evaluated_when_the_owner_ahead_of_it_changes():
 def test_retain_and_declared_commit_edges_with_committed_members():
     """activedb's pattern: the parent retains before it waits for its children; a child's committed
     sibling's row is usable by the next child; an outsider's wait is an edge to the parent."""
-    lm = LockManager(commit_edges="declared")
-    lm.begin("P")
-    lm.begin("Q")
+    lm = manager("P", "Q", commit_edges="declared")
     lm.acquire("P", "row", W)
     lm.retain("P")
     lm.begin("P.1", parent="P")
@@ -307,8 +276,7 @@ def test_retain_and_declared_commit_edges_with_committed_members():
         # A registered wait of P for Q closes Q -> P -> Q: P, the adder, is told.
         with pytest.raises(Deadlock):
             lm.add_wait("P", ["Q"], kind="dependency")
-        scenario.run("p", "P commits", lambda: lm.commit("P"))
-        scenario.finish(outsider)
+        commits(scenario, "P", outsider)
 
 
 class PausingResource:
@@ -363,65 +331,6 @@ def test_a_fold_leaves_alone_the_entries_of_an_owner_that_is_being_released(monk
 # ---------------------------------------------------------------- randomized, against eager inheritance
 
 
-class EagerModel:
-    """Rules 1-5 with eager inheritance over plain dicts: the behaviour lazy inheritance must reproduce."""
-
-    def __init__(self) -> None:
-        self.parent: dict = {}
-        self.active: set = set()
-        self.held: dict = {}      # (tid, resource) -> mode
-        self.retained: dict = {}  # (tid, resource) -> mode
-
-    def ancestors(self, tid):
-        result = set()
-        node = self.parent[tid]
-        while node is not None:
-            result.add(node)
-            node = self.parent[node]
-        return result
-
-    def allows(self, tid, resource, mode) -> bool:
-        current = self.held.get((tid, resource))
-        wanted = mode if current is None else join(current, mode)
-        ancestors = self.ancestors(tid)
-        for (other, where), other_mode in self.held.items():
-            if where == resource and other != tid and conflicts(other_mode, wanted):
-                return False
-        for (other, where), other_mode in self.retained.items():
-            if where == resource and other != tid and other not in ancestors and conflicts(other_mode, wanted):
-                return False
-        return True
-
-    def grant(self, tid, resource, mode) -> None:
-        current = self.held.get((tid, resource))
-        self.held[(tid, resource)] = mode if current is None else join(current, mode)
-
-    def commit(self, tid) -> None:
-        parent = self.parent[tid]
-        for store in (self.held, self.retained):
-            for (owner, resource), mode in list(store.items()):
-                if owner == tid:
-                    del store[(owner, resource)]
-                    if parent is not None:
-                        previous = self.retained.get((parent, resource))
-                        self.retained[(parent, resource)] = mode if previous is None else join(previous, mode)
-        self.active.discard(tid)
-
-    def abort(self, tid) -> None:
-        doomed = {tid}
-        grown = True
-        while grown:
-            grown = False
-            for child in self.active:
-                if self.parent[child] in doomed and child not in doomed:
-                    doomed.add(child)
-                    grown = True
-        for store in (self.held, self.retained):
-            for key in [key for key in store if key[0] in doomed]:
-                del store[key]
-        self.active -= doomed
-
-
 def _seed() -> int:
     return int(os.environ.get("LOCKMGR_LAZY_SEED", "0"))
 
@@ -445,7 +354,7 @@ def test_random_deep_trees_match_eager_inheritance(round_number, fold_at):
     abort; after every step each resource's holders equal the eager model's."""
     rng = random.Random(_seed() * 1000 + round_number)
     lm = LockManager()
-    model = EagerModel()
+    model = ReferenceModel()              # eager inheritance: what lazy inheritance must reproduce
     resources = ("a", "b", "c", "d", "e", "f")
     modes, weights = zip(*((IR, 3), (IW, 3), (R, 3), (RIW, 1), (W, 1)))
     counter = 0
@@ -462,8 +371,7 @@ def test_random_deep_trees_match_eager_inheritance(round_number, fold_at):
                 if deep:
                     parent = max(rng.sample(deep, min(3, len(deep))), key=lambda candidate: len(model.ancestors(candidate)))
             lm.begin(tid, parent)
-            model.parent[tid] = parent
-            model.active.add(tid)
+            model.begin(tid, parent)
         elif choice < 0.7:
             tid = rng.choice(active)
             resource = rng.choice(resources)

@@ -1,9 +1,9 @@
 """Hypothesis stateful test: the lock manager against a small sequential reference model of Rules 1–5.
 
-The model is deliberately naive -- a dict of held modes and a dict of retained modes keyed by
-(transaction, resource), the rules written as directly as Concurrent Rule Execution §3.1 states them -- and
-shares no code with lockmgr except the conflict table (which test_lock_rules checks against the textbook matrix).  Single
-threaded: requests that the model says would wait go through ``try_acquire``, which must then refuse.
+The model (``tests/lockmgr/_reference.py``) is deliberately naive -- a dict of held modes and a dict of
+retained modes keyed by (transaction, resource), the rules written as directly as Concurrent Rule Execution §3.1
+states them -- and shares no code with lockmgr except the conflict table (which test_lock_rules checks against
+the textbook matrix).  Single threaded: requests that the model says would wait go through ``try_acquire``, which must then refuse.
 """
 
 from __future__ import annotations
@@ -12,95 +12,12 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from lockmgr import (
-    ActiveChildren,
-    InvalidDowngrade,
-    LockManager,
-    LockNotHeld,
-    Mode,
-    conflicts,
-    covers,
-    join,
-)
+from lockmgr import ActiveChildren, InvalidDowngrade, LockManager, LockNotHeld, Mode, conflicts, covers
+from tests.lockmgr._reference import ReferenceModel
 
 RESOURCES = ("a", "b")
 MODES = tuple(Mode)
 MAX_TRANSACTIONS = 9
-
-
-class ReferenceModel:
-    """Rules 1–5 over plain dicts.  ``parent[tid]`` is None for a top-level transaction."""
-
-    def __init__(self) -> None:
-        self.parent: dict[str, str | None] = {}
-        self.active: set[str] = set()
-        self.held: dict[tuple[str, str], Mode] = {}
-        self.retained: dict[tuple[str, str], Mode] = {}
-
-    def ancestors(self, tid: str) -> set[str]:
-        result = set()
-        node = self.parent[tid]
-        while node is not None:
-            result.add(node)
-            node = self.parent[node]
-        return result
-
-    def children(self, tid: str) -> set[str]:
-        return {child for child in self.active if self.parent[child] == tid}
-
-    def descendants(self, tid: str) -> set[str]:
-        result = set()
-        stack = [tid]
-        while stack:
-            for child in self.children(stack.pop()):
-                result.add(child)
-                stack.append(child)
-        return result
-
-    def allows(self, tid: str, resource: str, mode: Mode) -> bool:
-        """Rule 1 (for an upgrade, the mode asked for is the join with the mode already held)."""
-        current = self.held.get((tid, resource))
-        wanted = mode if current is None else join(current, mode)
-        for (other, other_resource), other_mode in self.held.items():
-            if other_resource == resource and other != tid and conflicts(other_mode, wanted):
-                return False
-        ancestors = self.ancestors(tid)
-        for (other, other_resource), other_mode in self.retained.items():
-            if other_resource == resource and other != tid and other not in ancestors and conflicts(other_mode, wanted):
-                return False
-        return True
-
-    def grant(self, tid: str, resource: str, mode: Mode) -> None:
-        current = self.held.get((tid, resource))
-        self.held[(tid, resource)] = mode if current is None else join(current, mode)
-
-    def commit(self, tid: str) -> None:
-        """Rule 2 (subtransaction) or Rule 3 (top level)."""
-        parent = self.parent[tid]
-        for store in (self.held, self.retained):
-            for (owner, resource), mode in list(store.items()):
-                if owner != tid:
-                    continue
-                del store[(owner, resource)]
-                if parent is not None:
-                    previous = self.retained.get((parent, resource))
-                    self.retained[(parent, resource)] = mode if previous is None else join(previous, mode)
-        self.active.discard(tid)
-
-    def abort(self, tid: str) -> None:
-        """Rule 4, for tid and its active descendants."""
-        doomed = {tid} | self.descendants(tid)
-        for store in (self.held, self.retained):
-            for key in [key for key in store if key[0] in doomed]:
-                del store[key]
-        self.active -= doomed
-
-    def downgrade(self, tid: str, resource: str, mode: Mode) -> None:
-        """Rule 5."""
-        current = self.held[(tid, resource)]
-        self.held[(tid, resource)] = mode
-        previous = self.retained.get((tid, resource))
-        self.retained[(tid, resource)] = current if previous is None else join(previous, current)
 
 
 class LockManagerMachine(RuleBasedStateMachine):
@@ -122,8 +39,7 @@ class LockManagerMachine(RuleBasedStateMachine):
         if not top_level and self.model.active:
             parent = data.draw(st.sampled_from(sorted(self.model.active)), label="parent")
         self.lm.begin(tid, parent)
-        self.model.parent[tid] = parent
-        self.model.active.add(tid)
+        self.model.begin(tid, parent)
 
     @precondition(lambda self: self.model.active)
     @rule(data=st.data(), resource=st.sampled_from(RESOURCES), mode=st.sampled_from(MODES), blocking=st.booleans())
@@ -146,8 +62,7 @@ class LockManagerMachine(RuleBasedStateMachine):
         parent = data.draw(st.sampled_from(sorted(self.model.active)), label="parent")
         tid = self._new_tid()
         self.lm.begin(tid, parent)
-        self.model.parent[tid] = parent
-        self.model.active.add(tid)
+        self.model.begin(tid, parent)
         expected = self.model.allows(tid, resource, mode)
         assert self.lm.try_acquire(tid, resource, mode) == expected
         if expected:
@@ -166,8 +81,7 @@ class LockManagerMachine(RuleBasedStateMachine):
         for level in range(length):
             tid = self._new_tid()
             self.lm.begin(tid, parent)
-            self.model.parent[tid] = parent
-            self.model.active.add(tid)
+            self.model.begin(tid, parent)
             expected = self.model.allows(tid, resource, modes[level])
             assert self.lm.try_acquire(tid, resource, modes[level]) == expected
             if expected:

@@ -11,14 +11,13 @@ import threading
 
 import pytest
 
-from lockmgr import Deadlock, LockManager, Mode
+from lockmgr import Deadlock, Mode
 from lockmgr.testing import wait_until
+from tests.lockmgr._trees import manager
 
 
 def test_a_registered_wait_closing_a_cycle_with_a_lock_wait_raises_for_its_adder():
-    lm = LockManager()
-    lm.begin("A")
-    lm.begin("B")
+    lm = manager("A", "B")
     lm.acquire("A", "x", Mode.WRITE)
     errors = []
     waiter = threading.Thread(target=lambda: _acquire_or_record(lm, "B", "x", errors))
@@ -34,8 +33,7 @@ def test_a_registered_wait_closing_a_cycle_with_a_lock_wait_raises_for_its_adder
 
 
 def test_a_lock_wait_closing_a_cycle_through_a_registered_wait_picks_the_volunteer():
-    lm = LockManager()
-    lm.begin("T")
+    lm = manager("T")
     lm.begin("T.1", parent="T")                      # the trigger's subtransaction
     lm.begin("D")                                    # a dependent (a detached rule's transaction)
     lm.acquire("D", "row", Mode.WRITE)
@@ -59,9 +57,7 @@ def test_a_lock_wait_closing_a_cycle_through_a_registered_wait_picks_the_volunte
 
 
 def test_released_waits_leave_no_edge_and_ended_targets_add_none():
-    lm = LockManager()
-    lm.begin("A")
-    lm.begin("B")
+    lm = manager("A", "B")
     with lm.add_wait("A", ["B", "nobody"], kind="nested") as wait:
         assert lm.statistics().registered_waits == 1
         assert [(a, b, data["kind"]) for a, b, data in lm.wait_for_graph().edges(data=True)] == [("A", "B", "nested")]
@@ -73,9 +69,7 @@ def test_released_waits_leave_no_edge_and_ended_targets_add_none():
 
 
 def test_a_waiter_that_cannot_be_told_is_never_chosen():
-    lm = LockManager()
-    lm.begin("A")
-    lm.begin("B")
+    lm = manager("A", "B")
     lm.acquire("B", "x", Mode.WRITE)
     lm.add_wait("B", ["A"], kind="nested")           # no on_victim: B's thread cannot be interrupted
     with pytest.raises(Deadlock) as raised:          # so the lock waiter that closes the cycle is the victim
@@ -84,9 +78,7 @@ def test_a_waiter_that_cannot_be_told_is_never_chosen():
 
 
 def test_abort_drops_the_registered_waits_of_the_aborted():
-    lm = LockManager()
-    lm.begin("A")
-    lm.begin("B")
+    lm = manager("A", "B")
     lm.add_wait("A", ["B"])
     lm.abort("A")
     assert lm.statistics().registered_waits == 0
@@ -100,8 +92,7 @@ def _acquire_or_record(lm, tid, resource, errors):
 
 
 def test_retain_turns_holds_into_retains_in_place_and_lets_descendants_in():
-    lm = LockManager(commit_edges="declared")
-    lm.begin("P")
+    lm = manager("P", commit_edges="declared")
     lm.acquire("P", "row", Mode.WRITE)
     lm.begin("P.1", parent="P")                      # a spawned child: the parent does not wait for it yet
     errors = []
@@ -119,9 +110,7 @@ def test_retain_turns_holds_into_retains_in_place_and_lets_descendants_in():
 
 
 def test_declared_commit_edges_count_while_the_parent_waits_or_for_an_inline_child():
-    lm = LockManager(commit_edges="declared")
-    lm.begin("P")
-    lm.begin("X")
+    lm = manager("P", "X", commit_edges="declared")
     lm.acquire("X", "row", Mode.WRITE)
     lm.begin("P.1", parent="P", awaited=True)        # inline: P waits for it all its life
     lm.acquire("P", "other", Mode.WRITE)

@@ -10,18 +10,11 @@ import itertools
 
 import pytest
 
-from lockmgr import LockManager, Mode, conflicts, covers, join
+from lockmgr import Mode, conflicts, covers, join
 from lockmgr.testing import Scenario
+from tests.lockmgr._trees import commits, held, manager, retained
 
 IR, IW, R, U, RIW, W = Mode.IR, Mode.IW, Mode.READ, Mode.UPDATE, Mode.RIW, Mode.WRITE
-
-
-def held(lm, resource):
-    return dict(lm.holders(resource).held)
-
-
-def retained(lm, resource):
-    return dict(lm.holders(resource).retained)
 
 
 # ---------------------------------------------------------------- the one conflict table
@@ -54,9 +47,7 @@ def test_two_read_modify_writes_with_update_locks_queue_instead_of_deadlocking()
     """The conversion deadlock the update mode exists for: with READ, both readers then both want WRITE
     (a cycle); with UPDATE the second waits at its read, and the first converts to WRITE while a plain
     reader still reads."""
-    lm = LockManager()
-    for tid in ("A", "B", "C"):
-        lm.begin(tid)
+    lm = manager("A", "B", "C")
     lm.acquire("A", "counter", U)
     assert not lm.try_acquire("B", "counter", U)          # the second updater waits at its read
     assert lm.try_acquire("C", "counter", R)              # readers are still admitted
@@ -71,9 +62,7 @@ def test_two_read_modify_writes_with_update_locks_queue_instead_of_deadlocking()
 
 
 def test_rule1_no_other_transaction_may_hold_a_conflicting_mode():
-    lm = LockManager()
-    for tid in ("A", "B"):
-        lm.begin(tid)
+    lm = manager("A", "B")
     lm.acquire("A", "x", R)
     assert lm.try_acquire("B", "x", R), "READ is shared"
     assert not lm.try_acquire("B", "x", W), "WRITE conflicts with A's READ"
@@ -86,11 +75,7 @@ def test_rule1_no_other_transaction_may_hold_a_conflicting_mode():
 
 
 def test_rule1_retainers_in_conflicting_mode_must_be_ancestors():
-    lm = LockManager()
-    lm.begin("T")
-    lm.begin("T.1", parent="T")
-    lm.begin("T.2", parent="T")
-    lm.begin("U")
+    lm = manager("T", "T.1", "T.2", "U")
     lm.acquire("T.1", "x", W)
     lm.commit("T.1")  # T now retains WRITE on x
     assert retained(lm, "x") == {"T": W}
@@ -102,9 +87,7 @@ def test_rule1_retainers_in_conflicting_mode_must_be_ancestors():
 
 
 def test_rule1_a_retainer_uses_its_own_retained_lock():
-    lm = LockManager()
-    lm.begin("T")
-    lm.begin("T.1", parent="T")
+    lm = manager("T", "T.1")
     lm.acquire("T.1", "x", W)
     lm.commit("T.1")
     assert lm.try_acquire("T", "x", W)
@@ -112,9 +95,7 @@ def test_rule1_a_retainer_uses_its_own_retained_lock():
 
 
 def test_rule1_upgrade_read_to_write():
-    lm = LockManager()
-    lm.begin("A")
-    lm.begin("B")
+    lm = manager("A", "B")
     lm.acquire("A", "x", R)
     lm.acquire("A", "x", W)  # alone: the upgrade is granted at once
     assert held(lm, "x") == {"A": W}
@@ -129,37 +110,15 @@ def test_rule1_upgrade_read_to_write():
     assert held(lm, "t") == {"A": RIW}, "IW + READ is RIW (SIX)"
 
 
-def test_rule1_upgrade_waits_for_the_other_reader_and_conversion_deadlock_is_detected():
-    lm = LockManager()
-    lm.begin("A")
-    lm.begin("B")
-    lm.acquire("A", "x", R)
-    lm.acquire("B", "x", R)
-    with Scenario(lm) as scenario:
-        a_upgrade = scenario.run("a", "A upgrades x to WRITE", lambda: lm.acquire("A", "x", W), blocks=True)
-        from lockmgr import Deadlock
-
-        step = scenario.run("b", "B upgrades x to WRITE", lambda: lm.acquire("B", "x", W), raises=Deadlock)
-        error = step.error
-        assert error.victim == "B" and error.requester == "B"
-        assert {(edge.waiter, edge.target, edge.kind) for edge in error.cycle} == {
-            ("B", "A", "held"),
-            ("A", "B", "held"),
-        }
-        scenario.still_blocked(a_upgrade)
-        scenario.run("b", "B aborts", lambda: lm.abort("B"))
-        scenario.finish(a_upgrade)
-    assert held(lm, "x") == {"A": W}
+# Rule 1's conversion deadlock (two readers both upgrading) is a case of test_lock_deadlocks'
+# test_two_transactions_waiting_for_each_other_is_a_deadlock_and_only_the_victim_is_told.
 
 
 # ---------------------------------------------------------------- Rule 2
 
 
 def test_rule2_parent_inherits_held_and_retained_locks_and_retains_them_in_the_same_modes():
-    lm = LockManager()
-    lm.begin("T")
-    lm.begin("T.1", parent="T")
-    lm.begin("T.1.1", parent="T.1")
+    lm = manager("T", "T.1", "T.1.1")
     lm.acquire("T.1.1", "y", R)
     lm.commit("T.1.1")  # T.1 retains READ on y
     lm.acquire("T.1", "x", W)
@@ -171,10 +130,7 @@ def test_rule2_parent_inherits_held_and_retained_locks_and_retains_them_in_the_s
 
 
 def test_rule2_inherited_mode_joins_what_the_parent_already_retains():
-    lm = LockManager()
-    lm.begin("T")
-    lm.begin("T.1", parent="T")
-    lm.begin("T.2", parent="T")
+    lm = manager("T", "T.1", "T.2")
     lm.acquire("T.1", "t", IW)
     lm.commit("T.1")
     lm.acquire("T.2", "t", R)
@@ -183,26 +139,20 @@ def test_rule2_inherited_mode_joins_what_the_parent_already_retains():
 
 
 def test_rule2_inheritance_wakes_a_waiter_whose_common_ancestor_inherits():
-    lm = LockManager()
-    lm.begin("T")
-    lm.begin("T.1", parent="T")
-    lm.begin("T.2", parent="T")
+    lm = manager("T", "T.1", "T.2")
     lm.acquire("T.1", "x", W)
     with Scenario(lm) as scenario:
         waiting = scenario.run("s2", "T.2 reads x", lambda: lm.acquire("T.2", "x", R), blocks=True)
         edges = lm.wait_for_graph().edges(data=True)
         assert ("T.2", "T.1", {"kind": "held", "resource": "x"}) in edges
-        scenario.run("s1", "T.1 commits", lambda: lm.commit("T.1"))
-        scenario.finish(waiting)
+        commits(scenario, "T.1", waiting)
     assert held(lm, "x") == {"T.2": R} and retained(lm, "x") == {"T": W}
 
 
 def test_committing_with_active_children_is_refused():
     from lockmgr import ActiveChildren
 
-    lm = LockManager()
-    lm.begin("T")
-    lm.begin("T.1", parent="T")
+    lm = manager("T", "T.1")
     with pytest.raises(ActiveChildren, match="children 'T.1' are still active"):
         lm.commit("T")
     lm.commit("T.1")
@@ -214,10 +164,7 @@ def test_committing_with_active_children_is_refused():
 
 
 def test_rule3_top_level_commit_releases_everything_and_wakes_waiters():
-    lm = LockManager()
-    lm.begin("T")
-    lm.begin("T.1", parent="T")
-    lm.begin("U")
+    lm = manager("T", "T.1", "U")
     lm.acquire("T.1", "x", W)
     lm.commit("T.1")
     lm.acquire("T", "y", R)
@@ -225,8 +172,7 @@ def test_rule3_top_level_commit_releases_everything_and_wakes_waiters():
         waiting = scenario.run("u", "U writes x", lambda: lm.acquire("U", "x", W), blocks=True)
         edges = lm.wait_for_graph().edges(data=True)
         assert ("U", "T", {"kind": "retained", "resource": "x"}) in edges
-        scenario.run("t", "T commits", lambda: lm.commit("T"))
-        scenario.finish(waiting)
+        commits(scenario, "T", waiting)
     assert held(lm, "x") == {"U": W}
     assert not lm.holders("y")
     assert lm.statistics().locks == 1
@@ -236,9 +182,7 @@ def test_rule3_top_level_commit_releases_everything_and_wakes_waiters():
 
 
 def test_rule4_abort_releases_what_the_transaction_holds_or_retains_and_ancestors_keep_theirs():
-    lm = LockManager()
-    lm.begin("T")
-    lm.begin("T.1", parent="T")
+    lm = manager("T", "T.1")
     lm.acquire("T.1", "x", W)
     lm.commit("T.1")  # T retains WRITE on x
     lm.begin("T.2", parent="T")
@@ -257,11 +201,7 @@ def test_rule4_abort_releases_what_the_transaction_holds_or_retains_and_ancestor
 def test_rule4_abort_aborts_active_descendants_and_a_waiting_descendant_is_told():
     from lockmgr import TransactionAborted
 
-    lm = LockManager()
-    lm.begin("T")
-    lm.begin("T.1", parent="T")
-    lm.begin("T.1.1", parent="T.1")
-    lm.begin("U")
+    lm = manager("T", "T.1", "T.1.1", "U")
     lm.acquire("U", "busy", W)
     lm.acquire("T.1", "a", W)
     lm.acquire("T.1.1", "b", R)
@@ -278,9 +218,7 @@ def test_rule4_abort_aborts_active_descendants_and_a_waiting_descendant_is_told(
 
 
 def test_rule4_abort_of_a_holder_wakes_its_waiters():
-    lm = LockManager()
-    lm.begin("A")
-    lm.begin("B")
+    lm = manager("A", "B")
     lm.acquire("A", "x", W)
     with Scenario(lm) as scenario:
         waiting = scenario.run("b", "B reads x", lambda: lm.acquire("B", "x", R), blocks=True)
@@ -295,10 +233,7 @@ def test_rule4_abort_of_a_holder_wakes_its_waiters():
 def test_rule5_downgrade_holds_the_weaker_mode_and_retains_the_stronger():
     from lockmgr import InvalidDowngrade, LockNotHeld
 
-    lm = LockManager()
-    lm.begin("T")
-    lm.begin("T.1", parent="T")
-    lm.begin("U")
+    lm = manager("T", "T.1", "U")
     lm.acquire("T", "x", W)
     assert not lm.try_acquire("T.1", "x", R), "before: T holds WRITE, even its child must wait"
     lm.downgrade("T", "x", R)
@@ -312,8 +247,7 @@ def test_rule5_downgrade_holds_the_weaker_mode_and_retains_the_stronger():
 
 
 def test_rule5_a_retainer_can_take_the_stronger_mode_back():
-    lm = LockManager()
-    lm.begin("T")
+    lm = manager("T")
     lm.acquire("T", "x", W)
     lm.downgrade("T", "x", IR)
     assert held(lm, "x") == {"T": IR}
@@ -325,9 +259,7 @@ def test_rule5_a_retainer_can_take_the_stronger_mode_back():
 
 
 def test_tuple_locks_take_the_matching_intention_lock_on_the_table():
-    lm = LockManager()
-    lm.begin("A")
-    lm.begin("B")
+    lm = manager("A", "B")
     lm.acquire_tuple("A", "accounts", 1, W)
     assert held(lm, "accounts") == {"A": IW} and held(lm, ("accounts", 1)) == {"A": W}
     lm.acquire_tuple("B", "accounts", 2, R)

@@ -4,23 +4,15 @@ registered, exactly the table it would have had (lockmgr/README.md §9)."""
 
 from __future__ import annotations
 
-from lockmgr import LockManager, Mode
+from lockmgr import Mode
 from lockmgr.testing import Scenario
+from tests.lockmgr._trees import held, manager, retained
 
 R, W, IW = Mode.READ, Mode.WRITE, Mode.IW
 
 
-def held(lm, resource):
-    return dict(lm.holders(resource).held)
-
-
-def retained(lm, resource):
-    return dict(lm.holders(resource).retained)
-
-
 def test_drop_holds_releases_what_the_savepoint_took_and_keeps_the_parents_retains():
-    lm = LockManager(commit_edges="declared")
-    lm.begin("P")
+    lm = manager("P", commit_edges="declared")
     lm.acquire("P", "x", R)
     lm.retain("P")                                   # the parent's own lock, before the savepoint
     assert lm.try_acquire("P", "x", W) and lm.try_acquire_tuple("P", "t", 1, W)   # the savepoint's
@@ -34,9 +26,7 @@ def test_drop_holds_releases_what_the_savepoint_took_and_keeps_the_parents_retai
 
 
 def test_hand_down_moves_the_holds_and_the_wait_edges_to_the_child():
-    lm = LockManager(commit_edges="declared")
-    lm.begin("P")
-    lm.begin("Q")
+    lm = manager("P", "Q", commit_edges="declared")
     assert lm.try_acquire("P", "x", W)               # taken by P's lazily run child
     with Scenario(lm) as scenario:
         waiting = scenario.run("q", "Q wants x", lambda: lm.acquire("Q", "x", R), blocks=True)

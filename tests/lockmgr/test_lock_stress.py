@@ -39,6 +39,7 @@ from lockmgr import (
     covers,
     join,
 )
+from tests.lockmgr._reference import ancestors
 
 IR, IW, R, RIW, W = Mode.IR, Mode.IW, Mode.READ, Mode.RIW, Mode.WRITE
 WORKERS = 16
@@ -64,14 +65,6 @@ class GrantLog:
         self.violations: list[str] = []
         self.grants = 0
 
-    def ancestors(self, tid: str) -> set[str]:
-        result = set()
-        node = self.parent[tid]
-        while node is not None:
-            result.add(node)
-            node = self.parent[node]
-        return result
-
     def began(self, tid: str, parent: str | None) -> None:
         with self.mutex:
             self.parent[tid] = parent
@@ -85,7 +78,7 @@ class GrantLog:
                     self.violations.append(f"{first} holds {first_mode.name} and {second} holds "
                                            f"{second_mode.name} on {resource!r}")
             for retainer, retained_mode in retained.items():
-                if retainer != first and conflicts(first_mode, retained_mode) and retainer not in self.ancestors(first):
+                if retainer != first and conflicts(first_mode, retained_mode) and retainer not in ancestors(self.parent, first):
                     self.violations.append(f"{first} holds {first_mode.name} on {resource!r} while {retainer}, "
                                            f"not an ancestor, retains {retained_mode.name}")
 
@@ -143,15 +136,6 @@ class GrantLog:
 
 def reference_waits(snapshot: LockTableSnapshot, parent: dict) -> dict:
     """The wait-for edges recomputed from the lock table alone: Rule 1 plus the documented queue policy."""
-
-    def ancestors(tid):
-        result = set()
-        node = parent[tid]
-        while node is not None:
-            result.add(node)
-            node = parent[node]
-        return result
-
     edges: dict = {}
     for resource, holders in snapshot.resources.items():
         ahead = []
@@ -159,7 +143,7 @@ def reference_waits(snapshot: LockTableSnapshot, parent: dict) -> dict:
             tid = request.tid
             current = holders.held.get(tid)
             target = request.mode if current is None else join(current, request.mode)
-            lineage = ancestors(tid)
+            lineage = ancestors(parent, tid)
             blockers = {}
             for holder, mode in holders.held.items():
                 if holder != tid and conflicts(mode, target):

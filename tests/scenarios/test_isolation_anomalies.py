@@ -15,12 +15,12 @@ from __future__ import annotations
 import threading
 
 import pytest
-import sqlalchemy as sa
 
 import activedb
 from activedb import testing
 from lockmgr import Deadlock
 from tests import _actors as actors
+from tests._tables import history_checked, item_values, refill
 
 pytestmark = pytest.mark.db(record_history=True)
 
@@ -30,12 +30,9 @@ BLOCKED = "blocked"
 
 @pytest.fixture(autouse=True)
 def initial_state(db):
-    with db.engine.begin() as connection:
-        connection.execute(sa.text("DELETE FROM items"))
-        connection.execute(sa.text("INSERT INTO items (key, value) VALUES ('x', 10), ('y', 20)"))
-    db.history.clear()
-    yield
-    testing.check_history(db.history.snapshot()).assert_ok()
+    refill(db, "items", "(key, value) VALUES ('x', 10), ('y', 20)")
+    with history_checked(db):
+        yield
 
 
 class Actor(actors.Actor):
@@ -85,6 +82,11 @@ class TopLevelPair:
             actor.outcome = "committed"
         except BaseException as error:
             actor.outcome, actor.error = "aborted", error
+
+    def end(self, actor: Actor, commit: bool = True) -> str:
+        """Tell ``actor`` to commit (or abort) and wait for its outcome: "committed" or "aborted"."""
+        actor.finish(commit)
+        return self.wait_ended(actor)
 
     def wait_ended(self, actor: Actor) -> str:
         self.threads[self.actors.index(actor)].join(TIMEOUT)
@@ -141,6 +143,12 @@ class SiblingPair(TopLevelPair):
 PAIRS = {"top-level": TopLevelPair, "siblings": SiblingPair}
 
 
+@pytest.fixture(params=PAIRS)
+def pair(db, request) -> TopLevelPair:
+    """The two transactions of a scenario: top-level, or siblings under one parent."""
+    return PAIRS[request.param](db)
+
+
 def read(key):
     return lambda tx: (tx.read("items", key) or {}).get("value")
 
@@ -149,59 +157,42 @@ def write(key, value):
     return lambda tx: tx.write("items", key, value=value)
 
 
-def committed_values(db):
-    with db.engine.connect() as connection:
-        return dict(connection.execute(sa.text("SELECT key, value FROM items")).all())
-
-
-@pytest.mark.parametrize("kind", PAIRS)
-def test_g0_dirty_write(db, kind):
-    pair = PAIRS[kind](db)
+def test_g0_dirty_write(db, pair):
     t1, t2 = pair.actors
     t1.step(write("x", 11))
     assert t2.step(write("x", 12), blocks=True) == BLOCKED
     t1.step(write("y", 21))
-    t1.finish()
-    assert pair.wait_ended(t1) == "committed"
+    assert pair.end(t1) == "committed"
     t2.resume()
     t2.step(write("y", 22))
-    t2.finish()
-    assert pair.wait_ended(t2) == "committed"
+    assert pair.end(t2) == "committed"
     pair.close()
-    assert committed_values(db) == {"x": 12, "y": 22}    # never x from one and y from the other
+    assert item_values(db) == {"x": 12, "y": 22}    # never x from one and y from the other
 
 
-@pytest.mark.parametrize("kind", PAIRS)
-def test_g1a_aborted_read(db, kind):
-    pair = PAIRS[kind](db)
+def test_g1a_aborted_read(db, pair):
     t1, t2 = pair.actors
     t1.step(write("x", 101))
     assert t2.step(read("x"), blocks=True) == BLOCKED
-    t1.finish(commit=False)
-    assert pair.wait_ended(t1) == "aborted"
+    assert pair.end(t1, commit=False) == "aborted"
     assert t2.resume() == 10
     t2.finish()
     pair.close()
-    assert committed_values(db) == {"x": 10, "y": 20}
+    assert item_values(db) == {"x": 10, "y": 20}
 
 
-@pytest.mark.parametrize("kind", PAIRS)
-def test_g1b_intermediate_read(db, kind):
-    pair = PAIRS[kind](db)
+def test_g1b_intermediate_read(db, pair):
     t1, t2 = pair.actors
     t1.step(write("x", 101))
     assert t2.step(read("x"), blocks=True) == BLOCKED
     t1.step(write("x", 11))
-    t1.finish()
-    pair.wait_ended(t1)
+    pair.end(t1)
     assert t2.resume() == 11          # never the intermediate 101
     t2.finish()
     pair.close()
 
 
-@pytest.mark.parametrize("kind", PAIRS)
-def test_g1c_circular_information_flow(db, kind):
-    pair = PAIRS[kind](db)
+def test_g1c_circular_information_flow(db, pair):
     t1, t2 = pair.actors
     t1.step(write("x", 11))
     t2.step(write("y", 22))
@@ -210,33 +201,26 @@ def test_g1c_circular_information_flow(db, kind):
         t2.step(read("x"))
     assert pair.wait_ended(t2) == "aborted"
     assert t1.resume() == 20           # T2's write vanished with its abort
-    t1.finish()
-    assert pair.wait_ended(t1) == "committed"
+    assert pair.end(t1) == "committed"
     pair.close()
-    assert committed_values(db) == {"x": 11, "y": 20}
+    assert item_values(db) == {"x": 11, "y": 20}
 
 
-@pytest.mark.parametrize("kind", PAIRS)
-def test_otv_observed_transaction_vanishes(db, kind):
-    pair = PAIRS[kind](db)
+def test_otv_observed_transaction_vanishes(db, pair):
     t1, t2 = pair.actors
     t1.step(write("x", 11))
     t1.step(write("y", 19))
     assert t2.step(write("x", 12), blocks=True) == BLOCKED
-    t1.finish()
-    pair.wait_ended(t1)
+    pair.end(t1)
     t2.resume()
     t2.step(write("y", 18))
-    t2.finish()
-    pair.wait_ended(t2)
+    pair.end(t2)
     pair.close()
     with db.transaction() as tx:
         assert (tx.read("items", "x")["value"], tx.read("items", "y")["value"]) == (12, 18)
 
 
-@pytest.mark.parametrize("kind", PAIRS)
-def test_lost_update(db, kind):
-    pair = PAIRS[kind](db)
+def test_lost_update(db, pair):
     t1, t2 = pair.actors
     assert t1.step(read("x")) == 10
     assert t2.step(read("x")) == 10
@@ -245,34 +229,27 @@ def test_lost_update(db, kind):
         t2.step(write("x", 11))
     pair.wait_ended(t2)
     t1.resume()
-    t1.finish()
-    pair.wait_ended(t1)
+    pair.end(t1)
     pair.close()
-    assert committed_values(db)["x"] == 11   # T2's update was not silently lost: T2 aborted
+    assert item_values(db)["x"] == 11   # T2's update was not silently lost: T2 aborted
 
 
-@pytest.mark.parametrize("kind", PAIRS)
-def test_read_skew(db, kind):
-    pair = PAIRS[kind](db)
+def test_read_skew(db, pair):
     t1, t2 = pair.actors
     assert t1.step(read("x")) == 10
     assert t2.step(read("x")) == 10
     assert t2.step(read("y")) == 20
     assert t2.step(write("x", 12), blocks=True) == BLOCKED
     assert t1.step(read("y")) == 20     # consistent with the x it read
-    t1.finish()
-    pair.wait_ended(t1)
+    pair.end(t1)
     t2.resume()
     t2.step(write("y", 18))
-    t2.finish()
-    pair.wait_ended(t2)
+    pair.end(t2)
     pair.close()
-    assert committed_values(db) == {"x": 12, "y": 18}
+    assert item_values(db) == {"x": 12, "y": 18}
 
 
-@pytest.mark.parametrize("kind", PAIRS)
-def test_write_skew(db, kind):
-    pair = PAIRS[kind](db)
+def test_write_skew(db, pair):
     t1, t2 = pair.actors
     t1.step(read("x")), t1.step(read("y"))
     t2.step(read("x")), t2.step(read("y"))
@@ -281,7 +258,6 @@ def test_write_skew(db, kind):
         t2.step(write("y", 21))
     pair.wait_ended(t2)
     t1.resume()
-    t1.finish()
-    pair.wait_ended(t1)
+    pair.end(t1)
     pair.close()
-    assert committed_values(db) == {"x": 11, "y": 20}
+    assert item_values(db) == {"x": 11, "y": 20}

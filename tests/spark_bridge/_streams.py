@@ -69,6 +69,22 @@ def counter_workload(files: int, rows_per_file: int, *, seed: int = 1, keys: int
     return workload
 
 
+def assert_flush_is_open(url: str) -> None:
+    """While a driver is held inside batch 1's flush: its transaction is open in PostgreSQL, and only batch 0
+    is in the ledger."""
+    import psycopg
+
+    from spark_bridge._baseline import psycopg_conninfo
+
+    with psycopg.connect(psycopg_conninfo(url)) as connection:
+        open_transactions = connection.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND state = 'idle in transaction' AND backend_xid IS NOT NULL").fetchone()[0]
+        batches = [row[0] for row in connection.execute("SELECT batch_id FROM activedb_ingestion_ledger")]
+    assert open_transactions == 1
+    assert batches == [0]
+
+
 def write_files(directory: Path, batches: list[list[dict]]) -> None:
     """One JSON-lines file per batch; Spark reads them in modification-time order."""
     directory.mkdir(parents=True, exist_ok=True)

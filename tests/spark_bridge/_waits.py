@@ -6,10 +6,11 @@ bare timeout."""
 from __future__ import annotations
 
 import subprocess
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
-from spark_bridge._experiments.crash_driver import wait_for_line
+from spark_bridge._experiments.crash_driver import kill_driver, wait_for_line
 
 # A driver starts a JVM (5-10 s idle) and runs a few batches: 15 minutes is more than 8x load needs, and
 # a wait that does fail says what the driver did meanwhile.
@@ -31,6 +32,28 @@ def wait_for_driver_line(log: Path, predicate: Callable[[list[str]], bool], *, p
     except (TimeoutError, RuntimeError) as error:
         raise AssertionError(f"waiting for {what}: {error}\n--- driver log {log}:\n{_tail(log)}\n"
                              f"--- driver output {output}:\n{_tail(output)}") from None
+
+
+@contextmanager
+def drivers() -> Iterator[list[subprocess.Popen]]:
+    """A list for the block to append the drivers it starts to; those still running when the block ends (a
+    wait that failed, an assertion) are killed."""
+    processes: list[subprocess.Popen] = []
+    try:
+        yield processes
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                kill_driver(process)
+
+
+def finish_driver(log: Path, process: subprocess.Popen, *, output: Path, what: str,
+                  timeout: float = DRIVER_WAIT_SECONDS) -> None:
+    """Wait for the driver's 'finished' (or 'failed') line, then for it to exit with status 0; fail with the
+    end of its output otherwise."""
+    wait_for_driver_line(log, lambda words: words[:1] in (["finished"], ["failed"]), process=process,
+                         output=output, what=what, timeout=timeout)
+    assert process.wait(timeout=timeout) == 0, output.read_text()[-3000:]
 
 
 def run_to_completion(command: list[str], *, timeout: float = DRIVER_WAIT_SECONDS, **options

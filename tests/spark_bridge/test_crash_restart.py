@@ -13,15 +13,14 @@ The final table holds every row exactly once and the ledger every batch id.
 
 from __future__ import annotations
 
-import json
-import os
 
 import psycopg
 import pytest
 
 from spark_bridge._baseline import psycopg_conninfo
 from spark_bridge._experiments.crash_driver import kill_driver, read_log, start_driver
-from tests.spark_bridge._waits import DRIVER_WAIT_SECONDS, wait_for_driver_line
+from tests.spark_bridge._streams import write_files
+from tests.spark_bridge._waits import drivers, finish_driver, wait_for_driver_line
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -41,22 +40,13 @@ def test_killed_driver_replays_the_planned_batch_and_the_ledger_makes_it_exactly
         )
         connection.execute("CREATE TABLE crash_events (type text, key text, ts timestamptz, room int)")
     source = tmp_path / "in"
-    source.mkdir()
-    for index in range(FILES):
-        path = source / f"part-{index:03d}.json"
-        path.write_text(
-            "".join(
-                json.dumps({"type": "enter", "key": f"k{index}-{row}", "ts": "2024-05-01T12:00:00Z", "room": row}) + "\n"
-                for row in range(ROWS_PER_FILE)
-            )
-        )
-        os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))
+    write_files(source, [[{"type": "enter", "key": f"k{index}-{row}", "ts": "2024-05-01T12:00:00Z", "room": row}
+                          for row in range(ROWS_PER_FILE)] for index in range(FILES)])
     common = dict(
         source=source, checkpoint=tmp_path / "checkpoint", dsn=conninfo, table="crash_events", ledger="crash_ledger"
     )
     logs = [tmp_path / f"run{number}.log" for number in (1, 2, 3)]
-    processes = []
-    try:
+    with drivers() as processes:
         # Run 1: killed inside batch 1's database transaction.
         processes.append(start_driver(log=logs[0], hold="written:1", output=tmp_path / "run1.out", **common))
         wait_for_driver_line(logs[0], lambda words: words[:1] == ["holding"], process=processes[-1],
@@ -71,13 +61,7 @@ def test_killed_driver_replays_the_planned_batch_and_the_ledger_makes_it_exactly
 
         # Run 3: re-runs batch 3, skips it, finishes.
         processes.append(start_driver(log=logs[2], output=tmp_path / "run3.out", **common))
-        wait_for_driver_line(logs[2], lambda words: words[:1] == ["finished"], process=processes[-1],
-                             output=tmp_path / "run3.out", what="run 3's 'finished' line")
-        assert processes[-1].wait(timeout=DRIVER_WAIT_SECONDS) == 0, (tmp_path / "run3.out").read_text()[-3000:]
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                kill_driver(process)
+        finish_driver(logs[2], processes[-1], output=tmp_path / "run3.out", what="run 3's 'finished' line")
 
     run1, run2, run3 = (_batches(log) for log in logs)
     killed_in_run1 = next(words for words in run1 if words[:2] == ["batch", "1"])

@@ -24,7 +24,6 @@ version: 600 events in 6 batches, one random kill: three kills in all).
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import time
@@ -40,7 +39,9 @@ from activedb.examples.hand_hygiene.events import generate
 from spark_bridge import IngestSink
 from spark_bridge._experiments.crash_driver import kill_driver, read_log
 from spark_bridge._experiments.ingest_driver import start_ingest_driver
-from tests.spark_bridge._waits import DRIVER_WAIT_SECONDS, wait_for_driver_line
+from tests.examples._story import APP_TABLES, table_state
+from tests.spark_bridge._streams import assert_flush_is_open, write_files
+from tests.spark_bridge._waits import DRIVER_WAIT_SECONDS, drivers, finish_driver, wait_for_driver_line
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -55,53 +56,25 @@ def _files(directory: Path) -> list[list[dict]]:
     events = generate(30, EVENTS, 7)
     size = EVENTS // FILES
     batches = [events[start:start + size] for start in range(0, EVENTS, size)]
-    directory.mkdir(parents=True)
-    for index, rows in enumerate(batches):
-        path = directory / f"part-{index:04d}.json"
-        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-        os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))
+    write_files(directory, batches)
     return batches
 
 
 def _state(database) -> dict[str, list[tuple]]:
-    queries = {
-        "worker_status": "SELECT * FROM worker_status",
-        "alerts": "SELECT worker, kind, at FROM alerts",
-        "status_changes": "SELECT worker, old_status, new_status, event, at FROM status_changes",
-        "notifications": "SELECT worker, regexp_replace(message, '\\(alert [0-9]+\\)', ''), at, channel "
-                         "FROM notifications",
-        "badge_lights": "SELECT worker, color, status, at FROM badge_lights",
-        "compensations": "SELECT worker, reason, at, event FROM compensations",
+    return table_state(database, {
+        **APP_TABLES,
         # a rejection names the event's transaction: an id of the run that applied it, left out
         "dead letters": "SELECT batch_id, regexp_replace(reason, ' in T[0-9.]+', ''), raw::text "
                         "FROM activedb_dead_letters",
         "ledger": "SELECT batch_id, events, dead_letters, rule_firings::text FROM activedb_ingestion_ledger",
         "outbox": "SELECT rule, status, trigger_outcome, count(*) FROM activedb_outbox GROUP BY 1, 2, 3",
-    }
-    with database.engine.connect() as connection:
-        return {table: sorted(tuple(row) for row in connection.execute(sa.text(query)))
-                for table, query in queries.items()}
+    })
 
 
 def _database(url: str) -> activedb.Database:
     database = activedb.connect(url)
     database.upgrade_app(MIGRATIONS)
     return database
-
-
-def _assert_flush_is_open(url: str) -> None:
-    """While run 1 is held: its flush transaction is open in PostgreSQL, batch 1 not visible."""
-    import psycopg
-
-    from spark_bridge._baseline import psycopg_conninfo
-
-    with psycopg.connect(psycopg_conninfo(url)) as connection:
-        open_transactions = connection.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND state = 'idle in transaction' AND backend_xid IS NOT NULL").fetchone()[0]
-        batches = [row[0] for row in connection.execute("SELECT batch_id FROM activedb_ingestion_ledger")]
-    assert open_transactions == 1
-    assert batches == [0]
 
 
 def _pending(url: str) -> int:
@@ -124,8 +97,7 @@ def test_killed_in_the_flush_between_commit_and_detached_rules_and_at_random_the
     rng = random.Random(SEED)
     runs = [("flush:1", None), ("detached:2", None)] + [(None, rng.uniform(2.0, 12.0)) for _ in range(RANDOM_KILLS)]
     logs = []
-    processes = []
-    try:
+    with drivers() as processes:
         for number, (hold, delay) in enumerate(runs, start=1):
             log = tmp_path / f"run{number}.log"
             logs.append(log)
@@ -135,7 +107,7 @@ def test_killed_in_the_flush_between_commit_and_detached_rules_and_at_random_the
                 wait_for_driver_line(log, lambda words: words[:1] == ["holding"], process=process,
                                      output=tmp_path / f"run{number}.out", what=f"run {number}'s 'holding' line")
                 if hold.startswith("flush"):
-                    _assert_flush_is_open(url)
+                    assert_flush_is_open(url)
                 if hold.startswith("detached"):
                     assert _pending(url) > 0      # batch 2 committed, its detached firings recorded, not run
             else:
@@ -148,13 +120,8 @@ def test_killed_in_the_flush_between_commit_and_detached_rules_and_at_random_the
         last = tmp_path / "final.log"
         logs.append(last)
         processes.append(start_ingest_driver(log=last, output=tmp_path / "final.out", **common))
-        wait_for_driver_line(last, lambda words: words[:1] in (["finished"], ["failed"]), process=processes[-1],
-                             output=tmp_path / "final.out", what="the final run's 'finished' line")
-        assert processes[-1].wait(timeout=TIMEOUT_SECONDS) == 0, (tmp_path / "final.out").read_text()[-3000:]
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                kill_driver(process)
+        finish_driver(last, processes[-1], output=tmp_path / "final.out", what="the final run's 'finished' line",
+                      timeout=TIMEOUT_SECONDS)
 
     steps = [[words for _, words in read_log(log) if words[0] in ("fetched", "flush", "committed", "skipped")]
              for log in logs]

@@ -16,7 +16,6 @@ the dead letters (the aborted transfers, each once, with their reasons).
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -27,6 +26,8 @@ import activedb
 from spark_bridge._experiments.crash_driver import kill_driver, read_log, wait_for_line
 from spark_bridge._experiments.ingest_driver import start_ingest_driver
 from tests.spark_bridge import app_ledger
+from tests.spark_bridge._streams import assert_flush_is_open, write_files
+from tests.spark_bridge._waits import drivers, finish_driver
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -39,26 +40,8 @@ TIMEOUT_SECONDS = 300
 def _files(directory: Path) -> list[list[dict]]:
     rows = app_ledger.rows(seed=SEED, size=FILES * ROWS_PER_FILE)
     batches = [rows[start:start + ROWS_PER_FILE] for start in range(0, len(rows), ROWS_PER_FILE)]
-    directory.mkdir(parents=True)
-    for index, batch in enumerate(batches):
-        path = directory / f"part-{index:04d}.json"
-        path.write_text("".join(json.dumps(row) + "\n" for row in batch))
-        os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))
+    write_files(directory, batches)
     return batches
-
-
-def _assert_flush_is_open(url: str) -> None:
-    import psycopg
-
-    from spark_bridge._baseline import psycopg_conninfo
-
-    with psycopg.connect(psycopg_conninfo(url)) as connection:
-        open_transactions = connection.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND state = 'idle in transaction' AND backend_xid IS NOT NULL").fetchone()[0]
-        batches = [row[0] for row in connection.execute("SELECT batch_id FROM activedb_ingestion_ledger")]
-    assert open_transactions == 1
-    assert batches == [0]
 
 
 def test_killed_inside_the_commit_of_a_tpg_batch_then_restarted_equals_the_serial_reference(
@@ -70,23 +53,17 @@ def test_killed_inside_the_commit_of_a_tpg_batch_then_restarted_equals_the_seria
     app_ledger.reset(setup)
     setup.close()
     common = dict(app=APP, url=url, source=tmp_path / "in", checkpoint=tmp_path / "checkpoint", query_name="ledger")
-    processes = []
-    try:
+    with drivers() as processes:
         first = start_ingest_driver(log=tmp_path / "run1.log", hold="flush:1", output=tmp_path / "run1.out", **common)
         processes.append(first)
         wait_for_line(tmp_path / "run1.log", lambda words: words[:1] == ["holding"], timeout=TIMEOUT_SECONDS,
                       process=first)
-        _assert_flush_is_open(url)
+        assert_flush_is_open(url)
         kill_driver(first)
         second = start_ingest_driver(log=tmp_path / "run2.log", output=tmp_path / "run2.out", **common)
         processes.append(second)
-        wait_for_line(tmp_path / "run2.log", lambda words: words[:1] in (["finished"], ["failed"]),
-                      timeout=TIMEOUT_SECONDS, process=second)
-        assert second.wait(timeout=120) == 0, (tmp_path / "run2.out").read_text()[-3000:]
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                kill_driver(process)
+        finish_driver(tmp_path / "run2.log", second, output=tmp_path / "run2.out", what="run 2's 'finished' line",
+                      timeout=TIMEOUT_SECONDS)
 
     steps = [[words for _, words in read_log(tmp_path / log) if words[0] in ("fetched", "flush", "committed",
                                                                              "skipped")]

@@ -16,7 +16,6 @@ real PostgreSQL; every stream is a few JSON-lines files read with ``availableNow
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import random
 from pathlib import Path
@@ -31,9 +30,9 @@ from activedb.bench import MIGRATIONS as BENCH_MIGRATIONS
 from spark_bridge.errors import IngestError
 from tests.conftest import APP_MIGRATIONS
 from tests.spark_bridge import app_ledger
-from tests.spark_bridge._streams import run_to_end
-from tests.streams.conftest import BADGE_TYPES, Q1_R1, Q2
-from tests.streams.test_disorder import EXTRA_RULES
+from tests.spark_bridge._streams import run_to_end, write_files
+from tests.streams.conftest import BADGE_TYPES
+from tests.streams.test_disorder import engine as disorder_engine
 
 pytestmark = pytest.mark.spark
 
@@ -45,14 +44,6 @@ BADGE_SCHEMA = "type STRING, `HCW-ID` STRING, ts TIMESTAMP, location STRING"
 BADGE_MAPPING = spark_bridge.EventMapping("type", "HCW-ID", "ts", payload_columns=["location"])
 
 
-def _write(directory: Path, batches: list[list[dict]]) -> None:
-    directory.mkdir(parents=True)
-    for index, rows in enumerate(batches):
-        path = directory / f"part-{index:03d}.json"
-        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-        os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))
-
-
 def _database(url: str, *directories: Path) -> activedb.Database:
     database = activedb.connect(url)
     for directory in directories:
@@ -61,13 +52,7 @@ def _database(url: str, *directories: Path) -> activedb.Database:
 
 
 def _hygiene(db, scheduler="sei") -> streams.StreamEngine:
-    engine = streams.StreamEngine(db, name="hygiene", scheduler=scheduler, record_dead_letters=False)
-    engine.create_stream("estream", types=BADGE_TYPES, attributes=("HCW-ID", "location"),
-                         priorities={"SANITIZE": 3, "EXIT": 2, "ENTER": 1})
-    engine.define(Q1_R1)
-    engine.define(Q2)
-    engine.define(EXTRA_RULES)
-    return engine
+    return disorder_engine(db, name="hygiene", scheduler=scheduler, record_history=False, record_dead_letters=False)
 
 
 def _reset_hygiene(db) -> None:
@@ -126,7 +111,7 @@ def test_queries_through_spark_equal_the_engine_fed_directly_with_each_scheduler
         spark, tmp_path, hygiene_databases, scheduler):
     streamed, direct, url = hygiene_databases
     batches, good, late = _badge_batches(random.Random(SEED))
-    _write(tmp_path / "in", batches)
+    write_files(tmp_path / "in", batches)
     _reset_hygiene(streamed)
     _reset_hygiene(direct)
     reference = _hygiene(direct, "sei")
@@ -189,7 +174,7 @@ def test_queries_through_spark_equal_the_engine_fed_directly_with_each_scheduler
 def test_tpg_through_spark_equals_the_serial_reference(spark, tmp_path, make_database_url):
     rows = app_ledger.rows(seed=SEED, size=300)
     batches = [rows[0:100], rows[100:200], rows[200:300]]
-    _write(tmp_path / "in", batches)
+    write_files(tmp_path / "in", batches)
     database = _database(make_database_url("tpg"), BENCH_MIGRATIONS)
     try:
         app_ledger.reset(database)
@@ -231,7 +216,7 @@ def test_composition_through_spark_equals_the_engine_fed_directly(spark, tmp_pat
                      "id": None})
     rows.append({"type": "A", "k": "x", "ts": 130.0, "producer": "P7", "accuracy": 0.01, "id": "stranger"})
     batches = [rows[0:9], rows[9:18], rows[18:]]
-    _write(tmp_path / "in", batches)
+    write_files(tmp_path / "in", batches)
 
     def engine_for(db):
         engine = composite.CompositionEngine(db, name="pairs", clock=composite.ManualClock(), timeout=None)

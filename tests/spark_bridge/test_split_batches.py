@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from contextlib import contextmanager
 
 import pytest
 import sqlalchemy as sa
@@ -135,12 +136,21 @@ def test_on_partition_failure_is_checked_and_belongs_to_the_scale_out_path(spark
 
 # --- a poisoned partition, real Spark ---------------------------------------------------------------------------
 
-def _workload():
-    """Three files; file 1 also holds two ``add``s of the poisoned key (after its other rows' keys k0..k5)."""
+@contextmanager
+def _poisoned(directory, make_database_url, name: str):
+    """Three files written to ``directory``, file 1 also holding two ``add``s of the poisoned key (after its other
+    rows' keys k0..k5); and two split databases, the stream's and the direct reference's, closed at the end.
+    Yields (workload, poison rows, streamed database, direct database)."""
     workload = counter_workload(files=3, rows_per_file=24, seed=31, keys=6)
     poison = [_row(1000 + number, app_split.POISON_KEY, 1, amount=7) for number in range(2)]
     workload.batches[1].extend(poison)
-    return workload, poison
+    write_files(directory, workload.batches)
+    streamed, direct = split_database(make_database_url(name)), split_database(make_database_url(f"{name}_d"))
+    try:
+        yield workload, poison, streamed, direct
+    finally:
+        streamed.close()
+        direct.close()
 
 
 def _ingest(spark, database, directory, checkpoint, policy):
@@ -168,10 +178,7 @@ def _failures(database) -> list[tuple]:
 
 @pytest.mark.spark
 def test_compensate_a_batch_whose_partition_fails_for_good(spark, tmp_path, make_database_url):
-    workload, poison = _workload()
-    write_files(tmp_path / "in", workload.batches)
-    streamed, direct = split_database(make_database_url("comp")), split_database(make_database_url("comp_d"))
-    try:
+    with _poisoned(tmp_path / "in", make_database_url, "comp") as (workload, poison, streamed, direct):
         query = _ingest(spark, streamed, tmp_path / "in", tmp_path / "checkpoint", "compensate")
         run_to_end(query)                                   # the stream went on past the poisoned batch
         source = f"split@{query.id}"
@@ -206,17 +213,11 @@ def test_compensate_a_batch_whose_partition_fails_for_good(spark, tmp_path, make
         assert result.exit_code == 0, result.output
         assert "on_partition_failure=compensate" in result.output
         assert "compensated" in result.output and "PoisonedBatch" in result.output
-    finally:
-        streamed.close()
-        direct.close()
 
 
 @pytest.mark.spark
 def test_forward_completes_the_batch_after_the_fix(spark, tmp_path, make_database_url):
-    workload, poison = _workload()
-    write_files(tmp_path / "in", workload.batches)
-    streamed, direct = split_database(make_database_url("fwd")), split_database(make_database_url("fwd_d"))
-    try:
+    with _poisoned(tmp_path / "in", make_database_url, "fwd") as (workload, poison, streamed, direct):
         query = _ingest(spark, streamed, tmp_path / "in", tmp_path / "checkpoint", "forward")
         with pytest.raises(Exception):
             query.awaitTermination(STREAM_TIMEOUT_SECONDS)
@@ -241,6 +242,3 @@ def test_forward_completes_the_batch_after_the_fix(spark, tmp_path, make_databas
         assert sum(events for events, _ in _ledger(streamed, 0).values()) + sum(
             events for batch in (1, 2) for events, _ in _ledger(streamed, batch).values()) == reference.applied
         assert len(streamed.batches.composite((f"split@{query.id}", 1))) == 2
-    finally:
-        streamed.close()
-        direct.close()

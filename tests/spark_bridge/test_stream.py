@@ -7,8 +7,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 import threading
 from pathlib import Path
 
@@ -17,21 +15,13 @@ import pytest
 
 from spark_bridge._baseline import PlainWriteSink, psycopg_conninfo
 from spark_bridge.mapping import EventMapping, rows_to_events
+from tests.spark_bridge._streams import write_files
 
 pytestmark = pytest.mark.spark
 
 SCHEMA = "type STRING, key STRING, ts TIMESTAMP, room INT"
 MAPPING = EventMapping("type", "key", "ts")
 STREAM_TIMEOUT_SECONDS = 120
-
-
-def _write_files(directory: Path, batches: list[list[dict]]) -> None:
-    """One JSON-lines file per batch; Spark reads them in modification-time order."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for index, rows in enumerate(batches):
-        path = directory / f"part-{index:03d}.json"
-        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-        os.utime(path, (1_700_000_000 + index, 1_700_000_000 + index))
 
 
 def _file_stream(spark, directory: Path):
@@ -57,7 +47,7 @@ def test_file_stream_delivers_rows_as_events(spark, tmp_path):
             {"type": "leave", "key": "p3", "ts": "2024-05-01T12:01:02Z", "room": 3},
         ],
     ]
-    _write_files(tmp_path / "in", batches)
+    write_files(tmp_path / "in", batches)
     results: dict[int, tuple] = {}
     lock = threading.Lock()  # protects results (foreachBatch runs on a py4j callback thread)
 
@@ -108,7 +98,7 @@ def test_plain_write_is_exactly_once_when_spark_replays_a_batch(spark, tmp_path,
          for row in range(5)]
         for batch in range(3)
     ]
-    _write_files(tmp_path / "in", batches)
+    write_files(tmp_path / "in", batches)
     checkpoint = tmp_path / "checkpoint"
 
     def run(sink: PlainWriteSink):

@@ -39,6 +39,25 @@ def hygiene_engine(db, *, name="hygiene", scheduler="sei", with_q2=True, **optio
     return engine
 
 
+def feed_in_batches(db, engine: streams.StreamEngine, arrival: list, *, size: int, delay: int, numbered: bool,
+                    name: str | None = None) -> tuple[list, list]:
+    """Feed ``arrival`` to ``engine`` in micro-batches of ``size`` events, one transaction (named ``name``)
+    each, each punctuated like Spark's watermark: the largest timestamp seen before the batch minus
+    ``delay``; then the end of the stream.  ``numbered``: pass each batch's number as its ``batch_id``.
+    Returns the outputs and the dead letters, in order."""
+    outputs, letters, seen_max = [], [], None
+    for start in range(0, len(arrival), size):
+        batch = arrival[start:start + size]
+        watermark = None if seen_max is None else seen_max - delay
+        with db.transaction(name=name) as tx:
+            result = engine.process(tx, batch, punctuation=watermark, batch_id=start // size if numbered else None)
+        outputs.extend(result.outputs)
+        letters.extend(result.dead_letters)
+        seen_max = max([seen_max or 0] + [event.ts for event in batch])
+    result = engine.feed([], punctuation=streams.END_OF_STREAM)
+    return outputs + list(result.outputs), letters + list(result.dead_letters)
+
+
 def badge(event_type: str, ts, worker="w1", location="room1") -> streams.StreamEvent:
     return streams.StreamEvent(event_type, ts, {"HCW-ID": worker, "location": location})
 

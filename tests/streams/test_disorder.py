@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from activedb import streams
 from activedb.streams.errors import StreamStateError
 from activedb.testing import check_stream_history
-from tests.streams.conftest import BADGE_TYPES, Q1_R1, Q2, badge, set_status, statuses
+from tests.streams.conftest import BADGE_TYPES, Q1_R1, Q2, badge, feed_in_batches, set_status, statuses
 
 SEED = int(os.environ.get("ACTIVEDB_STREAMS_SEED", "20110901"))
 
@@ -30,8 +30,10 @@ BEGIN INSERT INTO stream_alerts (worker, location, at) VALUES (n.HCW-ID, n.locat
 """
 
 
-def engine(db, name="disorder", **options) -> streams.StreamEngine:
-    made = streams.StreamEngine(db, name=name, record_history=True, **options)
+def engine(db, name="disorder", *, record_history=True, **options) -> streams.StreamEngine:
+    """The badge stream (SANITIZE before EXIT before ENTER at equal timestamps) with Q1/R1, Q2 and
+    ``EXTRA_RULES``."""
+    made = streams.StreamEngine(db, name=name, record_history=record_history, **options)
     made.create_stream("estream", types=BADGE_TYPES, attributes=("HCW-ID", "location"),
                        priorities={"SANITIZE": 3, "EXIT": 2, "ENTER": 1})
     made.define(Q1_R1)
@@ -80,18 +82,7 @@ def run_batches(db, arrival, *, batch_size: int, delay: int, name="batches"):
     timestamp seen before the batch minus ``delay``."""
     reset(db)
     made = engine(db, name=name)
-    outputs, letters, seen_max = [], [], None
-    for start in range(0, len(arrival), batch_size):
-        batch = arrival[start:start + batch_size]
-        watermark = None if seen_max is None else seen_max - delay
-        with db.transaction() as tx:
-            result = made.process(tx, batch, punctuation=watermark, batch_id=start // batch_size)
-        outputs.extend(result.outputs)
-        letters.extend(result.dead_letters)
-        seen_max = max([seen_max or 0] + [event.ts for event in batch])
-    result = made.feed([], punctuation=streams.END_OF_STREAM)
-    outputs.extend(result.outputs)
-    letters.extend(result.dead_letters)
+    outputs, letters = feed_in_batches(db, made, arrival, size=batch_size, delay=delay, numbered=True)
     return observe(db, outputs), letters, made
 
 

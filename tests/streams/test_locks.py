@@ -35,11 +35,21 @@ KEY = ("w1",)
 
 
 class Steps:
-    """Operations on threads of their own; ``blocked`` means the table counts the waiter."""
+    """Operations on threads of their own; ``blocked`` means the table counts the waiter.  A context manager:
+    the block runs under a watchdog."""
 
     def __init__(self, table):
         self.table = table
         self.threads: list[threading.Thread] = []
+        self._watchdog = Watchdog(TIMEOUT)
+
+    def __enter__(self) -> "Steps":
+        """``with Steps(table) as steps:`` runs the block under a ``Watchdog(TIMEOUT)``."""
+        self._watchdog.__enter__()
+        return self
+
+    def __exit__(self, *exc_info):
+        return self._watchdog.__exit__(*exc_info)
 
     def run(self, label: str, action, *, blocks: bool = False) -> dict:
         outcome: dict = {}
@@ -82,8 +92,7 @@ def test_example_4_s2pl_queues_in_timestamp_order_without_overtaking():
     table.insert(t3, [(TABLE, KEY, R)])
     assert [request.describe() for request in table.requests(TABLE)] == [
         "sl_T1(workerstatus['w1'])", "xl_T2(workerstatus['w1'])", "sl_T3(workerstatus['w1'])"]  # sl2 ⊂ xl2
-    steps = Steps(table)
-    with Watchdog(TIMEOUT):
+    with Steps(table) as steps:
         steps.run("T1 reads at 2", lambda: table.acquire(t1, TABLE, KEY, R))
         t2_write = steps.run("T2 writes at 10", lambda: table.acquire(t2, TABLE, KEY, W), blocks=True)
         # T3's sl is compatible with T1's, but T2's xl waits before it: no overtaking.
@@ -116,8 +125,7 @@ def test_the_overtaking_mutant_lets_a_later_read_pass_an_earlier_waiting_write()
     table.insert(t1, [(TABLE, KEY, R)])
     table.insert(t2, [(TABLE, KEY, W)])
     table.insert(t3, [(TABLE, KEY, R)])
-    steps = Steps(table)
-    with Watchdog(TIMEOUT):
+    with Steps(table) as steps:
         steps.run("T1 reads at 2", lambda: table.acquire(t1, TABLE, KEY, R))
         t2_write = steps.run("T2 writes at 10", lambda: table.acquire(t2, TABLE, KEY, W), blocks=True)
         steps.run("T3 reads at 15", lambda: table.acquire(t3, TABLE, KEY, R))     # granted: it overtook T2
@@ -137,8 +145,7 @@ def test_example_5_lwm_grants_reads_below_the_low_water_mark():
     table.insert(t3, [(TABLE, KEY, R)])
     table.insert(t4, [(TABLE, KEY, R), (TABLE, KEY, W)])
     table.publish(streams.END_OF_STREAM)
-    steps = Steps(table)
-    with Watchdog(TIMEOUT):
+    with Steps(table) as steps:
         assert table.lwm(TABLE, KEY) is t2
         steps.run("T2 reads at 10 (its own write lock is the lwm)", lambda: table.acquire(t2, TABLE, KEY, R))
         steps.run("T1 reads at 2 while T2 is open", lambda: table.acquire(t1, TABLE, KEY, R))
@@ -160,8 +167,7 @@ def test_lwm_writes_run_in_timestamp_order_and_reads_never_block_them():
     table.insert(late, [(TABLE, KEY, W)])
     reader = Owner(2, 12, "R")            # a read lock blocks nobody
     table.insert(reader, [(TABLE, KEY, R)])
-    steps = Steps(table)
-    with Watchdog(TIMEOUT):
+    with Steps(table) as steps:
         late_write = steps.run("write at 9", lambda: table.acquire(late, TABLE, KEY, W), blocks=True)
         steps.run("write at 5", lambda: table.acquire(early, TABLE, KEY, W))
         table.end(early)
@@ -175,8 +181,7 @@ def test_granularity_table_locks_cover_their_tuples():
     table.insert(other_row, [(TABLE, ("w2",), R)])
     table.insert(scanner, [(TABLE, None, R)])
     table.insert(row_reader, [(TABLE, ("w1",), R)])
-    steps = Steps(table)
-    with Watchdog(TIMEOUT):
+    with Steps(table) as steps:
         steps.run("read w2 (another row)", lambda: table.acquire(other_row, TABLE, ("w2",), R))
         scan = steps.run("scan the table", lambda: table.acquire(scanner, TABLE, None, R), blocks=True)
         # A read of a row the table-level request covers uses that request.
@@ -197,8 +202,7 @@ def test_lwm_table_write_lock_holds_back_tuple_reads_after_it():
     table.insert(early_reader, [(TABLE, ("w1",), R)])
     table.insert(table_writer, [(TABLE, None, W)])
     table.insert(tuple_reader, [(TABLE, ("w1",), R)])
-    steps = Steps(table)
-    with Watchdog(TIMEOUT):
+    with Steps(table) as steps:
         steps.run("read at 1", lambda: table.acquire(early_reader, TABLE, ("w1",), R))
         read = steps.run("read at 10", lambda: table.acquire(tuple_reader, TABLE, ("w1",), R), blocks=True)
         table.end(table_writer)
@@ -212,8 +216,7 @@ def test_punctuation_guard_with_a_late_event_appendix_f():
     (reader,) = owners((15, 15))
     table.insert(reader, [(TABLE, KEY, R)])
     table.publish(12)                                  # nothing older than 12 will come
-    steps = Steps(table)
-    with Watchdog(TIMEOUT):
+    with Steps(table) as steps:
         read = steps.run("read at 15", lambda: table.acquire(reader, TABLE, KEY, R), blocks=True)
         assert [wait.blocker for wait in table.waits()] == [None]          # held back by the punctuation
         late = Owner(10, 10, "late")
@@ -240,8 +243,7 @@ def test_a_victim_is_woken_with_its_error():
     holder, waiter = owners((0, 1), (1, 2))
     table.insert(holder, [(TABLE, KEY, W)])
     table.insert(waiter, [(TABLE, KEY, W)])
-    steps = Steps(table)
-    with Watchdog(TIMEOUT):
+    with Steps(table) as steps:
         outcome = steps.run("waiter", lambda: table.acquire(waiter, TABLE, KEY, W), blocks=True)
         table.make_victim(waiter, RuntimeError("chosen as the victim"))
         wait_until(lambda: outcome.get("done"), TIMEOUT, "the victim to wake")

@@ -30,6 +30,7 @@ import sqlalchemy as sa
 
 from activedb import streams
 from activedb.testing import Watchdog, check_stream_history
+from tests.streams.conftest import feed_in_batches
 from tests.streams.test_randomized import TYPES, random_definitions, random_events, reset, snapshot
 
 SEED = int(os.environ.get("ACTIVEDB_STREAMS_SEED", "20110901"))
@@ -143,18 +144,9 @@ def run_ordered(db, case: Case, label: str, scheduler) -> dict:
 def run_disordered(db, case: Case, label: str, scheduler) -> dict:
     reset(db)
     engine = case.engine(db, label, scheduler)
-    outputs, letters, seen = [], [], None
     with Watchdog(TIMEOUT, db.transactions.locks):
-        for start in range(0, len(case.arrival), 16):
-            batch = case.arrival[start:start + 16]
-            with db.transaction(name="random-batch") as tx:
-                result = engine.process(tx, batch, punctuation=None if seen is None else seen - 30)
-            outputs.extend(result.outputs)
-            letters.extend(result.dead_letters)
-            seen = max([seen or 0] + [event.ts for event in batch])
-        result = engine.feed([], punctuation=streams.END_OF_STREAM)
-    outputs.extend(result.outputs)
-    letters.extend(result.dead_letters)
+        outputs, letters = feed_in_batches(db, engine, case.arrival, size=16, delay=30, numbered=False,
+                                           name="random-batch")
     return engine, outcome(db, engine, outputs, letters)
 
 
