@@ -14,21 +14,13 @@ depends_on = None
 
 
 def upgrade() -> None:
-    op.create_table(
-        "tpg_accounts",
-        sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
-        sa.Column("balance", sa.BigInteger, nullable=False, server_default="0"),
-    )
-    op.create_table(
-        "tpg_assets",
-        sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
-        sa.Column("value", sa.BigInteger, nullable=False, server_default="0"),
-    )
-    op.create_table(
-        "tpg_grep",
-        sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
-        sa.Column("value", sa.BigInteger, nullable=False, server_default="0"),
-    )
+    # Three tables of one shape: an integer key and one BIGINT value.
+    for table, value in (("tpg_accounts", "balance"), ("tpg_assets", "value"), ("tpg_grep", "value")):
+        op.create_table(
+            table,
+            sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+            sa.Column(value, sa.BigInteger, nullable=False, server_default="0"),
+        )
     op.create_table(
         "tpg_toll_speed",
         sa.Column("segment", sa.Integer, primary_key=True, autoincrement=False),
