@@ -1,16 +1,11 @@
 """Tables of the TPG batch workloads (activedb.batch.workloads): Streaming Ledger accounts and
 assets, GrepSum states, Toll Processing segment speed and count.
-
-Revision ID: b0002
-Revises: b0001
 """
 import sqlalchemy as sa
 from alembic import op
 
 revision = "b0002"
 down_revision = "b0001"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

@@ -1,15 +1,9 @@
-"""Hand-hygiene tables: worker status, alerts, notifications, compensations.
-
-Revision ID: h0001
-Revises:
-"""
+"""Hand-hygiene tables: worker status, alerts, notifications, compensations."""
 import sqlalchemy as sa
 from alembic import op
 
 revision = "h0001"
 down_revision = None
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:
