@@ -21,7 +21,7 @@ Precondition for every function here: the caller holds the manager's graph mutex
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Protocol
+from typing import Iterable, Protocol
 
 
 class GraphNode(Protocol):
@@ -51,24 +51,28 @@ def find_cycle(source: GraphNode, targets: Iterable[GraphNode], structural: bool
     push = stack.append
     while stack:
         node = pop()
-        for following in _successors(node, structural):
+        for following in node.waits:
             if following is source:
                 return _path(predecessor, node, source)
             if following not in predecessor:
                 predecessor[following] = node
                 push(following)
+        for following in node.children:
+            if not structural and not following.awaited:
+                continue
+            if following is source:
+                return _path(predecessor, node, source)
+            if following not in predecessor:
+                predecessor[following] = node
+                push(following)
+        for wait in node.external:
+            for following in wait.targets:
+                if following is source:
+                    return _path(predecessor, node, source)
+                if following not in predecessor:
+                    predecessor[following] = node
+                    push(following)
     return None
-
-
-def _successors(node: GraphNode, structural: bool) -> Iterator[GraphNode]:
-    """The out-edges' targets of ``node``: its lock waits, its (awaited, unless ``structural``) children, its
-    registered waits -- in that order."""
-    yield from node.waits
-    for child in node.children:
-        if structural or child.awaited:
-            yield child
-    for wait in node.external:
-        yield from wait.targets
 
 
 def _path(predecessor: dict, last: GraphNode, source: GraphNode) -> list[GraphNode]:
