@@ -57,6 +57,7 @@ import time
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
+from ._decisions import Decision, begin_decision, decide
 from ._dependencies import Dependency, DependencyKind, action_dependencies_for, dependencies_for
 from ._modes import Coupling
 from .errors import DependencyTimeout, GateProtocolError, UnsupportedByGate
@@ -72,11 +73,6 @@ class Verdict(enum.Enum):
     CANCEL = "cancel"
     COMMIT = "commit"
     ABORT = "abort"
-
-    @property
-    def proceed(self) -> bool:
-        """True for BEGIN and COMMIT."""
-        return self in (Verdict.BEGIN, Verdict.COMMIT)
 
 
 class DependentState(enum.Enum):
@@ -106,12 +102,6 @@ class GateStatistics:
     timeouts: int
 
 
-class _Decision(enum.Enum):
-    GO = "go"
-    WAIT = "wait"
-    STOP = "stop"
-
-
 @dataclass(eq=False)
 class _DependentRecord:
     """Gate state of one dependent; every field is protected by the gate's ``_mutex``."""
@@ -128,6 +118,36 @@ class _DependentRecord:
 _GATED_KINDS = frozenset(
     {DependencyKind.CD, DependencyKind.AD, DependencyKind.ED, DependencyKind.SQD, DependencyKind.CRD}
 )
+
+# phase -> (the verdict that lets it proceed, the one that stops it, the record's state after proceeding)
+_PHASES = {
+    "begin": (Verdict.BEGIN, Verdict.CANCEL, DependentState.BEGUN),
+    "commit": (Verdict.COMMIT, Verdict.ABORT, DependentState.COMMIT_GRANTED),
+}
+
+
+def _check_may_ask(record: _DependentRecord, phase: str) -> None:
+    """Raise :class:`GateProtocolError` if ``record`` may not ask for ``phase`` now. Caller holds the gate's mutex."""
+    dependent = record.tid
+    if phase == "begin":
+        if record.state is not DependentState.REGISTERED:
+            raise GateProtocolError(
+                f"wait_may_begin({dependent!r}) in state {record.state.value}; call it once, before "
+                "the dependent runs"
+            )
+        return
+    if record.state not in (DependentState.REGISTERED, DependentState.BEGUN):
+        raise GateProtocolError(
+            f"wait_may_commit({dependent!r}) in state {record.state.value}; call it once, before "
+            "the dependent commits, and never after a CANCEL or ABORT verdict"
+        )
+    if record.state is DependentState.REGISTERED and any(
+        dependency.kind is DependencyKind.SQD for dependency in record.dependencies
+    ):
+        raise GateProtocolError(
+            f"{dependent!r} has a sequential dependency but never got BEGIN from wait_may_begin; "
+            "ask wait_may_begin before running it"
+        )
 
 
 class DependencyGate:
@@ -336,64 +356,21 @@ class DependencyGate:
 
     # ------------------------------------------------------------------ decisions
 
-    def _begin_decision(self, dependency: Dependency) -> _Decision:
-        """May the dependent of ``dependency`` begin now? Caller holds ``self._mutex``."""
-        outcome = self._outcomes.get(dependency.trigger)  # None: still running
-        kind = dependency.kind
-        if kind is DependencyKind.SQD:
-            return _Decision.WAIT if outcome is None else (_Decision.GO if outcome else _Decision.STOP)
-        if kind is DependencyKind.AD:
-            return _Decision.STOP if outcome is False else _Decision.GO
-        if kind is DependencyKind.ED:
-            return _Decision.STOP if outcome is True else _Decision.GO
-        if kind is DependencyKind.CRD:
-            return _Decision.STOP if self._crd_failed(dependency.trigger, outcome) else _Decision.GO
-        return _Decision.GO  # CD constrains only the commit
-
-    def _commit_decision(self, dependency: Dependency) -> _Decision:
-        """May the dependent of ``dependency`` commit now? Caller holds ``self._mutex``."""
-        outcome = self._outcomes.get(dependency.trigger)
-        kind = dependency.kind
-        if kind is DependencyKind.SQD:
-            return _Decision.GO  # checked at begin; the record's state proves it began with permission
-        if kind is DependencyKind.CRD and self._crd_failed(dependency.trigger, outcome):
-            return _Decision.STOP
-        if outcome is None:
-            return _Decision.WAIT
-        if kind is DependencyKind.AD:
-            return _Decision.GO if outcome else _Decision.STOP
-        if kind is DependencyKind.ED:
-            return _Decision.STOP if outcome else _Decision.GO
-        return _Decision.GO  # CD: the trigger has ended; CRD: committed and returned true
-
-    def _crd_failed(self, condition: Hashable, outcome: bool | None) -> bool:
-        """The condition aborted, returned false, or committed without reporting true. Caller holds the mutex."""
-        result = self._results.get(condition)
-        return outcome is False or result is False or (outcome is True and result is not True)
-
-    def _decide(self, record: _DependentRecord, phase: str) -> tuple[_Decision, tuple[Hashable, ...]]:
-        """Combine the decisions of all dependencies: STOP wins, then WAIT (with the triggers waited for)."""
+    def _decide(self, record: _DependentRecord, phase: str) -> tuple[Decision, tuple[Hashable, ...]]:
+        """``decide`` over the record's dependencies; an ended record STOPs. Caller holds ``self._mutex``."""
         if record.ended:
-            return _Decision.STOP, ()
-        decide = self._begin_decision if phase == "begin" else self._commit_decision
-        pending: list[Hashable] = []
-        for dependency in record.dependencies:
-            decision = decide(dependency)
-            if decision is _Decision.STOP:
-                return _Decision.STOP, ()
-            if decision is _Decision.WAIT and dependency.trigger not in pending:
-                pending.append(dependency.trigger)
-        return (_Decision.WAIT, tuple(pending)) if pending else (_Decision.GO, ())
+            return Decision.STOP, ()
+        return decide(record.dependencies, phase, self._outcomes, self._results)
 
-    def _wait(self, record: _DependentRecord, phase: str, timeout: float | None) -> _Decision:
+    def _wait(self, record: _DependentRecord, phase: str, timeout: float | None) -> Decision:
         """Block until ``_decide`` is not WAIT. Caller holds ``self._mutex`` (released while waiting)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         decision, pending = self._decide(record, phase)
-        if decision is not _Decision.WAIT:
+        if decision is not Decision.WAIT:
             return decision
         self._waiting[phase] += 1
         try:
-            while decision is _Decision.WAIT:
+            while decision is Decision.WAIT:
                 if record.interrupted is not None:
                     error, record.interrupted = record.interrupted, None
                     raise error
@@ -416,23 +393,7 @@ class DependencyGate:
         AD trigger aborted, an ED trigger committed, or a CRD condition failed. A transaction with no
         registered dependency gets ``BEGIN`` at once. Raises :class:`DependencyTimeout`.
         """
-        with self._mutex:
-            record = self._dependents.get(dependent)
-            if record is None:
-                self._check_not_ended(dependent, "begin")
-                self._verdicts[Verdict.BEGIN] += 1
-                return Verdict.BEGIN
-            if record.state is not DependentState.REGISTERED:
-                raise GateProtocolError(
-                    f"wait_may_begin({dependent!r}) in state {record.state.value}; call it once, before "
-                    "the dependent runs"
-                )
-            decision = self._wait(record, "begin", timeout)
-            verdict = Verdict.BEGIN if decision is _Decision.GO else Verdict.CANCEL
-            if not record.ended:
-                record.state = DependentState.BEGUN if verdict is Verdict.BEGIN else DependentState.STOPPED
-            self._verdicts[verdict] += 1
-            return verdict
+        return self._ask(dependent, "begin", timeout)
 
     def wait_may_commit(self, dependent: Hashable, timeout: float | None = None) -> Verdict:
         """Block until ``dependent`` may commit (``COMMIT``) or must abort (``ABORT``).
@@ -442,35 +403,25 @@ class DependencyGate:
         ``COMMIT`` the dependent should commit and report it; if its commit fails it reports an abort.
         Raises :class:`DependencyTimeout`.
         """
+        return self._ask(dependent, "commit", timeout)
+
+    def _ask(self, dependent: Hashable, phase: str, timeout: float | None) -> Verdict:
+        """The one body of ``wait_may_begin`` and ``wait_may_commit``: check the protocol, wait, hand out
+        the verdict and move the record to its next state."""
+        go, stop, granted = _PHASES[phase]
         with self._mutex:
             record = self._dependents.get(dependent)
             if record is None:
-                self._check_not_ended(dependent, "commit")
-                self._verdicts[Verdict.COMMIT] += 1
-                return Verdict.COMMIT
-            if record.state not in (DependentState.REGISTERED, DependentState.BEGUN):
-                raise GateProtocolError(
-                    f"wait_may_commit({dependent!r}) in state {record.state.value}; call it once, before "
-                    "the dependent commits, and never after a CANCEL or ABORT verdict"
-                )
-            if record.state is DependentState.REGISTERED and any(
-                dependency.kind is DependencyKind.SQD for dependency in record.dependencies
-            ):
-                raise GateProtocolError(
-                    f"{dependent!r} has a sequential dependency but never got BEGIN from wait_may_begin; "
-                    "ask wait_may_begin before running it"
-                )
-            decision = self._wait(record, "commit", timeout)
-            verdict = Verdict.COMMIT if decision is _Decision.GO else Verdict.ABORT
+                if dependent in self._outcomes:
+                    raise GateProtocolError(f"{dependent!r} asked to {phase} after it was reported to have ended")
+                self._verdicts[go] += 1
+                return go
+            _check_may_ask(record, phase)
+            verdict = go if self._wait(record, phase, timeout) is Decision.GO else stop
             if not record.ended:
-                record.state = DependentState.COMMIT_GRANTED if verdict is Verdict.COMMIT else DependentState.STOPPED
+                record.state = granted if verdict is go else DependentState.STOPPED
             self._verdicts[verdict] += 1
             return verdict
-
-    def _check_not_ended(self, tid: Hashable, what: str) -> None:
-        """Caller holds ``self._mutex``."""
-        if tid in self._outcomes:
-            raise GateProtocolError(f"{tid!r} asked to {what} after it was reported to have ended")
 
     def must_abort(self, dependent: Hashable) -> bool:
         """Non-blocking: True if ``dependent`` can no longer commit (a trigger's outcome already rules it out).
@@ -483,15 +434,13 @@ class DependencyGate:
                 return False
             if record.state is DependentState.STOPPED:
                 return True
-            return any(self._begin_decision(dependency) is _Decision.STOP for dependency in record.dependencies)
+            return any(
+                begin_decision(dependency, self._outcomes.get(dependency.trigger), self._results.get(dependency.trigger))
+                is Decision.STOP
+                for dependency in record.dependencies
+            )
 
     # ------------------------------------------------------------------ introspection
-
-    def dependencies_of(self, dependent: Hashable) -> tuple[Dependency, ...]:
-        """The live registered dependencies of ``dependent`` (empty once it ended)."""
-        with self._mutex:
-            record = self._dependents.get(dependent)
-            return tuple(record.dependencies) if record is not None else ()
 
     def state_of(self, dependent: Hashable) -> DependentState | None:
         """The gate state of a live registered dependent, ``None`` otherwise."""

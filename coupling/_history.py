@@ -180,19 +180,20 @@ def check_dependencies(
         if kind is DependencyKind.CD:
             if dependent.commit and trigger.commit and not _precedes(trigger.commit, dependent.commit):
                 problem = f"both committed but {dependent.commit} precedes {trigger.commit}"
-        elif kind is DependencyKind.AD:
-            if trigger.abort and not dependent.abort:
-                problem = f"{trigger.abort} but {dependency.dependent!r} did not abort"
-            elif strict and dependent.commit and not _precedes(trigger.commit, dependent.commit):
-                problem = f"strict: {dependent.commit} is not preceded by the commit of {dependency.trigger!r}"
+        elif kind is DependencyKind.AD or kind is DependencyKind.ED:
+            # Duals: the trigger's abort (AD) or commit (ED) forces the dependent's abort; strictly, a
+            # dependent's commit must follow the trigger's other end.
+            if kind is DependencyKind.AD:
+                forcing, required, word = trigger.abort, trigger.commit, "commit"
+            else:
+                forcing, required, word = trigger.commit, trigger.abort, "abort"
+            if forcing and not dependent.abort:
+                problem = f"{forcing} but {dependency.dependent!r} did not abort"
+            elif strict and dependent.commit and not _precedes(required, dependent.commit):
+                problem = f"strict: {dependent.commit} is not preceded by the {word} of {dependency.trigger!r}"
         elif kind is DependencyKind.WD:
             if trigger.abort and not _precedes(dependent.commit, trigger.abort) and not dependent.abort:
                 problem = f"{trigger.abort} before {dependency.dependent!r} committed, but it did not abort"
-        elif kind is DependencyKind.ED:
-            if trigger.commit and not dependent.abort:
-                problem = f"{trigger.commit} but {dependency.dependent!r} did not abort"
-            elif strict and dependent.commit and not _precedes(trigger.abort, dependent.commit):
-                problem = f"strict: {dependent.commit} is not preceded by the abort of {dependency.trigger!r}"
         elif kind is DependencyKind.SQD:
             if dependent.begin and not _precedes(trigger.commit, dependent.begin):
                 problem = f"{dependent.begin} is not preceded by the commit of {dependency.trigger!r}"

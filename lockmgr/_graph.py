@@ -51,6 +51,8 @@ def find_cycle(source: GraphNode, targets: Iterable[GraphNode], structural: bool
     push = stack.append
     while stack:
         node = pop()
+        # Three copies of one visit step, on purpose: a shared successor iterator (generator or chain)
+        # makes this check 1.2-1.4x slower per wait edge (`activedb bench locks`, deadlock check).
         for following in node.waits:
             if following is source:
                 return _path(predecessor, node, source)

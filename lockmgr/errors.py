@@ -58,6 +58,23 @@ class LockError(Exception):
         return self._message()
 
 
+class _OnTransaction(LockError):
+    """An error about transaction ``tid``."""
+
+    def __init__(self, tid: Hashable) -> None:
+        super().__init__(tid)
+        self.tid = tid
+
+
+class _OnResource(LockError):
+    """An error about transaction ``tid`` and one ``resource``."""
+
+    def __init__(self, tid: Hashable, resource: Any) -> None:
+        super().__init__(tid, resource)
+        self.tid = tid
+        self.resource = resource
+
+
 @dataclass(frozen=True)
 class WaitEdge:
     """One edge of the wait-for graph: ``waiter`` cannot finish before ``target`` does something.
@@ -130,7 +147,7 @@ class Deadlock(LockError):
         return tuple(edge.waiter for edge in self.cycle)
 
 
-class LockTimeout(LockError):
+class LockTimeout(_OnResource):
     """``acquire(..., timeout=t)`` was not granted within ``t`` seconds.
 
     The request was withdrawn; the transaction keeps every lock it already had.  Retry, or abort it.
@@ -138,8 +155,6 @@ class LockTimeout(LockError):
 
     def __init__(self, tid: Hashable, resource: Any, mode: Any, timeout: float, blockers: tuple) -> None:
         super().__init__(tid, resource)
-        self.tid = tid
-        self.resource = resource
         self.mode = mode
         self.timeout = timeout
         self.blockers = blockers
@@ -153,12 +168,8 @@ class LockTimeout(LockError):
         )
 
 
-class UnknownTransaction(LockError):
+class UnknownTransaction(_OnTransaction):
     """The tid is not known: it was never begun (or it ended so long ago that it is forgotten)."""
-
-    def __init__(self, tid: Hashable) -> None:
-        super().__init__(tid)
-        self.tid = tid
 
     def _message(self) -> str:
         return (
@@ -167,12 +178,8 @@ class UnknownTransaction(LockError):
         )
 
 
-class DuplicateTransaction(LockError):
+class DuplicateTransaction(_OnTransaction):
     """``begin`` with a tid that is still active."""
-
-    def __init__(self, tid: Hashable) -> None:
-        super().__init__(tid)
-        self.tid = tid
 
     def _message(self) -> str:
         return (
@@ -210,12 +217,11 @@ class TransactionAborted(TransactionNotActive):
         super().__init__(tid, "aborted", operation, detail)
 
 
-class ActiveChildren(LockError):
+class ActiveChildren(_OnTransaction):
     """``commit`` of a transaction whose children are still active (the wait-for-commit rule)."""
 
     def __init__(self, tid: Hashable, children: tuple) -> None:
         super().__init__(tid)
-        self.tid = tid
         self.children = children
 
     def _message(self) -> str:
@@ -227,13 +233,8 @@ class ActiveChildren(LockError):
         )
 
 
-class RequestPending(LockError):
+class RequestPending(_OnResource):
     """A transaction waits for one lock at a time; a second concurrent ``acquire`` is refused."""
-
-    def __init__(self, tid: Hashable, resource: Any) -> None:
-        super().__init__(tid, resource)
-        self.tid = tid
-        self.resource = resource
 
     def _message(self) -> str:
         return (
@@ -243,13 +244,11 @@ class RequestPending(LockError):
         )
 
 
-class InvalidDowngrade(LockError):
+class InvalidDowngrade(_OnResource):
     """``downgrade`` to a mode that is not strictly weaker than the mode held."""
 
     def __init__(self, tid: Hashable, resource: Any, held: Any, requested: Any) -> None:
         super().__init__(tid, resource)
-        self.tid = tid
-        self.resource = resource
         self.held = held
         self.requested = requested
 
@@ -260,13 +259,8 @@ class InvalidDowngrade(LockError):
         )
 
 
-class LockNotHeld(LockError):
+class LockNotHeld(_OnResource):
     """``downgrade`` of a lock that the transaction does not hold."""
-
-    def __init__(self, tid: Hashable, resource: Any) -> None:
-        super().__init__(tid, resource)
-        self.tid = tid
-        self.resource = resource
 
     def _message(self) -> str:
         return (

@@ -129,20 +129,25 @@ def probe_java(executable: str | os.PathLike[str]) -> tuple[int | None, str]:
     A missing, non-executable, failing or hanging executable gives ``(None, reason)``.
     """
     try:
-        completed = subprocess.run(
-            [os.fspath(executable), "-version"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=_PROBE_TIMEOUT_SECONDS,
-            check=False,
-        )
+        completed = _run_java(executable, "-version")
     except (OSError, subprocess.SubprocessError) as exc:
         return None, f"could not run: {exc}"
     output = (completed.stderr or "") + (completed.stdout or "")
     if completed.returncode != 0:
         return None, f"exit code {completed.returncode}: {output.strip()[:200]}"
     return parse_java_version(output), output.strip()
+
+
+def _run_java(executable: str | os.PathLike[str], option: str) -> subprocess.CompletedProcess[str]:
+    """Run ``executable option`` with no input and a bounded wait; its output captured as text."""
+    return subprocess.run(
+        [os.fspath(executable), option],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=_PROBE_TIMEOUT_SECONDS,
+        check=False,
+    )
 
 
 def _home_of(executable: Path) -> Path | None:
@@ -230,14 +235,7 @@ def java_modules(executable: str | os.PathLike[str]) -> frozenset[str]:
     An executable that cannot list its modules gives the empty set.
     """
     try:
-        completed = subprocess.run(
-            [os.fspath(executable), "--list-modules"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=_PROBE_TIMEOUT_SECONDS,
-            check=False,
-        )
+        completed = _run_java(executable, "--list-modules")
     except (OSError, subprocess.SubprocessError):
         return frozenset()
     if completed.returncode != 0:

@@ -100,6 +100,19 @@ def _run_query(query: Any, timeout: float) -> list[dict]:
     return list(query.recentProgress)
 
 
+def _run_plain_sink(frame: Any, handler: Any, sink: Any, checkpoint: Path,
+                    timeout: float) -> tuple[Any, tuple[int, float, list[dict]]]:
+    """Run ``frame`` through ``foreachBatch(handler)`` until it has read everything (``availableNow``), close
+    ``sink`` (a ``PlainWriteSink``) and return the query and its ``_steady`` figures."""
+    query = (frame.writeStream.foreachBatch(handler).option("checkpointLocation", str(checkpoint))
+             .trigger(availableNow=True).start())
+    try:
+        progress = _run_query(query, timeout)
+    finally:
+        sink.close()
+    return query, _steady(progress)
+
+
 def _rule_run(spark, database, source: Path, checkpoint: Path, name: str, mapping, prefetch, timeout: float,
               **options: Any) -> dict[str, Any]:
     import spark_bridge
@@ -144,13 +157,7 @@ def _plain_run(spark, url: str, source: Path, checkpoint: Path, timeout: float) 
                               batch, (sink.statistics().seconds_to_arrow, sink.statistics().seconds_in_database)))
     frame = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
              .selectExpr("worker", "room AS message", "ts AS at", "type AS channel"))
-    query = (frame.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint))
-             .trigger(availableNow=True).start())
-    try:
-        progress = _run_query(query, timeout)
-    finally:
-        sink.close()
-    rows, seconds, measured = _steady(progress)
+    query, (rows, seconds, measured) = _run_plain_sink(frame, sink, sink, checkpoint, timeout)
     per_phase = {"spark": 0.0, "to_arrow": 0.0, "database": 0.0}
     for entry in measured:
         batch = entry["batchId"]
@@ -176,13 +183,7 @@ def _peer_run(spark, url: str, source: Path, checkpoint: Path, timeout: float) -
         sink.write_batch(table, batch_id, streaming_query_id(batch_df))
 
     frame = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
-    query = (frame.writeStream.foreachBatch(write).option("checkpointLocation", str(checkpoint))
-             .trigger(availableNow=True).start())
-    try:
-        progress = _run_query(query, timeout)
-    finally:
-        sink.close()
-    rows, seconds, measured = _steady(progress)
+    query, (rows, seconds, measured) = _run_plain_sink(frame, write, sink, checkpoint, timeout)
     return {"rows": rows, "seconds": seconds, "batches": len(measured), "query_id": str(query.id)}
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import sqlalchemy as sa
 
 from activedb.atomic import _compensate, _graph
-from activedb.atomic._compensate import CompensationPlan, CompensationReport, Mode, Scope
+from activedb.atomic._compensate import CompensationPlan, CompensationReport, Compensations, Mode, Scope
 from activedb.atomic._graph import IndependentScover, LineageExplorer, TransactionLineage
 from activedb.atomic._lineage import BatchRef, ConsumedBatches, RuleNotes, UndoKeys, add_note, record_of
 from activedb.atomic.errors import LineageError, UnknownBatch
@@ -36,15 +36,14 @@ def _ref(batch: Any) -> BatchRef:
 
 
 class Batches:
-    """Atomic batches of one database (``db.batches``).  Thread-safe: ``_mutex`` protects the
-    compensation registries and the hook registration; recording goes to per-tree slots."""
+    """Atomic batches of one database (``db.batches``).  Thread-safe: ``_mutex`` protects the hook
+    registration, the compensations' registry (:class:`Compensations`) has its own mutex; recording goes to
+    per-tree slots."""
 
     def __init__(self, db: "Database"):
         self.db = db
-        self._mutex = threading.Lock()
-        self._actions: dict[str, Callable[..., Any]] = {}
-        self._rule_actions: dict[str, Callable[..., Any]] = {}
-        self._transaction_actions: dict[str, Callable[..., Any]] = {}
+        self._mutex = threading.Lock()  # taken before the registry's own (a leaf)
+        self._compensations = Compensations(db)
         self._undo_tables: set[str] = set()
         self._undo_extension: UndoKeys | None = None
         self._rule_observer: RuleNotes | None = None
@@ -93,10 +92,9 @@ class Batches:
     def note(self, transaction: "Transaction", action: str, **args: Any) -> None:
         """Record that compensating this transaction runs the declared compensation ``action(tx, **args)``.
         Made in a subtransaction, the note counts only if it commits."""
-        with self._mutex:
-            if action not in self._actions:
-                raise LineageError(f"no compensation named {action!r} is declared; declare it with "
-                                   f"@db.batches.compensation({action!r}) before noting it")
+        if not self._compensations.declares(action):
+            raise LineageError(f"no compensation named {action!r} is declared; declare it with "
+                               f"@db.batches.compensation({action!r}) before noting it")
         from activedb.store import jsonable
 
         add_note(transaction, {"kind": "action", "action": action, "args": jsonable(args)})
@@ -107,8 +105,7 @@ class Batches:
         """Decorator: ``@db.batches.compensation("refund") def refund(tx, **args)`` — a named compensation
         that transactions note with ``db.batches.note(tx, "refund", ...)``."""
         def register(function):
-            with self._mutex:
-                self._actions[name] = function
+            self._compensations.declare(name, function)
             return function
         return register
 
@@ -117,9 +114,9 @@ class Batches:
         firing's event as recorded, JSON values)."""
         def register(function):
             with self._mutex:
-                self._rule_actions[rule_name] = function
+                self._compensations.declare(rule_name, function, rule=True)
                 if self._rule_observer is None:
-                    self._rule_observer = self.db.observe(RuleNotes(self.has_rule_compensation))
+                    self._rule_observer = self.db.observe(RuleNotes(self._compensations.has_rule_compensation))
             return function
         return register
 
@@ -128,8 +125,7 @@ class Batches:
         (``db.transaction(name=...)``; detached rules run in ``rule:<rule name>``); ``lineage`` is its
         :class:`TransactionLineage` (batches, parents, notes)."""
         def register(function):
-            with self._mutex:
-                self._transaction_actions[name] = function
+            self._compensations.declare(name, function, transaction=True)
             return function
         return register
 
@@ -146,29 +142,6 @@ class Batches:
             if self._undo_extension is not None:
                 self.db.transactions.extensions.remove(self._undo_extension)
             self._undo_extension = self.db.transactions.extensions.add(extension)
-
-    def has_rule_compensation(self, rule_name: str) -> bool:
-        return rule_name in self._rule_actions
-
-    def rule_compensation_of(self, rule_name: str) -> Callable[..., Any]:
-        function = self._rule_actions.get(rule_name)
-        if function is None:
-            raise LineageError(f"a firing of rule {rule_name!r} was noted but no rule_compensation is declared "
-                               f"for it in this process; declare it, then compensate again")
-        return function
-
-    def compensation_of(self, name: str) -> Callable[..., Any]:
-        function = self._actions.get(name)
-        if function is None:
-            raise LineageError(f"compensation {name!r} was noted but is not declared in this process; declare "
-                               f"it with @db.batches.compensation({name!r}), then compensate again")
-        return function
-
-    def transaction_compensation_of(self, name: str) -> Callable[..., Any] | None:
-        return self._transaction_actions.get(name)
-
-    def has_compensation_for(self, node: TransactionLineage) -> bool:
-        return bool(node.notes) or (node.name is not None and node.name in self._transaction_actions)
 
     # --- reading the graph -------------------------------------------------------------------------
 
@@ -216,7 +189,7 @@ class Batches:
     def plan(self, source_batch: Any, *, mode: str = "full", scope: str = "batch", max_rounds: int = 64,
              max_transactions: int = 100_000, consecutive: bool = False) -> CompensationPlan:
         return self._explore(lambda explorer: _compensate.plan(
-            self, explorer, _ref(source_batch), mode=Mode(mode), scope=Scope(scope), max_rounds=max_rounds,
+            self._compensations, explorer, _ref(source_batch), mode=Mode(mode), scope=Scope(scope), max_rounds=max_rounds,
             max_transactions=max_transactions, consecutive=consecutive))
 
     def compensate(self, source_batch: Any, *, mode: str = "full", scope: str = "batch", dry_run: bool = False,
@@ -231,7 +204,7 @@ class Batches:
                                  max_transactions=max_transactions, consecutive=consecutive)
         if dry_run:
             return CompensationReport(compensation, dry_run=True)
-        return _compensate.execute(self, compensation, allow_unsafe=allow_unsafe)
+        return _compensate.execute(self._compensations, compensation, allow_unsafe=allow_unsafe)
 
     def settle_failed_split(self, source_batch: Any, *, on_failure: str | "SplitFailure",
                             allow_unsafe: bool = False) -> CompensationReport | None:

@@ -32,8 +32,9 @@ import datetime
 import enum
 import json
 import logging
+import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable
 
 import networkx as nx
 import sqlalchemy as sa
@@ -45,7 +46,7 @@ from activedb.store import jsonable
 from activedb.atomic._graph import (IndependentScover, LineageExplorer, TransactionLineage, composite,
                                     independent_scover)
 from activedb.atomic._lineage import BatchRef, record_of
-from activedb.atomic.errors import CompensationFailed, NoCompensation, UnknownBatch, UnsafeUndo
+from activedb.atomic.errors import CompensationFailed, LineageError, NoCompensation, UnknownBatch, UnsafeUndo
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
@@ -53,14 +54,52 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger("activedb.atomic")
 
 
-class Compensations(Protocol):
-    """What compensating needs of ``db.batches`` (:class:`~activedb.atomic.Batches` is one)."""
+class Compensations:
+    """The compensations declared in this process (``db.batches`` declares them; compensating looks them up).
 
-    db: DatabaseHandle
-    def compensation_of(self, name: str) -> Callable[..., Any]: ...
-    def rule_compensation_of(self, rule_name: str) -> Callable[..., Any]: ...
-    def transaction_compensation_of(self, name: str) -> Callable[..., Any] | None: ...
-    def has_compensation_for(self, node: TransactionLineage) -> bool: ...
+    Thread-safe: ``_mutex`` protects the three maps and is a leaf (nothing is called while it is held)."""
+
+    def __init__(self, db: "DatabaseHandle") -> None:
+        self.db = db
+        self._mutex = threading.Lock()
+        self._actions: dict[str, Callable[..., Any]] = {}              # name -> fn(tx, **args)
+        self._rule_actions: dict[str, Callable[..., Any]] = {}         # rule name -> fn(tx, event)
+        self._transaction_actions: dict[str, Callable[..., Any]] = {}  # transaction name -> fn(tx, lineage)
+
+    def declare(self, name: str, function: Callable[..., Any], *, rule: bool = False,
+                transaction: bool = False) -> None:
+        """Declare ``function`` as the compensation ``name``, or of rule ``name``, or of transaction ``name``."""
+        table = self._rule_actions if rule else self._transaction_actions if transaction else self._actions
+        with self._mutex:
+            table[name] = function
+
+    def declares(self, name: str) -> bool:
+        """Whether a compensation named ``name`` (``db.batches.compensation``) is declared."""
+        with self._mutex:
+            return name in self._actions
+
+    def has_rule_compensation(self, rule_name: str) -> bool:
+        return rule_name in self._rule_actions
+
+    def rule_compensation_of(self, rule_name: str) -> Callable[..., Any]:
+        function = self._rule_actions.get(rule_name)
+        if function is None:
+            raise LineageError(f"a firing of rule {rule_name!r} was noted but no rule_compensation is declared "
+                               f"for it in this process; declare it, then compensate again")
+        return function
+
+    def compensation_of(self, name: str) -> Callable[..., Any]:
+        function = self._actions.get(name)
+        if function is None:
+            raise LineageError(f"compensation {name!r} was noted but is not declared in this process; declare "
+                               f"it with @db.batches.compensation({name!r}), then compensate again")
+        return function
+
+    def transaction_compensation_of(self, name: str) -> Callable[..., Any] | None:
+        return self._transaction_actions.get(name)
+
+    def has_compensation_for(self, node: TransactionLineage) -> bool:
+        return bool(node.notes) or (node.name is not None and node.name in self._transaction_actions)
 
 
 class Mode(enum.Enum):

@@ -121,12 +121,8 @@ class LineageExplorer:
                 for parent in row.parents:
                     if parent in self._children:
                         self._children[parent].add(row.transaction_id)
-            if self._has_outbox:
-                for row in self.connection.execute(sa.text(
-                        "SELECT DISTINCT trigger_log_id, transaction_id FROM activedb_outbox "
-                        " WHERE trigger_log_id = ANY(:ids) AND status = 'done' AND transaction_id IS NOT NULL"),
-                        {"ids": missing}):
-                    self._children[row.trigger_log_id].add(row.transaction_id)
+            for row in self._outbox_runs(missing, of="trigger_log_id"):
+                self._children[row.trigger_log_id].add(row.transaction_id)
             nodes = self.load(missing)
             for tid in missing:
                 node = nodes.get(tid)
@@ -137,6 +133,17 @@ class LineageExplorer:
             result |= self._children[tid]
         self.load(result)
         return {tid for tid in result if tid in self.nodes and self.nodes[tid].compensates is None}
+
+    def _outbox_runs(self, ids: list[str], *, of: str) -> list:
+        """Rows ``(trigger_log_id, transaction_id)`` of the detached firings that ran (status done) whose
+        ``of`` column (``"trigger_log_id"``: firings these transactions triggered; ``"transaction_id"``: the
+        firings these transactions ran) is one of ``ids``; none without an outbox table."""
+        if not self._has_outbox:
+            return []
+        other = {"trigger_log_id": "transaction_id", "transaction_id": "trigger_log_id"}[of]
+        return self.connection.execute(sa.text(
+            "SELECT DISTINCT trigger_log_id, transaction_id FROM activedb_outbox "
+            f" WHERE {of} = ANY(:ids) AND status = 'done' AND {other} IS NOT NULL"), {"ids": ids}).all()
 
     def parents(self, ids: Iterable[str]) -> set[str]:
         ids = set(ids)
@@ -151,12 +158,8 @@ class LineageExplorer:
                     if node.consumed:
                         found |= self.producers(node.consumed)
                 self._parents[tid] = found
-            if self._has_outbox:
-                for row in self.connection.execute(sa.text(
-                        "SELECT DISTINCT trigger_log_id, transaction_id FROM activedb_outbox "
-                        " WHERE transaction_id = ANY(:ids) AND status = 'done' AND trigger_log_id IS NOT NULL"),
-                        {"ids": missing}):
-                    self._parents[row.transaction_id].add(row.trigger_log_id)
+            for row in self._outbox_runs(missing, of="transaction_id"):
+                self._parents[row.transaction_id].add(row.trigger_log_id)
         result: set[str] = set()
         for tid in ids:
             result |= self._parents[tid]

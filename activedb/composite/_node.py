@@ -12,7 +12,7 @@ Not thread-safe by itself: used under ``CompositionEngine._mutex``.
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from activedb.composite._model import Resolution, Uncertainty, UncertaintyKind
 from activedb.composite._polist import POList, Item, before, newest_before, oldest, oldest_following
@@ -187,27 +187,17 @@ class Node:
         if last == 0:
             return self._recent_single(context)
         for terminator in sorted(self.lists[last], key=Item.sort_key):
-            blocking = frozenset()
-            for rank in range(last):
-                blocking = blocking | context.blocking([terminator.ts], self.types[rank])
-            if blocking:
-                self.blocked_on = self.blocked_on | blocking
+            if not self._settled_before(context, terminator, range(last)):
                 continue
-            for rank in range(last):
-                context.rely(self.types[rank], terminator.ts.interval.upper)
             chosen = [terminator]
             complete = True
             for rank in range(last - 1, -1, -1):
-                anchor = chosen[0]
-                available = _without(self.lists[rank], chosen)
-                candidates = newest_before(available, anchor)
-                if not candidates:
-                    complete = False
-                    break
-                pick, dropped = self._choose(context, rank, candidates, chosen, anchor,
-                                             lambda pick: before(pick.ts, anchor.ts))
+                pick, dropped = self._newest_before(context, rank, chosen, chosen[0])
                 if dropped is not None:
                     return dropped
+                if pick is None:
+                    complete = False
+                    break
                 chosen.insert(0, pick)
             self.lists[last] = POList(item for item in self.lists[last] if item is not terminator)
             if complete:
@@ -216,6 +206,29 @@ class Node:
                 context.unmatched(self, terminator)
             return Step.COMPOSED
         return Step.BLOCKED if self.blocked_on else Step.IDLE
+
+    def _settled_before(self, context: "Evaluation", item: Item, ranks: Iterable[int]) -> bool:
+        """Whether no event of the components ``ranks`` can still come before ``item`` (their producers'
+        sync-points are past it); if so the decision relies on that, else the node notes what blocks it."""
+        ranks = list(ranks)
+        blocking = frozenset()
+        for rank in ranks:
+            blocking = blocking | context.blocking([item.ts], self.types[rank])
+        if blocking:
+            self.blocked_on = self.blocked_on | blocking
+            return False
+        for rank in ranks:
+            context.rely(self.types[rank], item.ts.interval.upper)
+        return True
+
+    def _newest_before(self, context: "Evaluation", rank: int, taken: list[Item],
+                       anchor: Item) -> "tuple[Item | None, Step | None]":
+        """The newest item of component ``rank`` before ``anchor`` and not in ``taken``, as ``_choose`` picks
+        it: ``(pick, None)``, ``(None, step)`` when a decision dropped items, ``(None, None)`` when none."""
+        candidates = newest_before(_without(self.lists[rank], taken), anchor)
+        if not candidates:
+            return None, None
+        return self._choose(context, rank, candidates, taken, anchor, lambda pick: before(pick.ts, anchor.ts))
 
     def _recent_single(self, context: "Evaluation") -> Step:
         if not self.lists[0]:
@@ -234,16 +247,8 @@ class Node:
                           if not item.processed}.values(), key=Item.sort_key)
         for event in pending:
             ranks = [rank for rank in range(count) if any(item is event for item in self.lists[rank])]
-            blocking = frozenset()
-            for rank in range(count):
-                if rank not in ranks:
-                    blocking = blocking | context.blocking([event.ts], self.types[rank])
-            if blocking:
-                self.blocked_on = self.blocked_on | blocking
+            if not self._settled_before(context, event, [rank for rank in range(count) if rank not in ranks]):
                 continue
-            for rank in range(count):
-                if rank not in ranks:
-                    context.rely(self.types[rank], event.ts.interval.upper)
             compositions: list[list[Item]] = []
             for own in ranks:
                 chosen: list[Item | None] = [None] * count
@@ -253,15 +258,12 @@ class Node:
                     if rank == own:
                         continue
                     taken = [item for item in chosen if item is not None]
-                    available = _without(self.lists[rank], taken)
-                    candidates = newest_before(available, event)
-                    if not candidates:
-                        complete = False
-                        break
-                    pick, dropped = self._choose(context, rank, candidates, taken, event,
-                                                 lambda pick: before(pick.ts, event.ts))
+                    pick, dropped = self._newest_before(context, rank, taken, event)
                     if dropped is not None:
                         return dropped
+                    if pick is None:
+                        complete = False
+                        break
                     chosen[rank] = pick
                 if complete:
                     compositions.append([item for item in chosen if item is not None])

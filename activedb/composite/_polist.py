@@ -144,7 +144,7 @@ class Producer:
     breaks it is accepted only if no decision relied on its absence)."""
 
     __slots__ = ("name", "types", "sync", "latest_local", "clock", "last_seen", "state", "events", "heartbeats",
-                 "joined_at", "weak")
+                 "weak")
 
     def __init__(self, name: str, types: frozenset[str], sync: Any, clock: LocalClock | None, now: float,
                  weak: bool = False):
@@ -155,7 +155,6 @@ class Producer:
         self.latest_local: Any = None
         self.clock = clock
         self.last_seen = now
-        self.joined_at = now
         self.state = Membership.JOINED
         self.events = 0
         self.heartbeats = 0

@@ -57,9 +57,6 @@ class StreamHistoryReport:
     def ok(self) -> bool:
         return not self.violations
 
-    def of_kind(self, kind: StreamAnomaly) -> list[StreamViolation]:
-        return [violation for violation in self.violations if violation.kind is kind]
-
     def assert_ok(self) -> None:
         if self.violations:
             shown = "\n  ".join(violation.message for violation in self.violations[:20])

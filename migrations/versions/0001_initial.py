@@ -1,17 +1,10 @@
-"""activedb's own tables: rule registry, transaction log, ingestion ledger, dead letters.
-
-Revision ID: 0001_initial
-Revises:
-Create Date: 2026-11-21
-"""
+"""activedb's own tables: rule registry, transaction log, ingestion ledger, dead letters."""
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision = "0001_initial"
 down_revision = None
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

@@ -1,17 +1,10 @@
-"""Stream engine state: reorder buffer, matcher partitions, punctuations (activedb.streams).
-
-Revision ID: 0002_stream_state
-Revises: 0001_initial
-Create Date: 2026-11-22
-"""
+"""Stream engine state: reorder buffer, matcher partitions, punctuations (activedb.streams)."""
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision = "0002_stream_state"
 down_revision = "0001_initial"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

@@ -8,18 +8,12 @@
   several applications share (``activedb rules list --module PREFIX``).
 * ``activedb_dead_letters.replayed_at`` / ``replay_query_id``: set, in the same PostgreSQL
   transaction as the replay's effects, when ``activedb dead-letters replay`` re-submitted the row.
-
-Revision ID: 0003_removed_rules_and_replays
-Revises: 0002_stream_state
-Create Date: 2026-11-22
 """
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0003_removed_rules_and_replays"
 down_revision = "0002_stream_state"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

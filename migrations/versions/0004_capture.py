@@ -17,17 +17,11 @@ What this revision installs (the design note is ``activedb/capture/README.md``):
   whose changes already raised in-process events — its captured rows are dropped).
 
 The downgrade removes all of it, including the per-table triggers of tables still captured.
-
-Revision ID: 0004_capture
-Revises: 0003_removed_rules_and_replays
-Create Date: 2026-11-23
 """
 from alembic import op
 
 revision = "0004_capture"
 down_revision = "0003_removed_rules_and_replays"
-branch_labels = None
-depends_on = None
 
 # pg_advisory_xact_lock(SEQUENCER_LOCK_CLASS, 0) orders capturing commits; consumers lock
 # (SEQUENCER_LOCK_CLASS + 1, hash of their name).  0x61646263 is "adbc".

@@ -11,10 +11,6 @@ transaction as the firing's own effects.
   claim the record (``FOR UPDATE SKIP LOCKED``).
 * ``trigger_outcome``: ``committed`` or ``aborted``: the decisive outcome of the trigger, durable with
   the record, so the coupling mode's dependency holds after a restart.
-
-Revision ID: 0005_outbox
-Revises: 0004_capture
-Create Date: 2026-11-22
 """
 import sqlalchemy as sa
 from alembic import op
@@ -22,8 +18,6 @@ from sqlalchemy.dialects import postgresql
 
 revision = "0005_outbox"
 down_revision = "0004_capture"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

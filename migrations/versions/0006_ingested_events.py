@@ -4,18 +4,12 @@ When an ingestion's mapping names an event-id column (``EventMapping(id_column=.
 event a batch processed is written here in the batch's own PostgreSQL transaction (with its ledger row),
 and an event whose id is already here — a source that re-sends — becomes a dead letter instead of being
 applied twice.  Keyed by the query's stable name, so a new checkpoint of the same query still knows them.
-
-Revision ID: 0006_ingested_events
-Revises: 0005_outbox
-Create Date: 2026-11-22
 """
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0006_ingested_events"
 down_revision = "0005_outbox"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

@@ -14,17 +14,11 @@ What this revision installs (the design note is ``activedb/atomic/README.md``):
   before-image undo was opted into (``db.batches.undo_by_before_image(table)``).
 
 The downgrade drops the three tables.
-
-Revision ID: 0007_lineage
-Revises: 0006_ingested_events
-Create Date: 2026-11-30
 """
 from alembic import op
 
 revision = "0007_lineage"
 down_revision = "0006_ingested_events"
-branch_labels = None
-depends_on = None
 
 UPGRADE = """
 CREATE TABLE activedb_lineage (

@@ -12,17 +12,11 @@ What this revision installs (the design note is ``spark_bridge/README.md``, "Ato
   rows are dead letters; the committed partitions are being compensated), ``compensated``.
 
 The downgrade drops both tables.
-
-Revision ID: 0008_split_batches
-Revises: 0007_lineage
-Create Date: 2026-12-02
 """
 from alembic import op
 
 revision = "0008_split_batches"
 down_revision = "0007_lineage"
-branch_labels = None
-depends_on = None
 
 UPGRADE = """
 CREATE TABLE activedb_split_queries (

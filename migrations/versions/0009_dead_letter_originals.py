@@ -7,10 +7,6 @@
   form the CLI shows; a replay submits ``original``.
 
 The downgrade drops the column (letters then replay their readable ``raw``, as before).
-
-Revision ID: 0009_dead_letter_originals
-Revises: 0008_split_batches
-Create Date: 2026-11-22
 """
 import sqlalchemy as sa
 from alembic import op
@@ -18,8 +14,6 @@ from sqlalchemy.dialects import postgresql
 
 revision = "0009_dead_letter_originals"
 down_revision = "0008_split_batches"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

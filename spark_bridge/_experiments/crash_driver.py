@@ -56,6 +56,22 @@ class _EventLog:
             os.fsync(self._file.fileno())
 
 
+def start_log(
+    parser: argparse.ArgumentParser, options: argparse.Namespace, phases: Sequence[str]
+) -> tuple[_EventLog, str | None, int | None]:
+    """A driver's start: check ``--hold PHASE:BATCH`` against ``phases``, open the ``--log`` and write
+    ``started pid=...``; return the log, the phase and the batch to hold at (None, None: none)."""
+    hold_phase, hold_batch = None, None
+    if options.hold:
+        hold_phase, _, batch_text = options.hold.partition(":")
+        if hold_phase not in phases:
+            parser.error(f"--hold phase must be one of {tuple(phases)}")
+        hold_batch = int(batch_text)
+    log = _EventLog(options.log)
+    log.write(f"started pid={os.getpid()}")
+    return log, hold_phase, hold_batch
+
+
 def _driver(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="crash_driver", description=__doc__)
     parser.add_argument("--source", required=True, type=Path)
@@ -68,15 +84,7 @@ def _driver(argv: Sequence[str]) -> int:
     parser.add_argument("--fast-checkpoints", choices=("on", "off"), default="on")
     options = parser.parse_args(argv)
 
-    hold_phase, hold_batch = None, None
-    if options.hold:
-        hold_phase, _, batch_text = options.hold.partition(":")
-        if hold_phase not in HOLD_PHASES:
-            parser.error(f"--hold phase must be one of {HOLD_PHASES}")
-        hold_batch = int(batch_text)
-
-    log = _EventLog(options.log)
-    log.write(f"started pid={os.getpid()}")
+    log, hold_phase, hold_batch = start_log(parser, options, HOLD_PHASES)
 
     def maybe_hold(phase: str, batch_id: int) -> None:
         if phase == hold_phase and batch_id == hold_batch:
@@ -142,8 +150,14 @@ def start_driver(
         "--table", table, "--ledger", ledger, "--log", os.fspath(log),
         "--fast-checkpoints", "on" if fast_checkpoints else "off",
     ]
+    return spawn_driver(command, hold, output)
+
+
+def spawn_driver(command: list[str], hold: str | None, output: Path | None) -> subprocess.Popen:
+    """Start ``command`` (plus ``--hold hold``) in its own process group, its output appended to ``output``
+    (or dropped), so that :func:`kill_driver` gets the JVM too."""
     if hold:
-        command += ["--hold", hold]
+        command = [*command, "--hold", hold]
     sink = open(output, "ab") if output is not None else subprocess.DEVNULL  # noqa: SIM115
     try:
         return subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from spark_bridge._app import ingest_options
-from spark_bridge._experiments.crash_driver import _EventLog
+from spark_bridge._experiments.crash_driver import spawn_driver, start_log
 
 __all__ = ["HOLD_PHASES", "start_ingest_driver"]
 
@@ -55,15 +55,7 @@ def _driver(argv: Sequence[str]) -> int:
     parser.add_argument("--schema", default=None, help="Spark DDL of the rows (default: the app's SCHEMA)")
     options = parser.parse_args(argv)
 
-    hold_phase, hold_batch = None, None
-    if options.hold:
-        hold_phase, _, batch_text = options.hold.partition(":")
-        if hold_phase not in HOLD_PHASES:
-            parser.error(f"--hold phase must be one of {HOLD_PHASES}")
-        hold_batch = int(batch_text)
-
-    log = _EventLog(options.log)
-    log.write(f"started pid={os.getpid()}")
+    log, hold_phase, hold_batch = start_log(parser, options, HOLD_PHASES)
 
     import activedb
     import spark_bridge
@@ -130,14 +122,7 @@ def start_ingest_driver(
         "--source", os.fspath(source), "--checkpoint", os.fspath(checkpoint), "--query-name", query_name,
         "--log", os.fspath(log),
     ]
-    if hold:
-        command += ["--hold", hold]
-    sink = open(output, "ab") if output is not None else subprocess.DEVNULL  # noqa: SIM115
-    try:
-        return subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-    finally:
-        if output is not None:
-            sink.close()
+    return spawn_driver(command, hold, output)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,9 @@
-"""Benchmark tables.
-
-Revision ID: b0001
-Revises:
-"""
+"""Benchmark tables."""
 import sqlalchemy as sa
 from alembic import op
 
 revision = "b0001"
 down_revision = None
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

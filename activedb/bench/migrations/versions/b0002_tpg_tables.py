@@ -1,34 +1,21 @@
 """Tables of the TPG batch workloads (activedb.batch.workloads): Streaming Ledger accounts and
 assets, GrepSum states, Toll Processing segment speed and count.
-
-Revision ID: b0002
-Revises: b0001
 """
 import sqlalchemy as sa
 from alembic import op
 
 revision = "b0002"
 down_revision = "b0001"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:
-    op.create_table(
-        "tpg_accounts",
-        sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
-        sa.Column("balance", sa.BigInteger, nullable=False, server_default="0"),
-    )
-    op.create_table(
-        "tpg_assets",
-        sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
-        sa.Column("value", sa.BigInteger, nullable=False, server_default="0"),
-    )
-    op.create_table(
-        "tpg_grep",
-        sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
-        sa.Column("value", sa.BigInteger, nullable=False, server_default="0"),
-    )
+    # Three tables of one shape: an integer key and one BIGINT value.
+    for table, value in (("tpg_accounts", "balance"), ("tpg_assets", "value"), ("tpg_grep", "value")):
+        op.create_table(
+            table,
+            sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+            sa.Column(value, sa.BigInteger, nullable=False, server_default="0"),
+        )
     op.create_table(
         "tpg_toll_speed",
         sa.Column("segment", sa.Integer, primary_key=True, autoincrement=False),

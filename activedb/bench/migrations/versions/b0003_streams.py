@@ -4,17 +4,12 @@
   use Active CEP's names (``workerStatus(workerID, status)``) mapped onto it by the engine's
   ``aliases``;
 * ``bench_stream_events`` — the plain write path: one row per event.
-
-Revision ID: b0003
-Revises: b0002
 """
 import sqlalchemy as sa
 from alembic import op
 
 revision = "b0003"
 down_revision = "b0002"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

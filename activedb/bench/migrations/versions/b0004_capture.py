@@ -3,17 +3,12 @@
 * ``bench_capture_plain`` and ``bench_capture_orders`` — the same shape; the benchmark captures the
   second one (``db.capture``) and writes both in the same run;
 * ``bench_capture_effects`` — what the benchmark's rule writes, one row per captured change.
-
-Revision ID: b0004
-Revises: b0003
 """
 import sqlalchemy as sa
 from alembic import op
 
 revision = "b0004"
 down_revision = "b0003"
-branch_labels = None
-depends_on = None
 
 
 def _orders(name: str) -> None:

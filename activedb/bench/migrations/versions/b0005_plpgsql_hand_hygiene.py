@@ -8,16 +8,11 @@ the audit row (deferred rules there), the badge notification (detached), the bad
 causally dependent), the incident report (sequential causally dependent) — all as inserts in the same
 transaction — and, for a rejected event, its compensation (exclusive causally dependent) instead of the
 event.  Accepted events are kept in ``hh_badge_events``.
-
-Revision ID: b0005
-Revises: b0004
 """
 from alembic import op
 
 revision = "b0005"
 down_revision = "b0004"
-branch_labels = None
-depends_on = None
 
 FUNCTION = r"""
 CREATE FUNCTION hh_apply_badge_event() RETURNS trigger LANGUAGE plpgsql AS $$

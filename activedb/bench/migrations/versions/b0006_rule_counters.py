@@ -1,16 +1,11 @@
 """Per-key counters for ``activedb bench rules``: the table the counter rule upserts, and the PL/pgSQL
 peer's event table whose row trigger does the same upsert.
-
-Revision ID: b0006
-Revises: b0005
 """
 import sqlalchemy as sa
 from alembic import op
 
 revision = "b0006"
 down_revision = "b0005"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

@@ -1,17 +1,16 @@
-"""${message}
-
-Revision ID: ${up_revision}
-Revises: ${down_revision | comma,n}
-Create Date: ${create_date}
-"""
+"""${message}"""
 from alembic import op
 import sqlalchemy as sa
 ${imports if imports else ""}
 
 revision = ${repr(up_revision)}
 down_revision = ${repr(down_revision)}
+% if branch_labels:
 branch_labels = ${repr(branch_labels)}
+% endif
+% if depends_on:
 depends_on = ${repr(depends_on)}
+% endif
 
 
 def upgrade() -> None:

@@ -1,15 +1,9 @@
-"""Hand-hygiene tables: worker status, alerts, notifications, compensations.
-
-Revision ID: h0001
-Revises:
-"""
+"""Hand-hygiene tables: worker status, alerts, notifications, compensations."""
 import sqlalchemy as sa
 from alembic import op
 
 revision = "h0001"
 down_revision = None
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:
@@ -22,31 +16,17 @@ def upgrade() -> None:
         sa.Column("last_ts", sa.Float, nullable=True),          # application time, seconds
         sa.Column("changes", sa.Integer, nullable=False, server_default="0"),
     )
-    op.create_table(
-        "alerts",
-        sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
-        sa.Column("worker", sa.Text, nullable=False),
-        sa.Column("kind", sa.Text, nullable=False),
-        sa.Column("at", sa.Float, nullable=False),
-    )
-    op.create_table(
-        "notifications",
-        sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
-        sa.Column("worker", sa.Text, nullable=False),
-        sa.Column("message", sa.Text, nullable=False),
-        sa.Column("at", sa.Float, nullable=False),
-    )
-    op.create_table(
-        "compensations",
-        sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
-        sa.Column("worker", sa.Text, nullable=False),
-        sa.Column("reason", sa.Text, nullable=False),
-        sa.Column("at", sa.Float, nullable=False),
-    )
+    # Three logs of one shape: (id, worker, what, at).
+    for table, what in (("alerts", "kind"), ("notifications", "message"), ("compensations", "reason")):
+        op.create_table(
+            table,
+            sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
+            sa.Column("worker", sa.Text, nullable=False),
+            sa.Column(what, sa.Text, nullable=False),
+            sa.Column("at", sa.Float, nullable=False),
+        )
 
 
 def downgrade() -> None:
-    op.drop_table("compensations")
-    op.drop_table("notifications")
-    op.drop_table("alerts")
-    op.drop_table("worker_status")
+    for table in ("compensations", "notifications", "alerts", "worker_status"):
+        op.drop_table(table)

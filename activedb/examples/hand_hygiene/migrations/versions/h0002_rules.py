@@ -9,17 +9,12 @@
 * ``status_changes``: the audit trail written by a deferred rule.
 * ``badge_lights``: the light commands sent to the badges (detached causally
   dependent rule), one row per committed status change.
-
-Revision ID: h0002
-Revises: h0001
 """
 import sqlalchemy as sa
 from alembic import op
 
 revision = "h0002"
 down_revision = "h0001"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

@@ -1,8 +1,5 @@
 """``orders``, captured (every committed change of any client reaches rules on ``db.captured("orders", …)``),
 and ``order_log``, which the README's rule writes.
-
-Revision ID: o0001
-Revises:
 """
 import sqlalchemy as sa
 from alembic import op
@@ -11,8 +8,6 @@ from activedb.capture.migration_ops import disable_capture, enable_capture
 
 revision = "o0001"
 down_revision = None
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

@@ -1,0 +1,247 @@
+"""Drawing an :class:`~activedb.explain.Explanation` with matplotlib: a tidy tree layout, one box per
+transaction, one curved arrow per edge bent around the other boxes, a legend of the kinds drawn.
+
+Pure functions of an immutable explanation; thread-safe.  matplotlib is imported only when drawing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.explain import ExplainNode, Explanation, HeldLock
+
+#: Every edge kind, with the colour it is drawn in and what it means.
+EDGE_KINDS: dict[str, tuple[str, str]] = {
+    "child": ("#c4c4c4", "the tree: parent → child"),
+    "commit": ("#4b5563", "parent waits for its active child to end"),
+    "held": ("#d62728", "waits for a lock the target holds"),
+    "retained": ("#9467bd", "waits for a lock the target retains"),
+    "queued": ("#8c564b", "queued behind the target's earlier request"),
+    "dependency": ("#1f77b4", "an action waits in the coupling gate for its condition"),
+    "nested": ("#17becf", "blocked inside a nested top-level transaction"),
+    "children": ("#bcbd22", "waits for another node's child"),
+}
+_OTHER_KIND_COLOUR = "#7f7f7f"
+_STATE_COLOURS = {"active": "#dbeafe", "committing": "#fef3c7", "committed": "#dcfce7", "aborted": "#e5e7eb"}
+_WAITING_EDGE = "#f97316"
+_CYCLE_COLOUR = "#b91c1c"
+_MAX_LOCK_LINES = 4
+_REGISTERED_KINDS = ("dependency", "nested", "children")
+
+
+
+def _layout(explanation: Explanation) -> dict[str, tuple[float, float]]:
+    """Tidy tree layout: each leaf one column, a parent centred over its children, trees side by side;
+    trees of a single transaction (typically the waiters) go in a row of their own below the others, so
+    that the edges between trees stay short."""
+    children: dict[str | None, list[str]] = {}
+    for node in explanation.nodes:
+        children.setdefault(node.parent, []).append(node.tid)
+    roots = children.get(None, [])
+    big = [root for root in roots if children.get(root)]
+    single = [root for root in roots if not children.get(root)]
+    if not big:
+        big, single = single, []
+    positions: dict[str, tuple[float, float]] = {}
+    column = [0.0]
+    deepest = [0]
+
+    def place(tid: str, depth: int) -> float:
+        deepest[0] = max(deepest[0], depth)
+        kids = children.get(tid, [])
+        if not kids:
+            x = column[0]
+            column[0] += 1.0
+        else:
+            xs = [place(kid, depth + 1) for kid in kids]
+            x = (xs[0] + xs[-1]) / 2
+        positions[tid] = (x, -float(depth))
+        return x
+
+    for root in big:
+        place(root, 0)
+        column[0] += 0.35                    # a gap between trees
+    if single:
+        width = max(column[0] - 0.35, float(len(single)))
+        step = width / len(single)
+        row = -float(deepest[0] + 1) - 0.15
+        for index, root in enumerate(single):
+            positions[root] = (step * (index + 0.5) - 0.5, row)
+    return positions
+
+
+def _label(node: ExplainNode) -> str:
+    head = node.tid + (f"  {node.name}" if node.name else "")
+    lines = [head, node.state + (" — waiting" if node.waiting else "")]
+    locks = ([f"holds {lock.describe()}" for lock in node.held]
+             + [f"retains {lock.describe()}" for lock in node.retained])
+    if len(locks) > _MAX_LOCK_LINES:
+        locks = _summary("holds", node.held) + _summary("retains", node.retained)
+    if len(locks) > _MAX_LOCK_LINES:
+        locks = locks[:_MAX_LOCK_LINES - 1] + [f"… and {len(locks) - _MAX_LOCK_LINES + 1} more locks"]
+    lines += locks
+    if node.waiting_for is not None:
+        lines.append(f"wants {node.waiting_for.describe()}")
+    if node.registered_wait is not None:
+        lines.append(f"in a {node.registered_wait} wait")
+    return "\n".join(_shorten(line) for line in lines)
+
+
+def _summary(verb: str, locks: tuple[HeldLock, ...]) -> list[str]:
+    """Many locks in few lines: the row locks of one table in one mode counted (``retains WRITE 12 rows of
+    worker_status``) before the table locks, which matter less once the rows are there."""
+    rows: dict[tuple[str, str], list[HeldLock]] = {}
+    tables = []
+    for lock in locks:
+        if lock.resource.startswith("table "):
+            tables.append(f"{verb} {lock.describe()}")
+        else:
+            rows.setdefault((lock.mode, lock.resource.split("[", 1)[0]), []).append(lock)
+    lines = [f"{verb} {members[0].describe()}" if len(members) == 1 else
+             f"{verb} {mode} {len(members)} rows of {table}" for (mode, table), members in rows.items()]
+    return lines + tables
+
+
+def _shorten(line: str, width: int = 44) -> str:
+    return line if len(line) <= width else line[:width - 1] + "…"
+
+
+def _point(p0, control, p2, t: float) -> tuple[float, float]:
+    """The quadratic Bézier ``p0 -> control -> p2`` at ``t``."""
+    a, b, c = (1 - t) ** 2, 2 * (1 - t) * t, t * t
+    return (a * p0[0] + b * control[0] + c * p2[0], a * p0[1] + b * control[1] + c * p2[1])
+
+
+def _inside(point, box) -> bool:
+    return box[0] <= point[0] <= box[2] and box[1] <= point[1] <= box[3]
+
+
+def _clipped_curve(p0, p2, rad: float, start_box, end_box):
+    """The arc ``p0 -> p2`` (bent by ``rad`` as matplotlib's ``arc3``) cut where it leaves ``start_box`` and
+    enters ``end_box``: ``(path vertices, label point)``."""
+    middle = ((p0[0] + p2[0]) / 2, (p0[1] + p2[1]) / 2)
+    control = (middle[0] + rad * (p2[1] - p0[1]), middle[1] - rad * (p2[0] - p0[0]))
+    steps = 400
+    t0, t1 = 0.0, 1.0
+    for step in range(steps + 1):
+        if not _inside(_point(p0, control, p2, step / steps), start_box):
+            t0 = step / steps
+            break
+    for step in range(steps, -1, -1):
+        if not _inside(_point(p0, control, p2, step / steps), end_box):
+            t1 = step / steps
+            break
+    if t1 <= t0:
+        t0, t1 = 0.0, 1.0
+    # The part [t0, t1] of a quadratic Bézier is again one, with this control point (de Casteljau).
+    sub_control = tuple((1 - t0) * (1 - t1) * p0[axis] + ((1 - t0) * t1 + t0 * (1 - t1)) * control[axis]
+                        + t0 * t1 * p2[axis] for axis in (0, 1))
+    label_at = t0 + 0.3 * (t1 - t0)          # nearer the waiter: labels of edges into one target do not pile up
+    return [_point(p0, control, p2, t0), sub_control, _point(p0, control, p2, t1)], _point(p0, control, p2, label_at)
+
+
+def _crosses(p0, p2, rad: float, boxes) -> bool:
+    """True if the arc ``p0 -> p2`` bent by ``rad`` passes through one of ``boxes``."""
+    middle = ((p0[0] + p2[0]) / 2, (p0[1] + p2[1]) / 2)
+    control = (middle[0] + rad * (p2[1] - p0[1]), middle[1] - rad * (p2[0] - p0[0]))
+    return any(_inside(_point(p0, control, p2, step / 60), box) for step in range(1, 60) for box in boxes)
+
+
+def draw(explanation: Explanation, dpi: int):
+    """The picture of ``explanation`` as a matplotlib ``Figure`` (the caller saves it)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import FancyArrowPatch, Patch
+    from matplotlib.path import Path as CurvePath
+
+    positions = _layout(explanation)
+    columns = max([x for x, _ in positions.values()], default=0.0) + 1
+    levels = max([-y for _, y in positions.values()], default=0.0) + 1
+    x_scale, y_scale = 3.3, 2.0
+    figure = Figure(figsize=(max(7.0, columns * x_scale + 1.0), max(3.6, levels * y_scale + 2.2)), dpi=dpi)
+    canvas = FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    axes.set_axis_off()
+    points = {tid: (x * x_scale, y * y_scale) for tid, (x, y) in positions.items()}
+    xs = [x for x, _ in points.values()] or [0.0]
+    ys = [y for _, y in points.values()] or [0.0]
+    axes.set_xlim(min(xs) - x_scale * 0.7, max(xs) + x_scale * 0.7)
+    axes.set_ylim(min(ys) - y_scale * 0.75, max(ys) + y_scale * 0.75)
+
+    texts = {}
+    for node in explanation.nodes:
+        x, y = points[node.tid]
+        victim = node.tid == explanation.victim
+        colour = _STATE_COLOURS.get(node.state, "#f3f4f6")
+        border = _CYCLE_COLOUR if victim else (_WAITING_EDGE if node.waiting else "#374151")
+        label = _label(node) + ("\ndeadlock victim" if victim else "")
+        texts[node.tid] = axes.text(
+            x, y, label, ha="center", va="center", fontsize=8, family="DejaVu Sans", zorder=3,
+            bbox=dict(boxstyle="round,pad=0.45", facecolor=colour, edgecolor=border,
+                      linestyle="--" if victim else "-", linewidth=2.2 if node.waiting or victim else 1.0))
+    # Where each box is, in data coordinates: arrows start and end on the boxes' borders.
+    renderer = canvas.get_renderer()
+    inverse = axes.transData.inverted()
+    boxes = {}
+    for tid, text in texts.items():
+        text.update_bbox_position_size(renderer)
+        extent = text.get_bbox_patch().get_window_extent(renderer)
+        (left, bottom), (right, top) = inverse.transform([[extent.x0, extent.y0], [extent.x1, extent.y1]])
+        boxes[tid] = (left, bottom, right, top)
+
+    kinds_drawn = []
+    pair_count: dict[frozenset, int] = {}
+    waited = {(edge.waiter, edge.target) for edge in explanation.edges if edge.kind != "child"}
+    for edge in explanation.edges:
+        if edge.waiter not in points or edge.target not in points:
+            continue
+        if edge.kind == "child" and (edge.waiter, edge.target) in waited:
+            continue                          # the wait along the tree edge is drawn instead
+        colour = _CYCLE_COLOUR if edge.in_cycle else EDGE_KINDS.get(edge.kind, (_OTHER_KIND_COLOUR, ""))[0]
+        if edge.kind in ("child", "commit"):
+            width, rad = (1.0 if edge.kind == "child" else 1.8), 0.0
+        else:
+            pair = frozenset((edge.waiter, edge.target))
+            pair_count[pair] = pair_count.get(pair, 0) + 1
+            width = 2.8 if edge.in_cycle else 1.8
+            base = 0.18 + 0.14 * (pair_count[pair] - 1)
+            others = [box for tid, box in boxes.items() if tid not in (edge.waiter, edge.target)]
+            # The first bend whose arc passes no other box (else the first one).
+            candidates = [base, -base] + [sign * bend for bend in (0.35, 0.5, 0.7, 0.9) for sign in (1, -1)]
+            rad = next((candidate for candidate in candidates
+                        if not _crosses(points[edge.waiter], points[edge.target], candidate, others)), base)
+        vertices, middle = _clipped_curve(points[edge.waiter], points[edge.target], rad,
+                                          boxes[edge.waiter], boxes[edge.target])
+        path = CurvePath(vertices, [CurvePath.MOVETO, CurvePath.CURVE3, CurvePath.CURVE3])
+        axes.add_patch(FancyArrowPatch(path=path, arrowstyle="-|>", mutation_scale=15, linewidth=width,
+                                       color=colour, zorder=2, shrinkA=0, shrinkB=1,
+                                       linestyle="--" if edge.kind in _REGISTERED_KINDS else "-"))
+        if edge.kind != "child":
+            text = edge.kind + (f"\n{_shorten(edge.resource, 28)}" if edge.resource else "")
+            axes.text(middle[0], middle[1], text, fontsize=7, ha="center", va="center", color=colour, zorder=4,
+                      bbox=dict(boxstyle="round,pad=0.15", facecolor="white", edgecolor="none", alpha=0.85))
+        if edge.kind not in kinds_drawn:
+            kinds_drawn.append(edge.kind)
+
+    if not explanation.nodes:
+        axes.text(0.5, 0.5, "no transaction is running", ha="center", va="center", fontsize=12,
+                  transform=axes.transAxes)
+    handles = [Line2D([0], [0], color=EDGE_KINDS.get(kind, (_OTHER_KIND_COLOUR, ""))[0], linewidth=2,
+                      linestyle="--" if kind in _REGISTERED_KINDS else "-",
+                      label=f"{kind}: {EDGE_KINDS.get(kind, ('', 'registered wait'))[1]}") for kind in kinds_drawn]
+    if any(edge.in_cycle for edge in explanation.edges):
+        handles.append(Line2D([0], [0], color=_CYCLE_COLOUR, linewidth=3, label="the deadlock cycle"))
+    states = sorted({node.state for node in explanation.nodes})
+    handles += [Patch(facecolor=_STATE_COLOURS.get(state, "#f3f4f6"), edgecolor="#374151", label=state)
+                for state in states]
+    if any(node.waiting for node in explanation.nodes):
+        handles.append(Patch(facecolor="white", edgecolor=_WAITING_EDGE, linewidth=2, label="waiting"))
+    if handles:
+        axes.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    title = explanation.title
+    if explanation.deadlock:
+        title += "\n" + _shorten(explanation.deadlock, 120)
+    axes.set_title(title, fontsize=11, loc="left")
+    return figure
