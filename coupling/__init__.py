@@ -12,7 +12,7 @@ axioms 18-30 (the papers are listed in docs/papers.md), as a pure library that i
   transactions that run in parallel (the detached family, C-A sequential causally dependent).
 * :class:`DeferredQueue` -- deferred firings handed out in cycles just before a commit.
 * :func:`priority_groups` -- rule priorities as execution groups.
-* :class:`HistoryEvent`, :class:`HistoryRecorder`, :func:`check_dependencies` -- checking a recorded
+* :class:`HistoryEvent`, :class:`DependencyHistory`, :func:`check_dependencies` -- checking a recorded
   history against ACTA dependencies.
 * :mod:`coupling.errors` -- every error, all subclasses of :class:`CouplingError`.
 
@@ -29,7 +29,7 @@ from ._deferred import (
 )
 from ._dependencies import Dependency, DependencyKind, action_dependencies_for, dependencies_for, may_run_after
 from ._gate import DependencyGate, DependentState, GateStatistics, Verdict
-from ._history import HistoryEvent, HistoryEventKind, HistoryRecorder, check_dependencies
+from ._history import HistoryEvent, HistoryEventKind, DependencyHistory, check_dependencies
 from ._modes import ACTION_COUPLINGS, Coupling, has_own_deferred_queue
 from ._priority import priority_groups
 from .errors import (
@@ -67,7 +67,7 @@ __all__ = [
     "GateStatistics",
     "HistoryEvent",
     "HistoryEventKind",
-    "HistoryRecorder",
+    "DependencyHistory",
     "InvalidActionCoupling",
     "InvalidPriority",
     "MalformedHistory",

@@ -3,9 +3,9 @@
 A history is a set of :class:`HistoryEvent` -- a transaction's begin, commit or abort with a sequence
 number; ``e -> f`` ("e precedes f") means ``e.seq < f.seq``. :func:`check_dependencies` evaluates each
 dependency's ACTA definition (see :class:`~coupling.DependencyKind`) on a history and returns the
-violations. :class:`HistoryRecorder` hands out sequence numbers to threads that record events.
+violations. :class:`DependencyHistory` hands out sequence numbers to threads that record events.
 
-Thread-safety: :class:`HistoryEvent` is immutable; :class:`HistoryRecorder` is thread-safe;
+Thread-safety: :class:`HistoryEvent` is immutable; :class:`DependencyHistory` is thread-safe;
 :func:`check_dependencies` is a pure function.
 """
 
@@ -64,7 +64,7 @@ class HistoryEvent:
         return f"{self.kind.value}[{self.tid}]{result}@{self.seq}"
 
 
-class HistoryRecorder:
+class DependencyHistory:
     """Records events from many threads with a total order given by a shared counter.
 
     Thread-safe: ``record`` takes ``self._mutex`` (protects the counter and the event list together,

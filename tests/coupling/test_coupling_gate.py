@@ -22,7 +22,7 @@ from coupling import (
     DependencyTimeout,
     DependentState,
     GateProtocolError,
-    HistoryRecorder,
+    DependencyHistory,
     UnsupportedByGate,
     Verdict,
     check_dependencies,
@@ -37,7 +37,7 @@ def position(history, tid, kind):
     return next(event.seq for event in history.events() if event.tid == tid and event.kind == kind)
 
 
-def run_dependent(gate: DependencyGate, history: HistoryRecorder, tid, body_done: threading.Event | None = None):
+def run_dependent(gate: DependencyGate, history: DependencyHistory, tid, body_done: threading.Event | None = None):
     """What the transaction manager does for a dependent: ask, run, ask, end, report."""
     begin = gate.wait_may_begin(tid, timeout=TIMEOUT)
     if begin is CANCEL:
@@ -83,7 +83,7 @@ SCENARIOS = [
     ids=[f"{mode.value}-trigger-{'commits' if commits else 'aborts'}" for mode, commits, _, _ in SCENARIOS],
 )
 def test_mode_by_trigger_outcome(threads, wait_until, mode, trigger_commits, blocks_at, verdicts):
-    gate, history = DependencyGate(), HistoryRecorder()
+    gate, history = DependencyGate(), DependencyHistory()
     threads.describe = lambda: (gate.statistics(), gate.waiting_edges(), history.events())
     history.begin("T")
     dependencies = gate.register("D", "T", mode)
@@ -121,7 +121,7 @@ def test_mode_by_trigger_outcome(threads, wait_until, mode, trigger_commits, blo
 
 def test_a_failing_rule_never_touches_its_trigger(threads):
     # The dependent (a detached causally dependent rule) raises and aborts while its trigger runs.
-    gate, history = DependencyGate(), HistoryRecorder()
+    gate, history = DependencyGate(), DependencyHistory()
     history.begin("T")
     dependencies = gate.register("D", "T", Coupling.DETACHED_CAUSALLY_DEPENDENT)
     assert gate.wait_may_begin("D") is BEGIN
@@ -146,7 +146,7 @@ CA_SCENARIOS = [
 
 @pytest.mark.parametrize("returned, condition_commits, verdict", CA_SCENARIOS)
 def test_action_sequential_causally_dependent(threads, wait_until, returned, condition_commits, verdict):
-    gate, history = DependencyGate(), HistoryRecorder()
+    gate, history = DependencyGate(), DependencyHistory()
     threads.describe = lambda: (gate.statistics(), gate.waiting_edges(), history.events())
     history.begin("C")
     dependencies = gate.register_action("A", "C")
@@ -215,7 +215,7 @@ def test_waits_for_all_triggers_before_commit(threads, wait_until):
 
 
 def test_a_chain_of_causal_dependencies_aborts_end_to_end(threads, wait_until):
-    gate, history = DependencyGate(), HistoryRecorder()
+    gate, history = DependencyGate(), DependencyHistory()
     history.begin("T")
     dependencies = gate.register("D1", "T", Coupling.DETACHED_CAUSALLY_DEPENDENT) | gate.register(
         "D2", "D1", Coupling.DETACHED_CAUSALLY_DEPENDENT
@@ -234,7 +234,7 @@ def test_many_dependents_released_together_lose_no_wakeup(threads, round_number)
     modes = [Coupling.DETACHED_CAUSALLY_DEPENDENT, Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT,
              Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT, Coupling.DETACHED]
     trigger_commits = round_number % 2 == 0
-    gate, history = DependencyGate(), HistoryRecorder()
+    gate, history = DependencyGate(), DependencyHistory()
     threads.describe = lambda: (gate.statistics(), gate.waiting_edges())
     history.begin("T")
     dependencies = set()
@@ -423,7 +423,7 @@ def reference_verdicts(kinds_and_triggers, outcomes, results):
 def test_sequential_interleavings_match_the_reference(data):
     triggers = ["T0", "T1", "T2"]
     dependents = ["D0", "D1", "D2"]
-    gate, history = DependencyGate(), HistoryRecorder()
+    gate, history = DependencyGate(), DependencyHistory()
     registered = {}
     all_dependencies = set()
     for dependent in dependents:

@@ -12,7 +12,7 @@ from coupling import (
     DependencyKind,
     HistoryEvent,
     HistoryEventKind,
-    HistoryRecorder,
+    DependencyHistory,
     MalformedHistory,
     check_dependencies,
     dependencies_for,
@@ -169,7 +169,7 @@ def test_order_is_by_seq_not_by_list_position():
 
 
 def test_recorder_numbers_events_from_many_threads(threads):
-    recorder = HistoryRecorder()
+    recorder = DependencyHistory()
     barrier = threading.Barrier(8)
 
     def work(number: int) -> None:
