@@ -80,7 +80,9 @@ temporary folder that the notes name, ``streams.json`` and ``streams.png`` with 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
+import gc
 import json
 import os
 import random
@@ -140,6 +142,20 @@ RATE_SECONDS = 2.0
 SCHEDULERS = ("sei", "s2pl", "lwm")
 
 
+@contextlib.contextmanager
+def quiet_heap():
+    """Collect the garbage of earlier runs, then freeze what is left for the measured run: a
+    full collection of the whole process's heap (tens of ms of CPU, hundreds on a loaded
+    machine) then cannot fall into the run, at a random point of one scheduler's run and not
+    another's.  The run still pays for collecting its own objects.  Same for every run."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 # --- part 1: the hand-hygiene queries under SEI vs the plain write path ------------------------------
 
 def workload(count: int) -> list[streams.StreamEvent]:
@@ -176,13 +192,14 @@ def run_sei(database, events: list, name: str) -> dict[str, Any]:
     engine.define(DEFINITIONS)
     engine.reset_state()
     commit = 0.0
-    started = time.perf_counter()
-    for chunk, punctuation in _batches(events):
-        with database.transaction(name="bench:streams") as tx:
-            engine.process(tx, chunk, punctuation=punctuation)
-            leaving = time.perf_counter()
-        commit += time.perf_counter() - leaving
-    seconds = time.perf_counter() - started
+    with quiet_heap():
+        started = time.perf_counter()
+        for chunk, punctuation in _batches(events):
+            with database.transaction(name="bench:streams") as tx:
+                engine.process(tx, chunk, punctuation=punctuation)
+                leaving = time.perf_counter()
+            commit += time.perf_counter() - leaving
+        seconds = time.perf_counter() - started
     statistics = engine.statistics()
     engine.reset_state()
     return {"seconds": seconds, "commit": commit, "statistics": statistics, "definition_6": _checked(engine)}
@@ -190,15 +207,16 @@ def run_sei(database, events: list, name: str) -> dict[str, Any]:
 
 def run_plain(database, events: list) -> float:
     _reset(database)
-    started = time.perf_counter()
-    number = 0
-    for chunk, _ in _batches(events):
-        with database.transaction(name="bench:plain") as tx:
-            for event in chunk:
-                tx.write("bench_stream_events", number, type=event.type, worker=event.attributes["HCW-ID"],
-                         ts=event.ts, room=event.attributes["location"])
-                number += 1
-    return time.perf_counter() - started
+    with quiet_heap():
+        started = time.perf_counter()
+        number = 0
+        for chunk, _ in _batches(events):
+            with database.transaction(name="bench:plain") as tx:
+                for event in chunk:
+                    tx.write("bench_stream_events", number, type=event.type, worker=event.attributes["HCW-ID"],
+                             ts=event.ts, room=event.attributes["location"])
+                    number += 1
+        return time.perf_counter() - started
 
 
 def _ms(value: float | None) -> float | None:
@@ -359,12 +377,13 @@ def measure_throughput(database, scheduler: Callable[[], Any], events: list, def
     violations = 0
     for _ in range(repeat):
         engine = _engine(database, "bench-throughput", scheduler(), types, definitions, cost)
-        started, cpu_started = time.perf_counter(), time.process_time()
-        for start in range(0, len(events), batch):
-            chunk = events[start:start + batch]
-            with database.transaction(name="bench:streams") as tx:
-                engine.process(tx, chunk, punctuation=chunk[-1].ts + 1e-6)
-        wall = time.perf_counter() - started
+        with quiet_heap():
+            started, cpu_started = time.perf_counter(), time.process_time()
+            for start in range(0, len(events), batch):
+                chunk = events[start:start + batch]
+                with database.transaction(name="bench:streams") as tx:
+                    engine.process(tx, chunk, punctuation=chunk[-1].ts + 1e-6)
+            wall = time.perf_counter() - started
         cpu = min(cpu, (time.process_time() - cpu_started) / len(events) * 1e6)
         statistics = engine.statistics()
         assert statistics.events_processed == len(events), "every event must be processed"
@@ -387,25 +406,25 @@ def measure_realtime(database, scheduler: Any, events: list, rate: float, defini
                      types: tuple[str, ...], cost: Callable[[str], None] | None) -> dict[str, Any]:
     """Events arrive at ``rate`` per second; each loop processes what has arrived as one batch."""
     engine = _engine(database, "bench-latency", scheduler, types, definitions, cost)
-    begin = time.perf_counter() + 0.005
-    arrivals = [begin + index / rate for index in range(len(events))]
-    events = [dataclasses.replace(event, sts=arrival) for event, arrival in zip(events, arrivals)]
-    done = 0
-    peak_queue = 0
-    batches = 0
-    versions_peak = 0
-    while done < len(events):
-        now = time.perf_counter()
-        due = bisect.bisect_right(arrivals, now)
-        if due == done:
-            time.sleep(max(0.0, arrivals[done] - now))     # the driver idles until the next arrival
-            continue
-        peak_queue = max(peak_queue, due - done)
-        chunk = events[done:due]
-        with database.transaction(name="bench:streams") as tx:
-            engine.process(tx, chunk, punctuation=chunk[-1].ts + 1e-6)
-        batches += 1
-        done = due
+    with quiet_heap():
+        begin = time.perf_counter() + 0.005
+        arrivals = [begin + index / rate for index in range(len(events))]
+        events = [dataclasses.replace(event, sts=arrival) for event, arrival in zip(events, arrivals)]
+        done = 0
+        peak_queue = 0
+        batches = 0
+        while done < len(events):
+            now = time.perf_counter()
+            due = bisect.bisect_right(arrivals, now)
+            if due == done:
+                time.sleep(max(0.0, arrivals[done] - now))     # the driver idles until the next arrival
+                continue
+            peak_queue = max(peak_queue, due - done)
+            chunk = events[done:due]
+            with database.transaction(name="bench:streams") as tx:
+                engine.process(tx, chunk, punctuation=chunk[-1].ts + 1e-6)
+            batches += 1
+            done = due
     statistics = engine.statistics()
     figures = _scheduler_figures(engine)
     versions_peak = figures.get("versions_peak", 0)
