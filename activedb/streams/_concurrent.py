@@ -4,18 +4,21 @@ Both run a batch the same way (:class:`LockingScheduler`); they differ in their 
 table (:mod:`activedb.streams._locks`) and in what a Read sees:
 
 1. **Dispatch** (the caller's thread, which runs the batch's transaction), in the
-   declared order, before any s-transaction runs: refuse a plan that cannot be locked
-   ahead (a Python action without declared tables); insert every lock of each
-   s-transaction's access plan (Algorithm 1; at ``granularity="table"`` every resource
-   becomes its table); note, per query partition, which earlier s-transaction may change
+   declared order: refuse, before anything runs, a plan that cannot be locked ahead (a
+   Python action without declared tables); LWM loads the base images of every row the
+   plans read.  Then, one s-transaction after the other, insert every lock of its access
+   plan (Algorithm 1; at ``granularity="table"`` every resource becomes its table) and
+   spawn it at once (step 2): its locks and every earlier one's are in before it runs,
+   which is all it needs — a wait is only ever for an *earlier* owner, so the locks of
+   later ones cannot hold it back (App. E.1's dispatcher invariant; LWM publishes the
+   dispatched timestamp as App. F's bound, the released bound after the last).  Note, per query partition, which earlier s-transaction may change
    the partition's matcher state (see ``Matcher.may_change``) — the next one consuming
    the partition waits until that state is final, and is matched on it: as soon as the
    earlier one has *matched* and has no rule left to run (nothing can then abort it for
    its event: ``BatchRun.on_matched``), else at its end (the state it committed, skipping
    an aborted one).  The pattern state of a partition thus advances in timestamp order
    without holding the later s-transactions' store operations behind the earlier ones'
-   (Active CEP Example 5: ``enter^10`` runs while ``exit^2`` still holds its read lock).  LWM then
-   loads the base images of every row the plans read and publishes the punctuation.
+   (Active CEP Example 5: ``enter^10`` runs while ``exit^2`` still holds its read lock).
 2. **Run**: each s-transaction is a subtransaction spawned on the database's worker
    pool (``tx.spawn``), at most ``workers`` at a time beyond the oldest unfinished one;
    the dispatcher then waits for all of them.  Inside, the engine runs the queries and
