@@ -4,18 +4,21 @@ Both run a batch the same way (:class:`LockingScheduler`); they differ in their 
 table (:mod:`activedb.streams._locks`) and in what a Read sees:
 
 1. **Dispatch** (the caller's thread, which runs the batch's transaction), in the
-   declared order, before any s-transaction runs: refuse a plan that cannot be locked
-   ahead (a Python action without declared tables); insert every lock of each
-   s-transaction's access plan (Algorithm 1; at ``granularity="table"`` every resource
-   becomes its table); note, per query partition, which earlier s-transaction may change
+   declared order: refuse, before anything runs, a plan that cannot be locked ahead (a
+   Python action without declared tables); LWM loads the base images of every row the
+   plans read.  Then, one s-transaction after the other, insert every lock of its access
+   plan (Algorithm 1; at ``granularity="table"`` every resource becomes its table) and
+   spawn it at once (step 2): its locks and every earlier one's are in before it runs,
+   which is all it needs — a wait is only ever for an *earlier* owner, so the locks of
+   later ones cannot hold it back (App. E.1's dispatcher invariant; LWM publishes the
+   dispatched timestamp as App. F's bound, the released bound after the last).  Note, per query partition, which earlier s-transaction may change
    the partition's matcher state (see ``Matcher.may_change``) — the next one consuming
    the partition waits until that state is final, and is matched on it: as soon as the
    earlier one has *matched* and has no rule left to run (nothing can then abort it for
    its event: ``BatchRun.on_matched``), else at its end (the state it committed, skipping
    an aborted one).  The pattern state of a partition thus advances in timestamp order
    without holding the later s-transactions' store operations behind the earlier ones'
-   (Active CEP Example 5: ``enter^10`` runs while ``exit^2`` still holds its read lock).  LWM then
-   loads the base images of every row the plans read and publishes the punctuation.
+   (Active CEP Example 5: ``enter^10`` runs while ``exit^2`` still holds its read lock).
 2. **Run**: each s-transaction is a subtransaction spawned on the database's worker
    pool (``tx.spawn``), at most ``workers`` at a time beyond the oldest unfinished one;
    the dispatcher then waits for all of them.  Inside, the engine runs the queries and
@@ -239,41 +242,42 @@ class LockingScheduler(Scheduler):
         table.waiting = self._waiting_context(manager, table)
         run = _Run(self, batch, table)
         self.last_lock_table = table
-        self._dispatch(run, runnable, plans)
         for stransaction in batch.stransactions:
             if not stransaction.matchers:
                 batch.count_empty()
-        self._prepare(run, plans)
+        self._prepare(run, runnable, plans)
         batch.view_factory = lambda tx, stamp: self._view(run, tx, stamp)
         batch.state_source = lambda stransaction, query, key: self._input_state(run, stransaction, query, key)
         batch.on_matched = lambda stransaction, touched, certain: self._matched(run, stransaction, touched, certain)
         ends = db.observe(_Ends(run))
         try:
-            self._spawn_all(run)
+            self._spawn_all(run, runnable, plans)
         finally:
             manager.observers.remove(ends)
             self._account(run)
 
-    def _dispatch(self, run: _Run, runnable: list[STransaction], plans: Mapping[str, AccessPlan]) -> None:
-        """Insert the locks in the declared order and note the partition order (step 1)."""
+    def _dispatch(self, run: _Run, stransaction: STransaction, plan: AccessPlan,
+                  last_changer: dict[tuple[str, tuple], _Work]) -> _Work:
+        """Insert the next s-transaction's locks (the declared order) and note its partition
+        order (step 1); ``last_changer`` carries the partition order from one call to the next."""
         batch = run.batch
-        table = run.table
-        last_changer: dict[tuple[str, tuple], _Work] = {}
-        for index, stransaction in enumerate(runnable):
-            work = _Work(stransaction, index)
-            work.unit = batch.new_unit(stransaction)
-            table.insert(work.owner, self._resources(batch, plans[stransaction.id]))
-            event = stransaction.event
-            for _, matcher in stransaction.matchers:
-                partition = (matcher.query.name, matcher.partition_key(event))
-                if partition not in work.inputs:
-                    work.inputs[partition] = last_changer.get(partition)
-                    if partition not in run.base_states:
-                        run.base_states[partition] = batch.partition(*partition)
-                if matcher.may_change(event.type):
-                    last_changer[partition] = work
-            run.works.append(work)
-            run.by_position[event.position] = work
+        work = _Work(stransaction, len(run.works))
+        work.unit = batch.new_unit(stransaction)
+        run.table.insert(work.owner, self._resources(batch, plan))
+        event = stransaction.event
+        for _, matcher in stransaction.matchers:
+            partition = (matcher.query.name, matcher.partition_key(event))
+            if partition not in work.inputs:
+                work.inputs[partition] = last_changer.get(partition)
+                if partition not in run.base_states:
+                    # No earlier s-transaction of the batch consumes it: no state of it is installed yet.
+                    run.base_states[partition] = batch.partition(*partition)
+            if matcher.may_change(event.type):
+                last_changer[partition] = work
+        run.by_position[event.position] = work
+        run.works.append(work)
+        self._dispatched(run, work)
+        return work
 
     def _resources(self, batch: BatchRun, plan: AccessPlan) -> list[tuple[str, tuple | None, LockMode]]:
         """The plan's resources at this scheduler's granularity: a row stays a row only at
@@ -291,8 +295,12 @@ class LockingScheduler(Scheduler):
                 resources.append((resource.table, key, mode))
         return resources
 
-    def _prepare(self, run: _Run, plans: Mapping[str, AccessPlan]) -> None:
-        """After the dispatch, before the workers start (LWM loads its base images here)."""
+    def _prepare(self, run: _Run, runnable: list[STransaction], plans: Mapping[str, AccessPlan]) -> None:
+        """Before the first s-transaction is dispatched (LWM loads its base images here)."""
+
+    def _dispatched(self, run: _Run, work: _Work | None) -> None:
+        """``work``'s locks are in, and so are those of every s-transaction before it; it is
+        not spawned yet (None: every s-transaction of the batch is dispatched)."""
 
     def _input_state(self, run: _Run, stransaction: STransaction, query: str, key: tuple) -> PartitionState | None:
         """The state ``stransaction`` is matched on: the final one of the latest earlier
@@ -319,11 +327,16 @@ class LockingScheduler(Scheduler):
         work.matched = touched
         run.table.matched(work.owner)
 
-    def _spawn_all(self, run: _Run) -> None:
+    def _spawn_all(self, run: _Run, runnable: list[STransaction], plans: Mapping[str, AccessPlan]) -> None:
+        """Dispatch and spawn in the declared order: each s-transaction is spawned as soon as its
+        locks and those of every earlier one are in — the later ones' locks cannot hold it back
+        (every wait is for an earlier owner), so the dispatcher's work overlaps the runs."""
         tx = run.batch.tx
         oldest = 0
         works = run.works
-        for work in works:
+        last_changer: dict[tuple[str, tuple], _Work] = {}
+        for stransaction in runnable:
+            work = self._dispatch(run, stransaction, plans[stransaction.id], last_changer)
             # At most `workers` s-transactions beyond the oldest unfinished one: wait for it
             # (a parent waiting for its child; if no worker took it yet, this thread runs it).
             while True:
@@ -338,6 +351,8 @@ class LockingScheduler(Scheduler):
             work.handle = tx.spawn(self._work, run, work, name=f"s-transaction {work.stransaction.event.describe()}")
             # Known before any later s-transaction exists: the target of the edges of waits for it.
             work.owner.node = work.handle.transaction
+        else:
+            self._dispatched(run, None)
         errors: list[BaseException] = []
         for work in works:
             if work.handle is None:
@@ -487,8 +502,8 @@ class LWMScheduler(LockingScheduler):
     name = "lwm"
     lock_table_class = LWMLockTable
 
-    def _prepare(self, run: _Run, plans: Mapping[str, AccessPlan]) -> None:
-        """Load the base image of every row the batch may read, then publish the punctuation."""
+    def _prepare(self, run: _Run, runnable: list[STransaction], plans: Mapping[str, AccessPlan]) -> None:
+        """Load the base image of every row the batch may read (before any s-transaction writes)."""
         batch = run.batch
         tx = batch.tx
         engine = batch.engine
@@ -496,8 +511,8 @@ class LWMScheduler(LockingScheduler):
         versions = run.versions = VersionStore()
         whole: set[str] = set()
         rows: dict[str, dict[tuple, None]] = {}
-        for work in run.works:
-            for resource in plans[work.stransaction.id].reads:
+        for stransaction in runnable:
+            for resource in plans[stransaction.id].reads:
                 if resource.key is None:
                     whole.add(resource.table)
                 elif all(value is not None for value in resource.key):
@@ -516,13 +531,19 @@ class LWMScheduler(LockingScheduler):
             for key in wanted:
                 versions.load_row(table, key, tx.read(table, key), sequences.get(key))
         engine.metrics.phase("reads", time.perf_counter() - started)
-        if run.works:
-            versions.advance(run.works[0].owner.position)
+        if runnable:
+            versions.advance(runnable[0].event.position)
+
+    def _dispatched(self, run: _Run, work: _Work | None) -> None:
+        """Publish the punctuation App. F's guard compares with: every event older than it has
+        its locks in.  The dispatcher inserts in the declared order, so after ``work`` that is
+        ``work``'s timestamp (a later event of equal timestamp is not older); after the last,
+        the released bound (the reorder buffer released the batch in the declared order)."""
         table = run.table
         assert isinstance(table, LWMLockTable)
-        # Every event older than the released bound has its locks in (the reorder buffer
-        # released the batch in the declared order, and the dispatcher inserted them all).
-        table.publish(batch.pending.released)
+        punctuation = run.batch.pending.released if work is None else work.owner.ts
+        if punctuation is not None:
+            table.publish(punctuation)
 
     def _discard(self, run: _Run, work: _Work) -> None:
         if run.versions is not None:

@@ -30,10 +30,14 @@ table-level and tuple-level queues and, for table-level requests, the union of t
 tuple-level ones.  Each queue is a min-heap of ``(position, owner)`` with lazy deletion of
 ended owners, so ``lwm`` and "the earliest conflicting request" cost O(1) amortised.
 
-Waiting: a waiter registers itself with the blocker it found (the earliest live one) and
-sleeps on its own event; the blocker's ``end`` wakes it and it looks again (an order
+Waiting: the rule names the earliest live conflicting owner (O(1)); a waiter registers
+itself with the *latest* one (a scan of the same queues, only when it must wait: ``wait_target``)
+and sleeps on its own event; that owner's ``end`` wakes it and it looks again.  Earlier owners
+mostly end first (a writer waits for the earlier ones), so a waiter behind ``k`` owners wakes
+once instead of ``k`` times — each wake-up is a thread switch, a turn of the GIL and a
+wait-for edge, and every waiter woken at once competes with the one that can run.  An order
 waiter — one waiting for a partition's matcher state, ``wait_for(…, matched=True)`` — is
-also woken by the blocker's ``matched``: its states are final before it ends).  The wait
+also woken by the blocker's ``matched`` (its states are final before it ends).  The wait
 itself is wrapped in the ``waiting`` context the scheduler gives (``db.transactions.waiting``:
 an edge ``waiter → blocker`` of the one wait-for graph).  A Read held back only by the
 punctuation waits for the next ``publish`` — input, not a transaction, so not an edge.
@@ -131,6 +135,18 @@ class _Queue:
 
     def __len__(self) -> int:
         return len(self.heap)
+
+
+def _latest_before(position: int, queues: Iterable[_Queue | None]) -> Owner | None:
+    """The latest owner before ``position`` that has not ended (a scan: only for a waiter)."""
+    best: Owner | None = None
+    for queue in queues:
+        if queue is None:
+            continue
+        for entry_position, _, owner in queue.heap:
+            if entry_position < position and not owner.ended and (best is None or entry_position > best.position):
+                best = owner
+    return best
 
 
 def _earliest_before(position: int, queues: Iterable[_Queue | None]) -> Owner | None:
@@ -284,6 +300,7 @@ class StreamLockTable:
                     return request
                 owner.wake.clear()
                 if blocker is not None:
+                    blocker = self.wait_target(request, blocker)
                     blocker.waiters.append(owner)
                     self._waits += 1
                 else:
@@ -356,6 +373,11 @@ class StreamLockTable:
         punctuation)``; ``(None, False)``: grant.  Caller holds ``_mutex``."""
         raise NotImplementedError
 
+    def wait_target(self, request: Request, blocker: Owner) -> Owner:
+        """Whose end a waiter blocked by ``blocker`` (what :meth:`blocker` named) sleeps until.
+        By default ``blocker`` itself.  Caller holds ``_mutex``."""
+        return blocker
+
     # --- inspection -------------------------------------------------------------------------
 
     def blocking(self, request: Request) -> Owner | None:
@@ -388,9 +410,10 @@ class S2PLLockTable(StreamLockTable):
 
     kind = "stream-s2pl"
 
-    def blocker(self, request: Request, mode: LockMode) -> tuple[Owner | None, bool]:
+    def _queues(self, request: Request) -> tuple[_Queue | None, ...]:
+        """The queues whose earlier requests conflict with ``request``.  Caller holds ``_mutex``."""
         table = self._tables[request.table]
-        position, key = request.owner.position, request.key
+        key = request.key
         write = request.mode is LockMode.WRITE
         if key is None:
             queues: tuple = (table.table_writes, table.any_tuple_writes)
@@ -400,7 +423,16 @@ class S2PLLockTable(StreamLockTable):
             queues = (table.table_writes, table.tuple_writes.get(key))
             if write:
                 queues += (table.table_reads, table.tuple_reads.get(key))
-        return _earliest_before(position, queues), False
+        return queues
+
+    def blocker(self, request: Request, mode: LockMode) -> tuple[Owner | None, bool]:
+        return _earliest_before(request.owner.position, self._queues(request)), False
+
+    def wait_target(self, request: Request, blocker: Owner) -> Owner:
+        """The *latest* earlier conflicting owner (module docstring, "Waiting")."""
+        if type(self).blocker is not S2PLLockTable.blocker:      # a subclass with a rule of its own
+            return blocker
+        return _latest_before(request.owner.position, self._queues(request)) or blocker
 
 
 class LWMLockTable(StreamLockTable):
@@ -436,16 +468,25 @@ class LWMLockTable(StreamLockTable):
                 entry.table_writes, entry.tuple_writes.get(key))
             return _earliest_before(float("inf"), queues)   # type: ignore[arg-type]
 
-    def blocker(self, request: Request, mode: LockMode) -> tuple[Owner | None, bool]:
+    def _queues(self, request: Request) -> tuple[_Queue | None, ...]:
+        """The write-lock queues of every resource overlapping ``request``'s.  Caller holds ``_mutex``."""
         table = self._tables[request.table]
-        owner, key = request.owner, request.key
+        key = request.key
         if key is None:
-            queues: tuple = (table.table_writes, table.any_tuple_writes)
-        else:
-            queues = (table.table_writes, table.tuple_writes.get(key))
+            return table.table_writes, table.any_tuple_writes
+        return table.table_writes, table.tuple_writes.get(key)
+
+    def blocker(self, request: Request, mode: LockMode) -> tuple[Owner | None, bool]:
+        owner = request.owner
         # Reads and writes alike: every earlier write lock on an overlapping resource is gone
         # (a Read at s <= lwm; a Write whose lock is the oldest, s = lwm).  Reads never block.
-        blocker = _earliest_before(owner.position, queues)
+        blocker = _earliest_before(owner.position, self._queues(request))
         mrp = self.mrp
         gated = blocker is None and mrp is not None and ts_less(mrp, owner.ts)
         return blocker, gated
+
+    def wait_target(self, request: Request, blocker: Owner) -> Owner:
+        """The *latest* earlier write lock on an overlapping resource (module docstring, "Waiting")."""
+        if type(self).blocker is not LWMLockTable.blocker:       # a subclass with a rule of its own
+            return blocker
+        return _latest_before(request.owner.position, self._queues(request)) or blocker

@@ -94,9 +94,14 @@ def reads(engine, origin: str) -> dict:
 
 
 def request_of(scheduler, ts):
-    """The (only) lock request of the s-transaction at ``ts`` on the worker's row."""
-    (request,) = [request for request in scheduler.last_lock_table.requests("workerstatus")
-                  if request.owner.ts == ts]
+    """The (only) lock request of the s-transaction at ``ts`` on the worker's row (once the
+    dispatcher, which spawns each s-transaction as soon as its locks are in, inserted it)."""
+    def found():
+        table = scheduler.last_lock_table
+        return [] if table is None else [request for request in table.requests("workerstatus")
+                                         if request.owner.ts == ts]
+    wait_until(lambda: found(), TIMEOUT, f"the dispatcher to insert the lock request at {ts}")
+    (request,) = found()
     return request
 
 
@@ -178,8 +183,8 @@ def test_example_5_under_lwm(db):
         # at 10 and writes (10, warning) meanwhile.
         wait_until(lambda: gates.reached("EXIT^2", "finishing") and gates.reached("ENTER^10", "finishing"),
                    TIMEOUT, "T1 to read and T2 to write while T1 holds sl1")
+        owners = {ts: request_of(scheduler, ts).owner for ts in (2, 10, 15, 18)}
         table = scheduler.last_lock_table
-        owners = {request.owner.ts: request.owner for request in table.requests("workerstatus")}
         assert not owners[2].ended and reads(engine, "Q2") == {2: "safe"} and reads(engine, "Q1") == {10: "safe"}
         # sl3^15 is delayed by the lwm (T2 may still write at 10), not by T1.
         wait_until(lambda: edge(db, owners[15], owners[10]) == "stream-lwm", TIMEOUT, "sl3 to wait for the lwm")
@@ -228,14 +233,12 @@ def test_example_5_t2_commits_before_the_stalled_t1_under_lwm_only(db, name, gra
     with Watchdog(TIMEOUT, db.transactions.locks):
         feed = Feed(engine, EXAMPLE)
         wait_until(lambda: gates.reached("EXIT^2", "finishing"), TIMEOUT, "T1 to read at 2")
-        t1 = next(request.owner for request in scheduler.last_lock_table.requests("workerstatus")
-                  if request.owner.ts == 2)
+        t1 = request_of(scheduler, 2).owner
         if name == "lwm":
             wait_until(lambda: "ENTER^10" in commits(engine), TIMEOUT, "T2 to commit while T1 is stalled")
             assert "EXIT^2" not in commits(engine) and not t1.ended
         else:
-            t2 = next(request.owner for request in scheduler.last_lock_table.requests("workerstatus")
-                      if request.owner.ts == 10)
+            t2 = request_of(scheduler, 10).owner
             wait_until(lambda: edge(db, t2, t1) == "stream-s2pl", TIMEOUT, "T2 to wait for T1's read lock")
             assert commits(engine) == []
         gates.open("EXIT^2", "finishing")
