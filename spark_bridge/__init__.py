@@ -2,7 +2,7 @@
 
 Public interface:
 
-* :func:`ingest` — attach a streaming DataFrame to a database: each micro-batch becomes
+* :func:`ingest` (its options: :class:`IngestOptions`, or their fields as keywords) — attach a streaming DataFrame to a database: each micro-batch becomes
   one top-level transaction (an event per subtransaction, the rules on ``db.stream(type)``
   fire inside it), committed together with its ledger row; bad rows and rejected events
   go to the dead-letter table; the batch's watermark becomes a punctuation. With
@@ -39,6 +39,7 @@ __all__ = [
     "BatchOutcome",
     "EventMapping",
     "IngestionLedger",
+    "IngestOptions",
     "IngestSink",
     "IngestStatistics",
     "LoadedApp",
@@ -65,7 +66,7 @@ __all__ = [
 __getattr__, __dir__ = lazy.exports(__name__, {
     "spark_bridge._app": ["LoadedApp", "load_app"],
     "spark_bridge._handler": ["BatchHandler", "BatchInput", "end_of_stream"],
-    "spark_bridge._ingest": ["ingest", "sink_of"],
+    "spark_bridge._ingest": ["IngestOptions", "ingest", "sink_of"],
     "spark_bridge._ledger": [
         "IngestionLedger", "QueryStatus", "batch_committed", "ingestion_status", "ledger_query_id",
         "parse_ledger_query_id",

@@ -216,57 +216,6 @@ def _without_culprits(context: SinkContext, handler: BatchHandler, batch: BatchI
                                letters=batch.letters + tuple(letters))
 
 
-def choose_handler(db: Any, mapping: Any, *, queries: Any = None, scheduler: Any = None, executor: str | None = None,
-                   transactions: Any = None, composition: Any = None, partition_by_key: int | None = None,
-                   prefetch: Any = None) -> BatchHandler | None:
-    """The handler for ``ingest()``'s arguments (None: the rule path), after checking that they go
-    together; every refusal says what to do instead."""
-    from spark_bridge.errors import IngestError
-
-    if executor not in (None, "rules", "tpg"):
-        raise IngestError(f"executor must be 'rules' (the default: events through the rules, one subtransaction "
-                          f"each) or 'tpg' (declared state transactions planned per batch); got {executor!r}")
-    tpg = executor == "tpg"
-    chosen = [name for name, given in (("queries=", queries is not None), ("executor='tpg'", tpg),
-                                        ("composition=", composition is not None)) if given]
-    if len(chosen) > 1:
-        raise IngestError(
-            f"{' and '.join(chosen)} are different paths for a batch; choose one per query (start two ingest() "
-            f"queries over the same source, each with its own query_name and checkpoint, to feed both)")
-    if transactions is not None and not tpg:
-        raise IngestError("transactions= is for executor='tpg': pass ingest(…, executor='tpg', transactions=…)")
-    if tpg and transactions is None:
-        raise IngestError("executor='tpg' needs transactions=batch.StateTransactions() declaring each event type's "
-                          "state transaction (see activedb/batch/README.md)")
-    if scheduler is not None and queries is None:
-        raise IngestError("scheduler= chooses the stream engine's scheduler (sei, s2pl, lwm): pass queries=engine "
-                          "too; the rule path and executor='tpg' have no such choice")
-    if not chosen:
-        return None
-    if partition_by_key is not None:
-        instead = {"queries=": "for concurrency inside a batch use scheduler='s2pl' or 'lwm' (one engine orders "
-                               "events across keys)",
-                   "executor='tpg'": "the planner splits a batch into independent components itself: use "
-                                     "batch.StateTransactions(processes=N)",
-                   "composition=": "a composition spans producers and keys, so it runs in one engine"}[chosen[0]]
-        raise IngestError(f"partition_by_key= (the scale-out path) does not combine with {chosen[0]}: {instead}")
-    if prefetch:
-        raise IngestError(f"prefetch= is for the rule path; with {chosen[0]} rows are loaded by the engine "
-                          f"(stream engines prefetch what their access plans name; the TPG batch reads its declared "
-                          f"rows FOR UPDATE)")
-    if queries is not None:
-        from spark_bridge._queries_handler import QueriesHandler, build_engines
-
-        return QueriesHandler(build_engines(db, queries, scheduler), mapping.key_column)
-    if tpg:
-        from spark_bridge._tpg_handler import TpgHandler
-
-        return TpgHandler(transactions)
-    from spark_bridge._composite_handler import CompositeHandler
-
-    return CompositeHandler(composition, mapping)
-
-
 def end_of_stream(query_or_sink: Any) -> int:
     """Tell the engine behind a query made by ``ingest(…, queries=…)`` that its (bounded) source has
     ended: events its reorder buffer still holds are released (``punctuation=END_OF_STREAM``) and
