@@ -130,21 +130,24 @@ class IngestSink:
         try:
             spark_query_id = batch_df.sparkSession.sparkContext.getLocalProperty(_QUERY_ID_PROPERTY)
             if not spark_query_id:
-                raise IngestError("IngestSink must run as foreachBatch of a streaming query (no query id)")
-            query_id = self._query_id_for(spark_query_id)
-            started = time.perf_counter()
-            table = batch_df.toArrow()
-            to_arrow = time.perf_counter() - started
-            watermark = self.spark_watermark(spark_query_id)
-            self._book.phase("fetched", batch_id)
-            self.process(table, batch_id, query_id=query_id, watermark=watermark,
-                         extra_timings=PhaseTimings(to_arrow=to_arrow), _counted=True)
+                raise IngestError(f"{type(self).__name__} must run as foreachBatch of a streaming query (no query id)")
+            self._spark_batch(batch_df, batch_id, spark_query_id, self._query_id_for(spark_query_id))
         except BaseException as error:
             # Remembered: Spark wraps the error in a Java stack trace (``activedb run`` prints this instead).
             self._book.failed(batch_id, error)
             raise
         finally:
             self._book.leave()
+
+    def _spark_batch(self, batch_df: Any, batch_id: int, spark_query_id: str, query_id: str) -> None:
+        """Batch ``batch_id`` of ``foreachBatch`` as ``(query_id, batch_id)`` (the scale-out sink overrides it)."""
+        started = time.perf_counter()
+        table = batch_df.toArrow()
+        to_arrow = time.perf_counter() - started
+        watermark = self.spark_watermark(spark_query_id)
+        self._book.phase("fetched", batch_id)
+        self.process(table, batch_id, query_id=query_id, watermark=watermark,
+                     extra_timings=PhaseTimings(to_arrow=to_arrow), _counted=True)
 
     def last_failure(self) -> tuple[int, BaseException] | None:
         """``(batch id, the Python exception)`` of the last batch that raised out of the sink, or None."""
