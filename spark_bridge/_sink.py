@@ -9,11 +9,9 @@ For batch ``b`` of the query with ledger id ``q`` (see ``_ledger.py``):
    uninterrupted one;
 2. :func:`spark_bridge._handler.run_batch` with the sink's handler — the one protocol of every
    path (ledger skip, validation, one transaction with the ledger participant, dead letters,
-   conflicts, poison search);
-3. ``db.punctuate(query_name, watermark)`` once the batch committed.
-
-The per-batch work (steps 2–3) is :meth:`IngestSink.process`, which also runs without Spark
-(a ``pyarrow.Table`` or a list of dicts) and inside the scale-out tasks.
+   conflicts, poison search, ``db.punctuate(query_name, watermark)`` once the batch committed) —
+   through :meth:`IngestSink.process`, which also runs without Spark (a ``pyarrow.Table`` or a list
+   of dicts) and inside the scale-out tasks.
 
 Thread-safety: the sink's :class:`~spark_bridge._outcome.BatchBook` keeps the statistics (its own
 mutex); ``_mutex`` protects the per-query bookkeeping.  Spark calls ``foreachBatch`` one batch at a
@@ -50,27 +48,15 @@ _QUERY_ID_PROPERTY = "sql.streaming.queryId"
 
 
 class IngestSink:
-    """``foreachBatch`` callable applying each micro-batch to ``db`` through its rules.
+    """``foreachBatch`` callable applying each micro-batch to ``db`` through its handler (the rules by default).
 
-    Arguments (see :func:`spark_bridge.ingest` for the full story):
-
-    * ``query_name`` — the stable name of the query: the punctuation source, and the
-      first half of the ledger's query id;
-    * ``known_types`` — event types accepted; ``None`` means the types the rules of
-      ``db`` listen to (``db.stream(type)``) at the time of each batch;
-    * ``prefetch`` — ``{table: how}`` tables to load in one query per batch before the
-      events run; ``how`` is ``None`` (the event's key is the row key), a payload field
-      name, or a callable ``RawEvent -> key``;
-    * ``spark_session`` — the session the query was started from (to read the batch's
-      watermark); ``None`` means no watermark unless :meth:`process` is given one;
-    * ``on_phase(phase, batch_id)`` — a seam for crash tests (:data:`PHASES`);
-    * ``batch_attempts`` — top-level attempts per batch on serialization conflicts;
-      ``event_attempts`` — attempts per event when a rule is chosen as deadlock victim;
-    * ``handler`` — a ``_handler.BatchHandler`` (stream queries, TPG, composition) that takes the
-      batches instead of the rule path (``_rules_handler.RulesHandler``, the default; ``ingest``
-      builds it from its arguments);
-    * ``event_ids_under`` — the query name whose ingested event ids count for duplicate detection
-      (default ``query_name``; a dead-letter replay passes the original query's name).
+    ``query_name``, ``known_types``, ``prefetch`` and ``on_phase`` are ``ingest()``'s (``IngestOptions``);
+    ``spark_session`` — the session the query was started from (to read the batch's watermark; ``None``:
+    no watermark unless :meth:`process` is given one); ``batch_attempts`` — top-level attempts per batch on
+    serialization conflicts; ``event_attempts`` — attempts per event when a rule is chosen as deadlock
+    victim; ``handler`` — a ``_handler.BatchHandler`` that takes the batches instead of the rule path
+    (``_rules_handler.RulesHandler``); ``event_ids_under`` — the query name whose ingested event ids count
+    for duplicate detection (default ``query_name``; a dead-letter replay passes the original query's name).
 
     Thread-safety: see the module docstring.
     """
