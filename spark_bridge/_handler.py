@@ -33,7 +33,7 @@ from typing import Any
 
 from activedb.deadletters import Letter
 
-from spark_bridge._batch import SinkContext, reason_of
+from spark_bridge._batch import SinkContext
 from spark_bridge._failures import find_culprits, is_poison_failure, trial
 from spark_bridge._ledger import IngestionLedger, batch_committed
 from spark_bridge._letters import BatchLetters
@@ -53,7 +53,7 @@ class BatchInput:
     that validated, sorted by application time (empty if the handler validates itself);
     ``letters``: the dead letters (``activedb.deadletters.Letter``) of the rows the sink already
     rejected — the handler adds its own and stores them all; ``dead_letters`` is the batch's dead-letter
-    sink: ``dead_letters.for_events(events, reason)`` makes letters keeping the original rows of events of
+    sink: ``dead_letters.for_events([(event, reason), …])`` makes letters keeping the original rows of events of
     this batch, ``dead_letters.insert(tx, letters)`` stores them in ``tx``."""
 
     rows: Any
@@ -200,7 +200,7 @@ def _without_culprits(context: SinkContext, handler: BatchHandler, batch: BatchI
     logger.warning("batch %s of %s: PostgreSQL refused the writes of %d event(s); they become dead letters and "
                    "the batch is applied without them", batch.batch_id, batch.query_id, len(culprits))
     gone = {id(event) for event, _ in culprits}
-    letters = batch.dead_letters.for_events([event for event, _ in culprits], reason_of(culprits))
+    letters = batch.dead_letters.for_events(culprits)
     return dataclasses.replace(batch, events=tuple(event for event in batch.events if id(event) not in gone),
                                letters=batch.letters + tuple(letters))
 

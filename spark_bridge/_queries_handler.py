@@ -163,7 +163,7 @@ class QueriesHandler(BatchHandler):
             reason = f"{letter.reason} (stream engine {engine.name!r})" if engine.name not in letter.reason \
                 else letter.reason
             if batch.holds(letter.event.origin):
-                letters += batch.dead_letters.for_events([letter.event.origin], lambda _event, text=reason: text)
+                letters += batch.dead_letters.for_events([(letter.event.origin, reason)])
             else:                  # buffered by an earlier batch (or loaded from the saved state)
                 letters.append(_event_letter(reason, letter.event))
         return letters

@@ -20,7 +20,7 @@ from typing import Any
 
 from activedb import TxnState
 
-from spark_bridge._batch import no_cyclic_gc, reason_of
+from spark_bridge._batch import no_cyclic_gc
 from spark_bridge._failures import conflict_in, is_deadlock, is_infrastructure_failure, rejection_reason
 from spark_bridge._handler import BatchHandler, BatchInput
 from spark_bridge._ledger import IngestionLedger
@@ -64,8 +64,7 @@ class RulesHandler(BatchHandler):
                     applied += 1
                 else:
                     failed.append((event, reason))
-        letters = list(batch.letters) + batch.dead_letters.for_events([event for event, _ in failed],
-                                                                      reason_of(failed))
+        letters = list(batch.letters) + batch.dead_letters.for_events(failed)
         if failed and ledger.query_name is not None:   # the ids of the events applied: a rejected one may come again
             refused = {id(event) for event, _ in failed}
             ledger.event_ids = [event.event_id for event in batch.events if id(event) not in refused]

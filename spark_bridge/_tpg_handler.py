@@ -60,10 +60,8 @@ class TpgHandler(BatchHandler):
 
         def dead_letter_rows(result: Any) -> list[Any]:
             # event.position is the index in `events`; that RawEvent's own .position is its Arrow row
-            failed = [(events[event.position], reason) for event, reason in result.dead_letters]
-            reasons = {id(event): f"aborted: {reason}" for event, reason in failed}
-            return base + batch_input.dead_letters.for_events([event for event, _ in failed],
-                                                              lambda event: reasons[id(event)])
+            return base + batch_input.dead_letters.for_events(
+                [(events[event.position], f"aborted: {reason}") for event, reason in result.dead_letters])
 
         self.last_pending = batch.apply_at_commit(
             tx, events, self.transactions, strategy=self.strategy, query_id=batch_input.query_id,

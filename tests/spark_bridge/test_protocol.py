@@ -37,7 +37,7 @@ class Writer(BatchHandler):
                          trail=str(event.payload["seq"]), last_ts=event.ts)
         if self.attempts <= self.conflicts:
             raise SerializationConflict("another process changed a row this batch read")
-        letters = [*batch.letters, *batch.dead_letters.for_events(odd, lambda event: "odd amount")]
+        letters = [*batch.letters, *batch.dead_letters.for_events([(event, "odd amount") for event in odd])]
         batch.dead_letters.insert(tx, letters)
         ledger.events = len(batch.events) - len(odd)
         ledger.dead_letters = len(letters)
