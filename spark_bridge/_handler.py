@@ -24,8 +24,8 @@ behind the handlers refuse concurrent batches themselves.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import datetime as dt
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -53,8 +53,8 @@ class BatchInput:
     that validated, sorted by application time (empty if the handler validates itself);
     ``letters``: the dead letters (``activedb.deadletters.Letter``) of the rows the sink already
     rejected — the handler adds its own and stores them all; ``dead_letters`` is the batch's dead-letter
-    sink: ``dead_letters.for_events([(event, reason), …])`` makes letters keeping the original rows of events of
-    this batch, ``dead_letters.insert(tx, letters)`` stores them in ``tx``."""
+    sink: ``dead_letters.for_events([(event, reason), …])`` makes letters keeping the original rows of
+    events of this batch, ``dead_letters.insert(tx, letters)`` stores them in ``tx``."""
 
     rows: Any
     events: tuple[RawEvent, ...]

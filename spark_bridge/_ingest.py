@@ -129,8 +129,9 @@ class IngestOptions:
 
     def path(self) -> str | None:
         """The option choosing a batch's path other than the rules (``"queries="``, …), or None."""
-        chosen = [name for name, given in (("queries=", self.queries is not None), ("executor='tpg'", self.executor
-                                            == "tpg"), ("composition=", self.composition is not None)) if given]
+        given = {"queries=": self.queries is not None, "executor='tpg'": self.executor == "tpg",
+                 "composition=": self.composition is not None}
+        chosen = [name for name, present in given.items() if present]
         if len(chosen) > 1:
             raise IngestError(
                 f"{' and '.join(chosen)} are different paths for a batch; choose one per query (start two ingest() "
