@@ -13,8 +13,9 @@ Public interface:
   :class:`IngestStatistics`, :class:`BatchOutcome`, :class:`PhaseTimings`;
 * ``ingest(…, queries=engine, scheduler=…)`` (stream engines), ``ingest(…, executor="tpg",
   transactions=…)`` (declared state transactions), ``ingest(…, composition=engine)`` (many
-  producers): :class:`BatchHandler`, :class:`BatchInput`; :func:`end_of_stream` releases what a
-  stream engine still buffers once a bounded source ended;
+  producers) — each path, the rules' too, a :class:`BatchHandler` (given a :class:`BatchInput`) run
+  by the one batch protocol (``IngestSink(…, handler=…)`` takes one of your own); :func:`end_of_stream`
+  releases what a stream engine still buffers once a bounded source ended;
 * :func:`ingestion_status`, :class:`QueryStatus` — what the ledger says was committed;
   :func:`ledger_query_id`, :func:`parse_ledger_query_id`;
 * :func:`load_app`, :class:`LoadedApp` — an application module (``register(db)``,
