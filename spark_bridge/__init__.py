@@ -5,9 +5,10 @@ Public interface:
 * :func:`ingest` (its options: :class:`IngestOptions`, or their fields as keywords) — attach a
   streaming DataFrame to a database: each micro-batch becomes one top-level transaction (an
   event per subtransaction, the rules on ``db.stream(type)`` fire inside it), committed
-  together with its ledger row; bad rows and rejected events go to the dead-letter table; the batch's watermark becomes a punctuation. With
-  ``partition_by_key=N`` the batch is split by key over ``N`` Spark tasks, each with its
-  own engine (the scale-out path). Returns the ``StreamingQuery``;
+  together with its ledger row; bad rows and rejected events go to the dead-letter table;
+  the batch's watermark becomes a punctuation. With ``partition_by_key=N`` the batch is split
+  by key over ``N`` Spark tasks, each with its own engine (the scale-out path). Returns the
+  ``StreamingQuery``;
 * :class:`IngestSink` (the ``foreachBatch`` callable, also usable without Spark through
   :meth:`IngestSink.process`), :class:`PartitionedIngestSink`, :func:`sink_of`,
   :class:`IngestStatistics`, :class:`BatchOutcome`, :class:`PhaseTimings`;
