@@ -77,7 +77,7 @@ class IngestSink:
         on_phase: Callable[[str, int], None] | None = None,
         batch_attempts: int = 3,
         event_attempts: int = 3,
-        handler: Any = None,
+        handler: BatchHandler | None = None,
         event_ids_under: str | None = None,
     ) -> None:
         try:
