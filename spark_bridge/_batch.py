@@ -40,6 +40,11 @@ class SinkContext:
     batch_attempts: int
     book: BatchBook
 
+    def accepted_types(self, handler: Any) -> frozenset[str] | None:
+        """The event types accepted now: ``known_types`` if given, else the path's (``handler.accepted_types()``,
+        for the rules the stream types they listen to; None: any)."""
+        return self.known_types if self.known_types is not None else handler.accepted_types()
+
     def validate(self, rows: Any, dead: BatchLetters, watermark: dt.datetime | None,
                  accepted: frozenset[str] | None, late_rows_are_dead_letters: bool = True,
                  ) -> tuple[list[RawEvent], list[Letter]]:

@@ -139,8 +139,8 @@ def run_batch(context: SinkContext, handler: BatchHandler, rows: Any, batch_id: 
     letters: list[Letter] = []
     dead = BatchLetters(context.db, rows, query_id, batch_id)
     if handler.validates_rows:
-        accepted = context.known_types if context.known_types is not None else handler.accepted_types()
-        good, letters = context.validate(rows, dead, watermark, accepted, handler.late_rows_are_dead_letters)
+        good, letters = context.validate(rows, dead, watermark, context.accepted_types(handler),
+                                         handler.late_rows_are_dead_letters)
     timings = timings + PhaseTimings(validate=time.perf_counter() - started)
 
     batch = BatchInput(

@@ -239,7 +239,7 @@ class PartitionedIngestSink(IngestSink):
         watermark = self.spark_watermark(spark_query_id)
         task = _PartitionTask(
             url=self._url, app=self.app, mapping=self.mapping, query_name=self.query_name, query_id=query_id,
-            batch_id=batch_id, watermark=watermark, known_types=self._known_types,
+            batch_id=batch_id, watermark=watermark, known_types=self.context.known_types,
             prefetch=self._prefetch_items, connect_options=self._connect_options,
             detached_timeout=self._detached_timeout,
             local_time_columns=tuple(field.name for field in batch_df.schema.fields

@@ -91,7 +91,6 @@ class IngestSink:
         self.db = db
         self.mapping = mapping
         self.query_name = query_name
-        self._known_types = None if known_types is None else frozenset(known_types)
         self._spark_session = spark_session
         #: Where the batches go (``_handler.BatchHandler``: the rules by default; queries, tpg, composite).
         #: Set once here, never changed.
@@ -101,7 +100,8 @@ class IngestSink:
         #: scope for a query and its replays.
         self.event_ids_under = event_ids_under or query_name
         #: What a batch path needs of this sink (``_handler.run_batch`` gets it, not the sink).
-        self.context = SinkContext(db, mapping, query_name, self.event_ids_under, self._known_types, batch_attempts,
+        self.context = SinkContext(db, mapping, query_name, self.event_ids_under,
+                                   None if known_types is None else frozenset(known_types), batch_attempts,
                                    BatchBook(query_name, on_phase))
         self._book = self.context.book
         # self._mutex protects the two fields below (the counters are the book's).
@@ -199,9 +199,8 @@ class IngestSink:
     # -- helpers ------------------------------------------------------------------------------
 
     def known_types(self) -> frozenset[str] | None:
-        """The event types accepted now: ``known_types`` if given, else the stream types
-        the rules of ``db`` listen to (``None`` — anything — if no rule listens to any)."""
-        return self._known_types if self._known_types is not None else self.handler.accepted_types()
+        """The event types accepted now (``SinkContext.accepted_types``)."""
+        return self.context.accepted_types(self.handler)
 
     def _query_id_for(self, spark_query_id: str) -> str:
         with self._mutex:
