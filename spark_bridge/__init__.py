@@ -2,19 +2,21 @@
 
 Public interface:
 
-* :func:`ingest` — attach a streaming DataFrame to a database: each micro-batch becomes
-  one top-level transaction (an event per subtransaction, the rules on ``db.stream(type)``
-  fire inside it), committed together with its ledger row; bad rows and rejected events
-  go to the dead-letter table; the batch's watermark becomes a punctuation. With
-  ``partition_by_key=N`` the batch is split by key over ``N`` Spark tasks, each with its
-  own engine (the scale-out path). Returns the ``StreamingQuery``;
+* :func:`ingest` (its options: :class:`IngestOptions`, or their fields as keywords) — attach a
+  streaming DataFrame to a database: each micro-batch becomes one top-level transaction (an
+  event per subtransaction, the rules on ``db.stream(type)`` fire inside it), committed
+  together with its ledger row; bad rows and rejected events go to the dead-letter table;
+  the batch's watermark becomes a punctuation. With ``partition_by_key=N`` the batch is split
+  by key over ``N`` Spark tasks, each with its own engine (the scale-out path). Returns the
+  ``StreamingQuery``;
 * :class:`IngestSink` (the ``foreachBatch`` callable, also usable without Spark through
   :meth:`IngestSink.process`), :class:`PartitionedIngestSink`, :func:`sink_of`,
   :class:`IngestStatistics`, :class:`BatchOutcome`, :class:`PhaseTimings`;
 * ``ingest(…, queries=engine, scheduler=…)`` (stream engines), ``ingest(…, executor="tpg",
   transactions=…)`` (declared state transactions), ``ingest(…, composition=engine)`` (many
-  producers): :class:`BatchHandler`, :class:`BatchInput`; :func:`end_of_stream` releases what a
-  stream engine still buffers once a bounded source ended;
+  producers) — each path, the rules' too, a :class:`BatchHandler` (given a :class:`BatchInput`) run
+  by the one batch protocol (``IngestSink(…, handler=…)`` takes one of your own); :func:`end_of_stream`
+  releases what a stream engine still buffers once a bounded source ended;
 * :func:`ingestion_status`, :class:`QueryStatus` — what the ledger says was committed;
   :func:`ledger_query_id`, :func:`parse_ledger_query_id`;
 * :func:`load_app`, :class:`LoadedApp` — an application module (``register(db)``,
@@ -39,6 +41,7 @@ __all__ = [
     "BatchOutcome",
     "EventMapping",
     "IngestionLedger",
+    "IngestOptions",
     "IngestSink",
     "IngestStatistics",
     "LoadedApp",
@@ -65,7 +68,7 @@ __all__ = [
 __getattr__, __dir__ = lazy.exports(__name__, {
     "spark_bridge._app": ["LoadedApp", "load_app"],
     "spark_bridge._handler": ["BatchHandler", "BatchInput", "end_of_stream"],
-    "spark_bridge._ingest": ["ingest", "sink_of"],
+    "spark_bridge._ingest": ["IngestOptions", "ingest", "sink_of"],
     "spark_bridge._ledger": [
         "IngestionLedger", "QueryStatus", "batch_committed", "ingestion_status", "ledger_query_id",
         "parse_ledger_query_id",

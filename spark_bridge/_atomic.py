@@ -48,6 +48,7 @@ import sqlalchemy as sa
 from activedb import CommitParticipant
 from activedb.atomic import SplitFailure
 
+from spark_bridge._handler import BatchHandler, BatchInput
 from spark_bridge._ledger import IngestionLedger, ledger_query_id, parse_ledger_query_id
 from spark_bridge.errors import IngestError, PartitionFailed
 
@@ -148,26 +149,37 @@ def _upsert_failure(connection: Any, values: Mapping[str, Any]) -> None:
 def settle_failed_partition(sink: Any, rows: Sequence[Mapping[str, Any]], query_id: str, batch_id: int,
                             partition: int, partitions: int, error: BaseException) -> int:
     """Policy *compensate*, in the failed task: the partition's rows become dead letters, with its ledger row
-    (0 events) and its failure row (*compensating*), in one transaction.  Returns the number of letters.
+    (0 events) and its failure row (*compensating*), in one transaction (``_handler.run_batch``, as every
+    batch).  Returns the number of letters.
 
     From then on a replay of the batch skips this partition (the ledger has it), and the driver — now or
     after a restart — compensates the partitions that committed."""
-    from activedb.deadletters import Letter
+    from spark_bridge._handler import run_batch
+    from spark_bridge._outcome import PhaseTimings
 
-    from spark_bridge._letters import BatchLetters
-
-    source = source_query_id(query_id)
     reason = (f"partition {partition} of batch {batch_id} failed for good ({describe(error)}); the source batch "
               f"was compensated (on_partition_failure='compensate') — replay these rows once the cause is fixed")
-    dead = BatchLetters(sink.db, rows, query_id, batch_id)
-    letters = [Letter(reason, dict(row)) for row in rows]
-    ledger = IngestionLedger(sink.db, query_id, batch_id)
-    failure = FailureRow(source, batch_id, partition, partitions, SplitFailure.COMPENSATE, SplitState.COMPENSATING,
-                         describe(error))
-    with sink.db.transaction(name=f"ingest-failed:{sink.query_name}", participants=[ledger, failure]) as tx:
-        dead.insert(tx, letters)
+    failure = FailureRow(source_query_id(query_id), batch_id, partition, partitions, SplitFailure.COMPENSATE,
+                         SplitState.COMPENSATING, describe(error))
+    return run_batch(sink.context, _FailedPartition(reason), rows, batch_id, query_id=query_id, watermark=None,
+                     timings=PhaseTimings(), punctuate=False, participants=(failure,)).dead_letters
+
+
+class _FailedPartition(BatchHandler):
+    """The batch path of a partition that failed for good: every row a dead letter with ``reason``."""
+
+    name = "failed partition"
+    validates_rows = False
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    def handle(self, tx: Any, batch: BatchInput, ledger: IngestionLedger) -> None:
+        from activedb.deadletters import Letter
+
+        letters = [Letter(self.reason, dict(row)) for row in batch.rows]
+        batch.dead_letters.insert(tx, letters)
         ledger.dead_letters = len(letters)
-    return len(letters)
 
 
 # --- the driver's side ------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +20,7 @@ from spark_bridge._letters import BatchLetters
 from spark_bridge._outcome import BatchBook
 from spark_bridge.mapping import EventMapping, RawEvent, rows_to_events
 
-__all__ = ["SinkContext", "no_cyclic_gc", "reason_of"]
+__all__ = ["SinkContext", "no_cyclic_gc"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,11 @@ class SinkContext:
     batch_attempts: int
     book: BatchBook
 
+    def accepted_types(self, handler: Any) -> frozenset[str] | None:
+        """The event types accepted now: ``known_types`` if given, else the path's (``handler.accepted_types()``,
+        for the rules the stream types they listen to; None: any)."""
+        return self.known_types if self.known_types is not None else handler.accepted_types()
+
     def validate(self, rows: Any, dead: BatchLetters, watermark: dt.datetime | None,
                  accepted: frozenset[str] | None, late_rows_are_dead_letters: bool = True,
                  ) -> tuple[list[RawEvent], list[Letter]]:
@@ -52,14 +57,13 @@ class SinkContext:
         if watermark is not None and late_rows_are_dead_letters:
             on_time = [event for event in good if event.ts >= watermark]
             if len(on_time) != len(good):
-                late = [event for event in good if event.ts < watermark]
-                letters += dead.for_events(late, lambda event: (
-                    f"late: {self.mapping.ts_column} {event.ts.isoformat()} is older than the stream's "
-                    f"watermark {watermark.isoformat()} (Spark's lateness rule)"))
+                letters += dead.for_events([(event, f"late: {self.mapping.ts_column} {event.ts.isoformat()} is older "
+                                                    f"than the stream's watermark {watermark.isoformat()} (Spark's "
+                                                    f"lateness rule)") for event in good if event.ts < watermark])
                 good = on_time
         if self.mapping.id_column is not None:
             good, duplicates = self.without_duplicates(good)
-            letters += dead.for_events([event for event, _ in duplicates], reason_of(duplicates))
+            letters += dead.for_events(duplicates)
         return good, letters
 
     def without_duplicates(self, events: list[RawEvent]) -> tuple[list[RawEvent], list[tuple[RawEvent, str]]]:
@@ -80,12 +84,6 @@ class SinkContext:
                 first[event.event_id] = event
                 kept.append(event)
         return kept, duplicates
-
-
-def reason_of(pairs: list[tuple[Any, str]]) -> Callable[[Any], str]:
-    """For ``BatchLetters.for_events``: the reason paired with each item of ``pairs``."""
-    reasons = {id(item): reason for item, reason in pairs}
-    return lambda item: reasons[id(item)]
 
 
 @contextlib.contextmanager

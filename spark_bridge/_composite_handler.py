@@ -2,7 +2,7 @@
 many producers with accuracy intervals, heartbeats), for ``ingest(db, frame, mapping=EventMapping(…,
 producer_column=…), composition=engine)``.
 
-Per batch, inside its one transaction (``_handler.process_with_handler``):
+Per batch, inside its one transaction (``_handler.run_batch``):
 ``composite_feed.feed_batch(engine, rows, mapping, tx=tx)`` — rows become interval events and
 heartbeats in an order the engine may take (per producer in detection order), the engine's
 composite events are emitted into ``tx`` (rules on them fire there), and its state returns to
@@ -23,14 +23,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from spark_bridge._handler import BatchInput
+from spark_bridge._handler import BatchHandler, BatchInput
 from spark_bridge._ledger import IngestionLedger
 from spark_bridge.errors import IngestError
 
 __all__ = ["CompositeHandler"]
 
 
-class CompositeHandler:
+class CompositeHandler(BatchHandler):
     """Feeds each batch to a composition engine (module docstring).  Thread-safety: one batch at a
     time (the engine's own mutex guards its state)."""
 
@@ -51,9 +51,6 @@ class CompositeHandler:
         self.mapping = mapping
         self.composites = 0        # composite events produced by committed batches (statistics)
 
-    def accepted_types(self) -> frozenset[str] | None:
-        return None
-
     def handle(self, tx: Any, batch: BatchInput, ledger: IngestionLedger) -> None:
         from spark_bridge.composite_feed import feed_batch
 
@@ -62,7 +59,3 @@ class CompositeHandler:
         batch.dead_letters.insert(tx, letters)
         ledger.events = len(result.composites)
         ledger.dead_letters = len(letters)
-        ledger.watermark = batch.watermark
-
-    def end_of_stream(self, db: Any, query_name: str, query_id: str | None = None) -> int:
-        return 0          # the engine decides by stability and heartbeats, not by the end of the source

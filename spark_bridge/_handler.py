@@ -1,34 +1,21 @@
-"""What a micro-batch is handed to, besides the rules: the :class:`BatchHandler` interface and the
-one loop that runs any handler exactly once.
+"""The one protocol of a micro-batch: :func:`run_batch` runs any :class:`BatchHandler` exactly once.
 
-The sink (``_sink.py``) keeps the per-event rule path built in.  ``ingest(..., queries=…)``,
-``ingest(..., executor="tpg", transactions=…)`` and ``ingest(..., composition=…)`` give it a handler
-instead, one per path, each in its own module:
-
-=========================  ====================================  ==========================================
-path                       module                                the batch goes to
-=========================  ====================================  ==========================================
-queries (stream engines)   ``_queries_handler.QueriesHandler``   ``engine.process(tx, events, punctuation=
-                                                                 watermark, batch_id=b)`` per engine
-tpg (state transactions)   ``_tpg_handler.TpgHandler``           ``activedb.batch.apply_at_commit`` (a commit
-                                                                 participant that runs before the ledger)
-composite (many producers) ``_composite_handler.                 ``composite_feed.feed_batch(engine, rows,
-                           CompositeHandler``                    mapping, tx=tx)``
-=========================  ====================================  ==========================================
-
-The protocol of one batch (:func:`process_with_handler`) is the sink's own, step for step:
-skip a batch the ledger has; validate rows (``rows_to_events``, unless the handler reads the rows
-itself) — bad rows, duplicates and, where the handler wants it, rows older than Spark's watermark
-become dead letters; then in **one** top-level transaction, marked replayed for the outbox,
+Every path is a handler in its own module — ``_rules_handler`` (the default), ``_queries_handler``,
+``_tpg_handler``, ``_composite_handler`` — and so is a partition that failed for good
+(``_atomic._FailedPartition``); the sink (``_sink.py``) picks one per query, and the scale-out tasks and
+dead-letter replays go through ``IngestSink.process`` to the same function.  :func:`run_batch`: skip a
+batch the ledger has; validate rows (``rows_to_events``, unless the handler reads the rows itself) — bad
+rows, duplicates and, where the handler wants it, rows older than Spark's watermark become dead letters;
+then in **one** top-level transaction, marked replayed for the outbox, the caller's participants,
 ``handler.handle(tx, batch, ledger)`` and *after it* the ledger participant (enlisted last, so a
-participant the handler enlisted — the TPG batch — writes first and the ledger row sees its
-counts); ``BatchAlreadyCommitted`` at the flush means skipped, ``SerializationConflict`` re-runs the
-batch (at most ``batch_attempts``).  What the handler must do in ``handle``: hand the batch to its
-engine inside ``tx``, get every dead letter into ``tx`` (itself, or through its engine), and leave
-``ledger.events`` / ``ledger.dead_letters`` set by the time the ledger writes its row.
-
-Not here (yet): the rule path's bisection of a batch PostgreSQL refuses at the commit (a poison
-event) — with a handler such a batch fails, and ``activedb run`` says which; the scale-out path.
+participant the handler enlisted — the TPG batch — writes first and the ledger row sees its counts);
+``BatchAlreadyCommitted`` at the flush means skipped, ``SerializationConflict`` re-runs the batch (at most
+``batch_attempts``); a commit PostgreSQL refuses because of what events wrote is searched for its culprits
+with trial flushes if the handler can apply any subset of events (``searches_poison``), and fails the
+batch otherwise.  ``handle`` hands the batch to its engine inside ``tx``, gets every dead letter into
+``tx`` through ``batch.dead_letters`` (the batch's typed dead-letter sink) and leaves ``ledger.events`` /
+``ledger.dead_letters`` set by the time the ledger writes its row.  Design note: the package's
+``README.md`` ("Four paths for a batch").
 
 Thread-safety: a handler is called by one batch at a time (Spark's ``foreachBatch``); the engines
 behind the handlers refuse concurrent batches themselves.
@@ -36,21 +23,24 @@ behind the handlers refuse concurrent batches themselves.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import functools
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from activedb.deadletters import Letter
 
 from spark_bridge._batch import SinkContext
+from spark_bridge._failures import find_culprits, is_poison_failure, trial
 from spark_bridge._ledger import IngestionLedger, batch_committed
 from spark_bridge._letters import BatchLetters
 from spark_bridge._outcome import BatchOutcome, PhaseTimings
 from spark_bridge.mapping import RawEvent
 
-__all__ = ["BatchHandler", "BatchInput", "process_with_handler"]
+__all__ = ["BatchHandler", "BatchInput", "run_batch"]
 
 logger = logging.getLogger("spark_bridge.ingest")
 
@@ -63,8 +53,8 @@ class BatchInput:
     that validated, sorted by application time (empty if the handler validates itself);
     ``letters``: the dead letters (``activedb.deadletters.Letter``) of the rows the sink already
     rejected — the handler adds its own and stores them all; ``dead_letters`` is the batch's dead-letter
-    sink: ``dead_letters.for_events(events, reason)`` makes letters keeping the original rows of events of
-    this batch, ``dead_letters.insert(tx, letters)`` stores them in ``tx``."""
+    sink: ``dead_letters.for_events([(event, reason), …])`` makes letters keeping the original rows of
+    events of this batch, ``dead_letters.insert(tx, letters)`` stores them in ``tx``."""
 
     rows: Any
     events: tuple[RawEvent, ...]
@@ -75,41 +65,67 @@ class BatchInput:
     watermark: dt.datetime | None
     dead_letters: BatchLetters
 
+    def holds(self, event: Any) -> bool:
+        """Whether ``event`` is one of this batch's ``events`` (the same object; an engine's event
+        points back to it as its ``origin``)."""
+        return id(event) in self._event_ids
 
-@runtime_checkable
-class BatchHandler(Protocol):
-    """Where a micro-batch's events go instead of the per-event rule path (module docstring)."""
+    @functools.cached_property
+    def _event_ids(self) -> frozenset[int]:
+        return frozenset(map(id, self.events))
 
-    #: The path's name, for messages and statistics (``"queries"``, ``"tpg"``, ``"composite"``).
-    name: str
+
+class BatchHandler:
+    """Where a micro-batch's events go (module docstring): a path overrides ``handle`` and what it does
+    differently from these defaults."""
+
+    #: The path's name, for messages and statistics (``"rules"``, ``"queries"``, ``"tpg"``, ``"composite"``).
+    name = "handler"
     #: True: the sink dead-letters rows older than the batch's watermark before ``handle`` (Spark's
-    #: lateness rule, as on the rule path).  False: the handler's engine decides lateness itself.
-    late_rows_are_dead_letters: bool
+    #: lateness rule).  False: the handler's engine decides lateness itself.
+    late_rows_are_dead_letters = True
     #: True: the sink runs ``rows_to_events`` and passes the events; False: the handler reads
     #: ``BatchInput.rows`` itself (``events`` and ``letters`` are then empty).
-    validates_rows: bool
+    validates_rows = True
+    #: True: ``apply_events(tx, events)`` applies any subset of the batch's events, so a commit
+    #: PostgreSQL refuses is searched for its culprits (trial flushes) instead of failing the batch.
+    searches_poison = False
 
     def accepted_types(self) -> frozenset[str] | None:
         """Event types the sink accepts when ``ingest(known_types=…)`` is not given (None: any)."""
+        return None
 
     def handle(self, tx: Any, batch: BatchInput, ledger: IngestionLedger) -> None:
         """Apply ``batch`` inside ``tx`` (the batch's top-level transaction) and set the ledger's
         ``events`` and ``dead_letters`` — now, or in a commit participant enlisted here that writes
         before the ledger.  Raise to fail the batch (``tx`` then aborts and nothing is kept)."""
+        raise NotImplementedError
+
+    def apply_events(self, tx: Any, events: list[RawEvent]) -> None:
+        """Apply ``events`` in ``tx`` for a trial flush (only called if ``searches_poison``)."""
+        raise NotImplementedError
 
     def end_of_stream(self, db: Any, query_name: str, query_id: str | None = None) -> int:
         """The source ended: release what the engine still holds back, in a transaction of its own;
         returns how many events that processed.  Idempotent.  ``query_id``: the ledger id of the run
-        (its dead letters are kept under it), if the sink has seen a batch."""
+        (its dead letters are kept under it), if the sink has seen a batch.  Nothing is held back here."""
+        return 0
+
+    def close(self) -> None:
+        """Release the path's resources (the TPG path's worker processes); nothing here."""
 
 
-def process_with_handler(context: SinkContext, handler: BatchHandler, rows: Any, batch_id: int, query_id: str,
-                         watermark: dt.datetime | None, timings: PhaseTimings, punctuate: bool,
-                         participants: tuple) -> BatchOutcome:
-    """One batch through ``handler``, exactly once; returns its outcome.
+def run_batch(context: SinkContext, handler: BatchHandler, rows: Any, batch_id: int, *, query_id: str,
+              watermark: dt.datetime | None, timings: PhaseTimings, punctuate: bool = True,
+              participants: tuple = ()) -> BatchOutcome:
+    """One batch through ``handler``, exactly once; returns its outcome.  Every path of a micro-batch
+    — the rules, stream queries, TPG, composition, the scale-out tasks, a dead-letter replay — runs here.
 
     ``context`` is what the calling :class:`~spark_bridge._sink.IngestSink` shares with its batch paths
-    (database, mapping, names, attempts; its book records phases and statistics as on the rule path)."""
+    (database, mapping, names, attempts; its book records phases and statistics); ``participants``:
+    more commit participants of the batch's transaction (lineage, a replay's mark), enlisted before
+    the ledger.  Raises only when the batch could not be committed (PostgreSQL unusable, conflicts
+    beyond ``batch_attempts``, a refused commit the handler cannot search)."""
     from activedb.errors import BatchAlreadyCommitted, SerializationConflict
 
     book = context.book
@@ -123,8 +139,8 @@ def process_with_handler(context: SinkContext, handler: BatchHandler, rows: Any,
     letters: list[Letter] = []
     dead = BatchLetters(context.db, rows, query_id, batch_id)
     if handler.validates_rows:
-        accepted = context.known_types if context.known_types is not None else handler.accepted_types()
-        good, letters = context.validate(rows, dead, watermark, accepted, handler.late_rows_are_dead_letters)
+        good, letters = context.validate(rows, dead, watermark, context.accepted_types(handler),
+                                         handler.late_rows_are_dead_letters)
     timings = timings + PhaseTimings(validate=time.perf_counter() - started)
 
     batch = BatchInput(
@@ -135,9 +151,10 @@ def process_with_handler(context: SinkContext, handler: BatchHandler, rows: Any,
         attempt += 1
         started = time.perf_counter()
         ledger = IngestionLedger(context.db, query_id, batch_id, on_flush=book.flush_reached)
+        ledger.watermark = watermark
         if context.mapping.id_column is not None:
             ledger.query_name = context.event_ids_under
-            ledger.event_ids = [event.event_id for event in good]
+            ledger.event_ids = [event.event_id for event in batch.events]
         try:
             with context.db.transaction(name=f"ingest:{context.query_name}", participants=list(participants)) as tx:
                 # Re-run until it commits: an aborted attempt is no outcome for the detached rules it fired.
@@ -153,6 +170,12 @@ def process_with_handler(context: SinkContext, handler: BatchHandler, rows: Any,
             logger.info("batch %s of %s conflicted with another process; re-running it (%d of %d)",
                         batch_id, query_id, attempt + 1, context.batch_attempts)
             continue
+        except Exception as failure:
+            if not (handler.searches_poison and is_poison_failure(failure)):
+                raise
+            batch = _without_culprits(context, handler, batch, failure)
+            attempt -= 1       # not a conflict: the batch gets its attempts again
+            continue
         break
     ended = time.perf_counter()
     flush_began = ledger.flush_began or ended
@@ -167,55 +190,19 @@ def process_with_handler(context: SinkContext, handler: BatchHandler, rows: Any,
     return outcome
 
 
-def choose_handler(db: Any, mapping: Any, *, queries: Any = None, scheduler: Any = None, executor: str | None = None,
-                   transactions: Any = None, composition: Any = None, partition_by_key: int | None = None,
-                   prefetch: Any = None) -> BatchHandler | None:
-    """The handler for ``ingest()``'s arguments (None: the rule path), after checking that they go
-    together; every refusal says what to do instead."""
-    from spark_bridge.errors import IngestError
-
-    if executor not in (None, "rules", "tpg"):
-        raise IngestError(f"executor must be 'rules' (the default: events through the rules, one subtransaction "
-                          f"each) or 'tpg' (declared state transactions planned per batch); got {executor!r}")
-    tpg = executor == "tpg"
-    chosen = [name for name, given in (("queries=", queries is not None), ("executor='tpg'", tpg),
-                                        ("composition=", composition is not None)) if given]
-    if len(chosen) > 1:
-        raise IngestError(
-            f"{' and '.join(chosen)} are different paths for a batch; choose one per query (start two ingest() "
-            f"queries over the same source, each with its own query_name and checkpoint, to feed both)")
-    if transactions is not None and not tpg:
-        raise IngestError("transactions= is for executor='tpg': pass ingest(…, executor='tpg', transactions=…)")
-    if tpg and transactions is None:
-        raise IngestError("executor='tpg' needs transactions=batch.StateTransactions() declaring each event type's "
-                          "state transaction (see activedb/batch/README.md)")
-    if scheduler is not None and queries is None:
-        raise IngestError("scheduler= chooses the stream engine's scheduler (sei, s2pl, lwm): pass queries=engine "
-                          "too; the rule path and executor='tpg' have no such choice")
-    if not chosen:
-        return None
-    if partition_by_key is not None:
-        instead = {"queries=": "for concurrency inside a batch use scheduler='s2pl' or 'lwm' (one engine orders "
-                               "events across keys)",
-                   "executor='tpg'": "the planner splits a batch into independent components itself: use "
-                                     "batch.StateTransactions(processes=N)",
-                   "composition=": "a composition spans producers and keys, so it runs in one engine"}[chosen[0]]
-        raise IngestError(f"partition_by_key= (the scale-out path) does not combine with {chosen[0]}: {instead}")
-    if prefetch:
-        raise IngestError(f"prefetch= is for the rule path; with {chosen[0]} rows are loaded by the engine "
-                          f"(stream engines prefetch what their access plans name; the TPG batch reads its declared "
-                          f"rows FOR UPDATE)")
-    if queries is not None:
-        from spark_bridge._queries_handler import QueriesHandler, build_engines
-
-        return QueriesHandler(build_engines(db, queries, scheduler), mapping.key_column)
-    if tpg:
-        from spark_bridge._tpg_handler import TpgHandler
-
-        return TpgHandler(transactions)
-    from spark_bridge._composite_handler import CompositeHandler
-
-    return CompositeHandler(composition, mapping)
+def _without_culprits(context: SinkContext, handler: BatchHandler, batch: BatchInput,
+                      failure: BaseException) -> BatchInput:
+    """PostgreSQL refused the batch's commit because of what some event wrote (a key too large for its
+    index, a constraint): the batch without those events, which become dead letters."""
+    culprits = find_culprits(
+        lambda events: trial(context.db, context.query_name, handler.apply_events, events), list(batch.events),
+        failure)
+    logger.warning("batch %s of %s: PostgreSQL refused the writes of %d event(s); they become dead letters and "
+                   "the batch is applied without them", batch.batch_id, batch.query_id, len(culprits))
+    gone = {id(event) for event, _ in culprits}
+    letters = batch.dead_letters.for_events(culprits)
+    return dataclasses.replace(batch, events=tuple(event for event in batch.events if id(event) not in gone),
+                               letters=batch.letters + tuple(letters))
 
 
 def end_of_stream(query_or_sink: Any) -> int:
@@ -225,7 +212,4 @@ def end_of_stream(query_or_sink: Any) -> int:
     afterwards every new event of the engine is late.  Returns how many events that processed (0 for
     the other paths).  Idempotent."""
     sink = getattr(query_or_sink, "activedb_sink", query_or_sink)
-    handler = getattr(sink, "handler", None)
-    if handler is None:
-        return 0
-    return handler.end_of_stream(sink.db, sink.query_name, sink.statistics().query_id)
+    return sink.handler.end_of_stream(sink.db, sink.query_name, sink.statistics().query_id)

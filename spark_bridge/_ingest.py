@@ -6,18 +6,20 @@ docstrings of :mod:`spark_bridge._sink` and :mod:`spark_bridge._scaleout`.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from spark_bridge._app import portable_spec
-from spark_bridge._handler import choose_handler
+from spark_bridge._handler import BatchHandler
 from spark_bridge._scaleout import PartitionedIngestSink
 from spark_bridge._sink import IngestSink
 from spark_bridge.errors import IngestError, MappingError
 from spark_bridge.mapping import EventMapping, as_mapping
 
-__all__ = ["ingest", "sink_of"]
+__all__ = ["IngestOptions", "ingest", "sink_of"]
 
 #: The attribute of the returned StreamingQuery (or DataStreamWriter) holding the sink.
 SINK_ATTRIBUTE = "activedb_sink"
@@ -28,14 +30,9 @@ def _apply_trigger(writer: Any, trigger: Any) -> Any:
         return writer
     if isinstance(trigger, str):
         return writer.trigger(processingTime=trigger)
-    if isinstance(trigger, (int, float)) and not isinstance(trigger, bool):
+    if isinstance(trigger, (int, float)):
         return writer.trigger(processingTime=f"{trigger} seconds")
-    if isinstance(trigger, Mapping):
-        return writer.trigger(**trigger)
-    raise IngestError(
-        f"trigger must be None, a processing-time interval ('5 seconds' or 5), or keyword arguments of "
-        f"DataStreamWriter.trigger such as {{'availableNow': True}}; got {trigger!r}"
-    )
+    return writer.trigger(**trigger)         # a Mapping (IngestOptions checked it)
 
 
 def _check_columns(streaming_df: Any, mapping: EventMapping) -> None:
@@ -49,32 +46,120 @@ def _check_columns(streaming_df: Any, mapping: EventMapping) -> None:
         )
 
 
-def ingest(
-    db: Any,
-    streaming_df: Any,
-    *,
-    mapping: EventMapping,
-    query_name: str,
-    checkpoint_location: str | None = None,
-    trigger: Any = None,
-    known_types: Collection[str] | None = None,
-    prefetch: Mapping[str, Any] | None = None,
-    partition_by_key: int | None = None,
-    app: str | Callable[[Any], Any] | None = None,
-    watermark_delay: str | dt.timedelta | None = None,
-    start: bool = True,
-    on_phase: Callable[[str, int], None] | None = None,
-    connect_options: Mapping[str, Any] | None = None,
-    queries: Any = None,
-    scheduler: Any = None,
-    executor: str | None = None,
-    transactions: Any = None,
-    composition: Any = None,
-    on_partition_failure: str | None = None,
-    lineage: bool = True,
-) -> Any:
-    """Feed ``streaming_df`` into ``db``'s rules, one micro-batch per top-level transaction,
-    exactly once; return the started ``StreamingQuery`` (its sink is ``query.activedb_sink``).
+@dataclass(frozen=True)
+class IngestOptions:
+    """How :func:`ingest` runs a query beyond its mapping, name and checkpoint; checked when built
+    (every check of ``ingest()``'s options is here).  Immutable.  ``ingest(…, **fields)`` builds one.
+
+    * ``trigger`` — ``None`` (batches back to back), ``"5 seconds"``/``5``, or keyword arguments for
+      ``DataStreamWriter.trigger`` (``{"availableNow": True}``);
+    * ``known_types`` — accepted event types (default: the path's, for the rules the types they listen to);
+    * ``prefetch`` — rule path: ``{table: None | payload field | callable}``, rows loaded per batch in one
+      query (``None``: the event key is the row key);
+    * ``watermark_delay`` — applies ``withWatermark(mapping.ts_column, delay)`` (the column must be a Spark
+      timestamp); a watermark declared on the frame works as well.  The batch's Spark watermark is
+      punctuated after the batch commits (``db.punctuate(query_name, watermark)``) and events older than it
+      are dead letters;
+    * ``start=False`` — return the ``DataStreamWriter`` (sink in ``writer.activedb_sink``) to configure and
+      start; ``on_phase(phase, batch_id)`` — a seam for crash tests (``_outcome.PHASES``);
+    * ``lineage`` — every batch transaction records the source batch it consumed (``db.batches``);
+    * the path of a batch, at most one (the rules without any): ``queries`` (+ ``scheduler``) — stream
+      engines (``activedb.streams.StreamEngine`` built with ``record_dead_letters=False``; one, a list, or a
+      factory ``factory(db, scheduler=…)``), the watermark as punctuation, ``scheduler`` (``"sei"``,
+      ``"s2pl"``, ``"lwm"`` or a ``streams.Scheduler``) the engines' own; ``executor="tpg"`` and
+      ``transactions`` (``activedb.batch.StateTransactions``, planned per batch at commit);
+      ``composition`` (an ``activedb.composite.CompositionEngine``, a mapping with ``producer_column``);
+    * the scale-out path (``_scaleout.py``), rules only: ``partition_by_key=N`` — each batch repartitioned by
+      key into ``N`` Spark tasks, each applying its partition in its own engine that registers ``app``'s
+      rules (``connect_options`` go to its ``activedb.connect``); ``on_partition_failure`` — ``"forward"``
+      (default: the query fails; after the fix a restart completes the batch) or ``"compensate"`` (the
+      committed partitions are compensated, the failed one's rows become dead letters; ``_atomic.py``).
+    """
+
+    trigger: Any = None
+    known_types: Collection[str] | None = None
+    prefetch: Mapping[str, Any] | None = None
+    watermark_delay: str | dt.timedelta | None = None
+    start: bool = True
+    on_phase: Callable[[str, int], None] | None = None
+    lineage: bool = True
+    queries: Any = None
+    scheduler: Any = None
+    executor: str | None = None
+    transactions: Any = None
+    composition: Any = None
+    partition_by_key: int | None = None
+    app: str | Callable[[Any], Any] | None = None
+    connect_options: Mapping[str, Any] | None = None
+    on_partition_failure: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.executor not in (None, "rules", "tpg"):
+            raise IngestError(f"executor must be 'rules' (the default: events through the rules, one subtransaction "
+                              f"each) or 'tpg' (declared state transactions planned per batch); got {self.executor!r}")
+        path = self.path()
+        if self.transactions is not None and self.executor != "tpg":
+            raise IngestError("transactions= is for executor='tpg': pass ingest(…, executor='tpg', transactions=…)")
+        if self.executor == "tpg" and self.transactions is None:
+            raise IngestError("executor='tpg' needs transactions=batch.StateTransactions() declaring each event "
+                              "type's state transaction (see activedb/batch/README.md)")
+        if self.scheduler is not None and self.queries is None:
+            raise IngestError("scheduler= chooses the stream engine's scheduler (sei, s2pl, lwm): pass queries=engine "
+                              "too; the rule path and executor='tpg' have no such choice")
+        if path is not None and self.partition_by_key is not None:
+            instead = {"queries=": "for concurrency inside a batch use scheduler='s2pl' or 'lwm' (one engine orders "
+                                   "events across keys)",
+                       "executor='tpg'": "the planner splits a batch into independent components itself: use "
+                                         "batch.StateTransactions(processes=N)",
+                       "composition=": "a composition spans producers and keys, so it runs in one engine"}[path]
+            raise IngestError(f"partition_by_key= (the scale-out path) does not combine with {path}: {instead}")
+        if path is not None and self.prefetch:
+            raise IngestError(f"prefetch= is for the rule path; with {path} rows are loaded by the engine (stream "
+                              f"engines prefetch what their access plans name; the TPG batch reads its declared rows "
+                              f"FOR UPDATE)")
+        if self.partition_by_key is None and (self.app is not None or self.on_partition_failure is not None):
+            raise IngestError(f"{'app=' if self.app is not None else 'on_partition_failure='} is for the scale-out "
+                              f"path only (with partition_by_key=N); without it a batch is one transaction, atomic "
+                              f"by itself, and the rules registered on db are used")
+        if not (self.trigger is None or isinstance(self.trigger, (str, Mapping))
+                or (isinstance(self.trigger, (int, float)) and not isinstance(self.trigger, bool))):
+            raise IngestError(
+                f"trigger must be None, a processing-time interval ('5 seconds' or 5), or keyword arguments of "
+                f"DataStreamWriter.trigger such as {{'availableNow': True}}; got {self.trigger!r}")
+
+    def path(self) -> str | None:
+        """The option choosing a batch's path other than the rules (``"queries="``, …), or None."""
+        given = {"queries=": self.queries is not None, "executor='tpg'": self.executor == "tpg",
+                 "composition=": self.composition is not None}
+        chosen = [name for name, present in given.items() if present]
+        if len(chosen) > 1:
+            raise IngestError(
+                f"{' and '.join(chosen)} are different paths for a batch; choose one per query (start two ingest() "
+                f"queries over the same source, each with its own query_name and checkpoint, to feed both)")
+        return chosen[0] if chosen else None
+
+    def handler(self, db: Any, mapping: EventMapping) -> BatchHandler | None:
+        """The path's handler (None: the sink's rule path)."""
+        if self.queries is not None:
+            from spark_bridge._queries_handler import QueriesHandler, build_engines
+
+            return QueriesHandler(build_engines(db, self.queries, self.scheduler), mapping.key_column)
+        if self.executor == "tpg":
+            from spark_bridge._tpg_handler import TpgHandler
+
+            return TpgHandler(self.transactions)
+        if self.composition is not None:
+            from spark_bridge._composite_handler import CompositeHandler
+
+            return CompositeHandler(self.composition, mapping)
+        return None
+
+
+def ingest(db: Any, streaming_df: Any, *, mapping: EventMapping, query_name: str,
+           checkpoint_location: str | None = None, options: IngestOptions | None = None, **fields: Any) -> Any:
+    """Feed ``streaming_df`` into ``db``'s rules (or the path ``options`` choose), one micro-batch per
+    top-level transaction, exactly once; return the started ``StreamingQuery`` (its sink is
+    ``query.activedb_sink``).
 
     * ``mapping`` — which columns give the event type, key, timestamp and payload;
     * ``query_name`` — the query's stable name: Spark's query name, the punctuation source,
@@ -83,37 +168,8 @@ def ingest(
     * ``checkpoint_location`` — required: where Spark keeps the query id and the offsets of
       every planned batch; restarting from it re-runs the last unfinished batch with the
       same id, which the ledger then applies or skips;
-    * ``trigger`` — ``None`` (batches back to back), ``"5 seconds"``/``5``, or keyword
-      arguments for ``DataStreamWriter.trigger`` (``{"availableNow": True}``);
-    * ``known_types`` — accepted event types (default: the types the rules listen to);
-    * ``prefetch`` — ``{table: None | payload field | callable}``: rows loaded per batch in
-      one query (``None``: the event key is the row key);
-    * ``watermark_delay`` — applies ``withWatermark(mapping.ts_column, delay)`` (the column
-      must be a Spark timestamp); a watermark declared on ``streaming_df`` works as well.
-      The batch's Spark watermark is punctuated after the batch commits
-      (``db.punctuate(query_name, watermark)``) and events older than it are dead letters;
-    * ``partition_by_key=N`` and ``app`` — the scale-out path (``_scaleout.py``): each batch
-      is repartitioned by key into ``N`` Spark tasks, each applying its partition in its
-      own engine that registers ``app``'s rules; ``connect_options`` go to their
-      ``activedb.connect``;
-    * ``on_partition_failure`` — scale-out only: when a partition fails for good, ``"forward"``
-      (default: the query fails; after the fix a restart completes the batch) or ``"compensate"``
-      (the committed partitions are compensated, the failed one's rows become dead letters, the
-      query goes on: the batch is all-or-nothing); see ``_atomic.py``;
-    * ``lineage`` — every batch transaction records the source batch it consumed
-      (``db.batches``, in the same flush); on by default;
-    * ``start=False`` returns the ``DataStreamWriter`` (sink in ``writer.activedb_sink``)
-      for the caller to configure and start;
-    * ``on_phase(phase, batch_id)`` — a seam for crash tests (``_sink.PHASES``);
-    * ``queries`` (+ ``scheduler``) — the queries path: each batch goes to stream engines
-      (``activedb.streams.StreamEngine``, built with ``record_dead_letters=False``; one, a list, or
-      a factory ``factory(db, scheduler=…)``) with the watermark as punctuation; ``scheduler``
-      (``"sei"``, ``"s2pl"``, ``"lwm"`` or a ``streams.Scheduler``) must be the engines' own;
-    * ``executor="tpg"`` and ``transactions`` — the TPG path: each batch runs as declared state
-      transactions (``activedb.batch.StateTransactions``) through the planner at commit;
-    * ``composition`` — the composite path (a mapping with ``producer_column``): each batch goes
-      to an ``activedb.composite.CompositionEngine``.
-      These paths exclude each other and the scale-out path (``_handler.choose_handler`` says why).
+    * ``options`` — an :class:`IngestOptions`, or its fields as keywords (``trigger=``, ``known_types=``,
+      ``prefetch=``, ``watermark_delay=``, ``queries=``, ``partition_by_key=``, …).
 
     pyspark is needed only for the DataFrame itself; nothing else here imports it.
     """
@@ -124,6 +180,14 @@ def ingest(
             "restart. Pass a directory that survives restarts, one per query, e.g. "
             "checkpoint_location='/var/lib/myapp/checkpoints/" + str(query_name) + "'"
         )
+    if options is not None and fields:
+        raise IngestError(f"pass options=IngestOptions(…) or its fields as keywords, not both (got options= and "
+                          f"{', '.join(sorted(fields))}=)")
+    unknown = sorted(set(fields) - {field.name for field in dataclasses.fields(IngestOptions)})
+    if unknown:
+        raise IngestError(f"ingest() has no option {unknown[0]!r}; the options are the fields of IngestOptions: "
+                          f"{', '.join(field.name for field in dataclasses.fields(IngestOptions))}")
+    options = options or IngestOptions(**fields)
     try:
         mapping = as_mapping(mapping)
     except MappingError as error:
@@ -134,8 +198,8 @@ def ingest(
             "IngestSink(db, mapping, query_name=...).process(df.toArrow(), batch_id, query_id=...)"
         )
     _check_columns(streaming_df, mapping)
-    if watermark_delay is not None:
-        delay = watermark_delay
+    if options.watermark_delay is not None:
+        delay = options.watermark_delay
         if isinstance(delay, dt.timedelta):
             delay = f"{int(delay.total_seconds() * 1000)} milliseconds"
         column_type = dict(streaming_df.dtypes).get(mapping.ts_column)
@@ -148,29 +212,23 @@ def ingest(
         streaming_df = streaming_df.withWatermark(mapping.ts_column, delay)
 
     session = streaming_df.sparkSession
-    handler = choose_handler(db, mapping, queries=queries, scheduler=scheduler, executor=executor,
-                             transactions=transactions, composition=composition,
-                             partition_by_key=partition_by_key, prefetch=prefetch)
-    if partition_by_key is None:
-        if app is not None or on_partition_failure is not None:
-            raise IngestError(f"{'app=' if app is not None else 'on_partition_failure='} is for the scale-out "
-                              f"path only (with partition_by_key=N); without it a batch is one transaction, "
-                              f"atomic by itself, and the rules registered on db are used")
-        sink: IngestSink = IngestSink(db, mapping, query_name=query_name, known_types=known_types,
-                                      prefetch=prefetch, spark_session=session, on_phase=on_phase,
-                                      handler=handler)
-        sink.record_lineage = lineage
+    common = dict(query_name=query_name, known_types=options.known_types, prefetch=options.prefetch,
+                  spark_session=session, on_phase=options.on_phase)
+    if options.partition_by_key is None:
+        sink: IngestSink = IngestSink(db, mapping, handler=options.handler(db, mapping), **common)
+        sink.record_lineage = options.lineage
     else:
-        sink = PartitionedIngestSink(db, mapping, query_name=query_name, partitions=partition_by_key,
-                                     app=None if app is None else portable_spec(app), known_types=known_types,
-                                     prefetch=prefetch, spark_session=session, on_phase=on_phase,
-                                     connect_options=connect_options,
-                                     on_partition_failure=on_partition_failure or "forward", lineage=lineage)
+        app = options.app
+        sink = PartitionedIngestSink(db, mapping, partitions=options.partition_by_key,
+                                     app=None if app is None else portable_spec(app),
+                                     connect_options=options.connect_options,
+                                     on_partition_failure=options.on_partition_failure or "forward",
+                                     lineage=options.lineage, **common)
     writer = (streaming_df.writeStream.foreachBatch(sink).queryName(query_name)
               .option("checkpointLocation", str(checkpoint_location)))
-    writer = _apply_trigger(writer, trigger)
+    writer = _apply_trigger(writer, options.trigger)
     setattr(writer, SINK_ATTRIBUTE, sink)
-    if not start:
+    if not options.start:
         return writer
     query = writer.start()
     setattr(query, SINK_ATTRIBUTE, sink)

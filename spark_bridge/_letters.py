@@ -9,7 +9,7 @@ inserts them through :func:`activedb.deadletters.insert`, the table's one owner.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from activedb import deadletters
@@ -40,13 +40,10 @@ class BatchLetters:
         # keeps what it describes.
         return [Letter(item.reason, originals.get(id(item), item.row), item.row) for item in bad]
 
-    def for_events(self, events: Sequence[RawEvent], reason: Callable[[RawEvent], str]) -> list[Letter]:
-        """Letters for ``events`` of this batch, with the row each came from."""
-        if not events:
-            return []
-        positions = [event.position for event in events]
-        return [Letter(reason(event), original, _shown(original))
-                for event, original in zip(events, self._originals(positions))]
+    def for_events(self, failed: Sequence[tuple[RawEvent, str]]) -> list[Letter]:
+        """Letters for events of this batch, each ``(event, reason)``, with the row each came from."""
+        originals = self._originals([event.position for event, _ in failed])
+        return [Letter(reason, original, _shown(original)) for (_, reason), original in zip(failed, originals)]
 
     def insert(self, tx: Any, letters: Sequence[Letter]) -> None:
         """Insert ``letters`` in ``tx`` (they commit with the batch)."""

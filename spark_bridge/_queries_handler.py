@@ -1,16 +1,17 @@
 """The queries path: micro-batches into ``activedb.streams`` engines (pattern queries, rules ON
 OUTPUT, SEI / S2PL / LWM), for ``ingest(db, frame, queries=engine_or_list, scheduler=…)``.
 
-Per batch, inside its one transaction (``_handler.process_with_handler``): every validated row
-becomes ``StreamEvent(type, ts, {**payload, <key column>: key}, stream=…, origin=…)`` — rows older
+Per batch, inside its one transaction (``_handler.run_batch``): every validated row becomes
+``StreamEvent(type, ts, {**payload, <key column>: key}, stream=…, origin=raw_event)`` — rows older
 than Spark's watermark are **not** dropped here: the engine's reorder buffer decides, and an event
 older than a punctuation it already released is its dead letter, whose reason names that
 punctuation — then ``engine.process(tx, events, punctuation=watermark, batch_id=b)`` per engine.
-The engines are built with ``record_dead_letters=False``; their dead letters are stored here with
-the raw row (for an event of this batch) or the event as JSON (an event buffered by an earlier
-batch), under the ingest query's ledger id.  ``ledger.events`` = s-transactions that committed in
-this batch (events a punctuation has not released yet wait in the engine's state, which commits
-with the batch; they count in the batch that releases them).
+The engines are built with ``record_dead_letters=False``; their dead letters are stored here through
+the batch's dead-letter sink with the raw row (an event of this batch: ``BatchInput.holds`` its
+origin) or the event as JSON (an event buffered by an earlier batch), under the ingest query's ledger
+id.  ``ledger.events`` = s-transactions that committed in this batch (events a punctuation has not
+released yet wait in the engine's state, which commits with the batch; they count in the batch that
+releases them).
 
 An event goes to every engine with a stream declaring its type (a stream without ``types`` takes
 every type); with one stream the engine resolves it, with several the event names the one stream
@@ -29,7 +30,7 @@ from activedb import deadletters
 from activedb.deadletters import Letter
 from activedb.store import jsonable
 
-from spark_bridge._handler import BatchInput
+from spark_bridge._handler import BatchHandler, BatchInput
 from spark_bridge._ledger import IngestionLedger
 from spark_bridge.errors import IngestError
 
@@ -96,13 +97,12 @@ def build_engines(db: Any, queries: Any, scheduler: Any) -> list[Any]:
     return engines
 
 
-class QueriesHandler:
+class QueriesHandler(BatchHandler):
     """Feeds each batch to stream engines (module docstring).  ``key_attribute``: the attribute the
     event's key becomes (the mapping's key column name)."""
 
     name = "queries"
     late_rows_are_dead_letters = False      # the engine's reorder buffer decides lateness
-    validates_rows = True
 
     def __init__(self, engines: Sequence[Any], key_attribute: str) -> None:
         self.engines = tuple(engines)
@@ -142,8 +142,7 @@ class QueriesHandler:
             else:
                 continue
             attributes = {**raw.payload, self.key_attribute: raw.key}
-            events.append(streams.StreamEvent(raw.event_type, raw.ts, attributes, stream=stream,
-                                              origin=(batch.batch_id, raw)))
+            events.append(streams.StreamEvent(raw.event_type, raw.ts, attributes, stream=stream, origin=raw))
         return events
 
     def handle(self, tx: Any, batch: BatchInput, ledger: IngestionLedger) -> None:
@@ -158,16 +157,14 @@ class QueriesHandler:
         batch.dead_letters.insert(tx, letters)
         ledger.events = processed
         ledger.dead_letters = len(letters)
-        ledger.watermark = batch.watermark
 
     def _letters(self, engine: Any, batch: BatchInput, dead: Sequence[Any]) -> list[Letter]:
         letters = []
         for letter in dead:
             reason = f"{letter.reason} (stream engine {engine.name!r})" if engine.name not in letter.reason \
                 else letter.reason
-            origin = letter.event.origin
-            if isinstance(origin, tuple) and len(origin) == 2 and origin[0] == batch.batch_id:
-                letters += batch.dead_letters.for_events([origin[1]], lambda _event, text=reason: text)
+            if batch.holds(letter.event.origin):
+                letters += batch.dead_letters.for_events([(letter.event.origin, reason)])
             else:                  # buffered by an earlier batch (or loaded from the saved state)
                 letters.append(_event_letter(reason, letter.event))
         return letters

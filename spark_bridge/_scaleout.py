@@ -49,7 +49,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -205,25 +205,12 @@ class PartitionedIngestSink(IngestSink):
     Thread-safety: as :class:`IngestSink`.
     """
 
-    def __init__(
-        self,
-        db: Any,
-        mapping: EventMapping,
-        *,
-        query_name: str,
-        partitions: int,
-        app: Any,
-        known_types: Collection[str] | None = None,
-        prefetch: Mapping[str, Any] | None = None,
-        spark_session: Any = None,
-        on_phase: Callable[[str, int], None] | None = None,
-        connect_options: Mapping[str, Any] | None = None,
-        detached_timeout: float = 300.0,
-        on_partition_failure: str = "forward",
-        lineage: bool = True,
-    ) -> None:
-        super().__init__(db, mapping, query_name=query_name, known_types=known_types, prefetch=prefetch,
-                         spark_session=spark_session, on_phase=on_phase)
+    def __init__(self, db: Any, mapping: EventMapping, *, partitions: int, app: Any,
+                 connect_options: Mapping[str, Any] | None = None, detached_timeout: float = 300.0,
+                 on_partition_failure: str = "forward", lineage: bool = True, **sink_options: Any) -> None:
+        """``sink_options``: those of :class:`IngestSink` (``query_name``, ``known_types``, ``prefetch``, …)."""
+        super().__init__(db, mapping, **sink_options)
+        prefetch = sink_options.get("prefetch")
         if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
             raise IngestError(f"partition_by_key must be a positive number of partitions, got {partitions!r}")
         if app is None:
@@ -244,52 +231,40 @@ class PartitionedIngestSink(IngestSink):
         self._detached_timeout = detached_timeout
         self._url = db.url.render_as_string(hide_password=False)
 
-    def __call__(self, batch_df: Any, batch_id: int) -> None:
+    def _spark_batch(self, batch_df: Any, batch_id: int, spark_query_id: str, query_id: str) -> None:
         from pyspark.sql import functions
 
-        book = self.context.book        # the counters and phases (``_outcome.BatchBook``)
-        book.enter()
-        try:
-            spark_query_id = batch_df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
-            if not spark_query_id:
-                raise IngestError("PartitionedIngestSink must run as foreachBatch of a streaming query")
-            query_id = self._query_id_for(spark_query_id)
-            self._declare(query_id)
-            began = time.perf_counter()
-            watermark = self.spark_watermark(spark_query_id)
-            task = _PartitionTask(
-                url=self._url, app=self.app, mapping=self.mapping, query_name=self.query_name, query_id=query_id,
-                batch_id=batch_id, watermark=watermark, known_types=self._known_types,
-                prefetch=self._prefetch_items, connect_options=self._connect_options,
-                detached_timeout=self._detached_timeout,
-                local_time_columns=tuple(field.name for field in batch_df.schema.fields
-                                         if field.dataType.typeName() == "timestamp"),
-                partitions=self.partitions, on_partition_failure=self.on_partition_failure.value,
-                lineage=self.record_lineage,
-            )
-            book.phase("fetched", batch_id)
-            # Always run the job, also for a batch whose partitions all committed: running it
-            # feeds Spark's event-time statistics (see _sink.py), and each task skips by itself.
-            results = (batch_df.repartition(self.partitions, functions.col(self.mapping.key_column))
-                       .rdd.mapPartitionsWithIndex(task).collect())
-            failures = [row for row in results if row.get("failed")]
-            if failures:
-                _atomic.settle(self.db, query_id, batch_id, self.partitions, self.on_partition_failure, failures)
-            elif any(not row["committed"] for row in results):
-                _atomic.after_replay(self.db, query_id, batch_id)
-            outcome = self._combine(query_id, batch_id, watermark, results)
-            if outcome.committed:
-                book.phase("committed", batch_id)
-                if watermark is not None:
-                    self.db.punctuate(self.query_name, watermark)
-            else:
-                book.phase("skipped", batch_id)
-            self.record_outcome(outcome, began)
-        except BaseException as error:
-            book.failed(batch_id, error)
-            raise
-        finally:
-            book.leave()
+        self._declare(query_id)
+        began = time.perf_counter()
+        watermark = self.spark_watermark(spark_query_id)
+        task = _PartitionTask(
+            url=self._url, app=self.app, mapping=self.mapping, query_name=self.query_name, query_id=query_id,
+            batch_id=batch_id, watermark=watermark, known_types=self.context.known_types,
+            prefetch=self._prefetch_items, connect_options=self._connect_options,
+            detached_timeout=self._detached_timeout,
+            local_time_columns=tuple(field.name for field in batch_df.schema.fields
+                                     if field.dataType.typeName() == "timestamp"),
+            partitions=self.partitions, on_partition_failure=self.on_partition_failure.value,
+            lineage=self.record_lineage,
+        )
+        self.context.book.phase("fetched", batch_id)
+        # Always run the job, also for a batch whose partitions all committed: running it
+        # feeds Spark's event-time statistics (see _sink.py), and each task skips by itself.
+        results = (batch_df.repartition(self.partitions, functions.col(self.mapping.key_column))
+                   .rdd.mapPartitionsWithIndex(task).collect())
+        failures = [row for row in results if row.get("failed")]
+        if failures:
+            _atomic.settle(self.db, query_id, batch_id, self.partitions, self.on_partition_failure, failures)
+        elif any(not row["committed"] for row in results):
+            _atomic.after_replay(self.db, query_id, batch_id)
+        outcome = self._combine(query_id, batch_id, watermark, results)
+        if outcome.committed:
+            self.context.book.phase("committed", batch_id)
+            if watermark is not None:
+                self.db.punctuate(self.query_name, watermark)
+        else:
+            self.context.book.phase("skipped", batch_id)
+        self.record_outcome(outcome, began)
 
     def _declare(self, query_id: str) -> None:
         """Record the query's partition count and policy once per run (``activedb status`` shows them)."""

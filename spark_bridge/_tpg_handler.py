@@ -1,7 +1,7 @@
 """The TPG path: micro-batches of declared state transactions (``activedb.batch``, MorphStream's
 task precedence graph), for ``ingest(db, frame, executor="tpg", transactions=state_transactions)``.
 
-Per batch, inside its one transaction (``_handler.process_with_handler``):
+Per batch, inside its one transaction (``_handler.run_batch``):
 ``batch.apply_at_commit(tx, events, transactions, query_id=q, batch_id=b, on_result=counts,
 letters=rows)`` enlists the batch as a commit participant **before** the ledger — inside the one
 PostgreSQL transaction of the commit it locks the declared rows ``FOR UPDATE``, runs the batch
@@ -21,20 +21,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from spark_bridge._handler import BatchInput
+from spark_bridge._handler import BatchHandler, BatchInput
 from spark_bridge._ledger import IngestionLedger
 from spark_bridge.errors import IngestError
 
 __all__ = ["TpgHandler"]
 
 
-class TpgHandler:
+class TpgHandler(BatchHandler):
     """Runs each batch through the TPG planner at commit (module docstring).  Thread-safety: one
     batch at a time."""
 
     name = "tpg"
-    late_rows_are_dead_letters = True
-    validates_rows = True
 
     def __init__(self, transactions: Any, *, strategy: str = "auto") -> None:
         from activedb import batch
@@ -62,18 +60,12 @@ class TpgHandler:
 
         def dead_letter_rows(result: Any) -> list[Any]:
             # event.position is the index in `events`; that RawEvent's own .position is its Arrow row
-            failed = [(events[event.position], reason) for event, reason in result.dead_letters]
-            reasons = {id(event): f"aborted: {reason}" for event, reason in failed}
-            return base + batch_input.dead_letters.for_events([event for event, _ in failed],
-                                                              lambda event: reasons[id(event)])
+            return base + batch_input.dead_letters.for_events(
+                [(events[event.position], f"aborted: {reason}") for event, reason in result.dead_letters])
 
-        ledger.watermark = batch_input.watermark
         self.last_pending = batch.apply_at_commit(
             tx, events, self.transactions, strategy=self.strategy, query_id=batch_input.query_id,
             batch_id=batch_input.batch_id, on_result=counts, letters=dead_letter_rows)
-
-    def end_of_stream(self, db: Any, query_name: str) -> int:
-        return 0          # nothing is held back between batches
 
     def close(self) -> None:
         """Stop the worker processes of ``StateTransactions(processes=N)``, if any."""

@@ -1,0 +1,109 @@
+"""The rule path: every event of a micro-batch in its own subtransaction, the rules on
+``db.stream(type)`` firing inside it — the default of ``ingest()`` and of ``IngestSink``.
+
+Per batch, inside its one transaction (``_handler.run_batch``): optional ``tx.prefetch(table, keys)``
+(the ``prefetch=`` option), then ``tx.run_subtransaction(sub.emit(type, key=, ts=, payload=))`` per
+event.  An event whose subtransaction fails (a rule raises, a value PostgreSQL cannot store, any error)
+aborts alone and becomes a dead letter; a rule chosen as deadlock victim is re-run (``event_attempts``);
+a conflict with another process re-runs the whole batch; PostgreSQL being unusable fails the batch —
+nothing is dead-lettered for an outage (``_failures.py`` tells these apart).  A commit PostgreSQL
+refuses because of what events wrote is searched for its culprits (``searches_poison``).
+
+Thread-safety: stateless after construction; one batch's events run one after the other in the
+calling thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from activedb import TxnState
+
+from spark_bridge._batch import no_cyclic_gc
+from spark_bridge._failures import conflict_in, is_deadlock, is_infrastructure_failure, rejection_reason
+from spark_bridge._handler import BatchHandler, BatchInput
+from spark_bridge._ledger import IngestionLedger
+from spark_bridge.mapping import RawEvent
+
+__all__ = ["RulesHandler"]
+
+_ACTIVE = TxnState.ACTIVE
+
+
+def _emit(sub: Any, event: RawEvent) -> None:
+    """The body of an event's subtransaction: hand it to the rules on ``db.stream(type)``."""
+    sub.emit(event.event_type, key=event.key, ts=event.ts, payload=event.payload)
+
+
+class RulesHandler(BatchHandler):
+    """Runs each event of a batch through the rules of ``db`` (module docstring).  ``prefetch``:
+    ``{table: how}`` tables loaded in one query per batch before the events run (``how``: None — the
+    event's key is the row key —, a payload field name, or a callable ``RawEvent -> key``)."""
+
+    name = "rules"
+    searches_poison = True
+
+    def __init__(self, db: Any, prefetch: Mapping[str, Any] | None = None, event_attempts: int = 3) -> None:
+        self.db = db
+        self.prefetch = dict(prefetch or {})
+        self.event_attempts = event_attempts
+
+    def accepted_types(self) -> frozenset[str] | None:
+        """The stream types the rules of ``db`` listen to now (None — anything — if none)."""
+        return self.db.rules.stream_types() or None
+
+    def handle(self, tx: Any, batch: BatchInput, ledger: IngestionLedger) -> None:
+        self._prefetch_rows(tx, batch.events)
+        applied = 0
+        failed: list[tuple[RawEvent, str]] = []
+        with no_cyclic_gc():
+            for event in batch.events:
+                reason = self._apply_event(tx, event)
+                if reason is None:
+                    applied += 1
+                else:
+                    failed.append((event, reason))
+        letters = list(batch.letters) + batch.dead_letters.for_events(failed)
+        if failed and ledger.query_name is not None:   # the ids of the events applied: a rejected one may come again
+            refused = {id(event) for event, _ in failed}
+            ledger.event_ids = [event.event_id for event in batch.events if id(event) not in refused]
+        batch.dead_letters.insert(tx, letters)
+        ledger.events = applied
+        ledger.dead_letters = len(letters)
+
+    def apply_events(self, tx: Any, events: list[RawEvent]) -> None:
+        self._prefetch_rows(tx, events)
+        for event in events:
+            self._apply_event(tx, event)
+
+    def _apply_event(self, tx: Any, event: RawEvent) -> str | None:
+        """Run ``event`` in its own subtransaction of ``tx``; None if it committed, else why not.
+
+        Raises when the batch itself cannot go on (``tx`` unusable, PostgreSQL down)."""
+        for attempt in range(1, self.event_attempts + 1):
+            try:
+                tx.run_subtransaction(_emit, event, name=f"event:{event.event_type}")
+                return None
+            except Exception as failure:
+                conflict = conflict_in(failure)
+                if conflict is not None:
+                    raise conflict from failure   # not the event's fault: the whole batch is re-run
+                if is_infrastructure_failure(failure) or tx.state is not _ACTIVE:
+                    raise
+                if is_deadlock(failure) and attempt < self.event_attempts:
+                    continue
+                return rejection_reason(failure)
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _prefetch_rows(self, tx: Any, events: tuple[RawEvent, ...] | list[RawEvent]) -> None:
+        for table, how in self.prefetch.items():
+            if how is None:
+                keys = [event.key for event in events]
+            elif callable(how):
+                keys = [how(event) for event in events]
+            else:
+                keys = [event.payload.get(how) for event in events]
+            keys = [key for key in dict.fromkeys(keys) if key is not None]
+            if keys:
+                tx.prefetch(table, keys)
