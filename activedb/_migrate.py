@@ -160,6 +160,54 @@ def app_current(engine: Engine, script_location: str | Path) -> tuple[list[str],
         raise MigrationError(f"reading the revision of {str(script_location)!r} failed: {_first_line(error)}") from error
 
 
+class Schema:
+    """A database's tables as ``db.schema``: the reflected ones (``catalog``), how each is locked, and the
+    Alembic revisions of activedb and of the application.  Every migration run here refreshes the catalog."""
+
+    def __init__(self, engine: Engine, catalog, locking):
+        self.engine, self.catalog, self._locking = engine, catalog, locking
+
+    def refresh(self) -> None:
+        """Forget reflected tables (after running migrations in the same process some other way)."""
+        self.catalog.refresh()
+
+    def set_granularity(self, table: str, granularity: str) -> None:
+        """Lock ``table`` per row (``"tuple"``, the default) or as a whole (``"table"``)."""
+        self.catalog.table(table)   # validates the name
+        self._locking.set_granularity(table, granularity)
+
+    def upgrade(self, revision: str = "head") -> None:
+        """Bring activedb's own schema to ``revision``."""
+        upgrade(self.engine, revision)
+        self.refresh()
+
+    def downgrade(self, revision: str) -> None:
+        downgrade(self.engine, revision)
+        self.refresh()
+
+    def current_revision(self) -> str | None:
+        return current(self.engine)
+
+    def state(self) -> tuple[SchemaState, str | None]:
+        """``(SchemaState, current revision)`` of activedb's own schema: NEW (never initialised), AT_HEAD,
+        BEHIND (an older revision, or downgraded to base) or UNKNOWN."""
+        return schema_state(self.engine)
+
+    def upgrade_app(self, script_location: str | Path, revision: str = "head") -> None:
+        """Run the application's own Alembic migrations on this database."""
+        upgrade_app(self.engine, script_location, revision)
+        self.refresh()
+
+    def downgrade_app(self, script_location: str | Path, revision: str) -> None:
+        """Downgrade the application's own migrations to ``revision`` (``"base"`` drops its tables)."""
+        downgrade_app(self.engine, script_location, revision)
+        self.refresh()
+
+    def app_revision(self, script_location: str | Path) -> tuple[list[str], str | None]:
+        """``(current revisions, head revision)`` of the application's Alembic directory on this database."""
+        return app_current(self.engine, script_location)
+
+
 APP_ENV = '''"""Alembic environment of {name}: its own version table, run by `activedb app upgrade` or
 db.upgrade_app(path) (both pass their connection) or by the plain `alembic` tool."""
 from activedb.alembic_env import run_env

@@ -38,14 +38,14 @@ def db(migrated):
 
 def acta_history(db) -> list[HistoryEvent]:
     events = []
-    for op in db.history.snapshot():
+    for op in db.transactions.recorder.snapshot():
         if op.kind in ("begin", "commit", "abort"):
             events.append(HistoryEvent(op.transaction, op.kind, op.sequence))
     return events
 
 
 def sequence_of(db, transaction: str, kind: str) -> int | None:
-    for op in db.history.snapshot():
+    for op in db.transactions.recorder.snapshot():
         if op.transaction == transaction and op.kind == kind:
             return op.sequence
     return None
@@ -133,7 +133,7 @@ def test_coupling_mode_dependencies(db, mode, outcome):
     for dependent in rule_transactions:
         dependencies = dependencies_for(mode, dependent, trigger_id)
         assert check_dependencies(history, dependencies, strict=True) == [], (mode, outcome)
-    testing.check_history(db.history.snapshot()).assert_ok()
+    testing.check_history(db.transactions.recorder.snapshot()).assert_ok()
 
 
 def test_action_sequential_causally_dependent_runs_in_parallel_and_needs_true(db):

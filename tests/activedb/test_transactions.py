@@ -18,7 +18,7 @@ def clean_tables(db):
     with db.engine.begin() as connection:
         for table in ("accounts", "items", "pairs", "events_seen"):
             connection.execute(sa.text(f"DELETE FROM {table}"))
-    db.history.clear() if db.history else None
+    db.transactions.recorder.clear() if db.transactions.recorder else None
     yield
 
 
@@ -38,7 +38,7 @@ def test_top_level_commit_reaches_postgresql_and_log(db):
         row = connection.execute(sa.text("SELECT rows_written, tables FROM activedb_transaction_log "
                                          "WHERE transaction_id = :t"), {"t": log_id}).one()
     assert row.rows_written == 2 and row.tables == ["accounts", "items"]
-    testing.check_history(db.history.snapshot()).assert_ok()
+    testing.check_history(db.transactions.recorder.snapshot()).assert_ok()
 
 
 def test_exception_aborts_and_writes_nothing(db):
@@ -65,7 +65,7 @@ def test_reads_see_own_then_ancestor_then_committed(db):
         # Nothing reached PostgreSQL before the top-level commit.
         assert committed(db, "items")[("x",)]["value"] == 1
     assert committed(db, "items")[("x",)] == {"key": "x", "value": 2, "note": "child"}
-    testing.check_history(db.history.snapshot()).assert_ok()
+    testing.check_history(db.transactions.recorder.snapshot()).assert_ok()
 
 
 def test_aborted_child_is_undone_parent_continues(db):
@@ -79,7 +79,7 @@ def test_aborted_child_is_undone_parent_continues(db):
         assert tx.read("items", "keep")["value"] == 1
         assert tx.read("items", "drop") is None
     assert set(committed(db, "items")) == {("keep",)}
-    testing.check_history(db.history.snapshot()).assert_ok()
+    testing.check_history(db.transactions.recorder.snapshot()).assert_ok()
 
 
 def test_spawned_children_run_in_parallel_with_parent_and_siblings(db):
@@ -176,13 +176,13 @@ def test_scan_sees_write_sets_and_committed_rows(db):
 
 
 def test_table_granularity(db):
-    db.set_granularity("pairs", "table")
+    db.schema.set_granularity("pairs", "table")
     try:
         with db.transaction() as tx:
             tx.write("pairs", (1, 2), value="t")
         assert committed(db, "pairs")
     finally:
-        db.set_granularity("pairs", "tuple")
+        db.schema.set_granularity("pairs", "tuple")
 
 
 def test_identity_key_is_generated_on_insert(db):
@@ -303,7 +303,7 @@ def test_prefetch_loads_rows_once_for_the_tree(db):
             sa.event.remove(db.engine, "before_cursor_execute", record)
         assert not any("FROM accounts" in statement for statement in statements)
     assert committed(db, "accounts")[(3,)]["balance"] == 33
-    testing.check_history(db.history.snapshot()).assert_ok()
+    testing.check_history(db.transactions.recorder.snapshot()).assert_ok()
 
 
 def test_punctuation_never_moves_backwards(db):
@@ -324,7 +324,7 @@ def test_partial_write_creating_a_row_without_required_column_is_clear(db, datab
     try:
         with database.engine.begin() as connection:
             connection.execute(sa.text("ALTER TABLE pairs ALTER COLUMN value SET NOT NULL"))
-        database.refresh_schema()
+        database.schema.refresh()
         with pytest.raises(activedb.InvalidValue, match=r"new row \(4, 4\) without the NOT NULL column\(s\) value"):
             with database.transaction() as tx:
                 tx.write("items", "ok", value=1)
@@ -334,7 +334,7 @@ def test_partial_write_creating_a_row_without_required_column_is_clear(db, datab
         with database.engine.begin() as connection:
             connection.execute(sa.text("ALTER TABLE pairs ALTER COLUMN value DROP NOT NULL"))
         database.close()
-        db.refresh_schema()
+        db.schema.refresh()
 
 
 def test_new_row_reads_back_with_every_column(db):
@@ -437,9 +437,9 @@ def test_a_tree_that_read_more_rows_than_one_statement_can_bind_commits(db):
         connection.execute(sa.text("INSERT INTO accounts (id, balance) SELECT g, 1 FROM generate_series(0, 69999) g"))
     try:
         with db.transaction() as tx:
-            db.set_granularity("accounts", "table")
+            db.schema.set_granularity("accounts", "table")
             assert tx.prefetch("accounts", keys) == 70_000
             tx.write("accounts", 5, balance=2)
         assert committed(db, "accounts")[(5,)]["balance"] == 2
     finally:
-        db.set_granularity("accounts", "tuple")
+        db.schema.set_granularity("accounts", "tuple")
