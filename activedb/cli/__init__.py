@@ -162,8 +162,8 @@ def _confirm(question: str, yes: bool) -> None:
 @main.command()
 @click.argument("snapshot", required=False, type=click.Path(dir_okay=False))
 @click.option("--pid", type=int, default=None,
-              help="Ask this live process (it called activedb.explain.serve_on_signal(db); `activedb run` and `demo` do) for "
-                   "its transactions now.")
+              help="Ask this live process (it called activedb.explain.serve_on_signal(db); `activedb run` and "
+                   "`demo` do) for its transactions now.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Write the picture here (.png or .svg).")
 @click.option("--text", "as_text", is_flag=True, help="Print the picture in words too.")
