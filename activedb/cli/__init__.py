@@ -231,13 +231,10 @@ def demo(ctx: click.Context, events: int, workers: int, seed: int, spark: bool, 
     if write_events is not None:
         demo_module.write_event_files(write_events, events=events, workers=workers, seed=seed, console=console())
         return
-    database = open_database(ctx, writes=True)
-    try:
+    with open_database(ctx, writes=True) as database:
         home = _options(ctx)["home"]          # `activedb explain --pid PID` can draw it while it runs
         serve_on_signal(database, Path(home) / "explain" if home else None)
         demo_module.run_demo(database=database, events=events, workers=workers, seed=seed, use_spark=spark)
-    finally:
-        database.close()
 
 
 # --- outbox -----------------------------------------------------------------------------
@@ -255,15 +252,12 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], limit: int, as
     import dataclasses
     import json
 
-    database = open_database(ctx, writes=retry)
-    try:
+    with open_database(ctx, writes=retry) as database:
         if retry:
             count = database.outbox.retry_failed(ids or None)
             click.echo(f"{count} failed firing(s) are pending again")
         statistics = database.outbox.statistics()
         failures = database.outbox.failures(limit=limit)
-    finally:
-        database.close()
     if as_json:
         click.echo(json.dumps({"statistics": dataclasses.asdict(statistics),
                                "failed": [dataclasses.asdict(failure) for failure in failures]},

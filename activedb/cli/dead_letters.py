@@ -60,12 +60,9 @@ def letters_list(ctx: click.Context, ids, query, batch, reason, include_replayed
     from activedb import deadletters
 
     selected = _letter_filter(ids, query, batch, reason, None if include_replayed else False)
-    database = open_database(ctx, writes=False)
-    try:
+    with open_database(ctx, writes=False) as database:
         letters = deadletters.select(database, selected, limit=limit or None)
         total = deadletters.count(database, selected)
-    finally:
-        database.close()
     rows = []
     for letter in letters:
         reason_text, reason_cut = letter.reason, False
@@ -107,11 +104,8 @@ def letters_show(ctx: click.Context, letter_id: int) -> None:
     """One dead letter in full: its query, batch, reason and the raw row."""
     from activedb import deadletters
 
-    database = open_database(ctx, writes=False)
-    try:
+    with open_database(ctx, writes=False) as database:
         letters = deadletters.select(database, _letter_filter(ids=[letter_id]))
-    finally:
-        database.close()
     if not letters:
         raise click.ClickException(f"no dead letter with id {letter_id}")
     letter = letters[0].as_dict()
@@ -133,8 +127,7 @@ def letters_purge(ctx: click.Context, ids, query, batch, reason, only_replayed: 
     from activedb import deadletters
 
     selected = _letter_filter(ids, query, batch, reason, True if only_replayed else None)
-    database = open_database(ctx, writes=True)
-    try:
+    with open_database(ctx, writes=True) as database:
         count = deadletters.count(database, selected)
         if count == 0:
             click.echo("no dead letters match; nothing deleted")
@@ -142,5 +135,3 @@ def letters_purge(ctx: click.Context, ids, query, batch, reason, only_replayed: 
         _confirm(f"delete {count} dead letter(s) from {database.describe()}?", yes)
         deleted = deadletters.purge(database, selected)
         click.echo(f"deleted {deleted} dead letter(s)")
-    finally:
-        database.close()

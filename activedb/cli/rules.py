@@ -48,11 +48,8 @@ def rules_list(ctx: click.Context, include_removed: bool, module: str | None, as
     """Name, event, coupling modes, priority, version, state and firing counts of every rule.
 
     Firing counts are summed over the committed transactions in activedb_transaction_log."""
-    database = open_database(ctx, writes=False)
-    try:
+    with open_database(ctx, writes=False) as database:
         rows = _rule_rows(database, include_removed=include_removed, module=module)
-    finally:
-        database.close()
     if as_json:
         click.echo(json.dumps([{key: value for key, value in row.items() if key != "definition"} for row in rows],
                               indent=2, default=str))
@@ -86,11 +83,8 @@ def rules_list(ctx: click.Context, include_removed: bool, module: str | None, as
 @click.pass_context
 def rules_show(ctx: click.Context, name: str) -> None:
     """Everything the registry knows about rule NAME: definition, versions, state, firings."""
-    database = open_database(ctx, writes=False)
-    try:
+    with open_database(ctx, writes=False) as database:
         rows = [row for row in _rule_rows(database, include_removed=True, module=None) if row["name"] == name]
-    finally:
-        database.close()
     if not rows:
         raise click.ClickException(f"no rule named {name!r} in activedb_rules (`activedb rules list --all`)")
     row = rows[0]
@@ -111,14 +105,11 @@ def rules_show(ctx: click.Context, name: str) -> None:
 
 
 def _set_rules(ctx: click.Context, names: tuple[str, ...], enabled: bool) -> None:
-    database = open_database(ctx, writes=True)
-    try:
+    with open_database(ctx, writes=True) as database:
         for name in names:
             (database.rules.enable if enabled else database.rules.disable)(name)
             click.echo(f"{name}: {'enabled' if enabled else 'disabled'} in activedb_rules (processes that declare "
                        f"it from now on use this)")
-    finally:
-        database.close()
 
 
 @rules.command("enable")
@@ -151,8 +142,7 @@ def rules_remove(ctx: click.Context, names: tuple[str, ...], module: str | None,
     delete them with --purge. NAMES and/or --module select them."""
     if not names and not module:
         raise click.UsageError("name the rules, or select them with --module")
-    database = open_database(ctx, writes=True)
-    try:
+    with open_database(ctx, writes=True) as database:
         selected = list(names)
         if module:
             selected += [row["name"] for row in database.rules.persisted(include_removed=purge, module=module)
@@ -169,5 +159,3 @@ def rules_remove(ctx: click.Context, names: tuple[str, ...], module: str | None,
         for name in selected:
             database.rules.remove(name)
             click.echo(f"{name}: removed (declaring it again brings it back)")
-    finally:
-        database.close()

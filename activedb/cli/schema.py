@@ -50,8 +50,7 @@ def _migrate_command(ctx: click.Context, action: str, revision: str, sql: bool, 
         click.echo(_migrate.offline_sql(url, action, revision if action == "upgrade" or ":" in revision
                                         else f"{_migrate.head()}:{revision}"))
         return
-    database = open_database(ctx, writes=True, check_schema=False)
-    try:
+    with open_database(ctx, writes=True, check_schema=False) as database:
         before = database.schema.current_revision()
         if action == "downgrade":
             if before is None:
@@ -64,8 +63,6 @@ def _migrate_command(ctx: click.Context, action: str, revision: str, sql: bool, 
         getattr(database.schema, action)(revision)
         now = database.schema.current_revision() or "base"
         click.echo(f"{action} to {revision}: now at {now} ({database.describe()})")
-    finally:
-        database.close()
 
 
 @db.command()
@@ -74,8 +71,7 @@ def current(ctx: click.Context) -> None:
     """Show the schema revision the database is at (and whether it is behind)."""
     from activedb import _migrate
 
-    database = open_database(ctx, writes=False, check_schema=False)
-    try:
+    with open_database(ctx, writes=False, check_schema=False) as database:
         state, revision = database.schema.state()
         head = _migrate.head()
         if state is _migrate.SchemaState.AT_HEAD:
@@ -87,8 +83,6 @@ def current(ctx: click.Context) -> None:
         else:
             note = f"behind: head is {head}; run `activedb db upgrade`"
         click.echo(f"{revision or 'base'} ({note}) — {database.describe()}")
-    finally:
-        database.close()
 
 
 # --- app --------------------------------------------------------------------------------
@@ -126,12 +120,9 @@ def _say_app_revision(database, path: str) -> None:
 @click.pass_context
 def app_upgrade(ctx: click.Context, path: str, revision: str) -> None:
     """Upgrade the application's tables in PATH to REVISION (default: head)."""
-    database = open_database(ctx, writes=True, check_schema=False)
-    try:
+    with open_database(ctx, writes=True, check_schema=False) as database:
         database.schema.upgrade_app(path, revision)
         _say_app_revision(database, path)
-    finally:
-        database.close()
 
 
 @app.command("downgrade")
@@ -141,8 +132,7 @@ def app_upgrade(ctx: click.Context, path: str, revision: str) -> None:
 @click.pass_context
 def app_downgrade(ctx: click.Context, path: str, revision: str, yes: bool) -> None:
     """Downgrade the application's tables in PATH to REVISION ('base' drops them all). Asks first."""
-    database = open_database(ctx, writes=True, check_schema=False)
-    try:
+    with open_database(ctx, writes=True, check_schema=False) as database:
         heads, _ = database.schema.app_revision(path)
         if not heads:
             click.echo(f"{path}: already at base — {database.describe()}")
@@ -153,8 +143,6 @@ def app_downgrade(ctx: click.Context, path: str, revision: str, yes: bool) -> No
                  f"{what}. Continue?", yes)
         database.schema.downgrade_app(path, revision)
         _say_app_revision(database, path)
-    finally:
-        database.close()
 
 
 @app.command("current")
@@ -162,11 +150,8 @@ def app_downgrade(ctx: click.Context, path: str, revision: str, yes: bool) -> No
 @click.pass_context
 def app_current(ctx: click.Context, path: str) -> None:
     """Show the revision the application's tables in PATH are at, and its head."""
-    database = open_database(ctx, writes=False, check_schema=False)
-    try:
+    with open_database(ctx, writes=False, check_schema=False) as database:
         heads, head = database.schema.app_revision(path)
         current_text = ", ".join(heads) or "base"
         note = "at head" if heads == [head] else f"head is {head}: `activedb app upgrade {path}`"
         click.echo(f"{path}: {current_text} ({note}) — {database.describe()}")
-    finally:
-        database.close()
