@@ -453,7 +453,7 @@ class DeadlockExplainer(Observer):
 
 
 def explain_directory(directory: str | Path | None = None) -> Path:
-    """Where ``explain_on_signal`` writes: ``directory``, else ``$ACTIVEDB_HOME/explain``."""
+    """Where ``serve_on_signal`` writes: ``directory``, else ``$ACTIVEDB_HOME/explain``."""
     if directory is not None:
         return Path(directory)
     from activedb import _embedded
