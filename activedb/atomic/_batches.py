@@ -51,6 +51,11 @@ class Batches:
 
     # --- recording lineage ---------------------------------------------------------------------
 
+    @staticmethod
+    def lineage_id(transaction: "Transaction") -> str:
+        """The lineage id of ``transaction``'s tree: its transaction-log id."""
+        return transaction.root.log_id
+
     def consumed(self, transaction: "Transaction", query_id: Any, batch_id: Any = None) -> None:
         """``transaction``'s tree consumed batch ``(query_id, batch_id)`` (a source batch, or one a
         recorded transaction produced)."""
@@ -114,7 +119,7 @@ class Batches:
             with self._mutex:
                 self._rule_actions[rule_name] = function
                 if self._rule_observer is None:
-                    self._rule_observer = self.db.observe(RuleNotes(self._rule_actions.__contains__))
+                    self._rule_observer = self.db.observe(RuleNotes(self.has_rule_compensation))
             return function
         return register
 
@@ -141,6 +146,9 @@ class Batches:
             if self._undo_extension is not None:
                 self.db.transactions.extensions.remove(self._undo_extension)
             self._undo_extension = self.db.transactions.extensions.add(extension)
+
+    def has_rule_compensation(self, rule_name: str) -> bool:
+        return rule_name in self._rule_actions
 
     def rule_compensation_of(self, rule_name: str) -> Callable[..., Any]:
         function = self._rule_actions.get(rule_name)
