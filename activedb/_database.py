@@ -21,7 +21,7 @@ from activedb.capture import CaptureManager
 from activedb.capture.errors import CaptureNotEnabledWarning
 from activedb.errors import (BadDatabaseURL, RuleError, SerializationConflict, TransactionError,
                              database_failure)
-from activedb.events import DATA_KINDS, EventKind, EventSpec, Origin, Punctuations
+from activedb.events import DATA_KINDS, TRANSACTION_KINDS, EventKind, EventSpec, Origin, Punctuations
 from activedb.outbox import Outbox
 from activedb.rules import FunctionRule, Rule, RuleManager
 from activedb.store import Catalog
@@ -243,20 +243,17 @@ class Database:
         """Stream events of ``event_type`` (``tx.emit``; the Spark bridge)."""
         return EventSpec(EventKind.STREAM, event_type)
 
-    def began(self, name: str | None = None) -> EventSpec:
-        """Top-level transactions began (only those started with ``db.transaction(name=name)``
-        when ``name`` is given; detached rules run in transactions named ``rule:<rule name>``)."""
-        return EventSpec(EventKind.BEGAN, name)
-
-    def committed(self, name: str | None = None) -> EventSpec:
-        """Top-level transactions committed (only those started with ``db.transaction(name=name)``
-        when ``name`` is given; detached rules run in transactions named ``rule:<rule name>``)."""
-        return EventSpec(EventKind.COMMITTED, name)
-
-    def aborted(self, name: str | None = None) -> EventSpec:
-        """Top-level transactions aborted (only those started with ``db.transaction(name=name)``
-        when ``name`` is given; detached rules run in transactions named ``rule:<rule name>``)."""
-        return EventSpec(EventKind.ABORTED, name)
+    def transaction_event(self, kind: str | EventKind, name: str | None = None) -> EventSpec:
+        """Top-level transactions that ``kind`` (``"began"``, ``"committed"`` or ``"aborted"``): only those
+        started with ``db.transaction(name=name)`` when ``name`` is given; detached rules run in
+        transactions named ``rule:<rule name>``."""
+        try:
+            parsed = EventKind(kind)
+        except ValueError:
+            parsed = None
+        if parsed not in TRANSACTION_KINDS:
+            raise RuleError(f"db.transaction_event({kind!r}): the kind is one of began, committed, aborted")
+        return EventSpec(parsed, name)
 
     def observe(self, observer: Observer) -> Observer:
         """Add a passive :class:`~activedb.txn.Observer` of transaction and rule life cycles; returns it
@@ -326,7 +323,16 @@ class Database:
         """The latest punctuation of ``source`` (None before the first)."""
         return self.punctuations.watermark(source)
 
+    @property
+    def history(self):
+        """The history recorder (``connect(record_history=True)``), or None."""
+        return self.transactions.recorder
+
     # --- schema ---------------------------------------------------------------------------
+
+    @property
+    def url(self) -> URL:
+        return self.engine.url
 
     def describe(self) -> str:
         return describe_url(self.engine.url)
@@ -414,7 +420,7 @@ def connect(
       upgrade`` (a database that never had activedb's tables gets them from the commands that write,
       which say so).
     * ``keep_server=True`` leaves the embedded server running after the last user exits.
-    * ``record_history=True`` records every transaction operation (``db.transactions.recorder``) for
+    * ``record_history=True`` records every transaction operation (``db.history``) for
       ``activedb.testing.check_history``; ``max_workers`` bounds the subtransaction
       threads; ``victim_policy`` is the lock manager's deadlock victim policy;
       ``lock_timeout`` (seconds) bounds every lock wait (default: wait).

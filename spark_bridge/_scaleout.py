@@ -242,7 +242,7 @@ class PartitionedIngestSink(IngestSink):
         options.update(connect_options or {})
         self._connect_options = tuple(sorted(options.items()))
         self._detached_timeout = detached_timeout
-        self._url = db.engine.url.render_as_string(hide_password=False)
+        self._url = db.url.render_as_string(hide_password=False)
 
     def __call__(self, batch_df: Any, batch_id: int) -> None:
         from pyspark.sql import functions

@@ -282,7 +282,7 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
     register_minimal(minimal)
     minimal_inline = bench_connect(rule_execution="inline")
     register_minimal(minimal_inline)
-    url = database.engine.url.render_as_string(hide_password=False)
+    url = database.url.render_as_string(hide_password=False)
     from pyspark.sql import SparkSession
 
     own_session = SparkSession.getActiveSession() is None   # never stop a caller's session

@@ -193,7 +193,7 @@ def run(quick: bool = False) -> BenchReport:
     seconds = 2.0 if quick else 8.0
     report = BenchReport("Hot keys: read-modify-write (activedb bench hotkeys)")
     database = bench_connect()
-    url = database.engine.url.render_as_string(hide_password=False)
+    url = database.url.render_as_string(hide_password=False)
     database.close()
     for processes in (1, PROCESSES):
         where = "one process" if processes == 1 else f"{processes} processes"

@@ -64,7 +64,7 @@ def test_random_workload_is_serializable_and_replays(db):
         for key in KEYS[:4]:
             connection.execute(sa.text("INSERT INTO items (key, value) VALUES (:k, 0)"), {"k": key})
     initial = _state(db)
-    db.transactions.recorder.clear()
+    db.history.clear()
     outcomes = {"committed": 0, "aborted": 0}
     outcomes_mutex = threading.Lock()
 
@@ -90,7 +90,7 @@ def test_random_workload_is_serializable_and_replays(db):
             thread.join(150)
     assert not any(thread.is_alive() for thread in threads)
     assert outcomes["committed"] > 10
-    history = db.transactions.recorder.snapshot()
+    history = db.history.snapshot()
     testing.check_history(history).assert_ok()
     assert _state(db) == testing.replay(history, initial, {"items": ["key"]})
 

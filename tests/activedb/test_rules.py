@@ -38,14 +38,14 @@ def db(migrated):
 
 def acta_history(db) -> list[HistoryEvent]:
     events = []
-    for op in db.transactions.recorder.snapshot():
+    for op in db.history.snapshot():
         if op.kind in ("begin", "commit", "abort"):
             events.append(HistoryEvent(op.transaction, op.kind, op.sequence))
     return events
 
 
 def sequence_of(db, transaction: str, kind: str) -> int | None:
-    for op in db.transactions.recorder.snapshot():
+    for op in db.history.snapshot():
         if op.transaction == transaction and op.kind == kind:
             return op.sequence
     return None
@@ -133,7 +133,7 @@ def test_coupling_mode_dependencies(db, mode, outcome):
     for dependent in rule_transactions:
         dependencies = dependencies_for(mode, dependent, trigger_id)
         assert check_dependencies(history, dependencies, strict=True) == [], (mode, outcome)
-    testing.check_history(db.transactions.recorder.snapshot()).assert_ok()
+    testing.check_history(db.history.snapshot()).assert_ok()
 
 
 def test_action_sequential_causally_dependent_runs_in_parallel_and_needs_true(db):
@@ -315,7 +315,9 @@ def test_bad_rule_definitions_are_rejected_at_declaration(db):
     with pytest.raises(RuleError, match="action_coupling"):
         db.rule(on=db.updated("accounts"), action_coupling="deferred")(lambda tx, event: None)
     with pytest.raises(RuleError, match="must be detached"):
-        db.rule(on=db.committed(), coupling="immediate")(lambda tx, event: None)
+        db.rule(on=db.transaction_event("committed"), coupling="immediate")(lambda tx, event: None)
+    with pytest.raises(RuleError, match="one of began, committed, aborted"):
+        db.transaction_event("inserted")
     db.rule(on=db.updated("accounts"), name="twice")(lambda tx, event: None)
     with pytest.raises(RuleError, match="already declared"):
         db.rule(on=db.updated("accounts"), name="twice")(lambda tx, event: None)
@@ -359,11 +361,11 @@ def test_class_form_rule(db):
 def test_transaction_events_fire_detached_rules(db):
     seen = []
 
-    @db.rule(on=db.committed("payment"), coupling="detached")
+    @db.rule(on=db.transaction_event("committed", "payment"), coupling="detached")
     def after_commit(tx, event):
         seen.append((event.transaction, event.source))
 
-    @db.rule(on=db.aborted("payment"), coupling="detached")
+    @db.rule(on=db.transaction_event("aborted", "payment"), coupling="detached")
     def after_abort(tx, event):
         seen.append(("aborted", event.transaction))
 

@@ -18,7 +18,7 @@ def clean_tables(db):
     with db.engine.begin() as connection:
         for table in ("accounts", "items", "pairs", "events_seen"):
             connection.execute(sa.text(f"DELETE FROM {table}"))
-    db.transactions.recorder.clear() if db.transactions.recorder else None
+    db.history.clear() if db.history else None
     yield
 
 
@@ -38,7 +38,7 @@ def test_top_level_commit_reaches_postgresql_and_log(db):
         row = connection.execute(sa.text("SELECT rows_written, tables FROM activedb_transaction_log "
                                          "WHERE transaction_id = :t"), {"t": log_id}).one()
     assert row.rows_written == 2 and row.tables == ["accounts", "items"]
-    testing.check_history(db.transactions.recorder.snapshot()).assert_ok()
+    testing.check_history(db.history.snapshot()).assert_ok()
 
 
 def test_exception_aborts_and_writes_nothing(db):
@@ -65,7 +65,7 @@ def test_reads_see_own_then_ancestor_then_committed(db):
         # Nothing reached PostgreSQL before the top-level commit.
         assert committed(db, "items")[("x",)]["value"] == 1
     assert committed(db, "items")[("x",)] == {"key": "x", "value": 2, "note": "child"}
-    testing.check_history(db.transactions.recorder.snapshot()).assert_ok()
+    testing.check_history(db.history.snapshot()).assert_ok()
 
 
 def test_aborted_child_is_undone_parent_continues(db):
@@ -79,7 +79,7 @@ def test_aborted_child_is_undone_parent_continues(db):
         assert tx.read("items", "keep")["value"] == 1
         assert tx.read("items", "drop") is None
     assert set(committed(db, "items")) == {("keep",)}
-    testing.check_history(db.transactions.recorder.snapshot()).assert_ok()
+    testing.check_history(db.history.snapshot()).assert_ok()
 
 
 def test_spawned_children_run_in_parallel_with_parent_and_siblings(db):
@@ -303,7 +303,7 @@ def test_prefetch_loads_rows_once_for_the_tree(db):
             sa.event.remove(db.engine, "before_cursor_execute", record)
         assert not any("FROM accounts" in statement for statement in statements)
     assert committed(db, "accounts")[(3,)]["balance"] == 33
-    testing.check_history(db.transactions.recorder.snapshot()).assert_ok()
+    testing.check_history(db.history.snapshot()).assert_ok()
 
 
 def test_punctuation_never_moves_backwards(db):

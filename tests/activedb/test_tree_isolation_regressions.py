@@ -39,9 +39,9 @@ def rows(db):
     with db.engine.begin() as connection:
         connection.execute(sa.text("DELETE FROM accounts"))
         connection.execute(sa.text("INSERT INTO accounts (id, balance) VALUES (1, 10), (2, 0)"))
-    db.transactions.recorder.clear()
+    db.history.clear()
     yield
-    testing.check_history(db.transactions.recorder.snapshot()).assert_ok()
+    testing.check_history(db.history.snapshot()).assert_ok()
 
 
 def balances(db) -> dict[int, int]:

@@ -212,7 +212,7 @@ class TreeMachine(RuleBasedStateMachine):
             connection.execute(sa.text("DELETE FROM items"))
             for row in INITIAL_ROWS.values():
                 connection.execute(sa.text("INSERT INTO items (key, value, note) VALUES (:key, :value, :note)"), row)
-        db.transactions.recorder.clear()
+        db.history.clear()
         self.watchdog = testing.Watchdog(EXAMPLE_TIMEOUT, self.locks, describe=self._describe)
         self.watchdog.__enter__()
 
@@ -580,7 +580,7 @@ class TreeMachine(RuleBasedStateMachine):
             finally:
                 self.watchdog.__exit__(None, None, None)
         if not self.broken and self.model.external_writes == 0:
-            testing.check_history(self.db.transactions.recorder.snapshot()).assert_ok()
+            testing.check_history(self.db.history.snapshot()).assert_ok()
 
     def _end_live_trees(self) -> None:
         """End what is still live through the model (every prediction is still checked): commit the

@@ -517,7 +517,7 @@ class PermutationRunner:
             for key, value in self.scenario.initial.items():
                 connection.execute(sa.text(f"INSERT INTO {TABLE} (key, value) VALUES (:k, :v)"),
                                    {"k": key, "v": value})
-        self.db.transactions.recorder.clear()
+        self.db.history.clear()
         self.threads: list[threading.Thread] = []
         self.roots: list = []
         self.sibling_parent_error: BaseException | None = None
@@ -805,7 +805,7 @@ class PermutationRunner:
             self.outcome.trace.append(f"the siblings' parent failed: {self.sibling_parent_error!r}")
         with self.db.engine.connect() as connection:
             self.outcome.final = dict(connection.execute(sa.text(f"SELECT key, value FROM {TABLE}")).all())
-        self.outcome.history = self.db.transactions.recorder.snapshot()
+        self.outcome.history = self.db.history.snapshot()
         self.outcome.leaked_transactions = self.locks.statistics().transactions
 
     def _describe_sessions(self) -> str:

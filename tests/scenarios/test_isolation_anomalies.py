@@ -33,9 +33,9 @@ def initial_state(db):
     with db.engine.begin() as connection:
         connection.execute(sa.text("DELETE FROM items"))
         connection.execute(sa.text("INSERT INTO items (key, value) VALUES ('x', 10), ('y', 20)"))
-    db.transactions.recorder.clear()
+    db.history.clear()
     yield
-    testing.check_history(db.transactions.recorder.snapshot()).assert_ok()
+    testing.check_history(db.history.snapshot()).assert_ok()
 
 
 class Actor(actors.Actor):

@@ -314,7 +314,7 @@ def test_a_doomed_child_whose_function_returns_ends_aborted(db):
     """Found by these permutations (G1a, parent=T1, ``w1x s1 r2x r2x2 a1 c2``): the parent aborts while its
     spawned child runs, then the child's function returns normally.  The child ends ABORTED (and the
     history records it) — it used to stay ACTIVE for good, its commit refusing before aborting it."""
-    db.transactions.recorder.clear()
+    db.history.clear()
     started, go = threading.Event(), threading.Event()
     with testing.Watchdog(60, db.transactions.locks):
         with db.transaction() as tx:
@@ -330,4 +330,4 @@ def test_a_doomed_child_whose_function_returns_ends_aborted(db):
     with pytest.raises(activedb.TransactionAborted):
         handle.result(0)
     assert handle.state is activedb.TxnState.ABORTED, f"the child is {handle.state.value}"
-    testing.check_history(db.transactions.recorder.snapshot()).assert_ok()
+    testing.check_history(db.history.snapshot()).assert_ok()

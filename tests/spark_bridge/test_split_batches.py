@@ -201,7 +201,7 @@ def test_compensate_a_batch_whose_partition_fails_for_good(spark, tmp_path, make
 
         from activedb.cli import main
 
-        result = CliRunner().invoke(main, ["--url", streamed.engine.url.render_as_string(hide_password=False), "status"],
+        result = CliRunner().invoke(main, ["--url", streamed.url.render_as_string(hide_password=False), "status"],
                                     env={"COLUMNS": "250"})
         assert result.exit_code == 0, result.output
         assert "on_partition_failure=compensate" in result.output
