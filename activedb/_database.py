@@ -21,7 +21,7 @@ from activedb.capture import CaptureManager
 from activedb.capture.errors import CaptureNotEnabledWarning
 from activedb.errors import (BadDatabaseURL, RuleError, SerializationConflict, TransactionError,
                              database_failure)
-from activedb.events import DATA_KINDS, TRANSACTION_KINDS, EventKind, EventSpec, Origin, Punctuations
+from activedb.events import EventKind, EventSpec, Origin, Punctuations
 from activedb.outbox import Outbox
 from activedb.rules import FunctionRule, Rule, RuleManager
 from activedb.store import Catalog
@@ -129,6 +129,13 @@ def check_reachable(engine: Engine) -> None:
                                server_log=_embedded.log_of_url(engine.url)) from None
 
 
+def _kind(kind: str | EventKind, allowed: tuple[EventKind, ...], call: str) -> EventKind:
+    parsed = next((member for member in allowed if member == kind), None)   # a str Enum: "committed" matches
+    if parsed is None:
+        raise RuleError(f"{call}: the kind is one of {', '.join(member.value for member in allowed)}")
+    return parsed
+
+
 def _data_spec(catalog: Catalog, kind: EventKind, table: str) -> EventSpec:
     if not isinstance(table, str):
         raise RuleError(f"db.{kind.value}() takes a table name, got {table!r}")
@@ -221,13 +228,8 @@ class Database:
         writer committed — so only the detached family of couplings applies.  activedb's own writes are
         not among them: they raise ``db.inserted(table)`` etc. in-process.  Warns
         (:class:`~activedb.capture.CaptureNotEnabledWarning`) if ``table`` is not captured."""
-        try:
-            parsed = EventKind(kind)
-        except ValueError:
-            parsed = None
-        if parsed not in DATA_KINDS | {EventKind.MODIFIED}:
-            raise RuleError(f"db.captured({table!r}, {kind!r}): the kind is one of inserted, updated, deleted, "
-                            f"modified")
+        parsed = _kind(kind, (EventKind.INSERTED, EventKind.UPDATED, EventKind.DELETED, EventKind.MODIFIED),
+                       f"db.captured({table!r}, {kind!r})")
         spec = _data_spec(self.catalog, parsed, table)
         if not self.capture.is_captured(table):
             warnings.warn(f"table {table!r} is not captured: rules on db.captured({table!r}) fire once capture is "
@@ -247,13 +249,8 @@ class Database:
         """Top-level transactions that ``kind`` (``"began"``, ``"committed"`` or ``"aborted"``): only those
         started with ``db.transaction(name=name)`` when ``name`` is given; detached rules run in
         transactions named ``rule:<rule name>``."""
-        try:
-            parsed = EventKind(kind)
-        except ValueError:
-            parsed = None
-        if parsed not in TRANSACTION_KINDS:
-            raise RuleError(f"db.transaction_event({kind!r}): the kind is one of began, committed, aborted")
-        return EventSpec(parsed, name)
+        return EventSpec(_kind(kind, (EventKind.BEGAN, EventKind.COMMITTED, EventKind.ABORTED),
+                               f"db.transaction_event({kind!r})"), name)
 
     def observe(self, observer: Observer) -> Observer:
         """Add a passive :class:`~activedb.txn.Observer` of transaction and rule life cycles; returns it
@@ -342,8 +339,7 @@ class Database:
         return self.catalog.table(name)
 
     def upgrade_app(self, script_location: str | Path, revision: str = "head") -> None:
-        """Run the application's own Alembic migrations on this database (``db.schema`` has the rest:
-        activedb's own revisions, downgrades, the current revisions)."""
+        """Run the application's own Alembic migrations on this database (``db.schema`` has the rest)."""
         self.schema.upgrade_app(script_location, revision)
 
     # --- what is going on -------------------------------------------------------------------

@@ -314,13 +314,7 @@ def lock_down(pgdata: Path, home: Path, server: EmbeddedServer | None, runner: R
                 f"the server is running (pid {server.pid}); stop it (kill -INT {server.pid}) and connect again: "
                 f"activedb then sets a new one")
         password = secrets.token_urlsafe(24)
-        binary = str(bin_directory() / "postgres")
-        try:
-            runner.run([binary, "--single", "-D", str(pgdata), "postgres"],
-                       input=f"ALTER ROLE {SUPERUSER} PASSWORD '{password}';\n")
-        except subprocess.CalledProcessError as error:
-            raise EmbeddedServerError(f"could not reset the password of the embedded server in {pgdata}: "
-                                      f"{(error.stderr or '').strip()[-300:]}") from None
+        _set_password_stopped(pgdata, runner, password)
         write_password(home, password)
         return password
     # An older, trusting data directory: set a password (over the still trusting socket), then lock.
@@ -335,11 +329,19 @@ def lock_down(pgdata: Path, home: Path, server: EmbeddedServer | None, runner: R
             write_hba(pgdata, runner)
             connection.execute("SELECT pg_reload_conf()")
     else:
-        binary = str(bin_directory() / "postgres")
-        runner.run([binary, "--single", "-D", str(pgdata), "postgres"],
-                   input=f"ALTER ROLE {SUPERUSER} PASSWORD '{password}';\n")
+        _set_password_stopped(pgdata, runner, password)
         write_hba(pgdata, runner)
     return password
+
+
+def _set_password_stopped(pgdata: Path, runner: Runner, password: str) -> None:
+    """Set the superuser's password through single-user mode (the server is stopped)."""
+    try:
+        runner.run([str(bin_directory() / "postgres"), "--single", "-D", str(pgdata), "postgres"],
+                   input=f"ALTER ROLE {SUPERUSER} PASSWORD '{password}';\n")
+    except subprocess.CalledProcessError as error:
+        raise EmbeddedServerError(f"could not set the password of the embedded server in {pgdata}: "
+                                  f"{(error.stderr or '').strip()[-300:]}") from None
 
 
 def _log_tail(log: Path, lines: int = 5) -> str:

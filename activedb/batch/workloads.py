@@ -60,16 +60,14 @@ def deposit(event, ops):
     payload = event.payload
     amount, cost = payload["amount"], payload.get("cost_ns", 0)
 
-    def add_balance(own):
-        _spin(cost)
-        return {"balance": (own["balance"] if own else 0) + amount}
+    def add(column: str):
+        def apply(own):
+            _spin(cost)
+            return {column: (own[column] if own else 0) + amount}
+        return apply
 
-    def add_value(own):
-        _spin(cost)
-        return {"value": (own["value"] if own else 0) + amount}
-
-    ops.write(ACCOUNTS, payload["account"], add_balance)
-    ops.write(ASSETS, payload["asset"], add_value)
+    ops.write(ACCOUNTS, payload["account"], add("balance"))
+    ops.write(ASSETS, payload["asset"], add("value"))
 
 
 def transfer(event, ops):

@@ -62,34 +62,31 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except ActivedbError as error:
-            from activedb._database import mask_secrets
-
-            click.echo(f"activedb: error: {mask_secrets(str(error))}", err=True)
-            ctx.exit(1)
         except click.UsageError:
             raise                        # click's own form: the usage line, then the error
-        except click.ClickException as error:           # a command's own refusal: the same one-line form
-            from activedb._database import mask_secrets
-
-            click.echo(f"activedb: error: {mask_secrets(error.format_message())}", err=True)
-            ctx.exit(error.exit_code)
-        except Exception as error:
-            # A database failure no layer below turned into one of the documented errors: still one line.
-            import psycopg
-            import sqlalchemy as sa
-
-            from activedb._database import mask_secrets
-            from activedb.errors import database_failure
-
-            if not isinstance(error, (sa.exc.DBAPIError, psycopg.Error)):
-                raise
-            failure = database_failure(error, f"running `activedb {ctx.invoked_subcommand}`", "the database")
-            click.echo(f"activedb: error: {mask_secrets(str(failure))}", err=True)
-            ctx.exit(1)
         except KeyboardInterrupt:
             click.echo("activedb: interrupted", err=True)
             ctx.exit(130)
+        except Exception as error:
+            from activedb._database import mask_secrets
+
+            if isinstance(error, ActivedbError):
+                message, code = str(error), 1
+            elif isinstance(error, click.ClickException):     # a command's own refusal: the same one-line form
+                message, code = error.format_message(), error.exit_code
+            else:
+                # A database failure no layer below turned into one of the documented errors: still one line.
+                import psycopg
+                import sqlalchemy as sa
+
+                from activedb.errors import database_failure
+
+                if not isinstance(error, (sa.exc.DBAPIError, psycopg.Error)):
+                    raise
+                message, code = str(database_failure(error, f"running `activedb {ctx.invoked_subcommand}`",
+                                                     "the database")), 1
+            click.echo(f"activedb: error: {mask_secrets(message)}", err=True)
+            ctx.exit(code)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -365,19 +362,15 @@ def bench() -> None:
     """
 
 
-def _register_own_commands() -> None:
-    """The command groups kept in this package's modules (they use the helpers above)."""
+def _register_commands() -> None:
+    """The command groups of this package's modules (they use the helpers above), then the commands other
+    packages contribute (``activedb run`` and ``status`` come with spark_bridge)."""
     from activedb.cli import dead_letters, rules, schema
 
     for group in (schema.db, schema.app, rules.rules, dead_letters.dead_letters):
         main.add_command(group)
-
-
-def _register_contributed_commands() -> None:
-    """Commands other packages contribute (``activedb run`` and ``status`` come with spark_bridge)."""
     for entry in plugins.entry_points(plugins.COMMANDS).values():
         entry.load()(main)
 
 
-_register_own_commands()
-_register_contributed_commands()
+_register_commands()
