@@ -60,41 +60,51 @@ def deposit(event, ops):
     payload = event.payload
     amount, cost = payload["amount"], payload.get("cost_ns", 0)
 
-    def add(column: str):
-        def apply(own):
-            _spin(cost)
-            return {column: (own[column] if own else 0) + amount}
-        return apply
+    def add_balance(own):
+        _spin(cost)
+        return {"balance": (own["balance"] if own else 0) + amount}
 
-    ops.write(ACCOUNTS, payload["account"], add("balance"))
-    ops.write(ASSETS, payload["asset"], add("value"))
+    def add_value(own):
+        _spin(cost)
+        return {"value": (own["value"] if own else 0) + amount}
+
+    ops.write(ACCOUNTS, payload["account"], add_balance)
+    ops.write(ASSETS, payload["asset"], add_value)
 
 
 def transfer(event, ops):
     payload = event.payload
     amount, cost = payload["amount"], payload.get("cost_ns", 0)
+    source_account, source_asset = (ACCOUNTS, payload["src_account"]), (ASSETS, payload["src_asset"])
 
-    def debit(column: str, shortage: str):
-        def apply(own):
-            _spin(cost)
-            if own is None or own[column] < amount:
-                raise Abort(shortage)
-            return {column: own[column] - amount}
-        return apply
+    def debit_balance(own):
+        _spin(cost)
+        if own is None or own["balance"] < amount:
+            raise Abort("insufficient balance")
+        return {"balance": own["balance"] - amount}
 
-    def credit(column: str, shortage: str):
-        def apply(own, source):
-            _spin(cost)
-            if source is None or source[column] < amount:
-                raise Abort(shortage)
-            return {column: (own[column] if own else 0) + amount}
-        return apply
+    def credit_balance(own, source):
+        _spin(cost)
+        if source is None or source["balance"] < amount:
+            raise Abort("insufficient balance")
+        return {"balance": (own["balance"] if own else 0) + amount}
 
-    for table, column, shortage, source, destination in (
-            (ACCOUNTS, "balance", "insufficient balance", payload["src_account"], payload["dst_account"]),
-            (ASSETS, "value", "insufficient asset value", payload["src_asset"], payload["dst_asset"])):
-        ops.write(table, source, debit(column, shortage))
-        ops.write(table, destination, credit(column, shortage), reads=[(table, source)])
+    def debit_value(own):
+        _spin(cost)
+        if own is None or own["value"] < amount:
+            raise Abort("insufficient asset value")
+        return {"value": own["value"] - amount}
+
+    def credit_value(own, source):
+        _spin(cost)
+        if source is None or source["value"] < amount:
+            raise Abort("insufficient asset value")
+        return {"value": (own["value"] if own else 0) + amount}
+
+    ops.write(*source_account, debit_balance)
+    ops.write(ACCOUNTS, payload["dst_account"], credit_balance, reads=[source_account])
+    ops.write(*source_asset, debit_value)
+    ops.write(ASSETS, payload["dst_asset"], credit_value, reads=[source_asset])
 
 
 # --- GrepSum -------------------------------------------------------------------------------
