@@ -46,10 +46,9 @@ Lifecycle (documented in README):
 * A data directory written by another PostgreSQL major version, or one that is not a PostgreSQL data
   directory at all, is refused with a clear error; nothing is ever deleted.
 
-Modules, by job: this one is the lifecycle (``start``/``stop``, the registration of the processes using
-the server, the database); ``_files`` the files and their ownership (private directories, the checks
-above, the socket directory, the password file, ``pg_hba.conf``); ``_server`` who runs the binaries and
-the server process (``initdb``, start, readiness, shutdown, the password the server asks for).
+Modules, by job: this one the lifecycle (``start``/``stop``, the processes using the server, the
+database); ``_files`` the files and their ownership (the checks above, the socket directory, the password
+file, ``pg_hba.conf``); ``_server`` who runs the binaries, and the server process.
 
 Thread-safety: ``_registry_mutex`` protects ``_registry`` (this process's registrations); the file lock
 orders processes.  The file lock is taken before ``_registry_mutex``, never after.
@@ -253,17 +252,12 @@ def _unregister(pgdata: Path) -> None:
 
 
 def log_of_url(url) -> str | None:
-    """The log file of this process's embedded server that a SQLAlchemy ``url`` points at, if any (for
-    advice in error messages)."""
+    """The log file of this process's embedded server that a SQLAlchemy ``url`` points at (its socket
+    directory, ``?host=``), if any (for advice in error messages)."""
     socket = url.query.get("host")
-    return log_of_socket(socket) if isinstance(socket, str) else None
-
-
-def log_of_socket(socket_directory: str) -> str | None:
-    """The log file of the embedded server of this process listening in ``socket_directory``, if any."""
     with _registry_mutex:
         for pgdata, registration in _registry.items():
-            if registration.server.socket_directory == socket_directory:
+            if registration.server.socket_directory == socket:
                 return str(pgdata / "log")
     return None
 

@@ -1,8 +1,6 @@
-"""``activedb db …`` (activedb's own schema) and ``activedb app …`` (an application's Alembic directory).
-
-Only ``activedb db upgrade`` upgrades activedb's tables (the schema rule of :func:`activedb.cli.open_database`);
-``app`` commands do not use activedb's tables, so they connect without checking them.
-"""
+"""``activedb db …`` (activedb's own schema: only ``db upgrade`` upgrades it, the schema rule of
+:func:`activedb.cli.open_database`) and ``activedb app …`` (an application's Alembic directory: these
+commands do not use activedb's tables, so they connect without checking them)."""
 
 from __future__ import annotations
 
