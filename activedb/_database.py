@@ -21,13 +21,14 @@ from activedb.capture import CaptureManager
 from activedb.capture.errors import CaptureNotEnabledWarning
 from activedb.errors import (BadDatabaseURL, RuleError, SerializationConflict, TransactionError,
                              database_failure)
-from activedb.events import DATA_KINDS, EventKind, EventSpec, Origin, Punctuations
+from activedb.events import EventKind, EventSpec, Origin, Punctuations
 from activedb.outbox import Outbox
 from activedb.rules import FunctionRule, Rule, RuleManager
 from activedb.store import Catalog
 from activedb.txn import CommitParticipant, Observer, ReadBase, TransactionManager
 
 CONNECT_TIMEOUT_SECONDS = 5
+_CLOSED = "this Database is closed; call activedb.connect() again"
 
 
 # A password in a URL's user info (``scheme://user:SECRET@host``, also when the rest does not parse), and a
@@ -128,6 +129,20 @@ def check_reachable(engine: Engine) -> None:
                                server_log=_embedded.log_of_url(engine.url)) from None
 
 
+def _kind(kind: str | EventKind, allowed: tuple[EventKind, ...], call: str) -> EventKind:
+    parsed = next((member for member in allowed if member == kind), None)   # a str Enum: "committed" matches
+    if parsed is None:
+        raise RuleError(f"{call}: the kind is one of {', '.join(member.value for member in allowed)}")
+    return parsed
+
+
+def _data_spec(catalog: Catalog, kind: EventKind, table: str) -> EventSpec:
+    if not isinstance(table, str):
+        raise RuleError(f"db.{kind.value}() takes a table name, got {table!r}")
+    catalog.table(table)   # unknown tables are rejected at declaration
+    return EventSpec(kind, table)
+
+
 def _retried(error: BaseException | None) -> bool:
     """The aborts ``Database.run`` answers with another attempt."""
     return isinstance(error, (SerializationConflict, Deadlock))
@@ -154,6 +169,8 @@ class Database:
         self.catalog = Catalog(engine, self.describe)
         self.transactions = TransactionManager(self.catalog, snapshot_on_deadlock=explain_deadlocks,
                                                **transaction_options)
+        #: Reflected tables, per-table lock granularity, migrations (``activedb._migrate.Schema``).
+        self.schema = _migrate.Schema(engine, self.catalog, self.transactions.locking)
         self.rules = RuleManager(self.catalog, self.transactions, max_cascade_depth=max_cascade_depth,
                                  max_deferred_cycles=max_deferred_cycles, execution=rule_execution)
         #: Detached-family firings, recorded durably and run exactly once (``activedb/outbox/README.md``).
@@ -193,17 +210,17 @@ class Database:
         return decorate
 
     def inserted(self, table: str) -> EventSpec:
-        return self._data_spec(EventKind.INSERTED, table)
+        return _data_spec(self.catalog, EventKind.INSERTED, table)
 
     def updated(self, table: str) -> EventSpec:
-        return self._data_spec(EventKind.UPDATED, table)
+        return _data_spec(self.catalog, EventKind.UPDATED, table)
 
     def deleted(self, table: str) -> EventSpec:
-        return self._data_spec(EventKind.DELETED, table)
+        return _data_spec(self.catalog, EventKind.DELETED, table)
 
     def modified(self, table: str) -> EventSpec:
         """Any of inserted, updated, deleted on ``table``."""
-        return self._data_spec(EventKind.MODIFIED, table)
+        return _data_spec(self.catalog, EventKind.MODIFIED, table)
 
     def captured(self, table: str, kind: str | EventKind = EventKind.MODIFIED) -> EventSpec:
         """Committed changes to ``table`` made by **other PostgreSQL clients** (``kind``: inserted,
@@ -211,14 +228,9 @@ class Database:
         writer committed — so only the detached family of couplings applies.  activedb's own writes are
         not among them: they raise ``db.inserted(table)`` etc. in-process.  Warns
         (:class:`~activedb.capture.CaptureNotEnabledWarning`) if ``table`` is not captured."""
-        try:
-            parsed = EventKind(kind)
-        except ValueError:
-            parsed = None
-        if parsed not in DATA_KINDS | {EventKind.MODIFIED}:
-            raise RuleError(f"db.captured({table!r}, {kind!r}): the kind is one of inserted, updated, deleted, "
-                            f"modified")
-        spec = self._data_spec(parsed, table)
+        parsed = _kind(kind, (EventKind.INSERTED, EventKind.UPDATED, EventKind.DELETED, EventKind.MODIFIED),
+                       f"db.captured({table!r}, {kind!r})")
+        spec = _data_spec(self.catalog, parsed, table)
         if not self.capture.is_captured(table):
             warnings.warn(f"table {table!r} is not captured: rules on db.captured({table!r}) fire once capture is "
                           f"enabled — db.capture({table!r}), or enable_capture(op, {table!r}) in a migration",
@@ -233,26 +245,12 @@ class Database:
         """Stream events of ``event_type`` (``tx.emit``; the Spark bridge)."""
         return EventSpec(EventKind.STREAM, event_type)
 
-    def began(self, name: str | None = None) -> EventSpec:
-        """Top-level transactions began (only those started with ``db.transaction(name=name)``
-        when ``name`` is given; detached rules run in transactions named ``rule:<rule name>``)."""
-        return EventSpec(EventKind.BEGAN, name)
-
-    def committed(self, name: str | None = None) -> EventSpec:
-        """Top-level transactions committed (only those started with ``db.transaction(name=name)``
-        when ``name`` is given; detached rules run in transactions named ``rule:<rule name>``)."""
-        return EventSpec(EventKind.COMMITTED, name)
-
-    def aborted(self, name: str | None = None) -> EventSpec:
-        """Top-level transactions aborted (only those started with ``db.transaction(name=name)``
-        when ``name`` is given; detached rules run in transactions named ``rule:<rule name>``)."""
-        return EventSpec(EventKind.ABORTED, name)
-
-    def _data_spec(self, kind: EventKind, table: str) -> EventSpec:
-        if not isinstance(table, str):
-            raise RuleError(f"db.{kind.value}() takes a table name, got {table!r}")
-        self.table(table)   # unknown tables are rejected at declaration
-        return EventSpec(kind, table)
+    def transaction_event(self, kind: str | EventKind, name: str | None = None) -> EventSpec:
+        """Top-level transactions that ``kind`` (``"began"``, ``"committed"`` or ``"aborted"``): only those
+        started with ``db.transaction(name=name)`` when ``name`` is given; detached rules run in
+        transactions named ``rule:<rule name>``."""
+        return EventSpec(_kind(kind, (EventKind.BEGAN, EventKind.COMMITTED, EventKind.ABORTED),
+                               f"db.transaction_event({kind!r})"), name)
 
     def observe(self, observer: Observer) -> Observer:
         """Add a passive :class:`~activedb.txn.Observer` of transaction and rule life cycles; returns it
@@ -270,7 +268,8 @@ class Database:
         written in the same PostgreSQL transaction as the effects).  ``read_base`` replaces what the
         tree's reads see underneath its write sets (default: PostgreSQL's committed rows).
         """
-        self._check_open()
+        if self._closed:
+            raise TransactionError(_CLOSED)
         return self.transactions.transaction(name=name, participants=participants, read_base=read_base)
 
     def run(self, function, *args: Any, retries: int = 3, backoff: float = 0.002, **kwargs: Any) -> Any:
@@ -285,7 +284,8 @@ class Database:
         rows are learned for ``function`` (per function, in this ``Database``): from then on its plain
         ``tx.read`` of them reads for update (``for_update=True``), so that two runs queue at the read
         instead of colliding when both convert their read locks to write locks."""
-        self._check_open()
+        if self._closed:
+            raise TransactionError(_CLOSED)
         site = getattr(function, "__code__", function)
         learned = self._update_intent.get(site, frozenset())
         for attempt in range(retries + 1):
@@ -320,19 +320,10 @@ class Database:
         """The latest punctuation of ``source`` (None before the first)."""
         return self.punctuations.watermark(source)
 
-    def set_granularity(self, table: str, granularity: str) -> None:
-        """Lock ``table`` per row (``"tuple"``, the default) or as a whole (``"table"``)."""
-        self.table(table)   # validates the name
-        self.transactions.locking.set_granularity(table, granularity)
-
     @property
     def history(self):
         """The history recorder (``connect(record_history=True)``), or None."""
         return self.transactions.recorder
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise TransactionError("this Database is closed; call activedb.connect() again")
 
     # --- schema ---------------------------------------------------------------------------
 
@@ -347,41 +338,9 @@ class Database:
         """The reflected ``Table`` called ``name``; tables come from migrations."""
         return self.catalog.table(name)
 
-    def refresh_schema(self) -> None:
-        """Forget reflected tables (after running migrations in the same process)."""
-        self.catalog.refresh()
-
-    # --- migrations -----------------------------------------------------------------------
-
-    def upgrade(self, revision: str = "head") -> None:
-        _migrate.upgrade(self.engine, revision)
-        self.refresh_schema()
-
-    def downgrade(self, revision: str) -> None:
-        _migrate.downgrade(self.engine, revision)
-        self.refresh_schema()
-
-    def current_revision(self) -> str | None:
-        return _migrate.current(self.engine)
-
-    def schema_state(self) -> "tuple[_migrate.SchemaState, str | None]":
-        """Where activedb's own schema stands: ``(SchemaState, current revision)`` — NEW (never
-        initialised), AT_HEAD, BEHIND (an older revision, or downgraded to base) or UNKNOWN."""
-        return _migrate.schema_state(self.engine)
-
     def upgrade_app(self, script_location: str | Path, revision: str = "head") -> None:
-        """Run the application's own Alembic migrations on this database."""
-        _migrate.upgrade_app(self.engine, script_location, revision)
-        self.refresh_schema()
-
-    def downgrade_app(self, script_location: str | Path, revision: str) -> None:
-        """Downgrade the application's own Alembic migrations to ``revision`` (``"base"`` drops its tables)."""
-        _migrate.downgrade_app(self.engine, script_location, revision)
-        self.refresh_schema()
-
-    def app_revision(self, script_location: str | Path) -> tuple[list[str], str | None]:
-        """``(current revisions, head revision)`` of the application's Alembic directory on this database."""
-        return _migrate.app_current(self.engine, script_location)
+        """Run the application's own Alembic migrations on this database (``db.schema`` has the rest)."""
+        self.schema.upgrade_app(script_location, revision)
 
     # --- what is going on -------------------------------------------------------------------
 
@@ -396,14 +355,6 @@ class Database:
         return explain_module.explain(self, deadlock=deadlock)
 
     # --- lifecycle ------------------------------------------------------------------------
-
-    def explain_on_signal(self, directory: str | Path | None = None) -> Path:
-        """Let ``activedb explain --pid PID`` draw this process: on SIGUSR1 a thread writes
-        ``db.explain()`` as JSON to ``directory/PID.json`` (default ``$ACTIVEDB_HOME/explain``).  Call from
-        the main thread; returns the file's path.  ``activedb run`` and ``activedb demo`` do this."""
-        from activedb import explain as explain_module
-
-        return explain_module.serve_on_signal(self, directory)
 
     def close(self) -> None:
         """Stop the worker pool and close the connection pool.  The embedded server stops when the last
@@ -490,6 +441,6 @@ def connect(
                         rule_execution=rule_execution, explain_deadlocks=explain_deadlocks,
                         outbox_options=outbox_options)
     if upgrade:
-        database.upgrade("head")
+        database.schema.upgrade("head")
         database.outbox.start()
     return database

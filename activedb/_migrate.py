@@ -3,7 +3,7 @@
 activedb's own tables live in ``migrations/`` (version table
 ``activedb_alembic_version``).  Every upgrade and downgrade holds a PostgreSQL advisory lock
 (``MIGRATION_LOCK``) for its transaction, so processes upgrading one database at once take turns.  An application keeps its tables in its own
-Alembic environment; :func:`upgrade_app` runs it on the same database, passing
+Alembic environment; :meth:`Schema.upgrade_app` (``db.upgrade_app``) runs it on the same database, passing
 the open connection in ``config.attributes["connection"]`` so the app's
 ``env.py`` can use it (see ``activedb/examples/hand_hygiene/migrations/env.py``
 for a ready-made one).
@@ -36,24 +36,6 @@ class SchemaState(enum.Enum):
     UNKNOWN = "unknown"    # a revision this installation does not know (a newer activedb wrote it)
 
 
-def schema_state(engine: Engine) -> tuple[SchemaState, str | None]:
-    """``(state, current revision or None)`` of activedb's own schema in ``engine``'s database."""
-    with engine.connect() as connection:
-        if not sa.inspect(connection).has_table(migrations.VERSION_TABLE):
-            return SchemaState.NEW, None
-    revision = current(engine)
-    if revision == head():
-        return SchemaState.AT_HEAD, revision
-    if revision is None:
-        return SchemaState.BEHIND, None
-    script = ScriptDirectory.from_config(_config(migrations.SCRIPT_LOCATION))
-    try:
-        script.get_revision(revision)
-    except Exception:
-        return SchemaState.UNKNOWN, revision
-    return SchemaState.BEHIND, revision
-
-
 def _config(script_location: Path, connection=None, url: str | None = None) -> Config:
     config = Config(str(script_location / "alembic.ini")) if (script_location / "alembic.ini").exists() else Config()
     config.set_main_option("script_location", str(script_location))
@@ -64,22 +46,13 @@ def _config(script_location: Path, connection=None, url: str | None = None) -> C
     return config
 
 
-def upgrade(engine: Engine, revision: str = "head", *, script_location: Path | None = None) -> None:
-    _run(engine, "upgrade", revision, script_location)
-
-
-def downgrade(engine: Engine, revision: str, *, script_location: Path | None = None) -> None:
-    _run(engine, "downgrade", revision, script_location)
-
-
 # The PostgreSQL advisory lock every upgrade and downgrade of this database holds (activedb's own schema
 # and an application's): processes starting together take turns, and the later ones find the schema at
 # the revision the first one reached.  Any 64-bit number nobody else uses: "activedb" in ASCII.
 MIGRATION_LOCK = int.from_bytes(b"activedb", "big") >> 1
 
 
-def _run(engine: Engine, action: str, revision: str, script_location: Path | None) -> None:
-    location = script_location or migrations.SCRIPT_LOCATION
+def _run(engine: Engine, action: str, revision: str, location: Path) -> None:
     try:
         with engine.begin() as connection:
             # Held until this transaction ends (Alembic runs inside it: the connection is passed).
@@ -113,15 +86,6 @@ def head(script_location: Path | None = None) -> str:
     return script.get_current_head()
 
 
-def upgrade_app(engine: Engine, script_location: str | Path, revision: str = "head") -> None:
-    """Run an application's own Alembic environment (its env.py decides the version table)."""
-    _run(engine, "upgrade", revision, app_location(script_location))
-
-
-def downgrade_app(engine: Engine, script_location: str | Path, revision: str) -> None:
-    _run(engine, "downgrade", revision, app_location(script_location))
-
-
 def app_location(script_location: str | Path) -> Path:
     """``script_location`` checked to be an Alembic directory (``env.py`` and ``versions/``)."""
     location = Path(script_location)
@@ -135,29 +99,86 @@ def app_location(script_location: str | Path) -> Path:
     return location
 
 
-def app_current(engine: Engine, script_location: str | Path) -> tuple[list[str], str | None]:
-    """``(current revisions, head revision)`` of an application's Alembic environment; the version table
-    is the one its ``env.py`` configures, so the environment is run (without changing anything)."""
-    from alembic.runtime.environment import EnvironmentContext
+class Schema:
+    """A database's tables as ``db.schema``: the reflected ones (``catalog``), how each is locked, and the
+    Alembic revisions of activedb and of the application.  Every migration run here refreshes the catalog."""
 
-    location = app_location(script_location)
-    heads: list[str] = []
-    try:
-        with engine.connect() as connection:
-            config = _config(location, connection)
-            script = ScriptDirectory.from_config(config)
+    def __init__(self, engine: Engine, catalog, locking):
+        self.engine, self.catalog, self._locking = engine, catalog, locking
 
-            def record(revision, context):
-                heads.extend(context.get_current_heads())
-                return []
+    def refresh(self) -> None:
+        """Forget reflected tables (after running migrations in the same process some other way)."""
+        self.catalog.refresh()
 
-            with EnvironmentContext(config, script, fn=record, dont_mutate=True):
-                script.run_env()
-            return heads, script.get_current_head()
-    except MigrationError:
-        raise
-    except Exception as error:
-        raise MigrationError(f"reading the revision of {str(script_location)!r} failed: {_first_line(error)}") from error
+    def set_granularity(self, table: str, granularity: str) -> None:
+        """Lock ``table`` per row (``"tuple"``, the default) or as a whole (``"table"``)."""
+        self.catalog.table(table)   # validates the name
+        self._locking.set_granularity(table, granularity)
+
+    def upgrade(self, revision: str = "head") -> None:
+        """Bring activedb's own schema to ``revision``."""
+        _run(self.engine, "upgrade", revision, migrations.SCRIPT_LOCATION)
+        self.refresh()
+
+    def downgrade(self, revision: str) -> None:
+        _run(self.engine, "downgrade", revision, migrations.SCRIPT_LOCATION)
+        self.refresh()
+
+    def current_revision(self) -> str | None:
+        return current(self.engine)
+
+    def state(self) -> tuple[SchemaState, str | None]:
+        """``(SchemaState, current revision)`` of activedb's own schema: NEW (never initialised), AT_HEAD,
+        BEHIND (an older revision, or downgraded to base) or UNKNOWN."""
+        with self.engine.connect() as connection:
+            if not sa.inspect(connection).has_table(migrations.VERSION_TABLE):
+                return SchemaState.NEW, None
+        revision = current(self.engine)
+        if revision == head():
+            return SchemaState.AT_HEAD, revision
+        if revision is None:
+            return SchemaState.BEHIND, None
+        try:
+            ScriptDirectory.from_config(_config(migrations.SCRIPT_LOCATION)).get_revision(revision)
+        except Exception:
+            return SchemaState.UNKNOWN, revision
+        return SchemaState.BEHIND, revision
+
+    def upgrade_app(self, script_location: str | Path, revision: str = "head") -> None:
+        """Run the application's own Alembic environment on this database (its env.py decides the version
+        table)."""
+        _run(self.engine, "upgrade", revision, app_location(script_location))
+        self.refresh()
+
+    def downgrade_app(self, script_location: str | Path, revision: str) -> None:
+        """Downgrade the application's own migrations to ``revision`` (``"base"`` drops its tables)."""
+        _run(self.engine, "downgrade", revision, app_location(script_location))
+        self.refresh()
+
+    def app_revision(self, script_location: str | Path) -> tuple[list[str], str | None]:
+        """``(current revisions, head revision)`` of the application's Alembic directory on this database; the
+        version table is the one its ``env.py`` configures, so the environment is run (changing nothing)."""
+        from alembic.runtime.environment import EnvironmentContext
+
+        location = app_location(script_location)
+        heads: list[str] = []
+        try:
+            with self.engine.connect() as connection:
+                config = _config(location, connection)
+                script = ScriptDirectory.from_config(config)
+
+                def record(revision, context):
+                    heads.extend(context.get_current_heads())
+                    return []
+
+                with EnvironmentContext(config, script, fn=record, dont_mutate=True):
+                    script.run_env()
+                return heads, script.get_current_head()
+        except MigrationError:
+            raise
+        except Exception as error:
+            raise MigrationError(f"reading the revision of {str(script_location)!r} failed: "
+                                 f"{_first_line(error)}") from error
 
 
 APP_ENV = '''"""Alembic environment of {name}: its own version table, run by `activedb app upgrade` or

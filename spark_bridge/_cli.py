@@ -566,7 +566,9 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
         raise click.ClickException(f"--reset: application {loaded.name} has no reset(db) function")
     database = open_database(ctx, writes=True)
     home = obj.get("home")                # `activedb explain --pid PID` draws this process
-    database.explain_on_signal(Path(home) / "explain" if home else None)
+    from activedb.explain import serve_on_signal
+
+    serve_on_signal(database, Path(home) / "explain" if home else None)
     spark = None
     metrics = None
     stop = _StopRequest()

@@ -282,6 +282,17 @@ def unknown_event_type(event_type: Any) -> UnknownEventType:
                             f"declare one with @transactions.on({event_type!r})")
 
 
+def specs_of(declare: Callable[[BatchEvent], list[OpSpec]], event: BatchEvent, known: Any = None) -> Any:
+    """``known``, or ``declare(event)``: its operations, or the text of the error it raised (the event is then
+    rejected, the batch goes on)."""
+    if known is not None:
+        return known
+    try:
+        return declare(event)
+    except Exception as error:
+        return f"{type(error).__name__}: {error}"
+
+
 def no_operation(event_type: Any) -> DeclarationError:
     return DeclarationError(f"the state transaction of {event_type!r} declared no operation")
 

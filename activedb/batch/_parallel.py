@@ -20,10 +20,11 @@ import concurrent.futures
 import multiprocessing
 from typing import Any, Callable
 
-__all__ = ["WorkerPool", "bins_of", "components_of"]
+__all__ = ["WorkerPool", "bins_of", "components_of", "find_root"]
 
 
-def _find(parent: dict, item):
+def find_root(parent, item):
+    """Union-find: the root of ``item`` in ``parent`` (a dict or a list), compressing the path."""
     root = item
     while parent[root] != root:
         root = parent[root]
@@ -42,14 +43,14 @@ def components_of(touched: list[list[Any]]) -> list[list[int]]:
             if state not in parent:
                 parent[state] = state
             if first is None:
-                first = _find(parent, state)
+                first = find_root(parent, state)
             else:
-                other = _find(parent, state)
+                other = find_root(parent, state)
                 if other != first:
                     parent[other] = first
     groups: dict[Any, list[int]] = {}
     for index, states in enumerate(touched):
-        root = _find(parent, states[0]) if states else ("#alone", index)
+        root = find_root(parent, states[0]) if states else ("#alone", index)
         groups.setdefault(root, []).append(index)
     return sorted(groups.values(), key=lambda members: members[0])
 

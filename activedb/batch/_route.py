@@ -35,9 +35,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
+from functools import partial
 from typing import Any
 
-from activedb.batch._declare import BatchEvent, OpSpec
+from activedb.batch._declare import BatchEvent, OpSpec, specs_of
+from activedb.batch._parallel import find_root
 
 __all__ = ["Allowed", "RoutePlan", "Router", "Routing", "Source", "route", "touched_states", "written_tables"]
 
@@ -344,12 +346,7 @@ def route(router: Router, declare, batch: list[BatchEvent], count: int,
                                        if first >= 0 else [("#table", table) for table in plan.unbounded],
                                        ids_of, parents, states_of_number)
         if first is None:
-            specs = declared.get(index) if declared is not None else None
-            if specs is None:
-                try:
-                    specs = declare(event)
-                except Exception as error:
-                    specs = f"{type(error).__name__}: {error}"
+            specs = specs_of(declare, event, declared.get(index) if declared is not None else None)
             known[index] = specs
             if type(specs) is str:
                 continue
@@ -370,7 +367,7 @@ def route(router: Router, declare, batch: list[BatchEvent], count: int,
             for number in ids_of.get(table, {}).values():
                 _link(parents, markers[table], number)
     # components: the root of each transaction's first state
-    find = _finder(parents)
+    find = partial(find_root, parents)
     members: dict[int, list[int]] = {}
     alone = -2
     for index, first in enumerate(firsts):
@@ -446,19 +443,7 @@ def _union_all(states: list, ids_of: dict, parents: list[int], states_of_number:
     return first
 
 
-def _finder(parents: list[int]):
-    def find(number: int) -> int:
-        root = number
-        while parents[root] != root:
-            root = parents[root]
-        while parents[number] != root:
-            parents[number], number = root, parents[number]
-        return root
-    return find
-
-
 def _link(parents: list[int], one: int, other: int) -> None:
-    find = _finder(parents)
-    one, other = find(one), find(other)
+    one, other = find_root(parents, one), find_root(parents, other)
     if one != other:
         parents[other] = one

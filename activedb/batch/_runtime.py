@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from activedb.batch._declare import BatchEvent, OpSpec, StateTransactions
+from activedb.batch._declare import BatchEvent, OpSpec, StateTransactions, specs_of
 from activedb.batch._decide import DecisionModel
 from activedb.batch._execute import ExecutionStatistics, TpgExecutor, run_serial
 from activedb.batch._lean import RouteMissed, run_lean, time_of
@@ -180,12 +180,7 @@ def _declare_all(transactions: StateTransactions, items: list[tuple[int, BatchEv
     rejected: list[tuple[BatchEvent, str]] = []
     declare = transactions.declare
     for t, event in items:
-        known = declared.get(t) if declared is not None else None
-        if known is None:
-            try:
-                known = declare(event)
-            except Exception as error:
-                known = f"{type(error).__name__}: {error}"
+        known = specs_of(declare, event, declared.get(t) if declared is not None else None)
         if type(known) is str:
             rejected.append((event, known))
             continue

@@ -74,7 +74,7 @@ class CaptureManager:
             if "capture tables are missing" in message:
                 raise CaptureNotInstalled(
                     f"cannot {what}: activedb's capture tables (revision 0004_capture) are missing in "
-                    f"{self._database.describe()}; upgrade activedb's schema first (db.upgrade(), or "
+                    f"{self._database.describe()}; upgrade activedb's schema first (db.schema.upgrade(), or "
                     f"activedb db upgrade)") from None
             raise CaptureError(f"cannot {what}: PostgreSQL said: {message}") from None
 

@@ -127,7 +127,7 @@ def register(database: "Database", name: str) -> None:
         if getattr(error.orig, "sqlstate", None) == "42P01":
             raise CaptureNotInstalled(
                 f"activedb's capture tables are missing in {database.describe()}; upgrade activedb's "
-                f"schema (activedb db upgrade, or db.upgrade())") from None
+                f"schema (activedb db upgrade, or db.schema.upgrade())") from None
         raise
 
 

@@ -3,7 +3,7 @@
 An :class:`Event` is one occurrence; an :class:`EventSpec` says which occurrences a rule reacts to.
 Specs are made by the ``Database`` helpers: ``db.inserted(table)``, ``db.updated(table)``,
 ``db.deleted(table)``, ``db.modified(table)`` (any of the three), ``db.signalled(name)`` (application
-events raised with ``tx.signal``), ``db.began()``, ``db.committed()``, ``db.aborted()`` (transaction
+events raised with ``tx.signal``), ``db.transaction_event(kind)`` (began, committed, aborted: transaction
 events of top-level transactions) and ``db.stream(event_type)`` (events from a stream, e.g. the Spark
 bridge).  ``db.captured(table, kind)`` is a data spec whose :class:`Origin` is ``EXTERNAL``: committed
 changes made by other PostgreSQL clients, delivered by ``activedb.capture``.

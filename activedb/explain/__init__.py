@@ -14,7 +14,7 @@ Public interface::
     except activedb.Deadlock as error:
         error.explanation.render("deadlock.png")   # the lock table when the cycle was found, cycle in red
 
-    db.explain_on_signal()                      # then, from a shell: activedb explain --pid PID -o now.png
+    serve_on_signal(db)                         # then, from a shell: activedb explain --pid PID -o now.png
 
 **What is drawn.** Nodes are activedb transactions (``T1`` top-level, ``T1.2`` its child) with their name,
 state (active, committing, committed, aborted; *waiting* when they wait for a lock or in a registered
@@ -435,7 +435,7 @@ class DeadlockExplainer(Observer):
 
 
 def explain_directory(directory: str | Path | None = None) -> Path:
-    """Where ``explain_on_signal`` writes: ``directory``, else ``$ACTIVEDB_HOME/explain``."""
+    """Where ``serve_on_signal`` writes: ``directory``, else ``$ACTIVEDB_HOME/explain``."""
     if directory is not None:
         return Path(directory)
     from activedb import _embedded

@@ -8,7 +8,7 @@ done (:mod:`activedb.outbox._executor`), and — if this process dies first — 
 process next runs a recovery pass with the rule registered (:meth:`Outbox.recover`).
 
 Thread-safety: every public method may be called from any thread.  ``_mutex`` protects ``_closed``,
-``_lost``; the liveness connection has its own ``_liveness_mutex`` (SQL under it, a leaf).  The
+``_lost``; the liveness connection has its own mutex (``_records.LivenessLock``: SQL under it, a leaf).  The
 executor's and the recording participants' mutexes are leaves; none is held while calling PostgreSQL,
 the transaction manager or a rule.
 """
@@ -105,11 +105,10 @@ class Outbox:
         self._started = False
         self._closed = False
         self._lost = 0
-        self._liveness_mutex = threading.Lock()    # protects _liveness (SQL under it; a leaf)
         # Serialises recovery passes (SQL and the executor's submit under it; no other mutex but the
         # executor's leaf is taken under it): a pass that returns has queued what it claimed.
         self._claim_mutex = threading.Lock()
-        self._liveness: Any = None
+        self._liveness = _records.LivenessLock(catalog.engine, self.owner)
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._sequence: str | None = None
@@ -128,41 +127,11 @@ class Outbox:
             if self._started or self._closed:
                 return
             self._started = True
-        self._take_liveness()
+        self._liveness.take()
         thread = threading.Thread(target=self._recovery_loop, name="activedb-outbox-recovery", daemon=True)
         with self._mutex:
             self._thread = thread
         thread.start()
-
-    def _take_liveness(self) -> None:
-        with self._liveness_mutex:
-            if self._liveness is not None:
-                return
-            raw = self.catalog.engine.raw_connection()
-            driver = raw.driver_connection        # psycopg's connection
-            raw.detach()                          # ours for the life of the process, not the pool's
-            driver.autocommit = True
-            driver.execute("SELECT pg_advisory_lock(%s)", (self.owner,))
-            self._liveness = driver
-
-    def _check_liveness(self) -> None:
-        """Re-take the liveness lock if its connection broke (records may have been taken over meanwhile;
-        finishing them then fails with ``RecordsTakenOver`` and the other process runs them)."""
-        with self._liveness_mutex:
-            raw = self._liveness
-            if raw is None:
-                return
-            try:
-                raw.execute("SELECT 1")
-                return
-            except Exception:
-                logger.warning("outbox: the liveness connection broke; taking the lock again")
-                try:
-                    raw.close()
-                except Exception:
-                    pass
-                self._liveness = None
-        self._take_liveness()
 
     def close(self) -> None:
         """Stop running and recovering (records still pending stay in PostgreSQL for the next process)."""
@@ -175,13 +144,7 @@ class Outbox:
         self._executor.close()
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=10)
-        with self._liveness_mutex:
-            raw, self._liveness = self._liveness, None
-        if raw is not None:
-            try:
-                raw.close()
-            except Exception:
-                pass
+        self._liveness.release()
 
     # --- recording (the detached runner's hook) ----------------------------------------------
 
@@ -361,7 +324,7 @@ class Outbox:
                 if self._closed:
                     return
             try:
-                self._check_liveness()
+                self._liveness.check()
                 while self.recover() == CLAIM_LIMIT:
                     pass
             except Exception as error:       # PostgreSQL down, schema missing: try again next pass

@@ -15,17 +15,22 @@ advisory lock that process holds).  A record whose owner's lock no session holds
 ``pg_locks`` says) may be claimed by any process; claims skip rows another claimer has locked
 (``FOR UPDATE SKIP LOCKED``).
 Marking done or failed requires ``owner = me AND status = 'pending'`` and checks the row count, so a
-record another process took over is never finished twice.
+record another process took over is never finished twice.  :class:`LivenessLock` holds the lock that
+keeps this process's records its own.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 import sqlalchemy as sa
 
 from activedb.errors import RecordsTakenOver
+
+logger = logging.getLogger("activedb.outbox")
 
 TABLE = "activedb_outbox"
 STATUSES = ("pending", "done", "failed")
@@ -86,6 +91,51 @@ def finish(connection: sa.Connection, owner: int, *, done: Sequence[int] = (),
             f"{len(done) + len(failed) - changed} of {len(done) + len(failed)} outbox records this process ran "
             f"were taken over by another process (or finished) meanwhile; nothing of this group was written — "
             f"the other process runs them")
+
+
+class LivenessLock:
+    """This process's liveness lock: the session-level advisory lock on ``owner``, held on a connection of
+    its own (detached from the pool, autocommit) for the life of the process.  Thread-safe: ``_mutex``
+    protects the connection (SQL under it; a leaf)."""
+
+    def __init__(self, engine: sa.Engine, owner: int):
+        self._engine, self._owner = engine, owner
+        self._mutex = threading.Lock()
+        self._connection: Any = None
+
+    def take(self) -> None:
+        with self._mutex:
+            if self._connection is not None:
+                return
+            raw = self._engine.raw_connection()
+            driver = raw.driver_connection        # psycopg's connection
+            raw.detach()                          # ours for the life of the process, not the pool's
+            driver.autocommit = True
+            driver.execute("SELECT pg_advisory_lock(%s)", (self._owner,))
+            self._connection = driver
+
+    def check(self) -> None:
+        """Re-take the lock if its connection broke (records may have been taken over meanwhile; finishing
+        them then fails with ``RecordsTakenOver`` and the other process runs them)."""
+        with self._mutex:
+            if self._connection is None:
+                return
+            try:
+                self._connection.execute("SELECT 1")
+                return
+            except Exception:
+                logger.warning("outbox: the liveness connection broke; taking the lock again")
+        self.release()
+        self.take()
+
+    def release(self) -> None:
+        with self._mutex:
+            connection, self._connection = self._connection, None
+        if connection is not None:
+            try:
+                connection.close()
+            except Exception:
+                pass
 
 
 # An owner is alive while some session holds its liveness lock: a session-level advisory lock on the bigint

@@ -15,7 +15,7 @@ from activedb import _migrate
 def test_connect_by_url_upgrades_to_head(database_url):
     database = activedb.connect(database_url)
     try:
-        assert database.current_revision() == _migrate.head()
+        assert database.schema.current_revision() == _migrate.head()
         assert "activedb_ingestion_ledger" in sa.inspect(database.engine).get_table_names()
     finally:
         database.close()
@@ -100,12 +100,12 @@ def test_non_postgresql_url_is_refused():
 def test_migration_round_trip(database_url):
     database = activedb.connect(database_url)
     try:
-        database.downgrade("base")
-        assert database.current_revision() is None
+        database.schema.downgrade("base")
+        assert database.schema.current_revision() is None
         tables = set(sa.inspect(database.engine).get_table_names())
         assert not {t for t in tables if t.startswith("activedb_") and t != "activedb_alembic_version"}
-        database.upgrade("head")
-        assert database.current_revision() == _migrate.head()
+        database.schema.upgrade("head")
+        assert database.schema.current_revision() == _migrate.head()
         tables = set(sa.inspect(database.engine).get_table_names())
         assert {"activedb_rules", "activedb_transaction_log", "activedb_ingestion_ledger",
                 "activedb_dead_letters"} <= tables
@@ -139,7 +139,7 @@ def test_an_application_folder_called_migrations_does_not_shadow_activedbs(datab
     ``migrations`` package that a user's ``migrations/`` folder next to the script would shadow."""
     (tmp_path / "migrations").mkdir()
     (tmp_path / "migrations" / "__init__.py").write_text("# the application's own migrations package\n")
-    script = "import activedb; db = activedb.connect(__import__('sys').argv[1]); print(db.current_revision())"
+    script = "import activedb; db = activedb.connect(__import__('sys').argv[1]); print(db.schema.current_revision())"
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     done = subprocess.run([sys.executable, "-c", script, database_url], cwd=tmp_path, capture_output=True, text=True,
                           env=env, timeout=120)

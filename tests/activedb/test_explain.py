@@ -169,7 +169,7 @@ def test_a_busy_moment_shows_every_kind_of_lock_and_registered_wait(db, tmp_path
 
 
 def test_the_cli_draws_a_live_process(database_url, tmp_path):
-    """``activedb explain --pid`` asks a running process (``db.explain_on_signal()``) for its picture."""
+    """``activedb explain --pid`` asks a running process (``explain.serve_on_signal(db)``) for its picture."""
     import os
     import subprocess
     import sys
@@ -181,9 +181,10 @@ def test_the_cli_draws_a_live_process(database_url, tmp_path):
     home = tmp_path / "home"
     script = (
         "import sys, activedb\n"
+        "from activedb import explain\n"
         "from activedb.examples import busy_moment\n"
         f"db = activedb.connect({database_url!r})\n"
-        f"db.explain_on_signal({str(home / 'explain')!r})\n"
+        f"explain.serve_on_signal(db, {str(home / 'explain')!r})\n"
         "moment = busy_moment.hold(db)\n"
         "print('ready', flush=True)\n"
         "sys.stdin.readline()\n"

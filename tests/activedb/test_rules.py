@@ -315,7 +315,9 @@ def test_bad_rule_definitions_are_rejected_at_declaration(db):
     with pytest.raises(RuleError, match="action_coupling"):
         db.rule(on=db.updated("accounts"), action_coupling="deferred")(lambda tx, event: None)
     with pytest.raises(RuleError, match="must be detached"):
-        db.rule(on=db.committed(), coupling="immediate")(lambda tx, event: None)
+        db.rule(on=db.transaction_event("committed"), coupling="immediate")(lambda tx, event: None)
+    with pytest.raises(RuleError, match="one of began, committed, aborted"):
+        db.transaction_event("inserted")
     db.rule(on=db.updated("accounts"), name="twice")(lambda tx, event: None)
     with pytest.raises(RuleError, match="already declared"):
         db.rule(on=db.updated("accounts"), name="twice")(lambda tx, event: None)
@@ -359,11 +361,11 @@ def test_class_form_rule(db):
 def test_transaction_events_fire_detached_rules(db):
     seen = []
 
-    @db.rule(on=db.committed("payment"), coupling="detached")
+    @db.rule(on=db.transaction_event("committed", "payment"), coupling="detached")
     def after_commit(tx, event):
         seen.append((event.transaction, event.source))
 
-    @db.rule(on=db.aborted("payment"), coupling="detached")
+    @db.rule(on=db.transaction_event("aborted", "payment"), coupling="detached")
     def after_abort(tx, event):
         seen.append(("aborted", event.transaction))
 

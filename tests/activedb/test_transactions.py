@@ -176,13 +176,13 @@ def test_scan_sees_write_sets_and_committed_rows(db):
 
 
 def test_table_granularity(db):
-    db.set_granularity("pairs", "table")
+    db.schema.set_granularity("pairs", "table")
     try:
         with db.transaction() as tx:
             tx.write("pairs", (1, 2), value="t")
         assert committed(db, "pairs")
     finally:
-        db.set_granularity("pairs", "tuple")
+        db.schema.set_granularity("pairs", "tuple")
 
 
 def test_identity_key_is_generated_on_insert(db):
@@ -324,7 +324,7 @@ def test_partial_write_creating_a_row_without_required_column_is_clear(db, datab
     try:
         with database.engine.begin() as connection:
             connection.execute(sa.text("ALTER TABLE pairs ALTER COLUMN value SET NOT NULL"))
-        database.refresh_schema()
+        database.schema.refresh()
         with pytest.raises(activedb.InvalidValue, match=r"new row \(4, 4\) without the NOT NULL column\(s\) value"):
             with database.transaction() as tx:
                 tx.write("items", "ok", value=1)
@@ -334,7 +334,7 @@ def test_partial_write_creating_a_row_without_required_column_is_clear(db, datab
         with database.engine.begin() as connection:
             connection.execute(sa.text("ALTER TABLE pairs ALTER COLUMN value DROP NOT NULL"))
         database.close()
-        db.refresh_schema()
+        db.schema.refresh()
 
 
 def test_new_row_reads_back_with_every_column(db):
@@ -437,9 +437,9 @@ def test_a_tree_that_read_more_rows_than_one_statement_can_bind_commits(db):
         connection.execute(sa.text("INSERT INTO accounts (id, balance) SELECT g, 1 FROM generate_series(0, 69999) g"))
     try:
         with db.transaction() as tx:
-            db.set_granularity("accounts", "table")
+            db.schema.set_granularity("accounts", "table")
             assert tx.prefetch("accounts", keys) == 70_000
             tx.write("accounts", 5, balance=2)
         assert committed(db, "accounts")[(5,)]["balance"] == 2
     finally:
-        db.set_granularity("accounts", "tuple")
+        db.schema.set_granularity("accounts", "tuple")

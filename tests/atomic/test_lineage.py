@@ -174,11 +174,11 @@ def test_the_lineage_revision_round_trips(database_url):
     database = activedb.connect(database_url)
     try:
         assert _migrate.head() == "0009_dead_letter_originals"
-        database.downgrade("0007_lineage")
+        database.schema.downgrade("0007_lineage")
         assert scalar(database, "SELECT to_regclass('activedb_split_failures') IS NULL")
-        database.downgrade("0006_ingested_events")
+        database.schema.downgrade("0006_ingested_events")
         assert scalar(database, "SELECT to_regclass('activedb_lineage') IS NULL")
-        database.upgrade("head")
+        database.schema.upgrade("head")
         assert scalar(database, "SELECT to_regclass('activedb_lineage_undo') IS NOT NULL")
     finally:
         database.close()

@@ -44,5 +44,5 @@ def clean(db):
         connection.execute(sa.text(f"TRUNCATE {', '.join(TABLES)}, activedb_capture_changes, "
                                    f"activedb_capture_commits, activedb_capture_consumers, activedb_dead_letters, "
                                    f"activedb_rules"))
-    db.refresh_schema()
+    db.schema.refresh()
     return db

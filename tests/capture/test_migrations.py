@@ -47,7 +47,7 @@ def test_the_applications_capture_revision_round_trips(database_url):
             psql.execute("INSERT INTO order_log (rule, kind) VALUES ('not', 'captured')")
         assert rows(db, "SELECT table_name FROM activedb_capture_changes") == [("orders",)]
 
-        db.downgrade_app(MIGRATIONS, "c0001")
+        db.schema.downgrade_app(MIGRATIONS, "c0001")
         assert schema_objects(db) == before
         assert rows(db, "SELECT count(*) FROM activedb_capture_tables") == [(0,)]
         assert rows(db, "SELECT count(*) FROM activedb_capture_changes") == [(0,)]
@@ -67,14 +67,14 @@ def test_activedbs_capture_revision_round_trips_and_takes_the_per_table_triggers
     try:
         db.upgrade_app(MIGRATIONS, "c0002")          # capture on, from the application's revision
         with_capture = schema_objects(db)
-        db.downgrade("0003_removed_rules_and_replays")
+        db.schema.downgrade("0003_removed_rules_and_replays")
         without = schema_objects(db)
         assert not {name for name in without if "activedb_capture" in name}
         assert with_capture - without >= {"relation:activedb_capture_changes", "function:activedb_capture_row",
                                           "trigger:orders:activedb_capture",
                                           "trigger:activedb_transaction_log:activedb_capture_own_writes"}
         # The application's downgrade still works once activedb's capture tables are gone (idempotent).
-        db.downgrade_app(MIGRATIONS, "c0001")
+        db.schema.downgrade_app(MIGRATIONS, "c0001")
         # Enabling capture without activedb's tables says what to do.
         try:
             db.upgrade_app(MIGRATIONS, "c0002")
@@ -82,8 +82,8 @@ def test_activedbs_capture_revision_round_trips_and_takes_the_per_table_triggers
             assert "capture tables are missing" in str(error)
         else:
             raise AssertionError("enable_capture ran without activedb's capture tables")
-        db.upgrade("head")
-        assert db.current_revision() == _migrate.head()
+        db.schema.upgrade("head")
+        assert db.schema.current_revision() == _migrate.head()
         db.upgrade_app(MIGRATIONS, "c0002")
         assert schema_objects(db) == with_capture
     finally:

@@ -1,0 +1,169 @@
+"""The embedded server's files and their ownership: private directories, the checks that refuse a home or
+data directory someone else could have made, the socket directory, the password file (never through a
+link) and the locked ``pg_hba.conf``.  The rules are in the package docstring."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from activedb.errors import EmbeddedServerError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb._embedded._server import Runner
+
+SERVICE_USER = "pgserver"            # the fallback system user for root (the name pgserver's own code used)
+PASSWORD_FILE = "password"
+HANDLE_FILE = ".handle_pids.json"
+SOCKET_FILE = ".s.PGSQL.5432"
+SOCKET_PATH_LIMIT = 107              # bytes in sun_path, without the terminating NUL
+
+
+def make_private_directory(path: Path, *, traversable: bool = False) -> None:
+    """Create ``path`` and any missing parents ``0700`` (``0711`` with ``traversable``: the service user must
+    pass through to its data directory, without listing anything); existing directories are left exactly as
+    they are."""
+    missing = []
+    probe = path
+    while not probe.exists():
+        missing.append(probe)
+        probe = probe.parent
+    mode = 0o711 if traversable else 0o700
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, mode)
+        except FileExistsError:
+            continue
+        os.chmod(directory, mode)          # ours, just made: the umask may have narrowed it further
+
+
+def check_owned(directory: Path, owners: set[int], what: str) -> None:
+    """Refuse an existing ``directory`` that is not a directory owned by one of ``owners``, or that group or
+    others may write to (as ssh's StrictModes and PostgreSQL's own data-directory check do): whoever else
+    can write there can plant a link where activedb writes the server's password, or replace the server's
+    files.  Nothing is changed: the user decides."""
+    try:
+        info = os.lstat(directory)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(info.st_mode):
+        raise EmbeddedServerError(
+            f"{what} {directory} is not a directory ({stat.filemode(info.st_mode)}); move it away or set "
+            f"ACTIVEDB_HOME to another directory (nothing was touched)")
+    if info.st_uid not in owners:
+        raise EmbeddedServerError(
+            f"{what} {directory} belongs to uid {info.st_uid}, not to uid {os.geteuid()} running activedb: someone "
+            f"else may have made it, and activedb keeps the server's password and data there. Use a directory of "
+            f"your own (set ACTIVEDB_HOME, or remove {directory} so that activedb creates it), or, if it is yours, "
+            f"chown it (nothing was touched)")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise EmbeddedServerError(
+            f"{what} {directory} is writable by group or others ({stat.filemode(info.st_mode)}): they could plant "
+            f"links or files where activedb keeps the server's password and data. Make it private (chmod go-w "
+            f"{directory}, better chmod 700) or set ACTIVEDB_HOME to another directory (nothing was touched)")
+
+
+def data_directory_owners() -> set[int]:
+    """Who may own a data directory: this user; as root, also the service user an older activedb (or one
+    without user namespaces) made it for."""
+    if os.geteuid() != 0:
+        return {os.geteuid()}
+    import pwd
+
+    try:
+        return {0, pwd.getpwnam(SERVICE_USER).pw_uid}
+    except KeyError:
+        return {0}
+
+
+def socket_directory_for(pgdata: Path, runner: Runner) -> Path:
+    """Where the server's socket goes: the data directory, or a private directory in the temp dir."""
+    if len(str(pgdata / SOCKET_FILE).encode()) <= SOCKET_PATH_LIMIT:
+        return pgdata
+    digest = hashlib.sha256(str(pgdata).encode()).hexdigest()[:16]
+    directory = Path(tempfile.gettempdir()) / f"activedb-{runner.owner}-{digest}"
+    if len(str(directory / SOCKET_FILE).encode()) > SOCKET_PATH_LIMIT:
+        raise EmbeddedServerError(f"no socket directory short enough for {pgdata}: set TMPDIR to a short path")
+    try:
+        os.mkdir(directory, 0o700)
+        os.chmod(directory, 0o700)
+        runner.own(directory)
+    except FileExistsError:
+        info = os.lstat(directory)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != runner.owner or info.st_mode & 0o077:
+            raise EmbeddedServerError(
+                f"{directory} exists but is not a private directory of uid {runner.owner} (it is "
+                f"{stat.filemode(info.st_mode)}, owner uid {info.st_uid}); someone else may have made it. Remove it "
+                f"(the embedded server keeps its socket there because {pgdata} is too long a path for a socket)"
+            ) from None
+    return directory
+
+
+def _open_secret(path: Path, flags: int) -> int:
+    """``os.open`` of a file holding a secret: never through a symbolic link, and only a regular file this
+    user owns (a link, a FIFO or someone else's file planted there is refused, and nothing is written)."""
+    try:
+        descriptor = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+    except OSError as error:
+        if os.path.islink(path):
+            raise EmbeddedServerError(
+                f"{path} is a symbolic link (to {os.readlink(path)}); activedb keeps the server's password there and "
+                f"never follows a link for it — someone may have planted it. Remove the link and connect again "
+                f"(nothing was written)") from None
+        raise EmbeddedServerError(f"cannot open {path}: {error}; check the file and its directory") from None
+    info = os.fstat(descriptor)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+        os.close(descriptor)
+        raise EmbeddedServerError(
+            f"{path} is not a regular file of uid {os.geteuid()} (it is {stat.filemode(info.st_mode)}, owner uid "
+            f"{info.st_uid}); activedb keeps the server's password there — someone may have planted it. Remove it "
+            f"and connect again (nothing was written)")
+    return descriptor
+
+
+def read_password(home: Path) -> str | None:
+    try:
+        descriptor = _open_secret(home / PASSWORD_FILE, os.O_RDONLY)
+    except EmbeddedServerError:
+        if not os.path.lexists(home / PASSWORD_FILE):
+            return None
+        raise
+    with os.fdopen(descriptor, "r") as file:
+        return file.read().strip() or None
+
+
+def write_password(home: Path, password: str) -> None:
+    descriptor = _open_secret(home / PASSWORD_FILE, os.O_WRONLY | os.O_CREAT)
+    os.fchmod(descriptor, 0o600)               # the file itself, never what a link points to
+    os.ftruncate(descriptor, 0)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(password + "\n")
+
+
+def hba_trusts(pgdata: Path) -> bool:
+    for line in (pgdata / "pg_hba.conf").read_text().splitlines():
+        words = line.split("#", 1)[0].split()
+        if "trust" in words[3:]:      # the method: 4th word of a local line, 5th of a host line
+            return True
+    return False
+
+
+_LOCKED_HBA = """# activedb: every connection authenticates (the password is in ACTIVEDB_HOME/password, 0600)
+# TYPE  DATABASE  USER  ADDRESS        METHOD
+local   all       all                  scram-sha-256
+host    all       all   127.0.0.1/32   scram-sha-256
+host    all       all   ::1/128        scram-sha-256
+"""
+
+
+def write_hba(pgdata: Path, runner: Runner) -> None:
+    path = pgdata / "pg_hba.conf"
+    info = path.stat()
+    path.write_text(_LOCKED_HBA)
+    if os.geteuid() == 0:
+        os.chown(path, info.st_uid, info.st_gid)
+    os.chmod(path, 0o600)

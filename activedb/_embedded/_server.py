@@ -1,0 +1,352 @@
+"""Who runs the PostgreSQL binaries (this user, a user namespace as root, or the service user) and the
+server process: ``initdb``, start, readiness, fast shutdown, the data directory's version, and making the
+server ask for its password.  The rules are in the package docstring."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import stat
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from activedb._embedded._files import (HANDLE_FILE, PASSWORD_FILE, SERVICE_USER, hba_trusts, make_private_directory,
+                                       read_password, write_hba, write_password)
+from activedb.errors import EmbeddedServerError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb._embedded import EmbeddedServer
+
+SUPERUSER = "postgres"
+START_TIMEOUT_SECONDS = 60
+STOP_TIMEOUT_SECONDS = 60
+
+
+def bin_directory() -> Path:
+    import warnings
+
+    try:
+        with warnings.catch_warnings():      # pgserver's package import looks for a runtime directory we never use
+            warnings.simplefilter("ignore")
+            from pgserver._commands import POSTGRES_BIN_PATH
+    except ImportError as error:  # pragma: no cover - a dependency of the package
+        raise EmbeddedServerError(
+            "the embedded database needs the 'pgserver' package (it brings the PostgreSQL binaries): pip install "
+            "pgserver (or set ACTIVEDB_DATABASE_URL to an existing PostgreSQL)"
+        ) from error
+    return Path(POSTGRES_BIN_PATH)
+
+
+def server_major_version() -> str:
+    output = subprocess.run([str(bin_directory() / "postgres"), "--version"], capture_output=True, text=True,
+                            check=True).stdout
+    # "postgres (PostgreSQL) 16.2"
+    return output.strip().split()[-1].split(".")[0]
+
+
+@dataclass(frozen=True)
+class Runner:
+    """How the PostgreSQL binaries are run: as this process's user, in a user namespace (root), or as the
+    service user (root without user namespaces).  ``owner`` is the uid that owns (from outside) the data
+    and socket directories."""
+
+    how: str                      # "self" | "namespace" | "service"
+    owner: int
+    group: int
+
+    def command(self, argv: list[str]) -> list[str]:
+        if self.how == "namespace":
+            inside = _namespace_uid()
+            return ["unshare", "--user", f"--map-user={inside}", f"--map-group={inside}", "--", *argv]
+        return argv
+
+    def options(self) -> dict:
+        if self.how == "service":
+            return {"user": self.owner, "group": self.group, "extra_groups": []}
+        return {}
+
+    def run(self, argv: list[str], *, input: str | None = None, timeout: float = START_TIMEOUT_SECONDS
+            ) -> subprocess.CompletedProcess:
+        return subprocess.run(self.command(argv), input=input, capture_output=True, text=True, timeout=timeout,
+                              check=True, **self.options())
+
+    def own(self, path: Path) -> None:
+        """Give a directory activedb just created to the server's owner."""
+        if self.how == "service":
+            os.chown(path, self.owner, self.group)
+
+
+_namespaces: bool | None = None
+
+
+def _namespace_uid() -> int:
+    """What root becomes inside the user namespace: an unprivileged uid that has a name (initdb looks its
+    user up) — ``nobody`` where it exists."""
+    import pwd
+
+    try:
+        return pwd.getpwnam("nobody").pw_uid
+    except KeyError:
+        return next(entry.pw_uid for entry in pwd.getpwall() if entry.pw_uid != 0)
+
+
+def _user_namespaces_work() -> bool:
+    global _namespaces
+    if _namespaces is None:
+        try:
+            inside = _namespace_uid()
+            _namespaces = subprocess.run(
+                ["unshare", "--user", f"--map-user={inside}", f"--map-group={inside}", "--", "true"],
+                capture_output=True, timeout=30).returncode == 0
+        except (OSError, subprocess.SubprocessError, StopIteration):
+            _namespaces = False
+    return _namespaces
+
+
+def runner_for(pgdata: Path) -> Runner:
+    if os.geteuid() != 0:
+        return Runner("self", os.getuid(), os.getgid())
+    import pwd
+
+    if (pgdata / "PG_VERSION").exists():
+        owner = pgdata.stat().st_uid
+        if owner != 0:             # made for the service user (by an older activedb, or without namespaces)
+            entry = pwd.getpwuid(owner)
+            return Runner("service", owner, entry.pw_gid)
+    if _user_namespaces_work():
+        return Runner("namespace", 0, 0)
+    entry = _service_user()
+    _check_reachable(pgdata, entry.pw_uid, entry.pw_gid)
+    return Runner("service", entry.pw_uid, entry.pw_gid)
+
+
+def _service_user():
+    import pwd
+
+    try:
+        return pwd.getpwnam(SERVICE_USER)
+    except KeyError:
+        try:
+            subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", SERVICE_USER],
+                           check=True, capture_output=True, text=True)
+        except (OSError, subprocess.CalledProcessError) as error:
+            raise EmbeddedServerError(
+                f"running as root, the embedded PostgreSQL needs an unprivileged user to run as (PostgreSQL refuses "
+                f"root), and user namespaces are not available here; creating the system user {SERVICE_USER!r} "
+                f"failed ({error}). Create it, run as a normal user, or set ACTIVEDB_DATABASE_URL"
+            ) from None
+        return pwd.getpwnam(SERVICE_USER)
+
+
+def _check_reachable(pgdata: Path, uid: int, gid: int) -> None:
+    """The service user must reach ``pgdata``'s parent without any permission being widened."""
+    for directory in [pgdata.parent, *pgdata.parent.parents]:
+        if not directory.exists():
+            continue
+        info = directory.stat()
+        if info.st_uid == uid:
+            allowed = info.st_mode & stat.S_IXUSR
+        elif info.st_gid == gid:
+            allowed = info.st_mode & stat.S_IXGRP
+        else:
+            allowed = info.st_mode & stat.S_IXOTH
+        if not allowed:
+            raise EmbeddedServerError(
+                f"running as root without user namespaces, the embedded PostgreSQL runs as the system user "
+                f"{SERVICE_USER!r}, which cannot enter {directory} (mode {stat.filemode(info.st_mode)}); activedb "
+                f"does not widen permissions of your directories. Set ACTIVEDB_HOME to a directory it may enter "
+                f"(e.g. /var/lib/activedb), run as a normal user, or set ACTIVEDB_DATABASE_URL"
+            )
+
+
+def check_data_directory(pgdata: Path) -> None:
+    """Refuse data directories we must not touch.  Never deletes anything."""
+    if not pgdata.exists():
+        return
+    version_file = pgdata / "PG_VERSION"
+    if version_file.exists():
+        found = version_file.read_text().strip()
+        expected = server_major_version()
+        if found != expected:
+            raise EmbeddedServerError(
+                f"the data directory {pgdata} was created by PostgreSQL {found}, but the embedded server "
+                f"is PostgreSQL {expected}; point ACTIVEDB_HOME at another directory, or migrate the data "
+                f"with pg_upgrade/pg_dump first (nothing was deleted)"
+            )
+        return
+    leftovers = [entry.name for entry in pgdata.iterdir() if entry.name not in {HANDLE_FILE, "log"}]
+    if leftovers:
+        raise EmbeddedServerError(
+            f"{pgdata} is not empty but is not a PostgreSQL data directory (no PG_VERSION; found "
+            f"{', '.join(sorted(leftovers)[:5])}); move it away or set ACTIVEDB_HOME to another directory "
+            f"(nothing was deleted)"
+        )
+
+
+@dataclass(frozen=True)
+class _Postmaster:
+    pid: int
+    socket_directory: str
+    status: str
+
+
+def postmaster(pgdata: Path) -> _Postmaster | None:
+    """The running postmaster of ``pgdata`` (from ``postmaster.pid``), or None (no file, or a stale one)."""
+    import psutil
+
+    try:
+        lines = (pgdata / "postmaster.pid").read_text().splitlines()
+    except FileNotFoundError:
+        return None
+    if len(lines) < 5 or not lines[0].strip().isdigit():
+        return None
+    pid = int(lines[0])
+    try:
+        process = psutil.Process(pid)
+        alive = process.status() != psutil.STATUS_ZOMBIE and process.name().startswith("postgres")
+    except psutil.Error:
+        alive = False
+    if not alive:
+        return None
+    return _Postmaster(pid, lines[4].strip(), lines[7].strip() if len(lines) > 7 else "")
+
+
+def initdb(pgdata: Path, runner: Runner, password: str) -> None:
+    for leftover in (HANDLE_FILE, "log"):       # our own files of an earlier, failed start: initdb wants it empty
+        (pgdata / leftover).unlink(missing_ok=True)
+    make_private_directory(pgdata)
+    runner.own(pgdata)
+    binary = str(bin_directory() / "initdb")
+    try:
+        runner.run([binary, "-D", str(pgdata), "-U", SUPERUSER, "--encoding=utf8", "--auth-local=scram-sha-256",
+                    "--auth-host=scram-sha-256", "--pwfile=/dev/stdin"], input=password + "\n")
+    except subprocess.CalledProcessError as error:
+        raise EmbeddedServerError(
+            f"initdb of the embedded PostgreSQL in {pgdata} failed: {(error.stderr or error.stdout).strip()[-500:]}"
+        ) from None
+
+
+def start_postgres(pgdata: Path, socket_directory: Path, runner: Runner) -> None:
+    stale = pgdata / "postmaster.pid"
+    if stale.exists():                # no postgres process behind it (checked by the caller)
+        stale.unlink()
+    quoted = "'" + str(socket_directory).replace("'", "'\\''") + "'"
+    options = f"-k {quoted} -c listen_addresses='' -c unix_socket_permissions=0700"
+    binary = str(bin_directory() / "pg_ctl")
+    try:
+        runner.run([binary, "-D", str(pgdata), "-w", "-t", str(START_TIMEOUT_SECONDS), "-l", str(pgdata / "log"),
+                    "-o", options, "start"], timeout=START_TIMEOUT_SECONDS + 10)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as error:
+        raise EmbeddedServerError(
+            f"the embedded PostgreSQL in {pgdata} did not start ({type(error).__name__}); see the server log "
+            f"{pgdata / 'log'}; nothing was deleted.{_log_tail(pgdata / 'log')}"
+        ) from None
+
+
+def wait_ready(pgdata: Path) -> _Postmaster:
+    """Wait until the postmaster reports ``ready`` (observable state in ``postmaster.pid``)."""
+    deadline = time.monotonic() + START_TIMEOUT_SECONDS
+    while True:
+        info = postmaster(pgdata)
+        if info is not None and info.status == "ready":
+            return info
+        if time.monotonic() > deadline:
+            raise EmbeddedServerError(
+                f"the embedded PostgreSQL in {pgdata} did not become ready within {START_TIMEOUT_SECONDS} s; see "
+                f"{pgdata / 'log'}; nothing was deleted.{_log_tail(pgdata / 'log')}")
+        time.sleep(0.05)   # polling another process's state file, not ordering threads
+
+
+def stop_postgres(pgdata: Path) -> None:
+    """Fast shutdown of the running server (SIGINT), waiting for the postmaster to exit."""
+    import psutil
+
+    info = postmaster(pgdata)
+    if info is None:
+        return
+    try:
+        process = psutil.Process(info.pid)
+        process.send_signal(signal.SIGINT)
+        if _exited(process, STOP_TIMEOUT_SECONDS):
+            return
+        process.send_signal(signal.SIGQUIT)     # immediate shutdown: crash recovery at the next start
+        _exited(process, STOP_TIMEOUT_SECONDS)
+    except psutil.Error:
+        return
+
+
+def _exited(process, timeout: float) -> bool:
+    """Wait until the postmaster has exited: gone, or a zombie.  Its parent is init (``pg_ctl`` daemonises it),
+    and an init that reaps slowly (some container inits take over a second) must not make every command that
+    stopped the server wait for the reaping."""
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    delay = 0.001
+    while True:
+        try:
+            if process.status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(delay)          # polling another process's state, not ordering threads
+        delay = min(delay * 2, 0.04)
+
+
+def lock_down(pgdata: Path, home: Path, server: EmbeddedServer | None, runner: Runner) -> str:
+    """The password of the server's superuser: the one in ``home``, after making sure the server asks for it.
+
+    A data directory from an older activedb (``trust``) gets a password and a locked ``pg_hba.conf``; one
+    whose password file was lost gets a new password through single-user mode (server stopped)."""
+    password = read_password(home)
+    if not hba_trusts(pgdata):
+        if password is not None:
+            return password
+        if server is not None:
+            raise EmbeddedServerError(
+                f"the password of the embedded server in {pgdata} is gone ({home / PASSWORD_FILE} is missing) and "
+                f"the server is running (pid {server.pid}); stop it (kill -INT {server.pid}) and connect again: "
+                f"activedb then sets a new one")
+        password = secrets.token_urlsafe(24)
+        _set_password_stopped(pgdata, runner, password)
+        write_password(home, password)
+        return password
+    # An older, trusting data directory: set a password (over the still trusting socket), then lock.
+    password = password or secrets.token_urlsafe(24)
+    write_password(home, password)
+    if server is not None:
+        import psycopg
+
+        with psycopg.connect(host=server.socket_directory, user=SUPERUSER, dbname="postgres",
+                             autocommit=True) as connection:
+            connection.execute(f"ALTER ROLE {SUPERUSER} PASSWORD '{password}'")
+            write_hba(pgdata, runner)
+            connection.execute("SELECT pg_reload_conf()")
+    else:
+        _set_password_stopped(pgdata, runner, password)
+        write_hba(pgdata, runner)
+    return password
+
+
+def _set_password_stopped(pgdata: Path, runner: Runner, password: str) -> None:
+    """Set the superuser's password through single-user mode (the server is stopped)."""
+    try:
+        runner.run([str(bin_directory() / "postgres"), "--single", "-D", str(pgdata), "postgres"],
+                   input=f"ALTER ROLE {SUPERUSER} PASSWORD '{password}';\n")
+    except subprocess.CalledProcessError as error:
+        raise EmbeddedServerError(f"could not set the password of the embedded server in {pgdata}: "
+                                  f"{(error.stderr or '').strip()[-300:]}") from None
+
+
+def _log_tail(log: Path, lines: int = 5) -> str:
+    try:
+        tail = log.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return ""
+    return "\n  last server log lines:\n  " + "\n  ".join(tail) if tail else ""

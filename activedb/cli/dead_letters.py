@@ -1,0 +1,137 @@
+"""``activedb dead-letters list / show / purge``: rows ingestion could not apply (``activedb.deadletters``
+owns the table and its SQL; ``replay`` comes with spark_bridge, through its entry point)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from activedb.cli import _Group, _confirm, console, open_database
+
+
+#: How much of a dead letter's reason and row ``dead-letters list`` prints (``show ID`` or ``--full``: all).
+LIST_REASON_CHARS = 300
+LIST_ROW_CHARS = 200
+
+
+def _shortened(text: str, limit: int, letter_id: int) -> tuple[str, bool]:
+    """``(text, False)``, or its first ``limit`` characters with a note and True."""
+    if len(text) <= limit:
+        return text, False
+    return f"{text[:limit]}… ({len(text):,} characters; `activedb dead-letters show {letter_id}` shows all)", True
+
+
+def _letter_filter(ids=(), query=None, batch=None, reason=None, replayed=None):
+    from activedb.deadletters import LetterFilter
+
+    return LetterFilter(ids=tuple(ids), query=query, batch=batch, reason=reason, replayed=replayed)
+
+
+def letter_filters(function):
+    """The filters every ``dead-letters`` command takes."""
+    for decorator in reversed((
+        click.option("--id", "ids", type=int, multiple=True, help="Only these dead letters (repeatable)."),
+        click.option("--query", default=None, help="Only those of this query name (as given to `activedb run`)."),
+        click.option("--batch", type=int, default=None, help="Only those of this batch id."),
+        click.option("--reason", default=None, help="Only those whose reason contains this text."),
+    )):
+        function = decorator(function)
+    return function
+
+
+@click.group("dead-letters", cls=_Group)
+def dead_letters() -> None:
+    """Rows ingestion could not apply (activedb_dead_letters): bad rows, late events, events a rule
+    rejected. `replay` (with spark_bridge) re-submits them through the same path, exactly once."""
+
+
+@dead_letters.command("list")
+@letter_filters
+@click.option("--all", "include_replayed", is_flag=True, help="Include dead letters already replayed.")
+@click.option("--limit", type=int, default=50, show_default=True, help="At most this many (0: all).")
+@click.option("--full", is_flag=True, help=f"Print reasons and rows whole (else cut at {LIST_REASON_CHARS}/"
+                                           f"{LIST_ROW_CHARS} characters; `show ID` prints one whole).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.pass_context
+def letters_list(ctx: click.Context, ids, query, batch, reason, include_replayed: bool, limit: int, full: bool,
+                 as_json: bool) -> None:
+    """Dead letters, oldest first (not yet replayed unless --all); long reasons and rows are cut."""
+    from activedb import deadletters
+
+    selected = _letter_filter(ids, query, batch, reason, None if include_replayed else False)
+    with open_database(ctx, writes=False) as database:
+        letters = deadletters.select(database, selected, limit=limit or None)
+        total = deadletters.count(database, selected)
+    rows = []
+    for letter in letters:
+        reason_text, reason_cut = letter.reason, False
+        row_text, row_cut = json.dumps(letter.raw, default=str), False
+        if not full:
+            reason_text, reason_cut = _shortened(reason_text, LIST_REASON_CHARS, letter.id)
+            row_text, row_cut = _shortened(row_text, LIST_ROW_CHARS, letter.id)
+        rows.append((letter, reason_text, row_text, reason_cut, row_cut))
+    if as_json:        # "cut": true when the reason or the row was cut; a cut row is its cut text
+        click.echo(json.dumps([{**{key: value for key, value in letter.as_dict().items() if key != "original"},
+                                "reason": reason_text, "raw": row_text if row_cut else letter.raw,
+                                "cut": reason_cut or row_cut}
+                               for letter, reason_text, row_text, reason_cut, row_cut in rows], indent=2, default=str))
+        return
+    from rich.table import Table
+
+    out = console()
+    if not letters:
+        out.print("no dead letters match", highlight=False)
+        return
+    table = Table(title=f"dead letters ({len(letters)} of {total})")
+    for column, options in (("id", {"justify": "right"}), ("query", {"overflow": "fold"}),
+                            ("batch", {"justify": "right"}), ("reason", {"overflow": "fold", "ratio": 3}),
+                            ("row", {"overflow": "fold", "ratio": 2}), ("replayed", {})):
+        table.add_column(column, **options)
+    for letter, reason_text, row_text, _, _ in rows:
+        replayed = letter.replayed_at.isoformat(timespec="seconds") if letter.replayed_at else "-"
+        table.add_row(str(letter.id), letter.query_id or "-", "-" if letter.batch_id is None else
+                      str(letter.batch_id), reason_text, row_text, replayed)
+    out.print(table)
+    if total > len(letters):
+        out.print(f"{total - len(letters)} more: --limit 0 shows all", highlight=False)
+
+
+@dead_letters.command("show")
+@click.argument("letter_id", type=int)
+@click.pass_context
+def letters_show(ctx: click.Context, letter_id: int) -> None:
+    """One dead letter in full: its query, batch, reason and the raw row."""
+    from activedb import deadletters
+
+    with open_database(ctx, writes=False) as database:
+        letters = deadletters.select(database, _letter_filter(ids=[letter_id]))
+    if not letters:
+        raise click.ClickException(f"no dead letter with id {letter_id}")
+    letter = letters[0].as_dict()
+    click.echo(f"dead letter {letter['id']}")
+    for key in ("query_id", "batch_id", "created_at", "replayed_at", "replay_query_id", "reason"):
+        click.echo(f"  {key:<15} {letter.get(key) if letter.get(key) is not None else '-'}")
+    click.echo("  raw row" + ("" if letter["original"] is not None else
+                              " (written before originals were kept: a replay submits this form)") + ":")
+    click.echo("    " + json.dumps(letter["raw"], indent=2, default=str).replace("\n", "\n    "))
+
+
+@dead_letters.command("purge")
+@letter_filters
+@click.option("--replayed", "only_replayed", is_flag=True, help="Only dead letters already replayed.")
+@click.option("--yes", is_flag=True, help="Do not ask first.")
+@click.pass_context
+def letters_purge(ctx: click.Context, ids, query, batch, reason, only_replayed: bool, yes: bool) -> None:
+    """Delete the dead letters that match the filters (all of them without filters). Asks first."""
+    from activedb import deadletters
+
+    selected = _letter_filter(ids, query, batch, reason, True if only_replayed else None)
+    with open_database(ctx, writes=True) as database:
+        count = deadletters.count(database, selected)
+        if count == 0:
+            click.echo("no dead letters match; nothing deleted")
+            return
+        _confirm(f"delete {count} dead letter(s) from {database.describe()}?", yes)
+        deleted = deadletters.purge(database, selected)
+        click.echo(f"deleted {deleted} dead letter(s)")

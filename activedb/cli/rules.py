@@ -1,0 +1,161 @@
+"""``activedb rules list / show / enable / disable / remove``: the persisted rule registry."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from activedb.cli import _Group, _confirm, console, open_database
+
+
+@click.group(cls=_Group)
+def rules() -> None:
+    """The persisted rule registry (activedb_rules): every rule declared on this database.
+
+    Enabling, disabling or removing here changes the registry; a running process picks the change up
+    when it declares the rule again (at its next start).
+    """
+
+
+def _rule_state(row: dict) -> str:
+    if row.get("removed_at") is not None:
+        return "removed"
+    return "enabled" if row["enabled"] else "disabled"
+
+
+def _rule_rows(database, *, include_removed: bool, module: str | None) -> list[dict]:
+    counts = database.rules.firing_counts()
+    result = []
+    for row in database.rules.persisted(include_removed=include_removed, module=module):
+        fired = counts.get(row["name"], {})
+        result.append({
+            "name": row["name"], "event": row["event"], "coupling": row["coupling"],
+            "action_coupling": row["action_coupling"], "priority": row["priority"], "version": row["version"],
+            "state": _rule_state(row), "fired": fired.get("fired", 0), "last_fired": fired.get("last"),
+            "module": row.get("module"), "updated_at": row["updated_at"], "created_at": row["created_at"],
+            "definition": row["definition"],
+        })
+    return result
+
+
+@rules.command("list")
+@click.option("--all", "include_removed", is_flag=True, help="Include removed rules.")
+@click.option("--module", default=None, help="Only rules declared by this module or a module under it.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.pass_context
+def rules_list(ctx: click.Context, include_removed: bool, module: str | None, as_json: bool) -> None:
+    """Name, event, coupling modes, priority, version, state and firing counts of every rule.
+
+    Firing counts are summed over the committed transactions in activedb_transaction_log."""
+    with open_database(ctx, writes=False) as database:
+        rows = _rule_rows(database, include_removed=include_removed, module=module)
+    if as_json:
+        click.echo(json.dumps([{key: value for key, value in row.items() if key != "definition"} for row in rows],
+                              indent=2, default=str))
+        return
+    from rich.table import Table
+
+    out = console()
+    if not rows:
+        out.print("no rules" + (f" of module {module}" if module else "") + " in activedb_rules"
+                  + ("" if include_removed else " (--all includes removed ones)"), highlight=False)
+        return
+    table = Table(title="rules (activedb_rules)")
+    for column, options in (("name", {"no_wrap": True}), ("event", {"overflow": "fold"}),
+                            ("coupling", {"overflow": "fold"}), ("prio", {"justify": "right"}),
+                            ("ver", {"justify": "right"}), ("state", {}), ("fired", {"justify": "right"}),
+                            ("last fired", {}), ("module", {"overflow": "fold"})):
+        table.add_column(column, **options)
+    styles = {"enabled": "green", "disabled": "yellow", "removed": "dim"}
+    for row in rows:
+        last = row["last_fired"].strftime("%Y-%m-%d %H:%M") if row["last_fired"] else "-"
+        coupling = row["coupling"] + ("" if row["action_coupling"] == "immediate" else
+                                      f" (C-A {row['action_coupling']})")
+        table.add_row(row["name"], row["event"], coupling,
+                      "-" if row["priority"] is None else str(row["priority"]), str(row["version"]),
+                      f"[{styles[row['state']]}]{row['state']}[/]", f"{row['fired']:,}", last, row["module"] or "-")
+    out.print(table)
+
+
+@rules.command("show")
+@click.argument("name")
+@click.pass_context
+def rules_show(ctx: click.Context, name: str) -> None:
+    """Everything the registry knows about rule NAME: definition, versions, state, firings."""
+    with open_database(ctx, writes=False) as database:
+        rows = [row for row in _rule_rows(database, include_removed=True, module=None) if row["name"] == name]
+    if not rows:
+        raise click.ClickException(f"no rule named {name!r} in activedb_rules (`activedb rules list --all`)")
+    row = rows[0]
+    out = console()
+    out.print(f"[bold]{row['name']}[/bold] ({row['state']}, version {row['version']})", highlight=False)
+    for label, value in (("event", row["event"]), ("coupling", f"{row['coupling']} (event-condition), "
+                                                               f"{row['action_coupling']} (condition-action)"),
+                         ("priority", row["priority"]), ("module", row["module"]),
+                         ("fired", f"{row['fired']:,} times in committed transactions"
+                                   + (f", last at {row['last_fired'].isoformat(timespec='seconds')}"
+                                      if row["last_fired"] else "")),
+                         ("declared", row["created_at"].isoformat(timespec="seconds")),
+                         ("changed", row["updated_at"].isoformat(timespec="seconds"))):
+        out.print(f"  {label:<9} {value if value is not None else '-'}", highlight=False)
+    out.print("  definition:", highlight=False)
+    for key, value in sorted(row["definition"].items()):
+        out.print(f"    {key}: {value}", highlight=False)
+
+
+def _set_rules(ctx: click.Context, names: tuple[str, ...], enabled: bool) -> None:
+    with open_database(ctx, writes=True) as database:
+        for name in names:
+            (database.rules.enable if enabled else database.rules.disable)(name)
+            click.echo(f"{name}: {'enabled' if enabled else 'disabled'} in activedb_rules (processes that declare "
+                       f"it from now on use this)")
+
+
+@rules.command("enable")
+@click.argument("names", nargs=-1, required=True)
+@click.pass_context
+def rules_enable(ctx: click.Context, names: tuple[str, ...]) -> None:
+    """Enable rules NAMES in the registry."""
+    _set_rules(ctx, names, True)
+
+
+@rules.command("disable")
+@click.argument("names", nargs=-1, required=True)
+@click.pass_context
+def rules_disable(ctx: click.Context, names: tuple[str, ...]) -> None:
+    """Disable rules NAMES in the registry."""
+    _set_rules(ctx, names, False)
+
+
+@rules.command("remove")
+@click.argument("names", nargs=-1)
+@click.option("--module", default=None,
+              help="Every rule declared by this module or a module under it (e.g. another app's, on a shared "
+                   "database).")
+@click.option("--purge", is_flag=True, help="Delete the rows (versions and flags are forgotten) instead of "
+                                            "marking them removed.")
+@click.option("--yes", is_flag=True, help="Do not ask before removing more than one rule or purging.")
+@click.pass_context
+def rules_remove(ctx: click.Context, names: tuple[str, ...], module: str | None, purge: bool, yes: bool) -> None:
+    """Mark rules removed in the registry (their application declaring them again brings them back), or
+    delete them with --purge. NAMES and/or --module select them."""
+    if not names and not module:
+        raise click.UsageError("name the rules, or select them with --module")
+    with open_database(ctx, writes=True) as database:
+        selected = list(names)
+        if module:
+            selected += [row["name"] for row in database.rules.persisted(include_removed=purge, module=module)
+                         if row["name"] not in selected]
+        if not selected:
+            click.echo(f"no rules of module {module} to remove")
+            return
+        if purge or len(selected) > 1:
+            _confirm(f"{'delete' if purge else 'remove'} {len(selected)} rule(s): {', '.join(selected)}?", yes)
+        if purge:
+            count = database.rules.purge(selected)
+            click.echo(f"deleted {count} rule row(s) from activedb_rules")
+            return
+        for name in selected:
+            database.rules.remove(name)
+            click.echo(f"{name}: removed (declaring it again brings it back)")

@@ -1,0 +1,155 @@
+"""``activedb db …`` (activedb's own schema: only ``db upgrade`` upgrades it, the schema rule of
+:func:`activedb.cli.open_database`) and ``activedb app …`` (an application's Alembic directory: these
+commands do not use activedb's tables, so they connect without checking them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from activedb.cli import _Group, _confirm, _options, open_database
+
+
+@click.group(cls=_Group)
+def db() -> None:
+    """Manage activedb's own schema (Alembic revisions in migrations/).
+
+    Only `db upgrade` upgrades; every other command refuses a schema that is behind.
+    """
+
+
+@db.command()
+@click.argument("revision", default="head")
+@click.option("--sql", is_flag=True, help="Offline mode: print the SQL instead of running it.")
+@click.pass_context
+def upgrade(ctx: click.Context, revision: str, sql: bool) -> None:
+    """Upgrade the schema to REVISION (default: head)."""
+    _migrate_command(ctx, "upgrade", revision, sql, yes=True)
+
+
+@db.command()
+@click.argument("revision")
+@click.option("--sql", is_flag=True, help="Offline mode: print the SQL instead of running it.")
+@click.option("--yes", is_flag=True, help="Do not ask before dropping tables or columns.")
+@click.pass_context
+def downgrade(ctx: click.Context, revision: str, sql: bool, yes: bool) -> None:
+    """Downgrade the schema to REVISION ('base' removes every activedb table: rules, transaction log,
+    ingestion ledger, dead letters). Asks first (--yes to skip)."""
+    _migrate_command(ctx, "downgrade", revision, sql, yes=yes)
+
+
+def _migrate_command(ctx: click.Context, action: str, revision: str, sql: bool, *, yes: bool) -> None:
+    from activedb import _migrate
+
+    obj = _options(ctx)
+    if sql:
+        url = obj["url"] or "postgresql+psycopg://"
+        click.echo(_migrate.offline_sql(url, action, revision if action == "upgrade" or ":" in revision
+                                        else f"{_migrate.head()}:{revision}"))
+        return
+    with open_database(ctx, writes=True, check_schema=False) as database:
+        before = database.schema.current_revision()
+        if action == "downgrade":
+            if before is None:
+                click.echo(f"already at base: no activedb tables to drop ({database.describe()})")
+                return
+            what = ("every activedb table (rules, transaction log, ingestion ledger, dead letters) and its rows"
+                    if revision == "base" else f"what the revisions after {revision} added, with its data")
+            _confirm(f"downgrade {database.describe()} from {before} to {revision}: this drops {what}. Continue?",
+                     yes)
+        getattr(database.schema, action)(revision)
+        now = database.schema.current_revision() or "base"
+        click.echo(f"{action} to {revision}: now at {now} ({database.describe()})")
+
+
+@db.command()
+@click.pass_context
+def current(ctx: click.Context) -> None:
+    """Show the schema revision the database is at (and whether it is behind)."""
+    from activedb import _migrate
+
+    with open_database(ctx, writes=False, check_schema=False) as database:
+        state, revision = database.schema.state()
+        head = _migrate.head()
+        if state is _migrate.SchemaState.AT_HEAD:
+            note = "at head"
+        elif state is _migrate.SchemaState.NEW:
+            note = f"never initialised; `activedb db upgrade` creates the tables at {head}"
+        elif state is _migrate.SchemaState.UNKNOWN:
+            note = f"unknown to this activedb (head is {head})"
+        else:
+            note = f"behind: head is {head}; run `activedb db upgrade`"
+        click.echo(f"{revision or 'base'} ({note}) — {database.describe()}")
+
+
+# --- app --------------------------------------------------------------------------------
+
+@click.group(cls=_Group)
+def app() -> None:
+    """An application's own tables: its Alembic directory (env.py + versions/).
+
+    `db.upgrade_app(PATH)` does the same from a program.
+    """
+
+
+@app.command("init")
+@click.argument("path", type=click.Path(file_okay=False))
+@click.option("--name", default=None, help="The application's name (default: the directory's).")
+def app_init(path: str, name: str | None) -> None:
+    """Create PATH as an Alembic directory: env.py (its own version table), script.py.mako, and a first
+    revision with an example table to replace."""
+    from activedb import _migrate
+
+    for written in _migrate.init_app(path, name):
+        click.echo(f"wrote {written}")
+    click.echo(f"next: edit the revision in {Path(path) / 'versions'}, then `activedb app upgrade {path}` "
+               f"(or db.upgrade_app({path!r}))")
+
+
+def _say_app_revision(database, path: str) -> None:
+    heads, head = database.schema.app_revision(path)
+    click.echo(f"{path}: now at {', '.join(heads) or 'base'} (head {head}) — {database.describe()}")
+
+
+@app.command("upgrade")
+@click.argument("path", type=click.Path())
+@click.argument("revision", default="head")
+@click.pass_context
+def app_upgrade(ctx: click.Context, path: str, revision: str) -> None:
+    """Upgrade the application's tables in PATH to REVISION (default: head)."""
+    with open_database(ctx, writes=True, check_schema=False) as database:
+        database.schema.upgrade_app(path, revision)
+        _say_app_revision(database, path)
+
+
+@app.command("downgrade")
+@click.argument("path", type=click.Path())
+@click.argument("revision")
+@click.option("--yes", is_flag=True, help="Do not ask before dropping tables.")
+@click.pass_context
+def app_downgrade(ctx: click.Context, path: str, revision: str, yes: bool) -> None:
+    """Downgrade the application's tables in PATH to REVISION ('base' drops them all). Asks first."""
+    with open_database(ctx, writes=True, check_schema=False) as database:
+        heads, _ = database.schema.app_revision(path)
+        if not heads:
+            click.echo(f"{path}: already at base — {database.describe()}")
+            return
+        what = "every table of this application, with its rows" if revision == "base" else \
+            f"what the revisions after {revision} added, with its data"
+        _confirm(f"downgrade {path} in {database.describe()} from {', '.join(heads)} to {revision}: this drops "
+                 f"{what}. Continue?", yes)
+        database.schema.downgrade_app(path, revision)
+        _say_app_revision(database, path)
+
+
+@app.command("current")
+@click.argument("path", type=click.Path())
+@click.pass_context
+def app_current(ctx: click.Context, path: str) -> None:
+    """Show the revision the application's tables in PATH are at, and its head."""
+    with open_database(ctx, writes=False, check_schema=False) as database:
+        heads, head = database.schema.app_revision(path)
+        current_text = ", ".join(heads) or "base"
+        note = "at head" if heads == [head] else f"head is {head}: `activedb app upgrade {path}`"
+        click.echo(f"{path}: {current_text} ({note}) — {database.describe()}")
