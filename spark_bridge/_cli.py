@@ -28,20 +28,18 @@ type its rules listen to, keys ``k0``..``k9``, payload from ``value``).
 A batch that fails stops ``run`` with the Python cause (not Spark's Java stack trace), one line
 of what to do, and exit code 1; running the same command again resumes at that batch.
 
-:func:`register_commands` adds both commands to the ``activedb`` group.
+:func:`register_commands` adds the commands to the ``activedb`` group.  Where the events come from is
+``_sources.py``; ``status`` is ``_status_cli.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import logging
 import re
 import signal
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,201 +47,16 @@ import click
 
 from activedb.metrics import metrics_port_option, start_metrics
 
-__all__ = ["register_commands", "run_command", "status_command", "replay_command", "parse_source"]
+from spark_bridge._sources import SOURCE_FORMS, build_stream, is_missing_data_source, kafka_hint, parse_source
+from spark_bridge._status_cli import status_command
+
+__all__ = ["register_commands", "run_command", "replay_command"]
 
 SINK_IDLE_TIMEOUT_SECONDS = 120.0
 DETACHED_TIMEOUT_SECONDS = 60.0
 REFRESH_SECONDS = 0.5
 PLAIN_PROGRESS_SECONDS = 10.0  # progress line period when stdout is not a terminal
 
-
-# --- sources ---------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class SourceSpec:
-    """A parsed ``--source``. Immutable."""
-
-    kind: str  # file | rate | socket | kafka
-    path: str | None = None
-    host: str | None = None
-    port: int | None = None
-    brokers: str | None = None
-    topic: str | None = None
-
-    def describe(self) -> str:
-        if self.kind == "file":
-            return f"files in {self.path}"
-        if self.kind == "socket":
-            return f"socket {self.host}:{self.port}"
-        if self.kind == "kafka":
-            return f"Kafka topic {self.topic} at {self.brokers}"
-        return "the rate source"
-
-
-_SOURCE_FORMS = "file:DIR, rate, socket:HOST:PORT or kafka:BROKERS/TOPIC"
-
-
-def parse_source(text: str) -> SourceSpec:
-    """Parse ``--source``; raises ``click.BadParameter`` saying which forms exist."""
-    kind, _, rest = text.partition(":")
-    if kind == "rate" and not rest:
-        return SourceSpec("rate")
-    if kind == "file" and rest:
-        if not Path(rest).is_dir():   # before Spark starts: say it in a second, not after five
-            raise click.BadParameter(f"file:{rest}: no such directory (Spark watches a directory for new files)",
-                                     param_hint="--source")
-        return SourceSpec("file", path=rest)
-    if kind == "socket":
-        host, _, port = rest.rpartition(":")
-        if host and port.isdigit():
-            return SourceSpec("socket", host=host, port=int(port))
-    if kind == "kafka":
-        brokers, _, topic = rest.rpartition("/")
-        if brokers and topic:
-            return SourceSpec("kafka", brokers=brokers, topic=topic)
-    raise click.BadParameter(f"{text!r} is not a source; use {_SOURCE_FORMS}", param_hint="--source")
-
-
-def _kafka_package() -> str:
-    import pyspark
-
-    version = getattr(pyspark, "__version__", "4.0.0")
-    return f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"
-
-
-def _kafka_hint() -> str:
-    package = _kafka_package()
-    return (
-        "Spark's Kafka connector is not on the classpath. Add it with\n"
-        f"  activedb run APP --source kafka:... --packages {package}\n"
-        f"(or --spark-conf spark.jars.packages={package}; Spark downloads it from Maven Central on first use), "
-        "or put the connector jar and its kafka-clients dependency into pyspark's jars directory."
-    )
-
-
-def _is_missing_data_source(error: BaseException) -> bool:
-    text = str(error)
-    return "DATA_SOURCE_NOT_FOUND" in text or "Failed to find data source" in text
-
-
-CORRUPT_COLUMN = "_corrupt_record"
-LINE_COLUMN = "_line"        # EventMapping.line_column's default
-
-
-def with_corrupt_column(schema: Any, name: str = CORRUPT_COLUMN) -> Any:
-    """``schema`` (a DDL string or ``StructType``) plus Spark's corrupt-record column ``name`` (text): a line
-    Spark cannot read against the schema keeps its original text there (``columnNameOfCorruptRecord``)."""
-    from pyspark.sql import types
-
-    struct = _struct_schema(schema)
-    if name in struct.fieldNames():
-        return struct
-    return types.StructType([*struct.fields, types.StructField(name, types.StringType(), True)])
-
-
-def _parsed_json(frame: Any, schema: Any, column: str = "value") -> Any:
-    """``frame``'s JSON text column parsed against ``schema``, keeping each row's line in ``_line`` (the
-    mapping's ``line_column``: a lone surrogate, which Spark's conversion turns into ``?``, is found there)."""
-    from pyspark.sql import functions
-
-    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}
-    line = functions.col(column).cast("string")
-    parsed = functions.from_json(line, with_corrupt_column(schema), options)
-    return frame.select(parsed.alias("event"), line.alias(LINE_COLUMN)).select("event.*", LINE_COLUMN)
-
-
-def _synthetic_rate_columns(frame: Any, loaded: Any, event_types: list[str]) -> Any:
-    """The rate source's ``(timestamp, value)`` as the app's columns (no ``from_rate``)."""
-    from pyspark.sql import functions, types
-
-    mapping = loaded.mapping
-    value = functions.col("value")
-    columns = {
-        mapping.type_column: functions.lit(event_types[0] if event_types else "rate"),
-        mapping.key_column: functions.concat(functions.lit("k"), (value % 10).cast("string")),
-        mapping.ts_column: functions.col("timestamp"),
-    }
-    schema = _struct_schema(loaded.schema)
-    payload = list(mapping.payload_columns or ())
-    if schema is not None:
-        for field in schema.fields:
-            if field.name in columns:
-                continue
-            if isinstance(field.dataType, types.NumericType):
-                columns[field.name] = (value % 100).cast(field.dataType)
-            elif isinstance(field.dataType, types.StringType):
-                columns[field.name] = value.cast("string")
-            else:
-                columns[field.name] = functions.lit(None).cast(field.dataType)
-    for name in payload:
-        columns.setdefault(name, value)
-    if not payload and schema is None:
-        columns["value"] = value
-    return frame.select(*[expression.alias(name) for name, expression in columns.items()])
-
-
-def _struct_schema(schema: Any) -> Any:
-    if schema is None:
-        return None
-    from pyspark.sql import types
-
-    if isinstance(schema, types.StructType):
-        return schema
-    return types._parse_datatype_string(schema) if isinstance(schema, str) else None
-
-
-def build_stream(spark: Any, source: SourceSpec, loaded: Any, *, file_format: str, max_files_per_trigger: int | None,
-                 rows_per_second: int, event_types: list[str]) -> Any:
-    """The streaming DataFrame for ``source``, in the app's columns."""
-    from pyspark.sql import functions
-
-    from spark_bridge.errors import SourceError
-
-    schema = loaded.schema
-    if source.kind == "file":
-        if schema is None:
-            raise SourceError(f"a file source needs the rows' schema: define SCHEMA in {loaded.name} "
-                              f"(e.g. SCHEMA = 'type STRING, key STRING, ts TIMESTAMP, room STRING')")
-        if not Path(source.path).is_dir():
-            raise SourceError(f"--source file:{source.path}: no such directory (Spark watches a directory for new "
-                              f"files)")
-        if file_format == "json":      # read as text and parsed here: each row keeps its line (lone surrogates)
-            reader = spark.readStream.format("text")
-            if max_files_per_trigger:
-                reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
-            lines = reader.load(source.path)
-            return _parsed_json(lines.where(functions.length(functions.trim(lines.value)) > 0), schema)
-        if file_format == "csv":
-            reader = (spark.readStream.schema(with_corrupt_column(schema))
-                      .option("columnNameOfCorruptRecord", CORRUPT_COLUMN).option("mode", "PERMISSIVE"))
-        else:
-            reader = spark.readStream.schema(schema)
-        if max_files_per_trigger:
-            reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
-        if file_format == "csv":
-            reader = reader.option("header", "true")
-        return reader.format(file_format).load(source.path)
-    if source.kind == "rate":
-        frame = spark.readStream.format("rate").option("rowsPerSecond", rows_per_second).load()
-        if loaded.from_rate is not None:
-            return loaded.from_rate(frame)
-        return _synthetic_rate_columns(frame, loaded, event_types)
-    if schema is None:
-        raise SourceError(f"a {source.kind} source delivers JSON text; define SCHEMA in {loaded.name} to parse it")
-    if source.kind == "socket":
-        frame = (spark.readStream.format("socket").option("host", source.host).option("port", source.port).load())
-        return _parsed_json(frame, schema)
-    try:
-        frame = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", source.brokers)
-                 .option("subscribe", source.topic).load())
-    except Exception as error:
-        if _is_missing_data_source(error):
-            raise SourceError(_kafka_hint()) from None
-        raise
-    return _parsed_json(frame, schema)
-
-
-# --- progress ----------------------------------------------------------------------------------
 
 def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
@@ -486,7 +299,7 @@ def _refuse_reset_with_progress(database: Any, name: str, checkpoint_dir: Path) 
 
 @click.command("run")
 @click.argument("app")
-@click.option("--source", "source_text", required=True, help=f"Where events come from: {_SOURCE_FORMS}.")
+@click.option("--source", "source_text", required=True, help=f"Where events come from: {SOURCE_FORMS}.")
 @click.option("--checkpoint", type=click.Path(file_okay=False), default=None,
               help="Spark checkpoint directory (default: ACTIVEDB_HOME/checkpoints/QUERY_NAME). Restarting from it "
                    "resumes the query exactly once.")
@@ -633,8 +446,8 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
                           f"{name}` shows why, `activedb dead-letters replay {app} --query {name}` re-submits them",
                           highlight=False, soft_wrap=True)
         if failure is not None and how != "stopped":
-            if _is_missing_data_source(failure) and source.kind == "kafka":
-                raise click.ClickException(f"the streaming query failed: {_kafka_hint()}")
+            if is_missing_data_source(failure) and source.kind == "kafka":
+                raise click.ClickException(f"the streaming query failed: {kafka_hint()}")
             raise click.ClickException(mask_secrets(failure_message(sink, failure, loaded.name)))
         console.print("stopped cleanly; restart with the same --checkpoint and --query-name to resume"
                       if how == "stopped" else "the query finished", highlight=False)
@@ -645,105 +458,6 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
         if metrics is not None:
             metrics.close()
         database.close()
-
-
-@click.command("status")
-@click.option("--query-name", default=None, help="Only this query.")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print one JSON object instead of tables: ingestion, split_batches, detached, detached_failures, "
-                   "capture.")
-@click.pass_context
-def status_command(ctx: click.Context, query_name: str | None, as_json: bool) -> None:
-    """Show what ingestion has committed, per query, from PostgreSQL's ledger, and the detached rule
-    firings (pending, done, failed — with the failures' rule, trigger, event and error)."""
-    import activedb
-    import spark_bridge
-    from activedb.cli import open_database
-    from spark_bridge._atomic import print_split_batches, split_status
-
-    database = open_database(ctx, writes=False)
-    try:
-        statuses = spark_bridge.ingestion_status(database, query_name)
-        splits = split_status(database, query_name)
-        detached = database.outbox.statistics()
-        failures = database.outbox.failures(limit=20)
-        capture = database.capture.status()
-    finally:
-        database.close()
-    if as_json:
-        document = {
-            "ingestion": [dataclasses.asdict(status) for status in statuses],
-            "split_batches": [dataclasses.asdict(split) for split in splits],
-            "detached": dataclasses.asdict(detached),
-            "detached_failures": [dataclasses.asdict(failure) for failure in failures],
-            "capture": {**dataclasses.asdict(capture), "warnings": capture.warnings()},
-        }
-        click.echo(json.dumps(document, indent=2, default=str))
-        return
-    from rich.table import Table
-
-    from activedb.cli import console as make_console
-
-    console = make_console()
-    if not statuses:
-        which = f"query {query_name!r}" if query_name else "any query"
-        console.print(f"no ingestion has committed a batch for {which} yet", highlight=False)
-    else:
-        table = Table(title="ingestion (activedb_ingestion_ledger)")
-        for column in ("query", "batches", "last batch", "events", "dead letters", "watermark", "last commit"):
-            table.add_column(column)
-        for status in statuses:
-            batches = f"{status.batches}" + (f" x {status.partitions} partitions" if status.partitions else "")
-            table.add_row(status.query_name, batches, str(status.last_batch_id), f"{status.events:,}",
-                          f"{status.dead_letters:,}",
-                          "-" if status.watermark is None else status.watermark.isoformat(),
-                          status.last_committed_at.isoformat(timespec="seconds"))
-        console.print(table)
-        rules = Table(title="rule firings (summed over the ledger)")
-        for column in ("query", "rule", "firings"):
-            rules.add_column(column)
-        for status in statuses:
-            for rule, count in status.rule_firings.items():
-                rules.add_row(status.query_name, rule, f"{count:,}")
-        console.print(rules)
-    print_split_batches(console, splits)
-    print_detached(console, detached, failures)
-    print_capture_backlog(console, capture)
-
-
-def print_capture_backlog(console: Any, capture: Any) -> None:
-    """Change capture's backlog per consumer and table, and its warnings (``activedb status``; the whole
-    picture is ``activedb capture status``)."""
-    if not capture.installed or not (capture.tables or capture.retained_changes):
-        return
-    lines = []
-    for consumer in capture.consumers:
-        waiting = ", ".join(f"{table.table} {table.changes:,}" for table in consumer.tables) or "nothing"
-        lines.append(f"consumer {consumer.name!r}: {consumer.changes:,} changes pending ({waiting})"
-                     f"{' — BEHIND' if consumer.behind else ''}")
-    for table in capture.unconsumed:
-        lines.append(f"table {table.table}: {table.changes:,} changes and no consumer")
-    console.print(f"change capture ({len(capture.tables)} captured table(s); `activedb capture status` for more): "
-                  + ("; ".join(lines) if lines else "no backlog"), highlight=False, soft_wrap=True)
-    for line in capture.warnings():
-        console.print(f"[yellow]warning:[/yellow] {line}", highlight=False)
-
-
-def print_detached(console: Any, detached: Any, failures: list[Any]) -> None:
-    """The outbox's counts and its failed firings (``activedb status``)."""
-    from rich.table import Table
-
-    console.print(f"detached rule firings (activedb_outbox): {detached.pending:,} pending, {detached.done:,} done, "
-                  f"{detached.failed:,} failed", highlight=False)
-    if not failures:
-        return
-    table = Table(title="failed detached rule firings (retry: activedb outbox --retry)")
-    for column in ("id", "rule", "trigger", "event", "error"):
-        table.add_column(column)
-    for failure in failures:
-        table.add_row(str(failure.id), failure.rule, f"{failure.trigger} ({failure.trigger_outcome})",
-                      failure.event, failure.error)
-    console.print(table)
 
 
 @click.command("replay")

@@ -230,7 +230,7 @@ def test_reset_is_refused_when_the_query_has_progress_in_the_ledger_or_the_check
 
 @pytest.mark.spark
 def test_kafka_without_the_connector_explains_how_to_add_it(spark, tmp_path):
-    from spark_bridge._cli import SourceSpec, build_stream
+    from spark_bridge._sources import SourceSpec, build_stream
     from spark_bridge.errors import SourceError
 
     loaded = spark_bridge.load_app(APP_FILE)

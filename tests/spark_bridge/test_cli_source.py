@@ -3,7 +3,7 @@
 import click
 import pytest
 
-from spark_bridge._cli import parse_source
+from spark_bridge._sources import parse_source
 
 
 def test_source_forms(tmp_path):

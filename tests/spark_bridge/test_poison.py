@@ -24,7 +24,7 @@ import pytest
 import spark_bridge
 from activedb import deadletters
 from spark_bridge import EventMapping, IngestSink
-from spark_bridge._cli import with_corrupt_column
+from spark_bridge._sources import with_corrupt_column
 from tests.spark_bridge import app_counters
 from tests.spark_bridge._streams import (
     BASE_TIME,
@@ -164,7 +164,7 @@ def test_lone_surrogates_through_spark_are_dead_letters_not_question_marks(spark
     no one sent.  The source ``activedb run`` builds keeps each line (``_line``), so such a row is a dead letter
     naming the field, with its line; a surrogate pair, a real '?' and a lone surrogate in a field the schema
     does not read are applied."""
-    from spark_bridge._cli import build_stream, parse_source
+    from spark_bridge._sources import build_stream, parse_source
 
     ingested, direct = databases
     rows = [_row(1, "k\ud800lone"), _row(2, "k\udc00low"), _row(3, "k\U0001F600pair"), _row(4, "k?real"),

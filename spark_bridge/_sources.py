@@ -1,0 +1,204 @@
+"""Where ``activedb run``'s events come from: the ``--source`` forms, and the streaming frame built for one.
+
+:func:`parse_source` turns ``file:DIR``, ``rate``, ``socket:HOST:PORT`` or ``kafka:BROKERS/TOPIC`` into a
+:class:`SourceSpec` before Spark starts (a bad form is a ``click.BadParameter`` naming the forms);
+:func:`build_stream` reads it against the app's ``SCHEMA`` plus Spark's corrupt-record column, so a line that is
+not JSON or does not fit the schema reaches the sink with its original text and becomes a dead letter there.
+Used by ``_cli.py`` (``activedb run``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+__all__ = ["CORRUPT_COLUMN", "LINE_COLUMN", "SourceSpec", "build_stream", "parse_source", "with_corrupt_column"]
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """A parsed ``--source``. Immutable."""
+
+    kind: str  # file | rate | socket | kafka
+    path: str | None = None
+    host: str | None = None
+    port: int | None = None
+    brokers: str | None = None
+    topic: str | None = None
+
+    def describe(self) -> str:
+        if self.kind == "file":
+            return f"files in {self.path}"
+        if self.kind == "socket":
+            return f"socket {self.host}:{self.port}"
+        if self.kind == "kafka":
+            return f"Kafka topic {self.topic} at {self.brokers}"
+        return "the rate source"
+
+
+SOURCE_FORMS = "file:DIR, rate, socket:HOST:PORT or kafka:BROKERS/TOPIC"
+
+
+def parse_source(text: str) -> SourceSpec:
+    """Parse ``--source``; raises ``click.BadParameter`` saying which forms exist."""
+    kind, _, rest = text.partition(":")
+    if kind == "rate" and not rest:
+        return SourceSpec("rate")
+    if kind == "file" and rest:
+        if not Path(rest).is_dir():   # before Spark starts: say it in a second, not after five
+            raise click.BadParameter(f"file:{rest}: no such directory (Spark watches a directory for new files)",
+                                     param_hint="--source")
+        return SourceSpec("file", path=rest)
+    if kind == "socket":
+        host, _, port = rest.rpartition(":")
+        if host and port.isdigit():
+            return SourceSpec("socket", host=host, port=int(port))
+    if kind == "kafka":
+        brokers, _, topic = rest.rpartition("/")
+        if brokers and topic:
+            return SourceSpec("kafka", brokers=brokers, topic=topic)
+    raise click.BadParameter(f"{text!r} is not a source; use {SOURCE_FORMS}", param_hint="--source")
+
+
+def kafka_package() -> str:
+    import pyspark
+
+    version = getattr(pyspark, "__version__", "4.0.0")
+    return f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"
+
+
+def kafka_hint() -> str:
+    package = kafka_package()
+    return (
+        "Spark's Kafka connector is not on the classpath. Add it with\n"
+        f"  activedb run APP --source kafka:... --packages {package}\n"
+        f"(or --spark-conf spark.jars.packages={package}; Spark downloads it from Maven Central on first use), "
+        "or put the connector jar and its kafka-clients dependency into pyspark's jars directory."
+    )
+
+
+def is_missing_data_source(error: BaseException) -> bool:
+    text = str(error)
+    return "DATA_SOURCE_NOT_FOUND" in text or "Failed to find data source" in text
+
+
+CORRUPT_COLUMN = "_corrupt_record"
+LINE_COLUMN = "_line"        # EventMapping.line_column's default
+
+
+def with_corrupt_column(schema: Any, name: str = CORRUPT_COLUMN) -> Any:
+    """``schema`` (a DDL string or ``StructType``) plus Spark's corrupt-record column ``name`` (text): a line
+    Spark cannot read against the schema keeps its original text there (``columnNameOfCorruptRecord``)."""
+    from pyspark.sql import types
+
+    struct = _struct_schema(schema)
+    if name in struct.fieldNames():
+        return struct
+    return types.StructType([*struct.fields, types.StructField(name, types.StringType(), True)])
+
+
+def _parsed_json(frame: Any, schema: Any, column: str = "value") -> Any:
+    """``frame``'s JSON text column parsed against ``schema``, keeping each row's line in ``_line`` (the
+    mapping's ``line_column``: a lone surrogate, which Spark's conversion turns into ``?``, is found there)."""
+    from pyspark.sql import functions
+
+    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}
+    line = functions.col(column).cast("string")
+    parsed = functions.from_json(line, with_corrupt_column(schema), options)
+    return frame.select(parsed.alias("event"), line.alias(LINE_COLUMN)).select("event.*", LINE_COLUMN)
+
+
+def _synthetic_rate_columns(frame: Any, loaded: Any, event_types: list[str]) -> Any:
+    """The rate source's ``(timestamp, value)`` as the app's columns (no ``from_rate``)."""
+    from pyspark.sql import functions, types
+
+    mapping = loaded.mapping
+    value = functions.col("value")
+    columns = {
+        mapping.type_column: functions.lit(event_types[0] if event_types else "rate"),
+        mapping.key_column: functions.concat(functions.lit("k"), (value % 10).cast("string")),
+        mapping.ts_column: functions.col("timestamp"),
+    }
+    schema = _struct_schema(loaded.schema)
+    payload = list(mapping.payload_columns or ())
+    if schema is not None:
+        for field in schema.fields:
+            if field.name in columns:
+                continue
+            if isinstance(field.dataType, types.NumericType):
+                columns[field.name] = (value % 100).cast(field.dataType)
+            elif isinstance(field.dataType, types.StringType):
+                columns[field.name] = value.cast("string")
+            else:
+                columns[field.name] = functions.lit(None).cast(field.dataType)
+    for name in payload:
+        columns.setdefault(name, value)
+    if not payload and schema is None:
+        columns["value"] = value
+    return frame.select(*[expression.alias(name) for name, expression in columns.items()])
+
+
+def _struct_schema(schema: Any) -> Any:
+    if schema is None:
+        return None
+    from pyspark.sql import types
+
+    if isinstance(schema, types.StructType):
+        return schema
+    return types._parse_datatype_string(schema) if isinstance(schema, str) else None
+
+
+def build_stream(spark: Any, source: SourceSpec, loaded: Any, *, file_format: str, max_files_per_trigger: int | None,
+                 rows_per_second: int, event_types: list[str]) -> Any:
+    """The streaming DataFrame for ``source``, in the app's columns."""
+    from pyspark.sql import functions
+
+    from spark_bridge.errors import SourceError
+
+    schema = loaded.schema
+    if source.kind == "file":
+        if schema is None:
+            raise SourceError(f"a file source needs the rows' schema: define SCHEMA in {loaded.name} "
+                              f"(e.g. SCHEMA = 'type STRING, key STRING, ts TIMESTAMP, room STRING')")
+        if not Path(source.path).is_dir():
+            raise SourceError(f"--source file:{source.path}: no such directory (Spark watches a directory for new "
+                              f"files)")
+        if file_format == "json":      # read as text and parsed here: each row keeps its line (lone surrogates)
+            reader = spark.readStream.format("text")
+            if max_files_per_trigger:
+                reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
+            lines = reader.load(source.path)
+            return _parsed_json(lines.where(functions.length(functions.trim(lines.value)) > 0), schema)
+        if file_format == "csv":
+            reader = (spark.readStream.schema(with_corrupt_column(schema))
+                      .option("columnNameOfCorruptRecord", CORRUPT_COLUMN).option("mode", "PERMISSIVE"))
+        else:
+            reader = spark.readStream.schema(schema)
+        if max_files_per_trigger:
+            reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
+        if file_format == "csv":
+            reader = reader.option("header", "true")
+        return reader.format(file_format).load(source.path)
+    if source.kind == "rate":
+        frame = spark.readStream.format("rate").option("rowsPerSecond", rows_per_second).load()
+        if loaded.from_rate is not None:
+            return loaded.from_rate(frame)
+        return _synthetic_rate_columns(frame, loaded, event_types)
+    if schema is None:
+        raise SourceError(f"a {source.kind} source delivers JSON text; define SCHEMA in {loaded.name} to parse it")
+    if source.kind == "socket":
+        frame = (spark.readStream.format("socket").option("host", source.host).option("port", source.port).load())
+        return _parsed_json(frame, schema)
+    try:
+        frame = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", source.brokers)
+                 .option("subscribe", source.topic).load())
+    except Exception as error:
+        if is_missing_data_source(error):
+            raise SourceError(kafka_hint()) from None
+        raise
+    return _parsed_json(frame, schema)
+
+
+# --- progress ----------------------------------------------------------------------------------

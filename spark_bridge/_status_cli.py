@@ -1,0 +1,112 @@
+"""``activedb status``: what ingestion committed (the ledger), split batches, detached rule firings and the
+change-capture backlog, as tables or one JSON object.  Read-only: it never upgrades a schema.  Registered with the
+other ingestion commands by ``_cli.register_commands``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import click
+
+__all__ = ["print_capture_backlog", "print_detached", "status_command"]
+
+
+@click.command("status")
+@click.option("--query-name", default=None, help="Only this query.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object instead of tables: ingestion, split_batches, detached, detached_failures, "
+                   "capture.")
+@click.pass_context
+def status_command(ctx: click.Context, query_name: str | None, as_json: bool) -> None:
+    """Show what ingestion has committed, per query, from PostgreSQL's ledger, and the detached rule
+    firings (pending, done, failed — with the failures' rule, trigger, event and error)."""
+    import spark_bridge
+    from activedb.cli import open_database
+    from spark_bridge._atomic import print_split_batches, split_status
+
+    database = open_database(ctx, writes=False)
+    try:
+        statuses = spark_bridge.ingestion_status(database, query_name)
+        splits = split_status(database, query_name)
+        detached = database.outbox.statistics()
+        failures = database.outbox.failures(limit=20)
+        capture = database.capture.status()
+    finally:
+        database.close()
+    if as_json:
+        document = {
+            "ingestion": [dataclasses.asdict(status) for status in statuses],
+            "split_batches": [dataclasses.asdict(split) for split in splits],
+            "detached": dataclasses.asdict(detached),
+            "detached_failures": [dataclasses.asdict(failure) for failure in failures],
+            "capture": {**dataclasses.asdict(capture), "warnings": capture.warnings()},
+        }
+        click.echo(json.dumps(document, indent=2, default=str))
+        return
+    from rich.table import Table
+
+    from activedb.cli import console as make_console
+
+    console = make_console()
+    if not statuses:
+        which = f"query {query_name!r}" if query_name else "any query"
+        console.print(f"no ingestion has committed a batch for {which} yet", highlight=False)
+    else:
+        table = Table(title="ingestion (activedb_ingestion_ledger)")
+        for column in ("query", "batches", "last batch", "events", "dead letters", "watermark", "last commit"):
+            table.add_column(column)
+        for status in statuses:
+            batches = f"{status.batches}" + (f" x {status.partitions} partitions" if status.partitions else "")
+            table.add_row(status.query_name, batches, str(status.last_batch_id), f"{status.events:,}",
+                          f"{status.dead_letters:,}",
+                          "-" if status.watermark is None else status.watermark.isoformat(),
+                          status.last_committed_at.isoformat(timespec="seconds"))
+        console.print(table)
+        rules = Table(title="rule firings (summed over the ledger)")
+        for column in ("query", "rule", "firings"):
+            rules.add_column(column)
+        for status in statuses:
+            for rule, count in status.rule_firings.items():
+                rules.add_row(status.query_name, rule, f"{count:,}")
+        console.print(rules)
+    print_split_batches(console, splits)
+    print_detached(console, detached, failures)
+    print_capture_backlog(console, capture)
+
+
+def print_capture_backlog(console: Any, capture: Any) -> None:
+    """Change capture's backlog per consumer and table, and its warnings (``activedb status``; the whole
+    picture is ``activedb capture status``)."""
+    if not capture.installed or not (capture.tables or capture.retained_changes):
+        return
+    lines = []
+    for consumer in capture.consumers:
+        waiting = ", ".join(f"{table.table} {table.changes:,}" for table in consumer.tables) or "nothing"
+        lines.append(f"consumer {consumer.name!r}: {consumer.changes:,} changes pending ({waiting})"
+                     f"{' — BEHIND' if consumer.behind else ''}")
+    for table in capture.unconsumed:
+        lines.append(f"table {table.table}: {table.changes:,} changes and no consumer")
+    console.print(f"change capture ({len(capture.tables)} captured table(s); `activedb capture status` for more): "
+                  + ("; ".join(lines) if lines else "no backlog"), highlight=False, soft_wrap=True)
+    for line in capture.warnings():
+        console.print(f"[yellow]warning:[/yellow] {line}", highlight=False)
+
+
+def print_detached(console: Any, detached: Any, failures: list[Any]) -> None:
+    """The outbox's counts and its failed firings (``activedb status``)."""
+    from rich.table import Table
+
+    console.print(f"detached rule firings (activedb_outbox): {detached.pending:,} pending, {detached.done:,} done, "
+                  f"{detached.failed:,} failed", highlight=False)
+    if not failures:
+        return
+    table = Table(title="failed detached rule firings (retry: activedb outbox --retry)")
+    for column in ("id", "rule", "trigger", "event", "error"):
+        table.add_column(column)
+    for failure in failures:
+        table.add_row(str(failure.id), failure.rule, f"{failure.trigger} ({failure.trigger_outcome})",
+                      failure.event, failure.error)
+    console.print(table)
