@@ -59,9 +59,9 @@ class BatchLetters:
 def _shown(original: Any) -> dict:
     """The readable form of a row (``raw``): its columns made storable JSON."""
     if hasattr(original, "to_pylist") and hasattr(original, "schema"):
-        from spark_bridge.mapping import _arrow_values
+        from spark_bridge._arrow import arrow_values
 
         names = original.schema.names
-        return {name: jsonable(_arrow_values(original.column(index))[0]) for index, name in enumerate(names)}
+        return {name: jsonable(arrow_values(original.column(index))[0]) for index, name in enumerate(names)}
     shown = jsonable(original)
     return shown if isinstance(shown, Mapping) else {"value": shown}

@@ -42,7 +42,7 @@ from typing import Any
 from activedb import composite, streams
 from activedb.events import Timestamp
 
-from spark_bridge.mapping import _TS_UNITS, EventMapping, Rejected, _InvalidField, _to_utc, jsonable
+from spark_bridge.mapping import TS_UNITS, EventMapping, InvalidField, Rejected, jsonable, to_utc
 from spark_bridge.errors import MappingError
 
 __all__ = ["FeedResult", "feed_batch", "rows_to_items"]
@@ -71,7 +71,7 @@ def _seconds(value: Any, label: str) -> float:
     if isinstance(value, dt.timedelta):
         return value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise _InvalidField(f"{label} is {value!r}, need a non-negative number of seconds")
+        raise InvalidField(f"{label} is {value!r}, need a non-negative number of seconds")
     return float(value)
 
 
@@ -79,7 +79,7 @@ def _local(value: Any, label: str) -> Any:
     if isinstance(value, dt.datetime):
         return (value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)).timestamp()
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _InvalidField(f"{label} is {value!r}, need a number or a timestamp")
+        raise InvalidField(f"{label} is {value!r}, need a number or a timestamp")
     return float(value)
 
 
@@ -89,22 +89,22 @@ def rows_to_items(rows: Any, mapping: EventMapping) -> tuple[list[Any], list[Rej
     if mapping.producer_column is None:
         raise MappingError("rows_to_items needs EventMapping(producer_column=…) (and accuracy columns for "
                            "intervals): a composition engine keeps its progress per producer")
-    divisor = _TS_UNITS[mapping.ts_unit]
+    divisor = TS_UNITS[mapping.ts_unit]
     per_producer: dict[str, list[tuple[tuple, Any]]] = {}
     rejected: list[Rejected] = []
     for position, row in enumerate(_rows(rows)):
         try:
             producer = row.get(mapping.producer_column)
             if not isinstance(producer, str) or not producer:
-                raise _InvalidField(f"producer ({mapping.producer_column!r}) is {producer!r}, need a non-empty string")
+                raise InvalidField(f"producer ({mapping.producer_column!r}) is {producer!r}, need a non-empty string")
             raw_type = row.get(mapping.type_column)
             event_type = mapping.type_map.get(raw_type, raw_type) if mapping.type_map else raw_type
             if not isinstance(event_type, str) or not event_type:
-                raise _InvalidField(f"event type ({mapping.type_column!r}) is {raw_type!r}, need a non-empty string")
+                raise InvalidField(f"event type ({mapping.type_column!r}) is {raw_type!r}, need a non-empty string")
             raw_ts = row.get(mapping.ts_column)
             if raw_ts is None:
-                raise _InvalidField(f"timestamp ({mapping.ts_column!r}) is null")
-            reference = _to_utc(raw_ts, divisor)
+                raise InvalidField(f"timestamp ({mapping.ts_column!r}) is null")
+            reference = to_utc(raw_ts, divisor)
             if mapping.accuracy_column is not None:
                 minus = plus = _seconds(row.get(mapping.accuracy_column), f"accuracy ({mapping.accuracy_column!r})")
             elif mapping.accuracy_minus_column is not None:
@@ -123,11 +123,11 @@ def rows_to_items(rows: Any, mapping: EventMapping) -> tuple[list[Any], list[Rej
                 payload_names = mapping.payload_columns_for(row.keys())
                 absent = [name for name in payload_names if name not in row]
                 if absent:
-                    raise _InvalidField(f"missing field {absent[0]!r}")
+                    raise InvalidField(f"missing field {absent[0]!r}")
                 attributes = {name: row[name] for name in payload_names}
                 attributes[mapping.key_column] = key
                 item = streams.StreamEvent(event_type, stamp, attributes)
-        except _InvalidField as error:
+        except InvalidField as error:
             rejected.append(Rejected(position, str(error), jsonable(row)))
             continue
         except ValueError as error:                 # an interval the time model refuses

@@ -62,8 +62,8 @@ from spark_bridge.errors import MappingError
 __all__ = ["EventMapping", "RawEvent", "Rejected", "as_mapping", "jsonable", "rows_to_events"]
 
 _UTC = dt.timezone.utc
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=_UTC)
-_TS_UNITS: Mapping[str, int] = MappingProxyType({"s": 1, "ms": 1_000, "us": 1_000_000})
+EPOCH = dt.datetime(1970, 1, 1, tzinfo=_UTC)
+TS_UNITS: Mapping[str, int] = MappingProxyType({"s": 1, "ms": 1_000, "us": 1_000_000})
 _MISSING = object()  # a field absent from a row, as opposed to present and null
 _INTERVAL_FIELDS = ("producer_column", "accuracy_column", "accuracy_minus_column", "accuracy_plus_column",
                     "local_ts_column", "heartbeat_type")
@@ -147,8 +147,8 @@ class EventMapping:
             object.__setattr__(self, "payload_columns", columns)
         if self.type_map is not None:
             object.__setattr__(self, "type_map", MappingProxyType(dict(self.type_map)))
-        if self.ts_unit not in _TS_UNITS:
-            raise MappingError(f"ts_unit must be one of {sorted(_TS_UNITS)}, got {self.ts_unit!r}")
+        if self.ts_unit not in TS_UNITS:
+            raise MappingError(f"ts_unit must be one of {sorted(TS_UNITS)}, got {self.ts_unit!r}")
 
     def payload_columns_for(self, columns: Iterable[str]) -> tuple[str, ...]:
         """The payload columns for a batch whose columns are ``columns`` (in that order)."""
@@ -218,12 +218,12 @@ def _describe(value: Any) -> str:
     return f"{text} ({type(value).__name__})"
 
 
-class _InvalidField(Exception):
+class InvalidField(Exception):
     """Internal: a field failed validation; the message is the rejection reason."""
 
 
-def _to_utc(value: Any, unit_divisor: int) -> dt.datetime:
-    """Convert one timestamp value to an aware UTC datetime or raise _InvalidField."""
+def to_utc(value: Any, unit_divisor: int) -> dt.datetime:
+    """Convert one timestamp value to an aware UTC datetime or raise InvalidField."""
     if isinstance(value, dt.datetime):
         if value.tzinfo is None:
             return value.replace(tzinfo=_UTC)
@@ -231,28 +231,28 @@ def _to_utc(value: Any, unit_divisor: int) -> dt.datetime:
             return value
         return value.astimezone(_UTC)
     if isinstance(value, bool):
-        raise _InvalidField(f"is {_describe(value)}, not a timestamp")
+        raise InvalidField(f"is {_describe(value)}, not a timestamp")
     if isinstance(value, int):
         try:
-            return _EPOCH + dt.timedelta(microseconds=value * (1_000_000 // unit_divisor))
+            return EPOCH + dt.timedelta(microseconds=value * (1_000_000 // unit_divisor))
         except OverflowError:
-            raise _InvalidField(f"is {_describe(value)}, out of the representable range") from None
+            raise InvalidField(f"is {_describe(value)}, out of the representable range") from None
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise _InvalidField(f"is {_describe(value)}, not a finite number")
+            raise InvalidField(f"is {_describe(value)}, not a finite number")
         try:
-            return _EPOCH + dt.timedelta(microseconds=round(value * 1_000_000 / unit_divisor))
+            return EPOCH + dt.timedelta(microseconds=round(value * 1_000_000 / unit_divisor))
         except OverflowError:
-            raise _InvalidField(f"is {_describe(value)}, out of the representable range") from None
+            raise InvalidField(f"is {_describe(value)}, out of the representable range") from None
     if isinstance(value, str):
         try:
             parsed = dt.datetime.fromisoformat(value.strip())
         except ValueError:
-            raise _InvalidField(f"is {_describe(value)}, not an ISO-8601 timestamp") from None
-        return _to_utc(parsed, unit_divisor)
+            raise InvalidField(f"is {_describe(value)}, not an ISO-8601 timestamp") from None
+        return to_utc(parsed, unit_divisor)
     if isinstance(value, dt.date):
-        raise _InvalidField(f"is {_describe(value)}, a date without a time")
-    raise _InvalidField(f"is {_describe(value)}, not a timestamp")
+        raise InvalidField(f"is {_describe(value)}, a date without a time")
+    raise InvalidField(f"is {_describe(value)}, not a timestamp")
 
 
 def corrupt_reason(line: Any, values: Mapping[str, Any], types: Mapping[str, str], mapping: "EventMapping") -> str:
@@ -282,14 +282,14 @@ def corrupt_reason(line: Any, values: Mapping[str, Any], types: Mapping[str, str
 
 
 #: A JSON escape of a surrogate code point (paired or not; :func:`lone_surrogate_reason` tells).
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
 
 def lone_surrogate_reason(line: Any, fields: Collection[str]) -> str | None:
     """Why the row of JSON text ``line`` cannot be trusted as Spark delivered it, or None: the value of one
     of its ``fields`` (the batch's columns) holds a lone surrogate, which Spark's string conversion replaced
     by ``?``.  Fields the schema does not read are not looked at."""
-    if not isinstance(line, str) or _SURROGATE_ESCAPE.search(line) is None:
+    if not isinstance(line, str) or SURROGATE_ESCAPE.search(line) is None:
         return None
     try:
         parsed = json.loads(line)
@@ -315,30 +315,26 @@ def _has_lone_surrogate(value: Any) -> bool:
     return False
 
 
-def _check_key(value: Any) -> str | int:
+def check_key(value: Any) -> str | int:
     if isinstance(value, str):
         if value:
             return value
-        raise _InvalidField("is an empty string")
+        raise InvalidField("is an empty string")
     if isinstance(value, int) and not isinstance(value, bool):
         return value
-    raise _InvalidField(f"is {_describe(value)}, need a string or an integer")
+    raise InvalidField(f"is {_describe(value)}, need a string or an integer")
 
 
 # --- column-wise validation -------------------------------------------------------------
 #
 # Each of the three event fields is validated one column at a time: a converter turns a
-# raw value into the field's value or raises _InvalidField. A column comes back as the
+# raw value into the field's value or raises InvalidField. A column comes back as the
 # converted values plus {position: reason} for the rows it rejects. A row whose type,
 # key or timestamp was rejected is reported with the first reason in that order.
-#
-# For Arrow input, columns whose Arrow type and statistics already prove every value
-# valid (a string column without nulls or empty strings, an integer key column without
-# nulls, a timestamp column without nulls) skip the per-value converter: that is what
-# keeps 100k rows well under a second.
+# Arrow input takes the same converters column by column, in ``_arrow.py``.
 
 
-def _convert_column(values: Sequence[Any], convert: Any, label: str) -> tuple[list[Any], dict[int, str]]:
+def convert_column(values: Sequence[Any], convert: Any, label: str) -> tuple[list[Any], dict[int, str]]:
     converted: list[Any] = []
     errors: dict[int, str] = {}
     append = converted.append
@@ -349,13 +345,13 @@ def _convert_column(values: Sequence[Any], convert: Any, label: str) -> tuple[li
             continue
         try:
             append(convert(value))
-        except _InvalidField as exc:
+        except InvalidField as exc:
             errors[position] = f"{label} {exc}"
             append(None)
     return converted, errors
 
 
-def _type_converter(mapping: EventMapping, known: frozenset[str] | None) -> Any:
+def type_converter(mapping: EventMapping, known: frozenset[str] | None) -> Any:
     type_map = mapping.type_map
 
     def convert(raw: Any) -> str:
@@ -364,75 +360,16 @@ def _type_converter(mapping: EventMapping, known: frozenset[str] | None) -> Any:
             try:
                 event_type = type_map.get(raw, raw)
             except TypeError:  # unhashable raw value
-                raise _InvalidField(f"is {_describe(raw)}, need a string") from None
+                raise InvalidField(f"is {_describe(raw)}, need a string") from None
         if not isinstance(event_type, str) or not event_type:
-            raise _InvalidField(f"is {_describe(event_type)}, need a non-empty string")
+            raise InvalidField(f"is {_describe(event_type)}, need a non-empty string")
         if known is not None and event_type not in known:
             listed = sorted(known)
             shown = ", ".join(map(repr, listed[:10])) + (", ..." if len(listed) > 10 else "")
-            raise _InvalidField(f"is {event_type!r}, not a known event type (known: {shown})")
+            raise InvalidField(f"is {event_type!r}, not a known event type (known: {shown})")
         return event_type
 
     return convert
-
-
-def _arrow_values(column: Any) -> list[Any]:
-    """``column.to_pylist()``, with timestamps as aware UTC datetimes built fast.
-
-    ``to_pylist`` on a zoned timestamp column builds a ``ZoneInfo`` datetime per value
-    (about 3 µs each); going through int64 microseconds costs about 0.5 µs.
-    """
-    import pyarrow as pa
-
-    if pa.types.is_timestamp(column.type):
-        micros = column.cast(pa.timestamp("us", tz=column.type.tz), safe=False).cast(pa.int64())
-        epoch, delta = _EPOCH, dt.timedelta
-        return [None if value is None else epoch + delta(microseconds=value) for value in micros.to_pylist()]
-    return column.to_pylist()
-
-
-def _arrow_column_is_clean_text(column: Any) -> bool:
-    """Every value is a non-null, non-empty string (decided without Python loops)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
-        return False
-    if column.null_count:
-        return False
-    if len(column) == 0:
-        return True
-    return pc.min(pc.utf8_length(column)).as_py() > 0
-
-
-def _arrow_type_column(
-    column: Any, mapping: EventMapping, known: frozenset[str] | None, label: str
-) -> tuple[list[Any], dict[int, str]]:
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if mapping.type_map is None and _arrow_column_is_clean_text(column):
-        if known is None or pc.all(pc.is_in(column, value_set=pa.array(sorted(known), column.type))).as_py():
-            return column.to_pylist(), {}
-    return _convert_column(column.to_pylist(), _type_converter(mapping, known), label)
-
-
-def _arrow_key_column(column: Any, label: str) -> tuple[list[Any], dict[int, str]]:
-    import pyarrow as pa
-
-    if _arrow_column_is_clean_text(column) or (pa.types.is_integer(column.type) and not column.null_count):
-        return column.to_pylist(), {}
-    return _convert_column(column.to_pylist(), _check_key, label)
-
-
-def _arrow_ts_column(column: Any, unit_divisor: int, label: str) -> tuple[list[Any], dict[int, str]]:
-    import pyarrow as pa
-
-    if pa.types.is_timestamp(column.type):
-        values = _arrow_values(column)
-        errors = {position: f"{label} is null" for position, value in enumerate(values) if value is None}
-        return values, errors
-    return _convert_column(_arrow_values(column), lambda value: _to_utc(value, unit_divisor), label)
 
 
 def rows_to_events(
@@ -449,7 +386,7 @@ def rows_to_events(
     only when the batch itself is unusable (duplicate column names in a Table).
     """
     known = None if known_types is None else frozenset(known_types)
-    unit_divisor = _TS_UNITS[mapping.ts_unit]
+    unit_divisor = TS_UNITS[mapping.ts_unit]
     type_label = f"event type ({mapping.type_column!r})"
     key_label = f"key ({mapping.key_column!r})"
     ts_label = f"timestamp ({mapping.ts_column!r})"
@@ -460,7 +397,9 @@ def rows_to_events(
         pa = None
 
     if pa is not None and isinstance(rows, (pa.Table, pa.RecordBatch)):
-        return _arrow_rows_to_events(rows, mapping, known, unit_divisor, (type_label, key_label, ts_label))
+        from spark_bridge._arrow import table_to_events
+
+        return table_to_events(rows, mapping, known, unit_divisor, (type_label, key_label, ts_label))
 
     rows = list(rows)
     errors: dict[int, str] = {}
@@ -481,20 +420,20 @@ def rows_to_events(
                 errors.setdefault(position, reason)
     id_values: list[Any] = [None] * len(rows)
     if mapping.id_column is not None:
-        id_values, id_errors = _convert_column([row.get(mapping.id_column, _MISSING) for row in mappings], _event_id,
+        id_values, id_errors = convert_column([row.get(mapping.id_column, _MISSING) for row in mappings], event_id,
                                                f"event id ({mapping.id_column!r})")
         for position, reason in id_errors.items():
             errors.setdefault(position, reason)
 
-    type_values, type_errors = _convert_column(
-        [row.get(mapping.type_column, _MISSING) for row in mappings], _type_converter(mapping, known), type_label
+    type_values, type_errors = convert_column(
+        [row.get(mapping.type_column, _MISSING) for row in mappings], type_converter(mapping, known), type_label
     )
-    key_values, key_errors = _convert_column(
-        [row.get(mapping.key_column, _MISSING) for row in mappings], _check_key, key_label
+    key_values, key_errors = convert_column(
+        [row.get(mapping.key_column, _MISSING) for row in mappings], check_key, key_label
     )
-    ts_values, ts_errors = _convert_column(
+    ts_values, ts_errors = convert_column(
         [row.get(mapping.ts_column, _MISSING) for row in mappings],
-        lambda value: _to_utc(value, unit_divisor),
+        lambda value: to_utc(value, unit_divisor),
         ts_label,
     )
     for column_errors in (type_errors, key_errors, ts_errors):
@@ -522,128 +461,18 @@ def rows_to_events(
                  else {"value": jsonable(rows[position])})
         for position in sorted(errors)
     ]
-    good.sort(key=_by_ts)
+    good.sort(key=by_ts)
     return good, bad
 
 
-def _arrow_rows_to_events(
-    table: Any,
-    mapping: EventMapping,
-    known: frozenset[str] | None,
-    unit_divisor: int,
-    labels: tuple[str, str, str],
-) -> tuple[list[RawEvent], list[Rejected]]:
-    names = list(table.schema.names)
-    if len(set(names)) != len(names):
-        raise MappingError(f"the batch has duplicate column names: {names}; rename them before mapping")
-    count = table.num_rows
-    payload_names = mapping.payload_columns_for(names)
-    absent = [
-        name
-        for name in (mapping.type_column, mapping.key_column, mapping.ts_column, *payload_names)
-        if name not in names
-    ]
-    if absent:
-        reason = f"missing field {absent[0]!r}: the batch has no such column (columns: {names})"
-        return [], _arrow_rejections(table, {position: reason for position in range(count)})
-
-    type_label, key_label, ts_label = labels
-    corrupt = _arrow_corrupt_rows(table, mapping)
-    type_values, type_errors = _arrow_type_column(table.column(mapping.type_column), mapping, known, type_label)
-    key_values, key_errors = _arrow_key_column(table.column(mapping.key_column), key_label)
-    ts_values, ts_errors = _arrow_ts_column(table.column(mapping.ts_column), unit_divisor, ts_label)
-    errors = dict(corrupt)
-    for position, reason in _arrow_lone_surrogate_rows(table, mapping).items():
-        errors.setdefault(position, reason)
-    id_values: list[Any] = [None] * count
-    id_errors: dict[int, str] = {}
-    if mapping.id_column is not None:
-        if mapping.id_column not in names:
-            id_errors = {position: f"missing field {mapping.id_column!r} (the event id)" for position in range(count)}
-        else:
-            id_values, id_errors = _convert_column(_arrow_values(table.column(mapping.id_column)), _event_id,
-                                                   f"event id ({mapping.id_column!r})")
-    for column_errors in (type_errors, key_errors, ts_errors, id_errors):
-        for position, reason in column_errors.items():
-            errors.setdefault(position, reason)
-
-    payload_columns = [_arrow_values(table.column(name)) for name in payload_names]
-    payload_rows = zip(*payload_columns) if payload_columns else ((),) * count
-    good = [
-        RawEvent(event_type, key, ts, dict(zip(payload_names, payload)), position, event_id)
-        for position, (event_type, key, ts, payload, event_id) in enumerate(
-            zip(type_values, key_values, ts_values, payload_rows, id_values)
-        )
-        if position not in errors
-    ]
-    good.sort(key=_by_ts)
-    return good, _arrow_rejections(table, errors)
-
-
-def _arrow_corrupt_rows(table: Any, mapping: EventMapping) -> dict[int, str]:
-    """``{position: reason}`` for rows whose corrupt-record column holds text."""
-    column_name = mapping.corrupt_column
-    if column_name is None or column_name not in table.schema.names:
-        return {}
-    column = table.column(column_name)
-    if column.null_count == len(column):
-        return {}
-    lines = column.to_pylist()
-    positions = [position for position, line in enumerate(lines) if line is not None]
-    subset = table.take(positions)
-    names = [name for name in subset.schema.names if name not in (column_name, mapping.line_column)]
-    types = {name: str(subset.schema.field(name).type) for name in names}
-    columns = {name: _arrow_values(subset.column(name)) for name in names}
-    return {position: corrupt_reason(lines[position], {name: columns[name][index] for name in names}, types, mapping)
-            for index, position in enumerate(positions)}
-
-
-def _arrow_lone_surrogate_rows(table: Any, mapping: EventMapping) -> dict[int, str]:
-    """``{position: reason}`` for rows whose original line (``line_column``) holds a lone surrogate; the
-    lines without any surrogate escape are passed over without a Python loop."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    column_name = mapping.line_column
-    if column_name is None or column_name not in table.schema.names:
-        return {}
-    column = table.column(column_name)
-    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
-        return {}
-    suspects = pc.fill_null(pc.match_substring_regex(column, _SURROGATE_ESCAPE.pattern), False)
-    if not pc.any(suspects).as_py():
-        return {}
-    reasons = {}
-    fields = frozenset(table.schema.names)
-    for position, (suspect, line) in enumerate(zip(suspects.to_pylist(), column.to_pylist())):
-        reason = lone_surrogate_reason(line, fields) if suspect else None
-        if reason is not None:
-            reasons[position] = reason
-    return reasons
-
-
-def _event_id(value: Any) -> str:
+def event_id(value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise _InvalidField(f"is {_describe(value)}, need a string or an integer")
+        raise InvalidField(f"is {_describe(value)}, need a string or an integer")
     text = str(value)
     if not text:
-        raise _InvalidField("is an empty string")
+        raise InvalidField("is an empty string")
     return text
 
 
-def _arrow_rejections(table: Any, errors: Mapping[int, str]) -> list[Rejected]:
-    """Rejected entries, in input order, each with its raw row made JSON-serialisable."""
-    if not errors:
-        return []
-    positions = sorted(errors)
-    subset = table.take(positions)
-    names = subset.schema.names
-    columns = [_arrow_values(subset.column(index)) for index in range(subset.num_columns)]
-    return [
-        Rejected(position, errors[position], {name: jsonable(values[index]) for name, values in zip(names, columns)})
-        for index, position in enumerate(positions)
-    ]
-
-
-def _by_ts(event: RawEvent) -> dt.datetime:
+def by_ts(event: RawEvent) -> dt.datetime:
     return event.ts
