@@ -91,10 +91,8 @@ import gc
 import json
 import os
 import random
-import statistics as stats
 import time
 import tracemalloc
-from pathlib import Path
 from typing import Any, Callable
 
 import sqlalchemy as sa
@@ -102,6 +100,7 @@ import sqlalchemy as sa
 from activedb import streams
 from activedb.bench._setup import connect
 from activedb.examples.hand_hygiene.queries import Q1_R1
+from activedb.bench._streams_report import SCHEDULERS, definition_6_rows, headline, plot
 from activedb.bench.report import BenchReport, Row, output_folder
 from activedb.streams._versions import VersionStore
 from activedb.testing import check_stream_history
@@ -144,7 +143,6 @@ UNDERLOADED_RATE = 100.0
 UNDERLOADED_SECONDS = 2.5
 RATES = (50, 200, 500, 1000, 2000, 3000, 5000)
 RATE_SECONDS = 2.0
-SCHEDULERS = ("sei", "s2pl", "lwm")
 
 
 @contextlib.contextmanager
@@ -462,9 +460,6 @@ def _sizes_in_memory() -> tuple[float, float]:
 
 # --- the experiments ----------------------------------------------------------------------------------
 
-def _mean(values: list[float]) -> float:
-    return stats.fmean(values) if values else float("nan")
-
 
 def run_experiments(database, quick: bool) -> dict[str, Any]:
     rng = random.Random(SEED)
@@ -540,168 +535,6 @@ def run_experiments(database, quick: bool) -> dict[str, Any]:
     return results
 
 
-def _ratio(numerators: list[float], denominators: list[float]) -> float:
-    return _mean([a / b for a, b in zip(numerators, denominators) if b])
-
-
-def headline(report: BenchReport, results: dict[str, Any]) -> None:
-    """The paper's bar, measured: rows with targets, met or not."""
-    table = results["throughput_vs_readN"]["table"]
-    read_ns = results["throughput_vs_readN"]["readN"]
-    throughput = {name: [point["throughput"] for point in table[name]] for name in SCHEDULERS}
-    lwm_s2pl = _ratio(throughput["lwm"], throughput["s2pl"])
-    lwm_sei = _ratio(throughput["lwm"], throughput["sei"])
-    # The cost model's own ratios on an idle machine (module docstring): the ceiling of this workload.
-    model_s2pl = _mean([(2 * read_n + 1) / (read_n + 1) for read_n in read_ns])
-    model_sei = _mean([(4 * read_n + 1) / (read_n + 1) for read_n in read_ns])
-    report.add(Row(name="LWM / S2PL throughput, table locks, mean over readN", value=round(lwm_s2pl, 2), unit="x",
-                   target=">= 2.5 (Active CEP §6, Fig. 6)", met=lwm_s2pl >= 2.5,
-                   extra={"readN": read_ns, "lwm": _round(throughput["lwm"]), "s2pl": _round(throughput["s2pl"]),
-                          "sei": _round(throughput["sei"]), "cost_model_ratio": round(model_s2pl, 2)}))
-    report.add(Row(name="LWM / SEI throughput, table locks, mean over readN", value=round(lwm_sei, 2), unit="x",
-                   target=">= 3.4 (Active CEP §6, Fig. 6)", met=lwm_sei >= 3.4,
-                   extra={"cost_model_ratio": round(model_sei, 2)}))
-    if 6 in read_ns:
-        at = read_ns.index(6)
-        six_s2pl = throughput["lwm"][at] / throughput["s2pl"][at]
-        six_sei = throughput["lwm"][at] / throughput["sei"][at]
-        report.add(Row(name="LWM / S2PL throughput, table locks, readN = 6", value=round(six_s2pl, 2), unit="x",
-                       target=">= 3 (Active CEP §6)", met=six_s2pl >= 3))
-        report.add(Row(name="LWM / SEI throughput, table locks, readN = 6", value=round(six_sei, 2), unit="x",
-                       target=">= 4.5 (Active CEP §6)", met=six_sei >= 4.5))
-    tuple_level = results["throughput_vs_readN"]["tuple"]
-    ahead = [lwm["throughput"] >= s2pl["throughput"] for lwm, s2pl in zip(tuple_level["lwm"], tuple_level["s2pl"])]
-    report.add(Row(name="readN points where LWM >= S2PL, tuple locks", value=sum(ahead), unit="points",
-                   target=f"{len(ahead)} of {len(ahead)} (Active CEP §6, Fig. 5: LWM scales more gracefully)",
-                   met=all(ahead), extra={"readN": read_ns, "lwm_ahead": ahead}))
-    report.add(Row(name="LWM / S2PL throughput, tuple locks, mean over readN",
-                   value=round(_ratio([p["throughput"] for p in tuple_level["lwm"]],
-                                      [p["throughput"] for p in tuple_level["s2pl"]]), 2), unit="x",
-                   extra={"lwm": _round([p["throughput"] for p in tuple_level["lwm"]]),
-                          "s2pl": _round([p["throughput"] for p in tuple_level["s2pl"]]),
-                          "sei": _round([p["throughput"] for p in tuple_level["sei"]])}))
-    rates = results["latency_vs_rate"]["rate"]
-    if 2000 in rates:
-        at = rates.index(2000)
-        latency = {name: results["latency_vs_rate"][name][at]["L_combined_ms"] for name in SCHEDULERS}
-        if latency["lwm"]:
-            s2pl_lwm = latency["s2pl"] / latency["lwm"]
-            sei_lwm = latency["sei"] / latency["lwm"]
-            report.add(Row(name="S2PL / LWM L_combined at 2,000 events/s", value=round(s2pl_lwm, 2), unit="x",
-                           target=">= 3 (LWM ≤ 1/3 of S2PL, Active CEP §6, Fig. 11)", met=s2pl_lwm >= 3,
-                           extra={"L_combined_ms": latency}))
-            report.add(Row(name="SEI / LWM L_combined at 2,000 events/s", value=round(sei_lwm, 2), unit="x",
-                           target=">= 9 (LWM ≤ 1/9 of SEI, Active CEP §6, Fig. 11)", met=sei_lwm >= 9))
-            ordered = latency["lwm"] < latency["s2pl"] < latency["sei"]
-            report.add(Row(name="L_combined at 2,000 events/s in the order LWM < S2PL < SEI", value=int(ordered),
-                           unit="(1 = yes)", target="1 (Active CEP §6, Fig. 11)", met=ordered,
-                           extra={"L_combined_ms": latency}))
-    seq = results["latency_vs_seqL"]
-    for name in SCHEDULERS:
-        relative = [point["L_combined_ms"] / base["L_combined_ms"] if base["L_combined_ms"] else None
-                    for point, base in zip(seq[name], seq["baseline"])]
-        report.add(Row(name=f"{name.upper()} L_combined, underloaded, relative to no scheduler",
-                       value=round(_mean([value for value in relative if value]), 3), unit="x baseline",
-                       extra={"seqL": seq["seqL"], "L_combined_ms": [point["L_combined_ms"] for point in seq[name]],
-                              "baseline_ms": [point["L_combined_ms"] for point in seq["baseline"]]}))
-
-
-def definition_6_rows(report: BenchReport, results: dict[str, Any], part_1: list[tuple[int, dict]]) -> None:
-    """One row per experiment and scheduler: Definition 6 violations found in the recorded
-    histories, per point (every run of a point checked, 0 expected)."""
-    def add(name: str, parameter: str, points: list, violations: list[int], promised: bool = True) -> None:
-        shown = ", ".join(f"{point:g}: {count}" for point, count in zip(points, violations))
-        report.add(Row(name=f"Definition 6 violations, {name} (per {parameter} {shown})", value=sum(violations),
-                       unit="violations", target="0 (Active CEP Def. 6)" if promised else None,
-                       met=sum(violations) == 0 if promised else None,
-                       extra={parameter: points, "violations": violations}))
-
-    add("part 1, SEI", "N", [size for size, _ in part_1], [checked["violations"] for _, checked in part_1])
-    for experiment, parameter in (("throughput_vs_readN", "readN"), ("throughput_vs_writeN", "writeN")):
-        data = results[experiment]
-        for granularity in ("tuple", "table"):
-            for name in SCHEDULERS:
-                add(f"{experiment.replace('_', ' ')}, {granularity} locks, {name.upper()}", parameter,
-                    data[parameter], [point["violations"] for point in data[granularity][name]])
-    seq = results["latency_vs_seqL"]
-    for name in ("baseline", *SCHEDULERS):
-        add(f"latency vs seqL, {'no scheduler (not promised)' if name == 'baseline' else name.upper()}", "seqL",
-            seq["seqL"], [point["violations"] for point in seq[name]], promised=name != "baseline")
-    rate = results["latency_vs_rate"]
-    for name in SCHEDULERS:
-        add(f"latency vs rate, {name.upper()}", "rate", rate["rate"], [point["violations"] for point in rate[name]])
-
-
-def _round(values: list[float]) -> list[float]:
-    return [round(value, 1) for value in values]
-
-
-def plot(results: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib import pyplot
-
-    colours = {"sei": "tab:gray", "s2pl": "tab:blue", "lwm": "tab:red", "baseline": "black"}
-    figure, axes = pyplot.subplots(2, 4, figsize=(20, 9))
-    panels = [
-        (axes[0][0], "throughput_vs_readN", "tuple", "readN", "Fig. 5: throughput vs readN, tuple locks"),
-        (axes[0][1], "throughput_vs_readN", "table", "readN", "Fig. 6: throughput vs readN, table locks"),
-        (axes[0][2], "throughput_vs_writeN", "tuple", "writeN", "Fig. 7: throughput vs writeN, tuple locks"),
-        (axes[0][3], "throughput_vs_writeN", "table", "writeN", "Fig. 8: throughput vs writeN, table locks"),
-    ]
-    for axis, experiment, granularity, parameter, title in panels:
-        data = results[experiment]
-        for name in SCHEDULERS:
-            axis.plot(data[parameter], [point["throughput"] for point in data[granularity][name]], marker="o",
-                      color=colours[name], label=name.upper())
-        axis.set_title(title, fontsize=10)
-        axis.set_xlabel(parameter)
-        axis.set_ylabel("events/s (numIn / T_proc)")
-        axis.set_ylim(bottom=0)
-        axis.legend()
-    seq = results["latency_vs_seqL"]
-    axis = axes[1][0]
-    for name in ("baseline", *SCHEDULERS):
-        axis.plot(seq["seqL"], [point["L_combined_ms"] for point in seq[name]], marker="o", color=colours[name],
-                  label="no scheduler (Fig. 9)" if name == "baseline" else name.upper())
-    axis.set_title(f"Fig. 10: L_combined vs seqL, underloaded ({seq['rate']:g} events/s)", fontsize=10)
-    axis.set_xlabel("seqL")
-    axis.set_ylabel("ms")
-    axis.set_ylim(bottom=0)
-    axis.legend()
-    rate = results["latency_vs_rate"]
-    axis = axes[1][1]
-    for name in SCHEDULERS:
-        axis.plot(rate["rate"], [point["L_combined_ms"] for point in rate[name]], marker="o", color=colours[name],
-                  label=name.upper())
-    axis.set_xscale("log")
-    axis.set_yscale("log")
-    axis.set_title("Fig. 11: L_combined vs input rate (seqL 3, tuple)", fontsize=10)
-    axis.set_xlabel("events/s")
-    axis.set_ylabel("ms")
-    axis.legend()
-    axis = axes[1][2]
-    for name in SCHEDULERS:
-        axis.plot(rate["rate"], [point["memory_kib"] for point in rate[name]], marker="o", color=colours[name],
-                  label=name.upper())
-    axis.set_xscale("log")
-    axis.set_title("Fig. 12: memory vs input rate (queued events + versions)", fontsize=10)
-    axis.set_xlabel("events/s")
-    axis.set_ylabel("KiB")
-    axis.legend()
-    axis = axes[1][3]
-    axis.axis("off")
-    lines = [f"cost model: {COST * 1000:g} ms time.sleep per Read and per Write",
-             f"S2PL/LWM: {THREADS} s-transactions at once; CPython {os.sys.version.split()[0]}", ""]
-    lines += results.get("summary", [])
-    axis.text(0, 1, "\n".join(lines), va="top", family="monospace", fontsize=9)
-    figure.suptitle("activedb bench streams — SEI vs S2PL vs LWM (Active CEP §6)")
-    figure.tight_layout()
-    figure.savefig(path, dpi=90)
-    pyplot.close(figure)
-
-
 def run(quick: bool = False) -> BenchReport:
     report = BenchReport("stream transactions: SEI vs S2PL vs LWM (activedb bench streams)")
     sizes = (1000,) if quick else (1000, 10_000, 100_000)
@@ -720,7 +553,7 @@ def run(quick: bool = False) -> BenchReport:
     out = output_folder("streams")
     (out / "streams.json").write_text(json.dumps({"rows": [dataclasses.asdict(row) for row in report.rows],
                                                   "experiments": results}, indent=2, default=str))
-    plot(results, out / "streams.png")
+    plot(results, out / "streams.png", cost=COST, threads=THREADS)
     report.notes.append(
         f"Part 2 (Active CEP §6): cost model = {COST * 1000:g} ms of time.sleep per store Read and Write after its "
         f"lock is granted (a store a round trip away; it releases the GIL, so S2PL/LWM overlap store operations; "
