@@ -46,8 +46,19 @@ class Failure(enum.Enum):
     DEADLOCK = "deadlock"                    # chosen as a deadlock's victim: re-run the transaction
     DISK_FULL = "disk full"                  # the server's disk is full: free space, then re-run
     BAD_VALUE = "bad value"                  # a value or row the schema refuses: fix the data
+    SERVER_BUSY = "server busy"              # out of resources, a lock not available in time, operator
+                                             # intervention, a system error: retry later
     REFUSED = "refused"                      # PostgreSQL refused the statement otherwise (see its SQLSTATE)
     BUG = "bug"                              # anything else: a bug in the application or in activedb
+
+    @property
+    def transient(self) -> bool:
+        """True if the same work may succeed when it runs again later (nothing about it was wrong)."""
+        return self in _TRANSIENT
+
+
+_TRANSIENT = frozenset({Failure.CONNECTION_LOST, Failure.SERIALIZATION_CONFLICT, Failure.DEADLOCK,
+                        Failure.DISK_FULL, Failure.SERVER_BUSY})
 
 
 # SQLSTATE classes that mean the connection (or the server) is gone, not the statement: 08 connection
@@ -77,8 +88,9 @@ def classify(error: BaseException) -> Failure:
     A lost or never-opened connection (SQLAlchemy invalidated it, SQLSTATE class 08 or 57P, or a
     connection-level error without a SQLSTATE, e.g. "Connection refused") is ``CONNECTION_LOST``;
     SQLSTATE 40001 and :class:`SerializationConflict` are ``SERIALIZATION_CONFLICT``; 40P01 and the lock
-    manager's deadlock ``DEADLOCK``; 53100 ``DISK_FULL``; classes 22 and 23, 54000 and
-    :class:`SchemaError` ``BAD_VALUE``; any other SQLSTATE ``REFUSED``; everything else ``BUG``."""
+    manager's deadlock ``DEADLOCK``; 53100 ``DISK_FULL``; classes 22, 23 and 54 and :class:`SchemaError`
+    ``BAD_VALUE``; the rest of classes 53, 57 and 58 and 55P03 (lock not available) ``SERVER_BUSY``; any other
+    SQLSTATE ``REFUSED``; everything else ``BUG``.  ``Failure.transient`` says which may succeed when re-run."""
     for cause in causes(error):
         found = _classify_one(cause)
         if found is not None:
@@ -124,8 +136,10 @@ def _by_sqlstate(sqlstate: str | None) -> Failure | None:
         return Failure.DEADLOCK
     if sqlstate == "53100":
         return Failure.DISK_FULL
-    if sqlstate.startswith(("22", "23")) or sqlstate == "54000":
+    if sqlstate.startswith(("22", "23", "54")):
         return Failure.BAD_VALUE
+    if sqlstate.startswith(("53", "57", "58")) or sqlstate == "55P03":
+        return Failure.SERVER_BUSY
     return None
 
 

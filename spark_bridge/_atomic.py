@@ -115,10 +115,11 @@ def declare_policy(db: Any, query_id: str, query_name: str, partitions: int, pol
 # --- the failed task's side ---------------------------------------------------------------------------------
 
 def is_infrastructure_failure(error: BaseException) -> bool:
-    """PostgreSQL unusable (not the partition's fault): replay will complete the batch."""
-    from spark_bridge._failures import is_infrastructure_failure as infrastructure
+    """Not the partition's fault (:func:`activedb.errors.classify` says the failure is transient: PostgreSQL
+    unusable, a conflict, a deadlock): replay will complete the batch."""
+    from activedb.errors import classify
 
-    return infrastructure(error)
+    return classify(error).transient
 
 
 def describe(error: BaseException) -> str:

@@ -246,6 +246,8 @@ def what_to_do(error: BaseException, app: str) -> str:
         return f"make PostgreSQL reachable again (is the server up? is the URL right?), {resume}"
     if kind is Failure.DISK_FULL:
         return f"free space on the database server's disk, {resume}"
+    if kind is Failure.SERVER_BUSY:
+        return f"wait until the database server can take work again (its log says why it could not), {resume}"
     if kind is Failure.REFUSED or any(isinstance(cause, DatabaseError) or sqlstate_of(cause)
                                       for cause in causes(error)):
         return f"fix what PostgreSQL refused (the schema, the values), {resume}"

@@ -21,13 +21,13 @@ __all__ = ["conflict_in", "find_culprits", "is_deadlock", "is_infrastructure_fai
 
 
 def is_infrastructure_failure(error: BaseException) -> bool:
-    """True if ``error`` means PostgreSQL is unusable (the batch must fail, not the event)."""
-    import sqlalchemy as sa
+    """True if ``error`` is not the event's fault and not a deadlock (:func:`activedb.errors.classify`: connection
+    lost, disk full, server busy, or a serialization conflict that no ``SerializationConflict`` announced): the
+    batch must fail and run again, not the event.  A deadlock re-runs the event (:func:`is_deadlock`)."""
+    from activedb.errors import Failure, classify
 
-    from activedb.errors import DatabaseUnavailable, causes
-
-    return any(isinstance(cause, (DatabaseUnavailable, sa.exc.OperationalError, sa.exc.InterfaceError))
-               for cause in causes(error))
+    return classify(error) in (Failure.CONNECTION_LOST, Failure.DISK_FULL, Failure.SERVER_BUSY,
+                               Failure.SERIALIZATION_CONFLICT)
 
 
 def conflict_in(error: BaseException) -> BaseException | None:
@@ -39,24 +39,21 @@ def conflict_in(error: BaseException) -> BaseException | None:
 
 
 def is_deadlock(error: BaseException) -> bool:
-    from lockmgr import Deadlock
+    """A deadlock's victim (the lock manager's, or PostgreSQL's 40P01): the event is re-run."""
+    from activedb.errors import Failure, classify
 
-    from activedb.errors import causes
-
-    return any(isinstance(cause, Deadlock) for cause in causes(error))
+    return classify(error) is Failure.DEADLOCK
 
 
 def is_poison_failure(error: BaseException) -> bool:
-    """PostgreSQL refused the commit because of the values written (a data exception, an integrity or a
-    size limit: SQLSTATE classes 22, 23, 54, or the engine's own DuplicateKey/InvalidValue at the flush) —
-    something an event caused, as opposed to the server (disk full, connection) or a conflict."""
-    from activedb.errors import DatabaseError, DuplicateKey, InvalidValue
+    """PostgreSQL refused the commit because of the values written (``classify`` says ``BAD_VALUE``: SQLSTATE
+    classes 22, 23, 54, or the engine's own DuplicateKey/InvalidValue at the flush) — something an event
+    caused, as opposed to the server (disk full, connection) or a conflict."""
+    from activedb.errors import DatabaseError, DuplicateKey, Failure, InvalidValue, classify
 
-    if is_infrastructure_failure(error):
-        return False
     if isinstance(error, (DuplicateKey, InvalidValue)):
-        return True
-    return isinstance(error, DatabaseError) and (error.sqlstate or "")[:2] in ("22", "23", "54")
+        return not is_infrastructure_failure(error)
+    return isinstance(error, DatabaseError) and classify(error) is Failure.BAD_VALUE
 
 
 def rejection_reason(error: BaseException) -> str:

@@ -37,18 +37,11 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from lockmgr import Deadlock, LockTimeout
+from lockmgr import LockTimeout
 
-from activedb.errors import (
-    DatabaseUnavailable,
-    DuplicateKey,
-    RecordsTakenOver,
-    RuleFailed,
-    SerializationConflict,
-    causes as _causes,
-)
+from activedb.errors import DuplicateKey, RecordsTakenOver, RuleFailed, causes, classify
 from activedb.outbox import _records
-from activedb.store import storable_text
+from activedb.store import is_connection_failure, storable_text
 from activedb.txn import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -60,21 +53,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger("activedb.outbox")
 
-_RETRYABLE = (Deadlock, LockTimeout, SerializationConflict, DatabaseUnavailable)
-
-
 def is_retryable(error: BaseException) -> bool:
-    """A failure PostgreSQL or the lock manager caused (anywhere in the cause chain)."""
-    import sqlalchemy as sa
-
-    return any(isinstance(cause, (*_RETRYABLE, sa.exc.OperationalError)) for cause in _causes(error))
-
-
-def is_connection_failure(error: BaseException) -> bool:
-    import sqlalchemy as sa
-
-    return any(isinstance(cause, (DatabaseUnavailable, sa.exc.OperationalError, sa.exc.InterfaceError))
-               and not isinstance(cause, SerializationConflict) for cause in _causes(error))
+    """A failure PostgreSQL or the lock manager caused (:func:`activedb.errors.classify`: a transient one, or
+    the lock manager's timeout), not the rule's."""
+    return classify(error).transient or any(isinstance(cause, LockTimeout) for cause in causes(error))
 
 
 def describe_error(error: BaseException) -> str:

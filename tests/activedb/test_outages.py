@@ -61,6 +61,13 @@ def test_classify_names_what_real_failures_mean(db):
     wrapped = DatabaseUnavailable("gone")
     wrapped.__cause__ = ValueError("inner")
     assert classify(wrapped) is Failure.CONNECTION_LOST
+    with pytest.raises(sa.exc.DBAPIError) as cancelled:          # 57014: the server gave up, not the statement
+        with db.engine.connect() as connection:
+            connection.execute(sa.text("SET LOCAL statement_timeout = 1"))
+            connection.execute(sa.text("SELECT pg_sleep(5)"))
+    assert classify(cancelled.value) is Failure.SERVER_BUSY
+    assert [failure.transient for failure in (Failure.SERVER_BUSY, Failure.DEADLOCK, Failure.BAD_VALUE, Failure.BUG)] \
+        == [True, True, False, False]
 
 
 # --- unavailable ---------------------------------------------------------------------------------
