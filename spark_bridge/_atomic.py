@@ -41,7 +41,7 @@ import enum
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
@@ -51,6 +51,9 @@ from activedb.atomic import SplitFailure
 from spark_bridge._handler import BatchHandler, BatchInput
 from spark_bridge._ledger import IngestionLedger, ledger_query_id, parse_ledger_query_id
 from spark_bridge.errors import IngestError, PartitionFailed
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb import Transaction
 
 __all__ = ["SplitBatchStatus", "SplitState", "as_policy", "lineage_participants", "source_query_id",
            "split_status"]
@@ -135,7 +138,7 @@ class FailureRow(CommitParticipant):
         self.values = {"q": query_id, "b": batch_id, "p": partition, "n": partitions, "policy": policy.value,
                        "state": state.value, "error": error}
 
-    def write(self, transaction: Any, connection: Any) -> None:
+    def write(self, transaction: Transaction, connection: Any) -> None:
         _upsert_failure(connection, self.values)
 
 
@@ -175,7 +178,7 @@ class _FailedPartition(BatchHandler):
     def __init__(self, reason: str) -> None:
         self.reason = reason
 
-    def handle(self, tx: Any, batch: BatchInput, ledger: IngestionLedger) -> None:
+    def handle(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger) -> None:
         from activedb.deadletters import Letter
 
         letters = [Letter(self.reason, dict(row)) for row in batch.rows]

@@ -21,11 +21,14 @@ span a crash.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spark_bridge._handler import BatchHandler, BatchInput
 from spark_bridge._ledger import IngestionLedger
 from spark_bridge.errors import IngestError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb import Transaction
 
 __all__ = ["CompositeHandler"]
 
@@ -51,7 +54,7 @@ class CompositeHandler(BatchHandler):
         self.mapping = mapping
         self.composites = 0        # composite events produced by committed batches (statistics)
 
-    def handle(self, tx: Any, batch: BatchInput, ledger: IngestionLedger) -> None:
+    def handle(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger) -> None:
         from spark_bridge.composite_feed import feed_batch
 
         result = feed_batch(self.engine, batch.rows, self.mapping, tx=tx)

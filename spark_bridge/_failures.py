@@ -10,11 +10,14 @@ back.  Design note: the package's ``README.md``."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from activedb import CommitParticipant
 
 from spark_bridge.mapping import RawEvent
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb import Transaction
 
 __all__ = ["conflict_in", "find_culprits", "is_deadlock", "is_infrastructure_failure", "is_poison_failure",
            "rejection_reason", "trial"]
@@ -79,7 +82,7 @@ class _TrialPassed(Exception):
 class _TrialStop(CommitParticipant):
     """Turns a flush into a trial: everything is written, then the transaction is rolled back."""
 
-    def about_to_commit(self, transaction: Any, connection: Any) -> None:
+    def about_to_commit(self, transaction: Transaction, connection: Any) -> None:
         raise _TrialPassed()
 
 

@@ -29,7 +29,7 @@ import functools
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from activedb.deadletters import Letter
 
@@ -39,6 +39,9 @@ from spark_bridge._ledger import IngestionLedger, batch_committed
 from spark_bridge._letters import BatchLetters
 from spark_bridge._outcome import BatchOutcome, PhaseTimings
 from spark_bridge.mapping import RawEvent
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb import Transaction
 
 __all__ = ["BatchHandler", "BatchInput", "run_batch"]
 
@@ -95,13 +98,13 @@ class BatchHandler:
         """Event types the sink accepts when ``ingest(known_types=…)`` is not given (None: any)."""
         return None
 
-    def handle(self, tx: Any, batch: BatchInput, ledger: IngestionLedger) -> None:
+    def handle(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger) -> None:
         """Apply ``batch`` inside ``tx`` (the batch's top-level transaction) and set the ledger's
         ``events`` and ``dead_letters`` — now, or in a commit participant enlisted here that writes
         before the ledger.  Raise to fail the batch (``tx`` then aborts and nothing is kept)."""
         raise NotImplementedError
 
-    def apply_events(self, tx: Any, events: list[RawEvent]) -> None:
+    def apply_events(self, tx: Transaction, events: list[RawEvent]) -> None:
         """Apply ``events`` in ``tx`` for a trial flush (only called if ``searches_poison``)."""
         raise NotImplementedError
 

@@ -28,10 +28,13 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from activedb import CommitParticipant
 from activedb.errors import BatchAlreadyCommitted
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb import Transaction
 
 __all__ = ["IngestionLedger", "QueryStatus", "batch_committed", "ingestion_status", "ledger_query_id",
            "parse_ledger_query_id"]
@@ -188,11 +191,11 @@ class IngestionLedger(CommitParticipant):
         self.flush_began: float | None = None
         self.flush_seconds = 0.0
 
-    def before_flush(self, transaction: Any) -> None:
+    def before_flush(self, transaction: Transaction) -> None:
         self.flush_began = time.perf_counter()
         self.rule_firings = self.db.rules.firings_in(transaction)
 
-    def write(self, transaction: Any, connection: Any) -> None:
+    def write(self, transaction: Transaction, connection: Any) -> None:
         from sqlalchemy.dialects import postgresql
 
         ledger = self.db.table(LEDGER_TABLE)
@@ -228,11 +231,11 @@ class IngestionLedger(CommitParticipant):
                 f"ids were ingested by another process meanwhile; nothing was written — the batch is re-run and "
                 f"finds them duplicates")
 
-    def about_to_commit(self, transaction: Any, connection: Any) -> None:
+    def about_to_commit(self, transaction: Transaction, connection: Any) -> None:
         if self._on_flush is not None:
             self._on_flush(self.batch_id)
 
-    def committed(self, transaction: Any) -> None:
+    def committed(self, transaction: Transaction) -> None:
         if self.flush_began is not None:
             self.flush_seconds = time.perf_counter() - self.flush_began
 

@@ -10,13 +10,16 @@ inserts them through :func:`activedb.deadletters.insert`, the table's one owner.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from activedb import deadletters
 from activedb.deadletters import Letter
 from activedb.store import jsonable
 
 from spark_bridge.mapping import RawEvent, Rejected
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb import Transaction
 
 __all__ = ["BatchLetters"]
 
@@ -45,7 +48,7 @@ class BatchLetters:
         originals = self._originals([event.position for event, _ in failed])
         return [Letter(reason, original, _shown(original)) for (_, reason), original in zip(failed, originals)]
 
-    def insert(self, tx: Any, letters: Sequence[Letter]) -> None:
+    def insert(self, tx: Transaction, letters: Sequence[Letter]) -> None:
         """Insert ``letters`` in ``tx`` (they commit with the batch)."""
         deadletters.insert(tx, self._catalog, self.query_id, self.batch_id, letters)
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from activedb import deadletters
 from activedb.deadletters import Letter
@@ -33,6 +33,9 @@ from activedb.store import jsonable
 from spark_bridge._handler import BatchHandler, BatchInput
 from spark_bridge._ledger import IngestionLedger
 from spark_bridge.errors import IngestError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb import Transaction
 
 __all__ = ["QueriesHandler", "build_engines"]
 
@@ -145,7 +148,7 @@ class QueriesHandler(BatchHandler):
             events.append(streams.StreamEvent(raw.event_type, raw.ts, attributes, stream=stream, origin=raw))
         return events
 
-    def handle(self, tx: Any, batch: BatchInput, ledger: IngestionLedger) -> None:
+    def handle(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger) -> None:
         processed = 0
         letters = list(batch.letters)
         punctuation = batch.watermark

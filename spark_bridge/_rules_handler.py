@@ -16,7 +16,7 @@ calling thread.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from activedb import TxnState
 
@@ -25,6 +25,9 @@ from spark_bridge._failures import conflict_in, is_deadlock, is_infrastructure_f
 from spark_bridge._handler import BatchHandler, BatchInput
 from spark_bridge._ledger import IngestionLedger
 from spark_bridge.mapping import RawEvent
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb import Transaction
 
 __all__ = ["RulesHandler"]
 
@@ -53,7 +56,7 @@ class RulesHandler(BatchHandler):
         """The stream types the rules of ``db`` listen to now (None — anything — if none)."""
         return self.db.rules.stream_types() or None
 
-    def handle(self, tx: Any, batch: BatchInput, ledger: IngestionLedger) -> None:
+    def handle(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger) -> None:
         self._prefetch_rows(tx, batch.events)
         applied = 0
         failed: list[tuple[RawEvent, str]] = []
@@ -72,12 +75,12 @@ class RulesHandler(BatchHandler):
         ledger.events = applied
         ledger.dead_letters = len(letters)
 
-    def apply_events(self, tx: Any, events: list[RawEvent]) -> None:
+    def apply_events(self, tx: Transaction, events: list[RawEvent]) -> None:
         self._prefetch_rows(tx, events)
         for event in events:
             self._apply_event(tx, event)
 
-    def _apply_event(self, tx: Any, event: RawEvent) -> str | None:
+    def _apply_event(self, tx: Transaction, event: RawEvent) -> str | None:
         """Run ``event`` in its own subtransaction of ``tx``; None if it committed, else why not.
 
         Raises when the batch itself cannot go on (``tx`` unusable, PostgreSQL down)."""
@@ -96,7 +99,7 @@ class RulesHandler(BatchHandler):
                 return rejection_reason(failure)
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    def _prefetch_rows(self, tx: Any, events: tuple[RawEvent, ...] | list[RawEvent]) -> None:
+    def _prefetch_rows(self, tx: Transaction, events: tuple[RawEvent, ...] | list[RawEvent]) -> None:
         for table, how in self.prefetch.items():
             if how is None:
                 keys = [event.key for event in events]

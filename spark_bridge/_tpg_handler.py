@@ -19,11 +19,14 @@ processes; call :meth:`TpgHandler.close` (``sink.close()``) when the query stops
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spark_bridge._handler import BatchHandler, BatchInput
 from spark_bridge._ledger import IngestionLedger
 from spark_bridge.errors import IngestError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb import Transaction
 
 __all__ = ["TpgHandler"]
 
@@ -48,7 +51,7 @@ class TpgHandler(BatchHandler):
     def accepted_types(self) -> frozenset[str] | None:
         return frozenset(self.transactions.event_types) or None
 
-    def handle(self, tx: Any, batch_input: BatchInput, ledger: IngestionLedger) -> None:
+    def handle(self, tx: Transaction, batch_input: BatchInput, ledger: IngestionLedger) -> None:
         from activedb import batch
 
         events = list(batch_input.events)

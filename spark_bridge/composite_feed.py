@@ -37,13 +37,16 @@ import datetime as dt
 import heapq
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from activedb import composite, streams
 from activedb.events import Timestamp
 
 from spark_bridge.mapping import TS_UNITS, EventMapping, InvalidField, Rejected, jsonable, to_utc
 from spark_bridge.errors import MappingError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb import Transaction
 
 __all__ = ["FeedResult", "feed_batch", "rows_to_items"]
 
@@ -143,7 +146,7 @@ def rows_to_items(rows: Any, mapping: EventMapping) -> tuple[list[Any], list[Rej
     return items, rejected
 
 
-def feed_batch(engine: composite.CompositionEngine, rows: Any, mapping: EventMapping, *, tx: Any = None
+def feed_batch(engine: composite.CompositionEngine, rows: Any, mapping: EventMapping, *, tx: Transaction = None
                ) -> FeedResult:
     """Feed one micro-batch: ``engine.process(tx, …)`` inside the batch's transaction (composites
     emitted, state restored if it aborts) or ``engine.submit(…)`` when ``tx`` is None."""

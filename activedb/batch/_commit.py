@@ -53,7 +53,7 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
@@ -68,6 +68,9 @@ from activedb.batch._strategy import Strategy
 from activedb.batch.errors import BatchNotCommitted, DeclarationError
 from activedb.errors import InvalidKey, InvalidValue
 from activedb.txn import CommitParticipant
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.txn import Transaction
 
 __all__ = ["PendingBatch", "PendingState", "apply_at_commit"]
 
@@ -130,11 +133,11 @@ class PendingBatch(CommitParticipant):
 
     # --- the commit -----------------------------------------------------------------------
 
-    def write(self, transaction: Any, connection: sa.Connection) -> None:
+    def write(self, transaction: Transaction, connection: sa.Connection) -> None:
         with _NoCyclicGc():        # tens of thousands of small objects: no cyclic collection meanwhile
             self._write(transaction, connection)
 
-    def _write(self, transaction: Any, connection: sa.Connection) -> None:
+    def _write(self, transaction: Transaction, connection: sa.Connection) -> None:
         if self.state is not PendingState.PENDING:
             raise BatchNotCommitted(f"a {self.state.value} batch cannot be written again; apply the events again")
         catalog = transaction.manager.catalog
@@ -166,10 +169,10 @@ class PendingBatch(CommitParticipant):
         self._result = result
         self.seconds = {"apply": self.seconds.get("apply", 0.0), **seconds}
 
-    def committed(self, transaction: Any) -> None:
+    def committed(self, transaction: Transaction) -> None:
         self.state = PendingState.COMMITTED
 
-    def aborted(self, transaction: Any, error: BaseException | None) -> None:
+    def aborted(self, transaction: Transaction, error: BaseException | None) -> None:
         if self.state is PendingState.PENDING:
             self.state = PendingState.ABORTED
             self.error = error
@@ -428,7 +431,7 @@ def _check_key_columns(info: Any, given: Any, values: Mapping[str, Any], key_row
 
 # --- applying ------------------------------------------------------------------------------
 
-def apply_at_commit(tx: Any, events: Iterable[Any], transactions: StateTransactions, *,
+def apply_at_commit(tx: Transaction, events: Iterable[Any], transactions: StateTransactions, *,
                     strategy: str | Strategy = AUTO, processes: int | None = None, split: str = "auto",
                     dead_letters: str | None = DEAD_LETTER_TABLE, query_id: str | None = None,
                     batch_id: int | None = None,

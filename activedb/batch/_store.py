@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from activedb import deadletters
 from activedb.batch._declare import BatchEvent, StateTransactions
@@ -34,13 +34,16 @@ from activedb.batch._result import BatchResult
 from activedb.batch._runtime import AUTO, _NoCyclicGc, execute, prepare
 from activedb.batch._strategy import Strategy
 
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.txn import Transaction
+
 __all__ = ["DEAD_LETTER_TABLE", "apply_batch", "dead_letter", "dead_letter_row", "run_batch"]
 
 DEAD_LETTER_TABLE = deadletters.TABLE
 _MISSING = object()
 
 
-def apply_batch(tx: Any, events: Iterable[Any], transactions: StateTransactions, *,
+def apply_batch(tx: Transaction, events: Iterable[Any], transactions: StateTransactions, *,
                 strategy: str | Strategy = AUTO, processes: int | None = None, split: str = "auto",
                 lock: str = "write") -> BatchResult:
     """Run ``events`` as one batch of state transactions inside the open transaction ``tx``

@@ -17,7 +17,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from activedb.composite._clock import MonotonicClock
 from activedb.composite._evaluation import Evaluation
@@ -32,6 +32,9 @@ from activedb.events import EventSpec, EventKind, LocalClock
 from activedb.streams import CompiledQuery, StreamEvent, StreamSchema, algebra as ast, compile_query, parse
 from activedb.streams import query_definition
 from activedb.streams.errors import DefinitionError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.txn import Transaction
 
 __all__ = ["DEFAULT_TIMEOUT", "CompositeStatistics", "CompositionEngine", "ProducerInfo", "TimeoutPolicy", "Window",
            "WindowEntry"]
@@ -208,7 +211,7 @@ class CompositionEngine:
                 self._input.take(item)
         return self._finish()
 
-    def process(self, tx: Any, items: Iterable[StreamEvent | Heartbeat]) -> list[CompositeEvent]:
+    def process(self, tx: Transaction, items: Iterable[StreamEvent | Heartbeat]) -> list[CompositeEvent]:
         """``submit`` within transaction ``tx``: every composite event is emitted into ``tx`` (rules on
         ``engine.spec(query)`` fire), and if ``tx``'s top-level transaction aborts, the engine's state
         returns to what it was before the first batch of that transaction."""

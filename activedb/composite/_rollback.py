@@ -11,12 +11,15 @@ it is called by the transaction, outside every engine call).
 from __future__ import annotations
 
 import collections
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from activedb.composite._evaluation import Evaluation
 from activedb.composite._input import InputNode
 from activedb.composite._members import Members
 from activedb.txn import CommitParticipant
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.txn import Transaction
 
 
 class _Participant(CommitParticipant):
@@ -27,10 +30,10 @@ class _Participant(CommitParticipant):
         self.root = root
         self.snapshot = snapshot
 
-    def committed(self, transaction: Any) -> None:
+    def committed(self, transaction: Transaction) -> None:
         self.rollback.forget(self)
 
-    def aborted(self, transaction: Any, error: BaseException | None) -> None:
+    def aborted(self, transaction: Transaction, error: BaseException | None) -> None:
         self.rollback.restore(self)
 
 

@@ -17,9 +17,12 @@ import base64
 import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from activedb.store import exact_json, from_exact_json, jsonable, storable_text
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.txn import Transaction
 
 __all__ = ["TABLE", "Letter", "LetterFilter", "LetterRecord", "count", "count_by_reason", "decode_original", "encode_original",
            "insert", "purge", "select", "table_rows"]
@@ -149,7 +152,8 @@ def table_rows(query_id: str | None, batch_id: int | None, letters: Iterable[Let
              "original": encode_original(letter.row)} for letter in letters]
 
 
-def insert(tx: Any, catalog: Any, query_id: str | None, batch_id: int | None, letters: Sequence[Letter]) -> None:
+def insert(tx: Transaction, catalog: Any, query_id: str | None, batch_id: int | None,
+           letters: Sequence[Letter]) -> None:
     """Insert ``letters`` in ``tx`` (an activedb transaction of the database whose catalog is ``catalog``):
     ids drawn in one query and their absence loaded in one query (``prefetch``), so no round trip per
     letter; they commit with ``tx``."""

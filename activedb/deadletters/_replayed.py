@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from activedb.errors import BatchAlreadyCommitted
 from activedb.txn import CommitParticipant
 
 from activedb.deadletters._letters import TABLE
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.txn import Transaction
 
 __all__ = ["LetterReplayed"]
 
@@ -22,7 +25,7 @@ class LetterReplayed(CommitParticipant):
         self.letter_id = letter_id
         self.replay_query_id = replay_query_id
 
-    def write(self, transaction: Any, connection: Any) -> None:
+    def write(self, transaction: Transaction, connection: Any) -> None:
         import sqlalchemy as sa
 
         table = self._table

@@ -32,6 +32,7 @@ from activedb.streams._view import Stamp, StoreView
 from activedb.streams.errors import ActionFailed, StreamError
 
 if TYPE_CHECKING:
+    from activedb.txn import Transaction
     from activedb.streams._definitions import Definitions
     from activedb.streams._engine import StreamEngine
 
@@ -121,7 +122,7 @@ def _event_failure(error: BaseException) -> bool:
 class BatchRun:
     """The s-transactions of one ``process`` call and what the scheduler calls to run them."""
 
-    def __init__(self, engine: "StreamEngine", tx: Any, pending: Pending, stransactions: list[STransaction], *,
+    def __init__(self, engine: "StreamEngine", tx: Transaction, pending: Pending, stransactions: list[STransaction], *,
                  serial: int, definitions: "Definitions"):
         self.engine = engine
         self.tx = tx
@@ -180,7 +181,7 @@ class BatchRun:
         """The history unit of ``stransaction`` when a scheduler runs it with ``execute_in``."""
         return self._unit(stransaction.id)
 
-    def execute_in(self, stransaction: STransaction, tx: Any, unit: str) -> tuple:
+    def execute_in(self, stransaction: STransaction, tx: Transaction, unit: str) -> tuple:
         """Run the whole s-transaction in ``tx``, a subtransaction the scheduler made for it
         (e.g. spawned on a worker thread): every consuming query, then the rules on their
         outputs.  The caller's subtransaction ends it: when it has committed or aborted, the
@@ -224,7 +225,7 @@ class BatchRun:
             self.pending.units.append(unit)
         return unit
 
-    def execute_unit(self, stransaction: STransaction, rank: int, tx: Any) -> bool:
+    def execute_unit(self, stransaction: STransaction, rank: int, tx: Transaction) -> bool:
         """Run only the query of ``rank`` (and the rules on its outputs) in ``tx`` itself, as
         its own unit — the unscheduled mode.  Raises the event's failure as a StreamError
         (after recording the dead letter) so that ``tx`` aborts."""
@@ -284,7 +285,7 @@ class BatchRun:
         self._succeeded(touched, outputs, event.position)
         return True
 
-    def _body(self, tx: Any, stransaction: STransaction, unit: str, ranks: list[int]):
+    def _body(self, tx: Transaction, stransaction: STransaction, unit: str, ranks: list[int]):
         engine = self.engine
         metrics = engine.metrics
         event = stransaction.event
@@ -369,7 +370,7 @@ def _run_rule(rule: CompiledRule, output: Output, view: Any) -> None:
         raise ActionFailed(f"rule {rule.name} raised {type(error).__name__}: {error}", rule.name) from error
 
 
-def prefetch(tx: Any, stransactions: list[STransaction]) -> None:
+def prefetch(tx: Transaction, stransactions: list[STransaction]) -> None:
     """Load, in one query per table, the rows the batch's access plans name (Algorithm 1
     at work): the s-transactions' reads then need no round trip."""
     keys: dict[str, dict[tuple, None]] = {}

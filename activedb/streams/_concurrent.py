@@ -57,7 +57,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from activedb.streams._batch import AccessPlan, BatchRun, STransaction
 from activedb.streams._locks import (
@@ -75,6 +75,9 @@ from activedb.streams._versions import VersionStatistics, VersionStore
 from activedb.streams._view import LockedView, Stamp, StoreView, VersionedView
 from activedb.streams.errors import SchedulerError, StreamError
 from activedb.txn import Observer
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.txn import Transaction
 
 GRANULARITIES = ("tuple", "table")
 
@@ -164,13 +167,13 @@ class _Ends(Observer):
     def __init__(self, run: _Run):
         self.run = run
 
-    def on_commit(self, transaction: Any) -> None:
+    def on_commit(self, transaction: Transaction) -> None:
         self._end(transaction, True)
 
-    def on_abort(self, transaction: Any, reason: BaseException | None) -> None:
+    def on_abort(self, transaction: Transaction, reason: BaseException | None) -> None:
         self._end(transaction, False)
 
-    def _end(self, transaction: Any, committed: bool) -> None:
+    def _end(self, transaction: Transaction, committed: bool) -> None:
         run = self.run
         with run._mutex:
             work = run.by_node.pop(transaction.id, None)
@@ -450,7 +453,7 @@ class LockingScheduler(Scheduler):
 
     # --- the store view ---------------------------------------------------------------------
 
-    def _view(self, run: _Run, tx: Any, stamp: Stamp) -> StoreView:
+    def _view(self, run: _Run, tx: Transaction, stamp: Stamp) -> StoreView:
         raise NotImplementedError
 
     # --- statistics -------------------------------------------------------------------------
@@ -489,7 +492,7 @@ class S2PLScheduler(LockingScheduler):
     name = "s2pl"
     lock_table_class = S2PLLockTable
 
-    def _view(self, run: _Run, tx: Any, stamp: Stamp) -> StoreView:
+    def _view(self, run: _Run, tx: Transaction, stamp: Stamp) -> StoreView:
         engine = run.batch.engine
         return LockedView(tx, stamp, engine.history, engine.operation_cost, table=run.table,
                           owner=run.by_position[stamp.position].owner, catalog=engine.catalog)
@@ -549,7 +552,7 @@ class LWMScheduler(LockingScheduler):
         if run.versions is not None:
             run.versions.drop(work.owner.position)
 
-    def _view(self, run: _Run, tx: Any, stamp: Stamp) -> StoreView:
+    def _view(self, run: _Run, tx: Transaction, stamp: Stamp) -> StoreView:
         engine = run.batch.engine
         return VersionedView(tx, stamp, engine.history, engine.operation_cost, table=run.table,
                              owner=run.by_position[stamp.position].owner, catalog=engine.catalog,

@@ -40,7 +40,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from activedb import deadletters
 from activedb.streams import algebra as ast
@@ -56,6 +56,9 @@ from activedb.streams._reorder import ReorderBuffer
 from activedb.streams._scheduler import Scheduler, make_scheduler
 from activedb.streams._state import BatchOutcome, Pending, State
 from activedb.streams.errors import StreamError, StreamStateError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.txn import Transaction
 
 __all__ = ["AccessPlan", "BatchResult", "BatchRun", "Resource", "STransaction", "StreamEngine"]
 
@@ -199,7 +202,7 @@ class StreamEngine:
 
     # --- processing ------------------------------------------------------------------------------
 
-    def process(self, tx: Any, events: Iterable[StreamEvent | Mapping[str, Any]], *, punctuation: Any = None,
+    def process(self, tx: Transaction, events: Iterable[StreamEvent | Mapping[str, Any]], *, punctuation: Any = None,
                 punctuations: Mapping[str, Any] | None = None, batch_id: int | None = None) -> BatchResult:
         """Admit ``events``, release what the punctuations allow, and run the released
         events' s-transactions inside ``tx`` (see the module docstring).
@@ -282,7 +285,7 @@ class StreamEngine:
                            outputs=tuple(run.outputs), dead_letters=tuple(letters), buffered=len(pending.buffer),
                            punctuation=pending.released)
 
-    def _record_dead_letters(self, tx: Any, letters: list[DeadLetter], batch_id: int | None) -> None:
+    def _record_dead_letters(self, tx: Transaction, letters: list[DeadLetter], batch_id: int | None) -> None:
         deadletters.insert(tx, self.db.catalog, f"streams:{self.name}", batch_id, [
             deadletters.Letter(letter.reason, _event_row(letter.event), _jsonable_event(letter.event))
             for letter in letters])

@@ -23,13 +23,16 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
 from activedb.streams._events import END_OF_STREAM, StreamEvent, order_key
 from activedb.streams._matcher import PartitionState
 from activedb.streams.errors import StreamStateError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.txn import Transaction
 
 TABLE = "activedb_stream_state"
 
@@ -87,7 +90,7 @@ def _partition_item(query: str, key: tuple) -> str:
     return json.dumps([query, [encode_value(value) for value in key]], separators=(",", ":"))
 
 
-def save(engine: Any, tx: Any, pending: Any) -> None:
+def save(engine: Any, tx: Transaction, pending: Any) -> None:
     """Write what ``pending`` changed into ``tx`` (see the module docstring)."""
     name = engine.name
     for arrival, event in pending.buffer_added.items():

@@ -1,6 +1,6 @@
 """Schedulers: how the s-transactions of a micro-batch run.
 
-The engine hands a scheduler a :class:`~activedb.streams._engine.BatchRun`: the batch's
+The engine hands a scheduler a :class:`~activedb.streams._batch.BatchRun`: the batch's
 top-level transaction ``tx`` and its s-transactions in the declared total order (each
 with its event, the queries consuming it and its access plan — the tables and keys it
 may read and write, computed from the definitions by Algorithm 1 of Active CEP).  A
@@ -40,9 +40,12 @@ from __future__ import annotations
 import abc
 import collections
 import queue
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from activedb.streams.errors import StreamError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.streams._batch import BatchRun
 
 
 class Scheduler(abc.ABC):
@@ -52,7 +55,7 @@ class Scheduler(abc.ABC):
     name: str = "scheduler"
 
     @abc.abstractmethod
-    def run(self, batch: Any) -> None:
+    def run(self, batch: BatchRun) -> None:
         """Run every s-transaction of ``batch.stransactions``.  Precondition: called in the
         thread that owns ``batch.tx``.  Returns when all of them have ended."""
 
@@ -65,7 +68,7 @@ class SEIScheduler(Scheduler):
 
     name = "sei"
 
-    def run(self, batch: Any) -> None:
+    def run(self, batch: BatchRun) -> None:
         for stransaction in batch.stransactions:
             batch.execute(stransaction)
 
@@ -87,7 +90,7 @@ class UnscheduledScheduler(Scheduler):
         self.before_step = before_step
         self.after_step = after_step
 
-    def run(self, batch: Any) -> None:
+    def run(self, batch: BatchRun) -> None:
         queues: dict[str, collections.deque] = {}
         for stransaction in batch.stransactions:
             for rank, matcher in stransaction.matchers:

@@ -12,11 +12,14 @@ and ``BatchRun._mutex`` the overlay while a batch runs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from activedb.streams._events import StreamEvent
 from activedb.streams._matcher import PartitionState
 from activedb.txn import CommitParticipant
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.txn import Transaction
 
 
 @dataclass
@@ -75,8 +78,8 @@ class BatchOutcome(CommitParticipant):
         self.pending = pending
         self.settle = settle
 
-    def committed(self, transaction: Any) -> None:
+    def committed(self, transaction: Transaction) -> None:
         self.settle(self.pending, True)
 
-    def aborted(self, transaction: Any, error: BaseException | None) -> None:
+    def aborted(self, transaction: Transaction, error: BaseException | None) -> None:
         self.settle(self.pending, False)

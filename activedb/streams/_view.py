@@ -23,6 +23,7 @@ from activedb.streams._locks import LockMode
 from activedb.streams.errors import UndeclaredAccess
 
 if TYPE_CHECKING:  # pragma: no cover
+    from activedb.txn import Transaction
     from activedb.streams._locks import Owner, StreamLockTable
     from activedb.streams._versions import VersionStore
 
@@ -45,7 +46,7 @@ def _as_key(key: Any) -> tuple:
 class StoreView:
     """Stamped store access for one unit of work (see the module docstring)."""
 
-    def __init__(self, tx: Any, stamp: Stamp, history: Any = None, cost: Callable[[str], None] | None = None):
+    def __init__(self, tx: Transaction, stamp: Stamp, history: Any = None, cost: Callable[[str], None] | None = None):
         self.tx = tx
         self.stamp = stamp
         self._history = history
@@ -176,7 +177,7 @@ class LockedView(StoreView):
     """A view whose every operation first waits for its lock in the batch's stream lock
     table (``table``; ``owner``: the s-transaction's lock owner) — S2PL's view."""
 
-    def __init__(self, tx: Any, stamp: Stamp, history: Any, cost: Callable[[str], None] | None, *,
+    def __init__(self, tx: Transaction, stamp: Stamp, history: Any, cost: Callable[[str], None] | None, *,
                  table: "StreamLockTable", owner: "Owner", catalog: Any):
         super().__init__(tx, stamp, history, cost)
         self._owner = owner
@@ -199,7 +200,7 @@ class VersionedView(LockedView):
     """LWM's view: Reads from the version store (``versions``) at the s-transaction's
     position, Writes into its subtransaction (granted in timestamp order) leaving a version."""
 
-    def __init__(self, tx: Any, stamp: Stamp, history: Any, cost: Callable[[str], None] | None, *,
+    def __init__(self, tx: Transaction, stamp: Stamp, history: Any, cost: Callable[[str], None] | None, *,
                  table: "StreamLockTable", owner: "Owner", catalog: Any, versions: "VersionStore"):
         super().__init__(tx, stamp, history, cost, table=table, owner=owner, catalog=catalog)
         self._versions = versions
