@@ -24,6 +24,7 @@ import lockmgr
 from activedb.errors import TransactionAborted
 from activedb.txn import _ids
 from activedb.txn._history import HistoryRecorder
+from activedb.txn._hotkeys import HotKeys
 from activedb.txn._hooks import HookRegistry, Observer, TransactionExtension
 from activedb.txn._locking import Locking
 from activedb.txn._participants import CommitParticipant
@@ -90,7 +91,9 @@ class TransactionManager:
         normally and aborted when it raises.  ``prepare(tx)`` runs before the extensions hear of its begin
         (the rule manager uses it to attach the firing a detached rule runs).  ``update_intent``: tables
         whose plain reads take update intent in this tree (``Database.run``'s hot-key learning)."""
-        transaction = Transaction(self, None, name=name, read_base=read_base, update_intent=update_intent)
+        transaction = Transaction(self, None, name=name, read_base=read_base)
+        if update_intent:
+            transaction.slot(HotKeys).update_intent = frozenset(update_intent)
         outer = self.current()
         nesting = None
         with self._live_mutex:

@@ -40,6 +40,7 @@ from activedb.errors import (
 from activedb.events import Event, EventKind
 from activedb.store import Entry, EntryKind, Key, TableInfo
 from activedb.txn import _bulk, _flush, _ids, _view
+from activedb.txn._hotkeys import HotKeys
 from activedb.txn._participants import CommitParticipant
 from activedb.txn._pool import Task
 
@@ -91,12 +92,11 @@ class Transaction:
 
     __slots__ = ("manager", "parent", "root", "depth", "id", "name", "began_at", "info", "subtransactions_committed",
                  "_mutex", "_state", "_children", "_tasks", "_writes", "_db_reads", "_scans", "_participants",
-                 "_slots", "_doomed", "_thread", "_read_base", "_holds", "_lazy", "_lazy_child", "_update_intent", "_plain_reads",
-                 "_read_then_written", "__weakref__")
+                 "_slots", "_doomed", "_thread", "_read_base", "_holds", "_lazy", "_lazy_child", "__weakref__")
 
     def __init__(self, manager: "TransactionManager", parent: "Transaction | None", *,
                  name: str | None = None, read_base: "ReadBase | None" = None, inline: bool = False,
-                 lazy: bool = False, update_intent: frozenset = frozenset()):
+                 lazy: bool = False):
         self.manager = manager
         self.parent = parent
         self.root: Transaction = parent.root if parent is not None else self
@@ -136,12 +136,6 @@ class Transaction:
         self._lazy = lazy
         # This node's live lazy child, if any (while it runs, what this node holds is the child's).
         self._lazy_child: Transaction | None = None
-        # Hot keys (the root's): tables whose plain reads take update intent in this tree (learned by
-        # ``Database.run`` from an attempt that read rows of them, wrote them and failed), and what this
-        # tree teaches: the rows it read plainly, the tables of those it then wrote.
-        self._update_intent = update_intent
-        self._plain_reads: set | None = set() if parent is None else None
-        self._read_then_written: set | None = set() if parent is None else None
         manager.locking.begin(self, awaited=inline)
         recorder = manager.recorder
         if recorder:
@@ -240,19 +234,20 @@ class Transaction:
         self._check_active("read")
         info = self.manager.catalog.table_info(table)
         key = info.key(key)
-        root = self.root
-        if for_update or info.name in root._update_intent:
+        hot = self.root.slot(HotKeys, create=False)
+        if for_update or (hot is not None and info.name in hot.update_intent):
             self.manager.locking.acquire(self, info, key, Mode.UPDATE)
             return _view.read_row(self, info, key, for_update=True)
         self.manager.locking.acquire(self, info, key, Mode.READ)
-        root._plain_reads.add((info.name, key))
+        (hot or self.root.slot(HotKeys)).plain_reads.add((info.name, key))
         return _view.read_row(self, info, key)
 
     def read_then_written(self) -> frozenset[str]:
         """The tables of which this tree read a row plainly (``tx.read`` without ``for_update``) and then
         wrote it: where two such trees convert their read locks to write locks and one must give way.
         ``Database.run`` learns them from an attempt that failed (see README, "Hot keys")."""
-        return frozenset(self.root._read_then_written)
+        hot = self.root.slot(HotKeys, create=False)
+        return frozenset(hot.read_then_written) if hot is not None else frozenset()
 
     def prefetch(self, table: Any, keys: Any) -> int:
         """Read-lock ``keys`` of ``table`` and load their committed images in one query, so that
@@ -365,9 +360,9 @@ class Transaction:
 
     def _modify(self, info: TableInfo, key: Key, entry: Entry, *, must_not_exist: bool = False,
                 lock: bool = True) -> None:
-        root = self.root
-        if root._plain_reads and (info.name, key) in root._plain_reads:
-            root._read_then_written.add(info.name)    # before the lock: a conversion may be the victim
+        hot = self.root.slot(HotKeys, create=False)
+        if hot is not None and (info.name, key) in hot.plain_reads:
+            hot.read_then_written.add(info.name)    # before the lock: a conversion may be the victim
         if lock:   # False: the node took a table lock covering the row (write_many, _bulk.py)
             self.manager.locking.acquire(self, info, key, Mode.WRITE)
         extensions = self.manager.extensions
