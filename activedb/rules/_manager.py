@@ -115,7 +115,7 @@ class RuleManager(TransactionExtension):
     def firings_in(self, transaction: Transaction) -> dict[str, int]:
         """Per rule, how many firings were dispatched in ``transaction``'s tree so far."""
         context = transaction.root.slot(RuleContext, create=False)
-        return dict(context.firings) if context is not None else {}
+        return dict(context.firings) if context is not None and context.firings else {}
 
     def statistics(self) -> RulesStatistics:
         with self._mutex:
@@ -174,13 +174,16 @@ class RuleManager(TransactionExtension):
 
     def after_end(self, transaction: Transaction, committed: bool) -> None:
         self.detached.transaction_ended(transaction, committed)
-        if transaction.is_top_level and not committed and self.registry.by_kind.get(EventKind.ABORTED):
+        if transaction.parent is not None:
+            return
+        if not committed and self.registry.by_kind.get(EventKind.ABORTED):
             event = Event(EventKind.ABORTED, transaction.name, payload=dict(transaction.info),
                           transaction=transaction.id)
             try:
                 self.dispatch(transaction, event, ended=True)
             except Exception as error:   # the transaction has ended: report, never undo its outcome
                 logger.error("rules on %s could not be fired: %r", event.describe(), error)
+        self._fold(transaction)
 
     # --- dispatch ----------------------------------------------------------------------------
 
@@ -209,17 +212,7 @@ class RuleManager(TransactionExtension):
                 f"rule cascade deeper than {self.max_cascade_depth} in transaction {transaction.id}: {names}; "
                 f"break the cycle or raise max_cascade_depth", [*chain, *(rule.name for rule in rules)])
         firings = [Firing(rule, event, (*chain, rule.name), rule.coupling, next(self._numbers)) for rule in rules]
-        root = transaction.root
-        root_firings = root.slot(RuleContext).firings
-        if not root_firings:
-            # The tree's firings go into its transaction-log row (serialised at the flush, when every child
-            # has ended), where ``activedb rules list`` sums them.
-            root.info.setdefault("rule_firings", root_firings)
-        with self._mutex:
-            for rule in rules:
-                self._counters[rule.name].fired += 1
-                self._per_mode[rule.coupling] += 1
-                root_firings[rule.name] = root_firings.get(rule.name, 0) + 1
+        self._record(transaction.root, rules)
         immediate = []
         for firing in firings:
             coupling = firing.coupling
@@ -231,6 +224,40 @@ class RuleManager(TransactionExtension):
                 self.detached.start(transaction, firing, ended=ended)
         if immediate:
             self._run_groups(transaction, immediate, "immediate")
+
+    def _record(self, root: Transaction, rules: list[Rule]) -> None:
+        """The firing record of ``rules`` fired in ``root``'s tree: per rule, the tree's count (also its
+        transaction-log row's ``rule_firings``, serialised at the flush, where ``activedb rules list`` sums
+        them).  The manager's counters (``statistics()``) get the tree's counts once, when the tree ends
+        (``_fold``), not per firing."""
+        context = root.slot(RuleContext)
+        with self._mutex:
+            tally = context.firings
+            if tally is None:
+                tally = context.firings = {}
+                context.couplings = {}
+                root.info.setdefault("rule_firings", tally)
+            couplings = context.couplings
+            for rule in rules:
+                name = rule.name
+                count = tally.get(name)
+                tally[name] = 1 if count is None else count + 1
+                if couplings is None:         # the tree has ended and was folded: count at once
+                    self._counters[name].fired += 1
+                    self._per_mode[rule.coupling] += 1
+                elif count is None:
+                    couplings[name] = rule.coupling
+
+    def _fold(self, root: Transaction) -> None:
+        """``root``'s tree ended: add its firing record to the manager's counters."""
+        context = root.slot(RuleContext, create=False)
+        if context is None or not context.couplings:
+            return
+        with self._mutex:
+            couplings, context.couplings = context.couplings, None
+            for name, count in context.firings.items():
+                self._counters[name].fired += count
+                self._per_mode[couplings[name]] += count
 
     def _queue_for(self, transaction: Transaction) -> DeferredQueue:
         """The deferred queue a firing in ``transaction`` joins (``coupling.has_own_deferred_queue``):

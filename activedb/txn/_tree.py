@@ -101,8 +101,8 @@ class Transaction:
         self.parent = parent
         self.root: Transaction = parent.root if parent is not None else self
         self.depth = parent.depth + 1 if parent is not None else 0
-        number = manager.next_id()
-        self.id = _ids.child_id(parent.id, number) if parent is not None else _ids.top_level_id(number)
+        number = next(manager._ids)
+        self.id = f"{parent.id}.{number}" if parent is not None else _ids.top_level_id(number)   # _ids.child_id
         self.name = name
         # When the tree began (the transaction log's began_at); only a top-level transaction needs it.
         self.began_at = datetime.datetime.now(datetime.timezone.utc) if parent is None else None
@@ -136,7 +136,8 @@ class Transaction:
         self._lazy = lazy
         # This node's live lazy child, if any (while it runs, what this node holds is the child's).
         self._lazy_child: Transaction | None = None
-        manager.locking.begin(self, awaited=inline)
+        if not lazy:
+            manager.locking.begin(self, awaited=inline)
         recorder = manager.recorder
         if recorder:
             recorder.record("begin", self.id, parent=parent.id if parent is not None else None, root=self.root.id)
@@ -420,7 +421,8 @@ class Transaction:
         manager = self.manager
         if self._lazy:
             self.materialize()
-        manager.locking.release_holds(self)
+        if self._holds or self._lazy_child is not None:
+            manager.locking.release_holds(self)
         # Lazy: an inline child of a node with no other live child (so no sibling can conflict with it).
         lazy = inline and manager.lazy_subtransactions and not self._children
         child = Transaction(manager, self, name=name, inline=inline, lazy=lazy)
@@ -428,7 +430,6 @@ class Transaction:
             self._lazy_child = child
         with self._mutex:
             self._children[child.id] = child
-        manager = self.manager
         if manager.recorder:
             manager.recorder.record("spawn", self.id, root=self.root.id, detail=child.id)
         if manager.observers.on_spawn:
@@ -458,8 +459,41 @@ class Transaction:
         """Run ``function(child, ...)`` as an inline subtransaction and return its result; the child
         commits when it returns and aborts (re-raising) when it raises — ``with tx.subtransaction()`` as
         one call, for code that needs the outcome without managing a context."""
-        with self.subtransaction(name) as child:
-            return function(child, *args, **kwargs)
+        child = self._begin_inline(name)
+        try:
+            result = function(child, *args, **kwargs)
+        except BaseException as error:
+            child._end_inline(error)
+            raise
+        child._end_inline(None)
+        return result
+
+    def _begin_inline(self, name: str | None) -> "Transaction":
+        """Create an inline child and make it the transaction this thread runs; extensions and observers
+        hear of its begin."""
+        child = self._new_child(name, inline=True)
+        manager = self.manager
+        manager.push_running(child)
+        try:
+            for hook in manager.extensions.on_begin:
+                hook(child)
+            if manager.observers.on_begin:
+                manager.observers.call("on_begin", child)
+        except BaseException as error:
+            child.abort(error)
+            manager.pop_running()
+            raise
+        return child
+
+    def _end_inline(self, error: BaseException | None) -> None:
+        """End this inline child: commit it, or abort it because its block raised ``error``."""
+        try:
+            if error is not None:
+                self.abort(error)
+            else:
+                self.commit()
+        finally:
+            self.manager.pop_running()
 
     def retry(self, function: Callable[..., Any], *args: Any, attempts: int = 3, **kwargs: Any) -> Any:
         """Run ``function(child, ...)`` as an inline subtransaction, re-running it (in a fresh
@@ -564,7 +598,8 @@ class Transaction:
         try:
             # COMMITTING: no operation of this node runs any more, so what its own operations hold
             # becomes retained before it waits for its children (they may need those rows).
-            manager.locking.release_holds(self)
+            if self._holds or self._lazy_child is not None:
+                manager.locking.release_holds(self)
             if self._tasks:                # only spawned children have tasks (an inline child has ended)
                 self.wait_children()
             if self._doomed is not None:
@@ -610,8 +645,9 @@ class Transaction:
             if parent._state not in (TxnState.ACTIVE, TxnState.COMMITTING) or parent._doomed is not None:
                 raise TransactionAborted(f"the parent {parent.id} of {self.id} was aborted")
             # Check and compose everything first, then install: a failure leaves the parent untouched.
+            parent_reads = parent._db_reads
             for row, image in reads.items():
-                relied = parent._db_reads.get(row, image)
+                relied = parent_reads.get(row, image)
                 if relied != image:
                     # Another process committed between two reads of the tree: the parent (or a
                     # sibling that committed into it) relied on one image, this child on another.
@@ -623,15 +659,19 @@ class Transaction:
                         f"committed in between); nothing of {self.id} is kept — re-run it "
                         f"(tx.retry(fn) does, or the whole transaction: Database.run(fn, retries=N))"
                     )
-            merged = {}
-            for row, entry in writes.items():
-                previous = parent._writes.get(row)
-                merged[row] = previous.then(entry, row[0]) if previous else entry
-            parent._writes.update(merged)
+            if writes:
+                parent_writes = parent._writes
+                merged = {}
+                for row, entry in writes.items():
+                    previous = parent_writes.get(row)
+                    merged[row] = previous.then(entry, row[0]) if previous is not None else entry
+                parent_writes.update(merged)
             for row, image in reads.items():
-                parent._db_reads.setdefault(row, image)
-            parent._scans.extend(scans)
-            parent._participants.extend(participants)
+                parent_reads.setdefault(row, image)
+            if scans:
+                parent._scans.extend(scans)
+            if participants:
+                parent._participants.extend(participants)
             parent.subtransactions_committed += 1 + self.subtransactions_committed
 
     def abort(self, reason: BaseException | str | None = None) -> None:
@@ -684,27 +724,9 @@ class InlineSubtransaction:
         self.transaction: Transaction | None = None
 
     def __enter__(self) -> Transaction:
-        child = self.transaction = self._parent._new_child(self._name, inline=True)
-        manager = child.manager
-        manager.push_running(child)
-        try:
-            for hook in manager.extensions.on_begin:
-                hook(child)
-            if manager.observers.on_begin:
-                manager.observers.call("on_begin", child)
-        except BaseException as error:
-            child.abort(error)
-            manager.pop_running()
-            raise
+        child = self.transaction = self._parent._begin_inline(self._name)
         return child
 
     def __exit__(self, exc_type, exc, traceback) -> bool:
-        child = self.transaction
-        try:
-            if exc is not None:
-                child.abort(exc)
-                return False
-            child.commit()
-            return False
-        finally:
-            child.manager.pop_running()
+        self.transaction._end_inline(exc)
+        return False
