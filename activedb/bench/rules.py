@@ -114,8 +114,8 @@ _PHASES = (
     ("condition", [("activedb/rules/_model.py", "condition")], []),
     ("lock", [("activedb/txn/_locking.py", "acquire")], []),
     ("write", [("activedb/txn/_tree.py", "write")], ["lock"]),
-    ("child create", [("activedb/txn/_tree.py", "__enter__")], []),
-    ("child commit", [("activedb/txn/_tree.py", "__exit__")], []),
+    ("child create", [("activedb/txn/_tree.py", "_begin_inline")], []),
+    ("child commit", [("activedb/txn/_tree.py", "_end_inline")], []),
     ("flush", [("activedb/txn/_flush.py", "flush")], []),
 )
 _DISPATCH = ("activedb/rules/_manager.py", "dispatch")

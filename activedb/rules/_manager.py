@@ -23,7 +23,7 @@ from activedb.rules._context import GateKey, GateRole, RuleContext
 from activedb.rules._detached import DetachedRunner, DependencyAbort
 from activedb.rules._model import Fired, Firing, FiringOutcome, Rule, RuleCounters, RulesStatistics
 from activedb.rules._registry import RuleRegistry
-from activedb.txn import Transaction, TransactionExtension
+from activedb.txn import SubtransactionHandle, Transaction, TransactionExtension
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.store import Catalog
@@ -289,6 +289,8 @@ class RuleManager(TransactionExtension):
             else:
                 handles = [(firing, transaction.spawn(self._execute, firing, name=firing.transaction_name))
                            for firing in group]
+                # One wait of the parent for the whole group (one registration in the wait-for graph).
+                SubtransactionHandle.wait_all([handle for _, handle in handles])
                 for firing, handle in handles:
                     try:
                         handle.result()

@@ -186,7 +186,7 @@ class TransactionManager:
 
     def waiting(self, node: Transaction, kind: str, target: str | None,
                 on_victim: Callable[[BaseException], None] | None = None,
-                preferred_victim: bool = False) -> "_Waiting":
+                preferred_victim: bool = False, targets: list[str] | None = None) -> "_Waiting":
         """``with manager.waiting(node, kind, target):`` — the calling thread waits on behalf of ``node``
         (kind ``children``: for ``target`` or all of ``node``'s children; ``dependency``: in the coupling
         gate for the transaction ``target``).
@@ -195,19 +195,21 @@ class TransactionManager:
         become retains first.  The wait is registered as an edge of the one wait-for graph (a parent
         waiting for its own children: kind ``commit``), so a cycle through it and lock waits is found
         when it forms; ``on_victim`` is then how the waiter is told it was chosen as the victim
-        (``preferred_victim``: it volunteers, see ``lockmgr.LockManager.add_wait``).
+        (``preferred_victim``: it volunteers, see ``lockmgr.LockManager.add_wait``).  ``targets``: a wait for
+        several of ``node``'s children at once (``target`` None), one edge to each.
         """
-        return _Waiting(self, node, kind, target, on_victim, preferred_victim)
+        return _Waiting(self, node, kind, target, on_victim, preferred_victim, targets)
 
 
 class _Waiting:
     """The context of one wait (see :meth:`TransactionManager.waiting`)."""
 
-    __slots__ = ("manager", "node", "kind", "target", "on_victim", "preferred_victim", "registered")
+    __slots__ = ("manager", "node", "kind", "target", "on_victim", "preferred_victim", "registered", "targets")
 
-    def __init__(self, manager, node, kind, target, on_victim, preferred_victim):
+    def __init__(self, manager, node, kind, target, on_victim, preferred_victim, targets=None):
         self.manager, self.node, self.kind, self.target = manager, node, kind, target
         self.on_victim, self.preferred_victim, self.registered = on_victim, preferred_victim, None
+        self.targets = targets
 
     def __enter__(self) -> None:
         manager, node, kind, target = self.manager, self.node, self.kind, self.target
@@ -216,7 +218,8 @@ class _Waiting:
             waiter.materialize()    # a wait is an edge of the wait-for graph: the waiter must be in it
             waiter._before_waiting_for_children()
             if waiter.state in _LIVE:    # an aborting node waits for its children unregistered
-                targets = [target] if target is not None else [child.id for child in node.children]
+                targets = ([target] if target is not None else self.targets if self.targets is not None
+                           else [child.id for child in node.children])
                 if kind == "children" and waiter is node:
                     kind = "commit"      # a parent waiting for its own children: the declared commit edge
                 try:

@@ -26,6 +26,7 @@ import datetime
 import logging
 import threading
 import time
+import types
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, TypeVar
 
 from lockmgr import Deadlock, Mode, TxnState
@@ -53,6 +54,10 @@ logger = logging.getLogger("activedb.transaction")
 SlotType = TypeVar("SlotType")
 
 
+_EMPTY: Mapping = types.MappingProxyType({})   # a node's children or tasks until its first (read-only)
+_NONE: tuple = ()                              # its scans or participants until its first
+
+
 class SubtransactionHandle:
     """The handle ``spawn`` returns: ``result(timeout)``, ``wait(timeout)``, ``done()``, ``state``."""
 
@@ -74,6 +79,23 @@ class SubtransactionHandle:
             return True
         with self.transaction.parent._waiting_for(self.transaction):
             return task.wait(timeout)
+
+    @staticmethod
+    def wait_all(handles: "list[SubtransactionHandle]") -> None:
+        """Wait until every one of ``handles`` (children of one parent) ended, running queued ones in this
+        thread: one wait of the parent for all of them (one registration in the wait-for graph, with an
+        edge to each), not one per handle."""
+        pending = [handle for handle in handles if not handle._task.done()]
+        if not pending:
+            return
+        if len(pending) == 1:
+            pending[0].wait()
+            return
+        parent = pending[0].transaction.parent
+        manager = parent.manager
+        with manager.waiting(parent, "children", None, targets=[handle.transaction.id for handle in pending]):
+            for handle in pending:
+                handle._task.wait(None)     # runs it in this thread if no worker has started it
 
     def result(self, timeout: float | None = None) -> Any:
         """The function's return value once the subtransaction committed; re-raises its error."""
@@ -115,13 +137,16 @@ class Transaction:
         self._state = TxnState.ACTIVE
         # Invariant: exactly the children that have not ended (a child removes itself once it committed
         # or aborted: a long tree — a micro-batch of events — keeps no finished nodes alive).
-        self._children: dict[str, Transaction] = {}
-        self._tasks: dict[str, Task] = {}
+        # (``_children``, ``_tasks``, ``_scans`` and ``_participants`` start as shared empty read-only values
+        # and get their own container on first use: a tree may hold thousands of nodes until it commits, and
+        # every container is work for the garbage collector.)
+        self._children: dict[str, Transaction] = _EMPTY
+        self._tasks: dict[str, Task] = _EMPTY
         self._writes: dict[tuple[str, Key], Entry] = {}
         # Committed images this node relied on (None: no row), validated at the flush (see _view).
         self._db_reads: dict[tuple[str, Key], dict | None] = {}
-        self._scans: list[tuple[str, Any, dict]] = []
-        self._participants: list[CommitParticipant] = []
+        self._scans: list[tuple[str, Any, dict]] = _NONE
+        self._participants: list[CommitParticipant] = _NONE
         self._slots: dict[type, Any] | None = None
         self._doomed: BaseException | None = None
         # The thread that runs this node's operations (set again by a spawned child's worker).
@@ -204,6 +229,8 @@ class Transaction:
         if not (self._state is TxnState.COMMITTING and self._doomed is None):
             self._check_active("enlist")
         with self._mutex:
+            if self._participants is _NONE:
+                self._participants = []
             self._participants.append(participant)
 
     def slot(self, kind: type[SlotType], *, create: bool = True) -> SlotType | None:
@@ -421,14 +448,15 @@ class Transaction:
         manager = self.manager
         if self._lazy:
             self.materialize()
-        if self._holds or self._lazy_child is not None:
-            manager.locking.release_holds(self)
+        manager.locking.release_holds(self)
         # Lazy: an inline child of a node with no other live child (so no sibling can conflict with it).
         lazy = inline and manager.lazy_subtransactions and not self._children
         child = Transaction(manager, self, name=name, inline=inline, lazy=lazy)
         if lazy:
             self._lazy_child = child
         with self._mutex:
+            if self._children is _EMPTY:
+                self._children = {}
             self._children[child.id] = child
         if manager.recorder:
             manager.recorder.record("spawn", self.id, root=self.root.id, detail=child.id)
@@ -444,9 +472,11 @@ class Transaction:
         if it raises; ``handle.result()`` returns the value or re-raises the error.
         """
         child = self._new_child(name)
-        task = self.manager.pool.submit(lambda: child._run_body(function, args, kwargs))
+        task = self.manager.pool.submit(child._run_body, function, args, kwargs)
         with self._mutex:
             if child.id in self._children:      # not already ended (and forgotten) on a worker
+                if self._tasks is _EMPTY:
+                    self._tasks = {}
                 self._tasks[child.id] = task
         return SubtransactionHandle(child, task)
 
@@ -598,8 +628,7 @@ class Transaction:
         try:
             # COMMITTING: no operation of this node runs any more, so what its own operations hold
             # becomes retained before it waits for its children (they may need those rows).
-            if self._holds or self._lazy_child is not None:
-                manager.locking.release_holds(self)
+            manager.locking.release_holds(self)
             if self._tasks:                # only spawned children have tasks (an inline child has ended)
                 self.wait_children()
             if self._doomed is not None:
@@ -633,8 +662,10 @@ class Transaction:
     def _forget(self, child: "Transaction") -> None:
         """``child`` ended: drop it (its effects were delegated, or discarded)."""
         with self._mutex:
-            self._children.pop(child.id, None)
-            self._tasks.pop(child.id, None)
+            if self._children:
+                self._children.pop(child.id, None)
+            if self._tasks:
+                self._tasks.pop(child.id, None)
 
     def _delegate_to_parent(self) -> None:
         parent = self.parent
@@ -669,9 +700,9 @@ class Transaction:
             for row, image in reads.items():
                 parent_reads.setdefault(row, image)
             if scans:
-                parent._scans.extend(scans)
+                parent._scans = [*parent._scans, *scans]
             if participants:
-                parent._participants.extend(participants)
+                parent._participants = [*parent._participants, *participants]
             parent.subtransactions_committed += 1 + self.subtransactions_committed
 
     def abort(self, reason: BaseException | str | None = None) -> None:
@@ -692,7 +723,7 @@ class Transaction:
                 return
             self._state = TxnState.ABORTED
             self._writes = {}
-            participants, self._participants = self._participants, []
+            participants, self._participants = self._participants, _NONE
         manager = self.manager
         manager.locking.abort(self)
         self.wait_children()
