@@ -142,14 +142,14 @@ class RuleManager(TransactionExtension):
         self.dispatch(transaction, event)
 
     def on_begin(self, transaction: Transaction) -> None:
-        if transaction.is_top_level and self.registry.by_kind.get(EventKind.BEGAN):
+        if transaction.parent is None and self.registry.by_kind.get(EventKind.BEGAN):
             self.dispatch(transaction, Event(EventKind.BEGAN, transaction.name, transaction=transaction.id))
 
     def before_commit(self, transaction: Transaction) -> None:
         context = transaction.slot(RuleContext, create=False)
-        if context is not None:
+        if context is not None and (context.deferred_queue is not None or context.gate_key is not None):
             self._before_commit(transaction, context)
-        if transaction.is_top_level and self.registry.by_kind.get(EventKind.COMMITTED):
+        if transaction.parent is None and self.registry.by_kind.get(EventKind.COMMITTED):
             # Rules on this transaction's commit (all of the detached family) fire now, just before its
             # flush, so that the outbox records them in it: they run if and only if the commit happens.
             self.dispatch(transaction, Event(EventKind.COMMITTED, transaction.name, payload=dict(transaction.info),
@@ -173,7 +173,9 @@ class RuleManager(TransactionExtension):
                 raise DependencyAbort(f"{firing.coupling.value} dependency of {transaction.id} says abort")
 
     def after_end(self, transaction: Transaction, committed: bool) -> None:
-        self.detached.transaction_ended(transaction, committed)
+        context = transaction.slot(RuleContext, create=False)
+        if context is not None and context.gate_report is not None:
+            self.detached.transaction_ended(transaction, committed)
         if transaction.parent is not None:
             return
         if not committed and self.registry.by_kind.get(EventKind.ABORTED):
@@ -348,7 +350,8 @@ class RuleManager(TransactionExtension):
             elif not self._condition_then_action_in_parallel(transaction, firing):
                 outcome = "condition_false"
                 return False
-            if firing.coupling.runs_as_subtransaction:
+            coupling = firing.coupling
+            if coupling is Coupling.IMMEDIATE or coupling is Coupling.DEFERRED:   # runs_as_subtransaction
                 with self._mutex:              # detached rules count once their top-level commits
                     self._counters[rule.name].executed += 1
             outcome = "executed"

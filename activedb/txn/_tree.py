@@ -444,7 +444,8 @@ class Transaction:
             self.manager.locking.materialize(self)
 
     def _new_child(self, name: str | None = None, *, inline: bool = False) -> "Transaction":
-        self._check_active("starting a subtransaction")
+        if self._doomed is not None or self._state is not TxnState.ACTIVE:
+            self._check_active("starting a subtransaction")
         manager = self.manager
         if self._lazy:
             self.materialize()
@@ -613,7 +614,8 @@ class Transaction:
         doomed = self._doomed
         if doomed is not None and self._state is TxnState.ACTIVE:
             self.abort(doomed)
-        self._check_active("commit")
+        if doomed is not None or self._state is not TxnState.ACTIVE:
+            self._check_active("commit")
         manager = self.manager
         try:
             for hook in manager.extensions.before_commit:
@@ -627,8 +629,10 @@ class Transaction:
             self._state = TxnState.COMMITTING
         try:
             # COMMITTING: no operation of this node runs any more, so what its own operations hold
-            # becomes retained before it waits for its children (they may need those rows).
-            manager.locking.release_holds(self)
+            # becomes retained before it waits for its children (they may need those rows).  (A lazy node
+            # holds nothing itself and has no children.)
+            if not self._lazy:
+                manager.locking.release_holds(self)
             if self._tasks:                # only spawned children have tasks (an inline child has ended)
                 self.wait_children()
             if self._doomed is not None:
