@@ -114,7 +114,8 @@ class Transaction:
 
     __slots__ = ("manager", "parent", "root", "depth", "id", "name", "began_at", "info", "subtransactions_committed",
                  "_mutex", "_state", "_children", "_tasks", "_writes", "_db_reads", "_scans", "_participants",
-                 "_slots", "_doomed", "_thread", "_read_base", "_holds", "_lazy", "_lazy_child", "__weakref__")
+                 "_slots", "_doomed", "_thread", "_read_base", "_holds", "_lazy", "_lazy_child", "_table_held",
+                 "_table_retained", "_implied", "__weakref__")
 
     def __init__(self, manager: "TransactionManager", parent: "Transaction | None", *,
                  name: str | None = None, read_base: "ReadBase | None" = None, inline: bool = False,
@@ -161,6 +162,13 @@ class Transaction:
         self._lazy = lazy
         # This node's live lazy child, if any (while it runs, what this node holds is the child's).
         self._lazy_child: Transaction | None = None
+        # What this node holds and retains at table level, per table (intention modes included), as far as
+        # its own successful requests tell (``_locking.py``, "intention locks answered from retains"); and,
+        # on a lazy node, the intention locks answered from its parent's retained ones.  Written by the
+        # node's thread only.
+        self._table_held: dict[str, Mode] | None = None
+        self._table_retained: dict[str, Mode] | None = None
+        self._implied: dict[str, Mode] | None = None
         if not lazy:
             manager.locking.begin(self, awaited=inline)
         recorder = manager.recorder
