@@ -10,9 +10,9 @@
    prefetches them in one query, as the paper's objects sit in the buffer.
    Target: ≤ 15 % growth across each sweep.
 2. Spawn + commit of an empty child vs a ``ThreadPoolExecutor`` submit→result
-   round trip, measured in the same run.  Target: ≤ 2×.
+   round trip, measured in the same run.  Target: ≤ 1.5×.
 3. Top-level commit of 100 writes vs raw psycopg ``executemany`` of the same 100
-   rows in one transaction.  Target: ≥ 50 % of the raw rate.
+   rows in one transaction.  Target: ≥ 60 % of the raw rate.
 """
 
 from __future__ import annotations
@@ -103,11 +103,11 @@ def _spawn_vs_executor(database, report: BenchReport, count: int) -> None:
         batch_us = (time.perf_counter() - start) / (count // 10 * 10) * 1e6
     report.add(Row(name="spawn + commit of an empty child, result() right away", value=spawn_us, unit="µs",
                    baseline_name="ThreadPoolExecutor submit->result", baseline=executor_us,
-                   ratio=spawn_us / executor_us, target="<= 2x executor", met=spawn_us <= 2 * executor_us,
+                   ratio=spawn_us / executor_us, target="<= 1.5x executor", met=spawn_us <= 1.5 * executor_us,
                    extra={"note": "a waiting parent runs a not-yet-started child inline (help-while-waiting)"}))
     report.add(Row(name="spawn + commit of an empty child, 10 in flight", value=batch_us, unit="µs",
                    baseline_name="ThreadPoolExecutor submit->result", baseline=executor_us,
-                   ratio=batch_us / executor_us, target="<= 2x executor", met=batch_us <= 2 * executor_us))
+                   ratio=batch_us / executor_us, target="<= 1.5x executor", met=batch_us <= 1.5 * executor_us))
 
 
 def _commit_100_writes(database, report: BenchReport, repeat: int) -> None:
@@ -140,7 +140,7 @@ def _commit_100_writes(database, report: BenchReport, repeat: int) -> None:
     raw_rate = 100 / statistics.median(raw_times)
     report.add(Row(name="top-level commit of 100 writes", value=layer_rate, unit="rows/s",
                    baseline_name="psycopg executemany, one transaction", baseline=raw_rate,
-                   ratio=layer_rate / raw_rate, target=">= 50 % of raw", met=layer_rate >= 0.5 * raw_rate))
+                   ratio=layer_rate / raw_rate, target=">= 60 % of raw", met=layer_rate >= 0.6 * raw_rate))
 
 
 def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:

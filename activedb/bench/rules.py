@@ -18,7 +18,10 @@ deferred queues — leaves of the plain rate.
    just before the top-level commit — one priority group, so on threads they run
    concurrently.
 
-Figures are medians of ``repeat`` alternating runs (rule run, then direct run).
+Figures are medians of ``repeat`` alternating runs (rule run, then direct run); each timed run starts
+after a full garbage collection (``gc.collect()``, untimed), so that no run pays for the garbage the one
+before it left (a group of spawned firings leaves thousands of objects: the direct run after it was
+measured up to 3x slower than the one before it).
 
 4. where the time of an inline immediate firing goes: one more run of (1) under ``cProfile``,
    each phase's time (match, condition, child create, lock, write, child commit, firing record,
@@ -35,6 +38,7 @@ Figures are medians of ``repeat`` alternating runs (rule run, then direct run).
 from __future__ import annotations
 
 import cProfile
+import gc
 import pstats
 import statistics
 import time
@@ -90,7 +94,9 @@ def _compare(database, report: BenchReport, label: str, event_type: str, count: 
     _direct(database, event_type, max(1, count // 10))
     rule_times, direct_times = [], []
     for _ in range(repeat):
+        gc.collect()
         rule_times.append(_fire(database, event_type, count))
+        gc.collect()
         direct_times.append(_direct(database, event_type, count))
     rule_rate = count / statistics.median(rule_times)
     direct_rate = count / statistics.median(direct_times)
@@ -114,8 +120,8 @@ _PHASES = (
     ("condition", [("activedb/rules/_model.py", "condition")], []),
     ("lock", [("activedb/txn/_locking.py", "acquire")], []),
     ("write", [("activedb/txn/_tree.py", "write")], ["lock"]),
-    ("child create", [("activedb/txn/_tree.py", "__enter__")], []),
-    ("child commit", [("activedb/txn/_tree.py", "__exit__")], []),
+    ("child create", [("activedb/txn/_tree.py", "_begin_inline")], []),
+    ("child commit", [("activedb/txn/_tree.py", "_end_inline")], []),
     ("flush", [("activedb/txn/_flush.py", "flush")], []),
 )
 _DISPATCH = ("activedb/rules/_manager.py", "dispatch")
@@ -223,6 +229,7 @@ def _compare_counters(database, report: BenchReport, count: int, size: int, repe
         for name, run_once in (("rule", _counter_rule), ("trigger", _counter_trigger),
                                ("executemany", _counter_executemany)):
             _reset_counters(database)
+            gc.collect()
             timings[name].append(run_once(database, count, size))
             results[name] = _counters(database)
     if not results["rule"] == results["trigger"] == results["executemany"]:

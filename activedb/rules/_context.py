@@ -5,11 +5,11 @@ coupling gate.  Owned by the rules package; nobody else reads it."""
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
-    from coupling import DeferredQueue
+    from coupling import Coupling, DeferredQueue
 
     from activedb.rules._model import Firing
 
@@ -32,7 +32,6 @@ class GateKey:
         return f"{self.role.value}:{self.ident}"
 
 
-@dataclass(eq=False, slots=True)
 class RuleContext:
     """The rules' state of one transaction (created on first use by ``tx.slot(RuleContext)``).
 
@@ -41,12 +40,21 @@ class RuleContext:
     * ``gate_key``: the gate key it must ask ``wait_may_commit`` for before committing (a dependent);
     * ``gate_wait_target``: the transaction id that gate wait waits for (an edge of the wait-for graph);
     * ``gate_report``: the gate key whose end this transaction reports (``trigger_ended``);
-    * ``firings``: per rule, the firings dispatched in this tree (kept on the top-level transaction).
+    * ``firings``: per rule, the firings dispatched in this tree (kept on the top-level transaction, None
+      until the first; also the tree's firing record, added to the manager's counters when the tree ends);
+    * ``couplings``: the coupling of each rule of ``firings`` (for the per-mode counters).
+
+    A plain class with slots (one is created per rule firing: it must cost little).
     """
 
-    firing: "Firing | None" = None
-    deferred_queue: "DeferredQueue | None" = None
-    gate_key: GateKey | None = None
-    gate_wait_target: str | None = None
-    gate_report: GateKey | None = None
-    firings: dict[str, int] = field(default_factory=dict)
+    __slots__ = ("firing", "deferred_queue", "gate_key", "gate_wait_target", "gate_report", "firings",
+                 "couplings")
+
+    def __init__(self) -> None:
+        self.firing: "Firing | None" = None
+        self.deferred_queue: "DeferredQueue | None" = None
+        self.gate_key: GateKey | None = None
+        self.gate_wait_target: str | None = None
+        self.gate_report: GateKey | None = None
+        self.firings: dict[str, int] | None = None
+        self.couplings: dict[str, "Coupling"] | None = None

@@ -23,7 +23,7 @@ from activedb.rules._context import GateKey, GateRole, RuleContext
 from activedb.rules._detached import DetachedRunner, DependencyAbort
 from activedb.rules._model import Fired, Firing, FiringOutcome, Rule, RuleCounters, RulesStatistics
 from activedb.rules._registry import RuleRegistry
-from activedb.txn import Transaction, TransactionExtension
+from activedb.txn import SubtransactionHandle, Transaction, TransactionExtension
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.store import Catalog
@@ -115,7 +115,7 @@ class RuleManager(TransactionExtension):
     def firings_in(self, transaction: Transaction) -> dict[str, int]:
         """Per rule, how many firings were dispatched in ``transaction``'s tree so far."""
         context = transaction.root.slot(RuleContext, create=False)
-        return dict(context.firings) if context is not None else {}
+        return dict(context.firings) if context is not None and context.firings else {}
 
     def statistics(self) -> RulesStatistics:
         with self._mutex:
@@ -142,14 +142,14 @@ class RuleManager(TransactionExtension):
         self.dispatch(transaction, event)
 
     def on_begin(self, transaction: Transaction) -> None:
-        if transaction.is_top_level and self.registry.by_kind.get(EventKind.BEGAN):
+        if transaction.parent is None and self.registry.by_kind.get(EventKind.BEGAN):
             self.dispatch(transaction, Event(EventKind.BEGAN, transaction.name, transaction=transaction.id))
 
     def before_commit(self, transaction: Transaction) -> None:
         context = transaction.slot(RuleContext, create=False)
-        if context is not None:
+        if context is not None and (context.deferred_queue is not None or context.gate_key is not None):
             self._before_commit(transaction, context)
-        if transaction.is_top_level and self.registry.by_kind.get(EventKind.COMMITTED):
+        if transaction.parent is None and self.registry.by_kind.get(EventKind.COMMITTED):
             # Rules on this transaction's commit (all of the detached family) fire now, just before its
             # flush, so that the outbox records them in it: they run if and only if the commit happens.
             self.dispatch(transaction, Event(EventKind.COMMITTED, transaction.name, payload=dict(transaction.info),
@@ -173,14 +173,19 @@ class RuleManager(TransactionExtension):
                 raise DependencyAbort(f"{firing.coupling.value} dependency of {transaction.id} says abort")
 
     def after_end(self, transaction: Transaction, committed: bool) -> None:
-        self.detached.transaction_ended(transaction, committed)
-        if transaction.is_top_level and not committed and self.registry.by_kind.get(EventKind.ABORTED):
+        context = transaction.slot(RuleContext, create=False)
+        if context is not None and context.gate_report is not None:
+            self.detached.transaction_ended(transaction, committed)
+        if transaction.parent is not None:
+            return
+        if not committed and self.registry.by_kind.get(EventKind.ABORTED):
             event = Event(EventKind.ABORTED, transaction.name, payload=dict(transaction.info),
                           transaction=transaction.id)
             try:
                 self.dispatch(transaction, event, ended=True)
             except Exception as error:   # the transaction has ended: report, never undo its outcome
                 logger.error("rules on %s could not be fired: %r", event.describe(), error)
+        self._fold(transaction)
 
     # --- dispatch ----------------------------------------------------------------------------
 
@@ -209,17 +214,7 @@ class RuleManager(TransactionExtension):
                 f"rule cascade deeper than {self.max_cascade_depth} in transaction {transaction.id}: {names}; "
                 f"break the cycle or raise max_cascade_depth", [*chain, *(rule.name for rule in rules)])
         firings = [Firing(rule, event, (*chain, rule.name), rule.coupling, next(self._numbers)) for rule in rules]
-        root = transaction.root
-        root_firings = root.slot(RuleContext).firings
-        if not root_firings:
-            # The tree's firings go into its transaction-log row (serialised at the flush, when every child
-            # has ended), where ``activedb rules list`` sums them.
-            root.info.setdefault("rule_firings", root_firings)
-        with self._mutex:
-            for rule in rules:
-                self._counters[rule.name].fired += 1
-                self._per_mode[rule.coupling] += 1
-                root_firings[rule.name] = root_firings.get(rule.name, 0) + 1
+        self._record(transaction.root, rules)
         immediate = []
         for firing in firings:
             coupling = firing.coupling
@@ -231,6 +226,40 @@ class RuleManager(TransactionExtension):
                 self.detached.start(transaction, firing, ended=ended)
         if immediate:
             self._run_groups(transaction, immediate, "immediate")
+
+    def _record(self, root: Transaction, rules: list[Rule]) -> None:
+        """The firing record of ``rules`` fired in ``root``'s tree: per rule, the tree's count (also its
+        transaction-log row's ``rule_firings``, serialised at the flush, where ``activedb rules list`` sums
+        them).  The manager's counters (``statistics()``) get the tree's counts once, when the tree ends
+        (``_fold``), not per firing."""
+        context = root.slot(RuleContext)
+        with self._mutex:
+            tally = context.firings
+            if tally is None:
+                tally = context.firings = {}
+                context.couplings = {}
+                root.info.setdefault("rule_firings", tally)
+            couplings = context.couplings
+            for rule in rules:
+                name = rule.name
+                count = tally.get(name)
+                tally[name] = 1 if count is None else count + 1
+                if couplings is None:         # the tree has ended and was folded: count at once
+                    self._counters[name].fired += 1
+                    self._per_mode[rule.coupling] += 1
+                elif count is None:
+                    couplings[name] = rule.coupling
+
+    def _fold(self, root: Transaction) -> None:
+        """``root``'s tree ended: add its firing record to the manager's counters."""
+        context = root.slot(RuleContext, create=False)
+        if context is None or not context.couplings:
+            return
+        with self._mutex:
+            couplings, context.couplings = context.couplings, None
+            for name, count in context.firings.items():
+                self._counters[name].fired += count
+                self._per_mode[couplings[name]] += count
 
     def _queue_for(self, transaction: Transaction) -> DeferredQueue:
         """The deferred queue a firing in ``transaction`` joins (``coupling.has_own_deferred_queue``):
@@ -262,6 +291,8 @@ class RuleManager(TransactionExtension):
             else:
                 handles = [(firing, transaction.spawn(self._execute, firing, name=firing.transaction_name))
                            for firing in group]
+                # One wait of the parent for the whole group (one registration in the wait-for graph).
+                SubtransactionHandle.wait_all([handle for _, handle in handles])
                 for firing, handle in handles:
                     try:
                         handle.result()
@@ -319,7 +350,8 @@ class RuleManager(TransactionExtension):
             elif not self._condition_then_action_in_parallel(transaction, firing):
                 outcome = "condition_false"
                 return False
-            if firing.coupling.runs_as_subtransaction:
+            coupling = firing.coupling
+            if coupling is Coupling.IMMEDIATE or coupling is Coupling.DEFERRED:   # runs_as_subtransaction
                 with self._mutex:              # detached rules count once their top-level commits
                     self._counters[rule.name].executed += 1
             outcome = "executed"

@@ -15,6 +15,17 @@
   requests are asked in its parent's name without waiting, its commit makes the parent's holds retained,
   its abort drops them; it materializes (``materialize``: begin, then ``hand_down``) before it waits or
   creates a child.  The invariant and the proof are in ``README.md``.
+* **Intention locks answered from retains.** A lazy child's row request needs its table's intention lock
+  (IR or IW).  Its parent retains one, typically, from an earlier child or its own earlier operations:
+  then the child's intention request would be granted at once (every transaction with a conflicting
+  lock on the table is an ancestor or a descendant of the parent, and the parent has no other live
+  descendant; a waiter queued for the table waits for the parent, so fairness lets the child pass), and
+  the lazy child asks the lock manager for the row only.  The intention it was answered is kept on the
+  child (``_implied``): ``logical_snapshot`` shows it as the child's, and ``materialize`` acquires it
+  in the child's own name.  What a node retains at table level is known from its own successful
+  requests (``_table_held`` becomes ``_table_retained`` when its holds are retained; a retained entry
+  lasts as long as the node); an intention that might be missing from that record only means the
+  ordinary request.  Not answered so: a table the child (its parent's holds) locked at table level.
 * **Errors.** Lock-manager errors are translated here: ``Deadlock`` and ``LockTimeout`` doom
   the node (it and its subtree must abort) and propagate; any other error of an aborted node (also one
   begun just after its ancestor's abort reached the lock manager: ``begin``, ``commit``, a lazy node's
@@ -34,13 +45,36 @@ import types
 from typing import TYPE_CHECKING, Any
 
 import lockmgr
-from lockmgr import Deadlock, LockTimeout, Mode
+from lockmgr import Deadlock, LockTimeout, Mode, covers, join
 
 from activedb.errors import TransactionAborted
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.store import Key, TableInfo
     from activedb.txn._tree import Transaction
+
+
+_INTENTION = {Mode.READ: Mode.IR, Mode.UPDATE: Mode.IW, Mode.WRITE: Mode.IW}
+
+
+def _note_table(node: "Transaction", name: str, mode: Mode) -> None:
+    """``node`` was granted ``mode`` at table level on ``name`` (joined with what it held there)."""
+    held = node._table_held
+    if held is None:
+        node._table_held = {name: mode}
+    else:
+        previous = held.get(name)
+        held[name] = mode if previous is None else join(previous, mode)
+
+
+def _note_tuple(node: "Transaction", name: str, mode: Mode) -> None:
+    """``node`` was granted a row of ``name`` in ``mode``: it holds the intention lock for it, unless its
+    table-level mode covered the row (then nothing was asked at table level)."""
+    held = node._table_held
+    previous = held.get(name) if held is not None else None
+    if previous is not None and covers(previous, mode):
+        return
+    _note_table(node, name, _INTENTION[mode])
 
 
 class Granularity(enum.Enum):
@@ -93,8 +127,25 @@ class Locking:
         except lockmgr.TransactionNotActive as error:
             _raise_aborted(node, error)
         node._holds, parent._holds = parent._holds, False
+        node._table_held, parent._table_held = parent._table_held, None
         node._lazy = False
         parent._lazy_child = None
+        implied, node._implied = node._implied, None
+        if implied:
+            # The intention locks it was answered from the parent's retains, now in its own name (granted
+            # at once, see the module docstring; a wait would be an ordinary wait of a registered node).
+            node._holds = True
+            for name, mode in implied.items():
+                resource = ("table", name)
+                try:
+                    if not locks.try_acquire(node.id, resource, mode):
+                        locks.acquire(node.id, resource, mode, timeout=self.lock_timeout)
+                except (Deadlock, LockTimeout) as error:
+                    node.doom(error)
+                    raise
+                except lockmgr.LockError as error:
+                    _raise_aborted(node, error)
+                _note_table(node, name, mode)
 
     def commit(self, node: "Transaction") -> None:
         """Rule 2 (a subtransaction: the parent retains what it held and retained) or Rule 3 (top-level:
@@ -117,6 +168,7 @@ class Locking:
             if node._lazy:
                 parent = node.parent
                 parent._lazy_child = None
+                parent._table_held = None
                 if parent._holds:
                     parent._holds = False
                     self.lock_manager.drop_holds(parent.id)
@@ -139,9 +191,23 @@ class Locking:
             try:
                 if table_level:
                     granted = locks.try_acquire(parent.id, ("table", name), mode)
+                    if granted:
+                        _note_table(parent, name, mode)
+                elif self._answered_by_retains(node, parent, name, mode):
+                    granted = locks.try_acquire(parent.id, ("row", name, key), mode)
+                    if granted:
+                        implied = node._implied
+                        intention = _INTENTION[mode]
+                        previous = implied.get(name) if implied is not None else None
+                        if previous is None or not covers(previous, intention):
+                            # Replaced, never changed in place: lock_snapshot reads it from other threads.
+                            node._implied = {**(implied or {}),
+                                             name: intention if previous is None else join(previous, intention)}
                 else:
                     granted = locks.try_acquire_tuple(parent.id, ("table", name), key, mode,
                                                       resource=("row", name, key))
+                    if granted:
+                        _note_tuple(parent, name, mode)
             except lockmgr.LockError as error:
                 _raise_aborted(node, error)
             parent._holds = True
@@ -158,8 +224,10 @@ class Locking:
         try:
             if key is None or self._granularity.get(name) is Granularity.TABLE:
                 locks.acquire(tid, ("table", name), mode, timeout=timeout)
+                _note_table(node, name, mode)
             else:
                 locks.acquire_tuple(tid, ("table", name), key, mode, timeout, resource=("row", name, key))
+                _note_tuple(node, name, mode)
         except (Deadlock, LockTimeout) as error:
             node.doom(error)
             raise
@@ -167,6 +235,27 @@ class Locking:
             if node._doomed is not None:
                 _raise_aborted(node, error)
             raise
+
+    @staticmethod
+    def _answered_by_retains(node: "Transaction", parent: "Transaction", name: str, mode: Mode) -> bool:
+        """Whether lazy ``node``'s row request of ``name`` in ``mode`` needs no intention request: the parent
+        retains one that covers it, or it was answered so already, and the parent holds no table-level lock
+        of ``name`` (the child's own: then the ordinary request decides)."""
+        intention = _INTENTION[mode]
+        implied = node._implied
+        if implied is not None:
+            answered = implied.get(name)
+            if answered is not None and covers(answered, intention):
+                held = parent._table_held
+                return held is None or held.get(name) is None or held[name] in (Mode.IR, Mode.IW)
+        retained = parent._table_retained
+        if retained is None:
+            return False
+        kept = retained.get(name)
+        if kept is None or not covers(kept, intention):
+            return False
+        held = parent._table_held
+        return held is None or held.get(name) is None or held[name] in (Mode.IR, Mode.IW)
 
     def release_holds(self, node: "Transaction") -> None:
         """What ``node``'s own operations hold becomes *retained*, in place (``LockManager.retain``): its
@@ -183,6 +272,16 @@ class Locking:
                 # is doomed): its locks are gone with the ancestor's, there is nothing left to retain.
                 if node._doomed is None:
                     raise
+                return
+            held, node._table_held = node._table_held, None
+            if held:
+                retained = node._table_retained
+                if retained is None:
+                    node._table_retained = held
+                else:
+                    for name, mode in held.items():
+                        previous = retained.get(name)
+                        retained[name] = mode if previous is None else join(previous, mode)
 
     @staticmethod
     def logical_snapshot(snapshot: lockmgr.LockTableSnapshot, lazy: "list[Transaction]") -> lockmgr.LockTableSnapshot:
@@ -207,6 +306,15 @@ class Locking:
                     held[node.id] = mode
                     resources[resource] = dataclasses.replace(holders, held=types.MappingProxyType(held))
                     moved.add(resource)
+            for name, mode in (node._implied or {}).items():   # intention locks answered from retains
+                resource = ("table", name)
+                holders = resources.get(resource)
+                if holders is None:
+                    continue
+                held = dict(holders.held)
+                previous = held.get(node.id)
+                held[node.id] = mode if previous is None else join(previous, mode)
+                resources[resource] = dataclasses.replace(holders, held=types.MappingProxyType(held))
             for edges in waits.values():       # "waits for the holder of r": the lazy node holds r
                 edge = edges.get(parent_id)
                 if edge is not None and edge[1] in moved:

@@ -24,6 +24,7 @@ import lockmgr
 from activedb.errors import TransactionAborted
 from activedb.txn import _ids
 from activedb.txn._history import HistoryRecorder
+from activedb.txn._hotkeys import HotKeys
 from activedb.txn._hooks import HookRegistry, Observer, TransactionExtension
 from activedb.txn._locking import Locking
 from activedb.txn._participants import CommitParticipant
@@ -90,7 +91,9 @@ class TransactionManager:
         normally and aborted when it raises.  ``prepare(tx)`` runs before the extensions hear of its begin
         (the rule manager uses it to attach the firing a detached rule runs).  ``update_intent``: tables
         whose plain reads take update intent in this tree (``Database.run``'s hot-key learning)."""
-        transaction = Transaction(self, None, name=name, read_base=read_base, update_intent=update_intent)
+        transaction = Transaction(self, None, name=name, read_base=read_base)
+        if update_intent:
+            transaction.slot(HotKeys).update_intent = frozenset(update_intent)
         outer = self.current()
         nesting = None
         with self._live_mutex:
@@ -183,7 +186,7 @@ class TransactionManager:
 
     def waiting(self, node: Transaction, kind: str, target: str | None,
                 on_victim: Callable[[BaseException], None] | None = None,
-                preferred_victim: bool = False) -> "_Waiting":
+                preferred_victim: bool = False, targets: list[str] | None = None) -> "_Waiting":
         """``with manager.waiting(node, kind, target):`` — the calling thread waits on behalf of ``node``
         (kind ``children``: for ``target`` or all of ``node``'s children; ``dependency``: in the coupling
         gate for the transaction ``target``).
@@ -192,19 +195,21 @@ class TransactionManager:
         become retains first.  The wait is registered as an edge of the one wait-for graph (a parent
         waiting for its own children: kind ``commit``), so a cycle through it and lock waits is found
         when it forms; ``on_victim`` is then how the waiter is told it was chosen as the victim
-        (``preferred_victim``: it volunteers, see ``lockmgr.LockManager.add_wait``).
+        (``preferred_victim``: it volunteers, see ``lockmgr.LockManager.add_wait``).  ``targets``: a wait for
+        several of ``node``'s children at once (``target`` None), one edge to each.
         """
-        return _Waiting(self, node, kind, target, on_victim, preferred_victim)
+        return _Waiting(self, node, kind, target, on_victim, preferred_victim, targets)
 
 
 class _Waiting:
     """The context of one wait (see :meth:`TransactionManager.waiting`)."""
 
-    __slots__ = ("manager", "node", "kind", "target", "on_victim", "preferred_victim", "registered")
+    __slots__ = ("manager", "node", "kind", "target", "on_victim", "preferred_victim", "registered", "targets")
 
-    def __init__(self, manager, node, kind, target, on_victim, preferred_victim):
+    def __init__(self, manager, node, kind, target, on_victim, preferred_victim, targets=None):
         self.manager, self.node, self.kind, self.target = manager, node, kind, target
         self.on_victim, self.preferred_victim, self.registered = on_victim, preferred_victim, None
+        self.targets = targets
 
     def __enter__(self) -> None:
         manager, node, kind, target = self.manager, self.node, self.kind, self.target
@@ -213,7 +218,8 @@ class _Waiting:
             waiter.materialize()    # a wait is an edge of the wait-for graph: the waiter must be in it
             waiter._before_waiting_for_children()
             if waiter.state in _LIVE:    # an aborting node waits for its children unregistered
-                targets = [target] if target is not None else [child.id for child in node.children]
+                targets = ([target] if target is not None else self.targets if self.targets is not None
+                           else [child.id for child in node.children])
                 if kind == "children" and waiter is node:
                     kind = "commit"      # a parent waiting for its own children: the declared commit edge
                 try:

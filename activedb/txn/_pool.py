@@ -9,7 +9,7 @@ fork/join pools), so every queued task is run either by a free worker or by
 the thread that waits for it; progress never depends on a free worker.
 
 Thread-safety: all methods may be called from any thread.  ``_mutex`` protects
-``_queue``, ``_idle`` and ``_threads``; each task's ``_state_mutex`` protects its
+``_queue``, ``_idle``, ``_woken`` and ``_threads``; each task's ``_state_mutex`` protects its
 state.  Order: a task's mutex is never held while taking the pool's.
 """
 
@@ -28,15 +28,23 @@ class TaskState(enum.Enum):
 
 
 class Task:
-    """A unit of work; ``wait()`` runs it inline if nobody has started it."""
+    """A unit of work, ``function(*args)``; ``wait()`` runs it inline if nobody has started it.
 
-    __slots__ = ("_function", "_state", "_state_mutex", "_done", "result", "error", "__weakref__")
+    Few objects per task (a spawned subtransaction makes one, and a tree may hold thousands until it
+    commits: each object is work for the garbage collector): the end is signalled by releasing ``_done``,
+    a lock acquired from the start, instead of a ``threading.Event`` (a condition, its lock and a deque)."""
 
-    def __init__(self, function: Callable[[], Any]):
+    __slots__ = ("_function", "_args", "_state", "_state_mutex", "_done", "_finished", "result", "error",
+                 "__weakref__")
+
+    def __init__(self, function: Callable[..., Any], *args: Any):
         self._function = function
+        self._args = args
         self._state = TaskState.QUEUED
         self._state_mutex = threading.Lock()   # protects _state
-        self._done = threading.Event()
+        self._done = threading.Lock()          # held until the task is done (then released for good)
+        self._done.acquire()
+        self._finished = False
         self.result: Any = None
         self.error: BaseException | None = None
 
@@ -55,24 +63,31 @@ class Task:
     def run(self) -> None:
         """Run the claimed task.  Precondition: ``claim()`` returned True in this thread."""
         try:
-            self.result = self._function()
+            self.result = self._function(*self._args)
         except BaseException as error:  # handed to whoever waits
             self.error = error
         finally:
-            self._function = None
+            self._function = self._args = None
             with self._state_mutex:
                 self._state = TaskState.DONE
-            self._done.set()
+            self._finished = True
+            self._done.release()
 
     def done(self) -> bool:
-        return self._done.is_set()
+        return self._finished
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until done, running the task in this thread if it has not started."""
         if self.claim():
             self.run()
             return True
-        return self._done.wait(timeout)
+        if self._finished:
+            return True
+        done = self._done
+        if not done.acquire(timeout=-1 if timeout is None else timeout):
+            return self._finished
+        done.release()       # for the next waiter: it stays released once the task is done
+        return True
 
 
 class WorkerPool:
@@ -93,8 +108,9 @@ class WorkerPool:
         self._threads: list[threading.Thread] = []
         self._shutdown = False
 
-    def submit(self, function: Callable[[], Any]) -> Task:
-        task = Task(function)
+    def submit(self, function: Callable[..., Any], *args: Any) -> Task:
+        """Queue ``function(*args)`` and wake (or start) a worker for it."""
+        task = Task(function, *args)
         with self._mutex:
             if self._shutdown:
                 raise RuntimeError("the worker pool is shut down (the Database was closed)")

@@ -26,6 +26,7 @@ import datetime
 import logging
 import threading
 import time
+import types
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, TypeVar
 
 from lockmgr import Deadlock, Mode, TxnState
@@ -40,6 +41,7 @@ from activedb.errors import (
 from activedb.events import Event, EventKind
 from activedb.store import Entry, EntryKind, Key, TableInfo
 from activedb.txn import _bulk, _flush, _ids, _view
+from activedb.txn._hotkeys import HotKeys
 from activedb.txn._participants import CommitParticipant
 from activedb.txn._pool import Task
 
@@ -50,6 +52,10 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger("activedb.transaction")
 
 SlotType = TypeVar("SlotType")
+
+
+_EMPTY: Mapping = types.MappingProxyType({})   # a node's children or tasks until its first (read-only)
+_NONE: tuple = ()                              # its scans or participants until its first
 
 
 class SubtransactionHandle:
@@ -74,6 +80,23 @@ class SubtransactionHandle:
         with self.transaction.parent._waiting_for(self.transaction):
             return task.wait(timeout)
 
+    @staticmethod
+    def wait_all(handles: "list[SubtransactionHandle]") -> None:
+        """Wait until every one of ``handles`` (children of one parent) ended, running queued ones in this
+        thread: one wait of the parent for all of them (one registration in the wait-for graph, with an
+        edge to each), not one per handle."""
+        pending = [handle for handle in handles if not handle._task.done()]
+        if not pending:
+            return
+        if len(pending) == 1:
+            pending[0].wait()
+            return
+        parent = pending[0].transaction.parent
+        manager = parent.manager
+        with manager.waiting(parent, "children", None, targets=[handle.transaction.id for handle in pending]):
+            for handle in pending:
+                handle._task.wait(None)     # runs it in this thread if no worker has started it
+
     def result(self, timeout: float | None = None) -> Any:
         """The function's return value once the subtransaction committed; re-raises its error."""
         if not self.wait(timeout):
@@ -91,18 +114,18 @@ class Transaction:
 
     __slots__ = ("manager", "parent", "root", "depth", "id", "name", "began_at", "info", "subtransactions_committed",
                  "_mutex", "_state", "_children", "_tasks", "_writes", "_db_reads", "_scans", "_participants",
-                 "_slots", "_doomed", "_thread", "_read_base", "_holds", "_lazy", "_lazy_child", "_update_intent", "_plain_reads",
-                 "_read_then_written", "__weakref__")
+                 "_slots", "_doomed", "_thread", "_read_base", "_holds", "_lazy", "_lazy_child", "_table_held",
+                 "_table_retained", "_implied", "__weakref__")
 
     def __init__(self, manager: "TransactionManager", parent: "Transaction | None", *,
                  name: str | None = None, read_base: "ReadBase | None" = None, inline: bool = False,
-                 lazy: bool = False, update_intent: frozenset = frozenset()):
+                 lazy: bool = False):
         self.manager = manager
         self.parent = parent
         self.root: Transaction = parent.root if parent is not None else self
         self.depth = parent.depth + 1 if parent is not None else 0
-        number = manager.next_id()
-        self.id = _ids.child_id(parent.id, number) if parent is not None else _ids.top_level_id(number)
+        number = next(manager._ids)
+        self.id = f"{parent.id}.{number}" if parent is not None else _ids.top_level_id(number)   # _ids.child_id
         self.name = name
         # When the tree began (the transaction log's began_at); only a top-level transaction needs it.
         self.began_at = datetime.datetime.now(datetime.timezone.utc) if parent is None else None
@@ -115,13 +138,16 @@ class Transaction:
         self._state = TxnState.ACTIVE
         # Invariant: exactly the children that have not ended (a child removes itself once it committed
         # or aborted: a long tree — a micro-batch of events — keeps no finished nodes alive).
-        self._children: dict[str, Transaction] = {}
-        self._tasks: dict[str, Task] = {}
+        # (``_children``, ``_tasks``, ``_scans`` and ``_participants`` start as shared empty read-only values
+        # and get their own container on first use: a tree may hold thousands of nodes until it commits, and
+        # every container is work for the garbage collector.)
+        self._children: dict[str, Transaction] = _EMPTY
+        self._tasks: dict[str, Task] = _EMPTY
         self._writes: dict[tuple[str, Key], Entry] = {}
         # Committed images this node relied on (None: no row), validated at the flush (see _view).
         self._db_reads: dict[tuple[str, Key], dict | None] = {}
-        self._scans: list[tuple[str, Any, dict]] = []
-        self._participants: list[CommitParticipant] = []
+        self._scans: list[tuple[str, Any, dict]] = _NONE
+        self._participants: list[CommitParticipant] = _NONE
         self._slots: dict[type, Any] | None = None
         self._doomed: BaseException | None = None
         # The thread that runs this node's operations (set again by a spawned child's worker).
@@ -136,13 +162,15 @@ class Transaction:
         self._lazy = lazy
         # This node's live lazy child, if any (while it runs, what this node holds is the child's).
         self._lazy_child: Transaction | None = None
-        # Hot keys (the root's): tables whose plain reads take update intent in this tree (learned by
-        # ``Database.run`` from an attempt that read rows of them, wrote them and failed), and what this
-        # tree teaches: the rows it read plainly, the tables of those it then wrote.
-        self._update_intent = update_intent
-        self._plain_reads: set | None = set() if parent is None else None
-        self._read_then_written: set | None = set() if parent is None else None
-        manager.locking.begin(self, awaited=inline)
+        # What this node holds and retains at table level, per table (intention modes included), as far as
+        # its own successful requests tell (``_locking.py``, "intention locks answered from retains"); and,
+        # on a lazy node, the intention locks answered from its parent's retained ones.  Written by the
+        # node's thread only.
+        self._table_held: dict[str, Mode] | None = None
+        self._table_retained: dict[str, Mode] | None = None
+        self._implied: dict[str, Mode] | None = None
+        if not lazy:
+            manager.locking.begin(self, awaited=inline)
         recorder = manager.recorder
         if recorder:
             recorder.record("begin", self.id, parent=parent.id if parent is not None else None, root=self.root.id)
@@ -209,6 +237,8 @@ class Transaction:
         if not (self._state is TxnState.COMMITTING and self._doomed is None):
             self._check_active("enlist")
         with self._mutex:
+            if self._participants is _NONE:
+                self._participants = []
             self._participants.append(participant)
 
     def slot(self, kind: type[SlotType], *, create: bool = True) -> SlotType | None:
@@ -240,19 +270,20 @@ class Transaction:
         self._check_active("read")
         info = self.manager.catalog.table_info(table)
         key = info.key(key)
-        root = self.root
-        if for_update or info.name in root._update_intent:
+        hot = self.root.slot(HotKeys, create=False)
+        if for_update or (hot is not None and info.name in hot.update_intent):
             self.manager.locking.acquire(self, info, key, Mode.UPDATE)
             return _view.read_row(self, info, key, for_update=True)
         self.manager.locking.acquire(self, info, key, Mode.READ)
-        root._plain_reads.add((info.name, key))
+        (hot or self.root.slot(HotKeys)).plain_reads.add((info.name, key))
         return _view.read_row(self, info, key)
 
     def read_then_written(self) -> frozenset[str]:
         """The tables of which this tree read a row plainly (``tx.read`` without ``for_update``) and then
         wrote it: where two such trees convert their read locks to write locks and one must give way.
         ``Database.run`` learns them from an attempt that failed (see README, "Hot keys")."""
-        return frozenset(self.root._read_then_written)
+        hot = self.root.slot(HotKeys, create=False)
+        return frozenset(hot.read_then_written) if hot is not None else frozenset()
 
     def prefetch(self, table: Any, keys: Any) -> int:
         """Read-lock ``keys`` of ``table`` and load their committed images in one query, so that
@@ -365,9 +396,9 @@ class Transaction:
 
     def _modify(self, info: TableInfo, key: Key, entry: Entry, *, must_not_exist: bool = False,
                 lock: bool = True) -> None:
-        root = self.root
-        if root._plain_reads and (info.name, key) in root._plain_reads:
-            root._read_then_written.add(info.name)    # before the lock: a conversion may be the victim
+        hot = self.root.slot(HotKeys, create=False)
+        if hot is not None and (info.name, key) in hot.plain_reads:
+            hot.read_then_written.add(info.name)    # before the lock: a conversion may be the victim
         if lock:   # False: the node took a table lock covering the row (write_many, _bulk.py)
             self.manager.locking.acquire(self, info, key, Mode.WRITE)
         extensions = self.manager.extensions
@@ -421,7 +452,8 @@ class Transaction:
             self.manager.locking.materialize(self)
 
     def _new_child(self, name: str | None = None, *, inline: bool = False) -> "Transaction":
-        self._check_active("starting a subtransaction")
+        if self._doomed is not None or self._state is not TxnState.ACTIVE:
+            self._check_active("starting a subtransaction")
         manager = self.manager
         if self._lazy:
             self.materialize()
@@ -432,8 +464,9 @@ class Transaction:
         if lazy:
             self._lazy_child = child
         with self._mutex:
+            if self._children is _EMPTY:
+                self._children = {}
             self._children[child.id] = child
-        manager = self.manager
         if manager.recorder:
             manager.recorder.record("spawn", self.id, root=self.root.id, detail=child.id)
         if manager.observers.on_spawn:
@@ -448,9 +481,11 @@ class Transaction:
         if it raises; ``handle.result()`` returns the value or re-raises the error.
         """
         child = self._new_child(name)
-        task = self.manager.pool.submit(lambda: child._run_body(function, args, kwargs))
+        task = self.manager.pool.submit(child._run_body, function, args, kwargs)
         with self._mutex:
             if child.id in self._children:      # not already ended (and forgotten) on a worker
+                if self._tasks is _EMPTY:
+                    self._tasks = {}
                 self._tasks[child.id] = task
         return SubtransactionHandle(child, task)
 
@@ -463,8 +498,41 @@ class Transaction:
         """Run ``function(child, ...)`` as an inline subtransaction and return its result; the child
         commits when it returns and aborts (re-raising) when it raises — ``with tx.subtransaction()`` as
         one call, for code that needs the outcome without managing a context."""
-        with self.subtransaction(name) as child:
-            return function(child, *args, **kwargs)
+        child = self._begin_inline(name)
+        try:
+            result = function(child, *args, **kwargs)
+        except BaseException as error:
+            child._end_inline(error)
+            raise
+        child._end_inline(None)
+        return result
+
+    def _begin_inline(self, name: str | None) -> "Transaction":
+        """Create an inline child and make it the transaction this thread runs; extensions and observers
+        hear of its begin."""
+        child = self._new_child(name, inline=True)
+        manager = self.manager
+        manager.push_running(child)
+        try:
+            for hook in manager.extensions.on_begin:
+                hook(child)
+            if manager.observers.on_begin:
+                manager.observers.call("on_begin", child)
+        except BaseException as error:
+            child.abort(error)
+            manager.pop_running()
+            raise
+        return child
+
+    def _end_inline(self, error: BaseException | None) -> None:
+        """End this inline child: commit it, or abort it because its block raised ``error``."""
+        try:
+            if error is not None:
+                self.abort(error)
+            else:
+                self.commit()
+        finally:
+            self.manager.pop_running()
 
     def retry(self, function: Callable[..., Any], *args: Any, attempts: int = 3, **kwargs: Any) -> Any:
         """Run ``function(child, ...)`` as an inline subtransaction, re-running it (in a fresh
@@ -554,7 +622,8 @@ class Transaction:
         doomed = self._doomed
         if doomed is not None and self._state is TxnState.ACTIVE:
             self.abort(doomed)
-        self._check_active("commit")
+        if doomed is not None or self._state is not TxnState.ACTIVE:
+            self._check_active("commit")
         manager = self.manager
         try:
             for hook in manager.extensions.before_commit:
@@ -568,8 +637,10 @@ class Transaction:
             self._state = TxnState.COMMITTING
         try:
             # COMMITTING: no operation of this node runs any more, so what its own operations hold
-            # becomes retained before it waits for its children (they may need those rows).
-            manager.locking.release_holds(self)
+            # becomes retained before it waits for its children (they may need those rows).  (A lazy node
+            # holds nothing itself and has no children.)
+            if not self._lazy:
+                manager.locking.release_holds(self)
             if self._tasks:                # only spawned children have tasks (an inline child has ended)
                 self.wait_children()
             if self._doomed is not None:
@@ -603,8 +674,10 @@ class Transaction:
     def _forget(self, child: "Transaction") -> None:
         """``child`` ended: drop it (its effects were delegated, or discarded)."""
         with self._mutex:
-            self._children.pop(child.id, None)
-            self._tasks.pop(child.id, None)
+            if self._children:
+                self._children.pop(child.id, None)
+            if self._tasks:
+                self._tasks.pop(child.id, None)
 
     def _delegate_to_parent(self) -> None:
         parent = self.parent
@@ -615,8 +688,9 @@ class Transaction:
             if parent._state not in (TxnState.ACTIVE, TxnState.COMMITTING) or parent._doomed is not None:
                 raise TransactionAborted(f"the parent {parent.id} of {self.id} was aborted")
             # Check and compose everything first, then install: a failure leaves the parent untouched.
+            parent_reads = parent._db_reads
             for row, image in reads.items():
-                relied = parent._db_reads.get(row, image)
+                relied = parent_reads.get(row, image)
                 if relied != image:
                     # Another process committed between two reads of the tree: the parent (or a
                     # sibling that committed into it) relied on one image, this child on another.
@@ -628,15 +702,19 @@ class Transaction:
                         f"committed in between); nothing of {self.id} is kept — re-run it "
                         f"(tx.retry(fn) does, or the whole transaction: Database.run(fn, retries=N))"
                     )
-            merged = {}
-            for row, entry in writes.items():
-                previous = parent._writes.get(row)
-                merged[row] = previous.then(entry, row[0]) if previous else entry
-            parent._writes.update(merged)
+            if writes:
+                parent_writes = parent._writes
+                merged = {}
+                for row, entry in writes.items():
+                    previous = parent_writes.get(row)
+                    merged[row] = previous.then(entry, row[0]) if previous is not None else entry
+                parent_writes.update(merged)
             for row, image in reads.items():
-                parent._db_reads.setdefault(row, image)
-            parent._scans.extend(scans)
-            parent._participants.extend(participants)
+                parent_reads.setdefault(row, image)
+            if scans:
+                parent._scans = [*parent._scans, *scans]
+            if participants:
+                parent._participants = [*parent._participants, *participants]
             parent.subtransactions_committed += 1 + self.subtransactions_committed
 
     def abort(self, reason: BaseException | str | None = None) -> None:
@@ -657,7 +735,7 @@ class Transaction:
                 return
             self._state = TxnState.ABORTED
             self._writes = {}
-            participants, self._participants = self._participants, []
+            participants, self._participants = self._participants, _NONE
         manager = self.manager
         manager.locking.abort(self)
         self.wait_children()
@@ -689,27 +767,9 @@ class InlineSubtransaction:
         self.transaction: Transaction | None = None
 
     def __enter__(self) -> Transaction:
-        child = self.transaction = self._parent._new_child(self._name, inline=True)
-        manager = child.manager
-        manager.push_running(child)
-        try:
-            for hook in manager.extensions.on_begin:
-                hook(child)
-            if manager.observers.on_begin:
-                manager.observers.call("on_begin", child)
-        except BaseException as error:
-            child.abort(error)
-            manager.pop_running()
-            raise
+        child = self.transaction = self._parent._begin_inline(self._name)
         return child
 
     def __exit__(self, exc_type, exc, traceback) -> bool:
-        child = self.transaction
-        try:
-            if exc is not None:
-                child.abort(exc)
-                return False
-            child.commit()
-            return False
-        finally:
-            child.manager.pop_running()
+        self.transaction._end_inline(exc)
+        return False

@@ -119,7 +119,7 @@ class CommittedRows:
     def scan(self, node: "Transaction", info: TableInfo, where: Any) -> dict[Key, dict]:
         fetched = scan_rows(self.catalog, info, where)
         with node._mutex:
-            node._scans.append((info.name, where if isinstance(where, Mapping) else None, fetched))
+            node._scans = [*node._scans, (info.name, where if isinstance(where, Mapping) else None, fetched)]
         return fetched
 
 

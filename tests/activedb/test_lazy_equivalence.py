@@ -183,3 +183,40 @@ def test_a_parent_locking_while_its_child_runs_keeps_its_own_lock_when_the_child
     assert inside[("row", "items", ("b",))] == ({"parent": "READ"}, {})
     assert ("row", "items", ("a",)) not in after                       # Rule 4: the child's lock is gone
     assert after[("row", "items", ("b",))] == ({"parent": "READ"}, {})  # the parent's stays
+
+
+@pytest.mark.parametrize("lazy", [True, False], ids=["lazy", "materialized"])
+def test_a_childs_intention_lock_answered_from_its_parents_retain_is_its_own_in_every_picture(db, lazy):
+    """A second inline child writes a row of the table whose intention lock its parent retains from the
+    first one: the lazy child asks the lock manager for the row only, yet the pictures show it holding the
+    intention lock, before and after it materializes (it spawns) and after it aborts — as the registered
+    child does."""
+    db.transactions.lazy_subtransactions = lazy
+    pictures = []
+    table = ("table", "items")
+    try:
+        with db.transaction() as tx:
+            names = {tx.id: "parent"}
+            with tx.subtransaction() as first:
+                first.write("items", "a", value=1)
+            try:
+                with tx.subtransaction() as second:
+                    names[second.id] = "second"
+                    second.write("items", "b", value=2)
+                    pictures.append(_picture(db, names))
+                    second.spawn(lambda grandchild: None).result()      # materializes a lazy child
+                    pictures.append(_picture(db, names))
+                    raise Planned("second")
+            except Planned:
+                pass
+            pictures.append(_picture(db, names))
+    finally:
+        db.transactions.lazy_subtransactions = True
+    running, materialized, after = pictures
+    assert running[table] == ({"second": "IW"}, {"parent": "IW"})
+    assert running[("row", "items", ("b",))] == ({"second": "WRITE"}, {})
+    # Spawning, the child's holds became retained (in its own name once it materialized).
+    assert materialized[table] == ({}, {"parent": "IW", "second": "IW"})
+    assert materialized[("row", "items", ("b",))] == ({}, {"second": "WRITE"})
+    assert after[table] == ({}, {"parent": "IW"})                  # Rule 4: the child's gone, the retain stays
+    assert ("row", "items", ("b",)) not in after

@@ -416,3 +416,26 @@ def test_fire_runs_planned_firings_and_tells_each_outcome(db):
         with db.transaction() as tx:
             tx.run_subtransaction(db.rules.fire, firings("shared"), shared=True)
     assert db.rules.statistics().per_rule["breaks"].failed == 2
+
+
+def test_firing_counts_reach_the_statistics_once_the_tree_ends_committed_or_aborted(db):
+    """The firing record is per tree (the root's ``RuleContext``): ``statistics()`` adds a tree's counts once,
+    when it ends — committed or aborted, and a rule on the abort itself counted too."""
+    db.rule(on=db.signalled("counted"), name="counted")(lambda tx, event: None)
+    db.rule(on=db.aborted("counted-tree"), coupling="detached", name="on_abort")(lambda tx, event: None)
+
+    def fired(name):
+        counter = db.rules.statistics().per_rule.get(name)
+        return counter.fired if counter is not None else 0
+
+    with db.transaction() as tx:
+        tx.signal("counted")
+        tx.signal("counted")
+        assert db.rules.firings_in(tx) == {"counted": 2}
+    assert fired("counted") == 2
+    with pytest.raises(RuntimeError):
+        with db.transaction(name="counted-tree") as tx:
+            tx.signal("counted")
+            raise RuntimeError("abort the tree")
+    assert fired("counted") == 3
+    assert fired("on_abort") == 1

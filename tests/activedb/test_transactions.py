@@ -443,3 +443,30 @@ def test_a_tree_that_read_more_rows_than_one_statement_can_bind_commits(db):
         assert committed(db, "accounts")[(5,)]["balance"] == 2
     finally:
         db.schema.set_granularity("accounts", "tuple")
+
+
+def test_a_group_of_spawned_children_is_waited_for_at_once(db):
+    """``SubtransactionHandle.wait_all``: one wait of the parent for several children; each handle then
+    has its outcome (a child that raised keeps its error, its siblings commit)."""
+    release, started = threading.Event(), threading.Event()
+
+    def blocked(child, n):
+        started.set()
+        assert release.wait(10)
+        child.write("items", f"w{n}", value=n)
+
+    def fails(child):
+        raise ValueError("this child fails")
+
+    with db.transaction() as tx:
+        first = tx.spawn(blocked, 0)
+        assert started.wait(10)                 # a worker runs it: a wait with no time left says not done
+        assert not first.wait(0.0) and not first.done()
+        handles = [first] + [tx.spawn(blocked, n) for n in (1, 2)] + [tx.spawn(fails)]
+        release.set()
+        activedb.SubtransactionHandle.wait_all(handles)
+        assert all(handle.done() for handle in handles)
+        with pytest.raises(ValueError, match="this child fails"):
+            handles[-1].result()
+        assert [handle.result() for handle in handles[:3]] == [None, None, None]
+    assert sorted(committed(db, "items")) == [("w0",), ("w1",), ("w2",)]
