@@ -22,10 +22,11 @@ def test_streams_benchmark_quick(database_url, monkeypatch, tmp_path):
     assert sei.extra["L_combined_ms"] == report.rows[1].value
     assert set(sei.extra["us_per_event"]) >= {"buffer", "match", "reads", "rules", "commit", "state",
                                               "top_level_commit"}
-    # Part 2: the paper's ratios as rows with their targets (met or not: no timing assertion).
+    # Part 2: the goals as rows with their targets (met or not: no timing assertion); the paper's figure beside
     targets = {row.name: row for row in report.rows if row.target and row.unit == "x"}
-    assert "LWM / S2PL throughput, table locks, mean over readN" in targets
-    assert "SEI / LWM L_combined at 2,000 events/s" in targets
+    assert {"LWM / S2PL throughput, table locks, mean over readN", "LWM / SEI throughput, table locks, mean over "
+            "readN", "S2PL / LWM L_combined at 2,000 events/s"} <= set(targets)
+    assert all("the paper" in row.target for row in targets.values())
     assert all(row.value > 0 and row.met in (True, False) for row in targets.values())
     saved = json.loads((tmp_path / "streams.json").read_text())
     experiments = saved["experiments"]
