@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-from spark_bridge._experiments.crash_driver import kill_driver, wait_for_line
+from tests.spark_bridge.drivers.crash_driver import kill_driver, wait_for_line
 
 # A driver starts a JVM (5-10 s idle) and runs a few batches: 15 minutes is more than 8x load needs, and
 # a wait that does fail says what the driver did meanwhile.

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from spark_bridge._baseline import psycopg_conninfo
-from spark_bridge._experiments.crash_driver import kill_driver, read_log, start_driver
+from tests.spark_bridge.drivers.crash_driver import kill_driver, read_log, start_driver
 from tests.spark_bridge._streams import write_files
 from tests.spark_bridge._waits import drivers, finish_driver, wait_for_driver_line
 

@@ -1,7 +1,7 @@
 """SIGKILL the ingesting driver of the hand-hygiene app (all six coupling modes) and restart it from its
 checkpoint: every table — the detached family's effects included — equals an uninterrupted run.
 
-The driver (``spark_bridge._experiments.ingest_driver``) reads JSON-lines files (one per micro-batch)
+The driver (``tests.spark_bridge.drivers.ingest_driver``) reads JSON-lines files (one per micro-batch)
 with real Spark.  Its runs, each a new process with its own JVM:
 
 1. killed **inside the engine's flush** of batch 1 — the PostgreSQL transaction holds batch 1's
@@ -37,8 +37,8 @@ from activedb.examples.hand_hygiene import MIGRATIONS
 from activedb.examples.hand_hygiene.app import MAPPING, register, reset_tables
 from activedb.examples.hand_hygiene.events import generate
 from spark_bridge import IngestSink
-from spark_bridge._experiments.crash_driver import kill_driver, read_log
-from spark_bridge._experiments.ingest_driver import start_ingest_driver
+from tests.spark_bridge.drivers.crash_driver import kill_driver, read_log
+from tests.spark_bridge.drivers.ingest_driver import start_ingest_driver
 from tests.examples._story import APP_TABLES, table_state
 from tests.spark_bridge._streams import assert_flush_is_open, write_files
 from tests.spark_bridge._waits import DRIVER_WAIT_SECONDS, drivers, finish_driver, wait_for_driver_line

@@ -1,7 +1,7 @@
 """SIGKILL a driver ingesting with ``executor="tpg"`` inside the commit of a batch, restart it from its
 checkpoint: the state equals an uninterrupted run (the serial reference, batch by batch).
 
-The driver (``spark_bridge._experiments.ingest_driver``) runs the Streaming Ledger application
+The driver (``tests.spark_bridge.drivers.ingest_driver``) runs the Streaming Ledger application
 ``tests/spark_bridge/app_ledger.py`` (``EXECUTOR = "tpg"``), real Spark, one JSON-lines file per batch:
 
 1. held **inside the flush of batch 1** — the PostgreSQL transaction holds batch 1's final state, its
@@ -23,8 +23,8 @@ import pytest
 import sqlalchemy as sa
 
 import activedb
-from spark_bridge._experiments.crash_driver import kill_driver, read_log, wait_for_line
-from spark_bridge._experiments.ingest_driver import start_ingest_driver
+from tests.spark_bridge.drivers.crash_driver import kill_driver, read_log, wait_for_line
+from tests.spark_bridge.drivers.ingest_driver import start_ingest_driver
 from tests.spark_bridge import app_ledger
 from tests.spark_bridge._streams import assert_flush_is_open, write_files
 from tests.spark_bridge._waits import drivers, finish_driver

@@ -2,7 +2,7 @@
 
 Two halves:
 
-* **the driver** (``python -m spark_bridge._experiments.crash_driver ...``): a file-source
+* **the driver** (``python -m tests.spark_bridge.drivers.crash_driver ...``): a file-source
   stream (JSON lines, one file per micro-batch) through :func:`spark_bridge.get_spark`
   into :class:`~spark_bridge._baseline.PlainWriteSink`. It appends one line per step
   to an event log (``started``, ``batch <id> <rows> <first key>``, ``written <id>``,
@@ -145,7 +145,7 @@ def start_driver(
 ) -> subprocess.Popen:
     """Start the driver in its own process group (so :func:`kill_driver` gets the JVM too)."""
     command = [
-        sys.executable, "-m", "spark_bridge._experiments.crash_driver",
+        sys.executable, "-m", "tests.spark_bridge.drivers.crash_driver",
         "--source", os.fspath(source), "--checkpoint", os.fspath(checkpoint), "--dsn", dsn,
         "--table", table, "--ledger", ledger, "--log", os.fspath(log),
         "--fast-checkpoints", "on" if fast_checkpoints else "off",

@@ -1,10 +1,10 @@
 """A streaming driver for crash tests of :func:`spark_bridge.ingest` (rules, ledger, dead letters).
 
-Like :mod:`spark_bridge._experiments.crash_driver` (whose parent-side helpers —
-:func:`~spark_bridge._experiments.crash_driver.wait_for_line`,
-:func:`~spark_bridge._experiments.crash_driver.kill_driver`,
-:func:`~spark_bridge._experiments.crash_driver.read_log` — work on this driver's log too),
-but the sink is the rule layer: ``python -m spark_bridge._experiments.ingest_driver
+Like :mod:`tests.spark_bridge.drivers.crash_driver` (whose parent-side helpers —
+:func:`~tests.spark_bridge.drivers.crash_driver.wait_for_line`,
+:func:`~tests.spark_bridge.drivers.crash_driver.kill_driver`,
+:func:`~tests.spark_bridge.drivers.crash_driver.read_log` — work on this driver's log too),
+but the sink is the rule layer: ``python -m tests.spark_bridge.drivers.ingest_driver
 --app APP --url URL --source DIR --checkpoint DIR --query-name NAME --log FILE
 [--hold PHASE:BATCH] [--schema DDL]``.
 
@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from spark_bridge._app import ingest_options
-from spark_bridge._experiments.crash_driver import spawn_driver, start_log
+from tests.spark_bridge.drivers.crash_driver import spawn_driver, start_log
 
 __all__ = ["HOLD_PHASES", "start_ingest_driver"]
 
@@ -118,7 +118,7 @@ def start_ingest_driver(
 ) -> subprocess.Popen:
     """Start the driver in its own process group (``crash_driver.kill_driver`` gets the JVM too)."""
     command = [
-        sys.executable, "-m", "spark_bridge._experiments.ingest_driver", "--app", app, "--url", url,
+        sys.executable, "-m", "tests.spark_bridge.drivers.ingest_driver", "--app", app, "--url", url,
         "--source", os.fspath(source), "--checkpoint", os.fspath(checkpoint), "--query-name", query_name,
         "--log", os.fspath(log),
     ]
