@@ -39,7 +39,7 @@ from lockmgr._table import (
     EndedLog,
     _committed_members,
     _Lock,
-    _new_lock,
+    _lock_entry,
     _NO_CHILDREN,
     _NO_HOLDS,
     _Request,
@@ -366,15 +366,10 @@ class LockManager:
             return True
         _check_mode(mode)
         with self._graph_mutex:
-            txn = self._ended.require_active(self._active, tid, Lazy("try_acquire {} on {!r}", mode.name, resource))
-            if txn.request is not None:
-                raise RequestPending(tid, txn.request.lock.resource)
+            txn = self._requester(tid, "try_acquire", resource, mode)
             stripe = self._stripes[hash(resource) & self._stripe_mask]
             with stripe.mutex:
-                lock = stripe.locks.get(resource)
-                if lock is None:
-                    lock = _new_lock(resource, stripe)
-                    stripe.locks[resource] = lock
+                lock = _lock_entry(stripe, resource)
                 current = lock.held.get(txn)
                 if current is not None and COVERS[current][mode]:
                     return True
@@ -649,21 +644,24 @@ class LockManager:
 
     # ------------------------------------------------------------------ slow paths (graph mutex)
 
+    def _requester(self, tid: Hashable, verb: str, resource: Hashable, mode: Mode) -> _Txn:
+        """``tid``'s transaction, about to ask for ``resource`` in ``mode``: it must be active and not waiting
+        already.  Caller holds the graph mutex."""
+        txn = self._ended.require_active(self._active, tid, Lazy("{} {} on {!r}", verb, mode.name, resource))
+        if txn.request is not None:
+            raise RequestPending(tid, txn.request.lock.resource)
+        return txn
+
     def _acquire_slow(self, tid: Hashable, resource: Hashable, mode: Mode, timeout: float | None) -> None:
         _check_mode(mode)
         if timeout is not None and timeout < 0:
             raise ValueError("timeout must be None or >= 0")
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._graph_mutex:
-            txn = self._ended.require_active(self._active, tid, Lazy("acquire {} on {!r}", mode.name, resource))
-            if txn.request is not None:
-                raise RequestPending(tid, txn.request.lock.resource)
+            txn = self._requester(tid, "acquire", resource, mode)
             stripe = self._stripes[hash(resource) & self._stripe_mask]
             with stripe.mutex:
-                lock = stripe.locks.get(resource)
-                if lock is None:
-                    lock = _new_lock(resource, stripe)
-                    stripe.locks[resource] = lock
+                lock = _lock_entry(stripe, resource)
                 current = lock.held.get(txn)
                 if current is not None and COVERS[current][mode]:
                     return

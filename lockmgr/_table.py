@@ -178,15 +178,19 @@ class _Stripe:
         self.free: list[_Lock] = []
 
 
-def _new_lock(resource: Any, stripe: _Stripe) -> _Lock:
-    """An empty entry for ``resource`` (reused if possible).  Caller holds ``stripe.mutex``; the caller
-    inserts it into ``stripe.locks``."""
-    free = stripe.free
-    if free:
-        lock = free.pop()
-        lock.resource = resource
-        return lock
-    return _Lock(resource, stripe)
+def _lock_entry(stripe: _Stripe, resource: Any) -> _Lock:
+    """The entry of ``resource`` in ``stripe``; if it has none, an empty one (reused if possible), inserted.
+    Caller holds ``stripe.mutex``."""
+    lock = stripe.locks.get(resource)
+    if lock is None:
+        free = stripe.free
+        if free:
+            lock = free.pop()
+            lock.resource = resource
+        else:
+            lock = _Lock(resource, stripe)
+        stripe.locks[resource] = lock
+    return lock
 
 
 class _Request:

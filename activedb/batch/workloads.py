@@ -72,35 +72,32 @@ def deposit(event, ops):
     ops.write(ASSETS, payload["asset"], add_value)
 
 
+def _debit_credit(column: str, amount, cost: int, shortfall: str):
+    """The two write functions of moving ``amount`` of ``column``: the source's debit and the destination's
+    credit, each aborting with ``shortfall`` when the source holds less than ``amount``."""
+
+    def debit(own):
+        _spin(cost)
+        if own is None or own[column] < amount:
+            raise Abort(shortfall)
+        return {column: own[column] - amount}
+
+    def credit(own, source):
+        _spin(cost)
+        if source is None or source[column] < amount:
+            raise Abort(shortfall)
+        return {column: (own[column] if own else 0) + amount}
+
+    return debit, credit
+
+
 def transfer(event, ops):
     payload = event.payload
     amount, cost = payload["amount"], payload.get("cost_ns", 0)
     source_account, source_asset = (ACCOUNTS, payload["src_account"]), (ASSETS, payload["src_asset"])
 
-    def debit_balance(own):
-        _spin(cost)
-        if own is None or own["balance"] < amount:
-            raise Abort("insufficient balance")
-        return {"balance": own["balance"] - amount}
-
-    def credit_balance(own, source):
-        _spin(cost)
-        if source is None or source["balance"] < amount:
-            raise Abort("insufficient balance")
-        return {"balance": (own["balance"] if own else 0) + amount}
-
-    def debit_value(own):
-        _spin(cost)
-        if own is None or own["value"] < amount:
-            raise Abort("insufficient asset value")
-        return {"value": own["value"] - amount}
-
-    def credit_value(own, source):
-        _spin(cost)
-        if source is None or source["value"] < amount:
-            raise Abort("insufficient asset value")
-        return {"value": (own["value"] if own else 0) + amount}
-
+    debit_balance, credit_balance = _debit_credit("balance", amount, cost, "insufficient balance")
+    debit_value, credit_value = _debit_credit("value", amount, cost, "insufficient asset value")
     ops.write(*source_account, debit_balance)
     ops.write(ACCOUNTS, payload["dst_account"], credit_balance, reads=[source_account])
     ops.write(*source_asset, debit_value)

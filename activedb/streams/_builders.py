@@ -59,26 +59,30 @@ class Ref:
     def __ge__(self, other: Any) -> "Ref":
         return self._compare(">=", other)
 
+    def _arithmetic(self, operator: str, other: Any, reflected: bool = False) -> "Ref":
+        operands = (_node(other), self.node) if reflected else (self.node, _node(other))
+        return Ref(ast.Arithmetic(operator, *operands))
+
     def __add__(self, other: Any) -> "Ref":
-        return Ref(ast.Arithmetic("+", self.node, _node(other)))
+        return self._arithmetic("+", other)
 
     def __radd__(self, other: Any) -> "Ref":
-        return Ref(ast.Arithmetic("+", _node(other), self.node))
+        return self._arithmetic("+", other, reflected=True)
 
     def __sub__(self, other: Any) -> "Ref":
-        return Ref(ast.Arithmetic("-", self.node, _node(other)))
+        return self._arithmetic("-", other)
 
     def __rsub__(self, other: Any) -> "Ref":
-        return Ref(ast.Arithmetic("-", _node(other), self.node))
+        return self._arithmetic("-", other, reflected=True)
 
     def __mul__(self, other: Any) -> "Ref":
-        return Ref(ast.Arithmetic("*", self.node, _node(other)))
+        return self._arithmetic("*", other)
 
     def __rmul__(self, other: Any) -> "Ref":
-        return Ref(ast.Arithmetic("*", _node(other), self.node))
+        return self._arithmetic("*", other, reflected=True)
 
     def __truediv__(self, other: Any) -> "Ref":
-        return Ref(ast.Arithmetic("/", self.node, _node(other)))
+        return self._arithmetic("/", other)
 
     def __neg__(self) -> "Ref":
         return Ref(ast.Negate(self.node))

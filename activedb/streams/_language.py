@@ -38,6 +38,8 @@ Every error is a :class:`~activedb.streams.errors.QuerySyntaxError` with line an
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from activedb.streams import algebra as ast
 from activedb.streams._lexer import DURATION_UNITS, RESERVED, Token, TokenCursor, tokenize
 from activedb.streams.errors import QuerySyntaxError
@@ -302,18 +304,18 @@ class Parser(TokenCursor):
         return self.disjunction()
 
     def disjunction(self) -> ast.Expr:
-        start = self.current
-        operands = [self.conjunction()]
-        while self.accept_keyword("OR"):
-            operands.append(self.conjunction())
-        return operands[0] if len(operands) == 1 else ast.Or(tuple(operands), position=self.position(start))
+        return self._junction("OR", self.conjunction, ast.Or)
 
     def conjunction(self) -> ast.Expr:
+        return self._junction("AND", self.negation, ast.And)
+
+    def _junction(self, keyword: str, operand: Callable[[], ast.Expr], node: type) -> ast.Expr:
+        """``operand`` once, or ``operand`` ``keyword`` ``operand`` ... as one ``node`` of all of them."""
         start = self.current
-        operands = [self.negation()]
-        while self.accept_keyword("AND"):
-            operands.append(self.negation())
-        return operands[0] if len(operands) == 1 else ast.And(tuple(operands), position=self.position(start))
+        operands = [operand()]
+        while self.accept_keyword(keyword):
+            operands.append(operand())
+        return operands[0] if len(operands) == 1 else node(tuple(operands), position=self.position(start))
 
     def negation(self) -> ast.Expr:
         start = self.current
@@ -336,19 +338,18 @@ class Parser(TokenCursor):
         return left
 
     def sum(self) -> ast.Expr:
-        start = self.current
-        left = self.product()
-        while self.current.kind == "symbol" and self.current.text in ("+", "-"):
-            operator = self.advance().text
-            left = ast.Arithmetic(operator, left, self.product(), position=self.position(start))
-        return left
+        return self._arithmetic(("+", "-"), self.product)
 
     def product(self) -> ast.Expr:
+        return self._arithmetic(("*", "/"), self.unary)
+
+    def _arithmetic(self, operators: tuple[str, ...], operand: Callable[[], ast.Expr]) -> ast.Expr:
+        """A left-associative chain of ``operand`` parses joined by any of ``operators``."""
         start = self.current
-        left = self.unary()
-        while self.current.kind == "symbol" and self.current.text in ("*", "/"):
+        left = operand()
+        while self.current.kind == "symbol" and self.current.text in operators:
             operator = self.advance().text
-            left = ast.Arithmetic(operator, left, self.unary(), position=self.position(start))
+            left = ast.Arithmetic(operator, left, operand(), position=self.position(start))
         return left
 
     def unary(self) -> ast.Expr:

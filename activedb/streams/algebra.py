@@ -153,7 +153,9 @@ class IsNull(Expr):
 
 
 @dataclass(frozen=True)
-class And(Expr):
+class _Junction(Expr):
+    """The operands of ``AND`` or ``OR`` (equal only to a node of the same class)."""
+
     operands: tuple[Expr, ...]
     position: Position | None = _position()
 
@@ -162,12 +164,13 @@ class And(Expr):
 
 
 @dataclass(frozen=True)
-class Or(Expr):
-    operands: tuple[Expr, ...]
-    position: Position | None = _position()
+class And(_Junction):
+    pass
 
-    def children(self):
-        return self.operands
+
+@dataclass(frozen=True)
+class Or(_Junction):
+    pass
 
 
 @dataclass(frozen=True)
