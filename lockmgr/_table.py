@@ -13,7 +13,7 @@ import threading
 from collections import OrderedDict
 from typing import Any, Hashable
 
-from lockmgr._modes import CONFLICTS, JOIN, Mode
+from lockmgr._modes import CONFLICTS, COVERS, JOIN, Mode
 from lockmgr._records import TxnState
 from lockmgr.errors import Lazy, TransactionAborted, TransactionNotActive, UnknownTransaction
 
@@ -183,14 +183,16 @@ def _lock_entry(stripe: _Stripe, resource: Any) -> _Lock:
     Caller holds ``stripe.mutex``."""
     lock = stripe.locks.get(resource)
     if lock is None:
-        free = stripe.free
-        if free:
-            lock = free.pop()
-            lock.resource = resource
-        else:
-            lock = _Lock(resource, stripe)
+        lock = stripe.free.pop() if stripe.free else _Lock(resource, stripe)
+        lock.resource = resource
         stripe.locks[resource] = lock
     return lock
+
+
+def _covered(lock: _Lock, txn: _Txn, mode: Mode) -> bool:
+    """Whether ``txn`` holds ``lock`` already in a mode that covers ``mode``.  Caller holds the stripe's mutex."""
+    current = lock.held.get(txn)
+    return current is not None and COVERS[current][mode]
 
 
 class _Request:

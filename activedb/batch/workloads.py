@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -345,27 +346,25 @@ def initial_state(name: str, keys: int) -> dict[tuple[str, Any], dict]:
 
 # --- the declared state transactions (fresh objects: no module-global registry) ----------------
 
-def ledger(*, processes: int = 1) -> StateTransactions:
-    transactions = StateTransactions("streaming ledger", processes=processes)
-    transactions.on("deposit")(deposit)
-    transactions.on("transfer")(transfer)
+def _declared(name: str, processes: int, handlers: dict[str, Callable]) -> StateTransactions:
+    transactions = StateTransactions(name, processes=processes)
+    for event_type, handler in handlers.items():
+        transactions.on(event_type)(handler)
     return transactions
+
+
+def ledger(*, processes: int = 1) -> StateTransactions:
+    return _declared("streaming ledger", processes, {"deposit": deposit, "transfer": transfer})
 
 
 def grep_sum(*, processes: int = 1) -> StateTransactions:
-    transactions = StateTransactions("grep sum", processes=processes)
-    transactions.on("grep_sum")(grep_sum_transaction)
-    transactions.on("gs_window_read")(grep_sum_window_read)
-    transactions.on("gs_window_write")(grep_sum_window_write)
-    transactions.on("gs_nd_write")(grep_sum_nd_write)
-    transactions.on("gs_nd_read")(grep_sum_nd_read)
-    return transactions
+    return _declared("grep sum", processes, {
+        "grep_sum": grep_sum_transaction, "gs_window_read": grep_sum_window_read,
+        "gs_window_write": grep_sum_window_write, "gs_nd_write": grep_sum_nd_write, "gs_nd_read": grep_sum_nd_read})
 
 
 def toll(*, processes: int = 1) -> StateTransactions:
-    transactions = StateTransactions("toll processing", processes=processes)
-    transactions.on("position_report")(position_report)
-    return transactions
+    return _declared("toll processing", processes, {"position_report": position_report})
 
 
 def workload_transactions(name: str, *, processes: int = 1) -> StateTransactions:

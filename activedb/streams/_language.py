@@ -131,22 +131,15 @@ class Parser(TokenCursor):
 
     def pattern(self) -> ast.Pattern:
         start = self.current
-        if self.current.is_keyword("SEQ") and self.peek().kind == "symbol" and self.peek().text == "(":
-            self.advance()
-            self.advance()
-            items = [self.component()]
-            while self.accept_symbol(","):
-                items.append(self.component())
-            self.expect_symbol(")", "to close SEQ(")
-            return ast.Seq(tuple(items), position=self.position(start))
-        if self.current.is_keyword("AND") and self.peek().kind == "symbol" and self.peek().text == "(":
-            self.advance()
-            self.advance()
-            items = [self.component()]
-            while self.accept_symbol(","):
-                items.append(self.component())
-            self.expect_symbol(")", "to close AND(")
-            return ast.Conj(tuple(items), position=self.position(start))
+        for keyword, node in (("SEQ", ast.Seq), ("AND", ast.Conj)):
+            if self.current.is_keyword(keyword) and self.peek().kind == "symbol" and self.peek().text == "(":
+                self.advance()
+                self.advance()
+                items = [self.component()]
+                while self.accept_symbol(","):
+                    items.append(self.component())
+                self.expect_symbol(")", f"to close {keyword}(")
+                return node(tuple(items), position=self.position(start))
         return ast.Seq((self.component(),), position=self.position(start))
 
     def component(self) -> ast.EventComponent:

@@ -134,12 +134,19 @@ class Arithmetic(Expr):
 
 
 @dataclass(frozen=True)
-class Negate(Expr):
+class _Unary(Expr):
+    """An operator on one operand (equal only to a node of the same class)."""
+
     operand: Expr
     position: Position | None = _position()
 
     def children(self):
         return (self.operand,)
+
+
+@dataclass(frozen=True)
+class Negate(_Unary):
+    pass
 
 
 @dataclass(frozen=True)
@@ -174,12 +181,8 @@ class Or(_Junction):
 
 
 @dataclass(frozen=True)
-class Not(Expr):
-    operand: Expr
-    position: Position | None = _position()
-
-    def children(self):
-        return (self.operand,)
+class Not(_Unary):
+    pass
 
 
 @dataclass(frozen=True)
