@@ -201,9 +201,8 @@ class Select:
 
 
 @dataclass(frozen=True)
-class ScalarSubquery(Expr):
-    """``(SELECT column FROM …)``: the column of the one matching row, NULL if none, an
-    error if several.  A **read of the store** at the query's (or rule's) timestamp."""
+class _StoreRead(Expr):
+    """A read of the store by ``select``; its children are the expressions of its conditions."""
 
     select: Select
     position: Position | None = _position()
@@ -213,14 +212,14 @@ class ScalarSubquery(Expr):
 
 
 @dataclass(frozen=True)
-class Exists(Expr):
+class ScalarSubquery(_StoreRead):
+    """``(SELECT column FROM …)``: the column of the one matching row, NULL if none, an
+    error if several.  A **read of the store** at the query's (or rule's) timestamp."""
+
+
+@dataclass(frozen=True)
+class Exists(_StoreRead):
     """``EXISTS (SELECT * FROM …)``: true if a row matches.  A read of the store."""
-
-    select: Select
-    position: Position | None = _position()
-
-    def children(self):
-        return tuple(expression for _, expression in self.select.conditions)
 
 
 @dataclass(frozen=True)
