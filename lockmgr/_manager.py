@@ -38,8 +38,9 @@ from lockmgr._table import (
     WITHDRAWN_BY_ABORT,
     EndedLog,
     _committed_members,
+    _covered,
     _Lock,
-    _new_lock,
+    _lock_entry,
     _NO_CHILDREN,
     _NO_HOLDS,
     _Request,
@@ -366,17 +367,10 @@ class LockManager:
             return True
         _check_mode(mode)
         with self._graph_mutex:
-            txn = self._ended.require_active(self._active, tid, Lazy("try_acquire {} on {!r}", mode.name, resource))
-            if txn.request is not None:
-                raise RequestPending(tid, txn.request.lock.resource)
-            stripe = self._stripes[hash(resource) & self._stripe_mask]
+            txn, stripe = self._requester(tid, "try_acquire", resource, mode)
             with stripe.mutex:
-                lock = stripe.locks.get(resource)
-                if lock is None:
-                    lock = _new_lock(resource, stripe)
-                    stripe.locks[resource] = lock
-                current = lock.held.get(txn)
-                if current is not None and COVERS[current][mode]:
+                lock = _lock_entry(stripe, resource)
+                if _covered(lock, txn, mode):
                     return True
                 target, blockers = _blockers(txn, lock, mode, list(lock.waiters or ()), False)
                 if blockers:
@@ -649,23 +643,24 @@ class LockManager:
 
     # ------------------------------------------------------------------ slow paths (graph mutex)
 
+    def _requester(self, tid: Hashable, verb: str, resource: Hashable, mode: Mode) -> tuple[_Txn, _Stripe]:
+        """``tid``'s transaction, about to ask for ``resource`` in ``mode`` (it must be active and not waiting
+        already), and the stripe of ``resource``.  Caller holds the graph mutex."""
+        txn = self._ended.require_active(self._active, tid, Lazy("{} {} on {!r}", verb, mode.name, resource))
+        if txn.request is not None:
+            raise RequestPending(tid, txn.request.lock.resource)
+        return txn, self._stripes[hash(resource) & self._stripe_mask]
+
     def _acquire_slow(self, tid: Hashable, resource: Hashable, mode: Mode, timeout: float | None) -> None:
         _check_mode(mode)
         if timeout is not None and timeout < 0:
             raise ValueError("timeout must be None or >= 0")
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._graph_mutex:
-            txn = self._ended.require_active(self._active, tid, Lazy("acquire {} on {!r}", mode.name, resource))
-            if txn.request is not None:
-                raise RequestPending(tid, txn.request.lock.resource)
-            stripe = self._stripes[hash(resource) & self._stripe_mask]
+            txn, stripe = self._requester(tid, "acquire", resource, mode)
             with stripe.mutex:
-                lock = stripe.locks.get(resource)
-                if lock is None:
-                    lock = _new_lock(resource, stripe)
-                    stripe.locks[resource] = lock
-                current = lock.held.get(txn)
-                if current is not None and COVERS[current][mode]:
+                lock = _lock_entry(stripe, resource)
+                if _covered(lock, txn, mode):
                     return
                 request = _Request(txn, lock, mode)
                 if lock.waiters is None:

@@ -13,7 +13,7 @@ import threading
 from collections import OrderedDict
 from typing import Any, Hashable
 
-from lockmgr._modes import CONFLICTS, JOIN, Mode
+from lockmgr._modes import CONFLICTS, COVERS, JOIN, Mode
 from lockmgr._records import TxnState
 from lockmgr.errors import Lazy, TransactionAborted, TransactionNotActive, UnknownTransaction
 
@@ -178,15 +178,21 @@ class _Stripe:
         self.free: list[_Lock] = []
 
 
-def _new_lock(resource: Any, stripe: _Stripe) -> _Lock:
-    """An empty entry for ``resource`` (reused if possible).  Caller holds ``stripe.mutex``; the caller
-    inserts it into ``stripe.locks``."""
-    free = stripe.free
-    if free:
-        lock = free.pop()
+def _lock_entry(stripe: _Stripe, resource: Any) -> _Lock:
+    """The entry of ``resource`` in ``stripe``; if it has none, an empty one (reused if possible), inserted.
+    Caller holds ``stripe.mutex``."""
+    lock = stripe.locks.get(resource)
+    if lock is None:
+        lock = stripe.free.pop() if stripe.free else _Lock(resource, stripe)
         lock.resource = resource
-        return lock
-    return _Lock(resource, stripe)
+        stripe.locks[resource] = lock
+    return lock
+
+
+def _covered(lock: _Lock, txn: _Txn, mode: Mode) -> bool:
+    """Whether ``txn`` holds ``lock`` already in a mode that covers ``mode``.  Caller holds the stripe's mutex."""
+    current = lock.held.get(txn)
+    return current is not None and COVERS[current][mode]
 
 
 class _Request:

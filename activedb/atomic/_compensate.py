@@ -54,6 +54,12 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger("activedb.atomic")
 
 
+def _declared(function: Callable[..., Any] | None, missing: str) -> Callable[..., Any]:
+    if function is None:
+        raise LineageError(f"{missing}, then compensate again")
+    return function
+
+
 class Compensations:
     """The compensations declared in this process (``db.batches`` declares them; compensating looks them up).
 
@@ -82,18 +88,12 @@ class Compensations:
         return rule_name in self._rule_actions
 
     def rule_compensation_of(self, rule_name: str) -> Callable[..., Any]:
-        function = self._rule_actions.get(rule_name)
-        if function is None:
-            raise LineageError(f"a firing of rule {rule_name!r} was noted but no rule_compensation is declared "
-                               f"for it in this process; declare it, then compensate again")
-        return function
+        return _declared(self._rule_actions.get(rule_name), f"a firing of rule {rule_name!r} was noted but no "
+                         f"rule_compensation is declared for it in this process; declare it")
 
     def compensation_of(self, name: str) -> Callable[..., Any]:
-        function = self._actions.get(name)
-        if function is None:
-            raise LineageError(f"compensation {name!r} was noted but is not declared in this process; declare "
-                               f"it with @db.batches.compensation({name!r}), then compensate again")
-        return function
+        return _declared(self._actions.get(name), f"compensation {name!r} was noted but is not declared in this "
+                         f"process; declare it with @db.batches.compensation({name!r})")
 
     def transaction_compensation_of(self, name: str) -> Callable[..., Any] | None:
         return self._transaction_actions.get(name)

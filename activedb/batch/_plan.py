@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import enum
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -183,6 +184,15 @@ def _link(parent: Operation, child: Operation, kind: EdgeKind, edges: list) -> b
     return True
 
 
+def _link_all(parents: Iterable[Operation], child: Operation, kind: EdgeKind, edges: list) -> int:
+    """Link ``child`` after each of ``parents``; the number of edges that were new."""
+    linked = 0
+    for parent in parents:
+        if _link(parent, child, kind, edges):
+            linked += 1
+    return linked
+
+
 def build_tpg(txns: list[Txn], specs: list[list[OpSpec]]) -> Tpg:
     """Build the TPG of ``txns`` (timestamp order; ``specs[i]`` = the declared ops of ``txns[i]``)."""
     ops: list[Operation] = []
@@ -211,9 +221,7 @@ def build_tpg(txns: list[Txn], specs: list[list[OpSpec]]) -> Tpg:
                 ops_per_state[state] += 1
                 track = tracks.get(state)
                 if track is not None:
-                    for parent in track[1]:
-                        if _link(parent, op, TD, edges):
-                            td += 1
+                    td += _link_all(track[1], op, TD, edges)
                 if last_nd:
                     nd = last_nd.get(table)
                     if nd is not None and (track is None or nd.t > track[0]) and _link(nd, op, PD, edges):
@@ -224,18 +232,14 @@ def build_tpg(txns: list[Txn], specs: list[list[OpSpec]]) -> Tpg:
                     nd = last_nd.get(table)
                     if nd is not None and _link(nd, op, PD, edges):
                         pd += 1
-                    for writer in since_nd[table].values():
-                        if _link(writer, op, PD, edges):
-                            pd += 1
+                    pd += _link_all(since_nd[table].values(), op, PD, edges)
                 else:
                     for key in spec.candidates:
                         candidate = (table, key)
                         ops_per_state[candidate] += 1
                         track = tracks.get(candidate)
                         if track is not None:
-                            for parent in track[1]:
-                                if _link(parent, op, PD, edges):
-                                    pd += 1
+                            pd += _link_all(track[1], op, PD, edges)
                         nd = last_nd.get(table)
                         if nd is not None and (track is None or nd.t > track[0]) and _link(nd, op, PD, edges):
                             pd += 1

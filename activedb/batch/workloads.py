@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,35 +73,32 @@ def deposit(event, ops):
     ops.write(ASSETS, payload["asset"], add_value)
 
 
+def _debit_credit(column: str, amount, cost: int, shortfall: str):
+    """The two write functions of moving ``amount`` of ``column``: the source's debit and the destination's
+    credit, each aborting with ``shortfall`` when the source holds less than ``amount``."""
+
+    def debit(own):
+        _spin(cost)
+        if own is None or own[column] < amount:
+            raise Abort(shortfall)
+        return {column: own[column] - amount}
+
+    def credit(own, source):
+        _spin(cost)
+        if source is None or source[column] < amount:
+            raise Abort(shortfall)
+        return {column: (own[column] if own else 0) + amount}
+
+    return debit, credit
+
+
 def transfer(event, ops):
     payload = event.payload
     amount, cost = payload["amount"], payload.get("cost_ns", 0)
     source_account, source_asset = (ACCOUNTS, payload["src_account"]), (ASSETS, payload["src_asset"])
 
-    def debit_balance(own):
-        _spin(cost)
-        if own is None or own["balance"] < amount:
-            raise Abort("insufficient balance")
-        return {"balance": own["balance"] - amount}
-
-    def credit_balance(own, source):
-        _spin(cost)
-        if source is None or source["balance"] < amount:
-            raise Abort("insufficient balance")
-        return {"balance": (own["balance"] if own else 0) + amount}
-
-    def debit_value(own):
-        _spin(cost)
-        if own is None or own["value"] < amount:
-            raise Abort("insufficient asset value")
-        return {"value": own["value"] - amount}
-
-    def credit_value(own, source):
-        _spin(cost)
-        if source is None or source["value"] < amount:
-            raise Abort("insufficient asset value")
-        return {"value": (own["value"] if own else 0) + amount}
-
+    debit_balance, credit_balance = _debit_credit("balance", amount, cost, "insufficient balance")
+    debit_value, credit_value = _debit_credit("value", amount, cost, "insufficient asset value")
     ops.write(*source_account, debit_balance)
     ops.write(ACCOUNTS, payload["dst_account"], credit_balance, reads=[source_account])
     ops.write(*source_asset, debit_value)
@@ -348,27 +346,25 @@ def initial_state(name: str, keys: int) -> dict[tuple[str, Any], dict]:
 
 # --- the declared state transactions (fresh objects: no module-global registry) ----------------
 
-def ledger(*, processes: int = 1) -> StateTransactions:
-    transactions = StateTransactions("streaming ledger", processes=processes)
-    transactions.on("deposit")(deposit)
-    transactions.on("transfer")(transfer)
+def _declared(name: str, processes: int, handlers: dict[str, Callable]) -> StateTransactions:
+    transactions = StateTransactions(name, processes=processes)
+    for event_type, handler in handlers.items():
+        transactions.on(event_type)(handler)
     return transactions
+
+
+def ledger(*, processes: int = 1) -> StateTransactions:
+    return _declared("streaming ledger", processes, {"deposit": deposit, "transfer": transfer})
 
 
 def grep_sum(*, processes: int = 1) -> StateTransactions:
-    transactions = StateTransactions("grep sum", processes=processes)
-    transactions.on("grep_sum")(grep_sum_transaction)
-    transactions.on("gs_window_read")(grep_sum_window_read)
-    transactions.on("gs_window_write")(grep_sum_window_write)
-    transactions.on("gs_nd_write")(grep_sum_nd_write)
-    transactions.on("gs_nd_read")(grep_sum_nd_read)
-    return transactions
+    return _declared("grep sum", processes, {
+        "grep_sum": grep_sum_transaction, "gs_window_read": grep_sum_window_read,
+        "gs_window_write": grep_sum_window_write, "gs_nd_write": grep_sum_nd_write, "gs_nd_read": grep_sum_nd_read})
 
 
 def toll(*, processes: int = 1) -> StateTransactions:
-    transactions = StateTransactions("toll processing", processes=processes)
-    transactions.on("position_report")(position_report)
-    return transactions
+    return _declared("toll processing", processes, {"position_report": position_report})
 
 
 def workload_transactions(name: str, *, processes: int = 1) -> StateTransactions:

@@ -127,46 +127,35 @@ def plot(results: dict[str, Any], path: Path, *, cost: float, threads: int) -> N
         (axes[0][2], "throughput_vs_writeN", "tuple", "writeN", "Fig. 7: throughput vs writeN, tuple locks"),
         (axes[0][3], "throughput_vs_writeN", "table", "writeN", "Fig. 8: throughput vs writeN, table locks"),
     ]
+
+    def panel(axis, x: list, series, names, title: str, xlabel: str, ylabel: str, *, log: str = "",
+              from_zero: bool = False, label=lambda name: name.upper()) -> None:
+        """One figure: a line a scheduler (``series(name)`` against ``x``); ``log`` names the log-scale axes."""
+        for name in names:
+            axis.plot(x, series(name), marker="o", color=colours[name], label=label(name))
+        for scaled in log:
+            getattr(axis, f"set_{scaled}scale")("log")
+        axis.set_title(title, fontsize=10)
+        axis.set_xlabel(xlabel)
+        axis.set_ylabel(ylabel)
+        if from_zero:
+            axis.set_ylim(bottom=0)
+        axis.legend()
+
     for axis, experiment, granularity, parameter, title in panels:
         data = results[experiment]
-        for name in SCHEDULERS:
-            axis.plot(data[parameter], [point["throughput"] for point in data[granularity][name]], marker="o",
-                      color=colours[name], label=name.upper())
-        axis.set_title(title, fontsize=10)
-        axis.set_xlabel(parameter)
-        axis.set_ylabel("events/s (numIn / T_proc)")
-        axis.set_ylim(bottom=0)
-        axis.legend()
+        panel(axis, data[parameter], lambda name: [point["throughput"] for point in data[granularity][name]],
+              SCHEDULERS, title, parameter, "events/s (numIn / T_proc)", from_zero=True)
     seq = results["latency_vs_seqL"]
-    axis = axes[1][0]
-    for name in ("baseline", *SCHEDULERS):
-        axis.plot(seq["seqL"], [point["L_combined_ms"] for point in seq[name]], marker="o", color=colours[name],
-                  label="no scheduler (Fig. 9)" if name == "baseline" else name.upper())
-    axis.set_title(f"Fig. 10: L_combined vs seqL, underloaded ({seq['rate']:g} events/s)", fontsize=10)
-    axis.set_xlabel("seqL")
-    axis.set_ylabel("ms")
-    axis.set_ylim(bottom=0)
-    axis.legend()
+    panel(axes[1][0], seq["seqL"], lambda name: [point["L_combined_ms"] for point in seq[name]],
+          ("baseline", *SCHEDULERS), f"Fig. 10: L_combined vs seqL, underloaded ({seq['rate']:g} events/s)",
+          "seqL", "ms", from_zero=True,
+          label=lambda name: "no scheduler (Fig. 9)" if name == "baseline" else name.upper())
     rate = results["latency_vs_rate"]
-    axis = axes[1][1]
-    for name in SCHEDULERS:
-        axis.plot(rate["rate"], [point["L_combined_ms"] for point in rate[name]], marker="o", color=colours[name],
-                  label=name.upper())
-    axis.set_xscale("log")
-    axis.set_yscale("log")
-    axis.set_title("Fig. 11: L_combined vs input rate (seqL 3, tuple)", fontsize=10)
-    axis.set_xlabel("events/s")
-    axis.set_ylabel("ms")
-    axis.legend()
-    axis = axes[1][2]
-    for name in SCHEDULERS:
-        axis.plot(rate["rate"], [point["memory_kib"] for point in rate[name]], marker="o", color=colours[name],
-                  label=name.upper())
-    axis.set_xscale("log")
-    axis.set_title("Fig. 12: memory vs input rate (queued events + versions)", fontsize=10)
-    axis.set_xlabel("events/s")
-    axis.set_ylabel("KiB")
-    axis.legend()
+    panel(axes[1][1], rate["rate"], lambda name: [point["L_combined_ms"] for point in rate[name]], SCHEDULERS,
+          "Fig. 11: L_combined vs input rate (seqL 3, tuple)", "events/s", "ms", log="xy")
+    panel(axes[1][2], rate["rate"], lambda name: [point["memory_kib"] for point in rate[name]], SCHEDULERS,
+          "Fig. 12: memory vs input rate (queued events + versions)", "events/s", "KiB", log="x")
     axis = axes[1][3]
     axis.axis("off")
     lines = [f"cost model: {cost * 1000:g} ms time.sleep per Read and per Write",

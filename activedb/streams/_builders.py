@@ -23,10 +23,20 @@ overloaded and raise a TypeError).  Plain Python values are literals.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from activedb.streams import algebra as ast
 from activedb.streams.errors import DefinitionError
+
+
+def _arithmetic(operator: str, reflected: bool = False) -> Callable[["Ref", Any], "Ref"]:
+    """The method behind ``ref <operator> other`` (``other <operator> ref`` when ``reflected``)."""
+
+    def method(self: Ref, other: Any) -> Ref:
+        operands = (_node(other), self.node) if reflected else (self.node, _node(other))
+        return Ref(ast.Arithmetic(operator, *operands))
+
+    return method
 
 
 class Ref:
@@ -59,26 +69,13 @@ class Ref:
     def __ge__(self, other: Any) -> "Ref":
         return self._compare(">=", other)
 
-    def __add__(self, other: Any) -> "Ref":
-        return Ref(ast.Arithmetic("+", self.node, _node(other)))
-
-    def __radd__(self, other: Any) -> "Ref":
-        return Ref(ast.Arithmetic("+", _node(other), self.node))
-
-    def __sub__(self, other: Any) -> "Ref":
-        return Ref(ast.Arithmetic("-", self.node, _node(other)))
-
-    def __rsub__(self, other: Any) -> "Ref":
-        return Ref(ast.Arithmetic("-", _node(other), self.node))
-
-    def __mul__(self, other: Any) -> "Ref":
-        return Ref(ast.Arithmetic("*", self.node, _node(other)))
-
-    def __rmul__(self, other: Any) -> "Ref":
-        return Ref(ast.Arithmetic("*", _node(other), self.node))
-
-    def __truediv__(self, other: Any) -> "Ref":
-        return Ref(ast.Arithmetic("/", self.node, _node(other)))
+    __add__ = _arithmetic("+")
+    __radd__ = _arithmetic("+", reflected=True)
+    __sub__ = _arithmetic("-")
+    __rsub__ = _arithmetic("-", reflected=True)
+    __mul__ = _arithmetic("*")
+    __rmul__ = _arithmetic("*", reflected=True)
+    __truediv__ = _arithmetic("/")
 
     def __neg__(self) -> "Ref":
         return Ref(ast.Negate(self.node))

@@ -38,6 +38,8 @@ Every error is a :class:`~activedb.streams.errors.QuerySyntaxError` with line an
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from activedb.streams import algebra as ast
 from activedb.streams._lexer import DURATION_UNITS, RESERVED, Token, TokenCursor, tokenize
 from activedb.streams.errors import QuerySyntaxError
@@ -129,22 +131,15 @@ class Parser(TokenCursor):
 
     def pattern(self) -> ast.Pattern:
         start = self.current
-        if self.current.is_keyword("SEQ") and self.peek().kind == "symbol" and self.peek().text == "(":
-            self.advance()
-            self.advance()
-            items = [self.component()]
-            while self.accept_symbol(","):
-                items.append(self.component())
-            self.expect_symbol(")", "to close SEQ(")
-            return ast.Seq(tuple(items), position=self.position(start))
-        if self.current.is_keyword("AND") and self.peek().kind == "symbol" and self.peek().text == "(":
-            self.advance()
-            self.advance()
-            items = [self.component()]
-            while self.accept_symbol(","):
-                items.append(self.component())
-            self.expect_symbol(")", "to close AND(")
-            return ast.Conj(tuple(items), position=self.position(start))
+        for keyword, node in (("SEQ", ast.Seq), ("AND", ast.Conj)):
+            if self.current.is_keyword(keyword) and self.peek().kind == "symbol" and self.peek().text == "(":
+                self.advance()
+                self.advance()
+                items = [self.component()]
+                while self.accept_symbol(","):
+                    items.append(self.component())
+                self.expect_symbol(")", f"to close {keyword}(")
+                return node(tuple(items), position=self.position(start))
         return ast.Seq((self.component(),), position=self.position(start))
 
     def component(self) -> ast.EventComponent:
@@ -302,18 +297,18 @@ class Parser(TokenCursor):
         return self.disjunction()
 
     def disjunction(self) -> ast.Expr:
-        start = self.current
-        operands = [self.conjunction()]
-        while self.accept_keyword("OR"):
-            operands.append(self.conjunction())
-        return operands[0] if len(operands) == 1 else ast.Or(tuple(operands), position=self.position(start))
+        return self._junction("OR", self.conjunction, ast.Or)
 
     def conjunction(self) -> ast.Expr:
+        return self._junction("AND", self.negation, ast.And)
+
+    def _junction(self, keyword: str, operand: Callable[[], ast.Expr], node: type) -> ast.Expr:
+        """``operand`` once, or ``operand`` ``keyword`` ``operand`` ... as one ``node`` of all of them."""
         start = self.current
-        operands = [self.negation()]
-        while self.accept_keyword("AND"):
-            operands.append(self.negation())
-        return operands[0] if len(operands) == 1 else ast.And(tuple(operands), position=self.position(start))
+        operands = [operand()]
+        while self.accept_keyword(keyword):
+            operands.append(operand())
+        return operands[0] if len(operands) == 1 else node(tuple(operands), position=self.position(start))
 
     def negation(self) -> ast.Expr:
         start = self.current
@@ -336,19 +331,18 @@ class Parser(TokenCursor):
         return left
 
     def sum(self) -> ast.Expr:
-        start = self.current
-        left = self.product()
-        while self.current.kind == "symbol" and self.current.text in ("+", "-"):
-            operator = self.advance().text
-            left = ast.Arithmetic(operator, left, self.product(), position=self.position(start))
-        return left
+        return self._arithmetic(("+", "-"), self.product)
 
     def product(self) -> ast.Expr:
+        return self._arithmetic(("*", "/"), self.unary)
+
+    def _arithmetic(self, operators: tuple[str, ...], operand: Callable[[], ast.Expr]) -> ast.Expr:
+        """A left-associative chain of ``operand`` parses joined by any of ``operators``."""
         start = self.current
-        left = self.unary()
-        while self.current.kind == "symbol" and self.current.text in ("*", "/"):
+        left = operand()
+        while self.current.kind == "symbol" and self.current.text in operators:
             operator = self.advance().text
-            left = ast.Arithmetic(operator, left, self.unary(), position=self.position(start))
+            left = ast.Arithmetic(operator, left, operand(), position=self.position(start))
         return left
 
     def unary(self) -> ast.Expr:

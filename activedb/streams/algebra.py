@@ -134,12 +134,19 @@ class Arithmetic(Expr):
 
 
 @dataclass(frozen=True)
-class Negate(Expr):
+class _Unary(Expr):
+    """An operator on one operand (equal only to a node of the same class)."""
+
     operand: Expr
     position: Position | None = _position()
 
     def children(self):
         return (self.operand,)
+
+
+@dataclass(frozen=True)
+class Negate(_Unary):
+    pass
 
 
 @dataclass(frozen=True)
@@ -153,7 +160,9 @@ class IsNull(Expr):
 
 
 @dataclass(frozen=True)
-class And(Expr):
+class _Junction(Expr):
+    """The operands of ``AND`` or ``OR`` (equal only to a node of the same class)."""
+
     operands: tuple[Expr, ...]
     position: Position | None = _position()
 
@@ -162,21 +171,18 @@ class And(Expr):
 
 
 @dataclass(frozen=True)
-class Or(Expr):
-    operands: tuple[Expr, ...]
-    position: Position | None = _position()
-
-    def children(self):
-        return self.operands
+class And(_Junction):
+    pass
 
 
 @dataclass(frozen=True)
-class Not(Expr):
-    operand: Expr
-    position: Position | None = _position()
+class Or(_Junction):
+    pass
 
-    def children(self):
-        return (self.operand,)
+
+@dataclass(frozen=True)
+class Not(_Unary):
+    pass
 
 
 @dataclass(frozen=True)
@@ -195,9 +201,8 @@ class Select:
 
 
 @dataclass(frozen=True)
-class ScalarSubquery(Expr):
-    """``(SELECT column FROM …)``: the column of the one matching row, NULL if none, an
-    error if several.  A **read of the store** at the query's (or rule's) timestamp."""
+class _StoreRead(Expr):
+    """A read of the store by ``select``; its children are the expressions of its conditions."""
 
     select: Select
     position: Position | None = _position()
@@ -207,14 +212,14 @@ class ScalarSubquery(Expr):
 
 
 @dataclass(frozen=True)
-class Exists(Expr):
+class ScalarSubquery(_StoreRead):
+    """``(SELECT column FROM …)``: the column of the one matching row, NULL if none, an
+    error if several.  A **read of the store** at the query's (or rule's) timestamp."""
+
+
+@dataclass(frozen=True)
+class Exists(_StoreRead):
     """``EXISTS (SELECT * FROM …)``: true if a row matches.  A read of the store."""
-
-    select: Select
-    position: Position | None = _position()
-
-    def children(self):
-        return tuple(expression for _, expression in self.select.conditions)
 
 
 @dataclass(frozen=True)
