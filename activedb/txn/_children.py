@@ -43,7 +43,8 @@ class SubtransactionHandle:
         task = self._task
         if task.done():
             return True
-        with self.transaction.parent._waiting_for(self.transaction):
+        child = self.transaction
+        with child.manager.waiting(child.parent, "children", child.id):
             return task.wait(timeout)
 
     @staticmethod
@@ -204,10 +205,6 @@ class Children:
         finally:
             manager.pop_running()
         return result
-
-    def _waiting_for(self, child: "Transaction"):
-        """Context of a wait of this node for ``child`` (a handle's ``wait``/``result``)."""
-        return self.manager.waiting(self, "children", child.id)
 
     def _before_waiting_for_children(self) -> None:
         """The thread running this node is about to wait for its children: it uses none of its locks

@@ -52,20 +52,13 @@ class Reads:
         number of rows found.  Useful before processing a batch of events on known keys."""
         self._check_active("prefetch")
         info = self.manager.catalog.table_info(table)
-        wanted = []
-        for key in keys:
-            key = info.key(key)
-            row = (info.name, key)
-            if any(row in node._db_reads or row in node._writes for node in (self, *self.ancestors())):
-                continue
-            wanted.append(key)
-        wanted = list(dict.fromkeys(wanted))
+        chain, name = (self, *self.ancestors()), info.name
+        wanted = list(dict.fromkeys(key for key in map(info.key, keys) if not any(
+            (name, key) in node._db_reads or (name, key) in node._writes for node in chain)))
         locking = self.manager.locking
         for key in wanted:
             locking.acquire(self, info, key, Mode.READ)
-        if not wanted:
-            return 0
-        return self.root._read_base.read_many(self, info, wanted)
+        return self.root._read_base.read_many(self, info, wanted) if wanted else 0
 
     def read_many(self, table: Any, keys: Any, *, lock: str = "read") -> dict[Any, dict | None]:
         """The rows ``keys`` of ``table`` as this transaction sees them, ``{key: dict or None}``, with

@@ -1,12 +1,8 @@
-"""A node of a transaction tree: its state, its place in the tree, its seams, commit and abort.
-
-The class is assembled by job: what a node reads (``_reads.py``), what it writes and the events it raises
-(``_writes.py``), its children (``_children.py``) are mixins with no state of their own; the node's
-attributes, its state machine and its end (commit, delegation to the parent, abort) are here.  It
-delegates locking to :mod:`activedb.txn._locking`, what it sees to :mod:`activedb.txn._view`, the
-top-level commit to :mod:`activedb.txn._flush`; extensions (the rule manager) and observers hear of its
-life through the manager's registries (:mod:`activedb.txn._hooks`).  See ``README.md`` in this package
-for the whole design: what a node sees, what the flush validates, the mutex order.
+"""A node of a transaction tree: its attributes, state machine, place in the tree, seams, commit and abort.
+Its reads (``_reads.py``), writes and events (``_writes.py``) and children (``_children.py``) are stateless
+mixins.  It delegates locking to ``_locking``, what it sees to ``_view``, the top-level commit to ``_flush``;
+extensions and observers hear of its life through the manager's registries (``_hooks``).  ``README.md``
+in this package has the whole design: what a node sees, what the flush validates, the mutex order.
 
 State machine (``TxnState``, shared with ``lockmgr``)::
 
