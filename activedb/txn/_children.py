@@ -207,13 +207,9 @@ class Children:
         return result
 
     def _before_waiting_for_children(self) -> None:
-        """The thread running this node is about to wait for its children: it uses none of its locks
-        while it waits, so they become *retained* (in place) and Rule 1 grants them to its descendants.
-        Otherwise a child asking for a row this node's own operations locked would wait for a holder that
-        waits for the child.  Only the node's own thread may do this (a lock it just acquired for an
-        operation in progress must stay held); a wait by another thread is registered with the lock
-        manager instead (``TransactionManager.waiting``).  A lazy node is materialized first (whoever waits
-        is a node of the wait-for graph)."""
+        """The thread running this node is about to wait: a lazy node materializes (a waiter is a node of
+        the wait-for graph), and its holds become retained (README, "Locks: holds become retains") — only by
+        its own thread (a lock another thread's operation just took must stay held)."""
         if self._lazy:
             self.manager.locking.materialize(self)
         if self._thread == threading.get_ident() and self._state in (TxnState.ACTIVE, TxnState.COMMITTING):
