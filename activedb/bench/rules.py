@@ -119,12 +119,12 @@ _PHASES = (
     ("match", [("activedb/events/_model.py", "matches")], []),
     ("condition", [("activedb/rules/_model.py", "condition")], []),
     ("lock", [("activedb/txn/_locking.py", "acquire")], []),
-    ("write", [("activedb/txn/_tree.py", "write")], ["lock"]),
-    ("child create", [("activedb/txn/_tree.py", "_begin_inline")], []),
-    ("child commit", [("activedb/txn/_tree.py", "_end_inline")], []),
+    ("write", [("activedb/txn/_writes.py", "write")], ["lock"]),
+    ("child create", [("activedb/txn/_children.py", "_begin_inline")], []),
+    ("child commit", [("activedb/txn/_children.py", "_end_inline")], []),
     ("flush", [("activedb/txn/_flush.py", "flush")], []),
 )
-_DISPATCH = ("activedb/rules/_manager.py", "dispatch")
+_DISPATCH = ("activedb/rules/_manager.py", "on_event")
 _RUN_GROUPS = ("activedb/rules/_manager.py", "_run_groups")
 
 

@@ -1,6 +1,7 @@
 """The rule manager's per-transaction state, kept in the transaction's typed slot
 (``tx.slot(RuleContext)``) instead of attributes on the transaction, and the typed keys of the
-coupling gate.  Owned by the rules package; nobody else reads it."""
+coupling gate, and the two walks up a tree that read it (the cascade chain, the deferred queue).  Owned by
+the rules package; nobody else reads it."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from coupling import DeferredQueue, has_own_deferred_queue
+
 if TYPE_CHECKING:  # pragma: no cover
-    from coupling import Coupling, DeferredQueue
+    from coupling import Coupling
 
     from activedb.rules._model import Firing
+    from activedb.txn import Transaction
 
 
 class GateRole(enum.Enum):
@@ -58,3 +62,30 @@ class RuleContext:
         self.gate_report: GateKey | None = None
         self.firings: dict[str, int] | None = None
         self.couplings: dict[str, "Coupling"] | None = None
+
+
+def chain_of(transaction: "Transaction") -> tuple[str, ...]:
+    """The cascade of rule names that led to ``transaction`` (its nearest firing's chain; () if none)."""
+    node = transaction
+    while node is not None:
+        context = node.slot(RuleContext, create=False)
+        if context is not None and context.firing is not None:
+            return context.firing.chain
+        node = node.parent
+    return ()
+
+
+def deferred_queue_for(transaction: "Transaction", max_cycles: int) -> DeferredQueue:
+    """The deferred queue a firing in ``transaction`` joins (``coupling.has_own_deferred_queue``):
+    top-level, immediate-rule, detached-rule and application subtransactions own one; a deferred
+    rule's transaction (and its condition/action children) hands its deferred firings to the queue
+    it was itself fired from, where they form the next cycle."""
+    node = transaction
+    while node is not None:
+        context = node.slot(RuleContext)
+        if has_own_deferred_queue(context.firing.coupling if context.firing is not None else None):
+            if context.deferred_queue is None:
+                context.deferred_queue = DeferredQueue(max_cycles=max_cycles, name=node.id)
+            return context.deferred_queue
+        node = node.parent
+    raise AssertionError("a top-level transaction always owns a deferred queue")

@@ -1,27 +1,28 @@
 """The rule manager (``db.rules``): the registry's public face, and the extension through which rules
-fire inside transactions — dispatch, priority groups, immediate and deferred execution, C-A coupling.
-The detached family lives in ``_detached.py``.  The coupling-mode table is in ``README.md``.
+fire inside transactions — dispatch, priority groups, immediate and deferred execution.  Its other jobs
+have modules of their own: the firing record (``_record.py``), C-A parallel coupling (``_parallel.py``),
+the detached family (``_detached.py``), the walks up a tree (``_context.py``).  The coupling-mode table is
+in ``README.md``.
 
-Thread-safety: ``_mutex`` protects the statistics; the registry and the detached runner have their own
-(see their modules).  No user code, logging or gate wait runs under any of them.
+Thread-safety: the manager has no mutex of its own; the firing record, the registry and the detached
+runner have theirs (see their modules).  No user code, logging or gate wait runs under any of them.
 """
 
 from __future__ import annotations
 
-import collections
 import itertools
 import logging
-import threading
 from typing import TYPE_CHECKING
 
-from coupling import Coupling, DeferredCycleLimitExceeded, DeferredQueue, Verdict, has_own_deferred_queue, priority_groups
-from lockmgr import Deadlock
+from coupling import Coupling, DeferredCycleLimitExceeded, Verdict, priority_groups
 
 from activedb.errors import CascadeLimitExceeded, RuleFailed, TransactionAborted
 from activedb.events import Event, EventKind
-from activedb.rules._context import GateKey, GateRole, RuleContext
+from activedb.rules._context import RuleContext, chain_of, deferred_queue_for
 from activedb.rules._detached import DetachedRunner, DependencyAbort
-from activedb.rules._model import Fired, Firing, FiringOutcome, Rule, RuleCounters, RulesStatistics
+from activedb.rules._model import Fired, Firing, FiringOutcome, Rule, RulesStatistics
+from activedb.rules._parallel import condition_then_action
+from activedb.rules._record import FiringRecord
 from activedb.rules._registry import RuleRegistry
 from activedb.txn import SubtransactionHandle, Transaction, TransactionExtension
 
@@ -44,9 +45,7 @@ class RuleManager(TransactionExtension):
         self.max_cascade_depth = max_cascade_depth
         self.max_deferred_cycles = max_deferred_cycles
         self.execution = execution
-        self._mutex = threading.Lock()       # protects _counters and _per_mode
-        self._counters: dict[str, RuleCounters] = collections.defaultdict(RuleCounters)
-        self._per_mode: collections.Counter = collections.Counter()
+        self.record = FiringRecord()
         self._numbers = itertools.count(1)
         self.detached = DetachedRunner(self, transactions)
         self.gate = self.detached.gate
@@ -108,19 +107,13 @@ class RuleManager(TransactionExtension):
         """The stream event types enabled rules listen to (``db.stream(type)``)."""
         return self.registry.stream_types()
 
-    @property
-    def redefined(self) -> list[tuple[str, int, int]]:
-        return self.registry.redefined
-
     def firings_in(self, transaction: Transaction) -> dict[str, int]:
         """Per rule, how many firings were dispatched in ``transaction``'s tree so far."""
         context = transaction.root.slot(RuleContext, create=False)
         return dict(context.firings) if context is not None and context.firings else {}
 
     def statistics(self) -> RulesStatistics:
-        with self._mutex:
-            counters = {name: RuleCounters(**vars(counter)) for name, counter in self._counters.items()}
-            per_mode = {coupling.value: count for coupling, count in self._per_mode.items()}
+        counters, per_mode = self.record.snapshot()
         return RulesStatistics(rules=len(self.registry), enabled=sum(rule.enabled for rule in self.registry),
                                per_rule=counters, per_mode=per_mode, detached_running=self.detached.running)
 
@@ -129,48 +122,39 @@ class RuleManager(TransactionExtension):
         self.detached.wait_idle(timeout)
 
     def count(self, rule: Rule, what: str, amount: int = 1) -> None:
-        with self._mutex:
-            counter = self._counters[rule.name]
-            setattr(counter, what, getattr(counter, what) + amount)
+        self.record.count(rule.name, what, amount)
 
     # --- the extension hooks -------------------------------------------------------------------
 
     def wants_old_images(self, table: str) -> bool:
         return self.observes(table)
 
-    def on_event(self, transaction: Transaction, event: Event) -> None:
-        self.dispatch(transaction, event)
-
     def on_begin(self, transaction: Transaction) -> None:
         if transaction.parent is None and self.registry.by_kind.get(EventKind.BEGAN):
-            self.dispatch(transaction, Event(EventKind.BEGAN, transaction.name, transaction=transaction.id))
+            self.on_event(transaction, Event(EventKind.BEGAN, transaction.name, transaction=transaction.id))
 
     def before_commit(self, transaction: Transaction) -> None:
         context = transaction.slot(RuleContext, create=False)
-        if context is not None and (context.deferred_queue is not None or context.gate_key is not None):
-            self._before_commit(transaction, context)
+        if context is not None:
+            queue = context.deferred_queue
+            if queue is not None:
+                transaction.wait_children()
+                try:
+                    for cycle in queue.cycles():
+                        self._run_groups(transaction, [item.firing for item in cycle], f"deferred cycle {cycle.number}")
+                except DeferredCycleLimitExceeded as error:
+                    raise CascadeLimitExceeded(
+                        f"deferred rules of {transaction.id} kept firing each other for {queue.max_cycles} cycles; "
+                        f"break the cycle or raise max_deferred_cycles", [str(error)]) from error
+            if context.gate_key is not None:
+                verdict = self.detached.wait_may_commit(transaction, context)
+                if verdict is not Verdict.COMMIT:
+                    raise DependencyAbort(f"{context.firing.coupling.value} dependency of {transaction.id} says abort")
         if transaction.parent is None and self.registry.by_kind.get(EventKind.COMMITTED):
             # Rules on this transaction's commit (all of the detached family) fire now, just before its
             # flush, so that the outbox records them in it: they run if and only if the commit happens.
-            self.dispatch(transaction, Event(EventKind.COMMITTED, transaction.name, payload=dict(transaction.info),
+            self.on_event(transaction, Event(EventKind.COMMITTED, transaction.name, payload=dict(transaction.info),
                                              transaction=transaction.id))
-
-    def _before_commit(self, transaction: Transaction, context: RuleContext) -> None:
-        queue = context.deferred_queue
-        if queue is not None:
-            transaction.wait_children()
-            try:
-                for cycle in queue.cycles():
-                    self._run_groups(transaction, [item.firing for item in cycle], f"deferred cycle {cycle.number}")
-            except DeferredCycleLimitExceeded as error:
-                raise CascadeLimitExceeded(
-                    f"deferred rules of {transaction.id} kept firing each other for {queue.max_cycles} cycles; "
-                    f"break the cycle or raise max_deferred_cycles", [str(error)]) from error
-        if context.gate_key is not None:
-            verdict = self.detached.wait_may_commit(transaction, context)
-            if verdict is not Verdict.COMMIT:
-                firing = context.firing
-                raise DependencyAbort(f"{firing.coupling.value} dependency of {transaction.id} says abort")
 
     def after_end(self, transaction: Transaction, committed: bool) -> None:
         context = transaction.slot(RuleContext, create=False)
@@ -182,99 +166,41 @@ class RuleManager(TransactionExtension):
             event = Event(EventKind.ABORTED, transaction.name, payload=dict(transaction.info),
                           transaction=transaction.id)
             try:
-                self.dispatch(transaction, event, ended=True)
+                self.on_event(transaction, event, ended=True)
             except Exception as error:   # the transaction has ended: report, never undo its outcome
                 logger.error("rules on %s could not be fired: %r", event.describe(), error)
-        self._fold(transaction)
+        self.record.fold(transaction)
 
     # --- dispatch ----------------------------------------------------------------------------
 
-    @staticmethod
-    def _chain_of(transaction: Transaction) -> tuple[str, ...]:
-        node = transaction
-        while node is not None:
-            context = node.slot(RuleContext, create=False)
-            if context is not None and context.firing is not None:
-                return context.firing.chain
-            node = node.parent
-        return ()
-
-    def dispatch(self, transaction: Transaction, event: Event, *, ended: bool = False) -> None:
-        """Fire the rules matching ``event``, which occurred in ``transaction``."""
+    def on_event(self, transaction: Transaction, event: Event, *, ended: bool = False) -> None:
+        """Dispatch: fire the rules matching ``event``, which occurred in ``transaction`` (``ended``: an
+        event of a transaction that has ended, its ``aborted``)."""
         candidates = self.registry.by_kind.get(event.kind)
         if not candidates:
             return
         rules = [rule for rule in candidates if rule.on.matches(event)]
         if not rules:
             return
-        chain = self._chain_of(transaction)
+        chain = chain_of(transaction)
         if len(chain) + 1 > self.max_cascade_depth:
             names = " -> ".join((*chain, "|".join(rule.name for rule in rules)))
             raise CascadeLimitExceeded(
                 f"rule cascade deeper than {self.max_cascade_depth} in transaction {transaction.id}: {names}; "
                 f"break the cycle or raise max_cascade_depth", [*chain, *(rule.name for rule in rules)])
         firings = [Firing(rule, event, (*chain, rule.name), rule.coupling, next(self._numbers)) for rule in rules]
-        self._record(transaction.root, rules)
+        self.record.dispatched(transaction.root, rules)
         immediate = []
         for firing in firings:
             coupling = firing.coupling
             if coupling is Coupling.IMMEDIATE:
                 immediate.append(firing)
             elif coupling is Coupling.DEFERRED:
-                self._queue_for(transaction).add(firing)
+                deferred_queue_for(transaction, self.max_deferred_cycles).add(firing)
             else:
                 self.detached.start(transaction, firing, ended=ended)
         if immediate:
             self._run_groups(transaction, immediate, "immediate")
-
-    def _record(self, root: Transaction, rules: list[Rule]) -> None:
-        """The firing record of ``rules`` fired in ``root``'s tree: per rule, the tree's count (also its
-        transaction-log row's ``rule_firings``, serialised at the flush, where ``activedb rules list`` sums
-        them).  The manager's counters (``statistics()``) get the tree's counts once, when the tree ends
-        (``_fold``), not per firing."""
-        context = root.slot(RuleContext)
-        with self._mutex:
-            tally = context.firings
-            if tally is None:
-                tally = context.firings = {}
-                context.couplings = {}
-                root.info.setdefault("rule_firings", tally)
-            couplings = context.couplings
-            for rule in rules:
-                name = rule.name
-                count = tally.get(name)
-                tally[name] = 1 if count is None else count + 1
-                if couplings is None:         # the tree has ended and was folded: count at once
-                    self._counters[name].fired += 1
-                    self._per_mode[rule.coupling] += 1
-                elif count is None:
-                    couplings[name] = rule.coupling
-
-    def _fold(self, root: Transaction) -> None:
-        """``root``'s tree ended: add its firing record to the manager's counters."""
-        context = root.slot(RuleContext, create=False)
-        if context is None or not context.couplings:
-            return
-        with self._mutex:
-            couplings, context.couplings = context.couplings, None
-            for name, count in context.firings.items():
-                self._counters[name].fired += count
-                self._per_mode[couplings[name]] += count
-
-    def _queue_for(self, transaction: Transaction) -> DeferredQueue:
-        """The deferred queue a firing in ``transaction`` joins (``coupling.has_own_deferred_queue``):
-        top-level, immediate-rule, detached-rule and application subtransactions own one; a deferred
-        rule's transaction (and its condition/action children) hands its deferred firings to the queue
-        it was itself fired from, where they form the next cycle."""
-        node = transaction
-        while node is not None:
-            context = node.slot(RuleContext)
-            if has_own_deferred_queue(context.firing.coupling if context.firing is not None else None):
-                if context.deferred_queue is None:
-                    context.deferred_queue = DeferredQueue(max_cycles=self.max_deferred_cycles, name=node.id)
-                return context.deferred_queue
-            node = node.parent
-        raise AssertionError("a top-level transaction always owns a deferred queue")
 
     def _run_groups(self, transaction: Transaction, firings: list[Firing], what: str) -> None:
         """Run firings as children of ``transaction``: priority groups in order, a group concurrently."""
@@ -283,13 +209,13 @@ class RuleManager(TransactionExtension):
             if self.execution == "inline" or len(group) == 1:
                 for firing in group:
                     try:
-                        transaction.run_subtransaction(self._execute, firing, name=firing.transaction_name)
+                        transaction.run_subtransaction(self.execute, firing, name=firing.transaction_name)
                     except DependencyAbort:
                         pass
                     except BaseException as error:
                         failures.append((firing, error))
             else:
-                handles = [(firing, transaction.spawn(self._execute, firing, name=firing.transaction_name))
+                handles = [(firing, transaction.spawn(self.execute, firing, name=firing.transaction_name))
                            for firing in group]
                 # One wait of the parent for the whole group (one registration in the wait-for graph).
                 SubtransactionHandle.wait_all([handle for _, handle in handles])
@@ -308,23 +234,18 @@ class RuleManager(TransactionExtension):
                     f"{what} rule {firing.rule.name!r} failed on {firing.event.describe()}: {error!r}",
                     firing.rule.name, firing.event) from error
 
-    def execute(self, transaction: Transaction, firing: Firing) -> bool:
-        """Run condition and action of ``firing`` in ``transaction`` (its own transaction); True if the
-        condition held and the action ran."""
-        return self._execute(transaction, firing)
-
     def fire(self, transaction: Transaction, firings: list[Firing], *, shared: bool = False) -> list[Fired]:
         """Run ``firings`` (planned by the caller: the capture consumer) in order, each as :meth:`execute` does
         in a subtransaction of its own, and tell each one's :class:`FiringOutcome` (a rule that raises is
         FAILED, the others go on); ``shared``: all in ``transaction`` itself, the first error propagates.
         An error of the transaction itself (deadlock, serialization conflict) propagates either way."""
         if shared:
-            return [Fired(FiringOutcome.EXECUTED if self._execute(transaction, firing)
+            return [Fired(FiringOutcome.EXECUTED if self.execute(transaction, firing)
                           else FiringOutcome.CONDITION_FALSE) for firing in firings]
         fired = []
         for firing in firings:
             try:
-                executed = transaction.run_subtransaction(self._execute, firing, name=firing.transaction_name)
+                executed = transaction.run_subtransaction(self.execute, firing, name=firing.transaction_name)
             except RuleFailed as error:
                 fired.append(Fired(FiringOutcome.FAILED, error.__cause__ or error))
             except CascadeLimitExceeded as error:
@@ -333,7 +254,9 @@ class RuleManager(TransactionExtension):
                 fired.append(Fired(FiringOutcome.EXECUTED if executed else FiringOutcome.CONDITION_FALSE))
         return fired
 
-    def _execute(self, transaction: Transaction, firing: Firing) -> bool:
+    def execute(self, transaction: Transaction, firing: Firing) -> bool:
+        """Run condition and action of ``firing`` in ``transaction`` (its own transaction); True if the
+        condition held and the action ran."""
         transaction.slot(RuleContext).firing = firing
         rule, event = firing.rule, firing.event
         observers = self.transactions.observers
@@ -347,13 +270,12 @@ class RuleManager(TransactionExtension):
                     outcome = "condition_false"
                     return False
                 rule.action(transaction, event)
-            elif not self._condition_then_action_in_parallel(transaction, firing):
+            elif not condition_then_action(self, transaction, firing):
                 outcome = "condition_false"
                 return False
             coupling = firing.coupling
             if coupling is Coupling.IMMEDIATE or coupling is Coupling.DEFERRED:   # runs_as_subtransaction
-                with self._mutex:              # detached rules count once their top-level commits
-                    self._counters[rule.name].executed += 1
+                self.record.executed(rule.name)   # detached rules count once their top-level commits
             outcome = "executed"
         except (DependencyAbort, CascadeLimitExceeded, RuleFailed, TransactionAborted):
             outcome = "cancelled"
@@ -367,52 +289,3 @@ class RuleManager(TransactionExtension):
             if observers.on_firing_end:
                 observers.call("on_firing_end", transaction, firing, outcome)
         return True
-
-    def _condition_then_action_in_parallel(self, transaction: Transaction, firing: Firing) -> bool:
-        """C-A sequential causally dependent: condition and action as parallel siblings; the action
-        commits only if the condition committed and returned true.  A condition that raises fails the
-        firing exactly as with immediate C-A coupling (``RuleFailed``)."""
-        rule, event = firing.rule, firing.event
-        gate = self.gate
-        condition_key, action_key = GateKey(GateRole.CONDITION, transaction.id), GateKey(GateRole.ACTION, transaction.id)
-        gate.register_action(action_key, condition_key, Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT)
-        condition_ids: list[str] = []
-
-        def condition_body(child: Transaction) -> bool:
-            context = child.slot(RuleContext)
-            context.firing, context.gate_report = firing, condition_key
-            condition_ids.append(child.id)
-            value = bool(rule.condition(child, event))
-            gate.condition_returned(condition_key, value)
-            return value
-
-        def action_body(child: Transaction) -> None:
-            context = child.slot(RuleContext)
-            context.firing, context.gate_report, context.gate_key = firing, action_key, action_key
-            context.gate_wait_target = condition_handle.transaction.id
-            rule.action(child, event)
-
-        condition_handle = transaction.spawn(condition_body, name=f"condition:{rule.name}")
-        action_handle = transaction.spawn(action_body, name=f"action:{rule.name}")
-        condition_error: BaseException | None = None
-        try:
-            condition_value = bool(condition_handle.result())
-        except BaseException as error:
-            condition_value, condition_error = False, error
-        try:
-            action_handle.result()
-        except Deadlock:
-            if condition_value:      # the action gave way to its condition: run it again, now after it
-                transaction.run_subtransaction(self._run_action_again, firing, name=f"action:{rule.name}")
-        except DependencyAbort:
-            pass
-        if condition_error is not None:
-            raise condition_error
-        if not condition_value:
-            self.count(rule, "condition_false")
-        return condition_value
-
-    @staticmethod
-    def _run_action_again(child: Transaction, firing: Firing) -> None:
-        child.slot(RuleContext).firing = firing
-        firing.rule.action(child, firing.event)

@@ -12,7 +12,8 @@ from activedb.txn._hooks import HookRegistry, Observer, TransactionExtension
 from activedb.txn._locking import Granularity
 from activedb.txn._manager import TransactionManager
 from activedb.txn._participants import CommitParticipant
-from activedb.txn._tree import InlineSubtransaction, SubtransactionHandle, Transaction
+from activedb.txn._children import InlineSubtransaction, SubtransactionHandle
+from activedb.txn._tree import Transaction
 from activedb.txn._view import CommittedRows, ReadBase
 
 __all__ = ["TransactionManager", "Transaction", "SubtransactionHandle", "InlineSubtransaction", "TxnState",

@@ -3,14 +3,9 @@
 * **Resources.** A row is ``("row", table, key)`` under ``("table", table)``: IR/IW on the table, then
   READ/WRITE on the row.  ``Locking.set_granularity(table, TABLE)`` locks the whole table instead; a scan
   takes a table READ lock.
-* **Holds become retains before a node waits.** A node's own operations hold their locks.  Before
-  the node creates a child, waits for its children or commits, they become *retained* in place
-  (:meth:`Locking.release_holds`, ``LockManager.retain``): its descendants may then use those rows
-  (Rule 1) while other trees may not.  The lock manager runs with *declared* commit edges: "a parent
-  waits for its children" is an edge of the wait-for graph only while the parent actually waits — for
-  the whole life of an inline child (``awaited`` at ``begin``), and while ``TransactionManager.waiting``
-  says so for a spawned one — so a child waiting for a row its *running* parent holds is a wait, not a
-  reported deadlock: the parent retains the row before it waits for the child.
+* **Holds become retains before a node waits** (creates a child, waits for children, commits:
+  :meth:`Locking.release_holds`, ``LockManager.retain``), and commit edges are declared only while a
+  parent waits: ``README.md``, "Locks: holds become retains, and waiting".
 * **Lazy inline subtransactions.** An inline child that starts lazy has no lock-manager transaction: its
   requests are asked in its parent's name without waiting, its commit makes the parent's holds retained,
   its abort drops them; it materializes (``materialize``: begin, then ``hand_down``) before it waits or

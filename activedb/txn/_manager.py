@@ -106,7 +106,6 @@ class TransactionManager:
                 # ends: ``outer`` waits for it.  Its own holds become retains (it runs no operation
                 # meanwhile), and the wait is an edge of the wait-for graph, so that the new transaction
                 # waiting for a row ``outer``'s tree keeps is a deadlock reported at once.
-                outer.materialize()
                 outer._before_waiting_for_children()
                 try:
                     nesting = self.locks.add_wait(outer.id, [transaction.id], kind="nested")
@@ -215,8 +214,7 @@ class _Waiting:
         manager, node, kind, target = self.manager, self.node, self.kind, self.target
         waiter = manager.current()
         if waiter is not None:
-            waiter.materialize()    # a wait is an edge of the wait-for graph: the waiter must be in it
-            waiter._before_waiting_for_children()
+            waiter._before_waiting_for_children()   # (materialized: a wait is an edge of the wait-for graph)
             if waiter.state in _LIVE:    # an aborting node waits for its children unregistered
                 targets = ([target] if target is not None else self.targets if self.targets is not None
                            else [child.id for child in node.children])

@@ -1,9 +1,8 @@
-"""A node of a transaction tree: its state machine, its children, its operations.
-
-The node delegates: locking to :mod:`activedb.txn._locking`, what it sees to :mod:`activedb.txn._view`,
-the top-level commit to :mod:`activedb.txn._flush`; extensions (the rule manager) and observers hear of
-its life through the manager's registries (:mod:`activedb.txn._hooks`).  See ``README.md`` in this
-package for the whole design: what a node sees, what the flush validates, the mutex order.
+"""A node of a transaction tree: its attributes, state machine, place in the tree, seams, commit and abort.
+Its reads (``_reads.py``), writes and events (``_writes.py``) and children (``_children.py``) are stateless
+mixins.  It delegates locking to ``_locking``, what it sees to ``_view``, the top-level commit to ``_flush``;
+extensions and observers hear of its life through the manager's registries (``_hooks``).  ``README.md``
+in this package has the whole design: what a node sees, what the flush validates, the mutex order.
 
 State machine (``TxnState``, shared with ``lockmgr``)::
 
@@ -25,28 +24,21 @@ from __future__ import annotations
 import datetime
 import logging
 import threading
-import time
-import types
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, Iterator, TypeVar
 
-from lockmgr import Deadlock, Mode, TxnState
+from lockmgr import Mode, TxnState
 
-from activedb.errors import (
-    DuplicateKey,
-    InvalidKey,
-    SerializationConflict,
-    TransactionAborted,
-    TransactionError,
-)
-from activedb.events import Event, EventKind
-from activedb.store import Entry, EntryKind, Key, TableInfo
-from activedb.txn import _bulk, _flush, _ids, _view
-from activedb.txn._hotkeys import HotKeys
+from activedb.errors import SerializationConflict, TransactionAborted, TransactionError
+from activedb.txn import _flush, _ids
+from activedb.txn._children import _EMPTY, Children
 from activedb.txn._participants import CommitParticipant
-from activedb.txn._pool import Task
+from activedb.txn._reads import Reads
+from activedb.txn._writes import Writes
 
 if TYPE_CHECKING:  # pragma: no cover
+    from activedb.store import Entry, Key
     from activedb.txn._manager import TransactionManager
+    from activedb.txn._pool import Task
     from activedb.txn._view import ReadBase
 
 logger = logging.getLogger("activedb.transaction")
@@ -54,62 +46,10 @@ logger = logging.getLogger("activedb.transaction")
 SlotType = TypeVar("SlotType")
 
 
-_EMPTY: Mapping = types.MappingProxyType({})   # a node's children or tasks until its first (read-only)
-_NONE: tuple = ()                              # its scans or participants until its first
+_NONE: tuple = ()   # a node's scans or participants until its first (its children and tasks: ``_EMPTY``)
 
 
-class SubtransactionHandle:
-    """The handle ``spawn`` returns: ``result(timeout)``, ``wait(timeout)``, ``done()``, ``state``."""
-
-    def __init__(self, transaction: "Transaction", task: Task):
-        self.transaction = transaction
-        self._task = task
-
-    @property
-    def state(self) -> TxnState:
-        return self.transaction.state
-
-    def done(self) -> bool:
-        return self._task.done()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Wait until the subtransaction ended (runs it here if no worker started it)."""
-        task = self._task
-        if task.done():
-            return True
-        with self.transaction.parent._waiting_for(self.transaction):
-            return task.wait(timeout)
-
-    @staticmethod
-    def wait_all(handles: "list[SubtransactionHandle]") -> None:
-        """Wait until every one of ``handles`` (children of one parent) ended, running queued ones in this
-        thread: one wait of the parent for all of them (one registration in the wait-for graph, with an
-        edge to each), not one per handle."""
-        pending = [handle for handle in handles if not handle._task.done()]
-        if not pending:
-            return
-        if len(pending) == 1:
-            pending[0].wait()
-            return
-        parent = pending[0].transaction.parent
-        manager = parent.manager
-        with manager.waiting(parent, "children", None, targets=[handle.transaction.id for handle in pending]):
-            for handle in pending:
-                handle._task.wait(None)     # runs it in this thread if no worker has started it
-
-    def result(self, timeout: float | None = None) -> Any:
-        """The function's return value once the subtransaction committed; re-raises its error."""
-        if not self.wait(timeout):
-            raise TimeoutError(f"subtransaction {self.transaction.id} did not end within {timeout} s")
-        if self._task.error is not None:
-            raise self._task.error
-        return self._task.result
-
-    def __repr__(self) -> str:
-        return f"<SubtransactionHandle {self.transaction.id} {self.state.value}>"
-
-
-class Transaction:
+class Transaction(Reads, Writes, Children):
     """A node of a transaction tree.  See the module docstring."""
 
     __slots__ = ("manager", "parent", "root", "depth", "id", "name", "began_at", "info", "subtransactions_committed",
@@ -260,360 +200,6 @@ class Transaction:
                 value = self._slots[kind] = kind()
         return value
 
-    # --- reads ----------------------------------------------------------------------------
-
-    def read(self, table: Any, key: Any, *, for_update: bool = False) -> dict | None:
-        """The row with primary key ``key`` as a dict, or None; takes a READ lock.  ``for_update=True``: read
-        with intent to write it — an UPDATE lock (two read-modify-writes of the row queue here instead of
-        deadlocking when both upgrade), and the row locked in PostgreSQL until the tree commits (see
-        ``_rowlocks.py``)."""
-        self._check_active("read")
-        info = self.manager.catalog.table_info(table)
-        key = info.key(key)
-        hot = self.root.slot(HotKeys, create=False)
-        if for_update or (hot is not None and info.name in hot.update_intent):
-            self.manager.locking.acquire(self, info, key, Mode.UPDATE)
-            return _view.read_row(self, info, key, for_update=True)
-        self.manager.locking.acquire(self, info, key, Mode.READ)
-        (hot or self.root.slot(HotKeys)).plain_reads.add((info.name, key))
-        return _view.read_row(self, info, key)
-
-    def read_then_written(self) -> frozenset[str]:
-        """The tables of which this tree read a row plainly (``tx.read`` without ``for_update``) and then
-        wrote it: where two such trees convert their read locks to write locks and one must give way.
-        ``Database.run`` learns them from an attempt that failed (see README, "Hot keys")."""
-        hot = self.root.slot(HotKeys, create=False)
-        return frozenset(hot.read_then_written) if hot is not None else frozenset()
-
-    def prefetch(self, table: Any, keys: Any) -> int:
-        """Read-lock ``keys`` of ``table`` and load their committed images in one query, so that
-        later reads in this tree (this node and its descendants) need no round trip.  Returns the
-        number of rows found.  Useful before processing a batch of events on known keys."""
-        self._check_active("prefetch")
-        info = self.manager.catalog.table_info(table)
-        wanted = []
-        for key in keys:
-            key = info.key(key)
-            row = (info.name, key)
-            if any(row in node._db_reads or row in node._writes for node in (self, *self.ancestors())):
-                continue
-            wanted.append(key)
-        wanted = list(dict.fromkeys(wanted))
-        locking = self.manager.locking
-        for key in wanted:
-            locking.acquire(self, info, key, Mode.READ)
-        if not wanted:
-            return 0
-        return self.root._read_base.read_many(self, info, wanted)
-
-    def read_many(self, table: Any, keys: Any, *, lock: str = "read") -> dict[Any, dict | None]:
-        """The rows ``keys`` of ``table`` as this transaction sees them, ``{key: dict or None}``, with
-        their committed images loaded in one query.  ``lock``: ``"read"`` (READ row locks, as
-        ``prefetch``), ``"write"`` (WRITE row locks now: no upgrade when the rows are written later),
-        ``"table"`` (one WRITE lock on the table, no row locks).  See ``_bulk.py``."""
-        return _bulk.read_many(self, table, keys, lock)
-
-    def write_many(self, table: Any, rows: Mapping[Any, Mapping[str, Any] | None], *, lock: str = "row") -> int:
-        """``write(table, key, **values)`` for every ``key: values`` of ``rows`` (``None``: ``delete``),
-        with the same data events; ``lock="table"``: one table WRITE lock instead of one per row.
-        Returns the number of rows.  See ``_bulk.py``."""
-        return _bulk.write_many(self, table, rows, lock)
-
-    def scan(self, table: Any, where: Mapping[str, Any] | Callable[[dict], bool] | None = None) -> list[dict]:
-        """All rows of ``table`` matching ``where`` (a dict of equalities or a predicate on the row
-        dict), as this transaction sees them; takes a table-level READ lock."""
-        self._check_active("scan")
-        info = self.manager.catalog.table_info(table)
-        if isinstance(where, Mapping):
-            for column, value in where.items():
-                info.check_value(column, value)
-        self.manager.locking.acquire(self, info, None, Mode.READ)
-        rows = dict(self.root._read_base.scan(self, info, where))
-        for key in _view.written_keys(self, info.name):
-            rows[key] = _view.read_row(self, info, key, record=False)
-        # An ancestor that aborted during the scan was doomed before its writes were discarded: a scan
-        # that merged the tree's writes without them is never returned (as ``_view.read_row`` does).
-        self._check_active("scan")
-        result = [image for image in rows.values() if image is not None and _view.matches(image, where)]
-        recorder = self.manager.recorder
-        if recorder:
-            for key, image in rows.items():
-                recorder.record("read", self.id, root=self.root.id, table=info.name, key=key, value=image,
-                                source="scan")
-        return result
-
-    # --- writes ---------------------------------------------------------------------------
-
-    def write(self, table: Any, key: Any, **values: Any) -> None:
-        """Upsert: update the given columns of row ``key``, or insert it."""
-        self._check_active("write")
-        info = self.manager.catalog.table_info(table)
-        key = info.key(key)
-        values = self._values_without_key(info, key, values)
-        self._modify(info, key, Entry(EntryKind.PATCH, values))
-
-    def insert(self, table: Any, **values: Any) -> Key | Any:
-        """Insert a new row; returns its key.  A table whose key the database generates
-        (identity/serial) may omit it: the next sequence value is taken."""
-        self._check_active("insert")
-        info = self.manager.catalog.table_info(table)
-        values = info.check_values(values)
-        generated = any(values.get(name) is None for name in info.key_columns)
-        if generated:
-            values = {**values, **self._generated_key(info)}
-        key = info.key(info.key_from_values(values))
-        values = {name: value for name, value in values.items() if name not in info.key_columns}
-        self._modify(info, key, Entry(EntryKind.INSERT, values), must_not_exist=not generated)
-        return key[0] if len(key) == 1 else key
-
-    def delete(self, table: Any, key: Any) -> None:
-        """Delete row ``key`` if it exists."""
-        self._check_active("delete")
-        info = self.manager.catalog.table_info(table)
-        key = info.key(key)
-        self._modify(info, key, Entry(EntryKind.DELETE))
-
-    def _values_without_key(self, info: TableInfo, key: Key, values: dict) -> dict:
-        values = info.check_values(values)
-        for name, key_value in zip(info.key_columns, key):
-            if name in values:
-                if values.pop(name) != key_value:
-                    raise InvalidKey(f"{info.name}.{name} is part of the key {key!r}; it cannot be changed by write()")
-        return values
-
-    def _generated_key(self, info: TableInfo) -> dict:
-        if len(info.key_columns) != 1:
-            raise InvalidKey(f"insert into {info.name!r} needs the key columns {', '.join(info.key_columns)}")
-        column = info.key_columns[0]
-        catalog = self.manager.catalog
-        sequence = catalog.sequence_of(info, column)
-        if sequence is None:
-            raise InvalidKey(
-                f"insert into {info.name!r} needs a value for the key column {column!r} "
-                f"(it has no identity or serial default)"
-            )
-        return {column: catalog.next_generated_key(sequence, self.root.began_at)}
-
-    def _modify(self, info: TableInfo, key: Key, entry: Entry, *, must_not_exist: bool = False,
-                lock: bool = True) -> None:
-        hot = self.root.slot(HotKeys, create=False)
-        if hot is not None and (info.name, key) in hot.plain_reads:
-            hot.read_then_written.add(info.name)    # before the lock: a conversion may be the victim
-        if lock:   # False: the node took a table lock covering the row (write_many, _bulk.py)
-            self.manager.locking.acquire(self, info, key, Mode.WRITE)
-        extensions = self.manager.extensions
-        observed = False
-        for wants in extensions.wants_old_images:
-            if wants(info.name):
-                observed = True
-                break
-        if entry.kind is EntryKind.INSERT and not must_not_exist:
-            old = None   # a fresh sequence value: no row
-        else:
-            observed = observed or must_not_exist
-            # An insert's existence check is not validated at the flush (a concurrent insert
-            # of the same key makes the flush's INSERT fail instead): no relied-on read.
-            old = (_view.read_row(self, info, key, record=False, relied=not must_not_exist)
-                   if observed else None)
-        if must_not_exist and old is not None:
-            raise DuplicateKey(
-                f"insert into {info.name!r}: a row with key {key!r} already exists; use write() to upsert"
-            )
-        row = (info.name, key)
-        with self._mutex:
-            previous = self._writes.get(row)
-            self._writes[row] = previous.then(entry, info.name) if previous else entry
-        recorder = self.manager.recorder
-        if recorder:
-            recorder.record("write", self.id, root=self.root.id, table=info.name, key=key, value=entry)
-        if observed and (entry.kind is not EntryKind.DELETE or old is not None):
-            if entry.kind is EntryKind.DELETE:
-                kind, new = EventKind.DELETED, None
-            else:
-                new = entry.apply(old)
-                if old is None:
-                    kind = EventKind.INSERTED
-                    # The stored row: every column (constant defaults for the ones not given) and the key.
-                    new = {**info.blank_row, **new, **info.full_key_row(key)}
-                else:
-                    kind = EventKind.UPDATED
-            display_key = key[0] if len(key) == 1 else key
-            event = Event(kind, info.name, display_key, old, new, transaction=self.id)
-            for hook in extensions.on_event:
-                hook(self, event)
-
-    # --- subtransactions --------------------------------------------------------------------
-
-    def materialize(self) -> None:
-        """Give this lazy inline subtransaction its own lock-manager transaction now (it is about to
-        create a child, wait, or wait for a lock); a no-op for any other node.  Called by the thread
-        running it.  See README, "Lazy inline subtransactions"."""
-        if self._lazy:
-            self.manager.locking.materialize(self)
-
-    def _new_child(self, name: str | None = None, *, inline: bool = False) -> "Transaction":
-        if self._doomed is not None or self._state is not TxnState.ACTIVE:
-            self._check_active("starting a subtransaction")
-        manager = self.manager
-        if self._lazy:
-            self.materialize()
-        manager.locking.release_holds(self)
-        # Lazy: an inline child of a node with no other live child (so no sibling can conflict with it).
-        lazy = inline and manager.lazy_subtransactions and not self._children
-        child = Transaction(manager, self, name=name, inline=inline, lazy=lazy)
-        if lazy:
-            self._lazy_child = child
-        with self._mutex:
-            if self._children is _EMPTY:
-                self._children = {}
-            self._children[child.id] = child
-        if manager.recorder:
-            manager.recorder.record("spawn", self.id, root=self.root.id, detail=child.id)
-        if manager.observers.on_spawn:
-            manager.observers.call("on_spawn", self, child)
-        return child
-
-    def spawn(self, function: Callable[..., Any], *args: Any, name: str | None = None,
-              **kwargs: Any) -> SubtransactionHandle:
-        """Run ``function(child, *args, **kwargs)`` as a subtransaction on a worker thread.
-
-        The child commits when the function returns and aborts (with its descendants)
-        if it raises; ``handle.result()`` returns the value or re-raises the error.
-        """
-        child = self._new_child(name)
-        task = self.manager.pool.submit(child._run_body, function, args, kwargs)
-        with self._mutex:
-            if child.id in self._children:      # not already ended (and forgotten) on a worker
-                if self._tasks is _EMPTY:
-                    self._tasks = {}
-                self._tasks[child.id] = task
-        return SubtransactionHandle(child, task)
-
-    def subtransaction(self, name: str | None = None) -> "InlineSubtransaction":
-        """``with tx.subtransaction() as child:`` runs a subtransaction inline in this thread."""
-        return InlineSubtransaction(self, name)
-
-    def run_subtransaction(self, function: Callable[..., Any], *args: Any, name: str | None = None,
-                           **kwargs: Any) -> Any:
-        """Run ``function(child, ...)`` as an inline subtransaction and return its result; the child
-        commits when it returns and aborts (re-raising) when it raises — ``with tx.subtransaction()`` as
-        one call, for code that needs the outcome without managing a context."""
-        child = self._begin_inline(name)
-        try:
-            result = function(child, *args, **kwargs)
-        except BaseException as error:
-            child._end_inline(error)
-            raise
-        child._end_inline(None)
-        return result
-
-    def _begin_inline(self, name: str | None) -> "Transaction":
-        """Create an inline child and make it the transaction this thread runs; extensions and observers
-        hear of its begin."""
-        child = self._new_child(name, inline=True)
-        manager = self.manager
-        manager.push_running(child)
-        try:
-            for hook in manager.extensions.on_begin:
-                hook(child)
-            if manager.observers.on_begin:
-                manager.observers.call("on_begin", child)
-        except BaseException as error:
-            child.abort(error)
-            manager.pop_running()
-            raise
-        return child
-
-    def _end_inline(self, error: BaseException | None) -> None:
-        """End this inline child: commit it, or abort it because its block raised ``error``."""
-        try:
-            if error is not None:
-                self.abort(error)
-            else:
-                self.commit()
-        finally:
-            self.manager.pop_running()
-
-    def retry(self, function: Callable[..., Any], *args: Any, attempts: int = 3, **kwargs: Any) -> Any:
-        """Run ``function(child, ...)`` as an inline subtransaction, re-running it (in a fresh
-        subtransaction) when it is chosen as a deadlock victim or its commit finds that another process
-        changed a row it read, at most ``attempts`` times."""
-        if attempts < 1:
-            raise ValueError("attempts must be at least 1")
-        for attempt in range(1, attempts + 1):
-            try:
-                return self.run_subtransaction(function, *args, **kwargs)
-            except (Deadlock, SerializationConflict) as error:
-                if attempt == attempts:
-                    raise
-                logger.info("subtransaction of %s failed (%s); retry %d of %d", self.id,
-                            type(error).__name__, attempt, attempts)
-
-    def _run_body(self, function: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        self._thread = threading.get_ident()
-        manager = self.manager
-        manager.push_running(self)
-        try:
-            try:
-                for hook in manager.extensions.on_begin:
-                    hook(self)
-                if manager.observers.on_begin:
-                    manager.observers.call("on_begin", self)
-                result = function(self, *args, **kwargs)
-            except BaseException as error:
-                self.abort(error)
-                raise
-            self.commit()
-        finally:
-            manager.pop_running()
-        return result
-
-    def _waiting_for(self, child: "Transaction"):
-        """Context of a wait of this node for ``child`` (a handle's ``wait``/``result``)."""
-        return self.manager.waiting(self, "children", child.id)
-
-    def _before_waiting_for_children(self) -> None:
-        """The thread running this node is about to wait for its children: it uses none of its locks
-        while it waits, so they become *retained* (in place) and Rule 1 grants them to its descendants.
-        Otherwise a child asking for a row this node's own operations locked would wait for a holder that
-        waits for the child.  Only the node's own thread may do this (a lock it just acquired for an
-        operation in progress must stay held); a wait by another thread is registered with the lock
-        manager instead (``TransactionManager.waiting``)."""
-        if self._thread == threading.get_ident() and self._state in (TxnState.ACTIVE, TxnState.COMMITTING):
-            self.manager.locking.release_holds(self)
-
-    def wait_children(self, timeout: float | None = None) -> None:
-        """Wait until every child has ended, running queued ones in this thread."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            with self._mutex:
-                pending = [task for task in self._tasks.values() if not task.done()]
-            if not pending:
-                return
-            with self.manager.waiting(self, "children", None):
-                for task in pending:
-                    remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-                    if not task.wait(remaining):
-                        raise TimeoutError(f"children of {self.id} did not end within {timeout} s")
-
-    # --- signals ----------------------------------------------------------------------------
-
-    def signal(self, name: str, **payload: Any) -> None:
-        """Raise an application event ``name`` with ``payload`` (rules on ``db.signalled(name)`` react)."""
-        self._check_active("signal")
-        event = Event(EventKind.SIGNAL, name, payload=dict(payload), transaction=self.id)
-        for hook in self.manager.extensions.on_event:
-            hook(self, event)
-
-    def emit(self, event_type: str, *, key: Any = None, ts: Any = None, payload: Mapping[str, Any] | None = None
-             ) -> None:
-        """Hand a stream event (``db.stream(event_type)``) to the rules, in this transaction."""
-        self._check_active("emit")
-        event = Event(EventKind.STREAM, event_type, key=key, payload=dict(payload or {}), ts=ts,
-                      transaction=self.id)
-        for hook in self.manager.extensions.on_event:
-            hook(self, event)
-
     # --- commit and abort -------------------------------------------------------------------
 
     def commit(self) -> None:
@@ -671,14 +257,6 @@ class Transaction:
         if parent is not None:
             parent._forget(self)
 
-    def _forget(self, child: "Transaction") -> None:
-        """``child`` ended: drop it (its effects were delegated, or discarded)."""
-        with self._mutex:
-            if self._children:
-                self._children.pop(child.id, None)
-            if self._tasks:
-                self._tasks.pop(child.id, None)
-
     def _delegate_to_parent(self) -> None:
         parent = self.parent
         with self._mutex:
@@ -719,14 +297,10 @@ class Transaction:
 
     def abort(self, reason: BaseException | str | None = None) -> None:
         """Abort this node and its active descendants: write sets discarded, locks released."""
-        with self._mutex:
-            if self._state in (TxnState.COMMITTED, TxnState.ABORTED):
-                if self._state is TxnState.COMMITTED:
-                    raise TransactionError(f"abort of {self.id}, which is already committed")
-                return
         error = reason if isinstance(reason, BaseException) else TransactionAborted(str(reason or "aborted"))
         # Doom the subtree before its writes are discarded: a descendant reading meanwhile then raises
-        # instead of returning the row without them (``_view.read_row`` checks after reading).
+        # instead of returning the row without them (``_view.read_row`` checks after reading).  (An ended
+        # node is not doomed, nor are its children: it has none.)
         self.doom(error)
         with self._mutex:
             if self._state in (TxnState.COMMITTED, TxnState.ABORTED):
@@ -754,22 +328,3 @@ class Transaction:
 
     def __repr__(self) -> str:
         return f"<Transaction {self.id} {self._state.value}>"
-
-
-class InlineSubtransaction:
-    """``with tx.subtransaction() as child:``: commit on normal exit, abort (re-raising) on an exception."""
-
-    __slots__ = ("_parent", "_name", "transaction")
-
-    def __init__(self, parent: Transaction, name: str | None):
-        self._parent = parent
-        self._name = name
-        self.transaction: Transaction | None = None
-
-    def __enter__(self) -> Transaction:
-        child = self.transaction = self._parent._begin_inline(self._name)
-        return child
-
-    def __exit__(self, exc_type, exc, traceback) -> bool:
-        self.transaction._end_inline(exc)
-        return False

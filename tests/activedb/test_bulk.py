@@ -1,4 +1,4 @@
-"""``tx.read_many`` / ``tx.write_many`` (``activedb/txn/_bulk.py``) on the real PostgreSQL: the
+"""``tx.read_many`` / ``tx.write_many`` (``activedb/txn/_reads.py``, ``_writes.py``) on the real PostgreSQL: the
 images as the node sees them loaded in one query, the locks at the granularity asked for, the
 same data events and validation as the per-row operations."""
 

@@ -422,7 +422,7 @@ def test_firing_counts_reach_the_statistics_once_the_tree_ends_committed_or_abor
     """The firing record is per tree (the root's ``RuleContext``): ``statistics()`` adds a tree's counts once,
     when it ends — committed or aborted, and a rule on the abort itself counted too."""
     db.rule(on=db.signalled("counted"), name="counted")(lambda tx, event: None)
-    db.rule(on=db.aborted("counted-tree"), coupling="detached", name="on_abort")(lambda tx, event: None)
+    db.rule(on=db.transaction_event("aborted", "counted-tree"), coupling="detached", name="on_abort")(lambda tx, event: None)
 
     def fired(name):
         counter = db.rules.statistics().per_rule.get(name)

@@ -1,0 +1,66 @@
+"""C-A sequential causally dependent coupling: a firing's condition and action as parallel sibling
+subtransactions; the action commits only if the condition committed and returned true (it waits for that in
+the coupling gate, an edge of the wait-for graph, README "Waiting for a condition without invisible
+deadlocks").  A condition that raises fails the firing exactly as with immediate C-A coupling."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from coupling import Coupling
+from lockmgr import Deadlock
+
+from activedb.rules._context import GateKey, GateRole, RuleContext
+from activedb.rules._detached import DependencyAbort
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.rules._manager import RuleManager
+    from activedb.rules._model import Firing
+    from activedb.txn import Transaction
+
+
+def condition_then_action(manager: "RuleManager", transaction: "Transaction", firing: "Firing") -> bool:
+    """Run ``firing`` with its condition and action in parallel, as children of ``transaction``; True if
+    the condition held (the action then ran)."""
+    rule, event = firing.rule, firing.event
+    gate = manager.gate
+    condition_key, action_key = GateKey(GateRole.CONDITION, transaction.id), GateKey(GateRole.ACTION, transaction.id)
+    gate.register_action(action_key, condition_key, Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT)
+
+    def condition_body(child: "Transaction") -> bool:
+        context = child.slot(RuleContext)
+        context.firing, context.gate_report = firing, condition_key
+        value = bool(rule.condition(child, event))
+        gate.condition_returned(condition_key, value)
+        return value
+
+    def action_body(child: "Transaction") -> None:
+        context = child.slot(RuleContext)
+        context.firing, context.gate_report, context.gate_key = firing, action_key, action_key
+        context.gate_wait_target = condition_handle.transaction.id
+        rule.action(child, event)
+
+    condition_handle = transaction.spawn(condition_body, name=f"condition:{rule.name}")
+    action_handle = transaction.spawn(action_body, name=f"action:{rule.name}")
+    condition_error: BaseException | None = None
+    try:
+        condition_value = bool(condition_handle.result())
+    except BaseException as error:
+        condition_value, condition_error = False, error
+    try:
+        action_handle.result()
+    except Deadlock:
+        if condition_value:      # the action gave way to its condition: run it again, now after it
+            transaction.run_subtransaction(_run_action_again, firing, name=f"action:{rule.name}")
+    except DependencyAbort:
+        pass
+    if condition_error is not None:
+        raise condition_error
+    if not condition_value:
+        manager.count(rule, "condition_false")
+    return condition_value
+
+
+def _run_action_again(child: "Transaction", firing: "Firing") -> None:
+    child.slot(RuleContext).firing = firing
+    firing.rule.action(child, firing.event)

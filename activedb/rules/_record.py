@@ -1,0 +1,75 @@
+"""The firing record of one rule manager (``db.rules.statistics()``): per rule its ``RuleCounters``, per
+E-C coupling its firings.  A tree's firings are counted on its root's ``RuleContext`` (also its
+transaction-log row's ``rule_firings``) and added here once, when the tree ends (``fold``), not per firing.
+``_mutex`` (a leaf) protects the counters and a root's ``firings``/``couplings``.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import TYPE_CHECKING
+
+from activedb.rules._context import RuleContext
+from activedb.rules._model import RuleCounters
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.rules._model import Rule
+    from activedb.txn import Transaction
+
+
+class FiringRecord:
+    """The counters of one rule manager (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._counters: dict[str, RuleCounters] = collections.defaultdict(RuleCounters)
+        self._per_mode: collections.Counter = collections.Counter()
+
+    def dispatched(self, root: "Transaction", rules: "list[Rule]") -> None:
+        """``rules`` fired in ``root``'s tree (a tree that has ended already is counted at once)."""
+        context = root.slot(RuleContext)
+        with self._mutex:
+            tally = context.firings
+            if tally is None:
+                tally = context.firings = {}
+                context.couplings = {}
+                root.info.setdefault("rule_firings", tally)
+            couplings = context.couplings
+            for rule in rules:
+                name = rule.name
+                count = tally.get(name)
+                tally[name] = 1 if count is None else count + 1
+                if couplings is None:         # the tree has ended and was folded: count at once
+                    self._counters[name].fired += 1
+                    self._per_mode[rule.coupling] += 1
+                elif count is None:
+                    couplings[name] = rule.coupling
+
+    def fold(self, root: "Transaction") -> None:
+        """``root``'s tree ended: add its firing record to the counters."""
+        context = root.slot(RuleContext, create=False)
+        if context is None or not context.couplings:
+            return
+        with self._mutex:
+            couplings, context.couplings = context.couplings, None
+            for name, count in context.firings.items():
+                self._counters[name].fired += count
+                self._per_mode[couplings[name]] += count
+
+    def count(self, name: str, what: str, amount: int = 1) -> None:
+        """Add ``amount`` to counter ``what`` (a ``RuleCounters`` field) of rule ``name``."""
+        with self._mutex:
+            counter = self._counters[name]
+            setattr(counter, what, getattr(counter, what) + amount)
+
+    def executed(self, name: str) -> None:
+        with self._mutex:
+            self._counters[name].executed += 1
+
+    def snapshot(self) -> tuple[dict[str, RuleCounters], dict[str, int]]:
+        """Copies of the per-rule counters and of the per-coupling firings (by the coupling's value)."""
+        with self._mutex:
+            counters = {name: RuleCounters(**vars(counter)) for name, counter in self._counters.items()}
+            per_mode = {coupling.value: count for coupling, count in self._per_mode.items()}
+        return counters, per_mode

@@ -1,0 +1,257 @@
+"""A node's children (``Children``, a mixin of :class:`~activedb.txn.Transaction`, stateless): spawned ones
+(``spawn`` → :class:`SubtransactionHandle`), inline ones (lazy when they can be, README "Lazy inline
+subtransactions"), and waiting for them (holds become retains first; the wait is an edge of the wait-for graph).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import types
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from lockmgr import Deadlock, TxnState
+
+from activedb.errors import SerializationConflict
+from activedb.txn._pool import Task
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.txn._tree import Transaction
+
+logger = logging.getLogger("activedb.transaction")
+
+_EMPTY: Mapping = types.MappingProxyType({})   # a node's children or tasks until its first (read-only)
+
+
+class SubtransactionHandle:
+    """The handle ``spawn`` returns: ``result(timeout)``, ``wait(timeout)``, ``done()``, ``state``."""
+
+    def __init__(self, transaction: "Transaction", task: Task):
+        self.transaction = transaction
+        self._task = task
+
+    @property
+    def state(self) -> TxnState:
+        return self.transaction.state
+
+    def done(self) -> bool:
+        return self._task.done()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until the subtransaction ended (runs it here if no worker started it)."""
+        task = self._task
+        if task.done():
+            return True
+        child = self.transaction
+        with child.manager.waiting(child.parent, "children", child.id):
+            return task.wait(timeout)
+
+    @staticmethod
+    def wait_all(handles: "list[SubtransactionHandle]") -> None:
+        """Wait until every one of ``handles`` (children of one parent) ended, running queued ones in this
+        thread: one wait of the parent for all of them (one registration in the wait-for graph, with an
+        edge to each), not one per handle."""
+        pending = [handle for handle in handles if not handle._task.done()]
+        if not pending:
+            return
+        if len(pending) == 1:
+            pending[0].wait()
+            return
+        parent = pending[0].transaction.parent
+        manager = parent.manager
+        with manager.waiting(parent, "children", None, targets=[handle.transaction.id for handle in pending]):
+            for handle in pending:
+                handle._task.wait(None)     # runs it in this thread if no worker has started it
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The function's return value once the subtransaction committed; re-raises its error."""
+        if not self.wait(timeout):
+            raise TimeoutError(f"subtransaction {self.transaction.id} did not end within {timeout} s")
+        if self._task.error is not None:
+            raise self._task.error
+        return self._task.result
+
+    def __repr__(self) -> str:
+        return f"<SubtransactionHandle {self.transaction.id} {self.state.value}>"
+
+
+class Children:
+    """Creating, running and waiting for a node's children (see the module docstring)."""
+
+    __slots__ = ()
+
+
+    def materialize(self) -> None:
+        """Give this lazy inline subtransaction its own lock-manager transaction now (it is about to
+        create a child, wait, or wait for a lock); a no-op for any other node.  Called by the thread
+        running it.  See README, "Lazy inline subtransactions"."""
+        if self._lazy:
+            self.manager.locking.materialize(self)
+
+    def _new_child(self, name: str | None = None, *, inline: bool = False) -> "Transaction":
+        if self._doomed is not None or self._state is not TxnState.ACTIVE:
+            self._check_active("starting a subtransaction")
+        manager = self.manager
+        if self._lazy:
+            self.materialize()
+        manager.locking.release_holds(self)
+        # Lazy: an inline child of a node with no other live child (so no sibling can conflict with it).
+        lazy = inline and manager.lazy_subtransactions and not self._children
+        child = type(self)(manager, self, name=name, inline=inline, lazy=lazy)
+        if lazy:
+            self._lazy_child = child
+        with self._mutex:
+            if self._children is _EMPTY:
+                self._children = {}
+            self._children[child.id] = child
+        if manager.recorder:
+            manager.recorder.record("spawn", self.id, root=self.root.id, detail=child.id)
+        if manager.observers.on_spawn:
+            manager.observers.call("on_spawn", self, child)
+        return child
+
+    def spawn(self, function: Callable[..., Any], *args: Any, name: str | None = None,
+              **kwargs: Any) -> SubtransactionHandle:
+        """Run ``function(child, *args, **kwargs)`` as a subtransaction on a worker thread.
+
+        The child commits when the function returns and aborts (with its descendants)
+        if it raises; ``handle.result()`` returns the value or re-raises the error.
+        """
+        child = self._new_child(name)
+        task = self.manager.pool.submit(child._run_body, function, args, kwargs)
+        with self._mutex:
+            if child.id in self._children:      # not already ended (and forgotten) on a worker
+                if self._tasks is _EMPTY:
+                    self._tasks = {}
+                self._tasks[child.id] = task
+        return SubtransactionHandle(child, task)
+
+    def subtransaction(self, name: str | None = None) -> "InlineSubtransaction":
+        """``with tx.subtransaction() as child:`` runs a subtransaction inline in this thread."""
+        return InlineSubtransaction(self, name)
+
+    def run_subtransaction(self, function: Callable[..., Any], *args: Any, name: str | None = None,
+                           **kwargs: Any) -> Any:
+        """Run ``function(child, ...)`` as an inline subtransaction and return its result; the child
+        commits when it returns and aborts (re-raising) when it raises — ``with tx.subtransaction()`` as
+        one call, for code that needs the outcome without managing a context."""
+        child = self._begin_inline(name)
+        try:
+            result = function(child, *args, **kwargs)
+        except BaseException as error:
+            child._end_inline(error)
+            raise
+        child._end_inline(None)
+        return result
+
+    def _begin_inline(self, name: str | None) -> "Transaction":
+        """Create an inline child and make it the transaction this thread runs; extensions and observers
+        hear of its begin."""
+        child = self._new_child(name, inline=True)
+        manager = self.manager
+        manager.push_running(child)
+        try:
+            for hook in manager.extensions.on_begin:
+                hook(child)
+            if manager.observers.on_begin:
+                manager.observers.call("on_begin", child)
+        except BaseException as error:
+            child.abort(error)
+            manager.pop_running()
+            raise
+        return child
+
+    def _end_inline(self, error: BaseException | None) -> None:
+        """End this inline child: commit it, or abort it because its block raised ``error``."""
+        try:
+            if error is not None:
+                self.abort(error)
+            else:
+                self.commit()
+        finally:
+            self.manager.pop_running()
+
+    def retry(self, function: Callable[..., Any], *args: Any, attempts: int = 3, **kwargs: Any) -> Any:
+        """Run ``function(child, ...)`` as an inline subtransaction, re-running it (in a fresh
+        subtransaction) when it is chosen as a deadlock victim or its commit finds that another process
+        changed a row it read, at most ``attempts`` times."""
+        if attempts < 1:
+            raise ValueError("attempts must be at least 1")
+        for attempt in range(1, attempts + 1):
+            try:
+                return self.run_subtransaction(function, *args, **kwargs)
+            except (Deadlock, SerializationConflict) as error:
+                if attempt == attempts:
+                    raise
+                logger.info("subtransaction of %s failed (%s); retry %d of %d", self.id,
+                            type(error).__name__, attempt, attempts)
+
+    def _run_body(self, function: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        self._thread = threading.get_ident()
+        manager = self.manager
+        manager.push_running(self)
+        try:
+            try:
+                for hook in manager.extensions.on_begin:
+                    hook(self)
+                if manager.observers.on_begin:
+                    manager.observers.call("on_begin", self)
+                result = function(self, *args, **kwargs)
+            except BaseException as error:
+                self.abort(error)
+                raise
+            self.commit()
+        finally:
+            manager.pop_running()
+        return result
+
+    def _before_waiting_for_children(self) -> None:
+        """The thread running this node is about to wait: a lazy node materializes (a waiter is a node of
+        the wait-for graph), and its holds become retained (README, "Locks: holds become retains") — only by
+        its own thread (a lock another thread's operation just took must stay held)."""
+        if self._lazy:
+            self.manager.locking.materialize(self)
+        if self._thread == threading.get_ident() and self._state in (TxnState.ACTIVE, TxnState.COMMITTING):
+            self.manager.locking.release_holds(self)
+
+    def wait_children(self, timeout: float | None = None) -> None:
+        """Wait until every child has ended, running queued ones in this thread."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._mutex:
+                pending = [task for task in self._tasks.values() if not task.done()]
+            if not pending:
+                return
+            with self.manager.waiting(self, "children", None):
+                for task in pending:
+                    remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                    if not task.wait(remaining):
+                        raise TimeoutError(f"children of {self.id} did not end within {timeout} s")
+
+    def _forget(self, child: "Transaction") -> None:
+        """``child`` ended: drop it (its effects were delegated, or discarded)."""
+        with self._mutex:
+            if self._children:
+                self._children.pop(child.id, None)
+            if self._tasks:
+                self._tasks.pop(child.id, None)
+
+
+class InlineSubtransaction:
+    """``with tx.subtransaction() as child:``: commit on normal exit, abort (re-raising) on an exception."""
+
+    __slots__ = ("_parent", "_name", "transaction")
+
+    def __init__(self, parent: Transaction, name: str | None):
+        self._parent = parent
+        self._name = name
+        self.transaction: Transaction | None = None
+
+    def __enter__(self) -> Transaction:
+        child = self.transaction = self._parent._begin_inline(self._name)
+        return child
+
+    def __exit__(self, exc_type, exc, traceback) -> bool:
+        self.transaction._end_inline(exc)
+        return False

@@ -1,0 +1,112 @@
+"""What a node reads (a mixin of :class:`~activedb.txn.Transaction`, stateless): ``read`` (also for update),
+``prefetch``, ``read_many``, ``scan``, and the hot-key learning of plain reads.  ``read_many`` is for a batch
+that knows its rows: locks at the granularity asked for (``"write"``: no READ→WRITE upgrade later, so two
+batches on shared rows cannot deadlock on it; ``"table"``: one lock, no row locks), the committed images
+in one query, relied on (validated at the flush) like those of ``read``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from lockmgr import Mode
+
+from activedb.txn import _view
+from activedb.txn._hotkeys import HotKeys
+
+_READ_LOCKS = {"read": Mode.READ, "write": Mode.WRITE}
+_CHUNK = 10_000   # keys per query of read_many (PostgreSQL takes at most 65,535 parameters a statement)
+
+
+class Reads:
+    """The read operations of a node (see the module docstring)."""
+
+    __slots__ = ()
+
+    def read(self, table: Any, key: Any, *, for_update: bool = False) -> dict | None:
+        """The row with primary key ``key`` as a dict, or None; takes a READ lock.  ``for_update=True``: read
+        with intent to write it — an UPDATE lock (two read-modify-writes of the row queue here instead of
+        deadlocking when both upgrade), and the row locked in PostgreSQL until the tree commits (see
+        ``_rowlocks.py``)."""
+        self._check_active("read")
+        info = self.manager.catalog.table_info(table)
+        key = info.key(key)
+        hot = self.root.slot(HotKeys, create=False)
+        if for_update or (hot is not None and info.name in hot.update_intent):
+            self.manager.locking.acquire(self, info, key, Mode.UPDATE)
+            return _view.read_row(self, info, key, for_update=True)
+        self.manager.locking.acquire(self, info, key, Mode.READ)
+        (hot or self.root.slot(HotKeys)).plain_reads.add((info.name, key))
+        return _view.read_row(self, info, key)
+
+    def read_then_written(self) -> frozenset[str]:
+        """The tables of which this tree read a row plainly (``tx.read`` without ``for_update``) and then
+        wrote it: where two such trees convert their read locks to write locks and one must give way.
+        ``Database.run`` learns them from an attempt that failed (see README, "Hot keys")."""
+        hot = self.root.slot(HotKeys, create=False)
+        return frozenset(hot.read_then_written) if hot is not None else frozenset()
+
+    def prefetch(self, table: Any, keys: Any) -> int:
+        """Read-lock ``keys`` of ``table`` and load their committed images in one query, so that
+        later reads in this tree (this node and its descendants) need no round trip.  Returns the
+        number of rows found.  Useful before processing a batch of events on known keys."""
+        self._check_active("prefetch")
+        info = self.manager.catalog.table_info(table)
+        chain, name = (self, *self.ancestors()), info.name
+        wanted = list(dict.fromkeys(key for key in map(info.key, keys) if not any(
+            (name, key) in node._db_reads or (name, key) in node._writes for node in chain)))
+        locking = self.manager.locking
+        for key in wanted:
+            locking.acquire(self, info, key, Mode.READ)
+        return self.root._read_base.read_many(self, info, wanted) if wanted else 0
+
+    def read_many(self, table: Any, keys: Any, *, lock: str = "read") -> dict[Any, dict | None]:
+        """The rows ``keys`` of ``table`` as this transaction sees them, ``{key: dict or None}``, with
+        their committed images loaded in one query; ``lock``: ``"read"``, ``"write"`` or ``"table"`` (see
+        the module docstring)."""
+        self._check_active("read_many")
+        if lock not in ("read", "write", "table"):
+            raise ValueError(f"read_many(lock={lock!r}): use 'read', 'write' or 'table'")
+        info = self.manager.catalog.table_info(table)
+        normalised: dict[Any, Any] = {}
+        for given in keys:
+            if given not in normalised:
+                normalised[given] = info.key(given)
+        locking = self.manager.locking
+        if lock == "table":
+            locking.acquire(self, info, None, Mode.WRITE)
+        else:
+            mode = _READ_LOCKS[lock]
+            for key in normalised.values():
+                locking.acquire(self, info, key, mode)
+        chain = (self, *self.ancestors())
+        name = info.name
+        wanted = list(dict.fromkeys(key for key in normalised.values()
+                                    if not any((name, key) in member._db_reads for member in chain)))
+        read_base = self.root._read_base
+        for start in range(0, len(wanted), _CHUNK):
+            read_base.read_many(self, info, wanted[start:start + _CHUNK])
+        return {given: _view.read_row(self, info, key) for given, key in normalised.items()}
+
+    def scan(self, table: Any, where: Mapping[str, Any] | Callable[[dict], bool] | None = None) -> list[dict]:
+        """All rows of ``table`` matching ``where`` (a dict of equalities or a predicate on the row
+        dict), as this transaction sees them; takes a table-level READ lock."""
+        self._check_active("scan")
+        info = self.manager.catalog.table_info(table)
+        if isinstance(where, Mapping):
+            for column, value in where.items():
+                info.check_value(column, value)
+        self.manager.locking.acquire(self, info, None, Mode.READ)
+        rows = dict(self.root._read_base.scan(self, info, where))
+        for key in _view.written_keys(self, info.name):
+            rows[key] = _view.read_row(self, info, key, record=False)
+        # An ancestor that aborted during the scan was doomed before its writes were discarded: a scan
+        # that merged the tree's writes without them is never returned (as ``_view.read_row`` does).
+        self._check_active("scan")
+        result = [image for image in rows.values() if image is not None and _view.matches(image, where)]
+        recorder = self.manager.recorder
+        if recorder:
+            for key, image in rows.items():
+                recorder.record("read", self.id, root=self.root.id, table=info.name, key=key, value=image,
+                                source="scan")
+        return result

@@ -1,0 +1,157 @@
+"""What a node writes and the events it raises (a mixin of :class:`~activedb.txn.Transaction`, stateless).
+Every row change goes through ``_modify``: the hot-key note, the WRITE lock (none when ``write_many`` took
+the table's), the write-set entry and the data event the extensions (the rule manager) hear of.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from lockmgr import Mode
+
+from activedb.errors import DuplicateKey, InvalidKey
+from activedb.events import Event, EventKind
+from activedb.store import Entry, EntryKind, Key, TableInfo
+from activedb.txn import _view
+from activedb.txn._hotkeys import HotKeys
+
+
+class Writes:
+    """The write operations and events of a node (see the module docstring)."""
+
+    __slots__ = ()
+
+    def write(self, table: Any, key: Any, **values: Any) -> None:
+        """Upsert: update the given columns of row ``key``, or insert it."""
+        self._check_active("write")
+        info = self.manager.catalog.table_info(table)
+        key = info.key(key)
+        values = self._values_without_key(info, key, values)
+        self._modify(info, key, Entry(EntryKind.PATCH, values))
+
+    def insert(self, table: Any, **values: Any) -> Key | Any:
+        """Insert a new row; returns its key.  A table whose key the database generates
+        (identity/serial) may omit it: the next sequence value is taken."""
+        self._check_active("insert")
+        info = self.manager.catalog.table_info(table)
+        values = info.check_values(values)
+        generated = any(values.get(name) is None for name in info.key_columns)
+        if generated:
+            values = {**values, **self._generated_key(info)}
+        key = info.key(info.key_from_values(values))
+        values = {name: value for name, value in values.items() if name not in info.key_columns}
+        self._modify(info, key, Entry(EntryKind.INSERT, values), must_not_exist=not generated)
+        return key[0] if len(key) == 1 else key
+
+    def delete(self, table: Any, key: Any) -> None:
+        """Delete row ``key`` if it exists."""
+        self._check_active("delete")
+        info = self.manager.catalog.table_info(table)
+        key = info.key(key)
+        self._modify(info, key, Entry(EntryKind.DELETE))
+
+    def _values_without_key(self, info: TableInfo, key: Key, values: dict) -> dict:
+        values = info.check_values(values)
+        for name, key_value in zip(info.key_columns, key):
+            if name in values:
+                if values.pop(name) != key_value:
+                    raise InvalidKey(f"{info.name}.{name} is part of the key {key!r}; it cannot be changed by write()")
+        return values
+
+    def _generated_key(self, info: TableInfo) -> dict:
+        if len(info.key_columns) != 1:
+            raise InvalidKey(f"insert into {info.name!r} needs the key columns {', '.join(info.key_columns)}")
+        column = info.key_columns[0]
+        catalog = self.manager.catalog
+        sequence = catalog.sequence_of(info, column)
+        if sequence is None:
+            raise InvalidKey(
+                f"insert into {info.name!r} needs a value for the key column {column!r} "
+                f"(it has no identity or serial default)"
+            )
+        return {column: catalog.next_generated_key(sequence, self.root.began_at)}
+
+    def _modify(self, info: TableInfo, key: Key, entry: Entry, *, must_not_exist: bool = False,
+                lock: bool = True) -> None:
+        hot = self.root.slot(HotKeys, create=False)
+        if hot is not None and (info.name, key) in hot.plain_reads:
+            hot.read_then_written.add(info.name)    # before the lock: a conversion may be the victim
+        if lock:   # False: the node took a table lock covering the row (write_many)
+            self.manager.locking.acquire(self, info, key, Mode.WRITE)
+        extensions = self.manager.extensions
+        observed = False
+        for wants in extensions.wants_old_images:
+            if wants(info.name):
+                observed = True
+                break
+        if entry.kind is EntryKind.INSERT and not must_not_exist:
+            old = None   # a fresh sequence value: no row
+        else:
+            observed = observed or must_not_exist
+            # An insert's existence check is not validated at the flush (a concurrent insert
+            # of the same key makes the flush's INSERT fail instead): no relied-on read.
+            old = (_view.read_row(self, info, key, record=False, relied=not must_not_exist)
+                   if observed else None)
+        if must_not_exist and old is not None:
+            raise DuplicateKey(
+                f"insert into {info.name!r}: a row with key {key!r} already exists; use write() to upsert"
+            )
+        row = (info.name, key)
+        with self._mutex:
+            previous = self._writes.get(row)
+            self._writes[row] = previous.then(entry, info.name) if previous else entry
+        recorder = self.manager.recorder
+        if recorder:
+            recorder.record("write", self.id, root=self.root.id, table=info.name, key=key, value=entry)
+        if observed and (entry.kind is not EntryKind.DELETE or old is not None):
+            if entry.kind is EntryKind.DELETE:
+                kind, new = EventKind.DELETED, None
+            else:
+                new = entry.apply(old)
+                if old is None:
+                    kind = EventKind.INSERTED
+                    # The stored row: every column (constant defaults for the ones not given) and the key.
+                    new = {**info.blank_row, **new, **info.full_key_row(key)}
+                else:
+                    kind = EventKind.UPDATED
+            display_key = key[0] if len(key) == 1 else key
+            event = Event(kind, info.name, display_key, old, new, transaction=self.id)
+            for hook in extensions.on_event:
+                hook(self, event)
+
+
+    def write_many(self, table: Any, rows: Mapping[Any, Mapping[str, Any] | None], *, lock: str = "row") -> int:
+        """``write(table, key, **values)`` for every ``key: values`` of ``rows`` (``None``: ``delete``),
+        with the same data events; ``lock="table"``: one table WRITE lock instead of one per row.
+        Returns the number of rows."""
+        self._check_active("write_many")
+        if lock not in ("row", "table"):
+            raise ValueError(f"write_many(lock={lock!r}): use 'row' or 'table'")
+        info = self.manager.catalog.table_info(table)
+        by_table = lock == "table"
+        if by_table:
+            self.manager.locking.acquire(self, info, None, Mode.WRITE)
+        for given, values in rows.items():
+            key = info.key(given)
+            entry = (Entry(EntryKind.DELETE) if values is None
+                     else Entry(EntryKind.PATCH, self._values_without_key(info, key, dict(values))))
+            self._modify(info, key, entry, lock=not by_table)
+        return len(rows)
+
+
+    def signal(self, name: str, **payload: Any) -> None:
+        """Raise an application event ``name`` with ``payload`` (rules on ``db.signalled(name)`` react)."""
+        self._check_active("signal")
+        event = Event(EventKind.SIGNAL, name, payload=dict(payload), transaction=self.id)
+        for hook in self.manager.extensions.on_event:
+            hook(self, event)
+
+    def emit(self, event_type: str, *, key: Any = None, ts: Any = None, payload: Mapping[str, Any] | None = None
+             ) -> None:
+        """Hand a stream event (``db.stream(event_type)``) to the rules, in this transaction."""
+        self._check_active("emit")
+        event = Event(EventKind.STREAM, event_type, key=key, payload=dict(payload or {}), ts=ts,
+                      transaction=self.id)
+        for hook in self.manager.extensions.on_event:
+            hook(self, event)
+
