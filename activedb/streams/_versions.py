@@ -102,11 +102,12 @@ class VersionStore:
         """The image a Read at ``position`` sees, and the sequence of the Write it came from."""
         with self._mutex:
             state = (table, key)
-            if state not in self._store and table not in self._tables:
+            if table not in self._tables and state not in self._store:
                 raise UnplannedAccess(f"read of {table}[{key!r}] at position {position}: the row was not in any "
                                       f"access plan of the batch, so LWM has no version of it (a rule must "
                                       f"declare the tables it reads)")
-            image, sequence = self._visible(state, position)
+            self._collect(state)
+            image, sequence = self._store.read(state, position + 1)      # its own writes included
         return (dict(image) if image is not None else None), sequence
 
     def scan(self, position: int, table: str, where: Mapping[str, Any] | Callable[[dict], bool] | None
@@ -122,7 +123,8 @@ class VersionStore:
             for state in self._store.states():
                 if state[0] != table:
                     continue
-                image, sequence = self._visible(state, position)
+                self._collect(state)
+                image, sequence = self._store.read(state, position + 1)
                 if sequence is not None:
                     seen[state[1]] = sequence
                 if image is not None and _matches(image, where):
@@ -156,17 +158,12 @@ class VersionStore:
             if floor > self.floor:
                 self.floor = floor
 
-    def _visible(self, state: tuple[str, tuple], position: int) -> tuple[dict | None, int | None]:
-        """Caller holds ``_mutex``: the latest version at or before ``position`` (its own writes
-        included), after collecting the row."""
-        self._collect(state)
-        return self._store.read(state, position + 1)
-
     def _collect(self, state: tuple[str, tuple]) -> None:
         """Caller holds ``_mutex``."""
         dropped = self._store.collect(state, self.floor)
-        self._versions -= dropped
-        self._collected += dropped
+        if dropped:
+            self._versions -= dropped
+            self._collected += dropped
 
     def statistics(self) -> VersionStatistics:
         with self._mutex:
