@@ -1,34 +1,20 @@
-"""LWM's use of the multi-version store (Active CEP §5.3, Algorithm 2's ``Map<time, string>
-versions``): an :class:`activedb.versions.Versions` stamped with positions, the values
-``(image, history sequence)``, plus what only LWM needs — the tables loaded whole, the
-refusal of unplanned reads, dropping an s-transaction's versions by position, the floor
-and the statistics.
+"""LWM's versions (Active CEP §5.3, Algorithm 2's ``Map<time, string> versions``): one
+:class:`VersionStore` per micro-batch over an :class:`activedb.versions.Versions` stamped with
+positions, values ``(image, history sequence)``, plus what only LWM needs.
 
-One :class:`VersionStore` per micro-batch.  For every row the batch's s-transactions may
-read it keeps
-
-* the **base image** — the row as the batch's transaction saw it before any s-transaction
-  of the batch ran (loaded by the dispatcher, before the workers start: the rows the
-  access plans name, and whole tables where a plan reads a table), with the history
-  sequence of the Write it came from (None: from before the history);
-* the **versions** written by the batch's s-transactions: ``(position, image, sequence)``,
-  in position order — LWM grants the Writes of a row in timestamp order, so appending
-  keeps the order; an s-transaction writing a row twice replaces its own version.
-
-A Read by the s-transaction at ``position`` sees the latest version with a position
-``≤ position`` — every earlier s-transaction's write (the lwm guarantees they ended) plus
-its own writes — else the base.  Versions of other s-transactions with equal timestamps
-and later positions are invisible: Def. 6 case (4) decided by the declared order.
-
-An aborted s-transaction's versions are dropped before its locks are released, so nobody
-ever reads them (a Read after them waits for the end of their writer).
-
-Garbage collection: ``floor`` is the smallest position of an s-transaction of the batch
-that has not ended (every one before it ended; the punctuation bounds the batch: no later
-batch reads below it).  Of a row's versions with a position below ``floor`` only the
-latest can still be read; older ones and the base are dropped whenever the row is
-touched.  When the batch ends the store is dropped whole: its effects are in the batch's
-transaction (the Writes went there in timestamp order), and the next batch reads that.
+* The **base** of every row the batch's plans read — loaded by the dispatcher through the
+  batch's transaction before the workers start, whole tables where a plan reads a table —
+  with the history sequence of the Write it came from (None: from before the history).
+  Reading a row no plan named raises :class:`UnplannedAccess`.
+* The **versions** written by the batch's s-transactions: LWM grants the Writes of a row in
+  timestamp order, so they append; an s-transaction writing a row twice replaces its own.
+  A Read at ``position`` sees the latest version with a position ``≤ position`` (every earlier
+  s-transaction's, the lwm guarantees they ended, plus its own), else the base; equal
+  timestamps with later positions are invisible: Def. 6 case (4) by the declared order.
+* An aborted s-transaction's versions are dropped (by position) before its locks are released.
+* Garbage collection: ``floor`` is the smallest position of an s-transaction that has not
+  ended; whenever a row is touched, what no reader at ``floor`` or later can see goes.  The
+  store is dropped whole when the batch ends: its effects are in the batch's transaction.
 
 Thread-safety: ``_mutex`` protects ``_store``, ``_tables``, ``_by_position``, the counters
 and ``floor``; a leaf (the store takes no mutex).  Images handed out are copies.
@@ -63,7 +49,6 @@ class VersionStore:
         self._store = Versions(default=_ABSENT)   # (table, key) -> (image, sequence) by position
         self._tables: set[str] = set()         # tables loaded whole
         self.floor = 0
-        self._versions = 0
         self._peak = 0
         self._appended = 0
         self._collected = 0
@@ -140,8 +125,7 @@ class VersionStore:
             if self._store.write(state, position, (image, sequence), replace=True):
                 self._by_position.setdefault(position, []).append(state)
                 self._appended += 1
-                self._versions += 1
-                self._peak = max(self._peak, self._versions)
+                self._peak = max(self._peak, self._appended - self._collected - self._dropped)
             self._collect(state)
 
     def drop(self, position: int) -> None:
@@ -149,7 +133,6 @@ class VersionStore:
         with self._mutex:
             for state in self._by_position.pop(position, ()):
                 self._store.remove(state, position)
-                self._versions -= 1
                 self._dropped += 1
 
     def advance(self, floor: int) -> None:
@@ -160,14 +143,12 @@ class VersionStore:
 
     def _collect(self, state: tuple[str, tuple]) -> None:
         """Caller holds ``_mutex``."""
-        dropped = self._store.collect(state, self.floor)
-        if dropped:
-            self._versions -= dropped
-            self._collected += dropped
+        self._collected += self._store.collect(state, self.floor)
 
     def statistics(self) -> VersionStatistics:
         with self._mutex:
-            return VersionStatistics(versions=self._versions, peak_versions=self._peak, appended=self._appended,
+            return VersionStatistics(versions=self._appended - self._collected - self._dropped,
+                                     peak_versions=self._peak, appended=self._appended,
                                      collected=self._collected, dropped=self._dropped)
 
 

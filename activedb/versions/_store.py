@@ -1,20 +1,8 @@
-"""The multi-version store: per state, a base value and the versions written in one batch.
+"""The multi-version store (``README.md``: its operations, invariants, and the papers' definitions).
 
-A *state* is any hashable (both engines use ``(table, key)``); a *stamp* is an int that
-orders the writers (LWM: the s-transaction's position; TPG: the transaction's timestamp).
-
-* ``read(state, before)`` — the value of the latest version with a stamp ``< before``, else
-  the base (LWM reads at ``position + 1``: its own writes are visible);
-* ``write(state, stamp, value, replace=)`` — add the version of ``stamp``, in stamp order
-  (appending is the common case; an earlier stamp is inserted);
-* ``remove(state, stamp)`` — drop it (an abort, a compensation, a rollback before a redo);
-* ``collect(state, floor)`` — drop what no reader at ``floor`` or later can see;
-* ``window(state, before, size)`` — the versions before ``before`` whose writer's time lies
-  in ``[time(before) - size, time(before))``, oldest first;
-* ``final()`` — the last version of every state written.
-
-Invariant: per state the stamps are sorted and distinct.  Thread-safety: none; the engine
-using a store serializes its calls (LWM under its own mutex; a TPG executor is one thread).
+A *state* is any hashable (both engines use ``(table, key)``); a *stamp* an int ordering the
+writers.  A read before stamp ``b`` sees the latest version with a stamp ``< b``, else the base.
+Thread-safety: none; the engine using a store serializes its calls.
 """
 
 from __future__ import annotations
