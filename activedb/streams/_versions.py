@@ -91,7 +91,7 @@ class VersionStore:
                 raise UnplannedAccess(f"read of {table}[{key!r}] at position {position}: the row was not in any "
                                       f"access plan of the batch, so LWM has no version of it (a rule must "
                                       f"declare the tables it reads)")
-            self._collect(state)
+            self._collected += self._store.collect(state, self.floor)   # rows are collected when touched
             image, sequence = self._store.read(state, position + 1)      # its own writes included
         return (dict(image) if image is not None else None), sequence
 
@@ -108,7 +108,7 @@ class VersionStore:
             for state in self._store.states():
                 if state[0] != table:
                     continue
-                self._collect(state)
+                self._collected += self._store.collect(state, self.floor)
                 image, sequence = self._store.read(state, position + 1)
                 if sequence is not None:
                     seen[state[1]] = sequence
@@ -126,7 +126,7 @@ class VersionStore:
                 self._by_position.setdefault(position, []).append(state)
                 self._appended += 1
                 self._peak = max(self._peak, self._appended - self._collected - self._dropped)
-            self._collect(state)
+            self._collected += self._store.collect(state, self.floor)
 
     def drop(self, position: int) -> None:
         """The s-transaction at ``position`` aborted: its versions go (before its locks do)."""
@@ -140,10 +140,6 @@ class VersionStore:
         with self._mutex:
             if floor > self.floor:
                 self.floor = floor
-
-    def _collect(self, state: tuple[str, tuple]) -> None:
-        """Caller holds ``_mutex``."""
-        self._collected += self._store.collect(state, self.floor)
 
     def statistics(self) -> VersionStatistics:
         with self._mutex:
