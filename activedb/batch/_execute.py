@@ -35,9 +35,10 @@ from typing import Any
 
 from activedb.batch._declare import OpSpec
 from activedb.batch._plan import Operation, OpState, Tpg, Txn, Unit, key_groups
-from activedb.batch._state import VersionTable, failure_reason, perform
+from activedb.batch._state import failure_reason, perform
 from activedb.batch._strategy import AbortMode, Exploration, Granularity, Strategy
 from activedb.batch.errors import ExecutionInvariantBroken
+from activedb.versions import Versions
 
 __all__ = ["ExecutionStatistics", "TpgExecutor", "TxnOutcome", "first_failure", "run_serial"]
 
@@ -83,7 +84,7 @@ def first_failure(specs: list[OpSpec], t: int, read, window) -> str | None:
     return None
 
 
-def run_serial(txns: list[Txn], specs: list[list[OpSpec]], table: VersionTable) -> list[TxnOutcome]:
+def run_serial(txns: list[Txn], specs: list[list[OpSpec]], table: Versions) -> list[TxnOutcome]:
     """The reference: each transaction reads the state as of before it, all or nothing."""
     outcomes = []
     read, window = table.read, table.window
@@ -112,7 +113,7 @@ def run_serial(txns: list[Txn], specs: list[list[OpSpec]], table: VersionTable) 
 
 
 class TpgExecutor:
-    def __init__(self, tpg: Tpg, strategy: Strategy, table: VersionTable, *, trace: list | None = None) -> None:
+    def __init__(self, tpg: Tpg, strategy: Strategy, table: Versions, *, trace: list | None = None) -> None:
         """``trace``: if a list, every transition is appended as ``(\"T1\"..\"T6\", op id, from, to)``."""
         self.tpg = tpg
         self._trace = trace

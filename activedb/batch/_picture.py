@@ -19,8 +19,8 @@ from activedb.batch._declare import StateTransactions
 from activedb.batch._execute import TpgExecutor
 from activedb.batch._plan import EdgeKind, OpState, build_tpg
 from activedb.batch._runtime import prepare
-from activedb.batch._state import VersionTable
 from activedb.batch._strategy import Strategy, parse_strategy
+from activedb.versions import Versions
 
 __all__ = ["render_tpg", "tpg_graph"]
 
@@ -37,7 +37,7 @@ def tpg_graph(transactions: StateTransactions, events: Iterable[Any],
 
     prepared = prepare(transactions, events)
     tpg = build_tpg(prepared.txns, prepared.specs)
-    executor = TpgExecutor(tpg, parse_strategy(strategy), VersionTable(state, times=prepared.times))
+    executor = TpgExecutor(tpg, parse_strategy(strategy), Versions(state, times=prepared.times))
     executor.run()
     graph = nx.DiGraph()
     lanes: dict[Any, int] = {}

@@ -27,9 +27,9 @@ from activedb.batch._parallel import WorkerPool
 from activedb.batch._plan import Tpg, Txn, build_tpg
 from activedb.batch._result import BatchResult, BatchStatistics
 from activedb.batch._route import Allowed, Router, route, touched_states
-from activedb.batch._state import VersionTable
 from activedb.batch._strategy import Strategy, parse_strategy
 from activedb.batch.errors import WorkerFailed
+from activedb.versions import Versions
 
 __all__ = ["AUTO", "LEAN", "Prepared", "Runtime", "SERIAL", "TPG", "execute", "execute_batch", "normalise_events",
            "ping", "prepare", "run_in_memory", "runtime_of"]
@@ -275,7 +275,7 @@ def _run_part(transactions: StateTransactions, mode: str | Strategy, batch: list
     seconds["declare"] = prepared.seconds
     positions = {event.position: t for t, event in items} if prepared.rejected else {}
     rejected = [(positions[event.position], reason) for event, reason in prepared.rejected]
-    table = VersionTable(base, times=prepared.times, loader=_checked_loader(loader, allowed))
+    table = Versions(base, times=prepared.times, loader=_checked_loader(loader, allowed))
     txns, specs = prepared.txns, prepared.specs
     operations = sum(len(declared_specs) for declared_specs in specs)
     if mode == SERIAL:
@@ -309,13 +309,13 @@ def _run_part(transactions: StateTransactions, mode: str | Strategy, batch: list
 
 
 def _checked_loader(loader, allowed):
-    if allowed is None:
-        return loader
+    if allowed is None and loader is None:
+        return None
 
-    def load(table, key):
-        if (table, key) not in allowed:
-            raise RouteMissed((table, key), -1)
-        return loader(table, key) if loader is not None else None
+    def load(state):
+        if allowed is not None and state not in allowed:
+            raise RouteMissed(state, -1)
+        return loader(*state) if loader is not None else None
 
     return load
 

@@ -10,7 +10,7 @@ from activedb import batch
 from activedb.batch._execute import TpgExecutor
 from activedb.batch._plan import OpState, build_tpg
 from activedb.batch._runtime import prepare
-from activedb.batch._state import VersionTable
+from activedb.versions import Versions
 
 
 def _transactions() -> batch.StateTransactions:
@@ -48,7 +48,7 @@ def _transactions() -> batch.StateTransactions:
 def _run(events, state, strategy):
     prepared = prepare(_transactions(), events)
     tpg = build_tpg(prepared.txns, prepared.specs)
-    table = VersionTable(state, times=prepared.times)
+    table = Versions(state, times=prepared.times)
     executor = TpgExecutor(tpg, batch.parse_strategy(strategy), table)
     statistics = executor.run()
     return tpg, table, statistics, executor.outcomes(prepared.specs)

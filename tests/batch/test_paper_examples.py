@@ -10,7 +10,7 @@ from activedb import batch
 from activedb.batch._execute import TpgExecutor
 from activedb.batch._plan import EdgeKind, OpState, build_tpg
 from activedb.batch._runtime import prepare
-from activedb.batch._state import VersionTable
+from activedb.versions import Versions
 
 STRATEGIES = ["serial", "auto", "lean", "tpg"] + [strategy.name for strategy in batch.all_strategies()]
 
@@ -111,7 +111,7 @@ def _trace(fail: bool, strategy: str):
     prepared = prepare(transactions, [{"type": "pair", "payload": {"fail": fail}}, {"type": "follow"}])
     tpg = build_tpg(prepared.txns, prepared.specs)
     trace: list = []
-    table = VersionTable({}, times=prepared.times)
+    table = Versions({}, times=prepared.times)
     TpgExecutor(tpg, batch.parse_strategy(strategy), table, trace=trace).run()
     names = {0: "O2", 1: "O1", 2: "O3"}
     return [(step, names[op], before.name, after.name) for step, op, before, after in trace], table, tpg
