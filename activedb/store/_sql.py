@@ -99,23 +99,29 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
     One that does not (an update of some columns of an existing row) is an ``UPDATE``
     when the row exists (one ``SELECT ... FOR UPDATE`` per table finds out) and otherwise
     an INSERT that PostgreSQL rejects with a clear message naming the missing columns.
+
+    The statements go to the driver as plain SQL (:func:`_send`): a group of rows is one statement over
+    ``unnest`` of one array per column, or, when a column cannot travel as an array, the driver's
+    ``executemany`` (pipelined).  Values are adapted exactly as SQLAlchemy adapts them (its bind processor
+    of each column type, where it has one), and errors reach the caller as SQLAlchemy's exceptions.
     """
-    deletes: dict[str, list[dict]] = {}
+    deletes: dict[str, list[tuple]] = {}
     upserts: dict[tuple[str, frozenset[str]], list[dict]] = {}
     inserts: dict[tuple[str, frozenset[str]], list[dict]] = {}
     partial: dict[str, list[tuple[Key, dict]]] = {}
     absent: dict[str, list[Key]] = {}
     for (table_name, key), entry in writes.items():
         info = infos[table_name]
-        if entry.kind is EntryKind.ABSENT:
+        kind = entry.kind
+        if kind is EntryKind.ABSENT:
             absent.setdefault(table_name, []).append(key)
             continue
-        if entry.kind in (EntryKind.DELETE, EntryKind.REPLACE):
-            deletes.setdefault(table_name, []).append({f"k_{n}": v for n, v in zip(info.key_columns, key)})
-        if entry.kind is EntryKind.DELETE:
-            continue
+        if kind is EntryKind.DELETE or kind is EntryKind.REPLACE:
+            deletes.setdefault(table_name, []).append(key)
+            if kind is EntryKind.DELETE:
+                continue
         row = {**info.full_key_row(key), **entry.values}
-        if entry.kind is EntryKind.PATCH:
+        if kind is EntryKind.PATCH:
             if info.required <= row.keys():
                 upserts.setdefault((table_name, frozenset(row)), []).append(row)
             else:
@@ -131,31 +137,30 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
                 f"insert into {table_name!r}: the row {next(iter(found))!r}, which this transaction inserted and "
                 f"deleted again, was inserted by another transaction since; nothing was written — re-run the "
                 f"transaction", table=table_name)
-    for table_name, rows in deletes.items():
-        connection.execute(infos[table_name].delete(), rows)
+    for table_name, keys in deletes.items():
+        info = infos[table_name]
+        _send(connection, info, "delete", tuple(info.key_columns), keys)
     updates: dict[tuple[str, frozenset[str]], list[dict]] = {}
     for table_name, items in partial.items():
         info = infos[table_name]
         existing = fetch_rows(connection, info, [key for key, _ in items], lock="update")
         for key, row in items:
             if key in existing:
-                columns = frozenset(row)
-                updates.setdefault((table_name, columns), []).append(
-                    {**{f"k_{n}": v for n, v in zip(info.key_columns, key)},
-                     **{f"v_{n}": v for n, v in row.items() if n not in info.key_columns}})
+                updates.setdefault((table_name, frozenset(row)), []).append(row)
             else:
                 missing = sorted(info.required - row.keys())
                 raise InvalidValue(
                     f"write to {table_name!r} creates the new row {key!r} without the NOT NULL column(s) "
                     f"{', '.join(missing)}; give them in write() (nothing was written)"
                 )
-    for (table_name, columns), rows in updates.items():
-        connection.execute(infos[table_name].update(columns), rows)
-    for (table_name, columns), rows in upserts.items():
-        connection.execute(infos[table_name].upsert(columns), rows)
+    for kind, groups in (("update", updates), ("upsert", upserts)):
+        for (table_name, columns), rows in groups.items():
+            info = infos[table_name]
+            _send_rows(connection, info, kind, columns, rows)
     for (table_name, columns), rows in inserts.items():
+        info = infos[table_name]
         try:
-            connection.execute(infos[table_name].table.insert(), rows)
+            _send_rows(connection, info, "insert", columns, rows)
         except sa.exc.IntegrityError as error:
             if getattr(error.orig, "sqlstate", None) == "23505":
                 raise DuplicateKey(
@@ -169,3 +174,86 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
                 ) from None
             raise
     return len(writes)
+
+
+#: Rows from which a group travels as one ``unnest`` statement rather than ``executemany``.
+UNNEST_MIN = 2
+
+
+def _send_rows(connection: sa.Connection, info: TableInfo, kind: str, columns: frozenset[str],
+               rows: list[dict]) -> None:
+    """``rows`` (dicts over ``columns``) as tuples: key columns first, then the others in table order."""
+    keys = info.key_columns
+    order = (*keys, *(name for name in info.columns if name in columns and name not in keys))
+    _send(connection, info, kind, order, [tuple(row[name] for name in order) for row in rows])
+
+
+def _send(connection: sa.Connection, info: TableInfo, kind: str, order: tuple[str, ...], rows: list[tuple]) -> None:
+    """One ``kind`` statement (``insert``, ``upsert``, ``update``, ``delete``) of ``info``'s table for ``rows``
+    (tuples over the columns ``order``, the key columns first), through the driver."""
+    processors = info.driver_processors(connection.dialect)
+    adapted = {index for index, name in enumerate(order) if processors.get(name) is not None}
+    if adapted:
+        rows = [tuple(processors[order[index]](value) if index in adapted else value
+                      for index, value in enumerate(row)) for row in rows]
+    if len(rows) >= UNNEST_MIN:
+        casts = info.array_types(connection.dialect, order)
+        if casts is not None:
+            columns = tuple(zip(*rows))
+            if all(_uniform(values) for values in columns):
+                statement = info.cached(("driver", kind, order, True),
+                                        lambda: _driver_statement(connection.dialect, info, kind, order, casts))
+                connection.exec_driver_sql(statement, tuple(list(values) for values in columns))
+                return
+    statement = info.cached(("driver", kind, order, False),
+                            lambda: _driver_statement(connection.dialect, info, kind, order, None))
+    if kind == "update":        # SET values first, then the key
+        width = len(info.key_columns)
+        rows = [row[width:] + row[:width] for row in rows]
+    connection.exec_driver_sql(statement, rows if len(rows) > 1 else rows[0])
+
+
+def _uniform(values: tuple) -> bool:
+    """True if the driver can send ``values`` as one array: one Python type (and, for datetimes and times,
+    all naive or all aware — they are different PostgreSQL types); ``None`` goes with anything."""
+    kinds = set(map(type, values))
+    kinds.discard(type(None))
+    if len(kinds) > 1:
+        return False
+    if kinds and next(iter(kinds)) in (datetime.datetime, datetime.time):
+        return len({value.tzinfo is None for value in values if value is not None}) <= 1
+    return True
+
+
+def _driver_statement(dialect: sa.Dialect, info: TableInfo, kind: str, order: tuple[str, ...],
+                      casts: tuple[str, ...] | None) -> str:
+    """The SQL text of one batched statement for psycopg (``%s`` parameters): over ``unnest`` of one array
+    per column (``casts`` the arrays' types) or, if ``casts`` is None, one row's parameters."""
+    quote = dialect.identifier_preparer.quote
+    table = dialect.identifier_preparer.format_table(info.table).replace("%", "%%")
+    names = [quote(name).replace("%", "%%") for name in order]
+    width = len(info.key_columns)
+    keys, values = names[:width], names[width:]
+    if casts is not None:
+        aliases = [f"c{index}" for index in range(len(order))]
+        source = (f"unnest({', '.join(f'%s::{cast}[]' for cast in casts)}) AS v({', '.join(aliases)})")
+        match = " AND ".join(f"{table}.{key} = v.{alias}" for key, alias in zip(keys, aliases))
+        if kind == "delete":
+            return f"DELETE FROM {table} USING {source} WHERE {match}"
+        if kind == "update":
+            assignments = ", ".join(f"{name} = v.{alias}" for name, alias in zip(values, aliases[width:]))
+            return f"UPDATE {table} SET {assignments} FROM {source} WHERE {match}"
+        head = f"INSERT INTO {table} ({', '.join(names)}) SELECT * FROM {source}"
+    else:
+        match = " AND ".join(f"{key} = %s" for key in keys)
+        if kind == "delete":
+            return f"DELETE FROM {table} WHERE {match}"
+        if kind == "update":
+            return f"UPDATE {table} SET {', '.join(f'{name} = %s' for name in values)} WHERE {match}"
+        head = f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join(['%s'] * len(names))})"
+    if kind == "insert":
+        return head
+    if values:
+        return (f"{head} ON CONFLICT ({', '.join(keys)}) DO UPDATE SET "
+                f"{', '.join(f'{name} = EXCLUDED.{name}' for name in values)}")
+    return f"{head} ON CONFLICT ({', '.join(keys)}) DO NOTHING"
