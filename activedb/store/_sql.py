@@ -92,7 +92,7 @@ def fetch_rows(connection: sa.Connection, info: TableInfo, keys: Iterable[Key], 
 
 
 def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
-                    writes: Mapping[tuple[str, Key], Entry]) -> int:
+                    writes: Mapping[tuple[str, Key], Entry], *, along: tuple[str, tuple] | None = None) -> int:
     """Apply a merged write set with one batched statement per (table, kind, columns).
 
     A PATCH that names every required column is an ``INSERT ... ON CONFLICT DO UPDATE``.
@@ -104,6 +104,10 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
     ``unnest`` of one array per column, or, when a column cannot travel as an array, the driver's
     ``executemany`` (pipelined).  Values are adapted exactly as SQLAlchemy adapts them (its bind processor
     of each column type, where it has one), and errors reach the caller as SQLAlchemy's exceptions.
+
+    ``along`` (driver SQL with ``%s`` parameters, and its parameters) is one more data-modifying statement
+    for the same transaction, e.g. the caller's log row: it rides in the last statement as a ``WITH``
+    clause (no round trip of its own) when that statement is sent once, else it is sent after it.
     """
     deletes: dict[str, list[tuple]] = {}
     upserts: dict[tuple[str, frozenset[str]], list[dict]] = {}
@@ -137,9 +141,13 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
                 f"insert into {table_name!r}: the row {next(iter(found))!r}, which this transaction inserted and "
                 f"deleted again, was inserted by another transaction since; nothing was written — re-run the "
                 f"transaction", table=table_name)
+    plan: list[tuple[TableInfo, str, tuple[str, ...], list[tuple]]] = []
     for table_name, keys in deletes.items():
         info = infos[table_name]
-        _send(connection, info, "delete", tuple(info.key_columns), keys)
+        plan.append((info, "delete", tuple(info.key_columns), keys))
+    if partial:     # the deletes go first (as ever), before the rows to update are locked
+        _run(connection, plan, None)
+        plan = []
     updates: dict[tuple[str, frozenset[str]], list[dict]] = {}
     for table_name, items in partial.items():
         info = infos[table_name]
@@ -153,49 +161,67 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
                     f"write to {table_name!r} creates the new row {key!r} without the NOT NULL column(s) "
                     f"{', '.join(missing)}; give them in write() (nothing was written)"
                 )
-    for kind, groups in (("update", updates), ("upsert", upserts)):
+    for kind, groups in (("update", updates), ("upsert", upserts), ("insert", inserts)):
         for (table_name, columns), rows in groups.items():
             info = infos[table_name]
-            _send_rows(connection, info, kind, columns, rows)
-    for (table_name, columns), rows in inserts.items():
-        info = infos[table_name]
-        try:
-            _send_rows(connection, info, "insert", columns, rows)
-        except sa.exc.IntegrityError as error:
-            if getattr(error.orig, "sqlstate", None) == "23505":
-                raise DuplicateKey(
-                    f"insert into {table_name!r}: a row with the same primary key exists in the database "
-                    f"({str(error.orig).splitlines()[-1].strip()}); use write() to upsert", table=table_name
-                ) from None
-            if getattr(error.orig, "sqlstate", None) == "23502":
-                raise InvalidValue(
-                    f"insert into {table_name!r}: {str(error.orig).splitlines()[0]}; give every NOT NULL column "
-                    f"(nothing was written)"
-                ) from None
-            raise
+            plan.append((info, kind, *_as_tuples(info, columns, rows)))
+    _run(connection, plan, along)
     return len(writes)
+
+
+def _run(connection: sa.Connection, plan: list[tuple[TableInfo, str, tuple[str, ...], list[tuple]]],
+         along: tuple[str, tuple] | None) -> None:
+    """Send the statements of ``plan`` in order, then ``along`` (folded into the last one if it can be)."""
+    for number, (info, kind, order, rows) in enumerate(plan, 1):
+        last = along if number == len(plan) else None
+        try:
+            folded = _send(connection, info, kind, order, rows, along=last)
+        except sa.exc.IntegrityError as error:
+            if kind == "insert":
+                _raise_insert_error(info.name, error)
+            raise
+        if last is not None and not folded:
+            connection.exec_driver_sql(*last)
+    if along is not None and not plan:
+        connection.exec_driver_sql(*along)
+
+
+def _raise_insert_error(table_name: str, error: sa.exc.IntegrityError) -> None:
+    if getattr(error.orig, "sqlstate", None) == "23505":
+        raise DuplicateKey(
+            f"insert into {table_name!r}: a row with the same primary key exists in the database "
+            f"({str(error.orig).splitlines()[-1].strip()}); use write() to upsert", table=table_name
+        ) from None
+    if getattr(error.orig, "sqlstate", None) == "23502":
+        raise InvalidValue(
+            f"insert into {table_name!r}: {str(error.orig).splitlines()[0]}; give every NOT NULL column "
+            f"(nothing was written)"
+        ) from None
 
 
 #: Rows from which a group travels as one ``unnest`` statement rather than ``executemany``.
 UNNEST_MIN = 2
 
 
-def _send_rows(connection: sa.Connection, info: TableInfo, kind: str, columns: frozenset[str],
-               rows: list[dict]) -> None:
-    """``rows`` (dicts over ``columns``) as tuples: key columns first, then the others in table order."""
+def _as_tuples(info: TableInfo, columns: frozenset[str], rows: list[dict]) -> tuple[tuple[str, ...], list[tuple]]:
+    """The column order of ``rows`` (dicts over ``columns``) — key columns first, then the others in table
+    order — and the rows as tuples in it."""
     keys = info.key_columns
     order = (*keys, *(name for name in info.columns if name in columns and name not in keys))
-    _send(connection, info, kind, order, [tuple(row[name] for name in order) for row in rows])
+    return order, [tuple(row[name] for name in order) for row in rows]
 
 
-def _send(connection: sa.Connection, info: TableInfo, kind: str, order: tuple[str, ...], rows: list[tuple]) -> None:
+def _send(connection: sa.Connection, info: TableInfo, kind: str, order: tuple[str, ...], rows: list[tuple], *,
+          along: tuple[str, tuple] | None = None) -> bool:
     """One ``kind`` statement (``insert``, ``upsert``, ``update``, ``delete``) of ``info``'s table for ``rows``
-    (tuples over the columns ``order``, the key columns first), through the driver."""
+    (tuples over the columns ``order``, the key columns first), through the driver; with ``along`` in a
+    ``WITH`` clause if it is sent once (returns whether it did)."""
     processors = info.driver_processors(connection.dialect)
     adapted = {index for index, name in enumerate(order) if processors.get(name) is not None}
     if adapted:
         rows = [tuple(processors[order[index]](value) if index in adapted else value
                       for index, value in enumerate(row)) for row in rows]
+    parameters: tuple | list[tuple] | None = None
     if len(rows) >= UNNEST_MIN:
         casts = info.array_types(connection.dialect, order)
         if casts is not None:
@@ -203,14 +229,19 @@ def _send(connection: sa.Connection, info: TableInfo, kind: str, order: tuple[st
             if all(_uniform(values) for values in columns):
                 statement = info.cached(("driver", kind, order, True),
                                         lambda: _driver_statement(connection.dialect, info, kind, order, casts))
-                connection.exec_driver_sql(statement, tuple(list(values) for values in columns))
-                return
-    statement = info.cached(("driver", kind, order, False),
-                            lambda: _driver_statement(connection.dialect, info, kind, order, None))
-    if kind == "update":        # SET values first, then the key
-        width = len(info.key_columns)
-        rows = [row[width:] + row[:width] for row in rows]
-    connection.exec_driver_sql(statement, rows if len(rows) > 1 else rows[0])
+                parameters = tuple(list(values) for values in columns)
+    if parameters is None:
+        statement = info.cached(("driver", kind, order, False),
+                                lambda: _driver_statement(connection.dialect, info, kind, order, None))
+        if kind == "update":        # SET values first, then the key
+            width = len(info.key_columns)
+            rows = [row[width:] + row[:width] for row in rows]
+        parameters = rows if len(rows) > 1 else rows[0]
+    if along is not None and isinstance(parameters, tuple):
+        connection.exec_driver_sql(f"WITH activedb_along AS ({along[0]}) {statement}", (*along[1], *parameters))
+        return True
+    connection.exec_driver_sql(statement, parameters)
+    return False
 
 
 def _uniform(values: tuple) -> bool:
