@@ -153,6 +153,22 @@ class TableInfo:
             self._statements["select_by_keys"] = cached
         return cached
 
+    def select_by_key_array(self, dialect: sa.Dialect):
+        """``select_by_keys`` for a one-column key as ``key = ANY(:keys)``, the keys in one array parameter
+        (cast to the key's type without modifiers), or None if the key cannot travel in an array (or
+        SQLAlchemy would adapt its values)."""
+        def build():
+            name = self.key_columns[0]
+            column_type = self.columns[name].type
+            element = _array_element_type(self.columns[name], dialect) if len(self.key_columns) == 1 else None
+            if element is None or column_type.dialect_impl(dialect).bind_processor(dialect) is not None:
+                return None
+            column = dialect.identifier_preparer.quote(name)
+            table = dialect.identifier_preparer.format_table(self.table)
+            return sa.select(self.table).where(
+                sa.text(f"{table}.{column} = ANY(CAST(:keys AS {element.replace('%%', '%')}[]))"))
+        return self.cached(("select_by_key_array", dialect.name), build)
+
     def upsert(self, columns: frozenset[str]):
         cached = self._statements.get(("upsert", columns))
         if cached is None:

@@ -75,14 +75,23 @@ def fetch_rows(connection: sa.Connection, info: TableInfo, keys: Iterable[Key], 
     keys = list(keys)
     if not keys:
         return {}
-    statement = info.select_by_keys()
+    names = info.key_columns
+    statement = info.select_by_key_array(connection.dialect) if len(names) == 1 else None
+    parameters = None
+    if statement is not None and _uniform(bound := tuple(key[0] for key in keys)):
+        parameters = {"keys": list(bound)}      # one array parameter: no limit on the number of keys
+    else:
+        statement = info.select_by_keys()
     if lock == "share":
         statement = statement.with_for_update(read=True)
     elif lock == "update":
         statement = statement.with_for_update()
-    bound = [key if len(info.key_columns) > 1 else key[0] for key in keys]
-    names = info.key_columns
     found: dict[Key, dict] = {}
+    if parameters is not None:
+        rows = connection.execute(statement, parameters).mappings().all()
+        found.update((tuple(row[name] for name in names), dict(row)) for row in rows)
+        return found
+    bound = [key if len(names) > 1 else key[0] for key in keys]
     # One statement per FETCH_CHUNK keys: PostgreSQL takes at most 65,535 bind parameters per statement.
     step = FETCH_CHUNK // len(names)
     for start in range(0, len(bound), step):

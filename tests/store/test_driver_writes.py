@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from activedb.errors import DatabaseError, DuplicateKey
-from activedb.store import Entry, EntryKind, apply_write_set
+from activedb.store import Entry, EntryKind, apply_write_set, fetch_rows
 from tests.capture.conftest import MIGRATIONS
 
 UTC = dt.timezone.utc
@@ -72,7 +72,7 @@ class Statements:
         sa.event.remove(self.engine, "before_cursor_execute", self.remember)
 
     def remember(self, connection, cursor, statement, parameters, context, executemany):
-        if "typed_samples" in statement and "SELECT typed_samples" not in statement:
+        if "typed_samples" in statement:
             self.sent.append(statement)
 
 
@@ -144,3 +144,18 @@ def test_a_value_postgresql_refuses_names_its_sqlstate(samples, count):
                 tx.insert("typed_samples", id=number, exact=decimal.Decimal("1e15") if number == count - 1 else None)
     assert raised.value.sqlstate == "22003"
     assert stored(db) == {}
+
+
+@pytest.mark.parametrize("lock", [None, "share", "update"])
+def test_reading_many_rows_by_key_sends_one_array_and_finds_exactly_the_committed_ones(samples, lock):
+    db = samples
+    with db.transaction() as tx:
+        for number in range(0, 300, 3):
+            tx.insert("typed_samples", id=number, label=f"row {number}", doc={"n": number})
+    info = db.catalog.table_info("typed_samples")
+    with Statements(db) as statements:
+        with db.engine.begin() as connection:
+            found = fetch_rows(connection, info, [(number,) for number in range(300)], lock=lock)
+    assert found == {(number,): {"id": number, **{name: None for name in ARRAYABLE + ("clock", "span", "tags")},
+                                 "label": f"row {number}", "doc": {"n": number}} for number in range(0, 300, 3)}
+    assert len(statements.sent) == 1 and "ANY(CAST(" in statements.sent[0], statements.sent
