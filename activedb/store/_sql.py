@@ -10,6 +10,7 @@ import base64
 import datetime
 import decimal
 import math
+import operator
 from typing import Any, Iterable, Mapping
 
 import sqlalchemy as sa
@@ -119,12 +120,12 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
     clause (no round trip of its own) when that statement is sent once, else it is sent after it.
     """
     deletes: dict[str, list[tuple]] = {}
-    upserts: dict[tuple[str, frozenset[str]], list[dict]] = {}
-    inserts: dict[tuple[str, frozenset[str]], list[dict]] = {}
-    partial: dict[str, list[tuple[Key, dict]]] = {}
+    # Rows as (key, values) pairs grouped by table and the columns they name (besides the key).
+    upserts: dict[tuple[str, frozenset[str]], list[tuple[Key, Mapping]]] = {}
+    inserts: dict[tuple[str, frozenset[str]], list[tuple[Key, Mapping]]] = {}
+    partial: dict[str, list[tuple[Key, Mapping]]] = {}
     absent: dict[str, list[Key]] = {}
     for (table_name, key), entry in writes.items():
-        info = infos[table_name]
         kind = entry.kind
         if kind is EntryKind.ABSENT:
             absent.setdefault(table_name, []).append(key)
@@ -133,14 +134,15 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
             deletes.setdefault(table_name, []).append(key)
             if kind is EntryKind.DELETE:
                 continue
-        row = {**info.full_key_row(key), **entry.values}
+        values = entry.values
         if kind is EntryKind.PATCH:
-            if info.required <= row.keys():
-                upserts.setdefault((table_name, frozenset(row)), []).append(row)
+            # The required columns are never key columns: the key is always there.
+            if infos[table_name].required <= values.keys():
+                upserts.setdefault((table_name, frozenset(values)), []).append((key, values))
             else:
-                partial.setdefault(table_name, []).append((key, row))
+                partial.setdefault(table_name, []).append((key, values))
         else:
-            inserts.setdefault((table_name, frozenset(row)), []).append(row)
+            inserts.setdefault((table_name, frozenset(values)), []).append((key, values))
     for table_name, keys in absent.items():
         # Rows the tree inserted and deleted again: nothing to write, but they must still be absent — a
         # row another process committed since would make the tree's insert a duplicate in any serial order.
@@ -157,23 +159,23 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
     if partial:     # the deletes go first (as ever), before the rows to update are locked
         _run(connection, plan, None)
         plan = []
-    updates: dict[tuple[str, frozenset[str]], list[dict]] = {}
+    updates: dict[tuple[str, frozenset[str]], list[tuple[Key, Mapping]]] = {}
     for table_name, items in partial.items():
         info = infos[table_name]
         existing = fetch_rows(connection, info, [key for key, _ in items], lock="update")
-        for key, row in items:
+        for key, values in items:
             if key in existing:
-                updates.setdefault((table_name, frozenset(row)), []).append(row)
+                updates.setdefault((table_name, frozenset(values)), []).append((key, values))
             else:
-                missing = sorted(info.required - row.keys())
+                missing = sorted(info.required - values.keys())
                 raise InvalidValue(
                     f"write to {table_name!r} creates the new row {key!r} without the NOT NULL column(s) "
                     f"{', '.join(missing)}; give them in write() (nothing was written)"
                 )
     for kind, groups in (("update", updates), ("upsert", upserts), ("insert", inserts)):
-        for (table_name, columns), rows in groups.items():
+        for (table_name, columns), pairs in groups.items():
             info = infos[table_name]
-            plan.append((info, kind, *_as_tuples(info, columns, rows)))
+            plan.append((info, kind, *_as_tuples(info, columns, pairs)))
     _run(connection, plan, along)
     return len(writes)
 
@@ -212,12 +214,20 @@ def _raise_insert_error(table_name: str, error: sa.exc.IntegrityError) -> None:
 UNNEST_MIN = 2
 
 
-def _as_tuples(info: TableInfo, columns: frozenset[str], rows: list[dict]) -> tuple[tuple[str, ...], list[tuple]]:
-    """The column order of ``rows`` (dicts over ``columns``) — key columns first, then the others in table
-    order — and the rows as tuples in it."""
+def _as_tuples(info: TableInfo, columns: frozenset[str], pairs: list[tuple[Key, Mapping]]
+               ) -> tuple[tuple[str, ...], list[tuple]]:
+    """The column order of ``pairs`` (key, values over ``columns``) — key columns first, then the other
+    columns in table order — and the rows as tuples in it (the key's values for the key columns)."""
     keys = info.key_columns
-    order = (*keys, *(name for name in info.columns if name in columns and name not in keys))
-    return order, [tuple(row[name] for name in order) for row in rows]
+    rest = tuple(name for name in info.columns if name in columns and name not in keys)
+    order = (*keys, *rest)
+    if not rest:
+        return order, [key for key, _ in pairs]
+    if len(rest) == 1:
+        name = rest[0]
+        return order, [(*key, values[name]) for key, values in pairs]
+    pick = operator.itemgetter(*rest)
+    return order, [key + pick(values) for key, values in pairs]
 
 
 def _send(connection: sa.Connection, info: TableInfo, kind: str, order: tuple[str, ...], rows: list[tuple], *,
