@@ -254,6 +254,8 @@ def _array_element_type(column: sa.Column, dialect: sa.Dialect) -> str | None:
     """``column``'s type as an array element cast, without modifiers (``VARCHAR(20)`` is ``VARCHAR``), or None."""
     if _python_type(column) is None or isinstance(column.type, (postgresql.ARRAY, sa.ARRAY)):
         return None
+    if isinstance(column.type, (sa.CHAR, sa.NCHAR)):
+        return "BPCHAR"         # CHAR without a length is char(1): a cast to it would cut every value
     try:
         compiled = column.type.compile(dialect=dialect)
     except sa.exc.CompileError:

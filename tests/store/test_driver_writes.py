@@ -12,9 +12,11 @@ import uuid
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+import sqlalchemy.dialects.postgresql.psycopg  # noqa: F401  (the dialect the store runs on)
 
 from activedb.errors import DatabaseError, DuplicateKey
-from activedb.store import Entry, EntryKind, apply_write_set, fetch_rows
+from activedb.store import Entry, EntryKind, TableInfo, apply_write_set, fetch_rows
 from tests.capture.conftest import MIGRATIONS
 
 UTC = dt.timezone.utc
@@ -159,3 +161,14 @@ def test_reading_many_rows_by_key_sends_one_array_and_finds_exactly_the_committe
     assert found == {(number,): {"id": number, **{name: None for name in ARRAYABLE + ("clock", "span", "tags")},
                                  "label": f"row {number}", "doc": {"n": number}} for number in range(0, 300, 3)}
     assert len(statements.sent) == 1 and "ANY(CAST(" in statements.sent[0], statements.sent
+
+
+def test_arrays_are_cast_to_the_column_types_without_modifiers_so_nothing_is_cut():
+    table = sa.Table("shapes", sa.MetaData(), sa.Column("id", sa.Integer, primary_key=True),
+                     sa.Column("code", sa.CHAR(5)), sa.Column("name", sa.String(20)), sa.Column("amount", sa.Numeric(8, 2)),
+                     sa.Column("at", sa.DateTime(timezone=True)), sa.Column("tags", postgresql.ARRAY(sa.Text)))
+    info = TableInfo(table)
+    dialect = postgresql.psycopg.dialect()
+    assert info.array_types(dialect, ("id", "code", "name", "amount", "at")) == (
+        "INTEGER", "BPCHAR", "VARCHAR", "NUMERIC", "TIMESTAMP WITH TIME ZONE")
+    assert info.array_types(dialect, ("id", "tags")) is None      # an array column goes row by row
