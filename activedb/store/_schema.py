@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import math
+import re
 import uuid
 from typing import Any, Mapping
 
@@ -129,12 +130,44 @@ class TableInfo:
             statement = self._statements[name] = build()
         return statement
 
+    def driver_processors(self, dialect: sa.Dialect) -> dict[str, Any]:
+        """Per column, SQLAlchemy's bind processor of its type for ``dialect`` (e.g. JSON into the driver's
+        JSON wrapper), or None: what a statement sent to the driver directly must apply to keep SQLAlchemy's
+        adaptation."""
+        return self.cached(("driver_processors", dialect.name), lambda: {
+            name: column.type.dialect_impl(dialect).bind_processor(dialect) for name, column in self.columns.items()})
+
+    def array_types(self, dialect: sa.Dialect, names: tuple[str, ...]) -> tuple[str, ...] | None:
+        """The PostgreSQL types to cast arrays of ``names``' values to (no type modifiers: a cast would
+        truncate where an assignment refuses), or None if a column cannot travel in an array (an array or
+        a type the store does not know)."""
+        types = self.cached(("array_types", dialect.name), lambda: {
+            name: _array_element_type(column, dialect) for name, column in self.columns.items()})
+        found = tuple(types[name] for name in names)
+        return None if None in found else found
+
     def select_by_keys(self):
         cached = self._statements.get("select_by_keys")
         if cached is None:
             cached = sa.select(self.table).where(self._key_clause.in_(sa.bindparam("keys", expanding=True)))
             self._statements["select_by_keys"] = cached
         return cached
+
+    def select_by_key_array(self, dialect: sa.Dialect):
+        """``select_by_keys`` for a one-column key as ``key = ANY(:keys)``, the keys in one array parameter
+        (cast to the key's type without modifiers), or None if the key cannot travel in an array (or
+        SQLAlchemy would adapt its values)."""
+        def build():
+            name = self.key_columns[0]
+            column_type = self.columns[name].type
+            element = _array_element_type(self.columns[name], dialect) if len(self.key_columns) == 1 else None
+            if element is None or column_type.dialect_impl(dialect).bind_processor(dialect) is not None:
+                return None
+            column = dialect.identifier_preparer.quote(name)
+            table = dialect.identifier_preparer.format_table(self.table)
+            return sa.select(self.table).where(
+                sa.text(f"{table}.{column} = ANY(CAST(:keys AS {element.replace('%%', '%')}[]))"))
+        return self.cached(("select_by_key_array", dialect.name), build)
 
     def upsert(self, columns: frozenset[str]):
         cached = self._statements.get(("upsert", columns))
@@ -215,6 +248,19 @@ def _extra_check(column: sa.Column):
     if isinstance(column_type, (sa.JSON, postgresql.JSONB)):
         return json_problem
     return None
+
+
+def _array_element_type(column: sa.Column, dialect: sa.Dialect) -> str | None:
+    """``column``'s type as an array element cast, without modifiers (``VARCHAR(20)`` is ``VARCHAR``), or None."""
+    if _python_type(column) is None or isinstance(column.type, (postgresql.ARRAY, sa.ARRAY)):
+        return None
+    if isinstance(column.type, (sa.CHAR, sa.NCHAR)):
+        return "BPCHAR"         # CHAR without a length is char(1): a cast to it would cut every value
+    try:
+        compiled = column.type.compile(dialect=dialect)
+    except sa.exc.CompileError:
+        return None
+    return re.sub(r"\(\s*\d+\s*(,\s*-?\d+\s*)?\)", "", compiled).replace("%", "%%")
 
 
 def _constant_default(column: sa.Column) -> Any:

@@ -10,6 +10,7 @@ import base64
 import datetime
 import decimal
 import math
+import operator
 from typing import Any, Iterable, Mapping
 
 import sqlalchemy as sa
@@ -75,14 +76,23 @@ def fetch_rows(connection: sa.Connection, info: TableInfo, keys: Iterable[Key], 
     keys = list(keys)
     if not keys:
         return {}
-    statement = info.select_by_keys()
+    names = info.key_columns
+    statement = info.select_by_key_array(connection.dialect) if len(names) == 1 else None
+    parameters = None
+    if statement is not None and _uniform(bound := tuple(key[0] for key in keys)):
+        parameters = {"keys": list(bound)}      # one array parameter: no limit on the number of keys
+    else:
+        statement = info.select_by_keys()
     if lock == "share":
         statement = statement.with_for_update(read=True)
     elif lock == "update":
         statement = statement.with_for_update()
-    bound = [key if len(info.key_columns) > 1 else key[0] for key in keys]
-    names = info.key_columns
     found: dict[Key, dict] = {}
+    if parameters is not None:
+        rows = connection.execute(statement, parameters).mappings().all()
+        found.update((tuple(row[name] for name in names), dict(row)) for row in rows)
+        return found
+    bound = [key if len(names) > 1 else key[0] for key in keys]
     # One statement per FETCH_CHUNK keys: PostgreSQL takes at most 65,535 bind parameters per statement.
     step = FETCH_CHUNK // len(names)
     for start in range(0, len(bound), step):
@@ -92,36 +102,47 @@ def fetch_rows(connection: sa.Connection, info: TableInfo, keys: Iterable[Key], 
 
 
 def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
-                    writes: Mapping[tuple[str, Key], Entry]) -> int:
+                    writes: Mapping[tuple[str, Key], Entry], *, along: tuple[str, tuple] | None = None) -> int:
     """Apply a merged write set with one batched statement per (table, kind, columns).
 
     A PATCH that names every required column is an ``INSERT ... ON CONFLICT DO UPDATE``.
     One that does not (an update of some columns of an existing row) is an ``UPDATE``
     when the row exists (one ``SELECT ... FOR UPDATE`` per table finds out) and otherwise
     an INSERT that PostgreSQL rejects with a clear message naming the missing columns.
+
+    The statements go to the driver as plain SQL (:func:`_send`): a group of rows is one statement over
+    ``unnest`` of one array per column, or, when a column cannot travel as an array, the driver's
+    ``executemany`` (pipelined).  Values are adapted exactly as SQLAlchemy adapts them (its bind processor
+    of each column type, where it has one), and errors reach the caller as SQLAlchemy's exceptions.
+
+    ``along`` (driver SQL with ``%s`` parameters, and its parameters) is one more data-modifying statement
+    for the same transaction, e.g. the caller's log row: it rides in the last statement as a ``WITH``
+    clause (no round trip of its own) when that statement is sent once, else it is sent after it.
     """
-    deletes: dict[str, list[dict]] = {}
-    upserts: dict[tuple[str, frozenset[str]], list[dict]] = {}
-    inserts: dict[tuple[str, frozenset[str]], list[dict]] = {}
-    partial: dict[str, list[tuple[Key, dict]]] = {}
+    deletes: dict[str, list[tuple]] = {}
+    # Rows as (key, values) pairs grouped by table and the columns they name (besides the key).
+    upserts: dict[tuple[str, frozenset[str]], list[tuple[Key, Mapping]]] = {}
+    inserts: dict[tuple[str, frozenset[str]], list[tuple[Key, Mapping]]] = {}
+    partial: dict[str, list[tuple[Key, Mapping]]] = {}
     absent: dict[str, list[Key]] = {}
     for (table_name, key), entry in writes.items():
-        info = infos[table_name]
-        if entry.kind is EntryKind.ABSENT:
+        kind = entry.kind
+        if kind is EntryKind.ABSENT:
             absent.setdefault(table_name, []).append(key)
             continue
-        if entry.kind in (EntryKind.DELETE, EntryKind.REPLACE):
-            deletes.setdefault(table_name, []).append({f"k_{n}": v for n, v in zip(info.key_columns, key)})
-        if entry.kind is EntryKind.DELETE:
-            continue
-        row = {**info.full_key_row(key), **entry.values}
-        if entry.kind is EntryKind.PATCH:
-            if info.required <= row.keys():
-                upserts.setdefault((table_name, frozenset(row)), []).append(row)
+        if kind is EntryKind.DELETE or kind is EntryKind.REPLACE:
+            deletes.setdefault(table_name, []).append(key)
+            if kind is EntryKind.DELETE:
+                continue
+        values = entry.values
+        if kind is EntryKind.PATCH:
+            # The required columns are never key columns: the key is always there.
+            if infos[table_name].required <= values.keys():
+                upserts.setdefault((table_name, frozenset(values)), []).append((key, values))
             else:
-                partial.setdefault(table_name, []).append((key, row))
+                partial.setdefault(table_name, []).append((key, values))
         else:
-            inserts.setdefault((table_name, frozenset(row)), []).append(row)
+            inserts.setdefault((table_name, frozenset(values)), []).append((key, values))
     for table_name, keys in absent.items():
         # Rows the tree inserted and deleted again: nothing to write, but they must still be absent — a
         # row another process committed since would make the tree's insert a duplicate in any serial order.
@@ -131,41 +152,158 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
                 f"insert into {table_name!r}: the row {next(iter(found))!r}, which this transaction inserted and "
                 f"deleted again, was inserted by another transaction since; nothing was written — re-run the "
                 f"transaction", table=table_name)
-    for table_name, rows in deletes.items():
-        connection.execute(infos[table_name].delete(), rows)
-    updates: dict[tuple[str, frozenset[str]], list[dict]] = {}
+    plan: list[tuple[TableInfo, str, tuple[str, ...], list[tuple]]] = []
+    for table_name, keys in deletes.items():
+        info = infos[table_name]
+        plan.append((info, "delete", tuple(info.key_columns), keys))
+    if partial:     # the deletes go first (as ever), before the rows to update are locked
+        _run(connection, plan, None)
+        plan = []
+    updates: dict[tuple[str, frozenset[str]], list[tuple[Key, Mapping]]] = {}
     for table_name, items in partial.items():
         info = infos[table_name]
         existing = fetch_rows(connection, info, [key for key, _ in items], lock="update")
-        for key, row in items:
+        for key, values in items:
             if key in existing:
-                columns = frozenset(row)
-                updates.setdefault((table_name, columns), []).append(
-                    {**{f"k_{n}": v for n, v in zip(info.key_columns, key)},
-                     **{f"v_{n}": v for n, v in row.items() if n not in info.key_columns}})
+                updates.setdefault((table_name, frozenset(values)), []).append((key, values))
             else:
-                missing = sorted(info.required - row.keys())
+                missing = sorted(info.required - values.keys())
                 raise InvalidValue(
                     f"write to {table_name!r} creates the new row {key!r} without the NOT NULL column(s) "
                     f"{', '.join(missing)}; give them in write() (nothing was written)"
                 )
-    for (table_name, columns), rows in updates.items():
-        connection.execute(infos[table_name].update(columns), rows)
-    for (table_name, columns), rows in upserts.items():
-        connection.execute(infos[table_name].upsert(columns), rows)
-    for (table_name, columns), rows in inserts.items():
-        try:
-            connection.execute(infos[table_name].table.insert(), rows)
-        except sa.exc.IntegrityError as error:
-            if getattr(error.orig, "sqlstate", None) == "23505":
-                raise DuplicateKey(
-                    f"insert into {table_name!r}: a row with the same primary key exists in the database "
-                    f"({str(error.orig).splitlines()[-1].strip()}); use write() to upsert", table=table_name
-                ) from None
-            if getattr(error.orig, "sqlstate", None) == "23502":
-                raise InvalidValue(
-                    f"insert into {table_name!r}: {str(error.orig).splitlines()[0]}; give every NOT NULL column "
-                    f"(nothing was written)"
-                ) from None
-            raise
+    for kind, groups in (("update", updates), ("upsert", upserts), ("insert", inserts)):
+        for (table_name, columns), pairs in groups.items():
+            info = infos[table_name]
+            plan.append((info, kind, *_as_tuples(info, columns, pairs)))
+    _run(connection, plan, along)
     return len(writes)
+
+
+def _run(connection: sa.Connection, plan: list[tuple[TableInfo, str, tuple[str, ...], list[tuple]]],
+         along: tuple[str, tuple] | None) -> None:
+    """Send the statements of ``plan`` in order, then ``along`` (folded into the last one if it can be)."""
+    for number, (info, kind, order, rows) in enumerate(plan, 1):
+        last = along if number == len(plan) else None
+        try:
+            folded = _send(connection, info, kind, order, rows, along=last)
+        except sa.exc.IntegrityError as error:
+            if kind == "insert":
+                _raise_insert_error(info.name, error)
+            raise
+        if last is not None and not folded:
+            connection.exec_driver_sql(*last)
+    if along is not None and not plan:
+        connection.exec_driver_sql(*along)
+
+
+def _raise_insert_error(table_name: str, error: sa.exc.IntegrityError) -> None:
+    if getattr(error.orig, "sqlstate", None) == "23505":
+        raise DuplicateKey(
+            f"insert into {table_name!r}: a row with the same primary key exists in the database "
+            f"({str(error.orig).splitlines()[-1].strip()}); use write() to upsert", table=table_name
+        ) from None
+    if getattr(error.orig, "sqlstate", None) == "23502":
+        raise InvalidValue(
+            f"insert into {table_name!r}: {str(error.orig).splitlines()[0]}; give every NOT NULL column "
+            f"(nothing was written)"
+        ) from None
+
+
+#: Rows from which a group travels as one ``unnest`` statement rather than ``executemany``.
+UNNEST_MIN = 2
+
+
+def _as_tuples(info: TableInfo, columns: frozenset[str], pairs: list[tuple[Key, Mapping]]
+               ) -> tuple[tuple[str, ...], list[tuple]]:
+    """The column order of ``pairs`` (key, values over ``columns``) — key columns first, then the other
+    columns in table order — and the rows as tuples in it (the key's values for the key columns)."""
+    keys = info.key_columns
+    rest = tuple(name for name in info.columns if name in columns and name not in keys)
+    order = (*keys, *rest)
+    if not rest:
+        return order, [key for key, _ in pairs]
+    if len(rest) == 1:
+        name = rest[0]
+        return order, [(*key, values[name]) for key, values in pairs]
+    pick = operator.itemgetter(*rest)
+    return order, [key + pick(values) for key, values in pairs]
+
+
+def _send(connection: sa.Connection, info: TableInfo, kind: str, order: tuple[str, ...], rows: list[tuple], *,
+          along: tuple[str, tuple] | None = None) -> bool:
+    """One ``kind`` statement (``insert``, ``upsert``, ``update``, ``delete``) of ``info``'s table for ``rows``
+    (tuples over the columns ``order``, the key columns first), through the driver; with ``along`` in a
+    ``WITH`` clause if it is sent once (returns whether it did)."""
+    processors = info.driver_processors(connection.dialect)
+    adapted = {index for index, name in enumerate(order) if processors.get(name) is not None}
+    if adapted:
+        rows = [tuple(processors[order[index]](value) if index in adapted else value
+                      for index, value in enumerate(row)) for row in rows]
+    parameters: tuple | list[tuple] | None = None
+    if len(rows) >= UNNEST_MIN:
+        casts = info.array_types(connection.dialect, order)
+        if casts is not None:
+            columns = tuple(zip(*rows))
+            if all(_uniform(values) for values in columns):
+                statement = info.cached(("driver", kind, order, True),
+                                        lambda: _driver_statement(connection.dialect, info, kind, order, casts))
+                parameters = tuple(list(values) for values in columns)
+    if parameters is None:
+        statement = info.cached(("driver", kind, order, False),
+                                lambda: _driver_statement(connection.dialect, info, kind, order, None))
+        if kind == "update":        # SET values first, then the key
+            width = len(info.key_columns)
+            rows = [row[width:] + row[:width] for row in rows]
+        parameters = rows if len(rows) > 1 else rows[0]
+    if along is not None and isinstance(parameters, tuple):
+        connection.exec_driver_sql(f"WITH activedb_along AS ({along[0]}) {statement}", (*along[1], *parameters))
+        return True
+    connection.exec_driver_sql(statement, parameters)
+    return False
+
+
+def _uniform(values: tuple) -> bool:
+    """True if the driver can send ``values`` as one array: one Python type (and, for datetimes and times,
+    all naive or all aware — they are different PostgreSQL types); ``None`` goes with anything."""
+    kinds = set(map(type, values))
+    kinds.discard(type(None))
+    if len(kinds) > 1:
+        return False
+    if kinds and next(iter(kinds)) in (datetime.datetime, datetime.time):
+        return len({value.tzinfo is None for value in values if value is not None}) <= 1
+    return True
+
+
+def _driver_statement(dialect: sa.Dialect, info: TableInfo, kind: str, order: tuple[str, ...],
+                      casts: tuple[str, ...] | None) -> str:
+    """The SQL text of one batched statement for psycopg (``%s`` parameters): over ``unnest`` of one array
+    per column (``casts`` the arrays' types) or, if ``casts`` is None, one row's parameters."""
+    quote = dialect.identifier_preparer.quote
+    table = dialect.identifier_preparer.format_table(info.table).replace("%", "%%")
+    names = [quote(name).replace("%", "%%") for name in order]
+    width = len(info.key_columns)
+    keys, values = names[:width], names[width:]
+    if casts is not None:
+        aliases = [f"c{index}" for index in range(len(order))]
+        source = (f"unnest({', '.join(f'%s::{cast}[]' for cast in casts)}) AS v({', '.join(aliases)})")
+        match = " AND ".join(f"{table}.{key} = v.{alias}" for key, alias in zip(keys, aliases))
+        if kind == "delete":
+            return f"DELETE FROM {table} USING {source} WHERE {match}"
+        if kind == "update":
+            assignments = ", ".join(f"{name} = v.{alias}" for name, alias in zip(values, aliases[width:]))
+            return f"UPDATE {table} SET {assignments} FROM {source} WHERE {match}"
+        head = f"INSERT INTO {table} ({', '.join(names)}) SELECT * FROM {source}"
+    else:
+        match = " AND ".join(f"{key} = %s" for key in keys)
+        if kind == "delete":
+            return f"DELETE FROM {table} WHERE {match}"
+        if kind == "update":
+            return f"UPDATE {table} SET {', '.join(f'{name} = %s' for name in values)} WHERE {match}"
+        head = f"INSERT INTO {table} ({', '.join(names)}) VALUES ({', '.join(['%s'] * len(names))})"
+    if kind == "insert":
+        return head
+    if values:
+        return (f"{head} ON CONFLICT ({', '.join(keys)}) DO UPDATE SET "
+                f"{', '.join(f'{name} = EXCLUDED.{name}' for name in values)}")
+    return f"{head} ON CONFLICT ({', '.join(keys)}) DO NOTHING"

@@ -10,7 +10,7 @@ Steps (see ``_participants.py`` for the participants' side):
    IDENTITY`` since they were drawn would hand them out again): ``GeneratedKeysReset``, nothing written;
 3. ``write`` of every enlisted participant (the Spark ingestion ledger row, the detached-rule outbox …);
 4. apply the merged write set (:func:`activedb.store.apply_write_set`: one batched statement per table,
-   kind and column set) and insert the transaction-log row;
+   kind and column set) and insert the transaction-log row (in the same round trip as the last of them);
 5. ``about_to_commit`` of every participant, then COMMIT; then ``committed`` of every participant.
 
 **Why the result is serializable although the transaction runs at READ COMMITTED.** Within one process,
@@ -96,8 +96,7 @@ def _write_all(root, connection, infos, writes, reads, scans, participants, lock
     _check_generated_keys(catalog, connection, infos, writes, root.began_at)
     for participant in participants:
         participant.write(root, connection)
-    _apply(catalog, connection, infos, writes)
-    _log(root, connection, writes)
+    _apply(catalog, connection, infos, writes, _log_row(root, writes))
     for participant in participants:
         participant.about_to_commit(root, connection)
 
@@ -216,9 +215,9 @@ def _check_generated_keys(catalog, connection: sa.Connection, infos: Mapping[str
         catalog.check_generated_keys(connection, used, began_at)
 
 
-def _apply(catalog, connection: sa.Connection, infos: Mapping[str, TableInfo], writes) -> None:
+def _apply(catalog, connection: sa.Connection, infos: Mapping[str, TableInfo], writes, log_row) -> None:
     try:
-        apply_write_set(connection, infos, writes)
+        apply_write_set(connection, infos, writes, along=log_row)
     except DuplicateKey as error:
         # A generated key may have collided (a sequence reset the check could not see, e.g. setval to a
         # value and back up): never hand out the rest of that block.
@@ -230,22 +229,16 @@ def _apply(catalog, connection: sa.Connection, infos: Mapping[str, TableInfo], w
         raise
 
 
-# One plain statement: psycopg adapts the list to text[] and the JSON text to jsonb itself (SQLAlchemy's ARRAY
-# and JSONB bind processing cost ~0.15 ms of Python per flush).
-_LOG_ROW = sa.text(
-    "INSERT INTO activedb_transaction_log (transaction_id, began_at, subtransactions, rows_written, tables, info) "
-    "VALUES (:transaction_id, :began_at, :subtransactions, :rows_written, :tables, CAST(:info AS jsonb))")
+# Driver SQL, sent with the write set's last statement (``apply_write_set``'s ``along``: no round trip of
+# its own): psycopg adapts the list to text[] and the JSON text to jsonb itself.
+_LOG_ROW = ("INSERT INTO activedb_transaction_log (transaction_id, began_at, subtransactions, rows_written, tables, "
+            "info) VALUES (%s, %s, %s, %s, %s, %s::jsonb)")
 
 
-def _log(root: "Transaction", connection: sa.Connection, writes) -> None:
-    connection.execute(_LOG_ROW, {
-        "transaction_id": root.log_id,
-        "began_at": root.began_at,
-        "subtransactions": root.subtransactions_committed,
-        "rows_written": len(writes),
-        "tables": sorted({row[0] for row in writes}),
-        "info": json.dumps(jsonable(root.info)) if root.info else "{}",
-    })
+def _log_row(root: "Transaction", writes) -> tuple[str, tuple]:
+    """The tree's transaction-log row (statement and parameters)."""
+    return _LOG_ROW, (root.log_id, root.began_at, root.subtransactions_committed, len(writes),
+                      sorted({row[0] for row in writes}), json.dumps(jsonable(root.info)) if root.info else "{}")
 
 
 def _raise_database_error(root: "Transaction", error: sa.exc.DBAPIError) -> None:

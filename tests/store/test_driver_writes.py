@@ -1,0 +1,174 @@
+"""The flush's statements go to psycopg directly (``activedb.store.apply_write_set``): every common column
+type reaches PostgreSQL as SQLAlchemy would have sent it, whether a group of rows travels as one ``unnest``
+statement (arrays per column) or row by row (one row, or a column that cannot be an array), and what
+PostgreSQL refuses is reported as before.  Real PostgreSQL; the capture tests' ``typed_samples`` table
+(one column per common type)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import uuid
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+import sqlalchemy.dialects.postgresql.psycopg  # noqa: F401  (the dialect the store runs on)
+
+from activedb.errors import DatabaseError, DuplicateKey
+from activedb.store import Entry, EntryKind, TableInfo, apply_write_set, fetch_rows
+from tests.capture.conftest import MIGRATIONS
+
+UTC = dt.timezone.utc
+PLUS_5 = dt.timezone(dt.timedelta(hours=5, minutes=30))
+
+
+@pytest.fixture(scope="module")
+def db_options() -> dict:
+    return {"migrations": (MIGRATIONS,)}
+
+
+@pytest.fixture
+def samples(db):
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE typed_samples"))
+    return db
+
+
+def sample(number: int) -> dict:
+    return {
+        "small": -32768 + number, "big": 9223372036854775807 - number,
+        "exact": decimal.Decimal("12345678901234.123456") + number, "real": 0.1 + number, "flag": number % 2 == 0,
+        "label": f"text 'quoted' \" {{braces}}, é \\ {number}",
+        "at": dt.datetime(2024, 2, 29, 23, 59, 59, 123456, tzinfo=PLUS_5) + dt.timedelta(days=number),
+        "naive": dt.datetime(2024, 1, 1) + dt.timedelta(seconds=number), "day": dt.date(2000, 1, 1) + dt.timedelta(days=number),
+        "clock": dt.time(12, 34, 56, 500000), "span": dt.timedelta(days=1, hours=2, minutes=3, seconds=number),
+        "doc": {"a": [1, 2.5, None], "b": {"c": "d", "n": number}, "quote": "\"{,}\""},
+        "uid": uuid.UUID(int=number), "blob": b"\x00\xff\x10" + bytes([number]), "tags": ["x", None, f"z{number}"],
+    }
+
+
+def stored(db) -> dict[int, dict]:
+    with db.engine.connect() as connection:
+        return {row["id"]: {name: value for name, value in row.items() if name != "id"}
+                for row in connection.execute(sa.text("SELECT * FROM typed_samples")).mappings()}
+
+
+#: Columns that travel as arrays in one ``unnest`` statement; ``clock``, ``span`` (types the store does not
+#: check) and ``tags`` (an array) make a group go row by row.
+ARRAYABLE = ("small", "big", "exact", "real", "flag", "label", "at", "naive", "day", "doc", "uid", "blob")
+
+
+class Statements:
+    """The SQL the flush sends (SQLAlchemy's cursor event)."""
+
+    def __init__(self, db):
+        self.sent: list[str] = []
+        self.engine = db.engine
+
+    def __enter__(self):
+        sa.event.listen(self.engine, "before_cursor_execute", self.remember)
+        return self
+
+    def __exit__(self, *exc):
+        sa.event.remove(self.engine, "before_cursor_execute", self.remember)
+
+    def remember(self, connection, cursor, statement, parameters, context, executemany):
+        if "typed_samples" in statement:
+            self.sent.append(statement)
+
+
+@pytest.mark.parametrize("columns", ["arrayable", "all"])
+@pytest.mark.parametrize("count", [1, 3, 200])
+def test_every_common_type_is_stored_as_given_alone_and_in_groups(samples, count, columns):
+    db = samples
+    expected = {number: sample(number) for number in range(count)}
+    if columns == "arrayable":
+        expected = {number: {name: values[name] if name in ARRAYABLE else None for name in values}
+                    for number, values in expected.items()}
+    with Statements(db) as statements:
+        with db.transaction() as tx:
+            for number, values in expected.items():
+                tx.insert("typed_samples", id=number, **{name: value for name, value in values.items()
+                                                         if value is not None})
+    assert stored(db) == expected
+    assert ("unnest" in statements.sent[-1]) is (count > 1 and columns == "arrayable"), statements.sent
+    with db.transaction() as tx:                      # upserts of two column sets
+        for number in expected:
+            tx.write("typed_samples", number, label=f"again {number}", doc=[number, "list"])
+    with db.transaction() as tx:
+        for number in expected:
+            tx.write("typed_samples", number, small=number, doc=None)
+    for number, values in expected.items():
+        values.update(label=f"again {number}", doc=None, small=number)
+    assert stored(db) == expected
+    with db.transaction() as tx:
+        for number in expected:
+            if number % 2 == 0:
+                tx.delete("typed_samples", number)
+    assert stored(db) == {number: values for number, values in expected.items() if number % 2}
+
+
+def test_mixed_python_types_in_one_column_are_stored_row_by_row(samples):
+    db = samples
+    values = [decimal.Decimal("1.5"), 2, 3.25, None]
+    moments = [dt.datetime(2024, 1, 1, tzinfo=UTC), dt.datetime(2024, 1, 2, tzinfo=PLUS_5)]
+    uids = [uuid.UUID(int=7), "00000000-0000-0000-0000-000000000008"]
+    with db.transaction() as tx:
+        for number, value in enumerate(values):
+            tx.insert("typed_samples", id=number, exact=value, at=moments[number % 2], uid=uids[number % 2])
+    rows = stored(db)
+    assert [rows[number]["exact"] for number in range(4)] == [decimal.Decimal("1.5"), 2, decimal.Decimal("3.25"), None]
+    assert [rows[number]["at"] for number in range(2)] == moments
+    assert [rows[number]["uid"] for number in range(2)] == [uuid.UUID(int=7), uuid.UUID(int=8)]
+
+
+@pytest.mark.parametrize("count", [1, 5])
+def test_a_duplicate_key_at_the_flush_is_reported_as_before_and_nothing_is_written(samples, count):
+    db = samples
+    with db.transaction() as tx:
+        tx.insert("typed_samples", id=0, label="first")
+    info = db.catalog.table_info("typed_samples")
+    writes = {("typed_samples", (number,)): Entry(EntryKind.INSERT, {"id": number, "label": "second"})
+              for number in range(count)}
+    with pytest.raises(DuplicateKey, match=r"typed_samples.*Key \(id\)=\(0\) already exists.*use write\(\)"):
+        with db.engine.begin() as connection:
+            apply_write_set(connection, {"typed_samples": info}, writes)
+    assert stored(db)[0]["label"] == "first" and len(stored(db)) == 1
+
+
+@pytest.mark.parametrize("count", [1, 5])
+def test_a_value_postgresql_refuses_names_its_sqlstate(samples, count):
+    db = samples
+    with pytest.raises(DatabaseError, match=r"SQLSTATE 22003") as raised:   # beyond numeric(20, 6)
+        with db.transaction() as tx:
+            for number in range(count):
+                tx.insert("typed_samples", id=number, exact=decimal.Decimal("1e15") if number == count - 1 else None)
+    assert raised.value.sqlstate == "22003"
+    assert stored(db) == {}
+
+
+@pytest.mark.parametrize("lock", [None, "share", "update"])
+def test_reading_many_rows_by_key_sends_one_array_and_finds_exactly_the_committed_ones(samples, lock):
+    db = samples
+    with db.transaction() as tx:
+        for number in range(0, 300, 3):
+            tx.insert("typed_samples", id=number, label=f"row {number}", doc={"n": number})
+    info = db.catalog.table_info("typed_samples")
+    with Statements(db) as statements:
+        with db.engine.begin() as connection:
+            found = fetch_rows(connection, info, [(number,) for number in range(300)], lock=lock)
+    assert found == {(number,): {"id": number, **{name: None for name in ARRAYABLE + ("clock", "span", "tags")},
+                                 "label": f"row {number}", "doc": {"n": number}} for number in range(0, 300, 3)}
+    assert len(statements.sent) == 1 and "ANY(CAST(" in statements.sent[0], statements.sent
+
+
+def test_arrays_are_cast_to_the_column_types_without_modifiers_so_nothing_is_cut():
+    table = sa.Table("shapes", sa.MetaData(), sa.Column("id", sa.Integer, primary_key=True),
+                     sa.Column("code", sa.CHAR(5)), sa.Column("name", sa.String(20)), sa.Column("amount", sa.Numeric(8, 2)),
+                     sa.Column("at", sa.DateTime(timezone=True)), sa.Column("tags", postgresql.ARRAY(sa.Text)))
+    info = TableInfo(table)
+    dialect = postgresql.psycopg.dialect()
+    assert info.array_types(dialect, ("id", "code", "name", "amount", "at")) == (
+        "INTEGER", "BPCHAR", "VARCHAR", "NUMERIC", "TIMESTAMP WITH TIME ZONE")
+    assert info.array_types(dialect, ("id", "tags")) is None      # an array column goes row by row
