@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from activedb.errors import DuplicateKey
 
@@ -94,3 +94,11 @@ def resolve(chain: list[Entry], base: dict | None) -> dict | None:
     return image
 
 
+def matches(image: dict, where: Mapping[str, Any] | Callable[[dict], bool] | None) -> bool:
+    """Whether a row ``image`` satisfies a scan's ``where``: None (every row), a mapping of column to value
+    (all equal), or a predicate on the image."""
+    if where is None:
+        return True
+    if callable(where) and not isinstance(where, Mapping):
+        return bool(where(image))
+    return all(image.get(column) == value for column, value in where.items())

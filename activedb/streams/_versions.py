@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from activedb.streams.errors import UnplannedAccess
+from activedb.store import matches
 from activedb.versions import Versions
 
 _ABSENT = (None, None)      # (image, sequence) of a row that is not there
@@ -112,7 +113,7 @@ class VersionStore:
                 image, sequence = self._store.read(state, position + 1)
                 if sequence is not None:
                     seen[state[1]] = sequence
-                if image is not None and _matches(image, where):
+                if image is not None and matches(image, where):
                     rows.append(dict(image))
         return rows, seen
 
@@ -146,11 +147,3 @@ class VersionStore:
             return VersionStatistics(versions=self._appended - self._collected - self._dropped,
                                      peak_versions=self._peak, appended=self._appended,
                                      collected=self._collected, dropped=self._dropped)
-
-
-def _matches(image: dict, where: Mapping[str, Any] | Callable[[dict], bool] | None) -> bool:
-    if where is None:
-        return True
-    if callable(where) and not isinstance(where, Mapping):
-        return bool(where(image))
-    return all(image.get(column) == value for column, value in where.items())

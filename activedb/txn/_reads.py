@@ -11,6 +11,7 @@ from typing import Any, Callable, Mapping
 
 from lockmgr import Mode
 
+from activedb.store import matches
 from activedb.txn import _view
 from activedb.txn._hotkeys import HotKeys
 
@@ -103,7 +104,7 @@ class Reads:
         # An ancestor that aborted during the scan was doomed before its writes were discarded: a scan
         # that merged the tree's writes without them is never returned (as ``_view.read_row`` does).
         self._check_active("scan")
-        result = [image for image in rows.values() if image is not None and _view.matches(image, where)]
+        result = [image for image in rows.values() if image is not None and matches(image, where)]
         recorder = self.manager.recorder
         if recorder:
             for key, image in rows.items():

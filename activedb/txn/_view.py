@@ -19,7 +19,7 @@ Thread-safety: a node's ``_writes`` and ``_db_reads`` are written under its ``_m
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 import sqlalchemy as sa
 
@@ -190,11 +190,3 @@ def written_keys(node: "Transaction", table_name: str) -> set[Key]:
         keys.update(key for (name, key) in list(ancestor._writes) if name == table_name)
         ancestor = ancestor.parent
     return keys
-
-
-def matches(image: dict, where: Mapping[str, Any] | Callable[[dict], bool] | None) -> bool:
-    if where is None:
-        return True
-    if callable(where) and not isinstance(where, Mapping):
-        return bool(where(image))
-    return all(image.get(column) == value for column, value in where.items())
