@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import sqlalchemy as sa
 
+from activedb.rules import FiringOutcome
 from activedb.txn import CommitParticipant, Observer, TransactionExtension, TxnState
 from activedb.store import jsonable
 
@@ -278,10 +279,10 @@ class RuleNotes(Observer):
     def __init__(self, has_compensation: Callable[[str], bool]):
         self.has_compensation = has_compensation
 
-    def on_firing_end(self, transaction: "Transaction", firing: Any, outcome: str) -> None:
+    def on_firing_end(self, transaction: "Transaction", firing: Any, outcome: "FiringOutcome") -> None:
         # Called in the firing's own transaction, before it commits: the note commits (or is dropped)
         # with the firing's effects.
         name = firing.rule.name
-        if outcome != "executed" or not self.has_compensation(name):
+        if outcome is not FiringOutcome.EXECUTED or not self.has_compensation(name):
             return
         add_note(transaction, {"kind": "rule", "rule": name, "event": encode_event(firing.event)})

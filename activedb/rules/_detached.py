@@ -34,6 +34,7 @@ from coupling import CouplingError, DependencyGate, Verdict
 
 from activedb.errors import RuleError
 from activedb.rules._context import GateKey, RuleContext
+from activedb.txn import WaitKind
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.rules._manager import RuleManager
@@ -121,6 +122,6 @@ class DetachedRunner:
         wait."""
         key = context.gate_key
         gate = self.gate
-        with self.transactions.waiting(transaction, "dependency", context.gate_wait_target,
+        with self.transactions.waiting(transaction, WaitKind.DEPENDENCY, context.gate_wait_target,
                                        on_victim=lambda error: gate.interrupt(key, error), preferred_victim=True):
             return gate.wait_may_commit(key)

@@ -32,6 +32,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger("activedb.rules")
 
+_EXECUTED, _CONDITION_FALSE, _FAILED, _CANCELLED = (FiringOutcome.EXECUTED, FiringOutcome.CONDITION_FALSE,
+                                                   FiringOutcome.FAILED, FiringOutcome.CANCELLED)
+
 
 class RuleManager(TransactionExtension):
     """The rules of one ``Database``; ``db.rules``.  Thread-safe (see the module docstring)."""
@@ -262,23 +265,23 @@ class RuleManager(TransactionExtension):
         observers = self.transactions.observers
         if observers.on_firing_start:
             observers.call("on_firing_start", transaction, firing)
-        outcome = "failed"
+        outcome = _FAILED
         try:
             if rule.action_coupling is Coupling.IMMEDIATE:
                 if not rule.condition(transaction, event):
                     self.count(rule, "condition_false")
-                    outcome = "condition_false"
+                    outcome = _CONDITION_FALSE
                     return False
                 rule.action(transaction, event)
             elif not condition_then_action(self, transaction, firing):
-                outcome = "condition_false"
+                outcome = _CONDITION_FALSE
                 return False
             coupling = firing.coupling
             if coupling is Coupling.IMMEDIATE or coupling is Coupling.DEFERRED:   # runs_as_subtransaction
                 self.record.executed(rule.name)   # detached rules count once their top-level commits
-            outcome = "executed"
+            outcome = _EXECUTED
         except (DependencyAbort, CascadeLimitExceeded, RuleFailed, TransactionAborted):
-            outcome = "cancelled"
+            outcome = _CANCELLED
             raise
         except Exception as error:
             self.count(rule, "failed")

@@ -125,12 +125,14 @@ class Firing:
         return f"rule:{self.rule.name}"
 
 
-class FiringOutcome(enum.Enum):
-    """What a firing run by :meth:`RuleManager.fire` came to."""
+class FiringOutcome(enum.StrEnum):
+    """What a firing came to: returned by :meth:`RuleManager.fire`, and told to observers
+    (``Observer.on_firing_end``).  Compares equal to its string value."""
 
     EXECUTED = "executed"                  # the condition held and the action ran
     CONDITION_FALSE = "condition_false"
     FAILED = "failed"                      # the condition or the action raised (``Fired.error`` says what)
+    CANCELLED = "cancelled"                # its transaction was aborted from outside (observers only)
 
 
 class Fired(NamedTuple):

@@ -74,7 +74,7 @@ from activedb.streams._scheduler import Scheduler
 from activedb.streams._versions import VersionStatistics, VersionStore
 from activedb.streams._view import LockedView, Stamp, StoreView, VersionedView
 from activedb.streams.errors import SchedulerError, StreamError
-from activedb.txn import Observer
+from activedb.txn import Observer, WaitKind
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
@@ -447,7 +447,7 @@ class LockingScheduler(Scheduler):
     def _waiting_context(self, manager: Any, table: StreamLockTable):
         """How a wait of the lock table becomes an edge of the one wait-for graph."""
         def waiting(owner: Owner, blocker: Owner, request: Request | None):
-            return manager.waiting(owner.node, table.kind if request is not None else "stream-order",
+            return manager.waiting(owner.node, table.kind if request is not None else WaitKind.STREAM_ORDER,
                                    blocker.node.id, on_victim=lambda error: table.make_victim(owner, error))
         return waiting
 

@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterable
 
 from activedb.streams._events import ts_less
+from activedb.txn import WaitKind
 from activedb.streams.errors import SchedulerError, UnplannedAccess
 
 
@@ -206,7 +207,7 @@ class StreamLockTable:
     """What S2PL and LWM share: insertion by the dispatcher, waiting, ending.  Subclasses
     say which earlier owner blocks a request (:meth:`blocker`)."""
 
-    kind = "stream"
+    kind = WaitKind.STREAM
     #: S2PL's queues are first-come-first-served: requests must arrive in the declared order.
     #: LWM may take them in arrival order with punctuations (App. F).
     ordered_insertion = True
@@ -408,7 +409,7 @@ class StreamLockTable:
 class S2PLLockTable(StreamLockTable):
     """Active CEP §5.2 with timestamp-ordered queues and no overtaking (module docstring)."""
 
-    kind = "stream-s2pl"
+    kind = WaitKind.STREAM_S2PL
 
     def _queues(self, request: Request) -> tuple[_Queue | None, ...]:
         """The queues whose earlier requests conflict with ``request``.  Caller holds ``_mutex``."""
@@ -441,7 +442,7 @@ class LWMLockTable(StreamLockTable):
     ``mrp`` — the most recent punctuation the dispatcher published (None: none yet, which
     holds nothing back: an engine whose input is ordered needs none)."""
 
-    kind = "stream-lwm"
+    kind = WaitKind.STREAM_LWM
     ordered_insertion = False
 
     def __init__(self, waiting: WaitingContext = _no_registration):

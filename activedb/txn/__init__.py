@@ -8,7 +8,7 @@ Public names: :class:`TransactionManager`, :class:`Transaction`, :class:`Subtran
 from lockmgr import TxnState
 
 from activedb.txn._history import HistoryOp, HistoryRecorder
-from activedb.txn._hooks import HookRegistry, Observer, TransactionExtension
+from activedb.txn._hooks import HookRegistry, Observer, TransactionExtension, WaitKind
 from activedb.txn._locking import Granularity
 from activedb.txn._manager import TransactionManager
 from activedb.txn._participants import CommitParticipant
@@ -16,6 +16,6 @@ from activedb.txn._children import InlineSubtransaction, SubtransactionHandle
 from activedb.txn._tree import Transaction
 from activedb.txn._view import CommittedRows, ReadBase
 
-__all__ = ["TransactionManager", "Transaction", "SubtransactionHandle", "InlineSubtransaction", "TxnState",
+__all__ = ["WaitKind", "TransactionManager", "Transaction", "SubtransactionHandle", "InlineSubtransaction", "TxnState",
            "Granularity", "CommitParticipant", "TransactionExtension", "Observer", "HookRegistry", "ReadBase",
            "CommittedRows", "HistoryOp", "HistoryRecorder"]

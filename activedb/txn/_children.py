@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from lockmgr import Deadlock, TxnState
 
 from activedb.errors import SerializationConflict
+from activedb.txn._hooks import WaitKind
 from activedb.txn._pool import Task
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -44,7 +45,7 @@ class SubtransactionHandle:
         if task.done():
             return True
         child = self.transaction
-        with child.manager.waiting(child.parent, "children", child.id):
+        with child.manager.waiting(child.parent, WaitKind.CHILDREN, child.id):
             return task.wait(timeout)
 
     @staticmethod
@@ -60,7 +61,7 @@ class SubtransactionHandle:
             return
         parent = pending[0].transaction.parent
         manager = parent.manager
-        with manager.waiting(parent, "children", None, targets=[handle.transaction.id for handle in pending]):
+        with manager.waiting(parent, WaitKind.CHILDREN, None, targets=[handle.transaction.id for handle in pending]):
             for handle in pending:
                 handle._task.wait(None)     # runs it in this thread if no worker has started it
 
@@ -223,7 +224,7 @@ class Children:
                 pending = [task for task in self._tasks.values() if not task.done()]
             if not pending:
                 return
-            with self.manager.waiting(self, "children", None):
+            with self.manager.waiting(self, WaitKind.CHILDREN, None):
                 for task in pending:
                     remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
                     if not task.wait(remaining):

@@ -18,6 +18,7 @@ Thread-safety: hooks are called in the thread where the thing happens, with no a
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 from typing import TYPE_CHECKING, Any
@@ -52,6 +53,18 @@ class TransactionExtension:
         """``transaction`` committed (a top-level one: after PostgreSQL committed) or aborted."""
 
 
+class WaitKind(enum.StrEnum):
+    """What a transaction waits for (``TransactionManager.waiting``, ``Observer.on_wait_start``); the kind of the
+    wait-for edge the lock manager records.  Compares equal to its string value."""
+
+    CHILDREN = "children"          # a node waits for children (its own: the lock manager's ``commit`` edge)
+    DEPENDENCY = "dependency"      # a rule part waits in the coupling gate for the transaction it depends on
+    STREAM = "stream"              # an s-transaction waits for a stream lock (SEI's table)
+    STREAM_S2PL = "stream-s2pl"    # ... in S2PL's stream lock table
+    STREAM_LWM = "stream-lwm"      # ... in LWM's stream lock table
+    STREAM_ORDER = "stream-order"  # an s-transaction waits for an earlier one's pattern state
+
+
 class Observer:
     """A passive listener (``db.observe(observer)``).  An observer that raises is removed and logged.
 
@@ -71,17 +84,18 @@ class Observer:
     def on_abort(self, transaction: "Transaction", reason: BaseException | None) -> None:
         """``transaction`` aborted, for ``reason``."""
 
-    def on_wait_start(self, transaction: "Transaction", kind: str, detail: Any) -> None:
-        """``transaction`` starts to wait (``kind``: lock | children | dependency)."""
+    def on_wait_start(self, transaction: "Transaction", kind: WaitKind, detail: Any) -> None:
+        """``transaction`` starts to wait (``kind``: a :class:`WaitKind`; ``detail``: what it waits for)."""
 
-    def on_wait_end(self, transaction: "Transaction", kind: str, detail: Any) -> None:
+    def on_wait_end(self, transaction: "Transaction", kind: WaitKind, detail: Any) -> None:
         """The wait announced by ``on_wait_start`` ended (granted, or failed)."""
 
     def on_firing_start(self, transaction: "Transaction", firing: Any) -> None:
         """The rule firing ``firing`` (``activedb.rules.Firing``) starts running in ``transaction``."""
 
     def on_firing_end(self, transaction: "Transaction", firing: Any, outcome: str) -> None:
-        """The firing ended: ``outcome`` is executed | condition_false | failed | cancelled."""
+        """The firing ended: ``outcome`` is an ``activedb.rules.FiringOutcome`` (a ``str`` enum: executed |
+        condition_false | failed | cancelled)."""
 
 
 class HookRegistry:

@@ -25,7 +25,7 @@ from activedb.errors import TransactionAborted
 from activedb.txn import _ids
 from activedb.txn._history import HistoryRecorder
 from activedb.txn._hotkeys import HotKeys
-from activedb.txn._hooks import HookRegistry, Observer, TransactionExtension
+from activedb.txn._hooks import HookRegistry, Observer, TransactionExtension, WaitKind
 from activedb.txn._locking import Locking
 from activedb.txn._participants import CommitParticipant
 from activedb.txn._pool import WorkerPool
@@ -183,7 +183,7 @@ class TransactionManager:
         finally:
             self.pop_running()
 
-    def waiting(self, node: Transaction, kind: str, target: str | None,
+    def waiting(self, node: Transaction, kind: WaitKind, target: str | None,
                 on_victim: Callable[[BaseException], None] | None = None,
                 preferred_victim: bool = False, targets: list[str] | None = None) -> "_Waiting":
         """``with manager.waiting(node, kind, target):`` — the calling thread waits on behalf of ``node``
@@ -218,7 +218,7 @@ class _Waiting:
             if waiter.state in _LIVE:    # an aborting node waits for its children unregistered
                 targets = ([target] if target is not None else self.targets if self.targets is not None
                            else [child.id for child in node.children])
-                if kind == "children" and waiter is node:
+                if kind is WaitKind.CHILDREN and waiter is node:
                     kind = "commit"      # a parent waiting for its own children: the declared commit edge
                 try:
                     self.registered = manager.locks.add_wait(waiter.id, targets, kind=kind, on_victim=self.on_victim,
