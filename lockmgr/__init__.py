@@ -36,7 +36,7 @@ from lockmgr.errors import (
     LockNotHeld,
     LockTimeout,
     RequestPending,
-    TransactionAborted,
+    AbortedTransaction,
     TransactionNotActive,
     UnknownTransaction,
     WaitEdge,
@@ -48,5 +48,5 @@ __all__ = [
     "DeadlockCycle", "Holders", "LockStatistics", "LockTableSnapshot", "TransactionInfo", "TxnState",
     "VictimCandidate", "WaitingRequest", "WaitEdge",
     "LockError", "ActiveChildren", "DuplicateTransaction", "InvalidDowngrade", "LockNotHeld",
-    "RequestPending", "TransactionAborted", "TransactionNotActive", "UnknownTransaction",
+    "RequestPending", "AbortedTransaction", "TransactionNotActive", "UnknownTransaction",
 ]

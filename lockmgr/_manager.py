@@ -55,7 +55,7 @@ from lockmgr.errors import (
     Lazy,
     LockTimeout,
     RequestPending,
-    TransactionAborted,
+    AbortedTransaction,
 )
 
 VictimPolicy = Union[str, Callable[[DeadlockCycle], Hashable]]
@@ -296,7 +296,7 @@ class LockManager:
     def abort(self, tid: Hashable) -> None:
         """Abort ``tid`` and its active descendants: release every lock they hold or retain (Rule 4) --
         including the entries of their committed descendants, which they retain; ancestors keep theirs.
-        A descendant waiting in ``acquire`` gets ``TransactionAborted``."""
+        A descendant waiting in ``acquire`` gets ``AbortedTransaction``."""
         graph = self._graph_mutex
         with graph:
             txn = self._ended.require_active(self._active, tid, "abort")
@@ -317,7 +317,7 @@ class LockManager:
                 detail = Lazy("it aborted") if member is txn else Lazy("its ancestor {!r} aborted", tid)
                 if member.request is not None:
                     request = member.request
-                    error = TransactionAborted(
+                    error = AbortedTransaction(
                         member.tid,
                         Lazy("acquire {} on {!r}", request.mode.name, request.lock.resource),
                         Lazy("{} while it was waiting", detail),
@@ -348,7 +348,7 @@ class LockManager:
 
         Re-acquiring a mode already covered returns at once.  Raises ``Deadlock`` if ``tid`` is chosen as a
         deadlock victim, ``LockTimeout`` if ``timeout`` seconds pass (the request is then withdrawn),
-        ``TransactionAborted`` if ``tid`` is aborted while waiting.
+        ``AbortedTransaction`` if ``tid`` is aborted while waiting.
         """
         txn = self._active.get(tid)
         if txn is not None and mode.__class__ is Mode and _fast_grant(

@@ -15,7 +15,7 @@ from typing import Any, Hashable
 
 from lockmgr._modes import CONFLICTS, COVERS, JOIN, Mode
 from lockmgr._records import TxnState
-from lockmgr.errors import Lazy, TransactionAborted, TransactionNotActive, UnknownTransaction
+from lockmgr.errors import Lazy, AbortedTransaction, TransactionNotActive, UnknownTransaction
 
 ACTIVE = TxnState.ACTIVE
 COMMITTING = TxnState.COMMITTING
@@ -283,5 +283,5 @@ class EndedLog:
             raise UnknownTransaction(tid)
         state, detail = ended
         if state == "aborted":
-            raise TransactionAborted(tid, operation, detail)
+            raise AbortedTransaction(tid, operation, detail)
         raise TransactionNotActive(tid, state, operation, detail)

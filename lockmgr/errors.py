@@ -8,7 +8,7 @@ Hierarchy::
     ├── UnknownTransaction       the tid was never begun (or ended long ago)
     ├── DuplicateTransaction     begin() with a tid that is still active
     ├── TransactionNotActive     the transaction is committing or has ended
-    │   └── TransactionAborted   ... because it (or an ancestor) aborted, possibly while it was waiting
+    │   └── AbortedTransaction   ... because it (or an ancestor) aborted, possibly while it was waiting
     ├── ActiveChildren           commit() while children are still active (a parent waits for its children)
     ├── RequestPending           a second acquire() for a transaction that is already waiting
     ├── InvalidDowngrade         downgrade() to a mode that is not weaker than the held one
@@ -206,7 +206,7 @@ class TransactionNotActive(LockError):
         )
 
 
-class TransactionAborted(TransactionNotActive):
+class AbortedTransaction(TransactionNotActive):
     """The transaction was aborted -- by itself, by another thread, or because an ancestor aborted.
 
     Raised from a waiting ``acquire`` whose transaction is aborted meanwhile, and from later calls.

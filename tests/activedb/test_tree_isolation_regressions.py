@@ -13,7 +13,7 @@ C. Two sibling subtransactions that read one row before and after another proces
 Found later by the list-append history test (``tests/scenarios/test_list_append_history.py``):
 
 D. A node whose ancestor had just aborted, waiting for its own child (``handle.result()``), got the lock
-   manager's raw ``lockmgr.TransactionAborted`` (registering the wait in the wait-for graph found the node
+   manager's raw ``lockmgr.AbortedTransaction`` (registering the wait in the wait-for graph found the node
    aborted there) instead of waiting for the doomed child and raising activedb's ``TransactionAborted``.
 F. (in its test's docstring) the same family on the begin path of a subtransaction.
 G. A scan whose ancestor aborted while it ran returned committed rows without the ancestor's writes.

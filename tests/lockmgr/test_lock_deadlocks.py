@@ -261,7 +261,7 @@ def test_one_pending_request_per_transaction():
 
 
 def test_abort_from_another_thread_wakes_the_waiter_with_transaction_aborted():
-    from lockmgr import TransactionAborted
+    from lockmgr import AbortedTransaction
 
     lm = manager("A", "B")
     lm.acquire("A", "x", W)
@@ -272,7 +272,7 @@ def test_abort_from_another_thread_wakes_the_waiter_with_transaction_aborted():
         started.set()
         try:
             lm.acquire("B", "x", W)
-        except TransactionAborted as error:
+        except AbortedTransaction as error:
             errors.append(error)
 
     thread = threading.Thread(target=body, daemon=True)

@@ -199,7 +199,7 @@ def test_rule4_abort_releases_what_the_transaction_holds_or_retains_and_ancestor
 
 
 def test_rule4_abort_aborts_active_descendants_and_a_waiting_descendant_is_told():
-    from lockmgr import TransactionAborted
+    from lockmgr import AbortedTransaction
 
     lm = manager("T", "T.1", "T.1.1", "U")
     lm.acquire("U", "busy", W)
@@ -208,12 +208,12 @@ def test_rule4_abort_aborts_active_descendants_and_a_waiting_descendant_is_told(
     with Scenario(lm) as scenario:
         waiting = scenario.run("g", "T.1.1 waits for U", lambda: lm.acquire("T.1.1", "busy", R), blocks=True)
         scenario.run("t", "T aborts", lambda: lm.abort("T"))
-        scenario.finish(waiting, raises=TransactionAborted)
+        scenario.finish(waiting, raises=AbortedTransaction)
     assert "its ancestor 'T' aborted while it was waiting" in str(waiting.error)
     assert not lm.holders("a") and not lm.holders("b")
     assert held(lm, "busy") == {"U": W}
     assert lm.statistics().transactions == 1 and lm.statistics().waiting == 0
-    with pytest.raises(TransactionAborted, match="its ancestor 'T' aborted"):
+    with pytest.raises(AbortedTransaction, match="its ancestor 'T' aborted"):
         lm.acquire("T.1", "c", R)
 
 

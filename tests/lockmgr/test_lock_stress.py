@@ -34,7 +34,7 @@ from lockmgr import (
     LockManager,
     LockTableSnapshot,
     Mode,
-    TransactionAborted,
+    AbortedTransaction,
     conflicts,
     covers,
     join,
@@ -295,11 +295,11 @@ class Harness:
             self.log.aborting(tid)
             try:
                 self.lm.abort(tid)
-            except TransactionAborted:
+            except AbortedTransaction:
                 pass  # an ancestor aborted it meanwhile
             for thread in children:
                 thread.join()
-        except TransactionAborted:
+        except AbortedTransaction:
             self.count("aborted")
             for thread in children:
                 thread.join()

@@ -32,7 +32,7 @@ What it catches (each tree-isolation fix (bugs A, B, C of the regression tests) 
 
 It also found, on today's core, write skew between a flush that validated a scan (SERIALIZABLE, no
 row locks) and another process's READ COMMITTED flush (fixed: scanned rows are re-read FOR SHARE),
-and a doomed node's ``handle.result()`` raising lockmgr's raw ``TransactionAborted``.
+and a doomed node's ``handle.result()`` raising lockmgr's raw ``AbortedTransaction``.
 """
 
 from __future__ import annotations
