@@ -117,14 +117,6 @@ def declare_policy(db: Any, query_id: str, query_name: str, partitions: int, pol
 
 # --- the failed task's side ---------------------------------------------------------------------------------
 
-def is_infrastructure_failure(error: BaseException) -> bool:
-    """Not the partition's fault (:func:`activedb.errors.classify` says the failure is transient: PostgreSQL
-    unusable, a conflict, a deadlock): replay will complete the batch."""
-    from activedb.errors import classify
-
-    return classify(error).transient
-
-
 def describe(error: BaseException) -> str:
     text = str(error).strip().splitlines()[0] if str(error).strip() else ""
     return f"{type(error).__name__}: {text}" if text else type(error).__name__

@@ -148,8 +148,12 @@ class _PartitionTask:
     def _failure(self, sink: IngestSink, partition: int, query_id: str, batch: list[dict[str, Any]],
                  error: BaseException) -> dict[str, Any]:
         """The report of a partition whose batch transaction failed; with the policy ``compensate`` (and not
-        an outage) its rows are dead letters first (``_atomic.settle_failed_partition``)."""
-        infrastructure = _atomic.is_infrastructure_failure(error)
+        an outage) its rows are dead letters first (``_atomic.settle_failed_partition``).  A transient failure
+        (``activedb.errors.classify``: PostgreSQL unusable, a conflict, a deadlock) is not the partition's fault:
+        replay completes the batch."""
+        from activedb.errors import classify
+
+        infrastructure = classify(error).transient
         letters, settled = 0, False
         if not infrastructure and _atomic.as_policy(self.on_partition_failure) is _atomic.SplitFailure.COMPENSATE:
             letters = _atomic.settle_failed_partition(sink, batch, query_id, self.batch_id, partition,
