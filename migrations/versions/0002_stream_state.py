@@ -3,6 +3,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
+from activedb.migration_ops import texts
+
 revision = "0002_stream_state"
 down_revision = "0001_initial"
 
@@ -10,9 +12,7 @@ down_revision = "0001_initial"
 def upgrade() -> None:
     op.create_table(
         "activedb_stream_state",
-        sa.Column("engine", sa.Text, primary_key=True),
-        sa.Column("kind", sa.Text, primary_key=True),        # meta | buffer | partition
-        sa.Column("item", sa.Text, primary_key=True),
+        *texts("engine", "kind", "item", primary_key=True),     # kind: meta | buffer | partition
         sa.Column("value", postgresql.JSONB, nullable=False),
     )
 

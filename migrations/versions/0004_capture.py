@@ -18,7 +18,7 @@ What this revision installs (the design note is ``activedb/capture/README.md``):
 
 The downgrade removes all of it, including the per-table triggers of tables still captured.
 """
-from alembic import op
+from activedb.migration_ops import sql_steps
 
 revision = "0004_capture"
 down_revision = "0003_removed_rules_and_replays"
@@ -157,10 +157,4 @@ DROP FUNCTION activedb_capture_row();
 DROP TABLE activedb_capture_tables;
 """
 
-
-def upgrade() -> None:
-    op.execute(UPGRADE)
-
-
-def downgrade() -> None:
-    op.execute(DOWNGRADE)
+upgrade, downgrade = sql_steps(UPGRADE, DOWNGRADE)

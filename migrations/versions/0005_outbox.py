@@ -16,6 +16,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
+from activedb.migration_ops import counter, identity_key, stamped, texts
+
 revision = "0005_outbox"
 down_revision = "0004_capture"
 
@@ -23,9 +25,8 @@ down_revision = "0004_capture"
 def upgrade() -> None:
     op.create_table(
         "activedb_outbox",
-        sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
-        sa.Column("rule", sa.Text, nullable=False),
-        sa.Column("coupling", sa.Text, nullable=False),
+        identity_key(),
+        *texts("rule", "coupling"),
         sa.Column("event", postgresql.JSONB, nullable=False),
         sa.Column("chain", postgresql.ARRAY(sa.Text), nullable=False, server_default="{}"),
         sa.Column("trigger_id", sa.Text, nullable=False),
@@ -33,10 +34,9 @@ def upgrade() -> None:
         sa.Column("trigger_outcome", sa.Text, nullable=False),
         sa.Column("status", sa.Text, nullable=False, server_default="pending"),
         sa.Column("owner", sa.BigInteger, nullable=True),
-        sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
-        sa.Column("error", sa.Text, nullable=True),
-        sa.Column("transaction_id", sa.Text, nullable=True),
-        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()),
+        counter("attempts"),
+        *texts("error", "transaction_id", nullable=True),
+        stamped(),
         sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
         sa.CheckConstraint("status IN ('pending', 'done', 'failed')", name="activedb_outbox_status"),
         sa.CheckConstraint("trigger_outcome IN ('committed', 'aborted')", name="activedb_outbox_outcome"),

@@ -8,6 +8,8 @@ applied twice.  Keyed by the query's stable name, so a new checkpoint of the sam
 import sqlalchemy as sa
 from alembic import op
 
+from activedb.migration_ops import batch_key, texts
+
 revision = "0006_ingested_events"
 down_revision = "0005_outbox"
 
@@ -15,10 +17,8 @@ down_revision = "0005_outbox"
 def upgrade() -> None:
     op.create_table(
         "activedb_ingested_events",
-        sa.Column("query_name", sa.Text, primary_key=True),
-        sa.Column("event_id", sa.Text, primary_key=True),
-        sa.Column("query_id", sa.Text, nullable=False),
-        sa.Column("batch_id", sa.BigInteger, nullable=False),
+        *texts("query_name", "event_id", primary_key=True),
+        *batch_key(),
     )
 
 

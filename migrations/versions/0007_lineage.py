@@ -15,7 +15,7 @@ What this revision installs (the design note is ``activedb/atomic/README.md``):
 
 The downgrade drops the three tables.
 """
-from alembic import op
+from activedb.migration_ops import sql_steps
 
 revision = "0007_lineage"
 down_revision = "0006_ingested_events"
@@ -59,10 +59,4 @@ DROP TABLE activedb_lineage_batches;
 DROP TABLE activedb_lineage;
 """
 
-
-def upgrade() -> None:
-    op.execute(UPGRADE)
-
-
-def downgrade() -> None:
-    op.execute(DOWNGRADE)
+upgrade, downgrade = sql_steps(UPGRADE, DOWNGRADE)

@@ -13,7 +13,7 @@ What this revision installs (the design note is ``spark_bridge/README.md``, "Ato
 
 The downgrade drops both tables.
 """
-from alembic import op
+from activedb.migration_ops import sql_steps
 
 revision = "0008_split_batches"
 down_revision = "0007_lineage"
@@ -47,10 +47,4 @@ DROP TABLE activedb_split_failures;
 DROP TABLE activedb_split_queries;
 """
 
-
-def upgrade() -> None:
-    op.execute(UPGRADE)
-
-
-def downgrade() -> None:
-    op.execute(DOWNGRADE)
+upgrade, downgrade = sql_steps(UPGRADE, DOWNGRADE)

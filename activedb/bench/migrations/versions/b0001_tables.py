@@ -2,24 +2,21 @@
 import sqlalchemy as sa
 from alembic import op
 
+from activedb.migration_ops import assigned_key, counter, drop_tables
+
 revision = "b0001"
 down_revision = None
 
 
 def upgrade() -> None:
-    op.create_table(
-        "bench_objects",
-        sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
-        sa.Column("value", sa.Integer, nullable=False, server_default="0"),
-    )
+    op.create_table("bench_objects", assigned_key(), counter("value"))
     op.create_table(
         "bench_rows",
-        sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+        assigned_key(),
         sa.Column("a", sa.Integer, nullable=True),
         sa.Column("b", sa.Text, nullable=True),
     )
 
 
 def downgrade() -> None:
-    op.drop_table("bench_rows")
-    op.drop_table("bench_objects")
+    drop_tables("bench_rows", "bench_objects")

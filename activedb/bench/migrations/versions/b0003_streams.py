@@ -8,26 +8,22 @@
 import sqlalchemy as sa
 from alembic import op
 
+from activedb.migration_ops import assigned_key, drop_tables, texts
+
 revision = "b0003"
 down_revision = "b0002"
 
 
 def upgrade() -> None:
-    op.create_table(
-        "bench_worker_status",
-        sa.Column("worker_id", sa.Text, primary_key=True),
-        sa.Column("status", sa.Text, nullable=False),
-    )
+    op.create_table("bench_worker_status", *texts("worker_id", primary_key=True), *texts("status"))
     op.create_table(
         "bench_stream_events",
-        sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
-        sa.Column("type", sa.Text, nullable=False),
-        sa.Column("worker", sa.Text, nullable=False),
+        assigned_key(),
+        *texts("type", "worker"),
         sa.Column("ts", sa.Float, nullable=False),
         sa.Column("room", sa.Text, nullable=True),
     )
 
 
 def downgrade() -> None:
-    op.drop_table("bench_stream_events")
-    op.drop_table("bench_worker_status")
+    drop_tables("bench_stream_events", "bench_worker_status")

@@ -7,6 +7,8 @@
 import sqlalchemy as sa
 from alembic import op
 
+from activedb.migration_ops import assigned_key, drop_tables, texts
+
 revision = "b0004"
 down_revision = "b0003"
 
@@ -14,8 +16,8 @@ down_revision = "b0003"
 def _orders(name: str) -> None:
     op.create_table(
         name,
-        sa.Column("id", sa.BigInteger, primary_key=True, autoincrement=False),
-        sa.Column("customer", sa.Text, nullable=False),
+        assigned_key("id", sa.BigInteger),
+        *texts("customer"),
         sa.Column("amount", sa.Numeric(12, 2), nullable=False),
         sa.Column("note", sa.Text, nullable=True),
     )
@@ -26,12 +28,10 @@ def upgrade() -> None:
     _orders("bench_capture_orders")
     op.create_table(
         "bench_capture_effects",
-        sa.Column("order_id", sa.BigInteger, primary_key=True, autoincrement=False),
+        assigned_key("order_id", sa.BigInteger),
         sa.Column("commit_position", sa.BigInteger, nullable=False),
     )
 
 
 def downgrade() -> None:
-    op.drop_table("bench_capture_effects")
-    op.drop_table("bench_capture_orders")
-    op.drop_table("bench_capture_plain")
+    drop_tables("bench_capture_effects", "bench_capture_orders", "bench_capture_plain")

@@ -4,6 +4,8 @@ peer's event table whose row trigger does the same upsert.
 import sqlalchemy as sa
 from alembic import op
 
+from activedb.migration_ops import assigned_key, drop_tables
+
 revision = "b0006"
 down_revision = "b0005"
 
@@ -11,7 +13,7 @@ down_revision = "b0005"
 def upgrade() -> None:
     op.create_table(
         "bench_counters",
-        sa.Column("key", sa.Integer, primary_key=True, autoincrement=False),
+        assigned_key("key"),
         sa.Column("n", sa.BigInteger, nullable=False),
     )
     op.create_table(
@@ -35,5 +37,4 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute("DROP TRIGGER bench_count_event ON bench_counter_events")
     op.execute("DROP FUNCTION bench_count_event()")
-    op.drop_table("bench_counter_events")
-    op.drop_table("bench_counters")
+    drop_tables("bench_counter_events", "bench_counters")

@@ -5,6 +5,7 @@ import sqlalchemy as sa
 from alembic import op
 
 from activedb.capture.migration_ops import disable_capture, enable_capture
+from activedb.migration_ops import assigned_key, drop_tables, identity_key, texts
 
 revision = "o0001"
 down_revision = None
@@ -13,15 +14,14 @@ down_revision = None
 def upgrade() -> None:
     op.create_table(
         "orders",
-        sa.Column("id", sa.BigInteger, primary_key=True, autoincrement=False),
-        sa.Column("customer", sa.Text, nullable=False),
+        assigned_key("id", sa.BigInteger),
+        *texts("customer"),
         sa.Column("amount", sa.Numeric(12, 2), nullable=False),
     )
     op.create_table(
         "order_log",
-        sa.Column("id", sa.BigInteger, sa.Identity(), primary_key=True),
-        sa.Column("rule", sa.Text, nullable=False),
-        sa.Column("kind", sa.Text, nullable=False),
+        identity_key(),
+        *texts("rule", "kind"),
         sa.Column("order_id", sa.BigInteger, nullable=True),
         sa.Column("commit_position", sa.BigInteger, nullable=True),
     )
@@ -30,5 +30,4 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     disable_capture(op, "orders")
-    op.drop_table("order_log")
-    op.drop_table("orders")
+    drop_tables("order_log", "orders")
