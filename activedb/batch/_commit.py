@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import enum
 import time
+from dataclasses import dataclass
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -92,25 +93,14 @@ class PendingBatch(CommitParticipant):
     observes a table it writes); ``seconds`` = time per phase of the last run."""
 
     def __init__(self, transactions: StateTransactions, batch: list[BatchEvent], declared: dict[int, Any],
-                 keys: dict[str, dict[Any, Any]], unbounded: set[str], *,
-                 strategy: str | Strategy, processes: int | None, split: str, dead_letters: str | None,
-                 query_id: str | None, batch_id: int | None,
-                 letters: Callable[[BatchResult], list[tuple[str, Any]]] | None,
-                 on_result: Callable[[BatchResult, sa.Connection], None] | None,
+                 keys: dict[str, dict[Any, Any]], unbounded: set[str], options: _Options,
                  ready: BatchResult | None = None) -> None:
         self.transactions = transactions
         self.batch = batch
         self._declared = declared
         self._keys = keys                 # table -> {declared key: normalised key tuple}
         self._unbounded = unbounded       # tables of ND operations without candidates
-        self._strategy = strategy
-        self._processes = processes
-        self._split = split
-        self._dead_letters = dead_letters
-        self._query_id = query_id
-        self._batch_id = batch_id
-        self._letters = letters
-        self._on_result = on_result
+        self._options = options
         self._ready = ready               # computed through the tree (a rule observes a table)
         self._result: BatchResult | None = ready
         self.mode = "through the tree" if ready is not None else "at commit"
@@ -148,21 +138,23 @@ class PendingBatch(CommitParticipant):
             started = time.perf_counter()
             base = self._lock_and_read(catalog, connection)
             seconds["lock_and_read"] = time.perf_counter() - started
+            options = self._options
             result = execute_batch(self.transactions, self.batch, base, loader=_OnDemand(catalog, connection),
-                                   declared=self._declared, strategy=self._strategy, processes=self._processes,
-                                   split=self._split)
+                                   declared=self._declared, strategy=options.strategy, processes=options.processes,
+                                   split=options.split)
             seconds.update(result.statistics.seconds)
             started = time.perf_counter()
             self.rows_written = _write_final(catalog, connection, result, self._keys)
             seconds["write"] = time.perf_counter() - started
         started = time.perf_counter()
-        if self._on_result is not None:
-            self._on_result(result, connection)
-        letters = self._letters(result) if self._letters is not None else [
+        options = self._options
+        if options.on_result is not None:
+            options.on_result(result, connection)
+        letters = options.letters(result) if options.letters is not None else [
             dead_letter(event, reason) for event, reason in result.dead_letters]
-        if self._dead_letters is not None and letters:
-            connection.execute(catalog.table(self._dead_letters).insert(),
-                               deadletters.table_rows(self._query_id, self._batch_id, letters))
+        if options.dead_letters is not None and letters:
+            connection.execute(catalog.table(options.dead_letters).insert(),
+                               deadletters.table_rows(options.query_id, options.batch_id, letters))
         seconds["dead_letters"] = time.perf_counter() - started
         transaction.info["batch"] = {"events": result.committed_count, "dead_letters": len(letters),
                                      "rows_written": self.rows_written, "mode": self.mode}
@@ -431,6 +423,20 @@ def _check_key_columns(info: Any, given: Any, values: Mapping[str, Any], key_row
 
 # --- applying ------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class _Options:
+    """The keyword arguments of :func:`apply_at_commit`: how the batch runs and where its dead letters go."""
+
+    strategy: str | Strategy
+    processes: int | None
+    split: str
+    dead_letters: str | None
+    query_id: str | None
+    batch_id: int | None
+    letters: Callable[[BatchResult], list[deadletters.Letter]] | None
+    on_result: Callable[[BatchResult, sa.Connection], None] | None
+
+
 def apply_at_commit(tx: Transaction, events: Iterable[Any], transactions: StateTransactions, *,
                     strategy: str | Strategy = AUTO, processes: int | None = None, split: str = "auto",
                     dead_letters: str | None = DEAD_LETTER_TABLE, query_id: str | None = None,
@@ -443,12 +449,12 @@ def apply_at_commit(tx: Transaction, events: Iterable[Any], transactions: StateT
     (``activedb.deadletters``) replaces the default ones (``dead_letter``); ``on_result(result, connection)`` is
     called inside the commit before the dead letters are inserted."""
     with _NoCyclicGc():
-        return _apply_at_commit(tx, events, transactions, strategy, processes, split, dead_letters, query_id, batch_id,
-                                letters, on_result)
+        return _apply_at_commit(tx, events, transactions, _Options(strategy, processes, split, dead_letters,
+                                                                   query_id, batch_id, letters, on_result))
 
 
-def _apply_at_commit(tx, events, transactions, strategy, processes, split, dead_letters, query_id, batch_id, letters,
-                     on_result) -> PendingBatch:
+def _apply_at_commit(tx: Transaction, events: Iterable[Any], transactions: StateTransactions,
+                     options: _Options) -> PendingBatch:
     tx_started = time.perf_counter()
     events = list(events)
     batch = normalise_events(events)
@@ -493,18 +499,15 @@ def _apply_at_commit(tx, events, transactions, strategy, processes, split, dead_
     extensions = tx.manager.extensions
     observed = sorted(table for table in written if extensions.any("wants_old_images", table))
     if observed:
-        result = apply_batch(tx, events, transactions, strategy=strategy, processes=processes, split=split)
+        result = apply_batch(tx, events, transactions, strategy=options.strategy, processes=options.processes,
+                             split=options.split)
         result.notes.append(f"ran through the transaction tree: {', '.join(observed)} observed by rules")
-        pending = PendingBatch(transactions, batch, declared, {}, set(), strategy=strategy, processes=processes,
-                               split=split, dead_letters=dead_letters, query_id=query_id, batch_id=batch_id,
-                               letters=letters, on_result=on_result, ready=result)
+        pending = PendingBatch(transactions, batch, declared, {}, set(), options, ready=result)
         tx.enlist(pending)
         return pending
     catalog = tx.manager.catalog
     keys = {table: _normalised_keys(catalog.table_info(table), given_keys) for table, given_keys in states.items()}
-    pending = PendingBatch(transactions, batch, declared, keys, unbounded, strategy=strategy,
-                           processes=processes, split=split, dead_letters=dead_letters, query_id=query_id,
-                           batch_id=batch_id, letters=letters, on_result=on_result)
+    pending = PendingBatch(transactions, batch, declared, keys, unbounded, options)
     pending.seconds["apply"] = time.perf_counter() - tx_started
     tx.enlist(pending)
     return pending

@@ -136,13 +136,11 @@ def decision_tree(inputs: TreeInputs, lines: BottomLines | None = None,
     lines = lines or BottomLines.for_batch(inputs.batch)
     reasons = []
     total = inputs.td + inputs.ld + inputs.pd
-    if total > lines.total and inputs.vdd < lines.vdd:
-        exploration = Exploration.BFS
-        reasons.append(f"BFS: TD+LD+PD {total:,.0f} > {lines.total:,.0f} and VDD {inputs.vdd:.2f} < {lines.vdd:g}")
-    else:
-        exploration = Exploration.NS
-        reasons.append(f"NS: TD+LD+PD {total:,.0f} (line {lines.total:,.0f}), VDD {inputs.vdd:.2f} "
-                       f"(line {lines.vdd:g})")
+    exploration = _choose(
+        reasons, total > lines.total and inputs.vdd < lines.vdd,
+        (Exploration.BFS, f"BFS: TD+LD+PD {total:,.0f} > {lines.total:,.0f} and VDD {inputs.vdd:.2f} < {lines.vdd:g}"),
+        (Exploration.NS, f"NS: TD+LD+PD {total:,.0f} (line {lines.total:,.0f}), VDD {inputs.vdd:.2f} "
+                         f"(line {lines.vdd:g})"))
     if inputs.td < lines.td or inputs.pd > lines.pd:
         granularity = Granularity.OPERATION
         reasons.append(f"OP: TD {inputs.td:,.0f} (line {lines.td:,.0f}), PD {inputs.pd:,.0f} (line {lines.pd:,.0f})")
@@ -152,14 +150,19 @@ def decision_tree(inputs: TreeInputs, lines: BottomLines | None = None,
     else:
         granularity = Granularity.KEY_GROUP
         reasons.append(f"OG: acyclic, TD {inputs.td:,.0f} >= {lines.td:,.0f}, PD {inputs.pd:,.0f} <= {lines.pd:,.0f}")
-    if inputs.complexity_high or inputs.abort_ratio < lines.abort_ratio:
-        abort = AbortMode.EAGER
-        reasons.append(f"_A (e-abort): abort ratio {inputs.abort_ratio:.2f} (line {lines.abort_ratio:g})"
-                       f"{', high complexity' if inputs.complexity_high else ''}")
-    else:
-        abort = AbortMode.LAZY
-        reasons.append(f"l-abort: abort ratio {inputs.abort_ratio:.2f} >= {lines.abort_ratio:g}, low complexity")
+    abort = _choose(
+        reasons, inputs.complexity_high or inputs.abort_ratio < lines.abort_ratio,
+        (AbortMode.EAGER, f"_A (e-abort): abort ratio {inputs.abort_ratio:.2f} (line {lines.abort_ratio:g})"
+                          f"{', high complexity' if inputs.complexity_high else ''}"),
+        (AbortMode.LAZY, f"l-abort: abort ratio {inputs.abort_ratio:.2f} >= {lines.abort_ratio:g}, low complexity"))
     return Strategy(exploration, granularity, abort), tuple(reasons)
+
+
+def _choose(reasons: list[str], condition: bool, chosen: tuple[Any, str], otherwise: tuple[Any, str]) -> Any:
+    """One step of a decision: ``chosen``'s value if ``condition`` else ``otherwise``'s, its reason appended."""
+    value, reason = chosen if condition else otherwise
+    reasons.append(reason)
+    return value
 
 
 def zipf_exponent(counts: Iterable[int]) -> float:
@@ -283,13 +286,11 @@ class DecisionModel:
         values = measure(tpg)
         reasons = []
         dependencies = values["td_per_op"] + values["pd_per_op"] + values["ld_per_op"]
-        if dependencies >= MIN_DEPENDENCIES_PER_OP and values["skew"] <= MAX_SKEW_FOR_STRUCTURED:
-            exploration = Exploration.BFS
-            reasons.append(f"s-explore: {dependencies:.2f} dependencies/op >= {MIN_DEPENDENCIES_PER_OP} and "
-                           f"skew {values['skew']:.1f} <= {MAX_SKEW_FOR_STRUCTURED}")
-        else:
-            exploration = Exploration.NS
-            reasons.append(f"ns-explore: {dependencies:.2f} dependencies/op, skew {values['skew']:.1f}")
+        exploration = _choose(
+            reasons, dependencies >= MIN_DEPENDENCIES_PER_OP and values["skew"] <= MAX_SKEW_FOR_STRUCTURED,
+            (Exploration.BFS, f"s-explore: {dependencies:.2f} dependencies/op >= {MIN_DEPENDENCIES_PER_OP} and "
+                              f"skew {values['skew']:.1f} <= {MAX_SKEW_FOR_STRUCTURED}"),
+            (Exploration.NS, f"ns-explore: {dependencies:.2f} dependencies/op, skew {values['skew']:.1f}"))
         cyclic = None
         if values["td_per_op"] >= MIN_TD_PER_OP and values["pd_per_op"] <= MAX_PD_PER_OP:
             cyclic = has_group_cycle(tpg)
@@ -304,13 +305,11 @@ class DecisionModel:
             granularity = Granularity.OPERATION
             reasons.append(f"f-schedule: TD/op {values['td_per_op']:.2f}, PD/op {values['pd_per_op']:.2f}")
         cheap = self.seconds_per_op is None or self.seconds_per_op <= MAX_CHEAP_OP_SECONDS
-        if cheap and self.abort_ratio >= MIN_ABORT_RATIO_FOR_LAZY:
-            abort = AbortMode.LAZY
-            reasons.append(f"l-abort: observed abort ratio {self.abort_ratio:.2f}, cheap operations")
-        else:
-            abort = AbortMode.EAGER
-            cost = "unknown" if self.seconds_per_op is None else f"{self.seconds_per_op * 1e6:.1f} us"
-            reasons.append(f"e-abort: observed abort ratio {self.abort_ratio:.2f}, {cost}/op")
+        cost = "unknown" if self.seconds_per_op is None else f"{self.seconds_per_op * 1e6:.1f} us"
+        abort = _choose(
+            reasons, cheap and self.abort_ratio >= MIN_ABORT_RATIO_FOR_LAZY,
+            (AbortMode.LAZY, f"l-abort: observed abort ratio {self.abort_ratio:.2f}, cheap operations"),
+            (AbortMode.EAGER, f"e-abort: observed abort ratio {self.abort_ratio:.2f}, {cost}/op"))
         return Decision(Strategy(exploration, granularity, abort), self._properties(values, cyclic),
                         self.abort_ratio, self.seconds_per_op, tuple(reasons))
 

@@ -70,10 +70,6 @@ class OpKind(enum.Enum):
         return self in _WRITING
 
     @property
-    def non_deterministic(self) -> bool:
-        return self in (OpKind.ND_READ, OpKind.ND_WRITE)
-
-    @property
     def windowed(self) -> bool:
         return self in (OpKind.WINDOW_READ, OpKind.WINDOW_WRITE)
 

@@ -25,6 +25,7 @@ import sys
 import threading
 from pathlib import Path
 from types import ModuleType
+from typing import Any, Callable
 
 import click
 
@@ -123,26 +124,23 @@ def status_command(ctx: click.Context, as_json: bool, behind_changes: int, behin
         console.print(f"[yellow]warning:[/yellow] {line}", highlight=False)
 
 
-@capture_group.command("enable")
-@click.argument("tables", nargs=-1, required=True)
-@click.pass_context
-def enable_command(ctx: click.Context, tables: tuple[str, ...]) -> None:
-    """Capture TABLES (better: enable_capture(op, table) in the application's migration)."""
-    with _connect(ctx) as database:
-        for table in tables:
-            database.capture(table)
-            click.echo(f"capturing {table}")
+def _tables_command(name: str, help_text: str, change: Callable[[Any, str], None], done: str) -> click.Command:
+    """``activedb capture NAME TABLES...``: ``change(db.capture, table)`` for each table, saying ``done``."""
+    @capture_group.command(name, help=help_text)
+    @click.argument("tables", nargs=-1, required=True)
+    @click.pass_context
+    def command(ctx: click.Context, tables: tuple[str, ...]) -> None:
+        with _connect(ctx) as database:
+            for table in tables:
+                change(database.capture, table)
+                click.echo(f"{done} {table}")
+    return command
 
 
-@capture_group.command("disable")
-@click.argument("tables", nargs=-1, required=True)
-@click.pass_context
-def disable_command(ctx: click.Context, tables: tuple[str, ...]) -> None:
-    """Stop capturing TABLES (their changes not yet consumed are dropped)."""
-    with _connect(ctx) as database:
-        for table in tables:
-            database.capture.remove(table)
-            click.echo(f"no longer capturing {table}")
+enable_command = _tables_command("enable", "Capture TABLES (better: enable_capture(op, table) in the application's "
+                                 "migration).", lambda capture, table: capture(table), "capturing")
+disable_command = _tables_command("disable", "Stop capturing TABLES (their changes not yet consumed are dropped).",
+                                  lambda capture, table: capture.remove(table), "no longer capturing")
 
 
 @capture_group.command("consume")

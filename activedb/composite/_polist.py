@@ -25,6 +25,7 @@ Not thread-safe by themselves: used under ``CompositionEngine._mutex``.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from activedb.events import LocalClock, Order, Timestamp, local_order
@@ -33,17 +34,16 @@ EXACT_CLOCK = LocalClock()
 from activedb.streams import StreamEvent
 
 
+@dataclass(eq=False, slots=True)
 class Item:
     """An event in a node's lists.  ``number`` is its arrival number (identity only — never used to order);
-    ``processed`` marks, in recent consumption, an event whose own composition was decided."""
+    ``processed`` marks, in recent consumption, an event whose own composition was decided.  Items compare
+    by identity."""
 
-    __slots__ = ("event", "ts", "number", "processed")
-
-    def __init__(self, event: StreamEvent, ts: Timestamp, number: int):
-        self.event = event
-        self.ts = ts
-        self.number = number
-        self.processed = False
+    event: StreamEvent
+    ts: Timestamp
+    number: int
+    processed: bool = False
 
     @property
     def producer(self) -> str:
