@@ -1,15 +1,10 @@
-"""Connected components of a batch and their execution in worker processes.
+"""The worker processes a split batch runs its parts in, and the union-find step the router uses.
 
-Two state transactions interact only through states they both touch, so union-find over the
-states each transaction touches (own rows, parameter rows, window sources, ND candidates; an
-ND operation without candidates touches its whole table) splits a batch into independent
-components — transfers included, whatever the hash of their keys.  Components are packed
-into bins (largest first onto the lightest bin); bin 0 runs in the calling process (it gets
-every component that needs the caller's loader: unbounded ND operations), the others in
-worker processes of a ``forkserver`` (else ``spawn``) pool — never ``fork``, which is unsafe
-once threads exist.  A worker re-declares its events (declaring functions are pickled by
-reference), plans and executes its part with the same strategy, and returns outcomes and
-final versions.  Timestamps are the batch's, so windows and reasons are unchanged.
+The router (``_route.py``) splits a batch into connected components and packs them into bins; bin 0
+runs in the calling process, the others in worker processes of a ``forkserver`` (else ``spawn``) pool —
+never ``fork``, which is unsafe once threads exist.  A worker re-declares its events (declaring
+functions are pickled by reference), plans and executes its part with the same strategy, and returns
+outcomes and final versions.  Timestamps are the batch's, so windows and reasons are unchanged.
 
 Thread-safety: :class:`WorkerPool` is used by one batch at a time (its owner's rule).
 """
@@ -20,7 +15,7 @@ import concurrent.futures
 import multiprocessing
 from typing import Any, Callable
 
-__all__ = ["WorkerPool", "bins_of", "components_of", "find_root"]
+__all__ = ["WorkerPool", "find_root"]
 
 
 def find_root(parent, item):
@@ -31,48 +26,6 @@ def find_root(parent, item):
     while parent[item] != root:
         parent[item], item = root, parent[item]
     return root
-
-
-def components_of(touched: list[list[Any]]) -> list[list[int]]:
-    """``touched[i]`` = the states transaction ``i`` touches; returns the transaction indices of
-    each connected component, each in ascending order, components by their first index."""
-    parent: dict[Any, Any] = {}
-    for states in touched:
-        first = None
-        for state in states:
-            if state not in parent:
-                parent[state] = state
-            if first is None:
-                first = find_root(parent, state)
-            else:
-                other = find_root(parent, state)
-                if other != first:
-                    parent[other] = first
-    groups: dict[Any, list[int]] = {}
-    for index, states in enumerate(touched):
-        root = find_root(parent, states[0]) if states else ("#alone", index)
-        groups.setdefault(root, []).append(index)
-    return sorted(groups.values(), key=lambda members: members[0])
-
-
-def bins_of(components: list[list[int]], weights: list[int], count: int, pinned: set[int]) -> list[list[int]]:
-    """Pack components (by total weight) into ``count`` bins: components containing a
-    ``pinned`` transaction first, into bin 0; then the others heaviest first onto the lightest
-    bin.  Returns the transaction
-    indices per bin, ascending."""
-    loads = [0] * count
-    bins: list[list[int]] = [[] for _ in range(count)]
-    pinned_first = sorted(components, key=lambda members: (not any(index in pinned for index in members),
-                                                           -sum(weights[index] for index in members)))
-    for members in pinned_first:
-        weight = sum(weights[index] for index in members)
-        if any(index in pinned for index in members):
-            target = 0
-        else:
-            target = min(range(count), key=lambda number: loads[number])
-        loads[target] += weight
-        bins[target].extend(members)
-    return [sorted(members) for members in bins]
 
 
 def _context():

@@ -189,8 +189,8 @@ def _compile_unite(pairs: tuple[tuple[str, Source, Any], ...]):
         else:
             lines.append(f"    for key in _flat_keys(payload[name{number}]):")
             lines.append(_JOIN.format(indent="        ", i=index).rstrip("\n"))
-    lines.insert(1, "    " + ", ".join(f"ids{index}" for index in range(len(tables))) + (", = ids" if len(tables) == 1
-                                                                                           else " = ids"))
+    if tables:             # a plan may name no table (events that touch only unbounded tables, or none)
+        lines.insert(1, "    " + ", ".join(f"ids{index}" for index in range(len(tables))) + ", = ids")
     lines.append("    return first")
     exec("\n".join(lines) + "\n", namespace)   # noqa: S102 - fixed fragments and numbers only
     return namespace["unite"], tuple(tables)

@@ -83,23 +83,17 @@ def newest(items: Sequence[Item]) -> list[Item]:
         return []
     highest_lower = max(item.ts.interval.lower for item in items)
     candidates = [item for item in items if item.ts.interval.upper >= highest_lower]
-    return [item for item in candidates if not _locally_followed(item, items)]
+    return [item for item in candidates if not _locally_preceded(item, items, followed=True)]
 
 
-def _locally_preceded(item: Item, items: Sequence[Item]) -> bool:
+def _locally_preceded(item: Item, items: Sequence[Item], *, followed: bool = False) -> bool:
+    """Some other item of ``items`` from the same producer is local-before ``item`` (``followed``: after it)."""
     ts = item.ts
     if ts.local is None:
         return False
     return any(other is not item and other.ts.producer == ts.producer and other.ts.local is not None
-               and local_order(other.ts, ts) is Order.BEFORE for other in items)
-
-
-def _locally_followed(item: Item, items: Sequence[Item]) -> bool:
-    ts = item.ts
-    if ts.local is None:
-        return False
-    return any(other is not item and other.ts.producer == ts.producer and other.ts.local is not None
-               and local_order(ts, other.ts) is Order.BEFORE for other in items)
+               and (local_order(ts, other.ts) if followed else local_order(other.ts, ts)) is Order.BEFORE
+               for other in items)
 
 
 def oldest_following(items: Iterable[Item], anchor: Item) -> list[Item]:

@@ -5,17 +5,34 @@ from __future__ import annotations
 
 from activedb import batch
 from activedb.batch import workloads
-from activedb.batch._parallel import bins_of, components_of
+from activedb.batch._route import Router, route
 
 
 def test_components_follow_shared_states_including_multi_key_transactions():
+    transactions = batch.StateTransactions("components")
+
+    @transactions.on("touch")
+    def touch(event, ops):
+        for table, key in event.payload["states"]:
+            ops.write(table, key, lambda own: own)
+        if event.payload.get("any_row_of"):       # an ND read without candidates: any row of the table
+            ops.read_any(event.payload["any_row_of"], lambda: 0)
+
     touched = [[("a", 1), ("a", 2)],      # a transfer 1 -> 2
                [("a", 3)],
                [("a", 2), ("b", 9)],      # joins 1, 2 and b9
                [("b", 9)],
                [("a", 4), ("a", 3)]]
-    assert components_of(touched) == [[0, 2, 3], [1, 4]]
-    assert bins_of([[0, 2, 3], [1, 4]], [1, 1, 1, 1, 1], 2, pinned={4}) == [[1, 4], [0, 2, 3]]
+    def routed(pinned: int | None = None):
+        events = [{"type": "touch", "key": index, "payload": {"states": states}} for index, states in enumerate(touched)]
+        if pinned is not None:       # an ND read without candidates: any row of "c"; its component runs in bin 0
+            events[pinned]["payload"]["any_row_of"] = "c"
+        return route(Router(), transactions.declare, batch.normalise_events(events), 2)
+
+    assert routed().components == 2
+    assert routed().bins == [[0, 2, 3], [1, 4]]             # the heavier component onto bin 0
+    assert routed(pinned=4).bins == [[1, 4], [0, 2, 3]]
+    assert routed(pinned=4).unbounded == [{"c"}, set()]
 
 
 def test_local_declarations_fall_back_to_this_process_with_a_note():
