@@ -263,16 +263,13 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], limit: int, as
     from rich.table import Table
 
     out = console()
-    table = Table(title="detached rule firings (activedb_outbox)")
-    for column in ("rule", "pending", "done", "failed"):
-        table.add_column(column)
+    table = Table("rule", "pending", "done", "failed", title="detached rule firings (activedb_outbox)")
     for rule, counts in sorted(statistics.per_rule.items()):
         table.add_row(rule, *(f"{counts.get(status, 0):,}" for status in ("pending", "done", "failed")))
     out.print(table)
     if failures:
-        failed = Table(title="failed firings (activedb outbox --retry [ID ...] runs them again)")
-        for column in ("id", "rule", "trigger", "event", "attempts", "error"):
-            failed.add_column(column)
+        failed = Table("id", "rule", "trigger", "event", "attempts", "error",
+                       title="failed firings (activedb outbox --retry [ID ...] runs them again)")
         for failure in failures:
             failed.add_row(str(failure.id), failure.rule, f"{failure.trigger} ({failure.trigger_outcome})",
                            failure.event, str(failure.attempts), failure.error)

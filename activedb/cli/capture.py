@@ -93,18 +93,14 @@ def status_command(ctx: click.Context, as_json: bool, behind_changes: int, behin
         console.print("no table is captured (db.capture(table), or enable_capture(op, table) in a migration)",
                       highlight=False)
     else:
-        tables = Table(title="captured tables (activedb_capture_tables)")
-        for column in ("table", "since", "trigger"):
-            tables.add_column(column)
+        tables = Table("table", "since", "trigger", title="captured tables (activedb_capture_tables)")
         for table in status.tables:
             tables.add_row(table.name, table.enabled_at.isoformat(timespec="seconds"),
                            "yes" if table.trigger_installed else "MISSING")
         console.print(tables)
-    backlog = Table(title=f"backlog ({status.retained_changes:,} changes retained, latest commit position "
-                          f"{status.latest_position})")
-    for column in ("consumer", "position", "handled", "failed", "table", "pending changes", "transactions",
-                   "oldest pending", "state"):
-        backlog.add_column(column)
+    backlog = Table("consumer", "position", "handled", "failed", "table", "pending changes", "transactions",
+                    "oldest pending", "state", title=f"backlog ({status.retained_changes:,} changes retained, "
+                                                     f"latest commit position {status.latest_position})")
     for consumer in status.consumers:
         position = f"{consumer.position.commit}/{consumer.position.change_id}"
         state = "BEHIND" if consumer.behind else "FAILURES" if consumer.failed else "ok"

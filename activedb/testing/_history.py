@@ -28,6 +28,12 @@ class HistoryReport:
 
 
 def check_history(ops: Iterable[HistoryOp]) -> HistoryReport:
+    """Conflict serializability of the committed top-level transactions (their precedence graph is acyclic)
+    and the ACTA axioms of Concurrent Rule Execution §3.3.1 that apply to parallel nested transactions:
+    (1) a parent commits only after all its children ended; (2) a committed child's operations are
+    delegated to its parent — the write set a top-level transaction flushed is exactly the composition, in
+    order, of the writes of its transactions whose every ancestor committed; (3) an aborted transaction's
+    operations are all undone (none reaches a flush); (4) the abort of a parent aborts its active children."""
     ops = sorted(ops, key=lambda op: op.sequence)
     report = HistoryReport()
     parent_of: dict[str, str | None] = {}
