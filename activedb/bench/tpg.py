@@ -10,7 +10,7 @@ with C = 0 (the engine's own cost).  In one run, on the same machine and Postgre
    serial reference — transactions per CPU second of this process (less disturbed by other work
    than wall time), ratio against the serial reference;
 2. **end to end** (one top-level transaction per batch, committed), every path on the same
-   rows, interleaved and repeated (best of ``repeat``): **today's per-event nested path** (each
+   rows, interleaved and repeated (best of ``repeat``): **the per-event nested path** (each
    event in its own subtransaction, ``emit`` firing one immediate rule,
    ``rule_execution="inline"``, the same logic with ``tx.read``/``tx.write`` — as
    ``spark_bridge``'s sink runs a batch), the **plain write path** (every event written as one
@@ -131,7 +131,7 @@ NESTED_RULES = {"deposit": nested_deposit, "transfer": nested_transfer, "grep_su
 
 
 def _nested_run(database, events: list[dict], prefetch: dict[str, list]) -> tuple[float, int, dict]:
-    """Today's path: one subtransaction per event, its immediate rule inside (as the sink).
+    """The per-event nested path: one subtransaction per event, its immediate rule inside (as the sink).
     Returns (seconds, failed events, seconds per phase: prefetch, events, commit)."""
     started = time.perf_counter()
     failed = 0
