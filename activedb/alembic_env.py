@@ -8,19 +8,28 @@ can be just::
 
 Online mode uses the connection activedb passes (``db.upgrade_app(path)``) or,
 when run by the ``alembic`` tool, ``sqlalchemy.url`` / ``ACTIVEDB_DATABASE_URL``
-/ the embedded server.  Offline mode (``alembic upgrade --sql``) prints SQL.
+/ the embedded server.  Offline mode (``alembic upgrade --sql``) prints SQL and
+contacts no database.  activedb's own environment (``migrations/env.py``) is this
+one too, with its version table, a transaction per revision and Alembic's logging.
 """
 
 from __future__ import annotations
 
 import os
+from logging.config import fileConfig
 
 
-def run_env(version_table: str = "alembic_version", target_metadata=None) -> None:
+def run_env(version_table: str = "alembic_version", target_metadata=None, *,
+            transaction_per_migration: bool = False, configure_logging: bool = False) -> None:
+    """Run the revisions, online or offline.  ``configure_logging``: apply the logging sections of the
+    ``.ini`` file (unless the caller set ``config.attributes["configure_logging"] = False``, as activedb
+    does when it drives Alembic)."""
     from alembic import context
     from sqlalchemy import create_engine, pool
 
     config = context.config
+    if configure_logging and config.config_file_name is not None and config.attributes.get("configure_logging", True):
+        fileConfig(config.config_file_name, disable_existing_loggers=False)
 
     def url() -> str:
         configured = config.get_main_option("sqlalchemy.url") or os.environ.get("ACTIVEDB_DATABASE_URL")
@@ -35,13 +44,14 @@ def run_env(version_table: str = "alembic_version", target_metadata=None) -> Non
         with context.begin_transaction():
             context.run_migrations()
 
-    if context.is_offline_mode():
-        configure_and_run(url=url(), literal_binds=True, dialect_opts={"paramstyle": "named"})
+    if context.is_offline_mode():     # the URL only names the dialect: no server is started or contacted
+        configure_and_run(url=config.get_main_option("sqlalchemy.url") or "postgresql+psycopg://",
+                          literal_binds=True, dialect_opts={"paramstyle": "named"}, transactional_ddl=True)
         return
     connection = config.attributes.get("connection")
     if connection is not None:
-        configure_and_run(connection=connection)
+        configure_and_run(connection=connection, transaction_per_migration=transaction_per_migration)
         return
     engine = create_engine(url(), poolclass=pool.NullPool)
     with engine.connect() as owned:
-        configure_and_run(connection=owned)
+        configure_and_run(connection=owned, transaction_per_migration=transaction_per_migration)
