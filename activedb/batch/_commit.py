@@ -1,48 +1,15 @@
 """Execute at commit: a batch run inside the top-level transaction's one PostgreSQL transaction.
 
-:func:`apply_at_commit` is the fast store path.  Instead of loading every row into the
-transaction tree (a lock-manager request and a relied-on image per row, a write-set entry per
-row, then a flush that re-reads every relied-on row ``FOR SHARE`` to validate it), the batch
-becomes a :class:`~activedb.CommitParticipant` whose ``write(tx, connection)`` — inside the
-flush's PostgreSQL transaction — does the whole batch against PostgreSQL's own row locks:
-
-1. lock and read every declared row: per table (in name order) one ``SELECT … WHERE key =
-   ANY(:keys) ORDER BY key FOR UPDATE`` (a deterministic lock order, so two batches cannot
-   deadlock on each other's rows);
-2. run the batch on those images (the lean executor, or the strategy asked for; rows no
-   declaration or route plan named are read on demand the same way, after a table lock);
-3. write the final state with one statement per table and kind (INSERT / UPDATE of the changed
-   columns / DELETE), insert the dead letters, call ``on_result`` (e.g. to set the counts of an
-   ingestion-ledger row written next).
-
-Why this is serializable without validating anything: every row the batch reads or writes is
-locked ``FOR UPDATE`` from its read to COMMIT, and the images are read after the locks are
-granted (PostgreSQL returns the latest committed version of a row it locks), so the batch is
-ordered after every transaction that committed a change to those rows and before every one that
-changes them later — strict two-phase locking on rows.  Another process's flush that read one of
-these rows validates it ``FOR SHARE`` and waits for the lock, then sees the batch's change and
-conflicts; a plain writer waits.  What a row lock cannot hold is a row's *absence*: when some
-declared rows of a table do not exist, the batch locks that table ``IN SHARE ROW EXCLUSIVE MODE``
-(it blocks every writer of the table, no reader) and reads those rows again — rows committed
-meanwhile are found and locked, the others stay absent until the batch commits.  Two-phase
-locking again, at table granularity for the absences only; the flush stays at READ COMMITTED.
-A deadlock between these locks and another writer's is PostgreSQL's to find (SQLSTATE 40P01):
-the flush retries, and ``write`` runs again from the start.
-
-What this path cannot do: raise data events into the tree (it writes below it).  So when an
-extension observes a table the batch writes (``db.rules.observes(table)``: a rule would fire on
-its changes), :func:`apply_at_commit` runs the batch at once through the tree instead
-(:func:`~activedb.batch._store.apply_batch`: ``read_many``/``write_many``), and the rules fire as
-always; the returned :class:`PendingBatch` is the same either way.  The rows the batch writes
-at commit must not also be written through the tree by the same transaction (its write set is
-applied after the participants and would overwrite them).
-
-Participants write in enlistment order: a participant that needs the batch's result inside
-the commit (an ingestion ledger counting the batch's events) is enlisted *after*
-``apply_at_commit`` (``tx.enlist(ledger)``), or updates its row in ``on_result``.  The result of
-a deferred batch exists once the commit wrote it: ``pending.result`` after the ``with`` block.
-If PostgreSQL makes the flush retry (serialization failure, deadlock), ``write`` runs again from
-the start on a fresh connection: the batch is run again on the rows as they are then.
+:func:`apply_at_commit` enlists the batch as a :class:`PendingBatch`, a commit participant whose
+``write(tx, connection)`` — inside the flush's PostgreSQL transaction — locks and reads every declared
+row ``FOR UPDATE`` (tables by name, keys ascending; a table with absent declared rows also ``IN SHARE ROW
+EXCLUSIVE MODE``, then those rows again), runs the batch on those images (rows nobody declared are read on
+demand the same way), writes the final rows with one statement per table and kind, calls ``on_result``
+and inserts the dead letters.  When a rule observes a table the batch writes, the batch runs at once
+through the tree instead (:func:`~activedb.batch._store.apply_batch`); the returned :class:`PendingBatch`
+is the same either way.  Why this is serializable, what a retried flush does, and in which order
+participants write: the package README, "Running a batch in the store" and "Why at-commit is
+serializable".
 
 Thread-safety: a :class:`PendingBatch` belongs to one transaction; its state is read by the
 transaction's thread (and by whoever reads ``result`` after the commit).

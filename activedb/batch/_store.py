@@ -1,25 +1,12 @@
-"""The store integration: one batch inside a top-level transaction, through the public API.
-
-:func:`apply_batch` is what a caller that owns the transaction (the Spark sink, a user) runs:
-
-1. declare every event (rejected events are returned, not raised);
-2. ``tx.read_many(table, keys, lock="write")`` once per table for every declared row (own,
-   parameter, window source, ND candidate): WRITE locks and the images in one query;
-3. execute the TPG in memory (this process, or components over worker processes);
-4. write each touched row's **final** version once: ``tx.write_many(table, {key: changed
-   columns or None})`` — one write-set entry per key, whatever the number of versions the
-   batch made, with the data events rules observing the table react to;
-5. return the :class:`BatchResult`: aborted transactions with their reasons are the
-   caller's dead letters, so the batch's state, its dead letters and (with
-   ``db.transaction(batch=...)``) the ingestion-ledger row commit in one PostgreSQL
-   transaction.
-
-Rows are WRITE-locked when they are read (step 2): two concurrent batches on shared rows
-queue on the first shared row instead of deadlocking on a READ→WRITE upgrade.  Rows a
-non-deterministic operation without candidates computes at run time are read with ``tx.read``
-when first needed (so such batches run in this process).  This path writes through the
-transaction tree, so rules observing the written tables fire; :func:`apply_at_commit`
-(``_commit.py``) is the faster path for batches no rule observes.
+"""The store integration through the transaction tree: :func:`apply_batch` runs one batch inside a
+top-level transaction the caller owns — ``tx.read_many(table, keys, lock="write")`` of every declared row
+(WRITE locks when read: two batches on shared rows queue instead of deadlocking on an upgrade), the batch
+in memory (rows an ND operation without candidates computes read with ``tx.read`` when first needed),
+``tx.write_many`` of each touched row's final version, with the data events rules observing the table
+react to — and returns the :class:`BatchResult`, whose dead letters the caller stores in the same
+transaction; :func:`run_batch` wraps it in a transaction of its own.  :func:`apply_at_commit`
+(``_commit.py``) is the faster path for batches no rule observes; the package README, "Running a batch
+in the store", compares them.
 """
 
 from __future__ import annotations
