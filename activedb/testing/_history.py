@@ -57,24 +57,16 @@ def check_history(ops: Iterable[HistoryOp]) -> HistoryReport:
             yield parent
             parent = parent_of.get(parent)
 
-    # Axiom 1: children end before the parent commits.
+    # Axiom 1: children end before the parent commits.  Axiom 4: no descendant commits after an ancestor
+    # aborted; active ones end aborted.
     for tid, (kind, sequence) in ended.items():
-        if kind != "commit":
-            continue
         for child in children.get(tid, []):
             child_end = ended.get(child)
-            if child_end is None or child_end[1] > sequence:
+            if kind == "commit" and (child_end is None or child_end[1] > sequence):
                 report.violations.append(f"{tid} committed (#{sequence}) before its child {child} ended")
-
-    # Axiom 4: no descendant commits after an ancestor aborted; active ones end aborted.
-    for tid, (kind, sequence) in ended.items():
-        if kind != "abort":
-            continue
-        for child in children.get(tid, []):
-            child_end = ended.get(child)
-            if child_end is None:
+            elif kind == "abort" and child_end is None:
                 report.violations.append(f"{child} never ended although its parent {tid} aborted")
-            elif child_end[0] == "commit" and child_end[1] > sequence:
+            elif kind == "abort" and child_end[0] == "commit" and child_end[1] > sequence:
                 report.violations.append(f"{child} committed after its parent {tid} aborted")
 
     # Axioms 2 and 3: the flushed write set is the composition of the effective writes.
