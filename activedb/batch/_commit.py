@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import enum
 import time
-from dataclasses import dataclass
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
