@@ -8,7 +8,7 @@ the smallest complete instance of the bridge's exactly-once protocol:
    with ``ON CONFLICT DO NOTHING``; if the row already existed the batch was committed
    before (Spark re-runs the last planned batch with the same id after a restart), so
    nothing else is written; otherwise the rows go in with ``COPY`` (Arrow writes the
-   CSV, vectorised) or ``executemany``;
+   CSV, vectorised) or ``executemany`` (optionally ``INSERT … ON CONFLICT …``: an upsert);
 3. commit. A crash anywhere before the commit leaves neither the rows nor the ledger row.
 
 Inserting the ledger row *first* also makes a concurrent duplicate (two drivers on one
@@ -78,6 +78,8 @@ class PlainWriteSink:
     ``ledger_values`` adds constant columns to the ledger row (for example
     ``{"transaction_id": "plain-write"}`` for activedb's ledger) and
     ``ledger_count_column`` names a column to receive the batch's row count.
+    ``on_conflict`` (``method="executemany"`` only): the text after ``ON CONFLICT`` of each row's
+    ``INSERT``, e.g. ``"(key) DO UPDATE SET n = counters.n + EXCLUDED.n"`` — the rows become upserts.
     ``query_id`` defaults to the streaming query's id, read inside each batch.
     ``on_phase(phase, batch_id)`` is a seam for crash tests: called with ``"written"``
     inside the transaction just before it commits, and with ``"committed"`` (or
@@ -99,9 +101,12 @@ class PlainWriteSink:
         ledger_values: Mapping[str, Any] | None = None,
         ledger_count_column: str | None = None,
         on_phase: Callable[[str, int], None] | None = None,
+        on_conflict: str | None = None,
     ) -> None:
         if method not in _METHODS:
             raise SparkBridgeError(f"method must be one of {_METHODS}, got {method!r}")
+        if on_conflict is not None and method != "executemany":
+            raise SparkBridgeError("on_conflict= needs method='executemany' (COPY cannot upsert)")
         self._conninfo = psycopg_conninfo(dsn)
         self._table = table
         self._columns = None if columns is None else tuple(columns)
@@ -111,6 +116,7 @@ class PlainWriteSink:
         self._ledger_values = dict(ledger_values or {})
         self._ledger_count_column = ledger_count_column
         self._on_phase = on_phase
+        self._on_conflict = on_conflict
         # self._mutex protects the connection and every counter below.
         self._mutex = threading.Lock()
         self._connection: Any = None
@@ -236,10 +242,11 @@ class PlainWriteSink:
             with cursor.copy(statement) as copy:
                 copy.write(buffer.getbuffer())
             return
-        statement = sql.SQL("INSERT INTO {table} ({columns}) VALUES ({values})").format(
+        statement = sql.SQL("INSERT INTO {table} ({columns}) VALUES ({values}){upsert}").format(
             table=target,
             columns=column_list,
             values=sql.SQL(", ").join(sql.Placeholder() for _ in table.schema.names),
+            upsert=sql.SQL("") if self._on_conflict is None else sql.SQL(" ON CONFLICT " + self._on_conflict),
         )
         rows = list(zip(*(column.to_pylist() for column in table.columns)))
         cursor.executemany(statement, rows)

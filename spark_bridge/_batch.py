@@ -51,8 +51,7 @@ class SinkContext:
         """The batch's valid events (sorted by application time) and the dead letters of the rest: rows
         ``rows_to_events`` rejects (or of a type not in ``accepted``; None: any), events older than
         ``watermark`` (Spark's lateness rule; if ``late_rows_are_dead_letters``) and duplicate ids."""
-        with no_cyclic_gc():        # 100k new events at once: the collector would rescan them repeatedly
-            good, bad = rows_to_events(rows, self.mapping, accepted)
+        good, bad = rows_to_events(rows, self.mapping, accepted)
         letters = dead.rejected(bad)
         if watermark is not None and late_rows_are_dead_letters:
             on_time = [event for event in good if event.ts >= watermark]
@@ -88,13 +87,21 @@ class SinkContext:
 
 @contextlib.contextmanager
 def no_cyclic_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector while a batch's events run.  Every event leaves records that
-    live until the batch's tree ends (the lock manager keeps a committed subtransaction's record while
-    its tree runs), so the collector would scan a set that only grows, again and again: 12-15 µs of CPU
-    per event with one immediate rule, a fifth of the engine's time.  Pausing it changes no peak
-    memory (those records are alive anyway); what becomes garbage when the tree ends is collected once
-    the collector runs again.  (The pause is process-wide: detached rules running meanwhile run without
-    it too; acyclic objects are still freed at once by reference counting.)"""
+    """Pause the cyclic garbage collector for one batch — validation, the events, the commit and its
+    flush — and collect the youngest generation once after it.
+
+    Every event leaves records that live until the batch's tree ends (the lock manager keeps a committed
+    subtransaction's record while its tree runs; the outbox keeps every detached-family firing until the
+    flush), so a collector running inside the batch scans a set that only grows, again and again, and
+    promotes it to the older generations, where freeing it later takes a full collection.  Paused until
+    the tree has ended, the batch's objects are all in the youngest generation: the one collection after
+    it frees what the tree left in reference cycles and scans nothing older.  Measured on the hand-hygiene
+    app (10k events per batch, process CPU per event, detached rules included): 252 µs with the pause
+    around the events only, 205 µs with it around the whole batch, 290 µs without any.  Peak memory grows
+    only by the garbage of the batch's own aborted attempts (at most ``batch_attempts``); the rest is
+    alive until the tree ends anyway.  The pause is process-wide: detached rules running meanwhile run
+    without it too (acyclic objects are still freed at once by reference counting).  A caller that
+    disabled the collector itself keeps it disabled and gets no collection."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -102,3 +109,4 @@ def no_cyclic_gc() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+            gc.collect(0)

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from activedb.deadletters import Letter
 
-from spark_bridge._batch import SinkContext
+from spark_bridge._batch import SinkContext, no_cyclic_gc
 from spark_bridge._failures import find_culprits, is_poison_failure, trial
 from spark_bridge._ledger import IngestionLedger, batch_committed
 from spark_bridge._letters import BatchLetters
@@ -137,49 +137,50 @@ def run_batch(context: SinkContext, handler: BatchHandler, rows: Any, batch_id: 
     if batch_committed(context.db, query_id, batch_id):
         return book.skipped(query_id, batch_id, row_count, watermark, timings, began)
 
-    started = time.perf_counter()
-    good: list[RawEvent] = []
-    letters: list[Letter] = []
-    dead = BatchLetters(context.db, rows, query_id, batch_id)
-    if handler.validates_rows:
-        good, letters = context.validate(rows, dead, watermark, context.accepted_types(handler),
-                                         handler.late_rows_are_dead_letters)
-    timings = timings + PhaseTimings(validate=time.perf_counter() - started)
-
-    batch = BatchInput(
-        rows=rows, events=tuple(good), letters=tuple(letters), query_id=query_id, query_name=context.query_name,
-        batch_id=batch_id, watermark=watermark, dead_letters=dead)
-    attempt = 0
-    while True:
-        attempt += 1
+    with no_cyclic_gc():    # until the tree has ended, then one young collection (_batch.no_cyclic_gc)
         started = time.perf_counter()
-        ledger = IngestionLedger(context.db, query_id, batch_id, on_flush=book.flush_reached)
-        ledger.watermark = watermark
-        if context.mapping.id_column is not None:
-            ledger.query_name = context.event_ids_under
-            ledger.event_ids = [event.event_id for event in batch.events]
-        try:
-            with context.db.transaction(name=f"ingest:{context.query_name}", participants=list(participants)) as tx:
-                # Re-run until it commits: an aborted attempt is no outcome for the detached rules it fired.
-                context.db.outbox.mark_replayed(tx)
-                handler.handle(tx, batch, ledger)
-                tx.enlist(ledger)        # last: a participant the handler enlisted writes the counts first
-                exit_began = time.perf_counter()
-        except BatchAlreadyCommitted:
-            return book.skipped(query_id, batch_id, row_count, watermark, timings, began)
-        except SerializationConflict:
-            if attempt >= context.batch_attempts:
-                raise
-            logger.info("batch %s of %s conflicted with another process; re-running it (%d of %d)",
-                        batch_id, query_id, attempt + 1, context.batch_attempts)
-            continue
-        except Exception as failure:
-            if not (handler.searches_poison and is_poison_failure(failure)):
-                raise
-            batch = _without_culprits(context, handler, batch, failure)
-            attempt -= 1       # not a conflict: the batch gets its attempts again
-            continue
-        break
+        good: list[RawEvent] = []
+        letters: list[Letter] = []
+        dead = BatchLetters(context.db, rows, query_id, batch_id)
+        if handler.validates_rows:
+            good, letters = context.validate(rows, dead, watermark, context.accepted_types(handler),
+                                             handler.late_rows_are_dead_letters)
+        timings = timings + PhaseTimings(validate=time.perf_counter() - started)
+
+        batch = BatchInput(
+            rows=rows, events=tuple(good), letters=tuple(letters), query_id=query_id, query_name=context.query_name,
+            batch_id=batch_id, watermark=watermark, dead_letters=dead)
+        attempt = 0
+        while True:
+            attempt += 1
+            started = time.perf_counter()
+            ledger = IngestionLedger(context.db, query_id, batch_id, on_flush=book.flush_reached)
+            ledger.watermark = watermark
+            if context.mapping.id_column is not None:
+                ledger.query_name = context.event_ids_under
+                ledger.event_ids = [event.event_id for event in batch.events]
+            try:
+                with context.db.transaction(name=f"ingest:{context.query_name}", participants=list(participants)) as tx:
+                    # Re-run until it commits: an aborted attempt is no outcome for the detached rules it fired.
+                    context.db.outbox.mark_replayed(tx)
+                    handler.handle(tx, batch, ledger)
+                    tx.enlist(ledger)        # last: a participant the handler enlisted writes the counts first
+                    exit_began = time.perf_counter()
+            except BatchAlreadyCommitted:
+                return book.skipped(query_id, batch_id, row_count, watermark, timings, began)
+            except SerializationConflict:
+                if attempt >= context.batch_attempts:
+                    raise
+                logger.info("batch %s of %s conflicted with another process; re-running it (%d of %d)",
+                            batch_id, query_id, attempt + 1, context.batch_attempts)
+                continue
+            except Exception as failure:
+                if not (handler.searches_poison and is_poison_failure(failure)):
+                    raise
+                batch = _without_culprits(context, handler, batch, failure)
+                attempt -= 1       # not a conflict: the batch gets its attempts again
+                continue
+            break
     ended = time.perf_counter()
     flush_began = ledger.flush_began or ended
     timings = timings + PhaseTimings(engine=exit_began - started, commit=max(0.0, flush_began - exit_began),

@@ -40,7 +40,8 @@ class PhaseTimings:
     ``commit``: the top-level commit up to its flush (top-level deferred rules, waiting
     for children);
     ``flush``: the engine's PostgreSQL transaction (validation, ledger row, write set,
-    transaction log, commit) and the lock release after it.
+    transaction log, commit), the lock release after it and the one collection of the batch's
+    garbage (``_batch.no_cyclic_gc``).
     """
 
     to_arrow: float = 0.0

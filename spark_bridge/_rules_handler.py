@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 from activedb import TxnState
 
-from spark_bridge._batch import no_cyclic_gc
 from spark_bridge._failures import conflict_in, is_deadlock, is_infrastructure_failure, rejection_reason
 from spark_bridge._handler import BatchHandler, BatchInput
 from spark_bridge._ledger import IngestionLedger
@@ -60,13 +59,12 @@ class RulesHandler(BatchHandler):
         self._prefetch_rows(tx, batch.events)
         applied = 0
         failed: list[tuple[RawEvent, str]] = []
-        with no_cyclic_gc():
-            for event in batch.events:
-                reason = self._apply_event(tx, event)
-                if reason is None:
-                    applied += 1
-                else:
-                    failed.append((event, reason))
+        for event in batch.events:     # run_batch has paused the cyclic collector (_batch.no_cyclic_gc)
+            reason = self._apply_event(tx, event)
+            if reason is None:
+                applied += 1
+            else:
+                failed.append((event, reason))
         letters = list(batch.letters) + batch.dead_letters.for_events(failed)
         if failed and ledger.query_name is not None:   # the ids of the events applied: a rejected one may come again
             refused = {id(event) for event, _ in failed}

@@ -97,3 +97,19 @@ def test_a_failed_batch_leaves_neither_rows_nor_ledger_row(conninfo):
 def test_a_query_id_is_required(conninfo):
     with pytest.raises(SparkBridgeError, match="query_id"):
         PlainWriteSink(conninfo, "plain_rows", ledger_table="plain_ledger").write_batch(_table(1), 0)
+
+
+def test_executemany_with_on_conflict_upserts_each_row_once_per_batch(conninfo):
+    with psycopg.connect(conninfo, autocommit=True) as connection:
+        connection.execute("CREATE TABLE plain_counters (key int PRIMARY KEY, n bigint NOT NULL)")
+    sink = PlainWriteSink(conninfo, "plain_counters", ledger_table="plain_ledger", query_id="q-upsert",
+                          method="executemany", ledger_values={"transaction_id": "plain-write"},
+                          on_conflict="(key) DO UPDATE SET n = plain_counters.n + EXCLUDED.n")
+    batch = pa.table({"key": pa.array([1, 2, 1, 1], pa.int32()), "n": pa.array([1] * 4, pa.int64())})
+    assert sink.write_batch(batch, 0) is True and sink.write_batch(batch, 1) is True
+    assert sink.write_batch(batch, 1) is False      # a replayed batch adds nothing
+    sink.close()
+    with psycopg.connect(conninfo) as connection:
+        assert connection.execute("SELECT key, n FROM plain_counters ORDER BY key").fetchall() == [(1, 6), (2, 2)]
+    with pytest.raises(SparkBridgeError, match="COPY cannot upsert"):
+        PlainWriteSink(conninfo, "plain_counters", on_conflict="(key) DO NOTHING")

@@ -15,6 +15,11 @@ def test_ingest_benchmark_quick(spark, database_url, monkeypatch):
     report = run(quick=True)
     assert isinstance(report, BenchReport)
     names = [row.name for row in report.rows]
+    counter_peers = ["PL/pgSQL counter trigger (COPY)", "psycopg executemany ON CONFLICT"]
+    one_rule = [name for label in ("threads", "inline", "inline, scale-out 2 partitions") for name in (
+        f"1,000 events/batch: one immediate rule per event ({label})",
+        *(f"1,000 events/batch: one-rule counter upsert ({label}) vs the {name}" for name in counter_peers),
+        *(["1,000 events/batch: engine cost per event, one immediate rule (inline)"] if label == "inline" else []))]
     assert names == [
         "1,000 events/batch: plain write (COPY, no rules)",
         "1,000 events/batch: PL/pgSQL row triggers (COPY, the peer)",
@@ -22,14 +27,24 @@ def test_ingest_benchmark_quick(spark, database_url, monkeypatch):
         "1,000 events/batch: hand-hygiene rules vs plain write",
         "1,000 events/batch: hand-hygiene rules vs the goal",
         "1,000 events/batch: hand-hygiene end to end, detached effects included",
-        "1,000 events/batch: one immediate rule per event (threads)",
-        "1,000 events/batch: one immediate rule per event (inline)",
-        "1,000 events/batch: engine cost per event, one immediate rule (inline)",
-        "1,000 events/batch: one immediate rule per event (inline, scale-out 2 partitions)",
+        *(f"1,000 events/batch: {name}, the one-rule peer" for name in counter_peers),
+        *one_rule,
     ]
-    plain, peer, versus_peer, versus_plain, versus_goal, end_to_end, threads, inline, engine_cost, scale_out = \
-        report.rows
+    rows = {row.name: row for row in report.rows}
+    plain, peer, versus_peer, versus_plain, versus_goal, end_to_end = report.rows[:6]
+    trigger, executemany = (rows[f"1,000 events/batch: {name}, the one-rule peer"] for name in counter_peers)
+    threads, inline, scale_out = (rows[f"1,000 events/batch: one immediate rule per event ({label})"]
+                                  for label in ("threads", "inline", "inline, scale-out 2 partitions"))
+    engine_cost = rows["1,000 events/batch: engine cost per event, one immediate rule (inline)"]
     minimal = [threads, inline, scale_out]
+    # The one-rule counter upsert: its two peers and every rule run leave the same counters.
+    assert trigger.value > 0 and executemany.value > 0
+    assert all(row.extra["same_counters_as_the_trigger"] is True for row in [trigger, executemany, *minimal])
+    for label, row in zip(("threads", "inline", "inline, scale-out 2 partitions"), minimal):
+        for peer_row, peer_name in zip((trigger, executemany), counter_peers):
+            versus = rows[f"1,000 events/batch: one-rule counter upsert ({label}) vs the {peer_name}"]
+            assert versus.baseline == peer_row.value and versus.ratio == row.value / peer_row.value
+            assert versus.met == (versus.ratio >= 1.0)
     # The engine's own time per event of the inline run, against the core redesign's goal.
     assert engine_cost.unit == "µs/event" and engine_cost.value == pytest.approx(inline.extra["engine_us_per_event"],
                                                                                 abs=0.1)

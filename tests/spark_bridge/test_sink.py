@@ -4,6 +4,7 @@ one top-level transaction with its ledger row, exactly once, on real PostgreSQL.
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import threading
 
 import pyarrow as pa
@@ -220,6 +221,45 @@ def test_a_handler_of_ones_own_gets_ledger_dead_letters_conflict_reruns_and_repl
     assert ledger(database) == [("own@x", 4, 1, 2)]
     assert not sink.process(rows, 4, query_id="own@x").committed and handler.attempts == 2
     assert sink.known_types() == frozenset({"add"})
+
+
+class CollectorWatch(Writer):
+    """A ``Writer`` that notes whether the cyclic garbage collector runs while it handles the batch and
+    while the batch's transaction flushes (a commit participant it enlists)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: dict[str, bool] = {}
+        watch = self
+
+        class Flush(activedb.CommitParticipant):
+            def about_to_commit(self, transaction, connection) -> None:
+                watch.seen["flush"] = gc.isenabled()
+
+        self.participant = Flush()
+
+    def handle(self, tx, batch, ledger) -> None:
+        self.seen["handle"] = gc.isenabled()
+        tx.enlist(self.participant)
+        super().handle(tx, batch, ledger)
+
+
+@pytest.mark.parametrize("collector_on", [True, False])
+def test_the_collector_is_paused_for_the_whole_batch_and_left_as_the_caller_had_it(database, collector_on):
+    """Paused from validation to the end of the commit (the batch's records live until its tree ends);
+    afterwards enabled again, unless the caller had disabled it."""
+    handler = CollectorWatch()
+    sink = IngestSink(database, app_counters.MAPPING, query_name="gc", handler=handler, known_types={"add"})
+    was = gc.isenabled()
+    (gc.enable if collector_on else gc.disable)()
+    try:
+        outcome = sink.process([_event(1, "a", amount=2), _event(2, "b", amount=4)], 0, query_id="gc@x")
+        after = gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert (outcome.committed, outcome.events) == (True, 2)
+    assert handler.seen == {"handle": False, "flush": False}
+    assert after is collector_on
 
 
 def test_ingest_options_are_checked_in_one_place_before_spark_is_touched():
