@@ -91,8 +91,12 @@ def flush(root: "Transaction") -> None:
 def _write_all(root, connection, infos, writes, reads, scans, participants, locked, *, held: bool) -> None:
     """Every step of the flush inside ``connection``'s open transaction (the module docstring's 2–5)."""
     catalog = root.manager.catalog
+    # Rows read and then written are locked FOR UPDATE at the validation, like rows read for update: two
+    # flushes of such a row queue there (the second sees the first's commit and fails its check at once)
+    # instead of both taking FOR SHARE and deadlocking when both UPDATE it (PostgreSQL's detector only
+    # breaks that after deadlock_timeout).
     _validate(root, connection, infos, {row: image for row, image in reads.items() if not (held and row in locked)},
-              scans, locked)
+              scans, locked | (reads.keys() & writes.keys()))
     _check_generated_keys(catalog, connection, infos, writes, root.began_at)
     for participant in participants:
         participant.write(root, connection)

@@ -6,7 +6,10 @@
 * across two engines (two lock managers: two processes, as far as PostgreSQL can tell) the row lock taken
   at the read orders them in PostgreSQL: the second waits (observed in ``pg_locks``) and reads the first's
   result — no validation failure, no re-run;
-* a tree that also scans flushes at SERIALIZABLE (its held locks are let go and taken again at the flush).
+* a tree that also scans flushes at SERIALIZABLE (its held locks are let go and taken again at the flush);
+* across two engines, plain read-then-write flushes of one row queue at the validation (the row locked
+  ``FOR UPDATE``, not ``FOR SHARE``): the second fails its check when the first commits and is re-run,
+  instead of both passing it and deadlocking in PostgreSQL when both UPDATE the row.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import sqlalchemy as sa
 
 import activedb
 from activedb import testing
+from activedb.txn import CommitParticipant
 from tests._tables import balances, refill
 
 TIMEOUT = 30
@@ -163,3 +167,58 @@ def test_db_run_learns_update_intent_from_a_read_then_write_that_deadlocked(db):
         third.join(TIMEOUT)
     assert "UPDATE" in {mode.name for mode in held.values()}, held
     assert balances(db)[1] == 3                             # no update lost
+
+
+class _PausedAfterValidation(CommitParticipant):
+    """Pauses the flush after its validation (``write`` is the step after it), until released."""
+
+    def __init__(self):
+        self.reached, self.release = threading.Event(), threading.Event()
+
+    def write(self, transaction, connection):
+        self.reached.set()
+        assert self.release.wait(TIMEOUT)
+
+
+def test_across_engines_plain_read_then_write_flushes_queue_at_the_validation(db, database_url):
+    other = activedb.connect(database_url)
+    try:
+        first, second = _PausedAfterValidation(), _PausedAfterValidation()
+        second.release.set()
+        attempts = []
+
+        def increment(tx, participant):
+            attempts.append(participant)
+            row = tx.read("accounts", 1)                    # plain: validated at the flush
+            tx.enlist(participant)
+            tx.write("accounts", 1, balance=row["balance"] + 1)
+
+        def waiting_for_a_row_lock() -> bool:
+            with db.engine.connect() as connection:
+                return connection.execute(sa.text(
+                    "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype IN ('transactionid', 'tuple')"
+                )).scalar() > 0
+
+        errors = []
+
+        def run(database, participant):
+            try:
+                database.run(increment, participant, retries=5)
+            except BaseException as error:                  # reported below with what was seen
+                errors.append(error)
+
+        with testing.Watchdog(60, db.transactions.locks):
+            one = threading.Thread(target=run, args=(db, first))
+            one.start()
+            assert first.reached.wait(TIMEOUT)              # validated (row locked), not yet written
+            two = threading.Thread(target=run, args=(other, second))
+            two.start()
+            testing.wait_until(waiting_for_a_row_lock, TIMEOUT, "the other engine's flush waiting for the row")
+            assert not second.reached.is_set(), "the second flush passed its validation while the first held the row"
+            first.release.set()
+            one.join(TIMEOUT), two.join(TIMEOUT)
+        assert errors == []
+        assert attempts == [first, second, second]          # the second failed its check once and was re-run
+        assert balances(db)[1] == 2                         # no update lost
+    finally:
+        other.close()
