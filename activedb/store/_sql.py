@@ -101,6 +101,50 @@ def fetch_rows(connection: sa.Connection, info: TableInfo, keys: Iterable[Key], 
     return found
 
 
+def lock_row(connection: sa.Connection, info: TableInfo, key: Key, *, lock_timeout: str) -> dict | None:
+    """The committed image of row ``key`` locked ``FOR UPDATE`` in ``connection``'s transaction (None: no row),
+    the lock wait bounded by ``lock_timeout`` (``set_config('lock_timeout', …, true)`` is evaluated by the scan,
+    before the row is locked: no round trip of its own).
+
+    The statement goes to the driver directly (it is on the path of every read for update, where SQLAlchemy's
+    execution costs more than the driver's); the image is the one ``fetch_rows`` returns — each column's
+    value through its type's result processor, as SQLAlchemy applies it.  Errors reach the caller as
+    SQLAlchemy's exceptions, as from ``connection.execute``."""
+    dialect = connection.dialect
+    statement = info.cached(("lock_row", lock_timeout), lambda: _lock_row_statement(dialect, info, lock_timeout))
+    processors = info.driver_processors(dialect)
+    parameters = tuple(value if processors.get(name) is None else processors[name](value)
+                       for name, value in zip(info.key_columns, key))
+    driver = connection.connection.driver_connection
+    try:
+        cursor = driver.execute(statement, parameters)
+        row = cursor.fetchone()
+    except driver.Error as error:
+        raise sa.exc.DBAPIError.instance(statement, parameters, error, driver.Error) from None
+    if row is None:
+        return None
+    readers = info.cached(("lock_row:readers", tuple(column.type_code for column in cursor.description)),
+                          lambda: _result_processors(dialect, info, cursor.description))
+    return {name: value if reader is None else reader(value) for (name, reader), value in zip(readers, row)}
+
+
+def _lock_row_statement(dialect: sa.Dialect, info: TableInfo, lock_timeout: str) -> str:
+    preparer = dialect.identifier_preparer
+    table = preparer.format_table(info.table).replace("%", "%%")
+    columns = ", ".join(preparer.quote(name).replace("%", "%%") for name in info.columns)
+    match = " AND ".join(f"{preparer.quote(name).replace('%', '%%')} = %s" for name in info.key_columns)
+    timeout = lock_timeout.replace("'", "''").replace("%", "%%")
+    return (f"SELECT {columns} FROM {table} WHERE {match} "
+            f"AND set_config('lock_timeout', '{timeout}', true) IS NOT NULL FOR UPDATE")
+
+
+def _result_processors(dialect: sa.Dialect, info: TableInfo, description) -> tuple[tuple[str, Any], ...]:
+    """Per selected column (in ``info.columns`` order), its name and SQLAlchemy's result processor of its type
+    for the driver's type code, or None."""
+    return tuple((name, column.type.dialect_impl(dialect).result_processor(dialect, described.type_code))
+                 for (name, column), described in zip(info.columns.items(), description))
+
+
 def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
                     writes: Mapping[tuple[str, Key], Entry], *, along: tuple[str, tuple] | None = None) -> int:
     """Apply a merged write set with one batched statement per (table, kind, columns).

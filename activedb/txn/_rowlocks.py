@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 
 from activedb.errors import Failure, SerializationConflict, classify
+from activedb.store import lock_row
 from activedb.txn._participants import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -41,16 +42,8 @@ LOCK_TIMEOUT = "10s"
 
 
 def _locked_row(connection: sa.Connection, info: "TableInfo", key: "Key") -> dict | None:
-    """``SELECT … FOR UPDATE`` of one row, bounding the lock wait (``set_config('lock_timeout', …, true)`` is
-    evaluated by the scan, before the row is locked: no extra round trip for a ``SET LOCAL``)."""
-    statement = info.cached("rowlocks:select", lambda: (
-        sa.select(info.table)
-        .where(*[info.table.c[name] == sa.bindparam(f"k_{name}") for name in info.key_columns])
-        .where(sa.func.set_config("lock_timeout", LOCK_TIMEOUT, True).isnot(None))
-        .with_for_update()))
-    row = connection.execute(statement, {f"k_{name}": value for name, value in zip(info.key_columns, key)}
-                             ).mappings().first()
-    return dict(row) if row is not None else None
+    """``SELECT … FOR UPDATE`` of one row, bounding the lock wait (:func:`activedb.store.lock_row`)."""
+    return lock_row(connection, info, key, lock_timeout=LOCK_TIMEOUT)
 
 
 class _Slot:
@@ -107,7 +100,7 @@ class RowLocks(CommitParticipant):
     def _open(self) -> None:
         """Caller holds ``_mutex``."""
         catalog = self._root.manager.catalog
-        connection = catalog.engine.connect().execution_options(isolation_level="READ COMMITTED")
+        connection = catalog.connect("READ COMMITTED")
         self._transaction = connection.begin()
         self.connection = connection
 
