@@ -101,10 +101,14 @@ def fetch_rows(connection: sa.Connection, info: TableInfo, keys: Iterable[Key], 
     return found
 
 
-def lock_row(connection: sa.Connection, info: TableInfo, key: Key, *, lock_timeout: str) -> dict | None:
+def lock_row(connection: sa.Connection, info: TableInfo, key: Key, *, lock_timeout: str,
+             begin: str | None = None) -> dict | None:
     """The committed image of row ``key`` locked ``FOR UPDATE`` in ``connection``'s transaction (None: no row),
     the lock wait bounded by ``lock_timeout`` (``set_config('lock_timeout', …, true)`` is evaluated by the scan,
-    before the row is locked: no round trip of its own).
+    before the row is locked: no round trip of its own).  ``begin`` (an isolation level; the connection in
+    autocommit, no transaction open): open the transaction in the same round trip — ``BEGIN …; SELECT …`` as
+    one query, its parameters bound by the driver on the client (a query of several statements cannot take
+    server-side parameters); the transaction stays open (a ``BEGIN`` outlives its query string).
 
     The statement goes to the driver directly (it is on the path of every read for update, where SQLAlchemy's
     execution costs more than the driver's); the image is the one ``fetch_rows`` returns — each column's
@@ -117,7 +121,17 @@ def lock_row(connection: sa.Connection, info: TableInfo, key: Key, *, lock_timeo
                        for name, value in zip(info.key_columns, key))
     driver = connection.connection.driver_connection
     try:
-        cursor = driver.execute(statement, parameters)
+        if begin is None:
+            cursor = driver.execute(statement, parameters)
+        else:
+            from psycopg import ClientCursor
+
+            if begin not in _ISOLATION_LEVELS:
+                raise ValueError(f"lock_row(begin={begin!r}): use one of {', '.join(_ISOLATION_LEVELS)}")
+            statement = f"BEGIN ISOLATION LEVEL {begin}; {statement}"
+            cursor = ClientCursor(driver)
+            cursor.execute(statement, parameters)
+            cursor.nextset()                        # past BEGIN's result, to the row's
         row = cursor.fetchone()
     except driver.Error as error:
         raise sa.exc.DBAPIError.instance(statement, parameters, error, driver.Error) from None
@@ -126,6 +140,9 @@ def lock_row(connection: sa.Connection, info: TableInfo, key: Key, *, lock_timeo
     readers = info.cached(("lock_row:readers", tuple(column.type_code for column in cursor.description)),
                           lambda: _result_processors(dialect, info, cursor.description))
     return {name: value if reader is None else reader(value) for (name, reader), value in zip(readers, row)}
+
+
+_ISOLATION_LEVELS = ("READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE")
 
 
 def _lock_row_statement(dialect: sa.Dialect, info: TableInfo, lock_timeout: str) -> str:

@@ -4,7 +4,8 @@ Steps (see ``_participants.py`` for the participants' side):
 
 1. ``before_flush`` of every enlisted participant;
 2. open one PostgreSQL transaction and **validate**: every committed image the tree relied on
-   (``root._db_reads``) is re-read ``FOR SHARE`` and compared; every scan is re-run ``FOR SHARE`` and
+   (``root._db_reads``) is re-read ``FOR SHARE`` (``FOR UPDATE`` if the tree read it for update or also
+   writes it) and compared; every scan is re-run ``FOR SHARE`` and
    compared.  A difference means another process committed in between: :class:`SerializationConflict`, nothing written.
    Generated keys the tree inserts are checked against their sequences (a ``TRUNCATE … RESTART
    IDENTITY`` since they were drawn would hand them out again): ``GeneratedKeysReset``, nothing written;
@@ -18,7 +19,9 @@ trees are ordered by the lock manager (strict two-phase locking across whole tre
 lock until its flush is over).  Against other processes, the flush re-reads every relied-on row ``FOR
 SHARE`` and the write set's rows are locked by its own UPDATE/INSERT/DELETE, so from step 2 to COMMIT the
 flush holds row locks on everything the tree read or wrote and has checked that what it read is still the
-committed version: that is two-phase locking on rows at commit time (optimistic validation, then locks),
+committed version: that is two-phase locking on rows at commit time (optimistic validation, then locks;
+a row the tree also writes is locked ``FOR UPDATE`` at the validation — the lock its write would take
+later, taken earlier, so two flushes of it queue instead of both holding ``FOR SHARE`` and deadlocking),
 which orders it after every transaction whose effect it saw and before every one that changes a row it
 read.  What row locks cannot protect is the absence of rows: a tree that read a row as absent, or scanned
 a table (a predicate), locks those tables ``IN SHARE ROW EXCLUSIVE MODE`` before it validates (writers
