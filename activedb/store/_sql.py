@@ -7,11 +7,12 @@ Every function takes the connection it runs on; none opens one, commits or retri
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import decimal
 import math
 import operator
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import sqlalchemy as sa
 
@@ -163,7 +164,8 @@ def _result_processors(dialect: sa.Dialect, info: TableInfo, description) -> tup
 
 
 def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
-                    writes: Mapping[tuple[str, Key], Entry], *, along: tuple[str, tuple] | None = None) -> int:
+                    writes: Mapping[tuple[str, Key], Entry], *, along: tuple[str, tuple] | None = None,
+                    commit: bool = False) -> int:
     """Apply a merged write set with one batched statement per (table, kind, columns).
 
     A PATCH that names every required column is an ``INSERT ... ON CONFLICT DO UPDATE``.
@@ -179,6 +181,11 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
     ``along`` (driver SQL with ``%s`` parameters, and its parameters) is one more data-modifying statement
     for the same transaction, e.g. the caller's log row: it rides in the last statement as a ``WITH``
     clause (no round trip of its own) when that statement is sent once, else it is sent after it.
+
+    ``commit=True`` (the connection in autocommit at the driver, inside a transaction it opened itself, e.g.
+    with :func:`lock_row`'s ``begin``): the transaction ends with a ``COMMIT`` sent in the same round trip
+    as the last statement (a driver pipeline) — the caller must have nothing left to write; an error of
+    either, the COMMIT's included, is SQLAlchemy's exception as ever and nothing is committed.
     """
     deletes: dict[str, list[tuple]] = {}
     # Rows as (key, values) pairs grouped by table and the columns they name (besides the key).
@@ -237,25 +244,47 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
         for (table_name, columns), pairs in groups.items():
             info = infos[table_name]
             plan.append((info, kind, *_as_tuples(info, columns, pairs)))
-    _run(connection, plan, along)
+    _run(connection, plan, along, commit=commit)
     return len(writes)
 
 
 def _run(connection: sa.Connection, plan: list[tuple[TableInfo, str, tuple[str, ...], list[tuple]]],
-         along: tuple[str, tuple] | None) -> None:
-    """Send the statements of ``plan`` in order, then ``along`` (folded into the last one if it can be)."""
+         along: tuple[str, tuple] | None, *, commit: bool = False) -> None:
+    """Send the statements of ``plan`` in order, then ``along`` (folded into the last one if it can be);
+    ``commit``: then COMMIT, in the same round trip as the last of them."""
+    if not plan:
+        with _then_commit(connection, commit):
+            if along is not None:
+                connection.exec_driver_sql(*along)
+        return
     for number, (info, kind, order, rows) in enumerate(plan, 1):
-        last = along if number == len(plan) else None
+        final = number == len(plan)
+        last = along if final else None
         try:
-            folded = _send(connection, info, kind, order, rows, along=last)
+            with _then_commit(connection, commit and final):
+                folded = _send(connection, info, kind, order, rows, along=last)
+                if last is not None and not folded:
+                    connection.exec_driver_sql(*last)
         except sa.exc.IntegrityError as error:
             if kind == "insert":
                 _raise_insert_error(info.name, error)
             raise
-        if last is not None and not folded:
-            connection.exec_driver_sql(*last)
-    if along is not None and not plan:
-        connection.exec_driver_sql(*along)
+
+
+@contextlib.contextmanager
+def _then_commit(connection: sa.Connection, commit: bool) -> Iterator[None]:
+    """If ``commit``: the statements sent in the block, then ``COMMIT``, in one driver pipeline (one round
+    trip); the driver's errors (raised when the pipeline syncs) become SQLAlchemy's."""
+    if not commit:
+        yield
+        return
+    driver = connection.connection.driver_connection
+    try:
+        with driver.pipeline():
+            yield
+            driver.execute("COMMIT")
+    except driver.Error as error:
+        raise sa.exc.DBAPIError.instance("COMMIT", None, error, driver.Error) from None
 
 
 def _raise_insert_error(table_name: str, error: sa.exc.IntegrityError) -> None:

@@ -222,3 +222,50 @@ def test_across_engines_plain_read_then_write_flushes_queue_at_the_validation(db
         assert balances(db)[1] == 2                         # no update lost
     finally:
         other.close()
+
+
+def _logged(db, log_id: str) -> bool:
+    with db.engine.connect() as connection:
+        return connection.execute(sa.text("SELECT count(*) FROM activedb_transaction_log WHERE transaction_id = :id"),
+                                  {"id": log_id}).scalar() == 1
+
+
+def test_a_flush_in_the_held_transaction_that_fails_at_its_last_statement_writes_nothing_and_lets_the_row_go(db):
+    """The held flush sends its COMMIT with its last statement (one round trip): a refusal of that statement
+    — another process inserted the row this tree inserts — is the same ``DuplicateKey``, nothing is
+    committed (the earlier statement of the write set neither), and the row lock is gone."""
+    with pytest.raises(activedb.DuplicateKey):
+        with db.transaction() as tx:
+            row = tx.read("accounts", 1, for_update=True)
+            tx.write("accounts", 1, balance=row["balance"] + 7)
+            tx.insert("accounts", id=3, balance=1)           # absent now ...
+            with db.engine.begin() as other:                 # ... and inserted by another client meanwhile
+                other.execute(sa.text("INSERT INTO accounts (id, balance) VALUES (3, 99)"))
+            log_id = tx.log_id
+    assert balances(db) == {1: 0, 2: 0, 3: 99}
+    assert not _logged(db, log_id)
+    with db.transaction() as tx:                             # nobody holds row 1 any more
+        row = tx.read("accounts", 1, for_update=True)
+        tx.write("accounts", 1, balance=row["balance"] + 1)
+    assert balances(db)[1] == 1
+
+
+class _SeesItsCommitAhead(CommitParticipant):
+    """Writes at ``about_to_commit`` (the step before COMMIT) and notes whether the tree was committed then."""
+
+    def __init__(self, db):
+        self.db, self.committed_before = db, None
+
+    def about_to_commit(self, transaction, connection):
+        self.committed_before = _logged(self.db, transaction.log_id)
+        connection.execute(sa.text("UPDATE accounts SET balance = balance + 100 WHERE id = 2"))
+
+
+def test_a_participant_writing_at_about_to_commit_writes_before_the_held_transaction_commits(db):
+    participant = _SeesItsCommitAhead(db)
+    with db.transaction(participants=[participant]) as tx:
+        row = tx.read("accounts", 1, for_update=True)
+        tx.write("accounts", 1, balance=row["balance"] + 1)
+        log_id = tx.log_id
+    assert participant.committed_before is False
+    assert _logged(db, log_id) and balances(db) == {1: 1, 2: 100}
