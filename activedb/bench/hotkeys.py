@@ -8,9 +8,10 @@ Workload: ``THREADS`` threads increment ``COUNTERS`` counters (rows of ``bench_o
   lock in the lock manager, the row locked ``FOR UPDATE`` in PostgreSQL on the tree's connection, the
   flush in that transaction;
 * **activedb, plain read** — ``tx.read`` then ``tx.write`` (what an application wrote before the update
-  lock existed): both readers convert to WRITE and one is a deadlock victim (or, across processes, fails
-  validation), re-run by ``db.run`` — which learns from that failure to read the table for update in
-  every later run of the function (the first failures of each process are the price).
+  lock existed): both readers convert to WRITE and one is a deadlock victim (or, across processes, the
+  later flush waits for the earlier one at its validation — the row locked ``FOR UPDATE`` there — and
+  fails its check), re-run by ``db.run`` — which learns from that failure to read the table for update
+  in every later run of the function (the first failures of each process are the price).
 
 Each runs for ``seconds`` in one process, then again in ``PROCESSES`` processes (each with ``THREADS``
 threads; started, then released together through their stdin), measuring commits/s, re-runs and
@@ -51,6 +52,9 @@ def _reset(url: str) -> None:
         connection.execute("DELETE FROM bench_objects WHERE id <= %s", (COUNTERS,))
         connection.execute("INSERT INTO bench_objects (id, value) SELECT n, 0 FROM generate_series(1, %s) AS n",
                            (COUNTERS,))
+        # Every run starts from the same table: without it the dead versions the runs before left behind (tens
+        # of thousands of updates of four rows) are still there, and each later mode pays for the earlier ones.
+        connection.execute("VACUUM bench_objects")
 
 
 def _total(url: str) -> int:

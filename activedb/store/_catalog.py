@@ -46,6 +46,7 @@ class Catalog:
         self._key_history: dict[str, collections.deque] = {}
         # sequence -> when a draw found it reset (transactions that began before may hold stale keys)
         self._reset_at: dict[str, datetime.datetime] = {}
+        self._pool_isolation: str | None = None        # the isolation level of a checked-out connection
 
     def describe(self) -> str:
         """Host, port and database, password masked (for messages)."""
@@ -105,6 +106,19 @@ class Catalog:
             self._key_history = {}
 
     # --- connections and generated keys -------------------------------------------------------
+
+    def connect(self, isolation_level: str) -> sa.Connection:
+        """A pooled connection at ``isolation_level`` (the caller closes it).  The execution option is set only
+        when the pool's connections are at another level: setting it on checkout and resetting it on return are
+        two driver calls per connection, on the path of every commit."""
+        level = self._pool_isolation
+        if level is None:
+            with self.engine.connect() as probe:       # what a checked-out connection is at (asked once)
+                level = self._pool_isolation = probe.get_isolation_level()
+        connection = self.engine.connect()
+        if isolation_level != level:
+            connection = connection.execution_options(isolation_level=isolation_level)
+        return connection
 
     @contextlib.contextmanager
     def autocommit_connection(self) -> Iterator[sa.Connection]:

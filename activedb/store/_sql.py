@@ -7,11 +7,12 @@ Every function takes the connection it runs on; none opens one, commits or retri
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import decimal
 import math
 import operator
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import sqlalchemy as sa
 
@@ -101,8 +102,70 @@ def fetch_rows(connection: sa.Connection, info: TableInfo, keys: Iterable[Key], 
     return found
 
 
+def lock_row(connection: sa.Connection, info: TableInfo, key: Key, *, lock_timeout: str,
+             begin: str | None = None) -> dict | None:
+    """The committed image of row ``key`` locked ``FOR UPDATE`` in ``connection``'s transaction (None: no row),
+    the lock wait bounded by ``lock_timeout`` (``set_config('lock_timeout', …, true)`` is evaluated by the scan,
+    before the row is locked: no round trip of its own).  ``begin`` (an isolation level; the connection in
+    autocommit, no transaction open): open the transaction in the same round trip — ``BEGIN …; SELECT …`` as
+    one query, its parameters bound by the driver on the client (a query of several statements cannot take
+    server-side parameters); the transaction stays open (a ``BEGIN`` outlives its query string).
+
+    The statement goes to the driver directly (it is on the path of every read for update, where SQLAlchemy's
+    execution costs more than the driver's); the image is the one ``fetch_rows`` returns — each column's
+    value through its type's result processor, as SQLAlchemy applies it.  Errors reach the caller as
+    SQLAlchemy's exceptions, as from ``connection.execute``."""
+    dialect = connection.dialect
+    statement = info.cached(("lock_row", lock_timeout), lambda: _lock_row_statement(dialect, info, lock_timeout))
+    processors = info.driver_processors(dialect)
+    parameters = tuple(value if processors.get(name) is None else processors[name](value)
+                       for name, value in zip(info.key_columns, key))
+    driver = connection.connection.driver_connection
+    try:
+        if begin is None:
+            cursor = driver.execute(statement, parameters)
+        else:
+            from psycopg import ClientCursor
+
+            if begin not in _ISOLATION_LEVELS:
+                raise ValueError(f"lock_row(begin={begin!r}): use one of {', '.join(_ISOLATION_LEVELS)}")
+            statement = f"BEGIN ISOLATION LEVEL {begin}; {statement}"
+            cursor = ClientCursor(driver)
+            cursor.execute(statement, parameters)
+            cursor.nextset()                        # past BEGIN's result, to the row's
+        row = cursor.fetchone()
+    except driver.Error as error:
+        raise sa.exc.DBAPIError.instance(statement, parameters, error, driver.Error) from None
+    if row is None:
+        return None
+    readers = info.cached(("lock_row:readers", tuple(column.type_code for column in cursor.description)),
+                          lambda: _result_processors(dialect, info, cursor.description))
+    return {name: value if reader is None else reader(value) for (name, reader), value in zip(readers, row)}
+
+
+_ISOLATION_LEVELS = ("READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE")
+
+
+def _lock_row_statement(dialect: sa.Dialect, info: TableInfo, lock_timeout: str) -> str:
+    preparer = dialect.identifier_preparer
+    table = preparer.format_table(info.table).replace("%", "%%")
+    columns = ", ".join(preparer.quote(name).replace("%", "%%") for name in info.columns)
+    match = " AND ".join(f"{preparer.quote(name).replace('%', '%%')} = %s" for name in info.key_columns)
+    timeout = lock_timeout.replace("'", "''").replace("%", "%%")
+    return (f"SELECT {columns} FROM {table} WHERE {match} "
+            f"AND set_config('lock_timeout', '{timeout}', true) IS NOT NULL FOR UPDATE")
+
+
+def _result_processors(dialect: sa.Dialect, info: TableInfo, description) -> tuple[tuple[str, Any], ...]:
+    """Per selected column (in ``info.columns`` order), its name and SQLAlchemy's result processor of its type
+    for the driver's type code, or None."""
+    return tuple((name, column.type.dialect_impl(dialect).result_processor(dialect, described.type_code))
+                 for (name, column), described in zip(info.columns.items(), description))
+
+
 def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
-                    writes: Mapping[tuple[str, Key], Entry], *, along: tuple[str, tuple] | None = None) -> int:
+                    writes: Mapping[tuple[str, Key], Entry], *, along: tuple[str, tuple] | None = None,
+                    commit: bool = False) -> int:
     """Apply a merged write set with one batched statement per (table, kind, columns).
 
     A PATCH that names every required column is an ``INSERT ... ON CONFLICT DO UPDATE``.
@@ -118,6 +181,11 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
     ``along`` (driver SQL with ``%s`` parameters, and its parameters) is one more data-modifying statement
     for the same transaction, e.g. the caller's log row: it rides in the last statement as a ``WITH``
     clause (no round trip of its own) when that statement is sent once, else it is sent after it.
+
+    ``commit=True`` (the connection in autocommit at the driver, inside a transaction it opened itself, e.g.
+    with :func:`lock_row`'s ``begin``): the transaction ends with a ``COMMIT`` sent in the same round trip
+    as the last statement (a driver pipeline) — the caller must have nothing left to write; an error of
+    either, the COMMIT's included, is SQLAlchemy's exception as ever and nothing is committed.
     """
     deletes: dict[str, list[tuple]] = {}
     # Rows as (key, values) pairs grouped by table and the columns they name (besides the key).
@@ -176,25 +244,47 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
         for (table_name, columns), pairs in groups.items():
             info = infos[table_name]
             plan.append((info, kind, *_as_tuples(info, columns, pairs)))
-    _run(connection, plan, along)
+    _run(connection, plan, along, commit=commit)
     return len(writes)
 
 
 def _run(connection: sa.Connection, plan: list[tuple[TableInfo, str, tuple[str, ...], list[tuple]]],
-         along: tuple[str, tuple] | None) -> None:
-    """Send the statements of ``plan`` in order, then ``along`` (folded into the last one if it can be)."""
+         along: tuple[str, tuple] | None, *, commit: bool = False) -> None:
+    """Send the statements of ``plan`` in order, then ``along`` (folded into the last one if it can be);
+    ``commit``: then COMMIT, in the same round trip as the last of them."""
+    if not plan:
+        with _then_commit(connection, commit):
+            if along is not None:
+                connection.exec_driver_sql(*along)
+        return
     for number, (info, kind, order, rows) in enumerate(plan, 1):
-        last = along if number == len(plan) else None
+        final = number == len(plan)
+        last = along if final else None
         try:
-            folded = _send(connection, info, kind, order, rows, along=last)
+            with _then_commit(connection, commit and final):
+                folded = _send(connection, info, kind, order, rows, along=last)
+                if last is not None and not folded:
+                    connection.exec_driver_sql(*last)
         except sa.exc.IntegrityError as error:
             if kind == "insert":
                 _raise_insert_error(info.name, error)
             raise
-        if last is not None and not folded:
-            connection.exec_driver_sql(*last)
-    if along is not None and not plan:
-        connection.exec_driver_sql(*along)
+
+
+@contextlib.contextmanager
+def _then_commit(connection: sa.Connection, commit: bool) -> Iterator[None]:
+    """If ``commit``: the statements sent in the block, then ``COMMIT``, in one driver pipeline (one round
+    trip); the driver's errors (raised when the pipeline syncs) become SQLAlchemy's."""
+    if not commit:
+        yield
+        return
+    driver = connection.connection.driver_connection
+    try:
+        with driver.pipeline():
+            yield
+            driver.execute("COMMIT")
+    except driver.Error as error:
+        raise sa.exc.DBAPIError.instance("COMMIT", None, error, driver.Error) from None
 
 
 def _raise_insert_error(table_name: str, error: sa.exc.IntegrityError) -> None:

@@ -4,21 +4,26 @@ Steps (see ``_participants.py`` for the participants' side):
 
 1. ``before_flush`` of every enlisted participant;
 2. open one PostgreSQL transaction and **validate**: every committed image the tree relied on
-   (``root._db_reads``) is re-read ``FOR SHARE`` and compared; every scan is re-run ``FOR SHARE`` and
+   (``root._db_reads``) is re-read ``FOR SHARE`` (``FOR UPDATE`` if the tree read it for update or also
+   writes it) and compared; every scan is re-run ``FOR SHARE`` and
    compared.  A difference means another process committed in between: :class:`SerializationConflict`, nothing written.
    Generated keys the tree inserts are checked against their sequences (a ``TRUNCATE … RESTART
    IDENTITY`` since they were drawn would hand them out again): ``GeneratedKeysReset``, nothing written;
 3. ``write`` of every enlisted participant (the Spark ingestion ledger row, the detached-rule outbox …);
 4. apply the merged write set (:func:`activedb.store.apply_write_set`: one batched statement per table,
    kind and column set) and insert the transaction-log row (in the same round trip as the last of them);
-5. ``about_to_commit`` of every participant, then COMMIT; then ``committed`` of every participant.
+5. ``about_to_commit`` of every participant, then COMMIT; then ``committed`` of every participant.  (A flush
+   in the transaction that holds rows read for update sends the COMMIT with step 4's last statement when
+   no participant writes at ``about_to_commit``: one round trip less on a hot row's critical path.)
 
 **Why the result is serializable although the transaction runs at READ COMMITTED.** Within one process,
 trees are ordered by the lock manager (strict two-phase locking across whole trees: a tree keeps every
 lock until its flush is over).  Against other processes, the flush re-reads every relied-on row ``FOR
 SHARE`` and the write set's rows are locked by its own UPDATE/INSERT/DELETE, so from step 2 to COMMIT the
 flush holds row locks on everything the tree read or wrote and has checked that what it read is still the
-committed version: that is two-phase locking on rows at commit time (optimistic validation, then locks),
+committed version: that is two-phase locking on rows at commit time (optimistic validation, then locks;
+a row the tree also writes is locked ``FOR UPDATE`` at the validation — the lock its write would take
+later, taken earlier, so two flushes of it queue instead of both holding ``FOR SHARE`` and deadlocking),
 which orders it after every transaction whose effect it saw and before every one that changes a row it
 read.  What row locks cannot protect is the absence of rows: a tree that read a row as absent, or scanned
 a table (a predicate), locks those tables ``IN SHARE ROW EXCLUSIVE MODE`` before it validates (writers
@@ -46,6 +51,7 @@ import sqlalchemy as sa
 from activedb.errors import (DatabaseError, DatabaseUnavailable, DiskFull, DuplicateKey, Failure, SerializationConflict,
                              classify)
 from activedb.store import EntryKind, Key, TableInfo, apply_write_set, fetch_rows, is_connection_failure, jsonable
+from activedb.txn._participants import CommitParticipant
 from activedb.txn._rowlocks import RowLocks
 from activedb.txn._view import scan_rows
 
@@ -88,15 +94,21 @@ def flush(root: "Transaction") -> None:
         recorder.record_flush(root.id, writes)
 
 
-def _write_all(root, connection, infos, writes, reads, scans, participants, locked, *, held: bool) -> None:
-    """Every step of the flush inside ``connection``'s open transaction (the module docstring's 2–5)."""
+def _write_all(root, connection, infos, writes, reads, scans, participants, locked, *, held: bool,
+               commit: bool = False) -> None:
+    """Every step of the flush inside ``connection``'s open transaction (the module docstring's 2–5);
+    ``commit``: the write set's last statement carries the COMMIT (``apply_write_set(commit=True)``)."""
     catalog = root.manager.catalog
+    # Rows read and then written are locked FOR UPDATE at the validation, like rows read for update: two
+    # flushes of such a row queue there (the second sees the first's commit and fails its check at once)
+    # instead of both taking FOR SHARE and deadlocking when both UPDATE it (PostgreSQL's detector only
+    # breaks that after deadlock_timeout).
     _validate(root, connection, infos, {row: image for row, image in reads.items() if not (held and row in locked)},
-              scans, locked)
+              scans, locked | (reads.keys() & writes.keys()))
     _check_generated_keys(catalog, connection, infos, writes, root.began_at)
     for participant in participants:
         participant.write(root, connection)
-    _apply(catalog, connection, infos, writes, _log_row(root, writes))
+    _apply(catalog, connection, infos, writes, _log_row(root, writes), commit=commit)
     for participant in participants:
         participant.about_to_commit(root, connection)
 
@@ -104,10 +116,17 @@ def _write_all(root, connection, infos, writes, reads, scans, participants, lock
 def _flush_in_held(root, connection, infos, writes, reads, scans, participants, locked) -> None:
     """The flush inside the transaction that holds the tree's rows read for update (``_rowlocks``): those rows
     are the current committed ones already (locked since they were read), the rest is validated as usual.
-    A serialization failure cannot be retried on this transaction: the tree is re-run instead."""
+    A serialization failure cannot be retried on this transaction: the tree is re-run instead.
+
+    The connection is in autocommit at the driver (``RowLocks``): unless a participant has something to
+    write at ``about_to_commit``, the COMMIT rides in the same round trip as the write set's last statement
+    (``connection.commit()`` then finds nothing open)."""
+    fold = not any(type(participant).about_to_commit is not CommitParticipant.about_to_commit
+                   for participant in participants)
     try:
         try:
-            _write_all(root, connection, infos, writes, reads, scans, participants, locked, held=True)
+            _write_all(root, connection, infos, writes, reads, scans, participants, locked, held=True,
+                       commit=fold)
             connection.commit()
         except BaseException:
             connection.rollback()
@@ -132,7 +151,7 @@ def _flush_with_retries(root, isolation, infos, writes, reads, scans, participan
     while True:
         attempt += 1
         try:
-            with manager.catalog.engine.connect().execution_options(isolation_level=isolation) as connection:
+            with manager.catalog.connect(isolation) as connection:
                 with connection.begin():
                     _write_all(root, connection, infos, writes, reads, scans, participants, locked, held=False)
             return
@@ -215,9 +234,10 @@ def _check_generated_keys(catalog, connection: sa.Connection, infos: Mapping[str
         catalog.check_generated_keys(connection, used, began_at)
 
 
-def _apply(catalog, connection: sa.Connection, infos: Mapping[str, TableInfo], writes, log_row) -> None:
+def _apply(catalog, connection: sa.Connection, infos: Mapping[str, TableInfo], writes, log_row, *,
+           commit: bool = False) -> None:
     try:
-        apply_write_set(connection, infos, writes, along=log_row)
+        apply_write_set(connection, infos, writes, along=log_row, commit=commit)
     except DuplicateKey as error:
         # A generated key may have collided (a sequence reset the check could not see, e.g. setval to a
         # value and back up): never hand out the rest of that block.
@@ -230,15 +250,22 @@ def _apply(catalog, connection: sa.Connection, infos: Mapping[str, TableInfo], w
 
 
 # Driver SQL, sent with the write set's last statement (``apply_write_set``'s ``along``: no round trip of
-# its own): psycopg adapts the list to text[] and the JSON text to jsonb itself.
+# its own): the table names travel as one text[] literal and the JSON as text (cast by PostgreSQL; the
+# driver's list adaptation costs more than the rest of the row).
 _LOG_ROW = ("INSERT INTO activedb_transaction_log (transaction_id, began_at, subtransactions, rows_written, tables, "
-            "info) VALUES (%s, %s, %s, %s, %s, %s::jsonb)")
+            "info) VALUES (%s, %s, %s, %s, %s::text[], %s::jsonb)")
+
+
+def _text_array(values) -> str:
+    """``values`` (strings) as a PostgreSQL text[] literal: every element quoted, ``\\`` and ``"`` escaped."""
+    return "{" + ",".join('"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"' for value in values) + "}"
 
 
 def _log_row(root: "Transaction", writes) -> tuple[str, tuple]:
     """The tree's transaction-log row (statement and parameters)."""
     return _LOG_ROW, (root.log_id, root.began_at, root.subtransactions_committed, len(writes),
-                      sorted({row[0] for row in writes}), json.dumps(jsonable(root.info)) if root.info else "{}")
+                      _text_array(sorted({row[0] for row in writes})),
+                      json.dumps(jsonable(root.info)) if root.info else "{}")
 
 
 def _raise_database_error(root: "Transaction", error: sa.exc.DBAPIError) -> None:

@@ -3,8 +3,9 @@
 Within a process, a read for update takes the lock manager's UPDATE mode on the row (``lockmgr``: two
 read-modify-writes queue at the read instead of deadlocking when both convert to WRITE).  Against other
 processes, the row is read with ``SELECT … FOR UPDATE`` on a PostgreSQL connection the tree keeps — one
-per tree, opened by its first read for update, in a READ COMMITTED transaction — and the tree's flush
-runs in that same transaction.  So a second process that wants the row waits for PostgreSQL's row lock
+per tree, opened by its first read for update, in a READ COMMITTED transaction whose ``BEGIN`` rides in
+the same query as the first ``SELECT`` (:func:`activedb.store.lock_row`) — and the tree's flush runs in that
+same transaction.  So a second process that wants the row waits for PostgreSQL's row lock
 and then reads the committed result, exactly as ``SELECT … FOR UPDATE`` + ``UPDATE`` written by hand:
 conflicts are resolved by the database's row locks, not by re-running whole trees after a failed
 validation (what optimistic reads would need), and no flush deadlocks in PostgreSQL on rows both read
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 
 from activedb.errors import Failure, SerializationConflict, classify
+from activedb.store import lock_row
 from activedb.txn._participants import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -40,17 +42,6 @@ if TYPE_CHECKING:  # pragma: no cover
 LOCK_TIMEOUT = "10s"
 
 
-def _locked_row(connection: sa.Connection, info: "TableInfo", key: "Key") -> dict | None:
-    """``SELECT … FOR UPDATE`` of one row, bounding the lock wait (``set_config('lock_timeout', …, true)`` is
-    evaluated by the scan, before the row is locked: no extra round trip for a ``SET LOCAL``)."""
-    statement = info.cached("rowlocks:select", lambda: (
-        sa.select(info.table)
-        .where(*[info.table.c[name] == sa.bindparam(f"k_{name}") for name in info.key_columns])
-        .where(sa.func.set_config("lock_timeout", LOCK_TIMEOUT, True).isnot(None))
-        .with_for_update()))
-    row = connection.execute(statement, {f"k_{name}": value for name, value in zip(info.key_columns, key)}
-                             ).mappings().first()
-    return dict(row) if row is not None else None
 
 
 class _Slot:
@@ -89,11 +80,13 @@ class RowLocks(CommitParticipant):
         row = (info.name, key)
         with self._mutex:
             try:
+                begin = None
                 if self.connection is None:
                     self._open()
-                image = _locked_row(self.connection, info, key)
-            except sa.exc.OperationalError as error:
-                self._close()
+                    begin = "READ COMMITTED"        # the BEGIN rides with the first row's SELECT
+                image = lock_row(self.connection, info, key, lock_timeout=LOCK_TIMEOUT, begin=begin)
+            except sa.exc.DBAPIError as error:
+                self._close()               # the transaction failed: its locks go with it
                 sqlstate = getattr(error.orig, "sqlstate", None)
                 if sqlstate == "55P03" or classify(error) in (Failure.SERIALIZATION_CONFLICT, Failure.DEADLOCK):
                     raise SerializationConflict(
@@ -105,9 +98,11 @@ class RowLocks(CommitParticipant):
         return image
 
     def _open(self) -> None:
-        """Caller holds ``_mutex``."""
+        """Caller holds ``_mutex``.  The connection is in autocommit at the driver, so that the first row's
+        ``SELECT … FOR UPDATE`` opens the transaction in its own round trip (``lock_row(begin=…)``); every
+        later statement runs in that open transaction, and ``commit``/``rollback`` end it as usual."""
         catalog = self._root.manager.catalog
-        connection = catalog.engine.connect().execution_options(isolation_level="READ COMMITTED")
+        connection = catalog.connect("AUTOCOMMIT")
         self._transaction = connection.begin()
         self.connection = connection
 

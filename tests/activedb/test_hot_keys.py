@@ -6,7 +6,10 @@
 * across two engines (two lock managers: two processes, as far as PostgreSQL can tell) the row lock taken
   at the read orders them in PostgreSQL: the second waits (observed in ``pg_locks``) and reads the first's
   result — no validation failure, no re-run;
-* a tree that also scans flushes at SERIALIZABLE (its held locks are let go and taken again at the flush).
+* a tree that also scans flushes at SERIALIZABLE (its held locks are let go and taken again at the flush);
+* across two engines, plain read-then-write flushes of one row queue at the validation (the row locked
+  ``FOR UPDATE``, not ``FOR SHARE``): the second fails its check when the first commits and is re-run,
+  instead of both passing it and deadlocking in PostgreSQL when both UPDATE the row.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import sqlalchemy as sa
 
 import activedb
 from activedb import testing
+from activedb.txn import CommitParticipant
 from tests._tables import balances, refill
 
 TIMEOUT = 30
@@ -163,3 +167,105 @@ def test_db_run_learns_update_intent_from_a_read_then_write_that_deadlocked(db):
         third.join(TIMEOUT)
     assert "UPDATE" in {mode.name for mode in held.values()}, held
     assert balances(db)[1] == 3                             # no update lost
+
+
+class _PausedAfterValidation(CommitParticipant):
+    """Pauses the flush after its validation (``write`` is the step after it), until released."""
+
+    def __init__(self):
+        self.reached, self.release = threading.Event(), threading.Event()
+
+    def write(self, transaction, connection):
+        self.reached.set()
+        assert self.release.wait(TIMEOUT)
+
+
+def test_across_engines_plain_read_then_write_flushes_queue_at_the_validation(db, database_url):
+    other = activedb.connect(database_url)
+    try:
+        first, second = _PausedAfterValidation(), _PausedAfterValidation()
+        second.release.set()
+        attempts = []
+
+        def increment(tx, participant):
+            attempts.append(participant)
+            row = tx.read("accounts", 1)                    # plain: validated at the flush
+            tx.enlist(participant)
+            tx.write("accounts", 1, balance=row["balance"] + 1)
+
+        def waiting_for_a_row_lock() -> bool:
+            with db.engine.connect() as connection:
+                return connection.execute(sa.text(
+                    "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype IN ('transactionid', 'tuple')"
+                )).scalar() > 0
+
+        errors = []
+
+        def run(database, participant):
+            try:
+                database.run(increment, participant, retries=5)
+            except BaseException as error:                  # reported below with what was seen
+                errors.append(error)
+
+        with testing.Watchdog(60, db.transactions.locks):
+            one = threading.Thread(target=run, args=(db, first))
+            one.start()
+            assert first.reached.wait(TIMEOUT)              # validated (row locked), not yet written
+            two = threading.Thread(target=run, args=(other, second))
+            two.start()
+            testing.wait_until(waiting_for_a_row_lock, TIMEOUT, "the other engine's flush waiting for the row")
+            assert not second.reached.is_set(), "the second flush passed its validation while the first held the row"
+            first.release.set()
+            one.join(TIMEOUT), two.join(TIMEOUT)
+        assert errors == []
+        assert attempts == [first, second, second]          # the second failed its check once and was re-run
+        assert balances(db)[1] == 2                         # no update lost
+    finally:
+        other.close()
+
+
+def _logged(db, log_id: str) -> bool:
+    with db.engine.connect() as connection:
+        return connection.execute(sa.text("SELECT count(*) FROM activedb_transaction_log WHERE transaction_id = :id"),
+                                  {"id": log_id}).scalar() == 1
+
+
+def test_a_flush_in_the_held_transaction_that_fails_at_its_last_statement_writes_nothing_and_lets_the_row_go(db):
+    """The held flush sends its COMMIT with its last statement (one round trip): a refusal of that statement
+    — another process inserted the row this tree inserts — is the same ``DuplicateKey``, nothing is
+    committed (the earlier statement of the write set neither), and the row lock is gone."""
+    with pytest.raises(activedb.DuplicateKey):
+        with db.transaction() as tx:
+            row = tx.read("accounts", 1, for_update=True)
+            tx.write("accounts", 1, balance=row["balance"] + 7)
+            tx.insert("accounts", id=3, balance=1)           # absent now ...
+            with db.engine.begin() as other:                 # ... and inserted by another client meanwhile
+                other.execute(sa.text("INSERT INTO accounts (id, balance) VALUES (3, 99)"))
+            log_id = tx.log_id
+    assert balances(db) == {1: 0, 2: 0, 3: 99}
+    assert not _logged(db, log_id)
+    with db.transaction() as tx:                             # nobody holds row 1 any more
+        row = tx.read("accounts", 1, for_update=True)
+        tx.write("accounts", 1, balance=row["balance"] + 1)
+    assert balances(db)[1] == 1
+
+
+class _SeesItsCommitAhead(CommitParticipant):
+    """Writes at ``about_to_commit`` (the step before COMMIT) and notes whether the tree was committed then."""
+
+    def __init__(self, db):
+        self.db, self.committed_before = db, None
+
+    def about_to_commit(self, transaction, connection):
+        self.committed_before = _logged(self.db, transaction.log_id)
+        connection.execute(sa.text("UPDATE accounts SET balance = balance + 100 WHERE id = 2"))
+
+
+def test_a_participant_writing_at_about_to_commit_writes_before_the_held_transaction_commits(db):
+    participant = _SeesItsCommitAhead(db)
+    with db.transaction(participants=[participant]) as tx:
+        row = tx.read("accounts", 1, for_update=True)
+        tx.write("accounts", 1, balance=row["balance"] + 1)
+        log_id = tx.log_id
+    assert participant.committed_before is False
+    assert _logged(db, log_id) and balances(db) == {1: 1, 2: 100}

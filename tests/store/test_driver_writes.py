@@ -16,7 +16,7 @@ from sqlalchemy.dialects import postgresql
 import sqlalchemy.dialects.postgresql.psycopg  # noqa: F401  (the dialect the store runs on)
 
 from activedb.errors import DatabaseError, DuplicateKey
-from activedb.store import Entry, EntryKind, TableInfo, apply_write_set, fetch_rows
+from activedb.store import Entry, EntryKind, TableInfo, apply_write_set, fetch_rows, lock_row
 from tests.capture.conftest import MIGRATIONS
 
 UTC = dt.timezone.utc
@@ -161,6 +161,40 @@ def test_reading_many_rows_by_key_sends_one_array_and_finds_exactly_the_committe
     assert found == {(number,): {"id": number, **{name: None for name in ARRAYABLE + ("clock", "span", "tags")},
                                  "label": f"row {number}", "doc": {"n": number}} for number in range(0, 300, 3)}
     assert len(statements.sent) == 1 and "ANY(CAST(" in statements.sent[0], statements.sent
+
+
+def test_a_row_locked_for_update_through_the_driver_reads_as_fetch_rows_reads_it(samples):
+    """``lock_row`` (reads for update) sends its statement to the driver: the image must be the one
+    ``fetch_rows`` (SQLAlchemy, with its result processors) gives — the flush compares the two."""
+    db = samples
+    with db.transaction() as tx:
+        tx.insert("typed_samples", id=1, **sample(1))
+        tx.insert("typed_samples", id=2, label="sparse")
+    info = db.catalog.table_info("typed_samples")
+    with db.engine.connect() as connection:
+        with connection.begin():
+            images = {key: lock_row(connection, info, (key,), lock_timeout="1s") for key in (1, 2, 3)}
+            held = connection.execute(sa.text(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND pid = pg_backend_pid() "
+                "AND mode = 'ExclusiveLock'")).scalar()
+        with connection.begin():
+            committed = fetch_rows(connection, info, [(1,), (2,)])
+    assert images == {1: committed[(1,)], 2: committed[(2,)], 3: None}
+    assert images[1] == {"id": 1, **sample(1)}
+    assert held == 1                                   # FOR UPDATE made the reader's transaction take an id
+
+
+def test_a_refused_lock_row_is_sqlalchemys_error_with_the_sqlstate(samples):
+    db = samples
+    info = db.catalog.table_info("typed_samples")
+    with db.transaction() as tx:
+        tx.insert("typed_samples", id=1, label="locked")
+    with db.engine.connect() as holder, db.engine.connect() as waiter:
+        with holder.begin():
+            assert lock_row(holder, info, (1,), lock_timeout="1s") is not None
+            with waiter.begin(), pytest.raises(sa.exc.OperationalError) as caught:
+                lock_row(waiter, info, (1,), lock_timeout="50ms")
+    assert caught.value.orig.sqlstate == "55P03"      # lock_not_available: the bounded wait gave up
 
 
 def test_arrays_are_cast_to_the_column_types_without_modifiers_so_nothing_is_cut():

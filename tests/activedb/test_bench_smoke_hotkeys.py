@@ -1,0 +1,25 @@
+"""``activedb bench hotkeys`` runs in quick mode, in one process and in several, and reports its figures —
+each run has checked that the counters' final sum equals the increments it counted (no lost update); no
+timing assertions."""
+
+from __future__ import annotations
+
+from activedb.bench import BenchReport
+from activedb.bench.hotkeys import PROCESSES, run
+
+
+def test_hotkeys_benchmark_quick(database_url, monkeypatch):
+    monkeypatch.setenv("ACTIVEDB_DATABASE_URL", database_url)     # the test's database, not the user's
+    report = run(quick=True)          # raises AssertionError if a run lost an update
+    assert isinstance(report, BenchReport)
+    assert [row.name.split(": ")[1] for row in report.rows] == [
+        f"activedb {mode} vs psycopg FOR UPDATE" for mode in ("update-lock", "plain-read") * 2]
+    where = [row.name.split(": ")[0].split(", ")[-1] for row in report.rows]
+    assert where == ["one process", "one process", f"{PROCESSES} processes", f"{PROCESSES} processes"]
+    for row in report.rows:
+        assert row.value > 0 and row.baseline > 0 and row.ratio == row.value / row.baseline
+        assert row.extra["commits"] > 0 and row.extra["failures"] == 0, row.extra
+        assert row.extra["reruns"] >= 0
+        if "update-lock" in row.name:
+            assert row.extra["reruns"] == 0, row.extra          # the update lock queues: nothing re-runs
+    assert any("counters' final sum equals the commits" in note for note in report.notes)
