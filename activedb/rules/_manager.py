@@ -179,10 +179,7 @@ class RuleManager(TransactionExtension):
     def on_event(self, transaction: Transaction, event: Event, *, ended: bool = False) -> None:
         """Dispatch: fire the rules matching ``event``, which occurred in ``transaction`` (``ended``: an
         event of a transaction that has ended, its ``aborted``)."""
-        candidates = self.registry.by_kind.get(event.kind)
-        if not candidates:
-            return
-        rules = [rule for rule in candidates if rule.on.matches(event)]
+        rules = self.registry.matching(event)
         if not rules:
             return
         chain = chain_of(transaction)

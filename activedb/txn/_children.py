@@ -5,6 +5,7 @@ subtransactions"), and waiting for them (holds become retains first; the wait is
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
@@ -23,6 +24,16 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger("activedb.transaction")
 
 _EMPTY: Mapping = types.MappingProxyType({})   # a node's children or tasks until its first (read-only)
+
+
+class Subtransactions(enum.Enum):
+    """How inline subtransactions are represented (``TransactionManager.subtransactions``; README, "Lazy
+    inline subtransactions" and "Frames"): each representation is equivalent to the next one down, which
+    the equivalence tests check.  ``ACTIVEDB_SUBTRANSACTIONS`` chooses it (default ``frames``)."""
+
+    FRAMES = "frames"              # a frame when it can be one, else lazy, else registered
+    LAZY = "lazy"                  # lazy when it can be, never a frame
+    MATERIALIZED = "materialized"  # every node registered in the lock manager from its start (the reference)
 
 
 class SubtransactionHandle:
@@ -98,7 +109,7 @@ class Children:
             self.materialize()
         manager.locking.release_holds(self)
         # Lazy: an inline child of a node with no other live child (so no sibling can conflict with it).
-        lazy = inline and manager.lazy_subtransactions and not self._children
+        lazy = inline and manager.subtransactions is not Subtransactions.MATERIALIZED and not self._children
         child = type(self)(manager, self, name=name, inline=inline, lazy=lazy)
         if lazy:
             self._lazy_child = child
@@ -110,6 +121,22 @@ class Children:
             manager.recorder.record("spawn", self.id, root=self.root.id, detail=child.id)
         if manager.observers.on_spawn:
             manager.observers.call("on_spawn", self, child)
+        return child
+
+    def _new_frame(self, name: str | None) -> "Transaction":
+        """A lazy inline child that is a frame: ``_new_child`` without the registration among the children
+        (the caller checked that this node is not lazy and has no live child, and that no observer wants
+        node events)."""
+        if self._doomed is not None or self._state is not TxnState.ACTIVE:
+            self._check_active("starting a subtransaction")
+        manager = self.manager
+        if self._holds:
+            manager.locking.release_holds(self)
+        child = type(self)(manager, self, name=name, inline=True, lazy=True)
+        child._frame = True
+        self._lazy_child = child
+        if manager.recorder:
+            manager.recorder.record("spawn", self.id, root=self.root.id, detail=child.id)
         return child
 
     def spawn(self, function: Callable[..., Any], *args: Any, name: str | None = None,
@@ -147,10 +174,16 @@ class Children:
         return result
 
     def _begin_inline(self, name: str | None) -> "Transaction":
-        """Create an inline child and make it the transaction this thread runs; extensions and observers
-        hear of its begin."""
-        child = self._new_child(name, inline=True)
+        """Create an inline child (a frame when it can be one: README, "Frames") and make it the transaction
+        this thread runs; extensions and observers hear of its begin."""
         manager = self.manager
+        observers = manager.observers
+        if (manager.subtransactions is Subtransactions.FRAMES and not self._lazy and self._lazy_child is None
+                and not self._children and not (observers.on_begin or observers.on_spawn or observers.on_commit
+                                                or observers.on_abort)):
+            child = self._new_frame(name)
+        else:
+            child = self._new_child(name, inline=True)
         manager.push_running(child)
         try:
             for hook in manager.extensions.on_begin:

@@ -115,6 +115,11 @@ class Locking:
         be had ``node`` been registered from the start (see README, "Lazy inline subtransactions")."""
         parent = node.parent
         locks = self.lock_manager
+        if node._frame:
+            # A frame becomes an ordinary node: registered among its parent's children from now on.
+            with parent._mutex:
+                parent._children = {**parent._children, node.id: node}
+            node._frame = False
         try:
             locks.begin(node.id, parent=parent.id, awaited=True)
             if parent._holds:

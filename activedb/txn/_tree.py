@@ -55,7 +55,7 @@ class Transaction(Reads, Writes, Children):
     __slots__ = ("manager", "parent", "root", "depth", "id", "name", "began_at", "info", "subtransactions_committed",
                  "_mutex", "_state", "_children", "_tasks", "_writes", "_db_reads", "_scans", "_participants",
                  "_slots", "_doomed", "_thread", "_read_base", "_holds", "_lazy", "_lazy_child", "_table_held",
-                 "_table_retained", "_implied", "__weakref__")
+                 "_table_retained", "_implied", "_frame", "__weakref__")
 
     def __init__(self, manager: "TransactionManager", parent: "Transaction | None", *,
                  name: str | None = None, read_base: "ReadBase | None" = None, inline: bool = False,
@@ -109,6 +109,10 @@ class Transaction(Reads, Writes, Children):
         self._table_held: dict[str, Mode] | None = None
         self._table_retained: dict[str, Mode] | None = None
         self._implied: dict[str, Mode] | None = None
+        # True while this lazy inline child is a *frame* (README, "Frames"): not registered among its
+        # parent's children (the parent's ``_lazy_child`` is the reference), ended by ``_end_frame``.
+        # Materializing makes it an ordinary node.
+        self._frame = False
         if not lazy:
             manager.locking.begin(self, awaited=inline)
         recorder = manager.recorder
@@ -127,8 +131,13 @@ class Transaction(Reads, Writes, Children):
 
     @property
     def children(self) -> list["Transaction"]:
+        """The children that have not ended (a running frame included)."""
         with self._mutex:
-            return list(self._children.values())
+            children = list(self._children.values())
+        frame = self._lazy_child
+        if frame is not None and frame._frame:
+            children.append(frame)
+        return children
 
     def ancestors(self) -> Iterator["Transaction"]:
         node = self.parent
@@ -217,6 +226,9 @@ class Transaction(Reads, Writes, Children):
         except BaseException as error:
             self.abort(error)
             raise
+        if self._frame:      # still a frame after the hooks (a deferred cycle they ran may have materialized it)
+            self._end_frame()
+            return
         with self._mutex:
             if self._state is not TxnState.ACTIVE:
                 raise TransactionError(f"commit of {self.id}, which is {self._state.value}")
@@ -256,6 +268,30 @@ class Transaction(Reads, Writes, Children):
             manager.observers.call("on_commit", self)
         if parent is not None:
             parent._forget(self)
+
+    def _end_frame(self) -> None:
+        """The rest of ``commit`` for a frame (README, "Frames"): it has no children, holds nothing of its
+        own (its locks are its parent's holds) and is known to nobody but its parent and its thread, so it
+        moves to COMMITTED without the state machine's intermediate step, delegates, and its parent's holds
+        become retained (Rule 2); no ``_forget``: it was never registered."""
+        if self._state is not TxnState.ACTIVE:
+            raise TransactionError(f"commit of {self.id}, which is {self._state.value}")
+        try:
+            if self._doomed is not None:
+                raise TransactionAborted(f"transaction {self.id} was aborted ({self._doomed})") from self._doomed
+            self._delegate_to_parent()
+        except BaseException as error:
+            self.abort(error)
+            raise
+        manager = self.manager
+        manager.locking.commit(self)
+        self._state = TxnState.COMMITTED
+        if manager.recorder:
+            manager.recorder.record("commit", self.id, parent=self.parent.id, root=self.root.id)
+        for hook in manager.extensions.after_end:
+            hook(self, True)
+        if manager.observers.on_commit:
+            manager.observers.call("on_commit", self)
 
     def _delegate_to_parent(self) -> None:
         parent = self.parent
