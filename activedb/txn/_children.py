@@ -123,22 +123,6 @@ class Children:
             manager.observers.call("on_spawn", self, child)
         return child
 
-    def _new_frame(self, name: str | None) -> "Transaction":
-        """A lazy inline child that is a frame: ``_new_child`` without the registration among the children
-        (the caller checked that this node is not lazy and has no live child, and that no observer wants
-        node events)."""
-        if self._doomed is not None or self._state is not TxnState.ACTIVE:
-            self._check_active("starting a subtransaction")
-        manager = self.manager
-        if self._holds:
-            manager.locking.release_holds(self)
-        child = type(self)(manager, self, name=name, inline=True, lazy=True)
-        child._frame = True
-        self._lazy_child = child
-        if manager.recorder:
-            manager.recorder.record("spawn", self.id, root=self.root.id, detail=child.id)
-        return child
-
     def spawn(self, function: Callable[..., Any], *args: Any, name: str | None = None,
               **kwargs: Any) -> SubtransactionHandle:
         """Run ``function(child, *args, **kwargs)`` as a subtransaction on a worker thread.
@@ -181,7 +165,7 @@ class Children:
         if (manager.subtransactions is Subtransactions.FRAMES and not self._lazy and self._lazy_child is None
                 and not self._children and not (observers.on_begin or observers.on_spawn or observers.on_commit
                                                 or observers.on_abort)):
-            child = self._new_frame(name)
+            child = _new_frame(self, name)
         else:
             child = self._new_child(name, inline=True)
         manager.push_running(child)
@@ -270,6 +254,22 @@ class Children:
                 self._children.pop(child.id, None)
             if self._tasks:
                 self._tasks.pop(child.id, None)
+
+
+def _new_frame(parent: "Transaction", name: str | None) -> "Transaction":
+    """A lazy inline child of ``parent`` that is a frame (README, "Frames"): ``_new_child`` without the
+    registration among the children (the caller checked that ``parent`` is not lazy and has no live child,
+    and that no observer wants node events)."""
+    if parent._doomed is not None or parent._state is not TxnState.ACTIVE:
+        parent._check_active("starting a subtransaction")
+    manager = parent.manager
+    manager.locking.release_holds(parent)
+    child = type(parent)(manager, parent, name=name, inline=True, lazy=True)
+    child._frame = True
+    parent._lazy_child = child
+    if manager.recorder:
+        manager.recorder.record("spawn", parent.id, root=parent.root.id, detail=child.id)
+    return child
 
 
 class InlineSubtransaction:

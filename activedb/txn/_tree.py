@@ -227,7 +227,7 @@ class Transaction(Reads, Writes, Children):
             self.abort(error)
             raise
         if self._frame:      # still a frame after the hooks (a deferred cycle they ran may have materialized it)
-            self._end_frame()
+            _end_frame(self)
             return
         with self._mutex:
             if self._state is not TxnState.ACTIVE:
@@ -269,30 +269,6 @@ class Transaction(Reads, Writes, Children):
         if parent is not None:
             parent._forget(self)
 
-    def _end_frame(self) -> None:
-        """The rest of ``commit`` for a frame (README, "Frames"): it has no children, holds nothing of its
-        own (its locks are its parent's holds) and is known to nobody but its parent and its thread, so it
-        moves to COMMITTED without the state machine's intermediate step, delegates, and its parent's holds
-        become retained (Rule 2); no ``_forget``: it was never registered."""
-        if self._state is not TxnState.ACTIVE:
-            raise TransactionError(f"commit of {self.id}, which is {self._state.value}")
-        try:
-            if self._doomed is not None:
-                raise TransactionAborted(f"transaction {self.id} was aborted ({self._doomed})") from self._doomed
-            self._delegate_to_parent()
-        except BaseException as error:
-            self.abort(error)
-            raise
-        manager = self.manager
-        manager.locking.commit(self)
-        self._state = TxnState.COMMITTED
-        if manager.recorder:
-            manager.recorder.record("commit", self.id, parent=self.parent.id, root=self.root.id)
-        for hook in manager.extensions.after_end:
-            hook(self, True)
-        if manager.observers.on_commit:
-            manager.observers.call("on_commit", self)
-
     def _delegate_to_parent(self) -> None:
         parent = self.parent
         with self._mutex:
@@ -303,7 +279,7 @@ class Transaction(Reads, Writes, Children):
                 raise TransactionAborted(f"the parent {parent.id} of {self.id} was aborted")
             # Check and compose everything first, then install: a failure leaves the parent untouched.
             parent_reads = parent._db_reads
-            for row, image in reads.items():
+            for row, image in reads.items() if reads else ():
                 relied = parent_reads.get(row, image)
                 if relied != image:
                     # Another process committed between two reads of the tree: the parent (or a
@@ -323,8 +299,9 @@ class Transaction(Reads, Writes, Children):
                     previous = parent_writes.get(row)
                     merged[row] = previous.then(entry, row[0]) if previous is not None else entry
                 parent_writes.update(merged)
-            for row, image in reads.items():
-                parent_reads.setdefault(row, image)
+            if reads:
+                for row, image in reads.items():
+                    parent_reads.setdefault(row, image)
             if scans:
                 parent._scans = [*parent._scans, *scans]
             if participants:
@@ -364,3 +341,28 @@ class Transaction(Reads, Writes, Children):
 
     def __repr__(self) -> str:
         return f"<Transaction {self.id} {self._state.value}>"
+
+
+def _end_frame(node: Transaction) -> None:
+    """The rest of ``commit`` for a frame (README, "Frames"): it has no children, holds nothing of its own
+    (its locks are its parent's holds) and is known to nobody but its parent and its thread, so it moves to
+    COMMITTED without the intermediate step, delegates, and its parent's holds become retained (Rule 2); no
+    ``_forget``: it was never registered."""
+    if node._state is not TxnState.ACTIVE:
+        raise TransactionError(f"commit of {node.id}, which is {node._state.value}")
+    try:
+        if node._doomed is not None:
+            raise TransactionAborted(f"transaction {node.id} was aborted ({node._doomed})") from node._doomed
+        node._delegate_to_parent()
+    except BaseException as error:
+        node.abort(error)
+        raise
+    manager = node.manager
+    manager.locking.commit(node)
+    node._state = TxnState.COMMITTED
+    if manager.recorder:
+        manager.recorder.record("commit", node.id, parent=node.parent.id, root=node.root.id)
+    for hook in manager.extensions.after_end:
+        hook(node, True)
+    if manager.observers.on_commit:
+        manager.observers.call("on_commit", node)
