@@ -148,47 +148,14 @@ class Children:
         """Run ``function(child, ...)`` as an inline subtransaction and return its result; the child
         commits when it returns and aborts (re-raising) when it raises — ``with tx.subtransaction()`` as
         one call, for code that needs the outcome without managing a context."""
-        child = self._begin_inline(name)
+        child = _begin_inline(self, name)
         try:
             result = function(child, *args, **kwargs)
         except BaseException as error:
-            child._end_inline(error)
+            _end_inline(child, error)
             raise
-        child._end_inline(None)
+        _end_inline(child, None)
         return result
-
-    def _begin_inline(self, name: str | None) -> "Transaction":
-        """Create an inline child (a frame when it can be one: README, "Frames") and make it the transaction
-        this thread runs; extensions and observers hear of its begin."""
-        manager = self.manager
-        observers = manager.observers
-        if (manager.subtransactions is Subtransactions.FRAMES and not self._lazy and self._lazy_child is None
-                and not self._children and not (observers.on_begin or observers.on_spawn or observers.on_commit
-                                                or observers.on_abort)):
-            child = _new_frame(self, name)
-        else:
-            child = self._new_child(name, inline=True)
-        manager.push_running(child)
-        try:
-            for hook in manager.extensions.on_begin:
-                hook(child)
-            if manager.observers.on_begin:
-                manager.observers.call("on_begin", child)
-        except BaseException as error:
-            child.abort(error)
-            manager.pop_running()
-            raise
-        return child
-
-    def _end_inline(self, error: BaseException | None) -> None:
-        """End this inline child: commit it, or abort it because its block raised ``error``."""
-        try:
-            if error is not None:
-                self.abort(error)
-            else:
-                self.commit()
-        finally:
-            self.manager.pop_running()
 
     def retry(self, function: Callable[..., Any], *args: Any, attempts: int = 3, **kwargs: Any) -> Any:
         """Run ``function(child, ...)`` as an inline subtransaction, re-running it (in a fresh
@@ -256,6 +223,41 @@ class Children:
                 self._tasks.pop(child.id, None)
 
 
+def _begin_inline(parent: "Transaction", name: str | None) -> "Transaction":
+    """Create an inline child of ``parent`` (a frame when it can be one: README, "Frames") and make it the
+    transaction this thread runs; extensions and observers hear of its begin."""
+    manager = parent.manager
+    observers = manager.observers
+    if (manager.subtransactions is Subtransactions.FRAMES and not parent._lazy and parent._lazy_child is None
+            and not parent._children and not (observers.on_begin or observers.on_spawn or observers.on_commit
+                                            or observers.on_abort)):
+        child = _new_frame(parent, name)
+    else:
+        child = parent._new_child(name, inline=True)
+    manager.push_running(child)
+    try:
+        for hook in manager.extensions.on_begin:
+            hook(child)
+        if manager.observers.on_begin:
+            manager.observers.call("on_begin", child)
+    except BaseException as error:
+        child.abort(error)
+        manager.pop_running()
+        raise
+    return child
+
+
+def _end_inline(child: "Transaction", error: BaseException | None) -> None:
+    """End the inline ``child``: commit it, or abort it because its block raised ``error``."""
+    try:
+        if error is not None:
+            child.abort(error)
+        else:
+            child.commit()
+    finally:
+        child.manager.pop_running()
+
+
 def _new_frame(parent: "Transaction", name: str | None) -> "Transaction":
     """A lazy inline child of ``parent`` that is a frame (README, "Frames"): ``_new_child`` without the
     registration among the children (the caller checked that ``parent`` is not lazy and has no live child,
@@ -283,9 +285,9 @@ class InlineSubtransaction:
         self.transaction: Transaction | None = None
 
     def __enter__(self) -> Transaction:
-        child = self.transaction = self._parent._begin_inline(self._name)
+        child = self.transaction = _begin_inline(self._parent, self._name)
         return child
 
     def __exit__(self, exc_type, exc, traceback) -> bool:
-        self.transaction._end_inline(exc)
+        _end_inline(self.transaction, exc)
         return False

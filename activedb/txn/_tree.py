@@ -244,7 +244,7 @@ class Transaction(Reads, Writes, Children):
             if self._doomed is not None:
                 raise TransactionAborted(f"transaction {self.id} was aborted ({self._doomed})") from self._doomed
             if self.parent is not None:
-                self._delegate_to_parent()
+                _delegate_to_parent(self)
             else:
                 _flush.flush(self)
         except BaseException as error:
@@ -268,45 +268,6 @@ class Transaction(Reads, Writes, Children):
             manager.observers.call("on_commit", self)
         if parent is not None:
             parent._forget(self)
-
-    def _delegate_to_parent(self) -> None:
-        parent = self.parent
-        with self._mutex:
-            writes, reads, scans = self._writes, self._db_reads, self._scans
-            participants = self._participants
-        with parent._mutex:
-            if parent._state not in (TxnState.ACTIVE, TxnState.COMMITTING) or parent._doomed is not None:
-                raise TransactionAborted(f"the parent {parent.id} of {self.id} was aborted")
-            # Check and compose everything first, then install: a failure leaves the parent untouched.
-            parent_reads = parent._db_reads
-            for row, image in reads.items() if reads else ():
-                relied = parent_reads.get(row, image)
-                if relied != image:
-                    # Another process committed between two reads of the tree: the parent (or a
-                    # sibling that committed into it) relied on one image, this child on another.
-                    # Keeping both is not serializable; the child's commit fails and its work is
-                    # discarded, the parent keeps its own image (validated again at the flush).
-                    raise SerializationConflict(
-                        f"commit of {self.id}: row {row[1]!r} of {row[0]!r} changed in PostgreSQL between "
-                        f"this subtransaction's read and a read by {parent.id} or a sibling (another process "
-                        f"committed in between); nothing of {self.id} is kept — re-run it "
-                        f"(tx.retry(fn) does, or the whole transaction: Database.run(fn, retries=N))"
-                    )
-            if writes:
-                parent_writes = parent._writes
-                merged = {}
-                for row, entry in writes.items():
-                    previous = parent_writes.get(row)
-                    merged[row] = previous.then(entry, row[0]) if previous is not None else entry
-                parent_writes.update(merged)
-            if reads:
-                for row, image in reads.items():
-                    parent_reads.setdefault(row, image)
-            if scans:
-                parent._scans = [*parent._scans, *scans]
-            if participants:
-                parent._participants = [*parent._participants, *participants]
-            parent.subtransactions_committed += 1 + self.subtransactions_committed
 
     def abort(self, reason: BaseException | str | None = None) -> None:
         """Abort this node and its active descendants: write sets discarded, locks released."""
@@ -353,7 +314,7 @@ def _end_frame(node: Transaction) -> None:
     try:
         if node._doomed is not None:
             raise TransactionAborted(f"transaction {node.id} was aborted ({node._doomed})") from node._doomed
-        node._delegate_to_parent()
+        _delegate_to_parent(node)
     except BaseException as error:
         node.abort(error)
         raise
@@ -366,3 +327,45 @@ def _end_frame(node: Transaction) -> None:
         hook(node, True)
     if manager.observers.on_commit:
         manager.observers.call("on_commit", node)
+
+
+def _delegate_to_parent(node: Transaction) -> None:
+    """Rule 2 for ``node``'s effects: its write set, relied-on images, scans and participants move to its
+    parent (checked and composed first: a failure leaves the parent untouched)."""
+    parent = node.parent
+    with node._mutex:
+        writes, reads, scans = node._writes, node._db_reads, node._scans
+        participants = node._participants
+    with parent._mutex:
+        if parent._state not in (TxnState.ACTIVE, TxnState.COMMITTING) or parent._doomed is not None:
+            raise TransactionAborted(f"the parent {parent.id} of {node.id} was aborted")
+        # Check and compose everything first, then install: a failure leaves the parent untouched.
+        parent_reads = parent._db_reads
+        for row, image in reads.items() if reads else ():
+            relied = parent_reads.get(row, image)
+            if relied != image:
+                # Another process committed between two reads of the tree: the parent (or a
+                # sibling that committed into it) relied on one image, this child on another.
+                # Keeping both is not serializable; the child's commit fails and its work is
+                # discarded, the parent keeps its own image (validated again at the flush).
+                raise SerializationConflict(
+                    f"commit of {node.id}: row {row[1]!r} of {row[0]!r} changed in PostgreSQL between "
+                    f"this subtransaction's read and a read by {parent.id} or a sibling (another process "
+                    f"committed in between); nothing of {node.id} is kept — re-run it "
+                    f"(tx.retry(fn) does, or the whole transaction: Database.run(fn, retries=N))"
+                )
+        if writes:
+            parent_writes = parent._writes
+            merged = {}
+            for row, entry in writes.items():
+                previous = parent_writes.get(row)
+                merged[row] = previous.then(entry, row[0]) if previous is not None else entry
+            parent_writes.update(merged)
+        if reads:
+            for row, image in reads.items():
+                parent_reads.setdefault(row, image)
+        if scans:
+            parent._scans = [*parent._scans, *scans]
+        if participants:
+            parent._participants = [*parent._participants, *participants]
+        parent.subtransactions_committed += 1 + node.subtransactions_committed

@@ -5,7 +5,7 @@ the table's), the write-set entry and the data event the extensions (the rule ma
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from lockmgr import Mode
 
@@ -14,6 +14,9 @@ from activedb.events import Event, EventKind
 from activedb.store import Entry, EntryKind, Key, TableInfo
 from activedb.txn import _view
 from activedb.txn._hotkeys import HotKeys
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.txn._tree import Transaction
 
 
 class Writes:
@@ -26,7 +29,7 @@ class Writes:
         self._check_active("write")
         info = self.manager.catalog.table_info(table)
         key = info.key(key)
-        values = self._values_without_key(info, key, values)
+        values = _values_without_key(info, key, values)
         self._modify(info, key, Entry(EntryKind.PATCH, values))
 
     def insert(self, table: Any, **values: Any) -> Key | Any:
@@ -37,7 +40,7 @@ class Writes:
         values = info.check_values(values)
         generated = any(values.get(name) is None for name in info.key_columns)
         if generated:
-            values = {**values, **self._generated_key(info)}
+            values = {**values, **_generated_key(self, info)}
         key = info.key(info.key_from_values(values))
         values = {name: value for name, value in values.items() if name not in info.key_columns}
         self._modify(info, key, Entry(EntryKind.INSERT, values), must_not_exist=not generated)
@@ -49,27 +52,6 @@ class Writes:
         info = self.manager.catalog.table_info(table)
         key = info.key(key)
         self._modify(info, key, Entry(EntryKind.DELETE))
-
-    def _values_without_key(self, info: TableInfo, key: Key, values: dict) -> dict:
-        values = info.check_values(values)
-        for name, key_value in zip(info.key_columns, key):
-            if name in values:
-                if values.pop(name) != key_value:
-                    raise InvalidKey(f"{info.name}.{name} is part of the key {key!r}; it cannot be changed by write()")
-        return values
-
-    def _generated_key(self, info: TableInfo) -> dict:
-        if len(info.key_columns) != 1:
-            raise InvalidKey(f"insert into {info.name!r} needs the key columns {', '.join(info.key_columns)}")
-        column = info.key_columns[0]
-        catalog = self.manager.catalog
-        sequence = catalog.sequence_of(info, column)
-        if sequence is None:
-            raise InvalidKey(
-                f"insert into {info.name!r} needs a value for the key column {column!r} "
-                f"(it has no identity or serial default)"
-            )
-        return {column: catalog.next_generated_key(sequence, self.root.began_at)}
 
     def _modify(self, info: TableInfo, key: Key, entry: Entry, *, must_not_exist: bool = False,
                 lock: bool = True) -> None:
@@ -134,7 +116,7 @@ class Writes:
         for given, values in rows.items():
             key = info.key(given)
             entry = (Entry(EntryKind.DELETE) if values is None
-                     else Entry(EntryKind.PATCH, self._values_without_key(info, key, dict(values))))
+                     else Entry(EntryKind.PATCH, _values_without_key(info, key, dict(values))))
             self._modify(info, key, entry, lock=not by_table)
         return len(rows)
 
@@ -155,3 +137,27 @@ class Writes:
         for hook in self.manager.extensions.on_event:
             hook(self, event)
 
+
+def _values_without_key(info: TableInfo, key: Key, values: dict) -> dict:
+    """``values`` checked against ``info``, without the key columns (which must equal ``key``)."""
+    values = info.check_values(values)
+    for name, key_value in zip(info.key_columns, key):
+        if name in values:
+            if values.pop(name) != key_value:
+                raise InvalidKey(f"{info.name}.{name} is part of the key {key!r}; it cannot be changed by write()")
+    return values
+
+
+def _generated_key(node: "Transaction", info: TableInfo) -> dict:
+    """The key column of ``info`` with the next value of its sequence (for ``node``'s tree)."""
+    if len(info.key_columns) != 1:
+        raise InvalidKey(f"insert into {info.name!r} needs the key columns {', '.join(info.key_columns)}")
+    column = info.key_columns[0]
+    catalog = node.manager.catalog
+    sequence = catalog.sequence_of(info, column)
+    if sequence is None:
+        raise InvalidKey(
+            f"insert into {info.name!r} needs a value for the key column {column!r} "
+            f"(it has no identity or serial default)"
+        )
+    return {column: catalog.next_generated_key(sequence, node.root.began_at)}

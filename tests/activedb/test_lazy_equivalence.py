@@ -229,6 +229,11 @@ def test_a_childs_intention_lock_answered_from_its_parents_retain_is_its_own_in_
     assert ("row", "items", ("b",)) not in after
 
 
+def _named_write(names: dict, node, name: str, key: str, value: int) -> None:
+    names[node.id] = name
+    node.write("items", key, value=value)
+
+
 def _mixed_tree(db, representation: Subtransactions) -> tuple:
     """Inline children that stay frames, abort as frames, and become nodes (an inline child of their own, a
     spawned child, a nested top-level transaction: a wait): the lock pictures, every value read and the final
@@ -259,20 +264,16 @@ def _mixed_tree(db, representation: Subtransactions) -> tuple:
             pictures.append(_picture(db, names))
             seen.append((tx.read("items", "a"), tx.read("items", "c")))   # the parent is intact
             with tx.subtransaction() as third:                  # becomes a node: a child of its own
-                names[third.id] = "third"
-                third.write("items", "c", value=4)
+                _named_write(names, third, "third", "c", 4)
                 with third.subtransaction() as grandchild:
-                    names[grandchild.id] = "grandchild"
-                    grandchild.write("items", "a", value=5)
+                    _named_write(names, grandchild, "grandchild", "a", 5)
                     pictures.append(_picture(db, names))
                 third.spawn(lambda spawned: spawned.write("items", "b", value=6)).result(30)
                 pictures.append(_picture(db, names))
             with tx.subtransaction() as fourth:                 # becomes a node: it waits (a nested tree)
-                names[fourth.id] = "fourth"
-                fourth.write("items", "b", value=7)
+                _named_write(names, fourth, "fourth", "b", 7)
                 with db.transaction() as nested:
-                    names[nested.id] = "nested"
-                    nested.write("items", "d", value=8)
+                    _named_write(names, nested, "nested", "d", 8)
                     pictures.append(_picture(db, names))
                 seen.append(fourth.read("items", "b"))
             pictures.append(_picture(db, names))
