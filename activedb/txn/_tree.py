@@ -30,7 +30,7 @@ from lockmgr import Mode, TxnState
 
 from activedb.errors import SerializationConflict, TransactionAborted, TransactionError
 from activedb.txn import _flush, _ids
-from activedb.txn._children import _EMPTY, Children
+from activedb.txn._children import _ABORTED, _ACTIVE, _COMMITTED, _COMMITTING, _EMPTY, Children
 from activedb.txn._participants import CommitParticipant
 from activedb.txn._reads import Reads
 from activedb.txn._writes import Writes
@@ -75,7 +75,7 @@ class Transaction(Reads, Writes, Children):
         self.subtransactions_committed = 0
         self._mutex = threading.Lock()
         # Invariant: _state only moves ACTIVE -> COMMITTING -> COMMITTED, or to ABORTED from a non-final state.
-        self._state = TxnState.ACTIVE
+        self._state = _ACTIVE
         # Invariant: exactly the children that have not ended (a child removes itself once it committed
         # or aborted: a long tree — a micro-batch of events — keeps no finished nodes alive).
         # (``_children``, ``_tasks``, ``_scans`` and ``_participants`` start as shared empty read-only values
@@ -157,7 +157,7 @@ class Transaction(Reads, Writes, Children):
                 f"start a new transaction"
             ) from self._doomed
         state = self._state
-        if state is not TxnState.ACTIVE:
+        if state is not _ACTIVE:
             raise TransactionError(
                 f"{operation} in transaction {self.id}, which is {state.value}; operations are only allowed "
                 f"while it is active — start a new transaction"
@@ -168,7 +168,7 @@ class Transaction(Reads, Writes, Children):
         pending = [self]
         while pending:
             node = pending.pop()
-            if node._doomed is None and node._state in (TxnState.ACTIVE, TxnState.COMMITTING):
+            if node._doomed is None and node._state in (_ACTIVE, _COMMITTING):
                 node._doomed = reason
             pending.extend(node.children)
 
@@ -183,7 +183,7 @@ class Transaction(Reads, Writes, Children):
             raise TypeError(f"enlist() takes a CommitParticipant, got {participant!r}")
         # Also while COMMITTING (waiting for its children, before it delegates or flushes): a running child
         # may enlist in its root (the outbox does); the commit reads the list only after every child ended.
-        if not (self._state is TxnState.COMMITTING and self._doomed is None):
+        if not (self._state is _COMMITTING and self._doomed is None):
             self._check_active("enlist")
         with self._mutex:
             if self._participants is _NONE:
@@ -215,9 +215,9 @@ class Transaction(Reads, Writes, Children):
         """Commit: wait for children, then delegate to the parent or flush to PostgreSQL.  A node that
         was doomed meanwhile (an ancestor aborted, a deadlock) aborts instead and raises why."""
         doomed = self._doomed
-        if doomed is not None and self._state is TxnState.ACTIVE:
+        if doomed is not None and self._state is _ACTIVE:
             self.abort(doomed)
-        if doomed is not None or self._state is not TxnState.ACTIVE:
+        if doomed is not None or self._state is not _ACTIVE:
             self._check_active("commit")
         manager = self.manager
         try:
@@ -230,9 +230,9 @@ class Transaction(Reads, Writes, Children):
             _end_frame(self)
             return
         with self._mutex:
-            if self._state is not TxnState.ACTIVE:
+            if self._state is not _ACTIVE:
                 raise TransactionError(f"commit of {self.id}, which is {self._state.value}")
-            self._state = TxnState.COMMITTING
+            self._state = _COMMITTING
         try:
             # COMMITTING: no operation of this node runs any more, so what its own operations hold
             # becomes retained before it waits for its children (they may need those rows).  (A lazy node
@@ -252,7 +252,7 @@ class Transaction(Reads, Writes, Children):
             raise
         manager.locking.commit(self)   # subtransaction: parent inherits and retains; top-level: releases all
         with self._mutex:
-            self._state = TxnState.COMMITTED
+            self._state = _COMMITTED
         parent = self.parent
         if parent is None:
             for participant in self._participants:
@@ -277,11 +277,11 @@ class Transaction(Reads, Writes, Children):
         # node is not doomed, nor are its children: it has none.)
         self.doom(error)
         with self._mutex:
-            if self._state in (TxnState.COMMITTED, TxnState.ABORTED):
-                if self._state is TxnState.COMMITTED:
+            if self._state in (_COMMITTED, _ABORTED):
+                if self._state is _COMMITTED:
                     raise TransactionError(f"abort of {self.id}, which is already committed")
                 return
-            self._state = TxnState.ABORTED
+            self._state = _ABORTED
             self._writes = {}
             participants, self._participants = self._participants, _NONE
         manager = self.manager
@@ -309,7 +309,7 @@ def _end_frame(node: Transaction) -> None:
     (its locks are its parent's holds) and is known to nobody but its parent and its thread, so it moves to
     COMMITTED without the intermediate step, delegates, and its parent's holds become retained (Rule 2); no
     ``_forget``: it was never registered."""
-    if node._state is not TxnState.ACTIVE:
+    if node._state is not _ACTIVE:
         raise TransactionError(f"commit of {node.id}, which is {node._state.value}")
     try:
         if node._doomed is not None:
@@ -320,7 +320,7 @@ def _end_frame(node: Transaction) -> None:
         raise
     manager = node.manager
     manager.locking.commit(node)
-    node._state = TxnState.COMMITTED
+    node._state = _COMMITTED
     if manager.recorder:
         manager.recorder.record("commit", node.id, parent=node.parent.id, root=node.root.id)
     for hook in manager.extensions.after_end:
@@ -337,7 +337,8 @@ def _delegate_to_parent(node: Transaction) -> None:
         writes, reads, scans = node._writes, node._db_reads, node._scans
         participants = node._participants
     with parent._mutex:
-        if parent._state not in (TxnState.ACTIVE, TxnState.COMMITTING) or parent._doomed is not None:
+        state = parent._state
+        if (state is not _ACTIVE and state is not _COMMITTING) or parent._doomed is not None:
             raise TransactionAborted(f"the parent {parent.id} of {node.id} was aborted")
         # Check and compose everything first, then install: a failure leaves the parent untouched.
         parent_reads = parent._db_reads
@@ -354,7 +355,12 @@ def _delegate_to_parent(node: Transaction) -> None:
                     f"committed in between); nothing of {node.id} is kept — re-run it "
                     f"(tx.retry(fn) does, or the whole transaction: Database.run(fn, retries=N))"
                 )
-        if writes:
+        if len(writes) == 1:                  # a firing's one row: no intermediate dict
+            (row, entry), = writes.items()
+            parent_writes = parent._writes
+            previous = parent_writes.get(row)
+            parent_writes[row] = previous.then(entry, row[0]) if previous is not None else entry
+        elif writes:
             parent_writes = parent._writes
             merged = {}
             for row, entry in writes.items():
