@@ -106,7 +106,7 @@ class Children:
             self.manager.locking.materialize(self)
 
     def _new_child(self, name: str | None = None, *, inline: bool = False) -> "Transaction":
-        if self._doomed is not None or self._state is not _ACTIVE:
+        if self._doomed is not None or self._state is not TxnState.ACTIVE:
             self._check_active("starting a subtransaction")
         manager = self.manager
         if self._lazy:
@@ -201,7 +201,7 @@ class Children:
         its own thread (a lock another thread's operation just took must stay held)."""
         if self._lazy:
             self.manager.locking.materialize(self)
-        if self._thread == threading.get_ident() and self._state in (_ACTIVE, _COMMITTING):
+        if self._thread == threading.get_ident() and self._state in (TxnState.ACTIVE, TxnState.COMMITTING):
             self.manager.locking.release_holds(self)
 
     def wait_children(self, timeout: float | None = None) -> None:
