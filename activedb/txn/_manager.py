@@ -55,7 +55,12 @@ class TransactionManager:
         #: subtransactions" and "Frames"): ``ACTIVEDB_SUBTRANSACTIONS=frames`` (the default), ``lazy`` (no
         #: frames) or ``materialized`` (every node registered from its start, the reference the equivalence
         #: tests compare with).
-        self.subtransactions = Subtransactions(os.environ.get("ACTIVEDB_SUBTRANSACTIONS") or "frames")
+        chosen = os.environ.get("ACTIVEDB_SUBTRANSACTIONS") or Subtransactions.FRAMES.value
+        try:
+            self.subtransactions = Subtransactions(chosen)
+        except ValueError:
+            raise ValueError(f"ACTIVEDB_SUBTRANSACTIONS={chosen!r}: use one of "
+                             f"{', '.join(choice.value for choice in Subtransactions)} (or leave it unset)") from None
         self.pool = WorkerPool(max_workers)
         self.flush_retries = flush_retries
         self.recorder: HistoryRecorder | None = HistoryRecorder() if record_history else None
