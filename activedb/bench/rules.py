@@ -26,7 +26,8 @@ measured up to 3x slower than the one before it).
 4. where the time of an inline immediate firing goes: one more run of (1) under ``cProfile``,
    each phase's time (match, condition, child create, lock, write, child commit, firing record,
    flush) per event, scaled to the unprofiled run's time per event, and the share spent waiting
-   for PostgreSQL (psycopg's socket waits) against Python;
+   for PostgreSQL (psycopg's socket waits) against Python; the child is a frame unless
+   ``ACTIVEDB_SUBTRANSACTIONS`` says otherwise (the note names the representation measured);
 5. one immediate rule upserting a per-key counter (``tx.read`` then ``tx.write`` of
    ``bench_counters``), ``count`` events over ``count // 10`` keys in one top-level transaction
    per batch of 1k and 10k events (the batch's keys prefetched in one query, as a sink's
@@ -116,7 +117,7 @@ def _compare(database, report: BenchReport, label: str, event_type: str, count: 
 #: The phases of an inline immediate firing: (phase, [(file suffix, function)] whose cumulative
 #: profiled time it is, [phases whose time is inside those functions and is subtracted]).
 _PHASES = (
-    ("match", [("activedb/events/_model.py", "matches")], []),
+    ("match", [("activedb/rules/_registry.py", "matching")], []),
     ("condition", [("activedb/rules/_model.py", "condition")], []),
     ("lock", [("activedb/txn/_locking.py", "acquire")], []),
     ("write", [("activedb/txn/_writes.py", "write")], ["lock"]),
@@ -264,8 +265,10 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
                     per_event_us = 1e6 / report.rows[-1].value
                     phases = _phases(database, count, per_event_us)
                     report.rows[-1].extra["phases_us_per_event"] = phases
-                    report.notes.append("inline immediate firing, µs/event by phase (profiled, scaled to the "
-                                        "unprofiled time): " + ", ".join(f"{phase} {value}" for phase, value
+                    representation = database.transactions.subtransactions.value
+                    report.rows[-1].extra["subtransactions"] = representation
+                    report.notes.append(f"inline immediate firing ({representation}), µs/event by phase (profiled, "
+                                        "scaled to the unprofiled time): " + ", ".join(f"{phase} {value}" for phase, value
                                                                            in phases.items()))
                 with progress.step("counter upsert rule vs PL/pgSQL trigger and executemany"):
                     for size in (1_000, 10_000):

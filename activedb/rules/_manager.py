@@ -34,6 +34,7 @@ logger = logging.getLogger("activedb.rules")
 
 _EXECUTED, _CONDITION_FALSE, _FAILED, _CANCELLED = (FiringOutcome.EXECUTED, FiringOutcome.CONDITION_FALSE,
                                                    FiringOutcome.FAILED, FiringOutcome.CANCELLED)
+_IMMEDIATE, _DEFERRED = Coupling.IMMEDIATE, Coupling.DEFERRED
 
 
 class RuleManager(TransactionExtension):
@@ -179,10 +180,7 @@ class RuleManager(TransactionExtension):
     def on_event(self, transaction: Transaction, event: Event, *, ended: bool = False) -> None:
         """Dispatch: fire the rules matching ``event``, which occurred in ``transaction`` (``ended``: an
         event of a transaction that has ended, its ``aborted``)."""
-        candidates = self.registry.by_kind.get(event.kind)
-        if not candidates:
-            return
-        rules = [rule for rule in candidates if rule.on.matches(event)]
+        rules = self.registry.matching(event)
         if not rules:
             return
         chain = chain_of(transaction)
@@ -196,9 +194,9 @@ class RuleManager(TransactionExtension):
         immediate = []
         for firing in firings:
             coupling = firing.coupling
-            if coupling is Coupling.IMMEDIATE:
+            if coupling is _IMMEDIATE:
                 immediate.append(firing)
-            elif coupling is Coupling.DEFERRED:
+            elif coupling is _DEFERRED:
                 deferred_queue_for(transaction, self.max_deferred_cycles).add(firing)
             else:
                 self.detached.start(transaction, firing, ended=ended)
@@ -267,7 +265,7 @@ class RuleManager(TransactionExtension):
             observers.call("on_firing_start", transaction, firing)
         outcome = _FAILED
         try:
-            if rule.action_coupling is Coupling.IMMEDIATE:
+            if rule.action_coupling is _IMMEDIATE:
                 if not rule.condition(transaction, event):
                     self.count(rule, "condition_false")
                     outcome = _CONDITION_FALSE
@@ -277,7 +275,7 @@ class RuleManager(TransactionExtension):
                 outcome = _CONDITION_FALSE
                 return False
             coupling = firing.coupling
-            if coupling is Coupling.IMMEDIATE or coupling is Coupling.DEFERRED:   # runs_as_subtransaction
+            if coupling is _IMMEDIATE or coupling is _DEFERRED:   # runs_as_subtransaction
                 self.record.executed(rule.name)   # detached rules count once their top-level commits
             outcome = _EXECUTED
         except (DependencyAbort, CascadeLimitExceeded, RuleFailed, TransactionAborted):

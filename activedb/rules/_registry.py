@@ -33,7 +33,7 @@ from sqlalchemy.dialects import postgresql
 from coupling import ACTION_COUPLINGS, Coupling, CouplingError
 
 from activedb.errors import RuleDefinitionChangedWarning, RuleError, UnknownTable
-from activedb.events import EventKind, EventSpec, Origin
+from activedb.events import Event, EventKind, EventSpec, Origin
 from activedb.rules._model import FunctionRule, Rule, fingerprint
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger("activedb.rules")
 
 RULES_TABLE = "activedb_rules"
+_MATCHING_CACHE = 4096   # (kind, source) pairs remembered by ``matching`` before it starts afresh
 
 
 class RuleRegistry:
@@ -55,6 +56,9 @@ class RuleRegistry:
         # tables whose data events are observed (writes there read the old row).
         self.by_kind: dict[EventKind, tuple[Rule, ...]] = {}
         self.observed_tables: frozenset[str] = frozenset()
+        # The rules matching an event of a (kind, source), filled by ``matching`` and replaced (empty) with
+        # the index: ``EventSpec.matches`` depends on nothing else of an in-process event.
+        self._matching: dict[tuple[EventKind, str | None], tuple[Rule, ...]] = {}
         self.redefined: list[tuple[str, int, int]] = []
 
     # --- declaring ----------------------------------------------------------------------------
@@ -300,6 +304,22 @@ class RuleRegistry:
         """The stream event types enabled rules listen to (``db.stream(type)``)."""
         return frozenset(rule.on.source for rule in self.by_kind.get(EventKind.STREAM, ()) if rule.on.source)
 
+    def matching(self, event: Event) -> tuple[Rule, ...]:
+        """The enabled rules whose spec matches ``event`` (an in-process event: origin ``ACTIVEDB``), in
+        registration order — ``[rule for rule in by_kind[kind] if rule.on.matches(event)]``, remembered per
+        kind and source."""
+        if event.origin is not Origin.ACTIVEDB:
+            return ()                   # the index holds rules on in-process events only
+        cache = self._matching          # before by_kind: a reindex in between only fills a dropped cache
+        key = (event.kind, event.source)
+        rules = cache.get(key)
+        if rules is None:
+            rules = tuple(rule for rule in self.by_kind.get(event.kind, ()) if rule.on.matches(event))
+            if len(cache) >= _MATCHING_CACHE:
+                cache = self._matching = {}
+            cache[key] = rules
+        return rules
+
     def _reindex(self) -> None:
         """Rebuild the lookup structures after the rule set or an enabled flag changed.  Caller holds
         ``_mutex``.  Readers use the published dict/frozenset without it: each is replaced whole."""
@@ -311,5 +331,6 @@ class RuleRegistry:
             for kind in rule.on.kinds():
                 by_kind.setdefault(kind, []).append(rule)
         self.by_kind = {kind: tuple(rules) for kind, rules in by_kind.items()}
+        self._matching = {}
         self.observed_tables = frozenset(rule.on.source for rule in self._rules.values()
                                          if rule.enabled and rule.on.is_data and rule.on.origin is Origin.ACTIVEDB)

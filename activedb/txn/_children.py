@@ -5,6 +5,7 @@ subtransactions"), and waiting for them (holds become retains first; the wait is
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
@@ -23,6 +24,20 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger("activedb.transaction")
 
 _EMPTY: Mapping = types.MappingProxyType({})   # a node's children or tasks until its first (read-only)
+# Enum members as module constants: a class attribute lookup of an Enum member costs several times a
+# global's, and the hot path of a firing tests states a dozen times.
+_ACTIVE, _COMMITTING, _COMMITTED, _ABORTED = (TxnState.ACTIVE, TxnState.COMMITTING, TxnState.COMMITTED,
+                                             TxnState.ABORTED)
+
+
+class Subtransactions(enum.Enum):
+    """How inline subtransactions are represented (``TransactionManager.subtransactions``; README, "Lazy
+    inline subtransactions" and "Frames"): each representation is equivalent to the next one down, which
+    the equivalence tests check.  ``ACTIVEDB_SUBTRANSACTIONS`` chooses it (default ``frames``)."""
+
+    FRAMES = "frames"              # a frame when it can be one, else lazy, else registered
+    LAZY = "lazy"                  # lazy when it can be, never a frame
+    MATERIALIZED = "materialized"  # every node registered in the lock manager from its start (the reference)
 
 
 class SubtransactionHandle:
@@ -98,7 +113,7 @@ class Children:
             self.materialize()
         manager.locking.release_holds(self)
         # Lazy: an inline child of a node with no other live child (so no sibling can conflict with it).
-        lazy = inline and manager.lazy_subtransactions and not self._children
+        lazy = inline and manager.subtransactions is not Subtransactions.MATERIALIZED and not self._children
         child = type(self)(manager, self, name=name, inline=inline, lazy=lazy)
         if lazy:
             self._lazy_child = child
@@ -137,41 +152,14 @@ class Children:
         """Run ``function(child, ...)`` as an inline subtransaction and return its result; the child
         commits when it returns and aborts (re-raising) when it raises — ``with tx.subtransaction()`` as
         one call, for code that needs the outcome without managing a context."""
-        child = self._begin_inline(name)
+        child = _begin_inline(self, name)
         try:
             result = function(child, *args, **kwargs)
         except BaseException as error:
-            child._end_inline(error)
+            _end_inline(child, error)
             raise
-        child._end_inline(None)
+        _end_inline(child, None)
         return result
-
-    def _begin_inline(self, name: str | None) -> "Transaction":
-        """Create an inline child and make it the transaction this thread runs; extensions and observers
-        hear of its begin."""
-        child = self._new_child(name, inline=True)
-        manager = self.manager
-        manager.push_running(child)
-        try:
-            for hook in manager.extensions.on_begin:
-                hook(child)
-            if manager.observers.on_begin:
-                manager.observers.call("on_begin", child)
-        except BaseException as error:
-            child.abort(error)
-            manager.pop_running()
-            raise
-        return child
-
-    def _end_inline(self, error: BaseException | None) -> None:
-        """End this inline child: commit it, or abort it because its block raised ``error``."""
-        try:
-            if error is not None:
-                self.abort(error)
-            else:
-                self.commit()
-        finally:
-            self.manager.pop_running()
 
     def retry(self, function: Callable[..., Any], *args: Any, attempts: int = 3, **kwargs: Any) -> Any:
         """Run ``function(child, ...)`` as an inline subtransaction, re-running it (in a fresh
@@ -239,6 +227,57 @@ class Children:
                 self._tasks.pop(child.id, None)
 
 
+def _begin_inline(parent: "Transaction", name: str | None) -> "Transaction":
+    """Create an inline child of ``parent`` (a frame when it can be one: README, "Frames") and make it the
+    transaction this thread runs; extensions and observers hear of its begin."""
+    manager = parent.manager
+    observers = manager.observers
+    if (manager.subtransactions is Subtransactions.FRAMES and not parent._lazy and parent._lazy_child is None
+            and not parent._children and not (observers.on_begin or observers.on_spawn or observers.on_commit
+                                            or observers.on_abort)):
+        child = _new_frame(parent, name)
+    else:
+        child = parent._new_child(name, inline=True)
+    manager.push_running(child)
+    try:
+        for hook in manager.extensions.on_begin:
+            hook(child)
+        if manager.observers.on_begin:
+            manager.observers.call("on_begin", child)
+    except BaseException as error:
+        child.abort(error)
+        manager.pop_running()
+        raise
+    return child
+
+
+def _end_inline(child: "Transaction", error: BaseException | None) -> None:
+    """End the inline ``child``: commit it, or abort it because its block raised ``error``."""
+    try:
+        if error is not None:
+            child.abort(error)
+        else:
+            child.commit()
+    finally:
+        child.manager.pop_running()
+
+
+def _new_frame(parent: "Transaction", name: str | None) -> "Transaction":
+    """A lazy inline child of ``parent`` that is a frame (README, "Frames"): ``_new_child`` without the
+    registration among the children (the caller checked that ``parent`` is not lazy and has no live child,
+    and that no observer wants node events)."""
+    if parent._doomed is not None or parent._state is not _ACTIVE:
+        parent._check_active("starting a subtransaction")
+    manager = parent.manager
+    manager.locking.release_holds(parent)
+    child = type(parent)(manager, parent, name=name, inline=True, lazy=True)
+    child._frame = True
+    parent._lazy_child = child
+    if manager.recorder:
+        manager.recorder.record("spawn", parent.id, root=parent.root.id, detail=child.id)
+    return child
+
+
 class InlineSubtransaction:
     """``with tx.subtransaction() as child:``: commit on normal exit, abort (re-raising) on an exception."""
 
@@ -250,9 +289,9 @@ class InlineSubtransaction:
         self.transaction: Transaction | None = None
 
     def __enter__(self) -> Transaction:
-        child = self.transaction = self._parent._begin_inline(self._name)
+        child = self.transaction = _begin_inline(self._parent, self._name)
         return child
 
     def __exit__(self, exc_type, exc, traceback) -> bool:
-        self.transaction._end_inline(exc)
+        _end_inline(self.transaction, exc)
         return False

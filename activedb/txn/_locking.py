@@ -77,6 +77,10 @@ class Granularity(enum.Enum):
     TABLE = "table"
 
 
+_TABLE = Granularity.TABLE       # (Enum members as constants: cheaper on the hot path)
+_INTENTIONS = (Mode.IR, Mode.IW)
+
+
 class Locking:
     """Locks of every transaction of one manager, on one :class:`lockmgr.LockManager`."""
 
@@ -115,6 +119,11 @@ class Locking:
         be had ``node`` been registered from the start (see README, "Lazy inline subtransactions")."""
         parent = node.parent
         locks = self.lock_manager
+        if node._frame:
+            # A frame becomes an ordinary node: registered among its parent's children from now on.
+            with parent._mutex:
+                parent._children = {**parent._children, node.id: node}
+            node._frame = False
         try:
             locks.begin(node.id, parent=parent.id, awaited=True)
             if parent._holds:
@@ -182,7 +191,7 @@ class Locking:
             # In the parent's name, never waiting: granted now exactly when it would be granted to the node
             # (the parent holds nothing else and has no other live child); else the node materializes.
             parent = node.parent
-            table_level = key is None or self._granularity.get(name) is Granularity.TABLE
+            table_level = key is None or self._granularity.get(name) is _TABLE
             try:
                 if table_level:
                     granted = locks.try_acquire(parent.id, ("table", name), mode)
@@ -217,7 +226,7 @@ class Locking:
         tid = node.id
         node._holds = True
         try:
-            if key is None or self._granularity.get(name) is Granularity.TABLE:
+            if key is None or self._granularity.get(name) is _TABLE:
                 locks.acquire(tid, ("table", name), mode, timeout=timeout)
                 _note_table(node, name, mode)
             else:
@@ -242,7 +251,7 @@ class Locking:
             answered = implied.get(name)
             if answered is not None and covers(answered, intention):
                 held = parent._table_held
-                return held is None or held.get(name) is None or held[name] in (Mode.IR, Mode.IW)
+                return held is None or held.get(name) is None or held[name] in _INTENTIONS
         retained = parent._table_retained
         if retained is None:
             return False
@@ -250,7 +259,7 @@ class Locking:
         if kept is None or not covers(kept, intention):
             return False
         held = parent._table_held
-        return held is None or held.get(name) is None or held[name] in (Mode.IR, Mode.IW)
+        return held is None or held.get(name) is None or held[name] in _INTENTIONS
 
     def release_holds(self, node: "Transaction") -> None:
         """What ``node``'s own operations hold becomes *retained*, in place (``LockManager.retain``): its

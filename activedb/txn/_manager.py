@@ -23,6 +23,7 @@ import lockmgr
 
 from activedb.errors import TransactionAborted
 from activedb.txn import _ids
+from activedb.txn._children import Subtransactions
 from activedb.txn._history import HistoryRecorder
 from activedb.txn._hotkeys import HotKeys
 from activedb.txn._hooks import HookRegistry, Observer, TransactionExtension, WaitKind
@@ -50,10 +51,16 @@ class TransactionManager:
         self.locks = lockmgr.LockManager(victim_policy=victim_policy, commit_edges="declared",
                                          snapshot_on_deadlock=snapshot_on_deadlock)
         self.locking = Locking(self.locks, lock_timeout)
-        #: Inline subtransactions start lazy (no lock-manager transaction until they need one; see
-        #: README, "Lazy inline subtransactions").  ``ACTIVEDB_SUBTRANSACTIONS=materialized`` (or False
-        #: here) registers every node from its start, the reference the equivalence tests compare with.
-        self.lazy_subtransactions = os.environ.get("ACTIVEDB_SUBTRANSACTIONS", "lazy") != "materialized"
+        #: How inline subtransactions are represented (see ``Subtransactions``; README, "Lazy inline
+        #: subtransactions" and "Frames"): ``ACTIVEDB_SUBTRANSACTIONS=frames`` (the default), ``lazy`` (no
+        #: frames) or ``materialized`` (every node registered from its start, the reference the equivalence
+        #: tests compare with).
+        chosen = os.environ.get("ACTIVEDB_SUBTRANSACTIONS") or Subtransactions.FRAMES.value
+        try:
+            self.subtransactions = Subtransactions(chosen)
+        except ValueError:
+            raise ValueError(f"ACTIVEDB_SUBTRANSACTIONS={chosen!r}: use one of "
+                             f"{', '.join(choice.value for choice in Subtransactions)} (or leave it unset)") from None
         self.pool = WorkerPool(max_workers)
         self.flush_retries = flush_retries
         self.recorder: HistoryRecorder | None = HistoryRecorder() if record_history else None
@@ -66,6 +73,16 @@ class TransactionManager:
         self._live_mutex = threading.Lock()  # protects _live (a leaf: nothing else is taken while holding it)
         # Invariant: _live holds exactly the top-level transactions whose ``transaction()`` block is running.
         self._live: dict[str, Transaction] = {}
+
+    @property
+    def lazy_subtransactions(self) -> bool:
+        """Whether inline subtransactions start lazy (``subtransactions`` is not ``MATERIALIZED``); setting
+        True chooses ``FRAMES``, False ``MATERIALIZED``."""
+        return self.subtransactions is not Subtransactions.MATERIALIZED
+
+    @lazy_subtransactions.setter
+    def lazy_subtransactions(self, lazy: bool) -> None:
+        self.subtransactions = Subtransactions.FRAMES if lazy else Subtransactions.MATERIALIZED
 
     @property
     def lock_timeout(self) -> float | None:

@@ -30,7 +30,7 @@ from lockmgr import Mode, TxnState
 
 from activedb.errors import SerializationConflict, TransactionAborted, TransactionError
 from activedb.txn import _flush, _ids
-from activedb.txn._children import _EMPTY, Children
+from activedb.txn._children import _ABORTED, _ACTIVE, _COMMITTED, _COMMITTING, _EMPTY, Children
 from activedb.txn._participants import CommitParticipant
 from activedb.txn._reads import Reads
 from activedb.txn._writes import Writes
@@ -55,7 +55,7 @@ class Transaction(Reads, Writes, Children):
     __slots__ = ("manager", "parent", "root", "depth", "id", "name", "began_at", "info", "subtransactions_committed",
                  "_mutex", "_state", "_children", "_tasks", "_writes", "_db_reads", "_scans", "_participants",
                  "_slots", "_doomed", "_thread", "_read_base", "_holds", "_lazy", "_lazy_child", "_table_held",
-                 "_table_retained", "_implied", "__weakref__")
+                 "_table_retained", "_implied", "_frame", "__weakref__")
 
     def __init__(self, manager: "TransactionManager", parent: "Transaction | None", *,
                  name: str | None = None, read_base: "ReadBase | None" = None, inline: bool = False,
@@ -75,7 +75,7 @@ class Transaction(Reads, Writes, Children):
         self.subtransactions_committed = 0
         self._mutex = threading.Lock()
         # Invariant: _state only moves ACTIVE -> COMMITTING -> COMMITTED, or to ABORTED from a non-final state.
-        self._state = TxnState.ACTIVE
+        self._state = _ACTIVE
         # Invariant: exactly the children that have not ended (a child removes itself once it committed
         # or aborted: a long tree — a micro-batch of events — keeps no finished nodes alive).
         # (``_children``, ``_tasks``, ``_scans`` and ``_participants`` start as shared empty read-only values
@@ -109,6 +109,10 @@ class Transaction(Reads, Writes, Children):
         self._table_held: dict[str, Mode] | None = None
         self._table_retained: dict[str, Mode] | None = None
         self._implied: dict[str, Mode] | None = None
+        # True while this lazy inline child is a *frame* (README, "Frames"): not registered among its
+        # parent's children (the parent's ``_lazy_child`` is the reference), ended by ``_end_frame``.
+        # Materializing makes it an ordinary node.
+        self._frame = False
         if not lazy:
             manager.locking.begin(self, awaited=inline)
         recorder = manager.recorder
@@ -127,8 +131,13 @@ class Transaction(Reads, Writes, Children):
 
     @property
     def children(self) -> list["Transaction"]:
+        """The children that have not ended (a running frame included)."""
         with self._mutex:
-            return list(self._children.values())
+            children = list(self._children.values())
+        frame = self._lazy_child
+        if frame is not None and frame._frame:
+            children.append(frame)
+        return children
 
     def ancestors(self) -> Iterator["Transaction"]:
         node = self.parent
@@ -148,7 +157,7 @@ class Transaction(Reads, Writes, Children):
                 f"start a new transaction"
             ) from self._doomed
         state = self._state
-        if state is not TxnState.ACTIVE:
+        if state is not _ACTIVE:
             raise TransactionError(
                 f"{operation} in transaction {self.id}, which is {state.value}; operations are only allowed "
                 f"while it is active — start a new transaction"
@@ -159,7 +168,7 @@ class Transaction(Reads, Writes, Children):
         pending = [self]
         while pending:
             node = pending.pop()
-            if node._doomed is None and node._state in (TxnState.ACTIVE, TxnState.COMMITTING):
+            if node._doomed is None and node._state in (_ACTIVE, _COMMITTING):
                 node._doomed = reason
             pending.extend(node.children)
 
@@ -174,7 +183,7 @@ class Transaction(Reads, Writes, Children):
             raise TypeError(f"enlist() takes a CommitParticipant, got {participant!r}")
         # Also while COMMITTING (waiting for its children, before it delegates or flushes): a running child
         # may enlist in its root (the outbox does); the commit reads the list only after every child ended.
-        if not (self._state is TxnState.COMMITTING and self._doomed is None):
+        if not (self._state is _COMMITTING and self._doomed is None):
             self._check_active("enlist")
         with self._mutex:
             if self._participants is _NONE:
@@ -206,9 +215,9 @@ class Transaction(Reads, Writes, Children):
         """Commit: wait for children, then delegate to the parent or flush to PostgreSQL.  A node that
         was doomed meanwhile (an ancestor aborted, a deadlock) aborts instead and raises why."""
         doomed = self._doomed
-        if doomed is not None and self._state is TxnState.ACTIVE:
+        if doomed is not None and self._state is _ACTIVE:
             self.abort(doomed)
-        if doomed is not None or self._state is not TxnState.ACTIVE:
+        if doomed is not None or self._state is not _ACTIVE:
             self._check_active("commit")
         manager = self.manager
         try:
@@ -217,10 +226,13 @@ class Transaction(Reads, Writes, Children):
         except BaseException as error:
             self.abort(error)
             raise
+        if self._frame:      # still a frame after the hooks (a deferred cycle they ran may have materialized it)
+            _end_frame(self)
+            return
         with self._mutex:
-            if self._state is not TxnState.ACTIVE:
+            if self._state is not _ACTIVE:
                 raise TransactionError(f"commit of {self.id}, which is {self._state.value}")
-            self._state = TxnState.COMMITTING
+            self._state = _COMMITTING
         try:
             # COMMITTING: no operation of this node runs any more, so what its own operations hold
             # becomes retained before it waits for its children (they may need those rows).  (A lazy node
@@ -232,7 +244,7 @@ class Transaction(Reads, Writes, Children):
             if self._doomed is not None:
                 raise TransactionAborted(f"transaction {self.id} was aborted ({self._doomed})") from self._doomed
             if self.parent is not None:
-                self._delegate_to_parent()
+                _delegate_to_parent(self)
             else:
                 _flush.flush(self)
         except BaseException as error:
@@ -240,7 +252,7 @@ class Transaction(Reads, Writes, Children):
             raise
         manager.locking.commit(self)   # subtransaction: parent inherits and retains; top-level: releases all
         with self._mutex:
-            self._state = TxnState.COMMITTED
+            self._state = _COMMITTED
         parent = self.parent
         if parent is None:
             for participant in self._participants:
@@ -257,44 +269,6 @@ class Transaction(Reads, Writes, Children):
         if parent is not None:
             parent._forget(self)
 
-    def _delegate_to_parent(self) -> None:
-        parent = self.parent
-        with self._mutex:
-            writes, reads, scans = self._writes, self._db_reads, self._scans
-            participants = self._participants
-        with parent._mutex:
-            if parent._state not in (TxnState.ACTIVE, TxnState.COMMITTING) or parent._doomed is not None:
-                raise TransactionAborted(f"the parent {parent.id} of {self.id} was aborted")
-            # Check and compose everything first, then install: a failure leaves the parent untouched.
-            parent_reads = parent._db_reads
-            for row, image in reads.items():
-                relied = parent_reads.get(row, image)
-                if relied != image:
-                    # Another process committed between two reads of the tree: the parent (or a
-                    # sibling that committed into it) relied on one image, this child on another.
-                    # Keeping both is not serializable; the child's commit fails and its work is
-                    # discarded, the parent keeps its own image (validated again at the flush).
-                    raise SerializationConflict(
-                        f"commit of {self.id}: row {row[1]!r} of {row[0]!r} changed in PostgreSQL between "
-                        f"this subtransaction's read and a read by {parent.id} or a sibling (another process "
-                        f"committed in between); nothing of {self.id} is kept — re-run it "
-                        f"(tx.retry(fn) does, or the whole transaction: Database.run(fn, retries=N))"
-                    )
-            if writes:
-                parent_writes = parent._writes
-                merged = {}
-                for row, entry in writes.items():
-                    previous = parent_writes.get(row)
-                    merged[row] = previous.then(entry, row[0]) if previous is not None else entry
-                parent_writes.update(merged)
-            for row, image in reads.items():
-                parent_reads.setdefault(row, image)
-            if scans:
-                parent._scans = [*parent._scans, *scans]
-            if participants:
-                parent._participants = [*parent._participants, *participants]
-            parent.subtransactions_committed += 1 + self.subtransactions_committed
-
     def abort(self, reason: BaseException | str | None = None) -> None:
         """Abort this node and its active descendants: write sets discarded, locks released."""
         error = reason if isinstance(reason, BaseException) else TransactionAborted(str(reason or "aborted"))
@@ -303,11 +277,11 @@ class Transaction(Reads, Writes, Children):
         # node is not doomed, nor are its children: it has none.)
         self.doom(error)
         with self._mutex:
-            if self._state in (TxnState.COMMITTED, TxnState.ABORTED):
-                if self._state is TxnState.COMMITTED:
+            if self._state in (_COMMITTED, _ABORTED):
+                if self._state is _COMMITTED:
                     raise TransactionError(f"abort of {self.id}, which is already committed")
                 return
-            self._state = TxnState.ABORTED
+            self._state = _ABORTED
             self._writes = {}
             participants, self._participants = self._participants, _NONE
         manager = self.manager
@@ -328,3 +302,76 @@ class Transaction(Reads, Writes, Children):
 
     def __repr__(self) -> str:
         return f"<Transaction {self.id} {self._state.value}>"
+
+
+def _end_frame(node: Transaction) -> None:
+    """The rest of ``commit`` for a frame (README, "Frames"): it has no children, holds nothing of its own
+    (its locks are its parent's holds) and is known to nobody but its parent and its thread, so it moves to
+    COMMITTED without the intermediate step, delegates, and its parent's holds become retained (Rule 2); no
+    ``_forget``: it was never registered."""
+    if node._state is not _ACTIVE:
+        raise TransactionError(f"commit of {node.id}, which is {node._state.value}")
+    try:
+        if node._doomed is not None:
+            raise TransactionAborted(f"transaction {node.id} was aborted ({node._doomed})") from node._doomed
+        _delegate_to_parent(node)
+    except BaseException as error:
+        node.abort(error)
+        raise
+    manager = node.manager
+    manager.locking.commit(node)
+    node._state = _COMMITTED
+    if manager.recorder:
+        manager.recorder.record("commit", node.id, parent=node.parent.id, root=node.root.id)
+    for hook in manager.extensions.after_end:
+        hook(node, True)
+    if manager.observers.on_commit:
+        manager.observers.call("on_commit", node)
+
+
+def _delegate_to_parent(node: Transaction) -> None:
+    """Rule 2 for ``node``'s effects: its write set, relied-on images, scans and participants move to its
+    parent (checked and composed first: a failure leaves the parent untouched)."""
+    parent = node.parent
+    with node._mutex:
+        writes, reads, scans = node._writes, node._db_reads, node._scans
+        participants = node._participants
+    with parent._mutex:
+        state = parent._state
+        if (state is not _ACTIVE and state is not _COMMITTING) or parent._doomed is not None:
+            raise TransactionAborted(f"the parent {parent.id} of {node.id} was aborted")
+        # Check and compose everything first, then install: a failure leaves the parent untouched.
+        parent_reads = parent._db_reads
+        for row, image in reads.items() if reads else ():
+            relied = parent_reads.get(row, image)
+            if relied != image:
+                # Another process committed between two reads of the tree: the parent (or a
+                # sibling that committed into it) relied on one image, this child on another.
+                # Keeping both is not serializable; the child's commit fails and its work is
+                # discarded, the parent keeps its own image (validated again at the flush).
+                raise SerializationConflict(
+                    f"commit of {node.id}: row {row[1]!r} of {row[0]!r} changed in PostgreSQL between "
+                    f"this subtransaction's read and a read by {parent.id} or a sibling (another process "
+                    f"committed in between); nothing of {node.id} is kept — re-run it "
+                    f"(tx.retry(fn) does, or the whole transaction: Database.run(fn, retries=N))"
+                )
+        if len(writes) == 1:                  # a firing's one row: no intermediate dict
+            (row, entry), = writes.items()
+            parent_writes = parent._writes
+            previous = parent_writes.get(row)
+            parent_writes[row] = previous.then(entry, row[0]) if previous is not None else entry
+        elif writes:
+            parent_writes = parent._writes
+            merged = {}
+            for row, entry in writes.items():
+                previous = parent_writes.get(row)
+                merged[row] = previous.then(entry, row[0]) if previous is not None else entry
+            parent_writes.update(merged)
+        if reads:
+            for row, image in reads.items():
+                parent_reads.setdefault(row, image)
+        if scans:
+            parent._scans = [*parent._scans, *scans]
+        if participants:
+            parent._participants = [*parent._participants, *participants]
+        parent.subtransactions_committed += 1 + node.subtransactions_committed

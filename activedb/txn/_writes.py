@@ -5,7 +5,7 @@ the table's), the write-set entry and the data event the extensions (the rule ma
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from lockmgr import Mode
 
@@ -14,6 +14,13 @@ from activedb.events import Event, EventKind
 from activedb.store import Entry, EntryKind, Key, TableInfo
 from activedb.txn import _view
 from activedb.txn._hotkeys import HotKeys
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.txn._tree import Transaction
+
+# Enum members as module constants: cheaper than the class attribute lookup on the hot path.
+_PATCH, _INSERT, _DELETE = EntryKind.PATCH, EntryKind.INSERT, EntryKind.DELETE
+_WRITE, _STREAM = Mode.WRITE, EventKind.STREAM
 
 
 class Writes:
@@ -26,8 +33,8 @@ class Writes:
         self._check_active("write")
         info = self.manager.catalog.table_info(table)
         key = info.key(key)
-        values = self._values_without_key(info, key, values)
-        self._modify(info, key, Entry(EntryKind.PATCH, values))
+        values = _values_without_key(info, key, values)
+        self._modify(info, key, Entry(_PATCH, values))
 
     def insert(self, table: Any, **values: Any) -> Key | Any:
         """Insert a new row; returns its key.  A table whose key the database generates
@@ -37,10 +44,10 @@ class Writes:
         values = info.check_values(values)
         generated = any(values.get(name) is None for name in info.key_columns)
         if generated:
-            values = {**values, **self._generated_key(info)}
+            values = {**values, **_generated_key(self, info)}
         key = info.key(info.key_from_values(values))
         values = {name: value for name, value in values.items() if name not in info.key_columns}
-        self._modify(info, key, Entry(EntryKind.INSERT, values), must_not_exist=not generated)
+        self._modify(info, key, Entry(_INSERT, values), must_not_exist=not generated)
         return key[0] if len(key) == 1 else key
 
     def delete(self, table: Any, key: Any) -> None:
@@ -48,28 +55,7 @@ class Writes:
         self._check_active("delete")
         info = self.manager.catalog.table_info(table)
         key = info.key(key)
-        self._modify(info, key, Entry(EntryKind.DELETE))
-
-    def _values_without_key(self, info: TableInfo, key: Key, values: dict) -> dict:
-        values = info.check_values(values)
-        for name, key_value in zip(info.key_columns, key):
-            if name in values:
-                if values.pop(name) != key_value:
-                    raise InvalidKey(f"{info.name}.{name} is part of the key {key!r}; it cannot be changed by write()")
-        return values
-
-    def _generated_key(self, info: TableInfo) -> dict:
-        if len(info.key_columns) != 1:
-            raise InvalidKey(f"insert into {info.name!r} needs the key columns {', '.join(info.key_columns)}")
-        column = info.key_columns[0]
-        catalog = self.manager.catalog
-        sequence = catalog.sequence_of(info, column)
-        if sequence is None:
-            raise InvalidKey(
-                f"insert into {info.name!r} needs a value for the key column {column!r} "
-                f"(it has no identity or serial default)"
-            )
-        return {column: catalog.next_generated_key(sequence, self.root.began_at)}
+        self._modify(info, key, Entry(_DELETE))
 
     def _modify(self, info: TableInfo, key: Key, entry: Entry, *, must_not_exist: bool = False,
                 lock: bool = True) -> None:
@@ -77,14 +63,14 @@ class Writes:
         if hot is not None and (info.name, key) in hot.plain_reads:
             hot.read_then_written.add(info.name)    # before the lock: a conversion may be the victim
         if lock:   # False: the node took a table lock covering the row (write_many)
-            self.manager.locking.acquire(self, info, key, Mode.WRITE)
+            self.manager.locking.acquire(self, info, key, _WRITE)
         extensions = self.manager.extensions
         observed = False
         for wants in extensions.wants_old_images:
             if wants(info.name):
                 observed = True
                 break
-        if entry.kind is EntryKind.INSERT and not must_not_exist:
+        if entry.kind is _INSERT and not must_not_exist:
             old = None   # a fresh sequence value: no row
         else:
             observed = observed or must_not_exist
@@ -103,8 +89,8 @@ class Writes:
         recorder = self.manager.recorder
         if recorder:
             recorder.record("write", self.id, root=self.root.id, table=info.name, key=key, value=entry)
-        if observed and (entry.kind is not EntryKind.DELETE or old is not None):
-            if entry.kind is EntryKind.DELETE:
+        if observed and (entry.kind is not _DELETE or old is not None):
+            if entry.kind is _DELETE:
                 kind, new = EventKind.DELETED, None
             else:
                 new = entry.apply(old)
@@ -130,11 +116,11 @@ class Writes:
         info = self.manager.catalog.table_info(table)
         by_table = lock == "table"
         if by_table:
-            self.manager.locking.acquire(self, info, None, Mode.WRITE)
+            self.manager.locking.acquire(self, info, None, _WRITE)
         for given, values in rows.items():
             key = info.key(given)
-            entry = (Entry(EntryKind.DELETE) if values is None
-                     else Entry(EntryKind.PATCH, self._values_without_key(info, key, dict(values))))
+            entry = (Entry(_DELETE) if values is None
+                     else Entry(_PATCH, _values_without_key(info, key, dict(values))))
             self._modify(info, key, entry, lock=not by_table)
         return len(rows)
 
@@ -150,8 +136,32 @@ class Writes:
              ) -> None:
         """Hand a stream event (``db.stream(event_type)``) to the rules, in this transaction."""
         self._check_active("emit")
-        event = Event(EventKind.STREAM, event_type, key=key, payload=dict(payload or {}), ts=ts,
+        event = Event(_STREAM, event_type, key=key, payload=dict(payload or {}), ts=ts,
                       transaction=self.id)
         for hook in self.manager.extensions.on_event:
             hook(self, event)
 
+
+def _values_without_key(info: TableInfo, key: Key, values: dict) -> dict:
+    """``values`` checked against ``info``, without the key columns (which must equal ``key``)."""
+    values = info.check_values(values)
+    for name, key_value in zip(info.key_columns, key):
+        if name in values:
+            if values.pop(name) != key_value:
+                raise InvalidKey(f"{info.name}.{name} is part of the key {key!r}; it cannot be changed by write()")
+    return values
+
+
+def _generated_key(node: "Transaction", info: TableInfo) -> dict:
+    """The key column of ``info`` with the next value of its sequence (for ``node``'s tree)."""
+    if len(info.key_columns) != 1:
+        raise InvalidKey(f"insert into {info.name!r} needs the key columns {', '.join(info.key_columns)}")
+    column = info.key_columns[0]
+    catalog = node.manager.catalog
+    sequence = catalog.sequence_of(info, column)
+    if sequence is None:
+        raise InvalidKey(
+            f"insert into {info.name!r} needs a value for the key column {column!r} "
+            f"(it has no identity or serial default)"
+        )
+    return {column: catalog.next_generated_key(sequence, node.root.began_at)}

@@ -1,11 +1,12 @@
-"""Lazy and materialized inline subtransactions are the same thing to a rule program.
+"""Frames, lazy and materialized inline subtransactions are the same thing to a rule program.
 
 Random rule programs (immediate and deferred rules whose actions read, write, emit further events,
-fail, and open inline or spawned subtransactions whose failure they catch) run once with lazy inline
-subtransactions and once with every node registered in the lock manager from its start; the final
-table, every value read (by which rule, in which order), the firing counts and the outcome of the
-top-level transaction must be equal.  Spawning and a caught failure of a child exercise the mixed
-trees: a lazy node that materializes (it spawns) and one that aborts while it is lazy.
+fail, and open inline or spawned subtransactions whose failure they catch) run once with frames (the
+default), once with lazy inline subtransactions but no frames, and once with every node registered in
+the lock manager from its start; the final table, every value read (by which rule, in which order), the
+firing counts and the outcome of the top-level transaction must be equal.  Spawning and a caught failure
+of a child exercise the mixed trees: a frame or lazy node that materializes (it spawns, or opens an inline
+child of its own) and one that aborts while it is a frame or lazy.
 
 ``ACTIVEDB_LAZY_EXAMPLES`` (default 60) sets how many programs are tried.
 """
@@ -22,6 +23,7 @@ from hypothesis import strategies as st
 
 import activedb
 from activedb import Coupling
+from activedb.txn import Subtransactions
 from tests.conftest import APP_MIGRATIONS
 
 KEYS = ("a", "b", "c")
@@ -112,9 +114,12 @@ PROGRAMS = st.tuples(
 )
 
 
-def _run(db, program, lazy: bool) -> tuple:
+REPRESENTATIONS = [representation.value for representation in Subtransactions]
+
+
+def _run(db, program, representation: Subtransactions) -> tuple:
     actions, body = program
-    db.transactions.lazy_subtransactions = lazy
+    db.transactions.subtransactions = representation
     with db.engine.begin() as connection:
         connection.execute(sa.text("DELETE FROM items"))
         connection.execute(sa.text("INSERT INTO items (key, value) VALUES ('a', 1), ('b', 2)"))
@@ -138,12 +143,14 @@ def _run(db, program, lazy: bool) -> tuple:
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None,
           derandomize=os.environ.get("ACTIVEDB_TEST_SEED") in (None, ""))
 @given(program=PROGRAMS)
-def test_rule_programs_behave_alike_with_lazy_and_materialized_subtransactions(db, program):
+def test_rule_programs_behave_alike_with_frames_lazy_and_materialized_subtransactions(db, program):
     try:
-        lazy = _run(db, program, lazy=True)
-        materialized = _run(db, program, lazy=False)
+        frames = _run(db, program, Subtransactions.FRAMES)
+        lazy = _run(db, program, Subtransactions.LAZY)
+        materialized = _run(db, program, Subtransactions.MATERIALIZED)
     finally:
-        db.transactions.lazy_subtransactions = True
+        db.transactions.subtransactions = Subtransactions.FRAMES
+    assert frames == materialized
     assert lazy == materialized
     assert db.transactions.locks.statistics().transactions == 0     # nothing left in the lock manager
 
@@ -156,12 +163,12 @@ def _picture(db, names: dict) -> dict:
             for resource, holders in snapshot.resources.items() if holders}
 
 
-@pytest.mark.parametrize("lazy", [True, False], ids=["lazy", "materialized"])
-def test_a_parent_locking_while_its_child_runs_keeps_its_own_lock_when_the_child_aborts(db, lazy):
+@pytest.mark.parametrize("representation", REPRESENTATIONS)
+def test_a_parent_locking_while_its_child_runs_keeps_its_own_lock_when_the_child_aborts(db, representation):
     """The parent's object used inside its inline child's block: the parent's own lock is its own (the
     lazy child materializes first and takes its locks with it), so the child's abort releases only the
     child's.  Same pictures in both representations."""
-    db.transactions.lazy_subtransactions = lazy
+    db.transactions.subtransactions = Subtransactions(representation)
     pictures = []
     try:
         with db.transaction() as tx:
@@ -177,7 +184,7 @@ def test_a_parent_locking_while_its_child_runs_keeps_its_own_lock_when_the_child
                 pass
             pictures.append(_picture(db, names))
     finally:
-        db.transactions.lazy_subtransactions = True
+        db.transactions.subtransactions = Subtransactions.FRAMES
     inside, after = pictures
     assert inside[("row", "items", ("a",))] == ({"child": "WRITE"}, {})
     assert inside[("row", "items", ("b",))] == ({"parent": "READ"}, {})
@@ -185,13 +192,13 @@ def test_a_parent_locking_while_its_child_runs_keeps_its_own_lock_when_the_child
     assert after[("row", "items", ("b",))] == ({"parent": "READ"}, {})  # the parent's stays
 
 
-@pytest.mark.parametrize("lazy", [True, False], ids=["lazy", "materialized"])
-def test_a_childs_intention_lock_answered_from_its_parents_retain_is_its_own_in_every_picture(db, lazy):
+@pytest.mark.parametrize("representation", REPRESENTATIONS)
+def test_a_childs_intention_lock_answered_from_its_parents_retain_is_its_own_in_every_picture(db, representation):
     """A second inline child writes a row of the table whose intention lock its parent retains from the
     first one: the lazy child asks the lock manager for the row only, yet the pictures show it holding the
     intention lock, before and after it materializes (it spawns) and after it aborts — as the registered
     child does."""
-    db.transactions.lazy_subtransactions = lazy
+    db.transactions.subtransactions = Subtransactions(representation)
     pictures = []
     table = ("table", "items")
     try:
@@ -211,7 +218,7 @@ def test_a_childs_intention_lock_answered_from_its_parents_retain_is_its_own_in_
                 pass
             pictures.append(_picture(db, names))
     finally:
-        db.transactions.lazy_subtransactions = True
+        db.transactions.subtransactions = Subtransactions.FRAMES
     running, materialized, after = pictures
     assert running[table] == ({"second": "IW"}, {"parent": "IW"})
     assert running[("row", "items", ("b",))] == ({"second": "WRITE"}, {})
@@ -220,3 +227,94 @@ def test_a_childs_intention_lock_answered_from_its_parents_retain_is_its_own_in_
     assert materialized[("row", "items", ("b",))] == ({}, {"second": "WRITE"})
     assert after[table] == ({}, {"parent": "IW"})                  # Rule 4: the child's gone, the retain stays
     assert ("row", "items", ("b",)) not in after
+
+
+def _named_write(names: dict, node, name: str, key: str, value: int) -> None:
+    names[node.id] = name
+    node.write("items", key, value=value)
+
+
+def _mixed_tree(db, representation: Subtransactions) -> tuple:
+    """Inline children that stay frames, abort as frames, and become nodes (an inline child of their own, a
+    spawned child, a nested top-level transaction: a wait): the lock pictures, every value read and the final
+    table."""
+    db.transactions.subtransactions = representation
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM items"))
+    pictures, seen = [], []
+    try:
+        with db.transaction() as tx:
+            names = {tx.id: "parent"}
+            tx.write("items", "a", value=1)
+            with tx.subtransaction() as first:                  # a frame throughout
+                names[first.id] = "first"
+                seen.append(first.read("items", "a"))          # its ancestor's write
+                first.write("items", "b", value=2)
+                pictures.append(_picture(db, names))
+            try:
+                with tx.subtransaction() as second:             # aborts while a frame
+                    names[second.id] = "second"
+                    second.write("items", "a", value=99)
+                    second.write("items", "c", value=3)
+                    seen.append(second.read("items", "a"))
+                    pictures.append(_picture(db, names))
+                    raise Planned("second")
+            except Planned:
+                pass
+            pictures.append(_picture(db, names))
+            seen.append((tx.read("items", "a"), tx.read("items", "c")))   # the parent is intact
+            with tx.subtransaction() as third:                  # becomes a node: a child of its own
+                _named_write(names, third, "third", "c", 4)
+                with third.subtransaction() as grandchild:
+                    _named_write(names, grandchild, "grandchild", "a", 5)
+                    pictures.append(_picture(db, names))
+                third.spawn(lambda spawned: spawned.write("items", "b", value=6)).result(30)
+                pictures.append(_picture(db, names))
+            with tx.subtransaction() as fourth:                 # becomes a node: it waits (a nested tree)
+                _named_write(names, fourth, "fourth", "b", 7)
+                with db.transaction() as nested:
+                    _named_write(names, nested, "nested", "d", 8)
+                    pictures.append(_picture(db, names))
+                seen.append(fourth.read("items", "b"))
+            pictures.append(_picture(db, names))
+            seen.append(db.rules.firings_in(tx))
+    finally:
+        db.transactions.subtransactions = Subtransactions.FRAMES
+    with db.engine.connect() as connection:
+        table = dict(connection.execute(sa.text("SELECT key, value FROM items ORDER BY key")).all())
+    return pictures, seen, table
+
+
+def test_a_mixed_tree_of_frames_behaves_as_the_materialized_tree(db):
+    """Frames that stay frames, abort, or become nodes (they open an inline child, spawn, or wait) leave
+    the same lock pictures, reads and table as lazy and as registered nodes."""
+    results = {representation: _mixed_tree(db, representation) for representation in Subtransactions}
+    assert results[Subtransactions.FRAMES] == results[Subtransactions.MATERIALIZED]
+    assert results[Subtransactions.LAZY] == results[Subtransactions.MATERIALIZED]
+    pictures, seen, table = results[Subtransactions.FRAMES]
+    assert seen[0]["value"] == 1 and seen[1]["value"] == 99
+    assert seen[2][0]["value"] == 1 and seen[2][1] is None          # the aborted frame left nothing behind
+    assert pictures[1][("row", "items", ("c",))] == ({"second": "WRITE"}, {})
+    assert ("row", "items", ("c",)) not in pictures[2]                # Rule 4 for the frame's own lock
+    assert pictures[2][("row", "items", ("a",))] == ({}, {"parent": "WRITE"})   # the parent's retain stays
+    assert table == {"a": 5, "b": 7, "c": 4, "d": 8}
+    assert db.transactions.locks.statistics().transactions == 0
+
+
+def test_an_inline_child_is_a_frame_until_it_needs_a_node(db):
+    """With frames (the default) an inline child of a node without other children is a frame, not among
+    its parent's registered children, until it spawns; with ``lazy`` it never is one."""
+    try:
+        for representation, expected in ((Subtransactions.FRAMES, True), (Subtransactions.LAZY, False)):
+            db.transactions.subtransactions = representation
+            with db.transaction() as tx:
+                with tx.subtransaction() as child:
+                    child.write("items", "a", value=1)
+                    assert child._frame is expected
+                    assert tx.children == [child]
+                    child.spawn(lambda spawned: None).result(30)
+                    assert child._frame is False
+                    assert tx.children == [child]
+                assert tx.children == []
+    finally:
+        db.transactions.subtransactions = Subtransactions.FRAMES

@@ -28,6 +28,7 @@ import sqlalchemy as sa
 
 import activedb
 from activedb import testing
+from activedb.txn import Subtransactions
 from tests._tables import balances, history_checked, refill
 
 pytestmark = pytest.mark.db(record_history=True)
@@ -248,7 +249,7 @@ def abort_the_root_in_the_window(db, body, in_window: threading.Event, before=No
     return seen
 
 
-@pytest.mark.parametrize("representation", ["lazy", "materialized"])
+@pytest.mark.parametrize("representation", [representation.value for representation in Subtransactions])
 def test_f_a_subtransaction_opened_as_an_ancestor_aborts_fails_with_activedbs_error(db, monkeypatch,
                                                                                    representation):
     """F. A worker opening ``with tx.subtransaction()`` under a node whose ancestor was aborting got the
@@ -256,7 +257,7 @@ def test_f_a_subtransaction_opened_as_an_ancestor_aborts_fails_with_activedbs_er
     test).  The interleaving is forced at the one point between the node's own check and the child's
     registration: the node's holds becoming retained, held here until the root's abort reached the lock
     manager."""
-    monkeypatch.setattr(db.transactions, "lazy_subtransactions", representation == "lazy")
+    monkeypatch.setattr(db.transactions, "subtransactions", Subtransactions(representation))
     locking = db.transactions.locking
     release_holds = locking.release_holds
     in_window, child_started = threading.Event(), threading.Event()

@@ -71,6 +71,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 import activedb
 from activedb import testing
+from activedb.txn import Subtransactions
 from tests import _actors as actors
 from tests._actors import ABORT, COMMIT
 from tests.activedb._tree_reference import Busy, Op, TreeModel
@@ -646,14 +647,15 @@ def _diff(what: str, actual: dict, expected: dict) -> str:
     return "\n".join(lines)
 
 
-@pytest.fixture(autouse=True, params=["lazy", "materialized"])
+@pytest.fixture(autouse=True, params=[representation.value for representation in Subtransactions])
 def representation(request, db):
-    """Both representations of inline subtransactions (``lazy``: no lock-manager transaction until one
-    is needed; ``materialized``: every node registered from its start) must match the one model."""
-    saved = db.transactions.lazy_subtransactions
-    db.transactions.lazy_subtransactions = request.param == "lazy"
+    """Every representation of inline subtransactions (``frames``: a frame on its parent when it can be
+    one; ``lazy``: no lock-manager transaction until one is needed; ``materialized``: every node registered
+    from its start) must match the one model."""
+    saved = db.transactions.subtransactions
+    db.transactions.subtransactions = Subtransactions(request.param)
     yield request.param
-    db.transactions.lazy_subtransactions = saved
+    db.transactions.subtransactions = saved
 
 
 @pytest.mark.timeout(600)

@@ -46,6 +46,7 @@ from pathlib import Path
 import pytest
 
 from activedb import testing
+from activedb.txn import Subtransactions
 from activedb.testing import RecordedTransaction
 from tests.scenarios._list_append_workload import WATCHDOG_TIMEOUT, Recorder, Workload, final_lists, reset
 
@@ -59,14 +60,14 @@ def transactions(default: int) -> int:
 REPOSITORY = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True, params=["lazy", "materialized"])
+@pytest.fixture(autouse=True, params=[representation.value for representation in Subtransactions])
 def representation(request, db):
-    """Both representations of inline subtransactions (see ``activedb/txn/README.md``, "Lazy inline
-    subtransactions") must produce serializable histories; the second process runs the same one."""
-    saved = db.transactions.lazy_subtransactions
-    db.transactions.lazy_subtransactions = request.param == "lazy"
+    """Every representation of inline subtransactions (see ``activedb/txn/README.md``, "Lazy inline
+    subtransactions" and "Frames") must produce serializable histories; the second process runs the same one."""
+    saved = db.transactions.subtransactions
+    db.transactions.subtransactions = Subtransactions(request.param)
     yield request.param
-    db.transactions.lazy_subtransactions = saved
+    db.transactions.subtransactions = saved
 
 
 @pytest.fixture(autouse=True)
