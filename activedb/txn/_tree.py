@@ -33,6 +33,7 @@ from activedb.txn import _flush, _ids
 from activedb.txn._children import _ABORTED, _ACTIVE, _COMMITTED, _COMMITTING, _EMPTY, Children
 from activedb.txn._participants import CommitParticipant
 from activedb.txn._reads import Reads
+from activedb.txn._view import TreeRows
 from activedb.txn._writes import Writes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -55,7 +56,7 @@ class Transaction(Reads, Writes, Children):
     __slots__ = ("manager", "parent", "root", "depth", "id", "name", "began_at", "info", "subtransactions_committed",
                  "_mutex", "_state", "_children", "_tasks", "_writes", "_db_reads", "_scans", "_participants",
                  "_slots", "_doomed", "_thread", "_read_base", "_holds", "_lazy", "_lazy_child", "_table_held",
-                 "_table_retained", "_implied", "_frame", "__weakref__")
+                 "_table_retained", "_implied", "_frame", "_tree_rows", "__weakref__")
 
     def __init__(self, manager: "TransactionManager", parent: "Transaction | None", *,
                  name: str | None = None, read_base: "ReadBase | None" = None, inline: bool = False,
@@ -95,6 +96,8 @@ class Transaction(Reads, Writes, Children):
         # True once an operation of this node took a lock since its holds were last made retained
         # (written by the node's thread only).
         self._holds = False
+        # The rows a node below the root wrote or relied on, one object per tree (``_view.TreeRows``).
+        self._tree_rows: TreeRows = parent._tree_rows if parent is not None else TreeRows()
         # The tree's read base (see _view.ReadBase); only the root has one.
         self._read_base = (read_base or manager.read_base) if parent is None else None
         # True while this inline child has no lock-manager transaction of its own: its locks are taken in
@@ -342,19 +345,24 @@ def _delegate_to_parent(node: Transaction) -> None:
             raise TransactionAborted(f"the parent {parent.id} of {node.id} was aborted")
         # Check and compose everything first, then install: a failure leaves the parent untouched.
         parent_reads = parent._db_reads
-        for row, image in reads.items() if reads else ():
-            relied = parent_reads.get(row, image)
-            if relied != image:
-                # Another process committed between two reads of the tree: the parent (or a
-                # sibling that committed into it) relied on one image, this child on another.
-                # Keeping both is not serializable; the child's commit fails and its work is
-                # discarded, the parent keeps its own image (validated again at the flush).
-                raise SerializationConflict(
-                    f"commit of {node.id}: row {row[1]!r} of {row[0]!r} changed in PostgreSQL between "
-                    f"this subtransaction's read and a read by {parent.id} or a sibling (another process "
-                    f"committed in between); nothing of {node.id} is kept — re-run it "
-                    f"(tx.retry(fn) does, or the whole transaction: Database.run(fn, retries=N))"
-                )
+        # Python walks only the smaller side of each dict (to find the rows both have); the rest is copied
+        # by ``dict.update``, so a deep chain, where each level hands up everything below it, pays a row's
+        # composition about once, not once per level (README, "Spawned children").
+        if reads:
+            smaller, larger = (reads, parent_reads) if len(reads) <= len(parent_reads) else (parent_reads, reads)
+            for row, image in smaller.items():
+                relied = larger.get(row, image)
+                if relied != image:
+                    # Another process committed between two reads of the tree: the parent (or a
+                    # sibling that committed into it) relied on one image, this child on another.
+                    # Keeping both is not serializable; the child's commit fails and its work is
+                    # discarded, the parent keeps its own image (validated again at the flush).
+                    raise SerializationConflict(
+                        f"commit of {node.id}: row {row[1]!r} of {row[0]!r} changed in PostgreSQL between "
+                        f"this subtransaction's read and a read by {parent.id} or a sibling (another process "
+                        f"committed in between); nothing of {node.id} is kept — re-run it "
+                        f"(tx.retry(fn) does, or the whole transaction: Database.run(fn, retries=N))"
+                    )
         if len(writes) == 1:                  # a firing's one row: no intermediate dict
             (row, entry), = writes.items()
             parent_writes = parent._writes
@@ -362,14 +370,20 @@ def _delegate_to_parent(node: Transaction) -> None:
             parent_writes[row] = previous.then(entry, row[0]) if previous is not None else entry
         elif writes:
             parent_writes = parent._writes
-            merged = {}
-            for row, entry in writes.items():
-                previous = parent_writes.get(row)
-                merged[row] = previous.then(entry, row[0]) if previous is not None else entry
-            parent_writes.update(merged)
+            # The rows both wrote: the parent's entry followed by the child's.
+            if len(writes) <= len(parent_writes):
+                composed = {row: previous.then(entry, row[0]) for row, entry in writes.items()
+                            if (previous := parent_writes.get(row)) is not None}
+            else:
+                composed = {row: previous.then(entry, row[0]) for row, previous in parent_writes.items()
+                            if (entry := writes.get(row)) is not None}
+            # Same order as composing row by row: the parent's rows where they were, then the child's new ones.
+            parent_writes.update(writes)
+            if composed:
+                parent_writes.update(composed)
         if reads:
-            for row, image in reads.items():
-                parent_reads.setdefault(row, image)
+            # Where both relied on a row the images are equal (checked above): the child's may replace it.
+            parent_reads.update(reads)
         if scans:
             parent._scans = [*parent._scans, *scans]
         if participants:

@@ -13,8 +13,15 @@ tree), and the top-level flush re-reads each one ``FOR SHARE`` and compares (see
 stream scheduler can replace the base of its trees (``db.transaction(read_base=…)``), e.g. with a
 multi-version store that answers reads at a timestamp.
 
+Reads cost the same at any depth (the fanout experiment of *Concurrent Rule Execution in Active
+Databases*, §5, found a hierarchy's cost nearly flat in its shape): a tree's :class:`TreeRows` (one per
+tree, shared by its nodes) knows the rows some node *below the root* ever wrote or relied on.  A row
+outside those sets can have a write entry or a relied-on image only on the root, so the walk up the
+ancestors is skipped for it: one lookup on the root instead of one per ancestor.
+
 Thread-safety: a node's ``_writes`` and ``_db_reads`` are written under its ``_mutex`` and read without it
 (one dict lookup, atomic); the lock on the row, taken before any read, orders every writer of the row.
+A row joins a ``TreeRows`` set before the entry or image that needs it is installed, and never leaves it.
 """
 
 from __future__ import annotations
@@ -33,6 +40,21 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn._tree import Transaction
 
 _PATCH = EntryKind.PATCH   # (an Enum member as a constant: cheaper on the hot path)
+
+
+class TreeRows:
+    """The rows of one tree that a node below its root ever wrote (``written``: a write entry, made by
+    ``Writes._modify``) or relied on (``relied``: an image in its ``_db_reads``).  Monotone: a row stays
+    after the entry or image is gone (delegated, discarded), which only costs the walk.  Invariant: a
+    non-root node of the tree has a write entry (an image relied on) for a row only if the row is in
+    ``written`` (``relied``); delegation moves entries and images between nodes of one tree, whose rows
+    are in the sets already (a child below the root made them)."""
+
+    __slots__ = ("written", "relied")
+
+    def __init__(self) -> None:
+        self.written: set[tuple[str, Key]] = set()
+        self.relied: set[tuple[str, Key]] = set()
 
 
 class ReadBase(Protocol):
@@ -65,15 +87,23 @@ class CommittedRows:
         row = (info.name, key)
         if for_update:
             return self._read_for_update(node, info, key)
-        ancestor: Transaction | None = node
-        while ancestor is not None:           # the nearest image this node or an ancestor relied on
-            reads = ancestor._db_reads
+        below_root = node.parent is not None
+        if below_root and row not in node._tree_rows.relied:
+            reads = node.root._db_reads        # no node below the root relied on the row: only the root may
             if row in reads:
                 return reads[row]
-            ancestor = ancestor.parent
+        else:
+            ancestor: Transaction | None = node
+            while ancestor is not None:           # the nearest image this node or an ancestor relied on
+                reads = ancestor._db_reads
+                if row in reads:
+                    return reads[row]
+                ancestor = ancestor.parent
         with self.catalog.autocommit_connection() as connection:
             image = fetch_rows(connection, info, [key]).get(key)
         if relied:
+            if below_root:
+                node._tree_rows.relied.add(row)
             with node._mutex:
                 image = node._db_reads.setdefault(row, image)
             if self.recorder:
@@ -101,6 +131,8 @@ class CommittedRows:
                     f"and its read for update (another process committed in between); nothing was written — "
                     f"re-run the transaction (Database.run(fn, retries=N) does)")
             ancestor = ancestor.parent
+        if node.parent is not None:
+            node._tree_rows.relied.add(row)
         with node._mutex:
             image = node._db_reads.setdefault(row, image)
         if self.recorder:
@@ -110,6 +142,8 @@ class CommittedRows:
     def read_many(self, node: "Transaction", info: TableInfo, keys: list[Key]) -> int:
         with self.catalog.autocommit_connection() as connection:
             found = fetch_rows(connection, info, keys)
+        if node.parent is not None:
+            node._tree_rows.relied.update((info.name, key) for key in keys)
         with node._mutex:
             for key in keys:
                 node._db_reads.setdefault((info.name, key), found.get(key))
@@ -147,7 +181,9 @@ def read_row(node: "Transaction", info: TableInfo, key: Key, *, record: bool = T
     """The row as ``node`` sees it (module docstring).  Precondition: ``node`` holds a lock on the row."""
     row = (info.name, key)
     chain: list[Entry] = []
-    ancestor: Transaction | None = node
+    # Below the root, a row no node below the root wrote has an entry on the root at most (TreeRows).
+    ancestor: Transaction | None = (node.root if node.parent is not None and row not in node._tree_rows.written
+                                    else node)
     source = None
     needs_base = True
     while ancestor is not None:

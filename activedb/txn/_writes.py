@@ -83,6 +83,8 @@ class Writes:
                 f"insert into {info.name!r}: a row with key {key!r} already exists; use write() to upsert"
             )
         row = (info.name, key)
+        if self.parent is not None:
+            self._tree_rows.written.add(row)    # before the entry (``_view.TreeRows``)
         with self._mutex:
             previous = self._writes.get(row)
             self._writes[row] = previous.then(entry, info.name) if previous else entry
