@@ -31,6 +31,7 @@ from activedb.outbox import _codec, _records
 from activedb.outbox._executor import Executor, Work, describe_error
 from activedb.outbox._recording import Entry, TreeFirings, TreeState, cancelled_per_rule
 from activedb.rules import Firing
+from activedb.store import TableInfo
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.rules import RuleManager
@@ -119,6 +120,10 @@ class Outbox:
     @property
     def table(self) -> sa.Table:
         return self.catalog.table(_records.TABLE)
+
+    @property
+    def info(self) -> TableInfo:
+        return self.catalog.table_info(_records.TABLE)
 
     def start(self) -> None:
         """Take this process's liveness lock and start the recovery thread (``connect()`` does; idempotent).
@@ -229,7 +234,7 @@ class Outbox:
                                           log_id, "committed" if committed else "aborted")
                        for record_id, (firing, trigger_id, log_id, committed) in zip(ids, items)]
             with self.catalog.engine.begin() as connection:
-                _records.insert(connection, self.table, records, self.owner)
+                _records.insert(connection, self.info, records, self.owner)
         except Exception as error:
             with self._mutex:
                 self._lost += len(items)

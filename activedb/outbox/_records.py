@@ -29,6 +29,7 @@ from typing import Any, Iterable, Sequence
 import sqlalchemy as sa
 
 from activedb.errors import RecordsTakenOver
+from activedb.store import TableInfo
 
 logger = logging.getLogger("activedb.outbox")
 
@@ -51,16 +52,36 @@ class NewRecord:
     trigger_outcome: str          # committed | aborted
 
 
-def insert(connection: sa.Connection, table: sa.Table, records: Sequence[NewRecord], owner: int) -> None:
-    """Insert ``records`` as pending, owned by ``owner`` (one batched statement)."""
+# One statement for any number of records: ``unnest`` of one array per column.  A record's ``chain`` (an
+# array itself, which ``unnest`` would flatten) travels as a JSON array and becomes ``text[]`` again.
+_INSERT = (
+    "INSERT INTO activedb_outbox (id, rule, coupling, event, chain, trigger_id, trigger_log_id, trigger_outcome, "
+    "owner) "
+    "SELECT v.id, v.rule, v.coupling, v.event, "
+    "ARRAY(SELECT c.name FROM jsonb_array_elements_text(v.chain) WITH ORDINALITY AS c(name, n) ORDER BY c.n), "
+    "v.trigger_id, v.trigger_log_id, v.trigger_outcome, %s "
+    "FROM unnest(%b::bigint[], %b::text[], %b::text[], %b::jsonb[], %b::jsonb[], %b::text[], %b::text[], %b::text[]) "
+    "AS v(id, rule, coupling, event, chain, trigger_id, trigger_log_id, trigger_outcome)")
+
+
+def insert(connection: sa.Connection, info: TableInfo, records: Sequence[NewRecord], owner: int) -> None:
+    """Insert ``records`` as pending, owned by ``owner``: one statement, one round trip, whatever their
+    number (sent to the driver; the JSON values adapted by SQLAlchemy's bind processor of the column, as
+    the store's batched writes do)."""
     if not records:
         return
-    connection.execute(table.insert(), [
-        {"id": record.id, "rule": record.rule, "coupling": record.coupling, "event": record.event,
-         "chain": record.chain, "trigger_id": record.trigger_id, "trigger_log_id": record.trigger_log_id,
-         "trigger_outcome": record.trigger_outcome, "owner": owner}
-        for record in records
-    ])
+    as_json = info.driver_processors(connection.dialect)["event"]
+    connection.exec_driver_sql(_INSERT, (
+        owner,
+        [record.id for record in records],
+        [record.rule for record in records],
+        [record.coupling for record in records],
+        [as_json(record.event) for record in records],
+        [as_json(record.chain) for record in records],
+        [record.trigger_id for record in records],
+        [record.trigger_log_id for record in records],
+        [record.trigger_outcome for record in records],
+    ))
 
 
 _MARK_DONE = sa.text(

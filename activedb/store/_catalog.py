@@ -4,7 +4,7 @@ Tables come from Alembic migrations and are reflected lazily, once, on first use
 in the same process :meth:`Catalog.refresh` forgets them.
 
 Thread-safety: ``_mutex`` protects ``_metadata``, ``_tables``, ``_infos``, ``_sequences``,
-``_key_blocks``, ``_key_history`` and ``_reset_at``; no SQL runs while it is held.  ``_reflect_mutex`` serialises reflection (which runs SQL)
+``_key_blocks``, ``_key_sizes``, ``_key_history`` and ``_reset_at``; no SQL runs while it is held.  ``_reflect_mutex`` serialises reflection (which runs SQL)
 and is taken before ``_mutex``, never after.  Readers use the published dicts without a mutex (one
 lookup, atomic) and fall back to the locked path on a miss.
 """
@@ -23,8 +23,11 @@ from activedb.errors import (Failure, GeneratedKeysReset, TransactionError, Unkn
                              database_failure)
 from activedb.store._schema import TableInfo
 
-#: Generated keys are drawn from a sequence this many at a time (one round trip per block).
+#: Generated keys are drawn from a sequence this many at a time at first (one round trip per block) ...
 KEY_BLOCK = 64
+#: ... and twice as many each time a block runs out within the transaction tree that drew the last one,
+#: up to this many (a tree inserting thousands of rows takes a few round trips, not one per 64 keys).
+KEY_BLOCK_MAX = 4096
 #: How many drawn blocks per sequence are remembered to check generated keys at the flush.
 KEY_HISTORY = 256
 
@@ -42,6 +45,8 @@ class Catalog:
         self._infos: dict[str, TableInfo] = {}
         self._sequences: dict[tuple[str, str], str | None] = {}
         self._key_blocks: dict[str, list[int]] = {}     # sequence -> drawn, unused values (largest first)
+        # sequence -> (size of its next block, when the tree that drew its last block began)
+        self._key_sizes: dict[str, tuple[int, datetime.datetime | None]] = {}
         # sequence -> (lowest, highest value, sequence storage) of recently drawn blocks, oldest first
         self._key_history: dict[str, collections.deque] = {}
         # sequence -> when a draw found it reset (transactions that began before may hold stale keys)
@@ -103,6 +108,7 @@ class Catalog:
             self._infos = {}
             self._sequences = {}
             self._key_blocks = {}
+            self._key_sizes = {}
             self._key_history = {}
 
     # --- connections and generated keys -------------------------------------------------------
@@ -159,9 +165,11 @@ class Catalog:
         return sequences[key]
 
     def next_generated_key(self, sequence: str, since: datetime.datetime | None = None) -> int:
-        """The next value of ``sequence``, drawn :data:`KEY_BLOCK` at a time (one round trip per block;
-        unused values of a block are gaps, as after any rollback in PostgreSQL).  Every value handed out
-        is checked again at the flush of the transaction that used it (:meth:`check_generated_keys`).
+        """The next value of ``sequence``, drawn in blocks (one round trip per block; unused values of a
+        block are gaps, as after any rollback in PostgreSQL).  A block is :data:`KEY_BLOCK` values, twice
+        the last one's when the last one was drawn by the same tree (same ``since``) and ran out in it, at
+        most :data:`KEY_BLOCK_MAX`.  Every value handed out is checked again at the flush of the
+        transaction that used it (:meth:`check_generated_keys`).
 
         ``since``: when the transaction asking began.  If the sequence was found reset after that, the
         transaction may hold keys from before the reset, which the sequence now hands out again — a fresh
@@ -171,13 +179,23 @@ class Catalog:
             block = self._key_blocks.get(sequence)
             if block:
                 return block.pop()
-        values, storage = self._draw(sequence, KEY_BLOCK)
+            size = self._next_block_size(sequence, since)
+        values, storage = self._draw(sequence, size)
         values.sort(reverse=True)
         with self._mutex:
             self._remember_block(sequence, values, storage)
             self._key_blocks.setdefault(sequence, []).extend(values)
             self._check_not_reset_since(sequence, since)
             return self._key_blocks[sequence].pop()
+
+    def _next_block_size(self, sequence: str, since: datetime.datetime | None) -> int:
+        """The size of the block to draw now for a tree that began at ``since``: doubled when the same tree
+        drew the last block (it used it up), else kept.  Caller holds ``_mutex``."""
+        size, drawn_by = self._key_sizes.get(sequence, (KEY_BLOCK, None))
+        if since is not None and since == drawn_by:
+            size = min(size * 2, KEY_BLOCK_MAX)
+        self._key_sizes[sequence] = (size, since)
+        return size
 
     def draw_keys(self, sequence: str, count: int) -> list[int]:
         """``count`` fresh values of ``sequence`` in one round trip (not cached; checked at the flush like

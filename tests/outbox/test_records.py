@@ -1,0 +1,87 @@
+"""Outbox records go to PostgreSQL in one statement (``unnest`` of one array per column) inside the
+caller's transaction, and come back exactly: the event (through the exact JSON codec), the cascade chain
+in order whatever characters its rule names hold, a missing trigger log id.  Real PostgreSQL."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+import sqlalchemy as sa
+
+from activedb import Event, EventKind
+from activedb.outbox import _codec, _records
+
+CHAINS = [
+    ["plain"],
+    ["on_wash", "alert"],
+    ['quote"d', "com,ma", "{braces}", "back\\slash", "NULL", "", "sp ace", "ünïcødé ✓"],
+    ["a" * 300, "b"],
+]
+
+
+def new_records(outbox, count: int) -> list[_records.NewRecord]:
+    now = dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.timezone.utc)
+    events = [Event(EventKind.SIGNAL, "hand", key=(number, "w\x00x"), new={"n": number, "text": 'a"b\\c'},
+                    payload={"at": now, "items": (1, 2.5, None)}, ts=now) for number in range(count)]
+    return [_records.NewRecord(record_id, f"rule{number % 3}", "detached", _codec.encode_event(event),
+                               CHAINS[number % len(CHAINS)], f"t{number}", None if number % 2 else f"log{number}",
+                               "aborted" if number % 5 == 0 else "committed")
+            for number, (record_id, event) in enumerate(zip(outbox.draw_ids(count), events))]
+
+
+def statements_during(engine: sa.Engine, action) -> list[str]:
+    seen: list[str] = []
+
+    def listen(connection, cursor, statement, parameters, context, executemany):
+        seen.append(statement)
+
+    sa.event.listen(engine, "before_cursor_execute", listen)
+    try:
+        action()
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", listen)
+    return seen
+
+
+@pytest.mark.parametrize("count", [1, 2, 1500])
+def test_records_are_inserted_in_one_statement_and_read_back_exactly(db, count):
+    outbox = db.outbox
+    records = new_records(outbox, count)
+    with db.engine.connect() as connection:
+        with connection.begin() as transaction:
+            statements = statements_during(db.engine, lambda: _records.insert(connection, outbox.info, records,
+                                                                               outbox.owner))
+            rows = connection.execute(sa.text(
+                "SELECT id, rule, coupling, event, chain, trigger_id, trigger_log_id, trigger_outcome, owner, "
+                "status, attempts FROM activedb_outbox WHERE id = ANY(:ids) ORDER BY id"),
+                {"ids": [record.id for record in records]}).all()
+            transaction.rollback()
+    assert len(statements) == 1, statements
+    assert len(rows) == count
+    for record, row in zip(sorted(records, key=lambda record: record.id), rows):
+        assert (row.id, row.rule, row.coupling, row.chain, row.trigger_id, row.trigger_log_id,
+                row.trigger_outcome, row.owner, row.status, row.attempts) == (
+            record.id, record.rule, record.coupling, record.chain, record.trigger_id, record.trigger_log_id,
+            record.trigger_outcome, outbox.owner, "pending", 0)
+        assert row.event == record.event
+        event = _codec.decode_event(row.event)
+        assert event.key[1] == "w\x00x" and event.payload["items"] == (1, 2.5, None)
+
+
+def test_records_are_part_of_the_callers_transaction(db):
+    outbox = db.outbox
+    records = new_records(outbox, 10)
+    ids = [record.id for record in records]
+    with db.engine.connect() as connection:
+        with connection.begin() as transaction:
+            _records.insert(connection, outbox.info, records, outbox.owner)
+            transaction.rollback()
+        assert connection.execute(sa.text("SELECT count(*) FROM activedb_outbox WHERE id = ANY(:ids)"),
+                                  {"ids": ids}).scalar() == 0
+
+
+def test_no_records_send_no_statement(db):
+    with db.engine.connect() as connection:
+        assert statements_during(db.engine, lambda: _records.insert(connection, db.outbox.info, [],
+                                                                    db.outbox.owner)) == []
