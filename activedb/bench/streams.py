@@ -54,7 +54,12 @@ Experiments (each point a fresh engine on reset statuses):
   takes whatever has arrived as one micro-batch (like a streaming trigger), processes it
   in one transaction and loops; L_query counts from the arrival, so queueing behind a
   busy engine is in it.  Memory = the largest number of arrived-but-unprocessed events
-  and of versions held, times their sizes measured once with ``tracemalloc``.
+  and of versions held, times their sizes measured once with ``tracemalloc``.  S2PL and
+  LWM run ``REPEAT`` times per rate in turns and the median run is kept (near a
+  scheduler's capacity a run's latency is its queue, which load from elsewhere can double);
+  SEI once.  The 2,000 events/s row shows each scheduler's capacity on this mix — its
+  throughput at the highest rate, where all are saturated — and the rate as a share of it:
+  the paper gives no absolute capacity, so its 2,000 events/s cannot be placed on ours.
 
 ``COST`` is 1 ms (``ACTIVEDB_BENCH_STREAMS_COST_MS`` changes it).  What the model predicts
 on an idle machine, per 4 events at writeN = 0.25 with every event doing readN Reads
@@ -63,9 +68,30 @@ operations one after another; S2PL runs the three readers together, then the wri
 alone (``readN + (readN + 1)``); LWM chains only the writers (a writer's Reads wait for
 the previous writer's end: ``readN + 1``) — so LWM/S2PL → ``(2·readN + 1)/(readN + 1)``
 (1.5 … 1.86, mean 1.73) and LWM/SEI → ``(4·readN + 1)/(readN + 1)`` (2.5 … 3.57, mean 3.2).
-Tuple locks: 100 rows, conflicts are rare, S2PL ≈ LWM, both bounded by CPU (the GIL).
+Each point of the table-lock sweeps carries this model for its own event sequence
+(``model_operations``: the critical path of each scheduler in store operations, batch by
+batch), and the table prints, beside each measured ratio, the model's ratio per readN, and
+each scheduler's throughput as a share of its model with the rest of the time split into
+the sleeps' own overshoot (``SleepCost`` measures how long every sleep really lasted) and
+everything else (waking the next s-transaction, re-taking the GIL, the operations' Python,
+each batch's set-up).
+Tuple locks: 100 rows, conflicts are rare, S2PL ≈ LWM, both bounded by CPU (the GIL); the
+table prints each point's difference beside the spread of its repetitions.
 Every wake-up of a waiting s-transaction costs an OS scheduling delay on top, and CPU
 starvation (a shared machine) caps the concurrent schedulers first.
+
+**The order of the pairs does not change LWM's chain.**  The paper sets readN and writeN
+"by selecting the corresponding query-rule pairs from the pool" and does not say in which
+order an s-transaction evaluates its pairs.  Here that order cannot shorten the writers'
+chain, for two reasons of the engine, not of the pool: inside an s-transaction every
+consuming query reads before any rule runs (the order of equal timestamps — a query never
+sees its own event's rule effects), so the writer rule's Read and Write are always the
+s-transaction's last operations, whatever the pairs' names or priorities; and a write lock
+leaves the lock table when its owner *ends* (Algorithm 2's ``ReleaseLock(T_i)``), so the next
+writer's first Read waits for the previous writer's whole s-transaction.  A chain of
+"reads before the Write + 2" per writer would need a write lock released at its Write, before
+its owner ends: a rule failing after it aborts the s-transaction, and a later Read would have
+seen a version that never existed (Definition 6); Algorithm 2 releases at the end too.
 
 Before every measured run the heap is collected and frozen (``quiet_heap``): otherwise a
 full collection of the process's heap — the garbage of earlier runs, 70–80 ms of CPU — falls
