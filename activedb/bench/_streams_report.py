@@ -136,14 +136,20 @@ def model_rows(report: BenchReport, results: dict[str, Any], read_ns: list) -> N
             slept = (point.get("sleep_ms_mean") or cost * 1000) / 1000
             overshoot.append(path * (slept - cost) / measured)
             other.append(1 - shares[-1] - overshoot[-1])
+        extra = {"readN": read_ns, "share_of_model": [round(value, 3) for value in shares],
+                 "time_in_sleep_overshoot": [round(value, 3) for value in overshoot],
+                 "time_in_everything_else": [round(value, 3) for value in other],
+                 "sleep_ms_mean": [point.get("sleep_ms_mean") for point in table[name]],
+                 "model_operations": [point["model_operations"] for point in table[name]]}
+        if name == "lwm" and all("writer_chain" in point for point in table[name]):
+            # LWM's critical path per writer (WriterChain): the model says readN + 1 operations of COST.
+            chains = [point["writer_chain"] for point in table[name]]
+            extra["writer_chain_ms"] = {figure: [chain[figure] for chain in chains] for figure in (
+                "link_ms", "operations", "sleep_ms", "between_operations_ms", "handover_ms", "links")}
+            extra["writer_chain_model_ms"] = [round((read_n + 1) * cost * 1000, 3) for read_n in read_ns]
         report.add(Row(
             name=f"{name.upper()} throughput as a share of its cost model, table locks, mean over readN",
-            value=round(mean(shares), 3), unit="of model",
-            extra={"readN": read_ns, "share_of_model": [round(value, 3) for value in shares],
-                   "time_in_sleep_overshoot": [round(value, 3) for value in overshoot],
-                   "time_in_everything_else": [round(value, 3) for value in other],
-                   "sleep_ms_mean": [point.get("sleep_ms_mean") for point in table[name]],
-                   "model_operations": [point["model_operations"] for point in table[name]]}))
+            value=round(mean(shares), 3), unit="of model", extra=extra))
 
 
 def definition_6_rows(report: BenchReport, results: dict[str, Any], part_1: list[tuple[int, dict]]) -> None:

@@ -356,12 +356,12 @@ def pattern_events(count: int, types: list[str], rng: random.Random, spacing: fl
     return events
 
 
-def make_scheduler(name: str, granularity: str = "tuple") -> Any:
+def make_scheduler(name: str, granularity: str = "tuple", hooks: streams.SchedulerHooks | None = None) -> Any:
     """A fresh scheduler (objects keep per-run statistics) or the name of a stateless one."""
     if name == "s2pl":
-        return streams.S2PLScheduler(granularity=granularity, workers=THREADS)
+        return streams.S2PLScheduler(granularity=granularity, workers=THREADS, hooks=hooks)
     if name == "lwm":
-        return streams.LWMScheduler(granularity=granularity, workers=THREADS)
+        return streams.LWMScheduler(granularity=granularity, workers=THREADS, hooks=hooks)
     return name                     # "sei", "unscheduled"
 
 
@@ -409,6 +409,62 @@ def _slept(cost: Callable[[str], None] | None) -> dict[str, Any]:
         return {}
     count, seconds = cost.take()
     return {"operations": count, "sleep_ms_mean": round(seconds / count * 1000, 4) if count else None}
+
+
+class WriterChain(streams.SchedulerHooks):
+    """LWM's critical path at table locks, timed per writer (the ``W`` events chain: each one's
+    first Read waits for the previous writer's end).  A scheduler hook notes which
+    s-transaction a worker thread runs (``started``); ``timed(cost)`` wraps the cost model's
+    operation to note when each of its operations began and ended.  ``figures()`` then gives,
+    per pair of consecutive writers of a batch, the link of the chain (the previous writer's
+    last operation's end → this one's) split into its sleeps, the Python between its
+    operations, and the *handover* — the previous writer's commit and lock release, waking
+    this one, re-taking the GIL and its Python up to its first operation."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._mutex = threading.Lock()
+        self._batch = 0
+        # (batch, position) -> (a writer?, [(start, end) of each operation])
+        self._operations: dict[tuple[int, Any], tuple[bool, list[tuple[float, float]]]] = {}
+
+    def started(self, stransaction) -> None:
+        self._local.current = (self._batch, stransaction.event.position, stransaction.event.type == "W")
+
+    def next_batch(self) -> None:
+        self._batch += 1
+
+    def timed(self, cost: Callable[[str], None]) -> Callable[[str], None]:
+        def operation(kind: str) -> None:
+            started = time.perf_counter()
+            cost(kind)
+            ended = time.perf_counter()
+            current = getattr(self._local, "current", None)
+            if current is not None:
+                with self._mutex:
+                    entry = self._operations.setdefault(current[:2], (current[2], []))
+                    entry[1].append((started, ended))
+        return operation
+
+    def figures(self) -> dict[str, Any]:
+        """Means over the links of the chain, in ms (operations per writer as measured)."""
+        with self._mutex:
+            entries = sorted((key, spans) for key, (writer, spans) in self._operations.items() if writer and spans)
+        links, sleeps, between, handovers, counts = [], [], [], [], []
+        previous = None
+        for (batch, _), spans in entries:
+            if previous is not None and previous[0] == batch and spans[0][0] >= previous[1]:
+                links.append(spans[-1][1] - previous[1])
+                handovers.append(spans[0][0] - previous[1])
+                sleeps.extend(end - start for start, end in spans)
+                between.extend(spans[index][0] - spans[index - 1][1] for index in range(1, len(spans)))
+                counts.append(len(spans))
+            previous = (batch, spans[-1][1])
+
+        def ms(values: list[float]) -> float | None:
+            return round(sum(values) / len(values) * 1000, 3) if values else None
+        return {"links": len(links), "link_ms": ms(links), "operations": round(sum(counts) / len(counts), 2) if counts else None,
+                "sleep_ms": ms(sleeps), "between_operations_ms": ms(between), "handover_ms": ms(handovers)}
 
 
 def model_operations(events: list, read_n: int, batch: int, threads: int = THREADS) -> dict[str, int]:
@@ -459,13 +515,18 @@ def _scheduler_figures(engine) -> dict[str, Any]:
 
 
 def throughput_once(database, scheduler: Callable[[], Any], events: list, definitions: str,
-                    types: tuple[str, ...], cost: Callable[[str], None] | None, batch: int) -> dict[str, Any]:
-    """One run: ``events`` in micro-batches of ``batch`` on a fresh engine; its history checked."""
-    engine = _engine(database, "bench-throughput", scheduler(), types, definitions, cost)
+                    types: tuple[str, ...], cost: Callable[[str], None] | None, batch: int,
+                    chain: WriterChain | None = None) -> dict[str, Any]:
+    """One run: ``events`` in micro-batches of ``batch`` on a fresh engine; its history checked.
+    With ``chain`` (the scheduler's hooks), the writers' chain is timed too."""
+    engine = _engine(database, "bench-throughput", scheduler(), types, definitions,
+                     chain.timed(cost) if chain is not None and cost is not None else cost)
     _slept(cost)
     with quiet_heap():
         started, cpu_started = time.perf_counter(), time.process_time()
         for start in range(0, len(events), batch):
+            if chain is not None:
+                chain.next_batch()
             chunk = events[start:start + batch]
             with database.transaction(name="bench:streams") as tx:
                 engine.process(tx, chunk, punctuation=chunk[-1].ts + 1e-6)
@@ -479,6 +540,7 @@ def throughput_once(database, scheduler: Callable[[], Any], events: list, defini
             "us_per_event": {phase: round(seconds / len(events) * 1e6, 1)
                              for phase, seconds in statistics.phase_seconds.items()},
             **_scheduler_figures(engine), "cpu_us_per_event": round(cpu, 1), **_slept(cost),
+            **({"writer_chain": chain.figures()} if chain is not None else {}),
             "violations": _checked(engine)["violations"]}
 
 
@@ -592,9 +654,11 @@ def run_experiments(database, quick: bool) -> dict[str, Any]:
             runs: dict[tuple[str, str], list] = {configuration: [] for configuration in configurations}
             for _ in range(repeat):
                 for name, granularity in configurations:
+                    # LWM's writer chain is timed at table locks (hooks on both concurrent schedulers: same overhead).
+                    chain = WriterChain() if name != "sei" else None
                     runs[(name, granularity)].append(throughput_once(
-                        database, lambda: make_scheduler(name, granularity), events, definitions, ("E", "W"), cost,
-                        THROUGHPUT_BATCH))
+                        database, lambda: make_scheduler(name, granularity, chain), events, definitions, ("E", "W"),
+                        cost, THROUGHPUT_BATCH, chain=chain))
             sei = best_of(runs[("sei", "tuple")])
             sei["model_operations"] = model["sei"]
             for granularity in ("tuple", "table"):

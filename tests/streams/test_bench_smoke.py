@@ -50,6 +50,8 @@ def test_streams_benchmark_quick(database_url, monkeypatch, tmp_path):
     for row in shares.values():
         assert all(share > 0 for share in row.extra["share_of_model"])
         assert all(slept is not None for slept in row.extra["sleep_ms_mean"])     # every sleep measured
+    chain = shares["LWM"].extra["writer_chain_ms"]      # LWM's writers' chain, timed link by link
+    assert all(links > 0 for links in chain["links"]) and chain["operations"] == [2.0, 7.0]   # readN + 1 each
     tuple_order = next(row for row in report.rows if row.name == "readN points where LWM >= S2PL, tuple locks")
     assert len(tuple_order.extra["spread_of_repetitions_percent"]) == 2
     latency = targets["S2PL / LWM L_combined at 2,000 events/s"]
