@@ -74,7 +74,12 @@ batch), and the table prints, beside each measured ratio, the model's ratio per 
 each scheduler's throughput as a share of its model with the rest of the time split into
 the sleeps' own overshoot (``SleepCost`` measures how long every sleep really lasted) and
 everything else (waking the next s-transaction, re-taking the GIL, the operations' Python,
-each batch's set-up).
+each batch's set-up).  LWM's chain itself is timed link by link (``WriterChain``, on S2PL
+and LWM alike so both pay its few microseconds per operation): per pair of consecutive
+writers of a batch, the link (the model: ``readN + 1`` operations of ``COST``) split into the
+sleeps, the Python between the writer's operations, and the handover from the previous
+writer (its commit and lock release, the wake-up, the GIL, the Python up to the first
+operation).
 Tuple locks: 100 rows, conflicts are rare, S2PL ≈ LWM, both bounded by CPU (the GIL); the
 table prints each point's difference beside the spread of its repetitions.
 Every wake-up of a waiting s-transaction costs an OS scheduling delay on top, and CPU
