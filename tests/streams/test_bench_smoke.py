@@ -4,8 +4,22 @@ from __future__ import annotations
 
 import json
 
+from activedb import streams
 from activedb.bench import BenchReport
-from activedb.bench.streams import run
+from activedb.bench.streams import model_operations, run
+
+
+def test_cost_model_critical_paths_at_table_locks():
+    """The model's critical path per scheduler, by hand: readN = 2, an E does 2 operations, a W 3."""
+    events = [streams.StreamEvent(kind, float(index), {}) for index, kind in enumerate("EEWEWE")]
+    # SEI: all 14 in a row; S2PL: EE together (2), W (3), E (2), W (3), E (2); LWM: W, W chained, the last E after.
+    assert model_operations(events, 2, batch=6) == {"sei": 14, "s2pl": 12, "lwm": 8}
+    # Two batches EEW | EWE: S2PL 2 + 3 | 2 + 3 + 2; LWM 3 | 3 + 2.
+    assert model_operations(events, 2, batch=3) == {"sei": 14, "s2pl": 12, "lwm": 8}
+    # One s-transaction at a time: S2PL's EE run costs two rounds.
+    assert model_operations(events, 2, batch=6, threads=1)["s2pl"] == 14
+    # No writer in a batch: every reader at once.
+    assert model_operations(events[:2], 2, batch=6) == {"sei": 4, "s2pl": 2, "lwm": 2}
 
 
 def test_streams_benchmark_quick(database_url, monkeypatch, tmp_path):
@@ -28,6 +42,20 @@ def test_streams_benchmark_quick(database_url, monkeypatch, tmp_path):
             "readN", "S2PL / LWM L_combined at 2,000 events/s"} <= set(targets)
     assert all("the paper" in row.target for row in targets.values())
     assert all(row.value > 0 and row.met in (True, False) for row in targets.values())
+    # Beside each measured ratio the cost model's, per readN; each scheduler's share of its model.
+    ratio = targets["LWM / S2PL throughput, table locks, mean over readN"]
+    assert len(ratio.extra["cost_model_per_readN"]) == len(ratio.extra["measured_per_readN"]) == 2
+    shares = {row.name.split()[0]: row for row in report.rows if row.unit == "of model"}
+    assert set(shares) == {"SEI", "S2PL", "LWM"}
+    for row in shares.values():
+        assert all(share > 0 for share in row.extra["share_of_model"])
+        assert all(slept is not None for slept in row.extra["sleep_ms_mean"])     # every sleep measured
+    chain = shares["LWM"].extra["writer_chain_ms"]      # LWM's writers' chain, timed link by link
+    assert all(links > 0 for links in chain["links"]) and chain["operations"] == [2.0, 7.0]   # readN + 1 each
+    tuple_order = next(row for row in report.rows if row.name == "readN points where LWM >= S2PL, tuple locks")
+    assert len(tuple_order.extra["spread_of_repetitions_percent"]) == 2
+    latency = targets["S2PL / LWM L_combined at 2,000 events/s"]
+    assert all(value > 0 for value in latency.extra["capacity_events_per_s_at_2000"].values())
     saved = json.loads((tmp_path / "streams.json").read_text())
     experiments = saved["experiments"]
     for figure in ("throughput_vs_readN", "throughput_vs_writeN", "latency_vs_seqL", "latency_vs_rate"):
