@@ -101,13 +101,17 @@ class CommittedRows:
                 ancestor = ancestor.parent
         with self.catalog.autocommit_connection() as connection:
             image = fetch_rows(connection, info, [key]).get(key)
-        if relied:
-            if below_root:
-                node._tree_rows.relied.add(row)
-            with node._mutex:
-                image = node._db_reads.setdefault(row, image)
-            if self.recorder:
-                self.recorder.record_committed_read(node.id, node.root.id, info.name, key, image)
+        return self._rely(node, info, key, image) if relied else image
+
+    def _rely(self, node: "Transaction", info: TableInfo, key: Key, image: dict | None) -> dict | None:
+        """``node`` relies on ``image`` of the row from now on (the first image relied on stays: returned)."""
+        row = (info.name, key)
+        if node.parent is not None:
+            node._tree_rows.relied.add(row)    # before the image (``TreeRows``)
+        with node._mutex:
+            image = node._db_reads.setdefault(row, image)
+        if self.recorder:
+            self.recorder.record_committed_read(node.id, node.root.id, info.name, key, image)
         return image
 
     def _read_for_update(self, node: "Transaction", info: TableInfo, key: Key) -> dict | None:
@@ -131,13 +135,7 @@ class CommittedRows:
                     f"and its read for update (another process committed in between); nothing was written — "
                     f"re-run the transaction (Database.run(fn, retries=N) does)")
             ancestor = ancestor.parent
-        if node.parent is not None:
-            node._tree_rows.relied.add(row)
-        with node._mutex:
-            image = node._db_reads.setdefault(row, image)
-        if self.recorder:
-            self.recorder.record_committed_read(node.id, node.root.id, info.name, key, image)
-        return image
+        return self._rely(node, info, key, image)
 
     def read_many(self, node: "Transaction", info: TableInfo, keys: list[Key]) -> int:
         with self.catalog.autocommit_connection() as connection:
