@@ -105,28 +105,6 @@ class Children:
         if self._lazy:
             self.manager.locking.materialize(self)
 
-    def _new_child(self, name: str | None = None, *, inline: bool = False) -> "Transaction":
-        if self._doomed is not None or self._state is not TxnState.ACTIVE:
-            self._check_active("starting a subtransaction")
-        manager = self.manager
-        if self._lazy:
-            self.materialize()
-        manager.locking.release_holds(self)
-        # Lazy: an inline child of a node with no other live child (so no sibling can conflict with it).
-        lazy = inline and manager.subtransactions is not Subtransactions.MATERIALIZED and not self._children
-        child = type(self)(manager, self, name=name, inline=inline, lazy=lazy)
-        if lazy:
-            self._lazy_child = child
-        with self._mutex:
-            if self._children is _EMPTY:
-                self._children = {}
-            self._children[child.id] = child
-        if manager.recorder:
-            manager.recorder.record("spawn", self.id, root=self.root.id, detail=child.id)
-        if manager.observers.on_spawn:
-            manager.observers.call("on_spawn", self, child)
-        return child
-
     def spawn(self, function: Callable[..., Any], *args: Any, name: str | None = None,
               **kwargs: Any) -> SubtransactionHandle:
         """Run ``function(child, *args, **kwargs)`` as a subtransaction on a worker thread.
@@ -134,8 +112,8 @@ class Children:
         The child commits when the function returns and aborts (with its descendants)
         if it raises; ``handle.result()`` returns the value or re-raises the error.
         """
-        child = self._new_child(name)
-        task = self.manager.pool.submit(child._run_body, function, args, kwargs)
+        child = _new_child(self, name)
+        task = self.manager.pool.submit(_run_body, child, function, args, kwargs)
         with self._mutex:
             if child.id in self._children:      # not already ended (and forgotten) on a worker
                 if self._tasks is _EMPTY:
@@ -176,34 +154,6 @@ class Children:
                 logger.info("subtransaction of %s failed (%s); retry %d of %d", self.id,
                             type(error).__name__, attempt, attempts)
 
-    def _run_body(self, function: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        self._thread = threading.get_ident()
-        manager = self.manager
-        manager.push_running(self)
-        try:
-            try:
-                for hook in manager.extensions.on_begin:
-                    hook(self)
-                if manager.observers.on_begin:
-                    manager.observers.call("on_begin", self)
-                result = function(self, *args, **kwargs)
-            except BaseException as error:
-                self.abort(error)
-                raise
-            self.commit()
-        finally:
-            manager.pop_running()
-        return result
-
-    def _before_waiting_for_children(self) -> None:
-        """The thread running this node is about to wait: a lazy node materializes (a waiter is a node of
-        the wait-for graph), and its holds become retained (README, "Locks: holds become retains") — only by
-        its own thread (a lock another thread's operation just took must stay held)."""
-        if self._lazy:
-            self.manager.locking.materialize(self)
-        if self._thread == threading.get_ident() and self._state in (TxnState.ACTIVE, TxnState.COMMITTING):
-            self.manager.locking.release_holds(self)
-
     def wait_children(self, timeout: float | None = None) -> None:
         """Wait until every child has ended, running queued ones in this thread."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -218,14 +168,6 @@ class Children:
                     if not task.wait(remaining):
                         raise TimeoutError(f"children of {self.id} did not end within {timeout} s")
 
-    def _forget(self, child: "Transaction") -> None:
-        """``child`` ended: drop it (its effects were delegated, or discarded)."""
-        with self._mutex:
-            if self._children:
-                self._children.pop(child.id, None)
-            if self._tasks:
-                self._tasks.pop(child.id, None)
-
 
 def _begin_inline(parent: "Transaction", name: str | None) -> "Transaction":
     """Create an inline child of ``parent`` (a frame when it can be one: README, "Frames") and make it the
@@ -237,7 +179,7 @@ def _begin_inline(parent: "Transaction", name: str | None) -> "Transaction":
                                             or observers.on_abort)):
         child = _new_frame(parent, name)
     else:
-        child = parent._new_child(name, inline=True)
+        child = _new_child(parent, name, inline=True)
     manager.push_running(child)
     try:
         for hook in manager.extensions.on_begin:
@@ -295,3 +237,67 @@ class InlineSubtransaction:
     def __exit__(self, exc_type, exc, traceback) -> bool:
         _end_inline(self.transaction, exc)
         return False
+
+
+def _new_child(node: "Transaction", name: str | None = None, *, inline: bool = False) -> "Transaction":
+    """A child of ``node``, registered among its children (spawned, or inline and not a frame)."""
+    if node._doomed is not None or node._state is not TxnState.ACTIVE:
+        node._check_active("starting a subtransaction")
+    manager = node.manager
+    if node._lazy:
+        node.materialize()
+    manager.locking.release_holds(node)
+    # Lazy: an inline child of a node with no other live child (so no sibling can conflict with it).
+    lazy = inline and manager.subtransactions is not Subtransactions.MATERIALIZED and not node._children
+    child = type(node)(manager, node, name=name, inline=inline, lazy=lazy)
+    if lazy:
+        node._lazy_child = child
+    with node._mutex:
+        if node._children is _EMPTY:
+            node._children = {}
+        node._children[child.id] = child
+    if manager.recorder:
+        manager.recorder.record("spawn", node.id, root=node.root.id, detail=child.id)
+    if manager.observers.on_spawn:
+        manager.observers.call("on_spawn", node, child)
+    return child
+
+
+def _run_body(node: "Transaction", function: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """A spawned child's task on a worker: run ``function``, then commit (abort if it raised)."""
+    node._thread = threading.get_ident()
+    manager = node.manager
+    manager.push_running(node)
+    try:
+        try:
+            for hook in manager.extensions.on_begin:
+                hook(node)
+            if manager.observers.on_begin:
+                manager.observers.call("on_begin", node)
+            result = function(node, *args, **kwargs)
+        except BaseException as error:
+            node.abort(error)
+            raise
+        node.commit()
+    finally:
+        manager.pop_running()
+    return result
+
+
+def before_waiting_for_children(node: "Transaction") -> None:
+    """The thread running ``node`` is about to wait: a lazy node materializes (a waiter is a node of
+    the wait-for graph), and its holds become retained (README, "Locks: holds become retains") — only by
+    its own thread (a lock another thread's operation just took must stay held)."""
+    if node._lazy:
+        node.manager.locking.materialize(node)
+    if node._thread == threading.get_ident() and node._state in (TxnState.ACTIVE, TxnState.COMMITTING):
+        node.manager.locking.release_holds(node)
+
+
+def forget(node: "Transaction", child: "Transaction") -> None:
+    """``child`` ended: drop it (its effects were delegated, or discarded)."""
+    with node._mutex:
+        if node._children:
+            node._children.pop(child.id, None)
+        if node._tasks:
+            node._tasks.pop(child.id, None)

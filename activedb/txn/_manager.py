@@ -23,7 +23,7 @@ import lockmgr
 
 from activedb.errors import TransactionAborted
 from activedb.txn import _ids
-from activedb.txn._children import Subtransactions
+from activedb.txn._children import Subtransactions, before_waiting_for_children
 from activedb.txn._history import HistoryRecorder
 from activedb.txn._hotkeys import HotKeys
 from activedb.txn._hooks import HookRegistry, Observer, TransactionExtension, WaitKind
@@ -123,7 +123,7 @@ class TransactionManager:
                 # ends: ``outer`` waits for it.  Its own holds become retains (it runs no operation
                 # meanwhile), and the wait is an edge of the wait-for graph, so that the new transaction
                 # waiting for a row ``outer``'s tree keeps is a deadlock reported at once.
-                outer._before_waiting_for_children()
+                before_waiting_for_children(outer)
                 try:
                     nesting = self.locks.add_wait(outer.id, [transaction.id], kind="nested")
                 except lockmgr.TransactionNotActive as error:
@@ -231,7 +231,7 @@ class _Waiting:
         manager, node, kind, target = self.manager, self.node, self.kind, self.target
         waiter = manager.current()
         if waiter is not None:
-            waiter._before_waiting_for_children()   # (materialized: a wait is an edge of the wait-for graph)
+            before_waiting_for_children(waiter)   # (materialized: a wait is an edge of the wait-for graph)
             if waiter.state in _LIVE:    # an aborting node waits for its children unregistered
                 targets = ([target] if target is not None else self.targets if self.targets is not None
                            else [child.id for child in node.children])

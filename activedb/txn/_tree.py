@@ -30,7 +30,7 @@ from lockmgr import Mode, TxnState
 
 from activedb.errors import SerializationConflict, TransactionAborted, TransactionError
 from activedb.txn import _flush, _ids
-from activedb.txn._children import _ABORTED, _ACTIVE, _COMMITTED, _COMMITTING, _EMPTY, Children
+from activedb.txn._children import _ABORTED, _ACTIVE, _COMMITTED, _COMMITTING, _EMPTY, Children, forget
 from activedb.txn._participants import CommitParticipant
 from activedb.txn._reads import Reads
 from activedb.txn._view import TreeRows
@@ -270,7 +270,7 @@ class Transaction(Reads, Writes, Children):
         if manager.observers.on_commit:
             manager.observers.call("on_commit", self)
         if parent is not None:
-            parent._forget(self)
+            forget(parent, self)
 
     def abort(self, reason: BaseException | str | None = None) -> None:
         """Abort this node and its active descendants: write sets discarded, locks released."""
@@ -301,7 +301,7 @@ class Transaction(Reads, Writes, Children):
         manager.extensions.call("after_end", self, False)
         manager.observers.call("on_abort", self, error)
         if self.parent is not None:
-            self.parent._forget(self)
+            forget(self.parent, self)
 
     def __repr__(self) -> str:
         return f"<Transaction {self.id} {self._state.value}>"
@@ -311,7 +311,7 @@ def _end_frame(node: Transaction) -> None:
     """The rest of ``commit`` for a frame (README, "Frames"): it has no children, holds nothing of its own
     (its locks are its parent's holds) and is known to nobody but its parent and its thread, so it moves to
     COMMITTED without the intermediate step, delegates, and its parent's holds become retained (Rule 2); no
-    ``_forget``: it was never registered."""
+    ``forget``: it was never registered."""
     if node._state is not _ACTIVE:
         raise TransactionError(f"commit of {node.id}, which is {node._state.value}")
     try:
