@@ -271,6 +271,15 @@ class Transaction(Reads, Writes, Children):
             manager.observers.call("on_commit", self)
         if parent is not None:
             forget(parent, self)
+        else:
+            # The tree has ended.  A root refers to itself (``root``), so what it still refers to would
+            # wait for the cyclic collector: its write set and images (a row each) go now, by reference
+            # counting, and so do the tree's ``TreeRows``; nothing reads them after the end (an abort drops the
+            # write set too).
+            self._writes = {}
+            self._db_reads = {}
+            self._scans = _NONE
+            self._tree_rows = TreeRows()
 
     def abort(self, reason: BaseException | str | None = None) -> None:
         """Abort this node and its active descendants: write sets discarded, locks released."""
