@@ -117,6 +117,16 @@ PROGRAMS = st.tuples(
 REPRESENTATIONS = [representation.value for representation in Subtransactions]
 
 
+@pytest.fixture
+def use(db):
+    """``use(representation)`` makes ``db``'s inline subtransactions that representation; frames (the default)
+    again after the test."""
+    def use(representation) -> None:
+        db.transactions.subtransactions = Subtransactions(representation)
+    yield use
+    db.transactions.subtransactions = Subtransactions.FRAMES
+
+
 def _run(db, program, representation: Subtransactions) -> tuple:
     actions, body = program
     db.transactions.subtransactions = representation
@@ -164,27 +174,24 @@ def _picture(db, names: dict) -> dict:
 
 
 @pytest.mark.parametrize("representation", REPRESENTATIONS)
-def test_a_parent_locking_while_its_child_runs_keeps_its_own_lock_when_the_child_aborts(db, representation):
+def test_a_parent_locking_while_its_child_runs_keeps_its_own_lock_when_the_child_aborts(db, use, representation):
     """The parent's object used inside its inline child's block: the parent's own lock is its own (the
     lazy child materializes first and takes its locks with it), so the child's abort releases only the
     child's.  Same pictures in both representations."""
-    db.transactions.subtransactions = Subtransactions(representation)
+    use(representation)
     pictures = []
-    try:
-        with db.transaction() as tx:
-            names = {tx.id: "parent"}
-            try:
-                with tx.subtransaction() as child:
-                    names[child.id] = "child"
-                    child.write("items", "a", value=5)
-                    tx.read("items", "b")
-                    pictures.append(_picture(db, names))
-                    raise Planned("child")
-            except Planned:
-                pass
-            pictures.append(_picture(db, names))
-    finally:
-        db.transactions.subtransactions = Subtransactions.FRAMES
+    with db.transaction() as tx:
+        names = {tx.id: "parent"}
+        try:
+            with tx.subtransaction() as child:
+                names[child.id] = "child"
+                child.write("items", "a", value=5)
+                tx.read("items", "b")
+                pictures.append(_picture(db, names))
+                raise Planned("child")
+        except Planned:
+            pass
+        pictures.append(_picture(db, names))
     inside, after = pictures
     assert inside[("row", "items", ("a",))] == ({"child": "WRITE"}, {})
     assert inside[("row", "items", ("b",))] == ({"parent": "READ"}, {})
@@ -193,32 +200,29 @@ def test_a_parent_locking_while_its_child_runs_keeps_its_own_lock_when_the_child
 
 
 @pytest.mark.parametrize("representation", REPRESENTATIONS)
-def test_a_childs_intention_lock_answered_from_its_parents_retain_is_its_own_in_every_picture(db, representation):
+def test_a_childs_intention_lock_answered_from_its_parents_retain_is_its_own_in_every_picture(db, use, representation):
     """A second inline child writes a row of the table whose intention lock its parent retains from the
     first one: the lazy child asks the lock manager for the row only, yet the pictures show it holding the
     intention lock, before and after it materializes (it spawns) and after it aborts — as the registered
     child does."""
-    db.transactions.subtransactions = Subtransactions(representation)
+    use(representation)
     pictures = []
     table = ("table", "items")
-    try:
-        with db.transaction() as tx:
-            names = {tx.id: "parent"}
-            with tx.subtransaction() as first:
-                first.write("items", "a", value=1)
-            try:
-                with tx.subtransaction() as second:
-                    names[second.id] = "second"
-                    second.write("items", "b", value=2)
-                    pictures.append(_picture(db, names))
-                    second.spawn(lambda grandchild: None).result()      # materializes a lazy child
-                    pictures.append(_picture(db, names))
-                    raise Planned("second")
-            except Planned:
-                pass
-            pictures.append(_picture(db, names))
-    finally:
-        db.transactions.subtransactions = Subtransactions.FRAMES
+    with db.transaction() as tx:
+        names = {tx.id: "parent"}
+        with tx.subtransaction() as first:
+            first.write("items", "a", value=1)
+        try:
+            with tx.subtransaction() as second:
+                names[second.id] = "second"
+                second.write("items", "b", value=2)
+                pictures.append(_picture(db, names))
+                second.spawn(lambda grandchild: None).result()      # materializes a lazy child
+                pictures.append(_picture(db, names))
+                raise Planned("second")
+        except Planned:
+            pass
+        pictures.append(_picture(db, names))
     running, materialized, after = pictures
     assert running[table] == ({"second": "IW"}, {"parent": "IW"})
     assert running[("row", "items", ("b",))] == ({"second": "WRITE"}, {})
@@ -301,20 +305,17 @@ def test_a_mixed_tree_of_frames_behaves_as_the_materialized_tree(db):
     assert db.transactions.locks.statistics().transactions == 0
 
 
-def test_an_inline_child_is_a_frame_until_it_needs_a_node(db):
+def test_an_inline_child_is_a_frame_until_it_needs_a_node(db, use):
     """With frames (the default) an inline child of a node without other children is a frame, not among
     its parent's registered children, until it spawns; with ``lazy`` it never is one."""
-    try:
-        for representation, expected in ((Subtransactions.FRAMES, True), (Subtransactions.LAZY, False)):
-            db.transactions.subtransactions = representation
-            with db.transaction() as tx:
-                with tx.subtransaction() as child:
-                    child.write("items", "a", value=1)
-                    assert child._frame is expected
-                    assert tx.children == [child]
-                    child.spawn(lambda spawned: None).result(30)
-                    assert child._frame is False
-                    assert tx.children == [child]
-                assert tx.children == []
-    finally:
-        db.transactions.subtransactions = Subtransactions.FRAMES
+    for representation, expected in ((Subtransactions.FRAMES, True), (Subtransactions.LAZY, False)):
+        use(representation)
+        with db.transaction() as tx:
+            with tx.subtransaction() as child:
+                child.write("items", "a", value=1)
+                assert child._frame is expected
+                assert tx.children == [child]
+                child.spawn(lambda spawned: None).result(30)
+                assert child._frame is False
+                assert tx.children == [child]
+            assert tx.children == []
