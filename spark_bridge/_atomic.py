@@ -1,35 +1,6 @@
-"""Atomic batches on the Spark bridge: lineage of every batch transaction, and what the
-scale-out path does when one partition of a batch fails for good.
-
-**Lineage.** Every batch transaction the sink commits records, in its own flush, that it consumed the
-*source* batch ``(NAME@SPARK_QUERY_ID, b)`` — for a scale-out partition too (its ledger id
-``NAME@SPARK_QUERY_ID#pK`` minus ``#pK``), so the partitions of a batch are one composite transaction
-``𝒯(b)`` of ``db.batches`` (``activedb/atomic/README.md``).  :func:`lineage_participants` gives the
-commit participant (``db.batches.consuming``); on by default, ``ingest(..., lineage=False)`` turns it
-off.
-
-**A partition that fails for good** (``ingest(..., partition_by_key=N, on_partition_failure=...)``).
-Each scale-out task reports a failure of its batch transaction instead of failing the Spark job, so every
-other partition runs to its end (committed or failed) before the driver decides:
-
-* a failure of PostgreSQL itself (unreachable, the connection lost) is not the partition's fault: the
-  query fails whatever the policy, and the batch is completed forward by Spark's replay;
-* ``forward`` (the default; the behaviour before this option) — the failure is recorded
-  (``activedb_split_failures``, state *pending completion*) and the query fails with
-  :class:`~spark_bridge.errors.PartitionFailed`; after the fix, restarting the query from its checkpoint
-  re-runs the batch: the ledger skips the committed partitions, the failed one is applied, the rows turn
-  *completed*;
-* ``compensate`` — the failed task writes, in one transaction, its partition's rows as dead letters, its
-  ledger row (0 events) and its failure row (*compensating*); the driver then compensates the committed
-  partitions and everything they triggered (``db.batches.settle_failed_split``), marks the rows
-  *compensated*, punctuates and goes on with the next batch: the source batch left no effect, and its
-  failed partition's rows can be replayed from the dead letters once the cause is fixed.  A crash in
-  between: Spark re-runs the batch, every partition is skipped by the ledger, and the driver finds the
-  *compensating* rows and resumes the compensation (each transaction is compensated at most once).
-
-Compensating needs a compensation for what the partitions wrote (before-image undo of the application's
-tables, rule or transaction compensations — declared on the driver's database); without one, the query
-fails with what to declare and resumes the compensation when restarted.
+"""Atomic batches on the Spark bridge: the lineage participant of every batch transaction, and the policy
+for a scale-out partition that fails for good (``forward`` or ``compensate``).  Design note: the
+package's ``README.md`` ("Atomic batches: lineage, and a partition that fails for good").
 
 Everything here uses activedb's public API (``db.batches``, commit participants, ``db.transaction``).
 Thread-safety: stateless functions; :class:`FailureRow` is used by one flush at a time.

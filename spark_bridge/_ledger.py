@@ -1,23 +1,9 @@
-"""Ledger query ids and what ingestion has committed, read back from PostgreSQL.
+"""Ledger query ids (``NAME@SPARK_QUERY_ID``, ``NAME@SPARK_QUERY_ID#pN`` for a scale-out partition) and
+what ingestion has committed, read back from PostgreSQL; why both parts of the id matter: the
+package's ``README.md`` ("Invariants").
 
-The ingestion ledger (``activedb_ingestion_ledger``, one row per committed batch) keys a
-batch by ``(query_id, batch_id)``. The bridge's query ids are built here:
-
-* ``NAME@SPARK_QUERY_ID`` for a query (``NAME`` is the query name given to
-  :func:`spark_bridge.ingest`, ``SPARK_QUERY_ID`` the UUID Spark keeps in the checkpoint,
-  stable across restarts from it);
-* ``NAME@SPARK_QUERY_ID#pN`` for partition ``N`` of the scale-out path.
-
-Both parts matter. Spark's id alone would make ``activedb status --query-name`` unable to
-find a query; the name alone would make a *new* checkpoint (batch ids restarting at 0)
-collide with the old ledger rows and silently skip its batches. A checkpoint resumed
-under another name is refused (:class:`~spark_bridge.errors.QueryRenamedError`).
-
-The ledger row of a batch is written by :class:`IngestionLedger`, a commit participant of the
-batch's top-level transaction: it goes into the same PostgreSQL transaction as the batch's effects and
-dead letters, so a batch is recorded exactly when its effects are.
-
-Public here: :class:`IngestionLedger`, :func:`batch_committed`, :func:`ledger_query_id`,
+Public here: :class:`IngestionLedger` (the commit participant that writes a batch's ledger row in the
+batch's PostgreSQL transaction), :func:`batch_committed`, :func:`ledger_query_id`,
 :func:`parse_ledger_query_id`, :func:`ingestion_status`, :class:`QueryStatus`.
 """
 

@@ -1,21 +1,6 @@
-"""The queries path: micro-batches into ``activedb.streams`` engines (pattern queries, rules ON
-OUTPUT, SEI / S2PL / LWM), for ``ingest(db, frame, queries=engine_or_list, scheduler=…)``.
-
-Per batch, inside its one transaction (``_handler.run_batch``): every validated row becomes
-``StreamEvent(type, ts, {**payload, <key column>: key}, stream=…, origin=raw_event)`` — rows older
-than Spark's watermark are **not** dropped here: the engine's reorder buffer decides, and an event
-older than a punctuation it already released is its dead letter, whose reason names that
-punctuation — then ``engine.process(tx, events, punctuation=watermark, batch_id=b)`` per engine.
-The engines are built with ``record_dead_letters=False``; their dead letters are stored here through
-the batch's dead-letter sink with the raw row (an event of this batch: ``BatchInput.holds`` its
-origin) or the event as JSON (an event buffered by an earlier batch), under the ingest query's ledger
-id.  ``ledger.events`` = s-transactions that committed in this batch (events a punctuation has not
-released yet wait in the engine's state, which commits with the batch; they count in the batch that
-releases them).
-
-An event goes to every engine with a stream declaring its type (a stream without ``types`` takes
-every type); with one stream the engine resolves it, with several the event names the one stream
-of that engine declaring its type.
+"""The queries path: micro-batches into ``activedb.streams`` engines, for ``ingest(db, frame,
+queries=engine_or_list, scheduler=…)``.  Design note: the package's ``README.md`` ("Queries: stream
+engines").
 
 Thread-safety: one batch at a time (``StreamEngine.process`` refuses a second concurrent one).
 """

@@ -1,17 +1,7 @@
 """Replaying dead letters: ``activedb dead-letters replay APP`` re-submits rows of ``activedb_dead_letters``
-through the same path a micro-batch takes (:meth:`spark_bridge.IngestSink.process`: validation, one
-subtransaction per event, the rules, the ledger), exactly once.
-
-Each dead letter ``d`` is replayed as batch ``d.id`` of the ledger query ``replay:NAME`` (``NAME`` the
-query name of the row it came from), and the batch's PostgreSQL transaction also marks ``d`` replayed
-(:class:`activedb.deadletters.LetterReplayed`, a commit participant) — effects, ledger row and mark commit
-together or not at all.  A second replay of ``d`` finds the ledger row (skipped) or the mark (skipped); an
-event that fails again becomes a new dead letter of ``replay:NAME`` (batch ``d.id``), itself replayable.
-
-What is submitted is the letter's *original* row, exactly as Spark delivered it (a one-row Arrow table,
-schema included) or as the caller passed it — so the replay applies what the original would have
-applied, or is rejected for the original reason.  Event ids (``EventMapping.id_column``) are checked and
-recorded under ``NAME``, not ``replay:NAME``: duplicate detection spans a query and its replays.
+through :meth:`spark_bridge.IngestSink.process`, exactly once — letter ``d`` as batch ``d.id`` of the
+ledger query ``replay:NAME``, marked replayed in the same transaction.  Design note: the package's
+``README.md`` ("Replaying dead letters").
 
 Public here: :func:`replay_dead_letters`, :class:`ReplayOutcome`, :data:`REPLAY_PREFIX`.
 """

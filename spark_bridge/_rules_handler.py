@@ -1,13 +1,6 @@
-"""The rule path: every event of a micro-batch in its own subtransaction, the rules on
-``db.stream(type)`` firing inside it — the default of ``ingest()`` and of ``IngestSink``.
-
-Per batch, inside its one transaction (``_handler.run_batch``): optional ``tx.prefetch(table, keys)``
-(the ``prefetch=`` option), then ``tx.run_subtransaction(sub.emit(type, key=, ts=, payload=))`` per
-event.  An event whose subtransaction fails (a rule raises, a value PostgreSQL cannot store, any error)
-aborts alone and becomes a dead letter; a rule chosen as deadlock victim is re-run (``event_attempts``);
-a conflict with another process re-runs the whole batch; PostgreSQL being unusable fails the batch —
-nothing is dead-lettered for an outage (``_failures.py`` tells these apart).  A commit PostgreSQL
-refuses because of what events wrote is searched for its culprits (``searches_poison``).
+"""The rule path: every event of a micro-batch in its own subtransaction, the rules on ``db.stream(type)``
+firing inside it — the default of ``ingest()`` and of ``IngestSink``.  Design note: the package's
+``README.md`` ("One micro-batch", step 4); ``_failures.py`` tells an event's failure from a batch's.
 
 Thread-safety: stateless after construction; one batch's events run one after the other in the
 calling thread.

@@ -1,47 +1,11 @@
 """The scale-out path: a micro-batch partitioned by key, each partition in its own engine.
 
-:class:`PartitionedIngestSink` is the ``foreachBatch`` callable when
-``ingest(..., partition_by_key=N, app=...)``. For batch ``b`` it runs one Spark job::
-
-    batch_df.repartition(N, key_column).rdd.mapPartitionsWithIndex(_PartitionTask(...)).collect()
-
-Each task (a Python worker process) takes its partition's rows, and applies
-them with an :class:`~spark_bridge._sink.IngestSink` on *its own* ``activedb.Database``
-(``activedb.connect(url)`` with the driver's URL, the application's rules registered by
-``app``) as batch ``(q#pK, b)`` — ``K`` the partition: exactly once per (query, batch,
-partition) through the same ledger. The driver sums the tasks' outcomes, then punctuates.
-
-Rows reach the tasks through the RDD API (pickled ``Row`` objects, a few µs per row)
-rather than ``mapInArrow``: pyspark builds ``mapInArrow`` on its pandas UDF machinery and
-refuses to run it without pandas, which activedb does not depend on. Next to the
-engine's cost per event (hundreds of µs) the difference does not show.
-
-Why this is safe: all events of one key land in one partition (hash partitioning), so a
-key's events are applied in application-time order by one engine; engines in different
-processes coordinate through PostgreSQL (the flush validates every row a tree read and
-takes row locks, so a cross-partition conflict re-runs that partition's batch).
-A task whose batch transaction fails reports the failure instead of failing the Spark job, so every
-partition ends (committed or failed) before the driver decides what the failure means
-(``on_partition_failure``, see ``_atomic.py``): ``"forward"`` — the query fails; after the fix and a
-restart Spark re-runs the batch, the committed partitions are skipped by the ledger and the
-others applied (hash partitioning of the same rows is deterministic, so a re-run puts every row
-in the partition it was in before); ``"compensate"`` — the failed partition's rows become dead
-letters and the committed partitions are compensated, so the source batch leaves no effect. A
-task that dies (not its transaction: the worker process) fails the Spark job and the query, and
-the batch is completed forward by the replay. Every partition's transaction records in its
-lineage that it consumed the source batch ``(NAME@SPARK_QUERY_ID, b)``.
-
-When to use it: rules that are CPU-bound in Python (one process holds the GIL; two
-task processes use two cores) and keys that are independent (rules of one key touch
-rows of that key only; shared rows — global counters — make partitions conflict and
-re-run). Not worth it for small batches: every task pays a Python-worker round trip and,
-once per worker process, ``connect()`` + ``register()``. Detached rules run in the task's
-engine; a task waits for them before it reports back.
-
-Per-process cache: Spark reuses Python worker processes across tasks, so each worker
-keeps one ``Database`` per (URL, app) in ``_worker_databases`` (a connection pool and a rule
-registry are expensive to build per task). ``_worker_mutex`` protects that dict and ``_worker_sinks``;
-it is a leaf: nothing — no SQL, no Spark, no user code — runs while it is held.
+:class:`PartitionedIngestSink` is the ``foreachBatch`` callable when ``ingest(..., partition_by_key=N,
+app=...)``: one Spark job per batch, each task applying its partition with an ``IngestSink`` on its own
+``activedb.Database`` as batch ``(q#pK, b)``.  Why it is safe, when to use it and what a failed partition
+means: the package's ``README.md`` ("The scale-out path", "Atomic batches").  ``_worker_mutex`` protects
+the per-process caches ``_worker_databases`` and ``_worker_sinks``; it is a leaf (no SQL, no Spark, no
+user code while held).
 """
 
 from __future__ import annotations

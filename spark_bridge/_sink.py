@@ -1,17 +1,10 @@
 """The rule-layer sink: one micro-batch → one activedb transaction, exactly once.
 
-:class:`IngestSink` is the ``foreachBatch`` callable behind :func:`spark_bridge.ingest`.
-For batch ``b`` of the query with ledger id ``q`` (see ``_ledger.py``):
-
-1. ``batch_df.toArrow()`` — always, even for a batch that will be skipped: running the
-   batch is what feeds Spark's event-time statistics, so skipping the job on a replay
-   would hold the next batches' watermark back and make a restarted run differ from an
-   uninterrupted one;
-2. :func:`spark_bridge._handler.run_batch` with the sink's handler — the one protocol of every
-   path (ledger skip, validation, one transaction with the ledger participant, dead letters,
-   conflicts, poison search, ``db.punctuate(query_name, watermark)`` once the batch committed) —
-   through :meth:`IngestSink.process`, which also runs without Spark (a ``pyarrow.Table`` or a list
-   of dicts) and inside the scale-out tasks.
+:class:`IngestSink` is the ``foreachBatch`` callable behind :func:`spark_bridge.ingest`: ``toArrow()``
+(always, also for a batch that will be skipped), then :func:`spark_bridge._handler.run_batch` with the
+sink's handler through :meth:`IngestSink.process`, which also runs without Spark (a ``pyarrow.Table``
+or a list of dicts) and inside the scale-out tasks.  Design note: the package's ``README.md`` ("One
+micro-batch").
 
 Thread-safety: the sink's :class:`~spark_bridge._outcome.BatchBook` keeps the statistics (its own
 mutex); ``_mutex`` protects the per-query bookkeeping.  Spark calls ``foreachBatch`` one batch at a

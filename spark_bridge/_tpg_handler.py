@@ -1,20 +1,9 @@
-"""The TPG path: micro-batches of declared state transactions (``activedb.batch``, MorphStream's
-task precedence graph), for ``ingest(db, frame, executor="tpg", transactions=state_transactions)``.
-
-Per batch, inside its one transaction (``_handler.run_batch``):
-``batch.apply_at_commit(tx, events, transactions, query_id=q, batch_id=b, on_result=counts,
-letters=rows)`` enlists the batch as a commit participant **before** the ledger — inside the one
-PostgreSQL transaction of the commit it locks the declared rows ``FOR UPDATE``, runs the batch
-(the decision model's strategy unless ``strategy=`` says otherwise), writes the final state, calls
-``on_result`` (which fills the ledger's counts) and inserts the dead letters — transactions that
-aborted, with their reason and the raw row — and then the ledger writes its row.  So state, dead
-letters and ledger row commit together or not at all.  If a rule observes a table the batch writes,
-``apply_at_commit`` runs the batch through the transaction tree at once instead (the rules fire);
-the rest is the same.
-
-Rows older than the batch's watermark are dead letters before the batch runs (Spark's lateness
-rule, as on the rule path).  ``StateTransactions(processes=N)`` runs components of a batch in N
-processes; call :meth:`TpgHandler.close` (``sink.close()``) when the query stops.
+"""The TPG path: micro-batches of declared state transactions (``activedb.batch``), for ``ingest(db,
+frame, executor="tpg", transactions=state_transactions)``.  The batch is a commit participant enlisted
+**before** the ledger, so state, dead letters and ledger row commit together.  Design note: the
+package's ``README.md`` ("TPG: declared state transactions").  ``StateTransactions(processes=N)`` runs
+components of a batch in N processes; call :meth:`TpgHandler.close` (``sink.close()``) when the query
+stops.
 """
 
 from __future__ import annotations

@@ -1,45 +1,10 @@
 """Turn the rows of a micro-batch into events, rejecting bad rows with a reason.
 
-Public interface:
-
-* :class:`EventMapping` — which columns give the event type, the key, the application
-  timestamp and the payload;
-* :func:`rows_to_events` — validates rows (a ``pyarrow.Table`` or a list of dicts) and
-  returns ``(good, bad)``: the good ones as :class:`RawEvent` sorted by application
-  timestamp, the bad ones as :class:`Rejected` with a human-readable reason and the raw
-  row as a JSON-serialisable dict (ready for the dead-letter table);
-* :func:`jsonable` — the conversion used for those raw rows.
-
-Decisions, fixed here so the engine can rely on them:
-
-* **Timestamps are timezone-aware ``datetime`` objects in UTC** (``tzinfo`` is
-  ``datetime.timezone.utc``). They compare exactly (microseconds, as Spark and
-  PostgreSQL store them), map to ``timestamptz`` without conversion, and cannot be
-  confused with a duration. Accepted inputs: aware datetimes (converted to UTC); naive
-  datetimes (Spark ``TIMESTAMP_NTZ``, read as UTC); ``int``/``float`` epoch numbers in
-  :attr:`EventMapping.ts_unit` (seconds by default); ISO-8601 strings (a missing offset
-  means UTC). ``bool``, NaN, infinities and out-of-range values are rejected.
-* **Keys** are non-empty ``str`` or ``int`` (not ``bool``). ``None``, ``""`` and any
-  other type are rejected: a key names a piece of state, and ``1.0`` vs ``1`` would
-  silently name two.
-* **Event types** come from the type column, renamed through
-  :attr:`EventMapping.type_map` when the raw value is in it (values not in the map pass
-  through unchanged). The result must be a non-empty ``str``; with ``known_types`` it
-  must also be one of them.
-* **Order**: good events are sorted by timestamp; rows with equal timestamps keep their
-  order in the batch (the sort is stable), and :attr:`RawEvent.position` records each
-  row's index in the input.
-* **Corrupt records**: a row whose :attr:`EventMapping.corrupt_column` (Spark's
-  ``columnNameOfCorruptRecord``, ``_corrupt_record`` by default) holds text is a line Spark
-  could not read against the stream's schema: it is rejected with the true reason —
-  malformed JSON (with the parser's message), not an object, or which field has a value of
-  the wrong type — and its raw row keeps the original line.
-* **Lone surrogates** (:attr:`EventMapping.line_column`): Spark's string conversion replaces a lone
-  surrogate (a ``\ud800``–``\udfff`` escape without its pair) by ``?``, so the value Spark delivers is not
-  the one sent. When the batch carries each row's original line (the bridge's JSON parsing keeps it in
-  ``_line``), a row whose line has one is rejected, naming the field, and keeps the line.
-* **Event ids** (:attr:`EventMapping.id_column`): non-null, made text (``str``); a row
-  without one is rejected. Duplicates are the sink's business (it knows what was ingested).
+Public interface: :class:`EventMapping` (which columns give the event type, the key, the application
+timestamp and the payload); :func:`rows_to_events` (rows — a ``pyarrow.Table`` or a list of dicts — to
+``(good, bad)``: :class:`RawEvent` s sorted by application timestamp, :class:`Rejected` rows with a
+reason and the raw row, JSON-safe); :func:`jsonable`.  The decisions on timestamps, keys, types, order,
+corrupt records, lone surrogates and event ids: the package's ``README.md`` ("Validation").
 
 Pure Python plus pyarrow (imported only when a Table is passed); never imports pyspark.
 """

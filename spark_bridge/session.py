@@ -1,23 +1,9 @@
 """Build the SparkSession that ``spark_bridge`` runs on.
 
-Public interface: :func:`get_spark` and, for inspection and tests, :func:`spark_conf`
-(the configuration :func:`get_spark` would apply, as a plain dict, without starting Java).
-
-Defaults are for one machine: ``local[2]``, UI off, two shuffle partitions, UTC session
-time zone, driver logging at WARN (``log4j2.properties`` next to this module) and no
-console progress bars. With ``fast_checkpoints=True`` (the default) the streaming
-checkpoint log is written through Hadoop's ``FileSystem`` API instead of ``FileContext``
-(:data:`FAST_CHECKPOINT_FILE_MANAGER`): on a local disk this cuts the fixed cost of a
-micro-batch to about a third (measured numbers in ``spark_bridge/README.md``). Its rename is
-weaker (not atomic on every file system); keep it off for checkpoints on object stores
-or network file systems whose rename is not atomic.
-
-pyspark is imported inside :func:`get_spark` only; importing this module starts nothing.
-
-``get_spark(warnings_to=PATH)`` keeps the JVM's warnings off the console (the commands use it: a
-newcomer should see the application, not Spark's housekeeping): the JVM is started with its stderr on a
-pipe read by a thread, which appends warning lines (``WARN``, ``WARNING:``) to ``PATH`` and passes
-every other line (errors) through to the real stderr.
+Public interface: :func:`get_spark` and, for inspection and tests, :func:`spark_conf` (the configuration
+:func:`get_spark` would apply, as a plain dict, without starting Java).  The defaults, the fast
+checkpoint log and ``warnings_to=``: the package's ``README.md`` ("The session").  pyspark is imported
+inside :func:`get_spark` only; importing this module starts nothing.
 """
 
 from __future__ import annotations

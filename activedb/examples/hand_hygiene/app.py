@@ -1,83 +1,10 @@
-"""The hand-hygiene application (HyReminder, from *Active Complex Event Processing
-over Event Streams* — "Active CEP" in docs/papers.md) as ECA rules on activedb.
+"""The hand-hygiene application (HyReminder, from *Active Complex Event Processing over Event Streams*) as
+ECA rules on activedb; what ``activedb run``, ``activedb bench ingest`` and the demo's Spark feed use.
 
-``activedb demo`` runs the same application as the paper's pattern queries instead
-(:mod:`activedb.examples.hand_hygiene.queries`: Q1/R1 verbatim, order and lateness decided by the
-stream engine); this rule-based version stays for ``activedb run``, ``activedb bench ingest`` and the
-demo's Spark feed until that feed takes a stream engine.  Its edges differ from the query app's where
-both make their own choice: here a masked EXIT keeps the warning, there (after App. C) Q2's rule
-moves the worker back to safe; and Q1's negation is approximated by "since the last EXIT".
-
-Public interface:
-
-* :func:`register` ``(db) -> dict[str, Rule]`` — declares every rule on ``db`` (an
-  explicit database; nothing is kept in module globals) and returns them by name;
-* :func:`reset_tables` — empties the application's tables (the demo starts clean);
-* the vocabulary: :data:`BADGE_EVENTS`, :data:`SAFE` / :data:`WARNING` /
-  :data:`VIOLATION`, :data:`COLORS`, :data:`STATUS_CHANGED`, :data:`APP_TABLES`.
-
-The application (Active CEP §1–§3, Appendices B and C)
-------------------------------------------------------
-Every health-care worker wears an RFID badge with a three-colour light for his
-hygiene status, ``safe`` (green), ``warning`` (yellow) or ``violation`` (red), kept in
-the shared table ``worker_status``.  Sensors report badge events of four types, the
-paper's behaviours: ``enter`` and ``exit`` (a patient room), ``sanitize`` (a hand
-sanitizer dispenser) and ``mask``.  Each arrives as a stream event
-(``tx.emit(type, key=worker, ts=application_time, payload={"room": ...})``) in its own
-subtransaction, and the rules below move the worker between the three statuses.
-The paper's Figure 1 draws the three statuses as nodes and pattern queries as the edges between
-them; its text gives Q1 verbatim and Q2's pattern, and the edges here are built from those:
-
-* **safe → warning** (Q1/R1, verbatim): ``SEQ(EXIT, !SANITIZE, ENTER)`` within 45 s,
-  ``EXIT.location != ENTER.location``, for a worker who is ``safe`` when he enters;
-* **warning → violation**: a worker still in ``warning`` leaves the room (EXIT) without
-  having sanitized — unless Q2's pattern ``SEQ(MASK, EXIT)`` within 5 s holds (the
-  isolation-room protocol: a masked worker keeps his warning);
-* **warning / violation → safe**: SANITIZE.
-
-The patterns are evaluated against per-worker state (last EXIT room and time, last
-SANITIZE, last MASK), so a rule reads the shared table and its action writes it — the
-query–rule interaction of the paper.  A badge event that contradicts the worker's
-state (an ENTER while the badge places him in a room, an EXIT from another room than
-his, or a timestamp older than his last applied event) is *rejected*: the rule raises,
-the event's subtransaction aborts, and nothing of it is applied.
-
-Rules and why each has its coupling mode
-----------------------------------------
-=========================  ==============================  =================================================
-rule                       coupling (priority)              why
-=========================  ==============================  =================================================
-``track_<type>`` ×4        immediate (100)                  validates the event and records location/pattern
-                                                            state; must run first, inside the event's
-                                                            transaction, so that a rejection aborts it before
-                                                            any transition (or its side effects) starts
-``warn_unsanitized_entry`` immediate (50)                   Q1/R1: the status change is part of the event's
-``escalate_unmasked_exit`` immediate (50)                   stream transaction (s-atomic); runs after
-``clear_on_sanitize``      immediate (50)                   ``track_*`` has recorded the event
-``alert_violation``        deferred (20)                    the alert is raised from the *final* status just
-                                                            before the transition commits (the condition
-                                                            re-reads ``worker_status``)
-``audit_transition``       deferred (10)                    the audit row is written once per committed-to-be
-                                                            transition, after the alert
-``notify_badge``           detached                         the real-time reminder on the badge must not be
-                                                            undone with the stream transaction (it is sent
-                                                            whatever becomes of it)
-``badge_light``            detached causally dependent      the light command is sent only if, and after,
-                                                            the status change commits
-``report_incident``        sequential causally dependent    the incident report to infection control starts
-                                                            only after the alert is durable
-``compensate_<type>`` ×4   exclusive causally dependent     the contingency: commits only if the event's
-                                                            processing aborted (a rejected badge event)
-=========================  ==============================  =================================================
-
-The detached family is recorded in activedb's outbox with the outcome that lets it run and runs
-from there exactly once, after that outcome is durable (``activedb/outbox/README.md``).
-
-Status changes are announced with the application event ``status_changed``
-(``tx.signal``) rather than observed as updates of ``worker_status``: every badge
-event updates the worker's row, and only status changes should fire the alert, audit
-and badge-light rules.  Timestamps are application time in seconds (floats); a
-``datetime`` (as the Spark bridge delivers) is converted to epoch seconds.
+Public interface: :func:`register` ``(db) -> dict[str, Rule]`` (every rule, on an explicit database),
+:func:`reset_tables`, and the vocabulary :data:`BADGE_EVENTS`, :data:`SAFE` / :data:`WARNING` /
+:data:`VIOLATION`, :data:`COLORS`, :data:`STATUS_CHANGED`, :data:`APP_TABLES`.  The application, its
+edges and why each rule has its coupling mode: ``README.md`` in this package.
 """
 
 from __future__ import annotations

@@ -1,95 +1,17 @@
-"""The hand-hygiene application as pattern queries (Active CEP: Wang, Rundensteiner, Ellison, *Active
-Complex Event Processing over Event Streams*, §1–§3 and App. C) — what ``activedb demo`` runs.
+"""The hand-hygiene application as pattern queries (*Active Complex Event Processing over Event Streams*,
+§1–§3 and App. C) — what ``activedb demo`` runs.  Its edges, which of them are the paper's, and the
+coupling-mode rules: ``README.md`` in this package.
 
 Public interface:
 
 * :func:`make_engine` ``(db, scheduler="sei", **options) -> streams.StreamEngine`` — the stream
-  ``estream`` and every query and ON OUTPUT rule below, over the demo's own tables;
+  ``estream`` and every query and ON OUTPUT rule, over the demo's own tables;
 * :func:`register_rules` ``(db) -> dict[str, Rule]`` — the ECA rules of the six coupling modes that
-  react to what the queries' rules do (see "Coupling modes");
-* :func:`to_stream_events` — the demo's badge-event dicts (``{"type": "enter", "worker", "ts",
-  "room"}``, :mod:`.events`) as ``streams.StreamEvent`` s;
-* :func:`feed` ``(db, engine, events, …) -> FeedResult`` — micro-batches without Spark: one top-level
-  transaction per chunk, ``engine.process(tx, chunk, punctuation=…)``, ``END_OF_STREAM`` at the end;
+  react to what the queries' rules do;
+* :func:`to_stream_events` — the demo's badge-event dicts as ``streams.StreamEvent`` s;
+* :func:`feed` ``(db, engine, events, …) -> FeedResult`` — micro-batches without Spark;
 * :func:`reset` — empties the application's tables, the engine's saved state and its dead letters;
 * :data:`Q1_R1` (the paper's text, verbatim), :data:`APP_QUERIES`, :data:`EDGES`, :data:`ENGINE_NAME`.
-
-The rule-based version of the same application (per-worker pattern columns, no queries) is
-:mod:`.app`; ``activedb run activedb.examples.hand_hygiene.app`` and the ingest benchmark use it.
-
-The statuses and the edges between them
----------------------------------------
-The paper's Figure 1 draws the statuses ``safe`` / ``warning`` / ``violation`` as nodes and pattern
-queries as the edges between them ("if the HCW is in the start-status node and his behaviour matches the
-pattern query annotating an outgoing edge, change his status to the end-status node").  It writes out
-only Q1 and its rule R1 (§3.1) and gives Q2's pattern in words (§2).  Everything else here is **the
-app's own choice, not the paper's**:
-
-=======================  =============================================================  ===========================
-edge                     query → rule                                                   source
-=======================  =============================================================  ===========================
-safe → warning           Q1 ``SEQ(EXIT, !SANITIZE, ENTER)`` ``[HCW-ID]``, other room,   paper, verbatim (§3.1)
-                         ``'safe'`` at the ENTER, within 45 s → R1 ``UPDATE … 'warning'``
-warning → safe           Q2 ``SEQ(MASK, EXIT)`` ``[HCW-ID]``, ``'warning'`` at the       pattern: paper (§2);
-                         EXIT, within 5 s → R2 ``UPDATE … 'safe'``                       R2: the app's choice,
-                                                                                        after App. C's hint that
-                                                                                        Q2 leads to green
-warning → violation      Q4 ``SEQ(EXIT)`` ``'warning'`` at the EXIT → R4 ``WHEN`` still   the app's own
-                         ``'warning'`` ``UPDATE … 'violation'`` (a masked exit was
-                         already moved to safe by R2: Q2 has the higher priority, so
-                         R2 runs first in the same s-transaction, and R4's WHEN
-                         re-reads the status)
-warning/violation → safe Q3 ``SEQ(SANITIZE)`` not ``'safe'`` → R3 ``UPDATE … 'safe'``    the app's own
-(where the badge is)     SEEN_ENTER/EXIT/SANITIZE/MASK → ``record_badge``: the          the app's own
-                         worker's room and last event (a new badge starts ``safe``)
-=======================  =============================================================  ===========================
-
-Numbering: Q3 is the name the paper's App. C gives a third query without defining it; Q4 is ours.
-Priorities (an extension of the paper's language, ``PRIORITY n``): the SEEN_* queries first (their
-rule records the reading before any transition), then Q2 before Q4; Q1 and Q3 have none (last).  All
-queries of an s-transaction read before any of its rules runs, so every status a query checks is the
-status *when the event occurs* — the paper's reading of Q1 and Q2.  Equal timestamps: SANITIZE before
-MASK before the others (``priorities=``), as ``activedb bench streams`` declares.
-
-Order and lateness are the engine's: events may arrive out of order; the reorder buffer releases them
-in timestamp order once a punctuation guarantees nothing older can come, and an event older than a
-released punctuation is a dead letter naming it (``activedb_dead_letters``).
-
-Coupling modes (ECA rules on what the queries' rules write)
------------------------------------------------------------
-Every store write of an s-transaction goes through activedb's transaction, so activedb's own rules fire
-on it inside the s-transaction:
-
-=============================  =============================  ==========================================
-rule                           coupling, event                what and why
-=============================  =============================  ==========================================
-``reject_impossible_move``     immediate, ``worker_status``   a reading that contradicts where the badge
-                               modified                       places the worker (ENTER while in a room,
-                                                              EXIT of another room) raises: the
-                                                              s-transaction aborts, nothing of the event
-                                                              is applied, it is a dead letter
-``announce_status_change``     immediate, ``worker_status``   old and new status differ → signal
-                               updated                        ``status_changed`` (worker, old, new, ts,
-                                                              event) inside the s-transaction
-``alert_violation``            deferred, ``status_changed``   the alert, from the final status
-``audit_transition``           deferred, ``status_changed``   the audit row
-``notify_badge``               detached, alert inserted       the reminder, whatever becomes of the batch
-``badge_light``                detached causally dependent    the light command, only if the change
-                                                              commits
-``report_incident``            sequential causally dependent  the incident report, once the alert is
-                                                              durable
-``compensate_rejected_badge``  exclusive causally dependent,  the contingency: commits exactly when the
-                               ``worker_status`` modified     reading's s-transaction aborted (a rejected
-                                                              badge event): a ``compensations`` row asks
-                                                              for the badge reader's re-sync
-=============================  =============================  ==========================================
-
-A write of ``worker_status`` either records a reading (``record_badge``: the status is written back
-unchanged) or is a transition (R1–R4: only the status changes) — that is how the rules tell them apart.
-An activedb rule failing inside a store write surfaces as ``RuleFailed``, which the stream engine treats
-as an infrastructure failure (the batch fails); ``record_badge`` turns the app's own rejection
-(a :class:`~.errors.BadgeEventRejected` cause) into its action's error, so only the event's
-s-transaction aborts.
 """
 
 from __future__ import annotations
