@@ -1,28 +1,7 @@
 """The capture consumer: captured changes become events for the rules on ``db.captured(...)``, exactly
-once and in PostgreSQL's commit order.  Design note: ``README.md`` in this package.
-
-One **batch** is one top-level activedb transaction (named ``capture:<consumer>``):
-
-1. from the consumer's position ``(commit position, change id)`` — read from PostgreSQL when it starts
-   leading, then kept — read where the next ``batch_size`` changes end, and each table's changes up to
-   there, in commit order, then statement order; their old and new rows come back typed (PostgreSQL
-   turns the captured ``jsonb`` into the table's row type);
-2. for each change, in that order, run every enabled rule on ``db.captured(table, kind)`` that matches,
-   in priority groups (higher first; equal priorities one after the other, in declaration order), each
-   firing as a subtransaction — or, when that cannot be told apart, a chunk of firings in one (re-run
-   one per subtransaction if any raises): a failing rule aborts only its own work (it is logged,
-   counted and kept as a dead letter); a firing that was a deadlock victim or met a serialization
-   conflict is re-run;
-3. the commit participant :class:`PositionWriter` advances the position with one compare-and-set
-   ``UPDATE`` from where the batch started (no row: :class:`CaptureConflict`, another process took over
-   and nothing of this batch is kept) — in the same PostgreSQL transaction as the rules' effects.
-
-So a crash anywhere before PostgreSQL's COMMIT leaves the position and the effects as they were (the
-batch runs again), and after it both moved (the batch is never run again): no reaction lost, none
-repeated.  Only one consumer of a name works at a time: it holds the session advisory lock
-``leadership_lock`` on its listener connection (others wait in ``STANDBY`` and take over when that
-session ends, e.g. when the process is killed); the compare-and-set in step 3 makes two leaders (a lock
-lost with its connection while the batch ran) harmless.
+once and in PostgreSQL's commit order.  One batch is one top-level activedb transaction
+``capture:<consumer>``; its steps, crashes and several consumers: the package's ``README.md`` ("Exactly
+once, in commit order").
 
 Thread-safety: a consumer runs batches one at a time (``_run_mutex``); ``start()`` runs them on its own
 thread, and ``run_once()`` is then refused.  ``_mutex`` protects the counters, the state and the fetch

@@ -1,12 +1,6 @@
-"""The SQL of change capture that is not in the migration: installing and removing the per-table
-trigger, and the statements consumers and the status run.
-
-The tables and functions come from activedb's revision ``0004_capture`` (``migrations/versions``);
-what is per table (the trigger ``activedb_capture`` and a row of ``activedb_capture_tables``) is
-installed by :func:`install_statements` — run by ``db.capture(table)`` or, inside an application's own
-Alembic revision, by :func:`activedb.capture.migration_ops.enable_capture`.
-
-Every function takes what it runs on; none opens a connection.
+"""The SQL of change capture that is not in the migration ``0004_capture``: installing and removing the
+per-table trigger (:func:`install_statements`, run by ``db.capture(table)`` or ``enable_capture``), and the
+statements consumers and the status run.  Every function takes what it runs on; none opens a connection.
 """
 
 from __future__ import annotations

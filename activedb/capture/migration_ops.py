@@ -1,20 +1,11 @@
-"""Capture in an application's own Alembic revisions, so that it is part of the schema history::
+"""Capture in an application's own Alembic revisions (``enable_capture(op, table)`` in ``upgrade``,
+``disable_capture(op, table)`` in ``downgrade``), so that it is part of the schema history; the package's
+``README.md`` shows the revision.
 
-    # myapp/migrations/versions/0007_capture_orders.py
-    from activedb.capture.migration_ops import disable_capture, enable_capture
-
-    def upgrade():
-        enable_capture(op, "orders")
-
-    def downgrade():
-        disable_capture(op, "orders")
-
-``enable_capture`` installs the row trigger ``activedb_capture`` on the table and registers it in
-``activedb_capture_tables``; it needs activedb's own revision ``0004_capture`` (``activedb.connect()``
-upgrades activedb's schema before an application's migrations run).  ``disable_capture`` removes
-everything ``enable_capture`` installed, and the table's captured changes not yet pruned; it is
-idempotent and works after activedb's own capture tables are gone.  Both work offline
-(``alembic upgrade --sql``): they emit plain SQL.
+``enable_capture`` needs activedb's own revision ``0004_capture`` (``activedb.connect()`` upgrades
+activedb's schema before an application's migrations run).  ``disable_capture`` is idempotent and works
+after activedb's own capture tables are gone.  Both work offline (``alembic upgrade --sql``): they emit
+plain SQL.
 """
 
 from __future__ import annotations

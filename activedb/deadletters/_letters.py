@@ -1,14 +1,6 @@
-"""The dead-letter table ``activedb_dead_letters``: its record type, what goes into it, and its SQL.
-
-A dead letter is written by whoever could not apply a row (the Spark bridge's sink and its handlers, the
-stream engine, the batch executor, the capture consumer) — all of them through :func:`insert` (inside a
-transaction) or :func:`table_rows` (inside a commit participant's flush) — and read, counted, purged and
-marked replayed only here.
-
-Each letter keeps its row twice: ``raw``, readable JSON (:func:`activedb.store.jsonable`: what the CLI
-shows and ``--reason``/``--query`` filters go with), and ``original``, the row exactly as it reached its
-writer (:func:`activedb.store.exact_json`, or an Arrow IPC stream of the one-row table Spark delivered),
-which a replay submits again.  Letters written before ``original`` existed replay their ``raw``.
+"""The dead-letter table ``activedb_dead_letters``: its record type, what goes into it, and its SQL — the
+only place that writes or reads it (every writer goes through :func:`insert` or :func:`table_rows`).
+Design note: the package's ``README.md``.
 """
 
 from __future__ import annotations

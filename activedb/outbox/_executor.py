@@ -1,29 +1,5 @@
-"""Running recorded firings: group commit, retries, failures.
-
-Ready firings (records whose outcome is durable) wait in one FIFO queue.  At most ``max_groups`` group
-runners take up to ``group_size`` of them at a time and run them as **one group**: a top-level
-transaction (the group root, named ``outbox``) whose children are the firings, each in its own
-subtransaction, one after the other in the runner's thread; the root's flush is one PostgreSQL
-transaction holding every member's effects, the detached firings the members fired in turn (recorded
-by the group root's own :class:`~activedb.outbox._recording.TreeFirings`), and the marks: ``done`` for
-every member that committed, ``failed`` for every member that failed for good.
-
-Why subtransactions of a group root and not a savepoint per member inside one PostgreSQL transaction:
-members never touch PostgreSQL before the flush (a subtransaction's writes stay in its private write
-set), so a member that raises, is chosen as a deadlock victim, or fails its commit aborts alone —
-exactly as an event's subtransaction inside a batch — and costs no round trip; the group's flush is the
-ordinary flush (validation, generated-key checks, the write set in batched statements), unchanged.  A
-savepoint per member would add ≈ 0.1–0.2 ms of PostgreSQL round trips per member — about what a group
-commit saves — and a flush of its own per member.  What subtransactions cannot isolate is a failure of
-the *flush* itself (another process changed a row a member read; a value PostgreSQL refuses; a record
-taken over).  Then nothing was written; the group is retried as a whole once for a retryable failure,
-and otherwise split in halves, recursively, until the failing member is alone: it is retried (up to
-``max_attempts``) or marked failed by itself, and every other member commits in its half.
-
-A member's failure is *retryable* when PostgreSQL or the lock manager caused it (a deadlock, a
-serialization conflict, a reset sequence, a lost connection); a rule that raises fails for good at once
-(``failed``, with the error, where ``activedb status`` and ``activedb outbox`` show it).  Records lost
-to a broken connection wait ("parked") until the next recovery pass.
+"""Running recorded firings: group commit, retries, failures.  Design note: the package's ``README.md``
+("Group commit, and why subtransactions", "Failures and retries").
 
 Thread-safety: ``_mutex`` protects ``_ready``, ``_parked``, ``_runners`` and ``_running``; runners take
 work under it and run groups without it.  No mutex is held while running a group.

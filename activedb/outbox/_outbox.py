@@ -1,12 +1,5 @@
 """``db.outbox``: durable detached-family rule firings.  The design note is ``README.md`` here.
 
-The rule manager's detached runner hands every firing of a detached, detached causally dependent,
-sequential causally dependent or exclusive causally dependent rule to :meth:`Outbox.record`.  The
-firing is recorded in ``activedb_outbox`` together with the outcome that lets it run
-(:mod:`activedb.outbox._recording`), run from that record in a group transaction whose flush marks it
-done (:mod:`activedb.outbox._executor`), and — if this process dies first — claimed and run by whichever
-process next runs a recovery pass with the rule registered (:meth:`Outbox.recover`).
-
 Thread-safety: every public method may be called from any thread.  ``_mutex`` protects ``_closed``,
 ``_lost``; the liveness connection has its own mutex (``_records.LivenessLock``: SQL under it, a leaf).  The
 executor's and the recording participants' mutexes are leaves; none is held while calling PostgreSQL,

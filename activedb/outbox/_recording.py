@@ -1,25 +1,6 @@
-"""Recording detached-family firings in the flush of their trigger's tree.
-
-A firing of a detached-family rule occurs inside some node of a transaction tree (its *trigger*).  It
-is kept in memory on the tree — one :class:`TreeFirings` commit participant per tree, enlisted on the
-root the first time a firing occurs in it — until the tree's outcome is decided:
-
-* **the root commits**: in its flush, every kept firing whose mode allows it given its trigger's
-  *effective* outcome (committed iff the trigger and every ancestor committed; see
-  :func:`coupling.may_run_after`) is inserted into ``activedb_outbox`` — in the same PostgreSQL
-  transaction as the tree's effects.  A detached firing is recorded whatever its trigger did; a causally
-  dependent one only if its trigger committed; an exclusive one only if its trigger (an event
-  subtransaction, say) aborted while the root committed.  The rest are cancelled (counted, never run);
-* **the root aborts**: nothing of the tree reaches PostgreSQL; every trigger in it aborted, so the
-  detached and exclusive causally dependent firings are recorded right away in a small transaction of
-  their own and then run — unless the tree's owner declared that an abort of this tree is not an outcome
-  (:meth:`~activedb.outbox.Outbox.mark_replayed`: the Spark sink re-runs the same input until it commits,
-  exactly as after a crash).
-
-Either way a record exists only once the outcome that allows it is durable, so the firing can run at
-once, from the record, and its own flush marks the record done.  A firing of a rule on a top-level
-transaction's ``committed`` event is dispatched just before that transaction's flush and recorded in it
-(``requires_commit``): if the flush fails, the event never happened.
+"""Recording detached-family firings in the flush of their trigger's tree (:class:`TreeFirings`, one commit
+participant per tree).  Design note: the package's ``README.md`` ("The life of a firing", "Replayed
+attempts").
 
 Thread-safety: ``TreeFirings._mutex`` protects its entry list (firings occur on any thread of the tree);
 the decision and the SQL run in the committing thread after every node of the tree ended.

@@ -1,22 +1,11 @@
-"""The outbox's SQL: writing records, claiming them, marking them done or failed, reading them back.
+"""The outbox's SQL: writing records, claiming them, marking them done or failed, reading them back
+(``pending`` → ``done``, or ``failed`` → ``pending`` again on a retry).  Design note: the package's
+``README.md`` ("Recovery and several processes").
 
 Every function takes the connection it runs on and never commits: the callers decide which PostgreSQL
-transaction a statement belongs to (the trigger's flush, a detached group's flush, or a small
-transaction of its own).  The table is created by the Alembic revision ``0005_outbox``.
-
-Record states (``status``)::
-
-    pending ──(its firing's own flush)──▶ done
-       │
-       └──(the firing failed for good, in the flush of its group or alone)──▶ failed ──(retry)──▶ pending
-
-A pending record has an ``owner``: the liveness key of the process that runs it (a session-level
-advisory lock that process holds).  A record whose owner's lock no session holds (the process died,
-``pg_locks`` says) may be claimed by any process; claims skip rows another claimer has locked
-(``FOR UPDATE SKIP LOCKED``).
-Marking done or failed requires ``owner = me AND status = 'pending'`` and checks the row count, so a
-record another process took over is never finished twice.  :class:`LivenessLock` holds the lock that
-keeps this process's records its own.
+transaction a statement belongs to.  Marking done or failed requires ``owner = me AND status =
+'pending'`` and checks the row count.  :class:`LivenessLock` holds the lock that keeps this process's
+records its own.
 """
 
 from __future__ import annotations
