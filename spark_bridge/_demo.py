@@ -15,35 +15,27 @@ import sqlalchemy as sa
 SPARK_FILES = 4                 # the stream is written as this many files (micro-batches)
 
 
-def feed(db: Any, events: list[dict], app: Any, console: Any, progress: Any = None,
-         engine: Any = None) -> dict | None:
-    """Feed ``events`` through Spark Structured Streaming with ``spark_bridge.ingest``.
+def feed(db: Any, events: list[dict], app: Any, console: Any, progress: Any, engine: Any) -> dict:
+    """Feed ``events`` through Spark Structured Streaming into ``engine``'s pattern queries
+    (``spark_bridge.ingest(…, queries=engine)``; an ``activedb.streams.StreamEngine`` built with
+    ``record_dead_letters=False``).
 
-    The events are written as JSON files (one micro-batch each), read as a file stream
-    with a checkpoint in the same temporary folder, and run to the end
-    (``availableNow``).  Each batch commits to PostgreSQL together with its ledger row.
-    What is printed comes from the ledger, read back from PostgreSQL.  ``progress`` (an
-    ``activedb.bench.Progress``) hears of Spark's start and of every committed micro-batch.
-
-    ``engine`` (an ``activedb.streams.StreamEngine`` built with ``record_dead_letters=False``): the
-    batches go to its pattern queries (``ingest(…, queries=engine)``) instead of ``app``'s rules —
-    the rows renamed to the paper's vocabulary (``ENTER``…, ``HCW-ID``, ``location``), the time a
-    Spark timestamp with a 30 s watermark (each batch's punctuation), and ``END_OF_STREAM`` once the
-    files are read.  Returns ``{"dead_letter_query": ledger query id}`` (where the run's dead letters
-    are kept).
+    The events are written as JSON files (one micro-batch each, ``app.SCHEMA``), read as a file stream
+    with a checkpoint in the same temporary folder, renamed to the paper's vocabulary (``ENTER``…,
+    ``HCW-ID``, ``location``), the time a Spark timestamp with a 30 s watermark (each batch's
+    punctuation), and run to the end (``availableNow``), then ``END_OF_STREAM``.  What is printed comes
+    from the ledger, read back from PostgreSQL; ``progress`` (an ``activedb.progress.Progress``) hears of
+    Spark's start and of every committed micro-batch.  Returns ``{"dead_letter_query": ledger query id}``
+    (where the run's dead letters are kept).
     """
-    import spark_bridge
-
-    if progress is not None:
-        progress.start("micro-batches", total=SPARK_FILES)
-        progress.note("starting Spark (local[2]; about 10 s) ...")
-    else:
-        console.print("starting Spark (local[2]) ...")
     import activedb
+    import spark_bridge
+    from pyspark.sql import functions as F
 
+    progress.start("micro-batches", total=SPARK_FILES)
+    progress.note("starting Spark (local[2]; about 10 s) ...")
     # Spark's warnings go to a log file, not between the demo's lines.
     spark = spark_bridge.get_spark(warnings_to=activedb.default_home() / "logs" / "spark.log")
-    query_name = "hand_hygiene_demo"
     with tempfile.TemporaryDirectory(prefix="activedb-demo-") as folder:
         source = Path(folder) / "badge-events"
         source.mkdir()
@@ -55,48 +47,30 @@ def feed(db: Any, events: list[dict], app: Any, console: Any, progress: Any = No
             path.write_text(lines + "\n")
             # Spark's file source takes files in modification-time order: make it the arrival order.
             os.utime(path, (written_at + number, written_at + number))
-        frame = (spark.readStream.schema(app.SCHEMA)
-                 .option("maxFilesPerTrigger", 1).json(str(source)))
-        checkpoint = str(Path(folder) / "checkpoint")
-        if engine is None:
-            query = spark_bridge.ingest(db, frame, mapping=spark_bridge.as_mapping(app.MAPPING),
-                                        query_name=query_name, checkpoint_location=checkpoint,
-                                        trigger={"availableNow": True}, prefetch=app.PREFETCH)
-        else:
-            from pyspark.sql import functions as F
-
-            frame = frame.select(F.upper(F.col("type")).alias("type"), F.col("worker").alias("HCW-ID"),
-                                 F.col("room").alias("location"), F.timestamp_seconds(F.col("ts")).alias("ts"))
-            query = spark_bridge.ingest(db, frame, mapping=spark_bridge.EventMapping(
-                                            "type", "HCW-ID", "ts", payload_columns=("location",)),
-                                        query_name=f"{query_name}_queries", checkpoint_location=checkpoint,
-                                        trigger={"availableNow": True}, queries=engine,
-                                        watermark_delay="30 seconds")
+        frame = (spark.readStream.schema(app.SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
+                 .select(F.upper(F.col("type")).alias("type"), F.col("worker").alias("HCW-ID"),
+                         F.col("room").alias("location"), F.timestamp_seconds(F.col("ts")).alias("ts")))
+        query = spark_bridge.ingest(db, frame, mapping=spark_bridge.EventMapping(
+                                        "type", "HCW-ID", "ts", payload_columns=("location",)),
+                                    query_name="hand_hygiene_demo_queries",
+                                    checkpoint_location=str(Path(folder) / "checkpoint"),
+                                    trigger={"availableNow": True}, queries=engine, watermark_delay="30 seconds")
         sink = spark_bridge.sink_of(query)
-        if progress is None:
-            query.awaitTermination()
-        else:
-            progress.note("waiting for the first micro-batch ...")
-            while not query.awaitTermination(0.5):
-                done = sink.statistics().batches
-                if done:
-                    progress.update(done, f"micro-batches committed ({sink.statistics().events} events)")
-            progress.update(sink.statistics().batches, f"micro-batches committed ({sink.statistics().events} events)")
+        progress.note("waiting for the first micro-batch ...")
+        while not query.awaitTermination(0.5):
+            done = sink.statistics().batches
+            if done:
+                progress.update(done, f"micro-batches committed ({sink.statistics().events} events)")
+        progress.update(sink.statistics().batches, f"micro-batches committed ({sink.statistics().events} events)")
         if query.exception() is not None:
             raise RuntimeError(f"the demo's streaming query failed: {query.exception()}")
-        released = spark_bridge.end_of_stream(query) if engine is not None else 0
+        released = spark_bridge.end_of_stream(query)
         statistics = sink.statistics()
-    if engine is None:
-        console.print(
-            f"fed {len(events)} events through Spark Structured Streaming: {statistics.batches} micro-batches, "
-            f"{statistics.events} events applied in nested transactions, {statistics.dead_letters} dead letters "
-            f"(rejected by a rule or malformed)")
-    else:
-        console.print(
-            f"fed {len(events)} events through Spark Structured Streaming into the pattern queries: "
-            f"{statistics.batches} micro-batches (each one transaction, punctuated by Spark's watermark), "
-            f"{statistics.events + released} stream transactions committed ({released} released at the end of "
-            f"the stream), {statistics.dead_letters} dead letters (late, rejected or malformed)")
+    console.print(
+        f"fed {len(events)} events through Spark Structured Streaming into the pattern queries: "
+        f"{statistics.batches} micro-batches (each one transaction, punctuated by Spark's watermark), "
+        f"{statistics.events + released} stream transactions committed ({released} released at the end of "
+        f"the stream), {statistics.dead_letters} dead letters (late, rejected or malformed)")
     ledger = db.table("activedb_ingestion_ledger")
     with db.engine.connect() as connection:      # this run's rows only: its query id is new with its checkpoint
         batches, last, applied, letters = connection.execute(sa.select(

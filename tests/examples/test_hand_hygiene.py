@@ -195,8 +195,7 @@ def test_demo_writes_event_files_for_activedb_run(tmp_path):
 def test_run_demo_through_spark_matches_the_direct_path(app, database_url, make_database_url, spark, capsys):
     """The Spark feed gives the state the same application gives without Spark: the pattern queries
     through ``ingest(…, queries=engine)``, whose dead letters (the run's ledger id, those released at the
-    end of the stream included) are the rejected events.  (A Spark feed without ``engine=`` runs the
-    rule-based app, and the demo says so: the second branch.)"""
+    end of the stream included) are the rejected events."""
     db = app
     through_spark = run_demo(url=database_url, events=120, workers=4, seed=5, use_spark=True)
     output = " ".join(capsys.readouterr().out.split())      # rich wraps long lines
@@ -204,19 +203,10 @@ def test_run_demo_through_spark_matches_the_direct_path(app, database_url, make_
     assert "batches committed (last batch id 3)" in output and "4 micro-batches" in output
     spark_compensations = rows(db, "SELECT count(*) FROM compensations")
     assert through_spark.statuses == statuses(db)
-    if through_spark.application == "queries":
-        direct = run_demo(url=make_database_url("direct"), events=120, workers=4, seed=5, use_spark=False)
-        assert through_spark.statuses == direct.statuses
-        assert spark_compensations == [(direct.rejected,)]
-        assert f"Dead letters of this run (activedb_dead_letters): {direct.rejected}, of them 0 late" in output
-    else:
-        assert through_spark.application == "rules" and "uses the rule-based app" in output
-        reset_tables(db)
-        direct = apply_directly(db, generate(4, 120, 5))
-        db.rules.wait_idle(WAIT)
-        assert through_spark.statuses == statuses(db)
-        assert spark_compensations == rows(db, "SELECT count(*) FROM compensations") == [(len(direct.rejected),)]
-        assert f"{len(direct.rejected)} dead letters" in output
+    direct = run_demo(url=make_database_url("direct"), events=120, workers=4, seed=5, use_spark=False)
+    assert through_spark.statuses == direct.statuses
+    assert spark_compensations == [(direct.rejected,)]
+    assert f"Dead letters of this run (activedb_dead_letters): {direct.rejected}, of them 0 late" in output
 
 
 def test_a_batch_after_the_tables_were_reset_equals_a_fresh_run(app, make_database_url):

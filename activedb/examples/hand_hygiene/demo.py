@@ -1,34 +1,18 @@
 """``activedb demo``: the hand-hygiene application (HyReminder, from *Active Complex Event Processing over
-Event Streams*, Wang, Rundensteiner, Ellison — see ``docs/papers.md``), end to end, as the paper's
-pattern queries.
+Event Streams*), end to end, as the paper's pattern queries.
 
-:func:`run_demo` tells the story in four steps:
-
-1. :func:`introduce` — what the application is: badges, statuses, the queries that move workers;
-2. :func:`feed` — brings the application's tables to head (Alembic), empties them, declares the
-   coupling-mode rules (:func:`activedb.examples.hand_hygiene.queries.register_rules`), builds the stream
-   engine with Q1/R1 verbatim, Q2's pattern and the app's own edges
-   (:func:`activedb.examples.hand_hygiene.queries.make_engine`), and feeds a generated stream of badge
-   events (:mod:`activedb.examples.hand_hygiene.events`) in arrival order — directly, as micro-batch
-   transactions with a punctuation each (:func:`activedb.examples.hand_hygiene.queries.feed`), or through
-   Spark Structured Streaming (the ``spark`` feed, contributed by spark_bridge) — with a progress bar,
-   then waits for the detached rules;
-3. :func:`tell_story` — what happened to the workers and which query moved them, read back from
-   PostgreSQL;
-4. :func:`show_engine` — the engines' numbers: per-query outputs and App. G.2 latencies
-   (``engine.statistics()``), the rows the rules wrote, firings per coupling mode and per rule
-   (``db.rules.statistics()``).
-
-The Spark feed runs the queries when it accepts an ``engine`` (spark_bridge's ``ingest(…,
-queries=engine)``); an older Spark feed runs the rule-based app (:mod:`.app`), and the demo says so.
-Nothing printed is canned.  :func:`write_event_files` writes the same generated stream as JSON-lines
-files for ``activedb run`` (``activedb demo --write-events DIR``).
+:func:`run_demo` tells the story in four steps: :func:`introduce` (what the application is), :func:`feed`
+(the tables, the coupling-mode rules, the stream engine, and a generated stream of badge events fed
+directly as micro-batch transactions, or through Spark Structured Streaming by the ``spark`` feed that
+spark_bridge contributes), :func:`tell_story` (what happened to the workers and which query moved them,
+read back from PostgreSQL) and :func:`show_engine` (the engines' numbers).  Nothing printed is canned.
+:func:`write_event_files` writes the same stream as JSON-lines files for ``activedb run``
+(``activedb demo --write-events DIR``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import logging
 import os
@@ -67,7 +51,6 @@ class DemoSummary:
     rejected: int | None            # aborted s-transactions (direct); None when Spark fed the events
     statuses: dict[str, str]        # read back from PostgreSQL
     per_mode: dict[str, int]        # live rule-manager counters
-    application: str = "queries"    # "queries" (the stream engine) or "rules" (the rule-based app.py)
     per_query: dict[str, int] = field(default_factory=dict)     # outputs per query (engine statistics)
 
 
@@ -76,10 +59,9 @@ class Run:
     """What :func:`feed` set up and did, for the story."""
 
     path: str                       # "direct" or "spark"
-    application: str                # "queries" or "rules"
     rules: dict                     # the ECA rules declared on the database, by name
-    engine: Any = None              # the StreamEngine (queries)
-    result: Any = None              # queries.FeedResult (direct, queries) or events.ApplyResult (direct, rules)
+    engine: Any                     # the StreamEngine
+    result: Any = None              # queries.FeedResult (direct)
     dead_letter_query: str | None = None     # query_id of this run's dead letters in activedb_dead_letters
 
 
@@ -103,14 +85,10 @@ def run_demo(*, database=None, url=None, home=None, events=400, workers=12, seed
         run = feed(database, console, events=events, workers=workers, seed=seed, use_spark=use_spark)
         statuses = tell_story(database, console, run)
         show_engine(database, run, console)
-        rejected = None
-        if run.result is not None:
-            rejected = run.result.failed if run.application == "queries" else len(run.result.rejected)
-        per_query = ({name: counters.outputs for name, counters in run.engine.statistics().per_query.items()}
-                     if run.engine is not None else {})
+        rejected = None if run.result is None else run.result.failed
+        per_query = {name: counters.outputs for name, counters in run.engine.statistics().per_query.items()}
         return DemoSummary(path=run.path, events=events, rejected=rejected, statuses=statuses,
-                           per_mode=dict(database.rules.statistics().per_mode), application=run.application,
-                           per_query=per_query)
+                           per_mode=dict(database.rules.statistics().per_mode), per_query=per_query)
     finally:
         if own:
             database.close()
@@ -134,33 +112,17 @@ def introduce(console: Console, *, events: int, workers: int, seed: int) -> None
         title="activedb demo", border_style="cyan"), highlight=False)
 
 
-def _spark_feed_takes_queries() -> tuple[Any, bool]:
-    spark_feed = load_feed("spark")
-    return spark_feed, "engine" in inspect.signature(spark_feed).parameters
-
-
 def feed(database, console: Console, *, events: int, workers: int, seed: int, use_spark: bool) -> Run:
     """Tables, rules, the engine, and the events in; returns the :class:`Run`."""
     database.upgrade_app(MIGRATIONS)
-    spark_feed, spark_takes_queries = _spark_feed_takes_queries() if use_spark else (None, True)
     stream = generate(workers, events, seed)
-    if spark_takes_queries:
-        rules = queries.register_rules(database)
-        engine = queries.make_engine(database, record_dead_letters=False)   # as badge rows: replayable
-        queries.reset(database, engine)
-        run = Run(path="spark" if use_spark else "direct", application="queries", rules=rules, engine=engine,
-                  dead_letter_query=None if use_spark else f"streams:{engine.name}")
-        definitions = f"{len(engine.queries)} queries and {len(engine.rules)} ON OUTPUT rules (engine " \
-                      f"{engine.name!r}, scheduler {engine.scheduler.name})"
-    else:
-        app.reset_tables(database)
-        rules = app.register(database)
-        run = Run(path="spark", application="rules", rules=rules)
-        definitions = "the rule-based app (activedb.examples.hand_hygiene.app): this Spark feed does not run " \
-                      "pattern queries yet"
-        console.print("[yellow]note:[/yellow] the installed Spark feed cannot feed a stream engine (spark_bridge's "
-                      "ingest(…, queries=engine)); the Spark run uses the rule-based app. "
-                      "`activedb demo --no-spark` runs the queries.", highlight=False)
+    rules = queries.register_rules(database)
+    engine = queries.make_engine(database, record_dead_letters=False)   # as badge rows: replayable
+    queries.reset(database, engine)
+    run = Run(path="spark" if use_spark else "direct", rules=rules, engine=engine,
+              dead_letter_query=None if use_spark else f"streams:{engine.name}")
+    definitions = f"{len(engine.queries)} queries and {len(engine.rules)} ON OUTPUT rules (engine " \
+                  f"{engine.name!r}, scheduler {engine.scheduler.name})"
     console.print(f"{definitions}; {len(rules)} ECA rules declared on {database.describe()}; feeding the events "
                   f"{'through Spark Structured Streaming' if use_spark else 'directly (no Spark)'} ...",
                   highlight=False)
@@ -169,7 +131,7 @@ def feed(database, console: Console, *, events: int, workers: int, seed: int, us
     try:
         with _rejections_not_logged():
             if use_spark:
-                _run_with_spark(database, stream, console, progress, spark_feed, run)
+                _run_with_spark(database, stream, console, progress, run)
             else:
                 run.result = queries.feed(database, run.engine, stream, progress=progress)
             progress.note("waiting for the detached rules ...")
@@ -186,15 +148,9 @@ def feed(database, console: Console, *, events: int, workers: int, seed: int, us
     return run
 
 
-def _run_with_spark(db, events: list[dict], console: Console, progress: Progress, spark_feed, run: Run) -> None:
+def _run_with_spark(db, events: list[dict], console: Console, progress: Progress, run: Run) -> None:
     """Feed ``events`` through the ``spark`` event feed (contributed by ``spark_bridge``)."""
-    options: dict[str, Any] = {}
-    parameters = inspect.signature(spark_feed).parameters
-    if "progress" in parameters:
-        options["progress"] = progress
-    if run.engine is not None:
-        options["engine"] = run.engine
-    outcome = spark_feed(db, events, app, console, **options)
+    outcome = load_feed("spark")(db, events, app, console, progress=progress, engine=run.engine)
     if isinstance(outcome, dict) and outcome.get("dead_letter_query"):
         run.dead_letter_query = outcome["dead_letter_query"]
 
@@ -245,19 +201,9 @@ def _rejections_not_logged():
 
 # --- the story, then the engine: read back from PostgreSQL and the live counters -------------------
 
-_CAUSES = {       # the rule-based app's transitions (app.py), when the Spark feed runs it
-    ("safe", "warning"): "entered a room without sanitizing after leaving another",
-    ("warning", "violation"): "left the room still unsanitized and without a mask",
-    ("warning", "safe"): "sanitized",
-    ("violation", "safe"): "sanitized",
-}
-
-
-def _cause(run: Run, old: str, new: str, event: str) -> str:
-    if run.application == "queries":
-        edge = queries.EDGES.get((old, new, event))
-        return "" if edge is None else f"{edge[0]} ({edge[1]}): {edge[2]}"
-    return _CAUSES.get((old, new), "")
+def _cause(old: str, new: str, event: str) -> str:
+    edge = queries.EDGES.get((old, new, event))
+    return "" if edge is None else f"{edge[0]} ({edge[1]}): {edge[2]}"
 
 
 def tell_story(db, console: Console, run: Run) -> dict[str, str]:
@@ -304,11 +250,10 @@ def tell_story(db, console: Console, run: Run) -> dict[str, str]:
     console.print(f"At the end of the stream [green]{ending['safe']} are safe[/green], "
                   f"[yellow]{ending['warning']} in warning[/yellow] and [red]{ending['violation']} in violation"
                   f"[/red] ({len(workers)} workers).")
-    if run.application == "queries":
-        console.print("Every status change below was made by a query's rule inside the stream transaction of the "
-                      "badge event that completed the pattern (audit trail: status_changes):", highlight=False)
+    console.print("Every status change below was made by a query's rule inside the stream transaction of the "
+                  "badge event that completed the pattern (audit trail: status_changes):", highlight=False)
     for old, new, event, count in transitions:
-        cause = _cause(run, old, new, event)
+        cause = _cause(old, new, event)
         console.print(f"  {count:>4} × {old} → {new} on {event}" + (f"  — {cause}" if cause else ""),
                       highlight=False)
     console.print(f"{alert_total} violations raised an alert: {channels.get('badge', 0)} reminders went to the badges "
@@ -317,9 +262,8 @@ def tell_story(db, console: Console, run: Run) -> dict[str, str]:
                   highlight=False)
     if rejected_total:
         examples = "; ".join(f"{worker}: {event} at t={at:g}" for worker, event, at in rejected)
-        what = ("its stream transaction aborted" if run.application == "queries"
-                else "its subtransaction aborted")
-        console.print(f"{rejected_total} badge events contradicted where the badge placed the worker: {what} and an "
+        console.print(f"{rejected_total} badge events contradicted where the badge placed the worker: its stream "
+                      f"transaction aborted and an "
                       f"exclusive causally dependent rule, which commits exactly when that transaction aborts, "
                       f"compensated it (compensations), e.g. {examples}.", highlight=False)
     if letters is not None:
@@ -388,26 +332,25 @@ def show_engine(db, run: Run, console: Console) -> None:
         alert_total = connection.execute(sa.select(sa.func.count()).select_from(alerts)).scalar_one()
 
     console.rule("[bold]under the hood: the engine[/bold]")
-    if run.engine is not None:
-        statistics = run.engine.statistics()
-        per_query = Table(title=f"pattern queries (engine {run.engine.name!r}, {statistics.scheduler}: "
-                                f"engine.statistics().per_query)")
-        for column in ("query", "source", "edge", "evaluations", "outputs"):
-            per_query.add_column(column, justify="right" if column in ("evaluations", "outputs") else "left")
-        for name in sorted(statistics.per_query, key=lambda query: (query.startswith("SEEN_"), query)):
-            counters = statistics.per_query[name]
-            per_query.add_row(name, _source_of_query(name), _edge_of_query(name), str(counters.evaluations),
-                              str(counters.outputs))
-        console.print(per_query)
-        console.print(
-            f"stream transactions: {statistics.events_processed} committed, {statistics.events_failed} aborted, "
-            f"{statistics.late_events} late, {statistics.buffered} still buffered; {statistics.outputs} query outputs "
-            f"(of aborted stream transactions too), {statistics.rule_instances} ON OUTPUT rule instances; "
-            f"{statistics.store_reads} store reads, {statistics.store_writes} writes.  App. G.2 (system time): "
-            f"L_query {_milliseconds(statistics.l_query)} (includes waiting in the reorder buffer for the next "
-            f"punctuation), L_rule {_milliseconds(statistics.l_rule)}, L_combined "
-            f"{_milliseconds(statistics.l_combined)}, throughput {statistics.throughput:,.0f} events/s inside "
-            f"engine.process.", highlight=False)
+    statistics = run.engine.statistics()
+    per_query = Table(title=f"pattern queries (engine {run.engine.name!r}, {statistics.scheduler}: "
+                            f"engine.statistics().per_query)")
+    for column in ("query", "source", "edge", "evaluations", "outputs"):
+        per_query.add_column(column, justify="right" if column in ("evaluations", "outputs") else "left")
+    for name in sorted(statistics.per_query, key=lambda query: (query.startswith("SEEN_"), query)):
+        counters = statistics.per_query[name]
+        per_query.add_row(name, _source_of_query(name), _edge_of_query(name), str(counters.evaluations),
+                          str(counters.outputs))
+    console.print(per_query)
+    console.print(
+        f"stream transactions: {statistics.events_processed} committed, {statistics.events_failed} aborted, "
+        f"{statistics.late_events} late, {statistics.buffered} still buffered; {statistics.outputs} query outputs "
+        f"(of aborted stream transactions too), {statistics.rule_instances} ON OUTPUT rule instances; "
+        f"{statistics.store_reads} store reads, {statistics.store_writes} writes.  App. G.2 (system time): "
+        f"L_query {_milliseconds(statistics.l_query)} (includes waiting in the reorder buffer for the next "
+        f"punctuation), L_rule {_milliseconds(statistics.l_rule)}, L_combined "
+        f"{_milliseconds(statistics.l_combined)}, throughput {statistics.throughput:,.0f} events/s inside "
+        f"engine.process.", highlight=False)
 
     written = Table(title="what the rules wrote (PostgreSQL)")
     written.add_column("table")
