@@ -269,7 +269,7 @@ def spark_java_home(installation: JavaInstallation, *, cache_dir: Path | None = 
     """The ``JAVA_HOME`` to give Spark's launcher for ``installation``.
 
     The installation's own home when it contains every module in
-    :data:`SPARK_LAUNCHER_MODULES`; otherwise a launcher home (see the module docstring)
+    :data:`SPARK_LAUNCHER_MODULES`; otherwise a launcher home (README.md, "Java")
     under ``cache_dir`` (default ``$XDG_CACHE_HOME/activedb/java-for-spark``, falling back
     to the temporary directory when that is not writable). Safe to call from several
     processes at once: the launcher home is built aside and renamed into place.

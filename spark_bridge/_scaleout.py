@@ -96,7 +96,7 @@ class _PartitionTask:
         try:
             outcome = sink.process(batch, self.batch_id, query_id=query_id, watermark=self.watermark,
                                    punctuate=False, extra_timings=PhaseTimings(to_arrow=fetched))
-        except Exception as error:      # reported to the driver, which decides (module docstring)
+        except Exception as error:      # reported to the driver, which decides (README.md, "Atomic batches")
             failure = self._failure(sink, partition, query_id, batch, error)
             sink.db.rules.wait_idle(self.detached_timeout)
             yield failure

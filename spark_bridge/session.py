@@ -79,7 +79,7 @@ def get_spark(
     """Return a SparkSession configured by :func:`spark_conf`, starting Java if needed.
 
     ``warnings_to``: if this call starts the JVM, its warning lines go to that file instead of the
-    console (see the module docstring).
+    console (README.md, "The console").
 
     Resolves Java first (:func:`spark_bridge._java.ensure_java`, which sets
     ``JAVA_HOME``); for a ``local`` master also sets ``SPARK_LOCAL_IP=127.0.0.1``, and

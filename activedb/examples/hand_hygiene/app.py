@@ -174,31 +174,26 @@ def audit_transition(tx: Transaction, event: Event) -> None:
 
 # --- the detached family ------------------------------------------------------------------------
 
-def append_row(tx: Transaction, table: str, **values: Any) -> int:
-    """Add a row under a fresh identity key (drawn from the table's sequence by ``tx.insert``)."""
-    return tx.insert(table, **values)
-
-
 def notify_badge(tx: Transaction, event: Event) -> None:
     """Detached: the reminder goes to the badge at once, whatever becomes of the stream transaction."""
     alert = event.new
-    append_row(tx, "notifications", worker=alert["worker"], channel="badge", at=alert["at"],
-               message=f"hygiene violation at t={alert['at']:g}: sanitize your hands now")
+    tx.insert("notifications", worker=alert["worker"], channel="badge", at=alert["at"],
+              message=f"hygiene violation at t={alert['at']:g}: sanitize your hands now")
 
 
 def badge_light(tx: Transaction, event: Event) -> None:
     """Detached causally dependent: the light command commits only if the status change does."""
     payload = event.payload
-    append_row(tx, "badge_lights", worker=payload["worker"], color=COLORS[payload["new"]],
-               status=payload["new"], at=payload["ts"])
+    tx.insert("badge_lights", worker=payload["worker"], color=COLORS[payload["new"]],
+              status=payload["new"], at=payload["ts"])
 
 
 def report_incident(tx: Transaction, event: Event) -> None:
     """Sequential causally dependent: reported to infection control once the alert is durable."""
     alert = event.new
-    append_row(tx, "notifications", worker=alert["worker"], channel="infection_control", at=alert["at"],
-               message=f"incident: {alert['worker']} in hygiene violation at t={alert['at']:g} "
-                       f"(alert {event.key})")
+    tx.insert("notifications", worker=alert["worker"], channel="infection_control", at=alert["at"],
+              message=f"incident: {alert['worker']} in hygiene violation at t={alert['at']:g} "
+                      f"(alert {event.key})")
 
 
 def compensate_rejected(tx: Transaction, event: Event) -> None:
@@ -209,9 +204,9 @@ def compensate_rejected(tx: Transaction, event: Event) -> None:
         ts = seconds(event.ts)
     except MalformedBadgeEvent:
         ts = 0.0
-    append_row(tx, "compensations", worker=str(event.key), event=str(event.source), at=ts,
-               reason=f"{event.source}{where} at t={ts:g} was rejected: badge reader flagged for re-sync, "
-                      f"worker asked to badge again")
+    tx.insert("compensations", worker=str(event.key), event=str(event.source), at=ts,
+              reason=f"{event.source}{where} at t={ts:g} was rejected: badge reader flagged for re-sync, "
+                     f"worker asked to badge again")
 
 
 # --- registration ---------------------------------------------------------------------------------
@@ -222,11 +217,7 @@ def register(db) -> dict[str, Rule]:
     Precondition: the application's migrations ran (``db.upgrade_app(MIGRATIONS)``).
     """
     rules: dict[str, Rule] = {}
-
-    def declare(action, **options) -> None:
-        rule = db.rule(**options)(action)
-        rules[rule.name] = rule
-
+    declare = declarer(db, rules)
     for event_type in BADGE_EVENTS:
         declare(track_badge, on=db.stream(event_type), coupling=Coupling.IMMEDIATE, priority=PRIORITY_TRACK,
                 name=f"track_{event_type}")
@@ -238,6 +229,21 @@ def register(db) -> dict[str, Rule]:
             priority=PRIORITY_TRANSITION, name="escalate_unmasked_exit")
     declare(clear, on=db.stream("sanitize"), when=not_safe, coupling=Coupling.IMMEDIATE,
             priority=PRIORITY_TRANSITION, name="clear_on_sanitize")
+    declare_status_rules(db, declare)
+    return rules
+
+
+def declarer(db, rules: dict[str, Rule]):
+    """``declare(action, **options)``: ``db.rule(**options)(action)``, kept in ``rules`` by name."""
+    def declare(action, **options) -> None:
+        rule = db.rule(**options)(action)
+        rules[rule.name] = rule
+
+    return declare
+
+
+def declare_status_rules(db, declare) -> None:
+    """The rules on ``status_changed`` and on alerts, the same in both versions of the application."""
     declare(alert_violation, on=db.signalled(STATUS_CHANGED), when=final_status_is_violation,
             coupling=Coupling.DEFERRED, priority=PRIORITY_ALERT, name="alert_violation")
     declare(audit_transition, on=db.signalled(STATUS_CHANGED), coupling=Coupling.DEFERRED,
@@ -247,15 +253,12 @@ def register(db) -> dict[str, Rule]:
             name="badge_light")
     declare(report_incident, on=db.inserted("alerts"), coupling=Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT,
             name="report_incident")
-    return rules
-
-
-def reset(db) -> None:
-    """What ``activedb run APP --reset`` calls: start from empty application tables."""
-    reset_tables(db)
 
 
 def reset_tables(db) -> None:
     """Empty the application's tables (identities restart); rules and their registry stay."""
     with db.engine.begin() as connection:
         connection.execute(sa.text(f"TRUNCATE {', '.join(APP_TABLES)} RESTART IDENTITY"))
+
+
+reset = reset_tables      # what ``activedb run APP --reset`` calls

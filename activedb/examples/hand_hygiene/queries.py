@@ -58,7 +58,7 @@ WHERE workerID = newEvent.HCW-ID
 END
 """
 
-#: Q2's pattern is the paper's (§2); R2, Q3/R3 and Q4/R4 are the app's own (see the module docstring).
+#: Q2's pattern is the paper's (§2); R2, Q3/R3 and Q4/R4 are the app's own (see the package's README.md).
 APP_QUERIES = """
 -- Q2: the paper's pattern; its rule R2 (back to safe) is the app's choice, after App. C.
 CREATE QUERY Q2 ON estream PATTERN SEQ(MASK, EXIT)
@@ -128,7 +128,7 @@ def record_badge(tx, new) -> None:
     """Rule on SEEN_<type> (the app's own): record where the badge places the worker and his last event.
 
     A badge seen for the first time starts ``safe`` in the corridor.  The status is written back
-    unchanged (a write that keeps the status is a reading, see the module docstring).  The immediate
+    unchanged (a write that keeps the status is a reading, see the README).  The immediate
     rule ``reject_impossible_move`` checks the reading inside this write; its rejection aborts the
     s-transaction."""
     worker, room = new["HCW-ID"], new["location"]
@@ -241,24 +241,12 @@ def register_rules(db) -> dict[str, Rule]:
     """Declare the coupling-mode rules on ``db`` and return them by name.  Precondition: the
     application's migrations ran (``db.upgrade_app(MIGRATIONS)``)."""
     rules: dict[str, Rule] = {}
-
-    def declare(action, **options) -> None:
-        rule = db.rule(**options)(action)
-        rules[rule.name] = rule
-
+    declare = app.declarer(db, rules)
     declare(reject_impossible_move, on=db.modified(WORKERS), when=impossible_move, coupling=Coupling.IMMEDIATE,
             priority=app.PRIORITY_TRACK, name="reject_impossible_move")
     declare(announce_status_change, on=db.updated(WORKERS), when=status_differs, coupling=Coupling.IMMEDIATE,
             priority=app.PRIORITY_TRANSITION, name="announce_status_change")
-    declare(app.alert_violation, on=db.signalled(STATUS_CHANGED), when=app.final_status_is_violation,
-            coupling=Coupling.DEFERRED, priority=app.PRIORITY_ALERT, name="alert_violation")
-    declare(app.audit_transition, on=db.signalled(STATUS_CHANGED), coupling=Coupling.DEFERRED,
-            priority=app.PRIORITY_AUDIT, name="audit_transition")
-    declare(app.notify_badge, on=db.inserted("alerts"), coupling=Coupling.DETACHED, name="notify_badge")
-    declare(app.badge_light, on=db.signalled(STATUS_CHANGED), coupling=Coupling.DETACHED_CAUSALLY_DEPENDENT,
-            name="badge_light")
-    declare(app.report_incident, on=db.inserted("alerts"), coupling=Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT,
-            name="report_incident")
+    app.declare_status_rules(db, declare)
     declare(compensate_rejected_badge, on=db.modified(WORKERS), when=is_reading,
             coupling=Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT, name="compensate_rejected_badge")
     return rules
