@@ -1,35 +1,23 @@
-"""spark_bridge — PySpark Structured Streaming into activedb, exactly once.
+"""spark_bridge — PySpark Structured Streaming into activedb, exactly once.  The design note is
+``spark_bridge/README.md``.
 
 Public interface:
 
-* :func:`ingest` (its options: :class:`IngestOptions`, or their fields as keywords) — attach a
-  streaming DataFrame to a database: each micro-batch becomes one top-level transaction (an
-  event per subtransaction, the rules on ``db.stream(type)`` fire inside it), committed
-  together with its ledger row; bad rows and rejected events go to the dead-letter table;
-  the batch's watermark becomes a punctuation. With ``partition_by_key=N`` the batch is split
-  by key over ``N`` Spark tasks, each with its own engine (the scale-out path). Returns the
-  ``StreamingQuery``;
-* :class:`IngestSink` (the ``foreachBatch`` callable, also usable without Spark through
-  :meth:`IngestSink.process`), :class:`PartitionedIngestSink`, :func:`sink_of`,
-  :class:`IngestStatistics`, :class:`BatchOutcome`, :class:`PhaseTimings`;
-* ``ingest(…, queries=engine, scheduler=…)`` (stream engines), ``ingest(…, executor="tpg",
-  transactions=…)`` (declared state transactions), ``ingest(…, composition=engine)`` (many
-  producers) — each path, the rules' too, a :class:`BatchHandler` (given a :class:`BatchInput`) run
-  by the one batch protocol (``IngestSink(…, handler=…)`` takes one of your own); :func:`end_of_stream`
-  releases what a stream engine still buffers once a bounded source ended;
-* :func:`ingestion_status`, :class:`QueryStatus` — what the ledger says was committed;
-  :func:`ledger_query_id`, :func:`parse_ledger_query_id`;
-* :func:`load_app`, :class:`LoadedApp` — an application module (``register(db)``,
-  ``MAPPING``, ...) for ``activedb run`` and the scale-out tasks;
-* :func:`get_spark` — a local SparkSession set up for ingestion (UI off, two shuffle
-  partitions, WARN logging, fast checkpoint log), with Java found or provided first;
-* :class:`EventMapping`, :func:`rows_to_events`, :class:`RawEvent`, :class:`Rejected` —
-  which columns make an event, and the validation that splits a micro-batch into
-  events (sorted by application time) and rejected rows (with a reason);
+* :func:`ingest` (its options: :class:`IngestOptions`, or their fields as keywords) — each micro-batch of
+  a streaming DataFrame becomes one top-level transaction committed with its ledger row; returns the
+  ``StreamingQuery``; :func:`sink_of`, :class:`IngestSink` (also without Spark:
+  :meth:`IngestSink.process`), :class:`PartitionedIngestSink`, :class:`IngestStatistics`,
+  :class:`BatchOutcome`, :class:`PhaseTimings`;
+* :class:`BatchHandler`, :class:`BatchInput` — a batch's path (the rules, stream queries, TPG,
+  composition, or your own); :func:`end_of_stream`;
+* :func:`ingestion_status`, :class:`QueryStatus`, :class:`IngestionLedger`, :func:`batch_committed`,
+  :func:`ledger_query_id`, :func:`parse_ledger_query_id` — the ledger;
+* :func:`load_app`, :class:`LoadedApp` — an application module for ``activedb run``;
+* :func:`get_spark` — a local SparkSession set up for ingestion;
+* :class:`EventMapping`, :func:`as_mapping`, :func:`rows_to_events`, :class:`RawEvent`, :class:`Rejected`;
 * :mod:`spark_bridge.errors` — every error this package raises.
 
 Importing this package never imports pyspark or starts Java; :func:`get_spark` does.
-The design note is ``spark_bridge/README.md``.
 """
 
 from spark_bridge import errors

@@ -456,13 +456,14 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...], query: st
     is marked replayed in the same transaction; one rejected again becomes a new dead letter.
 
     APP is what `activedb run` takes (register(db) and MAPPING)."""
+    import spark_bridge
     from activedb import deadletters
     from activedb.cli import open_database
     from spark_bridge._replay import replay_dead_letters
     from spark_bridge.errors import SparkBridgeError
 
     try:
-        loaded = spark_bridge_load_app(app)
+        loaded = spark_bridge.load_app(app, require_mapping=True)
     except SparkBridgeError as error:
         raise click.ClickException(str(error)) from None
     if not verbose:
@@ -489,12 +490,6 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...], query: st
     if counts.get("rejected again"):
         click.echo(f"those rejected again are new dead letters: activedb dead-letters list --query "
                    f"{queries[0].split(':', 1)[1]}")
-
-
-def spark_bridge_load_app(app: str):
-    import spark_bridge
-
-    return spark_bridge.load_app(app, require_mapping=True)
 
 
 def register_commands(main_group: click.Group) -> None:

@@ -156,8 +156,7 @@ class IngestionLedger(CommitParticipant):
 
     The sink fills ``events``, ``dead_letters`` and ``watermark`` before the commit; the rule firings
     come from the rule manager.  ``on_flush(batch_id)`` is called when everything is written and the
-    PostgreSQL transaction is about to commit (a seam for crash tests); ``flush_seconds`` is how long
-    the flush took (set once it committed).
+    PostgreSQL transaction is about to commit (a seam for crash tests).
     """
 
     def __init__(self, db: Any, query_id: str, batch_id: int, *,
@@ -175,7 +174,6 @@ class IngestionLedger(CommitParticipant):
         self.event_ids: list[str] = []
         self._on_flush = on_flush
         self.flush_began: float | None = None
-        self.flush_seconds = 0.0
 
     def before_flush(self, transaction: Transaction) -> None:
         self.flush_began = time.perf_counter()
@@ -220,10 +218,6 @@ class IngestionLedger(CommitParticipant):
     def about_to_commit(self, transaction: Transaction, connection: Any) -> None:
         if self._on_flush is not None:
             self._on_flush(self.batch_id)
-
-    def committed(self, transaction: Transaction) -> None:
-        if self.flush_began is not None:
-            self.flush_seconds = time.perf_counter() - self.flush_began
 
 
 def ingested_event_ids(db: Any, query_name: str, event_ids: list[str]) -> dict[str, tuple[str, int]]:

@@ -124,11 +124,6 @@ class EventMapping:
                     self.line_column}
         return tuple(column for column in columns if column not in reserved)
 
-    @property
-    def has_intervals(self) -> bool:
-        """Whether rows carry producers (and so feed a composition engine)."""
-        return self.producer_column is not None
-
 
 def as_mapping(mapping: Any) -> "EventMapping":
     """``mapping`` as an :class:`EventMapping`: one already, or a dict of its keyword arguments — the

@@ -1,14 +1,6 @@
-"""Change capture: rules react to committed changes made by any PostgreSQL client.
-Design note: ``README.md`` in this package.
-
-Public interface::
-
-    db.capture("orders")                        # or enable_capture(op, "orders") in an Alembic revision
-    @db.rule(on=db.captured("orders", "inserted"), coupling="detached")
-    def audit(tx, event): ...                   # event.origin is Origin.EXTERNAL; event.payload has
-                                                # xid, commit_position, change_id, committed_at
-    consumer = db.capture.start()               # exactly once, in commit order
-    db.capture.status()                         # backlog per consumer and table
+"""Change capture: rules react to committed changes made by any PostgreSQL client (``db.capture(table)``,
+rules on ``db.captured(table, kind)``, ``db.capture.start()``).  Design note, with an example:
+``README.md`` in this package.
 
 * :class:`CaptureManager` (``db.capture``), :class:`CaptureConsumer`, :class:`ConsumerState`,
   :class:`Step`, :class:`Position`, :class:`ConsumerStatistics`;

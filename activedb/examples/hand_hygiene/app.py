@@ -1,5 +1,5 @@
 """The hand-hygiene application (HyReminder, from *Active Complex Event Processing over Event Streams*) as
-ECA rules on activedb; what ``activedb run``, ``activedb bench ingest`` and the demo's Spark feed use.
+ECA rules on activedb; what ``activedb run`` and ``activedb bench ingest`` use.
 
 Public interface: :func:`register` ``(db) -> dict[str, Rule]`` (every rule, on an explicit database),
 :func:`reset_tables`, and the vocabulary :data:`BADGE_EVENTS`, :data:`SAFE` / :data:`WARNING` /
