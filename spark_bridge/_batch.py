@@ -90,18 +90,13 @@ def no_cyclic_gc() -> Iterator[None]:
     """Pause the cyclic garbage collector for one batch — validation, the events, the commit and its
     flush — and collect the youngest generation once after it.
 
-    Every event leaves records that live until the batch's tree ends (the lock manager keeps a committed
-    subtransaction's record while its tree runs; the outbox keeps every detached-family firing until the
-    flush), so a collector running inside the batch scans a set that only grows, again and again, and
-    promotes it to the older generations, where freeing it later takes a full collection.  Paused until
-    the tree has ended, the batch's objects are all in the youngest generation: the one collection after
-    it frees what the tree left in reference cycles and scans nothing older.  Measured on the hand-hygiene
-    app (10k events per batch, process CPU per event, detached rules included): 252 µs with the pause
-    around the events only, 205 µs with it around the whole batch, 290 µs without any.  Peak memory grows
-    only by the garbage of the batch's own aborted attempts (at most ``batch_attempts``); the rest is
-    alive until the tree ends anyway.  The pause is process-wide: detached rules running meanwhile run
-    without it too (acyclic objects are still freed at once by reference counting).  A caller that
-    disabled the collector itself keeps it disabled and gets no collection."""
+    Every event leaves records that live until the batch's tree ends, so a collector running inside the
+    batch scans a set that only grows, again and again, and promotes it to older generations; paused, the
+    batch's objects stay in the youngest generation and the one collection after it frees what the tree
+    left in reference cycles (measured: the package's ``README.md``, "Where the time goes now").  The
+    pause is process-wide (detached rules running meanwhile run without it too; reference counting still
+    frees acyclic objects).  A caller that disabled the collector itself keeps it disabled and gets no
+    collection."""
     enabled = gc.isenabled()
     gc.disable()
     try:

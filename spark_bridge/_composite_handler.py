@@ -37,7 +37,6 @@ class CompositeHandler(BatchHandler):
                 "accuracy_column='accuracy', heartbeat_type='heartbeat')")
         self.engine = engine
         self.mapping = mapping
-        self.composites = 0        # composite events produced by committed batches (statistics)
 
     def handle(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger) -> None:
         from spark_bridge.composite_feed import feed_batch

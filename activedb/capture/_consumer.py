@@ -399,18 +399,20 @@ class CaptureConsumer:
             rules.count(result.firing.rule, "fired")
             if result.outcome is FiringOutcome.EXECUTED:
                 rules.count(result.firing.rule, "executed")
+        self._committed(end, len(changes), firings=len(results), failed=len(writer.dead_letters),
+                        rules_seconds=fired - began, commit_seconds=committed - fired)
+        return len(changes)
+
+    def _committed(self, end: Position, changes: int, **counts: float) -> None:
+        """A batch up to ``end`` committed: count it, wake the waiters, tell ``on_step``."""
         with self._mutex:
             self._position = end
-            counters = self._counters
-            counters["batches"] += 1
-            counters["changes"] += len(changes)
-            counters["firings"] += len(results)
-            counters["failed"] += len(writer.dead_letters)
-            counters["rules_seconds"] += fired - began
-            counters["commit_seconds"] += committed - fired
+            self._counters["batches"] += 1
+            self._counters["changes"] += changes
+            for what, amount in counts.items():
+                self._counters[what] += amount
             self._progress.notify_all()
-        self._step(Step.COMMITTED, len(changes))
-        return len(changes)
+        self._step(Step.COMMITTED, changes)
 
     def _next_firing_number(self) -> int:
         self._firing_numbers += 1      # under _run_mutex
@@ -428,13 +430,7 @@ class CaptureConsumer:
         with self._database.transaction(name=f"capture:{self.name}", participants=[writer]):
             pass
         self._known_position = change.at
-        with self._mutex:
-            self._position = change.at
-            self._counters["batches"] += 1
-            self._counters["changes"] += 1
-            self._counters["failed"] += 1
-            self._progress.notify_all()
-        self._step(Step.COMMITTED, 1)
+        self._committed(change.at, 1, failed=1)
         return 1
 
     def _note_lag(self, change: CapturedChange) -> None:

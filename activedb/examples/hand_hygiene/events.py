@@ -26,7 +26,6 @@ Two kinds of noise make the demo's rejection and ordering paths do work:
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import random
 from dataclasses import dataclass, field
@@ -107,7 +106,7 @@ class ApplyResult:
     chunks: int = 0
 
 
-def apply_directly(db, events: Iterable[dict], *, chunk_size: int = DEFAULT_CHUNK_SIZE, progress=None) -> ApplyResult:
+def apply_directly(db, events: Iterable[dict], *, chunk_size: int = DEFAULT_CHUNK_SIZE) -> ApplyResult:
     """Process ``events`` in timestamp order through activedb, without Spark.
 
     One top-level transaction per ``chunk_size`` events (re-run on a serialization
@@ -120,7 +119,6 @@ def apply_directly(db, events: Iterable[dict], *, chunk_size: int = DEFAULT_CHUN
     ``Database.run`` declares the attempts it re-runs replayed, so the outbox drops their
     detached and exclusive causally dependent firings (the attempt that commits fires its
     own) — as if the aborted attempt had never run.
-    ``progress`` (an ``activedb.bench.Progress``) hears of every chunk.
     """
     if chunk_size < 1:
         raise ValueError("chunk_size must be at least 1")
@@ -134,13 +132,8 @@ def apply_directly(db, events: Iterable[dict], *, chunk_size: int = DEFAULT_CHUN
         ordered.append(event)
     ordered.sort(key=lambda event: seconds(event["ts"]))      # stable: equal timestamps keep arrival order
     applied, rejected, chunks = 0, list(malformed), 0
-    if progress is not None:
-        progress.start("badge events", total=-(-len(ordered) // chunk_size))
     for start in range(0, len(ordered), chunk_size):
-        chunk = ordered[start:start + chunk_size]
-        with contextlib.nullcontext() if progress is None else progress.step(
-                f"events {start + 1}-{start + len(chunk)} of {len(ordered)}"):
-            chunk_applied, chunk_rejected = db.run(_apply_chunk, chunk)
+        chunk_applied, chunk_rejected = db.run(_apply_chunk, ordered[start:start + chunk_size])
         applied += chunk_applied
         rejected.extend(chunk_rejected)
         chunks += 1
