@@ -22,16 +22,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class CaptureManager:
-    """Change capture of one database: ``db.capture``.  Thread-safe.
-
-    ::
-
-        db.capture("orders")                     # every committed change of orders, by any client
-        @db.rule(on=db.captured("orders", "inserted"), coupling="detached")
-        def audit(tx, event): ...
-        consumer = db.capture.start()            # consume on a thread (or: activedb capture consume APP)
-
-    Capture is better installed by the application's own Alembic revision
+    """Change capture of one database: ``db.capture`` (an example: the package's ``README.md``).
+    Thread-safe.  Capture is better installed by the application's own Alembic revision
     (:func:`activedb.capture.migration_ops.enable_capture`), so that it is part of the schema history.
     """
 

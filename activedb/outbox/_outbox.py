@@ -8,6 +8,7 @@ the transaction manager or a rule.
 
 from __future__ import annotations
 
+import collections
 import logging
 import secrets
 import threading
@@ -22,7 +23,7 @@ from lockmgr import TxnState
 from activedb.events import EventKind
 from activedb.outbox import _codec, _records
 from activedb.outbox._executor import Executor, Work, describe_error
-from activedb.outbox._recording import Entry, TreeFirings, TreeState, cancelled_per_rule
+from activedb.outbox._recording import Entry, TreeFirings, TreeState, new_record
 from activedb.rules import Firing
 from activedb.store import TableInfo
 
@@ -222,10 +223,7 @@ class Outbox:
             return
         try:
             ids = self.draw_ids(len(items))
-            records = [_records.NewRecord(record_id, firing.rule.name, firing.coupling.value,
-                                          _codec.encode_event(firing.event), list(firing.chain), trigger_id,
-                                          log_id, "committed" if committed else "aborted")
-                       for record_id, (firing, trigger_id, log_id, committed) in zip(ids, items)]
+            records = [new_record(record_id, *item) for record_id, item in zip(ids, items)]
             with self.catalog.engine.begin() as connection:
                 _records.insert(connection, self.info, records, self.owner)
         except Exception as error:
@@ -243,7 +241,7 @@ class Outbox:
 
     def count_cancelled(self, entries) -> None:
         rules_by_name = {entry.firing.rule.name: entry.firing.rule for entry in entries}
-        for name, count in cancelled_per_rule(entries).items():
+        for name, count in collections.Counter(entry.firing.rule.name for entry in entries).items():
             self.rules.count(rules_by_name[name], "cancelled", count)
 
     # --- running ------------------------------------------------------------------------------

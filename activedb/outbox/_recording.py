@@ -8,7 +8,6 @@ the decision and the SQL run in the committing thread after every node of the tr
 
 from __future__ import annotations
 
-import collections
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
@@ -92,12 +91,8 @@ class TreeFirings(CommitParticipant):
             (recorded if may_run_after(entry.firing.coupling, committed) else cancelled).append((entry, committed))
         ids = self._outbox.draw_ids(len(recorded))
         log_id = transaction.log_id
-        self._records = [
-            NewRecord(record_id, entry.firing.rule.name, entry.firing.coupling.value,
-                      _codec.encode_event(entry.firing.event), list(entry.firing.chain), entry.trigger.id,
-                      log_id, "committed" if committed else "aborted")
-            for record_id, (entry, committed) in zip(ids, recorded)
-        ]
+        self._records = [new_record(record_id, entry.firing, entry.trigger.id, log_id, committed)
+                         for record_id, (entry, committed) in zip(ids, recorded)]
         self._recorded = [entry for entry, _ in recorded]
         self._cancelled = [entry for entry, _ in cancelled]
 
@@ -125,5 +120,8 @@ class TreeFirings(CommitParticipant):
         self._outbox.record_now([(entry.firing, entry.trigger.id, None, False) for entry in keep])
 
 
-def cancelled_per_rule(entries) -> collections.Counter:
-    return collections.Counter(entry.firing.rule.name for entry in entries)
+def new_record(record_id: int, firing: "Firing", trigger_id: str, log_id: str | None, committed: bool) -> NewRecord:
+    """The outbox record of ``firing``, whose trigger ``trigger_id`` (of the tree logged as ``log_id``)
+    committed or not."""
+    return NewRecord(record_id, firing.rule.name, firing.coupling.value, _codec.encode_event(firing.event),
+                     list(firing.chain), trigger_id, log_id, "committed" if committed else "aborted")
