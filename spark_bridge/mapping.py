@@ -75,7 +75,7 @@ class EventMapping:
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 raise MappingError(f"EventMapping.{name} must be a non-empty column name, got {value!r}")
-        for name in _INTERVAL_FIELDS:
+        for name in (*_INTERVAL_FIELDS, "id_column", "corrupt_column", "line_column"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise MappingError(f"EventMapping.{name} must be a non-empty string or None, got {value!r}")
@@ -93,10 +93,6 @@ class EventMapping:
                                        self.local_ts_column) if column is not None]
         if len(set(named)) != len(named):
             raise MappingError(f"EventMapping names one column for two purposes: {named}")
-        for name in ("id_column", "corrupt_column", "line_column"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, str) or not value):
-                raise MappingError(f"EventMapping.{name} must be a non-empty column name or None, got {value!r}")
         if self.payload_columns is not None:
             if isinstance(self.payload_columns, str):
                 raise MappingError(
