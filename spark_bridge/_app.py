@@ -22,7 +22,7 @@ provides:
 
 :func:`ingest_options` turns the last two into ``ingest()`` keyword arguments.
 
-Public here: :func:`load_app`, :class:`LoadedApp`, :func:`register_function`. A file is
+Public here: :func:`load_app`, :class:`LoadedApp`. A file is
 imported under a module name derived from its absolute path, so loading it twice (the
 driver and, in local mode, a Python worker) gives the same definitions.
 """
@@ -42,7 +42,7 @@ from typing import Any
 from spark_bridge.errors import AppLoadError, MappingError
 from spark_bridge.mapping import EventMapping, as_mapping
 
-__all__ = ["LoadedApp", "ingest_options", "load_app", "register_function"]
+__all__ = ["LoadedApp", "ingest_options", "load_app"]
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,6 @@ class LoadedApp:
     """What an application module provides. Immutable; safe to share between threads."""
 
     name: str
-    module: ModuleType | None
     register: Callable[[Any], Any]
     mapping: EventMapping | None
     migrations: Path | None
@@ -115,7 +114,7 @@ def load_app(spec: str | Path | Callable[[Any], Any], *, require_mapping: bool =
     """
     if callable(spec) and not isinstance(spec, (str, Path)):
         name = f"{getattr(spec, '__module__', '?')}.{getattr(spec, '__qualname__', repr(spec))}"
-        return LoadedApp(name, None, spec, None, None, None, None, None, None, None)
+        return LoadedApp(name, spec, None, None, None, None, None, None, None)
     text = str(spec)
     module = _import(text)
     register = getattr(module, "register", None)
@@ -142,7 +141,6 @@ def load_app(spec: str | Path | Callable[[Any], Any], *, require_mapping: bool =
     reset = getattr(module, "reset", None)
     return LoadedApp(
         name=text,
-        module=module,
         register=register,
         mapping=mapping,
         migrations=migrations,
@@ -159,18 +157,15 @@ def load_app(spec: str | Path | Callable[[Any], Any], *, require_mapping: bool =
     )
 
 
-def ingest_options(loaded: LoadedApp, *, scheduler: Any = None) -> dict[str, Any]:
+def ingest_options(loaded: LoadedApp) -> dict[str, Any]:
     """``ingest()`` keyword arguments for the application's path: ``queries``/``scheduler`` from
-    ``QUERIES``/``SCHEDULER`` (``scheduler`` given here wins), ``executor``/``transactions`` from
-    ``EXECUTOR``/``TRANSACTIONS``; empty for the rule path."""
+    ``QUERIES``/``SCHEDULER``, ``executor``/``transactions`` from ``EXECUTOR``/``TRANSACTIONS``; empty for
+    the rule path."""
     options: dict[str, Any] = {}
     if loaded.queries is not None:
         options["queries"] = loaded.queries
-        chosen = scheduler if scheduler is not None else loaded.scheduler
-        if chosen is not None:
-            options["scheduler"] = chosen
-    elif scheduler is not None:
-        raise AppLoadError(f"--scheduler needs an application with QUERIES (stream engines); {loaded.name} has none")
+        if loaded.scheduler is not None:
+            options["scheduler"] = loaded.scheduler
     if loaded.executor is not None:
         options["executor"] = loaded.executor
         transactions = loaded.transactions
@@ -178,11 +173,6 @@ def ingest_options(loaded: LoadedApp, *, scheduler: Any = None) -> dict[str, Any
             transactions = transactions()
         options["transactions"] = transactions
     return options
-
-
-def register_function(spec: str | Path | Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """``register(db)`` of the application ``spec`` (see :func:`load_app`)."""
-    return load_app(spec).register
 
 
 def portable_spec(spec: str | Path | Callable[[Any], Any]) -> str | Callable[[Any], Any]:
