@@ -133,14 +133,9 @@ class IngestSink:
         return self._book.last_failure()
 
     def spark_watermark(self, spark_query_id: str) -> dt.datetime | None:
-        """Spark's event-time watermark of the batch now running in query ``spark_query_id``.
-
-        That is ``batchWatermarkMs`` of the batch's offset-log entry: the maximum event time
-        of the batches before it minus the delay given to ``withWatermark``; the same value
-        when Spark re-runs the batch after a restart. ``None`` when the query declares no
-        watermark (Spark reports 0), when the sink has no ``spark_session``, or when this
-        Spark version does not expose it (logged once).
-        """
+        """Spark's event-time watermark of the batch now running in query ``spark_query_id`` (the package's
+        ``README.md``, "The watermark"); ``None`` without one, without a ``spark_session``, or when this
+        Spark version does not expose it (logged once)."""
         session = self._spark_session
         if session is None:
             return None
