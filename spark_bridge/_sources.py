@@ -199,6 +199,3 @@ def build_stream(spark: Any, source: SourceSpec, loaded: Any, *, file_format: st
             raise SourceError(kafka_hint()) from None
         raise
     return _parsed_json(frame, schema)
-
-
-# --- progress ----------------------------------------------------------------------------------
