@@ -1,30 +1,8 @@
-"""Load an activedb application for ``activedb run`` and for the scale-out tasks.
+"""Load an activedb application (a module or a ``.py`` file providing ``register(db)``, ``MAPPING``, …: the
+package's ``README.md``, "From an application module") for ``activedb run`` and for the scale-out tasks.
 
-An *application* is a Python module (``package.module``) or a ``.py`` file that
-provides:
-
-* ``register(db)`` — declares its rules on ``db`` (required);
-* ``MAPPING`` — an :class:`~spark_bridge.mapping.EventMapping` (required by ``activedb run``);
-* ``MIGRATIONS`` — its Alembic directory, upgraded before ingesting (optional);
-* ``SCHEMA`` — the Spark schema (DDL string or ``StructType``) of its rows, for file,
-  socket and Kafka sources (optional; file sources need it);
-* ``KNOWN_TYPES``, ``WATERMARK_DELAY``, ``PREFETCH`` — defaults for the same-named
-  arguments of :func:`spark_bridge.ingest` (optional);
-* ``from_rate(df)`` — turns the ``rate`` source's ``(timestamp, value)`` rows into the
-  application's columns (optional; ``activedb run --source rate`` otherwise makes
-  ``type``/``key``/``ts`` columns itself);
-* ``reset(db)`` — empties the application's tables (optional; ``activedb run --reset``);
-* ``QUERIES`` — stream engines for the queries path: a factory ``QUERIES(db, scheduler=…)`` (or
-  ``QUERIES(db)``) returning a ``StreamEngine`` or a list, built with ``record_dead_letters=False``;
-  ``SCHEDULER`` — its scheduler (``"sei"``, ``"s2pl"``, ``"lwm"``; optional);
-* ``EXECUTOR = "tpg"`` and ``TRANSACTIONS`` — the TPG path: a ``batch.StateTransactions`` or a
-  zero-argument factory returning one (optional).
-
-:func:`ingest_options` turns the last two into ``ingest()`` keyword arguments.
-
-Public here: :func:`load_app`, :class:`LoadedApp`. A file is
-imported under a module name derived from its absolute path, so loading it twice (the
-driver and, in local mode, a Python worker) gives the same definitions.
+Public here: :func:`load_app`, :class:`LoadedApp`; :func:`ingest_options` turns an application's path
+into ``ingest()`` keyword arguments.
 """
 
 from __future__ import annotations

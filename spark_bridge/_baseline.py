@@ -1,18 +1,6 @@
-"""The plain write path: micro-batches into PostgreSQL with no rules, exactly once.
-
-This is the baseline that ``activedb bench ingest`` compares the rule layer against, and
-the smallest complete instance of the bridge's exactly-once protocol:
-
-1. ``batch_df.toArrow()`` moves the micro-batch into Python (no pandas);
-2. in **one** PostgreSQL transaction: insert ``(query_id, batch_id)`` into the ledger
-   with ``ON CONFLICT DO NOTHING``; if the row already existed the batch was committed
-   before (Spark re-runs the last planned batch with the same id after a restart), so
-   nothing else is written; otherwise the rows go in with ``COPY`` (Arrow writes the
-   CSV, vectorised) or ``executemany`` (optionally ``INSERT … ON CONFLICT …``: an upsert);
-3. commit. A crash anywhere before the commit leaves neither the rows nor the ledger row.
-
-Inserting the ledger row *first* also makes a concurrent duplicate (two drivers on one
-checkpoint by mistake) wait on the ledger's primary key and then skip.
+"""The plain write path: micro-batches into PostgreSQL with no rules, exactly once — the baseline of
+``activedb bench ingest`` and the smallest instance of the bridge's exactly-once protocol (the package's
+``README.md``, "The plain write path").
 
 Public names: :class:`PlainWriteSink` (the ``foreachBatch`` callable) and
 :class:`PlainWriteStatistics`. psycopg and pyarrow are imported when first used; pyspark

@@ -1,18 +1,6 @@
 """A busy moment of a process, held still so that ``db.explain()`` can draw it: the picture in the README
-(``docs/explain.png``) and a test of the picture use it.
-
-On the hand-hygiene tables, with one rule declared whose condition and action are sequential causally
-dependent (C-A coupling: they run as parallel siblings, and the action may commit only after its
-condition committed and returned true):
-
-* ``T-badges`` (top-level) ran a child that updated ``w1`` and committed — so ``T-badges`` *retains* the
-  row — and waits for a second child (a **commit** edge) that holds ``w2`` while it works;
-* ``T-light`` signalled ``status_changed``: the rule ``light_badge``'s condition is still deciding, and its
-  action, done, waits in the coupling gate for the condition to commit (a **dependency** edge);
-* ``T-report`` reads ``w1``: it waits for the lock ``T-badges`` **retains**;
-* ``T-cleanup`` updates ``w2``: it waits for the child that **holds** it;
-* ``T-audit`` reads ``w2``: it waits for the holder, and is **queued** behind ``T-cleanup``'s earlier
-  request (first come, first served).
+(``docs/explain.png``) and a test of the picture use it; which transactions wait for what: this package's
+``README.md``.
 
 :func:`hold` sets the moment up and returns a handle whose ``release()`` lets everything finish.  Run
 ``python -m activedb.examples.busy_moment OUT.png`` to draw it (on ``ACTIVEDB_DATABASE_URL`` or the

@@ -1,27 +1,11 @@
 """Badge events for the hand-hygiene application: a deterministic generator and a direct feeder.
 
-Public interface:
-
-* :func:`generate` ``(workers, events, seed) -> list[dict]`` — a reproducible stream of
-  badge events ``{"type", "worker", "ts", "room"}`` (``ts``: application time in float
-  seconds), in *arrival* order;
-* :func:`apply_directly` ``(db, events) -> ApplyResult`` — feeds events through activedb
-  transactions without Spark (sorted by ``ts``; one top-level transaction per chunk, one
-  subtransaction per event).
-
-``generate`` returns a list; to get files for ``activedb run … --source file:DIR`` use
-``activedb demo --write-events DIR`` (:func:`activedb.examples.hand_hygiene.demo.write_event_files`).
-
-The generator simulates each worker: in the corridor he enters a room, sanitizes or
-masks; in a room he exits it, sanitizes or masks; his next event comes 1–30 s later.
-Two kinds of noise make the demo's rejection and ordering paths do work:
-
-* **sensor glitches** (``glitch_rate``): a read that contradicts the worker's real
-  movement — an EXIT of a room he is not in, or an ENTER while he is in a room.  The
-  application rejects them (impossible transitions) and compensates;
-* **out-of-order arrival** (``disorder_rate``): an event arrives a few positions late.
-  Its timestamp is the true one, so sorting by ``ts`` (as :func:`apply_directly` does,
-  and as a watermark would) restores the order.
+* :func:`generate` ``(workers, events, seed) -> list[dict]`` — a reproducible stream of badge events
+  ``{"type", "worker", "ts", "room"}`` (``ts``: application time in float seconds), in *arrival* order,
+  with sensor glitches and late arrivals (``README.md`` in this package); ``activedb demo --write-events
+  DIR`` writes it as files for ``activedb run … --source file:DIR``;
+* :func:`apply_directly` ``(db, events) -> ApplyResult`` — feeds events through activedb transactions
+  without Spark (sorted by ``ts``; one top-level transaction per chunk, one subtransaction per event).
 """
 
 from __future__ import annotations
