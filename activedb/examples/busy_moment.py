@@ -41,7 +41,7 @@ class BusyMoment:
 
 def hold(db) -> BusyMoment:
     """Set the moment up on ``db`` (its hand-hygiene tables are created if needed) and return it once every
-    wait described in the module docstring is in the lock manager's graph."""
+    wait described in this package's README.md is in the lock manager's graph."""
     db.upgrade_app(MIGRATIONS)
     with db.transaction() as tx:
         for worker in ("w1", "w2"):
