@@ -1,13 +1,8 @@
 """One batch, in memory: declare → decide → execute (lean, the reference, or a TPG strategy; in
 this process or split over worker processes) → :class:`~activedb.batch._result.BatchResult`.
 
-Strategies: ``"auto"`` (the decision model: the lean serial executor unless the batch splits
-over processes; see ``_decide.py``), ``"lean"`` (the lean executor, ``_lean.py``), ``"serial"``
-(the reference, ``_execute.run_serial``), ``"tpg"`` (build the TPG and let the decision model
-pick the three dimensions), or a fixed :class:`~activedb.batch._strategy.Strategy`.
-
-The store integrations (``_store.py``, ``_commit.py``) wrap this with loading and writing;
-tests and benchmarks call it directly with a dict of base images.
+Strategies: the package's ``__init__`` docstring.  ``_store.py`` and ``_commit.py`` wrap this with
+loading and writing; tests and benchmarks call it directly with a dict of base images.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""The store integration through the transaction tree: :func:`apply_batch` runs one batch inside a
-top-level transaction the caller owns — ``tx.read_many(table, keys, lock="write")`` of every declared row
-(WRITE locks when read: two batches on shared rows queue instead of deadlocking on an upgrade), the batch
-in memory (rows an ND operation without candidates computes read with ``tx.read`` when first needed),
-``tx.write_many`` of each touched row's final version, with the data events rules observing the table
-react to — and returns the :class:`BatchResult`, whose dead letters the caller stores in the same
-transaction; :func:`run_batch` wraps it in a transaction of its own.  :func:`apply_at_commit`
-(``_commit.py``) is the faster path for batches no rule observes; the package README, "Running a batch
-in the store", compares them.
+"""The store integration through the transaction tree: :func:`apply_batch` (inside a transaction the
+caller owns) and :func:`run_batch` (its own transaction).  The package README, "Running a batch in the
+store", says what they do and compares them with :func:`apply_at_commit`.
 """
 
 from __future__ import annotations
