@@ -1,20 +1,6 @@
-"""The recorded transaction graph and the paper's sets over it (Vidyasankar, *On Atomic Batch Executions
-in Stream Processing*, §2–§3).
-
-The graph ``GT(𝐓)`` of all recorded composite transactions: a node per recorded top-level transaction
-(its log id); an edge ``X → Y`` when Y was triggered by X — Y named X as a parent, or Y consumed a batch X
-produced, or (with the detached-rule outbox) Y ran a firing X triggered.  Compensating transactions are
-not part of it.
-
-It is explored from the database on demand (:class:`LineageExplorer`): the sets below only ever load
-the part of the graph they reach, and a closure that keeps growing is cut at the caller's bound.
-
-* :func:`composite` — ``𝒯(b)``, the batch composite transaction of a batch: the transactions whose input
-  is ``b`` and everything they trigger, directly or not;
-* :func:`scover` — the *source covering batch set* of a set of batches: the source batches they are
-  derived from;
-* :func:`independent_scover` — the §3 closure ``D_1, U_1, D_2, U_2, …`` (descendants, then ancestors,
-  alternately) until ``U_k = U_{k-1}``; its source batches are the independent scover.
+"""The recorded transaction graph ``GT(𝐓)`` and the paper's sets over it (Vidyasankar, *On Atomic Batch
+Executions in Stream Processing*, §2–§3): :func:`composite`, :func:`scover`, :func:`independent_scover`,
+explored from the database on demand by :class:`LineageExplorer`.  Definitions: the package README.
 
 Thread-safety: an explorer belongs to one caller (one connection); the functions are pure otherwise.
 """
