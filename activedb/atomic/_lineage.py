@@ -91,7 +91,7 @@ def record_of(transaction: "Transaction") -> LineageRecord:
 
 
 class LineageWriter(CommitParticipant):
-    """Writes a tree's :class:`LineageRecord` in its flush (see the module docstring)."""
+    """Writes a tree's :class:`LineageRecord` in its flush (the package README, "Lineage, recorded")."""
 
     def __init__(self, record: LineageRecord):
         self.record = record
@@ -237,7 +237,7 @@ def encode_event(event: Any) -> dict:
 
 
 class UndoKeys(TransactionExtension):
-    """Collects the keys written in tables opted into before-image undo (see the module docstring)."""
+    """Collects the keys written in tables opted into before-image undo."""
 
     def __init__(self, tables: Iterable[str] = ()):
         self.tables = frozenset(tables)

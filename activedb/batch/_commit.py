@@ -135,7 +135,7 @@ class PendingBatch(CommitParticipant):
     def _lock_and_read(self, catalog: Any, connection: sa.Connection) -> dict[tuple[str, Any], Any]:
         """Lock every declared row ``FOR UPDATE`` (tables in name order, keys in key order) and
         return their images; a table with absent rows is locked against writers and those rows
-        read again (module docstring)."""
+        read again (the package README, "Running a batch in the store")."""
         for table in sorted(self._unbounded):
             _lock_table(catalog, connection, table)
         base: dict[tuple[str, Any], Any] = {}
@@ -403,7 +403,7 @@ def apply_at_commit(tx: Transaction, events: Iterable[Any], transactions: StateT
                     batch_id: int | None = None,
                     letters: Callable[[BatchResult], list[deadletters.Letter]] | None = None,
                     on_result: Callable[[BatchResult, sa.Connection], None] | None = None) -> PendingBatch:
-    """Enlist ``events`` as a batch that runs inside the commit of ``tx`` (module docstring) and
+    """Enlist ``events`` as a batch that runs inside the commit of ``tx`` (the package README) and
     return its :class:`PendingBatch`.  ``dead_letters``: the table its dead letters go to (None:
     none are stored), labelled ``query_id``/``batch_id``; ``letters(result)`` → ``[Letter]``
     (``activedb.deadletters``) replaces the default ones (``dead_letter``); ``on_result(result, connection)`` is

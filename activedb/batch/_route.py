@@ -204,7 +204,8 @@ def _sources(event: BatchEvent, table: str, key: Any) -> set[tuple[str, Source, 
 
 
 class Router:
-    """Learns route plans and predicts the states of a batch's events (module docstring)."""
+    """Learns route plans and predicts the states of a batch's events (the package README,
+    "Concurrency and mutex order")."""
 
     def __init__(self) -> None:
         self.plans: dict[str, RoutePlan] = {}

@@ -87,7 +87,8 @@ class ExplainEdge:
 
 @dataclass(frozen=True)
 class Explanation:
-    """A picture of transaction trees and their wait-for graph.  Immutable; see the module docstring."""
+    """A picture of transaction trees and their wait-for graph (what it draws: the design note,
+    ``README.md``).  Immutable."""
 
     nodes: tuple[ExplainNode, ...]
     edges: tuple[ExplainEdge, ...]
@@ -376,7 +377,7 @@ def find_deadlock(error: BaseException | None):
 
 def explain(db: "Database", *, deadlock: BaseException | None = None, also: Iterable[Any] = (),
             title: str | None = None) -> Explanation:
-    """The picture of ``db``'s process now (see the module docstring).  ``deadlock``: a ``Deadlock`` (or an
+    """The picture of ``db``'s process now (the design note says what is drawn).  ``deadlock``: a ``Deadlock`` (or an
     error caused by one) whose cycle is marked, drawn from the snapshot it carries if any; ``also``: more
     transactions whose trees are named (e.g. an aborting one, no longer listed as live)."""
     found = find_deadlock(deadlock) if deadlock is not None else None
