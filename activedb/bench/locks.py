@@ -422,23 +422,16 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
 
 def _series(report: BenchReport) -> None:
     """The sweeps of the rows, for ``--plot``."""
-    def points(prefix: str, number) -> list[tuple[float, float]]:
-        return [(number(row), row.value) for row in report.rows if row.name.startswith(prefix)]
+    def points(prefix: str, number, field: str = "value") -> list[tuple[float, float]]:
+        return [(number(row), getattr(row, field)) for row in report.rows if row.name.startswith(prefix)]
+
+    def size(row: Row) -> int:          # the number in the name's last part ("..., 1,000 transactions")
+        return int(row.name.rsplit(", ", 1)[1].split()[0].replace(",", ""))
 
     report.add_series(Series("threads on disjoint keys (aggregate)", "lockmgr", "threads", "pairs/s",
                              points("aggregate pairs/s, ", lambda row: int(row.name.split(", ")[1].split()[0]))))
-    report.add_series(Series("deadlock check per new wait edge", "lockmgr (median)", "transactions in the graph",
-                             "µs per check", points("deadlock check", lambda row: int(
-                                 row.name.rsplit(", ", 1)[1].split()[0].replace(",", ""))), log_x=True, log_y=True))
-    report.add_series(Series("deadlock check per new wait edge", "networkx.find_cycle (full scan)",
-                             "transactions in the graph", "µs per check",
-                             [(int(row.name.rsplit(", ", 1)[1].split()[0].replace(",", "")), row.baseline)
-                              for row in report.rows if row.name.startswith("deadlock check")],
-                             log_x=True, log_y=True))
+    for label, field in (("lockmgr (median)", "value"), ("networkx.find_cycle (full scan)", "baseline")):
+        report.add_series(Series("deadlock check per new wait edge", label, "transactions in the graph",
+                                 "µs per check", points("deadlock check", size, field), log_x=True, log_y=True))
     report.add_series(Series("commit with inheritance", "lockmgr", "tuple locks", "µs per lock",
-                             points("commit with inheritance", lambda row: int(
-                                 row.name.rsplit(", ", 1)[1].split()[0].replace(",", ""))), log_x=True))
-
-
-if __name__ == "__main__":  # pragma: no cover
-    run().print()
+                             points("commit with inheritance", size), log_x=True))

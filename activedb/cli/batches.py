@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -268,7 +267,3 @@ def prune(ctx: click.Context, older_than: float) -> None:
 def register_commands(main_group: click.Group) -> None:
     """Add ``activedb batches`` to the ``activedb`` command group."""
     main_group.add_command(batches_group, "batches")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(batches_group())

@@ -83,12 +83,11 @@ def status_command(ctx: click.Context, as_json: bool, behind_changes: int, behin
         document["warnings"] = status.warnings()
         click.echo(json.dumps(document, indent=2, default=str))
         return
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=max(console.width, 132))
+    from activedb.cli import console as make_console
+
+    console = make_console()
     if not status.tables:
         console.print("no table is captured (db.capture(table), or enable_capture(op, table) in a migration)",
                       highlight=False)
