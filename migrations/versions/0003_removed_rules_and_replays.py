@@ -1,6 +1,6 @@
 """Rules can be removed and pruned per application; dead letters remember their replay.
 
-What it installs: ``migrations/README.md``.
+The columns and who sets them: ``migrations/README.md``.
 """
 import sqlalchemy as sa
 from alembic import op

@@ -1,6 +1,6 @@
 """Change capture (activedb.capture): the change table, commit order, consumer positions.
 
-What it installs: ``migrations/README.md``.
+The tables, functions and triggers it installs: ``migrations/README.md``.
 """
 from activedb.migration_ops import sql_steps
 

@@ -1,7 +1,4 @@
-"""The outbox of detached-family rule firings (``activedb/outbox/README.md``).
-
-What it installs: ``migrations/README.md``.
-"""
+"""The outbox of detached-family rule firings (``activedb/outbox/README.md``; ``migrations/README.md``)."""
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql

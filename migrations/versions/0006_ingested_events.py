@@ -1,7 +1,4 @@
-"""Event ids the Spark bridge has ingested, per query name (duplicate detection).
-
-What it installs: ``migrations/README.md``.
-"""
+"""Event ids the Spark bridge has ingested, per query name (duplicate detection; ``migrations/README.md``)."""
 import sqlalchemy as sa
 from alembic import op
 

@@ -1,7 +1,7 @@
 """Lineage of atomic batches (activedb.atomic): which batches each top-level transaction consumed and
 produced, which transactions triggered it, what undoes it, and which transaction compensated it.
 
-What it installs: ``migrations/README.md``.
+Table by table: ``migrations/README.md``.
 """
 from activedb.migration_ops import sql_steps
 

@@ -1,7 +1,5 @@
 """Split batches of the Spark scale-out path: the policy each query declared for a partition that fails for
-good, and every such failure with how it was settled.
-
-What it installs: ``migrations/README.md``.
+good, and every such failure with how it was settled (the states it goes through: ``migrations/README.md``).
 """
 from activedb.migration_ops import sql_steps
 
