@@ -26,7 +26,7 @@ from activedb.batch._strategy import Strategy, parse_strategy
 from activedb.batch.errors import WorkerFailed
 from activedb.versions import Versions
 
-__all__ = ["AUTO", "LEAN", "Prepared", "Runtime", "SERIAL", "TPG", "execute", "execute_batch", "normalise_events",
+__all__ = ["AUTO", "LEAN", "Prepared", "Runtime", "SERIAL", "TPG", "execute_batch", "normalise_events",
            "ping", "prepare", "run_in_memory", "runtime_of"]
 
 AUTO = "auto"
@@ -119,21 +119,12 @@ class Prepared:
     seconds: float
     batch: list[BatchEvent] = field(default_factory=list)
 
-    def touched(self) -> list[list[tuple[str, Any]]]:
-        """Per transaction, the states it touches (ND without candidates: a table marker)."""
-        result = []
-        for declared in self.specs:
-            states, unbounded = touched_states(declared)
-            result.append(states + [("#table", table) for table in unbounded])
-        return result
-
     def states_by_table(self) -> dict[str, list[Any]]:
         """The keys to prefetch, per table (every declared own, parameter and candidate row)."""
         tables: dict[str, dict[Any, None]] = {}
-        for states in self.touched():
-            for table, key in states:
-                if table != "#table":
-                    tables.setdefault(table, {})[key] = None
+        for declared in self.specs:
+            for table, key in touched_states(declared)[0]:
+                tables.setdefault(table, {})[key] = None
         return {table: list(keys) for table, keys in tables.items()}
 
     def declared(self) -> dict[int, list[OpSpec] | str]:
@@ -202,9 +193,6 @@ class _Times:
 
     def __len__(self) -> int:
         return len(self._batch)
-
-    def __iter__(self):
-        return (self[t] for t in range(len(self._batch)))
 
 
 # --- one part of a batch --------------------------------------------------------------------
@@ -370,14 +358,6 @@ def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base
     has two components or more and processes are allowed), ``"never"``."""
     with _NoCyclicGc():
         return _execute(transactions, batch, base, loader, declared, strategy, processes, split, declare_seconds)
-
-
-def execute(transactions: StateTransactions, prepared: Prepared, base: Mapping[tuple[str, Any], Any], *,
-            loader: Callable[[str, Any], Any] | None = None, strategy: str | Strategy = AUTO,
-            processes: int | None = None, split: str = "auto") -> BatchResult:
-    """:func:`execute_batch` for an already declared batch."""
-    return execute_batch(transactions, prepared.batch, base, loader=loader, declared=prepared.declared(),
-                         strategy=strategy, processes=processes, split=split, declare_seconds=prepared.seconds)
 
 
 def _mode_of(strategy: str | Strategy) -> str | Strategy:

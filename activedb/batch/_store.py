@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from activedb import deadletters
 from activedb.batch._declare import BatchEvent, StateTransactions
 from activedb.batch._result import BatchResult
-from activedb.batch._runtime import AUTO, _NoCyclicGc, execute, prepare
+from activedb.batch._runtime import AUTO, _NoCyclicGc, execute_batch, prepare
 from activedb.batch._strategy import Strategy
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -46,8 +46,8 @@ def _apply_batch(tx, events, transactions, strategy, processes, split, lock) -> 
         for key, image in tx.read_many(table, keys, lock=lock).items():
             base[(table, key)] = image
     prefetch_seconds = time.perf_counter() - started
-    result = execute(transactions, prepared, base, loader=tx.read, strategy=strategy, processes=processes,
-                     split=split)
+    result = execute_batch(transactions, prepared.batch, base, loader=tx.read, declared=prepared.declared(),
+                           strategy=strategy, processes=processes, split=split, declare_seconds=prepared.seconds)
     started = time.perf_counter()
     by_table: dict[str, dict[Any, dict | None]] = {}
     for (table, key), image in result.final.items():
