@@ -282,16 +282,15 @@ class DecisionModel:
         if executions:
             cost = (seconds if total_seconds is None else total_seconds) / executions
             if lean:
-                self.lean_seconds_per_op = cost if self.lean_seconds_per_op is None else (
-                    (1 - SMOOTHING) * self.lean_seconds_per_op + SMOOTHING * cost)
+                self.lean_seconds_per_op = _smoothed(self.lean_seconds_per_op, cost)
             else:
-                self.tpg_seconds_per_op = cost if self.tpg_seconds_per_op is None else (
-                    (1 - SMOOTHING) * self.tpg_seconds_per_op + SMOOTHING * cost)
+                self.tpg_seconds_per_op = _smoothed(self.tpg_seconds_per_op, cost)
+            self.seconds_per_op = _smoothed(self.seconds_per_op, seconds / executions)
         if transactions:
-            ratio = aborted / transactions
-            self.abort_ratio = ratio if self.batches == 0 else (1 - SMOOTHING) * self.abort_ratio + SMOOTHING * ratio
-        if executions:
-            cost = seconds / executions
-            self.seconds_per_op = cost if self.seconds_per_op is None else (
-                (1 - SMOOTHING) * self.seconds_per_op + SMOOTHING * cost)
+            self.abort_ratio = _smoothed(self.abort_ratio if self.batches else None, aborted / transactions)
         self.batches += 1
+
+
+def _smoothed(previous: float | None, measured: float) -> float:
+    """The EWMA of the batches so far, the newest weighted ``SMOOTHING`` (the first: as measured)."""
+    return measured if previous is None else (1 - SMOOTHING) * previous + SMOOTHING * measured
