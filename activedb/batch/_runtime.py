@@ -347,6 +347,12 @@ class _Missed:
 
 # --- a batch --------------------------------------------------------------------------------
 
+def _mode_of(strategy: str | Strategy) -> str | Strategy:
+    if isinstance(strategy, str) and strategy in _MODES:
+        return strategy
+    return parse_strategy(strategy)
+
+
 def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base: Mapping[tuple[str, Any], Any], *,
                   loader: Callable[[str, Any], Any] | None = None, declared: Mapping[int, Any] | None = None,
                   strategy: str | Strategy = AUTO, processes: int | None = None, split: str = "auto",
@@ -355,18 +361,8 @@ def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base
     the batch; missing states come from ``loader`` or are absent rows).  ``declared[t]``: specs
     (or a rejection reason) already known for the event at ``t``.  ``processes`` defaults to the
     object's; ``split``: ``"auto"`` (the decision model's rule), ``"always"`` (whenever the batch
-    has two components or more and processes are allowed), ``"never"``."""
-    with _NoCyclicGc():
-        return _execute(transactions, batch, base, loader, declared, strategy, processes, split, declare_seconds)
-
-
-def _mode_of(strategy: str | Strategy) -> str | Strategy:
-    if isinstance(strategy, str) and strategy in _MODES:
-        return strategy
-    return parse_strategy(strategy)
-
-
-def _execute(transactions, batch, base, loader, declared, strategy, processes, split, declare_seconds) -> BatchResult:
+    has two components or more and processes are allowed), ``"never"``.  The caller pauses the cyclic
+    garbage collector (``_NoCyclicGc``), as every caller here does."""
     runtime = runtime_of(transactions)
     mode = _mode_of(strategy)
     if split not in ("auto", "always", "never"):
