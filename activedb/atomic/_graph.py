@@ -265,14 +265,9 @@ class IndependentScover:
 
 def independent_scover(explorer: LineageExplorer, batch: BatchRef, *, max_rounds: int = 64,
                        max_transactions: int = 100_000, consecutive: bool = False) -> IndependentScover:
-    """The independent scover of ``batch`` (§3): ``D_1`` = the transactions whose input is ``batch`` and
-    their descendants; ``U_i`` = every transaction with a path to some ``X ∈ D_i`` (ancestors, ``D_i``
-    included); ``D_{i+1}`` = descendants of ``U_i`` **and of the other consumers of ``U_i``'s source
-    batches** (compensating a source batch compensates all of ``𝒯`` of it); stop when ``U_k = U_{k-1}``.
-    ``consecutive``: the source batches of each ``U_i`` are made consecutive in batch order (§4b).
-
-    Never loops forever: after ``max_rounds`` rounds or past ``max_transactions`` transactions the result
-    is returned with ``cut`` set (overlapping batches, §4a / Fig. 4, grow it without end)."""
+    """The independent scover of ``batch`` (§3), iterated as the package README's "The independent-scover
+    iteration" writes it; ``consecutive``: each ``U_i``'s source batches made consecutive (§4b).  Never
+    loops forever: past ``max_rounds`` rounds or ``max_transactions`` transactions it returns with ``cut``."""
     seeds = explorer.consumers([batch])
     upper: set[str] = set()
     rounds = 0
