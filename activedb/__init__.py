@@ -6,10 +6,7 @@ Public interface::
     db = activedb.connect()            # embedded PostgreSQL, schema at head
     db = activedb.connect(url)         # or any PostgreSQL (also ACTIVEDB_DATABASE_URL)
 
-The packages inside: ``activedb.txn`` (parallel nested transactions and their seams: commit
-participants, extensions, observers, read bases), ``activedb.rules`` (ECA rules, six coupling modes),
-``activedb.store`` (schema checks, write sets, SQL), ``activedb.events`` (events, specs, punctuations).
-Design notes live in each package's ``README.md``; ``activedb/README.md`` is the overview.
+The packages inside and how they meet: the overview, ``activedb/README.md``.
 """
 
 from activedb import errors

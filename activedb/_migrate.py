@@ -1,12 +1,6 @@
-"""Driving Alembic from activedb: the layer's own revisions and an application's.
-
-activedb's own tables live in ``migrations/`` (version table
-``activedb_alembic_version``).  Every upgrade and downgrade holds a PostgreSQL advisory lock
-(``MIGRATION_LOCK``) for its transaction, so processes upgrading one database at once take turns.  An application keeps its tables in its own
-Alembic environment; :meth:`Schema.upgrade_app` (``db.upgrade_app``) runs it on the same database, passing
-the open connection in ``config.attributes["connection"]`` so the app's
-``env.py`` can use it (see ``activedb/examples/hand_hygiene/migrations/env.py``
-for a ready-made one).
+"""Driving Alembic from activedb: its own revisions (version table ``activedb_alembic_version``) and an
+application's (:meth:`Schema.upgrade_app`), each upgrade and downgrade under the PostgreSQL advisory lock
+``MIGRATION_LOCK``.  The overview, ``activedb/README.md``, places it.
 """
 
 from __future__ import annotations

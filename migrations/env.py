@@ -1,17 +1,5 @@
-"""Alembic environment for activedb's own tables.
-
-Two modes, as in Alembic's templates:
-
-* **online** (the default): run the revisions against a live database.  When
-  activedb drives Alembic it passes an open SQLAlchemy connection in
-  ``config.attributes["connection"]``; otherwise the URL comes from the
-  ``sqlalchemy.url`` option, then ``ACTIVEDB_DATABASE_URL``, then the embedded
-  server (started if needed).
-* **offline** (``activedb db upgrade --sql`` or ``alembic upgrade --sql``):
-  no database is contacted; the SQL is printed for review or for a DBA to run.
-
-The version table is ``activedb_alembic_version`` so that an application's own
-Alembic history in the same database (default ``alembic_version``) never clashes.
+"""Alembic environment for activedb's own tables (version table ``activedb_alembic_version``): online and
+offline runs as :mod:`activedb.alembic_env` describes.
 """
 
 from activedb._migrations import VERSION_TABLE

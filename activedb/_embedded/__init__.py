@@ -1,57 +1,9 @@
 """The embedded PostgreSQL server (binaries from the ``pgserver`` wheel, managed here).
 
-``activedb.connect()`` with no URL uses a server whose data directory is ``$ACTIVEDB_HOME/pgdata``
-(default ``ACTIVEDB_HOME``: ``$XDG_DATA_HOME/activedb``, i.e. ``~/.local/share/activedb``).
+``activedb.connect()`` with no URL uses a server whose data directory is ``$ACTIVEDB_HOME/pgdata``.
+Its lock-down, who runs it, its lifecycle and the mutex order: the design note, ``README.md``.
 
-Locked down (nothing of the user's is opened to anyone):
-
-* **A home or data directory someone else could have made is refused**, as ssh's StrictModes and
-  PostgreSQL's own data-directory check do: ``ACTIVEDB_HOME`` must belong to the user running activedb
-  and the data directory to that user (as root: or to the service user below), neither writable by
-  group or others.  The password file and the lock file are never opened through a symbolic link, and
-  the password file only if it is a regular file of this user.
-* **No permission of an existing directory is ever changed.**  Directories activedb creates are ``0700``
-  (``ACTIVEDB_HOME`` and its parents that did not exist, the data directory, the socket directory).
-* **The socket is in a directory only the server's owner can enter**: the data directory itself when
-  its path is short enough for a unix socket (107 bytes), else ``$TMPDIR/activedb-<uid>-<hash>``,
-  created ``0700`` — and refused if it exists with another owner or with any group/other permission
-  (someone may have planted it).  No TCP listener.
-* **Local connections authenticate** (``scram-sha-256``) with a password generated at ``initdb`` and
-  kept in ``$ACTIVEDB_HOME/password`` (``0600``); the URL ``connect()`` builds carries it (masked in every
-  message).  A data directory made by an older activedb with ``trust`` authentication is converted the
-  first time it is used (password set, ``pg_hba.conf`` rewritten, configuration reloaded).
-
-Who runs the server: PostgreSQL refuses to run as root.  As a normal user, the binaries run as that
-user.  As root, they run in a **user namespace** in which root is mapped to an unprivileged uid
-(``unshare --user --map-user``): PostgreSQL sees a non-root owner, while outside the namespace every file
-and the server process belong to root — so a data directory under ``/root`` works and stays root's
-alone (inside, it is ``nobody``: initdb needs a named user).  Where user namespaces are not available (some containers), the server runs as the system user
-``pgserver`` (created if needed), whose data directory must be reachable without widening anything:
-otherwise the error says which directory to choose.  A data directory an older activedb created for
-``pgserver`` keeps being run as ``pgserver``.
-
-Lifecycle (documented in README):
-
-* The first process starts the server (``initdb`` on first use), later processes reuse it: the
-  ``postmaster.pid`` file says which server runs, and a lock file in ``ACTIVEDB_HOME`` (``flock``)
-  serialises start and stop (and the creation of the database), so there is never a second postmaster
-  on one data directory, and processes starting together on a fresh home all succeed.
-* Every process that uses the server is listed in ``pgdata/.handle_pids.json``.  When the last one exits
-  normally the server is stopped cleanly (fast shutdown, in an ``atexit`` hook).  ``keep_running=True``
-  (or ``ACTIVEDB_KEEP_SERVER=1``) leaves it running for the next process instead.
-* A process killed with SIGKILL cannot unregister; its pid is pruned from the list by the next process
-  that connects, so the server still stops when the last *living* user exits.  A stale
-  ``postmaster.pid`` left by a crashed server is recognised (no such postgres process) and the server is
-  started again; PostgreSQL runs crash recovery from its WAL.
-* A data directory written by another PostgreSQL major version, or one that is not a PostgreSQL data
-  directory at all, is refused with a clear error; nothing is ever deleted.
-
-Modules, by job: this one the lifecycle (``start``/``stop``, the processes using the server, the
-database); ``_files`` the files and their ownership (the checks above, the socket directory, the password
-file, ``pg_hba.conf``); ``_server`` who runs the binaries, and the server process.
-
-Thread-safety: ``_registry_mutex`` protects ``_registry`` (this process's registrations); the file lock
-orders processes.  The file lock is taken before ``_registry_mutex``, never after.
+Thread-safety: ``_registry_mutex`` protects ``_registry``; the file lock is taken before it, never after.
 """
 
 from __future__ import annotations

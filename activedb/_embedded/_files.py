@@ -1,6 +1,6 @@
 """The embedded server's files and their ownership: private directories, the checks that refuse a home or
 data directory someone else could have made, the socket directory, the password file (never through a
-link) and the locked ``pg_hba.conf``.  The rules are in the package docstring."""
+link) and the locked ``pg_hba.conf``.  The rules are in the design note, ``README.md``."""
 
 from __future__ import annotations
 

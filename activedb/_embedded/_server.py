@@ -1,6 +1,6 @@
 """Who runs the PostgreSQL binaries (this user, a user namespace as root, or the service user) and the
 server process: ``initdb``, start, readiness, fast shutdown, the data directory's version, and making the
-server ask for its password.  The rules are in the package docstring."""
+server ask for its password.  The rules are in the design note, ``README.md``."""
 
 from __future__ import annotations
 

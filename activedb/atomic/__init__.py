@@ -1,13 +1,10 @@
-"""Atomic batches (Vidyasankar, *On Atomic Batch Executions in Stream Processing*): lineage recorded in
-the same PostgreSQL transaction as the effects, the paper's scover and independent scover over the
-recorded transaction graph, and compensation of a source batch (full or non-intrusive) run as new
-recorded transactions, exactly once.
+"""Atomic batches (Vidyasankar, *On Atomic Batch Executions in Stream Processing*): lineage, the paper's
+scover and independent scover, and compensation of a source batch, exactly once.
 
 Public interface: ``db.batches`` (:class:`Batches`) — ``consumed / produced / triggered_by / note``,
 ``compensation / rule_compensation / transaction_compensation / undo_by_before_image``, ``composite /
 scover / independent_scover / graph``, ``plan / compensate``, ``prune``; the CLI ``activedb batches``.
-Design note: ``README.md`` in this package.  (``activedb.batch``, singular, is the unrelated TPG
-executor of state transactions.)
+Design note: ``README.md`` here.  (``activedb.batch``, singular, is the unrelated TPG executor.)
 """
 
 from activedb.atomic import errors

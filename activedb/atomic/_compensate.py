@@ -1,29 +1,8 @@
-"""Compensation of a source batch: which transactions, in which order, with what, and what it costs
-other batches (Vidyasankar, *On Atomic Batch Executions in Stream Processing*, §2–§4).
+"""Compensation of a source batch (Vidyasankar, *On Atomic Batch Executions in Stream Processing*, §2–§4).
 
-:func:`plan` decides, from the recorded graph, without changing anything:
-
-* **scope** — ``batch``: ``𝒯(b)``; ``independent``: ``𝒯`` of every batch of the independent scover of
-  ``b`` (Fig. 2 option (c));
-* **mode** — ``full``: every transaction of the scope (Fig. 2 option (b)); ``non-intrusive``: only the
-  transactions that belong to no other source batch's composite transaction — a prefix of ``GT(𝒯(b))``
-  (a transaction shared with another batch has all its descendants shared too, so the set is closed
-  under predecessors), never interfering (Fig. 2 option (a));
-* **interference** — a compensated transaction that also belongs to ``𝒯(x)`` of a source batch ``x``
-  outside the scope takes ``x``'s completion away: ``losing_completion``;
-* **partially dropped batches** (§4a) — a batch that still exists (a source batch outside the scope, or
-  a derived batch whose producer is kept) but whose consumer is compensated: it is no longer used in
-  every execution it was used in;
-* **kept** — transactions of ``𝒯(b)`` a non-intrusive compensation leaves (``b``'s monotonic execution
-  is broken, as the paper says it may be);
-* **unsafe undo** — a before-image undo of a row that a later transaction wrote (the current image is
-  not the one the compensated transaction left) or whose transaction's output a kept transaction read
-  (it consumed a batch the compensated one produced, or names it as parent).
-
-:func:`execute` runs the plan in reverse topological order, one new top-level transaction per
-compensated transaction, whose flush records ``compensates = <log id>`` in ``activedb_lineage``
-(UNIQUE): a transaction is compensated at most once, and running the same compensation again after a
-crash skips exactly the ones that committed.
+:func:`plan` decides from the recorded graph, changing nothing (scope, mode, interference, partially
+dropped batches, kept transactions, unsafe undo); :func:`execute` runs it, exactly once across crashes.
+The paper's words mapped to these: the package README, "Compensation".
 """
 
 from __future__ import annotations

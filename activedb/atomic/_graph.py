@@ -1,20 +1,6 @@
-"""The recorded transaction graph and the paper's sets over it (Vidyasankar, *On Atomic Batch Executions
-in Stream Processing*, §2–§3).
-
-The graph ``GT(𝐓)`` of all recorded composite transactions: a node per recorded top-level transaction
-(its log id); an edge ``X → Y`` when Y was triggered by X — Y named X as a parent, or Y consumed a batch X
-produced, or (with the detached-rule outbox) Y ran a firing X triggered.  Compensating transactions are
-not part of it.
-
-It is explored from the database on demand (:class:`LineageExplorer`): the sets below only ever load
-the part of the graph they reach, and a closure that keeps growing is cut at the caller's bound.
-
-* :func:`composite` — ``𝒯(b)``, the batch composite transaction of a batch: the transactions whose input
-  is ``b`` and everything they trigger, directly or not;
-* :func:`scover` — the *source covering batch set* of a set of batches: the source batches they are
-  derived from;
-* :func:`independent_scover` — the §3 closure ``D_1, U_1, D_2, U_2, …`` (descendants, then ancestors,
-  alternately) until ``U_k = U_{k-1}``; its source batches are the independent scover.
+"""The recorded transaction graph ``GT(𝐓)`` and the paper's sets over it (Vidyasankar, *On Atomic Batch
+Executions in Stream Processing*, §2–§3): :func:`composite`, :func:`scover`, :func:`independent_scover`,
+explored from the database on demand by :class:`LineageExplorer`.  Definitions: the package README.
 
 Thread-safety: an explorer belongs to one caller (one connection); the functions are pure otherwise.
 """
@@ -279,14 +265,9 @@ class IndependentScover:
 
 def independent_scover(explorer: LineageExplorer, batch: BatchRef, *, max_rounds: int = 64,
                        max_transactions: int = 100_000, consecutive: bool = False) -> IndependentScover:
-    """The independent scover of ``batch`` (§3): ``D_1`` = the transactions whose input is ``batch`` and
-    their descendants; ``U_i`` = every transaction with a path to some ``X ∈ D_i`` (ancestors, ``D_i``
-    included); ``D_{i+1}`` = descendants of ``U_i`` **and of the other consumers of ``U_i``'s source
-    batches** (compensating a source batch compensates all of ``𝒯`` of it); stop when ``U_k = U_{k-1}``.
-    ``consecutive``: the source batches of each ``U_i`` are made consecutive in batch order (§4b).
-
-    Never loops forever: after ``max_rounds`` rounds or past ``max_transactions`` transactions the result
-    is returned with ``cut`` set (overlapping batches, §4a / Fig. 4, grow it without end)."""
+    """The independent scover of ``batch`` (§3), iterated as the package README's "The independent-scover
+    iteration" writes it; ``consecutive``: each ``U_i``'s source batches made consecutive (§4b).  Never
+    loops forever: past ``max_rounds`` rounds or ``max_transactions`` transactions it returns with ``cut``."""
     seeds = explorer.consumers([batch])
     upper: set[str] = set()
     rounds = 0

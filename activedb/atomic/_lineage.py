@@ -1,25 +1,8 @@
 """Recording lineage: what a top-level transaction consumed, produced, who triggered it, what undoes it.
 
-Everything here plugs into the transaction manager's seams (``activedb/txn/README.md``); nothing edits
-``Transaction`` or ``RuleManager``:
-
-* :class:`LineageRecord` — the tree's lineage, kept in the **root's** typed slot
-  (``tx.root.slot(LineageRecord)``);
-* :class:`LineageWriter` — the commit participant that writes it inside the tree's one PostgreSQL
-  transaction (``write``: the lineage row, its batches, and the before-images of undoable rows read
-  ``FOR UPDATE``; ``about_to_commit``: their after-images), so a transaction is recorded exactly when its
-  effects are;
-* :class:`NoteParticipant` — one compensation note (a rule firing, a named action) enlisted on the node
-  that made it: it reaches the root only if that node and every ancestor below the root commit
-  (delegation), and is dropped with an aborted subtransaction;
-* :class:`ConsumedBatches` — a commit participant for callers that enlist participants when the
-  transaction begins (``db.transaction(participants=[...])``, the Spark sink): at the flush it adds its
-  batches to the tree's record as ``consumed`` and makes sure a writer writes them;
-* :class:`UndoKeys` — a ``TransactionExtension`` that asks for old images of the tables opted into
-  generic before-image undo and collects the keys written there (registered only once a table is opted
-  in, so it costs nothing otherwise);
-* :class:`RuleNotes` — an ``Observer`` that notes every firing of a rule with a declared compensation
-  (registered only once one is declared).
+:class:`LineageRecord` (the root's slot), :class:`LineageWriter` (the commit participant),
+:class:`NoteParticipant`, :class:`ConsumedBatches`, :class:`UndoKeys` (an extension), :class:`RuleNotes`
+(an observer): all on the transaction manager's seams; the package README, "Lineage, recorded".
 
 Thread-safety: ``LineageRecord.mutex`` protects the record's lists and its writer; every other object
 is immutable after construction or used by one flush at a time.
@@ -108,7 +91,7 @@ def record_of(transaction: "Transaction") -> LineageRecord:
 
 
 class LineageWriter(CommitParticipant):
-    """Writes a tree's :class:`LineageRecord` in its flush (see the module docstring)."""
+    """Writes a tree's :class:`LineageRecord` in its flush (the package README, "Lineage, recorded")."""
 
     def __init__(self, record: LineageRecord):
         self.record = record
@@ -254,7 +237,7 @@ def encode_event(event: Any) -> dict:
 
 
 class UndoKeys(TransactionExtension):
-    """Collects the keys written in tables opted into before-image undo (see the module docstring)."""
+    """Collects the keys written in tables opted into before-image undo."""
 
     def __init__(self, tables: Iterable[str] = ()):
         self.tables = frozenset(tables)

@@ -1,33 +1,16 @@
 """Batches of declared state transactions on a task precedence graph (MorphStream).
 
-Public interface::
-
-    from activedb import batch
-
-    transactions = batch.StateTransactions()          # an explicit object, no global registry
-
-    @transactions.on("deposit")
-    def deposit(event, ops):
-        ops.write("accounts", event.key, lambda own: {"balance": (own or {"balance": 0})["balance"]
-                                                      + event.payload["amount"]})
-
-    with db.transaction() as tx:                                  # the caller owns the transaction
-        pending = batch.apply_at_commit(tx, events, transactions) # runs inside the commit (rows locked
-        tx.enlist(ledger)                                         # FOR UPDATE); dead letters stored
-    pending.result                                                # -> BatchResult, once committed
-
-    with db.transaction(participants=[...]) as tx:                # or through the transaction tree
-        result = batch.apply_batch(tx, events, transactions)      # -> BatchResult (rules observing the
-        ...                                                       # written tables fire)
-
-    batch.run_batch(db, events, transactions)                     # convenience: its own transaction
-    batch.run_in_memory(transactions, events, state)              # no database (tests, benchmarks)
-    batch.render_tpg(transactions, events, "tpg.png")             # the picture of a small batch
+Public interface: :class:`StateTransactions` (an explicit object; ``@transactions.on(type)`` declares an
+event type's operations on ``ops``); ``apply_at_commit(tx, events, transactions)`` → :class:`PendingBatch`
+(runs inside the commit on rows locked ``FOR UPDATE``; ``.result`` once committed); ``apply_batch(tx,
+events, transactions)`` → :class:`BatchResult` (through the transaction tree: rules observing the written
+tables fire); ``run_batch(db, events, transactions)`` (its own transaction); ``run_in_memory(transactions,
+events, state)`` (no database); ``render_tpg`` / ``tpg_graph`` (the picture of a small batch).
 
 Strategies: ``"auto"`` (the decision model: the lean serial executor in one process, components
 over processes when they pay), ``"lean"``, ``"serial"`` (the reference meaning), ``"tpg"`` (the
 decision model's pick among the TPG strategies, on the graph just built), or
-``"bfs|dfs|ns / f|c / e|l"`` (see :mod:`activedb.batch._strategy`).  The design note is
+``"bfs|dfs|ns / f|c / e|l"`` (see :mod:`activedb.batch._strategy`).  The design note, with examples, is
 ``activedb/batch/README.md``.
 """
 

@@ -1,15 +1,8 @@
 """Execute at commit: a batch run inside the top-level transaction's one PostgreSQL transaction.
 
-:func:`apply_at_commit` enlists the batch as a :class:`PendingBatch`, a commit participant whose
-``write(tx, connection)`` — inside the flush's PostgreSQL transaction — locks and reads every declared
-row ``FOR UPDATE`` (tables by name, keys ascending; a table with absent declared rows also ``IN SHARE ROW
-EXCLUSIVE MODE``, then those rows again), runs the batch on those images (rows nobody declared are read on
-demand the same way), writes the final rows with one statement per table and kind, calls ``on_result``
-and inserts the dead letters.  When a rule observes a table the batch writes, the batch runs at once
-through the tree instead (:func:`~activedb.batch._store.apply_batch`); the returned :class:`PendingBatch`
-is the same either way.  Why this is serializable, what a retried flush does, and in which order
-participants write: the package README, "Running a batch in the store" and "Why at-commit is
-serializable".
+:func:`apply_at_commit` → :class:`PendingBatch`, a commit participant (or the batch at once through the
+tree when a rule observes a written table).  What ``write`` does, why it is serializable, what a retried
+flush does: the package README, "Running a batch in the store" and "Why at-commit is serializable".
 
 Thread-safety: a :class:`PendingBatch` belongs to one transaction; its state is read by the
 transaction's thread (and by whoever reads ``result`` after the commit).
@@ -142,7 +135,7 @@ class PendingBatch(CommitParticipant):
     def _lock_and_read(self, catalog: Any, connection: sa.Connection) -> dict[tuple[str, Any], Any]:
         """Lock every declared row ``FOR UPDATE`` (tables in name order, keys in key order) and
         return their images; a table with absent rows is locked against writers and those rows
-        read again (module docstring)."""
+        read again (the package README, "Running a batch in the store")."""
         for table in sorted(self._unbounded):
             _lock_table(catalog, connection, table)
         base: dict[tuple[str, Any], Any] = {}
@@ -410,7 +403,7 @@ def apply_at_commit(tx: Transaction, events: Iterable[Any], transactions: StateT
                     batch_id: int | None = None,
                     letters: Callable[[BatchResult], list[deadletters.Letter]] | None = None,
                     on_result: Callable[[BatchResult, sa.Connection], None] | None = None) -> PendingBatch:
-    """Enlist ``events`` as a batch that runs inside the commit of ``tx`` (module docstring) and
+    """Enlist ``events`` as a batch that runs inside the commit of ``tx`` (the package README) and
     return its :class:`PendingBatch`.  ``dead_letters``: the table its dead letters go to (None:
     none are stored), labelled ``query_id``/``batch_id``; ``letters(result)`` → ``[Letter]``
     (``activedb.deadletters``) replaces the default ones (``dead_letter``); ``on_result(result, connection)`` is

@@ -1,57 +1,8 @@
 """The decision model (§5.4, Table 2, Figure 7) over properties *measured* on the TPG just built.
 
-MorphStream's code fed its decision tree with properties its data generator computed from its
-own parameters and never measured at run time.  Here every input comes from the batch at
-hand or from the batches before it:
-
-| input (Table 2)            | measured as                                                        |
-|----------------------------|--------------------------------------------------------------------|
-| number of TDs / PDs / LDs  | edges the planner materialised, per operation                      |
-| vertex degree distribution | skew = operations on the busiest state / mean operations per state |
-| cyclic dependency          | an SCC of more than one key group (computed only when it matters)   |
-| ratio of aborting vertices | aborted / declared transactions of the previous batches (EWMA)     |
-| computation complexity     | seconds per operation execution of the previous batches (EWMA)     |
-
-Rule 0 (ours, before the paper's three): **whether to explore a TPG at all.**  Exploring buys
-concurrency: several executor threads running ready operations at once.  Under the GIL, with
-operations that hold it (Python functions), one thread is all a process has, and a TPG then
-only adds planning and bookkeeping to the serial order it must reproduce anyway: the model picks
-the lean serial executor (``_lean.py``), and real parallelism comes from splitting the batch
-into components over processes (rule 4), each part lean.  The reasons it gives carry the
-costs it measured (seconds per operation, lean and TPG — planning included — from the batches
-that ran each way); should a TPG ever measure cheaper than lean here, it picks the TPG.
-``strategy="tpg"`` skips rule 0 and applies the paper's rules to the graph just built:
-
-Two rule sets for the paper's three dimensions, selectable (``DecisionModel(rule=...)``):
-
-**"morphstream" (the default): MorphStream's own decision tree** (its scheduler collector's
-``decisionTree``, with the "bottom lines" its runner sets for Streaming Ledger), on the
-paper's Table 2 inputs counted per batch of ``c`` transactions.  The bottom lines are relative
-to the batch: ``B_TD = 0.2·c``, ``B_LD = 2·c``, ``B_PD = 0.3·c``, ``B_SUM = 0.8·c``,
-``B_VDD = 0.3``, ``B_RofA = 0.7`` (:class:`BottomLines`).  Names as MorphStream writes them:
-``OG``/``OP`` = c-/f-schedule, ``NS``/``BFS`` = ns-/s-explore, ``_A`` = e-abort (none = l-abort):
-
-1. s-explore (BFS) iff ``TD + LD + PD > B_SUM`` and ``VDD < B_VDD`` (the vertex degree
-   distribution is balanced; VDD is the Zipf exponent of the accesses per state);
-2. f-schedule (OP) iff the key groups are cyclic, or ``TD < B_TD``, or ``PD > B_PD``;
-   else c-schedule (OG);
-3. e-abort (``_A``) iff the computation complexity is high (≥ 40 µs per operation, the
-   runner's line) or ``RofA < B_RofA``; else l-abort.
-
-For Streaming Ledger's bottom lines at ``c = 10,240`` (TD 3,000, LD 30,000, PD 100, VDD 0.1,
-acyclic, cheap): ``OG_BFS_A`` at abort ratio 0, ``OG_BFS`` at 0.8; with PD 5,000 ``OP_BFS_A``.
-
-**"calibrated"**: the thresholds per operation this package used before (calibrated on a
-2-core machine by ``activedb bench tpg``; see the package README):
-
-1. exploration — s-explore (BFS) when there are many dependencies per operation *and* the
-   degree distribution is balanced; otherwise ns-explore;
-2. granularity — c-schedule when there is no cycle, many TDs and few PDs; otherwise
-   f-schedule;
-3. abort — l-abort when operations are cheap *and* aborts are frequent; otherwise e-abort;
-4. processes (ours) — split the batch into connected components over worker processes when
-   more than one process is allowed, the largest bin holds at most ``MAX_BIN_SHARE`` of the
-   operations, and the batch's expected work outweighs the hand-off.
+Rule 0 (lean or TPG), MorphStream's decision tree (``rule="morphstream"``, the default) or the
+calibrated thresholds (``rule="calibrated"``), and rule 4 (processes): the package README,
+"What each strategy buys" and "The TPG decision model".
 
 Thread-safety: :class:`DecisionModel` is updated by one batch at a time (the owner's rule).
 """
@@ -331,16 +282,15 @@ class DecisionModel:
         if executions:
             cost = (seconds if total_seconds is None else total_seconds) / executions
             if lean:
-                self.lean_seconds_per_op = cost if self.lean_seconds_per_op is None else (
-                    (1 - SMOOTHING) * self.lean_seconds_per_op + SMOOTHING * cost)
+                self.lean_seconds_per_op = _smoothed(self.lean_seconds_per_op, cost)
             else:
-                self.tpg_seconds_per_op = cost if self.tpg_seconds_per_op is None else (
-                    (1 - SMOOTHING) * self.tpg_seconds_per_op + SMOOTHING * cost)
+                self.tpg_seconds_per_op = _smoothed(self.tpg_seconds_per_op, cost)
+            self.seconds_per_op = _smoothed(self.seconds_per_op, seconds / executions)
         if transactions:
-            ratio = aborted / transactions
-            self.abort_ratio = ratio if self.batches == 0 else (1 - SMOOTHING) * self.abort_ratio + SMOOTHING * ratio
-        if executions:
-            cost = seconds / executions
-            self.seconds_per_op = cost if self.seconds_per_op is None else (
-                (1 - SMOOTHING) * self.seconds_per_op + SMOOTHING * cost)
+            self.abort_ratio = _smoothed(self.abort_ratio if self.batches else None, aborted / transactions)
         self.batches += 1
+
+
+def _smoothed(previous: float | None, measured: float) -> float:
+    """The EWMA of the batches so far, the newest weighted ``SMOOTHING`` (the first: as measured)."""
+    return measured if previous is None else (1 - SMOOTHING) * previous + SMOOTHING * measured

@@ -1,26 +1,7 @@
 """Declared state transactions: the data the planner sees (PRE_PROCESS of the paper, §7.1).
 
-An application registers, per event type, a *declaring function* on an explicit
-:class:`StateTransactions` object::
-
-    batches = StateTransactions()
-
-    @batches.on("transfer")
-    def transfer(event, ops):
-        src, dst, amount = event.payload["src"], event.payload["dst"], event.payload["amount"]
-        ops.abort_if(lambda src_row: src_row is None or src_row["balance"] < amount,
-                     reads=[("accounts", src)], reason="insufficient funds")
-        ops.write("accounts", src, lambda own: {"balance": own["balance"] - amount})
-        ops.write("accounts", dst, lambda own, src_row: {"balance": (own or {"balance": 0})["balance"] + amount},
-                  reads=[("accounts", src)])
-
-The declaring function only *declares*: it runs once per event before anything executes and
-must not touch the database.  Every operation names the row it accesses as ``(table, key)``
-and the rows its function reads (``reads``: the parameter states of a parametric dependency).
-Functions receive row images (dicts, or None for a missing row) as of *before* the
-transaction (the paper's ``Read_t`` returns the version with timestamp < t), and must treat
-them as read-only.  A function aborts its transaction by raising :class:`Abort` (any other
-exception aborts it too, with the exception as the reason).
+:class:`StateTransactions` (``@transactions.on(type)``), the recorder :class:`Ops`, :class:`Abort`,
+:data:`DELETE`; what a declaring function may do: the package README, "Declaring".
 
 Thread-safety: registration (``on``) is for set-up time; ``declare`` may run on any thread
 and in worker processes (the object pickles its declarations only).

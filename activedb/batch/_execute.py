@@ -1,27 +1,9 @@
 """Execution: the S-TPG state machine (§6) under a strategy (§5), and the serial reference.
 
-:func:`run_serial` is the meaning of a batch (§2.1.1): transactions one at a time in
-timestamp order, every operation reading the state as of before its transaction, a
-transaction whose operation fails leaving no effect.
-
-:class:`TpgExecutor` runs a :class:`~activedb.batch._plan.Tpg` in one thread under one
-:class:`~activedb.batch._strategy.Strategy` and must give exactly the reference result.
-The transitions of the paper (Figure 8) and where they happen here:
-
-* **T1** BLK→RDY: ``_resolved`` — the last unresolved parent became done;
-* **T2** RDY→EXE: ``_execute`` — the operation's function succeeded; its version is added;
-* **T3** (speculative BLK→EXE) is not used: an operation runs only with every parent done;
-* **T4** any→ABT: ``_execute`` (its own failure) and ``_apply_abort`` (an LD peer's);
-  the versions of the transaction's executed operations are removed by ``_rollback``;
-* **T5** EXE/BLK→RDY and **T6** →BLK: ``_rollback`` — an operation whose input changed is
-  redone: RDY if all its parents are still done, else BLK, and its done children go the
-  same way (transitively).
-
-Two rules beyond the paper's text, both needed for the reference result: an ABT operation
-passes through (is *done* for its children) only once its own parents are done, so a
-reader behind an aborted write still waits for the write before it; and a failure is
-withdrawn when the failing operation is rolled back (its inputs changed), which re-opens
-its transaction if no other operation of it failed.
+:func:`run_serial` is the meaning of a batch (§2.1.1); :class:`TpgExecutor` runs a
+:class:`~activedb.batch._plan.Tpg` under one :class:`~activedb.batch._strategy.Strategy` and must give
+exactly its result.  Where the paper's transitions T1–T6 happen, and the two rules beyond its text:
+the package README, "Definitions of the paper → code".
 
 Thread-safety: none; an executor is used by one thread, once.
 """

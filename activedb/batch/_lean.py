@@ -1,22 +1,8 @@
 """The lean executor: the batch's meaning, computed the cheapest way one thread can.
 
-Serial in timestamp order (§2.1.1 of the paper), one event at a time: declare it, run its
-operations against the current images (a transaction reads the state as of before it: its own
-writes are buffered until it ends), keep them if no operation failed.  No TPG, no operation
-objects, no version list — a dict of current images, plus per state the versions windows read
-when the batch has window operations.  It is what the decision model picks when exploring a
-TPG buys nothing (one executor thread under the GIL: see ``_decide.py``), what each process of
-a split batch runs on its part, and what the execute-at-commit participant runs on the rows it
-locked.  The differential tests hold it equal to :func:`~activedb.batch._execute.run_serial`
-(the reference) and to every TPG strategy.
-
-Entry point: :func:`run_lean`.  It takes ``(t, event)`` pairs in timestamp order and either
-declares each event itself or takes its already declared operations (``declared``).  Missing
-images come from ``base``, then ``loader`` (on demand; a loader error is the batch's, not an
-operation's — except a :class:`DeclarationError`: the key cannot name a row), then count as
-absent rows; with ``allowed`` (a worker's part of a split batch), a state outside it raises
-:class:`RouteMissed` instead: the batch's split was planned on a prediction that this event
-broke, and the caller runs the batch again unsplit.
+:func:`run_lean` runs ``(t, event)`` pairs in timestamp order on a dict of current images (a
+transaction's writes buffered until it ends); what it is for and why: the package README, "What each
+strategy buys".
 
 Thread-safety: none; one call runs on one thread.
 """
@@ -100,7 +86,10 @@ def run_lean(declarations: Mapping[str, Callable[[BatchEvent, Ops], None]], item
     """Run ``items`` (``(t, event)``, ascending ``t``) serially.  ``declared[t]``: the event's
     operations, or the reason it was rejected (then it is not declared again).  ``versions``:
     keep the versions windows read from the start (else a window operation restarts the run
-    keeping them).  ``allowed``: a container of the states this run may touch (a split part)."""
+    keeping them).  Missing images come from ``base``, then ``loader`` (a loader error is the
+    batch's, except a :class:`DeclarationError`: the key cannot name a row), else are absent.
+    ``allowed``: the states this run may touch (a split part); any other raises
+    :class:`RouteMissed` (the caller runs the batch again unsplit)."""
     while True:
         try:
             return _run(declarations, items, base, loader, declared, versions, allowed)

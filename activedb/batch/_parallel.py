@@ -1,10 +1,5 @@
-"""The worker processes a split batch runs its parts in, and the union-find step the router uses.
-
-The router (``_route.py``) splits a batch into connected components and packs them into bins; bin 0
-runs in the calling process, the others in worker processes of a ``forkserver`` (else ``spawn``) pool —
-never ``fork``, which is unsafe once threads exist.  A worker re-declares its events (declaring
-functions are pickled by reference), plans and executes its part with the same strategy, and returns
-outcomes and final versions.  Timestamps are the batch's, so windows and reasons are unchanged.
+"""The worker processes a split batch runs its parts in (``forkserver``, else ``spawn``; never ``fork``),
+and the union-find step the router uses.  The package README, "Concurrency and mutex order".
 
 Thread-safety: :class:`WorkerPool` is used by one batch at a time (its owner's rule).
 """

@@ -1,25 +1,9 @@
-"""Planning: the task precedence graph (TPG) of one batch (the paper's §4, A.2.2 of the notes).
+"""Planning: the task precedence graph (TPG) of one batch (the paper's §4).
 
-Input: the batch's state transactions in timestamp order (``t`` = 0, 1, ...), each a list of
-declared operations.  Output: a :class:`Tpg` whose vertices are :class:`Operation` objects and
-whose precedence edges are
-
-* **TD** (temporal): per state, each operation depends on the operations of the nearest
-  earlier transaction that accessed the same state (the reduction of the TD relation along
-  the state's timestamp-sorted list; operations of one transaction share their TD parents);
-* **PD** (parametric): for each parameter state ``p`` of an operation (a *virtual operation*
-  in ``p``'s list), the last write of ``p`` with a smaller timestamp;
-* non-deterministic operations: an ND op without ``candidates`` is a virtual operation in
-  every list of its table: it depends (PD) on the last write of every state of the table
-  written since the previous ND write, and every later operation on that table depends on
-  the last ND write if it is newer than the state's own last access.  With ``candidates``
-  it is a virtual operation in those lists only.
-
-LD (logical) pairs are the operations of one transaction; they are not precedence edges
-(atomicity only) and are counted, not materialised (``Txn.ops`` holds them).
-
-Invariant: every precedence edge goes from a smaller to a strictly larger timestamp, so the
-TPG is acyclic and sorting operations by ``(t, index)`` is a topological order.
+:func:`build_tpg` turns the batch's state transactions in timestamp order into a :class:`Tpg` of
+:class:`Operation` vertices with TD and PD edges (virtual, window and ND operations included); LD pairs
+are counted, not materialised.  Edges and the acyclicity invariant: the package README, "Definitions
+of the paper → code" and "Invariants".
 """
 
 from __future__ import annotations

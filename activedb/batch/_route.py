@@ -1,31 +1,9 @@
 """Routing a batch over processes: which rows each event touches, without declaring it.
 
-Splitting a batch into connected components needs the states every transaction touches.
-Declaring every event in the calling process would make that process do a large share of the
-batch's work alone (the declaring functions are half of the engine's cost), which is exactly
-what limits a split.  So the router learns, per event type, a **route plan**: where in the
-event the rows it touches are named.  From the first declarations of a type it records, for
-every state ``(table, key)`` the operations touch (own rows, parameter rows, ND candidates),
-which parts of the event hold ``key``:
-
-* ``KEY`` — the event's own key (``event.key``);
-* ``FIELD name`` — a payload field (``payload[name] == key``, same type);
-* ``FLAT name`` — every scalar inside a list-valued payload field (GrepSum's ``ops``).
-
-A plan is the pairs ``(table, source)`` that matched in every learning event; it is kept only
-if it covers every state each learning event touched.  An ND operation without candidates
-marks its table *unbounded* (any row): every transaction on that table ends up in one part.
-Types whose rows cannot be found in the event (computed keys, conditional operations the
-learning events did not show) get no plan: their events are declared here, as before.
-
-Predictions are checked where it is free: each part runs with the set of states predicted for
-it (``allowed``), and a state outside it (looked up only on a miss of the part's images)
-raises :class:`~activedb.batch._lean.RouteMissed` — the split is abandoned for the batch (run
-again unsplit) and the type's plan dropped.  Over-prediction only merges components.
-
-Union-find over the predicted states gives the components; components are packed into bins
-(heaviest first onto the lightest bin; unbounded-ND components into bin 0, which runs in the
-calling process with its loader).
+A :class:`Router` learns a route plan per event type (``KEY``, ``FIELD name``, ``FLAT name``: where
+the event names its rows), unites the predicted states into components and packs them into bins; a
+prediction that misses raises :class:`~activedb.batch._lean.RouteMissed` in the part that met it.
+The package README, "Concurrency and mutex order", says why and how.
 
 Thread-safety: a :class:`Router` belongs to one :class:`StateTransactions` runtime and is used
 by one batch at a time.
@@ -226,7 +204,8 @@ def _sources(event: BatchEvent, table: str, key: Any) -> set[tuple[str, Source, 
 
 
 class Router:
-    """Learns route plans and predicts the states of a batch's events (module docstring)."""
+    """Learns route plans and predicts the states of a batch's events (the package README,
+    "Concurrency and mutex order")."""
 
     def __init__(self) -> None:
         self.plans: dict[str, RoutePlan] = {}

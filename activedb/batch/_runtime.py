@@ -1,13 +1,8 @@
 """One batch, in memory: declare → decide → execute (lean, the reference, or a TPG strategy; in
 this process or split over worker processes) → :class:`~activedb.batch._result.BatchResult`.
 
-Strategies: ``"auto"`` (the decision model: the lean serial executor unless the batch splits
-over processes; see ``_decide.py``), ``"lean"`` (the lean executor, ``_lean.py``), ``"serial"``
-(the reference, ``_execute.run_serial``), ``"tpg"`` (build the TPG and let the decision model
-pick the three dimensions), or a fixed :class:`~activedb.batch._strategy.Strategy`.
-
-The store integrations (``_store.py``, ``_commit.py``) wrap this with loading and writing;
-tests and benchmarks call it directly with a dict of base images.
+Strategies: the package's ``__init__`` docstring.  ``_store.py`` and ``_commit.py`` wrap this with
+loading and writing; tests and benchmarks call it directly with a dict of base images.
 """
 
 from __future__ import annotations
@@ -31,7 +26,7 @@ from activedb.batch._strategy import Strategy, parse_strategy
 from activedb.batch.errors import WorkerFailed
 from activedb.versions import Versions
 
-__all__ = ["AUTO", "LEAN", "Prepared", "Runtime", "SERIAL", "TPG", "execute", "execute_batch", "normalise_events",
+__all__ = ["AUTO", "LEAN", "Prepared", "Runtime", "SERIAL", "TPG", "execute_batch", "normalise_events",
            "ping", "prepare", "run_in_memory", "runtime_of"]
 
 AUTO = "auto"
@@ -124,21 +119,12 @@ class Prepared:
     seconds: float
     batch: list[BatchEvent] = field(default_factory=list)
 
-    def touched(self) -> list[list[tuple[str, Any]]]:
-        """Per transaction, the states it touches (ND without candidates: a table marker)."""
-        result = []
-        for declared in self.specs:
-            states, unbounded = touched_states(declared)
-            result.append(states + [("#table", table) for table in unbounded])
-        return result
-
     def states_by_table(self) -> dict[str, list[Any]]:
         """The keys to prefetch, per table (every declared own, parameter and candidate row)."""
         tables: dict[str, dict[Any, None]] = {}
-        for states in self.touched():
-            for table, key in states:
-                if table != "#table":
-                    tables.setdefault(table, {})[key] = None
+        for declared in self.specs:
+            for table, key in touched_states(declared)[0]:
+                tables.setdefault(table, {})[key] = None
         return {table: list(keys) for table, keys in tables.items()}
 
     def declared(self) -> dict[int, list[OpSpec] | str]:
@@ -207,9 +193,6 @@ class _Times:
 
     def __len__(self) -> int:
         return len(self._batch)
-
-    def __iter__(self):
-        return (self[t] for t in range(len(self._batch)))
 
 
 # --- one part of a batch --------------------------------------------------------------------
@@ -364,6 +347,12 @@ class _Missed:
 
 # --- a batch --------------------------------------------------------------------------------
 
+def _mode_of(strategy: str | Strategy) -> str | Strategy:
+    if isinstance(strategy, str) and strategy in _MODES:
+        return strategy
+    return parse_strategy(strategy)
+
+
 def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base: Mapping[tuple[str, Any], Any], *,
                   loader: Callable[[str, Any], Any] | None = None, declared: Mapping[int, Any] | None = None,
                   strategy: str | Strategy = AUTO, processes: int | None = None, split: str = "auto",
@@ -372,26 +361,8 @@ def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base
     the batch; missing states come from ``loader`` or are absent rows).  ``declared[t]``: specs
     (or a rejection reason) already known for the event at ``t``.  ``processes`` defaults to the
     object's; ``split``: ``"auto"`` (the decision model's rule), ``"always"`` (whenever the batch
-    has two components or more and processes are allowed), ``"never"``."""
-    with _NoCyclicGc():
-        return _execute(transactions, batch, base, loader, declared, strategy, processes, split, declare_seconds)
-
-
-def execute(transactions: StateTransactions, prepared: Prepared, base: Mapping[tuple[str, Any], Any], *,
-            loader: Callable[[str, Any], Any] | None = None, strategy: str | Strategy = AUTO,
-            processes: int | None = None, split: str = "auto") -> BatchResult:
-    """:func:`execute_batch` for an already declared batch."""
-    return execute_batch(transactions, prepared.batch, base, loader=loader, declared=prepared.declared(),
-                         strategy=strategy, processes=processes, split=split, declare_seconds=prepared.seconds)
-
-
-def _mode_of(strategy: str | Strategy) -> str | Strategy:
-    if isinstance(strategy, str) and strategy in _MODES:
-        return strategy
-    return parse_strategy(strategy)
-
-
-def _execute(transactions, batch, base, loader, declared, strategy, processes, split, declare_seconds) -> BatchResult:
+    has two components or more and processes are allowed), ``"never"``.  The caller pauses the cyclic
+    garbage collector (``_NoCyclicGc``), as every caller here does."""
     runtime = runtime_of(transactions)
     mode = _mode_of(strategy)
     if split not in ("auto", "always", "never"):

@@ -1,11 +1,5 @@
-"""What one operation does to the multi-version state (its semantics).
-
-The state itself — per ``(table, key)`` the base image and the versions of this batch, a
-Read at ``t`` seeing the latest version with timestamp < ``t`` — is an
-:class:`activedb.versions.Versions`, stamped with the transactions' timestamps.
-
-:func:`perform` is the meaning of one operation, shared by the TPG executor and the serial
-reference: it reads through callables, so each executor supplies its own state.
+"""What one operation does to the multi-version state: :func:`perform`, shared by the TPG executor and
+the serial reference (it reads through callables; the state is an :class:`activedb.versions.Versions`).
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""The store integration through the transaction tree: :func:`apply_batch` runs one batch inside a
-top-level transaction the caller owns — ``tx.read_many(table, keys, lock="write")`` of every declared row
-(WRITE locks when read: two batches on shared rows queue instead of deadlocking on an upgrade), the batch
-in memory (rows an ND operation without candidates computes read with ``tx.read`` when first needed),
-``tx.write_many`` of each touched row's final version, with the data events rules observing the table
-react to — and returns the :class:`BatchResult`, whose dead letters the caller stores in the same
-transaction; :func:`run_batch` wraps it in a transaction of its own.  :func:`apply_at_commit`
-(``_commit.py``) is the faster path for batches no rule observes; the package README, "Running a batch
-in the store", compares them.
+"""The store integration through the transaction tree: :func:`apply_batch` (inside a transaction the
+caller owns) and :func:`run_batch` (its own transaction).  The package README, "Running a batch in the
+store", says what they do and compares them with :func:`apply_at_commit`.
 """
 
 from __future__ import annotations
@@ -18,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from activedb import deadletters
 from activedb.batch._declare import BatchEvent, StateTransactions
 from activedb.batch._result import BatchResult
-from activedb.batch._runtime import AUTO, _NoCyclicGc, execute, prepare
+from activedb.batch._runtime import AUTO, _NoCyclicGc, execute_batch, prepare
 from activedb.batch._strategy import Strategy
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,8 +46,8 @@ def _apply_batch(tx, events, transactions, strategy, processes, split, lock) -> 
         for key, image in tx.read_many(table, keys, lock=lock).items():
             base[(table, key)] = image
     prefetch_seconds = time.perf_counter() - started
-    result = execute(transactions, prepared, base, loader=tx.read, strategy=strategy, processes=processes,
-                     split=split)
+    result = execute_batch(transactions, prepared.batch, base, loader=tx.read, declared=prepared.declared(),
+                           strategy=strategy, processes=processes, split=split, declare_seconds=prepared.seconds)
     started = time.perf_counter()
     by_table: dict[str, dict[Any, dict | None]] = {}
     for (table, key), image in result.final.items():

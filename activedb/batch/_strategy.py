@@ -21,10 +21,6 @@ class Exploration(enum.Enum):
     DFS = "dfs"       # s-explore, depth first: strata computed, a unit's ready children run next
     NS = "ns"         # ns-explore: any ready unit, signalled along each edge (FIFO)
 
-    @property
-    def structured(self) -> bool:
-        return self is not Exploration.NS
-
 
 class Granularity(enum.Enum):
     OPERATION = "f"   # f-schedule: the unit is one operation

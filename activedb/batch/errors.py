@@ -1,7 +1,5 @@
-"""Every error ``activedb.batch`` raises on purpose.
-
-Messages say what happened and what to do next.  They derive from
-``activedb.errors.ActivedbError`` so the CLI prints them as one line.
+"""Every error ``activedb.batch`` raises on purpose (messages say what to do next; all are
+``activedb.errors.ActivedbError``, which the CLI prints as one line).
 """
 
 from __future__ import annotations

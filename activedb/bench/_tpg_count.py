@@ -1,14 +1,8 @@
-"""Instruction counts of the batch engine (``activedb bench tpg``, section 5).
-
-Wall-clock figures swing by 2× on a machine shared with other work; the number of user-space
-instructions a run executes does not (±1 % here).  :func:`instructions_per_event` runs this
-module twice under ``perf stat -e instructions:u`` — once stopping after the set-up (workload
-generated, modules imported, pool warmed, plans learnt), once running one more batch — and
-divides the difference by the batch size.  ``inherit=False`` counts the calling process only
-(``--no-inherit``: the parent of a split batch), else every process it started (its workers).
-
-Run as ``python -m activedb.bench._tpg_count WORKLOAD STRATEGY SIZE COST PARTITIONS PROCESSES
-PHASE`` (PHASE ``setup`` or ``run``).
+"""Instruction counts of the batch engine (``activedb bench tpg``, section 5): :func:`instructions_per_event`
+runs this module twice under ``perf stat -e instructions:u`` (PHASE ``setup``: stop after the set-up;
+``run``: one more batch) and divides the difference by the batch size; ``inherit=False`` counts the
+calling process only, else its workers too.  Run as ``python -m activedb.bench._tpg_count WORKLOAD
+STRATEGY SIZE COST PARTITIONS PROCESSES PHASE``.
 """
 
 from __future__ import annotations

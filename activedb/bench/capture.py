@@ -1,25 +1,9 @@
 """``activedb bench capture``: what change capture costs the writer, and how fast its consumer goes.
 
-Every figure is measured in one run against a baseline from the same run:
-
-1. **writer, single-row inserts** — an external writer (a plain psycopg connection, autocommit: one
-   transaction and one durable commit per row) inserting into ``bench_capture_orders`` (captured) and
-   into ``bench_capture_plain`` (the same shape, not captured), in alternating rounds; median µs per
-   insert.  The issue's goal: slowdown ≤ 1.5×.  Then four such writers at once (inserts/s): capturing
-   commits pass the commit sequencer one at a time (see the design note).  And the row trigger's own
-   server time per row (``EXPLAIN ANALYZE`` of a rolled-back ``INSERT … SELECT``), which no fsync hides.
-2. **writer, executemany** — the same writer inserting ``rows`` rows in one transaction with
-   ``executemany``, captured vs plain; µs per row.
-3. **end to end** — that writer's ``executemany`` of ``rows`` rows into the captured table while a
-   consumer (``db.capture.start()``) runs one detached rule per change that writes a row of
-   ``bench_capture_effects`` (``tx.write``, an upsert by key): captured changes per second from the writer's first row until the last
-   rule effect is committed, next to the writer's own rows per second (the consumer keeps up when it
-   drains the burst about as fast as the writer wrote it; the figure says how far it is from that).
-4. **latency** — one external single-row insert (its commit included) → the consumer's batch with its
-   rule effect committed (the consumer woken by LISTEN/NOTIFY); median of ``samples``.
-5. **activedb as the writer** — ``db.run(insert)`` into the captured vs the plain table: what the
-   recognition of activedb's own writes costs (its changes are captured, then dropped at its
-   transaction-log row, and never delivered).
+Against baselines from the same run: (1) single-row inserts into a captured vs a plain table (goal:
+≤ 1.5×), four writers at once, the trigger's own server time; (2) ``executemany``, captured vs plain;
+(3) end to end, a writer's burst while a consumer runs one rule per change; (4) latency from an insert to
+its rule's effect; (5) activedb itself as the writer.  Details: the bench design note.
 """
 
 from __future__ import annotations

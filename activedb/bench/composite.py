@@ -1,23 +1,9 @@
 """``activedb bench composite``: composition of events from many producers under accuracy-interval time.
 
-Two measurements, both in one run, no database (the engine is pure Python; rules are not involved):
-
-1. **Throughput.** ``AND(A, B)`` and ``SEQ(A, B)`` under chronicle consumption, ``[k]``-partitioned into
-   8 partitions, with 1, 2, 4, 8 producers (producer 0 sends A, the others B; a single producer sends
-   both) whose clocks err within their declared accuracy of 1, 10 or 50 ms.  Events occur at random
-   (``N`` = 5,000 events over ``N`` × 2 ms of application time, so neighbouring events are a few ms apart and the
-   larger accuracies make many of them uncertain); every producer sends a heartbeat every 10 ms of its
-   time.  Uncertainties are decided by a callback (smallest id; an uncertain SEQ order is dropped).
-   Figure: input events/s and composite events/s through ``engine.submit`` — next to the **same events
-   on point timestamps** (α = 0: the reference reading itself, the same engine) measured in the same run.
-2. **Latency added by waiting for stability**, as a function of the heartbeat period (1–100 ms):
-   4 producers, accuracy 5 ms, events arrive 0–2 ms after they occur; the engine's clock is a
-   ``ManualClock`` advanced to each arrival, so a composite's latency is simulated system time from the
-   arrival of its last constituent to its production.  Compared with the same run on point timestamps.
-
-``--quick``: N = 1,000 and fewer configurations.  A PNG of both (``activedb-bench-composite.png`` in
-``$ACTIVEDB_BENCH_DIR``, or in a new temporary folder; the notes name it) is written unless matplotlib is
-missing.
+No database: (1) throughput of ``AND``/``SEQ`` with 1–8 producers whose clocks err within 1, 10 or 50 ms,
+against the same events on point timestamps; (2) the latency added by waiting for stability as a
+function of the heartbeat period.  ``--quick``: fewer events and configurations; a PNG of both is
+written to ``$ACTIVEDB_BENCH_DIR`` (or a new temporary folder).  Details: the bench design note.
 """
 
 from __future__ import annotations

@@ -68,7 +68,3 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
         report.notes.append("medians of alternating rounds in one process and one database; the single-event row is "
                             "the worst case (one lineage INSERT per one-event top-level transaction)")
     return report
-
-
-if __name__ == "__main__":  # pragma: no cover
-    run(quick=True).print()

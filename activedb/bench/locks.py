@@ -1,26 +1,12 @@
 """``activedb bench locks``: the lock manager (package ``lockmgr``) against simple baselines, same run.
 
-1. Uncontended tuple locks in a 3-level tree: a leaf subtransaction acquires N tuple locks with
-   ``acquire_tuple`` (IW on the table once, WRITE on each tuple) and aborts, which releases them (Rule 4):
-   acquire+release pairs/s, vs a bare dict lock table (one mutex, no modes, no tree) acquiring and releasing
-   the same (table, key) pairs through the same call shape.  Target: >= 40 % of the bare table.
-2. The same pairs on 1, 2, 4, 8 threads, each thread with its own tree and disjoint keys of one table:
-   aggregate pairs/s.  Target: 4-thread aggregate >= 50 % of single-thread.  For contrast the bare
-   one-mutex table is run the same way (no target).
-3. Deadlock check per new wait edge on wait-for graphs of 100, 1,000, 10,000 transactions: the check the
-   manager runs when a request starts waiting (``lockmgr._graph.find_cycle`` from the new edge's target),
-   median per edge, vs ``networkx.find_cycle`` over the same graph (full scan; graph already built).
-   Target: <= 20 us median at 10,000 and >= 1,000x faster than the full scan.
-4. Commit of a subtransaction holding 10, 100, 1,000 locks into its parent (Rule 2), then the top-level
-   commit that releases them (Rule 3): cost per lock of the two, vs releasing the same number of locks from
-   the bare table.  Target: <= 2 us per lock, linear in the number of locks.  The subtransaction's commit
-   alone: lazy inheritance moves no lock, so it costs about the same whatever it hands over (target: <=
-   0.05 us per lock handed over at 1,000 locks; moving them costs ~0.5).  And 200 locks acquired at depth 1,
-   10, 50, committed level by level to the top: what the locks add to the commits of the chain, per lock
-   (the chain's time minus the same chain's without locks; target: depth 50 <= 2x depth 1 -- a lock is not
-   moved once per level).
+1. Uncontended tuple locks in a 3-level tree vs a bare dict lock table (target >= 40 %); the same on 1-8
+   threads (4-thread aggregate >= 50 % of one).
+2. Deadlock check per new wait edge on graphs of 100-10,000 transactions vs a full ``networkx.find_cycle``
+   (<= 20 us median, >= 1,000x faster).
+3. Commit with inheritance, per lock (<= 2 us, linear; depth 50 <= 2x depth 1).
 
-``run(quick=True)`` uses small sizes and finishes in a few seconds (smoke test); figures are then noisy.
+``--quick`` uses small sizes (a smoke test; noisy figures).  Details: the bench design note.
 """
 
 from __future__ import annotations
@@ -436,23 +422,16 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
 
 def _series(report: BenchReport) -> None:
     """The sweeps of the rows, for ``--plot``."""
-    def points(prefix: str, number) -> list[tuple[float, float]]:
-        return [(number(row), row.value) for row in report.rows if row.name.startswith(prefix)]
+    def points(prefix: str, number, field: str = "value") -> list[tuple[float, float]]:
+        return [(number(row), getattr(row, field)) for row in report.rows if row.name.startswith(prefix)]
+
+    def size(row: Row) -> int:          # the number in the name's last part ("..., 1,000 transactions")
+        return int(row.name.rsplit(", ", 1)[1].split()[0].replace(",", ""))
 
     report.add_series(Series("threads on disjoint keys (aggregate)", "lockmgr", "threads", "pairs/s",
                              points("aggregate pairs/s, ", lambda row: int(row.name.split(", ")[1].split()[0]))))
-    report.add_series(Series("deadlock check per new wait edge", "lockmgr (median)", "transactions in the graph",
-                             "µs per check", points("deadlock check", lambda row: int(
-                                 row.name.rsplit(", ", 1)[1].split()[0].replace(",", ""))), log_x=True, log_y=True))
-    report.add_series(Series("deadlock check per new wait edge", "networkx.find_cycle (full scan)",
-                             "transactions in the graph", "µs per check",
-                             [(int(row.name.rsplit(", ", 1)[1].split()[0].replace(",", "")), row.baseline)
-                              for row in report.rows if row.name.startswith("deadlock check")],
-                             log_x=True, log_y=True))
+    for label, field in (("lockmgr (median)", "value"), ("networkx.find_cycle (full scan)", "baseline")):
+        report.add_series(Series("deadlock check per new wait edge", label, "transactions in the graph",
+                                 "µs per check", points("deadlock check", size, field), log_x=True, log_y=True))
     report.add_series(Series("commit with inheritance", "lockmgr", "tuple locks", "µs per lock",
-                             points("commit with inheritance", lambda row: int(
-                                 row.name.rsplit(", ", 1)[1].split()[0].replace(",", ""))), log_x=True))
-
-
-if __name__ == "__main__":  # pragma: no cover
-    run().print()
+                             points("commit with inheritance", size), log_x=True))

@@ -1,38 +1,11 @@
 """``activedb bench tpg``: batches of declared state transactions on a TPG (MorphStream).
 
-Workloads SL, GS, TP from ``activedb.batch.workloads`` at Table 6 defaults (θ 0.2, a 1 %,
-C 10 µs, T 10,240; TP 40,960; SL 25 % deposits, GS l = 1, r = 2; states per table = T) and
-with C = 0 (the engine's own cost).  In one run, on the same machine and PostgreSQL:
-
-1. **in memory** (declare + decide + execute, no database): the decision model (``auto``: the
-   lean serial executor in one process), the decision model's pick among the TPG strategies
-   (``tpg``), every fixed strategy (3 explorations × 2 granularities × 2 abort modes), and the
-   serial reference — transactions per CPU second of this process (less disturbed by other work
-   than wall time), ratio against the serial reference;
-2. **end to end** (one top-level transaction per batch, committed), every path on the same
-   rows, interleaved and repeated (best of ``repeat``): **the per-event nested path** (each
-   event in its own subtransaction, ``emit`` firing one immediate rule,
-   ``rule_execution="inline"``, the same logic with ``tx.read``/``tx.write`` — as
-   ``spark_bridge``'s sink runs a batch), the **plain write path** (every event written as one
-   row with ``tx.write``, no logic), the TPG path **at commit** (``apply_at_commit``: rows locked
-   and read ``FOR UPDATE`` inside the commit, written with one statement per table and kind)
-   and the TPG path **through the tree** (``apply_batch``: ``read_many(lock="write")`` and
-   ``write_many``, the path taken when a rule observes a written table) — ratios against the
-   nested path and the plain path, and µs per event per phase (where the time goes);
-3. **processes**: an SL batch whose keys fall into 8 disjoint groups (it splits into
-   components), C = 10 µs, in memory: one process (lean) vs two (this one + one warmed worker,
-   the batch routed by learned plans, each part lean), best of ``repeat`` with the load average;
-4. **sweeps** on SL: θ, abort ratio a, batch size T — transactions per CPU second of the
-   decision model, the serial reference, the decision model on the TPG and four fixed
-   strategies; PNG plots and the JSON are written to ``$ACTIVEDB_BENCH_DIR`` (default
-   ``./tpg-bench``).
-
-5. **instructions per event** (``perf stat -e instructions:u``, when perf is available): the
-   engine in memory per strategy, and for the split the calling process alone vs all processes
-   — stable figures on a loaded machine, where wall-clock ones swing by 2×.
-
-Goals: TPG ≥ 5× the per-event nested path on SL; ≥ 1.6× with 2 processes on a
-batch that splits.  ``--quick`` uses T = 2,048 and short sweeps (≈ 1 min).
+SL, GS and TP at Table 6 defaults and with C = 0, in one run: (1) in memory, every strategy and the
+decision model against the serial reference; (2) end to end through PostgreSQL, the TPG path at commit
+and through the tree against the per-event nested path and the plain write path; (3) 2 processes
+against 1 on a batch that splits; (4) sweeps of θ, abort ratio and batch size (PNG and JSON in
+``$ACTIVEDB_BENCH_DIR``); (5) instructions per event (``perf stat``).  Goals: ≥ 5× the nested path on
+SL, ≥ 1.6× with 2 processes.  ``--quick``: T = 2,048, short sweeps.  Details: the bench design note.
 """
 
 from __future__ import annotations
@@ -74,8 +47,7 @@ CPU = time.process_time
 
 # --- the per-event nested path: one immediate rule per event type ---------------------------------
 
-def _spin(nanoseconds: int) -> None:
-    workloads._spin(nanoseconds)
+_spin = workloads._spin                 # the operation cost C, as the declared workloads pay it
 
 
 def nested_deposit(tx, event) -> None:

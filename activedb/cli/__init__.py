@@ -10,15 +10,7 @@
     activedb outbox [--retry [ID ...]] [--json]                 detached rule firings: pending, done, failed
 
 (``run``, ``status`` and ``dead-letters replay`` come with spark_bridge, through entry points.)
-
-``--url`` (or ``ACTIVEDB_DATABASE_URL``) selects an external PostgreSQL; without it the embedded server
-under ``ACTIVEDB_HOME`` is used.  Errors are printed as one line on stderr with a non-zero exit code.
-
-**Schema rule.**  Only ``activedb db upgrade`` (and ``activedb.connect()`` in a program) upgrade activedb's
-own tables.  Every other command connects with ``upgrade=False`` (:func:`open_database`): a schema that
-is behind (an older revision, or downgraded to base) is refused with a message saying to run ``activedb db
-upgrade``; a database that never had activedb's tables gets them from the commands that write (demo,
-bench, run), which say so; commands that only read refuse it too.
+The schema rule (:func:`open_database`) and the modules: the design note, ``README.md``.
 """
 
 from __future__ import annotations
@@ -110,7 +102,7 @@ def _options(ctx: click.Context) -> dict:
 
 
 def open_database(ctx: click.Context, *, writes: bool, check_schema: bool = True, **options):
-    """Connect for a command, following the schema rule (module docstring).
+    """Connect for a command, following the schema rule (the design note, ``README.md``).
 
     ``writes``: the command writes activedb's tables, so a database that never had them gets them
     (reported on stderr); ``check_schema=False``: the command does not use activedb's tables (``app``).

@@ -1,23 +1,11 @@
-"""``activedb batches …``: atomic batches from the command line (contributed through the
-``activedb.commands`` entry point).
-
-    activedb batches show QUERY BATCH [--png FILE] [--json] [--max-rounds N]
-    activedb batches compensate QUERY BATCH [--mode full|non-intrusive] [--scope batch|independent]
-                                            [--dry-run] [--allow-unsafe] [--app APP] [--json]
-    activedb batches prune --older-than SECONDS
-
-``show`` prints the batch's composite transaction 𝒯(b) as a tree (a transaction shared with another
-branch is printed once and referred to after), its scover and its independent scover (with the bound
-reached, if any); ``--png`` draws the graph.  ``compensate --dry-run`` prints what would be undone and
-what it would cost other batches; without it, it compensates (``--app``: a module or ``.py`` file with
-``register(db)`` declaring the compensations).
+"""``activedb batches show / compensate / prune``: atomic batches from the command line (contributed through
+the ``activedb.commands`` entry point).  Each command's ``--help`` says what it does.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -268,7 +256,3 @@ def prune(ctx: click.Context, older_than: float) -> None:
 def register_commands(main_group: click.Group) -> None:
     """Add ``activedb batches`` to the ``activedb`` command group."""
     main_group.add_command(batches_group, "batches")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(batches_group())

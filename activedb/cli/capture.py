@@ -1,17 +1,6 @@
-"""``activedb capture …``: change capture from the command line (contributed through the
-``activedb.commands`` entry point, like the commands other packages add).
-
-    activedb capture status [--json] [--behind-changes N] [--behind-seconds S]
-    activedb capture enable TABLE...          # db.capture(TABLE); prefer enable_capture in a migration
-    activedb capture disable TABLE...
-    activedb capture consume APP [--name NAME] [--batch-size N] [--retention SECONDS] [--until-caught-up]
-                                 [--metrics-port [ADDRESS:]PORT]
-
-``APP`` is a module name or a ``.py`` file with ``register(db)`` declaring the rules on
-``db.captured(...)`` (and optionally ``MIGRATIONS``, the application's Alembic directory, upgraded
-first).  ``consume`` runs until Ctrl-C / SIGTERM (the batch in progress finishes or is rolled back:
-exactly once either way), or with ``--until-caught-up`` until nothing is pending.  ``status`` shows the
-backlog per consumer and table and says which consumer is far behind (exit code 0 either way).
+"""``activedb capture status / enable / disable / consume``: change capture from the command line
+(contributed through the ``activedb.commands`` entry point), and :func:`load_app`.  Each command's
+``--help`` says what it does.
 """
 
 from __future__ import annotations
@@ -75,7 +64,8 @@ def capture_group() -> None:
               help="A consumer whose oldest pending change is older is behind.")
 @click.pass_context
 def status_command(ctx: click.Context, as_json: bool, behind_changes: int, behind_seconds: float) -> None:
-    """Captured tables and the backlog per consumer and table."""
+    """Captured tables and the backlog per consumer and table; says which consumer is far behind (exit
+    code 0 either way)."""
     with _connect(ctx) as database:
         status = database.capture.status(behind_changes=behind_changes, behind_seconds=behind_seconds)
     if as_json:
@@ -83,12 +73,11 @@ def status_command(ctx: click.Context, as_json: bool, behind_changes: int, behin
         document["warnings"] = status.warnings()
         click.echo(json.dumps(document, indent=2, default=str))
         return
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=max(console.width, 132))
+    from activedb.cli import console as make_console
+
+    console = make_console()
     if not status.tables:
         console.print("no table is captured (db.capture(table), or enable_capture(op, table) in a migration)",
                       highlight=False)
@@ -151,7 +140,12 @@ disable_command = _tables_command("disable", "Stop capturing TABLES (their chang
 @click.pass_context
 def consume_command(ctx: click.Context, app: str, name: str, batch_size: int, retention: float,
                     until_caught_up: bool, lead_timeout: float, metrics_port: str | None = None) -> None:
-    """Run APP's rules on captured changes, exactly once, in commit order."""
+    """Run APP's rules on captured changes, exactly once, in commit order.
+
+    APP is a module name or a .py file with register(db) declaring the rules on db.captured(...) (and
+    optionally MIGRATIONS, its Alembic directory, upgraded first). Runs until Ctrl-C / SIGTERM (the batch
+    in progress finishes or is rolled back: exactly once either way), or with --until-caught-up until
+    nothing is pending."""
     module = load_app(app)
     database = _connect(ctx)
     metrics = None

@@ -1,19 +1,5 @@
 """``activedb composite plot``: draw a window of a composition (contributed through the
-``activedb.commands`` entry point, like the commands other packages add).
-
-    activedb composite plot --scenario fig3 --out fig3.png
-    activedb composite plot --scenario random --producers 4 --accuracy-ms 20 --seed 3 --out window.png
-    activedb composite plot --input arrivals.jsonl --query "CREATE QUERY AB PATTERN AND(A, B) RETURN A.id" --out w.png
-
-``--input`` reads JSON lines, one arrival each, in arrival order (each producer's in its own order)::
-
-    {"producer": "PA", "type": "A", "ref": 1.000, "accuracy": 0.005, "attributes": {"id": "a0"}}
-    {"producer": "P2B", "heartbeat": true, "ref": 1.6, "accuracy": 0.005}
-
-(``minus``/``plus`` instead of ``accuracy`` for asymmetric intervals; ``local`` for a local reading).
-Producers join with the types they send; uncertainties are decided by taking the first candidate and
-are drawn in orange.  No database is needed.
-"""
+``activedb.commands`` entry point); its ``--help`` gives the examples and the ``--input`` format."""
 
 from __future__ import annotations
 
@@ -97,7 +83,7 @@ def register_commands(main: click.Group) -> None:
     @click.option("--scenario", type=click.Choice(["fig3", "random"]), default=None,
                   help="A built-in window: the paper's Figure 3 scenario or random producers.")
     @click.option("--input", "input_path", type=click.Path(exists=True, dir_okay=False), default=None,
-                  help="JSON lines of arrivals (see the module docstring).")
+                  help="JSON lines of arrivals (the format: above).")
     @click.option("--query", show_default=True,
                   default="CREATE QUERY AB PATTERN AND(A, B) CONSUMING CHRONICLE RETURN A.id AS a, B.id AS b",
                   help="The composition to run over the window.")
@@ -108,7 +94,20 @@ def register_commands(main: click.Group) -> None:
     @click.option("--out", "out", type=click.Path(dir_okay=False), required=True, help="The PNG to write.")
     def plot_command(scenario, input_path, query, producers, accuracy_ms, events, seed, out) -> None:
         """Draw the accuracy intervals of a window of events per producer, their sync-points and the
-        composition chosen (PNG)."""
+        composition chosen (PNG). No database is needed; uncertainties take the first candidate (orange).
+
+        \b
+        activedb composite plot --scenario fig3 --out fig3.png
+        activedb composite plot --scenario random --producers 4 --accuracy-ms 20 --seed 3 --out window.png
+
+        --input reads JSON lines, one arrival each, in arrival order (each producer's in its own order):
+
+        \b
+        {"producer": "PA", "type": "A", "ref": 1.000, "accuracy": 0.005, "attributes": {"id": "a0"}}
+        {"producer": "P2B", "heartbeat": true, "ref": 1.6, "accuracy": 0.005}
+
+        (minus/plus instead of accuracy for asymmetric intervals; local for a local reading.) Producers join
+        with the types they send."""
         if (scenario is None) == (input_path is None):
             raise click.UsageError("give exactly one of --scenario and --input")
         if input_path is not None:

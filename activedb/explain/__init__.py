@@ -16,30 +16,7 @@ Public interface::
 
     serve_on_signal(db)                         # then, from a shell: activedb explain --pid PID -o now.png
 
-**What is drawn.** Nodes are activedb transactions (``T1`` top-level, ``T1.2`` its child) with their name,
-state (active, committing, committed, aborted; *waiting* when they wait for a lock or in a registered
-wait), the locks they **hold** (may use) and **retain** (inherited from committed children, Rule 2 of
-Härder–Rothermel locking) and the lock they wait for.  A lock-manager transaction whose id extends a
-node's id with ``#`` (an internal helper of the node, if an embedder uses one) is folded into that node.
-Edges are the wait-for graph of the lock manager, every kind in one graph:
-
-* ``child``     parent → child: the tree itself (not a wait);
-* ``commit``    a parent waits for its active child to end (the lock manager's commit edge: declared while
-  the parent waits for its children, e.g. in ``handle.result()`` or before it commits);
-* ``held``      waits for a lock the target holds in a conflicting mode;
-* ``retained``  waits for a lock the target (not an ancestor) retains;
-* ``queued``    queued behind the target's earlier conflicting request (fairness);
-* ``dependency`` a rule action waiting in the coupling gate for its condition (C-A sequential causally
-  dependent coupling);
-* ``nested``    a thread running the waiter is blocked inside the new top-level transaction target;
-* ``children``  a thread running the waiter waits for another node's child (``handle.result()``).
-
-**Consistency.** The lock table, the tree structure and the edges come from one
-``LockManager.snapshot()`` (taken with every lock-manager mutex held); names and activedb's own states
-come from the live ``Transaction`` objects (``TransactionManager.live_transactions()`` and their
-``children``), read just after.  A deadlock's picture uses the snapshot the ``Deadlock`` carries (taken
-when the cycle was found) when the database was connected with ``explain_deadlocks=True``.
-
+What is drawn (every edge kind) and how consistent a picture is: the design note, ``README.md``.
 Thread-safety: :func:`explain` may be called from any thread; an :class:`Explanation` is immutable.
 """
 
@@ -110,7 +87,8 @@ class ExplainEdge:
 
 @dataclass(frozen=True)
 class Explanation:
-    """A picture of transaction trees and their wait-for graph.  Immutable; see the module docstring."""
+    """A picture of transaction trees and their wait-for graph (what it draws: the design note,
+    ``README.md``).  Immutable."""
 
     nodes: tuple[ExplainNode, ...]
     edges: tuple[ExplainEdge, ...]
@@ -399,7 +377,7 @@ def find_deadlock(error: BaseException | None):
 
 def explain(db: "Database", *, deadlock: BaseException | None = None, also: Iterable[Any] = (),
             title: str | None = None) -> Explanation:
-    """The picture of ``db``'s process now (see the module docstring).  ``deadlock``: a ``Deadlock`` (or an
+    """The picture of ``db``'s process now (the design note says what is drawn).  ``deadlock``: a ``Deadlock`` (or an
     error caused by one) whose cycle is marked, drawn from the snapshot it carries if any; ``also``: more
     transactions whose trees are named (e.g. an aborting one, no longer listed as live)."""
     found = find_deadlock(deadlock) if deadlock is not None else None

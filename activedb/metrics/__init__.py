@@ -11,30 +11,18 @@ PORT`` start it.  ``prometheus_client`` is imported on first use of the exporter
 command line's option (so ``activedb --help`` does not pay for it).
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import Any
-
+from activedb import lazy
 from activedb.metrics._cli import metrics_port_option, start_metrics
 from activedb.metrics.errors import MetricsError
 
 _LAZY = {
-    "ActivedbCollector": "activedb.metrics._collector",
-    "ConsumerSource": "activedb.metrics._collector",
-    "IngestionSource": "activedb.metrics._collector",
-    "reason_label": "activedb.metrics._collector",
-    "MetricsExporter": "activedb.metrics._exporter",
-    "parse_listen": "activedb.metrics._exporter",
-    "BUCKETS": "activedb.metrics._latency",
-    "BatchLatency": "activedb.metrics._latency",
+    "activedb.metrics._collector": ["ActivedbCollector", "ConsumerSource", "IngestionSource", "reason_label"],
+    "activedb.metrics._exporter": ["MetricsExporter", "parse_listen"],
+    "activedb.metrics._latency": ["BUCKETS", "BatchLatency"],
 }
 
-__all__ = ["MetricsError", "metrics_port_option", "start_metrics", *sorted(_LAZY)]
+__all__ = ["MetricsError", "metrics_port_option", "start_metrics",
+           *sorted(name for names in _LAZY.values() for name in names)]
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'activedb.metrics' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+# imported on first use: prometheus_client is loaded by the exporter's names, not by the command line's option
+__getattr__, __dir__ = lazy.exports(__name__, _LAZY)

@@ -1,17 +1,6 @@
-"""The Prometheus collector: reads the existing statistics and status queries at scrape time.
-
-Nothing here is called in a hot path.  Each scrape asks, through public interfaces only:
-
-* ``db.rules.statistics()`` — firings per rule and outcome;
-* ``db.transactions.locks.statistics()`` — lock waits, deadlocks, timeouts, transactions;
-* ``db.outbox.statistics()`` — detached firings pending, done, failed (PostgreSQL);
-* ``db.capture.status()`` — change capture's backlog per consumer and table (PostgreSQL);
-* ``activedb_dead_letters`` — dead letters not yet replayed, per reason (PostgreSQL);
-* every watched ingestion's ``statistics()`` and ``recent_outcomes()`` and every watched capture
-  consumer's ``statistics()`` (registered by whoever runs them, e.g. ``activedb run``).
-
-A source that fails (PostgreSQL unreachable) is skipped for that scrape and reported as
-``activedb_metrics_source_up{source=...} 0``; the others are still exported.
+"""The Prometheus collector: reads the existing statistics and status queries at scrape time, through
+public interfaces only.  The families and their sources, and why a failing source is only skipped: the
+design note, ``README.md``.
 """
 
 from __future__ import annotations

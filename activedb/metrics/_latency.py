@@ -1,10 +1,5 @@
-"""The batch latency histogram, filled from a source's recent batches at scrape time.
-
-An ingestion keeps its last batches' outcomes (``recent_outcomes()``, oldest first, each with its
-``seconds``).  A :class:`BatchLatency` remembers the last outcome it counted and, when asked, counts the
-ones after it: no call in the batch path, and every batch counted once.  If more batches finished
-between two scrapes than the source keeps (a hundred for the Spark bridge's sink), the oldest of them are
-not in the histogram; the batch and event counters stay exact either way.
+"""The batch latency histogram, filled from a source's recent batches at scrape time (each batch counted
+once; the design note, ``README.md``, "Invariants").
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``check_list_append``: Elle's inference (Kingsbury and Alvaro, *Elle: Inferring Isolation Anomalies from
-Experimental Observations*) for transaction trees; its docstring is the design note."""
+Experimental Observations*) for transaction trees; the design note, ``README.md``, says what it checks."""
 
 from __future__ import annotations
 
@@ -29,77 +29,8 @@ def check_list_append(history: Iterable[RecordedTransaction | Mapping[str, Any]]
     Raises ``ValueError`` for a malformed history (duplicate ids, unknown parents, an element
     appended twice, a child without its parent's ``spawn``).  Keeps no state between calls.
 
-    **The workload.**  Every key holds a list; a transaction *appends* elements that are unique in the
-    whole run (``"<writer>:<n>"``) and *reads* whole lists.  Because an element is appended exactly once
-    and a list only grows, one list read tells which writes it saw *and in which order they happened*
-    (Adya's dependency graph can be inferred from the values alone — "Elle: Inferring Isolation
-    Anomalies from Experimental Observations", Kingsbury and Alvaro, §3).
-
-    **The history.**  A list of :class:`RecordedTransaction`: every node of every transaction tree
-    (``parent`` is None for a top-level transaction), its outcome, and its own micro-operations in
-    program order:
-
-    * ``("append", key, element)`` and ``("read", key, list_seen)``;
-    * ``("spawn", child_id)`` where the node created a child (spawned or inline), ``("join", child_id)``
-      where it learned that the child ended (``handle.result()`` returned or raised, or an inline
-      subtransaction's ``with`` block exited).  Every child must have its ``spawn``; ``join`` is optional.
-
-    A node's own operations are *not* its children's: a parent's record holds only what the parent's
-    own code did.  The test records all this itself — the checker never looks inside activedb.
-
-    **Outcomes.**  A node is *effectively committed* when it and all its ancestors committed; otherwise
-    it is effectively aborted (a committed child of an aborted parent is undone with it).  Only the
-    operations of effectively committed nodes count as committed operations.
-
-    **Version order.**  The final lists (read from the database after the run) give each key's version
-    order; every committed read must be a prefix of its key's final list (else *incompatible order*).
-    Without a final list for any key, the longest committed read stands in for it (and lost appends
-    cannot be checked).
-
-    **Scopes.**  Serializability is required at every level of a tree: parents and children run in
-    parallel and serializability is the correctness criterion among them too (Saygın, Ulusoy and
-    Chakravarthy, "Concurrent Rule Execution in Active Databases", §2, parent-child and sibling
-    parallelism).  So the dependency graph is built once per *scope*:
-
-    * the **top level**: units are the committed top-level transactions, each standing for its whole
-      tree (the operations of its effectively committed nodes);
-    * the **children of one effectively committed node P**: units are P's committed children (each
-      standing for its subtree) *and P's own operations*, cut into *stretches* at P's ``spawn`` and
-      ``join`` markers (units ``P/own#0``, ``P/own#1``, ...).  A stretch is atomic with respect to P's
-      children: a node's own operations hold their locks until the node next creates a child, waits for
-      one or commits; only then do the locks become *retained*, which Rule 1 lets the node's descendants
-      have (``activedb/txn/README.md``, "Locks").  A ``join`` of a child that had already ended retains
-      nothing; cutting there anyway is sound (the child ended before everything after the marker).  Only elements appended inside P's
-      subtree take part (a list read is restricted to them); what came from outside the subtree is fixed
-      for the subtree's lifetime and is checked in the enclosing scope.
-
-    Within a scope, for each key with version order restricted to the scope, ``e1 < e2 < ...``:
-
-    * ``ww``: the unit that appended ``e_i`` → the unit that appended ``e_(i+1)`` (when different);
-    * ``wr``: the unit that appended the last element of a read → the reading unit;
-    * ``rw``: the reading unit → the unit that appended the first element the read did not see;
-    * ``order`` (children scopes only, the parent's program order): stretch ``i`` → stretch ``i+1``;
-      the stretch before ``spawn(C)`` → C (a child sees what its parent did before creating it); C →
-      the stretch after ``join(C)`` (the parent sees a committed child's work once it has waited for it).
-
-    **Anomalies** (Adya's names as Elle uses them):
-
-    * cycles — **G0** (``ww`` only), **G1c** (``ww`` and ``wr``, at least one ``wr``), **G-single**
-      (exactly one ``rw``), **G2-item** (more than one ``rw``); ``order`` edges may appear in any of
-      them (the report says so).  Found per strongly connected component: one example cycle per kind;
-    * **G1a**: a committed read (or the final list) holds an element appended by an effectively
-      aborted node;
-    * **G1b**: a committed read ends in an element that is not the last one its writing unit appended to
-      that key (it saw an intermediate state of another unit of the same scope);
-    * **lost append**: an effectively committed append missing from its key's final list;
-    * **duplicate element**: an element twice in one list;
-    * **backward read**: within one node, a read that does not extend what the node read or appended
-      before on that key (every node, also aborted ones, unless ``aborted_reads=False``);
-    * **incompatible order**: a committed read that is not a prefix of the key's version order;
-    * **unknown element**: an element nobody appended (to that key).
-
-    Complexity: linear in the number of operations times list lengths for the checks and edges; the
-    cycle search runs only inside non-trivial strongly connected components.
+    What it infers and reports (workload, history, outcomes, scopes, anomalies): the design note,
+    ``README.md``, "check_list_append".
     """
     return _Checker(history, final, aborted_reads).run()
 

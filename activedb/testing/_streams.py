@@ -64,24 +64,8 @@ class StreamHistoryReport:
 
 
 def check_stream_history(ops: Iterable[Any]) -> StreamHistoryReport:
-    """Check Active CEP Definition 6 on a recorded stream history, by timestamps.
-
-    Only operations of committed units count.  The declared order of two operations is
-    their timestamps' (``ts``); only equal timestamps are ordered by ``order`` — the order
-    the application declared (Def. 6 (4)).  Neither the recorded positions nor the system
-    order of the records decide anything: a history whose recorded order contradicts the
-    timestamps is judged by the timestamps.  Checked:
-
-    * every Read sees exactly the Write that the timestamp-ordered application of all
-      Writes before it leaves in its row — case (1) and, semantically, case (3) (a
-      multi-version store may let a Read run after a later Write if it reads the older
-      version); the Write it saw is its ``read_from``;
-    * the Writes of each row run (in system order, ``sequence``) in non-decreasing
-      timestamp order — case (2);
-    * the value a keyed Read returned agrees with the Write it saw (every column that Write
-      set; no row after a delete) — so a Read's value, not only its recorded source, is the
-      one the timestamp-ordered Writes produce.
-    """
+    """Check Active CEP Definition 6 on a recorded stream history, by timestamps (only operations of
+    committed units count; what is checked: the design note, ``README.md``, "check_stream_history")."""
     ops = sorted(ops, key=lambda op: op.sequence)
     ended = {op.unit: op.operation for op in ops if op.kind == "end"}
     committed = [op for op in ops if op.kind in ("read", "write") and ended.get(op.unit) == "committed"]

@@ -1,22 +1,6 @@
 """Change capture (activedb.capture): the change table, commit order, consumer positions.
 
-What this revision installs (the design note is ``activedb/capture/README.md``):
-
-* ``activedb_capture_tables`` — which tables are captured (a row per table; the per-table trigger
-  itself is installed by ``db.capture(table)`` or ``activedb.capture.migration_ops.enable_capture``);
-* ``activedb_capture_changes`` — one row per captured insert, update or delete: the writing
-  transaction's id (``xid8``), table, operation, old and new row as ``jsonb``;
-* ``activedb_capture_commits`` — one row per capturing transaction, written at its commit under a
-  transaction-scoped advisory lock: ``position`` is PostgreSQL's commit order;
-* ``activedb_capture_consumers`` — each consumer's position, updated in the same transaction as the
-  effects of the rules it ran;
-* the functions: ``activedb_capture_row()`` (the per-table row trigger), ``activedb_capture_sequence()``
-  (a deferred constraint trigger on the change table: assigns the commit position, notifies
-  ``activedb_capture``), ``activedb_capture_own_writes()`` (a statement trigger on
-  ``activedb_transaction_log``: a transaction that writes activedb's log row is activedb's own flush,
-  whose changes already raised in-process events — its captured rows are dropped).
-
-The downgrade removes all of it, including the per-table triggers of tables still captured.
+The tables, functions and triggers it installs: ``migrations/README.md``.
 """
 from activedb.migration_ops import sql_steps
 

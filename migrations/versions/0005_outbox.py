@@ -1,17 +1,4 @@
-"""The outbox of detached-family rule firings (``activedb/outbox/README.md``).
-
-One row per firing of a detached, detached causally dependent, sequential causally dependent or
-exclusive causally dependent rule, written in the same PostgreSQL transaction as the outcome that lets
-it run (its trigger's top-level commit, or — for a firing whose trigger's whole tree aborted — a small
-transaction of its own right after the abort), and marked ``done`` (or ``failed``) in the same
-transaction as the firing's own effects.
-
-* ``owner``: the liveness key of the process that runs it — a PostgreSQL session-level advisory lock
-  that process holds; when the process dies its session ends, the lock is free, and any process may
-  claim the record (``FOR UPDATE SKIP LOCKED``).
-* ``trigger_outcome``: ``committed`` or ``aborted``: the decisive outcome of the trigger, durable with
-  the record, so the coupling mode's dependency holds after a restart.
-"""
+"""The outbox of detached-family rule firings (``activedb/outbox/README.md``; ``migrations/README.md``)."""
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql

@@ -1,10 +1,4 @@
-"""Event ids the Spark bridge has ingested, per query name (duplicate detection).
-
-When an ingestion's mapping names an event-id column (``EventMapping(id_column=...)``), the id of every
-event a batch processed is written here in the batch's own PostgreSQL transaction (with its ledger row),
-and an event whose id is already here — a source that re-sends — becomes a dead letter instead of being
-applied twice.  Keyed by the query's stable name, so a new checkpoint of the same query still knows them.
-"""
+"""Event ids the Spark bridge has ingested, per query name (duplicate detection; ``migrations/README.md``)."""
 import sqlalchemy as sa
 from alembic import op
 

@@ -1,19 +1,7 @@
 """Lineage of atomic batches (activedb.atomic): which batches each top-level transaction consumed and
 produced, which transactions triggered it, what undoes it, and which transaction compensated it.
 
-What this revision installs (the design note is ``activedb/atomic/README.md``):
-
-* ``activedb_lineage`` — one row per recorded top-level transaction, keyed by its transaction-log id
-  (``activedb_transaction_log.transaction_id``), written in the same PostgreSQL transaction as its
-  effects: ``parents`` (the log ids of the transactions that triggered it), ``compensates`` (for a
-  compensating transaction: the log id it undoes — UNIQUE, so a transaction is compensated at most
-  once), ``notes`` (the compensation actions recorded while it ran: rule firings and named actions);
-* ``activedb_lineage_batches`` — the batches each recorded transaction consumed (``C``) or produced
-  (``P``), as ``(query_id, batch_id)``;
-* ``activedb_lineage_undo`` — before and after images of the rows it wrote in tables whose generic
-  before-image undo was opted into (``db.batches.undo_by_before_image(table)``).
-
-The downgrade drops the three tables.
+Table by table: ``migrations/README.md``.
 """
 from activedb.migration_ops import sql_steps
 

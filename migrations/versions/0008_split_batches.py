@@ -1,17 +1,5 @@
-"""Split batches of the Spark scale-out path: the policy each query declared for a partition
-that fails for good, and every such failure with how it was settled.
-
-What this revision installs (the design note is ``spark_bridge/README.md``, "Atomic split batches"):
-
-* ``activedb_split_queries`` — one row per scale-out query (ledger query id ``NAME@SPARK_QUERY_ID``):
-  its partition count and ``on_partition_failure`` (``forward`` or ``compensate``), written by the driver
-  at the query's first batch of each run (``activedb status`` shows it);
-* ``activedb_split_failures`` — one row per partition of a source batch that failed for good: the
-  policy applied, the error, and the state — ``pending completion`` (forward: the batch completes when
-  the partition is applied again after the fix), ``completed``, ``compensating`` (the failed partition's
-  rows are dead letters; the committed partitions are being compensated), ``compensated``.
-
-The downgrade drops both tables.
+"""Split batches of the Spark scale-out path: the policy each query declared for a partition that fails for
+good, and every such failure with how it was settled (the states it goes through: ``migrations/README.md``).
 """
 from activedb.migration_ops import sql_steps
 

@@ -1,13 +1,4 @@
-"""Dead letters keep their original row exactly.
-
-* ``activedb_dead_letters.original`` (``jsonb``, NULL for letters written before): the row as its writer
-  had it, in a lossless encoding (``activedb.deadletters.encode_original``: values through
-  ``activedb.store.exact_json`` — NUL characters, lone surrogates, NaN, datetimes and decimals come back
-  as they were — or an Arrow IPC stream of the one-row table Spark delivered).  ``raw`` stays the readable
-  form the CLI shows; a replay submits ``original``.
-
-The downgrade drops the column (letters then replay their readable ``raw``, as before).
-"""
+"""Dead letters keep their original row exactly. The design note: ``migrations/README.md``."""
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
