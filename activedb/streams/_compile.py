@@ -1,25 +1,8 @@
-"""Checking definitions against streams and store, and compiling them to closures.
-
-:func:`compile_query` and :func:`compile_rule` turn :mod:`algebra` definitions into
-:class:`CompiledQuery` / :class:`CompiledRule`: every name is resolved (unknown stream,
-event type, attribute, table, column or query → an error *now*, at definition time,
-with line and column when the definition came from text), WHERE is split into the
-pieces the matcher evaluates at different moments, and every expression becomes a
-closure ``fn(ctx) -> value`` over a :class:`Ctx`.
-
-Where a WHERE conjunct is evaluated (see ``_matcher.py`` and the README):
-
-* ``[attr]`` → the partition key;
-* event-only, one positive component → a filter of that component's events (``local``);
-* event-only, several positive components → when all of them are bound (``joint``);
-* mentions a negative component → part of that component's kill condition (it may
-  also mention positives up to the negative's right neighbour, never the store);
-* reads the store → evaluated at the accepting event, at its timestamp: once per
-  accepting event if it mentions only the accepting component (``accepting_store``),
-  else per candidate match (``joint_store``).
-
-Expressions (``_expressions.py``) follow SQL's three-valued logic: a comparison with NULL
-is unknown (None), and a condition holds only when it is true.
+"""Checking definitions against streams and store, and compiling them to closures:
+:func:`compile_query` / :func:`compile_rule` resolve every name (an unknown one is an error at
+definition time, with line and column for text), split WHERE into the pieces the matcher
+evaluates at different moments (design note ``activedb/streams/README.md``, "Where a WHERE
+term is evaluated"), and turn every expression into a closure ``fn(ctx) -> value``.
 """
 
 from __future__ import annotations
@@ -73,24 +56,8 @@ class CompiledQuery:
         return tuple(name for name, _ in self.returns)
 
     @property
-    def consumed_types(self) -> frozenset[str]:
-        return frozenset(self.types)
-
-    @property
     def accepting_type(self) -> str:
         return self.types[self.accepting]
-
-    @property
-    def reads_store(self) -> bool:
-        return bool(self.reads)
-
-    @property
-    def state_depends_on_store(self) -> bool:
-        """True if the matcher's state after an event depends on the event's store reads
-        (skip-till-next-match consumes a run only if its store predicates hold): a
-        concurrent scheduler must then finish an event's reads before the next event of
-        the same partition is matched."""
-        return self.selection is ast.Selection.SKIP_TILL_NEXT_MATCH and bool(self.accepting_store or self.joint_store)
 
 
 def compile_query(definition: ast.QueryDefinition, streams: dict[str, StreamSchema], catalog: StoreCatalog

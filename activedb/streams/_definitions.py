@@ -1,15 +1,9 @@
-"""The stream engine's definitions: declared streams, compiled queries and rules, the
-indexes a batch uses, and Algorithm 1's access plans derived from them.
+"""The stream engine's definitions: declared streams, compiled queries and rules, their
+indexes by (stream, event type) and by query, and Algorithm 1's access plans
+(:class:`Definitions`; the design note is ``activedb/streams/README.md``).
 
-:class:`Definitions` is the engine's collaborator for everything defined before events
-arrive; it owns the dictionaries of streams, queries, matchers and rules, orders queries and
-rules by priority then name, indexes matchers by (stream, event type) and rules by query,
-and caches per (stream, event type) the template of the access plan (tables, and how each
-key is taken from the event) until the definitions change.
-
-Thread-safety: every change holds the mutex the engine passes in (the engine's own, so the
-engine's lock order is unchanged); ``rules_by_query`` and the indexes are replaced whole,
-never mutated, so a batch may read them without it.
+Thread-safety: every change holds the engine's mutex (passed in); ``rules_by_query`` and the
+indexes are replaced whole, never mutated, so a batch may read them without it.
 """
 
 from __future__ import annotations
@@ -49,10 +43,17 @@ class Definitions:
             self._streams[schema.name] = schema
         return schema
 
-    def define(self, text: str) -> list[CompiledQuery | CompiledRule]:
-        """Define every ``CREATE QUERY`` / ``CREATE RULE`` of ``text``, in order."""
+    def define(self, text: str, kind: type | None = None) -> list[CompiledQuery | CompiledRule]:
+        """Define every ``CREATE QUERY`` / ``CREATE RULE`` of ``text``, in order; with ``kind``,
+        only definitions of that class are accepted (checked before any is added)."""
+        definitions = _language.parse(text)
+        for definition in definitions:
+            if kind is not None and not isinstance(definition, kind):
+                what = "CREATE QUERY" if kind is ast.QueryDefinition else "CREATE RULE"
+                raise DefinitionError(f"expected {what} here; use engine.define() for a script of both",
+                                      **_at(definition), text=text)
         defined = []
-        for definition in _language.parse(text):
+        for definition in definitions:
             try:
                 defined.append(self.add(definition))
             except DefinitionError as error:
@@ -60,23 +61,6 @@ class Definitions:
                     raise type(error)(error.reason, line=error.line, column=error.column, text=text) from None
                 raise
         return defined
-
-    def define_text(self, text: str, kind: type) -> list:
-        definitions = _language.parse(text)
-        for definition in definitions:
-            if not isinstance(definition, kind):
-                what = "CREATE QUERY" if kind is ast.QueryDefinition else "CREATE RULE"
-                position = definition.position
-                raise DefinitionError(f"expected {what} here; use engine.define() for a script of both",
-                                      line=position.line if position else None,
-                                      column=position.column if position else None, text=text)
-        try:
-            return [self.add(definition) for definition in definitions]
-        except DefinitionError as error:
-            if error.line is not None and "\n" not in str(error):
-                raise type(error)(error.reason, line=error.line, column=error.column, text=text) from None
-            raise
-
 
     def add(self, definition: Any) -> CompiledQuery | CompiledRule:
         with self._mutex:
@@ -123,7 +107,6 @@ class Definitions:
             rules.setdefault(rule.query, []).append(rule)
         self.rules_by_query = {query: tuple(sorted(group, key=_priority_then_name)) for query, group in rules.items()}
 
-
     def queries(self) -> dict[str, CompiledQuery]:
         with self._mutex:
             return dict(self._queries)
@@ -147,10 +130,7 @@ class Definitions:
     # --- Algorithm 1 -----------------------------------------------------------------------------
 
     def access_plan(self, event: StreamEvent) -> AccessPlan:
-        """The store resources ``event``'s s-transaction may read and write (Active CEP
-        Algorithm 1, narrowed to what this engine can do: queries read the store only at
-        their accepting events, rules fire only there).  A key comes from the event when
-        the definitions derive it from the event's attributes; otherwise the table."""
+        """See :meth:`StreamEngine.access_plan`."""
         stream = self.stream_of(event)
         template = self._plans.get((stream.name, event.type))
         if template is None:
@@ -182,9 +162,6 @@ class Definitions:
             self._plans[(stream, event_type)] = template
         return template
 
-    # --- processing ------------------------------------------------------------------------------
-
-
     def stream_of(self, event: StreamEvent) -> StreamSchema:
         if event.stream is not None:
             stream = self._streams.get(event.stream)
@@ -204,7 +181,6 @@ def _priority_then_name(item: Any) -> tuple:
 def _at(node: Any) -> dict:
     position = getattr(node, "position", None)
     return {"line": position.line, "column": position.column} if position else {}
-
 
 
 def _key_of(extract: tuple | None, event: StreamEvent) -> tuple | None:

@@ -1,30 +1,10 @@
-"""Running one pattern query over one partition's events.
-
-The state of a query is one :class:`PartitionState` per partition (the values of its
-``[attr]`` attributes; one partition if it has none).  States are immutable values: an
-event produces a *new* state, so the engine can keep the old one until the event's
-s-transaction commits (s-atomic: an aborted s-transaction leaves the matcher as it was)
-and until the micro-batch's top-level transaction commits.
-
-Evaluation of an event is split in two (see ``CompiledQuery.state_depends_on_store``):
-
-1. :meth:`Matcher.prepare` — pure, no store access, called in the declared order of the
-   events: prunes by the window, appends the event to the buffers of the components it
-   may play, decides whether it can be an accepting event (event-only filters), and for
-   skip-till-next-match advances the runs;
-2. :meth:`Step.complete` — inside the event's s-transaction: reads the store (the
-   accepting event's store predicates, then per candidate match), builds the outputs.
-
-**Skip-till-any-match** keeps, per component, the events that passed its filters within
-the window; at an accepting event it searches the buffers backwards (the latest
-candidates first) for one combination whose positive events are in order, satisfy the
-joint predicates and have no killing negative event between their neighbours: the first
-found is *the* output of that accepting event.  Buffers are never consumed.
-
-**Skip-till-next-match** keeps runs: each event of the first component starts one; a run
-binds, for its next component, the next event that satisfies it (filters, joint
-predicates, no killing negative event since its previous event, the window; for the
-accepting component also the store predicates) and ends with its output.
+"""Running one pattern query over one partition's events: :class:`Matcher` (per query),
+:class:`PartitionState` (an immutable value per partition, kept until the event's
+s-transaction and the batch commit) and :class:`Step`, one event's evaluation in two phases:
+:meth:`Matcher.prepare` — pure, no store access, in the declared order (window pruning,
+buffers, event-only filters, skip-till-next-match runs) — and :meth:`Step.complete` — inside
+the s-transaction: the store reads and the outputs.  The selection semantics are the design
+note's choice 1 (``activedb/streams/README.md``).
 
 Thread-safety: a ``Matcher`` is immutable; states are values.  Steps are used by one thread.
 """
@@ -71,9 +51,6 @@ class Matcher:
         self.negative_by_index = {negative.index: negative for negative in query.negatives}
         self.empty = PartitionState(tuple(() for _ in query.types))
         self.any_match = query.selection is ast.Selection.SKIP_TILL_ANY_MATCH
-
-    def consumes(self, event_type: str) -> bool:
-        return event_type in self.by_type
 
     def may_change(self, event_type: str) -> bool:
         """Can an event of ``event_type`` change a partition's state beyond pruning by the
@@ -203,15 +180,6 @@ class Step:
         self.search: tuple | None = None
         self.entries: list | None = None
         self.buffers: tuple | None = None
-
-    @property
-    def query(self) -> CompiledQuery:
-        return self.matcher.query
-
-    @property
-    def may_read(self) -> bool:
-        """Whether :meth:`complete` may read the store."""
-        return self.accepting and self.matcher.query.reads_store
 
     # --- phase 2 -------------------------------------------------------------------------
 

@@ -1,23 +1,8 @@
-"""The event algebra: the abstract syntax of pattern queries and ON OUTPUT rules.
-
-Both ways of writing a query — the textual language (``_language.py``) and the Python
-API (``_builders.py``) — produce these nodes, so a query written either way is the same
-value (``==`` compares the structure and ignores where in a text a node came from).
-Nothing here evaluates anything: ``_compile.py`` checks a definition against the
-streams and the store and turns it into closures, ``_matcher.py`` runs patterns.
-
-The nodes are independent of the time model.  A pattern only says *in which order*
-its components occur (:class:`Seq`), that they all occur in any order
-(:class:`Conj`), and *how far apart* they may be (``within``); what "before" and
-"span" mean is the evaluator's time model: point timestamps with a declared total
-order (``activedb.streams``' matcher), or accuracy intervals from many producers,
-where order can be uncertain and is raised, never guessed
-(``activedb.composite``; a point is the interval with α = 0).  Which events a
-pattern combines when several could is the *selection* (``Selection``, the point
-matcher) or the *consumption* (``Consumption``, Snoop's chronicle and recent
-contexts, for the interval evaluator).
-
-All nodes are frozen dataclasses: immutable, hashable, safe to share between threads.
+"""The event algebra: the abstract syntax of pattern queries and ON OUTPUT rules, produced
+alike by the textual language (``_language.py``) and the Python API (``_builders.py``); ``==``
+compares structure, not text positions.  The nodes are independent of the time model: the
+point matcher (``activedb.streams``) and the interval evaluator (``activedb.composite``) give
+"before" and "span" their meaning.  All nodes are frozen dataclasses, safe to share.
 """
 
 from __future__ import annotations
@@ -115,8 +100,6 @@ class Compare(Expr):
     left: Expr
     right: Expr
     position: Position | None = _position()
-
-    OPERATORS = ("=", "!=", "<", "<=", ">", ">=")
 
     def children(self):
         return (self.left, self.right)
@@ -240,14 +223,6 @@ def conjuncts(expression: Expr | None) -> tuple[Expr, ...]:
     return (expression,)
 
 
-def reads_store(expression: Expr) -> bool:
-    return any(isinstance(node, (ScalarSubquery, Exists)) for node in expression.walk())
-
-
-def aliases_in(expression: Expr) -> frozenset[str]:
-    return frozenset(node.alias for node in expression.walk() if isinstance(node, AttributeRef))
-
-
 # --- patterns -------------------------------------------------------------------------------
 
 class Pattern:
@@ -273,11 +248,8 @@ class EventComponent:
 
 
 @dataclass(frozen=True)
-class Seq(Pattern):
-    """``SEQ(E1, …, En)``: the positive components occur in this order (in the stream's
-    declared total order); a negative component must not occur between its positive
-    neighbours.  The first and the last component are positive; the last one's type is
-    the *accepting* event type."""
+class _Components(Pattern):
+    """A pattern made of its ``items`` (equal only to a node of the same class)."""
 
     items: tuple[EventComponent, ...]
     position: Position | None = _position()
@@ -287,16 +259,18 @@ class Seq(Pattern):
 
 
 @dataclass(frozen=True)
-class Conj(Pattern):
+class Seq(_Components):
+    """``SEQ(E1, …, En)``: the positive components occur in this order (in the stream's
+    declared total order); a negative component must not occur between its positive
+    neighbours.  The first and the last component are positive; the last one's type is
+    the *accepting* event type."""
+
+
+@dataclass(frozen=True)
+class Conj(_Components):
     """``AND(E1, …, En)`` (the paper's ``E1 & E2``): every component occurs, in any order.  All
     components are positive.  Under the point time model it has no evaluator (a total order
     would make it a set of SEQs); the interval evaluator composes it."""
-
-    items: tuple[EventComponent, ...]
-    position: Position | None = _position()
-
-    def components(self) -> tuple[EventComponent, ...]:
-        return self.items
 
 
 # --- definitions ----------------------------------------------------------------------------
