@@ -21,11 +21,7 @@ import sqlalchemy as sa
 
 from activedb.errors import UnknownTable as StoreUnknownTable
 from activedb.streams.algebra import Position
-from activedb.streams.errors import DefinitionError, UnknownAttribute, UnknownName, UnknownTable
-
-
-def _at(position: Position | None) -> dict:
-    return {"line": position.line, "column": position.column} if position else {}
+from activedb.streams.errors import DefinitionError, UnknownAttribute, UnknownName, UnknownTable, at
 
 
 @dataclass(frozen=True)
@@ -76,7 +72,7 @@ class StreamSchema:
         raise UnknownAttribute(
             f"event type {event_type} of stream {self.name} has no attribute {name!r} "
             f"(it has {', '.join(known) or 'none'}); declare it with engine.create_stream(…, attributes=…)",
-            **_at(position))
+            **at(position))
 
     def priority(self, event_type: str) -> float | None:
         for declared, value in self.priorities.items():
@@ -110,7 +106,7 @@ class TableSchema:
         if len(folded) == 1:
             return folded[0]
         raise UnknownAttribute(f"table {self.written} ({self.name}) has no column {name!r} "
-                               f"(columns: {', '.join(self.columns)})", **_at(position))
+                               f"(columns: {', '.join(self.columns)})", **at(position))
 
     def key_from(self, pairs: Mapping[str, Any]) -> tuple | None:
         """The pairs' values in key order if ``pairs`` names exactly the primary key, else None."""
@@ -149,15 +145,15 @@ class StoreCatalog:
             raise UnknownTable(
                 f"no table {name!r} in the store ({self.db.describe()}); store tables come from Alembic "
                 f"migrations (db.upgrade_app), or map the name with StreamEngine(…, aliases={{{name!r}: 'table'}})",
-                **_at(position))
+                **at(position))
         try:
             table = self.db.table(actual)
         except StoreUnknownTable as error:   # dropped between listing and reflection
-            raise UnknownTable(str(error), **_at(position)) from None
+            raise UnknownTable(str(error), **at(position)) from None
         key_columns = tuple(column.name for column in table.primary_key.columns)
         if not key_columns:
             raise DefinitionError(f"table {actual!r} has no primary key; the store addresses rows by key",
-                                  **_at(position))
+                                  **at(position))
         required = frozenset(
             column.name for column in table.columns
             if not column.nullable and column.server_default is None and column.identity is None

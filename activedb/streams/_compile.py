@@ -12,8 +12,8 @@ from typing import Any, Callable
 
 from activedb.streams import algebra as ast
 from activedb.streams._catalog import StoreCatalog, StreamSchema
-from activedb.streams._expressions import Ctx, Fn, ReadSpec, Scope, WriteSpec, _at, compile_expression
-from activedb.streams.errors import DefinitionError, UnknownName, UnknownQuery
+from activedb.streams._expressions import Ctx, Fn, ReadSpec, Scope, WriteSpec, compile_expression
+from activedb.streams.errors import DefinitionError, UnknownName, UnknownQuery, at
 
 
 # --- queries ----------------------------------------------------------------------------------
@@ -67,41 +67,41 @@ def compile_query(definition: ast.QueryDefinition, streams: dict[str, StreamSche
         stream = _find(streams, definition.stream)
         if stream is None:
             raise UnknownName(f"{what}: no stream {definition.stream!r} (declared: {', '.join(streams) or 'none'}); "
-                              f"declare it with engine.create_stream()", **_at(definition))
+                              f"declare it with engine.create_stream()", **at(definition))
     elif len(streams) == 1:
         stream = next(iter(streams.values()))
     else:
         raise DefinitionError(f"{what}: name its stream with ON <stream> (the engine has "
                               f"{len(streams)} streams: {', '.join(streams) or 'none — declare one first'})",
-                              **_at(definition))
+                              **at(definition))
     pattern = definition.pattern
     if not isinstance(pattern, (ast.Seq, ast.Conj)):
-        raise DefinitionError(f"{what}: only SEQ and AND patterns are supported", **_at(pattern))
+        raise DefinitionError(f"{what}: only SEQ and AND patterns are supported", **at(pattern))
     components = pattern.components()
     if not components:
-        raise DefinitionError(f"{what}: {type(pattern).__name__.upper()}() needs at least one event", **_at(pattern))
+        raise DefinitionError(f"{what}: {type(pattern).__name__.upper()}() needs at least one event", **at(pattern))
     if isinstance(pattern, ast.Conj) and any(component.negated for component in components):
         which = next(component for component in components if component.negated)
         raise DefinitionError(f"{what}: AND(…) has no place for a negative event (!{which.event_type}): negation "
-                              f"means 'not between two events', which only SEQ has", **_at(which))
+                              f"means 'not between two events', which only SEQ has", **at(which))
     if components[0].negated or components[-1].negated:
         which = components[0] if components[0].negated else components[-1]
         raise DefinitionError(
             f"{what}: a negative event (!{which.event_type}) must stand between two positive events; the first and "
             f"the last event of a SEQ are positive (negative accepting events are outside Active CEP's model)",
-            **_at(which))
+            **at(which))
     aliases: dict[str, tuple[int, str, bool]] = {}
     types = []
     for index, component in enumerate(components):
         event_type = stream.resolve_type(component.event_type)
         if event_type is None:
             raise UnknownName(f"{what}: stream {stream.name} has no event type {component.event_type!r} "
-                              f"(types: {', '.join(stream.types or ())})", **_at(component))
+                              f"(types: {', '.join(stream.types or ())})", **at(component))
         key = component.name.casefold()
         if key in aliases:
             raise DefinitionError(f"{what}: {component.name} appears twice in the pattern; give each occurrence "
                                   f"its own alias (SEQ({component.event_type} a, …, {component.event_type} b))",
-                                  **_at(component))
+                                  **at(component))
         aliases[key] = (index, event_type, component.negated)
         types.append(event_type)
     positives = tuple(index for index, component in enumerate(components) if not component.negated)
@@ -131,17 +131,17 @@ def compile_query(definition: ast.QueryDefinition, streams: dict[str, StreamSche
         reads.extend(scope.reads)
         negative_used = [index for index in used if components[index].negated]
         if len(negative_used) > 1:
-            raise DefinitionError(f"{what}: one WHERE term may mention only one negative event", **_at(term))
+            raise DefinitionError(f"{what}: one WHERE term may mention only one negative event", **at(term))
         if negative_used:
             negative = negatives[negative_used[0]]
             if scope.reads:
-                raise DefinitionError(f"{what}: a WHERE term on a negative event cannot read the store", **_at(term))
+                raise DefinitionError(f"{what}: a WHERE term on a negative event cannot read the store", **at(term))
             right = negative.left + 1
             too_late = [index for index in used if not components[index].negated and rank[index] > right]
             if too_late:
                 raise DefinitionError(
                     f"{what}: a term on !{components[negative.index].event_type} may mention only the events up to "
-                    f"the positive event right after it, not {components[too_late[0]].name}", **_at(term))
+                    f"the positive event right after it, not {components[too_late[0]].name}", **at(term))
             (negative.local if used == {negative.index} else negative.predicates).append(function)
             continue
         if scope.reads:
@@ -166,16 +166,16 @@ def compile_query(definition: ast.QueryDefinition, streams: dict[str, StreamSche
     positive_aliases = {alias: entry for alias, entry in aliases.items() if not entry[2]}
     for item in definition.returns:
         if any(existing == item.name for existing, _ in returns):
-            raise DefinitionError(f"{what}: RETURN names {item.name!r} twice; rename one with AS", **_at(item))
+            raise DefinitionError(f"{what}: RETURN names {item.name!r} twice; rename one with AS", **at(item))
         scope = Scope(catalog, components=positive_aliases, stream=stream, what=f"{what} RETURN")
         for node in item.expression.walk():
             if isinstance(node, ast.AttributeRef) and node.alias.casefold() in aliases \
                     and aliases[node.alias.casefold()][2]:
-                raise DefinitionError(f"{what}: RETURN cannot use the negative event {node.alias}", **_at(node))
+                raise DefinitionError(f"{what}: RETURN cannot use the negative event {node.alias}", **at(node))
         returns.append((item.name, compile_expression(item.expression, scope)))
         reads.extend(scope.reads)
     if definition.within is not None and not definition.within > 0:
-        raise DefinitionError(f"{what}: WITHIN needs a positive window, got {definition.within!r}", **_at(definition))
+        raise DefinitionError(f"{what}: WITHIN needs a positive window, got {definition.within!r}", **at(definition))
     return CompiledQuery(
         definition=definition, name=definition.name, stream=stream, types=tuple(types),
         negated=tuple(component.negated for component in components), positives=positives, accepting=accepting,
@@ -222,7 +222,7 @@ def compile_rule(definition: ast.RuleDefinition, queries: dict[str, CompiledQuer
     query = _find(queries, definition.query)
     if query is None:
         raise UnknownQuery(f"{what}: ON OUTPUT {definition.query} — no such query (defined: "
-                           f"{', '.join(queries) or 'none'}); define the query first", **_at(definition))
+                           f"{', '.join(queries) or 'none'}); define the query first", **at(definition))
     reads: list[ReadSpec] = []
     writes: list[WriteSpec] = []
     when = None
@@ -247,12 +247,12 @@ def compile_rule(definition: ast.RuleDefinition, queries: dict[str, CompiledQuer
             columns = action.columns or tuple(table.columns)
             if not action.columns and len(action.values) != len(columns):
                 raise DefinitionError(f"{what}: INSERT INTO {action.table} gives {len(action.values)} values for "
-                                      f"{len(columns)} columns; name the columns", **_at(action))
+                                      f"{len(columns)} columns; name the columns", **at(action))
             real = [table.column(column, action.position) for column in columns]
             missing = table.required - set(real)
             if missing:
                 raise DefinitionError(f"{what}: INSERT INTO {action.table} must give {', '.join(sorted(missing))} "
-                                      f"(NOT NULL without a default)", **_at(action))
+                                      f"(NOT NULL without a default)", **at(action))
             scope = Scope(catalog, new_alias=definition.new_alias, query=query, what=f"{what} INSERT")
             functions = [compile_expression(value, scope) for value in action.values]
             reads.extend(scope.reads)
@@ -266,13 +266,13 @@ def compile_rule(definition: ast.RuleDefinition, queries: dict[str, CompiledQuer
         for written, expression in action.key:
             column = table.column(written, action.position)
             if column in key_pairs:
-                raise DefinitionError(f"{what}: key column {written} appears twice", **_at(action))
+                raise DefinitionError(f"{what}: key column {written} appears twice", **at(action))
             key_pairs[column] = expression
         if set(key_pairs) != set(table.key_columns):
             raise DefinitionError(
                 f"{what}: the WHERE of {type(action).__name__[:-6].upper()} {action.table} must name its whole "
                 f"primary key ({', '.join(table.key_columns)}) with '=' — the action changes one row; for anything "
-                f"else use a Python action", **_at(action))
+                f"else use a Python action", **at(action))
         scope = Scope(catalog, new_alias=definition.new_alias, query=query, what=f"{what} WHERE")
         key_functions = [compile_expression(key_pairs[column], scope) for column in table.key_columns]
         reads.extend(scope.reads)
@@ -285,7 +285,7 @@ def compile_rule(definition: ast.RuleDefinition, queries: dict[str, CompiledQuer
         for written, expression in action.assignments:
             column = table.column(written, action.position)
             if column in table.key_columns:
-                raise DefinitionError(f"{what}: UPDATE cannot change the key column {written}", **_at(action))
+                raise DefinitionError(f"{what}: UPDATE cannot change the key column {written}", **at(action))
             row_scope = Scope(catalog, new_alias=definition.new_alias, query=query, row_table=table,
                               what=f"{what} SET")
             assignments.append((column, compile_expression(expression, row_scope)))

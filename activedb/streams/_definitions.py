@@ -18,7 +18,7 @@ from activedb.streams._catalog import StoreCatalog, StreamSchema
 from activedb.streams._compile import CompiledQuery, CompiledRule, compile_query, compile_rule
 from activedb.streams._events import StreamEvent
 from activedb.streams._matcher import Matcher
-from activedb.streams.errors import DefinitionError, UnknownName
+from activedb.streams.errors import DefinitionError, UnknownName, at
 
 
 class Definitions:
@@ -51,7 +51,7 @@ class Definitions:
             if kind is not None and not isinstance(definition, kind):
                 what = "CREATE QUERY" if kind is ast.QueryDefinition else "CREATE RULE"
                 raise DefinitionError(f"expected {what} here; use engine.define() for a script of both",
-                                      **_at(definition), text=text)
+                                      **at(definition), text=text)
         defined = []
         for definition in definitions:
             try:
@@ -71,10 +71,10 @@ class Definitions:
                         f"query {definition.name}: {what} belongs to the interval time model (events from many "
                         f"producers, order possibly uncertain); define it on an activedb.composite."
                         f"CompositionEngine — this engine's total order of point timestamps runs SEQ only",
-                        **_at(definition))
+                        **at(definition))
                 if any(name.casefold() == definition.name.casefold() for name in self._queries):
                     raise DefinitionError(f"query {definition.name} is already defined; give the new one "
-                                          f"another name", **_at(definition))
+                                          f"another name", **at(definition))
                 compiled = compile_query(definition, self._streams, self.catalog)
                 self._queries[compiled.name] = compiled
                 self._matchers[compiled.name] = Matcher(compiled)
@@ -84,7 +84,7 @@ class Definitions:
                 existing = [name for name in self._rules if name.casefold() == definition.name.casefold()]
                 if existing and not definition.replace:
                     raise DefinitionError(f"rule {definition.name} is already defined; use CREATE OR REPLACE RULE "
-                                          f"(replace=True) to redefine it", **_at(definition))
+                                          f"(replace=True) to redefine it", **at(definition))
                 compiled = compile_rule(definition, self._queries, self.catalog)
                 for name in existing:
                     del self._rules[name]
@@ -176,11 +176,6 @@ class Definitions:
 def _priority_then_name(item: Any) -> tuple:
     priority = item.priority
     return (0, -priority, item.name) if priority is not None else (1, 0, item.name)
-
-
-def _at(node: Any) -> dict:
-    position = getattr(node, "position", None)
-    return {"line": position.line, "column": position.column} if position else {}
 
 
 def _key_of(extract: tuple | None, event: StreamEvent) -> tuple | None:
