@@ -1,20 +1,5 @@
-"""Active CEP Appendix G.2's metrics, measured in **system time** only.
-
-* throughput = ``numIn / T_proc``: events processed per second of processing time
-  (the time spent inside ``engine.process``), plus the wall-clock rate since the first
-  event arrived;
-* ``L_query`` (eq. 1) = mean over outputs of ``out.sts − max{e.sts | e ∈ out}``: from the
-  arrival of the latest constituent to the output — reorder buffering and waiting for
-  earlier s-transactions (SEI's blocking delay) included;
-* ``L_rule`` (eq. 2) = mean over rule instances of ``T_fin − T_ini``: from the instance's
-  creation (its triggering output, ``out.sts``) to the end of its action;
-* ``L_combined`` (eq. 3) = ``L_query + L_rule``.
-
-Application time (``ts``) never enters these figures.  ``phase_seconds`` splits the
-processing time (``buffer``: admission and reordering; ``match``: the pure part of
-pattern matching; ``reads``: query evaluation with its store reads; ``rules``; ``commit``:
-the s-transactions' subtransaction commits; ``state``: saving the engine's state into
-the batch's transaction).
+"""Active CEP Appendix G.2's metrics, measured in system time only (definitions: the design
+note ``activedb/streams/README.md``, "Metrics").
 
 Thread-safety: ``_mutex`` protects every counter; the unscheduled mode updates them from
 several threads.
