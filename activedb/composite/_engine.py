@@ -1,8 +1,5 @@
-"""The composition engine: the public object, coordinating its collaborators — the producers
-(``_members.Members``), the input node (``_input.InputNode``), the composition nodes and what they call
-while evaluating (``_evaluation.Evaluation``), the rollback of an aborted transaction's batches
-(``_rollback.Rollback``) — and the outside world (transactions, rules, the window a picture is drawn
-from).  Its records (statistics, producer info, the window) are in ``_records``.
+"""The composition engine (:class:`CompositionEngine`): the public object, coordinating its
+collaborators (design note ``activedb/composite/README.md``, "What it owns").
 
 Thread-safety: ``_mutex`` protects every field below it and the collaborators' state (producers, nodes,
 the outbox, statistics, the window); the collaborators do not lock.  Lock order: ``_mutex`` is taken
@@ -25,7 +22,7 @@ from activedb.composite._input import InputNode
 from activedb.composite._members import Members
 from activedb.composite._model import CompositeEvent, Heartbeat, Invalidation, Uncertainty, describe_event
 from activedb.composite._polist import Membership
-from activedb.composite._records import CompositeStatistics, ProducerInfo, TimeoutPolicy, Window, WindowEntry
+from activedb.composite._records import CompositeStatistics, ProducerInfo, TimeoutPolicy, Window
 from activedb.composite._rollback import Rollback
 from activedb.composite.errors import CompositeError, MembershipError, ProducerTimeout
 from activedb.events import EventSpec, EventKind, LocalClock
@@ -35,9 +32,6 @@ from activedb.streams.errors import DefinitionError
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
-
-__all__ = ["DEFAULT_TIMEOUT", "CompositeStatistics", "CompositionEngine", "ProducerInfo", "TimeoutPolicy", "Window",
-           "WindowEntry"]
 
 DEFAULT_TIMEOUT = 30.0
 
