@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from activedb.events import LocalClock, Order, Timestamp, local_order
+from activedb.streams import StreamEvent
 
 EXACT_CLOCK = LocalClock()
-from activedb.streams import StreamEvent
 
 
 @dataclass(eq=False, slots=True)

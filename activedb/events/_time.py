@@ -1,30 +1,9 @@
-"""Time of events from many producers: accuracy intervals, their partial order, local timestamps.
-
-After C. Liebig, M. Cilia, A. Buchmann, *Event Composition in Time-dependent Distributed Systems*
-(§III.C–D).  An event detected at a node whose clock is synchronised to reference time with a reliable
-error bound gets the **accuracy interval** ``[ref − α⁻, ref + α⁺]``, which contains the instant it
-occurred (α⁻ includes the local detection delay).  Two intervals are ordered only when one ends strictly
-before the other begins::
-
-    I_j < I_k  ⇔  upper(I_j) < lower(I_k)            (strict: touching intervals are NOT ordered)
-    I_j ⊥ I_k  ⇔  ¬(I_j < I_k) ∧ ¬(I_k < I_j)        (uncertain order, also for equal timestamps)
-
-so the order is never wrong about physical time (*time-consistent order*), and ``⊥`` says so when it
-cannot tell.  A point timestamp is the interval with α = 0: two different points are ordered as numbers
-are, two equal points are uncertain.
-
-Events of the **same producer** may additionally carry local clock readings (``local``), ordered by the
-producer's :class:`LocalClock` (§III.D, *local timestamp order*)::
-
-    lts_j < lts_k  ⇔  ldd < (lts_k − lts_j − G − u) / (1 + ρ)
-
-Public names: :class:`AccuracyInterval`, :class:`Timestamp`, :class:`LocalClock`, :class:`Order`,
-:func:`order`, :func:`as_timestamp`, :func:`hull`, :func:`seconds`.  Everything here is immutable and
-thread-safe.  Design note: ``activedb/composite/README.md`` (the composition that uses it).
-
-Values: references are numbers of seconds or aware ``datetime`` objects (one kind per interval); α⁻/α⁺
-are seconds (a number) or ``timedelta``.  ``Event.ts`` of the rules may hold a :class:`Timestamp`;
-plain numbers and datetimes keep meaning what they meant (points).
+"""Time of events from many producers (Liebig, Cilia, Buchmann, *Event Composition in Time-dependent
+Distributed Systems*, §III.C–D): accuracy intervals ``[ref − α⁻, ref + α⁺]``, their strict partial order
+(touching or equal intervals are uncertain, ``⊥``), refined for one producer's events by the local
+timestamp order of its :class:`LocalClock`.  References are numbers of seconds or aware datetimes (a
+point is the interval with α = 0); α⁻/α⁺ are seconds or ``timedelta``.  Everything here is immutable and
+thread-safe.  The formulas are in ``activedb/composite/README.md`` ("Formulas used").
 """
 
 from __future__ import annotations
@@ -42,13 +21,6 @@ class Order(enum.Enum):
     BEFORE = "before"
     AFTER = "after"
     UNCERTAIN = "uncertain"
-
-    def flipped(self) -> "Order":
-        if self is Order.BEFORE:
-            return Order.AFTER
-        if self is Order.AFTER:
-            return Order.BEFORE
-        return self
 
 
 def seconds(difference: Any) -> float:
@@ -121,19 +93,6 @@ class AccuracyInterval:
     @property
     def is_point(self) -> bool:
         return self.lower == self.upper
-
-    @property
-    def width(self) -> float:
-        """The inaccuracy (``upper − lower``) in seconds."""
-        return seconds(self.upper - self.lower)
-
-    def precedes(self, other: "AccuracyInterval") -> bool:
-        """``self < other``: every instant of ``self`` is before every instant of ``other``."""
-        return self.upper < other.lower
-
-    def uncertain(self, other: "AccuracyInterval") -> bool:
-        """``self ⊥ other`` (overlapping or touching)."""
-        return not (self.upper < other.lower or other.upper < self.lower)
 
     def __str__(self) -> str:
         if self.is_point:
