@@ -190,9 +190,7 @@ class CompositionEngine:
     def signal(self, event: StreamEvent | Heartbeat) -> list[CompositeEvent]:
         """Take one event (its ``ts`` a :class:`Timestamp` naming its producer, or a number/datetime with
         ``attributes['producer']``) or a :class:`Heartbeat`; return the composite events it made possible."""
-        with self._guard:
-            self._input.take(event)
-        return self._finish()
+        return self.submit([event])
 
     def heartbeat(self, producer: str, ts: Any) -> list[CompositeEvent]:
         """``producer`` is alive and will send nothing with a lower bound below ``lower(ts)``."""

@@ -123,9 +123,6 @@ class CompositeEvent:
     def __getitem__(self, attribute: str) -> Any:
         return self.attributes[attribute]
 
-    def constituent(self, component: str) -> StreamEvent:
-        return self.constituents[self.components.index(component)]
-
     def describe(self) -> str:
         parts = " & " if self.operator == "AND" else " ; "
         inner = parts.join(describe_event(event) for event in self.constituents)
@@ -144,11 +141,6 @@ class CompositeEvent:
     def to_stream_event(self, stream: str | None = None) -> StreamEvent:
         """This composite as an input event of another composition (its producer is the query)."""
         return StreamEvent(self.query, self.ts, dict(self.attributes), stream=stream)
-
-    def sort_key(self) -> tuple:
-        """A deterministic order of composites (for comparing runs): by time, then content."""
-        return (self.query, self.ts.lower, self.ts.upper, repr(self.partition),
-                tuple(describe_event(event) for event in self.constituents))
 
 
 @dataclass(frozen=True)

@@ -15,13 +15,23 @@ Thread-safety: a ``StoreCatalog`` is used under the engine's definition mutex on
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import sqlalchemy as sa
 
 from activedb.errors import UnknownTable as StoreUnknownTable
 from activedb.streams.algebra import Position
 from activedb.streams.errors import DefinitionError, UnknownAttribute, UnknownName, UnknownTable, at
+
+
+def fold(name: str, candidates: Iterable[str]) -> str | None:
+    """``name`` among ``candidates`` as SQL resolves an unquoted name: itself, else the one candidate
+    equal to it ignoring case (None: none or several)."""
+    candidates = list(candidates)
+    if name in candidates:
+        return name
+    folded = [candidate for candidate in candidates if candidate.casefold() == name.casefold()]
+    return folded[0] if len(folded) == 1 else None
 
 
 @dataclass(frozen=True)
@@ -64,11 +74,9 @@ class StreamSchema:
 
     def resolve_attribute(self, event_type: str, name: str, position: Position | None) -> str:
         known = self.attributes_of(event_type)
-        if name in known:
-            return name
-        folded = [attribute for attribute in known if attribute.casefold() == name.casefold()]
-        if len(folded) == 1:
-            return folded[0]
+        resolved = fold(name, known)
+        if resolved is not None:
+            return resolved
         raise UnknownAttribute(
             f"event type {event_type} of stream {self.name} has no attribute {name!r} "
             f"(it has {', '.join(known) or 'none'}); declare it with engine.create_stream(…, attributes=…)",
@@ -98,21 +106,11 @@ class TableSchema:
             for logical, real in self.column_aliases.items():
                 if logical.casefold() == name.casefold():
                     mapped = real
-        if mapped is not None:
-            return mapped
-        if name in self.columns:
-            return name
-        folded = [column for column in self.columns if column.casefold() == name.casefold()]
-        if len(folded) == 1:
-            return folded[0]
+        resolved = mapped if mapped is not None else fold(name, self.columns)
+        if resolved is not None:
+            return resolved
         raise UnknownAttribute(f"table {self.written} ({self.name}) has no column {name!r} "
                                f"(columns: {', '.join(self.columns)})", **at(position))
-
-    def key_from(self, pairs: Mapping[str, Any]) -> tuple | None:
-        """The pairs' values in key order if ``pairs`` names exactly the primary key, else None."""
-        if set(pairs) != set(self.key_columns):
-            return None
-        return tuple(pairs[column] for column in self.key_columns)
 
 
 class StoreCatalog:
@@ -169,8 +167,4 @@ class StoreCatalog:
         return schema
 
     def _resolve(self, name: str, *, refresh: bool) -> str | None:
-        names = self._table_names(refresh)
-        if name in names:
-            return name
-        folded = [candidate for candidate in names if candidate.casefold() == name.casefold()]
-        return folded[0] if len(folded) == 1 else None
+        return fold(name, self._table_names(refresh))

@@ -7,11 +7,12 @@ term is evaluated"), and turn every expression into a closure ``fn(ctx) -> value
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from activedb.streams import algebra as ast
-from activedb.streams._catalog import StoreCatalog, StreamSchema
+from activedb.streams._catalog import StoreCatalog, StreamSchema, fold
 from activedb.streams._expressions import Ctx, Fn, ReadSpec, Scope, WriteSpec, compile_expression
 from activedb.streams.errors import DefinitionError, UnknownName, UnknownQuery, at
 
@@ -187,16 +188,12 @@ def compile_query(definition: ast.QueryDefinition, streams: dict[str, StreamSche
 
 def fingerprint(definition: Any) -> str:
     """A stable digest of a definition's structure (positions ignored)."""
-    import hashlib
-
     return hashlib.sha256(repr(definition).encode()).hexdigest()[:16]
 
 
 def _find(mapping: dict[str, Any], name: str) -> Any:
-    if name in mapping:
-        return mapping[name]
-    folded = [value for key, value in mapping.items() if key.casefold() == name.casefold()]
-    return folded[0] if len(folded) == 1 else None
+    key = fold(name, mapping)
+    return None if key is None else mapping[key]
 
 
 # --- rules ------------------------------------------------------------------------------------

@@ -43,17 +43,10 @@ class Definitions:
             self._streams[schema.name] = schema
         return schema
 
-    def define(self, text: str, kind: type | None = None) -> list[CompiledQuery | CompiledRule]:
-        """Define every ``CREATE QUERY`` / ``CREATE RULE`` of ``text``, in order; with ``kind``,
-        only definitions of that class are accepted (checked before any is added)."""
-        definitions = _language.parse(text)
-        for definition in definitions:
-            if kind is not None and not isinstance(definition, kind):
-                what = "CREATE QUERY" if kind is ast.QueryDefinition else "CREATE RULE"
-                raise DefinitionError(f"expected {what} here; use engine.define() for a script of both",
-                                      **at(definition), text=text)
+    def define(self, text: str) -> list[CompiledQuery | CompiledRule]:
+        """Define every ``CREATE QUERY`` / ``CREATE RULE`` of ``text``, in order."""
         defined = []
-        for definition in definitions:
+        for definition in _language.parse(text):
             try:
                 defined.append(self.add(definition))
             except DefinitionError as error:

@@ -104,20 +104,6 @@ class StreamEngine:
         """Define every ``CREATE QUERY`` / ``CREATE RULE`` of ``text``, in order."""
         return self._definitions.define(text)
 
-    def create_query(self, definition: str | ast.QueryDefinition) -> CompiledQuery:
-        """Define a query from its text or an :class:`~algebra.QueryDefinition`."""
-        return self._create(definition, ast.QueryDefinition)
-
-    def create_rule(self, definition: str | ast.RuleDefinition) -> CompiledRule:
-        """Define an ON OUTPUT rule from its text or an :class:`~algebra.RuleDefinition`."""
-        return self._create(definition, ast.RuleDefinition)
-
-    def _create(self, definition: Any, kind: type) -> Any:
-        if isinstance(definition, str):
-            (compiled,) = self._definitions.define(definition, kind)
-            return compiled
-        return self._definitions.add(definition)
-
     def query(self, name: str, *, pattern: Any, returns: Any, where: Any = None, within: float | None = None,
               stream: str | None = None, selection: ast.Selection | str = ast.Selection.SKIP_TILL_ANY_MATCH,
               priority: float | None = None) -> CompiledQuery:

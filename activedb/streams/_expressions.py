@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from activedb.streams import algebra as ast
-from activedb.streams._catalog import StoreCatalog, StreamSchema, TableSchema
+from activedb.streams._catalog import StoreCatalog, StreamSchema, TableSchema, fold
 from activedb.streams.errors import DefinitionError, EvaluationError, UnknownAttribute, UnknownName, at
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -95,11 +95,9 @@ class Scope:
             raise UnknownName(f"{self.what}: {node.alias}.{node.attribute} — the triggering event is "
                               f"{self.new_alias} (REFERENCING NEW AS …)", **at(node))
         names = self.query.output_names
-        if node.attribute in names:
-            return node.attribute
-        folded = [name for name in names if name.casefold() == node.attribute.casefold()]
-        if len(folded) == 1:
-            return folded[0]
+        resolved = fold(node.attribute, names)
+        if resolved is not None:
+            return resolved
         raise UnknownAttribute(f"{self.what}: query {self.query.name} returns no attribute {node.attribute!r} "
                                f"(it returns {', '.join(names)})", **at(node))
 
