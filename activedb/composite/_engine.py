@@ -89,9 +89,7 @@ class CompositionEngine:
     def create_stream(self, name: str, *, types: Sequence[str] | None = None, attributes: Sequence[str] = (),
                       type_attributes: Mapping[str, Sequence[str]] | None = None) -> StreamSchema:
         """Declare the event types and attributes queries may name (as ``StreamEngine.create_stream``)."""
-        schema = StreamSchema(name=name, types=tuple(types) if types is not None else None,
-                              attributes=tuple(attributes),
-                              type_attributes={key: tuple(value) for key, value in (type_attributes or {}).items()})
+        schema = StreamSchema(name, types, attributes, type_attributes)
         with self._guard:
             if name in self._streams:
                 raise DefinitionError(f"stream {name!r} is already declared")

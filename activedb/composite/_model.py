@@ -123,12 +123,6 @@ class CompositeEvent:
     def __getitem__(self, attribute: str) -> Any:
         return self.attributes[attribute]
 
-    def describe(self) -> str:
-        parts = " & " if self.operator == "AND" else " ; "
-        inner = parts.join(describe_event(event) for event in self.constituents)
-        decided = f" (decided by the application: {len(self.resolutions)})" if self.resolutions else ""
-        return f"{self.query}({inner}) {self.ts.interval}{decided}"
-
     def payload(self) -> dict[str, Any]:
         """What a rule on the composite event sees as ``event.payload``: the RETURN attributes, plus
         ``constituents`` (the events), ``components`` and ``resolutions``."""
@@ -137,6 +131,12 @@ class CompositeEvent:
         payload.setdefault("components", self.components)
         payload.setdefault("resolutions", self.resolutions)
         return payload
+
+    def describe(self) -> str:
+        parts = " & " if self.operator == "AND" else " ; "
+        inner = parts.join(describe_event(event) for event in self.constituents)
+        decided = f" (decided by the application: {len(self.resolutions)})" if self.resolutions else ""
+        return f"{self.query}({inner}) {self.ts.interval}{decided}"
 
     def to_stream_event(self, stream: str | None = None) -> StreamEvent:
         """This composite as an input event of another composition (its producer is the query)."""

@@ -157,9 +157,32 @@ class BatchRun:
         """Run ``stransaction`` as one subtransaction of ``parent`` (default: the batch's
         transaction).  True if it committed; False if it aborted (its event is then a dead
         letter).  Raises only when the batch cannot go on."""
+        unit = self._unit(stransaction.id)
+        if not stransaction.matchers:       # no query consumes the event: an empty s-transaction
+            self.count_empty()
+            return True
+        self._history("begin", unit, stransaction)
         parent = self.tx if parent is None else parent
-        return self._run(stransaction, parent, self._unit(stransaction.id),
-                         [rank for rank, _ in stransaction.matchers])
+        context = parent.subtransaction(name=f"s-transaction {stransaction.event.describe()}")
+        child = context.__enter__()
+        try:
+            try:
+                touched, outputs = self._body(child, stransaction, unit)
+            except BaseException as error:
+                context.__exit__(type(error), error, error.__traceback__)
+                raise
+            started = time.perf_counter()
+            context.__exit__(None, None, None)     # commit into the parent
+            self.engine.metrics.phase("commit", time.perf_counter() - started)
+        except BaseException as error:
+            self._history("end", unit, stransaction, False)
+            if not _event_failure(error):
+                raise
+            self._failed(stransaction, error)
+            return False
+        self._history("end", unit, stransaction, True)
+        self._succeeded(touched, outputs, stransaction.event.position)
+        return True
 
     def new_unit(self, stransaction: STransaction) -> str:
         """The history unit of ``stransaction`` when a scheduler runs it with ``execute_in``."""
@@ -175,8 +198,7 @@ class BatchRun:
         infrastructure errors as they are."""
         self._history("begin", unit, stransaction)
         try:
-            return self._body(tx, stransaction, unit,
-                              [rank for rank, _ in stransaction.matchers] if ranks is None else ranks)
+            return self._body(tx, stransaction, unit, ranks)
         except BaseException as error:
             if _event_failure(error):
                 self._failed(stransaction, error)
@@ -228,42 +250,16 @@ class BatchRun:
         self._succeeded(touched, outputs, None)
         return True
 
-    def _run(self, stransaction: STransaction, parent: Any, unit: str, ranks: list[int]) -> bool:
-        if not ranks:                       # no query consumes the event: an empty s-transaction
-            self.count_empty()
-            return True
-        self._history("begin", unit, stransaction)
-        context = parent.subtransaction(name=f"s-transaction {stransaction.event.describe()}")
-        child = context.__enter__()
-        try:
-            try:
-                touched, outputs = self._body(child, stransaction, unit, ranks)
-            except BaseException as error:
-                context.__exit__(type(error), error, error.__traceback__)
-                raise
-            started = time.perf_counter()
-            context.__exit__(None, None, None)     # commit into the parent
-            self.engine.metrics.phase("commit", time.perf_counter() - started)
-        except BaseException as error:
-            self._history("end", unit, stransaction, False)
-            if not _event_failure(error):
-                raise
-            self._failed(stransaction, error)
-            return False
-        self._history("end", unit, stransaction, True)
-        self._succeeded(touched, outputs, stransaction.event.position)
-        return True
-
-    def _body(self, tx: Transaction, stransaction: STransaction, unit: str, ranks: list[int]):
+    def _body(self, tx: Transaction, stransaction: STransaction, unit: str, ranks: list[int] | None = None):
+        """Match every consuming query (those of ``ranks``, default all), then run the rules on their outputs."""
         engine = self.engine
         metrics = engine.metrics
         event = stransaction.event
         view = self.view_factory(tx, Stamp(unit, stransaction.id, event.describe(), event.ts, event.position))
         touched: dict[tuple[str, tuple], PartitionState] = {}
         produced: list[tuple[int, CompiledQuery, list[Output]]] = []
-        wanted = set(ranks)
         for rank, matcher in stransaction.matchers:
-            if rank not in wanted:
+            if ranks is not None and rank not in ranks:
                 continue
             query = matcher.query
             key = matcher.partition_key(event)

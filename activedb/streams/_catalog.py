@@ -53,6 +53,11 @@ class StreamSchema:
     tie_key: Callable[[Any], Any] | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "types", tuple(self.types) if self.types is not None else None)
+        object.__setattr__(self, "attributes", tuple(self.attributes))
+        object.__setattr__(self, "type_attributes", {key: tuple(value) for key, value in
+                                                     (self.type_attributes or {}).items()})
+        object.__setattr__(self, "priorities", dict(self.priorities or {}))
         folded: dict[str, str] = {}
         for event_type in self.types or ():
             if event_type.casefold() in folded:

@@ -95,10 +95,8 @@ class StreamEngine:
                       priorities: Mapping[str, float] | None = None, tie_key: Callable[[StreamEvent], Any] | None = None
                       ) -> StreamSchema:
         """Declare an input stream (see :class:`~activedb.streams._catalog.StreamSchema`)."""
-        return self._definitions.add_stream(StreamSchema(
-            name=name, types=tuple(types) if types is not None else None, attributes=tuple(attributes),
-            type_attributes={key: tuple(value) for key, value in (type_attributes or {}).items()},
-            priorities=dict(priorities or {}), tie_key=tie_key))
+        return self._definitions.add_stream(StreamSchema(name, types, attributes, type_attributes, priorities,
+                                                         tie_key))
 
     def define(self, text: str) -> list[CompiledQuery | CompiledRule]:
         """Define every ``CREATE QUERY`` / ``CREATE RULE`` of ``text``, in order."""

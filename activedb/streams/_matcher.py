@@ -53,13 +53,8 @@ class Matcher:
         self.any_match = query.selection is ast.Selection.SKIP_TILL_ANY_MATCH
 
     def may_change(self, event_type: str) -> bool:
-        """Can an event of ``event_type`` change a partition's state beyond pruning by the
-        window?  Skip-till-any-match: only if it may play a non-accepting component (it is
-        then buffered); skip-till-next-match: always (it may start, advance or end a run).
-        Pruning needs no order: every later event prunes at least as much.  A concurrent
-        scheduler runs the s-transactions that may change a partition in order (the next
-        one consuming the partition waits for the end of the previous one that may change
-        it), so that each is matched on the state its predecessors committed."""
+        """Can an event of ``event_type`` change a partition's state beyond pruning by the window?
+        (The design note's "Matching order": what a concurrent scheduler runs in order.)"""
         if not self.any_match:
             return True
         accepting = self.query.accepting
@@ -168,7 +163,7 @@ class Matcher:
 
 
 class Step:
-    """One event's evaluation by one query (see the module docstring)."""
+    """One event's evaluation by one query: :meth:`Matcher.prepare` made it, :meth:`complete` ends it."""
 
     __slots__ = ("matcher", "event", "accepting", "state", "search", "entries", "buffers")
 

@@ -25,31 +25,17 @@ def _position() -> Any:
 
 
 class Selection(enum.Enum):
-    """Which matches a pattern query outputs (Active CEP leaves it open; see the README).
-
-    * ``SKIP_TILL_ANY_MATCH``: any earlier events may form a match with an accepting
-      event (irrelevant events in between are skipped, partial matches are never
-      consumed); **one output per accepting event** — the match whose constituents are
-      the most recent ones, compared from the last component backwards.
-    * ``SKIP_TILL_NEXT_MATCH``: every event of the first component starts a run; a run
-      binds, for each further component, the *next* event that satisfies it, and ends
-      with its output (or when a negative event or the window kills it).  Several runs
-      may complete at the same accepting event: one output each.
-    """
+    """Which matches a pattern query outputs (Active CEP leaves it open): the point matcher's
+    selection semantics, defined in ``activedb/streams/README.md`` (choice 1)."""
 
     SKIP_TILL_ANY_MATCH = "skip_till_any_match"
     SKIP_TILL_NEXT_MATCH = "skip_till_next_match"
 
 
 class Consumption(enum.Enum):
-    """Which candidate events a composition combines, and which it uses up (Snoop's contexts as
-    Liebig, Cilia, Buchmann, *Event Composition in Time-dependent Distributed Systems* §V use them).
-
-    * ``CHRONICLE``: the *oldest* candidates of every component are combined and consumed.
-    * ``RECENT``: every event of the terminating component (any component for ``Conj``) is
-      combined with the *latest* events of the other components that precede it; those are
-      not consumed, a newer event of the same component replaces them.
-    """
+    """Which candidate events a composition combines and uses up (Snoop's contexts, as Liebig, Cilia,
+    Buchmann, *Event Composition in Time-dependent Distributed Systems* §V use them): ``CHRONICLE``
+    takes and consumes the oldest, ``RECENT`` the latest (defined in ``activedb/composite/README.md``)."""
 
     CHRONICLE = "chronicle"
     RECENT = "recent"
@@ -95,8 +81,10 @@ class ColumnRef(Expr):
 
 
 @dataclass(frozen=True)
-class Compare(Expr):
-    operator: str            # = != < <= > >=
+class _Binary(Expr):
+    """An operator on two operands (equal only to a node of the same class)."""
+
+    operator: str
     left: Expr
     right: Expr
     position: Position | None = _position()
@@ -106,14 +94,13 @@ class Compare(Expr):
 
 
 @dataclass(frozen=True)
-class Arithmetic(Expr):
-    operator: str            # + - * /
-    left: Expr
-    right: Expr
-    position: Position | None = _position()
+class Compare(_Binary):
+    """``left operator right`` with ``operator`` one of ``= != < <= > >=``."""
 
-    def children(self):
-        return (self.left, self.right)
+
+@dataclass(frozen=True)
+class Arithmetic(_Binary):
+    """``left operator right`` with ``operator`` one of ``+ - * /``."""
 
 
 @dataclass(frozen=True)
