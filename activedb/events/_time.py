@@ -39,7 +39,8 @@ def _offset(reference: Any, amount: Any) -> Any:
     return amount
 
 
-def _check_time(value: Any, what: str) -> None:
+def check_time(value: Any, what: str) -> None:
+    """Raise ``ValueError`` unless ``value`` is a finite number of seconds or an aware datetime."""
     if isinstance(value, bool):
         raise ValueError(f"{what} {value!r} is a boolean, not a time")
     if isinstance(value, (int, float)):
@@ -70,8 +71,8 @@ class AccuracyInterval:
     upper: Any
 
     def __post_init__(self) -> None:
-        _check_time(self.lower, "lower bound")
-        _check_time(self.upper, "upper bound")
+        check_time(self.lower, "lower bound")
+        check_time(self.upper, "upper bound")
         if isinstance(self.lower, dt.datetime) != isinstance(self.upper, dt.datetime):
             raise ValueError(f"interval [{self.lower!r}, {self.upper!r}] mixes datetimes and numbers")
         if self.upper < self.lower:
@@ -80,7 +81,7 @@ class AccuracyInterval:
     @classmethod
     def around(cls, reference: Any, minus: Any = 0.0, plus: Any = None) -> "AccuracyInterval":
         """``[reference − minus, reference + plus]`` (``plus`` defaults to ``minus``: ``[ref ± α]``)."""
-        _check_time(reference, "reference time")
+        check_time(reference, "reference time")
         plus = minus if plus is None else plus
         _check_accuracy(minus, "α⁻")
         _check_accuracy(plus, "α⁺")
@@ -156,7 +157,7 @@ class Timestamp:
         if self.producer is not None and (not isinstance(self.producer, str) or not self.producer):
             raise ValueError(f"a producer is a non-empty string, got {self.producer!r}")
         if self.local is not None:
-            _check_time(self.local, "local timestamp")
+            check_time(self.local, "local timestamp")
         if self.reference is None:
             interval = self.interval
             middle = interval.lower + (interval.upper - interval.lower) / 2
@@ -218,7 +219,7 @@ def as_timestamp(value: Any, producer: str | None = None) -> Timestamp:
         return value
     if isinstance(value, AccuracyInterval):
         return Timestamp(value, producer)
-    _check_time(value, "timestamp")
+    check_time(value, "timestamp")
     return Timestamp.point(value, producer=producer)
 
 

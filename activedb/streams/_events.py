@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from activedb.events import check_time
+
 
 @dataclass(frozen=True, slots=True)
 class StreamEvent:
@@ -110,22 +112,8 @@ def ts_less(a: Any, b: Any) -> bool:
 
 def check_ts(ts: Any) -> str:
     """The kind of timestamp (``"number"`` or ``"datetime"``); raises ValueError otherwise."""
-    if isinstance(ts, bool):
-        raise ValueError(f"timestamp {ts!r} is a boolean, not a time")
-    if isinstance(ts, (int, float)):
-        if isinstance(ts, float) and not math.isfinite(ts):
-            raise ValueError(f"timestamp {ts!r} is not finite")
-        return "number"
-    if isinstance(ts, dt.datetime):
-        if ts.tzinfo is None:
-            raise ValueError(f"timestamp {ts.isoformat()} has no time zone; give aware datetimes (UTC)")
-        return "datetime"
-    raise ValueError(f"timestamp {ts!r} is neither a number of seconds nor a datetime")
-
-
-def seconds_between(later: Any, earlier: Any) -> float:
-    difference = later - earlier
-    return difference.total_seconds() if isinstance(difference, dt.timedelta) else float(difference)
+    check_time(ts, "timestamp")
+    return "datetime" if isinstance(ts, dt.datetime) else "number"
 
 
 def order_key(event: StreamEvent, priority: float | None, tie: Any) -> tuple:

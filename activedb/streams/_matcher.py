@@ -14,9 +14,10 @@ from __future__ import annotations
 import time
 from typing import Any, NamedTuple
 
+from activedb.events import seconds
 from activedb.streams import algebra as ast
 from activedb.streams._compile import CompiledQuery, Ctx
-from activedb.streams._events import Output, StreamEvent, seconds_between
+from activedb.streams._events import Output, StreamEvent
 
 
 class PartitionState(NamedTuple):
@@ -77,10 +78,10 @@ class Matcher:
         if within is not None:
             ts = event.ts
             for index, buffer in enumerate(buffers):
-                if buffer and seconds_between(ts, buffer[0].ts) > within:
-                    buffers[index] = tuple(kept for kept in buffer if seconds_between(ts, kept.ts) <= within)
+                if buffer and seconds(ts - buffer[0].ts) > within:
+                    buffers[index] = tuple(kept for kept in buffer if seconds(ts - kept.ts) <= within)
             if runs:
-                runs = tuple(run for run in runs if seconds_between(ts, run[0].ts) <= within)
+                runs = tuple(run for run in runs if seconds(ts - run[0].ts) <= within)
         ctx = Ctx([None] * self.width)
         matches: dict[int, bool] = {}
         for index in indices:
