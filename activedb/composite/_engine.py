@@ -52,10 +52,7 @@ class CompositionEngine:
       the engine's mutex) with every :class:`~activedb.composite.Invalidation`; all are also recorded
       (``invalidations()``).
 
-    Membership (the paper's §IV) is **atomic** by default: a producer joins (``join``) before it sends,
-    with the event types it produces; events of unknown producers are refused.  ``join(…,
-    membership="weak")`` admits a producer discovered late at once; compositions its old events would
-    have changed are reported afterwards (``on_invalidation``).  See the README.
+    Membership (the paper's §IV: atomic or weak) is per producer: see :meth:`join`.
     """
 
     def __init__(self, db: Any = None, *, name: str = "composite", clock: Any = None,
@@ -306,15 +303,10 @@ class CompositionEngine:
 
     def statistics(self) -> CompositeStatistics:
         with self._guard:
-            counts = self._counts
-            return CompositeStatistics(
-                events=counts["events"], heartbeats=counts["heartbeats"], composites=counts["composites"],
-                uncertainties=counts["uncertainties"], decisions=counts["decisions"], dropped=counts["dropped"],
-                discarded=counts["discarded"], unmatched=counts["unmatched"],
-                late_refused=counts["late_refused"], late_accepted=counts["late_accepted"],
-                waiting=sum(node.size() for node in self._evaluation.nodes.values()),
-                blocked_nodes=len(self._evaluation.blocked),
-                invalidations=counts["invalidations"])
+            measured = {"waiting": sum(node.size() for node in self._evaluation.nodes.values()),
+                        "blocked_nodes": len(self._evaluation.blocked)}
+            return CompositeStatistics(**{field.name: measured.get(field.name, self._counts[field.name])
+                                          for field in dataclasses.fields(CompositeStatistics)})
 
     def waiting(self) -> dict[tuple[str, tuple], dict[str, Any]]:
         """Per node that holds events: its lists (as events) and the producers it waits for."""

@@ -52,47 +52,33 @@ class Parser(TokenCursor):
 
     def query(self, start: Token) -> ast.QueryDefinition:
         name = self.name("the query's name")
-        seen: dict[str, Token] = {}
-        stream = pattern = where = within = None
-        returns: tuple[ast.ReturnItem, ...] | None = None
-        selection = ast.Selection.SKIP_TILL_ANY_MATCH
-        priority = None
-        consumption = None
-        clauses = ("ON", "PATTERN", "WHERE", "WITHIN", "RETURN", "MATCHING", "PRIORITY", "CONSUMING")
+        # Each clause once, in any order: its keyword, the QueryDefinition field and the rule parsing it.
+        clauses = {"ON": ("stream", lambda: self.name("the stream's name after ON")),
+                   "PATTERN": ("pattern", self.pattern), "WHERE": ("where", self.expression),
+                   "WITHIN": ("within", self.duration), "RETURN": ("returns", self.returns),
+                   "MATCHING": ("selection", self.selection), "CONSUMING": ("consumption", self.consumption),
+                   "PRIORITY": ("priority", lambda: self.number("the query's priority"))}
+        fields: dict[str, Any] = {}
         while self.current.is_keyword(*clauses):
             token = self.advance()
             keyword = token.text.upper()
-            if keyword in seen:
+            field, parse_clause = clauses[keyword]
+            if field in fields:
                 raise self.error(f"{keyword} given twice in query {name}", token)
-            seen[keyword] = token
-            if keyword == "ON":
-                stream = self.name("the stream's name after ON")
-            elif keyword == "PATTERN":
-                pattern = self.pattern()
-            elif keyword == "WHERE":
-                where = self.expression()
-            elif keyword == "WITHIN":
-                within = self.duration()
-            elif keyword == "RETURN":
-                returns = self.returns()
-            elif keyword == "MATCHING":
-                selection = self.selection()
-            elif keyword == "CONSUMING":
-                word = self.accept_keyword("CHRONICLE", "RECENT")
-                if word is None:
-                    raise self.error(f"expected CHRONICLE or RECENT after CONSUMING, found {self.current.describe()}")
-                consumption = ast.Consumption(word.text.lower())
-            else:
-                priority = self.number("the query's priority")
-        if pattern is None:
+            fields[field] = parse_clause()
+        if "pattern" not in fields:
             raise self.error(f"query {name} needs a PATTERN clause (e.g. PATTERN SEQ(A, !B, C)); "
                              f"found {self.current.describe()}")
-        if returns is None:
+        if "returns" not in fields:
             raise self.error(f"query {name} needs a RETURN clause (e.g. RETURN C.id); found "
                              f"{self.current.describe()}")
-        return ast.QueryDefinition(name=name, pattern=pattern, returns=returns, where=where, within=within,
-                                   stream=stream, selection=selection, priority=priority,
-                                   consumption=consumption, position=self.position(start))
+        return ast.QueryDefinition(name=name, **fields, position=self.position(start))
+
+    def consumption(self) -> ast.Consumption:
+        word = self.accept_keyword("CHRONICLE", "RECENT")
+        if word is None:
+            raise self.error(f"expected CHRONICLE or RECENT after CONSUMING, found {self.current.describe()}")
+        return ast.Consumption(word.text.lower())
 
     def pattern(self) -> ast.Pattern:
         start = self.current
