@@ -1,15 +1,6 @@
-"""What definitions are checked against: the declared streams and the store's tables.
-
-* :class:`StreamSchema` — a declared input stream: its event types, their attributes,
-  and the application's order for events with equal timestamps (type priorities, then
-  an optional tie key; see ``_order.py``).
-* :class:`StoreCatalog` — resolves a table or column named in a definition to the
-  PostgreSQL table (reflected through ``db.table``).  Unquoted names match case-
-  insensitively, as SQL folds them (``workerStatus`` finds ``workerstatus``); an engine
-  may also map the paper's logical names onto its own schema with ``aliases``
-  (``{"workerStatus": ("worker_status", {"workerID": "worker"})}``).
-
-Thread-safety: a ``StoreCatalog`` is used under the engine's definition mutex only.
+"""What definitions are checked against: the declared streams (:class:`StreamSchema`) and the store's
+tables (:class:`StoreCatalog`, resolving names as SQL folds unquoted ones, or through the engine's
+``aliases``).  Thread-safety: a ``StoreCatalog`` is used under the engine's definition mutex only.
 """
 
 from __future__ import annotations

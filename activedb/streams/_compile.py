@@ -121,7 +121,7 @@ def compile_query(definition: ast.QueryDefinition, streams: dict[str, StreamSche
     for term in ast.conjuncts(definition.where):
         if isinstance(term, ast.Equivalence):
             resolved = None
-            for index, event_type in enumerate(types):
+            for event_type in types:
                 resolved = stream.resolve_attribute(event_type, term.attribute, term.position)
             if resolved not in partition:
                 partition.append(resolved)

@@ -278,7 +278,7 @@ class Parser(TokenCursor):
         if self.accept_keyword("IS"):
             negated = self.accept_keyword("NOT") is not None
             self.expect_keyword("NULL", "after IS [NOT]")
-            return ast.IsNull(left, negated, position=self.position(start))
+            return ast.IsNull(left, negated=negated, position=self.position(start))
         return left
 
     def sum(self) -> ast.Expr:

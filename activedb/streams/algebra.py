@@ -120,13 +120,8 @@ class Negate(_Unary):
 
 
 @dataclass(frozen=True)
-class IsNull(Expr):
-    operand: Expr
+class IsNull(_Unary):
     negated: bool = False    # IS NOT NULL
-    position: Position | None = _position()
-
-    def children(self):
-        return (self.operand,)
 
 
 @dataclass(frozen=True)
