@@ -143,18 +143,13 @@ class CompositionEngine:
 
     def join(self, producer: str, *, types: Iterable[str], since: Any = None,
              clock: LocalClock | None = None, membership: str = "atomic") -> None:
-        """Register ``producer`` for ``types``.
+        """Register ``producer`` for ``types`` (the design note's "Membership: atomic and weak").
 
-        ``membership="atomic"`` (default): before it sends.  ``since`` promises that none of its events
-        will have a lower bound below it; it must be after every instant compositions already relied on.
-        Without it the producer's sync-point is unknown until its first event or heartbeat, and
-        compositions of its types wait for that.
-
-        ``membership="weak"``: a producer discovered late is admitted at once, whatever compositions
-        already relied on.  Its events are taken like any other's; one that arrives after decisions
-        relied on its absence (an *old* event) is checked against the compositions already produced, and
-        those it would have changed are reported: an :class:`~activedb.composite.Invalidation` to
-        ``on_invalidation`` and in ``invalidations()``."""
+        ``membership="atomic"`` (default): before it sends; ``since`` promises that none of its events
+        will have a lower bound below it and must be after every instant compositions already relied on
+        (without it, compositions of its types wait for its first event or heartbeat).
+        ``membership="weak"``: admitted at once; compositions its old events would have changed are
+        reported (:class:`~activedb.composite.Invalidation` to ``on_invalidation``, ``invalidations()``)."""
         if membership not in ("atomic", "weak"):
             raise MembershipError(f"membership is 'atomic' (join before sending) or 'weak' (admitted late, "
                                   f"invalidated compositions reported), got {membership!r}")

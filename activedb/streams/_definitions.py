@@ -192,8 +192,7 @@ def _key_extractor(key_spec: Any, query: CompiledQuery, rule: CompiledRule | Non
             return None
         if rule is not None and source.alias.casefold() in (rule.definition.new_alias.casefold(),
                                                             query.name.casefold()):
-            expression = dict((name, item.expression) for name, item in
-                              ((item.name, item) for item in query.definition.returns)).get(source.attribute)
+            expression = {item.name: item.expression for item in query.definition.returns}.get(source.attribute)
             if isinstance(expression, ast.Literal):
                 values.append((True, expression.value))
                 continue
