@@ -222,9 +222,15 @@ def compile_rule(definition: ast.RuleDefinition, queries: dict[str, CompiledQuer
                            f"{', '.join(queries) or 'none'}); define the query first", **at(definition))
     reads: list[ReadSpec] = []
     writes: list[WriteSpec] = []
+
+    def rule_scope(clause: str, row_table: Any = None) -> Scope:
+        """Names in ``clause`` of the rule: the triggering output's attributes (and ``row_table``'s columns)."""
+        return Scope(catalog, new_alias=definition.new_alias, query=query, row_table=row_table,
+                     what=f"{what} {clause}")
+
     when = None
     if definition.when is not None:
-        scope = Scope(catalog, new_alias=definition.new_alias, query=query, what=f"{what} WHEN")
+        scope = rule_scope("WHEN")
         when = compile_expression(definition.when, scope)
         reads.extend(scope.reads)
     actions = []
@@ -250,7 +256,7 @@ def compile_rule(definition: ast.RuleDefinition, queries: dict[str, CompiledQuer
             if missing:
                 raise DefinitionError(f"{what}: INSERT INTO {action.table} must give {', '.join(sorted(missing))} "
                                       f"(NOT NULL without a default)", **at(action))
-            scope = Scope(catalog, new_alias=definition.new_alias, query=query, what=f"{what} INSERT")
+            scope = rule_scope("INSERT")
             functions = [compile_expression(value, scope) for value in action.values]
             reads.extend(scope.reads)
             sources = dict(zip(real, action.values))
@@ -270,7 +276,7 @@ def compile_rule(definition: ast.RuleDefinition, queries: dict[str, CompiledQuer
                 f"{what}: the WHERE of {type(action).__name__[:-6].upper()} {action.table} must name its whole "
                 f"primary key ({', '.join(table.key_columns)}) with '=' — the action changes one row; for anything "
                 f"else use a Python action", **at(action))
-        scope = Scope(catalog, new_alias=definition.new_alias, query=query, what=f"{what} WHERE")
+        scope = rule_scope("WHERE")
         key_functions = [compile_expression(key_pairs[column], scope) for column in table.key_columns]
         reads.extend(scope.reads)
         key_spec = tuple((column, _source(key_pairs[column])) for column in table.key_columns)
@@ -283,8 +289,7 @@ def compile_rule(definition: ast.RuleDefinition, queries: dict[str, CompiledQuer
             column = table.column(written, action.position)
             if column in table.key_columns:
                 raise DefinitionError(f"{what}: UPDATE cannot change the key column {written}", **at(action))
-            row_scope = Scope(catalog, new_alias=definition.new_alias, query=query, row_table=table,
-                              what=f"{what} SET")
+            row_scope = rule_scope("SET", table)
             assignments.append((column, compile_expression(expression, row_scope)))
             reads.extend(row_scope.reads)
         reads.append(ReadSpec(table.name, key_spec))      # the UPDATE reads the row it changes
@@ -306,23 +311,26 @@ def _insert(table: str, columns: list[str], functions: list[Fn]) -> Callable[[Ct
     return insert
 
 
+def _key(ctx: Ctx, key_functions: list[Fn]) -> tuple | None:
+    """The row key the functions compute; None if a part is NULL (``WHERE key = NULL`` matches no row)."""
+    key = tuple(function(ctx) for function in key_functions)
+    return None if any(value is None for value in key) else key
+
+
 def _delete(table: str, key_functions: list[Fn]) -> Callable[[Ctx], None]:
     def delete(ctx: Ctx) -> None:
-        key = tuple(function(ctx) for function in key_functions)
-        if any(value is None for value in key):
-            return
-        ctx.reader.delete(table, key)
+        key = _key(ctx, key_functions)
+        if key is not None:
+            ctx.reader.delete(table, key)
     return delete
 
 
 def _update(table: str, key_functions: list[Fn], assignments: list[tuple[str, Fn]]) -> Callable[[Ctx], None]:
     def update(ctx: Ctx) -> None:
-        key = tuple(function(ctx) for function in key_functions)
-        if any(value is None for value in key):
-            return                      # WHERE key = NULL matches no row
-        row = ctx.reader.read(table, key)
+        key = _key(ctx, key_functions)
+        row = ctx.reader.read(table, key) if key is not None else None
         if row is None:
-            return                      # UPDATE of a missing row changes nothing (SQL)
+            return                      # a NULL key or a missing row: the UPDATE changes nothing (SQL)
         ctx.row = row
         try:
             values = {column: function(ctx) for column, function in assignments}

@@ -128,13 +128,14 @@ def compile_expression(node: ast.Expr, scope: Scope) -> Fn:
         return _null_propagating(
             compile_expression(node.left, scope), compile_expression(node.right, scope), _ARITHMETIC[text],
             (TypeError, ZeroDivisionError), lambda a, b, error: f"cannot compute {a!r} {text} {b!r}: {error}")
-    if isinstance(node, ast.Negate):
+    if isinstance(node, (ast.Negate, ast.Not)):
         operand = compile_expression(node.operand, scope)
+        apply = operator.neg if isinstance(node, ast.Negate) else operator.not_
 
-        def evaluate_negate(ctx: Ctx) -> Any:
+        def evaluate_unary(ctx: Ctx) -> Any:
             value = operand(ctx)
-            return None if value is None else -value
-        return evaluate_negate
+            return None if value is None else apply(value)
+        return evaluate_unary
     if isinstance(node, ast.IsNull):
         operand = compile_expression(node.operand, scope)
         if node.negated:
@@ -156,13 +157,6 @@ def compile_expression(node: ast.Expr, scope: Scope) -> Fn:
                     return decisive
             return None if unknown else not decisive
         return evaluate_connective
-    if isinstance(node, ast.Not):
-        operand = compile_expression(node.operand, scope)
-
-        def evaluate_not(ctx: Ctx) -> Any:
-            value = operand(ctx)
-            return None if value is None else not value
-        return evaluate_not
     if isinstance(node, (ast.ScalarSubquery, ast.Exists)):
         return _compile_select(node, scope)
     if isinstance(node, ast.Equivalence):
