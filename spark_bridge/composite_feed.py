@@ -1,34 +1,9 @@
-"""Feeding a composition engine (``activedb.composite``) from the rows of a micro-batch.
-
-Public interface:
-
-* :func:`rows_to_items` — rows (a ``pyarrow.Table``/``RecordBatch`` or a list of dicts) → the engine's
-  inputs (events with accuracy-interval timestamps naming their producer, and heartbeats) in an order
-  the engine may take them, plus :class:`~spark_bridge.mapping.Rejected` rows with reasons;
-* :func:`feed_batch` — ``rows_to_items`` then ``engine.process(tx, items)`` (composite events emitted
-  into the batch's transaction, rules firing) or ``engine.submit(items)`` without a transaction.
-
-The mapping (:class:`~spark_bridge.mapping.EventMapping`) names the producer column, the accuracy
-column(s) (seconds; the interval is ``[ts − α⁻, ts + α⁺]``), an optional local-timestamp column, and the
-type value of heartbeat rows; heartbeats flow through the same stream as events.
-
-**Micro-batch boundaries never change a composition's result.**  Spark does not keep row order inside a
-batch, so each producer's rows are put back into detection order here — by local timestamp when there
-is one, else by lower bound, then by position (stable) — and the producers' sequences are merged by lower
-bound.  Across batches the engine keeps its state (lists, sync-points), so splitting one producer-ordered
-stream into batches anywhere feeds the engine the same per-producer sequences: the engine's result depends
-only on those (its decisions wait for stability), never on how they interleave.  The per-producer order
-across batches is the source's (a producer's rows must not arrive in a later batch than rows it detected
-after them; if they do, the engine refuses them as late when a decision relied on their absence).
-
-Pure Python plus pyarrow (imported only for a Table); never imports pyspark.
-
-What the sink calls (``_composite_handler.py``, for ``ingest(…, composition=engine)`` with a mapping that
-has ``producer_column``): inside the batch's
-``db.transaction(...)``, ``result = feed_batch(engine, batch_table, mapping, tx=tx)`` instead of
-``rows_to_events`` + the per-event ``emit`` loop; ``result.rejected`` become dead letters like mapping
-rejections; ``result.composites`` count as the batch's events; ``engine.process`` checks the producers'
-timeouts itself (``ProducerTimeout`` fails the batch).
+"""Feeding a composition engine (``activedb.composite``) from the rows of a micro-batch:
+:func:`rows_to_items` (rows — a ``pyarrow.Table``/``RecordBatch`` or dicts — to the engine's events with
+accuracy-interval timestamps and heartbeats, plus rejected rows) and :func:`feed_batch` (then
+``engine.process(tx, items)``, or ``engine.submit(items)`` without a transaction).  Each producer's rows
+are put back into detection order, so micro-batch boundaries never change a composition's result (the
+design note ``activedb/composite/README.md``, "Spark").  Pure Python plus pyarrow; never imports pyspark.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""System time for input-node timeouts: injectable, so that tests never read the wall clock.
-
-* :class:`MonotonicClock` — ``time.monotonic()`` (the default);
-* :class:`ManualClock` — a clock a test or a simulation moves with :meth:`ManualClock.advance`.
-
-System time (when something *arrived*) is never mixed with application time (when it *occurred*, the
-accuracy intervals): timeouts use the former, order and stability the latter.
+"""System time for input-node timeouts, injectable so that tests never read the wall clock:
+:class:`MonotonicClock` (the default) and :class:`ManualClock` (moved by ``advance``).  Never mixed
+with application time (the accuracy intervals).
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""The composition engine: the public object, coordinating its collaborators — the producers
-(``_members.Members``), the input node (``_input.InputNode``), the composition nodes and what they call
-while evaluating (``_evaluation.Evaluation``), the rollback of an aborted transaction's batches
-(``_rollback.Rollback``) — and the outside world (transactions, rules, the window a picture is drawn
-from).  Its records (statistics, producer info, the window) are in ``_records``.
+"""The composition engine (:class:`CompositionEngine`): the public object, coordinating its
+collaborators (design note ``activedb/composite/README.md``, "What it owns").
 
 Thread-safety: ``_mutex`` protects every field below it and the collaborators' state (producers, nodes,
 the outbox, statistics, the window); the collaborators do not lock.  Lock order: ``_mutex`` is taken
@@ -25,7 +22,7 @@ from activedb.composite._input import InputNode
 from activedb.composite._members import Members
 from activedb.composite._model import CompositeEvent, Heartbeat, Invalidation, Uncertainty, describe_event
 from activedb.composite._polist import Membership
-from activedb.composite._records import CompositeStatistics, ProducerInfo, TimeoutPolicy, Window, WindowEntry
+from activedb.composite._records import CompositeStatistics, ProducerInfo, TimeoutPolicy, Window
 from activedb.composite._rollback import Rollback
 from activedb.composite.errors import CompositeError, MembershipError, ProducerTimeout
 from activedb.events import EventSpec, EventKind, LocalClock
@@ -35,9 +32,6 @@ from activedb.streams.errors import DefinitionError
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
-
-__all__ = ["DEFAULT_TIMEOUT", "CompositeStatistics", "CompositionEngine", "ProducerInfo", "TimeoutPolicy", "Window",
-           "WindowEntry"]
 
 DEFAULT_TIMEOUT = 30.0
 
@@ -58,10 +52,7 @@ class CompositionEngine:
       the engine's mutex) with every :class:`~activedb.composite.Invalidation`; all are also recorded
       (``invalidations()``).
 
-    Membership (the paper's §IV) is **atomic** by default: a producer joins (``join``) before it sends,
-    with the event types it produces; events of unknown producers are refused.  ``join(…,
-    membership="weak")`` admits a producer discovered late at once; compositions its old events would
-    have changed are reported afterwards (``on_invalidation``).  See the README.
+    Membership (the paper's §IV: atomic or weak) is per producer: see :meth:`join`.
     """
 
     def __init__(self, db: Any = None, *, name: str = "composite", clock: Any = None,
@@ -95,9 +86,7 @@ class CompositionEngine:
     def create_stream(self, name: str, *, types: Sequence[str] | None = None, attributes: Sequence[str] = (),
                       type_attributes: Mapping[str, Sequence[str]] | None = None) -> StreamSchema:
         """Declare the event types and attributes queries may name (as ``StreamEngine.create_stream``)."""
-        schema = StreamSchema(name=name, types=tuple(types) if types is not None else None,
-                              attributes=tuple(attributes),
-                              type_attributes={key: tuple(value) for key, value in (type_attributes or {}).items()})
+        schema = StreamSchema(name, types, attributes, type_attributes)
         with self._guard:
             if name in self._streams:
                 raise DefinitionError(f"stream {name!r} is already declared")
@@ -154,18 +143,13 @@ class CompositionEngine:
 
     def join(self, producer: str, *, types: Iterable[str], since: Any = None,
              clock: LocalClock | None = None, membership: str = "atomic") -> None:
-        """Register ``producer`` for ``types``.
+        """Register ``producer`` for ``types`` (the design note's "Membership: atomic and weak").
 
-        ``membership="atomic"`` (default): before it sends.  ``since`` promises that none of its events
-        will have a lower bound below it; it must be after every instant compositions already relied on.
-        Without it the producer's sync-point is unknown until its first event or heartbeat, and
-        compositions of its types wait for that.
-
-        ``membership="weak"``: a producer discovered late is admitted at once, whatever compositions
-        already relied on.  Its events are taken like any other's; one that arrives after decisions
-        relied on its absence (an *old* event) is checked against the compositions already produced, and
-        those it would have changed are reported: an :class:`~activedb.composite.Invalidation` to
-        ``on_invalidation`` and in ``invalidations()``."""
+        ``membership="atomic"`` (default): before it sends; ``since`` promises that none of its events
+        will have a lower bound below it and must be after every instant compositions already relied on
+        (without it, compositions of its types wait for its first event or heartbeat).
+        ``membership="weak"``: admitted at once; compositions its old events would have changed are
+        reported (:class:`~activedb.composite.Invalidation` to ``on_invalidation``, ``invalidations()``)."""
         if membership not in ("atomic", "weak"):
             raise MembershipError(f"membership is 'atomic' (join before sending) or 'weak' (admitted late, "
                                   f"invalidated compositions reported), got {membership!r}")
@@ -196,9 +180,7 @@ class CompositionEngine:
     def signal(self, event: StreamEvent | Heartbeat) -> list[CompositeEvent]:
         """Take one event (its ``ts`` a :class:`Timestamp` naming its producer, or a number/datetime with
         ``attributes['producer']``) or a :class:`Heartbeat`; return the composite events it made possible."""
-        with self._guard:
-            self._input.take(event)
-        return self._finish()
+        return self.submit([event])
 
     def heartbeat(self, producer: str, ts: Any) -> list[CompositeEvent]:
         """``producer`` is alive and will send nothing with a lower bound below ``lower(ts)``."""
@@ -316,15 +298,10 @@ class CompositionEngine:
 
     def statistics(self) -> CompositeStatistics:
         with self._guard:
-            counts = self._counts
-            return CompositeStatistics(
-                events=counts["events"], heartbeats=counts["heartbeats"], composites=counts["composites"],
-                uncertainties=counts["uncertainties"], decisions=counts["decisions"], dropped=counts["dropped"],
-                discarded=counts["discarded"], unmatched=counts["unmatched"],
-                late_refused=counts["late_refused"], late_accepted=counts["late_accepted"],
-                waiting=sum(node.size() for node in self._evaluation.nodes.values()),
-                blocked_nodes=len(self._evaluation.blocked),
-                invalidations=counts["invalidations"])
+            measured = {"waiting": sum(node.size() for node in self._evaluation.nodes.values()),
+                        "blocked_nodes": len(self._evaluation.blocked)}
+            return CompositeStatistics(**{field.name: measured.get(field.name, self._counts[field.name])
+                                          for field in dataclasses.fields(CompositeStatistics)})
 
     def waiting(self) -> dict[tuple[str, tuple], dict[str, Any]]:
         """Per node that holds events: its lists (as events) and the producers it waits for."""

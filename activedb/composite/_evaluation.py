@@ -1,11 +1,6 @@
 """The composition nodes of one engine and what they call while they evaluate (the paper's §V.B
-``while (evaluate())``, §V.D uncertainty): stability, resolution of uncertain orders, composition.
-
-:class:`Evaluation` owns the nodes (one per query and ``[attr]`` partition), which of them wait for
-sync-points (``blocked``), the outbox of composite events not yet handed out, the uncertainties met
-during the current call (``raised``), and the recent composites and uncertainties kept for the picture
-and for weak membership's invalidation check.  A node calls back ``blocking``, ``rely``, ``resolve``,
-``compose``, ``dropped``, ``discarded`` and ``unmatched``.
+``while (evaluate())``, §V.D uncertainty): :class:`Evaluation` (design note
+``activedb/composite/README.md``).
 
 Not thread-safe by itself: used under ``CompositionEngine._mutex`` (the ``on_uncertain`` callback runs
 under it).
@@ -21,12 +16,16 @@ from activedb.composite._model import Choice, CompositeEvent, Uncertainty, descr
 from activedb.composite._node import Node
 from activedb.composite._polist import Item, POList
 from activedb.composite.errors import CompositeError, UncertainOrder
-from activedb.events import Timestamp, hull
+from activedb.events import hull
 from activedb.streams import Ctx, StreamEvent
 
 
 class Evaluation:
-    """The nodes of one engine and the context they evaluate in (see the module docstring)."""
+    """The nodes of one engine (one per query and ``[attr]`` partition), which of them wait for sync-points
+    (``blocked``), the outbox of composite events not yet handed out, the uncertainties met during the
+    current call (``raised``), the recent composites and uncertainties kept for the picture and weak
+    membership's check; a node calls back ``members``' ``blocking``/``rely``, ``resolve``, ``compose``,
+    ``dropped``, ``discarded`` and ``unmatched``."""
 
     def __init__(self, members: Members, clock: Any, counts: collections.Counter,
                  on_uncertain: Callable[[Uncertainty], Any] | None, window: int):
@@ -86,12 +85,6 @@ class Evaluation:
         return outputs
 
     # --- what a node calls while it evaluates ----------------------------------------------------------
-
-    def blocking(self, stamps: list[Timestamp], event_type: str) -> frozenset[str]:
-        return self.members.blocking(stamps, event_type)
-
-    def rely(self, event_type: str, value: Any) -> None:
-        self.members.rely(event_type, value)
 
     def resolve(self, uncertainty: Uncertainty, candidates: list[Item]) -> tuple:
         self.counts["uncertainties"] += 1

@@ -1,11 +1,7 @@
-"""The input node of one composition engine (the paper's InputNode, §IV and §V.C): events and
-heartbeats in, checked against their producer's membership and FIFO promise, routed into the lists of
-the nodes whose queries consume them.
-
-:class:`InputNode` owns the routing of event types to queries, the arrival numbers, the arrivals kept
-for the picture (``entries``), and weak membership's invalidation notices (``invalidations``, the
-record; ``notices``, those not yet handed to ``on_invalidation``).  An input moves its producer's
-sync-point; the nodes it entered are evaluated, and the blocked nodes of its producer's types woken.
+"""The input node of one composition engine (the paper's InputNode, §IV and §V.C): :class:`InputNode`
+takes events and heartbeats, checks them against their producer's membership and FIFO promise, and
+routes them into the lists of the nodes whose queries consume them (design note
+``activedb/composite/README.md``).
 
 Not thread-safe by itself: used under ``CompositionEngine._mutex``.
 """

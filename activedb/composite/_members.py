@@ -1,10 +1,6 @@
-"""The producers of one composition engine: membership, sync-points per event type, and what decisions
-relied on (the paper's §IV membership and §V.A stability).
-
-:class:`Members` owns the joined producers, the producers of each event type, and ``relied`` — per
-event type, the instant up to which decisions relied on no event being in transit.  Invariant: every
-decision about type T relied on no event of T with lower bound <= ``relied[T]`` still being in transit;
-an atomic member may therefore only join with ``since`` after it.
+"""The producers of one composition engine (:class:`Members`): membership, the producers of each event
+type, and ``relied`` (the paper's §IV membership and §V.A stability; design note
+``activedb/composite/README.md``).
 
 Not thread-safe by itself: used under ``CompositionEngine._mutex``.
 """
@@ -28,6 +24,8 @@ class Members:
         self.counts = counts
         self.producers: dict[str, Producer] = {}
         self.by_type: dict[str, list[Producer]] = {}
+        # Invariant: every decision about type T relied on no event of T with lower bound <= relied[T] still
+        # being in transit; an atomic member may therefore only join with ``since`` after it.
         self.relied: dict[str, Any] = {}
 
     def join(self, producer: str, types: frozenset[str], since: Any, clock: LocalClock | None, now: float,

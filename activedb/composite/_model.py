@@ -123,15 +123,6 @@ class CompositeEvent:
     def __getitem__(self, attribute: str) -> Any:
         return self.attributes[attribute]
 
-    def constituent(self, component: str) -> StreamEvent:
-        return self.constituents[self.components.index(component)]
-
-    def describe(self) -> str:
-        parts = " & " if self.operator == "AND" else " ; "
-        inner = parts.join(describe_event(event) for event in self.constituents)
-        decided = f" (decided by the application: {len(self.resolutions)})" if self.resolutions else ""
-        return f"{self.query}({inner}) {self.ts.interval}{decided}"
-
     def payload(self) -> dict[str, Any]:
         """What a rule on the composite event sees as ``event.payload``: the RETURN attributes, plus
         ``constituents`` (the events), ``components`` and ``resolutions``."""
@@ -141,14 +132,15 @@ class CompositeEvent:
         payload.setdefault("resolutions", self.resolutions)
         return payload
 
+    def describe(self) -> str:
+        parts = " & " if self.operator == "AND" else " ; "
+        inner = parts.join(describe_event(event) for event in self.constituents)
+        decided = f" (decided by the application: {len(self.resolutions)})" if self.resolutions else ""
+        return f"{self.query}({inner}) {self.ts.interval}{decided}"
+
     def to_stream_event(self, stream: str | None = None) -> StreamEvent:
         """This composite as an input event of another composition (its producer is the query)."""
         return StreamEvent(self.query, self.ts, dict(self.attributes), stream=stream)
-
-    def sort_key(self) -> tuple:
-        """A deterministic order of composites (for comparing runs): by time, then content."""
-        return (self.query, self.ts.lower, self.ts.upper, repr(self.partition),
-                tuple(describe_event(event) for event in self.constituents))
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,6 @@
-"""One composition node: a query's per-component partially ordered lists for one partition, and the
-evaluation of AND / SEQ under chronicle and recent consumption (the paper's CompositionNode, §V).
-
-``evaluate()`` is the paper's ``while (evaluate());`` followed by ``cleanUp()``: it composes as long as
-the candidate sets are stable and certain, asks its context (the engine's ``Evaluation``) to resolve an
-uncertainty (an up-call, or ``UncertainOrder``), and stops when a candidate set is not stable yet (it
-then records which producers it waits for — the input-node timeout watches them).
+"""One composition node (the paper's CompositionNode, §V): a query's per-component partially ordered
+lists for one partition; ``evaluate()`` is the paper's ``while (evaluate());`` then ``cleanUp()``
+(design note ``activedb/composite/README.md``).
 
 Not thread-safe by itself: used under ``CompositionEngine._mutex``.
 """
@@ -97,11 +93,11 @@ class Node:
     def _stable(self, context: "Evaluation", rank: int, candidates: list[Item]) -> bool:
         if not candidates:
             return False
-        blocking = context.blocking([item.ts for item in candidates], self.types[rank])
+        blocking = context.members.blocking([item.ts for item in candidates], self.types[rank])
         if blocking:
             self.blocked_on = self.blocked_on | blocking
             return False
-        context.rely(self.types[rank], min(item.ts.interval.upper for item in candidates))
+        context.members.rely(self.types[rank], min(item.ts.interval.upper for item in candidates))
         return True
 
     def _decide(self, context: "Evaluation", rank: int, kind: UncertaintyKind, candidates: list[Item],
@@ -213,12 +209,12 @@ class Node:
         ranks = list(ranks)
         blocking = frozenset()
         for rank in ranks:
-            blocking = blocking | context.blocking([item.ts], self.types[rank])
+            blocking = blocking | context.members.blocking([item.ts], self.types[rank])
         if blocking:
             self.blocked_on = self.blocked_on | blocking
             return False
         for rank in ranks:
-            context.rely(self.types[rank], item.ts.interval.upper)
+            context.members.rely(self.types[rank], item.ts.interval.upper)
         return True
 
     def _newest_before(self, context: "Evaluation", rank: int, taken: list[Item],
@@ -294,10 +290,10 @@ class Node:
                 previous = self.lists[rank - 1]
                 useless = [item for item in self.lists[rank]
                            if all(other is not item and before(item.ts, other.ts) for other in previous)
-                           and not context.blocking([item.ts], self.types[rank - 1])]
+                           and not context.members.blocking([item.ts], self.types[rank - 1])]
                 if useless:
                     for item in useless:
-                        context.rely(self.types[rank - 1], item.ts.interval.upper)
+                        context.members.rely(self.types[rank - 1], item.ts.interval.upper)
                     self.remove(useless)
                     context.discarded(self, useless)
             return
@@ -331,8 +327,8 @@ class Node:
                     continue
                 if item is newer or not before(newer.ts, item.ts):
                     return False
-            if context.blocking([newer.ts], self.types[looker]):
+            if context.members.blocking([newer.ts], self.types[looker]):
                 return False
         for looker in lookers:
-            context.rely(self.types[looker], newer.ts.interval.upper)
+            context.members.rely(self.types[looker], newer.ts.interval.upper)
         return True

@@ -1,16 +1,8 @@
-"""A picture of a window of the engine: per producer a lane with the accuracy intervals of its events (bars)
-and heartbeats (thin ticks), its sync-point (a dashed line), and the composite events chosen (their hull
-drawn across the lanes, joined to their constituents).  Uncertainty is far easier to see than to read:
-overlapping bars in different lanes are exactly the pairs whose order is uncertain.
-
-``plot(window, path)`` writes a PNG (matplotlib, Agg backend; imported only here).
-
-**The time axis is compressed where nothing happens.**  Accuracy intervals are milliseconds wide while a
-window spans seconds, so on a linear axis every interval is a sliver.  Long empty stretches (longer than
-:data:`GAP_FACTOR` typical interval widths) are drawn :data:`GAP_FACTOR` widths long instead, marked by
-a grey band saying how much time it stands for.  The map from time to the axis is monotone and linear
-between breaks, so order, overlap — the uncertain pairs — and every interval's width relative to its
-neighbours are kept; the ticks give real times.
+"""A picture of a window of the engine (``plot(window, path)`` writes a PNG; matplotlib, Agg backend,
+imported only here): lanes per producer, composites across them, and a time axis compressed where
+nothing happens — long empty stretches (over :data:`GAP_FACTOR` typical interval widths) are drawn that
+long, with a grey band saying how much time they stand for.  Design note: ``activedb/composite/README.md``
+("The picture").
 """
 
 from __future__ import annotations

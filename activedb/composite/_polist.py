@@ -1,23 +1,7 @@
-"""Partially ordered lists (the paper's ``POList<E>``) and the per-producer progress that decides stability.
-
-An :class:`Item` is an event in the lists of one composition node.  The order between items is the
-accuracy-interval order refined by the local timestamp order (``activedb.events.order``); the functions
-below are the paper's set definitions, computed directly (reconstructed formulas, see the README):
-
-* ``oldest(L) = { e ∈ L : ¬∃ e' ∈ L : e' < e }``
-* ``oldest_following(L, f) = oldest({ e ∈ L : f < e ∨ f ⊥ e })``
-* ``newest(L) = { e ∈ L : ¬∃ e' ∈ L : e < e' }``            (recent consumption, derived)
-* ``newest_before(L, x) = newest({ e ∈ L : e < x ∨ e ⊥ x })`` (recent consumption, derived)
-
-A :class:`Producer` keeps its **global sync-point** (no event of it not yet received has a lower bound
-below it; the lower bound of its latest event or heartbeat, kept monotone) and its latest local clock
-reading.  ``Producer.covers(stamps)`` says that every event it has not sent yet certainly follows the
-given candidates; the stability predicate is that for every producer of the candidates' type::
-
-    is_stable(S) ⇔ S ≠ ∅ ∧ min_{e ∈ S} upper(ts(e)) < min_{P ∈ PR(E)} ts_sync(P)
-
-(or, for candidates all from one producer with local readings, they are local-before its latest reading:
-the paper's single-producer optimisation).
+"""Partially ordered lists (the paper's ``POList<E>``: :class:`Item`, :class:`POList`, ``oldest``,
+``oldest_following``, ``newest``, ``newest_before``) and the per-producer progress that decides
+stability (:class:`Producer`: sync-points, ``covers``).  The formulas, reconstructed, are in the design
+note ``activedb/composite/README.md``.
 
 Not thread-safe by themselves: used under ``CompositionEngine._mutex``.
 """
@@ -29,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from activedb.events import LocalClock, Order, Timestamp, local_order
+from activedb.streams import StreamEvent
 
 EXACT_CLOCK = LocalClock()
-from activedb.streams import StreamEvent
 
 
 @dataclass(eq=False, slots=True)

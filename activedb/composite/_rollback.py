@@ -1,11 +1,7 @@
-"""A composition engine's state follows the transactions its batches ran in: if the top-level
-transaction of ``engine.process(tx, …)`` aborts, the engine returns to its state before the first batch
-of that transaction.
-
-:class:`Rollback` takes a snapshot of the members, the nodes and the input node when a top-level
-transaction runs its first batch, and enlists a commit participant in it: on commit the snapshot is
-forgotten, on abort it is restored (under the engine's mutex, which the participant takes itself —
-it is called by the transaction, outside every engine call).
+"""A composition engine's state follows the transactions its batches ran in: :class:`Rollback`
+snapshots it before a top-level transaction's first batch and enlists a commit participant that
+forgets the snapshot on commit and restores it on abort (under the engine's mutex, which the
+participant takes itself — it is called by the transaction, outside every engine call).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from activedb.events._time import (
     Order,
     Timestamp,
     as_timestamp,
+    check_time,
     hull,
     local_order,
     order,
@@ -25,5 +26,5 @@ from activedb.events._time import (
 )
 
 __all__ = ["DATA_KINDS", "KINDS", "TRANSACTION_KINDS", "AccuracyInterval", "Event", "EventKind", "EventSpec",
-           "LocalClock", "Order", "Origin", "Punctuations", "Timestamp", "as_timestamp", "hull", "local_order", "order", "precedes",
-           "uncertain"]
+           "LocalClock", "Order", "Origin", "Punctuations", "Timestamp", "as_timestamp", "check_time", "hull", "local_order", "order", "precedes",
+           "seconds", "uncertain"]

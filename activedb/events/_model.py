@@ -1,14 +1,7 @@
-"""Events and event specifications.
-
-An :class:`Event` is one occurrence; an :class:`EventSpec` says which occurrences a rule reacts to.
-Specs are made by the ``Database`` helpers: ``db.inserted(table)``, ``db.updated(table)``,
-``db.deleted(table)``, ``db.modified(table)`` (any of the three), ``db.signalled(name)`` (application
-events raised with ``tx.signal``), ``db.transaction_event(kind)`` (began, committed, aborted: transaction
-events of top-level transactions) and ``db.stream(event_type)`` (events from a stream, e.g. the Spark
-bridge).  ``db.captured(table, kind)`` is a data spec whose :class:`Origin` is ``EXTERNAL``: committed
-changes made by other PostgreSQL clients, delivered by ``activedb.capture``.
-
-:class:`EventKind` is a ``str`` Enum: ``event.kind == "inserted"`` keeps working.
+"""Events (:class:`Event`, one occurrence), their kinds and origins, and event specifications
+(:class:`EventSpec`: which occurrences a rule reacts to, made by the ``Database`` helpers
+``db.inserted(table)``, ``db.signalled(name)``, ``db.stream(event_type)``, ``db.captured(table, kind)``,
+…).  Design note: ``activedb/events/README.md``.
 """
 
 from __future__ import annotations

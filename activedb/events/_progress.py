@@ -1,9 +1,6 @@
-"""Punctuations: per source, the event time before which no more events will come (Active CEP, Appendix F).
-
-The Spark bridge passes Spark's event-time watermark here after each committed micro-batch; stream
-schedulers and reorder buffers read it.  A punctuation never moves backwards.
-
-Thread-safety: ``_mutex`` protects ``_marks`` (a leaf: nothing is called while it is held).
+"""Punctuations (Active CEP, Appendix F): per source, the event time before which no more events will
+come; monotone.  Thread-safety: ``_mutex`` protects ``_marks`` (a leaf: nothing is called while it is
+held).
 """
 
 from __future__ import annotations

@@ -1,30 +1,9 @@
-"""Time of events from many producers: accuracy intervals, their partial order, local timestamps.
-
-After C. Liebig, M. Cilia, A. Buchmann, *Event Composition in Time-dependent Distributed Systems*
-(§III.C–D).  An event detected at a node whose clock is synchronised to reference time with a reliable
-error bound gets the **accuracy interval** ``[ref − α⁻, ref + α⁺]``, which contains the instant it
-occurred (α⁻ includes the local detection delay).  Two intervals are ordered only when one ends strictly
-before the other begins::
-
-    I_j < I_k  ⇔  upper(I_j) < lower(I_k)            (strict: touching intervals are NOT ordered)
-    I_j ⊥ I_k  ⇔  ¬(I_j < I_k) ∧ ¬(I_k < I_j)        (uncertain order, also for equal timestamps)
-
-so the order is never wrong about physical time (*time-consistent order*), and ``⊥`` says so when it
-cannot tell.  A point timestamp is the interval with α = 0: two different points are ordered as numbers
-are, two equal points are uncertain.
-
-Events of the **same producer** may additionally carry local clock readings (``local``), ordered by the
-producer's :class:`LocalClock` (§III.D, *local timestamp order*)::
-
-    lts_j < lts_k  ⇔  ldd < (lts_k − lts_j − G − u) / (1 + ρ)
-
-Public names: :class:`AccuracyInterval`, :class:`Timestamp`, :class:`LocalClock`, :class:`Order`,
-:func:`order`, :func:`as_timestamp`, :func:`hull`, :func:`seconds`.  Everything here is immutable and
-thread-safe.  Design note: ``activedb/composite/README.md`` (the composition that uses it).
-
-Values: references are numbers of seconds or aware ``datetime`` objects (one kind per interval); α⁻/α⁺
-are seconds (a number) or ``timedelta``.  ``Event.ts`` of the rules may hold a :class:`Timestamp`;
-plain numbers and datetimes keep meaning what they meant (points).
+"""Time of events from many producers (Liebig, Cilia, Buchmann, *Event Composition in Time-dependent
+Distributed Systems*, §III.C–D): accuracy intervals ``[ref − α⁻, ref + α⁺]``, their strict partial order
+(touching or equal intervals are uncertain, ``⊥``), refined for one producer's events by the local
+timestamp order of its :class:`LocalClock`.  References are numbers of seconds or aware datetimes (a
+point is the interval with α = 0); α⁻/α⁺ are seconds or ``timedelta``.  Everything here is immutable and
+thread-safe.  The formulas are in ``activedb/composite/README.md`` ("Formulas used").
 """
 
 from __future__ import annotations
@@ -43,13 +22,6 @@ class Order(enum.Enum):
     AFTER = "after"
     UNCERTAIN = "uncertain"
 
-    def flipped(self) -> "Order":
-        if self is Order.BEFORE:
-            return Order.AFTER
-        if self is Order.AFTER:
-            return Order.BEFORE
-        return self
-
 
 def seconds(difference: Any) -> float:
     """A difference of two times (a number or a ``timedelta``) in seconds."""
@@ -67,7 +39,8 @@ def _offset(reference: Any, amount: Any) -> Any:
     return amount
 
 
-def _check_time(value: Any, what: str) -> None:
+def check_time(value: Any, what: str) -> None:
+    """Raise ``ValueError`` unless ``value`` is a finite number of seconds or an aware datetime."""
     if isinstance(value, bool):
         raise ValueError(f"{what} {value!r} is a boolean, not a time")
     if isinstance(value, (int, float)):
@@ -98,8 +71,8 @@ class AccuracyInterval:
     upper: Any
 
     def __post_init__(self) -> None:
-        _check_time(self.lower, "lower bound")
-        _check_time(self.upper, "upper bound")
+        check_time(self.lower, "lower bound")
+        check_time(self.upper, "upper bound")
         if isinstance(self.lower, dt.datetime) != isinstance(self.upper, dt.datetime):
             raise ValueError(f"interval [{self.lower!r}, {self.upper!r}] mixes datetimes and numbers")
         if self.upper < self.lower:
@@ -108,7 +81,7 @@ class AccuracyInterval:
     @classmethod
     def around(cls, reference: Any, minus: Any = 0.0, plus: Any = None) -> "AccuracyInterval":
         """``[reference − minus, reference + plus]`` (``plus`` defaults to ``minus``: ``[ref ± α]``)."""
-        _check_time(reference, "reference time")
+        check_time(reference, "reference time")
         plus = minus if plus is None else plus
         _check_accuracy(minus, "α⁻")
         _check_accuracy(plus, "α⁺")
@@ -121,19 +94,6 @@ class AccuracyInterval:
     @property
     def is_point(self) -> bool:
         return self.lower == self.upper
-
-    @property
-    def width(self) -> float:
-        """The inaccuracy (``upper − lower``) in seconds."""
-        return seconds(self.upper - self.lower)
-
-    def precedes(self, other: "AccuracyInterval") -> bool:
-        """``self < other``: every instant of ``self`` is before every instant of ``other``."""
-        return self.upper < other.lower
-
-    def uncertain(self, other: "AccuracyInterval") -> bool:
-        """``self ⊥ other`` (overlapping or touching)."""
-        return not (self.upper < other.lower or other.upper < self.lower)
 
     def __str__(self) -> str:
         if self.is_point:
@@ -197,7 +157,7 @@ class Timestamp:
         if self.producer is not None and (not isinstance(self.producer, str) or not self.producer):
             raise ValueError(f"a producer is a non-empty string, got {self.producer!r}")
         if self.local is not None:
-            _check_time(self.local, "local timestamp")
+            check_time(self.local, "local timestamp")
         if self.reference is None:
             interval = self.interval
             middle = interval.lower + (interval.upper - interval.lower) / 2
@@ -259,7 +219,7 @@ def as_timestamp(value: Any, producer: str | None = None) -> Timestamp:
         return value
     if isinstance(value, AccuracyInterval):
         return Timestamp(value, producer)
-    _check_time(value, "timestamp")
+    check_time(value, "timestamp")
     return Timestamp.point(value, producer=producer)
 
 

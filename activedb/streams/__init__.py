@@ -1,21 +1,10 @@
-"""Stream transactions: pattern queries over the shared store, rules ON OUTPUT, and
-event-time correctness (Active CEP: Wang, Rundensteiner, Ellison, *Active Complex Event
-Processing over Event Streams*).
+"""Stream transactions: pattern queries over the shared store, rules ON OUTPUT, and event-time
+correctness (Wang, Rundensteiner, Ellison, *Active Complex Event Processing over Event Streams*).
 
-Public interface::
-
-    from activedb import streams
-
-    engine = streams.StreamEngine(db, name="hygiene")            # SEI; or scheduler="s2pl" / "lwm"
-    engine.create_stream("estream", types=["EXIT", "SANITIZE", "ENTER", "MASK"],
-                         attributes=["HCW-ID", "location"])
-    engine.define(Q1_AND_R1_TEXT)                                # CREATE QUERY … / CREATE RULE …
-    with db.transaction() as tx:                                 # one micro-batch
-        result = engine.process(tx, events, punctuation=watermark)
-    engine.feed(events, punctuation=streams.END_OF_STREAM)      # or: a transaction of its own
-    engine.statistics()                                          # throughput, L_query, L_rule, …
-
-The design note is ``activedb/streams/README.md``.
+Public interface: :class:`StreamEngine` (``create_stream``, ``define`` or ``query``/``rule``,
+``process(tx, events, punctuation=…)`` per micro-batch, ``feed``, ``statistics``), the Python builders
+(``seq``, ``event``, ``store``, …), the schedulers and the algebra.  The design note is
+``activedb/streams/README.md``.
 """
 
 from activedb.streams import algebra

@@ -1,11 +1,6 @@
-"""One batch's s-transactions: what they are, and how the scheduler runs them.
-
-:class:`STransaction` is the s-transaction of one released event (Active CEP Def. 7);
-:class:`BatchRun` holds a ``process`` call's s-transactions, the batch's pending state and
-its results, and offers the scheduler the ways to run them (``execute`` — a whole
-s-transaction as a subtransaction; ``execute_in``/``finish`` — in a subtransaction the
-scheduler made; ``execute_unit`` — one query, the unscheduled mode).  :func:`prefetch` loads
-what the batch's access plans name (Algorithm 1) before any of it runs.
+"""One batch's s-transactions: :class:`STransaction` (Active CEP Def. 7), :class:`BatchRun`
+(a ``process`` call's s-transactions, pending state and results, and the ways a scheduler
+runs them), :func:`prefetch`.  The design note is ``activedb/streams/README.md`` ("Schedulers").
 
 Thread-safety: ``BatchRun._mutex`` protects the outputs, dead letters, counters and the
 pending state's overlay; it is taken after the engine's mutex and never held while user
@@ -23,7 +18,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import sqlalchemy as sa
 
-from activedb.errors import DuplicateKey, SchemaError
+from lockmgr import Deadlock, LockTimeout
+
+from activedb.errors import (DatabaseUnavailable, DuplicateKey, SchemaError, SerializationConflict,
+                             TransactionError)
 from activedb.streams._compile import CompiledQuery, CompiledRule, Ctx
 from activedb.streams._events import DeadLetter, Output, StreamEvent
 from activedb.streams._matcher import Matcher, PartitionState
@@ -94,29 +92,15 @@ class STransaction:
 
 # --- one batch ----------------------------------------------------------------------------------
 
-_INFRASTRUCTURE: tuple[type[BaseException], ...] = ()
-
-
-def _infrastructure() -> tuple[type[BaseException], ...]:
-    global _INFRASTRUCTURE
-    if not _INFRASTRUCTURE:
-        from lockmgr import Deadlock, LockTimeout
-
-        from activedb.errors import DatabaseUnavailable, SerializationConflict, TransactionError
-
-        _INFRASTRUCTURE = (DatabaseUnavailable, SerializationConflict, Deadlock, LockTimeout, TransactionError,
-                           sa.exc.SQLAlchemyError)
-    return _INFRASTRUCTURE
+# Failures that end the batch, not just the event's s-transaction.
+_INFRASTRUCTURE = (DatabaseUnavailable, SerializationConflict, Deadlock, LockTimeout, TransactionError,
+                   sa.exc.SQLAlchemyError)
 
 
 def _event_failure(error: BaseException) -> bool:
     """True if ``error`` is the event's own fault (the event becomes a dead letter), False if
     the batch cannot go on (PostgreSQL unusable, lock trouble, the transaction aborted)."""
-    if isinstance(error, DuplicateKey):
-        return True
-    if isinstance(error, (StreamError, SchemaError)):
-        return True
-    return False
+    return isinstance(error, (DuplicateKey, StreamError, SchemaError))
 
 
 class BatchRun:
@@ -173,27 +157,48 @@ class BatchRun:
         """Run ``stransaction`` as one subtransaction of ``parent`` (default: the batch's
         transaction).  True if it committed; False if it aborted (its event is then a dead
         letter).  Raises only when the batch cannot go on."""
+        unit = self._unit(stransaction.id)
+        if not stransaction.matchers:       # no query consumes the event: an empty s-transaction
+            self.count_empty()
+            return True
+        self._history("begin", unit, stransaction)
         parent = self.tx if parent is None else parent
-        return self._run(stransaction, parent, self._unit(stransaction.id),
-                         [rank for rank, _ in stransaction.matchers])
+        context = parent.subtransaction(name=f"s-transaction {stransaction.event.describe()}")
+        child = context.__enter__()
+        try:
+            try:
+                touched, outputs = self._body(child, stransaction, unit)
+            except BaseException as error:
+                context.__exit__(type(error), error, error.__traceback__)
+                raise
+            started = time.perf_counter()
+            context.__exit__(None, None, None)     # commit into the parent
+            self.engine.metrics.phase("commit", time.perf_counter() - started)
+        except BaseException as error:
+            self._history("end", unit, stransaction, False)
+            if not _event_failure(error):
+                raise
+            self._failed(stransaction, error)
+            return False
+        self._history("end", unit, stransaction, True)
+        self._succeeded(touched, outputs, stransaction.event.position)
+        return True
 
     def new_unit(self, stransaction: STransaction) -> str:
         """The history unit of ``stransaction`` when a scheduler runs it with ``execute_in``."""
         return self._unit(stransaction.id)
 
-    def execute_in(self, stransaction: STransaction, tx: Transaction, unit: str) -> tuple:
-        """Run the whole s-transaction in ``tx``, a subtransaction the scheduler made for it
-        (e.g. spawned on a worker thread): every consuming query, then the rules on their
-        outputs.  The caller's subtransaction ends it: when it has committed or aborted, the
-        scheduler calls :meth:`finish` with what this returned.  Raises the event's failure
+    def execute_in(self, stransaction: STransaction, tx: Transaction, unit: str,
+                   ranks: list[int] | None = None) -> tuple:
+        """Run the s-transaction's queries (those of ``ranks``, default all), then the rules on
+        their outputs, in ``tx``, a subtransaction the scheduler made for it (e.g. spawned on a
+        worker thread).  The caller's subtransaction ends it: when it has committed or aborted,
+        the scheduler calls :meth:`finish` with what this returned.  Raises the event's failure
         as a StreamError (after recording the dead letter) so that ``tx`` aborts, and
         infrastructure errors as they are."""
-        history = self.engine.history
-        event = stransaction.event
-        if history is not None:
-            history.begin(unit, stransaction.id, event.describe(), event.ts, (event.position, ()))
+        self._history("begin", unit, stransaction)
         try:
-            return self._body(tx, stransaction, unit, [rank for rank, _ in stransaction.matchers])
+            return self._body(tx, stransaction, unit, ranks)
         except BaseException as error:
             if _event_failure(error):
                 self._failed(stransaction, error)
@@ -204,13 +209,10 @@ class BatchRun:
     def finish(self, stransaction: STransaction, unit: str, committed: bool, result: tuple | None) -> None:
         """``stransaction``'s subtransaction (see :meth:`execute_in`) committed or aborted:
         record its end; if committed, its partitions' states and outputs become the batch's."""
-        history = self.engine.history
-        event = stransaction.event
-        if history is not None:
-            history.end(unit, stransaction.id, event.describe(), event.ts, (event.position, ()), committed)
+        self._history("end", unit, stransaction, committed)
         if committed and result is not None:
             touched, outputs = result
-            self._succeeded(touched, outputs, event.position)
+            self._succeeded(touched, outputs, stransaction.event.position)
 
     def count_empty(self) -> None:
         """An s-transaction no query consumes: nothing to run, it counts as processed."""
@@ -225,76 +227,39 @@ class BatchRun:
             self.pending.units.append(unit)
         return unit
 
+    def _history(self, step: str, unit: str, stransaction: STransaction, *committed: bool) -> None:
+        """Record the ``begin`` or ``end`` (with ``committed``) of ``unit`` in the engine's history."""
+        history = self.engine.history
+        if history is not None:
+            event = stransaction.event
+            getattr(history, step)(unit, stransaction.id, event.describe(), event.ts, (event.position, ()),
+                                   *committed)
+
     def execute_unit(self, stransaction: STransaction, rank: int, tx: Transaction) -> bool:
         """Run only the query of ``rank`` (and the rules on its outputs) in ``tx`` itself, as
         its own unit — the unscheduled mode.  Raises the event's failure as a StreamError
         (after recording the dead letter) so that ``tx`` aborts."""
         unit = self._unit(f"{stransaction.id}/{rank}")
-        history = self.engine.history
-        event = stransaction.event
-        if history is not None:
-            history.begin(unit, stransaction.id, event.describe(), event.ts, (event.position, ()))
         try:
-            touched, outputs = self._body(tx, stransaction, unit, [rank])
-        except BaseException as error:
-            if history is not None:
-                history.end(unit, stransaction.id, event.describe(), event.ts, (event.position, ()), False)
-            if _event_failure(error):
-                self._failed(stransaction, error)
-                if not isinstance(error, StreamError):
-                    raise ActionFailed(str(error), rule="") from error
+            touched, outputs = self.execute_in(stransaction, tx, unit, [rank])
+        except BaseException:
+            self._history("end", unit, stransaction, False)
             raise
         # The unit's commit is the caller's (the subtransaction ends when this returns).
-        if history is not None:
-            history.end(unit, stransaction.id, event.describe(), event.ts, (event.position, ()), True)
+        self._history("end", unit, stransaction, True)
         self._succeeded(touched, outputs, None)
         return True
 
-    def _run(self, stransaction: STransaction, parent: Any, unit: str, ranks: list[int]) -> bool:
-        engine = self.engine
-        history = engine.history
-        event = stransaction.event
-        order = (event.position, ())
-        if not ranks:                       # no query consumes the event: an empty s-transaction
-            self.count_empty()
-            return True
-        if history is not None:
-            history.begin(unit, stransaction.id, event.describe(), event.ts, order)
-        context = parent.subtransaction(name=f"s-transaction {event.describe()}")
-        child = context.__enter__()
-        committed = False
-        try:
-            try:
-                touched, outputs = self._body(child, stransaction, unit, ranks)
-            except BaseException as error:
-                context.__exit__(type(error), error, error.__traceback__)
-                raise
-            started = time.perf_counter()
-            context.__exit__(None, None, None)     # commit into the parent
-            engine.metrics.phase("commit", time.perf_counter() - started)
-            committed = True
-        except BaseException as error:
-            if history is not None:
-                history.end(unit, stransaction.id, event.describe(), event.ts, order, False)
-            if not _event_failure(error):
-                raise
-            self._failed(stransaction, error)
-            return False
-        if history is not None:
-            history.end(unit, stransaction.id, event.describe(), event.ts, order, committed)
-        self._succeeded(touched, outputs, event.position)
-        return True
-
-    def _body(self, tx: Transaction, stransaction: STransaction, unit: str, ranks: list[int]):
+    def _body(self, tx: Transaction, stransaction: STransaction, unit: str, ranks: list[int] | None = None):
+        """Match every consuming query (those of ``ranks``, default all), then run the rules on their outputs."""
         engine = self.engine
         metrics = engine.metrics
         event = stransaction.event
         view = self.view_factory(tx, Stamp(unit, stransaction.id, event.describe(), event.ts, event.position))
         touched: dict[tuple[str, tuple], PartitionState] = {}
         produced: list[tuple[int, CompiledQuery, list[Output]]] = []
-        wanted = set(ranks)
         for rank, matcher in stransaction.matchers:
-            if rank not in wanted:
+            if ranks is not None and rank not in ranks:
                 continue
             query = matcher.query
             key = matcher.partition_key(event)
@@ -364,7 +329,7 @@ def _run_rule(rule: CompiledRule, output: Output, view: Any) -> None:
             action(ctx)
     except (StreamError, SchemaError, DuplicateKey):
         raise
-    except _infrastructure():
+    except _INFRASTRUCTURE:
         raise
     except Exception as error:
         raise ActionFailed(f"rule {rule.name} raised {type(error).__name__}: {error}", rule.name) from error

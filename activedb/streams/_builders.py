@@ -1,24 +1,8 @@
-"""The Python API for writing queries and rules: builders of :mod:`algebra` nodes.
-
-::
-
-    from activedb.streams import event, lit, same, seq, not_, store, update
-
-    EXIT, ENTER = event("EXIT"), event("ENTER")
-    engine.query("Q1", stream="estream",
-                 pattern=seq("EXIT", not_("SANITIZE"), "ENTER"),
-                 where=[same("HCW-ID"),
-                        EXIT["location"] != ENTER["location"],
-                        lit("safe") == store("workerStatus", "status", workerID=ENTER["HCW-ID"])],
-                 within=45, returns=[ENTER["HCW-ID"], ENTER["location"]])
-    engine.rule("R1", on_output="Q1", new="newEvent",
-                action=update("workerStatus", set={"status": "warning"},
-                              where={"workerID": event("newEvent")["HCW-ID"]}))
-
-builds exactly the definitions the text of Active CEP §3.1 parses to.  Expressions are
-:class:`Ref` objects: compare them with ``== != < <= > >=``, compute with ``+ - * /``,
-combine conditions with ``&``, ``|`` and ``~`` (Python's ``and``/``or``/``not`` cannot be
-overloaded and raise a TypeError).  Plain Python values are literals.
+"""The Python API for writing queries and rules: builders of :mod:`algebra` nodes (Q1/R1 in
+Python: the design note ``activedb/streams/README.md``).  Expressions are :class:`Ref`
+objects: compare them with ``== != < <= > >=``, compute with ``+ - * /``, combine conditions
+with ``&``, ``|`` and ``~`` (``and``/``or``/``not`` cannot be overloaded and raise a
+TypeError).  Plain Python values are literals.
 """
 
 from __future__ import annotations
@@ -181,29 +165,29 @@ def not_(event_type: str, alias: str | None = None) -> ast.EventComponent:
     return ast.EventComponent(event_type, alias, negated=True)
 
 
+def _components(items: tuple[str | ast.EventComponent, ...]) -> tuple[ast.EventComponent, ...]:
+    return tuple(item if isinstance(item, ast.EventComponent) else ast.EventComponent(item) for item in items)
+
+
 def seq(*components: str | ast.EventComponent) -> ast.Seq:
     """``SEQ(…)``: strings are positive components named by their type."""
-    return ast.Seq(tuple(item if isinstance(item, ast.EventComponent) else ast.EventComponent(item)
-                         for item in components))
+    return ast.Seq(_components(components))
 
 
 def conj(*components: str | ast.EventComponent) -> ast.Conj:
     """``AND(…)`` (the paper's ``A & B``): every component occurs, in any order."""
-    return ast.Conj(tuple(item if isinstance(item, ast.EventComponent) else ast.EventComponent(item)
-                          for item in components))
+    return ast.Conj(_components(components))
 
 
 def update(table: str, *, set: Mapping[str, Any], where: Mapping[str, Any]) -> ast.UpdateAction:  # noqa: A002
     """``UPDATE table SET … WHERE <whole key> = …``."""
-    return ast.UpdateAction(table, tuple((column, _node(value)) for column, value in set.items()),
-                            tuple((column, _node(value)) for column, value in where.items()))
+    return ast.UpdateAction(table, _conditions(set, {}), _conditions(where, {}))
 
 
 def insert(table: str, values: Mapping[str, Any] | None = None, **columns: Any) -> ast.InsertAction:
     """``INSERT INTO table (c, …) VALUES (v, …)``."""
-    pairs = dict(values or {})
-    pairs.update(columns)
-    return ast.InsertAction(table, tuple(pairs), tuple(_node(value) for value in pairs.values()))
+    pairs = _conditions(values, columns)
+    return ast.InsertAction(table, tuple(column for column, _ in pairs), tuple(node for _, node in pairs))
 
 
 def delete(table: str, where: Mapping[str, Any] | None = None, **key: Any) -> ast.DeleteAction:
@@ -240,10 +224,8 @@ def query_definition(name: str, *, pattern: Any, returns: Any, where: Any = None
                      stream: str | None = None, selection: ast.Selection | str = ast.Selection.SKIP_TILL_ANY_MATCH,
                      priority: float | None = None, consumption: ast.Consumption | str | None = None
                      ) -> ast.QueryDefinition:
-    if isinstance(pattern, str):
+    if isinstance(pattern, (str, ast.EventComponent)):
         pattern = seq(pattern)
-    elif isinstance(pattern, ast.EventComponent):
-        pattern = ast.Seq((pattern,))
     if not isinstance(pattern, ast.Pattern):
         raise DefinitionError(f"query {name}: pattern must be seq(…) or an event type, got {pattern!r}")
     return ast.QueryDefinition(name=name, pattern=pattern, returns=_returns(returns), where=_where(where),

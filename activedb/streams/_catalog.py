@@ -1,31 +1,28 @@
-"""What definitions are checked against: the declared streams and the store's tables.
-
-* :class:`StreamSchema` — a declared input stream: its event types, their attributes,
-  and the application's order for events with equal timestamps (type priorities, then
-  an optional tie key; see ``_order.py``).
-* :class:`StoreCatalog` — resolves a table or column named in a definition to the
-  PostgreSQL table (reflected through ``db.table``).  Unquoted names match case-
-  insensitively, as SQL folds them (``workerStatus`` finds ``workerstatus``); an engine
-  may also map the paper's logical names onto its own schema with ``aliases``
-  (``{"workerStatus": ("worker_status", {"workerID": "worker"})}``).
-
-Thread-safety: a ``StoreCatalog`` is used under the engine's definition mutex only.
+"""What definitions are checked against: the declared streams (:class:`StreamSchema`) and the store's
+tables (:class:`StoreCatalog`, resolving names as SQL folds unquoted ones, or through the engine's
+``aliases``).  Thread-safety: a ``StoreCatalog`` is used under the engine's definition mutex only.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import sqlalchemy as sa
 
 from activedb.errors import UnknownTable as StoreUnknownTable
 from activedb.streams.algebra import Position
-from activedb.streams.errors import DefinitionError, UnknownAttribute, UnknownName, UnknownTable
+from activedb.streams.errors import DefinitionError, UnknownAttribute, UnknownName, UnknownTable, at
 
 
-def _at(position: Position | None) -> dict:
-    return {"line": position.line, "column": position.column} if position else {}
+def fold(name: str, candidates: Iterable[str]) -> str | None:
+    """``name`` among ``candidates`` as SQL resolves an unquoted name: itself, else the one candidate
+    equal to it ignoring case (None: none or several)."""
+    candidates = list(candidates)
+    if name in candidates:
+        return name
+    folded = [candidate for candidate in candidates if candidate.casefold() == name.casefold()]
+    return folded[0] if len(folded) == 1 else None
 
 
 @dataclass(frozen=True)
@@ -47,6 +44,11 @@ class StreamSchema:
     tie_key: Callable[[Any], Any] | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "types", tuple(self.types) if self.types is not None else None)
+        object.__setattr__(self, "attributes", tuple(self.attributes))
+        object.__setattr__(self, "type_attributes", {key: tuple(value) for key, value in
+                                                     (self.type_attributes or {}).items()})
+        object.__setattr__(self, "priorities", dict(self.priorities or {}))
         folded: dict[str, str] = {}
         for event_type in self.types or ():
             if event_type.casefold() in folded:
@@ -68,15 +70,13 @@ class StreamSchema:
 
     def resolve_attribute(self, event_type: str, name: str, position: Position | None) -> str:
         known = self.attributes_of(event_type)
-        if name in known:
-            return name
-        folded = [attribute for attribute in known if attribute.casefold() == name.casefold()]
-        if len(folded) == 1:
-            return folded[0]
+        resolved = fold(name, known)
+        if resolved is not None:
+            return resolved
         raise UnknownAttribute(
             f"event type {event_type} of stream {self.name} has no attribute {name!r} "
             f"(it has {', '.join(known) or 'none'}); declare it with engine.create_stream(…, attributes=…)",
-            **_at(position))
+            **at(position))
 
     def priority(self, event_type: str) -> float | None:
         for declared, value in self.priorities.items():
@@ -102,21 +102,11 @@ class TableSchema:
             for logical, real in self.column_aliases.items():
                 if logical.casefold() == name.casefold():
                     mapped = real
-        if mapped is not None:
-            return mapped
-        if name in self.columns:
-            return name
-        folded = [column for column in self.columns if column.casefold() == name.casefold()]
-        if len(folded) == 1:
-            return folded[0]
+        resolved = mapped if mapped is not None else fold(name, self.columns)
+        if resolved is not None:
+            return resolved
         raise UnknownAttribute(f"table {self.written} ({self.name}) has no column {name!r} "
-                               f"(columns: {', '.join(self.columns)})", **_at(position))
-
-    def key_from(self, pairs: Mapping[str, Any]) -> tuple | None:
-        """The pairs' values in key order if ``pairs`` names exactly the primary key, else None."""
-        if set(pairs) != set(self.key_columns):
-            return None
-        return tuple(pairs[column] for column in self.key_columns)
+                               f"(columns: {', '.join(self.columns)})", **at(position))
 
 
 class StoreCatalog:
@@ -149,15 +139,15 @@ class StoreCatalog:
             raise UnknownTable(
                 f"no table {name!r} in the store ({self.db.describe()}); store tables come from Alembic "
                 f"migrations (db.upgrade_app), or map the name with StreamEngine(…, aliases={{{name!r}: 'table'}})",
-                **_at(position))
+                **at(position))
         try:
             table = self.db.table(actual)
         except StoreUnknownTable as error:   # dropped between listing and reflection
-            raise UnknownTable(str(error), **_at(position)) from None
+            raise UnknownTable(str(error), **at(position)) from None
         key_columns = tuple(column.name for column in table.primary_key.columns)
         if not key_columns:
             raise DefinitionError(f"table {actual!r} has no primary key; the store addresses rows by key",
-                                  **_at(position))
+                                  **at(position))
         required = frozenset(
             column.name for column in table.columns
             if not column.nullable and column.server_default is None and column.identity is None
@@ -173,8 +163,4 @@ class StoreCatalog:
         return schema
 
     def _resolve(self, name: str, *, refresh: bool) -> str | None:
-        names = self._table_names(refresh)
-        if name in names:
-            return name
-        folded = [candidate for candidate in names if candidate.casefold() == name.casefold()]
-        return folded[0] if len(folded) == 1 else None
+        return fold(name, self._table_names(refresh))

@@ -1,36 +1,20 @@
-"""Checking definitions against streams and store, and compiling them to closures.
-
-:func:`compile_query` and :func:`compile_rule` turn :mod:`algebra` definitions into
-:class:`CompiledQuery` / :class:`CompiledRule`: every name is resolved (unknown stream,
-event type, attribute, table, column or query → an error *now*, at definition time,
-with line and column when the definition came from text), WHERE is split into the
-pieces the matcher evaluates at different moments, and every expression becomes a
-closure ``fn(ctx) -> value`` over a :class:`Ctx`.
-
-Where a WHERE conjunct is evaluated (see ``_matcher.py`` and the README):
-
-* ``[attr]`` → the partition key;
-* event-only, one positive component → a filter of that component's events (``local``);
-* event-only, several positive components → when all of them are bound (``joint``);
-* mentions a negative component → part of that component's kill condition (it may
-  also mention positives up to the negative's right neighbour, never the store);
-* reads the store → evaluated at the accepting event, at its timestamp: once per
-  accepting event if it mentions only the accepting component (``accepting_store``),
-  else per candidate match (``joint_store``).
-
-Expressions (``_expressions.py``) follow SQL's three-valued logic: a comparison with NULL
-is unknown (None), and a condition holds only when it is true.
+"""Checking definitions against streams and store, and compiling them to closures:
+:func:`compile_query` / :func:`compile_rule` resolve every name (an unknown one is an error at
+definition time, with line and column for text), split WHERE into the pieces the matcher
+evaluates at different moments (design note ``activedb/streams/README.md``, "Where a WHERE
+term is evaluated"), and turn every expression into a closure ``fn(ctx) -> value``.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from activedb.streams import algebra as ast
-from activedb.streams._catalog import StoreCatalog, StreamSchema
-from activedb.streams._expressions import Ctx, Fn, ReadSpec, Scope, WriteSpec, _at, compile_expression
-from activedb.streams.errors import DefinitionError, UnknownName, UnknownQuery
+from activedb.streams._catalog import StoreCatalog, StreamSchema, fold
+from activedb.streams._expressions import Ctx, Fn, ReadSpec, Scope, WriteSpec, compile_expression
+from activedb.streams.errors import DefinitionError, UnknownName, UnknownQuery, at
 
 
 # --- queries ----------------------------------------------------------------------------------
@@ -73,24 +57,8 @@ class CompiledQuery:
         return tuple(name for name, _ in self.returns)
 
     @property
-    def consumed_types(self) -> frozenset[str]:
-        return frozenset(self.types)
-
-    @property
     def accepting_type(self) -> str:
         return self.types[self.accepting]
-
-    @property
-    def reads_store(self) -> bool:
-        return bool(self.reads)
-
-    @property
-    def state_depends_on_store(self) -> bool:
-        """True if the matcher's state after an event depends on the event's store reads
-        (skip-till-next-match consumes a run only if its store predicates hold): a
-        concurrent scheduler must then finish an event's reads before the next event of
-        the same partition is matched."""
-        return self.selection is ast.Selection.SKIP_TILL_NEXT_MATCH and bool(self.accepting_store or self.joint_store)
 
 
 def compile_query(definition: ast.QueryDefinition, streams: dict[str, StreamSchema], catalog: StoreCatalog
@@ -100,41 +68,41 @@ def compile_query(definition: ast.QueryDefinition, streams: dict[str, StreamSche
         stream = _find(streams, definition.stream)
         if stream is None:
             raise UnknownName(f"{what}: no stream {definition.stream!r} (declared: {', '.join(streams) or 'none'}); "
-                              f"declare it with engine.create_stream()", **_at(definition))
+                              f"declare it with engine.create_stream()", **at(definition))
     elif len(streams) == 1:
         stream = next(iter(streams.values()))
     else:
         raise DefinitionError(f"{what}: name its stream with ON <stream> (the engine has "
                               f"{len(streams)} streams: {', '.join(streams) or 'none — declare one first'})",
-                              **_at(definition))
+                              **at(definition))
     pattern = definition.pattern
     if not isinstance(pattern, (ast.Seq, ast.Conj)):
-        raise DefinitionError(f"{what}: only SEQ and AND patterns are supported", **_at(pattern))
+        raise DefinitionError(f"{what}: only SEQ and AND patterns are supported", **at(pattern))
     components = pattern.components()
     if not components:
-        raise DefinitionError(f"{what}: {type(pattern).__name__.upper()}() needs at least one event", **_at(pattern))
+        raise DefinitionError(f"{what}: {type(pattern).__name__.upper()}() needs at least one event", **at(pattern))
     if isinstance(pattern, ast.Conj) and any(component.negated for component in components):
         which = next(component for component in components if component.negated)
         raise DefinitionError(f"{what}: AND(…) has no place for a negative event (!{which.event_type}): negation "
-                              f"means 'not between two events', which only SEQ has", **_at(which))
+                              f"means 'not between two events', which only SEQ has", **at(which))
     if components[0].negated or components[-1].negated:
         which = components[0] if components[0].negated else components[-1]
         raise DefinitionError(
             f"{what}: a negative event (!{which.event_type}) must stand between two positive events; the first and "
             f"the last event of a SEQ are positive (negative accepting events are outside Active CEP's model)",
-            **_at(which))
+            **at(which))
     aliases: dict[str, tuple[int, str, bool]] = {}
     types = []
     for index, component in enumerate(components):
         event_type = stream.resolve_type(component.event_type)
         if event_type is None:
             raise UnknownName(f"{what}: stream {stream.name} has no event type {component.event_type!r} "
-                              f"(types: {', '.join(stream.types or ())})", **_at(component))
+                              f"(types: {', '.join(stream.types or ())})", **at(component))
         key = component.name.casefold()
         if key in aliases:
             raise DefinitionError(f"{what}: {component.name} appears twice in the pattern; give each occurrence "
                                   f"its own alias (SEQ({component.event_type} a, …, {component.event_type} b))",
-                                  **_at(component))
+                                  **at(component))
         aliases[key] = (index, event_type, component.negated)
         types.append(event_type)
     positives = tuple(index for index, component in enumerate(components) if not component.negated)
@@ -153,7 +121,7 @@ def compile_query(definition: ast.QueryDefinition, streams: dict[str, StreamSche
     for term in ast.conjuncts(definition.where):
         if isinstance(term, ast.Equivalence):
             resolved = None
-            for index, event_type in enumerate(types):
+            for event_type in types:
                 resolved = stream.resolve_attribute(event_type, term.attribute, term.position)
             if resolved not in partition:
                 partition.append(resolved)
@@ -164,17 +132,17 @@ def compile_query(definition: ast.QueryDefinition, streams: dict[str, StreamSche
         reads.extend(scope.reads)
         negative_used = [index for index in used if components[index].negated]
         if len(negative_used) > 1:
-            raise DefinitionError(f"{what}: one WHERE term may mention only one negative event", **_at(term))
+            raise DefinitionError(f"{what}: one WHERE term may mention only one negative event", **at(term))
         if negative_used:
             negative = negatives[negative_used[0]]
             if scope.reads:
-                raise DefinitionError(f"{what}: a WHERE term on a negative event cannot read the store", **_at(term))
+                raise DefinitionError(f"{what}: a WHERE term on a negative event cannot read the store", **at(term))
             right = negative.left + 1
             too_late = [index for index in used if not components[index].negated and rank[index] > right]
             if too_late:
                 raise DefinitionError(
                     f"{what}: a term on !{components[negative.index].event_type} may mention only the events up to "
-                    f"the positive event right after it, not {components[too_late[0]].name}", **_at(term))
+                    f"the positive event right after it, not {components[too_late[0]].name}", **at(term))
             (negative.local if used == {negative.index} else negative.predicates).append(function)
             continue
         if scope.reads:
@@ -199,16 +167,16 @@ def compile_query(definition: ast.QueryDefinition, streams: dict[str, StreamSche
     positive_aliases = {alias: entry for alias, entry in aliases.items() if not entry[2]}
     for item in definition.returns:
         if any(existing == item.name for existing, _ in returns):
-            raise DefinitionError(f"{what}: RETURN names {item.name!r} twice; rename one with AS", **_at(item))
+            raise DefinitionError(f"{what}: RETURN names {item.name!r} twice; rename one with AS", **at(item))
         scope = Scope(catalog, components=positive_aliases, stream=stream, what=f"{what} RETURN")
         for node in item.expression.walk():
             if isinstance(node, ast.AttributeRef) and node.alias.casefold() in aliases \
                     and aliases[node.alias.casefold()][2]:
-                raise DefinitionError(f"{what}: RETURN cannot use the negative event {node.alias}", **_at(node))
+                raise DefinitionError(f"{what}: RETURN cannot use the negative event {node.alias}", **at(node))
         returns.append((item.name, compile_expression(item.expression, scope)))
         reads.extend(scope.reads)
     if definition.within is not None and not definition.within > 0:
-        raise DefinitionError(f"{what}: WITHIN needs a positive window, got {definition.within!r}", **_at(definition))
+        raise DefinitionError(f"{what}: WITHIN needs a positive window, got {definition.within!r}", **at(definition))
     return CompiledQuery(
         definition=definition, name=definition.name, stream=stream, types=tuple(types),
         negated=tuple(component.negated for component in components), positives=positives, accepting=accepting,
@@ -220,16 +188,12 @@ def compile_query(definition: ast.QueryDefinition, streams: dict[str, StreamSche
 
 def fingerprint(definition: Any) -> str:
     """A stable digest of a definition's structure (positions ignored)."""
-    import hashlib
-
     return hashlib.sha256(repr(definition).encode()).hexdigest()[:16]
 
 
 def _find(mapping: dict[str, Any], name: str) -> Any:
-    if name in mapping:
-        return mapping[name]
-    folded = [value for key, value in mapping.items() if key.casefold() == name.casefold()]
-    return folded[0] if len(folded) == 1 else None
+    key = fold(name, mapping)
+    return None if key is None else mapping[key]
 
 
 # --- rules ------------------------------------------------------------------------------------
@@ -255,12 +219,18 @@ def compile_rule(definition: ast.RuleDefinition, queries: dict[str, CompiledQuer
     query = _find(queries, definition.query)
     if query is None:
         raise UnknownQuery(f"{what}: ON OUTPUT {definition.query} — no such query (defined: "
-                           f"{', '.join(queries) or 'none'}); define the query first", **_at(definition))
+                           f"{', '.join(queries) or 'none'}); define the query first", **at(definition))
     reads: list[ReadSpec] = []
     writes: list[WriteSpec] = []
+
+    def rule_scope(clause: str, row_table: Any = None) -> Scope:
+        """Names in ``clause`` of the rule: the triggering output's attributes (and ``row_table``'s columns)."""
+        return Scope(catalog, new_alias=definition.new_alias, query=query, row_table=row_table,
+                     what=f"{what} {clause}")
+
     when = None
     if definition.when is not None:
-        scope = Scope(catalog, new_alias=definition.new_alias, query=query, what=f"{what} WHEN")
+        scope = rule_scope("WHEN")
         when = compile_expression(definition.when, scope)
         reads.extend(scope.reads)
     actions = []
@@ -280,13 +250,13 @@ def compile_rule(definition: ast.RuleDefinition, queries: dict[str, CompiledQuer
             columns = action.columns or tuple(table.columns)
             if not action.columns and len(action.values) != len(columns):
                 raise DefinitionError(f"{what}: INSERT INTO {action.table} gives {len(action.values)} values for "
-                                      f"{len(columns)} columns; name the columns", **_at(action))
+                                      f"{len(columns)} columns; name the columns", **at(action))
             real = [table.column(column, action.position) for column in columns]
             missing = table.required - set(real)
             if missing:
                 raise DefinitionError(f"{what}: INSERT INTO {action.table} must give {', '.join(sorted(missing))} "
-                                      f"(NOT NULL without a default)", **_at(action))
-            scope = Scope(catalog, new_alias=definition.new_alias, query=query, what=f"{what} INSERT")
+                                      f"(NOT NULL without a default)", **at(action))
+            scope = rule_scope("INSERT")
             functions = [compile_expression(value, scope) for value in action.values]
             reads.extend(scope.reads)
             sources = dict(zip(real, action.values))
@@ -299,14 +269,14 @@ def compile_rule(definition: ast.RuleDefinition, queries: dict[str, CompiledQuer
         for written, expression in action.key:
             column = table.column(written, action.position)
             if column in key_pairs:
-                raise DefinitionError(f"{what}: key column {written} appears twice", **_at(action))
+                raise DefinitionError(f"{what}: key column {written} appears twice", **at(action))
             key_pairs[column] = expression
         if set(key_pairs) != set(table.key_columns):
             raise DefinitionError(
                 f"{what}: the WHERE of {type(action).__name__[:-6].upper()} {action.table} must name its whole "
                 f"primary key ({', '.join(table.key_columns)}) with '=' — the action changes one row; for anything "
-                f"else use a Python action", **_at(action))
-        scope = Scope(catalog, new_alias=definition.new_alias, query=query, what=f"{what} WHERE")
+                f"else use a Python action", **at(action))
+        scope = rule_scope("WHERE")
         key_functions = [compile_expression(key_pairs[column], scope) for column in table.key_columns]
         reads.extend(scope.reads)
         key_spec = tuple((column, _source(key_pairs[column])) for column in table.key_columns)
@@ -318,9 +288,8 @@ def compile_rule(definition: ast.RuleDefinition, queries: dict[str, CompiledQuer
         for written, expression in action.assignments:
             column = table.column(written, action.position)
             if column in table.key_columns:
-                raise DefinitionError(f"{what}: UPDATE cannot change the key column {written}", **_at(action))
-            row_scope = Scope(catalog, new_alias=definition.new_alias, query=query, row_table=table,
-                              what=f"{what} SET")
+                raise DefinitionError(f"{what}: UPDATE cannot change the key column {written}", **at(action))
+            row_scope = rule_scope("SET", table)
             assignments.append((column, compile_expression(expression, row_scope)))
             reads.extend(row_scope.reads)
         reads.append(ReadSpec(table.name, key_spec))      # the UPDATE reads the row it changes
@@ -342,23 +311,26 @@ def _insert(table: str, columns: list[str], functions: list[Fn]) -> Callable[[Ct
     return insert
 
 
+def _key(ctx: Ctx, key_functions: list[Fn]) -> tuple | None:
+    """The row key the functions compute; None if a part is NULL (``WHERE key = NULL`` matches no row)."""
+    key = tuple(function(ctx) for function in key_functions)
+    return None if any(value is None for value in key) else key
+
+
 def _delete(table: str, key_functions: list[Fn]) -> Callable[[Ctx], None]:
     def delete(ctx: Ctx) -> None:
-        key = tuple(function(ctx) for function in key_functions)
-        if any(value is None for value in key):
-            return
-        ctx.reader.delete(table, key)
+        key = _key(ctx, key_functions)
+        if key is not None:
+            ctx.reader.delete(table, key)
     return delete
 
 
 def _update(table: str, key_functions: list[Fn], assignments: list[tuple[str, Fn]]) -> Callable[[Ctx], None]:
     def update(ctx: Ctx) -> None:
-        key = tuple(function(ctx) for function in key_functions)
-        if any(value is None for value in key):
-            return                      # WHERE key = NULL matches no row
-        row = ctx.reader.read(table, key)
+        key = _key(ctx, key_functions)
+        row = ctx.reader.read(table, key) if key is not None else None
         if row is None:
-            return                      # UPDATE of a missing row changes nothing (SQL)
+            return                      # a NULL key or a missing row: the UPDATE changes nothing (SQL)
         ctx.row = row
         try:
             values = {column: function(ctx) for column, function in assignments}

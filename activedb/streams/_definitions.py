@@ -1,15 +1,9 @@
-"""The stream engine's definitions: declared streams, compiled queries and rules, the
-indexes a batch uses, and Algorithm 1's access plans derived from them.
+"""The stream engine's definitions: declared streams, compiled queries and rules, their
+indexes by (stream, event type) and by query, and Algorithm 1's access plans
+(:class:`Definitions`; the design note is ``activedb/streams/README.md``).
 
-:class:`Definitions` is the engine's collaborator for everything defined before events
-arrive; it owns the dictionaries of streams, queries, matchers and rules, orders queries and
-rules by priority then name, indexes matchers by (stream, event type) and rules by query,
-and caches per (stream, event type) the template of the access plan (tables, and how each
-key is taken from the event) until the definitions change.
-
-Thread-safety: every change holds the mutex the engine passes in (the engine's own, so the
-engine's lock order is unchanged); ``rules_by_query`` and the indexes are replaced whole,
-never mutated, so a batch may read them without it.
+Thread-safety: every change holds the engine's mutex (passed in); ``rules_by_query`` and the
+indexes are replaced whole, never mutated, so a batch may read them without it.
 """
 
 from __future__ import annotations
@@ -24,7 +18,7 @@ from activedb.streams._catalog import StoreCatalog, StreamSchema
 from activedb.streams._compile import CompiledQuery, CompiledRule, compile_query, compile_rule
 from activedb.streams._events import StreamEvent
 from activedb.streams._matcher import Matcher
-from activedb.streams.errors import DefinitionError, UnknownName
+from activedb.streams.errors import DefinitionError, UnknownName, at
 
 
 class Definitions:
@@ -61,23 +55,6 @@ class Definitions:
                 raise
         return defined
 
-    def define_text(self, text: str, kind: type) -> list:
-        definitions = _language.parse(text)
-        for definition in definitions:
-            if not isinstance(definition, kind):
-                what = "CREATE QUERY" if kind is ast.QueryDefinition else "CREATE RULE"
-                position = definition.position
-                raise DefinitionError(f"expected {what} here; use engine.define() for a script of both",
-                                      line=position.line if position else None,
-                                      column=position.column if position else None, text=text)
-        try:
-            return [self.add(definition) for definition in definitions]
-        except DefinitionError as error:
-            if error.line is not None and "\n" not in str(error):
-                raise type(error)(error.reason, line=error.line, column=error.column, text=text) from None
-            raise
-
-
     def add(self, definition: Any) -> CompiledQuery | CompiledRule:
         with self._mutex:
             if isinstance(definition, ast.QueryDefinition):
@@ -87,10 +64,10 @@ class Definitions:
                         f"query {definition.name}: {what} belongs to the interval time model (events from many "
                         f"producers, order possibly uncertain); define it on an activedb.composite."
                         f"CompositionEngine — this engine's total order of point timestamps runs SEQ only",
-                        **_at(definition))
+                        **at(definition))
                 if any(name.casefold() == definition.name.casefold() for name in self._queries):
                     raise DefinitionError(f"query {definition.name} is already defined; give the new one "
-                                          f"another name", **_at(definition))
+                                          f"another name", **at(definition))
                 compiled = compile_query(definition, self._streams, self.catalog)
                 self._queries[compiled.name] = compiled
                 self._matchers[compiled.name] = Matcher(compiled)
@@ -100,7 +77,7 @@ class Definitions:
                 existing = [name for name in self._rules if name.casefold() == definition.name.casefold()]
                 if existing and not definition.replace:
                     raise DefinitionError(f"rule {definition.name} is already defined; use CREATE OR REPLACE RULE "
-                                          f"(replace=True) to redefine it", **_at(definition))
+                                          f"(replace=True) to redefine it", **at(definition))
                 compiled = compile_rule(definition, self._queries, self.catalog)
                 for name in existing:
                     del self._rules[name]
@@ -122,7 +99,6 @@ class Definitions:
         for rule in self._rules.values():
             rules.setdefault(rule.query, []).append(rule)
         self.rules_by_query = {query: tuple(sorted(group, key=_priority_then_name)) for query, group in rules.items()}
-
 
     def queries(self) -> dict[str, CompiledQuery]:
         with self._mutex:
@@ -147,10 +123,7 @@ class Definitions:
     # --- Algorithm 1 -----------------------------------------------------------------------------
 
     def access_plan(self, event: StreamEvent) -> AccessPlan:
-        """The store resources ``event``'s s-transaction may read and write (Active CEP
-        Algorithm 1, narrowed to what this engine can do: queries read the store only at
-        their accepting events, rules fire only there).  A key comes from the event when
-        the definitions derive it from the event's attributes; otherwise the table."""
+        """See :meth:`StreamEngine.access_plan`."""
         stream = self.stream_of(event)
         template = self._plans.get((stream.name, event.type))
         if template is None:
@@ -182,9 +155,6 @@ class Definitions:
             self._plans[(stream, event_type)] = template
         return template
 
-    # --- processing ------------------------------------------------------------------------------
-
-
     def stream_of(self, event: StreamEvent) -> StreamSchema:
         if event.stream is not None:
             stream = self._streams.get(event.stream)
@@ -199,12 +169,6 @@ class Definitions:
 def _priority_then_name(item: Any) -> tuple:
     priority = item.priority
     return (0, -priority, item.name) if priority is not None else (1, 0, item.name)
-
-
-def _at(node: Any) -> dict:
-    position = getattr(node, "position", None)
-    return {"line": position.line, "column": position.column} if position else {}
-
 
 
 def _key_of(extract: tuple | None, event: StreamEvent) -> tuple | None:
@@ -228,8 +192,7 @@ def _key_extractor(key_spec: Any, query: CompiledQuery, rule: CompiledRule | Non
             return None
         if rule is not None and source.alias.casefold() in (rule.definition.new_alias.casefold(),
                                                             query.name.casefold()):
-            expression = dict((name, item.expression) for name, item in
-                              ((item.name, item) for item in query.definition.returns)).get(source.attribute)
+            expression = {item.name: item.expression for item in query.definition.returns}.get(source.attribute)
             if isinstance(expression, ast.Literal):
                 values.append((True, expression.value))
                 continue

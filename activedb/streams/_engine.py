@@ -1,38 +1,10 @@
-"""The stream engine: definitions, the reorder buffer, s-transactions, the batch's state.
+"""The stream engine: :class:`StreamEngine`, the coordinator of a batch's steps — admit,
+release, run the s-transactions on the scheduler, record dead letters and save the state in
+the caller's transaction.  The design note (steps, exactly once, mutex order) is
+``activedb/streams/README.md``.
 
-:class:`StreamEngine` is the public object (one per application, explicit — no module
-globals).  Per micro-batch the caller owns one top-level transaction and calls
-``engine.process(tx, events, punctuation=…)``:
-
-1. **admit** every event: check its stream, type and timestamp; an event older than the
-   punctuation already released is a *late* dead letter (the reason names that
-   punctuation); the others go into the reorder buffer, ordered by the declared total
-   order (``_events.order_key``);
-2. **release** every buffered event older than the new bound ``min over the engine's
-   streams of their most recent punctuation`` (explicit ``punctuation=``, or
-   ``db.watermark(stream)``): strictly older — events *at* the bound wait, since an event
-   with that timestamp may still come;
-3. give the released events positions in the total order and hand their s-transactions
-   to the **scheduler** (SEI by default) — each runs inside ``tx``;
-4. record dead letters and save the engine's state (buffer, matcher partitions,
-   punctuations) **in ``tx``**, so they commit — or vanish — with the batch's effects
-   and the caller's ledger row: exactly once.
-
-The engine's in-memory state follows the batch's outcome: the state a batch produced is
-kept *pending* until its top-level transaction commits (then it becomes the engine's
-state) or aborts (then it is dropped, and a re-run of the batch starts from the state
-before it); a commit participant enlisted in that transaction tells the engine which.
-``feed(events)`` does all of it in a transaction of its own.
-
-The engine is the coordinator; each job has its own module: the definitions and access
-plans (``_definitions.Definitions``), admission, punctuations and release
-(``_reorder.ReorderBuffer``), the committed and pending state (``_state``), and the batch's
-s-transactions as the scheduler runs them (``_batch.BatchRun``).
-
-Thread-safety: ``_mutex`` protects ``_state``, ``_pending`` and the definitions; a batch's
-own structures are protected by ``BatchRun._mutex`` (the unscheduled mode uses threads).
-Lock order: ``_mutex`` before ``BatchRun._mutex``; neither is held while running user
-code, the store or the scheduler.
+Thread-safety: ``_mutex`` protects ``_state``, ``_pending`` and the definitions; it is taken
+before ``BatchRun._mutex`` and never held while running user code, the store or the scheduler.
 """
 
 from __future__ import annotations
@@ -43,8 +15,10 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from activedb import deadletters
+from activedb.streams import _persist
 from activedb.streams import algebra as ast
-from activedb.streams._batch import AccessPlan, BatchResult, BatchRun, Resource, STransaction, prefetch
+from activedb.streams._batch import AccessPlan, BatchResult, BatchRun, STransaction, prefetch
+from activedb.streams._builders import query_definition, rule_definition
 from activedb.streams._catalog import StoreCatalog, StreamSchema
 from activedb.streams._compile import CompiledQuery, CompiledRule
 from activedb.streams._definitions import Definitions
@@ -60,17 +34,15 @@ from activedb.streams.errors import StreamError, StreamStateError
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
 
-__all__ = ["AccessPlan", "BatchResult", "BatchRun", "Resource", "STransaction", "StreamEngine"]
-
-
-# --- the engine ----------------------------------------------------------------------------------
 
 class StreamEngine:
     """Pattern queries and ON OUTPUT rules over a stream, with s-transactions on ``db``'s store.
 
     * ``name`` — identifies the engine's saved state and its dead letters
       (``query_id = "streams:<name>"``);
-    * ``scheduler`` — ``"sei"`` (default), ``"unscheduled"`` (tests) or a :class:`Scheduler`;
+    * ``scheduler`` — ``"sei"`` (default), ``"s2pl"``, ``"lwm"`` (tuple locks, 8 s-transactions at a
+      time), ``"unscheduled"`` (tests) or a :class:`Scheduler` instance
+      (``streams.LWMScheduler(granularity="table", workers=16)``);
     * ``aliases`` — map logical table/column names of definitions to the store's
       (``{"workerStatus": ("worker_status", {"workerID": "worker"})}``);
     * ``record_history`` — keep the stream history for ``activedb.testing.check_stream_history``;
@@ -85,11 +57,6 @@ class StreamEngine:
       ``"write"``) run before every store operation of an s-transaction, once its lock is
       granted — how ``activedb bench streams`` models a store whose operations cost a round
       trip.  Applications and tests leave it None.
-
-    ``scheduler``: ``"sei"``, ``"s2pl"``, ``"lwm"`` (the defaults of
-    :class:`S2PLScheduler`/:class:`LWMScheduler`: tuple locks, 8 s-transactions at a time),
-    ``"unscheduled"`` (tests only), or a :class:`Scheduler` instance
-    (``streams.LWMScheduler(granularity="table", workers=16)``).
 
     Thread-safety: definitions and ``statistics()`` may be used from any thread; batches
     are processed one at a time (a second concurrent batch raises ``StreamStateError``).
@@ -128,35 +95,17 @@ class StreamEngine:
                       priorities: Mapping[str, float] | None = None, tie_key: Callable[[StreamEvent], Any] | None = None
                       ) -> StreamSchema:
         """Declare an input stream (see :class:`~activedb.streams._catalog.StreamSchema`)."""
-        return self._definitions.add_stream(StreamSchema(
-            name=name, types=tuple(types) if types is not None else None, attributes=tuple(attributes),
-            type_attributes={key: tuple(value) for key, value in (type_attributes or {}).items()},
-            priorities=dict(priorities or {}), tie_key=tie_key))
+        return self._definitions.add_stream(StreamSchema(name, types, attributes, type_attributes, priorities,
+                                                         tie_key))
 
     def define(self, text: str) -> list[CompiledQuery | CompiledRule]:
         """Define every ``CREATE QUERY`` / ``CREATE RULE`` of ``text``, in order."""
         return self._definitions.define(text)
 
-    def create_query(self, definition: str | ast.QueryDefinition) -> CompiledQuery:
-        """Define a query from its text or an :class:`~algebra.QueryDefinition`."""
-        if isinstance(definition, str):
-            (compiled,) = self._definitions.define_text(definition, ast.QueryDefinition)
-            return compiled
-        return self._definitions.add(definition)
-
-    def create_rule(self, definition: str | ast.RuleDefinition) -> CompiledRule:
-        """Define an ON OUTPUT rule from its text or an :class:`~algebra.RuleDefinition`."""
-        if isinstance(definition, str):
-            (compiled,) = self._definitions.define_text(definition, ast.RuleDefinition)
-            return compiled
-        return self._definitions.add(definition)
-
     def query(self, name: str, *, pattern: Any, returns: Any, where: Any = None, within: float | None = None,
               stream: str | None = None, selection: ast.Selection | str = ast.Selection.SKIP_TILL_ANY_MATCH,
               priority: float | None = None) -> CompiledQuery:
         """Define a query in Python (see ``activedb.streams.seq``, ``event``, ``store``)."""
-        from activedb.streams._builders import query_definition
-
         return self._definitions.add(query_definition(name, pattern=pattern, returns=returns, where=where,
                                                       within=within, stream=stream, selection=selection,
                                                       priority=priority))
@@ -167,8 +116,6 @@ class StreamEngine:
         """Define an ON OUTPUT rule in Python.  ``action``: an action built with
         ``streams.update``/``insert``/``delete``, a list of them, or a callable ``(tx, new)``
         (``reads``/``writes`` declare the tables a callable may touch)."""
-        from activedb.streams._builders import rule_definition
-
         return self._definitions.add(rule_definition(name, on_output=on_output, action=action, when=when,
                                                      priority=priority, new=new, reads=reads, writes=writes,
                                                      replace=replace))
@@ -179,7 +126,6 @@ class StreamEngine:
             self.rule(name or function.__name__, on_output=query, action=function, **options)
             return function
         return decorate
-
 
     @property
     def queries(self) -> dict[str, CompiledQuery]:
@@ -205,7 +151,7 @@ class StreamEngine:
     def process(self, tx: Transaction, events: Iterable[StreamEvent | Mapping[str, Any]], *, punctuation: Any = None,
                 punctuations: Mapping[str, Any] | None = None, batch_id: int | None = None) -> BatchResult:
         """Admit ``events``, release what the punctuations allow, and run the released
-        events' s-transactions inside ``tx`` (see the module docstring).
+        events' s-transactions inside ``tx`` (the steps: see the design note).
 
         ``punctuation`` applies to the engine's only stream (or every stream);
         ``punctuations`` gives one per stream; each stream's ``db.watermark(stream)`` is
@@ -224,8 +170,7 @@ class StreamEngine:
              punctuations: Mapping[str, Any] | None = None) -> BatchResult:
         """``process`` in a top-level transaction of its own (committed before returning)."""
         with self.db.transaction(name=f"streams:{self.name}") as tx:
-            result = self.process(tx, events, punctuation=punctuation, punctuations=punctuations)
-        return result
+            return self.process(tx, events, punctuation=punctuation, punctuations=punctuations)
 
     def _process(self, tx, events, punctuation, punctuations, batch_id) -> BatchResult:
         began = time.perf_counter()
@@ -276,8 +221,6 @@ class StreamEngine:
         if letters and self.record_dead_letters:
             self._record_dead_letters(tx, letters, batch_id)
         if self.durable:
-            from activedb.streams import _persist
-
             _persist.save(self, tx, pending)
         self.metrics.phase("state", time.perf_counter() - started)
         self.metrics.add(processing=time.perf_counter() - began)
@@ -305,8 +248,6 @@ class StreamEngine:
                 self.history.abort_units(pending.units)     # their subtransactions were undone with the batch
 
     def _load_locked(self) -> None:
-        from activedb.streams import _persist
-
         self._state = _persist.load(self)
         self._loaded = True
 
@@ -317,9 +258,7 @@ class StreamEngine:
             if self._pending is not None:
                 raise StreamStateError(f"engine {self.name} has a batch in progress; finish it first")
             if self.durable:
-                from activedb.streams import _persist
-
-                _persist.delete(self)
+                    _persist.delete(self)
             self._state = State()
             self._loaded = True
 
@@ -350,8 +289,6 @@ def _event_row(event: StreamEvent) -> dict:
 
 
 def _jsonable_event(event: StreamEvent) -> dict:
-    from activedb.streams._persist import encode_value
-
-    return {"type": event.type, "ts": encode_value(event.ts), "stream": event.stream,
-            "attributes": {key: encode_value(value) for key, value in dict(event.attributes).items()}}
+    return {"type": event.type, "ts": _persist.encode_value(event.ts), "stream": event.stream,
+            "attributes": {key: _persist.encode_value(value) for key, value in dict(event.attributes).items()}}
 

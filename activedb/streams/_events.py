@@ -1,31 +1,18 @@
-"""Input events, query outputs, dead letters, and the declared total order of events.
-
-* :class:`StreamEvent` — one input event: its type, **application time** ``ts`` (from
-  the source: a number of seconds or an aware ``datetime``) and attributes.  The engine
-  stamps it on arrival with its **system time** ``sts`` (``time.perf_counter()``; only
-  differences are meaningful — a source that measured the arrival itself, with the same
-  clock, may set ``sts`` and the engine keeps it) and, when the reorder buffer releases it, with its
-  ``position`` in the stream's declared total order.  ``ts`` and ``sts`` are never
-  mixed: windows and correctness use ``ts``, latencies use ``sts``.
-* :class:`Output` — a composite event produced by a query (``ts`` = the maximum of its
-  constituents' ``ts``); rules ON OUTPUT receive it.
-* :class:`DeadLetter` — an event the engine did not process, with the reason.
-
-The declared total order (:func:`order_key`): application time, then the type's
-priority (higher first, unlisted last), then the stream's ``tie_key``, then the event's
-own content (type, attributes) — so events with equal timestamps are ordered as the
-application declares and, where it declares nothing, by what they are, never by the
-accident of their arrival.  Two events equal in all of that are indistinguishable, and
-their order cannot matter.
+"""Input events (:class:`StreamEvent`: application time ``ts`` from the source, system time
+``sts`` stamped on arrival with ``time.perf_counter()`` unless the source set it, ``position``
+on release — never mixed: windows and correctness use ``ts``, latencies ``sts``), query
+outputs (:class:`Output`), dead letters (:class:`DeadLetter`), and the declared total order of
+events (:func:`order_key`; the design note ``activedb/streams/README.md``, choice 3).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+
+from activedb.events import check_time
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,31 +112,12 @@ def ts_less(a: Any, b: Any) -> bool:
 
 def check_ts(ts: Any) -> str:
     """The kind of timestamp (``"number"`` or ``"datetime"``); raises ValueError otherwise."""
-    if isinstance(ts, bool):
-        raise ValueError(f"timestamp {ts!r} is a boolean, not a time")
-    if isinstance(ts, (int, float)):
-        if isinstance(ts, float) and not math.isfinite(ts):
-            raise ValueError(f"timestamp {ts!r} is not finite")
-        return "number"
-    if isinstance(ts, dt.datetime):
-        if ts.tzinfo is None:
-            raise ValueError(f"timestamp {ts.isoformat()} has no time zone; give aware datetimes (UTC)")
-        return "datetime"
-    raise ValueError(f"timestamp {ts!r} is neither a number of seconds nor a datetime")
-
-
-def seconds_between(later: Any, earlier: Any) -> float:
-    difference = later - earlier
-    return difference.total_seconds() if isinstance(difference, dt.timedelta) else float(difference)
-
-
-def canonical(value: Any) -> str:
-    """A deterministic text of ``value`` (for the last tie-break and fingerprints)."""
-    return json.dumps(value, sort_keys=True, default=repr, separators=(",", ":"))
+    check_time(ts, "timestamp")
+    return "datetime" if isinstance(ts, dt.datetime) else "number"
 
 
 def order_key(event: StreamEvent, priority: float | None, tie: Any) -> tuple:
-    """The event's place in the declared total order (see the module docstring)."""
+    """The event's place in the declared total order (ts, type priority, tie key, content)."""
     rank = -priority if priority is not None else math.inf
     tie_part = (1, 0) if tie is None else (0, tie)
     return (event.ts, rank, tie_part, event.type, repr(sorted(event.attributes.items())))

@@ -1,13 +1,7 @@
-"""Expressions compiled to closures ``fn(ctx) -> value`` over a :class:`Ctx`, and the store
-reads and writes a definition may perform (:class:`ReadSpec`, :class:`WriteSpec`: Algorithm 1's
-data).
-
-A :class:`Scope` says how the names of one expression resolve (the pattern's components, the
-triggering output of a rule, the row of an UPDATE) and collects what the expression uses (its
-components, its store reads).  ``_compile.py`` builds scopes for queries and rules.
-
-Expressions follow SQL's three-valued logic: a comparison with NULL is unknown (None), and a
-condition holds only when it is true.
+"""Expressions compiled to closures ``fn(ctx) -> value`` over a :class:`Ctx` (SQL's
+three-valued logic: a comparison with NULL is unknown, None), the :class:`Scope` names resolve
+in, and the store reads and writes a definition may perform (:class:`ReadSpec`,
+:class:`WriteSpec`: Algorithm 1's data).
 """
 
 from __future__ import annotations
@@ -17,8 +11,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from activedb.streams import algebra as ast
-from activedb.streams._catalog import StoreCatalog, StreamSchema, TableSchema
-from activedb.streams.errors import DefinitionError, EvaluationError, UnknownAttribute, UnknownName
+from activedb.streams._catalog import StoreCatalog, StreamSchema, TableSchema, fold
+from activedb.streams.errors import DefinitionError, EvaluationError, UnknownAttribute, UnknownName, at
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.streams._compile import CompiledQuery
@@ -38,11 +32,6 @@ class Ctx:
 
 
 Fn = Callable[[Ctx], Any]
-
-
-def _at(node: Any) -> dict:
-    position = getattr(node, "position", None)
-    return {"line": position.line, "column": position.column} if position else {}
 
 
 @dataclass(frozen=True)
@@ -94,7 +83,7 @@ class Scope:
         if entry is None:
             known = ", ".join(sorted({alias for alias in self.components})) or "none"
             raise UnknownName(f"{self.what}: {node.alias}.{node.attribute} names no event of the pattern "
-                              f"(events: {known})", **_at(node))
+                              f"(events: {known})", **at(node))
         index, event_type, _ = entry
         attribute = self.stream.resolve_attribute(event_type, node.attribute, node.position)
         self.used.add(index)
@@ -104,15 +93,13 @@ class Scope:
         aliases = {self.new_alias.casefold(), self.query.name.casefold()}
         if node.alias.casefold() not in aliases:
             raise UnknownName(f"{self.what}: {node.alias}.{node.attribute} — the triggering event is "
-                              f"{self.new_alias} (REFERENCING NEW AS …)", **_at(node))
+                              f"{self.new_alias} (REFERENCING NEW AS …)", **at(node))
         names = self.query.output_names
-        if node.attribute in names:
-            return node.attribute
-        folded = [name for name in names if name.casefold() == node.attribute.casefold()]
-        if len(folded) == 1:
-            return folded[0]
+        resolved = fold(node.attribute, names)
+        if resolved is not None:
+            return resolved
         raise UnknownAttribute(f"{self.what}: query {self.query.name} returns no attribute {node.attribute!r} "
-                               f"(it returns {', '.join(names)})", **_at(node))
+                               f"(it returns {', '.join(names)})", **at(node))
 
 
 def compile_expression(node: ast.Expr, scope: Scope) -> Fn:
@@ -128,7 +115,7 @@ def compile_expression(node: ast.Expr, scope: Scope) -> Fn:
     if isinstance(node, ast.ColumnRef):
         if scope.row_table is None:
             raise UnknownName(f"{scope.what}: {node.column!r} is not qualified; write EVENT.{node.column} for an "
-                              f"event attribute (or use it inside a subquery on a table)", **_at(node))
+                              f"event attribute (or use it inside a subquery on a table)", **at(node))
         column = scope.row_table.column(node.column, node.position)
         return lambda ctx: ctx.row.get(column) if ctx.row is not None else None
     if isinstance(node, ast.Compare):
@@ -141,13 +128,14 @@ def compile_expression(node: ast.Expr, scope: Scope) -> Fn:
         return _null_propagating(
             compile_expression(node.left, scope), compile_expression(node.right, scope), _ARITHMETIC[text],
             (TypeError, ZeroDivisionError), lambda a, b, error: f"cannot compute {a!r} {text} {b!r}: {error}")
-    if isinstance(node, ast.Negate):
+    if isinstance(node, (ast.Negate, ast.Not)):
         operand = compile_expression(node.operand, scope)
+        apply = operator.neg if isinstance(node, ast.Negate) else operator.not_
 
-        def evaluate_negate(ctx: Ctx) -> Any:
+        def evaluate_unary(ctx: Ctx) -> Any:
             value = operand(ctx)
-            return None if value is None else -value
-        return evaluate_negate
+            return None if value is None else apply(value)
+        return evaluate_unary
     if isinstance(node, ast.IsNull):
         operand = compile_expression(node.operand, scope)
         if node.negated:
@@ -169,18 +157,11 @@ def compile_expression(node: ast.Expr, scope: Scope) -> Fn:
                     return decisive
             return None if unknown else not decisive
         return evaluate_connective
-    if isinstance(node, ast.Not):
-        operand = compile_expression(node.operand, scope)
-
-        def evaluate_not(ctx: Ctx) -> Any:
-            value = operand(ctx)
-            return None if value is None else not value
-        return evaluate_not
     if isinstance(node, (ast.ScalarSubquery, ast.Exists)):
         return _compile_select(node, scope)
     if isinstance(node, ast.Equivalence):
         raise DefinitionError(f"{scope.what}: [{node.attribute}] (the equivalence test) is only allowed as a "
-                              f"top-level AND term of a query's WHERE", **_at(node))
+                              f"top-level AND term of a query's WHERE", **at(node))
     raise DefinitionError(f"{scope.what}: unsupported expression {node!r}")
 
 
@@ -210,10 +191,10 @@ def _compile_select(node: ast.ScalarSubquery | ast.Exists, scope: Scope) -> Fn:
         real = table.column(written, getattr(expression, "position", None) or select.position)
         if real in conditions:
             raise DefinitionError(f"{scope.what}: column {written} appears twice in the subquery's WHERE",
-                                  **_at(select))
+                                  **at(select))
         if any(isinstance(inner, (ast.ScalarSubquery, ast.Exists)) for inner in expression.walk()):
             raise DefinitionError(f"{scope.what}: nested subqueries are not supported; use a Python action",
-                                  **_at(expression))
+                                  **at(expression))
         inner_scope = Scope(scope.catalog, components=scope.components, stream=scope.stream,
                             new_alias=scope.new_alias, query=scope.query, what=scope.what)
         conditions[real] = compile_expression(expression, inner_scope)

@@ -1,24 +1,8 @@
-"""The stream history: every Read and Write of the shared store, stamped (Active CEP §4.1).
-
-An engine made with ``record_history=True`` records, in system-time order (``sequence``),
-each store operation its queries and rules perform:
-
-* ``ts`` — the application time of the operation: the s-transaction's ``T.ts = e.ts``
-  (a query's Read at the accepting event's time, a rule's Write at its trigger's time);
-* ``order`` — its place in the **declared** order: ``(position, step)`` where
-  ``position`` is the s-transaction's event's place in the stream's total order and
-  ``step = (phase, query rank, n)`` its place inside the s-transaction (phase 0: the
-  queries' reads, in query order; phase 1: the rules, per output in order, per rule in
-  priority order).  Def. 6 case (4) — equal timestamps — is decided by this order;
-* ``read_from`` — for a Read, the ``sequence`` of the Write whose value it saw (None:
-  the value from before the engine's first write); for a table read, a dict per key.
-  On a single-version store the recorder derives it (the last committed-or-own Write
-  in system order); a multi-version store passes the version it read.
-
-``begin``/``end`` records bracket each unit of execution (an s-transaction under SEI;
-one query's evaluation of one event in the unscheduled mode) with its outcome, so that
-the checker ignores aborted work.  :func:`activedb.testing.check_stream_history` checks
-Definition 6 on a snapshot.
+"""The stream history (``record_history=True``): every Read and Write of the shared store
+by the engine's queries and rules, stamped (Active CEP §4.1), in system-time order
+(``sequence``), with ``begin``/``end`` records bracketing each unit of execution (an
+s-transaction; one query's evaluation of one event in the unscheduled mode) so that
+:func:`activedb.testing.check_stream_history` (Definition 6) ignores aborted work.
 
 Thread-safety: ``_mutex`` protects everything; recording happens while the operation's
 store lock is held, so no conflicting write of this engine can slip between the
@@ -39,15 +23,18 @@ class StreamOp:
     unit: str                      # the unit of execution (s-transaction or query evaluation)
     stransaction: str              # the s-transaction (one per input event)
     event: str                     # the event, as Active CEP writes it (exit^2)
-    ts: Any
-    order: tuple                   # (position, step)
+    ts: Any                        # the s-transaction's T.ts = e.ts (Def. 6 compares these)
+    # (position, step): the place in the declared order (decides Def. 6 case 4); step = (phase, query rank, n),
+    # phase 0 the queries' reads in query order, phase 1 the rules per output, per rule by priority.
+    order: tuple
     origin: str | None = None      # the query or rule that performed it
     table: str | None = None
     key: tuple | None = None       # None: a table read (scan)
     value: Any = None              # read: the image(s) seen; write: the values written
-    read_from: Any = None          # read: sequence of the write seen (None = initial); scan: {key: sequence}
+    # read: sequence of the write seen (None = initial); scan: {key: sequence}.  Derived by the
+    # recorder on a single-version store (the last not-aborted Write); a multi-version store passes it.
+    read_from: Any = None
     operation: str | None = None   # write: write | insert | delete; end: committed | aborted
-    detail: Any = None
 
     def describe(self) -> str:
         if self.kind == "read":
@@ -109,7 +96,7 @@ class StreamHistory:
              value: Any, read_from: Any = "derive") -> None:
         with self._mutex:
             if read_from == "derive":
-                read_from = {row[1]: sequence for row, sequence in self._last_write.items() if row[0] == table}
+                read_from = self._last_writes(table)
             self.ops.append(StreamOp(self._next(), "read", unit, stransaction, event, ts, order, origin, table, None,
                                      value, read_from))
 
@@ -129,7 +116,11 @@ class StreamHistory:
         """The sequence of the latest not-aborted Write of each row of ``table`` (what a Read of
         the row before the next Write sees): a multi-version store takes it for its base images."""
         with self._mutex:
-            return {row[1]: sequence for row, sequence in self._last_write.items() if row[0] == table}
+            return self._last_writes(table)
+
+    def _last_writes(self, table: str) -> dict[tuple, int]:
+        """Precondition: the caller holds ``_mutex``."""
+        return {row[1]: sequence for row, sequence in self._last_write.items() if row[0] == table}
 
     def abort_units(self, units: list[str]) -> None:
         """Units that ended committed but whose top-level transaction then aborted: record

@@ -1,51 +1,16 @@
-"""The textual language of Active CEP (§3.1, Appendix B): a hand-written lexer
-(``_lexer.py``) and recursive-descent parser producing :mod:`activedb.streams.algebra` nodes.
-
-Grammar (keywords are case-insensitive; ``[…]`` optional, ``{…}`` repeated)::
-
-    script     := statement { [";"] statement } [";"]
-    statement  := query | rule
-    query      := CREATE QUERY name clause { clause }           -- each clause at most once
-    clause     := ON stream | PATTERN pattern | WHERE expr | WITHIN duration
-                | RETURN item { "," item } | MATCHING SKIP TILL (ANY | NEXT) MATCH   -- extension
-                | PRIORITY number                                                    -- extension
-                | CONSUMING (CHRONICLE | RECENT)                  -- extension (interval time model)
-    pattern    := SEQ "(" component { "," component } ")" | AND "(" component { "," component } ")"
-                | component
-    component  := ["!"] type [alias]
-    item       := expr [AS name]
-    duration   := number unit         -- ms, s, sec, second(s), min, minute(s), h, hour(s), day(s)
-    rule       := CREATE [OR REPLACE] RULE name ON OUTPUT query
-                  [REFERENCING NEW AS alias] [FOR EACH EVENT] [WHEN expr] [PRIORITY number] body
-    body       := BEGIN action { [";"] action } [";"] END | action
-    action     := UPDATE table SET column "=" expr { "," column "=" expr } WHERE keys
-                | INSERT INTO table ["(" column { "," column } ")"] VALUES "(" expr { "," expr } ")"
-                | DELETE FROM table WHERE keys
-    keys       := column "=" expr { AND column "=" expr }
-    expr       := or ;  or := and { OR and } ;  and := not { AND not } ;  not := NOT not | comparison
-    comparison := sum [ ("=" | "!=" | "<>" | "<" | "<=" | ">" | ">=") sum | IS [NOT] NULL ]
-    sum        := product { ("+" | "-") product } ;  product := unary { ("*" | "/") unary }
-    unary      := "-" unary | primary
-    primary    := number | 'string' | TRUE | FALSE | NULL | name ["." name] | "[" name "]"
-                | "(" expr ")" | "(" SELECT (column | "*") FROM table [WHERE keys] ")"
-                | EXISTS "(" SELECT … ")"
-
-Names are letters, digits and ``_``; a ``-`` followed by a letter continues a name, so
-the paper's ``HCW-ID`` is one name (write ``a - b`` with spaces to subtract).
-``"Quoted"`` names are taken as written.  ``--`` starts a comment to the end of the line.
-Every error is a :class:`~activedb.streams.errors.QuerySyntaxError` with line and column.
+"""The textual language of Active CEP (§3.1, Appendix B): a recursive-descent parser (one
+method per grammar rule) over ``_lexer.py``'s tokens, producing :mod:`algebra` nodes; every
+error is a :class:`~activedb.streams.errors.QuerySyntaxError` with line and column.  The
+grammar is in the design note ``activedb/streams/README.md``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from activedb.streams import algebra as ast
-from activedb.streams._lexer import DURATION_UNITS, RESERVED, Token, TokenCursor, tokenize
-from activedb.streams.errors import QuerySyntaxError
-
-__all__ = ["Parser", "Token", "parse", "parse_one", "tokenize"]
-
+from activedb.streams._lexer import DURATION_UNITS, RESERVED, Token, TokenCursor
 
 class Parser(TokenCursor):
     """Parses one text; :meth:`script` returns the definitions in order (one method per
@@ -87,47 +52,33 @@ class Parser(TokenCursor):
 
     def query(self, start: Token) -> ast.QueryDefinition:
         name = self.name("the query's name")
-        seen: dict[str, Token] = {}
-        stream = pattern = where = within = None
-        returns: tuple[ast.ReturnItem, ...] | None = None
-        selection = ast.Selection.SKIP_TILL_ANY_MATCH
-        priority = None
-        consumption = None
-        clauses = ("ON", "PATTERN", "WHERE", "WITHIN", "RETURN", "MATCHING", "PRIORITY", "CONSUMING")
+        # Each clause once, in any order: its keyword, the QueryDefinition field and the rule parsing it.
+        clauses = {"ON": ("stream", lambda: self.name("the stream's name after ON")),
+                   "PATTERN": ("pattern", self.pattern), "WHERE": ("where", self.expression),
+                   "WITHIN": ("within", self.duration), "RETURN": ("returns", self.returns),
+                   "MATCHING": ("selection", self.selection), "CONSUMING": ("consumption", self.consumption),
+                   "PRIORITY": ("priority", lambda: self.number("the query's priority"))}
+        fields: dict[str, Any] = {}
         while self.current.is_keyword(*clauses):
             token = self.advance()
             keyword = token.text.upper()
-            if keyword in seen:
+            field, parse_clause = clauses[keyword]
+            if field in fields:
                 raise self.error(f"{keyword} given twice in query {name}", token)
-            seen[keyword] = token
-            if keyword == "ON":
-                stream = self.name("the stream's name after ON")
-            elif keyword == "PATTERN":
-                pattern = self.pattern()
-            elif keyword == "WHERE":
-                where = self.expression()
-            elif keyword == "WITHIN":
-                within = self.duration()
-            elif keyword == "RETURN":
-                returns = self.returns()
-            elif keyword == "MATCHING":
-                selection = self.selection()
-            elif keyword == "CONSUMING":
-                word = self.accept_keyword("CHRONICLE", "RECENT")
-                if word is None:
-                    raise self.error(f"expected CHRONICLE or RECENT after CONSUMING, found {self.current.describe()}")
-                consumption = ast.Consumption(word.text.lower())
-            else:
-                priority = self.number("the query's priority")
-        if pattern is None:
+            fields[field] = parse_clause()
+        if "pattern" not in fields:
             raise self.error(f"query {name} needs a PATTERN clause (e.g. PATTERN SEQ(A, !B, C)); "
                              f"found {self.current.describe()}")
-        if returns is None:
+        if "returns" not in fields:
             raise self.error(f"query {name} needs a RETURN clause (e.g. RETURN C.id); found "
                              f"{self.current.describe()}")
-        return ast.QueryDefinition(name=name, pattern=pattern, returns=returns, where=where, within=within,
-                                   stream=stream, selection=selection, priority=priority,
-                                   consumption=consumption, position=self.position(start))
+        return ast.QueryDefinition(name=name, **fields, position=self.position(start))
+
+    def consumption(self) -> ast.Consumption:
+        word = self.accept_keyword("CHRONICLE", "RECENT")
+        if word is None:
+            raise self.error(f"expected CHRONICLE or RECENT after CONSUMING, found {self.current.describe()}")
+        return ast.Consumption(word.text.lower())
 
     def pattern(self) -> ast.Pattern:
         start = self.current
@@ -135,11 +86,9 @@ class Parser(TokenCursor):
             if self.current.is_keyword(keyword) and self.peek().kind == "symbol" and self.peek().text == "(":
                 self.advance()
                 self.advance()
-                items = [self.component()]
-                while self.accept_symbol(","):
-                    items.append(self.component())
+                items = self.comma_list(self.component)
                 self.expect_symbol(")", f"to close {keyword}(")
-                return node(tuple(items), position=self.position(start))
+                return node(items, position=self.position(start))
         return ast.Seq((self.component(),), position=self.position(start))
 
     def component(self) -> ast.EventComponent:
@@ -165,21 +114,27 @@ class Parser(TokenCursor):
         return seconds
 
     def returns(self) -> tuple[ast.ReturnItem, ...]:
-        items = []
-        while True:
-            start = self.current
-            expression = self.expression()
-            if self.accept_keyword("AS"):
-                name = self.name("the output attribute's name after AS")
-            elif isinstance(expression, ast.AttributeRef):
-                name = expression.attribute
-            elif isinstance(expression, ast.ColumnRef) and expression.table is None:
-                name = expression.column
-            else:
-                raise self.error("name this RETURN expression with AS (e.g. RETURN a + 1 AS total)", start)
-            items.append(ast.ReturnItem(name, expression, position=self.position(start)))
-            if not self.accept_symbol(","):
-                return tuple(items)
+        return self.comma_list(self.return_item)
+
+    def return_item(self) -> ast.ReturnItem:
+        start = self.current
+        expression = self.expression()
+        if self.accept_keyword("AS"):
+            name = self.name("the output attribute's name after AS")
+        elif isinstance(expression, ast.AttributeRef):
+            name = expression.attribute
+        elif isinstance(expression, ast.ColumnRef) and expression.table is None:
+            name = expression.column
+        else:
+            raise self.error("name this RETURN expression with AS (e.g. RETURN a + 1 AS total)", start)
+        return ast.ReturnItem(name, expression, position=self.position(start))
+
+    def comma_list(self, item: Callable[[], Any]) -> tuple:
+        """``item { "," item }``."""
+        items = [item()]
+        while self.accept_symbol(","):
+            items.append(item())
+        return tuple(items)
 
     def selection(self) -> ast.Selection:
         self.expect_keyword("SKIP", "in MATCHING SKIP TILL ANY|NEXT MATCH")
@@ -236,35 +191,25 @@ class Parser(TokenCursor):
         if self.accept_keyword("UPDATE"):
             table = self.name("the table to UPDATE")
             self.expect_keyword("SET", f"after UPDATE {table}")
-            assignments = []
-            while True:
-                column = self.name("a column to SET")
-                self.expect_symbol("=", f"after SET {column}")
-                assignments.append((column, self.expression()))
-                if not self.accept_symbol(","):
-                    break
+            assignments = self.comma_list(self.assignment)
             self.expect_keyword("WHERE", f"in UPDATE {table} (an UPDATE changes one row: WHERE <key> = …)")
             key = self.keys(f"UPDATE {table}")
-            return ast.UpdateAction(table, tuple(assignments), key, position=self.position(start))
+            return ast.UpdateAction(table, assignments, key, position=self.position(start))
         if self.accept_keyword("INSERT"):
             self.expect_keyword("INTO", "after INSERT")
             table = self.name("the table to INSERT INTO")
-            columns: list[str] = []
+            columns: tuple[str, ...] = ()
             if self.accept_symbol("("):
-                columns.append(self.name("a column"))
-                while self.accept_symbol(","):
-                    columns.append(self.name("a column"))
+                columns = self.comma_list(lambda: self.name("a column"))
                 self.expect_symbol(")", "to close the column list")
             self.expect_keyword("VALUES", f"in INSERT INTO {table}")
             self.expect_symbol("(", "after VALUES")
-            values = [self.expression()]
-            while self.accept_symbol(","):
-                values.append(self.expression())
+            values = self.comma_list(self.expression)
             self.expect_symbol(")", "to close VALUES (")
             if columns and len(columns) != len(values):
                 raise self.error(f"INSERT INTO {table} names {len(columns)} columns but gives {len(values)} values",
                                  start)
-            return ast.InsertAction(table, tuple(columns), tuple(values), position=self.position(start))
+            return ast.InsertAction(table, columns, values, position=self.position(start))
         if self.accept_keyword("DELETE"):
             self.expect_keyword("FROM", "after DELETE")
             table = self.name("the table to DELETE FROM")
@@ -273,11 +218,20 @@ class Parser(TokenCursor):
         raise self.error(f"expected an action (UPDATE, INSERT or DELETE), found {self.current.describe()}; "
                          f"anything else is a Python action (engine.rule(…, action=function))")
 
-    def keys(self, what: str) -> tuple[tuple[str, ast.Expr], ...]:
+    def assignment(self) -> tuple[str, ast.Expr]:
+        column = self.name("a column to SET")
+        self.expect_symbol("=", f"after SET {column}")
+        return column, self.expression()
+
+    def keys(self, what: str, table: str | None = None) -> tuple[tuple[str, ast.Expr], ...]:
+        """``column = expr { AND column = expr }``; in a subquery on ``table``, ``table.column``
+        is the column (not an event attribute)."""
         pairs = []
         while True:
             token = self.current
             condition = self.comparison()
+            if table is not None:
+                condition = _unqualify(condition, table)
             pairs.append(self._column_equality(condition, token, what))
             if not self.accept_keyword("AND"):
                 return tuple(pairs)
@@ -294,9 +248,6 @@ class Parser(TokenCursor):
     # --- expressions ----------------------------------------------------------------------
 
     def expression(self) -> ast.Expr:
-        return self.disjunction()
-
-    def disjunction(self) -> ast.Expr:
         return self._junction("OR", self.conjunction, ast.Or)
 
     def conjunction(self) -> ast.Expr:
@@ -327,7 +278,7 @@ class Parser(TokenCursor):
         if self.accept_keyword("IS"):
             negated = self.accept_keyword("NOT") is not None
             self.expect_keyword("NULL", "after IS [NOT]")
-            return ast.IsNull(left, negated, position=self.position(start))
+            return ast.IsNull(left, negated=negated, position=self.position(start))
         return left
 
     def sum(self) -> ast.Expr:
@@ -357,18 +308,12 @@ class Parser(TokenCursor):
     def primary(self) -> ast.Expr:
         token = self.current
         position = self.position(token)
-        if token.kind == "number":
+        if token.kind in ("number", "string"):
             self.advance()
             return ast.Literal(token.value, position=position)
-        if token.kind == "string":
+        if token.is_keyword("TRUE", "FALSE", "NULL"):
             self.advance()
-            return ast.Literal(token.value, position=position)
-        if token.is_keyword("TRUE", "FALSE"):
-            self.advance()
-            return ast.Literal(token.text.upper() == "TRUE", position=position)
-        if token.is_keyword("NULL"):
-            self.advance()
-            return ast.Literal(None, position=position)
+            return ast.Literal({"TRUE": True, "FALSE": False}.get(token.text.upper()), position=position)
         if token.is_keyword("EXISTS"):
             self.advance()
             self.expect_symbol("(", "after EXISTS")
@@ -400,24 +345,13 @@ class Parser(TokenCursor):
 
     def select(self, start: Token) -> ast.Select:
         self.expect_keyword("SELECT", "in the subquery")
-        if self.accept_symbol("*"):
-            column = None
-        else:
-            column = self.name("the column to SELECT")
+        column = None if self.accept_symbol("*") else self.name("the column to SELECT")
         self.expect_keyword("FROM", "in the subquery (SELECT column FROM table …)")
         table_token = self.current
         table = self.name("the table after FROM")
         conditions: tuple[tuple[str, ast.Expr], ...] = ()
         if self.accept_keyword("WHERE"):
-            pairs = []
-            while True:
-                token = self.current
-                condition = self.comparison()
-                condition = _unqualify(condition, table)
-                pairs.append(self._column_equality(condition, token, f"the subquery on {table}"))
-                if not self.accept_keyword("AND"):
-                    break
-            conditions = tuple(pairs)
+            conditions = self.keys(f"the subquery on {table}", table)
         return ast.Select(table, column, conditions, position=self.position(table_token))
 
 
@@ -440,13 +374,3 @@ def parse(text: str) -> list[ast.QueryDefinition | ast.RuleDefinition]:
         raise TypeError(f"parse() takes the definition's text, got {type(text).__name__}")
     return Parser(text).script()
 
-
-def parse_one(text: str) -> ast.QueryDefinition | ast.RuleDefinition:
-    definitions = parse(text)
-    if len(definitions) != 1:
-        second = definitions[1]
-        position = second.position
-        raise QuerySyntaxError(f"expected one definition, found {len(definitions)}; use engine.define() for a "
-                               f"script", line=position.line if position else None,
-                               column=position.column if position else None, text=text)
-    return definitions[0]

@@ -1,10 +1,6 @@
-"""The lexer of the textual language (see ``_language.py`` for the grammar) and the token
-cursor the recursive-descent parser reads with.
-
-Names are letters, digits and ``_``; a ``-`` followed by a letter continues a name, so
-the paper's ``HCW-ID`` is one name (write ``a - b`` with spaces to subtract).
-``"Quoted"`` names are taken as written.  ``--`` starts a comment to the end of the line.
-Every error is a :class:`~activedb.streams.errors.QuerySyntaxError` with line and column.
+"""The lexer of the textual language (tokens; names like ``HCW-ID``; ``"quoted"`` names;
+``--`` comments) and :class:`TokenCursor`, the parser's token helpers.  The language is in the
+design note ``activedb/streams/README.md``.
 """
 
 from __future__ import annotations
@@ -94,11 +90,12 @@ def tokenize(text: str) -> list[Token]:
             index += 1
             parts = []
             while True:
-                if index >= length:
+                current = text[index] if index < length else None
+                if current is None or current == "\n":
                     what = "string" if quote == "'" else "quoted name"
-                    raise QuerySyntaxError(f"unterminated {what}: add the closing {quote}", line=line,
+                    where = "" if current is None else " before the end of the line"
+                    raise QuerySyntaxError(f"unterminated {what}: add the closing {quote}{where}", line=line,
                                            column=column, text=text)
-                current = text[index]
                 if current == quote:
                     if index + 1 < length and text[index + 1] == quote:
                         parts.append(quote)
@@ -106,10 +103,6 @@ def tokenize(text: str) -> list[Token]:
                         continue
                     index += 1
                     break
-                if current == "\n":
-                    raise QuerySyntaxError(f"unterminated {'string' if quote == chr(39) else 'quoted name'}: "
-                                           f"add the closing {quote} before the end of the line",
-                                           line=line, column=column, text=text)
                 parts.append(current)
                 index += 1
             value = "".join(parts)
@@ -130,8 +123,7 @@ def tokenize(text: str) -> list[Token]:
 RESERVED = frozenset({
     "AND", "OR", "NOT", "SELECT", "FROM", "WHERE", "WITHIN", "RETURN", "PATTERN", "ON", "CREATE", "QUERY",
     "RULE", "BEGIN", "END", "WHEN", "AS", "IS", "NULL", "TRUE", "FALSE", "EXISTS", "MATCHING", "PRIORITY",
-    "CONSUMING",
-    "REFERENCING", "FOR", "UPDATE", "INSERT", "DELETE", "SET", "VALUES", "INTO",
+    "CONSUMING", "REFERENCING", "FOR", "UPDATE", "INSERT", "DELETE", "SET", "VALUES", "INTO",
 })
 
 
@@ -143,7 +135,6 @@ class TokenCursor:
         self.text = text
         self.tokens = tokenize(text)
         self.index = 0
-
 
     @property
     def current(self) -> Token:

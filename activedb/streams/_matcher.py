@@ -1,30 +1,10 @@
-"""Running one pattern query over one partition's events.
-
-The state of a query is one :class:`PartitionState` per partition (the values of its
-``[attr]`` attributes; one partition if it has none).  States are immutable values: an
-event produces a *new* state, so the engine can keep the old one until the event's
-s-transaction commits (s-atomic: an aborted s-transaction leaves the matcher as it was)
-and until the micro-batch's top-level transaction commits.
-
-Evaluation of an event is split in two (see ``CompiledQuery.state_depends_on_store``):
-
-1. :meth:`Matcher.prepare` — pure, no store access, called in the declared order of the
-   events: prunes by the window, appends the event to the buffers of the components it
-   may play, decides whether it can be an accepting event (event-only filters), and for
-   skip-till-next-match advances the runs;
-2. :meth:`Step.complete` — inside the event's s-transaction: reads the store (the
-   accepting event's store predicates, then per candidate match), builds the outputs.
-
-**Skip-till-any-match** keeps, per component, the events that passed its filters within
-the window; at an accepting event it searches the buffers backwards (the latest
-candidates first) for one combination whose positive events are in order, satisfy the
-joint predicates and have no killing negative event between their neighbours: the first
-found is *the* output of that accepting event.  Buffers are never consumed.
-
-**Skip-till-next-match** keeps runs: each event of the first component starts one; a run
-binds, for its next component, the next event that satisfies it (filters, joint
-predicates, no killing negative event since its previous event, the window; for the
-accepting component also the store predicates) and ends with its output.
+"""Running one pattern query over one partition's events: :class:`Matcher` (per query),
+:class:`PartitionState` (an immutable value per partition, kept until the event's
+s-transaction and the batch commit) and :class:`Step`, one event's evaluation in two phases:
+:meth:`Matcher.prepare` — pure, no store access, in the declared order (window pruning,
+buffers, event-only filters, skip-till-next-match runs) — and :meth:`Step.complete` — inside
+the s-transaction: the store reads and the outputs.  The selection semantics are the design
+note's choice 1 (``activedb/streams/README.md``).
 
 Thread-safety: a ``Matcher`` is immutable; states are values.  Steps are used by one thread.
 """
@@ -34,9 +14,10 @@ from __future__ import annotations
 import time
 from typing import Any, NamedTuple
 
+from activedb.events import seconds
 from activedb.streams import algebra as ast
 from activedb.streams._compile import CompiledQuery, Ctx
-from activedb.streams._events import Output, StreamEvent, seconds_between
+from activedb.streams._events import Output, StreamEvent
 
 
 class PartitionState(NamedTuple):
@@ -72,17 +53,9 @@ class Matcher:
         self.empty = PartitionState(tuple(() for _ in query.types))
         self.any_match = query.selection is ast.Selection.SKIP_TILL_ANY_MATCH
 
-    def consumes(self, event_type: str) -> bool:
-        return event_type in self.by_type
-
     def may_change(self, event_type: str) -> bool:
-        """Can an event of ``event_type`` change a partition's state beyond pruning by the
-        window?  Skip-till-any-match: only if it may play a non-accepting component (it is
-        then buffered); skip-till-next-match: always (it may start, advance or end a run).
-        Pruning needs no order: every later event prunes at least as much.  A concurrent
-        scheduler runs the s-transactions that may change a partition in order (the next
-        one consuming the partition waits for the end of the previous one that may change
-        it), so that each is matched on the state its predecessors committed."""
+        """Can an event of ``event_type`` change a partition's state beyond pruning by the window?
+        (The design note's "Matching order": what a concurrent scheduler runs in order.)"""
         if not self.any_match:
             return True
         accepting = self.query.accepting
@@ -105,10 +78,10 @@ class Matcher:
         if within is not None:
             ts = event.ts
             for index, buffer in enumerate(buffers):
-                if buffer and seconds_between(ts, buffer[0].ts) > within:
-                    buffers[index] = tuple(kept for kept in buffer if seconds_between(ts, kept.ts) <= within)
+                if buffer and seconds(ts - buffer[0].ts) > within:
+                    buffers[index] = tuple(kept for kept in buffer if seconds(ts - kept.ts) <= within)
             if runs:
-                runs = tuple(run for run in runs if seconds_between(ts, run[0].ts) <= within)
+                runs = tuple(run for run in runs if seconds(ts - run[0].ts) <= within)
         ctx = Ctx([None] * self.width)
         matches: dict[int, bool] = {}
         for index in indices:
@@ -191,7 +164,7 @@ class Matcher:
 
 
 class Step:
-    """One event's evaluation by one query (see the module docstring)."""
+    """One event's evaluation by one query: :meth:`Matcher.prepare` made it, :meth:`complete` ends it."""
 
     __slots__ = ("matcher", "event", "accepting", "state", "search", "entries", "buffers")
 
@@ -203,15 +176,6 @@ class Step:
         self.search: tuple | None = None
         self.entries: list | None = None
         self.buffers: tuple | None = None
-
-    @property
-    def query(self) -> CompiledQuery:
-        return self.matcher.query
-
-    @property
-    def may_read(self) -> bool:
-        """Whether :meth:`complete` may read the store."""
-        return self.accepting and self.matcher.query.reads_store
 
     # --- phase 2 -------------------------------------------------------------------------
 

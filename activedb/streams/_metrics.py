@@ -1,20 +1,5 @@
-"""Active CEP Appendix G.2's metrics, measured in **system time** only.
-
-* throughput = ``numIn / T_proc``: events processed per second of processing time
-  (the time spent inside ``engine.process``), plus the wall-clock rate since the first
-  event arrived;
-* ``L_query`` (eq. 1) = mean over outputs of ``out.sts − max{e.sts | e ∈ out}``: from the
-  arrival of the latest constituent to the output — reorder buffering and waiting for
-  earlier s-transactions (SEI's blocking delay) included;
-* ``L_rule`` (eq. 2) = mean over rule instances of ``T_fin − T_ini``: from the instance's
-  creation (its triggering output, ``out.sts``) to the end of its action;
-* ``L_combined`` (eq. 3) = ``L_query + L_rule``.
-
-Application time (``ts``) never enters these figures.  ``phase_seconds`` splits the
-processing time (``buffer``: admission and reordering; ``match``: the pure part of
-pattern matching; ``reads``: query evaluation with its store reads; ``rules``; ``commit``:
-the s-transactions' subtransaction commits; ``state``: saving the engine's state into
-the batch's transaction).
+"""Active CEP Appendix G.2's metrics, measured in system time only (definitions: the design
+note ``activedb/streams/README.md``, "Metrics").
 
 Thread-safety: ``_mutex`` protects every counter; the unscheduled mode updates them from
 several threads.
@@ -22,6 +7,7 @@ several threads.
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from dataclasses import dataclass, field
@@ -67,25 +53,16 @@ class StreamStatistics:
 
 
 class Metrics:
+    """The engine's counters, summed by :meth:`add` (``processed``, ``failed``, ``dead_letters``, ``late``,
+    ``outputs``, ``rule_instances``, ``reads``, ``writes``, ``processing``, ``query_latency``,
+    ``rule_latency``, ``reorder_delay``, ``released``, ``ties_by_content``)."""
+
     def __init__(self, scheduler: str):
         self.scheduler = scheduler
-        self._mutex = threading.Lock()
+        self._mutex = threading.Lock()       # protects every field below
         self.events_in = 0
-        self.processed = 0
-        self.failed = 0
-        self.dead_letters = 0
-        self.late = 0
-        self.outputs = 0
-        self.rule_instances = 0
-        self.reads = 0
-        self.writes = 0
-        self.processing = 0.0
         self.first_arrival: float | None = None
-        self.query_latency = 0.0
-        self.rule_latency = 0.0
-        self.reorder_delay = 0.0
-        self.released = 0
-        self.ties_by_content = 0
+        self.counts: collections.Counter = collections.Counter()
         self.phases = {phase: 0.0 for phase in PHASES}
         self.per_query: dict[str, list[int]] = {}
 
@@ -97,8 +74,7 @@ class Metrics:
 
     def add(self, **amounts: Any) -> None:
         with self._mutex:
-            for name, amount in amounts.items():
-                setattr(self, name, getattr(self, name) + amount)
+            self.counts.update(amounts)
 
     def phase(self, name: str, seconds: float) -> None:
         with self._mutex:
@@ -113,18 +89,21 @@ class Metrics:
     def snapshot(self, buffered: int, released: Any) -> StreamStatistics:
         now = time.perf_counter()
         with self._mutex:
-            l_query = self.query_latency / self.outputs if self.outputs else None
-            l_rule = self.rule_latency / self.rule_instances if self.rule_instances else None
+            counts = self.counts
+            processed, processing, outputs, instances = (counts["processed"], counts["processing"],
+                                                         counts["outputs"], counts["rule_instances"])
+            l_query = counts["query_latency"] / outputs if outputs else None
+            l_rule = counts["rule_latency"] / instances if instances else None
             combined = None if l_query is None and l_rule is None else (l_query or 0.0) + (l_rule or 0.0)
             wall = now - self.first_arrival if self.first_arrival is not None else 0.0
             return StreamStatistics(
-                scheduler=self.scheduler, events_in=self.events_in, events_processed=self.processed,
-                events_failed=self.failed, dead_letters=self.dead_letters, late_events=self.late, buffered=buffered,
-                released_punctuation=released, outputs=self.outputs, rule_instances=self.rule_instances,
-                store_reads=self.reads, store_writes=self.writes, processing_seconds=self.processing,
-                throughput=self.processed / self.processing if self.processing > 0 else 0.0,
-                wall_events_per_second=self.processed / wall if wall > 0 else 0.0,
+                scheduler=self.scheduler, events_in=self.events_in, events_processed=processed,
+                events_failed=counts["failed"], dead_letters=counts["dead_letters"], late_events=counts["late"],
+                buffered=buffered, released_punctuation=released, outputs=outputs, rule_instances=instances,
+                store_reads=counts["reads"], store_writes=counts["writes"], processing_seconds=float(processing),
+                throughput=processed / processing if processing > 0 else 0.0,
+                wall_events_per_second=processed / wall if wall > 0 else 0.0,
                 l_query=l_query, l_rule=l_rule, l_combined=combined,
-                mean_reorder_delay=self.reorder_delay / self.released if self.released else None,
-                ties_by_content=self.ties_by_content, phase_seconds=dict(self.phases),
+                mean_reorder_delay=counts["reorder_delay"] / counts["released"] if counts["released"] else None,
+                ties_by_content=counts["ties_by_content"], phase_seconds=dict(self.phases),
                 per_query={name: QueryCounters(*counters) for name, counters in self.per_query.items()})

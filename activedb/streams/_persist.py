@@ -1,21 +1,7 @@
-"""Saving the engine's state in the batch's own transaction (exactly once across restarts).
-
-Table ``activedb_stream_state`` (migration ``0002_stream_state``), primary key
-``(engine, kind, item)``, one JSONB ``value``:
-
-* ``meta`` — the released punctuation, the streams' punctuations, the next position and
-  arrival numbers, the timestamp kind, and each query's definition fingerprint;
-* ``buffer`` / ``<arrival number>`` — an event waiting in the reorder buffer;
-* ``partition`` / ``[query, key]`` — one matcher partition's buffers and runs.
-
-Each batch writes only what it changed, with ``tx.write``/``tx.delete`` in the caller's
-transaction: the rows commit with the batch's effects and its ledger row, or not at all.
-On the first batch of a new engine object the rows are loaded back; a query whose
-definition changed since its state was saved is refused (``StreamStateError``: call
-``engine.reset_state()`` to start over).
-
-Values are JSON; datetimes, dates and decimals are tagged (``{"$dt": iso}``, …).  An
-event attribute of another type cannot be saved: use ``StreamEngine(durable=False)``.
+"""Saving the engine's state in the batch's own transaction (exactly once across restarts):
+:func:`save` writes what a batch changed into ``activedb_stream_state`` with ``tx.write`` /
+``tx.delete``, :func:`load` reads it back for a new engine object.  The layout and the
+protocol are in the design note ``activedb/streams/README.md``, "Exactly once".
 """
 
 from __future__ import annotations
@@ -38,9 +24,7 @@ TABLE = "activedb_stream_state"
 
 
 def encode_value(value: Any) -> Any:
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
+    if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if value is END_OF_STREAM:
         return {"$end": True}

@@ -1,12 +1,7 @@
-"""The reorder buffer and punctuations: events in, events out in the declared total order.
-
-:class:`ReorderBuffer` admits an event (checks its stream, type and timestamp; an event
-older than the punctuation already released is a *late* dead letter naming that
-punctuation) into the batch's pending buffer, ordered by the declared total order
-(``_events.order_key``); computes the new bound, ``min over the engine's streams of their
-most recent punctuation`` (explicit, or ``db.watermark(stream)``); and releases every
-buffered event strictly older than the bound, giving each its position.  Events *at* the
-bound wait, since an event with that timestamp may still come (Active CEP, Definition 6).
+"""The reorder buffer and punctuations (:class:`ReorderBuffer`): admission (late events are
+dead letters naming the released punctuation), the bound (the minimum over the engine's
+streams of their latest punctuation) and release in the declared total order, strictly
+older than the bound — the design note ``activedb/streams/README.md``, choice 4.
 
 It keeps no state of its own: the buffer, punctuations, positions and arrival numbers live
 in the batch's :class:`~activedb.streams._state.Pending`, which only the thread running
@@ -26,7 +21,7 @@ from activedb.streams._state import Pending
 
 
 class ReorderBuffer:
-    """Admission, punctuation bounds and release for engine ``name`` (see the module docstring)."""
+    """Admission, punctuation bounds and release for engine ``name``."""
 
     def __init__(self, name: str, metrics: Metrics, watermark: Callable[[str], Any]):
         self.name = name
@@ -94,20 +89,11 @@ class ReorderBuffer:
         for name in streams:
             candidates = [value for value in (given.get(name), self.watermark(name),
                                               pending.punctuations.get(name)) if value is not None]
-            if not candidates:
-                continue
-            best = candidates[0]
-            for value in candidates[1:]:
-                if ts_less(best, value):
-                    best = value
-            pending.punctuations[name] = best
+            if candidates:
+                pending.punctuations[name] = _extreme(candidates, latest=True)
         if any(name not in pending.punctuations for name in streams):
             return pending.released
-        bound = None
-        for name in streams:
-            value = pending.punctuations[name]
-            if bound is None or ts_less(value, bound):
-                bound = value
+        bound = _extreme([pending.punctuations[name] for name in streams], latest=False)
         if pending.released is not None and not ts_less(pending.released, bound):
             return pending.released
         return bound
@@ -142,6 +128,15 @@ class ReorderBuffer:
         del buffer[:cut]
         self.metrics.add(released=len(released), reorder_delay=delay, ties_by_content=ties)
         return released
+
+
+def _extreme(values: list, *, latest: bool) -> Any:
+    """The latest (or earliest) of ``values`` by ``ts_less``; the first one of equals."""
+    extreme = values[0]
+    for value in values[1:]:
+        if ts_less(extreme, value) if latest else ts_less(value, extreme):
+            extreme = value
+    return extreme
 
 
 def _event_from_mapping(raw: Mapping[str, Any]) -> StreamEvent:

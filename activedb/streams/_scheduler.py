@@ -1,38 +1,9 @@
-"""Schedulers: how the s-transactions of a micro-batch run.
-
-The engine hands a scheduler a :class:`~activedb.streams._batch.BatchRun`: the batch's
-top-level transaction ``tx`` and its s-transactions in the declared total order (each
-with its event, the queries consuming it and its access plan — the tables and keys it
-may read and write, computed from the definitions by Algorithm 1 of Active CEP).  A
-scheduler decides when and on which thread each runs; the engine does the rest
-(matching, stamped store access, rules, dead letters, statistics) through:
-
-* ``batch.execute(st, parent=None)`` — the whole s-transaction ``st`` as one
-  subtransaction of ``parent`` (default ``batch.tx``): every query consuming the event,
-  then every rule fired by their outputs (in-line extension, Def. 7);
-* ``batch.execute_unit(st, rank, tx)`` — only the query of rank ``rank`` and the rules on
-  its outputs, in the caller's (sub)transaction ``tx``: no s-transaction boundary
-  (the unscheduled mode).
-
-Schedulers in this package:
-
-* :class:`SEIScheduler` (Active CEP §5.1) — one s-transaction at a time, in order, each to
-  its end before the next starts.  Trivially correct (Def. 6) for ordered input, which
-  the reorder buffer provides.  The reference concurrent schedulers are checked against.
-* :class:`UnscheduledScheduler` — **for tests**: Active CEP §2's push-based execution.
-  Every query is an operator with its own input queue; operators run concurrently on
-  worker threads, each taking its events in arrival order and running the rules on its
-  outputs at once — no s-transactions, no synchronisation between queries.  The
-  ``before_step(query, event)`` / ``after_step(query, event)`` hooks let a test put the
-  operators' steps in a chosen order; the Definition 6 checker then finds the
-  read-too-late and write-too-late anomalies of Examples 2 and 3.
-
-The schedulers that lock ahead — S2PL and LWM, :mod:`activedb.streams._concurrent` —
-read every ``st.plan`` when the batch arrives (before any s-transaction runs), run each
-s-transaction with ``batch.execute_in`` in a subtransaction spawned on a worker thread
-(``batch.finish`` once it ended), give the engine their store view
-(``BatchRun.view_factory``: locks first; LWM reads versions) and say on which matcher
-state each s-transaction is matched (``BatchRun.state_source``).
+"""Schedulers: how the s-transactions of a micro-batch run.  A scheduler receives a
+:class:`~activedb.streams._batch.BatchRun` (the batch's transaction, its s-transactions in the
+declared order, the ways to run them) and decides when and on which thread each runs:
+:class:`SEIScheduler` (Active CEP §5.1, the reference), :class:`UnscheduledScheduler` (tests);
+S2PL and LWM are in ``_concurrent.py``.  The design note is ``activedb/streams/README.md``
+("Schedulers").
 """
 
 from __future__ import annotations
@@ -77,7 +48,11 @@ StepHook = Callable[[str, Any], None]
 
 
 class UnscheduledScheduler(Scheduler):
-    """Push-based evaluation without s-transactions (for tests; see the module docstring).
+    """**For tests**: Active CEP §2's push-based execution.  Every query is an operator with
+    its own input queue; operators run concurrently on worker threads, each taking its events
+    in arrival order and running the rules on its outputs at once — no s-transactions, no
+    synchronisation between queries (``batch.execute_unit``), so the Definition 6 checker finds
+    the read-too-late and write-too-late anomalies of Examples 2 and 3.
 
     ``before_step(query, event)`` runs on the operator's thread before the query
     evaluates the event (it may block, e.g. on a test's sequencer); ``after_step`` runs in

@@ -1,12 +1,8 @@
-"""The stream engine's state: the committed one between batches, and a batch's pending one.
-
-A batch works on a :class:`Pending` laid over the committed :class:`State` (the matcher
-partitions as an overlay, the buffer and punctuations as copies).  The engine enlists a
-:class:`BatchOutcome` in the batch's top-level transaction when it makes the pending
-state: when that transaction commits, the pending state is materialized into the new
-committed one; when it aborts, the pending state is dropped.  Neither state class locks:
-the engine's ``_mutex`` protects the committed state and the pointer to the pending one,
-and ``BatchRun._mutex`` the overlay while a batch runs.
+"""The stream engine's state: the committed :class:`State` between batches, a batch's
+:class:`Pending` laid over it (partitions as an overlay, the rest as copies), and the
+:class:`BatchOutcome` participant that settles it when the batch's transaction ends.  Neither
+state class locks: the engine's ``_mutex`` protects the committed state and the pointer to the
+pending one, and ``BatchRun._mutex`` the overlay while a batch runs.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """LWM's versions (Active CEP §5.3, Algorithm 2's ``Map<time, string> versions``): one
 :class:`VersionStore` per micro-batch over an :class:`activedb.versions.Versions` stamped with
-positions, values ``(image, history sequence)``, plus what only LWM needs.
-
-* The **base** of every row the batch's plans read — loaded by the dispatcher through the
-  batch's transaction before the workers start, whole tables where a plan reads a table —
-  with the history sequence of the Write it came from (None: from before the history).
-  Reading a row no plan named raises :class:`UnplannedAccess`.
-* The **versions** written by the batch's s-transactions: LWM grants the Writes of a row in
-  timestamp order, so they append; an s-transaction writing a row twice replaces its own.
-  A Read at ``position`` sees the latest version with a position ``≤ position`` (every earlier
-  s-transaction's, the lwm guarantees they ended, plus its own), else the base; equal
-  timestamps with later positions are invisible: Def. 6 case (4) by the declared order.
-* An aborted s-transaction's versions are dropped (by position) before its locks are released.
-* Garbage collection: ``floor`` is the smallest position of an s-transaction that has not
-  ended; whenever a row is touched, what no reader at ``floor`` or later can see goes.  The
-  store is dropped whole when the batch ends: its effects are in the batch's transaction.
+positions, values ``(image, history sequence)``: the bases the dispatcher loads, the versions
+the s-transactions write, reads at a position, aborted owners' versions dropped, garbage
+collection below ``floor`` — the design note ``activedb/streams/README.md`` ("What a Read
+sees", choices 13 and 15).
 
 Thread-safety: ``_mutex`` protects ``_store``, ``_tables``, ``_by_position``, the counters
 and ``floor``; a leaf (the store takes no mutex).  Images handed out are copies.
@@ -43,7 +32,7 @@ class VersionStatistics:
 
 
 class VersionStore:
-    """The versions of one batch (see the module docstring)."""
+    """The versions of one batch."""
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()

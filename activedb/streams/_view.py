@@ -1,17 +1,8 @@
-"""The s-transaction's stamped view of the store.
-
-Queries, rules and Python actions touch the shared store only through a
-:class:`StoreView`: it forwards to the public ``Transaction`` API of the (sub)transaction
-the scheduler runs the work in (``tx.read``, ``tx.scan``, ``tx.write``, ``tx.insert``,
-``tx.delete``) and records each operation, stamped with the s-transaction's timestamp
-and declared order, in the engine's stream history (when it keeps one).
-
-The concurrent schedulers use two views with the same methods: :class:`LockedView`
-(S2PL: every operation first waits for its lock in the batch's stream lock table) and
-:class:`VersionedView` (LWM: reads from the version store at the s-transaction's
-position; writes leave a version); nothing else in the engine needs to change.
-
-Thread-safety: a view belongs to the thread running its unit of work.
+"""The s-transaction's stamped view of the store: :class:`StoreView` forwards to the public
+``Transaction`` API and records each operation in the stream history, stamped with the
+s-transaction's timestamp and declared order; :class:`LockedView` (S2PL: a lock first) and
+:class:`VersionedView` (LWM: versions) are the concurrent schedulers' views with the same
+methods.  Thread-safety: a view belongs to the thread running its unit of work.
 """
 
 from __future__ import annotations
@@ -44,7 +35,7 @@ def _as_key(key: Any) -> tuple:
 
 
 class StoreView:
-    """Stamped store access for one unit of work (see the module docstring)."""
+    """Stamped store access for one unit of work."""
 
     def __init__(self, tx: Transaction, stamp: Stamp, history: Any = None, cost: Callable[[str], None] | None = None):
         self.tx = tx
@@ -105,24 +96,23 @@ class StoreView:
     def write(self, table: str, key: Any, **values: Any) -> None:
         self._before("write", table, _as_key(key))
         self.tx.write(table, key, **values)
-        self.writes += 1
-        if self._history is not None:
-            self._record("write", table, _as_key(key), dict(values), "write")
+        self._written(table, _as_key(key), dict(values), "write")
 
     def insert(self, table: str, **values: Any) -> Any:
         self._before("write", table, self._key_of_values(table, values))
         key = self.tx.insert(table, **values)
-        self.writes += 1
-        if self._history is not None:
-            self._record("write", table, _as_key(key), dict(values), "insert")
+        self._written(table, _as_key(key), dict(values), "insert")
         return key
 
     def delete(self, table: str, key: Any) -> None:
         self._before("write", table, _as_key(key))
         self.tx.delete(table, key)
+        self._written(table, _as_key(key), None, "delete")
+
+    def _written(self, table: str, key: tuple, values: dict | None, operation: str) -> int | None:
+        """Count and record a Write that has happened; returns its history sequence (None: no history)."""
         self.writes += 1
-        if self._history is not None:
-            self._record("write", table, _as_key(key), None, "delete")
+        return self._record("write", table, key, values, operation) if self._history is not None else None
 
     def _key_of_values(self, table: str, values: Mapping[str, Any]) -> tuple | None:
         """The key an insert names (None if the database generates it); only locking views need it."""
@@ -230,27 +220,9 @@ class VersionedView(LockedView):
             self._record("scan", table, rows, read_from=seen)
         return rows
 
-    def write(self, table: str, key: Any, **values: Any) -> None:
-        key = _as_key(key)
-        self._before("write", table, key)
-        self.tx.write(table, key, **values)
-        self._written(table, key, dict(values), "write")
-
-    def insert(self, table: str, **values: Any) -> Any:
-        self._before("write", table, self._key_of_values(table, values))
-        inserted = self.tx.insert(table, **values)
-        self._written(table, _as_key(inserted), dict(values), "insert")
-        return inserted
-
-    def delete(self, table: str, key: Any) -> None:
-        key = _as_key(key)
-        self._before("write", table, key)
-        self.tx.delete(table, key)
-        self._written(table, key, None, "delete")
-
-    def _written(self, table: str, key: tuple, values: dict | None, operation: str) -> None:
-        self.writes += 1
-        sequence = self._record("write", table, key, values, operation) if self._history is not None else None
+    def _written(self, table: str, key: tuple, values: dict | None, operation: str) -> int | None:
+        """Also leave the row's new version (its Writes are granted in position order)."""
+        sequence = super()._written(table, key, values, operation)
         versions = self._versions
         if versions.tracks(table, key):
             image = None
@@ -263,3 +235,4 @@ class VersionedView(LockedView):
             elif operation == "insert":
                 image = self.tx.read(table, key)
             versions.append(self.stamp.position, table, key, image, sequence)
+        return sequence

@@ -1,23 +1,8 @@
-"""The event algebra: the abstract syntax of pattern queries and ON OUTPUT rules.
-
-Both ways of writing a query — the textual language (``_language.py``) and the Python
-API (``_builders.py``) — produce these nodes, so a query written either way is the same
-value (``==`` compares the structure and ignores where in a text a node came from).
-Nothing here evaluates anything: ``_compile.py`` checks a definition against the
-streams and the store and turns it into closures, ``_matcher.py`` runs patterns.
-
-The nodes are independent of the time model.  A pattern only says *in which order*
-its components occur (:class:`Seq`), that they all occur in any order
-(:class:`Conj`), and *how far apart* they may be (``within``); what "before" and
-"span" mean is the evaluator's time model: point timestamps with a declared total
-order (``activedb.streams``' matcher), or accuracy intervals from many producers,
-where order can be uncertain and is raised, never guessed
-(``activedb.composite``; a point is the interval with α = 0).  Which events a
-pattern combines when several could is the *selection* (``Selection``, the point
-matcher) or the *consumption* (``Consumption``, Snoop's chronicle and recent
-contexts, for the interval evaluator).
-
-All nodes are frozen dataclasses: immutable, hashable, safe to share between threads.
+"""The event algebra: the abstract syntax of pattern queries and ON OUTPUT rules, produced
+alike by the textual language (``_language.py``) and the Python API (``_builders.py``); ``==``
+compares structure, not text positions.  The nodes are independent of the time model: the
+point matcher (``activedb.streams``) and the interval evaluator (``activedb.composite``) give
+"before" and "span" their meaning.  All nodes are frozen dataclasses, safe to share.
 """
 
 from __future__ import annotations
@@ -40,31 +25,17 @@ def _position() -> Any:
 
 
 class Selection(enum.Enum):
-    """Which matches a pattern query outputs (Active CEP leaves it open; see the README).
-
-    * ``SKIP_TILL_ANY_MATCH``: any earlier events may form a match with an accepting
-      event (irrelevant events in between are skipped, partial matches are never
-      consumed); **one output per accepting event** — the match whose constituents are
-      the most recent ones, compared from the last component backwards.
-    * ``SKIP_TILL_NEXT_MATCH``: every event of the first component starts a run; a run
-      binds, for each further component, the *next* event that satisfies it, and ends
-      with its output (or when a negative event or the window kills it).  Several runs
-      may complete at the same accepting event: one output each.
-    """
+    """Which matches a pattern query outputs (Active CEP leaves it open): the point matcher's
+    selection semantics, defined in ``activedb/streams/README.md`` (choice 1)."""
 
     SKIP_TILL_ANY_MATCH = "skip_till_any_match"
     SKIP_TILL_NEXT_MATCH = "skip_till_next_match"
 
 
 class Consumption(enum.Enum):
-    """Which candidate events a composition combines, and which it uses up (Snoop's contexts as
-    Liebig, Cilia, Buchmann, *Event Composition in Time-dependent Distributed Systems* §V use them).
-
-    * ``CHRONICLE``: the *oldest* candidates of every component are combined and consumed.
-    * ``RECENT``: every event of the terminating component (any component for ``Conj``) is
-      combined with the *latest* events of the other components that precede it; those are
-      not consumed, a newer event of the same component replaces them.
-    """
+    """Which candidate events a composition combines and uses up (Snoop's contexts, as Liebig, Cilia,
+    Buchmann, *Event Composition in Time-dependent Distributed Systems* §V use them): ``CHRONICLE``
+    takes and consumes the oldest, ``RECENT`` the latest (defined in ``activedb/composite/README.md``)."""
 
     CHRONICLE = "chronicle"
     RECENT = "recent"
@@ -110,27 +81,26 @@ class ColumnRef(Expr):
 
 
 @dataclass(frozen=True)
-class Compare(Expr):
-    operator: str            # = != < <= > >=
+class _Binary(Expr):
+    """An operator on two operands (equal only to a node of the same class)."""
+
+    operator: str
     left: Expr
     right: Expr
     position: Position | None = _position()
-
-    OPERATORS = ("=", "!=", "<", "<=", ">", ">=")
 
     def children(self):
         return (self.left, self.right)
 
 
 @dataclass(frozen=True)
-class Arithmetic(Expr):
-    operator: str            # + - * /
-    left: Expr
-    right: Expr
-    position: Position | None = _position()
+class Compare(_Binary):
+    """``left operator right`` with ``operator`` one of ``= != < <= > >=``."""
 
-    def children(self):
-        return (self.left, self.right)
+
+@dataclass(frozen=True)
+class Arithmetic(_Binary):
+    """``left operator right`` with ``operator`` one of ``+ - * /``."""
 
 
 @dataclass(frozen=True)
@@ -150,13 +120,8 @@ class Negate(_Unary):
 
 
 @dataclass(frozen=True)
-class IsNull(Expr):
-    operand: Expr
+class IsNull(_Unary):
     negated: bool = False    # IS NOT NULL
-    position: Position | None = _position()
-
-    def children(self):
-        return (self.operand,)
 
 
 @dataclass(frozen=True)
@@ -240,14 +205,6 @@ def conjuncts(expression: Expr | None) -> tuple[Expr, ...]:
     return (expression,)
 
 
-def reads_store(expression: Expr) -> bool:
-    return any(isinstance(node, (ScalarSubquery, Exists)) for node in expression.walk())
-
-
-def aliases_in(expression: Expr) -> frozenset[str]:
-    return frozenset(node.alias for node in expression.walk() if isinstance(node, AttributeRef))
-
-
 # --- patterns -------------------------------------------------------------------------------
 
 class Pattern:
@@ -273,11 +230,8 @@ class EventComponent:
 
 
 @dataclass(frozen=True)
-class Seq(Pattern):
-    """``SEQ(E1, …, En)``: the positive components occur in this order (in the stream's
-    declared total order); a negative component must not occur between its positive
-    neighbours.  The first and the last component are positive; the last one's type is
-    the *accepting* event type."""
+class _Components(Pattern):
+    """A pattern made of its ``items`` (equal only to a node of the same class)."""
 
     items: tuple[EventComponent, ...]
     position: Position | None = _position()
@@ -287,16 +241,18 @@ class Seq(Pattern):
 
 
 @dataclass(frozen=True)
-class Conj(Pattern):
+class Seq(_Components):
+    """``SEQ(E1, …, En)``: the positive components occur in this order (in the stream's
+    declared total order); a negative component must not occur between its positive
+    neighbours.  The first and the last component are positive; the last one's type is
+    the *accepting* event type."""
+
+
+@dataclass(frozen=True)
+class Conj(_Components):
     """``AND(E1, …, En)`` (the paper's ``E1 & E2``): every component occurs, in any order.  All
     components are positive.  Under the point time model it has no evaluator (a total order
     would make it a set of SEQs); the interval evaluator composes it."""
-
-    items: tuple[EventComponent, ...]
-    position: Position | None = _position()
-
-    def components(self) -> tuple[EventComponent, ...]:
-        return self.items
 
 
 # --- definitions ----------------------------------------------------------------------------

@@ -7,7 +7,15 @@ in the textual language carry the ``line`` and ``column`` of the offending token
 
 from __future__ import annotations
 
+from typing import Any
+
 from activedb.errors import ActivedbError
+
+
+def at(where: Any) -> dict:
+    """``line``/``column`` keywords for a ``DefinitionError`` from a node's (or a) ``Position``."""
+    position = where if hasattr(where, "line") else getattr(where, "position", None)
+    return {"line": position.line, "column": position.column} if position else {}
 
 
 class StreamError(ActivedbError):
