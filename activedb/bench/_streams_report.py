@@ -71,6 +71,12 @@ def headline(report: BenchReport, results: dict[str, Any]) -> None:
                    met=all(ahead), extra={
                        "readN": read_ns, "lwm_ahead": ahead,
                        "lwm_over_s2pl_percent": [round(value * 100, 1) for value in difference],
+                       "cost_model_lwm_over_s2pl_percent": [
+                           round((s2pl["model_operations"] / lwm["model_operations"] - 1) * 100, 1)
+                           if lwm.get("model_operations") and s2pl.get("model_operations") else None
+                           for lwm, s2pl in pairs],
+                       "lock_waits": {"lwm": [lwm.get("lock_waits") for lwm, _ in pairs],
+                                      "s2pl": [s2pl.get("lock_waits") for _, s2pl in pairs]},
                        "spread_of_repetitions_percent": [round(value * 100, 1) for value in spread],
                        "behind_by_more_than_the_spread": sum(1 for value, noise in zip(difference, spread)
                                                              if -value > noise)}))
@@ -142,11 +148,11 @@ def model_rows(report: BenchReport, results: dict[str, Any], read_ns: list) -> N
                  "sleep_ms_mean": [point.get("sleep_ms_mean") for point in table[name]],
                  "model_operations": [point["model_operations"] for point in table[name]]}
         if name == "lwm" and all("writer_chain" in point for point in table[name]):
-            # LWM's critical path per writer (WriterChain): the model says readN + 1 operations of COST.
+            # LWM's critical path per writer (WriterChain): the model says its operations, each of COST.
             chains = [point["writer_chain"] for point in table[name]]
             extra["writer_chain_ms"] = {figure: [chain[figure] for chain in chains] for figure in (
                 "link_ms", "operations", "sleep_ms", "between_operations_ms", "handover_ms", "links")}
-            extra["writer_chain_model_ms"] = [round((read_n + 1) * cost * 1000, 3) for read_n in read_ns]
+            extra["writer_chain_model_ms"] = [round((chain["operations"] or 0) * cost * 1000, 3) for chain in chains]
         report.add(Row(
             name=f"{name.upper()} throughput as a share of its cost model, table locks, mean over readN",
             value=round(mean(shares), 3), unit="of model", extra=extra))
