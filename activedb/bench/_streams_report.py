@@ -52,6 +52,11 @@ def headline(report: BenchReport, results: dict[str, Any]) -> None:
                           "cost_model_ratio": round(mean(model_sei), 2)}))
     if modelled:
         model_rows(report, results, read_ns)
+        report.notes.append("Per readN, table locks, measured (cost model): LWM/S2PL " + ", ".join(
+            f"{read_n}: {a / b:.2f} ({model:.2f})" for read_n, a, b, model in zip(
+                read_ns, throughput["lwm"], throughput["s2pl"], model_s2pl)) + "; LWM/SEI " + ", ".join(
+            f"{read_n}: {a / b:.2f} ({model:.2f})" for read_n, a, b, model in zip(
+                read_ns, throughput["lwm"], throughput["sei"], model_sei)) + ".")
     if 6 in read_ns:
         at = read_ns.index(6)
         six_s2pl = throughput["lwm"][at] / throughput["s2pl"][at]
@@ -80,6 +85,14 @@ def headline(report: BenchReport, results: dict[str, Any]) -> None:
                        "spread_of_repetitions_percent": [round(value * 100, 1) for value in spread],
                        "behind_by_more_than_the_spread": sum(1 for value, noise in zip(difference, spread)
                                                              if -value > noise)}))
+    report.notes.append("Per readN, tuple locks, LWM over S2PL in % measured (cost model per HCW; spread of the "
+                        "repetitions; lock waits LWM / S2PL): " + "; ".join(
+                            f"{read_n}: {value * 100:+.0f} ({model}; {noise * 100:.0f}; {lwm.get('lock_waits')} / "
+                            f"{s2pl.get('lock_waits')})" for read_n, value, noise, (lwm, s2pl), model in zip(
+                                read_ns, difference, spread, pairs,
+                                [f"{(s2pl['model_operations'] / lwm['model_operations'] - 1) * 100:+.0f}"
+                                 if lwm.get("model_operations") and s2pl.get("model_operations") else "?"
+                                 for lwm, s2pl in pairs])) + ".")
     report.add(Row(name="LWM / S2PL throughput, tuple locks, mean over readN",
                    value=round(ratio([p["throughput"] for p in tuple_level["lwm"]],
                                       [p["throughput"] for p in tuple_level["s2pl"]]), 2), unit="x",

@@ -675,7 +675,7 @@ def run_experiments(database, quick: bool) -> dict[str, Any]:
     underloaded_seconds = 0.5 if quick else UNDERLOADED_SECONDS
     cost = SleepCost(COST)
     results: dict[str, Any] = {"parameters": {
-        "cost_seconds_per_operation": COST, "threads": THREADS, "workers": WORKERS, "throughput_events": count,
+        "cost_seconds_per_operation": COST, "threads": THREADS, "workers": WORKERS, "hcws": HCWS, "throughput_events": count,
         "throughput_repeat": repeat, "rate_repeat": repeat,
         "throughput_batch": THROUGHPUT_BATCH, "underloaded_rate": UNDERLOADED_RATE, "rate_seconds": seconds,
         "load_average_at_start": round(os.getloadavg()[0], 2)}}

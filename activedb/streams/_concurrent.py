@@ -27,7 +27,8 @@ table (:mod:`activedb.streams._locks`) and in what a Read sees:
 3. **End**: an :class:`~activedb.Observer` hears the subtransaction commit (its writes
    are now in the batch's transaction) or abort (LWM: its versions are dropped first),
    records the end, installs its matcher states, and only then releases its locks —
-   Phase II of S2PL, Algorithm 2's ``ReleaseLock``.
+   Phase II of S2PL, Algorithm 2's ``ReleaseLock``.  LWM releases them earlier, once the
+   body ran without error (``_finished``), keeping the order waiters for the end.
 
 Every wait — for a lock, or for the s-transaction that may change a partition — goes
 through ``db.transactions.waiting(...)``: an edge of the lock manager's one wait-for

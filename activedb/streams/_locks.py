@@ -6,7 +6,7 @@ every lock at the creation of ``T_i``", and App. E.1's dispatcher invariant).  E
 request carries its owner's *stamp*: the s-transaction's ``position`` in the declared
 order (timestamp, then the application's order of equal timestamps), so "earlier" below
 is "smaller position".  Requests only disappear when their owner **ends** (committed or
-aborted, Active CEP Phase II) — so once a request is grantable it stays grantable, and a
+aborted, Active CEP Phase II) or, under LWM, is **released** once its body ran — so once a request is grantable it stays grantable, and a
 waiter only ever waits for an *earlier* owner to end.  (LWM's table also accepts
 insertions in arrival order, later ones included, guarded by the punctuation: App. F.)
 
