@@ -61,6 +61,10 @@ def test_streams_benchmark_quick(database_url, monkeypatch, tmp_path):
     # Beside each measured ratio the cost model's, per readN; each scheduler's share of its model.
     ratio = targets["LWM / S2PL throughput, table locks, mean over readN"]
     assert len(ratio.extra["cost_model_per_readN"]) == len(ratio.extra["measured_per_readN"]) == 2
+    # ... and printed: each point's measured ratio beside its model, at table and at tuple locks.
+    assert any(note.startswith("Per readN, table locks, measured (cost model): LWM/S2PL 1: ") for note in report.notes)
+    assert any(note.startswith("Per readN, tuple locks, LWM over S2PL in % measured (cost model per HCW")
+               for note in report.notes)
     shares = {row.name.split()[0]: row for row in report.rows if row.unit == "of model"}
     assert set(shares) == {"SEI", "S2PL", "LWM"}
     for row in shares.values():
