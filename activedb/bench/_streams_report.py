@@ -52,6 +52,11 @@ def headline(report: BenchReport, results: dict[str, Any]) -> None:
                           "cost_model_ratio": round(mean(model_sei), 2)}))
     if modelled:
         model_rows(report, results, read_ns)
+        report.notes.append("Per readN, table locks, measured (cost model): LWM/S2PL " + ", ".join(
+            f"{read_n}: {a / b:.2f} ({model:.2f})" for read_n, a, b, model in zip(
+                read_ns, throughput["lwm"], throughput["s2pl"], model_s2pl)) + "; LWM/SEI " + ", ".join(
+            f"{read_n}: {a / b:.2f} ({model:.2f})" for read_n, a, b, model in zip(
+                read_ns, throughput["lwm"], throughput["sei"], model_sei)) + ".")
     if 6 in read_ns:
         at = read_ns.index(6)
         six_s2pl = throughput["lwm"][at] / throughput["s2pl"][at]
@@ -71,9 +76,23 @@ def headline(report: BenchReport, results: dict[str, Any]) -> None:
                    met=all(ahead), extra={
                        "readN": read_ns, "lwm_ahead": ahead,
                        "lwm_over_s2pl_percent": [round(value * 100, 1) for value in difference],
+                       "cost_model_lwm_over_s2pl_percent": [
+                           round((s2pl["model_operations"] / lwm["model_operations"] - 1) * 100, 1)
+                           if lwm.get("model_operations") and s2pl.get("model_operations") else None
+                           for lwm, s2pl in pairs],
+                       "lock_waits": {"lwm": [lwm.get("lock_waits") for lwm, _ in pairs],
+                                      "s2pl": [s2pl.get("lock_waits") for _, s2pl in pairs]},
                        "spread_of_repetitions_percent": [round(value * 100, 1) for value in spread],
                        "behind_by_more_than_the_spread": sum(1 for value, noise in zip(difference, spread)
                                                              if -value > noise)}))
+    report.notes.append("Per readN, tuple locks, LWM over S2PL in % measured (cost model per HCW; spread of the "
+                        "repetitions; lock waits LWM / S2PL): " + "; ".join(
+                            f"{read_n}: {value * 100:+.0f} ({model}; {noise * 100:.0f}; {lwm.get('lock_waits')} / "
+                            f"{s2pl.get('lock_waits')})" for read_n, value, noise, (lwm, s2pl), model in zip(
+                                read_ns, difference, spread, pairs,
+                                [f"{(s2pl['model_operations'] / lwm['model_operations'] - 1) * 100:+.0f}"
+                                 if lwm.get("model_operations") and s2pl.get("model_operations") else "?"
+                                 for lwm, s2pl in pairs])) + ".")
     report.add(Row(name="LWM / S2PL throughput, tuple locks, mean over readN",
                    value=round(ratio([p["throughput"] for p in tuple_level["lwm"]],
                                       [p["throughput"] for p in tuple_level["s2pl"]]), 2), unit="x",
@@ -142,11 +161,11 @@ def model_rows(report: BenchReport, results: dict[str, Any], read_ns: list) -> N
                  "sleep_ms_mean": [point.get("sleep_ms_mean") for point in table[name]],
                  "model_operations": [point["model_operations"] for point in table[name]]}
         if name == "lwm" and all("writer_chain" in point for point in table[name]):
-            # LWM's critical path per writer (WriterChain): the model says readN + 1 operations of COST.
+            # LWM's critical path per writer (WriterChain): the model says its operations, each of COST.
             chains = [point["writer_chain"] for point in table[name]]
             extra["writer_chain_ms"] = {figure: [chain[figure] for chain in chains] for figure in (
                 "link_ms", "operations", "sleep_ms", "between_operations_ms", "handover_ms", "links")}
-            extra["writer_chain_model_ms"] = [round((read_n + 1) * cost * 1000, 3) for read_n in read_ns]
+            extra["writer_chain_model_ms"] = [round((chain["operations"] or 0) * cost * 1000, 3) for chain in chains]
         report.add(Row(
             name=f"{name.upper()} throughput as a share of its cost model, table locks, mean over readN",
             value=round(mean(shares), 3), unit="of model", extra=extra))

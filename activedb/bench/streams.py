@@ -13,16 +13,20 @@ events/s end to end vs **plain** (one ``tx.write`` per event), the App. G.2 metr
 microseconds per event in each phase.
 
 **2. Active CEP's experiments (§6), SEI vs S2PL vs LWM side by side** (its Figs. 5–8, 10–12).  The
-query-rule pool (Active CEP App. G.1: a rule and the query it monitors form a pair; readN
-and writeN are set by choosing pairs from the pool), over ``workerStatus`` — one shared
-tuple per worker, 100 workers:
+query-rule pool (Active CEP App. G.1: a rule and the query it monitors form a pair; readN,
+the *average* Reads per s-transaction, and writeN are set by choosing pairs from the pool),
+over ``workerStatus`` — one shared tuple per HCW, ``HCWS`` = 16 HCWs (ours: the paper gives
+no number; as many as s-transactions in flight, so that tuple locks conflict):
 
-* *reader* queries ``QRi: SEQ(E) WHERE 'violation' != (SELECT status FROM workerStatus
-  WHERE workerID = E.HCW-ID)`` — one Read each at every ``E`` event (readN of them), and
-  ``readN − 1`` of the same on ``W`` events;
-* the *writer* pair ``QW: SEQ(W)`` with ``RW: UPDATE workerStatus SET status = NEW.next
-  WHERE workerID = NEW.HCW-ID`` (a Read and a Write).  A fraction ``writeN`` of the events
-  are ``W`` events: Algorithm 1 gives each a write lock, and the rule writes every time;
+* the *writer* pair, a status transition: ``QW: SEQ(W)`` with ``RW: UPDATE workerStatus SET
+  status = NEW.next WHERE workerID = NEW.HCW-ID`` — it reads the HCW's tuple and writes it,
+  the locks ``{sl, xl}`` of Example 5's ``T2``.  A fraction ``writeN`` of the events are ``W``
+  events, and a ``W`` event's s-transaction is this pair alone (one Read, one Write);
+* *reader* pairs ``QRi: SEQ(E) WHERE E.reads >= i AND 'violation' != (SELECT status FROM
+  workerStatus WHERE workerID = E.HCW-ID)`` on the ``E`` events: each ``E`` event carries
+  how many of them read at it (``reads``), shared out so that the mean over all
+  s-transactions, writers included, is readN (at readN = 6 and writeN = 0.25: 7–8 Reads per
+  ``E``);
 * for the latency experiments the pattern pair ``QL: SEQ(T1, …, T_seqL) WHERE [HCW-ID] AND
   'violation' != (SELECT …)`` ``WITHIN 60 sec`` with ``RL: UPDATE workerStatus SET status =
   'warning' …``; every worker's events cycle through ``T1 … T_seqL`` so each ``T_seqL``
@@ -62,12 +66,12 @@ Experiments (each point a fresh engine on reset statuses):
   the paper gives no absolute capacity, so its 2,000 events/s cannot be placed on ours.
 
 ``COST`` is 1 ms (``ACTIVEDB_BENCH_STREAMS_COST_MS`` changes it).  What the model predicts
-on an idle machine, per 4 events at writeN = 0.25 with every event doing readN Reads
-(a ``W`` event readN Reads and the Write): table locks — SEI runs ``4·readN + 1``
-operations one after another; S2PL runs the three readers together, then the writer
-alone (``readN + (readN + 1)``); LWM chains only the writers (a writer's Reads wait for
-the previous writer's end: ``readN + 1``) — so LWM/S2PL → ``(2·readN + 1)/(readN + 1)``
-(1.5 … 1.86, mean 1.73) and LWM/SEI → ``(4·readN + 1)/(readN + 1)`` (2.5 … 3.57, mean 3.2).
+on an idle machine at table locks (``model_operations``): SEI runs every operation one after
+another; S2PL runs the readers between two writers together, then the writer alone; LWM
+chains only the writers (a writer's Read waits for the previous writer's end: 2 operations
+per writer), each reader running from the end of the writer before it; both concurrent
+schedulers need at least all operations / ``THREADS``.  For this pool LWM/S2PL is 1.39 at
+readN = 1 rising to 3.7 at readN = 6 (mean 2.65), LWM/SEI 2.5 … 11.9.
 Each point of the table-lock sweeps carries this model for its own event sequence
 (``model_operations``: the critical path of each scheduler in store operations, batch by
 batch), and the table prints, beside each measured ratio, the model's ratio per readN, and
@@ -76,27 +80,22 @@ the sleeps' own overshoot (``SleepCost`` measures how long every sleep really la
 everything else (waking the next s-transaction, re-taking the GIL, the operations' Python,
 each batch's set-up).  LWM's chain itself is timed link by link (``WriterChain``, on S2PL
 and LWM alike so both pay its few microseconds per operation): per pair of consecutive
-writers of a batch, the link (the model: ``readN + 1`` operations of ``COST``) split into the
+writers of a batch, the link (the model: its 2 operations of ``COST``) split into the
 sleeps, the Python between the writer's operations, and the handover from the previous
 writer (its commit and lock release, the wake-up, the GIL, the Python up to the first
 operation).
-Tuple locks: 100 rows, conflicts are rare, S2PL ≈ LWM, both bounded by CPU (the GIL); the
-table prints each point's difference beside the spread of its repetitions.
+Tuple locks: the same model per HCW (the longest HCW's path); the table prints each point's
+difference and the model's beside the spread of its repetitions and the lock waits.
 Every wake-up of a waiting s-transaction costs an OS scheduling delay on top, and CPU
 starvation (a shared machine) caps the concurrent schedulers first.
 
-**The order of the pairs does not change LWM's chain.**  The paper sets readN and writeN
-"by selecting the corresponding query-rule pairs from the pool" and does not say in which
-order an s-transaction evaluates its pairs.  Here that order cannot shorten the writers'
-chain, for two reasons of the engine, not of the pool: inside an s-transaction every
-consuming query reads before any rule runs (the order of equal timestamps — a query never
-sees its own event's rule effects), so the writer rule's Read and Write are always the
-s-transaction's last operations, whatever the pairs' names or priorities; and a write lock
-leaves the lock table when its owner *ends* (Algorithm 2's ``ReleaseLock(T_i)``), so the next
-writer's first Read waits for the previous writer's whole s-transaction.  A chain of
-"reads before the Write + 2" per writer would need a write lock released at its Write, before
-its owner ends: a rule failing after it aborts the s-transaction, and a later Read would have
-seen a version that never existed (Definition 6); Algorithm 2 releases at the end too.
+**A writer's lock leaves when its queries and rules have run.**  Inside an s-transaction every
+consuming query reads before any rule runs (a query never sees its own event's rule
+effects), so the writer rule's Read and Write are its last operations.  LWM releases its
+write locks right after them, before its subtransaction commits (Algorithm 2 updates the lwm
+after the Write, Proposition 1): its versions are final then, and Reads see versions, not
+the commit.  Releasing at the Write itself, with rules still to run, could expose a version
+that a failing later rule takes back (Definition 6), so the release waits for the body.
 
 Before every measured run the heap is collected and frozen (``quiet_heap``): otherwise a
 full collection of the process's heap — the garbage of earlier runs, 70–80 ms of CPU — falls
@@ -138,6 +137,9 @@ from activedb.streams._versions import VersionStore
 from activedb.testing import check_stream_history
 
 WORKERS = 100
+# Part 2's HCWs, one status tuple each (the paper gives no number): as many as s-transactions in flight
+# (THREADS), so that at tuple locks an s-transaction meets about one other of its HCW — ours, see the README.
+HCWS = 16
 SEED = 7
 BATCH = 1000
 DELAY = 30.0
@@ -314,18 +316,20 @@ def _hand_hygiene(report: BenchReport, database, sizes: tuple[int, ...]) -> list
 
 # --- part 2: the query-rule pool -----------------------------------------------------------------------
 
-READER = ("CREATE QUERY {name} ON bstream PATTERN SEQ({type}) WHERE 'violation' != (SELECT status FROM workerStatus "
-          "WHERE workerID = {type}.HCW-ID) RETURN {type}.HCW-ID")
+READER = ("CREATE QUERY {name} ON bstream PATTERN SEQ({type}) WHERE {only}'violation' != (SELECT status FROM "
+          "workerStatus WHERE workerID = {type}.HCW-ID) RETURN {type}.HCW-ID")
+# The writer pair, a status transition: its rule's UPDATE reads the HCW's tuple and writes it (a Read and a Write).
+WRITER = ("CREATE QUERY QW ON bstream PATTERN SEQ(W) RETURN W.HCW-ID, W.next\n"
+          "CREATE RULE RW ON OUTPUT QW BEGIN UPDATE workerStatus SET status = NEW.next WHERE workerID = NEW.HCW-ID END")
 
 
-def pool_definitions(read_n: int) -> str:
-    """readN reader queries on E, readN − 1 on W, and the writer pair on W."""
-    parts = [READER.format(name=f"QR{index}", type="E") for index in range(1, read_n + 1)]
-    parts += [READER.format(name=f"QV{index}", type="W") for index in range(1, read_n)]
-    parts.append("CREATE QUERY QW ON bstream PATTERN SEQ(W) RETURN W.HCW-ID, W.next")
-    parts.append("CREATE RULE RW ON OUTPUT QW BEGIN UPDATE workerStatus SET status = NEW.next "
-                 "WHERE workerID = NEW.HCW-ID END")
-    return "\n".join(parts)
+def pool_definitions(events: list) -> str:
+    """The writer pair on W, and as many reader pairs on E as the most-reading E event asks:
+    reader ``QRi`` reads at an E event whose ``reads`` is at least ``i``."""
+    most = max([event.attributes["reads"] for event in events if event.type == "E"], default=0)
+    parts = [READER.format(name=f"QR{index}", type="E", only=f"E.reads >= {index} AND ")
+             for index in range(1, most + 1)]
+    return "\n".join([*parts, WRITER])
 
 
 def pattern_definitions(seq_l: int, readers: bool) -> str:
@@ -337,23 +341,33 @@ def pattern_definitions(seq_l: int, readers: bool) -> str:
              "CREATE RULE RL ON OUTPUT QL BEGIN UPDATE workerStatus SET status = 'warning' "
              "WHERE workerID = NEW.HCW-ID END"]
     if readers:
-        parts += [READER.format(name=f"QR{event_type}", type=event_type) for event_type in [*types, "X"]]
+        parts += [READER.format(name=f"QR{event_type}", type=event_type, only="") for event_type in [*types, "X"]]
     return "\n".join(parts)
 
 
-def pool_events(count: int, write_n: float, rng: random.Random, spacing: float = 0.01) -> list[streams.StreamEvent]:
+def pool_events(count: int, write_n: float, read_n: float, rng: random.Random,
+                spacing: float = 0.01) -> list[streams.StreamEvent]:
+    """``count`` events over ``HCWS`` HCWs at random, a fraction ``write_n`` of them ``W`` (the
+    writer pair: one Read, one Write), the rest ``E``; each event's ``reads`` says how many Reads
+    its s-transaction does, the E events sharing out the rest so that the mean over all
+    s-transactions is ``read_n`` (Active CEP Table 1: readN, the *average* Reads per
+    s-transaction)."""
     writers = set(rng.sample(range(count), round(count * write_n)))
+    readers = [index for index in range(count) if index not in writers]
+    share, left = divmod(max(0, round(read_n * count) - len(writers)), len(readers)) if readers else (0, 0)
+    more = set(rng.sample(readers, left))
     return [streams.StreamEvent("W" if index in writers else "E", round(index * spacing, 6),
-                                {"HCW-ID": f"w{rng.randrange(WORKERS):02d}", "next": rng.choice(("safe", "warning"))})
+                                {"HCW-ID": f"w{rng.randrange(HCWS):02d}", "next": rng.choice(("safe", "warning")),
+                                 "reads": 1 if index in writers else share + (index in more)})
             for index in range(count)]
 
 
 def pattern_events(count: int, types: list[str], rng: random.Random, spacing: float) -> list[streams.StreamEvent]:
     """Each worker's events cycle through ``types`` (so every last type completes a match)."""
-    progress = [0] * WORKERS
+    progress = [0] * HCWS
     events = []
     for index in range(count):
-        worker = rng.randrange(WORKERS)
+        worker = rng.randrange(HCWS)
         event_type = types[progress[worker] % len(types)]
         progress[worker] += 1
         events.append(streams.StreamEvent(event_type, round(index * spacing, 6),
@@ -376,7 +390,7 @@ def _engine(database, name: str, scheduler: Any, types: tuple[str, ...], definit
     engine = streams.StreamEngine(database, name=name, scheduler=scheduler, aliases=ALIASES, durable=False,
                                   keep_outputs=False, record_dead_letters=False, operation_cost=cost,
                                   record_history=True)
-    engine.create_stream("bstream", types=types, attributes=("HCW-ID", "next"))
+    engine.create_stream("bstream", types=types, attributes=("HCW-ID", "next", "reads"))
     engine.define(definitions)
     return engine
 
@@ -472,34 +486,54 @@ class WriterChain(streams.SchedulerHooks):
                 "sleep_ms": ms(sleeps), "between_operations_ms": ms(between), "handover_ms": ms(handovers)}
 
 
-def model_operations(events: list, read_n: int, batch: int, threads: int = THREADS) -> dict[str, int]:
-    """The cost model's critical path at table locks, in store operations, for ``events`` of the
-    pool in micro-batches of ``batch`` (an ``E`` event does ``read_n`` Reads, a ``W`` event
-    ``read_n`` Reads and its Write, all one after another inside its s-transaction).
+def model_operations(events: list, read_n: int, batch: int, threads: int = THREADS,
+                     granularity: str = "table") -> dict[str, int]:
+    """The cost model's critical path, in store operations, for ``events`` of the pool in
+    micro-batches of ``batch``: an event does its ``reads`` Reads (``read_n`` if it has no such
+    attribute), a ``W`` event then its Write, one after another inside its s-transaction.
 
     * SEI: every operation of every s-transaction, one after another.
     * S2PL: a writer alone (it waits for the readers before it and they for the writer
-      before them), the readers between two writers together — ``read_n`` for a run of
-      them, or a multiple of it when the run is longer than ``threads``.
+      before them), the readers between two writers together — the most-reading of them, per
+      ``threads`` of them at once.
     * LWM: the writers one after another (a writer's first Read waits for the previous
-      writer's end: its write lock is the table's lwm until then); the readers between two
-      writers run beside the second one; readers after the last writer add ``read_n``.
-    Batches follow each other.  An idle machine with exact sleeps reaches the model."""
+      writer's end: its write lock is the table's lwm until then); a reader runs from the end
+      of the writer before it.
+    At ``granularity="tuple"`` the same per HCW, the longest HCW's path counting.  Both
+    concurrent schedulers also need at least all operations / ``threads`` (at most ``threads``
+    s-transactions run at once).  Batches follow each other.  An idle machine with exact
+    sleeps reaches the model."""
     totals = {"sei": 0, "s2pl": 0, "lwm": 0}
     for start in range(0, len(events), batch):
-        chunk = [event.type == "W" for event in events[start:start + batch]]
-        totals["sei"] += sum(read_n + 1 if writer else read_n for writer in chunk)
-        run = 0
-        for writer in [*chunk, True]:
-            if not writer:
-                run += 1
-                continue
-            totals["s2pl"] += -(-run // threads) * read_n
-            run = 0
-        writers = sum(chunk)
-        totals["s2pl"] += writers * (read_n + 1)
-        totals["lwm"] += writers * (read_n + 1) + (read_n if not chunk[-1] else 0) if writers else read_n
+        chunk = events[start:start + batch]
+        groups: dict[Any, list] = {}
+        for event in chunk:
+            key = event.attributes.get("HCW-ID") if granularity == "tuple" else None
+            groups.setdefault(key, []).append((event.type == "W", event.attributes.get("reads", read_n)))
+        operations = sum(reads + writer for group in groups.values() for writer, reads in group)
+        totals["sei"] += operations
+        floor = -(-operations // threads)
+        paths = [_paths(group, threads) for group in groups.values()]
+        totals["s2pl"] += max([floor, *(s2pl for s2pl, _ in paths)])
+        totals["lwm"] += max([floor, *(lwm for _, lwm in paths)])
     return totals
+
+
+def _paths(chunk: list[tuple[bool, int]], threads: int) -> tuple[int, int]:
+    """S2PL's and LWM's critical paths over ``(writer?, reads)`` s-transactions that all conflict."""
+    s2pl, run = 0, []
+    for writer, reads in [*chunk, (True, -1)]:
+        if not writer:
+            run.append(reads)
+            continue
+        s2pl += sum(max(run[index:index + threads]) for index in range(0, len(run), threads)) + reads + 1
+        run = []
+    chain = lwm = 0
+    for writer, reads in chunk:
+        if writer:
+            chain += reads + 1
+        lwm = max(lwm, chain if writer else chain + reads)
+    return s2pl, lwm
 
 
 def _checked(engine) -> dict[str, int]:
@@ -610,7 +644,7 @@ def _sizes_in_memory() -> tuple[float, float]:
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
-        events = pool_events(2000, 0.25, rng)
+        events = pool_events(2000, 0.25, 1, rng)
         events = [dataclasses.replace(event, sts=1.0) for event in events]
         per_event = (tracemalloc.get_traced_memory()[0] - before) / len(events)
         store = VersionStore()
@@ -641,7 +675,7 @@ def run_experiments(database, quick: bool) -> dict[str, Any]:
     underloaded_seconds = 0.5 if quick else UNDERLOADED_SECONDS
     cost = SleepCost(COST)
     results: dict[str, Any] = {"parameters": {
-        "cost_seconds_per_operation": COST, "threads": THREADS, "workers": WORKERS, "throughput_events": count,
+        "cost_seconds_per_operation": COST, "threads": THREADS, "workers": WORKERS, "hcws": HCWS, "throughput_events": count,
         "throughput_repeat": repeat, "rate_repeat": repeat,
         "throughput_batch": THROUGHPUT_BATCH, "underloaded_rate": UNDERLOADED_RATE, "rate_seconds": seconds,
         "load_average_at_start": round(os.getloadavg()[0], 2)}}
@@ -653,7 +687,8 @@ def run_experiments(database, quick: bool) -> dict[str, Any]:
         configurations = [("sei", "tuple"), *((name, granularity) for granularity in ("tuple", "table")
                                                for name in ("s2pl", "lwm"))]
         for events, definitions, read_n in cases:
-            model = model_operations(events, read_n, THROUGHPUT_BATCH)
+            model = {granularity: model_operations(events, read_n, THROUGHPUT_BATCH, granularity=granularity)
+                     for granularity in ("tuple", "table")}
             # The repetitions go round the schedulers (SEI, S2PL, LWM, SEI, …), so that a spell of
             # load from elsewhere on the machine falls on all of them, not on one scheduler's runs.
             runs: dict[tuple[str, str], list] = {configuration: [] for configuration in configurations}
@@ -665,23 +700,23 @@ def run_experiments(database, quick: bool) -> dict[str, Any]:
                         database, lambda: make_scheduler(name, granularity, chain), events, definitions, ("E", "W"),
                         cost, THROUGHPUT_BATCH, chain=chain))
             sei = best_of(runs[("sei", "tuple")])
-            sei["model_operations"] = model["sei"]
+            sei["model_operations"] = model["table"]["sei"]
             for granularity in ("tuple", "table"):
                 series = found[granularity]
                 series.setdefault("sei", []).append(sei)
                 for name in ("s2pl", "lwm"):
                     point = best_of(runs[(name, granularity)])
-                    if granularity == "table":
-                        point["model_operations"] = model[name]
+                    point["model_operations"] = model[granularity][name]
                     series.setdefault(name, []).append(point)
         return found
 
     # Figs. 5 and 6: throughput vs readN (writeN = 0.25), tuple and table locks.
-    by_read = sweep((pool_events(count, 0.25, rng), pool_definitions(read_n), read_n) for read_n in read_ns)
+    by_read = sweep((events, pool_definitions(events), read_n) for read_n in read_ns
+                    for events in [pool_events(count, 0.25, read_n, rng)])
     results["throughput_vs_readN"] = {"readN": list(read_ns), **by_read}
     # Figs. 7 and 8: throughput vs writeN (readN = 1).
-    definitions = pool_definitions(1)
-    by_write = sweep((pool_events(count, write_n, rng), definitions, 1) for write_n in write_ns)
+    by_write = sweep((events, pool_definitions(events), 1) for write_n in write_ns
+                     for events in [pool_events(count, write_n, 1, rng)])
     results["throughput_vs_writeN"] = {"writeN": list(write_ns), **by_write}
 
     # Figs. 9 and 10: combined latency vs seqL, underloaded, tuple locks; baseline = no scheduler.

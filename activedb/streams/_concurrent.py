@@ -27,7 +27,8 @@ table (:mod:`activedb.streams._locks`) and in what a Read sees:
 3. **End**: an :class:`~activedb.Observer` hears the subtransaction commit (its writes
    are now in the batch's transaction) or abort (LWM: its versions are dropped first),
    records the end, installs its matcher states, and only then releases its locks —
-   Phase II of S2PL, Algorithm 2's ``ReleaseLock``.
+   Phase II of S2PL, Algorithm 2's ``ReleaseLock``.  LWM releases them earlier, once the
+   body ran without error (``_finished``), keeping the order waiters for the end.
 
 Every wait — for a lock, or for the s-transaction that may change a partition — goes
 through ``db.transactions.waiting(...)``: an edge of the lock manager's one wait-for
@@ -413,6 +414,10 @@ class LockingScheduler(Scheduler):
             run.broken = error            # the batch cannot go on: spawn no more
             raise
         self.hooks.finishing(stransaction)
+        self._finished(run, work)
+
+    def _finished(self, run: _Run, work: _Work) -> None:
+        """``work``'s queries and rules ran without error; its subtransaction has not committed."""
 
     def _ended(self, run: _Run, work: _Work, committed: bool) -> None:
         """Step 3 (from the observer): record, install, then release — in that order."""
@@ -547,6 +552,12 @@ class LWMScheduler(LockingScheduler):
         punctuation = run.batch.pending.released if work is None else work.owner.ts
         if punctuation is not None:
             table.publish(punctuation)
+
+    def _finished(self, run: _Run, work: _Work) -> None:
+        """Release its write locks before its commit (Algorithm 2 releases after the Writes,
+        Proposition 1): its versions are final — nothing can abort it for its event now, and a
+        failing commit fails the batch — and no Read needs the commit, Reads see versions."""
+        run.table.release(work.owner)
 
     def _discard(self, run: _Run, work: _Work) -> None:
         if run.versions is not None:

@@ -6,7 +6,7 @@ every lock at the creation of ``T_i``", and App. E.1's dispatcher invariant).  E
 request carries its owner's *stamp*: the s-transaction's ``position`` in the declared
 order (timestamp, then the application's order of equal timestamps), so "earlier" below
 is "smaller position".  Requests only disappear when their owner **ends** (committed or
-aborted, Active CEP Phase II) — so once a request is grantable it stays grantable, and a
+aborted, Active CEP Phase II) or, under LWM, is **released** once its body ran — so once a request is grantable it stays grantable, and a
 waiter only ever waits for an *earlier* owner to end.  (LWM's table also accepts
 insertions in arrival order, later ones included, guarded by the punctuation: App. F.)
 
@@ -76,7 +76,8 @@ class Owner:
     ``node`` is the activedb (sub)transaction running it (the target of wait-for edges);
     ``victim`` is set if the lock manager chose it as a deadlock victim while it waited."""
 
-    __slots__ = ("position", "ts", "name", "node", "ended", "matched", "waiters", "wake", "victim", "requests")
+    __slots__ = ("position", "ts", "name", "node", "ended", "released", "matched", "waiters", "wake", "victim",
+                 "requests")
 
     def __init__(self, position: int, ts: Any, name: str):
         self.position = position
@@ -85,6 +86,8 @@ class Owner:
         self.node: Any = None
         # Invariant: ended only moves False -> True, under the table's _mutex; then waiters is empty.
         self.ended = False
+        # Its requests are gone (at its end, or earlier: StreamLockTable.release); ended implies released.
+        self.released = False
         # Its partition states are final (it matched and will run no rule): see StreamLockTable.matched.
         self.matched = False
         self.waiters: list[Owner] = []
@@ -117,7 +120,7 @@ def _show_key(key: tuple) -> str:
 
 
 class _Queue:
-    """A min-heap of (position, serial, owner); ended owners are dropped lazily."""
+    """A min-heap of (position, serial, owner); released owners are dropped lazily."""
 
     __slots__ = ("heap",)
 
@@ -128,9 +131,9 @@ class _Queue:
         heapq.heappush(self.heap, (owner.position, serial, owner))
 
     def first(self) -> Owner | None:
-        """The earliest owner that has not ended.  Caller holds the table's mutex."""
+        """The earliest owner whose requests are not released.  Caller holds the table's mutex."""
         heap = self.heap
-        while heap and heap[0][2].ended:
+        while heap and heap[0][2].released:
             heapq.heappop(heap)
         return heap[0][2] if heap else None
 
@@ -139,13 +142,13 @@ class _Queue:
 
 
 def _latest_before(position: int, queues: Iterable[_Queue | None]) -> Owner | None:
-    """The latest owner before ``position`` that has not ended (a scan: only for a waiter)."""
+    """The latest owner before ``position`` not released (a scan: only for a waiter)."""
     best: Owner | None = None
     for queue in queues:
         if queue is None:
             continue
         for entry_position, _, owner in queue.heap:
-            if entry_position < position and not owner.ended and (best is None or entry_position > best.position):
+            if entry_position < position and not owner.released and (best is None or entry_position > best.position):
                 best = owner
     return best
 
@@ -353,10 +356,20 @@ class StreamLockTable:
         for waiter in woken:
             waiter.wake.set()
 
+    def release(self, owner: Owner) -> None:
+        """``owner``'s requests disappear before it ends: wake the lock waiters; the order
+        waiters keep waiting for its states (:meth:`matched`) or its end."""
+        with self._mutex:
+            owner.released = True
+            woken = [waiter for waiter in owner.waiters if self._waiting.get(waiter, (None, None))[0] is not None]
+            owner.waiters = [waiter for waiter in owner.waiters if waiter not in woken]
+        for waiter in woken:
+            waiter.wake.set()
+
     def end(self, owner: Owner) -> None:
         """``owner`` committed or aborted: its requests disappear; wake who waited for it."""
         with self._mutex:
-            owner.ended = True
+            owner.ended = owner.released = True
             waiters, owner.waiters = owner.waiters, []
         for waiter in waiters:
             waiter.wake.set()

@@ -20,6 +20,22 @@ def test_cost_model_critical_paths_at_table_locks():
     assert model_operations(events, 2, batch=6, threads=1)["s2pl"] == 14
     # No writer in a batch: every reader at once.
     assert model_operations(events[:2], 2, batch=6) == {"sei": 4, "s2pl": 2, "lwm": 2}
+    # At most `threads` s-transactions at once: 14 operations need 7 rounds of 2.
+    assert model_operations(events, 2, batch=6, threads=2) == {"sei": 14, "s2pl": 12, "lwm": 8}
+    assert model_operations(events[:2], 2, batch=6, threads=1) == {"sei": 4, "s2pl": 4, "lwm": 4}
+
+
+def test_cost_model_per_event_reads_and_tuple_locks():
+    """Each event's own Reads (``reads``), and at tuple locks each HCW's path on its own."""
+    def event(kind: str, index: int, hcw: str, reads: int) -> streams.StreamEvent:
+        return streams.StreamEvent(kind, float(index), {"HCW-ID": hcw, "reads": reads})
+    events = [event("E", 0, "a", 3), event("W", 1, "a", 1), event("E", 2, "b", 4), event("W", 3, "b", 1),
+              event("E", 4, "a", 2)]
+    # SEI 3 + 2 + 4 + 2 + 2; S2PL: E(3), W(2), E(4), W(2), E(2); LWM: W, W chained (4), the last E after (6),
+    # the second E after the first W (2 + 4).
+    assert model_operations(events, 9, batch=5) == {"sei": 13, "s2pl": 13, "lwm": 6}
+    # Per HCW: a: E(3) W(2) E(2) under S2PL = 7, LWM: 2 + 2 = 4; b: E(4) W(2) = 6, LWM 2 and 4 -> 4.
+    assert model_operations(events, 9, batch=5, granularity="tuple") == {"sei": 13, "s2pl": 7, "lwm": 4}
 
 
 def test_streams_benchmark_quick(database_url, monkeypatch, tmp_path):
@@ -45,13 +61,18 @@ def test_streams_benchmark_quick(database_url, monkeypatch, tmp_path):
     # Beside each measured ratio the cost model's, per readN; each scheduler's share of its model.
     ratio = targets["LWM / S2PL throughput, table locks, mean over readN"]
     assert len(ratio.extra["cost_model_per_readN"]) == len(ratio.extra["measured_per_readN"]) == 2
+    # ... and printed: each point's measured ratio beside its model, at table and at tuple locks.
+    assert any(note.startswith("Per readN, table locks, measured (cost model): LWM/S2PL 1: ") for note in report.notes)
+    assert any(note.startswith("Per readN, tuple locks, LWM over S2PL in % measured (cost model per HCW")
+               for note in report.notes)
     shares = {row.name.split()[0]: row for row in report.rows if row.unit == "of model"}
     assert set(shares) == {"SEI", "S2PL", "LWM"}
     for row in shares.values():
         assert all(share > 0 for share in row.extra["share_of_model"])
         assert all(slept is not None for slept in row.extra["sleep_ms_mean"])     # every sleep measured
     chain = shares["LWM"].extra["writer_chain_ms"]      # LWM's writers' chain, timed link by link
-    assert all(links > 0 for links in chain["links"]) and chain["operations"] == [2.0, 7.0]   # readN + 1 each
+    # A writer's s-transaction is the writer pair alone, a Read and a Write, at every readN.
+    assert all(links > 0 for links in chain["links"]) and chain["operations"] == [2.0, 2.0]
     tuple_order = next(row for row in report.rows if row.name == "readN points where LWM >= S2PL, tuple locks")
     assert len(tuple_order.extra["spread_of_repetitions_percent"]) == 2
     latency = targets["S2PL / LWM L_combined at 2,000 events/s"]

@@ -174,6 +174,28 @@ def test_lwm_writes_run_in_timestamp_order_and_reads_never_block_them():
         steps.finished(late_write, "write at 9")
 
 
+def test_lwm_release_before_the_end_wakes_lock_waiters_not_order_waiters():
+    """Algorithm 2 updates the lwm after the Write (Proposition 1: Write ≺ Up), not at the
+    commit: ``release`` drops the writer's requests, so a later Read is granted, while who waits
+    for its partition states (an order wait) still waits for its end."""
+    table = LWMLockTable()
+    writer, reader, follower = owners((0, 10), (1, 15), (2, 16))
+    table.insert(writer, [(TABLE, KEY, R), (TABLE, KEY, W)])
+    table.insert(reader, [(TABLE, KEY, R)])
+    table.insert(follower, [(TABLE, KEY, R)])
+    table.publish(streams.END_OF_STREAM)
+    with Steps(table) as steps:
+        steps.run("the writer writes at 10", lambda: table.acquire(writer, TABLE, KEY, W))
+        read = steps.run("a read at 15", lambda: table.acquire(reader, TABLE, KEY, R), blocks=True)
+        ordered = steps.run("an order wait", lambda: table.wait_for(follower, writer), blocks=True)
+        table.release(writer)
+        steps.finished(read, "a read at 15")
+        assert table.lwm(TABLE, KEY) is None and not writer.ended
+        assert [wait.waiter for wait in table.waits()] == ["T3"]
+        table.end(writer)
+        steps.finished(ordered, "an order wait")
+
+
 def test_granularity_table_locks_cover_their_tuples():
     table = S2PLLockTable()
     writer, other_row, scanner, row_reader = owners((0, 1), (1, 2), (2, 3), (3, 4))
