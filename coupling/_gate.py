@@ -1,52 +1,8 @@
-"""Run-time enforcement of ACTA dependencies between transactions that run in parallel.
+"""Run-time enforcement of ACTA dependencies between transactions that run in parallel: :class:`DependencyGate`.
 
-Concurrent Rule Execution §3: "Top-level transactions are executed in parallel. [...] Abort and commit dependencies
-among the top-level transactions are enforced by the transaction manager." The :class:`DependencyGate`
-is the part of that enforcement that does not know what a transaction is: the transaction manager
-registers dependencies, asks before a dependent begins and before it commits, and reports every end.
-
-Protocol, for every transaction ``T`` that appears in a registered dependency (either role):
-
-1. ``register(dependent, trigger, coupling)`` / ``register_action(action, condition)`` /
-   ``register_dependency(dep)`` -- before the dependent begins (an SQD must be registered before
-   it; the others at the latest before it asks to commit).
-2. ``wait_may_begin(dependent)`` before running its body: ``BEGIN`` or ``CANCEL`` (never run it).
-3. ``condition_returned(condition, value)`` when a rule's condition returns (C-A coupling).
-4. ``wait_may_commit(dependent)`` before committing: ``COMMIT`` or ``ABORT``.
-5. ``trigger_ended(T, committed)`` when ``T`` commits or aborts -- triggers *and* dependents;
-   record the end in any history *before* this call.
-6. ``forget(T)`` once no further dependency on ``T`` will be registered.
-
-Decisions, per dependency ``j X i`` of the dependent ``j`` (``i`` running / committed / aborted):
-
-=====  ==========================  ============================  ==================================
-kind   may begin                   may commit                    must abort (non-blocking)
-=====  ==========================  ============================  ==================================
-CD     yes                         wait for i's end; then yes    never
-AD     not if i aborted            wait; yes iff i committed     i aborted
-ED     not if i committed          wait; yes iff i aborted       i committed
-SQD    wait; yes iff i committed   yes (it began with consent)   i aborted (before j began)
-CRD    not if i aborted or         wait; yes iff i committed     i aborted, returned false, or
-       returned false              and returned true             committed without returning true
-=====  ==========================  ============================  ==================================
-
-A dependent waits only while a decision is open; as soon as one dependency forces ``CANCEL``/``ABORT``
-it gets that verdict without waiting for the others. WD is refused (:class:`UnsupportedByGate`): it
-lets the dependent commit while its trigger runs, which is only race-free when the dependent's commit
-and the trigger's abort are serialised by the nested transaction tree -- immediate and deferred rules
-are children and are enforced there.
-
-Thread-safety and locking: one mutex per gate, ``_mutex``, protects all state; each registered
-dependent has a ``threading.Condition`` on that same mutex, notified when one of its triggers ends,
-returns, or when it gets a new dependency or ends itself -- waiters re-check their predicate under
-the mutex, so no wakeup is lost and nobody busy-waits. The gate calls no user code, callback or
-logger while holding the mutex and calls nothing outside itself: its mutex is a leaf in any lock
-order. Do not call a blocking ``wait_*`` while holding a mutex a trigger needs to end.
-
-Deadlocks: a dependent that waits for its trigger while the trigger waits for a lock the dependent
-holds (e.g. an exclusive causally dependent compensation) is a deadlock the gate cannot see alone;
-``waiting_edges()`` exposes the wait-for-trigger edges for a deadlock detector. Cycles among gate
-dependencies themselves are refused at registration.
+*Concurrent Rule Execution* §3: "Abort and commit dependencies among the top-level transactions are
+enforced by the transaction manager"; the gate is the part of that which does not know what a
+transaction is.  Protocol, decision table, locking and deadlock edges: ``coupling/README.md``, "The gate".
 """
 
 from __future__ import annotations
@@ -151,12 +107,10 @@ def _check_may_ask(record: _DependentRecord, phase: str) -> None:
 
 
 class DependencyGate:
-    """Enforces CD, AD, ED, SQD and CRD between concurrently running transactions.
+    """Enforces CD, AD, ED, SQD and CRD between concurrently running transactions (design note, "The gate").
 
-    See the module docstring for the protocol, the decision table and the locking. Thread-safe.
-    Timeouts: a ``wait_*`` whose ``timeout`` (seconds; ``None`` waits for ever) runs out raises
-    :class:`~coupling.errors.DependencyTimeout` naming the triggers still running, and leaves the
-    gate unchanged -- a timeout is not a verdict.
+    Thread-safe; its mutex is a leaf.  Do not call a blocking ``wait_*`` while holding a mutex a trigger
+    needs to end.  A timeout (seconds; ``None`` waits for ever) is not a verdict: the gate is unchanged.
     """
 
     def __init__(self) -> None:
@@ -199,12 +153,8 @@ class DependencyGate:
         condition: Hashable,
         coupling: Coupling | str = Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT,
     ) -> frozenset[Dependency]:
-        """Register the C-A dependencies (``action_dependencies_for``) and return them.
-
-        Sequential causally dependent: ``action AD condition`` and ``action CRD condition`` -- the
-        action may begin at once and commits only if the condition committed and returned true
-        (report the return value with :meth:`condition_returned`). Immediate registers nothing.
-        """
+        """Register the C-A dependencies (``action_dependencies_for``) and return them; report the
+        condition's return value with :meth:`condition_returned`.  Immediate registers nothing."""
         dependencies = action_dependencies_for(coupling, action, condition)
         self._register_all(dependencies)
         return dependencies
