@@ -1,14 +1,10 @@
-"""The transaction manager of one ``Database``: creates trees and owns what they share.
-
-It owns the lock manager (through :class:`~activedb.txn._locking.Locking`), the worker pool, the
-catalog's read base, the extension and observer registries, the optional history recorder, and — per
-thread — the stack of transactions the thread is running, which is how waits become edges of the one
-wait-for graph (:meth:`TransactionManager.waiting`).
+"""The transaction manager of one ``Database``: creates trees and owns what they share (the lock manager,
+the worker pool, the read base, the hook registries, the history recorder, and per thread the stack of
+transactions it runs, which makes waits edges of the one wait-for graph: :meth:`TransactionManager.waiting`).
 
 Thread-safety: every method may be called from any thread.  ``_ids`` is an ``itertools.count`` (atomic
 ``next`` under the GIL); the registries publish immutable tuples; the per-thread stacks are thread-local;
-``_live_mutex`` (a leaf) protects ``_live``, the running top-level transactions (for pictures and tools:
-:meth:`TransactionManager.live_transactions`).
+``_live_mutex`` (a leaf) protects ``_live``, the running top-level transactions.
 """
 
 from __future__ import annotations
