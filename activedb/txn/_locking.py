@@ -1,11 +1,31 @@
 """What to lock, and how a node's own operations hold locks (the ``lmgr.c`` layer over ``lockmgr``).
 
-A row is ``("row", table, key)`` under ``("table", table)`` (IR/IW on the table, then the row), or the
-whole table after ``Locking.set_granularity(table, TABLE)``; a scan takes a table READ lock.  Holds become
-retains before a node waits, and lazy inline subtransactions lock in their parent's name: ``README.md``,
-"Locks: holds become retains, and waiting" and "Lazy inline subtransactions".  Lock-manager errors are
-translated here: ``Deadlock`` and ``LockTimeout`` doom the node and propagate; any other error of an
-aborted node becomes :class:`activedb.errors.TransactionAborted`.
+* **Resources.** A row is ``("row", table, key)`` under ``("table", table)``: IR/IW on the table, then
+  READ/WRITE on the row.  ``Locking.set_granularity(table, TABLE)`` locks the whole table instead; a scan
+  takes a table READ lock.
+* **Holds become retains before a node waits** (creates a child, waits for children, commits:
+  :meth:`Locking.release_holds`, ``LockManager.retain``), and commit edges are declared only while a
+  parent waits: ``README.md``, "Locks: holds become retains, and waiting".
+* **Lazy inline subtransactions.** An inline child that starts lazy has no lock-manager transaction: its
+  requests are asked in its parent's name without waiting, its commit makes the parent's holds retained,
+  its abort drops them; it materializes (``materialize``: begin, then ``hand_down``) before it waits or
+  creates a child.  The invariant and the proof are in ``README.md``.
+* **Intention locks answered from retains.** A lazy child's row request needs its table's intention lock
+  (IR or IW).  Its parent retains one, typically, from an earlier child or its own earlier operations:
+  then the child's intention request would be granted at once (every transaction with a conflicting
+  lock on the table is an ancestor or a descendant of the parent, and the parent has no other live
+  descendant; a waiter queued for the table waits for the parent, so fairness lets the child pass), and
+  the lazy child asks the lock manager for the row only.  The intention it was answered is kept on the
+  child (``_implied``): ``logical_snapshot`` shows it as the child's, and ``materialize`` acquires it
+  in the child's own name.  What a node retains at table level is known from its own successful
+  requests (``_table_held`` becomes ``_table_retained`` when its holds are retained; a retained entry
+  lasts as long as the node); an intention that might be missing from that record only means the
+  ordinary request.  Not answered so: a table the child (its parent's holds) locked at table level.
+* **Errors.** Lock-manager errors are translated here: ``Deadlock`` and ``LockTimeout`` doom
+  the node (it and its subtree must abort) and propagate; any other error of an aborted node (also one
+  begun just after its ancestor's abort reached the lock manager: ``begin``, ``commit``, a lazy node's
+  requests) becomes :class:`activedb.errors.TransactionAborted`.  (``TransactionManager`` translates the
+  same way where it registers waits.)
 
 Thread-safety: ``_mutex`` protects ``_granularity``.  Only the thread running a node acquires locks for
 it or makes its holds retained (``Transaction._thread``).
