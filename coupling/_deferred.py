@@ -117,11 +117,8 @@ class DeferredQueue(Generic[Firing]):
             return 0 if self._current_cycle is None else self._current_cycle + 1
 
     def next_cycle(self) -> DeferredCycle[Firing] | None:
-        """Hand out the next cycle, or ``None`` (and close the queue) when nothing is pending.
-
-        COLLECTING/DRAINING -> DRAINING, or -> CLOSED when nothing is pending or the cycle limit is
-        exceeded. Precondition: every firing of the previous cycle has finished.
-        """
+        """Hand out the next cycle (-> DRAINING), or ``None`` and CLOSED when nothing is pending (CLOSED
+        too when the cycle limit is exceeded).  Precondition: every firing of the previous cycle has finished."""
         with self._mutex:
             if self._state is QueueState.CLOSED:
                 raise DeferredQueueClosed(f"{self!r} is closed; it has no further cycles")
@@ -141,11 +138,8 @@ class DeferredQueue(Generic[Firing]):
             return cycle
 
     def cycles(self) -> Iterator[DeferredCycle[Firing]]:
-        """Iterate :meth:`next_cycle` until the queue is empty (then it is CLOSED).
-
-        Each cycle is requested when the loop body for the previous one has finished, so run the
-        whole cycle inside the loop body.
-        """
+        """Iterate :meth:`next_cycle` until the queue is empty (then CLOSED); the next cycle is requested
+        when the loop body has finished, so run the whole cycle inside it."""
         while (cycle := self.next_cycle()) is not None:
             yield cycle
 

@@ -20,10 +20,8 @@ from .errors import DependencyTimeout, GateProtocolError, UnsupportedByGate
 
 
 class Verdict(enum.Enum):
-    """The gate's answer. ``BEGIN``/``CANCEL`` answer ``wait_may_begin``; ``COMMIT``/``ABORT`` answer
-    ``wait_may_commit``. ``CANCEL`` means: never run the body; report the transaction as aborted
-    (``trigger_ended(tid, committed=False)``, and record an abort without begin in any history --
-    an AD or ED requires the abort event)."""
+    """The gate's answer to ``wait_may_begin`` (``BEGIN``/``CANCEL``) or ``wait_may_commit`` (``COMMIT``/``ABORT``).
+    ``CANCEL``: never run the body; report an abort (``trigger_ended``; in a history, an abort without begin)."""
 
     BEGIN = "begin"
     CANCEL = "cancel"
@@ -32,11 +30,8 @@ class Verdict(enum.Enum):
 
 
 class DependentState(enum.Enum):
-    """Life of a registered dependent inside the gate.
-
-    REGISTERED -(BEGIN)-> BEGUN -(COMMIT)-> COMMIT_GRANTED; REGISTERED/BEGUN -(CANCEL/ABORT)-> STOPPED;
-    REGISTERED -(COMMIT)-> COMMIT_GRANTED when it has no SQD. Its end removes the record.
-    """
+    """REGISTERED -(BEGIN)-> BEGUN -(COMMIT)-> COMMIT_GRANTED; REGISTERED/BEGUN -(CANCEL/ABORT)-> STOPPED;
+    REGISTERED -(COMMIT)-> COMMIT_GRANTED when it has no SQD.  Its end removes the record."""
 
     REGISTERED = "registered"
     BEGUN = "begun"
@@ -131,11 +126,8 @@ class DependencyGate:
     # ------------------------------------------------------------------ registration
 
     def register(self, dependent: Hashable, trigger: Hashable, coupling: Coupling | str) -> frozenset[Dependency]:
-        """Register the dependencies of E-C ``coupling`` (``dependencies_for``) and return them.
-
-        Detached registers nothing. Immediate and deferred raise :class:`UnsupportedByGate`: their
-        dependencies (child WD parent, parent CD child) are enforced by the transaction tree.
-        """
+        """Register the dependencies of E-C ``coupling`` (``dependencies_for``) and return them; immediate
+        and deferred raise :class:`UnsupportedByGate` (the transaction tree enforces theirs)."""
         mode = Coupling.parse(coupling)
         if mode.runs_as_subtransaction:
             raise UnsupportedByGate(
@@ -229,13 +221,10 @@ class DependencyGate:
     # ------------------------------------------------------------------ facts
 
     def trigger_ended(self, tid: Hashable, committed: bool) -> None:
-        """Report that ``tid`` committed (``committed=True``) or aborted; call it for *every* transaction
-        that appears in a registered dependency, in either role, exactly once.
-
-        Wakes the dependents waiting for ``tid``. If ``tid`` is itself a dependent, its record is
-        removed (a thread still waiting on its behalf gets ``ABORT``/``CANCEL``). Raises
-        :class:`GateProtocolError` -- after recording the end -- if ``tid`` reports a commit that the
-        gate did not grant.
+        """Report that ``tid`` committed or aborted: exactly once for *every* transaction in a registered
+        dependency, in either role.  A dependent's record is removed (a thread still waiting on its behalf
+        gets ``ABORT``/``CANCEL``); a commit the gate did not grant raises :class:`GateProtocolError` after
+        the end was recorded.
         """
         committed = bool(committed)
         with self._mutex:
@@ -266,10 +255,8 @@ class DependencyGate:
             raise GateProtocolError(problem)
 
     def condition_returned(self, condition: Hashable, value: bool) -> None:
-        """Report what a rule's condition returned, before its transaction ends (for CRD).
-
-        A ``False`` lets the actions depending on it abort at once (``must_abort`` becomes true).
-        """
+        """Report what a rule's condition returned, before its transaction ends (for CRD); after a ``False``
+        the actions depending on it may abort at once (``must_abort``)."""
         with self._mutex:
             if condition in self._results:
                 raise GateProtocolError(f"condition {condition!r} reported to return twice")
@@ -281,12 +268,9 @@ class DependencyGate:
             self._notify_dependents_of(condition)
 
     def forget(self, tid: Hashable) -> None:
-        """Promise that no dependency on ``tid`` will be registered any more.
-
-        The outcome (and condition result) of ``tid`` is dropped as soon as it has ended and no
-        registered dependency refers to it. Without this call ended outcomes are kept for ever (see
-        ``statistics().retained_outcomes``). Registering a dependency on a forgotten transaction is a
-        protocol error the gate cannot detect: it would treat that transaction as still running.
+        """Promise that no dependency on ``tid`` will be registered any more: its outcome (and condition
+        result) is dropped once it has ended and no registered dependency refers to it (else it is kept for
+        ever).  A later dependency on it is a protocol error the gate cannot detect (it treats ``tid`` as running).
         """
         with self._mutex:
             self._forgettable.add(tid)
@@ -337,22 +321,14 @@ class DependencyGate:
             self._waiting[phase] -= 1
 
     def wait_may_begin(self, dependent: Hashable, timeout: float | None = None) -> Verdict:
-        """Block until ``dependent`` may begin (``BEGIN``) or must never run (``CANCEL``).
-
-        Waits only for an SQD trigger that is still running; ``CANCEL`` if an SQD trigger aborted, an
-        AD trigger aborted, an ED trigger committed, or a CRD condition failed. A transaction with no
-        registered dependency gets ``BEGIN`` at once. Raises :class:`DependencyTimeout`.
-        """
+        """Block until ``dependent`` may begin (``BEGIN``) or must never run (``CANCEL``), by the "may begin"
+        column of the decision table; no registered dependency: ``BEGIN``.  Raises :class:`DependencyTimeout`."""
         return self._ask(dependent, "begin", timeout)
 
     def wait_may_commit(self, dependent: Hashable, timeout: float | None = None) -> Verdict:
-        """Block until ``dependent`` may commit (``COMMIT``) or must abort (``ABORT``).
-
-        Waits while a CD, AD, ED or CRD trigger is running, unless another dependency already forces
-        ``ABORT``. A transaction with no registered dependency gets ``COMMIT`` at once. After
-        ``COMMIT`` the dependent should commit and report it; if its commit fails it reports an abort.
-        Raises :class:`DependencyTimeout`.
-        """
+        """Block until ``dependent`` may commit (``COMMIT``) or must abort (``ABORT``), by the "may commit"
+        column; no registered dependency: ``COMMIT``.  After ``COMMIT`` it commits and reports its end (an
+        abort if its commit failed).  Raises :class:`DependencyTimeout`."""
         return self._ask(dependent, "commit", timeout)
 
     def _ask(self, dependent: Hashable, phase: str, timeout: float | None) -> Verdict:
@@ -374,10 +350,7 @@ class DependencyGate:
             return verdict
 
     def must_abort(self, dependent: Hashable) -> bool:
-        """Non-blocking: True if ``dependent`` can no longer commit (a trigger's outcome already rules it out).
-
-        Use it to abort a doomed dependent early; ``wait_may_commit`` would return ``ABORT``.
-        """
+        """Non-blocking: True if ``dependent`` can no longer commit (``wait_may_commit`` would say ``ABORT``)."""
         with self._mutex:
             record = self._dependents.get(dependent)
             if record is None:

@@ -8,12 +8,9 @@ from .errors import InvalidActionCoupling, UnknownCoupling
 
 
 class Coupling(enum.Enum):
-    """When and in which transaction a triggered rule part runs relative to its trigger.
-
-    Used for the event-condition (E-C) coupling of a rule and, restricted to :data:`ACTION_COUPLINGS`,
-    for its condition-action (C-A) coupling. Each member's docstring states its semantics; the ACTA
-    dependencies it creates are given by :func:`coupling.dependencies_for`.
-    """
+    """When and in which transaction a triggered rule part runs relative to its trigger: a rule's E-C
+    coupling and, restricted to :data:`ACTION_COUPLINGS`, its C-A coupling.  Each member's docstring states
+    its semantics; :func:`coupling.dependencies_for` gives its ACTA dependencies."""
 
     # Each member is (value, docstring, the paper's spawn primitive).
     IMMEDIATE = (
