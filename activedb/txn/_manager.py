@@ -203,12 +203,9 @@ class TransactionManager:
         (kind ``children``: for ``target`` or all of ``node``'s children; ``dependency``: in the coupling
         gate for the transaction ``target``).
 
-        The transaction this thread runs (normally ``node``) uses no lock while it waits, so its holds
-        become retains first.  The wait is registered as an edge of the one wait-for graph (a parent
-        waiting for its own children: kind ``commit``), so a cycle through it and lock waits is found
-        when it forms; ``on_victim`` is then how the waiter is told it was chosen as the victim
-        (``preferred_victim``: it volunteers, see ``lockmgr.LockManager.add_wait``).  ``targets``: a wait for
-        several of ``node``'s children at once (``target`` None), one edge to each.
+        The holds of the transaction this thread runs become retains first; the wait is an edge of the one
+        wait-for graph (README, "One wait-for graph"; ``on_victim``/``preferred_victim`` as in
+        ``lockmgr.LockManager.add_wait``).  ``targets``: several of ``node``'s children at once (``target`` None).
         """
         return _Waiting(self, node, kind, target, on_victim, preferred_victim, targets)
 
