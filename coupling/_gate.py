@@ -13,7 +13,7 @@ import time
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
-from ._decisions import Decision, begin_decision, decide
+from ._decisions import Decision, decide
 from ._dependencies import Dependency, DependencyKind, action_dependencies_for, dependencies_for
 from ._modes import Coupling
 from .errors import DependencyTimeout, GateProtocolError, UnsupportedByGate
@@ -357,11 +357,7 @@ class DependencyGate:
                 return False
             if record.state is DependentState.STOPPED:
                 return True
-            return any(
-                begin_decision(dependency, self._outcomes.get(dependency.trigger), self._results.get(dependency.trigger))
-                is Decision.STOP
-                for dependency in record.dependencies
-            )
+            return decide(record.dependencies, "begin", self._outcomes, self._results)[0] is Decision.STOP
 
     # ------------------------------------------------------------------ introspection
 

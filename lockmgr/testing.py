@@ -1,10 +1,6 @@
-"""Helpers for testing code that uses the lock manager without ordering threads by sleeping.
-
-:class:`Scenario` runs named steps on sessions (one thread each) in an explicit order, in the style of
-PostgreSQL's isolation tests, each declared to complete or to block; :func:`wait_until` polls an
-observable condition with a hard timeout; :class:`Watchdog` turns a hung test into a failure that prints the
-wait-for graph; :class:`Sequencer` orders blocks of several threads (as trio's ``testing.Sequencer``).
-These are the project's only copies (``activedb.testing`` re-exports them).
+"""Helpers for testing code that uses the lock manager without ordering threads by sleeping: :class:`Scenario`,
+:func:`wait_until`, :class:`Watchdog`, :class:`Sequencer` (design note, the module table).  These are the
+project's only copies (``activedb.testing`` re-exports them).
 
 Thread-safety: a Scenario is driven from the test's thread; its sessions run on their own threads.
 :class:`Sequencer` and :class:`Watchdog` may be used from any thread.
