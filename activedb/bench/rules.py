@@ -1,5 +1,5 @@
-"""``activedb bench rules``: the cost of the rule machinery, against the same Python function called
-directly in one plain top-level transaction, same run (firings/s ÷ direct calls/s).
+"""``activedb bench rules``: the cost of the rule machinery, as rule firings per second against the same
+Python function called directly in one plain top-level transaction, same run.
 
 1. Immediate rules executed inline.  2. Immediate rules on threads.  3. Deferred rules (both executions).
 4. Where the time of an inline immediate firing goes, by phase (one more run under ``cProfile``).
