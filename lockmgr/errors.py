@@ -32,11 +32,8 @@ class Lazy:
 
 
 class LockError(Exception):
-    """Base class of every lock-manager error.
-
-    Messages are built lazily in ``__str__`` (from the attributes each class stores), because errors are
-    created while the manager holds its mutexes and ``repr`` of a transaction id or resource is user code.
-    """
+    """Base class of every lock-manager error; its message is built in ``__str__`` from the attributes each
+    class stores (lazily, for the reason :class:`Lazy` gives)."""
 
     def _message(self) -> str:  # pragma: no cover - every subclass overrides it
         return ""
