@@ -1,34 +1,11 @@
-"""coupling -- the coupling-mode semantics of ECA rules, with no SQL and no Spark.
-
-Saygın, Ulusoy, Chakravarthy, *Concurrent Rule Execution in Active Databases* §2.1, §3.2, §3.3.2 and
-axioms 18-30 (the papers are listed in docs/papers.md), as a pure library that imports nothing else of ours:
-
-* :class:`Coupling` -- the six coupling modes; :data:`ACTION_COUPLINGS` -- the valid C-A couplings;
-  :func:`has_own_deferred_queue` -- which transactions run deferred cycles.
-* :class:`DependencyKind`, :class:`Dependency`, :func:`dependencies_for`,
-  :func:`action_dependencies_for` -- the ACTA dependencies (CD, AD, WD, ED, SQD, CRD) each mode creates;
-  :func:`may_run_after` -- whether a detached-family dependent started after its trigger ended may run.
-* :class:`DependencyGate`, :class:`Verdict` -- run-time enforcement of those dependencies between
-  transactions that run in parallel (the detached family, C-A sequential causally dependent).
-* :class:`DeferredQueue` -- deferred firings handed out in cycles just before a commit.
-* :func:`priority_groups` -- rule priorities as execution groups.
-* :class:`HistoryEvent`, :class:`DependencyHistory`, :func:`check_dependencies` -- checking a recorded
-  history against ACTA dependencies.
-* :mod:`coupling.errors` -- every error, all subclasses of :class:`CouplingError`.
-
-The design note is ``coupling/README.md``.
+"""coupling -- the coupling-mode semantics of ECA rules (Saygın, Ulusoy, Chakravarthy, *Concurrent Rule
+Execution in Active Databases* §2.1, §3.2, §3.3.2, axioms 18-30) as a pure library that imports nothing
+else of ours.  The design note, ``coupling/README.md``, describes every public name below.
 """
 
-from ._deferred import (
-    DEFAULT_MAX_CYCLES,
-    DeferredCycle,
-    DeferredFiring,
-    DeferredQueue,
-    DeferredQueueStatistics,
-    QueueState,
-)
+from ._deferred import DeferredCycle, DeferredFiring, DeferredQueue, QueueState
 from ._dependencies import Dependency, DependencyKind, action_dependencies_for, dependencies_for, may_run_after
-from ._gate import DependencyGate, DependentState, GateStatistics, Verdict
+from ._gate import DependencyGate, DependentState, Verdict
 from ._history import HistoryEvent, HistoryEventKind, DependencyHistory, check_dependencies
 from ._modes import ACTION_COUPLINGS, Coupling, has_own_deferred_queue
 from ._priority import priority_groups
@@ -48,7 +25,6 @@ from .errors import (
 
 __all__ = [
     "ACTION_COUPLINGS",
-    "DEFAULT_MAX_CYCLES",
     "Coupling",
     "CouplingError",
     "DeferredCycle",
@@ -56,7 +32,6 @@ __all__ = [
     "DeferredFiring",
     "DeferredQueue",
     "DeferredQueueClosed",
-    "DeferredQueueStatistics",
     "Dependency",
     "DependencyGate",
     "DependencyKind",
@@ -64,7 +39,6 @@ __all__ = [
     "DependentState",
     "GateError",
     "GateProtocolError",
-    "GateStatistics",
     "HistoryEvent",
     "HistoryEventKind",
     "DependencyHistory",

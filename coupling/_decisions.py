@@ -1,16 +1,13 @@
-"""The gate's decision table as pure functions: may the dependent of a dependency begin, may it commit?
+"""The gate's decision table (``coupling/README.md``, "The gate") as pure, thread-safe functions.
 
-:class:`~coupling.DependencyGate` owns the state (who ended how, what each condition returned) and the
-waiting; this module owns only the table of its module docstring, one row per dependency kind, so that it
-can be read and tested apart from the threads.  ``outcome`` is the trigger's end (``True`` committed,
-``False`` aborted, ``None`` still running) and ``result`` what a condition trigger returned (``None``: not
-reported).  Nothing here holds state; the functions are thread-safe.
+``outcome`` is a trigger's end (``True`` committed, ``False`` aborted, ``None`` running); ``result`` what a
+condition trigger returned (``None``: not reported).  The state and the waiting are the gate's.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Hashable, Iterable
 
 from ._dependencies import Dependency, DependencyKind
 
@@ -56,10 +53,7 @@ def commit_decision(dependency: Dependency, outcome: bool | None, result: bool |
     return Decision.GO  # CD: the trigger has ended; CRD: committed and returned true
 
 
-DECISIONS: dict[str, Callable[[Dependency, bool | None, bool | None], Decision]] = {
-    "begin": begin_decision,
-    "commit": commit_decision,
-}
+
 
 
 def decide(
@@ -70,7 +64,7 @@ def decide(
 ) -> tuple[Decision, tuple[Hashable, ...]]:
     """Combine the decisions of all ``dependencies`` for ``phase`` (``"begin"`` or ``"commit"``): STOP wins,
     then WAIT (with the triggers waited for, in order), else GO."""
-    decision_of = DECISIONS[phase]
+    decision_of = begin_decision if phase == "begin" else commit_decision
     pending: list[Hashable] = []
     for dependency in dependencies:
         trigger = dependency.trigger

@@ -1,29 +1,6 @@
-"""Deferred firings executed in cycles just before a transaction commits (Concurrent Rule Execution §2.1, §3.3.2).
-
-Concurrent Rule Execution §2.1 (after [HLM88]): "In cycle-0, deferred transactions that have been fired up to that
-point are executed. [...] Execution of the deferred transactions that are fired during cycle-0 by
-another deferred transaction is postponed to the next cycle, which is cycle-1 [...] This process
-continues until there are no deferred transactions left."
-
-One :class:`DeferredQueue` belongs to one transaction that may run cycles: a top-level transaction or
-a subtransaction spawned in immediate mode (see :func:`coupling.has_own_deferred_queue`). The
-firings in it run as children of that owner (axiom 18; by cycle k+1 the deferred rule that made a
-firing has already committed into the owner). A deferred rule adds its own deferred firings to the
-queue it was run from, so they form the next cycle; an immediate rule has its own queue, drained
-before it commits -- which realises the paper's choice for deferred firings made by immediate rules.
-
-Typical use by a transaction manager::
-
-    queue = DeferredQueue(max_cycles=100)       # when the transaction begins
-    queue.add(firing)                            # whenever a deferred rule fires
-    for cycle in queue.cycles():                 # just before commit
-        for group in cycle.groups(key=...):      # priorities, Concurrent Rule Execution §3.2
-            run(group)                           # concurrently; may call queue.add(...)
-    # queue is now CLOSED; commit.
-
-Thread-safety: all methods may be called from any thread; ``self._mutex`` protects every field.
-``add`` may be called concurrently by the firings of the running cycle. Ask for the next cycle only
-after every firing of the current cycle has finished (axiom 28: cycle k+1 follows all of cycle k).
+"""Deferred firings executed in cycles just before a transaction commits (*Concurrent Rule Execution* §2.1,
+§3.3.2): :class:`DeferredQueue`.  Who owns a queue, the cycles and the states: ``coupling/README.md``,
+"Deferred cycles".
 """
 
 from __future__ import annotations
@@ -88,12 +65,12 @@ class DeferredQueueStatistics:
 
 
 class DeferredQueue(Generic[Firing]):
-    """The deferred firings of one transaction, handed out in cycles; see the module docstring.
+    """The deferred firings of one transaction, handed out in cycles (design note, "Deferred cycles").
 
-    ``max_cycles`` (>= 1) bounds the number of cycles (numbers ``0 .. max_cycles-1``); asking for one
-    more while firings are still pending raises :class:`~coupling.errors.DeferredCycleLimitExceeded`
-    (and closes the queue): it protects against deferred rules that keep re-firing each other.
-    Thread-safe (one mutex, no user code called under it).
+    ``max_cycles`` (>= 1) bounds the cycles against deferred rules that keep re-firing each other.
+    Thread-safe (one mutex, no user code called under it): ``add`` may be called concurrently by the
+    firings of the running cycle; ask for the next cycle only after every firing of the current one has
+    finished (axiom 28).
     """
 
     def __init__(self, *, max_cycles: int = DEFAULT_MAX_CYCLES, name: str | None = None) -> None:
@@ -126,11 +103,8 @@ class DeferredQueue(Generic[Firing]):
             return self._current_cycle
 
     def add(self, firing: Firing) -> int:
-        """Queue ``firing``; return the number of the cycle it will run in.
-
-        Before the cycles start that is 0; while cycle k runs it is k+1. Allowed in COLLECTING and
-        DRAINING; raises :class:`~coupling.errors.DeferredQueueClosed` once the queue is CLOSED.
-        """
+        """Queue ``firing``; return the number of the cycle it will run in (0 before the cycles start, k+1
+        while cycle k runs).  Raises :class:`~coupling.errors.DeferredQueueClosed` once the queue is CLOSED."""
         with self._mutex:
             if self._state is QueueState.CLOSED:
                 raise DeferredQueueClosed(
@@ -143,11 +117,8 @@ class DeferredQueue(Generic[Firing]):
             return 0 if self._current_cycle is None else self._current_cycle + 1
 
     def next_cycle(self) -> DeferredCycle[Firing] | None:
-        """Hand out the next cycle, or ``None`` (and close the queue) when nothing is pending.
-
-        COLLECTING/DRAINING -> DRAINING, or -> CLOSED when nothing is pending or the cycle limit is
-        exceeded. Precondition: every firing of the previous cycle has finished.
-        """
+        """Hand out the next cycle (-> DRAINING), or ``None`` and CLOSED when nothing is pending (CLOSED
+        too when the cycle limit is exceeded).  Precondition: every firing of the previous cycle has finished."""
         with self._mutex:
             if self._state is QueueState.CLOSED:
                 raise DeferredQueueClosed(f"{self!r} is closed; it has no further cycles")
@@ -167,24 +138,16 @@ class DeferredQueue(Generic[Firing]):
             return cycle
 
     def cycles(self) -> Iterator[DeferredCycle[Firing]]:
-        """Iterate :meth:`next_cycle` until the queue is empty (then it is CLOSED).
-
-        Each cycle is requested when the loop body for the previous one has finished, so run the
-        whole cycle inside the loop body.
-        """
+        """Iterate :meth:`next_cycle` until the queue is empty (then CLOSED); the next cycle is requested
+        when the loop body has finished, so run the whole cycle inside it."""
         while (cycle := self.next_cycle()) is not None:
             yield cycle
 
     def drain(self) -> Iterator[DeferredFiring[Firing]]:
-        """Iterate the firings one by one, cycle after cycle (for sequential execution).
-
-        Firings added while cycle k's firings are being iterated form cycle k+1; each item carries
-        its cycle number and position.
-        """
+        """Iterate the firings one by one, cycle after cycle (for sequential execution); firings added
+        while cycle k's firings are being iterated form cycle k+1."""
         for cycle in self.cycles():
             yield from cycle
-
-    __iter__ = drain
 
     def discard(self) -> tuple[Firing, ...]:
         """Close the queue without running what is pending (the owner aborted); return the dropped firings."""

@@ -1,15 +1,5 @@
-"""ACTA dependencies between transactions and the dependencies each coupling mode creates.
-
-Notation (ACTA, Concurrent Rule Execution §3.3): ``t_j X t_i`` -- read "t_j is X-dependent on t_i" -- constrains the
-events of ``t_j`` (the *dependent*) by the events of ``t_i`` (the *trigger* of the dependency, whose
-begin/commit/abort decides what ``t_j`` may do). A :class:`Dependency` stores exactly that pair:
-``Dependency(kind, dependent=t_j, trigger=t_i)`` and prints as ``"t_j X t_i"``.
-
-Beware that "trigger" here is the right-hand operand of the dependency, which is *not always* the
-rule's triggering transaction: for an immediate rule the parent's commit dependency on its child is
-``Dependency(CD, dependent=parent, trigger=child)``.
-
-Thread-safety: everything here is immutable and may be shared freely.
+"""ACTA dependencies (:class:`Dependency`, ``dependent X trigger``) and the ones each coupling mode creates.
+The direction of a dependency and the mode table: ``coupling/README.md``.  Everything here is immutable.
 """
 
 from __future__ import annotations
@@ -18,54 +8,47 @@ import enum
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from ._modes import ACTION_COUPLINGS, Coupling
-from .errors import InvalidActionCoupling
+from ._modes import Coupling
+from .errors import UnsupportedByGate
 
 
 class DependencyKind(enum.Enum):
-    """The dependencies used by Concurrent Rule Execution §3.3 for the coupling modes; each docstring is the
-    definition.
-
-    ``H`` is the history, ``e -> f`` means event ``e`` precedes event ``f`` in ``H``; ``j`` is the
-    dependent and ``i`` the trigger of the dependency (``j X i``).
-    """
+    """The dependencies of *Concurrent Rule Execution* §3.3; each docstring is the definition (``H`` the
+    history, ``e -> f``: ``e`` precedes ``f`` in ``H``, ``j`` the dependent and ``i`` the trigger of ``j X i``)."""
 
     CD = (
         "CD",
-        "Commit dependency, j CD i: if both commit, i commits before j. "
-        "Commit_j in H => (Commit_i in H => Commit_i -> Commit_j). (ACTA; Concurrent Rule Execution §3.3)",
+        "Commit dependency, j CD i: if both commit, i commits before j. Commit_j in H => (Commit_i in H => "
+        "Commit_i -> Commit_j). (ACTA; Concurrent Rule Execution §3.3)",
     )
     AD = (
         "AD",
-        "Abort dependency, j AD i: if i aborts, j aborts. Abort_i in H => Abort_j in H. "
-        "(ACTA; Concurrent Rule Execution §3.3)",
+        "Abort dependency, j AD i: if i aborts, j aborts. Abort_i in H => Abort_j in H. (ACTA; Concurrent Rule "
+        "Execution §3.3)",
     )
     WD = (
         "WD",
-        "Weak-abort dependency, j WD i: if i aborts and j has not committed before that, j aborts. "
-        "Abort_i in H => (not (Commit_j -> Abort_i) => Abort_j in H). (ACTA; Concurrent Rule Execution §3.3)",
+        "Weak-abort dependency, j WD i: if i aborts and j has not committed before that, j aborts. Abort_i in H "
+        "=> (not (Commit_j -> Abort_i) => Abort_j in H). (ACTA; Concurrent Rule Execution §3.3)",
     )
     ED = (
         "ED",
-        "Exclusion dependency, j ED i: if i commits, j aborts. Commit_i in H => Abort_j in H. "
-        "(ACTA; Concurrent Rule Execution §3.3)",
+        "Exclusion dependency, j ED i: if i commits, j aborts. Commit_i in H => Abort_j in H. (ACTA; Concurrent "
+        "Rule Execution §3.3)",
     )
     SQD = (
         "SQD",
-        "Sequential dependency, j SQD i: j begins only after i has committed. "
-        "Begin_j in H => Commit_i -> Begin_j. This is ACTA's begin-on-commit dependency (BCD; "
-        "DependencyKind.BCD is an alias). Concurrent Rule Execution §3.3.2 writes the definition with the operands "
-        "the other way round (t_i SQD t_j <=> (Begin_tj in H => Commit_ti -> Begin_tj)), which "
-        "contradicts its own axiom 22 (Spawn_Seq_tp[tc] => tc SQD tp, 'tc can start its execution only "
-        "if tp commits'); we follow axiom 22 and the ACTA convention of the other dependencies.",
+        "Sequential dependency, j SQD i: j begins only after i has committed. Begin_j in H => Commit_i -> "
+        "Begin_j. This is ACTA's begin-on-commit dependency (BCD; DependencyKind.BCD is an alias), with the "
+        "operands of Concurrent Rule Execution's axiom 22, not of its §3.3.2 definition (design note, note 1).",
     )
     BCD = SQD  # alias: ACTA's begin-on-commit dependency is the same constraint
     CRD = (
         "CRD",
-        "Condition-result dependency, j CRD i (our name; Concurrent Rule Execution §3.3.2 uses it without naming it): "
-        "j commits only after i has committed *and* i (a rule's condition) returned true. "
-        "Commit_j in H => (Commit_i -> Commit_j and result(i) = true). Used between a condition and "
-        "its action under sequential causally dependent C-A coupling.",
+        "Condition-result dependency, j CRD i (our name; Concurrent Rule Execution §3.3.2 uses it without naming "
+        "it): j commits only after i has committed *and* i (a rule's condition) returned true. Commit_j in H => "
+        "(Commit_i -> Commit_j and result(i) = true). Used between a condition and its action under sequential "
+        "causally dependent C-A coupling.",
     )
 
     def __new__(cls, value: str, doc: str) -> "DependencyKind":
@@ -122,71 +105,37 @@ class Dependency:
         return f"{text} ({self})"
 
 
+# The dependent's dependencies on its trigger for the detached family (axioms 20-23).
+_TOP_LEVEL_KINDS = {
+    Coupling.DETACHED: (),
+    Coupling.DETACHED_CAUSALLY_DEPENDENT: (DependencyKind.AD, DependencyKind.CD),
+    Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT: (DependencyKind.SQD,),
+    Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT: (DependencyKind.ED,),
+}
+
+
 def dependencies_for(coupling: Coupling | str, dependent: Hashable, trigger: Hashable) -> frozenset[Dependency]:
-    """The ACTA dependencies created when ``trigger`` spawns ``dependent`` with E-C ``coupling``.
-
-    ``dependent`` is the transaction the rule runs in; ``trigger`` is the triggering transaction
-    (its parent for immediate/deferred). Exactly the table of coupling/README.md, from Concurrent Rule Execution
-    axioms 19-23:
-
-    ==============================  =====================================================
-    immediate, deferred (ax. 19)    ``dependent WD trigger`` and ``trigger CD dependent``:
-                                    the child aborts if the parent aborts before the child
-                                    committed; if both commit the child commits first (the
-                                    parent waits for its children).
-    detached (ax. 20)               none.
-    detached causally dep. (ax. 21) ``dependent AD trigger`` and ``dependent CD trigger``:
-                                    aborts if the trigger aborts; commits only after it.
-    sequential causally dep. (22)   ``dependent SQD trigger``: begins only after the trigger
-                                    committed (never, if it aborts).
-    exclusive causally dep. (23)    ``dependent ED trigger``: if the trigger commits the
-                                    dependent aborts, i.e. it commits only if the trigger
-                                    aborts.
-    ==============================  =====================================================
-
-    For the dependencies between a condition and its action use :func:`action_dependencies_for`.
-    """
+    """The ACTA dependencies created when ``trigger`` (the triggering transaction) spawns ``dependent``
+    (the rule's transaction) with E-C ``coupling``: the mode table of the design note (axioms 19-23).
+    Between a condition and its action: :func:`action_dependencies_for`."""
     mode = Coupling.parse(coupling)
-    if mode in (Coupling.IMMEDIATE, Coupling.DEFERRED):
+    if mode.runs_as_subtransaction:  # axiom 19: the child WD its parent, the parent CD its child
         return frozenset(
-            {
-                Dependency(DependencyKind.WD, dependent, trigger),
-                Dependency(DependencyKind.CD, trigger, dependent),
-            }
+            {Dependency(DependencyKind.WD, dependent, trigger), Dependency(DependencyKind.CD, trigger, dependent)}
         )
-    if mode is Coupling.DETACHED:
-        return frozenset()
-    if mode is Coupling.DETACHED_CAUSALLY_DEPENDENT:
-        return frozenset(
-            {
-                Dependency(DependencyKind.AD, dependent, trigger),
-                Dependency(DependencyKind.CD, dependent, trigger),
-            }
-        )
-    if mode is Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT:
-        return frozenset({Dependency(DependencyKind.SQD, dependent, trigger)})
-    assert mode is Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT, mode
-    return frozenset({Dependency(DependencyKind.ED, dependent, trigger)})
+    return frozenset(Dependency(kind, dependent, trigger) for kind in _TOP_LEVEL_KINDS[mode])
 
 
 def action_dependencies_for(coupling: Coupling | str, action: Hashable, condition: Hashable) -> frozenset[Dependency]:
-    """The dependencies between a rule's ``condition`` transaction and its ``action`` transaction.
-
-    Concurrent Rule Execution §3.3.2 (last paragraph): the C-A coupling is immediate or sequential causally dependent.
-
-    * immediate: none -- "condition evaluation is followed by execution of the action only if the
-      condition evaluates to true", inside the condition's transaction. (If the action is run as its
-      own child of the condition's transaction, use ``dependencies_for(IMMEDIATE, action, condition)``.)
-    * sequential causally dependent: ``action AD condition`` and ``action CRD condition`` -- "action
-      execution starts before condition evaluation is completed [...] The transaction in which the
-      action is executed can commit only if the condition commits and returns true." The action may
-      therefore begin at once (no SQD); CRD includes the commit order (condition commits first).
+    """The dependencies between a rule's ``condition`` transaction and its ``action`` transaction
+    (*Concurrent Rule Execution* §3.3.2, last paragraph; the design note's "C-A coupling"): none for
+    immediate (the action runs in the condition's transaction; as its own child of it, use
+    ``dependencies_for(IMMEDIATE, action, condition)``), ``action AD condition`` and ``action CRD
+    condition`` for sequential causally dependent (the action may begin at once; CRD orders the commits).
 
     Raises :class:`~coupling.errors.InvalidActionCoupling` for the other four modes.
     """
-    mode = Coupling.parse(coupling)
-    if mode not in ACTION_COUPLINGS:
-        raise InvalidActionCoupling(mode.value, [member.value for member in ACTION_COUPLINGS])
+    mode = Coupling.parse_action(coupling)
     if mode is Coupling.IMMEDIATE:
         return frozenset()
     return frozenset(
@@ -198,19 +147,13 @@ def action_dependencies_for(coupling: Coupling | str, action: Hashable, conditio
 
 
 def may_run_after(coupling: Coupling | str, trigger_committed: bool) -> bool:
-    """Whether a detached-family dependent may run to its commit once its trigger's outcome is known
-    (``trigger_committed``) — the decision every dependency of :func:`dependencies_for` allows when the
-    dependent begins *after* the trigger ended: AD and SQD need the trigger committed, ED needs it aborted,
-    CD holds either way (the trigger ended first).  Detached: always.  This is how a dependent that is only
-    started after the outcome is durable (activedb's outbox) satisfies its mode without waiting.
-
-    Immediate and deferred rules are children of their trigger and never run after it:
+    """Whether a detached-family dependent that begins only after its trigger ended may run to its
+    commit, given the trigger's outcome (``trigger_committed``): AD and SQD need the trigger committed, ED
+    needs it aborted, CD holds either way.  Immediate and deferred rules never run after their trigger:
     :class:`~coupling.errors.UnsupportedByGate`.
     """
     mode = Coupling.parse(coupling)
     if mode.runs_as_subtransaction:
-        from .errors import UnsupportedByGate
-
         raise UnsupportedByGate(f"{mode} rules run inside their trigger, never after it")
     allowed = True
     for dependency in dependencies_for(mode, "dependent", "trigger"):

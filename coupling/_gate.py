@@ -1,52 +1,8 @@
-"""Run-time enforcement of ACTA dependencies between transactions that run in parallel.
+"""Run-time enforcement of ACTA dependencies between transactions that run in parallel: :class:`DependencyGate`.
 
-Concurrent Rule Execution §3: "Top-level transactions are executed in parallel. [...] Abort and commit dependencies
-among the top-level transactions are enforced by the transaction manager." The :class:`DependencyGate`
-is the part of that enforcement that does not know what a transaction is: the transaction manager
-registers dependencies, asks before a dependent begins and before it commits, and reports every end.
-
-Protocol, for every transaction ``T`` that appears in a registered dependency (either role):
-
-1. ``register(dependent, trigger, coupling)`` / ``register_action(action, condition)`` /
-   ``register_dependency(dep)`` -- before the dependent begins (an SQD must be registered before
-   it; the others at the latest before it asks to commit).
-2. ``wait_may_begin(dependent)`` before running its body: ``BEGIN`` or ``CANCEL`` (never run it).
-3. ``condition_returned(condition, value)`` when a rule's condition returns (C-A coupling).
-4. ``wait_may_commit(dependent)`` before committing: ``COMMIT`` or ``ABORT``.
-5. ``trigger_ended(T, committed)`` when ``T`` commits or aborts -- triggers *and* dependents;
-   record the end in any history *before* this call.
-6. ``forget(T)`` once no further dependency on ``T`` will be registered.
-
-Decisions, per dependency ``j X i`` of the dependent ``j`` (``i`` running / committed / aborted):
-
-=====  ==========================  ============================  ==================================
-kind   may begin                   may commit                    must abort (non-blocking)
-=====  ==========================  ============================  ==================================
-CD     yes                         wait for i's end; then yes    never
-AD     not if i aborted            wait; yes iff i committed     i aborted
-ED     not if i committed          wait; yes iff i aborted       i committed
-SQD    wait; yes iff i committed   yes (it began with consent)   i aborted (before j began)
-CRD    not if i aborted or         wait; yes iff i committed     i aborted, returned false, or
-       returned false              and returned true             committed without returning true
-=====  ==========================  ============================  ==================================
-
-A dependent waits only while a decision is open; as soon as one dependency forces ``CANCEL``/``ABORT``
-it gets that verdict without waiting for the others. WD is refused (:class:`UnsupportedByGate`): it
-lets the dependent commit while its trigger runs, which is only race-free when the dependent's commit
-and the trigger's abort are serialised by the nested transaction tree -- immediate and deferred rules
-are children and are enforced there.
-
-Thread-safety and locking: one mutex per gate, ``_mutex``, protects all state; each registered
-dependent has a ``threading.Condition`` on that same mutex, notified when one of its triggers ends,
-returns, or when it gets a new dependency or ends itself -- waiters re-check their predicate under
-the mutex, so no wakeup is lost and nobody busy-waits. The gate calls no user code, callback or
-logger while holding the mutex and calls nothing outside itself: its mutex is a leaf in any lock
-order. Do not call a blocking ``wait_*`` while holding a mutex a trigger needs to end.
-
-Deadlocks: a dependent that waits for its trigger while the trigger waits for a lock the dependent
-holds (e.g. an exclusive causally dependent compensation) is a deadlock the gate cannot see alone;
-``waiting_edges()`` exposes the wait-for-trigger edges for a deadlock detector. Cycles among gate
-dependencies themselves are refused at registration.
+*Concurrent Rule Execution* §3: "Abort and commit dependencies among the top-level transactions are
+enforced by the transaction manager"; the gate is the part of that which does not know what a
+transaction is.  Protocol, decision table, locking and deadlock edges: ``coupling/README.md``, "The gate".
 """
 
 from __future__ import annotations
@@ -57,17 +13,15 @@ import time
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
-from ._decisions import Decision, begin_decision, decide
+from ._decisions import Decision, decide
 from ._dependencies import Dependency, DependencyKind, action_dependencies_for, dependencies_for
 from ._modes import Coupling
 from .errors import DependencyTimeout, GateProtocolError, UnsupportedByGate
 
 
 class Verdict(enum.Enum):
-    """The gate's answer. ``BEGIN``/``CANCEL`` answer ``wait_may_begin``; ``COMMIT``/``ABORT`` answer
-    ``wait_may_commit``. ``CANCEL`` means: never run the body; report the transaction as aborted
-    (``trigger_ended(tid, committed=False)``, and record an abort without begin in any history --
-    an AD or ED requires the abort event)."""
+    """The gate's answer to ``wait_may_begin`` (``BEGIN``/``CANCEL``) or ``wait_may_commit`` (``COMMIT``/``ABORT``).
+    ``CANCEL``: never run the body; report an abort (``trigger_ended``; in a history, an abort without begin)."""
 
     BEGIN = "begin"
     CANCEL = "cancel"
@@ -76,11 +30,8 @@ class Verdict(enum.Enum):
 
 
 class DependentState(enum.Enum):
-    """Life of a registered dependent inside the gate.
-
-    REGISTERED -(BEGIN)-> BEGUN -(COMMIT)-> COMMIT_GRANTED; REGISTERED/BEGUN -(CANCEL/ABORT)-> STOPPED;
-    REGISTERED -(COMMIT)-> COMMIT_GRANTED when it has no SQD. Its end removes the record.
-    """
+    """REGISTERED -(BEGIN)-> BEGUN -(COMMIT)-> COMMIT_GRANTED; REGISTERED/BEGUN -(CANCEL/ABORT)-> STOPPED;
+    REGISTERED -(COMMIT)-> COMMIT_GRANTED when it has no SQD.  Its end removes the record."""
 
     REGISTERED = "registered"
     BEGUN = "begun"
@@ -151,12 +102,10 @@ def _check_may_ask(record: _DependentRecord, phase: str) -> None:
 
 
 class DependencyGate:
-    """Enforces CD, AD, ED, SQD and CRD between concurrently running transactions.
+    """Enforces CD, AD, ED, SQD and CRD between concurrently running transactions (design note, "The gate").
 
-    See the module docstring for the protocol, the decision table and the locking. Thread-safe.
-    Timeouts: a ``wait_*`` whose ``timeout`` (seconds; ``None`` waits for ever) runs out raises
-    :class:`~coupling.errors.DependencyTimeout` naming the triggers still running, and leaves the
-    gate unchanged -- a timeout is not a verdict.
+    Thread-safe; its mutex is a leaf.  Do not call a blocking ``wait_*`` while holding a mutex a trigger
+    needs to end.  A timeout (seconds; ``None`` waits for ever) is not a verdict: the gate is unchanged.
     """
 
     def __init__(self) -> None:
@@ -177,11 +126,8 @@ class DependencyGate:
     # ------------------------------------------------------------------ registration
 
     def register(self, dependent: Hashable, trigger: Hashable, coupling: Coupling | str) -> frozenset[Dependency]:
-        """Register the dependencies of E-C ``coupling`` (``dependencies_for``) and return them.
-
-        Detached registers nothing. Immediate and deferred raise :class:`UnsupportedByGate`: their
-        dependencies (child WD parent, parent CD child) are enforced by the transaction tree.
-        """
+        """Register the dependencies of E-C ``coupling`` (``dependencies_for``) and return them; immediate
+        and deferred raise :class:`UnsupportedByGate` (the transaction tree enforces theirs)."""
         mode = Coupling.parse(coupling)
         if mode.runs_as_subtransaction:
             raise UnsupportedByGate(
@@ -199,12 +145,8 @@ class DependencyGate:
         condition: Hashable,
         coupling: Coupling | str = Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT,
     ) -> frozenset[Dependency]:
-        """Register the C-A dependencies (``action_dependencies_for``) and return them.
-
-        Sequential causally dependent: ``action AD condition`` and ``action CRD condition`` -- the
-        action may begin at once and commits only if the condition committed and returned true
-        (report the return value with :meth:`condition_returned`). Immediate registers nothing.
-        """
+        """Register the C-A dependencies (``action_dependencies_for``) and return them; report the
+        condition's return value with :meth:`condition_returned`.  Immediate registers nothing."""
         dependencies = action_dependencies_for(coupling, action, condition)
         self._register_all(dependencies)
         return dependencies
@@ -279,13 +221,10 @@ class DependencyGate:
     # ------------------------------------------------------------------ facts
 
     def trigger_ended(self, tid: Hashable, committed: bool) -> None:
-        """Report that ``tid`` committed (``committed=True``) or aborted; call it for *every* transaction
-        that appears in a registered dependency, in either role, exactly once.
-
-        Wakes the dependents waiting for ``tid``. If ``tid`` is itself a dependent, its record is
-        removed (a thread still waiting on its behalf gets ``ABORT``/``CANCEL``). Raises
-        :class:`GateProtocolError` -- after recording the end -- if ``tid`` reports a commit that the
-        gate did not grant.
+        """Report that ``tid`` committed or aborted: exactly once for *every* transaction in a registered
+        dependency, in either role.  A dependent's record is removed (a thread still waiting on its behalf
+        gets ``ABORT``/``CANCEL``); a commit the gate did not grant raises :class:`GateProtocolError` after
+        the end was recorded.
         """
         committed = bool(committed)
         with self._mutex:
@@ -316,10 +255,8 @@ class DependencyGate:
             raise GateProtocolError(problem)
 
     def condition_returned(self, condition: Hashable, value: bool) -> None:
-        """Report what a rule's condition returned, before its transaction ends (for CRD).
-
-        A ``False`` lets the actions depending on it abort at once (``must_abort`` becomes true).
-        """
+        """Report what a rule's condition returned, before its transaction ends (for CRD); after a ``False``
+        the actions depending on it may abort at once (``must_abort``)."""
         with self._mutex:
             if condition in self._results:
                 raise GateProtocolError(f"condition {condition!r} reported to return twice")
@@ -331,12 +268,9 @@ class DependencyGate:
             self._notify_dependents_of(condition)
 
     def forget(self, tid: Hashable) -> None:
-        """Promise that no dependency on ``tid`` will be registered any more.
-
-        The outcome (and condition result) of ``tid`` is dropped as soon as it has ended and no
-        registered dependency refers to it. Without this call ended outcomes are kept for ever (see
-        ``statistics().retained_outcomes``). Registering a dependency on a forgotten transaction is a
-        protocol error the gate cannot detect: it would treat that transaction as still running.
+        """Promise that no dependency on ``tid`` will be registered any more: its outcome (and condition
+        result) is dropped once it has ended and no registered dependency refers to it (else it is kept for
+        ever).  A later dependency on it is a protocol error the gate cannot detect (it treats ``tid`` as running).
         """
         with self._mutex:
             self._forgettable.add(tid)
@@ -387,22 +321,14 @@ class DependencyGate:
             self._waiting[phase] -= 1
 
     def wait_may_begin(self, dependent: Hashable, timeout: float | None = None) -> Verdict:
-        """Block until ``dependent`` may begin (``BEGIN``) or must never run (``CANCEL``).
-
-        Waits only for an SQD trigger that is still running; ``CANCEL`` if an SQD trigger aborted, an
-        AD trigger aborted, an ED trigger committed, or a CRD condition failed. A transaction with no
-        registered dependency gets ``BEGIN`` at once. Raises :class:`DependencyTimeout`.
-        """
+        """Block until ``dependent`` may begin (``BEGIN``) or must never run (``CANCEL``), by the "may begin"
+        column of the decision table; no registered dependency: ``BEGIN``.  Raises :class:`DependencyTimeout`."""
         return self._ask(dependent, "begin", timeout)
 
     def wait_may_commit(self, dependent: Hashable, timeout: float | None = None) -> Verdict:
-        """Block until ``dependent`` may commit (``COMMIT``) or must abort (``ABORT``).
-
-        Waits while a CD, AD, ED or CRD trigger is running, unless another dependency already forces
-        ``ABORT``. A transaction with no registered dependency gets ``COMMIT`` at once. After
-        ``COMMIT`` the dependent should commit and report it; if its commit fails it reports an abort.
-        Raises :class:`DependencyTimeout`.
-        """
+        """Block until ``dependent`` may commit (``COMMIT``) or must abort (``ABORT``), by the "may commit"
+        column; no registered dependency: ``COMMIT``.  After ``COMMIT`` it commits and reports its end (an
+        abort if its commit failed).  Raises :class:`DependencyTimeout`."""
         return self._ask(dependent, "commit", timeout)
 
     def _ask(self, dependent: Hashable, phase: str, timeout: float | None) -> Verdict:
@@ -424,21 +350,14 @@ class DependencyGate:
             return verdict
 
     def must_abort(self, dependent: Hashable) -> bool:
-        """Non-blocking: True if ``dependent`` can no longer commit (a trigger's outcome already rules it out).
-
-        Use it to abort a doomed dependent early; ``wait_may_commit`` would return ``ABORT``.
-        """
+        """Non-blocking: True if ``dependent`` can no longer commit (``wait_may_commit`` would say ``ABORT``)."""
         with self._mutex:
             record = self._dependents.get(dependent)
             if record is None:
                 return False
             if record.state is DependentState.STOPPED:
                 return True
-            return any(
-                begin_decision(dependency, self._outcomes.get(dependency.trigger), self._results.get(dependency.trigger))
-                is Decision.STOP
-                for dependency in record.dependencies
-            )
+            return decide(record.dependencies, "begin", self._outcomes, self._results)[0] is Decision.STOP
 
     # ------------------------------------------------------------------ introspection
 

@@ -1,9 +1,5 @@
-"""Recorded histories and the check of ACTA dependencies against them (Concurrent Rule Execution §3.3).
-
-A history is a set of :class:`HistoryEvent` -- a transaction's begin, commit or abort with a sequence
-number; ``e -> f`` ("e precedes f") means ``e.seq < f.seq``. :func:`check_dependencies` evaluates each
-dependency's ACTA definition (see :class:`~coupling.DependencyKind`) on a history and returns the
-violations. :class:`DependencyHistory` hands out sequence numbers to threads that record events.
+"""Recorded histories (:class:`HistoryEvent`, :class:`DependencyHistory`) and :func:`check_dependencies`,
+which evaluates each dependency's ACTA definition on one (``coupling/README.md``, "Histories").
 
 Thread-safety: :class:`HistoryEvent` is immutable; :class:`DependencyHistory` is thread-safe;
 :func:`check_dependencies` is a pure function.
@@ -149,17 +145,8 @@ def _precedes(first: HistoryEvent | None, second: HistoryEvent | None) -> bool:
 def check_dependencies(
     history: Iterable[HistoryEvent], dependencies: Iterable[Dependency], *, strict: bool = False
 ) -> list[str]:
-    """Return the violations of ``dependencies`` in ``history`` (an empty list when all hold).
-
-    Each dependency ``j X i`` (``j`` dependent, ``i`` trigger) is checked by its ACTA definition on the
-    history as given (Concurrent Rule Execution §3.3, §3.3.2):
-
-    * CD:  ``Commit_j in H => (Commit_i in H => Commit_i -> Commit_j)``
-    * AD:  ``Abort_i in H => Abort_j in H``
-    * WD:  ``Abort_i in H => (not (Commit_j -> Abort_i) => Abort_j in H)``
-    * ED:  ``Commit_i in H => Abort_j in H``
-    * SQD: ``Begin_j in H => Commit_i -> Begin_j``
-    * CRD: ``Commit_j in H => (Commit_i -> Commit_j and result(i) = true)``
+    """Return the violations of ``dependencies`` in ``history`` (an empty list when all hold), each
+    checked by its ACTA definition (:class:`~coupling.DependencyKind`) on the history as given.
 
     AD and ED hold on a complete history even if ``j`` committed while ``i`` was still running and ``i``
     happened to end the right way. ``strict=True`` also rejects such lucky histories, i.e. requires

@@ -1,7 +1,4 @@
-"""The six coupling modes (Concurrent Rule Execution §2.1, §3.3.2) as an Enum.
-
-Thread-safety: everything here is immutable and may be shared freely.
-"""
+"""The six coupling modes (*Concurrent Rule Execution* §2.1, §3.3.2) as an Enum; immutable, shared freely."""
 
 from __future__ import annotations
 
@@ -11,66 +8,57 @@ from .errors import InvalidActionCoupling, UnknownCoupling
 
 
 class Coupling(enum.Enum):
-    """When and in which transaction a triggered rule part runs relative to its trigger.
-
-    Used for the event-condition (E-C) coupling of a rule and, restricted to :data:`ACTION_COUPLINGS`,
-    for its condition-action (C-A) coupling. Each member's docstring states its semantics; the ACTA
-    dependencies it creates are given by :func:`coupling.dependencies_for`.
-    """
+    """When and in which transaction a triggered rule part runs relative to its trigger: a rule's E-C
+    coupling and, restricted to :data:`ACTION_COUPLINGS`, its C-A coupling.  Each member's docstring states
+    its semantics; :func:`coupling.dependencies_for` gives its ACTA dependencies."""
 
     # Each member is (value, docstring, the paper's spawn primitive).
     IMMEDIATE = (
         "immediate",
-        "Runs as a subtransaction (child) of the triggering transaction right after the triggering "
-        "operation (Concurrent Rule Execution §2.1; primitive Spawn_Imm). Child WD parent and parent CD "
-        "child (axiom 19): "
-        "the child aborts if the parent aborts before the child committed, and the parent cannot commit "
-        "before the child has ended. A committed child delegates its effects and locks to the parent "
-        "(axiom 24).",
+        "Runs as a subtransaction (child) of the triggering transaction right after the triggering operation "
+        "(Concurrent Rule Execution §2.1; primitive Spawn_Imm). Child WD parent and parent CD child (axiom 19): "
+        "the child aborts if the parent aborts before the child committed, and the parent cannot commit before "
+        "the child has ended. A committed child delegates its effects and locks to the parent (axiom 24).",
         "Spawn_Imm",
     )
     DEFERRED = (
         "deferred",
-        "Runs as a subtransaction of the triggering transaction just before that transaction commits, "
-        "in cycles (Concurrent Rule Execution §2.1, §3.3.2 Cases 1-2, axioms 27-28; primitive Spawn_Def): "
-        "cycle 0 runs "
-        "the deferred firings collected so far; deferred firings made by cycle-k rules run in cycle "
-        "k+1; a deferred firing made by an immediate rule runs in an extra cycle before that immediate "
-        "rule commits (the paper's choice). Same dependencies as immediate (axiom 19).",
+        "Runs as a subtransaction of the triggering transaction just before that transaction commits, in cycles "
+        "(Concurrent Rule Execution §2.1, §3.3.2 Cases 1-2, axioms 27-28; primitive Spawn_Def): cycle 0 runs the "
+        "deferred firings collected so far; deferred firings made by cycle-k rules run in cycle k+1; a deferred "
+        "firing made by an immediate rule runs in an extra cycle before that immediate rule commits (the paper's "
+        "choice). Same dependencies as immediate (axiom 19).",
         "Spawn_Def",
     )
     DETACHED = (
         "detached",
-        "Runs as a new top-level transaction with no dependency on the triggering transaction "
-        "(Concurrent Rule Execution §3.3.2, axiom 20; primitive Spawn_Detached). It may begin and commit or abort "
-        "whatever the trigger does, concurrently with it.",
+        "Runs as a new top-level transaction with no dependency on the triggering transaction (Concurrent Rule "
+        "Execution §3.3.2, axiom 20; primitive Spawn_Detached). It may begin and commit or abort whatever the "
+        "trigger does, concurrently with it.",
         "Spawn_Detached",
     )
     DETACHED_CAUSALLY_DEPENDENT = (
         "detached_causally_dependent",
-        "Runs as a new top-level transaction, concurrently with the trigger, but commits only after "
-        "the trigger has committed and aborts if the trigger aborts (Concurrent Rule Execution §2.1, axiom "
-        "21; primitive "
+        "Runs as a new top-level transaction, concurrently with the trigger, but commits only after the trigger "
+        "has committed and aborts if the trigger aborts (Concurrent Rule Execution §2.1, axiom 21; primitive "
         "Spawn_Caus): dependent AD trigger and dependent CD trigger.",
         "Spawn_Caus",
     )
     SEQUENTIAL_CAUSALLY_DEPENDENT = (
         "sequential_causally_dependent",
-        "E-C: runs as a new top-level transaction that begins only after the trigger has committed, and "
-        "never runs if the trigger aborts (Concurrent Rule Execution §2.1, axiom 22; primitive Spawn_Seq): "
-        "dependent SQD "
-        "trigger. C-A: the action may begin before the condition has finished, and commits only if the "
-        "condition's transaction committed and the condition returned true (Concurrent Rule Execution §3.3.2, last "
-        "paragraph): see coupling.action_dependencies_for.",
+        "E-C: runs as a new top-level transaction that begins only after the trigger has committed, and never "
+        "runs if the trigger aborts (Concurrent Rule Execution §2.1, axiom 22; primitive Spawn_Seq): dependent "
+        "SQD trigger. C-A: the action may begin before the condition has finished, and commits only if the "
+        "condition's transaction committed and the condition returned true (Concurrent Rule Execution §3.3.2, "
+        "last paragraph): see coupling.action_dependencies_for.",
         "Spawn_Seq",
     )
     EXCLUSIVE_CAUSALLY_DEPENDENT = (
         "exclusive_causally_dependent",
-        "Runs as a new top-level transaction, concurrently with the trigger, that commits only if the "
-        "trigger aborts -- a contingency or compensation (Concurrent Rule Execution §2.1, axiom 23; "
-        "primitive Spawn_Exc): "
-        "dependent ED trigger. It waits for the trigger's end before committing and aborts if the "
-        "trigger commits.",
+        "Runs as a new top-level transaction, concurrently with the trigger, that commits only if the trigger "
+        "aborts -- a contingency or compensation (Concurrent Rule Execution §2.1, axiom 23; primitive Spawn_Exc): "
+        "dependent ED trigger. It waits for the trigger's end before committing and aborts if the trigger "
+        "commits.",
         "Spawn_Exc",
     )
 
@@ -143,19 +131,10 @@ ACTION_COUPLINGS: frozenset[Coupling] = frozenset(
 
 
 def has_own_deferred_queue(spawned_with: Coupling | None) -> bool:
-    """Whether a transaction spawned with ``spawned_with`` owns a :class:`~coupling.DeferredQueue`.
-
-    ``None`` means a top-level transaction started by the application. Concurrent Rule Execution §3.3.2: "Cycling
-    execution can start only in a top-level transaction or a subtransaction spawned in immediate
-    mode since deferred subtransactions spawned by another deferred transaction are executed in the
-    next cycle"; and for a deferred firing made by an immediate rule "we chose to execute these kinds
-    of rules in another cycle before the commit point of the immediate rule".
-
-    * top-level, immediate, and the detached family (new top-level transactions): own queue, drained
-      just before that transaction commits;
-    * deferred: **no** own queue -- a deferred rule's deferred firings go to the queue its own firing
-      came from, where they form the next cycle.
-    """
+    """Whether a transaction spawned with ``spawned_with`` (``None``: a top-level transaction of the
+    application) owns a :class:`~coupling.DeferredQueue`: all but deferred ones, whose deferred firings go
+    to the queue their own firing came from (*Concurrent Rule Execution* §3.3.2; design note, "Deferred
+    cycles")."""
     if spawned_with is None:
         return True
     return Coupling.parse(spawned_with) is not Coupling.DEFERRED

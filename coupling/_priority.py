@@ -1,7 +1,4 @@
-"""Rule priorities (Concurrent Rule Execution §3.2, axioms 29-30): order of execution groups.
-
-Thread-safety: a pure function.
-"""
+"""Rule priorities (*Concurrent Rule Execution* §3.2, axioms 29-30) as execution groups; a pure function."""
 
 from __future__ import annotations
 
@@ -25,17 +22,9 @@ def _priority_attribute(item: Any) -> Any:
 
 
 def priority_groups(items: Iterable[Item], key: Callable[[Item], Any] | None = None) -> list[list[Item]]:
-    """Split ``items`` into execution groups in descending priority.
-
-    Concurrent Rule Execution §3.2: rules of one group (the immediate-and-detached firings of one transaction, or one
-    cycle of its deferred firings) "should be executed in sequence with respect to their priorities.
-    Transactions with same priority are executed concurrently. In case a transaction does not possess
-    a priority, we should assign the lowest priority among the group". Axioms 29-30: operations of a
-    higher-priority transaction precede those of a lower-priority one spawned by the same transaction.
-
-    So: one inner list per distinct priority, highest first; items whose priority is ``None`` form the
-    last group (below every number, negative ones included); inside a group the input order is kept.
-    Run the groups one after the other and the members of a group concurrently.
+    """Split ``items`` into execution groups in descending priority (design note, "Priorities"): one list
+    per distinct priority, highest first, ``None`` last; input order kept inside a group.  Run the groups
+    one after the other and the members of a group concurrently.
 
     ``key(item)`` gives the priority (default: ``item.priority``): a real number or ``None``; anything
     else (including ``bool`` and NaN) raises :class:`~coupling.errors.InvalidPriority`.

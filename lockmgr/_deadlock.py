@@ -1,19 +1,9 @@
-"""Deadlock resolution: what a cycle of the wait-for graph is made of, which waiter is told, and telling it.
+"""Deadlock resolution (design note §8): what a found cycle is made of, which waiter is the victim, and telling it.
 
-The lock manager finds a cycle with :func:`lockmgr._graph.find_cycle` whenever a waiter gets an edge to a
-new target, and hands the path here.  This module never reads the manager: every function takes what it
-needs explicitly -- the path of nodes (the manager's transaction records, read through the
-:class:`lockmgr._graph.GraphNode` fields plus ``request``, ``tid``, ``serial``, ``depth``), the victim
-policy, the graph mutex (only to release it around a callable policy) and a ``resource_count(node)``
-function (the lock table is the manager's).  It changes nothing in the graph: the manager withdraws the
-victim's request or drops its registered wait, counts, and raises.
-
-Mutex order: every function here expects its caller to hold the manager's graph mutex (and no stripe
-mutex); :func:`choose_victim` releases it while a callable policy runs and takes it back before it
-returns.  :class:`VictimNotifier` runs the ``on_victim`` callbacks on its own thread with no mutex held.
-
-Paper: *Concurrent Rule Execution* §4.2.2 (deadlock detection just before lock inheritance; the requester
-is the victim).  The other policies and registered waits are this library's; see the design note, §8.
+It never reads the manager: every function is given the path, the policy, the graph mutex and a
+``resource_count(node)`` function, and changes nothing in the graph.  Mutex order: callers hold the graph
+mutex (and no stripe mutex); :func:`choose_victim` releases it while a callable policy runs.
+:class:`VictimNotifier` runs ``on_victim`` callbacks on its own thread with no mutex held.
 """
 
 from __future__ import annotations

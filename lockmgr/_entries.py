@@ -1,8 +1,5 @@
-"""Lock-entry operations: Rule 1 (``_blockers`` with the fairness queue, ``_grant_if_compatible`` and
-``_fast_grant`` on the fast path), Rules 2-5 on one lock's entries (``_hold``, ``_retain_entry``,
-``_downgrade``, ``_release*``), lazy inheritance's folds (``_fold``), and the wait edges a request gets
-(``_set_waits``).  Functions over the records of ``_table``; none takes the graph mutex or a stripe mutex
-itself except where its docstring says so -- each says what its caller holds (README §6).
+"""Operations on one lock's entries: Rule 1, Rules 2-5, lazy inheritance's folds, and a request's wait edges.
+Each function says what its caller holds (design note §6); none takes a mutex itself unless it says so.
 """
 
 from __future__ import annotations

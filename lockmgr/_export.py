@@ -1,6 +1,5 @@
-"""What the lock manager shows of itself: ``holders_of`` (one resource), ``snapshot_of`` (everything, as
-immutable records) and ``wait_for_graph_of`` (a networkx graph).  Read-only functions over the records of
-``_table``; each says which mutex its caller holds.
+"""Read-only views of the lock manager: ``holders_of``, ``snapshot_of`` and ``wait_for_graph_of``; each says
+which mutex its caller holds.
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
-"""Incremental cycle check on the wait-for graph.
+"""Incremental cycle check on the wait-for graph (design note §8): :func:`find_cycle` is one depth-first
+search from an edge's new targets, visiting only what they reach.  The graph's nodes are the manager's
+transaction records; their out-edges are ``waits`` (the one lock request a node waits on), ``children``
+(commit edges) and ``external`` (registered waits, ``LockManager.add_wait``).
 
-The graph is not stored separately: its nodes are the manager's transaction records, and a node's
-out-edges are
-
-* ``node.waits``    -- a dict ``target -> kind`` ("held", "retained" or "queued") for the one lock request the
-  node is waiting on (empty when it is not waiting), and
-* ``node.children`` -- the set of its active children (the structural "commit" edges), and
-* ``node.external`` -- a tuple of registered waits that are not lock waits (``LockManager.add_wait``: a
-  transaction waiting for another's commit through a coupling gate, a thread blocked in a nested
-  top-level transaction, a stream or batch dependency), each with ``targets`` ``{target: kind}``.
-
-Adding edges ``source -> t`` for ``t`` in ``targets`` closes a cycle exactly when some ``t`` already reaches
-``source``.  :func:`find_cycle` answers that with one depth-first search from the new targets, visiting
-only what they reach -- in a lock table that is a handful of nodes, whatever the size of the graph.  It is
-the only graph algorithm in the hot path; networkx is used for export and offline checks only.
-
-Precondition for every function here: the caller holds the manager's graph mutex, so no ``waits`` or
-``children`` changes during the search.
+Precondition for every function here: the caller holds the manager's graph mutex.
 """
 
 from __future__ import annotations

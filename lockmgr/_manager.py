@@ -67,13 +67,10 @@ _NO_DETAIL = Lazy("")  # immutable
 _COVERED = "covered"
 _INTENTION_HELD = "intention held"
 class ExternalWait:
-    """A registered wait that is not a lock wait (``LockManager.add_wait``): ``waiter`` cannot go on
-    before each of ``targets`` ends (or does something the caller waits for).  Its edges are part of the
-    wait-for graph exactly like lock waits: a cycle through any mix of them is found when an edge is added.
-
-    Call :meth:`release` when the wait is over (in a ``finally``).  If the waiter is chosen as the victim of
-    a cycle, its edges are removed, ``error`` is the :class:`~lockmgr.Deadlock`, and ``on_victim(error)`` is
-    called from the manager's notifier thread (never with a mutex held) -- it must wake the waiting thread.
+    """A registered wait that is not a lock wait (``LockManager.add_wait``; design note §8): ``waiter``
+    cannot go on before each of ``targets`` ends.  Call :meth:`release` when the wait is over (in a
+    ``finally``).  A victim's edges are removed, ``error`` is its :class:`~lockmgr.Deadlock`, and
+    ``on_victim(error)`` (called from the notifier thread, no mutex held) must wake the waiting thread.
 
     Thread-safety: ``status``, ``error`` and ``targets`` are guarded by the manager's graph mutex; the
     methods may be called from any thread.
@@ -210,13 +207,8 @@ class LockManager:
 
     def commit(self, tid: Hashable) -> None:
         """Commit ``tid``.  A subtransaction hands its held and retained locks to its parent, which retains
-        them in the same modes (Rule 2); a top-level transaction releases all of them (Rule 3).
-
-        Rule 2 is lazy: a subtransaction's commit touches none of its lock entries.  It links the
-        subtransaction to its parent (``_Txn.owner``), so every entry it or its committed descendants made
-        now counts as retained by the parent's owner, and re-evaluates only the requests that were waiting
-        for it -- O(1) plus those, whatever it holds or retains.  The top-level commit releases the entries
-        of every committed member of the tree, each once.
+        them in the same modes (Rule 2, lazily: O(1) plus the requests that waited for it, design note §9);
+        a top-level transaction releases all of them (Rule 3).
 
         Raises ``ActiveChildren`` if a child of ``tid`` is still active, ``RequestPending`` if ``tid`` is
         waiting for a lock in another thread.
@@ -553,19 +545,12 @@ class LockManager:
         on_victim: "Callable[[Deadlock], None] | None" = None,
         preferred_victim: bool = False,
     ) -> ExternalWait:
-        """Register that ``waiter`` waits for each of ``targets`` for a reason other than a lock: a
-        transaction waiting for another's commit or abort through a coupling gate, a thread blocked in a
-        nested top-level transaction, a timestamp-ordered stream wait, a batch dependency.
-
-        The edges ``waiter -> target`` (of ``kind``) join the wait-for graph, and a cycle through any mix of
-        lock waits and registered waits is detected now, exactly as for a new lock wait.  If ``waiter`` is
-        chosen as the victim here, the wait is not registered and ``Deadlock`` is raised; if it is chosen
-        later (another edge closes a cycle through it), its edges are removed and ``on_victim(error)`` is
-        called from the notifier thread -- a waiter without ``on_victim`` cannot be told, so it is never
-        chosen later.  ``preferred_victim=True``: a waiter whose work can be redone transparently (a rule
-        that is simply re-run after its trigger ends) volunteers: a cycle through this wait chooses it,
-        whatever the victim policy.  Targets that are not active (unknown or ended) add no edge.
-        ``waiter`` must be active or committing.  Returns the handle; ``release()`` it when the wait ends.
+        """Register that ``waiter`` waits for each of ``targets`` for a reason other than a lock (design
+        note §8, "Registered waits"): the edges ``waiter -> target`` (of ``kind``) join the wait-for graph and
+        are checked for a cycle now.  Chosen as the victim now: ``Deadlock`` is raised and nothing registered;
+        later: its edges are removed and ``on_victim(error)`` is called (without it, it is never chosen
+        later).  ``preferred_victim=True`` volunteers whatever the policy.  Targets that are not active add no
+        edge; ``waiter`` must be active or committing.  Returns the handle; ``release()`` it when the wait ends.
         """
         with self._graph_mutex:
             txn = self._active.get(waiter)

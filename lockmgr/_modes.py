@@ -1,24 +1,9 @@
-"""Lock modes, their one conflict table, and the lattice operations derived from it.
-
-The modes are the multi-granularity modes of Gray et al., with the names of Concurrent Rule Execution (§4.2.1) for
-the two tuple modes, plus the *update* mode of System R and DB2 (read with intent to write)::
-
-    IR     intention read   - the holder will take READ locks on parts (tuples) of this object (a table)
-    IW     intention write  - the holder will take READ, UPDATE or WRITE locks on parts of this object
-    READ   shared           - the holder reads the whole object
-    UPDATE update           - the holder reads the object and will write it: compatible with readers, not
-                              with another UPDATE — so two read-modify-write transactions queue at the read
-                              instead of both reading and then deadlocking on the conversion to WRITE
-    RIW    read + intention write (SIX) - reads the whole object and will write some parts
-    WRITE  exclusive        - the holder reads and writes the whole object
-
-``CONFLICTS`` below is the only place where compatibility is defined.  Everything else (``JOIN``,
-``COVERS``) is derived from it, and the derivation is checked when this module is imported.
+"""Lock modes (IR, IW, READ, UPDATE, RIW, WRITE), their one conflict table, and the lattice operations
+derived from it (``JOIN``, ``COVERS``); design note §3.
 
 Invariant (checked at import): conflict is monotone in the lattice -- if ``COVERS[a][b]`` then every mode
-that conflicts with ``b`` also conflicts with ``a``.  This is what lets a transaction keep *one* held mode
-and *one* retained mode per resource (the join of everything it acquired or inherited) without changing
-what Rule 1 allows.
+that conflicts with ``b`` also conflicts with ``a``, so one held and one retained mode per resource (the
+join) allow exactly what Rule 1 allows.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""The wait queues: re-evaluating a lock's FIFO after a change (grant what Rule 1 and the queue allow,
-recompute the others' wait edges), taking a request out of its queue, withdrawing one, and dropping a
-registered wait -- with the counters and the condition that ``wait_until_waiting`` and ``statistics`` read.
-
-``WaitQueues`` belongs to one ``LockManager`` and shares its graph mutex: every method expects its caller to
-hold the graph mutex, and says which stripe mutex it expects (README §6-§7).  Methods return the
-``(source, new targets)`` events that the manager's deadlock check (``LockManager._resolve``) must see.
+"""``WaitQueues``: re-evaluating a lock's FIFO, taking a request out of it, withdrawing one, dropping a
+registered wait, and the waiting counters.  Callers hold the manager's graph mutex (and the stripe mutex
+each method names, design note §6-§7); methods return the ``(source, new targets)`` events the deadlock
+check must see.
 """
 
 from __future__ import annotations

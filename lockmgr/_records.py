@@ -1,7 +1,5 @@
-"""Immutable records the lock manager hands out: statistics, holders, snapshots, deadlock cycles.
-
-Every record here is a frozen dataclass over immutable values (mappings are read-only proxies of private
-copies), so it is safe to share between threads.
+"""Immutable records the lock manager hands out (statistics, holders, snapshots, deadlock cycles): frozen
+dataclasses over immutable values, safe to share between threads.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The lock manager's records: transactions (``_Txn``), lock-table entries (``_Lock``), stripes
-(``_Stripe``), queued requests (``_Request``), and the two walks over the transaction tree that every other
-module needs -- ``_owner_of`` (lazy Rule 2: whose entry an entry counts as) and ``_committed_members``.
-
-No behaviour lives here beyond those walks; ``_manager`` changes the records under the mutexes each field
-names (the design note, lockmgr/README.md §4-§6, has the invariants and the mutex order).
+"""The lock manager's records (``_Txn``, ``_Lock``, ``_Stripe``, ``_Request``) and the two walks over the
+transaction tree every other module needs: ``_owner_of`` (lazy Rule 2) and ``_committed_members``.
+Invariants and the mutex each field is protected by: design note §4-§6.
 """
 
 from __future__ import annotations

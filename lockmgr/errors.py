@@ -1,18 +1,5 @@
-"""Every error the lock manager raises.  Each message says what happened and what to do next.
-
-Hierarchy::
-
-    LockError
-    ├── Deadlock                 the caller's transaction was chosen as the victim of a wait-for cycle
-    ├── LockTimeout              acquire(timeout=...) expired; the request was withdrawn
-    ├── UnknownTransaction       the tid was never begun (or ended long ago)
-    ├── DuplicateTransaction     begin() with a tid that is still active
-    ├── TransactionNotActive     the transaction is committing or has ended
-    │   └── AbortedTransaction   ... because it (or an ancestor) aborted, possibly while it was waiting
-    ├── ActiveChildren           commit() while children are still active (a parent waits for its children)
-    ├── RequestPending           a second acquire() for a transaction that is already waiting
-    ├── InvalidDowngrade         downgrade() to a mode that is not weaker than the held one
-    └── LockNotHeld              downgrade() of a lock the transaction does not hold
+"""Every error the lock manager raises, all subclasses of :class:`LockError`; each message says what
+happened and what to do next.
 """
 
 from __future__ import annotations
@@ -45,11 +32,8 @@ class Lazy:
 
 
 class LockError(Exception):
-    """Base class of every lock-manager error.
-
-    Messages are built lazily in ``__str__`` (from the attributes each class stores), because errors are
-    created while the manager holds its mutexes and ``repr`` of a transaction id or resource is user code.
-    """
+    """Base class of every lock-manager error; its message is built in ``__str__`` from the attributes each
+    class stores (lazily, for the reason :class:`Lazy` gives)."""
 
     def _message(self) -> str:  # pragma: no cover - every subclass overrides it
         return ""

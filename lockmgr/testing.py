@@ -1,19 +1,8 @@
-"""Helpers for testing code that uses the lock manager without ordering threads by sleeping.
+"""Helpers for testing code that uses the lock manager without ordering threads by sleeping: :class:`Scenario`,
+:func:`wait_until`, :class:`Watchdog`, :class:`Sequencer` (design note, the module table).  These are the
+project's only copies (``activedb.testing`` re-exports them).
 
-:class:`Scenario` runs *named steps* on *sessions* (one thread each) in an explicit order, in the style of
-PostgreSQL's isolation tests: every step declares whether it is expected to complete or to block, and the
-scenario checks it by observing the lock manager (a step "blocks" when the count of requests that had to
-wait grows while it runs).  A blocked step is finished later with :meth:`Scenario.finish`, after another step has let it
-through.  Leaving the ``with`` block with a step still pending fails with a dump of the wait-for graph, and
-aborts every active transaction so that no thread stays stuck (the session threads are daemons anyway).
-
-:func:`wait_until` polls an observable condition with a hard timeout (for states the lock manager has no
-blocking wait for); :class:`Watchdog` turns a hung test into a failure that prints the wait-for graph and
-every thread's stack; :class:`Sequencer` orders blocks of several threads without sleeping (block N starts
-when block N-1 has finished, as trio's ``testing.Sequencer``).  These are the project's only copies:
-``activedb.testing`` re-exports them, the coupling tests use them.
-
-Thread-safety: a Scenario is driven from one thread (the test's); its sessions run on their own threads.
+Thread-safety: a Scenario is driven from the test's thread; its sessions run on their own threads.
 :class:`Sequencer` and :class:`Watchdog` may be used from any thread.
 """
 

@@ -1,19 +1,11 @@
 """``activedb bench nested``: the cost of parallel nested transactions.
 
-1. The two experiments of §5 of *Concurrent Rule Execution in Active Databases* (Saygın, Ulusoy,
-   Chakravarthy), on real threads: process CPU time of a whole hierarchy (spawn, lock,
-   read/write, commit, top-level flush) vs fanout 1–5 with 70 transactions (the paper's
-   fanout experiment, which found the cost nearly flat in the fanout), and vs 5–70
-   transactions with fanout 3 (its size experiment, nearly flat in the number of
-   transactions when the objects accessed stay the same); the total number of objects
-   accessed stays constant (20 % of them with a WRITE lock, no hot spots); the root
-   prefetches them in one query, as the paper's objects sit in the buffer.
-   Target: ≤ 15 % growth across each sweep, between medians of interleaved samples, with
-   the spread (interquartile range) reported beside it.
-2. Spawn + commit of an empty child vs a ``ThreadPoolExecutor`` submit→result
-   round trip, measured in the same run.  Target: ≤ 1.5×.
-3. Top-level commit of 100 writes vs raw psycopg ``executemany`` of the same 100
-   rows in one transaction.  Target: ≥ 60 % of the raw rate.
+1. §5 of *Concurrent Rule Execution in Active Databases*: CPU per hierarchy vs fanout 1–5 and vs 5–70
+   transactions (≤ 15 % growth across each sweep).
+2. Spawn + commit of an empty child vs a ``ThreadPoolExecutor`` round trip (≤ 1.5×).
+3. Top-level commit of 100 writes vs raw psycopg ``executemany`` (≥ 60 % of the raw rate).
+
+Details: the bench design note.
 """
 
 from __future__ import annotations

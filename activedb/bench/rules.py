@@ -1,39 +1,12 @@
-"""``activedb bench rules``: the cost of the rule machinery.
+"""``activedb bench rules``: the cost of the rule machinery, as rule firings per second against the same
+Python function called directly in one plain top-level transaction, same run.
 
-One rule action, ``tx.write("bench_rows", n, a=n, b="rule")``, fired once per stream
-event (``tx.emit``) ``count`` times inside one top-level transaction, measured as rule
-firings per second (the commit, which flushes the ``count`` rows, included).  Each
-figure is compared with the **same Python function called directly** ``count`` times
-inside one plain top-level transaction (same rows, same commit), measured in the same
-run on the same ``Database``; the ratio (firings/s ÷ direct calls/s) is what the rule
-machinery — matching, firing records, a subtransaction per firing, priority groups,
-deferred queues — leaves of the plain rate.
+1. Immediate rules executed inline.  2. Immediate rules on threads.  3. Deferred rules (both executions).
+4. Where the time of an inline immediate firing goes, by phase (one more run under ``cProfile``).
+5. A per-key counter upsert per event vs a PL/pgSQL row trigger fed by ``COPY`` and vs ``executemany``.
 
-1. immediate rules executed inline (``connect(rule_execution="inline")``): the rule's
-   subtransaction runs in the emitting thread;
-2. immediate rules on threads (``rule_execution="threads"``, the default): the rule's
-   subtransaction is spawned on the worker pool (the emitter waits for it, and helps
-   run it if no worker has started it);
-3. deferred rules (both executions): firings are queued and run in one deferred cycle
-   just before the top-level commit — one priority group, so on threads they run
-   concurrently.
-
-Figures are medians of ``repeat`` alternating runs (rule run, then direct run); each timed run starts
-after a full garbage collection (``gc.collect()``, untimed), so that no run pays for the garbage the one
-before it left (a group of spawned firings leaves thousands of objects: the direct run after it was
-measured up to 3x slower than the one before it).
-
-4. where the time of an inline immediate firing goes: one more run of (1) under ``cProfile``,
-   each phase's time (match, condition, child create, lock, write, child commit, firing record,
-   flush) per event, scaled to the unprofiled run's time per event, and the share spent waiting
-   for PostgreSQL (psycopg's socket waits) against Python; the child is a frame unless
-   ``ACTIVEDB_SUBTRANSACTIONS`` says otherwise (the note names the representation measured);
-5. one immediate rule upserting a per-key counter (``tx.read`` then ``tx.write`` of
-   ``bench_counters``), ``count`` events over ``count // 10`` keys in one top-level transaction
-   per batch of 1k and 10k events (the batch's keys prefetched in one query, as a sink's
-   ``PREFETCH`` does), against the same upsert as a PL/pgSQL ``BEFORE INSERT`` row
-   trigger fed by ``COPY`` and against psycopg ``executemany(INSERT … ON CONFLICT DO UPDATE)`` —
-   same run, same counters (checked equal).
+Figures are medians of alternating runs, each after an untimed ``gc.collect()``.  Details: the bench
+design note.
 """
 
 from __future__ import annotations

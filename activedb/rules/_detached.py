@@ -1,25 +1,8 @@
-"""The detached family: rules that run as transactions of their own, after their trigger's outcome.
-
-* **detached** — runs whatever becomes of the trigger (no dependency);
-* **detached causally dependent** — AD + CD on the trigger: commits only after, and only if, the
-  trigger committed;
-* **sequential causally dependent** — begins only after the trigger committed;
-* **exclusive causally dependent** — commits only if the trigger aborted (a contingency).
-
-The *trigger* is the transaction the event occurred in, and its outcome is its **effective** one:
-committed only when it and every ancestor committed (the top-level commit made it durable), aborted as
-soon as it or an ancestor aborted.
-
-**The hook.**  This runner does not run firings itself: it hands each one to a *recorder*
-(:meth:`DetachedRunner.attach`; the ``Database`` attaches its :class:`activedb.outbox.Outbox`), which
-records it durably together with the outcome that allows it — in the flush of the trigger's tree, or
-right after that tree aborted — and runs it from the record once that outcome is durable.  Every mode's
-dependency is then satisfied without waiting (``coupling.may_run_after``), so no dependent ever waits
-in the coupling gate for its trigger, and a firing runs exactly once even if the process dies between
-the trigger's commit and the firing's own (see ``activedb/outbox/README.md``).
-
-What stays here: the gate waits of C-A sequential causally dependent actions (an action waiting for its
-condition, a sibling), as edges of the lock manager's one wait-for graph, and the reports of their ends.
+"""The detached family: rules that run as transactions of their own, after their trigger's (effective)
+outcome.  This runner does not run firings: it hands each to the attached recorder (the ``Database``'s
+outbox), which records it with the outcome that allows it and runs it once that outcome is durable
+(``README.md``, "Coupling modes").  What stays here: the gate waits of C-A sequential causally dependent
+actions, as edges of the one wait-for graph, and the reports of their ends.
 
 Thread-safety: the recorder is attached once, before the first firing; everything else is stateless or
 the gate's (whose mutex is a leaf).

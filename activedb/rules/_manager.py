@@ -1,11 +1,8 @@
-"""The rule manager (``db.rules``): the registry's public face, and the extension through which rules
-fire inside transactions — dispatch, priority groups, immediate and deferred execution.  Its other jobs
-have modules of their own: the firing record (``_record.py``), C-A parallel coupling (``_parallel.py``),
-the detached family (``_detached.py``), the walks up a tree (``_context.py``).  The coupling-mode table is
-in ``README.md``.
+"""The rule manager (``db.rules``): the registry's public face, and the extension through which rules fire
+inside transactions — dispatch, priority groups, immediate and deferred execution.  Design: ``README.md``.
 
 Thread-safety: the manager has no mutex of its own; the firing record, the registry and the detached
-runner have theirs (see their modules).  No user code, logging or gate wait runs under any of them.
+runner have theirs.  No user code, logging or gate wait runs under any of them.
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
-"""The rule registry: validation, persistence in ``activedb_rules``, and the lookup index.
-
-Rules are registered on one database (``db.rule(...)``/``db.rules.add``), never in a module-global
-registry.  Each is persisted with a digest of its definition and a version: a redefinition bumps the
-version and warns (:class:`~activedb.errors.RuleDefinitionChangedWarning`); the persisted ``enabled``
-flag wins across ``connect()`` calls.  The first persist of a name is ``INSERT … ON CONFLICT DO NOTHING``
-so two processes declaring the same rule at once never collide.
-
-The persisted registry is also managed on its own, without declaring the rules (what ``activedb rules
-…`` does): :meth:`RuleRegistry.set_enabled` and :meth:`RuleRegistry.remove` act on the row whether or not
-the rule is declared in this process; a removed rule keeps its row with ``removed_at`` set (a later
-declaration clears it) until :meth:`RuleRegistry.purge` deletes it; ``module`` records which Python
-module declared a rule, so that one application's rules can be listed and pruned on a shared database.
-A change made from another process reaches a running process when it declares the rule again (the
-persisted flag is read at declaration).
+"""The rule registry: validation, persistence in ``activedb_rules``, and the lookup index; ``README.md``,
+"The persisted registry".  A redefinition bumps the version and warns
+(:class:`~activedb.errors.RuleDefinitionChangedWarning`); the first persist of a name is ``INSERT … ON
+CONFLICT DO NOTHING``, so two processes declaring the same rule at once never collide.
 
 Thread-safety: ``_mutex`` protects ``_rules``; the index (``by_kind``, ``observed_tables``) is rebuilt
 under it and published whole (readers use it without the mutex).  No SQL runs under the mutex.

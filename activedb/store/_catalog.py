@@ -1,12 +1,10 @@
-"""The catalog: reflected tables, their :class:`TableInfo`, and generated keys drawn from sequences.
+"""The catalog: tables reflected lazily (once; :meth:`Catalog.refresh` after migrations in the same process),
+their :class:`TableInfo`, and generated keys drawn from sequences.
 
-Tables come from Alembic migrations and are reflected lazily, once, on first use; after migrations run
-in the same process :meth:`Catalog.refresh` forgets them.
-
-Thread-safety: ``_mutex`` protects ``_metadata``, ``_tables``, ``_infos``, ``_sequences``,
-``_key_blocks``, ``_key_sizes``, ``_key_history`` and ``_reset_at``; no SQL runs while it is held.  ``_reflect_mutex`` serialises reflection (which runs SQL)
-and is taken before ``_mutex``, never after.  Readers use the published dicts without a mutex (one
-lookup, atomic) and fall back to the locked path on a miss.
+Thread-safety: ``_mutex`` protects ``_metadata``, ``_tables``, ``_infos``, ``_sequences``, ``_key_blocks``,
+``_key_sizes``, ``_key_history`` and ``_reset_at``; no SQL runs while it is held.  ``_reflect_mutex``
+serialises reflection (which runs SQL) and is taken before ``_mutex``, never after.  Readers use the
+published dicts without a mutex (one lookup, atomic) and fall back to the locked path on a miss.
 """
 
 from __future__ import annotations

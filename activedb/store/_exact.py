@@ -1,16 +1,9 @@
-"""Values as JSON PostgreSQL's ``jsonb`` holds, and back — exactly.
+"""Values as JSON PostgreSQL's ``jsonb`` holds, and back — exactly (:func:`exact_json`,
+:func:`from_exact_json`; ``jsonable`` is the readable, lossy twin).
 
-:func:`exact_json` keeps what :func:`~activedb.store.jsonable` (the readable, lossy form) gives up: a
-``datetime`` stays a ``datetime``, a tuple a tuple, a ``Decimal`` a ``Decimal``, a string with a NUL
-character or a lone surrogate (which ``jsonb`` cannot hold) comes back with it, NaN and infinities come
-back as floats, and a float that ``jsonb`` would print as an integer (``1e+300``, ``-0.0``) stays a float.
-Plain JSON values (None, bools, ints, ordinary finite floats, storable strings, lists, dicts with plain
-string keys) are stored as themselves; every other value is a one-key object whose key starts with ``$``
-(a dict whose keys could be mistaken for such a tag is stored as ``{"$map": [[key, value], ...]}``).  A
-value of a type the codec does not know is pickled (``{"$pickle": base64}``): exact, though opaque.
-
-Used by the outbox (events of recorded firings) and the dead letters (the original rows).  Pure
-functions, thread-safe.
+Plain JSON values are stored as themselves; every other value is a one-key object whose key starts with
+``$`` (a dict whose keys could be mistaken for such a tag is ``{"$map": [[key, value], ...]}``); a value of
+a type the codec does not know is pickled (``{"$pickle": base64}``).  Pure functions, thread-safe.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""What the store knows about a reflected table: keys, columns, value checks, cached statements.
+"""What the store knows about a reflected table (:class:`TableInfo`): keys, columns, value checks, cached
+statements.  Every value is checked at the write, in the writing thread, so that a value PostgreSQL would
+reject fails the write with :class:`~activedb.errors.InvalidValue` naming the column, not the commit.
 
-Every value is checked **at the write**, in the writing thread, so that a value PostgreSQL would reject
-at commit (a NUL character in text, a lone surrogate, an integer out of the column's range, NaN or a
-non-JSON value in a JSON column) fails the write with :class:`~activedb.errors.InvalidValue` naming the
-column — not the commit, with a driver error that prints the SQL and every parameter.
-
-Thread-safety: a :class:`TableInfo` is immutable after construction except for its statement cache,
-whose entries are written once per key (a racing duplicate build is harmless).
+Thread-safety: immutable after construction except its statement cache (a racing duplicate build is harmless).
 """
 
 from __future__ import annotations

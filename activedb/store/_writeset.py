@@ -1,36 +1,6 @@
-"""Private write sets: entries per row and how they compose.  Pure code (no SQL, no threads).
-
-A node's writes go to its private **write set**: a dict ``(table, key) -> Entry``.  Entries compose
-(:meth:`Entry.then`) so that a child's commit can merge its write set into its parent's and a top-level
-commit flushes one entry per row.  Kinds:
-
-* ``PATCH(values)`` — upsert: update the given columns, or insert the row.
-* ``INSERT(values)`` — the row must not exist.
-* ``DELETE`` — remove the row if present.
-* ``REPLACE(values)`` — delete then insert: the row is exactly ``values``.
-* ``ABSENT`` — the row must not exist; nothing is written.  Only composition makes it: an INSERT
-  followed by a DELETE.
-
-Composition (earlier ``a`` then later ``b``)::
-
-    a \\ b        PATCH        INSERT        DELETE
-    None         PATCH        INSERT        DELETE
-    PATCH        PATCH(a|b)   DuplicateKey  DELETE
-    INSERT       INSERT(a|b)  DuplicateKey  ABSENT
-    REPLACE      REPLACE(a|b) DuplicateKey  DELETE
-    DELETE       REPLACE(b)   REPLACE(b)    DELETE
-    ABSENT       INSERT(b)    INSERT(b)     ABSENT
-
-An INSERT keeps its "must not exist" through later writes: the tree checked that the row was absent
-(or drew a fresh key), and if another process inserted the row before the flush, the tree was not
-serializable after it.  So INSERT then DELETE is ABSENT (the flush checks the row is still absent and
-writes nothing), and ABSENT then a write is an INSERT again — never a DELETE or a REPLACE, which would
-remove or overwrite the other process's row.  A child's composed entry merged into its parent follows
-the same table (ABSENT as ``b``: after INSERT or ABSENT it stays ABSENT, after anything else it is a
-DELETE; REPLACE as ``b`` after INSERT or ABSENT is an INSERT).
-
-A read resolves a chain of entries, oldest first (ancestors before descendants), over a base image
-(:func:`resolve`).  ``tests/activedb/test_writeset_model.py`` checks this table against a dict model.
+"""Private write sets: entries per row and how they compose (:meth:`Entry.then`, the table of ``README.md``,
+"Write-set composition"), and :func:`resolve`, which applies a chain of entries, oldest first, over a base
+image.  Pure code (no SQL, no threads).
 """
 
 from __future__ import annotations

@@ -1,41 +1,9 @@
 """The top-level commit: one PostgreSQL transaction for the whole tree, with commit participants.
 
-Steps (see ``_participants.py`` for the participants' side):
-
-1. ``before_flush`` of every enlisted participant;
-2. open one PostgreSQL transaction and **validate**: every committed image the tree relied on
-   (``root._db_reads``) is re-read ``FOR SHARE`` (``FOR UPDATE`` if the tree read it for update or also
-   writes it) and compared; every scan is re-run ``FOR SHARE`` and
-   compared.  A difference means another process committed in between: :class:`SerializationConflict`, nothing written.
-   Generated keys the tree inserts are checked against their sequences (a ``TRUNCATE … RESTART
-   IDENTITY`` since they were drawn would hand them out again): ``GeneratedKeysReset``, nothing written;
-3. ``write`` of every enlisted participant (the Spark ingestion ledger row, the detached-rule outbox …);
-4. apply the merged write set (:func:`activedb.store.apply_write_set`: one batched statement per table,
-   kind and column set) and insert the transaction-log row (in the same round trip as the last of them);
-5. ``about_to_commit`` of every participant, then COMMIT; then ``committed`` of every participant.  (A flush
-   in the transaction that holds rows read for update sends the COMMIT with step 4's last statement when
-   no participant writes at ``about_to_commit``: one round trip less on a hot row's critical path.)
-
-**Why the result is serializable although the transaction runs at READ COMMITTED.** Within one process,
-trees are ordered by the lock manager (strict two-phase locking across whole trees: a tree keeps every
-lock until its flush is over).  Against other processes, the flush re-reads every relied-on row ``FOR
-SHARE`` and the write set's rows are locked by its own UPDATE/INSERT/DELETE, so from step 2 to COMMIT the
-flush holds row locks on everything the tree read or wrote and has checked that what it read is still the
-committed version: that is two-phase locking on rows at commit time (optimistic validation, then locks;
-a row the tree also writes is locked ``FOR UPDATE`` at the validation — the lock its write would take
-later, taken earlier, so two flushes of it queue instead of both holding ``FOR SHARE`` and deadlocking),
-which orders it after every transaction whose effect it saw and before every one that changes a row it
-read.  What row locks cannot protect is the absence of rows: a tree that read a row as absent, or scanned
-a table (a predicate), locks those tables ``IN SHARE ROW EXCLUSIVE MODE`` before it validates (writers
-of them that are committing finish first and are seen; later ones wait for this COMMIT), and runs at
-SERIALIZABLE as well.  (SERIALIZABLE alone is not enough: PostgreSQL orders it only against other
-SERIALIZABLE transactions, and another process's READ COMMITTED flush may insert blindly.)
-PostgreSQL's own serialization failures (SQLSTATE 40001 and 40P01) are retried a bounded number of times
-with jittered back-off, re-validating each time.
-
-If the connection breaks during the flush, the transaction log (a row with the tree's log id, written in
-the same database transaction) tells whether it committed.  Any other database error is reported for what
-it is (with the SQLSTATE and PostgreSQL's message, never the statement's parameters).
+Its steps, what it validates and why the result is serializable although it runs at READ COMMITTED:
+``README.md``, "What the flush validates, and why the result is serializable".  PostgreSQL's
+serialization failures are retried (bounded, jittered back-off, re-validating); a broken connection is
+settled through the transaction log; any other database error names the SQLSTATE, never the parameters.
 """
 
 from __future__ import annotations

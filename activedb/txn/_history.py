@@ -1,15 +1,8 @@
-"""The opt-in history recorder (on in tests).
-
-Every transaction operation is appended as a :class:`HistoryOp` with a global
-sequence number: ``begin``, ``spawn``, ``read``, ``write``, ``commit``,
-``abort`` and, for top-level commits, ``flush`` (the merged write set as it was
-applied to PostgreSQL, in commit order).  Reads of committed data record which
-top-level transaction wrote the version they saw (``read_from``) — the
-recorder knows it because it sees every flush of its process, and a read takes
+"""The opt-in history recorder (on in tests): every ``begin``, ``spawn``, ``read``, ``write``, ``commit``,
+``abort`` and top-level ``flush`` as a :class:`HistoryOp` with a global sequence number, for
+``activedb.testing.check_history``.  A read of committed data records the top-level transaction that
+wrote the version it saw (``read_from``): the recorder sees every flush of its process, and a read takes
 its lock before it reads, so no conflicting flush of this process can race it.
-
-``activedb.testing.check_history`` verifies conflict serializability and the
-ACTA axioms on a recorded history.
 
 Thread-safety: ``_mutex`` protects ``ops``, ``_sequence`` and ``_last_writer``.
 """

@@ -1,16 +1,6 @@
-"""The two hook seams of the transaction manager, and their registries.
-
-* :class:`TransactionExtension` — an **active** participant in every transaction of a manager: it sees
-  each begin and each event, runs work before a commit (the rule manager runs deferred rules there) and
-  may fail the operation by raising.  Extensions run in registration order; their exceptions are part of
-  the transaction's semantics and propagate.
-* :class:`Observer` — a **passive** listener to the life of transactions and rules (begin, spawn, commit,
-  abort, waits, rule firings).  It cannot change what happens: an observer that raises is removed and the
-  error logged (as trio's instruments are).
-
-Each method of both classes is a no-op whose docstring is the contract; override the ones you need.
-:class:`HookRegistry` keeps, per hook name, the bound methods of the members that override it, rebuilt
-when the membership changes, so a hook nobody overrides costs one empty-tuple check on the hot path.
+"""The hook seams of the transaction manager (``README.md``, "Seams"): :class:`TransactionExtension` (active:
+its exceptions propagate), :class:`Observer` (passive: one that raises is removed and logged), and
+:class:`HookRegistry`.  Each hook method is a no-op whose docstring is the contract.
 
 Thread-safety: hooks are called in the thread where the thing happens, with no activedb mutex held;
 ``HookRegistry`` publishes immutable tuples (readers need no lock), its ``_mutex`` serialises add/remove.

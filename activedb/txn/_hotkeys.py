@@ -1,9 +1,5 @@
-"""Hot keys: what a tree learns about its reads that are followed by writes, kept in the root's slot
-(``root.slot(HotKeys)``) by the node operations that use it (``Transaction.read`` and ``_modify``).
-
-See README, "Reads for update (hot keys)": ``update_intent`` are the tables whose plain reads take update
-intent in this tree (given by ``Database.run`` from an earlier attempt that failed); ``plain_reads`` the
-rows the tree read plainly; ``read_then_written`` the tables of those rows it then wrote.
+"""Hot keys: what a tree learns about reads followed by writes, in its root's slot (``root.slot(HotKeys)``);
+``README.md``, "Reads for update (hot keys)".
 
 Thread-safety: the tree's threads add to the sets (one ``set.add``, atomic); ``update_intent`` is set once,
 before the tree's first operation.

@@ -1,9 +1,6 @@
-"""The transaction-id grammar, in one place.  Ids are made here and parsed nowhere.
-
-* a top-level transaction: ``T<n>``;
-* a subtransaction: ``<parent id>.<n>`` (``T1.2``, ``T1.2.5``), ``n`` from the manager's one counter;
-* the transaction-log id of a tree: ``<process tag>:<root id>`` (process tag = pid and a random suffix,
-  so that ids of different processes and runs never collide in the shared log).
+"""The transaction-id grammar, made here and parsed nowhere: ``T<n>`` (top level), ``<parent id>.<n>``
+(``T1.2.5``), and a tree's log id ``<process tag>:<root id>`` (pid and a random suffix: unique across
+processes and runs in the shared log).
 """
 
 from __future__ import annotations

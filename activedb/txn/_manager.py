@@ -1,14 +1,10 @@
-"""The transaction manager of one ``Database``: creates trees and owns what they share.
-
-It owns the lock manager (through :class:`~activedb.txn._locking.Locking`), the worker pool, the
-catalog's read base, the extension and observer registries, the optional history recorder, and — per
-thread — the stack of transactions the thread is running, which is how waits become edges of the one
-wait-for graph (:meth:`TransactionManager.waiting`).
+"""The transaction manager of one ``Database``: creates trees and owns what they share (the lock manager,
+the worker pool, the read base, the hook registries, the history recorder, and per thread the stack of
+transactions it runs, which makes waits edges of the one wait-for graph: :meth:`TransactionManager.waiting`).
 
 Thread-safety: every method may be called from any thread.  ``_ids`` is an ``itertools.count`` (atomic
 ``next`` under the GIL); the registries publish immutable tuples; the per-thread stacks are thread-local;
-``_live_mutex`` (a leaf) protects ``_live``, the running top-level transactions (for pictures and tools:
-:meth:`TransactionManager.live_transactions`).
+``_live_mutex`` (a leaf) protects ``_live``, the running top-level transactions.
 """
 
 from __future__ import annotations
@@ -207,12 +203,9 @@ class TransactionManager:
         (kind ``children``: for ``target`` or all of ``node``'s children; ``dependency``: in the coupling
         gate for the transaction ``target``).
 
-        The transaction this thread runs (normally ``node``) uses no lock while it waits, so its holds
-        become retains first.  The wait is registered as an edge of the one wait-for graph (a parent
-        waiting for its own children: kind ``commit``), so a cycle through it and lock waits is found
-        when it forms; ``on_victim`` is then how the waiter is told it was chosen as the victim
-        (``preferred_victim``: it volunteers, see ``lockmgr.LockManager.add_wait``).  ``targets``: a wait for
-        several of ``node``'s children at once (``target`` None), one edge to each.
+        The holds of the transaction this thread runs become retains first; the wait is an edge of the one
+        wait-for graph (README, "One wait-for graph"; ``on_victim``/``preferred_victim`` as in
+        ``lockmgr.LockManager.add_wait``).  ``targets``: several of ``node``'s children at once (``target`` None).
         """
         return _Waiting(self, node, kind, target, on_victim, preferred_victim, targets)
 

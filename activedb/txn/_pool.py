@@ -1,16 +1,11 @@
 """A bounded worker pool in which waiting for a task helps run it.
 
-Why not ``ThreadPoolExecutor``: a subtransaction tree can block every worker on
-its own children (a parent waiting for its children to commit, each child
-waiting for its own children, ...).  With a plain bounded pool the children
-then sit in the queue forever.  Here a thread that waits for a task which has
-not started yet *claims it and runs it inline* (help-while-waiting, as in
-fork/join pools), so every queued task is run either by a free worker or by
-the thread that waits for it; progress never depends on a free worker.
+Not ``ThreadPoolExecutor``: a subtransaction tree can block every worker on its own children, which would
+then sit in the queue forever.  Here a thread that waits for a task not started yet claims it and runs it
+inline (help-while-waiting, as in fork/join pools): progress never depends on a free worker.
 
-Thread-safety: all methods may be called from any thread.  ``_mutex`` protects
-``_queue``, ``_idle``, ``_woken`` and ``_threads``; each task's ``_state_mutex`` protects its
-state.  Order: a task's mutex is never held while taking the pool's.
+Thread-safety: ``_mutex`` protects ``_queue``, ``_idle``, ``_woken`` and ``_threads``; each task's
+``_state_mutex`` protects its state.  Order: a task's mutex is never held while taking the pool's.
 """
 
 from __future__ import annotations

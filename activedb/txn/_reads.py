@@ -1,8 +1,5 @@
 """What a node reads (a mixin of :class:`~activedb.txn.Transaction`, stateless): ``read`` (also for update),
-``prefetch``, ``read_many``, ``scan``, and the hot-key learning of plain reads.  ``read_many`` is for a batch
-that knows its rows: locks at the granularity asked for (``"write"``: no READ→WRITE upgrade later, so two
-batches on shared rows cannot deadlock on it; ``"table"``: one lock, no row locks), the committed images
-in one query, relied on (validated at the flush) like those of ``read``.
+``prefetch``, ``read_many`` and ``scan``, and the hot-key learning of plain reads.
 """
 
 from __future__ import annotations
@@ -63,8 +60,9 @@ class Reads:
 
     def read_many(self, table: Any, keys: Any, *, lock: str = "read") -> dict[Any, dict | None]:
         """The rows ``keys`` of ``table`` as this transaction sees them, ``{key: dict or None}``, with
-        their committed images loaded in one query; ``lock``: ``"read"``, ``"write"`` or ``"table"`` (see
-        the module docstring)."""
+        their committed images loaded in one query and relied on (validated at the flush) like ``read``'s.
+        ``lock``: ``"read"``; ``"write"`` (no READ→WRITE upgrade later, so two batches on shared rows
+        cannot deadlock on it); ``"table"`` (one lock, no row locks)."""
         self._check_active("read_many")
         if lock not in ("read", "write", "table"):
             raise ValueError(f"read_many(lock={lock!r}): use 'read', 'write' or 'table'")

@@ -1,23 +1,6 @@
-"""Rows read for update, locked in PostgreSQL until the tree commits (``tx.read(table, key, for_update=True)``).
-
-Within a process, a read for update takes the lock manager's UPDATE mode on the row (``lockmgr``: two
-read-modify-writes queue at the read instead of deadlocking when both convert to WRITE).  Against other
-processes, the row is read with ``SELECT … FOR UPDATE`` on a PostgreSQL connection the tree keeps — one
-per tree, opened by its first read for update, in a READ COMMITTED transaction whose ``BEGIN`` rides in
-the same query as the first ``SELECT`` (:func:`activedb.store.lock_row`) — and the tree's flush runs in that
-same transaction.  So a second process that wants the row waits for PostgreSQL's row lock
-and then reads the committed result, exactly as ``SELECT … FOR UPDATE`` + ``UPDATE`` written by hand:
-conflicts are resolved by the database's row locks, not by re-running whole trees after a failed
-validation (what optimistic reads would need), and no flush deadlocks in PostgreSQL on rows both read
-``FOR SHARE`` and then write.
-
-* A tree that also read a row as absent or scanned a table needs SERIALIZABLE at its flush, which a
-  transaction cannot switch to after its first statement: its locks are released just before the flush,
-  which then locks the rows read for update ``FOR UPDATE`` (before validating them) and validates as
-  usual — a conflict then re-runs the tree, nothing is lost.
-* A lock wait in PostgreSQL is bounded (``LOCK_TIMEOUT``): a cycle through both PostgreSQL's row locks and
-  this process's lock manager is visible to neither detector, and the timeout breaks it
-  (``SerializationConflict``: ``Database.run`` re-runs the tree).
+"""Rows read for update (``tx.read(table, key, for_update=True)``), locked ``FOR UPDATE`` in PostgreSQL on a
+connection the tree keeps until its flush, which runs in that same transaction: ``README.md``, "Reads for
+update (hot keys)" (the UPDATE mode, the bounded lock wait, the trees that flush at SERIALIZABLE).
 
 Thread-safety: ``_mutex`` protects the connection and ``rows``; it is a leaf held while a statement runs on
 the connection (a connection runs one statement at a time), never while taking any other mutex.

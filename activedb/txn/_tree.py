@@ -1,8 +1,6 @@
 """A node of a transaction tree: its attributes, state machine, place in the tree, seams, commit and abort.
-Its reads (``_reads.py``), writes and events (``_writes.py``) and children (``_children.py``) are stateless
-mixins.  It delegates locking to ``_locking``, what it sees to ``_view``, the top-level commit to ``_flush``;
-extensions and observers hear of its life through the manager's registries (``_hooks``).  ``README.md``
-in this package has the whole design: what a node sees, what the flush validates, the mutex order.
+Its reads, writes and children are stateless mixins (``_reads.py``, ``_writes.py``, ``_children.py``);
+locking, the view and the flush are delegated (``_locking``, ``_view``, ``_flush``).  Design: ``README.md``.
 
 State machine (``TxnState``, shared with ``lockmgr``)::
 
@@ -10,13 +8,9 @@ State machine (``TxnState``, shared with ``lockmgr``)::
       │                      │
       └──────abort()─────────┴──────▶ ABORTED
 
-Every operation checks the state it needs (``_check_active``) and says what to do otherwise.
-
 Thread-safety: a ``Transaction`` is used by the thread running it (``_thread``); its parent's and
-children's threads touch it only through ``_mutex``, which protects ``_state``, ``_children``, ``_tasks``,
-``_writes``, ``_db_reads``, ``_scans``, ``_participants`` and ``_slots``.  Order: a child's
-``_mutex`` before its parent's, never the reverse; no ``_mutex`` is held while calling the lock manager,
-PostgreSQL, a hook or user code.
+children's threads touch it only through ``_mutex`` (what it protects and the mutex order: ``README.md``,
+"Mutexes and their order").
 """
 
 from __future__ import annotations

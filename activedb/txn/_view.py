@@ -1,23 +1,7 @@
-"""What a node sees: its own writes → its ancestors' writes (nearest first) → a pluggable read base.
-
-:func:`read_row` walks the write entries of the node and of every ancestor, down to the first entry
-that does not depend on what was there before (INSERT, DELETE, REPLACE); only if every entry found is a
-PATCH (or there is none) does it ask the tree's :class:`ReadBase` for the image underneath.  The order
-matters: an image of committed data cached by this node must never hide an ancestor's newer version
-(that was bug A of the tree-isolation issue).
-
-The default base, :class:`CommittedRows`, is PostgreSQL's committed data.  Every committed image a node
-*relies on* is remembered on that node (``_db_reads``, with the image seen) and delegated to its parent
-when it commits; a node and its descendants reuse the nearest such image (repeatable reads inside a
-tree), and the top-level flush re-reads each one ``FOR SHARE`` and compares (see ``_flush.py``).  A
-stream scheduler can replace the base of its trees (``db.transaction(read_base=…)``), e.g. with a
-multi-version store that answers reads at a timestamp.
-
-Reads cost the same at any depth (the fanout experiment of *Concurrent Rule Execution in Active
-Databases*, §5, found a hierarchy's cost nearly flat in its shape): a tree's :class:`TreeRows` (one per
-tree, shared by its nodes) knows the rows some node *below the root* ever wrote or relied on.  A row
-outside those sets can have a write entry or a relied-on image only on the root, so the walk up the
-ancestors is skipped for it: one lookup on the root instead of one per ancestor.
+"""What a node sees: its own writes → its ancestors' writes (nearest first) → a pluggable :class:`ReadBase`
+(default :class:`CommittedRows`, PostgreSQL's committed data, the images relied on remembered for the
+flush to validate); :class:`TreeRows` lets most reads skip the walk up.  The walk, its invariants and why a
+read costs the same at any depth: ``README.md``, "What a node sees".
 
 Thread-safety: a node's ``_writes`` and ``_db_reads`` are written under its ``_mutex`` and read without it
 (one dict lookup, atomic); the lock on the row, taken before any read, orders every writer of the row.

@@ -1,7 +1,7 @@
 """The write-set algebra (``Entry.then`` and ``resolve``) against a plain model of one row.
 
 The model is the row's state as a dict of columns, or None when the row does not exist; the
-four kinds of write do to it what the store's module docstring says:
+four kinds of write do to it what the store's design note ("Write-set composition") says:
 
 * PATCH(values)   -- upsert: update the given columns, or create the row with them;
 * INSERT(values)  -- the row must not exist (else ``DuplicateKey``), then it is ``values``;
