@@ -173,7 +173,7 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
     when the row exists (one ``SELECT ... FOR UPDATE`` per table finds out) and otherwise
     an INSERT that PostgreSQL rejects with a clear message naming the missing columns.
 
-    The statements go to the driver as plain SQL (:func:`_send`): a group of rows is one statement over
+    The statements go to the driver as plain SQL (:func:`_statement`): a group of rows is one statement over
     ``unnest`` of one array per column, or, when a column cannot travel as an array, the driver's
     ``executemany`` (pipelined).  Values are adapted exactly as SQLAlchemy adapts them (its bind processor
     of each column type, where it has one), and errors reach the caller as SQLAlchemy's exceptions.
@@ -184,7 +184,8 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
 
     ``commit=True`` (the connection in autocommit at the driver, inside a transaction it opened itself, e.g.
     with :func:`lock_row`'s ``begin``): the transaction ends with a ``COMMIT`` sent in the same round trip
-    as the last statement (a driver pipeline) — the caller must have nothing left to write; an error of
+    as the last statement (in the same query string when that statement carries ``along`` and is sent once,
+    else a driver pipeline) — the caller must have nothing left to write; an error of
     either, the COMMIT's included, is SQLAlchemy's exception as ever and nothing is committed.
     """
     deletes: dict[str, list[tuple]] = {}
@@ -261,14 +262,36 @@ def _run(connection: sa.Connection, plan: list[tuple[TableInfo, str, tuple[str, 
         final = number == len(plan)
         last = along if final else None
         try:
+            statement, parameters = _statement(connection, info, kind, order, rows)
+            folded = last is not None and isinstance(parameters, tuple)
+            if folded:
+                statement, parameters = f"WITH activedb_along AS ({last[0]}) {statement}", (*last[1], *parameters)
+            if commit and final and folded:
+                _execute_then_commit(connection, statement, parameters)
+                continue
             with _then_commit(connection, commit and final):
-                folded = _send(connection, info, kind, order, rows, along=last)
+                connection.exec_driver_sql(statement, parameters)
                 if last is not None and not folded:
                     connection.exec_driver_sql(*last)
         except sa.exc.IntegrityError as error:
             if kind == "insert":
                 _raise_insert_error(info.name, error)
             raise
+
+
+def _execute_then_commit(connection: sa.Connection, statement: str, parameters: tuple) -> None:
+    """``statement`` and ``COMMIT`` as one query string, its parameters bound by the driver on the client (the
+    way :func:`lock_row` sends ``BEGIN``): one round trip and one driver call, where a pipeline of the two
+    costs two cursors and SQLAlchemy's execution around the first.  PostgreSQL runs nothing after a failing
+    statement of the string, so an error commits nothing; it reaches the caller as SQLAlchemy's exception."""
+    from psycopg import ClientCursor
+
+    driver = connection.connection.driver_connection
+    statement = f"{statement}; COMMIT"
+    try:
+        ClientCursor(driver).execute(statement, parameters)
+    except driver.Error as error:
+        raise sa.exc.DBAPIError.instance(statement, parameters, error, driver.Error) from None
 
 
 @contextlib.contextmanager
@@ -320,17 +343,16 @@ def _as_tuples(info: TableInfo, columns: frozenset[str], pairs: list[tuple[Key, 
     return order, [key + pick(values) for key, values in pairs]
 
 
-def _send(connection: sa.Connection, info: TableInfo, kind: str, order: tuple[str, ...], rows: list[tuple], *,
-          along: tuple[str, tuple] | None = None) -> bool:
+def _statement(connection: sa.Connection, info: TableInfo, kind: str, order: tuple[str, ...], rows: list[tuple]
+               ) -> tuple[str, tuple | list[tuple]]:
     """One ``kind`` statement (``insert``, ``upsert``, ``update``, ``delete``) of ``info``'s table for ``rows``
-    (tuples over the columns ``order``, the key columns first), through the driver; with ``along`` in a
-    ``WITH`` clause if it is sent once (returns whether it did)."""
+    (tuples over the columns ``order``, the key columns first), as driver SQL and its parameters: a tuple when
+    it is sent once, a list of tuples for the driver's ``executemany``."""
     processors = info.driver_processors(connection.dialect)
     adapted = {index for index, name in enumerate(order) if processors.get(name) is not None}
     if adapted:
         rows = [tuple(processors[order[index]](value) if index in adapted else value
                       for index, value in enumerate(row)) for row in rows]
-    parameters: tuple | list[tuple] | None = None
     if len(rows) >= UNNEST_MIN:
         casts = info.array_types(connection.dialect, order)
         if casts is not None:
@@ -338,19 +360,13 @@ def _send(connection: sa.Connection, info: TableInfo, kind: str, order: tuple[st
             if all(_uniform(values) for values in columns):
                 statement = info.cached(("driver", kind, order, True),
                                         lambda: _driver_statement(connection.dialect, info, kind, order, casts))
-                parameters = tuple(list(values) for values in columns)
-    if parameters is None:
-        statement = info.cached(("driver", kind, order, False),
-                                lambda: _driver_statement(connection.dialect, info, kind, order, None))
-        if kind == "update":        # SET values first, then the key
-            width = len(info.key_columns)
-            rows = [row[width:] + row[:width] for row in rows]
-        parameters = rows if len(rows) > 1 else rows[0]
-    if along is not None and isinstance(parameters, tuple):
-        connection.exec_driver_sql(f"WITH activedb_along AS ({along[0]}) {statement}", (*along[1], *parameters))
-        return True
-    connection.exec_driver_sql(statement, parameters)
-    return False
+                return statement, tuple(list(values) for values in columns)
+    statement = info.cached(("driver", kind, order, False),
+                            lambda: _driver_statement(connection.dialect, info, kind, order, None))
+    if kind == "update":        # SET values first, then the key
+        width = len(info.key_columns)
+        rows = [row[width:] + row[:width] for row in rows]
+    return statement, rows if len(rows) > 1 else rows[0]
 
 
 def _uniform(values: tuple) -> bool:

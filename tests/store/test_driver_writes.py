@@ -206,3 +206,21 @@ def test_arrays_are_cast_to_the_column_types_without_modifiers_so_nothing_is_cut
     assert info.array_types(dialect, ("id", "code", "name", "amount", "at")) == (
         "INTEGER", "BPCHAR", "VARCHAR", "NUMERIC", "TIMESTAMP WITH TIME ZONE")
     assert info.array_types(dialect, ("id", "tags")) is None      # an array column goes row by row
+
+
+def test_every_common_type_written_after_a_read_for_update_is_stored_as_given(samples):
+    """A tree that read a row for update flushes in the transaction that holds it, its last statement and
+    ``COMMIT`` sent as one query whose parameters the driver binds on the client: every common type must
+    arrive exactly as through the server-bound statements."""
+    db = samples
+    with db.transaction() as tx:
+        tx.insert("typed_samples", id=1, label="before")
+    expected = sample(5)
+    with db.transaction() as tx:
+        assert tx.read("typed_samples", 1, for_update=True)["label"] == "before"
+        tx.write("typed_samples", 1, **expected)
+    assert stored(db) == {1: expected}
+    with db.transaction() as tx:                      # the row lock went with the COMMIT
+        tx.read("typed_samples", 1, for_update=True)
+        tx.write("typed_samples", 1, label=None, doc=None, blob=None)
+    assert stored(db)[1] == {**expected, "label": None, "doc": None, "blob": None}
