@@ -30,6 +30,51 @@ KEY_BLOCK = 64
 KEY_BLOCK_MAX = 4096
 #: How many drawn blocks per sequence are remembered to check generated keys at the flush.
 KEY_HISTORY = 256
+#: How many autocommit connections ``Catalog.idle`` keeps checked out between two uses.
+IDLE_KEPT = 8
+
+
+class IdleConnections:
+    """Connections in autocommit at the driver, for a transaction their user opens in its first query
+    (``lock_row(begin=…)``), kept checked out between two uses: taking one from the pool, setting autocommit
+    and resetting it on return cost more than the statement each use runs.  At most ``keep`` wait here;
+    one given back inside a transaction, closed or invalidated is closed instead.  Thread-safe (``_mutex``,
+    a leaf: no SQL under it)."""
+
+    def __init__(self, engine: sa.Engine, keep: int = IDLE_KEPT):
+        self._engine = engine
+        self._keep = keep
+        self._mutex = threading.Lock()
+        self._idle: list[sa.Connection] = []
+        self._closed = False
+
+    def take(self) -> sa.Connection:
+        """A connection in autocommit at the driver, no transaction open (give it back with ``give_back``)."""
+        with self._mutex:
+            if self._idle:
+                return self._idle.pop()
+        return self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+
+    def give_back(self, connection: sa.Connection) -> None:
+        """Keep ``connection`` for the next ``take`` if it is usable and outside a transaction, else close it."""
+        reusable = not (connection.closed or connection.invalidated or connection.in_transaction())
+        if reusable:
+            from psycopg import pq
+
+            reusable = connection.connection.driver_connection.info.transaction_status is pq.TransactionStatus.IDLE
+        if reusable:
+            with self._mutex:
+                if not self._closed and len(self._idle) < self._keep:
+                    self._idle.append(connection)
+                    return
+        connection.close()
+
+    def close(self) -> None:
+        """Close the kept connections (before the engine is disposed); later ones given back are closed."""
+        with self._mutex:
+            idle, self._idle, self._closed = self._idle, [], True
+        for connection in idle:
+            connection.close()
 
 
 class Catalog:
@@ -52,6 +97,7 @@ class Catalog:
         # sequence -> when a draw found it reset (transactions that began before may hold stale keys)
         self._reset_at: dict[str, datetime.datetime] = {}
         self._pool_isolation: str | None = None        # the isolation level of a checked-out connection
+        self.idle = IdleConnections(engine)
 
     def describe(self) -> str:
         """Host, port and database, password masked (for messages)."""
