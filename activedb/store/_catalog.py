@@ -18,6 +18,7 @@ import threading
 from typing import Any, Callable, Iterator
 
 import sqlalchemy as sa
+from psycopg.pq import TransactionStatus
 
 from activedb.errors import (Failure, GeneratedKeysReset, TransactionError, UnknownTable, classify,
                              database_failure)
@@ -32,6 +33,7 @@ KEY_BLOCK_MAX = 4096
 KEY_HISTORY = 256
 #: How many autocommit connections ``Catalog.idle`` keeps checked out between two uses.
 IDLE_KEPT = 8
+_IDLE = TransactionStatus.IDLE
 
 
 class IdleConnections:
@@ -57,12 +59,8 @@ class IdleConnections:
 
     def give_back(self, connection: sa.Connection) -> None:
         """Keep ``connection`` for the next ``take`` if it is usable and outside a transaction, else close it."""
-        reusable = not (connection.closed or connection.invalidated or connection.in_transaction())
-        if reusable:
-            from psycopg import pq
-
-            reusable = connection.connection.driver_connection.info.transaction_status is pq.TransactionStatus.IDLE
-        if reusable:
+        if not (connection.closed or connection.invalidated or connection.in_transaction()
+                or connection.connection.driver_connection.pgconn.transaction_status != _IDLE):
             with self._mutex:
                 if not self._closed and len(self._idle) < self._keep:
                     self._idle.append(connection)

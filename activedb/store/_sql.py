@@ -15,6 +15,7 @@ import operator
 from typing import Any, Iterable, Iterator, Mapping
 
 import sqlalchemy as sa
+from psycopg import ClientCursor
 
 from activedb.errors import DuplicateKey, Failure, InvalidValue, classify
 from activedb.store._schema import TableInfo
@@ -116,7 +117,10 @@ def lock_row(connection: sa.Connection, info: TableInfo, key: Key, *, lock_timeo
     value through its type's result processor, as SQLAlchemy applies it.  Errors reach the caller as
     SQLAlchemy's exceptions, as from ``connection.execute``."""
     dialect = connection.dialect
-    statement = info.cached(("lock_row", lock_timeout), lambda: _lock_row_statement(dialect, info, lock_timeout))
+    if begin is not None and begin not in _ISOLATION_LEVELS:
+        raise ValueError(f"lock_row(begin={begin!r}): use one of {', '.join(_ISOLATION_LEVELS)}")
+    statement = info.cached(("lock_row", lock_timeout, begin),
+                            lambda: _lock_row_statement(dialect, info, lock_timeout, begin))
     processors = info.driver_processors(dialect)
     parameters = tuple(value if processors.get(name) is None else processors[name](value)
                        for name, value in zip(info.key_columns, key))
@@ -125,11 +129,6 @@ def lock_row(connection: sa.Connection, info: TableInfo, key: Key, *, lock_timeo
         if begin is None:
             cursor = driver.execute(statement, parameters)
         else:
-            from psycopg import ClientCursor
-
-            if begin not in _ISOLATION_LEVELS:
-                raise ValueError(f"lock_row(begin={begin!r}): use one of {', '.join(_ISOLATION_LEVELS)}")
-            statement = f"BEGIN ISOLATION LEVEL {begin}; {statement}"
             cursor = ClientCursor(driver)
             cursor.execute(statement, parameters)
             cursor.nextset()                        # past BEGIN's result, to the row's
@@ -138,7 +137,9 @@ def lock_row(connection: sa.Connection, info: TableInfo, key: Key, *, lock_timeo
         raise sa.exc.DBAPIError.instance(statement, parameters, error, driver.Error) from None
     if row is None:
         return None
-    readers = info.cached(("lock_row:readers", tuple(column.type_code for column in cursor.description)),
+    # The statement's columns are the table's, in its order: their result processors are the same for every
+    # row (a migration that changes a column's type makes a new TableInfo, and so a new cache).
+    readers = info.cached(("lock_row:readers", dialect.name),
                           lambda: _result_processors(dialect, info, cursor.description))
     return {name: value if reader is None else reader(value) for (name, reader), value in zip(readers, row)}
 
@@ -146,14 +147,15 @@ def lock_row(connection: sa.Connection, info: TableInfo, key: Key, *, lock_timeo
 _ISOLATION_LEVELS = ("READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE")
 
 
-def _lock_row_statement(dialect: sa.Dialect, info: TableInfo, lock_timeout: str) -> str:
+def _lock_row_statement(dialect: sa.Dialect, info: TableInfo, lock_timeout: str, begin: str | None) -> str:
     preparer = dialect.identifier_preparer
     table = preparer.format_table(info.table).replace("%", "%%")
     columns = ", ".join(preparer.quote(name).replace("%", "%%") for name in info.columns)
     match = " AND ".join(f"{preparer.quote(name).replace('%', '%%')} = %s" for name in info.key_columns)
     timeout = lock_timeout.replace("'", "''").replace("%", "%%")
-    return (f"SELECT {columns} FROM {table} WHERE {match} "
-            f"AND set_config('lock_timeout', '{timeout}', true) IS NOT NULL FOR UPDATE")
+    statement = (f"SELECT {columns} FROM {table} WHERE {match} "
+                 f"AND set_config('lock_timeout', '{timeout}', true) IS NOT NULL FOR UPDATE")
+    return statement if begin is None else f"BEGIN ISOLATION LEVEL {begin}; {statement}"
 
 
 def _result_processors(dialect: sa.Dialect, info: TableInfo, description) -> tuple[tuple[str, Any], ...]:
@@ -284,8 +286,6 @@ def _execute_then_commit(connection: sa.Connection, statement: str, parameters: 
     way :func:`lock_row` sends ``BEGIN``): one round trip and one driver call, where a pipeline of the two
     costs two cursors and SQLAlchemy's execution around the first.  PostgreSQL runs nothing after a failing
     statement of the string, so an error commits nothing; it reaches the caller as SQLAlchemy's exception."""
-    from psycopg import ClientCursor
-
     driver = connection.connection.driver_connection
     statement = f"{statement}; COMMIT"
     try:

@@ -68,6 +68,9 @@ class RowLocks(CommitParticipant):
         slot = root.slot(_Slot, create=create)
         if slot is None:
             return None
+        session = slot.session          # set once, never unset: no mutex needed to find it
+        if session is not None:
+            return session
         with slot.mutex:
             if slot.session is None and create:
                 session = cls(root)
