@@ -224,3 +224,21 @@ def test_every_common_type_written_after_a_read_for_update_is_stored_as_given(sa
         tx.read("typed_samples", 1, for_update=True)
         tx.write("typed_samples", 1, label=None, doc=None, blob=None)
     assert stored(db)[1] == {**expected, "label": None, "doc": None, "blob": None}
+
+
+def test_a_group_of_rows_written_after_a_read_for_update_travels_as_arrays_bound_on_the_client(samples):
+    """The held flush's last statement may be a group's ``unnest`` statement: its arrays are then bound on the
+    client too, and every array-able type must arrive as given."""
+    db = samples
+    with db.transaction() as tx:
+        tx.insert("typed_samples", id=0, label="before")
+    expected = {number: {name: value if name in ARRAYABLE else None for name, value in sample(number).items()}
+                for number in range(1, 4)}
+    with Statements(db) as statements:
+        with db.transaction() as tx:
+            tx.read("typed_samples", 0, for_update=True)
+            for number, values in expected.items():          # upserts (write): no read, so no SERIALIZABLE flush
+                tx.write("typed_samples", number, **{name: value for name, value in values.items()
+                                                     if value is not None})
+    assert {number: values for number, values in stored(db).items() if number} == expected
+    assert statements.sent == []          # lock_row and the last statement (with COMMIT) go to the driver
