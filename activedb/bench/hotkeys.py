@@ -38,6 +38,7 @@ import time
 from typing import Any
 
 
+from activedb.bench._profile import phase_seconds, scaled
 from activedb.bench.report import BenchReport, Row
 
 THREADS = 8
@@ -199,12 +200,6 @@ def _child(mode: str, threads: int, seconds: float) -> None:
     print(json.dumps(outcome), flush=True)
 
 
-def _cumulative(stats: pstats.Stats, wanted: tuple[str, str]) -> float:
-    suffix, function = wanted
-    return sum(row[3] for (filename, _, name), row in stats.stats.items()
-               if name == function and filename.replace("\\", "/").endswith(suffix))
-
-
 def _cpu_per_commit(commit, count: int) -> float:
     """Microseconds of this thread's CPU per ``commit()`` call, over ``count`` calls."""
     began = time.thread_time()
@@ -245,13 +240,9 @@ def _phases(url: str, count: int) -> dict[str, float]:
         connection.close()
         database.close()
     stats = pstats.Stats(profile)
-    total = sum(row[2] for row in stats.stats.values())
-    raw: dict[str, float] = {}
-    for phase, functions, minus in _PHASES:
-        raw[phase] = sum(_cumulative(stats, wanted) for wanted in functions) - sum(raw[m] for m in minus)
+    raw, total = phase_seconds(stats, _PHASES)
     raw["rest (tree create and end, db.run)"] = total - sum(raw.values())
-    scale = activedb_us / (total / count * 1e6) if total else 0.0
-    result = {phase: round(seconds / count * 1e6 * scale, 1) for phase, seconds in raw.items()}
+    result = scaled(raw, total, count, activedb_us, 1)
     driver = sum(row[2] for (filename, _, _), row in stats.stats.items()
                  if "/psycopg/" in filename.replace("\\", "/"))
     result["psycopg share"] = round(driver / total, 3) if total else 0.0
