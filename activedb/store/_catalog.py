@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
+import os
 import threading
 from typing import Any, Callable, Iterator
 
@@ -49,10 +50,17 @@ class IdleConnections:
         self._mutex = threading.Lock()
         self._idle: list[sa.Connection] = []
         self._closed = False
+        self._pid = os.getpid()
+        #: Connections kept by the parent of a forked process: never used, closed nor collected here (their
+        #: sockets are the parent's; a close would end the parent's sessions).
+        self._inherited: list[sa.Connection] = []
 
     def take(self) -> sa.Connection:
         """A connection in autocommit at the driver, no transaction open (give it back with ``give_back``)."""
         with self._mutex:
+            if self._pid != os.getpid():
+                self._inherited.extend(self._idle)
+                self._idle, self._pid = [], os.getpid()
             if self._idle:
                 return self._idle.pop()
         return self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")

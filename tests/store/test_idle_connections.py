@@ -37,3 +37,20 @@ def test_a_connection_given_back_inside_a_transaction_or_after_close_is_closed_n
     idle.close()
     idle.give_back(fresh)
     assert fresh.closed
+
+
+def test_a_forked_process_never_takes_the_connections_its_parent_kept(db, monkeypatch):
+    """The kept connections' sockets belong to the process that opened them: a forked child (another pid)
+    opens its own and leaves the parent's alone (neither used nor closed)."""
+    import os
+
+    idle = Catalog(db.engine, lambda: "the test database").idle
+    kept = idle.take()
+    idle.give_back(kept)
+    parent = os.getpid()
+    monkeypatch.setattr(os, "getpid", lambda: parent + 1)
+    mine = idle.take()
+    assert mine is not kept and not kept.closed
+    monkeypatch.undo()
+    mine.close()
+    kept.close()
