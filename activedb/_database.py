@@ -364,6 +364,7 @@ class Database:
             self.capture.close()
             self.outbox.close()
             self.transactions.pool.shutdown(wait=False)
+            self.catalog.idle.close()
             self.engine.dispose()
 
     def __enter__(self) -> "Database":

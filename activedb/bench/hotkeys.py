@@ -17,12 +17,19 @@ Each runs for ``seconds`` in one process, then again in ``PROCESSES`` processes 
 threads; started, then released together through their stdin), measuring commits/s, re-runs and
 failures, and the commit latency's median and 99th percentile.  The counters' final sum must equal the
 commits counted (checked after every run).  Figures are ratios against the baseline of the same run.
+
+Where the time of an update-lock commit goes: one thread, no contention, ``PHASE_COMMITS`` commits under
+``cProfile`` with the thread's CPU clock (waits for the server do not count), each phase's CPU per commit
+scaled to the unprofiled CPU per commit measured just before, next to psycopg's CPU per commit for the same
+increment — CPU is what eight threads share under the GIL, and what three processes share with the server.
 """
 
 from __future__ import annotations
 
+import cProfile
 import json
 import os
+import pstats
 import statistics
 import subprocess
 import sys
@@ -31,6 +38,7 @@ import time
 from typing import Any
 
 
+from activedb.bench._profile import phase_seconds, scaled
 from activedb.bench.report import BenchReport, Row
 
 THREADS = 8
@@ -39,6 +47,25 @@ PROCESSES = 3
 GOAL = 0.6              # update lock vs psycopg FOR UPDATE
 PLAIN_GOAL = 0.3        # plain read-then-write re-run by db.run vs psycopg FOR UPDATE, several processes
 MODES = ("psycopg", "update-lock", "plain-read")
+PHASE_COMMITS = 2000
+#: The phases of one update-lock commit: (phase, [(file suffix, function)] whose cumulative CPU it is, [phases
+#: whose time is inside those functions and is subtracted]); the rest (tree create and end, ``db.run``) is
+#: what is left of the total.
+_PHASES = (
+    ("read for update: SQL (BEGIN + SELECT … FOR UPDATE)", [("activedb/store/_sql.py", "lock_row")], []),
+    ("read for update: lock request and the rest", [("activedb/txn/_reads.py", "read")],
+     ["read for update: SQL (BEGIN + SELECT … FOR UPDATE)"]),
+    ("write (lock conversion, write set)", [("activedb/txn/_writes.py", "write")], []),
+    ("flush: write set + log row + COMMIT (SQL)", [("activedb/store/_sql.py", "apply_write_set")], []),
+    ("outbox participant: in the flush", [("activedb/outbox/_recording.py", "before_flush"),
+                                          ("activedb/outbox/_recording.py", "write")], []),
+    ("outbox participant: enlisted by db.run, told of the commit", [("activedb/outbox/_outbox.py", "mark_replayed"),
+                                                                   ("activedb/outbox/_recording.py", "committed")], []),
+    ("flush: the rest", [("activedb/txn/_flush.py", "flush")],
+     ["flush: write set + log row + COMMIT (SQL)", "outbox participant: in the flush"]),
+    ("lock manager at begin and commit", [("activedb/txn/_locking.py", "begin"), ("activedb/txn/_locking.py", "commit"),
+                                          ("activedb/txn/_locking.py", "release_holds")], []),
+)
 
 
 def _conninfo(url: str) -> str:
@@ -173,6 +200,57 @@ def _child(mode: str, threads: int, seconds: float) -> None:
     print(json.dumps(outcome), flush=True)
 
 
+def _cpu_per_commit(commit, count: int) -> float:
+    """Microseconds of this thread's CPU per ``commit()`` call, over ``count`` calls."""
+    began = time.thread_time()
+    for step in range(count):
+        commit(step)
+    return (time.thread_time() - began) / count * 1e6
+
+
+def _phases(url: str, count: int) -> dict[str, float]:
+    """CPU per update-lock commit by phase, and psycopg's CPU per commit, one thread (module docstring)."""
+    import psycopg
+
+    import activedb
+
+    _reset(url)
+    database = activedb.connect(url, upgrade=False)
+    connection = psycopg.connect(_conninfo(url))
+
+    def ours(step: int) -> None:
+        database.run(_increment_for_update, 1 + step % COUNTERS)
+
+    def theirs(step: int) -> None:
+        with connection.transaction():
+            key = 1 + step % COUNTERS
+            value = connection.execute("SELECT value FROM bench_objects WHERE id = %s FOR UPDATE", (key,)).fetchone()[0]
+            connection.execute("UPDATE bench_objects SET value = %s WHERE id = %s", (value + 1, key))
+
+    try:
+        _cpu_per_commit(ours, count // 10)                      # warm up: statements, connections
+        _cpu_per_commit(theirs, count // 10)
+        psycopg_us = _cpu_per_commit(theirs, count)
+        activedb_us = _cpu_per_commit(ours, count)
+        profile = cProfile.Profile(time.thread_time)
+        profile.enable()
+        _cpu_per_commit(ours, count)
+        profile.disable()
+    finally:
+        connection.close()
+        database.close()
+    stats = pstats.Stats(profile)
+    raw, total = phase_seconds(stats, _PHASES)
+    raw["rest (tree create and end, db.run)"] = total - sum(raw.values())
+    result = scaled(raw, total, count, activedb_us, 1)
+    driver = sum(row[2] for (filename, _, _), row in stats.stats.items()
+                 if "/psycopg/" in filename.replace("\\", "/"))
+    result["psycopg share"] = round(driver / total, 3) if total else 0.0
+    result["activedb cpu per commit"] = round(activedb_us, 1)
+    result["psycopg cpu per commit"] = round(psycopg_us, 1)
+    return result
+
+
 def _measure(mode: str, url: str, processes: int, seconds: float) -> dict[str, Any]:
     _reset(url)
     if processes == 1:
@@ -215,6 +293,10 @@ def run(quick: bool = False) -> BenchReport:
                 met=(ratio >= GOAL if mode == "update-lock" else ratio >= PLAIN_GOAL if processes > 1 else None),
                 extra={**{key: value for key, value in figures.items() if key != "rate"},
                        "baseline_p50_ms": baseline["p50_ms"], "baseline_p99_ms": baseline["p99_ms"]}))
+    phases = _phases(url, PHASE_COMMITS // 10 if quick else PHASE_COMMITS)
+    report.rows[0].extra["phases_cpu_us_per_commit"] = phases
+    report.notes.append("update-lock commit, one thread, CPU µs per commit by phase (profiled, scaled to the "
+                        "unprofiled CPU): " + ", ".join(f"{phase} {value}" for phase, value in phases.items()))
     report.notes.append(f"{seconds:g} s per run; threads per process {THREADS}; counters {COUNTERS}; "
                         f"reruns = attempts db.run made beyond the first (deadlock victims, conflicts); the "
                         f"counters' final sum equals the commits counted in every run")

@@ -20,6 +20,7 @@ import time
 from activedb import Coupling, Event
 from activedb.progress import Progress
 from activedb.bench.report import BenchReport, Row
+from activedb.bench._profile import cumulative, phase_seconds, scaled
 from activedb.bench._setup import connect
 
 IMMEDIATE_EVENT = "bench_rule_immediate"
@@ -102,12 +103,6 @@ _DISPATCH = ("activedb/rules/_manager.py", "on_event")
 _RUN_GROUPS = ("activedb/rules/_manager.py", "_run_groups")
 
 
-def _cumulative(stats: pstats.Stats, wanted: tuple[str, str]) -> float:
-    suffix, function = wanted
-    return sum(row[3] for (filename, _, name), row in stats.stats.items()
-               if name == function and filename.endswith(suffix))
-
-
 def _database_wait(stats: pstats.Stats) -> float:
     """Time spent on PostgreSQL's side of the connection: psycopg's ``Connection.wait`` (the socket wait
     for the server and libpq's protocol work; the statement building before it counts as Python)."""
@@ -122,16 +117,12 @@ def _phases(database, count: int, per_event_us: float) -> dict[str, float]:
     _fire(database, IMMEDIATE_EVENT, count)
     profile.disable()
     stats = pstats.Stats(profile)
-    total = sum(row[2] for row in stats.stats.values())
-    raw: dict[str, float] = {}
-    for phase, functions, minus in _PHASES:
-        raw[phase] = sum(_cumulative(stats, wanted) for wanted in functions) - sum(raw[m] for m in minus)
+    raw, total = phase_seconds(stats, _PHASES)
     # What dispatch does around the firing it runs: the firing record (counters, the tree's
     # per-rule count, the Firing) and the choice of the rules (match, reported on its own).
-    raw["firing record"] = (_cumulative(stats, _DISPATCH) - _cumulative(stats, _RUN_GROUPS) - raw["match"])
+    raw["firing record"] = (cumulative(stats, _DISPATCH) - cumulative(stats, _RUN_GROUPS) - raw["match"])
     raw["rest (emit, _execute, bench loop)"] = total - sum(raw.values())
-    scale = per_event_us / (total / count * 1e6) if total else 0.0
-    result = {phase: round(seconds / count * 1e6 * scale, 2) for phase, seconds in raw.items()}
+    result = scaled(raw, total, count, per_event_us, 2)
     database_wait = _database_wait(stats)
     result["postgresql share"] = round(database_wait / total, 3) if total else 0.0
     result["python share"] = round(1 - database_wait / total, 3) if total else 0.0

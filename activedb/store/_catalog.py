@@ -12,10 +12,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
+import os
 import threading
 from typing import Any, Callable, Iterator
 
 import sqlalchemy as sa
+from psycopg.pq import TransactionStatus
 
 from activedb.errors import (Failure, GeneratedKeysReset, TransactionError, UnknownTable, classify,
                              database_failure)
@@ -28,6 +30,55 @@ KEY_BLOCK = 64
 KEY_BLOCK_MAX = 4096
 #: How many drawn blocks per sequence are remembered to check generated keys at the flush.
 KEY_HISTORY = 256
+#: How many autocommit connections ``Catalog.idle`` keeps checked out between two uses.
+IDLE_KEPT = 8
+_IDLE = TransactionStatus.IDLE
+
+
+class IdleConnections:
+    """Connections in autocommit at the driver, for a transaction their user opens in its first query
+    (``lock_row(begin=…)``), kept checked out between two uses: taking one from the pool, setting autocommit
+    and resetting it on return cost more than the statement each use runs.  At most ``keep`` wait here;
+    one given back inside a transaction, closed or invalidated is closed instead.  Thread-safe (``_mutex``,
+    a leaf: no SQL under it)."""
+
+    def __init__(self, engine: sa.Engine, keep: int = IDLE_KEPT):
+        self._engine = engine
+        self._keep = keep
+        self._mutex = threading.Lock()
+        self._idle: list[sa.Connection] = []
+        self._closed = False
+        self._pid = os.getpid()
+        #: Connections kept by the parent of a forked process: never used, closed nor collected here (their
+        #: sockets are the parent's; a close would end the parent's sessions).
+        self._inherited: list[sa.Connection] = []
+
+    def take(self) -> sa.Connection:
+        """A connection in autocommit at the driver, no transaction open (give it back with ``give_back``)."""
+        with self._mutex:
+            if self._pid != os.getpid():
+                self._inherited.extend(self._idle)
+                self._idle, self._pid = [], os.getpid()
+            if self._idle:
+                return self._idle.pop()
+        return self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+
+    def give_back(self, connection: sa.Connection) -> None:
+        """Keep ``connection`` for the next ``take`` if it is usable and outside a transaction, else close it."""
+        if not (connection.closed or connection.invalidated or connection.in_transaction()
+                or connection.connection.driver_connection.pgconn.transaction_status != _IDLE):
+            with self._mutex:
+                if not self._closed and len(self._idle) < self._keep:
+                    self._idle.append(connection)
+                    return
+        connection.close()
+
+    def close(self) -> None:
+        """Close the kept connections (before the engine is disposed); later ones given back are closed."""
+        with self._mutex:
+            idle, self._idle, self._closed = self._idle, [], True
+        for connection in idle:
+            connection.close()
 
 
 class Catalog:
@@ -50,6 +101,7 @@ class Catalog:
         # sequence -> when a draw found it reset (transactions that began before may hold stale keys)
         self._reset_at: dict[str, datetime.datetime] = {}
         self._pool_isolation: str | None = None        # the isolation level of a checked-out connection
+        self.idle = IdleConnections(engine)
 
     def describe(self) -> str:
         """Host, port and database, password masked (for messages)."""

@@ -15,6 +15,7 @@ import operator
 from typing import Any, Iterable, Iterator, Mapping
 
 import sqlalchemy as sa
+from psycopg import ClientCursor
 
 from activedb.errors import DuplicateKey, Failure, InvalidValue, classify
 from activedb.store._schema import TableInfo
@@ -116,7 +117,10 @@ def lock_row(connection: sa.Connection, info: TableInfo, key: Key, *, lock_timeo
     value through its type's result processor, as SQLAlchemy applies it.  Errors reach the caller as
     SQLAlchemy's exceptions, as from ``connection.execute``."""
     dialect = connection.dialect
-    statement = info.cached(("lock_row", lock_timeout), lambda: _lock_row_statement(dialect, info, lock_timeout))
+    if begin is not None and begin not in _ISOLATION_LEVELS:
+        raise ValueError(f"lock_row(begin={begin!r}): use one of {', '.join(_ISOLATION_LEVELS)}")
+    statement = info.cached(("lock_row", lock_timeout, begin),
+                            lambda: _lock_row_statement(dialect, info, lock_timeout, begin))
     processors = info.driver_processors(dialect)
     parameters = tuple(value if processors.get(name) is None else processors[name](value)
                        for name, value in zip(info.key_columns, key))
@@ -125,11 +129,6 @@ def lock_row(connection: sa.Connection, info: TableInfo, key: Key, *, lock_timeo
         if begin is None:
             cursor = driver.execute(statement, parameters)
         else:
-            from psycopg import ClientCursor
-
-            if begin not in _ISOLATION_LEVELS:
-                raise ValueError(f"lock_row(begin={begin!r}): use one of {', '.join(_ISOLATION_LEVELS)}")
-            statement = f"BEGIN ISOLATION LEVEL {begin}; {statement}"
             cursor = ClientCursor(driver)
             cursor.execute(statement, parameters)
             cursor.nextset()                        # past BEGIN's result, to the row's
@@ -138,7 +137,9 @@ def lock_row(connection: sa.Connection, info: TableInfo, key: Key, *, lock_timeo
         raise sa.exc.DBAPIError.instance(statement, parameters, error, driver.Error) from None
     if row is None:
         return None
-    readers = info.cached(("lock_row:readers", tuple(column.type_code for column in cursor.description)),
+    # The statement's columns are the table's, in its order: their result processors are the same for every
+    # row (a migration that changes a column's type makes a new TableInfo, and so a new cache).
+    readers = info.cached(("lock_row:readers", dialect.name),
                           lambda: _result_processors(dialect, info, cursor.description))
     return {name: value if reader is None else reader(value) for (name, reader), value in zip(readers, row)}
 
@@ -146,14 +147,15 @@ def lock_row(connection: sa.Connection, info: TableInfo, key: Key, *, lock_timeo
 _ISOLATION_LEVELS = ("READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE")
 
 
-def _lock_row_statement(dialect: sa.Dialect, info: TableInfo, lock_timeout: str) -> str:
+def _lock_row_statement(dialect: sa.Dialect, info: TableInfo, lock_timeout: str, begin: str | None) -> str:
     preparer = dialect.identifier_preparer
     table = preparer.format_table(info.table).replace("%", "%%")
     columns = ", ".join(preparer.quote(name).replace("%", "%%") for name in info.columns)
     match = " AND ".join(f"{preparer.quote(name).replace('%', '%%')} = %s" for name in info.key_columns)
     timeout = lock_timeout.replace("'", "''").replace("%", "%%")
-    return (f"SELECT {columns} FROM {table} WHERE {match} "
-            f"AND set_config('lock_timeout', '{timeout}', true) IS NOT NULL FOR UPDATE")
+    statement = (f"SELECT {columns} FROM {table} WHERE {match} "
+                 f"AND set_config('lock_timeout', '{timeout}', true) IS NOT NULL FOR UPDATE")
+    return statement if begin is None else f"BEGIN ISOLATION LEVEL {begin}; {statement}"
 
 
 def _result_processors(dialect: sa.Dialect, info: TableInfo, description) -> tuple[tuple[str, Any], ...]:
@@ -173,7 +175,7 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
     when the row exists (one ``SELECT ... FOR UPDATE`` per table finds out) and otherwise
     an INSERT that PostgreSQL rejects with a clear message naming the missing columns.
 
-    The statements go to the driver as plain SQL (:func:`_send`): a group of rows is one statement over
+    The statements go to the driver as plain SQL (:func:`_statement`): a group of rows is one statement over
     ``unnest`` of one array per column, or, when a column cannot travel as an array, the driver's
     ``executemany`` (pipelined).  Values are adapted exactly as SQLAlchemy adapts them (its bind processor
     of each column type, where it has one), and errors reach the caller as SQLAlchemy's exceptions.
@@ -184,7 +186,8 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
 
     ``commit=True`` (the connection in autocommit at the driver, inside a transaction it opened itself, e.g.
     with :func:`lock_row`'s ``begin``): the transaction ends with a ``COMMIT`` sent in the same round trip
-    as the last statement (a driver pipeline) — the caller must have nothing left to write; an error of
+    as the last statement (in the same query string when that statement carries ``along`` and is sent once,
+    else a driver pipeline) — the caller must have nothing left to write; an error of
     either, the COMMIT's included, is SQLAlchemy's exception as ever and nothing is committed.
     """
     deletes: dict[str, list[tuple]] = {}
@@ -261,14 +264,34 @@ def _run(connection: sa.Connection, plan: list[tuple[TableInfo, str, tuple[str, 
         final = number == len(plan)
         last = along if final else None
         try:
+            statement, parameters = _statement(connection, info, kind, order, rows)
+            folded = last is not None and isinstance(parameters, tuple)
+            if folded:
+                statement, parameters = f"WITH activedb_along AS ({last[0]}) {statement}", (*last[1], *parameters)
+            if commit and final and folded:
+                _execute_then_commit(connection, statement, parameters)
+                continue
             with _then_commit(connection, commit and final):
-                folded = _send(connection, info, kind, order, rows, along=last)
+                connection.exec_driver_sql(statement, parameters)
                 if last is not None and not folded:
                     connection.exec_driver_sql(*last)
         except sa.exc.IntegrityError as error:
             if kind == "insert":
                 _raise_insert_error(info.name, error)
             raise
+
+
+def _execute_then_commit(connection: sa.Connection, statement: str, parameters: tuple) -> None:
+    """``statement`` and ``COMMIT`` as one query string, its parameters bound by the driver on the client (the
+    way :func:`lock_row` sends ``BEGIN``): one round trip and one driver call, where a pipeline of the two
+    costs two cursors and SQLAlchemy's execution around the first.  PostgreSQL runs nothing after a failing
+    statement of the string, so an error commits nothing; it reaches the caller as SQLAlchemy's exception."""
+    driver = connection.connection.driver_connection
+    statement = f"{statement}; COMMIT"
+    try:
+        ClientCursor(driver).execute(statement, parameters)
+    except driver.Error as error:
+        raise sa.exc.DBAPIError.instance(statement, parameters, error, driver.Error) from None
 
 
 @contextlib.contextmanager
@@ -320,17 +343,16 @@ def _as_tuples(info: TableInfo, columns: frozenset[str], pairs: list[tuple[Key, 
     return order, [key + pick(values) for key, values in pairs]
 
 
-def _send(connection: sa.Connection, info: TableInfo, kind: str, order: tuple[str, ...], rows: list[tuple], *,
-          along: tuple[str, tuple] | None = None) -> bool:
+def _statement(connection: sa.Connection, info: TableInfo, kind: str, order: tuple[str, ...], rows: list[tuple]
+               ) -> tuple[str, tuple | list[tuple]]:
     """One ``kind`` statement (``insert``, ``upsert``, ``update``, ``delete``) of ``info``'s table for ``rows``
-    (tuples over the columns ``order``, the key columns first), through the driver; with ``along`` in a
-    ``WITH`` clause if it is sent once (returns whether it did)."""
+    (tuples over the columns ``order``, the key columns first), as driver SQL and its parameters: a tuple when
+    it is sent once, a list of tuples for the driver's ``executemany``."""
     processors = info.driver_processors(connection.dialect)
     adapted = {index for index, name in enumerate(order) if processors.get(name) is not None}
     if adapted:
         rows = [tuple(processors[order[index]](value) if index in adapted else value
                       for index, value in enumerate(row)) for row in rows]
-    parameters: tuple | list[tuple] | None = None
     if len(rows) >= UNNEST_MIN:
         casts = info.array_types(connection.dialect, order)
         if casts is not None:
@@ -338,19 +360,13 @@ def _send(connection: sa.Connection, info: TableInfo, kind: str, order: tuple[st
             if all(_uniform(values) for values in columns):
                 statement = info.cached(("driver", kind, order, True),
                                         lambda: _driver_statement(connection.dialect, info, kind, order, casts))
-                parameters = tuple(list(values) for values in columns)
-    if parameters is None:
-        statement = info.cached(("driver", kind, order, False),
-                                lambda: _driver_statement(connection.dialect, info, kind, order, None))
-        if kind == "update":        # SET values first, then the key
-            width = len(info.key_columns)
-            rows = [row[width:] + row[:width] for row in rows]
-        parameters = rows if len(rows) > 1 else rows[0]
-    if along is not None and isinstance(parameters, tuple):
-        connection.exec_driver_sql(f"WITH activedb_along AS ({along[0]}) {statement}", (*along[1], *parameters))
-        return True
-    connection.exec_driver_sql(statement, parameters)
-    return False
+                return statement, tuple(list(values) for values in columns)
+    statement = info.cached(("driver", kind, order, False),
+                            lambda: _driver_statement(connection.dialect, info, kind, order, None))
+    if kind == "update":        # SET values first, then the key
+        width = len(info.key_columns)
+        rows = [row[width:] + row[:width] for row in rows]
+    return statement, rows if len(rows) > 1 else rows[0]
 
 
 def _uniform(values: tuple) -> bool:

@@ -100,7 +100,7 @@ def _flush_in_held(root, connection, infos, writes, reads, scans, participants, 
             connection.rollback()
             raise
         finally:
-            connection.close()
+            root.manager.catalog.idle.give_back(connection)
     except sa.exc.OperationalError as error:
         sqlstate = getattr(error.orig, "sqlstate", None)
         if classify(error) in _RETRIED or sqlstate == "55P03":

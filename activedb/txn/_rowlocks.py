@@ -51,6 +51,9 @@ class RowLocks(CommitParticipant):
         slot = root.slot(_Slot, create=create)
         if slot is None:
             return None
+        session = slot.session          # set once, never unset: no mutex needed to find it
+        if session is not None:
+            return session
         with slot.mutex:
             if slot.session is None and create:
                 session = cls(root)
@@ -81,17 +84,17 @@ class RowLocks(CommitParticipant):
         return image
 
     def _open(self) -> None:
-        """Caller holds ``_mutex``.  The connection is in autocommit at the driver, so that the first row's
-        ``SELECT … FOR UPDATE`` opens the transaction in its own round trip (``lock_row(begin=…)``); every
-        later statement runs in that open transaction, and ``commit``/``rollback`` end it as usual."""
-        catalog = self._root.manager.catalog
-        connection = catalog.connect("AUTOCOMMIT")
+        """Caller holds ``_mutex``.  The connection is in autocommit at the driver (``Catalog.idle``), so that
+        the first row's ``SELECT … FOR UPDATE`` opens the transaction in its own round trip
+        (``lock_row(begin=…)``); every later statement runs in that open transaction, and ``commit``/``rollback``
+        end it as usual."""
+        connection = self._root.manager.catalog.idle.take()
         self._transaction = connection.begin()
         self.connection = connection
 
     def take_connection(self) -> sa.Connection | None:
-        """For the flush: the connection in its open transaction (the caller commits or rolls it back and closes
-        it), or None if no row was locked."""
+        """For the flush: the connection in its open transaction (the caller commits or rolls it back and gives
+        it back, ``Catalog.idle.give_back``), or None if no row was locked."""
         with self._mutex:
             connection, self.connection, self._transaction = self.connection, None, None
             return connection
@@ -108,7 +111,7 @@ class RowLocks(CommitParticipant):
         if connection is not None:
             try:
                 connection.rollback()
-                connection.close()
+                self._root.manager.catalog.idle.give_back(connection)
             except sa.exc.DBAPIError:
                 connection.invalidate()
 

@@ -23,3 +23,9 @@ def test_hotkeys_benchmark_quick(database_url, monkeypatch):
         if "update-lock" in row.name:
             assert row.extra["reruns"] == 0, row.extra          # the update lock queues: nothing re-runs
     assert any("counters' final sum equals the commits" in note for note in report.notes)
+    phases = report.rows[0].extra["phases_cpu_us_per_commit"]       # where an update-lock commit's CPU goes
+    assert phases["activedb cpu per commit"] > 0 and phases["psycopg cpu per commit"] > 0
+    assert phases["read for update: SQL (BEGIN + SELECT … FOR UPDATE)"] > 0
+    assert phases["flush: write set + log row + COMMIT (SQL)"] > 0
+    assert 0 < phases["psycopg share"] < 1
+    assert any("CPU µs per commit by phase" in note for note in report.notes)

@@ -206,3 +206,39 @@ def test_arrays_are_cast_to_the_column_types_without_modifiers_so_nothing_is_cut
     assert info.array_types(dialect, ("id", "code", "name", "amount", "at")) == (
         "INTEGER", "BPCHAR", "VARCHAR", "NUMERIC", "TIMESTAMP WITH TIME ZONE")
     assert info.array_types(dialect, ("id", "tags")) is None      # an array column goes row by row
+
+
+def test_every_common_type_written_after_a_read_for_update_is_stored_as_given(samples):
+    """A tree that read a row for update flushes in the transaction that holds it, its last statement and
+    ``COMMIT`` sent as one query whose parameters the driver binds on the client: every common type must
+    arrive exactly as through the server-bound statements."""
+    db = samples
+    with db.transaction() as tx:
+        tx.insert("typed_samples", id=1, label="before")
+    expected = sample(5)
+    with db.transaction() as tx:
+        assert tx.read("typed_samples", 1, for_update=True)["label"] == "before"
+        tx.write("typed_samples", 1, **expected)
+    assert stored(db) == {1: expected}
+    with db.transaction() as tx:                      # the row lock went with the COMMIT
+        tx.read("typed_samples", 1, for_update=True)
+        tx.write("typed_samples", 1, label=None, doc=None, blob=None)
+    assert stored(db)[1] == {**expected, "label": None, "doc": None, "blob": None}
+
+
+def test_a_group_of_rows_written_after_a_read_for_update_travels_as_arrays_bound_on_the_client(samples):
+    """The held flush's last statement may be a group's ``unnest`` statement: its arrays are then bound on the
+    client too, and every array-able type must arrive as given."""
+    db = samples
+    with db.transaction() as tx:
+        tx.insert("typed_samples", id=0, label="before")
+    expected = {number: {name: value if name in ARRAYABLE else None for name, value in sample(number).items()}
+                for number in range(1, 4)}
+    with Statements(db) as statements:
+        with db.transaction() as tx:
+            tx.read("typed_samples", 0, for_update=True)
+            for number, values in expected.items():          # upserts (write): no read, so no SERIALIZABLE flush
+                tx.write("typed_samples", number, **{name: value for name, value in values.items()
+                                                     if value is not None})
+    assert {number: values for number, values in stored(db).items() if number} == expected
+    assert statements.sent == []          # lock_row and the last statement (with COMMIT) go to the driver
