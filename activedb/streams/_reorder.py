@@ -121,10 +121,7 @@ class ReorderBuffer:
             released.append(event)
             if event.sts is not None:
                 delay += now - event.sts
-            if arrival in pending.buffer_added:
-                del pending.buffer_added[arrival]
-            else:
-                pending.buffer_removed.add(arrival)
+            pending.buffer_added.pop(arrival, None)
         del buffer[:cut]
         self.metrics.add(released=len(released), reorder_delay=delay, ties_by_content=ties)
         return released

@@ -216,3 +216,30 @@ def test_a_new_engine_object_resumes_from_the_saved_state(db):
         changed.feed([])
     changed.reset_state()
     assert changed.feed([]).buffered == 0
+
+
+def test_a_restart_between_batches_that_release_part_of_a_saved_chunk(db):
+    """Each batch saves its still-buffered events as one chunk; a later batch releases part of
+    a chunk: a new engine object must resume exactly the unreleased ones, the partial matches
+    and the outputs of an uninterrupted run, and no chunk row outlives its last event."""
+    rng = random.Random(SEED + 3)
+    events = shuffle_bounded(rng, random_stream(rng, 200), slack=6)
+    expected, _ = run_sorted(db, events, name="reference3")
+    reset(db)
+    chunks, outputs = [events[start:start + 40] for start in range(0, 160, 40)], []
+    before, seen = engine(db, name="chunks"), None
+    for chunk in chunks:
+        punctuation = None if seen is None else seen - 4      # part of the previous chunk stays buffered
+        outputs += before.feed(chunk, punctuation=punctuation).outputs
+        seen = max([event.ts for event in chunk] + ([seen] if seen is not None else []))
+    assert before.buffered(), "nothing buffered at the restart; the test needs a partially released chunk"
+    after = engine(db, name="chunks")
+    outputs += after.feed([]).outputs                       # loads the saved state, releases nothing new
+    assert after.buffered() == before.buffered()
+    assert after.partitions("Q1") == before.partitions("Q1") and after.partitions("Q2") == before.partitions("Q2")
+    outputs += after.feed(events[160:], punctuation=streams.END_OF_STREAM).outputs
+    assert observe(db, outputs) == expected
+    with db.engine.connect() as connection:
+        left = connection.execute(sa.text("SELECT count(*) FROM activedb_stream_state "
+                                          "WHERE engine = 'chunks' AND kind = 'buffer'")).scalar()
+    assert left == 0, f"{left} saved buffer chunk(s) left after END_OF_STREAM released every event"
