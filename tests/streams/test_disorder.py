@@ -243,3 +243,19 @@ def test_a_restart_between_batches_that_release_part_of_a_saved_chunk(db):
         left = connection.execute(sa.text("SELECT count(*) FROM activedb_stream_state "
                                           "WHERE engine = 'chunks' AND kind = 'buffer'")).scalar()
     assert left == 0, f"{left} saved buffer chunk(s) left after END_OF_STREAM released every event"
+
+
+def test_a_saved_chunk_of_events_decodes_to_the_same_events():
+    """The buffer's chunks are saved as columns: events with different attribute sets, a None
+    attribute and a missing one, numbers and datetimes come back equal (through JSON, as jsonb)."""
+    import datetime as dt
+    import json
+
+    from activedb.streams import _persist
+
+    events = [streams.StreamEvent("EXIT", 3.5, {"HCW-ID": "w1", "location": None}, stream="estream", position=4),
+              streams.StreamEvent("MASK", 7, {"HCW-ID": "w2"}, stream="estream"),
+              streams.StreamEvent("ENTER", dt.datetime(2011, 9, 1, 8, 30), {"room": 12, "flag": True}, stream="other")]
+    decoded = _persist.decode_events(json.loads(json.dumps(_persist.encode_events(events))))
+    assert decoded == events
+    assert [sorted(event.attributes) for event in decoded] == [["HCW-ID", "location"], ["HCW-ID"], ["flag", "room"]]
