@@ -85,6 +85,11 @@ class STransaction:
         return self.event.ts
 
     @functools.cached_property
+    def described(self) -> str:
+        """``type^ts`` of its event (computed once: every history record and stamp names it)."""
+        return self.event.describe()
+
+    @functools.cached_property
     def plan(self) -> AccessPlan:
         """Algorithm 1's locks for this s-transaction (computed once)."""
         return self.engine.access_plan(self.event)
@@ -163,7 +168,7 @@ class BatchRun:
             return True
         self._history("begin", unit, stransaction)
         parent = self.tx if parent is None else parent
-        context = parent.subtransaction(name=f"s-transaction {stransaction.event.describe()}")
+        context = parent.subtransaction(name=f"s-transaction {stransaction.described}")
         child = context.__enter__()
         try:
             try:
@@ -232,7 +237,7 @@ class BatchRun:
         history = self.engine.history
         if history is not None:
             event = stransaction.event
-            getattr(history, step)(unit, stransaction.id, event.describe(), event.ts, (event.position, ()),
+            getattr(history, step)(unit, stransaction.id, stransaction.described, event.ts, (event.position, ()),
                                    *committed)
 
     def execute_unit(self, stransaction: STransaction, rank: int, tx: Transaction) -> bool:
@@ -255,9 +260,10 @@ class BatchRun:
         engine = self.engine
         metrics = engine.metrics
         event = stransaction.event
-        view = self.view_factory(tx, Stamp(unit, stransaction.id, event.describe(), event.ts, event.position))
+        view = self.view_factory(tx, Stamp(unit, stransaction.id, stransaction.described, event.ts, event.position))
         touched: dict[tuple[str, tuple], PartitionState] = {}
         produced: list[tuple[int, CompiledQuery, list[Output]]] = []
+        matching = reading = 0.0
         for rank, matcher in stransaction.matchers:
             if ranks is not None and rank not in ranks:
                 continue
@@ -270,11 +276,12 @@ class BatchRun:
             prepared = time.perf_counter()
             view.at(0, rank, query.name)
             outputs, state = step.complete(view)
-            metrics.phase("match", prepared - started)
-            metrics.phase("reads", time.perf_counter() - prepared)
+            matching += prepared - started
+            reading += time.perf_counter() - prepared
             metrics.query(query.name, len(outputs))
             touched[(query.name, key)] = state
             produced.append((rank, query, outputs))
+        metrics.phases_add(match=matching, reads=reading)
         rules_by_query = self.definitions.rules_by_query
         if self.on_matched is not None:
             self.on_matched(stransaction, dict(touched),

@@ -34,7 +34,9 @@ class Definitions:
         #: The rules on each query's outputs, by priority then name (replaced whole on a change).
         self.rules_by_query: dict[str, tuple[CompiledRule, ...]] = {}
         self._by_type: dict[tuple[str, str], tuple[tuple[int, Matcher], ...]] = {}
-        self._plans: dict[tuple[str, str], tuple] = {}     # access-plan templates, see _plan_template
+        # Access-plan templates by (stream, type), see _plan_template, and the plans made from them by
+        # (stream, type, *keys); emptied when the definitions change or it grows past 10,000.
+        self._plans: dict[tuple, Any] = {}
 
     def add_stream(self, schema: StreamSchema) -> StreamSchema:
         with self._mutex:
@@ -129,8 +131,15 @@ class Definitions:
         if template is None:
             template = self._plan_template(stream.name, event.type)
         reads, writes, opaque = template
-        return AccessPlan(frozenset(Resource(table, _key_of(extract, event)) for table, extract in reads),
-                          frozenset(Resource(table, _key_of(extract, event)) for table, extract in writes), opaque)
+        keys = tuple(_key_of(extract, event) for _, extract in reads + writes)
+        plan = self._plans.get((stream.name, event.type, keys))    # immutable: events with the same keys share it
+        if plan is None:
+            if len(self._plans) > 10_000:
+                self._plans = {}
+            plan = AccessPlan(frozenset(map(Resource, [table for table, _ in reads], keys[:len(reads)])),
+                              frozenset(map(Resource, [table for table, _ in writes], keys[len(reads):])), opaque)
+            self._plans[(stream.name, event.type, keys)] = plan
+        return plan
 
     def _plan_template(self, stream: str, event_type: str):
         """Per (stream, type): the tables and how each key is taken from the event (cached

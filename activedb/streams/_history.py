@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StreamOp:
     sequence: int
     kind: str                      # read | write | begin | end

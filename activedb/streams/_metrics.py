@@ -74,11 +74,19 @@ class Metrics:
 
     def add(self, **amounts: Any) -> None:
         with self._mutex:
-            self.counts.update(amounts)
+            counts = self.counts
+            for name, amount in amounts.items():     # Counter.update(), without its Mapping check per call
+                counts[name] += amount
 
     def phase(self, name: str, seconds: float) -> None:
         with self._mutex:
             self.phases[name] += seconds
+
+    def phases_add(self, **seconds: float) -> None:
+        """``phase`` for several phases at once (one lock)."""
+        with self._mutex:
+            for name, spent in seconds.items():
+                self.phases[name] += spent
 
     def query(self, name: str, outputs: int) -> None:
         with self._mutex:

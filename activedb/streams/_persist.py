@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from activedb.streams._events import END_OF_STREAM, StreamEvent, order_key
+from activedb.streams._events import END_OF_STREAM, StreamEvent, order_key, ts_less
 from activedb.streams._matcher import PartitionState
 from activedb.streams.errors import StreamStateError
 
@@ -60,14 +60,38 @@ def decode_value(value: Any) -> Any:
     return value
 
 
-def encode_event(event: StreamEvent) -> dict:
-    return {"t": event.type, "ts": encode_value(event.ts), "s": event.stream, "p": event.position,
-            "a": {key: encode_value(value) for key, value in dict(event.attributes).items()}}
+def encode_event(event: StreamEvent) -> list:
+    return [event.type, encode_value(event.ts), event.stream, event.position,
+            {key: encode_value(value) for key, value in dict(event.attributes).items()}]
 
 
-def decode_event(data: dict) -> StreamEvent:
-    return StreamEvent(type=data["t"], ts=decode_value(data["ts"]), stream=data["s"], position=data["p"],
-                       attributes={key: decode_value(value) for key, value in data["a"].items()})
+def decode_event(data: list | dict) -> StreamEvent:
+    """An event saved by :func:`encode_event` (or as the earlier ``{"t", "ts", "s", "p", "a"}`` object)."""
+    kind, ts, stream, position, attributes = (data["t"], data["ts"], data["s"], data["p"], data["a"]) \
+        if isinstance(data, dict) else data
+    return StreamEvent(type=kind, ts=decode_value(ts), stream=stream, position=position,
+                       attributes={key: decode_value(value) for key, value in attributes.items()})
+
+
+ABSENT = {"$absent": True}        # an attribute the event lacks (encode_value never gives it)
+
+
+def encode_events(events: list[StreamEvent]) -> dict:
+    """``events`` as columns, one list per field and per attribute: a batch's chunk of the buffer is
+    then about two thirds of the JSON (and of the quotes the flush escapes) of one list per event."""
+    names = dict.fromkeys(name for event in events for name in event.attributes)
+    return {"t": [event.type for event in events], "ts": [encode_value(event.ts) for event in events],
+            "s": [event.stream for event in events], "p": [event.position for event in events],
+            "a": {name: [encode_value(event.attributes[name]) if name in event.attributes else ABSENT
+                         for event in events] for name in names}}
+
+
+def decode_events(data: dict) -> list[StreamEvent]:
+    columns = data["a"].items()
+    return [StreamEvent(type=kind, ts=decode_value(ts), stream=stream, position=position,
+                        attributes={name: decode_value(values[index]) for name, values in columns
+                                    if values[index] != ABSENT})
+            for index, (kind, ts, stream, position) in enumerate(zip(data["t"], data["ts"], data["s"], data["p"]))]
 
 
 def _partition_item(query: str, key: tuple) -> str:
@@ -77,13 +101,21 @@ def _partition_item(query: str, key: tuple) -> str:
 def save(engine: Any, tx: Transaction, pending: Any) -> None:
     """Write what ``pending`` changed into ``tx`` (see the module docstring)."""
     name = engine.name
-    for arrival, event in pending.buffer_added.items():
-        tx.write(TABLE, (name, "buffer", f"{arrival:012d}"), value=encode_event(event))
-    pending.buffer_added = {}
-    for arrival in pending.buffer_removed:
-        tx.delete(TABLE, (name, "buffer", f"{arrival:012d}"))
-    pending.buffer_removed = set()
+    chunks, released = pending.chunks, pending.released
+    for item in [item for item, latest in chunks.items() if released is not None and ts_less(latest, released)]:
+        tx.delete(TABLE, (name, "buffer", item))       # every event of the chunk was released
+        del chunks[item]
+    if pending.buffer_added:
+        item = f"{min(pending.buffer_added):012d}"
+        tx.write(TABLE, (name, "buffer", item),
+                 value={"arrivals": list(pending.buffer_added), **encode_events(list(pending.buffer_added.values()))})
+        chunks[item] = _latest(event.ts for event in pending.buffer_added.values())
+        pending.buffer_added = {}
+    saved, written = pending.base.partitions, pending.written
     for (query, key), state in pending.overlay.items():
+        if state == (written[query, key] if (query, key) in written else saved.get((query, key))):
+            continue                                   # the row already holds it (or there is none)
+        written[query, key] = state
         item = _partition_item(query, key)
         if state is None:
             tx.delete(TABLE, (name, "partition", item))
@@ -111,6 +143,7 @@ def load(engine: Any) -> Any:
         return state
     streams = engine.streams
     queries = engine.queries
+    buffered: list[tuple[int, StreamEvent]] = []
     for kind, item, value in rows:
         if kind == "meta":
             for query, fingerprint in value.get("fingerprints", {}).items():
@@ -126,21 +159,38 @@ def load(engine: Any) -> Any:
             state.arrivals = value["arrivals"]
             state.time_kind = value["time_kind"]
         elif kind == "buffer":
-            event = decode_event(value)
-            stream = streams.get(event.stream)
-            if stream is None:
-                raise StreamStateError(f"engine {engine.name}: a buffered event belongs to stream {event.stream!r}, "
-                                       f"which is not declared; declare it before the first batch")
-            tie = stream.tie_key(event) if stream.tie_key is not None else None
-            state.buffer.append((order_key(event, stream.priority(event.type), tie), int(item), event))
+            # One row per batch's chunk of buffered events; those older than the released
+            # punctuation were released by a later batch (the buffer holds no older event).
+            events = list(zip(value["arrivals"], decode_events(value))) if "arrivals" in value \
+                else [(int(item), decode_event(value))]       # a row of one event (the earlier layout)
+            state.chunks[item] = _latest(event.ts for _, event in events)
+            buffered.extend(events)
         elif kind == "partition":
             query, key = json.loads(item)
             key = tuple(decode_value(value_) for value_ in key)
             state.partitions[(query, key)] = PartitionState(
                 tuple(tuple(decode_event(event) for event in buffer) for buffer in value["buffers"]),
                 tuple(tuple(decode_event(event) for event in run) for run in value["runs"]))
+    for arrival, event in buffered:
+        if state.released is not None and ts_less(event.ts, state.released):
+            continue
+        stream = streams.get(event.stream)
+        if stream is None:
+            raise StreamStateError(f"engine {engine.name}: a buffered event belongs to stream {event.stream!r}, "
+                                   f"which is not declared; declare it before the first batch")
+        tie = stream.tie_key(event) if stream.tie_key is not None else None
+        state.buffer.append((order_key(event, stream.priority(event.type), tie), arrival, event))
     state.buffer.sort(key=lambda entry: (entry[0], entry[1]))
     return state
+
+
+def _latest(timestamps) -> Any:
+    """The latest of ``timestamps`` (by ``ts_less``)."""
+    latest = None
+    for ts in timestamps:
+        if latest is None or ts_less(latest, ts):
+            latest = ts
+    return latest
 
 
 def delete(engine: Any) -> None:

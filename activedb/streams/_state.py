@@ -30,6 +30,8 @@ class State:
     position: int = 0                 # the next release position
     arrivals: int = 0                 # the next arrival number
     time_kind: str | None = None      # "number" or "datetime", fixed by the first event
+    # The saved chunks of the buffer (durable engines): row item -> the latest ts of its events.
+    chunks: dict[str, Any] = field(default_factory=dict)
 
 
 class Pending:
@@ -45,8 +47,9 @@ class Pending:
         self.position = base.position
         self.arrivals = base.arrivals
         self.time_kind = base.time_kind
-        self.buffer_added: dict[int, StreamEvent] = {}
-        self.buffer_removed: set[int] = set()
+        self.chunks = dict(base.chunks)
+        self.buffer_added: dict[int, StreamEvent] = {}     # arrival -> event, admitted and still buffered
+        self.written: dict[tuple[str, tuple], PartitionState | None] = {}    # partitions saved in this batch
         self.units: list[str] = []          # history units run in this batch (aborted with it)
 
     def partition(self, key: tuple[str, tuple]) -> PartitionState | None:
@@ -63,7 +66,7 @@ class Pending:
                 partitions[key] = value
         return State(partitions=partitions, buffer=self.buffer, released=self.released,
                      punctuations=self.punctuations, position=self.position, arrivals=self.arrivals,
-                     time_kind=self.time_kind)
+                     time_kind=self.time_kind, chunks=self.chunks)
 
 
 class BatchOutcome(CommitParticipant):

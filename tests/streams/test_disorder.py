@@ -216,3 +216,46 @@ def test_a_new_engine_object_resumes_from_the_saved_state(db):
         changed.feed([])
     changed.reset_state()
     assert changed.feed([]).buffered == 0
+
+
+def test_a_restart_between_batches_that_release_part_of_a_saved_chunk(db):
+    """Each batch saves its still-buffered events as one chunk; a later batch releases part of
+    a chunk: a new engine object must resume exactly the unreleased ones, the partial matches
+    and the outputs of an uninterrupted run, and no chunk row outlives its last event."""
+    rng = random.Random(SEED + 3)
+    events = shuffle_bounded(rng, random_stream(rng, 200), slack=6)
+    expected, _ = run_sorted(db, events, name="reference3")
+    reset(db)
+    chunks, outputs = [events[start:start + 40] for start in range(0, 160, 40)], []
+    before, seen = engine(db, name="chunks"), None
+    for chunk in chunks:
+        punctuation = None if seen is None else seen - 4      # part of the previous chunk stays buffered
+        outputs += before.feed(chunk, punctuation=punctuation).outputs
+        seen = max([event.ts for event in chunk] + ([seen] if seen is not None else []))
+    assert before.buffered(), "nothing buffered at the restart; the test needs a partially released chunk"
+    after = engine(db, name="chunks")
+    outputs += after.feed([]).outputs                       # loads the saved state, releases nothing new
+    assert after.buffered() == before.buffered()
+    assert after.partitions("Q1") == before.partitions("Q1") and after.partitions("Q2") == before.partitions("Q2")
+    outputs += after.feed(events[160:], punctuation=streams.END_OF_STREAM).outputs
+    assert observe(db, outputs) == expected
+    with db.engine.connect() as connection:
+        left = connection.execute(sa.text("SELECT count(*) FROM activedb_stream_state "
+                                          "WHERE engine = 'chunks' AND kind = 'buffer'")).scalar()
+    assert left == 0, f"{left} saved buffer chunk(s) left after END_OF_STREAM released every event"
+
+
+def test_a_saved_chunk_of_events_decodes_to_the_same_events():
+    """The buffer's chunks are saved as columns: events with different attribute sets, a None
+    attribute and a missing one, numbers and datetimes come back equal (through JSON, as jsonb)."""
+    import datetime as dt
+    import json
+
+    from activedb.streams import _persist
+
+    events = [streams.StreamEvent("EXIT", 3.5, {"HCW-ID": "w1", "location": None}, stream="estream", position=4),
+              streams.StreamEvent("MASK", 7, {"HCW-ID": "w2"}, stream="estream"),
+              streams.StreamEvent("ENTER", dt.datetime(2011, 9, 1, 8, 30), {"room": 12, "flag": True}, stream="other")]
+    decoded = _persist.decode_events(json.loads(json.dumps(_persist.encode_events(events))))
+    assert decoded == events
+    assert [sorted(event.attributes) for event in decoded] == [["HCW-ID", "location"], ["HCW-ID"], ["flag", "room"]]
