@@ -204,6 +204,10 @@ class Transaction(Reads, Writes, Children):
                 return value
         elif not create:
             return None
+        elif self._frame:        # no other thread knows a frame: its first slot needs no mutex
+            value = kind()
+            self._slots = {kind: value}
+            return value
         with self._mutex:
             if self._slots is None:
                 self._slots = {}
@@ -345,9 +349,12 @@ def _delegate_to_parent(node: Transaction) -> None:
     """Rule 2 for ``node``'s effects: its write set, relied-on images, scans and participants move to its
     parent (checked and composed first: a failure leaves the parent untouched)."""
     parent = node.parent
-    with node._mutex:
-        writes, reads, scans = node._writes, node._db_reads, node._scans
-        participants = node._participants
+    if node._frame:      # no other thread knows a frame (README, "Frames"): its own mutex is not needed
+        writes, reads, scans, participants = node._writes, node._db_reads, node._scans, node._participants
+    else:
+        with node._mutex:
+            writes, reads, scans = node._writes, node._db_reads, node._scans
+            participants = node._participants
     with parent._mutex:
         state = parent._state
         if (state is not _ACTIVE and state is not _COMMITTING) or parent._doomed is not None:
