@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from lockmgr._modes import CONFLICTS, COVERS, JOIN, Mode
-from lockmgr._table import ACTIVE, _NO_HOLDS, _committed_members, _Lock, _owner_of, _Request, _Stripe, _Txn
+from lockmgr._table import (ACTIVE, _NO_HOLDS, _committed_members, _Lock, _lock_entry, _owner_of, _Request, _Stripe,
+                            _Txn)
 from lockmgr.errors import InvalidDowngrade, LockNotHeld
 
 _FREE_LOCKS_PER_STRIPE = 16
@@ -148,14 +149,8 @@ def _retain_if_compatible(stripe: "_Stripe", txn: _Txn, resource: Any, mode: Mod
         try:
             if txn.state is not ACTIVE:
                 return False
-            free = stripe.free
-            if free:
-                lock = free.pop()
-                lock.resource = resource
-            else:
-                lock = _Lock(resource, stripe)
+            lock = _lock_entry(stripe, resource)
             lock.retained = {txn: mode}
-            stripe.locks[resource] = lock
             txn.locks[resource] = lock
         finally:
             txn_mutex.release()
