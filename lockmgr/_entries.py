@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from lockmgr._modes import CONFLICTS, COVERS, JOIN, Mode
-from lockmgr._table import ACTIVE, _NO_HOLDS, _committed_members, _Lock, _owner_of, _Request, _Stripe, _Txn
+from lockmgr._table import (ACTIVE, _NO_HOLDS, _committed_members, _Lock, _lock_entry, _owner_of, _Request, _Stripe,
+                            _Txn)
 from lockmgr.errors import InvalidDowngrade, LockNotHeld
 
 _FREE_LOCKS_PER_STRIPE = 16
@@ -84,24 +85,9 @@ def _grant_if_compatible(txn: _Txn, lock: _Lock, mode: Mode) -> bool:
         target = JOIN[current][mode]
         if target is current:
             return txn.state is ACTIVE
-    row = CONFLICTS[target]
-    for holder, held_mode in held.items():
-        if row[held_mode] and holder is not txn:
-            if holder.owner is holder:
-                return False
-            owner = _owner_of(holder)
-            if owner is not txn and owner not in txn.ancestors:
-                return False
+    if not _admits(txn, lock, CONFLICTS[target]):
+        return False
     retained = lock.retained
-    if retained:
-        ancestors = txn.ancestors
-        for retainer, retained_mode in retained.items():
-            if row[retained_mode] and retainer is not txn and retainer not in ancestors:
-                if retainer.owner is retainer:
-                    return False
-                owner = _owner_of(retainer)  # never an ancestor itself: it committed, txn is active
-                if owner is not txn and owner not in ancestors:
-                    return False
     if current is None:
         if len(held) + (len(retained) if retained else 0) >= _FOLD_AT:
             _fold(lock)  # a new entry: keep the lock near one entry per owner (changes no decision)
@@ -118,6 +104,103 @@ def _grant_if_compatible(txn: _Txn, lock: _Lock, mode: Mode) -> bool:
         return False
     held[txn] = target
     return True
+
+
+def _admits(txn: _Txn, lock: _Lock, row) -> bool:
+    """Rule 1 without the queue: no other transaction holds ``lock`` in a mode of ``row`` (the conflict row of
+    the mode ``txn`` would have), and every one retaining it so is ``txn`` or an ancestor.  An entry of a
+    committed subtransaction counts as retained by its owner (lazy Rule 2); only a conflicting entry needs
+    its owner resolved.  Caller holds the stripe mutex."""
+    for holder, held_mode in lock.held.items():
+        if row[held_mode] and holder is not txn:
+            if holder.owner is holder:
+                return False
+            owner = _owner_of(holder)
+            if owner is not txn and owner not in txn.ancestors:
+                return False
+    retained = lock.retained
+    if retained:
+        ancestors = txn.ancestors
+        for retainer, retained_mode in retained.items():
+            if row[retained_mode] and retainer is not txn and retainer not in ancestors:
+                if retainer.owner is retainer:
+                    return False
+                owner = _owner_of(retainer)  # never an ancestor itself: it committed, txn is active
+                if owner is not txn and owner not in ancestors:
+                    return False
+    return True
+
+
+#: ``previous`` of a savepoint grant that changed nothing: what the transaction held or retained covered it.
+UNCHANGED = "unchanged"
+
+
+def _retain_if_compatible(stripe: "_Stripe", txn: _Txn, resource: Any, mode: Mode, grants: list) -> bool:
+    """``LockManager.try_retain``'s grant: ``mode`` on ``resource`` retained by ``txn`` at once if nobody waits
+    for it and Rule 1 admits it, recorded in ``grants``.  False: refused (or ``txn`` is not active).  Caller
+    holds the stripe mutex and no wait queue is on the lock (it is checked here)."""
+    lock = stripe.locks.get(resource)
+    if lock is None:
+        txn_mutex = txn.mutex
+        txn_mutex.acquire()
+        try:
+            if txn.state is not ACTIVE:
+                return False
+            lock = _lock_entry(stripe, resource)
+            lock.retained = {txn: mode}
+            txn.locks[resource] = lock
+        finally:
+            txn_mutex.release()
+        grants.append((resource, mode, None))
+        return True
+    if lock.waiters is not None:
+        return False
+    held = lock.held.get(txn)
+    if held is not None and COVERS[held][mode]:
+        grants.append((resource, mode, UNCHANGED))
+        return txn.state is ACTIVE
+    # The committed members' entries first go into their owners' (so ``txn``'s entry is all that
+    # ``txn``'s subtree has here, and an undo restoring it loses nothing that counted as its).
+    _fold(lock)
+    retained = lock.retained
+    previous = retained.get(txn) if retained is not None else None
+    if previous is not None and COVERS[previous][mode]:
+        grants.append((resource, mode, UNCHANGED))
+        return txn.state is ACTIVE
+    target = mode if previous is None else JOIN[previous][mode]
+    if not _admits(txn, lock, CONFLICTS[target]):
+        return False
+    txn_mutex = txn.mutex
+    txn_mutex.acquire()
+    try:
+        if txn.state is not ACTIVE:
+            return False
+        txn.locks[resource] = lock
+    finally:
+        txn_mutex.release()
+    if retained is None:
+        lock.retained = {txn: target}
+    else:
+        retained[txn] = target
+    grants.append((resource, mode, previous))
+    return True
+
+
+def _undo_grant(lock: _Lock, txn: _Txn, previous: "Mode | None") -> None:
+    """``txn`` retains ``previous`` on ``lock`` again (None: nothing; it stops listing the lock unless it
+    holds it).  Caller holds the stripe mutex."""
+    retained = lock.retained
+    if previous is not None:
+        retained[txn] = previous
+        return
+    if retained is not None:
+        retained.pop(txn, None)
+        if not retained:
+            lock.retained = None
+    if txn not in lock.held:
+        with txn.mutex:
+            if txn.locks.get(lock.resource) is lock:
+                del txn.locks[lock.resource]
 
 
 def _fold(lock: _Lock) -> None:

@@ -20,6 +20,9 @@ from lockmgr._entries import (
     _release_entries,
     _resource_count,
     _retain_entry,
+    _retain_if_compatible,
+    _undo_grant,
+    UNCHANGED,
 )
 from lockmgr._export import add_wait_for_graph, holders_of, snapshot_of
 from lockmgr._graph import find_cycle
@@ -503,6 +506,75 @@ class LockManager:
                             txn.locks.pop(resource, None)
                     events.extend(self._queues.reevaluate(lock))
                     _discard_if_empty(lock)
+            self._resolve(events)
+
+    def try_retain(self, tid: Hashable, resource: Hashable, mode: Mode, grants: list) -> bool:
+        """Grant ``mode`` on ``resource`` to ``tid`` *retained* at once, if Rule 1 admits it now and nobody waits
+        for it (never blocks; False: refused, nothing changed).  For an embedder running a savepoint S of
+        ``tid`` without registering it (README §9): while ``tid`` holds nothing and S is its only live
+        descendant, "``tid`` retains it" and "S holds it" are decided alike by Rule 1 for every other
+        transaction, and S's commit (Rule 2) then costs nothing here.  The grant is appended to ``grants``
+        as ``(resource, mode, previous)``: the mode ``tid`` retained before, None, or ``UNCHANGED`` (what
+        ``tid`` held or retained covered it); ``undo_retains`` (S aborts) and ``hand_down_retains`` (S gets
+        a transaction of its own) take that list."""
+        txn = self._active.get(tid)
+        if txn is None or mode.__class__ is not Mode:
+            _check_mode(mode)
+            with self._graph_mutex:
+                self._requester(tid, "try_retain", resource, mode)   # raises for an ended transaction
+            return False
+        stripe = self._stripes[hash(resource) & self._stripe_mask]
+        with stripe.mutex:
+            return _retain_if_compatible(stripe, txn, resource, mode, grants)
+
+    def undo_retains(self, tid: Hashable, grants: list) -> None:
+        """Rule 4 for a savepoint whose locks ``try_retain`` granted: ``tid`` retains again, on each resource
+        of ``grants``, what it retained before (the grants undone newest first); waiters that Rule 1 now
+        admits are granted.  A ``tid`` that has ended already lost them all."""
+        with self._graph_mutex:
+            txn = self._active.get(tid)
+            if txn is None:
+                return
+            events: list = []
+            for resource, _, previous in reversed(grants):
+                if previous is UNCHANGED:
+                    continue
+                stripe = self._stripes[hash(resource) & self._stripe_mask]
+                with stripe.mutex:
+                    lock = stripe.locks.get(resource)
+                    if lock is None:
+                        continue
+                    _undo_grant(lock, txn, previous)
+                    events.extend(self._queues.reevaluate(lock))
+                    _discard_if_empty(lock)
+            self._resolve(events)
+
+    def hand_down_retains(self, tid: Hashable, child: Hashable, grants: list) -> None:
+        """``try_retain``'s savepoint now has a transaction of its own, ``child`` (begun as ``tid``'s child):
+        under the graph mutex, ``tid`` retains again what it retained before ``grants`` and ``child`` holds
+        each granted mode (joined per resource) — the table ``child`` would have had; each lock's queue is
+        re-evaluated, so wait edges that named ``tid`` for those grants name ``child``."""
+        with self._graph_mutex:
+            txn = self._ended.require_active(self._active, tid, Lazy("hand its retains down to {!r}", child))
+            heir = self._ended.require_active(self._active, child, Lazy("take the retains of {!r}", tid))
+            if heir.parent is not txn:
+                raise ValueError(f"hand_down_retains: {child!r} is not a child of {tid!r}")
+            wanted: dict = {}
+            before: dict = {}
+            for resource, mode, previous in grants:
+                current = wanted.get(resource)
+                wanted[resource] = mode if current is None else JOIN[current][mode]
+                if previous is not UNCHANGED and resource not in before:
+                    before[resource] = previous
+            events: list = []
+            for resource, mode in wanted.items():
+                stripe = self._stripes[hash(resource) & self._stripe_mask]
+                with stripe.mutex:
+                    lock = _lock_entry(stripe, resource)
+                    if resource in before:
+                        _undo_grant(lock, txn, before[resource])
+                    _hold(lock, heir, mode if heir not in lock.held else JOIN[lock.held[heir]][mode])
+                    events.extend(self._queues.reevaluate(lock))
             self._resolve(events)
 
     def hand_down(self, tid: Hashable, child: Hashable) -> None:

@@ -96,8 +96,9 @@ _PHASES = (
     ("lock", [("activedb/txn/_locking.py", "acquire")], []),
     ("write", [("activedb/txn/_writes.py", "write")], ["lock"]),
     ("child create", [("activedb/txn/_children.py", "_begin_inline")], []),
-    ("child commit", [("activedb/txn/_children.py", "_end_inline")], []),
     ("flush", [("activedb/txn/_flush.py", "flush")], []),
+    # Every commit's time but the flush's: the children's, and the top-level's hooks (small).
+    ("child commit", [("activedb/txn/_tree.py", "commit")], ["flush"]),
 )
 _DISPATCH = ("activedb/rules/_manager.py", "on_event")
 _RUN_GROUPS = ("activedb/rules/_manager.py", "_run_groups")

@@ -186,7 +186,12 @@ class RuleManager(TransactionExtension):
             raise CascadeLimitExceeded(
                 f"rule cascade deeper than {self.max_cascade_depth} in transaction {transaction.id}: {names}; "
                 f"break the cycle or raise max_cascade_depth", [*chain, *(rule.name for rule in rules)])
-        firings = [Firing(rule, event, (*chain, rule.name), rule.coupling, next(self._numbers)) for rule in rules]
+        if len(rules) == 1:                 # the common case, without the comprehension's call
+            rule = rules[0]
+            firings = [Firing(rule, event, (*chain, rule.name), rule.coupling, next(self._numbers))]
+        else:
+            firings = [Firing(rule, event, (*chain, rule.name), rule.coupling, next(self._numbers))
+                       for rule in rules]
         self.record.dispatched(transaction.root, rules)
         immediate = []
         for firing in firings:

@@ -132,11 +132,14 @@ class Children:
         one call, for code that needs the outcome without managing a context."""
         child = _begin_inline(self, name)
         try:
-            result = function(child, *args, **kwargs)
-        except BaseException as error:
-            _end_inline(child, error)
-            raise
-        _end_inline(child, None)
+            try:
+                result = function(child, *args, **kwargs)
+            except BaseException as error:
+                child.abort(error)
+                raise
+            child.commit()
+        finally:
+            child.manager.pop_running()
         return result
 
     def retry(self, function: Callable[..., Any], *args: Any, attempts: int = 3, **kwargs: Any) -> Any:

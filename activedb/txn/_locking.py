@@ -7,20 +7,21 @@
   :meth:`Locking.release_holds`, ``LockManager.retain``), and commit edges are declared only while a
   parent waits: ``README.md``, "Locks: holds become retains, and waiting".
 * **Lazy inline subtransactions.** An inline child that starts lazy has no lock-manager transaction: its
-  requests are asked in its parent's name without waiting, its commit makes the parent's holds retained,
-  its abort drops them; it materializes (``materialize``: begin, then ``hand_down``) before it waits or
-  creates a child.  The invariant and the proof are in ``README.md``.
+  requests are granted as its parent's retains without waiting (``LockManager.try_retain``, each grant
+  listed on the child, ``_grants``), so its commit costs the lock manager nothing; its abort undoes
+  exactly those grants (``undo_retains``); it materializes (``materialize``: begin, then
+  ``hand_down_retains``) before it waits or creates a child.  The invariant and the proof are in ``README.md``.
 * **Intention locks answered from retains.** A lazy child's row request needs its table's intention lock
   (IR or IW).  Its parent retains one, typically, from an earlier child or its own earlier operations:
   then the child's intention request would be granted at once (every transaction with a conflicting
   lock on the table is an ancestor or a descendant of the parent, and the parent has no other live
   descendant; a waiter queued for the table waits for the parent, so fairness lets the child pass), and
-  the lazy child asks the lock manager for the row only.  The intention it was answered is kept on the
-  child (``_implied``): ``logical_snapshot`` shows it as the child's, and ``materialize`` acquires it
-  in the child's own name.  What a node retains at table level is known from its own successful
+  the lazy child asks the lock manager for the row only.  The intention it was answered is a grant of
+  the child that changed nothing (``lockmgr.UNCHANGED``): ``logical_snapshot`` shows it as the child's,
+  and ``materialize`` hands it down with the others.  What a node retains at table level is known from its own successful
   requests (``_table_held`` becomes ``_table_retained`` when its holds are retained; a retained entry
   lasts as long as the node); an intention that might be missing from that record only means the
-  ordinary request.  Not answered so: a table the child (its parent's holds) locked at table level.
+  ordinary request.  Not answered so: a table the child locked at table level.
 * **Errors.** Lock-manager errors are translated here: ``Deadlock`` and ``LockTimeout`` doom
   the node (it and its subtree must abort) and propagate; any other error of an aborted node (also one
   begun just after its ancestor's abort reached the lock manager: ``begin``, ``commit``, a lazy node's
@@ -70,6 +71,17 @@ def _note_tuple(node: "Transaction", name: str, mode: Mode) -> None:
     if previous is not None and covers(previous, mode):
         return
     _note_table(node, name, _INTENTION[mode])
+
+
+def _note_retained(node: "Transaction", held: dict[str, Mode]) -> None:
+    """``node`` now retains ``held`` at table level (joined with what it retained)."""
+    retained = node._table_retained
+    if retained is None:
+        node._table_retained = dict(held)
+        return
+    for name, mode in held.items():
+        previous = retained.get(name)
+        retained[name] = mode if previous is None else join(previous, mode)
 
 
 class Granularity(enum.Enum):
@@ -124,41 +136,31 @@ class Locking:
             with parent._mutex:
                 parent._children = {**parent._children, node.id: node}
             node._frame = False
+        grants, node._grants = node._grants, None
         try:
             locks.begin(node.id, parent=parent.id, awaited=True)
-            if parent._holds:
-                locks.hand_down(parent.id, node.id)
+            if grants:
+                locks.hand_down_retains(parent.id, node.id, grants)
         except lockmgr.TransactionNotActive as error:
             _raise_aborted(node, error)
-        node._holds, parent._holds = parent._holds, False
-        node._table_held, parent._table_held = parent._table_held, None
+        # It holds what it was granted (its table-level grants are noted on it already).
+        node._holds = bool(grants)
         node._lazy = False
         parent._lazy_child = None
-        implied, node._implied = node._implied, None
-        if implied:
-            # The intention locks it was answered from the parent's retains, now in its own name (granted
-            # at once, see the module docstring; a wait would be an ordinary wait of a registered node).
-            node._holds = True
-            for name, mode in implied.items():
-                resource = ("table", name)
-                try:
-                    if not locks.try_acquire(node.id, resource, mode):
-                        locks.acquire(node.id, resource, mode, timeout=self.lock_timeout)
-                except (Deadlock, LockTimeout) as error:
-                    node.doom(error)
-                    raise
-                except lockmgr.LockError as error:
-                    _raise_aborted(node, error)
-                _note_table(node, name, mode)
 
     def commit(self, node: "Transaction") -> None:
         """Rule 2 (a subtransaction: the parent retains what it held and retained) or Rule 3 (top-level:
         release everything).  Precondition: its holds are retained and every child ended.  A lazy node's
         locks are already its parent's holds: they become the parent's retains (Rule 2 exactly)."""
         if node._lazy:
+            # Its grants are its parent's retains already (Rule 2 exactly); what it locked at table level
+            # the parent now retains (``_answered_by_retains`` relies on that record).
             parent = node.parent
             parent._lazy_child = None
-            self.release_holds(parent)
+            node._grants = None
+            held = node._table_held
+            if held:
+                _note_retained(parent, held)
             return
         try:
             self.lock_manager.commit(node.id)
@@ -170,12 +172,10 @@ class Locking:
         which is exactly what the parent holds)."""
         try:
             if node._lazy:
-                parent = node.parent
-                parent._lazy_child = None
-                parent._table_held = None
-                if parent._holds:
-                    parent._holds = False
-                    self.lock_manager.drop_holds(parent.id)
+                node.parent._lazy_child = None
+                grants, node._grants = node._grants, None
+                if grants:
+                    self.lock_manager.undo_retains(node.parent.id, grants)
                 return
             self.lock_manager.abort(node.id)
         except lockmgr.LockError:
@@ -188,35 +188,11 @@ class Locking:
         locks = self.lock_manager
         name = info.name
         if node._lazy:
-            # In the parent's name, never waiting: granted now exactly when it would be granted to the node
-            # (the parent holds nothing else and has no other live child); else the node materializes.
-            parent = node.parent
-            table_level = key is None or self._granularity.get(name) is _TABLE
             try:
-                if table_level:
-                    granted = locks.try_acquire(parent.id, ("table", name), mode)
-                    if granted:
-                        _note_table(parent, name, mode)
-                elif self._answered_by_retains(node, parent, name, mode):
-                    granted = locks.try_acquire(parent.id, ("row", name, key), mode)
-                    if granted:
-                        implied = node._implied
-                        intention = _INTENTION[mode]
-                        previous = implied.get(name) if implied is not None else None
-                        if previous is None or not covers(previous, intention):
-                            # Replaced, never changed in place: lock_snapshot reads it from other threads.
-                            node._implied = {**(implied or {}),
-                                             name: intention if previous is None else join(previous, intention)}
-                else:
-                    granted = locks.try_acquire_tuple(parent.id, ("table", name), key, mode,
-                                                      resource=("row", name, key))
-                    if granted:
-                        _note_tuple(parent, name, mode)
+                if self._grant_lazily(node, name, key, mode):
+                    return
             except lockmgr.LockError as error:
                 _raise_aborted(node, error)
-            parent._holds = True
-            if granted:
-                return
             node.materialize()
         elif node._lazy_child is not None:
             # The node itself locks while its lazy child runs (its own object used inside the child's
@@ -240,26 +216,38 @@ class Locking:
                 _raise_aborted(node, error)
             raise
 
-    @staticmethod
-    def _answered_by_retains(node: "Transaction", parent: "Transaction", name: str, mode: Mode) -> bool:
-        """Whether lazy ``node``'s row request of ``name`` in ``mode`` needs no intention request: the parent
-        retains one that covers it, or it was answered so already, and the parent holds no table-level lock
-        of ``name`` (the child's own: then the ordinary request decides)."""
+    def _grant_lazily(self, node: "Transaction", name: str, key: "Key | None", mode: Mode) -> bool:
+        """Lazy ``node``'s request, granted now as its parent's retain (``LockManager.try_retain``, recorded
+        in ``node._grants``) exactly when ``node``'s own request would be granted at once (README, "Lazy
+        inline subtransactions"); False: it would wait (nothing was granted for this request but maybe the
+        intention lock, which stays a grant)."""
+        locks, parent_id = self.lock_manager, node.parent.id
+        grants = node._grants
+        if grants is None:
+            grants = node._grants = []
+        if key is None or self._granularity.get(name) is _TABLE:
+            if not locks.try_retain(parent_id, ("table", name), mode, grants):
+                return False
+            _note_table(node, name, mode)
+            return True
+        held = node._table_held
+        table_mode = held.get(name) if held is not None else None
+        if table_mode is not None and covers(table_mode, mode):
+            return True          # its table lock covers the row (nothing is locked at row level)
         intention = _INTENTION[mode]
-        implied = node._implied
-        if implied is not None:
-            answered = implied.get(name)
-            if answered is not None and covers(answered, intention):
-                held = parent._table_held
-                return held is None or held.get(name) is None or held[name] in _INTENTIONS
-        retained = parent._table_retained
-        if retained is None:
-            return False
-        kept = retained.get(name)
-        if kept is None or not covers(kept, intention):
-            return False
-        held = parent._table_held
-        return held is None or held.get(name) is None or held[name] in _INTENTIONS
+        if table_mode is None or not covers(table_mode, intention):
+            # Answered by the parent's retains (the module docstring) unless the node locked the table itself.
+            retained = node.parent._table_retained
+            kept = retained.get(name) if retained is not None and (table_mode is None or table_mode in _INTENTIONS) \
+                else None
+            if kept is not None and covers(kept, intention):
+                # (Not noted in ``_table_held``: the parent retains it already; the next row asks again.)
+                grants.append((("table", name), intention, lockmgr.UNCHANGED))
+            elif locks.try_retain(parent_id, ("table", name), intention, grants):
+                _note_table(node, name, intention)
+            else:
+                return False
+        return locks.try_retain(parent_id, ("row", name, key), mode, grants)
 
     def release_holds(self, node: "Transaction") -> None:
         """What ``node``'s own operations hold becomes *retained*, in place (``LockManager.retain``): its
@@ -279,18 +267,12 @@ class Locking:
                 return
             held, node._table_held = node._table_held, None
             if held:
-                retained = node._table_retained
-                if retained is None:
-                    node._table_retained = held
-                else:
-                    for name, mode in held.items():
-                        previous = retained.get(name)
-                        retained[name] = mode if previous is None else join(previous, mode)
+                _note_retained(node, held)
 
     @staticmethod
     def logical_snapshot(snapshot: lockmgr.LockTableSnapshot, lazy: "list[Transaction]") -> lockmgr.LockTableSnapshot:
-        """``snapshot`` with each node of ``lazy`` (live lazy nodes) in place: it is a transaction, and
-        what its parent holds it holds (the parent holds nothing else while it has a lazy child)."""
+        """``snapshot`` with each node of ``lazy`` (live lazy nodes) in place: it is a transaction, it holds
+        what it was granted (``_grants``), and its parent retains what it retained before those grants."""
         if not lazy:
             return snapshot
         transactions = dict(snapshot.transactions)
@@ -302,27 +284,32 @@ class Locking:
             if parent is None:
                 continue                       # the parent's abort reached the lock manager
             transactions[node.id] = dataclasses.replace(parent, tid=node.id, parent=parent_id)
-            moved = set()
-            for resource, holders in resources.items():
-                mode = holders.held.get(parent_id)
-                if mode is not None:
-                    held = {tid: held_mode for tid, held_mode in holders.held.items() if tid != parent_id}
-                    held[node.id] = mode
-                    resources[resource] = dataclasses.replace(holders, held=types.MappingProxyType(held))
-                    moved.add(resource)
-            for name, mode in (node._implied or {}).items():   # intention locks answered from retains
-                resource = ("table", name)
+            wanted: dict = {}
+            before: dict = {}
+            for resource, mode, previous in list(node._grants or ()):
+                current = wanted.get(resource)
+                wanted[resource] = mode if current is None else join(current, mode)
+                if previous is not lockmgr.UNCHANGED and resource not in before:
+                    before[resource] = previous
+            for resource, mode in wanted.items():
                 holders = resources.get(resource)
                 if holders is None:
                     continue
                 held = dict(holders.held)
-                previous = held.get(node.id)
-                held[node.id] = mode if previous is None else join(previous, mode)
-                resources[resource] = dataclasses.replace(holders, held=types.MappingProxyType(held))
+                held[node.id] = mode
+                retained = dict(holders.retained)
+                if resource in before:
+                    if before[resource] is None:
+                        retained.pop(parent_id, None)
+                    else:
+                        retained[parent_id] = before[resource]
+                resources[resource] = dataclasses.replace(holders, held=types.MappingProxyType(held),
+                                                          retained=types.MappingProxyType(retained))
             for edges in waits.values():       # "waits for the holder of r": the lazy node holds r
                 edge = edges.get(parent_id)
-                if edge is not None and edge[1] in moved:
-                    edges[node.id] = edges.pop(parent_id)
+                if edge is not None and before.get(edge[1], False) is None:
+                    edges.pop(parent_id)
+                    edges[node.id] = ("held", edge[1])
         return dataclasses.replace(snapshot, transactions=types.MappingProxyType(transactions),
                                    resources=types.MappingProxyType(resources),
                                    waits=types.MappingProxyType({waiter: types.MappingProxyType(edges)

@@ -50,7 +50,7 @@ class Transaction(Reads, Writes, Children):
     __slots__ = ("manager", "parent", "root", "depth", "id", "name", "began_at", "info", "subtransactions_committed",
                  "_mutex", "_state", "_children", "_tasks", "_writes", "_db_reads", "_scans", "_participants",
                  "_slots", "_doomed", "_thread", "_read_base", "_holds", "_lazy", "_lazy_child", "_table_held",
-                 "_table_retained", "_implied", "_frame", "_tree_rows", "__weakref__")
+                 "_table_retained", "_grants", "_frame", "_tree_rows", "__weakref__")
 
     def __init__(self, manager: "TransactionManager", parent: "Transaction | None", *,
                  name: str | None = None, read_base: "ReadBase | None" = None, inline: bool = False,
@@ -101,11 +101,11 @@ class Transaction(Reads, Writes, Children):
         self._lazy_child: Transaction | None = None
         # What this node holds and retains at table level, per table (intention modes included), as far as
         # its own successful requests tell (``_locking.py``, "intention locks answered from retains"); and,
-        # on a lazy node, the intention locks answered from its parent's retained ones.  Written by the
-        # node's thread only.
+        # on a lazy node, its lock grants, retained in its parent's name (``LockManager.try_retain``).
+        # Written by the node's thread only.
         self._table_held: dict[str, Mode] | None = None
         self._table_retained: dict[str, Mode] | None = None
-        self._implied: dict[str, Mode] | None = None
+        self._grants: list | None = None
         # True while this lazy inline child is a *frame* (README, "Frames"): not registered among its
         # parent's children (the parent's ``_lazy_child`` is the reference), ended by ``_end_frame``.
         # Materializing makes it an ordinary node.
@@ -198,6 +198,10 @@ class Transaction(Reads, Writes, Children):
                 return value
         elif not create:
             return None
+        elif self._frame:        # no other thread knows a frame: its first slot needs no mutex
+            value = kind()
+            self._slots = {kind: value}
+            return value
         with self._mutex:
             if self._slots is None:
                 self._slots = {}
@@ -339,9 +343,12 @@ def _delegate_to_parent(node: Transaction) -> None:
     """Rule 2 for ``node``'s effects: its write set, relied-on images, scans and participants move to its
     parent (checked and composed first: a failure leaves the parent untouched)."""
     parent = node.parent
-    with node._mutex:
-        writes, reads, scans = node._writes, node._db_reads, node._scans
-        participants = node._participants
+    if node._frame:      # no other thread knows a frame (README, "Frames"): its own mutex is not needed
+        writes, reads, scans, participants = node._writes, node._db_reads, node._scans, node._participants
+    else:
+        with node._mutex:
+            writes, reads, scans = node._writes, node._db_reads, node._scans
+            participants = node._participants
     with parent._mutex:
         state = parent._state
         if (state is not _ACTIVE and state is not _COMMITTING) or parent._doomed is not None:

@@ -233,6 +233,41 @@ def test_a_childs_intention_lock_answered_from_its_parents_retain_is_its_own_in_
     assert ("row", "items", ("b",)) not in after
 
 
+@pytest.mark.parametrize("materialize", [False, True], ids=["stays-lazy", "materializes"])
+@pytest.mark.parametrize("representation", REPRESENTATIONS)
+def test_a_child_upgrading_a_row_its_parent_retains_leaves_the_parents_mode_when_it_aborts(db, use, representation,
+                                                                                          materialize):
+    """The first child reads a row (its parent then retains READ); the second writes it (an upgrade of the
+    parent's retained entry when the second is lazy) and aborts, maybe after materializing (it spawns): the
+    pictures show the second holding WRITE over the parent's READ, and after its abort the parent's READ
+    alone — as with registered children."""
+    use(representation)
+    pictures = []
+    row = ("row", "items", ("a",))
+    with db.transaction() as tx:
+        names = {tx.id: "parent"}
+        with tx.subtransaction() as first:
+            first.read("items", "a")
+        try:
+            with tx.subtransaction() as second:
+                names[second.id] = "second"
+                second.write("items", "a", value=3)
+                pictures.append(_picture(db, names))
+                if materialize:
+                    second.spawn(lambda grandchild: None).result()
+                    pictures.append(_picture(db, names))
+                raise Planned("second")
+        except Planned:
+            pass
+        pictures.append(_picture(db, names))
+        seen = tx.read("items", "a")
+    assert pictures[0][row] == ({"second": "WRITE"}, {"parent": "READ"})
+    if materialize:
+        assert pictures[1][row] == ({}, {"parent": "READ", "second": "WRITE"})
+    assert pictures[-1][row] == ({}, {"parent": "READ"})
+    assert seen is None or seen.get("value") != 3
+
+
 def _named_write(names: dict, node, name: str, key: str, value: int) -> None:
     names[node.id] = name
     node.write("items", key, value=value)
