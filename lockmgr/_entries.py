@@ -141,16 +141,12 @@ def _retain_if_compatible(stripe: "_Stripe", txn: _Txn, resource: Any, mode: Mod
     holds the stripe mutex and no wait queue is on the lock (it is checked here)."""
     lock = stripe.locks.get(resource)
     if lock is None:
-        txn_mutex = txn.mutex
-        txn_mutex.acquire()
-        try:
+        with txn.mutex:
             if txn.state is not ACTIVE:
                 return False
             lock = _lock_entry(stripe, resource)
             lock.retained = {txn: mode}
             txn.locks[resource] = lock
-        finally:
-            txn_mutex.release()
         grants.append((resource, mode, None))
         return True
     if lock.waiters is not None:
@@ -170,14 +166,10 @@ def _retain_if_compatible(stripe: "_Stripe", txn: _Txn, resource: Any, mode: Mod
     target = mode if previous is None else JOIN[previous][mode]
     if not _admits(txn, lock, CONFLICTS[target]):
         return False
-    txn_mutex = txn.mutex
-    txn_mutex.acquire()
-    try:
+    with txn.mutex:
         if txn.state is not ACTIVE:
             return False
         txn.locks[resource] = lock
-    finally:
-        txn_mutex.release()
     if retained is None:
         lock.retained = {txn: target}
     else:

@@ -6,22 +6,9 @@
 * **Holds become retains before a node waits** (creates a child, waits for children, commits:
   :meth:`Locking.release_holds`, ``LockManager.retain``), and commit edges are declared only while a
   parent waits: ``README.md``, "Locks: holds become retains, and waiting".
-* **Lazy inline subtransactions.** An inline child that starts lazy has no lock-manager transaction: its
-  requests are granted as its parent's retains without waiting (``LockManager.try_retain``, each grant
-  listed on the child, ``_grants``), so its commit costs the lock manager nothing; its abort undoes
-  exactly those grants (``undo_retains``); it materializes (``materialize``: begin, then
-  ``hand_down_retains``) before it waits or creates a child.  The invariant and the proof are in ``README.md``.
-* **Intention locks answered from retains.** A lazy child's row request needs its table's intention lock
-  (IR or IW).  Its parent retains one, typically, from an earlier child or its own earlier operations:
-  then the child's intention request would be granted at once (every transaction with a conflicting
-  lock on the table is an ancestor or a descendant of the parent, and the parent has no other live
-  descendant; a waiter queued for the table waits for the parent, so fairness lets the child pass), and
-  the lazy child asks the lock manager for the row only.  The intention it was answered is a grant of
-  the child that changed nothing (``lockmgr.UNCHANGED``): ``logical_snapshot`` shows it as the child's,
-  and ``materialize`` hands it down with the others.  What a node retains at table level is known from its own successful
-  requests (``_table_held`` becomes ``_table_retained`` when its holds are retained; a retained entry
-  lasts as long as the node); an intention that might be missing from that record only means the
-  ordinary request.  Not answered so: a table the child locked at table level.
+* **Lazy inline subtransactions** (granted as the parent's retains, ``LockManager.try_retain``, listed
+  on the child as ``_grants``; ``materialize`` hands them down) and **intention locks answered from
+  retains**: ``README.md``, "Lazy inline subtransactions" (the invariant, the steps, the fallbacks).
 * **Errors.** Lock-manager errors are translated here: ``Deadlock`` and ``LockTimeout`` doom
   the node (it and its subtree must abort) and propagate; any other error of an aborted node (also one
   begun just after its ancestor's abort reached the lock manager: ``begin``, ``commit``, a lazy node's
