@@ -66,7 +66,7 @@ VictimPolicy = Union[str, Callable[[DeadlockCycle], Hashable]]
 _NO_DETAIL = Lazy("")  # immutable
 
 
-# What a transaction's own table lock already gives a tuple request (``LockManager._tuple_request``).
+# What a transaction's own table lock already gives a tuple request (``_tuple_request``).
 _COVERED = "covered"
 _INTENTION_HELD = "intention held"
 class ExternalWait:
@@ -103,7 +103,10 @@ class ExternalWait:
 
     def release(self) -> None:
         """End the wait: remove its edges (idempotent)."""
-        self.manager._release_wait(self)
+        manager = self.manager
+        with manager._graph_mutex:
+            if self.status is WAITING:
+                manager._queues.drop_wait(self, GRANTED, None)
 
     def __enter__(self) -> "ExternalWait":
         return self
@@ -387,7 +390,7 @@ class LockManager:
         ``(table, key)``, or ``resource`` if given (an embedder's own naming); ``timeout`` applies to each
         of the two requests.
         """
-        intention, resource, txn, held = self._tuple_request(tid, table, key, mode, resource, "acquire_tuple")
+        intention, resource, txn, held = _tuple_request(self._active, tid, table, key, mode, resource, "acquire_tuple")
         if held is _COVERED:
             return  # e.g. a table READ already covers reading every tuple
         if held is _INTENTION_HELD:
@@ -402,33 +405,12 @@ class LockManager:
                           resource: Hashable | None = None) -> bool:
         """``acquire_tuple`` that never blocks: True if the tuple (and its intention lock) is granted now,
         False otherwise (nothing is queued; an intention lock granted before the refusal stays)."""
-        intention, resource, _, held = self._tuple_request(tid, table, key, mode, resource, "try_acquire_tuple")
+        intention, resource, _, held = _tuple_request(self._active, tid, table, key, mode, resource, "try_acquire_tuple")
         if held is _COVERED:
             return True
         if held is _INTENTION_HELD:
             return self.try_acquire(tid, resource, mode)
         return self.try_acquire(tid, table, intention) and self.try_acquire(tid, resource, mode)
-
-    def _tuple_request(self, tid: Hashable, table: Hashable, key: Hashable, mode: Mode, resource: Hashable | None,
-                       operation: str) -> tuple:
-        """``(intention, resource, txn, what tid's table lock already gives)`` for a tuple request: a hint
-        read of tid's own table entry without its mutex (a stale answer only means the full path)."""
-        intention = INTENTION_FOR.get(mode)
-        if intention is None:
-            raise ValueError(f"{operation} takes Mode.READ, Mode.UPDATE or Mode.WRITE, not {mode!r}")
-        if resource is None:
-            resource = (table, key)
-        txn = self._active.get(tid)
-        if txn is not None:
-            table_lock = txn.locks.get(table)
-            table_mode = None if table_lock is None else table_lock.held.get(txn)
-            if table_mode is not None and txn.state is ACTIVE:
-                covers = COVERS[table_mode]
-                if covers[mode]:
-                    return intention, resource, txn, _COVERED
-                if covers[intention]:
-                    return intention, resource, txn, _INTENTION_HELD
-        return intention, resource, txn, None
 
     def downgrade(self, tid: Hashable, resource: Hashable, mode: Mode) -> None:
         """Rule 5: weaken the mode ``tid`` holds on ``resource`` to ``mode``; ``tid`` then retains the old
@@ -647,11 +629,6 @@ class LockManager:
             self._notifier.start()
         return wait
 
-    def _release_wait(self, wait: ExternalWait) -> None:
-        with self._graph_mutex:
-            if wait.status is WAITING:
-                self._queues.drop_wait(wait, GRANTED, None)
-
     # ------------------------------------------------------------------ inspection
 
     def holders(self, resource: Hashable) -> Holders:
@@ -803,3 +780,25 @@ class LockManager:
 def _check_mode(mode: Any) -> None:
     if mode.__class__ is not Mode:
         raise TypeError(f"mode must be a lockmgr.Mode (IR, IW, READ, RIW or WRITE), not {mode!r}")
+
+
+def _tuple_request(active: dict, tid: Hashable, table: Hashable, key: Hashable, mode: Mode, resource: Hashable | None,
+                   operation: str) -> tuple:
+    """``(intention, resource, txn, what tid's table lock already gives)`` for a tuple request: a hint
+    read of tid's own table entry without its mutex (a stale answer only means the full path)."""
+    intention = INTENTION_FOR.get(mode)
+    if intention is None:
+        raise ValueError(f"{operation} takes Mode.READ, Mode.UPDATE or Mode.WRITE, not {mode!r}")
+    if resource is None:
+        resource = (table, key)
+    txn = active.get(tid)
+    if txn is not None:
+        table_lock = txn.locks.get(table)
+        table_mode = None if table_lock is None else table_lock.held.get(txn)
+        if table_mode is not None and txn.state is ACTIVE:
+            covers = COVERS[table_mode]
+            if covers[mode]:
+                return intention, resource, txn, _COVERED
+            if covers[intention]:
+                return intention, resource, txn, _INTENTION_HELD
+    return intention, resource, txn, None

@@ -65,41 +65,9 @@ Experiments (each point a fresh engine on reset statuses):
   throughput at the highest rate, where all are saturated — and the rate as a share of it:
   the paper gives no absolute capacity, so its 2,000 events/s cannot be placed on ours.
 
-``COST`` is 1 ms (``ACTIVEDB_BENCH_STREAMS_COST_MS`` changes it).  What the model predicts
-on an idle machine at table locks (``model_operations``): SEI runs every operation one after
-another; S2PL runs the readers between two writers together, then the writer alone; LWM
-chains only the writers (a writer's Read waits for the previous writer's end: 2 operations
-per writer), each reader running from the end of the writer before it; both concurrent
-schedulers need at least all operations / ``THREADS``.  For this pool LWM/S2PL is 1.39 at
-readN = 1 rising to 3.7 at readN = 6 (mean 2.65), LWM/SEI 2.5 … 11.9.
-Each point of the table-lock sweeps carries this model for its own event sequence
-(``model_operations``: the critical path of each scheduler in store operations, batch by
-batch), and the table prints, beside each measured ratio, the model's ratio per readN, and
-each scheduler's throughput as a share of its model with the rest of the time split into
-the sleeps' own overshoot (``SleepCost`` measures how long every sleep really lasted) and
-everything else (waking the next s-transaction, re-taking the GIL, the operations' Python,
-each batch's set-up).  LWM's chain itself is timed link by link (``WriterChain``, on S2PL
-and LWM alike so both pay its few microseconds per operation): per pair of consecutive
-writers of a batch, the link (the model: its 2 operations of ``COST``) split into the
-sleeps, the Python between the writer's operations, and the handover from the previous
-writer (its commit and lock release, the wake-up, the GIL, the Python up to the first
-operation).
-Tuple locks: the same model per HCW (the longest HCW's path); the table prints each point's
-difference and the model's beside the spread of its repetitions and the lock waits.
-Every wake-up of a waiting s-transaction costs an OS scheduling delay on top, and CPU
-starvation (a shared machine) caps the concurrent schedulers first.
-
-**A writer's lock leaves when its queries and rules have run.**  Inside an s-transaction every
-consuming query reads before any rule runs (a query never sees its own event's rule
-effects), so the writer rule's Read and Write are its last operations.  LWM releases its
-write locks right after them, before its subtransaction commits (Algorithm 2 updates the lwm
-after the Write, Proposition 1): its versions are final then, and Reads see versions, not
-the commit.  Releasing at the Write itself, with rules still to run, could expose a version
-that a failing later rule takes back (Definition 6), so the release waits for the body.
-
-Before every measured run the heap is collected and frozen (``quiet_heap``): otherwise a
-full collection of the process's heap — the garbage of earlier runs, 70–80 ms of CPU — falls
-inside some runs and not others.
+``COST`` is 1 ms (``ACTIVEDB_BENCH_STREAMS_COST_MS`` changes it).  What the model predicts per
+point, how the table splits the rest of the time, and why a writer's locks leave before its commit:
+``activedb/streams/README.md``, the benchmark section.
 
 **Checked, not only measured.**  Every run (part 1 and each scheduler at each point of part
 2, every repetition) records its stream history and ``activedb.testing.check_stream_history``
@@ -115,13 +83,10 @@ temporary folder that the notes name, ``streams.json`` and ``streams.png`` with 
 from __future__ import annotations
 
 import bisect
-import contextlib
 import dataclasses
-import gc
 import json
 import os
 import random
-import threading
 import time
 import tracemalloc
 from typing import Any, Callable
@@ -131,6 +96,8 @@ import sqlalchemy as sa
 from activedb import streams
 from activedb.bench._setup import connect
 from activedb.examples.hand_hygiene.queries import Q1_R1
+from activedb.bench._streams_model import (THREADS, SleepCost, WriterChain, best_of, median_of, model_operations,
+                                           quiet_heap, slept)
 from activedb.bench._streams_report import SCHEDULERS, definition_6_rows, headline, plot
 from activedb.bench.report import BenchReport, Row, output_folder
 from activedb.streams._versions import VersionStore
@@ -166,7 +133,6 @@ BEGIN UPDATE workerStatus SET status = 'safe' WHERE workerID = n.HCW-ID END
 
 # Seconds of time.sleep per Read and per Write (the store's round trip); ACTIVEDB_BENCH_STREAMS_COST_MS overrides.
 COST = float(os.environ.get("ACTIVEDB_BENCH_STREAMS_COST_MS", "1")) / 1000
-THREADS = 16                        # s-transactions S2PL and LWM run at once
 THROUGHPUT_EVENTS = 600
 THROUGHPUT_BATCH = 300
 REPEAT = 3                          # throughput: best of REPEAT runs, taken in turns (the machine is shared)
@@ -177,20 +143,6 @@ UNDERLOADED_RATE = 100.0
 UNDERLOADED_SECONDS = 2.5
 RATES = (50, 200, 500, 1000, 2000, 3000, 5000)
 RATE_SECONDS = 2.0
-
-
-@contextlib.contextmanager
-def quiet_heap():
-    """Collect the garbage of earlier runs, then freeze what is left for the measured run: a
-    full collection of the whole process's heap (tens of ms of CPU, hundreds on a loaded
-    machine) then cannot fall into the run, at a random point of one scheduler's run and not
-    another's.  The run still pays for collecting its own objects.  Same for every run."""
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 # --- part 1: the hand-hygiene queries under SEI vs the plain write path ------------------------------
@@ -395,147 +347,6 @@ def _engine(database, name: str, scheduler: Any, types: tuple[str, ...], definit
     return engine
 
 
-class SleepCost:
-    """The cost model's store operation: ``time.sleep(seconds)`` — and how long each sleep
-    really lasted (the OS's timer slack and the wait for the GIL after it), so a run can say
-    how much of its distance to the model is the sleep itself.  ``take()`` returns the
-    operations and seconds slept since the last ``take`` and starts again."""
-
-    def __init__(self, seconds: float):
-        self.seconds = seconds
-        self._mutex = threading.Lock()
-        self._count = 0
-        self._slept = 0.0
-
-    def __call__(self, kind: str) -> None:
-        started = time.perf_counter()
-        time.sleep(self.seconds)
-        slept = time.perf_counter() - started
-        with self._mutex:
-            self._count += 1
-            self._slept += slept
-
-    def take(self) -> tuple[int, float]:
-        with self._mutex:
-            taken = self._count, self._slept
-            self._count, self._slept = 0, 0.0
-        return taken
-
-
-def _slept(cost: Callable[[str], None] | None) -> dict[str, Any]:
-    """The run's operations and the mean length of their sleeps (ms), if the cost measures them."""
-    if not isinstance(cost, SleepCost):
-        return {}
-    count, seconds = cost.take()
-    return {"operations": count, "sleep_ms_mean": round(seconds / count * 1000, 4) if count else None}
-
-
-class WriterChain(streams.SchedulerHooks):
-    """LWM's critical path at table locks, timed per writer (the ``W`` events chain: each one's
-    first Read waits for the previous writer's end).  A scheduler hook notes which
-    s-transaction a worker thread runs (``started``); ``timed(cost)`` wraps the cost model's
-    operation to note when each of its operations began and ended.  ``figures()`` then gives,
-    per pair of consecutive writers of a batch, the link of the chain (the previous writer's
-    last operation's end → this one's) split into its sleeps, the Python between its
-    operations, and the *handover* — the previous writer's commit and lock release, waking
-    this one, re-taking the GIL and its Python up to its first operation."""
-
-    def __init__(self) -> None:
-        self._local = threading.local()
-        self._mutex = threading.Lock()
-        self._batch = 0
-        # (batch, position) -> (a writer?, [(start, end) of each operation])
-        self._operations: dict[tuple[int, Any], tuple[bool, list[tuple[float, float]]]] = {}
-
-    def started(self, stransaction) -> None:
-        self._local.current = (self._batch, stransaction.event.position, stransaction.event.type == "W")
-
-    def next_batch(self) -> None:
-        self._batch += 1
-
-    def timed(self, cost: Callable[[str], None]) -> Callable[[str], None]:
-        def operation(kind: str) -> None:
-            started = time.perf_counter()
-            cost(kind)
-            ended = time.perf_counter()
-            current = getattr(self._local, "current", None)
-            if current is not None:
-                with self._mutex:
-                    entry = self._operations.setdefault(current[:2], (current[2], []))
-                    entry[1].append((started, ended))
-        return operation
-
-    def figures(self) -> dict[str, Any]:
-        """Means over the links of the chain, in ms (operations per writer as measured)."""
-        with self._mutex:
-            entries = sorted((key, spans) for key, (writer, spans) in self._operations.items() if writer and spans)
-        links, sleeps, between, handovers, counts = [], [], [], [], []
-        previous = None
-        for (batch, _), spans in entries:
-            if previous is not None and previous[0] == batch and spans[0][0] >= previous[1]:
-                links.append(spans[-1][1] - previous[1])
-                handovers.append(spans[0][0] - previous[1])
-                sleeps.extend(end - start for start, end in spans)
-                between.extend(spans[index][0] - spans[index - 1][1] for index in range(1, len(spans)))
-                counts.append(len(spans))
-            previous = (batch, spans[-1][1])
-
-        def ms(values: list[float]) -> float | None:
-            return round(sum(values) / len(values) * 1000, 3) if values else None
-        return {"links": len(links), "link_ms": ms(links), "operations": round(sum(counts) / len(counts), 2) if counts else None,
-                "sleep_ms": ms(sleeps), "between_operations_ms": ms(between), "handover_ms": ms(handovers)}
-
-
-def model_operations(events: list, read_n: int, batch: int, threads: int = THREADS,
-                     granularity: str = "table") -> dict[str, int]:
-    """The cost model's critical path, in store operations, for ``events`` of the pool in
-    micro-batches of ``batch``: an event does its ``reads`` Reads (``read_n`` if it has no such
-    attribute), a ``W`` event then its Write, one after another inside its s-transaction.
-
-    * SEI: every operation of every s-transaction, one after another.
-    * S2PL: a writer alone (it waits for the readers before it and they for the writer
-      before them), the readers between two writers together — the most-reading of them, per
-      ``threads`` of them at once.
-    * LWM: the writers one after another (a writer's first Read waits for the previous
-      writer's end: its write lock is the table's lwm until then); a reader runs from the end
-      of the writer before it.
-    At ``granularity="tuple"`` the same per HCW, the longest HCW's path counting.  Both
-    concurrent schedulers also need at least all operations / ``threads`` (at most ``threads``
-    s-transactions run at once).  Batches follow each other.  An idle machine with exact
-    sleeps reaches the model."""
-    totals = {"sei": 0, "s2pl": 0, "lwm": 0}
-    for start in range(0, len(events), batch):
-        chunk = events[start:start + batch]
-        groups: dict[Any, list] = {}
-        for event in chunk:
-            key = event.attributes.get("HCW-ID") if granularity == "tuple" else None
-            groups.setdefault(key, []).append((event.type == "W", event.attributes.get("reads", read_n)))
-        operations = sum(reads + writer for group in groups.values() for writer, reads in group)
-        totals["sei"] += operations
-        floor = -(-operations // threads)
-        paths = [_paths(group, threads) for group in groups.values()]
-        totals["s2pl"] += max([floor, *(s2pl for s2pl, _ in paths)])
-        totals["lwm"] += max([floor, *(lwm for _, lwm in paths)])
-    return totals
-
-
-def _paths(chunk: list[tuple[bool, int]], threads: int) -> tuple[int, int]:
-    """S2PL's and LWM's critical paths over ``(writer?, reads)`` s-transactions that all conflict."""
-    s2pl, run = 0, []
-    for writer, reads in [*chunk, (True, -1)]:
-        if not writer:
-            run.append(reads)
-            continue
-        s2pl += sum(max(run[index:index + threads]) for index in range(0, len(run), threads)) + reads + 1
-        run = []
-    chain = lwm = 0
-    for writer, reads in chunk:
-        if writer:
-            chain += reads + 1
-        lwm = max(lwm, chain if writer else chain + reads)
-    return s2pl, lwm
-
-
 def _checked(engine) -> dict[str, int]:
     """Definition 6 on the run's recorded history (Active CEP §4.1): the Reads and Writes
     checked and the violations found (0 expected)."""
@@ -560,7 +371,7 @@ def throughput_once(database, scheduler: Callable[[], Any], events: list, defini
     With ``chain`` (the scheduler's hooks), the writers' chain is timed too."""
     engine = _engine(database, "bench-throughput", scheduler(), types, definitions,
                      chain.timed(cost) if chain is not None and cost is not None else cost)
-    _slept(cost)
+    slept(cost)
     with quiet_heap():
         started, cpu_started = time.perf_counter(), time.process_time()
         for start in range(0, len(events), batch):
@@ -578,37 +389,16 @@ def throughput_once(database, scheduler: Callable[[], Any], events: list, defini
             "writes_per_event": round(statistics.store_writes / len(events), 3),
             "us_per_event": {phase: round(seconds / len(events) * 1e6, 1)
                              for phase, seconds in statistics.phase_seconds.items()},
-            **_scheduler_figures(engine), "cpu_us_per_event": round(cpu, 1), **_slept(cost),
+            **_scheduler_figures(engine), "cpu_us_per_event": round(cpu, 1), **slept(cost),
             **({"writer_chain": chain.figures()} if chain is not None else {}),
             "violations": _checked(engine)["violations"]}
-
-
-def best_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The run with the highest throughput; ``cpu_us_per_event`` the least of the runs (the
-    process's CPU time per event, all threads); ``violations`` summed over every run;
-    ``runs`` every run's throughput (their spread says how far one point can be trusted)."""
-    best = dict(max(runs, key=lambda point: point["throughput"]))
-    best["cpu_us_per_event"] = min(point["cpu_us_per_event"] for point in runs)
-    best["violations"] = sum(point["violations"] for point in runs)
-    best["runs"] = [round(point["throughput"], 1) for point in runs]
-    return best
-
-
-def median_of(runs: list[dict[str, Any]], figure: str) -> dict[str, Any]:
-    """The run with the median ``figure`` (the lower middle one of an even number);
-    ``violations`` summed over every run; ``runs`` every run's ``figure``."""
-    ordered = sorted(runs, key=lambda point: point[figure] if point[figure] is not None else float("inf"))
-    middle = dict(ordered[(len(ordered) - 1) // 2])
-    middle["violations"] = sum(point["violations"] for point in runs)
-    middle["runs"] = [point[figure] for point in runs]
-    return middle
 
 
 def measure_realtime(database, scheduler: Any, events: list, rate: float, definitions: str,
                      types: tuple[str, ...], cost: Callable[[str], None] | None) -> dict[str, Any]:
     """Events arrive at ``rate`` per second; each loop processes what has arrived as one batch."""
     engine = _engine(database, "bench-latency", scheduler, types, definitions, cost)
-    _slept(cost)
+    slept(cost)
     with quiet_heap():
         begin = time.perf_counter() + 0.005
         arrivals = [begin + index / rate for index in range(len(events))]
@@ -634,7 +424,7 @@ def measure_realtime(database, scheduler: Any, events: list, rate: float, defini
     return {"L_query_ms": _ms(statistics.l_query), "L_rule_ms": _ms(statistics.l_rule),
             "L_combined_ms": _ms(statistics.l_combined), "outputs": statistics.outputs,
             "rule_instances": statistics.rule_instances, "peak_queue": peak_queue, "batches": batches,
-            "versions_peak": versions_peak, "throughput": statistics.throughput, **_slept(cost),
+            "versions_peak": versions_peak, "throughput": statistics.throughput, **slept(cost),
             "violations": _checked(engine)["violations"], **figures}
 
 

@@ -129,13 +129,6 @@ class Parser(TokenCursor):
             raise self.error("name this RETURN expression with AS (e.g. RETURN a + 1 AS total)", start)
         return ast.ReturnItem(name, expression, position=self.position(start))
 
-    def comma_list(self, item: Callable[[], Any]) -> tuple:
-        """``item { "," item }``."""
-        items = [item()]
-        while self.accept_symbol(","):
-            items.append(item())
-        return tuple(items)
-
     def selection(self) -> ast.Selection:
         self.expect_keyword("SKIP", "in MATCHING SKIP TILL ANY|NEXT MATCH")
         self.expect_keyword("TILL", "in MATCHING SKIP TILL ANY|NEXT MATCH")
@@ -232,18 +225,9 @@ class Parser(TokenCursor):
             condition = self.comparison()
             if table is not None:
                 condition = _unqualify(condition, table)
-            pairs.append(self._column_equality(condition, token, what))
+            pairs.append(_column_equality(self, condition, token, what))
             if not self.accept_keyword("AND"):
                 return tuple(pairs)
-
-    def _column_equality(self, condition: ast.Expr, token: Token, what: str) -> tuple[str, ast.Expr]:
-        if isinstance(condition, ast.Compare) and condition.operator == "=":
-            left, right = condition.left, condition.right
-            if isinstance(left, ast.ColumnRef) and not isinstance(right, ast.ColumnRef):
-                return left.column, right
-            if isinstance(right, ast.ColumnRef) and not isinstance(left, ast.ColumnRef):
-                return right.column, left
-        raise self.error(f"the WHERE of {what} takes equalities column = expression joined by AND", token)
 
     # --- expressions ----------------------------------------------------------------------
 
@@ -374,3 +358,12 @@ def parse(text: str) -> list[ast.QueryDefinition | ast.RuleDefinition]:
         raise TypeError(f"parse() takes the definition's text, got {type(text).__name__}")
     return Parser(text).script()
 
+
+def _column_equality(parser: Parser, condition: ast.Expr, token: Token, what: str) -> tuple[str, ast.Expr]:
+    if isinstance(condition, ast.Compare) and condition.operator == "=":
+        left, right = condition.left, condition.right
+        if isinstance(left, ast.ColumnRef) and not isinstance(right, ast.ColumnRef):
+            return left.column, right
+        if isinstance(right, ast.ColumnRef) and not isinstance(left, ast.ColumnRef):
+            return right.column, left
+    raise parser.error(f"the WHERE of {what} takes equalities column = expression joined by AND", token)

@@ -6,6 +6,7 @@ design note ``activedb/streams/README.md``.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -201,3 +202,10 @@ class TokenCursor:
             raise self.error(f"expected {what} (a number), found {token.describe()}")
         self.advance()
         return -token.value if negative else token.value
+
+    def comma_list(self, item: Callable[[], Any]) -> tuple:
+        """``item { "," item }``."""
+        items = [item()]
+        while self.accept_symbol(","):
+            items.append(item())
+        return tuple(items)

@@ -1,0 +1,193 @@
+"""``activedb bench streams``' cost model: the timed store operation (:class:`SleepCost`), LWM's
+writer chain timed link by link (:class:`WriterChain`) and each point's critical path in store
+operations (:func:`model_operations`); how its runs are taken (:func:`quiet_heap`) and reduced
+(:func:`best_of`, :func:`median_of`).  What they measure: ``activedb bench streams --help`` and
+``activedb/streams/README.md``'s benchmark section."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import threading
+import time
+from typing import Any, Callable
+
+from activedb import streams
+
+THREADS = 16                        # s-transactions S2PL and LWM run at once
+
+
+class SleepCost:
+    """The cost model's store operation: ``time.sleep(seconds)`` — and how long each sleep
+    really lasted (the OS's timer slack and the wait for the GIL after it), so a run can say
+    how much of its distance to the model is the sleep itself.  ``take()`` returns the
+    operations and seconds slept since the last ``take`` and starts again."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self._mutex = threading.Lock()
+        self._count = 0
+        self.slept = 0.0
+
+    def __call__(self, kind: str) -> None:
+        started = time.perf_counter()
+        time.sleep(self.seconds)
+        slept = time.perf_counter() - started
+        with self._mutex:
+            self._count += 1
+            self.slept += slept
+
+    def take(self) -> tuple[int, float]:
+        with self._mutex:
+            taken = self._count, self.slept
+            self._count, self.slept = 0, 0.0
+        return taken
+
+
+def slept(cost: Callable[[str], None] | None) -> dict[str, Any]:
+    """The run's operations and the mean length of their sleeps (ms), if the cost measures them."""
+    if not isinstance(cost, SleepCost):
+        return {}
+    count, seconds = cost.take()
+    return {"operations": count, "sleep_ms_mean": round(seconds / count * 1000, 4) if count else None}
+
+
+class WriterChain(streams.SchedulerHooks):
+    """LWM's critical path at table locks, timed per writer (the ``W`` events chain: each one's
+    first Read waits for the previous writer's end).  A scheduler hook notes which
+    s-transaction a worker thread runs (``started``); ``timed(cost)`` wraps the cost model's
+    operation to note when each of its operations began and ended.  ``figures()`` then gives,
+    per pair of consecutive writers of a batch, the link of the chain (the previous writer's
+    last operation's end → this one's) split into its sleeps, the Python between its
+    operations, and the *handover* — the previous writer's commit and lock release, waking
+    this one, re-taking the GIL and its Python up to its first operation."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._mutex = threading.Lock()
+        self._batch = 0
+        # (batch, position) -> (a writer?, [(start, end) of each operation])
+        self._operations: dict[tuple[int, Any], tuple[bool, list[tuple[float, float]]]] = {}
+
+    def started(self, stransaction) -> None:
+        self._local.current = (self._batch, stransaction.event.position, stransaction.event.type == "W")
+
+    def next_batch(self) -> None:
+        self._batch += 1
+
+    def timed(self, cost: Callable[[str], None]) -> Callable[[str], None]:
+        def operation(kind: str) -> None:
+            started = time.perf_counter()
+            cost(kind)
+            ended = time.perf_counter()
+            current = getattr(self._local, "current", None)
+            if current is not None:
+                with self._mutex:
+                    entry = self._operations.setdefault(current[:2], (current[2], []))
+                    entry[1].append((started, ended))
+        return operation
+
+    def figures(self) -> dict[str, Any]:
+        """Means over the links of the chain, in ms (operations per writer as measured)."""
+        with self._mutex:
+            entries = sorted((key, spans) for key, (writer, spans) in self._operations.items() if writer and spans)
+        links, sleeps, between, handovers, counts = [], [], [], [], []
+        previous = None
+        for (batch, _), spans in entries:
+            if previous is not None and previous[0] == batch and spans[0][0] >= previous[1]:
+                links.append(spans[-1][1] - previous[1])
+                handovers.append(spans[0][0] - previous[1])
+                sleeps.extend(end - start for start, end in spans)
+                between.extend(spans[index][0] - spans[index - 1][1] for index in range(1, len(spans)))
+                counts.append(len(spans))
+            previous = (batch, spans[-1][1])
+
+        def ms(values: list[float]) -> float | None:
+            return round(sum(values) / len(values) * 1000, 3) if values else None
+        return {"links": len(links), "link_ms": ms(links), "operations": round(sum(counts) / len(counts), 2) if counts else None,
+                "sleep_ms": ms(sleeps), "between_operations_ms": ms(between), "handover_ms": ms(handovers)}
+
+
+def model_operations(events: list, read_n: int, batch: int, threads: int = THREADS,
+                     granularity: str = "table") -> dict[str, int]:
+    """The cost model's critical path, in store operations, for ``events`` of the pool in
+    micro-batches of ``batch``: an event does its ``reads`` Reads (``read_n`` if it has no such
+    attribute), a ``W`` event then its Write, one after another inside its s-transaction.
+
+    * SEI: every operation of every s-transaction, one after another.
+    * S2PL: a writer alone (it waits for the readers before it and they for the writer
+      before them), the readers between two writers together — the most-reading of them, per
+      ``threads`` of them at once.
+    * LWM: the writers one after another (a writer's first Read waits for the previous
+      writer's end: its write lock is the table's lwm until then); a reader runs from the end
+      of the writer before it.
+    At ``granularity="tuple"`` the same per HCW, the longest HCW's path counting.  Both
+    concurrent schedulers also need at least all operations / ``threads`` (at most ``threads``
+    s-transactions run at once).  Batches follow each other.  An idle machine with exact
+    sleeps reaches the model."""
+    totals = {"sei": 0, "s2pl": 0, "lwm": 0}
+    for start in range(0, len(events), batch):
+        chunk = events[start:start + batch]
+        groups: dict[Any, list] = {}
+        for event in chunk:
+            key = event.attributes.get("HCW-ID") if granularity == "tuple" else None
+            groups.setdefault(key, []).append((event.type == "W", event.attributes.get("reads", read_n)))
+        operations = sum(reads + writer for group in groups.values() for writer, reads in group)
+        totals["sei"] += operations
+        floor = -(-operations // threads)
+        paths = [_paths(group, threads) for group in groups.values()]
+        totals["s2pl"] += max([floor, *(s2pl for s2pl, _ in paths)])
+        totals["lwm"] += max([floor, *(lwm for _, lwm in paths)])
+    return totals
+
+
+def _paths(chunk: list[tuple[bool, int]], threads: int) -> tuple[int, int]:
+    """S2PL's and LWM's critical paths over ``(writer?, reads)`` s-transactions that all conflict."""
+    s2pl, run = 0, []
+    for writer, reads in [*chunk, (True, -1)]:
+        if not writer:
+            run.append(reads)
+            continue
+        s2pl += sum(max(run[index:index + threads]) for index in range(0, len(run), threads)) + reads + 1
+        run = []
+    chain = lwm = 0
+    for writer, reads in chunk:
+        if writer:
+            chain += reads + 1
+        lwm = max(lwm, chain if writer else chain + reads)
+    return s2pl, lwm
+
+
+@contextlib.contextmanager
+def quiet_heap():
+    """Collect the garbage of earlier runs, then freeze what is left for the measured run: a
+    full collection of the whole process's heap (tens of ms of CPU, hundreds on a loaded
+    machine) then cannot fall into the run, at a random point of one scheduler's run and not
+    another's.  The run still pays for collecting its own objects.  Same for every run."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def best_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the highest throughput; ``cpu_us_per_event`` the least of the runs (the
+    process's CPU time per event, all threads); ``violations`` summed over every run;
+    ``runs`` every run's throughput (their spread says how far one point can be trusted)."""
+    best = dict(max(runs, key=lambda point: point["throughput"]))
+    best["cpu_us_per_event"] = min(point["cpu_us_per_event"] for point in runs)
+    best["violations"] = sum(point["violations"] for point in runs)
+    best["runs"] = [round(point["throughput"], 1) for point in runs]
+    return best
+
+
+def median_of(runs: list[dict[str, Any]], figure: str) -> dict[str, Any]:
+    """The run with the median ``figure`` (the lower middle one of an even number);
+    ``violations`` summed over every run; ``runs`` every run's ``figure``."""
+    ordered = sorted(runs, key=lambda point: point[figure] if point[figure] is not None else float("inf"))
+    middle = dict(ordered[(len(ordered) - 1) // 2])
+    middle["violations"] = sum(point["violations"] for point in runs)
+    middle["runs"] = [point[figure] for point in runs]
+    return middle
