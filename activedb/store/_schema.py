@@ -205,7 +205,17 @@ def text_problem(value: str) -> str | None:
 
 def json_problem(value: Any, path: str = "$") -> str | None:
     """Why PostgreSQL ``jsonb`` cannot store ``value``, or None (a depth-first check)."""
-    if value is None or isinstance(value, (bool, int)):
+    kind = type(value)      # the exact built-in types first: an ABC check (``Mapping``) costs far more
+    if kind is dict:
+        return _object_problem(value, path)
+    if kind is str:
+        problem = text_problem(value)
+        return None if problem is None else f"{path}: {problem}"
+    if kind is int or kind is bool or value is None:
+        return None
+    if kind is list:
+        return _array_problem(value, path)
+    if isinstance(value, (bool, int)):
         return None
     if isinstance(value, float):
         return None if math.isfinite(value) else f"{path} is {value!r}, which JSON cannot represent"
@@ -213,20 +223,30 @@ def json_problem(value: Any, path: str = "$") -> str | None:
         problem = text_problem(value)
         return None if problem is None else f"{path}: {problem}"
     if isinstance(value, Mapping):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                return f"{path} has the key {key!r} ({type(key).__name__}); JSON object keys are strings"
-            problem = text_problem(key) or json_problem(item, f"{path}.{key}")
-            if problem is not None:
-                return problem
-        return None
+        return _object_problem(value, path)
     if isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
-            problem = json_problem(item, f"{path}[{index}]")
-            if problem is not None:
-                return problem
-        return None
+        return _array_problem(value, path)
     return f"{path} is a {type(value).__name__} ({value!r:.60}), which is not a JSON value"
+
+
+def _object_problem(value: Mapping, path: str) -> str | None:
+    """:func:`json_problem` of a JSON object."""
+    for key, item in value.items():
+        if type(key) is not str and not isinstance(key, str):
+            return f"{path} has the key {key!r} ({type(key).__name__}); JSON object keys are strings"
+        problem = text_problem(key) or json_problem(item, f"{path}.{key}")
+        if problem is not None:
+            return problem
+    return None
+
+
+def _array_problem(value: list | tuple, path: str) -> str | None:
+    """:func:`json_problem` of a JSON array."""
+    for index, item in enumerate(value):
+        problem = json_problem(item, f"{path}[{index}]")
+        if problem is not None:
+            return problem
+    return None
 
 
 def _extra_check(column: sa.Column):

@@ -264,7 +264,9 @@ def _run(connection: sa.Connection, plan: list[tuple[TableInfo, str, tuple[str, 
         final = number == len(plan)
         last = along if final else None
         try:
-            statement, parameters = _statement(connection, info, kind, order, rows)
+            # A statement folded with ``along`` and COMMIT is bound on the client: no binary parameters there.
+            binary = not (commit and final and last is not None)
+            statement, parameters = _statement(connection, info, kind, order, rows, binary)
             folded = last is not None and isinstance(parameters, tuple)
             if folded:
                 statement, parameters = f"WITH activedb_along AS ({last[0]}) {statement}", (*last[1], *parameters)
@@ -343,11 +345,12 @@ def _as_tuples(info: TableInfo, columns: frozenset[str], pairs: list[tuple[Key, 
     return order, [key + pick(values) for key, values in pairs]
 
 
-def _statement(connection: sa.Connection, info: TableInfo, kind: str, order: tuple[str, ...], rows: list[tuple]
-               ) -> tuple[str, tuple | list[tuple]]:
+def _statement(connection: sa.Connection, info: TableInfo, kind: str, order: tuple[str, ...], rows: list[tuple],
+               binary: bool = True) -> tuple[str, tuple | list[tuple]]:
     """One ``kind`` statement (``insert``, ``upsert``, ``update``, ``delete``) of ``info``'s table for ``rows``
     (tuples over the columns ``order``, the key columns first), as driver SQL and its parameters: a tuple when
-    it is sent once, a list of tuples for the driver's ``executemany``."""
+    it is sent once, a list of tuples for the driver's ``executemany``.  ``binary``: JSON arrays may travel in
+    the driver's binary format (:data:`BINARY_ARRAYS`)."""
     processors = info.driver_processors(connection.dialect)
     adapted = {index for index, name in enumerate(order) if processors.get(name) is not None}
     if adapted:
@@ -358,8 +361,8 @@ def _statement(connection: sa.Connection, info: TableInfo, kind: str, order: tup
         if casts is not None:
             columns = tuple(zip(*rows))
             if all(_uniform(values) for values in columns):
-                statement = info.cached(("driver", kind, order, True),
-                                        lambda: _driver_statement(connection.dialect, info, kind, order, casts))
+                statement = info.cached(("driver", kind, order, True, binary), lambda: _driver_statement(
+                    connection.dialect, info, kind, order, casts, binary))
                 return statement, tuple(list(values) for values in columns)
     statement = info.cached(("driver", kind, order, False),
                             lambda: _driver_statement(connection.dialect, info, kind, order, None))
@@ -381,10 +384,17 @@ def _uniform(values: tuple) -> bool:
     return True
 
 
+#: Array element types sent in the driver's binary format (``%b``) when the statement is bound on the server:
+#: the same dumper of each element, but no text array around it, whose every ``"`` and ``\\`` inside the
+#: JSON the driver escapes one by one in Python.
+BINARY_ARRAYS = frozenset({"JSON", "JSONB"})
+
+
 def _driver_statement(dialect: sa.Dialect, info: TableInfo, kind: str, order: tuple[str, ...],
-                      casts: tuple[str, ...] | None) -> str:
+                      casts: tuple[str, ...] | None, binary: bool = False) -> str:
     """The SQL text of one batched statement for psycopg (``%s`` parameters): over ``unnest`` of one array
-    per column (``casts`` the arrays' types) or, if ``casts`` is None, one row's parameters."""
+    per column (``casts`` the arrays' types; ``binary``: those in :data:`BINARY_ARRAYS` as ``%b``) or, if
+    ``casts`` is None, one row's parameters."""
     quote = dialect.identifier_preparer.quote
     table = dialect.identifier_preparer.format_table(info.table).replace("%", "%%")
     names = [quote(name).replace("%", "%%") for name in order]
@@ -392,7 +402,8 @@ def _driver_statement(dialect: sa.Dialect, info: TableInfo, kind: str, order: tu
     keys, values = names[:width], names[width:]
     if casts is not None:
         aliases = [f"c{index}" for index in range(len(order))]
-        source = (f"unnest({', '.join(f'%s::{cast}[]' for cast in casts)}) AS v({', '.join(aliases)})")
+        arrays = [f"%b::{cast}[]" if binary and cast in BINARY_ARRAYS else f"%s::{cast}[]" for cast in casts]
+        source = f"unnest({', '.join(arrays)}) AS v({', '.join(aliases)})"
         match = " AND ".join(f"{table}.{key} = v.{alias}" for key, alias in zip(keys, aliases))
         if kind == "delete":
             return f"DELETE FROM {table} USING {source} WHERE {match}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import json
 import uuid
 
 import pytest
@@ -242,3 +243,54 @@ def test_a_group_of_rows_written_after_a_read_for_update_travels_as_arrays_bound
                                                      if value is not None})
     assert {number: values for number, values in stored(db).items() if number} == expected
     assert statements.sent == []          # lock_row and the last statement (with COMMIT) go to the driver
+
+
+#: JSON values whose text arrays need escaping (quotes, backslashes, braces, commas, the word NULL), unicode,
+#: nesting, and JSON null (Python None, where the column has ``none_as_null`` off).
+AWKWARD_DOCS = [
+    {"q": 'say "hi"', "b": "back\\slash \\\" both", "u": "é ☃ 𝄞 \u2028", "n": {"m": [1, None, 2.5, {"x": "}{,"}]}},
+    'a "string" \\ alone', "NULL", "null", "", "{}", None, 0, -1.5, 10**30, True, [], {}, [None], ["{", "}", ",", " "],
+    {"": "", " ": None, "\\": '"', "ключ": ["значение"]}, [[[[{"deep": ['"\\"']}]]]],
+]
+
+
+def stored_json_text(db) -> dict[int, str | None]:
+    """Per row, ``doc`` as PostgreSQL prints it, and None for SQL NULL (JSON null prints as ``null``)."""
+    with db.engine.connect() as connection:
+        return dict(connection.execute(sa.text("SELECT id, doc::text FROM typed_samples")).all())
+
+
+def expected_json_text(db, docs: dict[int, object]) -> dict[int, str]:
+    with db.engine.connect() as connection:
+        return {number: connection.execute(sa.text("SELECT CAST(:doc AS jsonb)::text"), {"doc": json.dumps(doc)}).scalar()
+                for number, doc in docs.items()}
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["server-bound", "client-bound"])
+def test_json_arrays_store_exactly_what_one_row_at_a_time_stores(samples, held):
+    """A group's JSON column travels as one array (in the driver's binary format when bound on the server):
+    every value is stored as ``jsonb`` holds it one at a time — quotes, backslashes, unicode, nesting — and
+    JSON null stays apart from SQL NULL (a row that does not name the column)."""
+    db = samples
+    docs = dict(enumerate(AWKWARD_DOCS, start=1))
+    with db.transaction() as tx:
+        tx.insert("typed_samples", id=0, label="lock me")
+    with Statements(db) as statements:
+        with db.transaction() as tx:
+            if held:
+                tx.read("typed_samples", 0, for_update=True)
+            for number, doc in docs.items():
+                tx.write("typed_samples", number, doc=doc)
+            for number in range(100, 103):
+                tx.write("typed_samples", number, label="no doc")
+    assert stored_json_text(db) == {0: None, **expected_json_text(db, docs), 100: None, 101: None, 102: None}
+    assert stored_json_text(db)[7] == "null"      # AWKWARD_DOCS[6], JSON null
+    if not held:
+        assert any("%b::JSONB[]" in statement for statement in statements.sent), statements.sent
+    with db.transaction() as tx:                      # and written again over the existing rows
+        if held:
+            tx.read("typed_samples", 0, for_update=True)
+        for number, doc in docs.items():
+            tx.write("typed_samples", number, doc=[doc, "again"])
+    assert stored_json_text(db) == {0: None, 100: None, 101: None, 102: None, **expected_json_text(
+        db, {number: [doc, "again"] for number, doc in docs.items()})}
