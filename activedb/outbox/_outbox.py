@@ -23,7 +23,7 @@ from lockmgr import TxnState
 from activedb.events import EventKind
 from activedb.outbox import _codec, _records
 from activedb.outbox._executor import Executor, Work, describe_error
-from activedb.outbox._recording import Entry, TreeFirings, TreeState, new_record
+from activedb.outbox._recording import Entry, TreeFirings, TreeState, always, new_record
 from activedb.rules import Firing
 from activedb.store import TableInfo
 
@@ -38,10 +38,6 @@ logger = logging.getLogger("activedb.outbox")
 #: ``CLAIM_BACKLOG`` (it comes back on the next pass).
 CLAIM_LIMIT = 1000
 CLAIM_BACKLOG = 20_000
-
-
-def _always(_: BaseException | None) -> bool:
-    return True
 
 
 @dataclass(frozen=True)
@@ -202,12 +198,17 @@ class Outbox:
         discards is re-run, like a batch Spark replays after a crash), and so does ``Database.run`` for the
         conflicts it retries.  Such an abort is not an outcome: the detached and exclusive causally dependent
         firings of the aborted attempt are dropped, as a crash would have dropped them, instead of recorded —
-        the attempt that commits fires its own."""
+        the attempt that commits fires its own.  Costs a slot and no participant for a tree that fires no
+        detached-family rule (README, "Replayed attempts")."""
         root = transaction.root
         state = root.slot(TreeState)
         with state.mutex:
-            state.replay_when = when if when is not None else _always
-        self._participant(root, state)      # so that it hears the abort and its reason
+            state.replay_when = when if when is not None else always
+        # The participant is enlisted at the tree's first firing and hears the abort then.  A tree that fires
+        # nothing needs the abort's reason only for a rule on its ``aborted`` event (it fires after the end)
+        # under a policy that depends on the reason; only then is the participant enlisted now.
+        if when is not None and self.rules.registry.by_kind.get(EventKind.ABORTED):
+            self._participant(root, state)
 
     def draw_ids(self, count: int) -> list[int]:
         if count == 0:

@@ -46,12 +46,23 @@ class TreeState:
         # Set by Outbox.mark_replayed: which abort reasons the tree's owner answers with a re-run of the
         # same input (None: the tree's abort is an outcome).
         self.replay_when: Callable[[BaseException | None], bool] | None = None
-        self.aborted = False
+        self.aborted = False        # the participant heard the abort (None enlisted: nothing heard)
         self.abort_error: BaseException | None = None
 
     def replayed(self) -> bool:
-        """The tree aborted and its owner re-runs it: the abort is not an outcome.  Caller holds ``mutex``."""
-        return self.aborted and self.replay_when is not None and bool(self.replay_when(self.abort_error))
+        """The tree aborted and its owner re-runs it: the abort is not an outcome.  Caller holds ``mutex``.
+        A tree that enlisted no participant heard no reason: only a policy accepting any (``always``) holds."""
+        when = self.replay_when
+        if when is None:
+            return False
+        if self.aborted:
+            return bool(when(self.abort_error))
+        return self.participant is None and when is always
+
+
+def always(_: BaseException | None) -> bool:
+    """The replay policy that accepts any abort."""
+    return True
 
 
 def effectively_committed(trigger: "Transaction", root: "Transaction") -> bool:

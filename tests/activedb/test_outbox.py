@@ -6,6 +6,9 @@
   (the others commit), a member that raises fails alone — recorded with rule, trigger, event and error,
   shown by ``activedb outbox`` and run again by ``--retry``;
 * a retried ``Database.run`` attempt leaves no detached firing behind;
+* a tree that fires no detached-family rule enlists no outbox participant (``db.run`` included); one that
+  fires later, after another participant, still gets its firings run exactly once, and the abort of a
+  replayed attempt stays no outcome for a rule on the ``aborted`` event;
 * a sequence reset (``TRUNCATE … RESTART IDENTITY``) never makes a cached generated key collide: the
   transaction is re-run with fresh keys, no detached insert is lost;
 * events survive the round trip through the record exactly (datetimes, tuples, NUL characters, …).
@@ -28,6 +31,7 @@ from activedb import Coupling, Event, EventKind
 from activedb.cli import main
 from activedb.errors import GeneratedKeysReset, SerializationConflict
 from activedb.outbox import _codec
+from activedb.outbox._recording import TreeState
 
 TIMEOUT = 60
 
@@ -164,6 +168,80 @@ def test_an_attempt_database_run_retries_leaves_no_detached_firing(db):
     db.run(body)
     db.rules.wait_idle(TIMEOUT)
     assert len(attempts) == 2 and seen(db) == [("once", "2")]
+
+
+def outbox_participant(tx):
+    """The outbox's recording participant of ``tx``'s tree (None: none enlisted)."""
+    state = tx.root.slot(TreeState, create=False)
+    return state.participant if state is not None else None
+
+
+def test_a_tree_that_fires_nothing_enlists_no_outbox_participant(db):
+    db.rule(on=db.signalled("never"), coupling=Coupling.DETACHED, name="never")(lambda tx, event: None)
+    seen_participants = []
+
+    def body(tx):
+        tx.write("accounts", 1, owner="ann", balance=10)
+        seen_participants.append(outbox_participant(tx))
+
+    for _ in range(3):
+        db.run(body)
+    with db.transaction() as tx:
+        db.outbox.mark_replayed(tx)            # the Spark sink's policy: any abort is re-run
+        tx.write("accounts", 2, owner="bob", balance=5)
+        seen_participants.append(outbox_participant(tx))
+    assert seen_participants == [None] * 4
+    assert records(db) == []
+
+
+def test_a_tree_that_fires_later_still_runs_its_firing_exactly_once(db):
+    db.rule(on=db.signalled("late"), coupling=Coupling.DETACHED, name="late")(
+        lambda tx, event: tx.insert("events_seen", rule="late", detail=str(event.payload["attempt"])))
+    with db.transaction() as tx:
+        tx.write("accounts", 1, owner="ann", balance=10)
+    attempts, before, after = [], [], []
+
+    def body(tx):
+        attempts.append(1)
+        row = tx.read("accounts", 1, for_update=True)      # enlists the row-lock participant first
+        tx.write("accounts", 1, balance=row["balance"] + 1)
+        before.append(outbox_participant(tx))
+        tx.signal("late", attempt=len(attempts))
+        after.append(outbox_participant(tx))
+        if len(attempts) == 1:
+            raise SerializationConflict("as if another process had changed a row this attempt read")
+
+    db.run(body)
+    db.rules.wait_idle(TIMEOUT)
+    assert before == [None, None] and all(participant is not None for participant in after)
+    assert seen(db) == [("late", "2")]
+    assert records(db) == [("late", "done", "committed", False)]
+
+
+def test_a_rule_on_the_abort_sees_a_retried_attempt_as_no_outcome_and_a_failed_run_as_one(db):
+    db.rule(on=db.transaction_event("aborted"), coupling=Coupling.DETACHED, name="on_abort")(
+        lambda tx, event: tx.insert("events_seen", rule="on_abort", detail=event.transaction))
+    attempts = []
+
+    def conflict_once(tx):
+        attempts.append(tx.id)
+        tx.write("accounts", 1, owner="ann", balance=len(attempts))
+        if len(attempts) == 1:
+            raise SerializationConflict("as if another process had changed a row this attempt read")
+
+    def fail(tx):
+        attempts.append(tx.id)
+        raise ValueError("the function's own error: an outcome")
+
+    db.run(conflict_once)
+    with pytest.raises(ValueError):
+        db.run(fail)
+    with pytest.raises(ValueError):            # the Spark sink's policy: any abort is re-run, none recorded
+        with db.transaction() as tx:
+            db.outbox.mark_replayed(tx)
+            raise ValueError("a batch attempt the sink re-runs")
+    db.rules.wait_idle(TIMEOUT)
+    assert seen(db) == [("on_abort", attempts[2])]
 
 
 def test_generated_keys_are_never_reused_after_the_sequence_was_reset(db):
