@@ -246,12 +246,16 @@ class Transaction(Reads, Writes, Children):
                 raise TransactionAborted(f"transaction {self.id} was aborted ({self._doomed})") from self._doomed
             if self.parent is not None:
                 _delegate_to_parent(self)
+                # Rule 2.  An ancestor's abort that reached the lock manager after the delegation fails it:
+                # the node then ends ABORTED with its ancestor, never left COMMITTING.
+                manager.locking.commit(self)
             else:
                 _flush.flush(self)
         except BaseException as error:
             self.abort(error)
             raise
-        manager.locking.commit(self)   # subtransaction: parent inherits and retains; top-level: releases all
+        if self.parent is None:
+            manager.locking.commit(self)   # Rule 3: releases all (PostgreSQL has committed: no abort now)
         with self._mutex:
             self._state = _COMMITTED
         parent = self.parent

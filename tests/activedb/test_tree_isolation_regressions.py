@@ -17,6 +17,9 @@ D. A node whose ancestor had just aborted, waiting for its own child (``handle.r
    aborted there) instead of waiting for the doomed child and raising activedb's ``TransactionAborted``.
 F. (in its test's docstring) the same family on the begin path of a subtransaction.
 G. A scan whose ancestor aborted while it ran returned committed rows without the ancestor's writes.
+H. A spawned child whose ancestor's abort reached the lock manager just after the child had handed its
+   effects to its parent stayed COMMITTING for good (its lock-manager commit raised outside the step that
+   aborts a failed commit).
 """
 
 from __future__ import annotations
@@ -311,4 +314,33 @@ def test_g_a_scan_whose_ancestor_aborts_meanwhile_fails_instead_of_missing_the_a
                                         before=root_writes)
     testing.wait_until(lambda: seen or scanned, TIMEOUT, "the worker to finish its scan")
     assert scanned == [] and len(seen) == 1 and type(seen[0]) is activedb.TransactionAborted, (scanned, seen)
+    assert balances(db) == {1: 10, 2: 0}
+
+
+def test_h_a_child_whose_ancestor_aborts_during_its_commit_ends_aborted(db, monkeypatch):
+    """H. Found by the list-append history test on a clean CI run (a node left "committing" after its
+    top-level transaction ended).  The interleaving is forced at the one point between the child's
+    delegation to its parent and its lock-manager commit: held there until the root's abort reached the
+    lock manager."""
+    locking = db.transactions.locking
+    commit = locking.commit
+    in_window = threading.Event()
+    nodes: list = []
+
+    def held_until_aborted(node):
+        if node.name == "worker":
+            in_window.set()
+            testing.wait_until(lambda: not db.transactions.locks.is_active(node.id), TIMEOUT,
+                               "the root's abort to reach the lock manager")
+        commit(node)
+
+    def body(child):
+        nodes.append(child)
+        child.write("accounts", 2, balance=5)
+
+    monkeypatch.setattr(locking, "commit", held_until_aborted)
+    seen = abort_the_root_in_the_window(db, body, in_window)
+    [worker] = nodes
+    assert worker.state is activedb.TxnState.ABORTED, worker
+    assert len(seen) == 0    # the body returned; the commit after it failed
     assert balances(db) == {1: 10, 2: 0}
