@@ -4,7 +4,7 @@ It imports nothing else of this project (networkx only for ``wait_for_graph``). 
 example, the five rules, the conflict table, the invariants and the mutex order: ``lockmgr/README.md``.
 """
 
-from lockmgr._entries import UNCHANGED
+from lockmgr._entries import UNCHANGED, fold_grants
 from lockmgr._graph import GraphNode, find_cycle
 from lockmgr._manager import VICTIM_POLICIES, ExternalWait, LockManager
 from lockmgr._modes import Mode, conflicts, covers, join
@@ -35,7 +35,7 @@ from lockmgr.errors import (
 
 __all__ = [
     "LockManager", "ExternalWait", "Mode", "Deadlock", "LockTimeout", "find_cycle", "GraphNode",
-    "VICTIM_POLICIES", "UNCHANGED", "conflicts", "covers", "join",
+    "VICTIM_POLICIES", "UNCHANGED", "fold_grants", "conflicts", "covers", "join",
     "DeadlockCycle", "Holders", "LockStatistics", "LockTableSnapshot", "TransactionInfo", "TxnState",
     "VictimCandidate", "WaitingRequest", "WaitEdge",
     "LockError", "ActiveChildren", "DuplicateTransaction", "InvalidDowngrade", "LockNotHeld",

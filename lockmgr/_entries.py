@@ -4,7 +4,7 @@ Each function says what its caller holds (design note §6); none takes a mutex i
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 from lockmgr._modes import CONFLICTS, COVERS, JOIN, Mode
 from lockmgr._table import (ACTIVE, _NO_HOLDS, _committed_members, _Lock, _lock_entry, _owner_of, _Request, _Stripe,
@@ -133,6 +133,20 @@ def _admits(txn: _Txn, lock: _Lock, row) -> bool:
 
 #: ``previous`` of a savepoint grant that changed nothing: what the transaction held or retained covered it.
 UNCHANGED = "unchanged"
+
+
+def fold_grants(grants: Iterable[tuple[Any, Mode, Any]]) -> tuple[dict, dict]:
+    """A savepoint's grants (``LockManager.try_retain``'s list) read per resource: ``(wanted, before)`` —
+    the join of the modes granted on each resource, and what the transaction retained there before the
+    first grant that changed it (None: nothing; resources no grant changed are absent)."""
+    wanted: dict = {}
+    before: dict = {}
+    for resource, mode, previous in grants:
+        current = wanted.get(resource)
+        wanted[resource] = mode if current is None else JOIN[current][mode]
+        if previous is not UNCHANGED and resource not in before:
+            before[resource] = previous
+    return wanted, before
 
 
 def _retain_if_compatible(stripe: "_Stripe", txn: _Txn, resource: Any, mode: Mode, grants: list) -> bool:

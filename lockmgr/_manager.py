@@ -23,6 +23,7 @@ from lockmgr._entries import (
     _retain_if_compatible,
     _undo_grant,
     UNCHANGED,
+    fold_grants,
 )
 from lockmgr._export import add_wait_for_graph, holders_of, snapshot_of
 from lockmgr._graph import find_cycle
@@ -541,13 +542,7 @@ class LockManager:
             heir = self._ended.require_active(self._active, child, Lazy("take the retains of {!r}", tid))
             if heir.parent is not txn:
                 raise ValueError(f"hand_down_retains: {child!r} is not a child of {tid!r}")
-            wanted: dict = {}
-            before: dict = {}
-            for resource, mode, previous in grants:
-                current = wanted.get(resource)
-                wanted[resource] = mode if current is None else JOIN[current][mode]
-                if previous is not UNCHANGED and resource not in before:
-                    before[resource] = previous
+            wanted, before = fold_grants(grants)
             events: list = []
             for resource, mode in wanted.items():
                 stripe = self._stripes[hash(resource) & self._stripe_mask]

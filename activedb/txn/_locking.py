@@ -271,13 +271,7 @@ class Locking:
             if parent is None:
                 continue                       # the parent's abort reached the lock manager
             transactions[node.id] = dataclasses.replace(parent, tid=node.id, parent=parent_id)
-            wanted: dict = {}
-            before: dict = {}
-            for resource, mode, previous in list(node._grants or ()):
-                current = wanted.get(resource)
-                wanted[resource] = mode if current is None else join(current, mode)
-                if previous is not lockmgr.UNCHANGED and resource not in before:
-                    before[resource] = previous
+            wanted, before = lockmgr.fold_grants(list(node._grants or ()))
             for resource, mode in wanted.items():
                 holders = resources.get(resource)
                 if holders is None:
