@@ -252,6 +252,18 @@ def abort_the_root_in_the_window(db, body, in_window: threading.Event, before=No
     return seen
 
 
+def held_until_aborted(db, step, in_window: threading.Event):
+    """``step(node)`` of the locking layer, held for the node named "worker" (after ``in_window`` is set)
+    until the root's abort has reached the lock manager (the worker is no longer active there)."""
+    def held(node):
+        if node.name == "worker":
+            in_window.set()
+            testing.wait_until(lambda: not db.transactions.locks.is_active(node.id), TIMEOUT,
+                               "the root's abort to reach the lock manager")
+        step(node)
+    return held
+
+
 @pytest.mark.parametrize("representation", [representation.value for representation in Subtransactions])
 def test_f_a_subtransaction_opened_as_an_ancestor_aborts_fails_with_activedbs_error(db, monkeypatch,
                                                                                    representation):
@@ -262,22 +274,13 @@ def test_f_a_subtransaction_opened_as_an_ancestor_aborts_fails_with_activedbs_er
     manager."""
     monkeypatch.setattr(db.transactions, "subtransactions", Subtransactions(representation))
     locking = db.transactions.locking
-    release_holds = locking.release_holds
     in_window, child_started = threading.Event(), threading.Event()
-
-    def held_until_aborted(node):
-        if node.name == "worker":
-            in_window.set()
-            testing.wait_until(lambda: not db.transactions.locks.is_active(node.id), TIMEOUT,
-                               "the root's abort to reach the lock manager")
-        release_holds(node)
-
     def worker(c):
         child_started.set()
         with c.subtransaction() as inner:
             inner.read("accounts", 1)
 
-    monkeypatch.setattr(locking, "release_holds", held_until_aborted)
+    monkeypatch.setattr(locking, "release_holds", held_until_aborted(db, locking.release_holds, in_window))
     # in the window: the worker passed its check, not yet its child's begin
     seen = abort_the_root_in_the_window(db, worker, in_window)
     assert child_started.is_set()
@@ -323,22 +326,14 @@ def test_h_a_child_whose_ancestor_aborts_during_its_commit_ends_aborted(db, monk
     delegation to its parent and its lock-manager commit: held there until the root's abort reached the
     lock manager."""
     locking = db.transactions.locking
-    commit = locking.commit
     in_window = threading.Event()
     nodes: list = []
-
-    def held_until_aborted(node):
-        if node.name == "worker":
-            in_window.set()
-            testing.wait_until(lambda: not db.transactions.locks.is_active(node.id), TIMEOUT,
-                               "the root's abort to reach the lock manager")
-        commit(node)
 
     def body(child):
         nodes.append(child)
         child.write("accounts", 2, balance=5)
 
-    monkeypatch.setattr(locking, "commit", held_until_aborted)
+    monkeypatch.setattr(locking, "commit", held_until_aborted(db, locking.commit, in_window))
     seen = abort_the_root_in_the_window(db, body, in_window)
     [worker] = nodes
     assert worker.state is activedb.TxnState.ABORTED, worker
