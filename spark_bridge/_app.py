@@ -7,14 +7,9 @@ into ``ingest()`` keyword arguments.
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import importlib.util
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from spark_bridge.errors import AppLoadError, MappingError
@@ -43,47 +38,6 @@ class LoadedApp:
     transactions: Any = None
 
 
-def _module_from_file(path: Path) -> ModuleType:
-    path = path.resolve()
-    digest = hashlib.sha256(str(path).encode()).hexdigest()[:10]
-    module_name = f"_activedb_app_{path.stem}_{digest}"
-    existing = sys.modules.get(module_name)
-    if existing is not None:
-        return existing
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise AppLoadError(f"cannot import {path}: not a Python source file")
-    module = importlib.util.module_from_spec(spec)
-    # Sibling modules of the app file are importable, as for `python app.py`.
-    if str(path.parent) not in sys.path:
-        sys.path.append(str(path.parent))
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except Exception as error:
-        sys.modules.pop(module_name, None)
-        raise AppLoadError(f"importing {path} failed: {error!r}") from error
-    return module
-
-
-def _import(spec: str) -> ModuleType:
-    candidate = Path(spec)
-    if spec.endswith(".py") or candidate.is_file():
-        if not candidate.is_file():
-            raise AppLoadError(f"no such application file: {spec} (give a .py file or an importable module name)")
-        return _module_from_file(candidate)
-    try:
-        return importlib.import_module(spec)
-    except ModuleNotFoundError as error:
-        if error.name and spec.startswith(error.name):
-            raise AppLoadError(
-                f"no module named {spec!r}: give an importable module (package.module) or a path to a .py file"
-            ) from None
-        raise AppLoadError(f"importing {spec!r} failed: {error!r}") from error
-    except Exception as error:
-        raise AppLoadError(f"importing {spec!r} failed: {error!r}") from error
-
-
 def load_app(spec: str | Path | Callable[[Any], Any], *, require_mapping: bool = False) -> LoadedApp:
     """Load the application named by ``spec``: a module name, a ``.py`` path, or a
     ``register(db)`` callable (then only ``register`` is known).
@@ -93,11 +47,10 @@ def load_app(spec: str | Path | Callable[[Any], Any], *, require_mapping: bool =
     if callable(spec) and not isinstance(spec, (str, Path)):
         name = f"{getattr(spec, '__module__', '?')}.{getattr(spec, '__qualname__', repr(spec))}"
         return LoadedApp(name, spec, None, None, None, None, None, None, None)
+    from activedb.cli import load_app as load_module
+
     text = str(spec)
-    module = _import(text)
-    register = getattr(module, "register", None)
-    if not callable(register):
-        raise AppLoadError(f"application {text!r} has no register(db) function declaring its rules")
+    module = load_module(text, AppLoadError)
     mapping = getattr(module, "MAPPING", None)
     if mapping is not None:
         try:
@@ -119,7 +72,7 @@ def load_app(spec: str | Path | Callable[[Any], Any], *, require_mapping: bool =
     reset = getattr(module, "reset", None)
     return LoadedApp(
         name=text,
-        register=register,
+        register=module.register,
         mapping=mapping,
         migrations=migrations,
         schema=getattr(module, "SCHEMA", None),

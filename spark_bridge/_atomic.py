@@ -21,7 +21,7 @@ from activedb.atomic import SplitFailure
 
 from spark_bridge._handler import BatchHandler, BatchInput
 from spark_bridge._ledger import IngestionLedger, ledger_query_id, parse_ledger_query_id
-from spark_bridge.errors import IngestError, PartitionFailed
+from spark_bridge.errors import IngestError, PartitionFailed, describe
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb import Transaction
@@ -87,11 +87,6 @@ def declare_policy(db: Any, query_id: str, query_name: str, partitions: int, pol
 
 
 # --- the failed task's side ---------------------------------------------------------------------------------
-
-def describe(error: BaseException) -> str:
-    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
-
 
 class FailureRow(CommitParticipant):
     """Writes (upserts) a failed partition's ``activedb_split_failures`` row inside a flush."""

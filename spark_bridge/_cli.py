@@ -12,6 +12,7 @@ when a batch fails: the package's ``README.md`` ("Statistics and the CLI", "The 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import re
@@ -23,10 +24,12 @@ from typing import Any
 
 import click
 
+from activedb.cli.dead_letters import letter_filter, letter_filters
 from activedb.metrics import metrics_port_option, start_metrics
 
 from spark_bridge._sources import SOURCE_FORMS, build_stream, is_missing_data_source, kafka_hint, parse_source
 from spark_bridge._status_cli import status_command
+from spark_bridge.errors import SparkBridgeError, describe, first_line
 
 __all__ = ["register_commands", "run_command", "replay_command"]
 
@@ -103,23 +106,18 @@ def _watch(query: Any, sink: Any, console: Any, stop: _StopRequest) -> str:
         room = max(20, console.width - 3)
         return Text(line if len(line) <= room else line[:room - 1] + "…", no_wrap=True)
 
-    if console.is_terminal:
-        with Live(live_line(), console=console, refresh_per_second=4, transient=True) as live:
-            while True:
-                if stop.event.wait(REFRESH_SECONDS):
-                    return "stopped"
-                live.update(live_line())
-                if not query.isActive:
-                    return "ended"
+    live = Live(live_line(), console=console, refresh_per_second=4, transient=True) if console.is_terminal else None
     last_print = time.monotonic()
-    while True:
-        if stop.event.wait(REFRESH_SECONDS):
-            return "stopped"
-        if not query.isActive:
-            return "ended"
-        if time.monotonic() - last_print >= PLAIN_PROGRESS_SECONDS:
-            console.print(progress_line(sink.statistics(), started), highlight=False, soft_wrap=True)
-            last_print = time.monotonic()
+    with live or contextlib.nullcontext():
+        while not stop.event.wait(REFRESH_SECONDS):
+            if live is not None:
+                live.update(live_line())
+            if not query.isActive:
+                return "ended"
+            if live is None and time.monotonic() - last_print >= PLAIN_PROGRESS_SECONDS:
+                console.print(progress_line(sink.statistics(), started), highlight=False, soft_wrap=True)
+                last_print = time.monotonic()
+    return "stopped"
 
 
 def _stop_query(query: Any, sink: Any, stop: _StopRequest, console: Any) -> None:
@@ -184,11 +182,6 @@ def _status(console: Any, text: str):
         yield
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
 def _where(error: BaseException) -> str:
     """``file:line in function`` of the innermost frame of ``error``'s traceback ('' if none)."""
     import traceback
@@ -239,9 +232,9 @@ def failure_message(sink: Any, failure: BaseException, app: str) -> str:
     found = sink.last_failure()
     if found is not None:
         batch, error = found
-        cause = f"batch {batch} failed: {type(error).__name__}: {_first_line(error)}{_where(error)}"
+        cause = f"batch {batch} failed: {describe(error)}{_where(error)}"
         return f"{cause}\n  what to do: {what_to_do(error, app)}"
-    text = _first_line(failure)
+    text = first_line(failure)
     marker = "Reason: "
     if marker in text:
         text = text.split(marker, 1)[1]
@@ -340,18 +333,12 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
     from activedb import mask_secrets
     from activedb.cli import console as make_console, open_database
     from spark_bridge._app import ingest_options
-    from spark_bridge.errors import SparkBridgeError
 
     source = parse_source(source_text)
     conf = _spark_conf(packages, spark_conf_entries)
     obj = ctx.find_root().obj or {}
     console = make_console()
-    if not verbose:
-        logging.getLogger("activedb.rules").setLevel(logging.CRITICAL)
-    try:
-        loaded = spark_bridge.load_app(app, require_mapping=True)
-    except SparkBridgeError as error:
-        raise click.ClickException(str(error)) from None
+    loaded = _load_app(app, verbose)
     name = query_name or _default_query_name(app)
     checkpoint_dir = Path(checkpoint) if checkpoint else _default_checkpoint(obj.get("home"), name)
 
@@ -440,12 +427,22 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
         database.close()
 
 
+def _load_app(app: str, verbose: bool) -> Any:
+    """``load_app(app, require_mapping=True)`` for a command (its error one line); without ``verbose`` the
+    rules' rejections are not logged."""
+    import spark_bridge
+
+    if not verbose:
+        logging.getLogger("activedb.rules").setLevel(logging.CRITICAL)
+    try:
+        return spark_bridge.load_app(app, require_mapping=True)
+    except SparkBridgeError as error:
+        raise click.ClickException(str(error)) from None
+
+
 @click.command("replay")
 @click.argument("app")
-@click.option("--id", "ids", type=int, multiple=True, help="Only these dead letters (repeatable).")
-@click.option("--query", default=None, help="Only those of this query name (as given to `activedb run`).")
-@click.option("--batch", type=int, default=None, help="Only those of this batch id.")
-@click.option("--reason", default=None, help="Only those whose reason contains this text.")
+@letter_filters
 @click.option("--limit", type=int, default=0, help="At most this many (default: all that match).")
 @click.option("--verbose", is_flag=True, help="Also log each event the rules reject again.")
 @click.pass_context
@@ -456,22 +453,15 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...], query: st
     is marked replayed in the same transaction; one rejected again becomes a new dead letter.
 
     APP is what `activedb run` takes (register(db) and MAPPING)."""
-    import spark_bridge
     from activedb import deadletters
     from activedb.cli import open_database
     from spark_bridge._replay import replay_dead_letters
-    from spark_bridge.errors import SparkBridgeError
 
-    try:
-        loaded = spark_bridge.load_app(app, require_mapping=True)
-    except SparkBridgeError as error:
-        raise click.ClickException(str(error)) from None
-    if not verbose:
-        logging.getLogger("activedb.rules").setLevel(logging.CRITICAL)
+    loaded = _load_app(app, verbose)
     database = open_database(ctx, writes=True)
     try:
-        letters = deadletters.select(database, deadletters.LetterFilter(
-            ids=tuple(ids), query=query, batch=batch, reason=reason, replayed=False), limit=limit or None)
+        letters = deadletters.select(database, letter_filter(ids, query, batch, reason, replayed=False),
+                                     limit=limit or None)
         if not letters:
             click.echo("no dead letters to replay match (`activedb dead-letters list --all` shows replayed ones)")
             return
@@ -481,9 +471,7 @@ def replay_command(ctx: click.Context, app: str, ids: tuple[int, ...], query: st
         outcomes = replay_dead_letters(database, loaded, letters)
     finally:
         database.close()
-    counts: dict[str, int] = {}
-    for outcome in outcomes:
-        counts[outcome.outcome] = counts.get(outcome.outcome, 0) + 1
+    counts = collections.Counter(outcome.outcome for outcome in outcomes)
     queries = sorted({outcome.query_id for outcome in outcomes})
     click.echo(f"replayed {len(outcomes)} dead letter(s) as {', '.join(queries)}: "
                + ", ".join(f"{count} {what}" for what, count in sorted(counts.items())))

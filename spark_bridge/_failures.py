@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from activedb import CommitParticipant
 
+from spark_bridge.errors import first_line
 from spark_bridge.mapping import RawEvent
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -71,8 +72,7 @@ def rejection_reason(error: BaseException) -> str:
 
 
 def _poison_reason(error: BaseException) -> str:
-    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return f"PostgreSQL refused this event's writes at the commit: {text}"
+    return f"PostgreSQL refused this event's writes at the commit: {first_line(error)}"
 
 
 class _TrialPassed(Exception):

@@ -21,7 +21,7 @@ from spark_bridge import _atomic
 from spark_bridge._app import load_app
 from spark_bridge._ledger import ledger_query_id
 from spark_bridge._sink import BatchOutcome, IngestSink, PhaseTimings
-from spark_bridge.errors import IngestError
+from spark_bridge.errors import IngestError, describe
 from spark_bridge.mapping import EventMapping
 
 __all__ = ["PartitionedIngestSink"]
@@ -125,7 +125,7 @@ class _PartitionTask:
             settled = True
         return {
             "partition": partition, "query_id": query_id, "committed": settled, "rows": len(batch), "events": 0, "dead_letters": letters, "rule_firings": {},
-            "timings": PhaseTimings().as_tuple(), "failed": True, "error": _atomic.describe(error),
+            "timings": PhaseTimings().as_tuple(), "failed": True, "error": describe(error),
             "infrastructure": infrastructure,
         }
 

@@ -7,6 +7,17 @@ so a caller can catch the whole family at once.
 from __future__ import annotations
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message, or its type's name when it has none."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def describe(error: BaseException) -> str:
+    """``Type: first line of the message`` (just ``Type`` without a message)."""
+    return f"{type(error).__name__}: {first_line(error)}" if str(error).strip() else type(error).__name__
+
+
 class SparkBridgeError(Exception):
     """Base class of every error raised by ``spark_bridge``."""
 

@@ -15,10 +15,13 @@ The schema rule (:func:`open_database`) and the modules: the design note, ``READ
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.util
 import inspect
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import click
 
@@ -134,6 +137,49 @@ def open_database(ctx: click.Context, *, writes: bool, check_schema: bool = True
     except BaseException:
         database.close()
         raise
+
+
+def load_app(spec: str, error: type[Exception]) -> ModuleType:
+    """The application module named by ``spec`` (a module name, or a ``.py`` file whose sibling modules
+    import as for ``python app.py``), which must provide ``register(db)``; raises ``error`` saying what is
+    wrong.  A file is imported once per process (under a name made from its path)."""
+    path = Path(spec)
+    if spec.endswith(".py") or path.is_file():
+        if not path.is_file():
+            raise error(f"no such application file: {spec} (give a .py file or an importable module name)")
+        module = _module_from_file(path.resolve(), error)
+    else:
+        try:
+            module = importlib.import_module(spec)
+        except ModuleNotFoundError as failure:
+            if failure.name and spec.startswith(failure.name):
+                raise error(f"no module named {spec!r}: give an importable module (package.module) or a path to a "
+                            f".py file") from None
+            raise error(f"importing {spec!r} failed: {failure!r}") from failure
+        except Exception as failure:
+            raise error(f"importing {spec!r} failed: {failure!r}") from failure
+    if not callable(getattr(module, "register", None)):
+        raise error(f"application {spec!r} has no register(db) function declaring its rules")
+    return module
+
+
+def _module_from_file(path: Path, error: type[Exception]) -> ModuleType:
+    module_name = f"_activedb_app_{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:10]}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise error(f"cannot import {path}: not a Python source file")
+    module = importlib.util.module_from_spec(spec)
+    if str(path.parent) not in sys.path:
+        sys.path.append(str(path.parent))
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as failure:
+        sys.modules.pop(module_name, None)
+        raise error(f"importing {path} failed: {failure!r}") from failure
+    return module
 
 
 def _confirm(question: str, yes: bool) -> None:

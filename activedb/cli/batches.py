@@ -11,8 +11,7 @@ from typing import Any
 
 import click
 
-from activedb.cli import open_database
-from activedb.cli.capture import load_app
+from activedb.cli import load_app, open_database
 
 
 @click.group("batches")
@@ -213,7 +212,7 @@ def compensate(ctx: click.Context, query: str, batch: str, mode: str, scope: str
     """Compensate source batch (QUERY, BATCH) — or, with --dry-run, say what that would do."""
     with open_database(ctx, writes=not dry_run) as db:
         if app:
-            load_app(app).register(db)
+            load_app(app, click.ClickException).register(db)
         with _spark_form_hint(query):
             report = db.batches.compensate((query, batch), mode=mode, scope=scope, dry_run=dry_run,
                                            allow_unsafe=allow_unsafe, max_rounds=max_rounds)

@@ -1,24 +1,18 @@
 """``activedb capture status / enable / disable / consume``: change capture from the command line
-(contributed through the ``activedb.commands`` entry point), and :func:`load_app`.  Each command's
-``--help`` says what it does.
+(contributed through the ``activedb.commands`` entry point).  Each command's ``--help`` says what it does.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
 import json
 import signal
-import sys
 import threading
-from pathlib import Path
-from types import ModuleType
 from typing import Any, Callable
 
 import click
 
-from activedb.capture.errors import CaptureError
+from activedb.cli import load_app
 from activedb.metrics import metrics_port_option, start_metrics
 
 
@@ -27,29 +21,6 @@ def _connect(ctx: click.Context):
 
     obj = ctx.obj or {}
     return activedb.connect(obj.get("url"), home=obj.get("home"))
-
-
-def load_app(spec: str) -> ModuleType:
-    """The application module named by ``spec`` (a module name or a ``.py`` path)."""
-    path = Path(spec)
-    if spec.endswith(".py") or path.is_file():
-        if not path.is_file():
-            raise CaptureError(f"no such application file: {spec} (give a .py file or an importable module name)")
-        name = f"_activedb_capture_app_{path.stem}"
-        loader = importlib.util.spec_from_file_location(name, path.resolve())
-        module = importlib.util.module_from_spec(loader)
-        if str(path.resolve().parent) not in sys.path:
-            sys.path.append(str(path.resolve().parent))   # sibling modules import as for `python app.py`
-        loader.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(spec)
-        except ModuleNotFoundError as error:
-            raise CaptureError(f"no module named {spec!r}: give an importable module or a .py file "
-                               f"({error})") from None
-    if not callable(getattr(module, "register", None)):
-        raise CaptureError(f"{spec} has no register(db) function declaring its rules")
-    return module
 
 
 @click.group("capture")
@@ -146,7 +117,7 @@ def consume_command(ctx: click.Context, app: str, name: str, batch_size: int, re
     optionally MIGRATIONS, its Alembic directory, upgraded first). Runs until Ctrl-C / SIGTERM (the batch
     in progress finishes or is rolled back: exactly once either way), or with --until-caught-up until
     nothing is pending."""
-    module = load_app(app)
+    module = load_app(app, click.ClickException)
     database = _connect(ctx)
     metrics = None
     try:

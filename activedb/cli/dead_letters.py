@@ -22,7 +22,7 @@ def _shortened(text: str, limit: int, letter_id: int) -> tuple[str, bool]:
     return f"{text[:limit]}… ({len(text):,} characters; `activedb dead-letters show {letter_id}` shows all)", True
 
 
-def _letter_filter(ids=(), query=None, batch=None, reason=None, replayed=None):
+def letter_filter(ids=(), query=None, batch=None, reason=None, replayed=None):
     from activedb.deadletters import LetterFilter
 
     return LetterFilter(ids=tuple(ids), query=query, batch=batch, reason=reason, replayed=replayed)
@@ -59,7 +59,7 @@ def letters_list(ctx: click.Context, ids, query, batch, reason, include_replayed
     """Dead letters, oldest first (not yet replayed unless --all); long reasons and rows are cut."""
     from activedb import deadletters
 
-    selected = _letter_filter(ids, query, batch, reason, None if include_replayed else False)
+    selected = letter_filter(ids, query, batch, reason, None if include_replayed else False)
     with open_database(ctx, writes=False) as database:
         letters = deadletters.select(database, selected, limit=limit or None)
         total = deadletters.count(database, selected)
@@ -105,7 +105,7 @@ def letters_show(ctx: click.Context, letter_id: int) -> None:
     from activedb import deadletters
 
     with open_database(ctx, writes=False) as database:
-        letters = deadletters.select(database, _letter_filter(ids=[letter_id]))
+        letters = deadletters.select(database, letter_filter(ids=[letter_id]))
     if not letters:
         raise click.ClickException(f"no dead letter with id {letter_id}")
     letter = letters[0].as_dict()
@@ -126,7 +126,7 @@ def letters_purge(ctx: click.Context, ids, query, batch, reason, only_replayed: 
     """Delete the dead letters that match the filters (all of them without filters). Asks first."""
     from activedb import deadletters
 
-    selected = _letter_filter(ids, query, batch, reason, True if only_replayed else None)
+    selected = letter_filter(ids, query, batch, reason, True if only_replayed else None)
     with open_database(ctx, writes=True) as database:
         count = deadletters.count(database, selected)
         if count == 0:

@@ -16,21 +16,15 @@ from activedb.store import from_exact_json as decode
 __all__ = ["decode", "decode_event", "encode", "encode_event"]
 
 
+_FIELDS = ("key", "old", "new", "payload", "ts", "transaction")     # besides ``kind`` and ``source``
+
+
 def encode_event(event: Event) -> dict:
     """``event`` as one JSON object (every field)."""
-    return {
-        "kind": event.kind.value,
-        "source": encode(event.source),
-        "key": encode(event.key),
-        "old": encode(event.old),
-        "new": encode(event.new),
-        "payload": encode(event.payload),
-        "ts": encode(event.ts),
-        "transaction": encode(event.transaction),
-    }
+    return {"kind": event.kind.value, "source": encode(event.source),
+            **{name: encode(getattr(event, name)) for name in _FIELDS}}
 
 
 def decode_event(data: dict) -> Event:
-    return Event(EventKind(data["kind"]), decode(data["source"]), key=decode(data["key"]), old=decode(data["old"]),
-                 new=decode(data["new"]), payload=decode(data["payload"]) or {}, ts=decode(data["ts"]),
-                 transaction=decode(data["transaction"]))
+    fields = {name: decode(data[name]) for name in _FIELDS}
+    return Event(EventKind(data["kind"]), decode(data["source"]), **{**fields, "payload": fields["payload"] or {}})

@@ -368,8 +368,3 @@ class Outbox:
         if count:
             self._wake.set()
         return count
-
-    def purge_done(self) -> int:
-        """Delete the records of firings that ran (they are kept for inspection until then)."""
-        with self.catalog.engine.begin() as connection:
-            return _records.purge_done(connection)

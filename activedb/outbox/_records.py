@@ -10,6 +10,7 @@ records its own.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from dataclasses import dataclass
@@ -60,17 +61,11 @@ def insert(connection: sa.Connection, info: TableInfo, records: Sequence[NewReco
     if not records:
         return
     as_json = info.driver_processors(connection.dialect)["event"]
-    connection.exec_driver_sql(_INSERT, (
-        owner,
-        [record.id for record in records],
-        [record.rule for record in records],
-        [record.coupling for record in records],
-        [as_json(record.event) for record in records],
-        [as_json(record.chain) for record in records],
-        [record.trigger_id for record in records],
-        [record.trigger_log_id for record in records],
-        [record.trigger_outcome for record in records],
-    ))
+    columns = {field.name: [getattr(record, field.name) for record in records]
+               for field in dataclasses.fields(NewRecord)}
+    for name in ("event", "chain"):
+        columns[name] = [as_json(value) for value in columns[name]]
+    connection.exec_driver_sql(_INSERT, (owner, *columns.values()))
 
 
 _MARK_DONE = sa.text(
@@ -212,7 +207,3 @@ def retry(connection: sa.Connection, ids: Sequence[int] | None) -> int:
     return connection.execute(sa.text(
         f"UPDATE activedb_outbox SET status = 'pending', owner = NULL, finished_at = NULL WHERE {where}"),
         {} if ids is None else {"ids": list(ids)}).rowcount
-
-
-def purge_done(connection: sa.Connection) -> int:
-    return connection.execute(sa.text("DELETE FROM activedb_outbox WHERE status = 'done'")).rowcount
