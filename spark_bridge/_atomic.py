@@ -18,9 +18,12 @@ import sqlalchemy as sa
 
 from activedb import CommitParticipant
 from activedb.atomic import SplitFailure
+from activedb.atomic.errors import LineageError, UnknownBatch
+from activedb.deadletters import Letter
 
-from spark_bridge._handler import BatchHandler, BatchInput
+from spark_bridge._handler import BatchHandler, BatchInput, run_batch
 from spark_bridge._ledger import IngestionLedger, ledger_query_id, parse_ledger_query_id
+from spark_bridge._outcome import PhaseTimings
 from spark_bridge.errors import IngestError, PartitionFailed, describe
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -116,9 +119,6 @@ def settle_failed_partition(sink: Any, rows: Sequence[Mapping[str, Any]], query_
 
     From then on a replay of the batch skips this partition (the ledger has it), and the driver — now or
     after a restart — compensates the partitions that committed."""
-    from spark_bridge._handler import run_batch
-    from spark_bridge._outcome import PhaseTimings
-
     reason = (f"partition {partition} of batch {batch_id} failed for good ({describe(error)}); the source batch "
               f"was compensated (on_partition_failure='compensate') — replay these rows once the cause is fixed")
     failure = FailureRow(source_query_id(query_id), batch_id, partition, partitions, SplitFailure.COMPENSATE,
@@ -137,8 +137,6 @@ class _FailedPartition(BatchHandler):
         self.reason = reason
 
     def handle(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger) -> None:
-        from activedb.deadletters import Letter
-
         letters = [Letter(self.reason, dict(row)) for row in batch.rows]
         batch.dead_letters.insert(tx, letters)
         ledger.dead_letters = len(letters)
@@ -159,8 +157,6 @@ def record_forward_failures(db: Any, source: str, batch_id: int, partitions: int
 def compensate_split(db: Any, source: str, batch_id: int) -> int:
     """Compensate the committed partitions of ``(source, batch_id)`` and mark its *compensating* rows
     *compensated*; the number of transactions compensated (by this call and before).  Resumable."""
-    from activedb.atomic.errors import LineageError, UnknownBatch
-
     try:
         report = db.batches.settle_failed_split((source, batch_id), on_failure=SplitFailure.COMPENSATE.value)
         compensated = len(report.compensated) + len(report.plan.already)

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from activedb import composite
+
 from spark_bridge._handler import BatchHandler, BatchInput
 from spark_bridge._ledger import IngestionLedger
+from spark_bridge.composite_feed import feed_batch
 from spark_bridge.errors import IngestError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -27,8 +30,6 @@ class CompositeHandler(BatchHandler):
     validates_rows = False
 
     def __init__(self, engine: Any, mapping: Any) -> None:
-        from activedb import composite
-
         if not isinstance(engine, composite.CompositionEngine):
             raise IngestError(f"composition= takes an activedb.composite.CompositionEngine; got {engine!r}")
         if mapping.producer_column is None:
@@ -39,8 +40,6 @@ class CompositeHandler(BatchHandler):
         self.mapping = mapping
 
     def handle(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger) -> None:
-        from spark_bridge.composite_feed import feed_batch
-
         result = feed_batch(self.engine, batch.rows, self.mapping, tx=tx)
         letters = list(batch.letters) + batch.dead_letters.rejected(result.rejected)
         batch.dead_letters.insert(tx, letters)

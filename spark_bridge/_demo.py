@@ -3,14 +3,14 @@ through Spark Structured Streaming into the application's rules, exactly once.""
 
 from __future__ import annotations
 
-import json
-import os
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+
+from spark_bridge._sources import write_event_files
 
 SPARK_FILES = 4                 # the stream is written as this many files (micro-batches)
 
@@ -38,15 +38,7 @@ def feed(db: Any, events: list[dict], app: Any, console: Any, progress: Any, eng
     spark = spark_bridge.get_spark(warnings_to=activedb.default_home() / "logs" / "spark.log")
     with tempfile.TemporaryDirectory(prefix="activedb-demo-") as folder:
         source = Path(folder) / "badge-events"
-        source.mkdir()
-        per_file = max(1, -(-len(events) // SPARK_FILES))
-        written_at = time.time() - SPARK_FILES
-        for number, start in enumerate(range(0, len(events), per_file)):
-            lines = "\n".join(json.dumps(event) for event in events[start:start + per_file])
-            path = source / f"part-{number:04d}.json"
-            path.write_text(lines + "\n")
-            # Spark's file source takes files in modification-time order: make it the arrival order.
-            os.utime(path, (written_at + number, written_at + number))
+        write_event_files(source, events, max(1, -(-len(events) // SPARK_FILES)), time.time() - SPARK_FILES)
         frame = (spark.readStream.schema(app.SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
                  .select(F.upper(F.col("type")).alias("type"), F.col("worker").alias("HCW-ID"),
                          F.col("room").alias("location"), F.timestamp_seconds(F.col("ts")).alias("ts")))

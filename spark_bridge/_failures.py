@@ -13,6 +13,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from activedb import CommitParticipant
+from activedb.errors import (
+    CascadeLimitExceeded, DatabaseError, DuplicateKey, Failure, InvalidValue, RuleFailed, SerializationConflict, causes,
+    classify,
+)
 
 from spark_bridge.errors import first_line
 from spark_bridge.mapping import RawEvent
@@ -28,8 +32,6 @@ def is_infrastructure_failure(error: BaseException) -> bool:
     """True if ``error`` is not the event's fault and not a deadlock (:func:`activedb.errors.classify`: connection
     lost, disk full, server busy, or a serialization conflict that no ``SerializationConflict`` announced): the
     batch must fail and run again, not the event.  A deadlock re-runs the event (:func:`is_deadlock`)."""
-    from activedb.errors import Failure, classify
-
     return classify(error) in (Failure.CONNECTION_LOST, Failure.DISK_FULL, Failure.SERVER_BUSY,
                                Failure.SERIALIZATION_CONFLICT)
 
@@ -37,15 +39,11 @@ def is_infrastructure_failure(error: BaseException) -> bool:
 def conflict_in(error: BaseException) -> BaseException | None:
     """The ``SerializationConflict`` behind ``error``, if another process (or a sequence reset) got in the way:
     not the event's fault — the batch is re-run."""
-    from activedb.errors import SerializationConflict, causes
-
     return next((cause for cause in causes(error) if isinstance(cause, SerializationConflict)), None)
 
 
 def is_deadlock(error: BaseException) -> bool:
     """A deadlock's victim (the lock manager's, or PostgreSQL's 40P01): the event is re-run."""
-    from activedb.errors import Failure, classify
-
     return classify(error) is Failure.DEADLOCK
 
 
@@ -53,8 +51,6 @@ def is_poison_failure(error: BaseException) -> bool:
     """PostgreSQL refused the commit because of the values written (``classify`` says ``BAD_VALUE``: SQLSTATE
     classes 22, 23, 54, or the engine's own DuplicateKey/InvalidValue at the flush) — something an event
     caused, as opposed to the server (disk full, connection) or a conflict."""
-    from activedb.errors import DatabaseError, DuplicateKey, Failure, InvalidValue, classify
-
     if isinstance(error, (DuplicateKey, InvalidValue)):
         return not is_infrastructure_failure(error)
     return isinstance(error, DatabaseError) and classify(error) is Failure.BAD_VALUE
@@ -62,8 +58,6 @@ def is_poison_failure(error: BaseException) -> bool:
 
 def rejection_reason(error: BaseException) -> str:
     """The dead-letter reason of an event whose subtransaction failed."""
-    from activedb.errors import CascadeLimitExceeded, RuleFailed
-
     if isinstance(error, RuleFailed):
         return f"rejected by rule {error.rule!r}: {error}"
     if isinstance(error, CascadeLimitExceeded):

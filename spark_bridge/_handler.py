@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from activedb.deadletters import Letter
+from activedb.errors import BatchAlreadyCommitted, SerializationConflict
 
 from spark_bridge._batch import SinkContext, no_cyclic_gc
 from spark_bridge._failures import find_culprits, is_poison_failure, trial
@@ -119,8 +120,6 @@ def run_batch(context: SinkContext, handler: BatchHandler, rows: Any, batch_id: 
     more commit participants of the batch's transaction (lineage, a replay's mark), enlisted before
     the ledger.  Raises only when the batch could not be committed (PostgreSQL unusable, conflicts
     beyond ``batch_attempts``, a refused commit the handler cannot search)."""
-    from activedb.errors import BatchAlreadyCommitted, SerializationConflict
-
     book = context.book
     began = time.perf_counter() - timings.to_arrow
     row_count = rows.num_rows if hasattr(rows, "num_rows") else len(rows)

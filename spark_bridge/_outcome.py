@@ -118,16 +118,11 @@ class BatchBook:
         self._on_phase = on_phase
         self._mutex = threading.Lock()
         self._query_id: str | None = None
-        self._batches = 0
-        self._batches_skipped = 0
+        self._counters = dict(batches=0, batches_skipped=0, rows=0, events=0, dead_letters=0, seconds_in_sink=0.0)
         self._last_batch_id: int | None = None
-        self._rows = 0
-        self._events = 0
-        self._dead_letters = 0
-        self._rule_firings: dict[str, int] = {}
+        self._rule_firings: collections.Counter[str] = collections.Counter()
         self._watermark: dt.datetime | None = None
         self._timings = PhaseTimings()
-        self._seconds_in_sink = 0.0
         self._first_batch_began: float | None = None
         self._last_batch_ended: float | None = None
         self._last_batch_rate: float | None = None
@@ -194,23 +189,23 @@ class BatchBook:
         elapsed = ended - began
         outcome = dataclasses.replace(outcome, seconds=elapsed)
         with self._mutex:
+            counters = self._counters
             self._last_batch_ended = ended
             self._query_id = self._query_id or outcome.query_id
             self._last_batch_id = outcome.batch_id
-            self._rows += outcome.rows
+            counters["rows"] += outcome.rows
             self._timings = self._timings + outcome.timings
-            self._seconds_in_sink += elapsed
+            counters["seconds_in_sink"] += elapsed
             self._recent.append(outcome)
             if outcome.watermark is not None and (self._watermark is None or outcome.watermark > self._watermark):
                 self._watermark = outcome.watermark
             if not outcome.committed:
-                self._batches_skipped += 1
+                counters["batches_skipped"] += 1
                 return
-            self._batches += 1
-            self._events += outcome.events
-            self._dead_letters += outcome.dead_letters
-            for rule, count in outcome.rule_firings.items():
-                self._rule_firings[rule] = self._rule_firings.get(rule, 0) + count
+            counters["batches"] += 1
+            counters["events"] += outcome.events
+            counters["dead_letters"] += outcome.dead_letters
+            self._rule_firings.update(outcome.rule_firings)
             self._last_batch_rate = outcome.events / elapsed if elapsed > 0 else None
 
     def recent_outcomes(self) -> list[BatchOutcome]:
@@ -223,22 +218,10 @@ class BatchBook:
             elapsed = (0.0 if self._first_batch_began is None or self._last_batch_ended is None
                        else self._last_batch_ended - self._first_batch_began)
             snapshot = IngestStatistics(
-                query_name=self.query_name,
-                query_id=self._query_id,
-                batches=self._batches,
-                batches_skipped=self._batches_skipped,
-                last_batch_id=self._last_batch_id,
-                rows=self._rows,
-                events=self._events,
-                dead_letters=self._dead_letters,
-                rule_firings=dict(self._rule_firings),
-                watermark=watermark,
-                watermark_lag_seconds=None,
-                events_per_second=self._events / elapsed if elapsed > 0 else 0.0,
-                last_batch_events_per_second=self._last_batch_rate,
-                seconds_in_sink=self._seconds_in_sink,
-                timings=self._timings,
-            )
+                query_name=self.query_name, query_id=self._query_id, last_batch_id=self._last_batch_id,
+                rule_firings=dict(self._rule_firings), watermark=watermark, watermark_lag_seconds=None,
+                events_per_second=self._counters["events"] / elapsed if elapsed > 0 else 0.0,
+                last_batch_events_per_second=self._last_batch_rate, timings=self._timings, **self._counters)
         if watermark is None:
             return snapshot
         return dataclasses.replace(snapshot,

@@ -11,7 +11,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from activedb import deadletters
+from activedb import deadletters, streams
 from activedb.deadletters import Letter
 from activedb.store import jsonable
 
@@ -28,8 +28,6 @@ SCHEDULERS = ("sei", "s2pl", "lwm")
 
 
 def _is_engine(value: Any) -> bool:
-    from activedb import streams
-
     return isinstance(value, streams.StreamEngine)
 
 
@@ -40,8 +38,6 @@ def build_engines(db: Any, queries: Any, scheduler: Any) -> list[Any]:
     ``factory(db, scheduler=…)`` (``factory(db)`` without ``scheduler=``) returning one or a list.
     ``scheduler`` (``"sei"``, ``"s2pl"``, ``"lwm"`` or a ``streams.Scheduler``) must be the one each
     engine was built with."""
-    from activedb import streams
-
     if scheduler is not None and not (isinstance(scheduler, str) or isinstance(scheduler, streams.Scheduler)):
         raise IngestError(f"scheduler must be one of {', '.join(SCHEDULERS)} or a streams.Scheduler such as "
                           f"streams.LWMScheduler(granularity='table'); got {scheduler!r}")
@@ -118,8 +114,6 @@ class QueriesHandler(BatchHandler):
         return frozenset(types)
 
     def _events_for(self, index: int, batch: BatchInput) -> list[Any]:
-        from activedb import streams
-
         routes = self._routes[index]
         events = []
         for raw in batch.events:
@@ -161,8 +155,6 @@ class QueriesHandler(BatchHandler):
         """``engine.process(tx, [], punctuation=END_OF_STREAM)`` for every engine, in one transaction;
         dead letters under the run's ledger id ``query_id`` (batch id NULL), or ``<query_name>:end`` without one.  Idempotent: the engines' saved state records the
         release, so a second call releases nothing."""
-        from activedb import streams
-
         processed = 0
         with db.transaction(name=f"ingest:{query_name}:end") as tx:
             letters = []

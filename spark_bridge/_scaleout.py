@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from activedb.errors import classify
+
 from spark_bridge import _atomic
 from spark_bridge._app import load_app
 from spark_bridge._ledger import ledger_query_id
@@ -115,8 +117,6 @@ class _PartitionTask:
         an outage) its rows are dead letters first (``_atomic.settle_failed_partition``).  A transient failure
         (``activedb.errors.classify``: PostgreSQL unusable, a conflict, a deadlock) is not the partition's fault:
         replay completes the batch."""
-        from activedb.errors import classify
-
         infrastructure = classify(error).transient
         letters, settled = 0, False
         if not infrastructure and _atomic.as_policy(self.on_partition_failure) is _atomic.SplitFailure.COMPENSATE:

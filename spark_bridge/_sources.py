@@ -9,13 +9,16 @@ Used by ``_cli.py`` (``activedb run``).
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 
-__all__ = ["CORRUPT_COLUMN", "LINE_COLUMN", "SourceSpec", "build_stream", "parse_source", "with_corrupt_column"]
+__all__ = ["CORRUPT_COLUMN", "LINE_COLUMN", "SourceSpec", "build_stream", "parse_source", "with_corrupt_column",
+           "write_event_files"]
 
 @dataclass(frozen=True)
 class SourceSpec:
@@ -60,6 +63,17 @@ def parse_source(text: str) -> SourceSpec:
         if brokers and topic:
             return SourceSpec("kafka", brokers=brokers, topic=topic)
     raise click.BadParameter(f"{text!r} is not a source; use {SOURCE_FORMS}", param_hint="--source")
+
+
+def write_event_files(directory: Path, events: list[dict], per_file: int, first_mtime: float) -> None:
+    """``events`` as JSON-lines files of ``per_file`` events in the new ``directory``, the n-th modified at
+    ``first_mtime + n``: a file source reads them one micro-batch each (``maxFilesPerTrigger=1``) in that
+    order (it takes files in modification-time order)."""
+    directory.mkdir(parents=True)
+    for number, start in enumerate(range(0, len(events), per_file)):
+        path = directory / f"part-{number:04d}.json"
+        path.write_text("".join(json.dumps(event) + "\n" for event in events[start:start + per_file]))
+        os.utime(path, (first_mtime + number, first_mtime + number))
 
 
 def kafka_package() -> str:

@@ -97,16 +97,9 @@ def print_capture_backlog(console: Any, capture: Any) -> None:
 
 def print_detached(console: Any, detached: Any, failures: list[Any]) -> None:
     """The outbox's counts and its failed firings (``activedb status``)."""
-    from rich.table import Table
+    from activedb.cli import failed_firings_table
 
     console.print(f"detached rule firings (activedb_outbox): {detached.pending:,} pending, {detached.done:,} done, "
                   f"{detached.failed:,} failed", highlight=False)
-    if not failures:
-        return
-    table = Table(title="failed detached rule firings (retry: activedb outbox --retry)")
-    for column in ("id", "rule", "trigger", "event", "error"):
-        table.add_column(column)
-    for failure in failures:
-        table.add_row(str(failure.id), failure.rule, f"{failure.trigger} ({failure.trigger_outcome})",
-                      failure.event, failure.error)
-    console.print(table)
+    if failures:
+        console.print(failed_firings_table(failures))

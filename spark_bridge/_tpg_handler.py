@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from activedb import batch
+
 from spark_bridge._handler import BatchHandler, BatchInput
 from spark_bridge._ledger import IngestionLedger
 from spark_bridge.errors import IngestError
@@ -27,8 +29,6 @@ class TpgHandler(BatchHandler):
     name = "tpg"
 
     def __init__(self, transactions: Any, *, strategy: str = "auto") -> None:
-        from activedb import batch
-
         if not isinstance(transactions, batch.StateTransactions):
             raise IngestError(
                 "executor='tpg' needs transactions=batch.StateTransactions() with a @transactions.on(type) "
@@ -41,8 +41,6 @@ class TpgHandler(BatchHandler):
         return frozenset(self.transactions.event_types) or None
 
     def handle(self, tx: Transaction, batch_input: BatchInput, ledger: IngestionLedger) -> None:
-        from activedb import batch
-
         events = list(batch_input.events)
         base = list(batch_input.letters)
 

@@ -56,7 +56,6 @@ about a minute.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -71,6 +70,8 @@ import sqlalchemy as sa
 import activedb
 from activedb.bench import Progress
 from activedb.bench.report import BenchReport, Row, Series
+
+from spark_bridge._sources import write_event_files
 
 SCHEMA = "type STRING, worker STRING, ts DOUBLE, room STRING"
 WORKERS = 100
@@ -89,16 +90,6 @@ COUNTER_EXECUTEMANY = "psycopg executemany ON CONFLICT"
 ENGINE_GOAL_US = 40.0
 QUERY_PREFIX = "bench-ingest"
 PHASES = ("spark", "to_arrow", "validate", "engine", "commit", "flush")
-
-
-def _write_files(directory: Path, events: list[dict], size: int) -> int:
-    directory.mkdir(parents=True)
-    files = 0
-    for files, start in enumerate(range(0, len(events), size), start=1):
-        path = directory / f"part-{files:04d}.json"
-        path.write_text("".join(json.dumps(event) + "\n" for event in events[start:start + size]))
-        os.utime(path, (1_700_000_000 + files, 1_700_000_000 + files))
-    return files
 
 
 def _steady(progress: list[dict]) -> tuple[int, float, list[dict]]:
@@ -347,7 +338,7 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
         for size, batches in plan.items():
             events = generate(WORKERS, size * batches, SEED)
             source = folder / f"events-{size}"
-            _write_files(source, events, size)
+            write_event_files(source, events, size, 1_700_000_000)
 
             with progress.step(f"{size:,} events/batch: plain write"):
                 plain = _plain_run(spark, url, source, folder / f"plain-{size}", timeout)

@@ -188,16 +188,12 @@ def to_utc(value: Any, unit_divisor: int) -> dt.datetime:
         return value.astimezone(_UTC)
     if isinstance(value, bool):
         raise InvalidField(f"is {_describe(value)}, not a timestamp")
-    if isinstance(value, int):
-        try:
-            return EPOCH + dt.timedelta(microseconds=value * (1_000_000 // unit_divisor))
-        except OverflowError:
-            raise InvalidField(f"is {_describe(value)}, out of the representable range") from None
-    if isinstance(value, float):
-        if not math.isfinite(value):
+    if isinstance(value, (int, float)):
+        if isinstance(value, float) and not math.isfinite(value):
             raise InvalidField(f"is {_describe(value)}, not a finite number")
+        micros = value * (1_000_000 // unit_divisor) if isinstance(value, int) else round(value * 1e6 / unit_divisor)
         try:
-            return EPOCH + dt.timedelta(microseconds=round(value * 1_000_000 / unit_divisor))
+            return EPOCH + dt.timedelta(microseconds=micros)
         except OverflowError:
             raise InvalidField(f"is {_describe(value)}, out of the representable range") from None
     if isinstance(value, str):
@@ -214,8 +210,6 @@ def to_utc(value: Any, unit_divisor: int) -> dt.datetime:
 def corrupt_reason(line: Any, values: Mapping[str, Any], types: Mapping[str, str], mapping: "EventMapping") -> str:
     """Why Spark could not read ``line`` (the corrupt-record column's text) against the schema whose
     column types are ``types``; ``values`` is what Spark made of the row's other columns."""
-    import json
-
     text = line if isinstance(line, str) else repr(line)
     shown = text if len(text) <= 80 else text[:77] + "..."
     try:
@@ -374,27 +368,19 @@ def rows_to_events(
             reason = lone_surrogate_reason(row.get(mapping.line_column), row.keys())
             if reason is not None:
                 errors.setdefault(position, reason)
-    id_values: list[Any] = [None] * len(rows)
-    if mapping.id_column is not None:
-        id_values, id_errors = convert_column([row.get(mapping.id_column, _MISSING) for row in mappings], event_id,
-                                               f"event id ({mapping.id_column!r})")
-        for position, reason in id_errors.items():
-            errors.setdefault(position, reason)
-
-    type_values, type_errors = convert_column(
-        [row.get(mapping.type_column, _MISSING) for row in mappings], type_converter(mapping, known), type_label
-    )
-    key_values, key_errors = convert_column(
-        [row.get(mapping.key_column, _MISSING) for row in mappings], check_key, key_label
-    )
-    ts_values, ts_errors = convert_column(
-        [row.get(mapping.ts_column, _MISSING) for row in mappings],
-        lambda value: to_utc(value, unit_divisor),
-        ts_label,
-    )
-    for column_errors in (type_errors, key_errors, ts_errors):
+    fields = [(mapping.type_column, type_converter(mapping, known), type_label),
+              (mapping.key_column, check_key, key_label),
+              (mapping.ts_column, lambda value: to_utc(value, unit_divisor), ts_label)]
+    if mapping.id_column is not None:       # its reason comes first
+        fields.insert(0, (mapping.id_column, event_id, f"event id ({mapping.id_column!r})"))
+    converted = []
+    for column, convert, label in fields:
+        values, column_errors = convert_column([row.get(column, _MISSING) for row in mappings], convert, label)
+        converted.append(values)
         for position, reason in column_errors.items():
             errors.setdefault(position, reason)
+    *id_columns, type_values, key_values, ts_values = converted
+    id_values = id_columns[0] if id_columns else [None] * len(rows)
 
     reserved = (mapping.type_column, mapping.key_column, mapping.ts_column, mapping.corrupt_column, mapping.line_column)
     good: list[RawEvent] = []

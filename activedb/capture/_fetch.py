@@ -92,7 +92,7 @@ class ChangeReader:
 
     def _undeliverable(self, connection: sa.Connection, table_name: str, start: Position, end: Position,
                        reason: str) -> list[Entry]:
-        rows = connection.execute(sa.text(_sql.changes_of_without_rows()), {
+        rows = connection.execute(sa.text(_sql.changes_of(table_name, None)), {
             "table": table_name, "first_position": start.commit, "first_change": start.change_id,
             "last_position": end.commit, "last_change": end.change_id})
         entries = []

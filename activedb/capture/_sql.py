@@ -124,35 +124,26 @@ _ID_RANGE = """id > CASE WHEN c.position = :first_position THEN :first_change EL
       AND id <= CASE WHEN c.position = :last_position THEN :last_change ELSE 9223372036854775807 END"""
 
 
-def changes_of(table: str, columns: list[str]) -> str:
+def changes_of(table: str, columns: list[str] | None) -> str:
     """The changes of ``table`` in a batch's range, with their old and new rows as the table's own row
-    type: PostgreSQL turns the captured ``jsonb`` back into typed columns (``o_<i>``, ``n_<i>``), so an
-    event's rows hold the Python values a read through activedb gives."""
-    qualified = quote_identifier(table)
-    select = ", ".join([f"o.{quote_identifier(name)} AS o_{index}" for index, name in enumerate(columns)]
-                       + [f"n.{quote_identifier(name)} AS n_{index}" for index, name in enumerate(columns)])
+    type: PostgreSQL turns the captured ``jsonb`` back into typed columns (``o_<i>``, ``n_<i>`` for each of
+    ``columns``), so an event's rows hold the Python values a read through activedb gives.  ``columns``
+    None: without the rows (a table that no longer exists)."""
+    rows = joins = ""
+    if columns is not None:
+        qualified = quote_identifier(table)
+        rows = ", " + ", ".join([f"o.{quote_identifier(name)} AS o_{index}" for index, name in enumerate(columns)]
+                                + [f"n.{quote_identifier(name)} AS n_{index}" for index, name in enumerate(columns)])
+        joins = f"""
+LEFT JOIN LATERAL jsonb_populate_record(NULL::{qualified}, ch.old_row) o ON ch.old_row IS NOT NULL
+LEFT JOIN LATERAL jsonb_populate_record(NULL::{qualified}, ch.new_row) n ON ch.new_row IS NOT NULL"""
     return f"""
-SELECT c.position, ch.id, ch.xid::text AS xid, ch.operation, c.committed_at, {select}
+SELECT c.position, ch.id, ch.xid::text AS xid, ch.operation, c.committed_at{rows}
 FROM {COMMITS} c
 CROSS JOIN LATERAL (
     SELECT id, xid, operation, old_row, new_row FROM {CHANGES}
     WHERE xid = c.xid AND table_name = :table AND {_ID_RANGE}
-    OFFSET 0) ch
-LEFT JOIN LATERAL jsonb_populate_record(NULL::{qualified}, ch.old_row) o ON ch.old_row IS NOT NULL
-LEFT JOIN LATERAL jsonb_populate_record(NULL::{qualified}, ch.new_row) n ON ch.new_row IS NOT NULL
-WHERE c.position BETWEEN :first_position AND :last_position
-ORDER BY c.position, ch.id"""
-
-
-def changes_of_without_rows() -> str:
-    """The changes of a table in a batch's range without their rows (a table that no longer exists)."""
-    return f"""
-SELECT c.position, ch.id, ch.xid::text AS xid, ch.operation, c.committed_at
-FROM {COMMITS} c
-CROSS JOIN LATERAL (
-    SELECT id, xid, operation FROM {CHANGES}
-    WHERE xid = c.xid AND table_name = :table AND {_ID_RANGE}
-    OFFSET 0) ch
+    OFFSET 0) ch{joins}
 WHERE c.position BETWEEN :first_position AND :last_position
 ORDER BY c.position, ch.id"""
 

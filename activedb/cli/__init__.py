@@ -22,6 +22,7 @@ import inspect
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import click
 
@@ -306,12 +307,19 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], limit: int, as
         table.add_row(rule, *(f"{counts.get(status, 0):,}" for status in ("pending", "done", "failed")))
     out.print(table)
     if failures:
-        failed = Table("id", "rule", "trigger", "event", "attempts", "error",
-                       title="failed firings (activedb outbox --retry [ID ...] runs them again)")
-        for failure in failures:
-            failed.add_row(str(failure.id), failure.rule, f"{failure.trigger} ({failure.trigger_outcome})",
-                           failure.event, str(failure.attempts), failure.error)
-        out.print(failed)
+        out.print(failed_firings_table(failures))
+
+
+def failed_firings_table(failures: list) -> Any:
+    """The detached firings that failed for good, as a table (``activedb outbox``, ``activedb status``)."""
+    from rich.table import Table
+
+    table = Table("id", "rule", "trigger", "event", "attempts", "error",
+                  title="failed detached rule firings (activedb outbox --retry [ID ...] runs them again)")
+    for failure in failures:
+        table.add_row(str(failure.id), failure.rule, f"{failure.trigger} ({failure.trigger_outcome})",
+                      failure.event, str(failure.attempts), failure.error)
+    return table
 
 
 # --- bench ------------------------------------------------------------------------------

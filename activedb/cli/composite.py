@@ -63,10 +63,7 @@ def build(rows: list[dict], query: str, default_accuracy: float = 0.005) -> comp
     engine.define(query)
     produced: dict[str, set[str]] = {}
     for row in rows:
-        if not row.get("heartbeat"):
-            produced.setdefault(row["producer"], set()).add(row["type"])
-        else:
-            produced.setdefault(row["producer"], set())
+        produced.setdefault(row["producer"], set()).update(() if row.get("heartbeat") else (row["type"],))
     for producer, kinds in produced.items():
         engine.join(producer, types=sorted(kinds) or types)
     for row in rows:

@@ -11,6 +11,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import sqlalchemy as sa
+
 from activedb.store import exact_json, from_exact_json, jsonable, storable_text
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -86,8 +88,6 @@ class LetterFilter:
     replayed: bool | None = None
 
     def statement(self, table: Any) -> Any:
-        import sqlalchemy as sa
-
         statement = sa.select(table)
         if self.ids:
             statement = statement.where(table.c.id.in_(list(self.ids)))
@@ -172,8 +172,6 @@ def select(database: Any, letters: LetterFilter = LetterFilter(), *, limit: int 
 
 
 def count(database: Any, letters: LetterFilter = LetterFilter()) -> int:
-    import sqlalchemy as sa
-
     table = database.table(TABLE)
     with database.engine.connect() as connection:
         return connection.execute(sa.select(sa.func.count()).select_from(
@@ -182,8 +180,6 @@ def count(database: Any, letters: LetterFilter = LetterFilter()) -> int:
 
 def count_by_reason(database: Any, letters: LetterFilter = LetterFilter()) -> dict[str, int]:
     """How many of the dead letters ``letters`` selects there are per reason, ``{reason: count}``."""
-    import sqlalchemy as sa
-
     table = database.table(TABLE)
     selected = letters.statement(table).order_by(None).subquery()
     statement = sa.select(selected.c.reason, sa.func.count()).group_by(selected.c.reason)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import sqlalchemy as sa
+
 from activedb.errors import BatchAlreadyCommitted
 from activedb.txn import CommitParticipant
 
@@ -26,8 +28,6 @@ class LetterReplayed(CommitParticipant):
         self.replay_query_id = replay_query_id
 
     def write(self, transaction: Transaction, connection: Any) -> None:
-        import sqlalchemy as sa
-
         table = self._table
         marked = connection.execute(
             table.update().where(table.c.id == self.letter_id, table.c.replayed_at.is_(None))
