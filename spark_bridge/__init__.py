@@ -23,37 +23,8 @@ Importing this package never imports pyspark or starts Java; :func:`get_spark` d
 from spark_bridge import errors
 from activedb import lazy
 
-__all__ = [
-    "BatchHandler",
-    "BatchInput",
-    "BatchOutcome",
-    "EventMapping",
-    "IngestionLedger",
-    "IngestOptions",
-    "IngestSink",
-    "IngestStatistics",
-    "LoadedApp",
-    "PartitionedIngestSink",
-    "PhaseTimings",
-    "QueryStatus",
-    "RawEvent",
-    "Rejected",
-    "as_mapping",
-    "batch_committed",
-    "end_of_stream",
-    "errors",
-    "get_spark",
-    "ingest",
-    "ingestion_status",
-    "ledger_query_id",
-    "load_app",
-    "parse_ledger_query_id",
-    "rows_to_events",
-    "sink_of",
-]
-
 # imported on first use: `import spark_bridge` stays fast (the CLI's start)
-__getattr__, __dir__ = lazy.exports(__name__, {
+_EXPORTS = {
     "spark_bridge._app": ["LoadedApp", "load_app"],
     "spark_bridge._handler": ["BatchHandler", "BatchInput", "end_of_stream"],
     "spark_bridge._ingest": ["IngestOptions", "ingest", "sink_of"],
@@ -65,4 +36,6 @@ __getattr__, __dir__ = lazy.exports(__name__, {
     "spark_bridge._sink": ["BatchOutcome", "IngestSink", "IngestStatistics", "PhaseTimings"],
     "spark_bridge.mapping": ["EventMapping", "RawEvent", "Rejected", "as_mapping", "rows_to_events"],
     "spark_bridge.session": ["get_spark"],
-})
+}
+__all__ = ["errors", *sorted(name for names in _EXPORTS.values() for name in names)]
+__getattr__, __dir__ = lazy.exports(__name__, _EXPORTS)

@@ -9,6 +9,7 @@ is never imported here (the batch DataFrame arrives from Spark).
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import threading
 import time
@@ -105,14 +106,10 @@ class PlainWriteSink:
         self._ledger_count_column = ledger_count_column
         self._on_phase = on_phase
         self._on_conflict = on_conflict
-        # self._mutex protects the connection and every counter below.
+        # self._mutex protects the connection and the counters (PlainWriteStatistics' fields).
         self._mutex = threading.Lock()
         self._connection: Any = None
-        self._batches_written = 0
-        self._batches_skipped = 0
-        self._rows_written = 0
-        self._seconds_to_arrow = 0.0
-        self._seconds_in_database = 0.0
+        self._counters = {field.name: 0 for field in dataclasses.fields(PlainWriteStatistics)}
 
     # -- foreachBatch entry point -------------------------------------------------------
 
@@ -126,7 +123,7 @@ class PlainWriteSink:
         table = batch_df.toArrow()
         elapsed = time.perf_counter() - started
         with self._mutex:
-            self._seconds_to_arrow += elapsed
+            self._counters["seconds_to_arrow"] += elapsed
         self.write_batch(table, batch_id, query_id)
 
     # -- the exactly-once write ---------------------------------------------------------
@@ -155,25 +152,19 @@ class PlainWriteSink:
                 self._discard_connection_if_broken()
                 raise
             finally:
-                self._seconds_in_database += time.perf_counter() - started
+                self._counters["seconds_in_database"] += time.perf_counter() - started
             if written:
-                self._batches_written += 1
-                self._rows_written += table.num_rows
+                self._counters["batches_written"] += 1
+                self._counters["rows_written"] += table.num_rows
             else:
-                self._batches_skipped += 1
+                self._counters["batches_skipped"] += 1
         if self._on_phase is not None:
             self._on_phase("committed" if written else "skipped", batch_id)
         return written
 
     def statistics(self) -> PlainWriteStatistics:
         with self._mutex:
-            return PlainWriteStatistics(
-                self._batches_written,
-                self._batches_skipped,
-                self._rows_written,
-                self._seconds_to_arrow,
-                self._seconds_in_database,
-            )
+            return PlainWriteStatistics(**self._counters)
 
     def close(self) -> None:
         with self._mutex:

@@ -143,7 +143,7 @@ def run_batch(context: SinkContext, handler: BatchHandler, rows: Any, batch_id: 
         while True:
             attempt += 1
             started = time.perf_counter()
-            ledger = IngestionLedger(context.db, query_id, batch_id, on_flush=book.flush_reached)
+            ledger = IngestionLedger(context.db, query_id, batch_id, on_flush=functools.partial(book.phase, "flush"))
             ledger.watermark = watermark
             if context.mapping.id_column is not None:
                 ledger.query_name = context.event_ids_under

@@ -138,10 +138,6 @@ class BatchBook:
         if self._on_phase is not None:
             self._on_phase(phase, batch_id)
 
-    def flush_reached(self, batch_id: int) -> None:
-        """The ledger participant's ``on_flush``: the ``flush`` phase."""
-        self.phase("flush", batch_id)
-
     def skipped(self, query_id: str, batch_id: int, row_count: int, watermark: dt.datetime | None,
                 timings: PhaseTimings, began: float) -> BatchOutcome:
         """Record a batch the ledger already had; returns its outcome."""

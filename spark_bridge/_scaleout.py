@@ -232,7 +232,7 @@ class PartitionedIngestSink(IngestSink):
                 self.db.punctuate(self.query_name, watermark)
         else:
             self.context.book.phase("skipped", batch_id)
-        self.record_outcome(outcome, began)
+        self.context.book.record(outcome, began)
 
     def _declare(self, query_id: str) -> None:
         """Record the query's partition count and policy once per run (``activedb status`` shows them)."""

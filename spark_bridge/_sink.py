@@ -212,10 +212,6 @@ class IngestSink:
         """Wait until no batch is being processed; False if ``timeout`` passed first."""
         return self._book.wait_idle(timeout)
 
-    def record_outcome(self, outcome: BatchOutcome, began: float) -> None:
-        """Count a batch processed elsewhere (the scale-out tasks) in these statistics."""
-        self._book.record(outcome, began)
-
     def recent_outcomes(self) -> list[BatchOutcome]:
         """The last :data:`RECENT_OUTCOMES` batches' outcomes, oldest first."""
         return self._book.recent_outcomes()

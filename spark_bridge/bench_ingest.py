@@ -110,17 +110,23 @@ def _run_query(query: Any, timeout: float) -> list[dict]:
     return list(query.recentProgress)
 
 
-def _run_plain_sink(frame: Any, handler: Any, sink: Any, checkpoint: Path,
-                    timeout: float) -> tuple[Any, tuple[int, float, list[dict]]]:
+def _source(spark: Any, source: Path) -> Any:
+    """The benchmark's event files as a stream, one file per micro-batch."""
+    return spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
+
+
+def _run_plain_sink(frame: Any, handler: Any, sink: Any, checkpoint: Path, timeout: float) -> dict[str, Any]:
     """Run ``frame`` through ``foreachBatch(handler)`` until it has read everything (``availableNow``), close
-    ``sink`` (a ``PlainWriteSink``) and return the query and its ``_steady`` figures."""
+    ``sink`` (a ``PlainWriteSink``) and return its ``_steady`` figures (``measured``: the batches')."""
     query = (frame.writeStream.foreachBatch(handler).option("checkpointLocation", str(checkpoint))
              .trigger(availableNow=True).start())
     try:
         progress = _run_query(query, timeout)
     finally:
         sink.close()
-    return query, _steady(progress)
+    rows, seconds, measured = _steady(progress)
+    return {"rows": rows, "seconds": seconds, "batches": len(measured), "query_id": str(query.id),
+            "measured": measured}
 
 
 def _rule_run(spark, database, source: Path, checkpoint: Path, name: str, mapping, prefetch, timeout: float,
@@ -128,7 +134,7 @@ def _rule_run(spark, database, source: Path, checkpoint: Path, name: str, mappin
     import spark_bridge
 
     started = time.perf_counter()
-    frame = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
+    frame = _source(spark, source)
     query = spark_bridge.ingest(database, frame, mapping=mapping, query_name=name,
                                 checkpoint_location=str(checkpoint), trigger={"availableNow": True},
                                 prefetch=prefetch, **options)
@@ -165,19 +171,17 @@ def _plain_run(spark, url: str, source: Path, checkpoint: Path, timeout: float) 
                           ledger_count_column="events",
                           on_phase=lambda phase, batch: phase == "committed" and per_batch.__setitem__(
                               batch, (sink.statistics().seconds_to_arrow, sink.statistics().seconds_in_database)))
-    frame = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
-             .selectExpr("worker", "room AS message", "ts AS at", "type AS channel"))
-    query, (rows, seconds, measured) = _run_plain_sink(frame, sink, sink, checkpoint, timeout)
+    frame = _source(spark, source).selectExpr("worker", "room AS message", "ts AS at", "type AS channel")
+    figures = _run_plain_sink(frame, sink, sink, checkpoint, timeout)
     per_phase = {"spark": 0.0, "to_arrow": 0.0, "database": 0.0}
-    for entry in measured:
+    for entry in figures["measured"]:
         batch = entry["batchId"]
         before = per_batch.get(batch - 1, (0.0, 0.0))
         to_arrow, database = (now - then for now, then in zip(per_batch[batch], before))
         per_phase["to_arrow"] += to_arrow
         per_phase["database"] += database
         per_phase["spark"] += max(0.0, entry["durationMs"]["triggerExecution"] / 1000 - to_arrow - database)
-    return {"rows": rows, "seconds": seconds, "batches": len(measured), "per_phase": per_phase,
-            "query_id": str(query.id)}
+    return {**figures, "per_phase": per_phase}
 
 
 def _peer_run(spark, url: str, source: Path, checkpoint: Path, timeout: float) -> dict[str, Any]:
@@ -192,9 +196,7 @@ def _peer_run(spark, url: str, source: Path, checkpoint: Path, timeout: float) -
         table = batch_df.toArrow().select(["type", "worker", "ts", "room"]).sort_by("ts")
         sink.write_batch(table, batch_id, streaming_query_id(batch_df))
 
-    frame = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source))
-    query, (rows, seconds, measured) = _run_plain_sink(frame, write, sink, checkpoint, timeout)
-    return {"rows": rows, "seconds": seconds, "batches": len(measured), "query_id": str(query.id)}
+    return _run_plain_sink(_source(spark, source), write, sink, checkpoint, timeout)
 
 
 def _counter_peer_run(spark, url: str, source: Path, checkpoint: Path, timeout: float,
@@ -214,9 +216,7 @@ def _counter_peer_run(spark, url: str, source: Path, checkpoint: Path, timeout: 
                               ledger_values={"transaction_id": "bench-counter-executemany"},
                               on_conflict="(key) DO UPDATE SET n = bench_counters.n + EXCLUDED.n")
         columns = [worker_number, "CAST(1 AS BIGINT) AS n"]
-    frame = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(source)).selectExpr(*columns)
-    query, (rows, seconds, measured) = _run_plain_sink(frame, sink, sink, checkpoint, timeout)
-    return {"rows": rows, "seconds": seconds, "batches": len(measured), "query_id": str(query.id)}
+    return _run_plain_sink(_source(spark, source).selectExpr(*columns), sink, sink, checkpoint, timeout)
 
 
 def _counters(database) -> list[tuple]:

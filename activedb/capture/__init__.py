@@ -19,13 +19,8 @@ from activedb.capture.errors import (
     ConsumerStopped,
 )
 
-__all__ = ["CaptureManager", "CaptureConsumer", "CapturedChange", "ConsumerState", "ConsumerStatistics",
-           "FiringOutcome", "Position", "Step", "CapturedTable", "CaptureStatus", "ConsumerBacklog", "TableBacklog",
-           "capture_status", "CaptureConflict", "CaptureError", "CaptureNotEnabledWarning", "CaptureNotInstalled",
-           "ConsumerStopped"]
-
 # imported on first use: `import activedb.capture` stays fast (the CLI's start)
-__getattr__, __dir__ = lazy.exports(__name__, {
+_EXPORTS = {
     "activedb.capture._consumer": ["CaptureConsumer", "ConsumerState", "ConsumerStatistics"],
     "activedb.capture._position": ["CapturedChange", "Position", "Step"],
     "activedb.rules": ["FiringOutcome"],        # a batch's firings run through the rule manager
@@ -33,4 +28,7 @@ __getattr__, __dir__ = lazy.exports(__name__, {
     "activedb.capture._status": [
         "CapturedTable", "CaptureStatus", "ConsumerBacklog", "TableBacklog", "capture_status",
     ],
-})
+}
+__all__ = ["CaptureConflict", "CaptureError", "CaptureNotEnabledWarning", "CaptureNotInstalled", "ConsumerStopped",
+           *(name for names in _EXPORTS.values() for name in names)]
+__getattr__, __dir__ = lazy.exports(__name__, _EXPORTS)

@@ -14,7 +14,9 @@ import sqlalchemy as sa
 from activedb.capture import _sql
 from activedb.capture._consumer import CaptureConsumer
 from activedb.capture._position import prune
-from activedb.capture._status import BEHIND_CHANGES, BEHIND_SECONDS, CapturedTable, CaptureStatus, capture_status
+from activedb.capture._status import (
+    BEHIND_CHANGES, BEHIND_SECONDS, CapturedTable, CaptureStatus, capture_status, captured_tables,
+)
 from activedb.capture.errors import CaptureError, CaptureNotInstalled
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -48,10 +50,7 @@ class CaptureManager:
     def tables(self) -> tuple[CapturedTable, ...]:
         """The captured tables (empty if activedb's capture tables are not installed)."""
         with self._database.engine.connect() as connection:
-            if not connection.execute(sa.text("SELECT to_regclass(:name) IS NOT NULL"), {"name": _sql.TABLES}).scalar():
-                return ()
-            return tuple(CapturedTable(row.table_name, row.enabled_at, row.trigger_installed)
-                         for row in connection.execute(sa.text(_sql.CAPTURED_TABLES)))
+            return captured_tables(connection)
 
     def is_captured(self, table: str) -> bool:
         return any(captured.name == table and captured.trigger_installed for captured in self.tables())

@@ -101,8 +101,7 @@ def capture_status(engine: sa.Engine, *, behind_changes: int = BEHIND_CHANGES,
                                        {"name": _sql.CHANGES}).scalar()
         if not installed:
             return CaptureStatus(installed=False)
-        tables = tuple(CapturedTable(row.table_name, row.enabled_at, row.trigger_installed)
-                       for row in connection.execute(sa.text(_sql.CAPTURED_TABLES)))
+        tables = captured_tables(connection)
         now = connection.execute(sa.text("SELECT now()")).scalar()
         consumers = []
         for row in connection.execute(sa.text(_sql.CONSUMER_ROWS)).all():
@@ -119,6 +118,14 @@ def capture_status(engine: sa.Engine, *, behind_changes: int = BEHIND_CHANGES,
         latest = connection.execute(sa.text(_sql.LATEST_POSITION)).scalar()
     return CaptureStatus(installed=True, tables=tables, consumers=tuple(consumers), unconsumed=unconsumed,
                          retained_changes=retained, latest_position=latest)
+
+
+def captured_tables(connection: sa.Connection) -> tuple[CapturedTable, ...]:
+    """The captured tables (empty if activedb's capture tables are not installed)."""
+    if not connection.execute(sa.text("SELECT to_regclass(:name) IS NOT NULL"), {"name": _sql.TABLES}).scalar():
+        return ()
+    return tuple(CapturedTable(row.table_name, row.enabled_at, row.trigger_installed)
+                 for row in connection.execute(sa.text(_sql.CAPTURED_TABLES)))
 
 
 def _backlog(connection: sa.Connection, position: Position) -> tuple[TableBacklog, ...]:
