@@ -32,7 +32,7 @@ from spark_bridge.mapping import (
     type_converter,
 )
 
-__all__ = ["arrow_values", "table_to_events"]
+__all__ = ["arrow_values", "jsonable_rows", "table_to_events"]
 
 
 def arrow_values(column: Any) -> list[Any]:
@@ -195,10 +195,12 @@ def _arrow_rejections(table: Any, errors: Mapping[int, str]) -> list[Rejected]:
     if not errors:
         return []
     positions = sorted(errors)
-    subset = table.take(positions)
-    names = subset.schema.names
-    columns = [arrow_values(subset.column(index)) for index in range(subset.num_columns)]
-    return [
-        Rejected(position, errors[position], {name: jsonable(values[index]) for name, values in zip(names, columns)})
-        for index, position in enumerate(positions)
-    ]
+    return [Rejected(position, errors[position], row)
+            for position, row in zip(positions, jsonable_rows(table.take(positions)))]
+
+
+def jsonable_rows(table: Any) -> list[dict[str, Any]]:
+    """The rows of ``table`` as dicts of storable JSON values."""
+    names = table.schema.names
+    columns = [arrow_values(table.column(index)) for index in range(table.num_columns)]
+    return [{name: jsonable(values[index]) for name, values in zip(names, columns)} for index in range(table.num_rows)]

@@ -169,25 +169,26 @@ def compensate_split(db: Any, source: str, batch_id: int) -> int:
             f"compensation on the driver's database) and restart the query from its checkpoint — the "
             f"compensation resumes where it stopped") from error
     with db.engine.begin() as connection:
-        connection.execute(sa.text(
-            f"UPDATE {FAILURES_TABLE} SET state = :done, settled_at = now(), compensated = :n "
-            "WHERE query_id = :q AND batch_id = :b AND state = :compensating"),
-            {"done": SplitState.COMPENSATED.value, "n": compensated, "q": source, "b": batch_id,
-             "compensating": SplitState.COMPENSATING.value})
+        _settle_rows(connection, source, batch_id, SplitState.COMPENSATING, SplitState.COMPENSATED, compensated)
     logger.warning("batch %s of %s: a partition failed for good; %d committed transaction(s) compensated, the "
                    "failed partition's rows are dead letters", batch_id, source, compensated)
     return compensated
+
+
+def _settle_rows(connection: Any, source: str, batch_id: int, state: SplitState, settled: SplitState,
+                 compensated: int | None = None) -> None:
+    """The batch's failure rows in ``state`` are ``settled`` now (``compensated``: how many transactions)."""
+    connection.execute(sa.text(
+        f"UPDATE {FAILURES_TABLE} SET state = :settled, settled_at = now(), compensated = coalesce(:n, compensated) "
+        "WHERE query_id = :q AND batch_id = :b AND state = :state"),
+        {"settled": settled.value, "n": compensated, "q": source, "b": batch_id, "state": state.value})
 
 
 def after_replay(db: Any, source: str, batch_id: int) -> None:
     """A batch some partitions of which the ledger skipped (Spark re-ran it) has no failure now: a forward
     failure of it is *completed*; an interrupted compensation of it is resumed."""
     with db.engine.begin() as connection:
-        connection.execute(sa.text(
-            f"UPDATE {FAILURES_TABLE} SET state = :completed, settled_at = now() "
-            "WHERE query_id = :q AND batch_id = :b AND state = :pending"),
-            {"completed": SplitState.COMPLETED.value, "q": source, "b": batch_id,
-             "pending": SplitState.PENDING_COMPLETION.value})
+        _settle_rows(connection, source, batch_id, SplitState.PENDING_COMPLETION, SplitState.COMPLETED)
         compensating = connection.execute(sa.text(
             f"SELECT 1 FROM {FAILURES_TABLE} WHERE query_id = :q AND batch_id = :b AND state = :compensating"),
             {"q": source, "b": batch_id, "compensating": SplitState.COMPENSATING.value}).first()
@@ -277,9 +278,8 @@ def print_split_batches(console: Any, statuses: list[SplitBatchStatus]) -> None:
     failed = [status for status in statuses if status.batch_id is not None]
     if not failed:
         return
-    table = Table(title="split batches with a partition that failed for good (activedb_split_failures)")
-    for column in ("query", "batch", "policy", "state", "failed partitions", "compensated", "error"):
-        table.add_column(column)
+    table = Table("query", "batch", "policy", "state", "failed partitions", "compensated", "error",
+                  title="split batches with a partition that failed for good (activedb_split_failures)")
     for status in failed:
         table.add_row(status.query_name, str(status.batch_id), status.on_partition_failure or "-",
                       status.state or "-", ", ".join(map(str, status.failed_partitions)),

@@ -163,11 +163,9 @@ def _spark_conf(packages: str | None, entries: tuple[str, ...]) -> dict[str, str
 
 def _started_spark() -> Any:
     """What an interrupted start left running (a session, or a bare SparkContext), to be stopped; or None."""
-    try:
-        from pyspark import SparkContext
-        from pyspark.sql import SparkSession
-    except ImportError:
-        return None
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
     return SparkSession.getActiveSession() or getattr(SparkContext, "_active_spark_context", None)
 
 
@@ -186,11 +184,8 @@ def _where(error: BaseException) -> str:
     """``file:line in function`` of the innermost frame of ``error``'s traceback ('' if none)."""
     import traceback
 
-    frames = traceback.extract_tb(error.__traceback__) if error.__traceback__ is not None else []
-    if not frames:
-        return ""
-    frame = frames[-1]
-    return f" (at {Path(frame.filename).name}:{frame.lineno} in {frame.name})"
+    frames = traceback.extract_tb(error.__traceback__)
+    return f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
 
 
 def _quiet_query_failures(spark: Any) -> None:
@@ -213,12 +208,12 @@ def what_to_do(error: BaseException, app: str) -> str:
 
     resume = "then run the same command again: it resumes at the failed batch, exactly once"
     kind = classify(error)
-    if kind is Failure.CONNECTION_LOST:
-        return f"make PostgreSQL reachable again (is the server up? is the URL right?), {resume}"
-    if kind is Failure.DISK_FULL:
-        return f"free space on the database server's disk, {resume}"
-    if kind is Failure.SERVER_BUSY:
-        return f"wait until the database server can take work again (its log says why it could not), {resume}"
+    server = {Failure.CONNECTION_LOST: "make PostgreSQL reachable again (is the server up? is the URL right?)",
+              Failure.DISK_FULL: "free space on the database server's disk",
+              Failure.SERVER_BUSY: "wait until the database server can take work again (its log says why it could "
+                                   "not)"}
+    if kind in server:
+        return f"{server[kind]}, {resume}"
     if kind is Failure.REFUSED or any(isinstance(cause, DatabaseError) or sqlstate_of(cause)
                                       for cause in causes(error)):
         return f"fix what PostgreSQL refused (the schema, the values), {resume}"

@@ -62,9 +62,8 @@ class BatchLetters:
 def _shown(original: Any) -> dict:
     """The readable form of a row (``raw``): its columns made storable JSON."""
     if hasattr(original, "to_pylist") and hasattr(original, "schema"):
-        from spark_bridge._arrow import arrow_values
+        from spark_bridge._arrow import jsonable_rows
 
-        names = original.schema.names
-        return {name: jsonable(arrow_values(original.column(index))[0]) for index, name in enumerate(names)}
+        return jsonable_rows(original)[0]
     shown = jsonable(original)
     return shown if isinstance(shown, Mapping) else {"value": shown}

@@ -23,21 +23,20 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from spark_bridge._atomic import lineage_participants
+from spark_bridge._baseline import streaming_query_id
 from spark_bridge._batch import SinkContext
 from spark_bridge._handler import BatchHandler, run_batch
 from spark_bridge._ledger import check_not_renamed, last_watermark, ledger_query_id
 from spark_bridge._outcome import PHASES, RECENT_OUTCOMES, BatchBook, BatchOutcome, IngestStatistics, PhaseTimings
 from spark_bridge._rules_handler import RulesHandler
 from spark_bridge.errors import IngestError, MappingError
-from spark_bridge.mapping import EventMapping, as_mapping
+from spark_bridge.mapping import EPOCH, EventMapping, as_mapping
 
 __all__ = ["PHASES", "RECENT_OUTCOMES", "BatchOutcome", "IngestSink", "IngestStatistics", "PhaseTimings"]
 
 logger = logging.getLogger("spark_bridge.ingest")
 
 _UTC = dt.timezone.utc
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=_UTC)
-_QUERY_ID_PROPERTY = "sql.streaming.queryId"
 
 
 class IngestSink:
@@ -107,7 +106,7 @@ class IngestSink:
     def __call__(self, batch_df: Any, batch_id: int) -> None:
         self._book.enter()
         try:
-            spark_query_id = batch_df.sparkSession.sparkContext.getLocalProperty(_QUERY_ID_PROPERTY)
+            spark_query_id = streaming_query_id(batch_df)
             if not spark_query_id:
                 raise IngestError(f"{type(self).__name__} must run as foreachBatch of a streaming query (no query id)")
             self._spark_batch(batch_df, batch_id, spark_query_id, self._query_id_for(spark_query_id))
@@ -151,7 +150,7 @@ class IngestSink:
             if warn:
                 logger.warning("cannot read the batch watermark from Spark (%r); no punctuation is given", error)
             return None
-        return None if millis <= 0 else _EPOCH + dt.timedelta(milliseconds=millis)
+        return None if millis <= 0 else EPOCH + dt.timedelta(milliseconds=millis)
 
     # -- one batch ----------------------------------------------------------------------------
 

@@ -32,13 +32,8 @@ class SourceSpec:
     topic: str | None = None
 
     def describe(self) -> str:
-        if self.kind == "file":
-            return f"files in {self.path}"
-        if self.kind == "socket":
-            return f"socket {self.host}:{self.port}"
-        if self.kind == "kafka":
-            return f"Kafka topic {self.topic} at {self.brokers}"
-        return "the rate source"
+        return {"file": f"files in {self.path}", "socket": f"socket {self.host}:{self.port}",
+                "kafka": f"Kafka topic {self.topic} at {self.brokers}"}.get(self.kind, "the rate source")
 
 
 SOURCE_FORMS = "file:DIR, rate, socket:HOST:PORT or kafka:BROKERS/TOPIC"
@@ -176,25 +171,19 @@ def build_stream(spark: Any, source: SourceSpec, loaded: Any, *, file_format: st
         if schema is None:
             raise SourceError(f"a file source needs the rows' schema: define SCHEMA in {loaded.name} "
                               f"(e.g. SCHEMA = 'type STRING, key STRING, ts TIMESTAMP, room STRING')")
-        if not Path(source.path).is_dir():
-            raise SourceError(f"--source file:{source.path}: no such directory (Spark watches a directory for new "
-                              f"files)")
         if file_format == "json":      # read as text and parsed here: each row keeps its line (lone surrogates)
             reader = spark.readStream.format("text")
-            if max_files_per_trigger:
-                reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
-            lines = reader.load(source.path)
-            return _parsed_json(lines.where(functions.length(functions.trim(lines.value)) > 0), schema)
-        if file_format == "csv":
-            reader = (spark.readStream.schema(with_corrupt_column(schema))
+        elif file_format == "csv":
+            reader = (spark.readStream.format("csv").schema(with_corrupt_column(schema)).option("header", "true")
                       .option("columnNameOfCorruptRecord", CORRUPT_COLUMN).option("mode", "PERMISSIVE"))
         else:
-            reader = spark.readStream.schema(schema)
+            reader = spark.readStream.format(file_format).schema(schema)
         if max_files_per_trigger:
             reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
-        if file_format == "csv":
-            reader = reader.option("header", "true")
-        return reader.format(file_format).load(source.path)
+        if file_format != "json":
+            return reader.load(source.path)
+        lines = reader.load(source.path)
+        return _parsed_json(lines.where(functions.length(functions.trim(lines.value)) > 0), schema)
     if source.kind == "rate":
         frame = spark.readStream.format("rate").option("rowsPerSecond", rows_per_second).load()
         if loaded.from_rate is not None:

@@ -55,9 +55,8 @@ def status_command(ctx: click.Context, query_name: str | None, as_json: bool) ->
         which = f"query {query_name!r}" if query_name else "any query"
         console.print(f"no ingestion has committed a batch for {which} yet", highlight=False)
     else:
-        table = Table(title="ingestion (activedb_ingestion_ledger)")
-        for column in ("query", "batches", "last batch", "events", "dead letters", "watermark", "last commit"):
-            table.add_column(column)
+        table = Table("query", "batches", "last batch", "events", "dead letters", "watermark", "last commit",
+                      title="ingestion (activedb_ingestion_ledger)")
         for status in statuses:
             batches = f"{status.batches}" + (f" x {status.partitions} partitions" if status.partitions else "")
             table.add_row(status.query_name, batches, str(status.last_batch_id), f"{status.events:,}",
@@ -65,9 +64,7 @@ def status_command(ctx: click.Context, query_name: str | None, as_json: bool) ->
                           "-" if status.watermark is None else status.watermark.isoformat(),
                           status.last_committed_at.isoformat(timespec="seconds"))
         console.print(table)
-        rules = Table(title="rule firings (summed over the ledger)")
-        for column in ("query", "rule", "firings"):
-            rules.add_column(column)
+        rules = Table("query", "rule", "firings", title="rule firings (summed over the ledger)")
         for status in statuses:
             for rule, count in status.rule_firings.items():
                 rules.add_row(status.query_name, rule, f"{count:,}")

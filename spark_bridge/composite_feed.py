@@ -36,11 +36,9 @@ class FeedResult:
 
 
 def _rows(rows: Any) -> list[dict]:
-    try:
-        import pyarrow as pa
-    except ImportError:  # pragma: no cover - pyarrow is a dependency
-        pa = None
-    if pa is not None and isinstance(rows, (pa.Table, pa.RecordBatch)):
+    import pyarrow as pa
+
+    if isinstance(rows, (pa.Table, pa.RecordBatch)):
         return rows.to_pylist()
     return [row if isinstance(row, dict) else {"value": row} for row in rows]
 

@@ -6,7 +6,7 @@ timestamp and the payload); :func:`rows_to_events` (rows — a ``pyarrow.Table``
 reason and the raw row, JSON-safe); :func:`jsonable`.  The decisions on timestamps, keys, types, order,
 corrupt records, lone surrogates and event ids: the package's ``README.md`` ("Validation").
 
-Pure Python plus pyarrow (imported only when a Table is passed); never imports pyspark.
+Pure Python plus pyarrow (imported on first use); never imports pyspark.
 """
 
 from __future__ import annotations
@@ -341,12 +341,9 @@ def rows_to_events(
     key_label = f"key ({mapping.key_column!r})"
     ts_label = f"timestamp ({mapping.ts_column!r})"
 
-    try:
-        import pyarrow as pa
-    except ImportError:  # pragma: no cover - pyarrow is a dependency
-        pa = None
+    import pyarrow as pa
 
-    if pa is not None and isinstance(rows, (pa.Table, pa.RecordBatch)):
+    if isinstance(rows, (pa.Table, pa.RecordBatch)):
         from spark_bridge._arrow import table_to_events
 
         return table_to_events(rows, mapping, known, unit_divisor, (type_label, key_label, ts_label))

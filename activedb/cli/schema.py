@@ -72,14 +72,10 @@ def current(ctx: click.Context) -> None:
     with open_database(ctx, writes=False, check_schema=False) as database:
         state, revision = database.schema.state()
         head = _migrate.head()
-        if state is _migrate.SchemaState.AT_HEAD:
-            note = "at head"
-        elif state is _migrate.SchemaState.NEW:
-            note = f"never initialised; `activedb db upgrade` creates the tables at {head}"
-        elif state is _migrate.SchemaState.UNKNOWN:
-            note = f"unknown to this activedb (head is {head})"
-        else:
-            note = f"behind: head is {head}; run `activedb db upgrade`"
+        note = {_migrate.SchemaState.AT_HEAD: "at head",
+                _migrate.SchemaState.NEW: f"never initialised; `activedb db upgrade` creates the tables at {head}",
+                _migrate.SchemaState.UNKNOWN: f"unknown to this activedb (head is {head})",
+                }.get(state, f"behind: head is {head}; run `activedb db upgrade`")
         click.echo(f"{revision or 'base'} ({note}) — {database.describe()}")
 
 

@@ -15,8 +15,6 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
-import sqlalchemy as sa
-
 from coupling import Coupling, may_run_after
 from lockmgr import TxnState
 
@@ -106,10 +104,6 @@ class Outbox:
         rules.detached.attach(self)
 
     # --- life -------------------------------------------------------------------------------
-
-    @property
-    def table(self) -> sa.Table:
-        return self.catalog.table(_records.TABLE)
 
     @property
     def info(self) -> TableInfo:
