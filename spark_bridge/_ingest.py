@@ -25,16 +25,6 @@ __all__ = ["IngestOptions", "ingest", "sink_of"]
 SINK_ATTRIBUTE = "activedb_sink"
 
 
-def _apply_trigger(writer: Any, trigger: Any) -> Any:
-    if trigger is None:
-        return writer
-    if isinstance(trigger, str):
-        return writer.trigger(processingTime=trigger)
-    if isinstance(trigger, (int, float)):
-        return writer.trigger(processingTime=f"{trigger} seconds")
-    return writer.trigger(**trigger)         # a Mapping (IngestOptions checked it)
-
-
 def _check_columns(streaming_df: Any, mapping: EventMapping) -> None:
     columns = list(streaming_df.columns)
     wanted = [mapping.type_column, mapping.key_column, mapping.ts_column, *(mapping.payload_columns or ())]
@@ -226,7 +216,13 @@ def ingest(db: Any, streaming_df: Any, *, mapping: EventMapping, query_name: str
                                      lineage=options.lineage, **common)
     writer = (streaming_df.writeStream.foreachBatch(sink).queryName(query_name)
               .option("checkpointLocation", str(checkpoint_location)))
-    writer = _apply_trigger(writer, options.trigger)
+    trigger = options.trigger
+    if isinstance(trigger, (int, float)):
+        trigger = f"{trigger} seconds"
+    if isinstance(trigger, str):
+        writer = writer.trigger(processingTime=trigger)
+    elif trigger is not None:
+        writer = writer.trigger(**trigger)         # a Mapping (IngestOptions checked it)
     setattr(writer, SINK_ATTRIBUTE, sink)
     if not options.start:
         return writer

@@ -9,6 +9,7 @@ batch's PostgreSQL transaction), :func:`batch_committed`, :func:`ledger_query_id
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import re
 import time
@@ -96,10 +97,9 @@ def ingestion_status(db: Any, query_name: str | None = None) -> list[QueryStatus
     result = []
     for name in sorted(groups):
         entries = groups[name]
-        firings: dict[str, int] = {}
+        firings: collections.Counter[str] = collections.Counter()
         for row, _, _ in entries:
-            for rule, count in (row.rule_firings or {}).items():
-                firings[rule] = firings.get(rule, 0) + int(count)
+            firings.update({rule: int(count) for rule, count in (row.rule_firings or {}).items()})
         watermarks = [row.watermark for row, _, _ in entries if row.watermark is not None]
         partitions = {partition for _, _, partition in entries if partition is not None}
         result.append(QueryStatus(

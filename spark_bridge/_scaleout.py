@@ -10,6 +10,7 @@ user code while held).
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import threading
 import time
@@ -104,12 +105,7 @@ class _PartitionTask:
             yield failure
             return
         sink.db.rules.wait_idle(self.detached_timeout)
-        timings = outcome.timings
-        yield {
-            "partition": partition, "query_id": outcome.query_id, "committed": outcome.committed,
-            "rows": outcome.rows, "events": outcome.events, "dead_letters": outcome.dead_letters,
-            "rule_firings": dict(outcome.rule_firings), "timings": timings.as_tuple(),
-        }
+        yield {"partition": partition, "outcome": outcome}
 
     def _failure(self, sink: IngestSink, partition: int, query_id: str, batch: list[dict[str, Any]],
                  error: BaseException) -> dict[str, Any]:
@@ -123,11 +119,9 @@ class _PartitionTask:
             letters = _atomic.settle_failed_partition(sink, batch, query_id, self.batch_id, partition,
                                                       self.partitions, error)
             settled = True
-        return {
-            "partition": partition, "query_id": query_id, "committed": settled, "rows": len(batch), "events": 0, "dead_letters": letters, "rule_firings": {},
-            "timings": PhaseTimings().as_tuple(), "failed": True, "error": describe(error),
-            "infrastructure": infrastructure,
-        }
+        outcome = BatchOutcome(query_id, self.batch_id, settled, len(batch), 0, letters, {}, None, PhaseTimings())
+        return {"partition": partition, "outcome": outcome, "failed": True, "error": describe(error),
+                "infrastructure": infrastructure}
 
     def _row_dict(self, row: Any) -> dict[str, Any]:
         """A Spark ``Row`` as a dict; ``TIMESTAMP`` values (naive, in the worker's local time
@@ -223,7 +217,7 @@ class PartitionedIngestSink(IngestSink):
         failures = [row for row in results if row.get("failed")]
         if failures:
             _atomic.settle(self.db, query_id, batch_id, self.partitions, self.on_partition_failure, failures)
-        elif any(not row["committed"] for row in results):
+        elif any(not row["outcome"].committed for row in results):
             _atomic.after_replay(self.db, query_id, batch_id)
         outcome = self._combine(query_id, batch_id, watermark, results)
         if outcome.committed:
@@ -245,15 +239,12 @@ class PartitionedIngestSink(IngestSink):
 
     @staticmethod
     def _combine(query_id: str, batch_id: int, watermark: dt.datetime | None, results: list[Any]) -> BatchOutcome:
-        firings: dict[str, int] = {}
-        timings = PhaseTimings()
-        for row in results:
-            for rule, count in row["rule_firings"].items():
-                firings[rule] = firings.get(rule, 0) + count
-            timings = timings + PhaseTimings(*row["timings"])
+        outcomes = [row["outcome"] for row in results]
+        firings: collections.Counter[str] = collections.Counter()
+        for outcome in outcomes:
+            firings.update(outcome.rule_firings)
         return BatchOutcome(
-            query_id=query_id, batch_id=batch_id, committed=any(row["committed"] for row in results),
-            rows=sum(row["rows"] for row in results), events=sum(row["events"] for row in results),
-            dead_letters=sum(row["dead_letters"] for row in results), rule_firings=firings, watermark=watermark,
-            timings=timings,
-        )
+            query_id=query_id, batch_id=batch_id, committed=any(outcome.committed for outcome in outcomes),
+            rows=sum(outcome.rows for outcome in outcomes), events=sum(outcome.events for outcome in outcomes),
+            dead_letters=sum(outcome.dead_letters for outcome in outcomes), rule_firings=dict(firings),
+            watermark=watermark, timings=sum((outcome.timings for outcome in outcomes), PhaseTimings()))
