@@ -24,10 +24,9 @@ from typing import TYPE_CHECKING, Any
 from activedb.deadletters import Letter
 from activedb.errors import BatchAlreadyCommitted, SerializationConflict
 
-from spark_bridge._batch import SinkContext, no_cyclic_gc
+from spark_bridge._batch import BatchLetters, SinkContext, no_cyclic_gc
 from spark_bridge._failures import find_culprits, is_poison_failure, trial
 from spark_bridge._ledger import IngestionLedger, batch_committed
-from spark_bridge._letters import BatchLetters
 from spark_bridge._outcome import BatchOutcome, PhaseTimings
 from spark_bridge.mapping import RawEvent
 

@@ -211,14 +211,11 @@ class BatchBook:
     def statistics(self) -> IngestStatistics:
         with self._mutex:
             watermark = self._watermark
+            lag = None if watermark is None else (dt.datetime.now(_UTC) - watermark).total_seconds()
             elapsed = (0.0 if self._first_batch_began is None or self._last_batch_ended is None
                        else self._last_batch_ended - self._first_batch_began)
-            snapshot = IngestStatistics(
+            return IngestStatistics(
                 query_name=self.query_name, query_id=self._query_id, last_batch_id=self._last_batch_id,
-                rule_firings=dict(self._rule_firings), watermark=watermark, watermark_lag_seconds=None,
+                rule_firings=dict(self._rule_firings), watermark=watermark, watermark_lag_seconds=lag,
                 events_per_second=self._counters["events"] / elapsed if elapsed > 0 else 0.0,
                 last_batch_events_per_second=self._last_batch_rate, timings=self._timings, **self._counters)
-        if watermark is None:
-            return snapshot
-        return dataclasses.replace(snapshot,
-                                   watermark_lag_seconds=(dt.datetime.now(_UTC) - watermark).total_seconds())

@@ -16,7 +16,7 @@ from activedb.deadletters import LetterRecord, LetterReplayed
 
 from spark_bridge._ledger import parse_ledger_query_id
 
-__all__ = ["ReplayOutcome", "REPLAY_PREFIX", "replay_dead_letters", "replay_query_name"]
+__all__ = ["ReplayOutcome", "REPLAY_PREFIX", "replay_dead_letters"]
 
 REPLAY_PREFIX = "replay:"
 
@@ -28,11 +28,6 @@ def original_query_name(query_id: str | None) -> str:
     while name.startswith(REPLAY_PREFIX):
         name = name[len(REPLAY_PREFIX):]
     return name
-
-
-def replay_query_name(query_id: str | None) -> str:
-    """``replay:NAME`` for a dead letter of the ledger query ``query_id``."""
-    return f"{REPLAY_PREFIX}{original_query_name(query_id)}"
 
 
 @dataclass(frozen=True)
@@ -56,7 +51,7 @@ def replay_dead_letters(db: Any, app: Any, letters: Iterable[LetterRecord | Mapp
     for letter in letters:
         if not isinstance(letter, LetterRecord):
             letter = LetterRecord.from_mapping(letter)
-        query_id = replay_query_name(letter.query_id)
+        query_id = f"{REPLAY_PREFIX}{original_query_name(letter.query_id)}"
         sink = sinks.get(query_id)
         if sink is None:
             sink = sinks[query_id] = IngestSink(db, app.mapping, query_name=query_id, known_types=app.known_types,
@@ -66,12 +61,7 @@ def replay_dead_letters(db: Any, app: Any, letters: Iterable[LetterRecord | Mapp
         rows = row if hasattr(row, "num_rows") else [row]
         outcome = sink.process(rows, letter.id, query_id=query_id, punctuate=False,
                                participants=[LetterReplayed(db, letter.id, query_id)])
-        if not outcome.committed:
-            result = "already replayed"
-        elif outcome.events:
-            result = "applied"
-        else:
-            result = "rejected again"
+        result = "already replayed" if not outcome.committed else "applied" if outcome.events else "rejected again"
         outcomes.append(ReplayOutcome(letter.id, query_id, result))
     db.rules.wait_idle(120)
     return outcomes

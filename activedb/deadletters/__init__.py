@@ -11,6 +11,7 @@ from activedb.deadletters._letters import (
     Letter,
     LetterFilter,
     LetterRecord,
+    LetterReplayed,
     count,
     count_by_reason,
     decode_original,
@@ -20,7 +21,6 @@ from activedb.deadletters._letters import (
     select,
     table_rows,
 )
-from activedb.deadletters._replayed import LetterReplayed
 
 __all__ = ["TABLE", "Letter", "LetterFilter", "LetterRecord", "LetterReplayed", "count", "count_by_reason", "decode_original",
            "encode_original", "insert", "purge", "select", "table_rows"]

@@ -1,5 +1,6 @@
-"""The dead-letter table ``activedb_dead_letters``: its record type, what goes into it, and its SQL — the
-only place that writes or reads it (every writer goes through :func:`insert` or :func:`table_rows`).
+"""The dead-letter table ``activedb_dead_letters``: its record type, what goes into it, its SQL and the mark
+of a replayed letter — the only place that writes or reads it (every writer goes through :func:`insert` or
+:func:`table_rows`).
 Design note: the package's ``README.md``.
 """
 
@@ -13,13 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from activedb.errors import BatchAlreadyCommitted
 from activedb.store import exact_json, from_exact_json, jsonable, storable_text
+from activedb.txn import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
 
-__all__ = ["TABLE", "Letter", "LetterFilter", "LetterRecord", "count", "count_by_reason", "decode_original", "encode_original",
-           "insert", "purge", "select", "table_rows"]
+__all__ = ["TABLE", "Letter", "LetterFilter", "LetterRecord", "LetterReplayed", "count", "count_by_reason",
+           "decode_original", "encode_original", "insert", "purge", "select", "table_rows"]
 
 TABLE = "activedb_dead_letters"
 _ARROW_TAG = "$arrow"
@@ -193,3 +196,24 @@ def purge(database: Any, letters: LetterFilter) -> int:
     selected = letters.statement(table).with_only_columns(table.c.id).order_by(None)
     with database.engine.begin() as connection:
         return connection.execute(table.delete().where(table.c.id.in_(selected.scalar_subquery()))).rowcount
+
+
+# --- replaying ---------------------------------------------------------------------------------------
+
+class LetterReplayed(CommitParticipant):
+    """Marks dead letter ``letter_id`` replayed (``replayed_at``, ``replay_query_id``) in the flush of the
+    transaction that replays it, so the replay's effects and the mark commit together or not at all; a
+    letter already marked raises ``BatchAlreadyCommitted`` there (the replay is skipped, nothing applied)."""
+
+    def __init__(self, database: Any, letter_id: int, replay_query_id: str):
+        self._table = database.table(TABLE)
+        self.letter_id = letter_id
+        self.replay_query_id = replay_query_id
+
+    def write(self, transaction: Transaction, connection: Any) -> None:
+        table = self._table
+        marked = connection.execute(
+            table.update().where(table.c.id == self.letter_id, table.c.replayed_at.is_(None))
+            .values(replayed_at=sa.func.now(), replay_query_id=self.replay_query_id).returning(table.c.id)).first()
+        if marked is None:
+            raise BatchAlreadyCommitted(f"dead letter {self.letter_id} was replayed already; it is not applied twice")

@@ -19,7 +19,7 @@ from coupling import Coupling, may_run_after
 from lockmgr import TxnState
 
 from activedb.events import EventKind
-from activedb.outbox import _codec, _records
+from activedb.outbox import _records
 from activedb.outbox._executor import Executor, Work, describe_error
 from activedb.outbox._recording import Entry, TreeFirings, TreeState, always, new_record
 from activedb.rules import Firing
@@ -296,7 +296,7 @@ class Outbox:
         works = []
         for row in rows:
             try:
-                firing = Firing(self.rules.get(row.rule), _codec.decode_event(row.event), tuple(row.chain),
+                firing = Firing(self.rules.get(row.rule), _records.decode_event(row.event), tuple(row.chain),
                                 Coupling(row.coupling), -row.id)
             except Exception as error:     # e.g. an event this version cannot decode: failed, for a person
                 self.fail_alone(Work(row.id, None, row.attempts), error)
@@ -346,7 +346,7 @@ class Outbox:
         result = []
         for row in rows:
             try:
-                event = _codec.decode_event(row.event).describe()
+                event = _records.decode_event(row.event).describe()
             except Exception:
                 event = str(row.event)[:200]
             trigger = row.trigger_id + (f" (log {row.trigger_log_id})" if row.trigger_log_id else "")

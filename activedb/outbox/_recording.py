@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Callable
 from coupling import may_run_after
 from lockmgr import TxnState
 
-from activedb.outbox import _codec
-from activedb.outbox._records import NewRecord, insert
+from activedb.outbox._records import NewRecord, encode_event, insert
 from activedb.txn import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -134,5 +133,5 @@ class TreeFirings(CommitParticipant):
 def new_record(record_id: int, firing: "Firing", trigger_id: str, log_id: str | None, committed: bool) -> NewRecord:
     """The outbox record of ``firing``, whose trigger ``trigger_id`` (of the tree logged as ``log_id``)
     committed or not."""
-    return NewRecord(record_id, firing.rule.name, firing.coupling.value, _codec.encode_event(firing.event),
+    return NewRecord(record_id, firing.rule.name, firing.coupling.value, encode_event(firing.event),
                      list(firing.chain), trigger_id, log_id, "committed" if committed else "aborted")

@@ -1,5 +1,5 @@
-"""The outbox's SQL: writing records, claiming them, marking them done or failed, reading them back
-(``pending`` → ``done``, or ``failed`` → ``pending`` again on a retry).  Design note: the package's
+"""The outbox's SQL: writing records (their events as exact JSON), claiming them, marking them done or
+failed, reading them back (``pending`` → ``done``, or ``failed`` → ``pending`` again on a retry).  Design note: the package's
 ``README.md`` ("Recovery and several processes").
 
 Every function takes the connection it runs on and never commits: the callers decide which PostgreSQL
@@ -19,7 +19,8 @@ from typing import Any, Iterable, Sequence
 import sqlalchemy as sa
 
 from activedb.errors import RecordsTakenOver
-from activedb.store import TableInfo
+from activedb.events import Event, EventKind
+from activedb.store import TableInfo, exact_json, from_exact_json
 
 logger = logging.getLogger("activedb.outbox")
 
@@ -40,6 +41,24 @@ class NewRecord:
     trigger_id: str
     trigger_log_id: str | None
     trigger_outcome: str          # committed | aborted
+
+
+# A rule run from a record must see the event it would have seen in memory: every field goes through
+# ``exact_json`` (``event.ts`` stays a ``datetime``, a composite key a tuple, a string with a NUL character
+# comes back with its NUL).
+_FIELDS = ("key", "old", "new", "payload", "ts", "transaction")     # besides ``kind`` and ``source``
+
+
+def encode_event(event: Event) -> dict:
+    """``event`` as one JSON object (every field)."""
+    return {"kind": event.kind.value, "source": exact_json(event.source),
+            **{name: exact_json(getattr(event, name)) for name in _FIELDS}}
+
+
+def decode_event(data: dict) -> Event:
+    fields = {name: from_exact_json(data[name]) for name in _FIELDS}
+    fields["payload"] = fields["payload"] or {}
+    return Event(EventKind(data["kind"]), from_exact_json(data["source"]), **fields)
 
 
 # One statement for any number of records: ``unnest`` of one array per column.  A record's ``chain`` (an

@@ -30,7 +30,7 @@ import activedb
 from activedb import Coupling, Event, EventKind
 from activedb.cli import main
 from activedb.errors import GeneratedKeysReset, SerializationConflict
-from activedb.outbox import _codec
+from activedb.outbox import _records
 from activedb.outbox._recording import TreeState
 
 TIMEOUT = 60
@@ -287,8 +287,8 @@ def test_events_come_back_from_a_record_exactly():
                        "lone": "\ud800", "bytes": b"\x00\x01", "nan": float("nan"), "day": dt.date(2024, 5, 1),
                        "set": {1, 2}, "nested": [{"when": dt.time(1, 2)}], 3: "int key"},
                   payload={"id": uuid.UUID(int=7), "span": dt.timedelta(seconds=90)}, ts=1.5, transaction="T1.2")
-    encoded = json.loads(json.dumps(_codec.encode_event(event)))      # what jsonb gives back
-    decoded = _codec.decode_event(encoded)
+    encoded = json.loads(json.dumps(_records.encode_event(event)))      # what jsonb gives back
+    decoded = _records.decode_event(encoded)
     assert decoded.kind is EventKind.UPDATED and decoded.key == ("a", 1)
     assert decoded.old == event.old and decoded.payload == event.payload and decoded.ts == 1.5
     assert {key: value for key, value in decoded.new.items() if key != "nan"} == {

@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 from activedb import Event, EventKind
-from activedb.outbox import _codec, _records
+from activedb.outbox import _records
 
 CHAINS = [
     ["plain"],
@@ -24,7 +24,7 @@ def new_records(outbox, count: int) -> list[_records.NewRecord]:
     now = dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.timezone.utc)
     events = [Event(EventKind.SIGNAL, "hand", key=(number, "w\x00x"), new={"n": number, "text": 'a"b\\c'},
                     payload={"at": now, "items": (1, 2.5, None)}, ts=now) for number in range(count)]
-    return [_records.NewRecord(record_id, f"rule{number % 3}", "detached", _codec.encode_event(event),
+    return [_records.NewRecord(record_id, f"rule{number % 3}", "detached", _records.encode_event(event),
                                CHAINS[number % len(CHAINS)], f"t{number}", None if number % 2 else f"log{number}",
                                "aborted" if number % 5 == 0 else "committed")
             for number, (record_id, event) in enumerate(zip(outbox.draw_ids(count), events))]
@@ -65,7 +65,7 @@ def test_records_are_inserted_in_one_statement_and_read_back_exactly(db, count):
             record.id, record.rule, record.coupling, record.chain, record.trigger_id, record.trigger_log_id,
             record.trigger_outcome, outbox.owner, "pending", 0)
         assert row.event == record.event
-        event = _codec.decode_event(row.event)
+        event = _records.decode_event(row.event)
         assert event.key[1] == "w\x00x" and event.payload["items"] == (1, 2.5, None)
 
 
