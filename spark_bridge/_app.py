@@ -15,7 +15,7 @@ from typing import Any
 from spark_bridge.errors import AppLoadError, MappingError
 from spark_bridge.mapping import EventMapping, as_mapping
 
-__all__ = ["LoadedApp", "ingest_options", "load_app"]
+__all__ = ["LoadedApp", "app_name", "ingest_options", "load_app"]
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,7 @@ def load_app(spec: str | Path | Callable[[Any], Any], *, require_mapping: bool =
     Raises :class:`~spark_bridge.errors.AppLoadError` with what is missing.
     """
     if callable(spec) and not isinstance(spec, (str, Path)):
-        name = f"{getattr(spec, '__module__', '?')}.{getattr(spec, '__qualname__', repr(spec))}"
-        return LoadedApp(name, spec, None, None, None, None, None, None, None)
+        return LoadedApp(app_name(spec), spec, None, None, None, None, None, None, None)
     from activedb.cli import load_app as load_module
 
     text = str(spec)
@@ -86,6 +85,13 @@ def load_app(spec: str | Path | Callable[[Any], Any], *, require_mapping: bool =
         executor=getattr(module, "EXECUTOR", None),
         transactions=getattr(module, "TRANSACTIONS", None),
     )
+
+
+def app_name(spec: str | Path | Callable[[Any], Any]) -> str:
+    """The name of an application: its module name or path, or a ``register(db)`` callable's dotted name."""
+    if isinstance(spec, (str, Path)):
+        return str(spec)
+    return f"{getattr(spec, '__module__', '?')}.{getattr(spec, '__qualname__', repr(spec))}"
 
 
 def ingest_options(loaded: LoadedApp) -> dict[str, Any]:

@@ -72,9 +72,7 @@ def source_query_id(query_id: str) -> str:
 def lineage_participants(db: Any, query_id: str, batch_id: int, enabled: bool = True) -> tuple:
     """The commit participants that record the batch transaction's lineage: it consumed the source batch
     ``(source_query_id(query_id), batch_id)``.  Empty when lineage is off."""
-    if not enabled:
-        return ()
-    return (db.batches.consuming(source_query_id(query_id), batch_id),)
+    return (db.batches.consuming(source_query_id(query_id), batch_id),) if enabled else ()
 
 
 # --- the policy a query declared -------------------------------------------------------------------------

@@ -89,13 +89,8 @@ def parse_java_version(text: str) -> int | None:
     match = _QUOTED_VERSION.search(text) or _UNQUOTED_VERSION.search(text)
     if match is None:
         return None
-    version = match.group("version")
-    parts = version.split(".")
-    if parts[0] == "1" and len(parts) > 1:  # legacy "1.8.0_292" -> 8
-        candidate = parts[1]
-    else:
-        candidate = parts[0]
-    number = _LEADING_NUMBER.match(candidate)
+    parts = match.group("version").split(".")
+    number = _LEADING_NUMBER.match(parts[1] if parts[0] == "1" and len(parts) > 1 else parts[0])   # 1.8.0 is 8
     return int(number.group("number")) if number else None
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from activedb.errors import classify
 
 from spark_bridge import _atomic
-from spark_bridge._app import load_app
+from spark_bridge._app import app_name, load_app
 from spark_bridge._ledger import ledger_query_id
 from spark_bridge._sink import BatchOutcome, IngestSink, PhaseTimings
 from spark_bridge.errors import IngestError, describe
@@ -36,12 +36,6 @@ _worker_databases: dict[tuple[str, str], Any] = {}
 _worker_sinks: dict[tuple, IngestSink] = {}
 
 
-def _app_key(app: str | Callable[[Any], Any]) -> str:
-    if isinstance(app, str):
-        return app
-    return f"{getattr(app, '__module__', '?')}.{getattr(app, '__qualname__', repr(app))}"
-
-
 def _worker_database(url: str, app: str | Callable[[Any], Any], connect_options: Mapping[str, Any]) -> Any:
     """The worker process's ``Database`` for (URL, app), connected and with the app's rules declared.
 
@@ -50,7 +44,7 @@ def _worker_database(url: str, app: str | Callable[[Any], Any], connect_options:
     Declaring a rule is idempotent across processes (``INSERT … ON CONFLICT`` in the registry)."""
     import activedb
 
-    key = (url, _app_key(app))
+    key = (url, app_name(app))
     with _worker_mutex:
         database = _worker_databases.get(key)
     if database is not None:
@@ -138,7 +132,7 @@ class _PartitionTask:
         return self.query_id.rsplit("@", 1)[1]
 
     def _sink(self) -> IngestSink:
-        key = (self.url, _app_key(self.app), self.query_name, self.mapping, self.known_types, self.prefetch,
+        key = (self.url, app_name(self.app), self.query_name, self.mapping, self.known_types, self.prefetch,
                self.lineage)
         with _worker_mutex:
             sink = _worker_sinks.get(key)

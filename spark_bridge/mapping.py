@@ -11,6 +11,7 @@ Pure Python plus pyarrow (imported on first use); never imports pyspark.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import math
@@ -88,9 +89,7 @@ class EventMapping:
         if uses_intervals and self.producer_column is None:
             raise MappingError("EventMapping: accuracy, local timestamp and heartbeat columns need producer_column "
                                "(sync-points are kept per producer)")
-        named = [column for column in (self.type_column, self.key_column, self.ts_column, self.producer_column,
-                                       self.accuracy_column, self.accuracy_minus_column, self.accuracy_plus_column,
-                                       self.local_ts_column) if column is not None]
+        named = self._event_columns()
         if len(set(named)) != len(named):
             raise MappingError(f"EventMapping names one column for two purposes: {named}")
         if self.payload_columns is not None:
@@ -115,10 +114,14 @@ class EventMapping:
         """The payload columns for a batch whose columns are ``columns`` (in that order)."""
         if self.payload_columns is not None:
             return self.payload_columns
-        reserved = {self.type_column, self.key_column, self.ts_column, self.producer_column, self.accuracy_column,
-                    self.accuracy_minus_column, self.accuracy_plus_column, self.local_ts_column, self.corrupt_column,
-                    self.line_column}
+        reserved = {*self._event_columns(), self.corrupt_column, self.line_column}
         return tuple(column for column in columns if column not in reserved)
+
+    def _event_columns(self) -> list[str]:
+        """The columns that make the event itself rather than its payload."""
+        return [column for column in (self.type_column, self.key_column, self.ts_column, self.producer_column,
+                                      self.accuracy_column, self.accuracy_minus_column, self.accuracy_plus_column,
+                                      self.local_ts_column) if column is not None]
 
 
 def as_mapping(mapping: Any) -> "EventMapping":
@@ -131,12 +134,8 @@ def as_mapping(mapping: Any) -> "EventMapping":
         try:
             return EventMapping(**mapping)
         except TypeError as error:
-            raise MappingError(
-                f"a MAPPING dict takes EventMapping's arguments (type_column, key_column, ts_column, "
-                f"payload_columns, type_map, ts_unit, producer_column, accuracy_column, accuracy_minus_column, "
-                f"accuracy_plus_column, local_ts_column, heartbeat_type, id_column, corrupt_column, line_column): "
-                f"{error}"
-            ) from None
+            names = ", ".join(field.name for field in dataclasses.fields(EventMapping))
+            raise MappingError(f"a MAPPING dict takes EventMapping's arguments ({names}): {error}") from None
     raise MappingError(f"a mapping is a spark_bridge.EventMapping or a dict of its arguments, got {mapping!r}")
 
 

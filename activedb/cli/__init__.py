@@ -370,10 +370,8 @@ def _bench_command(name: str, module_name: str) -> click.Command:
                     os.environ[variable] = value
         progress = Progress.none() if json_only else Progress.for_stream(sys.stderr, label=f"bench {name}")
         try:
-            if "progress" in inspect.signature(module.run).parameters:
-                report = module.run(quick=quick, progress=progress)
-            else:
-                report = module.run(quick=quick)
+            takes_progress = "progress" in inspect.signature(module.run).parameters
+            report = module.run(quick=quick, **({"progress": progress} if takes_progress else {}))
         finally:
             progress.close()
         if quick:

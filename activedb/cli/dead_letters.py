@@ -15,9 +15,9 @@ LIST_REASON_CHARS = 300
 LIST_ROW_CHARS = 200
 
 
-def _shortened(text: str, limit: int, letter_id: int) -> tuple[str, bool]:
-    """``(text, False)``, or its first ``limit`` characters with a note and True."""
-    if len(text) <= limit:
+def _shortened(text: str, limit: int | None, letter_id: int) -> tuple[str, bool]:
+    """``(text, False)``, or its first ``limit`` characters with a note and True (None: no limit)."""
+    if limit is None or len(text) <= limit:
         return text, False
     return f"{text[:limit]}… ({len(text):,} characters; `activedb dead-letters show {letter_id}` shows all)", True
 
@@ -65,11 +65,9 @@ def letters_list(ctx: click.Context, ids, query, batch, reason, include_replayed
         total = deadletters.count(database, selected)
     rows = []
     for letter in letters:
-        reason_text, reason_cut = letter.reason, False
-        row_text, row_cut = json.dumps(letter.raw, default=str), False
-        if not full:
-            reason_text, reason_cut = _shortened(reason_text, LIST_REASON_CHARS, letter.id)
-            row_text, row_cut = _shortened(row_text, LIST_ROW_CHARS, letter.id)
+        reason_text, reason_cut = _shortened(letter.reason, None if full else LIST_REASON_CHARS, letter.id)
+        row_text, row_cut = _shortened(json.dumps(letter.raw, default=str), None if full else LIST_ROW_CHARS,
+                                       letter.id)
         rows.append((letter, reason_text, row_text, reason_cut, row_cut))
     if as_json:        # "cut": true when the reason or the row was cut; a cut row is its cut text
         click.echo(json.dumps([{**{key: value for key, value in letter.as_dict().items() if key != "original"},
