@@ -56,10 +56,6 @@ class PhaseTimings:
     def as_tuple(self) -> tuple[float, float, float, float, float]:
         return (self.to_arrow, self.validate, self.engine, self.commit, self.flush)
 
-    @property
-    def total(self) -> float:
-        return sum(self.as_tuple())
-
 
 @dataclass(frozen=True)
 class BatchOutcome:

@@ -307,12 +307,9 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
     progress = progress or Progress.none()
     report = BenchReport("Spark ingestion end to end (activedb bench ingest)")
     plan = dict(QUICK_PLAN if quick else PLAN)
-    minimal_sizes = set(plan)
     scale_out_from = 1_000 if quick else 10_000
-    progress.start("bench ingest", total=sum(1 + 2 * (1 if quick else ROUNDS.get(size, 1))
-                                             + (4 if size in minimal_sizes else 0)
-                                             + (1 if size in minimal_sizes and size >= scale_out_from else 0)
-                                             for size in plan))
+    progress.start("bench ingest", total=sum(5 + 2 * (1 if quick else ROUNDS.get(size, 1))
+                                             + (1 if size >= scale_out_from else 0) for size in plan))
     progress.note("starting Spark and the databases ...")
     timeout = 600.0 if quick else 3600.0
     logging.getLogger("activedb.rules").setLevel(logging.CRITICAL)   # rejected badge events are expected
@@ -398,58 +395,57 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
                            met=end_to_end >= GOAL_EVENTS_PER_SECOND,
                            extra={"detached_drain_seconds": rules["detached_drain_seconds"],
                                   "outbox": _outbox_figures(database)}))
-            if size in minimal_sizes:
-                counter_peers: dict[str, float] = {}
-                trigger_counters: list[tuple] = []
-                for peer_name, method in ((COUNTER_TRIGGER, "copy"), (COUNTER_EXECUTEMANY, "executemany")):
-                    _reset_counters(database)
-                    with progress.step(f"{size:,} events/batch: {peer_name}"):
-                        counted = _counter_peer_run(spark, url, source, folder / f"counter-{method}-{size}", timeout,
-                                                    method)
-                    plain_ids.append(counted["query_id"])
-                    counter_peers[peer_name] = counted["rows"] / counted["seconds"]
-                    counters = _counters(database)
-                    if method == "copy":
-                        trigger_counters = counters
-                    report.add(Row(name=f"{size:,} events/batch: {peer_name}, the one-rule peer",
-                                   value=counter_peers[peer_name], unit="events/s",
-                                   extra={"events_per_batch": size, "measured_batches": counted["batches"],
-                                          "same_counters_as_the_trigger": counters == trigger_counters}))
-                variants = [("threads", minimal, {}), ("inline", minimal_inline, {})]
-                if size >= scale_out_from:
-                    variants.append(("inline, scale-out 2 partitions", minimal_inline,
-                                     {"partition_by_key": 2, "app": register_minimal}))
-                for label, engine, options in variants:
-                    tag = label.split(",")[0] + ("-p2" if options else "")
-                    _reset_counters(database)
-                    with progress.step(f"{size:,} events/batch: one immediate rule ({label})"):
-                        light = _rule_run(spark, engine, source, folder / f"minimal-{tag}-{size}",
-                                          f"{QUERY_PREFIX}-min-{tag}-{size}", mapping,
-                                          {"bench_counters": _worker_number}, timeout, **options)
-                    light_rate = light["rows"] / light["seconds"]
-                    same_counters = _counters(database) == trigger_counters
-                    report.add(Row(name=f"{size:,} events/batch: one immediate rule per event ({label})",
-                                   value=light_rate, unit="events/s", baseline_name="plain write (COPY, no rules)",
-                                   baseline=plain_rate, ratio=light_rate / plain_rate,
-                                   target=f">= {GOAL_EVENTS_PER_SECOND:,} events/s",
-                                   met=light_rate >= GOAL_EVENTS_PER_SECOND,
-                                   extra={"events_per_batch": size, "measured_batches": light["batches"],
-                                          "rule_cost_x_plain": round(plain_rate / light_rate, 1),
-                                          "same_counters_as_the_trigger": same_counters,
-                                          **_microseconds(light["per_phase"], light["rows"])}))
-                    for peer_name, peer_value in counter_peers.items():
-                        report.add(Row(name=f"{size:,} events/batch: one-rule counter upsert ({label}) vs the "
-                                            f"{peer_name}", value=light_rate, unit="events/s",
-                                       baseline_name=peer_name, baseline=peer_value, ratio=light_rate / peer_value,
-                                       target=f">= {PEER_GOAL} of the peer", met=light_rate / peer_value >= PEER_GOAL,
-                                       extra={"same_counters_as_the_trigger": same_counters}))
-                    if label == "inline" and light["rows"]:
-                        engine_us = light["per_phase"].get("engine", 0.0) / light["rows"] * 1e6
-                        report.add(Row(name=f"{size:,} events/batch: engine cost per event, one immediate rule "
-                                            f"(inline)", value=engine_us, unit="µs/event",
-                                       target=f"<= {ENGINE_GOAL_US:g} µs", met=engine_us <= ENGINE_GOAL_US,
-                                       extra={"what": "wall time of the per-event subtransactions with their rule "
-                                                      "(the sink's engine phase), steady-state batches"}))
+            counter_peers: dict[str, float] = {}
+            trigger_counters: list[tuple] = []
+            for peer_name, method in ((COUNTER_TRIGGER, "copy"), (COUNTER_EXECUTEMANY, "executemany")):
+                _reset_counters(database)
+                with progress.step(f"{size:,} events/batch: {peer_name}"):
+                    counted = _counter_peer_run(spark, url, source, folder / f"counter-{method}-{size}", timeout,
+                                                method)
+                plain_ids.append(counted["query_id"])
+                counter_peers[peer_name] = counted["rows"] / counted["seconds"]
+                counters = _counters(database)
+                if method == "copy":
+                    trigger_counters = counters
+                report.add(Row(name=f"{size:,} events/batch: {peer_name}, the one-rule peer",
+                               value=counter_peers[peer_name], unit="events/s",
+                               extra={"events_per_batch": size, "measured_batches": counted["batches"],
+                                      "same_counters_as_the_trigger": counters == trigger_counters}))
+            variants = [("threads", minimal, {}), ("inline", minimal_inline, {})]
+            if size >= scale_out_from:
+                variants.append(("inline, scale-out 2 partitions", minimal_inline,
+                                 {"partition_by_key": 2, "app": register_minimal}))
+            for label, engine, options in variants:
+                tag = label.split(",")[0] + ("-p2" if options else "")
+                _reset_counters(database)
+                with progress.step(f"{size:,} events/batch: one immediate rule ({label})"):
+                    light = _rule_run(spark, engine, source, folder / f"minimal-{tag}-{size}",
+                                      f"{QUERY_PREFIX}-min-{tag}-{size}", mapping,
+                                      {"bench_counters": _worker_number}, timeout, **options)
+                light_rate = light["rows"] / light["seconds"]
+                same_counters = _counters(database) == trigger_counters
+                report.add(Row(name=f"{size:,} events/batch: one immediate rule per event ({label})",
+                               value=light_rate, unit="events/s", baseline_name="plain write (COPY, no rules)",
+                               baseline=plain_rate, ratio=light_rate / plain_rate,
+                               target=f">= {GOAL_EVENTS_PER_SECOND:,} events/s",
+                               met=light_rate >= GOAL_EVENTS_PER_SECOND,
+                               extra={"events_per_batch": size, "measured_batches": light["batches"],
+                                      "rule_cost_x_plain": round(plain_rate / light_rate, 1),
+                                      "same_counters_as_the_trigger": same_counters,
+                                      **_microseconds(light["per_phase"], light["rows"])}))
+                for peer_name, peer_value in counter_peers.items():
+                    report.add(Row(name=f"{size:,} events/batch: one-rule counter upsert ({label}) vs the "
+                                        f"{peer_name}", value=light_rate, unit="events/s",
+                                   baseline_name=peer_name, baseline=peer_value, ratio=light_rate / peer_value,
+                                   target=f">= {PEER_GOAL} of the peer", met=light_rate / peer_value >= PEER_GOAL,
+                                   extra={"same_counters_as_the_trigger": same_counters}))
+                if label == "inline" and light["rows"]:
+                    engine_us = light["per_phase"].get("engine", 0.0) / light["rows"] * 1e6
+                    report.add(Row(name=f"{size:,} events/batch: engine cost per event, one immediate rule "
+                                        f"(inline)", value=engine_us, unit="µs/event",
+                                   target=f"<= {ENGINE_GOAL_US:g} µs", met=engine_us <= ENGINE_GOAL_US,
+                                   extra={"what": "wall time of the per-event subtransactions with their rule "
+                                                  "(the sink's engine phase), steady-state batches"}))
         _series(report)
         report.notes.append(
             f"hand-hygiene workload: events.generate({WORKERS} workers, seed {SEED}); {dict(plan)} "
