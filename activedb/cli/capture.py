@@ -64,13 +64,11 @@ def status_command(ctx: click.Context, as_json: bool, behind_changes: int, behin
     for consumer in status.consumers:
         position = f"{consumer.position.commit}/{consumer.position.change_id}"
         state = "BEHIND" if consumer.behind else "FAILURES" if consumer.failed else "ok"
-        rows = consumer.tables or ()
-        if not rows:
-            backlog.add_row(consumer.name, position, f"{consumer.handled:,}", f"{consumer.failed:,}", "-", "0", "0",
-                            "-", state)
-        for table in rows:
-            backlog.add_row(consumer.name, position, f"{consumer.handled:,}", f"{consumer.failed:,}", table.table,
-                            f"{table.changes:,}", f"{table.transactions:,}",
+        counts = (consumer.name, position, f"{consumer.handled:,}", f"{consumer.failed:,}")
+        if not consumer.tables:
+            backlog.add_row(*counts, "-", "0", "0", "-", state)
+        for table in consumer.tables:
+            backlog.add_row(*counts, table.table, f"{table.changes:,}", f"{table.transactions:,}",
                             table.oldest_committed_at.isoformat(timespec="seconds"), state)
     for table in status.unconsumed:
         backlog.add_row("(none)", "-", "-", "-", table.table, f"{table.changes:,}", f"{table.transactions:,}",
