@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import itertools
 import logging
 import random
 import threading
@@ -126,7 +127,7 @@ class CaptureConsumer:
         self._fetches_begun = 0                 # fetch numbers, to wait for a fetch that began later
         self._last_empty_fetch = 0              # number of the last fetch that found nothing
         self._last_behind_warning = 0.0
-        self._firing_numbers = 0
+        self._firing_numbers = itertools.count(1)     # numbers the batches' firings, in order
         self._listener = _leader.Listener(database, name)
         self._reader = ChangeReader(database)
         # The position as this consumer last committed it while leading (None: read it from PostgreSQL).
@@ -376,7 +377,8 @@ class CaptureConsumer:
     def _apply(self, start: Position, changes: list[Entry]) -> int:
         end = changes[-1][0].at
         writer = PositionWriter(self._database, self.name, start, end, len(changes), self._step)
-        planned = _firing.plan(self._database, self.name, changes, writer.dead_letters, self._next_firing_number)
+        planned = _firing.plan(self._database, self.name, changes, writer.dead_letters,
+                               self._firing_numbers.__next__)
         results: list[Result] = []
         began = time.perf_counter()
         with self._database.transaction(name=f"capture:{self.name}", participants=[writer]) as transaction:
@@ -413,10 +415,6 @@ class CaptureConsumer:
                 self._counters[what] += amount
             self._progress.notify_all()
         self._step(Step.COMMITTED, changes)
-
-    def _next_firing_number(self) -> int:
-        self._firing_numbers += 1      # under _run_mutex
-        return self._firing_numbers
 
     def _give_up(self, start: Position, entry: Entry, error: DatabaseError) -> int:
         """The reactions to one change cannot commit: advance past it, keeping it as a dead letter."""
