@@ -152,12 +152,10 @@ def load_app(spec: str, error: type[Exception]) -> ModuleType:
     else:
         try:
             module = importlib.import_module(spec)
-        except ModuleNotFoundError as failure:
-            if failure.name and spec.startswith(failure.name):
+        except Exception as failure:
+            if isinstance(failure, ModuleNotFoundError) and failure.name and spec.startswith(failure.name):
                 raise error(f"no module named {spec!r}: give an importable module (package.module) or a path to a "
                             f".py file") from None
-            raise error(f"importing {spec!r} failed: {failure!r}") from failure
-        except Exception as failure:
             raise error(f"importing {spec!r} failed: {failure!r}") from failure
     if not callable(getattr(module, "register", None)):
         raise error(f"application {spec!r} has no register(db) function declaring its rules")
