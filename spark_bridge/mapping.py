@@ -190,8 +190,9 @@ def to_utc(value: Any, unit_divisor: int) -> dt.datetime:
     if isinstance(value, (int, float)):
         if isinstance(value, float) and not math.isfinite(value):
             raise InvalidField(f"is {_describe(value)}, not a finite number")
-        micros = value * (1_000_000 // unit_divisor) if isinstance(value, int) else round(value * 1e6 / unit_divisor)
         try:
+            micros = (value * (1_000_000 // unit_divisor) if isinstance(value, int)
+                      else round(value * 1e6 / unit_divisor))
             return EPOCH + dt.timedelta(microseconds=micros)
         except OverflowError:
             raise InvalidField(f"is {_describe(value)}, out of the representable range") from None
