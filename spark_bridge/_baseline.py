@@ -139,15 +139,12 @@ class PlainWriteSink:
             started = time.perf_counter()
             connection = self._connect()
             try:
-                with connection.transaction():
-                    with connection.cursor() as cursor:
-                        if not self._record_batch(cursor, query_id, batch_id, table.num_rows):
-                            written = False
-                        else:
-                            self._write_rows(cursor, table)
-                            written = True
-                            if self._on_phase is not None:
-                                self._on_phase("written", batch_id)
+                with connection.transaction(), connection.cursor() as cursor:
+                    written = self._record_batch(cursor, query_id, batch_id, table.num_rows)
+                    if written:
+                        self._write_rows(cursor, table)
+                        if self._on_phase is not None:
+                            self._on_phase("written", batch_id)
             except BaseException:
                 self._discard_connection_if_broken()
                 raise
