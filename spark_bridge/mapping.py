@@ -187,13 +187,16 @@ def to_utc(value: Any, unit_divisor: int) -> dt.datetime:
         return value.astimezone(_UTC)
     if isinstance(value, bool):
         raise InvalidField(f"is {_describe(value)}, not a timestamp")
-    if isinstance(value, (int, float)):
-        if isinstance(value, float) and not math.isfinite(value):
+    if isinstance(value, int):
+        try:
+            return EPOCH + dt.timedelta(microseconds=value * (1_000_000 // unit_divisor))
+        except OverflowError:
+            raise InvalidField(f"is {_describe(value)}, out of the representable range") from None
+    if isinstance(value, float):
+        if not math.isfinite(value):
             raise InvalidField(f"is {_describe(value)}, not a finite number")
         try:
-            micros = (value * (1_000_000 // unit_divisor) if isinstance(value, int)
-                      else round(value * 1e6 / unit_divisor))
-            return EPOCH + dt.timedelta(microseconds=micros)
+            return EPOCH + dt.timedelta(microseconds=round(value * 1_000_000 / unit_divisor))
         except OverflowError:
             raise InvalidField(f"is {_describe(value)}, out of the representable range") from None
     if isinstance(value, str):
