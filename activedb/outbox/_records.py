@@ -46,19 +46,18 @@ class NewRecord:
 # A rule run from a record must see the event it would have seen in memory: every field goes through
 # ``exact_json`` (``event.ts`` stays a ``datetime``, a composite key a tuple, a string with a NUL character
 # comes back with its NUL).
-_FIELDS = ("key", "old", "new", "payload", "ts", "transaction")     # besides ``kind`` and ``source``
-
-
 def encode_event(event: Event) -> dict:
     """``event`` as one JSON object (every field)."""
-    return {"kind": event.kind.value, "source": exact_json(event.source),
-            **{name: exact_json(getattr(event, name)) for name in _FIELDS}}
+    return {"kind": event.kind.value, "source": exact_json(event.source), "key": exact_json(event.key),
+            "old": exact_json(event.old), "new": exact_json(event.new), "payload": exact_json(event.payload),
+            "ts": exact_json(event.ts), "transaction": exact_json(event.transaction)}
 
 
 def decode_event(data: dict) -> Event:
-    fields = {name: from_exact_json(data[name]) for name in _FIELDS}
-    fields["payload"] = fields["payload"] or {}
-    return Event(EventKind(data["kind"]), from_exact_json(data["source"]), **fields)
+    return Event(EventKind(data["kind"]), from_exact_json(data["source"]), key=from_exact_json(data["key"]),
+                 old=from_exact_json(data["old"]), new=from_exact_json(data["new"]),
+                 payload=from_exact_json(data["payload"]) or {}, ts=from_exact_json(data["ts"]),
+                 transaction=from_exact_json(data["transaction"]))
 
 
 # One statement for any number of records: ``unnest`` of one array per column.  A record's ``chain`` (an
