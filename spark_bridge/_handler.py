@@ -1,7 +1,7 @@
 """The one protocol of a micro-batch: :func:`run_batch` runs any :class:`BatchHandler` exactly once.
 
-Every path is a handler in its own module (``_rules_handler``, ``_queries_handler``, ``_tpg_handler``,
-``_composite_handler``, and ``_atomic``'s failed partition); the sink, the scale-out tasks and
+Every path is a handler (``_rules_handler``, ``_queries_handler``, ``_tpg_handler``,
+``composite_feed``, and ``_atomic``'s failed partition); the sink, the scale-out tasks and
 dead-letter replays all reach :func:`run_batch`.  ``handle`` hands the batch to its engine inside
 ``tx``, gets every dead letter into ``tx`` through ``batch.dead_letters`` and leaves ``ledger.events`` /
 ``ledger.dead_letters`` set by the time the ledger writes its row.  Design note: the package's

@@ -139,7 +139,7 @@ class IngestOptions:
 
             return TpgHandler(self.transactions)
         if self.composition is not None:
-            from spark_bridge._composite_handler import CompositeHandler
+            from spark_bridge.composite_feed import CompositeHandler
 
             return CompositeHandler(self.composition, mapping)
         return None

@@ -1,7 +1,8 @@
 """Feeding a composition engine (``activedb.composite``) from the rows of a micro-batch:
 :func:`rows_to_items` (rows — a ``pyarrow.Table``/``RecordBatch`` or dicts — to the engine's events with
 accuracy-interval timestamps and heartbeats, plus rejected rows) and :func:`feed_batch` (then
-``engine.process(tx, items)``, or ``engine.submit(items)`` without a transaction).  Each producer's rows
+``engine.process(tx, items)``, or ``engine.submit(items)`` without a transaction), and
+:class:`CompositeHandler`, the batch path of ``ingest(…, composition=engine)``.  Each producer's rows
 are put back into detection order, so micro-batch boundaries never change a composition's result (the
 design note ``activedb/composite/README.md``, "Spark").  Pure Python plus pyarrow; never imports pyspark.
 """
@@ -17,13 +18,15 @@ from typing import TYPE_CHECKING, Any
 from activedb import composite, streams
 from activedb.events import Timestamp
 
+from spark_bridge._handler import BatchHandler, BatchInput
+from spark_bridge._ledger import IngestionLedger
+from spark_bridge.errors import IngestError, MappingError
 from spark_bridge.mapping import TS_UNITS, EventMapping, InvalidField, Rejected, jsonable, to_utc
-from spark_bridge.errors import MappingError
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb import Transaction
 
-__all__ = ["FeedResult", "feed_batch", "rows_to_items"]
+__all__ = ["CompositeHandler", "FeedResult", "feed_batch", "rows_to_items"]
 
 
 @dataclass(frozen=True)
@@ -142,3 +145,31 @@ def feed_batch(engine: composite.CompositionEngine, rows: Any, mapping: EventMap
     items = accepted
     composites = engine.process(tx, items) if tx is not None else engine.submit(items)
     return FeedResult(tuple(items), tuple(composites), tuple(rejected))
+
+
+class CompositeHandler(BatchHandler):
+    """The batch path of ``ingest(…, composition=engine)`` (design note and limits: the package's
+    ``README.md``, "Composite: many producers"): each batch to a composition engine, which reads the rows
+    itself (``validates_rows = False``: a heartbeat row has no key, and the order that matters is per
+    producer).  Thread-safety: one batch at a time (the engine's own mutex guards its state)."""
+
+    name = "composite"
+    late_rows_are_dead_letters = False
+    validates_rows = False
+
+    def __init__(self, engine: Any, mapping: Any) -> None:
+        if not isinstance(engine, composite.CompositionEngine):
+            raise IngestError(f"composition= takes an activedb.composite.CompositionEngine; got {engine!r}")
+        if mapping.producer_column is None:
+            raise IngestError(
+                "composition= needs a mapping that names the producer: EventMapping(…, producer_column='producer', "
+                "accuracy_column='accuracy', heartbeat_type='heartbeat')")
+        self.engine = engine
+        self.mapping = mapping
+
+    def handle(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger) -> None:
+        result = feed_batch(self.engine, batch.rows, self.mapping, tx=tx)
+        letters = list(batch.letters) + batch.dead_letters.rejected(result.rejected)
+        batch.dead_letters.insert(tx, letters)
+        ledger.events = len(result.composites)
+        ledger.dead_letters = len(letters)
