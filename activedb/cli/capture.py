@@ -12,15 +12,15 @@ from typing import Any, Callable
 
 import click
 
-from activedb.cli import load_app
+from activedb.cli import _options, load_app
 from activedb.metrics import metrics_port_option, start_metrics
 
 
 def _connect(ctx: click.Context):
+    """``activedb.connect`` for ``--url``/``--home`` (capture needs its tables: connecting upgrades them)."""
     import activedb
 
-    obj = ctx.obj or {}
-    return activedb.connect(obj.get("url"), home=obj.get("home"))
+    return activedb.connect(**_options(ctx))
 
 
 @click.group("capture")
