@@ -104,28 +104,20 @@ def rules_show(ctx: click.Context, name: str) -> None:
         out.print(f"    {key}: {value}", highlight=False)
 
 
-def _set_rules(ctx: click.Context, names: tuple[str, ...], enabled: bool) -> None:
-    with open_database(ctx, writes=True) as database:
-        for name in names:
-            (database.rules.enable if enabled else database.rules.disable)(name)
-            click.echo(f"{name}: {'enabled' if enabled else 'disabled'} in activedb_rules (processes that declare "
-                       f"it from now on use this)")
+def _toggle_command(verb: str) -> click.Command:
+    """``activedb rules enable|disable NAMES``: ``db.rules.<verb>(name)`` for each name."""
+    @rules.command(verb, help=f"{verb.capitalize()} rules NAMES in the registry.")
+    @click.argument("names", nargs=-1, required=True)
+    @click.pass_context
+    def command(ctx: click.Context, names: tuple[str, ...]) -> None:
+        with open_database(ctx, writes=True) as database:
+            for name in names:
+                getattr(database.rules, verb)(name)
+                click.echo(f"{name}: {verb}d in activedb_rules (processes that declare it from now on use this)")
+    return command
 
 
-@rules.command("enable")
-@click.argument("names", nargs=-1, required=True)
-@click.pass_context
-def rules_enable(ctx: click.Context, names: tuple[str, ...]) -> None:
-    """Enable rules NAMES in the registry."""
-    _set_rules(ctx, names, True)
-
-
-@rules.command("disable")
-@click.argument("names", nargs=-1, required=True)
-@click.pass_context
-def rules_disable(ctx: click.Context, names: tuple[str, ...]) -> None:
-    """Disable rules NAMES in the registry."""
-    _set_rules(ctx, names, False)
+rules_enable, rules_disable = _toggle_command("enable"), _toggle_command("disable")
 
 
 @rules.command("remove")
