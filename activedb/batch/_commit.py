@@ -191,7 +191,7 @@ def _select_for_update(connection: sa.Connection, info: Any, keys: list[tuple]) 
         statement = (sa.select(info.table)
                      .where(column == sa.any_(sa.bindparam("keys", type_=postgresql.ARRAY(column.type))))
                      .order_by(column).with_for_update())
-        rows, fields = _fetch(connection, statement, {"keys": sorted(key[0] for key in keys)})
+        rows, fields = _run(connection, statement, {"keys": sorted(key[0] for key in keys)}, fetch=True)
         return {(row[0],): dict(zip(fields, row)) for row in rows} if fields[0] == names[0] else {
             (image[names[0]],): image for image in (dict(zip(fields, row)) for row in rows)}
     found: dict[tuple, dict] = {}
@@ -203,32 +203,21 @@ def _select_for_update(connection: sa.Connection, info: Any, keys: list[tuple]) 
     return found
 
 
-def _fetch(connection: sa.Connection, statement: Any, parameters: dict) -> tuple[list[tuple], list[str]]:
-    """Run ``statement`` on the connection's own driver cursor (rows as plain tuples, arrays sent
-    in binary): the batch reads tens of thousands of rows here, and a SQLAlchemy row object per
-    row would cost more than PostgreSQL's work for it."""
-    cursor = connection.connection.driver_connection.cursor(binary=True)
-    try:
-        cursor.execute(_binary_sql(connection, statement, parameters), parameters)
-        fields = [description.name for description in cursor.description]
-        return cursor.fetchall(), fields
-    finally:
-        cursor.close()
-
-
-def _binary_sql(connection: sa.Connection, statement: Any, parameters: dict) -> str:
-    """The statement's SQL for the driver, its parameters marked binary (``%(name)b``)."""
+def _run(connection: sa.Connection, statement: Any, parameters: dict, *,
+         fetch: bool = False) -> tuple[list[tuple], list[str]] | None:
+    """Run ``statement`` on the connection's own driver cursor, its array parameters sent in binary
+    (``%(name)b``); with ``fetch``, its rows as plain tuples and the column names: the batch reads
+    tens of thousands of rows here, and a SQLAlchemy row object per row would cost more than
+    PostgreSQL's work for it."""
     sql = str(statement.compile(dialect=connection.dialect))
     for name in parameters:
         sql = sql.replace(f"%({name})s", f"%({name})b")
-    return sql
-
-
-def _run(connection: sa.Connection, statement: Any, parameters: dict) -> None:
-    """Execute ``statement`` with array parameters on the driver cursor, in binary."""
     cursor = connection.connection.driver_connection.cursor(binary=True)
     try:
-        cursor.execute(_binary_sql(connection, statement, parameters), parameters)
+        cursor.execute(sql, parameters)
+        if fetch:
+            return cursor.fetchall(), [description.name for description in cursor.description]
+        return None
     finally:
         cursor.close()
 

@@ -274,26 +274,7 @@ def key_groups(tpg: Tpg) -> tuple[list[Unit], int]:
     A's) are merged into one unit, run in timestamp order — the paper's "combine such
     dependencies into a single scheduling unit".  Returns the units (with ``stratum`` set and
     ``op.unit`` pointing at them) and the number of operations that sat on a cycle."""
-    by_state: dict[Any, list[Operation]] = {}
-    for op in tpg.ops:
-        group = op.state_key if op.state_key is not None else ("#op", op.id)
-        members = by_state.get(group)
-        if members is None:
-            by_state[group] = [op]
-        else:
-            members.append(op)
-    groups = list(by_state.values())
-    index_of: dict[int, int] = {}
-    for number, members in enumerate(groups):
-        for op in members:
-            index_of[op.id] = number
-    successors: list[set[int]] = [set() for _ in groups]
-    for number, members in enumerate(groups):
-        for op in members:
-            for child in op.children:
-                target = index_of[child.id]
-                if target != number:
-                    successors[number].add(target)
+    groups, successors = _group_graph(tpg)
     components = _strongly_connected(successors)
     units: list[Unit] = []
     unit_of_group: list[int] = [0] * len(groups)
@@ -390,20 +371,29 @@ def _strongly_connected(successors: list[set[int]]) -> list[list[int]]:
     return components
 
 
+def _group_graph(tpg: Tpg) -> tuple[list[list[Operation]], list[set[int]]]:
+    """The key groups (a state's operations in timestamp order; an ND operation alone) and, per
+    group, the other groups its operations' children are in."""
+    by_state: dict[Any, list[Operation]] = {}
+    index_of = [0] * len(tpg.ops)
+    for op in tpg.ops:
+        group = op.state_key if op.state_key is not None else ("#op", op.id)
+        members = by_state.get(group)
+        if members is None:
+            index_of[op.id] = len(by_state)
+            by_state[group] = [op]
+        else:
+            index_of[op.id] = index_of[members[0].id]
+            members.append(op)
+    successors: list[set[int]] = [set() for _ in by_state]
+    for parent_id, child_id, _ in tpg.edges:
+        source, target = index_of[parent_id], index_of[child_id]
+        if source != target:
+            successors[source].add(target)
+    return list(by_state.values()), successors
+
+
 def has_group_cycle(tpg: Tpg) -> bool:
     """Whether the key-group graph (states as nodes, cross-state edges) has a cycle — the
     decision model's "cyclic dependency" input.  Cheaper than ``key_groups`` (no units)."""
-    group_index: dict[Any, int] = {}
-    of_op: list[int] = [0] * len(tpg.ops)
-    for op in tpg.ops:
-        group = op.state_key if op.state_key is not None else ("#op", op.id)
-        number = group_index.get(group)
-        if number is None:
-            number = group_index[group] = len(group_index)
-        of_op[op.id] = number
-    successors: list[set[int]] = [set() for _ in range(len(group_index))]
-    for parent_id, child_id, _ in tpg.edges:
-        source, target = of_op[parent_id], of_op[child_id]
-        if source != target:
-            successors[source].add(target)
-    return any(len(component) > 1 for component in _strongly_connected(successors))
+    return any(len(component) > 1 for component in _strongly_connected(_group_graph(tpg)[1]))

@@ -311,7 +311,7 @@ def run_in_worker(transactions: StateTransactions, shipped: list[tuple], base: d
     with _NoCyclicGc():
         items = [(item[0], _new_event(BatchEvent, item[1:])) for item in shipped]
         allowed = Allowed(set(base).union(absent), tables)
-        batch = _Sparse(items)
+        batch = dict(items)     # batch[t] for the (t, event) pairs this worker has
         model = DecisionModel(abort_ratio=model_state[0], seconds_per_op=model_state[1], batches=model_state[2],
                               rule=model_state[3])
         try:
@@ -320,21 +320,6 @@ def run_in_worker(transactions: StateTransactions, shipped: list[tuple], base: d
             return _Missed(missed.state, missed.t)
         part.before = None      # the caller has the images before the batch: not shipped back
         return part
-
-
-class _Sparse:
-    """``batch[t]`` for the ``(t, event)`` pairs a worker has."""
-
-    __slots__ = ("_events",)
-
-    def __init__(self, items: list[tuple[int, BatchEvent]]) -> None:
-        self._events = dict(items)
-
-    def __getitem__(self, t: int) -> BatchEvent:
-        return self._events[t]
-
-    def __len__(self) -> int:
-        return len(self._events)
 
 
 @dataclass
@@ -487,21 +472,16 @@ def _is_pickling_problem(error: BaseException) -> bool:
 
 def _assemble(batch: list[BatchEvent], parts: list[_Part], mode, seconds: dict[str, float], components: int,
               largest_share: float, runtime: Runtime, notes: list[str], decision: tuple[str, ...]) -> BatchResult:
-    if len(parts) == 1:
-        part = parts[0]
-        ts, aborted, outputs, final, before = part.ts, part.aborted, part.outputs, part.final, part.before
-        rejected_at = part.rejected
-    else:
-        ts, aborted, outputs, final, before, rejected_at = [], {}, {}, {}, {}, []
-        for part in parts:
-            ts.extend(part.ts)
-            aborted.update(part.aborted)
-            outputs.update(part.outputs)
-            final.update(part.final)
-            before.update(part.before)
-            rejected_at.extend(part.rejected)
-        ts.sort()
-        rejected_at.sort()
+    ts, aborted, outputs, final, before, rejected_at = [], {}, {}, {}, {}, []
+    for part in parts:
+        ts.extend(part.ts)
+        aborted.update(part.aborted)
+        outputs.update(part.outputs)
+        final.update(part.final)
+        before.update(part.before)
+        rejected_at.extend(part.rejected)
+    ts.sort()
+    rejected_at.sort()
     rejected = [(batch[t], reason) for t, reason in rejected_at]
     totals: dict[str, Any] = {}
     execution = {"executions": 0, "rollbacks": 0, "aborts_applied": 0, "revoked": 0, "passes": 0, "units": 0,
