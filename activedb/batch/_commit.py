@@ -335,9 +335,8 @@ def _delete(connection: sa.Connection, info: Any, rows: list[dict]) -> None:
     arrays = _arrays(info, list(info.key_columns), rows)
     if arrays is None:
         connection.execute(info.delete(), [{f"k_{name}": value for name, value in row.items()} for row in rows])
-        return
-    derived, parameters = arrays
-    _run(connection, sa.delete(info.table).where(_key_match(info, derived)), parameters)
+    else:
+        _run(connection, sa.delete(info.table).where(_key_match(info, arrays[0])), arrays[1])
 
 
 def _update(connection: sa.Connection, info: Any, columns: list[str], rows: list[dict]) -> None:
@@ -346,21 +345,20 @@ def _update(connection: sa.Connection, info: Any, columns: list[str], rows: list
         connection.execute(info.update(frozenset(columns)), [
             {**{f"k_{name}": row[name] for name in info.key_columns}, **{f"v_{name}": row[name] for name in columns}}
             for row in rows])
-        return
-    derived, parameters = arrays
-    statement = sa.update(info.table).where(_key_match(info, derived)).values(
-        {name: derived.c[name] for name in columns})
-    _run(connection, statement, parameters)
+    else:
+        derived, parameters = arrays
+        _run(connection, sa.update(info.table).where(_key_match(info, derived)).values(
+            {name: derived.c[name] for name in columns}), parameters)
 
 
 def _insert(connection: sa.Connection, info: Any, columns: list[str], rows: list[dict]) -> None:
     arrays = _arrays(info, columns, rows)
     if arrays is None:
         connection.execute(info.table.insert(), rows)
-        return
-    derived, parameters = arrays
-    statement = sa.insert(info.table).from_select(columns, sa.select(*[derived.c[name] for name in columns]))
-    _run(connection, statement, parameters)
+    else:
+        derived, parameters = arrays
+        _run(connection, sa.insert(info.table).from_select(columns, sa.select(*[derived.c[name] for name in columns])),
+             parameters)
 
 
 def _check_key_columns(info: Any, given: Any, values: Mapping[str, Any], key_row: Mapping[str, Any]) -> None:

@@ -196,9 +196,7 @@ def _sources(event: BatchEvent, table: str, key: Any) -> set[tuple[str, Source, 
             except Exception:   # an odd __eq__: not a source
                 pass
         elif isinstance(value, (list, tuple)):
-            keys: list = []
-            _flat(value, keys)
-            if any(type(item) is type(key) and item == key for item in keys):
+            if any(type(item) is type(key) and item == key for item in _flat_keys(value)):
                 found.add((table, Source.FLAT, name))
     return found
 
