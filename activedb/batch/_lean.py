@@ -59,7 +59,7 @@ def time_of(event: BatchEvent) -> Any:
 class LeanPart:
     """What :func:`run_lean` computed: ``ts`` (the timestamps of the declared transactions,
     ascending), ``aborted`` (t → reason), ``outputs`` (t → outputs of committed transactions that
-    have any), ``rejected`` (events that could not be declared, with why), ``final`` (last image
+    have any), ``rejected`` (``(t, why)`` of the events that could not be declared), ``final`` (last image
     of every state a committed transaction wrote; None = deleted), ``before`` (their images
     before the batch), ``operations`` (declared), ``executions`` (operation runs), ``states``
     (states written), ``seconds`` and ``versions`` (whether window versions were kept)."""
@@ -71,7 +71,7 @@ class LeanPart:
         self.ts: list[int] = []
         self.aborted: dict[int, str] = {}
         self.outputs: dict[int, dict] = {}
-        self.rejected: list[tuple[BatchEvent, str]] = []
+        self.rejected: list[tuple[int, str]] = []
         self.final: dict = {}
         self.before: dict = {}
         self.operations = self.executions = self.states = 0
@@ -151,22 +151,22 @@ def _run(declarations, items, base, loader, declared, versions, allowed) -> Lean
         if specs is None:
             function = declarations_get(event.event_type)
             if function is None:
-                rejected.append((event, f"UnknownEventType: {unknown_event_type(event.event_type)}"))
+                rejected.append((t, f"UnknownEventType: {unknown_event_type(event.event_type)}"))
                 continue
             ops = Ops(event)
             try:
                 function(event, ops)
             except Exception as error:
-                rejected.append((event, f"{type(error).__name__}: {error}"))
+                rejected.append((t, f"{type(error).__name__}: {error}"))
                 continue
             specs = ops.specs
             if not specs:
-                rejected.append((event, f"DeclarationError: {no_operation(event.event_type)}"))
+                rejected.append((t, f"DeclarationError: {no_operation(event.event_type)}"))
                 continue
             if ops.windowed and not versions:
                 raise _NeedVersions()
         elif type(specs) is str:
-            rejected.append((event, specs))
+            rejected.append((t, specs))
             continue
         elif not versions and any(spec[0] in _WINDOWED for spec in specs):
             raise _NeedVersions()

@@ -86,12 +86,6 @@ class RoutePlan:
         except (KeyError, TypeError, IndexError):
             return None
 
-    def __getstate__(self):
-        return (self.pairs, self.unbounded, self.written)
-
-    def __setstate__(self, state) -> None:
-        self.__init__(*state)
-
     def __repr__(self) -> str:
         parts = [f"{table}<-{source.value}{'' if name is None else ':' + str(name)}"
                  for table, source, name in self.pairs]

@@ -114,7 +114,7 @@ class Prepared:
 
     txns: list[Txn]
     specs: list[list[OpSpec]]
-    rejected: list[tuple[BatchEvent, str]]
+    rejected: list[tuple[int, str]]      # (t, why the event at t could not be declared)
     times: list[Any]
     seconds: float
     batch: list[BatchEvent] = field(default_factory=list)
@@ -129,11 +129,7 @@ class Prepared:
 
     def declared(self) -> dict[int, list[OpSpec] | str]:
         """``t`` → the specs of the event at ``t``, or the reason it was rejected."""
-        result: dict[int, list[OpSpec] | str] = {txn.t: specs for txn, specs in zip(self.txns, self.specs)}
-        positions = {event.position: t for t, event in enumerate(self.batch)}
-        for event, reason in self.rejected:
-            result[positions[event.position]] = reason
-        return result
+        return {**{txn.t: specs for txn, specs in zip(self.txns, self.specs)}, **dict(self.rejected)}
 
 
 class _NoCyclicGc:
@@ -163,12 +159,12 @@ def _declare_all(transactions: StateTransactions, items: list[tuple[int, BatchEv
                  declared: Mapping[int, Any] | None, started: float) -> Prepared:
     txns: list[Txn] = []
     specs: list[list[OpSpec]] = []
-    rejected: list[tuple[BatchEvent, str]] = []
+    rejected: list[tuple[int, str]] = []
     declare = transactions.declare
     for t, event in items:
         known = specs_of(declare, event, declared.get(t) if declared is not None else None)
         if type(known) is str:
-            rejected.append((event, known))
+            rejected.append((t, known))
             continue
         txns.append(Txn(t, event, time_of(event)))
         specs.append(known)
@@ -230,12 +226,12 @@ def _compact(outcomes) -> tuple[list[int], dict[int, str], dict[int, dict]]:
 
 
 def _plan_counts(tpg: Tpg | None, operations: int, states: int = 0) -> dict[str, Any]:
+    """The TPG's counts, named as :class:`BatchStatistics` names them (``busiest``, ``on_states``: for the skew)."""
     if tpg is None:
-        return {"operations": operations, "td": 0, "pd": 0, "ld": 0, "nd": 0, "window": 0, "states": states,
-                "busiest": 0, "on_states": 0}
+        return {"operations": operations, "states": states}
     counts = tpg.ops_per_state
-    return {"operations": len(tpg.ops), "td": tpg.td_edges, "pd": tpg.pd_edges, "ld": tpg.ld_pairs,
-            "nd": tpg.nd_ops, "window": tpg.window_ops, "states": len(counts),
+    return {"operations": len(tpg.ops), "td_edges": tpg.td_edges, "pd_edges": tpg.pd_edges, "ld_pairs": tpg.ld_pairs,
+            "nd_ops": tpg.nd_ops, "window_ops": tpg.window_ops, "states": len(counts),
             "busiest": max(counts.values(), default=0), "on_states": sum(counts.values())}
 
 
@@ -248,16 +244,12 @@ def _run_part(transactions: StateTransactions, mode: str | Strategy, batch: list
         lean = run_lean(transactions.declarations, items, base, loader=loader, declared=declared,
                         versions=versions, allowed=allowed)
         seconds["execute"] = lean.seconds
-        positions = {event.position: t for t, event in items} if lean.rejected else {}
-        return _Part(lean.ts, lean.aborted, lean.outputs,
-                     [(positions[event.position], reason) for event, reason in lean.rejected], lean.final,
-                     lean.before, LEAN, (), None, _plan_counts(None, lean.operations, lean.states), seconds,
+        return _Part(lean.ts, lean.aborted, lean.outputs, lean.rejected, lean.final, lean.before, LEAN, (), None, _plan_counts(None, lean.operations, lean.states), seconds,
                      lean.executions, lean.versions)
     started = time.perf_counter()
     prepared = _declare_all(transactions, items, batch, declared, started)
     seconds["declare"] = prepared.seconds
-    positions = {event.position: t for t, event in items} if prepared.rejected else {}
-    rejected = [(positions[event.position], reason) for event, reason in prepared.rejected]
+    rejected = prepared.rejected
     table = Versions(base, times=prepared.times, loader=_checked_loader(loader, allowed))
     txns, specs = prepared.txns, prepared.specs
     operations = sum(len(declared_specs) for declared_specs in specs)
@@ -483,7 +475,8 @@ def _assemble(batch: list[BatchEvent], parts: list[_Part], mode, seconds: dict[s
     ts.sort()
     rejected_at.sort()
     rejected = [(batch[t], reason) for t, reason in rejected_at]
-    totals: dict[str, Any] = {}
+    totals = dict.fromkeys(("operations", "td_edges", "pd_edges", "ld_pairs", "nd_ops", "window_ops", "states",
+                            "on_states"), 0)
     execution = {"executions": 0, "rollbacks": 0, "aborts_applied": 0, "revoked": 0, "passes": 0, "units": 0,
                  "cyclic_ops": 0, "strata": 0}
     busiest = 0
@@ -506,13 +499,12 @@ def _assemble(batch: list[BatchEvent], parts: list[_Part], mode, seconds: dict[s
         if part.versions:
             runtime.versions = True
     seconds.update(part_seconds)
-    mean = totals.get("on_states", 0) / totals["states"] if totals.get("on_states") and totals.get("states") else 1.0
+    on_states = totals.pop("on_states")
+    mean = on_states / totals["states"] if on_states and totals["states"] else 1.0
     strategies = sorted({part.strategy for part in parts})
     statistics = BatchStatistics(
-        transactions=len(ts), rejected=len(rejected), operations=totals.get("operations", 0),
-        td_edges=totals.get("td", 0), pd_edges=totals.get("pd", 0), ld_pairs=totals.get("ld", 0),
-        nd_ops=totals.get("nd", 0), window_ops=totals.get("window", 0), states=totals.get("states", 0),
-        skew=(busiest / mean) if mean and busiest else 1.0, components=components,
+        transactions=len(ts), rejected=len(rejected), **totals, skew=(busiest / mean) if mean and busiest else 1.0,
+        components=components,
         largest_component_share=largest_share, processes=len(parts), seconds=seconds,
         decision=decision or parts[0].decision, **execution)
     if mode != SERIAL:

@@ -178,12 +178,9 @@ class Explanation:
         def lock(value):
             return None if value is None else HeldLock(**value)
 
-        nodes = tuple(ExplainNode(tid=item["tid"], parent=item["parent"], name=item["name"], state=item["state"],
-                                  depth=item["depth"], held=tuple(lock(entry) for entry in item["held"]),
-                                  retained=tuple(lock(entry) for entry in item["retained"]),
-                                  waiting_for=lock(item["waiting_for"]), segments=tuple(item["segments"]),
-                                  registered_wait=item.get("registered_wait"))
-                      for item in data["nodes"])
+        nodes = tuple(ExplainNode(**{**item, "held": tuple(map(lock, item["held"])), "segments": tuple(item["segments"]),
+                                     "retained": tuple(map(lock, item["retained"])),
+                                     "waiting_for": lock(item["waiting_for"])}) for item in data["nodes"])
         edges = tuple(ExplainEdge(**item) for item in data["edges"])
         return cls(nodes=nodes, edges=edges, title=data.get("title", "activedb transactions"),
                    taken_at=data.get("taken_at", ""), deadlock=data.get("deadlock"), victim=data.get("victim"))
