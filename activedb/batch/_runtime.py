@@ -16,11 +16,11 @@ from typing import Any
 
 from activedb.batch._declare import BatchEvent, OpSpec, StateTransactions, specs_of
 from activedb.batch._decide import DecisionModel
-from activedb.batch._execute import ExecutionStatistics, TpgExecutor, run_serial
+from activedb.batch._execute import TpgExecutor, run_serial
 from activedb.batch._lean import RouteMissed, run_lean, time_of
 from activedb.batch._parallel import WorkerPool
 from activedb.batch._plan import Tpg, Txn, build_tpg
-from activedb.batch._result import BatchResult, BatchStatistics
+from activedb.batch._result import BatchResult, BatchStatistics, Part
 from activedb.batch._route import Allowed, Router, route, touched_states
 from activedb.batch._strategy import Strategy, parse_strategy
 from activedb.batch.errors import WorkerFailed
@@ -193,27 +193,6 @@ class _Times:
 
 # --- one part of a batch --------------------------------------------------------------------
 
-@dataclass
-class _Part:
-    """What one process computed for its transactions (picklable: no events, no functions):
-    ``ts`` = the timestamps of its declared transactions (ascending), ``aborted`` = t → reason,
-    ``outputs`` = t → outputs of committed transactions that have any, ``rejected`` = (t, reason)."""
-
-    ts: list[int]
-    aborted: dict[int, str]
-    outputs: dict[int, dict]
-    rejected: list[tuple[int, str]]
-    final: dict
-    before: dict
-    strategy: str
-    decision: tuple[str, ...]
-    execution: ExecutionStatistics | None
-    plan: dict[str, Any]
-    seconds: dict[str, float]
-    executions: int = 0
-    versions: bool = False
-
-
 def _compact(outcomes) -> tuple[list[int], dict[int, str], dict[int, dict]]:
     ts, aborted, outputs = [], {}, {}
     for outcome in outcomes:
@@ -225,10 +204,8 @@ def _compact(outcomes) -> tuple[list[int], dict[int, str], dict[int, dict]]:
     return ts, aborted, outputs
 
 
-def _plan_counts(tpg: Tpg | None, operations: int, states: int = 0) -> dict[str, Any]:
+def _plan_counts(tpg: Tpg) -> dict[str, Any]:
     """The TPG's counts, named as :class:`BatchStatistics` names them (``busiest``, ``on_states``: for the skew)."""
-    if tpg is None:
-        return {"operations": operations, "states": states}
     counts = tpg.ops_per_state
     return {"operations": len(tpg.ops), "td_edges": tpg.td_edges, "pd_edges": tpg.pd_edges, "ld_pairs": tpg.ld_pairs,
             "nd_ops": tpg.nd_ops, "window_ops": tpg.window_ops, "states": len(counts),
@@ -237,50 +214,44 @@ def _plan_counts(tpg: Tpg | None, operations: int, states: int = 0) -> dict[str,
 
 def _run_part(transactions: StateTransactions, mode: str | Strategy, batch: list[BatchEvent],
               items: list[tuple[int, BatchEvent]], declared: Mapping[int, Any] | None, base: Mapping, loader,
-              allowed, model: DecisionModel, versions: bool) -> _Part:
+              allowed, model: DecisionModel, versions: bool) -> Part:
     """Run ``items`` (``(t, event)``) with ``mode``."""
     seconds: dict[str, float] = {}
     if mode == LEAN:
-        lean = run_lean(transactions.declarations, items, base, loader=loader, declared=declared,
+        return run_lean(transactions.declarations, items, base, loader=loader, declared=declared,
                         versions=versions, allowed=allowed)
-        seconds["execute"] = lean.seconds
-        return _Part(lean.ts, lean.aborted, lean.outputs, lean.rejected, lean.final, lean.before, LEAN, (), None, _plan_counts(None, lean.operations, lean.states), seconds,
-                     lean.executions, lean.versions)
     started = time.perf_counter()
     prepared = _declare_all(transactions, items, batch, declared, started)
     seconds["declare"] = prepared.seconds
-    rejected = prepared.rejected
     table = Versions(base, times=prepared.times, loader=_checked_loader(loader, allowed))
     txns, specs = prepared.txns, prepared.specs
-    operations = sum(len(declared_specs) for declared_specs in specs)
+    started = time.perf_counter()
+    decision: tuple[str, ...] = ()
     if mode == SERIAL:
-        started = time.perf_counter()
         outcomes = run_serial(txns, specs, table)
         seconds["execute"] = time.perf_counter() - started
-        final = table.final()
-        return _Part(*_compact(outcomes), rejected, final, {state: table.base(state) for state in final}, SERIAL, (),
-                     None, _plan_counts(None, operations), seconds, operations)
-    started = time.perf_counter()
-    tpg = build_tpg(txns, specs)
-    seconds["plan"] = time.perf_counter() - started
-    decision: tuple[str, ...] = ()
-    if mode == TPG:
-        started = time.perf_counter()
-        chosen = model.decide(tpg)
-        seconds["decide"] = time.perf_counter() - started
-        chosen_strategy, decision = chosen.strategy, chosen.reasons
+        executions = sum(len(declared_specs) for declared_specs in specs)
+        name, statistics, plan = SERIAL, None, {"operations": executions}
     else:
-        chosen_strategy = parse_strategy(mode)
-    executor = TpgExecutor(tpg, chosen_strategy, table)
-    statistics = executor.run()
-    started = time.perf_counter()
-    outcomes = executor.outcomes(specs)
-    tpg.release(executor.units)
-    seconds["execute"] = statistics.seconds + time.perf_counter() - started
+        tpg = build_tpg(txns, specs)
+        seconds["plan"] = time.perf_counter() - started
+        if mode == TPG:
+            started = time.perf_counter()
+            chosen = model.decide(tpg)
+            seconds["decide"] = time.perf_counter() - started
+            chosen_strategy, decision = chosen.strategy, chosen.reasons
+        else:
+            chosen_strategy = parse_strategy(mode)
+        executor = TpgExecutor(tpg, chosen_strategy, table)
+        statistics = executor.run()
+        started = time.perf_counter()
+        outcomes = executor.outcomes(specs)
+        tpg.release(executor.units)
+        seconds["execute"] = statistics.seconds + time.perf_counter() - started
+        name, plan, executions = chosen_strategy.name, _plan_counts(tpg), statistics.executions
     final = table.final()
-    return _Part(*_compact(outcomes), rejected, final, {state: table.base(state) for state in final},
-                 chosen_strategy.name, decision, statistics, _plan_counts(tpg, operations), seconds,
-                 statistics.executions)
+    return Part(*_compact(outcomes), prepared.rejected, final, {state: table.base(state) for state in final}, name,
+                decision, statistics, plan, seconds, executions)
 
 
 def _checked_loader(loader, allowed):
@@ -296,7 +267,7 @@ def _checked_loader(loader, allowed):
 
 
 def run_in_worker(transactions: StateTransactions, shipped: list[tuple], base: dict, absent: list, tables: tuple,
-                  mode: str, model_state: tuple, versions: bool) -> _Part:
+                  mode: str, model_state: tuple, versions: bool) -> Part:
     """Worker-process entry: ``shipped`` = ``(t, event_type, key, ts, payload, position)`` per
     transaction (ascending ``t``); ``base`` = the images of the part's states, ``absent`` = its
     states without a row, ``tables`` = unbounded tables (none: those parts stay in the caller)."""
@@ -351,7 +322,7 @@ def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base
     decision: tuple[str, ...] = ()
     if mode == AUTO:
         mode, decision = model.choose_execution(threads=1)
-    parts: list[_Part] = []
+    parts: list[Part] = []
     components, largest_share = 0, 1.0
     if (allowed_processes > 1 and len(batch) > 1 and runtime.pool is not None and split != "never"):
         started = time.perf_counter()
@@ -377,7 +348,7 @@ def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base
 
 
 def _run_split(transactions, runtime: Runtime, mode, batch, routing, base, loader, declared, notes, seconds
-               ) -> list[_Part]:
+               ) -> list[Part]:
     """Bins 1.. to the workers (compact tuples: the events, the part's images), bin 0 here, at
     the same time; a missed prediction anywhere runs the batch again unsplit."""
     started = time.perf_counter()
@@ -401,7 +372,7 @@ def _run_split(transactions, runtime: Runtime, mode, batch, routing, base, loade
         futures.append((number, runtime.pool.submit(run_in_worker, transactions, shipped, part_base, absent, (),
                                                     name, model_state, runtime.versions)))
     seconds["ship"] = time.perf_counter() - started
-    parts: list[_Part] = []
+    parts: list[Part] = []
     missed: list[tuple[Any, int]] = []
     try:
         parts.append(_run_local(transactions, mode, batch, routing, 0, base, loader, runtime))
@@ -438,7 +409,7 @@ def _run_split(transactions, runtime: Runtime, mode, batch, routing, base, loade
     return parts
 
 
-def _run_local(transactions, mode, batch, routing, number: int, base, loader, runtime: Runtime) -> _Part:
+def _run_local(transactions, mode, batch, routing, number: int, base, loader, runtime: Runtime) -> Part:
     """Bin ``number`` in this process, over its own images only (so a missed prediction shows)."""
     states, tables = routing.states[number], routing.unbounded[number]
     if tables:
@@ -462,7 +433,7 @@ def _is_pickling_problem(error: BaseException) -> bool:
         "pickle" in str(error).lower() or "Can't get" in str(error) or "Can't pickle" in str(error))
 
 
-def _assemble(batch: list[BatchEvent], parts: list[_Part], mode, seconds: dict[str, float], components: int,
+def _assemble(batch: list[BatchEvent], parts: list[Part], mode, seconds: dict[str, float], components: int,
               largest_share: float, runtime: Runtime, notes: list[str], decision: tuple[str, ...]) -> BatchResult:
     ts, aborted, outputs, final, before, rejected_at = [], {}, {}, {}, {}, []
     for part in parts:
