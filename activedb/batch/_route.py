@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -258,6 +259,7 @@ class Allowed:
         return state in self.states or (bool(self.tables) and state[0] in self.tables)
 
 
+@dataclass(slots=True)
 class Routing:
     """The split of one batch: ``bins[i]`` = the indices (into the batch) of the transactions of
     bin ``i`` (ascending), ``states[i]`` = the states predicted for them, ``unbounded[i]`` = the
@@ -265,19 +267,15 @@ class Routing:
     ``declared`` = index → specs of the events declared here (no plan), ``predicted`` = how
     many events were routed by a plan."""
 
-    __slots__ = ("bins", "states", "unbounded", "components", "largest_share", "bin_share", "declared",
-                 "predicted", "weights")
-
-    def __init__(self) -> None:
-        self.bins: list[list[int]] = []
-        self.states: list[set] = []
-        self.unbounded: list[set] = []
-        self.components = 0
-        self.largest_share = 1.0
-        self.bin_share = 1.0
-        self.declared: dict[int, list[OpSpec] | str] = {}
-        self.predicted = 0
-        self.weights: list[int] = []
+    bins: list[list[int]] = field(default_factory=list)
+    states: list[set] = field(default_factory=list)
+    unbounded: list[set] = field(default_factory=list)
+    components: int = 0
+    largest_share: float = 1.0
+    bin_share: float = 1.0
+    declared: dict[int, list[OpSpec] | str] = field(default_factory=dict)
+    predicted: int = 0
+    weights: list[int] = field(default_factory=list)
 
 
 def route(router: Router, declare, batch: list[BatchEvent], count: int,
