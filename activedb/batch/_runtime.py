@@ -193,17 +193,6 @@ class _Times:
 
 # --- one part of a batch --------------------------------------------------------------------
 
-def _compact(outcomes) -> tuple[list[int], dict[int, str], dict[int, dict]]:
-    ts, aborted, outputs = [], {}, {}
-    for outcome in outcomes:
-        ts.append(outcome.t)
-        if not outcome.committed:
-            aborted[outcome.t] = outcome.reason
-        elif outcome.outputs:
-            outputs[outcome.t] = outcome.outputs
-    return ts, aborted, outputs
-
-
 def _plan_counts(tpg: Tpg) -> dict[str, Any]:
     """The TPG's counts, named as :class:`BatchStatistics` names them (``busiest``, ``on_states``: for the skew)."""
     counts = tpg.ops_per_state
@@ -250,7 +239,7 @@ def _run_part(transactions: StateTransactions, mode: str | Strategy, batch: list
         seconds["execute"] = statistics.seconds + time.perf_counter() - started
         name, plan, executions = chosen_strategy.name, _plan_counts(tpg), statistics.executions
     final = table.final()
-    return Part(*_compact(outcomes), prepared.rejected, final, {state: table.base(state) for state in final}, name,
+    return Part(*outcomes, prepared.rejected, final, {state: table.base(state) for state in final}, name,
                 decision, statistics, plan, seconds, executions)
 
 
