@@ -305,20 +305,17 @@ def execute(batches: Compensations, compensation: CompensationPlan, *, allow_uns
                     record.compensates = tid
                 _apply(batches, tx, node, compensation.undo.get(tid, []), allow_unsafe)
                 report.compensating[tid] = tx.log_id
-        except DatabaseError as error:
-            if error.sqlstate == "23505" and _compensated(batches, tid):
-                logger.info("%s was compensated meanwhile by another run; skipped", tid)
-                continue
-            raise CompensationFailed(
-                f"compensating {tid} failed: {error}; {len(report.compensated)} transaction(s) before it were "
-                f"compensated and recorded — run the same compensation again to resume") from error
         except (UnsafeUndo, NoCompensation):
             raise
         except Exception as error:
+            database = isinstance(error, DatabaseError)
+            if database and error.sqlstate == "23505" and _compensated(batches, tid):
+                logger.info("%s was compensated meanwhile by another run; skipped", tid)
+                continue
             raise CompensationFailed(
-                f"compensating {tid} failed: {error!r}; {len(report.compensated)} transaction(s) before it were "
-                f"compensated and recorded — fix the cause and run the same compensation again to resume"
-            ) from error
+                f"compensating {tid} failed: {error if database else repr(error)}; {len(report.compensated)} "
+                f"transaction(s) before it were compensated and recorded — {'' if database else 'fix the cause and '}"
+                f"run the same compensation again to resume") from error
         report.compensated.append(tid)
     return report
 

@@ -336,9 +336,6 @@ class StateTransactions:
         return {"name": self.name, "processes": 1, "decision_rule": self.decision_rule,
                 "_declarations": self._declarations, "_runtime": None}
 
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-
     def close(self) -> None:
         """Stop the worker processes, if any were started."""
         runtime, self._runtime = self._runtime, None
