@@ -23,7 +23,7 @@ from activedb import deadletters
 from activedb.batch._declare import BatchEvent, StateTransactions
 from activedb.batch._result import BatchResult
 from activedb.batch._route import touched_states, written_tables
-from activedb.batch._runtime import AUTO, _NoCyclicGc, execute_batch, normalise_events, runtime_of
+from activedb.batch._runtime import AUTO, execute_batch, no_cyclic_gc, normalise_events, runtime_of
 from activedb.batch._store import DEAD_LETTER_TABLE, apply_batch, dead_letter
 from activedb.batch._strategy import Strategy
 from activedb.batch.errors import BatchNotCommitted, DeclarationError
@@ -83,11 +83,8 @@ class PendingBatch(CommitParticipant):
 
     # --- the commit -----------------------------------------------------------------------
 
+    @no_cyclic_gc()        # tens of thousands of small objects: no cyclic collection meanwhile
     def write(self, transaction: Transaction, connection: sa.Connection) -> None:
-        with _NoCyclicGc():        # tens of thousands of small objects: no cyclic collection meanwhile
-            self._write(transaction, connection)
-
-    def _write(self, transaction: Transaction, connection: sa.Connection) -> None:
         if self.state is not PendingState.PENDING:
             raise BatchNotCommitted(f"a {self.state.value} batch cannot be written again; apply the events again")
         catalog = transaction.manager.catalog
@@ -384,6 +381,7 @@ class _Options:
     on_result: Callable[[BatchResult, sa.Connection], None] | None
 
 
+@no_cyclic_gc()
 def apply_at_commit(tx: Transaction, events: Iterable[Any], transactions: StateTransactions, *,
                     strategy: str | Strategy = AUTO, processes: int | None = None, split: str = "auto",
                     dead_letters: str | None = DEAD_LETTER_TABLE, query_id: str | None = None,
@@ -395,14 +393,8 @@ def apply_at_commit(tx: Transaction, events: Iterable[Any], transactions: StateT
     none are stored), labelled ``query_id``/``batch_id``; ``letters(result)`` → ``[Letter]``
     (``activedb.deadletters``) replaces the default ones (``dead_letter``); ``on_result(result, connection)`` is
     called inside the commit before the dead letters are inserted."""
-    with _NoCyclicGc():
-        return _apply_at_commit(tx, events, transactions, _Options(strategy, processes, split, dead_letters,
-                                                                   query_id, batch_id, letters, on_result))
-
-
-def _apply_at_commit(tx: Transaction, events: Iterable[Any], transactions: StateTransactions,
-                     options: _Options) -> PendingBatch:
     tx_started = time.perf_counter()
+    options = _Options(strategy, processes, split, dead_letters, query_id, batch_id, letters, on_result)
     events = list(events)
     batch = normalise_events(events)
     runtime = runtime_of(transactions)

@@ -7,6 +7,7 @@ loading and writing; tests and benchmarks call it directly with a dict of base i
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import operator
 import time
@@ -132,27 +133,28 @@ class Prepared:
         return {**{txn.t: specs for txn, specs in zip(self.txns, self.specs)}, **dict(self.rejected)}
 
 
-class _NoCyclicGc:
+@contextlib.contextmanager
+def no_cyclic_gc():
     """The TPG is a graph of many small objects with cycles (parents ↔ children); the cyclic
     garbage collector would walk it again and again while it is built.  Nothing in a batch
-    needs it: pause it for the batch (reference counting still frees everything acyclic)."""
-
-    def __enter__(self):
-        self.enabled = gc.isenabled()
-        gc.disable()
-
-    def __exit__(self, *exc_info):
-        if self.enabled:
+    needs it: pause it for the batch (reference counting still frees everything acyclic).
+    A context manager, or a decorator (``@no_cyclic_gc()``)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
             gc.enable()
 
 
+@no_cyclic_gc()
 def prepare(transactions: StateTransactions, events: Iterable[Any], *, normalised: bool = False) -> Prepared:
     """PRE_PROCESS: normalise and declare every event; events that cannot be declared are
     rejected with the reason (they become dead letters)."""
-    with _NoCyclicGc():
-        started = time.perf_counter()
-        batch = list(events) if normalised else normalise_events(events)
-        return _declare_all(transactions, list(enumerate(batch)), batch, None, started)
+    started = time.perf_counter()
+    batch = list(events) if normalised else normalise_events(events)
+    return _declare_all(transactions, list(enumerate(batch)), batch, None, started)
 
 
 def _declare_all(transactions: StateTransactions, items: list[tuple[int, BatchEvent]], batch: list[BatchEvent],
@@ -255,23 +257,23 @@ def _checked_loader(loader, allowed):
     return load
 
 
+@no_cyclic_gc()
 def run_in_worker(transactions: StateTransactions, shipped: list[tuple], base: dict, absent: list, tables: tuple,
                   mode: str, model_state: tuple, versions: bool) -> Part:
     """Worker-process entry: ``shipped`` = ``(t, event_type, key, ts, payload, position)`` per
     transaction (ascending ``t``); ``base`` = the images of the part's states, ``absent`` = its
     states without a row, ``tables`` = unbounded tables (none: those parts stay in the caller)."""
-    with _NoCyclicGc():
-        items = [(item[0], _new_event(BatchEvent, item[1:])) for item in shipped]
-        allowed = Allowed(set(base).union(absent), tables)
-        batch = dict(items)     # batch[t] for the (t, event) pairs this worker has
-        model = DecisionModel(abort_ratio=model_state[0], seconds_per_op=model_state[1], batches=model_state[2],
-                              rule=model_state[3])
-        try:
-            part = _run_part(transactions, mode, batch, items, None, base, None, allowed, model, versions)
-        except RouteMissed as missed:
-            return _Missed(missed.state, missed.t)
-        part.before = None      # the caller has the images before the batch: not shipped back
-        return part
+    items = [(item[0], _new_event(BatchEvent, item[1:])) for item in shipped]
+    allowed = Allowed(set(base).union(absent), tables)
+    batch = dict(items)     # batch[t] for the (t, event) pairs this worker has
+    model = DecisionModel(abort_ratio=model_state[0], seconds_per_op=model_state[1], batches=model_state[2],
+                          rule=model_state[3])
+    try:
+        part = _run_part(transactions, mode, batch, items, None, base, None, allowed, model, versions)
+    except RouteMissed as missed:
+        return _Missed(missed.state, missed.t)
+    part.before = None      # the caller has the images before the batch: not shipped back
+    return part
 
 
 @dataclass
@@ -299,7 +301,7 @@ def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base
     (or a rejection reason) already known for the event at ``t``.  ``processes`` defaults to the
     object's; ``split``: ``"auto"`` (the decision model's rule), ``"always"`` (whenever the batch
     has two components or more and processes are allowed), ``"never"``.  The caller pauses the cyclic
-    garbage collector (``_NoCyclicGc``), as every caller here does."""
+    garbage collector (``no_cyclic_gc``), as every caller here does."""
     runtime = runtime_of(transactions)
     mode = _mode_of(strategy)
     if split not in ("auto", "always", "never"):
@@ -475,15 +477,15 @@ def _assemble(batch: list[BatchEvent], parts: list[Part], mode, seconds: dict[st
     return BatchResult(batch, ts, aborted, outputs, rejected, final, before, "+".join(strategies), statistics, notes)
 
 
+@no_cyclic_gc()
 def run_in_memory(transactions: StateTransactions, events: Iterable[Any],
                   state: Mapping[tuple[str, Any], dict | None] | None = None, *, strategy: str | Strategy = AUTO,
                   processes: int | None = None, split: str = "auto") -> BatchResult:
     """Declare and run a batch over ``state`` (images before the batch; absent = no row)."""
-    with _NoCyclicGc():
-        started = time.perf_counter()
-        batch = normalise_events(events)
-        normalised = time.perf_counter() - started
-        result = execute_batch(transactions, batch, dict(state or {}), strategy=strategy, processes=processes,
-                               split=split)
+    started = time.perf_counter()
+    batch = normalise_events(events)
+    normalised = time.perf_counter() - started
+    result = execute_batch(transactions, batch, dict(state or {}), strategy=strategy, processes=processes,
+                           split=split)
     result.statistics.seconds["normalise"] = normalised
     return result
