@@ -99,8 +99,11 @@ class Batches:
     def compensation(self, name: str):
         """Decorator: ``@db.batches.compensation("refund") def refund(tx, **args)`` — a named compensation
         that transactions note with ``db.batches.note(tx, "refund", ...)``."""
+        return self._declaring(name)
+
+    def _declaring(self, name: str, **kind: bool):
         def register(function):
-            self._compensations.declare(name, function)
+            self._compensations.declare(name, function, **kind)
             return function
         return register
 
@@ -119,10 +122,7 @@ class Batches:
         """Decorator: ``fn(tx, lineage)`` undoes a recorded top-level transaction named ``name``
         (``db.transaction(name=...)``; detached rules run in ``rule:<rule name>``); ``lineage`` is its
         :class:`TransactionLineage` (batches, parents, notes)."""
-        def register(function):
-            self._compensations.declare(name, function, transaction=True)
-            return function
-        return register
+        return self._declaring(name, transaction=True)
 
     def undo_by_before_image(self, *tables: str) -> None:
         """Opt ``tables`` into generic before-image undo: every recorded transaction's flush keeps the
