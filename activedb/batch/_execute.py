@@ -296,9 +296,8 @@ class TpgExecutor:
             self._units, self._cyclic = key_groups(self.tpg)
             for unit in self._units:
                 unit.pending = sum(1 for op in unit.ops for parent in op.parents if parent.unit is not unit)
-            runnable = [unit for unit in self._units if unit.pending == 0]
-            for unit in self._units:
                 unit.remaining = len(unit.ops)
+            runnable = [unit for unit in self._units if unit.pending == 0]
         else:
             runnable = [op for op in ops if op.pending == 0]
         if self.strategy.exploration is Exploration.BFS:
@@ -332,16 +331,10 @@ class TpgExecutor:
 
     def _run_bfs(self) -> None:
         groups = self._groups
-        if groups:
-            count = 1 + max((unit.stratum for unit in self._units), default=-1)
-            strata: list[list] = [[] for _ in range(count)]
-            for unit in self._units:
-                strata[unit.stratum].append(unit)
-        else:
-            count = self.tpg.strata()
-            strata = [[] for _ in range(count)]
-            for op in self.tpg.ops:
-                strata[op.stratum].append(op)
+        count = 1 + max((unit.stratum for unit in self._units), default=-1) if groups else self.tpg.strata()
+        strata: list[list] = [[] for _ in range(count)]
+        for target in self._units if groups else self.tpg.ops:
+            strata[target.stratum].append(target)
         self._strata = count
         level = 0
         while True:
