@@ -4,9 +4,8 @@
 ``lane``, ``reason``; edges: ``kind``) after running the batch with a strategy, so a user sees
 why a transaction aborted and what waited for what.  ``render_tpg`` draws it to PNG/SVG
 with matplotlib: one column per timestamp, one row per state (ND operations on their own
-row), TD edges solid blue, PD edges orange, LD pairs dotted grey, nodes coloured by state
-(EXE green, ABT red).  For small batches (tens of operations); networkx and matplotlib are
-for pictures and reports only, never the executor's hot path.
+row).  For small batches (tens of operations); networkx and matplotlib are for pictures and
+reports only, never the executor's hot path.
 """
 
 from __future__ import annotations

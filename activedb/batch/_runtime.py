@@ -138,14 +138,15 @@ def no_cyclic_gc():
     """The TPG is a graph of many small objects with cycles (parents ↔ children); the cyclic
     garbage collector would walk it again and again while it is built.  Nothing in a batch
     needs it: pause it for the batch (reference counting still frees everything acyclic).
-    A context manager, or a decorator (``@no_cyclic_gc()``)."""
-    enabled = gc.isenabled()
+    A context manager, or a decorator (``@no_cyclic_gc()``); a caller that paused it keeps it paused."""
+    if not gc.isenabled():
+        yield
+        return
     gc.disable()
     try:
         yield
     finally:
-        if enabled:
-            gc.enable()
+        gc.enable()
 
 
 @no_cyclic_gc()

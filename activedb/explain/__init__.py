@@ -280,23 +280,18 @@ def from_snapshot(snapshot: "LockTableSnapshot", known: Mapping[str, tuple[str |
         parent, child = owner(info.parent), owner(tid)
         if parent != child:
             edges[(parent, child, "child")] = ExplainEdge(parent, child, "child")
-    for tid, targets in snapshot.waits.items():
-        waiter = owner(tid)
-        for target, (kind, resource) in targets.items():
-            other = owner(target)
-            if other == waiter:
-                continue
-            if resource is None:
-                registered[waiter] = kind
-            edges[(waiter, other, kind)] = ExplainEdge(waiter, other, kind,
-                                                      None if resource is None else describe_resource(resource))
     cycle = tuple(cycle)
-    for wait_edge in cycle:
-        waiter, target, kind = owner(wait_edge.waiter), owner(wait_edge.target), wait_edge.kind
-        if waiter == target:
+    waits = [(tid, target, kind, resource, False) for tid, targets in snapshot.waits.items()
+             for target, (kind, resource) in targets.items()]
+    for tid, target, kind, resource, in_cycle in waits + [(edge.waiter, edge.target, edge.kind, edge.resource, True)
+                                                          for edge in cycle]:
+        waiter, other = owner(tid), owner(target)
+        if other == waiter:
             continue
-        resource = None if wait_edge.resource is None else describe_resource(wait_edge.resource)
-        edges[(waiter, target, kind)] = ExplainEdge(waiter, target, kind, resource, in_cycle=True)
+        if resource is None and not in_cycle:
+            registered[waiter] = kind
+        edges[(waiter, other, kind)] = ExplainEdge(waiter, other, kind,
+                                                  None if resource is None else describe_resource(resource), in_cycle)
 
     def parent_of(tid: str) -> str | None:
         source = node_ids.get(tid)
