@@ -8,6 +8,7 @@ loading and writing; tests and benchmarks call it directly with a dict of base i
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import operator
 import time
@@ -260,15 +261,13 @@ def _checked_loader(loader, allowed):
 
 @no_cyclic_gc()
 def run_in_worker(transactions: StateTransactions, shipped: list[tuple], base: dict, absent: list, tables: tuple,
-                  mode: str, model_state: tuple, versions: bool) -> Part:
+                  mode: str, model: DecisionModel, versions: bool) -> Part:
     """Worker-process entry: ``shipped`` = ``(t, event_type, key, ts, payload, position)`` per
     transaction (ascending ``t``); ``base`` = the images of the part's states, ``absent`` = its
     states without a row, ``tables`` = unbounded tables (none: those parts stay in the caller)."""
     items = [(item[0], _new_event(BatchEvent, item[1:])) for item in shipped]
     allowed = Allowed(set(base).union(absent), tables)
     batch = dict(items)     # batch[t] for the (t, event) pairs this worker has
-    model = DecisionModel(abort_ratio=model_state[0], seconds_per_op=model_state[1], batches=model_state[2],
-                          rule=model_state[3])
     try:
         part = _run_part(transactions, mode, batch, items, None, base, None, allowed, model, versions)
     except RouteMissed as missed:
@@ -323,10 +322,8 @@ def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base
         seconds["route"] = time.perf_counter() - started
         components, largest_share = routing.components, routing.largest_share
         operations = sum(routing.weights)
-        if split == "always":
-            splitting, why = True, "split='always'"
-        else:
-            splitting, why = model.should_split(operations, routing.bin_share, allowed_processes)
+        splitting, why = (True, "split='always'") if split == "always" else model.should_split(
+            operations, routing.bin_share, allowed_processes)
         if splitting and sum(1 for members in routing.bins if members) < 2:
             splitting, why = False, "one component"
         notes.append(("split: " if splitting else "not split: ") + why +
@@ -346,7 +343,7 @@ def _run_split(transactions, runtime: Runtime, mode, batch, routing, base, loade
     started = time.perf_counter()
     model = runtime.model
     name = mode if isinstance(mode, str) else mode.name
-    model_state = (model.abort_ratio, model.seconds_per_op, model.batches, model.rule)
+    shipped_model = dataclasses.replace(model, history=[])      # what a part decides by, without the history
     futures = []
     base_get = base.get
     for number in range(1, len(routing.bins)):
@@ -362,7 +359,7 @@ def _run_split(transactions, runtime: Runtime, mode, batch, routing, base, loade
             else:
                 part_base[state] = image
         futures.append((number, runtime.pool.submit(run_in_worker, transactions, shipped, part_base, absent, (),
-                                                    name, model_state, runtime.versions)))
+                                                    name, shipped_model, runtime.versions)))
     seconds["ship"] = time.perf_counter() - started
     parts: list[Part] = []
     missed: list[tuple[Any, int]] = []
@@ -371,7 +368,6 @@ def _run_split(transactions, runtime: Runtime, mode, batch, routing, base, loade
     except RouteMissed as error:
         missed.append((error.state, error.t))
     for number, future in futures:
-        answer: Any = None
         try:
             answer = future.result()
         except Exception as error:   # e.g. a declaring function that cannot be pickled
