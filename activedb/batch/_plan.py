@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from activedb.batch._declare import BatchEvent, OpKind, OpSpec
@@ -34,7 +34,6 @@ class EdgeKind(enum.Enum):
     LD = "logical"        # drawn in pictures only; never a precedence edge
 
 
-@dataclass(eq=False, slots=True)
 class Txn:
     """One state transaction: the event at timestamp ``t`` and its operations (its LD group).
 
@@ -42,12 +41,15 @@ class Txn:
     iff it is non-empty (once every operation is resolved).  ``abort_applied``: its LD peers
     have been turned ABT (e-abort: at once; l-abort: at the end of the pass)."""
 
-    t: int
-    event: BatchEvent
-    time: Any
-    ops: list[Operation] = field(default_factory=list)
-    failed: list[Operation] = field(default_factory=list)
-    abort_applied: bool = False
+    __slots__ = ("t", "event", "time", "ops", "failed", "abort_applied")
+
+    def __init__(self, t: int, event: BatchEvent, time: Any) -> None:
+        self.t = t
+        self.event = event
+        self.time = time
+        self.ops: list[Operation] = []
+        self.failed: list[Operation] = []
+        self.abort_applied = False
 
     @property
     def reason(self) -> str | None:
@@ -98,21 +100,23 @@ class Operation:
         return f"<{self.label()} {self.state.name}>"
 
 
-@dataclass(eq=False, slots=True)
 class Unit:
     """A c-schedule scheduling unit: the operations of one key group, in timestamp order.
 
     ``pending`` = parents outside the unit that are not done; ``remaining`` = its
     operations that are not done."""
 
-    id: int
-    ops: list[Operation]
-    label: str
-    pending: int = 0
-    remaining: int = 0
-    stratum: int = 0
-    parents: set[Unit] = field(default_factory=set)
-    children: set[Unit] = field(default_factory=set)
+    __slots__ = ("id", "ops", "pending", "remaining", "stratum", "parents", "children", "label")
+
+    def __init__(self, unit_id: int, ops: list[Operation], label: str) -> None:
+        self.id = unit_id
+        self.ops = ops
+        self.pending = 0
+        self.remaining = len(ops)
+        self.stratum = 0
+        self.parents: set[Unit] = set()
+        self.children: set[Unit] = set()
+        self.label = label
 
 
 @dataclass

@@ -61,14 +61,16 @@ def deposit(event, ops):
     payload = event.payload
     amount, cost = payload["amount"], payload.get("cost_ns", 0)
 
-    def adding(column: str):
-        def add(own):
-            _spin(cost)
-            return {column: (own[column] if own else 0) + amount}
-        return add
+    def add_balance(own):
+        _spin(cost)
+        return {"balance": (own["balance"] if own else 0) + amount}
 
-    ops.write(ACCOUNTS, payload["account"], adding("balance"))
-    ops.write(ASSETS, payload["asset"], adding("value"))
+    def add_value(own):
+        _spin(cost)
+        return {"value": (own["value"] if own else 0) + amount}
+
+    ops.write(ACCOUNTS, payload["account"], add_balance)
+    ops.write(ASSETS, payload["asset"], add_value)
 
 
 def _debit_credit(column: str, amount, cost: int, shortfall: str):
