@@ -302,8 +302,12 @@ def from_snapshot(snapshot: "LockTableSnapshot", known: Mapping[str, tuple[str |
             return known[tid][2]
         return None
 
+    def order(tid: str) -> tuple[int, str]:
+        info = infos.get(node_ids[tid])
+        return (info.serial if info is not None else 1 << 62, tid)
+
     nodes = []
-    for tid in sorted(node_ids, key=_order_key(infos, node_ids)):
+    for tid in sorted(node_ids, key=order):
         source = node_ids[tid]
         name, state, _ = known.get(tid, (None, None, None))
         if state is None or states_from_snapshot:
@@ -332,13 +336,6 @@ def from_snapshot(snapshot: "LockTableSnapshot", known: Mapping[str, tuple[str |
 
 def _lock_key(lock: HeldLock) -> tuple[bool, str]:
     return (not lock.resource.startswith("table "), lock.resource)
-
-
-def _order_key(infos, node_ids):
-    def key(tid: str):
-        info = infos.get(node_ids[tid])
-        return (info.serial if info is not None else 1 << 62, tid)
-    return key
 
 
 def _known_transactions(roots: Iterable[Any]) -> dict[str, tuple[str | None, str, str | None]]:
