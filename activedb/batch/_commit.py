@@ -243,11 +243,11 @@ def _write_final(catalog: Any, connection: sa.Connection, result: BatchResult,
             key = known.get(given)
             if key is None:
                 key = info.key(given)
+            key_row = {single: key[0]} if single is not None else info.full_key_row(key)
             if image is None:
                 if old is not None:
-                    deletes.append({single: key[0]} if single is not None else info.full_key_row(key))
+                    deletes.append(key_row)
                 continue
-            key_row = {single: key[0]} if single is not None else info.full_key_row(key)
             if old is None:
                 _check_key_columns(info, given, image, key_row)
                 row = {**image, **key_row}
