@@ -195,9 +195,7 @@ def composite(explorer: LineageExplorer, batch: BatchRef, limit: int | None = No
 
 def source_batches(explorer: LineageExplorer, ids: Iterable[str]) -> set[BatchRef]:
     """The source batches input to the transactions ``ids``."""
-    refs: set[BatchRef] = set()
-    for node in explorer.load(ids).values():
-        refs |= set(node.consumed)
+    refs: set[BatchRef] = set().union(*(node.consumed for node in explorer.load(ids).values()))
     return {ref for ref in refs if explorer.is_source(ref)}
 
 

@@ -87,7 +87,7 @@ class PendingBatch(CommitParticipant):
     def write(self, transaction: Transaction, connection: sa.Connection) -> None:
         if self.state is not PendingState.PENDING:
             raise BatchNotCommitted(f"a {self.state.value} batch cannot be written again; apply the events again")
-        catalog = transaction.manager.catalog
+        catalog, options = transaction.manager.catalog, self._options
         seconds: dict[str, float] = {}
         if self._ready is not None:
             result = self._ready
@@ -95,7 +95,6 @@ class PendingBatch(CommitParticipant):
             started = time.perf_counter()
             base = self._lock_and_read(catalog, connection)
             seconds["lock_and_read"] = time.perf_counter() - started
-            options = self._options
             result = execute_batch(self.transactions, self.batch, base, loader=_OnDemand(catalog, connection),
                                    declared=self._declared, strategy=options.strategy, processes=options.processes,
                                    split=options.split)
@@ -104,7 +103,6 @@ class PendingBatch(CommitParticipant):
             self.rows_written = _write_final(catalog, connection, result, self._keys)
             seconds["write"] = time.perf_counter() - started
         started = time.perf_counter()
-        options = self._options
         if options.on_result is not None:
             options.on_result(result, connection)
         letters = options.letters(result) if options.letters is not None else [
