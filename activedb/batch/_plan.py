@@ -41,12 +41,11 @@ class Txn:
     iff it is non-empty (once every operation is resolved).  ``abort_applied``: its LD peers
     have been turned ABT (e-abort: at once; l-abort: at the end of the pass)."""
 
-    __slots__ = ("t", "event", "time", "ops", "failed", "abort_applied")
+    __slots__ = ("t", "event", "ops", "failed", "abort_applied")
 
-    def __init__(self, t: int, event: BatchEvent, time: Any) -> None:
+    def __init__(self, t: int, event: BatchEvent) -> None:
         self.t = t
         self.event = event
-        self.time = time
         self.ops: list[Operation] = []
         self.failed: list[Operation] = []
         self.abort_applied = False

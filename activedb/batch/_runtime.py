@@ -170,7 +170,7 @@ def _declare_all(transactions: StateTransactions, items: list[tuple[int, BatchEv
         if type(known) is str:
             rejected.append((t, known))
             continue
-        txns.append(Txn(t, event, time_of(event)))
+        txns.append(Txn(t, event))
         specs.append(known)
     times = _Times(batch)
     return Prepared(txns, specs, rejected, times, time.perf_counter() - started, batch)
@@ -190,9 +190,6 @@ class _Times:
         if value is None:
             value = self._cache[t] = time_of(self._batch[t])
         return value
-
-    def __len__(self) -> int:
-        return len(self._batch)
 
 
 # --- one part of a batch --------------------------------------------------------------------
