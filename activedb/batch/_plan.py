@@ -66,8 +66,7 @@ class Operation:
     """
 
     __slots__ = ("id", "txn", "t", "index", "spec", "kind", "state_key", "params", "parents", "children",
-                 "pending", "done", "state", "failure", "wrote", "output", "unit", "stratum", "resolved",
-                 "executions")
+                 "pending", "done", "state", "failure", "wrote", "output", "unit", "stratum", "executions")
 
     def __init__(self, op_id: int, txn: Txn, index: int, spec: OpSpec) -> None:
         self.id = op_id
@@ -88,7 +87,6 @@ class Operation:
         self.output: Any = None
         self.unit: Any = None
         self.stratum = 0
-        self.resolved: tuple[str, Any] | None = None   # ND ops: the state computed at run time
         self.executions = 0
 
     def label(self) -> str:
@@ -105,9 +103,9 @@ class Unit:
     ``pending`` = parents outside the unit that are not done; ``remaining`` = its
     operations that are not done."""
 
-    __slots__ = ("id", "ops", "pending", "remaining", "stratum", "parents", "children", "label")
+    __slots__ = ("id", "ops", "pending", "remaining", "stratum", "parents", "children")
 
-    def __init__(self, unit_id: int, ops: list[Operation], label: str) -> None:
+    def __init__(self, unit_id: int, ops: list[Operation]) -> None:
         self.id = unit_id
         self.ops = ops
         self.pending = 0
@@ -115,7 +113,6 @@ class Unit:
         self.stratum = 0
         self.parents: set[Unit] = set()
         self.children: set[Unit] = set()
-        self.label = label
 
 
 @dataclass
@@ -281,12 +278,10 @@ def key_groups(tpg: Tpg) -> tuple[list[Unit], int]:
     for component in components:
         if len(component) == 1:
             members = groups[component[0]]
-            label = _group_label(members)
         else:
             members = sorted((op for number in component for op in groups[number]), key=lambda op: (op.t, op.index))
             cyclic_ops += len(members)
-            label = f"cycle of {len(component)} groups"
-        unit = Unit(len(units), members, label)
+        unit = Unit(len(units), members)
         for number in component:
             unit_of_group[number] = unit.id
         for op in members:
@@ -313,13 +308,6 @@ def key_groups(tpg: Tpg) -> tuple[list[Unit], int]:
                     following.append(child)
         frontier = following
     return units, cyclic_ops
-
-
-def _group_label(members: list[Operation]) -> str:
-    op = members[0]
-    if op.state_key is not None:
-        return f"{op.state_key[0]}[{op.state_key[1]!r}]"
-    return op.label()
 
 
 def _strongly_connected(successors: list[set[int]]) -> list[list[int]]:
