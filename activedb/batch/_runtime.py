@@ -151,11 +151,11 @@ def no_cyclic_gc():
 
 
 @no_cyclic_gc()
-def prepare(transactions: StateTransactions, events: Iterable[Any], *, normalised: bool = False) -> Prepared:
+def prepare(transactions: StateTransactions, events: Iterable[Any]) -> Prepared:
     """PRE_PROCESS: normalise and declare every event; events that cannot be declared are
     rejected with the reason (they become dead letters)."""
     started = time.perf_counter()
-    batch = list(events) if normalised else normalise_events(events)
+    batch = normalise_events(events)
     return _declare_all(transactions, list(enumerate(batch)), batch, None, started)
 
 
