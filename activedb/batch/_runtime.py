@@ -257,13 +257,13 @@ def _checked_loader(loader, allowed):
 
 
 @no_cyclic_gc()
-def run_in_worker(transactions: StateTransactions, shipped: list[tuple], base: dict, absent: list, tables: tuple,
-                  mode: str, model: DecisionModel, versions: bool) -> Part:
+def run_in_worker(transactions: StateTransactions, shipped: list[tuple], base: dict, absent: list, mode: str,
+                  model: DecisionModel, versions: bool) -> Part:
     """Worker-process entry: ``shipped`` = ``(t, event_type, key, ts, payload, position)`` per
     transaction (ascending ``t``); ``base`` = the images of the part's states, ``absent`` = its
-    states without a row, ``tables`` = unbounded tables (none: those parts stay in the caller)."""
+    states without a row (a part with unbounded tables stays in the caller)."""
     items = [(item[0], _new_event(BatchEvent, item[1:])) for item in shipped]
-    allowed = Allowed(set(base).union(absent), tables)
+    allowed = Allowed(set(base).union(absent))
     batch = dict(items)     # batch[t] for the (t, event) pairs this worker has
     try:
         part = _run_part(transactions, mode, batch, items, None, base, None, allowed, model, versions)
@@ -355,8 +355,8 @@ def _run_split(transactions, runtime: Runtime, mode, batch, routing, base, loade
                 absent.append(state)
             else:
                 part_base[state] = image
-        futures.append((number, runtime.pool.submit(run_in_worker, transactions, shipped, part_base, absent, (),
-                                                    name, shipped_model, runtime.versions)))
+        futures.append((number, runtime.pool.submit(run_in_worker, transactions, shipped, part_base, absent, name,
+                                                    shipped_model, runtime.versions)))
     seconds["ship"] = time.perf_counter() - started
     parts: list[Part] = []
     missed: list[tuple[Any, int]] = []
