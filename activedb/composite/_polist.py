@@ -29,10 +29,6 @@ class Item:
     number: int
     processed: bool = False
 
-    @property
-    def producer(self) -> str:
-        return self.ts.producer
-
     def sort_key(self) -> tuple:
         ts = self.ts
         return (ts.lower, ts.upper, ts.producer, ts.local if ts.local is not None else ts.lower,
