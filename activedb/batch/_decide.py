@@ -210,12 +210,6 @@ class DecisionModel:
             return self._decide_by_tree(tpg)
         return self._decide_calibrated(tpg)
 
-    def tree_inputs(self, values: TpgProperties, cyclic: bool = False) -> TreeInputs:
-        """Table 2's inputs from a batch's measured ``values`` and what earlier batches measured."""
-        complexity_high = self.seconds_per_op is not None and self.seconds_per_op >= HIGH_COMPLEXITY_SECONDS
-        return TreeInputs(batch=values.transactions, td=values.td, ld=values.ld, pd=values.pd, vdd=values.vdd,
-                          cyclic=cyclic, complexity_high=complexity_high, abort_ratio=self.abort_ratio)
-
     def _decide_by_tree(self, tpg: Tpg) -> Decision:
         values = measure(tpg)
         computed: list[bool] = []
@@ -224,7 +218,11 @@ class DecisionModel:
             computed.append(has_group_cycle(tpg))
             return computed[-1]
 
-        strategy, reasons = decision_tree(self.tree_inputs(values), cyclic=cyclic)
+        # Table 2's inputs: this batch's counts and what earlier batches measured.
+        complexity_high = self.seconds_per_op is not None and self.seconds_per_op >= HIGH_COMPLEXITY_SECONDS
+        inputs = TreeInputs(batch=values.transactions, td=values.td, ld=values.ld, pd=values.pd, vdd=values.vdd,
+                            cyclic=False, complexity_high=complexity_high, abort_ratio=self.abort_ratio)
+        strategy, reasons = decision_tree(inputs, cyclic=cyclic)
         reasons = (f"{morphstream_name(strategy)} (MorphStream's decision tree, c = {values.transactions:,})",
                    *reasons)
         return Decision(strategy, replace(values, cyclic=computed[-1] if computed else None), self.abort_ratio,
