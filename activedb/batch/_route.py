@@ -206,10 +206,8 @@ class Router:
         self._learning: dict[str, list[tuple[set, list, tuple]]] = {}
 
     def learn(self, event: BatchEvent, specs: list[OpSpec]) -> None:
-        """Learn from one declaration of ``event`` (called for events without a plan)."""
+        """Learn from one declaration of ``event``.  Precondition: its type has no plan and was not given up."""
         kind = event.event_type
-        if kind in self.plans or kind in self.unroutable:
-            return
         states, unbounded = touched_states(specs)
         pairs: set = set()
         for table, key in dict.fromkeys(states):
