@@ -21,7 +21,7 @@ from activedb.batch.errors import DeclarationError, ExecutionInvariantBroken
 __all__ = ["RouteMissed", "run_lean", "time_of"]
 
 _MISSING = object()
-_WRITE, _READ, _CHECK, _ND_WRITE = OpKind.WRITE, OpKind.READ, OpKind.CHECK, OpKind.ND_WRITE
+_WRITE, _READ, _ND_WRITE = OpKind.WRITE, OpKind.READ, OpKind.ND_WRITE
 _WINDOWED = frozenset({OpKind.WINDOW_READ, OpKind.WINDOW_WRITE})
 
 
