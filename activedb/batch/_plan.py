@@ -89,12 +89,9 @@ class Operation:
         self.stratum = 0
         self.executions = 0
 
-    def label(self) -> str:
-        where = f"{self.state_key[0]}[{self.state_key[1]!r}]" if self.state_key else f"{self.spec.table}[?]"
-        return f"O{self.id} {self.kind.value} {where} t={self.t}"
-
     def __repr__(self) -> str:
-        return f"<{self.label()} {self.state.name}>"
+        where = f"{self.state_key[0]}[{self.state_key[1]!r}]" if self.state_key else f"{self.spec.table}[?]"
+        return f"<O{self.id} {self.kind.value} {where} t={self.t} {self.state.name}>"
 
 
 class Unit:
