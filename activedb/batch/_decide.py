@@ -75,8 +75,7 @@ class TreeInputs:
 def morphstream_name(strategy: Strategy) -> str:
     """A strategy as MorphStream names its schedulers (``OG_BFS_A``, ``OP_NS``, ...)."""
     unit = "OG" if strategy.granularity is Granularity.KEY_GROUP else "OP"
-    exploration = {Exploration.NS: "NS", Exploration.BFS: "BFS", Exploration.DFS: "DFS"}[strategy.exploration]
-    return f"{unit}_{exploration}{'_A' if strategy.abort is AbortMode.EAGER else ''}"
+    return f"{unit}_{strategy.exploration.name}{'_A' if strategy.abort is AbortMode.EAGER else ''}"
 
 
 def decision_tree(inputs: TreeInputs, lines: BottomLines | None = None,

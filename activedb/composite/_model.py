@@ -165,9 +165,6 @@ class Invalidation:
 def describe_event(event: StreamEvent | None) -> str:
     if event is None:
         return "nothing"
-    ts = event.ts
-    key = ""
     attributes = dict(event.attributes)
-    if "id" in attributes:
-        key = f"#{attributes['id']}"
-    return f"{event.type}{key}{ts}"
+    key = f"#{attributes['id']}" if "id" in attributes else ""
+    return f"{event.type}{key}{event.ts}"
