@@ -27,9 +27,9 @@ class SplitFailure(enum.Enum):
     COMPENSATE = "compensate"    # compensate the committed partitions: the batch leaves no effect
 
 
-def _ref(batch: Any) -> BatchRef:
-    if isinstance(batch, BatchRef):
-        return batch
+def _ref(batch: Any, batch_id: Any = None) -> BatchRef:
+    if batch_id is not None or isinstance(batch, BatchRef):
+        return BatchRef.of(batch, batch_id)
     if isinstance(batch, (tuple, list)) and len(batch) == 2:
         return BatchRef.of(*batch)
     raise LineageError(f"a batch is (query_id, batch_id), got {batch!r}")
@@ -50,15 +50,10 @@ class Batches:
 
     # --- recording lineage ---------------------------------------------------------------------
 
-    @staticmethod
-    def lineage_id(transaction: "Transaction") -> str:
-        """The lineage id of ``transaction``'s tree: its transaction-log id."""
-        return transaction.root.log_id
-
     def consumed(self, transaction: "Transaction", query_id: Any, batch_id: Any = None) -> None:
         """``transaction``'s tree consumed batch ``(query_id, batch_id)`` (a source batch, or one a
         recorded transaction produced)."""
-        ref = _ref(query_id) if batch_id is None else BatchRef.of(query_id, batch_id)
+        ref = _ref(query_id, batch_id)
         record = record_of(transaction)
         with record.mutex:
             record.consumed[ref] = None
@@ -68,12 +63,12 @@ class Batches:
         ``(query_id, batch_id)``: ``db.transaction(participants=[db.batches.consuming(q, b)])`` is
         ``db.batches.consumed(tx, q, b)`` for a caller that does not run the transaction's body (the Spark
         sink).  Written in the same flush as the effects."""
-        return ConsumedBatches([_ref(query_id) if batch_id is None else BatchRef.of(query_id, batch_id)])
+        return ConsumedBatches([_ref(query_id, batch_id)])
 
     def produced(self, transaction: "Transaction", query_id: Any, batch_id: Any = None) -> None:
         """``transaction``'s tree produced (derived) batch ``(query_id, batch_id)``: whoever consumes it is
         triggered by this transaction."""
-        ref = _ref(query_id) if batch_id is None else BatchRef.of(query_id, batch_id)
+        ref = _ref(query_id, batch_id)
         record = record_of(transaction)
         with record.mutex:
             record.produced[ref] = None
@@ -104,8 +99,11 @@ class Batches:
     def compensation(self, name: str):
         """Decorator: ``@db.batches.compensation("refund") def refund(tx, **args)`` — a named compensation
         that transactions note with ``db.batches.note(tx, "refund", ...)``."""
+        return self._declaring(name)
+
+    def _declaring(self, name: str, **kind: bool):
         def register(function):
-            self._compensations.declare(name, function)
+            self._compensations.declare(name, function, **kind)
             return function
         return register
 
@@ -124,10 +122,7 @@ class Batches:
         """Decorator: ``fn(tx, lineage)`` undoes a recorded top-level transaction named ``name``
         (``db.transaction(name=...)``; detached rules run in ``rule:<rule name>``); ``lineage`` is its
         :class:`TransactionLineage` (batches, parents, notes)."""
-        def register(function):
-            self._compensations.declare(name, function, transaction=True)
-            return function
-        return register
+        return self._declaring(name, transaction=True)
 
     def undo_by_before_image(self, *tables: str) -> None:
         """Opt ``tables`` into generic before-image undo: every recorded transaction's flush keeps the

@@ -23,7 +23,7 @@ from activedb.errors import DatabaseError
 from activedb.store import jsonable
 
 from activedb.atomic._graph import (IndependentScover, LineageExplorer, TransactionLineage, composite,
-                                    independent_scover)
+                                    independent_scover, source_batches)
 from activedb.atomic._lineage import BatchRef, record_of
 from activedb.atomic.errors import CompensationFailed, LineageError, NoCompensation, UnknownBatch, UnsafeUndo
 
@@ -168,11 +168,7 @@ class CompensationReport:
 
 def _memberships(explorer: LineageExplorer, tid: str) -> set[BatchRef]:
     """The source batches ``b`` with ``tid ∈ 𝒯(b)``: those consumed by ``tid`` or an ancestor."""
-    ancestors, _ = explorer.ancestors_or_self([tid])
-    refs: set[BatchRef] = set()
-    for node in explorer.load(ancestors).values():
-        refs |= {ref for ref in node.consumed if explorer.is_source(ref)}
-    return refs
+    return source_batches(explorer, explorer.ancestors_or_self([tid])[0])
 
 
 def plan(batches: Compensations, explorer: LineageExplorer, batch: BatchRef, *, mode: Mode, scope: Scope,
@@ -187,10 +183,7 @@ def plan(batches: Compensations, explorer: LineageExplorer, batch: BatchRef, *, 
         targets = set(cover.batches) | {batch}
     else:
         targets = {batch}
-    everything: set[str] = set()
-    for target in targets:
-        members, _ = composite(explorer, target)
-        everything |= members
+    everything: set[str] = set().union(*(composite(explorer, target)[0] for target in targets))
     others = {tid: _memberships(explorer, tid) - targets for tid in everything}
     if mode is Mode.FULL:
         chosen = set(everything)
@@ -305,20 +298,17 @@ def execute(batches: Compensations, compensation: CompensationPlan, *, allow_uns
                     record.compensates = tid
                 _apply(batches, tx, node, compensation.undo.get(tid, []), allow_unsafe)
                 report.compensating[tid] = tx.log_id
-        except DatabaseError as error:
-            if error.sqlstate == "23505" and _compensated(batches, tid):
-                logger.info("%s was compensated meanwhile by another run; skipped", tid)
-                continue
-            raise CompensationFailed(
-                f"compensating {tid} failed: {error}; {len(report.compensated)} transaction(s) before it were "
-                f"compensated and recorded — run the same compensation again to resume") from error
         except (UnsafeUndo, NoCompensation):
             raise
         except Exception as error:
+            database = isinstance(error, DatabaseError)
+            if database and error.sqlstate == "23505" and _compensated(batches, tid):
+                logger.info("%s was compensated meanwhile by another run; skipped", tid)
+                continue
             raise CompensationFailed(
-                f"compensating {tid} failed: {error!r}; {len(report.compensated)} transaction(s) before it were "
-                f"compensated and recorded — fix the cause and run the same compensation again to resume"
-            ) from error
+                f"compensating {tid} failed: {error if database else repr(error)}; {len(report.compensated)} "
+                f"transaction(s) before it were compensated and recorded — {'' if database else 'fix the cause and '}"
+                f"run the same compensation again to resume") from error
         report.compensated.append(tid)
     return report
 

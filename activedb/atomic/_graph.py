@@ -88,9 +88,7 @@ class LineageExplorer:
                     {"queries": [ref.query_id for ref in missing], "batches": [ref.batch_id for ref in missing],
                      "role": role}):
                 cache[BatchRef(row.query_id, row.batch_id)].add(row.transaction_id)
-        found: set[str] = set()
-        for ref in refs:
-            found |= cache[ref]
+        found: set[str] = set().union(*(cache[ref] for ref in refs))
         return found
 
     def children(self, ids: Iterable[str]) -> set[str]:
@@ -114,9 +112,7 @@ class LineageExplorer:
                 node = nodes.get(tid)
                 if node is not None and node.produced:
                     self._children[tid] |= self.consumers(node.produced)
-        result: set[str] = set()
-        for tid in ids:
-            result |= self._children[tid]
+        result: set[str] = set().union(*(self._children[tid] for tid in ids))
         self.load(result)
         return {tid for tid in result if tid in self.nodes and self.nodes[tid].compensates is None}
 
@@ -146,9 +142,7 @@ class LineageExplorer:
                 self._parents[tid] = found
             for row in self._outbox_runs(missing, of="transaction_id"):
                 self._parents[row.transaction_id].add(row.trigger_log_id)
-        result: set[str] = set()
-        for tid in ids:
-            result |= self._parents[tid]
+        result: set[str] = set().union(*(self._parents[tid] for tid in ids))
         self.load(result)
         return {tid for tid in result if tid in self.nodes}
 
@@ -201,9 +195,7 @@ def composite(explorer: LineageExplorer, batch: BatchRef, limit: int | None = No
 
 def source_batches(explorer: LineageExplorer, ids: Iterable[str]) -> set[BatchRef]:
     """The source batches input to the transactions ``ids``."""
-    refs: set[BatchRef] = set()
-    for node in explorer.load(ids).values():
-        refs |= set(node.consumed)
+    refs: set[BatchRef] = set().union(*(node.consumed for node in explorer.load(ids).values()))
     return {ref for ref in refs if explorer.is_source(ref)}
 
 

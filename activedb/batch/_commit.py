@@ -23,7 +23,7 @@ from activedb import deadletters
 from activedb.batch._declare import BatchEvent, StateTransactions
 from activedb.batch._result import BatchResult
 from activedb.batch._route import touched_states, written_tables
-from activedb.batch._runtime import AUTO, _NoCyclicGc, execute_batch, normalise_events, runtime_of
+from activedb.batch._runtime import AUTO, execute_batch, no_cyclic_gc, normalise_events, runtime_of
 from activedb.batch._store import DEAD_LETTER_TABLE, apply_batch, dead_letter
 from activedb.batch._strategy import Strategy
 from activedb.batch.errors import BatchNotCommitted, DeclarationError
@@ -83,14 +83,11 @@ class PendingBatch(CommitParticipant):
 
     # --- the commit -----------------------------------------------------------------------
 
+    @no_cyclic_gc()        # tens of thousands of small objects: no cyclic collection meanwhile
     def write(self, transaction: Transaction, connection: sa.Connection) -> None:
-        with _NoCyclicGc():        # tens of thousands of small objects: no cyclic collection meanwhile
-            self._write(transaction, connection)
-
-    def _write(self, transaction: Transaction, connection: sa.Connection) -> None:
         if self.state is not PendingState.PENDING:
             raise BatchNotCommitted(f"a {self.state.value} batch cannot be written again; apply the events again")
-        catalog = transaction.manager.catalog
+        catalog, options = transaction.manager.catalog, self._options
         seconds: dict[str, float] = {}
         if self._ready is not None:
             result = self._ready
@@ -98,7 +95,6 @@ class PendingBatch(CommitParticipant):
             started = time.perf_counter()
             base = self._lock_and_read(catalog, connection)
             seconds["lock_and_read"] = time.perf_counter() - started
-            options = self._options
             result = execute_batch(self.transactions, self.batch, base, loader=_OnDemand(catalog, connection),
                                    declared=self._declared, strategy=options.strategy, processes=options.processes,
                                    split=options.split)
@@ -107,7 +103,6 @@ class PendingBatch(CommitParticipant):
             self.rows_written = _write_final(catalog, connection, result, self._keys)
             seconds["write"] = time.perf_counter() - started
         started = time.perf_counter()
-        options = self._options
         if options.on_result is not None:
             options.on_result(result, connection)
         letters = options.letters(result) if options.letters is not None else [
@@ -191,7 +186,7 @@ def _select_for_update(connection: sa.Connection, info: Any, keys: list[tuple]) 
         statement = (sa.select(info.table)
                      .where(column == sa.any_(sa.bindparam("keys", type_=postgresql.ARRAY(column.type))))
                      .order_by(column).with_for_update())
-        rows, fields = _fetch(connection, statement, {"keys": sorted(key[0] for key in keys)})
+        rows, fields = _run(connection, statement, {"keys": sorted(key[0] for key in keys)}, fetch=True)
         return {(row[0],): dict(zip(fields, row)) for row in rows} if fields[0] == names[0] else {
             (image[names[0]],): image for image in (dict(zip(fields, row)) for row in rows)}
     found: dict[tuple, dict] = {}
@@ -203,32 +198,21 @@ def _select_for_update(connection: sa.Connection, info: Any, keys: list[tuple]) 
     return found
 
 
-def _fetch(connection: sa.Connection, statement: Any, parameters: dict) -> tuple[list[tuple], list[str]]:
-    """Run ``statement`` on the connection's own driver cursor (rows as plain tuples, arrays sent
-    in binary): the batch reads tens of thousands of rows here, and a SQLAlchemy row object per
-    row would cost more than PostgreSQL's work for it."""
-    cursor = connection.connection.driver_connection.cursor(binary=True)
-    try:
-        cursor.execute(_binary_sql(connection, statement, parameters), parameters)
-        fields = [description.name for description in cursor.description]
-        return cursor.fetchall(), fields
-    finally:
-        cursor.close()
-
-
-def _binary_sql(connection: sa.Connection, statement: Any, parameters: dict) -> str:
-    """The statement's SQL for the driver, its parameters marked binary (``%(name)b``)."""
+def _run(connection: sa.Connection, statement: Any, parameters: dict, *,
+         fetch: bool = False) -> tuple[list[tuple], list[str]] | None:
+    """Run ``statement`` on the connection's own driver cursor, its array parameters sent in binary
+    (``%(name)b``); with ``fetch``, its rows as plain tuples and the column names: the batch reads
+    tens of thousands of rows here, and a SQLAlchemy row object per row would cost more than
+    PostgreSQL's work for it."""
     sql = str(statement.compile(dialect=connection.dialect))
     for name in parameters:
         sql = sql.replace(f"%({name})s", f"%({name})b")
-    return sql
-
-
-def _run(connection: sa.Connection, statement: Any, parameters: dict) -> None:
-    """Execute ``statement`` with array parameters on the driver cursor, in binary."""
     cursor = connection.connection.driver_connection.cursor(binary=True)
     try:
-        cursor.execute(_binary_sql(connection, statement, parameters), parameters)
+        cursor.execute(sql, parameters)
+        if fetch:
+            return cursor.fetchall(), [description.name for description in cursor.description]
+        return None
     finally:
         cursor.close()
 
@@ -257,11 +241,11 @@ def _write_final(catalog: Any, connection: sa.Connection, result: BatchResult,
             key = known.get(given)
             if key is None:
                 key = info.key(given)
+            key_row = {single: key[0]} if single is not None else info.full_key_row(key)
             if image is None:
                 if old is not None:
-                    deletes.append({single: key[0]} if single is not None else info.full_key_row(key))
+                    deletes.append(key_row)
                 continue
-            key_row = {single: key[0]} if single is not None else info.full_key_row(key)
             if old is None:
                 _check_key_columns(info, given, image, key_row)
                 row = {**image, **key_row}
@@ -346,9 +330,8 @@ def _delete(connection: sa.Connection, info: Any, rows: list[dict]) -> None:
     arrays = _arrays(info, list(info.key_columns), rows)
     if arrays is None:
         connection.execute(info.delete(), [{f"k_{name}": value for name, value in row.items()} for row in rows])
-        return
-    derived, parameters = arrays
-    _run(connection, sa.delete(info.table).where(_key_match(info, derived)), parameters)
+    else:
+        _run(connection, sa.delete(info.table).where(_key_match(info, arrays[0])), arrays[1])
 
 
 def _update(connection: sa.Connection, info: Any, columns: list[str], rows: list[dict]) -> None:
@@ -357,21 +340,20 @@ def _update(connection: sa.Connection, info: Any, columns: list[str], rows: list
         connection.execute(info.update(frozenset(columns)), [
             {**{f"k_{name}": row[name] for name in info.key_columns}, **{f"v_{name}": row[name] for name in columns}}
             for row in rows])
-        return
-    derived, parameters = arrays
-    statement = sa.update(info.table).where(_key_match(info, derived)).values(
-        {name: derived.c[name] for name in columns})
-    _run(connection, statement, parameters)
+    else:
+        derived, parameters = arrays
+        _run(connection, sa.update(info.table).where(_key_match(info, derived)).values(
+            {name: derived.c[name] for name in columns}), parameters)
 
 
 def _insert(connection: sa.Connection, info: Any, columns: list[str], rows: list[dict]) -> None:
     arrays = _arrays(info, columns, rows)
     if arrays is None:
         connection.execute(info.table.insert(), rows)
-        return
-    derived, parameters = arrays
-    statement = sa.insert(info.table).from_select(columns, sa.select(*[derived.c[name] for name in columns]))
-    _run(connection, statement, parameters)
+    else:
+        derived, parameters = arrays
+        _run(connection, sa.insert(info.table).from_select(columns, sa.select(*[derived.c[name] for name in columns])),
+             parameters)
 
 
 def _check_key_columns(info: Any, given: Any, values: Mapping[str, Any], key_row: Mapping[str, Any]) -> None:
@@ -397,6 +379,7 @@ class _Options:
     on_result: Callable[[BatchResult, sa.Connection], None] | None
 
 
+@no_cyclic_gc()
 def apply_at_commit(tx: Transaction, events: Iterable[Any], transactions: StateTransactions, *,
                     strategy: str | Strategy = AUTO, processes: int | None = None, split: str = "auto",
                     dead_letters: str | None = DEAD_LETTER_TABLE, query_id: str | None = None,
@@ -408,14 +391,8 @@ def apply_at_commit(tx: Transaction, events: Iterable[Any], transactions: StateT
     none are stored), labelled ``query_id``/``batch_id``; ``letters(result)`` → ``[Letter]``
     (``activedb.deadletters``) replaces the default ones (``dead_letter``); ``on_result(result, connection)`` is
     called inside the commit before the dead letters are inserted."""
-    with _NoCyclicGc():
-        return _apply_at_commit(tx, events, transactions, _Options(strategy, processes, split, dead_letters,
-                                                                   query_id, batch_id, letters, on_result))
-
-
-def _apply_at_commit(tx: Transaction, events: Iterable[Any], transactions: StateTransactions,
-                     options: _Options) -> PendingBatch:
     tx_started = time.perf_counter()
+    options = _Options(strategy, processes, split, dead_letters, query_id, batch_id, letters, on_result)
     events = list(events)
     batch = normalise_events(events)
     runtime = runtime_of(transactions)

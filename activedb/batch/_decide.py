@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
 from activedb.batch._plan import Tpg, has_group_cycle
@@ -75,8 +75,7 @@ class TreeInputs:
 def morphstream_name(strategy: Strategy) -> str:
     """A strategy as MorphStream names its schedulers (``OG_BFS_A``, ``OP_NS``, ...)."""
     unit = "OG" if strategy.granularity is Granularity.KEY_GROUP else "OP"
-    exploration = {Exploration.NS: "NS", Exploration.BFS: "BFS", Exploration.DFS: "DFS"}[strategy.exploration]
-    return f"{unit}_{exploration}{'_A' if strategy.abort is AbortMode.EAGER else ''}"
+    return f"{unit}_{strategy.exploration.name}{'_A' if strategy.abort is AbortMode.EAGER else ''}"
 
 
 def decision_tree(inputs: TreeInputs, lines: BottomLines | None = None,
@@ -133,6 +132,8 @@ def zipf_exponent(counts: Iterable[int]) -> float:
 
 @dataclass(frozen=True)
 class TpgProperties:
+    """What :func:`measure` counts on a TPG (per operation and per batch)."""
+
     operations: int
     transactions: int
     states: int
@@ -142,19 +143,21 @@ class TpgProperties:
     skew: float
     nd_ops: int
     window_ops: int
-    cyclic: bool | None      # None: not computed (rule 2 was decided without it)
+    td: int
+    pd: int
+    ld: int
+    vdd: float
+    cyclic: bool | None = None      # None: not computed (rule 2 was decided without it)
 
 
-def measure(tpg: Tpg) -> dict[str, Any]:
+def measure(tpg: Tpg) -> TpgProperties:
     operations = max(1, len(tpg.ops))
     counts = tpg.ops_per_state
     mean = (sum(counts.values()) / len(counts)) if counts else 1.0
     skew = (max(counts.values()) / mean) if counts else 1.0
-    return {"operations": len(tpg.ops), "transactions": len(tpg.txns), "states": len(counts),
-            "td_per_op": tpg.td_edges / operations, "pd_per_op": tpg.pd_edges / operations,
-            "ld_per_op": tpg.ld_pairs / operations, "skew": skew, "nd_ops": tpg.nd_ops,
-            "window_ops": tpg.window_ops, "td": tpg.td_edges, "pd": tpg.pd_edges, "ld": tpg.ld_pairs,
-            "vdd": zipf_exponent(counts.values()) if counts else 0.0}
+    return TpgProperties(len(tpg.ops), len(tpg.txns), len(counts), tpg.td_edges / operations,
+                         tpg.pd_edges / operations, tpg.ld_pairs / operations, skew, tpg.nd_ops, tpg.window_ops,
+                         tpg.td_edges, tpg.pd_edges, tpg.ld_pairs, zipf_exponent(counts.values()) if counts else 0.0)
 
 
 @dataclass(frozen=True)
@@ -206,13 +209,6 @@ class DecisionModel:
             return self._decide_by_tree(tpg)
         return self._decide_calibrated(tpg)
 
-    def tree_inputs(self, values: dict[str, Any], cyclic: bool = False) -> TreeInputs:
-        """Table 2's inputs from a batch's measured ``values`` and what earlier batches measured."""
-        complexity_high = self.seconds_per_op is not None and self.seconds_per_op >= HIGH_COMPLEXITY_SECONDS
-        return TreeInputs(batch=values["transactions"], td=values["td"], ld=values["ld"], pd=values["pd"],
-                          vdd=values["vdd"], cyclic=cyclic, complexity_high=complexity_high,
-                          abort_ratio=self.abort_ratio)
-
     def _decide_by_tree(self, tpg: Tpg) -> Decision:
         values = measure(tpg)
         computed: list[bool] = []
@@ -221,47 +217,45 @@ class DecisionModel:
             computed.append(has_group_cycle(tpg))
             return computed[-1]
 
-        strategy, reasons = decision_tree(self.tree_inputs(values), cyclic=cyclic)
-        reasons = (f"{morphstream_name(strategy)} (MorphStream's decision tree, c = {values['transactions']:,})",
+        # Table 2's inputs: this batch's counts and what earlier batches measured.
+        complexity_high = self.seconds_per_op is not None and self.seconds_per_op >= HIGH_COMPLEXITY_SECONDS
+        inputs = TreeInputs(batch=values.transactions, td=values.td, ld=values.ld, pd=values.pd, vdd=values.vdd,
+                            cyclic=False, complexity_high=complexity_high, abort_ratio=self.abort_ratio)
+        strategy, reasons = decision_tree(inputs, cyclic=cyclic)
+        reasons = (f"{morphstream_name(strategy)} (MorphStream's decision tree, c = {values.transactions:,})",
                    *reasons)
-        return Decision(strategy, self._properties(values, computed[-1] if computed else None), self.abort_ratio,
+        return Decision(strategy, replace(values, cyclic=computed[-1] if computed else None), self.abort_ratio,
                         self.seconds_per_op, reasons)
-
-    @staticmethod
-    def _properties(values: dict[str, Any], cyclic: bool | None) -> TpgProperties:
-        return TpgProperties(values["operations"], values["transactions"], values["states"], values["td_per_op"],
-                             values["pd_per_op"], values["ld_per_op"], values["skew"], values["nd_ops"],
-                             values["window_ops"], cyclic)
 
     def _decide_calibrated(self, tpg: Tpg) -> Decision:
         values = measure(tpg)
         reasons = []
-        dependencies = values["td_per_op"] + values["pd_per_op"] + values["ld_per_op"]
+        dependencies = values.td_per_op + values.pd_per_op + values.ld_per_op
         exploration = _choose(
-            reasons, dependencies >= MIN_DEPENDENCIES_PER_OP and values["skew"] <= MAX_SKEW_FOR_STRUCTURED,
+            reasons, dependencies >= MIN_DEPENDENCIES_PER_OP and values.skew <= MAX_SKEW_FOR_STRUCTURED,
             (Exploration.BFS, f"s-explore: {dependencies:.2f} dependencies/op >= {MIN_DEPENDENCIES_PER_OP} and "
-                              f"skew {values['skew']:.1f} <= {MAX_SKEW_FOR_STRUCTURED}"),
-            (Exploration.NS, f"ns-explore: {dependencies:.2f} dependencies/op, skew {values['skew']:.1f}"))
+                              f"skew {values.skew:.1f} <= {MAX_SKEW_FOR_STRUCTURED}"),
+            (Exploration.NS, f"ns-explore: {dependencies:.2f} dependencies/op, skew {values.skew:.1f}"))
         cyclic = None
-        if values["td_per_op"] >= MIN_TD_PER_OP and values["pd_per_op"] <= MAX_PD_PER_OP:
+        if values.td_per_op >= MIN_TD_PER_OP and values.pd_per_op <= MAX_PD_PER_OP:
             cyclic = has_group_cycle(tpg)
             if cyclic:
                 granularity = Granularity.OPERATION
                 reasons.append("f-schedule: the key groups form a cycle")
             else:
                 granularity = Granularity.KEY_GROUP
-                reasons.append(f"c-schedule: acyclic, TD/op {values['td_per_op']:.2f} >= {MIN_TD_PER_OP}, "
-                               f"PD/op {values['pd_per_op']:.2f} <= {MAX_PD_PER_OP}")
+                reasons.append(f"c-schedule: acyclic, TD/op {values.td_per_op:.2f} >= {MIN_TD_PER_OP}, "
+                               f"PD/op {values.pd_per_op:.2f} <= {MAX_PD_PER_OP}")
         else:
             granularity = Granularity.OPERATION
-            reasons.append(f"f-schedule: TD/op {values['td_per_op']:.2f}, PD/op {values['pd_per_op']:.2f}")
+            reasons.append(f"f-schedule: TD/op {values.td_per_op:.2f}, PD/op {values.pd_per_op:.2f}")
         cheap = self.seconds_per_op is None or self.seconds_per_op <= MAX_CHEAP_OP_SECONDS
         cost = "unknown" if self.seconds_per_op is None else f"{self.seconds_per_op * 1e6:.1f} us"
         abort = _choose(
             reasons, cheap and self.abort_ratio >= MIN_ABORT_RATIO_FOR_LAZY,
             (AbortMode.LAZY, f"l-abort: observed abort ratio {self.abort_ratio:.2f}, cheap operations"),
             (AbortMode.EAGER, f"e-abort: observed abort ratio {self.abort_ratio:.2f}, {cost}/op"))
-        return Decision(Strategy(exploration, granularity, abort), self._properties(values, cyclic),
+        return Decision(Strategy(exploration, granularity, abort), replace(values, cyclic=cyclic),
                         self.abort_ratio, self.seconds_per_op, tuple(reasons))
 
     def should_split(self, operations: int, largest_share: float, processes: int) -> tuple[bool, str]:

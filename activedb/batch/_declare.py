@@ -318,10 +318,6 @@ class StateTransactions:
     def declare(self, event: BatchEvent) -> list[OpSpec]:
         """Run the declaring function of ``event``; raises UnknownEventType, DeclarationError,
         or whatever the function raised."""
-        return self.declare_ops(event).specs
-
-    def declare_ops(self, event: BatchEvent) -> Ops:
-        """As :meth:`declare`, returning the filled recorder (``specs``, ``windowed``)."""
         function = self._declarations.get(event.event_type)
         if function is None:
             raise unknown_event_type(event.event_type)
@@ -329,7 +325,7 @@ class StateTransactions:
         function(event, ops)
         if not ops.specs:
             raise no_operation(event.event_type)
-        return ops
+        return ops.specs
 
     @property
     def declarations(self) -> Mapping[str, Callable[[BatchEvent, Ops], None]]:
@@ -339,9 +335,6 @@ class StateTransactions:
     def __getstate__(self):
         return {"name": self.name, "processes": 1, "decision_rule": self.decision_rule,
                 "_declarations": self._declarations, "_runtime": None}
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
 
     def close(self) -> None:
         """Stop the worker processes, if any were started."""

@@ -22,19 +22,9 @@ from activedb.batch._strategy import AbortMode, Exploration, Granularity, Strate
 from activedb.batch.errors import ExecutionInvariantBroken
 from activedb.versions import Versions
 
-__all__ = ["ExecutionStatistics", "TpgExecutor", "TxnOutcome", "first_failure", "run_serial"]
+__all__ = ["ExecutionStatistics", "Outcomes", "TpgExecutor", "first_failure", "run_serial"]
 
 BLK, RDY, EXE, ABT = OpState.BLK, OpState.RDY, OpState.EXE, OpState.ABT
-
-
-@dataclass(frozen=True)
-class TxnOutcome:
-    """What became of the transaction at timestamp ``t``."""
-
-    t: int
-    committed: bool
-    reason: str | None
-    outputs: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -50,10 +40,6 @@ class ExecutionStatistics:
     seconds: float           # wall time of the execution (strata and units included)
 
 
-def _outputs(txn: Txn) -> dict[str, Any]:
-    return {op.spec.name: op.output for op in txn.ops if op.spec.name is not None}
-
-
 def first_failure(specs: list[OpSpec], t: int, read, window) -> str | None:
     """The reason of the first operation (declaration order) of the transaction at ``t`` that
     fails against the state read through ``read``/``window``; None if none fails.  Both
@@ -66,12 +52,17 @@ def first_failure(specs: list[OpSpec], t: int, read, window) -> str | None:
     return None
 
 
-def run_serial(txns: list[Txn], specs: list[list[OpSpec]], table: Versions) -> list[TxnOutcome]:
-    """The reference: each transaction reads the state as of before it, all or nothing."""
-    outcomes = []
+Outcomes = tuple[list[int], dict[int, str], dict[int, dict]]     # ts, t → reason, t → outputs (if any)
+
+
+def run_serial(txns: list[Txn], specs: list[list[OpSpec]], table: Versions) -> Outcomes:
+    """The reference: each transaction reads the state as of before it, all or nothing.  Returns the
+    timestamps, the reasons of the aborted transactions and the outputs of committed ones that have any."""
+    ts, aborted, outputs_at = [], {}, {}
     read, window = table.read, table.window
     for txn, declared in zip(txns, specs):
         t = txn.t
+        ts.append(t)
         writes = []
         outputs: dict[str, Any] = {}
         reason = None
@@ -85,13 +76,14 @@ def run_serial(txns: list[Txn], specs: list[list[OpSpec]], table: Versions) -> l
                 writes.append((state, image))
             if spec.name is not None:
                 outputs[spec.name] = output
-        if reason is None:
-            for state, image in writes:
-                table.write(state, t, image)
-            outcomes.append(TxnOutcome(t, True, None, outputs))
-        else:
-            outcomes.append(TxnOutcome(t, False, reason, {}))
-    return outcomes
+        if reason is not None:
+            aborted[t] = reason
+            continue
+        for state, image in writes:
+            table.write(state, t, image)
+        if outputs:
+            outputs_at[t] = outputs
+    return ts, aborted, outputs_at
 
 
 class TpgExecutor:
@@ -304,9 +296,8 @@ class TpgExecutor:
             self._units, self._cyclic = key_groups(self.tpg)
             for unit in self._units:
                 unit.pending = sum(1 for op in unit.ops for parent in op.parents if parent.unit is not unit)
-            runnable = [unit for unit in self._units if unit.pending == 0]
-            for unit in self._units:
                 unit.remaining = len(unit.ops)
+            runnable = [unit for unit in self._units if unit.pending == 0]
         else:
             runnable = [op for op in ops if op.pending == 0]
         if self.strategy.exploration is Exploration.BFS:
@@ -340,16 +331,10 @@ class TpgExecutor:
 
     def _run_bfs(self) -> None:
         groups = self._groups
-        if groups:
-            count = 1 + max((unit.stratum for unit in self._units), default=-1)
-            strata: list[list] = [[] for _ in range(count)]
-            for unit in self._units:
-                strata[unit.stratum].append(unit)
-        else:
-            count = self.tpg.strata()
-            strata = [[] for _ in range(count)]
-            for op in self.tpg.ops:
-                strata[op.stratum].append(op)
+        count = 1 + max((unit.stratum for unit in self._units), default=-1) if groups else self.tpg.strata()
+        strata: list[list] = [[] for _ in range(count)]
+        for target in self._units if groups else self.tpg.ops:
+            strata[target.stratum].append(target)
         self._strata = count
         level = 0
         while True:
@@ -389,16 +374,19 @@ class TpgExecutor:
         """The c-schedule units (empty for f-schedule)."""
         return self._units
 
-    def outcomes(self, specs: list[list[OpSpec]]) -> list[TxnOutcome]:
-        result = []
+    def outcomes(self, specs: list[list[OpSpec]]) -> Outcomes:
+        """As :func:`run_serial` returns them."""
+        ts, aborted, outputs_at = [], {}, {}
         read, window = self.table.read, self.table.window
         for txn, declared in zip(self.tpg.txns, specs):
+            ts.append(txn.t)
             if txn.failed:
-                reason = first_failure(declared, txn.t, read, window)
-                if reason is None:
+                aborted[txn.t] = first_failure(declared, txn.t, read, window)
+                if aborted[txn.t] is None:
                     raise ExecutionInvariantBroken(f"transaction t={txn.t} aborted ({txn.reason}) but none of its "
                                                    f"operations fails against the final versions")
-                result.append(TxnOutcome(txn.t, False, reason, {}))
             else:
-                result.append(TxnOutcome(txn.t, True, None, _outputs(txn)))
-        return result
+                outputs = {op.spec.name: op.output for op in txn.ops if op.spec.name is not None}
+                if outputs:
+                    outputs_at[txn.t] = outputs
+        return ts, aborted, outputs_at

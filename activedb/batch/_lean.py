@@ -14,13 +14,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from activedb.batch._declare import BatchEvent, OpKind, Ops, OpSpec, no_operation, unknown_event_type
+from activedb.batch._result import Part
 from activedb.batch._state import failure_reason, merge_image, perform
 from activedb.batch.errors import DeclarationError, ExecutionInvariantBroken
 
-__all__ = ["LeanPart", "RouteMissed", "run_lean", "time_of"]
+__all__ = ["RouteMissed", "run_lean", "time_of"]
 
 _MISSING = object()
-_WRITE, _READ, _CHECK, _ND_WRITE = OpKind.WRITE, OpKind.READ, OpKind.CHECK, OpKind.ND_WRITE
+_WRITE, _READ, _ND_WRITE = OpKind.WRITE, OpKind.READ, OpKind.ND_WRITE
 _WINDOWED = frozenset({OpKind.WINDOW_READ, OpKind.WINDOW_WRITE})
 
 
@@ -56,34 +57,11 @@ def time_of(event: BatchEvent) -> Any:
     return timestamp() if timestamp is not None and not isinstance(ts, (int, float)) else ts
 
 
-class LeanPart:
-    """What :func:`run_lean` computed: ``ts`` (the timestamps of the declared transactions,
-    ascending), ``aborted`` (t → reason), ``outputs`` (t → outputs of committed transactions that
-    have any), ``rejected`` (events that could not be declared, with why), ``final`` (last image
-    of every state a committed transaction wrote; None = deleted), ``before`` (their images
-    before the batch), ``operations`` (declared), ``executions`` (operation runs), ``states``
-    (states written), ``seconds`` and ``versions`` (whether window versions were kept)."""
-
-    __slots__ = ("ts", "aborted", "outputs", "rejected", "final", "before", "operations", "executions", "states",
-                 "seconds", "versions")
-
-    def __init__(self) -> None:
-        self.ts: list[int] = []
-        self.aborted: dict[int, str] = {}
-        self.outputs: dict[int, dict] = {}
-        self.rejected: list[tuple[BatchEvent, str]] = []
-        self.final: dict = {}
-        self.before: dict = {}
-        self.operations = self.executions = self.states = 0
-        self.seconds = 0.0
-        self.versions = False
-
-
 def run_lean(declarations: Mapping[str, Callable[[BatchEvent, Ops], None]], items: list[tuple[int, BatchEvent]],
              base: Mapping[tuple[str, Any], Any], *, loader: Callable[[str, Any], Any] | None = None,
              declared: Mapping[int, list[OpSpec] | str] | None = None, versions: bool = False,
-             allowed: Any = None) -> LeanPart:
-    """Run ``items`` (``(t, event)``, ascending ``t``) serially.  ``declared[t]``: the event's
+             allowed: Any = None) -> Part:
+    """Run ``items`` (``(t, event)``, ascending ``t``) serially; the :class:`Part` of strategy ``"lean"``.  ``declared[t]``: the event's
     operations, or the reason it was rejected (then it is not declared again).  ``versions``:
     keep the versions windows read from the start (else a window operation restarts the run
     keeping them).  Missing images come from ``base``, then ``loader`` (a loader error is the
@@ -99,11 +77,9 @@ def run_lean(declarations: Mapping[str, Callable[[BatchEvent, Ops], None]], item
             raise failure.error from None
 
 
-def _run(declarations, items, base, loader, declared, versions, allowed) -> LeanPart:
+def _run(declarations, items, base, loader, declared, versions, allowed) -> Part:
     started = time.perf_counter()
-    part = LeanPart()
-    part.versions = versions
-    rejected, result_ts, aborted_at, outputs_at = part.rejected, part.ts, part.aborted, part.outputs
+    rejected, result_ts, aborted_at, outputs_at = [], [], {}, {}
     current: dict = dict(base)
     get = current.get
     loaded: dict = {}
@@ -151,22 +127,22 @@ def _run(declarations, items, base, loader, declared, versions, allowed) -> Lean
         if specs is None:
             function = declarations_get(event.event_type)
             if function is None:
-                rejected.append((event, f"UnknownEventType: {unknown_event_type(event.event_type)}"))
+                rejected.append((t, f"UnknownEventType: {unknown_event_type(event.event_type)}"))
                 continue
             ops = Ops(event)
             try:
                 function(event, ops)
             except Exception as error:
-                rejected.append((event, f"{type(error).__name__}: {error}"))
+                rejected.append((t, f"{type(error).__name__}: {error}"))
                 continue
             specs = ops.specs
             if not specs:
-                rejected.append((event, f"DeclarationError: {no_operation(event.event_type)}"))
+                rejected.append((t, f"DeclarationError: {no_operation(event.event_type)}"))
                 continue
             if ops.windowed and not versions:
                 raise _NeedVersions()
         elif type(specs) is str:
-            rejected.append((event, specs))
+            rejected.append((t, specs))
             continue
         elif not versions and any(spec[0] in _WINDOWED for spec in specs):
             raise _NeedVersions()
@@ -244,11 +220,9 @@ def _run(declarations, items, base, loader, declared, versions, allowed) -> Lean
                         history[state] = [(t, image)]
                     else:
                         entry.append((t, image))
-    part.final = {state: current[state] for state in written}
     base_get = base.get
-    part.before = {state: (loaded[state] if state in loaded else base_get(state)) for state in written}
-    part.operations, part.executions = operations, executions
-    part.states = len(written)
-    part.seconds = time.perf_counter() - started
-    return part
+    before = {state: (loaded[state] if state in loaded else base_get(state)) for state in written}
+    return Part(result_ts, aborted_at, outputs_at, rejected, {state: current[state] for state in written}, before,
+                "lean", (), None, {"operations": operations, "states": len(written)},
+                {"execute": time.perf_counter() - started}, executions, versions)
 

@@ -4,9 +4,8 @@
 ``lane``, ``reason``; edges: ``kind``) after running the batch with a strategy, so a user sees
 why a transaction aborted and what waited for what.  ``render_tpg`` draws it to PNG/SVG
 with matplotlib: one column per timestamp, one row per state (ND operations on their own
-row), TD edges solid blue, PD edges orange, LD pairs dotted grey, nodes coloured by state
-(EXE green, ABT red).  For small batches (tens of operations); networkx and matplotlib are
-for pictures and reports only, never the executor's hot path.
+row).  For small batches (tens of operations); networkx and matplotlib are for pictures and
+reports only, never the executor's hot path.
 """
 
 from __future__ import annotations
@@ -44,8 +43,7 @@ def tpg_graph(transactions: StateTransactions, events: Iterable[Any],
     for op in tpg.ops:
         lane_key = op.state_key if op.state_key is not None else ("#nd", op.id)
         lane = lanes.setdefault(lane_key, len(lanes))
-        where = (f"{op.state_key[0]}[{op.state_key[1]!r}]" if op.state_key is not None
-                 else f"{op.spec.table}[{op.resolved[1]!r}?]" if op.resolved else f"{op.spec.table}[?]")
+        where = f"{op.state_key[0]}[{op.state_key[1]!r}]" if op.state_key is not None else f"{op.spec.table}[?]"
         graph.add_node(op.id, label=f"O{op.id + 1}\n{op.kind.value}\n{where}", kind=op.kind.value,
                        state=op.state.name, t=op.t, lane=lane, reason=op.txn.reason,
                        event=op.txn.event.event_type)

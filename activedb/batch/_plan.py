@@ -41,12 +41,11 @@ class Txn:
     iff it is non-empty (once every operation is resolved).  ``abort_applied``: its LD peers
     have been turned ABT (e-abort: at once; l-abort: at the end of the pass)."""
 
-    __slots__ = ("t", "event", "time", "ops", "failed", "abort_applied")
+    __slots__ = ("t", "event", "ops", "failed", "abort_applied")
 
-    def __init__(self, t: int, event: BatchEvent, time: Any) -> None:
+    def __init__(self, t: int, event: BatchEvent) -> None:
         self.t = t
         self.event = event
-        self.time = time
         self.ops: list[Operation] = []
         self.failed: list[Operation] = []
         self.abort_applied = False
@@ -67,8 +66,7 @@ class Operation:
     """
 
     __slots__ = ("id", "txn", "t", "index", "spec", "kind", "state_key", "params", "parents", "children",
-                 "pending", "done", "state", "failure", "wrote", "output", "unit", "stratum", "resolved",
-                 "executions")
+                 "pending", "done", "state", "failure", "wrote", "output", "unit", "stratum", "executions")
 
     def __init__(self, op_id: int, txn: Txn, index: int, spec: OpSpec) -> None:
         self.id = op_id
@@ -89,15 +87,11 @@ class Operation:
         self.output: Any = None
         self.unit: Any = None
         self.stratum = 0
-        self.resolved: tuple[str, Any] | None = None   # ND ops: the state computed at run time
         self.executions = 0
 
-    def label(self) -> str:
-        where = f"{self.state_key[0]}[{self.state_key[1]!r}]" if self.state_key else f"{self.spec.table}[?]"
-        return f"O{self.id} {self.kind.value} {where} t={self.t}"
-
     def __repr__(self) -> str:
-        return f"<{self.label()} {self.state.name}>"
+        where = f"{self.state_key[0]}[{self.state_key[1]!r}]" if self.state_key else f"{self.spec.table}[?]"
+        return f"<O{self.id} {self.kind.value} {where} t={self.t} {self.state.name}>"
 
 
 class Unit:
@@ -106,9 +100,9 @@ class Unit:
     ``pending`` = parents outside the unit that are not done; ``remaining`` = its
     operations that are not done."""
 
-    __slots__ = ("id", "ops", "pending", "remaining", "stratum", "parents", "children", "label")
+    __slots__ = ("id", "ops", "pending", "remaining", "stratum", "parents", "children")
 
-    def __init__(self, unit_id: int, ops: list[Operation], label: str) -> None:
+    def __init__(self, unit_id: int, ops: list[Operation]) -> None:
         self.id = unit_id
         self.ops = ops
         self.pending = 0
@@ -116,7 +110,6 @@ class Unit:
         self.stratum = 0
         self.parents: set[Unit] = set()
         self.children: set[Unit] = set()
-        self.label = label
 
 
 @dataclass
@@ -274,26 +267,7 @@ def key_groups(tpg: Tpg) -> tuple[list[Unit], int]:
     A's) are merged into one unit, run in timestamp order — the paper's "combine such
     dependencies into a single scheduling unit".  Returns the units (with ``stratum`` set and
     ``op.unit`` pointing at them) and the number of operations that sat on a cycle."""
-    by_state: dict[Any, list[Operation]] = {}
-    for op in tpg.ops:
-        group = op.state_key if op.state_key is not None else ("#op", op.id)
-        members = by_state.get(group)
-        if members is None:
-            by_state[group] = [op]
-        else:
-            members.append(op)
-    groups = list(by_state.values())
-    index_of: dict[int, int] = {}
-    for number, members in enumerate(groups):
-        for op in members:
-            index_of[op.id] = number
-    successors: list[set[int]] = [set() for _ in groups]
-    for number, members in enumerate(groups):
-        for op in members:
-            for child in op.children:
-                target = index_of[child.id]
-                if target != number:
-                    successors[number].add(target)
+    groups, successors = _group_graph(tpg)
     components = _strongly_connected(successors)
     units: list[Unit] = []
     unit_of_group: list[int] = [0] * len(groups)
@@ -301,12 +275,10 @@ def key_groups(tpg: Tpg) -> tuple[list[Unit], int]:
     for component in components:
         if len(component) == 1:
             members = groups[component[0]]
-            label = _group_label(members)
         else:
             members = sorted((op for number in component for op in groups[number]), key=lambda op: (op.t, op.index))
             cyclic_ops += len(members)
-            label = f"cycle of {len(component)} groups"
-        unit = Unit(len(units), members, label)
+        unit = Unit(len(units), members)
         for number in component:
             unit_of_group[number] = unit.id
         for op in members:
@@ -333,13 +305,6 @@ def key_groups(tpg: Tpg) -> tuple[list[Unit], int]:
                     following.append(child)
         frontier = following
     return units, cyclic_ops
-
-
-def _group_label(members: list[Operation]) -> str:
-    op = members[0]
-    if op.state_key is not None:
-        return f"{op.state_key[0]}[{op.state_key[1]!r}]"
-    return op.label()
 
 
 def _strongly_connected(successors: list[set[int]]) -> list[list[int]]:
@@ -390,20 +355,29 @@ def _strongly_connected(successors: list[set[int]]) -> list[list[int]]:
     return components
 
 
+def _group_graph(tpg: Tpg) -> tuple[list[list[Operation]], list[set[int]]]:
+    """The key groups (a state's operations in timestamp order; an ND operation alone) and, per
+    group, the other groups its operations' children are in."""
+    by_state: dict[Any, list[Operation]] = {}
+    index_of = [0] * len(tpg.ops)
+    for op in tpg.ops:
+        group = op.state_key if op.state_key is not None else ("#op", op.id)
+        members = by_state.get(group)
+        if members is None:
+            index_of[op.id] = len(by_state)
+            by_state[group] = [op]
+        else:
+            index_of[op.id] = index_of[members[0].id]
+            members.append(op)
+    successors: list[set[int]] = [set() for _ in by_state]
+    for parent_id, child_id, _ in tpg.edges:
+        source, target = index_of[parent_id], index_of[child_id]
+        if source != target:
+            successors[source].add(target)
+    return list(by_state.values()), successors
+
+
 def has_group_cycle(tpg: Tpg) -> bool:
     """Whether the key-group graph (states as nodes, cross-state edges) has a cycle — the
     decision model's "cyclic dependency" input.  Cheaper than ``key_groups`` (no units)."""
-    group_index: dict[Any, int] = {}
-    of_op: list[int] = [0] * len(tpg.ops)
-    for op in tpg.ops:
-        group = op.state_key if op.state_key is not None else ("#op", op.id)
-        number = group_index.get(group)
-        if number is None:
-            number = group_index[group] = len(group_index)
-        of_op[op.id] = number
-    successors: list[set[int]] = [set() for _ in range(len(group_index))]
-    for parent_id, child_id, _ in tpg.edges:
-        source, target = of_op[parent_id], of_op[child_id]
-        if source != target:
-            successors[source].add(target)
-    return any(len(component) > 1 for component in _strongly_connected(successors))
+    return any(len(component) > 1 for component in _strongly_connected(_group_graph(tpg)[1]))

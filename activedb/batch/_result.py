@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 
 from activedb.batch._declare import BatchEvent
 
-__all__ = ["BatchResult", "BatchStatistics", "TransactionResult"]
+__all__ = ["BatchResult", "BatchStatistics", "Part", "TransactionResult"]
 
 
 class TransactionResult(NamedTuple):
@@ -45,6 +45,30 @@ class BatchStatistics:
     strata: int
     seconds: dict[str, float]       # phase -> seconds (declare, plan, execute, ... )
     decision: tuple[str, ...] = ()  # the decision model's reasons (empty for fixed strategies)
+
+
+@dataclass
+class Part:
+    """What one process computed for its transactions (picklable: no events, no functions):
+    ``ts`` = the timestamps of its declared transactions (ascending), ``aborted`` = t → reason,
+    ``outputs`` = t → outputs of committed transactions that have any, ``rejected`` = (t, why the event
+    could not be declared), ``final`` = the last image of every state a committed transaction wrote (None =
+    deleted), ``before`` = their images before the batch; ``plan`` = the counts of the plan;
+    ``executions`` = operation runs (when ``execution`` is None); ``versions``: window versions were kept."""
+
+    ts: list[int]
+    aborted: dict[int, str]
+    outputs: dict[int, dict]
+    rejected: list[tuple[int, str]]
+    final: dict
+    before: dict
+    strategy: str
+    decision: tuple[str, ...]
+    execution: Any                      # the TPG executor's ExecutionStatistics, None without a TPG
+    plan: dict[str, Any]
+    seconds: dict[str, float]
+    executions: int = 0
+    versions: bool = False
 
 
 class BatchResult:

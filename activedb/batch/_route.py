@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -85,12 +86,6 @@ class RoutePlan:
             return self._states(event)
         except (KeyError, TypeError, IndexError):
             return None
-
-    def __getstate__(self):
-        return (self.pairs, self.unbounded, self.written)
-
-    def __setstate__(self, state) -> None:
-        self.__init__(*state)
 
     def __repr__(self) -> str:
         parts = [f"{table}<-{source.value}{'' if name is None else ':' + str(name)}"
@@ -196,9 +191,7 @@ def _sources(event: BatchEvent, table: str, key: Any) -> set[tuple[str, Source, 
             except Exception:   # an odd __eq__: not a source
                 pass
         elif isinstance(value, (list, tuple)):
-            keys: list = []
-            _flat(value, keys)
-            if any(type(item) is type(key) and item == key for item in keys):
+            if any(type(item) is type(key) and item == key for item in _flat_keys(value)):
                 found.add((table, Source.FLAT, name))
     return found
 
@@ -213,10 +206,8 @@ class Router:
         self._learning: dict[str, list[tuple[set, list, tuple]]] = {}
 
     def learn(self, event: BatchEvent, specs: list[OpSpec]) -> None:
-        """Learn from one declaration of ``event`` (called for events without a plan)."""
+        """Learn from one declaration of ``event``.  Precondition: its type has no plan and was not given up."""
         kind = event.event_type
-        if kind in self.plans or kind in self.unroutable:
-            return
         states, unbounded = touched_states(specs)
         pairs: set = set()
         for table, key in dict.fromkeys(states):
@@ -266,6 +257,7 @@ class Allowed:
         return state in self.states or (bool(self.tables) and state[0] in self.tables)
 
 
+@dataclass(slots=True)
 class Routing:
     """The split of one batch: ``bins[i]`` = the indices (into the batch) of the transactions of
     bin ``i`` (ascending), ``states[i]`` = the states predicted for them, ``unbounded[i]`` = the
@@ -273,19 +265,15 @@ class Routing:
     ``declared`` = index → specs of the events declared here (no plan), ``predicted`` = how
     many events were routed by a plan."""
 
-    __slots__ = ("bins", "states", "unbounded", "components", "largest_share", "bin_share", "declared",
-                 "predicted", "weights")
-
-    def __init__(self) -> None:
-        self.bins: list[list[int]] = []
-        self.states: list[set] = []
-        self.unbounded: list[set] = []
-        self.components = 0
-        self.largest_share = 1.0
-        self.bin_share = 1.0
-        self.declared: dict[int, list[OpSpec] | str] = {}
-        self.predicted = 0
-        self.weights: list[int] = []
+    bins: list[list[int]] = field(default_factory=list)
+    states: list[set] = field(default_factory=list)
+    unbounded: list[set] = field(default_factory=list)
+    components: int = 0
+    largest_share: float = 1.0
+    bin_share: float = 1.0
+    declared: dict[int, list[OpSpec] | str] = field(default_factory=dict)
+    predicted: int = 0
+    weights: list[int] = field(default_factory=list)
 
 
 def route(router: Router, declare, batch: list[BatchEvent], count: int,
@@ -393,33 +381,20 @@ def route(router: Router, declare, batch: list[BatchEvent], count: int,
     return routing
 
 
-def _union_all(states: list, ids_of: dict, parents: list[int], states_of_number: list) -> int:
-    """Union the states of one transaction (the general path: declared events, markers);
-    returns the number of its first state (-1: none)."""
-    first = -1
-    for state in states:
-        ids = ids_of.get(state[0])
-        if ids is None:
-            ids = ids_of[state[0]] = {}
-        number = ids.get(state[1])
-        if number is None:
-            number = ids[state[1]] = len(parents)
-            states_of_number.append(state)
-            parents.append(number if first < 0 else first)
-            if first < 0:
-                first = number
-            continue
-        above = parents[number]
-        while above != number:             # find, halving the path
-            grand = parents[above]
-            parents[number] = grand
-            number = grand
-            above = parents[number]
-        if first < 0:
-            first = number
-        elif number != first:
-            parents[number] = first
-    return first
+def _compile_union_all():
+    """``union_all(states, ids_of, parents, numbered) -> number``: :func:`route`'s union-find step for
+    the states of one transaction (the general path: declared events, markers), the same step
+    ``_compile_unite`` writes out per plan; returns the number of its first state (-1: none)."""
+    namespace: dict[str, Any] = {}
+    exec("def union_all(states, ids_of, parents, numbered):\n    first = -1\n"      # noqa: S102 - fixed text
+         "    for table0, key in states:\n        ids0 = ids_of.get(table0)\n        if ids0 is None:\n"
+         "            ids0 = ids_of[table0] = {}\n"
+         + _JOIN.format(indent="        ", i=0).replace("states.append", "numbered.append") + "    return first\n",
+         namespace)
+    return namespace["union_all"]
+
+
+_union_all = _compile_union_all()
 
 
 def _link(parents: list[int], one: int, other: int) -> None:

@@ -7,6 +7,8 @@ loading and writing; tests and benchmarks call it directly with a dict of base i
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import gc
 import operator
 import time
@@ -16,11 +18,11 @@ from typing import Any
 
 from activedb.batch._declare import BatchEvent, OpSpec, StateTransactions, specs_of
 from activedb.batch._decide import DecisionModel
-from activedb.batch._execute import ExecutionStatistics, TpgExecutor, run_serial
+from activedb.batch._execute import TpgExecutor, run_serial
 from activedb.batch._lean import RouteMissed, run_lean, time_of
 from activedb.batch._parallel import WorkerPool
 from activedb.batch._plan import Tpg, Txn, build_tpg
-from activedb.batch._result import BatchResult, BatchStatistics
+from activedb.batch._result import BatchResult, BatchStatistics, Part
 from activedb.batch._route import Allowed, Router, route, touched_states
 from activedb.batch._strategy import Strategy, parse_strategy
 from activedb.batch.errors import WorkerFailed
@@ -114,7 +116,7 @@ class Prepared:
 
     txns: list[Txn]
     specs: list[list[OpSpec]]
-    rejected: list[tuple[BatchEvent, str]]
+    rejected: list[tuple[int, str]]      # (t, why the event at t could not be declared)
     times: list[Any]
     seconds: float
     batch: list[BatchEvent] = field(default_factory=list)
@@ -129,48 +131,46 @@ class Prepared:
 
     def declared(self) -> dict[int, list[OpSpec] | str]:
         """``t`` → the specs of the event at ``t``, or the reason it was rejected."""
-        result: dict[int, list[OpSpec] | str] = {txn.t: specs for txn, specs in zip(self.txns, self.specs)}
-        positions = {event.position: t for t, event in enumerate(self.batch)}
-        for event, reason in self.rejected:
-            result[positions[event.position]] = reason
-        return result
+        return {**{txn.t: specs for txn, specs in zip(self.txns, self.specs)}, **dict(self.rejected)}
 
 
-class _NoCyclicGc:
+@contextlib.contextmanager
+def no_cyclic_gc():
     """The TPG is a graph of many small objects with cycles (parents ↔ children); the cyclic
     garbage collector would walk it again and again while it is built.  Nothing in a batch
-    needs it: pause it for the batch (reference counting still frees everything acyclic)."""
+    needs it: pause it for the batch (reference counting still frees everything acyclic).
+    A context manager, or a decorator (``@no_cyclic_gc()``); a caller that paused it keeps it paused."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
-    def __enter__(self):
-        self.enabled = gc.isenabled()
-        gc.disable()
 
-    def __exit__(self, *exc_info):
-        if self.enabled:
-            gc.enable()
-
-
-def prepare(transactions: StateTransactions, events: Iterable[Any], *, normalised: bool = False) -> Prepared:
+@no_cyclic_gc()
+def prepare(transactions: StateTransactions, events: Iterable[Any]) -> Prepared:
     """PRE_PROCESS: normalise and declare every event; events that cannot be declared are
     rejected with the reason (they become dead letters)."""
-    with _NoCyclicGc():
-        started = time.perf_counter()
-        batch = list(events) if normalised else normalise_events(events)
-        return _declare_all(transactions, list(enumerate(batch)), batch, None, started)
+    started = time.perf_counter()
+    batch = normalise_events(events)
+    return _declare_all(transactions, list(enumerate(batch)), batch, None, started)
 
 
 def _declare_all(transactions: StateTransactions, items: list[tuple[int, BatchEvent]], batch: list[BatchEvent],
                  declared: Mapping[int, Any] | None, started: float) -> Prepared:
     txns: list[Txn] = []
     specs: list[list[OpSpec]] = []
-    rejected: list[tuple[BatchEvent, str]] = []
+    rejected: list[tuple[int, str]] = []
     declare = transactions.declare
     for t, event in items:
         known = specs_of(declare, event, declared.get(t) if declared is not None else None)
         if type(known) is str:
-            rejected.append((event, known))
+            rejected.append((t, known))
             continue
-        txns.append(Txn(t, event, time_of(event)))
+        txns.append(Txn(t, event))
         specs.append(known)
     times = _Times(batch)
     return Prepared(txns, specs, rejected, times, time.perf_counter() - started, batch)
@@ -191,104 +191,57 @@ class _Times:
             value = self._cache[t] = time_of(self._batch[t])
         return value
 
-    def __len__(self) -> int:
-        return len(self._batch)
-
 
 # --- one part of a batch --------------------------------------------------------------------
 
-@dataclass
-class _Part:
-    """What one process computed for its transactions (picklable: no events, no functions):
-    ``ts`` = the timestamps of its declared transactions (ascending), ``aborted`` = t → reason,
-    ``outputs`` = t → outputs of committed transactions that have any, ``rejected`` = (t, reason)."""
-
-    ts: list[int]
-    aborted: dict[int, str]
-    outputs: dict[int, dict]
-    rejected: list[tuple[int, str]]
-    final: dict
-    before: dict
-    strategy: str
-    decision: tuple[str, ...]
-    execution: ExecutionStatistics | None
-    plan: dict[str, Any]
-    seconds: dict[str, float]
-    executions: int = 0
-    versions: bool = False
-
-
-def _compact(outcomes) -> tuple[list[int], dict[int, str], dict[int, dict]]:
-    ts, aborted, outputs = [], {}, {}
-    for outcome in outcomes:
-        ts.append(outcome.t)
-        if not outcome.committed:
-            aborted[outcome.t] = outcome.reason
-        elif outcome.outputs:
-            outputs[outcome.t] = outcome.outputs
-    return ts, aborted, outputs
-
-
-def _plan_counts(tpg: Tpg | None, operations: int, states: int = 0) -> dict[str, Any]:
-    if tpg is None:
-        return {"operations": operations, "td": 0, "pd": 0, "ld": 0, "nd": 0, "window": 0, "states": states,
-                "busiest": 0, "on_states": 0}
+def _plan_counts(tpg: Tpg) -> dict[str, Any]:
+    """The TPG's counts, named as :class:`BatchStatistics` names them (``busiest``, ``on_states``: for the skew)."""
     counts = tpg.ops_per_state
-    return {"operations": len(tpg.ops), "td": tpg.td_edges, "pd": tpg.pd_edges, "ld": tpg.ld_pairs,
-            "nd": tpg.nd_ops, "window": tpg.window_ops, "states": len(counts),
+    return {"operations": len(tpg.ops), "td_edges": tpg.td_edges, "pd_edges": tpg.pd_edges, "ld_pairs": tpg.ld_pairs,
+            "nd_ops": tpg.nd_ops, "window_ops": tpg.window_ops, "states": len(counts),
             "busiest": max(counts.values(), default=0), "on_states": sum(counts.values())}
 
 
 def _run_part(transactions: StateTransactions, mode: str | Strategy, batch: list[BatchEvent],
               items: list[tuple[int, BatchEvent]], declared: Mapping[int, Any] | None, base: Mapping, loader,
-              allowed, model: DecisionModel, versions: bool) -> _Part:
+              allowed, model: DecisionModel, versions: bool) -> Part:
     """Run ``items`` (``(t, event)``) with ``mode``."""
     seconds: dict[str, float] = {}
     if mode == LEAN:
-        lean = run_lean(transactions.declarations, items, base, loader=loader, declared=declared,
+        return run_lean(transactions.declarations, items, base, loader=loader, declared=declared,
                         versions=versions, allowed=allowed)
-        seconds["execute"] = lean.seconds
-        positions = {event.position: t for t, event in items} if lean.rejected else {}
-        return _Part(lean.ts, lean.aborted, lean.outputs,
-                     [(positions[event.position], reason) for event, reason in lean.rejected], lean.final,
-                     lean.before, LEAN, (), None, _plan_counts(None, lean.operations, lean.states), seconds,
-                     lean.executions, lean.versions)
     started = time.perf_counter()
     prepared = _declare_all(transactions, items, batch, declared, started)
     seconds["declare"] = prepared.seconds
-    positions = {event.position: t for t, event in items} if prepared.rejected else {}
-    rejected = [(positions[event.position], reason) for event, reason in prepared.rejected]
     table = Versions(base, times=prepared.times, loader=_checked_loader(loader, allowed))
     txns, specs = prepared.txns, prepared.specs
-    operations = sum(len(declared_specs) for declared_specs in specs)
+    started = time.perf_counter()
+    decision: tuple[str, ...] = ()
     if mode == SERIAL:
-        started = time.perf_counter()
         outcomes = run_serial(txns, specs, table)
         seconds["execute"] = time.perf_counter() - started
-        final = table.final()
-        return _Part(*_compact(outcomes), rejected, final, {state: table.base(state) for state in final}, SERIAL, (),
-                     None, _plan_counts(None, operations), seconds, operations)
-    started = time.perf_counter()
-    tpg = build_tpg(txns, specs)
-    seconds["plan"] = time.perf_counter() - started
-    decision: tuple[str, ...] = ()
-    if mode == TPG:
-        started = time.perf_counter()
-        chosen = model.decide(tpg)
-        seconds["decide"] = time.perf_counter() - started
-        chosen_strategy, decision = chosen.strategy, chosen.reasons
+        executions = sum(len(declared_specs) for declared_specs in specs)
+        name, statistics, plan = SERIAL, None, {"operations": executions}
     else:
-        chosen_strategy = parse_strategy(mode)
-    executor = TpgExecutor(tpg, chosen_strategy, table)
-    statistics = executor.run()
-    started = time.perf_counter()
-    outcomes = executor.outcomes(specs)
-    tpg.release(executor.units)
-    seconds["execute"] = statistics.seconds + time.perf_counter() - started
+        tpg = build_tpg(txns, specs)
+        seconds["plan"] = time.perf_counter() - started
+        if mode == TPG:
+            started = time.perf_counter()
+            chosen = model.decide(tpg)
+            seconds["decide"] = time.perf_counter() - started
+            chosen_strategy, decision = chosen.strategy, chosen.reasons
+        else:
+            chosen_strategy = parse_strategy(mode)
+        executor = TpgExecutor(tpg, chosen_strategy, table)
+        statistics = executor.run()
+        started = time.perf_counter()
+        outcomes = executor.outcomes(specs)
+        tpg.release(executor.units)
+        seconds["execute"] = statistics.seconds + time.perf_counter() - started
+        name, plan, executions = chosen_strategy.name, _plan_counts(tpg), statistics.executions
     final = table.final()
-    return _Part(*_compact(outcomes), rejected, final, {state: table.base(state) for state in final},
-                 chosen_strategy.name, decision, statistics, _plan_counts(tpg, operations), seconds,
-                 statistics.executions)
+    return Part(*outcomes, prepared.rejected, final, {state: table.base(state) for state in final}, name,
+                decision, statistics, plan, seconds, executions)
 
 
 def _checked_loader(loader, allowed):
@@ -303,38 +256,21 @@ def _checked_loader(loader, allowed):
     return load
 
 
-def run_in_worker(transactions: StateTransactions, shipped: list[tuple], base: dict, absent: list, tables: tuple,
-                  mode: str, model_state: tuple, versions: bool) -> _Part:
+@no_cyclic_gc()
+def run_in_worker(transactions: StateTransactions, shipped: list[tuple], base: dict, absent: list, mode: str,
+                  model: DecisionModel, versions: bool) -> Part:
     """Worker-process entry: ``shipped`` = ``(t, event_type, key, ts, payload, position)`` per
     transaction (ascending ``t``); ``base`` = the images of the part's states, ``absent`` = its
-    states without a row, ``tables`` = unbounded tables (none: those parts stay in the caller)."""
-    with _NoCyclicGc():
-        items = [(item[0], _new_event(BatchEvent, item[1:])) for item in shipped]
-        allowed = Allowed(set(base).union(absent), tables)
-        batch = _Sparse(items)
-        model = DecisionModel(abort_ratio=model_state[0], seconds_per_op=model_state[1], batches=model_state[2],
-                              rule=model_state[3])
-        try:
-            part = _run_part(transactions, mode, batch, items, None, base, None, allowed, model, versions)
-        except RouteMissed as missed:
-            return _Missed(missed.state, missed.t)
-        part.before = None      # the caller has the images before the batch: not shipped back
-        return part
-
-
-class _Sparse:
-    """``batch[t]`` for the ``(t, event)`` pairs a worker has."""
-
-    __slots__ = ("_events",)
-
-    def __init__(self, items: list[tuple[int, BatchEvent]]) -> None:
-        self._events = dict(items)
-
-    def __getitem__(self, t: int) -> BatchEvent:
-        return self._events[t]
-
-    def __len__(self) -> int:
-        return len(self._events)
+    states without a row (a part with unbounded tables stays in the caller)."""
+    items = [(item[0], _new_event(BatchEvent, item[1:])) for item in shipped]
+    allowed = Allowed(set(base).union(absent))
+    batch = dict(items)     # batch[t] for the (t, event) pairs this worker has
+    try:
+        part = _run_part(transactions, mode, batch, items, None, base, None, allowed, model, versions)
+    except RouteMissed as missed:
+        return _Missed(missed.state, missed.t)
+    part.before = None      # the caller has the images before the batch: not shipped back
+    return part
 
 
 @dataclass
@@ -362,7 +298,7 @@ def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base
     (or a rejection reason) already known for the event at ``t``.  ``processes`` defaults to the
     object's; ``split``: ``"auto"`` (the decision model's rule), ``"always"`` (whenever the batch
     has two components or more and processes are allowed), ``"never"``.  The caller pauses the cyclic
-    garbage collector (``_NoCyclicGc``), as every caller here does."""
+    garbage collector (``no_cyclic_gc``), as every caller here does."""
     runtime = runtime_of(transactions)
     mode = _mode_of(strategy)
     if split not in ("auto", "always", "never"):
@@ -374,7 +310,7 @@ def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base
     decision: tuple[str, ...] = ()
     if mode == AUTO:
         mode, decision = model.choose_execution(threads=1)
-    parts: list[_Part] = []
+    parts: list[Part] = []
     components, largest_share = 0, 1.0
     if (allowed_processes > 1 and len(batch) > 1 and runtime.pool is not None and split != "never"):
         started = time.perf_counter()
@@ -383,10 +319,8 @@ def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base
         seconds["route"] = time.perf_counter() - started
         components, largest_share = routing.components, routing.largest_share
         operations = sum(routing.weights)
-        if split == "always":
-            splitting, why = True, "split='always'"
-        else:
-            splitting, why = model.should_split(operations, routing.bin_share, allowed_processes)
+        splitting, why = (True, "split='always'") if split == "always" else model.should_split(
+            operations, routing.bin_share, allowed_processes)
         if splitting and sum(1 for members in routing.bins if members) < 2:
             splitting, why = False, "one component"
         notes.append(("split: " if splitting else "not split: ") + why +
@@ -400,13 +334,13 @@ def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base
 
 
 def _run_split(transactions, runtime: Runtime, mode, batch, routing, base, loader, declared, notes, seconds
-               ) -> list[_Part]:
+               ) -> list[Part]:
     """Bins 1.. to the workers (compact tuples: the events, the part's images), bin 0 here, at
     the same time; a missed prediction anywhere runs the batch again unsplit."""
     started = time.perf_counter()
     model = runtime.model
     name = mode if isinstance(mode, str) else mode.name
-    model_state = (model.abort_ratio, model.seconds_per_op, model.batches, model.rule)
+    shipped_model = dataclasses.replace(model, history=[])      # what a part decides by, without the history
     futures = []
     base_get = base.get
     for number in range(1, len(routing.bins)):
@@ -421,17 +355,16 @@ def _run_split(transactions, runtime: Runtime, mode, batch, routing, base, loade
                 absent.append(state)
             else:
                 part_base[state] = image
-        futures.append((number, runtime.pool.submit(run_in_worker, transactions, shipped, part_base, absent, (),
-                                                    name, model_state, runtime.versions)))
+        futures.append((number, runtime.pool.submit(run_in_worker, transactions, shipped, part_base, absent, name,
+                                                    shipped_model, runtime.versions)))
     seconds["ship"] = time.perf_counter() - started
-    parts: list[_Part] = []
+    parts: list[Part] = []
     missed: list[tuple[Any, int]] = []
     try:
         parts.append(_run_local(transactions, mode, batch, routing, 0, base, loader, runtime))
     except RouteMissed as error:
         missed.append((error.state, error.t))
     for number, future in futures:
-        answer: Any = None
         try:
             answer = future.result()
         except Exception as error:   # e.g. a declaring function that cannot be pickled
@@ -461,7 +394,7 @@ def _run_split(transactions, runtime: Runtime, mode, batch, routing, base, loade
     return parts
 
 
-def _run_local(transactions, mode, batch, routing, number: int, base, loader, runtime: Runtime) -> _Part:
+def _run_local(transactions, mode, batch, routing, number: int, base, loader, runtime: Runtime) -> Part:
     """Bin ``number`` in this process, over its own images only (so a missed prediction shows)."""
     states, tables = routing.states[number], routing.unbounded[number]
     if tables:
@@ -485,25 +418,21 @@ def _is_pickling_problem(error: BaseException) -> bool:
         "pickle" in str(error).lower() or "Can't get" in str(error) or "Can't pickle" in str(error))
 
 
-def _assemble(batch: list[BatchEvent], parts: list[_Part], mode, seconds: dict[str, float], components: int,
+def _assemble(batch: list[BatchEvent], parts: list[Part], mode, seconds: dict[str, float], components: int,
               largest_share: float, runtime: Runtime, notes: list[str], decision: tuple[str, ...]) -> BatchResult:
-    if len(parts) == 1:
-        part = parts[0]
-        ts, aborted, outputs, final, before = part.ts, part.aborted, part.outputs, part.final, part.before
-        rejected_at = part.rejected
-    else:
-        ts, aborted, outputs, final, before, rejected_at = [], {}, {}, {}, {}, []
-        for part in parts:
-            ts.extend(part.ts)
-            aborted.update(part.aborted)
-            outputs.update(part.outputs)
-            final.update(part.final)
-            before.update(part.before)
-            rejected_at.extend(part.rejected)
-        ts.sort()
-        rejected_at.sort()
+    ts, aborted, outputs, final, before, rejected_at = [], {}, {}, {}, {}, []
+    for part in parts:
+        ts.extend(part.ts)
+        aborted.update(part.aborted)
+        outputs.update(part.outputs)
+        final.update(part.final)
+        before.update(part.before)
+        rejected_at.extend(part.rejected)
+    ts.sort()
+    rejected_at.sort()
     rejected = [(batch[t], reason) for t, reason in rejected_at]
-    totals: dict[str, Any] = {}
+    totals = dict.fromkeys(("operations", "td_edges", "pd_edges", "ld_pairs", "nd_ops", "window_ops", "states",
+                            "on_states"), 0)
     execution = {"executions": 0, "rollbacks": 0, "aborts_applied": 0, "revoked": 0, "passes": 0, "units": 0,
                  "cyclic_ops": 0, "strata": 0}
     busiest = 0
@@ -526,13 +455,12 @@ def _assemble(batch: list[BatchEvent], parts: list[_Part], mode, seconds: dict[s
         if part.versions:
             runtime.versions = True
     seconds.update(part_seconds)
-    mean = totals.get("on_states", 0) / totals["states"] if totals.get("on_states") and totals.get("states") else 1.0
+    on_states = totals.pop("on_states")
+    mean = on_states / totals["states"] if on_states and totals["states"] else 1.0
     strategies = sorted({part.strategy for part in parts})
     statistics = BatchStatistics(
-        transactions=len(ts), rejected=len(rejected), operations=totals.get("operations", 0),
-        td_edges=totals.get("td", 0), pd_edges=totals.get("pd", 0), ld_pairs=totals.get("ld", 0),
-        nd_ops=totals.get("nd", 0), window_ops=totals.get("window", 0), states=totals.get("states", 0),
-        skew=(busiest / mean) if mean and busiest else 1.0, components=components,
+        transactions=len(ts), rejected=len(rejected), **totals, skew=(busiest / mean) if mean and busiest else 1.0,
+        components=components,
         largest_component_share=largest_share, processes=len(parts), seconds=seconds,
         decision=decision or parts[0].decision, **execution)
     if mode != SERIAL:
@@ -543,15 +471,15 @@ def _assemble(batch: list[BatchEvent], parts: list[_Part], mode, seconds: dict[s
     return BatchResult(batch, ts, aborted, outputs, rejected, final, before, "+".join(strategies), statistics, notes)
 
 
+@no_cyclic_gc()
 def run_in_memory(transactions: StateTransactions, events: Iterable[Any],
                   state: Mapping[tuple[str, Any], dict | None] | None = None, *, strategy: str | Strategy = AUTO,
                   processes: int | None = None, split: str = "auto") -> BatchResult:
     """Declare and run a batch over ``state`` (images before the batch; absent = no row)."""
-    with _NoCyclicGc():
-        started = time.perf_counter()
-        batch = normalise_events(events)
-        normalised = time.perf_counter() - started
-        result = execute_batch(transactions, batch, dict(state or {}), strategy=strategy, processes=processes,
-                               split=split)
+    started = time.perf_counter()
+    batch = normalise_events(events)
+    normalised = time.perf_counter() - started
+    result = execute_batch(transactions, batch, dict(state or {}), strategy=strategy, processes=processes,
+                           split=split)
     result.statistics.seconds["normalise"] = normalised
     return result

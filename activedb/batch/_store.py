@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from activedb import deadletters
 from activedb.batch._declare import BatchEvent, StateTransactions
 from activedb.batch._result import BatchResult
-from activedb.batch._runtime import AUTO, _NoCyclicGc, execute_batch, prepare
+from activedb.batch._runtime import AUTO, execute_batch, no_cyclic_gc, prepare
 from activedb.batch._strategy import Strategy
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -24,6 +24,7 @@ DEAD_LETTER_TABLE = deadletters.TABLE
 _MISSING = object()
 
 
+@no_cyclic_gc()        # tens of thousands of small objects: no cyclic collection meanwhile
 def apply_batch(tx: Transaction, events: Iterable[Any], transactions: StateTransactions, *,
                 strategy: str | Strategy = AUTO, processes: int | None = None, split: str = "auto",
                 lock: str = "write") -> BatchResult:
@@ -34,11 +35,6 @@ def apply_batch(tx: Transaction, events: Iterable[Any], transactions: StateTrans
     ``"table"`` (one WRITE lock per table the batch touches)."""
     if lock not in ("write", "table"):
         raise ValueError(f"apply_batch(lock={lock!r}): use 'write' or 'table'")
-    with _NoCyclicGc():        # tens of thousands of small objects: no cyclic collection meanwhile
-        return _apply_batch(tx, events, transactions, strategy, processes, split, lock)
-
-
-def _apply_batch(tx, events, transactions, strategy, processes, split, lock) -> BatchResult:
     prepared = prepare(transactions, events)
     started = time.perf_counter()
     base: dict[tuple[str, Any], dict | None] = {}

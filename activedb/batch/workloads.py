@@ -374,8 +374,5 @@ def workload_transactions(name: str, *, processes: int = 1) -> StateTransactions
 
 def workload_events(name: str, workload: Workload) -> tuple[list[dict], dict]:
     """The events of workload ``name`` (sl, gs, tp) and the state they start from."""
-    if name == "sl":
-        return generate_ledger(workload), initial_state("sl", workload.key_count)
-    if name == "gs":
-        return generate_grep_sum(workload), initial_state("gs", workload.key_count)
-    return generate_toll(workload), {}
+    generate = {"sl": generate_ledger, "gs": generate_grep_sum, "tp": generate_toll}[name]
+    return generate(workload), initial_state(name, workload.key_count)

@@ -146,21 +146,16 @@ class Evaluation:
 
     def snapshot(self) -> dict:
         """Items are shared (immutable but for the ``processed`` flag, which is saved separately)."""
-        nodes = {}
-        for key, node in self.nodes.items():
-            nodes[key] = (node, [POList(items) for items in node.lists], dict(node.decisions), node.blocked_on,
-                          list(node.pending_resolutions))
+        nodes = {key: (node, [POList(items) for items in node.lists], dict(node.decisions), node.blocked_on,
+                       list(node.pending_resolutions)) for key, node in self.nodes.items()}
         processed = {item.number: item.processed for node in self.nodes.values() for item in node.items()}
         return {"nodes": nodes, "processed": processed, "blocked": set(self.blocked)}
 
     def restore(self, snapshot: dict) -> None:
         self.nodes = {}
         items_by_number = {}
-        for key, (node, lists, decisions, blocked_on, resolutions) in snapshot["nodes"].items():
-            node.lists = lists
-            node.decisions = decisions
-            node.blocked_on = blocked_on
-            node.pending_resolutions = resolutions
+        for key, (node, *state) in snapshot["nodes"].items():
+            node.lists, node.decisions, node.blocked_on, node.pending_resolutions = state
             self.nodes[key] = node
             for item in node.items():
                 items_by_number[item.number] = item

@@ -56,16 +56,14 @@ class Uncertainty:
                 f"{describe_event(self.relative_to)} is uncertain (their accuracy intervals overlap or touch)")
 
 
+@dataclass(slots=True, repr=False, eq=False)
 class Choice:
     """What an ``on_uncertain`` callback returns: :meth:`use` one candidate, or :meth:`drop` candidates
     (they leave their lists without composing).  Returning a candidate event itself means ``use`` it;
     returning None declines (the engine raises :class:`~activedb.composite.errors.UncertainOrder`)."""
 
-    __slots__ = ("use_event", "dropped")
-
-    def __init__(self, use_event: StreamEvent | None = None, dropped: tuple[StreamEvent, ...] = ()):
-        self.use_event = use_event
-        self.dropped = dropped
+    use_event: StreamEvent | None = None
+    dropped: tuple[StreamEvent, ...] = ()
 
     @classmethod
     def use(cls, event: StreamEvent) -> "Choice":
@@ -167,9 +165,6 @@ class Invalidation:
 def describe_event(event: StreamEvent | None) -> str:
     if event is None:
         return "nothing"
-    ts = event.ts
-    key = ""
     attributes = dict(event.attributes)
-    if "id" in attributes:
-        key = f"#{attributes['id']}"
-    return f"{event.type}{key}{ts}"
+    key = f"#{attributes['id']}" if "id" in attributes else ""
+    return f"{event.type}{key}{event.ts}"

@@ -180,8 +180,6 @@ class Node:
         before it, is combined with the newest events before it, component by component backwards; the
         terminating event is used up, the others stay until a newer one rules them out."""
         last = len(self.lists) - 1
-        if last == 0:
-            return self._recent_single(context)
         for terminator in sorted(self.lists[last], key=Item.sort_key):
             if not self._settled_before(context, terminator, range(last)):
                 continue
@@ -225,14 +223,6 @@ class Node:
         if not candidates:
             return None, None
         return self._choose(context, rank, candidates, taken, anchor, lambda pick: before(pick.ts, anchor.ts))
-
-    def _recent_single(self, context: "Evaluation") -> Step:
-        if not self.lists[0]:
-            return Step.IDLE
-        item = min(self.lists[0], key=Item.sort_key)
-        self.lists[0] = POList(other for other in self.lists[0] if other is not item)
-        context.compose(self, [item])
-        return Step.COMPOSED
 
     def _recent_and(self, context: "Evaluation") -> Step:
         """Every event, once no event of another component can still come before it, is combined with

@@ -18,12 +18,6 @@ GAP_FACTOR = 4.0          # an empty stretch longer than this many typical inter
 LABEL_CHARACTER_INCHES = 0.045   # a 6-point label's character width, to keep lane labels apart
 
 
-def _origin(window: Any) -> Any:
-    values = [entry.ts.interval.lower for entry in window.entries]
-    values += [composite.ts.interval.lower for composite in window.composites]
-    return min(values) if values else 0.0
-
-
 class _TimeAxis:
     """A monotone, piecewise linear map from time (in ``unit``) to the drawing's x, compressing long empty
     stretches between the points it is given.  ``segments``: the real ranges drawn at scale 1;
@@ -110,7 +104,8 @@ def plot(window: Any, path: str | Path, *, title: str | None = None, unit: str =
     from matplotlib.patches import Patch
 
     scale = 1000.0 if unit == "ms" else 1.0
-    origin = _origin(window)
+    lowers = [item.ts.interval.lower for item in (*window.entries, *window.composites)]
+    origin = min(lowers) if lowers else 0.0
 
     def real(value: Any) -> float:
         return seconds(value - origin) * scale

@@ -29,10 +29,6 @@ class Item:
     number: int
     processed: bool = False
 
-    @property
-    def producer(self) -> str:
-        return self.ts.producer
-
     def sort_key(self) -> tuple:
         ts = self.ts
         return (ts.lower, ts.upper, ts.producer, ts.local if ts.local is not None else ts.lower,
@@ -114,6 +110,7 @@ class Membership(enum.Enum):
     LEFT = "left"
 
 
+@dataclass(eq=False, slots=True)
 class Producer:
     """One producer's progress, as the composition engine knows it.
 
@@ -121,21 +118,16 @@ class Producer:
     below ``sync`` (the per-producer FIFO channel and monotone lower bounds make it so; a late event that
     breaks it is accepted only if no decision relied on its absence)."""
 
-    __slots__ = ("name", "types", "sync", "latest_local", "clock", "last_seen", "state", "events", "heartbeats",
-                 "weak")
-
-    def __init__(self, name: str, types: frozenset[str], sync: Any, clock: LocalClock | None, now: float,
-                 weak: bool = False):
-        self.name = name
-        self.weak = weak          # weak membership: admitted late; its old events are checked against the past
-        self.types = types
-        self.sync = sync
-        self.latest_local: Any = None
-        self.clock = clock
-        self.last_seen = now
-        self.state = Membership.JOINED
-        self.events = 0
-        self.heartbeats = 0
+    name: str
+    types: frozenset[str]
+    sync: Any
+    clock: LocalClock | None
+    last_seen: float
+    weak: bool = False        # weak membership: admitted late; its old events are checked against the past
+    latest_local: Any = None
+    state: Membership = Membership.JOINED
+    events: int = 0
+    heartbeats: int = 0
 
     def advance(self, ts: Timestamp) -> bool:
         """Move the sync-point to ``lower(ts)`` (and the latest local reading); True if it moved."""

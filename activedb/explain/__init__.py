@@ -178,12 +178,9 @@ class Explanation:
         def lock(value):
             return None if value is None else HeldLock(**value)
 
-        nodes = tuple(ExplainNode(tid=item["tid"], parent=item["parent"], name=item["name"], state=item["state"],
-                                  depth=item["depth"], held=tuple(lock(entry) for entry in item["held"]),
-                                  retained=tuple(lock(entry) for entry in item["retained"]),
-                                  waiting_for=lock(item["waiting_for"]), segments=tuple(item["segments"]),
-                                  registered_wait=item.get("registered_wait"))
-                      for item in data["nodes"])
+        nodes = tuple(ExplainNode(**{**item, "held": tuple(map(lock, item["held"])), "segments": tuple(item["segments"]),
+                                     "retained": tuple(map(lock, item["retained"])),
+                                     "waiting_for": lock(item["waiting_for"])}) for item in data["nodes"])
         edges = tuple(ExplainEdge(**item) for item in data["edges"])
         return cls(nodes=nodes, edges=edges, title=data.get("title", "activedb transactions"),
                    taken_at=data.get("taken_at", ""), deadlock=data.get("deadlock"), victim=data.get("victim"))
@@ -283,23 +280,18 @@ def from_snapshot(snapshot: "LockTableSnapshot", known: Mapping[str, tuple[str |
         parent, child = owner(info.parent), owner(tid)
         if parent != child:
             edges[(parent, child, "child")] = ExplainEdge(parent, child, "child")
-    for tid, targets in snapshot.waits.items():
-        waiter = owner(tid)
-        for target, (kind, resource) in targets.items():
-            other = owner(target)
-            if other == waiter:
-                continue
-            if resource is None:
-                registered[waiter] = kind
-            edges[(waiter, other, kind)] = ExplainEdge(waiter, other, kind,
-                                                      None if resource is None else describe_resource(resource))
     cycle = tuple(cycle)
-    for wait_edge in cycle:
-        waiter, target, kind = owner(wait_edge.waiter), owner(wait_edge.target), wait_edge.kind
-        if waiter == target:
+    waits = [(tid, target, kind, resource, False) for tid, targets in snapshot.waits.items()
+             for target, (kind, resource) in targets.items()]
+    for tid, target, kind, resource, in_cycle in waits + [(edge.waiter, edge.target, edge.kind, edge.resource, True)
+                                                          for edge in cycle]:
+        waiter, other = owner(tid), owner(target)
+        if other == waiter:
             continue
-        resource = None if wait_edge.resource is None else describe_resource(wait_edge.resource)
-        edges[(waiter, target, kind)] = ExplainEdge(waiter, target, kind, resource, in_cycle=True)
+        if resource is None and not in_cycle:
+            registered[waiter] = kind
+        edges[(waiter, other, kind)] = ExplainEdge(waiter, other, kind,
+                                                  None if resource is None else describe_resource(resource), in_cycle)
 
     def parent_of(tid: str) -> str | None:
         source = node_ids.get(tid)
@@ -310,8 +302,12 @@ def from_snapshot(snapshot: "LockTableSnapshot", known: Mapping[str, tuple[str |
             return known[tid][2]
         return None
 
+    def order(tid: str) -> tuple[int, str]:
+        info = infos.get(node_ids[tid])
+        return (info.serial if info is not None else 1 << 62, tid)
+
     nodes = []
-    for tid in sorted(node_ids, key=_order_key(infos, node_ids)):
+    for tid in sorted(node_ids, key=order):
         source = node_ids[tid]
         name, state, _ = known.get(tid, (None, None, None))
         if state is None or states_from_snapshot:
@@ -340,13 +336,6 @@ def from_snapshot(snapshot: "LockTableSnapshot", known: Mapping[str, tuple[str |
 
 def _lock_key(lock: HeldLock) -> tuple[bool, str]:
     return (not lock.resource.startswith("table "), lock.resource)
-
-
-def _order_key(infos, node_ids):
-    def key(tid: str):
-        info = infos.get(node_ids[tid])
-        return (info.serial if info is not None else 1 << 62, tid)
-    return key
 
 
 def _known_transactions(roots: Iterable[Any]) -> dict[str, tuple[str | None, str, str | None]]:

@@ -113,6 +113,11 @@ def _point(p0, control, p2, t: float) -> tuple[float, float]:
     return (a * p0[0] + b * control[0] + c * p2[0], a * p0[1] + b * control[1] + c * p2[1])
 
 
+def _control(p0, p2, rad: float) -> tuple[float, float]:
+    """The control point of the arc ``p0 -> p2`` bent by ``rad`` (matplotlib's ``arc3``)."""
+    return ((p0[0] + p2[0]) / 2 + rad * (p2[1] - p0[1]), (p0[1] + p2[1]) / 2 - rad * (p2[0] - p0[0]))
+
+
 def _inside(point, box) -> bool:
     return box[0] <= point[0] <= box[2] and box[1] <= point[1] <= box[3]
 
@@ -120,8 +125,7 @@ def _inside(point, box) -> bool:
 def _clipped_curve(p0, p2, rad: float, start_box, end_box):
     """The arc ``p0 -> p2`` (bent by ``rad`` as matplotlib's ``arc3``) cut where it leaves ``start_box`` and
     enters ``end_box``: ``(path vertices, label point)``."""
-    middle = ((p0[0] + p2[0]) / 2, (p0[1] + p2[1]) / 2)
-    control = (middle[0] + rad * (p2[1] - p0[1]), middle[1] - rad * (p2[0] - p0[0]))
+    control = _control(p0, p2, rad)
     steps = 400
     t0, t1 = 0.0, 1.0
     for step in range(steps + 1):
@@ -143,8 +147,7 @@ def _clipped_curve(p0, p2, rad: float, start_box, end_box):
 
 def _crosses(p0, p2, rad: float, boxes) -> bool:
     """True if the arc ``p0 -> p2`` bent by ``rad`` passes through one of ``boxes``."""
-    middle = ((p0[0] + p2[0]) / 2, (p0[1] + p2[1]) / 2)
-    control = (middle[0] + rad * (p2[1] - p0[1]), middle[1] - rad * (p2[0] - p0[0]))
+    control = _control(p0, p2, rad)
     return any(_inside(_point(p0, control, p2, step / 60), box) for step in range(1, 60) for box in boxes)
 
 
