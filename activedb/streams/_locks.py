@@ -137,9 +137,6 @@ class _Queue:
             heapq.heappop(heap)
         return heap[0][2] if heap else None
 
-    def __len__(self) -> int:
-        return len(self.heap)
-
 
 def _latest_before(position: int, queues: Iterable[_Queue | None]) -> Owner | None:
     """The latest owner before ``position`` not released (a scan: only for a waiter)."""
@@ -175,6 +172,13 @@ class _Table:
     any_tuple_reads: _Queue = field(default_factory=_Queue)
     any_tuple_writes: _Queue = field(default_factory=_Queue)
     requests: list[Request] = field(default_factory=list)     # every request, in insertion order
+
+    def writes_on(self, key: tuple | None) -> tuple[_Queue | None, ...]:
+        """The write queues overlapping a request on ``key`` (None: the whole table)."""
+        return self.table_writes, self.any_tuple_writes if key is None else self.tuple_writes.get(key)
+
+    def reads_on(self, key: tuple | None) -> tuple[_Queue | None, ...]:
+        return self.table_reads, self.any_tuple_reads if key is None else self.tuple_reads.get(key)
 
 
 @dataclass(frozen=True)
@@ -311,17 +315,7 @@ class StreamLockTable:
                     self._punctuation_waits += 1
                     self._gated.append(owner)
                 self._waiting[owner] = (request, blocker)
-            started = time.perf_counter()
-            try:
-                if blocker is not None:
-                    with self.waiting(owner, blocker, request):
-                        owner.wake.wait()
-                else:
-                    owner.wake.wait()
-            finally:
-                with self._mutex:
-                    self._waiting.pop(owner, None)
-                    self._wait_seconds += time.perf_counter() - started
+            self._sleep(owner, blocker, request)
 
     def wait_for(self, owner: Owner, blocker: Owner, why: Request | None = None, *, matched: bool = False) -> None:
         """Block until ``blocker`` ended — or, with ``matched``, until its partition states are
@@ -336,14 +330,19 @@ class StreamLockTable:
                 owner.wake.clear()
                 blocker.waiters.append(owner)
                 self._waiting[owner] = (why, blocker)
-            started = time.perf_counter()
-            try:
-                with self.waiting(owner, blocker, why):
-                    owner.wake.wait()
-            finally:
-                with self._mutex:
-                    self._waiting.pop(owner, None)
-                    self._wait_seconds += time.perf_counter() - started
+            self._sleep(owner, blocker, why)
+
+    def _sleep(self, owner: Owner, blocker: Owner | None, why: Request | None) -> None:
+        """Wait until ``owner`` is woken: an edge to ``blocker`` of the wait-for graph (None: the
+        punctuation, no edge).  Caller registered the wait in ``_waiting``; this ends it."""
+        started = time.perf_counter()
+        try:
+            with self.waiting(owner, blocker, why) if blocker is not None else contextlib.nullcontext():
+                owner.wake.wait()
+        finally:
+            with self._mutex:
+                self._waiting.pop(owner, None)
+                self._wait_seconds += time.perf_counter() - started
 
     def matched(self, owner: Owner) -> None:
         """``owner``'s partition states are final (it matched, no rule is left to run): wake who
@@ -387,10 +386,17 @@ class StreamLockTable:
         punctuation)``; ``(None, False)``: grant.  Caller holds ``_mutex``."""
         raise NotImplementedError
 
+    def _queues(self, request: Request) -> tuple[_Queue | None, ...]:
+        """The queues whose earlier requests block ``request``.  Caller holds ``_mutex``."""
+        raise NotImplementedError
+
     def wait_target(self, request: Request, blocker: Owner) -> Owner:
-        """Whose end a waiter blocked by ``blocker`` (what :meth:`blocker` named) sleeps until.
-        By default ``blocker`` itself.  Caller holds ``_mutex``."""
-        return blocker
+        """Whose end a waiter blocked by ``blocker`` (what :meth:`blocker` named) sleeps until:
+        the *latest* earlier owner on :meth:`_queues` (module docstring, "Waiting"), or
+        ``blocker`` itself under a subclass's rule of its own.  Caller holds ``_mutex``."""
+        if type(self).blocker not in _OWN_RULES:
+            return blocker
+        return _latest_before(request.owner.position, self._queues(request)) or blocker
 
     # --- inspection -------------------------------------------------------------------------
 
@@ -425,28 +431,12 @@ class S2PLLockTable(StreamLockTable):
     kind = WaitKind.STREAM_S2PL
 
     def _queues(self, request: Request) -> tuple[_Queue | None, ...]:
-        """The queues whose earlier requests conflict with ``request``.  Caller holds ``_mutex``."""
         table = self._tables[request.table]
-        key = request.key
-        write = request.mode is LockMode.WRITE
-        if key is None:
-            queues: tuple = (table.table_writes, table.any_tuple_writes)
-            if write:
-                queues += (table.table_reads, table.any_tuple_reads)
-        else:
-            queues = (table.table_writes, table.tuple_writes.get(key))
-            if write:
-                queues += (table.table_reads, table.tuple_reads.get(key))
-        return queues
+        writes = table.writes_on(request.key)
+        return writes + table.reads_on(request.key) if request.mode is LockMode.WRITE else writes
 
     def blocker(self, request: Request, mode: LockMode) -> tuple[Owner | None, bool]:
         return _earliest_before(request.owner.position, self._queues(request)), False
-
-    def wait_target(self, request: Request, blocker: Owner) -> Owner:
-        """The *latest* earlier conflicting owner (module docstring, "Waiting")."""
-        if type(self).blocker is not S2PLLockTable.blocker:      # a subclass with a rule of its own
-            return blocker
-        return _latest_before(request.owner.position, self._queues(request)) or blocker
 
 
 class LWMLockTable(StreamLockTable):
@@ -476,19 +466,10 @@ class LWMLockTable(StreamLockTable):
         (None: no write lock, lwm = +∞) — for tests and tools."""
         with self._mutex:
             entry = self._tables.get(table)
-            if entry is None:
-                return None
-            queues = (entry.table_writes, entry.any_tuple_writes) if key is None else (
-                entry.table_writes, entry.tuple_writes.get(key))
-            return _earliest_before(float("inf"), queues)   # type: ignore[arg-type]
+            return None if entry is None else _earliest_before(float("inf"), entry.writes_on(key))  # type: ignore
 
     def _queues(self, request: Request) -> tuple[_Queue | None, ...]:
-        """The write-lock queues of every resource overlapping ``request``'s.  Caller holds ``_mutex``."""
-        table = self._tables[request.table]
-        key = request.key
-        if key is None:
-            return table.table_writes, table.any_tuple_writes
-        return table.table_writes, table.tuple_writes.get(key)
+        return self._tables[request.table].writes_on(request.key)
 
     def blocker(self, request: Request, mode: LockMode) -> tuple[Owner | None, bool]:
         owner = request.owner
@@ -499,8 +480,5 @@ class LWMLockTable(StreamLockTable):
         gated = blocker is None and mrp is not None and ts_less(mrp, owner.ts)
         return blocker, gated
 
-    def wait_target(self, request: Request, blocker: Owner) -> Owner:
-        """The *latest* earlier write lock on an overlapping resource (module docstring, "Waiting")."""
-        if type(self).blocker is not LWMLockTable.blocker:       # a subclass with a rule of its own
-            return blocker
-        return _latest_before(request.owner.position, self._queues(request)) or blocker
+
+_OWN_RULES = (S2PLLockTable.blocker, LWMLockTable.blocker)
