@@ -1,46 +1,9 @@
-"""Stream lock tables: S2PL's timestamp-ordered queues and LWM's write-lock queues.
-
-The engine's schedulers fill a table from **one dispatcher**, in the declared total order
-of the batch's s-transactions, **before** any of them runs (Active CEP Algorithm 1's "insert
-every lock at the creation of ``T_i``", and App. E.1's dispatcher invariant).  Every
-request carries its owner's *stamp*: the s-transaction's ``position`` in the declared
-order (timestamp, then the application's order of equal timestamps), so "earlier" below
-is "smaller position".  Requests only disappear when their owner **ends** (committed or
-aborted, Active CEP Phase II) or, under LWM, is **released** once its body ran — so once a request is grantable it stays grantable, and a
-waiter only ever waits for an *earlier* owner to end.  (LWM's table also accepts
-insertions in arrival order, later ones included, guarded by the punctuation: App. F.)
-
-* :class:`S2PLLockTable` (Active CEP §5.2, Fig. 3 left): a request is granted when no
-  earlier request on an overlapping resource conflicts with it — whether that earlier
-  request is already held or still waiting.  That is the **no overtaking** rule: a later
-  read never passes an earlier waiting write (the counter-example: ``T1`` holds ``sl``,
-  ``T2`` waits for ``xl``, ``T3``'s ``sl`` is compatible with ``T1``'s; granting it lets
-  ``T3`` read at 15 before ``T2`` writes at 10 — Def. 6 (1)).
-* :class:`LWMLockTable` (Active CEP §5.3, Algorithm 2, Fig. 3 right): only write locks
-  queue.  ``lwm(P) = min`` stamp of the write locks on ``P``; a Read at stamp ``s`` is
-  granted when ``s ≤ lwm`` (every earlier write lock on ``P`` released — its own write lock
-  at ``s`` does not hold it back), a Write when its lock is the oldest (``s = lwm``), which
-  is the same test; read locks never block anything (kept for instrumentation).  With
-  App. F's punctuation guard: both also need ``ts ≤ mrp``, the most recent punctuation the
-  dispatcher published after inserting every lock of the events before it.
-
-Resources are ``(table, key)`` (a tuple) or ``(table, None)`` (the table).  A table
-request overlaps every tuple request of its table: for each table the structures keep
-table-level and tuple-level queues and, for table-level requests, the union of the
-tuple-level ones.  Each queue is a min-heap of ``(position, owner)`` with lazy deletion of
-ended owners, so ``lwm`` and "the earliest conflicting request" cost O(1) amortised.
-
-Waiting: the rule names the earliest live conflicting owner (O(1)); a waiter registers
-itself with the *latest* one (a scan of the same queues, only when it must wait: ``wait_target``)
-and sleeps on its own event; that owner's ``end`` wakes it and it looks again.  Earlier owners
-mostly end first (a writer waits for the earlier ones), so a waiter behind ``k`` owners wakes
-once instead of ``k`` times — each wake-up is a thread switch, a turn of the GIL and a
-wait-for edge, and every waiter woken at once competes with the one that can run.  An order
-waiter — one waiting for a partition's matcher state, ``wait_for(…, matched=True)`` — is
-also woken by the blocker's ``matched`` (its states are final before it ends).  The wait
-itself is wrapped in the ``waiting`` context the scheduler gives (``db.transactions.waiting``:
-an edge ``waiter → blocker`` of the one wait-for graph).  A Read held back only by the
-punctuation waits for the next ``publish`` — input, not a transaction, so not an edge.
+"""Stream lock tables (Active CEP §5.2, §5.3): :class:`S2PLLockTable` (timestamp-ordered
+queues, no overtaking) and :class:`LWMLockTable` (write-lock queues, the low-water mark,
+App. F's punctuation guard), filled by one dispatcher before any owner runs; a request is
+stamped with its owner's position, and a waiter waits only for an earlier owner.  The
+rules, the queues and whom a waiter sleeps behind: the design note
+``activedb/streams/README.md``, "The lock tables".
 
 Thread-safety: ``_mutex`` protects every queue, every request's ``held``, every owner's
 ``ended``/``matched``/``waiters`` and the counters; it is a leaf (nothing else is taken while it is
