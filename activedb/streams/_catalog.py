@@ -124,11 +124,6 @@ class StoreCatalog:
         self._names: list[str] | None = None
         self._schemas: dict[str, TableSchema] = {}
 
-    def _table_names(self, refresh: bool = False) -> list[str]:
-        if self._names is None or refresh:
-            self._names = sa.inspect(self.db.engine).get_table_names()
-        return self._names
-
     def table(self, name: str, position: Position | None = None) -> TableSchema:
         cached = self._schemas.get(name)
         if cached is not None:
@@ -163,4 +158,6 @@ class StoreCatalog:
         return schema
 
     def _resolve(self, name: str, *, refresh: bool) -> str | None:
-        return fold(name, self._table_names(refresh))
+        if self._names is None or refresh:
+            self._names = sa.inspect(self.db.engine).get_table_names()
+        return fold(name, self._names)

@@ -177,7 +177,7 @@ class StreamEngine:
         root = tx.root
         with self._mutex:
             if not self._loaded:
-                self._load_locked()
+                self._state, self._loaded = _persist.load(self), True
             pending = self._pending
             if pending is not None and pending.root is not root:
                 raise StreamStateError(
@@ -246,10 +246,6 @@ class StreamEngine:
                 self._state = pending.materialize()
             elif self.history is not None and pending.units:
                 self.history.abort_units(pending.units)     # their subtransactions were undone with the batch
-
-    def _load_locked(self) -> None:
-        self._state = _persist.load(self)
-        self._loaded = True
 
     def reset_state(self) -> None:
         """Forget the buffer, partial matches and punctuations, in memory and (if durable)

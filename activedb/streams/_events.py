@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from activedb.events import check_time
 
@@ -108,6 +108,15 @@ def ts_less(a: Any, b: Any) -> bool:
     if a is END_OF_STREAM:
         return False
     return a < b
+
+
+def ts_extreme(values: Iterable[Any], *, latest: bool) -> Any:
+    """The latest (or earliest) of ``values`` by :func:`ts_less`; the first one of equals (None: none)."""
+    extreme = None
+    for value in values:
+        if extreme is None or (ts_less(extreme, value) if latest else ts_less(value, extreme)):
+            extreme = value
+    return extreme
 
 
 def check_ts(ts: Any) -> str:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from activedb.streams._events import END_OF_STREAM, StreamEvent, order_key, ts_less
+from activedb.streams._events import END_OF_STREAM, StreamEvent, order_key, ts_extreme, ts_less
 from activedb.streams._matcher import PartitionState
 from activedb.streams.errors import StreamStateError
 
@@ -109,7 +109,7 @@ def save(engine: Any, tx: Transaction, pending: Any) -> None:
         item = f"{min(pending.buffer_added):012d}"
         tx.write(TABLE, (name, "buffer", item),
                  value={"arrivals": list(pending.buffer_added), **encode_events(list(pending.buffer_added.values()))})
-        chunks[item] = _latest(event.ts for event in pending.buffer_added.values())
+        chunks[item] = ts_extreme((event.ts for event in pending.buffer_added.values()), latest=True)
         pending.buffer_added = {}
     saved, written = pending.base.partitions, pending.written
     for (query, key), state in pending.overlay.items():
@@ -163,7 +163,7 @@ def load(engine: Any) -> Any:
             # punctuation were released by a later batch (the buffer holds no older event).
             events = list(zip(value["arrivals"], decode_events(value))) if "arrivals" in value \
                 else [(int(item), decode_event(value))]       # a row of one event (the earlier layout)
-            state.chunks[item] = _latest(event.ts for _, event in events)
+            state.chunks[item] = ts_extreme((event.ts for _, event in events), latest=True)
             buffered.extend(events)
         elif kind == "partition":
             query, key = json.loads(item)
@@ -182,15 +182,6 @@ def load(engine: Any) -> Any:
         state.buffer.append((order_key(event, stream.priority(event.type), tie), arrival, event))
     state.buffer.sort(key=lambda entry: (entry[0], entry[1]))
     return state
-
-
-def _latest(timestamps) -> Any:
-    """The latest of ``timestamps`` (by ``ts_less``)."""
-    latest = None
-    for ts in timestamps:
-        if latest is None or ts_less(latest, ts):
-            latest = ts
-    return latest
 
 
 def delete(engine: Any) -> None:

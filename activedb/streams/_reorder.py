@@ -14,7 +14,7 @@ import bisect
 from typing import Any, Callable, Mapping
 
 from activedb.streams._catalog import StreamSchema
-from activedb.streams._events import DeadLetter, StreamEvent, check_ts, format_ts, order_key, ts_less
+from activedb.streams._events import DeadLetter, StreamEvent, check_ts, format_ts, order_key, ts_extreme, ts_less
 from activedb.streams._metrics import Metrics
 from activedb.streams._state import Pending
 
@@ -89,10 +89,10 @@ class ReorderBuffer:
             candidates = [value for value in (given.get(name), self.watermark(name),
                                               pending.punctuations.get(name)) if value is not None]
             if candidates:
-                pending.punctuations[name] = _extreme(candidates, latest=True)
+                pending.punctuations[name] = ts_extreme(candidates, latest=True)
         if any(name not in pending.punctuations for name in streams):
             return pending.released
-        bound = _extreme([pending.punctuations[name] for name in streams], latest=False)
+        bound = ts_extreme([pending.punctuations[name] for name in streams], latest=False)
         if pending.released is not None and not ts_less(pending.released, bound):
             return pending.released
         return bound
@@ -125,15 +125,6 @@ class ReorderBuffer:
         del buffer[:cut]
         self.metrics.add(released=len(released), reorder_delay=delay, ties_by_content=ties)
         return released
-
-
-def _extreme(values: list, *, latest: bool) -> Any:
-    """The latest (or earliest) of ``values`` by ``ts_less``; the first one of equals."""
-    extreme = values[0]
-    for value in values[1:]:
-        if ts_less(extreme, value) if latest else ts_less(value, extreme):
-            extreme = value
-    return extreme
 
 
 def _event_from_mapping(raw: Mapping[str, Any]) -> StreamEvent:
