@@ -43,20 +43,18 @@ def encode_value(value: Any) -> Any:
                            f"StreamEngine(durable=False)")
 
 
+_DECODERS = {"$dt": dt.datetime.fromisoformat, "$d": dt.date.fromisoformat, "$dec": decimal.Decimal,
+             "$end": lambda _: END_OF_STREAM,
+             "$map": lambda pairs: {key: decode_value(item) for key, item in pairs}}
+
+
 def decode_value(value: Any) -> Any:
     if isinstance(value, list):
         return [decode_value(item) for item in value]
     if isinstance(value, dict):
-        if "$dt" in value:
-            return dt.datetime.fromisoformat(value["$dt"])
-        if "$d" in value:
-            return dt.date.fromisoformat(value["$d"])
-        if "$dec" in value:
-            return decimal.Decimal(value["$dec"])
-        if "$end" in value:
-            return END_OF_STREAM
-        if "$map" in value:
-            return {key: decode_value(item) for key, item in value["$map"]}
+        for tag, decode in _DECODERS.items():
+            if tag in value:
+                return decode(value[tag])
     return value
 
 
