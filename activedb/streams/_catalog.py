@@ -116,11 +116,8 @@ class StoreCatalog:
         self.db = db
         self._aliases: dict[str, tuple[str, dict[str, str]]] = {}
         for logical, target in (aliases or {}).items():
-            if isinstance(target, str):
-                self._aliases[logical.casefold()] = (target, {})
-            else:
-                real, columns = target
-                self._aliases[logical.casefold()] = (real, dict(columns))
+            real, columns = (target, {}) if isinstance(target, str) else target
+            self._aliases[logical.casefold()] = (real, dict(columns))
         self._names: list[str] | None = None
         self._schemas: dict[str, TableSchema] = {}
 

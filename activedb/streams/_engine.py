@@ -219,7 +219,9 @@ class StreamEngine:
         letters.extend(run.dead_letters)
         started = time.perf_counter()
         if letters and self.record_dead_letters:
-            self._record_dead_letters(tx, letters, batch_id)
+            deadletters.insert(tx, self.db.catalog, f"streams:{self.name}", batch_id, [
+                deadletters.Letter(letter.reason, _event_row(letter.event),
+                                   _event_row(letter.event, _persist.encode_value)) for letter in letters])
         if self.durable:
             _persist.save(self, tx, pending)
         self.metrics.phase("state", time.perf_counter() - started)
@@ -227,11 +229,6 @@ class StreamEngine:
         return BatchResult(admitted=admitted, released=len(released), processed=run.processed, failed=run.failed,
                            outputs=tuple(run.outputs), dead_letters=tuple(letters), buffered=len(pending.buffer),
                            punctuation=pending.released)
-
-    def _record_dead_letters(self, tx: Transaction, letters: list[DeadLetter], batch_id: int | None) -> None:
-        deadletters.insert(tx, self.db.catalog, f"streams:{self.name}", batch_id, [
-            deadletters.Letter(letter.reason, _event_row(letter.event), _jsonable_event(letter.event))
-            for letter in letters])
 
     # --- state -------------------------------------------------------------------------------
 
@@ -279,12 +276,8 @@ class StreamEngine:
         return f"<StreamEngine {self.name} {self.scheduler.name}: {queries} queries, {rules} rules>"
 
 
-def _event_row(event: StreamEvent) -> dict:
-    """A dead letter's original row for ``event``: its fields, kept exactly."""
-    return {"type": event.type, "ts": event.ts, "stream": event.stream, "attributes": dict(event.attributes)}
-
-
-def _jsonable_event(event: StreamEvent) -> dict:
-    return {"type": event.type, "ts": _persist.encode_value(event.ts), "stream": event.stream,
-            "attributes": {key: _persist.encode_value(value) for key, value in dict(event.attributes).items()}}
+def _event_row(event: StreamEvent, encode: Callable[[Any], Any] = lambda value: value) -> dict:
+    """A dead letter's row for ``event``: its fields, kept exactly (or each value ``encode``d: JSON-safe)."""
+    return {"type": event.type, "ts": encode(event.ts), "stream": event.stream,
+            "attributes": {key: encode(value) for key, value in dict(event.attributes).items()}}
 
