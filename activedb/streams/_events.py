@@ -8,6 +8,7 @@ events (:func:`order_key`; the design note ``activedb/streams/README.md``, choic
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
@@ -81,24 +82,19 @@ def format_ts(ts: Any) -> str:
     return str(ts)
 
 
-class _End:
-    """The punctuation that ends a stream: later than every timestamp."""
+class _End(enum.Enum):
+    """The punctuation that ends a stream: later than every timestamp (an enum: one object, also
+    when unpickled)."""
 
-    _instance = None
-
-    def __new__(cls):
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
+    END_OF_STREAM = "END_OF_STREAM"
 
     def __repr__(self) -> str:
-        return "END_OF_STREAM"
+        return self.value
 
-    def __reduce__(self):
-        return (_End, ())
+    __str__ = __repr__
 
 
-END_OF_STREAM = _End()
+END_OF_STREAM = _End.END_OF_STREAM
 
 
 def ts_less(a: Any, b: Any) -> bool:

@@ -33,30 +33,27 @@ class LockMode(enum.Enum):
         return self is LockMode.WRITE or other is LockMode.READ
 
 
+@dataclass(eq=False, slots=True)
 class Owner:
     """One s-transaction as the lock table sees it: its stamp and whether it ended.
 
     ``node`` is the activedb (sub)transaction running it (the target of wait-for edges);
     ``victim`` is set if the lock manager chose it as a deadlock victim while it waited."""
 
-    __slots__ = ("position", "ts", "name", "node", "ended", "released", "matched", "waiters", "wake", "victim",
-                 "requests")
-
-    def __init__(self, position: int, ts: Any, name: str):
-        self.position = position
-        self.ts = ts
-        self.name = name
-        self.node: Any = None
-        # Invariant: ended only moves False -> True, under the table's _mutex; then waiters is empty.
-        self.ended = False
-        # Its requests are gone (at its end, or earlier: StreamLockTable.release); ended implies released.
-        self.released = False
-        # Its partition states are final (it matched and will run no rule): see StreamLockTable.matched.
-        self.matched = False
-        self.waiters: list[Owner] = []
-        self.wake = threading.Event()
-        self.victim: BaseException | None = None
-        self.requests: dict[tuple[str, tuple | None], Request] = {}
+    position: int
+    ts: Any
+    name: str
+    node: Any = None
+    # Invariant: ended only moves False -> True, under the table's _mutex; then waiters is empty.
+    ended: bool = False
+    # Its requests are gone (at its end, or earlier: StreamLockTable.release); ended implies released.
+    released: bool = False
+    # Its partition states are final (it matched and will run no rule): see StreamLockTable.matched.
+    matched: bool = False
+    waiters: list[Owner] = field(default_factory=list)
+    wake: threading.Event = field(default_factory=threading.Event)
+    victim: BaseException | None = None
+    requests: dict[tuple[str, tuple | None], Request] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         return f"<Owner {self.name} @{self.position}{' ended' if self.ended else ''}>"
