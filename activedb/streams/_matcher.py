@@ -48,7 +48,6 @@ class Matcher:
         self.by_type: dict[str, tuple[int, ...]] = {}
         for index, event_type in enumerate(query.types):
             self.by_type[event_type] = self.by_type.get(event_type, ()) + (index,)
-        self.rank = {index: position for position, index in enumerate(query.positives)}
         self.negative_by_index = {negative.index: negative for negative in query.negatives}
         self.empty = PartitionState(tuple(() for _ in query.types))
         self.any_match = query.selection is ast.Selection.SKIP_TILL_ANY_MATCH
