@@ -190,17 +190,12 @@ class StreamEngine:
             streams = self._definitions.streams()
         if not streams:
             raise StreamStateError(f"engine {self.name} has no stream; declare one with engine.create_stream()")
-        letters: list[DeadLetter] = []
         events = list(events)
         now = time.perf_counter()
         self.metrics.arrived(len(events), now)
-        admitted = 0
-        for raw in events:
-            event, problem = self._reorder.admit(raw, now, pending, streams)
-            if problem is not None:
-                letters.append(problem)
-                continue
-            admitted += 1
+        letters: list[DeadLetter] = [problem for raw in events
+                                     if (problem := self._reorder.admit(raw, now, pending, streams)) is not None]
+        admitted = len(events) - len(letters)
         bound = self._reorder.bound(pending, streams, punctuation, punctuations)
         released = self._reorder.release(pending, bound, now)
         self.metrics.phase("buffer", time.perf_counter() - began)
