@@ -199,10 +199,8 @@ class StreamEngine:
         bound = self._reorder.bound(pending, streams, punctuation, punctuations)
         released = self._reorder.release(pending, bound, now)
         self.metrics.phase("buffer", time.perf_counter() - began)
-        stransactions = []
-        for event in released:
-            matchers = self._definitions.matchers(event.stream, event.type)
-            stransactions.append(STransaction(f"S{event.position}", event, matchers, self))
+        stransactions = [STransaction(f"S{event.position}", event, self._definitions.matchers(event.stream, event.type),
+                                      self) for event in released]
         if self.prefetch and stransactions:
             prefetch(tx, stransactions)
         run = BatchRun(self, tx, pending, stransactions, serial=next(self._batch_serials),
