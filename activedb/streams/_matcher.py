@@ -104,18 +104,13 @@ class Matcher:
         for run in runs:
             component = positives[len(run)]
             if matches.get(component) and self._extends(run, event, ctx, buffers):
-                if component == accepting:
-                    entries.append((run, run + (event,)))
-                else:
-                    entries.append((run + (event,), None))
+                extended = run + (event,)
+                entries.append((run, extended) if component == accepting else (extended, None))
             else:
                 entries.append((run, None))
         first = positives[0]
         if matches.get(first):
-            if first == accepting:
-                entries.append((None, (event,)))
-            else:
-                entries.append(((event,), None))
+            entries.append((None, (event,)) if first == accepting else ((event,), None))
         for index in indices:
             if index in self.negative_by_index and matches[index]:
                 buffers[index] = buffers[index] + (event,)
