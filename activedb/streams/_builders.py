@@ -197,12 +197,9 @@ def _returns(returns: Any) -> tuple[ast.ReturnItem, ...]:
     pairs = returns.items() if isinstance(returns, Mapping) else ((None, value) for value in returns)
     for name, value in pairs:
         node = _node(value)
-        if name is None:
-            if isinstance(node, ast.AttributeRef):
-                name = node.attribute
-            else:
-                raise DefinitionError(f"name the returned expression {node!r}: returns={{'name': expression}}")
-        items.append(ast.ReturnItem(name, node))
+        if name is None and not isinstance(node, ast.AttributeRef):
+            raise DefinitionError(f"name the returned expression {node!r}: returns={{'name': expression}}")
+        items.append(ast.ReturnItem(node.attribute if name is None else name, node))
     return tuple(items)
 
 

@@ -144,12 +144,8 @@ class TokenCursor:
 
     def name(self, what: str) -> str:
         token = self.current
-        if token.kind == "quoted":
-            self.advance()
-            return token.value
-        if token.kind == "name" and token.text.upper() not in RESERVED:
-            self.advance()
-            return token.text
+        if token.kind == "quoted" or (token.kind == "name" and token.text.upper() not in RESERVED):
+            return self.advance().value     # a name's value is its text, a quoted name's without the quotes
         if token.kind == "name":
             raise self.error(f"expected {what}, found the keyword {token.text.upper()} "
                              f"(write it in double quotes to use it as a name)")
