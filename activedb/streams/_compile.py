@@ -146,15 +146,9 @@ def compile_query(definition: ast.QueryDefinition, streams: dict[str, StreamSche
             (negative.local if used == {negative.index} else negative.predicates).append(function)
             continue
         if scope.reads:
-            if used <= {accepting}:
-                accepting_store.append(function)
-            else:
-                joint_store.append(function)
-            continue
-        if not used:
-            local.setdefault(accepting, []).append(function)
-        elif len(used) == 1:
-            local.setdefault(next(iter(used)), []).append(function)
+            (accepting_store if used <= {accepting} else joint_store).append(function)
+        elif len(used) <= 1:        # on one event (on none: a constant, tested on the accepting event)
+            local.setdefault(next(iter(used), accepting), []).append(function)
         else:
             ranks = [rank[index] for index in used]
             joint_backward.setdefault(min(ranks), []).append(function)
