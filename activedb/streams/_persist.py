@@ -90,10 +90,6 @@ def decode_events(data: dict) -> list[StreamEvent]:
             for index, (kind, ts, stream, position) in enumerate(zip(data["t"], data["ts"], data["s"], data["p"]))]
 
 
-def _partition_item(query: str, key: tuple) -> str:
-    return json.dumps([query, [encode_value(value) for value in key]], separators=(",", ":"))
-
-
 def save(engine: Any, tx: Transaction, pending: Any) -> None:
     """Write what ``pending`` changed into ``tx`` (see the module docstring)."""
     name = engine.name
@@ -112,7 +108,7 @@ def save(engine: Any, tx: Transaction, pending: Any) -> None:
         if state == (written[query, key] if (query, key) in written else saved.get((query, key))):
             continue                                   # the row already holds it (or there is none)
         written[query, key] = state
-        item = _partition_item(query, key)
+        item = json.dumps([query, [encode_value(value) for value in key]], separators=(",", ":"))
         if state is None:
             tx.delete(TABLE, (name, "partition", item))
         else:
