@@ -45,8 +45,6 @@ class Origin(enum.StrEnum):
 
 DATA_KINDS = frozenset({EventKind.INSERTED, EventKind.UPDATED, EventKind.DELETED})
 DATA_SPEC_KINDS = DATA_KINDS | {EventKind.MODIFIED}
-TRANSACTION_KINDS = frozenset({EventKind.BEGAN, EventKind.COMMITTED, EventKind.ABORTED})
-KINDS = frozenset(EventKind)
 
 
 @dataclass(frozen=True)
