@@ -79,19 +79,11 @@ class StoreView:
 
     def read(self, table: str, key: Any) -> dict | None:
         self._before("read", table, _as_key(key))
-        row = self.tx.read(table, key)
-        self.reads += 1
-        if self._history is not None:
-            self._record("read", table, _as_key(key), row)
-        return row
+        return self._read(table, _as_key(key), self.tx.read(table, key))
 
     def scan(self, table: str, where: Mapping[str, Any] | None = None) -> list[dict]:
         self._before("read", table, None)
-        rows = self.tx.scan(table, where)
-        self.reads += 1
-        if self._history is not None:
-            self._record("read", table, None, rows)
-        return rows
+        return self._read(table, None, self.tx.scan(table, where))
 
     def write(self, table: str, key: Any, **values: Any) -> None:
         self._before("write", table, _as_key(key))
@@ -108,6 +100,13 @@ class StoreView:
         self._before("write", table, _as_key(key))
         self.tx.delete(table, key)
         self._written(table, _as_key(key), None, "delete")
+
+    def _read(self, table: str, key: tuple | None, value: Any, read_from: Any = "derive") -> Any:
+        """Count and record a Read that has happened (``key`` None: a scan); returns ``value``."""
+        self.reads += 1
+        if self._history is not None:
+            self._record("read", table, key, value, read_from)
+        return value
 
     def _written(self, table: str, key: tuple, values: dict | None, operation: str) -> int | None:
         """Count and record a Write that has happened; returns its history sequence (None: no history)."""
@@ -200,20 +199,14 @@ class VersionedView(LockedView):
             return super().read(table, key)
         self._before("read", table, key)
         image, sequence = self._versions.read(self.stamp.position, table, key)
-        self.reads += 1
-        if self._history is not None:
-            self._record("read", table, key, image, read_from=sequence)
-        return image
+        return self._read(table, key, image, sequence)
 
     def scan(self, table: str, where: Mapping[str, Any] | None = None) -> list[dict]:
         if not self._versions.tracks_table(table):
             return super().scan(table, where)          # as for read: covered by its own write lock only
         self._before("read", table, None)
         rows, seen = self._versions.scan(self.stamp.position, table, where)
-        self.reads += 1
-        if self._history is not None:
-            self._record("read", table, None, rows, read_from=seen)
-        return rows
+        return self._read(table, None, rows, seen)
 
     def _written(self, table: str, key: tuple, values: dict | None, operation: str) -> int | None:
         """Also leave the row's new version (its Writes are granted in position order)."""
