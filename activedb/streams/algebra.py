@@ -20,14 +20,6 @@ class Position:
     column: int
 
 
-@dataclass(frozen=True)
-class _Node:
-    """What every node has: where it starts in the text (None: built in Python; keyword-only,
-    and ``==`` and ``repr`` ignore it)."""
-
-    position: Position | None = field(default=None, compare=False, repr=False, kw_only=True)
-
-
 class Selection(enum.Enum):
     """Which matches a pattern query outputs (Active CEP leaves it open): the point matcher's
     selection semantics, defined in ``activedb/streams/README.md`` (choice 1)."""
@@ -43,6 +35,14 @@ class Consumption(enum.Enum):
 
     CHRONICLE = "chronicle"
     RECENT = "recent"
+
+
+@dataclass(frozen=True)
+class _Node:
+    """What every node has: where it starts in the text (None: built in Python; keyword-only,
+    and ``==`` and ``repr`` ignore it)."""
+
+    position: Position | None = field(default=None, compare=False, repr=False, kw_only=True)
 
 
 # --- expressions ----------------------------------------------------------------------------
