@@ -1,9 +1,6 @@
 """Events, their kinds and event specifications.  Design note: ``README.md``."""
 
 from activedb.events._model import (
-    DATA_KINDS,
-    KINDS,
-    TRANSACTION_KINDS,
     Event,
     EventKind,
     EventSpec,
@@ -25,6 +22,6 @@ from activedb.events._time import (
     uncertain,
 )
 
-__all__ = ["DATA_KINDS", "KINDS", "TRANSACTION_KINDS", "AccuracyInterval", "Event", "EventKind", "EventSpec",
+__all__ = ["AccuracyInterval", "Event", "EventKind", "EventSpec",
            "LocalClock", "Order", "Origin", "Punctuations", "Timestamp", "as_timestamp", "check_time", "hull", "local_order", "order", "precedes",
            "seconds", "uncertain"]

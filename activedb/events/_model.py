@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-class EventKind(str, enum.Enum):
+class EventKind(enum.StrEnum):
     """What happened.  ``MODIFIED`` appears only in specs (any data event on a table)."""
 
     INSERTED = "inserted"
@@ -24,12 +24,6 @@ class EventKind(str, enum.Enum):
     COMMITTED = "committed"
     ABORTED = "aborted"
 
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
-
     @property
     def is_data(self) -> bool:
         """A data event (or spec) on a table."""
@@ -40,7 +34,7 @@ class EventKind(str, enum.Enum):
         return self in (EventKind.COMMITTED, EventKind.ABORTED)
 
 
-class Origin(str, enum.Enum):
+class Origin(enum.StrEnum):
     """Who made a data change.  ``ACTIVEDB``: a transaction of activedb (its in-process events, raised
     while the transaction runs); ``EXTERNAL``: any other PostgreSQL client, heard through
     ``activedb.capture`` after the writer committed."""
@@ -48,14 +42,9 @@ class Origin(str, enum.Enum):
     ACTIVEDB = "activedb"
     EXTERNAL = "external"
 
-    def __str__(self) -> str:
-        return self.value
-
 
 DATA_KINDS = frozenset({EventKind.INSERTED, EventKind.UPDATED, EventKind.DELETED})
 DATA_SPEC_KINDS = DATA_KINDS | {EventKind.MODIFIED}
-TRANSACTION_KINDS = frozenset({EventKind.BEGAN, EventKind.COMMITTED, EventKind.ABORTED})
-KINDS = frozenset(EventKind)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ thread-safe.  The formulas are in ``activedb/composite/README.md`` ("Formulas us
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import enum
 import math
@@ -201,9 +202,6 @@ class Timestamp:
                              f"hold it without guessing — compose it with the interval time model")
         return self.interval.lower
 
-    def with_producer(self, producer: str) -> "Timestamp":
-        return Timestamp(self.interval, producer, self.local, self.clock, self.reference)
-
     def __str__(self) -> str:
         who = f"@{self.producer}" if self.producer else ""
         local = f" lts={_show(self.local)}" if self.local is not None else ""
@@ -215,7 +213,7 @@ def as_timestamp(value: Any, producer: str | None = None) -> Timestamp:
     :class:`AccuracyInterval`, or a number/datetime (a point)."""
     if isinstance(value, Timestamp):
         if value.producer is None and producer is not None:
-            return value.with_producer(producer)
+            return dataclasses.replace(value, producer=producer)
         return value
     if isinstance(value, AccuracyInterval):
         return Timestamp(value, producer)

@@ -1,14 +1,7 @@
-"""Prometheus metrics of a running activedb process (design note: ``activedb/metrics/README.md``).
-
-    exporter = MetricsExporter(db)
-    exporter.watch_ingestion(sink)          # optional: what the process runs
-    url = exporter.start("9464")            # http://127.0.0.1:9464/metrics
-    ...
-    exporter.close()
-
-Off unless started: ``activedb run --metrics-port PORT`` and ``activedb capture consume --metrics-port
-PORT`` start it.  ``prometheus_client`` is imported on first use of the exporter's names, not by the
-command line's option (so ``activedb --help`` does not pay for it).
+"""Prometheus metrics of a running activedb process: :class:`MetricsExporter` (``/metrics`` over
+HTTP) and the ``--metrics-port`` option of the long-running commands.  ``prometheus_client`` is
+imported on first use of the exporter's names, not by the option (so ``activedb --help`` does not
+pay for it).  Design note, with a usage example: ``activedb/metrics/README.md``.
 """
 
 from activedb import lazy
@@ -24,5 +17,4 @@ _LAZY = {
 __all__ = ["MetricsError", "metrics_port_option", "start_metrics",
            *sorted(name for names in _LAZY.values() for name in names)]
 
-# imported on first use: prometheus_client is loaded by the exporter's names, not by the command line's option
 __getattr__, __dir__ = lazy.exports(__name__, _LAZY)

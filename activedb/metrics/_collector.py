@@ -155,16 +155,11 @@ class ActivedbCollector(Collector):
     def _ingestion(self) -> Iterator[Metric]:
         with self._mutex:
             ingestions = list(self._ingestions)
-        families = {
-            "batches": CounterMetricFamily("activedb_ingest_batches", "Micro-batches committed", labels=["query"]),
-            "batches_skipped": CounterMetricFamily("activedb_ingest_batches_skipped", "Micro-batches the ledger "
-                                                   "already had (replayed by Spark, not applied again)",
-                                                   labels=["query"]),
-            "rows": CounterMetricFamily("activedb_ingest_rows", "Rows received", labels=["query"]),
-            "events": CounterMetricFamily("activedb_ingest_events", "Events applied", labels=["query"]),
-            "dead_letters": CounterMetricFamily("activedb_ingest_dead_letters", "Rows that went to the dead "
-                                                "letters", labels=["query"]),
-        }
+        families = {field: CounterMetricFamily(f"activedb_ingest_{field}", text, labels=["query"]) for field, text in (
+            ("batches", "Micro-batches committed"),
+            ("batches_skipped", "Micro-batches the ledger already had (replayed by Spark, not applied again)"),
+            ("rows", "Rows received"), ("events", "Events applied"),
+            ("dead_letters", "Rows that went to the dead letters"))}
         firings = CounterMetricFamily("activedb_ingest_rule_firings", "Rule firings in committed batches",
                                       labels=["query", "rule"])
         lag = GaugeMetricFamily("activedb_ingest_watermark_lag_seconds", "Wall clock minus the stream's "

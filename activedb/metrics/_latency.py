@@ -5,6 +5,7 @@ once; the design note, ``README.md``, "Invariants").
 from __future__ import annotations
 
 import bisect
+import itertools
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -27,11 +28,7 @@ class BatchLatency:
     def absorb(self, outcomes: Sequence[Any]) -> int:
         """Count the outcomes after the last one counted (``outcomes`` oldest first); returns how many."""
         with self._mutex:
-            start = 0
-            for index in range(len(outcomes) - 1, -1, -1):
-                if outcomes[index] is self._last:
-                    start = index + 1
-                    break
+            start = next((index + 1 for index in range(len(outcomes) - 1, -1, -1) if outcomes[index] is self._last), 0)
             fresh = outcomes[start:]
             for outcome in fresh:
                 seconds = float(outcome.seconds)
@@ -45,12 +42,5 @@ class BatchLatency:
         """``([(upper bound, cumulative count), ...], sum)`` in the Prometheus client's bucket format."""
         with self._mutex:
             counts, total = list(self._counts), self._sum
-        cumulative, running = [], 0
-        for bound, count in zip([*map(_bound, self.buckets), "+Inf"], counts):
-            running += count
-            cumulative.append((bound, running))
-        return cumulative, total
-
-
-def _bound(value: float) -> str:
-    return repr(float(value))
+        bounds = [*(repr(float(bound)) for bound in self.buckets), "+Inf"]
+        return list(zip(bounds, itertools.accumulate(counts))), total

@@ -168,17 +168,12 @@ class BatchRun:
             return True
         self._history("begin", unit, stransaction)
         parent = self.tx if parent is None else parent
-        context = parent.subtransaction(name=f"s-transaction {stransaction.described}")
-        child = context.__enter__()
+        subtransaction = parent.subtransaction(name=f"s-transaction {stransaction.described}")
         try:
-            try:
+            with subtransaction as child:
                 touched, outputs = self._body(child, stransaction, unit)
-            except BaseException as error:
-                context.__exit__(type(error), error, error.__traceback__)
-                raise
-            started = time.perf_counter()
-            context.__exit__(None, None, None)     # commit into the parent
-            self.engine.metrics.phase("commit", time.perf_counter() - started)
+                started = time.perf_counter()
+            self.engine.metrics.phase("commit", time.perf_counter() - started)     # the commit into the parent
         except BaseException as error:
             self._history("end", unit, stransaction, False)
             if not _event_failure(error):
@@ -317,9 +312,8 @@ class BatchRun:
                 self.outputs.extend(outputs)
 
     def _failed(self, stransaction: STransaction, error: BaseException) -> None:
-        reason = (f"s-transaction of {stransaction.event.describe()} aborted: {type(error).__name__}: {error}"
-                  if not isinstance(error, ActionFailed) else f"s-transaction of {stransaction.event.describe()} "
-                                                              f"aborted: {error}")
+        cause = error if isinstance(error, ActionFailed) else f"{type(error).__name__}: {error}"
+        reason = f"s-transaction of {stransaction.event.describe()} aborted: {cause}"
         logger.info("%s", reason)
         with self._mutex:
             self.failed += 1
@@ -334,9 +328,7 @@ def _run_rule(rule: CompiledRule, output: Output, view: Any) -> None:
             return
         for action in rule.actions:
             action(ctx)
-    except (StreamError, SchemaError, DuplicateKey):
-        raise
-    except _INFRASTRUCTURE:
+    except (StreamError, SchemaError, DuplicateKey, *_INFRASTRUCTURE):
         raise
     except Exception as error:
         raise ActionFailed(f"rule {rule.name} raised {type(error).__name__}: {error}", rule.name) from error

@@ -13,12 +13,13 @@ from activedb.streams import algebra as ast
 from activedb.streams.errors import DefinitionError
 
 
-def _arithmetic(operator: str, reflected: bool = False) -> Callable[["Ref", Any], "Ref"]:
-    """The method behind ``ref <operator> other`` (``other <operator> ref`` when ``reflected``)."""
+def _operator(node: type, operator: str, reflected: bool = False) -> Callable[["Ref", Any], "Ref"]:
+    """The method behind ``ref <operator> other`` (``other <operator> ref`` when ``reflected``),
+    building a ``node`` (:class:`~algebra.Compare` or :class:`~algebra.Arithmetic`)."""
 
     def method(self: Ref, other: Any) -> Ref:
         operands = (_node(other), self.node) if reflected else (self.node, _node(other))
-        return Ref(ast.Arithmetic(operator, *operands))
+        return Ref(node(operator, *operands))
 
     return method
 
@@ -32,34 +33,19 @@ class Ref:
     def __init__(self, node: ast.Expr):
         self.node = node
 
-    def _compare(self, operator: str, other: Any) -> "Ref":
-        return Ref(ast.Compare(operator, self.node, _node(other)))
-
-    def __eq__(self, other: Any) -> "Ref":  # type: ignore[override]
-        return self._compare("=", other)
-
-    def __ne__(self, other: Any) -> "Ref":  # type: ignore[override]
-        return self._compare("!=", other)
-
-    def __lt__(self, other: Any) -> "Ref":
-        return self._compare("<", other)
-
-    def __le__(self, other: Any) -> "Ref":
-        return self._compare("<=", other)
-
-    def __gt__(self, other: Any) -> "Ref":
-        return self._compare(">", other)
-
-    def __ge__(self, other: Any) -> "Ref":
-        return self._compare(">=", other)
-
-    __add__ = _arithmetic("+")
-    __radd__ = _arithmetic("+", reflected=True)
-    __sub__ = _arithmetic("-")
-    __rsub__ = _arithmetic("-", reflected=True)
-    __mul__ = _arithmetic("*")
-    __rmul__ = _arithmetic("*", reflected=True)
-    __truediv__ = _arithmetic("/")
+    __eq__ = _operator(ast.Compare, "=")  # type: ignore[assignment]
+    __ne__ = _operator(ast.Compare, "!=")  # type: ignore[assignment]
+    __lt__ = _operator(ast.Compare, "<")
+    __le__ = _operator(ast.Compare, "<=")
+    __gt__ = _operator(ast.Compare, ">")
+    __ge__ = _operator(ast.Compare, ">=")
+    __add__ = _operator(ast.Arithmetic, "+")
+    __radd__ = _operator(ast.Arithmetic, "+", reflected=True)
+    __sub__ = _operator(ast.Arithmetic, "-")
+    __rsub__ = _operator(ast.Arithmetic, "-", reflected=True)
+    __mul__ = _operator(ast.Arithmetic, "*")
+    __rmul__ = _operator(ast.Arithmetic, "*", reflected=True)
+    __truediv__ = _operator(ast.Arithmetic, "/")
 
     def __neg__(self) -> "Ref":
         return Ref(ast.Negate(self.node))
@@ -211,12 +197,9 @@ def _returns(returns: Any) -> tuple[ast.ReturnItem, ...]:
     pairs = returns.items() if isinstance(returns, Mapping) else ((None, value) for value in returns)
     for name, value in pairs:
         node = _node(value)
-        if name is None:
-            if isinstance(node, ast.AttributeRef):
-                name = node.attribute
-            else:
-                raise DefinitionError(f"name the returned expression {node!r}: returns={{'name': expression}}")
-        items.append(ast.ReturnItem(name, node))
+        if name is None and not isinstance(node, ast.AttributeRef):
+            raise DefinitionError(f"name the returned expression {node!r}: returns={{'name': expression}}")
+        items.append(ast.ReturnItem(node.attribute if name is None else name, node))
     return tuple(items)
 
 

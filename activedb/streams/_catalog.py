@@ -116,18 +116,10 @@ class StoreCatalog:
         self.db = db
         self._aliases: dict[str, tuple[str, dict[str, str]]] = {}
         for logical, target in (aliases or {}).items():
-            if isinstance(target, str):
-                self._aliases[logical.casefold()] = (target, {})
-            else:
-                real, columns = target
-                self._aliases[logical.casefold()] = (real, dict(columns))
+            real, columns = (target, {}) if isinstance(target, str) else target
+            self._aliases[logical.casefold()] = (real, dict(columns))
         self._names: list[str] | None = None
         self._schemas: dict[str, TableSchema] = {}
-
-    def _table_names(self, refresh: bool = False) -> list[str]:
-        if self._names is None or refresh:
-            self._names = sa.inspect(self.db.engine).get_table_names()
-        return self._names
 
     def table(self, name: str, position: Position | None = None) -> TableSchema:
         cached = self._schemas.get(name)
@@ -163,4 +155,6 @@ class StoreCatalog:
         return schema
 
     def _resolve(self, name: str, *, refresh: bool) -> str | None:
-        return fold(name, self._table_names(refresh))
+        if self._names is None or refresh:
+            self._names = sa.inspect(self.db.engine).get_table_names()
+        return fold(name, self._names)

@@ -146,15 +146,9 @@ def compile_query(definition: ast.QueryDefinition, streams: dict[str, StreamSche
             (negative.local if used == {negative.index} else negative.predicates).append(function)
             continue
         if scope.reads:
-            if used <= {accepting}:
-                accepting_store.append(function)
-            else:
-                joint_store.append(function)
-            continue
-        if not used:
-            local.setdefault(accepting, []).append(function)
-        elif len(used) == 1:
-            local.setdefault(next(iter(used)), []).append(function)
+            (accepting_store if used <= {accepting} else joint_store).append(function)
+        elif len(used) <= 1:        # on one event (on none: a constant, tested on the accepting event)
+            local.setdefault(next(iter(used), accepting), []).append(function)
         else:
             ranks = [rank[index] for index in used]
             joint_backward.setdefault(min(ranks), []).append(function)
@@ -223,16 +217,16 @@ def compile_rule(definition: ast.RuleDefinition, queries: dict[str, CompiledQuer
     reads: list[ReadSpec] = []
     writes: list[WriteSpec] = []
 
-    def rule_scope(clause: str, row_table: Any = None) -> Scope:
-        """Names in ``clause`` of the rule: the triggering output's attributes (and ``row_table``'s columns)."""
-        return Scope(catalog, new_alias=definition.new_alias, query=query, row_table=row_table,
-                     what=f"{what} {clause}")
-
-    when = None
-    if definition.when is not None:
-        scope = rule_scope("WHEN")
-        when = compile_expression(definition.when, scope)
+    def compiled(clause: str, expression: ast.Expr, row_table: Any = None) -> Fn:
+        """``expression`` of the rule's ``clause``, whose names are the triggering output's attributes
+        (and ``row_table``'s columns); its store reads join the rule's."""
+        scope = Scope(catalog, new_alias=definition.new_alias, query=query, row_table=row_table,
+                      what=f"{what} {clause}")
+        function = compile_expression(expression, scope)
         reads.extend(scope.reads)
+        return function
+
+    when = compiled("WHEN", definition.when) if definition.when is not None else None
     actions = []
     opaque = False
     for action in definition.actions:
@@ -256,9 +250,7 @@ def compile_rule(definition: ast.RuleDefinition, queries: dict[str, CompiledQuer
             if missing:
                 raise DefinitionError(f"{what}: INSERT INTO {action.table} must give {', '.join(sorted(missing))} "
                                       f"(NOT NULL without a default)", **at(action))
-            scope = rule_scope("INSERT")
-            functions = [compile_expression(value, scope) for value in action.values]
-            reads.extend(scope.reads)
+            functions = [compiled("INSERT", value) for value in action.values]
             sources = dict(zip(real, action.values))
             key = (tuple((column, _source(sources.get(column))) for column in table.key_columns)
                    if all(column in sources for column in table.key_columns) else None)
@@ -276,9 +268,7 @@ def compile_rule(definition: ast.RuleDefinition, queries: dict[str, CompiledQuer
                 f"{what}: the WHERE of {type(action).__name__[:-6].upper()} {action.table} must name its whole "
                 f"primary key ({', '.join(table.key_columns)}) with '=' — the action changes one row; for anything "
                 f"else use a Python action", **at(action))
-        scope = rule_scope("WHERE")
-        key_functions = [compile_expression(key_pairs[column], scope) for column in table.key_columns]
-        reads.extend(scope.reads)
+        key_functions = [compiled("WHERE", key_pairs[column]) for column in table.key_columns]
         key_spec = tuple((column, _source(key_pairs[column])) for column in table.key_columns)
         writes.append(WriteSpec(table.name, key_spec))
         if isinstance(action, ast.DeleteAction):
@@ -289,9 +279,7 @@ def compile_rule(definition: ast.RuleDefinition, queries: dict[str, CompiledQuer
             column = table.column(written, action.position)
             if column in table.key_columns:
                 raise DefinitionError(f"{what}: UPDATE cannot change the key column {written}", **at(action))
-            row_scope = rule_scope("SET", table)
-            assignments.append((column, compile_expression(expression, row_scope)))
-            reads.extend(row_scope.reads)
+            assignments.append((column, compiled("SET", expression, table)))
         reads.append(ReadSpec(table.name, key_spec))      # the UPDATE reads the row it changes
         actions.append(_update(table.name, key_functions, assignments))
     return CompiledRule(definition=definition, name=definition.name, query=query.name,

@@ -127,9 +127,7 @@ class Definitions:
     def access_plan(self, event: StreamEvent) -> AccessPlan:
         """See :meth:`StreamEngine.access_plan`."""
         stream = self.stream_of(event)
-        template = self._plans.get((stream.name, event.type))
-        if template is None:
-            template = self._plan_template(stream.name, event.type)
+        template = self._plans.get((stream.name, event.type)) or self._plan_template(stream.name, event.type)
         reads, writes, opaque = template
         keys = tuple(_key_of(extract, event) for _, extract in reads + writes)
         plan = self._plans.get((stream.name, event.type, keys))    # immutable: events with the same keys share it

@@ -177,7 +177,7 @@ class StreamEngine:
         root = tx.root
         with self._mutex:
             if not self._loaded:
-                self._load_locked()
+                self._state, self._loaded = _persist.load(self), True
             pending = self._pending
             if pending is not None and pending.root is not root:
                 raise StreamStateError(
@@ -190,24 +190,17 @@ class StreamEngine:
             streams = self._definitions.streams()
         if not streams:
             raise StreamStateError(f"engine {self.name} has no stream; declare one with engine.create_stream()")
-        letters: list[DeadLetter] = []
         events = list(events)
         now = time.perf_counter()
         self.metrics.arrived(len(events), now)
-        admitted = 0
-        for raw in events:
-            event, problem = self._reorder.admit(raw, now, pending, streams)
-            if problem is not None:
-                letters.append(problem)
-                continue
-            admitted += 1
+        letters: list[DeadLetter] = [problem for raw in events
+                                     if (problem := self._reorder.admit(raw, now, pending, streams)) is not None]
+        admitted = len(events) - len(letters)
         bound = self._reorder.bound(pending, streams, punctuation, punctuations)
         released = self._reorder.release(pending, bound, now)
         self.metrics.phase("buffer", time.perf_counter() - began)
-        stransactions = []
-        for event in released:
-            matchers = self._definitions.matchers(event.stream, event.type)
-            stransactions.append(STransaction(f"S{event.position}", event, matchers, self))
+        stransactions = [STransaction(f"S{event.position}", event, self._definitions.matchers(event.stream, event.type),
+                                      self) for event in released]
         if self.prefetch and stransactions:
             prefetch(tx, stransactions)
         run = BatchRun(self, tx, pending, stransactions, serial=next(self._batch_serials),
@@ -219,7 +212,9 @@ class StreamEngine:
         letters.extend(run.dead_letters)
         started = time.perf_counter()
         if letters and self.record_dead_letters:
-            self._record_dead_letters(tx, letters, batch_id)
+            deadletters.insert(tx, self.db.catalog, f"streams:{self.name}", batch_id, [
+                deadletters.Letter(letter.reason, _event_row(letter.event),
+                                   _event_row(letter.event, _persist.encode_value)) for letter in letters])
         if self.durable:
             _persist.save(self, tx, pending)
         self.metrics.phase("state", time.perf_counter() - started)
@@ -227,11 +222,6 @@ class StreamEngine:
         return BatchResult(admitted=admitted, released=len(released), processed=run.processed, failed=run.failed,
                            outputs=tuple(run.outputs), dead_letters=tuple(letters), buffered=len(pending.buffer),
                            punctuation=pending.released)
-
-    def _record_dead_letters(self, tx: Transaction, letters: list[DeadLetter], batch_id: int | None) -> None:
-        deadletters.insert(tx, self.db.catalog, f"streams:{self.name}", batch_id, [
-            deadletters.Letter(letter.reason, _event_row(letter.event), _jsonable_event(letter.event))
-            for letter in letters])
 
     # --- state -------------------------------------------------------------------------------
 
@@ -246,10 +236,6 @@ class StreamEngine:
                 self._state = pending.materialize()
             elif self.history is not None and pending.units:
                 self.history.abort_units(pending.units)     # their subtransactions were undone with the batch
-
-    def _load_locked(self) -> None:
-        self._state = _persist.load(self)
-        self._loaded = True
 
     def reset_state(self) -> None:
         """Forget the buffer, partial matches and punctuations, in memory and (if durable)
@@ -283,12 +269,8 @@ class StreamEngine:
         return f"<StreamEngine {self.name} {self.scheduler.name}: {queries} queries, {rules} rules>"
 
 
-def _event_row(event: StreamEvent) -> dict:
-    """A dead letter's original row for ``event``: its fields, kept exactly."""
-    return {"type": event.type, "ts": event.ts, "stream": event.stream, "attributes": dict(event.attributes)}
-
-
-def _jsonable_event(event: StreamEvent) -> dict:
-    return {"type": event.type, "ts": _persist.encode_value(event.ts), "stream": event.stream,
-            "attributes": {key: _persist.encode_value(value) for key, value in dict(event.attributes).items()}}
+def _event_row(event: StreamEvent, encode: Callable[[Any], Any] = lambda value: value) -> dict:
+    """A dead letter's row for ``event``: its fields, kept exactly (or each value ``encode``d: JSON-safe)."""
+    return {"type": event.type, "ts": encode(event.ts), "stream": event.stream,
+            "attributes": {key: encode(value) for key, value in dict(event.attributes).items()}}
 

@@ -8,9 +8,10 @@ events (:func:`order_key`; the design note ``activedb/streams/README.md``, choic
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from activedb.events import check_time
 
@@ -81,24 +82,19 @@ def format_ts(ts: Any) -> str:
     return str(ts)
 
 
-class _End:
-    """The punctuation that ends a stream: later than every timestamp."""
+class _End(enum.Enum):
+    """The punctuation that ends a stream: later than every timestamp (an enum: one object, also
+    when unpickled)."""
 
-    _instance = None
-
-    def __new__(cls):
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
+    END_OF_STREAM = "END_OF_STREAM"
 
     def __repr__(self) -> str:
-        return "END_OF_STREAM"
+        return self.value
 
-    def __reduce__(self):
-        return (_End, ())
+    __str__ = __repr__
 
 
-END_OF_STREAM = _End()
+END_OF_STREAM = _End.END_OF_STREAM
 
 
 def ts_less(a: Any, b: Any) -> bool:
@@ -108,6 +104,15 @@ def ts_less(a: Any, b: Any) -> bool:
     if a is END_OF_STREAM:
         return False
     return a < b
+
+
+def ts_extreme(values: Iterable[Any], *, latest: bool) -> Any:
+    """The latest (or earliest) of ``values`` by :func:`ts_less`; the first one of equals (None: none)."""
+    extreme = None
+    for value in values:
+        if extreme is None or (ts_less(extreme, value) if latest else ts_less(value, extreme)):
+            extreme = value
+    return extreme
 
 
 def check_ts(ts: Any) -> str:

@@ -48,11 +48,8 @@ class ReadSpec:
 
 
 @dataclass(frozen=True)
-class WriteSpec:
+class WriteSpec(ReadSpec):
     """A store write a rule may perform; ``key`` as in :class:`ReadSpec` (None: any row)."""
-
-    table: str
-    key: tuple[tuple[str, Any], ...] | None
 
 
 # --- expressions ------------------------------------------------------------------------------

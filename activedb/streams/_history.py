@@ -85,19 +85,12 @@ class StreamHistory:
                         self._last_write[row] = previous
 
     def read(self, unit: str, stransaction: str, event: str, ts: Any, order: tuple, origin: str, table: str,
-             key: tuple, value: Any, read_from: Any = "derive") -> None:
+             key: tuple | None, value: Any, read_from: Any = "derive") -> None:
+        """Record a Read of one row, or of the whole table (a scan: ``key`` None, ``value`` its rows)."""
         with self._mutex:
             if read_from == "derive":
-                read_from = self._last_write.get((table, key))
+                read_from = self._last_write.get((table, key)) if key is not None else self._last_writes(table)
             self.ops.append(StreamOp(self._next(), "read", unit, stransaction, event, ts, order, origin, table, key,
-                                     value, read_from))
-
-    def scan(self, unit: str, stransaction: str, event: str, ts: Any, order: tuple, origin: str, table: str,
-             value: Any, read_from: Any = "derive") -> None:
-        with self._mutex:
-            if read_from == "derive":
-                read_from = self._last_writes(table)
-            self.ops.append(StreamOp(self._next(), "read", unit, stransaction, event, ts, order, origin, table, None,
                                      value, read_from))
 
     def write(self, unit: str, stransaction: str, event: str, ts: Any, order: tuple, origin: str, table: str,
@@ -138,7 +131,3 @@ class StreamHistory:
     def snapshot(self) -> list[StreamOp]:
         with self._mutex:
             return list(self.ops)
-
-    def clear(self) -> None:
-        with self._mutex:
-            self.ops.clear()

@@ -154,12 +154,8 @@ class Parser(TokenCursor):
         if self.accept_keyword("FOR"):
             self.expect_keyword("EACH", "after FOR")
             self.expect_keyword("EVENT", "after FOR EACH (rules fire FOR EACH EVENT of the query's output)")
-        when = None
-        if self.accept_keyword("WHEN"):
-            when = self.expression()
-        priority = None
-        if self.accept_keyword("PRIORITY"):
-            priority = self.number("the rule's priority")
+        when = self.expression() if self.accept_keyword("WHEN") else None
+        priority = self.number("the rule's priority") if self.accept_keyword("PRIORITY") else None
         if self.accept_keyword("BEGIN"):
             actions = []
             while True:
@@ -333,9 +329,7 @@ class Parser(TokenCursor):
         self.expect_keyword("FROM", "in the subquery (SELECT column FROM table …)")
         table_token = self.current
         table = self.name("the table after FROM")
-        conditions: tuple[tuple[str, ast.Expr], ...] = ()
-        if self.accept_keyword("WHERE"):
-            conditions = self.keys(f"the subquery on {table}", table)
+        conditions = self.keys(f"the subquery on {table}", table) if self.accept_keyword("WHERE") else ()
         return ast.Select(table, column, conditions, position=self.position(table_token))
 
 

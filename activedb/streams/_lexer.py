@@ -21,10 +21,6 @@ DURATION_UNITS = {
     "day": 86400.0, "days": 86400.0,
 }
 
-_SYMBOLS = ("!=", "<>", "<=", ">=", "(", ")", ",", ".", ";", "[", "]", "!", "=", "<", ">", "+", "-", "*", "/")
-
-_NUMBER = re.compile(r"\d+(\.\d+)?([eE][+-]?\d+)?")
-
 
 @dataclass(frozen=True)
 class Token:
@@ -45,79 +41,43 @@ class Token:
         return f"{self.text!r}"
 
 
+# One token (or a newline, space or comment) at a position: the first alternative that matches.  A name
+# is a letter or _, then letters, digits and _, where a - followed by a letter continues it (HCW-ID).
+_TOKEN = re.compile(r"(?P<newline>\n)|(?P<space>\s)|(?P<comment>--.*)|(?P<name>[^\W\d]\w*(?:-(?=[^\W\d_])\w*)*)"
+                    r"|(?P<number>\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)|(?P<symbol>!=|<>|<=|>=|[(),.;\[\]!=<>+\-*/])")
+# A string ('…') or quoted name ("…"): a doubled quote stands for one; group 2 is None if unterminated.
+_QUOTED = {quote: re.compile(f"{quote}((?:[^{quote}\\n]|{quote}{quote})*)({quote})?") for quote in "'\""}
+
+
 def tokenize(text: str) -> list[Token]:
     tokens: list[Token] = []
     index, line, line_start = 0, 1, 0
-    length = len(text)
-    while index < length:
-        char = text[index]
+    while index < len(text):
         column = index - line_start + 1
-        if char == "\n":
-            index += 1
-            line += 1
-            line_start = index
-            continue
-        if char.isspace():
-            index += 1
-            continue
-        if text.startswith("--", index):
-            end = text.find("\n", index)
-            index = length if end == -1 else end
-            continue
-        if char.isalpha() or char == "_":
-            start = index
-            index += 1
-            while index < length:
-                current = text[index]
-                if current.isalnum() or current == "_":
-                    index += 1
-                elif current == "-" and index + 1 < length and text[index + 1].isalpha():
-                    index += 1
-                else:
-                    break
-            word = text[start:index]
-            tokens.append(Token("name", word, word, line, column))
-            continue
-        if char.isdigit():
-            match = _NUMBER.match(text, index)
-            number = match.group(0)
+        char = text[index]
+        if char in _QUOTED:
+            quote, match = char, _QUOTED[char].match(text, index)
+            if match.group(2) is None:
+                what = "string" if quote == "'" else "quoted name"
+                where = " before the end of the line" if match.end() < len(text) else ""
+                raise QuerySyntaxError(f"unterminated {what}: add the closing {quote}{where}", line=line,
+                                       column=column, text=text)
             index = match.end()
-            value = float(number) if any(mark in number for mark in ".eE") else int(number)
-            tokens.append(Token("number", number, value, line, column))
+            value = match.group(1).replace(quote * 2, quote)
+            tokens.append(Token("string" if quote == "'" else "quoted", match.group(), value, line, column))
             continue
-        if char in "'\"":
-            quote = char
-            start = index
-            index += 1
-            parts = []
-            while True:
-                current = text[index] if index < length else None
-                if current is None or current == "\n":
-                    what = "string" if quote == "'" else "quoted name"
-                    where = "" if current is None else " before the end of the line"
-                    raise QuerySyntaxError(f"unterminated {what}: add the closing {quote}{where}", line=line,
-                                           column=column, text=text)
-                if current == quote:
-                    if index + 1 < length and text[index + 1] == quote:
-                        parts.append(quote)
-                        index += 2
-                        continue
-                    index += 1
-                    break
-                parts.append(current)
-                index += 1
-            value = "".join(parts)
-            tokens.append(Token("string" if quote == "'" else "quoted", text[start:index], value, line, column))
-            continue
-        for symbol in _SYMBOLS:
-            if text.startswith(symbol, index):
-                tokens.append(Token("symbol", symbol, symbol, line, column))
-                index += len(symbol)
-                break
-        else:
+        match = _TOKEN.match(text, index)
+        if match is None:
             raise QuerySyntaxError(f"unexpected character {char!r}", line=line, column=column, text=text)
-    column = index - line_start + 1
-    tokens.append(Token("end", "", None, line, column))
+        kind, word, index = match.lastgroup, match.group(), match.end()
+        if kind == "newline":
+            line, line_start = line + 1, index
+        elif kind == "number":
+            value = float(word) if any(mark in word for mark in ".eE") else int(word)
+            tokens.append(Token("number", word, value, line, column))
+        elif kind in ("name", "symbol"):
+            tokens.append(Token(kind, word, word, line, column))
+    tokens.append(Token("end", "", None, line, index - line_start + 1))
     return tokens
 
 
@@ -184,12 +144,8 @@ class TokenCursor:
 
     def name(self, what: str) -> str:
         token = self.current
-        if token.kind == "quoted":
-            self.advance()
-            return token.value
-        if token.kind == "name" and token.text.upper() not in RESERVED:
-            self.advance()
-            return token.text
+        if token.kind == "quoted" or (token.kind == "name" and token.text.upper() not in RESERVED):
+            return self.advance().value     # a name's value is its text, a quoted name's without the quotes
         if token.kind == "name":
             raise self.error(f"expected {what}, found the keyword {token.text.upper()} "
                              f"(write it in double quotes to use it as a name)")

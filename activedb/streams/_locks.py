@@ -1,46 +1,9 @@
-"""Stream lock tables: S2PL's timestamp-ordered queues and LWM's write-lock queues.
-
-The engine's schedulers fill a table from **one dispatcher**, in the declared total order
-of the batch's s-transactions, **before** any of them runs (Active CEP Algorithm 1's "insert
-every lock at the creation of ``T_i``", and App. E.1's dispatcher invariant).  Every
-request carries its owner's *stamp*: the s-transaction's ``position`` in the declared
-order (timestamp, then the application's order of equal timestamps), so "earlier" below
-is "smaller position".  Requests only disappear when their owner **ends** (committed or
-aborted, Active CEP Phase II) or, under LWM, is **released** once its body ran — so once a request is grantable it stays grantable, and a
-waiter only ever waits for an *earlier* owner to end.  (LWM's table also accepts
-insertions in arrival order, later ones included, guarded by the punctuation: App. F.)
-
-* :class:`S2PLLockTable` (Active CEP §5.2, Fig. 3 left): a request is granted when no
-  earlier request on an overlapping resource conflicts with it — whether that earlier
-  request is already held or still waiting.  That is the **no overtaking** rule: a later
-  read never passes an earlier waiting write (the counter-example: ``T1`` holds ``sl``,
-  ``T2`` waits for ``xl``, ``T3``'s ``sl`` is compatible with ``T1``'s; granting it lets
-  ``T3`` read at 15 before ``T2`` writes at 10 — Def. 6 (1)).
-* :class:`LWMLockTable` (Active CEP §5.3, Algorithm 2, Fig. 3 right): only write locks
-  queue.  ``lwm(P) = min`` stamp of the write locks on ``P``; a Read at stamp ``s`` is
-  granted when ``s ≤ lwm`` (every earlier write lock on ``P`` released — its own write lock
-  at ``s`` does not hold it back), a Write when its lock is the oldest (``s = lwm``), which
-  is the same test; read locks never block anything (kept for instrumentation).  With
-  App. F's punctuation guard: both also need ``ts ≤ mrp``, the most recent punctuation the
-  dispatcher published after inserting every lock of the events before it.
-
-Resources are ``(table, key)`` (a tuple) or ``(table, None)`` (the table).  A table
-request overlaps every tuple request of its table: for each table the structures keep
-table-level and tuple-level queues and, for table-level requests, the union of the
-tuple-level ones.  Each queue is a min-heap of ``(position, owner)`` with lazy deletion of
-ended owners, so ``lwm`` and "the earliest conflicting request" cost O(1) amortised.
-
-Waiting: the rule names the earliest live conflicting owner (O(1)); a waiter registers
-itself with the *latest* one (a scan of the same queues, only when it must wait: ``wait_target``)
-and sleeps on its own event; that owner's ``end`` wakes it and it looks again.  Earlier owners
-mostly end first (a writer waits for the earlier ones), so a waiter behind ``k`` owners wakes
-once instead of ``k`` times — each wake-up is a thread switch, a turn of the GIL and a
-wait-for edge, and every waiter woken at once competes with the one that can run.  An order
-waiter — one waiting for a partition's matcher state, ``wait_for(…, matched=True)`` — is
-also woken by the blocker's ``matched`` (its states are final before it ends).  The wait
-itself is wrapped in the ``waiting`` context the scheduler gives (``db.transactions.waiting``:
-an edge ``waiter → blocker`` of the one wait-for graph).  A Read held back only by the
-punctuation waits for the next ``publish`` — input, not a transaction, so not an edge.
+"""Stream lock tables (Active CEP §5.2, §5.3): :class:`S2PLLockTable` (timestamp-ordered
+queues, no overtaking) and :class:`LWMLockTable` (write-lock queues, the low-water mark,
+App. F's punctuation guard), filled by one dispatcher before any owner runs; a request is
+stamped with its owner's position, and a waiter waits only for an earlier owner.  The
+rules, the queues and whom a waiter sleeps behind: the design note
+``activedb/streams/README.md``, "The lock tables".
 
 Thread-safety: ``_mutex`` protects every queue, every request's ``held``, every owner's
 ``ended``/``matched``/``waiters`` and the counters; it is a leaf (nothing else is taken while it is
@@ -70,30 +33,27 @@ class LockMode(enum.Enum):
         return self is LockMode.WRITE or other is LockMode.READ
 
 
+@dataclass(eq=False, slots=True)
 class Owner:
     """One s-transaction as the lock table sees it: its stamp and whether it ended.
 
     ``node`` is the activedb (sub)transaction running it (the target of wait-for edges);
     ``victim`` is set if the lock manager chose it as a deadlock victim while it waited."""
 
-    __slots__ = ("position", "ts", "name", "node", "ended", "released", "matched", "waiters", "wake", "victim",
-                 "requests")
-
-    def __init__(self, position: int, ts: Any, name: str):
-        self.position = position
-        self.ts = ts
-        self.name = name
-        self.node: Any = None
-        # Invariant: ended only moves False -> True, under the table's _mutex; then waiters is empty.
-        self.ended = False
-        # Its requests are gone (at its end, or earlier: StreamLockTable.release); ended implies released.
-        self.released = False
-        # Its partition states are final (it matched and will run no rule): see StreamLockTable.matched.
-        self.matched = False
-        self.waiters: list[Owner] = []
-        self.wake = threading.Event()
-        self.victim: BaseException | None = None
-        self.requests: dict[tuple[str, tuple | None], Request] = {}
+    position: int
+    ts: Any
+    name: str
+    node: Any = None
+    # Invariant: ended only moves False -> True, under the table's _mutex; then waiters is empty.
+    ended: bool = False
+    # Its requests are gone (at its end, or earlier: StreamLockTable.release); ended implies released.
+    released: bool = False
+    # Its partition states are final (it matched and will run no rule): see StreamLockTable.matched.
+    matched: bool = False
+    waiters: list[Owner] = field(default_factory=list)
+    wake: threading.Event = field(default_factory=threading.Event)
+    victim: BaseException | None = None
+    requests: dict[tuple[str, tuple | None], Request] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         return f"<Owner {self.name} @{self.position}{' ended' if self.ended else ''}>"
@@ -137,9 +97,6 @@ class _Queue:
             heapq.heappop(heap)
         return heap[0][2] if heap else None
 
-    def __len__(self) -> int:
-        return len(self.heap)
-
 
 def _latest_before(position: int, queues: Iterable[_Queue | None]) -> Owner | None:
     """The latest owner before ``position`` not released (a scan: only for a waiter)."""
@@ -175,6 +132,13 @@ class _Table:
     any_tuple_reads: _Queue = field(default_factory=_Queue)
     any_tuple_writes: _Queue = field(default_factory=_Queue)
     requests: list[Request] = field(default_factory=list)     # every request, in insertion order
+
+    def writes_on(self, key: tuple | None) -> tuple[_Queue | None, ...]:
+        """The write queues overlapping a request on ``key`` (None: the whole table)."""
+        return self.table_writes, self.any_tuple_writes if key is None else self.tuple_writes.get(key)
+
+    def reads_on(self, key: tuple | None) -> tuple[_Queue | None, ...]:
+        return self.table_reads, self.any_tuple_reads if key is None else self.tuple_reads.get(key)
 
 
 @dataclass(frozen=True)
@@ -311,17 +275,7 @@ class StreamLockTable:
                     self._punctuation_waits += 1
                     self._gated.append(owner)
                 self._waiting[owner] = (request, blocker)
-            started = time.perf_counter()
-            try:
-                if blocker is not None:
-                    with self.waiting(owner, blocker, request):
-                        owner.wake.wait()
-                else:
-                    owner.wake.wait()
-            finally:
-                with self._mutex:
-                    self._waiting.pop(owner, None)
-                    self._wait_seconds += time.perf_counter() - started
+            self._sleep(owner, blocker, request)
 
     def wait_for(self, owner: Owner, blocker: Owner, why: Request | None = None, *, matched: bool = False) -> None:
         """Block until ``blocker`` ended — or, with ``matched``, until its partition states are
@@ -336,14 +290,19 @@ class StreamLockTable:
                 owner.wake.clear()
                 blocker.waiters.append(owner)
                 self._waiting[owner] = (why, blocker)
-            started = time.perf_counter()
-            try:
-                with self.waiting(owner, blocker, why):
-                    owner.wake.wait()
-            finally:
-                with self._mutex:
-                    self._waiting.pop(owner, None)
-                    self._wait_seconds += time.perf_counter() - started
+            self._sleep(owner, blocker, why)
+
+    def _sleep(self, owner: Owner, blocker: Owner | None, why: Request | None) -> None:
+        """Wait until ``owner`` is woken: an edge to ``blocker`` of the wait-for graph (None: the
+        punctuation, no edge).  Caller registered the wait in ``_waiting``; this ends it."""
+        started = time.perf_counter()
+        try:
+            with self.waiting(owner, blocker, why) if blocker is not None else contextlib.nullcontext():
+                owner.wake.wait()
+        finally:
+            with self._mutex:
+                self._waiting.pop(owner, None)
+                self._wait_seconds += time.perf_counter() - started
 
     def matched(self, owner: Owner) -> None:
         """``owner``'s partition states are final (it matched, no rule is left to run): wake who
@@ -387,10 +346,17 @@ class StreamLockTable:
         punctuation)``; ``(None, False)``: grant.  Caller holds ``_mutex``."""
         raise NotImplementedError
 
+    def _queues(self, request: Request) -> tuple[_Queue | None, ...]:
+        """The queues whose earlier requests block ``request``.  Caller holds ``_mutex``."""
+        raise NotImplementedError
+
     def wait_target(self, request: Request, blocker: Owner) -> Owner:
-        """Whose end a waiter blocked by ``blocker`` (what :meth:`blocker` named) sleeps until.
-        By default ``blocker`` itself.  Caller holds ``_mutex``."""
-        return blocker
+        """Whose end a waiter blocked by ``blocker`` (what :meth:`blocker` named) sleeps until:
+        the *latest* earlier owner on :meth:`_queues` (module docstring, "Waiting"), or
+        ``blocker`` itself under a subclass's rule of its own.  Caller holds ``_mutex``."""
+        if type(self).blocker not in _OWN_RULES:
+            return blocker
+        return _latest_before(request.owner.position, self._queues(request)) or blocker
 
     # --- inspection -------------------------------------------------------------------------
 
@@ -425,28 +391,12 @@ class S2PLLockTable(StreamLockTable):
     kind = WaitKind.STREAM_S2PL
 
     def _queues(self, request: Request) -> tuple[_Queue | None, ...]:
-        """The queues whose earlier requests conflict with ``request``.  Caller holds ``_mutex``."""
         table = self._tables[request.table]
-        key = request.key
-        write = request.mode is LockMode.WRITE
-        if key is None:
-            queues: tuple = (table.table_writes, table.any_tuple_writes)
-            if write:
-                queues += (table.table_reads, table.any_tuple_reads)
-        else:
-            queues = (table.table_writes, table.tuple_writes.get(key))
-            if write:
-                queues += (table.table_reads, table.tuple_reads.get(key))
-        return queues
+        writes = table.writes_on(request.key)
+        return writes + table.reads_on(request.key) if request.mode is LockMode.WRITE else writes
 
     def blocker(self, request: Request, mode: LockMode) -> tuple[Owner | None, bool]:
         return _earliest_before(request.owner.position, self._queues(request)), False
-
-    def wait_target(self, request: Request, blocker: Owner) -> Owner:
-        """The *latest* earlier conflicting owner (module docstring, "Waiting")."""
-        if type(self).blocker is not S2PLLockTable.blocker:      # a subclass with a rule of its own
-            return blocker
-        return _latest_before(request.owner.position, self._queues(request)) or blocker
 
 
 class LWMLockTable(StreamLockTable):
@@ -476,19 +426,10 @@ class LWMLockTable(StreamLockTable):
         (None: no write lock, lwm = +∞) — for tests and tools."""
         with self._mutex:
             entry = self._tables.get(table)
-            if entry is None:
-                return None
-            queues = (entry.table_writes, entry.any_tuple_writes) if key is None else (
-                entry.table_writes, entry.tuple_writes.get(key))
-            return _earliest_before(float("inf"), queues)   # type: ignore[arg-type]
+            return None if entry is None else _earliest_before(float("inf"), entry.writes_on(key))  # type: ignore
 
     def _queues(self, request: Request) -> tuple[_Queue | None, ...]:
-        """The write-lock queues of every resource overlapping ``request``'s.  Caller holds ``_mutex``."""
-        table = self._tables[request.table]
-        key = request.key
-        if key is None:
-            return table.table_writes, table.any_tuple_writes
-        return table.table_writes, table.tuple_writes.get(key)
+        return self._tables[request.table].writes_on(request.key)
 
     def blocker(self, request: Request, mode: LockMode) -> tuple[Owner | None, bool]:
         owner = request.owner
@@ -499,8 +440,5 @@ class LWMLockTable(StreamLockTable):
         gated = blocker is None and mrp is not None and ts_less(mrp, owner.ts)
         return blocker, gated
 
-    def wait_target(self, request: Request, blocker: Owner) -> Owner:
-        """The *latest* earlier write lock on an overlapping resource (module docstring, "Waiting")."""
-        if type(self).blocker is not LWMLockTable.blocker:       # a subclass with a rule of its own
-            return blocker
-        return _latest_before(request.owner.position, self._queues(request)) or blocker
+
+_OWN_RULES = (S2PLLockTable.blocker, LWMLockTable.blocker)

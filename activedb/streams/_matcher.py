@@ -48,7 +48,6 @@ class Matcher:
         self.by_type: dict[str, tuple[int, ...]] = {}
         for index, event_type in enumerate(query.types):
             self.by_type[event_type] = self.by_type.get(event_type, ()) + (index,)
-        self.rank = {index: position for position, index in enumerate(query.positives)}
         self.negative_by_index = {negative.index: negative for negative in query.negatives}
         self.empty = PartitionState(tuple(() for _ in query.types))
         self.any_match = query.selection is ast.Selection.SKIP_TILL_ANY_MATCH
@@ -105,18 +104,13 @@ class Matcher:
         for run in runs:
             component = positives[len(run)]
             if matches.get(component) and self._extends(run, event, ctx, buffers):
-                if component == accepting:
-                    entries.append((run, run + (event,)))
-                else:
-                    entries.append((run + (event,), None))
+                extended = run + (event,)
+                entries.append((run, extended) if component == accepting else (extended, None))
             else:
                 entries.append((run, None))
         first = positives[0]
         if matches.get(first):
-            if first == accepting:
-                entries.append((None, (event,)))
-            else:
-                entries.append(((event,), None))
+            entries.append((None, (event,)) if first == accepting else ((event,), None))
         for index in indices:
             if index in self.negative_by_index and matches[index]:
                 buffers[index] = buffers[index] + (event,)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from activedb.streams._events import END_OF_STREAM, StreamEvent, order_key, ts_less
+from activedb.streams._events import END_OF_STREAM, StreamEvent, order_key, ts_extreme, ts_less
 from activedb.streams._matcher import PartitionState
 from activedb.streams.errors import StreamStateError
 
@@ -43,20 +43,18 @@ def encode_value(value: Any) -> Any:
                            f"StreamEngine(durable=False)")
 
 
+_DECODERS = {"$dt": dt.datetime.fromisoformat, "$d": dt.date.fromisoformat, "$dec": decimal.Decimal,
+             "$end": lambda _: END_OF_STREAM,
+             "$map": lambda pairs: {key: decode_value(item) for key, item in pairs}}
+
+
 def decode_value(value: Any) -> Any:
     if isinstance(value, list):
         return [decode_value(item) for item in value]
     if isinstance(value, dict):
-        if "$dt" in value:
-            return dt.datetime.fromisoformat(value["$dt"])
-        if "$d" in value:
-            return dt.date.fromisoformat(value["$d"])
-        if "$dec" in value:
-            return decimal.Decimal(value["$dec"])
-        if "$end" in value:
-            return END_OF_STREAM
-        if "$map" in value:
-            return {key: decode_value(item) for key, item in value["$map"]}
+        for tag, decode in _DECODERS.items():
+            if tag in value:
+                return decode(value[tag])
     return value
 
 
@@ -65,10 +63,8 @@ def encode_event(event: StreamEvent) -> list:
             {key: encode_value(value) for key, value in dict(event.attributes).items()}]
 
 
-def decode_event(data: list | dict) -> StreamEvent:
-    """An event saved by :func:`encode_event` (or as the earlier ``{"t", "ts", "s", "p", "a"}`` object)."""
-    kind, ts, stream, position, attributes = (data["t"], data["ts"], data["s"], data["p"], data["a"]) \
-        if isinstance(data, dict) else data
+def decode_event(data: list) -> StreamEvent:
+    kind, ts, stream, position, attributes = data
     return StreamEvent(type=kind, ts=decode_value(ts), stream=stream, position=position,
                        attributes={key: decode_value(value) for key, value in attributes.items()})
 
@@ -94,10 +90,6 @@ def decode_events(data: dict) -> list[StreamEvent]:
             for index, (kind, ts, stream, position) in enumerate(zip(data["t"], data["ts"], data["s"], data["p"]))]
 
 
-def _partition_item(query: str, key: tuple) -> str:
-    return json.dumps([query, [encode_value(value) for value in key]], separators=(",", ":"))
-
-
 def save(engine: Any, tx: Transaction, pending: Any) -> None:
     """Write what ``pending`` changed into ``tx`` (see the module docstring)."""
     name = engine.name
@@ -109,14 +101,14 @@ def save(engine: Any, tx: Transaction, pending: Any) -> None:
         item = f"{min(pending.buffer_added):012d}"
         tx.write(TABLE, (name, "buffer", item),
                  value={"arrivals": list(pending.buffer_added), **encode_events(list(pending.buffer_added.values()))})
-        chunks[item] = _latest(event.ts for event in pending.buffer_added.values())
+        chunks[item] = ts_extreme((event.ts for event in pending.buffer_added.values()), latest=True)
         pending.buffer_added = {}
     saved, written = pending.base.partitions, pending.written
     for (query, key), state in pending.overlay.items():
         if state == (written[query, key] if (query, key) in written else saved.get((query, key))):
             continue                                   # the row already holds it (or there is none)
         written[query, key] = state
-        item = _partition_item(query, key)
+        item = json.dumps([query, [encode_value(value) for value in key]], separators=(",", ":"))
         if state is None:
             tx.delete(TABLE, (name, "partition", item))
         else:
@@ -161,9 +153,8 @@ def load(engine: Any) -> Any:
         elif kind == "buffer":
             # One row per batch's chunk of buffered events; those older than the released
             # punctuation were released by a later batch (the buffer holds no older event).
-            events = list(zip(value["arrivals"], decode_events(value))) if "arrivals" in value \
-                else [(int(item), decode_event(value))]       # a row of one event (the earlier layout)
-            state.chunks[item] = _latest(event.ts for _, event in events)
+            events = list(zip(value["arrivals"], decode_events(value)))
+            state.chunks[item] = ts_extreme((event.ts for _, event in events), latest=True)
             buffered.extend(events)
         elif kind == "partition":
             query, key = json.loads(item)
@@ -182,15 +173,6 @@ def load(engine: Any) -> Any:
         state.buffer.append((order_key(event, stream.priority(event.type), tie), arrival, event))
     state.buffer.sort(key=lambda entry: (entry[0], entry[1]))
     return state
-
-
-def _latest(timestamps) -> Any:
-    """The latest of ``timestamps`` (by ``ts_less``)."""
-    latest = None
-    for ts in timestamps:
-        if latest is None or ts_less(latest, ts):
-            latest = ts
-    return latest
 
 
 def delete(engine: Any) -> None:

@@ -14,7 +14,7 @@ import bisect
 from typing import Any, Callable, Mapping
 
 from activedb.streams._catalog import StreamSchema
-from activedb.streams._events import DeadLetter, StreamEvent, check_ts, format_ts, order_key, ts_less
+from activedb.streams._events import DeadLetter, StreamEvent, check_ts, format_ts, order_key, ts_extreme, ts_less
 from activedb.streams._metrics import Metrics
 from activedb.streams._state import Pending
 
@@ -27,44 +27,44 @@ class ReorderBuffer:
         self.metrics = metrics
         self.watermark = watermark
 
-    def admit(self, raw, now: float, pending: Pending, streams: dict[str, StreamSchema]):
-        """Put one event into the buffer; returns (event, None) or (None, dead letter)."""
+    def admit(self, raw, now: float, pending: Pending, streams: dict[str, StreamSchema]) -> DeadLetter | None:
+        """Put one event into the buffer; returns None, or the dead letter it became instead."""
         if isinstance(raw, Mapping):
             raw = _event_from_mapping(raw)
         if not isinstance(raw, StreamEvent):
-            return None, DeadLetter(StreamEvent("?", None, {}, origin=raw),
-                                    f"rejected: not an event ({type(raw).__name__}); give StreamEvent objects or "
-                                    f"dicts with type, ts and attributes")
+            return DeadLetter(StreamEvent("?", None, {}, origin=raw),
+                              f"rejected: not an event ({type(raw).__name__}); give StreamEvent objects or "
+                              f"dicts with type, ts and attributes")
         event = raw
         if event.stream is None:
             if len(streams) != 1:
-                return None, self._reject(event, f"rejected: the event names no stream and engine {self.name} has "
-                                                 f"{len(streams)} ({', '.join(streams)})")
+                return self._reject(event, f"rejected: the event names no stream and engine {self.name} has "
+                                           f"{len(streams)} ({', '.join(streams)})")
             stream = next(iter(streams.values()))
         else:
             stream = streams.get(event.stream)
             if stream is None:
-                return None, self._reject(event, f"rejected: no stream {event.stream!r} in engine {self.name} "
-                                                 f"(streams: {', '.join(streams)})")
+                return self._reject(event, f"rejected: no stream {event.stream!r} in engine {self.name} "
+                                           f"(streams: {', '.join(streams)})")
         event_type = stream.resolve_type(event.type) if isinstance(event.type, str) else None
         if event_type is None:
-            return None, self._reject(event, f"rejected: stream {stream.name} has no event type {event.type!r} "
-                                             f"(types: {', '.join(stream.types or ())})")
+            return self._reject(event, f"rejected: stream {stream.name} has no event type {event.type!r} "
+                                       f"(types: {', '.join(stream.types or ())})")
         event = StreamEvent(event_type, event.ts, event.attributes, stream.name, event.origin,   # replace(), faster
                             event.sts if event.sts is not None else now, event.position)
         try:
             kind = check_ts(event.ts)
         except ValueError as error:
-            return None, self._reject(event, f"rejected: {error}")
+            return self._reject(event, f"rejected: {error}")
         if pending.time_kind is None:
             pending.time_kind = kind
         elif kind != pending.time_kind:
-            return None, self._reject(event, f"rejected: timestamp {event.ts!r} is a {kind}, but this engine's "
-                                             f"events carry {pending.time_kind}s")
+            return self._reject(event, f"rejected: timestamp {event.ts!r} is a {kind}, but this engine's "
+                                       f"events carry {pending.time_kind}s")
         released = pending.released
         if released is not None and ts_less(event.ts, released):
             self.metrics.add(late=1)
-            return None, self._reject(
+            return self._reject(
                 event, f"late: {event.describe()} (ts {format_ts(event.ts)}) is older than the punctuation "
                        f"{format_ts(released)} already released by engine {self.name}; every event before it has "
                        f"been processed, so this one can no longer be put in order", punctuation=released)
@@ -74,7 +74,7 @@ class ReorderBuffer:
         pending.arrivals += 1
         bisect.insort(pending.buffer, (key, arrival, event))
         pending.buffer_added[arrival] = event
-        return event, None
+        return None
 
     def _reject(self, event: StreamEvent, reason: str, punctuation: Any = None) -> DeadLetter:
         self.metrics.add(dead_letters=1)
@@ -89,10 +89,10 @@ class ReorderBuffer:
             candidates = [value for value in (given.get(name), self.watermark(name),
                                               pending.punctuations.get(name)) if value is not None]
             if candidates:
-                pending.punctuations[name] = _extreme(candidates, latest=True)
+                pending.punctuations[name] = ts_extreme(candidates, latest=True)
         if any(name not in pending.punctuations for name in streams):
             return pending.released
-        bound = _extreme([pending.punctuations[name] for name in streams], latest=False)
+        bound = ts_extreme([pending.punctuations[name] for name in streams], latest=False)
         if pending.released is not None and not ts_less(pending.released, bound):
             return pending.released
         return bound
@@ -125,15 +125,6 @@ class ReorderBuffer:
         del buffer[:cut]
         self.metrics.add(released=len(released), reorder_delay=delay, ties_by_content=ties)
         return released
-
-
-def _extreme(values: list, *, latest: bool) -> Any:
-    """The latest (or earliest) of ``values`` by ``ts_less``; the first one of equals."""
-    extreme = values[0]
-    for value in values[1:]:
-        if ts_less(extreme, value) if latest else ts_less(value, extreme):
-            extreme = value
-    return extreme
 
 
 def _event_from_mapping(raw: Mapping[str, Any]) -> StreamEvent:

@@ -88,9 +88,8 @@ class UnscheduledScheduler(Scheduler):
             handle = tx.spawn(operator_step, name=f"{query_name} evaluates {stransaction.event.describe()}")
             running[query_name] = (handle, stransaction)
 
-        for query_name in queues:
-            if queues[query_name]:
-                start(query_name)
+        for query_name in queues:       # each has an event: queues are made by their first one
+            start(query_name)
         while running:
             query_name = finished.get()
             handle, stransaction = running.pop(query_name)

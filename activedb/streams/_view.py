@@ -79,19 +79,11 @@ class StoreView:
 
     def read(self, table: str, key: Any) -> dict | None:
         self._before("read", table, _as_key(key))
-        row = self.tx.read(table, key)
-        self.reads += 1
-        if self._history is not None:
-            self._record("read", table, _as_key(key), row)
-        return row
+        return self._read(table, _as_key(key), self.tx.read(table, key))
 
     def scan(self, table: str, where: Mapping[str, Any] | None = None) -> list[dict]:
         self._before("read", table, None)
-        rows = self.tx.scan(table, where)
-        self.reads += 1
-        if self._history is not None:
-            self._record("scan", table, rows)
-        return rows
+        return self._read(table, None, self.tx.scan(table, where))
 
     def write(self, table: str, key: Any, **values: Any) -> None:
         self._before("write", table, _as_key(key))
@@ -109,6 +101,13 @@ class StoreView:
         self.tx.delete(table, key)
         self._written(table, _as_key(key), None, "delete")
 
+    def _read(self, table: str, key: tuple | None, value: Any, read_from: Any = "derive") -> Any:
+        """Count and record a Read that has happened (``key`` None: a scan); returns ``value``."""
+        self.reads += 1
+        if self._history is not None:
+            self._record("read", table, key, value, read_from)
+        return value
+
     def _written(self, table: str, key: tuple, values: dict | None, operation: str) -> int | None:
         """Count and record a Write that has happened; returns its history sequence (None: no history)."""
         self.writes += 1
@@ -122,8 +121,23 @@ class StoreView:
         return DeclaredView(self, reads or frozenset(), writes or frozenset())
 
 
+def _declared(method: str, kind: str) -> Callable[..., Any]:
+    """:class:`DeclaredView`'s ``method``: check that the table is among the declared ``kind``
+    (reads or writes), then the view's own."""
+
+    def checked(self: "DeclaredView", table: str, *args: Any, **values: Any) -> Any:
+        if table not in (self._writes if kind == "writes" else self._reads):
+            raise UndeclaredAccess(
+                f"rule {self._view.origin} {kind} table {table!r}, which it did not declare; add it to "
+                f"{kind}=[…] of the rule (schedulers lock ahead from them)")
+        return getattr(self._view, method)(table, *args, **values)
+
+    return checked
+
+
 class DeclaredView:
-    """A view that lets a Python action touch only the tables it declared."""
+    """A view that lets a Python action touch only the tables it declared (``read``/``scan``:
+    those it reads or writes; ``write``/``insert``/``delete``: those it writes)."""
 
     def __init__(self, view: StoreView, reads: frozenset[str], writes: frozenset[str]):
         self._view = view
@@ -134,31 +148,11 @@ class DeclaredView:
     def ts(self) -> Any:
         return self._view.ts
 
-    def _check(self, table: str, allowed: frozenset[str], what: str) -> None:
-        if table not in allowed:
-            raise UndeclaredAccess(
-                f"rule {self._view.origin} {what} table {table!r}, which it did not declare; add it to "
-                f"{'writes' if what == 'writes' else 'reads'}=[…] of the rule (schedulers lock ahead from them)")
-
-    def read(self, table: str, key: Any) -> dict | None:
-        self._check(table, self._reads, "reads")
-        return self._view.read(table, key)
-
-    def scan(self, table: str, where: Mapping[str, Any] | None = None) -> list[dict]:
-        self._check(table, self._reads, "reads")
-        return self._view.scan(table, where)
-
-    def write(self, table: str, key: Any, **values: Any) -> None:
-        self._check(table, self._writes, "writes")
-        self._view.write(table, key, **values)
-
-    def insert(self, table: str, **values: Any) -> Any:
-        self._check(table, self._writes, "writes")
-        return self._view.insert(table, **values)
-
-    def delete(self, table: str, key: Any) -> None:
-        self._check(table, self._writes, "writes")
-        self._view.delete(table, key)
+    read = _declared("read", "reads")
+    scan = _declared("scan", "reads")
+    write = _declared("write", "writes")
+    insert = _declared("insert", "writes")
+    delete = _declared("delete", "writes")
 
 
 # --- the concurrent schedulers' views -------------------------------------------------------------
@@ -205,20 +199,14 @@ class VersionedView(LockedView):
             return super().read(table, key)
         self._before("read", table, key)
         image, sequence = self._versions.read(self.stamp.position, table, key)
-        self.reads += 1
-        if self._history is not None:
-            self._record("read", table, key, image, read_from=sequence)
-        return image
+        return self._read(table, key, image, sequence)
 
     def scan(self, table: str, where: Mapping[str, Any] | None = None) -> list[dict]:
         if not self._versions.tracks_table(table):
             return super().scan(table, where)          # as for read: covered by its own write lock only
         self._before("read", table, None)
         rows, seen = self._versions.scan(self.stamp.position, table, where)
-        self.reads += 1
-        if self._history is not None:
-            self._record("scan", table, rows, read_from=seen)
-        return rows
+        return self._read(table, None, rows, seen)
 
     def _written(self, table: str, key: tuple, values: dict | None, operation: str) -> int | None:
         """Also leave the row's new version (its Writes are granted in position order)."""

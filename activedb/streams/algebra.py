@@ -20,10 +20,6 @@ class Position:
     column: int
 
 
-def _position() -> Any:
-    return field(default=None, compare=False, repr=False, hash=False)
-
-
 class Selection(enum.Enum):
     """Which matches a pattern query outputs (Active CEP leaves it open): the point matcher's
     selection semantics, defined in ``activedb/streams/README.md`` (choice 1)."""
@@ -41,9 +37,17 @@ class Consumption(enum.Enum):
     RECENT = "recent"
 
 
+@dataclass(frozen=True)
+class _Node:
+    """What every node has: where it starts in the text (None: built in Python; keyword-only,
+    and ``==`` and ``repr`` ignore it)."""
+
+    position: Position | None = field(default=None, compare=False, repr=False, kw_only=True)
+
+
 # --- expressions ----------------------------------------------------------------------------
 
-class Expr:
+class Expr(_Node):
     """Base class of expressions."""
 
     def children(self) -> tuple["Expr", ...]:
@@ -58,7 +62,6 @@ class Expr:
 @dataclass(frozen=True)
 class Literal(Expr):
     value: Any
-    position: Position | None = _position()
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,6 @@ class AttributeRef(Expr):
 
     alias: str
     attribute: str
-    position: Position | None = _position()
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,6 @@ class ColumnRef(Expr):
 
     column: str
     table: str | None = None
-    position: Position | None = _position()
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,6 @@ class _Binary(Expr):
     operator: str
     left: Expr
     right: Expr
-    position: Position | None = _position()
 
     def children(self):
         return (self.left, self.right)
@@ -108,7 +108,6 @@ class _Unary(Expr):
     """An operator on one operand (equal only to a node of the same class)."""
 
     operand: Expr
-    position: Position | None = _position()
 
     def children(self):
         return (self.operand,)
@@ -129,7 +128,6 @@ class _Junction(Expr):
     """The operands of ``AND`` or ``OR`` (equal only to a node of the same class)."""
 
     operands: tuple[Expr, ...]
-    position: Position | None = _position()
 
     def children(self):
         return self.operands
@@ -151,7 +149,7 @@ class Not(_Unary):
 
 
 @dataclass(frozen=True)
-class Select:
+class Select(_Node):
     """``SELECT column FROM table WHERE c1 = e1 AND …`` over the shared store.
 
     ``column`` is None for ``EXISTS (SELECT * …)``.  ``conditions`` are equalities
@@ -162,7 +160,6 @@ class Select:
     table: str
     column: str | None
     conditions: tuple[tuple[str, Expr], ...]
-    position: Position | None = _position()
 
 
 @dataclass(frozen=True)
@@ -170,7 +167,6 @@ class _StoreRead(Expr):
     """A read of the store by ``select``; its children are the expressions of its conditions."""
 
     select: Select
-    position: Position | None = _position()
 
     def children(self):
         return tuple(expression for _, expression in self.select.conditions)
@@ -193,7 +189,6 @@ class Equivalence(Expr):
     (the query is partitioned by it).  Only allowed as a top-level conjunct of WHERE."""
 
     attribute: str
-    position: Position | None = _position()
 
 
 def conjuncts(expression: Expr | None) -> tuple[Expr, ...]:
@@ -207,7 +202,7 @@ def conjuncts(expression: Expr | None) -> tuple[Expr, ...]:
 
 # --- patterns -------------------------------------------------------------------------------
 
-class Pattern:
+class Pattern(_Node):
     """Base class of event patterns."""
 
     def components(self) -> tuple["EventComponent", ...]:
@@ -215,14 +210,13 @@ class Pattern:
 
 
 @dataclass(frozen=True)
-class EventComponent:
+class EventComponent(_Node):
     """One event of a pattern: its type, the alias expressions use (default: the type
     name), and whether it is negative (``!TYPE``: must *not* occur there)."""
 
     event_type: str
     alias: str | None = None
     negated: bool = False
-    position: Position | None = _position()
 
     @property
     def name(self) -> str:
@@ -234,7 +228,6 @@ class _Components(Pattern):
     """A pattern made of its ``items`` (equal only to a node of the same class)."""
 
     items: tuple[EventComponent, ...]
-    position: Position | None = _position()
 
     def components(self) -> tuple[EventComponent, ...]:
         return self.items
@@ -258,14 +251,13 @@ class Conj(_Components):
 # --- definitions ----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class ReturnItem:
+class ReturnItem(_Node):
     name: str
     expression: Expr
-    position: Position | None = _position()
 
 
 @dataclass(frozen=True)
-class QueryDefinition:
+class QueryDefinition(_Node):
     """``CREATE QUERY name [ON stream] PATTERN … [WHERE …] [WITHIN …] RETURN …``.
 
     ``within`` is in seconds (None: no window); ``selection`` is an extension of the
@@ -281,10 +273,9 @@ class QueryDefinition:
     selection: Selection = Selection.SKIP_TILL_ANY_MATCH
     priority: float | None = None
     consumption: Consumption | None = None
-    position: Position | None = _position()
 
 
-class Action:
+class Action(_Node):
     """Base class of rule actions."""
 
 
@@ -296,7 +287,6 @@ class UpdateAction(Action):
     table: str
     assignments: tuple[tuple[str, Expr], ...]
     key: tuple[tuple[str, Expr], ...]
-    position: Position | None = _position()
 
 
 @dataclass(frozen=True)
@@ -306,7 +296,6 @@ class InsertAction(Action):
     table: str
     columns: tuple[str, ...]
     values: tuple[Expr, ...]
-    position: Position | None = _position()
 
 
 @dataclass(frozen=True)
@@ -315,7 +304,6 @@ class DeleteAction(Action):
 
     table: str
     key: tuple[tuple[str, Expr], ...]
-    position: Position | None = _position()
 
 
 @dataclass(frozen=True)
@@ -331,7 +319,7 @@ class CallAction(Action):
 
 
 @dataclass(frozen=True)
-class RuleDefinition:
+class RuleDefinition(_Node):
     """``CREATE [OR REPLACE] RULE name ON OUTPUT query [REFERENCING NEW AS alias]
     [FOR EACH EVENT] [WHEN condition] [PRIORITY n] BEGIN action; … END``.
 
@@ -345,4 +333,3 @@ class RuleDefinition:
     when: Expr | None = None
     priority: float | None = None
     replace: bool = False
-    position: Position | None = _position()

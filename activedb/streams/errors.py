@@ -34,14 +34,9 @@ class DefinitionError(StreamError):
         self.line = line
         self.column = column
         if line is not None:
-            location = f"line {line}, column {column}: "
-            shown = ""
-            if text is not None:
-                lines = text.splitlines()
-                if 0 < line <= len(lines):
-                    source = lines[line - 1]
-                    shown = f"\n    {source}\n    {' ' * max(0, (column or 1) - 1)}^"
-            message = f"{location}{message}{shown}"
+            lines = text.splitlines() if text is not None else []
+            shown = f"\n    {lines[line - 1]}\n    {' ' * max(0, (column or 1) - 1)}^" if 0 < line <= len(lines) else ""
+            message = f"line {line}, column {column}: {message}{shown}"
         super().__init__(message)
 
 

@@ -9,8 +9,6 @@ from typing import Any, Hashable, Mapping, Sequence
 
 import networkx as nx
 
-
-
 _APPEND = "append"
 _READ = "read"
 _SPAWN = "spawn"

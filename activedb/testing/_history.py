@@ -37,13 +37,11 @@ def check_history(ops: Iterable[HistoryOp]) -> HistoryReport:
     ops = sorted(ops, key=lambda op: op.sequence)
     report = HistoryReport()
     parent_of: dict[str, str | None] = {}
-    root_of: dict[str, str] = {}
     children: dict[str, list[str]] = {}
     ended: dict[str, tuple[str, int]] = {}
     for op in ops:
         if op.kind == "begin":
             parent_of[op.transaction] = op.parent
-            root_of[op.transaction] = op.root
             if op.parent:
                 children.setdefault(op.parent, []).append(op.transaction)
         elif op.kind in ("commit", "abort"):

@@ -155,9 +155,6 @@ class _Checker:
             self._effective[tid] = value
         return value
 
-    def writer(self, element: Any) -> str:
-        return self.appended[element][0]
-
     # --- the run ----------------------------------------------------------------------------
 
     def run(self) -> ListAppendReport:
