@@ -193,6 +193,9 @@ class _Node:
         self.external: tuple = ()
 
 
+_PARENT_IN_TREE = (None, 0, 1, 1, 0, 4, 4)      # a tree's 7 members depth first: root, child, 2 grandchildren, ...
+
+
 def _wait_for_graph(size: int, seed: int):
     """``size`` transactions as the lock manager's graph would hold them (trees of a root, 2 children, 4
     grandchildren: "commit" edges parent -> child) where half of the leaves wait for a random transaction
@@ -200,30 +203,12 @@ def _wait_for_graph(size: int, seed: int):
     import networkx
 
     rng = random.Random(seed)
-    records: dict[int, _Node] = {}
-    trees: list[list[int]] = []
-    number = 0
-    while number < size:
-        root = number
-        records[root] = _Node(root)
-        number += 1
-        members = [root]
-        for _ in range(2):
-            if number >= size:
-                break
-            child = number
-            records[child] = _Node(child)
-            records[root].children.add(records[child])
-            number += 1
-            members.append(child)
-            for _ in range(2):
-                if number >= size:
-                    break
-                records[number] = _Node(number)
-                records[child].children.add(records[number])
-                members.append(number)
-                number += 1
-        trees.append(members)
+    records = {number: _Node(number) for number in range(size)}
+    for number, record in records.items():
+        parent = _PARENT_IN_TREE[number % 7]
+        if parent is not None:
+            records[number - number % 7 + parent].children.add(record)
+    trees = [list(range(start, min(start + 7, size))) for start in range(0, size, 7)]
     for index, members in enumerate(trees[1:], start=1):
         for member in members:
             record = records[member]
