@@ -4,6 +4,7 @@ server ask for its password.  The rules are in the design note, ``README.md``.""
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import signal
@@ -64,23 +65,16 @@ class Runner:
             return ["unshare", "--user", f"--map-user={inside}", f"--map-group={inside}", "--", *argv]
         return argv
 
-    def options(self) -> dict:
-        if self.how == "service":
-            return {"user": self.owner, "group": self.group, "extra_groups": []}
-        return {}
-
     def run(self, argv: list[str], *, input: str | None = None, timeout: float = START_TIMEOUT_SECONDS
             ) -> subprocess.CompletedProcess:
+        as_user = {"user": self.owner, "group": self.group, "extra_groups": []} if self.how == "service" else {}
         return subprocess.run(self.command(argv), input=input, capture_output=True, text=True, timeout=timeout,
-                              check=True, **self.options())
+                              check=True, **as_user)
 
     def own(self, path: Path) -> None:
         """Give a directory activedb just created to the server's owner."""
         if self.how == "service":
             os.chown(path, self.owner, self.group)
-
-
-_namespaces: bool | None = None
 
 
 def _namespace_uid() -> int:
@@ -94,17 +88,13 @@ def _namespace_uid() -> int:
         return next(entry.pw_uid for entry in pwd.getpwall() if entry.pw_uid != 0)
 
 
+@functools.cache
 def _user_namespaces_work() -> bool:
-    global _namespaces
-    if _namespaces is None:
-        try:
-            inside = _namespace_uid()
-            _namespaces = subprocess.run(
-                ["unshare", "--user", f"--map-user={inside}", f"--map-group={inside}", "--", "true"],
-                capture_output=True, timeout=30).returncode == 0
-        except (OSError, subprocess.SubprocessError, StopIteration):
-            _namespaces = False
-    return _namespaces
+    try:
+        return subprocess.run(Runner("namespace", 0, 0).command(["true"]), capture_output=True,
+                              timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError, StopIteration):
+        return False
 
 
 def runner_for(pgdata: Path) -> Runner:
