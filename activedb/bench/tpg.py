@@ -268,12 +268,10 @@ def _instructions(report: BenchReport, size: int, quick: bool) -> None:
 # --- plots ----------------------------------------------------------------------------------------
 
 def _plot(directory: Path, parameter: str, points: dict[str, list[tuple[float, float]]], label: str) -> Path:
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(6.4, 4.2))
+    figure = Figure(figsize=(6.4, 4.2))
+    axes = figure.subplots()
     for name, series in points.items():
         xs, ys = zip(*series)
         axes.plot(xs, ys, marker="o", label="auto (lean)" if name == "auto" else name,
@@ -286,7 +284,6 @@ def _plot(directory: Path, parameter: str, points: dict[str, list[tuple[float, f
     figure.tight_layout()
     path = directory / f"tpg-sweep-{parameter}.png"
     figure.savefig(path, dpi=100)
-    plt.close(figure)
     return path
 
 

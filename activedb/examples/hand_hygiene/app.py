@@ -20,7 +20,6 @@ from activedb.examples.hand_hygiene.errors import ImpossibleTransition, LateBadg
 
 BADGE_EVENTS = ("enter", "exit", "sanitize", "mask")
 SAFE, WARNING, VIOLATION = "safe", "warning", "violation"
-STATUSES = (SAFE, WARNING, VIOLATION)
 COLORS = {SAFE: "green", WARNING: "yellow", VIOLATION: "red"}
 # What ``activedb run activedb.examples.hand_hygiene.app --source file:DIR`` needs: which columns of
 # the rows (JSON lines {"type": ..., "worker": ..., "ts": seconds, "room": ...}, as ``activedb demo
