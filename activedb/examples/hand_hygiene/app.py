@@ -216,15 +216,19 @@ def report_incident(tx: Transaction, event: Event) -> None:
 
 def compensate_rejected(tx: Transaction, event: Event) -> None:
     """Exclusive causally dependent: commits only if the badge event's processing aborted."""
-    room = event.payload.get("room")
-    where = f" {room}" if room else ""
     try:
         ts = seconds(event.ts)
     except MalformedBadgeEvent:
         ts = 0.0
-    tx.insert("compensations", worker=str(event.key), event=str(event.source), at=ts,
-              reason=f"{event.source}{where} at t={ts:g} was rejected: badge reader flagged for re-sync, "
-                     f"worker asked to badge again")
+    insert_compensation(tx, event.key, event.source, event.payload.get("room"), ts)
+
+
+def insert_compensation(tx: Transaction, worker: Any, kind: Any, room: Any, ts: float, why: str = "") -> None:
+    """The row of ``compensations`` for a rejected ``kind`` reading of ``worker`` (``why``: after "rejected")."""
+    where = f" {room}" if room else ""
+    tx.insert("compensations", worker=str(worker), event=str(kind), at=ts,
+              reason=f"{kind}{where} at t={ts:g} was rejected{why}: badge reader flagged for re-sync, worker asked "
+                     f"to badge again")
 
 
 # --- registration ---------------------------------------------------------------------------------

@@ -207,13 +207,9 @@ def is_reading(tx: Transaction, event: Event) -> bool:
 
 def compensate_rejected_badge(tx: Transaction, event: Event) -> None:
     """Exclusive causally dependent: commits only if the reading's s-transaction aborted."""
-    new = event.new
-    reason = app.contradiction(*_reading_of(event)) or "its s-transaction aborted"
-    room = new.get("room") if new.get("last_event") == "enter" else new.get("last_exit_room")
-    where = f" {room}" if room else ""
-    tx.insert("compensations", worker=str(event.key), event=str(new.get("last_event")), at=float(new["last_ts"]),
-              reason=f"{new.get('last_event')}{where} at t={new['last_ts']:g} was rejected ({reason}): badge reader "
-                     f"flagged for re-sync, worker asked to badge again")
+    worker, kind, room, _, ts = reading = _reading_of(event)
+    reason = app.contradiction(*reading) or "its s-transaction aborted"
+    app.insert_compensation(tx, worker, kind, room, float(ts), f" ({reason})")
 
 
 def register_rules(db) -> dict[str, Rule]:
