@@ -150,8 +150,7 @@ def start(home: Path | None = None, *, keep_running: bool | None = None) -> Embe
         if running is not None and running.status != "ready":
             running = wait_ready(pgdata)
         if running is not None:
-            current = EmbeddedServer(pgdata, running.socket_directory, running.pid, "")
-            password = lock_down(pgdata, home, current, runner)
+            password = lock_down(pgdata, home, running, runner)
             _warn_if_not_private(running.socket_directory, pgdata)
         else:
             password = lock_down(pgdata, home, None, runner)

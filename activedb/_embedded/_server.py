@@ -13,14 +13,10 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from activedb._embedded._files import (HANDLE_FILE, PASSWORD_FILE, SERVICE_USER, hba_trusts, make_private_directory,
                                        read_password, write_hba, write_password)
 from activedb.errors import EmbeddedServerError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from activedb._embedded import EmbeddedServer
 
 SUPERUSER = "postgres"
 START_TIMEOUT_SECONDS = 60
@@ -289,8 +285,9 @@ def _exited(process, timeout: float) -> bool:
         delay = min(delay * 2, 0.04)
 
 
-def lock_down(pgdata: Path, home: Path, server: EmbeddedServer | None, runner: Runner) -> str:
-    """The password of the server's superuser: the one in ``home``, after making sure the server asks for it.
+def lock_down(pgdata: Path, home: Path, server: _Postmaster | None, runner: Runner) -> str:
+    """The password of the server's superuser: the one in ``home``, after making sure the server (``server``:
+    the running postmaster, if any) asks for it.
 
     A data directory from an older activedb (``trust``) gets a password and a locked ``pg_hba.conf``; one
     whose password file was lost gets a new password through single-user mode (server stopped)."""

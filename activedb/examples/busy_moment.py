@@ -9,6 +9,7 @@ embedded database).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -111,8 +112,7 @@ def main(argv: list[str]) -> int:
             explanation = db.explain()
         finally:
             moment.release()
-        explanation = type(explanation)(nodes=explanation.nodes, edges=explanation.edges,
-                                        title="activedb explain: a busy moment", taken_at=explanation.taken_at)
+        explanation = dataclasses.replace(explanation, title="activedb explain: a busy moment")
         print(explanation.text())
         print(f"wrote {explanation.render(argv[0])}")
         db.rules.wait_idle(TIMEOUT)
