@@ -67,6 +67,14 @@ def _many(writer, table: str, ids: range) -> float:
     return (time.perf_counter() - start) / len(ids)
 
 
+def _own_inserts(database, table: str, ids: range) -> float:
+    """Seconds per activedb transaction inserting one row (``db.run``)."""
+    start = time.perf_counter()
+    for number in ids:
+        database.run(lambda tx: tx.insert(table, id=number, customer="own", amount=1, note="bench"))
+    return (time.perf_counter() - start) / len(ids)
+
+
 def _alternating(measure, writer, ids: _Ids, count: int, rounds: int) -> tuple[float, float]:
     """Median µs per row of ``measure`` on the plain and on the captured table: ``rounds`` alternating rounds
     of ``count`` rows each."""
@@ -234,15 +242,8 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
             progress.update(6, f"latency of one insert ({len(latencies)} samples)")
 
         # 5. activedb as the writer: its own changes to a captured table are recognised and dropped.
-        plain, captured = [], []
-        own = ids.take(2 * rounds * per_round // 4)
-        half = len(own) // 2
-        for index, number in enumerate(own):
-            table, into = (PLAIN, plain) if index % 2 == 0 else (CAPTURED, captured)
-            start = time.perf_counter()
-            database.run(lambda tx: tx.insert(table, id=number, customer="own", amount=1, note="bench"))
-            into.append(time.perf_counter() - start)
-        plain_us, captured_us = statistics.median(plain) * 1e6, statistics.median(captured) * 1e6
+        half = rounds * per_round // 4
+        plain_us, captured_us = _alternating(_own_inserts, database, ids, 1, half)
         with database.engine.connect() as connection:
             leaked = connection.execute(sa.text("SELECT count(*) FROM activedb_capture_changes c JOIN "
                                                 "activedb_capture_commits m ON m.xid = c.xid WHERE "

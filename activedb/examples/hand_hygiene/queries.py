@@ -16,13 +16,13 @@ Public interface:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as dt
 from typing import Any, Iterable
 
 from activedb import Coupling, Event, Rule, Transaction, deadletters, streams
 from activedb.errors import RuleFailed
+from activedb.progress import Progress
 from activedb.examples.hand_hygiene import app
 from activedb.examples.hand_hygiene.app import SAFE, STATUS_CHANGED, WORKERS
 from activedb.examples.hand_hygiene.errors import BadgeEventRejected
@@ -265,12 +265,12 @@ def feed(db, engine: streams.StreamEngine, events: Iterable[dict], *, chunk_size
     plan.append(([], streams.END_OF_STREAM))
     processed = failed = 0
     letters: list[streams.DeadLetter] = []
-    if progress is not None:
-        progress.start("micro-batches", total=len(plan))
+    progress = progress or Progress.none()
+    progress.start("micro-batches", total=len(plan))
     for number, (chunk, punctuation) in enumerate(plan):
         label = "end of stream" if punctuation is streams.END_OF_STREAM else (
             f"events {number * chunk_size + 1}-{number * chunk_size + len(chunk)} of {len(converted)}")
-        with contextlib.nullcontext() if progress is None else progress.step(label):
+        with progress.step(label):
             result = db.run(_process, engine, chunk, punctuation, number)
         processed += result.processed
         failed += result.failed
