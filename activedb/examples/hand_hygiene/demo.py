@@ -131,7 +131,10 @@ def feed(database, console: Console, *, events: int, workers: int, seed: int, us
     try:
         with _rejections_not_logged():
             if use_spark:
-                _run_with_spark(database, stream, console, progress, run)
+                # the ``spark`` event feed, contributed by spark_bridge
+                outcome = load_feed("spark")(database, stream, app, console, progress=progress, engine=engine)
+                if isinstance(outcome, dict) and outcome.get("dead_letter_query"):
+                    run.dead_letter_query = outcome["dead_letter_query"]
             else:
                 run.result = queries.feed(database, run.engine, stream, progress=progress)
             progress.note("waiting for the detached rules ...")
@@ -146,13 +149,6 @@ def feed(database, console: Console, *, events: int, workers: int, seed: int, us
                       f"{len(result.dead_letters)} dead letters; {elapsed:.2f} s including the detached rules",
                       highlight=False)
     return run
-
-
-def _run_with_spark(db, events: list[dict], console: Console, progress: Progress, run: Run) -> None:
-    """Feed ``events`` through the ``spark`` event feed (contributed by ``spark_bridge``)."""
-    outcome = load_feed("spark")(db, events, app, console, progress=progress, engine=run.engine)
-    if isinstance(outcome, dict) and outcome.get("dead_letter_query"):
-        run.dead_letter_query = outcome["dead_letter_query"]
 
 
 def write_event_files(directory: str | Path, *, events: int = 400, workers: int = 12, seed: int = 7,
