@@ -13,7 +13,7 @@ import queue
 import threading
 from typing import Any, Callable, Hashable
 
-from lockmgr._graph import GraphNode, edge_kind, external_wait_to
+from lockmgr._graph import GraphNode, edge_kind
 from lockmgr._records import DeadlockCycle, VictimCandidate
 from lockmgr.errors import Lazy, WaitEdge
 
@@ -26,7 +26,7 @@ def wait_of(node: Any, following: Any):
     request = node.request
     if request is not None and following in node.waits:
         return request
-    return external_wait_to(node, following)
+    return next((wait for wait in node.external if following in wait.targets), None)
 
 
 def queue_jumper(path: list[GraphNode]) -> Any:
