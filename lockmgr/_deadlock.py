@@ -53,26 +53,22 @@ class Cycle:
     __slots__ = ("edges", "kinds", "waits", "wait_edges", "candidates", "requester", "volunteer")
 
     def __init__(self, path: list[GraphNode], requester: Any, source: Any) -> None:
-        edges = [(node, path[(index + 1) % len(path)]) for index, node in enumerate(path)]
-        kinds = [edge_kind(node, following) for node, following in edges]
-        waits = [wait_of(node, following) for node, following in edges]
-        self.edges = edges
-        self.kinds = kinds
-        self.waits = waits
+        self.edges = [(node, path[(index + 1) % len(path)]) for index, node in enumerate(path)]
+        self.kinds = [edge_kind(node, following) for node, following in self.edges]
+        self.waits = [wait_of(node, following) for node, following in self.edges]
         self.wait_edges = tuple(
             WaitEdge(node.tid, following.tid, kind,
                      node.request.lock.resource if wait is not None and wait is node.request else None)
-            for (node, following), kind, wait in zip(edges, kinds, waits)
+            for (node, following), kind, wait in zip(self.edges, self.kinds, self.waits)
         )
-        candidates = [
-            node for (node, _), wait in zip(edges, waits)
+        self.candidates = [
+            node for (node, _), wait in zip(self.edges, self.waits)
             if wait is not None and (wait is node.request or wait.on_victim is not None or wait is source)
         ]
-        self.candidates = candidates
-        self.requester = requester if requester in candidates else candidates[0] if candidates else None
+        self.requester = requester if requester in self.candidates else next(iter(self.candidates), None)
         self.volunteer = next(
-            (node for (node, _), wait in zip(edges, waits)
-             if node in candidates and wait is not node.request and wait.preferred),
+            (node for (node, _), wait in zip(self.edges, self.waits)
+             if node in self.candidates and wait is not node.request and wait.preferred),
             None,
         )
 

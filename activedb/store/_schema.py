@@ -139,11 +139,8 @@ class TableInfo:
         return None if None in found else found
 
     def select_by_keys(self):
-        cached = self._statements.get("select_by_keys")
-        if cached is None:
-            cached = sa.select(self.table).where(self._key_clause.in_(sa.bindparam("keys", expanding=True)))
-            self._statements["select_by_keys"] = cached
-        return cached
+        return self.cached("select_by_keys", lambda: sa.select(self.table).where(
+            self._key_clause.in_(sa.bindparam("keys", expanding=True))))
 
     def select_by_key_array(self, dialect: sa.Dialect):
         """``select_by_keys`` for a one-column key as ``key = ANY(:keys)``, the keys in one array parameter
@@ -255,13 +252,10 @@ def _array_element_type(column: sa.Column, dialect: sa.Dialect) -> str | None:
 
 def _constant_default(column: sa.Column) -> Any:
     """The value of a constant server default (``0``, ``'x'::text``, ``true``), else None."""
-    default = column.server_default
-    text = getattr(getattr(default, "arg", None), "text", None) if default is not None else None
+    text = getattr(getattr(column.server_default, "arg", None), "text", None)
     if text is None:
         return None
-    text = text.strip()
-    if "::" in text:
-        text = text.split("::", 1)[0].strip()
+    text = text.split("::", 1)[0].strip()
     if text.startswith("'") and text.endswith("'"):
         literal = text[1:-1].replace("''", "'")
         if isinstance(column.type, (sa.String, sa.Text, sa.Enum)):
