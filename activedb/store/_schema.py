@@ -115,8 +115,7 @@ class TableInfo:
         ).values({name: sa.bindparam(f"v_{name}") for name in columns if name not in self.key_columns}))
 
     def cached(self, name: Any, build: Any) -> Any:
-        """A statement on this table built once by ``build()`` and kept under ``name`` (for statements other
-        modules need, e.g. the row locks of reads for update)."""
+        """A statement on this table built once by ``build()`` and kept under ``name``."""
         statement = self._statements.get(name)
         if statement is None:
             statement = self._statements[name] = build()

@@ -119,9 +119,6 @@ class HookRegistry:
     def __iter__(self):
         return iter(self._members)
 
-    def __len__(self) -> int:
-        return len(self._members)
-
     def _publish(self) -> None:
         """Caller holds ``_mutex`` (or is the constructor).  One tuple per hook, of overriding members."""
         for name in self._names:
