@@ -78,7 +78,7 @@ _DECODERS = {
     "$time": dt.time.fromisoformat,
     "$timedelta": lambda parts: dt.timedelta(days=parts[0], seconds=parts[1], microseconds=parts[2]),
     "$decimal": decimal.Decimal,
-    "$bytes": lambda text: base64.b64decode(text),
+    "$bytes": base64.b64decode,
     "$uuid": uuid.UUID,
     "$tuple": lambda items: tuple(from_exact_json(item) for item in items),
     "$set": lambda items: {from_exact_json(item) for item in items},
