@@ -205,16 +205,11 @@ class Scenario:
         before = self.lm.statistics().waits  # monotone: requests that ever had to wait
         self.steps.append(step)
         step.session.work.put(step)
-        deadline = time.monotonic() + self.timeout
-        while not step.done.wait(_POLL):
-            if blocks and self.lm.statistics().waits > before:
-                self.history.append((session, label, "blocked"))
-                return step
-            if time.monotonic() > deadline:
-                raise ScenarioError(
-                    f"step {session}:{label!r} neither finished nor blocked within {self.timeout} s\n"
-                    f"{_graph_text(self.lm)}"
-                )
+        wait_until(lambda: step.done.is_set() or (blocks and self.lm.statistics().waits > before), self.timeout,
+                   f"step {session}:{label!r} to finish or block", describe=lambda: _graph_text(self.lm))
+        if not step.done.is_set():
+            self.history.append((session, label, "blocked"))
+            return step
         if blocks:
             raise ScenarioError(f"step {session}:{label!r} was expected to block but finished: {step.outcome()} "
                                 f"{step.error!r}")
