@@ -378,16 +378,6 @@ class Database:
         return f"<activedb.Database {kind} {mask_secrets(self.engine.url.render_as_string(hide_password=True))}>"
 
 
-def resolve_url(url: str | URL | None, home: str | Path | None, keep_server: bool | None):
-    """Return ``(sqlalchemy URL, embedded server or None)`` following the documented order."""
-    if url is None:
-        url = os.environ.get("ACTIVEDB_DATABASE_URL") or None
-    if url is not None:
-        return normalise_url(url), None
-    server = _embedded.start(Path(home) if home else None, keep_running=keep_server)
-    return make_url(server.url()), server
-
-
 def connect(
     url: str | URL | None = None,
     *,
@@ -433,8 +423,10 @@ def connect(
       with the connection (schema at head): recorded firings this database holds for rules registered
       later — left by a process that died — are claimed and run as soon as those rules are registered.
     """
-    sa_url, server = resolve_url(url, home, keep_server)
-    engine = create_engine(sa_url, **engine_options)
+    if url is None:
+        url = os.environ.get("ACTIVEDB_DATABASE_URL") or None       # neither: the embedded server
+    server = None if url is not None else _embedded.start(Path(home) if home else None, keep_running=keep_server)
+    engine = create_engine(normalise_url(url) if server is None else make_url(server.url()), **engine_options)
     check_reachable(engine)
     database = Database(engine, embedded=server, record_history=record_history, max_workers=max_workers,
                         victim_policy=victim_policy, lock_timeout=lock_timeout,

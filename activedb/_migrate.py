@@ -5,6 +5,7 @@ application's (:meth:`Schema.upgrade_app`), each upgrade and downgrade under the
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import io
 from contextlib import redirect_stdout
@@ -46,16 +47,23 @@ def _config(script_location: Path, connection=None, url: str | None = None) -> C
 MIGRATION_LOCK = int.from_bytes(b"activedb", "big") >> 1
 
 
-def _run(engine: Engine, action: str, revision: str, location: Path) -> None:
+@contextlib.contextmanager
+def _failing_as(what: str):
+    """Any error of the block but a MigrationError becomes one: ``what failed: first line``."""
     try:
-        with engine.begin() as connection:
-            # Held until this transaction ends (Alembic runs inside it: the connection is passed).
-            connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
-            getattr(command, action)(_config(location, connection), revision)
+        yield
     except MigrationError:
         raise
     except Exception as error:  # alembic raises CommandError and driver errors alike
-        raise MigrationError(f"{action} to {revision!r} failed: {_first_line(error)}") from error
+        text = str(error).strip().splitlines()
+        raise MigrationError(f"{what} failed: {text[0] if text else type(error).__name__}") from error
+
+
+def _run(engine: Engine, action: str, revision: str, location: Path) -> None:
+    with _failing_as(f"{action} to {revision!r}"), engine.begin() as connection:
+        # Held until this transaction ends (Alembic runs inside it: the connection is passed).
+        connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
+        getattr(command, action)(_config(location, connection), revision)
 
 
 def offline_sql(url: str, action: str, revision: str) -> str:
@@ -156,23 +164,17 @@ class Schema:
 
         location = app_location(script_location)
         heads: list[str] = []
-        try:
-            with self.engine.connect() as connection:
-                config = _config(location, connection)
-                script = ScriptDirectory.from_config(config)
+        with _failing_as(f"reading the revision of {str(script_location)!r}"), self.engine.connect() as connection:
+            config = _config(location, connection)
+            script = ScriptDirectory.from_config(config)
 
-                def record(revision, context):
-                    heads.extend(context.get_current_heads())
-                    return []
+            def record(revision, context):
+                heads.extend(context.get_current_heads())
+                return []
 
-                with EnvironmentContext(config, script, fn=record, dont_mutate=True):
-                    script.run_env()
-                return heads, script.get_current_head()
-        except MigrationError:
-            raise
-        except Exception as error:
-            raise MigrationError(f"reading the revision of {str(script_location)!r} failed: "
-                                 f"{_first_line(error)}") from error
+            with EnvironmentContext(config, script, fn=record, dont_mutate=True):
+                script.run_env()
+            return heads, script.get_current_head()
 
 
 APP_ENV = '''"""Alembic environment of {name}: its own version table, run by `activedb app upgrade` or
@@ -232,8 +234,3 @@ def init_app(script_location: str | Path, name: str | None = None) -> list[Path]
     written[2].write_text(APP_REVISION.format(name=name, revision=f"{name}_0001",
                                               date=datetime.date.today().isoformat()))
     return written
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__

@@ -31,14 +31,6 @@ def run_env(version_table: str = "alembic_version", target_metadata=None, *,
     if configure_logging and config.config_file_name is not None and config.attributes.get("configure_logging", True):
         fileConfig(config.config_file_name, disable_existing_loggers=False)
 
-    def url() -> str:
-        configured = config.get_main_option("sqlalchemy.url") or os.environ.get("ACTIVEDB_DATABASE_URL")
-        if configured:
-            return configured
-        from activedb import _embedded
-
-        return _embedded.start().url()
-
     def configure_and_run(**options) -> None:
         context.configure(version_table=version_table, target_metadata=target_metadata, **options)
         with context.begin_transaction():
@@ -52,6 +44,11 @@ def run_env(version_table: str = "alembic_version", target_metadata=None, *,
     if connection is not None:
         configure_and_run(connection=connection, transaction_per_migration=transaction_per_migration)
         return
-    engine = create_engine(url(), poolclass=pool.NullPool)
+    url = config.get_main_option("sqlalchemy.url") or os.environ.get("ACTIVEDB_DATABASE_URL")
+    if not url:
+        from activedb import _embedded
+
+        url = _embedded.start().url()
+    engine = create_engine(url, poolclass=pool.NullPool)
     with engine.connect() as owned:
         configure_and_run(connection=owned, transaction_per_migration=transaction_per_migration)

@@ -61,9 +61,12 @@ _TRANSIENT = frozenset({Failure.CONNECTION_LOST, Failure.SERIALIZATION_CONFLICT,
                         Failure.DISK_FULL, Failure.SERVER_BUSY})
 
 
-# SQLSTATE classes that mean the connection (or the server) is gone, not the statement: 08 connection
-# exception, 57P01-57P05 admin/crash shutdown, cannot connect now, idle session timeout.
-_CONNECTION_SQLSTATE_PREFIXES = ("08", "57P")
+# What a SQLSTATE means, by its first characters; the first match wins.  08 (connection exception) and
+# 57P01-57P05 (admin/crash shutdown, cannot connect now, idle session timeout): the connection or the server is
+# gone, not the statement.
+_SQLSTATES = ((("08", "57P"), Failure.CONNECTION_LOST), (("40001",), Failure.SERIALIZATION_CONFLICT),
+              (("40P01",), Failure.DEADLOCK), (("53100",), Failure.DISK_FULL),
+              (("22", "23", "54"), Failure.BAD_VALUE), (("53", "57", "58", "55P03"), Failure.SERVER_BUSY))
 
 
 def sqlstate_of(error: BaseException) -> str | None:
@@ -126,21 +129,7 @@ def _classify_one(error: BaseException) -> Failure | None:
 
 
 def _by_sqlstate(sqlstate: str | None) -> Failure | None:
-    if sqlstate is None:
-        return None
-    if sqlstate.startswith(_CONNECTION_SQLSTATE_PREFIXES):
-        return Failure.CONNECTION_LOST
-    if sqlstate == "40001":
-        return Failure.SERIALIZATION_CONFLICT
-    if sqlstate == "40P01":
-        return Failure.DEADLOCK
-    if sqlstate == "53100":
-        return Failure.DISK_FULL
-    if sqlstate.startswith(("22", "23", "54")):
-        return Failure.BAD_VALUE
-    if sqlstate.startswith(("53", "57", "58")) or sqlstate == "55P03":
-        return Failure.SERVER_BUSY
-    return None
+    return next((failure for prefixes, failure in _SQLSTATES if sqlstate and sqlstate.startswith(prefixes)), None)
 
 
 def database_failure(error: BaseException, doing: str, where: str, *, server_log: str | None = None

@@ -31,17 +31,11 @@ def entry_points(group: str) -> dict[str, metadata.EntryPoint]:
     return {entry.name: entry for entry in metadata.entry_points(group=group)}
 
 
-def load(group: str, name: str, what: str) -> Any:
-    entry = entry_points(group).get(name)
-    if entry is None:
-        raise PluginMissing(
-            f"no {what} named {name!r} is installed (entry point group {group!r}); it comes with the package "
-            f"that provides it (e.g. 'spark' and 'ingest' with spark_bridge: pip install -e '.[test]' from the "
-            f"repository)"
-        )
-    return entry.load()
-
-
 def load_feed(name: str) -> Callable[..., Any]:
     """The event feed ``name`` (``feed(db, events, app, console)``), e.g. ``"spark"``."""
-    return load(FEEDS, name, "event feed")
+    entry = entry_points(FEEDS).get(name)
+    if entry is None:
+        raise PluginMissing(f"no event feed named {name!r} is installed (entry point group {FEEDS!r}); it comes with "
+                            f"the package that provides it (spark_bridge provides 'spark': pip install -e '.[test]' "
+                            f"from the repository)")
+    return entry.load()

@@ -53,9 +53,6 @@ def commit_decision(dependency: Dependency, outcome: bool | None, result: bool |
     return Decision.GO  # CD: the trigger has ended; CRD: committed and returned true
 
 
-
-
-
 def decide(
     dependencies: Iterable[Dependency],
     phase: str,

@@ -98,13 +98,10 @@ class Coupling(enum.Enum):
         """
         if isinstance(name, Coupling):
             return name
-        if not isinstance(name, str):
-            raise UnknownCoupling(name, [member.value for member in cls])
-        normalised = name.strip().lower().replace("-", "_").replace(" ", "_")
-        for member in cls:
-            if member.value == normalised:
-                return member
-        raise UnknownCoupling(name, [member.value for member in cls])
+        try:
+            return cls(name.strip().lower().replace("-", "_").replace(" ", "_"))
+        except (AttributeError, ValueError):          # not a string, or not a mode's name
+            raise UnknownCoupling(name, [member.value for member in cls]) from None
 
     @classmethod
     def parse_action(cls, name: "str | Coupling") -> "Coupling":

@@ -13,7 +13,7 @@ import queue
 import threading
 from typing import Any, Callable, Hashable
 
-from lockmgr._graph import GraphNode, edge_kind, external_wait_to
+from lockmgr._graph import GraphNode, edge_kind
 from lockmgr._records import DeadlockCycle, VictimCandidate
 from lockmgr.errors import Lazy, WaitEdge
 
@@ -26,7 +26,7 @@ def wait_of(node: Any, following: Any):
     request = node.request
     if request is not None and following in node.waits:
         return request
-    return external_wait_to(node, following)
+    return next((wait for wait in node.external if following in wait.targets), None)
 
 
 def queue_jumper(path: list[GraphNode]) -> Any:
@@ -53,26 +53,22 @@ class Cycle:
     __slots__ = ("edges", "kinds", "waits", "wait_edges", "candidates", "requester", "volunteer")
 
     def __init__(self, path: list[GraphNode], requester: Any, source: Any) -> None:
-        edges = [(node, path[(index + 1) % len(path)]) for index, node in enumerate(path)]
-        kinds = [edge_kind(node, following) for node, following in edges]
-        waits = [wait_of(node, following) for node, following in edges]
-        self.edges = edges
-        self.kinds = kinds
-        self.waits = waits
+        self.edges = [(node, path[(index + 1) % len(path)]) for index, node in enumerate(path)]
+        self.kinds = [edge_kind(node, following) for node, following in self.edges]
+        self.waits = [wait_of(node, following) for node, following in self.edges]
         self.wait_edges = tuple(
             WaitEdge(node.tid, following.tid, kind,
                      node.request.lock.resource if wait is not None and wait is node.request else None)
-            for (node, following), kind, wait in zip(edges, kinds, waits)
+            for (node, following), kind, wait in zip(self.edges, self.kinds, self.waits)
         )
-        candidates = [
-            node for (node, _), wait in zip(edges, waits)
+        self.candidates = [
+            node for (node, _), wait in zip(self.edges, self.waits)
             if wait is not None and (wait is node.request or wait.on_victim is not None or wait is source)
         ]
-        self.candidates = candidates
-        self.requester = requester if requester in candidates else candidates[0] if candidates else None
+        self.requester = requester if requester in self.candidates else next(iter(self.candidates), None)
         self.volunteer = next(
-            (node for (node, _), wait in zip(edges, waits)
-             if node in candidates and wait is not node.request and wait.preferred),
+            (node for (node, _), wait in zip(self.edges, self.waits)
+             if node in self.candidates and wait is not node.request and wait.preferred),
             None,
         )
 

@@ -1,9 +1,10 @@
-"""Read-only views of the lock manager: ``holders_of``, ``snapshot_of`` and ``wait_for_graph_of``; each says
+"""Read-only views of the lock manager: ``holders_of``, ``snapshot_of`` and ``add_wait_for_graph``; each says
 which mutex its caller holds.
 """
 
 from __future__ import annotations
 
+import itertools
 from types import MappingProxyType
 from typing import Any
 
@@ -22,12 +23,9 @@ def holders_of(resource: Any, lock: _Lock | None) -> Holders:
     for txn, mode in lock.held.items():
         if txn.owner is txn:
             held[txn.tid] = mode
-        else:
-            tid = _owner_of(txn).tid
-            previous = retained.get(tid)
-            retained[tid] = mode if previous is None else JOIN[previous][mode]
-    for txn, mode in (lock.retained or {}).items():
-        tid = (txn if txn.owner is txn else _owner_of(txn)).tid
+    committed = ((txn, mode) for txn, mode in lock.held.items() if txn.owner is not txn)
+    for txn, mode in itertools.chain(committed, (lock.retained or {}).items()):
+        tid = _owner_of(txn).tid
         previous = retained.get(tid)
         retained[tid] = mode if previous is None else JOIN[previous][mode]
     return Holders(

@@ -87,10 +87,3 @@ def edge_kind(node: GraphNode, following: GraphNode) -> str:
         return "commit"
     raise KeyError("no edge between these nodes")
 
-
-def external_wait_to(node: GraphNode, following: GraphNode):
-    """The registered wait of ``node`` that has an edge to ``following``, or None."""
-    for wait in node.external:
-        if following in wait.targets:
-            return wait
-    return None

@@ -1,9 +1,9 @@
 """Lock modes (IR, IW, READ, UPDATE, RIW, WRITE), their one conflict table, and the lattice operations
 derived from it (``JOIN``, ``COVERS``); design note §3.
 
-Invariant (checked at import): conflict is monotone in the lattice -- if ``COVERS[a][b]`` then every mode
-that conflicts with ``b`` also conflicts with ``a``, so one held and one retained mode per resource (the
-join) allow exactly what Rule 1 allows.
+Invariant (by construction: ``COVERS`` is derived from the table): conflict is monotone in the lattice -- if
+``COVERS[a][b]`` then every mode that conflicts with ``b`` also conflicts with ``a``, so one held and one
+retained mode per resource (the join) allow exactly what Rule 1 allows.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ _TABLE = {
 
 #: ``CONFLICTS[a][b]`` is True when a lock in mode ``a`` conflicts with a lock in mode ``b`` (symmetric).
 CONFLICTS: tuple[tuple[bool, ...], ...] = tuple(_TABLE[mode] for mode in _ALL)
+assert all(CONFLICTS[a][b] == CONFLICTS[b][a] for a in _ALL for b in _ALL), "the conflict table must be symmetric"
 
 
 def _conflict_set(mode: Mode) -> frozenset[Mode]:
@@ -84,28 +85,3 @@ def join(a: Mode, b: Mode) -> Mode:
 #: update lock takes IW at once: converting IR to IW on a shared table later would be another deadlock).
 INTENTION_FOR = {Mode.READ: Mode.IR, Mode.UPDATE: Mode.IW, Mode.WRITE: Mode.IW}
 
-
-def _check_table() -> None:
-    for a in _ALL:
-        for b in _ALL:
-            assert CONFLICTS[a][b] == CONFLICTS[b][a], f"conflict table is not symmetric at {a.name},{b.name}"
-            if COVERS[a][b]:
-                # Monotonicity: a stronger mode conflicts with at least what a weaker one does.
-                assert _conflict_set(a) >= _conflict_set(b)
-    # The lattice is the textbook one: IR < IW < RIW < WRITE and IR < READ < UPDATE < RIW.
-    assert JOIN[Mode.IW][Mode.READ] is Mode.RIW
-    assert JOIN[Mode.IR][Mode.IW] is Mode.IW
-    assert JOIN[Mode.READ][Mode.WRITE] is Mode.WRITE
-    assert not COVERS[Mode.READ][Mode.IW] and not COVERS[Mode.IW][Mode.READ]
-    # The update mode: above READ (a reader may upgrade to it), below RIW and WRITE, incomparable with IW;
-    # it admits readers and intention readers, and excludes itself (two updaters queue).
-    assert COVERS[Mode.UPDATE][Mode.READ] and not COVERS[Mode.READ][Mode.UPDATE]
-    assert COVERS[Mode.RIW][Mode.UPDATE] and COVERS[Mode.WRITE][Mode.UPDATE]
-    assert not COVERS[Mode.UPDATE][Mode.IW] and not COVERS[Mode.IW][Mode.UPDATE]
-    assert JOIN[Mode.READ][Mode.UPDATE] is Mode.UPDATE and JOIN[Mode.UPDATE][Mode.WRITE] is Mode.WRITE
-    assert JOIN[Mode.IW][Mode.UPDATE] is Mode.RIW
-    assert CONFLICTS[Mode.UPDATE][Mode.UPDATE] and not CONFLICTS[Mode.UPDATE][Mode.READ]
-    assert not CONFLICTS[Mode.UPDATE][Mode.IR] and CONFLICTS[Mode.UPDATE][Mode.IW]
-
-
-_check_table()

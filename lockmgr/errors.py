@@ -35,12 +35,6 @@ class LockError(Exception):
     """Base class of every lock-manager error; its message is built in ``__str__`` from the attributes each
     class stores (lazily, for the reason :class:`Lazy` gives)."""
 
-    def _message(self) -> str:  # pragma: no cover - every subclass overrides it
-        return ""
-
-    def __str__(self) -> str:
-        return self._message()
-
 
 class _OnTransaction(LockError):
     """An error about transaction ``tid``."""
@@ -117,18 +111,13 @@ class Deadlock(LockError):
         self.snapshot = snapshot
         self.note = note
 
-    def _message(self) -> str:
+    def __str__(self) -> str:
         path = "; ".join(edge.describe() for edge in self.cycle)
         return (
             f"deadlock: transaction {self.victim!r} was chosen as the victim (policy {self.policy!r}) of the "
             f"wait-for cycle [{path}]. Its wait was withdrawn; abort it with lm.abort({self.victim!r}) "
             f"and retry its work in a new transaction.{f' {self.note}' if self.note else ''}"
         )
-
-    @property
-    def transactions(self) -> tuple[Hashable, ...]:
-        """The transactions on the cycle, in cycle order."""
-        return tuple(edge.waiter for edge in self.cycle)
 
 
 class LockTimeout(_OnResource):
@@ -143,7 +132,7 @@ class LockTimeout(_OnResource):
         self.timeout = timeout
         self.blockers = blockers
 
-    def _message(self) -> str:
+    def __str__(self) -> str:
         blockers = ", ".join(sorted(repr(blocker) for blocker in self.blockers)) or "nobody any more"
         return (
             f"transaction {self.tid!r} waited {self.timeout:g} s for {getattr(self.mode, 'name', self.mode)} on "
@@ -155,7 +144,7 @@ class LockTimeout(_OnResource):
 class UnknownTransaction(_OnTransaction):
     """The tid is not known: it was never begun (or it ended so long ago that it is forgotten)."""
 
-    def _message(self) -> str:
+    def __str__(self) -> str:
         return (
             f"transaction {self.tid!r} is unknown to this lock manager: call lm.begin({self.tid!r}) (or "
             f"lm.begin({self.tid!r}, parent=...)) before using it"
@@ -165,7 +154,7 @@ class UnknownTransaction(_OnTransaction):
 class DuplicateTransaction(_OnTransaction):
     """``begin`` with a tid that is still active."""
 
-    def _message(self) -> str:
+    def __str__(self) -> str:
         return (
             f"transaction {self.tid!r} is already active; transaction ids must be unique among active "
             f"transactions: end it first or use another id"
@@ -182,7 +171,7 @@ class TransactionNotActive(LockError):
         self.operation = operation
         self.detail = detail
 
-    def _message(self) -> str:
+    def __str__(self) -> str:
         detail = f" ({self.detail})" if self.detail else ""
         return (
             f"cannot {self.operation}: transaction {self.tid!r} is {self.state}{detail}; only an active "
@@ -208,7 +197,7 @@ class ActiveChildren(_OnTransaction):
         super().__init__(tid)
         self.children = children
 
-    def _message(self) -> str:
+    def __str__(self) -> str:
         children = ", ".join(sorted(repr(child) for child in self.children))
         return (
             f"cannot commit transaction {self.tid!r}: its children {children} are still active. A parent "
@@ -220,7 +209,7 @@ class ActiveChildren(_OnTransaction):
 class RequestPending(_OnResource):
     """A transaction waits for one lock at a time; a second concurrent ``acquire`` is refused."""
 
-    def _message(self) -> str:
+    def __str__(self) -> str:
         return (
             f"transaction {self.tid!r} is waiting for a lock on {self.resource!r} in another thread; it can "
             f"wait for one lock at a time and cannot commit meanwhile: run concurrent work in "
@@ -236,7 +225,7 @@ class InvalidDowngrade(_OnResource):
         self.held = held
         self.requested = requested
 
-    def _message(self) -> str:
+    def __str__(self) -> str:
         return (
             f"transaction {self.tid!r} holds {self.resource!r} in {self.held.name}; {self.requested.name} is "
             f"not a weaker mode (Rule 5 only weakens a lock). To get a stronger mode call acquire() instead"
@@ -246,7 +235,7 @@ class InvalidDowngrade(_OnResource):
 class LockNotHeld(_OnResource):
     """``downgrade`` of a lock that the transaction does not hold."""
 
-    def _message(self) -> str:
+    def __str__(self) -> str:
         return (
             f"transaction {self.tid!r} does not hold a lock on {self.resource!r} (a retained lock cannot be "
             f"downgraded); acquire it first"

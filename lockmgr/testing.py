@@ -41,6 +41,18 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, message: str
         idle.wait(_POLL)   # polling observable state, not ordering threads
 
 
+def _graph_text(lock_manager: Any) -> str:
+    """The wait-for graph of ``lock_manager`` as lines of text (for a failure's message)."""
+    try:
+        graph = lock_manager.wait_for_graph()
+    except Exception as error:  # pragma: no cover - diagnostics only
+        return f"(could not build the wait-for graph: {error!r})"
+    lines = ["wait-for graph:"]
+    for waiter, target, data in sorted(graph.edges(data=True), key=repr):
+        lines.append(f"  {waiter!r} -[{data.get('kind')} {data.get('resource', '')!r}]-> {target!r}")
+    return "\n".join(lines)
+
+
 class Watchdog:
     """Fails a hung concurrency test: after ``timeout`` s it prints the wait-for graph of ``lock_manager``
     (if given), what ``describe()`` returns, and every thread's stack to stderr, and sets ``fired``;
@@ -60,9 +72,7 @@ class Watchdog:
         self.fired.set()
         lines = [f"WATCHDOG: test still running after {self.timeout} s"]
         if self.lock_manager is not None:
-            graph = self.lock_manager.wait_for_graph()
-            lines.append("wait-for graph edges:")
-            lines.extend(f"  {a} -> {b} ({data.get('kind')})" for a, b, data in graph.edges(data=True))
+            lines.append(_graph_text(self.lock_manager))
         if self.describe is not None:
             lines.append(str(self.describe()))
         print("\n".join(lines), file=sys.stderr, flush=True)
@@ -173,7 +183,7 @@ class Scenario:
 
     def __exit__(self, kind, error, traceback) -> None:
         pending = [step for step in self.steps if not step.done.is_set()]
-        graph_dump = self._graph_dump() if pending else ""
+        graph_dump = _graph_text(self.lm) if pending else ""
         if pending:
             self._unstick()
         for session in self.sessions.values():
@@ -195,16 +205,11 @@ class Scenario:
         before = self.lm.statistics().waits  # monotone: requests that ever had to wait
         self.steps.append(step)
         step.session.work.put(step)
-        deadline = time.monotonic() + self.timeout
-        while not step.done.wait(_POLL):
-            if blocks and self.lm.statistics().waits > before:
-                self.history.append((session, label, "blocked"))
-                return step
-            if time.monotonic() > deadline:
-                raise ScenarioError(
-                    f"step {session}:{label!r} neither finished nor blocked within {self.timeout} s\n"
-                    f"{self._graph_dump()}"
-                )
+        wait_until(lambda: step.done.is_set() or (blocks and self.lm.statistics().waits > before), self.timeout,
+                   f"step {session}:{label!r} to finish or block", describe=lambda: _graph_text(self.lm))
+        if not step.done.is_set():
+            self.history.append((session, label, "blocked"))
+            return step
         if blocks:
             raise ScenarioError(f"step {session}:{label!r} was expected to block but finished: {step.outcome()} "
                                 f"{step.error!r}")
@@ -213,7 +218,8 @@ class Scenario:
     def finish(self, step: Step, *, raises: type[BaseException] | tuple | None = None) -> Step:
         """Wait for a step that blocked earlier to complete (some later step must have let it through)."""
         if not step.done.wait(self.timeout):
-            raise ScenarioError(f"blocked step {step!r} did not finish within {self.timeout} s\n{self._graph_dump()}")
+            raise ScenarioError(f"blocked step {step!r} did not finish within {self.timeout} s\n"
+                                f"{_graph_text(self.lm)}")
         return self._check(step, raises)
 
     def still_blocked(self, step: Step) -> None:
@@ -235,16 +241,6 @@ class Scenario:
             self.sessions[name] = _Session(name)
         return self.sessions[name]
 
-    def _graph_dump(self) -> str:
-        try:
-            graph = self.lm.wait_for_graph()
-        except Exception as error:  # pragma: no cover - diagnostics only
-            return f"(could not build the wait-for graph: {error!r})"
-        lines = ["wait-for graph:"]
-        for waiter, target, data in sorted(graph.edges(data=True), key=repr):
-            lines.append(f"  {waiter!r} -[{data.get('kind')} {data.get('resource', '')!r}]-> {target!r}")
-        return "\n".join(lines)
-
     def _unstick(self) -> None:
         # Abort every top-level transaction (which aborts its descendants) so blocked sessions return.
         try:
@@ -253,7 +249,5 @@ class Scenario:
             return
         for info in transactions.values():
             if info.parent is None:
-                try:
+                with contextlib.suppress(Exception):
                     self.lm.abort(info.tid)
-                except Exception:
-                    pass

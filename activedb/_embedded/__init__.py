@@ -9,6 +9,7 @@ Thread-safety: ``_registry_mutex`` protects ``_registry``; the file lock is take
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fcntl
 import json
 import os
@@ -17,6 +18,7 @@ import threading
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 from activedb._embedded._files import (HANDLE_FILE, check_owned, data_directory_owners, make_private_directory,
                                        socket_directory_for, write_password)
@@ -59,26 +61,21 @@ class EmbeddedServer:
 
 # --- this process's registration ---------------------------------------------------------------
 
-class _FileLock:
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
     """``flock`` on ``ACTIVEDB_HOME/.server.lock``: one process at a time starts, registers or stops."""
-
-    def __init__(self, path: Path):
-        self._path = path
-        self._descriptor: int | None = None
-
-    def __enter__(self) -> "_FileLock":
-        try:
-            self._descriptor = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        except OSError as error:
-            raise EmbeddedServerError(
-                f"cannot open the lock file {self._path} ({error}); if it is a symbolic link someone may have "
-                f"planted it: remove it and connect again") from None
-        fcntl.flock(self._descriptor, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        fcntl.flock(self._descriptor, fcntl.LOCK_UN)
-        os.close(self._descriptor)
+    try:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as error:
+        raise EmbeddedServerError(
+            f"cannot open the lock file {path} ({error}); if it is a symbolic link someone may have "
+            f"planted it: remove it and connect again") from None
+    fcntl.flock(descriptor, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(descriptor, fcntl.LOCK_UN)
+        os.close(descriptor)
 
 
 @dataclass
@@ -133,7 +130,7 @@ def start(home: Path | None = None, *, keep_running: bool | None = None) -> Embe
     except OSError as error:
         raise EmbeddedServerError(f"cannot create ACTIVEDB_HOME {home}: {error}") from error
     check_owned(home, {os.geteuid()}, "ACTIVEDB_HOME")       # again: made by someone else meanwhile?
-    with _FileLock(home / LOCK_FILE):
+    with _file_lock(home / LOCK_FILE):
         # Under the lock: another process may be initialising this data directory right now.
         check_data_directory(pgdata)
         runner = runner_for(pgdata)
@@ -150,8 +147,7 @@ def start(home: Path | None = None, *, keep_running: bool | None = None) -> Embe
         if running is not None and running.status != "ready":
             running = wait_ready(pgdata)
         if running is not None:
-            current = EmbeddedServer(pgdata, running.socket_directory, running.pid, "")
-            password = lock_down(pgdata, home, current, runner)
+            password = lock_down(pgdata, home, running, runner)
             _warn_if_not_private(running.socket_directory, pgdata)
         else:
             password = lock_down(pgdata, home, None, runner)
@@ -189,7 +185,7 @@ def _unregister(pgdata: Path) -> None:
         registration = _registry.pop(pgdata, None)
     if registration is None:
         return
-    with _FileLock(registration.home / LOCK_FILE):
+    with _file_lock(registration.home / LOCK_FILE):
         pids = [pid for pid in _handle_pids(pgdata) if pid != os.getpid()]
         _write_handle_pids(pgdata, pids)
         if pids or registration.keep_running:
@@ -197,10 +193,8 @@ def _unregister(pgdata: Path) -> None:
         running = postmaster(pgdata)
         stop_postgres(pgdata)
         if running is not None and Path(running.socket_directory) != pgdata:
-            try:
+            with contextlib.suppress(OSError):
                 Path(running.socket_directory).rmdir()     # our private directory in the temp dir, now empty
-            except OSError:
-                pass
 
 
 def log_of_url(url) -> str | None:
@@ -225,7 +219,6 @@ def _ensure_database(server: EmbeddedServer, database: str = DATABASE_NAME) -> N
     with psycopg.connect(server.conninfo("postgres"), autocommit=True) as connection:
         exists = connection.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone()
         if not exists:
-            try:
+            # Created meanwhile by a client that does not take our lock: fine.
+            with contextlib.suppress(psycopg.errors.DuplicateDatabase, psycopg.errors.UniqueViolation):
                 connection.execute(f'CREATE DATABASE "{database}"')
-            except (psycopg.errors.DuplicateDatabase, psycopg.errors.UniqueViolation):
-                pass                      # created meanwhile by a client that does not take our lock

@@ -4,6 +4,7 @@ server ask for its password.  The rules are in the design note, ``README.md``.""
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import signal
@@ -12,14 +13,10 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from activedb._embedded._files import (HANDLE_FILE, PASSWORD_FILE, SERVICE_USER, hba_trusts, make_private_directory,
                                        read_password, write_hba, write_password)
 from activedb.errors import EmbeddedServerError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from activedb._embedded import EmbeddedServer
 
 SUPERUSER = "postgres"
 START_TIMEOUT_SECONDS = 60
@@ -64,23 +61,16 @@ class Runner:
             return ["unshare", "--user", f"--map-user={inside}", f"--map-group={inside}", "--", *argv]
         return argv
 
-    def options(self) -> dict:
-        if self.how == "service":
-            return {"user": self.owner, "group": self.group, "extra_groups": []}
-        return {}
-
     def run(self, argv: list[str], *, input: str | None = None, timeout: float = START_TIMEOUT_SECONDS
             ) -> subprocess.CompletedProcess:
+        as_user = {"user": self.owner, "group": self.group, "extra_groups": []} if self.how == "service" else {}
         return subprocess.run(self.command(argv), input=input, capture_output=True, text=True, timeout=timeout,
-                              check=True, **self.options())
+                              check=True, **as_user)
 
     def own(self, path: Path) -> None:
         """Give a directory activedb just created to the server's owner."""
         if self.how == "service":
             os.chown(path, self.owner, self.group)
-
-
-_namespaces: bool | None = None
 
 
 def _namespace_uid() -> int:
@@ -94,17 +84,13 @@ def _namespace_uid() -> int:
         return next(entry.pw_uid for entry in pwd.getpwall() if entry.pw_uid != 0)
 
 
+@functools.cache
 def _user_namespaces_work() -> bool:
-    global _namespaces
-    if _namespaces is None:
-        try:
-            inside = _namespace_uid()
-            _namespaces = subprocess.run(
-                ["unshare", "--user", f"--map-user={inside}", f"--map-group={inside}", "--", "true"],
-                capture_output=True, timeout=30).returncode == 0
-        except (OSError, subprocess.SubprocessError, StopIteration):
-            _namespaces = False
-    return _namespaces
+    try:
+        return subprocess.run(Runner("namespace", 0, 0).command(["true"]), capture_output=True,
+                              timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError, StopIteration):
+        return False
 
 
 def runner_for(pgdata: Path) -> Runner:
@@ -299,8 +285,9 @@ def _exited(process, timeout: float) -> bool:
         delay = min(delay * 2, 0.04)
 
 
-def lock_down(pgdata: Path, home: Path, server: EmbeddedServer | None, runner: Runner) -> str:
-    """The password of the server's superuser: the one in ``home``, after making sure the server asks for it.
+def lock_down(pgdata: Path, home: Path, server: _Postmaster | None, runner: Runner) -> str:
+    """The password of the server's superuser: the one in ``home``, after making sure the server (``server``:
+    the running postmaster, if any) asks for it.
 
     A data directory from an older activedb (``trust``) gets a password and a locked ``pg_hba.conf``; one
     whose password file was lost gets a new password through single-user mode (server stopped)."""

@@ -5,8 +5,8 @@ progress=None) -> BenchReport`` whose docstring is its ``--help``.  The design n
 from activedb.bench._setup import MIGRATIONS
 from activedb.bench._setup import connect as connect_database
 from activedb.progress import Progress
-from activedb.bench.report import BenchReport, Row, Series, measure_rate
+from activedb.bench.report import BenchReport, Row, Series
 
 #: ``connect_database(**options)``: a benchmark's database (embedded, or ``ACTIVEDB_DATABASE_URL``) with the
 #: benchmarks' tables (``MIGRATIONS``, an Alembic directory) at head and the scratch tables empty.
-__all__ = ["MIGRATIONS", "BenchReport", "Row", "Series", "Progress", "connect_database", "measure_rate"]
+__all__ = ["MIGRATIONS", "BenchReport", "Row", "Series", "Progress", "connect_database"]

@@ -7,7 +7,6 @@ STRATEGY SIZE COST PARTITIONS PROCESSES PHASE``.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -17,18 +16,19 @@ __all__ = ["instructions_per_event", "perf_available"]
 
 def perf_available() -> bool:
     """Whether ``perf stat`` can count this user's instructions here."""
-    if shutil.which("perf") is None:
-        return False
+    return shutil.which("perf") is not None and _instructions(["true"], timeout=30) is not None
+
+
+def _instructions(command: list[str], *, inherit: bool = True, timeout: float = 1800) -> int | None:
+    """The user-space instructions ``command`` executed (its child processes too, unless not ``inherit``),
+    or None if perf failed."""
     try:
-        completed = subprocess.run(["perf", "stat", "-x,", "-e", "instructions:u", "true"], capture_output=True,
-                                   text=True, timeout=30)
+        completed = subprocess.run(["perf", "stat", "-x,", "-e", "instructions:u"]
+                                   + ([] if inherit else ["--no-inherit"]) + command,
+                                   capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.SubprocessError):
-        return False
-    return completed.returncode == 0 and _count(completed.stderr) is not None
-
-
-def _count(text: str) -> int | None:
-    for line in text.splitlines():
+        return None
+    for line in completed.stderr.splitlines() if completed.returncode == 0 else ():
         fields = line.split(",")
         if len(fields) > 2 and "instructions" in fields[2] and fields[0].strip().isdigit():
             return int(fields[0])
@@ -40,12 +40,9 @@ def instructions_per_event(workload: str, strategy: str, size: int, *, cost: flo
     """User-space instructions per event of one batch (see the module docstring); None if perf failed."""
     counts = []
     for phase in ("setup", "run"):
-        command = ["perf", "stat", "-x,", "-e", "instructions:u"] + ([] if inherit else ["--no-inherit"]) + [
-            sys.executable, "-m", "activedb.bench._tpg_count", workload, strategy, str(size), str(cost),
-            str(partitions), str(processes), phase]
-        completed = subprocess.run(command, capture_output=True, text=True, timeout=1800, env=dict(os.environ))
-        count = _count(completed.stderr)
-        if completed.returncode != 0 or count is None:
+        count = _instructions([sys.executable, "-m", "activedb.bench._tpg_count", workload, strategy, str(size),
+                               str(cost), str(partitions), str(processes), phase], inherit=inherit)
+        if count is None:
             return None
         counts.append(count)
     return (counts[1] - counts[0]) / size

@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
+from dataclasses import dataclass
 
 import sqlalchemy as sa
 
@@ -37,9 +38,9 @@ def _writer(database):
     return psycopg.connect(url, autocommit=True)
 
 
+@dataclass
 class _Ids:
-    def __init__(self) -> None:
-        self.next = 1
+    next: int = 1
 
     def take(self, count: int) -> range:
         taken = range(self.next, self.next + count)
@@ -64,6 +65,24 @@ def _many(writer, table: str, ids: range) -> float:
         with writer.cursor() as cursor:
             cursor.executemany(INSERT.format(table=table), rows)
     return (time.perf_counter() - start) / len(ids)
+
+
+def _own_inserts(database, table: str, ids: range) -> float:
+    """Seconds per activedb transaction inserting one row (``db.run``)."""
+    start = time.perf_counter()
+    for number in ids:
+        database.run(lambda tx: tx.insert(table, id=number, customer="own", amount=1, note="bench"))
+    return (time.perf_counter() - start) / len(ids)
+
+
+def _alternating(measure, writer, ids: _Ids, count: int, rounds: int) -> tuple[float, float]:
+    """Median µs per row of ``measure`` on the plain and on the captured table: ``rounds`` alternating rounds
+    of ``count`` rows each."""
+    spent: dict[str, list[float]] = {PLAIN: [], CAPTURED: []}
+    for _ in range(rounds):
+        for table, times in spent.items():
+            times.append(measure(writer, table, ids.take(count)))
+    return statistics.median(spent[PLAIN]) * 1e6, statistics.median(spent[CAPTURED]) * 1e6
 
 
 def _trigger_time(writer, ids: range) -> float:
@@ -139,13 +158,8 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
         ids = _Ids()
         with _writer(database) as writer:
             # 1. single-row inserts, alternating rounds (no consumer running: the capture's own cost).
-            _single_rows(writer, PLAIN, ids.take(per_round))           # warm up both
-            _single_rows(writer, CAPTURED, ids.take(per_round))
-            plain, captured = [], []
-            for _ in range(rounds):
-                plain.append(_single_rows(writer, PLAIN, ids.take(per_round)))
-                captured.append(_single_rows(writer, CAPTURED, ids.take(per_round)))
-            plain_us, captured_us = statistics.median(plain) * 1e6, statistics.median(captured) * 1e6
+            _alternating(_single_rows, writer, ids, per_round, 1)           # warm up both
+            plain_us, captured_us = _alternating(_single_rows, writer, ids, per_round, rounds)
             report.add(Row(
                 name="writer: single-row insert, captured table", value=captured_us, unit="us/insert",
                 baseline_name="same insert, table not captured", baseline=plain_us, ratio=plain_us / captured_us,
@@ -171,11 +185,7 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
             progress.update(3, "the capture row trigger's server time")
 
             # 2. executemany, captured vs plain (alternating, median of three).
-            plain, captured = [], []
-            for _ in range(1 if quick else 3):
-                plain.append(_many(writer, PLAIN, ids.take(rows)))
-                captured.append(_many(writer, CAPTURED, ids.take(rows)))
-            plain_us, captured_us = statistics.median(plain) * 1e6, statistics.median(captured) * 1e6
+            plain_us, captured_us = _alternating(_many, writer, ids, rows, 1 if quick else 3)
             report.add(Row(
                 name=f"writer: executemany of {rows:,} rows, captured table", value=captured_us, unit="us/row",
                 baseline_name="same, table not captured", baseline=plain_us, ratio=plain_us / captured_us,
@@ -232,15 +242,8 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
             progress.update(6, f"latency of one insert ({len(latencies)} samples)")
 
         # 5. activedb as the writer: its own changes to a captured table are recognised and dropped.
-        plain, captured = [], []
-        own = ids.take(2 * rounds * per_round // 4)
-        half = len(own) // 2
-        for index, number in enumerate(own):
-            table, into = (PLAIN, plain) if index % 2 == 0 else (CAPTURED, captured)
-            start = time.perf_counter()
-            database.run(lambda tx: tx.insert(table, id=number, customer="own", amount=1, note="bench"))
-            into.append(time.perf_counter() - start)
-        plain_us, captured_us = statistics.median(plain) * 1e6, statistics.median(captured) * 1e6
+        half = rounds * per_round // 4
+        plain_us, captured_us = _alternating(_own_inserts, database, ids, 1, half)
         with database.engine.connect() as connection:
             leaked = connection.execute(sa.text("SELECT count(*) FROM activedb_capture_changes c JOIN "
                                                 "activedb_capture_commits m ON m.xid = c.xid WHERE "

@@ -153,9 +153,7 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
                         "point timestamps = the same readings with alpha = 0 through the same engine")
     report.notes.append("latency: simulated system time (ManualClock) from the arrival of a composite's last "
                         "constituent to its production; events arrive 0-2 ms after they occur")
-    path = _plot(figures)
-    if path is not None:
-        report.notes.append(f"plot: {path}")
+    report.notes.append(f"plot: {_plot(figures)}")
     return report
 
 
@@ -166,15 +164,11 @@ def _percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
-def _plot(figures: dict) -> Path | None:
-    try:
-        import matplotlib
+def _plot(figures: dict) -> Path:
+    from matplotlib.figure import Figure
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:  # pragma: no cover - matplotlib is a dependency
-        return None
-    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    figure = Figure(figsize=(12, 4.5))
+    left, right = figure.subplots(1, 2)
     for operator, marker in (("AND", "o"), ("SEQ", "s")):
         accuracies = sorted({row[2] for row in figures["throughput"] if row[0] == operator})
         for accuracy in accuracies:
@@ -203,5 +197,4 @@ def _plot(figures: dict) -> Path | None:
     figure.tight_layout()
     path = output_folder("composite") / "activedb-bench-composite.png"
     figure.savefig(path, dpi=110)
-    plt.close(figure)
     return path

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 import random
 import statistics
 import threading
@@ -98,17 +99,9 @@ def _uncontended(report: BenchReport, quick: bool) -> None:
     parent = _tree(lm, "solo")
     bare_times, batched_times, lock_times = [], [], []
     for _ in range(repeat):  # interleaved, best of each: the machine is shared
-        table = _BareTable()
-        start = time.perf_counter()
-        _bare_pairs(table, "leaf", keys, rounds)
-        bare_times.append(time.perf_counter() - start)
-        table = _BareTable()
-        start = time.perf_counter()
-        _bare_batched_pairs(table, "leaf", keys, rounds)
-        batched_times.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        _lockmgr_pairs(lm, parent, "leaf", keys, rounds)
-        lock_times.append(time.perf_counter() - start)
+        bare_times.append(_seconds(_bare_pairs, _BareTable(), "leaf", keys, rounds))
+        batched_times.append(_seconds(_bare_batched_pairs, _BareTable(), "leaf", keys, rounds))
+        lock_times.append(_seconds(_lockmgr_pairs, lm, parent, "leaf", keys, rounds))
     pairs = len(keys) * rounds
     bare, batched, locked = pairs / min(bare_times), pairs / min(batched_times), pairs / min(lock_times)
     ratio = locked / bare
@@ -125,16 +118,29 @@ def _uncontended(report: BenchReport, quick: bool) -> None:
     ))
 
 
-def _aggregate(threads: int, make_worker, per_thread: int) -> float:
+def _seconds(function, *args) -> float:
+    start = time.perf_counter()
+    function(*args)
+    return time.perf_counter() - start
+
+
+def _aggregate(threads: int, prepare, keys_per_round: int, rounds: int) -> float:
+    """Pairs/s of ``threads`` threads together, thread ``number`` running ``prepare(number)(keys, rounds)`` on
+    keys of its own once every thread is ready."""
     barrier = threading.Barrier(threads + 1)
-    workers = [threading.Thread(target=make_worker(number, barrier), daemon=True) for number in range(threads)]
+
+    def body(run, keys: range) -> None:
+        barrier.wait()
+        run(keys, rounds)
+    workers = [threading.Thread(target=body, daemon=True, args=(
+        prepare(number), range(number * 1_000_000, number * 1_000_000 + keys_per_round))) for number in range(threads)]
     for worker in workers:
         worker.start()
     barrier.wait()
     start = time.perf_counter()
     for worker in workers:
         worker.join()
-    return threads * per_thread / (time.perf_counter() - start)
+    return threads * keys_per_round * rounds / (time.perf_counter() - start)
 
 
 def _threads(report: BenchReport, quick: bool) -> None:
@@ -142,38 +148,24 @@ def _threads(report: BenchReport, quick: bool) -> None:
 
     keys_per_round = 500
     rounds = 10 if quick else 40
-    per_thread = keys_per_round * rounds
     repeat = 1 if quick else 5
 
-    def lockmgr_worker(lm):
-        def make(number, barrier):
-            parent = _tree(lm, f"thread{number}")
-            keys = range(number * 1_000_000, number * 1_000_000 + keys_per_round)
+    def lockmgr_threads(lm):
+        def prepare(number):
+            return functools.partial(_lockmgr_pairs, lm, _tree(lm, f"thread{number}"), ("leaf", number))
+        return prepare
 
-            def body():
-                barrier.wait()
-                _lockmgr_pairs(lm, parent, ("leaf", number), keys, rounds)
-            return body
-        return make
-
-    def bare_worker(table):
-        def make(number, barrier):
-            keys = range(number * 1_000_000, number * 1_000_000 + keys_per_round)
-
-            def body():
-                barrier.wait()
-                _bare_pairs(table, number, keys, rounds)
-            return body
-        return make
+    def bare_threads(table):
+        return lambda number: functools.partial(_bare_pairs, table, number)
 
     results: dict[int, float] = {}
     bare_results: dict[int, float] = {}
     for _ in range(repeat):  # interleaved, best of each: the machine is shared
         for threads in (1, 2, 4, 8):
-            rate = _aggregate(threads, lockmgr_worker(LockManager()), per_thread)
+            rate = _aggregate(threads, lockmgr_threads(LockManager()), keys_per_round, rounds)
             results[threads] = max(results.get(threads, 0.0), rate)
         for threads in (1, 4):
-            rate = _aggregate(threads, bare_worker(_BareTable()), per_thread)
+            rate = _aggregate(threads, bare_threads(_BareTable()), keys_per_round, rounds)
             bare_results[threads] = max(bare_results.get(threads, 0.0), rate)
     single = results[1]
     for threads, rate in results.items():
@@ -201,6 +193,9 @@ class _Node:
         self.external: tuple = ()
 
 
+_PARENT_IN_TREE = (None, 0, 1, 1, 0, 4, 4)      # a tree's 7 members depth first: root, child, 2 grandchildren, ...
+
+
 def _wait_for_graph(size: int, seed: int):
     """``size`` transactions as the lock manager's graph would hold them (trees of a root, 2 children, 4
     grandchildren: "commit" edges parent -> child) where half of the leaves wait for a random transaction
@@ -208,30 +203,12 @@ def _wait_for_graph(size: int, seed: int):
     import networkx
 
     rng = random.Random(seed)
-    records: dict[int, _Node] = {}
-    trees: list[list[int]] = []
-    number = 0
-    while number < size:
-        root = number
-        records[root] = _Node(root)
-        number += 1
-        members = [root]
-        for _ in range(2):
-            if number >= size:
-                break
-            child = number
-            records[child] = _Node(child)
-            records[root].children.add(records[child])
-            number += 1
-            members.append(child)
-            for _ in range(2):
-                if number >= size:
-                    break
-                records[number] = _Node(number)
-                records[child].children.add(records[number])
-                members.append(number)
-                number += 1
-        trees.append(members)
+    records = {number: _Node(number) for number in range(size)}
+    for number, record in records.items():
+        parent = _PARENT_IN_TREE[number % 7]
+        if parent is not None:
+            records[number - number % 7 + parent].children.add(record)
+    trees = [list(range(start, min(start + 7, size))) for start in range(0, size, 7)]
     for index, members in enumerate(trees[1:], start=1):
         for member in members:
             record = records[member]

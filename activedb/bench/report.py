@@ -11,10 +11,9 @@ import os
 import platform
 import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
 @dataclass
@@ -77,8 +76,6 @@ class BenchReport:
         }
 
     def write_json(self, path) -> None:
-        from pathlib import Path
-
         Path(path).write_text(json.dumps(self.to_json(), indent=2, default=str) + "\n")
 
     def print(self, *, json_only: bool = False) -> None:
@@ -123,17 +120,6 @@ def _fmt(number: float) -> str:
     if number >= 100:
         return f"{number:,.0f}"
     return f"{number:.3g}"
-
-
-def measure_rate(operation: Callable[[], None], *, count: int, repeat: int = 3) -> float:
-    """Best-of-``repeat`` rate (operations per second) of ``count`` calls."""
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        for _ in range(count):
-            operation()
-        best = min(best, time.perf_counter() - start)
-    return count / best
 
 
 def output_folder(benchmark: str) -> Path:

@@ -102,9 +102,11 @@ NESTED_RULES = {"deposit": nested_deposit, "transfer": nested_transfer, "grep_su
                 "position_report": nested_position_report}
 
 
-def _nested_run(database, events: list[dict], prefetch: dict[str, list]) -> tuple[float, int, dict]:
-    """The per-event nested path: one subtransaction per event, its immediate rule inside (as the sink).
-    Returns (seconds, failed events, seconds per phase: prefetch, events, commit)."""
+# Each path returns (seconds, seconds per phase, what it did).
+
+def _nested_run(database, events: list[dict], prefetch: dict[str, list]) -> tuple[float, dict, int]:
+    """The per-event nested path: one subtransaction per event, its immediate rule inside (as the sink);
+    what it did: the number of failed events."""
     started = time.perf_counter()
     failed = 0
     with database.transaction(name="bench:nested") as tx:
@@ -119,33 +121,33 @@ def _nested_run(database, events: list[dict], prefetch: dict[str, list]) -> tupl
                 failed += 1
         applied = time.perf_counter()
     ended = time.perf_counter()
-    return ended - started, failed, {"prefetch": prefetched - started, "events": applied - prefetched,
-                                     "commit": ended - applied}
+    return ended - started, {"prefetch": prefetched - started, "events": applied - prefetched,
+                             "commit": ended - applied}, failed
 
 
-def _tpg_run(database, events, transactions, **options) -> tuple[float, batch.BatchResult]:
+def _tpg_run(database, events, transactions) -> tuple[float, dict, batch.BatchResult]:
     """The TPG path through the tree (``apply_batch``: read_many / write_many)."""
     started = time.perf_counter()
     with database.transaction(name="bench:tpg") as tx:
-        result = batch.apply_batch(tx, events, transactions, **options)
-    return time.perf_counter() - started, result
+        result = batch.apply_batch(tx, events, transactions)
+    return time.perf_counter() - started, dict(result.statistics.seconds), result
 
 
-def _commit_run(database, events, transactions, **options) -> tuple[float, batch.PendingBatch]:
+def _commit_run(database, events, transactions) -> tuple[float, dict, batch.BatchResult]:
     """The TPG path at commit (``apply_at_commit``); dead letters not stored (nor by the other paths)."""
     started = time.perf_counter()
     with database.transaction(name="bench:tpg-at-commit") as tx:
-        pending = batch.apply_at_commit(tx, events, transactions, dead_letters=None, **options)
-    return time.perf_counter() - started, pending
+        pending = batch.apply_at_commit(tx, events, transactions, dead_letters=None)
+    return time.perf_counter() - started, dict(pending.seconds), pending.result
 
 
-def _plain_run(database, events) -> float:
+def _plain_run(database, events) -> tuple[float, dict, None]:
     started = time.perf_counter()
     with database.transaction(name="bench:plain") as tx:
         tx.prefetch("bench_rows", range(len(events)))
         for position, event in enumerate(events):
             tx.write("bench_rows", position, a=position, b=event["type"])
-    return time.perf_counter() - started
+    return time.perf_counter() - started, {}, None
 
 
 def _reset(database, state: dict) -> None:
@@ -165,33 +167,31 @@ def _per_event(phases: dict[str, float], count: int) -> dict[str, float]:
     return {phase: round(seconds / count * 1e6, 1) for phase, seconds in phases.items()}
 
 
+def _ms(phases: dict[str, float]) -> dict[str, float]:
+    return {phase: round(seconds * 1e3, 1) for phase, seconds in phases.items()}
+
+
 def _end_to_end(report: BenchReport, database, name: str, cost: float, size: int, repeat: int) -> None:
     workload = workloads.Workload(batch=size, cost_us=cost)
     events, state = workloads.workload_events(name, workload)
     count = len(events)
     prefetch = batch._runtime.prepare(workloads.workload_transactions(name), events).states_by_table()
     at_commit, through_tree = workloads.workload_transactions(name), workloads.workload_transactions(name)
+    paths = {"nested": lambda: _nested_run(database, events, prefetch),
+             "commit": lambda: _commit_run(database, events, at_commit),
+             "tree": lambda: _tpg_run(database, events, through_tree), "plain": lambda: _plain_run(database, events)}
     best: dict[str, float] = {}
     phases: dict[str, dict[str, float]] = {}
+    outcomes: dict[str, Any] = {}
     loads = [os.getloadavg()[0]]
     for _ in range(repeat):
-        _reset(database, state)
-        seconds, nested_failed, nested_phases = _nested_run(database, events, prefetch)
-        if seconds < best.get("nested", float("inf")):
-            best["nested"], phases["nested"] = seconds, nested_phases
-        _reset(database, state)
-        seconds, pending = _commit_run(database, events, at_commit)
-        if seconds < best.get("commit", float("inf")):
-            best["commit"], phases["commit"] = seconds, dict(pending.seconds)
-            committed = pending.result
-        _reset(database, state)
-        seconds, result = _tpg_run(database, events, through_tree)
-        if seconds < best.get("tree", float("inf")):
-            best["tree"], phases["tree"] = seconds, dict(result.statistics.seconds)
-            tree_result = result
-        _reset(database, state)
-        best["plain"] = min(best.get("plain", float("inf")), _plain_run(database, events))
+        for path, attempt in paths.items():
+            _reset(database, state)
+            seconds, timing, outcome = attempt()
+            if seconds < best.get(path, float("inf")):
+                best[path], phases[path], outcomes[path] = seconds, timing, outcome
         loads.append(os.getloadavg()[0])
+    nested_failed, committed, tree_result = outcomes["nested"], outcomes["commit"], outcomes["tree"]
     rates = {path: count / seconds for path, seconds in best.items()}
     label = f"{name.upper()} end to end, C = {cost:g} us"
     goal = name == "sl"
@@ -268,12 +268,10 @@ def _instructions(report: BenchReport, size: int, quick: bool) -> None:
 # --- plots ----------------------------------------------------------------------------------------
 
 def _plot(directory: Path, parameter: str, points: dict[str, list[tuple[float, float]]], label: str) -> Path:
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(6.4, 4.2))
+    figure = Figure(figsize=(6.4, 4.2))
+    axes = figure.subplots()
     for name, series in points.items():
         xs, ys = zip(*series)
         axes.plot(xs, ys, marker="o", label="auto (lean)" if name == "auto" else name,
@@ -286,7 +284,6 @@ def _plot(directory: Path, parameter: str, points: dict[str, list[tuple[float, f
     figure.tight_layout()
     path = directory / f"tpg-sweep-{parameter}.png"
     figure.savefig(path, dpi=100)
-    plt.close(figure)
     return path
 
 
@@ -331,8 +328,7 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
                        ratio=auto_rate / serial_rate,
                        extra={"decision": list(statistics.decision), "td_edges": statistics.td_edges,
                               "pd_edges": statistics.pd_edges, "ld_pairs": statistics.ld_pairs,
-                              "skew": round(statistics.skew, 2),
-                              "ms": {phase: round(seconds * 1e3, 1) for phase, seconds in statistics.seconds.items()}}))
+                              "skew": round(statistics.skew, 2), "ms": _ms(statistics.seconds)}))
         tpg_rate, tpg_chosen = _in_memory(transactions, events, state, "tpg", repeat, clock=CPU)
         assert tpg_chosen.final == reference.final, "the decision model's TPG result differs from the serial reference"
         report.add(Row(name=f"{name.upper()} in memory: decision model on the TPG ({tpg_chosen.strategy})",
@@ -346,8 +342,7 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
             report.add(Row(name=f"{name.upper()} in memory: {strategy.name}", value=rate, unit="txn/CPU-s",
                            baseline_name="serial reference", baseline=serial_rate, ratio=rate / serial_rate,
                            extra={"rollbacks": result.statistics.rollbacks, "executions": result.statistics.executions,
-                                  "ms": {phase: round(seconds * 1e3, 1)
-                                         for phase, seconds in result.statistics.seconds.items()}}))
+                                  "ms": _ms(result.statistics.seconds)}))
         report.notes.append(f"{name.upper()}: best fixed strategy {best[0]} ({best[1]:,.0f} txn/s); the decision "
                             f"model chose {chosen.strategy} ({auto_rate:,.0f} txn/s)")
         done(f"{name.upper()} in memory: every strategy against the serial reference")
@@ -396,8 +391,7 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
                           "largest_component_share": round(two.statistics.largest_component_share, 3),
                           "load_average": [round(load, 1) for load in loads], "best_of": max(repeat, 3),
                           "calling_process_cpu_share": round(cpu_two / cpu_one, 3),
-                          "parent_ms": {phase: round(seconds * 1e3, 1)
-                                        for phase, seconds in two.statistics.seconds.items()},
+                          "parent_ms": _ms(two.statistics.seconds),
                           "notes": two.notes}))
     report.add(Row(name="SL (8 key groups) in memory: 2 processes vs 1 (ns/f/e)", value=ns_two_rate, unit="txn/s",
                    baseline_name="1 process (ns/f/e)", baseline=ns_one_rate, ratio=ns_two_rate / ns_one_rate,

@@ -9,6 +9,7 @@ embedded database).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -83,7 +84,9 @@ def hold(db) -> BusyMoment:
     if not holding.wait(TIMEOUT):
         raise TimeoutError("the badge transaction never got its rows")
     run("T-light", lambda tx: tx.signal("status_changed", worker="w1"))
-    wait_until(lambda: _waits_of_kind(locks, "dependency"), TIMEOUT, "the rule's action never waited for its condition")
+    wait_until(lambda: any(kind == "dependency" for targets in locks.snapshot().waits.values()
+                           for kind, _ in targets.values()),
+               TIMEOUT, "the rule's action never waited for its condition")
     run("T-report", lambda tx: tx.read("worker_status", "w1"))
     wait_until(lambda: locks.statistics().waiting >= 1, TIMEOUT, "T-report never waited")
     run("T-cleanup", lambda tx: tx.write("worker_status", "w2", room=None))
@@ -91,11 +94,6 @@ def hold(db) -> BusyMoment:
     run("T-audit", lambda tx: tx.read("worker_status", "w2"))
     wait_until(lambda: locks.statistics().waiting >= 3, TIMEOUT, "T-audit never waited")
     return moment
-
-
-def _waits_of_kind(locks, kind: str) -> int:
-    """How many wait edges of ``kind`` the lock manager's graph has now."""
-    return sum(found == kind for targets in locks.snapshot().waits.values() for found, _ in targets.values())
 
 
 def main(argv: list[str]) -> int:
@@ -111,8 +109,7 @@ def main(argv: list[str]) -> int:
             explanation = db.explain()
         finally:
             moment.release()
-        explanation = type(explanation)(nodes=explanation.nodes, edges=explanation.edges,
-                                        title="activedb explain: a busy moment", taken_at=explanation.taken_at)
+        explanation = dataclasses.replace(explanation, title="activedb explain: a busy moment")
         print(explanation.text())
         print(f"wrote {explanation.render(argv[0])}")
         db.rules.wait_idle(TIMEOUT)

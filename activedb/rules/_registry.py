@@ -48,7 +48,6 @@ class RuleRegistry:
         # The rules matching an event of a (kind, source), filled by ``matching`` and replaced (empty) with
         # the index: ``EventSpec.matches`` depends on nothing else of an in-process event.
         self._matching: dict[tuple[EventKind, str | None], tuple[Rule, ...]] = {}
-        self.redefined: list[tuple[str, int, int]] = []
 
     # --- declaring ----------------------------------------------------------------------------
 
@@ -189,8 +188,6 @@ class RuleRegistry:
                    f"its persisted definition moves from version {row.version} to {version}")
         logger.warning(message)
         warnings.warn(message, RuleDefinitionChangedWarning, stacklevel=5)
-        with self._mutex:
-            self.redefined.append((rule.name, row.version, version))
 
     def remove(self, name: str) -> Rule | None:
         """Stop ``name`` firing in this process and mark it removed in ``activedb_rules`` (``removed_at``).

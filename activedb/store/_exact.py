@@ -23,10 +23,6 @@ __all__ = ["exact_json", "from_exact_json"]
 _TAG = "$"
 
 
-def _storable(text: str) -> bool:
-    return text_problem(text) is None
-
-
 def exact_json(value: Any) -> Any:
     """``value`` as JSON ``jsonb`` accepts, decodable by :func:`from_exact_json` into an equal value."""
     if value is None or isinstance(value, bool):
@@ -40,7 +36,7 @@ def exact_json(value: Any) -> Any:
     if isinstance(value, str):
         if type(value) is not str:        # a str Enum (e.g. EventKind): its plain value
             value = str.__str__(value) if not hasattr(value, "value") else value.value
-        if _storable(value):
+        if text_problem(value) is None:
             return value
         return {"$str": base64.b64encode(value.encode("utf-8", "surrogatepass")).decode("ascii")}
     if isinstance(value, dt.datetime):
@@ -64,7 +60,7 @@ def exact_json(value: Any) -> Any:
     if isinstance(value, (set, frozenset)):
         return {"$set" if isinstance(value, set) else "$frozenset": [exact_json(item) for item in value]}
     if isinstance(value, dict):
-        if all(type(key) is str and not key.startswith(_TAG) and _storable(key) for key in value):
+        if all(type(key) is str and not key.startswith(_TAG) and text_problem(key) is None for key in value):
             return {key: exact_json(item) for key, item in value.items()}
         return {"$map": [[exact_json(key), exact_json(item)] for key, item in value.items()]}
     return {"$pickle": _pickled(value)}
@@ -82,7 +78,7 @@ _DECODERS = {
     "$time": dt.time.fromisoformat,
     "$timedelta": lambda parts: dt.timedelta(days=parts[0], seconds=parts[1], microseconds=parts[2]),
     "$decimal": decimal.Decimal,
-    "$bytes": lambda text: base64.b64decode(text),
+    "$bytes": base64.b64decode,
     "$uuid": uuid.UUID,
     "$tuple": lambda items: tuple(from_exact_json(item) for item in items),
     "$set": lambda items: {from_exact_json(item) for item in items},

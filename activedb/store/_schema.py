@@ -110,17 +110,12 @@ class TableInfo:
     # statements, cached per table
 
     def update(self, columns: frozenset[str]):
-        cached = self._statements.get(("update", columns))
-        if cached is None:
-            cached = self.table.update().where(
-                sa.and_(*[self.table.c[name] == sa.bindparam(f"k_{name}") for name in self.key_columns])
-            ).values({name: sa.bindparam(f"v_{name}") for name in columns if name not in self.key_columns})
-            self._statements[("update", columns)] = cached
-        return cached
+        return self.cached(("update", columns), lambda: self.table.update().where(
+            sa.and_(*[self.table.c[name] == sa.bindparam(f"k_{name}") for name in self.key_columns])
+        ).values({name: sa.bindparam(f"v_{name}") for name in columns if name not in self.key_columns}))
 
     def cached(self, name: Any, build: Any) -> Any:
-        """A statement on this table built once by ``build()`` and kept under ``name`` (for statements other
-        modules need, e.g. the row locks of reads for update)."""
+        """A statement on this table built once by ``build()`` and kept under ``name``."""
         statement = self._statements.get(name)
         if statement is None:
             statement = self._statements[name] = build()
@@ -143,11 +138,8 @@ class TableInfo:
         return None if None in found else found
 
     def select_by_keys(self):
-        cached = self._statements.get("select_by_keys")
-        if cached is None:
-            cached = sa.select(self.table).where(self._key_clause.in_(sa.bindparam("keys", expanding=True)))
-            self._statements["select_by_keys"] = cached
-        return cached
+        return self.cached("select_by_keys", lambda: sa.select(self.table).where(
+            self._key_clause.in_(sa.bindparam("keys", expanding=True))))
 
     def select_by_key_array(self, dialect: sa.Dialect):
         """``select_by_keys`` for a one-column key as ``key = ANY(:keys)``, the keys in one array parameter
@@ -165,29 +157,9 @@ class TableInfo:
                 sa.text(f"{table}.{column} = ANY(CAST(:keys AS {element.replace('%%', '%')}[]))"))
         return self.cached(("select_by_key_array", dialect.name), build)
 
-    def upsert(self, columns: frozenset[str]):
-        cached = self._statements.get(("upsert", columns))
-        if cached is None:
-            statement = postgresql.insert(self.table)
-            update_columns = [name for name in columns if name not in self.key_columns]
-            if update_columns:
-                cached = statement.on_conflict_do_update(
-                    index_elements=self.key_columns,
-                    set_={name: statement.excluded[name] for name in update_columns},
-                )
-            else:
-                cached = statement.on_conflict_do_nothing(index_elements=self.key_columns)
-            self._statements[("upsert", columns)] = cached
-        return cached
-
     def delete(self):
-        cached = self._statements.get("delete")
-        if cached is None:
-            cached = self.table.delete().where(
-                sa.and_(*[self.table.c[name] == sa.bindparam(f"k_{name}") for name in self.key_columns])
-            )
-            self._statements["delete"] = cached
-        return cached
+        return self.cached("delete", lambda: self.table.delete().where(
+            sa.and_(*[self.table.c[name] == sa.bindparam(f"k_{name}") for name in self.key_columns])))
 
 
 def text_problem(value: str) -> str | None:
@@ -230,7 +202,6 @@ def json_problem(value: Any, path: str = "$") -> str | None:
 
 
 def _object_problem(value: Mapping, path: str) -> str | None:
-    """:func:`json_problem` of a JSON object."""
     for key, item in value.items():
         if type(key) is not str and not isinstance(key, str):
             return f"{path} has the key {key!r} ({type(key).__name__}); JSON object keys are strings"
@@ -241,7 +212,6 @@ def _object_problem(value: Mapping, path: str) -> str | None:
 
 
 def _array_problem(value: list | tuple, path: str) -> str | None:
-    """:func:`json_problem` of a JSON array."""
     for index, item in enumerate(value):
         problem = json_problem(item, f"{path}[{index}]")
         if problem is not None:
@@ -281,13 +251,10 @@ def _array_element_type(column: sa.Column, dialect: sa.Dialect) -> str | None:
 
 def _constant_default(column: sa.Column) -> Any:
     """The value of a constant server default (``0``, ``'x'::text``, ``true``), else None."""
-    default = column.server_default
-    text = getattr(getattr(default, "arg", None), "text", None) if default is not None else None
+    text = getattr(getattr(column.server_default, "arg", None), "text", None)
     if text is None:
         return None
-    text = text.strip()
-    if "::" in text:
-        text = text.split("::", 1)[0].strip()
+    text = text.split("::", 1)[0].strip()
     if text.startswith("'") and text.endswith("'"):
         literal = text[1:-1].replace("''", "'")
         if isinstance(column.type, (sa.String, sa.Text, sa.Enum)):
@@ -306,29 +273,22 @@ def _constant_default(column: sa.Column) -> Any:
     return None
 
 
+# Python types accepted for a column's type, the first match wins; a type not listed is left to PostgreSQL.
+_PYTHON_TYPES = (
+    (sa.Boolean, (bool,)),
+    (sa.Integer, (int,)),
+    ((sa.Float, sa.Numeric), (int, float, decimal.Decimal)),
+    ((sa.String, sa.Text, sa.Enum), (str,)),
+    (sa.DateTime, (datetime.datetime,)),
+    (sa.Date, (datetime.date,)),
+    (sa.Interval, (datetime.timedelta,)),
+    ((sa.JSON, postgresql.JSONB), (object,)),
+    (sa.Uuid, (uuid.UUID, str)),
+    (sa.LargeBinary, (bytes, bytearray, memoryview)),
+    (postgresql.ARRAY, (list, tuple)),
+)
+
+
 def _python_type(column: sa.Column):
     """Python types accepted for a column, or None for "let PostgreSQL decide"."""
-    column_type = column.type
-    if isinstance(column_type, sa.Boolean):
-        return (bool,)
-    if isinstance(column_type, sa.Integer):
-        return (int,)
-    if isinstance(column_type, (sa.Float, sa.Numeric)):
-        return (int, float, decimal.Decimal)
-    if isinstance(column_type, (sa.String, sa.Text, sa.Enum)):
-        return (str,)
-    if isinstance(column_type, sa.DateTime):
-        return (datetime.datetime,)
-    if isinstance(column_type, sa.Date):
-        return (datetime.date,)
-    if isinstance(column_type, sa.Interval):
-        return (datetime.timedelta,)
-    if isinstance(column_type, (sa.JSON, postgresql.JSONB)):
-        return (object,)
-    if isinstance(column_type, sa.Uuid):
-        return (uuid.UUID, str)
-    if isinstance(column_type, sa.LargeBinary):
-        return (bytes, bytearray, memoryview)
-    if isinstance(column_type, postgresql.ARRAY):
-        return (list, tuple)
-    return None
+    return next((accepted for kinds, accepted in _PYTHON_TYPES if isinstance(column.type, kinds)), None)

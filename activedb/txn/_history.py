@@ -9,6 +9,7 @@ Thread-safety: ``_mutex`` protects ``ops``, ``_sequence`` and ``_last_writer``.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,26 +36,23 @@ class HistoryRecorder:
 
     def __post_init__(self) -> None:
         self._mutex = threading.Lock()
-        self._sequence = 0
+        self._sequence = itertools.count(1)
         self._last_writer: dict[tuple[str, tuple], str] = {}
 
     def record(self, kind: str, transaction: str, **fields: Any) -> None:
         with self._mutex:
-            self._sequence += 1
-            self.ops.append(HistoryOp(self._sequence, kind, transaction, **fields))
+            self.ops.append(HistoryOp(next(self._sequence), kind, transaction, **fields))
 
     def record_committed_read(self, transaction: str, root: str, table: str, key: tuple, image: Any) -> None:
         with self._mutex:
-            self._sequence += 1
             writer = self._last_writer.get((table, key), "initial")
-            self.ops.append(HistoryOp(self._sequence, "read", transaction, root=root, table=table, key=key,
+            self.ops.append(HistoryOp(next(self._sequence), "read", transaction, root=root, table=table, key=key,
                                       value=image, read_from=writer, source="committed"))
 
     def record_flush(self, root: str, images: dict[tuple[str, tuple], Any]) -> None:
         """Precondition: called after the PostgreSQL commit, while the tree still holds its locks."""
         with self._mutex:
-            self._sequence += 1
-            self.ops.append(HistoryOp(self._sequence, "flush", root, root=root, value=dict(images)))
+            self.ops.append(HistoryOp(next(self._sequence), "flush", root, root=root, value=dict(images)))
             for row in images:
                 self._last_writer[row] = root
 

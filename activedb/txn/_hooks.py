@@ -56,11 +56,7 @@ class WaitKind(enum.StrEnum):
 
 
 class Observer:
-    """A passive listener (``db.observe(observer)``).  An observer that raises is removed and logged.
-
-    Waits: ``kind`` is ``"lock"``, ``"children"`` or ``"dependency"`` (a rule's action waiting in the coupling
-    gate for its condition); ``detail`` names what is waited for.
-    """
+    """A passive listener (``db.observe(observer)``).  An observer that raises is removed and logged."""
 
     def on_begin(self, transaction: "Transaction") -> None:
         """A transaction began (top-level or sub)."""
@@ -118,9 +114,6 @@ class HookRegistry:
 
     def __iter__(self):
         return iter(self._members)
-
-    def __len__(self) -> int:
-        return len(self._members)
 
     def _publish(self) -> None:
         """Caller holds ``_mutex`` (or is the constructor).  One tuple per hook, of overriding members."""

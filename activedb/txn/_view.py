@@ -10,6 +10,7 @@ A row joins a ``TreeRows`` set before the entry or image that needs it is instal
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 
 import sqlalchemy as sa
@@ -150,10 +151,8 @@ def scan_rows(catalog_or_connection: Any, info: TableInfo, where: Any, *, lock: 
         statement = statement.where(*[info.table.c[column] == value for column, value in where.items()])
     if lock == "share":
         statement = statement.with_for_update(read=True)
-    if isinstance(catalog_or_connection, sa.Connection):
-        rows = catalog_or_connection.execute(statement).mappings()
-        return {tuple(row[name] for name in info.key_columns): dict(row) for row in rows}
-    with catalog_or_connection.autocommit_connection() as connection:
+    with (contextlib.nullcontext(catalog_or_connection) if isinstance(catalog_or_connection, sa.Connection)
+          else catalog_or_connection.autocommit_connection()) as connection:
         rows = connection.execute(statement).mappings()
         return {tuple(row[name] for name in info.key_columns): dict(row) for row in rows}
 

@@ -20,7 +20,6 @@ from activedb.examples.hand_hygiene.errors import ImpossibleTransition, LateBadg
 
 BADGE_EVENTS = ("enter", "exit", "sanitize", "mask")
 SAFE, WARNING, VIOLATION = "safe", "warning", "violation"
-STATUSES = (SAFE, WARNING, VIOLATION)
 COLORS = {SAFE: "green", WARNING: "yellow", VIOLATION: "red"}
 # What ``activedb run activedb.examples.hand_hygiene.app --source file:DIR`` needs: which columns of
 # the rows (JSON lines {"type": ..., "worker": ..., "ts": seconds, "room": ...}, as ``activedb demo
@@ -80,23 +79,8 @@ def track_badge(tx: Transaction, event: Event) -> None:
     if last_ts is not None and ts < last_ts:
         raise LateBadgeEvent(f"{event.source} of {worker} at t={ts:g} is older than his last applied event "
                              f"(t={last_ts:g})")
-    updates: dict[str, Any] = {"last_event": event.source, "last_ts": ts}
-    if event.source == "enter":
-        if not isinstance(room, str) or not room:
-            raise MalformedBadgeEvent(f"enter of {worker} at t={ts:g} names no room")
-        if row.get("room") is not None:
-            raise ImpossibleTransition(f"{worker} enters {room} at t={ts:g} but his badge places him in "
-                                       f"{row.get('room')} (no exit seen)")
-        updates["room"] = room
-    elif event.source == "exit":
-        if row.get("room") != room:
-            where = row.get("room") or "the corridor"
-            raise ImpossibleTransition(f"{worker} exits {room} at t={ts:g} but his badge places him in {where}")
-        updates.update(room=None, last_exit_room=room, last_exit_ts=ts)
-    elif event.source == "sanitize":
-        updates["last_sanitize_ts"] = ts
-    elif event.source == "mask":
-        updates["last_mask_ts"] = ts
+    check_reading(worker, event.source, room, row.get("room"), ts)
+    updates = reading(event.source, room, ts)
     if new_worker:
         updates["changes"] = 0
     # status is written back unchanged: activedb flushes write() as INSERT ... ON CONFLICT DO UPDATE,
@@ -104,6 +88,40 @@ def track_badge(tx: Transaction, event: Event) -> None:
     # that omits the NOT NULL column status fails at commit (reported to the engine's owner).
     updates["status"] = row["status"]
     tx.write(WORKERS, worker, **updates)
+
+
+def contradiction(worker: str, kind: str, room: Any, was_in: str | None, ts: float) -> str | None:
+    """Why a ``kind`` reading of ``worker`` in ``room`` at ``ts`` contradicts where his badge placed him
+    (``was_in``, None: the corridor), or None."""
+    if kind == "enter":
+        if not isinstance(room, str) or not room:
+            return f"enter of {worker} at t={ts:g} names no room"
+        if was_in is not None:
+            return f"{worker} enters {room} at t={ts:g} but his badge places him in {was_in} (no exit seen)"
+    elif kind == "exit" and was_in != room:
+        return f"{worker} exits {room} at t={ts:g} but his badge places him in {was_in or 'the corridor'}"
+    return None
+
+
+def check_reading(worker: str, kind: str, room: Any, was_in: str | None, ts: float) -> None:
+    """Raise the :func:`contradiction` of the reading, if any: a missing room is malformed, the rest impossible."""
+    reason = contradiction(worker, kind, room, was_in, ts)
+    if reason is not None:
+        raise (MalformedBadgeEvent if reason.endswith("names no room") else ImpossibleTransition)(reason)
+
+
+def reading(kind: str, room: Any, ts: float) -> dict[str, Any]:
+    """The columns of ``worker_status`` a ``kind`` reading in ``room`` at ``ts`` writes, besides the status."""
+    values: dict[str, Any] = {"last_event": kind, "last_ts": ts}
+    if kind == "enter":
+        values["room"] = room
+    elif kind == "exit":
+        values.update(room=None, last_exit_room=room, last_exit_ts=ts)
+    elif kind == "sanitize":
+        values["last_sanitize_ts"] = ts
+    elif kind == "mask":
+        values["last_mask_ts"] = ts
+    return values
 
 
 # --- immediate: the status transitions (priority 50) ---------------------------------------------
@@ -198,15 +216,19 @@ def report_incident(tx: Transaction, event: Event) -> None:
 
 def compensate_rejected(tx: Transaction, event: Event) -> None:
     """Exclusive causally dependent: commits only if the badge event's processing aborted."""
-    room = event.payload.get("room")
-    where = f" {room}" if room else ""
     try:
         ts = seconds(event.ts)
     except MalformedBadgeEvent:
         ts = 0.0
-    tx.insert("compensations", worker=str(event.key), event=str(event.source), at=ts,
-              reason=f"{event.source}{where} at t={ts:g} was rejected: badge reader flagged for re-sync, "
-                     f"worker asked to badge again")
+    insert_compensation(tx, event.key, event.source, event.payload.get("room"), ts)
+
+
+def insert_compensation(tx: Transaction, worker: Any, kind: Any, room: Any, ts: float, why: str = "") -> None:
+    """The row of ``compensations`` for a rejected ``kind`` reading of ``worker`` (``why``: after "rejected")."""
+    where = f" {room}" if room else ""
+    tx.insert("compensations", worker=str(worker), event=str(kind), at=ts,
+              reason=f"{kind}{where} at t={ts:g} was rejected{why}: badge reader flagged for re-sync, worker asked "
+                     f"to badge again")
 
 
 # --- registration ---------------------------------------------------------------------------------

@@ -131,7 +131,10 @@ def feed(database, console: Console, *, events: int, workers: int, seed: int, us
     try:
         with _rejections_not_logged():
             if use_spark:
-                _run_with_spark(database, stream, console, progress, run)
+                # the ``spark`` event feed, contributed by spark_bridge
+                outcome = load_feed("spark")(database, stream, app, console, progress=progress, engine=engine)
+                if isinstance(outcome, dict) and outcome.get("dead_letter_query"):
+                    run.dead_letter_query = outcome["dead_letter_query"]
             else:
                 run.result = queries.feed(database, run.engine, stream, progress=progress)
             progress.note("waiting for the detached rules ...")
@@ -146,13 +149,6 @@ def feed(database, console: Console, *, events: int, workers: int, seed: int, us
                       f"{len(result.dead_letters)} dead letters; {elapsed:.2f} s including the detached rules",
                       highlight=False)
     return run
-
-
-def _run_with_spark(db, events: list[dict], console: Console, progress: Progress, run: Run) -> None:
-    """Feed ``events`` through the ``spark`` event feed (contributed by ``spark_bridge``)."""
-    outcome = load_feed("spark")(db, events, app, console, progress=progress, engine=run.engine)
-    if isinstance(outcome, dict) and outcome.get("dead_letter_query"):
-        run.dead_letter_query = outcome["dead_letter_query"]
 
 
 def write_event_files(directory: str | Path, *, events: int = 400, workers: int = 12, seed: int = 7,
@@ -201,6 +197,16 @@ def _rejections_not_logged():
 
 # --- the story, then the engine: read back from PostgreSQL and the live counters -------------------
 
+def _count_by(connection, *columns, order=()) -> list:
+    """``(values of columns..., count)`` per group of ``columns``, ordered by ``order`` (default: the columns)."""
+    return connection.execute(sa.select(*columns, sa.func.count()).group_by(*columns)
+                              .order_by(*(order or columns))).all()
+
+
+def _total(connection, table) -> int:
+    return connection.execute(sa.select(sa.func.count()).select_from(table)).scalar_one()
+
+
 def _cause(old: str, new: str, event: str) -> str:
     edge = queries.EDGES.get((old, new, event))
     return "" if edge is None else f"{edge[0]} ({edge[1]}): {edge[2]}"
@@ -215,25 +221,18 @@ def tell_story(db, console: Console, run: Run) -> dict[str, str]:
     compensations, changes = db.table("compensations"), db.table("status_changes")
     with db.engine.connect() as connection:
         workers = connection.execute(sa.select(status_table).order_by(status_table.c.worker)).mappings().all()
-        alert_counts = dict(connection.execute(
-            sa.select(alerts.c.worker, sa.func.count()).group_by(alerts.c.worker)).all())
-        change_counts = dict(connection.execute(
-            sa.select(changes.c.worker, sa.func.count()).group_by(changes.c.worker)).all())
-        compensation_counts = dict(connection.execute(
-            sa.select(compensations.c.worker, sa.func.count()).group_by(compensations.c.worker)).all())
+        alert_counts = dict(_count_by(connection, alerts.c.worker))
+        change_counts = dict(_count_by(connection, changes.c.worker))
+        compensation_counts = dict(_count_by(connection, compensations.c.worker))
         light_of = dict(connection.execute(sa.text(
             "SELECT DISTINCT ON (worker) worker, color FROM badge_lights ORDER BY worker, at DESC, id DESC")).all())
-        transitions = connection.execute(
-            sa.select(changes.c.old_status, changes.c.new_status, changes.c.event, sa.func.count())
-            .group_by(changes.c.old_status, changes.c.new_status, changes.c.event)
-            .order_by(sa.func.count().desc(), changes.c.old_status, changes.c.new_status)).all()
-        channels = dict(connection.execute(
-            sa.select(notifications.c.channel, sa.func.count()).group_by(notifications.c.channel)).all())
+        transitions = _count_by(connection, changes.c.old_status, changes.c.new_status, changes.c.event,
+                                order=(sa.func.count().desc(), changes.c.old_status, changes.c.new_status))
+        channels = dict(_count_by(connection, notifications.c.channel))
         rejected = connection.execute(
             sa.select(compensations.c.worker, compensations.c.event, compensations.c.at)
             .order_by(compensations.c.at).limit(3)).all()
-        rejected_total = connection.execute(sa.select(sa.func.count()).select_from(compensations)).scalar_one()
-        alert_total = connection.execute(sa.select(sa.func.count()).select_from(alerts)).scalar_one()
+        rejected_total, alert_total = _total(connection, compensations), _total(connection, alerts)
         letters = late = None
         if run.dead_letter_query is not None:
             letters = deadletters.count(db, deadletters.LetterFilter(query=run.dead_letter_query))
@@ -293,12 +292,7 @@ def tell_story(db, console: Console, run: Run) -> dict[str, str]:
     return {row["worker"]: row["status"] for row in workers}
 
 
-def _source_of_query(name: str) -> str:
-    if name == "Q1":
-        return "paper (verbatim)"
-    if name == "Q2":
-        return "paper's pattern"
-    return "app"
+_SOURCE_OF_QUERY = {"Q1": "paper (verbatim)", "Q2": "paper's pattern"}       # the others: the app's own
 
 
 def _edge_of_query(name: str) -> str:
@@ -319,17 +313,10 @@ def show_engine(db, run: Run, console: Console) -> None:
     notifications, compensations = db.table("notifications"), db.table("compensations")
     changes, alerts = db.table("status_changes"), db.table("alerts")
     with db.engine.connect() as connection:
-        transitions = connection.execute(
-            sa.select(changes.c.old_status, changes.c.new_status, sa.func.count())
-            .group_by(changes.c.old_status, changes.c.new_status)
-            .order_by(changes.c.old_status, changes.c.new_status)).all()
-        by_channel = connection.execute(
-            sa.select(notifications.c.channel, sa.func.count()).group_by(notifications.c.channel)
-            .order_by(notifications.c.channel)).all()
-        compensated = connection.execute(
-            sa.select(compensations.c.event, sa.func.count()).group_by(compensations.c.event)
-            .order_by(compensations.c.event)).all()
-        alert_total = connection.execute(sa.select(sa.func.count()).select_from(alerts)).scalar_one()
+        transitions = _count_by(connection, changes.c.old_status, changes.c.new_status)
+        by_channel = _count_by(connection, notifications.c.channel)
+        compensated = _count_by(connection, compensations.c.event)
+        alert_total = _total(connection, alerts)
 
     console.rule("[bold]under the hood: the engine[/bold]")
     statistics = run.engine.statistics()
@@ -339,7 +326,7 @@ def show_engine(db, run: Run, console: Console) -> None:
         per_query.add_column(column, justify="right" if column in ("evaluations", "outputs") else "left")
     for name in sorted(statistics.per_query, key=lambda query: (query.startswith("SEEN_"), query)):
         counters = statistics.per_query[name]
-        per_query.add_row(name, _source_of_query(name), _edge_of_query(name), str(counters.evaluations),
+        per_query.add_row(name, _SOURCE_OF_QUERY.get(name, "app"), _edge_of_query(name), str(counters.evaluations),
                           str(counters.outputs))
     console.print(per_query)
     console.print(

@@ -132,17 +132,11 @@ def _apply_chunk(tx, chunk: list[dict]) -> tuple[int, list[Rejection]]:
             with tx.subtransaction(name=f"badge:{event['type']}:{event['worker']}") as sub:
                 sub.emit(event["type"], key=event["worker"], ts=event["ts"], payload=payload)
         except (RuleFailed, CascadeLimitExceeded) as error:
-            rejected.append(Rejection(event, _reason(error)))
+            cause = error.__cause__           # the rule's own rejection, if it is one
+            rejected.append(Rejection(event, str(cause if isinstance(cause, BadgeEventRejected) else error)))
             continue
         applied += 1
     return applied, rejected
-
-
-def _reason(error: BaseException) -> str:
-    cause = error.__cause__
-    if isinstance(cause, BadgeEventRejected):
-        return str(cause)
-    return str(error)
 
 
 def _check(event: Any) -> None:

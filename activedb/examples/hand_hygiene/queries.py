@@ -16,16 +16,16 @@ Public interface:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as dt
 from typing import Any, Iterable
 
 from activedb import Coupling, Event, Rule, Transaction, deadletters, streams
 from activedb.errors import RuleFailed
+from activedb.progress import Progress
 from activedb.examples.hand_hygiene import app
 from activedb.examples.hand_hygiene.app import SAFE, STATUS_CHANGED, WORKERS
-from activedb.examples.hand_hygiene.errors import BadgeEventRejected, ImpossibleTransition, MalformedBadgeEvent
+from activedb.examples.hand_hygiene.errors import BadgeEventRejected
 
 ENGINE_NAME = "hand_hygiene"
 STREAM = "estream"
@@ -135,19 +135,11 @@ def record_badge(tx, new) -> None:
     kind = new.constituents[-1].type.lower()
     ts = app.seconds(new.ts) if isinstance(new.ts, dt.datetime) else new.ts     # Spark delivers datetimes
     row = tx.read(WORKERS, worker)
-    values: dict[str, Any] = {"last_event": kind, "last_ts": ts}
+    values = app.reading(kind, room, ts)
     if row is None:
         values.update(status=SAFE, changes=0)
     else:
         values["status"] = row["status"]
-    if kind == "enter":
-        values["room"] = room
-    elif kind == "exit":
-        values.update(room=None, last_exit_room=room, last_exit_ts=ts)
-    elif kind == "sanitize":
-        values["last_sanitize_ts"] = ts
-    elif kind == "mask":
-        values["last_mask_ts"] = ts
     try:
         tx.write(WORKERS, worker, **values)
     except RuleFailed as failure:
@@ -179,33 +171,20 @@ def _is_reading(event: Event) -> bool:
     return event.old is None or event.old.get("status") == event.new.get("status")
 
 
+def _reading_of(event: Event) -> tuple:
+    """The reading in ``event`` against the worker's previous row, as :func:`app.contradiction` takes it."""
+    new, kind = event.new, event.new.get("last_event")
+    return (event.key, kind, new.get("room") if kind == "enter" else new.get("last_exit_room"),
+            (event.old or {}).get("room"), new["last_ts"])
+
+
 def impossible_move(tx: Transaction, event: Event) -> bool:
-    return _is_reading(event) and _contradiction(event) is not None
-
-
-def _contradiction(event: Event) -> str | None:
-    """Why the reading in ``event`` contradicts the worker's previous row, or None."""
-    old, new = event.old or {}, event.new
-    was_in = old.get("room")
-    at = f"t={new['last_ts']:g}"
-    if new.get("last_event") == "enter":
-        if not new.get("room"):
-            return f"enter of {event.key} at {at} names no room"
-        if was_in is not None:
-            return f"{event.key} enters {new['room']} at {at} but his badge places him in {was_in} (no exit seen)"
-    elif new.get("last_event") == "exit":
-        if was_in != new.get("last_exit_room"):
-            return (f"{event.key} exits {new.get('last_exit_room')} at {at} but his badge places him in "
-                    f"{was_in or 'the corridor'}")
-    return None
+    return _is_reading(event) and app.contradiction(*_reading_of(event)) is not None
 
 
 def reject_impossible_move(tx: Transaction, event: Event) -> None:
     """Immediate: reject the reading (its s-transaction aborts; ``compensate_rejected_badge`` commits)."""
-    reason = _contradiction(event)
-    if reason is not None and "names no room" in reason:
-        raise MalformedBadgeEvent(reason)
-    raise ImpossibleTransition(reason)
+    app.check_reading(*_reading_of(event))
 
 
 def status_differs(tx: Transaction, event: Event) -> bool:
@@ -228,13 +207,9 @@ def is_reading(tx: Transaction, event: Event) -> bool:
 
 def compensate_rejected_badge(tx: Transaction, event: Event) -> None:
     """Exclusive causally dependent: commits only if the reading's s-transaction aborted."""
-    new = event.new
-    reason = _contradiction(event) or "its s-transaction aborted"
-    room = new.get("room") if new.get("last_event") == "enter" else new.get("last_exit_room")
-    where = f" {room}" if room else ""
-    tx.insert("compensations", worker=str(event.key), event=str(new.get("last_event")), at=float(new["last_ts"]),
-              reason=f"{new.get('last_event')}{where} at t={new['last_ts']:g} was rejected ({reason}): badge reader "
-                     f"flagged for re-sync, worker asked to badge again")
+    worker, kind, room, _, ts = reading = _reading_of(event)
+    reason = app.contradiction(*reading) or "its s-transaction aborted"
+    app.insert_compensation(tx, worker, kind, room, float(ts), f" ({reason})")
 
 
 def register_rules(db) -> dict[str, Rule]:
@@ -290,12 +265,12 @@ def feed(db, engine: streams.StreamEngine, events: Iterable[dict], *, chunk_size
     plan.append(([], streams.END_OF_STREAM))
     processed = failed = 0
     letters: list[streams.DeadLetter] = []
-    if progress is not None:
-        progress.start("micro-batches", total=len(plan))
+    progress = progress or Progress.none()
+    progress.start("micro-batches", total=len(plan))
     for number, (chunk, punctuation) in enumerate(plan):
         label = "end of stream" if punctuation is streams.END_OF_STREAM else (
             f"events {number * chunk_size + 1}-{number * chunk_size + len(chunk)} of {len(converted)}")
-        with contextlib.nullcontext() if progress is None else progress.step(label):
+        with progress.step(label):
             result = db.run(_process, engine, chunk, punctuation, number)
         processed += result.processed
         failed += result.failed
