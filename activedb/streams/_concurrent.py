@@ -21,7 +21,8 @@ table (:mod:`activedb.streams._locks`) and in what a Read sees:
    (Active CEP Example 5: ``enter^10`` runs while ``exit^2`` still holds its read lock).
 2. **Run**: each s-transaction is a subtransaction spawned on the database's worker
    pool (``tx.spawn``), at most ``workers`` unfinished at once (a window anchored at the
-   oldest unfinished one stalled whenever the oldest waited); the dispatcher then waits for all of them.  Inside, the engine runs the queries and
+   oldest unfinished one stalled whenever the oldest waited); the dispatcher then waits for
+   all of them.  Inside, the engine runs the queries and
    rules (``BatchRun.execute_in``) through this scheduler's store view, which waits for
    the lock of every operation first.
 3. **End**: an :class:`~activedb.Observer` hears the subtransaction commit (its writes
