@@ -20,11 +20,10 @@ table (:mod:`activedb.streams._locks`) and in what a Read sees:
    without holding the later s-transactions' store operations behind the earlier ones'
    (Active CEP Example 5: ``enter^10`` runs while ``exit^2`` still holds its read lock).
 2. **Run**: each s-transaction is a subtransaction spawned on the database's worker
-   pool (``tx.spawn``), at most ``workers`` unfinished at once (a window anchored at the
-   oldest unfinished one stalled whenever the oldest waited); the dispatcher then waits for
-   all of them.  Inside, the engine runs the queries and
-   rules (``BatchRun.execute_in``) through this scheduler's store view, which waits for
-   the lock of every operation first.
+   pool (``tx.spawn``), at most ``workers`` unfinished at once (not counted from the oldest
+   unfinished one, which stalled when it waited); the dispatcher then waits for all of
+   them.  Inside, the engine runs the queries and rules (``BatchRun.execute_in``) through
+   this scheduler's store view, which waits for the lock of every operation first.
 3. **End**: an :class:`~activedb.Observer` hears the subtransaction commit (its writes
    are now in the batch's transaction) or abort (LWM: its versions are dropped first),
    records the end, installs its matcher states, and only then releases its locks —
@@ -345,8 +344,8 @@ class LockingScheduler(Scheduler):
         last_changer: dict[tuple[str, tuple], _Work] = {}
         for stransaction in runnable:
             work = self._dispatch(run, stransaction, plans[stransaction.id], last_changer)
-            # At most `workers` unfinished s-transactions: wait until one ends (a parent waiting
-            # for its children; if the oldest is queued and no worker is free for it, this thread runs it).
+            # At most `workers` unfinished s-transactions: wait until one ends (a parent waiting for
+            # its children; if the oldest is queued and no worker is free, this thread runs it).
             while True:
                 with run._mutex:
                     while oldest < len(works) and works[oldest].done:
