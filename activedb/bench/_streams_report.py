@@ -84,7 +84,10 @@ def headline(report: BenchReport, results: dict[str, Any]) -> None:
                                       "s2pl": [s2pl.get("lock_waits") for _, s2pl in pairs]},
                        "spread_of_repetitions_percent": [round(value * 100, 1) for value in spread],
                        "behind_by_more_than_the_spread": sum(1 for value, noise in zip(difference, spread)
-                                                             if -value > noise)}))
+                                                             if -value > noise),
+                       # The repetitions are taken in turns (S2PL, LWM, ...): the turns in which LWM was ahead.
+                       "turns_lwm_ahead": [f"{sum(a >= b for a, b in zip(lwm['runs'], s2pl['runs']))} of "
+                                           f"{len(lwm['runs'])}" for lwm, s2pl in pairs if "runs" in lwm]}))
     report.notes.append("Per readN, tuple locks, LWM over S2PL in % measured (cost model per HCW; spread of the "
                         "repetitions; lock waits LWM / S2PL): " + "; ".join(
                             f"{read_n}: {value * 100:+.0f} ({model}; {noise * 100:.0f}; {lwm.get('lock_waits')} / "

@@ -15,8 +15,10 @@ microseconds per event in each phase.
 **2. Active CEP's experiments (§6), SEI vs S2PL vs LWM side by side** (its Figs. 5–8, 10–12).  The
 query-rule pool (Active CEP App. G.1: a rule and the query it monitors form a pair; readN,
 the *average* Reads per s-transaction, and writeN are set by choosing pairs from the pool),
-over ``workerStatus`` — one shared tuple per HCW, ``HCWS`` = 16 HCWs (ours: the paper gives
-no number; as many as s-transactions in flight, so that tuple locks conflict):
+over ``workerStatus`` — one shared tuple per HCW (the paper gives no number of HCWs): the
+throughput sweeps spread their events over ``POOL_HCWS`` = 4, a quarter of the s-transactions
+in flight, so that at tuple locks the locks, not the window, bound both schedulers (Fig. 5's
+setting); the latency experiments over ``HCWS`` = 16 (README, the benchmark section):
 
 * the *writer* pair, a status transition: ``QW: SEQ(W)`` with ``RW: UPDATE workerStatus SET
   status = NEW.next WHERE workerID = NEW.HCW-ID`` — it reads the HCW's tuple and writes it,
@@ -49,7 +51,8 @@ Experiments (each point a fresh engine on reset statuses):
   (Fig. 6); **vs writeN** 0.125–1 at readN = 1, tuple (Fig. 7) and table (Fig. 8):
   ``THROUGHPUT_EVENTS`` ordered events in micro-batches of ``BATCH``, throughput =
   processed / T_proc (App. G.2, time inside ``engine.process``), the best of ``REPEAT`` runs
-  taken in turns (SEI, S2PL, LWM, SEI, … — a spell of load from elsewhere falls on all);
+  (``TUPLE_REPEAT`` for S2PL and LWM at tuple locks) taken in turns (SEI, S2PL, LWM, SEI, …
+  — a spell of load from elsewhere falls on all);
 * **combined latency vs seqL** 2–6, underloaded (``UNDERLOADED_RATE`` events/s, tuple
   locks; Fig. 10), relative to the baseline of Fig. 9: the same single query-rule pair
   with no s-transaction scheduler (the unscheduled mode);
@@ -104,9 +107,11 @@ from activedb.streams._versions import VersionStore
 from activedb.testing import check_stream_history
 
 WORKERS = 100
-# Part 2's HCWs, one status tuple each (the paper gives no number): as many as s-transactions in flight
-# (THREADS), so that at tuple locks an s-transaction meets about one other of its HCW — ours, see the README.
+# Part 2's HCWs, one status tuple each (the paper gives no number; ours, see the README): the latency
+# experiments' as many as s-transactions in flight (THREADS), the throughput sweeps' a quarter of them, so
+# that an s-transaction meets about 3 others of its HCW and, at tuple locks, the locks bind (Fig. 5).
 HCWS = 16
+POOL_HCWS = THREADS // 4
 SEED = 7
 BATCH = 1000
 DELAY = 30.0
@@ -136,6 +141,7 @@ COST = float(os.environ.get("ACTIVEDB_BENCH_STREAMS_COST_MS", "1")) / 1000
 THROUGHPUT_EVENTS = 600
 THROUGHPUT_BATCH = 300
 REPEAT = 3                          # throughput: best of REPEAT runs, taken in turns (the machine is shared)
+TUPLE_REPEAT = 5                    # S2PL and LWM at tuple locks: their difference is smaller than at table locks
 READ_N = (1, 2, 3, 4, 5, 6)
 WRITE_N = (0.125, 0.25, 0.5, 1.0)
 SEQ_L = (2, 3, 4, 5, 6)
@@ -299,7 +305,7 @@ def pattern_definitions(seq_l: int, readers: bool) -> str:
 
 def pool_events(count: int, write_n: float, read_n: float, rng: random.Random,
                 spacing: float = 0.01) -> list[streams.StreamEvent]:
-    """``count`` events over ``HCWS`` HCWs at random, a fraction ``write_n`` of them ``W`` (the
+    """``count`` events over ``POOL_HCWS`` HCWs at random, a fraction ``write_n`` of them ``W`` (the
     writer pair: one Read, one Write), the rest ``E``; each event's ``reads`` says how many Reads
     its s-transaction does, the E events sharing out the rest so that the mean over all
     s-transactions is ``read_n`` (Active CEP Table 1: readN, the *average* Reads per
@@ -309,7 +315,7 @@ def pool_events(count: int, write_n: float, read_n: float, rng: random.Random,
     share, left = divmod(max(0, round(read_n * count) - len(writers)), len(readers)) if readers else (0, 0)
     more = set(rng.sample(readers, left))
     return [streams.StreamEvent("W" if index in writers else "E", round(index * spacing, 6),
-                                {"HCW-ID": f"w{rng.randrange(HCWS):02d}", "next": rng.choice(("safe", "warning")),
+                                {"HCW-ID": f"w{rng.randrange(POOL_HCWS):02d}", "next": rng.choice(("safe", "warning")),
                                  "reads": 1 if index in writers else share + (index in more)})
             for index in range(count)]
 
@@ -461,12 +467,14 @@ def run_experiments(database, quick: bool) -> dict[str, Any]:
     rates = (200, 2000) if quick else RATES
     count = 120 if quick else THROUGHPUT_EVENTS
     repeat = 1 if quick else REPEAT
+    tuple_repeat = 1 if quick else TUPLE_REPEAT
     seconds = 0.5 if quick else RATE_SECONDS
     underloaded_seconds = 0.5 if quick else UNDERLOADED_SECONDS
     cost = SleepCost(COST)
     results: dict[str, Any] = {"parameters": {
-        "cost_seconds_per_operation": COST, "threads": THREADS, "workers": WORKERS, "hcws": HCWS, "throughput_events": count,
-        "throughput_repeat": repeat, "rate_repeat": repeat,
+        "cost_seconds_per_operation": COST, "threads": THREADS, "workers": WORKERS, "hcws": HCWS,
+        "pool_hcws": POOL_HCWS, "throughput_events": count, "throughput_repeat": repeat, "tuple_repeat": tuple_repeat,
+        "rate_repeat": repeat,
         "throughput_batch": THROUGHPUT_BATCH, "underloaded_rate": UNDERLOADED_RATE, "rate_seconds": seconds,
         "load_average_at_start": round(os.getloadavg()[0], 2)}}
 
@@ -482,8 +490,10 @@ def run_experiments(database, quick: bool) -> dict[str, Any]:
             # The repetitions go round the schedulers (SEI, S2PL, LWM, SEI, …), so that a spell of
             # load from elsewhere on the machine falls on all of them, not on one scheduler's runs.
             runs: dict[tuple[str, str], list] = {configuration: [] for configuration in configurations}
-            for _ in range(repeat):
+            for turn in range(max(repeat, tuple_repeat)):
                 for name, granularity in configurations:
+                    if turn >= (tuple_repeat if granularity == "tuple" and name != "sei" else repeat):
+                        continue
                     # LWM's writer chain is timed at table locks (hooks on both concurrent schedulers: same overhead).
                     chain = WriterChain() if name != "sei" else None
                     runs[(name, granularity)].append(throughput_once(

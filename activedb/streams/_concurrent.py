@@ -20,10 +20,10 @@ table (:mod:`activedb.streams._locks`) and in what a Read sees:
    without holding the later s-transactions' store operations behind the earlier ones'
    (Active CEP Example 5: ``enter^10`` runs while ``exit^2`` still holds its read lock).
 2. **Run**: each s-transaction is a subtransaction spawned on the database's worker
-   pool (``tx.spawn``), at most ``workers`` at a time beyond the oldest unfinished one;
-   the dispatcher then waits for all of them.  Inside, the engine runs the queries and
-   rules (``BatchRun.execute_in``) through this scheduler's store view, which waits for
-   the lock of every operation first.
+   pool (``tx.spawn``), at most ``workers`` unfinished at once (not counted from the oldest
+   unfinished one, which stalled when it waited); the dispatcher then waits for all of
+   them.  Inside, the engine runs the queries and rules (``BatchRun.execute_in``) through
+   this scheduler's store view, which waits for the lock of every operation first.
 3. **End**: an :class:`~activedb.Observer` hears the subtransaction commit (its writes
    are now in the batch's transaction) or abort (LWM: its versions are dropped first),
    records the end, installs its matcher states, and only then releases its locks —
@@ -153,9 +153,11 @@ class _Run:
         self.by_node: dict[str, _Work] = {}
         self.base_states: dict[tuple[str, tuple], PartitionState | None] = {}
         self.versions: VersionStore | None = None
-        # Protects by_node, floor_index, in_flight, max_in_flight and each work's started/ending/done (a leaf).
+        # Protects by_node, floor_index, ended, in_flight, max_in_flight, each work's started/ending/done (a leaf).
         self._mutex = threading.Lock()
         self.floor_index = 0               # works[:floor_index] have all ended
+        self.ended = 0                     # works done; `wake` is notified at each
+        self.wake = threading.Condition(self._mutex)
         self.in_flight = 0
         self.max_in_flight = 0
         self.order_waits = 0
@@ -192,8 +194,8 @@ class LockingScheduler(Scheduler):
 
     * ``granularity`` — ``"tuple"`` (a row where Algorithm 1 derives its key from the
       event, else the table) or ``"table"`` (every lock on its table);
-    * ``workers`` — how many s-transactions may run at once beyond the oldest unfinished
-      one (they run on ``db``'s worker pool, whose size bounds it too);
+    * ``workers`` — how many s-transactions may be unfinished at once (they run on ``db``'s
+      worker pool, whose size bounds it too);
     * ``hooks`` — :class:`SchedulerHooks` for tests;
     * ``lock_table`` — the lock-table class (tests give deliberately broken ones).
     """
@@ -336,20 +338,28 @@ class LockingScheduler(Scheduler):
         locks and those of every earlier one are in — the later ones' locks cannot hold it back
         (every wait is for an earlier owner), so the dispatcher's work overlaps the runs."""
         tx = run.batch.tx
+        manager = tx.manager
         oldest = 0
         works = run.works
         last_changer: dict[tuple[str, tuple], _Work] = {}
         for stransaction in runnable:
             work = self._dispatch(run, stransaction, plans[stransaction.id], last_changer)
-            # At most `workers` s-transactions beyond the oldest unfinished one: wait for it
-            # (a parent waiting for its child; if no worker took it yet, this thread runs it).
+            # At most `workers` unfinished s-transactions: wait until one ends (a parent waiting for
+            # its children; if the oldest is queued and no worker is free, this thread runs it).
             while True:
                 with run._mutex:
                     while oldest < len(works) and works[oldest].done:
                         oldest += 1
-                    if work.index - oldest < self.workers:
+                    if work.index - run.ended < self.workers:
                         break
-                self._settle(run, works[oldest])
+                    running = works[oldest].started
+                pool = manager.pool.statistics()
+                if not running and not pool["idle"] and pool["threads"] >= manager.pool.max_workers:
+                    self._settle(run, works[oldest])
+                    continue
+                with manager.waiting(tx, WaitKind.CHILDREN, works[oldest].handle.transaction.id), run._mutex:
+                    if work.index - run.ended >= self.workers:
+                        run.wake.wait()
             if run.broken is not None:
                 break
             work.handle = tx.spawn(self._work, run, work, name=f"s-transaction {work.stransaction.event.describe()}")
@@ -435,6 +445,8 @@ class LockingScheduler(Scheduler):
             run.table.end(work.owner)
             with run._mutex:
                 work.done = True
+                run.ended += 1
+                run.wake.notify()
                 if ran:
                     run.in_flight -= 1
                 works = run.works

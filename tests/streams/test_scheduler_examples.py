@@ -256,6 +256,24 @@ def test_example_5_t2_commits_before_the_stalled_t1_under_lwm_only(db, name, gra
     assert no_aborts(engine)
 
 
+@pytest.mark.parametrize("name", ["lwm", "s2pl"])
+def test_workers_bounds_the_unfinished_s_transactions_not_the_distance_from_the_oldest(db, name):
+    """``workers=2``: with the oldest s-transaction stalled, a third independent one (another
+    worker's row) still starts once the second has ended — at most 2 unfinished at once."""
+    set_status(db, w1="safe", w2="safe", w3="safe")
+    gates = Gates(("EXIT^2", "started"))
+    scheduler = (streams.LWMScheduler if name == "lwm" else streams.S2PLScheduler)(workers=2, hooks=gates)
+    engine = hygiene_engine(db, scheduler=scheduler)
+    with Watchdog(TIMEOUT, db.transactions.locks):
+        feed = Feed(engine, [badge("EXIT", 2, "w1"), badge("EXIT", 3, "w2"), badge("EXIT", 4, "w3")])
+        wait_until(lambda: gates.reached("EXIT^4", "started"), TIMEOUT, "EXIT^4 to start beside the stalled EXIT^2")
+        assert "EXIT^3" in commits(engine) and "EXIT^2" not in commits(engine)
+        gates.open("EXIT^2", "started")
+        feed.join()
+    assert sorted(commits(engine)) == ["EXIT^2", "EXIT^3", "EXIT^4"]
+    check_stream_history(engine.history.snapshot()).assert_ok()
+
+
 def test_lwm_reads_never_block_writes_and_see_the_older_version(db):
     """A Read at 1 held back until after a Write at 5 committed still sees the value before
     it (multi-versioning); under S2PL the same Write waits for the Read instead."""
