@@ -301,14 +301,13 @@ def execute(batches: Compensations, compensation: CompensationPlan, *, allow_uns
         except (UnsafeUndo, NoCompensation):
             raise
         except Exception as error:
-            database = isinstance(error, DatabaseError)
-            if database and error.sqlstate == "23505" and _compensated(batches, tid):
+            if isinstance(error, DatabaseError) and error.sqlstate == "23505" and _compensated(batches, tid):
                 logger.info("%s was compensated meanwhile by another run; skipped", tid)
                 continue
+            cause = error if isinstance(error, DatabaseError) else repr(error)
             raise CompensationFailed(
-                f"compensating {tid} failed: {error if database else repr(error)}; {len(report.compensated)} "
-                f"transaction(s) before it were compensated and recorded — {'' if database else 'fix the cause and '}"
-                f"run the same compensation again to resume") from error
+                f"compensating {tid} failed: {cause}; {len(report.compensated)} transaction(s) before it were "
+                f"compensated and recorded — fix the cause and run the same compensation again to resume") from error
         report.compensated.append(tid)
     return report
 

@@ -381,20 +381,34 @@ def route(router: Router, declare, batch: list[BatchEvent], count: int,
     return routing
 
 
-def _compile_union_all():
-    """``union_all(states, ids_of, parents, numbered) -> number``: :func:`route`'s union-find step for
-    the states of one transaction (the general path: declared events, markers), the same step
-    ``_compile_unite`` writes out per plan; returns the number of its first state (-1: none)."""
-    namespace: dict[str, Any] = {}
-    exec("def union_all(states, ids_of, parents, numbered):\n    first = -1\n"      # noqa: S102 - fixed text
-         "    for table0, key in states:\n        ids0 = ids_of.get(table0)\n        if ids0 is None:\n"
-         "            ids0 = ids_of[table0] = {}\n"
-         + _JOIN.format(indent="        ", i=0).replace("states.append", "numbered.append") + "    return first\n",
-         namespace)
-    return namespace["union_all"]
-
-
-_union_all = _compile_union_all()
+def _union_all(states: list, ids_of: dict, parents: list[int], states_of_number: list) -> int:
+    """Union the states of one transaction (the general path: declared events, markers);
+    returns the number of its first state (-1: none).  The same step as ``_JOIN``, which
+    ``_compile_unite`` writes out per plan."""
+    first = -1
+    for state in states:
+        ids = ids_of.get(state[0])
+        if ids is None:
+            ids = ids_of[state[0]] = {}
+        number = ids.get(state[1])
+        if number is None:
+            number = ids[state[1]] = len(parents)
+            states_of_number.append(state)
+            parents.append(number if first < 0 else first)
+            if first < 0:
+                first = number
+            continue
+        above = parents[number]
+        while above != number:             # find, halving the path
+            grand = parents[above]
+            parents[number] = grand
+            number = grand
+            above = parents[number]
+        if first < 0:
+            first = number
+        elif number != first:
+            parents[number] = first
+    return first
 
 
 def _link(parents: list[int], one: int, other: int) -> None:
