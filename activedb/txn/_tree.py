@@ -28,7 +28,7 @@ from activedb.txn._children import _ABORTED, _ACTIVE, _COMMITTED, _COMMITTING, _
 from activedb.txn._participants import CommitParticipant
 from activedb.txn._reads import Reads
 from activedb.txn._view import TreeRows
-from activedb.txn._writes import Writes
+from activedb.txn._writes import Writes, take_back_writes
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.store import Entry, Key
@@ -50,11 +50,11 @@ class Transaction(Reads, Writes, Children):
     __slots__ = ("manager", "parent", "root", "depth", "id", "name", "began_at", "info", "subtransactions_committed",
                  "_mutex", "_state", "_children", "_tasks", "_writes", "_db_reads", "_scans", "_participants",
                  "_slots", "_doomed", "_thread", "_read_base", "_holds", "_lazy", "_lazy_child", "_table_held",
-                 "_table_retained", "_grants", "_frame", "_tree_rows", "__weakref__")
+                 "_table_retained", "_grants", "_frame", "_undo", "_tree_rows", "__weakref__")
 
     def __init__(self, manager: "TransactionManager", parent: "Transaction | None", *,
                  name: str | None = None, read_base: "ReadBase | None" = None, inline: bool = False,
-                 lazy: bool = False):
+                 lazy: bool = False, frame: bool = False):
         self.manager = manager
         self.parent = parent
         self.root: Transaction = parent.root if parent is not None else self
@@ -78,7 +78,8 @@ class Transaction(Reads, Writes, Children):
         # every container is work for the garbage collector.)
         self._children: dict[str, Transaction] = _EMPTY
         self._tasks: dict[str, Task] = _EMPTY
-        self._writes: dict[tuple[str, Key], Entry] = {}
+        # (A frame writes into its parent's write set: its own stays empty, README "Frames".)
+        self._writes: dict[tuple[str, Key], Entry] = _EMPTY if frame else {}
         # Committed images this node relied on (None: no row), validated at the flush (see _view).
         self._db_reads: dict[tuple[str, Key], dict | None] = {}
         self._scans: list[tuple[str, Any, dict]] = _NONE
@@ -107,9 +108,11 @@ class Transaction(Reads, Writes, Children):
         self._table_retained: dict[str, Mode] | None = None
         self._grants: list | None = None
         # True while this lazy inline child is a *frame* (README, "Frames"): not registered among its
-        # parent's children (the parent's ``_lazy_child`` is the reference), ended by ``_end_frame``.
+        # parent's children (the parent's ``_lazy_child`` is the reference), ended by ``_end_frame``; it
+        # writes into its parent's write set, ``_undo`` the marks (``_writes.write_in_parent``).
         # Materializing makes it an ordinary node.
-        self._frame = False
+        self._frame = frame
+        self._undo: dict | None = None
         if not lazy:
             manager.locking.begin(self, awaited=inline)
         recorder = manager.recorder
@@ -298,6 +301,8 @@ class Transaction(Reads, Writes, Children):
             self._state = _ABORTED
             self._writes = {}
             participants, self._participants = self._participants, _NONE
+        if self._undo:
+            take_back_writes(self, keep=False)      # a frame's writes leave its parent's write set
         manager = self.manager
         manager.locking.abort(self)
         self.wait_children()
@@ -332,6 +337,7 @@ def _end_frame(node: Transaction) -> None:
     except BaseException as error:
         node.abort(error)
         raise
+    node._undo = None     # its writes are its parent's already (Rule 2): the marks go
     manager = node.manager
     manager.locking.commit(node)
     node._state = _COMMITTED
