@@ -325,15 +325,21 @@ class Transaction(Reads, Writes, Children):
 
 def _end_frame(node: Transaction) -> None:
     """The rest of ``commit`` for a frame (README, "Frames"): it has no children, holds nothing of its own
-    (its locks are its parent's holds) and is known to nobody but its parent and its thread, so it moves to
-    COMMITTED without the intermediate step, delegates, and its parent's holds become retained (Rule 2); no
-    ``forget``: it was never registered."""
+    (its locks are its parent's retains, its writes in its parent's write set) and is known to nobody but its
+    parent and its thread, so it moves to COMMITTED without the intermediate step, delegates what else it has
+    and drops its undo marks (Rule 2); no ``forget``: it was never registered."""
     if node._state is not _ACTIVE:
         raise TransactionError(f"commit of {node.id}, which is {node._state.value}")
     try:
         if node._doomed is not None:
             raise TransactionAborted(f"transaction {node.id} was aborted ({node._doomed})") from node._doomed
-        _delegate_to_parent(node)
+        if node._db_reads or node._scans or node._participants:
+            _delegate_to_parent(node)
+        else:       # nothing to hand up but its count: its writes are in its parent's write set already
+            parent = node.parent
+            if (parent._state is not _ACTIVE and parent._state is not _COMMITTING) or parent._doomed is not None:
+                raise TransactionAborted(f"the parent {parent.id} of {node.id} was aborted")
+            parent.subtransactions_committed += 1 + node.subtransactions_committed
     except BaseException as error:
         node.abort(error)
         raise
@@ -353,12 +359,9 @@ def _delegate_to_parent(node: Transaction) -> None:
     """Rule 2 for ``node``'s effects: its write set, relied-on images, scans and participants move to its
     parent (checked and composed first: a failure leaves the parent untouched)."""
     parent = node.parent
-    if node._frame:      # no other thread knows a frame (README, "Frames"): its own mutex is not needed
-        writes, reads, scans, participants = node._writes, node._db_reads, node._scans, node._participants
-    else:
-        with node._mutex:
-            writes, reads, scans = node._writes, node._db_reads, node._scans
-            participants = node._participants
+    with node._mutex:
+        writes, reads, scans = node._writes, node._db_reads, node._scans
+        participants = node._participants
     with parent._mutex:
         state = parent._state
         if (state is not _ACTIVE and state is not _COMMITTING) or parent._doomed is not None:
