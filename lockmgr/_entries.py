@@ -312,8 +312,9 @@ def _release(lock: _Lock, txn: _Txn) -> None:
 def _release_all(locks: dict, txn: _Txn) -> list[_Lock]:
     """Release ``txn``'s entries in every lock of ``locks`` that has no waiters, each under its stripe mutex
     only (no wait edge depends on a lock without waiters).  Returns the locks with waiters, which the
-    caller must release with the graph mutex held and then regrant.  (``_release``, inlined: this loop is
-    the release half of every acquire+release pair.)"""
+    caller must release with the graph mutex held and then regrant.  (``_release`` and ``_discard_if_empty``,
+    inlined: this loop is the release half of every acquire+release pair, and of every lock a lazily run
+    savepoint had retained in its parent's name.)"""
     deferred = []
     for resource, lock in locks.items():
         mutex = lock.stripe.mutex
@@ -321,14 +322,18 @@ def _release_all(locks: dict, txn: _Txn) -> list[_Lock]:
         try:
             if lock.waiters is None:
                 held = lock.held
-                if held.pop(txn, None) is not None and not held and lock.retained is None:
+                held.pop(txn, None)
+                retained = lock.retained
+                if retained is not None:
+                    retained.pop(txn, None)
+                    if not retained:
+                        lock.retained = retained = None
+                if not held and retained is None:
                     stripe = lock.stripe
                     del stripe.locks[resource]  # listed in txn.locks => still in the table (invariant)
                     free = stripe.free
                     if len(free) < _FREE_LOCKS_PER_STRIPE:
                         free.append(lock)
-                else:
-                    _release(lock, txn)
             else:
                 deferred.append(lock)
         finally:

@@ -48,20 +48,17 @@ class RuleContext:
       until the first; also the tree's firing record, added to the manager's counters when the tree ends);
     * ``couplings``: the coupling of each rule of ``firings`` (for the per-mode counters).
 
-    A plain class with slots (one is created per rule firing: it must cost little).
+    A plain class whose fields default to the class's None (one is created per rule firing: it must cost
+    little, and ``RuleContext()`` runs no Python code).
     """
 
-    __slots__ = ("firing", "deferred_queue", "gate_key", "gate_wait_target", "gate_report", "firings",
-                 "couplings")
-
-    def __init__(self) -> None:
-        self.firing: "Firing | None" = None
-        self.deferred_queue: "DeferredQueue | None" = None
-        self.gate_key: GateKey | None = None
-        self.gate_wait_target: str | None = None
-        self.gate_report: GateKey | None = None
-        self.firings: dict[str, int] | None = None
-        self.couplings: dict[str, "Coupling"] | None = None
+    firing: "Firing | None" = None
+    deferred_queue: "DeferredQueue | None" = None
+    gate_key: GateKey | None = None
+    gate_wait_target: str | None = None
+    gate_report: GateKey | None = None
+    firings: dict[str, int] | None = None
+    couplings: dict[str, "Coupling"] | None = None
 
 
 def chain_of(transaction: "Transaction") -> tuple[str, ...]:

@@ -186,13 +186,17 @@ class RuleManager(TransactionExtension):
             raise CascadeLimitExceeded(
                 f"rule cascade deeper than {self.max_cascade_depth} in transaction {transaction.id}: {names}; "
                 f"break the cycle or raise max_cascade_depth", [*chain, *(rule.name for rule in rules)])
-        if len(rules) == 1:                 # the common case, without the comprehension's call
+        self.record.dispatched(transaction.root, rules)
+        if len(rules) == 1:                 # the common case, without the comprehension's call and lists
             rule = rules[0]
-            firings = [Firing(rule, event, (*chain, rule.name), rule.coupling, next(self._numbers))]
+            firing = Firing(rule, event, (*chain, rule.name), rule.coupling, next(self._numbers))
+            if firing.coupling is _IMMEDIATE:
+                self._run_groups(transaction, (firing,), "immediate")
+                return
+            firings = (firing,)
         else:
             firings = [Firing(rule, event, (*chain, rule.name), rule.coupling, next(self._numbers))
                        for rule in rules]
-        self.record.dispatched(transaction.root, rules)
         immediate = []
         for firing in firings:
             coupling = firing.coupling

@@ -105,7 +105,7 @@ class FunctionRule(Rule):
         return self._action(tx, event)
 
 
-@dataclass
+@dataclass(slots=True)
 class Firing:
     """One rule firing: the rule, the event, the cascade chain (names, outermost first)."""
 

@@ -173,22 +173,28 @@ class Children:
 
 
 def _begin_inline(parent: "Transaction", name: str | None) -> "Transaction":
-    """Create an inline child of ``parent`` (a frame when it can be one: README, "Frames") and make it the
-    transaction this thread runs; extensions and observers hear of its begin."""
+    """Create an inline child of ``parent`` and make it the transaction this thread runs; extensions and
+    observers hear of its begin.  It is a *frame* (README, "Frames") when ``parent`` is not lazy and has no
+    live child and no observer wants node events: a lazy child that is not registered among the children."""
     manager = parent.manager
     observers = manager.observers
     if (manager.subtransactions is Subtransactions.FRAMES and not parent._lazy and parent._lazy_child is None
             and not parent._children and not (observers.on_begin or observers.on_spawn or observers.on_commit
                                             or observers.on_abort)):
-        child = _new_frame(parent, name)
+        if parent._doomed is not None or parent._state is not _ACTIVE:
+            parent._check_active("starting a subtransaction")
+        manager.locking.release_holds(parent)
+        child = parent._lazy_child = type(parent)(manager, parent, name=name, inline=True, lazy=True, frame=True)
+        if manager.recorder:
+            manager.recorder.record("spawn", parent.id, root=parent.root.id, detail=child.id)
     else:
         child = _new_child(parent, name, inline=True)
     manager.push_running(child)
     try:
         for hook in manager.extensions.on_begin:
             hook(child)
-        if manager.observers.on_begin:
-            manager.observers.call("on_begin", child)
+        if observers.on_begin:
+            observers.call("on_begin", child)
     except BaseException as error:
         child.abort(error)
         manager.pop_running()
@@ -205,22 +211,6 @@ def _end_inline(child: "Transaction", error: BaseException | None) -> None:
             child.commit()
     finally:
         child.manager.pop_running()
-
-
-def _new_frame(parent: "Transaction", name: str | None) -> "Transaction":
-    """A lazy inline child of ``parent`` that is a frame (README, "Frames"): ``_new_child`` without the
-    registration among the children (the caller checked that ``parent`` is not lazy and has no live child,
-    and that no observer wants node events)."""
-    if parent._doomed is not None or parent._state is not _ACTIVE:
-        parent._check_active("starting a subtransaction")
-    manager = parent.manager
-    manager.locking.release_holds(parent)
-    child = type(parent)(manager, parent, name=name, inline=True, lazy=True)
-    child._frame = True
-    parent._lazy_child = child
-    if manager.recorder:
-        manager.recorder.record("spawn", parent.id, root=parent.root.id, detail=child.id)
-    return child
 
 
 class InlineSubtransaction:

@@ -31,6 +31,7 @@ import lockmgr
 from lockmgr import Deadlock, LockTimeout, Mode, covers, join
 
 from activedb.errors import TransactionAborted
+from activedb.txn._writes import take_back_writes
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.store import Key, TableInfo
@@ -122,6 +123,7 @@ class Locking:
             # A frame becomes an ordinary node: registered among its parent's children from now on.
             with parent._mutex:
                 parent._children = {**parent._children, node.id: node}
+            take_back_writes(node, keep=True)     # its writes become its own write set
             node._frame = False
         grants, node._grants = node._grants, None
         try:

@@ -28,7 +28,7 @@ from activedb.txn._children import _ABORTED, _ACTIVE, _COMMITTED, _COMMITTING, _
 from activedb.txn._participants import CommitParticipant
 from activedb.txn._reads import Reads
 from activedb.txn._view import TreeRows
-from activedb.txn._writes import Writes
+from activedb.txn._writes import Writes, take_back_writes
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.store import Entry, Key
@@ -50,11 +50,11 @@ class Transaction(Reads, Writes, Children):
     __slots__ = ("manager", "parent", "root", "depth", "id", "name", "began_at", "info", "subtransactions_committed",
                  "_mutex", "_state", "_children", "_tasks", "_writes", "_db_reads", "_scans", "_participants",
                  "_slots", "_doomed", "_thread", "_read_base", "_holds", "_lazy", "_lazy_child", "_table_held",
-                 "_table_retained", "_grants", "_frame", "_tree_rows", "__weakref__")
+                 "_table_retained", "_grants", "_frame", "_undo", "_tree_rows", "__weakref__")
 
     def __init__(self, manager: "TransactionManager", parent: "Transaction | None", *,
                  name: str | None = None, read_base: "ReadBase | None" = None, inline: bool = False,
-                 lazy: bool = False):
+                 lazy: bool = False, frame: bool = False):
         self.manager = manager
         self.parent = parent
         self.root: Transaction = parent.root if parent is not None else self
@@ -78,7 +78,8 @@ class Transaction(Reads, Writes, Children):
         # every container is work for the garbage collector.)
         self._children: dict[str, Transaction] = _EMPTY
         self._tasks: dict[str, Task] = _EMPTY
-        self._writes: dict[tuple[str, Key], Entry] = {}
+        # (A frame writes into its parent's write set: its own stays empty, README "Frames".)
+        self._writes: dict[tuple[str, Key], Entry] = _EMPTY if frame else {}
         # Committed images this node relied on (None: no row), validated at the flush (see _view).
         self._db_reads: dict[tuple[str, Key], dict | None] = {}
         self._scans: list[tuple[str, Any, dict]] = _NONE
@@ -107,9 +108,11 @@ class Transaction(Reads, Writes, Children):
         self._table_retained: dict[str, Mode] | None = None
         self._grants: list | None = None
         # True while this lazy inline child is a *frame* (README, "Frames"): not registered among its
-        # parent's children (the parent's ``_lazy_child`` is the reference), ended by ``_end_frame``.
+        # parent's children (the parent's ``_lazy_child`` is the reference), ended by ``_end_frame``; it
+        # writes into its parent's write set, ``_undo`` the marks (``_writes.write_in_parent``).
         # Materializing makes it an ordinary node.
-        self._frame = False
+        self._frame = frame
+        self._undo: dict | None = None
         if not lazy:
             manager.locking.begin(self, awaited=inline)
         recorder = manager.recorder
@@ -298,6 +301,8 @@ class Transaction(Reads, Writes, Children):
             self._state = _ABORTED
             self._writes = {}
             participants, self._participants = self._participants, _NONE
+        if self._undo:
+            take_back_writes(self, keep=False)      # a frame's writes leave its parent's write set
         manager = self.manager
         manager.locking.abort(self)
         self.wait_children()
@@ -320,18 +325,25 @@ class Transaction(Reads, Writes, Children):
 
 def _end_frame(node: Transaction) -> None:
     """The rest of ``commit`` for a frame (README, "Frames"): it has no children, holds nothing of its own
-    (its locks are its parent's holds) and is known to nobody but its parent and its thread, so it moves to
-    COMMITTED without the intermediate step, delegates, and its parent's holds become retained (Rule 2); no
-    ``forget``: it was never registered."""
+    (its locks are its parent's retains, its writes in its parent's write set) and is known to nobody but its
+    parent and its thread, so it moves to COMMITTED without the intermediate step, delegates what else it has
+    and drops its undo marks (Rule 2); no ``forget``: it was never registered."""
     if node._state is not _ACTIVE:
         raise TransactionError(f"commit of {node.id}, which is {node._state.value}")
     try:
         if node._doomed is not None:
             raise TransactionAborted(f"transaction {node.id} was aborted ({node._doomed})") from node._doomed
-        _delegate_to_parent(node)
+        if node._db_reads or node._scans or node._participants:
+            _delegate_to_parent(node)
+        else:       # nothing to hand up but its count: its writes are in its parent's write set already
+            parent = node.parent
+            if (parent._state is not _ACTIVE and parent._state is not _COMMITTING) or parent._doomed is not None:
+                raise TransactionAborted(f"the parent {parent.id} of {node.id} was aborted")
+            parent.subtransactions_committed += 1 + node.subtransactions_committed
     except BaseException as error:
         node.abort(error)
         raise
+    node._undo = None     # its writes are its parent's already (Rule 2): the marks go
     manager = node.manager
     manager.locking.commit(node)
     node._state = _COMMITTED
@@ -347,12 +359,9 @@ def _delegate_to_parent(node: Transaction) -> None:
     """Rule 2 for ``node``'s effects: its write set, relied-on images, scans and participants move to its
     parent (checked and composed first: a failure leaves the parent untouched)."""
     parent = node.parent
-    if node._frame:      # no other thread knows a frame (README, "Frames"): its own mutex is not needed
-        writes, reads, scans, participants = node._writes, node._db_reads, node._scans, node._participants
-    else:
-        with node._mutex:
-            writes, reads, scans = node._writes, node._db_reads, node._scans
-            participants = node._participants
+    with node._mutex:
+        writes, reads, scans = node._writes, node._db_reads, node._scans
+        participants = node._participants
     with parent._mutex:
         state = parent._state
         if (state is not _ACTIVE and state is not _COMMITTING) or parent._doomed is not None:

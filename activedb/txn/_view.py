@@ -197,7 +197,7 @@ def read_row(node: "Transaction", info: TableInfo, key: Key, *, record: bool = T
     recorder = node.manager.recorder
     if recorder and record:
         recorder.record("read", node.id, root=node.root.id, table=info.name, key=key, value=image,
-                        source="own" if source is node else f"ancestor:{source.id}")
+                        source="own" if source is node or (node._undo and row in node._undo) else f"ancestor:{source.id}")
     return image
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Mapping
 
-from lockmgr import Mode
+from lockmgr import Mode, TxnState
 
 from activedb.errors import DuplicateKey, InvalidKey
 from activedb.events import Event, EventKind
@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
 # Enum members as module constants: cheaper than the class attribute lookup on the hot path.
 _PATCH, _INSERT, _DELETE = EntryKind.PATCH, EntryKind.INSERT, EntryKind.DELETE
 _WRITE, _STREAM = Mode.WRITE, EventKind.STREAM
+_ABORTED = TxnState.ABORTED
 
 
 class Writes:
@@ -83,11 +84,14 @@ class Writes:
                 f"insert into {info.name!r}: a row with key {key!r} already exists; use write() to upsert"
             )
         row = (info.name, key)
-        if self.parent is not None:
-            self._tree_rows.written.add(row)    # before the entry (``_view.TreeRows``)
-        with self._mutex:
-            previous = self._writes.get(row)
-            self._writes[row] = previous.then(entry, info.name) if previous else entry
+        if self._frame:
+            write_in_parent(self, row, entry, info.name)
+        else:
+            if self.parent is not None:
+                self._tree_rows.written.add(row)    # before the entry (``_view.TreeRows``)
+            with self._mutex:
+                previous = self._writes.get(row)
+                self._writes[row] = previous.then(entry, info.name) if previous else entry
         recorder = self.manager.recorder
         if recorder:
             recorder.record("write", self.id, root=self.root.id, table=info.name, key=key, value=entry)
@@ -142,6 +146,51 @@ class Writes:
                       transaction=self.id)
         for hook in self.manager.extensions.on_event:
             hook(self, event)
+
+
+def write_in_parent(node: "Transaction", row: tuple, entry: Entry, table: str) -> None:
+    """The frame ``node`` writes ``entry`` into its parent's write set, composed with the parent's entry
+    as its commit would compose it, and marks the row in ``node._undo``: (the parent's entry before the
+    frame's first write of the row or None, the frame's own entry).  No mutex: the parent has no other
+    child and its thread runs the frame (README, "Frames")."""
+    parent = node.parent
+    if parent.parent is not None:
+        node._tree_rows.written.add(row)    # the entry is on a node below the root (``_view.TreeRows``)
+    writes = parent._writes
+    current = writes.get(row)
+    undo = node._undo
+    mark = undo.get(row) if undo is not None else None
+    own = mark[1].then(entry, table) if mark is not None else entry      # raises as the frame's own would
+    composed = current.then(entry, table) if current is not None else entry
+    if undo is None:
+        node._undo = {row: (current, own)}
+    elif mark is None:
+        undo[row] = (current, own)
+    else:
+        undo[row] = (mark[0], own)
+    writes[row] = composed
+
+
+def take_back_writes(node: "Transaction", *, keep: bool) -> None:
+    """The frame ``node``'s writes leave its parent's write set (each row's entry as it was before the
+    frame's first write of it): discarded (it aborts), or ``keep``: its own write set from now on (it
+    materializes).  Called by the frame's thread."""
+    undo, node._undo = node._undo, None
+    if keep:
+        node._tree_rows.written.update(undo or ())     # before the entries: node is below the root
+        node._writes = {row: own for row, (_, own) in undo.items()} if undo else {}
+    if not undo:
+        return
+    parent = node.parent
+    with parent._mutex:
+        if parent._state is _ABORTED:
+            return                               # its write set is gone with it
+        writes = parent._writes
+        for row, (previous, _) in undo.items():
+            if previous is None:
+                writes.pop(row, None)
+            else:
+                writes[row] = previous
 
 
 def _values_without_key(info: TableInfo, key: Key, values: dict) -> dict:

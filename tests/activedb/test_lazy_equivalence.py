@@ -354,3 +354,66 @@ def test_an_inline_child_is_a_frame_until_it_needs_a_node(db, use):
                 assert child._frame is False
                 assert tx.children == [child]
             assert tx.children == []
+
+
+def _overwrites(db, representation: Subtransactions) -> tuple:
+    """Children overwriting their ancestors' writes of one row: one aborts while it is a frame, a chain of
+    three nested children whose middle one aborts after its child committed, and a frame that writes, then
+    falls back to a node (it opens a child) and writes again: every value read and the final table."""
+    db.transactions.subtransactions = representation
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM items"))
+    seen = []
+    try:
+        with db.transaction() as tx:
+            tx.write("items", "a", value=1)
+            try:
+                with tx.subtransaction() as child:              # overwrites its parent's write, then aborts
+                    child.write("items", "a", value=2)
+                    child.insert("items", key="n", value=9)
+                    seen.append(child.read("items", "a"))
+                    raise Planned("child")
+            except Planned:
+                pass
+            seen.append((tx.read("items", "a"), tx.read("items", "n")))
+            with tx.subtransaction() as first:
+                first.write("items", "a", value=3)
+                try:
+                    with first.subtransaction() as middle:
+                        middle.write("items", "a", value=4)
+                        with middle.subtransaction() as inner:
+                            inner.write("items", "a", value=5)
+                        seen.append(middle.read("items", "a"))
+                        raise Planned("middle")
+                except Planned:
+                    pass
+                seen.append(first.read("items", "a"))
+            seen.append(tx.read("items", "a"))
+            with tx.subtransaction() as late:                   # writes, falls back to a node, writes again
+                late.write("items", "b", value=6)
+                late.write("items", "a", value=7)
+                with late.subtransaction() as grandchild:
+                    seen.append(grandchild.read("items", "b"))
+                    grandchild.write("items", "b", value=8)
+                late.write("items", "a", value=10)
+                seen.append((late.read("items", "a"), late.read("items", "b")))
+            seen.append((tx.read("items", "a"), tx.read("items", "b")))
+    finally:
+        db.transactions.subtransactions = Subtransactions.FRAMES
+    with db.engine.connect() as connection:
+        table = dict(connection.execute(sa.text("SELECT key, value FROM items ORDER BY key")).all())
+    return seen, table
+
+
+def test_overwrites_of_an_ancestors_write_undo_and_fall_back_alike_in_every_representation(db):
+    """A child's write over its parent's, discarded by its abort (also in the middle of a nested chain) or
+    kept through its fallback to a node, leaves the same reads and table in every representation."""
+    results = {representation: _overwrites(db, representation) for representation in Subtransactions}
+    assert results[Subtransactions.FRAMES] == results[Subtransactions.MATERIALIZED]
+    assert results[Subtransactions.LAZY] == results[Subtransactions.MATERIALIZED]
+    seen, table = results[Subtransactions.FRAMES]
+    values = [row["value"] if isinstance(row, dict) else tuple(item and item["value"] for item in row)
+              for row in seen]
+    assert values == [2, (1, None), 5, 3, 3, 6, (10, 8), (10, 8)]
+    assert table == {"a": 10, "b": 8}
+    assert db.transactions.locks.statistics().transactions == 0
