@@ -54,6 +54,7 @@ def flush(root: "Transaction") -> None:
         held.close()
         held = None
     if held is not None:
+        rowlocks.hand_over()
         _flush_in_held(root, held, infos, writes, reads, scans, participants, locked)
     else:
         _flush_with_retries(root, isolation, infos, writes, reads, scans, participants, locked)

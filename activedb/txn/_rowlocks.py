@@ -12,6 +12,7 @@ import threading
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
+from lockmgr import Mode
 
 from activedb.errors import Failure, SerializationConflict, classify
 from activedb.store import lock_row
@@ -98,6 +99,14 @@ class RowLocks(CommitParticipant):
         with self._mutex:
             connection, self.connection, self._transaction = self.connection, None, None
             return connection
+
+    def hand_over(self) -> None:
+        """At the root's flush in the held transaction: PostgreSQL's row lock guards the rows read for update
+        until COMMIT, so the root stops retaining them in the lock manager now (``undo_retains`` to nothing;
+        rows a committed child locked stay until the root's Rule 3) — the next tree asks PostgreSQL for the row
+        while this one commits (README, "Reads for update")."""
+        self._root.manager.locking.lock_manager.undo_retains(
+            self._root.id, [(("row", name, key), Mode.UPDATE, None) for name, key in self.rows])
 
     def release(self) -> None:
         """Roll back (the locks go) and close."""

@@ -89,6 +89,13 @@ def test_eight_threads_on_two_hot_counters_commit_every_increment_at_the_first_a
     assert len(attempts) == 8 * per_thread                  # no deadlock, no conflict: nothing re-ran
 
 
+def _waiting_for_a_row_lock(db) -> bool:
+    with db.engine.connect() as connection:
+        return connection.execute(sa.text(
+            "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype IN ('transactionid', 'tuple')"
+        )).scalar() > 0
+
+
 def test_across_engines_the_row_lock_orders_the_writers_without_a_rerun(db, database_url):
     other = activedb.connect(database_url)
     try:
@@ -104,17 +111,11 @@ def test_across_engines_the_row_lock_orders_the_writers_without_a_rerun(db, data
             other.run(increment)
             second_done.set()
 
-        def waiting_for_a_row_lock() -> bool:
-            with db.engine.connect() as connection:
-                return connection.execute(sa.text(
-                    "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype IN ('transactionid', 'tuple')"
-                )).scalar() > 0
-
         with db.transaction() as tx:
             row = tx.read("accounts", 1, for_update=True)
             thread = threading.Thread(target=second)
             thread.start()
-            testing.wait_until(waiting_for_a_row_lock, TIMEOUT, "the other engine waiting for the row lock")
+            testing.wait_until(lambda: _waiting_for_a_row_lock(db), TIMEOUT, "the other engine waiting for the row lock")
             assert not second_done.is_set()
             tx.write("accounts", 1, balance=row["balance"] + 10)
         thread.join(TIMEOUT)
@@ -180,6 +181,35 @@ class _PausedAfterValidation(CommitParticipant):
         assert self.release.wait(TIMEOUT)
 
 
+def test_from_its_held_flush_on_a_tree_leaves_its_rows_to_postgresql_and_the_next_tree_waits_there(db):
+    """A tree's rows read for update are guarded by PostgreSQL's row lock alone once its flush starts: the next
+    tree of the same process is granted its UPDATE lock meanwhile, waits for the row in PostgreSQL and reads
+    the first one's result — no re-run, no update lost."""
+    pause, attempts = _PausedAfterValidation(), []
+
+    def first():
+        with db.transaction(participants=[pause]) as tx:
+            row = tx.read("accounts", 1, for_update=True)
+            tx.write("accounts", 1, balance=row["balance"] + 10)
+
+    def increment(tx):
+        attempts.append(1)
+        row = tx.read("accounts", 1, for_update=True)
+        tx.write("accounts", 1, balance=row["balance"] + 1)
+
+    with testing.Watchdog(60, db.transactions.locks):
+        flushing, second = threading.Thread(target=first), threading.Thread(target=db.run, args=(increment,))
+        flushing.start()
+        assert pause.reached.wait(TIMEOUT)
+        second.start()
+        testing.wait_until(lambda: _waiting_for_a_row_lock(db), TIMEOUT, "the second tree waiting in PostgreSQL")
+        held = db.transactions.locking.holders("accounts", (1,)).held
+        pause.release.set()
+        flushing.join(TIMEOUT), second.join(TIMEOUT)
+    assert [mode.name for mode in held.values()] == ["UPDATE"], held
+    assert balances(db)[1] == 11 and attempts == [1]
+
+
 def test_across_engines_plain_read_then_write_flushes_queue_at_the_validation(db, database_url):
     other = activedb.connect(database_url)
     try:
@@ -192,12 +222,6 @@ def test_across_engines_plain_read_then_write_flushes_queue_at_the_validation(db
             row = tx.read("accounts", 1)                    # plain: validated at the flush
             tx.enlist(participant)
             tx.write("accounts", 1, balance=row["balance"] + 1)
-
-        def waiting_for_a_row_lock() -> bool:
-            with db.engine.connect() as connection:
-                return connection.execute(sa.text(
-                    "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype IN ('transactionid', 'tuple')"
-                )).scalar() > 0
 
         errors = []
 
@@ -213,7 +237,7 @@ def test_across_engines_plain_read_then_write_flushes_queue_at_the_validation(db
             assert first.reached.wait(TIMEOUT)              # validated (row locked), not yet written
             two = threading.Thread(target=run, args=(other, second))
             two.start()
-            testing.wait_until(waiting_for_a_row_lock, TIMEOUT, "the other engine's flush waiting for the row")
+            testing.wait_until(lambda: _waiting_for_a_row_lock(db), TIMEOUT, "the other engine's flush waiting for the row")
             assert not second.reached.is_set(), "the second flush passed its validation while the first held the row"
             first.release.set()
             one.join(TIMEOUT), two.join(TIMEOUT)
