@@ -94,8 +94,7 @@ def _arrow_ts_column(column: Any, unit_divisor: int, label: str) -> tuple[list[A
 
     if (pa.types.is_floating(column.type) and len(column) and not column.null_count
             and pc.all(pc.is_finite(column)).as_py()):
-        # to_utc's float branch for the whole column: the same float operations, round()'s half to even; a
-        # value outside datetime's range leaves the column to the per-value converter (and its reason).
+        # to_utc's float branch, same float operations and rounding; out of datetime's range: per value (its reason)
         micros = pc.round(pc.divide(pc.multiply(column.cast(pa.float64()), 1e6), float(unit_divisor)), 0,
                           "half_to_even")
         low, high = pc.min_max(micros).values()
