@@ -2,9 +2,9 @@
 ``DataFrame.toArrow()``) validated one column at a time.
 
 Columns whose Arrow type and statistics already prove every value valid (a string column without nulls or empty
-strings, an integer key column without nulls, a timestamp column without nulls) skip the per-value converter: that
-is what keeps 100k rows well under a second.  Everything else goes through the same converters as the row path
-(``mapping.convert_column`` and friends), so both paths accept and reject exactly the same values.
+strings, an integer key column without nulls, a timestamp column without nulls, a finite float timestamp column in
+``datetime``'s range, converted by Arrow compute) skip the per-value converter.  Everything else goes through the
+same converters as the row path (``mapping.convert_column`` and friends): both paths give the same values and reasons.
 """
 
 from __future__ import annotations
