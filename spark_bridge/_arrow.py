@@ -2,9 +2,9 @@
 ``DataFrame.toArrow()``) validated one column at a time.
 
 Columns whose Arrow type and statistics already prove every value valid (a string column without nulls or empty
-strings, an integer key column without nulls, a timestamp column without nulls) skip the per-value converter: that
-is what keeps 100k rows well under a second.  Everything else goes through the same converters as the row path
-(``mapping.convert_column`` and friends), so both paths accept and reject exactly the same values.
+strings, an integer key column without nulls, a timestamp column without nulls, a finite float timestamp column in
+``datetime``'s range, converted by Arrow compute) skip the per-value converter.  Everything else goes through the
+same converters as the row path (``mapping.convert_column`` and friends): both paths give the same values and reasons.
 """
 
 from __future__ import annotations
@@ -33,6 +33,10 @@ from spark_bridge.mapping import (
 )
 
 __all__ = ["arrow_values", "jsonable_rows", "table_to_events"]
+
+#: The microseconds from EPOCH that ``datetime`` can hold (``to_utc`` rejects the rest as out of range).
+_MIN_MICROS, _MAX_MICROS = ((limit.replace(tzinfo=dt.timezone.utc) - EPOCH) // dt.timedelta(microseconds=1)
+                            for limit in (dt.datetime.min, dt.datetime.max))
 
 
 def arrow_values(column: Any) -> list[Any]:
@@ -86,7 +90,16 @@ def _arrow_key_column(column: Any, label: str) -> tuple[list[Any], dict[int, str
 
 def _arrow_ts_column(column: Any, unit_divisor: int, label: str) -> tuple[list[Any], dict[int, str]]:
     import pyarrow as pa
+    import pyarrow.compute as pc
 
+    if (pa.types.is_floating(column.type) and len(column) and not column.null_count
+            and pc.all(pc.is_finite(column)).as_py()):
+        # to_utc's float branch, same float operations and rounding; out of datetime's range: per value (its reason)
+        micros = pc.round(pc.divide(pc.multiply(column.cast(pa.float64()), 1e6), float(unit_divisor)), 0,
+                          "half_to_even")
+        low, high = pc.min_max(micros).values()
+        if _MIN_MICROS <= low.as_py() and high.as_py() <= _MAX_MICROS:
+            column = micros.cast(pa.int64()).cast(pa.timestamp("us", "UTC"))
     if pa.types.is_timestamp(column.type):
         values = arrow_values(column)
         errors = {position: f"{label} is null" for position, value in enumerate(values) if value is None}

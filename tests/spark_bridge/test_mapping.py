@@ -265,6 +265,19 @@ def test_every_row_is_either_good_or_bad_and_good_is_sorted(rows):
         json.dumps(rejected.row, allow_nan=False)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.floats(-1e11, 1e11), st.floats(allow_nan=False),    # halves, datetime's limits:
+                          st.sampled_from([0.5, 2.5, -1.5, -62135596800.5, 253402300799.9999995])), max_size=20),
+       st.sampled_from(["s", "ms", "us"]))
+def test_a_float_timestamp_column_converts_as_each_value_does(seconds, unit):
+    """Arrow's float columns are converted column-wise (_arrow.py): same datetimes, same reasons as row by row."""
+    mapping = EventMapping("type", "key", "ts", ts_unit=unit)
+    table = pa.table({"type": ["a"] * len(seconds), "key": ["k"] * len(seconds), "ts": pa.array(seconds, pa.float64())})
+    by_column, by_value = (rows_to_events(rows, mapping) for rows in (table, table.to_pylist()))
+    assert [(event.ts, event.position) for event in by_column[0]] == [(e.ts, e.position) for e in by_value[0]]
+    assert [(item.position, item.reason) for item in by_column[1]] == [(i.position, i.reason) for i in by_value[1]]
+
+
 @pytest.mark.parametrize("as_arrow", [True, False])
 def test_a_line_with_a_lone_surrogate_rejects_its_row_whatever_spark_made_of_it(as_arrow):
     """The original line (``_line``) shows what Spark's string conversion hid behind a '?'."""
