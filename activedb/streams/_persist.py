@@ -63,8 +63,10 @@ def encode_event(event: StreamEvent) -> list:
             {key: encode_value(value) for key, value in dict(event.attributes).items()}]
 
 
-def decode_event(data: list) -> StreamEvent:
-    kind, ts, stream, position, attributes = data
+def decode_event(data: list | dict) -> StreamEvent:
+    """An event saved by :func:`encode_event` (or as the earlier ``{"t", "ts", "s", "p", "a"}`` object)."""
+    kind, ts, stream, position, attributes = (data["t"], data["ts"], data["s"], data["p"], data["a"]) \
+        if isinstance(data, dict) else data
     return StreamEvent(type=kind, ts=decode_value(ts), stream=stream, position=position,
                        attributes={key: decode_value(value) for key, value in attributes.items()})
 
@@ -153,7 +155,8 @@ def load(engine: Any) -> Any:
         elif kind == "buffer":
             # One row per batch's chunk of buffered events; those older than the released
             # punctuation were released by a later batch (the buffer holds no older event).
-            events = list(zip(value["arrivals"], decode_events(value)))
+            events = list(zip(value["arrivals"], decode_events(value))) if "arrivals" in value \
+                else [(int(item), decode_event(value))]       # a row of one event (the earlier layout)
             state.chunks[item] = ts_extreme((event.ts for _, event in events), latest=True)
             buffered.extend(events)
         elif kind == "partition":

@@ -245,6 +245,40 @@ def test_a_restart_between_batches_that_release_part_of_a_saved_chunk(db):
     assert left == 0, f"{left} saved buffer chunk(s) left after END_OF_STREAM released every event"
 
 
+def test_a_buffer_saved_in_the_earlier_layouts_still_loads(db):
+    """State saved before the buffer was chunked (one row per buffered event, the event as a list or
+    as the earlier ``{"t", "ts", "s", "p", "a"}`` object) loads into the same buffer: an upgrade
+    must not drop buffered events nor stop the stream."""
+    import json
+
+    from activedb.streams import _persist
+
+    rng = random.Random(SEED + 4)
+    events = shuffle_bounded(rng, random_stream(rng, 120), slack=6)
+    before, seen = engine(db, name="old_layout"), None
+    for chunk in (events[:40], events[40:80]):
+        punctuation = None if seen is None else seen - 4
+        before.feed(chunk, punctuation=punctuation)
+        seen = max([event.ts for event in chunk] + ([seen] if seen is not None else []))
+    assert before.buffered(), "nothing buffered; the test needs saved buffer rows"
+    with db.engine.begin() as connection:
+        chunks = connection.execute(sa.text("SELECT value FROM activedb_stream_state "
+                                            "WHERE engine = 'old_layout' AND kind = 'buffer'")).scalars().all()
+        connection.execute(sa.text("DELETE FROM activedb_stream_state WHERE engine = 'old_layout' AND kind = 'buffer'"))
+        for number, (arrival, event) in enumerate((arrival, event) for chunk in chunks
+                                                  for arrival, event in zip(chunk["arrivals"],
+                                                                            _persist.decode_events(chunk))):
+            saved = _persist.encode_event(event)
+            if number % 2:
+                saved = dict(zip(("t", "ts", "s", "p", "a"), saved))
+            connection.execute(sa.text("INSERT INTO activedb_stream_state (engine, kind, item, value) "
+                                       "VALUES ('old_layout', 'buffer', :item, CAST(:value AS jsonb))"),
+                               {"item": str(arrival), "value": json.dumps(saved)})
+    after = engine(db, name="old_layout")
+    after.feed([])                                          # loads the saved state, releases nothing new
+    assert after.buffered() == before.buffered()
+
+
 def test_a_saved_chunk_of_events_decodes_to_the_same_events():
     """The buffer's chunks are saved as columns: events with different attribute sets, a None
     attribute and a missing one, numbers and datetimes come back equal (through JSON, as jsonb)."""
