@@ -105,8 +105,9 @@ class RowLocks(CommitParticipant):
         until COMMIT, so the root stops retaining them in the lock manager now (``undo_retains`` to nothing;
         rows a committed child locked stay until the root's Rule 3) — the next tree asks PostgreSQL for the row
         while this one commits (README, "Reads for update")."""
-        self._root.manager.locking.lock_manager.undo_retains(
-            self._root.id, [(("row", name, key), Mode.UPDATE, None) for name, key in self.rows])
+        with self._mutex:
+            grants = [(("row", name, key), Mode.UPDATE, None) for name, key in self.rows]
+        self._root.manager.locking.lock_manager.undo_retains(self._root.id, grants)
 
     def release(self) -> None:
         """Roll back (the locks go) and close."""
