@@ -17,19 +17,8 @@ from activedb.store import jsonable
 
 from spark_bridge.errors import MappingError
 from spark_bridge.mapping import (
-    EPOCH,
-    EventMapping,
-    RawEvent,
-    Rejected,
-    SURROGATE_ESCAPE,
-    by_ts,
-    check_key,
-    convert_column,
-    corrupt_reason,
-    event_id,
-    lone_surrogate_reason,
-    to_utc,
-    type_converter,
+    EPOCH, SURROGATE_ESCAPE, EventMapping, RawEvent, Rejected, by_ts, check_key, convert_column, corrupt_reason,
+    event_id, lone_surrogate_reason, to_utc, type_converter,
 )
 
 __all__ = ["arrow_values", "jsonable_rows", "table_to_events"]
@@ -59,18 +48,12 @@ def _arrow_column_is_clean_text(column: Any) -> bool:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
-        return False
-    if column.null_count:
-        return False
-    if len(column) == 0:
-        return True
-    return pc.min(pc.utf8_length(column)).as_py() > 0
+    return ((pa.types.is_string(column.type) or pa.types.is_large_string(column.type)) and not column.null_count
+            and (len(column) == 0 or pc.min(pc.utf8_length(column)).as_py() > 0))
 
 
-def _arrow_type_column(
-    column: Any, mapping: EventMapping, known: frozenset[str] | None, label: str
-) -> tuple[list[Any], dict[int, str]]:
+def _arrow_type_column(column: Any, mapping: EventMapping, known: frozenset[str] | None,
+                       label: str) -> tuple[list[Any], dict[int, str]]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -107,23 +90,15 @@ def _arrow_ts_column(column: Any, unit_divisor: int, label: str) -> tuple[list[A
     return convert_column(arrow_values(column), lambda value: to_utc(value, unit_divisor), label)
 
 
-def table_to_events(
-    table: Any,
-    mapping: EventMapping,
-    known: frozenset[str] | None,
-    unit_divisor: int,
-    labels: tuple[str, str, str],
-) -> tuple[list[RawEvent], list[Rejected]]:
+def table_to_events(table: Any, mapping: EventMapping, known: frozenset[str] | None, unit_divisor: int,
+                    labels: tuple[str, str, str]) -> tuple[list[RawEvent], list[Rejected]]:
     names = list(table.schema.names)
     if len(set(names)) != len(names):
         raise MappingError(f"the batch has duplicate column names: {names}; rename them before mapping")
     count = table.num_rows
     payload_names = mapping.payload_columns_for(names)
-    absent = [
-        name
-        for name in (mapping.type_column, mapping.key_column, mapping.ts_column, *payload_names)
-        if name not in names
-    ]
+    absent = [name for name in (mapping.type_column, mapping.key_column, mapping.ts_column, *payload_names)
+              if name not in names]
     if absent:
         reason = f"missing field {absent[0]!r}: the batch has no such column (columns: {names})"
         return [], _arrow_rejections(table, {position: reason for position in range(count)})
@@ -150,13 +125,9 @@ def table_to_events(
 
     payload_columns = [arrow_values(table.column(name)) for name in payload_names]
     payload_rows = zip(*payload_columns) if payload_columns else ((),) * count
-    good = [
-        RawEvent(event_type, key, ts, dict(zip(payload_names, payload)), position, event_id)
-        for position, (event_type, key, ts, payload, event_id) in enumerate(
-            zip(type_values, key_values, ts_values, payload_rows, id_values)
-        )
-        if position not in errors
-    ]
+    good = [RawEvent(event_type, key, ts, dict(zip(payload_names, payload)), position, event_id)
+            for position, (event_type, key, ts, payload, event_id)
+            in enumerate(zip(type_values, key_values, ts_values, payload_rows, id_values)) if position not in errors]
     good.sort(key=by_ts)
     return good, _arrow_rejections(table, errors)
 

@@ -78,20 +78,10 @@ class PlainWriteSink:
     serialises calls anyway, so one sink may also be driven by hand from several threads.
     """
 
-    def __init__(
-        self,
-        dsn: str,
-        table: str,
-        *,
-        columns: Sequence[str] | None = None,
-        ledger_table: str = "activedb_ingestion_ledger",
-        query_id: str | None = None,
-        method: str = "copy",
-        ledger_values: Mapping[str, Any] | None = None,
-        ledger_count_column: str | None = None,
-        on_phase: Callable[[str, int], None] | None = None,
-        on_conflict: str | None = None,
-    ) -> None:
+    def __init__(self, dsn: str, table: str, *, columns: Sequence[str] | None = None,
+                 ledger_table: str = "activedb_ingestion_ledger", query_id: str | None = None, method: str = "copy",
+                 ledger_values: Mapping[str, Any] | None = None, ledger_count_column: str | None = None,
+                 on_phase: Callable[[str, int], None] | None = None, on_conflict: str | None = None) -> None:
         if method not in _METHODS:
             raise SparkBridgeError(f"method must be one of {_METHODS}, got {method!r}")
         if on_conflict is not None and method != "executemany":
@@ -116,9 +106,8 @@ class PlainWriteSink:
     def __call__(self, batch_df: Any, batch_id: int) -> None:
         query_id = self._query_id or streaming_query_id(batch_df)
         if not query_id:
-            raise SparkBridgeError(
-                "no query id: pass query_id= to PlainWriteSink, or use it from foreachBatch of a streaming query"
-            )
+            raise SparkBridgeError("no query id: pass query_id= to PlainWriteSink, or use it from foreachBatch of a "
+                                   "streaming query")
         started = time.perf_counter()
         table = batch_df.toArrow()
         elapsed = time.perf_counter() - started
@@ -189,14 +178,10 @@ class PlainWriteSink:
         values: dict[str, Any] = {"query_id": query_id, "batch_id": batch_id, **self._ledger_values}
         if self._ledger_count_column:
             values[self._ledger_count_column] = row_count
-        statement = sql.SQL(
-            "INSERT INTO {ledger} ({columns}) VALUES ({values}) "
-            "ON CONFLICT (query_id, batch_id) DO NOTHING RETURNING batch_id"
-        ).format(
-            ledger=_identifier(self._ledger_table),
-            columns=sql.SQL(", ").join(sql.Identifier(name) for name in values),
-            values=sql.SQL(", ").join(sql.Placeholder() for _ in values),
-        )
+        statement = sql.SQL("INSERT INTO {ledger} ({columns}) VALUES ({values}) "
+                            "ON CONFLICT (query_id, batch_id) DO NOTHING RETURNING batch_id").format(
+            ledger=_identifier(self._ledger_table), columns=sql.SQL(", ").join(map(sql.Identifier, values)),
+            values=sql.SQL(", ").join(sql.Placeholder() for _ in values))
         cursor.execute(statement, list(values.values()))
         return cursor.fetchone() is not None
 
@@ -206,24 +191,20 @@ class PlainWriteSink:
         if table.num_rows == 0:
             return
         target = _identifier(self._table)
-        column_list = sql.SQL(", ").join(sql.Identifier(name) for name in table.schema.names)
+        column_list = sql.SQL(", ").join(map(sql.Identifier, table.schema.names))
         if self._method == "copy" and _csv_writable(table):
             import pyarrow.csv
 
             buffer = io.BytesIO()
             pyarrow.csv.write_csv(table, buffer, pyarrow.csv.WriteOptions(include_header=False))
-            statement = sql.SQL("COPY {table} ({columns}) FROM STDIN (FORMAT csv)").format(
-                table=target, columns=column_list
-            )
+            statement = sql.SQL("COPY {table} ({columns}) FROM STDIN (FORMAT csv)").format(table=target,
+                                                                                        columns=column_list)
             with cursor.copy(statement) as copy:
                 copy.write(buffer.getbuffer())
             return
         statement = sql.SQL("INSERT INTO {table} ({columns}) VALUES ({values}){upsert}").format(
-            table=target,
-            columns=column_list,
-            values=sql.SQL(", ").join(sql.Placeholder() for _ in table.schema.names),
-            upsert=sql.SQL("") if self._on_conflict is None else sql.SQL(" ON CONFLICT " + self._on_conflict),
-        )
+            table=target, columns=column_list, values=sql.SQL(", ").join(sql.Placeholder() for _ in table.schema.names),
+            upsert=sql.SQL("") if self._on_conflict is None else sql.SQL(" ON CONFLICT " + self._on_conflict))
         rows = list(zip(*(column.to_pylist() for column in table.columns)))
         cursor.executemany(statement, rows)
 
@@ -232,7 +213,5 @@ def _csv_writable(table: Any) -> bool:
     """Arrow's CSV writer handles flat columns only (no lists, structs, maps, binary)."""
     import pyarrow as pa
 
-    return not any(
-        pa.types.is_nested(field.type) or pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type)
-        for field in table.schema
-    )
+    return not any(pa.types.is_nested(field.type) or pa.types.is_binary(field.type)
+                   or pa.types.is_large_binary(field.type) for field in table.schema)

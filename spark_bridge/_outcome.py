@@ -6,12 +6,13 @@ counters, the batches in progress) that every Spark path records through.  Desig
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import datetime as dt
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import astuple, dataclass, field
 
 __all__ = ["PHASES", "RECENT_OUTCOMES", "BatchBook", "BatchOutcome", "IngestStatistics", "PhaseTimings"]
 
@@ -51,10 +52,7 @@ class PhaseTimings:
     flush: float = 0.0
 
     def __add__(self, other: "PhaseTimings") -> "PhaseTimings":
-        return PhaseTimings(*(mine + theirs for mine, theirs in zip(self.as_tuple(), other.as_tuple())))
-
-    def as_tuple(self) -> tuple[float, float, float, float, float]:
-        return (self.to_arrow, self.validate, self.engine, self.commit, self.flush)
+        return PhaseTimings(*(mine + theirs for mine, theirs in zip(astuple(self), astuple(other))))
 
 
 @dataclass(frozen=True)
@@ -144,16 +142,19 @@ class BatchBook:
 
     # -- batches in progress, failures ------------------------------------------------------------
 
-    def enter(self) -> None:
+    @contextlib.contextmanager
+    def in_batch(self) -> Iterator[None]:
+        """Counts a batch in progress while the block runs (``wait_idle`` waits for none)."""
         with self._mutex:
             self._in_batch += 1
             if self._first_batch_began is None:
                 self._first_batch_began = time.perf_counter()
-
-    def leave(self) -> None:
-        with self._mutex:
-            self._in_batch -= 1
-            self._idle.notify_all()
+        try:
+            yield
+        finally:
+            with self._mutex:
+                self._in_batch -= 1
+                self._idle.notify_all()
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Wait until no batch is being processed; False if ``timeout`` passed first."""

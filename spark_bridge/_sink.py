@@ -15,6 +15,7 @@ batch get the sink's :class:`~spark_bridge._batch.SinkContext`, never the sink.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import threading
@@ -57,21 +58,10 @@ class IngestSink:
     #: in its own flush. ``ingest(..., lineage=False)`` sets it False on the sink.
     record_lineage: bool = True
 
-    def __init__(
-        self,
-        db: Any,
-        mapping: EventMapping,
-        *,
-        query_name: str,
-        known_types: Collection[str] | None = None,
-        prefetch: Mapping[str, Any] | None = None,
-        spark_session: Any = None,
-        on_phase: Callable[[str, int], None] | None = None,
-        batch_attempts: int = 3,
-        event_attempts: int = 3,
-        handler: BatchHandler | None = None,
-        event_ids_under: str | None = None,
-    ) -> None:
+    def __init__(self, db: Any, mapping: EventMapping, *, query_name: str, known_types: Collection[str] | None = None,
+                 prefetch: Mapping[str, Any] | None = None, spark_session: Any = None,
+                 on_phase: Callable[[str, int], None] | None = None, batch_attempts: int = 3, event_attempts: int = 3,
+                 handler: BatchHandler | None = None, event_ids_under: str | None = None) -> None:
         try:
             mapping = as_mapping(mapping)
         except MappingError as error:
@@ -104,18 +94,17 @@ class IngestSink:
     # -- foreachBatch entry point -------------------------------------------------------------
 
     def __call__(self, batch_df: Any, batch_id: int) -> None:
-        self._book.enter()
-        try:
-            spark_query_id = streaming_query_id(batch_df)
-            if not spark_query_id:
-                raise IngestError(f"{type(self).__name__} must run as foreachBatch of a streaming query (no query id)")
-            self._spark_batch(batch_df, batch_id, spark_query_id, self._query_id_for(spark_query_id))
-        except BaseException as error:
-            # Remembered: Spark wraps the error in a Java stack trace (``activedb run`` prints this instead).
-            self._book.failed(batch_id, error)
-            raise
-        finally:
-            self._book.leave()
+        with self._book.in_batch():
+            try:
+                spark_query_id = streaming_query_id(batch_df)
+                if not spark_query_id:
+                    raise IngestError(f"{type(self).__name__} must run as foreachBatch of a streaming query (no "
+                                      f"query id)")
+                self._spark_batch(batch_df, batch_id, spark_query_id, self._query_id_for(spark_query_id))
+            except BaseException as error:
+                # Remembered: Spark wraps the error in a Java stack trace (``activedb run`` prints this instead).
+                self._book.failed(batch_id, error)
+                raise
 
     def _spark_batch(self, batch_df: Any, batch_id: int, spark_query_id: str, query_id: str) -> None:
         """Batch ``batch_id`` of ``foreachBatch`` as ``(query_id, batch_id)`` (the scale-out sink overrides it)."""
@@ -154,18 +143,9 @@ class IngestSink:
 
     # -- one batch ----------------------------------------------------------------------------
 
-    def process(
-        self,
-        rows: Any,
-        batch_id: int,
-        *,
-        query_id: str,
-        watermark: dt.datetime | None = None,
-        extra_timings: PhaseTimings | None = None,
-        punctuate: bool = True,
-        participants: Collection[Any] = (),
-        _counted: bool = False,
-    ) -> BatchOutcome:
+    def process(self, rows: Any, batch_id: int, *, query_id: str, watermark: dt.datetime | None = None,
+                extra_timings: PhaseTimings | None = None, punctuate: bool = True,
+                participants: Collection[Any] = (), _counted: bool = False) -> BatchOutcome:
         """Apply one batch (a ``pyarrow.Table``/``RecordBatch`` or a list of dicts) as
         ``(query_id, batch_id)``, exactly once. ``watermark``: events older than it are dead
         letters, and it is punctuated after the commit (``punctuate=False``: the caller does).
@@ -173,15 +153,10 @@ class IngestSink:
         beyond ``batch_attempts``); the batch may then be re-run.  ``participants``: more commit
         participants of the batch's transaction (a dead-letter replay marks its letter there); one that
         raises ``BatchAlreadyCommitted`` makes the batch skipped."""
-        if not _counted:
-            self._book.enter()
-        try:
+        with contextlib.nullcontext() if _counted else self._book.in_batch():
             participants = (*participants, *lineage_participants(self.db, query_id, batch_id, self.record_lineage))
             return run_batch(self.context, self.handler, rows, batch_id, query_id=query_id, watermark=watermark,
                              timings=extra_timings or PhaseTimings(), punctuate=punctuate, participants=participants)
-        finally:
-            if not _counted:
-                self._book.leave()
 
     # -- helpers ------------------------------------------------------------------------------
 

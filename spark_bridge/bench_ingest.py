@@ -56,6 +56,7 @@ about a minute.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -147,7 +148,7 @@ def _rule_run(spark, database, source: Path, checkpoint: Path, name: str, mappin
     for entry in measured:
         outcome = outcomes[entry["batchId"]]
         timings = outcome.timings
-        for phase, value in zip(PHASES[1:], timings.as_tuple()):
+        for phase, value in zip(PHASES[1:], dataclasses.astuple(timings)):
             per_phase[phase] += value
         per_phase["spark"] += max(0.0, entry["durationMs"]["triggerExecution"] / 1000 - outcome.seconds)
         events += outcome.events

@@ -26,21 +26,15 @@ __all__ = ["FAST_CHECKPOINT_FILE_MANAGER", "get_spark", "spark_conf"]
 #: Checkpoint file manager that writes through ``FileSystem`` (checked to exist in the
 #: ``spark-sql_2.13-4.3.0.jar`` shipped with pyspark 4.3.0; Spark 4 moved it from
 #: ``...execution.streaming`` to ``...execution.streaming.checkpointing``).
-FAST_CHECKPOINT_FILE_MANAGER = (
-    "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
-)
+FAST_CHECKPOINT_FILE_MANAGER = ("org.apache.spark.sql.execution.streaming.checkpointing."
+                                "FileSystemBasedCheckpointFileManager")
 _CHECKPOINT_FILE_MANAGER_KEY = "spark.sql.streaming.checkpointFileManagerClass"
 
 _LOG4J_CONFIG = Path(__file__).with_name("log4j2.properties")
 
 
-def spark_conf(
-    app_name: str = "activedb",
-    *,
-    master: str = "local[2]",
-    fast_checkpoints: bool = True,
-    conf: Mapping[str, str] | None = None,
-) -> dict[str, str]:
+def spark_conf(app_name: str = "activedb", *, master: str = "local[2]", fast_checkpoints: bool = True,
+               conf: Mapping[str, str] | None = None) -> dict[str, str]:
     """The Spark configuration :func:`get_spark` applies, as ``{key: value}``.
 
     Entries of ``conf`` override the defaults, except ``spark.driver.extraJavaOptions``,
@@ -68,14 +62,8 @@ def spark_conf(
     return settings
 
 
-def get_spark(
-    app_name: str = "activedb",
-    *,
-    master: str = "local[2]",
-    fast_checkpoints: bool = True,
-    conf: Mapping[str, str] | None = None,
-    warnings_to: str | Path | None = None,
-) -> "SparkSession":
+def get_spark(app_name: str = "activedb", *, master: str = "local[2]", fast_checkpoints: bool = True,
+              conf: Mapping[str, str] | None = None, warnings_to: str | Path | None = None) -> "SparkSession":
     """Return a SparkSession configured by :func:`spark_conf`, starting Java if needed.
 
     ``warnings_to``: if this call starts the JVM, its warning lines go to that file instead of the
@@ -103,9 +91,7 @@ def get_spark(
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder
-    for key, value in spark_conf(
-        app_name, master=master, fast_checkpoints=fast_checkpoints, conf=conf
-    ).items():
+    for key, value in spark_conf(app_name, master=master, fast_checkpoints=fast_checkpoints, conf=conf).items():
         builder = builder.config(key, value)
     if warnings_to is not None and SparkSession.getActiveSession() is None:
         session = _with_quiet_stderr(builder.getOrCreate, Path(warnings_to))

@@ -7,20 +7,9 @@ Public names: :class:`Letter` (one to write), :class:`LetterRecord` (one stored)
 """
 
 from activedb.deadletters._letters import (
-    TABLE,
-    Letter,
-    LetterFilter,
-    LetterRecord,
-    LetterReplayed,
-    count,
-    count_by_reason,
-    decode_original,
-    encode_original,
-    insert,
-    purge,
-    select,
-    table_rows,
+    TABLE, Letter, LetterFilter, LetterRecord, LetterReplayed, count, count_by_reason, decode_original, encode_original,
+    insert, purge, select, table_rows,
 )
 
-__all__ = ["TABLE", "Letter", "LetterFilter", "LetterRecord", "LetterReplayed", "count", "count_by_reason", "decode_original",
-           "encode_original", "insert", "purge", "select", "table_rows"]
+__all__ = ["TABLE", "Letter", "LetterFilter", "LetterRecord", "LetterReplayed", "count", "count_by_reason",
+           "decode_original", "encode_original", "insert", "purge", "select", "table_rows"]
