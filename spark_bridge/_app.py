@@ -57,34 +57,22 @@ def load_app(spec: str | Path | Callable[[Any], Any], *, require_mapping: bool =
         except MappingError as error:
             raise AppLoadError(f"{text}: MAPPING: {error}") from None
     if require_mapping and mapping is None:
-        raise AppLoadError(
-            f"application {text!r} has no MAPPING; add for example "
-            f"MAPPING = spark_bridge.EventMapping(type_column='type', key_column='key', ts_column='ts')"
-        )
+        raise AppLoadError(f"application {text!r} has no MAPPING; add for example "
+                           f"MAPPING = spark_bridge.EventMapping(type_column='type', key_column='key', ts_column='ts')")
     migrations = getattr(module, "MIGRATIONS", None)
     if migrations is not None:
         migrations = Path(migrations)
         if not migrations.is_absolute() and getattr(module, "__file__", None):
             migrations = Path(module.__file__).parent / migrations
     known = getattr(module, "KNOWN_TYPES", None)
-    from_rate = getattr(module, "from_rate", None)
-    reset = getattr(module, "reset", None)
+    from_rate, reset = (getattr(module, name, None) for name in ("from_rate", "reset"))
     return LoadedApp(
-        name=text,
-        register=module.register,
-        mapping=mapping,
-        migrations=migrations,
-        schema=getattr(module, "SCHEMA", None),
-        known_types=None if known is None else frozenset(known),
-        watermark_delay=getattr(module, "WATERMARK_DELAY", None),
-        prefetch=getattr(module, "PREFETCH", None),
-        from_rate=from_rate if callable(from_rate) else None,
-        reset=reset if callable(reset) else None,
-        queries=getattr(module, "QUERIES", None),
-        scheduler=getattr(module, "SCHEDULER", None),
-        executor=getattr(module, "EXECUTOR", None),
-        transactions=getattr(module, "TRANSACTIONS", None),
-    )
+        name=text, register=module.register, mapping=mapping, migrations=migrations,
+        schema=getattr(module, "SCHEMA", None), known_types=None if known is None else frozenset(known),
+        watermark_delay=getattr(module, "WATERMARK_DELAY", None), prefetch=getattr(module, "PREFETCH", None),
+        from_rate=from_rate if callable(from_rate) else None, reset=reset if callable(reset) else None,
+        queries=getattr(module, "QUERIES", None), scheduler=getattr(module, "SCHEDULER", None),
+        executor=getattr(module, "EXECUTOR", None), transactions=getattr(module, "TRANSACTIONS", None))
 
 
 def app_name(spec: str | Path | Callable[[Any], Any]) -> str:

@@ -90,7 +90,8 @@ def declare_policy(db: Any, query_id: str, query_name: str, partitions: int, pol
 # --- the failed task's side ---------------------------------------------------------------------------------
 
 class FailureRow(CommitParticipant):
-    """Writes (upserts) a failed partition's ``activedb_split_failures`` row inside a flush."""
+    """Writes (upserts) a failed partition's ``activedb_split_failures`` row inside a flush, or on a
+    connection of its own (:meth:`upsert`)."""
 
     def __init__(self, query_id: str, batch_id: int, partition: int, partitions: int, policy: SplitFailure,
                  state: SplitState, error: str):
@@ -98,15 +99,14 @@ class FailureRow(CommitParticipant):
                        "state": state.value, "error": error}
 
     def write(self, transaction: Transaction, connection: Any) -> None:
-        _upsert_failure(connection, self.values)
+        self.upsert(connection)
 
-
-def _upsert_failure(connection: Any, values: Mapping[str, Any]) -> None:
-    connection.execute(sa.text(
-        f"INSERT INTO {FAILURES_TABLE} (query_id, batch_id, partition, partitions, policy, state, error) "
-        "VALUES (:q, :b, :p, :n, :policy, :state, :error) ON CONFLICT (query_id, batch_id, partition) DO UPDATE "
-        "SET policy = EXCLUDED.policy, state = EXCLUDED.state, error = EXCLUDED.error, failed_at = now(), "
-        "settled_at = NULL, compensated = NULL"), dict(values))
+    def upsert(self, connection: Any) -> None:
+        connection.execute(sa.text(
+            f"INSERT INTO {FAILURES_TABLE} (query_id, batch_id, partition, partitions, policy, state, error) "
+            "VALUES (:q, :b, :p, :n, :policy, :state, :error) ON CONFLICT (query_id, batch_id, partition) DO UPDATE "
+            "SET policy = EXCLUDED.policy, state = EXCLUDED.state, error = EXCLUDED.error, failed_at = now(), "
+            "settled_at = NULL, compensated = NULL"), dict(self.values))
 
 
 def settle_failed_partition(sink: Any, rows: Sequence[Mapping[str, Any]], query_id: str, batch_id: int,
@@ -141,16 +141,6 @@ class _FailedPartition(BatchHandler):
 
 
 # --- the driver's side ------------------------------------------------------------------------------------------
-
-def record_forward_failures(db: Any, source: str, batch_id: int, partitions: int,
-                            failures: Sequence[Mapping[str, Any]]) -> None:
-    """Policy *forward*: record each failed partition as *pending completion*."""
-    with db.engine.begin() as connection:
-        for failure in failures:
-            _upsert_failure(connection, {"q": source, "b": batch_id, "p": failure["partition"], "n": partitions,
-                                         "policy": SplitFailure.FORWARD.value,
-                                         "state": SplitState.PENDING_COMPLETION.value, "error": failure["error"]})
-
 
 def compensate_split(db: Any, source: str, batch_id: int) -> int:
     """Compensate the committed partitions of ``(source, batch_id)`` and mark its *compensating* rows
@@ -204,8 +194,11 @@ def settle(db: Any, source: str, batch_id: int, partitions: int, policy: SplitFa
             f"batch {batch_id} of {source}: PostgreSQL was unusable for {which}. Nothing is compensated for an "
             f"outage: restart the query from its checkpoint once PostgreSQL is back — Spark re-runs the batch, "
             f"the committed partitions are skipped and the others applied")
-    if policy is SplitFailure.FORWARD:
-        record_forward_failures(db, source, batch_id, partitions, failures)
+    if policy is SplitFailure.FORWARD:          # each failed partition is *pending completion*
+        with db.engine.begin() as connection:
+            for failure in failures:
+                FailureRow(source, batch_id, failure["partition"], partitions, SplitFailure.FORWARD,
+                           SplitState.PENDING_COMPLETION, failure["error"]).upsert(connection)
         raise PartitionFailed(
             f"batch {batch_id} of {source} is split and {which} failed for good; the other partitions "
             f"committed (on_partition_failure='forward'). Fix the cause and restart the query from its "

@@ -1,11 +1,6 @@
-"""What every path of a micro-batch shares with the sink that calls it: :class:`SinkContext`, the typed
-interface a path gets instead of the sink itself (its database, mapping, names, attempts and
-:class:`~spark_bridge._outcome.BatchBook`), and the validation of a batch's rows — bad rows, rows older
-than the watermark and duplicate event ids become dead letters; :class:`BatchLetters`, the batch's
-typed dead-letter sink: letters for rejected rows and for events of the batch, each keeping the row
-exactly as Spark (or the caller) delivered it — the one-row ``pyarrow.Table`` of the row (schema
-included) or the dict the caller passed — inserted through :func:`activedb.deadletters.insert`, the
-table's one owner.  Design note: the package's ``README.md``."""
+"""What every path of a micro-batch shares with the sink that calls it: :class:`SinkContext` (the typed
+interface a path gets instead of the sink, with the validation of a batch's rows), :class:`BatchLetters`
+(the batch's typed dead-letter sink) and :func:`no_cyclic_gc`.  Design note: the package's ``README.md``."""
 
 from __future__ import annotations
 
@@ -32,7 +27,9 @@ __all__ = ["BatchLetters", "SinkContext", "no_cyclic_gc"]
 
 class BatchLetters:
     """Dead letters of batch ``batch_id`` of ledger query ``query_id``, whose rows are ``rows`` (a
-    ``pyarrow.Table``/``RecordBatch`` or a list).  Immutable after construction; safe to share."""
+    ``pyarrow.Table``/``RecordBatch`` or a list), each keeping its row exactly as Spark (or the caller)
+    delivered it, inserted through :func:`activedb.deadletters.insert`.  Immutable after construction;
+    safe to share."""
 
     def __init__(self, db: Any, rows: Any, query_id: str, batch_id: int | None):
         self._catalog = db.catalog
@@ -140,15 +137,10 @@ class SinkContext:
 @contextlib.contextmanager
 def no_cyclic_gc() -> Iterator[None]:
     """Pause the cyclic garbage collector for one batch — validation, the events, the commit and its
-    flush — and collect the youngest generation once after it.
-
-    Every event leaves records that live until the batch's tree ends, so a collector running inside the
-    batch scans a set that only grows, again and again, and promotes it to older generations; paused, the
-    batch's objects stay in the youngest generation and the one collection after it frees what the tree
-    left in reference cycles (measured: the package's ``README.md``, "Where the time goes now").  The
-    pause is process-wide (detached rules running meanwhile run without it too; reference counting still
-    frees acyclic objects).  A caller that disabled the collector itself keeps it disabled and gets no
-    collection."""
+    flush — and collect the youngest generation once after it: every event leaves records that live until
+    the batch's tree ends, which a collector inside the batch would rescan again and again (why and what
+    it saves: the package's ``README.md``, "Where the time goes now").  The pause is process-wide.  A
+    caller that disabled the collector itself keeps it disabled and gets no collection."""
     enabled = gc.isenabled()
     gc.disable()
     try:

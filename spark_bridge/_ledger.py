@@ -1,10 +1,7 @@
-"""Ledger query ids (``NAME@SPARK_QUERY_ID``, ``NAME@SPARK_QUERY_ID#pN`` for a scale-out partition) and
-what ingestion has committed, read back from PostgreSQL; why both parts of the id matter: the
-package's ``README.md`` ("Invariants").
-
-Public here: :class:`IngestionLedger` (the commit participant that writes a batch's ledger row in the
-batch's PostgreSQL transaction), :func:`batch_committed`, :func:`ledger_query_id`,
-:func:`parse_ledger_query_id`, :func:`ingestion_status`, :class:`QueryStatus`.
+"""The ingestion ledger: :class:`IngestionLedger`, the commit participant that writes a batch's ledger row in
+the batch's PostgreSQL transaction; ledger query ids (``NAME@SPARK_QUERY_ID``, ``NAME@SPARK_QUERY_ID#pN``
+for a scale-out partition; why both parts matter: the package's ``README.md``, "Invariants"); what
+ingestion has committed, read back from PostgreSQL (:func:`ingestion_status`, :func:`batch_committed`).
 """
 
 from __future__ import annotations
@@ -84,12 +81,11 @@ def ingestion_status(db: Any, query_name: str | None = None) -> list[QueryStatus
     is running (committed batches only) and after it stopped."""
     ledger = db.table(LEDGER_TABLE)
     with db.engine.connect() as connection:
-        rows = connection.execute(sa.select(
+        ledger_rows = connection.execute(sa.select(
             ledger.c.query_id, ledger.c.batch_id, ledger.c.events, ledger.c.dead_letters, ledger.c.watermark,
-            ledger.c.rule_firings, ledger.c.committed_at,
-        )).all()
+            ledger.c.rule_firings, ledger.c.committed_at)).all()
     groups: dict[str, list[tuple[Any, str | None, int | None]]] = {}
-    for row in rows:
+    for row in ledger_rows:
         name, spark_id, partition = parse_ledger_query_id(row.query_id)
         if query_name is not None and name != query_name:
             continue
@@ -97,25 +93,19 @@ def ingestion_status(db: Any, query_name: str | None = None) -> list[QueryStatus
     result = []
     for name in sorted(groups):
         entries = groups[name]
+        rows = [row for row, _, _ in entries]
         firings: collections.Counter[str] = collections.Counter()
-        for row, _, _ in entries:
+        for row in rows:
             firings.update({rule: int(count) for rule, count in (row.rule_firings or {}).items()})
-        watermarks = [row.watermark for row, _, _ in entries if row.watermark is not None]
-        partitions = {partition for _, _, partition in entries if partition is not None}
         result.append(QueryStatus(
-            query_name=name,
-            spark_query_ids=tuple(sorted({spark for _, spark, _ in entries if spark is not None})),
-            batches=len({row.batch_id for row, _, _ in entries}),
-            ledger_rows=len(entries),
-            partitions=len(partitions) if partitions else None,
-            last_batch_id=max(row.batch_id for row, _, _ in entries),
-            events=sum(row.events for row, _, _ in entries),
-            dead_letters=sum(row.dead_letters for row, _, _ in entries),
-            watermark=max(watermarks) if watermarks else None,
-            first_committed_at=min(row.committed_at for row, _, _ in entries),
-            last_committed_at=max(row.committed_at for row, _, _ in entries),
-            rule_firings=dict(sorted(firings.items())),
-        ))
+            query_name=name, spark_query_ids=tuple(sorted({spark for _, spark, _ in entries if spark is not None})),
+            batches=len({row.batch_id for row in rows}), ledger_rows=len(rows),
+            partitions=len({partition for _, _, partition in entries if partition is not None}) or None,
+            last_batch_id=max(row.batch_id for row in rows), events=sum(row.events for row in rows),
+            dead_letters=sum(row.dead_letters for row in rows),
+            watermark=max((row.watermark for row in rows if row.watermark is not None), default=None),
+            first_committed_at=min(row.committed_at for row in rows),
+            last_committed_at=max(row.committed_at for row in rows), rule_firings=dict(sorted(firings.items()))))
     return result
 
 
@@ -124,26 +114,22 @@ def check_not_renamed(db: Any, query_name: str, spark_query_id: str) -> None:
     ``spark_query_id`` (the checkpoint's query) under another query name."""
     ledger = db.table(LEDGER_TABLE)
     with db.engine.connect() as connection:
-        others = connection.execute(
-            sa.select(ledger.c.query_id).where(ledger.c.query_id.like(f"%@{spark_query_id}%")).distinct().limit(5)
-        ).scalars().all()
+        others = connection.execute(sa.select(ledger.c.query_id).where(
+            ledger.c.query_id.like(f"%@{spark_query_id}%")).distinct().limit(5)).scalars().all()
     names = sorted({parse_ledger_query_id(other)[0] for other in others} - {query_name})
     if names:
         raise QueryRenamedError(
             f"this checkpoint (Spark query id {spark_query_id}) was ingested as query {names[0]!r}, not "
             f"{query_name!r}; resume it with query_name={names[0]!r} (--query-name {names[0]}), or start "
-            f"{query_name!r} from a new checkpoint directory"
-        )
+            f"{query_name!r} from a new checkpoint directory")
 
 
 def last_watermark(db: Any, query_id: str) -> dt.datetime | None:
     """The latest watermark the ledger recorded for ``query_id`` (its partitions included)."""
     ledger = db.table(LEDGER_TABLE)
     with db.engine.connect() as connection:
-        return connection.execute(
-            sa.select(sa.func.max(ledger.c.watermark)).where(
-                sa.or_(ledger.c.query_id == query_id, ledger.c.query_id.like(f"{query_id}#p%")))
-        ).scalar()
+        return connection.execute(sa.select(sa.func.max(ledger.c.watermark)).where(
+            sa.or_(ledger.c.query_id == query_id, ledger.c.query_id.like(f"{query_id}#p%")))).scalar()
 
 
 class IngestionLedger(CommitParticipant):
@@ -178,19 +164,13 @@ class IngestionLedger(CommitParticipant):
 
     def write(self, transaction: Transaction, connection: Any) -> None:
         ledger = self.db.table(LEDGER_TABLE)
-        statement = (
-            postgresql.insert(ledger)
-            .values(query_id=self.query_id, batch_id=self.batch_id, transaction_id=transaction.log_id,
-                    events=self.events, dead_letters=self.dead_letters, watermark=self.watermark,
-                    rule_firings=self.rule_firings)
-            .on_conflict_do_nothing()
-            .returning(ledger.c.batch_id)
-        )
+        statement = postgresql.insert(ledger).values(
+            query_id=self.query_id, batch_id=self.batch_id, transaction_id=transaction.log_id, events=self.events,
+            dead_letters=self.dead_letters, watermark=self.watermark, rule_firings=self.rule_firings,
+        ).on_conflict_do_nothing().returning(ledger.c.batch_id)
         if connection.execute(statement).first() is None:
-            raise BatchAlreadyCommitted(
-                f"batch {self.batch_id} of query {self.query_id!r} was already committed; its effects are not "
-                f"applied twice"
-            )
+            raise BatchAlreadyCommitted(f"batch {self.batch_id} of query {self.query_id!r} was already committed; its "
+                                        f"effects are not applied twice")
         if self.event_ids:
             self._record_event_ids(connection)
 

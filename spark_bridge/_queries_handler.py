@@ -27,10 +27,6 @@ __all__ = ["QueriesHandler", "build_engines"]
 SCHEDULERS = ("sei", "s2pl", "lwm")
 
 
-def _is_engine(value: Any) -> bool:
-    return isinstance(value, streams.StreamEngine)
-
-
 def build_engines(db: Any, queries: Any, scheduler: Any) -> list[Any]:
     """The engines behind ``ingest(queries=…, scheduler=…)``, checked.
 
@@ -38,17 +34,17 @@ def build_engines(db: Any, queries: Any, scheduler: Any) -> list[Any]:
     ``factory(db, scheduler=…)`` (``factory(db)`` without ``scheduler=``) returning one or a list.
     ``scheduler`` (``"sei"``, ``"s2pl"``, ``"lwm"`` or a ``streams.Scheduler``) must be the one each
     engine was built with."""
-    if scheduler is not None and not (isinstance(scheduler, str) or isinstance(scheduler, streams.Scheduler)):
+    if scheduler is not None and not isinstance(scheduler, (str, streams.Scheduler)):
         raise IngestError(f"scheduler must be one of {', '.join(SCHEDULERS)} or a streams.Scheduler such as "
                           f"streams.LWMScheduler(granularity='table'); got {scheduler!r}")
     if isinstance(scheduler, str) and scheduler not in SCHEDULERS:
         raise IngestError(f"unknown scheduler {scheduler!r}: use one of {', '.join(SCHEDULERS)} "
                           f"(or a configured streams.S2PLScheduler/LWMScheduler)")
     built = queries
-    if callable(queries) and not _is_engine(queries):
+    if callable(queries) and not isinstance(queries, streams.StreamEngine):
         built = queries(db) if scheduler is None else queries(db, scheduler=scheduler)
     engines = list(built) if isinstance(built, (list, tuple)) else [built]
-    if not engines or not all(_is_engine(engine) for engine in engines):
+    if not engines or not all(isinstance(engine, streams.StreamEngine) for engine in engines):
         raise IngestError(
             "queries= takes a streams.StreamEngine, a list of them, or a factory(db, scheduler=…) returning them; "
             f"got {queries!r}")
@@ -130,9 +126,8 @@ class QueriesHandler(BatchHandler):
     def handle(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger) -> None:
         processed = 0
         letters = list(batch.letters)
-        punctuation = batch.watermark
         for index, engine in enumerate(self.engines):
-            result = engine.process(tx, self._events_for(index, batch), punctuation=punctuation,
+            result = engine.process(tx, self._events_for(index, batch), punctuation=batch.watermark,
                                     batch_id=batch.batch_id)
             processed += result.processed
             letters += self._letters(engine, batch, result.dead_letters)
@@ -143,8 +138,8 @@ class QueriesHandler(BatchHandler):
     def _letters(self, engine: Any, batch: BatchInput, dead: Sequence[Any]) -> list[Letter]:
         letters = []
         for letter in dead:
-            reason = f"{letter.reason} (stream engine {engine.name!r})" if engine.name not in letter.reason \
-                else letter.reason
+            reason = (letter.reason if engine.name in letter.reason
+                      else f"{letter.reason} (stream engine {engine.name!r})")
             if batch.holds(letter.event.origin):
                 letters += batch.dead_letters.for_events([(letter.event.origin, reason)])
             else:                  # buffered by an earlier batch (or loaded from the saved state)
@@ -153,8 +148,8 @@ class QueriesHandler(BatchHandler):
 
     def end_of_stream(self, db: Any, query_name: str, query_id: str | None = None) -> int:
         """``engine.process(tx, [], punctuation=END_OF_STREAM)`` for every engine, in one transaction;
-        dead letters under the run's ledger id ``query_id`` (batch id NULL), or ``<query_name>:end`` without one.  Idempotent: the engines' saved state records the
-        release, so a second call releases nothing."""
+        dead letters under the run's ledger id ``query_id`` (batch id NULL), or ``<query_name>:end`` without
+        one.  Idempotent: the engines' saved state records the release, so a second call releases nothing."""
         processed = 0
         with db.transaction(name=f"ingest:{query_name}:end") as tx:
             letters = []

@@ -89,17 +89,15 @@ class _PartitionTask:
         batch = [self._row_dict(row) for row in rows]
         fetched = time.perf_counter() - started
         sink = self._sink()
-        query_id = ledger_query_id(self.query_name, self._spark_id, partition)
+        query_id = ledger_query_id(self.query_name, self.query_id.rsplit("@", 1)[1], partition)
         try:
-            outcome = sink.process(batch, self.batch_id, query_id=query_id, watermark=self.watermark,
-                                   punctuate=False, extra_timings=PhaseTimings(to_arrow=fetched))
+            report = {"partition": partition, "outcome": sink.process(
+                batch, self.batch_id, query_id=query_id, watermark=self.watermark, punctuate=False,
+                extra_timings=PhaseTimings(to_arrow=fetched))}
         except Exception as error:      # reported to the driver, which decides (README.md, "Atomic batches")
-            failure = self._failure(sink, partition, query_id, batch, error)
-            sink.db.rules.wait_idle(self.detached_timeout)
-            yield failure
-            return
+            report = self._failure(sink, partition, query_id, batch, error)
         sink.db.rules.wait_idle(self.detached_timeout)
-        yield {"partition": partition, "outcome": outcome}
+        yield report
 
     def _failure(self, sink: IngestSink, partition: int, query_id: str, batch: list[dict[str, Any]],
                  error: BaseException) -> dict[str, Any]:
@@ -126,10 +124,6 @@ class _PartitionTask:
             if isinstance(value, dt.datetime) and value.tzinfo is None:
                 values[column] = value.astimezone(dt.timezone.utc)
         return values
-
-    @property
-    def _spark_id(self) -> str:
-        return self.query_id.rsplit("@", 1)[1]
 
     def _sink(self) -> IngestSink:
         key = (self.url, app_name(self.app), self.query_name, self.mapping, self.known_types, self.prefetch,
@@ -181,8 +175,7 @@ class PartitionedIngestSink(IngestSink):
         self.record_lineage = lineage
         self._declared: set[str] = set()   # ledger query ids whose policy was recorded; under self._mutex
         self._prefetch_items = tuple(sorted((prefetch or {}).items()))
-        options = {"rule_execution": db.rules.execution}
-        options.update(connect_options or {})
+        options = {"rule_execution": db.rules.execution, **(connect_options or {})}
         self._connect_options = tuple(sorted(options.items()))
         self._detached_timeout = detached_timeout
         self._url = db.url.render_as_string(hide_password=False)
@@ -234,9 +227,7 @@ class PartitionedIngestSink(IngestSink):
     @staticmethod
     def _combine(query_id: str, batch_id: int, watermark: dt.datetime | None, results: list[Any]) -> BatchOutcome:
         outcomes = [row["outcome"] for row in results]
-        firings: collections.Counter[str] = collections.Counter()
-        for outcome in outcomes:
-            firings.update(outcome.rule_firings)
+        firings = sum((collections.Counter(outcome.rule_firings) for outcome in outcomes), collections.Counter())
         return BatchOutcome(
             query_id=query_id, batch_id=batch_id, committed=any(outcome.committed for outcome in outcomes),
             rows=sum(outcome.rows for outcome in outcomes), events=sum(outcome.events for outcome in outcomes),

@@ -94,10 +94,8 @@ class EventMapping:
             raise MappingError(f"EventMapping names one column for two purposes: {named}")
         if self.payload_columns is not None:
             if isinstance(self.payload_columns, str):
-                raise MappingError(
-                    "EventMapping.payload_columns must be a list of column names, not one string; "
-                    f"did you mean [{self.payload_columns!r}]?"
-                )
+                raise MappingError(f"EventMapping.payload_columns must be a list of column names, not one string; "
+                                   f"did you mean [{self.payload_columns!r}]?")
             columns = tuple(self.payload_columns)
             for column in columns:
                 if not isinstance(column, str) or not column:
@@ -168,9 +166,7 @@ class Rejected:
 
 def _describe(value: Any) -> str:
     text = repr(value)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return f"{text} ({type(value).__name__})"
+    return f"{text if len(text) <= 60 else text[:57] + '...'} ({type(value).__name__})"
 
 
 class InvalidField(Exception):
@@ -280,10 +276,8 @@ def check_key(value: Any) -> str | int:
 
 # --- column-wise validation -------------------------------------------------------------
 #
-# Each of the three event fields is validated one column at a time: a converter turns a
-# raw value into the field's value or raises InvalidField. A column comes back as the
-# converted values plus {position: reason} for the rows it rejects. A row whose type,
-# key or timestamp was rejected is reported with the first reason in that order.
+# A converter turns a raw value into the field's value or raises InvalidField; a column comes back as
+# the converted values plus {position: reason}; a row keeps the first reason (id, type, key, timestamp).
 # Arrow input takes the same converters column by column, in ``_arrow.py``.
 
 
@@ -325,11 +319,8 @@ def type_converter(mapping: EventMapping, known: frozenset[str] | None) -> Any:
     return convert
 
 
-def rows_to_events(
-    rows: Any,
-    mapping: EventMapping,
-    known_types: Collection[str] | None = None,
-) -> tuple[list[RawEvent], list[Rejected]]:
+def rows_to_events(rows: Any, mapping: EventMapping,
+                   known_types: Collection[str] | None = None) -> tuple[list[RawEvent], list[Rejected]]:
     """Validate ``rows`` against ``mapping``; return ``(good, bad)``.
 
     ``rows`` is a ``pyarrow.Table`` / ``RecordBatch`` (for example from
@@ -398,11 +389,8 @@ def rows_to_events(
         good.append(RawEvent(type_values[position], key_values[position], ts_values[position], payload, position,
                              id_values[position]))
 
-    bad = [
-        Rejected(position, errors[position], jsonable(rows[position]) if isinstance(rows[position], Mapping)
-                 else {"value": jsonable(rows[position])})
-        for position in sorted(errors)
-    ]
+    bad = [Rejected(position, errors[position], jsonable(rows[position]) if isinstance(rows[position], Mapping)
+                    else {"value": jsonable(rows[position])}) for position in sorted(errors)]
     good.sort(key=by_ts)
     return good, bad
 
