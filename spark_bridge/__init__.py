@@ -28,12 +28,11 @@ _EXPORTS = {
     "spark_bridge._app": ["LoadedApp", "load_app"],
     "spark_bridge._handler": ["BatchHandler", "BatchInput", "end_of_stream"],
     "spark_bridge._ingest": ["IngestOptions", "ingest", "sink_of"],
-    "spark_bridge._ledger": [
-        "IngestionLedger", "QueryStatus", "batch_committed", "ingestion_status", "ledger_query_id",
-        "parse_ledger_query_id",
-    ],
+    "spark_bridge._ledger": ["IngestionLedger", "QueryStatus", "batch_committed", "ingestion_status",
+                             "ledger_query_id", "parse_ledger_query_id"],
+    "spark_bridge._outcome": ["BatchOutcome", "IngestStatistics", "PhaseTimings"],
     "spark_bridge._scaleout": ["PartitionedIngestSink"],
-    "spark_bridge._sink": ["BatchOutcome", "IngestSink", "IngestStatistics", "PhaseTimings"],
+    "spark_bridge._sink": ["IngestSink"],
     "spark_bridge.mapping": ["EventMapping", "RawEvent", "Rejected", "as_mapping", "rows_to_events"],
     "spark_bridge.session": ["get_spark"],
 }

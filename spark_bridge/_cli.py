@@ -246,9 +246,7 @@ def _checkpoint_progress(checkpoint_dir: Path) -> int:
 
 
 def _refuse_reset_with_progress(database: Any, name: str, checkpoint_dir: Path) -> None:
-    """``--reset`` empties the application's tables; if the ledger or the checkpoint has progress for query
-    ``name``, the run would resume after those batches and their effects would be lost: refuse, saying
-    what to do instead."""
+    """Refuse ``--reset`` when the ledger or the checkpoint has progress for query ``name`` (the error says why)."""
     import spark_bridge
 
     found = []

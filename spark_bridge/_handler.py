@@ -1,11 +1,7 @@
-"""The one protocol of a micro-batch: :func:`run_batch` runs any :class:`BatchHandler` exactly once.
-
-Every path is a handler (``_rules_handler``, ``_queries_handler``, ``_tpg_handler``,
-``composite_feed``, and ``_atomic``'s failed partition); the sink, the scale-out tasks and
-dead-letter replays all reach :func:`run_batch`.  ``handle`` hands the batch to its engine inside
-``tx``, gets every dead letter into ``tx`` through ``batch.dead_letters`` and leaves ``ledger.events`` /
-``ledger.dead_letters`` set by the time the ledger writes its row.  Design note: the package's
-``README.md`` ("One micro-batch", "Four paths for a batch").
+"""The one protocol of a micro-batch: :func:`run_batch` runs any :class:`BatchHandler` (``_rules_handler``,
+``_queries_handler``, ``_tpg_handler``, ``composite_feed``, ``_atomic``'s failed partition) exactly once; the
+sink, the scale-out tasks and dead-letter replays all reach it.  Design note: the package's ``README.md``
+("One micro-batch", "Four paths for a batch").
 
 Thread-safety: a handler is called by one batch at a time (Spark's ``foreachBatch``); the engines
 behind the handlers refuse concurrent batches themselves.
@@ -111,14 +107,11 @@ class BatchHandler:
 def run_batch(context: SinkContext, handler: BatchHandler, rows: Any, batch_id: int, *, query_id: str,
               watermark: dt.datetime | None, timings: PhaseTimings, punctuate: bool = True,
               participants: tuple = ()) -> BatchOutcome:
-    """One batch through ``handler``, exactly once; returns its outcome.  Every path of a micro-batch
-    — the rules, stream queries, TPG, composition, the scale-out tasks, a dead-letter replay — runs here.
-
-    ``context`` is what the calling :class:`~spark_bridge._sink.IngestSink` shares with its batch paths
-    (database, mapping, names, attempts; its book records phases and statistics); ``participants``:
-    more commit participants of the batch's transaction (lineage, a replay's mark), enlisted before
-    the ledger.  Raises only when the batch could not be committed (PostgreSQL unusable, conflicts
-    beyond ``batch_attempts``, a refused commit the handler cannot search)."""
+    """One batch through ``handler``, exactly once; returns its outcome.  ``context``: what the calling
+    :class:`~spark_bridge._sink.IngestSink` shares with its batch paths; ``participants``: more commit
+    participants of the batch's transaction (lineage, a replay's mark), enlisted before the ledger.
+    Raises only when the batch could not be committed (PostgreSQL unusable, conflicts beyond
+    ``batch_attempts``, a refused commit the handler cannot search)."""
     book = context.book
     began = time.perf_counter() - timings.to_arrow
     row_count = rows.num_rows if hasattr(rows, "num_rows") else len(rows)

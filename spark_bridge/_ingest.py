@@ -32,8 +32,7 @@ def _check_columns(streaming_df: Any, mapping: EventMapping) -> None:
     if missing:
         raise IngestError(
             f"the stream has no column {missing[0]!r} named by the mapping (its columns: {columns}); "
-            f"fix the EventMapping or select/rename the columns before ingest()"
-        )
+            f"fix the EventMapping or select/rename the columns before ingest()")
 
 
 @dataclass(frozen=True)
@@ -168,8 +167,7 @@ def ingest(db: Any, streaming_df: Any, *, mapping: EventMapping, query_name: str
             "ingest() needs checkpoint_location=DIR: Spark keeps the query's id and every planned batch's "
             "offsets there, and exactly-once rests on re-running an unfinished batch with the same id after a "
             "restart. Pass a directory that survives restarts, one per query, e.g. "
-            "checkpoint_location='/var/lib/myapp/checkpoints/" + str(query_name) + "'"
-        )
+            "checkpoint_location='/var/lib/myapp/checkpoints/" + str(query_name) + "'")
     if options is not None and fields:
         raise IngestError(f"pass options=IngestOptions(…) or its fields as keywords, not both (got options= and "
                           f"{', '.join(sorted(fields))}=)")
@@ -185,8 +183,7 @@ def ingest(db: Any, streaming_df: Any, *, mapping: EventMapping, query_name: str
     if not getattr(streaming_df, "isStreaming", False):
         raise IngestError(
             "ingest() needs a streaming DataFrame (spark.readStream...); for a static DataFrame use "
-            "IngestSink(db, mapping, query_name=...).process(df.toArrow(), batch_id, query_id=...)"
-        )
+            "IngestSink(db, mapping, query_name=...).process(df.toArrow(), batch_id, query_id=...)")
     _check_columns(streaming_df, mapping)
     if options.watermark_delay is not None:
         delay = options.watermark_delay
@@ -197,8 +194,7 @@ def ingest(db: Any, streaming_df: Any, *, mapping: EventMapping, query_name: str
             raise IngestError(
                 f"watermark_delay needs {mapping.ts_column!r} to be a Spark timestamp, but it is {column_type}; "
                 f"convert it first, e.g. df.withColumn({mapping.ts_column!r}, "
-                f"F.timestamp_seconds({mapping.ts_column!r}))"
-            )
+                f"F.timestamp_seconds({mapping.ts_column!r}))")
         streaming_df = streaming_df.withWatermark(mapping.ts_column, delay)
 
     session = streaming_df.sparkSession
@@ -208,9 +204,8 @@ def ingest(db: Any, streaming_df: Any, *, mapping: EventMapping, query_name: str
         sink: IngestSink = IngestSink(db, mapping, handler=options.handler(db, mapping), **common)
         sink.record_lineage = options.lineage
     else:
-        app = options.app
         sink = PartitionedIngestSink(db, mapping, partitions=options.partition_by_key,
-                                     app=None if app is None else portable_spec(app),
+                                     app=None if options.app is None else portable_spec(options.app),
                                      connect_options=options.connect_options,
                                      on_partition_failure=options.on_partition_failure or "forward",
                                      lineage=options.lineage, **common)

@@ -23,7 +23,8 @@ from activedb.errors import classify
 from spark_bridge import _atomic
 from spark_bridge._app import app_name, load_app
 from spark_bridge._ledger import ledger_query_id
-from spark_bridge._sink import BatchOutcome, IngestSink, PhaseTimings
+from spark_bridge._outcome import BatchOutcome, PhaseTimings
+from spark_bridge._sink import IngestSink
 from spark_bridge.errors import IngestError, describe
 from spark_bridge.mapping import EventMapping
 
@@ -167,8 +168,7 @@ class PartitionedIngestSink(IngestSink):
             raise IngestError(
                 "the scale-out path (partition_by_key=N) needs app=: each Spark task starts its own engine and "
                 "must declare the rules there; pass the module name or .py path of the app (it provides "
-                "register(db)), or an importable register(db) function"
-            )
+                "register(db)), or an importable register(db) function")
         self.partitions = partitions
         self.app = app
         self.on_partition_failure = _atomic.as_policy(on_partition_failure)
@@ -194,8 +194,7 @@ class PartitionedIngestSink(IngestSink):
             local_time_columns=tuple(field.name for field in batch_df.schema.fields
                                      if field.dataType.typeName() == "timestamp"),
             partitions=self.partitions, on_partition_failure=self.on_partition_failure.value,
-            lineage=self.record_lineage,
-        )
+            lineage=self.record_lineage)
         self.context.book.phase("fetched", batch_id)
         # Always run the job, also for a batch whose partitions all committed: running it
         # feeds Spark's event-time statistics (see _sink.py), and each task skips by itself.

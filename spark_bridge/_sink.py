@@ -28,12 +28,12 @@ from spark_bridge._baseline import streaming_query_id
 from spark_bridge._batch import SinkContext
 from spark_bridge._handler import BatchHandler, run_batch
 from spark_bridge._ledger import check_not_renamed, last_watermark, ledger_query_id
-from spark_bridge._outcome import PHASES, RECENT_OUTCOMES, BatchBook, BatchOutcome, IngestStatistics, PhaseTimings
+from spark_bridge._outcome import BatchBook, BatchOutcome, IngestStatistics, PhaseTimings
 from spark_bridge._rules_handler import RulesHandler
 from spark_bridge.errors import IngestError, MappingError
 from spark_bridge.mapping import EPOCH, EventMapping, as_mapping
 
-__all__ = ["PHASES", "RECENT_OUTCOMES", "BatchOutcome", "IngestSink", "IngestStatistics", "PhaseTimings"]
+__all__ = ["IngestSink"]
 
 logger = logging.getLogger("spark_bridge.ingest")
 
@@ -187,7 +187,7 @@ class IngestSink:
         return self._book.wait_idle(timeout)
 
     def recent_outcomes(self) -> list[BatchOutcome]:
-        """The last :data:`RECENT_OUTCOMES` batches' outcomes, oldest first."""
+        """The last :data:`~spark_bridge._outcome.RECENT_OUTCOMES` batches' outcomes, oldest first."""
         return self._book.recent_outcomes()
 
     def statistics(self) -> IngestStatistics:

@@ -84,8 +84,7 @@ def kafka_hint() -> str:
         "Spark's Kafka connector is not on the classpath. Add it with\n"
         f"  activedb run APP --source kafka:... --packages {package}\n"
         f"(or --spark-conf spark.jars.packages={package}; Spark downloads it from Maven Central on first use), "
-        "or put the connector jar and its kafka-clients dependency into pyspark's jars directory."
-    )
+        "or put the connector jar and its kafka-clients dependency into pyspark's jars directory.")
 
 
 def is_missing_data_source(error: BaseException) -> bool:

@@ -142,9 +142,8 @@ def feed_batch(engine: composite.CompositionEngine, rows: Any, mapping: EventMap
             accepted.append(item)
         else:
             rejected.append(Rejected(-1, problem, jsonable({"producer": producer, "ts": str(item.ts)})))
-    items = accepted
-    composites = engine.process(tx, items) if tx is not None else engine.submit(items)
-    return FeedResult(tuple(items), tuple(composites), tuple(rejected))
+    composites = engine.process(tx, accepted) if tx is not None else engine.submit(accepted)
+    return FeedResult(tuple(accepted), tuple(composites), tuple(rejected))
 
 
 class CompositeHandler(BatchHandler):

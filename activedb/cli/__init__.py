@@ -339,9 +339,7 @@ class _Benchmarks(click.Group):
 def _bench_command(name: str, module_name: str) -> click.Command:
     module = importlib.import_module(module_name)
     doc = inspect.getdoc(module) or f"The {name} benchmark."
-
     help_text = "\n\n".join("\b\n" + paragraph for paragraph in doc.split("\n\n"))   # keep its lists as written
-
     summary = doc.splitlines()[0].split(": ", 1)[-1]
 
     @click.command(name, help=help_text, short_help=summary[:90])

@@ -19,9 +19,7 @@ def rules() -> None:
 
 
 def _rule_state(row: dict) -> str:
-    if row.get("removed_at") is not None:
-        return "removed"
-    return "enabled" if row["enabled"] else "disabled"
+    return "removed" if row.get("removed_at") is not None else "enabled" if row["enabled"] else "disabled"
 
 
 def _rule_rows(database, *, include_removed: bool, module: str | None) -> list[dict]:
