@@ -237,14 +237,6 @@ def failure_message(sink: Any, failure: BaseException, app: str) -> str:
             f"run the same command again: it resumes from the checkpoint")
 
 
-def _checkpoint_progress(checkpoint_dir: Path) -> int:
-    """How many micro-batches Spark's checkpoint at ``checkpoint_dir`` has committed (0: none, or none yet)."""
-    commits = checkpoint_dir / "commits"
-    if not commits.is_dir():
-        return 0
-    return sum(1 for path in commits.iterdir() if path.name.isdigit())
-
-
 def _refuse_reset_with_progress(database: Any, name: str, checkpoint_dir: Path) -> None:
     """Refuse ``--reset`` when the ledger or the checkpoint has progress for query ``name`` (the error says why)."""
     import spark_bridge
@@ -253,7 +245,8 @@ def _refuse_reset_with_progress(database: Any, name: str, checkpoint_dir: Path) 
     statuses = spark_bridge.ingestion_status(database, name)
     if statuses:
         found.append(f"the ledger holds {statuses[0].batches:,} batches ({statuses[0].events:,} events)")
-    committed = _checkpoint_progress(checkpoint_dir)
+    commits = checkpoint_dir / "commits"         # Spark's log of the micro-batches it committed
+    committed = sum(1 for path in commits.iterdir() if path.name.isdigit()) if commits.is_dir() else 0
     if committed:
         found.append(f"the checkpoint {checkpoint_dir} has {committed:,} committed batches")
     if found:

@@ -1,11 +1,6 @@
-"""How the rule path tells failures apart, and how it finds the events PostgreSQL refuses.
-
-A failure inside an event's subtransaction is the event's (a rule rejected it: a dead letter), a
-conflict with another process (:func:`conflict_in`: the batch is re-run), a deadlock (the event is
-re-run), or the server's (:func:`is_infrastructure_failure`: the batch fails).  A batch whose commit
-PostgreSQL refuses because of the values written (:func:`is_poison_failure`) is searched by
-:func:`find_culprits` for the events that caused it, with trial flushes (:func:`trial`) that are rolled
-back.  Design note: the package's ``README.md``."""
+"""How the rule path tells failures apart — the event's (a dead letter), a conflict (the batch is re-run),
+a deadlock (the event is re-run), the server's (the batch fails) — and how it finds the events whose writes
+PostgreSQL refuses (:func:`find_culprits`, by trial flushes).  Design note: the package's ``README.md``."""
 
 from __future__ import annotations
 

@@ -2,8 +2,6 @@
 through :meth:`spark_bridge.IngestSink.process`, exactly once — letter ``d`` as batch ``d.id`` of the
 ledger query ``replay:NAME``, marked replayed in the same transaction.  Design note: the package's
 ``README.md`` ("Replaying dead letters").
-
-Public here: :func:`replay_dead_letters`, :class:`ReplayOutcome`, :data:`REPLAY_PREFIX`.
 """
 
 from __future__ import annotations

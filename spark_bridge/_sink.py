@@ -77,9 +77,7 @@ class IngestSink:
         #: Where the batches go (``_handler.BatchHandler``: the rules by default; queries, tpg, composite).
         #: Set once here, never changed.
         self.handler: BatchHandler = handler or RulesHandler(db, prefetch, event_attempts)
-        #: The query name event ids are kept under for duplicate detection (``EventMapping.id_column``): the
-        #: query's own name, or for a dead-letter replay the name of the query the letter came from — one
-        #: scope for a query and its replays.
+        #: Duplicate detection's scope (``EventMapping.id_column``): a query and its replays share one.
         self.event_ids_under = event_ids_under or query_name
         #: What a batch path needs of this sink (``_handler.run_batch`` gets it, not the sink).
         self.context = SinkContext(db, mapping, query_name, self.event_ids_under,

@@ -71,15 +71,10 @@ def write_event_files(directory: Path, events: list[dict], per_file: int, first_
         os.utime(path, (first_mtime + number, first_mtime + number))
 
 
-def kafka_package() -> str:
+def kafka_hint() -> str:
     import pyspark
 
-    version = getattr(pyspark, "__version__", "4.0.0")
-    return f"org.apache.spark:spark-sql-kafka-0-10_2.13:{version}"
-
-
-def kafka_hint() -> str:
-    package = kafka_package()
+    package = f"org.apache.spark:spark-sql-kafka-0-10_2.13:{getattr(pyspark, '__version__', '4.0.0')}"
     return (
         "Spark's Kafka connector is not on the classpath. Add it with\n"
         f"  activedb run APP --source kafka:... --packages {package}\n"

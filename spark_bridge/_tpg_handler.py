@@ -28,13 +28,12 @@ class TpgHandler(BatchHandler):
 
     name = "tpg"
 
-    def __init__(self, transactions: Any, *, strategy: str = "auto") -> None:
+    def __init__(self, transactions: Any) -> None:
         if not isinstance(transactions, batch.StateTransactions):
             raise IngestError(
                 "executor='tpg' needs transactions=batch.StateTransactions() with a @transactions.on(type) "
                 f"declaration per event type; got {transactions!r}")
         self.transactions = transactions
-        self.strategy = strategy
         self.last_pending: Any = None     # the last batch's PendingBatch (its mode, seconds, result)
 
     def accepted_types(self) -> frozenset[str] | None:
@@ -53,9 +52,9 @@ class TpgHandler(BatchHandler):
             return base + batch_input.dead_letters.for_events(
                 [(events[event.position], f"aborted: {reason}") for event, reason in result.dead_letters])
 
-        self.last_pending = batch.apply_at_commit(
-            tx, events, self.transactions, strategy=self.strategy, query_id=batch_input.query_id,
-            batch_id=batch_input.batch_id, on_result=counts, letters=dead_letter_rows)
+        self.last_pending = batch.apply_at_commit(tx, events, self.transactions, query_id=batch_input.query_id,
+                                                  batch_id=batch_input.batch_id, on_result=counts,
+                                                  letters=dead_letter_rows)
 
     def close(self) -> None:
         """Stop the worker processes of ``StateTransactions(processes=N)``, if any."""

@@ -147,8 +147,7 @@ def _rule_run(spark, database, source: Path, checkpoint: Path, name: str, mappin
     events = dead_letters = 0
     for entry in measured:
         outcome = outcomes[entry["batchId"]]
-        timings = outcome.timings
-        for phase, value in zip(PHASES[1:], dataclasses.astuple(timings)):
+        for phase, value in zip(PHASES[1:], dataclasses.astuple(outcome.timings)):
             per_phase[phase] += value
         per_phase["spark"] += max(0.0, entry["durationMs"]["triggerExecution"] / 1000 - outcome.seconds)
         events += outcome.events

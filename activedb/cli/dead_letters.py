@@ -3,6 +3,7 @@ owns the table and its SQL; ``replay`` comes with spark_bridge, through its entr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import click
@@ -70,9 +71,9 @@ def letters_list(ctx: click.Context, ids, query, batch, reason, include_replayed
                                        letter.id)
         rows.append((letter, reason_text, row_text, reason_cut, row_cut))
     if as_json:        # "cut": true when the reason or the row was cut; a cut row is its cut text
-        click.echo(json.dumps([{**{key: value for key, value in letter.as_dict().items() if key != "original"},
-                                "reason": reason_text, "raw": row_text if row_cut else letter.raw,
-                                "cut": reason_cut or row_cut}
+        click.echo(json.dumps([{**{key: value for key, value in dataclasses.asdict(letter).items()
+                                   if key != "original"}, "reason": reason_text,
+                                "raw": row_text if row_cut else letter.raw, "cut": reason_cut or row_cut}
                                for letter, reason_text, row_text, reason_cut, row_cut in rows], indent=2, default=str))
         return
     from rich.table import Table
@@ -106,7 +107,7 @@ def letters_show(ctx: click.Context, letter_id: int) -> None:
         letters = deadletters.select(database, letter_filter(ids=[letter_id]))
     if not letters:
         raise click.ClickException(f"no dead letter with id {letter_id}")
-    letter = letters[0].as_dict()
+    letter = dataclasses.asdict(letters[0])
     click.echo(f"dead letter {letter['id']}")
     for key in ("query_id", "batch_id", "created_at", "replayed_at", "replay_query_id", "reason"):
         click.echo(f"  {key:<15} {letter.get(key) if letter.get(key) is not None else '-'}")

@@ -65,9 +65,6 @@ class LetterRecord:
     def from_mapping(cls, row: Mapping[str, Any]) -> "LetterRecord":
         return cls(**{name: row.get(name) for name in cls.__dataclass_fields__})
 
-    def as_dict(self) -> dict:
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
-
     def row(self) -> Any:
         """The row as its writer had it (a one-row ``pyarrow.Table`` for rows Spark delivered, else a
         dict or the value); ``raw`` for letters written before originals were kept."""
