@@ -240,10 +240,8 @@ def split_status(db: Any, query_name: str | None = None) -> list[SplitBatchStatu
     grouped: dict[tuple[str, int], list[Any]] = {}
     for row in failures:
         grouped.setdefault((row.query_id, row.batch_id), []).append(row)
-    result = []
-    for query_id, row in sorted(declared.items()):
-        if query_name is None or row.query_name == query_name:
-            result.append(SplitBatchStatus(row.query_name, query_id, row.on_partition_failure, row.partitions))
+    result = [SplitBatchStatus(row.query_name, query_id, row.on_partition_failure, row.partitions)
+              for query_id, row in sorted(declared.items()) if query_name is None or row.query_name == query_name]
     for (query_id, batch_id), rows in sorted(grouped.items()):
         name = parse_ledger_query_id(query_id)[0]
         if query_name is not None and name != query_name:

@@ -101,8 +101,7 @@ def main(ctx: click.Context, url: str | None, home: str | None) -> None:
 
 
 def _options(ctx: click.Context) -> dict:
-    root = ctx.find_root()
-    return root.obj or {"url": None, "home": None}
+    return ctx.find_root().obj or {"url": None, "home": None}
 
 
 def open_database(ctx: click.Context, *, writes: bool, check_schema: bool = True, **options):
@@ -331,9 +330,7 @@ class _Benchmarks(click.Group):
 
     def get_command(self, ctx: click.Context, name: str):
         module_name = _benchmarks().get(name)
-        if module_name is None:
-            return None
-        return _bench_command(name, module_name)
+        return None if module_name is None else _bench_command(name, module_name)
 
 
 def _bench_command(name: str, module_name: str) -> click.Command:
