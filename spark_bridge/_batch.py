@@ -7,13 +7,12 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import gc
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from activedb import deadletters
 from activedb.deadletters import Letter
-from activedb.store import jsonable
 
 from spark_bridge._ledger import ingested_event_ids
 from spark_bridge._outcome import BatchBook
@@ -62,14 +61,14 @@ class BatchLetters:
         return [rows[position] for position in positions]
 
 
-def _shown(original: Any) -> dict:
-    """The readable form of a row (``raw``): its columns made storable JSON."""
+def _shown(original: Any) -> dict | None:
+    """The readable form (``raw``) of a one-row Arrow table: its columns made storable JSON; None for any
+    other row (``Letter.raw`` makes it)."""
     if hasattr(original, "to_pylist") and hasattr(original, "schema"):
         from spark_bridge._arrow import jsonable_rows
 
         return jsonable_rows(original)[0]
-    shown = jsonable(original)
-    return shown if isinstance(shown, Mapping) else {"value": shown}
+    return None
 
 
 @dataclass(frozen=True)
