@@ -142,18 +142,11 @@ class _PartitionTask:
 
 
 class PartitionedIngestSink(IngestSink):
-    """``foreachBatch`` callable of the scale-out path (see the module docstring).
-
-    The driver's ``db`` keeps the statistics, checks the query name against the ledger and
-    punctuates; the events are applied by the tasks' engines. ``app`` is what the tasks
-    load to register the rules (a module name, an absolute ``.py`` path, or an importable
-    ``register(db)`` callable). ``connect_options`` go to ``activedb.connect`` in the
-    tasks (default: the driver's ``rule_execution``). ``on_partition_failure`` — ``"forward"``
-    or ``"compensate"``: what a partition that fails for good means (``_atomic.py``); compensations
-    run on the driver's ``db`` (declare them there too). ``lineage`` — each partition's transaction
-    records that it consumed the source batch.
-
-    Thread-safety: as :class:`IngestSink`.
+    """``foreachBatch`` callable of the scale-out path (the module docstring); ``partitions``, ``app``,
+    ``connect_options`` (default: the driver's ``rule_execution``), ``on_partition_failure`` and
+    ``lineage`` are ``ingest()``'s (:class:`~spark_bridge.IngestOptions`).  The driver's ``db`` keeps the
+    statistics, checks the query name against the ledger, punctuates and runs the compensations (declare
+    them there too); the events are applied by the tasks' engines.  Thread-safety: as :class:`IngestSink`.
     """
 
     def __init__(self, db: Any, mapping: EventMapping, *, partitions: int, app: Any,
