@@ -1,51 +1,11 @@
 """The concurrent schedulers: Strict 2PL (Active CEP §5.2) and Low-Water-Mark (§5.3, App. E, F).
 
-Both run a batch the same way (:class:`LockingScheduler`); they differ in their lock
-table (:mod:`activedb.streams._locks`) and in what a Read sees:
-
-1. **Dispatch** (the caller's thread, which runs the batch's transaction), in the
-   declared order: refuse, before anything runs, a plan that cannot be locked ahead (a
-   Python action without declared tables); LWM loads the base images of every row the
-   plans read.  Then, one s-transaction after the other, insert every lock of its access
-   plan (Algorithm 1; at ``granularity="table"`` every resource becomes its table) and
-   spawn it at once (step 2): its locks and every earlier one's are in before it runs,
-   which is all it needs — a wait is only ever for an *earlier* owner, so the locks of
-   later ones cannot hold it back (App. E.1's dispatcher invariant; LWM publishes the
-   dispatched timestamp as App. F's bound, the released bound after the last).  Note, per query partition, which earlier s-transaction may change
-   the partition's matcher state (see ``Matcher.may_change``) — the next one consuming
-   the partition waits until that state is final, and is matched on it: as soon as the
-   earlier one has *matched* and has no rule left to run (nothing can then abort it for
-   its event: ``BatchRun.on_matched``), else at its end (the state it committed, skipping
-   an aborted one).  The pattern state of a partition thus advances in timestamp order
-   without holding the later s-transactions' store operations behind the earlier ones'
-   (Active CEP Example 5: ``enter^10`` runs while ``exit^2`` still holds its read lock).
-2. **Run**: each s-transaction is a subtransaction spawned on the database's worker
-   pool (``tx.spawn``), at most ``workers`` unfinished at once (not counted from the oldest
-   unfinished one, which stalled when it waited); the dispatcher then waits for all of
-   them.  Inside, the engine runs the queries and rules (``BatchRun.execute_in``) through
-   this scheduler's store view, which waits for the lock of every operation first.
-3. **End**: an :class:`~activedb.Observer` hears the subtransaction commit (its writes
-   are now in the batch's transaction) or abort (LWM: its versions are dropped first),
-   records the end, installs its matcher states, and only then releases its locks —
-   Phase II of S2PL, Algorithm 2's ``ReleaseLock``.  LWM releases them earlier, once the
-   body ran without error (``_finished``), keeping the order waiters for the end.
-
-Every wait — for a lock, or for the s-transaction that may change a partition — goes
-through ``db.transactions.waiting(...)``: an edge of the lock manager's one wait-for
-graph (kinds ``stream-s2pl``, ``stream-lwm``, ``stream-order``).  Every wait is for an
-*earlier* s-transaction, which waits only for earlier ones, so no cycle can form: no
-deadlock, no abort, no restart (the tests check the lock manager's counters).
-
-What a Read sees:
-
-* **S2PL** — the activedb tree as it is (``tx.read`` in the s-transaction's
-  subtransaction): its locks ensure every earlier conflicting s-transaction has ended
-  (and committed into the batch's transaction) and no later one has written.
-* **LWM** — the :class:`~activedb.streams._versions.VersionStore`: the latest version
-  written by an earlier s-transaction (or its own), else the base image.  Writes go into
-  the s-transaction's subtransaction as under SEI — LWM grants them in timestamp order
-  per row — and leave a version (the row read back after the write).  Reads never touch
-  activedb's locks, so a Read never blocks a Write at any layer.
+Both run a batch the same way (:class:`LockingScheduler`: dispatch, run on worker threads,
+ends heard by an observer); they differ in their lock table (:mod:`activedb.streams._locks`)
+and in what a Read sees.  The steps, the partition order, the waits (edges of the one
+wait-for graph, none of which can close a cycle) and what a Read sees under each: the
+design note ``activedb/streams/README.md``, "S2PL and LWM: one dispatcher, worker threads,
+ends heard by an observer".
 
 Thread-safety: a scheduler object serves one engine, one batch at a time (``run`` is not
 re-entrant); ``_mutex`` protects the counters and the run's progress (``_Run.done``);
@@ -56,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
@@ -165,7 +126,7 @@ class _Run:
 
 
 class _Ends(Observer):
-    """Hears the s-transactions' subtransactions end (see the module docstring, step 3)."""
+    """Hears the s-transactions' subtransactions end (step 3 of the design note's "S2PL and LWM")."""
 
     def __init__(self, run: _Run):
         self.run = run
@@ -214,18 +175,11 @@ class LockingScheduler(Scheduler):
         self.lock_table_factory = lock_table or self.lock_table_class
         #: The lock table of the latest batch (for inspection by tests and tools).
         self.last_lock_table: StreamLockTable | None = None
-        self._mutex = threading.Lock()     # protects the counters below (a leaf)
-        self._batches = 0
-        self._stransactions = 0
-        self._requests = 0
-        self._write_requests = 0
-        self._lock_waits = 0
-        self._order_waits = 0
-        self._punctuation_waits = 0
-        self._wait_seconds = 0.0
-        self._max_in_flight = 0
-        self._versions_peak = 0
-        self._versions_written = 0
+        self._mutex = threading.Lock()     # protects _totals (a leaf)
+        # The counters of SchedulerStatistics over every batch run so far.
+        self._totals = Counter(batches=0, stransactions=0, lock_requests=0, write_lock_requests=0, lock_waits=0,
+                               order_waits=0, punctuation_waits=0, wait_seconds=0.0, max_in_flight=0,
+                               versions_peak=0, versions_written=0)
 
     def describe(self) -> str:
         return f"{self.name} ({self.granularity} locks, {self.workers} workers)"
@@ -476,31 +430,23 @@ class LockingScheduler(Scheduler):
     # --- statistics -------------------------------------------------------------------------
 
     def _account(self, run: _Run) -> None:
-        statistics: LockTableStatistics = run.table.statistics()
+        table: LockTableStatistics = run.table.statistics()
         versions: VersionStatistics | None = run.versions.statistics() if run.versions is not None else None
         with self._mutex:
-            self._batches += 1
-            self._stransactions += len(run.works)
-            self._requests += statistics.requests
-            self._write_requests += statistics.write_requests
-            self._lock_waits += statistics.waits
-            self._punctuation_waits += statistics.punctuation_waits
-            self._order_waits += run.order_waits
-            self._wait_seconds += statistics.wait_seconds
-            self._max_in_flight = max(self._max_in_flight, run.max_in_flight)
+            totals = self._totals
+            totals.update(batches=1, stransactions=len(run.works), lock_requests=table.requests,
+                          write_lock_requests=table.write_requests, lock_waits=table.waits,
+                          punctuation_waits=table.punctuation_waits, order_waits=run.order_waits,
+                          wait_seconds=table.wait_seconds)
+            totals["max_in_flight"] = max(totals["max_in_flight"], run.max_in_flight)
             if versions is not None:
-                self._versions_peak = max(self._versions_peak, versions.peak_versions)
-                self._versions_written += versions.appended
+                totals["versions_peak"] = max(totals["versions_peak"], versions.peak_versions)
+                totals["versions_written"] += versions.appended
 
     def statistics(self) -> SchedulerStatistics:
         with self._mutex:
-            return SchedulerStatistics(
-                scheduler=self.name, granularity=self.granularity, workers=self.workers, batches=self._batches,
-                stransactions=self._stransactions, lock_requests=self._requests,
-                write_lock_requests=self._write_requests, lock_waits=self._lock_waits,
-                order_waits=self._order_waits, punctuation_waits=self._punctuation_waits,
-                wait_seconds=self._wait_seconds, max_in_flight=self._max_in_flight, versions_peak=self._versions_peak,
-                versions_written=self._versions_written)
+            return SchedulerStatistics(scheduler=self.name, granularity=self.granularity, workers=self.workers,
+                                       **self._totals)
 
 
 class S2PLScheduler(LockingScheduler):

@@ -17,6 +17,7 @@ import enum
 import heapq
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterable
 
@@ -188,12 +189,9 @@ class StreamLockTable:
         self._last_position: int | None = None
         self._waiting: dict[Owner, tuple[Request | None, Owner | None]] = {}
         self._gated: list[Owner] = []        # owners waiting for a punctuation (LWM)
-        self._requests = 0
-        self._write_requests = 0
-        self._grants = 0
-        self._waits = 0
-        self._punctuation_waits = 0
-        self._wait_seconds = 0.0
+        # The counters of LockTableStatistics (all but ``waiting``, which is len(_waiting)).
+        self._counts = Counter(requests=0, write_requests=0, grants=0, waits=0, punctuation_waits=0,
+                               wait_seconds=0.0)
 
     # --- the dispatcher ---------------------------------------------------------------------
 
@@ -216,9 +214,9 @@ class StreamLockTable:
                 request = Request(owner, table, key, mode)
                 owner.requests[(table, key)] = request
                 self._enqueue(self._tables.setdefault(table, _Table()), request)
-                self._requests += 1
+                self._counts["requests"] += 1
                 if mode is LockMode.WRITE:
-                    self._write_requests += 1
+                    self._counts["write_requests"] += 1
 
     def _enqueue(self, table: _Table, request: Request) -> None:
         """Put ``request`` into ``table``'s queues.  Caller holds ``_mutex``."""
@@ -264,15 +262,15 @@ class StreamLockTable:
                 blocker, gated = self.blocker(request, mode)
                 if blocker is None and not gated:
                     request.held = True
-                    self._grants += 1
+                    self._counts["grants"] += 1
                     return request
                 owner.wake.clear()
                 if blocker is not None:
                     blocker = self.wait_target(request, blocker)
                     blocker.waiters.append(owner)
-                    self._waits += 1
+                    self._counts["waits"] += 1
                 else:
-                    self._punctuation_waits += 1
+                    self._counts["punctuation_waits"] += 1
                     self._gated.append(owner)
                 self._waiting[owner] = (request, blocker)
             self._sleep(owner, blocker, request)
@@ -302,7 +300,7 @@ class StreamLockTable:
         finally:
             with self._mutex:
                 self._waiting.pop(owner, None)
-                self._wait_seconds += time.perf_counter() - started
+                self._counts["wait_seconds"] += time.perf_counter() - started
 
     def matched(self, owner: Owner) -> None:
         """``owner``'s partition states are final (it matched, no rule is left to run): wake who
@@ -379,10 +377,7 @@ class StreamLockTable:
 
     def statistics(self) -> LockTableStatistics:
         with self._mutex:
-            return LockTableStatistics(requests=self._requests, write_requests=self._write_requests,
-                                       grants=self._grants, waits=self._waits,
-                                       punctuation_waits=self._punctuation_waits, waiting=len(self._waiting),
-                                       wait_seconds=self._wait_seconds)
+            return LockTableStatistics(waiting=len(self._waiting), **self._counts)
 
 
 class S2PLLockTable(StreamLockTable):
