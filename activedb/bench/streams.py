@@ -35,15 +35,9 @@ setting); the latency experiments over ``HCWS`` = 16 (README, the benchmark sect
   completes a match; with ``seqL = 3`` and a fourth type ``X`` (each type has one reader
   query) it is the paper's Fig. 11 mix (readN ≈ 1, writeN = 0.25).
 
-**The cost model.**  The paper's engine (Java, 2 cores) runs store operations in parallel
-threads.  CPython cannot run Python code in parallel (the GIL), so a scheduler can only win
-where an operation *waits*: here every Read and Write of the shared store costs
-``COST`` seconds of ``time.sleep`` (``StreamEngine(operation_cost=…)``), taken after its
-lock is granted — a store at a round trip's distance (a PostgreSQL query on a LAN is
-~0.2–0.5 ms).  ``time.sleep`` releases the GIL, so concurrent s-transactions overlap their
-store operations; everything else (matching, locking, versions, subtransactions, the
-commit) is real CPU time and serialises on the GIL.  This is modelled cost, used only
-here, never in tests.
+**The cost model.**  Every Read and Write of the shared store costs ``COST`` seconds of
+``time.sleep`` (``StreamEngine(operation_cost=…)``) once its lock is granted: the sleep releases
+the GIL, so only there can concurrent s-transactions overlap.  Modelled cost, used only here.
 
 Experiments (each point a fresh engine on reset statuses):
 
@@ -68,9 +62,9 @@ Experiments (each point a fresh engine on reset statuses):
   throughput at the highest rate, where all are saturated — and the rate as a share of it:
   the paper gives no absolute capacity, so its 2,000 events/s cannot be placed on ours.
 
-``COST`` is 1 ms (``ACTIVEDB_BENCH_STREAMS_COST_MS`` changes it).  What the model predicts per
-point, how the table splits the rest of the time, and why a writer's locks leave before its commit:
-``activedb/streams/README.md``, the benchmark section.
+``COST`` is 1 ms (``ACTIVEDB_BENCH_STREAMS_COST_MS`` changes it).  Why that cost, what the model
+predicts per point, how the table splits the rest of the time, and why a writer's locks leave
+before its commit: ``activedb/streams/README.md``, the benchmark section.
 
 **Checked, not only measured.**  Every run (part 1 and each scheduler at each point of part
 2, every repetition) records its stream history and ``activedb.testing.check_stream_history``
@@ -335,11 +329,10 @@ def pattern_events(count: int, types: list[str], rng: random.Random, spacing: fl
 
 def make_scheduler(name: str, granularity: str = "tuple", hooks: streams.SchedulerHooks | None = None) -> Any:
     """A fresh scheduler (objects keep per-run statistics) or the name of a stateless one."""
-    if name == "s2pl":
-        return streams.S2PLScheduler(granularity=granularity, workers=THREADS, hooks=hooks)
-    if name == "lwm":
-        return streams.LWMScheduler(granularity=granularity, workers=THREADS, hooks=hooks)
-    return name                     # "sei", "unscheduled"
+    if name in ("sei", "unscheduled"):
+        return name
+    scheduler = streams.S2PLScheduler if name == "s2pl" else streams.LWMScheduler
+    return scheduler(granularity=granularity, workers=THREADS, hooks=hooks)
 
 
 def _engine(database, name: str, scheduler: Any, types: tuple[str, ...], definitions: str,

@@ -22,15 +22,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
 from activedb.streams._batch import AccessPlan, BatchRun, STransaction
-from activedb.streams._locks import (
-    LockMode,
-    LockTableStatistics,
-    LWMLockTable,
-    Owner,
-    Request,
-    S2PLLockTable,
-    StreamLockTable,
-)
+from activedb.streams._locks import (LockMode, LockTableStatistics, LWMLockTable, Owner, Request, S2PLLockTable,
+                                     StreamLockTable)
 from activedb.streams._matcher import PartitionState
 from activedb.streams._scheduler import Scheduler
 from activedb.streams._versions import VersionStatistics, VersionStore
