@@ -173,7 +173,7 @@ class BatchRun:
             with subtransaction as child:
                 touched, outputs = self._body(child, stransaction, unit)
                 started = time.perf_counter()
-            self.engine.metrics.phase("commit", time.perf_counter() - started)     # the commit into the parent
+            self.engine.metrics.phase(commit=time.perf_counter() - started)     # the commit into the parent
         except BaseException as error:
             self._history("end", unit, stransaction, False)
             if not _event_failure(error):
@@ -276,7 +276,7 @@ class BatchRun:
             metrics.query(query.name, len(outputs))
             touched[(query.name, key)] = state
             produced.append((rank, query, outputs))
-        metrics.phases_add(match=matching, reads=reading)
+        metrics.phase(match=matching, reads=reading)
         rules_by_query = self.definitions.rules_by_query
         if self.on_matched is not None:
             self.on_matched(stransaction, dict(touched),
@@ -294,7 +294,7 @@ class BatchRun:
                     _run_rule(rule, output, view)
                     instances += 1
                     rule_latency += time.perf_counter() - output.sts
-        metrics.phase("rules", time.perf_counter() - started)
+        metrics.phase(rules=time.perf_counter() - started)
         metrics.add(rule_instances=instances, rule_latency=rule_latency, reads=view.reads, writes=view.writes)
         return touched, all_outputs
 

@@ -489,7 +489,7 @@ class LWMScheduler(LockingScheduler):
             sequences = history.last_writes(table) if history is not None else {}
             for key in wanted:
                 versions.load_row(table, key, tx.read(table, key), sequences.get(key))
-        engine.metrics.phase("reads", time.perf_counter() - started)
+        engine.metrics.phase(reads=time.perf_counter() - started)
         if runnable:
             versions.advance(runnable[0].event.position)
 
