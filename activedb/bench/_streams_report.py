@@ -136,9 +136,7 @@ def spread_of(point: dict[str, Any]) -> float:
 
 def model_rows(report: BenchReport, results: dict[str, Any], read_ns: list) -> None:
     """Each scheduler's throughput at table locks as a share of its cost model (``model_operations``
-    × the nominal cost), and where the rest of the time went: the sleeps' own overshoot (measured
-    by the cost, ``sleep_ms_mean``) and everything else — waking the next s-transaction, re-taking
-    the GIL, the Python of the operations, each batch's set-up."""
+    × the nominal cost), the rest split into the sleeps' overshoot and everything else."""
     table = results["throughput_vs_readN"]["table"]
     events = results["parameters"]["throughput_events"]
     cost = results["parameters"]["cost_seconds_per_operation"]
