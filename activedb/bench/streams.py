@@ -101,10 +101,7 @@ from activedb.streams._versions import VersionStore
 from activedb.testing import check_stream_history
 
 WORKERS = 100
-# Part 2's HCWs, one status tuple each (the paper gives no number; ours, see the README): the latency
-# experiments' as many as s-transactions in flight (THREADS), the throughput sweeps' a quarter of them, so
-# that an s-transaction meets about 3 others of its HCW and, at tuple locks, the locks bind (Fig. 5).
-HCWS = 16
+HCWS = 16                           # part 2's HCWs (one status tuple each): see the module docstring
 POOL_HCWS = THREADS // 4
 SEED = 7
 BATCH = 1000
@@ -130,7 +127,6 @@ BEGIN UPDATE workerStatus SET status = 'safe' WHERE workerID = n.HCW-ID END
 
 # --- part 2's parameters -------------------------------------------------------------------------
 
-# Seconds of time.sleep per Read and per Write (the store's round trip); ACTIVEDB_BENCH_STREAMS_COST_MS overrides.
 COST = float(os.environ.get("ACTIVEDB_BENCH_STREAMS_COST_MS", "1")) / 1000
 THROUGHPUT_EVENTS = 600
 THROUGHPUT_BATCH = 300
@@ -467,9 +463,8 @@ def run_experiments(database, quick: bool) -> dict[str, Any]:
     results: dict[str, Any] = {"parameters": {
         "cost_seconds_per_operation": COST, "threads": THREADS, "workers": WORKERS, "hcws": HCWS,
         "pool_hcws": POOL_HCWS, "throughput_events": count, "throughput_repeat": repeat, "tuple_repeat": tuple_repeat,
-        "rate_repeat": repeat,
-        "throughput_batch": THROUGHPUT_BATCH, "underloaded_rate": UNDERLOADED_RATE, "rate_seconds": seconds,
-        "load_average_at_start": round(os.getloadavg()[0], 2)}}
+        "rate_repeat": repeat, "throughput_batch": THROUGHPUT_BATCH, "underloaded_rate": UNDERLOADED_RATE,
+        "rate_seconds": seconds, "load_average_at_start": round(os.getloadavg()[0], 2)}}
 
     def sweep(cases) -> dict[str, dict[str, list]]:
         """Throughput of SEI, and of S2PL and LWM with tuple and table locks, per (events, definitions,
@@ -480,8 +475,6 @@ def run_experiments(database, quick: bool) -> dict[str, Any]:
         for events, definitions, read_n in cases:
             model = {granularity: model_operations(events, read_n, THROUGHPUT_BATCH, granularity=granularity)
                      for granularity in ("tuple", "table")}
-            # The repetitions go round the schedulers (SEI, S2PL, LWM, SEI, …), so that a spell of
-            # load from elsewhere on the machine falls on all of them, not on one scheduler's runs.
             runs: dict[tuple[str, str], list] = {configuration: [] for configuration in configurations}
             for turn in range(max(repeat, tuple_repeat)):
                 for name, granularity in configurations:
@@ -530,11 +523,8 @@ def run_experiments(database, quick: bool) -> dict[str, Any]:
     definitions = pattern_definitions(3, readers=True)
     for rate in rates:
         events = pattern_events(max(20, int(rate * seconds)), types, rng, 1 / rate)
-        # S2PL and LWM repeated in turns (SEI, S2PL, LWM, S2PL, LWM, …), the median run of each
-        # kept: near a scheduler's capacity one run's latency is the length of its queue, which a
-        # spell of load from elsewhere on the machine can double.  SEI runs once: from 500
-        # events/s on it is far past its capacity, its latency seconds of queue, and a run of it
-        # at 5,000 events/s takes 20 s.
+        # In turns, the median run kept (module docstring).  SEI runs once: from 500 events/s on it is
+        # far past its capacity, its latency seconds of queue, and a run at 5,000 events/s takes 20 s.
         runs: dict[str, list] = {name: [] for name in SCHEDULERS}
         for turn in range(repeat):
             for name in SCHEDULERS if turn == 0 else ("s2pl", "lwm"):
