@@ -25,11 +25,6 @@ class EventKind(enum.StrEnum):
     ABORTED = "aborted"
 
     @property
-    def is_data(self) -> bool:
-        """A data event (or spec) on a table."""
-        return self in DATA_SPEC_KINDS
-
-    @property
     def is_transaction_end(self) -> bool:
         return self in (EventKind.COMMITTED, EventKind.ABORTED)
 
