@@ -18,7 +18,7 @@ import logging
 import threading
 from collections import Counter
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
 from activedb.streams._batch import AccessPlan, BatchRun, STransaction
@@ -70,33 +70,30 @@ class SchedulerStatistics:
     versions_written: int
 
 
+@dataclass(eq=False, slots=True)
 class _Work:
     """One s-transaction of the run: its lock-table owner, its unit, what it depends on."""
 
-    __slots__ = ("stransaction", "owner", "unit", "inputs", "result", "committed", "started", "ending", "done",
-                 "handle", "index", "matched")
-
-    def __init__(self, stransaction: STransaction, index: int):
-        self.stransaction = stransaction
-        self.index = index
-        event = stransaction.event
-        self.owner = Owner(event.position, event.ts, stransaction.id)
-        self.unit = ""
-        # For each partition it consumes: the earlier s-transaction whose end it waits for
-        # and whose committed state it is matched on (None: the state before the batch).
-        self.inputs: dict[tuple[str, tuple], _Work | None] = {}
-        self.result: tuple | None = None
-        # Its partitions' final states, once it matched with no rule left to run (else None).
-        self.matched: dict[tuple[str, tuple], PartitionState] | None = None
-        self.committed = False
-        self.started = False              # its body began on a worker
-        self.ending = False
-        self.done = False                 # ended, and its locks released
-        self.handle: Any = None
+    stransaction: STransaction
+    index: int
+    owner: Owner
+    unit: str = ""
+    # For each partition it consumes: the earlier s-transaction whose end it waits for
+    # and whose committed state it is matched on (None: the state before the batch).
+    inputs: dict[tuple[str, tuple], _Work | None] = field(default_factory=dict)
+    result: tuple | None = None
+    # Its partitions' final states, once it matched with no rule left to run (else None).
+    matched: dict[tuple[str, tuple], PartitionState] | None = None
+    committed: bool = False
+    started: bool = False              # its body began on a worker
+    ending: bool = False
+    done: bool = False                 # ended, and its locks released
+    handle: Any = None
 
 
-class _Run:
-    """One batch under a locking scheduler."""
+class _Run(Observer):
+    """One batch under a locking scheduler; as an observer it hears the s-transactions'
+    subtransactions end (step 3 of the design note's "S2PL and LWM")."""
 
     def __init__(self, scheduler: "LockingScheduler", batch: BatchRun, table: StreamLockTable):
         self.scheduler = scheduler
@@ -117,13 +114,6 @@ class _Run:
         self.order_waits = 0
         self.broken: BaseException | None = None     # an infrastructure failure in a worker
 
-
-class _Ends(Observer):
-    """Hears the s-transactions' subtransactions end (step 3 of the design note's "S2PL and LWM")."""
-
-    def __init__(self, run: _Run):
-        self.run = run
-
     def on_commit(self, transaction: Transaction) -> None:
         self._end(transaction, True)
 
@@ -131,16 +121,15 @@ class _Ends(Observer):
         self._end(transaction, False)
 
     def _end(self, transaction: Transaction, committed: bool) -> None:
-        run = self.run
-        with run._mutex:
-            work = run.by_node.pop(transaction.id, None)
+        with self._mutex:
+            work = self.by_node.pop(transaction.id, None)
         if work is None:
             return
         try:
-            run.scheduler._ended(run, work, committed)
+            self.scheduler._ended(self, work, committed)
         except Exception as error:        # the owner ended anyway (see _ended); fail the batch, keep listening
             logger.exception("ending %s failed", work.stransaction.id)
-            run.broken = run.broken or error
+            self.broken = self.broken or error
 
 
 class LockingScheduler(Scheduler):
@@ -202,7 +191,7 @@ class LockingScheduler(Scheduler):
         batch.view_factory = lambda tx, stamp: self._view(run, tx, stamp)
         batch.state_source = lambda stransaction, query, key: self._input_state(run, stransaction, query, key)
         batch.on_matched = lambda stransaction, touched, certain: self._matched(run, stransaction, touched, certain)
-        ends = db.observe(_Ends(run))
+        ends = db.observe(run)
         try:
             self._spawn_all(run, runnable, plans)
         finally:
@@ -214,10 +203,10 @@ class LockingScheduler(Scheduler):
         """Insert the next s-transaction's locks (the declared order) and note its partition
         order (step 1); ``last_changer`` carries the partition order from one call to the next."""
         batch = run.batch
-        work = _Work(stransaction, len(run.works))
-        work.unit = batch.new_unit(stransaction)
-        run.table.insert(work.owner, self._resources(batch, plan))
         event = stransaction.event
+        work = _Work(stransaction, len(run.works), Owner(event.position, event.ts, stransaction.id),
+                     batch.new_unit(stransaction))
+        run.table.insert(work.owner, self._resources(batch, plan))
         for _, matcher in stransaction.matchers:
             partition = (matcher.query.name, matcher.partition_key(event))
             if partition not in work.inputs:
