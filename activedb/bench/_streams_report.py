@@ -64,15 +64,16 @@ def headline(report: BenchReport, results: dict[str, Any]) -> None:
     # Whether a point's order means anything: the difference against the spread of the repetitions.
     spread = [max(spread_of(lwm), spread_of(s2pl)) for lwm, s2pl in pairs]
     difference = [lwm["throughput"] / s2pl["throughput"] - 1 for lwm, s2pl in pairs]
+    model_difference = [s2pl["model_operations"] / lwm["model_operations"] - 1
+                        if lwm.get("model_operations") and s2pl.get("model_operations") else None
+                        for lwm, s2pl in pairs]
     report.add(Row(name="readN points where LWM >= S2PL, tuple locks", value=sum(ahead), unit="points",
                    target=f"{len(ahead)} of {len(ahead)} (Active CEP §6, Fig. 5: LWM scales more gracefully)",
                    met=all(ahead), extra={
                        "readN": read_ns, "lwm_ahead": ahead,
                        "lwm_over_s2pl_percent": [round(value * 100, 1) for value in difference],
-                       "cost_model_lwm_over_s2pl_percent": [
-                           round((s2pl["model_operations"] / lwm["model_operations"] - 1) * 100, 1)
-                           if lwm.get("model_operations") and s2pl.get("model_operations") else None
-                           for lwm, s2pl in pairs],
+                       "cost_model_lwm_over_s2pl_percent": [None if value is None else round(value * 100, 1)
+                                                            for value in model_difference],
                        "lock_waits": {"lwm": [lwm.get("lock_waits") for lwm, _ in pairs],
                                       "s2pl": [s2pl.get("lock_waits") for _, s2pl in pairs]},
                        "spread_of_repetitions_percent": [round(value * 100, 1) for value in spread],
@@ -86,15 +87,11 @@ def headline(report: BenchReport, results: dict[str, Any]) -> None:
                             f"{read_n}: {value * 100:+.0f} ({model}; {noise * 100:.0f}; {lwm.get('lock_waits')} / "
                             f"{s2pl.get('lock_waits')})" for read_n, value, noise, (lwm, s2pl), model in zip(
                                 read_ns, difference, spread, pairs,
-                                [f"{(s2pl['model_operations'] / lwm['model_operations'] - 1) * 100:+.0f}"
-                                 if lwm.get("model_operations") and s2pl.get("model_operations") else "?"
-                                 for lwm, s2pl in pairs])) + ".")
+                                ["?" if value is None else f"{value * 100:+.0f}" for value in model_difference])) + ".")
+    tuple_throughput = {name: [point["throughput"] for point in tuple_level[name]] for name in SCHEDULERS}
     report.add(Row(name="LWM / S2PL throughput, tuple locks, mean over readN",
-                   value=round(ratio([p["throughput"] for p in tuple_level["lwm"]],
-                                      [p["throughput"] for p in tuple_level["s2pl"]]), 2), unit="x",
-                   extra={"lwm": rounded([p["throughput"] for p in tuple_level["lwm"]]),
-                          "s2pl": rounded([p["throughput"] for p in tuple_level["s2pl"]]),
-                          "sei": rounded([p["throughput"] for p in tuple_level["sei"]])}))
+                   value=round(ratio(tuple_throughput["lwm"], tuple_throughput["s2pl"]), 2), unit="x",
+                   extra={name: rounded(tuple_throughput[name]) for name in ("lwm", "s2pl", "sei")}))
     rates = results["latency_vs_rate"]["rate"]
     if 2000 in rates:
         at = rates.index(2000)
