@@ -145,10 +145,8 @@ def _paths(chunk: list[tuple[bool, int]], threads: int) -> tuple[int, int]:
 
 @contextlib.contextmanager
 def quiet_heap():
-    """Collect the garbage of earlier runs, then freeze what is left for the measured run: a
-    full collection of the whole process's heap (tens of ms of CPU, hundreds on a loaded
-    machine) then cannot fall into the run, at a random point of one scheduler's run and not
-    another's.  The run still pays for collecting its own objects.  Same for every run."""
+    """Collect the garbage of earlier runs, then freeze what is left for the measured run, so that
+    no full collection of the process's heap falls into one run and not another's."""
     gc.collect()
     gc.freeze()
     try:

@@ -131,15 +131,11 @@ class BatchRun:
         # end s-transactions out of order; only those that cannot change a partition's state run unordered).
         self._installed_at: dict[tuple[str, tuple], int] = {}
         #: A concurrent scheduler's answer to "on which state of partition ``key`` of ``query``
-        #: is ``stransaction`` matched" (``state_source(stransaction, query, key)``); None: the
-        #: batch's current state (SEI: the previous s-transaction's).
+        #: is ``stransaction`` matched"; None: the batch's current state (SEI: the previous one's).
         self.state_source: Callable[[STransaction, str, tuple], PartitionState | None] | None = None
-        #: Called on the s-transaction's thread once its queries matched, before its rules run:
-        #: ``on_matched(stransaction, touched, certain)`` with the partitions' new states;
-        #: ``certain``: no rule instance is left to run, so nothing after this point can abort it
-        #: for its event (its states are final as soon as it commits, which it will unless the
-        #: whole batch fails).  A concurrent scheduler lets the next s-transaction of a
-        #: partition be matched on them at once (Active CEP Example 5).
+        #: Called on the s-transaction's thread once its queries matched, before its rules run, with
+        #: the partitions' new states and ``certain`` (no rule is left to run): the design note's
+        #: "Matching order".
         self.on_matched: Callable[[STransaction, dict, bool], None] | None = None
 
     def partition(self, query: str, key: tuple) -> PartitionState | None:

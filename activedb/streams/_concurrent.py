@@ -337,9 +337,7 @@ class LockingScheduler(Scheduler):
             run.max_in_flight = max(run.max_in_flight, run.in_flight)
         stransaction = work.stransaction
         self.hooks.started(stransaction)
-        # The partition order: wait until the latest earlier s-transaction that may change each
-        # partition this one consumes has final states (matched with no rule left, or ended);
-        # if it aborted, for the one before it, and so on.
+        # The partition order (see _input_state); an aborted dependency hands over to the one before it.
         waited = False
         for partition, dependency in work.inputs.items():
             while dependency is not None:

@@ -1,9 +1,7 @@
 """LWM's versions (Active CEP §5.3, Algorithm 2's ``Map<time, string> versions``): one
 :class:`VersionStore` per micro-batch over an :class:`activedb.versions.Versions` stamped with
-positions, values ``(image, history sequence)``: the bases the dispatcher loads, the versions
-the s-transactions write, reads at a position, aborted owners' versions dropped, garbage
-collection below ``floor`` — the design note ``activedb/streams/README.md`` ("What a Read
-sees", choices 13 and 15).
+positions, values ``(image, history sequence)`` — the design note ``activedb/streams/README.md``
+("What a Read sees", choices 13 and 15).
 
 Thread-safety: ``_mutex`` protects ``_store``, ``_tables``, ``_by_position``, the counters
 and ``floor``; a leaf (the store takes no mutex).  Images handed out are copies.
