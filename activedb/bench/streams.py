@@ -228,26 +228,20 @@ def _hand_hygiene(report: BenchReport, database, sizes: tuple[int, ...]) -> list
         per_event["other"] = round(max(0.0, sei["seconds"] - accounted) / size * 1e6, 1)
         report.add(Row(
             name=f"SEI, {size:,} events", value=rate, unit="events/s",
-            baseline_name="plain write path (one tx.write per event)", baseline=plain_rate,
-            ratio=rate / plain_rate,
+            baseline_name="plain write path (one tx.write per event)", baseline=plain_rate, ratio=rate / plain_rate,
             target=">= 0.5 of the plain write path" if size >= 10_000 else None,
             met=rate / plain_rate >= 0.5 if size >= 10_000 else None,
-            extra={
-                "events": size, "processed": statistics.events_processed,
-                "dead_letters": statistics.dead_letters, "late": statistics.late_events,
-                "outputs": statistics.outputs, "rule_instances": statistics.rule_instances,
-                "store_reads": statistics.store_reads, "store_writes": statistics.store_writes,
-                "throughput_T_proc": round(statistics.throughput, 1),
-                "L_query_ms": _ms(statistics.l_query), "L_rule_ms": _ms(statistics.l_rule),
-                "L_combined_ms": _ms(statistics.l_combined),
-                "mean_reorder_delay_ms": _ms(statistics.mean_reorder_delay),
-                "us_per_event": per_event,
-                "definition_6": sei["definition_6"],
-            },
-        ))
+            extra={"events": size, "processed": statistics.events_processed,
+                   "dead_letters": statistics.dead_letters, "late": statistics.late_events,
+                   "outputs": statistics.outputs, "rule_instances": statistics.rule_instances,
+                   "store_reads": statistics.store_reads, "store_writes": statistics.store_writes,
+                   "throughput_T_proc": round(statistics.throughput, 1),
+                   "L_query_ms": _ms(statistics.l_query), "L_rule_ms": _ms(statistics.l_rule),
+                   "L_combined_ms": _ms(statistics.l_combined),
+                   "mean_reorder_delay_ms": _ms(statistics.mean_reorder_delay),
+                   "us_per_event": per_event, "definition_6": sei["definition_6"]}))
         report.add(Row(name=f"SEI L_combined, {size:,} events", value=_ms(statistics.l_combined) or 0.0,
-                       unit="ms", extra={"L_query_ms": _ms(statistics.l_query),
-                                         "L_rule_ms": _ms(statistics.l_rule)}))
+                       unit="ms", extra={"L_query_ms": _ms(statistics.l_query), "L_rule_ms": _ms(statistics.l_rule)}))
     report.notes.append(
         f"Part 1: {WORKERS} workers, micro-batches of {BATCH} events, punctuation = max ts seen before the batch - "
         f"{DELAY:g} s (like Spark's watermark), END_OF_STREAM last. events/s = events / wall time of all batches "
