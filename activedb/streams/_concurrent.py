@@ -19,7 +19,7 @@ import threading
 from collections import Counter
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from activedb.streams._batch import AccessPlan, BatchRun, STransaction
 from activedb.streams._locks import (LockMode, LockTableStatistics, LWMLockTable, Owner, Request, S2PLLockTable,
@@ -172,9 +172,8 @@ class LockingScheduler(Scheduler):
         engine = batch.engine
         db = engine.db
         runnable = [stransaction for stransaction in batch.stransactions if stransaction.matchers]
-        plans = {stransaction.id: stransaction.plan for stransaction in runnable}
         for stransaction in runnable:
-            if plans[stransaction.id].opaque:
+            if stransaction.plan.opaque:
                 raise SchedulerError(
                     f"{self.name.upper()} inserts every lock of an s-transaction before it runs (Active CEP Algorithm "
                     f"1), but a rule on a query consuming {stransaction.event.type} events is a Python action that "
@@ -187,26 +186,25 @@ class LockingScheduler(Scheduler):
         for stransaction in batch.stransactions:
             if not stransaction.matchers:
                 batch.count_empty()
-        self._prepare(run, runnable, plans)
+        self._prepare(run, runnable)
         batch.view_factory = lambda tx, stamp: self._view(run, tx, stamp)
         batch.state_source = lambda stransaction, query, key: self._input_state(run, stransaction, query, key)
         batch.on_matched = lambda stransaction, touched, certain: self._matched(run, stransaction, touched, certain)
         ends = db.observe(run)
         try:
-            self._spawn_all(run, runnable, plans)
+            self._spawn_all(run, runnable)
         finally:
             manager.observers.remove(ends)
             self._account(run)
 
-    def _dispatch(self, run: _Run, stransaction: STransaction, plan: AccessPlan,
-                  last_changer: dict[tuple[str, tuple], _Work]) -> _Work:
+    def _dispatch(self, run: _Run, stransaction: STransaction, last_changer: dict[tuple[str, tuple], _Work]) -> _Work:
         """Insert the next s-transaction's locks (the declared order) and note its partition
         order (step 1); ``last_changer`` carries the partition order from one call to the next."""
         batch = run.batch
         event = stransaction.event
         work = _Work(stransaction, len(run.works), Owner(event.position, event.ts, stransaction.id),
                      batch.new_unit(stransaction))
-        run.table.insert(work.owner, self._resources(batch, plan))
+        run.table.insert(work.owner, self._resources(batch, stransaction.plan))
         for _, matcher in stransaction.matchers:
             partition = (matcher.query.name, matcher.partition_key(event))
             if partition not in work.inputs:
@@ -237,7 +235,7 @@ class LockingScheduler(Scheduler):
                 resources.append((resource.table, key, mode))
         return resources
 
-    def _prepare(self, run: _Run, runnable: list[STransaction], plans: Mapping[str, AccessPlan]) -> None:
+    def _prepare(self, run: _Run, runnable: list[STransaction]) -> None:
         """Before the first s-transaction is dispatched (LWM loads its base images here)."""
 
     def _dispatched(self, run: _Run, work: _Work | None) -> None:
@@ -252,11 +250,9 @@ class LockingScheduler(Scheduler):
         work = run.by_position[stransaction.event.position].inputs.get(partition)
         while work is not None and work.matched is None and not work.committed:
             work = work.inputs.get(partition)
-        if work is None:
-            return run.base_states.get(partition)
-        if work.matched is not None:
+        if work is not None and work.matched is not None:
             return work.matched.get(partition)
-        if work.result is None:
+        if work is None or work.result is None:
             return run.base_states.get(partition)
         return work.result[0].get(partition)
 
@@ -269,7 +265,7 @@ class LockingScheduler(Scheduler):
         work.matched = touched
         run.table.matched(work.owner)
 
-    def _spawn_all(self, run: _Run, runnable: list[STransaction], plans: Mapping[str, AccessPlan]) -> None:
+    def _spawn_all(self, run: _Run, runnable: list[STransaction]) -> None:
         """Dispatch and spawn in the declared order: each s-transaction is spawned as soon as its
         locks and those of every earlier one are in — the later ones' locks cannot hold it back
         (every wait is for an earlier owner), so the dispatcher's work overlaps the runs."""
@@ -279,7 +275,7 @@ class LockingScheduler(Scheduler):
         works = run.works
         last_changer: dict[tuple[str, tuple], _Work] = {}
         for stransaction in runnable:
-            work = self._dispatch(run, stransaction, plans[stransaction.id], last_changer)
+            work = self._dispatch(run, stransaction, last_changer)
             # At most `workers` unfinished s-transactions: wait until one ends (a parent waiting for
             # its children; if the oldest is queued and no worker is free, this thread runs it).
             while True:
@@ -448,7 +444,7 @@ class LWMScheduler(LockingScheduler):
     name = "lwm"
     lock_table_class = LWMLockTable
 
-    def _prepare(self, run: _Run, runnable: list[STransaction], plans: Mapping[str, AccessPlan]) -> None:
+    def _prepare(self, run: _Run, runnable: list[STransaction]) -> None:
         """Load the base image of every row the batch may read (before any s-transaction writes)."""
         batch = run.batch
         tx = batch.tx
@@ -458,7 +454,7 @@ class LWMScheduler(LockingScheduler):
         whole: set[str] = set()
         rows: dict[str, dict[tuple, None]] = {}
         for stransaction in runnable:
-            for resource in plans[stransaction.id].reads:
+            for resource in stransaction.plan.reads:
                 if resource.key is None:
                     whole.add(resource.table)
                 elif all(value is not None for value in resource.key):
