@@ -196,12 +196,6 @@ def plot(results: dict[str, Any], path: Path, *, cost: float, threads: int) -> N
 
     colours = {"sei": "tab:gray", "s2pl": "tab:blue", "lwm": "tab:red", "baseline": "black"}
     figure, axes = pyplot.subplots(2, 4, figsize=(20, 9))
-    panels = [
-        (axes[0][0], "throughput_vs_readN", "tuple", "readN", "Fig. 5: throughput vs readN, tuple locks"),
-        (axes[0][1], "throughput_vs_readN", "table", "readN", "Fig. 6: throughput vs readN, table locks"),
-        (axes[0][2], "throughput_vs_writeN", "tuple", "writeN", "Fig. 7: throughput vs writeN, tuple locks"),
-        (axes[0][3], "throughput_vs_writeN", "table", "writeN", "Fig. 8: throughput vs writeN, table locks"),
-    ]
 
     def panel(axis, x: list, series, names, title: str, xlabel: str, ylabel: str, *, log: str = "",
               from_zero: bool = False, label=lambda name: name.upper()) -> None:
@@ -217,10 +211,13 @@ def plot(results: dict[str, Any], path: Path, *, cost: float, threads: int) -> N
             axis.set_ylim(bottom=0)
         axis.legend()
 
-    for axis, experiment, granularity, parameter, title in panels:
-        data = results[experiment]
-        panel(axis, data[parameter], lambda name: [point["throughput"] for point in data[granularity][name]],
-              SCHEDULERS, title, parameter, "events/s (numIn / T_proc)", from_zero=True)
+    # Figs. 5-8: throughput vs readN and vs writeN, tuple and table locks.
+    for column, (parameter, granularity) in enumerate((parameter, granularity) for parameter in ("readN", "writeN")
+                                                      for granularity in ("tuple", "table")):
+        data = results[f"throughput_vs_{parameter}"]
+        panel(axes[0][column], data[parameter], lambda name: [point["throughput"] for point in data[granularity][name]],
+              SCHEDULERS, f"Fig. {5 + column}: throughput vs {parameter}, {granularity} locks", parameter,
+              "events/s (numIn / T_proc)", from_zero=True)
     seq = results["latency_vs_seqL"]
     panel(axes[1][0], seq["seqL"], lambda name: [point["L_combined_ms"] for point in seq[name]],
           ("baseline", *SCHEDULERS), f"Fig. 10: L_combined vs seqL, underloaded ({seq['rate']:g} events/s)",
