@@ -17,7 +17,7 @@ import enum
 import heapq
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterable
 
@@ -128,8 +128,8 @@ class _Table:
 
     table_reads: _Queue = field(default_factory=_Queue)
     table_writes: _Queue = field(default_factory=_Queue)
-    tuple_reads: dict[tuple, _Queue] = field(default_factory=dict)
-    tuple_writes: dict[tuple, _Queue] = field(default_factory=dict)
+    tuple_reads: defaultdict[tuple, _Queue] = field(default_factory=lambda: defaultdict(_Queue))
+    tuple_writes: defaultdict[tuple, _Queue] = field(default_factory=lambda: defaultdict(_Queue))
     any_tuple_reads: _Queue = field(default_factory=_Queue)
     any_tuple_writes: _Queue = field(default_factory=_Queue)
     requests: list[Request] = field(default_factory=list)     # every request, in insertion order
@@ -227,11 +227,7 @@ class StreamLockTable:
         if key is None:
             (table.table_writes if write else table.table_reads).push(owner, serial)
         else:
-            queues = table.tuple_writes if write else table.tuple_reads
-            queue = queues.get(key)
-            if queue is None:
-                queue = queues[key] = _Queue()
-            queue.push(owner, serial)
+            (table.tuple_writes if write else table.tuple_reads)[key].push(owner, serial)
             (table.any_tuple_writes if write else table.any_tuple_reads).push(owner, serial)
 
     # --- the workers ------------------------------------------------------------------------
