@@ -27,13 +27,11 @@ from activedb.streams._view import StoreView
 from activedb.streams.algebra import Consumption, Selection
 from activedb.streams import errors
 
-__all__ = [
-    "AccessPlan", "BatchResult", "BatchRun", "CompiledQuery", "CompiledRule", "Consumption", "Ctx", "DeadLetter",
-    "END_OF_STREAM", "EventRef", "LWMLockTable", "LWMScheduler", "LockMode", "LockingScheduler", "NEW", "Output",
-    "PartitionState", "QueryCounters", "ReadSpec", "Ref", "Resource", "S2PLLockTable", "S2PLScheduler",
-    "SEIScheduler", "STransaction", "Scheduler", "SchedulerHooks", "SchedulerStatistics", "Selection", "StoreView",
-    "StreamEngine", "StreamEvent", "StreamHistory", "StreamLockTable", "StreamOp", "StreamSchema",
-    "StreamStatistics", "UnscheduledScheduler", "WriteSpec", "algebra", "compile_query", "component", "conj",
-    "delete", "errors", "event", "exists", "insert", "lit", "not_", "parse", "query_definition", "same", "seq",
-    "store", "update",
-]
+__all__ = ["AccessPlan", "BatchResult", "BatchRun", "CompiledQuery", "CompiledRule", "Consumption", "Ctx", "DeadLetter",
+           "END_OF_STREAM", "EventRef", "LWMLockTable", "LWMScheduler", "LockMode", "LockingScheduler", "NEW", "Output",
+           "PartitionState", "QueryCounters", "ReadSpec", "Ref", "Resource", "S2PLLockTable", "S2PLScheduler",
+           "SEIScheduler", "STransaction", "Scheduler", "SchedulerHooks", "SchedulerStatistics", "Selection",
+           "StoreView", "StreamEngine", "StreamEvent", "StreamHistory", "StreamLockTable", "StreamOp", "StreamSchema",
+           "StreamStatistics", "UnscheduledScheduler", "WriteSpec", "algebra", "compile_query", "component", "conj",
+           "delete", "errors", "event", "exists", "insert", "lit", "not_", "parse", "query_definition", "same", "seq",
+           "store", "update"]
