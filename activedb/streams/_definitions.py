@@ -221,8 +221,7 @@ def _attribute_from_event(source: ast.AttributeRef, query: CompiledQuery) -> str
     alias = source.alias.casefold()
     for index, component in enumerate(components):
         if component.name.casefold() == alias:
-            stream = query.stream
-            attribute = stream.resolve_attribute(query.types[index], source.attribute, None)
+            attribute = query.stream.resolve_attribute(query.types[index], source.attribute, None)
             if index == query.accepting or attribute in query.partition:
                 return attribute
             return None
