@@ -271,7 +271,6 @@ class LockingScheduler(Scheduler):
         (every wait is for an earlier owner), so the dispatcher's work overlaps the runs."""
         tx = run.batch.tx
         manager = tx.manager
-        oldest = 0
         works = run.works
         last_changer: dict[tuple[str, tuple], _Work] = {}
         for stransaction in runnable:
@@ -280,16 +279,15 @@ class LockingScheduler(Scheduler):
             # its children; if the oldest is queued and no worker is free, this thread runs it).
             while True:
                 with run._mutex:
-                    while oldest < len(works) and works[oldest].done:
-                        oldest += 1
                     if work.index - run.ended < self.workers:
                         break
-                    running = works[oldest].started
+                    oldest = works[run.floor_index]          # the earliest unfinished one
+                    running = oldest.started
                 pool = manager.pool.statistics()
                 if not running and not pool["idle"] and pool["threads"] >= manager.pool.max_workers:
-                    self._settle(run, works[oldest])
+                    self._settle(run, oldest)
                     continue
-                with manager.waiting(tx, WaitKind.CHILDREN, works[oldest].handle.transaction.id), run._mutex:
+                with manager.waiting(tx, WaitKind.CHILDREN, oldest.handle.transaction.id), run._mutex:
                     if work.index - run.ended >= self.workers:
                         run.wake.wait()
             if run.broken is not None:
