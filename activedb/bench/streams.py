@@ -289,11 +289,8 @@ def pattern_definitions(seq_l: int, readers: bool) -> str:
 
 def pool_events(count: int, write_n: float, read_n: float, rng: random.Random,
                 spacing: float = 0.01) -> list[streams.StreamEvent]:
-    """``count`` events over ``POOL_HCWS`` HCWs at random, a fraction ``write_n`` of them ``W`` (the
-    writer pair: one Read, one Write), the rest ``E``; each event's ``reads`` says how many Reads
-    its s-transaction does, the E events sharing out the rest so that the mean over all
-    s-transactions is ``read_n`` (Active CEP Table 1: readN, the *average* Reads per
-    s-transaction)."""
+    """``count`` events over ``POOL_HCWS`` HCWs at random, a fraction ``write_n`` of them ``W``, the
+    rest ``E`` carrying ``reads`` so that the mean over all s-transactions is ``read_n`` (module docstring)."""
     writers = set(rng.sample(range(count), round(count * write_n)))
     readers = [index for index in range(count) if index not in writers]
     share, left = divmod(max(0, round(read_n * count) - len(writers)), len(readers)) if readers else (0, 0)
@@ -408,13 +405,11 @@ def measure_realtime(database, scheduler: Any, events: list, rate: float, defini
             batches += 1
             done = due
     statistics = engine.statistics()
-    figures = _scheduler_figures(engine)
-    versions_peak = figures.get("versions_peak", 0)
     return {"L_query_ms": _ms(statistics.l_query), "L_rule_ms": _ms(statistics.l_rule),
             "L_combined_ms": _ms(statistics.l_combined), "outputs": statistics.outputs,
             "rule_instances": statistics.rule_instances, "peak_queue": peak_queue, "batches": batches,
-            "versions_peak": versions_peak, "throughput": statistics.throughput, **slept(cost),
-            "violations": _checked(engine)["violations"], **figures}
+            "versions_peak": 0, "throughput": statistics.throughput, **slept(cost),     # 0: no versions (not LWM)
+            "violations": _checked(engine)["violations"], **_scheduler_figures(engine)}
 
 
 def _sizes_in_memory() -> tuple[float, float]:
