@@ -159,10 +159,8 @@ class Timestamp:
             raise ValueError(f"a producer is a non-empty string, got {self.producer!r}")
         if self.local is not None:
             check_time(self.local, "local timestamp")
-        if self.reference is None:
-            interval = self.interval
-            middle = interval.lower + (interval.upper - interval.lower) / 2
-            object.__setattr__(self, "reference", middle)
+        if self.reference is None:                     # the middle of the interval
+            object.__setattr__(self, "reference", self.lower + (self.upper - self.lower) / 2)
 
     @classmethod
     def at(cls, reference: Any, accuracy: Any = 0.0, *, minus: Any = None, plus: Any = None,

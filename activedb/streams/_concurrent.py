@@ -163,9 +163,6 @@ class LockingScheduler(Scheduler):
                                order_waits=0, punctuation_waits=0, wait_seconds=0.0, max_in_flight=0,
                                versions_peak=0, versions_written=0)
 
-    def describe(self) -> str:
-        return f"{self.name} ({self.granularity} locks, {self.workers} workers)"
-
     # --- a batch ----------------------------------------------------------------------------
 
     def run(self, batch: BatchRun) -> None:

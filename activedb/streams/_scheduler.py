@@ -30,9 +30,6 @@ class Scheduler(abc.ABC):
         """Run every s-transaction of ``batch.stransactions``.  Precondition: called in the
         thread that owns ``batch.tx``.  Returns when all of them have ended."""
 
-    def describe(self) -> str:
-        return self.name
-
 
 class SEIScheduler(Scheduler):
     """Single-Event-Initiated (Active CEP §5.1): one s-transaction at a time, in order."""
