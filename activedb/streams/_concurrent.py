@@ -217,9 +217,8 @@ class LockingScheduler(Scheduler):
         return work
 
     def _resources(self, batch: BatchRun, plan: AccessPlan) -> list[tuple[str, tuple | None, LockMode]]:
-        """The plan's resources at this scheduler's granularity: a row stays a row only at
-        tuple granularity, where activedb itself locks rows of that table, and when its key
-        has no NULL (the operation then names no row, or the database generates its key)."""
+        """The plan's resources at this scheduler's granularity: a row stays a row only at tuple
+        granularity, on a table activedb locks by row, and with no NULL in its key."""
         locking = batch.engine.db.transactions.locking
         table_level = self.granularity == "table"
         resources = []
@@ -263,9 +262,7 @@ class LockingScheduler(Scheduler):
         run.table.matched(work.owner)
 
     def _spawn_all(self, run: _Run, runnable: list[STransaction]) -> None:
-        """Dispatch and spawn in the declared order: each s-transaction is spawned as soon as its
-        locks and those of every earlier one are in — the later ones' locks cannot hold it back
-        (every wait is for an earlier owner), so the dispatcher's work overlaps the runs."""
+        """Dispatch and spawn in the declared order, each s-transaction as soon as its locks are in."""
         tx = run.batch.tx
         manager = tx.manager
         works = run.works
@@ -472,10 +469,7 @@ class LWMScheduler(LockingScheduler):
             versions.advance(runnable[0].event.position)
 
     def _dispatched(self, run: _Run, work: _Work | None) -> None:
-        """Publish the punctuation App. F's guard compares with: every event older than it has
-        its locks in.  The dispatcher inserts in the declared order, so after ``work`` that is
-        ``work``'s timestamp (a later event of equal timestamp is not older); after the last,
-        the released bound (the reorder buffer released the batch in the declared order)."""
+        """Publish App. F's punctuation: ``work``'s timestamp, or after the last the released bound."""
         table = run.table
         assert isinstance(table, LWMLockTable)
         punctuation = run.batch.pending.released if work is None else work.owner.ts
@@ -483,9 +477,7 @@ class LWMScheduler(LockingScheduler):
             table.publish(punctuation)
 
     def _finished(self, run: _Run, work: _Work) -> None:
-        """Release its write locks before its commit (Algorithm 2 releases after the Writes,
-        Proposition 1): its versions are final — nothing can abort it for its event now, and a
-        failing commit fails the batch — and no Read needs the commit, Reads see versions."""
+        """Release its write locks before its commit (the design note, step 3, says why)."""
         run.table.release(work.owner)
 
     def _discard(self, run: _Run, work: _Work) -> None:

@@ -1,8 +1,5 @@
-"""Stream lock tables (Active CEP §5.2, §5.3): :class:`S2PLLockTable` (timestamp-ordered
-queues, no overtaking) and :class:`LWMLockTable` (write-lock queues, the low-water mark,
-App. F's punctuation guard), filled by one dispatcher before any owner runs; a request is
-stamped with its owner's position, and a waiter waits only for an earlier owner.  The
-rules, the queues and whom a waiter sleeps behind: the design note
+"""Stream lock tables (Active CEP §5.2, §5.3): :class:`S2PLLockTable` and :class:`LWMLockTable`.
+The rules, the queues and whom a waiter sleeps behind: the design note
 ``activedb/streams/README.md``, "The lock tables".
 
 Thread-safety: ``_mutex`` protects every queue, every request's ``held``, every owner's
@@ -299,9 +296,7 @@ class StreamLockTable:
                 self._counts["wait_seconds"] += time.perf_counter() - started
 
     def matched(self, owner: Owner) -> None:
-        """``owner``'s partition states are final (it matched, no rule is left to run): wake who
-        waited for them.  Its locks stay until :meth:`end`: only the order waiters (no request)
-        are woken; lock waiters keep waiting for its end."""
+        """``owner``'s partition states are final: wake its order waiters (no request); its locks stay."""
         with self._mutex:
             owner.matched = True
             woken = [waiter for waiter in owner.waiters if self._waiting.get(waiter, (None, None))[0] is None]
@@ -310,8 +305,7 @@ class StreamLockTable:
             waiter.wake.set()
 
     def release(self, owner: Owner) -> None:
-        """``owner``'s requests disappear before it ends: wake the lock waiters; the order
-        waiters keep waiting for its states (:meth:`matched`) or its end."""
+        """``owner``'s requests disappear before it ends: wake its lock waiters, not its order waiters."""
         with self._mutex:
             owner.released = True
             woken = [waiter for waiter in owner.waiters if self._waiting.get(waiter, (None, None))[0] is not None]
