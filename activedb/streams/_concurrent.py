@@ -239,9 +239,8 @@ class LockingScheduler(Scheduler):
         not spawned yet (None: every s-transaction of the batch is dispatched)."""
 
     def _input_state(self, run: _Run, stransaction: STransaction, query: str, key: tuple) -> PartitionState | None:
-        """The state ``stransaction`` is matched on: the final one of the latest earlier
-        s-transaction of the partition that may change it — matched with no rule left, or
-        committed — skipping aborted ones (each of them is final or ended: see ``_work``)."""
+        """The state ``stransaction`` is matched on (the design note's "Matching order"); every
+        earlier one it names is final or ended (see ``_work``)."""
         partition = (query, key)
         work = run.by_position[stransaction.event.position].inputs.get(partition)
         while work is not None and work.matched is None and not work.committed:
@@ -253,8 +252,7 @@ class LockingScheduler(Scheduler):
         return work.result[0].get(partition)
 
     def _matched(self, run: _Run, stransaction: STransaction, touched: dict, certain: bool) -> None:
-        """``stransaction`` matched (``BatchRun.on_matched``): if no rule is left to run, its
-        states are final — publish them and wake the s-transactions waiting for them."""
+        """``BatchRun.on_matched``: with no rule left to run, publish the final states and wake their waiters."""
         if not certain:
             return
         work = run.by_position[stransaction.event.position]

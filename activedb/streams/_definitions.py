@@ -118,10 +118,6 @@ class Definitions:
         """The (query rank, matcher) pairs consuming events of ``event_type`` on ``stream``."""
         return self._by_type.get((stream, event_type), ())
 
-    def counts(self) -> tuple[int, int]:
-        """(queries, rules) defined."""
-        return len(self._queries), len(self._rules)
-
     # --- Algorithm 1 -----------------------------------------------------------------------------
 
     def access_plan(self, event: StreamEvent) -> AccessPlan:

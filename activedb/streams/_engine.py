@@ -265,8 +265,7 @@ class StreamEngine:
             return self.metrics.snapshot(len(current.buffer), current.released)
 
     def __repr__(self) -> str:
-        queries, rules = self._definitions.counts()
-        return f"<StreamEngine {self.name} {self.scheduler.name}: {queries} queries, {rules} rules>"
+        return f"<StreamEngine {self.name} {self.scheduler.name}: {len(self.queries)} queries, {len(self.rules)} rules>"
 
 
 def _event_row(event: StreamEvent, encode: Callable[[Any], Any] = lambda value: value) -> dict:
