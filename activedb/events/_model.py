@@ -1,6 +1,5 @@
-"""Events (:class:`Event`, one occurrence), their kinds and origins, and event specifications
-(:class:`EventSpec`: which occurrences a rule reacts to, made by the ``Database`` helpers
-``db.inserted(table)``, ``db.signalled(name)``, ``db.stream(event_type)``, ``db.captured(table, kind)``,
+"""Events (:class:`Event`), their kinds and origins, and event specifications (:class:`EventSpec`, made
+by ``db.inserted(table)``, ``db.signalled(name)``, ``db.stream(event_type)``, ``db.captured(table, kind)``,
 …).  Design note: ``activedb/events/README.md``.
 """
 
