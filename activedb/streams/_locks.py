@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterable
 
 from activedb.streams._events import ts_less
+from activedb.streams._history import show_key
 from activedb.txn import WaitKind
 from activedb.streams.errors import SchedulerError, UnplannedAccess
 
@@ -69,12 +70,8 @@ class Request:
 
     def describe(self) -> str:
         letter = "xl" if self.mode is LockMode.WRITE else "sl"
-        target = self.table if self.key is None else f"{self.table}[{_show_key(self.key)}]"
+        target = self.table if self.key is None else f"{self.table}[{show_key(self.key)}]"
         return f"{letter}_{self.owner.name}({target})"
-
-
-def _show_key(key: tuple) -> str:
-    return repr(key[0]) if len(key) == 1 else repr(key)
 
 
 class _Queue:
@@ -236,7 +233,7 @@ class StreamLockTable:
             request = requests.get(candidate)
             if request is not None and request.mode.covers(mode):
                 return request
-        target = table if key is None else f"{table}[{_show_key(key)}]"
+        target = table if key is None else f"{table}[{show_key(key)}]"
         planned = ", ".join(request.describe() for request in requests.values()) or "none"
         raise UnplannedAccess(
             f"s-transaction {owner.name} {'reads' if mode is LockMode.READ else 'writes'} {target}, which its access "
