@@ -166,8 +166,7 @@ class LockingScheduler(Scheduler):
     # --- a batch ----------------------------------------------------------------------------
 
     def run(self, batch: BatchRun) -> None:
-        engine = batch.engine
-        db = engine.db
+        db = batch.engine.db
         runnable = [stransaction for stransaction in batch.stransactions if stransaction.matchers]
         for stransaction in runnable:
             if stransaction.plan.opaque:

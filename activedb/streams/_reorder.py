@@ -27,15 +27,14 @@ class ReorderBuffer:
         self.metrics = metrics
         self.watermark = watermark
 
-    def admit(self, raw, now: float, pending: Pending, streams: dict[str, StreamSchema]) -> DeadLetter | None:
-        """Put one event into the buffer; returns None, or the dead letter it became instead."""
-        if isinstance(raw, Mapping):
-            raw = _event_from_mapping(raw)
-        if not isinstance(raw, StreamEvent):
-            return DeadLetter(StreamEvent("?", None, {}, origin=raw),
-                              f"rejected: not an event ({type(raw).__name__}); give StreamEvent objects or "
+    def admit(self, event, now: float, pending: Pending, streams: dict[str, StreamSchema]) -> DeadLetter | None:
+        """Put one event (or its mapping) into the buffer; returns None, or the dead letter it became instead."""
+        if isinstance(event, Mapping):
+            event = _event_from_mapping(event)
+        if not isinstance(event, StreamEvent):
+            return DeadLetter(StreamEvent("?", None, {}, origin=event),
+                              f"rejected: not an event ({type(event).__name__}); give StreamEvent objects or "
                               f"dicts with type, ts and attributes")
-        event = raw
         if event.stream is None:
             if len(streams) != 1:
                 return self._reject(event, f"rejected: the event names no stream and engine {self.name} has "
