@@ -248,8 +248,7 @@ class BatchRun:
 
     def _body(self, tx: Transaction, stransaction: STransaction, unit: str, ranks: list[int] | None = None):
         """Match every consuming query (those of ``ranks``, default all), then run the rules on their outputs."""
-        engine = self.engine
-        metrics = engine.metrics
+        metrics = self.engine.metrics
         event = stransaction.event
         view = self.view_factory(tx, Stamp(unit, stransaction.id, stransaction.described, event.ts, event.position))
         touched: dict[tuple[str, tuple], PartitionState] = {}

@@ -244,7 +244,7 @@ class StreamEngine:
             if self._pending is not None:
                 raise StreamStateError(f"engine {self.name} has a batch in progress; finish it first")
             if self.durable:
-                    _persist.delete(self)
+                _persist.delete(self)
             self._state = State()
             self._loaded = True
 

@@ -126,8 +126,7 @@ class VersionStore:
     def advance(self, floor: int) -> None:
         """Every s-transaction before ``floor`` has ended (rows are collected as they are touched)."""
         with self._mutex:
-            if floor > self.floor:
-                self.floor = floor
+            self.floor = max(self.floor, floor)
 
     def statistics(self) -> VersionStatistics:
         with self._mutex:
