@@ -69,7 +69,6 @@ class UnscheduledScheduler(Scheduler):
                 queues.setdefault(matcher.query.name, collections.deque()).append((stransaction, rank))
         finished: queue.Queue = queue.Queue()
         running: dict[str, tuple[Any, Any]] = {}
-        tx = batch.tx
         errors: list[BaseException] = []
 
         def start(query_name: str) -> None:
@@ -82,7 +81,7 @@ class UnscheduledScheduler(Scheduler):
                     batch.execute_unit(stransaction, rank, child)
                 finally:
                     finished.put(query_name)
-            handle = tx.spawn(operator_step, name=f"{query_name} evaluates {stransaction.event.describe()}")
+            handle = batch.tx.spawn(operator_step, name=f"{query_name} evaluates {stransaction.event.describe()}")
             running[query_name] = (handle, stransaction)
 
         for query_name in queues:       # each has an event: queues are made by their first one
