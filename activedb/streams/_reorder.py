@@ -1,7 +1,6 @@
-"""The reorder buffer and punctuations (:class:`ReorderBuffer`): admission (late events are
-dead letters naming the released punctuation), the bound (the minimum over the engine's
-streams of their latest punctuation) and release in the declared total order, strictly
-older than the bound — the design note ``activedb/streams/README.md``, choice 4.
+"""The reorder buffer and punctuations (:class:`ReorderBuffer`): admission, the bound (the minimum
+over the engine's streams of their latest punctuation) and release in the declared total order,
+strictly older than the bound — the design note ``activedb/streams/README.md``, choice 4.
 
 It keeps no state of its own: the buffer, punctuations, positions and arrival numbers live
 in the batch's :class:`~activedb.streams._state.Pending`, which only the thread running

@@ -1,9 +1,6 @@
-"""Schedulers: how the s-transactions of a micro-batch run.  A scheduler receives a
-:class:`~activedb.streams._batch.BatchRun` (the batch's transaction, its s-transactions in the
-declared order, the ways to run them) and decides when and on which thread each runs:
-:class:`SEIScheduler` (Active CEP §5.1, the reference), :class:`UnscheduledScheduler` (tests);
-S2PL and LWM are in ``_concurrent.py``.  The design note is ``activedb/streams/README.md``
-("Schedulers").
+"""Schedulers: how the s-transactions of a micro-batch run (the design note
+``activedb/streams/README.md``, "Schedulers"): the interface, :class:`SEIScheduler` (Active CEP
+§5.1, the reference) and :class:`UnscheduledScheduler` (tests); S2PL and LWM are in ``_concurrent.py``.
 """
 
 from __future__ import annotations
