@@ -118,7 +118,7 @@ def _earliest_before(position: int, queues: Iterable[_Queue | None]) -> Owner | 
 
 @dataclass
 class _Table:
-    """The queues of one table (see the module docstring)."""
+    """The queues of one table (the design note's "The lock tables")."""
 
     table_reads: _Queue = field(default_factory=_Queue)
     table_writes: _Queue = field(default_factory=_Queue)
@@ -337,7 +337,7 @@ class StreamLockTable:
 
     def wait_target(self, request: Request, blocker: Owner) -> Owner:
         """Whose end a waiter blocked by ``blocker`` (what :meth:`blocker` named) sleeps until:
-        the *latest* earlier owner on :meth:`_queues` (module docstring, "Waiting"), or
+        the *latest* earlier owner on :meth:`_queues` (the design note's "The lock tables"), or
         ``blocker`` itself under a subclass's rule of its own.  Caller holds ``_mutex``."""
         if type(self).blocker not in _OWN_RULES:
             return blocker
@@ -368,7 +368,7 @@ class StreamLockTable:
 
 
 class S2PLLockTable(StreamLockTable):
-    """Active CEP §5.2 with timestamp-ordered queues and no overtaking (module docstring)."""
+    """Active CEP §5.2 with timestamp-ordered queues and no overtaking (the design note)."""
 
     kind = WaitKind.STREAM_S2PL
 
@@ -382,16 +382,15 @@ class S2PLLockTable(StreamLockTable):
 
 
 class LWMLockTable(StreamLockTable):
-    """Active CEP §5.3 / Algorithm 2 with App. F's punctuation guard (module docstring).
-
-    ``mrp`` — the most recent punctuation the dispatcher published (None: none yet, which
-    holds nothing back: an engine whose input is ordered needs none)."""
+    """Active CEP §5.3 / Algorithm 2 with App. F's punctuation guard (the design note)."""
 
     kind = WaitKind.STREAM_LWM
     ordered_insertion = False
 
     def __init__(self, waiting: WaitingContext = _no_registration):
         super().__init__(waiting)
+        # The most recent punctuation the dispatcher published (None: none yet, which holds nothing
+        # back: an engine whose input is ordered needs none).
         self.mrp: Any = None
 
     def publish(self, punctuation: Any) -> None:
