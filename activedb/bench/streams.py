@@ -388,9 +388,7 @@ def measure_realtime(database, scheduler: Any, events: list, rate: float, defini
         begin = time.perf_counter() + 0.005
         arrivals = [begin + index / rate for index in range(len(events))]
         events = [dataclasses.replace(event, sts=arrival) for event, arrival in zip(events, arrivals)]
-        done = 0
-        peak_queue = 0
-        batches = 0
+        done = peak_queue = batches = 0
         while done < len(events):
             now = time.perf_counter()
             due = bisect.bisect_right(arrivals, now)

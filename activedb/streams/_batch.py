@@ -120,8 +120,7 @@ class BatchRun:
         self._mutex = threading.Lock()       # protects outputs, dead_letters, counters, pending.overlay
         self.outputs: list[Output] = []
         self.dead_letters: list[DeadLetter] = []
-        self.processed = 0
-        self.failed = 0
+        self.processed = self.failed = 0
         self.view_factory: Callable[[Any, Stamp], Any] = (
             lambda tx, stamp: StoreView(tx, stamp, engine.history, engine.operation_cost))
         self.serial = serial                 # unique across the engine's batches (history unit ids)

@@ -74,13 +74,11 @@ class Request:
         return f"{letter}_{self.owner.name}({target})"
 
 
+@dataclass(eq=False, slots=True)
 class _Queue:
     """A min-heap of (position, serial, owner); released owners are dropped lazily."""
 
-    __slots__ = ("heap",)
-
-    def __init__(self) -> None:
-        self.heap: list[tuple[int, int, Owner]] = []
+    heap: list[tuple[int, int, Owner]] = field(default_factory=list)
 
     def push(self, owner: Owner, serial: int) -> None:
         heapq.heappush(self.heap, (owner.position, serial, owner))
