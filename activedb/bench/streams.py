@@ -433,7 +433,6 @@ def _sizes_in_memory() -> tuple[float, float]:
 
 # --- the experiments ----------------------------------------------------------------------------------
 
-
 def run_experiments(database, quick: bool) -> dict[str, Any]:
     rng = random.Random(SEED)
     read_ns = (1, 6) if quick else READ_N

@@ -109,9 +109,7 @@ class _Run(Observer):
         self.floor_index = 0               # works[:floor_index] have all ended
         self.ended = 0                     # works done; `wake` is notified at each
         self.wake = threading.Condition(self._mutex)
-        self.in_flight = 0
-        self.max_in_flight = 0
-        self.order_waits = 0
+        self.in_flight = self.max_in_flight = self.order_waits = 0
         self.broken: BaseException | None = None     # an infrastructure failure in a worker
 
     def on_commit(self, transaction: Transaction) -> None:

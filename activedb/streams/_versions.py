@@ -37,10 +37,7 @@ class VersionStore:
         self._store = Versions(default=_ABSENT)   # (table, key) -> (image, sequence) by position
         self._tables: set[str] = set()         # tables loaded whole
         self.floor = 0
-        self._peak = 0
-        self._appended = 0
-        self._collected = 0
-        self._dropped = 0
+        self._peak = self._appended = self._collected = self._dropped = 0    # versions: VersionStatistics
         self._by_position: dict[int, list[tuple[str, tuple]]] = {}
 
     # --- the dispatcher ---------------------------------------------------------------------

@@ -42,12 +42,9 @@ class StoreView:
         self.stamp = stamp
         self._history = history
         self._cost = cost
-        self._phase = 0
-        self._rank = 0
-        self._counter = 0
+        self._phase = self._rank = self._counter = 0      # the step of the next operation (see at())
         self.origin: str | None = None
-        self.reads = 0
-        self.writes = 0
+        self.reads = self.writes = 0
 
     @property
     def ts(self) -> Any:
