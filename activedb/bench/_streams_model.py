@@ -18,10 +18,8 @@ THREADS = 16                        # s-transactions S2PL and LWM run at once
 
 
 class SleepCost:
-    """The cost model's store operation: ``time.sleep(seconds)`` — and how long each sleep
-    really lasted (the OS's timer slack and the wait for the GIL after it), so a run can say
-    how much of its distance to the model is the sleep itself.  ``take()`` returns the
-    operations and seconds slept since the last ``take`` and starts again."""
+    """The cost model's store operation: ``time.sleep(seconds)``, and how long each sleep really
+    lasted; ``take()`` returns the operations and seconds slept since the last ``take``."""
 
     def __init__(self, seconds: float):
         self.seconds = seconds
@@ -53,14 +51,10 @@ def slept(cost: Callable[[str], None] | None) -> dict[str, Any]:
 
 
 class WriterChain(streams.SchedulerHooks):
-    """LWM's critical path at table locks, timed per writer (the ``W`` events chain: each one's
-    first Read waits for the previous writer's end).  A scheduler hook notes which
+    """LWM's critical path at table locks, timed per writer: a scheduler hook notes which
     s-transaction a worker thread runs (``started``); ``timed(cost)`` wraps the cost model's
-    operation to note when each of its operations began and ended.  ``figures()`` then gives,
-    per pair of consecutive writers of a batch, the link of the chain (the previous writer's
-    last operation's end → this one's) split into its sleeps, the Python between its
-    operations, and the *handover* — the previous writer's commit and lock release, waking
-    this one, re-taking the GIL and its Python up to its first operation."""
+    operation to note when each operation began and ended; ``figures()`` splits each link of the
+    chain as the design note's benchmark section says."""
 
     def __init__(self) -> None:
         self._local = threading.local()
@@ -110,21 +104,11 @@ class WriterChain(streams.SchedulerHooks):
 
 def model_operations(events: list, read_n: int, batch: int, threads: int = THREADS,
                      granularity: str = "table") -> dict[str, int]:
-    """The cost model's critical path, in store operations, for ``events`` of the pool in
-    micro-batches of ``batch``: an event does its ``reads`` Reads (``read_n`` if it has no such
-    attribute), a ``W`` event then its Write, one after another inside its s-transaction.
-
-    * SEI: every operation of every s-transaction, one after another.
-    * S2PL: a writer alone (it waits for the readers before it and they for the writer
-      before them), the readers between two writers together — the most-reading of them, per
-      ``threads`` of them at once.
-    * LWM: the writers one after another (a writer's first Read waits for the previous
-      writer's end: its write lock is the table's lwm until then); a reader runs from the end
-      of the writer before it.
-    At ``granularity="tuple"`` the same per HCW, the longest HCW's path counting.  Both
-    concurrent schedulers also need at least all operations / ``threads`` (at most ``threads``
-    s-transactions run at once).  Batches follow each other.  An idle machine with exact
-    sleeps reaches the model."""
+    """Each scheduler's critical path, in store operations, for ``events`` of the pool in
+    micro-batches of ``batch`` (one after another): an event does its ``reads`` Reads (``read_n``
+    if it has no such attribute), a ``W`` event then its Write.  What each scheduler's path is
+    (per HCW at ``granularity="tuple"``): ``activedb/streams/README.md``, the benchmark section;
+    an idle machine with exact sleeps reaches it."""
     totals = {"sei": 0, "s2pl": 0, "lwm": 0}
     for start in range(0, len(events), batch):
         chunk = events[start:start + batch]
@@ -142,7 +126,8 @@ def model_operations(events: list, read_n: int, batch: int, threads: int = THREA
 
 
 def _paths(chunk: list[tuple[bool, int]], threads: int) -> tuple[int, int]:
-    """S2PL's and LWM's critical paths over ``(writer?, reads)`` s-transactions that all conflict."""
+    """S2PL's and LWM's critical paths over ``(writer?, reads)`` s-transactions that all conflict
+    (S2PL runs the readers between two writers ``threads`` at a time, the most-reading counting)."""
     s2pl, run = 0, []
     for writer, reads in [*chunk, (True, -1)]:
         if not writer:
@@ -160,10 +145,8 @@ def _paths(chunk: list[tuple[bool, int]], threads: int) -> tuple[int, int]:
 
 @contextlib.contextmanager
 def quiet_heap():
-    """Collect the garbage of earlier runs, then freeze what is left for the measured run: a
-    full collection of the whole process's heap (tens of ms of CPU, hundreds on a loaded
-    machine) then cannot fall into the run, at a random point of one scheduler's run and not
-    another's.  The run still pays for collecting its own objects.  Same for every run."""
+    """Collect the garbage of earlier runs, then freeze what is left for the measured run, so that
+    no full collection of the process's heap falls into one run and not another's."""
     gc.collect()
     gc.freeze()
     try:

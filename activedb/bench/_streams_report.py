@@ -30,56 +30,50 @@ def headline(report: BenchReport, results: dict[str, Any]) -> None:
     table = results["throughput_vs_readN"]["table"]
     read_ns = results["throughput_vs_readN"]["readN"]
     throughput = {name: [point["throughput"] for point in table[name]] for name in SCHEDULERS}
-    lwm_s2pl = ratio(throughput["lwm"], throughput["s2pl"])
-    lwm_sei = ratio(throughput["lwm"], throughput["sei"])
     # The cost model's ratios on an idle machine, from each point's critical path (model_operations):
     # the ceiling of this workload — the ratio of two throughputs is the inverse ratio of their paths.
     operations = {name: [point.get("model_operations") for point in table[name]] for name in SCHEDULERS}
     modelled = all(operations[name] and None not in operations[name] for name in SCHEDULERS)
-    model_s2pl = [s2pl / lwm for s2pl, lwm in zip(operations["s2pl"], operations["lwm"])] if modelled else []
-    model_sei = [sei / lwm for sei, lwm in zip(operations["sei"], operations["lwm"])] if modelled else []
-    report.add(Row(name="LWM / S2PL throughput, table locks, mean over readN", value=round(lwm_s2pl, 2), unit="x",
-                   target=">= 2.0 (the paper's Fig. 6 shows about 2.5)", met=lwm_s2pl >= 2.0,
-                   extra={"readN": read_ns, "lwm": rounded(throughput["lwm"]), "s2pl": rounded(throughput["s2pl"]),
-                          "sei": rounded(throughput["sei"]),
-                          "measured_per_readN": [round(a / b, 2) for a, b in zip(throughput["lwm"], throughput["s2pl"])],
-                          "cost_model_per_readN": [round(value, 2) for value in model_s2pl],
-                          "cost_model_ratio": round(mean(model_s2pl), 2)}))
-    report.add(Row(name="LWM / SEI throughput, table locks, mean over readN", value=round(lwm_sei, 2), unit="x",
-                   target=">= 3.0 (the paper's Fig. 6 shows about 3.4)", met=lwm_sei >= 3.0,
-                   extra={"measured_per_readN": [round(a / b, 2) for a, b in zip(throughput["lwm"], throughput["sei"])],
-                          "cost_model_per_readN": [round(value, 2) for value in model_sei],
-                          "cost_model_ratio": round(mean(model_sei), 2)}))
+    measured = {name: [a / b for a, b in zip(throughput["lwm"], throughput[name])] for name in ("s2pl", "sei")}
+    model = {name: [other / lwm for other, lwm in zip(operations[name], operations["lwm"])] if modelled else []
+             for name in ("s2pl", "sei")}
+    for name, goal, paper in (("s2pl", 2.0, "2.5"), ("sei", 3.0, "3.4")):
+        mean_ratio = ratio(throughput["lwm"], throughput[name])
+        throughputs = {"readN": read_ns, **{other: rounded(throughput[other]) for other in ("lwm", "s2pl", "sei")}}
+        report.add(Row(name=f"LWM / {name.upper()} throughput, table locks, mean over readN",
+                       value=round(mean_ratio, 2), unit="x", met=mean_ratio >= goal,
+                       target=f">= {goal} (the paper's Fig. 6 shows about {paper})", extra={
+                           **(throughputs if name == "s2pl" else {}),
+                           "measured_per_readN": [round(x, 2) for x in measured[name]],
+                           "cost_model_per_readN": [round(x, 2) for x in model[name]],
+                           "cost_model_ratio": round(mean(model[name]), 2)}))
     if modelled:
         model_rows(report, results, read_ns)
-        report.notes.append("Per readN, table locks, measured (cost model): LWM/S2PL " + ", ".join(
-            f"{read_n}: {a / b:.2f} ({model:.2f})" for read_n, a, b, model in zip(
-                read_ns, throughput["lwm"], throughput["s2pl"], model_s2pl)) + "; LWM/SEI " + ", ".join(
-            f"{read_n}: {a / b:.2f} ({model:.2f})" for read_n, a, b, model in zip(
-                read_ns, throughput["lwm"], throughput["sei"], model_sei)) + ".")
-    if 6 in read_ns:
-        at = read_ns.index(6)
-        six_s2pl = throughput["lwm"][at] / throughput["s2pl"][at]
-        six_sei = throughput["lwm"][at] / throughput["sei"][at]
-        report.add(Row(name="LWM / S2PL throughput, table locks, readN = 6", value=round(six_s2pl, 2), unit="x",
-                       extra={"paper": "about 3 (Active CEP §6)"}))
-        report.add(Row(name="LWM / SEI throughput, table locks, readN = 6", value=round(six_sei, 2), unit="x",
-                       extra={"paper": "about 4.5 (Active CEP §6)"}))
+        report.notes.append("Per readN, table locks, measured (cost model): " + "; ".join(
+            f"LWM/{name.upper()} " + ", ".join(f"{read_n}: {value:.2f} ({modelled_value:.2f})" for read_n, value,
+                                               modelled_value in zip(read_ns, measured[name], model[name]))
+            for name in ("s2pl", "sei")) + ".")
+    for name, paper in (("s2pl", "3"), ("sei", "4.5")):
+        if 6 in read_ns:
+            report.add(Row(name=f"LWM / {name.upper()} throughput, table locks, readN = 6", unit="x",
+                           value=round(measured[name][read_ns.index(6)], 2),
+                           extra={"paper": f"about {paper} (Active CEP §6)"}))
     tuple_level = results["throughput_vs_readN"]["tuple"]
     pairs = list(zip(tuple_level["lwm"], tuple_level["s2pl"]))
     ahead = [lwm["throughput"] >= s2pl["throughput"] for lwm, s2pl in pairs]
     # Whether a point's order means anything: the difference against the spread of the repetitions.
     spread = [max(spread_of(lwm), spread_of(s2pl)) for lwm, s2pl in pairs]
     difference = [lwm["throughput"] / s2pl["throughput"] - 1 for lwm, s2pl in pairs]
+    model_difference = [s2pl["model_operations"] / lwm["model_operations"] - 1
+                        if lwm.get("model_operations") and s2pl.get("model_operations") else None
+                        for lwm, s2pl in pairs]
     report.add(Row(name="readN points where LWM >= S2PL, tuple locks", value=sum(ahead), unit="points",
                    target=f"{len(ahead)} of {len(ahead)} (Active CEP §6, Fig. 5: LWM scales more gracefully)",
                    met=all(ahead), extra={
                        "readN": read_ns, "lwm_ahead": ahead,
                        "lwm_over_s2pl_percent": [round(value * 100, 1) for value in difference],
-                       "cost_model_lwm_over_s2pl_percent": [
-                           round((s2pl["model_operations"] / lwm["model_operations"] - 1) * 100, 1)
-                           if lwm.get("model_operations") and s2pl.get("model_operations") else None
-                           for lwm, s2pl in pairs],
+                       "cost_model_lwm_over_s2pl_percent": [None if value is None else round(value * 100, 1)
+                                                            for value in model_difference],
                        "lock_waits": {"lwm": [lwm.get("lock_waits") for lwm, _ in pairs],
                                       "s2pl": [s2pl.get("lock_waits") for _, s2pl in pairs]},
                        "spread_of_repetitions_percent": [round(value * 100, 1) for value in spread],
@@ -93,15 +87,11 @@ def headline(report: BenchReport, results: dict[str, Any]) -> None:
                             f"{read_n}: {value * 100:+.0f} ({model}; {noise * 100:.0f}; {lwm.get('lock_waits')} / "
                             f"{s2pl.get('lock_waits')})" for read_n, value, noise, (lwm, s2pl), model in zip(
                                 read_ns, difference, spread, pairs,
-                                [f"{(s2pl['model_operations'] / lwm['model_operations'] - 1) * 100:+.0f}"
-                                 if lwm.get("model_operations") and s2pl.get("model_operations") else "?"
-                                 for lwm, s2pl in pairs])) + ".")
+                                ["?" if value is None else f"{value * 100:+.0f}" for value in model_difference])) + ".")
+    tuple_throughput = {name: [point["throughput"] for point in tuple_level[name]] for name in SCHEDULERS}
     report.add(Row(name="LWM / S2PL throughput, tuple locks, mean over readN",
-                   value=round(ratio([p["throughput"] for p in tuple_level["lwm"]],
-                                      [p["throughput"] for p in tuple_level["s2pl"]]), 2), unit="x",
-                   extra={"lwm": rounded([p["throughput"] for p in tuple_level["lwm"]]),
-                          "s2pl": rounded([p["throughput"] for p in tuple_level["s2pl"]]),
-                          "sei": rounded([p["throughput"] for p in tuple_level["sei"]])}))
+                   value=round(ratio(tuple_throughput["lwm"], tuple_throughput["s2pl"]), 2), unit="x",
+                   extra={name: rounded(tuple_throughput[name]) for name in ("lwm", "s2pl", "sei")}))
     rates = results["latency_vs_rate"]["rate"]
     if 2000 in rates:
         at = rates.index(2000)
@@ -143,9 +133,7 @@ def spread_of(point: dict[str, Any]) -> float:
 
 def model_rows(report: BenchReport, results: dict[str, Any], read_ns: list) -> None:
     """Each scheduler's throughput at table locks as a share of its cost model (``model_operations``
-    × the nominal cost), and where the rest of the time went: the sleeps' own overshoot (measured
-    by the cost, ``sleep_ms_mean``) and everything else — waking the next s-transaction, re-taking
-    the GIL, the Python of the operations, each batch's set-up."""
+    × the nominal cost), the rest split into the sleeps' overshoot and everything else."""
     table = results["throughput_vs_readN"]["table"]
     events = results["parameters"]["throughput_events"]
     cost = results["parameters"]["cost_seconds_per_operation"]
@@ -208,12 +196,6 @@ def plot(results: dict[str, Any], path: Path, *, cost: float, threads: int) -> N
 
     colours = {"sei": "tab:gray", "s2pl": "tab:blue", "lwm": "tab:red", "baseline": "black"}
     figure, axes = pyplot.subplots(2, 4, figsize=(20, 9))
-    panels = [
-        (axes[0][0], "throughput_vs_readN", "tuple", "readN", "Fig. 5: throughput vs readN, tuple locks"),
-        (axes[0][1], "throughput_vs_readN", "table", "readN", "Fig. 6: throughput vs readN, table locks"),
-        (axes[0][2], "throughput_vs_writeN", "tuple", "writeN", "Fig. 7: throughput vs writeN, tuple locks"),
-        (axes[0][3], "throughput_vs_writeN", "table", "writeN", "Fig. 8: throughput vs writeN, table locks"),
-    ]
 
     def panel(axis, x: list, series, names, title: str, xlabel: str, ylabel: str, *, log: str = "",
               from_zero: bool = False, label=lambda name: name.upper()) -> None:
@@ -229,10 +211,13 @@ def plot(results: dict[str, Any], path: Path, *, cost: float, threads: int) -> N
             axis.set_ylim(bottom=0)
         axis.legend()
 
-    for axis, experiment, granularity, parameter, title in panels:
-        data = results[experiment]
-        panel(axis, data[parameter], lambda name: [point["throughput"] for point in data[granularity][name]],
-              SCHEDULERS, title, parameter, "events/s (numIn / T_proc)", from_zero=True)
+    # Figs. 5-8: throughput vs readN and vs writeN, tuple and table locks.
+    for column, (parameter, granularity) in enumerate((parameter, granularity) for parameter in ("readN", "writeN")
+                                                      for granularity in ("tuple", "table")):
+        data = results[f"throughput_vs_{parameter}"]
+        panel(axes[0][column], data[parameter], lambda name: [point["throughput"] for point in data[granularity][name]],
+              SCHEDULERS, f"Fig. {5 + column}: throughput vs {parameter}, {granularity} locks", parameter,
+              "events/s (numIn / T_proc)", from_zero=True)
     seq = results["latency_vs_seqL"]
     panel(axes[1][0], seq["seqL"], lambda name: [point["L_combined_ms"] for point in seq[name]],
           ("baseline", *SCHEDULERS), f"Fig. 10: L_combined vs seqL, underloaded ({seq['rate']:g} events/s)",

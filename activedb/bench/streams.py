@@ -35,15 +35,9 @@ setting); the latency experiments over ``HCWS`` = 16 (README, the benchmark sect
   completes a match; with ``seqL = 3`` and a fourth type ``X`` (each type has one reader
   query) it is the paper's Fig. 11 mix (readN ≈ 1, writeN = 0.25).
 
-**The cost model.**  The paper's engine (Java, 2 cores) runs store operations in parallel
-threads.  CPython cannot run Python code in parallel (the GIL), so a scheduler can only win
-where an operation *waits*: here every Read and Write of the shared store costs
-``COST`` seconds of ``time.sleep`` (``StreamEngine(operation_cost=…)``), taken after its
-lock is granted — a store at a round trip's distance (a PostgreSQL query on a LAN is
-~0.2–0.5 ms).  ``time.sleep`` releases the GIL, so concurrent s-transactions overlap their
-store operations; everything else (matching, locking, versions, subtransactions, the
-commit) is real CPU time and serialises on the GIL.  This is modelled cost, used only
-here, never in tests.
+**The cost model.**  Every Read and Write of the shared store costs ``COST`` seconds of
+``time.sleep`` (``StreamEngine(operation_cost=…)``) once its lock is granted: the sleep releases
+the GIL, so only there can concurrent s-transactions overlap.  Modelled cost, used only here.
 
 Experiments (each point a fresh engine on reset statuses):
 
@@ -68,9 +62,9 @@ Experiments (each point a fresh engine on reset statuses):
   throughput at the highest rate, where all are saturated — and the rate as a share of it:
   the paper gives no absolute capacity, so its 2,000 events/s cannot be placed on ours.
 
-``COST`` is 1 ms (``ACTIVEDB_BENCH_STREAMS_COST_MS`` changes it).  What the model predicts per
-point, how the table splits the rest of the time, and why a writer's locks leave before its commit:
-``activedb/streams/README.md``, the benchmark section.
+``COST`` is 1 ms (``ACTIVEDB_BENCH_STREAMS_COST_MS`` changes it).  Why that cost, what the model
+predicts per point, how the table splits the rest of the time, and why a writer's locks leave
+before its commit: ``activedb/streams/README.md``, the benchmark section.
 
 **Checked, not only measured.**  Every run (part 1 and each scheduler at each point of part
 2, every repetition) records its stream history and ``activedb.testing.check_stream_history``
@@ -107,10 +101,7 @@ from activedb.streams._versions import VersionStore
 from activedb.testing import check_stream_history
 
 WORKERS = 100
-# Part 2's HCWs, one status tuple each (the paper gives no number; ours, see the README): the latency
-# experiments' as many as s-transactions in flight (THREADS), the throughput sweeps' a quarter of them, so
-# that an s-transaction meets about 3 others of its HCW and, at tuple locks, the locks bind (Fig. 5).
-HCWS = 16
+HCWS = 16                           # part 2's HCWs (one status tuple each): see the module docstring
 POOL_HCWS = THREADS // 4
 SEED = 7
 BATCH = 1000
@@ -136,7 +127,6 @@ BEGIN UPDATE workerStatus SET status = 'safe' WHERE workerID = n.HCW-ID END
 
 # --- part 2's parameters -------------------------------------------------------------------------
 
-# Seconds of time.sleep per Read and per Write (the store's round trip); ACTIVEDB_BENCH_STREAMS_COST_MS overrides.
 COST = float(os.environ.get("ACTIVEDB_BENCH_STREAMS_COST_MS", "1")) / 1000
 THROUGHPUT_EVENTS = 600
 THROUGHPUT_BATCH = 300
@@ -238,26 +228,20 @@ def _hand_hygiene(report: BenchReport, database, sizes: tuple[int, ...]) -> list
         per_event["other"] = round(max(0.0, sei["seconds"] - accounted) / size * 1e6, 1)
         report.add(Row(
             name=f"SEI, {size:,} events", value=rate, unit="events/s",
-            baseline_name="plain write path (one tx.write per event)", baseline=plain_rate,
-            ratio=rate / plain_rate,
+            baseline_name="plain write path (one tx.write per event)", baseline=plain_rate, ratio=rate / plain_rate,
             target=">= 0.5 of the plain write path" if size >= 10_000 else None,
             met=rate / plain_rate >= 0.5 if size >= 10_000 else None,
-            extra={
-                "events": size, "processed": statistics.events_processed,
-                "dead_letters": statistics.dead_letters, "late": statistics.late_events,
-                "outputs": statistics.outputs, "rule_instances": statistics.rule_instances,
-                "store_reads": statistics.store_reads, "store_writes": statistics.store_writes,
-                "throughput_T_proc": round(statistics.throughput, 1),
-                "L_query_ms": _ms(statistics.l_query), "L_rule_ms": _ms(statistics.l_rule),
-                "L_combined_ms": _ms(statistics.l_combined),
-                "mean_reorder_delay_ms": _ms(statistics.mean_reorder_delay),
-                "us_per_event": per_event,
-                "definition_6": sei["definition_6"],
-            },
-        ))
+            extra={"events": size, "processed": statistics.events_processed,
+                   "dead_letters": statistics.dead_letters, "late": statistics.late_events,
+                   "outputs": statistics.outputs, "rule_instances": statistics.rule_instances,
+                   "store_reads": statistics.store_reads, "store_writes": statistics.store_writes,
+                   "throughput_T_proc": round(statistics.throughput, 1),
+                   "L_query_ms": _ms(statistics.l_query), "L_rule_ms": _ms(statistics.l_rule),
+                   "L_combined_ms": _ms(statistics.l_combined),
+                   "mean_reorder_delay_ms": _ms(statistics.mean_reorder_delay),
+                   "us_per_event": per_event, "definition_6": sei["definition_6"]}))
         report.add(Row(name=f"SEI L_combined, {size:,} events", value=_ms(statistics.l_combined) or 0.0,
-                       unit="ms", extra={"L_query_ms": _ms(statistics.l_query),
-                                         "L_rule_ms": _ms(statistics.l_rule)}))
+                       unit="ms", extra={"L_query_ms": _ms(statistics.l_query), "L_rule_ms": _ms(statistics.l_rule)}))
     report.notes.append(
         f"Part 1: {WORKERS} workers, micro-batches of {BATCH} events, punctuation = max ts seen before the batch - "
         f"{DELAY:g} s (like Spark's watermark), END_OF_STREAM last. events/s = events / wall time of all batches "
@@ -305,11 +289,8 @@ def pattern_definitions(seq_l: int, readers: bool) -> str:
 
 def pool_events(count: int, write_n: float, read_n: float, rng: random.Random,
                 spacing: float = 0.01) -> list[streams.StreamEvent]:
-    """``count`` events over ``POOL_HCWS`` HCWs at random, a fraction ``write_n`` of them ``W`` (the
-    writer pair: one Read, one Write), the rest ``E``; each event's ``reads`` says how many Reads
-    its s-transaction does, the E events sharing out the rest so that the mean over all
-    s-transactions is ``read_n`` (Active CEP Table 1: readN, the *average* Reads per
-    s-transaction)."""
+    """``count`` events over ``POOL_HCWS`` HCWs at random, a fraction ``write_n`` of them ``W``, the
+    rest ``E`` carrying ``reads`` so that the mean over all s-transactions is ``read_n`` (module docstring)."""
     writers = set(rng.sample(range(count), round(count * write_n)))
     readers = [index for index in range(count) if index not in writers]
     share, left = divmod(max(0, round(read_n * count) - len(writers)), len(readers)) if readers else (0, 0)
@@ -335,11 +316,10 @@ def pattern_events(count: int, types: list[str], rng: random.Random, spacing: fl
 
 def make_scheduler(name: str, granularity: str = "tuple", hooks: streams.SchedulerHooks | None = None) -> Any:
     """A fresh scheduler (objects keep per-run statistics) or the name of a stateless one."""
-    if name == "s2pl":
-        return streams.S2PLScheduler(granularity=granularity, workers=THREADS, hooks=hooks)
-    if name == "lwm":
-        return streams.LWMScheduler(granularity=granularity, workers=THREADS, hooks=hooks)
-    return name                     # "sei", "unscheduled"
+    if name in ("sei", "unscheduled"):
+        return name
+    scheduler = streams.S2PLScheduler if name == "s2pl" else streams.LWMScheduler
+    return scheduler(granularity=granularity, workers=THREADS, hooks=hooks)
 
 
 def _engine(database, name: str, scheduler: Any, types: tuple[str, ...], definitions: str,
@@ -354,8 +334,7 @@ def _engine(database, name: str, scheduler: Any, types: tuple[str, ...], definit
 
 
 def _checked(engine) -> dict[str, int]:
-    """Definition 6 on the run's recorded history (Active CEP §4.1): the Reads and Writes
-    checked and the violations found (0 expected)."""
+    """Definition 6 on the run's recorded history: the Reads and Writes checked, the violations found."""
     report = check_stream_history(engine.history.snapshot())
     return {"reads": report.reads, "writes": report.writes, "violations": len(report.violations)}
 
@@ -409,9 +388,7 @@ def measure_realtime(database, scheduler: Any, events: list, rate: float, defini
         begin = time.perf_counter() + 0.005
         arrivals = [begin + index / rate for index in range(len(events))]
         events = [dataclasses.replace(event, sts=arrival) for event, arrival in zip(events, arrivals)]
-        done = 0
-        peak_queue = 0
-        batches = 0
+        done = peak_queue = batches = 0
         while done < len(events):
             now = time.perf_counter()
             due = bisect.bisect_right(arrivals, now)
@@ -425,13 +402,11 @@ def measure_realtime(database, scheduler: Any, events: list, rate: float, defini
             batches += 1
             done = due
     statistics = engine.statistics()
-    figures = _scheduler_figures(engine)
-    versions_peak = figures.get("versions_peak", 0)
     return {"L_query_ms": _ms(statistics.l_query), "L_rule_ms": _ms(statistics.l_rule),
             "L_combined_ms": _ms(statistics.l_combined), "outputs": statistics.outputs,
             "rule_instances": statistics.rule_instances, "peak_queue": peak_queue, "batches": batches,
-            "versions_peak": versions_peak, "throughput": statistics.throughput, **slept(cost),
-            "violations": _checked(engine)["violations"], **figures}
+            "versions_peak": 0, "throughput": statistics.throughput, **slept(cost),     # 0: no versions (not LWM)
+            "violations": _checked(engine)["violations"], **_scheduler_figures(engine)}
 
 
 def _sizes_in_memory() -> tuple[float, float]:
@@ -458,7 +433,6 @@ def _sizes_in_memory() -> tuple[float, float]:
 
 # --- the experiments ----------------------------------------------------------------------------------
 
-
 def run_experiments(database, quick: bool) -> dict[str, Any]:
     rng = random.Random(SEED)
     read_ns = (1, 6) if quick else READ_N
@@ -474,9 +448,8 @@ def run_experiments(database, quick: bool) -> dict[str, Any]:
     results: dict[str, Any] = {"parameters": {
         "cost_seconds_per_operation": COST, "threads": THREADS, "workers": WORKERS, "hcws": HCWS,
         "pool_hcws": POOL_HCWS, "throughput_events": count, "throughput_repeat": repeat, "tuple_repeat": tuple_repeat,
-        "rate_repeat": repeat,
-        "throughput_batch": THROUGHPUT_BATCH, "underloaded_rate": UNDERLOADED_RATE, "rate_seconds": seconds,
-        "load_average_at_start": round(os.getloadavg()[0], 2)}}
+        "rate_repeat": repeat, "throughput_batch": THROUGHPUT_BATCH, "underloaded_rate": UNDERLOADED_RATE,
+        "rate_seconds": seconds, "load_average_at_start": round(os.getloadavg()[0], 2)}}
 
     def sweep(cases) -> dict[str, dict[str, list]]:
         """Throughput of SEI, and of S2PL and LWM with tuple and table locks, per (events, definitions,
@@ -487,8 +460,6 @@ def run_experiments(database, quick: bool) -> dict[str, Any]:
         for events, definitions, read_n in cases:
             model = {granularity: model_operations(events, read_n, THROUGHPUT_BATCH, granularity=granularity)
                      for granularity in ("tuple", "table")}
-            # The repetitions go round the schedulers (SEI, S2PL, LWM, SEI, …), so that a spell of
-            # load from elsewhere on the machine falls on all of them, not on one scheduler's runs.
             runs: dict[tuple[str, str], list] = {configuration: [] for configuration in configurations}
             for turn in range(max(repeat, tuple_repeat)):
                 for name, granularity in configurations:
@@ -537,11 +508,8 @@ def run_experiments(database, quick: bool) -> dict[str, Any]:
     definitions = pattern_definitions(3, readers=True)
     for rate in rates:
         events = pattern_events(max(20, int(rate * seconds)), types, rng, 1 / rate)
-        # S2PL and LWM repeated in turns (SEI, S2PL, LWM, S2PL, LWM, …), the median run of each
-        # kept: near a scheduler's capacity one run's latency is the length of its queue, which a
-        # spell of load from elsewhere on the machine can double.  SEI runs once: from 500
-        # events/s on it is far past its capacity, its latency seconds of queue, and a run of it
-        # at 5,000 events/s takes 20 s.
+        # In turns, the median run kept (module docstring).  SEI runs once: from 500 events/s on it is
+        # far past its capacity, its latency seconds of queue, and a run at 5,000 events/s takes 20 s.
         runs: dict[str, list] = {name: [] for name in SCHEDULERS}
         for turn in range(repeat):
             for name in SCHEDULERS if turn == 0 else ("s2pl", "lwm"):

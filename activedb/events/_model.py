@@ -1,6 +1,5 @@
-"""Events (:class:`Event`, one occurrence), their kinds and origins, and event specifications
-(:class:`EventSpec`: which occurrences a rule reacts to, made by the ``Database`` helpers
-``db.inserted(table)``, ``db.signalled(name)``, ``db.stream(event_type)``, ``db.captured(table, kind)``,
+"""Events (:class:`Event`), their kinds and origins, and event specifications (:class:`EventSpec`, made
+by ``db.inserted(table)``, ``db.signalled(name)``, ``db.stream(event_type)``, ``db.captured(table, kind)``,
 …).  Design note: ``activedb/events/README.md``.
 """
 
@@ -23,11 +22,6 @@ class EventKind(enum.StrEnum):
     BEGAN = "began"
     COMMITTED = "committed"
     ABORTED = "aborted"
-
-    @property
-    def is_data(self) -> bool:
-        """A data event (or spec) on a table."""
-        return self in DATA_SPEC_KINDS
 
     @property
     def is_transaction_end(self) -> bool:

@@ -1,9 +1,7 @@
 """Time of events from many producers (Liebig, Cilia, Buchmann, *Event Composition in Time-dependent
-Distributed Systems*, §III.C–D): accuracy intervals ``[ref − α⁻, ref + α⁺]``, their strict partial order
-(touching or equal intervals are uncertain, ``⊥``), refined for one producer's events by the local
-timestamp order of its :class:`LocalClock`.  References are numbers of seconds or aware datetimes (a
-point is the interval with α = 0); α⁻/α⁺ are seconds or ``timedelta``.  Everything here is immutable and
-thread-safe.  The formulas are in ``activedb/composite/README.md`` ("Formulas used").
+Distributed Systems*, §III.C–D; the design note ``README.md``, the formulas ``activedb/composite/README.md``).
+References are numbers of seconds or aware datetimes; α⁻/α⁺ are seconds or ``timedelta``.  Everything
+here is immutable and thread-safe.
 """
 
 from __future__ import annotations
@@ -159,10 +157,8 @@ class Timestamp:
             raise ValueError(f"a producer is a non-empty string, got {self.producer!r}")
         if self.local is not None:
             check_time(self.local, "local timestamp")
-        if self.reference is None:
-            interval = self.interval
-            middle = interval.lower + (interval.upper - interval.lower) / 2
-            object.__setattr__(self, "reference", middle)
+        if self.reference is None:                     # the middle of the interval
+            object.__setattr__(self, "reference", self.lower + (self.upper - self.lower) / 2)
 
     @classmethod
     def at(cls, reference: Any, accuracy: Any = 0.0, *, minus: Any = None, plus: Any = None,

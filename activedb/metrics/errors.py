@@ -1,10 +1,6 @@
 """Errors of :mod:`activedb.metrics`."""
 
-from __future__ import annotations
-
 from activedb.errors import ActivedbError
-
-__all__ = ["MetricsError"]
 
 
 class MetricsError(ActivedbError):

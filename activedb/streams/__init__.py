@@ -8,33 +8,12 @@ Public interface: :class:`StreamEngine` (``create_stream``, ``define`` or ``quer
 """
 
 from activedb.streams import algebra
-from activedb.streams._builders import (
-    NEW,
-    EventRef,
-    Ref,
-    component,
-    conj,
-    delete,
-    event,
-    exists,
-    insert,
-    lit,
-    not_,
-    query_definition,
-    same,
-    seq,
-    store,
-    update,
-)
+from activedb.streams._builders import (NEW, EventRef, Ref, component, conj, delete, event, exists, insert, lit, not_,
+                                        query_definition, same, seq, store, update)
 from activedb.streams._catalog import StreamSchema
 from activedb.streams._compile import CompiledQuery, CompiledRule, Ctx, ReadSpec, WriteSpec, compile_query
-from activedb.streams._concurrent import (
-    LockingScheduler,
-    LWMScheduler,
-    S2PLScheduler,
-    SchedulerHooks,
-    SchedulerStatistics,
-)
+from activedb.streams._concurrent import (LockingScheduler, LWMScheduler, S2PLScheduler, SchedulerHooks,
+                                          SchedulerStatistics)
 from activedb.streams._batch import AccessPlan, BatchResult, BatchRun, Resource, STransaction
 from activedb.streams._engine import StreamEngine
 from activedb.streams._events import END_OF_STREAM, DeadLetter, Output, StreamEvent
@@ -48,13 +27,11 @@ from activedb.streams._view import StoreView
 from activedb.streams.algebra import Consumption, Selection
 from activedb.streams import errors
 
-__all__ = [
-    "AccessPlan", "BatchResult", "BatchRun", "CompiledQuery", "CompiledRule", "Consumption", "Ctx", "DeadLetter",
-    "END_OF_STREAM", "EventRef", "LWMLockTable", "LWMScheduler", "LockMode", "LockingScheduler", "NEW", "Output",
-    "PartitionState", "QueryCounters", "ReadSpec", "Ref", "Resource", "S2PLLockTable", "S2PLScheduler",
-    "SEIScheduler", "STransaction", "Scheduler", "SchedulerHooks", "SchedulerStatistics", "Selection", "StoreView",
-    "StreamEngine", "StreamEvent", "StreamHistory", "StreamLockTable", "StreamOp", "StreamSchema",
-    "StreamStatistics", "UnscheduledScheduler", "WriteSpec", "algebra", "compile_query", "component", "conj",
-    "delete", "errors", "event", "exists", "insert", "lit", "not_", "parse", "query_definition", "same", "seq",
-    "store", "update",
-]
+__all__ = ["AccessPlan", "BatchResult", "BatchRun", "CompiledQuery", "CompiledRule", "Consumption", "Ctx", "DeadLetter",
+           "END_OF_STREAM", "EventRef", "LWMLockTable", "LWMScheduler", "LockMode", "LockingScheduler", "NEW", "Output",
+           "PartitionState", "QueryCounters", "ReadSpec", "Ref", "Resource", "S2PLLockTable", "S2PLScheduler",
+           "SEIScheduler", "STransaction", "Scheduler", "SchedulerHooks", "SchedulerStatistics", "Selection",
+           "StoreView", "StreamEngine", "StreamEvent", "StreamHistory", "StreamLockTable", "StreamOp", "StreamSchema",
+           "StreamStatistics", "UnscheduledScheduler", "WriteSpec", "algebra", "compile_query", "component", "conj",
+           "delete", "errors", "event", "exists", "insert", "lit", "not_", "parse", "query_definition", "same", "seq",
+           "store", "update"]

@@ -120,8 +120,7 @@ class BatchRun:
         self._mutex = threading.Lock()       # protects outputs, dead_letters, counters, pending.overlay
         self.outputs: list[Output] = []
         self.dead_letters: list[DeadLetter] = []
-        self.processed = 0
-        self.failed = 0
+        self.processed = self.failed = 0
         self.view_factory: Callable[[Any, Stamp], Any] = (
             lambda tx, stamp: StoreView(tx, stamp, engine.history, engine.operation_cost))
         self.serial = serial                 # unique across the engine's batches (history unit ids)
@@ -131,15 +130,11 @@ class BatchRun:
         # end s-transactions out of order; only those that cannot change a partition's state run unordered).
         self._installed_at: dict[tuple[str, tuple], int] = {}
         #: A concurrent scheduler's answer to "on which state of partition ``key`` of ``query``
-        #: is ``stransaction`` matched" (``state_source(stransaction, query, key)``); None: the
-        #: batch's current state (SEI: the previous s-transaction's).
+        #: is ``stransaction`` matched"; None: the batch's current state (SEI: the previous one's).
         self.state_source: Callable[[STransaction, str, tuple], PartitionState | None] | None = None
-        #: Called on the s-transaction's thread once its queries matched, before its rules run:
-        #: ``on_matched(stransaction, touched, certain)`` with the partitions' new states;
-        #: ``certain``: no rule instance is left to run, so nothing after this point can abort it
-        #: for its event (its states are final as soon as it commits, which it will unless the
-        #: whole batch fails).  A concurrent scheduler lets the next s-transaction of a
-        #: partition be matched on them at once (Active CEP Example 5).
+        #: Called on the s-transaction's thread once its queries matched, before its rules run, with
+        #: the partitions' new states and ``certain`` (no rule is left to run): the design note's
+        #: "Matching order".
         self.on_matched: Callable[[STransaction, dict, bool], None] | None = None
 
     def partition(self, query: str, key: tuple) -> PartitionState | None:
@@ -173,7 +168,7 @@ class BatchRun:
             with subtransaction as child:
                 touched, outputs = self._body(child, stransaction, unit)
                 started = time.perf_counter()
-            self.engine.metrics.phase("commit", time.perf_counter() - started)     # the commit into the parent
+            self.engine.metrics.phase(commit=time.perf_counter() - started)     # the commit into the parent
         except BaseException as error:
             self._history("end", unit, stransaction, False)
             if not _event_failure(error):
@@ -252,8 +247,7 @@ class BatchRun:
 
     def _body(self, tx: Transaction, stransaction: STransaction, unit: str, ranks: list[int] | None = None):
         """Match every consuming query (those of ``ranks``, default all), then run the rules on their outputs."""
-        engine = self.engine
-        metrics = engine.metrics
+        metrics = self.engine.metrics
         event = stransaction.event
         view = self.view_factory(tx, Stamp(unit, stransaction.id, stransaction.described, event.ts, event.position))
         touched: dict[tuple[str, tuple], PartitionState] = {}
@@ -276,7 +270,7 @@ class BatchRun:
             metrics.query(query.name, len(outputs))
             touched[(query.name, key)] = state
             produced.append((rank, query, outputs))
-        metrics.phases_add(match=matching, reads=reading)
+        metrics.phase(match=matching, reads=reading)
         rules_by_query = self.definitions.rules_by_query
         if self.on_matched is not None:
             self.on_matched(stransaction, dict(touched),
@@ -294,7 +288,7 @@ class BatchRun:
                     _run_rule(rule, output, view)
                     instances += 1
                     rule_latency += time.perf_counter() - output.sts
-        metrics.phase("rules", time.perf_counter() - started)
+        metrics.phase(rules=time.perf_counter() - started)
         metrics.add(rule_instances=instances, rule_latency=rule_latency, reads=view.reads, writes=view.writes)
         return touched, all_outputs
 

@@ -79,10 +79,8 @@ class StreamSchema:
             **at(position))
 
     def priority(self, event_type: str) -> float | None:
-        for declared, value in self.priorities.items():
-            if declared.casefold() == event_type.casefold():
-                return value
-        return None
+        folded = event_type.casefold()
+        return next((value for declared, value in self.priorities.items() if declared.casefold() == folded), None)
 
 
 @dataclass(frozen=True)

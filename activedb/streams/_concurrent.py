@@ -1,51 +1,11 @@
 """The concurrent schedulers: Strict 2PL (Active CEP §5.2) and Low-Water-Mark (§5.3, App. E, F).
 
-Both run a batch the same way (:class:`LockingScheduler`); they differ in their lock
-table (:mod:`activedb.streams._locks`) and in what a Read sees:
-
-1. **Dispatch** (the caller's thread, which runs the batch's transaction), in the
-   declared order: refuse, before anything runs, a plan that cannot be locked ahead (a
-   Python action without declared tables); LWM loads the base images of every row the
-   plans read.  Then, one s-transaction after the other, insert every lock of its access
-   plan (Algorithm 1; at ``granularity="table"`` every resource becomes its table) and
-   spawn it at once (step 2): its locks and every earlier one's are in before it runs,
-   which is all it needs — a wait is only ever for an *earlier* owner, so the locks of
-   later ones cannot hold it back (App. E.1's dispatcher invariant; LWM publishes the
-   dispatched timestamp as App. F's bound, the released bound after the last).  Note, per query partition, which earlier s-transaction may change
-   the partition's matcher state (see ``Matcher.may_change``) — the next one consuming
-   the partition waits until that state is final, and is matched on it: as soon as the
-   earlier one has *matched* and has no rule left to run (nothing can then abort it for
-   its event: ``BatchRun.on_matched``), else at its end (the state it committed, skipping
-   an aborted one).  The pattern state of a partition thus advances in timestamp order
-   without holding the later s-transactions' store operations behind the earlier ones'
-   (Active CEP Example 5: ``enter^10`` runs while ``exit^2`` still holds its read lock).
-2. **Run**: each s-transaction is a subtransaction spawned on the database's worker
-   pool (``tx.spawn``), at most ``workers`` unfinished at once (not counted from the oldest
-   unfinished one, which stalled when it waited); the dispatcher then waits for all of
-   them.  Inside, the engine runs the queries and rules (``BatchRun.execute_in``) through
-   this scheduler's store view, which waits for the lock of every operation first.
-3. **End**: an :class:`~activedb.Observer` hears the subtransaction commit (its writes
-   are now in the batch's transaction) or abort (LWM: its versions are dropped first),
-   records the end, installs its matcher states, and only then releases its locks —
-   Phase II of S2PL, Algorithm 2's ``ReleaseLock``.  LWM releases them earlier, once the
-   body ran without error (``_finished``), keeping the order waiters for the end.
-
-Every wait — for a lock, or for the s-transaction that may change a partition — goes
-through ``db.transactions.waiting(...)``: an edge of the lock manager's one wait-for
-graph (kinds ``stream-s2pl``, ``stream-lwm``, ``stream-order``).  Every wait is for an
-*earlier* s-transaction, which waits only for earlier ones, so no cycle can form: no
-deadlock, no abort, no restart (the tests check the lock manager's counters).
-
-What a Read sees:
-
-* **S2PL** — the activedb tree as it is (``tx.read`` in the s-transaction's
-  subtransaction): its locks ensure every earlier conflicting s-transaction has ended
-  (and committed into the batch's transaction) and no later one has written.
-* **LWM** — the :class:`~activedb.streams._versions.VersionStore`: the latest version
-  written by an earlier s-transaction (or its own), else the base image.  Writes go into
-  the s-transaction's subtransaction as under SEI — LWM grants them in timestamp order
-  per row — and leave a version (the row read back after the write).  Reads never touch
-  activedb's locks, so a Read never blocks a Write at any layer.
+Both run a batch the same way (:class:`LockingScheduler`: dispatch, run on worker threads,
+ends heard by an observer); they differ in their lock table (:mod:`activedb.streams._locks`)
+and in what a Read sees.  The steps, the partition order, the waits (edges of the one
+wait-for graph, none of which can close a cycle) and what a Read sees under each: the
+design note ``activedb/streams/README.md``, "S2PL and LWM: one dispatcher, worker threads,
+ends heard by an observer".
 
 Thread-safety: a scheduler object serves one engine, one batch at a time (``run`` is not
 re-entrant); ``_mutex`` protects the counters and the run's progress (``_Run.done``);
@@ -56,20 +16,14 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import Counter
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from activedb.streams._batch import AccessPlan, BatchRun, STransaction
-from activedb.streams._locks import (
-    LockMode,
-    LockTableStatistics,
-    LWMLockTable,
-    Owner,
-    Request,
-    S2PLLockTable,
-    StreamLockTable,
-)
+from activedb.streams._locks import (LockMode, LockTableStatistics, LWMLockTable, Owner, Request, S2PLLockTable,
+                                     StreamLockTable)
 from activedb.streams._matcher import PartitionState
 from activedb.streams._scheduler import Scheduler
 from activedb.streams._versions import VersionStatistics, VersionStore
@@ -116,33 +70,30 @@ class SchedulerStatistics:
     versions_written: int
 
 
+@dataclass(eq=False, slots=True)
 class _Work:
     """One s-transaction of the run: its lock-table owner, its unit, what it depends on."""
 
-    __slots__ = ("stransaction", "owner", "unit", "inputs", "result", "committed", "started", "ending", "done",
-                 "handle", "index", "matched")
-
-    def __init__(self, stransaction: STransaction, index: int):
-        self.stransaction = stransaction
-        self.index = index
-        event = stransaction.event
-        self.owner = Owner(event.position, event.ts, stransaction.id)
-        self.unit = ""
-        # For each partition it consumes: the earlier s-transaction whose end it waits for
-        # and whose committed state it is matched on (None: the state before the batch).
-        self.inputs: dict[tuple[str, tuple], _Work | None] = {}
-        self.result: tuple | None = None
-        # Its partitions' final states, once it matched with no rule left to run (else None).
-        self.matched: dict[tuple[str, tuple], PartitionState] | None = None
-        self.committed = False
-        self.started = False              # its body began on a worker
-        self.ending = False
-        self.done = False                 # ended, and its locks released
-        self.handle: Any = None
+    stransaction: STransaction
+    index: int
+    owner: Owner
+    unit: str = ""
+    # For each partition it consumes: the earlier s-transaction whose end it waits for
+    # and whose committed state it is matched on (None: the state before the batch).
+    inputs: dict[tuple[str, tuple], _Work | None] = field(default_factory=dict)
+    result: tuple | None = None
+    # Its partitions' final states, once it matched with no rule left to run (else None).
+    matched: dict[tuple[str, tuple], PartitionState] | None = None
+    committed: bool = False
+    started: bool = False              # its body began on a worker
+    ending: bool = False
+    done: bool = False                 # ended, and its locks released
+    handle: Any = None
 
 
-class _Run:
-    """One batch under a locking scheduler."""
+class _Run(Observer):
+    """One batch under a locking scheduler; as an observer it hears the s-transactions'
+    subtransactions end (step 3 of the design note's "S2PL and LWM")."""
 
     def __init__(self, scheduler: "LockingScheduler", batch: BatchRun, table: StreamLockTable):
         self.scheduler = scheduler
@@ -158,17 +109,8 @@ class _Run:
         self.floor_index = 0               # works[:floor_index] have all ended
         self.ended = 0                     # works done; `wake` is notified at each
         self.wake = threading.Condition(self._mutex)
-        self.in_flight = 0
-        self.max_in_flight = 0
-        self.order_waits = 0
+        self.in_flight = self.max_in_flight = self.order_waits = 0
         self.broken: BaseException | None = None     # an infrastructure failure in a worker
-
-
-class _Ends(Observer):
-    """Hears the s-transactions' subtransactions end (see the module docstring, step 3)."""
-
-    def __init__(self, run: _Run):
-        self.run = run
 
     def on_commit(self, transaction: Transaction) -> None:
         self._end(transaction, True)
@@ -177,16 +119,15 @@ class _Ends(Observer):
         self._end(transaction, False)
 
     def _end(self, transaction: Transaction, committed: bool) -> None:
-        run = self.run
-        with run._mutex:
-            work = run.by_node.pop(transaction.id, None)
+        with self._mutex:
+            work = self.by_node.pop(transaction.id, None)
         if work is None:
             return
         try:
-            run.scheduler._ended(run, work, committed)
+            self.scheduler._ended(self, work, committed)
         except Exception as error:        # the owner ended anyway (see _ended); fail the batch, keep listening
             logger.exception("ending %s failed", work.stransaction.id)
-            run.broken = run.broken or error
+            self.broken = self.broken or error
 
 
 class LockingScheduler(Scheduler):
@@ -214,31 +155,19 @@ class LockingScheduler(Scheduler):
         self.lock_table_factory = lock_table or self.lock_table_class
         #: The lock table of the latest batch (for inspection by tests and tools).
         self.last_lock_table: StreamLockTable | None = None
-        self._mutex = threading.Lock()     # protects the counters below (a leaf)
-        self._batches = 0
-        self._stransactions = 0
-        self._requests = 0
-        self._write_requests = 0
-        self._lock_waits = 0
-        self._order_waits = 0
-        self._punctuation_waits = 0
-        self._wait_seconds = 0.0
-        self._max_in_flight = 0
-        self._versions_peak = 0
-        self._versions_written = 0
-
-    def describe(self) -> str:
-        return f"{self.name} ({self.granularity} locks, {self.workers} workers)"
+        self._mutex = threading.Lock()     # protects _totals (a leaf)
+        # The counters of SchedulerStatistics over every batch run so far.
+        self._totals = Counter(batches=0, stransactions=0, lock_requests=0, write_lock_requests=0, lock_waits=0,
+                               order_waits=0, punctuation_waits=0, wait_seconds=0.0, max_in_flight=0,
+                               versions_peak=0, versions_written=0)
 
     # --- a batch ----------------------------------------------------------------------------
 
     def run(self, batch: BatchRun) -> None:
-        engine = batch.engine
-        db = engine.db
+        db = batch.engine.db
         runnable = [stransaction for stransaction in batch.stransactions if stransaction.matchers]
-        plans = {stransaction.id: stransaction.plan for stransaction in runnable}
         for stransaction in runnable:
-            if plans[stransaction.id].opaque:
+            if stransaction.plan.opaque:
                 raise SchedulerError(
                     f"{self.name.upper()} inserts every lock of an s-transaction before it runs (Active CEP Algorithm "
                     f"1), but a rule on a query consuming {stransaction.event.type} events is a Python action that "
@@ -251,26 +180,25 @@ class LockingScheduler(Scheduler):
         for stransaction in batch.stransactions:
             if not stransaction.matchers:
                 batch.count_empty()
-        self._prepare(run, runnable, plans)
+        self._prepare(run, runnable)
         batch.view_factory = lambda tx, stamp: self._view(run, tx, stamp)
         batch.state_source = lambda stransaction, query, key: self._input_state(run, stransaction, query, key)
         batch.on_matched = lambda stransaction, touched, certain: self._matched(run, stransaction, touched, certain)
-        ends = db.observe(_Ends(run))
+        ends = db.observe(run)
         try:
-            self._spawn_all(run, runnable, plans)
+            self._spawn_all(run, runnable)
         finally:
             manager.observers.remove(ends)
             self._account(run)
 
-    def _dispatch(self, run: _Run, stransaction: STransaction, plan: AccessPlan,
-                  last_changer: dict[tuple[str, tuple], _Work]) -> _Work:
+    def _dispatch(self, run: _Run, stransaction: STransaction, last_changer: dict[tuple[str, tuple], _Work]) -> _Work:
         """Insert the next s-transaction's locks (the declared order) and note its partition
         order (step 1); ``last_changer`` carries the partition order from one call to the next."""
         batch = run.batch
-        work = _Work(stransaction, len(run.works))
-        work.unit = batch.new_unit(stransaction)
-        run.table.insert(work.owner, self._resources(batch, plan))
         event = stransaction.event
+        work = _Work(stransaction, len(run.works), Owner(event.position, event.ts, stransaction.id),
+                     batch.new_unit(stransaction))
+        run.table.insert(work.owner, self._resources(batch, stransaction.plan))
         for _, matcher in stransaction.matchers:
             partition = (matcher.query.name, matcher.partition_key(event))
             if partition not in work.inputs:
@@ -286,9 +214,8 @@ class LockingScheduler(Scheduler):
         return work
 
     def _resources(self, batch: BatchRun, plan: AccessPlan) -> list[tuple[str, tuple | None, LockMode]]:
-        """The plan's resources at this scheduler's granularity: a row stays a row only at
-        tuple granularity, where activedb itself locks rows of that table, and when its key
-        has no NULL (the operation then names no row, or the database generates its key)."""
+        """The plan's resources at this scheduler's granularity: a row stays a row only at tuple
+        granularity, on a table activedb locks by row, and with no NULL in its key."""
         locking = batch.engine.db.transactions.locking
         table_level = self.granularity == "table"
         resources = []
@@ -301,7 +228,7 @@ class LockingScheduler(Scheduler):
                 resources.append((resource.table, key, mode))
         return resources
 
-    def _prepare(self, run: _Run, runnable: list[STransaction], plans: Mapping[str, AccessPlan]) -> None:
+    def _prepare(self, run: _Run, runnable: list[STransaction]) -> None:
         """Before the first s-transaction is dispatched (LWM loads its base images here)."""
 
     def _dispatched(self, run: _Run, work: _Work | None) -> None:
@@ -309,55 +236,47 @@ class LockingScheduler(Scheduler):
         not spawned yet (None: every s-transaction of the batch is dispatched)."""
 
     def _input_state(self, run: _Run, stransaction: STransaction, query: str, key: tuple) -> PartitionState | None:
-        """The state ``stransaction`` is matched on: the final one of the latest earlier
-        s-transaction of the partition that may change it — matched with no rule left, or
-        committed — skipping aborted ones (each of them is final or ended: see ``_work``)."""
+        """The state ``stransaction`` is matched on (the design note's "Matching order"); every
+        earlier one it names is final or ended (see ``_work``)."""
         partition = (query, key)
         work = run.by_position[stransaction.event.position].inputs.get(partition)
         while work is not None and work.matched is None and not work.committed:
             work = work.inputs.get(partition)
-        if work is None:
-            return run.base_states.get(partition)
-        if work.matched is not None:
+        if work is not None and work.matched is not None:
             return work.matched.get(partition)
-        if work.result is None:
+        if work is None or work.result is None:
             return run.base_states.get(partition)
         return work.result[0].get(partition)
 
     def _matched(self, run: _Run, stransaction: STransaction, touched: dict, certain: bool) -> None:
-        """``stransaction`` matched (``BatchRun.on_matched``): if no rule is left to run, its
-        states are final — publish them and wake the s-transactions waiting for them."""
+        """``BatchRun.on_matched``: with no rule left to run, publish the final states and wake their waiters."""
         if not certain:
             return
         work = run.by_position[stransaction.event.position]
         work.matched = touched
         run.table.matched(work.owner)
 
-    def _spawn_all(self, run: _Run, runnable: list[STransaction], plans: Mapping[str, AccessPlan]) -> None:
-        """Dispatch and spawn in the declared order: each s-transaction is spawned as soon as its
-        locks and those of every earlier one are in — the later ones' locks cannot hold it back
-        (every wait is for an earlier owner), so the dispatcher's work overlaps the runs."""
+    def _spawn_all(self, run: _Run, runnable: list[STransaction]) -> None:
+        """Dispatch and spawn in the declared order, each s-transaction as soon as its locks are in."""
         tx = run.batch.tx
         manager = tx.manager
-        oldest = 0
         works = run.works
         last_changer: dict[tuple[str, tuple], _Work] = {}
         for stransaction in runnable:
-            work = self._dispatch(run, stransaction, plans[stransaction.id], last_changer)
+            work = self._dispatch(run, stransaction, last_changer)
             # At most `workers` unfinished s-transactions: wait until one ends (a parent waiting for
             # its children; if the oldest is queued and no worker is free, this thread runs it).
             while True:
                 with run._mutex:
-                    while oldest < len(works) and works[oldest].done:
-                        oldest += 1
                     if work.index - run.ended < self.workers:
                         break
-                    running = works[oldest].started
+                    oldest = works[run.floor_index]          # the earliest unfinished one
+                    running = oldest.started
                 pool = manager.pool.statistics()
                 if not running and not pool["idle"] and pool["threads"] >= manager.pool.max_workers:
-                    self._settle(run, works[oldest])
+                    self._settle(run, oldest)
                     continue
-                with manager.waiting(tx, WaitKind.CHILDREN, works[oldest].handle.transaction.id), run._mutex:
+                with manager.waiting(tx, WaitKind.CHILDREN, oldest.handle.transaction.id), run._mutex:
                     if work.index - run.ended >= self.workers:
                         run.wake.wait()
             if run.broken is not None:
@@ -401,9 +320,7 @@ class LockingScheduler(Scheduler):
             run.max_in_flight = max(run.max_in_flight, run.in_flight)
         stransaction = work.stransaction
         self.hooks.started(stransaction)
-        # The partition order: wait until the latest earlier s-transaction that may change each
-        # partition this one consumes has final states (matched with no rule left, or ended);
-        # if it aborted, for the one before it, and so on.
+        # The partition order (see _input_state); an aborted dependency hands over to the one before it.
         waited = False
         for partition, dependency in work.inputs.items():
             while dependency is not None:
@@ -476,31 +393,23 @@ class LockingScheduler(Scheduler):
     # --- statistics -------------------------------------------------------------------------
 
     def _account(self, run: _Run) -> None:
-        statistics: LockTableStatistics = run.table.statistics()
+        table: LockTableStatistics = run.table.statistics()
         versions: VersionStatistics | None = run.versions.statistics() if run.versions is not None else None
         with self._mutex:
-            self._batches += 1
-            self._stransactions += len(run.works)
-            self._requests += statistics.requests
-            self._write_requests += statistics.write_requests
-            self._lock_waits += statistics.waits
-            self._punctuation_waits += statistics.punctuation_waits
-            self._order_waits += run.order_waits
-            self._wait_seconds += statistics.wait_seconds
-            self._max_in_flight = max(self._max_in_flight, run.max_in_flight)
+            totals = self._totals
+            totals.update(batches=1, stransactions=len(run.works), lock_requests=table.requests,
+                          write_lock_requests=table.write_requests, lock_waits=table.waits,
+                          punctuation_waits=table.punctuation_waits, order_waits=run.order_waits,
+                          wait_seconds=table.wait_seconds)
+            totals["max_in_flight"] = max(totals["max_in_flight"], run.max_in_flight)
             if versions is not None:
-                self._versions_peak = max(self._versions_peak, versions.peak_versions)
-                self._versions_written += versions.appended
+                totals["versions_peak"] = max(totals["versions_peak"], versions.peak_versions)
+                totals["versions_written"] += versions.appended
 
     def statistics(self) -> SchedulerStatistics:
         with self._mutex:
-            return SchedulerStatistics(
-                scheduler=self.name, granularity=self.granularity, workers=self.workers, batches=self._batches,
-                stransactions=self._stransactions, lock_requests=self._requests,
-                write_lock_requests=self._write_requests, lock_waits=self._lock_waits,
-                order_waits=self._order_waits, punctuation_waits=self._punctuation_waits,
-                wait_seconds=self._wait_seconds, max_in_flight=self._max_in_flight, versions_peak=self._versions_peak,
-                versions_written=self._versions_written)
+            return SchedulerStatistics(scheduler=self.name, granularity=self.granularity, workers=self.workers,
+                                       **self._totals)
 
 
 class S2PLScheduler(LockingScheduler):
@@ -522,7 +431,7 @@ class LWMScheduler(LockingScheduler):
     name = "lwm"
     lock_table_class = LWMLockTable
 
-    def _prepare(self, run: _Run, runnable: list[STransaction], plans: Mapping[str, AccessPlan]) -> None:
+    def _prepare(self, run: _Run, runnable: list[STransaction]) -> None:
         """Load the base image of every row the batch may read (before any s-transaction writes)."""
         batch = run.batch
         tx = batch.tx
@@ -532,7 +441,7 @@ class LWMScheduler(LockingScheduler):
         whole: set[str] = set()
         rows: dict[str, dict[tuple, None]] = {}
         for stransaction in runnable:
-            for resource in plans[stransaction.id].reads:
+            for resource in stransaction.plan.reads:
                 if resource.key is None:
                     whole.add(resource.table)
                 elif all(value is not None for value in resource.key):
@@ -550,15 +459,12 @@ class LWMScheduler(LockingScheduler):
             sequences = history.last_writes(table) if history is not None else {}
             for key in wanted:
                 versions.load_row(table, key, tx.read(table, key), sequences.get(key))
-        engine.metrics.phase("reads", time.perf_counter() - started)
+        engine.metrics.phase(reads=time.perf_counter() - started)
         if runnable:
             versions.advance(runnable[0].event.position)
 
     def _dispatched(self, run: _Run, work: _Work | None) -> None:
-        """Publish the punctuation App. F's guard compares with: every event older than it has
-        its locks in.  The dispatcher inserts in the declared order, so after ``work`` that is
-        ``work``'s timestamp (a later event of equal timestamp is not older); after the last,
-        the released bound (the reorder buffer released the batch in the declared order)."""
+        """Publish App. F's punctuation: ``work``'s timestamp, or after the last the released bound."""
         table = run.table
         assert isinstance(table, LWMLockTable)
         punctuation = run.batch.pending.released if work is None else work.owner.ts
@@ -566,9 +472,7 @@ class LWMScheduler(LockingScheduler):
             table.publish(punctuation)
 
     def _finished(self, run: _Run, work: _Work) -> None:
-        """Release its write locks before its commit (Algorithm 2 releases after the Writes,
-        Proposition 1): its versions are final — nothing can abort it for its event now, and a
-        failing commit fails the batch — and no Read needs the commit, Reads see versions."""
+        """Release its write locks before its commit (the design note, step 3, says why)."""
         run.table.release(work.owner)
 
     def _discard(self, run: _Run, work: _Work) -> None:

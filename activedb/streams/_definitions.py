@@ -118,10 +118,6 @@ class Definitions:
         """The (query rank, matcher) pairs consuming events of ``event_type`` on ``stream``."""
         return self._by_type.get((stream, event_type), ())
 
-    def counts(self) -> tuple[int, int]:
-        """(queries, rules) defined."""
-        return len(self._queries), len(self._rules)
-
     # --- Algorithm 1 -----------------------------------------------------------------------------
 
     def access_plan(self, event: StreamEvent) -> AccessPlan:
@@ -221,8 +217,7 @@ def _attribute_from_event(source: ast.AttributeRef, query: CompiledQuery) -> str
     alias = source.alias.casefold()
     for index, component in enumerate(components):
         if component.name.casefold() == alias:
-            stream = query.stream
-            attribute = stream.resolve_attribute(query.types[index], source.attribute, None)
+            attribute = query.stream.resolve_attribute(query.types[index], source.attribute, None)
             if index == query.accepting or attribute in query.partition:
                 return attribute
             return None

@@ -198,7 +198,7 @@ class StreamEngine:
         admitted = len(events) - len(letters)
         bound = self._reorder.bound(pending, streams, punctuation, punctuations)
         released = self._reorder.release(pending, bound, now)
-        self.metrics.phase("buffer", time.perf_counter() - began)
+        self.metrics.phase(buffer=time.perf_counter() - began)
         stransactions = [STransaction(f"S{event.position}", event, self._definitions.matchers(event.stream, event.type),
                                       self) for event in released]
         if self.prefetch and stransactions:
@@ -217,7 +217,7 @@ class StreamEngine:
                                    _event_row(letter.event, _persist.encode_value)) for letter in letters])
         if self.durable:
             _persist.save(self, tx, pending)
-        self.metrics.phase("state", time.perf_counter() - started)
+        self.metrics.phase(state=time.perf_counter() - started)
         self.metrics.add(processing=time.perf_counter() - began)
         return BatchResult(admitted=admitted, released=len(released), processed=run.processed, failed=run.failed,
                            outputs=tuple(run.outputs), dead_letters=tuple(letters), buffered=len(pending.buffer),
@@ -244,7 +244,7 @@ class StreamEngine:
             if self._pending is not None:
                 raise StreamStateError(f"engine {self.name} has a batch in progress; finish it first")
             if self.durable:
-                    _persist.delete(self)
+                _persist.delete(self)
             self._state = State()
             self._loaded = True
 
@@ -265,8 +265,7 @@ class StreamEngine:
             return self.metrics.snapshot(len(current.buffer), current.released)
 
     def __repr__(self) -> str:
-        queries, rules = self._definitions.counts()
-        return f"<StreamEngine {self.name} {self.scheduler.name}: {queries} queries, {rules} rules>"
+        return f"<StreamEngine {self.name} {self.scheduler.name}: {len(self.queries)} queries, {len(self.rules)} rules>"
 
 
 def _event_row(event: StreamEvent, encode: Callable[[Any], Any] = lambda value: value) -> dict:

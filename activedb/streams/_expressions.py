@@ -221,14 +221,13 @@ def _compile_select(node: ast.ScalarSubquery | ast.Exists, scope: Scope) -> Fn:
 
     if isinstance(node, ast.Exists):
         return lambda ctx: bool(fetch(ctx))
-    written_table = select.table
 
     def scalar(ctx: Ctx) -> Any:
         rows = fetch(ctx)
         if not rows:
             return None
         if len(rows) > 1:
-            raise EvaluationError(f"the subquery (SELECT {select.column} FROM {written_table} …) found {len(rows)} "
+            raise EvaluationError(f"the subquery (SELECT {select.column} FROM {select.table} …) found {len(rows)} "
                                   f"rows; a scalar subquery must find at most one (name the whole key)")
         return rows[0].get(column)
     return scalar

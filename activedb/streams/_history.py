@@ -38,17 +38,15 @@ class StreamOp:
 
     def describe(self) -> str:
         if self.kind == "read":
-            target = f"{self.table}[{_key(self.key)}]" if self.key is not None else f"{self.table} (table)"
+            target = f"{self.table}[{show_key(self.key)}]" if self.key is not None else f"{self.table} (table)"
             return f"#{self.sequence} Read by {self.origin} of {target} at ts {self.ts} ({self.event})"
         if self.kind == "write":
-            return (f"#{self.sequence} Write ({self.operation}) by {self.origin} of {self.table}[{_key(self.key)}] "
+            return (f"#{self.sequence} Write ({self.operation}) by {self.origin} of {self.table}[{show_key(self.key)}] "
                     f"at ts {self.ts} ({self.event})")
         return f"#{self.sequence} {self.kind} {self.unit} ({self.event})"
 
 
-def _key(key: tuple | None) -> str:
-    if key is None:
-        return "*"
+def show_key(key: tuple) -> str:
     return repr(key[0]) if len(key) == 1 else repr(key)
 
 

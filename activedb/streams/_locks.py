@@ -1,8 +1,5 @@
-"""Stream lock tables (Active CEP §5.2, §5.3): :class:`S2PLLockTable` (timestamp-ordered
-queues, no overtaking) and :class:`LWMLockTable` (write-lock queues, the low-water mark,
-App. F's punctuation guard), filled by one dispatcher before any owner runs; a request is
-stamped with its owner's position, and a waiter waits only for an earlier owner.  The
-rules, the queues and whom a waiter sleeps behind: the design note
+"""Stream lock tables (Active CEP §5.2, §5.3): :class:`S2PLLockTable` and :class:`LWMLockTable`.
+The rules, the queues and whom a waiter sleeps behind: the design note
 ``activedb/streams/README.md``, "The lock tables".
 
 Thread-safety: ``_mutex`` protects every queue, every request's ``held``, every owner's
@@ -17,10 +14,12 @@ import enum
 import heapq
 import threading
 import time
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterable
 
 from activedb.streams._events import ts_less
+from activedb.streams._history import show_key
 from activedb.txn import WaitKind
 from activedb.streams.errors import SchedulerError, UnplannedAccess
 
@@ -71,21 +70,15 @@ class Request:
 
     def describe(self) -> str:
         letter = "xl" if self.mode is LockMode.WRITE else "sl"
-        target = self.table if self.key is None else f"{self.table}[{_show_key(self.key)}]"
+        target = self.table if self.key is None else f"{self.table}[{show_key(self.key)}]"
         return f"{letter}_{self.owner.name}({target})"
 
 
-def _show_key(key: tuple) -> str:
-    return repr(key[0]) if len(key) == 1 else repr(key)
-
-
+@dataclass(eq=False, slots=True)
 class _Queue:
     """A min-heap of (position, serial, owner); released owners are dropped lazily."""
 
-    __slots__ = ("heap",)
-
-    def __init__(self) -> None:
-        self.heap: list[tuple[int, int, Owner]] = []
+    heap: list[tuple[int, int, Owner]] = field(default_factory=list)
 
     def push(self, owner: Owner, serial: int) -> None:
         heapq.heappush(self.heap, (owner.position, serial, owner))
@@ -123,12 +116,12 @@ def _earliest_before(position: int, queues: Iterable[_Queue | None]) -> Owner | 
 
 @dataclass
 class _Table:
-    """The queues of one table (see the module docstring)."""
+    """The queues of one table (the design note's "The lock tables")."""
 
     table_reads: _Queue = field(default_factory=_Queue)
     table_writes: _Queue = field(default_factory=_Queue)
-    tuple_reads: dict[tuple, _Queue] = field(default_factory=dict)
-    tuple_writes: dict[tuple, _Queue] = field(default_factory=dict)
+    tuple_reads: defaultdict[tuple, _Queue] = field(default_factory=lambda: defaultdict(_Queue))
+    tuple_writes: defaultdict[tuple, _Queue] = field(default_factory=lambda: defaultdict(_Queue))
     any_tuple_reads: _Queue = field(default_factory=_Queue)
     any_tuple_writes: _Queue = field(default_factory=_Queue)
     requests: list[Request] = field(default_factory=list)     # every request, in insertion order
@@ -188,12 +181,9 @@ class StreamLockTable:
         self._last_position: int | None = None
         self._waiting: dict[Owner, tuple[Request | None, Owner | None]] = {}
         self._gated: list[Owner] = []        # owners waiting for a punctuation (LWM)
-        self._requests = 0
-        self._write_requests = 0
-        self._grants = 0
-        self._waits = 0
-        self._punctuation_waits = 0
-        self._wait_seconds = 0.0
+        # The counters of LockTableStatistics (all but ``waiting``, which is len(_waiting)).
+        self._counts = Counter(requests=0, write_requests=0, grants=0, waits=0, punctuation_waits=0,
+                               wait_seconds=0.0)
 
     # --- the dispatcher ---------------------------------------------------------------------
 
@@ -216,9 +206,9 @@ class StreamLockTable:
                 request = Request(owner, table, key, mode)
                 owner.requests[(table, key)] = request
                 self._enqueue(self._tables.setdefault(table, _Table()), request)
-                self._requests += 1
+                self._counts["requests"] += 1
                 if mode is LockMode.WRITE:
-                    self._write_requests += 1
+                    self._counts["write_requests"] += 1
 
     def _enqueue(self, table: _Table, request: Request) -> None:
         """Put ``request`` into ``table``'s queues.  Caller holds ``_mutex``."""
@@ -229,11 +219,7 @@ class StreamLockTable:
         if key is None:
             (table.table_writes if write else table.table_reads).push(owner, serial)
         else:
-            queues = table.tuple_writes if write else table.tuple_reads
-            queue = queues.get(key)
-            if queue is None:
-                queue = queues[key] = _Queue()
-            queue.push(owner, serial)
+            (table.tuple_writes if write else table.tuple_reads)[key].push(owner, serial)
             (table.any_tuple_writes if write else table.any_tuple_reads).push(owner, serial)
 
     # --- the workers ------------------------------------------------------------------------
@@ -245,7 +231,7 @@ class StreamLockTable:
             request = requests.get(candidate)
             if request is not None and request.mode.covers(mode):
                 return request
-        target = table if key is None else f"{table}[{_show_key(key)}]"
+        target = table if key is None else f"{table}[{show_key(key)}]"
         planned = ", ".join(request.describe() for request in requests.values()) or "none"
         raise UnplannedAccess(
             f"s-transaction {owner.name} {'reads' if mode is LockMode.READ else 'writes'} {target}, which its access "
@@ -264,15 +250,15 @@ class StreamLockTable:
                 blocker, gated = self.blocker(request, mode)
                 if blocker is None and not gated:
                     request.held = True
-                    self._grants += 1
+                    self._counts["grants"] += 1
                     return request
                 owner.wake.clear()
                 if blocker is not None:
                     blocker = self.wait_target(request, blocker)
                     blocker.waiters.append(owner)
-                    self._waits += 1
+                    self._counts["waits"] += 1
                 else:
-                    self._punctuation_waits += 1
+                    self._counts["punctuation_waits"] += 1
                     self._gated.append(owner)
                 self._waiting[owner] = (request, blocker)
             self._sleep(owner, blocker, request)
@@ -302,12 +288,10 @@ class StreamLockTable:
         finally:
             with self._mutex:
                 self._waiting.pop(owner, None)
-                self._wait_seconds += time.perf_counter() - started
+                self._counts["wait_seconds"] += time.perf_counter() - started
 
     def matched(self, owner: Owner) -> None:
-        """``owner``'s partition states are final (it matched, no rule is left to run): wake who
-        waited for them.  Its locks stay until :meth:`end`: only the order waiters (no request)
-        are woken; lock waiters keep waiting for its end."""
+        """``owner``'s partition states are final: wake its order waiters (no request); its locks stay."""
         with self._mutex:
             owner.matched = True
             woken = [waiter for waiter in owner.waiters if self._waiting.get(waiter, (None, None))[0] is None]
@@ -316,8 +300,7 @@ class StreamLockTable:
             waiter.wake.set()
 
     def release(self, owner: Owner) -> None:
-        """``owner``'s requests disappear before it ends: wake the lock waiters; the order
-        waiters keep waiting for its states (:meth:`matched`) or its end."""
+        """``owner``'s requests disappear before it ends: wake its lock waiters, not its order waiters."""
         with self._mutex:
             owner.released = True
             woken = [waiter for waiter in owner.waiters if self._waiting.get(waiter, (None, None))[0] is not None]
@@ -352,7 +335,7 @@ class StreamLockTable:
 
     def wait_target(self, request: Request, blocker: Owner) -> Owner:
         """Whose end a waiter blocked by ``blocker`` (what :meth:`blocker` named) sleeps until:
-        the *latest* earlier owner on :meth:`_queues` (module docstring, "Waiting"), or
+        the *latest* earlier owner on :meth:`_queues` (the design note's "The lock tables"), or
         ``blocker`` itself under a subclass's rule of its own.  Caller holds ``_mutex``."""
         if type(self).blocker not in _OWN_RULES:
             return blocker
@@ -379,14 +362,11 @@ class StreamLockTable:
 
     def statistics(self) -> LockTableStatistics:
         with self._mutex:
-            return LockTableStatistics(requests=self._requests, write_requests=self._write_requests,
-                                       grants=self._grants, waits=self._waits,
-                                       punctuation_waits=self._punctuation_waits, waiting=len(self._waiting),
-                                       wait_seconds=self._wait_seconds)
+            return LockTableStatistics(waiting=len(self._waiting), **self._counts)
 
 
 class S2PLLockTable(StreamLockTable):
-    """Active CEP §5.2 with timestamp-ordered queues and no overtaking (module docstring)."""
+    """Active CEP §5.2 with timestamp-ordered queues and no overtaking (the design note)."""
 
     kind = WaitKind.STREAM_S2PL
 
@@ -400,16 +380,15 @@ class S2PLLockTable(StreamLockTable):
 
 
 class LWMLockTable(StreamLockTable):
-    """Active CEP §5.3 / Algorithm 2 with App. F's punctuation guard (module docstring).
-
-    ``mrp`` — the most recent punctuation the dispatcher published (None: none yet, which
-    holds nothing back: an engine whose input is ordered needs none)."""
+    """Active CEP §5.3 / Algorithm 2 with App. F's punctuation guard (the design note)."""
 
     kind = WaitKind.STREAM_LWM
     ordered_insertion = False
 
     def __init__(self, waiting: WaitingContext = _no_registration):
         super().__init__(waiting)
+        # The most recent punctuation the dispatcher published (None: none yet, which holds nothing
+        # back: an engine whose input is ordered needs none).
         self.mrp: Any = None
 
     def publish(self, punctuation: Any) -> None:

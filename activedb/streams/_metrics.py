@@ -78,12 +78,8 @@ class Metrics:
             for name, amount in amounts.items():     # Counter.update(), without its Mapping check per call
                 counts[name] += amount
 
-    def phase(self, name: str, seconds: float) -> None:
-        with self._mutex:
-            self.phases[name] += seconds
-
-    def phases_add(self, **seconds: float) -> None:
-        """``phase`` for several phases at once (one lock)."""
+    def phase(self, **seconds: float) -> None:
+        """Add the seconds spent in each named phase (several at once: one lock)."""
         with self._mutex:
             for name, spent in seconds.items():
                 self.phases[name] += spent

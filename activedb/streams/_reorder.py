@@ -1,7 +1,6 @@
-"""The reorder buffer and punctuations (:class:`ReorderBuffer`): admission (late events are
-dead letters naming the released punctuation), the bound (the minimum over the engine's
-streams of their latest punctuation) and release in the declared total order, strictly
-older than the bound — the design note ``activedb/streams/README.md``, choice 4.
+"""The reorder buffer and punctuations (:class:`ReorderBuffer`): admission, the bound (the minimum
+over the engine's streams of their latest punctuation) and release in the declared total order,
+strictly older than the bound — the design note ``activedb/streams/README.md``, choice 4.
 
 It keeps no state of its own: the buffer, punctuations, positions and arrival numbers live
 in the batch's :class:`~activedb.streams._state.Pending`, which only the thread running
@@ -27,15 +26,14 @@ class ReorderBuffer:
         self.metrics = metrics
         self.watermark = watermark
 
-    def admit(self, raw, now: float, pending: Pending, streams: dict[str, StreamSchema]) -> DeadLetter | None:
-        """Put one event into the buffer; returns None, or the dead letter it became instead."""
-        if isinstance(raw, Mapping):
-            raw = _event_from_mapping(raw)
-        if not isinstance(raw, StreamEvent):
-            return DeadLetter(StreamEvent("?", None, {}, origin=raw),
-                              f"rejected: not an event ({type(raw).__name__}); give StreamEvent objects or "
+    def admit(self, event, now: float, pending: Pending, streams: dict[str, StreamSchema]) -> DeadLetter | None:
+        """Put one event (or its mapping) into the buffer; returns None, or the dead letter it became instead."""
+        if isinstance(event, Mapping):
+            event = _event_from_mapping(event)
+        if not isinstance(event, StreamEvent):
+            return DeadLetter(StreamEvent("?", None, {}, origin=event),
+                              f"rejected: not an event ({type(event).__name__}); give StreamEvent objects or "
                               f"dicts with type, ts and attributes")
-        event = raw
         if event.stream is None:
             if len(streams) != 1:
                 return self._reject(event, f"rejected: the event names no stream and engine {self.name} has "

@@ -1,9 +1,6 @@
-"""Schedulers: how the s-transactions of a micro-batch run.  A scheduler receives a
-:class:`~activedb.streams._batch.BatchRun` (the batch's transaction, its s-transactions in the
-declared order, the ways to run them) and decides when and on which thread each runs:
-:class:`SEIScheduler` (Active CEP §5.1, the reference), :class:`UnscheduledScheduler` (tests);
-S2PL and LWM are in ``_concurrent.py``.  The design note is ``activedb/streams/README.md``
-("Schedulers").
+"""Schedulers: how the s-transactions of a micro-batch run (the design note
+``activedb/streams/README.md``, "Schedulers"): the interface, :class:`SEIScheduler` (Active CEP
+§5.1, the reference) and :class:`UnscheduledScheduler` (tests); S2PL and LWM are in ``_concurrent.py``.
 """
 
 from __future__ import annotations
@@ -29,9 +26,6 @@ class Scheduler(abc.ABC):
     def run(self, batch: BatchRun) -> None:
         """Run every s-transaction of ``batch.stransactions``.  Precondition: called in the
         thread that owns ``batch.tx``.  Returns when all of them have ended."""
-
-    def describe(self) -> str:
-        return self.name
 
 
 class SEIScheduler(Scheduler):
@@ -72,7 +66,6 @@ class UnscheduledScheduler(Scheduler):
                 queues.setdefault(matcher.query.name, collections.deque()).append((stransaction, rank))
         finished: queue.Queue = queue.Queue()
         running: dict[str, tuple[Any, Any]] = {}
-        tx = batch.tx
         errors: list[BaseException] = []
 
         def start(query_name: str) -> None:
@@ -85,7 +78,7 @@ class UnscheduledScheduler(Scheduler):
                     batch.execute_unit(stransaction, rank, child)
                 finally:
                     finished.put(query_name)
-            handle = tx.spawn(operator_step, name=f"{query_name} evaluates {stransaction.event.describe()}")
+            handle = batch.tx.spawn(operator_step, name=f"{query_name} evaluates {stransaction.event.describe()}")
             running[query_name] = (handle, stransaction)
 
         for query_name in queues:       # each has an event: queues are made by their first one

@@ -1,9 +1,7 @@
 """LWM's versions (Active CEP §5.3, Algorithm 2's ``Map<time, string> versions``): one
 :class:`VersionStore` per micro-batch over an :class:`activedb.versions.Versions` stamped with
-positions, values ``(image, history sequence)``: the bases the dispatcher loads, the versions
-the s-transactions write, reads at a position, aborted owners' versions dropped, garbage
-collection below ``floor`` — the design note ``activedb/streams/README.md`` ("What a Read
-sees", choices 13 and 15).
+positions, values ``(image, history sequence)`` — the design note ``activedb/streams/README.md``
+("What a Read sees", choices 13 and 15).
 
 Thread-safety: ``_mutex`` protects ``_store``, ``_tables``, ``_by_position``, the counters
 and ``floor``; a leaf (the store takes no mutex).  Images handed out are copies.
@@ -39,10 +37,7 @@ class VersionStore:
         self._store = Versions(default=_ABSENT)   # (table, key) -> (image, sequence) by position
         self._tables: set[str] = set()         # tables loaded whole
         self.floor = 0
-        self._peak = 0
-        self._appended = 0
-        self._collected = 0
-        self._dropped = 0
+        self._peak = self._appended = self._collected = self._dropped = 0    # versions: VersionStatistics
         self._by_position: dict[int, list[tuple[str, tuple]]] = {}
 
     # --- the dispatcher ---------------------------------------------------------------------
@@ -128,8 +123,7 @@ class VersionStore:
     def advance(self, floor: int) -> None:
         """Every s-transaction before ``floor`` has ended (rows are collected as they are touched)."""
         with self._mutex:
-            if floor > self.floor:
-                self.floor = floor
+            self.floor = max(self.floor, floor)
 
     def statistics(self) -> VersionStatistics:
         with self._mutex:

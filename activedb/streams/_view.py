@@ -42,12 +42,9 @@ class StoreView:
         self.stamp = stamp
         self._history = history
         self._cost = cost
-        self._phase = 0
-        self._rank = 0
-        self._counter = 0
+        self._phase = self._rank = self._counter = 0      # the step of the next operation (see at())
         self.origin: str | None = None
-        self.reads = 0
-        self.writes = 0
+        self.reads = self.writes = 0
 
     @property
     def ts(self) -> Any:
@@ -192,10 +189,8 @@ class VersionedView(LockedView):
     def read(self, table: str, key: Any) -> dict | None:
         key = _as_key(key)
         if not self._versions.tracks(table, key):
-            # No plan of the batch reads the row: only this s-transaction's own write lock
-            # covers it (a Python action may read the tables it writes).  Every earlier writer
-            # of it has ended and no later one can write before this one ends, so the tree
-            # shows exactly the version this Read must see.
+            # No plan of the batch reads the row: the tree shows it as this Read must see it
+            # (the design note's "What a Read sees").
             return super().read(table, key)
         self._before("read", table, key)
         image, sequence = self._versions.read(self.stamp.position, table, key)

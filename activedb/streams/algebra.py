@@ -40,7 +40,9 @@ class Consumption(enum.Enum):
 @dataclass(frozen=True)
 class _Node:
     """What every node has: where it starts in the text (None: built in Python; keyword-only,
-    and ``==`` and ``repr`` ignore it)."""
+    and ``==`` and ``repr`` ignore it).  A node equals only a node of its own class, so the
+    private bases below (an operator on two operands, on one, ``AND``/``OR``'s operands, a
+    pattern's components) never make two kinds of node equal."""
 
     position: Position | None = field(default=None, compare=False, repr=False, kw_only=True)
 
@@ -83,8 +85,6 @@ class ColumnRef(Expr):
 
 @dataclass(frozen=True)
 class _Binary(Expr):
-    """An operator on two operands (equal only to a node of the same class)."""
-
     operator: str
     left: Expr
     right: Expr
@@ -105,8 +105,6 @@ class Arithmetic(_Binary):
 
 @dataclass(frozen=True)
 class _Unary(Expr):
-    """An operator on one operand (equal only to a node of the same class)."""
-
     operand: Expr
 
     def children(self):
@@ -125,8 +123,6 @@ class IsNull(_Unary):
 
 @dataclass(frozen=True)
 class _Junction(Expr):
-    """The operands of ``AND`` or ``OR`` (equal only to a node of the same class)."""
-
     operands: tuple[Expr, ...]
 
     def children(self):
@@ -225,8 +221,6 @@ class EventComponent(_Node):
 
 @dataclass(frozen=True)
 class _Components(Pattern):
-    """A pattern made of its ``items`` (equal only to a node of the same class)."""
-
     items: tuple[EventComponent, ...]
 
     def components(self) -> tuple[EventComponent, ...]:

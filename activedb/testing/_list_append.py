@@ -165,17 +165,12 @@ class _Checker:
             if self.effective(tid) and any(self.effective(child) for child in self.children[tid]):
                 self.check_scope(f"children of {tid}", tid)
         statistics = ListAppendStatistics(
-            transactions=len(self.nodes),
-            effectively_committed=sum(self.effective(tid) for tid in self.nodes),
+            transactions=len(self.nodes), effectively_committed=sum(self.effective(tid) for tid in self.nodes),
             top_level=sum(node.parent is None for node in self.nodes.values()),
             committed_top_level=sum(node.parent is None and self.effective(node.id) for node in self.nodes.values()),
-            reads=len(self.reads),
-            appends=len(self.appended),
-            keys=len(self.keys),
-            scopes=self.scopes,
+            reads=len(self.reads), appends=len(self.appended), keys=len(self.keys), scopes=self.scopes,
             dependencies={kind.value: self.edge_counts[kind] for kind in DependencyKind},
-            sibling_dependencies=self.sibling_dependencies,
-        )
+            sibling_dependencies=self.sibling_dependencies)
         return ListAppendReport(self.anomalies, statistics, self.graphs)
 
     def report(self, kind: AnomalyKind, scope: str, description: str, cycle: tuple[Dependency, ...] = ()) -> None:

@@ -1,7 +1,5 @@
 """Every error ``activedb.versions`` raises on purpose (messages say what to do next)."""
 
-from __future__ import annotations
-
 from activedb.errors import ActivedbError
 
 
