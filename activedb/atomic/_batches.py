@@ -225,10 +225,3 @@ class Batches:
             return connection.execute(sa.text(
                 "DELETE FROM activedb_lineage WHERE recorded_at < now() - make_interval(secs => :s)"),
                 {"s": seconds}).rowcount
-
-    def statistics(self) -> dict:
-        with self.db.engine.connect() as connection:
-            row = connection.execute(sa.text(
-                "SELECT count(*) AS transactions, count(compensates) AS compensations, min(recorded_at) AS oldest "
-                "FROM activedb_lineage")).one()
-        return {"transactions": row.transactions, "compensations": row.compensations, "oldest": row.oldest}

@@ -166,11 +166,6 @@ class CompensationReport:
                 "compensating_transactions": self.compensating}
 
 
-def _memberships(explorer: LineageExplorer, tid: str) -> set[BatchRef]:
-    """The source batches ``b`` with ``tid ∈ 𝒯(b)``: those consumed by ``tid`` or an ancestor."""
-    return source_batches(explorer, explorer.ancestors_or_self([tid])[0])
-
-
 def plan(batches: Compensations, explorer: LineageExplorer, batch: BatchRef, *, mode: Mode, scope: Scope,
          max_rounds: int, max_transactions: int, consecutive: bool) -> CompensationPlan:
     if not explorer.consumers([batch]):
@@ -184,11 +179,9 @@ def plan(batches: Compensations, explorer: LineageExplorer, batch: BatchRef, *, 
     else:
         targets = {batch}
     everything: set[str] = set().union(*(composite(explorer, target)[0] for target in targets))
-    others = {tid: _memberships(explorer, tid) - targets for tid in everything}
-    if mode is Mode.FULL:
-        chosen = set(everything)
-    else:
-        chosen = {tid for tid in everything if not others[tid]}
+    # The other source batches b with tid ∈ 𝒯(b): those consumed by tid or an ancestor.
+    others = {tid: source_batches(explorer, explorer.ancestors_or_self([tid])[0]) - targets for tid in everything}
+    chosen = set(everything) if mode is Mode.FULL else {tid for tid in everything if not others[tid]}
     nodes = explorer.load(everything)
     already = {tid for tid in chosen if nodes[tid].compensated_by is not None}
     graph = explorer.graph(chosen)

@@ -33,8 +33,6 @@ from activedb.txn import CommitParticipant
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
 
-__all__ = ["PendingBatch", "PendingState", "apply_at_commit"]
-
 _MISSING = object()
 
 

@@ -17,9 +17,6 @@ from typing import Any, Callable, Iterable
 from activedb.batch._plan import Tpg, has_group_cycle
 from activedb.batch._strategy import AbortMode, Exploration, Granularity, Strategy
 
-__all__ = ["BottomLines", "Decision", "DecisionModel", "TpgProperties", "TreeInputs", "decision_tree", "measure",
-           "morphstream_name", "zipf_exponent"]
-
 
 def _gil_enabled() -> bool:
     check = getattr(sys, "_is_gil_enabled", None)     # CPython 3.13+ (free-threaded builds)

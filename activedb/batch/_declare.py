@@ -16,8 +16,6 @@ from typing import Any, NamedTuple
 
 from activedb.batch.errors import DeclarationError, UnknownEventType
 
-__all__ = ["Abort", "BatchEvent", "DELETE", "OpKind", "OpSpec", "Ops", "StateTransactions"]
-
 
 class Abort(Exception):
     """Raised by an operation's function: its state transaction aborts with this reason."""

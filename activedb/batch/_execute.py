@@ -22,8 +22,6 @@ from activedb.batch._strategy import AbortMode, Exploration, Granularity, Strate
 from activedb.batch.errors import ExecutionInvariantBroken
 from activedb.versions import Versions
 
-__all__ = ["ExecutionStatistics", "Outcomes", "TpgExecutor", "first_failure", "run_serial"]
-
 BLK, RDY, EXE, ABT = OpState.BLK, OpState.RDY, OpState.EXE, OpState.ABT
 
 

@@ -21,8 +21,6 @@ from activedb.batch._runtime import prepare
 from activedb.batch._strategy import Strategy, parse_strategy
 from activedb.versions import Versions
 
-__all__ = ["render_tpg", "tpg_graph"]
-
 _STATE_COLOURS = {OpState.EXE: "#7fc97f", OpState.ABT: "#f0027f", OpState.RDY: "#fdc086", OpState.BLK: "#bbbbbb"}
 _EDGE_STYLES = {EdgeKind.TD: ("#386cb0", "solid"), EdgeKind.PD: ("#f08000", "solid"),
                 EdgeKind.LD: ("#999999", "dotted")}

@@ -16,8 +16,6 @@ from typing import Any
 
 from activedb.batch._declare import BatchEvent, OpKind, OpSpec
 
-__all__ = ["EdgeKind", "OpState", "Operation", "Tpg", "Txn", "Unit", "build_tpg", "key_groups"]
-
 
 class OpState(enum.Enum):
     """S-TPG vertex states (the paper's Table 3)."""

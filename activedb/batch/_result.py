@@ -7,8 +7,6 @@ from typing import Any, NamedTuple
 
 from activedb.batch._declare import BatchEvent
 
-__all__ = ["BatchResult", "BatchStatistics", "Part", "TransactionResult"]
-
 
 class TransactionResult(NamedTuple):
     """One declared state transaction: committed with its outputs, or aborted with why.

@@ -20,8 +20,6 @@ from typing import Any
 from activedb.batch._declare import BatchEvent, OpSpec, specs_of
 from activedb.batch._parallel import find_root
 
-__all__ = ["Allowed", "RoutePlan", "Router", "Routing", "Source", "route", "touched_states", "written_tables"]
-
 LEARNING_EVENTS = 4        # declarations of a type a plan must agree with before it is used
 
 

@@ -28,9 +28,6 @@ from activedb.batch._strategy import Strategy, parse_strategy
 from activedb.batch.errors import WorkerFailed
 from activedb.versions import Versions
 
-__all__ = ["AUTO", "LEAN", "Prepared", "Runtime", "SERIAL", "TPG", "execute_batch", "normalise_events",
-           "ping", "prepare", "run_in_memory", "runtime_of"]
-
 AUTO = "auto"
 LEAN = "lean"
 SERIAL = "serial"
@@ -283,12 +280,6 @@ class _Missed:
 
 # --- a batch --------------------------------------------------------------------------------
 
-def _mode_of(strategy: str | Strategy) -> str | Strategy:
-    if isinstance(strategy, str) and strategy in _MODES:
-        return strategy
-    return parse_strategy(strategy)
-
-
 def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base: Mapping[tuple[str, Any], Any], *,
                   loader: Callable[[str, Any], Any] | None = None, declared: Mapping[int, Any] | None = None,
                   strategy: str | Strategy = AUTO, processes: int | None = None, split: str = "auto",
@@ -300,7 +291,7 @@ def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base
     has two components or more and processes are allowed), ``"never"``.  The caller pauses the cyclic
     garbage collector (``no_cyclic_gc``), as every caller here does."""
     runtime = runtime_of(transactions)
-    mode = _mode_of(strategy)
+    mode = strategy if isinstance(strategy, str) and strategy in _MODES else parse_strategy(strategy)
     if split not in ("auto", "always", "never"):
         raise ValueError(f"split is 'auto', 'always' or 'never', not {split!r}")
     allowed_processes = transactions.processes if processes is None else processes

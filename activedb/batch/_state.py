@@ -10,8 +10,6 @@ from typing import Any
 from activedb.batch._declare import DELETE, Abort, OpKind, OpSpec
 from activedb.batch.errors import DeclarationError
 
-__all__ = ["failure_reason", "merge_image", "perform"]
-
 
 def merge_image(own: dict | None, result: Any, spec: OpSpec) -> dict | None:
     """The image a write function's ``result`` makes of ``own`` (the columns merged; DELETE: None)."""

@@ -18,8 +18,6 @@ from activedb.batch._strategy import Strategy
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
 
-__all__ = ["DEAD_LETTER_TABLE", "apply_batch", "dead_letter", "dead_letter_row", "run_batch"]
-
 DEAD_LETTER_TABLE = deadletters.TABLE
 _MISSING = object()
 

@@ -11,8 +11,6 @@ import shutil
 import subprocess
 import sys
 
-__all__ = ["instructions_per_event", "perf_available"]
-
 
 def perf_available() -> bool:
     """Whether ``perf stat`` can count this user's instructions here."""

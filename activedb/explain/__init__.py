@@ -117,12 +117,6 @@ class Explanation:
             graph.add_edge(edge.waiter, edge.target, kind=edge.kind, resource=edge.resource, in_cycle=edge.in_cycle)
         return graph
 
-    def node(self, tid: str) -> ExplainNode:
-        for node in self.nodes:
-            if node.tid == tid:
-                return node
-        raise KeyError(tid)
-
     def edge_kinds(self) -> set[str]:
         return {edge.kind for edge in self.edges}
 

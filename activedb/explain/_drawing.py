@@ -30,7 +30,6 @@ _MAX_LOCK_LINES = 4
 _REGISTERED_KINDS = ("dependency", "nested", "children")
 
 
-
 def _layout(explanation: Explanation) -> dict[str, tuple[float, float]]:
     """Tidy tree layout: each leaf one column, a parent centred over its children, trees side by side;
     trees of a single transaction (typically the waiters) go in a row of their own below the others, so
@@ -126,16 +125,9 @@ def _clipped_curve(p0, p2, rad: float, start_box, end_box):
     """The arc ``p0 -> p2`` (bent by ``rad`` as matplotlib's ``arc3``) cut where it leaves ``start_box`` and
     enters ``end_box``: ``(path vertices, label point)``."""
     control = _control(p0, p2, rad)
-    steps = 400
-    t0, t1 = 0.0, 1.0
-    for step in range(steps + 1):
-        if not _inside(_point(p0, control, p2, step / steps), start_box):
-            t0 = step / steps
-            break
-    for step in range(steps, -1, -1):
-        if not _inside(_point(p0, control, p2, step / steps), end_box):
-            t1 = step / steps
-            break
+    ts = [step / 400 for step in range(401)]
+    t0 = next((t for t in ts if not _inside(_point(p0, control, p2, t), start_box)), 0.0)
+    t1 = next((t for t in reversed(ts) if not _inside(_point(p0, control, p2, t), end_box)), 1.0)
     if t1 <= t0:
         t0, t1 = 0.0, 1.0
     # The part [t0, t1] of a quadratic Bézier is again one, with this control point (de Casteljau).
