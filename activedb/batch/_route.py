@@ -55,14 +55,6 @@ def written_tables(specs: list[OpSpec]) -> frozenset[str]:
     return frozenset(spec.table for spec in specs if spec.kind.writes)
 
 
-def _flat(value: Any, into: list) -> None:
-    if isinstance(value, (list, tuple)):
-        for item in value:
-            _flat(item, into)
-    else:
-        into.append(value)
-
-
 class RoutePlan:
     """Where the rows of one event type are named: ``pairs`` = ``(table, Source, name)``;
     ``unbounded`` = tables of ND operations without candidates."""
@@ -167,9 +159,14 @@ def _compile_unite(pairs: tuple[tuple[str, Source, Any], ...]):
     return namespace["unite"], tuple(tables)
 
 
-def _flat_keys(value: Any) -> list:
-    keys: list = []
-    _flat(value, keys)
+def _flat_keys(value: Any, keys: list | None = None) -> list:
+    """Every scalar in the (nested) lists or tuples ``value``, in order."""
+    keys = [] if keys is None else keys
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            _flat_keys(item, keys)
+    else:
+        keys.append(value)
     return keys
 
 

@@ -349,43 +349,33 @@ def _run_split(transactions, runtime: Runtime, mode, batch, routing, base, loade
         futures.append((number, runtime.pool.submit(run_in_worker, transactions, shipped, part_base, absent, name,
                                                     shipped_model, runtime.versions)))
     seconds["ship"] = time.perf_counter() - started
-    parts: list[Part] = []
-    missed: list[tuple[Any, int]] = []
-    try:
-        parts.append(_run_local(transactions, mode, batch, routing, 0, base, loader, runtime))
-    except RouteMissed as error:
-        missed.append((error.state, error.t))
+    answers = [_run_local(transactions, mode, batch, routing, 0, base, loader, runtime)]
     for number, future in futures:
         try:
-            answer = future.result()
+            answers.append(future.result())
         except Exception as error:   # e.g. a declaring function that cannot be pickled
             if not _is_pickling_problem(error):
                 raise WorkerFailed(f"a worker process failed on {len(routing.bins[number])} transactions: "
                                    f"{type(error).__name__}: {error}") from error
             notes.append(f"ran a part in this process: {type(error).__name__}: {error} (declare the "
                          f"state transactions at module level so worker processes can import them)")
-            try:
-                answer = _run_local(transactions, mode, batch, routing, number, base, loader, runtime)
-            except RouteMissed as missed_here:
-                answer = _Missed(missed_here.state, missed_here.t)
-        if isinstance(answer, _Missed):
-            missed.append((answer.state, answer.t))
-        else:
-            if answer.before is None:
-                answer.before = {state: base_get(state) for state in answer.final}
-            parts.append(answer)
+            answers.append(_run_local(transactions, mode, batch, routing, number, base, loader, runtime))
+    missed = [answer for answer in answers if isinstance(answer, _Missed)]
     if missed:
-        dropped = sorted({batch[t].event_type for _, t in missed if t >= 0})
+        dropped = sorted({batch[miss.t].event_type for miss in missed if miss.t >= 0})
         for event_type in dropped:
             runtime.router.drop(event_type)
-        notes.append(f"split abandoned: a route plan missed {missed[0][0]!r}; ran unsplit; plans dropped for "
+        notes.append(f"split abandoned: a route plan missed {missed[0].state!r}; ran unsplit; plans dropped for "
                      f"{dropped or 'no type'}")
         return [_run_part(transactions, mode, batch, list(enumerate(batch)), declared, base, loader, None, model,
                           runtime.versions)]
-    return parts
+    for part in answers:
+        if part.before is None:     # shipped back without: the caller has the images before the batch
+            part.before = {state: base_get(state) for state in part.final}
+    return answers
 
 
-def _run_local(transactions, mode, batch, routing, number: int, base, loader, runtime: Runtime) -> Part:
+def _run_local(transactions, mode, batch, routing, number: int, base, loader, runtime: Runtime) -> Part | _Missed:
     """Bin ``number`` in this process, over its own images only (so a missed prediction shows)."""
     states, tables = routing.states[number], routing.unbounded[number]
     if tables:
@@ -395,8 +385,11 @@ def _run_local(transactions, mode, batch, routing, number: int, base, loader, ru
     members = routing.bins[number]
     known = routing.declared
     local_declared = {index: known[index] for index in members if index in known}
-    return _run_part(transactions, mode, batch, [(index, batch[index]) for index in members], local_declared,
-                     local_base, loader, Allowed(states, tables), runtime.model, runtime.versions)
+    try:
+        return _run_part(transactions, mode, batch, [(index, batch[index]) for index in members], local_declared,
+                         local_base, loader, Allowed(states, tables), runtime.model, runtime.versions)
+    except RouteMissed as missed:
+        return _Missed(missed.state, missed.t)
 
 
 _ABSENT = object()

@@ -163,12 +163,8 @@ def _reset(database, state: dict) -> None:
             connection.execute(tables[table].insert(), values)
 
 
-def _per_event(phases: dict[str, float], count: int) -> dict[str, float]:
-    return {phase: round(seconds / count * 1e6, 1) for phase, seconds in phases.items()}
-
-
-def _ms(phases: dict[str, float]) -> dict[str, float]:
-    return {phase: round(seconds * 1e3, 1) for phase, seconds in phases.items()}
+def _scaled(phases: dict[str, float], factor: float) -> dict[str, float]:
+    return {phase: round(seconds * factor, 1) for phase, seconds in phases.items()}
 
 
 def _end_to_end(report: BenchReport, database, name: str, cost: float, size: int, repeat: int) -> None:
@@ -201,7 +197,7 @@ def _end_to_end(report: BenchReport, database, name: str, cost: float, size: int
         "the TPG paths and the nested path disagree on aborts"
     report.add(Row(name=f"{label}: per-event nested path", value=rates["nested"], unit="events/s",
                    extra={"failed_events": nested_failed, "us_per_event": round(1e6 / rates["nested"], 1),
-                          "us_per_event_by_phase": _per_event(phases["nested"], count)}))
+                          "us_per_event_by_phase": _scaled(phases["nested"], 1e6 / count)}))
     report.add(Row(name=f"{label}: plain write path (one row per event, no logic)", value=rates["plain"],
                    unit="events/s", extra={"us_per_event": round(1e6 / rates["plain"], 1)}))
     report.add(Row(name=f"{label}: TPG at commit ({committed.strategy}) vs per-event nested", value=rates["commit"],
@@ -210,7 +206,7 @@ def _end_to_end(report: BenchReport, database, name: str, cost: float, size: int
                    target=f">= {NESTED_GOAL:g}x the nested path" if goal else None,
                    met=(rates["commit"] / rates["nested"] >= NESTED_GOAL) if goal else None,
                    extra={"aborted": committed.aborted_count, "us_per_event": round(1e6 / rates["commit"], 1),
-                          "us_per_event_by_phase": _per_event(phases["commit"], count),
+                          "us_per_event_by_phase": _scaled(phases["commit"], 1e6 / count),
                           "vs_plain_write": round(rates["commit"] / rates["plain"], 2),
                           "load_average": [round(load, 1) for load in loads], "best_of": repeat}))
     report.add(Row(name=f"{label}: TPG at commit vs plain write path", value=rates["commit"], unit="events/s",
@@ -220,7 +216,7 @@ def _end_to_end(report: BenchReport, database, name: str, cost: float, size: int
                    value=rates["tree"], unit="events/s", baseline_name="per-event nested path",
                    baseline=rates["nested"], ratio=rates["tree"] / rates["nested"],
                    extra={"us_per_event": round(1e6 / rates["tree"], 1),
-                          "us_per_event_by_phase": _per_event(phases["tree"], count),
+                          "us_per_event_by_phase": _scaled(phases["tree"], 1e6 / count),
                           "vs_plain_write": round(rates["tree"] / rates["plain"], 2)}))
     # The engines alone: what replaces the per-event loop (the store's prefetch and commit excluded).
     engine = sum(phases["commit"].get(phase, 0.0) for phase in ("apply", "normalise", "declare", "route",
@@ -328,7 +324,7 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
                        ratio=auto_rate / serial_rate,
                        extra={"decision": list(statistics.decision), "td_edges": statistics.td_edges,
                               "pd_edges": statistics.pd_edges, "ld_pairs": statistics.ld_pairs,
-                              "skew": round(statistics.skew, 2), "ms": _ms(statistics.seconds)}))
+                              "skew": round(statistics.skew, 2), "ms": _scaled(statistics.seconds, 1e3)}))
         tpg_rate, tpg_chosen = _in_memory(transactions, events, state, "tpg", repeat, clock=CPU)
         assert tpg_chosen.final == reference.final, "the decision model's TPG result differs from the serial reference"
         report.add(Row(name=f"{name.upper()} in memory: decision model on the TPG ({tpg_chosen.strategy})",
@@ -342,7 +338,7 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
             report.add(Row(name=f"{name.upper()} in memory: {strategy.name}", value=rate, unit="txn/CPU-s",
                            baseline_name="serial reference", baseline=serial_rate, ratio=rate / serial_rate,
                            extra={"rollbacks": result.statistics.rollbacks, "executions": result.statistics.executions,
-                                  "ms": _ms(result.statistics.seconds)}))
+                                  "ms": _scaled(result.statistics.seconds, 1e3)}))
         report.notes.append(f"{name.upper()}: best fixed strategy {best[0]} ({best[1]:,.0f} txn/s); the decision "
                             f"model chose {chosen.strategy} ({auto_rate:,.0f} txn/s)")
         done(f"{name.upper()} in memory: every strategy against the serial reference")
@@ -391,7 +387,7 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
                           "largest_component_share": round(two.statistics.largest_component_share, 3),
                           "load_average": [round(load, 1) for load in loads], "best_of": max(repeat, 3),
                           "calling_process_cpu_share": round(cpu_two / cpu_one, 3),
-                          "parent_ms": _ms(two.statistics.seconds),
+                          "parent_ms": _scaled(two.statistics.seconds, 1e3),
                           "notes": two.notes}))
     report.add(Row(name="SL (8 key groups) in memory: 2 processes vs 1 (ns/f/e)", value=ns_two_rate, unit="txn/s",
                    baseline_name="1 process (ns/f/e)", baseline=ns_one_rate, ratio=ns_two_rate / ns_one_rate,
