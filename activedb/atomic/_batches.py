@@ -209,8 +209,7 @@ class Batches:
         None.  ``"compensate"``: the partitions that committed (and everything they triggered) are
         compensated in full, so the source batch leaves no effect; returns the report.  The Spark
         scale-out path is meant to call this with ``ingest(..., on_partition_failure=...)``."""
-        policy = SplitFailure(on_failure)
-        if policy is SplitFailure.FORWARD:
+        if SplitFailure(on_failure) is SplitFailure.FORWARD:
             return None
         return self.compensate(source_batch, mode="full", allow_unsafe=allow_unsafe)
 

@@ -195,12 +195,8 @@ class NoteParticipant(CommitParticipant):
 
 class ConsumedBatches(CommitParticipant):
     """Records, at the flush of the tree it is enlisted in, that the tree consumed ``refs``
-    (``db.batches.consuming(query, batch)``).  Same effect as ``db.batches.consumed(tx, ...)`` called while
-    the tree runs, for callers that only hand participants to ``db.transaction(participants=[...])``.
-
-    The flush copies its participant list before ``before_flush``, so a writer enlisted there would not
-    write: if the tree's record has no writer yet, this participant makes one and calls it itself.
-    Reusable across attempts (a re-run batch enlists it in a new tree).  Used by one flush at a time."""
+    (``db.batches.consuming(query, batch)``); why it may run a lineage writer itself: the package README,
+    "Split batches".  Reusable across attempts (a re-run batch enlists it in a new tree); one flush at a time."""
 
     def __init__(self, refs: Iterable[BatchRef]):
         self.refs = tuple(refs)

@@ -217,11 +217,8 @@ def _run(connection: sa.Connection, statement: Any, parameters: dict, *,
 
 def _write_final(catalog: Any, connection: sa.Connection, result: BatchResult,
                  normalised: Mapping[str, Mapping[Any, tuple]]) -> int:
-    """The batch's final rows: per table, one statement per kind (DELETE, UPDATE of a set of
-    changed columns, INSERT of a set of columns) — each row's values as arrays, joined with
-    ``unnest`` (one round trip however many rows), or, for values without a plain array form,
-    the same statement executed once per row.  ``normalised[table][key]``: the key tuples
-    checked when the batch was applied."""
+    """Write the batch's final rows, one statement per table and kind (the package README, "Running a
+    batch in the store"); ``normalised[table][key]``: the key tuples checked when the batch was applied."""
     by_table: dict[str, list[tuple[Any, Any, Any]]] = {}
     for (table, key), image in result.final.items():
         by_table.setdefault(table, []).append((key, image, result.before.get((table, key))))

@@ -17,11 +17,6 @@ from typing import Any, Callable, Iterable
 from activedb.batch._plan import Tpg, has_group_cycle
 from activedb.batch._strategy import AbortMode, Exploration, Granularity, Strategy
 
-
-def _gil_enabled() -> bool:
-    check = getattr(sys, "_is_gil_enabled", None)     # CPython 3.13+ (free-threaded builds)
-    return True if check is None else bool(check())
-
 # Thresholds (see the README's "Decision model" section for the measurements behind them).
 MIN_DEPENDENCIES_PER_OP = 0.8     # rule 1: (TD + PD + LD) / operations
 MAX_SKEW_FOR_STRUCTURED = 8.0     # rule 1: busiest state / mean per state
@@ -75,12 +70,11 @@ def morphstream_name(strategy: Strategy) -> str:
     return f"{unit}_{strategy.exploration.name}{'_A' if strategy.abort is AbortMode.EAGER else ''}"
 
 
-def decision_tree(inputs: TreeInputs, lines: BottomLines | None = None,
-                  cyclic: Callable[[], bool] | None = None) -> tuple[Strategy, tuple[str, ...]]:
-    """MorphStream's decision tree on ``inputs`` (``lines`` default: Streaming Ledger's for the
-    batch).  ``cyclic``, if given, is asked instead of ``inputs.cyclic`` and only when the
-    other granularity conditions do not already decide (cycle detection costs a pass)."""
-    lines = lines or BottomLines.for_batch(inputs.batch)
+def decision_tree(inputs: TreeInputs, cyclic: Callable[[], bool] | None = None) -> tuple[Strategy, tuple[str, ...]]:
+    """MorphStream's decision tree on ``inputs``, by Streaming Ledger's lines for the batch.  ``cyclic``, if
+    given, is asked instead of ``inputs.cyclic`` and only when the other granularity conditions do not
+    already decide (cycle detection costs a pass)."""
+    lines = BottomLines.for_batch(inputs.batch)
     reasons = []
     total = inputs.td + inputs.ld + inputs.pd
     exploration = _choose(
@@ -186,8 +180,8 @@ class DecisionModel:
         """Rule 0: ``("lean", reasons)`` or ``("tpg", reasons)``.  ``threads``: executor threads
         available to explore a TPG (this executor explores on one); ``gil``: whether they share
         one interpreter lock (default: what this interpreter says)."""
-        if gil is None:
-            gil = _gil_enabled()
+        if gil is None:       # CPython 3.13+ may run without one (free-threaded builds)
+            gil = bool(getattr(sys, "_is_gil_enabled", lambda: True)())
         measured = ", ".join(f"{name} {value * 1e6:.2f} us/op" for name, value in
                              (("lean", self.lean_seconds_per_op), ("TPG", self.tpg_seconds_per_op))
                              if value is not None) or "no batch measured yet"

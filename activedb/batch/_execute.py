@@ -211,12 +211,9 @@ class TpgExecutor:
             self._apply_abort(txn)
 
     def _rollback(self, roots: list[Operation]) -> None:
-        """Undo the outcome of ``roots`` and, transitively, of every done operation below them.
-
-        An operation of an aborted transaction whose parents are all done passes through at
-        once (T4: its version goes, it stays resolved as ABT), so its executed children go
-        back to RDY (T5).  Any other undone operation goes to RDY or BLK (T5/T6) and its
-        children are counted unresolved again (T6)."""
+        """Undo the outcome of ``roots`` and, transitively, of every done operation below them: an
+        operation of an aborted transaction whose parents are all done passes through (T4), any other
+        goes to RDY or BLK (T5/T6) and its children are counted unresolved again (T6)."""
         stack = list(roots)
         table = self.table
         groups = self._groups

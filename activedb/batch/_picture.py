@@ -1,11 +1,6 @@
-"""Pictures of a batch's TPG: which operations, which edges (TD, PD, LD), which final state.
-
-``tpg_graph`` returns a ``networkx.DiGraph`` (nodes: ``label``, ``kind``, ``state``, ``t``,
-``lane``, ``reason``; edges: ``kind``) after running the batch with a strategy, so a user sees
-why a transaction aborted and what waited for what.  ``render_tpg`` draws it to PNG/SVG
-with matplotlib: one column per timestamp, one row per state (ND operations on their own
-row).  For small batches (tens of operations); networkx and matplotlib are for pictures and
-reports only, never the executor's hot path.
+"""Pictures of a small batch's TPG (tens of operations): which operations, which edges (TD, PD, LD),
+which final state, so a user sees why a transaction aborted and what waited for what.  networkx and
+matplotlib are for pictures and reports only, never the executor's hot path.
 """
 
 from __future__ import annotations
@@ -29,7 +24,8 @@ _EDGE_STYLES = {EdgeKind.TD: ("#386cb0", "solid"), EdgeKind.PD: ("#f08000", "sol
 def tpg_graph(transactions: StateTransactions, events: Iterable[Any],
               state: Mapping[tuple[str, Any], dict | None] | None = None, *,
               strategy: str | Strategy = "ns/f/e"):
-    """The executed TPG of a (small) batch as a networkx DiGraph."""
+    """The TPG of a (small) batch, executed with ``strategy``, as a networkx DiGraph (nodes: ``label``,
+    ``kind``, ``state``, ``t``, ``lane``, ``reason``; edges: ``kind``)."""
     import networkx as nx
 
     prepared = prepare(transactions, events)
@@ -59,7 +55,8 @@ def tpg_graph(transactions: StateTransactions, events: Iterable[Any],
 def render_tpg(transactions: StateTransactions, events: Iterable[Any], path: str | Path,
                state: Mapping[tuple[str, Any], dict | None] | None = None, *,
                strategy: str | Strategy = "ns/f/e", title: str | None = None) -> Path:
-    """Draw the executed TPG of a small batch to ``path`` (.png or .svg); returns the path."""
+    """Draw the executed TPG of a small batch to ``path`` (.png or .svg) with matplotlib: one column per
+    timestamp, one row per state (ND operations on their own row); returns the path."""
     import matplotlib
 
     matplotlib.use("Agg")

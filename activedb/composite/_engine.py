@@ -1,12 +1,9 @@
 """The composition engine (:class:`CompositionEngine`): the public object, coordinating its
 collaborators (design note ``activedb/composite/README.md``, "What it owns").
 
-Thread-safety: ``_mutex`` protects every field below it and the collaborators' state (producers, nodes,
-the outbox, statistics, the window); the collaborators do not lock.  Lock order: ``_mutex`` is taken
-alone — the engine calls no other lock of ours while holding it, and it is released before ``tx.emit``
-runs rules.  The ``on_uncertain`` callback runs under ``_mutex`` (a decision is part of one evaluation
-step); the callback must not call back into the engine (doing so raises ``CompositeError`` instead of
-deadlocking).
+Thread-safety: ``_mutex`` protects every field below it and the collaborators' state (they do not
+lock); a leaf, released before ``tx.emit`` runs rules.  What runs under it: the design note, "Threads and
+mutexes".
 """
 
 from __future__ import annotations

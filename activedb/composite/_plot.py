@@ -1,8 +1,5 @@
 """A picture of a window of the engine (``plot(window, path)`` writes a PNG; matplotlib, Agg backend,
-imported only here): lanes per producer, composites across them, and a time axis compressed where
-nothing happens — long empty stretches (over :data:`GAP_FACTOR` typical interval widths) are drawn that
-long, with a grey band saying how much time they stand for.  Design note: ``activedb/composite/README.md``
-("The picture").
+imported only here), described in the design note ``activedb/composite/README.md``, "The picture".
 """
 
 from __future__ import annotations
@@ -95,7 +92,8 @@ def plot(window: Any, path: str | Path, *, title: str | None = None, unit: str =
     """Draw ``window`` (``CompositionEngine.window()``) to ``path`` (PNG); returns the path.
 
     Times are shown relative to the earliest lower bound in the window, in ``unit`` ("ms" or "s"); long
-    empty stretches are compressed (see the module docstring)."""
+    empty stretches (over :data:`GAP_FACTOR` typical interval widths) are drawn that long, with a grey band
+    saying how much time they stand for."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -71,8 +71,7 @@ def _layout(explanation: Explanation) -> dict[str, tuple[float, float]]:
 
 
 def _label(node: ExplainNode) -> str:
-    head = node.tid + (f"  {node.name}" if node.name else "")
-    lines = [head, node.state + (" — waiting" if node.waiting else "")]
+    lines = [node.tid + (f"  {node.name}" if node.name else ""), node.state + (" — waiting" if node.waiting else "")]
     locks = ([f"holds {lock.describe()}" for lock in node.held]
              + [f"retains {lock.describe()}" for lock in node.retained])
     if len(locks) > _MAX_LOCK_LINES:
@@ -186,7 +185,7 @@ def draw(explanation: Explanation, dpi: int):
         (left, bottom), (right, top) = inverse.transform([[extent.x0, extent.y0], [extent.x1, extent.y1]])
         boxes[tid] = (left, bottom, right, top)
 
-    kinds_drawn = []
+    kinds_drawn: dict[str, None] = {}           # in the order first drawn
     pair_count: dict[frozenset, int] = {}
     waited = {(edge.waiter, edge.target) for edge in explanation.edges if edge.kind != "child"}
     for edge in explanation.edges:
@@ -217,8 +216,7 @@ def draw(explanation: Explanation, dpi: int):
             text = edge.kind + (f"\n{_shorten(edge.resource, 28)}" if edge.resource else "")
             axes.text(middle[0], middle[1], text, fontsize=7, ha="center", va="center", color=colour, zorder=4,
                       bbox=dict(boxstyle="round,pad=0.15", facecolor="white", edgecolor="none", alpha=0.85))
-        if edge.kind not in kinds_drawn:
-            kinds_drawn.append(edge.kind)
+        kinds_drawn[edge.kind] = None
 
     if not explanation.nodes:
         axes.text(0.5, 0.5, "no transaction is running", ha="center", va="center", fontsize=12,
