@@ -24,7 +24,7 @@ from activedb.store import jsonable
 
 from activedb.atomic._graph import (IndependentScover, LineageExplorer, TransactionLineage, composite,
                                     independent_scover, source_batches)
-from activedb.atomic._lineage import BatchRef, record_of
+from activedb.atomic._lineage import BatchRef, record_of, row_images
 from activedb.atomic.errors import CompensationFailed, LineageError, NoCompensation, UnknownBatch, UnsafeUndo
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -190,7 +190,7 @@ def plan(batches: Compensations, explorer: LineageExplorer, batch: BatchRef, *, 
     partially = _partially_dropped(explorer, chosen, targets)
     kept = everything - chosen
     undo = _undo_rows(explorer.connection, order)
-    unsafe = _unsafe(batches, explorer, chosen, kept, undo)
+    unsafe = _unsafe(batches, explorer, chosen, undo)
     missing = _missing(batches, explorer.connection, nodes, order, undo)
     return CompensationPlan(batch, mode, scope, targets, order, already, losing, partially, kept, unsafe,
                             missing, cover, nodes, undo)
@@ -218,26 +218,18 @@ def _undo_rows(connection: sa.Connection, ids: list[str]) -> dict[str, list[Undo
     return rows
 
 
-def _current_image(connection: sa.Connection, catalog, table_name: str, key: Any) -> dict | None:
-    table = catalog.table(table_name)
-    columns = list(table.primary_key.columns)
-    values = key if isinstance(key, tuple) else (key,)
-    row = connection.execute(sa.select(table).where(*[column == value for column, value in zip(columns, values)])
-                             ).mappings().first()
-    return None if row is None else jsonable(dict(row))
-
-
-def _unsafe(batches: Compensations, explorer: LineageExplorer, chosen: set[str], kept: set[str],
+def _unsafe(batches: Compensations, explorer: LineageExplorer, chosen: set[str],
             undo: dict[str, list[UndoRow]]) -> list[Unsafe]:
     found: list[Unsafe] = []
-    catalog = batches.db.catalog
+    current = row_images(batches.db.catalog, explorer.connection,
+                         [(row.table, row.key) for rows in undo.values() for row in rows], lock=False)
     for tid, rows in undo.items():
         readers = explorer.children([tid]) - chosen
         if readers:
             found.append(Unsafe(tid, None, None, f"its output was read by transactions that are not compensated: "
                                                  f"{', '.join(sorted(readers))}"))
         for row in rows:
-            if _current_image(explorer.connection, catalog, row.table, row.key) != row.after:
+            if jsonable(current[(row.table, row.key)]) != row.after:
                 later = _later_writers(explorer.connection, row, chosen)
                 who = f" (recorded later writers: {', '.join(later)})" if later else ""
                 found.append(Unsafe(tid, row.table, row.key,

@@ -126,13 +126,13 @@ class LineageWriter(CommitParticipant):
              "roles": ["C"] * len(consumed) + ["P"] * len(produced),
              "queries": [ref.query_id for ref in consumed + produced],
              "batches": [ref.batch_id for ref in consumed + produced]})
-        self._before = _images(transaction, connection, keys, lock=True) if keys else {}
+        self._before = row_images(transaction.manager.catalog, connection, keys, lock=True) if keys else {}
 
     def about_to_commit(self, transaction: "Transaction", connection: sa.Connection) -> None:
         before = self._before
         if not before:
             return
-        after = _images(transaction, connection, list(before), lock=False)
+        after = row_images(transaction.manager.catalog, connection, list(before), lock=False)
         rows = []
         for (table_name, key), image in before.items():
             new = after[(table_name, key)]
@@ -157,10 +157,9 @@ def _json(image: dict | None) -> str | None:
     return None if image is None else json.dumps(jsonable(image))
 
 
-def _images(transaction: "Transaction", connection: sa.Connection, keys: list[tuple[str, Any]], *, lock: bool
-            ) -> dict[tuple[str, Any], dict | None]:
-    """Committed images (inside the flush) of ``(table, display key)`` rows; None where there is none."""
-    catalog = transaction.manager.catalog
+def row_images(catalog: Any, connection: sa.Connection, keys: list[tuple[str, Any]], *, lock: bool
+               ) -> dict[tuple[str, Any], dict | None]:
+    """The images of ``(table, display key)`` rows as ``connection`` sees them; None where there is none."""
     by_table: dict[str, list] = {}
     for table_name, key in keys:
         by_table.setdefault(table_name, []).append(key)

@@ -93,7 +93,7 @@ class PendingBatch(CommitParticipant):
             started = time.perf_counter()
             base = self._lock_and_read(catalog, connection)
             seconds["lock_and_read"] = time.perf_counter() - started
-            result = execute_batch(self.transactions, self.batch, base, loader=_OnDemand(catalog, connection),
+            result = execute_batch(self.transactions, self.batch, base, loader=_on_demand(catalog, connection),
                                    declared=self._declared, strategy=options.strategy, processes=options.processes,
                                    split=options.split)
             seconds.update(result.statistics.seconds)
@@ -145,26 +145,24 @@ class PendingBatch(CommitParticipant):
         return base
 
 
-class _OnDemand:
-    """Rows no declaration named (ND operations without candidates, a route plan that missed):
-    lock their table against writers (``SHARE ROW EXCLUSIVE``: an absent row stays absent), then
-    read the row ``FOR UPDATE``."""
+def _on_demand(catalog: Any, connection: sa.Connection) -> Callable[[str, Any], dict | None]:
+    """The loader of rows no declaration named (ND operations without candidates, a route plan that
+    missed): lock their table against writers (``SHARE ROW EXCLUSIVE``: an absent row stays absent),
+    then read the row ``FOR UPDATE``."""
+    locked: set[str] = set()
 
-    def __init__(self, catalog: Any, connection: sa.Connection) -> None:
-        self.catalog = catalog
-        self.connection = connection
-        self.locked: set[str] = set()
-
-    def __call__(self, table: str, key: Any) -> dict | None:
-        info = self.catalog.table_info(table)
+    def load(table: str, key: Any) -> dict | None:
+        info = catalog.table_info(table)
         try:
             normalised = info.key(key)
         except (InvalidKey, InvalidValue) as error:   # a computed key that cannot name a row: the op fails
             raise DeclarationError(f"the row {key!r} of {table!r} cannot exist: {error}") from None
-        if table not in self.locked:
-            _lock_table(self.catalog, self.connection, table)
-            self.locked.add(table)
-        return _select_for_update(self.connection, info, [normalised]).get(normalised)
+        if table not in locked:
+            _lock_table(catalog, connection, table)
+            locked.add(table)
+        return _select_for_update(connection, info, [normalised]).get(normalised)
+
+    return load
 
 
 def _lock_table(catalog: Any, connection: sa.Connection, table: str) -> None:
@@ -435,12 +433,11 @@ def apply_at_commit(tx: Transaction, events: Iterable[Any], transactions: StateT
                              split=options.split)
         result.notes.append(f"ran through the transaction tree: {', '.join(observed)} observed by rules")
         pending = PendingBatch(transactions, batch, declared, {}, set(), options, ready=result)
-        tx.enlist(pending)
-        return pending
-    catalog = tx.manager.catalog
-    keys = {table: _normalised_keys(catalog.table_info(table), given_keys) for table, given_keys in states.items()}
-    pending = PendingBatch(transactions, batch, declared, keys, unbounded, options)
-    pending.seconds["apply"] = time.perf_counter() - tx_started
+    else:
+        catalog = tx.manager.catalog
+        keys = {table: _normalised_keys(catalog.table_info(table), given) for table, given in states.items()}
+        pending = PendingBatch(transactions, batch, declared, keys, unbounded, options)
+        pending.seconds["apply"] = time.perf_counter() - tx_started
     tx.enlist(pending)
     return pending
 

@@ -104,8 +104,7 @@ def render_tpg(transactions: StateTransactions, events: Iterable[Any], path: str
     if aborted:
         caption += "\naborted: " + "; ".join(f"t={t}: {reason}" for t, reason in sorted(aborted.items()))
     axes.set_title(caption, fontsize=9)
-    for side in ("top", "right"):
-        axes.spines[side].set_visible(False)
+    axes.spines[["top", "right"]].set_visible(False)
     figure.tight_layout()
     path = Path(path)
     figure.savefig(path, dpi=110)

@@ -91,6 +91,5 @@ def run_batch(db: Any, events: Iterable[Any], transactions: StateTransactions, *
         if dead_letters:
             deadletters.insert(tx, db.catalog, query_id, batch_id,
                                [dead_letter(event, reason) for event, reason in letters])
-        tx.info["events"] = len(result.committed)
-        tx.info["dead_letters"] = len(letters)
+        tx.info.update(events=len(result.committed), dead_letters=len(letters))
     return result

@@ -89,9 +89,7 @@ class Evaluation:
     def resolve(self, uncertainty: Uncertainty, candidates: list[Item]) -> tuple:
         self.counts["uncertainties"] += 1
         self.uncertainties.append(uncertainty)
-        if self.on_uncertain is None:
-            raise UncertainOrder(uncertainty)
-        answer = self.on_uncertain(uncertainty)
+        answer = None if self.on_uncertain is None else self.on_uncertain(uncertainty)
         if answer is None:
             raise UncertainOrder(uncertainty)
         if isinstance(answer, StreamEvent):
