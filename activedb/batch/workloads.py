@@ -225,10 +225,6 @@ class Workload:
         return self.keys or self.batch
 
 
-def _levels(count: int, rng: random.Random) -> list[int]:
-    return [rng.randrange(256) for _ in range(count)]
-
-
 def _groups(workload: Workload, rng: random.Random) -> list[ZipfKeys]:
     per_group = max(4, workload.key_count // workload.partitions)
     return [ZipfKeys(per_group, workload.theta, rng, offset=group * per_group) for group in range(workload.partitions)]
@@ -251,7 +247,7 @@ def generate_ledger(workload: Workload = Workload()) -> list[dict]:
     ``abort_ratio`` of the transfers carries an amount no balance covers."""
     rng = random.Random(workload.seed)
     groups = _groups(workload, rng)
-    levels = _levels(max(group.offset + group.count for group in groups), rng)
+    levels = [rng.randrange(256) for _ in range(max(group.offset + group.count for group in groups))]
     cost = int(workload.cost_us * 1000)
     events = []
     for position in range(workload.batch):

@@ -295,9 +295,6 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
     progress = progress or Progress.none()
     progress.start("bench tpg", total=11 + (1 if instructions else 0))
     finished = iter(range(1, 100))
-
-    def done(description: str) -> None:
-        progress.update(next(finished), description)
     from activedb.bench._setup import connect as bench_connect
 
     report = BenchReport("Batches of state transactions on a TPG (activedb bench tpg)")
@@ -341,7 +338,7 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
                                   "ms": _scaled(result.statistics.seconds, 1e3)}))
         report.notes.append(f"{name.upper()}: best fixed strategy {best[0]} ({best[1]:,.0f} txn/s); the decision "
                             f"model chose {chosen.strategy} ({auto_rate:,.0f} txn/s)")
-        done(f"{name.upper()} in memory: every strategy against the serial reference")
+        progress.update(next(finished), f"{name.upper()} in memory: every strategy against the serial reference")
 
     # 2. End to end through PostgreSQL: every path on the same rows, interleaved, best of `repeat`.
     with bench_connect(rule_execution="inline") as database:
@@ -349,7 +346,7 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
             database.rule(on=database.stream(event_type), name=f"bench_tpg_{event_type}")(rule)
         for name, cost in (("sl", 0.0), ("sl", 10.0), ("tp", 0.0), ("gs", 0.0)):
             _end_to_end(report, database, name, cost, size, repeat)
-            done(f"{name.upper()} end to end through PostgreSQL, C = {cost:g} us")
+            progress.update(next(finished), f"{name.upper()} end to end through PostgreSQL, C = {cost:g} us")
 
     # 3. Processes: a batch that splits (8 disjoint key groups), C = 10 us.
     workload = workloads.Workload(batch=size * 2, partitions=8)
@@ -392,7 +389,7 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
     report.add(Row(name="SL (8 key groups) in memory: 2 processes vs 1 (ns/f/e)", value=ns_two_rate, unit="txn/s",
                    baseline_name="1 process (ns/f/e)", baseline=ns_one_rate, ratio=ns_two_rate / ns_one_rate,
                    extra={"processes": ns_two.statistics.processes, "notes": ns_two.notes}))
-    done("SL in memory: 2 processes against 1")
+    progress.update(next(finished), "SL in memory: 2 processes against 1")
     report.add(Row(name="SL (8 key groups) in memory: decision model with 2 processes allowed", value=auto_rate,
                    unit="txn/s", baseline_name="1 process (lean)", baseline=one_rate, ratio=auto_rate / one_rate,
                    extra={"strategy": auto_two.strategy, "processes": auto_two.statistics.processes,
@@ -416,7 +413,7 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
                 points.setdefault(strategy, []).append((value, rate))
         sweep_json[parameter] = points
         plots.append(str(_plot(directory, parameter, points, label)))
-        done(f"SL sweep of {label}")
+        progress.update(next(finished), f"SL sweep of {label}")
         for strategy, series in points.items():
             report.add(Row(name=f"SL sweep {parameter}: {strategy}", value=series[-1][1], unit="txn/CPU-s",
                            extra={"series": [[x, round(y, 1)] for x, y in series]}))
@@ -425,7 +422,7 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
     # 5. Instructions per event (perf stat): stable where wall-clock figures are not.
     if instructions:
         _instructions(report, size, quick)
-        done("instructions per event (perf stat)")
+        progress.update(next(finished), "instructions per event (perf stat)")
 
     report.notes.append(f"load average (1 min) at start {load_at_start:.1f}, at the end of the sweeps "
                         f"{os.getloadavg()[0]:.1f}, on {os.cpu_count()} cores")

@@ -150,14 +150,13 @@ class CompositionEngine:
         if membership not in ("atomic", "weak"):
             raise MembershipError(f"membership is 'atomic' (join before sending) or 'weak' (admitted late, "
                                   f"invalidated compositions reported), got {membership!r}")
-        weak = membership == "weak"
         types = frozenset(types)
         if not producer or not isinstance(producer, str):
             raise MembershipError(f"a producer is a non-empty string, got {producer!r}")
         if not types:
             raise MembershipError(f"producer {producer} must name the event types it produces")
         with self._guard:
-            self._members.join(producer, types, since, clock, self.clock.now(), weak)
+            self._members.join(producer, types, since, clock, self.clock.now(), membership == "weak")
 
     def leave(self, producer: str) -> list[CompositeEvent]:
         """``producer`` has sent everything (its channel is FIFO, so everything it sent has arrived): it
