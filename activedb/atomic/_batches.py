@@ -213,8 +213,6 @@ class Batches:
             return None
         return self.compensate(source_batch, mode="full", allow_unsafe=allow_unsafe)
 
-    # --- retention -----------------------------------------------------------------------------------
-
     def prune(self, *, older_than: datetime.timedelta | float) -> int:
         """Delete lineage recorded more than ``older_than`` ago (a timedelta or seconds), with its batches
         and undo images; returns how many transactions were forgotten.  Compensation of a batch needs its

@@ -123,8 +123,6 @@ class PendingBatch(CommitParticipant):
             self.error = error
             self._result = None
 
-    # --- rows -----------------------------------------------------------------------------
-
     def _lock_and_read(self, catalog: Any, connection: sa.Connection) -> dict[tuple[str, Any], Any]:
         """Lock every declared row ``FOR UPDATE`` (tables in name order, keys in key order) and
         return their images; a table with absent rows is locked against writers and those rows

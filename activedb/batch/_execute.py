@@ -38,18 +38,6 @@ class ExecutionStatistics:
     seconds: float           # wall time of the execution (strata and units included)
 
 
-def first_failure(specs: list[OpSpec], t: int, read, window) -> str | None:
-    """The reason of the first operation (declaration order) of the transaction at ``t`` that
-    fails against the state read through ``read``/``window``; None if none fails.  Both
-    executors name an aborted transaction's reason this way, so reasons are deterministic."""
-    for spec in specs:
-        try:
-            perform(spec, t, read, window)
-        except Exception as error:
-            return failure_reason(spec, error)
-    return None
-
-
 Outcomes = tuple[list[int], dict[int, str], dict[int, dict]]     # ts, t → reason, t → outputs (if any)
 
 
@@ -370,14 +358,20 @@ class TpgExecutor:
         return self._units
 
     def outcomes(self, specs: list[list[OpSpec]]) -> Outcomes:
-        """As :func:`run_serial` returns them."""
+        """As :func:`run_serial` returns them.  An aborted transaction's reason is that of its first operation
+        (declaration order) that fails against the final versions, as in the serial run: deterministic."""
         ts, aborted, outputs_at = [], {}, {}
         read, window = self.table.read, self.table.window
         for txn, declared in zip(self.tpg.txns, specs):
             ts.append(txn.t)
             if txn.failed:
-                aborted[txn.t] = first_failure(declared, txn.t, read, window)
-                if aborted[txn.t] is None:
+                for spec in declared:
+                    try:
+                        perform(spec, txn.t, read, window)
+                    except Exception as error:
+                        aborted[txn.t] = failure_reason(spec, error)
+                        break
+                else:
                     raise ExecutionInvariantBroken(f"transaction t={txn.t} aborted ({txn.reason}) but none of its "
                                                    f"operations fails against the final versions")
             else:

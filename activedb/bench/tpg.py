@@ -261,8 +261,6 @@ def _instructions(report: BenchReport, size: int, quick: bool) -> None:
                               "meaning": "one / max(parent, workers): the 2-process speed-up if both had a core"}))
 
 
-# --- plots ----------------------------------------------------------------------------------------
-
 def _plot(directory: Path, parameter: str, points: dict[str, list[tuple[float, float]]], label: str) -> Path:
     from matplotlib.figure import Figure
 
@@ -282,8 +280,6 @@ def _plot(directory: Path, parameter: str, points: dict[str, list[tuple[float, f
     figure.savefig(path, dpi=100)
     return path
 
-
-# --- the benchmark --------------------------------------------------------------------------------
 
 def run(quick: bool = False, *, size: int | None = None, instructions: bool | None = None,
         progress: Progress | None = None) -> BenchReport:

@@ -97,8 +97,6 @@ class Explanation:
     deadlock: str | None = None
     victim: str | None = None
 
-    # --- views --------------------------------------------------------------------------------------
-
     @property
     def graph(self):
         """A ``networkx.DiGraph``: a node per transaction (attributes ``name``, ``state``, ``depth``,
@@ -153,8 +151,6 @@ class Explanation:
                 lines.append(f"  {edge.waiter} -[{edge.kind}{resource}]-> {edge.target}{cycle}")
         return "\n".join(lines)
 
-    # --- JSON -------------------------------------------------------------------------------------
-
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -187,8 +183,6 @@ class Explanation:
             raise PictureError(f"no explanation at {path}") from None
         except (KeyError, TypeError, ValueError) as error:
             raise PictureError(f"{path} is not an explanation written by activedb ({error!r})") from None
-
-    # --- the picture ------------------------------------------------------------------------------
 
     def render(self, path: str | Path, *, format: str | None = None, dpi: int = 110) -> Path:
         """Draw the trees and the wait-for graph into ``path`` (PNG or SVG, from the suffix or
