@@ -162,8 +162,7 @@ class Batches:
                            consecutive: bool = False) -> IndependentScover:
         """The §3 closure from ``batch``, cut (and reported as cut) at the bounds given."""
         return self._explore(lambda explorer: _graph.independent_scover(
-            explorer, _ref(batch), max_rounds=max_rounds, max_transactions=max_transactions,
-            consecutive=consecutive))
+            explorer, _ref(batch), max_rounds=max_rounds, max_transactions=max_transactions, consecutive=consecutive))
 
     def graph(self, batch: Any, *, max_rounds: int = 64, max_transactions: int = 100_000):
         """``(networkx graph of 𝒯(b) and what its independent scover pulled in, IndependentScover)``."""

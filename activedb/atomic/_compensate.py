@@ -232,9 +232,8 @@ def _unsafe(batches: Compensations, explorer: LineageExplorer, chosen: set[str],
             if jsonable(current[(row.table, row.key)]) != row.after:
                 later = _later_writers(explorer.connection, row, chosen)
                 who = f" (recorded later writers: {', '.join(later)})" if later else ""
-                found.append(Unsafe(tid, row.table, row.key,
-                                    f"a later transaction changed the row after it{who}: restoring its "
-                                    f"before-image would lose that change"))
+                found.append(Unsafe(tid, row.table, row.key, f"a later transaction changed the row after it{who}: "
+                                                             f"restoring its before-image would lose that change"))
     return found
 
 
@@ -265,9 +264,8 @@ def execute(batches: Compensations, compensation: CompensationPlan, *, allow_uns
     if compensation.missing:
         raise NoCompensation(
             f"compensating {compensation.batch}: {', '.join(compensation.missing)} wrote rows and nothing undoes "
-            f"them; declare a compensation (db.batches.compensation / rule_compensation / "
-            f"transaction_compensation) or opt their tables into db.batches.undo_by_before_image(...) — nothing "
-            f"was compensated")
+            f"them; declare a compensation (db.batches.compensation / rule_compensation / transaction_compensation) "
+            f"or opt their tables into db.batches.undo_by_before_image(...) — nothing was compensated")
     if compensation.unsafe and not allow_unsafe:
         details = "; ".join(f"{item.transaction_id}: {item.reason}" for item in compensation.unsafe)
         raise UnsafeUndo(

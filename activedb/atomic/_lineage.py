@@ -84,9 +84,8 @@ def record_of(transaction: "Transaction") -> LineageRecord:
     except Exception as error:
         with record.mutex:
             record.writer = None
-        raise LineageError(
-            f"cannot record lineage in {transaction.id}: {error}; record it while the transaction is active"
-        ) from error
+        raise LineageError(f"cannot record lineage in {transaction.id}: {error}; record it while the transaction "
+                           f"is active") from error
     return record
 
 

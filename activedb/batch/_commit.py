@@ -72,10 +72,9 @@ class PendingBatch(CommitParticipant):
     def result(self) -> BatchResult:
         """The batch's result; only once the transaction committed."""
         if self.state is not PendingState.COMMITTED:
-            raise BatchNotCommitted(
-                f"the batch's transaction is {self.state.value}"
-                + (f" ({type(self.error).__name__}: {self.error})" if self.error is not None else "")
-                + "; read pending.result after the transaction committed (after its `with` block)")
+            error = f" ({type(self.error).__name__}: {self.error})" if self.error is not None else ""
+            raise BatchNotCommitted(f"the batch's transaction is {self.state.value}{error}; read pending.result after "
+                                    f"the transaction committed (after its `with` block)")
         assert self._result is not None
         return self._result
 

@@ -213,8 +213,7 @@ class DecisionModel:
         inputs = TreeInputs(batch=values.transactions, td=values.td, ld=values.ld, pd=values.pd, vdd=values.vdd,
                             cyclic=False, complexity_high=complexity_high, abort_ratio=self.abort_ratio)
         strategy, reasons = decision_tree(inputs, cyclic=cyclic)
-        reasons = (f"{morphstream_name(strategy)} (MorphStream's decision tree, c = {values.transactions:,})",
-                   *reasons)
+        reasons = (f"{morphstream_name(strategy)} (MorphStream's decision tree, c = {values.transactions:,})", *reasons)
         return Decision(strategy, replace(values, cyclic=computed[-1] if computed else None), self.abort_ratio,
                         self.seconds_per_op, reasons)
 

@@ -22,8 +22,7 @@ _EDGE_STYLES = {EdgeKind.TD: ("#386cb0", "solid"), EdgeKind.PD: ("#f08000", "sol
 
 
 def tpg_graph(transactions: StateTransactions, events: Iterable[Any],
-              state: Mapping[tuple[str, Any], dict | None] | None = None, *,
-              strategy: str | Strategy = "ns/f/e"):
+              state: Mapping[tuple[str, Any], dict | None] | None = None, *, strategy: str | Strategy = "ns/f/e"):
     """The TPG of a (small) batch, executed with ``strategy``, as a networkx DiGraph (nodes: ``label``,
     ``kind``, ``state``, ``t``, ``lane``, ``reason``; edges: ``kind``)."""
     import networkx as nx
@@ -39,8 +38,7 @@ def tpg_graph(transactions: StateTransactions, events: Iterable[Any],
         lane = lanes.setdefault(lane_key, len(lanes))
         where = f"{op.state_key[0]}[{op.state_key[1]!r}]" if op.state_key is not None else f"{op.spec.table}[?]"
         graph.add_node(op.id, label=f"O{op.id + 1}\n{op.kind.value}\n{where}", kind=op.kind.value,
-                       state=op.state.name, t=op.t, lane=lane, reason=op.txn.reason,
-                       event=op.txn.event.event_type)
+                       state=op.state.name, t=op.t, lane=lane, reason=op.txn.reason, event=op.txn.event.event_type)
     for parent, child, kind in tpg.edges:
         graph.add_edge(parent, child, kind=kind.name)
     for txn in tpg.txns:

@@ -444,8 +444,7 @@ def _assemble(batch: list[BatchEvent], parts: list[Part], mode, seconds: dict[st
     strategies = sorted({part.strategy for part in parts})
     statistics = BatchStatistics(
         transactions=len(ts), rejected=len(rejected), **totals, skew=(busiest / mean) if mean and busiest else 1.0,
-        components=components,
-        largest_component_share=largest_share, processes=len(parts), seconds=seconds,
+        components=components, largest_component_share=largest_share, processes=len(parts), seconds=seconds,
         decision=decision or parts[0].decision, **execution)
     if mode != SERIAL:
         runtime.model.observe(len(ts), len(aborted), execution["executions"], seconds.get("execute", 0.0),
@@ -463,7 +462,6 @@ def run_in_memory(transactions: StateTransactions, events: Iterable[Any],
     started = time.perf_counter()
     batch = normalise_events(events)
     normalised = time.perf_counter() - started
-    result = execute_batch(transactions, batch, dict(state or {}), strategy=strategy, processes=processes,
-                           split=split)
+    result = execute_batch(transactions, batch, dict(state or {}), strategy=strategy, processes=processes, split=split)
     result.statistics.seconds["normalise"] = normalised
     return result

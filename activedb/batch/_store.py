@@ -77,10 +77,9 @@ def dead_letter_row(event: BatchEvent) -> dict:
     return dead_letter(event, "").raw()
 
 
-def run_batch(db: Any, events: Iterable[Any], transactions: StateTransactions, *,
-              strategy: str | Strategy = AUTO, participants: Iterable[Any] = (), query_id: str | None = None,
-              batch_id: int | None = None, dead_letters: bool = True, processes: int | None = None,
-              split: str = "auto") -> BatchResult:
+def run_batch(db: Any, events: Iterable[Any], transactions: StateTransactions, *, strategy: str | Strategy = AUTO,
+              participants: Iterable[Any] = (), query_id: str | None = None, batch_id: int | None = None,
+              dead_letters: bool = True, processes: int | None = None, split: str = "auto") -> BatchResult:
     """Convenience for users feeding events directly: one top-level transaction that applies the batch and
     inserts its dead letters into ``activedb_dead_letters`` (labelled with ``query_id``/``batch_id`` if
     given); ``participants`` take part in its commit (e.g. a ledger row written in the same PostgreSQL

@@ -114,8 +114,7 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
             for accuracy in accuracies:
                 arrivals = workload(producers, accuracy, events, 0.010, SEED)
                 names = [f"P{index}" for index in range(producers)]
-                rate, composites_rate, stats = throughput(operator, producers, [entry[1] for entry in arrivals],
-                                                          names)
+                rate, composites_rate, stats = throughput(operator, producers, [entry[1] for entry in arrivals], names)
                 point_rate, point_composites, point_stats = throughput(operator, producers,
                                                                        [entry[2] for entry in arrivals], names)
                 label = f"{operator} chronicle, {producers} producer{'s' if producers > 1 else ''}, accuracy " \

@@ -210,8 +210,7 @@ def _end_to_end(report: BenchReport, database, name: str, cost: float, size: int
                           "vs_plain_write": round(rates["commit"] / rates["plain"], 2),
                           "load_average": [round(load, 1) for load in loads], "best_of": repeat}))
     report.add(Row(name=f"{label}: TPG at commit vs plain write path", value=rates["commit"], unit="events/s",
-                   baseline_name="plain write path", baseline=rates["plain"],
-                   ratio=rates["commit"] / rates["plain"]))
+                   baseline_name="plain write path", baseline=rates["plain"], ratio=rates["commit"] / rates["plain"]))
     report.add(Row(name=f"{label}: TPG through the tree, apply_batch ({tree_result.strategy}) vs per-event nested",
                    value=rates["tree"], unit="events/s", baseline_name="per-event nested path",
                    baseline=rates["nested"], ratio=rates["tree"] / rates["nested"],
@@ -219,8 +218,7 @@ def _end_to_end(report: BenchReport, database, name: str, cost: float, size: int
                           "us_per_event_by_phase": _scaled(phases["tree"], 1e6 / count),
                           "vs_plain_write": round(rates["tree"] / rates["plain"], 2)}))
     # The engines alone: what replaces the per-event loop (the store's prefetch and commit excluded).
-    engine = sum(phases["commit"].get(phase, 0.0) for phase in ("apply", "normalise", "declare", "route",
-                                                                 "execute"))
+    engine = sum(phases["commit"].get(phase, 0.0) for phase in ("apply", "normalise", "declare", "route", "execute"))
     report.add(Row(name=f"{label}: engine only, TPG at commit (declare + execute) vs per-event loop",
                    value=count / engine, unit="events/s", baseline_name="per-event loop",
                    baseline=count / phases["nested"]["events"], ratio=phases["nested"]["events"] / engine,
@@ -380,8 +378,7 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
                           "largest_component_share": round(two.statistics.largest_component_share, 3),
                           "load_average": [round(load, 1) for load in loads], "best_of": max(repeat, 3),
                           "calling_process_cpu_share": round(cpu_two / cpu_one, 3),
-                          "parent_ms": _scaled(two.statistics.seconds, 1e3),
-                          "notes": two.notes}))
+                          "parent_ms": _scaled(two.statistics.seconds, 1e3), "notes": two.notes}))
     report.add(Row(name="SL (8 key groups) in memory: 2 processes vs 1 (ns/f/e)", value=ns_two_rate, unit="txn/s",
                    baseline_name="1 process (ns/f/e)", baseline=ns_one_rate, ratio=ns_two_rate / ns_one_rate,
                    extra={"processes": ns_two.statistics.processes, "notes": ns_two.notes}))

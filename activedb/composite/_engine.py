@@ -280,10 +280,10 @@ class CompositionEngine:
         details = "; ".join(f"{name} silent for {silent[name]:.3g} s, blocking {', '.join(sorted(set(nodes)))}"
                             for name, nodes in sorted(waited.items()))
         raise ProducerTimeout(
-            f"engine {self.name}: input node timeout ({self.timeout} s): {details}. The producer sent neither "
-            f"an event nor a heartbeat, so compositions that need its sync-point cannot become stable; make it "
-            f"send heartbeats (engine.heartbeat(producer, ts) or heartbeat rows), engine.leave() it if it is gone, "
-            f"or run the engine with on_timeout='exclude'", tuple(sorted(waited)), silent)
+            f"engine {self.name}: input node timeout ({self.timeout} s): {details}. The producer sent neither an "
+            f"event nor a heartbeat, so compositions that need its sync-point cannot become stable; make it send "
+            f"heartbeats (engine.heartbeat(producer, ts) or heartbeat rows), engine.leave() it if it is gone, or run "
+            f"the engine with on_timeout='exclude'", tuple(sorted(waited)), silent)
 
     # --- inspection --------------------------------------------------------------------------------------
 
@@ -332,10 +332,10 @@ class CompositionEngine:
             start = min((entry.ts.interval.lower for entry in entries), default=None)
             composites = tuple(composite for composite in self._evaluation.composites
                                if start is None or not composite.ts.interval.upper < start)
+            producers = self._members.producers
             return Window(entries=entries, composites=composites,
-                          sync_points={name: state.sync for name, state in self._members.producers.items()},
-                          producers={name: tuple(sorted(state.types))
-                                     for name, state in self._members.producers.items()},
+                          sync_points={name: state.sync for name, state in producers.items()},
+                          producers={name: tuple(sorted(state.types)) for name, state in producers.items()},
                           uncertainties=tuple(self._evaluation.uncertainties))
 
     def __repr__(self) -> str:
@@ -371,8 +371,7 @@ class _NoStore:
     def table(self, name: str, position: Any = None):
         raise DefinitionError(f"composition queries cannot read the store (table {name!r}): a composite event is "
                               f"decided from events alone; read the store in a rule on the composite event",
-                              line=position.line if position else None,
-                              column=position.column if position else None)
+                              line=position.line if position else None, column=position.column if position else None)
 
 
 def _check_composable(query: CompiledQuery) -> None:

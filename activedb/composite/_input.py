@@ -107,8 +107,7 @@ class InputNode:
         if moved:
             self.evaluation.wake(producer.types, skip=touched)
 
-    def _invalidate(self, producer: Producer, event: StreamEvent, entered: dict[tuple[str, tuple], list[int]]
-                    ) -> None:
+    def _invalidate(self, producer: Producer, event: StreamEvent, entered: dict[tuple[str, tuple], list[int]]) -> None:
         """Weak membership: the compositions already produced (of the nodes ``event`` entered, with the
         components it entered: ``entered``) that ``event`` would have changed (as the design note's
         "Membership: atomic and weak" defines it), recorded and queued for ``on_invalidation``."""
@@ -162,8 +161,7 @@ class InputNode:
         a weak member (it keeps its FIFO promise, but decisions relied on its absence)."""
         lower = ts.interval.lower
         behind = producer.sync is not None and lower < producer.sync
-        local_behind = (ts.local is not None and producer.latest_local is not None
-                        and ts.local < producer.latest_local)
+        local_behind = ts.local is not None and producer.latest_local is not None and ts.local < producer.latest_local
         if heartbeat:
             if producer.sync is None:
                 behind = False

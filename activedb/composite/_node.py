@@ -111,14 +111,12 @@ class Node:
         if cached is not None:
             return cached
         uncertainty = Uncertainty(self.query.name, self.partition, self.names[rank], kind,
-                                  tuple(item.event for item in candidates),
-                                  tuple(item.event for item in chosen),
+                                  tuple(item.event for item in candidates), tuple(item.event for item in chosen),
                                   anchor.event if anchor is not None else None)
         decision = context.resolve(uncertainty, candidates)
         self.decisions[key] = decision
         if decision[0] == "drop":
-            self.pending_resolutions.append(
-                Resolution(uncertainty, None, tuple(item.event for item in decision[1])))
+            self.pending_resolutions.append(Resolution(uncertainty, None, tuple(item.event for item in decision[1])))
         else:
             self.pending_resolutions.append(Resolution(uncertainty, decision[1].event))
         return decision

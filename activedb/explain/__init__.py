@@ -367,9 +367,8 @@ def explain(db: "Database", *, deadlock: BaseException | None = None, also: Iter
     if title is None:
         title = f"activedb transactions of process {os.getpid()}" + (" — deadlock" if found is not None else "")
     message = None if found is None else f"policy {found.policy}"
-    return from_snapshot(snapshot, known, cycle=cycle, victim=found.victim if found is not None else None,
-                         title=title, deadlock=message,
-                         states_from_snapshot=getattr(found, "snapshot", None) is not None)
+    return from_snapshot(snapshot, known, cycle=cycle, victim=found.victim if found is not None else None, title=title,
+                         deadlock=message, states_from_snapshot=getattr(found, "snapshot", None) is not None)
 
 
 # --- on request: deadlocks and signals -------------------------------------------------------------
