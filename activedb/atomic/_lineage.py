@@ -240,9 +240,8 @@ class UndoKeys(TransactionExtension):
         return table in self.tables
 
     def on_event(self, transaction: "Transaction", event: Any) -> None:
-        if event.source not in self.tables or event.old is event.new is None:
-            return
-        if getattr(event.kind, "value", None) not in ("inserted", "updated", "deleted"):
+        if (event.source not in self.tables or event.old is event.new is None
+                or getattr(event.kind, "value", None) not in ("inserted", "updated", "deleted")):
             return
         key = event.key if not isinstance(event.key, list) else tuple(event.key)
         record = record_of(transaction)

@@ -29,9 +29,6 @@ class Source(enum.Enum):
     FLAT = "flat"      # every scalar in the (nested) list payload[name]
 
 
-_FIELD, _KEY = Source.FIELD, Source.KEY
-
-
 def touched_states(specs: list[OpSpec]) -> tuple[list[tuple[str, Any]], list[str]]:
     """The states a declared transaction touches, and the tables of its unbounded ND ops."""
     states: list[tuple[str, Any]] = []

@@ -18,11 +18,7 @@ def merge_image(own: dict | None, result: Any, spec: OpSpec) -> dict | None:
     if not isinstance(result, Mapping):
         raise DeclarationError(f"the write function of {spec.kind.value} {spec.table} returned {result!r}; "
                                f"return a mapping of the columns to set, or batch.DELETE")
-    if own is None:
-        return dict(result)
-    merged = dict(own)
-    merged.update(result)
-    return merged
+    return dict(result) if own is None else {**own, **result}
 
 
 def perform(spec: OpSpec, t: int, read: Callable[[tuple[str, Any], int], Any],
