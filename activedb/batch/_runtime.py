@@ -21,7 +21,7 @@ from activedb.batch._decide import DecisionModel
 from activedb.batch._execute import TpgExecutor, run_serial
 from activedb.batch._lean import RouteMissed, run_lean, time_of
 from activedb.batch._parallel import WorkerPool
-from activedb.batch._plan import Tpg, Txn, build_tpg
+from activedb.batch._plan import Txn, build_tpg
 from activedb.batch._result import BatchResult, BatchStatistics, Part
 from activedb.batch._route import Allowed, Router, route, touched_states
 from activedb.batch._strategy import Strategy, parse_strategy
@@ -191,14 +191,6 @@ class _Times:
 
 # --- one part of a batch --------------------------------------------------------------------
 
-def _plan_counts(tpg: Tpg) -> dict[str, Any]:
-    """The TPG's counts, named as :class:`BatchStatistics` names them (``busiest``, ``on_states``: for the skew)."""
-    counts = tpg.ops_per_state
-    return {"operations": len(tpg.ops), "td_edges": tpg.td_edges, "pd_edges": tpg.pd_edges, "ld_pairs": tpg.ld_pairs,
-            "nd_ops": tpg.nd_ops, "window_ops": tpg.window_ops, "states": len(counts),
-            "busiest": max(counts.values(), default=0), "on_states": sum(counts.values())}
-
-
 def _run_part(transactions: StateTransactions, mode: str | Strategy, batch: list[BatchEvent],
               items: list[tuple[int, BatchEvent]], declared: Mapping[int, Any] | None, base: Mapping, loader,
               allowed, model: DecisionModel, versions: bool) -> Part:
@@ -235,7 +227,11 @@ def _run_part(transactions: StateTransactions, mode: str | Strategy, batch: list
         outcomes = executor.outcomes(specs)
         tpg.release(executor.units)
         seconds["execute"] = statistics.seconds + time.perf_counter() - started
-        name, plan, executions = chosen_strategy.name, _plan_counts(tpg), statistics.executions
+        counts = tpg.ops_per_state      # the plan's counts, named as BatchStatistics names them (and for the skew)
+        plan = {"operations": len(tpg.ops), "td_edges": tpg.td_edges, "pd_edges": tpg.pd_edges,
+                "ld_pairs": tpg.ld_pairs, "nd_ops": tpg.nd_ops, "window_ops": tpg.window_ops, "states": len(counts),
+                "busiest": max(counts.values(), default=0), "on_states": sum(counts.values())}
+        name, executions = chosen_strategy.name, statistics.executions
     final = table.final()
     return Part(*outcomes, prepared.rejected, final, {state: table.base(state) for state in final}, name,
                 decision, statistics, plan, seconds, executions)

@@ -151,34 +151,29 @@ class Explanation:
                 lines.append(f"  {edge.waiter} -[{edge.kind}{resource}]-> {edge.target}{cycle}")
         return "\n".join(lines)
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
     def save(self, path: str | Path) -> Path:
         """Write the explanation as JSON (atomically: a reader never sees half a file)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(self.to_json(), indent=1, default=str))
+        temporary.write_text(json.dumps(asdict(self), indent=1, default=str))
         os.replace(temporary, path)
         return path
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "Explanation":
+    def load(cls, path: str | Path) -> "Explanation":
         def lock(value):
             return None if value is None else HeldLock(**value)
 
-        nodes = tuple(ExplainNode(**{**item, "held": tuple(map(lock, item["held"])), "segments": tuple(item["segments"]),
-                                     "retained": tuple(map(lock, item["retained"])),
-                                     "waiting_for": lock(item["waiting_for"])}) for item in data["nodes"])
-        edges = tuple(ExplainEdge(**item) for item in data["edges"])
-        return cls(nodes=nodes, edges=edges, title=data.get("title", "activedb transactions"),
-                   taken_at=data.get("taken_at", ""), deadlock=data.get("deadlock"), victim=data.get("victim"))
-
-    @classmethod
-    def load(cls, path: str | Path) -> "Explanation":
         try:
-            return cls.from_json(json.loads(Path(path).read_text()))
+            data = json.loads(Path(path).read_text())
+            nodes = tuple(ExplainNode(**{**item, "held": tuple(map(lock, item["held"])),
+                                         "retained": tuple(map(lock, item["retained"])),
+                                         "waiting_for": lock(item["waiting_for"]), "segments": tuple(item["segments"])})
+                          for item in data["nodes"])
+            return cls(nodes=nodes, edges=tuple(ExplainEdge(**item) for item in data["edges"]),
+                       title=data.get("title", "activedb transactions"), taken_at=data.get("taken_at", ""),
+                       deadlock=data.get("deadlock"), victim=data.get("victim"))
         except FileNotFoundError:
             raise PictureError(f"no explanation at {path}") from None
         except (KeyError, TypeError, ValueError) as error:
