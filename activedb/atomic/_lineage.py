@@ -1,8 +1,5 @@
-"""Recording lineage: what a top-level transaction consumed, produced, who triggered it, what undoes it.
-
-:class:`LineageRecord` (the root's slot), :class:`LineageWriter` (the commit participant),
-:class:`NoteParticipant`, :class:`ConsumedBatches`, :class:`UndoKeys` (an extension), :class:`RuleNotes`
-(an observer): all on the transaction manager's seams; the package README, "Lineage, recorded".
+"""Recording lineage: what a top-level transaction consumed, produced, who triggered it, what undoes it,
+on the transaction manager's seams (the package README's module table and "Lineage, recorded").
 
 Thread-safety: ``LineageRecord.mutex`` protects the record's lists and its writer; every other object
 is immutable after construction or used by one flush at a time.

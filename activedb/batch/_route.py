@@ -1,9 +1,5 @@
-"""Routing a batch over processes: which rows each event touches, without declaring it.
-
-A :class:`Router` learns a route plan per event type (``KEY``, ``FIELD name``, ``FLAT name``: where
-the event names its rows), unites the predicted states into components and packs them into bins; a
-prediction that misses raises :class:`~activedb.batch._lean.RouteMissed` in the part that met it.
-The package README, "Concurrency and mutex order", says why and how.
+"""Routing a batch over processes: which rows each event touches, without declaring it (route plans,
+components, bins: the package README, "Concurrency and mutex order").
 
 Thread-safety: a :class:`Router` belongs to one :class:`StateTransactions` runtime and is used
 by one batch at a time.

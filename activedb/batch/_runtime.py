@@ -133,10 +133,8 @@ class Prepared:
 
 @contextlib.contextmanager
 def no_cyclic_gc():
-    """The TPG is a graph of many small objects with cycles (parents ↔ children); the cyclic
-    garbage collector would walk it again and again while it is built.  Nothing in a batch
-    needs it: pause it for the batch (reference counting still frees everything acyclic).
-    A context manager, or a decorator (``@no_cyclic_gc()``); a caller that paused it keeps it paused."""
+    """Pause the cyclic garbage collector for a batch (the package README, "Concurrency and mutex order", says
+    why).  A context manager, or a decorator (``@no_cyclic_gc()``); a caller that paused it keeps it paused."""
     if not gc.isenabled():
         yield
         return

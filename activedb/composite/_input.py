@@ -1,9 +1,5 @@
-"""The input node of one composition engine (the paper's InputNode, §IV and §V.C): :class:`InputNode`
-takes events and heartbeats, checks them against their producer's membership and FIFO promise, and
-routes them into the lists of the nodes whose queries consume them (design note
-``activedb/composite/README.md``).
-
-Not thread-safe by itself: used under ``CompositionEngine._mutex``.
+"""The input node of one composition engine (the paper's InputNode, §IV and §V.C; design note
+``activedb/composite/README.md``).  Not thread-safe by itself: used under ``CompositionEngine._mutex``.
 """
 
 from __future__ import annotations
@@ -23,7 +19,8 @@ from activedb.streams import CompiledQuery, Ctx, StreamEvent
 
 
 class InputNode:
-    """Takes the inputs of engine ``name`` (see the module docstring)."""
+    """Takes the events and heartbeats of engine ``name``, checks them against their producer's membership
+    and FIFO promise, and routes them into the lists of the nodes whose queries consume them."""
 
     def __init__(self, name: str, clock: Any, counts: collections.Counter, members: Members,
                  evaluation: Evaluation, window: int):

@@ -1,8 +1,5 @@
-"""The producers of one composition engine (:class:`Members`): membership, the producers of each event
-type, and ``relied`` (the paper's §IV membership and §V.A stability; design note
-``activedb/composite/README.md``).
-
-Not thread-safe by itself: used under ``CompositionEngine._mutex``.
+"""The producers of one composition engine (the paper's §IV membership and §V.A stability; design note
+``activedb/composite/README.md``).  Not thread-safe by itself: used under ``CompositionEngine._mutex``.
 """
 
 from __future__ import annotations

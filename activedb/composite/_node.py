@@ -1,8 +1,6 @@
 """One composition node (the paper's CompositionNode, §V): a query's per-component partially ordered
 lists for one partition; ``evaluate()`` is the paper's ``while (evaluate());`` then ``cleanUp()``
-(design note ``activedb/composite/README.md``).
-
-Not thread-safe by itself: used under ``CompositionEngine._mutex``.
+(design note ``activedb/composite/README.md``).  Not thread-safe by itself: used under ``CompositionEngine._mutex``.
 """
 
 from __future__ import annotations
