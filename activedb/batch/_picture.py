@@ -85,11 +85,10 @@ def render_tpg(transactions: StateTransactions, events: Iterable[Any], path: str
         x, y = positions[node]
         axes.scatter([x], [y], s=2200, color=_STATE_COLOURS[OpState[data["state"]]], edgecolors="black", zorder=3)
         axes.text(x, y, data["label"] + f"\n{data['state']}", ha="center", va="center", fontsize=7, zorder=4)
-    axes.set_yticks([-lane for lane in lanes])
-    axes.set_yticklabels([f"{key[0]}[{key[1]!r}]" if key[0] != "#nd" else "ND op" for key in lanes.values()])
+    axes.set_yticks([-lane for lane in lanes],
+                    [f"{key[0]}[{key[1]!r}]" if key[0] != "#nd" else "ND op" for key in lanes.values()])
     times = sorted({data["t"] for _, data in graph.nodes(data=True)})
-    axes.set_xticks([t * 2.2 for t in times])
-    axes.set_xticklabels([f"t={t}" for t in times])
+    axes.set_xticks([t * 2.2 for t in times], [f"t={t}" for t in times])
     axes.set_xlim(-1.2, max(t * 2.2 for t in times) + 1.6 if times else 1)
     axes.set_ylim(-len(lanes) + 0.3, 0.8)
     legend = [Line2D([0], [0], color=_EDGE_STYLES[kind][0], linestyle=_EDGE_STYLES[kind][1], label=kind.name)

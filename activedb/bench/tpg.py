@@ -268,9 +268,7 @@ def _plot(directory: Path, parameter: str, points: dict[str, list[tuple[float, f
         xs, ys = zip(*series)
         axes.plot(xs, ys, marker="o", label="auto (lean)" if name == "auto" else name,
                   linewidth=2.4 if name == "auto" else 1.2)
-    axes.set_xlabel(label)
-    axes.set_ylabel("transactions per CPU second (in memory)")
-    axes.set_title(f"SL: throughput vs {label}")
+    axes.set(xlabel=label, ylabel="transactions per CPU second (in memory)", title=f"SL: throughput vs {label}")
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)
     figure.tight_layout()
