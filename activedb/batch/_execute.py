@@ -1,9 +1,8 @@
 """Execution: the S-TPG state machine (§6) under a strategy (§5), and the serial reference.
 
-:func:`run_serial` is the meaning of a batch (§2.1.1); :class:`TpgExecutor` runs a
-:class:`~activedb.batch._plan.Tpg` under one :class:`~activedb.batch._strategy.Strategy` and must give
-exactly its result.  Where the paper's transitions T1–T6 happen, and the two rules beyond its text:
-the package README, "Definitions of the paper → code".
+:func:`run_serial` is the meaning of a batch (§2.1.1); :class:`TpgExecutor` must give exactly its result.
+Where T1–T6 happen, and the two rules beyond the paper's text: the package README, "Definitions of the
+paper → code".
 
 Thread-safety: none; an executor is used by one thread, once.
 """

@@ -144,15 +144,12 @@ def grep_sum_nd_write(event, ops):
     keys, add = payload["keys"], payload["amount"]
     candidates = payload.get("candidates")
 
-    def target(pointer):
-        return _value(pointer) % keys
-
     def add_amount(own, pointer):
         if payload.get("abort"):
             raise Abort("artificial abort")
         return {"value": (_value(own) + add) % MODULUS}
 
-    ops.write_any(GREP, target, add_amount, reads=[(GREP, payload["pointer"])],
+    ops.write_any(GREP, lambda pointer: _value(pointer) % keys, add_amount, reads=[(GREP, payload["pointer"])],
                   candidates=range(keys) if candidates else None)
 
 
