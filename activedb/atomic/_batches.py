@@ -141,10 +141,9 @@ class Batches:
     # --- reading the graph -------------------------------------------------------------------------
 
     def _explore(self, function: Callable[[LineageExplorer], Any]) -> Any:
-        with self.db.engine.connect() as connection:
-            with connection.begin():
-                connection.execute(sa.text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY"))
-                return function(LineageExplorer(connection))
+        with self.db.engine.connect() as connection, connection.begin():
+            connection.execute(sa.text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY"))
+            return function(LineageExplorer(connection))
 
     def transaction(self, lineage_id: str) -> TransactionLineage | None:
         return self._explore(lambda explorer: explorer.load([lineage_id]).get(lineage_id))

@@ -56,9 +56,8 @@ def apply_batch(tx: Transaction, events: Iterable[Any], transactions: StateTrans
             changes = {column: value for column, value in image.items() if old.get(column, _MISSING) != value}
         if changes:
             by_table.setdefault(table, {})[key] = changes
-    written = 0
-    for table, rows in by_table.items():
-        written += tx.write_many(table, rows, lock="table" if lock == "table" else "row")
+    written = sum(tx.write_many(table, rows, lock="table" if lock == "table" else "row")
+                  for table, rows in by_table.items())
     if result.statistics is not None:
         result.statistics.seconds["prefetch"] = prefetch_seconds
         result.statistics.seconds["write"] = time.perf_counter() - started

@@ -23,6 +23,7 @@ levels unless ``cyclic``).
 from __future__ import annotations
 
 import bisect
+import itertools
 import random
 import time
 from collections.abc import Callable
@@ -191,11 +192,8 @@ class ZipfKeys:
 
     def __init__(self, count: int, theta: float, rng: random.Random, offset: int = 0) -> None:
         self.count, self.offset, self.rng = count, offset, rng
-        total, cumulative = 0.0, []
-        for rank in range(1, count + 1):
-            total += 1.0 / rank ** theta
-            cumulative.append(total)
-        self._cumulative, self._total = cumulative, total
+        self._cumulative = list(itertools.accumulate(1.0 / rank ** theta for rank in range(1, count + 1)))
+        self._total = self._cumulative[-1] if self._cumulative else 0.0
 
     def draw(self) -> int:
         return self.offset + bisect.bisect_left(self._cumulative, self.rng.random() * self._total)
