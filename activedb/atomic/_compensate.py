@@ -273,13 +273,12 @@ def execute(batches: Compensations, compensation: CompensationPlan, *, allow_uns
             f"compensate with mode='full' (or a larger scope), declare logical compensations, or pass "
             f"allow_unsafe=True to restore the images anyway")
     for tid in compensation.order:
-        node = compensation.nodes[tid]
         try:
             with batches.db.transaction(name=f"compensate:{tid}") as tx:
                 record = record_of(tx)
                 with record.mutex:
                     record.compensates = tid
-                _apply(batches, tx, node, compensation.undo.get(tid, []), allow_unsafe)
+                _apply(batches, tx, compensation.nodes[tid], compensation.undo.get(tid, []), allow_unsafe)
                 report.compensating[tid] = tx.log_id
         except (UnsafeUndo, NoCompensation):
             raise

@@ -250,12 +250,11 @@ def _instructions(report: BenchReport, size: int, quick: bool) -> None:
     total = instructions_per_event("sl", "auto", count, cost=10.0, partitions=8, processes=2)
     if None not in (one, parent, total):
         workers = total - parent
-        bound = one / max(parent, workers)
         report.add(Row(name="SL (8 key groups, C = 10 us): instructions per event of the calling process, 2 processes "
                             "vs 1", value=parent, unit="instructions/event", baseline_name="1 process (lean)",
                        baseline=one, ratio=one / parent,
                        extra={"lower_is_better": True, "workers": round(workers), "all_processes": round(total),
-                              "speed_up_bound": round(bound, 2),
+                              "speed_up_bound": round(one / max(parent, workers), 2),
                               "meaning": "one / max(parent, workers): the 2-process speed-up if both had a core"}))
 
 
