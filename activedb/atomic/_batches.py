@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import sqlalchemy as sa
 
+from activedb.store import jsonable
+
 from activedb.atomic import _compensate, _graph
 from activedb.atomic._compensate import CompensationPlan, CompensationReport, Compensations, Mode, Scope
 from activedb.atomic._graph import IndependentScover, LineageExplorer, TransactionLineage
@@ -90,8 +92,6 @@ class Batches:
         if not self._compensations.declares(action):
             raise LineageError(f"no compensation named {action!r} is declared; declare it with "
                                f"@db.batches.compensation({action!r}) before noting it")
-        from activedb.store import jsonable
-
         add_note(transaction, {"kind": "action", "action": action, "args": jsonable(args)})
 
     # --- declaring compensations -----------------------------------------------------------------

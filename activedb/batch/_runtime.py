@@ -303,9 +303,8 @@ def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base
         routing = route(runtime.router, transactions.declare, batch, count, declared)
         seconds["route"] = time.perf_counter() - started
         components, largest_share = routing.components, routing.largest_share
-        operations = sum(routing.weights)
         splitting, why = (True, "split='always'") if split == "always" else model.should_split(
-            operations, routing.bin_share, allowed_processes)
+            sum(routing.weights), routing.bin_share, allowed_processes)
         if splitting and sum(1 for members in routing.bins if members) < 2:
             splitting, why = False, "one component"
         notes.append(("split: " if splitting else "not split: ") + why +

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import os
 import signal
 import threading
@@ -402,8 +403,6 @@ def serve_on_signal(db: "Database", directory: str | Path | None = None) -> Path
         try:
             explain(db).save(path)
         except Exception:  # a diagnostic must never take the process down
-            import logging
-
             logging.getLogger("activedb.explain").exception("could not write %s", path)
 
     def handler(signum, frame) -> None:
