@@ -238,11 +238,10 @@ def _instructions(report: BenchReport, size: int, quick: bool) -> None:
         figures = {strategy: instructions_per_event(name, strategy, count) for strategy in strategies}
         reference = figures["serial"]
         for strategy, figure in figures.items():
-            if figure is None or reference is None:
-                continue
-            report.add(Row(name=f"{name.upper()} in memory, C = 0: instructions per event, {strategy}", value=figure,
-                           unit="instructions/event", baseline_name="serial reference", baseline=reference,
-                           ratio=reference / figure, extra={"lower_is_better": True}))
+            if figure is not None and reference is not None:
+                report.add(Row(f"{name.upper()} in memory, C = 0: instructions per event, {strategy}", figure,
+                               "instructions/event", baseline_name="serial reference", baseline=reference,
+                               ratio=reference / figure, extra={"lower_is_better": True}))
     # The split: what the calling process executes alone (its serial share) and all processes together.
     count = size * 2
     one = instructions_per_event("sl", "auto", count, cost=10.0, partitions=8)

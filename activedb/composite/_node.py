@@ -288,9 +288,7 @@ class Node:
                 if self.conjunction and not item.processed:
                     continue
                 for newer in items:
-                    if newer is item or not before(item.ts, newer.ts):
-                        continue
-                    if self._rules_out(context, newer, lookers):
+                    if newer is not item and before(item.ts, newer.ts) and self._rules_out(context, newer, lookers):
                         ruled_out.append(item)
                         break
             if ruled_out:
