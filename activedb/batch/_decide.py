@@ -193,9 +193,7 @@ class DecisionModel:
 
     def decide(self, tpg: Tpg) -> Decision:
         """The strategy for ``tpg`` by ``self.rule``."""
-        if self.rule == "morphstream":
-            return self._decide_by_tree(tpg)
-        return self._decide_calibrated(tpg)
+        return self._decide_by_tree(tpg) if self.rule == "morphstream" else self._decide_calibrated(tpg)
 
     def _decide_by_tree(self, tpg: Tpg) -> Decision:
         values = measure(tpg)

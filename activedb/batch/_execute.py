@@ -88,7 +88,7 @@ class TpgExecutor:
         self._lowest = 1 << 62       # BFS: the lowest stratum re-opened since the last barrier
         self._executions = self._rollbacks = self._aborts = self._revoked = 0
         self._passes = 1
-        self._units: list[Unit] = []
+        self.units: list[Unit] = []          # the c-schedule units (empty for f-schedule)
         self._cyclic = 0
         self._strata = 0
         self._ran = False
@@ -275,11 +275,11 @@ class TpgExecutor:
             op.pending = len(op.parents)
             op.state = RDY if op.pending == 0 else BLK
         if self._groups:
-            self._units, self._cyclic = key_groups(self.tpg)
-            for unit in self._units:
+            self.units, self._cyclic = key_groups(self.tpg)
+            for unit in self.units:
                 unit.pending = sum(1 for op in unit.ops for parent in op.parents if parent.unit is not unit)
                 unit.remaining = len(unit.ops)
-            runnable = [unit for unit in self._units if unit.pending == 0]
+            runnable = [unit for unit in self.units if unit.pending == 0]
         else:
             runnable = [op for op in ops if op.pending == 0]
         if self.strategy.exploration is Exploration.BFS:
@@ -291,7 +291,7 @@ class TpgExecutor:
             self._run_queue()
         self._check_finished()
         return ExecutionStatistics(self._executions, self._rollbacks, self._aborts, self._revoked, self._passes,
-                                   len(self._units) if self._groups else len(ops), self._cyclic, self._strata,
+                                   len(self.units) if self._groups else len(ops), self._cyclic, self._strata,
                                    time.perf_counter() - started)
 
     def _run_queue(self) -> None:
@@ -313,9 +313,9 @@ class TpgExecutor:
 
     def _run_bfs(self) -> None:
         groups = self._groups
-        count = 1 + max((unit.stratum for unit in self._units), default=-1) if groups else self.tpg.strata()
+        count = 1 + max((unit.stratum for unit in self.units), default=-1) if groups else self.tpg.strata()
         strata: list[list] = [[] for _ in range(count)]
-        for target in self._units if groups else self.tpg.ops:
+        for target in self.units if groups else self.tpg.ops:
             strata[target.stratum].append(target)
         self._strata = count
         level = 0
@@ -350,11 +350,6 @@ class TpgExecutor:
             if bool(txn.failed) != txn.abort_applied:
                 raise ExecutionInvariantBroken(f"transaction t={txn.t} ended with failed={txn.failed} but "
                                                f"abort_applied={txn.abort_applied} under {self.strategy}")
-
-    @property
-    def units(self) -> list[Unit]:
-        """The c-schedule units (empty for f-schedule)."""
-        return self._units
 
     def outcomes(self, specs: list[list[OpSpec]]) -> Outcomes:
         """As :func:`run_serial` returns them.  An aborted transaction's reason is that of its first operation
