@@ -59,8 +59,7 @@ def apply_batch(tx: Transaction, events: Iterable[Any], transactions: StateTrans
     written = sum(tx.write_many(table, rows, lock="table" if lock == "table" else "row")
                   for table, rows in by_table.items())
     if result.statistics is not None:
-        result.statistics.seconds["prefetch"] = prefetch_seconds
-        result.statistics.seconds["write"] = time.perf_counter() - started
+        result.statistics.seconds.update(prefetch=prefetch_seconds, write=time.perf_counter() - started)
     result.notes.append(f"{written} rows written")
     return result
 
