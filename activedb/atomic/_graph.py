@@ -280,9 +280,7 @@ def independent_scover(explorer: LineageExplorer, batch: BatchRef, *, max_rounds
 def _round(explorer: LineageExplorer, start: set[str], limit: int) -> tuple[set[str], bool]:
     """One ``D_i`` then ``U_i``: ``(U_i, cut)``."""
     down, cut = explorer.descendants_or_self(start, limit)
-    if cut:
-        return down, True
-    return explorer.ancestors_or_self(down, limit)
+    return (down, True) if cut else explorer.ancestors_or_self(down, limit)
 
 
 def _sources(explorer: LineageExplorer, transactions: set[str], consecutive: bool) -> set[BatchRef]:

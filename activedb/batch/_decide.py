@@ -10,7 +10,6 @@ Thread-safety: :class:`DecisionModel` is updated by one batch at a time (the own
 from __future__ import annotations
 
 import math
-import statistics
 import sys
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
@@ -113,9 +112,13 @@ def zipf_exponent(counts: Iterable[int]) -> float:
     ranked = sorted((count for count in counts if count > 0), reverse=True)
     if len(ranked) < 2:
         return 0.0
-    fit = statistics.linear_regression([math.log(rank) for rank in range(1, len(ranked) + 1)],
-                                       [math.log(count) for count in ranked])
-    return max(0.0, -fit.slope)
+    xs = [math.log(rank) for rank in range(1, len(ranked) + 1)]
+    ys = [math.log(count) for count in ranked]
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    if spread == 0:
+        return 0.0
+    return max(0.0, -sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / spread)
 
 
 @dataclass(frozen=True)

@@ -170,8 +170,7 @@ def position_report(event, ops):
         _spin(cost)
         if speed < 0:
             raise Abort("invalid position report (negative speed)")
-        reports = own["reports"] if own else 0
-        mean = own["avg_speed"] if own else 0.0
+        reports, mean = (own["reports"], own["avg_speed"]) if own else (0, 0.0)
         return {"avg_speed": (mean * reports + speed) / (reports + 1), "reports": reports + 1}
 
     def count(own):
