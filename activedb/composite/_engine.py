@@ -245,9 +245,8 @@ class CompositionEngine:
         with self._guard:
             raised, self._evaluation.raised = self._evaluation.raised, []
         if raised:
-            first = raised[0]
-            first.others = tuple(raised[1:])
-            raise first
+            raised[0].others = tuple(raised[1:])
+            raise raised[0]
         self._check_timeouts()
         if emit_into is not None:
             return outputs
