@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import sqlalchemy as sa
 
+from activedb.store import jsonable
+
 from activedb.atomic import _compensate, _graph
 from activedb.atomic._compensate import CompensationPlan, CompensationReport, Compensations, Mode, Scope
 from activedb.atomic._graph import IndependentScover, LineageExplorer, TransactionLineage
@@ -90,8 +92,6 @@ class Batches:
         if not self._compensations.declares(action):
             raise LineageError(f"no compensation named {action!r} is declared; declare it with "
                                f"@db.batches.compensation({action!r}) before noting it")
-        from activedb.store import jsonable
-
         add_note(transaction, {"kind": "action", "action": action, "args": jsonable(args)})
 
     # --- declaring compensations -----------------------------------------------------------------
@@ -141,10 +141,9 @@ class Batches:
     # --- reading the graph -------------------------------------------------------------------------
 
     def _explore(self, function: Callable[[LineageExplorer], Any]) -> Any:
-        with self.db.engine.connect() as connection:
-            with connection.begin():
-                connection.execute(sa.text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY"))
-                return function(LineageExplorer(connection))
+        with self.db.engine.connect() as connection, connection.begin():
+            connection.execute(sa.text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY"))
+            return function(LineageExplorer(connection))
 
     def transaction(self, lineage_id: str) -> TransactionLineage | None:
         return self._explore(lambda explorer: explorer.load([lineage_id]).get(lineage_id))
@@ -162,8 +161,7 @@ class Batches:
                            consecutive: bool = False) -> IndependentScover:
         """The §3 closure from ``batch``, cut (and reported as cut) at the bounds given."""
         return self._explore(lambda explorer: _graph.independent_scover(
-            explorer, _ref(batch), max_rounds=max_rounds, max_transactions=max_transactions,
-            consecutive=consecutive))
+            explorer, _ref(batch), max_rounds=max_rounds, max_transactions=max_transactions, consecutive=consecutive))
 
     def graph(self, batch: Any, *, max_rounds: int = 64, max_transactions: int = 100_000):
         """``(networkx graph of 𝒯(b) and what its independent scover pulled in, IndependentScover)``."""
@@ -209,12 +207,9 @@ class Batches:
         None.  ``"compensate"``: the partitions that committed (and everything they triggered) are
         compensated in full, so the source batch leaves no effect; returns the report.  The Spark
         scale-out path is meant to call this with ``ingest(..., on_partition_failure=...)``."""
-        policy = SplitFailure(on_failure)
-        if policy is SplitFailure.FORWARD:
+        if SplitFailure(on_failure) is SplitFailure.FORWARD:
             return None
         return self.compensate(source_batch, mode="full", allow_unsafe=allow_unsafe)
-
-    # --- retention -----------------------------------------------------------------------------------
 
     def prune(self, *, older_than: datetime.timedelta | float) -> int:
         """Delete lineage recorded more than ``older_than`` ago (a timedelta or seconds), with its batches
@@ -225,10 +220,3 @@ class Batches:
             return connection.execute(sa.text(
                 "DELETE FROM activedb_lineage WHERE recorded_at < now() - make_interval(secs => :s)"),
                 {"s": seconds}).rowcount
-
-    def statistics(self) -> dict:
-        with self.db.engine.connect() as connection:
-            row = connection.execute(sa.text(
-                "SELECT count(*) AS transactions, count(compensates) AS compensations, min(recorded_at) AS oldest "
-                "FROM activedb_lineage")).one()
-        return {"transactions": row.transactions, "compensations": row.compensations, "oldest": row.oldest}

@@ -24,7 +24,7 @@ from activedb.store import jsonable
 
 from activedb.atomic._graph import (IndependentScover, LineageExplorer, TransactionLineage, composite,
                                     independent_scover, source_batches)
-from activedb.atomic._lineage import BatchRef, record_of
+from activedb.atomic._lineage import BatchRef, record_of, row_images
 from activedb.atomic.errors import CompensationFailed, LineageError, NoCompensation, UnknownBatch, UnsafeUndo
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -166,11 +166,6 @@ class CompensationReport:
                 "compensating_transactions": self.compensating}
 
 
-def _memberships(explorer: LineageExplorer, tid: str) -> set[BatchRef]:
-    """The source batches ``b`` with ``tid ∈ 𝒯(b)``: those consumed by ``tid`` or an ancestor."""
-    return source_batches(explorer, explorer.ancestors_or_self([tid])[0])
-
-
 def plan(batches: Compensations, explorer: LineageExplorer, batch: BatchRef, *, mode: Mode, scope: Scope,
          max_rounds: int, max_transactions: int, consecutive: bool) -> CompensationPlan:
     if not explorer.consumers([batch]):
@@ -184,11 +179,9 @@ def plan(batches: Compensations, explorer: LineageExplorer, batch: BatchRef, *, 
     else:
         targets = {batch}
     everything: set[str] = set().union(*(composite(explorer, target)[0] for target in targets))
-    others = {tid: _memberships(explorer, tid) - targets for tid in everything}
-    if mode is Mode.FULL:
-        chosen = set(everything)
-    else:
-        chosen = {tid for tid in everything if not others[tid]}
+    # The other source batches b with tid ∈ 𝒯(b): those consumed by tid or an ancestor.
+    others = {tid: source_batches(explorer, explorer.ancestors_or_self([tid])[0]) - targets for tid in everything}
+    chosen = set(everything) if mode is Mode.FULL else {tid for tid in everything if not others[tid]}
     nodes = explorer.load(everything)
     already = {tid for tid in chosen if nodes[tid].compensated_by is not None}
     graph = explorer.graph(chosen)
@@ -197,7 +190,7 @@ def plan(batches: Compensations, explorer: LineageExplorer, batch: BatchRef, *, 
     partially = _partially_dropped(explorer, chosen, targets)
     kept = everything - chosen
     undo = _undo_rows(explorer.connection, order)
-    unsafe = _unsafe(batches, explorer, chosen, kept, undo)
+    unsafe = _unsafe(batches, explorer, chosen, undo)
     missing = _missing(batches, explorer.connection, nodes, order, undo)
     return CompensationPlan(batch, mode, scope, targets, order, already, losing, partially, kept, unsafe,
                             missing, cover, nodes, undo)
@@ -225,31 +218,22 @@ def _undo_rows(connection: sa.Connection, ids: list[str]) -> dict[str, list[Undo
     return rows
 
 
-def _current_image(connection: sa.Connection, catalog, table_name: str, key: Any) -> dict | None:
-    table = catalog.table(table_name)
-    columns = list(table.primary_key.columns)
-    values = key if isinstance(key, tuple) else (key,)
-    row = connection.execute(sa.select(table).where(*[column == value for column, value in zip(columns, values)])
-                             ).mappings().first()
-    return None if row is None else jsonable(dict(row))
-
-
-def _unsafe(batches: Compensations, explorer: LineageExplorer, chosen: set[str], kept: set[str],
+def _unsafe(batches: Compensations, explorer: LineageExplorer, chosen: set[str],
             undo: dict[str, list[UndoRow]]) -> list[Unsafe]:
     found: list[Unsafe] = []
-    catalog = batches.db.catalog
+    current = row_images(batches.db.catalog, explorer.connection,
+                         [(row.table, row.key) for rows in undo.values() for row in rows], lock=False)
     for tid, rows in undo.items():
         readers = explorer.children([tid]) - chosen
         if readers:
             found.append(Unsafe(tid, None, None, f"its output was read by transactions that are not compensated: "
                                                  f"{', '.join(sorted(readers))}"))
         for row in rows:
-            if _current_image(explorer.connection, catalog, row.table, row.key) != row.after:
+            if jsonable(current[(row.table, row.key)]) != row.after:
                 later = _later_writers(explorer.connection, row, chosen)
                 who = f" (recorded later writers: {', '.join(later)})" if later else ""
-                found.append(Unsafe(tid, row.table, row.key,
-                                    f"a later transaction changed the row after it{who}: restoring its "
-                                    f"before-image would lose that change"))
+                found.append(Unsafe(tid, row.table, row.key, f"a later transaction changed the row after it{who}: "
+                                                             f"restoring its before-image would lose that change"))
     return found
 
 
@@ -280,9 +264,8 @@ def execute(batches: Compensations, compensation: CompensationPlan, *, allow_uns
     if compensation.missing:
         raise NoCompensation(
             f"compensating {compensation.batch}: {', '.join(compensation.missing)} wrote rows and nothing undoes "
-            f"them; declare a compensation (db.batches.compensation / rule_compensation / "
-            f"transaction_compensation) or opt their tables into db.batches.undo_by_before_image(...) — nothing "
-            f"was compensated")
+            f"them; declare a compensation (db.batches.compensation / rule_compensation / transaction_compensation) "
+            f"or opt their tables into db.batches.undo_by_before_image(...) — nothing was compensated")
     if compensation.unsafe and not allow_unsafe:
         details = "; ".join(f"{item.transaction_id}: {item.reason}" for item in compensation.unsafe)
         raise UnsafeUndo(
@@ -290,13 +273,12 @@ def execute(batches: Compensations, compensation: CompensationPlan, *, allow_uns
             f"compensate with mode='full' (or a larger scope), declare logical compensations, or pass "
             f"allow_unsafe=True to restore the images anyway")
     for tid in compensation.order:
-        node = compensation.nodes[tid]
         try:
             with batches.db.transaction(name=f"compensate:{tid}") as tx:
                 record = record_of(tx)
                 with record.mutex:
                     record.compensates = tid
-                _apply(batches, tx, node, compensation.undo.get(tid, []), allow_unsafe)
+                _apply(batches, tx, compensation.nodes[tid], compensation.undo.get(tid, []), allow_unsafe)
                 report.compensating[tid] = tx.log_id
         except (UnsafeUndo, NoCompensation):
             raise

@@ -88,8 +88,7 @@ class LineageExplorer:
                     {"queries": [ref.query_id for ref in missing], "batches": [ref.batch_id for ref in missing],
                      "role": role}):
                 cache[BatchRef(row.query_id, row.batch_id)].add(row.transaction_id)
-        found: set[str] = set().union(*(cache[ref] for ref in refs))
-        return found
+        return set().union(*(cache[ref] for ref in refs))
 
     def children(self, ids: Iterable[str]) -> set[str]:
         """Transactions triggered by any of ``ids``: named as parent, consumers of their output batches,
@@ -146,10 +145,6 @@ class LineageExplorer:
         self.load(result)
         return {tid for tid in result if tid in self.nodes}
 
-    def is_source(self, ref: BatchRef) -> bool:
-        """A source batch: no recorded transaction produced it (it came from outside)."""
-        return not self.producers([ref])
-
     def known_batches(self, query_id: str) -> list[str]:
         return list(self.connection.execute(sa.text(
             "SELECT DISTINCT batch_id FROM activedb_lineage_batches WHERE query_id = :q AND role = 'C'"),
@@ -194,9 +189,9 @@ def composite(explorer: LineageExplorer, batch: BatchRef, limit: int | None = No
 
 
 def source_batches(explorer: LineageExplorer, ids: Iterable[str]) -> set[BatchRef]:
-    """The source batches input to the transactions ``ids``."""
+    """The source batches (those no recorded transaction produced) input to the transactions ``ids``."""
     refs: set[BatchRef] = set().union(*(node.consumed for node in explorer.load(ids).values()))
-    return {ref for ref in refs if explorer.is_source(ref)}
+    return {ref for ref in refs if not explorer.producers([ref])}
 
 
 def scover(explorer: LineageExplorer, batches: Iterable[BatchRef], *, consecutive: bool = False) -> set[BatchRef]:
@@ -285,9 +280,7 @@ def independent_scover(explorer: LineageExplorer, batch: BatchRef, *, max_rounds
 def _round(explorer: LineageExplorer, start: set[str], limit: int) -> tuple[set[str], bool]:
     """One ``D_i`` then ``U_i``: ``(U_i, cut)``."""
     down, cut = explorer.descendants_or_self(start, limit)
-    if cut:
-        return down, True
-    return explorer.ancestors_or_self(down, limit)
+    return (down, True) if cut else explorer.ancestors_or_self(down, limit)
 
 
 def _sources(explorer: LineageExplorer, transactions: set[str], consecutive: bool) -> set[BatchRef]:

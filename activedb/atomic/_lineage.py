@@ -1,8 +1,5 @@
-"""Recording lineage: what a top-level transaction consumed, produced, who triggered it, what undoes it.
-
-:class:`LineageRecord` (the root's slot), :class:`LineageWriter` (the commit participant),
-:class:`NoteParticipant`, :class:`ConsumedBatches`, :class:`UndoKeys` (an extension), :class:`RuleNotes`
-(an observer): all on the transaction manager's seams; the package README, "Lineage, recorded".
+"""Recording lineage: what a top-level transaction consumed, produced, who triggered it, what undoes it,
+on the transaction manager's seams (the package README's module table and "Lineage, recorded").
 
 Thread-safety: ``LineageRecord.mutex`` protects the record's lists and its writer; every other object
 is immutable after construction or used by one flush at a time.
@@ -84,9 +81,8 @@ def record_of(transaction: "Transaction") -> LineageRecord:
     except Exception as error:
         with record.mutex:
             record.writer = None
-        raise LineageError(
-            f"cannot record lineage in {transaction.id}: {error}; record it while the transaction is active"
-        ) from error
+        raise LineageError(f"cannot record lineage in {transaction.id}: {error}; record it while the transaction "
+                           f"is active") from error
     return record
 
 
@@ -126,13 +122,13 @@ class LineageWriter(CommitParticipant):
              "roles": ["C"] * len(consumed) + ["P"] * len(produced),
              "queries": [ref.query_id for ref in consumed + produced],
              "batches": [ref.batch_id for ref in consumed + produced]})
-        self._before = _images(transaction, connection, keys, lock=True) if keys else {}
+        self._before = row_images(transaction.manager.catalog, connection, keys, lock=True) if keys else {}
 
     def about_to_commit(self, transaction: "Transaction", connection: sa.Connection) -> None:
         before = self._before
         if not before:
             return
-        after = _images(transaction, connection, list(before), lock=False)
+        after = row_images(transaction.manager.catalog, connection, list(before), lock=False)
         rows = []
         for (table_name, key), image in before.items():
             new = after[(table_name, key)]
@@ -157,10 +153,9 @@ def _json(image: dict | None) -> str | None:
     return None if image is None else json.dumps(jsonable(image))
 
 
-def _images(transaction: "Transaction", connection: sa.Connection, keys: list[tuple[str, Any]], *, lock: bool
-            ) -> dict[tuple[str, Any], dict | None]:
-    """Committed images (inside the flush) of ``(table, display key)`` rows; None where there is none."""
-    catalog = transaction.manager.catalog
+def row_images(catalog: Any, connection: sa.Connection, keys: list[tuple[str, Any]], *, lock: bool
+               ) -> dict[tuple[str, Any], dict | None]:
+    """The images of ``(table, display key)`` rows as ``connection`` sees them; None where there is none."""
     by_table: dict[str, list] = {}
     for table_name, key in keys:
         by_table.setdefault(table_name, []).append(key)
@@ -195,12 +190,8 @@ class NoteParticipant(CommitParticipant):
 
 class ConsumedBatches(CommitParticipant):
     """Records, at the flush of the tree it is enlisted in, that the tree consumed ``refs``
-    (``db.batches.consuming(query, batch)``).  Same effect as ``db.batches.consumed(tx, ...)`` called while
-    the tree runs, for callers that only hand participants to ``db.transaction(participants=[...])``.
-
-    The flush copies its participant list before ``before_flush``, so a writer enlisted there would not
-    write: if the tree's record has no writer yet, this participant makes one and calls it itself.
-    Reusable across attempts (a re-run batch enlists it in a new tree).  Used by one flush at a time."""
+    (``db.batches.consuming(query, batch)``); why it may run a lineage writer itself: the package README,
+    "Split batches".  Reusable across attempts (a re-run batch enlists it in a new tree); one flush at a time."""
 
     def __init__(self, refs: Iterable[BatchRef]):
         self.refs = tuple(refs)
@@ -246,9 +237,8 @@ class UndoKeys(TransactionExtension):
         return table in self.tables
 
     def on_event(self, transaction: "Transaction", event: Any) -> None:
-        if event.source not in self.tables or event.old is event.new is None:
-            return
-        if getattr(event.kind, "value", None) not in ("inserted", "updated", "deleted"):
+        if (event.source not in self.tables or event.old is event.new is None
+                or getattr(event.kind, "value", None) not in ("inserted", "updated", "deleted")):
             return
         key = event.key if not isinstance(event.key, list) else tuple(event.key)
         record = record_of(transaction)

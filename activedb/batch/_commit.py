@@ -33,8 +33,6 @@ from activedb.txn import CommitParticipant
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
 
-__all__ = ["PendingBatch", "PendingState", "apply_at_commit"]
-
 _MISSING = object()
 
 
@@ -74,10 +72,9 @@ class PendingBatch(CommitParticipant):
     def result(self) -> BatchResult:
         """The batch's result; only once the transaction committed."""
         if self.state is not PendingState.COMMITTED:
-            raise BatchNotCommitted(
-                f"the batch's transaction is {self.state.value}"
-                + (f" ({type(self.error).__name__}: {self.error})" if self.error is not None else "")
-                + "; read pending.result after the transaction committed (after its `with` block)")
+            error = f" ({type(self.error).__name__}: {self.error})" if self.error is not None else ""
+            raise BatchNotCommitted(f"the batch's transaction is {self.state.value}{error}; read pending.result after "
+                                    f"the transaction committed (after its `with` block)")
         assert self._result is not None
         return self._result
 
@@ -95,7 +92,7 @@ class PendingBatch(CommitParticipant):
             started = time.perf_counter()
             base = self._lock_and_read(catalog, connection)
             seconds["lock_and_read"] = time.perf_counter() - started
-            result = execute_batch(self.transactions, self.batch, base, loader=_OnDemand(catalog, connection),
+            result = execute_batch(self.transactions, self.batch, base, loader=_on_demand(catalog, connection),
                                    declared=self._declared, strategy=options.strategy, processes=options.processes,
                                    split=options.split)
             seconds.update(result.statistics.seconds)
@@ -125,8 +122,6 @@ class PendingBatch(CommitParticipant):
             self.error = error
             self._result = None
 
-    # --- rows -----------------------------------------------------------------------------
-
     def _lock_and_read(self, catalog: Any, connection: sa.Connection) -> dict[tuple[str, Any], Any]:
         """Lock every declared row ``FOR UPDATE`` (tables in name order, keys in key order) and
         return their images; a table with absent rows is locked against writers and those rows
@@ -147,26 +142,24 @@ class PendingBatch(CommitParticipant):
         return base
 
 
-class _OnDemand:
-    """Rows no declaration named (ND operations without candidates, a route plan that missed):
-    lock their table against writers (``SHARE ROW EXCLUSIVE``: an absent row stays absent), then
-    read the row ``FOR UPDATE``."""
+def _on_demand(catalog: Any, connection: sa.Connection) -> Callable[[str, Any], dict | None]:
+    """The loader of rows no declaration named (ND operations without candidates, a route plan that
+    missed): lock their table against writers (``SHARE ROW EXCLUSIVE``: an absent row stays absent),
+    then read the row ``FOR UPDATE``."""
+    locked: set[str] = set()
 
-    def __init__(self, catalog: Any, connection: sa.Connection) -> None:
-        self.catalog = catalog
-        self.connection = connection
-        self.locked: set[str] = set()
-
-    def __call__(self, table: str, key: Any) -> dict | None:
-        info = self.catalog.table_info(table)
+    def load(table: str, key: Any) -> dict | None:
+        info = catalog.table_info(table)
         try:
             normalised = info.key(key)
         except (InvalidKey, InvalidValue) as error:   # a computed key that cannot name a row: the op fails
             raise DeclarationError(f"the row {key!r} of {table!r} cannot exist: {error}") from None
-        if table not in self.locked:
-            _lock_table(self.catalog, self.connection, table)
-            self.locked.add(table)
-        return _select_for_update(self.connection, info, [normalised]).get(normalised)
+        if table not in locked:
+            _lock_table(catalog, connection, table)
+            locked.add(table)
+        return _select_for_update(connection, info, [normalised]).get(normalised)
+
+    return load
 
 
 def _lock_table(catalog: Any, connection: sa.Connection, table: str) -> None:
@@ -219,11 +212,8 @@ def _run(connection: sa.Connection, statement: Any, parameters: dict, *,
 
 def _write_final(catalog: Any, connection: sa.Connection, result: BatchResult,
                  normalised: Mapping[str, Mapping[Any, tuple]]) -> int:
-    """The batch's final rows: per table, one statement per kind (DELETE, UPDATE of a set of
-    changed columns, INSERT of a set of columns) — each row's values as arrays, joined with
-    ``unnest`` (one round trip however many rows), or, for values without a plain array form,
-    the same statement executed once per row.  ``normalised[table][key]``: the key tuples
-    checked when the batch was applied."""
+    """Write the batch's final rows, one statement per table and kind (the package README, "Running a
+    batch in the store"); ``normalised[table][key]``: the key tuples checked when the batch was applied."""
     by_table: dict[str, list[tuple[Any, Any, Any]]] = {}
     for (table, key), image in result.final.items():
         by_table.setdefault(table, []).append((key, image, result.before.get((table, key))))
@@ -440,12 +430,11 @@ def apply_at_commit(tx: Transaction, events: Iterable[Any], transactions: StateT
                              split=options.split)
         result.notes.append(f"ran through the transaction tree: {', '.join(observed)} observed by rules")
         pending = PendingBatch(transactions, batch, declared, {}, set(), options, ready=result)
-        tx.enlist(pending)
-        return pending
-    catalog = tx.manager.catalog
-    keys = {table: _normalised_keys(catalog.table_info(table), given_keys) for table, given_keys in states.items()}
-    pending = PendingBatch(transactions, batch, declared, keys, unbounded, options)
-    pending.seconds["apply"] = time.perf_counter() - tx_started
+    else:
+        catalog = tx.manager.catalog
+        keys = {table: _normalised_keys(catalog.table_info(table), given) for table, given in states.items()}
+        pending = PendingBatch(transactions, batch, declared, keys, unbounded, options)
+        pending.seconds["apply"] = time.perf_counter() - tx_started
     tx.enlist(pending)
     return pending
 

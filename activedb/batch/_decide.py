@@ -17,14 +17,6 @@ from typing import Any, Callable, Iterable
 from activedb.batch._plan import Tpg, has_group_cycle
 from activedb.batch._strategy import AbortMode, Exploration, Granularity, Strategy
 
-__all__ = ["BottomLines", "Decision", "DecisionModel", "TpgProperties", "TreeInputs", "decision_tree", "measure",
-           "morphstream_name", "zipf_exponent"]
-
-
-def _gil_enabled() -> bool:
-    check = getattr(sys, "_is_gil_enabled", None)     # CPython 3.13+ (free-threaded builds)
-    return True if check is None else bool(check())
-
 # Thresholds (see the README's "Decision model" section for the measurements behind them).
 MIN_DEPENDENCIES_PER_OP = 0.8     # rule 1: (TD + PD + LD) / operations
 MAX_SKEW_FOR_STRUCTURED = 8.0     # rule 1: busiest state / mean per state
@@ -78,12 +70,11 @@ def morphstream_name(strategy: Strategy) -> str:
     return f"{unit}_{strategy.exploration.name}{'_A' if strategy.abort is AbortMode.EAGER else ''}"
 
 
-def decision_tree(inputs: TreeInputs, lines: BottomLines | None = None,
-                  cyclic: Callable[[], bool] | None = None) -> tuple[Strategy, tuple[str, ...]]:
-    """MorphStream's decision tree on ``inputs`` (``lines`` default: Streaming Ledger's for the
-    batch).  ``cyclic``, if given, is asked instead of ``inputs.cyclic`` and only when the
-    other granularity conditions do not already decide (cycle detection costs a pass)."""
-    lines = lines or BottomLines.for_batch(inputs.batch)
+def decision_tree(inputs: TreeInputs, cyclic: Callable[[], bool] | None = None) -> tuple[Strategy, tuple[str, ...]]:
+    """MorphStream's decision tree on ``inputs``, by Streaming Ledger's lines for the batch.  ``cyclic``, if
+    given, is asked instead of ``inputs.cyclic`` and only when the other granularity conditions do not
+    already decide (cycle detection costs a pass)."""
+    lines = BottomLines.for_batch(inputs.batch)
     reasons = []
     total = inputs.td + inputs.ld + inputs.pd
     exploration = _choose(
@@ -189,8 +180,8 @@ class DecisionModel:
         """Rule 0: ``("lean", reasons)`` or ``("tpg", reasons)``.  ``threads``: executor threads
         available to explore a TPG (this executor explores on one); ``gil``: whether they share
         one interpreter lock (default: what this interpreter says)."""
-        if gil is None:
-            gil = _gil_enabled()
+        if gil is None:       # CPython 3.13+ may run without one (free-threaded builds)
+            gil = bool(getattr(sys, "_is_gil_enabled", lambda: True)())
         measured = ", ".join(f"{name} {value * 1e6:.2f} us/op" for name, value in
                              (("lean", self.lean_seconds_per_op), ("TPG", self.tpg_seconds_per_op))
                              if value is not None) or "no batch measured yet"
@@ -205,9 +196,7 @@ class DecisionModel:
 
     def decide(self, tpg: Tpg) -> Decision:
         """The strategy for ``tpg`` by ``self.rule``."""
-        if self.rule == "morphstream":
-            return self._decide_by_tree(tpg)
-        return self._decide_calibrated(tpg)
+        return self._decide_by_tree(tpg) if self.rule == "morphstream" else self._decide_calibrated(tpg)
 
     def _decide_by_tree(self, tpg: Tpg) -> Decision:
         values = measure(tpg)
@@ -222,8 +211,7 @@ class DecisionModel:
         inputs = TreeInputs(batch=values.transactions, td=values.td, ld=values.ld, pd=values.pd, vdd=values.vdd,
                             cyclic=False, complexity_high=complexity_high, abort_ratio=self.abort_ratio)
         strategy, reasons = decision_tree(inputs, cyclic=cyclic)
-        reasons = (f"{morphstream_name(strategy)} (MorphStream's decision tree, c = {values.transactions:,})",
-                   *reasons)
+        reasons = (f"{morphstream_name(strategy)} (MorphStream's decision tree, c = {values.transactions:,})", *reasons)
         return Decision(strategy, replace(values, cyclic=computed[-1] if computed else None), self.abort_ratio,
                         self.seconds_per_op, reasons)
 

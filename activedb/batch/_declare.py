@@ -16,8 +16,6 @@ from typing import Any, NamedTuple
 
 from activedb.batch.errors import DeclarationError, UnknownEventType
 
-__all__ = ["Abort", "BatchEvent", "DELETE", "OpKind", "OpSpec", "Ops", "StateTransactions"]
-
 
 class Abort(Exception):
     """Raised by an operation's function: its state transaction aborts with this reason."""
@@ -235,9 +233,8 @@ class Ops:
         self.specs.append(OpSpec(OpKind.ND_READ, table, None, self._params(reads, None, "reads"), key_fn=key_fn,
                                  candidates=_candidates(table, candidates), name=name or f"any:{table}"))
 
-    def write_any(self, table: str, key_fn: Callable[..., Any], fn: Callable[..., Any], *,
-                  reads: Iterable[Any] = (), candidates: Iterable[Any] | None = None,
-                  name: str | None = None) -> None:
+    def write_any(self, table: str, key_fn: Callable[..., Any], fn: Callable[..., Any], *, reads: Iterable[Any] = (),
+                  candidates: Iterable[Any] | None = None, name: str | None = None) -> None:
         """Non-deterministic WRITE(f1*, f2*): key ``key_fn(*images of reads)``, value
         ``fn(own, *images of reads)`` as for :meth:`write`."""
         self._check_key(table, 0)

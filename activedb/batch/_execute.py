@@ -1,9 +1,8 @@
 """Execution: the S-TPG state machine (§6) under a strategy (§5), and the serial reference.
 
-:func:`run_serial` is the meaning of a batch (§2.1.1); :class:`TpgExecutor` runs a
-:class:`~activedb.batch._plan.Tpg` under one :class:`~activedb.batch._strategy.Strategy` and must give
-exactly its result.  Where the paper's transitions T1–T6 happen, and the two rules beyond its text:
-the package README, "Definitions of the paper → code".
+:func:`run_serial` is the meaning of a batch (§2.1.1); :class:`TpgExecutor` must give exactly its result.
+Where T1–T6 happen, and the two rules beyond the paper's text: the package README, "Definitions of the
+paper → code".
 
 Thread-safety: none; an executor is used by one thread, once.
 """
@@ -22,8 +21,6 @@ from activedb.batch._strategy import AbortMode, Exploration, Granularity, Strate
 from activedb.batch.errors import ExecutionInvariantBroken
 from activedb.versions import Versions
 
-__all__ = ["ExecutionStatistics", "Outcomes", "TpgExecutor", "first_failure", "run_serial"]
-
 BLK, RDY, EXE, ABT = OpState.BLK, OpState.RDY, OpState.EXE, OpState.ABT
 
 
@@ -38,18 +35,6 @@ class ExecutionStatistics:
     cyclic_ops: int          # c-schedule: operations in merged cycles
     strata: int              # s-explore: number of strata (0 for ns-explore)
     seconds: float           # wall time of the execution (strata and units included)
-
-
-def first_failure(specs: list[OpSpec], t: int, read, window) -> str | None:
-    """The reason of the first operation (declaration order) of the transaction at ``t`` that
-    fails against the state read through ``read``/``window``; None if none fails.  Both
-    executors name an aborted transaction's reason this way, so reasons are deterministic."""
-    for spec in specs:
-        try:
-            perform(spec, t, read, window)
-        except Exception as error:
-            return failure_reason(spec, error)
-    return None
 
 
 Outcomes = tuple[list[int], dict[int, str], dict[int, dict]]     # ts, t → reason, t → outputs (if any)
@@ -103,7 +88,7 @@ class TpgExecutor:
         self._lowest = 1 << 62       # BFS: the lowest stratum re-opened since the last barrier
         self._executions = self._rollbacks = self._aborts = self._revoked = 0
         self._passes = 1
-        self._units: list[Unit] = []
+        self.units: list[Unit] = []          # the c-schedule units (empty for f-schedule)
         self._cyclic = 0
         self._strata = 0
         self._ran = False
@@ -213,12 +198,9 @@ class TpgExecutor:
             self._apply_abort(txn)
 
     def _rollback(self, roots: list[Operation]) -> None:
-        """Undo the outcome of ``roots`` and, transitively, of every done operation below them.
-
-        An operation of an aborted transaction whose parents are all done passes through at
-        once (T4: its version goes, it stays resolved as ABT), so its executed children go
-        back to RDY (T5).  Any other undone operation goes to RDY or BLK (T5/T6) and its
-        children are counted unresolved again (T6)."""
+        """Undo the outcome of ``roots`` and, transitively, of every done operation below them: an
+        operation of an aborted transaction whose parents are all done passes through (T4), any other
+        goes to RDY or BLK (T5/T6) and its children are counted unresolved again (T6)."""
         stack = list(roots)
         table = self.table
         groups = self._groups
@@ -293,11 +275,11 @@ class TpgExecutor:
             op.pending = len(op.parents)
             op.state = RDY if op.pending == 0 else BLK
         if self._groups:
-            self._units, self._cyclic = key_groups(self.tpg)
-            for unit in self._units:
+            self.units, self._cyclic = key_groups(self.tpg)
+            for unit in self.units:
                 unit.pending = sum(1 for op in unit.ops for parent in op.parents if parent.unit is not unit)
                 unit.remaining = len(unit.ops)
-            runnable = [unit for unit in self._units if unit.pending == 0]
+            runnable = [unit for unit in self.units if unit.pending == 0]
         else:
             runnable = [op for op in ops if op.pending == 0]
         if self.strategy.exploration is Exploration.BFS:
@@ -309,7 +291,7 @@ class TpgExecutor:
             self._run_queue()
         self._check_finished()
         return ExecutionStatistics(self._executions, self._rollbacks, self._aborts, self._revoked, self._passes,
-                                   len(self._units) if self._groups else len(ops), self._cyclic, self._strata,
+                                   len(self.units) if self._groups else len(ops), self._cyclic, self._strata,
                                    time.perf_counter() - started)
 
     def _run_queue(self) -> None:
@@ -331,9 +313,9 @@ class TpgExecutor:
 
     def _run_bfs(self) -> None:
         groups = self._groups
-        count = 1 + max((unit.stratum for unit in self._units), default=-1) if groups else self.tpg.strata()
+        count = 1 + max((unit.stratum for unit in self.units), default=-1) if groups else self.tpg.strata()
         strata: list[list] = [[] for _ in range(count)]
-        for target in self._units if groups else self.tpg.ops:
+        for target in self.units if groups else self.tpg.ops:
             strata[target.stratum].append(target)
         self._strata = count
         level = 0
@@ -369,20 +351,21 @@ class TpgExecutor:
                 raise ExecutionInvariantBroken(f"transaction t={txn.t} ended with failed={txn.failed} but "
                                                f"abort_applied={txn.abort_applied} under {self.strategy}")
 
-    @property
-    def units(self) -> list[Unit]:
-        """The c-schedule units (empty for f-schedule)."""
-        return self._units
-
     def outcomes(self, specs: list[list[OpSpec]]) -> Outcomes:
-        """As :func:`run_serial` returns them."""
+        """As :func:`run_serial` returns them.  An aborted transaction's reason is that of its first operation
+        (declaration order) that fails against the final versions, as in the serial run: deterministic."""
         ts, aborted, outputs_at = [], {}, {}
         read, window = self.table.read, self.table.window
         for txn, declared in zip(self.tpg.txns, specs):
             ts.append(txn.t)
             if txn.failed:
-                aborted[txn.t] = first_failure(declared, txn.t, read, window)
-                if aborted[txn.t] is None:
+                for spec in declared:
+                    try:
+                        perform(spec, txn.t, read, window)
+                    except Exception as error:
+                        aborted[txn.t] = failure_reason(spec, error)
+                        break
+                else:
                     raise ExecutionInvariantBroken(f"transaction t={txn.t} aborted ({txn.reason}) but none of its "
                                                    f"operations fails against the final versions")
             else:

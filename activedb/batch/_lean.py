@@ -18,8 +18,6 @@ from activedb.batch._result import Part
 from activedb.batch._state import failure_reason, merge_image, perform
 from activedb.batch.errors import DeclarationError, ExecutionInvariantBroken
 
-__all__ = ["RouteMissed", "run_lean", "time_of"]
-
 _MISSING = object()
 _WRITE, _READ, _ND_WRITE = OpKind.WRITE, OpKind.READ, OpKind.ND_WRITE
 _WINDOWED = frozenset({OpKind.WINDOW_READ, OpKind.WINDOW_WRITE})

@@ -10,8 +10,6 @@ import concurrent.futures
 import multiprocessing
 from typing import Any, Callable
 
-__all__ = ["WorkerPool", "find_root"]
-
 
 def find_root(parent, item):
     """Union-find: the root of ``item`` in ``parent`` (a dict or a list), compressing the path."""

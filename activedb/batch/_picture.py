@@ -1,11 +1,6 @@
-"""Pictures of a batch's TPG: which operations, which edges (TD, PD, LD), which final state.
-
-``tpg_graph`` returns a ``networkx.DiGraph`` (nodes: ``label``, ``kind``, ``state``, ``t``,
-``lane``, ``reason``; edges: ``kind``) after running the batch with a strategy, so a user sees
-why a transaction aborted and what waited for what.  ``render_tpg`` draws it to PNG/SVG
-with matplotlib: one column per timestamp, one row per state (ND operations on their own
-row).  For small batches (tens of operations); networkx and matplotlib are for pictures and
-reports only, never the executor's hot path.
+"""Pictures of a small batch's TPG (tens of operations): which operations, which edges (TD, PD, LD),
+which final state, so a user sees why a transaction aborted and what waited for what.  networkx and
+matplotlib are for pictures and reports only, never the executor's hot path.
 """
 
 from __future__ import annotations
@@ -21,17 +16,15 @@ from activedb.batch._runtime import prepare
 from activedb.batch._strategy import Strategy, parse_strategy
 from activedb.versions import Versions
 
-__all__ = ["render_tpg", "tpg_graph"]
-
 _STATE_COLOURS = {OpState.EXE: "#7fc97f", OpState.ABT: "#f0027f", OpState.RDY: "#fdc086", OpState.BLK: "#bbbbbb"}
 _EDGE_STYLES = {EdgeKind.TD: ("#386cb0", "solid"), EdgeKind.PD: ("#f08000", "solid"),
                 EdgeKind.LD: ("#999999", "dotted")}
 
 
 def tpg_graph(transactions: StateTransactions, events: Iterable[Any],
-              state: Mapping[tuple[str, Any], dict | None] | None = None, *,
-              strategy: str | Strategy = "ns/f/e"):
-    """The executed TPG of a (small) batch as a networkx DiGraph."""
+              state: Mapping[tuple[str, Any], dict | None] | None = None, *, strategy: str | Strategy = "ns/f/e"):
+    """The TPG of a (small) batch, executed with ``strategy``, as a networkx DiGraph (nodes: ``label``,
+    ``kind``, ``state``, ``t``, ``lane``, ``reason``; edges: ``kind``)."""
     import networkx as nx
 
     prepared = prepare(transactions, events)
@@ -45,8 +38,7 @@ def tpg_graph(transactions: StateTransactions, events: Iterable[Any],
         lane = lanes.setdefault(lane_key, len(lanes))
         where = f"{op.state_key[0]}[{op.state_key[1]!r}]" if op.state_key is not None else f"{op.spec.table}[?]"
         graph.add_node(op.id, label=f"O{op.id + 1}\n{op.kind.value}\n{where}", kind=op.kind.value,
-                       state=op.state.name, t=op.t, lane=lane, reason=op.txn.reason,
-                       event=op.txn.event.event_type)
+                       state=op.state.name, t=op.t, lane=lane, reason=op.txn.reason, event=op.txn.event.event_type)
     for parent, child, kind in tpg.edges:
         graph.add_edge(parent, child, kind=kind.name)
     for txn in tpg.txns:
@@ -61,7 +53,8 @@ def tpg_graph(transactions: StateTransactions, events: Iterable[Any],
 def render_tpg(transactions: StateTransactions, events: Iterable[Any], path: str | Path,
                state: Mapping[tuple[str, Any], dict | None] | None = None, *,
                strategy: str | Strategy = "ns/f/e", title: str | None = None) -> Path:
-    """Draw the executed TPG of a small batch to ``path`` (.png or .svg); returns the path."""
+    """Draw the executed TPG of a small batch to ``path`` (.png or .svg) with matplotlib: one column per
+    timestamp, one row per state (ND operations on their own row); returns the path."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -92,11 +85,10 @@ def render_tpg(transactions: StateTransactions, events: Iterable[Any], path: str
         x, y = positions[node]
         axes.scatter([x], [y], s=2200, color=_STATE_COLOURS[OpState[data["state"]]], edgecolors="black", zorder=3)
         axes.text(x, y, data["label"] + f"\n{data['state']}", ha="center", va="center", fontsize=7, zorder=4)
-    axes.set_yticks([-lane for lane in lanes])
-    axes.set_yticklabels([f"{key[0]}[{key[1]!r}]" if key[0] != "#nd" else "ND op" for key in lanes.values()])
+    axes.set_yticks([-lane for lane in lanes],
+                    [f"{key[0]}[{key[1]!r}]" if key[0] != "#nd" else "ND op" for key in lanes.values()])
     times = sorted({data["t"] for _, data in graph.nodes(data=True)})
-    axes.set_xticks([t * 2.2 for t in times])
-    axes.set_xticklabels([f"t={t}" for t in times])
+    axes.set_xticks([t * 2.2 for t in times], [f"t={t}" for t in times])
     axes.set_xlim(-1.2, max(t * 2.2 for t in times) + 1.6 if times else 1)
     axes.set_ylim(-len(lanes) + 0.3, 0.8)
     legend = [Line2D([0], [0], color=_EDGE_STYLES[kind][0], linestyle=_EDGE_STYLES[kind][1], label=kind.name)
@@ -109,8 +101,7 @@ def render_tpg(transactions: StateTransactions, events: Iterable[Any], path: str
     if aborted:
         caption += "\naborted: " + "; ".join(f"t={t}: {reason}" for t, reason in sorted(aborted.items()))
     axes.set_title(caption, fontsize=9)
-    for side in ("top", "right"):
-        axes.spines[side].set_visible(False)
+    axes.spines[["top", "right"]].set_visible(False)
     figure.tight_layout()
     path = Path(path)
     figure.savefig(path, dpi=110)

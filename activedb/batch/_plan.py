@@ -16,8 +16,6 @@ from typing import Any
 
 from activedb.batch._declare import BatchEvent, OpKind, OpSpec
 
-__all__ = ["EdgeKind", "OpState", "Operation", "Tpg", "Txn", "Unit", "build_tpg", "key_groups"]
-
 
 class OpState(enum.Enum):
     """S-TPG vertex states (the paper's Table 3)."""
@@ -181,8 +179,7 @@ def build_tpg(txns: list[Txn], specs: list[list[OpSpec]]) -> Tpg:
     since_nd: dict[str, dict] = defaultdict(dict)            # table -> {state: last write} since it
     ops_per_state: dict[tuple[str, Any], int] = defaultdict(int)
     # Only tables with an unbounded ND op need the writes since the last ND write.
-    nd_tables = {spec.table for declared in specs for spec in declared
-                 if spec.key is None and spec.candidates is None}
+    nd_tables = {spec.table for declared in specs for spec in declared if spec.key is None and spec.candidates is None}
     TD, PD = EdgeKind.TD, EdgeKind.PD
     for txn, declared in zip(txns, specs):
         t = txn.t

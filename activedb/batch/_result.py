@@ -7,8 +7,6 @@ from typing import Any, NamedTuple
 
 from activedb.batch._declare import BatchEvent
 
-__all__ = ["BatchResult", "BatchStatistics", "Part", "TransactionResult"]
-
 
 class TransactionResult(NamedTuple):
     """One declared state transaction: committed with its outputs, or aborted with why.
@@ -75,12 +73,8 @@ class BatchResult:
     """``transactions`` in timestamp order; ``rejected`` = events that could not be declared
     (unknown type, a declaring function that raised); ``final`` = the last version of every
     state written by a committed transaction (None = deleted); ``before`` = their images
-    before the batch.
-
-    A batch keeps its outcomes compactly — the timestamps of its declared transactions, the
-    reasons of the aborted ones, the outputs of those that have any — and makes the
-    :class:`TransactionResult` objects only when ``transactions``, ``committed`` or ``aborted``
-    is first read (a sink that stores dead letters and counts never makes them).
+    before the batch.  The :class:`TransactionResult` objects are made only when ``transactions``,
+    ``committed`` or ``aborted`` is first read (a sink that stores dead letters and counts never makes them).
     Thread-safety: read-only once returned; the lazy list is made at most once per thread race
     (the same list either way)."""
 

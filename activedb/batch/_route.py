@@ -1,9 +1,5 @@
-"""Routing a batch over processes: which rows each event touches, without declaring it.
-
-A :class:`Router` learns a route plan per event type (``KEY``, ``FIELD name``, ``FLAT name``: where
-the event names its rows), unites the predicted states into components and packs them into bins; a
-prediction that misses raises :class:`~activedb.batch._lean.RouteMissed` in the part that met it.
-The package README, "Concurrency and mutex order", says why and how.
+"""Routing a batch over processes: which rows each event touches, without declaring it (route plans,
+components, bins: the package README, "Concurrency and mutex order").
 
 Thread-safety: a :class:`Router` belongs to one :class:`StateTransactions` runtime and is used
 by one batch at a time.
@@ -20,8 +16,6 @@ from typing import Any
 from activedb.batch._declare import BatchEvent, OpSpec, specs_of
 from activedb.batch._parallel import find_root
 
-__all__ = ["Allowed", "RoutePlan", "Router", "Routing", "Source", "route", "touched_states", "written_tables"]
-
 LEARNING_EVENTS = 4        # declarations of a type a plan must agree with before it is used
 
 
@@ -29,9 +23,6 @@ class Source(enum.Enum):
     KEY = "key"        # event.key
     FIELD = "field"    # payload[name]
     FLAT = "flat"      # every scalar in the (nested) list payload[name]
-
-
-_FIELD, _KEY = Source.FIELD, Source.KEY
 
 
 def touched_states(specs: list[OpSpec]) -> tuple[list[tuple[str, Any]], list[str]]:
@@ -55,14 +46,6 @@ def touched_states(specs: list[OpSpec]) -> tuple[list[tuple[str, Any]], list[str
 def written_tables(specs: list[OpSpec]) -> frozenset[str]:
     """The tables a declared transaction writes."""
     return frozenset(spec.table for spec in specs if spec.kind.writes)
-
-
-def _flat(value: Any, into: list) -> None:
-    if isinstance(value, (list, tuple)):
-        for item in value:
-            _flat(item, into)
-    else:
-        into.append(value)
 
 
 class RoutePlan:
@@ -169,9 +152,14 @@ def _compile_unite(pairs: tuple[tuple[str, Source, Any], ...]):
     return namespace["unite"], tuple(tables)
 
 
-def _flat_keys(value: Any) -> list:
-    keys: list = []
-    _flat(value, keys)
+def _flat_keys(value: Any, keys: list | None = None) -> list:
+    """Every scalar in the (nested) lists or tuples ``value``, in order."""
+    keys = [] if keys is None else keys
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            _flat_keys(item, keys)
+    else:
+        keys.append(value)
     return keys
 
 

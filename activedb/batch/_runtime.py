@@ -21,15 +21,12 @@ from activedb.batch._decide import DecisionModel
 from activedb.batch._execute import TpgExecutor, run_serial
 from activedb.batch._lean import RouteMissed, run_lean, time_of
 from activedb.batch._parallel import WorkerPool
-from activedb.batch._plan import Tpg, Txn, build_tpg
+from activedb.batch._plan import Txn, build_tpg
 from activedb.batch._result import BatchResult, BatchStatistics, Part
 from activedb.batch._route import Allowed, Router, route, touched_states
 from activedb.batch._strategy import Strategy, parse_strategy
 from activedb.batch.errors import WorkerFailed
 from activedb.versions import Versions
-
-__all__ = ["AUTO", "LEAN", "Prepared", "Runtime", "SERIAL", "TPG", "execute_batch", "normalise_events",
-           "ping", "prepare", "run_in_memory", "runtime_of"]
 
 AUTO = "auto"
 LEAN = "lean"
@@ -136,10 +133,8 @@ class Prepared:
 
 @contextlib.contextmanager
 def no_cyclic_gc():
-    """The TPG is a graph of many small objects with cycles (parents ↔ children); the cyclic
-    garbage collector would walk it again and again while it is built.  Nothing in a batch
-    needs it: pause it for the batch (reference counting still frees everything acyclic).
-    A context manager, or a decorator (``@no_cyclic_gc()``); a caller that paused it keeps it paused."""
+    """Pause the cyclic garbage collector for a batch (the package README, "Concurrency and mutex order", says
+    why).  A context manager, or a decorator (``@no_cyclic_gc()``); a caller that paused it keeps it paused."""
     if not gc.isenabled():
         yield
         return
@@ -194,14 +189,6 @@ class _Times:
 
 # --- one part of a batch --------------------------------------------------------------------
 
-def _plan_counts(tpg: Tpg) -> dict[str, Any]:
-    """The TPG's counts, named as :class:`BatchStatistics` names them (``busiest``, ``on_states``: for the skew)."""
-    counts = tpg.ops_per_state
-    return {"operations": len(tpg.ops), "td_edges": tpg.td_edges, "pd_edges": tpg.pd_edges, "ld_pairs": tpg.ld_pairs,
-            "nd_ops": tpg.nd_ops, "window_ops": tpg.window_ops, "states": len(counts),
-            "busiest": max(counts.values(), default=0), "on_states": sum(counts.values())}
-
-
 def _run_part(transactions: StateTransactions, mode: str | Strategy, batch: list[BatchEvent],
               items: list[tuple[int, BatchEvent]], declared: Mapping[int, Any] | None, base: Mapping, loader,
               allowed, model: DecisionModel, versions: bool) -> Part:
@@ -238,7 +225,11 @@ def _run_part(transactions: StateTransactions, mode: str | Strategy, batch: list
         outcomes = executor.outcomes(specs)
         tpg.release(executor.units)
         seconds["execute"] = statistics.seconds + time.perf_counter() - started
-        name, plan, executions = chosen_strategy.name, _plan_counts(tpg), statistics.executions
+        counts = tpg.ops_per_state      # the plan's counts, named as BatchStatistics names them (and for the skew)
+        plan = {"operations": len(tpg.ops), "td_edges": tpg.td_edges, "pd_edges": tpg.pd_edges,
+                "ld_pairs": tpg.ld_pairs, "nd_ops": tpg.nd_ops, "window_ops": tpg.window_ops, "states": len(counts),
+                "busiest": max(counts.values(), default=0), "on_states": sum(counts.values())}
+        name, executions = chosen_strategy.name, statistics.executions
     final = table.final()
     return Part(*outcomes, prepared.rejected, final, {state: table.base(state) for state in final}, name,
                 decision, statistics, plan, seconds, executions)
@@ -283,12 +274,6 @@ class _Missed:
 
 # --- a batch --------------------------------------------------------------------------------
 
-def _mode_of(strategy: str | Strategy) -> str | Strategy:
-    if isinstance(strategy, str) and strategy in _MODES:
-        return strategy
-    return parse_strategy(strategy)
-
-
 def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base: Mapping[tuple[str, Any], Any], *,
                   loader: Callable[[str, Any], Any] | None = None, declared: Mapping[int, Any] | None = None,
                   strategy: str | Strategy = AUTO, processes: int | None = None, split: str = "auto",
@@ -300,7 +285,7 @@ def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base
     has two components or more and processes are allowed), ``"never"``.  The caller pauses the cyclic
     garbage collector (``no_cyclic_gc``), as every caller here does."""
     runtime = runtime_of(transactions)
-    mode = _mode_of(strategy)
+    mode = strategy if isinstance(strategy, str) and strategy in _MODES else parse_strategy(strategy)
     if split not in ("auto", "always", "never"):
         raise ValueError(f"split is 'auto', 'always' or 'never', not {split!r}")
     allowed_processes = transactions.processes if processes is None else processes
@@ -318,9 +303,8 @@ def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base
         routing = route(runtime.router, transactions.declare, batch, count, declared)
         seconds["route"] = time.perf_counter() - started
         components, largest_share = routing.components, routing.largest_share
-        operations = sum(routing.weights)
         splitting, why = (True, "split='always'") if split == "always" else model.should_split(
-            operations, routing.bin_share, allowed_processes)
+            sum(routing.weights), routing.bin_share, allowed_processes)
         if splitting and sum(1 for members in routing.bins if members) < 2:
             splitting, why = False, "one component"
         notes.append(("split: " if splitting else "not split: ") + why +
@@ -358,43 +342,33 @@ def _run_split(transactions, runtime: Runtime, mode, batch, routing, base, loade
         futures.append((number, runtime.pool.submit(run_in_worker, transactions, shipped, part_base, absent, name,
                                                     shipped_model, runtime.versions)))
     seconds["ship"] = time.perf_counter() - started
-    parts: list[Part] = []
-    missed: list[tuple[Any, int]] = []
-    try:
-        parts.append(_run_local(transactions, mode, batch, routing, 0, base, loader, runtime))
-    except RouteMissed as error:
-        missed.append((error.state, error.t))
+    answers = [_run_local(transactions, mode, batch, routing, 0, base, loader, runtime)]
     for number, future in futures:
         try:
-            answer = future.result()
+            answers.append(future.result())
         except Exception as error:   # e.g. a declaring function that cannot be pickled
             if not _is_pickling_problem(error):
                 raise WorkerFailed(f"a worker process failed on {len(routing.bins[number])} transactions: "
                                    f"{type(error).__name__}: {error}") from error
             notes.append(f"ran a part in this process: {type(error).__name__}: {error} (declare the "
                          f"state transactions at module level so worker processes can import them)")
-            try:
-                answer = _run_local(transactions, mode, batch, routing, number, base, loader, runtime)
-            except RouteMissed as missed_here:
-                answer = _Missed(missed_here.state, missed_here.t)
-        if isinstance(answer, _Missed):
-            missed.append((answer.state, answer.t))
-        else:
-            if answer.before is None:
-                answer.before = {state: base_get(state) for state in answer.final}
-            parts.append(answer)
+            answers.append(_run_local(transactions, mode, batch, routing, number, base, loader, runtime))
+    missed = [answer for answer in answers if isinstance(answer, _Missed)]
     if missed:
-        dropped = sorted({batch[t].event_type for _, t in missed if t >= 0})
+        dropped = sorted({batch[miss.t].event_type for miss in missed if miss.t >= 0})
         for event_type in dropped:
             runtime.router.drop(event_type)
-        notes.append(f"split abandoned: a route plan missed {missed[0][0]!r}; ran unsplit; plans dropped for "
+        notes.append(f"split abandoned: a route plan missed {missed[0].state!r}; ran unsplit; plans dropped for "
                      f"{dropped or 'no type'}")
         return [_run_part(transactions, mode, batch, list(enumerate(batch)), declared, base, loader, None, model,
                           runtime.versions)]
-    return parts
+    for part in answers:
+        if part.before is None:     # shipped back without: the caller has the images before the batch
+            part.before = {state: base_get(state) for state in part.final}
+    return answers
 
 
-def _run_local(transactions, mode, batch, routing, number: int, base, loader, runtime: Runtime) -> Part:
+def _run_local(transactions, mode, batch, routing, number: int, base, loader, runtime: Runtime) -> Part | _Missed:
     """Bin ``number`` in this process, over its own images only (so a missed prediction shows)."""
     states, tables = routing.states[number], routing.unbounded[number]
     if tables:
@@ -404,8 +378,11 @@ def _run_local(transactions, mode, batch, routing, number: int, base, loader, ru
     members = routing.bins[number]
     known = routing.declared
     local_declared = {index: known[index] for index in members if index in known}
-    return _run_part(transactions, mode, batch, [(index, batch[index]) for index in members], local_declared,
-                     local_base, loader, Allowed(states, tables), runtime.model, runtime.versions)
+    try:
+        return _run_part(transactions, mode, batch, [(index, batch[index]) for index in members], local_declared,
+                         local_base, loader, Allowed(states, tables), runtime.model, runtime.versions)
+    except RouteMissed as missed:
+        return _Missed(missed.state, missed.t)
 
 
 _ABSENT = object()
@@ -460,8 +437,7 @@ def _assemble(batch: list[BatchEvent], parts: list[Part], mode, seconds: dict[st
     strategies = sorted({part.strategy for part in parts})
     statistics = BatchStatistics(
         transactions=len(ts), rejected=len(rejected), **totals, skew=(busiest / mean) if mean and busiest else 1.0,
-        components=components,
-        largest_component_share=largest_share, processes=len(parts), seconds=seconds,
+        components=components, largest_component_share=largest_share, processes=len(parts), seconds=seconds,
         decision=decision or parts[0].decision, **execution)
     if mode != SERIAL:
         runtime.model.observe(len(ts), len(aborted), execution["executions"], seconds.get("execute", 0.0),
@@ -479,7 +455,6 @@ def run_in_memory(transactions: StateTransactions, events: Iterable[Any],
     started = time.perf_counter()
     batch = normalise_events(events)
     normalised = time.perf_counter() - started
-    result = execute_batch(transactions, batch, dict(state or {}), strategy=strategy, processes=processes,
-                           split=split)
+    result = execute_batch(transactions, batch, dict(state or {}), strategy=strategy, processes=processes, split=split)
     result.statistics.seconds["normalise"] = normalised
     return result

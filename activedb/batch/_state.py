@@ -10,8 +10,6 @@ from typing import Any
 from activedb.batch._declare import DELETE, Abort, OpKind, OpSpec
 from activedb.batch.errors import DeclarationError
 
-__all__ = ["failure_reason", "merge_image", "perform"]
-
 
 def merge_image(own: dict | None, result: Any, spec: OpSpec) -> dict | None:
     """The image a write function's ``result`` makes of ``own`` (the columns merged; DELETE: None)."""
@@ -20,11 +18,7 @@ def merge_image(own: dict | None, result: Any, spec: OpSpec) -> dict | None:
     if not isinstance(result, Mapping):
         raise DeclarationError(f"the write function of {spec.kind.value} {spec.table} returned {result!r}; "
                                f"return a mapping of the columns to set, or batch.DELETE")
-    if own is None:
-        return dict(result)
-    merged = dict(own)
-    merged.update(result)
-    return merged
+    return dict(result) if own is None else {**own, **result}
 
 
 def perform(spec: OpSpec, t: int, read: Callable[[tuple[str, Any], int], Any],

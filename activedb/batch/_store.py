@@ -18,8 +18,6 @@ from activedb.batch._strategy import Strategy
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
 
-__all__ = ["DEAD_LETTER_TABLE", "apply_batch", "dead_letter", "dead_letter_row", "run_batch"]
-
 DEAD_LETTER_TABLE = deadletters.TABLE
 _MISSING = object()
 
@@ -58,12 +56,10 @@ def apply_batch(tx: Transaction, events: Iterable[Any], transactions: StateTrans
             changes = {column: value for column, value in image.items() if old.get(column, _MISSING) != value}
         if changes:
             by_table.setdefault(table, {})[key] = changes
-    written = 0
-    for table, rows in by_table.items():
-        written += tx.write_many(table, rows, lock="table" if lock == "table" else "row")
+    written = sum(tx.write_many(table, rows, lock="table" if lock == "table" else "row")
+                  for table, rows in by_table.items())
     if result.statistics is not None:
-        result.statistics.seconds["prefetch"] = prefetch_seconds
-        result.statistics.seconds["write"] = time.perf_counter() - started
+        result.statistics.seconds.update(prefetch=prefetch_seconds, write=time.perf_counter() - started)
     result.notes.append(f"{written} rows written")
     return result
 
@@ -79,10 +75,9 @@ def dead_letter_row(event: BatchEvent) -> dict:
     return dead_letter(event, "").raw()
 
 
-def run_batch(db: Any, events: Iterable[Any], transactions: StateTransactions, *,
-              strategy: str | Strategy = AUTO, participants: Iterable[Any] = (), query_id: str | None = None,
-              batch_id: int | None = None, dead_letters: bool = True, processes: int | None = None,
-              split: str = "auto") -> BatchResult:
+def run_batch(db: Any, events: Iterable[Any], transactions: StateTransactions, *, strategy: str | Strategy = AUTO,
+              participants: Iterable[Any] = (), query_id: str | None = None, batch_id: int | None = None,
+              dead_letters: bool = True, processes: int | None = None, split: str = "auto") -> BatchResult:
     """Convenience for users feeding events directly: one top-level transaction that applies the batch and
     inserts its dead letters into ``activedb_dead_letters`` (labelled with ``query_id``/``batch_id`` if
     given); ``participants`` take part in its commit (e.g. a ledger row written in the same PostgreSQL
@@ -93,6 +88,5 @@ def run_batch(db: Any, events: Iterable[Any], transactions: StateTransactions, *
         if dead_letters:
             deadletters.insert(tx, db.catalog, query_id, batch_id,
                                [dead_letter(event, reason) for event, reason in letters])
-        tx.info["events"] = len(result.committed)
-        tx.info["dead_letters"] = len(letters)
+        tx.info.update(events=len(result.committed), dead_letters=len(letters))
     return result

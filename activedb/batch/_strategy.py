@@ -13,8 +13,6 @@ from dataclasses import dataclass
 
 from activedb.batch.errors import StrategyError
 
-__all__ = ["AbortMode", "Exploration", "Granularity", "Strategy", "all_strategies", "parse_strategy"]
-
 
 class Exploration(enum.Enum):
     BFS = "bfs"       # s-explore, breadth first: stratum by stratum, a barrier between strata

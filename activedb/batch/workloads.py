@@ -23,6 +23,7 @@ levels unless ``cyclic``).
 from __future__ import annotations
 
 import bisect
+import itertools
 import random
 import time
 from collections.abc import Callable
@@ -144,15 +145,12 @@ def grep_sum_nd_write(event, ops):
     keys, add = payload["keys"], payload["amount"]
     candidates = payload.get("candidates")
 
-    def target(pointer):
-        return _value(pointer) % keys
-
     def add_amount(own, pointer):
         if payload.get("abort"):
             raise Abort("artificial abort")
         return {"value": (_value(own) + add) % MODULUS}
 
-    ops.write_any(GREP, target, add_amount, reads=[(GREP, payload["pointer"])],
+    ops.write_any(GREP, lambda pointer: _value(pointer) % keys, add_amount, reads=[(GREP, payload["pointer"])],
                   candidates=range(keys) if candidates else None)
 
 
@@ -172,8 +170,7 @@ def position_report(event, ops):
         _spin(cost)
         if speed < 0:
             raise Abort("invalid position report (negative speed)")
-        reports = own["reports"] if own else 0
-        mean = own["avg_speed"] if own else 0.0
+        reports, mean = (own["reports"], own["avg_speed"]) if own else (0, 0.0)
         return {"avg_speed": (mean * reports + speed) / (reports + 1), "reports": reports + 1}
 
     def count(own):
@@ -194,11 +191,8 @@ class ZipfKeys:
 
     def __init__(self, count: int, theta: float, rng: random.Random, offset: int = 0) -> None:
         self.count, self.offset, self.rng = count, offset, rng
-        total, cumulative = 0.0, []
-        for rank in range(1, count + 1):
-            total += 1.0 / rank ** theta
-            cumulative.append(total)
-        self._cumulative, self._total = cumulative, total
+        self._cumulative = list(itertools.accumulate(1.0 / rank ** theta for rank in range(1, count + 1)))
+        self._total = self._cumulative[-1] if self._cumulative else 0.0
 
     def draw(self) -> int:
         return self.offset + bisect.bisect_left(self._cumulative, self.rng.random() * self._total)
@@ -225,10 +219,6 @@ class Workload:
         return self.keys or self.batch
 
 
-def _levels(count: int, rng: random.Random) -> list[int]:
-    return [rng.randrange(256) for _ in range(count)]
-
-
 def _groups(workload: Workload, rng: random.Random) -> list[ZipfKeys]:
     per_group = max(4, workload.key_count // workload.partitions)
     return [ZipfKeys(per_group, workload.theta, rng, offset=group * per_group) for group in range(workload.partitions)]
@@ -251,7 +241,7 @@ def generate_ledger(workload: Workload = Workload()) -> list[dict]:
     ``abort_ratio`` of the transfers carries an amount no balance covers."""
     rng = random.Random(workload.seed)
     groups = _groups(workload, rng)
-    levels = _levels(max(group.offset + group.count for group in groups), rng)
+    levels = [rng.randrange(256) for _ in range(max(group.offset + group.count for group in groups))]
     cost = int(workload.cost_us * 1000)
     events = []
     for position in range(workload.batch):

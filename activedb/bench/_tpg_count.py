@@ -11,8 +11,6 @@ import shutil
 import subprocess
 import sys
 
-__all__ = ["instructions_per_event", "perf_available"]
-
 
 def perf_available() -> bool:
     """Whether ``perf stat`` can count this user's instructions here."""
@@ -54,16 +52,13 @@ def _main(workload: str, strategy: str, size: int, cost: float, partitions: int,
 
     events, state = workloads.workload_events(workload, workloads.Workload(batch=size, cost_us=cost,
                                                                            partitions=partitions))
-    transactions = workloads.workload_transactions(workload, processes=processes)
-    try:
+    with workloads.workload_transactions(workload, processes=processes) as transactions:
         options = {"split": "always"} if processes > 1 else {}
         if processes > 1:
             batch._runtime.runtime_of(transactions).pool.warm_up()
         batch.run_in_memory(transactions, events[: max(64, size // 16)], state, strategy=strategy, **options)
         if phase == "run":
             batch.run_in_memory(transactions, events, state, strategy=strategy, **options)
-    finally:
-        transactions.close()
 
 
 if __name__ == "__main__":

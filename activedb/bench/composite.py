@@ -114,8 +114,7 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
             for accuracy in accuracies:
                 arrivals = workload(producers, accuracy, events, 0.010, SEED)
                 names = [f"P{index}" for index in range(producers)]
-                rate, composites_rate, stats = throughput(operator, producers, [entry[1] for entry in arrivals],
-                                                          names)
+                rate, composites_rate, stats = throughput(operator, producers, [entry[1] for entry in arrivals], names)
                 point_rate, point_composites, point_stats = throughput(operator, producers,
                                                                        [entry[2] for entry in arrivals], names)
                 label = f"{operator} chronicle, {producers} producer{'s' if producers > 1 else ''}, accuracy " \
@@ -178,9 +177,7 @@ def _plot(figures: dict) -> Path:
         rows = [row for row in figures["throughput"] if row[0] == operator and row[2] == accuracies[0]]
         left.plot([row[1] for row in rows], [row[4] for row in rows], marker=marker, linestyle="--", color="black",
                   label=f"{operator}, point timestamps")
-    left.set_xlabel("producers")
-    left.set_ylabel("composite events/s")
-    left.set_title("throughput (chronicle)")
+    left.set(xlabel="producers", ylabel="composite events/s", title="throughput (chronicle)")
     left.legend(fontsize=7)
     for operator, marker in (("AND", "o"), ("SEQ", "s")):
         rows = [row for row in figures["latency"] if row[0] == operator]
@@ -190,9 +187,8 @@ def _plot(figures: dict) -> Path:
                    label=f"{operator}, 5 ms accuracy (p95)")
         right.plot([row[1] * 1000 for row in rows], [row[3] for row in rows], marker=marker, linestyle="--",
                    color="black", label=f"{operator}, point timestamps (mean)")
-    right.set_xlabel("heartbeat period (ms)")
-    right.set_ylabel("latency to stability (ms)")
-    right.set_title("latency added by waiting for stability (4 producers)")
+    right.set(xlabel="heartbeat period (ms)", ylabel="latency to stability (ms)",
+              title="latency added by waiting for stability (4 producers)")
     right.legend(fontsize=7)
     figure.tight_layout()
     path = output_folder("composite") / "activedb-bench-composite.png"

@@ -58,11 +58,10 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
             recorded_rate = events / statistics.median(recorded)
             ratio = recorded_rate / plain_rate
             goal = events >= 1000
-            report.add(Row(
-                name=f"batch of {events} event(s), lineage recorded", value=recorded_rate, unit="events/s",
-                baseline_name="same batches, no lineage", baseline=plain_rate, ratio=ratio,
-                target=">= 0.90 of no lineage" if goal else None, met=(ratio >= 0.90) if goal else None,
-                extra={"rounds": rounds, "cost_percent": round((1 - ratio) * 100, 1)}))
+            report.add(Row(f"batch of {events} event(s), lineage recorded", recorded_rate, "events/s",
+                           baseline_name="same batches, no lineage", baseline=plain_rate, ratio=ratio,
+                           target=">= 0.90 of no lineage" if goal else None, met=(ratio >= 0.90) if goal else None,
+                           extra={"rounds": rounds, "cost_percent": round((1 - ratio) * 100, 1)}))
             progress.update(len(report.rows), f"batches of {events} event(s), with and without lineage")
         database.batches.prune(older_than=0)
         report.notes.append("medians of alternating rounds in one process and one database; the single-event row is "

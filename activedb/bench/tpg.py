@@ -163,12 +163,8 @@ def _reset(database, state: dict) -> None:
             connection.execute(tables[table].insert(), values)
 
 
-def _per_event(phases: dict[str, float], count: int) -> dict[str, float]:
-    return {phase: round(seconds / count * 1e6, 1) for phase, seconds in phases.items()}
-
-
-def _ms(phases: dict[str, float]) -> dict[str, float]:
-    return {phase: round(seconds * 1e3, 1) for phase, seconds in phases.items()}
+def _scaled(phases: dict[str, float], factor: float) -> dict[str, float]:
+    return {phase: round(seconds * factor, 1) for phase, seconds in phases.items()}
 
 
 def _end_to_end(report: BenchReport, database, name: str, cost: float, size: int, repeat: int) -> None:
@@ -201,7 +197,7 @@ def _end_to_end(report: BenchReport, database, name: str, cost: float, size: int
         "the TPG paths and the nested path disagree on aborts"
     report.add(Row(name=f"{label}: per-event nested path", value=rates["nested"], unit="events/s",
                    extra={"failed_events": nested_failed, "us_per_event": round(1e6 / rates["nested"], 1),
-                          "us_per_event_by_phase": _per_event(phases["nested"], count)}))
+                          "us_per_event_by_phase": _scaled(phases["nested"], 1e6 / count)}))
     report.add(Row(name=f"{label}: plain write path (one row per event, no logic)", value=rates["plain"],
                    unit="events/s", extra={"us_per_event": round(1e6 / rates["plain"], 1)}))
     report.add(Row(name=f"{label}: TPG at commit ({committed.strategy}) vs per-event nested", value=rates["commit"],
@@ -210,21 +206,19 @@ def _end_to_end(report: BenchReport, database, name: str, cost: float, size: int
                    target=f">= {NESTED_GOAL:g}x the nested path" if goal else None,
                    met=(rates["commit"] / rates["nested"] >= NESTED_GOAL) if goal else None,
                    extra={"aborted": committed.aborted_count, "us_per_event": round(1e6 / rates["commit"], 1),
-                          "us_per_event_by_phase": _per_event(phases["commit"], count),
+                          "us_per_event_by_phase": _scaled(phases["commit"], 1e6 / count),
                           "vs_plain_write": round(rates["commit"] / rates["plain"], 2),
                           "load_average": [round(load, 1) for load in loads], "best_of": repeat}))
     report.add(Row(name=f"{label}: TPG at commit vs plain write path", value=rates["commit"], unit="events/s",
-                   baseline_name="plain write path", baseline=rates["plain"],
-                   ratio=rates["commit"] / rates["plain"]))
+                   baseline_name="plain write path", baseline=rates["plain"], ratio=rates["commit"] / rates["plain"]))
     report.add(Row(name=f"{label}: TPG through the tree, apply_batch ({tree_result.strategy}) vs per-event nested",
                    value=rates["tree"], unit="events/s", baseline_name="per-event nested path",
                    baseline=rates["nested"], ratio=rates["tree"] / rates["nested"],
                    extra={"us_per_event": round(1e6 / rates["tree"], 1),
-                          "us_per_event_by_phase": _per_event(phases["tree"], count),
+                          "us_per_event_by_phase": _scaled(phases["tree"], 1e6 / count),
                           "vs_plain_write": round(rates["tree"] / rates["plain"], 2)}))
     # The engines alone: what replaces the per-event loop (the store's prefetch and commit excluded).
-    engine = sum(phases["commit"].get(phase, 0.0) for phase in ("apply", "normalise", "declare", "route",
-                                                                 "execute"))
+    engine = sum(phases["commit"].get(phase, 0.0) for phase in ("apply", "normalise", "declare", "route", "execute"))
     report.add(Row(name=f"{label}: engine only, TPG at commit (declare + execute) vs per-event loop",
                    value=count / engine, unit="events/s", baseline_name="per-event loop",
                    baseline=count / phases["nested"]["events"], ratio=phases["nested"]["events"] / engine,
@@ -244,11 +238,10 @@ def _instructions(report: BenchReport, size: int, quick: bool) -> None:
         figures = {strategy: instructions_per_event(name, strategy, count) for strategy in strategies}
         reference = figures["serial"]
         for strategy, figure in figures.items():
-            if figure is None or reference is None:
-                continue
-            report.add(Row(name=f"{name.upper()} in memory, C = 0: instructions per event, {strategy}", value=figure,
-                           unit="instructions/event", baseline_name="serial reference", baseline=reference,
-                           ratio=reference / figure, extra={"lower_is_better": True}))
+            if figure is not None and reference is not None:
+                report.add(Row(f"{name.upper()} in memory, C = 0: instructions per event, {strategy}", figure,
+                               "instructions/event", baseline_name="serial reference", baseline=reference,
+                               ratio=reference / figure, extra={"lower_is_better": True}))
     # The split: what the calling process executes alone (its serial share) and all processes together.
     count = size * 2
     one = instructions_per_event("sl", "auto", count, cost=10.0, partitions=8)
@@ -256,16 +249,13 @@ def _instructions(report: BenchReport, size: int, quick: bool) -> None:
     total = instructions_per_event("sl", "auto", count, cost=10.0, partitions=8, processes=2)
     if None not in (one, parent, total):
         workers = total - parent
-        bound = one / max(parent, workers)
         report.add(Row(name="SL (8 key groups, C = 10 us): instructions per event of the calling process, 2 processes "
                             "vs 1", value=parent, unit="instructions/event", baseline_name="1 process (lean)",
                        baseline=one, ratio=one / parent,
                        extra={"lower_is_better": True, "workers": round(workers), "all_processes": round(total),
-                              "speed_up_bound": round(bound, 2),
+                              "speed_up_bound": round(one / max(parent, workers), 2),
                               "meaning": "one / max(parent, workers): the 2-process speed-up if both had a core"}))
 
-
-# --- plots ----------------------------------------------------------------------------------------
 
 def _plot(directory: Path, parameter: str, points: dict[str, list[tuple[float, float]]], label: str) -> Path:
     from matplotlib.figure import Figure
@@ -276,9 +266,7 @@ def _plot(directory: Path, parameter: str, points: dict[str, list[tuple[float, f
         xs, ys = zip(*series)
         axes.plot(xs, ys, marker="o", label="auto (lean)" if name == "auto" else name,
                   linewidth=2.4 if name == "auto" else 1.2)
-    axes.set_xlabel(label)
-    axes.set_ylabel("transactions per CPU second (in memory)")
-    axes.set_title(f"SL: throughput vs {label}")
+    axes.set(xlabel=label, ylabel="transactions per CPU second (in memory)", title=f"SL: throughput vs {label}")
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)
     figure.tight_layout()
@@ -286,8 +274,6 @@ def _plot(directory: Path, parameter: str, points: dict[str, list[tuple[float, f
     figure.savefig(path, dpi=100)
     return path
 
-
-# --- the benchmark --------------------------------------------------------------------------------
 
 def run(quick: bool = False, *, size: int | None = None, instructions: bool | None = None,
         progress: Progress | None = None) -> BenchReport:
@@ -299,9 +285,6 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
     progress = progress or Progress.none()
     progress.start("bench tpg", total=11 + (1 if instructions else 0))
     finished = iter(range(1, 100))
-
-    def done(description: str) -> None:
-        progress.update(next(finished), description)
     from activedb.bench._setup import connect as bench_connect
 
     report = BenchReport("Batches of state transactions on a TPG (activedb bench tpg)")
@@ -328,7 +311,7 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
                        ratio=auto_rate / serial_rate,
                        extra={"decision": list(statistics.decision), "td_edges": statistics.td_edges,
                               "pd_edges": statistics.pd_edges, "ld_pairs": statistics.ld_pairs,
-                              "skew": round(statistics.skew, 2), "ms": _ms(statistics.seconds)}))
+                              "skew": round(statistics.skew, 2), "ms": _scaled(statistics.seconds, 1e3)}))
         tpg_rate, tpg_chosen = _in_memory(transactions, events, state, "tpg", repeat, clock=CPU)
         assert tpg_chosen.final == reference.final, "the decision model's TPG result differs from the serial reference"
         report.add(Row(name=f"{name.upper()} in memory: decision model on the TPG ({tpg_chosen.strategy})",
@@ -342,10 +325,10 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
             report.add(Row(name=f"{name.upper()} in memory: {strategy.name}", value=rate, unit="txn/CPU-s",
                            baseline_name="serial reference", baseline=serial_rate, ratio=rate / serial_rate,
                            extra={"rollbacks": result.statistics.rollbacks, "executions": result.statistics.executions,
-                                  "ms": _ms(result.statistics.seconds)}))
+                                  "ms": _scaled(result.statistics.seconds, 1e3)}))
         report.notes.append(f"{name.upper()}: best fixed strategy {best[0]} ({best[1]:,.0f} txn/s); the decision "
                             f"model chose {chosen.strategy} ({auto_rate:,.0f} txn/s)")
-        done(f"{name.upper()} in memory: every strategy against the serial reference")
+        progress.update(next(finished), f"{name.upper()} in memory: every strategy against the serial reference")
 
     # 2. End to end through PostgreSQL: every path on the same rows, interleaved, best of `repeat`.
     with bench_connect(rule_execution="inline") as database:
@@ -353,7 +336,7 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
             database.rule(on=database.stream(event_type), name=f"bench_tpg_{event_type}")(rule)
         for name, cost in (("sl", 0.0), ("sl", 10.0), ("tp", 0.0), ("gs", 0.0)):
             _end_to_end(report, database, name, cost, size, repeat)
-            done(f"{name.upper()} end to end through PostgreSQL, C = {cost:g} us")
+            progress.update(next(finished), f"{name.upper()} end to end through PostgreSQL, C = {cost:g} us")
 
     # 3. Processes: a batch that splits (8 disjoint key groups), C = 10 us.
     workload = workloads.Workload(batch=size * 2, partitions=8)
@@ -391,12 +374,11 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
                           "largest_component_share": round(two.statistics.largest_component_share, 3),
                           "load_average": [round(load, 1) for load in loads], "best_of": max(repeat, 3),
                           "calling_process_cpu_share": round(cpu_two / cpu_one, 3),
-                          "parent_ms": _ms(two.statistics.seconds),
-                          "notes": two.notes}))
+                          "parent_ms": _scaled(two.statistics.seconds, 1e3), "notes": two.notes}))
     report.add(Row(name="SL (8 key groups) in memory: 2 processes vs 1 (ns/f/e)", value=ns_two_rate, unit="txn/s",
                    baseline_name="1 process (ns/f/e)", baseline=ns_one_rate, ratio=ns_two_rate / ns_one_rate,
                    extra={"processes": ns_two.statistics.processes, "notes": ns_two.notes}))
-    done("SL in memory: 2 processes against 1")
+    progress.update(next(finished), "SL in memory: 2 processes against 1")
     report.add(Row(name="SL (8 key groups) in memory: decision model with 2 processes allowed", value=auto_rate,
                    unit="txn/s", baseline_name="1 process (lean)", baseline=one_rate, ratio=auto_rate / one_rate,
                    extra={"strategy": auto_two.strategy, "processes": auto_two.statistics.processes,
@@ -420,7 +402,7 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
                 points.setdefault(strategy, []).append((value, rate))
         sweep_json[parameter] = points
         plots.append(str(_plot(directory, parameter, points, label)))
-        done(f"SL sweep of {label}")
+        progress.update(next(finished), f"SL sweep of {label}")
         for strategy, series in points.items():
             report.add(Row(name=f"SL sweep {parameter}: {strategy}", value=series[-1][1], unit="txn/CPU-s",
                            extra={"series": [[x, round(y, 1)] for x, y in series]}))
@@ -429,7 +411,7 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
     # 5. Instructions per event (perf stat): stable where wall-clock figures are not.
     if instructions:
         _instructions(report, size, quick)
-        done("instructions per event (perf stat)")
+        progress.update(next(finished), "instructions per event (perf stat)")
 
     report.notes.append(f"load average (1 min) at start {load_at_start:.1f}, at the end of the sweeps "
                         f"{os.getloadavg()[0]:.1f}, on {os.cpu_count()} cores")

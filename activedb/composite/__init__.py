@@ -9,31 +9,21 @@ records and errors.  The example is the top-level README's; the design note is
 
 from activedb.composite import errors
 from activedb import lazy
-from activedb.composite.errors import (
-    CompositeError,
-    EventRejected,
-    LateEvent,
-    MembershipError,
-    ProducerTimeout,
-    UncertainOrder,
-)
+from activedb.composite.errors import (CompositeError, EventRejected, LateEvent, MembershipError, ProducerTimeout,
+                                       UncertainOrder)
 
-
-__all__ = [
-    "Choice", "CompositeError", "CompositeEvent", "CompositeStatistics", "CompositionEngine", "DEFAULT_TIMEOUT",
-    "EventRejected", "Heartbeat", "Invalidation", "Item", "LateEvent", "ManualClock", "MembershipError", "MonotonicClock", "POList", "ProducerInfo",
-    "ProducerTimeout", "Resolution", "TimeoutPolicy", "UncertainOrder", "Uncertainty", "UncertaintyKind", "Window",
-    "WindowEntry", "errors", "plot",
-]
+__all__ = ["Choice", "CompositeError", "CompositeEvent", "CompositeStatistics", "CompositionEngine", "DEFAULT_TIMEOUT",
+           "EventRejected", "Heartbeat", "Invalidation", "Item", "LateEvent", "ManualClock", "MembershipError",
+           "MonotonicClock", "POList", "ProducerInfo", "ProducerTimeout", "Resolution", "TimeoutPolicy",
+           "UncertainOrder", "Uncertainty", "UncertaintyKind", "Window", "WindowEntry", "errors", "plot"]
 
 # imported on first use: `import activedb.composite` stays fast (the CLI's start)
 __getattr__, __dir__ = lazy.exports(__name__, {
     "activedb.composite._clock": ["ManualClock", "MonotonicClock"],
     "activedb.composite._engine": ["DEFAULT_TIMEOUT", "CompositionEngine"],
     "activedb.composite._records": ["CompositeStatistics", "ProducerInfo", "TimeoutPolicy", "Window", "WindowEntry"],
-    "activedb.composite._model": [
-        "Choice", "CompositeEvent", "Heartbeat", "Invalidation", "Resolution", "Uncertainty", "UncertaintyKind",
-    ],
+    "activedb.composite._model": ["Choice", "CompositeEvent", "Heartbeat", "Invalidation", "Resolution", "Uncertainty",
+                                  "UncertaintyKind"],
     "activedb.composite._polist": ["Item", "POList"],
     "activedb.composite._plot": ["plot"],
 })

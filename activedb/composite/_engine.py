@@ -1,12 +1,9 @@
 """The composition engine (:class:`CompositionEngine`): the public object, coordinating its
 collaborators (design note ``activedb/composite/README.md``, "What it owns").
 
-Thread-safety: ``_mutex`` protects every field below it and the collaborators' state (producers, nodes,
-the outbox, statistics, the window); the collaborators do not lock.  Lock order: ``_mutex`` is taken
-alone — the engine calls no other lock of ours while holding it, and it is released before ``tx.emit``
-runs rules.  The ``on_uncertain`` callback runs under ``_mutex`` (a decision is part of one evaluation
-step); the callback must not call back into the engine (doing so raises ``CompositeError`` instead of
-deadlocking).
+Thread-safety: ``_mutex`` protects every field below it and the collaborators' state (they do not
+lock); a leaf, released before ``tx.emit`` runs rules.  What runs under it: the design note, "Threads and
+mutexes".
 """
 
 from __future__ import annotations
@@ -153,14 +150,13 @@ class CompositionEngine:
         if membership not in ("atomic", "weak"):
             raise MembershipError(f"membership is 'atomic' (join before sending) or 'weak' (admitted late, "
                                   f"invalidated compositions reported), got {membership!r}")
-        weak = membership == "weak"
         types = frozenset(types)
         if not producer or not isinstance(producer, str):
             raise MembershipError(f"a producer is a non-empty string, got {producer!r}")
         if not types:
             raise MembershipError(f"producer {producer} must name the event types it produces")
         with self._guard:
-            self._members.join(producer, types, since, clock, self.clock.now(), weak)
+            self._members.join(producer, types, since, clock, self.clock.now(), membership == "weak")
 
     def leave(self, producer: str) -> list[CompositeEvent]:
         """``producer`` has sent everything (its channel is FIFO, so everything it sent has arrived): it
@@ -249,9 +245,8 @@ class CompositionEngine:
         with self._guard:
             raised, self._evaluation.raised = self._evaluation.raised, []
         if raised:
-            first = raised[0]
-            first.others = tuple(raised[1:])
-            raise first
+            raised[0].others = tuple(raised[1:])
+            raise raised[0]
         self._check_timeouts()
         if emit_into is not None:
             return outputs
@@ -284,10 +279,10 @@ class CompositionEngine:
         details = "; ".join(f"{name} silent for {silent[name]:.3g} s, blocking {', '.join(sorted(set(nodes)))}"
                             for name, nodes in sorted(waited.items()))
         raise ProducerTimeout(
-            f"engine {self.name}: input node timeout ({self.timeout} s): {details}. The producer sent neither "
-            f"an event nor a heartbeat, so compositions that need its sync-point cannot become stable; make it "
-            f"send heartbeats (engine.heartbeat(producer, ts) or heartbeat rows), engine.leave() it if it is gone, "
-            f"or run the engine with on_timeout='exclude'", tuple(sorted(waited)), silent)
+            f"engine {self.name}: input node timeout ({self.timeout} s): {details}. The producer sent neither an "
+            f"event nor a heartbeat, so compositions that need its sync-point cannot become stable; make it send "
+            f"heartbeats (engine.heartbeat(producer, ts) or heartbeat rows), engine.leave() it if it is gone, or run "
+            f"the engine with on_timeout='exclude'", tuple(sorted(waited)), silent)
 
     # --- inspection --------------------------------------------------------------------------------------
 
@@ -336,10 +331,10 @@ class CompositionEngine:
             start = min((entry.ts.interval.lower for entry in entries), default=None)
             composites = tuple(composite for composite in self._evaluation.composites
                                if start is None or not composite.ts.interval.upper < start)
+            producers = self._members.producers
             return Window(entries=entries, composites=composites,
-                          sync_points={name: state.sync for name, state in self._members.producers.items()},
-                          producers={name: tuple(sorted(state.types))
-                                     for name, state in self._members.producers.items()},
+                          sync_points={name: state.sync for name, state in producers.items()},
+                          producers={name: tuple(sorted(state.types)) for name, state in producers.items()},
                           uncertainties=tuple(self._evaluation.uncertainties))
 
     def __repr__(self) -> str:
@@ -375,8 +370,7 @@ class _NoStore:
     def table(self, name: str, position: Any = None):
         raise DefinitionError(f"composition queries cannot read the store (table {name!r}): a composite event is "
                               f"decided from events alone; read the store in a rule on the composite event",
-                              line=position.line if position else None,
-                              column=position.column if position else None)
+                              line=position.line if position else None, column=position.column if position else None)
 
 
 def _check_composable(query: CompiledQuery) -> None:

@@ -1,9 +1,6 @@
 """The composition nodes of one engine and what they call while they evaluate (the paper's §V.B
-``while (evaluate())``, §V.D uncertainty): :class:`Evaluation` (design note
-``activedb/composite/README.md``).
-
-Not thread-safe by itself: used under ``CompositionEngine._mutex`` (the ``on_uncertain`` callback runs
-under it).
+``while (evaluate())``, §V.D uncertainty; design note ``activedb/composite/README.md``).  Not
+thread-safe by itself: used under ``CompositionEngine._mutex``.
 """
 
 from __future__ import annotations
@@ -22,10 +19,8 @@ from activedb.streams import Ctx, StreamEvent
 
 class Evaluation:
     """The nodes of one engine (one per query and ``[attr]`` partition), which of them wait for sync-points
-    (``blocked``), the outbox of composite events not yet handed out, the uncertainties met during the
-    current call (``raised``), the recent composites and uncertainties kept for the picture and weak
-    membership's check; a node calls back ``members``' ``blocking``/``rely``, ``resolve``, ``compose``,
-    ``dropped``, ``discarded`` and ``unmatched``."""
+    (``blocked``), the outbox, the uncertainties of the current call (``raised``), the recent composites and
+    uncertainties kept for the picture and weak membership's check."""
 
     def __init__(self, members: Members, clock: Any, counts: collections.Counter,
                  on_uncertain: Callable[[Uncertainty], Any] | None, window: int):
@@ -89,9 +84,7 @@ class Evaluation:
     def resolve(self, uncertainty: Uncertainty, candidates: list[Item]) -> tuple:
         self.counts["uncertainties"] += 1
         self.uncertainties.append(uncertainty)
-        if self.on_uncertain is None:
-            raise UncertainOrder(uncertainty)
-        answer = self.on_uncertain(uncertainty)
+        answer = None if self.on_uncertain is None else self.on_uncertain(uncertainty)
         if answer is None:
             raise UncertainOrder(uncertainty)
         if isinstance(answer, StreamEvent):

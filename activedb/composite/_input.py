@@ -1,9 +1,5 @@
-"""The input node of one composition engine (the paper's InputNode, §IV and §V.C): :class:`InputNode`
-takes events and heartbeats, checks them against their producer's membership and FIFO promise, and
-routes them into the lists of the nodes whose queries consume them (design note
-``activedb/composite/README.md``).
-
-Not thread-safe by itself: used under ``CompositionEngine._mutex``.
+"""The input node of one composition engine (the paper's InputNode, §IV and §V.C; design note
+``activedb/composite/README.md``).  Not thread-safe by itself: used under ``CompositionEngine._mutex``.
 """
 
 from __future__ import annotations
@@ -23,7 +19,8 @@ from activedb.streams import CompiledQuery, Ctx, StreamEvent
 
 
 class InputNode:
-    """Takes the inputs of engine ``name`` (see the module docstring)."""
+    """Takes the events and heartbeats of engine ``name``, checks them against their producer's membership
+    and FIFO promise, and routes them into the lists of the nodes whose queries consume them."""
 
     def __init__(self, name: str, clock: Any, counts: collections.Counter, members: Members,
                  evaluation: Evaluation, window: int):
@@ -107,14 +104,10 @@ class InputNode:
         if moved:
             self.evaluation.wake(producer.types, skip=touched)
 
-    def _invalidate(self, producer: Producer, event: StreamEvent, entered: dict[tuple[str, tuple], list[int]]
-                    ) -> None:
+    def _invalidate(self, producer: Producer, event: StreamEvent, entered: dict[tuple[str, tuple], list[int]]) -> None:
         """Weak membership: the compositions already produced (of the nodes ``event`` entered, with the
-        components it entered: ``entered``) that ``event`` would have changed, recorded and queued for
-        ``on_invalidation``.  A composition is changed if, for a component the event entered, the event
-        does not certainly come after (chronicle: the oldest is taken) or before (recent: the newest is
-        taken) that component's constituent, and — under SEQ — could stand between its neighbours'
-        constituents."""
+        components it entered: ``entered``) that ``event`` would have changed (as the design note's
+        "Membership: atomic and weak" defines it), recorded and queued for ``on_invalidation``."""
         changed = []
         for composite in self.evaluation.composites:
             ranks = entered.get((composite.query, composite.partition))
@@ -161,14 +154,11 @@ class InputNode:
 
     def _check_late(self, producer: Producer, ts: Timestamp, event_type: str, what: str,
                     heartbeat: bool = False) -> bool:
-        """An input below the producer's sync-point (or local reading) breaks its FIFO promise: accept it
-        only if no decision about its type relied on its absence.  Returns True for an *old* event of a
-        weak member: one that keeps its producer's FIFO promise but that decisions relied on the absence
-        of (taken, and checked against the compositions already produced)."""
+        """Refuse a late input as the design note's "Late inputs" says.  Returns True for an *old* event of
+        a weak member (it keeps its FIFO promise, but decisions relied on its absence)."""
         lower = ts.interval.lower
         behind = producer.sync is not None and lower < producer.sync
-        local_behind = (ts.local is not None and producer.latest_local is not None
-                        and ts.local < producer.latest_local)
+        local_behind = ts.local is not None and producer.latest_local is not None and ts.local < producer.latest_local
         if heartbeat:
             if producer.sync is None:
                 behind = False

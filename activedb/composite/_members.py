@@ -1,8 +1,5 @@
-"""The producers of one composition engine (:class:`Members`): membership, the producers of each event
-type, and ``relied`` (the paper's §IV membership and §V.A stability; design note
-``activedb/composite/README.md``).
-
-Not thread-safe by itself: used under ``CompositionEngine._mutex``.
+"""The producers of one composition engine (the paper's §IV membership and §V.A stability; design note
+``activedb/composite/README.md``).  Not thread-safe by itself: used under ``CompositionEngine._mutex``.
 """
 
 from __future__ import annotations
@@ -41,9 +38,8 @@ class Members:
                 if relied is not None and not relied < since:
                     raise MembershipError(
                         f"producer {producer} joins too late: compositions of {event_type} already relied on no "
-                        f"event before {relied!r} being in transit, and it may send events from {since!r} on; "
-                        f"join producers before they send (atomic membership), or give since= later than "
-                        f"{relied!r}")
+                        f"event before {relied!r} being in transit, and it may send events from {since!r} on; join "
+                        f"producers before they send (atomic membership), or give since= later than {relied!r}")
         state = Producer(producer, types, since, clock, now, weak=weak)
         self.producers[producer] = state
         for event_type in types:
@@ -75,8 +71,7 @@ class Members:
     def blocking(self, stamps: list[Timestamp], event_type: str) -> frozenset[str]:
         """The producers of ``event_type`` that may still send an event the candidates ``stamps`` do not
         certainly precede (empty: the candidate set is stable)."""
-        return frozenset(producer.name for producer in self.by_type.get(event_type, ())
-                         if not producer.covers(stamps))
+        return frozenset(producer.name for producer in self.by_type.get(event_type, ()) if not producer.covers(stamps))
 
     def rely(self, event_type: str, value: Any) -> None:
         """A decision about ``event_type`` relied on no event before ``value`` being in transit."""

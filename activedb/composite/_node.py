@@ -1,8 +1,6 @@
 """One composition node (the paper's CompositionNode, §V): a query's per-component partially ordered
 lists for one partition; ``evaluate()`` is the paper's ``while (evaluate());`` then ``cleanUp()``
-(design note ``activedb/composite/README.md``).
-
-Not thread-safe by itself: used under ``CompositionEngine._mutex``.
+(design note ``activedb/composite/README.md``).  Not thread-safe by itself: used under ``CompositionEngine._mutex``.
 """
 
 from __future__ import annotations
@@ -111,14 +109,12 @@ class Node:
         if cached is not None:
             return cached
         uncertainty = Uncertainty(self.query.name, self.partition, self.names[rank], kind,
-                                  tuple(item.event for item in candidates),
-                                  tuple(item.event for item in chosen),
+                                  tuple(item.event for item in candidates), tuple(item.event for item in chosen),
                                   anchor.event if anchor is not None else None)
         decision = context.resolve(uncertainty, candidates)
         self.decisions[key] = decision
         if decision[0] == "drop":
-            self.pending_resolutions.append(
-                Resolution(uncertainty, None, tuple(item.event for item in decision[1])))
+            self.pending_resolutions.append(Resolution(uncertainty, None, tuple(item.event for item in decision[1])))
         else:
             self.pending_resolutions.append(Resolution(uncertainty, decision[1].event))
         return decision
@@ -176,9 +172,7 @@ class Node:
     # recent: derived (see the README) ----------------------------------------------------------------
 
     def _recent_seq(self, context: "Evaluation") -> Step:
-        """Every event of the last component, once no event of an earlier component can still come
-        before it, is combined with the newest events before it, component by component backwards; the
-        terminating event is used up, the others stay until a newer one rules them out."""
+        """Recent ``SEQ``, as the design note's "Recent consumption, derived" says."""
         last = len(self.lists) - 1
         for terminator in sorted(self.lists[last], key=Item.sort_key):
             if not self._settled_before(context, terminator, range(last)):
@@ -225,9 +219,7 @@ class Node:
         return self._choose(context, rank, candidates, taken, anchor, lambda pick: before(pick.ts, anchor.ts))
 
     def _recent_and(self, context: "Evaluation") -> Step:
-        """Every event, once no event of another component can still come before it, is combined with
-        the newest events of the other components before it; events stay as candidates until a newer
-        one of their component rules them out."""
+        """Recent ``AND``, as the design note's "Recent consumption, derived" says."""
         count = len(self.lists)
         pending = sorted({item.number: item for items in self.lists for item in items
                           if not item.processed}.values(), key=Item.sort_key)
@@ -266,13 +258,8 @@ class Node:
     # clean-up ----------------------------------------------------------------------------------------
 
     def _cleanup(self, context: "Evaluation") -> None:
-        """Drop events that can never be composed any more (the paper's unspecified cleanUp()).
-
-        * chronicle SEQ: an event of component i > 0 that precedes every event of component i − 1 in the
-          list and every one still to come (their producers' sync-points are past it) can follow none;
-        * recent: an event ruled out by a newer one of its component ``x < x'`` where every event that may
-          still look for it (unprocessed or to come) certainly follows ``x'``.
-        """
+        """Drop events that can never be composed any more (the paper's unspecified cleanUp(); what is
+        dropped: the design note, after "The three gaps in the printed pseudocode")."""
         if not self.recent:
             if self.conjunction:
                 return
@@ -301,9 +288,7 @@ class Node:
                 if self.conjunction and not item.processed:
                     continue
                 for newer in items:
-                    if newer is item or not before(item.ts, newer.ts):
-                        continue
-                    if self._rules_out(context, newer, lookers):
+                    if newer is not item and before(item.ts, newer.ts) and self._rules_out(context, newer, lookers):
                         ruled_out.append(item)
                         break
             if ruled_out:

@@ -1,8 +1,5 @@
 """A picture of a window of the engine (``plot(window, path)`` writes a PNG; matplotlib, Agg backend,
-imported only here): lanes per producer, composites across them, and a time axis compressed where
-nothing happens — long empty stretches (over :data:`GAP_FACTOR` typical interval widths) are drawn that
-long, with a grey band saying how much time they stand for.  Design note: ``activedb/composite/README.md``
-("The picture").
+imported only here), described in the design note ``activedb/composite/README.md``, "The picture".
 """
 
 from __future__ import annotations
@@ -95,7 +92,8 @@ def plot(window: Any, path: str | Path, *, title: str | None = None, unit: str =
     """Draw ``window`` (``CompositionEngine.window()``) to ``path`` (PNG); returns the path.
 
     Times are shown relative to the earliest lower bound in the window, in ``unit`` ("ms" or "s"); long
-    empty stretches are compressed (see the module docstring)."""
+    empty stretches (over :data:`GAP_FACTOR` typical interval widths) are drawn that long, with a grey band
+    saying how much time they stand for."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -167,8 +165,7 @@ def plot(window: Any, path: str | Path, *, title: str | None = None, unit: str =
     for name, sync in window.sync_points.items():
         if sync is None or name not in lanes:
             continue
-        axes.plot([x(sync)] * 2, [lanes[name] - 0.35, lanes[name] + 0.35], linestyle="--", color="red",
-                  linewidth=1.2)
+        axes.plot([x(sync)] * 2, [lanes[name] - 0.35, lanes[name] + 0.35], linestyle="--", color="red", linewidth=1.2)
     for composite, lower, upper, label, number in hulls:
         decided = bool(composite.resolutions)
         row = composite_lane + 0.3 * (number - (rows - 1) / 2)
@@ -192,8 +189,7 @@ def plot(window: Any, path: str | Path, *, title: str | None = None, unit: str =
     shown = origin.isoformat() if isinstance(origin, dt.datetime) else f"{origin:.6g}"
     compressed = "; grey bands: empty stretches drawn shorter" if axis.breaks else ""
     axes.set_xlabel(f"reference time ({unit}) from {shown}{compressed}")
-    axes.set_title(title or "accuracy intervals per producer, their sync-points and the composites chosen",
-                   fontsize=9)
+    axes.set_title(title or "accuracy intervals per producer, their sync-points and the composites chosen", fontsize=9)
     axes.grid(axis="x", alpha=0.3)
     handles = [Patch(color=type_colour[name], alpha=0.55, label=f"event {name}") for name in types]
     handles += [Line2D([], [], color="grey", marker="|", label="heartbeat"),

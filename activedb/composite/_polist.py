@@ -1,9 +1,7 @@
 """Partially ordered lists (the paper's ``POList<E>``: :class:`Item`, :class:`POList`, ``oldest``,
 ``oldest_following``, ``newest``, ``newest_before``) and the per-producer progress that decides
 stability (:class:`Producer`: sync-points, ``covers``).  The formulas, reconstructed, are in the design
-note ``activedb/composite/README.md``.
-
-Not thread-safe by themselves: used under ``CompositionEngine._mutex``.
+note ``activedb/composite/README.md``.  Not thread-safe by themselves: used under ``CompositionEngine._mutex``.
 """
 
 from __future__ import annotations

@@ -24,10 +24,9 @@ class UncertainOrder(CompositeError):
     def __init__(self, uncertainty: Any):
         self.uncertainty = uncertainty
         self.others: tuple["UncertainOrder", ...] = ()      # further uncertainties met in the same call
-        super().__init__(
-            f"{uncertainty.describe()}; the engine does not pick silently — give the CompositionEngine an "
-            f"on_uncertain callback that chooses (the choice is recorded with the composite event), or drop "
-            f"candidates with engine.discard(event)")
+        super().__init__(f"{uncertainty.describe()}; the engine does not pick silently — give the CompositionEngine an "
+                         f"on_uncertain callback that chooses (the choice is recorded with the composite event), or "
+                         f"drop candidates with engine.discard(event)")
 
 
 class ProducerTimeout(CompositeError):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import os
 import signal
 import threading
@@ -97,8 +98,6 @@ class Explanation:
     deadlock: str | None = None
     victim: str | None = None
 
-    # --- views --------------------------------------------------------------------------------------
-
     @property
     def graph(self):
         """A ``networkx.DiGraph``: a node per transaction (attributes ``name``, ``state``, ``depth``,
@@ -116,12 +115,6 @@ class Explanation:
         for edge in sorted(self.edges, key=lambda edge: edge.kind != "child"):
             graph.add_edge(edge.waiter, edge.target, kind=edge.kind, resource=edge.resource, in_cycle=edge.in_cycle)
         return graph
-
-    def node(self, tid: str) -> ExplainNode:
-        for node in self.nodes:
-            if node.tid == tid:
-                return node
-        raise KeyError(tid)
 
     def edge_kinds(self) -> set[str]:
         return {edge.kind for edge in self.edges}
@@ -159,42 +152,33 @@ class Explanation:
                 lines.append(f"  {edge.waiter} -[{edge.kind}{resource}]-> {edge.target}{cycle}")
         return "\n".join(lines)
 
-    # --- JSON -------------------------------------------------------------------------------------
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
     def save(self, path: str | Path) -> Path:
         """Write the explanation as JSON (atomically: a reader never sees half a file)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(self.to_json(), indent=1, default=str))
+        temporary.write_text(json.dumps(asdict(self), indent=1, default=str))
         os.replace(temporary, path)
         return path
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "Explanation":
+    def load(cls, path: str | Path) -> "Explanation":
         def lock(value):
             return None if value is None else HeldLock(**value)
 
-        nodes = tuple(ExplainNode(**{**item, "held": tuple(map(lock, item["held"])), "segments": tuple(item["segments"]),
-                                     "retained": tuple(map(lock, item["retained"])),
-                                     "waiting_for": lock(item["waiting_for"])}) for item in data["nodes"])
-        edges = tuple(ExplainEdge(**item) for item in data["edges"])
-        return cls(nodes=nodes, edges=edges, title=data.get("title", "activedb transactions"),
-                   taken_at=data.get("taken_at", ""), deadlock=data.get("deadlock"), victim=data.get("victim"))
-
-    @classmethod
-    def load(cls, path: str | Path) -> "Explanation":
         try:
-            return cls.from_json(json.loads(Path(path).read_text()))
+            data = json.loads(Path(path).read_text())
+            nodes = tuple(ExplainNode(**{**item, "held": tuple(map(lock, item["held"])),
+                                         "retained": tuple(map(lock, item["retained"])),
+                                         "waiting_for": lock(item["waiting_for"]), "segments": tuple(item["segments"])})
+                          for item in data["nodes"])
+            return cls(nodes=nodes, edges=tuple(ExplainEdge(**item) for item in data["edges"]),
+                       title=data.get("title", "activedb transactions"), taken_at=data.get("taken_at", ""),
+                       deadlock=data.get("deadlock"), victim=data.get("victim"))
         except FileNotFoundError:
             raise PictureError(f"no explanation at {path}") from None
         except (KeyError, TypeError, ValueError) as error:
             raise PictureError(f"{path} is not an explanation written by activedb ({error!r})") from None
-
-    # --- the picture ------------------------------------------------------------------------------
 
     def render(self, path: str | Path, *, format: str | None = None, dpi: int = 110) -> Path:
         """Draw the trees and the wait-for graph into ``path`` (PNG or SVG, from the suffix or
@@ -379,9 +363,8 @@ def explain(db: "Database", *, deadlock: BaseException | None = None, also: Iter
     if title is None:
         title = f"activedb transactions of process {os.getpid()}" + (" — deadlock" if found is not None else "")
     message = None if found is None else f"policy {found.policy}"
-    return from_snapshot(snapshot, known, cycle=cycle, victim=found.victim if found is not None else None,
-                         title=title, deadlock=message,
-                         states_from_snapshot=getattr(found, "snapshot", None) is not None)
+    return from_snapshot(snapshot, known, cycle=cycle, victim=found.victim if found is not None else None, title=title,
+                         deadlock=message, states_from_snapshot=getattr(found, "snapshot", None) is not None)
 
 
 # --- on request: deadlocks and signals -------------------------------------------------------------
@@ -420,8 +403,6 @@ def serve_on_signal(db: "Database", directory: str | Path | None = None) -> Path
         try:
             explain(db).save(path)
         except Exception:  # a diagnostic must never take the process down
-            import logging
-
             logging.getLogger("activedb.explain").exception("could not write %s", path)
 
     def handler(signum, frame) -> None:

@@ -30,7 +30,6 @@ _MAX_LOCK_LINES = 4
 _REGISTERED_KINDS = ("dependency", "nested", "children")
 
 
-
 def _layout(explanation: Explanation) -> dict[str, tuple[float, float]]:
     """Tidy tree layout: each leaf one column, a parent centred over its children, trees side by side;
     trees of a single transaction (typically the waiters) go in a row of their own below the others, so
@@ -72,8 +71,7 @@ def _layout(explanation: Explanation) -> dict[str, tuple[float, float]]:
 
 
 def _label(node: ExplainNode) -> str:
-    head = node.tid + (f"  {node.name}" if node.name else "")
-    lines = [head, node.state + (" — waiting" if node.waiting else "")]
+    lines = [node.tid + (f"  {node.name}" if node.name else ""), node.state + (" — waiting" if node.waiting else "")]
     locks = ([f"holds {lock.describe()}" for lock in node.held]
              + [f"retains {lock.describe()}" for lock in node.retained])
     if len(locks) > _MAX_LOCK_LINES:
@@ -126,16 +124,9 @@ def _clipped_curve(p0, p2, rad: float, start_box, end_box):
     """The arc ``p0 -> p2`` (bent by ``rad`` as matplotlib's ``arc3``) cut where it leaves ``start_box`` and
     enters ``end_box``: ``(path vertices, label point)``."""
     control = _control(p0, p2, rad)
-    steps = 400
-    t0, t1 = 0.0, 1.0
-    for step in range(steps + 1):
-        if not _inside(_point(p0, control, p2, step / steps), start_box):
-            t0 = step / steps
-            break
-    for step in range(steps, -1, -1):
-        if not _inside(_point(p0, control, p2, step / steps), end_box):
-            t1 = step / steps
-            break
+    ts = [step / 400 for step in range(401)]
+    t0 = next((t for t in ts if not _inside(_point(p0, control, p2, t), start_box)), 0.0)
+    t1 = next((t for t in reversed(ts) if not _inside(_point(p0, control, p2, t), end_box)), 1.0)
     if t1 <= t0:
         t0, t1 = 0.0, 1.0
     # The part [t0, t1] of a quadratic Bézier is again one, with this control point (de Casteljau).
@@ -194,7 +185,7 @@ def draw(explanation: Explanation, dpi: int):
         (left, bottom), (right, top) = inverse.transform([[extent.x0, extent.y0], [extent.x1, extent.y1]])
         boxes[tid] = (left, bottom, right, top)
 
-    kinds_drawn = []
+    kinds_drawn: dict[str, None] = {}           # in the order first drawn
     pair_count: dict[frozenset, int] = {}
     waited = {(edge.waiter, edge.target) for edge in explanation.edges if edge.kind != "child"}
     for edge in explanation.edges:
@@ -225,8 +216,7 @@ def draw(explanation: Explanation, dpi: int):
             text = edge.kind + (f"\n{_shorten(edge.resource, 28)}" if edge.resource else "")
             axes.text(middle[0], middle[1], text, fontsize=7, ha="center", va="center", color=colour, zorder=4,
                       bbox=dict(boxstyle="round,pad=0.15", facecolor="white", edgecolor="none", alpha=0.85))
-        if edge.kind not in kinds_drawn:
-            kinds_drawn.append(edge.kind)
+        kinds_drawn[edge.kind] = None
 
     if not explanation.nodes:
         axes.text(0.5, 0.5, "no transaction is running", ha="center", va="center", fontsize=12,
