@@ -95,8 +95,6 @@ class Executor:
         self._closed = False
         self.groups = 0                          # group transactions committed
         self.splits = 0                          # groups split to isolate a failure
-        self.executed = 0
-        self.failed = 0
 
     # --- queue ------------------------------------------------------------------------------
 
@@ -126,11 +124,10 @@ class Executor:
                 self._runners -= 1
                 self._idle.notify_all()
 
-    def unpark(self) -> int:
+    def unpark(self) -> None:
         with self._mutex:
             works, self._parked = self._parked, []
         self.submit(works)
-        return len(works)
 
     @property
     def backlog(self) -> int:
@@ -141,8 +138,7 @@ class Executor:
     def statistics(self) -> dict[str, int]:
         with self._mutex:
             return {"ready": len(self._ready), "running": self._running, "parked": len(self._parked),
-                    "runners": self._runners, "groups": self.groups, "splits": self.splits,
-                    "executed": self.executed, "failed": self.failed}
+                    "groups": self.groups, "splits": self.splits}
 
     def wait_idle(self, timeout: float | None) -> bool:
         with self._idle:
@@ -222,8 +218,6 @@ class Executor:
             self._run(group, retried=True)
             return
         outbox.fail_alone(work, error)
-        with self._mutex:
-            self.failed += 1
 
     def _attempt(self, group: list[Work]) -> list[str]:
         """One group transaction; returns each member's outcome (raises if the group could not commit)."""
@@ -256,21 +250,14 @@ class Executor:
         """After the group committed: count, and queue the retryable members again."""
         rules = self._outbox.rules
         again = []
-        executed = failed = 0
         for work, outcome in zip(group, outcomes):
-            if outcome is _Outcome.DONE:
-                if work.executed:
-                    rules.count(work.firing.rule, "executed")
-                    executed += 1
-            elif outcome is _Outcome.FAILED:
-                failed += 1
-            else:
+            if outcome is _Outcome.DONE and work.executed:
+                rules.count(work.firing.rule, "executed")
+            elif outcome is _Outcome.RETRY:
                 work.attempts += 1
                 again.append(work)
         with self._mutex:
             self.groups += 1
-            self.executed += executed
-            self.failed += failed
         if again:
             self.submit(again)
 
