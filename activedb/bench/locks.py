@@ -105,17 +105,13 @@ def _uncontended(report: BenchReport, quick: bool) -> None:
     pairs = len(keys) * rounds
     bare, batched, locked = pairs / min(bare_times), pairs / min(batched_times), pairs / min(lock_times)
     ratio = locked / bare
-    report.add(Row(
-        name="uncontended tuple acquire+release, leaf of a 3-level tree", value=locked, unit="pairs/s",
-        baseline_name="bare dict table, one mutex", baseline=bare, ratio=ratio,
-        target=">= 0.40 of the bare table", met=ratio >= 0.40,
-        extra={"pairs_per_run": pairs, "ns_per_pair": 1e9 / locked, "bare_ns_per_pair": 1e9 / bare},
-    ))
-    report.add(Row(
-        name="same, vs a bare table that releases a transaction's keys in one batch (no target)",
-        value=locked, unit="pairs/s", baseline_name="bare table, batched release", baseline=batched,
-        ratio=locked / batched,
-    ))
+    report.add(Row(name="uncontended tuple acquire+release, leaf of a 3-level tree", value=locked, unit="pairs/s",
+                   baseline_name="bare dict table, one mutex", baseline=bare, ratio=ratio,
+                   target=">= 0.40 of the bare table", met=ratio >= 0.40,
+                   extra={"pairs_per_run": pairs, "ns_per_pair": 1e9 / locked, "bare_ns_per_pair": 1e9 / bare}))
+    report.add(Row(name="same, vs a bare table that releases a transaction's keys in one batch (no target)",
+                   value=locked, unit="pairs/s", baseline_name="bare table, batched release", baseline=batched,
+                   ratio=locked / batched))
 
 
 def _seconds(function, *args) -> float:
@@ -261,12 +257,10 @@ def _deadlock_check(report: BenchReport, quick: bool) -> None:
                 graph.add_edge(waiter.tid, target.tid)  # it was there before: put it back
         full = statistics.median(full_scans) / 1000
         speedup = full / ours
-        row = Row(
-            name=f"deadlock check per new wait edge, {size:,} transactions", value=ours, unit="us (median)",
-            baseline_name="networkx.find_cycle, full scan", baseline=full, ratio=speedup,
-            extra={"edges": graph.number_of_edges(), "samples": len(timings), "cycles_found": found,
-                   "p90_us": statistics.quantiles(timings, n=10)[-1] / 1000, "full_scan_runs": runs},
-        )
+        row = Row(name=f"deadlock check per new wait edge, {size:,} transactions", value=ours, unit="us (median)",
+                  baseline_name="networkx.find_cycle, full scan", baseline=full, ratio=speedup,
+                  extra={"edges": graph.number_of_edges(), "samples": len(timings), "cycles_found": found,
+                         "p90_us": statistics.quantiles(timings, n=10)[-1] / 1000, "full_scan_runs": runs})
         if size == 10_000:
             row.target = "<= 20 us median and >= 1000x faster"
             row.met = ours <= 20 and speedup >= 1000
@@ -316,10 +310,8 @@ def _commit_cost(report: BenchReport, quick: bool) -> None:
                    "median_top_level_commit_us": statistics.median(release) / 1000, "locks": locks},
         ))
     growth = per_lock[1000] / per_lock[100]
-    report.add(Row(
-        name="commit linearity: per-lock cost at 1,000 / at 100 locks", value=growth, unit="x",
-        target="0.5 .. 2 (linear)", met=0.5 <= growth <= 2.0,
-    ))
+    report.add(Row(name="commit linearity: per-lock cost at 1,000 / at 100 locks", value=growth, unit="x",
+                   target="0.5 .. 2 (linear)", met=0.5 <= growth <= 2.0))
     for count in (10, 100, 1000):
         handed = subcommit[count] / (count + 1)
         row = Row(name=f"subtransaction commit alone, {count:,} tuple locks handed to the parent",

@@ -24,16 +24,8 @@ from typing import TYPE_CHECKING, Callable
 from activedb.capture import _firing, _leader
 from activedb.capture._fetch import ChangeReader, Entry
 from activedb.capture._firing import TRANSIENT, Result, RetryBatch
-from activedb.capture._position import (
-    CapturedChange,
-    DeadLetter,
-    Position,
-    PositionWriter,
-    Step,
-    prune,
-    read_position,
-    register,
-)
+from activedb.capture._position import (CapturedChange, DeadLetter, Position, PositionWriter, Step, prune,
+                                        read_position, register)
 from activedb.capture.errors import CaptureConflict, CaptureError, CaptureNotInstalled, ConsumerStopped
 from activedb.errors import DatabaseError, DatabaseUnavailable, TransactionAborted
 from activedb.rules import FiringOutcome
