@@ -70,8 +70,7 @@ def normalise_url(url: str | URL) -> URL:
         parsed = parsed.set(password=secret if isinstance(secret, str) else secret[0], query=query)
     if not parsed.drivername.startswith("postgresql"):
         raise BadDatabaseURL(
-            f"activedb needs PostgreSQL, got a {parsed.drivername!r} URL ({describe_url(parsed)})"
-        )
+            f"activedb needs PostgreSQL, got a {parsed.drivername!r} URL ({describe_url(parsed)})")
     return parsed
 
 
@@ -378,23 +377,11 @@ class Database:
         return f"<activedb.Database {kind} {mask_secrets(self.engine.url.render_as_string(hide_password=True))}>"
 
 
-def connect(
-    url: str | URL | None = None,
-    *,
-    home: str | Path | None = None,
-    upgrade: bool = True,
-    keep_server: bool | None = None,
-    record_history: bool = False,
-    max_workers: int = 32,
-    victim_policy: Any = "requester",
-    lock_timeout: float | None = None,
-    max_cascade_depth: int = 16,
-    max_deferred_cycles: int = 100,
-    rule_execution: str = "threads",
-    explain_deadlocks: bool = False,
-    outbox_options: dict[str, Any] | None = None,
-    **engine_options: Any,
-) -> Database:
+def connect(url: str | URL | None = None, *, home: str | Path | None = None, upgrade: bool = True,
+            keep_server: bool | None = None, record_history: bool = False, max_workers: int = 32,
+            victim_policy: Any = "requester", lock_timeout: float | None = None, max_cascade_depth: int = 16,
+            max_deferred_cycles: int = 100, rule_execution: str = "threads", explain_deadlocks: bool = False,
+            outbox_options: dict[str, Any] | None = None, **engine_options: Any) -> Database:
     """Connect to activedb's database and bring its schema to head.
 
     * ``url`` (or ``ACTIVEDB_DATABASE_URL``): any PostgreSQL; ``postgresql://`` URLs

@@ -96,8 +96,7 @@ def app_location(script_location: str | Path) -> Path:
         raise MigrationError(
             f"no Alembic environment at {str(script_location)!r} ({where}{' does not exist' if not location.exists() else ' has no env.py'}); "
             f"an application keeps its tables in its own Alembic directory: create one with "
-            f"`activedb app init {script_location}` and add a revision under its versions/"
-        )
+            f"`activedb app init {script_location}` and add a revision under its versions/")
     return location
 
 
