@@ -1,13 +1,6 @@
 """Progress of a long run (a benchmark, the demo): a ``rich`` progress bar on a terminal, quiet parseable
-lines otherwise, nothing when asked.
-
-A run that knows its steps reports them::
-
-    def run(quick=False, progress=None):
-        progress = progress or Progress.none()
-        progress.start("locks", total=4)
-        with progress.step("uncontended tuple locks"):
-            ...
+lines otherwise, nothing when asked.  A run that knows its steps reports them: ``progress.start("locks",
+total=4)``, then ``with progress.step("uncontended tuple locks"): ...`` around each (the benchmarks do).
 
 Lines (when stderr is not a terminal) are one per finished step, e.g.
 ``[bench locks] 2/4 threads: done in 3.1 s`` — grep-able, no escape codes, no redraws.  Everything goes to

@@ -33,8 +33,7 @@ def bin_directory() -> Path:
     except ImportError as error:  # pragma: no cover - a dependency of the package
         raise EmbeddedServerError(
             "the embedded database needs the 'pgserver' package (it brings the PostgreSQL binaries): pip install "
-            "pgserver (or set ACTIVEDB_DATABASE_URL to an existing PostgreSQL)"
-        ) from error
+            "pgserver (or set ACTIVEDB_DATABASE_URL to an existing PostgreSQL)") from error
     return Path(POSTGRES_BIN_PATH)
 
 
@@ -123,8 +122,7 @@ def _service_user():
             raise EmbeddedServerError(
                 f"running as root, the embedded PostgreSQL needs an unprivileged user to run as (PostgreSQL refuses "
                 f"root), and user namespaces are not available here; creating the system user {SERVICE_USER!r} "
-                f"failed ({error}). Create it, run as a normal user, or set ACTIVEDB_DATABASE_URL"
-            ) from None
+                f"failed ({error}). Create it, run as a normal user, or set ACTIVEDB_DATABASE_URL") from None
         return pwd.getpwnam(SERVICE_USER)
 
 
@@ -134,19 +132,13 @@ def _check_reachable(pgdata: Path, uid: int, gid: int) -> None:
         if not directory.exists():
             continue
         info = directory.stat()
-        if info.st_uid == uid:
-            allowed = info.st_mode & stat.S_IXUSR
-        elif info.st_gid == gid:
-            allowed = info.st_mode & stat.S_IXGRP
-        else:
-            allowed = info.st_mode & stat.S_IXOTH
-        if not allowed:
+        search = stat.S_IXUSR if info.st_uid == uid else stat.S_IXGRP if info.st_gid == gid else stat.S_IXOTH
+        if not info.st_mode & search:
             raise EmbeddedServerError(
                 f"running as root without user namespaces, the embedded PostgreSQL runs as the system user "
                 f"{SERVICE_USER!r}, which cannot enter {directory} (mode {stat.filemode(info.st_mode)}); activedb "
                 f"does not widen permissions of your directories. Set ACTIVEDB_HOME to a directory it may enter "
-                f"(e.g. /var/lib/activedb), run as a normal user, or set ACTIVEDB_DATABASE_URL"
-            )
+                f"(e.g. /var/lib/activedb), run as a normal user, or set ACTIVEDB_DATABASE_URL")
 
 
 def check_data_directory(pgdata: Path) -> None:
@@ -161,16 +153,14 @@ def check_data_directory(pgdata: Path) -> None:
             raise EmbeddedServerError(
                 f"the data directory {pgdata} was created by PostgreSQL {found}, but the embedded server "
                 f"is PostgreSQL {expected}; point ACTIVEDB_HOME at another directory, or migrate the data "
-                f"with pg_upgrade/pg_dump first (nothing was deleted)"
-            )
+                f"with pg_upgrade/pg_dump first (nothing was deleted)")
         return
     leftovers = [entry.name for entry in pgdata.iterdir() if entry.name not in {HANDLE_FILE, "log"}]
     if leftovers:
         raise EmbeddedServerError(
             f"{pgdata} is not empty but is not a PostgreSQL data directory (no PG_VERSION; found "
             f"{', '.join(sorted(leftovers)[:5])}); move it away or set ACTIVEDB_HOME to another directory "
-            f"(nothing was deleted)"
-        )
+            f"(nothing was deleted)")
 
 
 @dataclass(frozen=True)
@@ -229,8 +219,7 @@ def start_postgres(pgdata: Path, socket_directory: Path, runner: Runner) -> None
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as error:
         raise EmbeddedServerError(
             f"the embedded PostgreSQL in {pgdata} did not start ({type(error).__name__}); see the server log "
-            f"{pgdata / 'log'}; nothing was deleted.{_log_tail(pgdata / 'log')}"
-        ) from None
+            f"{pgdata / 'log'}; nothing was deleted.{_log_tail(pgdata / 'log')}") from None
 
 
 def wait_ready(pgdata: Path) -> _Postmaster:
@@ -313,11 +302,11 @@ def lock_down(pgdata: Path, home: Path, server: _Postmaster | None, runner: Runn
         with psycopg.connect(host=server.socket_directory, user=SUPERUSER, dbname="postgres",
                              autocommit=True) as connection:
             connection.execute(f"ALTER ROLE {SUPERUSER} PASSWORD '{password}'")
-            write_hba(pgdata, runner)
+            write_hba(pgdata)
             connection.execute("SELECT pg_reload_conf()")
     else:
         _set_password_stopped(pgdata, runner, password)
-        write_hba(pgdata, runner)
+        write_hba(pgdata)
     return password
 
 

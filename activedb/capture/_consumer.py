@@ -401,9 +401,7 @@ class CaptureConsumer:
         """A batch up to ``end`` committed: count it, wake the waiters, tell ``on_step``."""
         with self._mutex:
             self._position = end
-            self._counters["batches"] += 1
-            self._counters["changes"] += changes
-            for what, amount in counts.items():
+            for what, amount in dict(counts, batches=1, changes=changes).items():
                 self._counters[what] += amount
             self._progress.notify_all()
         self._step(Step.COMMITTED, changes)

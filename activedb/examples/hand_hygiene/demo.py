@@ -25,7 +25,7 @@ import sqlalchemy as sa
 from rich.columns import Columns
 from rich.console import Console
 from rich.panel import Panel
-from rich.table import Table
+from rich.table import Column, Table
 
 import activedb
 from activedb import Coupling, deadletters
@@ -273,10 +273,9 @@ def tell_story(db, console: Console, run: Run) -> dict[str, str]:
         more = f", and {len(day) - 8} more" if len(day) > 8 else ""
         console.print(f"The busiest day was {busiest}'s: {steps}{more}.", highlight=False)
 
-    table = Table(title="the workers, read back from PostgreSQL (worker_status, status_changes, badge_lights, alerts)")
-    for column in ("worker", "status", "badge light", "room", "status changes", "alerts", "rejected events",
-                   "last event"):
-        table.add_column(column)
+    table = Table("worker", "status", "badge light", "room", "status changes", "alerts", "rejected events",
+                  "last event", title="the workers, read back from PostgreSQL (worker_status, status_changes, "
+                                      "badge_lights, alerts)")
     agreeing = 0
     for row in workers:
         light = light_of.get(row["worker"], COLORS[SAFE])      # a badge that never changed shows green
@@ -339,9 +338,7 @@ def show_engine(db, run: Run, console: Console) -> None:
         f"{_milliseconds(statistics.l_combined)}, throughput {statistics.throughput:,.0f} events/s inside "
         f"engine.process.", highlight=False)
 
-    written = Table(title="what the rules wrote (PostgreSQL)")
-    written.add_column("table")
-    written.add_column("rows", justify="right")
+    written = Table("table", Column("rows", justify="right"), title="what the rules wrote (PostgreSQL)")
     for old, new, count in transitions:
         written.add_row(f"status_changes {old} -> {new}", str(count))
     written.add_row("alerts", str(alert_total))
@@ -351,9 +348,7 @@ def show_engine(db, run: Run, console: Console) -> None:
         written.add_row(f"compensations (rejected {event_type})", str(count))
 
     statistics = db.rules.statistics()
-    modes = Table(title="rule firings per coupling mode")
-    modes.add_column("coupling mode")
-    modes.add_column("firings", justify="right")
+    modes = Table("coupling mode", Column("firings", justify="right"), title="rule firings per coupling mode")
     for mode in Coupling:
         if mode.value in statistics.per_mode:
             modes.add_row(mode.value, str(statistics.per_mode[mode.value]))

@@ -98,11 +98,7 @@ def apply_directly(db, events: Iterable[dict], *, chunk_size: int = DEFAULT_CHUN
     that emits it (``sub.emit(type, key=worker, ts=ts, payload={...})``), so the rules
     on ``db.stream(type)`` fire inside it.  An event whose processing raises aborts only
     its subtransaction: it is reported in ``ApplyResult.rejected`` and the chunk goes on.
-
-    A chunk that is re-run after a conflict leaves nothing of its aborted attempt behind:
-    ``Database.run`` declares the attempts it re-runs replayed, so the outbox drops their
-    detached and exclusive causally dependent firings (the attempt that commits fires its
-    own) — as if the aborted attempt had never run.
+    A chunk re-run after a conflict leaves nothing of its aborted attempt behind (see ``Database.run``).
     """
     if chunk_size < 1:
         raise ValueError("chunk_size must be at least 1")

@@ -166,7 +166,7 @@ def to_stream_events(events: Iterable[dict]) -> list[streams.StreamEvent]:
 
 # --- the coupling modes: ECA rules on what the queries' rules write -------------------------------
 
-def _is_reading(event: Event) -> bool:
+def is_reading(tx: Transaction, event: Event) -> bool:
     """A write of ``worker_status`` that records a badge reading (the status unchanged, or a new row)."""
     return event.old is None or event.old.get("status") == event.new.get("status")
 
@@ -179,7 +179,7 @@ def _reading_of(event: Event) -> tuple:
 
 
 def impossible_move(tx: Transaction, event: Event) -> bool:
-    return _is_reading(event) and app.contradiction(*_reading_of(event)) is not None
+    return is_reading(tx, event) and app.contradiction(*_reading_of(event)) is not None
 
 
 def reject_impossible_move(tx: Transaction, event: Event) -> None:
@@ -199,10 +199,6 @@ def announce_status_change(tx: Transaction, event: Event) -> None:
     new = event.new
     tx.signal(STATUS_CHANGED, worker=event.key, old=event.old["status"], new=new["status"], ts=new["last_ts"],
               event=new["last_event"])
-
-
-def is_reading(tx: Transaction, event: Event) -> bool:
-    return _is_reading(event)
 
 
 def compensate_rejected_badge(tx: Transaction, event: Event) -> None:
