@@ -103,12 +103,8 @@ class _Life:
 
 
 def _index(history: Iterable[HistoryEvent]) -> dict[Hashable, _Life]:
-    """Check that ``history`` is well formed and index it by transaction.
-
-    Well formed: distinct ``seq`` values; per transaction at most one begin and at most one end
-    (commit or abort, not both); a commit is preceded by the transaction's begin; an abort may come
-    without a begin (a transaction cancelled before it ran).
-    """
+    """``history`` by transaction, once checked to be well formed (design note, "Histories"); an abort may
+    come without a begin (a transaction cancelled before it ran)."""
     events = sorted(history, key=lambda event: event.seq)
     for earlier, later in itertools.pairwise(events):
         if not earlier.seq < later.seq:

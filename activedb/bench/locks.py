@@ -16,6 +16,7 @@ import random
 import statistics
 import threading
 import time
+from dataclasses import dataclass, field
 
 from activedb.progress import Progress
 from activedb.bench.report import BenchReport, Row, Series
@@ -177,16 +178,14 @@ def _threads(report: BenchReport, quick: bool) -> None:
     ))
 
 
+@dataclass(slots=True, eq=False)
 class _Node:
     """A wait-for graph node with the shape ``lockmgr.find_cycle`` walks (``lockmgr.GraphNode``)."""
 
-    __slots__ = ("tid", "waits", "children", "external")
-
-    def __init__(self, tid: int) -> None:
-        self.tid = tid
-        self.waits: dict = {}
-        self.children: set = set()
-        self.external: tuple = ()
+    tid: int
+    waits: dict = field(default_factory=dict)
+    children: set = field(default_factory=set)
+    external: tuple = ()
 
 
 _PARENT_IN_TREE = (None, 0, 1, 1, 0, 4, 4)      # a tree's 7 members depth first: root, child, 2 grandchildren, ...

@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from lockmgr import LockTimeout
@@ -63,14 +63,14 @@ class _Outcome:
     FAILED = "failed"        # failed for good
 
 
+@dataclass(eq=False)
 class GroupMarks(CommitParticipant):
     """Marks a group's records done or failed in the group root's flush (raises ``RecordsTakenOver``
     there if one of them is no longer this process's)."""
 
-    def __init__(self, owner: int):
-        self.owner = owner
-        self.done: list[int] = []
-        self.failed: list[tuple[int, str]] = []
+    owner: int
+    done: list[int] = field(default_factory=list)
+    failed: list[tuple[int, str]] = field(default_factory=list)
 
     def write(self, transaction: "Transaction", connection: "sa.Connection") -> None:
         _records.finish(connection, self.owner, done=self.done, failed=self.failed, log_id=transaction.log_id)
