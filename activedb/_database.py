@@ -104,8 +104,7 @@ def describe_url(url: URL) -> str:
 
 
 def create_engine(url: URL, **options: Any) -> Engine:
-    connect_args = {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
-    connect_args.update(options.pop("connect_args", {}))
+    connect_args = {"connect_timeout": CONNECT_TIMEOUT_SECONDS, **options.pop("connect_args", {})}
     options.setdefault("pool_size", 10)
     options.setdefault("max_overflow", 30)
     return sa.create_engine(url, connect_args=connect_args, **options)

@@ -207,9 +207,7 @@ def initdb(pgdata: Path, runner: Runner, password: str) -> None:
 
 
 def start_postgres(pgdata: Path, socket_directory: Path, runner: Runner) -> None:
-    stale = pgdata / "postmaster.pid"
-    if stale.exists():                # no postgres process behind it (checked by the caller)
-        stale.unlink()
+    (pgdata / "postmaster.pid").unlink(missing_ok=True)     # stale: no postgres process behind it (the caller checked)
     quoted = "'" + str(socket_directory).replace("'", "'\\''") + "'"
     options = f"-k {quoted} -c listen_addresses='' -c unix_socket_permissions=0700"
     binary = str(bin_directory() / "pg_ctl")

@@ -154,10 +154,8 @@ def to_stream_events(events: Iterable[dict]) -> list[streams.StreamEvent]:
     malformed event is still converted as far as it goes: the engine makes it a dead letter."""
     converted = []
     for raw in events:
-        kind = raw.get("type")
-        ts = raw.get("ts")
-        if isinstance(ts, dt.datetime):
-            ts = app.seconds(ts)
+        kind, ts = raw.get("type"), raw.get("ts")
+        ts = app.seconds(ts) if isinstance(ts, dt.datetime) else ts
         converted.append(streams.StreamEvent(kind.upper() if isinstance(kind, str) else kind, ts,
                                              {"HCW-ID": raw.get("worker"), "location": raw.get("room")},
                                              stream=STREAM, origin=raw))
