@@ -186,9 +186,7 @@ def postmaster(pgdata: Path) -> _Postmaster | None:
         alive = process.status() != psutil.STATUS_ZOMBIE and process.name().startswith("postgres")
     except psutil.Error:
         alive = False
-    if not alive:
-        return None
-    return _Postmaster(pid, lines[4].strip(), lines[7].strip() if len(lines) > 7 else "")
+    return _Postmaster(pid, lines[4].strip(), lines[7].strip() if len(lines) > 7 else "") if alive else None
 
 
 def initdb(pgdata: Path, runner: Runner, password: str) -> None:
@@ -201,9 +199,8 @@ def initdb(pgdata: Path, runner: Runner, password: str) -> None:
         runner.run([binary, "-D", str(pgdata), "-U", SUPERUSER, "--encoding=utf8", "--auth-local=scram-sha-256",
                     "--auth-host=scram-sha-256", "--pwfile=/dev/stdin"], input=password + "\n")
     except subprocess.CalledProcessError as error:
-        raise EmbeddedServerError(
-            f"initdb of the embedded PostgreSQL in {pgdata} failed: {(error.stderr or error.stdout).strip()[-500:]}"
-        ) from None
+        raise EmbeddedServerError(f"initdb of the embedded PostgreSQL in {pgdata} failed: "
+                                  f"{(error.stderr or error.stdout).strip()[-500:]}") from None
 
 
 def start_postgres(pgdata: Path, socket_directory: Path, runner: Runner) -> None:

@@ -172,10 +172,9 @@ def _threads(report: BenchReport, quick: bool) -> None:
         if threads == 4:
             row.target, row.met = ">= 0.50 of 1 thread", ratio >= 0.50
         report.add(row)
-    report.add(Row(
-        name="bare one-mutex table, 4 threads (for contrast)", value=bare_results[4], unit="pairs/s",
-        baseline_name="bare table, 1 thread", baseline=bare_results[1], ratio=bare_results[4] / bare_results[1],
-    ))
+    report.add(Row(name="bare one-mutex table, 4 threads (for contrast)", value=bare_results[4], unit="pairs/s",
+                   baseline_name="bare table, 1 thread", baseline=bare_results[1],
+                   ratio=bare_results[4] / bare_results[1]))
 
 
 @dataclass(slots=True, eq=False)
@@ -306,8 +305,7 @@ def _commit_cost(report: BenchReport, quick: bool) -> None:
             value=cost, unit="us/lock", baseline_name="bare table release", baseline=baseline, ratio=baseline / cost,
             target="<= 2 us/lock", met=cost <= 2.0,
             extra={"median_subtransaction_commit_us": subcommit[count],
-                   "median_top_level_commit_us": statistics.median(release) / 1000, "locks": locks},
-        ))
+                   "median_top_level_commit_us": statistics.median(release) / 1000, "locks": locks}))
     growth = per_lock[1000] / per_lock[100]
     report.add(Row(name="commit linearity: per-lock cost at 1,000 / at 100 locks", value=growth, unit="x",
                    target="0.5 .. 2 (linear)", met=0.5 <= growth <= 2.0))

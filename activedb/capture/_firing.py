@@ -71,8 +71,6 @@ def plan(database: "Database", name: str, changes: list[Entry], dead_letters: li
             logger.error("capture consumer %r: %s", name, problem)
             continue
         candidates = [rule for rule in by_table.get(change.table, ()) if rule.on.matches(event)]
-        if not candidates:
-            continue
         firings = [Firing(rule, event, (rule.name,), rule.coupling, number()) for rule in candidates]
         for group in (priority_groups(firings) if len(firings) > 1 else (firings,)):
             planned.extend((change, firing) for firing in group)
