@@ -387,11 +387,8 @@ def connect(url: str | URL | None = None, *, home: str | Path | None = None, upg
       use the psycopg 3 driver.
     * Neither: the embedded server under ``home`` (default ``ACTIVEDB_HOME``), started
       or reused; see ``activedb._embedded`` for its lifecycle.
-    * ``upgrade=False`` skips ``alembic upgrade head``.  The rule: only this function (with the default
-      ``upgrade=True``) and ``activedb db upgrade`` ever upgrade activedb's schema; every other CLI command
-      connects with ``upgrade=False`` and refuses a schema that is behind, saying to run ``activedb db
-      upgrade`` (a database that never had activedb's tables gets them from the commands that write,
-      which say so).
+    * ``upgrade=False`` skips ``alembic upgrade head``: only this function (with the default) and ``activedb db
+      upgrade`` ever upgrade activedb's schema (the project README, "Schema").
     * ``keep_server=True`` leaves the embedded server running after the last user exits.
     * ``record_history=True`` records every transaction operation (``db.history``) for
       ``activedb.testing.check_history``; ``max_workers`` bounds the subtransaction

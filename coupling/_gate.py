@@ -326,9 +326,8 @@ class DependencyGate:
             record = self._dependents.get(dependent)
             if record is None:
                 return False
-            if record.state is DependentState.STOPPED:
-                return True
-            return decide(record.dependencies, "begin", self._outcomes, self._results)[0] is Decision.STOP
+            return record.state is DependentState.STOPPED or decide(
+                record.dependencies, "begin", self._outcomes, self._results)[0] is Decision.STOP
 
     # ------------------------------------------------------------------ introspection
 

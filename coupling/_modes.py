@@ -112,6 +112,4 @@ def has_own_deferred_queue(spawned_with: Coupling | None) -> bool:
     application) owns a :class:`~coupling.DeferredQueue`: all but deferred ones, whose deferred firings go
     to the queue their own firing came from (*Concurrent Rule Execution* §3.3.2; design note, "Deferred
     cycles")."""
-    if spawned_with is None:
-        return True
-    return Coupling.parse(spawned_with) is not Coupling.DEFERRED
+    return spawned_with is None or Coupling.parse(spawned_with) is not Coupling.DEFERRED

@@ -111,17 +111,17 @@ def apply_directly(db, events: Iterable[dict], *, chunk_size: int = DEFAULT_CHUN
             continue
         ordered.append(event)
     ordered.sort(key=lambda event: seconds(event["ts"]))      # stable: equal timestamps keep arrival order
-    applied, rejected, chunks = 0, list(malformed), 0
-    for start in range(0, len(ordered), chunk_size):
+    starts = range(0, len(ordered), chunk_size)
+    applied, rejected = 0, list(malformed)
+    for start in starts:
         chunk_applied, chunk_rejected = db.run(_apply_chunk, ordered[start:start + chunk_size])
         applied += chunk_applied
         rejected.extend(chunk_rejected)
-        chunks += 1
-    return ApplyResult(events=len(ordered) + len(malformed), applied=applied, rejected=rejected, chunks=chunks)
+    return ApplyResult(events=len(ordered) + len(malformed), applied=applied, rejected=rejected, chunks=len(starts))
 
 
 def _apply_chunk(tx, chunk: list[dict]) -> tuple[int, list[Rejection]]:
-    applied, rejected = 0, []
+    rejected = []
     for event in chunk:
         payload = {name: value for name, value in event.items() if name not in ("type", "worker", "ts")}
         try:
@@ -130,9 +130,7 @@ def _apply_chunk(tx, chunk: list[dict]) -> tuple[int, list[Rejection]]:
         except (RuleFailed, CascadeLimitExceeded) as error:
             cause = error.__cause__           # the rule's own rejection, if it is one
             rejected.append(Rejection(event, str(cause if isinstance(cause, BadgeEventRejected) else error)))
-            continue
-        applied += 1
-    return applied, rejected
+    return len(chunk) - len(rejected), rejected
 
 
 def _check(event: Any) -> None:
