@@ -257,20 +257,17 @@ def feed(db, engine: streams.StreamEngine, events: Iterable[dict], *, chunk_size
         if stamps:
             seen = max(stamps) if seen is None else max(seen, *stamps)
     plan.append(([], streams.END_OF_STREAM))
-    processed = failed = 0
-    letters: list[streams.DeadLetter] = []
+    results: list[streams.BatchResult] = []
     progress = progress or Progress.none()
     progress.start("micro-batches", total=len(plan))
     for number, (chunk, punctuation) in enumerate(plan):
         label = "end of stream" if punctuation is streams.END_OF_STREAM else (
             f"events {number * chunk_size + 1}-{number * chunk_size + len(chunk)} of {len(converted)}")
         with progress.step(label):
-            result = db.run(_process, engine, chunk, punctuation, number)
-        processed += result.processed
-        failed += result.failed
-        letters.extend(result.dead_letters)
-    return FeedResult(events=len(converted), batches=len(plan), processed=processed, failed=failed,
-                      dead_letters=tuple(letters))
+            results.append(db.run(_process, engine, chunk, punctuation, number))
+    return FeedResult(events=len(converted), batches=len(plan), processed=sum(result.processed for result in results),
+                      failed=sum(result.failed for result in results),
+                      dead_letters=tuple(letter for result in results for letter in result.dead_letters))
 
 
 def _process(tx, engine: streams.StreamEngine, chunk: list, punctuation: Any, batch_id: int) -> streams.BatchResult:
