@@ -28,9 +28,7 @@ class Progress:
     def for_stream(stream: IO[str] | None = None, *, label: str = "") -> "Progress":
         """A bar when ``stream`` (default stderr) is a terminal, lines otherwise."""
         stream = stream or sys.stderr
-        if getattr(stream, "isatty", lambda: False)():
-            return RichProgress(stream, label=label)
-        return LineProgress(stream, label=label)
+        return (RichProgress if getattr(stream, "isatty", lambda: False)() else LineProgress)(stream, label=label)
 
     def start(self, title: str, total: int) -> None:
         """The run ``title`` has ``total`` steps."""
