@@ -111,8 +111,7 @@ class Executor:
         """Caller holds ``_mutex``: how many runners to start now (and counts them as started)."""
         if self._closed:
             return 0
-        wanted = min(self.max_groups, -(-len(self._ready) // self.group_size)) - self._runners
-        start = max(0, wanted)
+        start = max(0, min(self.max_groups, -(-len(self._ready) // self.group_size)) - self._runners)
         self._runners += start
         return start
 

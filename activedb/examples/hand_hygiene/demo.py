@@ -207,11 +207,6 @@ def _total(connection, table) -> int:
     return connection.execute(sa.select(sa.func.count()).select_from(table)).scalar_one()
 
 
-def _cause(old: str, new: str, event: str) -> str:
-    edge = queries.EDGES.get((old, new, event))
-    return "" if edge is None else f"{edge[0]} ({edge[1]}): {edge[2]}"
-
-
 def tell_story(db, console: Console, run: Run) -> dict[str, str]:
     """What happened to the workers: where they ended, the status changes and which query made them,
     alerts, rejected badge events, and one worker's day — all read back from PostgreSQL; returns
@@ -252,9 +247,9 @@ def tell_story(db, console: Console, run: Run) -> dict[str, str]:
     console.print("Every status change below was made by a query's rule inside the stream transaction of the "
                   "badge event that completed the pattern (audit trail: status_changes):", highlight=False)
     for old, new, event, count in transitions:
-        cause = _cause(old, new, event)
-        console.print(f"  {count:>4} × {old} → {new} on {event}" + (f"  — {cause}" if cause else ""),
-                      highlight=False)
+        edge = queries.EDGES.get((old, new, event))
+        cause = "" if edge is None else f"  — {edge[0]} ({edge[1]}): {edge[2]}"
+        console.print(f"  {count:>4} × {old} → {new} on {event}{cause}", highlight=False)
     console.print(f"{alert_total} violations raised an alert: {channels.get('badge', 0)} reminders went to the badges "
                   f"at once (detached rule) and {channels.get('infection_control', 0)} incident reports to "
                   f"infection control once the alert was durable (sequential causally dependent rule).",
