@@ -100,8 +100,7 @@ def runner_for(pgdata: Path) -> Runner:
     if (pgdata / "PG_VERSION").exists():
         owner = pgdata.stat().st_uid
         if owner != 0:             # made for the service user (by an older activedb, or without namespaces)
-            entry = pwd.getpwuid(owner)
-            return Runner("service", owner, entry.pw_gid)
+            return Runner("service", owner, pwd.getpwuid(owner).pw_gid)
     if _user_namespaces_work():
         return Runner("namespace", 0, 0)
     entry = _service_user()
