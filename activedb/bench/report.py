@@ -107,9 +107,7 @@ class BenchReport:
 
 
 def _fmt(number: float) -> str:
-    if number >= 100:
-        return f"{number:,.0f}"
-    return f"{number:.3g}"
+    return f"{number:,.0f}" if number >= 100 else f"{number:.3g}"
 
 
 def output_folder(benchmark: str) -> Path:
