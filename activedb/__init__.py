@@ -25,7 +25,6 @@ __getattr__, __dir__ = lazy.exports(__name__, {
     "activedb._embedded": ["default_home"],
     "activedb.events": ["Event", "EventKind", "EventSpec"],
     "activedb.rules": ["Rule"],
-    "activedb.txn": [
-        "CommitParticipant", "Observer", "SubtransactionHandle", "Transaction", "TransactionExtension", "TxnState",
-    ],
+    "activedb.txn": ["CommitParticipant", "Observer", "SubtransactionHandle", "Transaction", "TransactionExtension",
+                     "TxnState"],
 })

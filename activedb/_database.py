@@ -70,8 +70,7 @@ def normalise_url(url: str | URL) -> URL:
         parsed = parsed.set(password=secret if isinstance(secret, str) else secret[0], query=query)
     if not parsed.drivername.startswith("postgresql"):
         raise BadDatabaseURL(
-            f"activedb needs PostgreSQL, got a {parsed.drivername!r} URL ({describe_url(parsed)})"
-        )
+            f"activedb needs PostgreSQL, got a {parsed.drivername!r} URL ({describe_url(parsed)})")
     return parsed
 
 
@@ -105,8 +104,7 @@ def describe_url(url: URL) -> str:
 
 
 def create_engine(url: URL, **options: Any) -> Engine:
-    connect_args = {"connect_timeout": CONNECT_TIMEOUT_SECONDS}
-    connect_args.update(options.pop("connect_args", {}))
+    connect_args = {"connect_timeout": CONNECT_TIMEOUT_SECONDS, **options.pop("connect_args", {})}
     options.setdefault("pool_size", 10)
     options.setdefault("max_overflow", 30)
     return sa.create_engine(url, connect_args=connect_args, **options)
@@ -378,34 +376,19 @@ class Database:
         return f"<activedb.Database {kind} {mask_secrets(self.engine.url.render_as_string(hide_password=True))}>"
 
 
-def connect(
-    url: str | URL | None = None,
-    *,
-    home: str | Path | None = None,
-    upgrade: bool = True,
-    keep_server: bool | None = None,
-    record_history: bool = False,
-    max_workers: int = 32,
-    victim_policy: Any = "requester",
-    lock_timeout: float | None = None,
-    max_cascade_depth: int = 16,
-    max_deferred_cycles: int = 100,
-    rule_execution: str = "threads",
-    explain_deadlocks: bool = False,
-    outbox_options: dict[str, Any] | None = None,
-    **engine_options: Any,
-) -> Database:
+def connect(url: str | URL | None = None, *, home: str | Path | None = None, upgrade: bool = True,
+            keep_server: bool | None = None, record_history: bool = False, max_workers: int = 32,
+            victim_policy: Any = "requester", lock_timeout: float | None = None, max_cascade_depth: int = 16,
+            max_deferred_cycles: int = 100, rule_execution: str = "threads", explain_deadlocks: bool = False,
+            outbox_options: dict[str, Any] | None = None, **engine_options: Any) -> Database:
     """Connect to activedb's database and bring its schema to head.
 
     * ``url`` (or ``ACTIVEDB_DATABASE_URL``): any PostgreSQL; ``postgresql://`` URLs
       use the psycopg 3 driver.
     * Neither: the embedded server under ``home`` (default ``ACTIVEDB_HOME``), started
       or reused; see ``activedb._embedded`` for its lifecycle.
-    * ``upgrade=False`` skips ``alembic upgrade head``.  The rule: only this function (with the default
-      ``upgrade=True``) and ``activedb db upgrade`` ever upgrade activedb's schema; every other CLI command
-      connects with ``upgrade=False`` and refuses a schema that is behind, saying to run ``activedb db
-      upgrade`` (a database that never had activedb's tables gets them from the commands that write,
-      which say so).
+    * ``upgrade=False`` skips ``alembic upgrade head``: only this function (with the default) and ``activedb db
+      upgrade`` ever upgrade activedb's schema (the project README, "Schema").
     * ``keep_server=True`` leaves the embedded server running after the last user exits.
     * ``record_history=True`` records every transaction operation (``db.history``) for
       ``activedb.testing.check_history``; ``max_workers`` bounds the subtransaction

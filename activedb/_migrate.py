@@ -59,13 +59,6 @@ def _failing_as(what: str):
         raise MigrationError(f"{what} failed: {text[0] if text else type(error).__name__}") from error
 
 
-def _run(engine: Engine, action: str, revision: str, location: Path) -> None:
-    with _failing_as(f"{action} to {revision!r}"), engine.begin() as connection:
-        # Held until this transaction ends (Alembic runs inside it: the connection is passed).
-        connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
-        getattr(command, action)(_config(location, connection), revision)
-
-
 def offline_sql(url: str, action: str, revision: str) -> str:
     """The SQL an upgrade/downgrade would run, without touching the database."""
     buffer = io.StringIO()
@@ -96,8 +89,7 @@ def app_location(script_location: str | Path) -> Path:
         raise MigrationError(
             f"no Alembic environment at {str(script_location)!r} ({where}{' does not exist' if not location.exists() else ' has no env.py'}); "
             f"an application keeps its tables in its own Alembic directory: create one with "
-            f"`activedb app init {script_location}` and add a revision under its versions/"
-        )
+            f"`activedb app init {script_location}` and add a revision under its versions/")
     return location
 
 
@@ -117,14 +109,19 @@ class Schema:
         self.catalog.table(table)   # validates the name
         self._locking.set_granularity(table, granularity)
 
-    def upgrade(self, revision: str = "head") -> None:
-        """Bring activedb's own schema to ``revision``."""
-        _run(self.engine, "upgrade", revision, migrations.SCRIPT_LOCATION)
+    def _run(self, action: str, revision: str, location: Path) -> None:
+        with _failing_as(f"{action} to {revision!r}"), self.engine.begin() as connection:
+            # Held until this transaction ends (Alembic runs inside it: the connection is passed).
+            connection.execute(sa.text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
+            getattr(command, action)(_config(location, connection), revision)
         self.refresh()
 
+    def upgrade(self, revision: str = "head") -> None:
+        """Bring activedb's own schema to ``revision``."""
+        self._run("upgrade", revision, migrations.SCRIPT_LOCATION)
+
     def downgrade(self, revision: str) -> None:
-        _run(self.engine, "downgrade", revision, migrations.SCRIPT_LOCATION)
-        self.refresh()
+        self._run("downgrade", revision, migrations.SCRIPT_LOCATION)
 
     def current_revision(self) -> str | None:
         return current(self.engine)
@@ -149,13 +146,11 @@ class Schema:
     def upgrade_app(self, script_location: str | Path, revision: str = "head") -> None:
         """Run the application's own Alembic environment on this database (its env.py decides the version
         table)."""
-        _run(self.engine, "upgrade", revision, app_location(script_location))
-        self.refresh()
+        self._run("upgrade", revision, app_location(script_location))
 
     def downgrade_app(self, script_location: str | Path, revision: str) -> None:
         """Downgrade the application's own migrations to ``revision`` (``"base"`` drops its tables)."""
-        _run(self.engine, "downgrade", revision, app_location(script_location))
-        self.refresh()
+        self._run("downgrade", revision, app_location(script_location))
 
     def app_revision(self, script_location: str | Path) -> tuple[list[str], str | None]:
         """``(current revisions, head revision)`` of the application's Alembic directory on this database; the

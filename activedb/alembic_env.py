@@ -1,16 +1,14 @@
 """A ready-made ``env.py`` body for an application's own Alembic environment.
 
-An application keeps its tables in its own Alembic directory.  Its ``env.py``
-can be just::
+An application keeps its tables in its own Alembic directory.  Its ``env.py`` can be just::
 
     from activedb.alembic_env import run_env
     run_env(version_table="myapp_alembic_version")
 
-Online mode uses the connection activedb passes (``db.upgrade_app(path)``) or,
-when run by the ``alembic`` tool, ``sqlalchemy.url`` / ``ACTIVEDB_DATABASE_URL``
-/ the embedded server.  Offline mode (``alembic upgrade --sql``) prints SQL and
-contacts no database.  activedb's own environment (``migrations/env.py``) is this
-one too, with its version table, a transaction per revision and Alembic's logging.
+Online mode uses the connection activedb passes (``db.upgrade_app(path)``) or, when run by the ``alembic`` tool,
+``sqlalchemy.url`` / ``ACTIVEDB_DATABASE_URL`` / the embedded server.  Offline mode (``alembic upgrade --sql``)
+prints SQL and contacts no database.  activedb's own environment (``migrations/env.py``) is this one too, with its
+version table, a transaction per revision and Alembic's logging.
 """
 
 from __future__ import annotations

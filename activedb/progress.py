@@ -1,13 +1,6 @@
 """Progress of a long run (a benchmark, the demo): a ``rich`` progress bar on a terminal, quiet parseable
-lines otherwise, nothing when asked.
-
-A run that knows its steps reports them::
-
-    def run(quick=False, progress=None):
-        progress = progress or Progress.none()
-        progress.start("locks", total=4)
-        with progress.step("uncontended tuple locks"):
-            ...
+lines otherwise, nothing when asked.  A run that knows its steps reports them: ``progress.start("locks",
+total=4)``, then ``with progress.step("uncontended tuple locks"): ...`` around each (the benchmarks do).
 
 Lines (when stderr is not a terminal) are one per finished step, e.g.
 ``[bench locks] 2/4 threads: done in 3.1 s`` — grep-able, no escape codes, no redraws.  Everything goes to
@@ -35,9 +28,7 @@ class Progress:
     def for_stream(stream: IO[str] | None = None, *, label: str = "") -> "Progress":
         """A bar when ``stream`` (default stderr) is a terminal, lines otherwise."""
         stream = stream or sys.stderr
-        if getattr(stream, "isatty", lambda: False)():
-            return RichProgress(stream, label=label)
-        return LineProgress(stream, label=label)
+        return (RichProgress if getattr(stream, "isatty", lambda: False)() else LineProgress)(stream, label=label)
 
     def start(self, title: str, total: int) -> None:
         """The run ``title`` has ``total`` steps."""

@@ -53,12 +53,8 @@ def commit_decision(dependency: Dependency, outcome: bool | None, result: bool |
     return Decision.GO  # CD: the trigger has ended; CRD: committed and returned true
 
 
-def decide(
-    dependencies: Iterable[Dependency],
-    phase: str,
-    outcomes: dict[Hashable, bool],
-    results: dict[Hashable, bool],
-) -> tuple[Decision, tuple[Hashable, ...]]:
+def decide(dependencies: Iterable[Dependency], phase: str, outcomes: dict[Hashable, bool],
+           results: dict[Hashable, bool]) -> tuple[Decision, tuple[Hashable, ...]]:
     """Combine the decisions of all ``dependencies`` for ``phase`` (``"begin"`` or ``"commit"``): STOP wins,
     then WAIT (with the triggers waited for, in order), else GO."""
     decision_of = begin_decision if phase == "begin" else commit_decision

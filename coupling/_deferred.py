@@ -107,11 +107,9 @@ class DeferredQueue(Generic[Firing]):
         while cycle k runs).  Raises :class:`~coupling.errors.DeferredQueueClosed` once the queue is CLOSED."""
         with self._mutex:
             if self._state is QueueState.CLOSED:
-                raise DeferredQueueClosed(
-                    f"cannot defer {firing!r}: {self!r} already ran its deferred cycles (or was "
-                    "discarded), so its transaction is committing or has ended. Fire the rule "
-                    "before the owner starts committing, or use another coupling mode."
-                )
+                raise DeferredQueueClosed(f"cannot defer {firing!r}: {self!r} already ran its deferred cycles (or was "
+                                          "discarded), so its transaction is committing or has ended. Fire the rule "
+                                          "before the owner starts committing, or use another coupling mode.")
             self._pending.append(firing)
             self._added += 1
             return 0 if self._current_cycle is None else self._current_cycle + 1
@@ -158,10 +156,8 @@ class DeferredQueue(Generic[Firing]):
 
     def statistics(self) -> DeferredQueueStatistics:
         with self._mutex:
-            return DeferredQueueStatistics(
-                state=self._state,
-                current_cycle=self._current_cycle,
-                pending=len(self._pending),
-                added=self._added,
-                cycles_run=self._cycles_run,
-            )
+            return DeferredQueueStatistics(state=self._state,
+                                           current_cycle=self._current_cycle,
+                                           pending=len(self._pending),
+                                           added=self._added,
+                                           cycles_run=self._cycles_run)

@@ -16,40 +16,23 @@ class DependencyKind(enum.Enum):
     """The dependencies of *Concurrent Rule Execution* §3.3; each docstring is the definition (``H`` the
     history, ``e -> f``: ``e`` precedes ``f`` in ``H``, ``j`` the dependent and ``i`` the trigger of ``j X i``)."""
 
-    CD = (
-        "CD",
-        "Commit dependency, j CD i: if both commit, i commits before j. Commit_j in H => (Commit_i in H => "
-        "Commit_i -> Commit_j). (ACTA; Concurrent Rule Execution §3.3)",
-    )
-    AD = (
-        "AD",
-        "Abort dependency, j AD i: if i aborts, j aborts. Abort_i in H => Abort_j in H. (ACTA; Concurrent Rule "
-        "Execution §3.3)",
-    )
-    WD = (
-        "WD",
-        "Weak-abort dependency, j WD i: if i aborts and j has not committed before that, j aborts. Abort_i in H "
-        "=> (not (Commit_j -> Abort_i) => Abort_j in H). (ACTA; Concurrent Rule Execution §3.3)",
-    )
-    ED = (
-        "ED",
-        "Exclusion dependency, j ED i: if i commits, j aborts. Commit_i in H => Abort_j in H. (ACTA; Concurrent "
-        "Rule Execution §3.3)",
-    )
-    SQD = (
-        "SQD",
-        "Sequential dependency, j SQD i: j begins only after i has committed. Begin_j in H => Commit_i -> "
-        "Begin_j. This is ACTA's begin-on-commit dependency (BCD; DependencyKind.BCD is an alias), with the "
-        "operands of Concurrent Rule Execution's axiom 22, not of its §3.3.2 definition (design note, note 1).",
-    )
+    CD = ("CD", "Commit dependency, j CD i: if both commit, i commits before j. Commit_j in H => (Commit_i in H "
+                "=> Commit_i -> Commit_j). (ACTA; Concurrent Rule Execution §3.3)")
+    AD = ("AD", "Abort dependency, j AD i: if i aborts, j aborts. Abort_i in H => Abort_j in H. (ACTA; Concurrent "
+                "Rule Execution §3.3)")
+    WD = ("WD", "Weak-abort dependency, j WD i: if i aborts and j has not committed before that, j aborts. "
+                "Abort_i in H => (not (Commit_j -> Abort_i) => Abort_j in H). (ACTA; Concurrent Rule Execution §3.3)")
+    ED = ("ED", "Exclusion dependency, j ED i: if i commits, j aborts. Commit_i in H => Abort_j in H. (ACTA; "
+                "Concurrent Rule Execution §3.3)")
+    SQD = ("SQD", "Sequential dependency, j SQD i: j begins only after i has committed. Begin_j in H => Commit_i "
+                  "-> Begin_j. This is ACTA's begin-on-commit dependency (BCD; DependencyKind.BCD is an alias), with "
+                  "the operands of Concurrent Rule Execution's axiom 22, not of its §3.3.2 definition (design note, "
+                  "note 1).")
     BCD = SQD  # alias: ACTA's begin-on-commit dependency is the same constraint
-    CRD = (
-        "CRD",
-        "Condition-result dependency, j CRD i (our name; Concurrent Rule Execution §3.3.2 uses it without naming "
-        "it): j commits only after i has committed *and* i (a rule's condition) returned true. Commit_j in H => "
-        "(Commit_i -> Commit_j and result(i) = true). Used between a condition and its action under sequential "
-        "causally dependent C-A coupling.",
-    )
+    CRD = ("CRD", "Condition-result dependency, j CRD i (our name; Concurrent Rule Execution §3.3.2 uses it without "
+                  "naming it): j commits only after i has committed *and* i (a rule's condition) returned true. "
+                  "Commit_j in H => (Commit_i -> Commit_j and result(i) = true). Used between a condition and its "
+                  "action under sequential causally dependent C-A coupling.")
 
     def __new__(cls, value: str, doc: str) -> "DependencyKind":
         member = object.__new__(cls)
@@ -79,14 +62,10 @@ class Dependency:
             try:
                 object.__setattr__(self, "kind", DependencyKind[str(self.kind).upper()])
             except KeyError:
-                raise ValueError(
-                    f"unknown dependency kind {self.kind!r}; use one of: "
-                    f"{', '.join(DependencyKind.__members__)}"
-                ) from None
+                raise ValueError(f"unknown dependency kind {self.kind!r}; use one of: "
+                                 f"{', '.join(DependencyKind.__members__)}") from None
         if self.dependent == self.trigger:
-            raise ValueError(
-                f"a transaction cannot depend on itself: {self.dependent!r} {self.kind} {self.trigger!r}"
-            )
+            raise ValueError(f"a transaction cannot depend on itself: {self.dependent!r} {self.kind} {self.trigger!r}")
 
     def __str__(self) -> str:
         return f"{self.dependent} {self.kind} {self.trigger}"
@@ -94,24 +73,20 @@ class Dependency:
     def describe(self) -> str:
         """The dependency in words, e.g. ``"T2 commits only if T1 aborts (T2 ED T1)"``."""
         dependent, trigger = self.dependent, self.trigger
-        text = {
-            DependencyKind.CD: f"if both commit, {trigger} commits before {dependent}",
-            DependencyKind.AD: f"if {trigger} aborts, {dependent} aborts",
-            DependencyKind.WD: f"if {trigger} aborts before {dependent} committed, {dependent} aborts",
-            DependencyKind.ED: f"if {trigger} commits, {dependent} aborts",
-            DependencyKind.SQD: f"{dependent} begins only after {trigger} committed",
-            DependencyKind.CRD: f"{dependent} commits only after {trigger} committed and returned true",
-        }[self.kind]
+        text = {DependencyKind.CD: f"if both commit, {trigger} commits before {dependent}",
+                DependencyKind.AD: f"if {trigger} aborts, {dependent} aborts",
+                DependencyKind.WD: f"if {trigger} aborts before {dependent} committed, {dependent} aborts",
+                DependencyKind.ED: f"if {trigger} commits, {dependent} aborts",
+                DependencyKind.SQD: f"{dependent} begins only after {trigger} committed",
+                DependencyKind.CRD: f"{dependent} commits only after {trigger} committed and returned true"}[self.kind]
         return f"{text} ({self})"
 
 
 # The dependent's dependencies on its trigger for the detached family (axioms 20-23).
-_TOP_LEVEL_KINDS = {
-    Coupling.DETACHED: (),
-    Coupling.DETACHED_CAUSALLY_DEPENDENT: (DependencyKind.AD, DependencyKind.CD),
-    Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT: (DependencyKind.SQD,),
-    Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT: (DependencyKind.ED,),
-}
+_TOP_LEVEL_KINDS = {Coupling.DETACHED: (),
+                    Coupling.DETACHED_CAUSALLY_DEPENDENT: (DependencyKind.AD, DependencyKind.CD),
+                    Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT: (DependencyKind.SQD,),
+                    Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT: (DependencyKind.ED,)}
 
 
 def dependencies_for(coupling: Coupling | str, dependent: Hashable, trigger: Hashable) -> frozenset[Dependency]:
@@ -120,9 +95,8 @@ def dependencies_for(coupling: Coupling | str, dependent: Hashable, trigger: Has
     Between a condition and its action: :func:`action_dependencies_for`."""
     mode = Coupling.parse(coupling)
     if mode.runs_as_subtransaction:  # axiom 19: the child WD its parent, the parent CD its child
-        return frozenset(
-            {Dependency(DependencyKind.WD, dependent, trigger), Dependency(DependencyKind.CD, trigger, dependent)}
-        )
+        return frozenset({Dependency(DependencyKind.WD, dependent, trigger),
+                          Dependency(DependencyKind.CD, trigger, dependent)})
     return frozenset(Dependency(kind, dependent, trigger) for kind in _TOP_LEVEL_KINDS[mode])
 
 
@@ -138,12 +112,8 @@ def action_dependencies_for(coupling: Coupling | str, action: Hashable, conditio
     mode = Coupling.parse_action(coupling)
     if mode is Coupling.IMMEDIATE:
         return frozenset()
-    return frozenset(
-        {
-            Dependency(DependencyKind.AD, action, condition),
-            Dependency(DependencyKind.CRD, action, condition),
-        }
-    )
+    return frozenset({Dependency(DependencyKind.AD, action, condition),
+                      Dependency(DependencyKind.CRD, action, condition)})
 
 
 def may_run_after(coupling: Coupling | str, trigger_committed: bool) -> bool:

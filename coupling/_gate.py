@@ -66,15 +66,12 @@ class _DependentRecord:
     interrupted: BaseException | None = None  # set by interrupt(): the blocked wait raises it
 
 
-_GATED_KINDS = frozenset(
-    {DependencyKind.CD, DependencyKind.AD, DependencyKind.ED, DependencyKind.SQD, DependencyKind.CRD}
-)
+_GATED_KINDS = frozenset({DependencyKind.CD, DependencyKind.AD, DependencyKind.ED, DependencyKind.SQD,
+                          DependencyKind.CRD})
 
 # phase -> (the verdict that lets it proceed, the one that stops it, the record's state after proceeding)
-_PHASES = {
-    "begin": (Verdict.BEGIN, Verdict.CANCEL, DependentState.BEGUN),
-    "commit": (Verdict.COMMIT, Verdict.ABORT, DependentState.COMMIT_GRANTED),
-}
+_PHASES = {"begin": (Verdict.BEGIN, Verdict.CANCEL, DependentState.BEGUN),
+           "commit": (Verdict.COMMIT, Verdict.ABORT, DependentState.COMMIT_GRANTED)}
 
 
 def _check_may_ask(record: _DependentRecord, phase: str) -> None:
@@ -82,23 +79,16 @@ def _check_may_ask(record: _DependentRecord, phase: str) -> None:
     dependent = record.tid
     if phase == "begin":
         if record.state is not DependentState.REGISTERED:
-            raise GateProtocolError(
-                f"wait_may_begin({dependent!r}) in state {record.state.value}; call it once, before "
-                "the dependent runs"
-            )
+            raise GateProtocolError(f"wait_may_begin({dependent!r}) in state {record.state.value}; call it once, "
+                                    "before the dependent runs")
         return
     if record.state not in (DependentState.REGISTERED, DependentState.BEGUN):
-        raise GateProtocolError(
-            f"wait_may_commit({dependent!r}) in state {record.state.value}; call it once, before "
-            "the dependent commits, and never after a CANCEL or ABORT verdict"
-        )
-    if record.state is DependentState.REGISTERED and any(
-        dependency.kind is DependencyKind.SQD for dependency in record.dependencies
-    ):
-        raise GateProtocolError(
-            f"{dependent!r} has a sequential dependency but never got BEGIN from wait_may_begin; "
-            "ask wait_may_begin before running it"
-        )
+        raise GateProtocolError(f"wait_may_commit({dependent!r}) in state {record.state.value}; call it once, before "
+                                "the dependent commits, and never after a CANCEL or ABORT verdict")
+    if record.state is DependentState.REGISTERED and any(dependency.kind is DependencyKind.SQD
+                                                          for dependency in record.dependencies):
+        raise GateProtocolError(f"{dependent!r} has a sequential dependency but never got BEGIN from wait_may_begin; "
+                                "ask wait_may_begin before running it")
 
 
 class DependencyGate:
@@ -130,21 +120,16 @@ class DependencyGate:
         and deferred raise :class:`UnsupportedByGate` (the transaction tree enforces theirs)."""
         mode = Coupling.parse(coupling)
         if mode.runs_as_subtransaction:
-            raise UnsupportedByGate(
-                f"{mode} rules run as subtransactions: the child's WD on its parent and the parent's "
-                "CD on its child (Concurrent Rule Execution axiom 19) are enforced by the nested transaction tree "
-                "(wait-for-commit, abort of descendants), not by the DependencyGate"
-            )
+            raise UnsupportedByGate(f"{mode} rules run as subtransactions: the child's WD on its parent and the "
+                                    "parent's CD on its child (Concurrent Rule Execution axiom 19) are enforced by the "
+                                    "nested transaction tree (wait-for-commit, abort of descendants), not by the "
+                                    "DependencyGate")
         dependencies = dependencies_for(mode, dependent, trigger)
         self._register_all(dependencies)
         return dependencies
 
-    def register_action(
-        self,
-        action: Hashable,
-        condition: Hashable,
-        coupling: Coupling | str = Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT,
-    ) -> frozenset[Dependency]:
+    def register_action(self, action: Hashable, condition: Hashable,
+                        coupling: Coupling | str = Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT) -> frozenset[Dependency]:
         """Register the C-A dependencies (``action_dependencies_for``) and return them; report the
         condition's return value with :meth:`condition_returned`.  Immediate registers nothing."""
         dependencies = action_dependencies_for(coupling, action, condition)
@@ -173,33 +158,23 @@ class DependencyGate:
     def _check_registrable(self, dependency: Dependency) -> None:
         """Raise if ``dependency`` may not be registered now. Caller holds ``self._mutex``."""
         if dependency.kind not in _GATED_KINDS:
-            raise UnsupportedByGate(
-                f"{dependency}: the gate does not enforce {dependency.kind} (a weak-abort dependency "
-                "lets the dependent commit while its trigger runs; only the nested transaction tree "
-                "can serialise that commit with the trigger's abort)"
-            )
+            raise UnsupportedByGate(f"{dependency}: the gate does not enforce {dependency.kind} (a weak-abort "
+                                    "dependency lets the dependent commit while its trigger runs; only the nested "
+                                    "transaction tree can serialise that commit with the trigger's abort)")
         if dependency.dependent in self._outcomes:
-            raise GateProtocolError(
-                f"cannot register {dependency}: {dependency.dependent!r} has already ended"
-            )
+            raise GateProtocolError(f"cannot register {dependency}: {dependency.dependent!r} has already ended")
         record = self._dependents.get(dependency.dependent)
         if record is not None:
             if record.state in (DependentState.COMMIT_GRANTED, DependentState.STOPPED):
-                raise GateProtocolError(
-                    f"cannot register {dependency}: {dependency.dependent!r} was already told to "
-                    f"{'commit' if record.state is DependentState.COMMIT_GRANTED else 'abort'}"
-                )
+                raise GateProtocolError(f"cannot register {dependency}: {dependency.dependent!r} was already told to "
+                                        f"{'commit' if record.state is DependentState.COMMIT_GRANTED else 'abort'}")
             if record.state is DependentState.BEGUN and dependency.kind is DependencyKind.SQD:
-                raise GateProtocolError(
-                    f"cannot register {dependency}: {dependency.dependent!r} already began; register a "
-                    "sequential dependency before calling wait_may_begin"
-                )
+                raise GateProtocolError(f"cannot register {dependency}: {dependency.dependent!r} already began; "
+                                        "register a sequential dependency before calling wait_may_begin")
         if self._reaches(dependency.trigger, dependency.dependent):
-            raise GateProtocolError(
-                f"cannot register {dependency}: {dependency.dependent!r} already (transitively) waits "
-                f"for {dependency.trigger!r} ... and {dependency.trigger!r} would wait for it: a cycle "
-                "of dependencies can never be decided"
-            )
+            raise GateProtocolError(f"cannot register {dependency}: {dependency.dependent!r} already (transitively) "
+                                    f"waits for {dependency.trigger!r} ... and {dependency.trigger!r} would wait for "
+                                    "it: a cycle of dependencies can never be decided")
 
     def _reaches(self, start: Hashable, goal: Hashable) -> bool:
         """Whether ``start`` transitively depends on ``goal`` via live dependencies. Caller holds the mutex."""
@@ -229,18 +204,15 @@ class DependencyGate:
         committed = bool(committed)
         with self._mutex:
             if tid in self._outcomes:
-                raise GateProtocolError(
-                    f"{tid!r} reported to end twice (first {'committed' if self._outcomes[tid] else 'aborted'})"
-                )
+                raise GateProtocolError(f"{tid!r} reported to end twice (first "
+                                        f"{'committed' if self._outcomes[tid] else 'aborted'})")
             self._outcomes[tid] = committed
             problem = None
             record = self._dependents.pop(tid, None)
             if record is not None:
                 if committed and record.state is not DependentState.COMMIT_GRANTED:
-                    problem = (
-                        f"{tid!r} committed although the gate did not grant it (state: "
-                        f"{record.state.value}); call wait_may_commit and honour its verdict"
-                    )
+                    problem = (f"{tid!r} committed although the gate did not grant it (state: "
+                               f"{record.state.value}); call wait_may_commit and honour its verdict")
                 record.ended = True
                 record.condition.notify_all()
                 for trigger in {dependency.trigger for dependency in record.dependencies}:
@@ -261,9 +233,8 @@ class DependencyGate:
             if condition in self._results:
                 raise GateProtocolError(f"condition {condition!r} reported to return twice")
             if condition in self._outcomes:
-                raise GateProtocolError(
-                    f"condition {condition!r} already ended; report its result before trigger_ended"
-                )
+                raise GateProtocolError(f"condition {condition!r} already ended; report its result before "
+                                        "trigger_ended")
             self._results[condition] = bool(value)
             self._notify_dependents_of(condition)
 
@@ -355,9 +326,8 @@ class DependencyGate:
             record = self._dependents.get(dependent)
             if record is None:
                 return False
-            if record.state is DependentState.STOPPED:
-                return True
-            return decide(record.dependencies, "begin", self._outcomes, self._results)[0] is Decision.STOP
+            return record.state is DependentState.STOPPED or decide(
+                record.dependencies, "begin", self._outcomes, self._results)[0] is Decision.STOP
 
     # ------------------------------------------------------------------ introspection
 
@@ -388,21 +358,18 @@ class DependencyGate:
     def waiting_edges(self) -> frozenset[tuple[Hashable, Hashable]]:
         """``(dependent, trigger)`` for every blocked wait: the wait-for-trigger edges, for deadlock detection."""
         with self._mutex:
-            return frozenset(
-                (record.tid, trigger) for record in self._dependents.values() for trigger in record.waiting_for
-            )
+            return frozenset((record.tid, trigger) for record in self._dependents.values()
+                             for trigger in record.waiting_for)
 
     def statistics(self) -> GateStatistics:
         with self._mutex:
-            return GateStatistics(
-                dependents=len(self._dependents),
-                dependencies=sum(len(record.dependencies) for record in self._dependents.values()),
-                waiting_to_begin=self._waiting["begin"],
-                waiting_to_commit=self._waiting["commit"],
-                retained_outcomes=len(self._outcomes),
-                begun=self._verdicts[Verdict.BEGIN],
-                cancelled=self._verdicts[Verdict.CANCEL],
-                committed=self._verdicts[Verdict.COMMIT],
-                aborted=self._verdicts[Verdict.ABORT],
-                timeouts=self._timeouts,
-            )
+            return GateStatistics(dependents=len(self._dependents),
+                                  dependencies=sum(len(record.dependencies) for record in self._dependents.values()),
+                                  waiting_to_begin=self._waiting["begin"],
+                                  waiting_to_commit=self._waiting["commit"],
+                                  retained_outcomes=len(self._outcomes),
+                                  begun=self._verdicts[Verdict.BEGIN],
+                                  cancelled=self._verdicts[Verdict.CANCEL],
+                                  committed=self._verdicts[Verdict.COMMIT],
+                                  aborted=self._verdicts[Verdict.ABORT],
+                                  timeouts=self._timeouts)

@@ -46,14 +46,11 @@ class HistoryEvent:
             try:
                 object.__setattr__(self, "kind", HistoryEventKind(str(self.kind).lower()))
             except ValueError:
-                raise MalformedHistory(
-                    f"unknown history event kind {self.kind!r}; use one of: "
-                    f"{', '.join(kind.value for kind in HistoryEventKind)}"
-                ) from None
+                raise MalformedHistory(f"unknown history event kind {self.kind!r}; use one of: "
+                                       f"{', '.join(kind.value for kind in HistoryEventKind)}") from None
         if self.result is not None and self.kind is not HistoryEventKind.COMMIT:
-            raise MalformedHistory(
-                f"{self.tid!r}: only a commit event may carry a condition result, not {self.kind.value}"
-            )
+            raise MalformedHistory(f"{self.tid!r}: only a commit event may carry a condition result, not "
+                                   f"{self.kind.value}")
 
     def __str__(self) -> str:
         result = "" if self.result is None else f"(result={self.result})"
@@ -106,18 +103,13 @@ class _Life:
 
 
 def _index(history: Iterable[HistoryEvent]) -> dict[Hashable, _Life]:
-    """Check that ``history`` is well formed and index it by transaction.
-
-    Well formed: distinct ``seq`` values; per transaction at most one begin and at most one end
-    (commit or abort, not both); a commit is preceded by the transaction's begin; an abort may come
-    without a begin (a transaction cancelled before it ran).
-    """
+    """``history`` by transaction, once checked to be well formed (design note, "Histories"); an abort may
+    come without a begin (a transaction cancelled before it ran)."""
     events = sorted(history, key=lambda event: event.seq)
     for earlier, later in itertools.pairwise(events):
         if not earlier.seq < later.seq:
-            raise MalformedHistory(
-                f"events {earlier} and {later} have the same position; give every event a distinct seq"
-            )
+            raise MalformedHistory(f"events {earlier} and {later} have the same position; give every event a "
+                                   "distinct seq")
     lives: dict[Hashable, dict[str, HistoryEvent]] = {}
     for event in events:
         life = lives.setdefault(event.tid, {})
@@ -190,10 +182,8 @@ def check_dependencies(
                 if not _precedes(trigger.commit, dependent.commit):
                     problem = f"{dependent.commit} is not preceded by the commit of {dependency.trigger!r}"
                 elif trigger.commit.result is not True:
-                    problem = (
-                        f"{dependent.commit} although condition {dependency.trigger!r} returned "
-                        f"{trigger.commit.result!r}, not True"
-                    )
+                    problem = (f"{dependent.commit} although condition {dependency.trigger!r} returned "
+                               f"{trigger.commit.result!r}, not True")
         if problem is not None:
             violations.append(f"{dependency} violated ({dependency.describe()}): {problem}")
     return violations

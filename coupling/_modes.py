@@ -13,54 +13,36 @@ class Coupling(enum.Enum):
     its semantics; :func:`coupling.dependencies_for` gives its ACTA dependencies."""
 
     # Each member is (value, docstring, the paper's spawn primitive).
-    IMMEDIATE = (
-        "immediate",
-        "Runs as a subtransaction (child) of the triggering transaction right after the triggering operation "
-        "(Concurrent Rule Execution §2.1; primitive Spawn_Imm). Child WD parent and parent CD child (axiom 19): "
-        "the child aborts if the parent aborts before the child committed, and the parent cannot commit before "
-        "the child has ended. A committed child delegates its effects and locks to the parent (axiom 24).",
-        "Spawn_Imm",
-    )
-    DEFERRED = (
-        "deferred",
-        "Runs as a subtransaction of the triggering transaction just before that transaction commits, in cycles "
-        "(Concurrent Rule Execution §2.1, §3.3.2 Cases 1-2, axioms 27-28; primitive Spawn_Def): cycle 0 runs the "
-        "deferred firings collected so far; deferred firings made by cycle-k rules run in cycle k+1; a deferred "
-        "firing made by an immediate rule runs in an extra cycle before that immediate rule commits (the paper's "
-        "choice). Same dependencies as immediate (axiom 19).",
-        "Spawn_Def",
-    )
-    DETACHED = (
-        "detached",
-        "Runs as a new top-level transaction with no dependency on the triggering transaction (Concurrent Rule "
-        "Execution §3.3.2, axiom 20; primitive Spawn_Detached). It may begin and commit or abort whatever the "
-        "trigger does, concurrently with it.",
-        "Spawn_Detached",
-    )
-    DETACHED_CAUSALLY_DEPENDENT = (
-        "detached_causally_dependent",
-        "Runs as a new top-level transaction, concurrently with the trigger, but commits only after the trigger "
-        "has committed and aborts if the trigger aborts (Concurrent Rule Execution §2.1, axiom 21; primitive "
-        "Spawn_Caus): dependent AD trigger and dependent CD trigger.",
-        "Spawn_Caus",
-    )
-    SEQUENTIAL_CAUSALLY_DEPENDENT = (
-        "sequential_causally_dependent",
-        "E-C: runs as a new top-level transaction that begins only after the trigger has committed, and never "
-        "runs if the trigger aborts (Concurrent Rule Execution §2.1, axiom 22; primitive Spawn_Seq): dependent "
-        "SQD trigger. C-A: the action may begin before the condition has finished, and commits only if the "
-        "condition's transaction committed and the condition returned true (Concurrent Rule Execution §3.3.2, "
-        "last paragraph): see coupling.action_dependencies_for.",
-        "Spawn_Seq",
-    )
-    EXCLUSIVE_CAUSALLY_DEPENDENT = (
-        "exclusive_causally_dependent",
-        "Runs as a new top-level transaction, concurrently with the trigger, that commits only if the trigger "
-        "aborts -- a contingency or compensation (Concurrent Rule Execution §2.1, axiom 23; primitive Spawn_Exc): "
-        "dependent ED trigger. It waits for the trigger's end before committing and aborts if the trigger "
-        "commits.",
-        "Spawn_Exc",
-    )
+    IMMEDIATE = ("immediate", "Runs as a subtransaction (child) of the triggering transaction right after the "
+                 "triggering operation (Concurrent Rule Execution §2.1; primitive Spawn_Imm). Child WD parent and "
+                 "parent CD child (axiom 19): the child aborts if the parent aborts before the child committed, and "
+                 "the parent cannot commit before the child has ended. A committed child delegates its effects and "
+                 "locks to the parent (axiom 24).", "Spawn_Imm")
+    DEFERRED = ("deferred", "Runs as a subtransaction of the triggering transaction just before that transaction "
+                "commits, in cycles (Concurrent Rule Execution §2.1, §3.3.2 Cases 1-2, axioms 27-28; primitive "
+                "Spawn_Def): cycle 0 runs the deferred firings collected so far; deferred firings made by cycle-k "
+                "rules run in cycle k+1; a deferred firing made by an immediate rule runs in an extra cycle before "
+                "that immediate rule commits (the paper's choice). Same dependencies as immediate (axiom 19).",
+                "Spawn_Def")
+    DETACHED = ("detached", "Runs as a new top-level transaction with no dependency on the triggering transaction "
+                "(Concurrent Rule Execution §3.3.2, axiom 20; primitive Spawn_Detached). It may begin and commit or "
+                "abort whatever the trigger does, concurrently with it.", "Spawn_Detached")
+    DETACHED_CAUSALLY_DEPENDENT = ("detached_causally_dependent", "Runs as a new top-level transaction, concurrently "
+                                   "with the trigger, but commits only after the trigger has committed and aborts if "
+                                   "the trigger aborts (Concurrent Rule Execution §2.1, axiom 21; primitive "
+                                   "Spawn_Caus): dependent AD trigger and dependent CD trigger.", "Spawn_Caus")
+    SEQUENTIAL_CAUSALLY_DEPENDENT = ("sequential_causally_dependent", "E-C: runs as a new top-level transaction "
+                                     "that begins only after the trigger has committed, and never runs if the "
+                                     "trigger aborts (Concurrent Rule Execution §2.1, axiom 22; primitive Spawn_Seq): "
+                                     "dependent SQD trigger. C-A: the action may begin before the condition has "
+                                     "finished, and commits only if the condition's transaction committed and the "
+                                     "condition returned true (Concurrent Rule Execution §3.3.2, last paragraph): see "
+                                     "coupling.action_dependencies_for.", "Spawn_Seq")
+    EXCLUSIVE_CAUSALLY_DEPENDENT = ("exclusive_causally_dependent", "Runs as a new top-level transaction, "
+                                    "concurrently with the trigger, that commits only if the trigger aborts -- a "
+                                    "contingency or compensation (Concurrent Rule Execution §2.1, axiom 23; "
+                                    "primitive Spawn_Exc): dependent ED trigger. It waits for the trigger's end "
+                                    "before committing and aborts if the trigger commits.", "Spawn_Exc")
 
     def __new__(cls, value: str, doc: str, primitive: str) -> "Coupling":
         member = object.__new__(cls)
@@ -122,9 +104,7 @@ _SUBTRANSACTION_MODES = frozenset({Coupling.IMMEDIATE, Coupling.DEFERRED})
 
 #: The valid condition-action couplings (Concurrent Rule Execution §3.3.2: "the user can select immediate or
 #: sequential causally dependent coupling mode. Other coupling modes would not make sense").
-ACTION_COUPLINGS: frozenset[Coupling] = frozenset(
-    {Coupling.IMMEDIATE, Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT}
-)
+ACTION_COUPLINGS: frozenset[Coupling] = frozenset({Coupling.IMMEDIATE, Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT})
 
 
 def has_own_deferred_queue(spawned_with: Coupling | None) -> bool:
@@ -132,6 +112,4 @@ def has_own_deferred_queue(spawned_with: Coupling | None) -> bool:
     application) owns a :class:`~coupling.DeferredQueue`: all but deferred ones, whose deferred firings go
     to the queue their own firing came from (*Concurrent Rule Execution* §3.3.2; design note, "Deferred
     cycles")."""
-    if spawned_with is None:
-        return True
-    return Coupling.parse(spawned_with) is not Coupling.DEFERRED
+    return spawned_with is None or Coupling.parse(spawned_with) is not Coupling.DEFERRED

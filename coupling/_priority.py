@@ -16,9 +16,7 @@ def _priority_attribute(item: Any) -> Any:
     try:
         return item.priority
     except AttributeError:
-        raise InvalidPriority(
-            f"{item!r} has no 'priority' attribute; pass key=... to priority_groups"
-        ) from None
+        raise InvalidPriority(f"{item!r} has no 'priority' attribute; pass key=... to priority_groups") from None
 
 
 def priority_groups(items: Iterable[Item], key: Callable[[Item], Any] | None = None) -> list[list[Item]]:
@@ -38,10 +36,8 @@ def priority_groups(items: Iterable[Item], key: Callable[[Item], Any] | None = N
             unprioritised.append(item)
             continue
         if isinstance(priority, bool) or not isinstance(priority, numbers.Real) or math.isnan(priority):
-            raise InvalidPriority(
-                f"priority of {item!r} is {priority!r}; a priority is a real number (higher runs "
-                "first) or None (lowest)"
-            )
+            raise InvalidPriority(f"priority of {item!r} is {priority!r}; a priority is a real number (higher runs "
+                                  "first) or None (lowest)")
         by_priority.setdefault(priority, []).append(item)
     groups = [by_priority[priority] for priority in sorted(by_priority, reverse=True)]
     if unprioritised:

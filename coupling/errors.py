@@ -21,10 +21,8 @@ class UnknownCoupling(CouplingError, ValueError):
     def __init__(self, given: object, valid: Sequence[str]) -> None:
         self.given = given
         self.valid = tuple(valid)
-        super().__init__(
-            f"unknown coupling mode {given!r}; use one of: {', '.join(self.valid)} "
-            "(case-insensitive; '-' or ' ' may stand for '_')"
-        )
+        super().__init__(f"unknown coupling mode {given!r}; use one of: {', '.join(self.valid)} "
+                         "(case-insensitive; '-' or ' ' may stand for '_')")
 
 
 class InvalidActionCoupling(CouplingError, ValueError):
@@ -33,10 +31,9 @@ class InvalidActionCoupling(CouplingError, ValueError):
     def __init__(self, given: object, valid: Iterable[str]) -> None:
         self.given = given
         self.valid = tuple(sorted(valid))
-        super().__init__(
-            f"{given!s} is not a valid condition-action coupling; use one of: {', '.join(self.valid)} "
-            "(Concurrent Rule Execution §3.3.2: other modes make no sense between a condition and its action)"
-        )
+        super().__init__(f"{given!s} is not a valid condition-action coupling; use one of: {', '.join(self.valid)} "
+                         "(Concurrent Rule Execution §3.3.2: other modes make no sense between a condition and its "
+                         "action)")
 
 
 class InvalidPriority(CouplingError, ValueError):
@@ -64,11 +61,9 @@ class DeferredCycleLimitExceeded(CouplingError):
         shown = ", ".join(repr(firing) for firing in self.pending[:5])
         more = f" and {len(self.pending) - 5} more" if len(self.pending) > 5 else ""
         where = f" of {queue_name}" if queue_name else ""
-        super().__init__(
-            f"deferred queue{where}: {len(self.pending)} firing(s) still pending after {max_cycles} "
-            f"cycle(s) (cycles 0..{max_cycles - 1}): {shown}{more}. Deferred rules are probably "
-            "re-firing each other; fix the rules or raise max_cycles."
-        )
+        super().__init__(f"deferred queue{where}: {len(self.pending)} firing(s) still pending after {max_cycles} "
+                         f"cycle(s) (cycles 0..{max_cycles - 1}): {shown}{more}. Deferred rules are probably "
+                         "re-firing each other; fix the rules or raise max_cycles.")
 
 
 class GateError(CouplingError):
@@ -93,8 +88,6 @@ class DependencyTimeout(GateError, TimeoutError):
     def __init__(self, dependent: Hashable, waiting_for: Iterable[Hashable], what: str, timeout: float) -> None:
         self.dependent = dependent
         self.waiting_for = tuple(waiting_for)
-        super().__init__(
-            f"{dependent!r} waited {timeout:g} s for permission to {what}; still waiting for "
-            f"{', '.join(repr(trigger) for trigger in self.waiting_for)} to end. Wait again, or abort "
-            f"{dependent!r} and report it with trigger_ended({dependent!r}, committed=False)."
-        )
+        super().__init__(f"{dependent!r} waited {timeout:g} s for permission to {what}; still waiting for "
+                         f"{', '.join(repr(trigger) for trigger in self.waiting_for)} to end. Wait again, or abort "
+                         f"{dependent!r} and report it with trigger_ended({dependent!r}, committed=False).")

@@ -146,11 +146,10 @@ def start(home: Path | None = None, *, keep_running: bool | None = None) -> Embe
         running = postmaster(pgdata)
         if running is not None and running.status != "ready":
             running = wait_ready(pgdata)
+        password = lock_down(pgdata, home, running, runner)
         if running is not None:
-            password = lock_down(pgdata, home, running, runner)
             _warn_if_not_private(running.socket_directory, pgdata)
         else:
-            password = lock_down(pgdata, home, None, runner)
             socket_directory = socket_directory_for(pgdata, runner)
             start_postgres(pgdata, socket_directory, runner)
             running = wait_ready(pgdata)

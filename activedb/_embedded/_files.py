@@ -145,11 +145,9 @@ def write_password(home: Path, password: str) -> None:
 
 
 def hba_trusts(pgdata: Path) -> bool:
-    for line in (pgdata / "pg_hba.conf").read_text().splitlines():
-        words = line.split("#", 1)[0].split()
-        if "trust" in words[3:]:      # the method: 4th word of a local line, 5th of a host line
-            return True
-    return False
+    lines = (pgdata / "pg_hba.conf").read_text().splitlines()
+    # the method: 4th word of a local line, 5th of a host line
+    return any("trust" in line.split("#", 1)[0].split()[3:] for line in lines)
 
 
 _LOCKED_HBA = """# activedb: every connection authenticates (the password is in ACTIVEDB_HOME/password, 0600)
@@ -160,7 +158,7 @@ host    all       all   ::1/128        scram-sha-256
 """
 
 
-def write_hba(pgdata: Path, runner: Runner) -> None:
+def write_hba(pgdata: Path) -> None:
     path = pgdata / "pg_hba.conf"
     info = path.stat()
     path.write_text(_LOCKED_HBA)

@@ -33,8 +33,7 @@ def bin_directory() -> Path:
     except ImportError as error:  # pragma: no cover - a dependency of the package
         raise EmbeddedServerError(
             "the embedded database needs the 'pgserver' package (it brings the PostgreSQL binaries): pip install "
-            "pgserver (or set ACTIVEDB_DATABASE_URL to an existing PostgreSQL)"
-        ) from error
+            "pgserver (or set ACTIVEDB_DATABASE_URL to an existing PostgreSQL)") from error
     return Path(POSTGRES_BIN_PATH)
 
 
@@ -101,8 +100,7 @@ def runner_for(pgdata: Path) -> Runner:
     if (pgdata / "PG_VERSION").exists():
         owner = pgdata.stat().st_uid
         if owner != 0:             # made for the service user (by an older activedb, or without namespaces)
-            entry = pwd.getpwuid(owner)
-            return Runner("service", owner, entry.pw_gid)
+            return Runner("service", owner, pwd.getpwuid(owner).pw_gid)
     if _user_namespaces_work():
         return Runner("namespace", 0, 0)
     entry = _service_user()
@@ -123,8 +121,7 @@ def _service_user():
             raise EmbeddedServerError(
                 f"running as root, the embedded PostgreSQL needs an unprivileged user to run as (PostgreSQL refuses "
                 f"root), and user namespaces are not available here; creating the system user {SERVICE_USER!r} "
-                f"failed ({error}). Create it, run as a normal user, or set ACTIVEDB_DATABASE_URL"
-            ) from None
+                f"failed ({error}). Create it, run as a normal user, or set ACTIVEDB_DATABASE_URL") from None
         return pwd.getpwnam(SERVICE_USER)
 
 
@@ -134,19 +131,13 @@ def _check_reachable(pgdata: Path, uid: int, gid: int) -> None:
         if not directory.exists():
             continue
         info = directory.stat()
-        if info.st_uid == uid:
-            allowed = info.st_mode & stat.S_IXUSR
-        elif info.st_gid == gid:
-            allowed = info.st_mode & stat.S_IXGRP
-        else:
-            allowed = info.st_mode & stat.S_IXOTH
-        if not allowed:
+        search = stat.S_IXUSR if info.st_uid == uid else stat.S_IXGRP if info.st_gid == gid else stat.S_IXOTH
+        if not info.st_mode & search:
             raise EmbeddedServerError(
                 f"running as root without user namespaces, the embedded PostgreSQL runs as the system user "
                 f"{SERVICE_USER!r}, which cannot enter {directory} (mode {stat.filemode(info.st_mode)}); activedb "
                 f"does not widen permissions of your directories. Set ACTIVEDB_HOME to a directory it may enter "
-                f"(e.g. /var/lib/activedb), run as a normal user, or set ACTIVEDB_DATABASE_URL"
-            )
+                f"(e.g. /var/lib/activedb), run as a normal user, or set ACTIVEDB_DATABASE_URL")
 
 
 def check_data_directory(pgdata: Path) -> None:
@@ -161,16 +152,14 @@ def check_data_directory(pgdata: Path) -> None:
             raise EmbeddedServerError(
                 f"the data directory {pgdata} was created by PostgreSQL {found}, but the embedded server "
                 f"is PostgreSQL {expected}; point ACTIVEDB_HOME at another directory, or migrate the data "
-                f"with pg_upgrade/pg_dump first (nothing was deleted)"
-            )
+                f"with pg_upgrade/pg_dump first (nothing was deleted)")
         return
     leftovers = [entry.name for entry in pgdata.iterdir() if entry.name not in {HANDLE_FILE, "log"}]
     if leftovers:
         raise EmbeddedServerError(
             f"{pgdata} is not empty but is not a PostgreSQL data directory (no PG_VERSION; found "
             f"{', '.join(sorted(leftovers)[:5])}); move it away or set ACTIVEDB_HOME to another directory "
-            f"(nothing was deleted)"
-        )
+            f"(nothing was deleted)")
 
 
 @dataclass(frozen=True)
@@ -196,9 +185,7 @@ def postmaster(pgdata: Path) -> _Postmaster | None:
         alive = process.status() != psutil.STATUS_ZOMBIE and process.name().startswith("postgres")
     except psutil.Error:
         alive = False
-    if not alive:
-        return None
-    return _Postmaster(pid, lines[4].strip(), lines[7].strip() if len(lines) > 7 else "")
+    return _Postmaster(pid, lines[4].strip(), lines[7].strip() if len(lines) > 7 else "") if alive else None
 
 
 def initdb(pgdata: Path, runner: Runner, password: str) -> None:
@@ -211,15 +198,12 @@ def initdb(pgdata: Path, runner: Runner, password: str) -> None:
         runner.run([binary, "-D", str(pgdata), "-U", SUPERUSER, "--encoding=utf8", "--auth-local=scram-sha-256",
                     "--auth-host=scram-sha-256", "--pwfile=/dev/stdin"], input=password + "\n")
     except subprocess.CalledProcessError as error:
-        raise EmbeddedServerError(
-            f"initdb of the embedded PostgreSQL in {pgdata} failed: {(error.stderr or error.stdout).strip()[-500:]}"
-        ) from None
+        raise EmbeddedServerError(f"initdb of the embedded PostgreSQL in {pgdata} failed: "
+                                  f"{(error.stderr or error.stdout).strip()[-500:]}") from None
 
 
 def start_postgres(pgdata: Path, socket_directory: Path, runner: Runner) -> None:
-    stale = pgdata / "postmaster.pid"
-    if stale.exists():                # no postgres process behind it (checked by the caller)
-        stale.unlink()
+    (pgdata / "postmaster.pid").unlink(missing_ok=True)     # stale: no postgres process behind it (the caller checked)
     quoted = "'" + str(socket_directory).replace("'", "'\\''") + "'"
     options = f"-k {quoted} -c listen_addresses='' -c unix_socket_permissions=0700"
     binary = str(bin_directory() / "pg_ctl")
@@ -229,8 +213,7 @@ def start_postgres(pgdata: Path, socket_directory: Path, runner: Runner) -> None
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as error:
         raise EmbeddedServerError(
             f"the embedded PostgreSQL in {pgdata} did not start ({type(error).__name__}); see the server log "
-            f"{pgdata / 'log'}; nothing was deleted.{_log_tail(pgdata / 'log')}"
-        ) from None
+            f"{pgdata / 'log'}; nothing was deleted.{_log_tail(pgdata / 'log')}") from None
 
 
 def wait_ready(pgdata: Path) -> _Postmaster:
@@ -313,11 +296,11 @@ def lock_down(pgdata: Path, home: Path, server: _Postmaster | None, runner: Runn
         with psycopg.connect(host=server.socket_directory, user=SUPERUSER, dbname="postgres",
                              autocommit=True) as connection:
             connection.execute(f"ALTER ROLE {SUPERUSER} PASSWORD '{password}'")
-            write_hba(pgdata, runner)
+            write_hba(pgdata)
             connection.execute("SELECT pg_reload_conf()")
     else:
         _set_password_stopped(pgdata, runner, password)
-        write_hba(pgdata, runner)
+        write_hba(pgdata)
     return password
 
 

@@ -160,36 +160,33 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
             # 1. single-row inserts, alternating rounds (no consumer running: the capture's own cost).
             _alternating(_single_rows, writer, ids, per_round, 1)           # warm up both
             plain_us, captured_us = _alternating(_single_rows, writer, ids, per_round, rounds)
-            report.add(Row(
-                name="writer: single-row insert, captured table", value=captured_us, unit="us/insert",
-                baseline_name="same insert, table not captured", baseline=plain_us, ratio=plain_us / captured_us,
-                target="slowdown <= 1.5x", met=captured_us <= 1.5 * plain_us,
-                extra={"slowdown": round(captured_us / plain_us, 3), "rounds": rounds, "inserts_per_round": per_round}))
+            report.add(Row(name="writer: single-row insert, captured table", value=captured_us, unit="us/insert",
+                           baseline_name="same insert, table not captured", baseline=plain_us,
+                           ratio=plain_us / captured_us, target="slowdown <= 1.5x", met=captured_us <= 1.5 * plain_us,
+                           extra={"slowdown": round(captured_us / plain_us, 3), "rounds": rounds,
+                                  "inserts_per_round": per_round}))
             progress.update(1, "writer: single-row inserts, captured vs plain")
 
             # 1b. several writers at once: capturing commits take the sequencer lock in turn.
             plain_rate = _concurrent(database, PLAIN, ids, writers, per_round)
             captured_rate = _concurrent(database, CAPTURED, ids, writers, per_round)
-            report.add(Row(
-                name=f"{writers} writers: single-row inserts, captured table", value=captured_rate, unit="inserts/s",
-                baseline_name="same, table not captured", baseline=plain_rate, ratio=captured_rate / plain_rate,
-                extra={"writers": writers, "inserts_per_writer": per_round}))
+            report.add(Row(name=f"{writers} writers: single-row inserts, captured table", value=captured_rate,
+                           unit="inserts/s", baseline_name="same, table not captured", baseline=plain_rate,
+                           ratio=captured_rate / plain_rate,
+                           extra={"writers": writers, "inserts_per_writer": per_round}))
             progress.update(2, f"{writers} writers at once, captured vs plain")
 
             # 1c. the row trigger's own server time (EXPLAIN ANALYZE; rolled back, nothing captured stays).
-            trigger_us = []
-            for _ in range(3):
-                trigger_us.append(_trigger_time(writer, ids.take(2000)))
+            trigger_us = [_trigger_time(writer, ids.take(2000)) for _ in range(3)]
             report.add(Row(name="capture row trigger: server time per captured row", value=min(trigger_us),
                            unit="us/row", extra={"rows": 2000, "runs": trigger_us}))
             progress.update(3, "the capture row trigger's server time")
 
             # 2. executemany, captured vs plain (alternating, median of three).
             plain_us, captured_us = _alternating(_many, writer, ids, rows, 1 if quick else 3)
-            report.add(Row(
-                name=f"writer: executemany of {rows:,} rows, captured table", value=captured_us, unit="us/row",
-                baseline_name="same, table not captured", baseline=plain_us, ratio=plain_us / captured_us,
-                extra={"slowdown": round(captured_us / plain_us, 3)}))
+            report.add(Row(name=f"writer: executemany of {rows:,} rows, captured table", value=captured_us,
+                           unit="us/row", baseline_name="same, table not captured", baseline=plain_us,
+                           ratio=plain_us / captured_us, extra={"slowdown": round(captured_us / plain_us, 3)}))
             progress.update(4, f"writer: executemany of {rows:,} rows, captured vs plain")
 
             # The backlog of 1 and 2 is not part of 3: consume it first.
@@ -211,14 +208,14 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
                       for name in ("fetch_seconds", "rules_seconds", "commit_seconds")}
             handled = _effects(database) - before
             writer_rate, consumed_rate = rows / writer_seconds, handled / total_seconds
-            report.add(Row(
-                name=f"end to end: executemany of {rows:,} rows -> rule effects committed", value=consumed_rate,
-                unit="changes/s", baseline_name="the writer's own rate", baseline=writer_rate,
-                ratio=consumed_rate / writer_rate, target="consumption keeps up with the writer",
-                met=handled == rows and consumed_rate >= writer_rate,
-                extra={"changes": handled, "writer_seconds": round(writer_seconds, 3),
-                       "drained_seconds": round(total_seconds, 3), "batch_size": 500,
-                       "consumer_batches": spent.batches - before_statistics.batches, **phases}))
+            report.add(Row(name=f"end to end: executemany of {rows:,} rows -> rule effects committed",
+                           value=consumed_rate, unit="changes/s", baseline_name="the writer's own rate",
+                           baseline=writer_rate, ratio=consumed_rate / writer_rate,
+                           target="consumption keeps up with the writer",
+                           met=handled == rows and consumed_rate >= writer_rate,
+                           extra={"changes": handled, "writer_seconds": round(writer_seconds, 3),
+                                  "drained_seconds": round(total_seconds, 3), "batch_size": 500,
+                                  "consumer_batches": spent.batches - before_statistics.batches, **phases}))
             progress.update(5, "end to end: a burst consumed by the rules")
 
             # 4. latency of one insert, consumer woken by NOTIFY: until the batch holding it committed.

@@ -16,6 +16,7 @@ import random
 import statistics
 import threading
 import time
+from dataclasses import dataclass, field
 
 from activedb.progress import Progress
 from activedb.bench.report import BenchReport, Row, Series
@@ -105,17 +106,13 @@ def _uncontended(report: BenchReport, quick: bool) -> None:
     pairs = len(keys) * rounds
     bare, batched, locked = pairs / min(bare_times), pairs / min(batched_times), pairs / min(lock_times)
     ratio = locked / bare
-    report.add(Row(
-        name="uncontended tuple acquire+release, leaf of a 3-level tree", value=locked, unit="pairs/s",
-        baseline_name="bare dict table, one mutex", baseline=bare, ratio=ratio,
-        target=">= 0.40 of the bare table", met=ratio >= 0.40,
-        extra={"pairs_per_run": pairs, "ns_per_pair": 1e9 / locked, "bare_ns_per_pair": 1e9 / bare},
-    ))
-    report.add(Row(
-        name="same, vs a bare table that releases a transaction's keys in one batch (no target)",
-        value=locked, unit="pairs/s", baseline_name="bare table, batched release", baseline=batched,
-        ratio=locked / batched,
-    ))
+    report.add(Row(name="uncontended tuple acquire+release, leaf of a 3-level tree", value=locked, unit="pairs/s",
+                   baseline_name="bare dict table, one mutex", baseline=bare, ratio=ratio,
+                   target=">= 0.40 of the bare table", met=ratio >= 0.40,
+                   extra={"pairs_per_run": pairs, "ns_per_pair": 1e9 / locked, "bare_ns_per_pair": 1e9 / bare}))
+    report.add(Row(name="same, vs a bare table that releases a transaction's keys in one batch (no target)",
+                   value=locked, unit="pairs/s", baseline_name="bare table, batched release", baseline=batched,
+                   ratio=locked / batched))
 
 
 def _seconds(function, *args) -> float:
@@ -175,22 +172,19 @@ def _threads(report: BenchReport, quick: bool) -> None:
         if threads == 4:
             row.target, row.met = ">= 0.50 of 1 thread", ratio >= 0.50
         report.add(row)
-    report.add(Row(
-        name="bare one-mutex table, 4 threads (for contrast)", value=bare_results[4], unit="pairs/s",
-        baseline_name="bare table, 1 thread", baseline=bare_results[1], ratio=bare_results[4] / bare_results[1],
-    ))
+    report.add(Row(name="bare one-mutex table, 4 threads (for contrast)", value=bare_results[4], unit="pairs/s",
+                   baseline_name="bare table, 1 thread", baseline=bare_results[1],
+                   ratio=bare_results[4] / bare_results[1]))
 
 
+@dataclass(slots=True, eq=False)
 class _Node:
     """A wait-for graph node with the shape ``lockmgr.find_cycle`` walks (``lockmgr.GraphNode``)."""
 
-    __slots__ = ("tid", "waits", "children", "external")
-
-    def __init__(self, tid: int) -> None:
-        self.tid = tid
-        self.waits: dict = {}
-        self.children: set = set()
-        self.external: tuple = ()
+    tid: int
+    waits: dict = field(default_factory=dict)
+    children: set = field(default_factory=set)
+    external: tuple = ()
 
 
 _PARENT_IN_TREE = (None, 0, 1, 1, 0, 4, 4)      # a tree's 7 members depth first: root, child, 2 grandchildren, ...
@@ -261,12 +255,10 @@ def _deadlock_check(report: BenchReport, quick: bool) -> None:
                 graph.add_edge(waiter.tid, target.tid)  # it was there before: put it back
         full = statistics.median(full_scans) / 1000
         speedup = full / ours
-        row = Row(
-            name=f"deadlock check per new wait edge, {size:,} transactions", value=ours, unit="us (median)",
-            baseline_name="networkx.find_cycle, full scan", baseline=full, ratio=speedup,
-            extra={"edges": graph.number_of_edges(), "samples": len(timings), "cycles_found": found,
-                   "p90_us": statistics.quantiles(timings, n=10)[-1] / 1000, "full_scan_runs": runs},
-        )
+        row = Row(name=f"deadlock check per new wait edge, {size:,} transactions", value=ours, unit="us (median)",
+                  baseline_name="networkx.find_cycle, full scan", baseline=full, ratio=speedup,
+                  extra={"edges": graph.number_of_edges(), "samples": len(timings), "cycles_found": found,
+                         "p90_us": statistics.quantiles(timings, n=10)[-1] / 1000, "full_scan_runs": runs})
         if size == 10_000:
             row.target = "<= 20 us median and >= 1000x faster"
             row.met = ours <= 20 and speedup >= 1000
@@ -313,13 +305,10 @@ def _commit_cost(report: BenchReport, quick: bool) -> None:
             value=cost, unit="us/lock", baseline_name="bare table release", baseline=baseline, ratio=baseline / cost,
             target="<= 2 us/lock", met=cost <= 2.0,
             extra={"median_subtransaction_commit_us": subcommit[count],
-                   "median_top_level_commit_us": statistics.median(release) / 1000, "locks": locks},
-        ))
+                   "median_top_level_commit_us": statistics.median(release) / 1000, "locks": locks}))
     growth = per_lock[1000] / per_lock[100]
-    report.add(Row(
-        name="commit linearity: per-lock cost at 1,000 / at 100 locks", value=growth, unit="x",
-        target="0.5 .. 2 (linear)", met=0.5 <= growth <= 2.0,
-    ))
+    report.add(Row(name="commit linearity: per-lock cost at 1,000 / at 100 locks", value=growth, unit="x",
+                   target="0.5 .. 2 (linear)", met=0.5 <= growth <= 2.0))
     for count in (10, 100, 1000):
         handed = subcommit[count] / (count + 1)
         row = Row(name=f"subtransaction commit alone, {count:,} tuple locks handed to the parent",

@@ -59,8 +59,7 @@ def plot_report(report: BenchReport, path: str | Path, *, dpi: int = 100) -> Pat
             axes.plot(xs, ys, marker="o", label=series.label)
         first = members[0]
         axes.set_title(_shorten(name, 70), fontsize=10, loc="left")
-        axes.set_xlabel(first.x_label)
-        axes.set_ylabel(first.y_label)
+        axes.set(xlabel=first.x_label, ylabel=first.y_label)
         if first.log_x:
             axes.set_xscale("log")
         elif all(float(x).is_integer() for series in members for x, _ in series.points):

@@ -66,14 +66,9 @@ class BenchReport:
         return series
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "benchmark": self.title,
-            "python": sys.version.split()[0],
-            "machine": platform.machine(),
-            "rows": [asdict(row) for row in self.rows],
-            "notes": self.notes,
-            "series": [asdict(series) for series in self.series],
-        }
+        return {"benchmark": self.title, "python": sys.version.split()[0], "machine": platform.machine(),
+                "rows": [asdict(row) for row in self.rows], "notes": self.notes,
+                "series": [asdict(series) for series in self.series]}
 
     def write_json(self, path) -> None:
         Path(path).write_text(json.dumps(self.to_json(), indent=2, default=str) + "\n")
@@ -103,23 +98,16 @@ class BenchReport:
         table.add_column("met", no_wrap=True)
         for row in self.rows:
             baseline = "" if row.baseline is None else f"{_fmt(row.baseline)} {row.unit} ({row.baseline_name})"
-            table.add_row(
-                row.name,
-                f"{_fmt(row.value)} {row.unit}",
-                baseline,
-                "" if row.ratio is None else f"{row.ratio:.3g}",
-                row.target or "",
-                {True: "yes", False: "[bold red]NO[/bold red]", None: ""}[row.met],
-            )
+            table.add_row(row.name, f"{_fmt(row.value)} {row.unit}", baseline,
+                          "" if row.ratio is None else f"{row.ratio:.3g}", row.target or "",
+                          {True: "yes", False: "[bold red]NO[/bold red]", None: ""}[row.met])
         console.print(table)
         for note in self.notes:
             console.print(f"- {note}", highlight=False)
 
 
 def _fmt(number: float) -> str:
-    if number >= 100:
-        return f"{number:,.0f}"
-    return f"{number:.3g}"
+    return f"{number:,.0f}" if number >= 100 else f"{number:.3g}"
 
 
 def output_folder(benchmark: str) -> Path:

@@ -11,13 +11,8 @@ rules on ``db.captured(table, kind)``, ``db.capture.start()``).  Design note, wi
 """
 
 from activedb import lazy
-from activedb.capture.errors import (
-    CaptureConflict,
-    CaptureError,
-    CaptureNotEnabledWarning,
-    CaptureNotInstalled,
-    ConsumerStopped,
-)
+from activedb.capture.errors import (CaptureConflict, CaptureError, CaptureNotEnabledWarning, CaptureNotInstalled,
+                                     ConsumerStopped)
 
 # imported on first use: `import activedb.capture` stays fast (the CLI's start)
 _EXPORTS = {
@@ -25,9 +20,7 @@ _EXPORTS = {
     "activedb.capture._position": ["CapturedChange", "Position", "Step"],
     "activedb.rules": ["FiringOutcome"],        # a batch's firings run through the rule manager
     "activedb.capture._manager": ["CaptureManager"],
-    "activedb.capture._status": [
-        "CapturedTable", "CaptureStatus", "ConsumerBacklog", "TableBacklog", "capture_status",
-    ],
+    "activedb.capture._status": ["CapturedTable", "CaptureStatus", "ConsumerBacklog", "TableBacklog", "capture_status"],
 }
 __all__ = ["CaptureConflict", "CaptureError", "CaptureNotEnabledWarning", "CaptureNotInstalled", "ConsumerStopped",
            *(name for names in _EXPORTS.values() for name in names)]

@@ -24,16 +24,8 @@ from typing import TYPE_CHECKING, Callable
 from activedb.capture import _firing, _leader
 from activedb.capture._fetch import ChangeReader, Entry
 from activedb.capture._firing import TRANSIENT, Result, RetryBatch
-from activedb.capture._position import (
-    CapturedChange,
-    DeadLetter,
-    Position,
-    PositionWriter,
-    Step,
-    prune,
-    read_position,
-    register,
-)
+from activedb.capture._position import (CapturedChange, DeadLetter, Position, PositionWriter, Step, prune,
+                                        read_position, register)
 from activedb.capture.errors import CaptureConflict, CaptureError, CaptureNotInstalled, ConsumerStopped
 from activedb.errors import DatabaseError, DatabaseUnavailable, TransactionAborted
 from activedb.rules import FiringOutcome
@@ -409,9 +401,7 @@ class CaptureConsumer:
         """A batch up to ``end`` committed: count it, wake the waiters, tell ``on_step``."""
         with self._mutex:
             self._position = end
-            self._counters["batches"] += 1
-            self._counters["changes"] += changes
-            for what, amount in counts.items():
+            for what, amount in dict(counts, batches=1, changes=changes).items():
                 self._counters[what] += amount
             self._progress.notify_all()
         self._step(Step.COMMITTED, changes)

@@ -95,8 +95,6 @@ class ChangeReader:
         rows = connection.execute(sa.text(_sql.changes_of(table_name, None)), {
             "table": table_name, "first_position": start.commit, "first_change": start.change_id,
             "last_position": end.commit, "last_change": end.change_id})
-        entries = []
-        for row in rows:
-            change = CapturedChange(row.position, row.id, int(row.xid), table_name, row.operation, row.committed_at)
-            entries.append((change, None, f"{change.describe()} cannot be delivered: {reason}"))
-        return entries
+        changes = [CapturedChange(row.position, row.id, int(row.xid), table_name, row.operation, row.committed_at)
+                   for row in rows]
+        return [(change, None, f"{change.describe()} cannot be delivered: {reason}") for change in changes]

@@ -37,13 +37,12 @@ Planned = tuple[CapturedChange, Firing]
 
 @dataclass
 class Result:
-    """What one firing of a batch came to (``inline``: it ran in a subtransaction shared with others)."""
+    """What one firing of a batch came to."""
 
     change: CapturedChange
     firing: Firing
     outcome: FiringOutcome
     error: BaseException | None
-    inline: bool
 
 
 class RetryBatch(Exception):
@@ -72,8 +71,6 @@ def plan(database: "Database", name: str, changes: list[Entry], dead_letters: li
             logger.error("capture consumer %r: %s", name, problem)
             continue
         candidates = [rule for rule in by_table.get(change.table, ()) if rule.on.matches(event)]
-        if not candidates:
-            continue
         firings = [Firing(rule, event, (rule.name,), rule.coupling, number()) for rule in candidates]
         for group in (priority_groups(firings) if len(firings) > 1 else (firings,)):
             planned.extend((change, firing) for firing in group)
@@ -99,16 +96,11 @@ def run_chunk(database: "Database", name: str, transaction: "Transaction", chunk
         try:
             fired = transaction.run_subtransaction(database.rules.fire, [firing for _, firing in chunk],
                                                    shared=True, name=f"capture:{name}:rules")
-            return [Result(change, firing, outcome, None, inline=True)
-                    for (change, firing), (outcome, _) in zip(chunk, fired)]
+            return [Result(change, firing, outcome, None) for (change, firing), (outcome, _) in zip(chunk, fired)]
         except Exception as error:       # re-run one by one: the failing firing alone is discarded
             logger.info("capture consumer %r: a firing of a chunk of %d raised (%r); running them one by one",
                         name, len(chunk), error)
-    results = []
-    for change, firing in chunk:
-        outcome, error = fire(database, transaction, firing)
-        results.append(Result(change, firing, outcome, error, inline=False))
-    return results
+    return [Result(change, firing, *fire(database, transaction, firing)) for change, firing in chunk]
 
 
 def fire(database: "Database", transaction: "Transaction", firing: Firing) -> Fired:

@@ -4,6 +4,7 @@ when the process is killed).  Design note: ``README.md`` in this package."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import TYPE_CHECKING
 
@@ -58,10 +59,8 @@ class Listener:
         """End the session: the leadership lock is released."""
         connection, self._connection = self._connection, None
         if connection is not None:
-            try:
+            with contextlib.suppress(Exception):      # already broken
                 connection.close()
-            except Exception:      # already broken
-                pass
 
     def still_held(self) -> bool:
         """Drop notifications already received (the next batch reads what they announced) and find out

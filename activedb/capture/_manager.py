@@ -14,9 +14,8 @@ import sqlalchemy as sa
 from activedb.capture import _sql
 from activedb.capture._consumer import CaptureConsumer
 from activedb.capture._position import prune
-from activedb.capture._status import (
-    BEHIND_CHANGES, BEHIND_SECONDS, CapturedTable, CaptureStatus, capture_status, captured_tables,
-)
+from activedb.capture._status import (BEHIND_CHANGES, BEHIND_SECONDS, CapturedTable, CaptureStatus, capture_status,
+                                      captured_tables)
 from activedb.capture.errors import CaptureError, CaptureNotInstalled
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -93,9 +92,8 @@ class CaptureManager:
         """Remove changes every consumer has handled and older than ``retention``; returns the commits
         removed (consumers prune by themselves every ``prune_interval``)."""
         seconds = retention.total_seconds() if isinstance(retention, dt.timedelta) else float(retention)
-        removed = total = prune(self._database.engine, seconds)
-        while removed:
-            removed = prune(self._database.engine, seconds)
+        total = 0
+        while removed := prune(self._database.engine, seconds):
             total += removed
         return total
 

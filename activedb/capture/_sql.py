@@ -52,12 +52,10 @@ $body$"""
 
 def install_statements(table: str) -> list[str]:
     """What capturing ``table`` takes: the row trigger and the registry row (idempotent)."""
-    return [
-        _REQUIRE_SCHEMA,
-        f"CREATE OR REPLACE TRIGGER {TRIGGER_NAME} AFTER INSERT OR UPDATE OR DELETE ON {quote_identifier(table)} "
-        f"FOR EACH ROW EXECUTE FUNCTION activedb_capture_row()",
-        f"INSERT INTO {TABLES} (table_name) VALUES ({quote_literal(table)}) ON CONFLICT (table_name) DO NOTHING",
-    ]
+    return [_REQUIRE_SCHEMA,
+            f"CREATE OR REPLACE TRIGGER {TRIGGER_NAME} AFTER INSERT OR UPDATE OR DELETE ON {quote_identifier(table)} "
+            f"FOR EACH ROW EXECUTE FUNCTION activedb_capture_row()",
+            f"INSERT INTO {TABLES} (table_name) VALUES ({quote_literal(table)}) ON CONFLICT (table_name) DO NOTHING"]
 
 
 def remove_statements(table: str) -> list[str]:

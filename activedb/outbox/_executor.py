@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from lockmgr import LockTimeout
@@ -63,14 +63,14 @@ class _Outcome:
     FAILED = "failed"        # failed for good
 
 
+@dataclass(eq=False)
 class GroupMarks(CommitParticipant):
     """Marks a group's records done or failed in the group root's flush (raises ``RecordsTakenOver``
     there if one of them is no longer this process's)."""
 
-    def __init__(self, owner: int):
-        self.owner = owner
-        self.done: list[int] = []
-        self.failed: list[tuple[int, str]] = []
+    owner: int
+    done: list[int] = field(default_factory=list)
+    failed: list[tuple[int, str]] = field(default_factory=list)
 
     def write(self, transaction: "Transaction", connection: "sa.Connection") -> None:
         _records.finish(connection, self.owner, done=self.done, failed=self.failed, log_id=transaction.log_id)
@@ -95,8 +95,6 @@ class Executor:
         self._closed = False
         self.groups = 0                          # group transactions committed
         self.splits = 0                          # groups split to isolate a failure
-        self.executed = 0
-        self.failed = 0
 
     # --- queue ------------------------------------------------------------------------------
 
@@ -113,8 +111,7 @@ class Executor:
         """Caller holds ``_mutex``: how many runners to start now (and counts them as started)."""
         if self._closed:
             return 0
-        wanted = min(self.max_groups, -(-len(self._ready) // self.group_size)) - self._runners
-        start = max(0, wanted)
+        start = max(0, min(self.max_groups, -(-len(self._ready) // self.group_size)) - self._runners)
         self._runners += start
         return start
 
@@ -126,11 +123,10 @@ class Executor:
                 self._runners -= 1
                 self._idle.notify_all()
 
-    def unpark(self) -> int:
+    def unpark(self) -> None:
         with self._mutex:
             works, self._parked = self._parked, []
         self.submit(works)
-        return len(works)
 
     @property
     def backlog(self) -> int:
@@ -141,8 +137,7 @@ class Executor:
     def statistics(self) -> dict[str, int]:
         with self._mutex:
             return {"ready": len(self._ready), "running": self._running, "parked": len(self._parked),
-                    "runners": self._runners, "groups": self.groups, "splits": self.splits,
-                    "executed": self.executed, "failed": self.failed}
+                    "groups": self.groups, "splits": self.splits}
 
     def wait_idle(self, timeout: float | None) -> bool:
         with self._idle:
@@ -222,8 +217,6 @@ class Executor:
             self._run(group, retried=True)
             return
         outbox.fail_alone(work, error)
-        with self._mutex:
-            self.failed += 1
 
     def _attempt(self, group: list[Work]) -> list[str]:
         """One group transaction; returns each member's outcome (raises if the group could not commit)."""
@@ -256,21 +249,14 @@ class Executor:
         """After the group committed: count, and queue the retryable members again."""
         rules = self._outbox.rules
         again = []
-        executed = failed = 0
         for work, outcome in zip(group, outcomes):
-            if outcome is _Outcome.DONE:
-                if work.executed:
-                    rules.count(work.firing.rule, "executed")
-                    executed += 1
-            elif outcome is _Outcome.FAILED:
-                failed += 1
-            else:
+            if outcome is _Outcome.DONE and work.executed:
+                rules.count(work.firing.rule, "executed")
+            elif outcome is _Outcome.RETRY:
                 work.attempts += 1
                 again.append(work)
         with self._mutex:
             self.groups += 1
-            self.executed += executed
-            self.failed += failed
         if again:
             self.submit(again)
 

@@ -330,14 +330,12 @@ class Outbox:
         for status, by_rule in counts.items():
             for rule, count in by_rule.items():
                 per_rule.setdefault(rule, {})[status] = count
-        memory = self._executor.statistics()
         with self._mutex:
             lost = self._lost
         return OutboxStatistics(
             pending=sum(counts.get("pending", {}).values()), done=sum(counts.get("done", {}).values()),
-            failed=sum(counts.get("failed", {}).values()), per_rule=per_rule, ready=memory["ready"],
-            running=memory["running"], parked=memory["parked"], groups=memory["groups"],
-            splits=memory["splits"], lost=lost)
+            failed=sum(counts.get("failed", {}).values()), per_rule=per_rule, lost=lost,
+            **self._executor.statistics())      # ready, running, parked, groups, splits
 
     def failures(self, limit: int = 100) -> list[FailedFiring]:
         """The most recent firings that failed for good, newest first."""

@@ -9,7 +9,7 @@ the decision and the SQL run in the committing thread after every node of the tr
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from coupling import may_run_after
@@ -35,18 +35,18 @@ class Entry:
     requires_commit: bool = False     # a firing on the root's own ``committed`` event
 
 
+@dataclass(eq=False)
 class TreeState:
     """The outbox's per-tree state (``root.slot(TreeState)``): the participant, and whether an abort of
     the tree is an outcome.  ``mutex`` protects every field."""
 
-    def __init__(self) -> None:
-        self.mutex = threading.Lock()
-        self.participant: TreeFirings | None = None
-        # Set by Outbox.mark_replayed: which abort reasons the tree's owner answers with a re-run of the
-        # same input (None: the tree's abort is an outcome).
-        self.replay_when: Callable[[BaseException | None], bool] | None = None
-        self.aborted = False        # the participant heard the abort (None enlisted: nothing heard)
-        self.abort_error: BaseException | None = None
+    mutex: threading.Lock = field(default_factory=threading.Lock)
+    participant: TreeFirings | None = None
+    # Set by Outbox.mark_replayed: which abort reasons the tree's owner answers with a re-run of the
+    # same input (None: the tree's abort is an outcome).
+    replay_when: Callable[[BaseException | None], bool] | None = None
+    aborted: bool = False        # the participant heard the abort (None enlisted: nothing heard)
+    abort_error: BaseException | None = None
 
     def replayed(self) -> bool:
         """The tree aborted and its owner re-runs it: the abort is not an outcome.  Caller holds ``mutex``.

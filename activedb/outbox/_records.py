@@ -10,6 +10,7 @@ records its own.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -155,10 +156,8 @@ class LivenessLock:
         with self._mutex:
             connection, self._connection = self._connection, None
         if connection is not None:
-            try:
+            with contextlib.suppress(Exception):
                 connection.close()
-            except Exception:
-                pass
 
 
 # An owner is alive while some session holds its liveness lock: a session-level advisory lock on the bigint

@@ -50,9 +50,7 @@ def seconds(ts: Any) -> float:
     if isinstance(ts, (int, float)):
         return float(ts)
     if isinstance(ts, dt.datetime):
-        if ts.tzinfo is None:
-            ts = ts.replace(tzinfo=dt.timezone.utc)
-        return ts.timestamp()
+        return (ts.replace(tzinfo=dt.timezone.utc) if ts.tzinfo is None else ts).timestamp()
     raise MalformedBadgeEvent(f"timestamp {ts!r} is neither seconds nor a datetime")
 
 

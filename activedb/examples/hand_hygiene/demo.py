@@ -25,7 +25,7 @@ import sqlalchemy as sa
 from rich.columns import Columns
 from rich.console import Console
 from rich.panel import Panel
-from rich.table import Table
+from rich.table import Column, Table
 
 import activedb
 from activedb import Coupling, deadletters
@@ -207,11 +207,6 @@ def _total(connection, table) -> int:
     return connection.execute(sa.select(sa.func.count()).select_from(table)).scalar_one()
 
 
-def _cause(old: str, new: str, event: str) -> str:
-    edge = queries.EDGES.get((old, new, event))
-    return "" if edge is None else f"{edge[0]} ({edge[1]}): {edge[2]}"
-
-
 def tell_story(db, console: Console, run: Run) -> dict[str, str]:
     """What happened to the workers: where they ended, the status changes and which query made them,
     alerts, rejected badge events, and one worker's day — all read back from PostgreSQL; returns
@@ -252,9 +247,9 @@ def tell_story(db, console: Console, run: Run) -> dict[str, str]:
     console.print("Every status change below was made by a query's rule inside the stream transaction of the "
                   "badge event that completed the pattern (audit trail: status_changes):", highlight=False)
     for old, new, event, count in transitions:
-        cause = _cause(old, new, event)
-        console.print(f"  {count:>4} × {old} → {new} on {event}" + (f"  — {cause}" if cause else ""),
-                      highlight=False)
+        edge = queries.EDGES.get((old, new, event))
+        cause = "" if edge is None else f"  — {edge[0]} ({edge[1]}): {edge[2]}"
+        console.print(f"  {count:>4} × {old} → {new} on {event}{cause}", highlight=False)
     console.print(f"{alert_total} violations raised an alert: {channels.get('badge', 0)} reminders went to the badges "
                   f"at once (detached rule) and {channels.get('infection_control', 0)} incident reports to "
                   f"infection control once the alert was durable (sequential causally dependent rule).",
@@ -273,10 +268,9 @@ def tell_story(db, console: Console, run: Run) -> dict[str, str]:
         more = f", and {len(day) - 8} more" if len(day) > 8 else ""
         console.print(f"The busiest day was {busiest}'s: {steps}{more}.", highlight=False)
 
-    table = Table(title="the workers, read back from PostgreSQL (worker_status, status_changes, badge_lights, alerts)")
-    for column in ("worker", "status", "badge light", "room", "status changes", "alerts", "rejected events",
-                   "last event"):
-        table.add_column(column)
+    table = Table("worker", "status", "badge light", "room", "status changes", "alerts", "rejected events",
+                  "last event", title="the workers, read back from PostgreSQL (worker_status, status_changes, "
+                                      "badge_lights, alerts)")
     agreeing = 0
     for row in workers:
         light = light_of.get(row["worker"], COLORS[SAFE])      # a badge that never changed shows green
@@ -339,9 +333,7 @@ def show_engine(db, run: Run, console: Console) -> None:
         f"{_milliseconds(statistics.l_combined)}, throughput {statistics.throughput:,.0f} events/s inside "
         f"engine.process.", highlight=False)
 
-    written = Table(title="what the rules wrote (PostgreSQL)")
-    written.add_column("table")
-    written.add_column("rows", justify="right")
+    written = Table("table", Column("rows", justify="right"), title="what the rules wrote (PostgreSQL)")
     for old, new, count in transitions:
         written.add_row(f"status_changes {old} -> {new}", str(count))
     written.add_row("alerts", str(alert_total))
@@ -351,9 +343,7 @@ def show_engine(db, run: Run, console: Console) -> None:
         written.add_row(f"compensations (rejected {event_type})", str(count))
 
     statistics = db.rules.statistics()
-    modes = Table(title="rule firings per coupling mode")
-    modes.add_column("coupling mode")
-    modes.add_column("firings", justify="right")
+    modes = Table("coupling mode", Column("firings", justify="right"), title="rule firings per coupling mode")
     for mode in Coupling:
         if mode.value in statistics.per_mode:
             modes.add_row(mode.value, str(statistics.per_mode[mode.value]))

@@ -1,8 +1,7 @@
 """Errors of the hand-hygiene application.
 
-A rule that rejects a badge event raises one of these; the engine turns it into
-``activedb.errors.RuleFailed`` (the original is ``__cause__``) and aborts the
-event's subtransaction, which is what fires the compensation rules.
+A rule that rejects a badge event raises one of these; the engine turns it into ``activedb.errors.RuleFailed``
+(the original is ``__cause__``) and aborts the event's subtransaction, which is what fires the compensation rules.
 """
 
 
@@ -21,6 +20,6 @@ class ImpossibleTransition(BadgeEventRejected):
 class LateBadgeEvent(BadgeEventRejected):
     """The event's application time is older than the last event applied for the worker.
 
-    Stream transactions write a worker's state in timestamp order (Active CEP,
-    §4.1 Notion of correctness); a late event would rewrite history, so it is rejected.
+    Stream transactions write a worker's state in timestamp order (Active CEP, §4.1 Notion of correctness); a late
+    event would rewrite history, so it is rejected.
     """

@@ -98,11 +98,7 @@ def apply_directly(db, events: Iterable[dict], *, chunk_size: int = DEFAULT_CHUN
     that emits it (``sub.emit(type, key=worker, ts=ts, payload={...})``), so the rules
     on ``db.stream(type)`` fire inside it.  An event whose processing raises aborts only
     its subtransaction: it is reported in ``ApplyResult.rejected`` and the chunk goes on.
-
-    A chunk that is re-run after a conflict leaves nothing of its aborted attempt behind:
-    ``Database.run`` declares the attempts it re-runs replayed, so the outbox drops their
-    detached and exclusive causally dependent firings (the attempt that commits fires its
-    own) — as if the aborted attempt had never run.
+    A chunk re-run after a conflict leaves nothing of its aborted attempt behind (see ``Database.run``).
     """
     if chunk_size < 1:
         raise ValueError("chunk_size must be at least 1")
@@ -115,17 +111,17 @@ def apply_directly(db, events: Iterable[dict], *, chunk_size: int = DEFAULT_CHUN
             continue
         ordered.append(event)
     ordered.sort(key=lambda event: seconds(event["ts"]))      # stable: equal timestamps keep arrival order
-    applied, rejected, chunks = 0, list(malformed), 0
-    for start in range(0, len(ordered), chunk_size):
+    starts = range(0, len(ordered), chunk_size)
+    applied, rejected = 0, list(malformed)
+    for start in starts:
         chunk_applied, chunk_rejected = db.run(_apply_chunk, ordered[start:start + chunk_size])
         applied += chunk_applied
         rejected.extend(chunk_rejected)
-        chunks += 1
-    return ApplyResult(events=len(ordered) + len(malformed), applied=applied, rejected=rejected, chunks=chunks)
+    return ApplyResult(events=len(ordered) + len(malformed), applied=applied, rejected=rejected, chunks=len(starts))
 
 
 def _apply_chunk(tx, chunk: list[dict]) -> tuple[int, list[Rejection]]:
-    applied, rejected = 0, []
+    rejected = []
     for event in chunk:
         payload = {name: value for name, value in event.items() if name not in ("type", "worker", "ts")}
         try:
@@ -134,9 +130,7 @@ def _apply_chunk(tx, chunk: list[dict]) -> tuple[int, list[Rejection]]:
         except (RuleFailed, CascadeLimitExceeded) as error:
             cause = error.__cause__           # the rule's own rejection, if it is one
             rejected.append(Rejection(event, str(cause if isinstance(cause, BadgeEventRejected) else error)))
-            continue
-        applied += 1
-    return applied, rejected
+    return len(chunk) - len(rejected), rejected
 
 
 def _check(event: Any) -> None:

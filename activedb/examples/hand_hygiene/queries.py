@@ -154,10 +154,8 @@ def to_stream_events(events: Iterable[dict]) -> list[streams.StreamEvent]:
     malformed event is still converted as far as it goes: the engine makes it a dead letter."""
     converted = []
     for raw in events:
-        kind = raw.get("type")
-        ts = raw.get("ts")
-        if isinstance(ts, dt.datetime):
-            ts = app.seconds(ts)
+        kind, ts = raw.get("type"), raw.get("ts")
+        ts = app.seconds(ts) if isinstance(ts, dt.datetime) else ts
         converted.append(streams.StreamEvent(kind.upper() if isinstance(kind, str) else kind, ts,
                                              {"HCW-ID": raw.get("worker"), "location": raw.get("room")},
                                              stream=STREAM, origin=raw))
@@ -166,7 +164,7 @@ def to_stream_events(events: Iterable[dict]) -> list[streams.StreamEvent]:
 
 # --- the coupling modes: ECA rules on what the queries' rules write -------------------------------
 
-def _is_reading(event: Event) -> bool:
+def is_reading(tx: Transaction, event: Event) -> bool:
     """A write of ``worker_status`` that records a badge reading (the status unchanged, or a new row)."""
     return event.old is None or event.old.get("status") == event.new.get("status")
 
@@ -179,7 +177,7 @@ def _reading_of(event: Event) -> tuple:
 
 
 def impossible_move(tx: Transaction, event: Event) -> bool:
-    return _is_reading(event) and app.contradiction(*_reading_of(event)) is not None
+    return is_reading(tx, event) and app.contradiction(*_reading_of(event)) is not None
 
 
 def reject_impossible_move(tx: Transaction, event: Event) -> None:
@@ -199,10 +197,6 @@ def announce_status_change(tx: Transaction, event: Event) -> None:
     new = event.new
     tx.signal(STATUS_CHANGED, worker=event.key, old=event.old["status"], new=new["status"], ts=new["last_ts"],
               event=new["last_event"])
-
-
-def is_reading(tx: Transaction, event: Event) -> bool:
-    return _is_reading(event)
 
 
 def compensate_rejected_badge(tx: Transaction, event: Event) -> None:
@@ -263,20 +257,17 @@ def feed(db, engine: streams.StreamEngine, events: Iterable[dict], *, chunk_size
         if stamps:
             seen = max(stamps) if seen is None else max(seen, *stamps)
     plan.append(([], streams.END_OF_STREAM))
-    processed = failed = 0
-    letters: list[streams.DeadLetter] = []
+    results: list[streams.BatchResult] = []
     progress = progress or Progress.none()
     progress.start("micro-batches", total=len(plan))
     for number, (chunk, punctuation) in enumerate(plan):
         label = "end of stream" if punctuation is streams.END_OF_STREAM else (
             f"events {number * chunk_size + 1}-{number * chunk_size + len(chunk)} of {len(converted)}")
         with progress.step(label):
-            result = db.run(_process, engine, chunk, punctuation, number)
-        processed += result.processed
-        failed += result.failed
-        letters.extend(result.dead_letters)
-    return FeedResult(events=len(converted), batches=len(plan), processed=processed, failed=failed,
-                      dead_letters=tuple(letters))
+            results.append(db.run(_process, engine, chunk, punctuation, number))
+    return FeedResult(events=len(converted), batches=len(plan), processed=sum(result.processed for result in results),
+                      failed=sum(result.failed for result in results),
+                      dead_letters=tuple(letter for result in results for letter in result.dead_letters))
 
 
 def _process(tx, engine: streams.StreamEngine, chunk: list, punctuation: Any, batch_id: int) -> streams.BatchResult:
