@@ -396,8 +396,8 @@ def _series(report: BenchReport) -> None:
 
     report.add_series(Series("threads on disjoint keys (aggregate)", "lockmgr", "threads", "pairs/s",
                              points("aggregate pairs/s, ", lambda row: int(row.name.split(", ")[1].split()[0]))))
-    for label, field in (("lockmgr (median)", "value"), ("networkx.find_cycle (full scan)", "baseline")):
+    for label, attribute in (("lockmgr (median)", "value"), ("networkx.find_cycle (full scan)", "baseline")):
         report.add_series(Series("deadlock check per new wait edge", label, "transactions in the graph",
-                                 "µs per check", points("deadlock check", size, field), log_x=True, log_y=True))
+                                 "µs per check", points("deadlock check", size, attribute), log_x=True, log_y=True))
     report.add_series(Series("commit with inheritance", "lockmgr", "tuple locks", "µs per lock",
                              points("commit with inheritance", size), log_x=True))
