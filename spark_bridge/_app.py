@@ -88,9 +88,7 @@ def ingest_options(loaded: LoadedApp) -> dict[str, Any]:
     the rule path."""
     options: dict[str, Any] = {}
     if loaded.queries is not None:
-        options["queries"] = loaded.queries
-        if loaded.scheduler is not None:
-            options["scheduler"] = loaded.scheduler
+        options.update(queries=loaded.queries, scheduler=loaded.scheduler)
     if loaded.executor is not None:
         options["executor"] = loaded.executor
         transactions = loaded.transactions

@@ -135,7 +135,9 @@ class PlainWriteSink:
                         if self._on_phase is not None:
                             self._on_phase("written", batch_id)
             except BaseException:
-                self._discard_connection_if_broken()
+                if self._connection.broken:       # discarded: the next batch connects again
+                    self._connection.close()
+                    self._connection = None
                 raise
             finally:
                 self._counters["seconds_in_database"] += time.perf_counter() - started
@@ -166,11 +168,6 @@ class PlainWriteSink:
         if self._connection is None or self._connection.closed:
             self._connection = psycopg.connect(self._conninfo, autocommit=True)
         return self._connection
-
-    def _discard_connection_if_broken(self) -> None:
-        if self._connection is not None and self._connection.broken:
-            self._connection.close()
-            self._connection = None
 
     def _record_batch(self, cursor: Any, query_id: str, batch_id: int, row_count: int) -> bool:
         from psycopg import sql

@@ -19,14 +19,15 @@ from spark_bridge.mapping import RawEvent
 if TYPE_CHECKING:  # pragma: no cover
     from activedb import Transaction
 
-__all__ = ["conflict_in", "find_culprits", "is_deadlock", "is_infrastructure_failure", "is_poison_failure",
+__all__ = ["conflict_in", "find_culprits", "is_infrastructure_failure", "is_poison_failure",
            "rejection_reason", "trial"]
 
 
 def is_infrastructure_failure(error: BaseException) -> bool:
     """True if ``error`` is not the event's fault and not a deadlock (:func:`activedb.errors.classify`: connection
     lost, disk full, server busy, or a serialization conflict that no ``SerializationConflict`` announced): the
-    batch must fail and run again, not the event.  A deadlock re-runs the event (:func:`is_deadlock`)."""
+    batch must fail and run again, not the event.  A deadlock (the lock manager's, or PostgreSQL's 40P01)
+    re-runs the event."""
     return classify(error) in (Failure.CONNECTION_LOST, Failure.DISK_FULL, Failure.SERVER_BUSY,
                                Failure.SERIALIZATION_CONFLICT)
 
@@ -35,11 +36,6 @@ def conflict_in(error: BaseException) -> BaseException | None:
     """The ``SerializationConflict`` behind ``error``, if another process (or a sequence reset) got in the way:
     not the event's fault — the batch is re-run."""
     return next((cause for cause in causes(error) if isinstance(cause, SerializationConflict)), None)
-
-
-def is_deadlock(error: BaseException) -> bool:
-    """A deadlock's victim (the lock manager's, or PostgreSQL's 40P01): the event is re-run."""
-    return classify(error) is Failure.DEADLOCK
 
 
 def is_poison_failure(error: BaseException) -> bool:

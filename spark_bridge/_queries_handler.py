@@ -7,13 +7,11 @@ Thread-safety: one batch at a time (``StreamEngine.process`` refuses a second co
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from activedb import deadletters, streams
 from activedb.deadletters import Letter
-from activedb.store import jsonable
 
 from spark_bridge._handler import BatchHandler, BatchInput
 from spark_bridge._ledger import IngestionLedger
@@ -168,7 +166,5 @@ class QueriesHandler(BatchHandler):
 def _event_letter(reason: str, event: Any) -> Letter:
     """A dead letter for an engine's event whose row is no longer at hand (held back by an earlier batch):
     the event itself, kept exactly."""
-    row = {"type": event.type, "ts": event.ts, "stream": event.stream, "attributes": dict(event.attributes)}
-    ts = event.ts
-    return Letter(reason, row, {**row, "ts": ts.isoformat() if isinstance(ts, dt.datetime) else ts,
-                                "attributes": jsonable(row["attributes"])})
+    return Letter(reason, {"type": event.type, "ts": event.ts, "stream": event.stream,
+                           "attributes": dict(event.attributes)})

@@ -12,8 +12,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from activedb import TxnState
+from activedb.errors import Failure, classify
 
-from spark_bridge._failures import conflict_in, is_deadlock, is_infrastructure_failure, rejection_reason
+from spark_bridge._failures import conflict_in, is_infrastructure_failure, rejection_reason
 from spark_bridge._handler import BatchHandler, BatchInput
 from spark_bridge._ledger import IngestionLedger
 from spark_bridge.mapping import RawEvent
@@ -85,7 +86,7 @@ class RulesHandler(BatchHandler):
                     raise conflict from failure   # not the event's fault: the whole batch is re-run
                 if is_infrastructure_failure(failure) or tx.state is not _ACTIVE:
                     raise
-                if is_deadlock(failure) and attempt < self.event_attempts:
+                if classify(failure) is Failure.DEADLOCK and attempt < self.event_attempts:
                     continue
                 return rejection_reason(failure)
         raise AssertionError("unreachable: the last attempt returns or raises")

@@ -38,13 +38,11 @@ offset and commit logs, the sink), summed over every batch but the first of each
 peer and the hand-hygiene rules run in interleaved rounds (the peer, then the rules: 3 rounds at 1k and
 10k, one at 100k and in ``--quick``); their rows show the median rates, the ratio is median over median,
 ``ratio_per_round`` its spread, and the per-event split is the median rules run's.
-The time per event is split into Spark's own part (``triggerExecution`` minus the sink),
-``toArrow``, validation (``rows_to_events``), engine (the per-event subtransactions with
-their immediate and deferred rules, dead-letter inserts), commit (top-level deferred rules)
-and flush (the PostgreSQL transaction) — from ``IngestSink.recent_outcomes()``. Detached
-rule transactions run on the engine's worker threads concurrently with later batches and
-are waited for between runs (not inside any measured batch).  The machine's load average is in the
-notes: the ratios compare runs of the same benchmark, one after the other on the same machine.
+The time per event is split into Spark's own part (``triggerExecution`` minus the sink) and the
+sink's phases (``PhaseTimings``, from ``IngestSink.recent_outcomes()``). Detached rule transactions
+run on the engine's worker threads concurrently with later batches and are waited for between runs
+(not inside any measured batch).  The machine's load average is in the notes: the ratios compare runs
+of the same benchmark, one after the other on the same machine.
 
 Goals: 5,000 events/s end to end for the hand-hygiene rules (detached effects included:
 ``events_per_second_including_start_and_detached``), at least 1.0x the PL/pgSQL peer at 1k and at

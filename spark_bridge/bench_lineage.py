@@ -4,7 +4,7 @@ in the same run.
 The sink's own per-batch path without Spark (``IngestSink.process``, exactly what ``foreachBatch`` and
 every scale-out task run after ``toArrow``): validation, one top-level transaction with the ledger
 participant, one inline subtransaction per event whose one immediate rule reads and writes a row of
-``bench_objects`` (the minimal rule of ``activedb bench ingest``), the flush.  Two sinks on one database
+``bench_counters`` (the minimal rule of ``activedb bench ingest``), the flush.  Two sinks on one database
 take turns batch by batch (which goes first alternates) — lineage off, lineage on (``db.batches.consuming(source, batch)``: one
 ``INSERT … WITH … INSERT`` in the batch's flush) — and the medians are compared.  Batch sizes: 1,000
 events (a micro-batch; 10,000 without ``--quick``) and 10 events (small batches: the worst case a

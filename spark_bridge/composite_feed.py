@@ -106,11 +106,9 @@ def rows_to_items(rows: Any, mapping: EventMapping) -> tuple[list[Any], list[Rej
                 attributes = {name: row[name] for name in payload_names}
                 attributes[mapping.key_column] = key
                 item = streams.StreamEvent(event_type, stamp, attributes)
-        except InvalidField as error:
-            rejected.append(Rejected(position, str(error), jsonable(row)))
-            continue
-        except ValueError as error:                 # an interval the time model refuses
-            rejected.append(Rejected(position, f"timestamp: {error}", jsonable(row)))
+        except (InvalidField, ValueError) as error:     # ValueError: an interval the time model refuses
+            reason = str(error) if isinstance(error, InvalidField) else f"timestamp: {error}"
+            rejected.append(Rejected(position, reason, jsonable(row)))
             continue
         order = (stamp.local if stamp.local is not None else stamp.lower.timestamp(), stamp.lower, position)
         per_producer.setdefault(producer, []).append((order, item))

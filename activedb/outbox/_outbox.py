@@ -283,26 +283,22 @@ class Outbox:
         if not self._started:
             self.start()
         with self._claim_mutex:       # one pass at a time: a caller waits for a pass in flight to submit
-            return self._recover(limit)
-
-    def _recover(self, limit: int) -> int:
-        """Caller holds ``_claim_mutex``."""
-        self._executor.unpark()
-        names = [rule.name for rule in self.rules]
-        if not names or self._executor.backlog > CLAIM_BACKLOG:
-            return 0
-        with self.catalog.engine.begin() as connection:
-            rows = _records.claim(connection, self.owner, names, limit)
-        works = []
-        for row in rows:
-            try:
-                firing = Firing(self.rules.get(row.rule), _records.decode_event(row.event), tuple(row.chain),
-                                Coupling(row.coupling), -row.id)
-            except Exception as error:     # e.g. an event this version cannot decode: failed, for a person
-                self.fail_alone(Work(row.id, None, row.attempts), error)
-                continue
-            works.append(Work(row.id, firing, row.attempts))
-        self._executor.submit(works)
+            self._executor.unpark()
+            names = [rule.name for rule in self.rules]
+            if not names or self._executor.backlog > CLAIM_BACKLOG:
+                return 0
+            with self.catalog.engine.begin() as connection:
+                rows = _records.claim(connection, self.owner, names, limit)
+            works = []
+            for row in rows:
+                try:
+                    firing = Firing(self.rules.get(row.rule), _records.decode_event(row.event), tuple(row.chain),
+                                    Coupling(row.coupling), -row.id)
+                except Exception as error:     # e.g. an event this version cannot decode: failed, for a person
+                    self.fail_alone(Work(row.id, None, row.attempts), error)
+                    continue
+                works.append(Work(row.id, firing, row.attempts))
+            self._executor.submit(works)
         if works:
             logger.info("outbox: claimed %d pending detached firing(s)", len(works))
         return len(works)

@@ -57,13 +57,11 @@ class StoreView:
             self._phase, self._rank, self._counter = phase, rank, 0
         self.origin = origin
 
-    def _order(self) -> tuple:
-        self._counter += 1
-        return (self.stamp.position, (self._phase, self._rank, self._counter))
-
     def _record(self, method: str, *args: Any, **kwargs: Any) -> Any:
         stamp = self.stamp
-        return getattr(self._history, method)(stamp.unit, stamp.stransaction, stamp.event, stamp.ts, self._order(),
+        self._counter += 1
+        order = (stamp.position, (self._phase, self._rank, self._counter))
+        return getattr(self._history, method)(stamp.unit, stamp.stransaction, stamp.event, stamp.ts, order,
                                               self.origin, *args, **kwargs)
 
     def _before(self, kind: str, table: str, key: tuple | None) -> None:
