@@ -7,25 +7,25 @@ from activedb.migration_ops import sql_steps
 revision = "0010_cheaper_log_row"
 down_revision = "0009_dead_letter_originals"
 
+# The line of activedb_capture_sequence() (0004_capture) that handles activedb's own flush, before and after.
+DROPPED = "RETURN NULL;   -- activedb's own flush: its changes were dropped (activedb_capture_own_writes)"
+DROPS = "DELETE FROM activedb_capture_changes WHERE xid = NEW.xid; RETURN NULL;   -- activedb's own flush"
 
-def _sequencer(own_flush: str) -> str:
-    """``activedb_capture_sequence()`` with ``own_flush`` run for activedb's own flush (README, 0004)."""
+
+def _own_flush_line(old: str, new: str) -> str:
+    """Replace ``old`` by ``new`` in the sequencer's definition (its SECURITY DEFINER and search_path kept)."""
+    old, new = old.replace("'", "''"), new.replace("'", "''")
     return f"""
-CREATE OR REPLACE FUNCTION activedb_capture_sequence() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $body$
+DO $body$
+DECLARE
+    definition text := pg_get_functiondef('activedb_capture_sequence()'::regprocedure);
 BEGIN
-    IF current_setting('activedb.capture_xact', true) IS DISTINCT FROM NEW.xid::text THEN
-        {own_flush}RETURN NULL;
+    IF position('{old}' IN definition) = 0 THEN
+        RAISE EXCEPTION 'activedb_capture_sequence() was changed outside activedb''s migrations';
     END IF;
-    PERFORM pg_advisory_xact_lock(1633968739, 0);
-    INSERT INTO activedb_capture_commits (position, xid, committed_at)
-    VALUES (nextval('activedb_capture_position'), NEW.xid, clock_timestamp());
-    PERFORM pg_notify('activedb_capture', 'commit');
-    RETURN NULL;
+    EXECUTE replace(definition, '{old}', '{new}');
 END
 $body$;
-DO $body$ BEGIN
-    EXECUTE 'ALTER FUNCTION activedb_capture_sequence() SET search_path = ' || quote_ident(current_schema()) || ', pg_temp';
-END $body$;
 """
 
 
@@ -33,7 +33,7 @@ UPGRADE = """
 DROP TRIGGER activedb_capture_own_writes ON activedb_transaction_log;
 ALTER TABLE activedb_transaction_log DROP CONSTRAINT activedb_transaction_log_pkey,
     DROP CONSTRAINT activedb_transaction_log_transaction_id_key, ADD PRIMARY KEY (transaction_id);
-""" + _sequencer("DELETE FROM activedb_capture_changes WHERE xid = NEW.xid;\n        ")
+""" + _own_flush_line(DROPPED, DROPS)
 
 DOWNGRADE = """
 ALTER TABLE activedb_transaction_log DROP CONSTRAINT activedb_transaction_log_pkey,
@@ -41,6 +41,6 @@ ALTER TABLE activedb_transaction_log DROP CONSTRAINT activedb_transaction_log_pk
     ADD CONSTRAINT activedb_transaction_log_transaction_id_key UNIQUE (transaction_id);
 CREATE TRIGGER activedb_capture_own_writes AFTER INSERT ON activedb_transaction_log
     FOR EACH STATEMENT EXECUTE FUNCTION activedb_capture_own_writes();
-""" + _sequencer("")
+""" + _own_flush_line(DROPS, DROPPED)
 
 upgrade, downgrade = sql_steps(UPGRADE, DOWNGRADE)

@@ -105,6 +105,8 @@ def test_the_log_row_revision_upgrades_a_log_with_rows_and_round_trips(database_
         assert "trigger:activedb_transaction_log:activedb_capture_own_writes" in schema_objects(db)
         db.schema.upgrade("head")
         assert "trigger:activedb_transaction_log:activedb_capture_own_writes" not in schema_objects(db)
+        assert rows(db, "SELECT prosecdef, proconfig FROM pg_proc WHERE proname = 'activedb_capture_sequence'") \
+            == [(True, ["search_path=public, pg_temp"])]
         assert rows(db, "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
                         "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = 'activedb_transaction_log'::regclass "
                         "AND i.indisprimary") == [("transaction_id",)]
