@@ -220,9 +220,11 @@ def _apply(catalog, connection: sa.Connection, infos: Mapping[str, TableInfo], w
 
 # Driver SQL, sent with the write set's last statement (``apply_write_set``'s ``along``: no round trip of
 # its own): the table names travel as one text[] literal and the JSON as text (cast by PostgreSQL; the
-# driver's list adaptation costs more than the rest of the row).
+# driver's list adaptation costs more than the rest of the row).  Its RETURNING marks the transaction as
+# activedb's own for change capture (``activedb/capture/README.md``, "Activedb's own writes").
 _LOG_ROW = ("INSERT INTO activedb_transaction_log (transaction_id, began_at, subtransactions, rows_written, tables, "
-            "info) VALUES (%s, %s, %s, %s, %s::text[], %s::jsonb)")
+            "info) VALUES (%s, %s, %s, %s, %s::text[], %s::jsonb) "
+            "RETURNING set_config('activedb.capture_xact', 'activedb', true)")
 
 
 def _text_array(values) -> str:

@@ -146,6 +146,11 @@ def test_changes_made_by_activedb_are_not_delivered_twice(clean, conninfo):
         tx.insert("orders", id=20, customer="own", amount=1)
         tx.write("orders", 20, status="paid")
     db.run(lambda tx: tx.delete("orders", 20))
+
+    def two_statements(tx):     # the first statement's changes are captured, then dropped at the commit
+        tx.insert("orders", id=23, customer="own", amount=1)
+        tx.write("orders", 24, customer="own", amount=1)
+    db.run(two_statements)
     with psycopg.connect(conninfo, autocommit=True) as psql:
         psql.execute("INSERT INTO orders (id, customer, amount) VALUES (21, 'ext', 2)")
     with db.engine.connect() as connection:
@@ -153,7 +158,7 @@ def test_changes_made_by_activedb_are_not_delivered_twice(clean, conninfo):
     assert captured == 1                                  # only the external insert
     consumer = db.capture.consumer()
     consumer.run_until_caught_up()
-    assert in_process == [20]
+    assert in_process == [20, 23, 24]
     assert logged(db) == [("inserted", 21)]
     # The consumer's own effects (order_log, order_totals) are activedb writes too: if they were captured
     # tables they would raise in-process events only.  Capture one and run again.

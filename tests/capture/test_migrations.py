@@ -71,8 +71,7 @@ def test_activedbs_capture_revision_round_trips_and_takes_the_per_table_triggers
         without = schema_objects(db)
         assert not {name for name in without if "activedb_capture" in name}
         assert with_capture - without >= {"relation:activedb_capture_changes", "function:activedb_capture_row",
-                                          "trigger:orders:activedb_capture",
-                                          "trigger:activedb_transaction_log:activedb_capture_own_writes"}
+                                          "trigger:orders:activedb_capture", "function:activedb_capture_own_writes"}
         # The application's downgrade still works once activedb's capture tables are gone (idempotent).
         db.schema.downgrade_app(MIGRATIONS, "c0001")
         # Enabling capture without activedb's tables says what to do.
@@ -95,3 +94,25 @@ def test_capture_revisions_print_as_offline_sql():
     assert "CREATE CONSTRAINT TRIGGER activedb_capture_sequence" in activedbs
     assert "DROP TABLE activedb_capture_changes" in _migrate.offline_sql(
         "postgresql+psycopg://", "downgrade", "0004_capture:0003_removed_rules_and_replays")
+
+
+def test_the_log_row_revision_upgrades_a_log_with_rows_and_round_trips(database_url):
+    db = activedb.connect(database_url)
+    try:
+        db.upgrade_app(MIGRATIONS, "c0002")
+        db.schema.downgrade("0009_dead_letter_originals")
+        db.run(lambda tx: tx.insert("orders", id=90, customer="own", amount=1))    # a log row written before
+        assert "trigger:activedb_transaction_log:activedb_capture_own_writes" in schema_objects(db)
+        db.schema.upgrade("head")
+        assert "trigger:activedb_transaction_log:activedb_capture_own_writes" not in schema_objects(db)
+        assert rows(db, "SELECT prosecdef, proconfig FROM pg_proc WHERE proname = 'activedb_capture_sequence'") \
+            == [(True, ["search_path=public, pg_temp"])]
+        assert rows(db, "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+                        "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = 'activedb_transaction_log'::regclass "
+                        "AND i.indisprimary") == [("transaction_id",)]
+        db.run(lambda tx: tx.insert("orders", id=91, customer="own", amount=1))
+        assert rows(db, "SELECT count(*) FROM activedb_transaction_log") >= [(2,)]
+        assert rows(db, "SELECT count(*) FROM activedb_capture_changes WHERE table_name = 'orders' "
+                        "AND (new_row ->> 'id')::int IN (90, 91)") == [(0,)]
+    finally:
+        db.close()
