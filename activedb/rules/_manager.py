@@ -48,6 +48,7 @@ class RuleManager(TransactionExtension):
         self.execution = execution
         self.record = FiringRecord()
         self._numbers = itertools.count(1)
+        self._names: dict[Rule, str] = {}      # _transaction_name's (a rule's name never changes)
         self.detached = DetachedRunner(self, transactions)
         self.gate = self.detached.gate
         transactions.extensions.add(self)
@@ -127,6 +128,10 @@ class RuleManager(TransactionExtension):
 
     # --- the extension hooks -------------------------------------------------------------------
 
+    #: A frame's hooks would do nothing here (its RuleContext has no deferred queue: one materializes it,
+    #: ``deferred_queue_for``; gate keys are a spawned child's or a top-level's), so they are not called.
+    frame_hooks = False
+
     def wants_old_images(self, table: str) -> bool:
         return self.observes(table)
 
@@ -190,8 +195,13 @@ class RuleManager(TransactionExtension):
         if len(rules) == 1:                 # the common case, without the comprehension's call and lists
             rule = rules[0]
             firing = Firing(rule, event, (*chain, rule.name), rule.coupling, next(self._numbers))
-            if firing.coupling is _IMMEDIATE:
-                self._run_groups(transaction, (firing,), "immediate")
+            if firing.coupling is _IMMEDIATE:     # one group of one firing, without _run_groups' loops
+                try:
+                    transaction.run_subtransaction(self.execute, firing, name=self._transaction_name(rule))
+                except DependencyAbort:
+                    pass
+                except BaseException as error:
+                    _raise_failure(firing, error, "immediate")
                 return
             firings = (firing,)
         else:
@@ -216,7 +226,7 @@ class RuleManager(TransactionExtension):
             if self.execution == "inline" or len(group) == 1:
                 for firing in group:
                     try:
-                        transaction.run_subtransaction(self.execute, firing, name=firing.transaction_name)
+                        transaction.run_subtransaction(self.execute, firing, name=self._transaction_name(firing.rule))
                     except DependencyAbort:
                         pass
                     except BaseException as error:
@@ -234,12 +244,14 @@ class RuleManager(TransactionExtension):
                     except BaseException as error:
                         failures.append((firing, error))
             if failures:
-                firing, error = failures[0]
-                if isinstance(error, (RuleFailed, CascadeLimitExceeded)):
-                    raise error
-                raise RuleFailed(
-                    f"{what} rule {firing.rule.name!r} failed on {firing.event.describe()}: {error!r}",
-                    firing.rule.name, firing.event) from error
+                _raise_failure(*failures[0], what)
+
+    def _transaction_name(self, rule: Rule) -> str:
+        """``rule:<name>``, the name of the transactions that run ``rule``'s firings (made once per rule)."""
+        name = self._names.get(rule)
+        if name is None:
+            name = self._names[rule] = f"rule:{rule.name}"
+        return name
 
     def fire(self, transaction: Transaction, firings: list[Firing], *, shared: bool = False) -> list[Fired]:
         """Run ``firings`` (planned by the caller: the capture consumer) in order, each as :meth:`execute` does
@@ -296,3 +308,11 @@ class RuleManager(TransactionExtension):
             if observers.on_firing_end:
                 observers.call("on_firing_end", transaction, firing, outcome)
         return True
+
+
+def _raise_failure(firing: Firing, error: BaseException, what: str) -> None:
+    """Raise what a failed ``firing`` (it raised ``error``) makes its parent raise."""
+    if isinstance(error, (RuleFailed, CascadeLimitExceeded)):
+        raise error
+    raise RuleFailed(f"{what} rule {firing.rule.name!r} failed on {firing.event.describe()}: {error!r}",
+                     firing.rule.name, firing.event) from error

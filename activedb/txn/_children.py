@@ -191,7 +191,7 @@ def _begin_inline(parent: "Transaction", name: str | None) -> "Transaction":
         child = _new_child(parent, name, inline=True)
     manager.push_running(child)
     try:
-        for hook in manager.extensions.on_begin:
+        for hook in manager.extensions.on_begin_in_frames if child._frame else manager.extensions.on_begin:
             hook(child)
         if observers.on_begin:
             observers.call("on_begin", child)
