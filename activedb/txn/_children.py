@@ -139,7 +139,7 @@ class Children:
                 raise
             child.commit()
         finally:
-            child.manager.pop_running()
+            child.manager._local.running.pop()      # (pop_running, without its call)
         return result
 
     def retry(self, function: Callable[..., Any], *args: Any, attempts: int = 3, **kwargs: Any) -> Any:
@@ -183,7 +183,8 @@ def _begin_inline(parent: "Transaction", name: str | None) -> "Transaction":
                                             or observers.on_abort)):
         if parent._doomed is not None or parent._state is not _ACTIVE:
             parent._check_active("starting a subtransaction")
-        manager.locking.release_holds(parent)
+        if parent._holds:     # (what release_holds does, with no lazy child and a parent that is not lazy)
+            manager.locking.release_holds(parent)
         child = parent._lazy_child = type(parent)(manager, parent, name=name, inline=True, lazy=True, frame=True)
         if manager.recorder:
             manager.recorder.record("spawn", parent.id, root=parent.root.id, detail=child.id)
