@@ -232,7 +232,7 @@ class RuleManager(TransactionExtension):
                     except BaseException as error:
                         failures.append((firing, error))
             else:
-                handles = [(firing, transaction.spawn(self.execute, firing, name=firing.transaction_name))
+                handles = [(firing, transaction.spawn(self.execute, firing, name=self._transaction_name(firing.rule)))
                            for firing in group]
                 # One wait of the parent for the whole group (one registration in the wait-for graph).
                 SubtransactionHandle.wait_all([handle for _, handle in handles])
@@ -248,10 +248,7 @@ class RuleManager(TransactionExtension):
 
     def _transaction_name(self, rule: Rule) -> str:
         """``rule:<name>``, the name of the transactions that run ``rule``'s firings (made once per rule)."""
-        name = self._names.get(rule)
-        if name is None:
-            name = self._names[rule] = f"rule:{rule.name}"
-        return name
+        return self._names.get(rule) or self._names.setdefault(rule, f"rule:{rule.name}")
 
     def fire(self, transaction: Transaction, firings: list[Firing], *, shared: bool = False) -> list[Fired]:
         """Run ``firings`` (planned by the caller: the capture consumer) in order, each as :meth:`execute` does
@@ -264,7 +261,8 @@ class RuleManager(TransactionExtension):
         fired = []
         for firing in firings:
             try:
-                executed = transaction.run_subtransaction(self.execute, firing, name=firing.transaction_name)
+                executed = transaction.run_subtransaction(self.execute, firing,
+                                                          name=self._transaction_name(firing.rule))
             except RuleFailed as error:
                 fired.append(Fired(FiringOutcome.FAILED, error.__cause__ or error))
             except CascadeLimitExceeded as error:

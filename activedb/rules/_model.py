@@ -117,11 +117,6 @@ class Firing:
     def priority(self):
         return self.rule.priority
 
-    @property
-    def transaction_name(self) -> str:
-        """The name of the transaction that runs it (``rule:<name>``)."""
-        return f"rule:{self.rule.name}"
-
 
 class FiringOutcome(enum.StrEnum):
     """What a firing came to: returned by :meth:`RuleManager.fire`, and told to observers

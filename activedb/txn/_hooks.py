@@ -128,7 +128,8 @@ class HookRegistry:
             bound = tuple(getattr(member, name) for member in self._members
                           if getattr(type(member), name, default) is not default)
             setattr(self, name, bound)
-            setattr(self, f"{name}_in_frames", tuple(hook for hook in bound if getattr(hook.__self__, "frame_hooks", True)))
+            setattr(self, f"{name}_in_frames", tuple(hook for hook in bound
+                                                     if getattr(hook.__self__, "frame_hooks", True)))
 
     def call(self, name: str, *args: Any) -> None:
         """Call hook ``name`` on every member overriding it (passive: isolate failures)."""
