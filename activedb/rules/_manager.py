@@ -48,7 +48,6 @@ class RuleManager(TransactionExtension):
         self.execution = execution
         self.record = FiringRecord()
         self._numbers = itertools.count(1)
-        self._names: dict[Rule, str] = {}      # _transaction_name's (a rule's name never changes)
         self.detached = DetachedRunner(self, transactions)
         self.gate = self.detached.gate
         transactions.extensions.add(self)
@@ -197,7 +196,7 @@ class RuleManager(TransactionExtension):
             firing = Firing(rule, event, (*chain, rule.name), rule.coupling, next(self._numbers))
             if firing.coupling is _IMMEDIATE:     # one group of one firing, without _run_groups' loops
                 try:
-                    transaction.run_subtransaction(self.execute, firing, name=self._transaction_name(rule))
+                    transaction.run_subtransaction(self.execute, firing, name=_transaction_name(rule))
                 except DependencyAbort:
                     pass
                 except BaseException as error:
@@ -226,13 +225,13 @@ class RuleManager(TransactionExtension):
             if self.execution == "inline" or len(group) == 1:
                 for firing in group:
                     try:
-                        transaction.run_subtransaction(self.execute, firing, name=self._transaction_name(firing.rule))
+                        transaction.run_subtransaction(self.execute, firing, name=_transaction_name(firing.rule))
                     except DependencyAbort:
                         pass
                     except BaseException as error:
                         failures.append((firing, error))
             else:
-                handles = [(firing, transaction.spawn(self.execute, firing, name=self._transaction_name(firing.rule)))
+                handles = [(firing, transaction.spawn(self.execute, firing, name=_transaction_name(firing.rule)))
                            for firing in group]
                 # One wait of the parent for the whole group (one registration in the wait-for graph).
                 SubtransactionHandle.wait_all([handle for _, handle in handles])
@@ -246,10 +245,6 @@ class RuleManager(TransactionExtension):
             if failures:
                 _raise_failure(*failures[0], what)
 
-    def _transaction_name(self, rule: Rule) -> str:
-        """``rule:<name>``, the name of the transactions that run ``rule``'s firings (made once per rule)."""
-        return self._names.get(rule) or self._names.setdefault(rule, f"rule:{rule.name}")
-
     def fire(self, transaction: Transaction, firings: list[Firing], *, shared: bool = False) -> list[Fired]:
         """Run ``firings`` (planned by the caller: the capture consumer) in order, each as :meth:`execute` does
         in a subtransaction of its own, and tell each one's :class:`FiringOutcome` (a rule that raises is
@@ -261,8 +256,7 @@ class RuleManager(TransactionExtension):
         fired = []
         for firing in firings:
             try:
-                executed = transaction.run_subtransaction(self.execute, firing,
-                                                          name=self._transaction_name(firing.rule))
+                executed = transaction.run_subtransaction(self.execute, firing, name=_transaction_name(firing.rule))
             except RuleFailed as error:
                 fired.append(Fired(FiringOutcome.FAILED, error.__cause__ or error))
             except CascadeLimitExceeded as error:
@@ -306,6 +300,14 @@ class RuleManager(TransactionExtension):
             if observers.on_firing_end:
                 observers.call("on_firing_end", transaction, firing, outcome)
         return True
+
+
+_NAMES: dict[str, str] = {}     # rule name -> the name of its firings' transactions (``_transaction_name``)
+
+
+def _transaction_name(rule: Rule) -> str:
+    """``rule:<name>``, the name of the transactions that run ``rule``'s firings (made once per rule name)."""
+    return _NAMES.get(rule.name) or _NAMES.setdefault(rule.name, f"rule:{rule.name}")
 
 
 def _raise_failure(firing: Firing, error: BaseException, what: str) -> None:
