@@ -183,8 +183,7 @@ def _begin_inline(parent: "Transaction", name: str | None) -> "Transaction":
                                             or observers.on_abort)):
         if parent._doomed is not None or parent._state is not _ACTIVE:
             parent._check_active("starting a subtransaction")
-        if parent._holds:     # (what release_holds does, with no lazy child and a parent that is not lazy)
-            manager.locking.release_holds(parent)
+        manager.locking.release_holds(parent)
         child = parent._lazy_child = type(parent)(manager, parent, name=name, inline=True, lazy=True, frame=True)
         if manager.recorder:
             manager.recorder.record("spawn", parent.id, root=parent.root.id, detail=child.id)
