@@ -151,45 +151,54 @@ def fold_grants(grants: Iterable[tuple[Any, Mode, Any]]) -> tuple[dict, dict]:
 
 def _retain_if_compatible(stripe: "_Stripe", txn: _Txn, resource: Any, mode: Mode, grants: list) -> bool:
     """``LockManager.try_retain``'s grant: ``mode`` on ``resource`` retained by ``txn`` at once if nobody waits
-    for it and Rule 1 admits it, recorded in ``grants``.  False: refused (or ``txn`` is not active).  Caller
-    holds the stripe mutex and no wait queue is on the lock (it is checked here)."""
-    lock = stripe.locks.get(resource)
-    if lock is None:
+    for it and Rule 1 admits it, recorded in ``grants``.  False: refused (or ``txn`` is not active).  Takes
+    ``stripe.mutex`` (with ``acquire``/``release``: half the cost of ``with``, on every lock a savepoint takes)."""
+    mutex = stripe.mutex
+    mutex.acquire()
+    try:
+        lock = stripe.locks.get(resource)
+        if lock is None:
+            txn_mutex = txn.mutex
+            txn_mutex.acquire()
+            try:
+                if txn.state is not ACTIVE:
+                    return False
+                lock = _lock_entry(stripe, resource)
+                lock.retained = {txn: mode}
+                txn.locks[resource] = lock
+            finally:
+                txn_mutex.release()
+            grants.append((resource, mode, None))
+            return True
+        if lock.waiters is not None:
+            return False
+        held = lock.held.get(txn)
+        if held is not None and COVERS[held][mode]:
+            grants.append((resource, mode, UNCHANGED))
+            return txn.state is ACTIVE
+        # The committed members' entries first go into their owners' (so ``txn``'s entry is all that
+        # ``txn``'s subtree has here, and an undo restoring it loses nothing that counted as its).
+        _fold(lock)
+        retained = lock.retained
+        previous = retained.get(txn) if retained is not None else None
+        if previous is not None and COVERS[previous][mode]:
+            grants.append((resource, mode, UNCHANGED))
+            return txn.state is ACTIVE
+        target = mode if previous is None else JOIN[previous][mode]
+        if not _admits(txn, lock, CONFLICTS[target]):
+            return False
         with txn.mutex:
             if txn.state is not ACTIVE:
                 return False
-            lock = _lock_entry(stripe, resource)
-            lock.retained = {txn: mode}
             txn.locks[resource] = lock
-        grants.append((resource, mode, None))
+        if retained is None:
+            lock.retained = {txn: target}
+        else:
+            retained[txn] = target
+        grants.append((resource, mode, previous))
         return True
-    if lock.waiters is not None:
-        return False
-    held = lock.held.get(txn)
-    if held is not None and COVERS[held][mode]:
-        grants.append((resource, mode, UNCHANGED))
-        return txn.state is ACTIVE
-    # The committed members' entries first go into their owners' (so ``txn``'s entry is all that
-    # ``txn``'s subtree has here, and an undo restoring it loses nothing that counted as its).
-    _fold(lock)
-    retained = lock.retained
-    previous = retained.get(txn) if retained is not None else None
-    if previous is not None and COVERS[previous][mode]:
-        grants.append((resource, mode, UNCHANGED))
-        return txn.state is ACTIVE
-    target = mode if previous is None else JOIN[previous][mode]
-    if not _admits(txn, lock, CONFLICTS[target]):
-        return False
-    with txn.mutex:
-        if txn.state is not ACTIVE:
-            return False
-        txn.locks[resource] = lock
-    if retained is None:
-        lock.retained = {txn: target}
-    else:
-        retained[txn] = target
-    grants.append((resource, mode, previous))
-    return True
+    finally:
+        mutex.release()
 
 
 def _undo_grant(lock: _Lock, txn: _Txn, previous: "Mode | None") -> None:

@@ -506,9 +506,7 @@ class LockManager:
             with self._graph_mutex:
                 self._requester(tid, "try_retain", resource, mode)   # raises for an ended transaction
             return False
-        stripe = self._stripes[hash(resource) & self._stripe_mask]
-        with stripe.mutex:
-            return _retain_if_compatible(stripe, txn, resource, mode, grants)
+        return _retain_if_compatible(self._stripes[hash(resource) & self._stripe_mask], txn, resource, mode, grants)
 
     def undo_retains(self, tid: Hashable, grants: list) -> None:
         """Rule 4 for a savepoint whose locks ``try_retain`` granted: ``tid`` retains again, on each resource

@@ -127,6 +127,10 @@ class RuleManager(TransactionExtension):
 
     # --- the extension hooks -------------------------------------------------------------------
 
+    #: A frame's hooks would do nothing here (its RuleContext has no deferred queue: one materializes it,
+    #: ``deferred_queue_for``; gate keys are a spawned child's or a top-level's), so they are not called.
+    frame_hooks = False
+
     def wants_old_images(self, table: str) -> bool:
         return self.observes(table)
 
@@ -190,8 +194,13 @@ class RuleManager(TransactionExtension):
         if len(rules) == 1:                 # the common case, without the comprehension's call and lists
             rule = rules[0]
             firing = Firing(rule, event, (*chain, rule.name), rule.coupling, next(self._numbers))
-            if firing.coupling is _IMMEDIATE:
-                self._run_groups(transaction, (firing,), "immediate")
+            if firing.coupling is _IMMEDIATE:     # one group of one firing, without _run_groups' loops
+                try:
+                    transaction.run_subtransaction(self.execute, firing, name=_transaction_name(rule))
+                except DependencyAbort:
+                    pass
+                except BaseException as error:
+                    _raise_failure(firing, error, "immediate")
                 return
             firings = (firing,)
         else:
@@ -216,13 +225,13 @@ class RuleManager(TransactionExtension):
             if self.execution == "inline" or len(group) == 1:
                 for firing in group:
                     try:
-                        transaction.run_subtransaction(self.execute, firing, name=firing.transaction_name)
+                        transaction.run_subtransaction(self.execute, firing, name=_transaction_name(firing.rule))
                     except DependencyAbort:
                         pass
                     except BaseException as error:
                         failures.append((firing, error))
             else:
-                handles = [(firing, transaction.spawn(self.execute, firing, name=firing.transaction_name))
+                handles = [(firing, transaction.spawn(self.execute, firing, name=_transaction_name(firing.rule)))
                            for firing in group]
                 # One wait of the parent for the whole group (one registration in the wait-for graph).
                 SubtransactionHandle.wait_all([handle for _, handle in handles])
@@ -234,12 +243,7 @@ class RuleManager(TransactionExtension):
                     except BaseException as error:
                         failures.append((firing, error))
             if failures:
-                firing, error = failures[0]
-                if isinstance(error, (RuleFailed, CascadeLimitExceeded)):
-                    raise error
-                raise RuleFailed(
-                    f"{what} rule {firing.rule.name!r} failed on {firing.event.describe()}: {error!r}",
-                    firing.rule.name, firing.event) from error
+                _raise_failure(*failures[0], what)
 
     def fire(self, transaction: Transaction, firings: list[Firing], *, shared: bool = False) -> list[Fired]:
         """Run ``firings`` (planned by the caller: the capture consumer) in order, each as :meth:`execute` does
@@ -252,7 +256,7 @@ class RuleManager(TransactionExtension):
         fired = []
         for firing in firings:
             try:
-                executed = transaction.run_subtransaction(self.execute, firing, name=firing.transaction_name)
+                executed = transaction.run_subtransaction(self.execute, firing, name=_transaction_name(firing.rule))
             except RuleFailed as error:
                 fired.append(Fired(FiringOutcome.FAILED, error.__cause__ or error))
             except CascadeLimitExceeded as error:
@@ -296,3 +300,19 @@ class RuleManager(TransactionExtension):
             if observers.on_firing_end:
                 observers.call("on_firing_end", transaction, firing, outcome)
         return True
+
+
+_NAMES: dict[str, str] = {}     # rule name -> the name of its firings' transactions (``_transaction_name``)
+
+
+def _transaction_name(rule: Rule) -> str:
+    """``rule:<name>``, the name of the transactions that run ``rule``'s firings (made once per rule name)."""
+    return _NAMES.get(rule.name) or _NAMES.setdefault(rule.name, f"rule:{rule.name}")
+
+
+def _raise_failure(firing: Firing, error: BaseException, what: str) -> None:
+    """Raise what a failed ``firing`` (it raised ``error``) makes its parent raise."""
+    if isinstance(error, (RuleFailed, CascadeLimitExceeded)):
+        raise error
+    raise RuleFailed(f"{what} rule {firing.rule.name!r} failed on {firing.event.describe()}: {error!r}",
+                     firing.rule.name, firing.event) from error

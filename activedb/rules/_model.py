@@ -87,12 +87,10 @@ class FunctionRule(Rule):
         self.enabled = enabled
         self.name = name or getattr(action, "__name__", None)
         self.__doc__ = getattr(action, "__doc__", None)
-
-    def condition(self, tx: "Transaction", event: Event) -> bool:
-        return True if self._when is None else self._when(tx, event)
-
-    def action(self, tx: "Transaction", event: Event) -> Any:
-        return self._action(tx, event)
+        # The functions themselves as ``condition`` and ``action`` (no wrapper call per firing).
+        self.action = action
+        if when is not None:
+            self.condition = when
 
     def condition_function(self) -> Callable | None:
         return self._when
@@ -118,11 +116,6 @@ class Firing:
     @property
     def priority(self):
         return self.rule.priority
-
-    @property
-    def transaction_name(self) -> str:
-        """The name of the transaction that runs it (``rule:<name>``)."""
-        return f"rule:{self.rule.name}"
 
 
 class FiringOutcome(enum.StrEnum):

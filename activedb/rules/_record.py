@@ -29,7 +29,9 @@ class FiringRecord:
     def dispatched(self, root: "Transaction", rules: "list[Rule]") -> None:
         """``rules`` fired in ``root``'s tree (a tree that has ended already is counted at once)."""
         context = root.slot(RuleContext)
-        with self._mutex:
+        mutex = self._mutex
+        mutex.acquire()         # (not ``with``: half its cost, twice per firing)
+        try:
             tally = context.firings
             if tally is None:
                 tally = context.firings = {}
@@ -45,6 +47,8 @@ class FiringRecord:
                     self._per_mode[rule.coupling] += 1
                 elif count is None:
                     couplings[name] = rule.coupling
+        finally:
+            mutex.release()
 
     def fold(self, root: "Transaction") -> None:
         """``root``'s tree ended: add its firing record to the counters."""
@@ -64,8 +68,12 @@ class FiringRecord:
             setattr(counter, what, getattr(counter, what) + amount)
 
     def executed(self, name: str) -> None:
-        with self._mutex:
+        mutex = self._mutex
+        mutex.acquire()
+        try:
             self._counters[name].executed += 1
+        finally:
+            mutex.release()
 
     def snapshot(self) -> tuple[dict[str, RuleCounters], dict[str, int]]:
         """Copies of the per-rule counters and of the per-coupling firings (by the coupling's value)."""

@@ -92,15 +92,15 @@ class RuleRegistry:
         if rule.priority is not None and (isinstance(rule.priority, bool)
                                           or not isinstance(rule.priority, (int, float))):
             raise RuleError(f"rule {name!r}: priority must be a number (higher runs first) or None")
-        for part in ("condition", "action"):
-            if not callable(getattr(rule, part, None)):
-                raise RuleError(f"rule {name!r}: {part} must be callable")
         if isinstance(rule, FunctionRule):
             if not callable(rule.action_function()):
                 raise RuleError(f"rule {name!r}: the action must be callable, got {rule.action_function()!r}")
             when = rule.condition_function()
             if when is not None and not callable(when):
                 raise RuleError(f"rule {name!r}: when= must be callable (tx, event) -> bool, got {when!r}")
+        for part in ("condition", "action"):
+            if not callable(getattr(rule, part, None)):
+                raise RuleError(f"rule {name!r}: {part} must be callable")
         spec = rule.on
         if spec.is_data:
             try:

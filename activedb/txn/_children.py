@@ -139,7 +139,7 @@ class Children:
                 raise
             child.commit()
         finally:
-            child.manager.pop_running()
+            child.manager._local.running.pop()      # (pop_running, without its call)
         return result
 
     def retry(self, function: Callable[..., Any], *args: Any, attempts: int = 3, **kwargs: Any) -> Any:
@@ -191,7 +191,7 @@ def _begin_inline(parent: "Transaction", name: str | None) -> "Transaction":
         child = _new_child(parent, name, inline=True)
     manager.push_running(child)
     try:
-        for hook in manager.extensions.on_begin:
+        for hook in manager.extensions.on_begin_in_frames if child._frame else manager.extensions.on_begin:
             hook(child)
         if observers.on_begin:
             observers.call("on_begin", child)

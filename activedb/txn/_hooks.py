@@ -42,6 +42,11 @@ class TransactionExtension:
     def after_end(self, transaction: "Transaction", committed: bool) -> None:
         """``transaction`` committed (a top-level one: after PostgreSQL committed) or aborted."""
 
+    #: False: ``on_begin``, ``before_commit`` and a commit's ``after_end`` are not called for a *frame* (an
+    #: inline subtransaction nobody has registered anything on, txn README "Frames"); an extension that
+    #: needs them for a node it is in materializes it first (``tx.materialize()``: from then on a node).
+    frame_hooks: bool = True
+
 
 class WaitKind(enum.StrEnum):
     """What a transaction waits for (``TransactionManager.waiting``, ``Observer.on_wait_start``); the kind of the
@@ -85,7 +90,8 @@ class Observer:
 
 
 class HookRegistry:
-    """Members of one hook class; ``registry.<hook>`` is the tuple of bound methods that override it.
+    """Members of one hook class; ``registry.<hook>`` is the tuple of bound methods that override it,
+    ``registry.<hook>_in_frames`` those of members whose ``frame_hooks`` is true.
 
     ``passive=True`` (observers): a member whose hook raises is removed and the error logged.
     """
@@ -122,6 +128,8 @@ class HookRegistry:
             bound = tuple(getattr(member, name) for member in self._members
                           if getattr(type(member), name, default) is not default)
             setattr(self, name, bound)
+            setattr(self, f"{name}_in_frames", tuple(hook for hook in bound
+                                                     if getattr(hook.__self__, "frame_hooks", True)))
 
     def call(self, name: str, *args: Any) -> None:
         """Call hook ``name`` on every member overriding it (passive: isolate failures)."""

@@ -225,7 +225,8 @@ class Transaction(Reads, Writes, Children):
             self._check_active("commit")
         manager = self.manager
         try:
-            for hook in manager.extensions.before_commit:
+            extensions = manager.extensions
+            for hook in extensions.before_commit_in_frames if self._frame else extensions.before_commit:
                 hook(self)
         except BaseException as error:
             self.abort(error)
@@ -349,7 +350,7 @@ def _end_frame(node: Transaction) -> None:
     node._state = _COMMITTED
     if manager.recorder:
         manager.recorder.record("commit", node.id, parent=node.parent.id, root=node.root.id)
-    for hook in manager.extensions.after_end:
+    for hook in manager.extensions.after_end_in_frames:
         hook(node, True)
     if manager.observers.on_commit:
         manager.observers.call("on_commit", node)

@@ -417,3 +417,73 @@ def test_overwrites_of_an_ancestors_write_undo_and_fall_back_alike_in_every_repr
     assert values == [2, (1, None), 5, 3, 3, 6, (10, 8), (10, 8)]
     assert table == {"a": 10, "b": 8}
     assert db.transactions.locks.statistics().transactions == 0
+
+
+class _EndHooks(activedb.TransactionExtension):
+    """Records, per rule transaction, which of the begin/commit/end hooks it got and whether it was a frame
+    at its ``before_commit`` (an extension with the default ``frame_hooks``: every node, frames included)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple] = []
+
+    def on_begin(self, transaction) -> None:
+        if transaction.name:
+            self.seen.append(("begin", transaction.name))
+
+    def before_commit(self, transaction) -> None:
+        if transaction.name:
+            self.seen.append(("before_commit", transaction.name, transaction._frame))
+
+    def after_end(self, transaction, committed: bool) -> None:
+        if transaction.name:
+            self.seen.append(("after_end", transaction.name, committed))
+
+
+def test_a_frame_that_queues_a_deferred_firing_becomes_a_node_and_runs_it_at_its_commit(db):
+    """An immediate rule's frame that raises a deferred rule's event falls back to a node (the rule manager
+    skips frames' hooks, and the deferred queue is run by its ``before_commit``): the deferred rule runs at
+    that frame's commit, before the emitting transaction goes on, alike in every representation; an
+    extension with the default ``frame_hooks`` hears of frames as of any node."""
+    actions = ([("write", "a", 5), ("emit", 3), ("read", "b")], [], [], [("read", "a"), ("write", "b", 10)])
+    program = (actions, [("emit", 0), ("read", "b")])
+    hooks = {}
+    try:
+        for representation in Subtransactions:
+            extension = db.transactions.extensions.add(_EndHooks())
+            try:
+                hooks[representation] = (_run(db, program, representation), extension.seen)
+            finally:
+                db.transactions.extensions.remove(extension)
+    finally:
+        db.transactions.subtransactions = Subtransactions.FRAMES
+    (outcome, table, reads, fired), seen = hooks[Subtransactions.FRAMES]
+    assert (outcome, table) == ("committed", {"a": 6, "b": 12})
+    assert reads == [("rule0", "b", 2), ("rule3", "a", 6), ("top", "b", 12)]
+    assert fired == {"lazy_equivalence_0": 1, "lazy_equivalence_3": 1}
+    assert hooks[Subtransactions.LAZY][0] == hooks[Subtransactions.MATERIALIZED][0] == hooks[Subtransactions.FRAMES][0]
+    rule0, rule3 = "rule:lazy_equivalence_0", "rule:lazy_equivalence_3"
+    # (The rule manager's before_commit, which runs rule 3, comes before this extension's: added first.)
+    assert seen == [("begin", rule0), ("begin", rule3), ("before_commit", rule3, True), ("after_end", rule3, True),
+                    ("before_commit", rule0, False), ("after_end", rule0, True)]
+    assert [entry[:2] for entry in hooks[Subtransactions.MATERIALIZED][1]] == [entry[:2] for entry in seen]
+    assert db.transactions.locks.statistics().transactions == 0
+
+
+def test_a_frame_kept_after_its_firing_ended_refuses_work_as_its_node_would(db, use):
+    """A rule action that keeps its transaction: after the firing ended, using it fails clearly (it is
+    committed), with frames as with registered nodes."""
+    for representation in (Subtransactions.FRAMES, Subtransactions.MATERIALIZED):
+        use(representation)
+        kept = []
+        PROGRAM.actions = [[], [], [], []]
+        rule = db.rules.get("lazy_equivalence_1")
+        original = rule.action
+        rule.action = lambda tx, event: kept.append(tx)
+        try:
+            with db.transaction() as tx:
+                tx.emit("lazy1")
+                with pytest.raises(activedb.TransactionError, match="committed"):
+                    kept[0].write("items", "z", value=1)
+        finally:
+            rule.action = original
+        assert kept[0].state is activedb.TxnState.COMMITTED
