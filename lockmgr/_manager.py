@@ -168,8 +168,8 @@ class LockManager:
         # transitions), the wait-for graph (waits, request, every _Request), the counters below, and -- with
         # the stripe mutex -- every lock that has waiters.
         self._graph_mutex = threading.Lock()
-        # The wait queues' counters and the condition they notify, on the graph mutex (``_queues``).
-        self._queues = WaitQueues(self._graph_mutex)
+        # The wait queues' counters, guarded by the graph mutex (``_queues``).
+        self._queues = WaitQueues()
         # tid -> _Txn of every ACTIVE or COMMITTING transaction.  Written with the graph mutex held; the fast
         # path reads it without (one dict lookup, atomic).
         self._active: dict[Hashable, _Txn] = {}
@@ -614,7 +614,6 @@ class LockManager:
                 return wait
             txn.external = txn.external + (wait,)
             self._queues.registered += 1
-            self._queues.changed.notify_all()
             self._resolve([(wait, list(edges))])
             if wait.status is VICTIM:
                 raise wait.error
@@ -642,11 +641,6 @@ class LockManager:
         folded = sum(stripe.folded for stripe in self._stripes)
         return LockStatistics(transactions=transactions, locks=locks, waiting=waiting, registered_waits=registered,
                               folded=folded, **counters)
-
-    def wait_until_waiting(self, count: int, timeout: float | None = None) -> bool:
-        """Block until at least ``count`` lock requests are waiting; False if ``timeout`` passed first."""
-        with self._queues.changed:
-            return self._queues.changed.wait_for(lambda: self._queues.waiting >= count, timeout)
 
     def snapshot(self) -> LockTableSnapshot:
         """A consistent copy of the whole lock table, the tree and the wait-for graph (takes every mutex,
@@ -701,7 +695,6 @@ class LockManager:
                 return
             self._counters["waits"] += 1
             request.condition = threading.Condition(self._graph_mutex)
-            self._queues.changed.notify_all()
             self._resolve(events)
             while request.status is WAITING:
                 if deadline is None:

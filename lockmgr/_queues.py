@@ -6,7 +6,6 @@ check must see.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from lockmgr._entries import _blockers, _discard_if_empty, _fold_if_crowded, _hold, _release, _set_waits
@@ -17,13 +16,12 @@ class WaitQueues:
     """The queue operations of one lock manager.  Fields are guarded by the manager's graph mutex.
 
     Invariants: ``waiting`` = number of ``_Request`` objects with status WAITING; ``registered`` = number of
-    registered waits (``ExternalWait``) with status WAITING; ``changed`` is notified whenever either moves.
+    registered waits (``ExternalWait``) with status WAITING.
     """
 
-    __slots__ = ("changed", "waiting", "registered")
+    __slots__ = ("waiting", "registered")
 
-    def __init__(self, graph_mutex: threading.Lock) -> None:
-        self.changed = threading.Condition(graph_mutex)
+    def __init__(self) -> None:
         self.waiting = 0
         self.registered = 0
 
@@ -88,7 +86,6 @@ class WaitQueues:
         _set_waits(txn, _NO_WAITS)
         txn.request = None
         self.waiting -= 1
-        self.changed.notify_all()
         if request.condition is not None:
             request.condition.notify()
 
@@ -110,4 +107,3 @@ class WaitQueues:
         wait.error = error
         wait.targets = {}
         self.registered -= 1
-        self.changed.notify_all()

@@ -18,7 +18,7 @@ from lockmgr import (
     TransactionNotActive,
     UnknownTransaction,
 )
-from lockmgr.testing import Scenario
+from lockmgr.testing import Scenario, wait_until
 from tests.lockmgr._trees import commits, manager
 
 IR, IW, R, RIW, W = Mode.IR, Mode.IW, Mode.READ, Mode.RIW, Mode.WRITE
@@ -277,7 +277,7 @@ def test_abort_from_another_thread_wakes_the_waiter_with_transaction_aborted():
 
     thread = threading.Thread(target=body, daemon=True)
     thread.start()
-    assert lm.wait_until_waiting(1, timeout=10)
+    wait_until(lambda: lm.statistics().waiting >= 1, timeout=60, message="B's request waiting")
     lm.abort("B")
     thread.join(10)
     assert not thread.is_alive() and len(errors) == 1
