@@ -624,6 +624,9 @@ class TreeModel:
         blockers = self._blockers(owner, entry, target)
         if not blockers:
             entry.held[owner] = target
+            for earlier in entry.waiting:       # a grant past a waiter (a retainer's descendant) blocks it too
+                request = self.requests[earlier]
+                request.blockers = self._blockers(earlier, entry, request.target)
             return "granted"
         self.requests[owner] = Request(owner, resource, mode, target, blockers)
         entry.waiting.append(owner)
