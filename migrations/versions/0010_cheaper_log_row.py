@@ -21,7 +21,9 @@ DECLARE
     definition text := pg_get_functiondef('activedb_capture_sequence()'::regprocedure);
 BEGIN
     IF position('{old}' IN definition) = 0 THEN
-        RAISE EXCEPTION 'activedb_capture_sequence() was changed outside activedb''s migrations';
+        RAISE EXCEPTION 'activedb_capture_sequence() was changed outside activedb''s migrations: restore the '
+            'definition revision 0004_capture created (or revision 0010''s, on a downgrade), then run the '
+            'migration again';
     END IF;
     EXECUTE replace(definition, '{old}', '{new}');
 END
