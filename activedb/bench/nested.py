@@ -55,8 +55,10 @@ def _sweep(database, report: BenchReport, label: str, configurations, total_obje
     """Each configuration ``repeat`` times, interleaved (round r runs every configuration once, so that a
     change of the machine's load hits all of them alike), each sample after a full garbage collection
     (untimed: a collection of the whole heap takes longer than a hierarchy, and would land on whichever
-    sample crossed the threshold).  The growth is taken between medians; the spread (the largest
-    interquartile range, relative to its median) says whether the growth is above the noise."""
+    sample crossed the threshold).  The growth is taken between medians; the spread is the largest
+    interquartile range relative to its median (the samples' dispersion), the noise the half-widths of the 95 %
+    confidence intervals of the two medians compared (order statistics, no distribution assumed): the growth
+    is above the noise when it exceeds their sum."""
     samples: dict[tuple[int, int], list[float]] = {config: [] for config in configurations}
     for round_number in range(repeat):
         for transactions, fanout in configurations:
@@ -65,25 +67,29 @@ def _sweep(database, report: BenchReport, label: str, configurations, total_obje
                 _hierarchy(database, transactions, fanout, total_objects, round_number))
     timings = [(config, statistics.median(values)) for config, values in samples.items()]
     baseline_config, baseline = timings[0]
-    spreads = []
+    spreads, noise = [], {}
     for (transactions, fanout), cpu in timings:
         values = samples[(transactions, fanout)]
         low, high = _quartiles(values)
         spreads.append((high - low) / cpu)
+        ci_low, ci_high = _median_interval(values)
+        noise[(transactions, fanout)] = (ci_high - ci_low) / 2 / cpu
         report.add(Row(
             name=f"{label}: {transactions} transactions, fanout {fanout}", value=cpu * 1000, unit="ms CPU",
             baseline_name=f"{baseline_config[0]} tx, fanout {baseline_config[1]}", baseline=baseline * 1000,
             ratio=cpu / baseline,
             extra={"median_ms": round(cpu * 1000, 3), "quartiles_ms": [round(low * 1000, 3), round(high * 1000, 3)],
                    "min_ms": round(min(values) * 1000, 3), "max_ms": round(max(values) * 1000, 3),
+                   "median_ci95_ms": [round(bound * 1000, 3) for bound in _median_interval(values)],
                    "samples": len(values)},
         ))
-    growth = max(cpu for _, cpu in timings) / min(cpu for _, cpu in timings) - 1
-    spread = max(spreads)
+    (highest, top), (lowest, bottom) = max(timings, key=lambda item: item[1]), min(timings, key=lambda item: item[1])
+    growth = top / bottom - 1
+    spread, margin = max(spreads), noise[highest] + noise[lowest]
     report.add(Row(name=f"{label}: growth across the sweep (max/min - 1 of the medians)", value=growth * 100,
                    unit="%", target="<= 15 %", met=growth <= 0.15,
                    extra={"largest_interquartile_range_pct": round(spread * 100, 1), "samples_per_point": repeat,
-                          "growth_above_noise": growth > spread}))
+                          "median_ci95_halfwidths_pct": round(margin * 100, 1), "growth_above_noise": growth > margin}))
     report.add_series(Series(label, "CPU per hierarchy (median of the repeats)", x_label, "ms CPU",
                              [(x_of(config), cpu * 1000) for config, cpu in timings]))
 
@@ -94,6 +100,13 @@ def _quartiles(values: list[float]) -> tuple[float, float]:
         return min(values), max(values)
     quartiles = statistics.quantiles(values, n=4)
     return quartiles[0], quartiles[2]
+
+
+def _median_interval(values: list[float]) -> tuple[float, float]:
+    """A distribution-free 95 % confidence interval of the median: the order statistics n/2 ± 0.98·√n."""
+    ordered, count = sorted(values), len(values)
+    half = 0.98 * count ** 0.5
+    return ordered[max(0, int(count / 2 - half))], ordered[min(count - 1, int(count / 2 + half + 0.999))]
 
 
 def _spawn_vs_executor(database, report: BenchReport, count: int) -> None:

@@ -112,13 +112,13 @@ class Children:
         The child commits when the function returns and aborts (with its descendants)
         if it raises; ``handle.result()`` returns the value or re-raises the error.
         """
-        child = _new_child(self, name)
-        task = self.manager.pool.submit(_run_body, child, function, args, kwargs)
-        with self._mutex:
-            if child.id in self._children:      # not already ended (and forgotten) on a worker
-                if self._tasks is _EMPTY:
-                    self._tasks = {}
-                self._tasks[child.id] = task
+        child = _new_child(self, name, body=(function, args, kwargs))
+        task = self._tasks[child.id]    # registered with the child, before any worker can end it
+        try:
+            self.manager.pool.start(task)
+        except BaseException as error:      # the pool is shut down: the child ends (and is forgotten) here
+            child.abort(error)
+            raise
         return SubtransactionHandle(child, task)
 
     def subtransaction(self, name: str | None = None) -> "InlineSubtransaction":
@@ -232,8 +232,10 @@ class InlineSubtransaction:
         return False
 
 
-def _new_child(node: "Transaction", name: str | None = None, *, inline: bool = False) -> "Transaction":
-    """A child of ``node``, registered among its children (spawned, or inline and not a frame)."""
+def _new_child(node: "Transaction", name: str | None = None, *, inline: bool = False,
+               body: tuple | None = None) -> "Transaction":
+    """A child of ``node``, registered among its children (spawned, or inline and not a frame); ``body``:
+    ``(function, args, kwargs)`` of a spawned child, whose task is registered with it (one mutex section)."""
     if node._doomed is not None or node._state is not TxnState.ACTIVE:
         node._check_active("starting a subtransaction")
     manager = node.manager
@@ -249,6 +251,10 @@ def _new_child(node: "Transaction", name: str | None = None, *, inline: bool = F
         if node._children is _EMPTY:
             node._children = {}
         node._children[child.id] = child
+        if body is not None:
+            if node._tasks is _EMPTY:
+                node._tasks = {}
+            node._tasks[child.id] = Task(_run_body, child, *body)
     if manager.recorder:
         manager.recorder.record("spawn", node.id, root=node.root.id, detail=child.id)
     if manager.observers.on_spawn:

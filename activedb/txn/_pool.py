@@ -4,8 +4,8 @@ Not ``ThreadPoolExecutor``: a subtransaction tree can block every worker on its 
 then sit in the queue forever.  Here a thread that waits for a task not started yet claims it and runs it
 inline (help-while-waiting, as in fork/join pools): progress never depends on a free worker.
 
-Thread-safety: ``_mutex`` protects ``_queue``, ``_idle``, ``_woken`` and ``_threads``; each task's
-``_state_mutex`` protects its state.  Order: a task's mutex is never held while taking the pool's.
+Thread-safety: ``_mutex`` protects ``_queue``, ``_idle``, ``_woken`` and ``_threads``; a task is claimed by
+the one thread whose non-blocking acquire of its ``_claimed`` lock succeeds (no mutex is held around it).
 """
 
 from __future__ import annotations
@@ -29,14 +29,13 @@ class Task:
     commits: each object is work for the garbage collector): the end is signalled by releasing ``_done``,
     a lock acquired from the start, instead of a ``threading.Event`` (a condition, its lock and a deque)."""
 
-    __slots__ = ("_function", "_args", "_state", "_state_mutex", "_done", "_finished", "result", "error",
-                 "__weakref__")
+    __slots__ = ("_function", "_args", "_claimed", "_done", "_finished", "result", "error", "__weakref__")
 
     def __init__(self, function: Callable[..., Any], *args: Any):
         self._function = function
         self._args = args
-        self._state = TaskState.QUEUED
-        self._state_mutex = threading.Lock()   # protects _state
+        # Acquired (never released) by the one thread that runs the task: QUEUED -> RUNNING is that acquire.
+        self._claimed = threading.Lock()
         self._done = threading.Lock()          # held until the task is done (then released for good)
         self._done.acquire()
         self._finished = False
@@ -45,15 +44,13 @@ class Task:
 
     @property
     def state(self) -> TaskState:
-        return self._state
+        if self._finished:
+            return TaskState.DONE
+        return TaskState.RUNNING if self._claimed.locked() else TaskState.QUEUED
 
     def claim(self) -> bool:
-        """Atomically move QUEUED -> RUNNING; False if someone else has it."""
-        with self._state_mutex:
-            if self._state is not TaskState.QUEUED:
-                return False
-            self._state = TaskState.RUNNING
-            return True
+        """Atomically move QUEUED -> RUNNING; False if someone else has it (one non-blocking acquire)."""
+        return self._claimed.acquire(False)
 
     def run(self) -> None:
         """Run the claimed task.  Precondition: ``claim()`` returned True in this thread."""
@@ -63,8 +60,6 @@ class Task:
             self.error = error
         finally:
             self._function = self._args = None
-            with self._state_mutex:
-                self._state = TaskState.DONE
             self._finished = True
             self._done.release()
 
@@ -105,7 +100,10 @@ class WorkerPool:
 
     def submit(self, function: Callable[..., Any], *args: Any) -> Task:
         """Queue ``function(*args)`` and wake (or start) a worker for it."""
-        task = Task(function, *args)
+        return self.start(Task(function, *args))
+
+    def start(self, task: Task) -> Task:
+        """Queue ``task`` (made by the caller, who may have registered it first) and wake or start a worker."""
         with self._mutex:
             if self._shutdown:
                 raise RuntimeError("the worker pool is shut down (the Database was closed)")

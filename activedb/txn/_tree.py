@@ -241,8 +241,10 @@ class Transaction(Reads, Writes, Children):
         try:
             # COMMITTING: no operation of this node runs any more, so what its own operations hold
             # becomes retained before it waits for its children (they may need those rows).  (A lazy node
-            # holds nothing itself and has no children.)
-            if not self._lazy:
+            # holds nothing itself and has no children.  A subtransaction without live children skips
+            # it: its commit makes its parent retain what it holds, and meanwhile its holds keep out
+            # exactly what retains would, as it has no descendants — lockmgr README §9.)
+            if not self._lazy and (self._children or self.parent is None):
                 manager.locking.release_holds(self)
             if self._tasks:                # only spawned children have tasks (an inline child has ended)
                 self.wait_children()

@@ -8,7 +8,8 @@ import sqlalchemy as sa
 import activedb
 from activedb import testing
 from activedb import TxnState
-from lockmgr import Deadlock
+from activedb.txn import _pool
+from lockmgr import Deadlock, Mode
 
 pytestmark = pytest.mark.db(record_history=True)
 
@@ -470,3 +471,32 @@ def test_a_group_of_spawned_children_is_waited_for_at_once(db):
             handles[-1].result()
         assert [handle.result() for handle in handles[:3]] == [None, None, None]
     assert sorted(committed(db, "items")) == [("w0",), ("w1",), ("w2",)]
+
+
+def test_a_spawned_child_without_children_commits_its_holds_into_its_parents_retains(db):
+    """A committing subtransaction with no live child skips making its holds retained first (its commit
+    makes the parent retain them, and until then holding keeps out exactly what retaining would): after
+    the commit the parent retains the row, a later sibling may write it, another tree may not.  The task's
+    state moves QUEUED -> RUNNING -> DONE on the claim, whoever claims it."""
+    locking = db.transactions.locking
+
+    def write(child, value):
+        child.write("items", "shared", value=value)
+        assert locking.holders("items", ("shared",)).held.get(child.id) is Mode.WRITE
+
+    with db.transaction() as tx:
+        first = tx.spawn(write, 1)
+        first.result()
+        holders = locking.holders("items", ("shared",))
+        assert holders.held == {} and holders.retained == {tx.id: Mode.WRITE}
+        tx.spawn(write, 2).result()                       # a sibling: inside the retainer's sphere
+        with db.transaction() as other:
+            assert not db.transactions.locks.try_acquire(other.id, ("row", "items", ("shared",)),
+                                                         Mode.READ), "another tree is kept out"
+        task = _pool.Task(lambda: 7)
+        assert task.state is _pool.TaskState.QUEUED
+        assert task.claim() and not task.claim()
+        assert task.state is _pool.TaskState.RUNNING
+        task.run()
+        assert task.state is _pool.TaskState.DONE and task.wait(0) and task.result == 7
+    assert committed(db, "items")[("shared",)]["value"] == 2
