@@ -4,7 +4,7 @@ Not ``ThreadPoolExecutor``: a subtransaction tree can block every worker on its 
 then sit in the queue forever.  Here a thread that waits for a task not started yet claims it and runs it
 inline (help-while-waiting, as in fork/join pools): progress never depends on a free worker.
 
-Thread-safety: ``_mutex`` protects ``_queue``, ``_idle``, ``_woken`` and ``_threads``; a task is claimed by
+Thread-safety: ``_mutex`` protects ``_queue``, ``_sleepers`` and ``_threads``; a task is claimed by
 the one thread whose non-blocking acquire of its ``_claimed`` lock succeeds (no mutex is held around it).
 """
 
@@ -88,13 +88,13 @@ class WorkerPool:
             raise ValueError("max_workers must be at least 1")
         self.max_workers = max_workers
         self._name = name
-        self._mutex = threading.Lock()           # protects _queue, _idle, _woken, _threads, _shutdown
-        self._work_available = threading.Condition(self._mutex)
+        self._mutex = threading.Lock()           # protects _queue, _sleepers, _threads, _shutdown
         self._queue: deque[Task] = deque()
-        self._idle = 0
-        # Invariant: 0 <= _woken <= _idle — idle workers already notified for a queued task but not yet
-        # awake: they are not idle for the next submit (else it would neither wake nor start a worker).
-        self._woken = 0
+        # The idle workers, each parked on its own lock (acquired); waking one is taking it out of the list
+        # and releasing its lock — no condition variable (``Condition.notify`` and ``wait`` are Python code,
+        # several microseconds per spawned child).  Invariant: a worker is in the list only while parked
+        # (or about to be), and a queued task finds either a sleeper or a new thread, as with ``notify``.
+        self._sleepers: list[threading.Lock] = []
         self._threads: list[threading.Thread] = []
         self._shutdown = False
 
@@ -108,9 +108,8 @@ class WorkerPool:
             if self._shutdown:
                 raise RuntimeError("the worker pool is shut down (the Database was closed)")
             self._queue.append(task)
-            if self._idle > self._woken:
-                self._woken += 1
-                self._work_available.notify()
+            if self._sleepers:
+                self._sleepers.pop().release()      # the last one parked: the warmest
             elif len(self._threads) < self.max_workers:
                 thread = threading.Thread(target=self._worker, name=f"{self._name}-{len(self._threads)}",
                                           daemon=True)
@@ -119,24 +118,28 @@ class WorkerPool:
         return task
 
     def _worker(self) -> None:
+        mutex, wake = self._mutex, threading.Lock()
+        wake.acquire()                     # parked on it: the submit that wakes this worker releases it
         while True:
-            with self._mutex:
-                while not self._queue and not self._shutdown:
-                    self._idle += 1
-                    self._work_available.wait()
-                    self._idle -= 1
-                    if self._woken:
-                        self._woken -= 1
-                if self._shutdown and not self._queue:
-                    return
-                task = self._queue.popleft()
+            mutex.acquire()
+            while not self._queue and not self._shutdown:
+                self._sleepers.append(wake)
+                mutex.release()
+                wake.acquire()
+                mutex.acquire()
+            if self._shutdown and not self._queue:
+                mutex.release()
+                return
+            task = self._queue.popleft()
+            mutex.release()
             if task.claim():   # False if its waiter already ran it inline
                 task.run()
 
     def shutdown(self, wait: bool = True) -> None:
         with self._mutex:
             self._shutdown = True
-            self._work_available.notify_all()
+            while self._sleepers:
+                self._sleepers.pop().release()
             threads = list(self._threads)
         if wait:
             current = threading.current_thread()
@@ -146,4 +149,4 @@ class WorkerPool:
 
     def statistics(self) -> dict[str, int]:
         with self._mutex:
-            return {"threads": len(self._threads), "idle": self._idle, "queued": len(self._queue)}
+            return {"threads": len(self._threads), "idle": len(self._sleepers), "queued": len(self._queue)}
