@@ -139,8 +139,9 @@ class Locking:
 
     def commit(self, node: "Transaction") -> None:
         """Rule 2 (a subtransaction: the parent retains what it held and retained) or Rule 3 (top-level:
-        release everything).  Precondition: its holds are retained and every child ended.  A lazy node's
-        locks are already its parent's holds: they become the parent's retains (Rule 2 exactly)."""
+        release everything).  Precondition: every child ended (a subtransaction without children may still
+        hold: its parent retains that too).  A lazy node's locks are already its parent's holds: they become
+        the parent's retains (Rule 2 exactly)."""
         if node._lazy:
             # Its grants are its parent's retains already (Rule 2 exactly); what it locked at table level
             # the parent now retains (``_answered_by_retains`` relies on that record).
