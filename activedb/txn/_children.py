@@ -183,13 +183,17 @@ def _begin_inline(parent: "Transaction", name: str | None) -> "Transaction":
                                             or observers.on_abort)):
         if parent._doomed is not None or parent._state is not _ACTIVE:
             parent._check_active("starting a subtransaction")
-        manager.locking.release_holds(parent)
+        if parent._holds:           # (``release_holds`` has nothing else to do: no lazy child, not lazy)
+            manager.locking.release_holds(parent)
         child = parent._lazy_child = type(parent)(manager, parent, name=name, inline=True, lazy=True, frame=True)
         if manager.recorder:
             manager.recorder.record("spawn", parent.id, root=parent.root.id, detail=child.id)
     else:
         child = _new_child(parent, name, inline=True)
-    manager.push_running(child)
+    try:
+        manager._local.running.append(child)        # (push_running, without its call)
+    except AttributeError:
+        manager.push_running(child)
     try:
         for hook in manager.extensions.on_begin_in_frames if child._frame else manager.extensions.on_begin:
             hook(child)
