@@ -40,6 +40,9 @@ class Subtransactions(enum.Enum):
     MATERIALIZED = "materialized"  # every node registered in the lock manager from its start (the reference)
 
 
+_FRAMES = Subtransactions.FRAMES
+
+
 class SubtransactionHandle:
     """The handle ``spawn`` returns: ``result(timeout)``, ``wait(timeout)``, ``done()``, ``state``."""
 
@@ -178,7 +181,7 @@ def _begin_inline(parent: "Transaction", name: str | None) -> "Transaction":
     live child and no observer wants node events: a lazy child that is not registered among the children."""
     manager = parent.manager
     observers = manager.observers
-    if (manager.subtransactions is Subtransactions.FRAMES and not parent._lazy and parent._lazy_child is None
+    if (manager.subtransactions is _FRAMES and not parent._lazy and parent._lazy_child is None
             and not parent._children and not (observers.on_begin or observers.on_spawn or observers.on_commit
                                             or observers.on_abort)):
         if parent._doomed is not None or parent._state is not _ACTIVE:

@@ -57,13 +57,25 @@ class Transaction(Reads, Writes, Children):
                  lazy: bool = False, frame: bool = False):
         self.manager = manager
         self.parent = parent
-        self.root: Transaction = parent.root if parent is not None else self
-        self.depth = parent.depth + 1 if parent is not None else 0
         number = next(manager._ids)
-        self.id = f"{parent.id}.{number}" if parent is not None else _ids.top_level_id(number)   # _ids.child_id
+        # The rows a node below the root wrote or relied on, one object per tree (``_view.TreeRows``); the
+        # tree's read base (see _view.ReadBase), only the root has one; when the tree began (the transaction
+        # log's began_at), only a top-level transaction needs it.
+        if parent is not None:
+            self.root: Transaction = parent.root
+            self.depth = parent.depth + 1
+            self.id = f"{parent.id}.{number}"    # _ids.child_id
+            self.began_at = None
+            self._tree_rows: TreeRows = parent._tree_rows
+            self._read_base = None
+        else:
+            self.root = self
+            self.depth = 0
+            self.id = _ids.top_level_id(number)
+            self.began_at = datetime.datetime.now(datetime.timezone.utc)
+            self._tree_rows = TreeRows()
+            self._read_base = read_base or manager.read_base
         self.name = name
-        # When the tree began (the transaction log's began_at); only a top-level transaction needs it.
-        self.began_at = datetime.datetime.now(datetime.timezone.utc) if parent is None else None
         #: Free-form JSON annotations of this transaction; a top-level transaction's are written into
         #: its transaction-log row (``activedb_transaction_log.info``).
         self.info: dict[str, Any] = {}
@@ -91,10 +103,6 @@ class Transaction(Reads, Writes, Children):
         # True once an operation of this node took a lock since its holds were last made retained
         # (written by the node's thread only).
         self._holds = False
-        # The rows a node below the root wrote or relied on, one object per tree (``_view.TreeRows``).
-        self._tree_rows: TreeRows = parent._tree_rows if parent is not None else TreeRows()
-        # The tree's read base (see _view.ReadBase); only the root has one.
-        self._read_base = (read_base or manager.read_base) if parent is None else None
         # True while this inline child has no lock-manager transaction of its own: its locks are taken in
         # its parent's name (README, "Lazy inline subtransactions"); ``materialize`` ends it.
         self._lazy = lazy
