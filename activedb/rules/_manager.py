@@ -21,7 +21,7 @@ from activedb.rules._model import Fired, Firing, FiringOutcome, Rule, RulesStati
 from activedb.rules._parallel import condition_then_action
 from activedb.rules._record import FiringRecord
 from activedb.rules._registry import RuleRegistry
-from activedb.txn import SubtransactionHandle, Transaction, TransactionExtension
+from activedb.txn import SubtransactionHandle, Transaction, TransactionExtension, run_inline
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.store import Catalog
@@ -202,8 +202,7 @@ class RuleManager(TransactionExtension):
             firing = Firing(rule, event, (*chain, name), rule.coupling, next(self._numbers))
             if firing.coupling is _IMMEDIATE:     # one group of one firing, without _run_groups' loops
                 try:
-                    transaction.run_subtransaction(self.execute, firing,
-                                                   name=_NAMES.get(name) or _transaction_name(rule))
+                    run_inline(transaction, self.execute, firing, _NAMES.get(name) or _transaction_name(rule))
                 except DependencyAbort:
                     pass
                 except BaseException as error:

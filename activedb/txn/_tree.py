@@ -41,6 +41,7 @@ logger = logging.getLogger("activedb.transaction")
 SlotType = TypeVar("SlotType")
 
 
+_new_mutex, _get_ident = threading.Lock, threading.get_ident     # (module constants: one lookup less per node)
 _NONE: tuple = ()   # a node's scans or participants until its first (its children and tasks: ``_EMPTY``)
 
 
@@ -52,7 +53,7 @@ class Transaction(Reads, Writes, Children):
                  "_slots", "_doomed", "_thread", "_read_base", "_holds", "_lazy", "_lazy_child", "_table_held",
                  "_table_retained", "_grants", "_frame", "_undo", "_tree_rows", "__weakref__")
 
-    def __init__(self, manager: "TransactionManager", parent: "Transaction | None", *,
+    def __init__(self, manager: "TransactionManager", parent: "Transaction | None",
                  name: str | None = None, read_base: "ReadBase | None" = None, inline: bool = False,
                  lazy: bool = False, frame: bool = False):
         self.manager = manager
@@ -80,7 +81,7 @@ class Transaction(Reads, Writes, Children):
         #: its transaction-log row (``activedb_transaction_log.info``).
         self.info: dict[str, Any] = {}
         self.subtransactions_committed = 0
-        self._mutex = threading.Lock()
+        self._mutex = _new_mutex()
         # Invariant: _state only moves ACTIVE -> COMMITTING -> COMMITTED, or to ABORTED from a non-final state.
         self._state = _ACTIVE
         # Invariant: exactly the children that have not ended (a child removes itself once it committed
@@ -99,7 +100,7 @@ class Transaction(Reads, Writes, Children):
         self._slots: dict[type, Any] | None = None
         self._doomed: BaseException | None = None
         # The thread that runs this node's operations (set again by a spawned child's worker).
-        self._thread = threading.get_ident()
+        self._thread = _get_ident()
         # True once an operation of this node took a lock since its holds were last made retained
         # (written by the node's thread only).
         self._holds = False
