@@ -101,7 +101,7 @@ _PHASES = (
     ("child commit", [("activedb/txn/_tree.py", "commit")], ["flush"]),
 )
 _DISPATCH = ("activedb/rules/_manager.py", "on_event")
-_RUN_FIRING = ("activedb/txn/_children.py", "run_subtransaction")     # called by the dispatch for each firing
+_RUN_FIRING = ("activedb/txn/_children.py", "run_inline")     # called by the dispatch for each firing
 
 
 def _database_wait(stats: pstats.Stats) -> float:

@@ -61,15 +61,16 @@ class RuleContext:
     couplings: dict[str, "Coupling"] | None = None
 
 
-def chain_of(transaction: "Transaction") -> tuple[str, ...]:
-    """The cascade of rule names that led to ``transaction`` (its nearest firing's chain; () if none)."""
+def chain_of(transaction: "Transaction", root: RuleContext) -> tuple[str, ...]:
+    """The cascade of rule names that led to ``transaction`` (its nearest firing's chain; () if none);
+    ``root``: the context of its tree's root, already at hand (the walk stops before the root's slot)."""
     node = transaction
-    while node is not None:
+    while node.parent is not None:
         context = node.slot(RuleContext, create=False)
         if context is not None and context.firing is not None:
             return context.firing.chain
         node = node.parent
-    return ()
+    return root.firing.chain if root.firing is not None else ()
 
 
 def deferred_queue_for(transaction: "Transaction", max_cycles: int) -> DeferredQueue:

@@ -17,11 +17,11 @@ from activedb.errors import CascadeLimitExceeded, RuleFailed, TransactionAborted
 from activedb.events import Event, EventKind
 from activedb.rules._context import RuleContext, chain_of, deferred_queue_for
 from activedb.rules._detached import DetachedRunner, DependencyAbort
-from activedb.rules._model import Fired, Firing, FiringOutcome, Rule, RulesStatistics
+from activedb.rules._model import Fired, Firing, FiringOutcome, Rule, RulesStatistics, always
 from activedb.rules._parallel import condition_then_action
 from activedb.rules._record import FiringRecord
 from activedb.rules._registry import RuleRegistry
-from activedb.txn import SubtransactionHandle, Transaction, TransactionExtension
+from activedb.txn import SubtransactionHandle, Transaction, TransactionExtension, run_inline
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.store import Catalog
@@ -184,19 +184,25 @@ class RuleManager(TransactionExtension):
         rules = self.registry.matching(event)
         if not rules:
             return
-        chain = chain_of(transaction)
+        root = transaction.root
+        tree = root.slot(RuleContext)       # the tree's firing record (and, on the root, its cascade chain)
+        if transaction is root:
+            chain = tree.firing.chain if tree.firing is not None else ()
+        else:
+            chain = chain_of(transaction, tree)
         if len(chain) + 1 > self.max_cascade_depth:
             names = " -> ".join((*chain, "|".join(rule.name for rule in rules)))
             raise CascadeLimitExceeded(
                 f"rule cascade deeper than {self.max_cascade_depth} in transaction {transaction.id}: {names}; "
                 f"break the cycle or raise max_cascade_depth", [*chain, *(rule.name for rule in rules)])
-        self.record.dispatched(transaction.root, rules)
+        self.record.dispatched(root, tree, rules)
         if len(rules) == 1:                 # the common case, without the comprehension's call and lists
             rule = rules[0]
-            firing = Firing(rule, event, (*chain, rule.name), rule.coupling, next(self._numbers))
+            name = rule.name
+            firing = Firing(rule, event, (*chain, name), rule.coupling, next(self._numbers))
             if firing.coupling is _IMMEDIATE:     # one group of one firing, without _run_groups' loops
                 try:
-                    transaction.run_subtransaction(self.execute, firing, name=_transaction_name(rule))
+                    run_inline(transaction, self.execute, firing, _NAMES.get(name) or _transaction_name(rule))
                 except DependencyAbort:
                     pass
                 except BaseException as error:
@@ -276,7 +282,8 @@ class RuleManager(TransactionExtension):
         outcome = _FAILED
         try:
             if rule.action_coupling is _IMMEDIATE:
-                if not rule.condition(transaction, event):
+                condition = rule.condition
+                if condition is not always and not condition(transaction, event):
                     self.count(rule, "condition_false")
                     outcome = _CONDITION_FALSE
                     return False

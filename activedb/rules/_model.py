@@ -89,8 +89,7 @@ class FunctionRule(Rule):
         self.__doc__ = getattr(action, "__doc__", None)
         # The functions themselves as ``condition`` and ``action`` (no wrapper call per firing).
         self.action = action
-        if when is not None:
-            self.condition = when
+        self.condition = when if when is not None else always
 
     def condition_function(self) -> Callable | None:
         return self._when
@@ -101,6 +100,11 @@ class FunctionRule(Rule):
     def __call__(self, tx: "Transaction", event: Event) -> Any:
         """The decorated function stays callable directly."""
         return self._action(tx, event)
+
+
+def always(tx: "Transaction", event: Event) -> bool:
+    """The condition of a ``FunctionRule`` declared without one (the dispatch skips calling it)."""
+    return True
 
 
 @dataclass(slots=True)

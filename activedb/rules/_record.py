@@ -26,9 +26,9 @@ class FiringRecord:
         self._counters: dict[str, RuleCounters] = collections.defaultdict(RuleCounters)
         self._per_mode: collections.Counter = collections.Counter()
 
-    def dispatched(self, root: "Transaction", rules: "list[Rule]") -> None:
-        """``rules`` fired in ``root``'s tree (a tree that has ended already is counted at once)."""
-        context = root.slot(RuleContext)
+    def dispatched(self, root: "Transaction", context: RuleContext, rules: "list[Rule]") -> None:
+        """``rules`` fired in ``root``'s tree, whose ``RuleContext`` is ``context`` (a tree that has ended
+        already is counted at once)."""
         mutex = self._mutex
         mutex.acquire()         # (not ``with``: half its cost, twice per firing)
         try:

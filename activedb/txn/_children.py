@@ -40,6 +40,9 @@ class Subtransactions(enum.Enum):
     MATERIALIZED = "materialized"  # every node registered in the lock manager from its start (the reference)
 
 
+_FRAMES = Subtransactions.FRAMES
+
+
 class SubtransactionHandle:
     """The handle ``spawn`` returns: ``result(timeout)``, ``wait(timeout)``, ``done()``, ``state``."""
 
@@ -130,17 +133,9 @@ class Children:
         """Run ``function(child, ...)`` as an inline subtransaction and return its result; the child
         commits when it returns and aborts (re-raising) when it raises — ``with tx.subtransaction()`` as
         one call, for code that needs the outcome without managing a context."""
-        child = _begin_inline(self, name)
-        try:
-            try:
-                result = function(child, *args, **kwargs)
-            except BaseException as error:
-                child.abort(error)
-                raise
-            child.commit()
-        finally:
-            child.manager._local.running.pop()      # (pop_running, without its call)
-        return result
+        if len(args) == 1 and not kwargs:
+            return run_inline(self, function, args[0], name)
+        return run_inline(self, lambda child, _: function(child, *args, **kwargs), None, name)
 
     def retry(self, function: Callable[..., Any], *args: Any, attempts: int = 3, **kwargs: Any) -> Any:
         """Run ``function(child, ...)`` as an inline subtransaction, re-running it (in a fresh
@@ -172,24 +167,45 @@ class Children:
                         raise TimeoutError(f"children of {self.id} did not end within {timeout} s")
 
 
+def run_inline(parent: "Transaction", function: Callable[[Any, Any], Any], argument: Any, name: str | None) -> Any:
+    """``parent.run_subtransaction(function, argument, name=name)``, its arguments positional: a rule firing's
+    path (no argument tuple, keyword dictionary or unpacking call per firing)."""
+    child = _begin_inline(parent, name)
+    try:
+        try:
+            result = function(child, argument)
+        except BaseException as error:
+            child.abort(error)
+            raise
+        child.commit()
+    finally:
+        child.manager._local.running.pop()      # (pop_running, without its call)
+    return result
+
+
 def _begin_inline(parent: "Transaction", name: str | None) -> "Transaction":
     """Create an inline child of ``parent`` and make it the transaction this thread runs; extensions and
     observers hear of its begin.  It is a *frame* (README, "Frames") when ``parent`` is not lazy and has no
     live child and no observer wants node events: a lazy child that is not registered among the children."""
     manager = parent.manager
     observers = manager.observers
-    if (manager.subtransactions is Subtransactions.FRAMES and not parent._lazy and parent._lazy_child is None
+    if (manager.subtransactions is _FRAMES and not parent._lazy and parent._lazy_child is None
             and not parent._children and not (observers.on_begin or observers.on_spawn or observers.on_commit
                                             or observers.on_abort)):
         if parent._doomed is not None or parent._state is not _ACTIVE:
             parent._check_active("starting a subtransaction")
-        manager.locking.release_holds(parent)
-        child = parent._lazy_child = type(parent)(manager, parent, name=name, inline=True, lazy=True, frame=True)
+        if parent._holds:           # (``release_holds`` has nothing else to do: no lazy child, not lazy)
+            manager.locking.release_holds(parent)
+        # (arguments positional: name, read_base, inline, lazy, frame — a class call with keywords costs more)
+        child = parent._lazy_child = type(parent)(manager, parent, name, None, True, True, True)
         if manager.recorder:
             manager.recorder.record("spawn", parent.id, root=parent.root.id, detail=child.id)
     else:
         child = _new_child(parent, name, inline=True)
-    manager.push_running(child)
+    try:
+        manager._local.running.append(child)        # (push_running, without its call)
+    except AttributeError:
+        manager.push_running(child)
     try:
         for hook in manager.extensions.on_begin_in_frames if child._frame else manager.extensions.on_begin:
             hook(child)

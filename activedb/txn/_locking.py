@@ -39,6 +39,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 _INTENTION = {Mode.READ: Mode.IR, Mode.UPDATE: Mode.IW, Mode.WRITE: Mode.IW}
+#: ``lockmgr.covers`` as a table (a lookup instead of a call: a lock request tests it once or twice).
+_COVERS = {stronger: {weaker: covers(stronger, weaker) for weaker in Mode} for stronger in Mode}
 
 
 def _note_table(node: "Transaction", name: str, mode: Mode) -> None:
@@ -56,7 +58,7 @@ def _note_tuple(node: "Transaction", name: str, mode: Mode) -> None:
     table-level mode covered the row (then nothing was asked at table level)."""
     held = node._table_held
     previous = held.get(name) if held is not None else None
-    if previous is not None and covers(previous, mode):
+    if previous is not None and _COVERS[previous][mode]:
         return
     _note_table(node, name, _INTENTION[mode])
 
@@ -222,15 +224,15 @@ class Locking:
             return True
         held = node._table_held
         table_mode = held.get(name) if held is not None else None
-        if table_mode is not None and covers(table_mode, mode):
+        if table_mode is not None and _COVERS[table_mode][mode]:
             return True          # its table lock covers the row (nothing is locked at row level)
         intention = _INTENTION[mode]
-        if table_mode is None or not covers(table_mode, intention):
+        if table_mode is None or not _COVERS[table_mode][intention]:
             # Answered by the parent's retains (the module docstring) unless the node locked the table itself.
             retained = node.parent._table_retained
             kept = retained.get(name) if retained is not None and (table_mode is None or table_mode in _INTENTIONS) \
                 else None
-            if kept is not None and covers(kept, intention):
+            if kept is not None and _COVERS[kept][intention]:
                 # (Not noted in ``_table_held``: the parent retains it already; the next row asks again.)
                 grants.append((("table", name), intention, lockmgr.UNCHANGED))
             elif locks.try_retain(parent_id, ("table", name), intention, grants):

@@ -41,6 +41,7 @@ logger = logging.getLogger("activedb.transaction")
 SlotType = TypeVar("SlotType")
 
 
+_new_mutex, _get_ident = threading.Lock, threading.get_ident     # (module constants: one lookup less per node)
 _NONE: tuple = ()   # a node's scans or participants until its first (its children and tasks: ``_EMPTY``)
 
 
@@ -52,23 +53,35 @@ class Transaction(Reads, Writes, Children):
                  "_slots", "_doomed", "_thread", "_read_base", "_holds", "_lazy", "_lazy_child", "_table_held",
                  "_table_retained", "_grants", "_frame", "_undo", "_tree_rows", "__weakref__")
 
-    def __init__(self, manager: "TransactionManager", parent: "Transaction | None", *,
+    def __init__(self, manager: "TransactionManager", parent: "Transaction | None",
                  name: str | None = None, read_base: "ReadBase | None" = None, inline: bool = False,
                  lazy: bool = False, frame: bool = False):
         self.manager = manager
         self.parent = parent
-        self.root: Transaction = parent.root if parent is not None else self
-        self.depth = parent.depth + 1 if parent is not None else 0
         number = next(manager._ids)
-        self.id = f"{parent.id}.{number}" if parent is not None else _ids.top_level_id(number)   # _ids.child_id
+        # The rows a node below the root wrote or relied on, one object per tree (``_view.TreeRows``); the
+        # tree's read base (see _view.ReadBase), only the root has one; when the tree began (the transaction
+        # log's began_at), only a top-level transaction needs it.
+        if parent is not None:
+            self.root: Transaction = parent.root
+            self.depth = parent.depth + 1
+            self.id = f"{parent.id}.{number}"    # _ids.child_id
+            self.began_at = None
+            self._tree_rows: TreeRows = parent._tree_rows
+            self._read_base = None
+        else:
+            self.root = self
+            self.depth = 0
+            self.id = _ids.top_level_id(number)
+            self.began_at = datetime.datetime.now(datetime.timezone.utc)
+            self._tree_rows = TreeRows()
+            self._read_base = read_base or manager.read_base
         self.name = name
-        # When the tree began (the transaction log's began_at); only a top-level transaction needs it.
-        self.began_at = datetime.datetime.now(datetime.timezone.utc) if parent is None else None
         #: Free-form JSON annotations of this transaction; a top-level transaction's are written into
         #: its transaction-log row (``activedb_transaction_log.info``).
         self.info: dict[str, Any] = {}
         self.subtransactions_committed = 0
-        self._mutex = threading.Lock()
+        self._mutex = _new_mutex()
         # Invariant: _state only moves ACTIVE -> COMMITTING -> COMMITTED, or to ABORTED from a non-final state.
         self._state = _ACTIVE
         # Invariant: exactly the children that have not ended (a child removes itself once it committed
@@ -87,14 +100,10 @@ class Transaction(Reads, Writes, Children):
         self._slots: dict[type, Any] | None = None
         self._doomed: BaseException | None = None
         # The thread that runs this node's operations (set again by a spawned child's worker).
-        self._thread = threading.get_ident()
+        self._thread = _get_ident()
         # True once an operation of this node took a lock since its holds were last made retained
         # (written by the node's thread only).
         self._holds = False
-        # The rows a node below the root wrote or relied on, one object per tree (``_view.TreeRows``).
-        self._tree_rows: TreeRows = parent._tree_rows if parent is not None else TreeRows()
-        # The tree's read base (see _view.ReadBase); only the root has one.
-        self._read_base = (read_base or manager.read_base) if parent is None else None
         # True while this inline child has no lock-manager transaction of its own: its locks are taken in
         # its parent's name (README, "Lazy inline subtransactions"); ``materialize`` ends it.
         self._lazy = lazy

@@ -487,3 +487,54 @@ def test_a_frame_kept_after_its_firing_ended_refuses_work_as_its_node_would(db, 
         finally:
             rule.action = original
         assert kept[0].state is activedb.TxnState.COMMITTED
+
+
+def test_run_subtransaction_takes_any_arguments_alike_in_every_representation(db, use):
+    """A firing runs through ``run_inline`` (one positional argument); ``run_subtransaction`` with one
+    argument goes the same way, with several or with keywords through a closure: each returns the
+    function's value and commits into its parent, or aborts (re-raising) and leaves the parent intact."""
+    def put(child, key, value=1):
+        child.write("items", key, value=value)
+        return (child.id.count("."), key, value)
+
+    def fail(child, key):
+        child.write("items", key, value=99)
+        raise Planned(key)
+
+    outcomes = {}
+    for representation in Subtransactions:
+        use(representation)
+        with db.engine.begin() as connection:
+            connection.execute(sa.text("DELETE FROM items"))
+        with db.transaction() as tx:
+            returned = [tx.run_subtransaction(put, "a"), tx.run_subtransaction(put, "b", 2),
+                        tx.run_subtransaction(put, "c", value=3)]
+            with pytest.raises(Planned):
+                tx.run_subtransaction(fail, "a")
+            seen = tx.read("items", "a")["value"]
+        with db.engine.connect() as connection:
+            table = dict(connection.execute(sa.text("SELECT key, value FROM items ORDER BY key")).all())
+        outcomes[representation] = (returned, seen, table, tx.subtransactions_committed)
+    assert outcomes[Subtransactions.FRAMES] == outcomes[Subtransactions.LAZY] == outcomes[Subtransactions.MATERIALIZED]
+    assert outcomes[Subtransactions.FRAMES] == ([(1, "a", 1), (1, "b", 2), (1, "c", 3)], 1,
+                                                {"a": 1, "b": 2, "c": 3}, 3)
+
+
+def test_a_function_rule_without_a_condition_has_the_always_true_one(db):
+    """A ``db.rule`` declared without ``when`` has ``rules.always`` as its condition, which the dispatch does
+    not call; one declared with ``when`` calls it per firing."""
+    from activedb.rules._model import always
+    rule = db.rules.get("lazy_equivalence_1")
+    assert rule.condition is always and rule.condition_function() is None
+    calls = []
+    def when(tx, event):
+        calls.append(event.source)
+        return False
+    original = rule.condition
+    rule.condition = when
+    try:
+        with db.transaction() as tx:
+            tx.emit("lazy1")
+        assert calls == ["lazy1"] and db.rules.firings_in(tx) == {"lazy_equivalence_1": 1}
+    finally:
+        rule.condition = original

@@ -276,6 +276,7 @@ def test_f_a_subtransaction_opened_as_an_ancestor_aborts_fails_with_activedbs_er
     locking = db.transactions.locking
     in_window, child_started = threading.Event(), threading.Event()
     def worker(c):
+        c.read("accounts", 2)      # the worker holds a lock: its holds become retained before the child begins
         child_started.set()
         with c.subtransaction() as inner:
             inner.read("accounts", 1)
