@@ -84,11 +84,21 @@ class Metrics:
             for name, spent in seconds.items():
                 self.phases[name] += spent
 
-    def query(self, name: str, outputs: int) -> None:
+    def record(self, counts: Mapping[str, Any], phases: Mapping[str, float] | None = None,
+               queries: list[tuple[str, int]] = ()) -> None:
+        """:meth:`add` ``counts``, :meth:`phase` ``phases`` and :meth:`query` each ``(name,
+        outputs)`` of ``queries`` under one lock (an s-transaction's figures at once)."""
         with self._mutex:
-            counters = self.per_query.setdefault(name, [0, 0])
-            counters[0] += 1
-            counters[1] += outputs
+            totals = self.counts
+            for name, amount in counts.items():
+                totals[name] += amount
+            if phases is not None:
+                for name, spent in phases.items():
+                    self.phases[name] += spent
+            for name, outputs in queries:
+                counters = self.per_query.setdefault(name, [0, 0])
+                counters[0] += 1
+                counters[1] += outputs
 
     def snapshot(self, buffered: int, released: Any) -> StreamStatistics:
         now = time.perf_counter()
