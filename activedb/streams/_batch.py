@@ -149,6 +149,10 @@ class BatchRun:
         #: the partitions' new states and ``certain`` (no rule is left to run): the design note's
         #: "Matching order".
         self.on_matched: Callable[[STransaction, dict, bool], None] | None = None
+        # Each s-transaction's figures, one tuple per body and per success (list.append: safe from any
+        # thread, no lock per s-transaction); publish_metrics() sums them into the engine's metrics.
+        self._bodies: list[tuple] = []
+        self._successes: list[tuple[int, float, float | None]] = []
 
     def partition(self, query: str, key: tuple) -> PartitionState | None:
         with self._mutex:
@@ -302,10 +306,23 @@ class BatchRun:
                     _run_rule(rule, output, view)
                     instances += 1
                     rule_latency += clock() - output.sts
-        self.engine.metrics.record(
-            {"rule_instances": instances, "rule_latency": rule_latency, "reads": view.reads, "writes": view.writes},
-            {"match": matching, "reads": reading, "rules": clock() - started}, evaluated)
+        self._bodies.append((instances, rule_latency, view.reads, view.writes, matching, reading, clock() - started,
+                             evaluated))
         return touched, all_outputs
+
+    def publish_metrics(self) -> None:
+        """Add the figures of the batch's s-transactions to the engine's metrics (once, when the scheduler returned)."""
+        bodies, self._bodies = self._bodies, []
+        successes, self._successes = self._successes, []
+        columns = list(zip(*bodies)) or [()] * 8
+        evaluated = [item for items in columns[7] for item in items]
+        ended = list(zip(*successes)) or [()] * 3
+        self.engine.metrics.record(
+            {"rule_instances": sum(columns[0]), "rule_latency": sum(columns[1]), "reads": sum(columns[2]),
+             "writes": sum(columns[3]), "processed": len(successes), "outputs": sum(ended[0]),
+             "query_latency": sum(ended[1])},
+            {"match": sum(columns[4]), "reads": sum(columns[5]), "rules": sum(columns[6]),
+             "commit": sum(seconds for seconds in ended[2] if seconds is not None)}, evaluated)
 
     def _succeeded(self, touched, outputs: list[Output], position: int | None, commit: float | None = None) -> None:
         """``commit``: the seconds its subtransaction's commit took, when this run timed it."""
@@ -314,8 +331,7 @@ class BatchRun:
             arrivals = [event.sts for event in output.constituents if event.sts is not None]
             if arrivals:
                 latency += output.sts - max(arrivals)
-        self.engine.metrics.record({"processed": 1, "outputs": len(outputs), "query_latency": latency},
-                                   None if commit is None else {"commit": commit})
+        self._successes.append((len(outputs), latency, commit))
         with self._mutex:
             self._install(touched, position)
             self.processed += 1
