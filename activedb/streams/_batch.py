@@ -369,8 +369,10 @@ def prefetch(tx: Transaction, stransactions: list[STransaction]) -> None:
         if not stransaction.matchers:
             continue
         plan = stransaction.plan
-        for resource in plan.reads | plan.writes:
-            if resource.key is not None and all(value is not None for value in resource.key):
-                keys.setdefault(resource.table, {})[resource.key] = None
+        for resources in (plan.reads, plan.writes):
+            for resource in resources:
+                key = resource.key
+                if key is not None and None not in key:     # a NULL key names no row
+                    keys.setdefault(resource.table, {})[key] = None
     for table, wanted in keys.items():
         tx.prefetch(table, list(wanted))
