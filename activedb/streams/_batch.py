@@ -151,6 +151,7 @@ class BatchRun:
         self.on_matched: Callable[[STransaction, dict, bool], None] | None = None
         # Each s-transaction's figures, one tuple per body and per success (list.append: safe from any
         # thread, no lock per s-transaction); publish_metrics() sums them into the engine's metrics.
+        self._matched: list[tuple[float, float, list[tuple[str, int]]]] = []   # also of those whose rules fail
         self._bodies: list[tuple] = []
         self._successes: list[tuple[int, float, float | None]] = []
 
@@ -289,6 +290,7 @@ class BatchRun:
             evaluated.append((query.name, len(outputs)))
             touched[(query.name, key)] = state
             produced.append((rank, query, outputs))
+        self._matched.append((matching, reading, evaluated))
         rules_by_query = self.definitions.rules_by_query
         if self.on_matched is not None:
             self.on_matched(stransaction, dict(touched),
@@ -306,22 +308,22 @@ class BatchRun:
                     _run_rule(rule, output, view)
                     instances += 1
                     rule_latency += clock() - output.sts
-        self._bodies.append((instances, rule_latency, view.reads, view.writes, matching, reading, clock() - started,
-                             evaluated))
+        self._bodies.append((instances, rule_latency, view.reads, view.writes, clock() - started))
         return touched, all_outputs
 
     def publish_metrics(self) -> None:
         """Add the figures of the batch's s-transactions to the engine's metrics (once, when the scheduler returned)."""
+        matched, self._matched = self._matched, []
         bodies, self._bodies = self._bodies, []
         successes, self._successes = self._successes, []
-        columns = list(zip(*bodies)) or [()] * 8
-        evaluated = [item for items in columns[7] for item in items]
-        ended = list(zip(*successes)) or [()] * 3
+        matches, columns, ended = (list(zip(*rows)) or [()] * width
+                                   for rows, width in ((matched, 3), (bodies, 5), (successes, 3)))
+        evaluated = [item for items in matches[2] for item in items]
         self.engine.metrics.record(
             {"rule_instances": sum(columns[0]), "rule_latency": sum(columns[1]), "reads": sum(columns[2]),
              "writes": sum(columns[3]), "processed": len(successes), "outputs": sum(ended[0]),
              "query_latency": sum(ended[1])},
-            {"match": sum(columns[4]), "reads": sum(columns[5]), "rules": sum(columns[6]),
+            {"match": sum(matches[0]), "reads": sum(matches[1]), "rules": sum(columns[4]),
              "commit": sum(seconds for seconds in ended[2] if seconds is not None)}, evaluated)
 
     def _succeeded(self, touched, outputs: list[Output], position: int | None, commit: float | None = None) -> None:
