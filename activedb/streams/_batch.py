@@ -71,15 +71,12 @@ class AccessPlan:
 
 
 class _once:
-    """``functools.cached_property`` without its lock (Python 3.11 takes one per access): an
-    s-transaction is used by one thread at a time, and a race would compute an equal value."""
+    """``functools.cached_property`` without Python 3.11's lock per access (a race computes an equal value)."""
 
     def __init__(self, function: Callable[[Any], Any]):
         self.function, self.name = function, function.__name__
 
     def __get__(self, instance: Any, owner: type) -> Any:
-        if instance is None:
-            return self
         value = instance.__dict__[self.name] = self.function(instance)
         return value
 
@@ -149,11 +146,10 @@ class BatchRun:
         #: the partitions' new states and ``certain`` (no rule is left to run): the design note's
         #: "Matching order".
         self.on_matched: Callable[[STransaction, dict, bool], None] | None = None
-        # Each s-transaction's figures, one tuple per body and per success (list.append: safe from any
-        # thread, no lock per s-transaction); publish_metrics() sums them into the engine's metrics.
-        self._matched: list[tuple[float, float, list[tuple[str, int]]]] = []   # also of those whose rules fail
+        # Figures per s-transaction matched, run, succeeded (list.append: any thread, no lock): publish_metrics().
+        self._matched: list[tuple] = []
         self._bodies: list[tuple] = []
-        self._successes: list[tuple[int, float, float | None]] = []
+        self._successes: list[tuple] = []
 
     def partition(self, query: str, key: tuple) -> PartitionState | None:
         with self._mutex:
@@ -162,13 +158,12 @@ class BatchRun:
     def _install(self, touched: dict[tuple[str, tuple], PartitionState], position: int | None) -> None:
         """Precondition: the caller holds ``_mutex``."""
         installed_at = self._installed_at
-        overlay = self.pending.overlay
         for key, state in touched.items():
             if position is not None:
                 if installed_at.get(key, -1) > position:
                     continue
                 installed_at[key] = position
-            overlay[key] = state if state.runs or any(state.buffers) else None     # an empty state is none
+            self.pending.overlay[key] = state if state.runs or any(state.buffers) else None     # an empty state is none
 
     # --- the whole s-transaction (SEI and schedulers that lock ahead) ---------------------------
 
@@ -312,22 +307,17 @@ class BatchRun:
         return touched, all_outputs
 
     def publish_metrics(self) -> None:
-        """Add the figures of the batch's s-transactions to the engine's metrics (once, when the scheduler returned)."""
-        matched, self._matched = self._matched, []
-        bodies, self._bodies = self._bodies, []
-        successes, self._successes = self._successes, []
-        matches, columns, ended = (list(zip(*rows)) or [()] * width
-                                   for rows, width in ((matched, 3), (bodies, 5), (successes, 3)))
-        evaluated = [item for items in matches[2] for item in items]
-        self.engine.metrics.record(
-            {"rule_instances": sum(columns[0]), "rule_latency": sum(columns[1]), "reads": sum(columns[2]),
-             "writes": sum(columns[3]), "processed": len(successes), "outputs": sum(ended[0]),
-             "query_latency": sum(ended[1])},
-            {"match": sum(matches[0]), "reads": sum(matches[1]), "rules": sum(columns[4]),
-             "commit": sum(seconds for seconds in ended[2] if seconds is not None)}, evaluated)
+        """Add the batch's s-transaction figures to the engine's metrics (once: the scheduler has returned)."""
+        metrics, matched, bodies, ended = self.engine.metrics, self._matched, self._bodies, self._successes
+        self._matched, self._bodies, self._successes = [], [], []
+        metrics.queries([item for _, _, evaluated in matched for item in evaluated])
+        metrics.phase(match=sum(row[0] for row in matched), reads=sum(row[1] for row in matched),
+                      rules=sum(row[4] for row in bodies), commit=sum(row[2] or 0.0 for row in ended))
+        metrics.add(rule_instances=sum(row[0] for row in bodies), rule_latency=sum(row[1] for row in bodies),
+                    reads=sum(row[2] for row in bodies), writes=sum(row[3] for row in bodies), processed=len(ended),
+                    outputs=sum(row[0] for row in ended), query_latency=sum(row[1] for row in ended))
 
     def _succeeded(self, touched, outputs: list[Output], position: int | None, commit: float | None = None) -> None:
-        """``commit``: the seconds its subtransaction's commit took, when this run timed it."""
         latency = 0.0
         for output in outputs:
             arrivals = [event.sts for event in output.constituents if event.sts is not None]

@@ -81,9 +81,8 @@ class StreamSchema:
     def priority(self, event_type: str) -> float | None:
         known = self.__dict__.setdefault("_priority_of", {})      # per type, found once (admission asks per event)
         if event_type not in known:
-            folded = event_type.casefold()
             known[event_type] = next((value for declared, value in self.priorities.items()
-                                      if declared.casefold() == folded), None)
+                                      if declared.casefold() == event_type.casefold()), None)
         return known[event_type]
 
 

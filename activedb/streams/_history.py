@@ -51,9 +51,8 @@ def show_key(key: tuple) -> str:
 
 
 class StreamHistory:
-    """The recorded operations: plain tuples in :class:`StreamOp`'s field order, appended
-    while an operation's lock is held (cheap: recording is inside every measured run);
-    :meth:`snapshot` makes them ``StreamOp`` values for the checker."""
+    """The recorded operations: tuples in :class:`StreamOp`'s field order (cheap to append while an
+    operation's lock is held); :meth:`snapshot` makes them ``StreamOp`` values for the checker."""
 
     def __init__(self) -> None:
         self.ops: list[tuple] = []

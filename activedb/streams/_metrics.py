@@ -84,18 +84,10 @@ class Metrics:
             for name, spent in seconds.items():
                 self.phases[name] += spent
 
-    def record(self, counts: Mapping[str, Any], phases: Mapping[str, float] | None = None,
-               queries: list[tuple[str, int]] = ()) -> None:
-        """:meth:`add` ``counts``, :meth:`phase` ``phases`` and :meth:`query` each ``(name,
-        outputs)`` of ``queries`` under one lock (an s-transaction's figures at once)."""
+    def queries(self, evaluated: list[tuple[str, int]]) -> None:
+        """Count one evaluation of query ``name`` with ``outputs`` outputs per ``(name, outputs)``."""
         with self._mutex:
-            totals = self.counts
-            for name, amount in counts.items():
-                totals[name] += amount
-            if phases is not None:
-                for name, spent in phases.items():
-                    self.phases[name] += spent
-            for name, outputs in queries:
+            for name, outputs in evaluated:
                 counters = self.per_query.setdefault(name, [0, 0])
                 counters[0] += 1
                 counters[1] += outputs
