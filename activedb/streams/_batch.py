@@ -9,7 +9,6 @@ code, the store or the scheduler runs.
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
@@ -71,6 +70,17 @@ class AccessPlan:
     opaque: bool = False
 
 
+class _once:
+    """``functools.cached_property`` without Python 3.11's lock per access (a race computes an equal value)."""
+
+    def __init__(self, function: Callable[[Any], Any]):
+        self.function, self.name = function, function.__name__
+
+    def __get__(self, instance: Any, owner: type) -> Any:
+        value = instance.__dict__[self.name] = self.function(instance)
+        return value
+
+
 @dataclass
 class STransaction:
     """The s-transaction of one released event (Def. 7): ``T.ts = event.ts``."""
@@ -84,12 +94,12 @@ class STransaction:
     def ts(self) -> Any:
         return self.event.ts
 
-    @functools.cached_property
+    @_once
     def described(self) -> str:
         """``type^ts`` of its event (computed once: every history record and stamp names it)."""
         return self.event.describe()
 
-    @functools.cached_property
+    @_once
     def plan(self) -> AccessPlan:
         """Algorithm 1's locks for this s-transaction (computed once)."""
         return self.engine.access_plan(self.event)
@@ -136,20 +146,24 @@ class BatchRun:
         #: the partitions' new states and ``certain`` (no rule is left to run): the design note's
         #: "Matching order".
         self.on_matched: Callable[[STransaction, dict, bool], None] | None = None
+        # Figures per s-transaction matched, run, succeeded (list.append: any thread, no lock): publish_metrics().
+        self._matched: list[tuple] = []
+        self._bodies: list[tuple] = []
+        self._successes: list[tuple] = []
 
     def partition(self, query: str, key: tuple) -> PartitionState | None:
         with self._mutex:
             return self.pending.partition((query, key))
 
     def _install(self, touched: dict[tuple[str, tuple], PartitionState], position: int | None) -> None:
-        with self._mutex:
-            installed_at = self._installed_at
-            for key, state in touched.items():
-                if position is not None:
-                    if installed_at.get(key, -1) > position:
-                        continue
-                    installed_at[key] = position
-                self.pending.overlay[key] = state if state.size() else None
+        """Precondition: the caller holds ``_mutex``."""
+        installed_at = self._installed_at
+        for key, state in touched.items():
+            if position is not None:
+                if installed_at.get(key, -1) > position:
+                    continue
+                installed_at[key] = position
+            self.pending.overlay[key] = state if state.runs or any(state.buffers) else None     # an empty state is none
 
     # --- the whole s-transaction (SEI and schedulers that lock ahead) ---------------------------
 
@@ -157,10 +171,10 @@ class BatchRun:
         """Run ``stransaction`` as one subtransaction of ``parent`` (default: the batch's
         transaction).  True if it committed; False if it aborted (its event is then a dead
         letter).  Raises only when the batch cannot go on."""
-        unit = self._unit(stransaction.id)
         if not stransaction.matchers:       # no query consumes the event: an empty s-transaction
             self.count_empty()
             return True
+        unit = self._unit(stransaction.id)
         self._history("begin", unit, stransaction)
         parent = self.tx if parent is None else parent
         subtransaction = parent.subtransaction(name=f"s-transaction {stransaction.described}")
@@ -168,7 +182,7 @@ class BatchRun:
             with subtransaction as child:
                 touched, outputs = self._body(child, stransaction, unit)
                 started = time.perf_counter()
-            self.engine.metrics.phase(commit=time.perf_counter() - started)     # the commit into the parent
+            commit = time.perf_counter() - started      # the commit into the parent
         except BaseException as error:
             self._history("end", unit, stransaction, False)
             if not _event_failure(error):
@@ -176,7 +190,7 @@ class BatchRun:
             self._failed(stransaction, error)
             return False
         self._history("end", unit, stransaction, True)
-        self._succeeded(touched, outputs, stransaction.event.position)
+        self._succeeded(touched, outputs, stransaction.event.position, commit)
         return True
 
     def new_unit(self, stransaction: STransaction) -> str:
@@ -227,8 +241,8 @@ class BatchRun:
         history = self.engine.history
         if history is not None:
             event = stransaction.event
-            getattr(history, step)(unit, stransaction.id, stransaction.described, event.ts, (event.position, ()),
-                                   *committed)
+            record = history.begin if step == "begin" else history.end
+            record(unit, stransaction.id, stransaction.described, event.ts, (event.position, ()), *committed)
 
     def execute_unit(self, stransaction: STransaction, rank: int, tx: Transaction) -> bool:
         """Run only the query of ``rank`` (and the rules on its outputs) in ``tx`` itself, as
@@ -247,35 +261,36 @@ class BatchRun:
 
     def _body(self, tx: Transaction, stransaction: STransaction, unit: str, ranks: list[int] | None = None):
         """Match every consuming query (those of ``ranks``, default all), then run the rules on their outputs."""
-        metrics = self.engine.metrics
+        clock = time.perf_counter
         event = stransaction.event
         view = self.view_factory(tx, Stamp(unit, stransaction.id, stransaction.described, event.ts, event.position))
         touched: dict[tuple[str, tuple], PartitionState] = {}
         produced: list[tuple[int, CompiledQuery, list[Output]]] = []
+        evaluated: list[tuple[str, int]] = []            # (query, outputs) for the metrics
+        source = self.state_source
         matching = reading = 0.0
         for rank, matcher in stransaction.matchers:
             if ranks is not None and rank not in ranks:
                 continue
             query = matcher.query
             key = matcher.partition_key(event)
-            started = time.perf_counter()
-            source = self.state_source
+            started = clock()
             state = self.partition(query.name, key) if source is None else source(stransaction, query.name, key)
             step = matcher.prepare(state, event)
-            prepared = time.perf_counter()
+            prepared = clock()
             view.at(0, rank, query.name)
             outputs, state = step.complete(view)
             matching += prepared - started
-            reading += time.perf_counter() - prepared
-            metrics.query(query.name, len(outputs))
+            reading += clock() - prepared
+            evaluated.append((query.name, len(outputs)))
             touched[(query.name, key)] = state
             produced.append((rank, query, outputs))
-        metrics.phase(match=matching, reads=reading)
+        self._matched.append((matching, reading, evaluated))
         rules_by_query = self.definitions.rules_by_query
         if self.on_matched is not None:
             self.on_matched(stransaction, dict(touched),
                             not any(outputs and rules_by_query.get(query.name) for _, query, outputs in produced))
-        started = time.perf_counter()
+        started = clock()
         rule_latency = 0.0
         instances = 0
         all_outputs = []
@@ -287,20 +302,30 @@ class BatchRun:
                     view.at(1, rank, rule.name)
                     _run_rule(rule, output, view)
                     instances += 1
-                    rule_latency += time.perf_counter() - output.sts
-        metrics.phase(rules=time.perf_counter() - started)
-        metrics.add(rule_instances=instances, rule_latency=rule_latency, reads=view.reads, writes=view.writes)
+                    rule_latency += clock() - output.sts
+        self._bodies.append((instances, rule_latency, view.reads, view.writes, clock() - started))
         return touched, all_outputs
 
-    def _succeeded(self, touched, outputs: list[Output], position: int | None) -> None:
-        self._install(touched, position)
+    def publish_metrics(self) -> None:
+        """Add the batch's s-transaction figures to the engine's metrics (once: the scheduler has returned)."""
+        metrics, matched, bodies, ended = self.engine.metrics, self._matched, self._bodies, self._successes
+        self._matched, self._bodies, self._successes = [], [], []
+        metrics.queries([item for _, _, evaluated in matched for item in evaluated])
+        metrics.phase(match=sum(row[0] for row in matched), reads=sum(row[1] for row in matched),
+                      rules=sum(row[4] for row in bodies), commit=sum(row[2] or 0.0 for row in ended))
+        metrics.add(rule_instances=sum(row[0] for row in bodies), rule_latency=sum(row[1] for row in bodies),
+                    reads=sum(row[2] for row in bodies), writes=sum(row[3] for row in bodies), processed=len(ended),
+                    outputs=sum(row[0] for row in ended), query_latency=sum(row[1] for row in ended))
+
+    def _succeeded(self, touched, outputs: list[Output], position: int | None, commit: float | None = None) -> None:
         latency = 0.0
         for output in outputs:
             arrivals = [event.sts for event in output.constituents if event.sts is not None]
             if arrivals:
                 latency += output.sts - max(arrivals)
-        self.engine.metrics.add(processed=1, outputs=len(outputs), query_latency=latency)
+        self._successes.append((len(outputs), latency, commit))
         with self._mutex:
+            self._install(touched, position)
             self.processed += 1
             if self.engine.keep_outputs:
                 self.outputs.extend(outputs)
@@ -336,8 +361,10 @@ def prefetch(tx: Transaction, stransactions: list[STransaction]) -> None:
         if not stransaction.matchers:
             continue
         plan = stransaction.plan
-        for resource in plan.reads | plan.writes:
-            if resource.key is not None and all(value is not None for value in resource.key):
-                keys.setdefault(resource.table, {})[resource.key] = None
+        for resources in (plan.reads, plan.writes):
+            for resource in resources:
+                key = resource.key
+                if key is not None and None not in key:     # a NULL key names no row
+                    keys.setdefault(resource.table, {})[key] = None
     for table, wanted in keys.items():
         tx.prefetch(table, list(wanted))

@@ -79,8 +79,11 @@ class StreamSchema:
             **at(position))
 
     def priority(self, event_type: str) -> float | None:
-        folded = event_type.casefold()
-        return next((value for declared, value in self.priorities.items() if declared.casefold() == folded), None)
+        known = self.__dict__.setdefault("_priority_of", {})      # per type, found once (admission asks per event)
+        if event_type not in known:
+            known[event_type] = next((value for declared, value in self.priorities.items()
+                                      if declared.casefold() == event_type.casefold()), None)
+        return known[event_type]
 
 
 @dataclass(frozen=True)

@@ -205,7 +205,10 @@ class StreamEngine:
             prefetch(tx, stransactions)
         run = BatchRun(self, tx, pending, stransactions, serial=next(self._batch_serials),
                        definitions=self._definitions)
-        self.scheduler.run(run)
+        try:
+            self.scheduler.run(run)
+        finally:
+            run.publish_metrics()
         # A concurrent scheduler ends s-transactions out of order: report in the declared order.
         run.outputs.sort(key=lambda output: output.position)
         run.dead_letters.sort(key=lambda letter: letter.event.position)

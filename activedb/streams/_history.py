@@ -12,7 +12,7 @@ operation and its record.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -50,32 +50,31 @@ def show_key(key: tuple) -> str:
     return repr(key[0]) if len(key) == 1 else repr(key)
 
 
-@dataclass
 class StreamHistory:
-    ops: list[StreamOp] = field(default_factory=list)
+    """The recorded operations: tuples in :class:`StreamOp`'s field order (cheap to append while an
+    operation's lock is held); :meth:`snapshot` makes them ``StreamOp`` values for the checker."""
 
-    def __post_init__(self) -> None:
+    def __init__(self) -> None:
+        self.ops: list[tuple] = []
         self._mutex = threading.Lock()
         self._sequence = 0
         # Invariant: _last_write[row] is the sequence of the latest write of a unit that has not aborted.
         self._last_write: dict[tuple[str, tuple], int] = {}
         self._undo: dict[str, list[tuple[tuple[str, tuple], int | None]]] = {}
 
-    def _next(self) -> int:
-        self._sequence += 1
-        return self._sequence
-
     def begin(self, unit: str, stransaction: str, event: str, ts: Any, order: tuple) -> None:
         with self._mutex:
-            self.ops.append(StreamOp(self._next(), "begin", unit, stransaction, event, ts, order))
+            self._sequence += 1
+            self.ops.append((self._sequence, "begin", unit, stransaction, event, ts, order))
             self._undo[unit] = []
 
     def end(self, unit: str, stransaction: str, event: str, ts: Any, order: tuple, committed: bool) -> None:
         with self._mutex:
-            self.ops.append(StreamOp(self._next(), "end", unit, stransaction, event, ts, order,
-                                     operation="committed" if committed else "aborted"))
-            undo = self._undo.pop(unit, [])
-            if not committed:
+            self._sequence += 1
+            self.ops.append((self._sequence, "end", unit, stransaction, event, ts, order, None, None, None, None,
+                             None, "committed" if committed else "aborted"))
+            undo = self._undo.pop(unit, None)
+            if not committed and undo:
                 for row, previous in reversed(undo):
                     if previous is None:
                         self._last_write.pop(row, None)
@@ -88,16 +87,18 @@ class StreamHistory:
         with self._mutex:
             if read_from == "derive":
                 read_from = self._last_write.get((table, key)) if key is not None else self._last_writes(table)
-            self.ops.append(StreamOp(self._next(), "read", unit, stransaction, event, ts, order, origin, table, key,
-                                     value, read_from))
+            self._sequence += 1
+            self.ops.append((self._sequence, "read", unit, stransaction, event, ts, order, origin, table, key, value,
+                             read_from))
 
     def write(self, unit: str, stransaction: str, event: str, ts: Any, order: tuple, origin: str, table: str,
               key: tuple, value: Any, operation: str) -> int:
         """Record a Write; returns its sequence (a multi-version store keeps it with the version)."""
         with self._mutex:
-            sequence = self._next()
-            self.ops.append(StreamOp(sequence, "write", unit, stransaction, event, ts, order, origin, table, key,
-                                     value, operation=operation))
+            self._sequence += 1
+            sequence = self._sequence
+            self.ops.append((sequence, "write", unit, stransaction, event, ts, order, origin, table, key, value, None,
+                             operation))
             row = (table, key)
             self._undo.setdefault(unit, []).append((row, self._last_write.get(row)))
             self._last_write[row] = sequence
@@ -119,13 +120,16 @@ class StreamHistory:
         with self._mutex:
             gone = set(units)
             for unit in units:
-                self.ops.append(StreamOp(self._next(), "end", unit, "", "", None, (), operation="aborted"))
-            ended = {op.unit: op.operation for op in self.ops if op.kind == "end"}
+                self._sequence += 1
+                self.ops.append((self._sequence, "end", unit, "", "", None, (), None, None, None, None, None,
+                                 "aborted"))
+            ended = {op[2]: op[12] for op in self.ops if op[1] == "end"}
             self._last_write = {}
             for op in self.ops:
-                if op.kind == "write" and op.unit not in gone and ended.get(op.unit) != "aborted":
-                    self._last_write[(op.table, op.key)] = op.sequence
+                if op[1] == "write" and op[2] not in gone and ended.get(op[2]) != "aborted":
+                    self._last_write[(op[8], op[9])] = op[0]
 
     def snapshot(self) -> list[StreamOp]:
         with self._mutex:
-            return list(self.ops)
+            ops = list(self.ops)
+        return [StreamOp(*op) for op in ops]

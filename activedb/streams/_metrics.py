@@ -84,11 +84,13 @@ class Metrics:
             for name, spent in seconds.items():
                 self.phases[name] += spent
 
-    def query(self, name: str, outputs: int) -> None:
+    def queries(self, evaluated: list[tuple[str, int]]) -> None:
+        """Count one evaluation of query ``name`` with ``outputs`` outputs per ``(name, outputs)``."""
         with self._mutex:
-            counters = self.per_query.setdefault(name, [0, 0])
-            counters[0] += 1
-            counters[1] += outputs
+            for name, outputs in evaluated:
+                counters = self.per_query.setdefault(name, [0, 0])
+                counters[0] += 1
+                counters[1] += outputs
 
     def snapshot(self, buffered: int, released: Any) -> StreamStatistics:
         now = time.perf_counter()

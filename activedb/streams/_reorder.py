@@ -28,7 +28,7 @@ class ReorderBuffer:
 
     def admit(self, event, now: float, pending: Pending, streams: dict[str, StreamSchema]) -> DeadLetter | None:
         """Put one event (or its mapping) into the buffer; returns None, or the dead letter it became instead."""
-        if isinstance(event, Mapping):
+        if not isinstance(event, StreamEvent) and isinstance(event, Mapping):
             event = _event_from_mapping(event)
         if not isinstance(event, StreamEvent):
             return DeadLetter(StreamEvent("?", None, {}, origin=event),

@@ -7,8 +7,7 @@ methods.  Thread-safety: a view belongs to the thread running its unit of work.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
 
 from activedb.streams._locks import LockMode
 from activedb.streams.errors import UndeclaredAccess
@@ -19,9 +18,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb.streams._versions import VersionStore
 
 
-@dataclass(frozen=True)
-class Stamp:
-    """Who performs the operations: the unit, its s-transaction, the event, ``T.ts``, position."""
+class Stamp(NamedTuple):
+    """Who performs the operations: the unit, its s-transaction, the event, ``T.ts``, position
+    (a tuple: one is made per s-transaction)."""
 
     unit: str
     stransaction: str
@@ -57,12 +56,12 @@ class StoreView:
             self._phase, self._rank, self._counter = phase, rank, 0
         self.origin = origin
 
-    def _record(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        stamp = self.stamp
+    def _record(self, record: Callable[..., Any], *args: Any) -> Any:
+        """``record`` (the history's ``read`` or ``write``) the operation, stamped, at the next step."""
+        unit, stransaction, event, ts, position = self.stamp
         self._counter += 1
-        order = (stamp.position, (self._phase, self._rank, self._counter))
-        return getattr(self._history, method)(stamp.unit, stamp.stransaction, stamp.event, stamp.ts, order,
-                                              self.origin, *args, **kwargs)
+        return record(unit, stransaction, event, ts, (position, (self._phase, self._rank, self._counter)),
+                      self.origin, *args)
 
     def _before(self, kind: str, table: str, key: tuple | None) -> None:
         """Runs before every operation (``kind`` read/write; ``key`` None: the table or a
@@ -73,8 +72,9 @@ class StoreView:
     # --- the store API --------------------------------------------------------------------------
 
     def read(self, table: str, key: Any) -> dict | None:
-        self._before("read", table, _as_key(key))
-        return self._read(table, _as_key(key), self.tx.read(table, key))
+        key = key if isinstance(key, tuple) else (key,)
+        self._before("read", table, key)
+        return self._read(table, key, self.tx.read(table, key))
 
     def scan(self, table: str, where: Mapping[str, Any] | None = None) -> list[dict]:
         self._before("read", table, None)
@@ -100,13 +100,13 @@ class StoreView:
         """Count and record a Read that has happened (``key`` None: a scan); returns ``value``."""
         self.reads += 1
         if self._history is not None:
-            self._record("read", table, key, value, read_from)
+            self._record(self._history.read, table, key, value, read_from)
         return value
 
     def _written(self, table: str, key: tuple, values: dict | None, operation: str) -> int | None:
         """Count and record a Write that has happened; returns its history sequence (None: no history)."""
         self.writes += 1
-        return self._record("write", table, key, values, operation) if self._history is not None else None
+        return self._record(self._history.write, table, key, values, operation) if self._history is not None else None
 
     def _key_of_values(self, table: str, values: Mapping[str, Any]) -> tuple | None:
         """The key an insert names (None if the database generates it); only locking views need it."""
