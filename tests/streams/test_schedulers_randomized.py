@@ -171,7 +171,11 @@ def test_s2pl_and_lwm_equal_sei(db, number):
         scheduler = make()
         engine, got = runner(db, case, label, scheduler)
         check_run(db, engine, deadlocks, case, label)
+        restarted = scheduler.statistics().restarts
         for part in expected:
+            if part == "rule instances" and restarted:      # a restarted attempt's instances count too
+                assert got[part] >= expected[part], f"{label}: rule instances; {case.describe()}"
+                continue
             assert got[part] == expected[part], f"{label}: {part} differ from SEI's; {case.describe()}"
         if runner is run_ordered:
             assert scheduler.statistics().max_in_flight >= min(2, runnable)     # they did run concurrently
