@@ -88,6 +88,7 @@ class _Work:
     # Its partitions' states as its queries matched (this attempt; replaced, never cleared, on a restart).
     states: dict[tuple[str, tuple], PartitionState] = field(default_factory=dict)
     final: bool = False                # its states will be installed unless the batch fails
+    changes: bool = False              # it may change a partition (someone may be matched on its states)
     attempt: int = 0
     committed: bool = False
     started: bool = False              # its body began on a worker
@@ -217,6 +218,7 @@ class LockingScheduler(Scheduler):
                     run.base_states[partition] = batch.partition(*partition)
             if matcher.may_change(event.type):
                 last_changer[partition] = work
+                work.changes = True
         run.by_position[event.position] = work
         run.works.append(work)
         self._dispatched(run, work)
@@ -253,6 +255,8 @@ class LockingScheduler(Scheduler):
     def _matched(self, run: _Run, stransaction: STransaction, touched: dict, certain: bool) -> None:
         """``BatchRun.on_matched``: publish a query's new state, or (``certain``) that all are final; wake waiters."""
         work = run.by_position[stransaction.event.position]
+        if not work.changes:
+            return
         if certain:
             work.final = all(source is None or (source.attempt == attempt and (source.final or source.committed))
                              for source, attempt in work.sources.values())
