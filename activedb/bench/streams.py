@@ -18,9 +18,8 @@ the *average* Reads per s-transaction, and writeN are set by choosing pairs from
 over ``workerStatus`` — one shared tuple per HCW (the paper gives no number of HCWs): the
 throughput sweeps spread their events over ``POOL_HCWS`` = 4, a quarter of the s-transactions
 in flight, so that at tuple locks the locks, not the window, bound both schedulers (Fig. 5's
-setting), and so does the latency mix of Figs. 11–12 (§6: "LWM maximizing concurrent
-execution" as the rate rises); Fig. 10, underloaded ("no transaction conflict will occur"),
-over ``HCWS`` = 16 (README, the benchmark section):
+setting), and so does Figs. 11–12's latency mix; Fig. 10, underloaded ("no transaction
+conflict will occur"), over ``HCWS`` = 16 (README, the benchmark section):
 
 * the *writer* pair, a status transition: ``QW: SEQ(W)`` with ``RW: UPDATE workerStatus SET
   status = NEW.next WHERE workerID = NEW.HCW-ID`` — it reads the HCW's tuple and writes it,

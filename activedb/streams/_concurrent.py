@@ -81,8 +81,7 @@ class _Work:
     unit: str = ""
     # For each partition it consumes: the latest earlier s-transaction that may change it (None: none).
     inputs: dict[tuple[str, tuple], _Work | None] = field(default_factory=dict)
-    # Per partition, the s-transaction whose published state this attempt is matched on (None:
-    # the state before the batch), with that one's attempt at the time.
+    # Per partition, whose published state (and attempt) this attempt is matched on (None: the batch's).
     sources: dict[tuple[str, tuple], tuple[_Work | None, int]] = field(default_factory=dict)
     result: tuple | None = None
     # Its partitions' states as its queries matched (this attempt; replaced, never cleared, on a restart).
