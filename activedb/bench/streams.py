@@ -18,7 +18,8 @@ the *average* Reads per s-transaction, and writeN are set by choosing pairs from
 over ``workerStatus`` — one shared tuple per HCW (the paper gives no number of HCWs): the
 throughput sweeps spread their events over ``POOL_HCWS`` = 4, a quarter of the s-transactions
 in flight, so that at tuple locks the locks, not the window, bound both schedulers (Fig. 5's
-setting); the latency experiments over ``HCWS`` = 16 (README, the benchmark section):
+setting), and so does Figs. 11–12's latency mix; Fig. 10, underloaded ("no transaction
+conflict will occur"), over ``HCWS`` = 16 (README, the benchmark section):
 
 * the *writer* pair, a status transition: ``QW: SEQ(W)`` with ``RW: UPDATE workerStatus SET
   status = NEW.next WHERE workerID = NEW.HCW-ID`` — it reads the HCW's tuple and writes it,
@@ -307,12 +308,13 @@ def pool_events(count: int, write_n: float, read_n: float, rng: random.Random,
             for index in range(count)]
 
 
-def pattern_events(count: int, types: list[str], rng: random.Random, spacing: float) -> list[streams.StreamEvent]:
-    """Each worker's events cycle through ``types`` (so every last type completes a match)."""
-    progress = [0] * HCWS
+def pattern_events(count: int, types: list[str], rng: random.Random, spacing: float,
+                   hcws: int = HCWS) -> list[streams.StreamEvent]:
+    """Each of ``hcws`` workers' events cycle through ``types`` (so every last type completes a match)."""
+    progress = [0] * hcws
     events = []
     for index in range(count):
-        worker = rng.randrange(HCWS)
+        worker = rng.randrange(hcws)
         event_type = types[progress[worker] % len(types)]
         progress[worker] += 1
         events.append(streams.StreamEvent(event_type, round(index * spacing, 6),
@@ -350,7 +352,7 @@ def _scheduler_figures(engine) -> dict[str, Any]:
     if not isinstance(scheduler, streams.LockingScheduler):
         return {}
     figures = scheduler.statistics()
-    return {"lock_waits": figures.lock_waits, "order_waits": figures.order_waits,
+    return {"lock_waits": figures.lock_waits, "order_waits": figures.order_waits, "restarts": figures.restarts,
             "wait_seconds": round(figures.wait_seconds, 3), "max_in_flight": figures.max_in_flight,
             "versions_peak": figures.versions_peak}
 
@@ -507,13 +509,13 @@ def run_experiments(database, quick: bool) -> dict[str, Any]:
                 database, make_scheduler(name), events, UNDERLOADED_RATE, definitions, tuple(types), cost))
     results["latency_vs_seqL"] = {"seqL": list(seq_ls), "rate": UNDERLOADED_RATE, **by_seq}
 
-    # Figs. 11 and 12: latency and memory vs input rate (readN ≈ 1, writeN = 0.25, seqL = 3, tuple locks).
+    # Figs. 11 and 12: latency and memory vs input rate (readN ≈ 1, writeN = 0.25, seqL = 3, tuple locks, POOL_HCWS).
     per_event_bytes, per_version_bytes = _sizes_in_memory()
     by_rate: dict[str, list] = {}
     types = ["T1", "T2", "T3", "X"]
     definitions = pattern_definitions(3, readers=True)
     for rate in rates:
-        events = pattern_events(max(20, int(rate * seconds)), types, rng, 1 / rate)
+        events = pattern_events(max(20, int(rate * seconds)), types, rng, 1 / rate, hcws=POOL_HCWS)
         # In turns, the median run kept (module docstring).  SEI runs once: from 500 events/s on it is
         # far past its capacity, its latency seconds of queue, and a run at 5,000 events/s takes 20 s.
         runs: dict[str, list] = {name: [] for name in SCHEDULERS}

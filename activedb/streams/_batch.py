@@ -142,9 +142,9 @@ class BatchRun:
         #: A concurrent scheduler's answer to "on which state of partition ``key`` of ``query``
         #: is ``stransaction`` matched"; None: the batch's current state (SEI: the previous one's).
         self.state_source: Callable[[STransaction, str, tuple], PartitionState | None] | None = None
-        #: Called on the s-transaction's thread once its queries matched, before its rules run, with
-        #: the partitions' new states and ``certain`` (no rule is left to run): the design note's
-        #: "Matching order".
+        #: Called on the s-transaction's thread as each query matched (its partition's new state,
+        #: ``certain`` False), then once all did, before the rules run (every new state, ``certain``:
+        #: no rule is left to run): the design note's "Matching order".
         self.on_matched: Callable[[STransaction, dict, bool], None] | None = None
         # Figures per s-transaction matched, run, succeeded (list.append: any thread, no lock): publish_metrics().
         self._matched: list[tuple] = []
@@ -193,9 +193,10 @@ class BatchRun:
         self._succeeded(touched, outputs, stransaction.event.position, commit)
         return True
 
-    def new_unit(self, stransaction: STransaction) -> str:
-        """The history unit of ``stransaction`` when a scheduler runs it with ``execute_in``."""
-        return self._unit(stransaction.id)
+    def new_unit(self, stransaction: STransaction, attempt: int = 0) -> str:
+        """The history unit of ``stransaction`` (of its ``attempt``-th restart) when a scheduler
+        runs it with ``execute_in``."""
+        return self._unit(f"{stransaction.id}/r{attempt}" if attempt else stransaction.id)
 
     def execute_in(self, stransaction: STransaction, tx: Transaction, unit: str,
                    ranks: list[int] | None = None) -> tuple:
@@ -222,6 +223,13 @@ class BatchRun:
         if committed and result is not None:
             touched, outputs = result
             self._succeeded(touched, outputs, stransaction.event.position)
+
+    def withdraw(self, stransaction: STransaction) -> None:
+        """A scheduler runs ``stransaction`` again: the dead letter its failed attempt left goes."""
+        with self._mutex:
+            self.failed -= 1
+            self.dead_letters = [letter for letter in self.dead_letters if letter.event is not stransaction.event]
+        self.engine.metrics.add(failed=-1, dead_letters=-1)
 
     def count_empty(self) -> None:
         """An s-transaction no query consumes: nothing to run, it counts as processed."""
@@ -284,6 +292,8 @@ class BatchRun:
             reading += clock() - prepared
             evaluated.append((query.name, len(outputs)))
             touched[(query.name, key)] = state
+            if self.on_matched is not None:
+                self.on_matched(stransaction, {(query.name, key): state}, False)
             produced.append((rank, query, outputs))
         self._matched.append((matching, reading, evaluated))
         rules_by_query = self.definitions.rules_by_query

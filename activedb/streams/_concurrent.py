@@ -63,6 +63,7 @@ class SchedulerStatistics:
     write_lock_requests: int
     lock_waits: int               # operations that waited for an earlier s-transaction's lock
     order_waits: int              # s-transactions that waited for a partition's previous one
+    restarts: int                 # attempts matched on a state that was not installed, run again
     punctuation_waits: int
     wait_seconds: float           # time s-transactions spent waiting (locks, order), summed
     max_in_flight: int            # most s-transactions running at once
@@ -78,12 +79,16 @@ class _Work:
     index: int
     owner: Owner
     unit: str = ""
-    # For each partition it consumes: the earlier s-transaction whose end it waits for
-    # and whose committed state it is matched on (None: the state before the batch).
+    # For each partition it consumes: the latest earlier s-transaction that may change it (None: none).
     inputs: dict[tuple[str, tuple], _Work | None] = field(default_factory=dict)
+    # Per partition, whose published state (and attempt) this attempt is matched on (None: the batch's).
+    sources: dict[tuple[str, tuple], tuple[_Work | None, int]] = field(default_factory=dict)
     result: tuple | None = None
-    # Its partitions' final states, once it matched with no rule left to run (else None).
-    matched: dict[tuple[str, tuple], PartitionState] | None = None
+    # Its partitions' states as its queries matched (this attempt; replaced, never cleared, on a restart).
+    states: dict[tuple[str, tuple], PartitionState] = field(default_factory=dict)
+    final: bool = False                # its states will be installed unless the batch fails
+    changes: bool = False              # it may change a partition (someone may be matched on its states)
+    attempt: int = 0
     committed: bool = False
     started: bool = False              # its body began on a worker
     ending: bool = False
@@ -109,7 +114,7 @@ class _Run(Observer):
         self.floor_index = 0               # works[:floor_index] have all ended
         self.ended = 0                     # works done; `wake` is notified at each
         self.wake = threading.Condition(self._mutex)
-        self.in_flight = self.max_in_flight = self.order_waits = 0
+        self.in_flight = self.max_in_flight = self.order_waits = self.restarts = 0
         self.broken: BaseException | None = None     # an infrastructure failure in a worker
 
     def on_commit(self, transaction: Transaction) -> None:
@@ -128,6 +133,10 @@ class _Run(Observer):
         except Exception as error:        # the owner ended anyway (see _ended); fail the batch, keep listening
             logger.exception("ending %s failed", work.stransaction.id)
             self.broken = self.broken or error
+
+
+class _Restart(Exception):
+    """Aborts an attempt matched on a state that was not installed (``LockingScheduler._work``)."""
 
 
 class LockingScheduler(Scheduler):
@@ -158,7 +167,7 @@ class LockingScheduler(Scheduler):
         self._mutex = threading.Lock()     # protects _totals (a leaf)
         # The counters of SchedulerStatistics over every batch run so far.
         self._totals = Counter(batches=0, stransactions=0, lock_requests=0, write_lock_requests=0, lock_waits=0,
-                               order_waits=0, punctuation_waits=0, wait_seconds=0.0, max_in_flight=0,
+                               order_waits=0, restarts=0, punctuation_waits=0, wait_seconds=0.0, max_in_flight=0,
                                versions_peak=0, versions_written=0)
 
     # --- a batch ----------------------------------------------------------------------------
@@ -208,6 +217,7 @@ class LockingScheduler(Scheduler):
                     run.base_states[partition] = batch.partition(*partition)
             if matcher.may_change(event.type):
                 last_changer[partition] = work
+                work.changes = True
         run.by_position[event.position] = work
         run.works.append(work)
         self._dispatched(run, work)
@@ -236,24 +246,21 @@ class LockingScheduler(Scheduler):
         not spawned yet (None: every s-transaction of the batch is dispatched)."""
 
     def _input_state(self, run: _Run, stransaction: STransaction, query: str, key: tuple) -> PartitionState | None:
-        """The state ``stransaction`` is matched on (the design note's "Matching order"); every
-        earlier one it names is final or ended (see ``_work``)."""
+        """The state ``stransaction`` is matched on: the one its attempt chose (``_choose``)."""
         partition = (query, key)
-        work = run.by_position[stransaction.event.position].inputs.get(partition)
-        while work is not None and work.matched is None and not work.committed:
-            work = work.inputs.get(partition)
-        if work is not None and work.matched is not None:
-            return work.matched.get(partition)
-        if work is None or work.result is None:
-            return run.base_states.get(partition)
-        return work.result[0].get(partition)
+        source, _ = run.by_position[stransaction.event.position].sources.get(partition, (None, 0))
+        return run.base_states.get(partition) if source is None else source.states.get(partition)
 
     def _matched(self, run: _Run, stransaction: STransaction, touched: dict, certain: bool) -> None:
-        """``BatchRun.on_matched``: with no rule left to run, publish the final states and wake their waiters."""
-        if not certain:
-            return
+        """``BatchRun.on_matched``: publish a query's new state, or (``certain``) that all are final; wake waiters."""
         work = run.by_position[stransaction.event.position]
-        work.matched = touched
+        if not work.changes:
+            return
+        if certain:
+            work.final = all(source is None or (source.attempt == attempt and (source.final or source.committed))
+                             for source, attempt in work.sources.values())
+        else:
+            work.states.update(touched)
         run.table.matched(work.owner)
 
     def _spawn_all(self, run: _Run, runnable: list[STransaction]) -> None:
@@ -320,28 +327,71 @@ class LockingScheduler(Scheduler):
             run.max_in_flight = max(run.max_in_flight, run.in_flight)
         stransaction = work.stransaction
         self.hooks.started(stransaction)
-        # The partition order (see _input_state); an aborted dependency hands over to the one before it.
-        waited = False
-        for partition, dependency in work.inputs.items():
-            while dependency is not None:
-                if not dependency.owner.ended and not dependency.owner.matched:
-                    waited = True
-                    run.table.wait_for(work.owner, dependency.owner, matched=True)
-                if dependency.matched is not None or dependency.committed:
+        while True:
+            speculative = self._choose(run, work)
+            try:
+                if not speculative:
+                    work.result = run.batch.execute_in(stransaction, node, work.unit)
                     break
-                dependency = dependency.inputs.get(partition)
+                with node.subtransaction(name=f"attempt {work.attempt} of {stransaction.described}") as attempt:
+                    work.result = run.batch.execute_in(stransaction, attempt, work.unit)
+                    if self._confirmed(run, work):
+                        break
+                    raise _Restart()
+            except _Restart:
+                self._restart(run, work)
+            except StreamError:
+                if not speculative or self._confirmed(run, work):
+                    raise                 # the event's failure: its subtransaction aborts
+                run.batch.withdraw(stransaction)      # it failed on a state that was not installed
+                self._restart(run, work)
+            except BaseException as error:
+                run.broken = error        # the batch cannot go on: spawn no more
+                raise
+        self.hooks.finishing(stransaction)
+        self._finished(run, work)
+
+    def _choose(self, run: _Run, work: _Work) -> bool:
+        """Per partition, wait until the latest earlier changer that did not abort published its
+        state (an order wait) and match on that; True if one of them is not final (speculative)."""
+        waited = speculative = False
+        for partition, source in work.inputs.items():
+            while source is not None:
+                attempt = source.attempt              # read before its states (see _restart)
+                if not source.owner.ended and partition not in source.states:
+                    waited = True
+                    run.table.wait_for(work.owner, source.owner, ready=lambda s=source: partition in s.states)
+                if source.owner.ended and not source.committed:
+                    source = source.inputs.get(partition)       # it aborted: the one before it hands over
+                elif partition in source.states or source.committed:
+                    break
+            work.sources[partition] = (source, 0 if source is None else attempt)
+            speculative |= source is not None and not (source.final or source.committed)
         if waited:
             with run._mutex:
                 run.order_waits += 1
-        try:
-            work.result = run.batch.execute_in(stransaction, node, work.unit)
-        except StreamError:
-            raise                         # the event's failure: its subtransaction aborts
-        except BaseException as error:
-            run.broken = error            # the batch cannot go on: spawn no more
-            raise
-        self.hooks.finishing(stransaction)
-        self._finished(run, work)
+        return speculative
+
+    def _confirmed(self, run: _Run, work: _Work) -> bool:
+        """The commit dependency: wait until every state this attempt used is final or its owner
+        ended; False if one was not installed (its owner aborted, or restarted after publishing it)."""
+        for source, attempt in work.sources.values():
+            if source is not None:
+                run.table.wait_for(work.owner, source.owner, ready=lambda s=source: s.final)
+                if source.attempt != attempt or (source.owner.ended and not source.committed):
+                    return False
+        return True
+
+    def _restart(self, run: _Run, work: _Work) -> None:
+        """Its attempt (a subtransaction, aborted) was matched on a state that was not installed: record
+        the attempt aborted and match again on what is (it held every lock: nobody saw its effects)."""
+        self._discard(run, work)
+        run.batch.finish(work.stransaction, work.unit, False, None)
+        work.states = {}
+        work.attempt += 1                 # after the states: a reader of the old attempt number sees it change
+        work.unit = run.batch.new_unit(work.stransaction, work.attempt)
+        with run._mutex:
+            run.restarts += 1
 
     def _finished(self, run: _Run, work: _Work) -> None:
         """``work``'s queries and rules ran without error; its subtransaction has not committed."""
@@ -399,7 +449,7 @@ class LockingScheduler(Scheduler):
             totals = self._totals
             totals.update(batches=1, stransactions=len(run.works), lock_requests=table.requests,
                           write_lock_requests=table.write_requests, lock_waits=table.waits,
-                          punctuation_waits=table.punctuation_waits, order_waits=run.order_waits,
+                          punctuation_waits=table.punctuation_waits, order_waits=run.order_waits, restarts=run.restarts,
                           wait_seconds=table.wait_seconds)
             totals["max_in_flight"] = max(totals["max_in_flight"], run.max_in_flight)
             if versions is not None:

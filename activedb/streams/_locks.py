@@ -3,7 +3,7 @@ The rules, the queues and whom a waiter sleeps behind: the design note
 ``activedb/streams/README.md``, "The lock tables".
 
 Thread-safety: ``_mutex`` protects every queue, every request's ``held``, every owner's
-``ended``/``matched``/``waiters`` and the counters; it is a leaf (nothing else is taken while it is
+``ended``/``waiters`` and the counters; it is a leaf (nothing else is taken while it is
 held, and no user code runs under it).  ``Owner.wake`` is set outside it.
 """
 
@@ -47,8 +47,6 @@ class Owner:
     ended: bool = False
     # Its requests are gone (at its end, or earlier: StreamLockTable.release); ended implies released.
     released: bool = False
-    # Its partition states are final (it matched and will run no rule): see StreamLockTable.matched.
-    matched: bool = False
     waiters: list[Owner] = field(default_factory=list)
     wake: threading.Event = field(default_factory=threading.Event)
     victim: BaseException | None = None
@@ -263,15 +261,16 @@ class StreamLockTable:
                 self._waiting[owner] = (request, blocker)
             self._sleep(owner, blocker, request)
 
-    def wait_for(self, owner: Owner, blocker: Owner, why: Request | None = None, *, matched: bool = False) -> None:
-        """Block until ``blocker`` ended — or, with ``matched``, until its partition states are
-        final (:meth:`matched`) — an order dependency that is not a lock (the matcher state of
-        a partition); registered like a lock wait."""
+    def wait_for(self, owner: Owner, blocker: Owner, why: Request | None = None, *,
+                 ready: Callable[[], bool] | None = None) -> None:
+        """Block until ``blocker`` ended — or until ``ready()`` (evaluated under the mutex; it
+        turns true when ``blocker`` publishes partition states, :meth:`matched`) — an order
+        dependency that is not a lock (the matcher state of a partition); registered like a lock wait."""
         while True:
             with self._mutex:
                 if owner.victim is not None:
                     raise owner.victim
-                if blocker.ended or (matched and blocker.matched):
+                if blocker.ended or (ready is not None and ready()):
                     return
                 owner.wake.clear()
                 blocker.waiters.append(owner)
@@ -291,9 +290,8 @@ class StreamLockTable:
                 self._counts["wait_seconds"] += time.perf_counter() - started
 
     def matched(self, owner: Owner) -> None:
-        """``owner``'s partition states are final: wake its order waiters (no request); its locks stay."""
+        """``owner`` published partition states: wake its order waiters (no request) to look again; its locks stay."""
         with self._mutex:
-            owner.matched = True
             woken = [waiter for waiter in owner.waiters if self._waiting.get(waiter, (None, None))[0] is None]
             owner.waiters = [waiter for waiter in owner.waiters if waiter not in woken]
         for waiter in woken:
