@@ -186,10 +186,7 @@ class RuleManager(TransactionExtension):
             return
         root = transaction.root
         tree = root.slot(RuleContext)       # the tree's firing record (and, on the root, its cascade chain)
-        if transaction is root:
-            chain = tree.firing.chain if tree.firing is not None else ()
-        else:
-            chain = chain_of(transaction, tree)
+        chain = chain_of(transaction, tree)
         if len(chain) + 1 > self.max_cascade_depth:
             names = " -> ".join((*chain, "|".join(rule.name for rule in rules)))
             raise CascadeLimitExceeded(
@@ -198,11 +195,10 @@ class RuleManager(TransactionExtension):
         self.record.dispatched(root, tree, rules)
         if len(rules) == 1:                 # the common case, without the comprehension's call and lists
             rule = rules[0]
-            name = rule.name
-            firing = Firing(rule, event, (*chain, name), rule.coupling, next(self._numbers))
+            firing = Firing(rule, event, (*chain, rule.name), rule.coupling, next(self._numbers))
             if firing.coupling is _IMMEDIATE:     # one group of one firing, without _run_groups' loops
                 try:
-                    run_inline(transaction, self.execute, firing, _NAMES.get(name) or _transaction_name(rule))
+                    run_inline(transaction, self.execute, firing, _transaction_name(rule))
                 except DependencyAbort:
                     pass
                 except BaseException as error:

@@ -163,7 +163,7 @@ class BatchRun:
                 if installed_at.get(key, -1) > position:
                     continue
                 installed_at[key] = position
-            self.pending.overlay[key] = state if state.runs or any(state.buffers) else None     # an empty state is none
+            self.pending.overlay[key] = state if state.size() else None
 
     # --- the whole s-transaction (SEI and schedulers that lock ahead) ---------------------------
 

@@ -72,7 +72,7 @@ class StoreView:
     # --- the store API --------------------------------------------------------------------------
 
     def read(self, table: str, key: Any) -> dict | None:
-        key = key if isinstance(key, tuple) else (key,)
+        key = _as_key(key)
         self._before("read", table, key)
         return self._read(table, key, self.tx.read(table, key))
 
