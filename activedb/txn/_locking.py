@@ -43,31 +43,40 @@ _INTENTION = {Mode.READ: Mode.IR, Mode.UPDATE: Mode.IW, Mode.WRITE: Mode.IW}
 _COVERS = {stronger: {weaker: covers(stronger, weaker) for weaker in Mode} for stronger in Mode}
 
 
-def _note_table(node: "Transaction", name: str, mode: Mode) -> None:
-    """``node`` was granted ``mode`` at table level on ``name`` (joined with what it held there)."""
-    held = node._table_held
+# What a node's own successful requests tell of its locks (``Transaction._modes_held`` and
+# ``_modes_retained``), per *subject*: a table's name (a str) for its table-level mode, intention modes
+# included, or a row's ``(table, key)`` tuple.  A record is a lower bound: every mode in it is covered by
+# what the node holds (``_modes_held``: since its holds were last made retained) or retains in the lock
+# manager; a subject missing from it only means the ordinary request (README, "Lazy inline subtransactions",
+# and "Requests answered from the records").
+
+
+def _note_held(node: "Transaction", subject: "str | tuple", mode: Mode) -> None:
+    """``node`` was granted ``mode`` on ``subject`` (a table's name or a row's ``(table, key)``), joined with
+    what it held there."""
+    held = node._modes_held
     if held is None:
-        node._table_held = {name: mode}
+        node._modes_held = {subject: mode}
     else:
-        previous = held.get(name)
-        held[name] = mode if previous is None else join(previous, mode)
+        previous = held.get(subject)
+        held[subject] = mode if previous is None else join(previous, mode)
 
 
 def _note_tuple(node: "Transaction", name: str, mode: Mode) -> None:
     """``node`` was granted a row of ``name`` in ``mode``: it holds the intention lock for it, unless its
     table-level mode covered the row (then nothing was asked at table level)."""
-    held = node._table_held
+    held = node._modes_held
     previous = held.get(name) if held is not None else None
     if previous is not None and _COVERS[previous][mode]:
         return
-    _note_table(node, name, _INTENTION[mode])
+    _note_held(node, name, _INTENTION[mode])
 
 
-def _note_retained(node: "Transaction", held: dict[str, Mode]) -> None:
-    """``node`` now retains ``held`` at table level (joined with what it retained)."""
-    retained = node._table_retained
+def _note_retained(node: "Transaction", held: dict) -> None:
+    """``node`` now retains ``held`` (per subject, joined with what it retained)."""
+    retained = node._modes_retained
     if retained is None:
-        node._table_retained = dict(held)
+        node._modes_retained = dict(held)
         return
     for name, mode in held.items():
         previous = retained.get(name)
@@ -150,7 +159,7 @@ class Locking:
             parent = node.parent
             parent._lazy_child = None
             node._grants = None
-            held = node._table_held
+            held = node._modes_held
             if held:
                 _note_retained(parent, held)
             return
@@ -190,16 +199,30 @@ class Locking:
             # The node itself locks while its lazy child runs (its own object used inside the child's
             # block): its holds must be its own again, so the child takes its locks with it first.
             self.materialize(node._lazy_child)
+        table_level = key is None or self._granularity.get(name) is _TABLE
+        held = node._modes_held
+        if held is not None:
+            # Answered from its record: it holds a covering mode since its holds were last retained, so the
+            # lock manager would grant the request at once and change nothing ("Requests answered from the
+            # records").
+            current = held.get(name)
+            if current is not None and _COVERS[current][mode]:
+                return
+            if not table_level:
+                current = held.get((name, key))
+                if current is not None and _COVERS[current][mode]:
+                    return
         timeout = self.lock_timeout
         tid = node.id
         node._holds = True
         try:
-            if key is None or self._granularity.get(name) is _TABLE:
+            if table_level:
                 locks.acquire(tid, ("table", name), mode, timeout=timeout)
-                _note_table(node, name, mode)
+                _note_held(node, name, mode)
             else:
                 locks.acquire_tuple(tid, ("table", name), key, mode, timeout, resource=("row", name, key))
                 _note_tuple(node, name, mode)
+                _note_held(node, (name, key), mode)
         except (Deadlock, LockTimeout) as error:
             node.doom(error)
             raise
@@ -220,26 +243,42 @@ class Locking:
         if key is None or self._granularity.get(name) is _TABLE:
             if not locks.try_retain(parent_id, ("table", name), mode, grants):
                 return False
-            _note_table(node, name, mode)
+            _note_held(node, name, mode)
             return True
-        held = node._table_held
-        table_mode = held.get(name) if held is not None else None
-        if table_mode is not None and _COVERS[table_mode][mode]:
-            return True          # its table lock covers the row (nothing is locked at row level)
+        held = node._modes_held
+        row = (name, key)
+        if held is not None:
+            table_mode = held.get(name)
+            if table_mode is not None and _COVERS[table_mode][mode]:
+                return True          # its table lock covers the row (nothing is locked at row level)
+            current = held.get(row)
+            if current is not None and _COVERS[current][mode]:
+                return True          # granted to it before (listed in its grants)
+        else:
+            table_mode = None
+        retained = node.parent._modes_retained
         intention = _INTENTION[mode]
         if table_mode is None or not _COVERS[table_mode][intention]:
             # Answered by the parent's retains (the module docstring) unless the node locked the table itself.
-            retained = node.parent._table_retained
             kept = retained.get(name) if retained is not None and (table_mode is None or table_mode in _INTENTIONS) \
                 else None
             if kept is not None and _COVERS[kept][intention]:
-                # (Not noted in ``_table_held``: the parent retains it already; the next row asks again.)
+                # (Not noted in ``_modes_held``: the parent retains it already; the next row asks again.)
                 grants.append((("table", name), intention, lockmgr.UNCHANGED))
             elif locks.try_retain(parent_id, ("table", name), intention, grants):
-                _note_table(node, name, intention)
+                _note_held(node, name, intention)
             else:
                 return False
-        return locks.try_retain(parent_id, ("row", name, key), mode, grants)
+        # The row, likewise answered by the parent's retains when they cover it ("Requests answered from the
+        # records"): listed as a grant that changed nothing, as ``try_retain`` lists one.
+        kept = retained.get(row) if retained is not None else None
+        if kept is not None and _COVERS[kept][mode]:
+            grants.append((("row", name, key), mode, lockmgr.UNCHANGED))
+            return True
+        if not locks.try_retain(parent_id, ("row", name, key), mode, grants):
+            return False
+        _note_held(node, row, mode)
+        return True
 
     def release_holds(self, node: "Transaction") -> None:
         """What ``node``'s own operations hold becomes *retained*, in place (``LockManager.retain``): its
@@ -257,9 +296,18 @@ class Locking:
                 if node._doomed is None:
                     raise
                 return
-            held, node._table_held = node._table_held, None
+            held, node._modes_held = node._modes_held, None
             if held:
                 _note_retained(node, held)
+
+    def stop_retaining(self, node: "Transaction", rows: "list[tuple[str, Key]]") -> None:
+        """``node`` (a top-level transaction at its flush) retains nothing on ``rows`` from now on, in the lock
+        manager and in its record (``RowLocks.hand_over``: PostgreSQL's row locks guard them)."""
+        self.lock_manager.undo_retains(node.id, [(("row", name, key), Mode.UPDATE, None) for name, key in rows])
+        for record in (node._modes_held, node._modes_retained):
+            if record is not None:
+                for row in rows:
+                    record.pop(row, None)
 
     @staticmethod
     def logical_snapshot(snapshot: lockmgr.LockTableSnapshot, lazy: "list[Transaction]") -> lockmgr.LockTableSnapshot:

@@ -12,7 +12,6 @@ import threading
 from typing import TYPE_CHECKING
 
 import sqlalchemy as sa
-from lockmgr import Mode
 
 from activedb.errors import Failure, SerializationConflict, classify
 from activedb.store import lock_row
@@ -106,8 +105,8 @@ class RowLocks(CommitParticipant):
         rows a committed child locked stay until the root's Rule 3) — the next tree asks PostgreSQL for the row
         while this one commits (README, "Reads for update")."""
         with self._mutex:
-            grants = [(("row", name, key), Mode.UPDATE, None) for name, key in self.rows]
-        self._root.manager.locking.lock_manager.undo_retains(self._root.id, grants)
+            rows = list(self.rows)
+        self._root.manager.locking.stop_retaining(self._root, rows)
 
     def release(self) -> None:
         """Roll back (the locks go) and close."""

@@ -50,8 +50,8 @@ class Transaction(Reads, Writes, Children):
 
     __slots__ = ("manager", "parent", "root", "depth", "id", "name", "began_at", "info", "subtransactions_committed",
                  "_mutex", "_state", "_children", "_tasks", "_writes", "_db_reads", "_scans", "_participants",
-                 "_slots", "_doomed", "_thread", "_read_base", "_holds", "_lazy", "_lazy_child", "_table_held",
-                 "_table_retained", "_grants", "_frame", "_undo", "_tree_rows", "__weakref__")
+                 "_slots", "_doomed", "_thread", "_read_base", "_holds", "_lazy", "_lazy_child", "_modes_held",
+                 "_modes_retained", "_grants", "_frame", "_undo", "_tree_rows", "__weakref__")
 
     def __init__(self, manager: "TransactionManager", parent: "Transaction | None",
                  name: str | None = None, read_base: "ReadBase | None" = None, inline: bool = False,
@@ -109,12 +109,14 @@ class Transaction(Reads, Writes, Children):
         self._lazy = lazy
         # This node's live lazy child, if any (while it runs, what this node holds is the child's).
         self._lazy_child: Transaction | None = None
-        # What this node holds and retains at table level, per table (intention modes included), as far as
-        # its own successful requests tell (``_locking.py``, "intention locks answered from retains"); and,
-        # on a lazy node, its lock grants, retained in its parent's name (``LockManager.try_retain``).
-        # Written by the node's thread only.
-        self._table_held: dict[str, Mode] | None = None
-        self._table_retained: dict[str, Mode] | None = None
+        # What this node holds and retains, per table name (intention modes included) and per ``(table, key)``
+        # row, as far as its own successful requests and its committed lazy children's tell (README, "Requests
+        # answered from the records"); and, on a lazy node, its lock grants, retained in its parent's name
+        # (``LockManager.try_retain``).  Written by the node's thread only.
+        # Invariant: a lower bound — every mode in ``_modes_held`` is covered by what the node holds in the
+        # lock manager, every mode in ``_modes_retained`` by what it retains there.
+        self._modes_held: dict[str | tuple, Mode] | None = None
+        self._modes_retained: dict[str | tuple, Mode] | None = None
         self._grants: list | None = None
         # True while this lazy inline child is a *frame* (README, "Frames"): not registered among its
         # parent's children (the parent's ``_lazy_child`` is the reference), ended by ``_end_frame``; it

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import activedb
-from activedb import Coupling
+from activedb import Coupling, testing
 from activedb.txn import Subtransactions
 from tests.conftest import APP_MIGRATIONS
 
@@ -266,6 +266,89 @@ def test_a_child_upgrading_a_row_its_parent_retains_leaves_the_parents_mode_when
         assert pictures[1][row] == ({}, {"parent": "READ", "second": "WRITE"})
     assert pictures[-1][row] == ({}, {"parent": "READ"})
     assert seen is None or seen.get("value") != 3
+
+
+@pytest.mark.parametrize("representation", REPRESENTATIONS)
+def test_rows_answered_from_a_parents_retains_are_the_childs_own_in_every_picture(db, use, representation):
+    """The first child writes row a and commits (its parent retains WRITE on it); the second reads and writes a,
+    answered from the parent's record of its retains without the lock manager where the child is lazy (txn
+    README, "Requests answered from the records"): the pictures still show the second holding WRITE and the
+    intention lock while it runs, and the parent's WRITE alone after it aborted — as with registered children."""
+    use(representation)
+    pictures = []
+    row, table = ("row", "items", ("a",)), ("table", "items")
+    with db.transaction() as tx:
+        names = {tx.id: "parent"}
+        with tx.subtransaction() as first:
+            first.write("items", "a", value=1)
+        try:
+            with tx.subtransaction() as second:
+                names[second.id] = "second"
+                second.read("items", "a")
+                second.write("items", "a", value=2)
+                pictures.append(_picture(db, names))
+                raise Planned("second")
+        except Planned:
+            pass
+        pictures.append(_picture(db, names))
+        seen = tx.read("items", "a")
+    running, after = pictures
+    assert running[row] == ({"second": "WRITE"}, {"parent": "WRITE"})
+    assert running[table] == ({"second": "IW"}, {"parent": "IW"})
+    assert after[row] == ({}, {"parent": "WRITE"})
+    assert seen["value"] == 1
+
+
+@pytest.mark.parametrize("representation", REPRESENTATIONS)
+def test_a_childs_upgrade_that_aborted_does_not_answer_a_later_childs_request(db, use, representation):
+    """What a parent retains is answered from its record only as far as its committed children and its own
+    holds left it: the first child reads row a (the parent retains READ); the second writes a (the parent's
+    entry upgraded to WRITE in the lock manager when the child is lazy) and aborts, which leaves READ; another
+    tree then reads a.  A third child's write of a must wait for that tree, in every representation — had the
+    aborted upgrade been remembered, it would have been granted at once beside the other tree's READ."""
+    use(representation)
+    locks = db.transactions.locks
+    other_read, other_may_commit = threading.Event(), threading.Event()
+    waited: list[bool] = []
+
+    def other() -> None:
+        try:
+            with db.transaction() as other_tx:
+                other_tx.read("items", "a")
+                other_read.set()
+                assert other_may_commit.wait(60)
+        finally:
+            other_read.set()
+
+    def release() -> None:
+        try:
+            testing.wait_until(lambda: locks.statistics().waiting == 1, 60, "the third child's write to wait")
+            waited.append(True)
+        finally:
+            other_may_commit.set()
+
+    with testing.Watchdog(120, locks):
+        with db.transaction() as tx:
+            with tx.subtransaction() as first:
+                first.read("items", "a")
+            try:
+                with tx.subtransaction() as second:
+                    second.write("items", "a", value=3)
+                    raise Planned("second")
+            except Planned:
+                pass
+            reader = threading.Thread(target=other)
+            reader.start()
+            assert other_read.wait(60)
+            releaser = threading.Thread(target=release)
+            releaser.start()
+            with tx.subtransaction() as third:
+                third.write("items", "a", value=4)          # waits until the other tree has committed
+            releaser.join(90)
+            reader.join(90)
+    assert waited == [True]
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT value FROM items WHERE key = 'a'")).scalar_one() == 4
 
 
 def _named_write(names: dict, node, name: str, key: str, value: int) -> None:
