@@ -45,6 +45,10 @@ class TableInfo:
         self.blank_row = {column.name: _constant_default(column) for column in table.columns}
         self._python_types = {name: _python_type(column) for name, column in self.columns.items()}
         self._checks = {name: _extra_check(column) for name, column in self.columns.items()}
+        # Per column, a test that accepts the common valid values at once (None: none): what
+        # ``check_value`` would accept, for exact built-in types only; anything else takes the full check.
+        self._quick = {name: _quick_check(column) for name, column in self.columns.items()}
+        self._quick_key = self._quick[self.key_columns[0]] if len(self.key_columns) == 1 else None
         self._key_clause = (
             sa.tuple_(*[table.c[name] for name in self.key_columns])
             if len(self.key_columns) > 1 else table.c[self.key_columns[0]]
@@ -52,6 +56,9 @@ class TableInfo:
         self._statements: dict[Any, Any] = {}
 
     def key(self, key: Any) -> Key:
+        quick = self._quick_key
+        if quick is not None and quick(key):
+            return (key,)         # a one-column key whose value the full check would accept
         if not isinstance(key, tuple):
             key = (key,)
         if len(key) != len(self.key_columns):
@@ -74,11 +81,17 @@ class TableInfo:
         return tuple(values[name] for name in self.key_columns)
 
     def check_values(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        quick = self._quick
         for name, value in values.items():
-            self.check_value(name, value)
+            accepts = quick.get(name)
+            if accepts is None or not accepts(value):
+                self.check_value(name, value)
         return dict(values)
 
     def check_value(self, name: str, value: Any) -> None:
+        accepts = self._quick.get(name)
+        if accepts is not None and accepts(value):
+            return
         column = self.columns.get(name)
         if column is None:
             raise UnknownColumn(
@@ -233,6 +246,25 @@ def _extra_check(column: sa.Column):
                     f"[{-bound}, {bound - 1}]")
     if isinstance(column_type, (sa.JSON, postgresql.JSONB)):
         return json_problem
+    return None
+
+
+def _quick_check(column: sa.Column):
+    """A test ``value -> bool`` that is true only for values ``TableInfo.check_value`` accepts (an ``int``
+    in an integer column's range, a ``str`` without NUL that is ASCII in a text column, an ``int`` or
+    ``float`` in a float column: exact types, so ``bool`` and subclasses take the full check), or None.
+    False only means the full check, which says what is wrong."""
+    column_type = column.type
+    if isinstance(column_type, sa.Boolean):
+        return None
+    if isinstance(column_type, sa.Integer):
+        for integer_type, bound in _INTEGER_RANGES:
+            if isinstance(column_type, integer_type):
+                low = -bound
+                return lambda value: value.__class__ is int and low <= value < bound
+        return None
+    if isinstance(column_type, (sa.String, sa.Text, sa.Enum)):
+        return lambda value: value.__class__ is str and value.isascii() and "\x00" not in value
     return None
 
 

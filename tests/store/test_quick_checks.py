@@ -1,0 +1,77 @@
+"""``TableInfo``'s quick value tests accept only what its full check accepts: a write or a key whose value the
+quick test passes is exactly one the full check (the path that names what is wrong) would have let through.
+The oracle is the full check with the quick tests switched off.  No database: the tables are built here."""
+
+from __future__ import annotations
+
+import enum
+
+import pytest
+import sqlalchemy as sa
+from hypothesis import given
+from hypothesis import strategies as st
+
+from activedb.errors import InvalidKey, InvalidValue
+from activedb.store import TableInfo
+
+
+class Colour(enum.Enum):
+    RED = "red"
+
+
+class Flag(int):
+    """An ``int`` subclass: never taken by the quick test (exact types only)."""
+
+
+def _info() -> TableInfo:
+    metadata = sa.MetaData()
+    table = sa.Table(
+        "quick", metadata,
+        sa.Column("id", sa.BigInteger, primary_key=True),
+        sa.Column("small", sa.SmallInteger),
+        sa.Column("number", sa.Integer, nullable=False),
+        sa.Column("name", sa.String(20)),
+        sa.Column("body", sa.Text),
+        sa.Column("flag", sa.Boolean),
+        sa.Column("ratio", sa.Float),
+    )
+    return TableInfo(table)
+
+
+INFO = _info()
+ORACLE = _info()
+ORACLE._quick = {name: None for name in ORACLE._quick}
+ORACLE._quick_key = None
+
+VALUES = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-2**70, max_value=2**70), st.floats(allow_nan=True),
+    st.text(), st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0x10FFFF)), st.binary(),
+    st.integers(-5, 5).map(Flag), st.just(Colour.RED), st.just("\x00"), st.just("caf\u00e9"), st.just("\ud800"),
+)
+
+
+def _outcome(check, *args):
+    try:
+        return ("accepted", check(*args))
+    except (InvalidValue, InvalidKey) as error:
+        return ("refused", type(error).__name__, str(error))
+
+
+@pytest.mark.parametrize("column", ["id", "small", "number", "name", "body", "flag", "ratio"])
+@given(value=VALUES)
+def test_a_quick_check_accepts_exactly_what_the_full_check_accepts(column, value):
+    assert _outcome(INFO.check_value, column, value) == _outcome(ORACLE.check_value, column, value)
+    assert _outcome(INFO.check_values, {column: value}) == _outcome(ORACLE.check_values, {column: value})
+
+
+@given(value=VALUES)
+def test_a_one_column_key_normalised_quickly_is_the_full_checks_key(value):
+    assert _outcome(INFO.key, value) == _outcome(ORACLE.key, value)
+    assert _outcome(INFO.key, (value,)) == _outcome(ORACLE.key, (value,))
+
+
+def test_the_quick_tests_cover_the_common_columns_and_leave_the_rest_to_the_full_check():
+    assert INFO._quick["id"](2**62) and not INFO._quick["id"](2**63) and not INFO._quick["id"](True)
+    assert INFO._quick["small"](2**15 - 1) and not INFO._quick["small"](2**15)
+    assert INFO._quick["name"]("ok") and not INFO._quick["name"]("\x00") and not INFO._quick["name"]("caf\u00e9")
+    assert INFO._quick["flag"] is None and INFO._quick["ratio"] is None
