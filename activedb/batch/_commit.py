@@ -28,6 +28,7 @@ from activedb.batch._store import DEAD_LETTER_TABLE, apply_batch, dead_letter
 from activedb.batch._strategy import Strategy
 from activedb.batch.errors import BatchNotCommitted, DeclarationError
 from activedb.errors import InvalidKey, InvalidValue
+from activedb.store import rows_by_key
 from activedb.txn import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -186,8 +187,7 @@ def _select_for_update(connection: sa.Connection, info: Any, keys: list[tuple]) 
     ordered = sorted(keys)
     statement = info.select_by_keys().order_by(*columns).with_for_update()
     for start in range(0, len(ordered), 5000):    # bounded bind parameters per statement
-        rows = connection.execute(statement, {"keys": ordered[start:start + 5000]}).mappings()
-        found.update((tuple(row[name] for name in names), dict(row)) for row in rows)
+        rows_by_key(connection.execute(statement, {"keys": ordered[start:start + 5000]}), names, found)
     return found
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol
 import sqlalchemy as sa
 
 from activedb.errors import SerializationConflict
-from activedb.store import Entry, EntryKind, Key, TableInfo, fetch_rows, resolve
+from activedb.store import Entry, EntryKind, Key, TableInfo, fetch_rows, resolve, rows_by_key
 from activedb.txn._rowlocks import RowLocks
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -153,8 +153,7 @@ def scan_rows(catalog_or_connection: Any, info: TableInfo, where: Any, *, lock: 
         statement = statement.with_for_update(read=True)
     with (contextlib.nullcontext(catalog_or_connection) if isinstance(catalog_or_connection, sa.Connection)
           else catalog_or_connection.autocommit_connection()) as connection:
-        rows = connection.execute(statement).mappings()
-        return {tuple(row[name] for name in info.key_columns): dict(row) for row in rows}
+        return rows_by_key(connection.execute(statement), info.key_columns)
 
 
 def read_row(node: "Transaction", info: TableInfo, key: Key, *, record: bool = True, relied: bool = True,
