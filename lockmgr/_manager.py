@@ -530,16 +530,22 @@ class LockManager:
                     _discard_if_empty(lock)
             self._resolve(events)
 
-    def hand_down_retains(self, tid: Hashable, child: Hashable, grants: list) -> None:
-        """``try_retain``'s savepoint now has a transaction of its own, ``child`` (begun as ``tid``'s child):
-        under the graph mutex, ``tid`` retains again what it retained before ``grants`` and ``child`` holds
-        each granted mode (joined per resource) — the table ``child`` would have had; each lock's queue is
-        re-evaluated, so wait edges that named ``tid`` for those grants name ``child``."""
+    def hand_down_retains(self, tid: Hashable, child: Hashable, grants: list, *, retained: bool = False) -> None:
+        """``try_retain``'s savepoint now has a transaction of its own, ``child`` (begun as a descendant of
+        ``tid``, whose every ancestor below ``tid`` is a savepoint of ``tid`` too): under the graph mutex,
+        ``tid`` retains again what it retained before ``grants`` and ``child`` holds each granted mode
+        (joined per resource; ``retained``: retains it — a savepoint's locks from a committed savepoint of
+        its own) — the table ``child`` would have had; each lock's queue is re-evaluated, so wait edges that
+        named ``tid`` for those grants name ``child``.  Grants of several savepoints are handed down newest
+        first (each call restores ``tid``'s entries to what they were before its own grants)."""
         with self._graph_mutex:
             txn = self._ended.require_active(self._active, tid, Lazy("hand its retains down to {!r}", child))
             heir = self._ended.require_active(self._active, child, Lazy("take the retains of {!r}", tid))
-            if heir.parent is not txn:
-                raise ValueError(f"hand_down_retains: {child!r} is not a child of {tid!r}")
+            ancestor = heir.parent
+            while ancestor is not None and ancestor is not txn:
+                ancestor = ancestor.parent
+            if ancestor is None:
+                raise ValueError(f"hand_down_retains: {child!r} is not a descendant of {tid!r}")
             wanted, before = fold_grants(grants)
             events: list = []
             for resource, mode in wanted.items():
@@ -548,7 +554,16 @@ class LockManager:
                     lock = _lock_entry(stripe, resource)
                     if resource in before:
                         _undo_grant(lock, txn, before[resource])
-                    _hold(lock, heir, mode if heir not in lock.held else JOIN[lock.held[heir]][mode])
+                    if retained:
+                        kept = lock.retained
+                        if kept is None:
+                            kept = lock.retained = {}
+                        previous = kept.get(heir)
+                        kept[heir] = mode if previous is None else JOIN[previous][mode]
+                        with heir.mutex:
+                            heir.locks[resource] = lock
+                    else:
+                        _hold(lock, heir, mode if heir not in lock.held else JOIN[lock.held[heir]][mode])
                     events.extend(self._queues.reevaluate(lock))
             self._resolve(events)
 

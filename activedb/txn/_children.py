@@ -189,12 +189,14 @@ def _begin_inline(parent: "Transaction", name: str | None) -> "Transaction":
     live child and no observer wants node events: a lazy child that is not registered among the children."""
     manager = parent.manager
     observers = manager.observers
-    if (manager.subtransactions is _FRAMES and not parent._lazy and parent._lazy_child is None
+    if (manager.subtransactions is _FRAMES and (parent._frame or not parent._lazy) and parent._lazy_child is None
             and not parent._children and not (observers.on_begin or observers.on_spawn or observers.on_commit
                                             or observers.on_abort)):
         if parent._doomed is not None or parent._state is not _ACTIVE:
             parent._check_active("starting a subtransaction")
-        if parent._holds:           # (``release_holds`` has nothing else to do: no lazy child, not lazy)
+        if parent._frame:           # a frame in a frame: the parent's grants become retained (README)
+            manager.locking.retain_grants(parent)
+        elif parent._holds:         # (``release_holds`` has nothing else to do: no lazy child, not lazy)
             manager.locking.release_holds(parent)
         # (arguments positional: name, read_base, inline, lazy, frame — a class call with keywords costs more)
         child = parent._lazy_child = type(parent)(manager, parent, name, None, True, True, True)

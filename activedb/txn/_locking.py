@@ -126,27 +126,48 @@ class Locking:
 
     def materialize(self, node: "Transaction") -> None:
         """Give the lazy ``node`` its own lock-manager transaction (an awaited child of its parent) and
-        hand it the locks it took in its parent's name: afterwards the lock table is exactly what it would
-        be had ``node`` been registered from the start (see README, "Lazy inline subtransactions")."""
-        parent = node.parent
+        hand it the locks it took in its grantee's name: afterwards the lock table is exactly what it would
+        be had ``node`` been registered from the start (see README, "Lazy inline subtransactions").  A frame
+        in a frame materializes with the whole chain of lazy nodes it belongs to (README, "Frames in
+        frames"): each registered below its parent, outermost first, each given its grants newest first."""
+        top = node
+        while top.parent._lazy:
+            top = top.parent
+        chain = [top]
+        while chain[-1]._lazy_child is not None:
+            chain.append(chain[-1]._lazy_child)
+        grantee = top.parent
         locks = self.lock_manager
-        if node._frame:
-            # A frame becomes an ordinary node: registered among its parent's children from now on.
-            with parent._mutex:
-                parent._children = {**parent._children, node.id: node}
-            take_back_writes(node, keep=True)     # its writes become its own write set
-            node._frame = False
-        grants, node._grants = node._grants, None
+        for member in reversed(chain):       # writes: the innermost first (they lie on top in the write set)
+            if member._frame:
+                # A frame becomes an ordinary node: registered among its parent's children from now on.
+                parent = member.parent
+                with parent._mutex:
+                    parent._children = {**parent._children, member.id: member}
+                take_back_writes(member, keep=True)     # its writes become its own write set
+                member._frame = False
         try:
-            locks.begin(node.id, parent=parent.id, awaited=True)
-            if grants:
-                locks.hand_down_retains(parent.id, node.id, grants)
+            for member in chain:
+                locks.begin(member.id, parent=member.parent.id, awaited=True)
+            for member in reversed(chain):   # the newest grants first: each hand-down restores what was before
+                grants, kept = member._grants, member._grants_retained
+                if grants:
+                    if kept < len(grants):
+                        locks.hand_down_retains(grantee.id, member.id, grants[kept:])
+                    if kept:
+                        locks.hand_down_retains(grantee.id, member.id, grants[:kept], retained=True)
         except lockmgr.TransactionNotActive as error:
             _raise_aborted(node, error)
-        # It holds what it was granted (its table-level grants are noted on it already).
-        node._holds = bool(grants)
-        node._lazy = False
-        parent._lazy_child = None
+        for member in chain:
+            # It holds what it was granted since it last opened a frame (its table-level grants are noted on
+            # it already), and retains the rest.
+            grants, kept = member._grants, member._grants_retained
+            member._holds = bool(grants) and kept < len(grants)
+            member._grants = None
+            member._grants_retained = 0
+            member._lazy = False
+            member._lazy_child = None
+        grantee._lazy_child = None
 
     def commit(self, node: "Transaction") -> None:
         """Rule 2 (a subtransaction: the parent retains what it held and retained) or Rule 3 (top-level:
@@ -154,14 +175,24 @@ class Locking:
         hold: its parent retains that too).  A lazy node's locks are already its parent's holds: they become
         the parent's retains (Rule 2 exactly)."""
         if node._lazy:
-            # Its grants are its parent's retains already (Rule 2 exactly); what it locked at table level
-            # the parent now retains (``_answered_by_retains`` relies on that record).
+            # Its grants are its grantee's retains already (Rule 2 exactly); what it locked the parent now
+            # retains (the records: "Requests answered from the records").  A frame's frame: its grants join
+            # its parent's, as retained (README, "Frames in frames").
             parent = node.parent
             parent._lazy_child = None
-            node._grants = None
+            grants, node._grants = node._grants, None
+            if grants and parent._lazy:
+                if parent._grants is None:
+                    parent._grants = grants
+                else:
+                    parent._grants.extend(grants)
+                parent._grants_retained = len(parent._grants)
             held = node._modes_held
             if held:
                 _note_retained(parent, held)
+            retained = node._modes_retained
+            if retained:
+                _note_retained(parent, retained)
             return
         try:
             self.lock_manager.commit(node.id)
@@ -176,7 +207,7 @@ class Locking:
                 node.parent._lazy_child = None
                 grants, node._grants = node._grants, None
                 if grants:
-                    self.lock_manager.undo_retains(node.parent.id, grants)
+                    self.lock_manager.undo_retains(_grantee(node).id, grants)
                 return
             self.lock_manager.abort(node.id)
         except lockmgr.LockError:
@@ -188,6 +219,11 @@ class Locking:
         """Lock ``key`` of ``info`` (``None``: the whole table) in ``mode`` for ``node``'s own operation."""
         locks = self.lock_manager
         name = info.name
+        if node._lazy_child is not None:
+            # The node itself locks while its lazy child runs (its own object used inside the child's
+            # block): its holds must be its own again, so the child takes its locks with it first (a frame's
+            # frame: with its parent, which is then no longer lazy either).
+            self.materialize(node._lazy_child)
         if node._lazy:
             try:
                 if self._grant_lazily(node, name, key, mode):
@@ -195,10 +231,6 @@ class Locking:
             except lockmgr.LockError as error:
                 _raise_aborted(node, error)
             node.materialize()
-        elif node._lazy_child is not None:
-            # The node itself locks while its lazy child runs (its own object used inside the child's
-            # block): its holds must be its own again, so the child takes its locks with it first.
-            self.materialize(node._lazy_child)
         table_level = key is None or self._granularity.get(name) is _TABLE
         held = node._modes_held
         if held is not None:
@@ -236,7 +268,11 @@ class Locking:
         in ``node._grants``) exactly when ``node``'s own request would be granted at once (README, "Lazy
         inline subtransactions"); False: it would wait (nothing was granted for this request but maybe the
         intention lock, which stays a grant)."""
-        locks, parent_id = self.lock_manager, node.parent.id
+        locks, parent = self.lock_manager, node.parent
+        grantee = parent
+        while grantee._lazy:               # a frame's frame: its grants are in its grantee's name too
+            grantee = grantee.parent
+        parent_id = grantee.id
         grants = node._grants
         if grants is None:
             grants = node._grants = []
@@ -256,12 +292,16 @@ class Locking:
                 return True          # granted to it before (listed in its grants)
         else:
             table_mode = None
-        retained = node.parent._modes_retained
+        retained = parent._modes_retained
+        # (A frame's frame asks its grantee's record too: what the grantee retains covers it as well.)
+        outer = grantee._modes_retained if grantee is not parent else None
         intention = _INTENTION[mode]
         if table_mode is None or not _COVERS[table_mode][intention]:
             # Answered by the parent's retains (the module docstring) unless the node locked the table itself.
-            kept = retained.get(name) if retained is not None and (table_mode is None or table_mode in _INTENTIONS) \
-                else None
+            own_table = table_mode is None or table_mode in _INTENTIONS
+            kept = retained.get(name) if retained is not None and own_table else None
+            if (kept is None or not _COVERS[kept][intention]) and outer is not None and own_table:
+                kept = outer.get(name)
             if kept is not None and _COVERS[kept][intention]:
                 # (Not noted in ``_modes_held``: the parent retains it already; the next row asks again.)
                 grants.append((("table", name), intention, lockmgr.UNCHANGED))
@@ -272,6 +312,8 @@ class Locking:
         # The row, likewise answered by the parent's retains when they cover it ("Requests answered from the
         # records"): listed as a grant that changed nothing, as ``try_retain`` lists one.
         kept = retained.get(row) if retained is not None else None
+        if (kept is None or not _COVERS[kept][mode]) and outer is not None:
+            kept = outer.get(row)
         if kept is not None and _COVERS[kept][mode]:
             grants.append((("row", name, key), mode, lockmgr.UNCHANGED))
             return True
@@ -279,6 +321,16 @@ class Locking:
             return False
         _note_held(node, row, mode)
         return True
+
+    @staticmethod
+    def retain_grants(node: "Transaction") -> None:
+        """The frame ``node`` opens a frame of its own: what it was granted counts as retained from now on, as
+        a node's holds become retained before it creates a child (README, "Frames in frames")."""
+        grants = node._grants
+        node._grants_retained = len(grants) if grants else 0
+        held, node._modes_held = node._modes_held, None
+        if held:
+            _note_retained(node, held)
 
     def release_holds(self, node: "Transaction") -> None:
         """What ``node``'s own operations hold becomes *retained*, in place (``LockManager.retain``): its
@@ -312,38 +364,47 @@ class Locking:
     @staticmethod
     def logical_snapshot(snapshot: lockmgr.LockTableSnapshot, lazy: "list[Transaction]") -> lockmgr.LockTableSnapshot:
         """``snapshot`` with each node of ``lazy`` (live lazy nodes) in place: it is a transaction, it holds
-        what it was granted (``_grants``), and its parent retains what it retained before those grants."""
+        what it was granted (``_grants``; the first ``_grants_retained`` of them it retains), and its grantee
+        retains what it retained before those grants.  A chain of frames in frames is drawn innermost first,
+        so that each grantee entry goes back to what it was before the oldest grant."""
         if not lazy:
             return snapshot
         transactions = dict(snapshot.transactions)
         resources = dict(snapshot.resources)
         waits = {waiter: dict(edges) for waiter, edges in snapshot.waits.items()}
-        for node in lazy:
-            parent_id = node.parent.id
-            parent = transactions.get(parent_id)
-            if parent is None:
-                continue                       # the parent's abort reached the lock manager
-            transactions[node.id] = dataclasses.replace(parent, tid=node.id, parent=parent_id)
-            wanted, before = lockmgr.fold_grants(list(node._grants or ()))
-            for resource, mode in wanted.items():
-                holders = resources.get(resource)
-                if holders is None:
-                    continue
-                held = dict(holders.held)
-                held[node.id] = mode
-                retained = dict(holders.retained)
-                if resource in before:
-                    if before[resource] is None:
-                        retained.pop(parent_id, None)
+        for node in sorted(lazy, key=lambda member: -member.depth):
+            grantee_id = _grantee(node).id
+            template = transactions.get(grantee_id)
+            if template is None:
+                continue                       # the grantee's abort reached the lock manager
+            transactions[node.id] = dataclasses.replace(template, tid=node.id, parent=node.parent.id)
+            grants, kept = list(node._grants or ()), node._grants_retained
+            for part, as_retained in ((grants[kept:], False), (grants[:kept], True)):
+                wanted, before = lockmgr.fold_grants(part)
+                for resource, mode in wanted.items():
+                    holders = resources.get(resource)
+                    if holders is None:
+                        continue
+                    held = dict(holders.held)
+                    retained = dict(holders.retained)
+                    if as_retained:
+                        previous = retained.get(node.id)
+                        retained[node.id] = mode if previous is None else join(previous, mode)
                     else:
-                        retained[parent_id] = before[resource]
-                resources[resource] = dataclasses.replace(holders, held=types.MappingProxyType(held),
-                                                          retained=types.MappingProxyType(retained))
-            for edges in waits.values():       # "waits for the holder of r": the lazy node holds r
-                edge = edges.get(parent_id)
-                if edge is not None and before.get(edge[1], False) is None:
-                    edges.pop(parent_id)
-                    edges[node.id] = ("held", edge[1])
+                        held[node.id] = mode
+                    if resource in before:
+                        if before[resource] is None:
+                            retained.pop(grantee_id, None)
+                        else:
+                            retained[grantee_id] = before[resource]
+                    resources[resource] = dataclasses.replace(holders, held=types.MappingProxyType(held),
+                                                              retained=types.MappingProxyType(retained))
+                if not as_retained:
+                    for edges in waits.values():       # "waits for the holder of r": the lazy node holds r
+                        edge = edges.get(grantee_id)
+                        if edge is not None and before.get(edge[1], False) is None:
+                            edges.pop(grantee_id)
+                            edges[node.id] = ("held", edge[1])
         return dataclasses.replace(snapshot, transactions=types.MappingProxyType(transactions),
                                    resources=types.MappingProxyType(resources),
                                    waits=types.MappingProxyType({waiter: types.MappingProxyType(edges)
@@ -352,6 +413,14 @@ class Locking:
     def holders(self, table: str, key: Any = None) -> lockmgr.Holders:
         """Who holds, retains and waits for a row (or, with ``key=None``, the table) — for tests and tools."""
         return self.lock_manager.holders(("table", table) if key is None else ("row", table, key))
+
+
+def _grantee(node: "Transaction") -> "Transaction":
+    """The node in whose name the lazy ``node``'s locks are granted: its nearest ancestor that is not lazy."""
+    grantee = node.parent
+    while grantee._lazy:
+        grantee = grantee.parent
+    return grantee
 
 
 def _raise_aborted(node: "Transaction", error: BaseException) -> None:

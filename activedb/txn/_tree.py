@@ -51,7 +51,7 @@ class Transaction(Reads, Writes, Children):
     __slots__ = ("manager", "parent", "root", "depth", "id", "name", "began_at", "info", "subtransactions_committed",
                  "_mutex", "_state", "_children", "_tasks", "_writes", "_db_reads", "_scans", "_participants",
                  "_slots", "_doomed", "_thread", "_read_base", "_holds", "_lazy", "_lazy_child", "_modes_held",
-                 "_modes_retained", "_grants", "_frame", "_undo", "_tree_rows", "__weakref__")
+                 "_modes_retained", "_grants", "_grants_retained", "_frame", "_undo", "_tree_rows", "__weakref__")
 
     def __init__(self, manager: "TransactionManager", parent: "Transaction | None",
                  name: str | None = None, read_base: "ReadBase | None" = None, inline: bool = False,
@@ -118,6 +118,10 @@ class Transaction(Reads, Writes, Children):
         self._modes_held: dict[str | tuple, Mode] | None = None
         self._modes_retained: dict[str | tuple, Mode] | None = None
         self._grants: list | None = None
+        # How many of the first ``_grants`` this lazy node *retains* (the rest it holds): a frame's grants
+        # become retained when it opens a frame of its own, as a node's holds do before it creates a child, and
+        # a committed child frame's grants are appended as retained (README, "Frames in frames").
+        self._grants_retained = 0
         # True while this lazy inline child is a *frame* (README, "Frames"): not registered among its
         # parent's children (the parent's ``_lazy_child`` is the reference), ended by ``_end_frame``; it
         # writes into its parent's write set, ``_undo`` the marks (``_writes.write_in_parent``).
@@ -344,9 +348,20 @@ def _end_frame(node: Transaction) -> None:
     and drops its undo marks (Rule 2); no ``forget``: it was never registered."""
     if node._state is not _ACTIVE:
         raise TransactionError(f"commit of {node.id}, which is {node._state.value}")
+    parent = node.parent
+    undo = node._undo
     try:
         if node._doomed is not None:
             raise TransactionAborted(f"transaction {node.id} was aborted ({node._doomed})") from node._doomed
+        marks = None
+        if undo and parent._frame:
+            # A frame's frame (README, "Frames in frames"): its writes lie in the write set below its parent
+            # frame, which takes them over (Rule 2) — per row, the entry before the earlier of the two first
+            # writes, and the two own entries composed (computed before anything is handed up).
+            marks = parent._undo
+            merged = [(row, (previous, own) if marks is None or row not in marks
+                       else (marks[row][0], marks[row][1].then(own, row[0])))
+                      for row, (previous, own) in undo.items()]
         if node._db_reads or node._scans or node._participants:
             _delegate_to_parent(node)
         else:       # nothing to hand up but its count: its writes are in its parent's write set already
@@ -357,7 +372,12 @@ def _end_frame(node: Transaction) -> None:
     except BaseException as error:
         node.abort(error)
         raise
-    node._undo = None     # its writes are its parent's already (Rule 2): the marks go
+    node._undo = None     # (a frame's frame: its marks are its parent frame's now; otherwise they go)
+    if undo and parent._frame:
+        if marks is None:
+            parent._undo = undo
+        else:
+            marks.update(merged)
     manager = node.manager
     manager.locking.commit(node)
     node._state = _COMMITTED

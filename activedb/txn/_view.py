@@ -195,6 +195,13 @@ def read_row(node: "Transaction", info: TableInfo, key: Key, *, record: bool = T
         image = {**info.blank_row, **image, **info.full_key_row(key)}
     recorder = node.manager.recorder
     if recorder and record:
+        if source is not node and not (node._undo and row in node._undo):
+            # A frame's write lies in the write set below it: the nearest frame whose marks list the row wrote it.
+            frame = node.parent
+            while frame is not source and frame._frame and not (frame._undo and row in frame._undo):
+                frame = frame.parent
+            if frame._frame:
+                source = frame
         recorder.record("read", node.id, root=node.root.id, table=info.name, key=key, value=image,
                         source="own" if source is node or (node._undo and row in node._undo) else f"ancestor:{source.id}")
     return image

@@ -154,6 +154,8 @@ def write_in_parent(node: "Transaction", row: tuple, entry: Entry, table: str) -
     frame's first write of the row or None, the frame's own entry).  No mutex: the parent has no other
     child and its thread runs the frame (README, "Frames")."""
     parent = node.parent
+    while parent._frame:                     # a frame in a frame: the write set below both (README, "Frames in frames")
+        parent = parent.parent
     if parent.parent is not None:
         node._tree_rows.written.add(row)    # the entry is on a node below the root (``_view.TreeRows``)
     writes = parent._writes
@@ -182,6 +184,8 @@ def take_back_writes(node: "Transaction", *, keep: bool) -> None:
     if not undo:
         return
     parent = node.parent
+    while parent._frame:                     # the write set its writes are in (``write_in_parent``)
+        parent = parent.parent
     with parent._mutex:
         if parent._state is _ABORTED:
             return                               # its write set is gone with it

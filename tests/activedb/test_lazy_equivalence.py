@@ -351,6 +351,95 @@ def test_a_childs_upgrade_that_aborted_does_not_answer_a_later_childs_request(db
         assert connection.execute(sa.text("SELECT value FROM items WHERE key = 'a'")).scalar_one() == 4
 
 
+def _frames_in_frames(db, representation: Subtransactions) -> tuple:
+    """An inline child opening inline children of its own (an event's subtransaction whose rule fires inside
+    it, README "Frames in frames"): pictures while the inner one runs, after it committed, after the outer
+    one locked again, after a second inner one aborted and after the outer one materialized (it spawns)."""
+    db.transactions.subtransactions = Subtransactions(representation)
+    pictures = []
+    try:
+        with db.transaction() as tx:
+            names = {tx.id: "root"}
+            with tx.subtransaction() as outer:
+                names[outer.id] = "outer"
+                outer.write("items", "a", value=1)
+                with outer.subtransaction() as inner:
+                    names[inner.id] = "inner"
+                    inner.read("items", "a")
+                    inner.write("items", "b", value=inner.read("items", "a")["value"] + 1)
+                    pictures.append(_picture(db, names))
+                pictures.append(_picture(db, names))
+                outer.write("items", "c", value=3)
+                pictures.append(_picture(db, names))
+                try:
+                    with outer.subtransaction() as second:
+                        names[second.id] = "second"
+                        second.write("items", "a", value=9)
+                        second.write("items", "d", value=4)
+                        pictures.append(_picture(db, names))
+                        raise Planned("second")
+                except Planned:
+                    pass
+                pictures.append(_picture(db, names))
+                seen = (outer.read("items", "a"), outer.read("items", "b"), outer.read("items", "d"))
+                with outer.subtransaction() as third:
+                    names[third.id] = "third"
+                    third.write("items", "g", value=7)
+                    outer.write("items", "f", value=6)    # the parent's object in its child's block: both become nodes
+                    pictures.append(_picture(db, names))
+                outer.spawn(lambda grandchild: grandchild.write("items", "e", value=5)).result()
+                pictures.append(_picture(db, names))
+    finally:
+        db.transactions.subtransactions = Subtransactions.FRAMES
+    with db.engine.connect() as connection:
+        table = dict(connection.execute(sa.text("SELECT key, value FROM items")).all())
+    return pictures, seen, table
+
+
+def test_frames_in_frames_leave_the_pictures_reads_and_table_of_registered_children(db):
+    """With frames, an inline child's inline child is a frame too, its grants in the name of the nearest
+    ancestor that is not lazy (README, "Frames in frames"); every picture, read and the table are those of
+    the materialized tree."""
+    results = {}
+    for representation in REPRESENTATIONS:
+        with db.engine.begin() as connection:
+            connection.execute(sa.text("DELETE FROM items"))
+        results[representation] = _frames_in_frames(db, representation)
+    reference = results[Subtransactions.MATERIALIZED.value]
+    assert [row and row["value"] for row in reference[1]] == [1, 2, None]      # the second child's writes undone
+    for representation, result in results.items():
+        for number, (picture, expected) in enumerate(zip(result[0], reference[0])):
+            assert picture == expected, (representation, number)
+        assert result[1:] == reference[1:], representation
+
+
+def test_an_events_subtransaction_with_its_rule_inside_begins_nothing_in_the_lock_manager(db, use):
+    """The spark sink's shape: every event in its own inline subtransaction, an immediate rule firing inside
+    it.  With frames both are frames (no transaction of the lock manager per event); the table is the one
+    the materialized run leaves."""
+    locks = db.transactions.locks
+    tables = {}
+    for representation in (Subtransactions.FRAMES.value, Subtransactions.MATERIALIZED.value):
+        use(representation)
+        PROGRAM.actions[0] = [("write", "a", 1), ("write", "b", 2)]
+        try:
+            with db.engine.begin() as connection:
+                connection.execute(sa.text("DELETE FROM items"))
+            begun = locks.statistics().begun
+            with db.transaction() as tx:
+                for _ in range(5):
+                    tx.run_subtransaction(lambda event_tx, _: event_tx.emit("lazy0"), None)
+            if representation == Subtransactions.FRAMES.value:
+                assert locks.statistics().begun - begun == 1        # the top-level transaction only
+            else:
+                assert locks.statistics().begun - begun == 1 + 5 * 2
+        finally:
+            PROGRAM.actions[0] = []
+        with db.engine.connect() as connection:
+            tables[representation] = dict(connection.execute(sa.text("SELECT key, value FROM items")).all())
+    assert tables[Subtransactions.FRAMES.value] == tables[Subtransactions.MATERIALIZED.value] == {"a": 5, "b": 10}
+
+
 def _named_write(names: dict, node, name: str, key: str, value: int) -> None:
     names[node.id] = name
     node.write("items", key, value=value)
