@@ -47,6 +47,17 @@ class Planned(Exception):
     """A failure the program asked for."""
 
 
+def _clear_items(db) -> None:
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM items"))
+
+
+def _items(db) -> dict:
+    """The table ``items`` as ``{key: value}``."""
+    with db.engine.connect() as connection:
+        return dict(connection.execute(sa.text("SELECT key, value FROM items ORDER BY key")).all())
+
+
 def run_ops(tx, ops: list, who: str) -> None:
     for op in ops:
         kind = op[0]
@@ -144,8 +155,7 @@ def _run(db, program, representation: Subtransactions) -> tuple:
         outcome = type(error).__name__
     after = {name: counter.fired for name, counter in db.rules.statistics().per_rule.items()}
     fired = {name: count - before.get(name, 0) for name, count in after.items() if count != before.get(name, 0)}
-    with db.engine.connect() as connection:
-        table = dict(connection.execute(sa.text("SELECT key, value FROM items ORDER BY key")).all())
+    table = _items(db)
     return outcome, table, list(PROGRAM.reads), fired
 
 
@@ -204,7 +214,8 @@ def test_a_childs_intention_lock_answered_from_its_parents_retain_is_its_own_in_
     """A second inline child writes a row of the table whose intention lock its parent retains from the
     first one: the lazy child asks the lock manager for the row only, yet the pictures show it holding the
     intention lock, before and after it materializes (it spawns) and after it aborts — as the registered
-    child does."""
+    child does.  Likewise its read and write of the first one's row, answered from the parent's record of its
+    retains without the lock manager (txn README, "Requests answered from the records")."""
     use(representation)
     pictures = []
     table = ("table", "items")
@@ -216,6 +227,7 @@ def test_a_childs_intention_lock_answered_from_its_parents_retain_is_its_own_in_
             with tx.subtransaction() as second:
                 names[second.id] = "second"
                 second.write("items", "b", value=2)
+                second.write("items", "a", value=second.read("items", "a")["value"] + 1)
                 pictures.append(_picture(db, names))
                 second.spawn(lambda grandchild: None).result()      # materializes a lazy child
                 pictures.append(_picture(db, names))
@@ -231,6 +243,10 @@ def test_a_childs_intention_lock_answered_from_its_parents_retain_is_its_own_in_
     assert materialized[("row", "items", ("b",))] == ({}, {"second": "WRITE"})
     assert after[table] == ({}, {"parent": "IW"})                  # Rule 4: the child's gone, the retain stays
     assert ("row", "items", ("b",)) not in after
+    row = ("row", "items", ("a",))
+    assert running[row] == ({"second": "WRITE"}, {"parent": "WRITE"})
+    assert materialized[row] == ({}, {"parent": "WRITE", "second": "WRITE"})
+    assert after[row] == ({}, {"parent": "WRITE"})
 
 
 @pytest.mark.parametrize("materialize", [False, True], ids=["stays-lazy", "materializes"])
@@ -266,37 +282,6 @@ def test_a_child_upgrading_a_row_its_parent_retains_leaves_the_parents_mode_when
         assert pictures[1][row] == ({}, {"parent": "READ", "second": "WRITE"})
     assert pictures[-1][row] == ({}, {"parent": "READ"})
     assert seen is None or seen.get("value") != 3
-
-
-@pytest.mark.parametrize("representation", REPRESENTATIONS)
-def test_rows_answered_from_a_parents_retains_are_the_childs_own_in_every_picture(db, use, representation):
-    """The first child writes row a and commits (its parent retains WRITE on it); the second reads and writes a,
-    answered from the parent's record of its retains without the lock manager where the child is lazy (txn
-    README, "Requests answered from the records"): the pictures still show the second holding WRITE and the
-    intention lock while it runs, and the parent's WRITE alone after it aborted — as with registered children."""
-    use(representation)
-    pictures = []
-    row, table = ("row", "items", ("a",)), ("table", "items")
-    with db.transaction() as tx:
-        names = {tx.id: "parent"}
-        with tx.subtransaction() as first:
-            first.write("items", "a", value=1)
-        try:
-            with tx.subtransaction() as second:
-                names[second.id] = "second"
-                second.read("items", "a")
-                second.write("items", "a", value=2)
-                pictures.append(_picture(db, names))
-                raise Planned("second")
-        except Planned:
-            pass
-        pictures.append(_picture(db, names))
-        seen = tx.read("items", "a")
-    running, after = pictures
-    assert running[row] == ({"second": "WRITE"}, {"parent": "WRITE"})
-    assert running[table] == ({"second": "IW"}, {"parent": "IW"})
-    assert after[row] == ({}, {"parent": "WRITE"})
-    assert seen["value"] == 1
 
 
 @pytest.mark.parametrize("representation", REPRESENTATIONS)
@@ -347,15 +332,15 @@ def test_a_childs_upgrade_that_aborted_does_not_answer_a_later_childs_request(db
             releaser.join(90)
             reader.join(90)
     assert waited == [True]
-    with db.engine.connect() as connection:
-        assert connection.execute(sa.text("SELECT value FROM items WHERE key = 'a'")).scalar_one() == 4
+    assert _items(db)["a"] == 4
 
 
 def _frames_in_frames(db, representation: Subtransactions) -> tuple:
     """An inline child opening inline children of its own (an event's subtransaction whose rule fires inside
     it, README "Frames in frames"): pictures while the inner one runs, after it committed, after the outer
     one locked again, after a second inner one aborted and after the outer one materialized (it spawns)."""
-    db.transactions.subtransactions = Subtransactions(representation)
+    db.transactions.subtransactions = representation
+    _clear_items(db)
     pictures = []
     try:
         with db.transaction() as tx:
@@ -391,8 +376,7 @@ def _frames_in_frames(db, representation: Subtransactions) -> tuple:
                 pictures.append(_picture(db, names))
     finally:
         db.transactions.subtransactions = Subtransactions.FRAMES
-    with db.engine.connect() as connection:
-        table = dict(connection.execute(sa.text("SELECT key, value FROM items")).all())
+    table = _items(db)
     return pictures, seen, table
 
 
@@ -400,17 +384,12 @@ def test_frames_in_frames_leave_the_pictures_reads_and_table_of_registered_child
     """With frames, an inline child's inline child is a frame too, its grants in the name of the nearest
     ancestor that is not lazy (README, "Frames in frames"); every picture, read and the table are those of
     the materialized tree."""
-    results = {}
-    for representation in REPRESENTATIONS:
-        with db.engine.begin() as connection:
-            connection.execute(sa.text("DELETE FROM items"))
-        results[representation] = _frames_in_frames(db, representation)
-    reference = results[Subtransactions.MATERIALIZED.value]
-    assert [row and row["value"] for row in reference[1]] == [1, 2, None]      # the second child's writes undone
-    for representation, result in results.items():
-        for number, (picture, expected) in enumerate(zip(result[0], reference[0])):
-            assert picture == expected, (representation, number)
-        assert result[1:] == reference[1:], representation
+    results = {representation: _frames_in_frames(db, representation) for representation in Subtransactions}
+    assert results[Subtransactions.FRAMES] == results[Subtransactions.MATERIALIZED]
+    assert results[Subtransactions.LAZY] == results[Subtransactions.MATERIALIZED]
+    pictures, seen, table = results[Subtransactions.FRAMES]
+    assert [row and row["value"] for row in seen] == [1, 2, None]      # the second child's writes undone
+    assert table == {"a": 1, "b": 2, "c": 3, "e": 5, "f": 6, "g": 7}
 
 
 def test_an_events_subtransaction_with_its_rule_inside_begins_nothing_in_the_lock_manager(db, use):
@@ -423,8 +402,7 @@ def test_an_events_subtransaction_with_its_rule_inside_begins_nothing_in_the_loc
         use(representation)
         PROGRAM.actions[0] = [("write", "a", 1), ("write", "b", 2)]
         try:
-            with db.engine.begin() as connection:
-                connection.execute(sa.text("DELETE FROM items"))
+            _clear_items(db)
             begun = locks.statistics().begun
             with db.transaction() as tx:
                 for _ in range(5):
@@ -435,8 +413,7 @@ def test_an_events_subtransaction_with_its_rule_inside_begins_nothing_in_the_loc
                 assert locks.statistics().begun - begun == 1 + 5 * 2
         finally:
             PROGRAM.actions[0] = []
-        with db.engine.connect() as connection:
-            tables[representation] = dict(connection.execute(sa.text("SELECT key, value FROM items")).all())
+        tables[representation] = _items(db)
     assert tables[Subtransactions.FRAMES.value] == tables[Subtransactions.MATERIALIZED.value] == {"a": 5, "b": 10}
 
 
@@ -450,8 +427,7 @@ def _mixed_tree(db, representation: Subtransactions) -> tuple:
     spawned child, a nested top-level transaction: a wait): the lock pictures, every value read and the final
     table."""
     db.transactions.subtransactions = representation
-    with db.engine.begin() as connection:
-        connection.execute(sa.text("DELETE FROM items"))
+    _clear_items(db)
     pictures, seen = [], []
     try:
         with db.transaction() as tx:
@@ -491,8 +467,7 @@ def _mixed_tree(db, representation: Subtransactions) -> tuple:
             seen.append(db.rules.firings_in(tx))
     finally:
         db.transactions.subtransactions = Subtransactions.FRAMES
-    with db.engine.connect() as connection:
-        table = dict(connection.execute(sa.text("SELECT key, value FROM items ORDER BY key")).all())
+    table = _items(db)
     return pictures, seen, table
 
 
@@ -533,8 +508,7 @@ def _overwrites(db, representation: Subtransactions) -> tuple:
     three nested children whose middle one aborts after its child committed, and a frame that writes, then
     falls back to a node (it opens a child) and writes again: every value read and the final table."""
     db.transactions.subtransactions = representation
-    with db.engine.begin() as connection:
-        connection.execute(sa.text("DELETE FROM items"))
+    _clear_items(db)
     seen = []
     try:
         with db.transaction() as tx:
@@ -572,8 +546,7 @@ def _overwrites(db, representation: Subtransactions) -> tuple:
             seen.append((tx.read("items", "a"), tx.read("items", "b")))
     finally:
         db.transactions.subtransactions = Subtransactions.FRAMES
-    with db.engine.connect() as connection:
-        table = dict(connection.execute(sa.text("SELECT key, value FROM items ORDER BY key")).all())
+    table = _items(db)
     return seen, table
 
 
@@ -676,16 +649,14 @@ def test_run_subtransaction_takes_any_arguments_alike_in_every_representation(db
     outcomes = {}
     for representation in Subtransactions:
         use(representation)
-        with db.engine.begin() as connection:
-            connection.execute(sa.text("DELETE FROM items"))
+        _clear_items(db)
         with db.transaction() as tx:
             returned = [tx.run_subtransaction(put, "a"), tx.run_subtransaction(put, "b", 2),
                         tx.run_subtransaction(put, "c", value=3)]
             with pytest.raises(Planned):
                 tx.run_subtransaction(fail, "a")
             seen = tx.read("items", "a")["value"]
-        with db.engine.connect() as connection:
-            table = dict(connection.execute(sa.text("SELECT key, value FROM items ORDER BY key")).all())
+        table = _items(db)
         outcomes[representation] = (returned, seen, table, tx.subtransactions_committed)
     assert outcomes[Subtransactions.FRAMES] == outcomes[Subtransactions.LAZY] == outcomes[Subtransactions.MATERIALIZED]
     assert outcomes[Subtransactions.FRAMES] == ([(1, "a", 1), (1, "b", 2), (1, "c", 3)], 1,
