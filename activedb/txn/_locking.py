@@ -156,6 +156,7 @@ class Locking:
                         locks.hand_down_retains(grantee.id, member.id, grants[kept:])
                     if kept:
                         locks.hand_down_retains(grantee.id, member.id, grants[:kept], retained=True)
+                    _forget_grants(grantee, grants)
         except lockmgr.TransactionNotActive as error:
             _raise_aborted(node, error)
         for member in chain:
@@ -207,7 +208,9 @@ class Locking:
                 node.parent._lazy_child = None
                 grants, node._grants = node._grants, None
                 if grants:
-                    self.lock_manager.undo_retains(_grantee(node).id, grants)
+                    grantee = _grantee(node)
+                    self.lock_manager.undo_retains(grantee.id, grants)
+                    _forget_grants(grantee, grants)
                 return
             self.lock_manager.abort(node.id)
         except lockmgr.LockError:
@@ -319,7 +322,14 @@ class Locking:
             return True
         if not locks.try_retain(parent_id, ("row", name, key), mode, grants):
             return False
-        _note_held(node, row, mode)
+        # Recorded at once as the grantee's, which it now is (undone with the grant: ``_forget_grants``): the
+        # next firing on the row is answered, and a frame's end has no record of its own to hand up.
+        record = grantee._modes_retained
+        if record is None:
+            grantee._modes_retained = {row: mode}
+        else:
+            previous = record.get(row)
+            record[row] = mode if previous is None else join(previous, mode)
         return True
 
     @staticmethod
@@ -413,6 +423,21 @@ class Locking:
     def holders(self, table: str, key: Any = None) -> lockmgr.Holders:
         """Who holds, retains and waits for a row (or, with ``key=None``, the table) — for tests and tools."""
         return self.lock_manager.holders(("table", table) if key is None else ("row", table, key))
+
+
+def _forget_grants(grantee: "Transaction", grants: list) -> None:
+    """``grantee``'s entries went back to what they were before ``grants`` (a lazy node's abort, or its
+    materialization): so do the rows of its record that those grants recorded (``_grant_lazily``)."""
+    record = grantee._modes_retained
+    if record is None:
+        return
+    for resource, _, previous in reversed(grants):
+        if previous is lockmgr.UNCHANGED or resource[0] != "row":
+            continue
+        if previous is None:
+            record.pop(resource[1:], None)
+        else:
+            record[resource[1:]] = previous
 
 
 def _grantee(node: "Transaction") -> "Transaction":

@@ -284,13 +284,15 @@ def test_a_child_upgrading_a_row_its_parent_retains_leaves_the_parents_mode_when
     assert seen is None or seen.get("value") != 3
 
 
+@pytest.mark.parametrize("materialize", [False, True], ids=["stays-lazy", "materializes"])
 @pytest.mark.parametrize("representation", REPRESENTATIONS)
-def test_a_childs_upgrade_that_aborted_does_not_answer_a_later_childs_request(db, use, representation):
+def test_a_childs_upgrade_that_aborted_does_not_answer_a_later_childs_request(db, use, representation, materialize):
     """What a parent retains is answered from its record only as far as its committed children and its own
     holds left it: the first child reads row a (the parent retains READ); the second writes a (the parent's
     entry upgraded to WRITE in the lock manager when the child is lazy) and aborts, which leaves READ; another
     tree then reads a.  A third child's write of a must wait for that tree, in every representation — had the
-    aborted upgrade been remembered, it would have been granted at once beside the other tree's READ."""
+    aborted upgrade been remembered, it would have been granted at once beside the other tree's READ.  Also
+    when the second became a node (it spawns) before it aborted: its grant went to it from the parent."""
     use(representation)
     locks = db.transactions.locks
     other_read, other_may_commit = threading.Event(), threading.Event()
@@ -319,6 +321,8 @@ def test_a_childs_upgrade_that_aborted_does_not_answer_a_later_childs_request(db
             try:
                 with tx.subtransaction() as second:
                     second.write("items", "a", value=3)
+                    if materialize:
+                        second.spawn(lambda grandchild: None).result()
                     raise Planned("second")
             except Planned:
                 pass
