@@ -80,13 +80,15 @@ class TableInfo:
             )
         return tuple(values[name] for name in self.key_columns)
 
-    def check_values(self, values: Mapping[str, Any]) -> dict[str, Any]:
+    def check_values(self, values: Mapping[str, Any], *, copy: bool = True) -> dict[str, Any]:
+        """``values`` checked (``check_value`` for each): a copy, or ``values`` itself with ``copy=False`` (a
+        dict of the caller's own, such as a call's keyword arguments)."""
         quick = self._quick
         for name, value in values.items():
             accepts = quick.get(name)
             if accepts is None or not accepts(value):
                 self.check_value(name, value)
-        return dict(values)
+        return dict(values) if copy else values
 
     def check_value(self, name: str, value: Any) -> None:
         accepts = self._quick.get(name)

@@ -41,6 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover
 _INTENTION = {Mode.READ: Mode.IR, Mode.UPDATE: Mode.IW, Mode.WRITE: Mode.IW}
 #: ``lockmgr.covers`` as a table (a lookup instead of a call: a lock request tests it once or twice).
 _COVERS = {stronger: {weaker: covers(stronger, weaker) for weaker in Mode} for stronger in Mode}
+_JOIN = {first: {second: join(first, second) for second in Mode} for first in Mode}     # ``lockmgr.join``, likewise
 
 
 # What a node's own successful requests tell of its locks (``Transaction._modes_held`` and
@@ -314,22 +315,29 @@ class Locking:
                 return False
         # The row, likewise answered by the parent's retains when they cover it ("Requests answered from the
         # records"): listed as a grant that changed nothing, as ``try_retain`` lists one.
+        resource = ("row", name, key)
         kept = retained.get(row) if retained is not None else None
-        if (kept is None or not _COVERS[kept][mode]) and outer is not None:
-            kept = outer.get(row)
         if kept is not None and _COVERS[kept][mode]:
-            grants.append((("row", name, key), mode, lockmgr.UNCHANGED))
+            grants.append((resource, mode, lockmgr.UNCHANGED))
             return True
-        if not locks.try_retain(parent_id, ("row", name, key), mode, grants):
+        if outer is not None:
+            outer_kept = outer.get(row)
+            if outer_kept is not None and _COVERS[outer_kept][mode]:
+                grants.append((resource, mode, lockmgr.UNCHANGED))
+                return True
+        if not locks.try_retain(parent_id, resource, mode, grants):
             return False
         # Recorded at once as the grantee's, which it now is (undone with the grant: ``_forget_grants``): the
         # next firing on the row is answered, and a frame's end has no record of its own to hand up.
-        record = grantee._modes_retained
+        if grantee is parent:
+            record, previous = retained, kept
+        else:
+            record = outer
+            previous = outer.get(row) if outer is not None else None
         if record is None:
             grantee._modes_retained = {row: mode}
         else:
-            previous = record.get(row)
-            record[row] = mode if previous is None else join(previous, mode)
+            record[row] = mode if previous is None else _JOIN[previous][mode]
         return True
 
     @staticmethod

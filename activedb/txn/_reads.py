@@ -29,7 +29,8 @@ class Reads:
         self._check_active("read")
         info = self.manager.catalog.table_info(table)
         key = info.key(key)
-        hot = self.root.slot(HotKeys, create=False)
+        slots = self.root._slots          # (``slot(HotKeys, create=False)`` without its call: every read)
+        hot = slots.get(HotKeys) if slots is not None else None
         if for_update or (hot is not None and info.name in hot.update_intent):
             self.manager.locking.acquire(self, info, key, Mode.UPDATE)
             return _view.read_row(self, info, key, for_update=True)

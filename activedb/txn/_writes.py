@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from lockmgr import Mode, TxnState
 
 from activedb.errors import DuplicateKey, InvalidKey
-from activedb.events import Event, EventKind
+from activedb.events import EventKind, new_event
 from activedb.store import Entry, EntryKind, Key, TableInfo
 from activedb.txn import _view
 from activedb.txn._hotkeys import HotKeys
@@ -42,7 +42,7 @@ class Writes:
         (identity/serial) may omit it: the next sequence value is taken."""
         self._check_active("insert")
         info = self.manager.catalog.table_info(table)
-        values = info.check_values(values)
+        values = info.check_values(values, copy=False)     # (its keyword arguments: a dict of its own)
         generated = any(values.get(name) is None for name in info.key_columns)
         if generated:
             values = {**values, **_generated_key(self, info)}
@@ -60,7 +60,8 @@ class Writes:
 
     def _modify(self, info: TableInfo, key: Key, entry: Entry, *, must_not_exist: bool = False,
                 lock: bool = True) -> None:
-        hot = self.root.slot(HotKeys, create=False)
+        slots = self.root._slots          # (``slot(HotKeys, create=False)`` without its call: every write)
+        hot = slots.get(HotKeys) if slots is not None else None
         if hot is not None and (info.name, key) in hot.plain_reads:
             hot.read_then_written.add(info.name)    # before the lock: a conversion may be the victim
         if lock:   # False: the node took a table lock covering the row (write_many)
@@ -107,7 +108,7 @@ class Writes:
                 else:
                     kind = EventKind.UPDATED
             display_key = key[0] if len(key) == 1 else key
-            event = Event(kind, info.name, display_key, old, new, transaction=self.id)
+            event = new_event(kind, info.name, display_key, old, new, None, None, self.id)
             for hook in extensions.on_event:
                 hook(self, event)
 
@@ -134,7 +135,7 @@ class Writes:
     def signal(self, name: str, **payload: Any) -> None:
         """Raise an application event ``name`` with ``payload`` (rules on ``db.signalled(name)`` react)."""
         self._check_active("signal")
-        event = Event(EventKind.SIGNAL, name, payload=dict(payload), transaction=self.id)
+        event = new_event(EventKind.SIGNAL, name, None, None, None, dict(payload), None, self.id)
         for hook in self.manager.extensions.on_event:
             hook(self, event)
 
@@ -142,8 +143,7 @@ class Writes:
              ) -> None:
         """Hand a stream event (``db.stream(event_type)``) to the rules, in this transaction."""
         self._check_active("emit")
-        event = Event(_STREAM, event_type, key=key, payload=dict(payload or {}), ts=ts,
-                      transaction=self.id)
+        event = new_event(_STREAM, event_type, key, None, None, dict(payload or {}), ts, self.id)
         for hook in self.manager.extensions.on_event:
             hook(self, event)
 
@@ -198,8 +198,9 @@ def take_back_writes(node: "Transaction", *, keep: bool) -> None:
 
 
 def _values_without_key(info: TableInfo, key: Key, values: dict) -> dict:
-    """``values`` checked against ``info``, without the key columns (which must equal ``key``)."""
-    values = info.check_values(values)
+    """``values`` (a dict of the caller's own: changed in place) checked against ``info``, without the key
+    columns (which must equal ``key``)."""
+    values = info.check_values(values, copy=False)
     for name, key_value in zip(info.key_columns, key):
         if name in values:
             if values.pop(name) != key_value:
