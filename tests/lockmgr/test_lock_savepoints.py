@@ -4,6 +4,8 @@ registered, exactly the table it would have had (lockmgr/README.md §9)."""
 
 from __future__ import annotations
 
+import pytest
+
 from lockmgr import UNCHANGED, Mode
 from lockmgr.testing import Scenario
 from tests.lockmgr._trees import held, manager, retained
@@ -112,5 +114,34 @@ def test_hand_down_retains_gives_the_child_its_grants_and_the_wait_edges():
         scenario.run("p", "P.1 aborts", lambda: lm.abort("P.1"))
         scenario.finish(waiting)
     assert held(lm, "y") == {"Q": R} and retained(lm, "x") == {"P": R}
+    lm.commit("Q")
+    lm.commit("P")
+
+
+def test_hand_down_retains_to_a_savepoints_savepoint_newest_first_held_and_retained():
+    """A savepoint S1 of P opens one of its own, S2; both took their locks as P's retains.  Handed down newest
+    first — S2's grants as held, S1's as retained (S1 waits for S2) — each restores P's entries to what they
+    were before its grants: P keeps its own READ, S1 retains what it took, S2 holds what it took."""
+    lm = manager("P", "Q", commit_edges="declared")
+    lm.acquire("P", "x", R)
+    lm.retain("P")
+    first: list = []
+    assert lm.try_retain("P", "x", W, first) and lm.try_retain("P", "y", R, first)     # S1's
+    second: list = []
+    assert lm.try_retain("P", "y", W, second) and lm.try_retain("P", "z", W, second)   # S2's
+    lm.begin("P.1", parent="P", awaited=True)
+    lm.begin("P.1.2", parent="P.1", awaited=True)
+    with pytest.raises(ValueError):
+        lm.hand_down_retains("P.1.2", "P.1", second)       # not a descendant
+    lm.hand_down_retains("P", "P.1.2", second)
+    lm.hand_down_retains("P", "P.1", first, retained=True)
+    assert held(lm, "x") == {} and retained(lm, "x") == {"P": R, "P.1": W}
+    assert held(lm, "y") == {"P.1.2": W} and retained(lm, "y") == {"P.1": R}
+    assert held(lm, "z") == {"P.1.2": W} and retained(lm, "z") == {}
+    assert not lm.try_acquire("Q", "y", R)                 # S2's WRITE keeps the other tree out
+    lm.abort("P.1.2")                                      # Rule 4 for S2: S1's retains stay
+    assert retained(lm, "y") == {"P.1": R} and held(lm, "z") == {}
+    lm.commit("P.1")                                       # Rule 2: P retains what S1 retained
+    assert lm.try_acquire("Q", "z", W) and not lm.try_acquire("Q", "x", R)
     lm.commit("Q")
     lm.commit("P")
