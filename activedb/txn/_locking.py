@@ -273,9 +273,7 @@ class Locking:
         inline subtransactions"); False: it would wait (nothing was granted for this request but maybe the
         intention lock, which stays a grant)."""
         locks, parent = self.lock_manager, node.parent
-        grantee = parent
-        while grantee._lazy:               # a frame's frame: its grants are in its grantee's name too
-            grantee = grantee.parent
+        grantee = _grantee(node)           # (its parent, or for a frame's frame the nearest node not lazy)
         parent_id = grantee.id
         grants = node._grants
         if grants is None:
@@ -291,9 +289,7 @@ class Locking:
             table_mode = held.get(name)
             if table_mode is not None and _COVERS[table_mode][mode]:
                 return True          # its table lock covers the row (nothing is locked at row level)
-            current = held.get(row)
-            if current is not None and _COVERS[current][mode]:
-                return True          # granted to it before (listed in its grants)
+            # (Its own row grants are in its grantee's record, below: a lazy node notes tables only.)
         else:
             table_mode = None
         retained = parent._modes_retained
