@@ -83,7 +83,7 @@ def deferred_queue_for(transaction: "Transaction", max_cycles: int) -> DeferredQ
         context = node.slot(RuleContext)
         if has_own_deferred_queue(context.firing.coupling if context.firing is not None else None):
             if context.deferred_queue is None:
-                node.materialize()    # a frame (with its chain of frames) gets the end hooks
+                node.want_end_hooks()    # a frame stays one: its before_commit runs the queue
                 context.deferred_queue = DeferredQueue(max_cycles=max_cycles, name=node.id)
             return context.deferred_queue
         node = node.parent

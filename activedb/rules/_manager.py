@@ -127,8 +127,8 @@ class RuleManager(TransactionExtension):
 
     # --- the extension hooks -------------------------------------------------------------------
 
-    #: A frame's hooks would do nothing here (its RuleContext has no deferred queue: one materializes it,
-    #: ``deferred_queue_for``; gate keys are a spawned child's or a top-level's), so they are not called.
+    #: A frame's hooks would do nothing here unless it has a deferred queue (``deferred_queue_for`` gives it
+    #: one and asks for its end hooks: ``want_end_hooks``); gate keys are a spawned child's or a top-level's.
     frame_hooks = False
 
     def wants_old_images(self, table: str) -> bool:

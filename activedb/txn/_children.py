@@ -108,6 +108,14 @@ class Children:
         if self._lazy:
             self.manager.locking.materialize(self)
 
+    def want_end_hooks(self) -> None:
+        """Make the extensions that skip frames (``TransactionExtension.frame_hooks = False``) hear this
+        transaction's end — ``before_commit`` and ``after_end`` — even while it is a frame; a no-op for a node
+        (they hear every node's).  Called by the thread running it, before its commit: an extension that
+        keeps work for its ``before_commit`` (the rule manager's deferred queue) asks for it so instead of
+        materializing the frame.  See README, "Frames"."""
+        self._end_hooks = True
+
     def spawn(self, function: Callable[..., Any], *args: Any, name: str | None = None,
               **kwargs: Any) -> SubtransactionHandle:
         """Run ``function(child, *args, **kwargs)`` as a subtransaction on a worker thread.

@@ -51,7 +51,8 @@ class Transaction(Reads, Writes, Children):
     __slots__ = ("manager", "parent", "root", "depth", "id", "name", "began_at", "info", "subtransactions_committed",
                  "_mutex", "_state", "_children", "_tasks", "_writes", "_db_reads", "_scans", "_participants",
                  "_slots", "_doomed", "_thread", "_read_base", "_holds", "_lazy", "_lazy_child", "_modes_held",
-                 "_modes_retained", "_grants", "_grants_retained", "_frame", "_undo", "_tree_rows", "__weakref__")
+                 "_modes_retained", "_grants", "_grants_retained", "_frame", "_end_hooks", "_undo", "_tree_rows",
+                 "__weakref__")
 
     def __init__(self, manager: "TransactionManager", parent: "Transaction | None",
                  name: str | None = None, read_base: "ReadBase | None" = None, inline: bool = False,
@@ -127,6 +128,9 @@ class Transaction(Reads, Writes, Children):
         # writes into its parent's write set, ``_undo`` the marks (``_writes.write_in_parent``).
         # Materializing makes it an ordinary node.
         self._frame = frame
+        # True once an extension that skips frames asked to hear this frame's end (``want_end_hooks``): its
+        # ``before_commit`` and ``after_end`` are called for it as for a node (README, "Frames").
+        self._end_hooks = False
         self._undo: dict | None = None
         if not lazy:
             manager.locking.begin(self, awaited=inline)
@@ -241,7 +245,8 @@ class Transaction(Reads, Writes, Children):
         manager = self.manager
         try:
             extensions = manager.extensions
-            for hook in extensions.before_commit_in_frames if self._frame else extensions.before_commit:
+            for hook in (extensions.before_commit_in_frames if self._frame and not self._end_hooks
+                         else extensions.before_commit):
                 hook(self)
         except BaseException as error:
             self.abort(error)
@@ -383,7 +388,8 @@ def _end_frame(node: Transaction) -> None:
     node._state = _COMMITTED
     if manager.recorder:
         manager.recorder.record("commit", node.id, parent=node.parent.id, root=node.root.id)
-    for hook in manager.extensions.after_end_in_frames:
+    extensions = manager.extensions
+    for hook in extensions.after_end if node._end_hooks else extensions.after_end_in_frames:
         hook(node, True)
     if manager.observers.on_commit:
         manager.observers.call("on_commit", node)

@@ -588,19 +588,23 @@ class _EndHooks(activedb.TransactionExtension):
             self.seen.append(("after_end", transaction.name, committed))
 
 
-def test_a_frame_that_queues_a_deferred_firing_becomes_a_node_and_runs_it_at_its_commit(db):
-    """An immediate rule's frame that raises a deferred rule's event falls back to a node (the rule manager
-    skips frames' hooks, and the deferred queue is run by its ``before_commit``): the deferred rule runs at
-    that frame's commit, before the emitting transaction goes on, alike in every representation; an
-    extension with the default ``frame_hooks`` hears of frames as of any node."""
+def test_a_frame_that_queues_a_deferred_firing_stays_a_frame_and_runs_it_at_its_commit(db):
+    """An immediate rule's frame that raises a deferred rule's event stays a frame: the rule manager, which
+    skips frames' hooks, asks for this one's end hooks (``want_end_hooks``) and its ``before_commit`` runs the
+    deferred queue — the deferred rule runs at that frame's commit, as a frame in the frame, before the
+    emitting transaction goes on, alike in every representation, and no lock-manager transaction is begun
+    but the top-level one; an extension with the default ``frame_hooks`` hears of frames as of any node."""
     actions = ([("write", "a", 5), ("emit", 3), ("read", "b")], [], [], [("read", "a"), ("write", "b", 10)])
     program = (actions, [("emit", 0), ("read", "b")])
-    hooks = {}
+    hooks, begun = {}, {}
+    locks = db.transactions.locks
     try:
         for representation in Subtransactions:
             extension = db.transactions.extensions.add(_EndHooks())
             try:
+                before = locks.statistics().begun
                 hooks[representation] = (_run(db, program, representation), extension.seen)
+                begun[representation] = locks.statistics().begun - before
             finally:
                 db.transactions.extensions.remove(extension)
     finally:
@@ -613,8 +617,31 @@ def test_a_frame_that_queues_a_deferred_firing_becomes_a_node_and_runs_it_at_its
     rule0, rule3 = "rule:lazy_equivalence_0", "rule:lazy_equivalence_3"
     # (The rule manager's before_commit, which runs rule 3, comes before this extension's: added first.)
     assert seen == [("begin", rule0), ("begin", rule3), ("before_commit", rule3, True), ("after_end", rule3, True),
-                    ("before_commit", rule0, False), ("after_end", rule0, True)]
+                    ("before_commit", rule0, True), ("after_end", rule0, True)]
     assert [entry[:2] for entry in hooks[Subtransactions.MATERIALIZED][1]] == [entry[:2] for entry in seen]
+    # The top-level transaction only; registered nodes: it, rule 0 and rule 3 (lazy ones: it and rule 0, whose
+    # child rule 3 makes it a node).
+    assert (begun[Subtransactions.FRAMES], begun[Subtransactions.LAZY], begun[Subtransactions.MATERIALIZED]) == (1, 2, 3)
+    assert db.transactions.locks.statistics().transactions == 0
+
+
+def test_a_frames_deferred_rule_that_fails_aborts_the_frame_alone_alike_in_every_representation(db):
+    """The deferred rule a frame queued raises at the frame's commit: the frame aborts with what it wrote (its
+    undo marks), its emitter catches the failure and goes on with its own writes intact — alike in every
+    representation (the emitter here is an inline child, which catches it)."""
+    actions = ([("write", "a", 5), ("emit", 3)], [], [], [("write", "b", 10), ("fail",)])
+    body = [("write", "b", 1), ("inline", [("emit", 0)]), ("read", "a"), ("read", "b")]
+    results = {}
+    try:
+        for representation in Subtransactions:
+            results[representation] = _run(db, (actions, body), representation)
+    finally:
+        db.transactions.subtransactions = Subtransactions.FRAMES
+    assert results[Subtransactions.FRAMES] == results[Subtransactions.MATERIALIZED]
+    assert results[Subtransactions.LAZY] == results[Subtransactions.MATERIALIZED]
+    outcome, table, reads, fired = results[Subtransactions.FRAMES]
+    assert (outcome, table) == ("committed", {"a": 1, "b": 3})
+    assert reads == [("top", "a", 1), ("top", "b", 3)]
     assert db.transactions.locks.statistics().transactions == 0
 
 
