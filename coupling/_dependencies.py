@@ -122,7 +122,14 @@ def may_run_after(coupling: Coupling | str, trigger_committed: bool) -> bool:
     needs it aborted, CD holds either way.  Immediate and deferred rules never run after their trigger:
     :class:`~coupling.errors.UnsupportedByGate`.
     """
-    mode = Coupling.parse(coupling)
+    answer = _MAY_RUN_AFTER.get((coupling, trigger_committed))   # (a Coupling and a bool: one lookup)
+    if answer is not None:
+        return answer
+    return _may_run_after(Coupling.parse(coupling), trigger_committed)
+
+
+def _may_run_after(mode: Coupling, trigger_committed: bool) -> bool:
+    """:func:`may_run_after` from the dependencies themselves (the table ``_MAY_RUN_AFTER`` is made of it)."""
     if mode.runs_as_subtransaction:
         raise UnsupportedByGate(f"{mode} rules run inside their trigger, never after it")
     allowed = True
@@ -132,3 +139,10 @@ def may_run_after(coupling: Coupling | str, trigger_committed: bool) -> bool:
         elif dependency.kind is DependencyKind.ED:
             allowed = allowed and not trigger_committed
     return allowed
+
+
+# The answers of ``_may_run_after`` for the detached family, by (mode, outcome): an outbox asks once per
+# recorded firing at each flush.
+_MAY_RUN_AFTER: dict[tuple[Coupling, bool], bool] = {
+    (mode, committed): _may_run_after(mode, committed)
+    for mode in _TOP_LEVEL_KINDS for committed in (False, True)}

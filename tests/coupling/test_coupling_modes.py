@@ -17,7 +17,9 @@ from coupling import (
     action_dependencies_for,
     dependencies_for,
     has_own_deferred_queue,
+    may_run_after,
 )
+from coupling.errors import UnsupportedByGate
 
 CD, AD, WD, ED, SQD, CRD = (DependencyKind[name] for name in ("CD", "AD", "WD", "ED", "SQD", "CRD"))
 DETACHED_FAMILY = [
@@ -133,3 +135,23 @@ def test_who_owns_a_deferred_queue():
     assert not has_own_deferred_queue(Coupling.DEFERRED)
     assert not has_own_deferred_queue("deferred")
     assert all(has_own_deferred_queue(mode) for mode in DETACHED_FAMILY)
+
+
+@pytest.mark.parametrize("committed", [False, True])
+@pytest.mark.parametrize("mode", list(Coupling))
+def test_may_run_after_answers_from_its_table_what_the_dependencies_say(mode, committed):
+    """``may_run_after`` looks the detached family up in a table made at import; the table says what the
+    dependencies say (AD and SQD: the trigger committed; ED: it aborted; CD alone: either way), by mode or its
+    name, and the in-trigger modes are refused as before."""
+    from coupling._dependencies import _may_run_after
+
+    if mode.runs_as_subtransaction:
+        with pytest.raises(UnsupportedByGate):
+            may_run_after(mode, committed)
+        return
+    expected = {Coupling.DETACHED: True, Coupling.DETACHED_CAUSALLY_DEPENDENT: committed,
+                Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT: committed,
+                Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT: not committed}[mode]
+    assert may_run_after(mode, committed) is expected
+    assert may_run_after(mode.value, committed) is expected
+    assert _may_run_after(mode, committed) is expected
