@@ -35,7 +35,8 @@ def priority_groups(items: Iterable[Item], key: Callable[[Item], Any] | None = N
         if priority is None:
             unprioritised.append(item)
             continue
-        if isinstance(priority, bool) or not isinstance(priority, numbers.Real) or math.isnan(priority):
+        if type(priority) is not int and (    # (an exact int passes without the ABC check: the common case)
+                isinstance(priority, bool) or not isinstance(priority, numbers.Real) or math.isnan(priority)):
             raise InvalidPriority(f"priority of {item!r} is {priority!r}; a priority is a real number (higher runs "
                                   "first) or None (lowest)")
         by_priority.setdefault(priority, []).append(item)
