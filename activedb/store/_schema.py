@@ -267,6 +267,8 @@ def _quick_check(column: sa.Column):
         return None
     if isinstance(column_type, (sa.String, sa.Text, sa.Enum)):
         return lambda value: value.__class__ is str and value.isascii() and "\x00" not in value
+    if isinstance(column_type, (sa.Float, sa.Numeric)):
+        return lambda value: value.__class__ is float or value.__class__ is int
     return None
 
 

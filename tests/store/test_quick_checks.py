@@ -34,6 +34,7 @@ def _info() -> TableInfo:
         sa.Column("body", sa.Text),
         sa.Column("flag", sa.Boolean),
         sa.Column("ratio", sa.Float),
+        sa.Column("amount", sa.Numeric(10, 2)),
     )
     return TableInfo(table)
 
@@ -46,7 +47,7 @@ ORACLE._quick_key = None
 VALUES = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-2**70, max_value=2**70), st.floats(allow_nan=True),
     st.text(), st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=0x10FFFF)), st.binary(),
-    st.integers(-5, 5).map(Flag), st.just(Colour.RED), st.just("\x00"), st.just("caf\u00e9"), st.just("\ud800"),
+    st.integers(-5, 5).map(Flag), st.just(Colour.RED), st.decimals(allow_nan=False, places=2), st.just("\x00"), st.just("caf\u00e9"), st.just("\ud800"),
 )
 
 
@@ -57,7 +58,7 @@ def _outcome(check, *args):
         return ("refused", type(error).__name__, str(error))
 
 
-@pytest.mark.parametrize("column", ["id", "small", "number", "name", "body", "flag", "ratio"])
+@pytest.mark.parametrize("column", ["id", "small", "number", "name", "body", "flag", "ratio", "amount"])
 @given(value=VALUES)
 def test_a_quick_check_accepts_exactly_what_the_full_check_accepts(column, value):
     assert _outcome(INFO.check_value, column, value) == _outcome(ORACLE.check_value, column, value)
@@ -74,4 +75,6 @@ def test_the_quick_tests_cover_the_common_columns_and_leave_the_rest_to_the_full
     assert INFO._quick["id"](2**62) and not INFO._quick["id"](2**63) and not INFO._quick["id"](True)
     assert INFO._quick["small"](2**15 - 1) and not INFO._quick["small"](2**15)
     assert INFO._quick["name"]("ok") and not INFO._quick["name"]("\x00") and not INFO._quick["name"]("caf\u00e9")
-    assert INFO._quick["flag"] is None and INFO._quick["ratio"] is None
+    assert INFO._quick["ratio"](1.5) and INFO._quick["ratio"](2) and not INFO._quick["ratio"](True)
+    assert INFO._quick["amount"](float("inf")) and not INFO._quick["amount"](Flag(1))
+    assert INFO._quick["flag"] is None
