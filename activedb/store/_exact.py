@@ -25,8 +25,9 @@ _TAG = "$"
 
 def exact_json(value: Any) -> Any:
     """``value`` as JSON ``jsonb`` accepts, decodable by :func:`from_exact_json` into an equal value."""
-    # The exact built-in types an event carries, first and without ``isinstance`` (every outbox record and
-    # dead letter encodes a whole event); anything else, subclasses included, by the general rules below.
+    # The exact built-in types an event carries (str, dict, int, bool, None, float) first, without the
+    # ``isinstance`` cascade (every outbox record and dead letter encodes a whole event); anything else,
+    # subclasses included, by the general rules below.
     kind = type(value)
     if kind is str:
         if value.isascii() and "\x00" not in value:
@@ -39,6 +40,9 @@ def exact_json(value: Any) -> Any:
             return {key: exact_json(item) for key, item in value.items()}
     elif value is None or kind is int or kind is bool:
         return value
+    elif kind is float:
+        if math.isfinite(value) and math.copysign(1.0, value) > 0 and "e" not in repr(value):
+            return value
     return _exact_json(value)
 
 
