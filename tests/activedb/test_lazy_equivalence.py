@@ -645,6 +645,61 @@ def test_a_frames_deferred_rule_that_fails_aborts_the_frame_alone_alike_in_every
     assert db.transactions.locks.statistics().transactions == 0
 
 
+def test_a_frames_deferred_group_on_threads_makes_it_a_node_alike_in_every_representation(database_url):
+    """With rules on threads, the deferred cycle a frame runs at its commit is a group of spawned children
+    when two deferred rules of one priority fire: the spawn makes the frame (and its chain) a node during its
+    own ``before_commit``, and its commit goes on as a node's — table and reads as in the other
+    representations, nothing left in the lock manager."""
+    database = activedb.connect(database_url, rule_execution="threads")
+    try:
+        database.upgrade_app(APP_MIGRATIONS)
+        seen: list[tuple] = []
+        mutex = threading.Lock()
+
+        def bump(tx, key: str, amount: int) -> None:
+            row = tx.read("items", key)
+            tx.write("items", key, value=(0 if row is None else row["value"]) + amount)
+
+        @database.rule(on=database.stream("frame_threads_0"), name="frame_threads_emitter")
+        def emitter(tx, event):
+            bump(tx, "a", 5)
+            tx.emit("frame_threads_1")
+
+        for key, amount in (("b", 10), ("c", 20)):
+            @database.rule(on=database.stream("frame_threads_1"), coupling=Coupling.DEFERRED,
+                           name=f"frame_threads_deferred_{key}")
+            def deferred(tx, event, key=key, amount=amount):
+                row = tx.read("items", "a")
+                with mutex:
+                    seen.append((key, row["value"]))
+                bump(tx, key, amount)
+
+        results = {}
+        for representation in Subtransactions:
+            database.transactions.subtransactions = representation
+            seen.clear()
+            with database.engine.begin() as connection:
+                connection.execute(sa.text("DELETE FROM items"))
+                connection.execute(sa.text("INSERT INTO items (key, value) VALUES ('a', 1), ('b', 2)"))
+            extension = database.transactions.extensions.add(_EndHooks())   # after the rule manager's
+            try:
+                with database.transaction() as tx:
+                    with tx.subtransaction() as event:      # the sink's shape: the event's own subtransaction
+                        event.emit("frame_threads_0")
+                    reads = [tx.read("items", key)["value"] for key in KEYS]
+            finally:
+                database.transactions.extensions.remove(extension)
+            # The emitter's commit: a frame until its deferred group spawned (FRAMES), a node after it.
+            assert ("before_commit", "rule:frame_threads_emitter", False) in extension.seen
+            results[representation] = (_items(database), reads, sorted(seen))
+            assert database.transactions.locks.statistics().transactions == 0
+        assert results[Subtransactions.FRAMES] == results[Subtransactions.MATERIALIZED]
+        assert results[Subtransactions.LAZY] == results[Subtransactions.MATERIALIZED]
+        assert results[Subtransactions.FRAMES] == ({"a": 6, "b": 12, "c": 20}, [6, 12, 20], [("b", 6), ("c", 6)])
+    finally:
+        database.close()
+
+
 def test_a_frame_kept_after_its_firing_ended_refuses_work_as_its_node_would(db, use):
     """A rule action that keeps its transaction: after the firing ended, using it fails clearly (it is
     committed), with frames as with registered nodes."""
