@@ -162,6 +162,7 @@ def run_batch(context: SinkContext, handler: BatchHandler, rows: Any, batch_id: 
                 attempt -= 1       # not a conflict: the batch gets its attempts again
                 continue
             break
+        del batch, good, letters, dead, tx    # gone before the young collection (no_cyclic_gc) scans them
     ended = time.perf_counter()
     flush_began = ledger.flush_began or ended
     timings = timings + PhaseTimings(engine=exit_began - started, commit=max(0.0, flush_began - exit_began),

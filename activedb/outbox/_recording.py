@@ -113,6 +113,15 @@ class TreeFirings(CommitParticipant):
         self._outbox.count_cancelled(self._cancelled)
         self._outbox.run_recorded([(record.id, entry.firing, 0) for record, entry in zip(self._records,
                                                                                            self._recorded)])
+        self._forget()
+
+    def _forget(self) -> None:
+        """The tree's outcome is told: its entries go now.  (Each holds its trigger, a node of the tree;
+        a root refers to itself, so what it keeps would wait for the cyclic collector — a batch of events
+        keeps thousands of nodes.)"""
+        with self._mutex:
+            self._entries = []
+        self._records, self._recorded, self._cancelled = [], [], []
 
     def aborted(self, transaction: "Transaction", error: BaseException | None) -> None:
         with self._mutex:
@@ -121,6 +130,7 @@ class TreeFirings(CommitParticipant):
         with state.mutex:
             state.aborted, state.abort_error = True, error
             replayed = state.replayed()
+        self._forget()
         if replayed:
             return        # the owner re-runs the same input: as after a crash, the attempt left nothing
         keep = [entry for entry in entries
