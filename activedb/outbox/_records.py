@@ -11,7 +11,7 @@ records its own.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
+import json
 import logging
 import threading
 from dataclasses import dataclass
@@ -61,30 +61,26 @@ def decode_event(data: dict) -> Event:
                  transaction=from_exact_json(data["transaction"]))
 
 
-# One statement for any number of records: ``unnest`` of one array per column.  A record's ``chain`` (an
-# array itself, which ``unnest`` would flatten) travels as a JSON array and becomes ``text[]`` again.
+# One statement for any number of records: a JSON array of them, one object a record, made by one call of
+# the C encoder (an array per column cost the driver a Python call per element); ``jsonb_to_recordset``
+# turns a record's ``chain``, a JSON array, into ``text[]`` in order.
 _INSERT = (
     "INSERT INTO activedb_outbox (id, rule, coupling, event, chain, trigger_id, trigger_log_id, trigger_outcome, "
     "owner) "
-    "SELECT v.id, v.rule, v.coupling, v.event, "
-    "ARRAY(SELECT c.name FROM jsonb_array_elements_text(v.chain) WITH ORDINALITY AS c(name, n) ORDER BY c.n), "
-    "v.trigger_id, v.trigger_log_id, v.trigger_outcome, %s "
-    "FROM unnest(%b::bigint[], %b::text[], %b::text[], %b::jsonb[], %b::jsonb[], %b::text[], %b::text[], %b::text[]) "
-    "AS v(id, rule, coupling, event, chain, trigger_id, trigger_log_id, trigger_outcome)")
+    "SELECT v.id, v.rule, v.coupling, v.event, v.chain, v.trigger_id, v.trigger_log_id, v.trigger_outcome, %s "
+    "FROM jsonb_to_recordset(%s::jsonb) "
+    "AS v(id bigint, rule text, coupling text, event jsonb, chain text[], trigger_id text, trigger_log_id text, "
+    "trigger_outcome text)")
 
 
 def insert(connection: sa.Connection, info: TableInfo, records: Sequence[NewRecord], owner: int) -> None:
     """Insert ``records`` as pending, owned by ``owner``: one statement, one round trip, whatever their
-    number (sent to the driver; the JSON values adapted by SQLAlchemy's bind processor of the column, as
-    the store's batched writes do)."""
+    number.  (Every value is plain JSON: the event went through ``exact_json``; a text PostgreSQL cannot
+    hold — a NUL, a lone surrogate — is refused by it as in any text column.)"""
     if not records:
         return
-    as_json = info.driver_processors(connection.dialect)["event"]
-    columns = {field.name: [getattr(record, field.name) for record in records]
-               for field in dataclasses.fields(NewRecord)}
-    for name in ("event", "chain"):
-        columns[name] = [as_json(value) for value in columns[name]]
-    connection.exec_driver_sql(_INSERT, (owner, *columns.values()))
+    document = json.dumps([record.__dict__ for record in records], allow_nan=False)
+    connection.exec_driver_sql(_INSERT, (owner, document))
 
 
 _MARK_DONE = sa.text(

@@ -1,4 +1,4 @@
-"""Outbox records go to PostgreSQL in one statement (``unnest`` of one array per column) inside the
+"""Outbox records go to PostgreSQL in one statement (``jsonb_to_recordset`` of one JSON array) inside the
 caller's transaction, and come back exactly: the event (through the exact JSON codec), the cascade chain
 in order whatever characters its rule names hold, a missing trigger log id.  Real PostgreSQL."""
 
