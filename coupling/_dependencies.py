@@ -122,7 +122,10 @@ def may_run_after(coupling: Coupling | str, trigger_committed: bool) -> bool:
     needs it aborted, CD holds either way.  Immediate and deferred rules never run after their trigger:
     :class:`~coupling.errors.UnsupportedByGate`.
     """
-    answer = _MAY_RUN_AFTER.get((coupling, trigger_committed))   # (a Coupling and a bool: one lookup)
+    try:
+        answer = _MAY_RUN_AFTER.get((coupling, trigger_committed))   # (a Coupling and a bool: one lookup)
+    except TypeError:        # unhashable: ``Coupling.parse`` says what is wrong with it
+        answer = None
     if answer is not None:
         return answer
     return _may_run_after(Coupling.parse(coupling), trigger_committed)

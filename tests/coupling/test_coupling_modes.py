@@ -155,3 +155,9 @@ def test_may_run_after_answers_from_its_table_what_the_dependencies_say(mode, co
     assert may_run_after(mode, committed) is expected
     assert may_run_after(mode.value, committed) is expected
     assert _may_run_after(mode, committed) is expected
+
+
+@pytest.mark.parametrize("bad", ["nope", ["detached"], None])
+def test_may_run_after_refuses_what_is_no_mode_as_before(bad):
+    with pytest.raises(UnknownCoupling):
+        may_run_after(bad, True)
