@@ -146,7 +146,8 @@ class RuleManager(TransactionExtension):
                 transaction.wait_children()
                 try:
                     for cycle in queue.cycles():
-                        self._run_groups(transaction, [item.firing for item in cycle], f"deferred cycle {cycle.number}")
+                        # (The cycle's firings as they are: iterating it makes a ``DeferredFiring`` of each.)
+                        self._run_groups(transaction, list(cycle.firings), f"deferred cycle {cycle.number}")
                 except DeferredCycleLimitExceeded as error:
                     raise CascadeLimitExceeded(
                         f"deferred rules of {transaction.id} kept firing each other for {queue.max_cycles} cycles; "
