@@ -700,6 +700,49 @@ def test_a_frames_deferred_group_on_threads_makes_it_a_node_alike_in_every_repre
         database.close()
 
 
+class _AsksForEndHooks(activedb.TransactionExtension):
+    """An extension that skips frames (``frame_hooks = False``) and asks for the end hooks of the frames in
+    which a ``hook_me`` stream event is emitted (what the rule manager does for a frame's deferred queue)."""
+
+    frame_hooks = False
+
+    def __init__(self) -> None:
+        self.seen: list[tuple] = []
+
+    def on_event(self, transaction, event) -> None:
+        if event.source == "hook_me":
+            transaction.want_end_hooks()
+
+    def before_commit(self, transaction) -> None:
+        if transaction.name:
+            self.seen.append(("before_commit", transaction.name, transaction._frame))
+
+    def after_end(self, transaction, committed: bool) -> None:
+        if transaction.name:
+            self.seen.append(("after_end", transaction.name, committed))
+
+
+def test_an_extension_that_skips_frames_hears_the_end_of_the_frames_it_asked_for(db, use):
+    """``want_end_hooks``: of three frames, the extension hears the end of the one that asked (it stays a
+    frame), not of the others; as a node (materialized) it hears every end, as before."""
+    heard = {}
+    for representation in (Subtransactions.FRAMES, Subtransactions.MATERIALIZED):
+        use(representation)
+        extension = db.transactions.extensions.add(_AsksForEndHooks())
+        try:
+            with db.transaction() as tx:
+                for name, event in (("first", "plain"), ("asks", "hook_me"), ("last", "plain")):
+                    with tx.subtransaction(name) as child:
+                        child.emit(event)
+        finally:
+            db.transactions.extensions.remove(extension)
+        heard[representation] = extension.seen
+    assert heard[Subtransactions.FRAMES] == [("before_commit", "asks", True), ("after_end", "asks", True)]
+    assert heard[Subtransactions.MATERIALIZED] == [
+        ("before_commit", name, False) if what == "before_commit" else ("after_end", name, True)
+        for name in ("first", "asks", "last") for what in ("before_commit", "after_end")]
+
+
 def test_a_frame_kept_after_its_firing_ended_refuses_work_as_its_node_would(db, use):
     """A rule action that keeps its transaction: after the firing ended, using it fails clearly (it is
     committed), with frames as with registered nodes."""
