@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from activedb import TxnState
+from activedb.txn import run_inline
 from activedb.errors import Failure, classify
 
 from spark_bridge._failures import conflict_in, is_infrastructure_failure, rejection_reason
@@ -25,6 +26,10 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["RulesHandler"]
 
 _ACTIVE = TxnState.ACTIVE
+
+
+_NAMES: dict[str, str] = {}     # event type -> the name of its events' subtransactions ("event:<type>")
+_MAX_NAMES = 1024
 
 
 def _emit(sub: Any, event: RawEvent) -> None:
@@ -76,9 +81,14 @@ class RulesHandler(BatchHandler):
         """Run ``event`` in its own subtransaction of ``tx``; None if it committed, else why not.
 
         Raises when the batch itself cannot go on (``tx`` unusable, PostgreSQL down)."""
+        name = _NAMES.get(event.event_type)
+        if name is None:
+            name = f"event:{event.event_type}"
+            if len(_NAMES) < _MAX_NAMES:      # (types come from the data: the cache stays bounded)
+                _NAMES[event.event_type] = name
         for attempt in range(1, self.event_attempts + 1):
             try:
-                tx.run_subtransaction(_emit, event, name=f"event:{event.event_type}")
+                run_inline(tx, _emit, event, name)     # tx.run_subtransaction(_emit, event, name=name), positional
                 return None
             except Exception as failure:
                 conflict = conflict_in(failure)
