@@ -700,26 +700,16 @@ def test_a_frames_deferred_group_on_threads_makes_it_a_node_alike_in_every_repre
         database.close()
 
 
-class _AsksForEndHooks(activedb.TransactionExtension):
-    """An extension that skips frames (``frame_hooks = False``) and asks for the end hooks of the frames in
-    which a ``hook_me`` stream event is emitted (what the rule manager does for a frame's deferred queue)."""
+class _AsksForEndHooks(_EndHooks):
+    """``_EndHooks`` as an extension that skips frames (``frame_hooks = False``) and asks for the end hooks of
+    the frames in which a ``hook_me`` stream event is emitted (what the rule manager does for a frame's
+    deferred queue)."""
 
     frame_hooks = False
-
-    def __init__(self) -> None:
-        self.seen: list[tuple] = []
 
     def on_event(self, transaction, event) -> None:
         if event.source == "hook_me":
             transaction.want_end_hooks()
-
-    def before_commit(self, transaction) -> None:
-        if transaction.name:
-            self.seen.append(("before_commit", transaction.name, transaction._frame))
-
-    def after_end(self, transaction, committed: bool) -> None:
-        if transaction.name:
-            self.seen.append(("after_end", transaction.name, committed))
 
 
 def test_an_extension_that_skips_frames_hears_the_end_of_the_frames_it_asked_for(db, use):
@@ -736,7 +726,7 @@ def test_an_extension_that_skips_frames_hears_the_end_of_the_frames_it_asked_for
                         child.emit(event)
         finally:
             db.transactions.extensions.remove(extension)
-        heard[representation] = extension.seen
+        heard[representation] = [entry for entry in extension.seen if entry[0] != "begin"]
     assert heard[Subtransactions.FRAMES] == [("before_commit", "asks", True), ("after_end", "asks", True)]
     assert heard[Subtransactions.MATERIALIZED] == [
         ("before_commit", name, False) if what == "before_commit" else ("after_end", name, True)
