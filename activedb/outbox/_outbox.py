@@ -220,7 +220,7 @@ class Outbox:
             ids = self.draw_ids(len(items))
             records = [new_record(record_id, *item) for record_id, item in zip(ids, items)]
             with self.catalog.engine.begin() as connection:
-                _records.insert(connection, self.info, records, self.owner)
+                _records.insert(connection, records, self.owner)
         except Exception as error:
             with self._mutex:
                 self._lost += len(items)

@@ -107,7 +107,7 @@ class TreeFirings(CommitParticipant):
         self._cancelled = [entry for entry, _ in cancelled]
 
     def write(self, transaction: "Transaction", connection: "sa.Connection") -> None:
-        insert(connection, self._outbox.info, self._records, self._outbox.owner)
+        insert(connection, self._records, self._outbox.owner)
 
     def committed(self, transaction: "Transaction") -> None:
         self._outbox.count_cancelled(self._cancelled)

@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from activedb.errors import RecordsTakenOver
 from activedb.events import Event, EventKind
-from activedb.store import TableInfo, exact_json, from_exact_json
+from activedb.store import exact_json, from_exact_json
 
 logger = logging.getLogger("activedb.outbox")
 
@@ -73,7 +73,7 @@ _INSERT = (
     "trigger_outcome text)")
 
 
-def insert(connection: sa.Connection, info: TableInfo, records: Sequence[NewRecord], owner: int) -> None:
+def insert(connection: sa.Connection, records: Sequence[NewRecord], owner: int) -> None:
     """Insert ``records`` as pending, owned by ``owner``: one statement, one round trip, whatever their
     number.  (Every value is plain JSON: the event went through ``exact_json``; a text PostgreSQL cannot
     hold — a NUL, a lone surrogate — is refused by it as in any text column.)"""

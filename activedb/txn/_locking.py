@@ -60,7 +60,7 @@ def _note_held(node: "Transaction", subject: "str | tuple", mode: Mode) -> None:
         node._modes_held = {subject: mode}
     else:
         previous = held.get(subject)
-        held[subject] = mode if previous is None else join(previous, mode)
+        held[subject] = mode if previous is None else _JOIN[previous][mode]
 
 
 def _note_tuple(node: "Transaction", name: str, mode: Mode) -> None:
@@ -81,7 +81,7 @@ def _note_retained(node: "Transaction", held: dict) -> None:
         return
     for name, mode in held.items():
         previous = retained.get(name)
-        retained[name] = mode if previous is None else join(previous, mode)
+        retained[name] = mode if previous is None else _JOIN[previous][mode]
 
 
 class Granularity(enum.Enum):
@@ -403,7 +403,7 @@ class Locking:
                     retained = dict(holders.retained)
                     if as_retained:
                         previous = retained.get(node.id)
-                        retained[node.id] = mode if previous is None else join(previous, mode)
+                        retained[node.id] = mode if previous is None else _JOIN[previous][mode]
                     else:
                         held[node.id] = mode
                     if resource in before:

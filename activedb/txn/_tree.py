@@ -370,7 +370,6 @@ def _end_frame(node: Transaction) -> None:
         if node._db_reads or node._scans or node._participants:
             _delegate_to_parent(node)
         else:       # nothing to hand up but its count: its writes are in its parent's write set already
-            parent = node.parent
             if (parent._state is not _ACTIVE and parent._state is not _COMMITTING) or parent._doomed is not None:
                 raise TransactionAborted(f"the parent {parent.id} of {node.id} was aborted")
             parent.subtransactions_committed += 1 + node.subtransactions_committed

@@ -50,7 +50,7 @@ def test_records_are_inserted_in_one_statement_and_read_back_exactly(db, count):
     records = new_records(outbox, count)
     with db.engine.connect() as connection:
         with connection.begin() as transaction:
-            statements = statements_during(db.engine, lambda: _records.insert(connection, outbox.info, records,
+            statements = statements_during(db.engine, lambda: _records.insert(connection, records,
                                                                                outbox.owner))
             rows = connection.execute(sa.text(
                 "SELECT id, rule, coupling, event, chain, trigger_id, trigger_log_id, trigger_outcome, owner, "
@@ -75,7 +75,7 @@ def test_records_are_part_of_the_callers_transaction(db):
     ids = [record.id for record in records]
     with db.engine.connect() as connection:
         with connection.begin() as transaction:
-            _records.insert(connection, outbox.info, records, outbox.owner)
+            _records.insert(connection, records, outbox.owner)
             transaction.rollback()
         assert connection.execute(sa.text("SELECT count(*) FROM activedb_outbox WHERE id = ANY(:ids)"),
                                   {"ids": ids}).scalar() == 0
@@ -83,5 +83,5 @@ def test_records_are_part_of_the_callers_transaction(db):
 
 def test_no_records_send_no_statement(db):
     with db.engine.connect() as connection:
-        assert statements_during(db.engine, lambda: _records.insert(connection, db.outbox.info, [],
+        assert statements_during(db.engine, lambda: _records.insert(connection, [],
                                                                     db.outbox.owner)) == []
