@@ -288,7 +288,8 @@ class LockingScheduler(Scheduler):
                         run.wake.wait()
             if run.broken is not None:
                 break
-            work.handle = tx.spawn(self._work, run, work, name=f"s-transaction {work.stransaction.event.describe()}")
+            work.handle = tx.spawn(self._work, run, work, name=f"s-transaction {work.stransaction.event.describe()}",
+                                   eager=True)
             # Known before any later s-transaction exists: the target of the edges of waits for it.
             work.owner.node = work.handle.transaction
         else:

@@ -78,7 +78,8 @@ class UnscheduledScheduler(Scheduler):
                     batch.execute_unit(stransaction, rank, child)
                 finally:
                     finished.put(query_name)
-            handle = batch.tx.spawn(operator_step, name=f"{query_name} evaluates {stransaction.event.describe()}")
+            handle = batch.tx.spawn(operator_step, name=f"{query_name} evaluates {stransaction.event.describe()}",
+                                    eager=True)
             running[query_name] = (handle, stransaction)
 
         for query_name in queues:       # each has an event: queues are made by their first one

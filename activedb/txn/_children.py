@@ -63,7 +63,7 @@ class SubtransactionHandle:
         if task.done():
             return True
         child = self.transaction
-        with child.manager.waiting(child.parent, WaitKind.CHILDREN, child.id):
+        with child.manager.waiting(child.parent, WaitKind.CHILDREN, child.id, helps=True):
             return task.wait(timeout)
 
     @staticmethod
@@ -79,9 +79,12 @@ class SubtransactionHandle:
             return
         parent = pending[0].transaction.parent
         manager = parent.manager
-        with manager.waiting(parent, WaitKind.CHILDREN, None, targets=[handle.transaction.id for handle in pending]):
-            for handle in pending:
-                handle._task.wait(None)     # runs it in this thread if no worker has started it
+        with manager.waiting(parent, WaitKind.CHILDREN, None, targets=[handle.transaction.id for handle in pending],
+                             helps=True):
+            # Run here every one no worker has started, then wait for those that others run.
+            running = [handle._task for handle in pending if not handle._task.help()]
+            for task in running:
+                task.wait(None)
 
     def result(self, timeout: float | None = None) -> Any:
         """The function's return value once the subtransaction committed; re-raises its error."""
@@ -116,17 +119,25 @@ class Children:
         materializing the frame.  See README, "Frames"."""
         self._end_hooks = True
 
-    def spawn(self, function: Callable[..., Any], *args: Any, name: str | None = None,
+    def spawn(self, function: Callable[..., Any], *args: Any, name: str | None = None, eager: bool = False,
               **kwargs: Any) -> SubtransactionHandle:
-        """Run ``function(child, *args, **kwargs)`` as a subtransaction on a worker thread.
+        """Run ``function(child, *args, **kwargs)`` as a subtransaction that may run concurrently with this
+        one and its siblings, on a worker thread or on a thread that waits for it.
 
         The child commits when the function returns and aborts (with its descendants)
         if it raises; ``handle.result()`` returns the value or re-raises the error.
+
+        It is queued, and runs on the first of: a thread waiting for it (``result``, ``wait``, this
+        transaction's commit — that thread runs it, no hand-off), a worker woken when a thread blocks (a
+        database round trip, a wait for a lock, a gate or a running child) or when the pool has been idle for a
+        millisecond (whoever spawned it is blocked elsewhere).  ``eager=True`` wakes a worker at once: for a
+        spawner that goes on to wait by other means (a condition its children signal).  See txn README,
+        "Spawned children: a thread only when something blocks".
         """
         child = _new_child(self, name, body=(function, args, kwargs))
         task = self._tasks[child.id]    # registered with the child, before any worker can end it
         try:
-            self.manager.pool.start(task)
+            self.manager.pool.start(task, eager)
         except BaseException as error:      # the pool is shut down: the child ends (and is forgotten) here
             child.abort(error)
             raise

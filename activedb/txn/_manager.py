@@ -198,7 +198,7 @@ class TransactionManager:
 
     def waiting(self, node: Transaction, kind: WaitKind, target: str | None,
                 on_victim: Callable[[BaseException], None] | None = None,
-                preferred_victim: bool = False, targets: list[str] | None = None) -> "_Waiting":
+                preferred_victim: bool = False, targets: list[str] | None = None, helps: bool = False) -> "_Waiting":
         """``with manager.waiting(node, kind, target):`` — the calling thread waits on behalf of ``node``
         (kind ``children``: for ``target`` or all of ``node``'s children; ``dependency``: in the coupling
         gate for the transaction ``target``).
@@ -206,19 +206,23 @@ class TransactionManager:
         The holds of the transaction this thread runs become retains first; the wait is an edge of the one
         wait-for graph (README, "One wait-for graph"; ``on_victim``/``preferred_victim`` as in
         ``lockmgr.LockManager.add_wait``).  ``targets``: several of ``node``'s children at once (``target`` None).
+        The calling thread is about to block, so the worker pool gives its queued tasks workers first
+        (``WorkerPool.before_blocking``) — unless ``helps``: it waits for tasks of the pool, running them itself
+        while nobody has started them (``Task.wait``, which tells the pool when it does block).
         """
-        return _Waiting(self, node, kind, target, on_victim, preferred_victim, targets)
+        return _Waiting(self, node, kind, target, on_victim, preferred_victim, targets, helps)
 
 
 class _Waiting:
     """The context of one wait (see :meth:`TransactionManager.waiting`)."""
 
-    __slots__ = ("manager", "node", "kind", "target", "on_victim", "preferred_victim", "registered", "targets")
+    __slots__ = ("manager", "node", "kind", "target", "on_victim", "preferred_victim", "registered", "targets",
+                 "helps")
 
-    def __init__(self, manager, node, kind, target, on_victim, preferred_victim, targets=None):
+    def __init__(self, manager, node, kind, target, on_victim, preferred_victim, targets=None, helps=False):
         self.manager, self.node, self.kind, self.target = manager, node, kind, target
         self.on_victim, self.preferred_victim, self.registered = on_victim, preferred_victim, None
-        self.targets = targets
+        self.targets, self.helps = targets, helps
 
     def __enter__(self) -> None:
         manager, node, kind, target = self.manager, self.node, self.kind, self.target
@@ -239,6 +243,8 @@ class _Waiting:
                     # learns of the abort from what it waits for (its children are doomed too).
                     if waiter._doomed is None:
                         raise
+        if not self.helps:
+            manager.pool.before_blocking()
         observers = manager.observers
         if observers.on_wait_start:
             observers.call("on_wait_start", node, self.kind, target)

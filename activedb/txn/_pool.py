@@ -1,11 +1,33 @@
-"""A bounded worker pool in which waiting for a task helps run it.
+"""A bounded worker pool in which waiting for a task helps run it, and a thread hand-off happens only when
+something blocks.
 
 Not ``ThreadPoolExecutor``: a subtransaction tree can block every worker on its own children, which would
 then sit in the queue forever.  Here a thread that waits for a task not started yet claims it and runs it
 inline (help-while-waiting, as in fork/join pools): progress never depends on a free worker.
 
-Thread-safety: ``_mutex`` protects ``_queue``, ``_sleepers`` and ``_threads``; a task is claimed by
-the one thread whose non-blocking acquire of its ``_claimed`` lock succeeds (no mutex is held around it).
+*When a worker is woken* (README, "Spawned children: a thread only when something blocks").  Under the GIL a
+worker buys no CPU parallelism, only the overlap of waits, and each hand-off costs a wake-up and GIL
+switches.  So a task started *lazily* (``start(task)``, what ``Transaction.spawn`` does) is only queued; it
+runs on the first of:
+
+* a thread waiting for it (``Task.wait``): the waiter runs it (no hand-off — a fork/join parent runs its
+  children one after another while nothing blocks);
+* a thread about to block — on a task another thread runs (``Task.wait``), or where its owner calls
+  :meth:`WorkerPool.before_blocking` (a database round trip, a wait of the wait-for graph that is not for
+  its own children): every queued task gets a worker first, so the waits overlap as before;
+* the pool idle for ``HAND_OFF_AFTER`` seconds with tasks queued: the pool's waker thread, ticking every
+  ``HAND_OFF_AFTER`` while something is queued, gives each queued task a worker when no task was started or
+  claimed since its previous tick — the bound for a spawner blocked where nobody told the pool (a
+  ``threading`` barrier, a sleep, the lock manager's own wait): such a task starts at most about two
+  ``HAND_OFF_AFTER`` later than with an eager start, so a blocked node never starves the others.  (A thread
+  that keeps spawning or running tasks is not blocked: its queue waits for it.)
+
+``start(task, eager=True)`` wakes (or starts) a worker at once, as every start did before: for a spawner that
+goes on to wait by other means (a scheduler's dispatcher waiting on a condition its tasks signal).
+
+Thread-safety: ``_mutex`` protects ``_queue``, ``_sleepers``, ``_threads``, ``_waking`` and the waker's
+state; a task is claimed by the one thread whose non-blocking acquire of its ``_claimed`` lock succeeds (no
+mutex is held around it).
 """
 
 from __future__ import annotations
@@ -14,6 +36,15 @@ import enum
 import threading
 from collections import deque
 from typing import Any, Callable
+
+#: Seconds a lazily started task may stay queued before the waker gives it a worker (see the module docstring).
+HAND_OFF_AFTER = 0.001
+#: How deep a thread nests tasks it runs while waiting (each one's frames on its stack) before it lets a
+#: worker run the next one instead, when a worker can take it: a deep chain of spawned children (each
+#: waiting for its one child) stays far from Python's recursion limit.
+MAX_HELP_DEPTH = 32
+
+_helping = threading.local()
 
 
 class TaskState(enum.Enum):
@@ -29,7 +60,7 @@ class Task:
     commits: each object is work for the garbage collector): the end is signalled by releasing ``_done``,
     a lock acquired from the start, instead of a ``threading.Event`` (a condition, its lock and a deque)."""
 
-    __slots__ = ("_function", "_args", "_claimed", "_done", "_finished", "result", "error", "__weakref__")
+    __slots__ = ("_function", "_args", "_claimed", "_done", "_finished", "result", "error", "_pool", "__weakref__")
 
     def __init__(self, function: Callable[..., Any], *args: Any):
         self._function = function
@@ -41,6 +72,7 @@ class Task:
         self._finished = False
         self.result: Any = None
         self.error: BaseException | None = None
+        self._pool: WorkerPool | None = None   # the pool it was started on
 
     @property
     def state(self) -> TaskState:
@@ -66,13 +98,32 @@ class Task:
     def done(self) -> bool:
         return self._finished
 
+    def help(self) -> bool:
+        """Run the task in this thread if nobody has started it (True: it ran here, it is done)."""
+        depth = getattr(_helping, "depth", 0)
+        if depth >= MAX_HELP_DEPTH:
+            pool = self._pool
+            if pool is not None and pool.can_take_more():
+                return False        # deep enough: a worker's fresh stack runs it (``wait`` wakes one)
+        if not self.claim():
+            return False
+        pool = self._pool
+        if pool is not None:
+            pool.activity += 1
+        _helping.depth = depth + 1
+        try:
+            self.run()
+        finally:
+            _helping.depth = depth
+        return True
+
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until done, running the task in this thread if it has not started."""
-        if self.claim():
-            self.run()
+        if self.help() or self._finished:
             return True
-        if self._finished:
-            return True
+        pool = self._pool
+        if pool is not None:
+            pool.before_blocking()        # this thread blocks: what is queued gets threads of its own
         done = self._done
         if not done.acquire(timeout=-1 if timeout is None else timeout):
             return self._finished
@@ -81,33 +132,95 @@ class Task:
 
 
 class WorkerPool:
-    """At most ``max_workers`` threads, created lazily, idle ones reused."""
+    """At most ``max_workers`` threads, created lazily, idle ones reused; lazily started tasks run on their
+    waiter's thread unless something blocks (the module docstring)."""
 
-    def __init__(self, max_workers: int = 32, name: str = "activedb-worker"):
+    def __init__(self, max_workers: int = 32, name: str = "activedb-worker", hand_off_after: float = HAND_OFF_AFTER):
         if max_workers < 1:
             raise ValueError("max_workers must be at least 1")
         self.max_workers = max_workers
         self._name = name
-        self._mutex = threading.Lock()           # protects _queue, _sleepers, _threads, _shutdown
+        self._mutex = threading.Lock()           # protects _queue, _sleepers, _threads, _shutdown, the waker
+        self._tick = threading.Lock()          # the waker sleeps by acquiring it with a timeout (held otherwise)
+        self._tick.acquire()
+        if not hand_off_after > 0:
+            raise ValueError(f"hand_off_after must be a positive number of seconds, not {hand_off_after!r}")
+        self._hand_off_after = hand_off_after
         self._queue: deque[Task] = deque()
         # The idle workers, each parked on its own lock (acquired); waking one is taking it out of the list
         # and releasing its lock — no condition variable (``Condition.notify`` and ``wait`` are Python code,
         # several microseconds per spawned child).  Invariant: a worker is in the list only while parked
-        # (or about to be), and a queued task finds either a sleeper or a new thread, as with ``notify``.
+        # (or about to be), and a task given a worker finds either a sleeper or a new thread.
         self._sleepers: list[threading.Lock] = []
         self._threads: list[threading.Thread] = []
         self._shutdown = False
+        self._waking = 0                   # workers woken or started for a task, not yet back at the queue
+        #: Starts and claims so far (the waker's sign of progress; a claim counts without the mutex).
+        self.activity = 0
+        self._waker: threading.Thread | None = None
+        self._waker_parked = False
+        self._waker_asleep = False         # the waker sleeps one interval (on ``_tick``)
+        self._waker_lock = threading.Lock()    # the waker parks on it (acquired) while nothing is queued
+        self._waker_lock.acquire()
+
+    @property
+    def hand_off_after(self) -> float:
+        """Seconds the pool may stay idle with tasks queued before the waker gives them workers."""
+        return self._hand_off_after
+
+    @hand_off_after.setter
+    def hand_off_after(self, seconds: float) -> None:
+        if not seconds > 0:
+            raise ValueError(f"hand_off_after must be a positive number of seconds, not {seconds!r}")
+        self._hand_off_after = seconds
+        with self._mutex:
+            self.activity += 1              # (the tick this causes gives nothing: it starts the new interval)
+            if self._waker_asleep and self._tick.locked():
+                self._tick.release()        # the waker asleep for the old interval ticks now (and sleeps anew)
 
     def submit(self, function: Callable[..., Any], *args: Any) -> Task:
         """Queue ``function(*args)`` and wake (or start) a worker for it."""
-        return self.start(Task(function, *args))
+        return self.start(Task(function, *args), eager=True)
 
-    def start(self, task: Task) -> Task:
-        """Queue ``task`` (made by the caller, who may have registered it first) and wake or start a worker."""
+    def start(self, task: Task, eager: bool = False) -> Task:
+        """Queue ``task`` (made by the caller, who may have registered it first).  Lazily (the default) it
+        runs when waited for, when something blocks, or when the pool has been idle for ``hand_off_after``
+        (the module docstring); ``eager``: a worker is woken or started for it now."""
+        task._pool = self
         with self._mutex:
             if self._shutdown:
                 raise RuntimeError("the worker pool is shut down (the Database was closed)")
             self._queue.append(task)
+            self.activity += 1
+            if eager:
+                self._give()
+            elif self._waker_parked:
+                self._waker_parked = False
+                self._waker_lock.release()
+            elif self._waker is None:
+                self._waker = threading.Thread(target=self._wake_late, name=f"{self._name}-waker", daemon=True)
+                self._waker.start()
+        return task
+
+    def before_blocking(self) -> None:
+        """The calling thread is about to block (a database round trip, a wait): every task queued now gets
+        a worker (up to ``max_workers`` threads), so that it need not wait for this thread."""
+        if len(self._queue) > self._waking:      # (read without the mutex: a stale value skips or repeats)
+            with self._mutex:
+                self._give()
+
+    def can_take_more(self) -> bool:
+        """Whether a queued task would find a worker now (an idle one, or room for a new thread)."""
+        return bool(self._sleepers) or len(self._threads) < self.max_workers
+
+    def _give(self) -> None:
+        """Wake or start a worker for each queued task that has none coming, as far as ``max_workers``
+        allows.  Caller holds ``_mutex``."""
+        queue = self._queue
+        while queue and queue[0]._claimed.locked():     # run by their waiters meanwhile: nothing to give
+            queue.popleft()
+        wanted = len(queue) - self._waking
+        while wanted > 0:
             if self._sleepers:
                 self._sleepers.pop().release()      # the last one parked: the warmest
             elif len(self._threads) < self.max_workers:
@@ -115,31 +228,68 @@ class WorkerPool:
                                           daemon=True)
                 self._threads.append(thread)
                 thread.start()
-        return task
+            else:
+                break
+            self._waking += 1
+            wanted -= 1
+
+    def _wake_late(self) -> None:
+        """The waker: while tasks are queued, every ``hand_off_after`` seconds, if the pool saw no activity
+        since the previous tick (no start, no claim: whoever queued them is blocked or busy elsewhere), give
+        each queued task a worker; parked while nothing is queued."""
+        mutex, park, tick = self._mutex, self._waker_lock, self._tick
+        seen = -1
+        while True:
+            with mutex:
+                if self._shutdown:
+                    return
+                queue = self._queue
+                while queue and queue[0]._claimed.locked():
+                    queue.popleft()
+                parked = not queue
+                self._waker_parked = parked
+                if not parked:
+                    if self.activity == seen:
+                        self._give()
+                    seen = self.activity
+                    self._waker_asleep = True
+            if parked:
+                park.acquire()
+                seen = -1
+                continue
+            tick.acquire(timeout=self._hand_off_after)
+            self._waker_asleep = False
 
     def _worker(self) -> None:
         mutex, wake = self._mutex, threading.Lock()
-        wake.acquire()                     # parked on it: the submit that wakes this worker releases it
+        wake.acquire()                     # parked on it: the start that wakes this worker releases it
+        mutex.acquire()
+        self._waking -= 1                  # started for a task: here now
         while True:
-            mutex.acquire()
             while not self._queue and not self._shutdown:
                 self._sleepers.append(wake)
                 mutex.release()
                 wake.acquire()
                 mutex.acquire()
+                self._waking -= 1
             if self._shutdown and not self._queue:
                 mutex.release()
                 return
             task = self._queue.popleft()
             mutex.release()
             if task.claim():   # False if its waiter already ran it inline
+                self.activity += 1
                 task.run()
+            mutex.acquire()
 
     def shutdown(self, wait: bool = True) -> None:
         with self._mutex:
             self._shutdown = True
             while self._sleepers:
                 self._sleepers.pop().release()
+            if self._waker_parked:
+                self._waker_parked = False
+                self._waker_lock.release()
             threads = list(self._threads)
         if wait:
             current = threading.current_thread()
@@ -149,4 +299,5 @@ class WorkerPool:
 
     def statistics(self) -> dict[str, int]:
         with self._mutex:
-            return {"threads": len(self._threads), "idle": len(self._sleepers), "queued": len(self._queue)}
+            queued = sum(1 for task in self._queue if not task._claimed.locked())
+            return {"threads": len(self._threads), "idle": len(self._sleepers), "queued": queued}

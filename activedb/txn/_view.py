@@ -84,6 +84,7 @@ class CommittedRows:
                 if row in reads:
                     return reads[row]
                 ancestor = ancestor.parent
+        node.manager.pool.before_blocking()        # a round trip: queued tasks need not wait for it
         with self.catalog.autocommit_connection() as connection:
             image = fetch_rows(connection, info, [key]).get(key)
         return self._rely(node, info, key, image) if relied else image
@@ -110,6 +111,7 @@ class CommittedRows:
                 if row in ancestor._db_reads:
                     return ancestor._db_reads[row]
                 ancestor = ancestor.parent
+        node.manager.pool.before_blocking()        # a round trip (maybe a row lock's wait)
         image = session.lock(info, key)
         ancestor = node
         while ancestor is not None:
@@ -123,6 +125,7 @@ class CommittedRows:
         return self._rely(node, info, key, image)
 
     def read_many(self, node: "Transaction", info: TableInfo, keys: list[Key]) -> int:
+        node.manager.pool.before_blocking()        # a round trip: queued tasks need not wait for it
         with self.catalog.autocommit_connection() as connection:
             found = fetch_rows(connection, info, keys)
         if node.parent is not None:
@@ -136,6 +139,7 @@ class CommittedRows:
         return len(found)
 
     def scan(self, node: "Transaction", info: TableInfo, where: Any) -> dict[Key, dict]:
+        node.manager.pool.before_blocking()        # a round trip: queued tasks need not wait for it
         fetched = scan_rows(self.catalog, info, where)
         with node._mutex:
             node._scans = [*node._scans, (info.name, where if isinstance(where, Mapping) else None, fetched)]

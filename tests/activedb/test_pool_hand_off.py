@@ -1,0 +1,177 @@
+"""The worker pool hands a spawned child to a thread of its own only when something blocks (txn README,
+"Spawned children: a thread only when something blocks"; ``activedb/txn/_pool.py``).
+
+A fork/join parent runs its children itself; a spawner blocked where the pool cannot see it (a barrier, an
+event) still has its children run by workers; a thread about to block gives the queue workers; an eager start
+wakes one at once; a deep chain stays far from the recursion limit.  No sleeps: events, barriers and
+observable-state waits with generous bounds, under a watchdog.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from activedb.txn import _pool
+from lockmgr.testing import Watchdog, wait_until
+
+BOUND = 60.0       # seconds: a generous bound for a loaded machine (the hand-off takes about a millisecond)
+
+
+@pytest.fixture
+def patient_pool(db):
+    """The module's pool with a waker that does not act within a test: a child the parent runs itself may
+    then take as long as a loaded machine makes it (else, after a millisecond without the pool seeing
+    progress, the waker would hand its queued siblings to workers — correct, but not what is tested)."""
+    pool = db.transactions.pool
+    before, pool.hand_off_after = pool.hand_off_after, 3600.0
+    yield pool
+    pool.hand_off_after = before
+
+
+def test_a_fork_join_parent_runs_its_children_itself(db, patient_pool):
+    """Spawned children that the parent waits for right away run on the parent's thread, one after
+    another: no worker is woken or started for them."""
+    pool = patient_pool
+    threads_before = pool.statistics()["threads"]
+    ran_on: list[int] = []
+
+    def child(tx, number):
+        ran_on.append(threading.get_ident())
+        tx.write("items", f"fork-{number}", value=number)
+        return number
+
+    with Watchdog(BOUND, db.transactions.locks):
+        with db.transaction() as tx:
+            handles = [tx.spawn(child, number) for number in range(10)]
+            assert [handle.result() for handle in handles] == list(range(10))
+    assert ran_on == [threading.get_ident()] * 10
+    assert pool.statistics()["threads"] == threads_before
+
+
+def test_a_deferred_group_on_threads_runs_on_the_committing_thread(db, patient_pool):
+    """A priority group of deferred firings on threads (one spawned child each): the commit's wait for the
+    group runs them all in its own thread, and every firing executes."""
+    database = db
+    assert database.rules.execution == "threads"
+    ran_on: list[int] = []
+
+    @database.rule(on=database.stream("hand_off_deferred"), coupling="deferred", name="hand_off_deferred")
+    def record(tx, event):
+        ran_on.append(threading.get_ident())
+        tx.write("items", f"deferred-{event.key}", value=event.key)
+
+    with Watchdog(BOUND, database.transactions.locks):
+        with database.transaction() as tx:
+            for number in range(20):
+                tx.emit("hand_off_deferred", key=number)
+    assert ran_on == [threading.get_ident()] * 20
+    assert database.rules.statistics().per_rule["hand_off_deferred"].executed == 20
+
+
+def test_siblings_that_wait_for_each_other_get_threads(db):
+    """Three siblings meet at a barrier: the parent runs the first itself, which blocks in the barrier
+    where the pool cannot see it; the pool, idle, gives the other two workers and all three pass."""
+    barrier = threading.Barrier(3)
+    passed: list[int] = []
+
+    def sibling(tx, number):
+        barrier.wait(timeout=BOUND)
+        passed.append(number)
+
+    with Watchdog(BOUND * 2, db.transactions.locks):
+        with db.transaction() as tx:
+            handles = [tx.spawn(sibling, number) for number in range(3)]
+            for handle in handles:
+                handle.result()
+    assert sorted(passed) == [0, 1, 2]
+
+
+def test_a_spawner_blocked_elsewhere_still_has_its_child_run(db):
+    """The parent spawns and then waits on an event the child sets (not on the handle): the child still
+    runs, on a worker."""
+    started = threading.Event()
+    ran_on: list[int] = []
+
+    def child(tx):
+        ran_on.append(threading.get_ident())
+        started.set()
+
+    with Watchdog(BOUND * 2, db.transactions.locks):
+        with db.transaction() as tx:
+            handle = tx.spawn(child)
+            assert started.wait(BOUND), "the child never ran while its parent was blocked"
+            handle.result()
+    assert ran_on and ran_on[0] != threading.get_ident()
+
+
+def test_an_eager_spawn_wakes_a_worker_at_once(db):
+    """``spawn(..., eager=True)``: a worker runs the child while the parent has not waited at all."""
+    started = threading.Event()
+
+    def child(tx):
+        started.set()
+        return threading.get_ident()
+
+    with Watchdog(BOUND * 2, db.transactions.locks):
+        with db.transaction() as tx:
+            handle = tx.spawn(child, eager=True)
+            assert started.wait(BOUND)
+            assert handle.result() != threading.get_ident()
+
+
+def test_a_thread_about_to_block_gives_the_queue_workers():
+    """``before_blocking``: every task queued so far gets a worker, though nobody waits for it."""
+    pool = _pool.WorkerPool(4, name="test-hand-off", hand_off_after=3600.0)   # no waker within the test
+    try:
+        done = [threading.Event() for _ in range(3)]
+        tasks = [pool.start(_pool.Task(event.set)) for event in done]
+        assert all(task.state is _pool.TaskState.QUEUED for task in tasks)
+        pool.before_blocking()
+        for event in done:
+            assert event.wait(BOUND), f"a queued task did not run: {pool.statistics()}"
+        assert pool.statistics()["queued"] == 0
+    finally:
+        pool.shutdown()
+
+
+def test_the_waker_gives_workers_when_the_pool_is_idle():
+    """Nobody waits for the tasks and nobody blocks where the pool sees it: after the pool has been idle
+    for ``hand_off_after``, the waker gives them workers."""
+    pool = _pool.WorkerPool(2, name="test-waker", hand_off_after=0.001)
+    try:
+        done = [threading.Event() for _ in range(5)]
+        for event in done:
+            pool.start(_pool.Task(event.set))
+        for event in done:
+            assert event.wait(BOUND), f"a queued task did not run: {pool.statistics()}"
+        wait_until(lambda: pool.statistics()["queued"] == 0, BOUND, "the queue to empty",
+                   describe=pool.statistics)
+    finally:
+        pool.shutdown()
+
+
+def test_a_deep_chain_of_spawned_children_stays_off_the_recursion_limit(db):
+    """Each child spawns one and waits for it, 150 deep: a waiting thread runs at most ``MAX_HELP_DEPTH``
+    nested tasks, then lets a worker's fresh stack go on."""
+    depth = 150
+    seen: list[tuple[int, int]] = []
+
+    def level(tx, remaining):
+        seen.append((remaining, threading.get_ident()))
+        if remaining:
+            return 1 + tx.spawn(level, remaining - 1).result()
+        return 0
+
+    with Watchdog(BOUND * 2, db.transactions.locks):
+        with db.transaction() as tx:
+            assert tx.spawn(level, depth).result() == depth
+    assert len(seen) == depth + 1
+    assert len({thread for _, thread in seen}) >= depth // _pool.MAX_HELP_DEPTH
+
+
+@pytest.mark.parametrize("value", [0, -1.0])
+def test_the_hand_off_delay_must_be_positive(value):
+    with pytest.raises(ValueError, match="hand_off_after"):
+        _pool.WorkerPool(2, hand_off_after=value)
