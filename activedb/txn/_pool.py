@@ -16,18 +16,20 @@ runs on the first of:
   :meth:`WorkerPool.before_blocking` (a database round trip, a wait of the wait-for graph that is not for
   its own children): every queued task gets a worker first, so the waits overlap as before;
 * the pool idle for ``HAND_OFF_AFTER`` seconds with tasks queued: the pool's waker thread, ticking every
-  ``HAND_OFF_AFTER`` while something is queued, gives each queued task a worker when no task was started or
-  claimed since its previous tick — the bound for a spawner blocked where nobody told the pool (a
-  ``threading`` barrier, a sleep, the lock manager's own wait): such a task starts at most about two
-  ``HAND_OFF_AFTER`` later than with an eager start, so a blocked node never starves the others.  (A thread
-  that keeps spawning or running tasks is not blocked: its queue waits for it.)
+  ``HAND_OFF_AFTER`` while something is queued, gives queued tasks workers when no task was started or
+  claimed since its previous tick — one task after the first such tick, twice as many after each further
+  one — the bound for a spawner blocked where nobody told the pool (a ``threading`` barrier, a sleep, the
+  lock manager's own wait): the first such task starts at most about two ``HAND_OFF_AFTER`` later than with
+  an eager start, ``n`` of them within about ``log2(n) + 2`` ticks, so a blocked node never starves the
+  others.  (A thread that keeps spawning or running tasks is not blocked: its queue waits for it.)
 
 ``start(task, eager=True)`` wakes (or starts) a worker at once, as every start did before: for a spawner that
 goes on to wait by other means (a scheduler's dispatcher waiting on a condition its tasks signal).
 
 Thread-safety: ``_mutex`` protects ``_queue``, ``_sleepers``, ``_threads``, ``_waking`` and the waker's
 state; a task is claimed by the one thread whose non-blocking acquire of its ``_claimed`` lock succeeds (no
-mutex is held around it).
+mutex is held around it).  ``activity`` is raised without the mutex by a claim: a hint for the waker, whose
+worst misreading is one idle tick more or less.
 """
 
 from __future__ import annotations
@@ -37,12 +39,20 @@ import threading
 from collections import deque
 from typing import Any, Callable
 
-#: Seconds a lazily started task may stay queued before the waker gives it a worker (see the module docstring).
+#: Seconds the pool may sit idle (no task started or claimed) with tasks queued before its waker gives them
+#: workers (see the module docstring).
 HAND_OFF_AFTER = 0.001
 #: How deep a thread nests tasks it runs while waiting (each one's frames on its stack) before it lets a
-#: worker run the next one instead, when a worker can take it: a deep chain of spawned children (each
-#: waiting for its one child) stays far from Python's recursion limit.
-MAX_HELP_DEPTH = 32
+#: worker run the next one instead, when a worker can take it.  A deep chain of spawned children (each
+#: waiting for its one child) then stays far from Python's recursion limit, and off CPython 3.11's costly
+#: frame-stack edges: the interpreter keeps frames in 16 KiB chunks and frees a chunk as soon as a call
+#: returns below it, so a loop whose calls cross a chunk's edge maps and unmaps 16 KiB on every call — a
+#: chain of 70 helped 32 deep made 7,371 munmap calls in 21 runs, 8 deep 662, as a tree 4 deep (txn README).
+MAX_HELP_DEPTH = 8
+
+#: Seconds a thread that left a task to a worker (being ``MAX_HELP_DEPTH`` deep) waits for one to claim it
+#: before it runs the task itself after all (every worker may be waiting, for this very thread).
+UNCLAIMED_GRACE = 0.05
 
 _helping = threading.local()
 
@@ -98,10 +108,11 @@ class Task:
     def done(self) -> bool:
         return self._finished
 
-    def help(self) -> bool:
-        """Run the task in this thread if nobody has started it (True: it ran here, it is done)."""
+    def help(self, deep: bool = False) -> bool:
+        """Run the task in this thread if nobody has started it (True: it ran here, it is done).  A thread
+        already ``MAX_HELP_DEPTH`` tasks deep leaves it to a worker when one can take it, unless ``deep``."""
         depth = getattr(_helping, "depth", 0)
-        if depth >= MAX_HELP_DEPTH:
+        if depth >= MAX_HELP_DEPTH and not deep:
             pool = self._pool
             if pool is not None and pool.can_take_more():
                 return False        # deep enough: a worker's fresh stack runs it (``wait`` wakes one)
@@ -125,6 +136,17 @@ class Task:
         if pool is not None:
             pool.before_blocking()        # this thread blocks: what is queued gets threads of its own
         done = self._done
+        if not self._claimed.locked():
+            # Left to a worker (this thread is deep): should none take it for a while — they all wait,
+            # maybe for this thread — it runs here after all: progress never depends on a free worker.
+            first = UNCLAIMED_GRACE if timeout is None else min(timeout, UNCLAIMED_GRACE)
+            if done.acquire(timeout=first):
+                done.release()
+                return True
+            if self.help(deep=True):
+                return True
+            if timeout is not None:
+                timeout = max(0.0, timeout - first)
         if not done.acquire(timeout=-1 if timeout is None else timeout):
             return self._finished
         done.release()       # for the next waiter: it stays released once the task is done
@@ -213,13 +235,15 @@ class WorkerPool:
         """Whether a queued task would find a worker now (an idle one, or room for a new thread)."""
         return bool(self._sleepers) or len(self._threads) < self.max_workers
 
-    def _give(self) -> None:
-        """Wake or start a worker for each queued task that has none coming, as far as ``max_workers``
-        allows.  Caller holds ``_mutex``."""
+    def _give(self, most: int | None = None) -> None:
+        """Wake or start a worker for each queued task that has none coming (at most ``most`` of them), as far
+        as ``max_workers`` allows.  Caller holds ``_mutex``."""
         queue = self._queue
         while queue and queue[0]._claimed.locked():     # run by their waiters meanwhile: nothing to give
             queue.popleft()
         wanted = len(queue) - self._waking
+        if most is not None:
+            wanted = min(wanted, most)
         while wanted > 0:
             if self._sleepers:
                 self._sleepers.pop().release()      # the last one parked: the warmest
@@ -235,10 +259,13 @@ class WorkerPool:
 
     def _wake_late(self) -> None:
         """The waker: while tasks are queued, every ``hand_off_after`` seconds, if the pool saw no activity
-        since the previous tick (no start, no claim: whoever queued them is blocked or busy elsewhere), give
-        each queued task a worker; parked while nothing is queued."""
+        since the previous tick (no start, no claim: whoever queued them is blocked, or runs one task for
+        long), give queued tasks workers — one after the first idle tick, then twice as many after each
+        further one (a pause of the thread that would run them, a collection, a long task, costs a hand-off
+        or two, not one per queued task; siblings that all block, at a barrier, get their threads within a
+        few ticks); parked while nothing is queued."""
         mutex, park, tick = self._mutex, self._waker_lock, self._tick
-        seen = -1
+        seen, idle = -1, 0
         while True:
             with mutex:
                 if self._shutdown:
@@ -250,12 +277,15 @@ class WorkerPool:
                 self._waker_parked = parked
                 if not parked:
                     if self.activity == seen:
-                        self._give()
+                        self._give(1 << idle)
+                        idle = min(idle + 1, 16)
+                    else:
+                        idle = 0
                     seen = self.activity
                     self._waker_asleep = True
             if parked:
                 park.acquire()
-                seen = -1
+                seen, idle = -1, 0
                 continue
             tick.acquire(timeout=self._hand_off_after)
             self._waker_asleep = False
@@ -290,6 +320,8 @@ class WorkerPool:
             if self._waker_parked:
                 self._waker_parked = False
                 self._waker_lock.release()
+            if self._waker_asleep and self._tick.locked():
+                self._tick.release()
             threads = list(self._threads)
         if wait:
             current = threading.current_thread()

@@ -154,7 +154,7 @@ def test_the_waker_gives_workers_when_the_pool_is_idle():
 
 def test_a_deep_chain_of_spawned_children_stays_off_the_recursion_limit(db):
     """Each child spawns one and waits for it, 150 deep: a waiting thread runs at most ``MAX_HELP_DEPTH``
-    nested tasks, then lets a worker's fresh stack go on."""
+    nested tasks, then lets a worker's fresh stack go on (the pool has workers enough: 32)."""
     depth = 150
     seen: list[tuple[int, int]] = []
 
@@ -167,11 +167,35 @@ def test_a_deep_chain_of_spawned_children_stays_off_the_recursion_limit(db):
     with Watchdog(BOUND * 2, db.transactions.locks):
         with db.transaction() as tx:
             assert tx.spawn(level, depth).result() == depth
-    assert len(seen) == depth + 1
-    assert len({thread for _, thread in seen}) >= depth // _pool.MAX_HELP_DEPTH
+    assert [remaining for remaining, _ in seen] == list(range(depth, -1, -1))
+    # No thread ran more consecutive levels than it may nest (a worker's first one is not nested).
+    longest = run = 1
+    for (_, before), (_, thread) in zip(seen, seen[1:]):
+        run = run + 1 if thread == before else 1
+        longest = max(longest, run)
+    assert longest <= _pool.MAX_HELP_DEPTH + 1, f"{longest} levels in a row on one thread"
 
 
 @pytest.mark.parametrize("value", [0, -1.0])
 def test_the_hand_off_delay_must_be_positive(value):
     with pytest.raises(ValueError, match="hand_off_after"):
         _pool.WorkerPool(2, hand_off_after=value)
+
+
+def test_a_deep_waiter_runs_the_task_itself_when_no_worker_takes_it(monkeypatch):
+    """A thread ``MAX_HELP_DEPTH`` deep leaves a task to a worker; when none claims it (here the only one
+    is busy, though the pool said one could take it), the waiter runs it itself after a short grace."""
+    pool = _pool.WorkerPool(1, name="test-deep-waiter", hand_off_after=3600.0)
+    release = threading.Event()
+    try:
+        busy = pool.start(_pool.Task(release.wait, BOUND), eager=True)
+        wait_until(lambda: busy.state is _pool.TaskState.RUNNING, BOUND, "the only worker to be busy",
+                   describe=pool.statistics)
+        monkeypatch.setattr(pool, "can_take_more", lambda: True)   # the race: the worker was taken meanwhile
+        task = pool.start(_pool.Task(threading.get_ident))
+        monkeypatch.setattr(_pool._helping, "depth", _pool.MAX_HELP_DEPTH, raising=False)
+        assert task.wait(BOUND)
+        assert task.result == threading.get_ident()
+    finally:
+        release.set()
+        pool.shutdown()
