@@ -118,9 +118,8 @@ class Task:
                 return False        # deep enough: a worker's fresh stack runs it (``wait`` wakes one)
         if not self.claim():
             return False
-        pool = self._pool
-        if pool is not None:
-            pool.activity += 1
+        if self._pool is not None:
+            self._pool.activity += 1
         _helping.depth = depth + 1
         try:
             self.run()
@@ -235,12 +234,18 @@ class WorkerPool:
         """Whether a queued task would find a worker now (an idle one, or room for a new thread)."""
         return bool(self._sleepers) or len(self._threads) < self.max_workers
 
+    def _drop_claimed(self) -> deque[Task]:
+        """The queue without the tasks at its head that waiters ran meanwhile (nothing to give them).  Caller
+        holds ``_mutex``."""
+        queue = self._queue
+        while queue and queue[0]._claimed.locked():
+            queue.popleft()
+        return queue
+
     def _give(self, most: int | None = None) -> None:
         """Wake or start a worker for each queued task that has none coming (at most ``most`` of them), as far
         as ``max_workers`` allows.  Caller holds ``_mutex``."""
-        queue = self._queue
-        while queue and queue[0]._claimed.locked():     # run by their waiters meanwhile: nothing to give
-            queue.popleft()
+        queue = self._drop_claimed()
         wanted = len(queue) - self._waking
         if most is not None:
             wanted = min(wanted, most)
@@ -270,10 +275,7 @@ class WorkerPool:
             with mutex:
                 if self._shutdown:
                     return
-                queue = self._queue
-                while queue and queue[0]._claimed.locked():
-                    queue.popleft()
-                parked = not queue
+                parked = not self._drop_claimed()
                 self._waker_parked = parked
                 if not parked:
                     if self.activity == seen:
