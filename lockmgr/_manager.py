@@ -130,7 +130,10 @@ class LockManager:
 
     ``stripes`` is the number of lock-table partitions (rounded up to a power of two).  With
     ``snapshot_on_deadlock=True`` every ``Deadlock`` carries a :class:`LockTableSnapshot` taken when the cycle
-    was found (for tests and post-mortems; costs a full snapshot per deadlock).
+    was found (for tests and post-mortems; costs a full snapshot per deadlock).  ``before_wait(tid)``, if given,
+    is called on the requesting thread with no mutex held before every request the uncontended path could not
+    grant (it may wait): where an embedder registers waits it kept out of the graph until its thread could
+    block (README §8).
 
     Thread-safety: all methods are thread-safe.  See lockmgr/README.md for the mutex order.
     """
@@ -143,6 +146,7 @@ class LockManager:
         snapshot_on_deadlock: bool = False,
         remember_ended: int = 4096,
         commit_edges: str = "structural",
+        before_wait: "Callable[[Hashable], None] | None" = None,
     ) -> None:
         if not callable(victim_policy) and victim_policy not in VICTIM_POLICIES:
             raise ValueError(
@@ -181,6 +185,10 @@ class LockManager:
         # Victims of cycles that are registered waits: (callback, error), run by the notifier thread so that
         # no callback runs with a mutex held.  The thread is started on the first add_wait with on_victim.
         self._notifier = VictimNotifier()
+        # Immutable.  Called as ``before_wait(tid)`` on the requesting thread, with no mutex held, before a
+        # request the uncontended path could not grant (it may wait): the embedder's last chance to register
+        # waits of its own that a cycle through this request needs (README §8, "Registered waits").
+        self._before_wait = before_wait
 
     # ------------------------------------------------------------------ transactions
 
@@ -691,6 +699,8 @@ class LockManager:
         _check_mode(mode)
         if timeout is not None and timeout < 0:
             raise ValueError("timeout must be None or >= 0")
+        if self._before_wait is not None:
+            self._before_wait(tid)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._graph_mutex:
             txn, stripe = self._requester(tid, "acquire", resource, mode)

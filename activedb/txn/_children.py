@@ -63,7 +63,15 @@ class SubtransactionHandle:
         if task.done():
             return True
         child = self.transaction
-        with child.manager.waiting(child.parent, WaitKind.CHILDREN, child.id, helps=True):
+        manager = child.manager
+        observers = manager.observers
+        if not observers.on_wait_start and not observers.on_wait_end and task.claim_to_help():
+            # Nobody has started it: this thread runs it, and the wait's edge is registered only if the
+            # thread blocks meanwhile (README, "A helped child's wait edge, registered when needed").
+            with manager.helping(child.parent, child):
+                task.run_claimed()
+            return True
+        with manager.waiting(child.parent, WaitKind.CHILDREN, child.id, helps=True):
             return task.wait(timeout)
 
     @staticmethod

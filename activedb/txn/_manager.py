@@ -10,15 +10,17 @@ Thread-safety: every method may be called from any thread.  ``_ids`` is an ``ite
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import os
 import threading
+import types
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import lockmgr
 
 from activedb.errors import TransactionAborted
-from activedb.txn import _ids
+from activedb.txn import _help_edges, _ids
 from activedb.txn._children import Subtransactions, before_waiting_for_children
 from activedb.txn._history import HistoryRecorder
 from activedb.txn._hotkeys import HotKeys
@@ -44,8 +46,10 @@ class TransactionManager:
                  snapshot_on_deadlock: bool = False):
         self.catalog = catalog
         # Declared commit edges: a parent waits for its children only while it says so (see _locking.py).
+        # ``before_wait``: a lock request that may wait first registers the wait edges of the children this
+        # thread helps (``_help_edges``).
         self.locks = lockmgr.LockManager(victim_policy=victim_policy, commit_edges="declared",
-                                         snapshot_on_deadlock=snapshot_on_deadlock)
+                                         snapshot_on_deadlock=snapshot_on_deadlock, before_wait=self._before_lock_wait)
         self.locking = Locking(self.locks, lock_timeout)
         #: How inline subtransactions are represented (see ``Subtransactions``; README, "Lazy inline
         #: subtransactions" and "Frames"): ``ACTIVEDB_SUBTRANSACTIONS=frames`` (the default), ``lazy`` (no
@@ -69,6 +73,11 @@ class TransactionManager:
         self._live_mutex = threading.Lock()  # protects _live (a leaf: nothing else is taken while holding it)
         # Invariant: _live holds exactly the top-level transactions whose ``transaction()`` block is running.
         self._live: dict[str, Transaction] = {}
+
+    def _before_lock_wait(self, tid: Any) -> None:
+        """The lock manager's ``before_wait``: this thread's request may wait (README, "A helped child's wait
+        edge, registered when needed")."""
+        _help_edges.flush()
 
     @property
     def lazy_subtransactions(self) -> bool:
@@ -121,6 +130,7 @@ class TransactionManager:
                 # waiting for a row ``outer``'s tree keeps is a deadlock reported at once.
                 before_waiting_for_children(outer)
                 try:
+                    _help_edges.flush()     # (edges of children this thread helps: before its own)
                     nesting = self.locks.add_wait(outer.id, [transaction.id], kind="nested")
                 except lockmgr.TransactionNotActive as error:
                     # ``outer``'s ancestor aborted (``doom`` came first): activedb's error, not the lock
@@ -156,7 +166,10 @@ class TransactionManager:
     def lock_snapshot(self) -> lockmgr.LockTableSnapshot:
         """The lock table as the transaction trees see it: the lock manager's snapshot with every lazy
         inline subtransaction shown as the transaction it stands for (what its parent holds is its own,
-        see README, "Lazy inline subtransactions") — the same picture whichever representation runs."""
+        see README, "Lazy inline subtransactions") — the same picture whichever representation runs; and with
+        the wait of a thread that runs a child it helps as an edge, registered in the lock manager or not yet
+        (README, "A helped child's wait edge, registered when needed")."""
+        helped = _help_edges.unregistered(self)      # (read first: an edge registered since is in the snapshot)
         snapshot = self.locks.snapshot()
         with self._live_mutex:
             pending = list(self._live.values())
@@ -167,7 +180,16 @@ class TransactionManager:
             pending.extend(children)
             if node._lazy and node.state in _LIVE:
                 lazy.append(node)
-        return self.locking.logical_snapshot(snapshot, lazy)
+        snapshot = self.locking.logical_snapshot(snapshot, lazy)
+        live = snapshot.transactions
+        helped = [(waiter, target, kind) for waiter, target, kind in helped if waiter in live and target in live]
+        if not helped:
+            return snapshot
+        waits = {waiter: dict(edges) for waiter, edges in snapshot.waits.items()}
+        for waiter, target, kind in helped:
+            waits.setdefault(waiter, {}).setdefault(target, (kind, None))
+        return dataclasses.replace(snapshot, waits=types.MappingProxyType(
+            {waiter: types.MappingProxyType(edges) for waiter, edges in waits.items()}))
 
     # --- what threads run and wait for ------------------------------------------------------------
 
@@ -212,6 +234,38 @@ class TransactionManager:
         """
         return _Waiting(self, node, kind, target, on_victim, preferred_victim, targets, helps)
 
+    def helping(self, node: Transaction, child: Transaction) -> "_Helping":
+        """``with manager.helping(node, child):`` — the calling thread runs ``node``'s spawned ``child`` (claimed
+        from the pool) while the transaction it runs waits for it: what :meth:`waiting` does for that wait,
+        but its edge is registered only if this thread is about to block meanwhile (``_help_edges``; README,
+        "A helped child's wait edge, registered when needed").  Only where no observer hears waits begin and
+        end (they would miss this one)."""
+        return _Helping(self, node, child)
+
+
+class _Helping:
+    """The context of one help (see :meth:`TransactionManager.helping`)."""
+
+    __slots__ = ("manager", "node", "child", "pushed")
+
+    def __init__(self, manager, node, child):
+        self.manager, self.node, self.child, self.pushed = manager, node, child, False
+
+    def __enter__(self) -> None:
+        waiter = self.manager.current()
+        if waiter is None:
+            return
+        before_waiting_for_children(waiter)   # (materialized, holds retained: as for a registered wait)
+        if waiter.state in _LIVE:    # an aborting node waits for its children unregistered
+            # A parent waiting for its own child: the declared commit edge (as ``_Waiting`` names it).
+            kind = "commit" if waiter is self.node else WaitKind.CHILDREN
+            _help_edges.push(_help_edges.HelpEdge(waiter, self.child.id, kind))
+            self.pushed = True
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.pushed:
+            _help_edges.pop()
+
 
 class _Waiting:
     """The context of one wait (see :meth:`TransactionManager.waiting`)."""
@@ -235,6 +289,7 @@ class _Waiting:
                 if kind is WaitKind.CHILDREN and waiter is node:
                     kind = "commit"      # a parent waiting for its own children: the declared commit edge
                 try:
+                    _help_edges.flush()    # (edges of children this thread helps: before its own)
                     self.registered = manager.locks.add_wait(waiter.id, targets, kind=kind, on_victim=self.on_victim,
                                                              preferred_victim=self.preferred_victim)
                 except lockmgr.TransactionNotActive:

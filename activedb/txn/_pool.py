@@ -111,8 +111,16 @@ class Task:
     def help(self, deep: bool = False) -> bool:
         """Run the task in this thread if nobody has started it (True: it ran here, it is done).  A thread
         already ``MAX_HELP_DEPTH`` tasks deep leaves it to a worker when one can take it, unless ``deep``."""
-        depth = getattr(_helping, "depth", 0)
-        if depth >= MAX_HELP_DEPTH and not deep:
+        if not self.claim_to_help(deep):
+            return False
+        self.run_claimed()
+        return True
+
+    def claim_to_help(self, deep: bool = False) -> bool:
+        """Claim the task for this thread to run (``run_claimed``) if nobody has started it — :meth:`help` in two
+        steps, for a caller with something to do between them.  False as ``help`` would refuse: someone has it,
+        or this thread is ``MAX_HELP_DEPTH`` tasks deep and a worker can take it (unless ``deep``)."""
+        if not deep and getattr(_helping, "depth", 0) >= MAX_HELP_DEPTH:
             pool = self._pool
             if pool is not None and pool.can_take_more():
                 return False        # deep enough: a worker's fresh stack runs it (``wait`` wakes one)
@@ -120,12 +128,16 @@ class Task:
             return False
         if self._pool is not None:
             self._pool.activity += 1
+        return True
+
+    def run_claimed(self) -> None:
+        """Run the task this thread claimed (``claim_to_help``), one level deeper in its helping."""
+        depth = getattr(_helping, "depth", 0)
         _helping.depth = depth + 1
         try:
             self.run()
         finally:
             _helping.depth = depth
-        return True
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until done, running the task in this thread if it has not started."""

@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from lockmgr import Deadlock, Mode
+from lockmgr import Deadlock, LockManager, Mode
 from lockmgr.testing import wait_until
 from tests.lockmgr._trees import manager
 
@@ -137,3 +137,26 @@ def test_declared_commit_edges_count_while_the_parent_waits_or_for_an_inline_chi
     lm.commit("S")
     waiter.join(5)
     assert errors == []
+
+
+def test_before_wait_is_called_on_the_requesting_thread_before_a_request_that_may_wait_and_only_then():
+    """``LockManager(before_wait=...)``: not for a grant the uncontended path makes; before a request that
+    waits, on the requester's thread, where a wait it registers is part of the graph that request's edge
+    closes a cycle in (the embedder's late registration, README §8)."""
+    called: list[tuple[object, int]] = []
+
+    def before_wait(tid):
+        called.append((tid, threading.get_ident()))
+        if tid == "A":
+            lm.add_wait("B", ["A"], kind="commit")      # registered late: B waits for A
+
+    lm = LockManager(before_wait=before_wait)
+    for tid in ("A", "B"):
+        lm.begin(tid)
+    lm.acquire("A", "free", Mode.WRITE)                 # uncontended: not called
+    lm.acquire("B", "x", Mode.WRITE)
+    assert called == []
+    with pytest.raises(Deadlock) as raised:             # A -> B (held) closes A -> B -> A with B's late wait
+        lm.acquire("A", "x", Mode.WRITE)
+    assert called == [("A", threading.get_ident())]
+    assert raised.value.victim == "A" and {edge.kind for edge in raised.value.cycle} == {"held", "commit"}
