@@ -266,6 +266,17 @@ def expected_json_text(db, docs: dict[int, object]) -> dict[int, str]:
                 for number, doc in docs.items()}
 
 
+def write_rows(db, held: bool, rows) -> None:
+    """Write each ``(id, values)`` of ``rows`` into ``typed_samples`` in one transaction; ``held``: after a read
+    for update of row 0, so that the flush runs in that row-lock connection's transaction and its last statement
+    is bound on the client (folded with its COMMIT)."""
+    with db.transaction() as tx:
+        if held:
+            tx.read("typed_samples", 0, for_update=True)
+        for number, values in rows:
+            tx.write("typed_samples", number, **values)
+
+
 @pytest.mark.parametrize("held", [False, True], ids=["server-bound", "client-bound"])
 def test_json_arrays_store_exactly_what_one_row_at_a_time_stores(samples, held):
     """A group's JSON column travels as one array (in the driver's binary format when bound on the server):
@@ -276,22 +287,13 @@ def test_json_arrays_store_exactly_what_one_row_at_a_time_stores(samples, held):
     with db.transaction() as tx:
         tx.insert("typed_samples", id=0, label="lock me")
     with Statements(db) as statements:
-        with db.transaction() as tx:
-            if held:
-                tx.read("typed_samples", 0, for_update=True)
-            for number, doc in docs.items():
-                tx.write("typed_samples", number, doc=doc)
-            for number in range(100, 103):
-                tx.write("typed_samples", number, label="no doc")
+        write_rows(db, held, [*((number, {"doc": doc}) for number, doc in docs.items()),
+                              *((number, {"label": "no doc"}) for number in range(100, 103))])
     assert stored_json_text(db) == {0: None, **expected_json_text(db, docs), 100: None, 101: None, 102: None}
     assert stored_json_text(db)[7] == "null"      # AWKWARD_DOCS[6], JSON null
     if not held:
         assert any("%b::JSONB[]" in statement for statement in statements.sent), statements.sent
-    with db.transaction() as tx:                      # and written again over the existing rows
-        if held:
-            tx.read("typed_samples", 0, for_update=True)
-        for number, doc in docs.items():
-            tx.write("typed_samples", number, doc=[doc, "again"])
+    write_rows(db, held, ((number, {"doc": [doc, "again"]}) for number, doc in docs.items()))   # written again
     assert stored_json_text(db) == {0: None, 100: None, 101: None, 102: None, **expected_json_text(
         db, {number: [doc, "again"] for number, doc in docs.items()})}
 
@@ -316,22 +318,15 @@ def test_integer_and_text_arrays_store_exactly_what_one_row_at_a_time_stores(sam
     with db.transaction() as tx:
         tx.insert("typed_samples", id=0, label="lock me")
     with Statements(db) as statements:
-        with db.transaction() as tx:
-            if held:
-                tx.read("typed_samples", 0, for_update=True)
-            for number, values in rows.items():
-                tx.write("typed_samples", number, **values)
+        write_rows(db, held, rows.items())
     found = stored(db)
     assert {number: {name: found[number][name] for name in ("label", "small", "big")} for number in rows} == rows
     if not held:        # (a statement bound on the client goes to the driver's own cursor: not seen here)
         assert any(all(cast in statement for cast in ("%b::SMALLINT[]", "%b::BIGINT[]", "%b::TEXT[]"))
                    for statement in statements.sent), statements.sent
-    with db.transaction() as tx:                      # and written again over the existing rows
-        if held:
-            tx.read("typed_samples", 0, for_update=True)
-        for number, values in rows.items():
-            tx.write("typed_samples", number, label=None if values["label"] else "was empty or NULL",
-                     small=-values["small"] - 1 if values["small"] < 0 else values["small"])
+    write_rows(db, held, ((number, {"label": None if values["label"] else "was empty or NULL",    # written again
+                                    "small": -values["small"] - 1 if values["small"] < 0 else values["small"]})
+                          for number, values in rows.items()))
     found = stored(db)
     assert {number: (found[number]["label"], found[number]["small"]) for number in rows} == {
         number: (None if values["label"] else "was empty or NULL",
