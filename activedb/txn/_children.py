@@ -68,7 +68,7 @@ class SubtransactionHandle:
         if not observers.on_wait_start and not observers.on_wait_end and task.claim_to_help():
             # Nobody has started it: this thread runs it, and the wait's edge is registered only if the
             # thread blocks meanwhile (README, "A helped child's wait edge, registered when needed").
-            with manager.helping(child.parent, child):
+            with manager.waiting(child.parent, WaitKind.CHILDREN, child.id, helps=True, late=True):
                 task.run_claimed()
             return True
         with manager.waiting(child.parent, WaitKind.CHILDREN, child.id, helps=True):

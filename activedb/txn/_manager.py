@@ -220,7 +220,8 @@ class TransactionManager:
 
     def waiting(self, node: Transaction, kind: WaitKind, target: str | None,
                 on_victim: Callable[[BaseException], None] | None = None,
-                preferred_victim: bool = False, targets: list[str] | None = None, helps: bool = False) -> "_Waiting":
+                preferred_victim: bool = False, targets: list[str] | None = None, helps: bool = False,
+                late: bool = False) -> "_Waiting":
         """``with manager.waiting(node, kind, target):`` — the calling thread waits on behalf of ``node``
         (kind ``children``: for ``target`` or all of ``node``'s children; ``dependency``: in the coupling
         gate for the transaction ``target``).
@@ -230,53 +231,26 @@ class TransactionManager:
         ``lockmgr.LockManager.add_wait``).  ``targets``: several of ``node``'s children at once (``target`` None).
         The calling thread is about to block, so the worker pool gives its queued tasks workers first
         (``WorkerPool.before_blocking``) — unless ``helps``: it waits for tasks of the pool, running them itself
-        while nobody has started them (``Task.wait``, which tells the pool when it does block).
+        while nobody has started them (``Task.wait``, which tells the pool when it does block).  ``late``: the
+        calling thread runs ``target`` itself (claimed from the pool), so the edge is kept on the thread and
+        registered only if the thread is about to block meanwhile (``_help_edges``; README, "A helped child's
+        wait edge, registered when needed") — only where no observer hears waits begin and end.
         """
-        return _Waiting(self, node, kind, target, on_victim, preferred_victim, targets, helps)
-
-    def helping(self, node: Transaction, child: Transaction) -> "_Helping":
-        """``with manager.helping(node, child):`` — the calling thread runs ``node``'s spawned ``child`` (claimed
-        from the pool) while the transaction it runs waits for it: what :meth:`waiting` does for that wait,
-        but its edge is registered only if this thread is about to block meanwhile (``_help_edges``; README,
-        "A helped child's wait edge, registered when needed").  Only where no observer hears waits begin and
-        end (they would miss this one)."""
-        return _Helping(self, node, child)
-
-
-class _Helping:
-    """The context of one help (see :meth:`TransactionManager.helping`)."""
-
-    __slots__ = ("manager", "node", "child", "pushed")
-
-    def __init__(self, manager, node, child):
-        self.manager, self.node, self.child, self.pushed = manager, node, child, False
-
-    def __enter__(self) -> None:
-        waiter = self.manager.current()
-        if waiter is None:
-            return
-        before_waiting_for_children(waiter)   # (materialized, holds retained: as for a registered wait)
-        if waiter.state in _LIVE:    # an aborting node waits for its children unregistered
-            # A parent waiting for its own child: the declared commit edge (as ``_Waiting`` names it).
-            kind = "commit" if waiter is self.node else WaitKind.CHILDREN
-            _help_edges.push(_help_edges.HelpEdge(waiter, self.child.id, kind))
-            self.pushed = True
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self.pushed:
-            _help_edges.pop()
+        return _Waiting(self, node, kind, target, on_victim, preferred_victim, targets, helps, late)
 
 
 class _Waiting:
     """The context of one wait (see :meth:`TransactionManager.waiting`)."""
 
     __slots__ = ("manager", "node", "kind", "target", "on_victim", "preferred_victim", "registered", "targets",
-                 "helps")
+                 "helps", "late", "kept")
 
-    def __init__(self, manager, node, kind, target, on_victim, preferred_victim, targets=None, helps=False):
+    def __init__(self, manager, node, kind, target, on_victim, preferred_victim, targets=None, helps=False,
+                 late=False):
         self.manager, self.node, self.kind, self.target = manager, node, kind, target
         self.on_victim, self.preferred_victim, self.registered = on_victim, preferred_victim, None
-        self.targets, self.helps = targets, helps
+        self.targets, self.helps, self.late = targets, helps, late
+        self.kept: _help_edges.HelpEdge | None = None      # the edge kept on the thread (``late``)
 
     def __enter__(self) -> None:
         manager, node, kind, target = self.manager, self.node, self.kind, self.target
@@ -289,9 +263,14 @@ class _Waiting:
                 if kind is WaitKind.CHILDREN and waiter is node:
                     kind = "commit"      # a parent waiting for its own children: the declared commit edge
                 try:
-                    _help_edges.flush()    # (edges of children this thread helps: before its own)
-                    self.registered = manager.locks.add_wait(waiter.id, targets, kind=kind, on_victim=self.on_victim,
-                                                             preferred_victim=self.preferred_victim)
+                    if self.late:
+                        self.kept = _help_edges.HelpEdge(waiter, target, kind)
+                        _help_edges.push(self.kept)
+                    else:
+                        _help_edges.flush()    # (edges of children this thread helps: before its own)
+                        self.registered = manager.locks.add_wait(
+                            waiter.id, targets, kind=kind, on_victim=self.on_victim,
+                            preferred_victim=self.preferred_victim)
                 except lockmgr.TransactionNotActive:
                     # An ancestor's abort reached the lock manager but not yet this thread (``doom`` comes
                     # first, so the node is doomed): it waits unregistered, as an aborting node does, and
@@ -308,6 +287,8 @@ class _Waiting:
         registered = self.registered
         if registered is not None:
             registered.release()
+        if self.kept is not None:
+            _help_edges.pop()
         observers = self.manager.observers
         if observers.on_wait_end:
             observers.call("on_wait_end", self.node, self.kind, self.target)
