@@ -1,17 +1,21 @@
 """The rule path: every event of a micro-batch in its own subtransaction, the rules on ``db.stream(type)``
-firing inside it — the default of ``ingest()`` and of ``IngestSink``.  Design note: the package's
-``README.md`` ("One micro-batch", step 4); ``_failures.py`` tells an event's failure from a batch's.
+firing inside it — the default of ``ingest()`` and of ``IngestSink`` — or, when each type's one rule is a
+declared rule (``activedb.batch.declared``) and firing them one by one is the same as running their
+declarations as one batch (``activedb.batch.lower``), the batch at commit.  Design note: the package's
+``README.md`` ("One micro-batch", step 4; "Declared rules on the sink"); ``_failures.py`` tells an event's
+failure from a batch's.
 
-Thread-safety: stateless after construction; one batch's events run one after the other in the
-calling thread.
+Thread-safety: one batch at a time (its cache of lowered rules, ``last_lowered``); one batch's events run
+one after the other in the calling thread.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from activedb import TxnState
+from activedb import TxnState, batch as declared_batches
 from activedb.txn import run_inline
 from activedb.errors import Failure, classify
 
@@ -45,16 +49,30 @@ class RulesHandler(BatchHandler):
     name = "rules"
     searches_poison = True
 
-    def __init__(self, db: Any, prefetch: Mapping[str, Any] | None = None, event_attempts: int = 3) -> None:
+    def __init__(self, db: Any, prefetch: Mapping[str, Any] | None = None, event_attempts: int = 3,
+                 lower_declared: bool = True) -> None:
         self.db = db
         self.prefetch = dict(prefetch or {})
         self.event_attempts = event_attempts
+        #: Run a batch whose rules are all declared rules as one batch of state transactions at commit
+        #: when that is the same as firing them (``activedb.batch.lower``); False: always event by event.
+        self.lower_declared = lower_declared
+        #: The last batch's ``PendingBatch`` if it was lowered, else None.
+        self.last_lowered: Any = None
+        self._lowered: dict = {}      # ``batch.lower``'s cache (this sink runs one batch at a time)
 
     def accepted_types(self) -> frozenset[str] | None:
         """The stream types the rules of ``db`` listen to now (None — anything — if none)."""
         return self.db.rules.stream_types() or None
 
     def handle(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger) -> None:
+        self.last_lowered = None
+        if self.lower_declared and batch.events:
+            lowered = declared_batches.lower(self.db.rules, tx, {event.event_type for event in batch.events},
+                                            self._lowered)
+            if lowered is not None:
+                self._handle_lowered(tx, batch, ledger, lowered)
+                return
         self._prefetch_rows(tx, batch.events)
         applied = 0
         failed: list[tuple[RawEvent, str]] = []
@@ -71,6 +89,39 @@ class RulesHandler(BatchHandler):
         batch.dead_letters.insert(tx, letters)
         ledger.events = applied
         ledger.dead_letters = len(letters)
+
+    def _handle_lowered(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger,
+                        lowered: declared_batches.Lowered) -> None:
+        """The batch as one batch of state transactions at commit (``apply_at_commit``, as the TPG path runs
+        it): its firings recorded now, executed and failed ones and the ledger's counts inside the commit."""
+        events = list(batch.events)
+        base = list(batch.letters)
+        rules = self.db.rules
+        per_type = Counter(event.event_type for event in events)
+        for event_type, count in per_type.items():
+            rules.fired_in_bulk(tx, lowered.rules[event_type], count)
+
+        def counts(result: Any, connection: Any) -> None:     # inside the commit, before the ledger's write
+            failed = Counter(events[event.position].event_type for event, _ in result.dead_letters)
+            for event_type, count in per_type.items():
+                rule = lowered.rules[event_type]
+                if count > failed[event_type]:
+                    rules.count(rule, "executed", count - failed[event_type])
+                if failed[event_type]:
+                    rules.count(rule, "failed", failed[event_type])
+            ledger.events = result.committed_count
+            ledger.dead_letters = len(base) + len(result.dead_letters)
+            if result.dead_letters and ledger.query_name is not None:   # as the event path: a refused one may come again
+                refused = {event.position for event, _ in result.dead_letters}
+                ledger.event_ids = [event.event_id for position, event in enumerate(events) if position not in refused]
+
+        def letters(result: Any) -> list[Any]:
+            return base + batch.dead_letters.for_events(
+                [(events[event.position], f"aborted: {reason}") for event, reason in result.dead_letters])
+
+        self.last_lowered = declared_batches.apply_at_commit(
+            tx, events, lowered.transactions, query_id=batch.query_id, batch_id=batch.batch_id,
+            on_result=counts, letters=letters)
 
     def apply_events(self, tx: Transaction, events: list[RawEvent]) -> None:
         self._prefetch_rows(tx, events)

@@ -26,7 +26,10 @@ For each ``S``, in the same run on the same Spark session and PostgreSQL:
    (read the worker's row of ``bench_counters`` and write it back with ``n + 1``): what the bridge and
    the engine cost without the application's rules, with the engine's default
    ``rule_execution="threads"``, with ``"inline"``, and (10k and 100k; 1k in quick mode) inline on the
-   scale-out path with two partitions (two Spark tasks, two engines);
+   scale-out path with two partitions (two Spark tasks, two engines); and the same counter as a **declared
+   rule** (``@batch.declared``: ``ops.write`` of the worker's row with ``n + 1``), which the sink lowers — a
+   batch whose every type fires one declared rule runs as one batch of state transactions at commit
+   (``batch.lower``; ``lowered`` in the row's extra: the run's last batch was);
 3b. **its two peers** — the same counters without activedb: the worker numbers ``COPY``'d into
    ``bench_counter_events``, whose ``BEFORE INSERT`` row trigger upserts ``bench_counters`` (Alembic
    revision ``b0006``), and psycopg ``executemany`` of ``INSERT … ON CONFLICT (key) DO UPDATE`` into
@@ -157,6 +160,7 @@ def _rule_run(spark, database, source: Path, checkpoint: Path, name: str, mappin
     all_rows = sum(entry.get("numInputRows", 0) for entry in progress)
     return {"rows": rows, "seconds": seconds, "batches": len(measured), "events": events,
             "dead_letters": dead_letters, "per_phase": per_phase,
+            "lowered": getattr(sink.handler, "last_lowered", None) is not None,
             "detached_drain_seconds": round(finished - stream_done, 2),
             "events_per_second_including_start_and_detached": round(all_rows / (finished - started), 1)}
 
@@ -270,6 +274,23 @@ def register_minimal(database) -> None:
         database.rule(on=database.stream(event_type), name=f"bench_count_{event_type}")(count_badge)
 
 
+def _one_more(own: dict | None) -> dict:
+    return {"n": 1 if own is None else own["n"] + 1}
+
+
+@activedb.batch.declared
+def count_badge_declared(event, ops) -> None:
+    """The minimal rule as a declared rule: the worker's row of bench_counters written with n + 1."""
+    ops.write("bench_counters", _worker_number(event), _one_more)
+
+
+def register_declared(database) -> None:
+    """The minimal rule per badge event as a declared rule: the sink lowers a batch of them (one batch of
+    state transactions at commit)."""
+    for event_type in ("enter", "exit", "sanitize", "mask"):
+        database.rule(on=database.stream(event_type), name=f"bench_count_declared_{event_type}")(count_badge_declared)
+
+
 def _cleanup(database, plain_ids: list[str]) -> None:
     ledger = database.table("activedb_ingestion_ledger")
     letters = database.table("activedb_dead_letters")
@@ -306,7 +327,7 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
     report = BenchReport("Spark ingestion end to end (activedb bench ingest)")
     plan = dict(QUICK_PLAN if quick else PLAN)
     scale_out_from = 1_000 if quick else 10_000
-    progress.start("bench ingest", total=sum(5 + 2 * (1 if quick else ROUNDS.get(size, 1))
+    progress.start("bench ingest", total=sum(6 + 2 * (1 if quick else ROUNDS.get(size, 1))
                                              + (1 if size >= scale_out_from else 0) for size in plan))
     progress.note("starting Spark and the databases ...")
     timeout = 600.0 if quick else 3600.0
@@ -321,6 +342,8 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
     register_minimal(minimal)
     minimal_inline = bench_connect(rule_execution="inline")
     register_minimal(minimal_inline)
+    minimal_declared = bench_connect(rule_execution="inline")
+    register_declared(minimal_declared)
     url = database.url.render_as_string(hide_password=False)
     from pyspark.sql import SparkSession
 
@@ -409,12 +432,13 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
                                value=counter_peers[peer_name], unit="events/s",
                                extra={"events_per_batch": size, "measured_batches": counted["batches"],
                                       "same_counters_as_the_trigger": counters == trigger_counters}))
-            variants = [("threads", minimal, {}), ("inline", minimal_inline, {})]
+            variants = [("threads", minimal, {}), ("inline", minimal_inline, {}),
+                        ("declared rule, lowered", minimal_declared, {})]
             if size >= scale_out_from:
                 variants.append(("inline, scale-out 2 partitions", minimal_inline,
                                  {"partition_by_key": 2, "app": register_minimal}))
             for label, engine, options in variants:
-                tag = label.split(",")[0] + ("-p2" if options else "")
+                tag = label.split(",")[0].replace(" ", "-") + ("-p2" if options else "")
                 _reset_counters(database)
                 with progress.step(f"{size:,} events/batch: one immediate rule ({label})"):
                     light = _rule_run(spark, engine, source, folder / f"minimal-{tag}-{size}",
@@ -430,6 +454,7 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
                                extra={"events_per_batch": size, "measured_batches": light["batches"],
                                       "rule_cost_x_plain": round(plain_rate / light_rate, 1),
                                       "same_counters_as_the_trigger": same_counters,
+                                      "lowered": light["lowered"],
                                       **_microseconds(light["per_phase"], light["rows"])}))
                 for peer_name, peer_value in counter_peers.items():
                     report.add(Row(name=f"{size:,} events/batch: one-rule counter upsert ({label}) vs the "
@@ -464,6 +489,7 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
             spark.stop()
         minimal.close()
         minimal_inline.close()
+        minimal_declared.close()
         database.close()
         shutil.rmtree(folder, ignore_errors=True)
     return report

@@ -108,6 +108,20 @@ class RuleManager(TransactionExtension):
         """The stream event types enabled rules listen to (``db.stream(type)``)."""
         return self.registry.stream_types()
 
+    def on_stream(self, event_type: str) -> tuple[Rule, ...]:
+        """The enabled rules a stream event of ``event_type`` (``db.stream(event_type)``) fires, in the
+        order the dispatch fires them."""
+        return self.registry.matching(Event(EventKind.STREAM, event_type))
+
+    def fired_in_bulk(self, transaction: Transaction, rule: Rule, count: int) -> None:
+        """Record ``count`` firings of ``rule`` dispatched in ``transaction``'s tree that its caller runs
+        in a lowered form instead of one subtransaction each (``activedb.batch``, "Declared rules"): they
+        count as fired in the tree's firing record (its transaction-log row) as dispatched ones do.  The
+        caller adds ``executed`` and ``failed`` (:meth:`count`) once it knows them."""
+        if count > 0:
+            root = transaction.root
+            self.record.dispatched(root, root.slot(RuleContext), (rule,) * count)
+
     def firings_in(self, transaction: Transaction) -> dict[str, int]:
         """Per rule, how many firings were dispatched in ``transaction``'s tree so far."""
         context = transaction.root.slot(RuleContext, create=False)

@@ -16,7 +16,8 @@ def test_ingest_benchmark_quick(spark, database_url, monkeypatch):
     assert isinstance(report, BenchReport)
     names = [row.name for row in report.rows]
     counter_peers = ["PL/pgSQL counter trigger (COPY)", "psycopg executemany ON CONFLICT"]
-    one_rule = [name for label in ("threads", "inline", "inline, scale-out 2 partitions") for name in (
+    labels = ("threads", "inline", "declared rule, lowered", "inline, scale-out 2 partitions")
+    one_rule = [name for label in labels for name in (
         f"1,000 events/batch: one immediate rule per event ({label})",
         *(f"1,000 events/batch: one-rule counter upsert ({label}) vs the {name}" for name in counter_peers),
         *(["1,000 events/batch: engine cost per event, one immediate rule (inline)"] if label == "inline" else []))]
@@ -33,14 +34,16 @@ def test_ingest_benchmark_quick(spark, database_url, monkeypatch):
     rows = {row.name: row for row in report.rows}
     plain, peer, versus_peer, versus_plain, versus_goal, end_to_end = report.rows[:6]
     trigger, executemany = (rows[f"1,000 events/batch: {name}, the one-rule peer"] for name in counter_peers)
-    threads, inline, scale_out = (rows[f"1,000 events/batch: one immediate rule per event ({label})"]
-                                  for label in ("threads", "inline", "inline, scale-out 2 partitions"))
+    threads, inline, declared, scale_out = (rows[f"1,000 events/batch: one immediate rule per event ({label})"]
+                                            for label in labels)
     engine_cost = rows["1,000 events/batch: engine cost per event, one immediate rule (inline)"]
-    minimal = [threads, inline, scale_out]
+    minimal = [threads, inline, declared, scale_out]
+    # The declared rule's batches ran lowered (one batch of state transactions at commit), the others did not.
+    assert [row.extra["lowered"] for row in minimal] == [False, False, True, False]
     # The one-rule counter upsert: its two peers and every rule run leave the same counters.
     assert trigger.value > 0 and executemany.value > 0
     assert all(row.extra["same_counters_as_the_trigger"] is True for row in [trigger, executemany, *minimal])
-    for label, row in zip(("threads", "inline", "inline, scale-out 2 partitions"), minimal):
+    for label, row in zip(labels, minimal):
         for peer_row, peer_name in zip((trigger, executemany), counter_peers):
             versus = rows[f"1,000 events/batch: one-rule counter upsert ({label}) vs the {peer_name}"]
             assert versus.baseline == peer_row.value and versus.ratio == row.value / peer_row.value

@@ -1,0 +1,188 @@
+"""Declared rules: a rule whose action is a declared state transaction (``@batch.declared``), run per firing
+through the firing's transaction, and a micro-batch of its stream events lowered to one batch of state
+transactions (:func:`lower`) when that is the same as firing them one by one.  Design note: the package
+README, "Declared rules".
+
+Thread-safety: a :class:`DeclaredAction` keeps no state (any thread may fire it); :class:`Lowered` is
+immutable after :func:`lower` made it, its ``transactions`` one batch at a time (``StateTransactions``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from coupling import Coupling
+
+from activedb.batch._declare import Abort, BatchEvent, OpKind, Ops, StateTransactions
+from activedb.batch._runtime import _as_batch_event
+from activedb.batch._state import merge_image
+from activedb.batch.errors import DeclarationError
+from activedb.events import EventKind
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.rules import Rule, RuleManager
+    from activedb.txn import Transaction
+
+__all__ = ["DeclaredAction", "Lowered", "declared", "lower"]
+
+_READ, _WRITE, _CHECK = OpKind.READ, OpKind.WRITE, OpKind.CHECK
+_ND_READ, _ND_WRITE = OpKind.ND_READ, OpKind.ND_WRITE
+_MISSING = object()
+
+
+class DeclaredAction:
+    """A rule action made of a declaring function ``fn(event, ops)`` (the ``StateTransactions.on`` form):
+    called as an action ``(tx, event)``, it declares the event's operations and performs them in ``tx``, the
+    firing's transaction — every row read as of before the firing (reads first, rows to be written read
+    with ``for_update=True``), then the writes; :class:`~activedb.batch.Abort` or an error of a function
+    raises before anything is written.  Window operations need a batch (their versions): here they raise
+    :class:`~activedb.batch.errors.DeclarationError`.  ``declaration`` is ``fn``; the action is named and
+    fingerprinted as ``fn`` (``__wrapped__``)."""
+
+    def __init__(self, fn: Callable[[BatchEvent, Ops], None]) -> None:
+        if not callable(fn):
+            raise DeclarationError(f"@batch.declared decorates a function (event, ops), got {fn!r}")
+        self.declaration = fn
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, tx: "Transaction", event: Any) -> None:
+        if getattr(event, "kind", None) is not EventKind.STREAM:
+            raise DeclarationError(
+                f"the declared rule {self.declaration.__name__!r} fired on {event.describe()}; a declared rule "
+                f"reacts to stream events (on=db.stream(type)) — declare it on a stream, or write a plain action")
+        batch_event = _as_batch_event(event, 0)
+        ops = Ops(batch_event)
+        self.declaration(batch_event, ops)
+        if not ops.specs:
+            raise DeclarationError(f"the declared rule {self.declaration.__name__!r} declared no operation for "
+                                   f"{event.describe()}; declare at least one (ops.read, ops.write, …)")
+        perform_in(tx, ops.specs)
+
+    def __repr__(self) -> str:
+        return f"<declared rule action {self.declaration.__qualname__}>"
+
+
+def declared(fn: Callable[[BatchEvent, Ops], None]) -> DeclaredAction:
+    """Decorator: ``fn(event, ops)`` as a rule's action (under ``@db.rule(on=db.stream(type))``)::
+
+        @db.rule(on=db.stream("badge"), name="count_badges")
+        @batch.declared
+        def count(event, ops):
+            ops.write("counters", event.key, lambda own: {"n": (own or {"n": 0})["n"] + 1})
+
+    Fired in a transaction, it runs as any immediate rule does, in a subtransaction; a micro-batch of its
+    events (the Spark sink) runs as one batch of state transactions when :func:`lower` allows it."""
+    return DeclaredAction(fn)
+
+
+def perform_in(tx: "Transaction", specs: list) -> None:
+    """Perform the declared operations ``specs`` of one event in ``tx`` (see :class:`DeclaredAction`)."""
+    written = {spec.state for spec in specs if spec.kind is _WRITE}
+    images: dict[tuple[str, Any], dict | None] = {}
+
+    def image(state: tuple[str, Any], for_update: bool = False) -> dict | None:
+        found = images.get(state, _MISSING)
+        if found is _MISSING:
+            found = images[state] = tx.read(state[0], state[1], for_update=for_update or state in written)
+        return found
+
+    writes: list[tuple[tuple[str, Any], dict | None, dict | None]] = []
+    for spec in specs:
+        kind = spec.kind
+        if kind is _WRITE:
+            own = image(spec.state, True)
+            result = spec.fn(own, *[image(param) for param in spec.params]) if spec.params else spec.fn(own)
+            writes.append((spec.state, own, merge_image(own, result, spec)))
+        elif kind is _READ:
+            image(spec.state)
+        elif kind is _CHECK:
+            if spec.fn(image(spec.state), *[image(param) for param in spec.params]):
+                raise Abort(spec.reason or "condition failed")
+        elif kind is _ND_READ or kind is _ND_WRITE:
+            params = [image(param) for param in spec.params]
+            key = spec.key_fn(*params)
+            if spec.candidates is not None and key not in spec.candidates:
+                raise DeclarationError(f"the key function of a non-deterministic {kind.value} on {spec.table} "
+                                       f"returned {key!r}, which is not among its declared candidates")
+            state = (spec.table, key)
+            if kind is _ND_WRITE:
+                own = image(state, True)
+                writes.append((state, own, merge_image(own, spec.fn(own, *params), spec)))
+            else:
+                image(state)
+        else:
+            raise DeclarationError(
+                f"{kind.value} on {spec.table}: window operations read the versions of a batch, which a rule "
+                f"fired in a transaction does not have; run these events as a batch (batch.apply_at_commit) "
+                f"or declare the rule without window operations")
+    for (table, key), own, new in writes:
+        if new is None:
+            if own is not None:
+                tx.delete(table, key)
+            continue
+        changes = new if own is None else {column: value for column, value in new.items()
+                                           if own.get(column, _MISSING) != value}
+        if changes or own is None:
+            tx.write(table, key, **changes)
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """Stream event types whose rules :func:`lower` lowered: ``transactions`` declares each type's state
+    transaction (its one declared rule's declaration), ``rules`` names that rule per type."""
+
+    transactions: StateTransactions
+    rules: dict[str, "Rule"]
+
+
+def lowerable(rule: "Rule") -> DeclaredAction | None:
+    """``rule``'s declared action if firing it is the same as running that declaration as a state transaction
+    of the event: an immediate rule (event–condition and condition–action) without a condition."""
+    action = rule.action_function()
+    if (isinstance(action, DeclaredAction) and rule.condition_function() is None
+            and Coupling.parse(rule.coupling) is Coupling.IMMEDIATE
+            and Coupling.parse(rule.action_coupling) is Coupling.IMMEDIATE):
+        return action
+    return None
+
+
+def lower(rules: "RuleManager", transaction: "Transaction", event_types: Iterable[str],
+          cache: dict | None = None) -> Lowered | None:
+    """The state transactions that fire the rules of ``event_types`` in ``transaction`` as one batch, or None
+    when firing them event by event is not the same: every type must fire exactly one rule and that rule must
+    be :func:`lowerable`; nothing else may listen — no other extension hears emitted events, no observer hears
+    node or firing events, no history is recorded.  (Rules observing a written table are handled by
+    ``apply_at_commit`` itself: it then runs the batch through the tree, where they fire.)
+
+    ``cache``: a dict of the caller's that keeps one :class:`Lowered` per set of rules, so that its
+    ``StateTransactions`` learns across batches (its decision model and routes); a caller that runs batches
+    concurrently keeps one cache per thread, as a ``StateTransactions`` runs one batch at a time."""
+    manager = transaction.manager
+    if manager.recorder is not None or any(True for _ in manager.observers):
+        return None
+    if any(getattr(hook, "__self__", None) is not rules for hook in manager.extensions.on_event):
+        return None
+    chosen: dict[str, Rule] = {}
+    for event_type in sorted(event_types):
+        fired = rules.on_stream(event_type)
+        if len(fired) != 1 or lowerable(fired[0]) is None:
+            return None
+        chosen[event_type] = fired[0]
+    key = tuple(chosen.items())
+    lowered = cache.get(key) if cache is not None else None
+    if lowered is None:
+        transactions = StateTransactions("declared rules")
+        for event_type, rule in chosen.items():
+            transactions.on(event_type)(rule.action_function().declaration)
+        lowered = Lowered(transactions, chosen)
+        if cache is not None:
+            if len(cache) >= _MAX_CACHED:      # (rules redeclared again and again: keep it bounded)
+                cache.clear()
+            cache[key] = lowered
+    return lowered
+
+
+_MAX_CACHED = 64

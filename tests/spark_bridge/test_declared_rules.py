@@ -1,0 +1,183 @@
+"""Declared rules (``@batch.declared``) on the sink: a micro-batch whose every type fires one declared rule runs
+as one batch of state transactions at commit (``batch.lower``), and leaves what firing them event by event
+leaves — the same rows, dead letters for the same events, the same firing counts — which is also what the
+plain rules of the same logic leave.  Anything that makes the two differ (a second rule on a type, a condition,
+an observer) keeps the event-by-event path.  Real PostgreSQL; no Spark (``IngestSink.process``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import uuid
+
+import pytest
+import sqlalchemy as sa
+
+import activedb
+from activedb import Coupling, batch
+from activedb.errors import RuleFailed
+from spark_bridge import IngestSink
+from tests.spark_bridge import app_declared
+from tests.spark_bridge._streams import BASE_TIME, dead_letters, ledger
+
+
+@pytest.fixture()
+def database(make_database_url, request):
+    database = activedb.connect(make_database_url(request.node.name[5:40]))
+    database.upgrade_app(app_declared.MIGRATIONS)
+    yield database
+    database.close()
+
+
+def _events(count: int, seed: int) -> list[dict]:
+    """Adds and subs over four keys in shuffled arrival order (the sink sorts by time); some adds negative and
+    some subs overdraw: refused."""
+    generator = random.Random(seed)
+    rows = [{"type": generator.choice(("add", "add", "sub")), "key": f"k{generator.randrange(4)}",
+             "ts": BASE_TIME + dt.timedelta(seconds=seq), "amount": generator.randrange(-5, 60), "seq": seq}
+            for seq in range(1, count + 1)]
+    generator.shuffle(rows)
+    return rows
+
+
+def _counters(database) -> list[tuple]:
+    with database.engine.begin() as connection:
+        rows = sorted(tuple(row) for row in connection.execute(sa.text("SELECT * FROM counters")))
+        connection.execute(sa.text("TRUNCATE counters, activedb_dead_letters"))
+    return rows
+
+
+def _run(database, batches: list[list[dict]], query: str, *, lower: bool = True):
+    """The batches through a new sink; its counters rows, the seq of each dead letter per batch, the firing
+    counts of the rules and whether every batch was lowered."""
+    sink = IngestSink(database, app_declared.MAPPING, query_name=query)
+    sink.handler.lower_declared = lower
+    before = {name: (counters.fired, counters.executed, counters.failed)
+              for name, counters in database.rules.statistics().per_rule.items()}
+    lowered = []
+    for number, rows in enumerate(batches):
+        outcome = sink.process(rows, number, query_id=f"{query}@test")
+        assert outcome.committed
+        lowered.append(sink.handler.last_lowered is not None)
+    refused = sorted((batch_id, raw["seq"]) for query_id, batch_id, _, raw in dead_letters(database)
+                     if query_id == f"{query}@test")
+    firings = {name: tuple(now - then for now, then in zip((counters.fired, counters.executed, counters.failed),
+                                                            before.get(name, (0, 0, 0))))
+               for name, counters in database.rules.statistics().per_rule.items()}
+    return _counters(database), refused, {name: counts for name, counts in firings.items() if any(counts)}, lowered
+
+
+def test_a_lowered_batch_leaves_what_firing_event_by_event_leaves_and_what_the_plain_rules_leave(database):
+    app_declared.register(database)
+    batches = [_events(200, seed) for seed in (1, 2, 3)]
+    lowered = _run(database, batches, "lowered")
+    by_event = _run(database, batches, "by-event", lower=False)
+    assert lowered[3] == [True, True, True] and by_event[3] == [False, False, False]
+    assert lowered[0] == by_event[0] and lowered[0]               # the same rows
+    assert lowered[1] == by_event[1] and lowered[1]               # the same events refused
+    assert lowered[2] == by_event[2]                              # fired, executed, failed per rule
+    assert sum(fired for fired, _, _ in lowered[2].values()) == 600
+    assert ledger(database)[0][2:] == (200 - sum(1 for batch_id, _ in lowered[1] if batch_id == 0),
+                                       sum(1 for batch_id, _ in lowered[1] if batch_id == 0))
+
+    plain = activedb.connect(database.url)
+    try:
+        app_declared.register_plain(plain)
+        rows, refused, _, was_lowered = _run(plain, batches, "plain")
+    finally:
+        plain.close()
+    assert was_lowered == [False, False, False]
+    assert (rows, refused) == (lowered[0], lowered[1])
+
+
+def test_a_refused_event_is_a_dead_letter_with_the_abort_reason_and_its_row_untouched(database):
+    app_declared.register(database)
+    sink = IngestSink(database, app_declared.MAPPING, query_name="q")
+    rows = [{"type": "add", "key": "a", "ts": BASE_TIME, "amount": 10, "seq": 1},
+            {"type": "sub", "key": "a", "ts": BASE_TIME + dt.timedelta(seconds=1), "amount": 25, "seq": 2},
+            {"type": "add", "key": "a", "ts": BASE_TIME + dt.timedelta(seconds=2), "amount": -1, "seq": 3}]
+    outcome = sink.process(rows, 0, query_id="q@refused")
+    assert sink.handler.last_lowered is not None
+    assert (outcome.events, outcome.dead_letters) == (1, 2)
+    reasons = {raw["seq"]: reason for _, _, reason, raw in dead_letters(database)}
+    assert reasons[2] == "aborted: a: 10 - 25 < 0"
+    assert "amounts must be >= 0" in reasons[3]
+    assert [row[:4] for row in _counters(database)] == [("a", 10, 1, "1")]
+
+
+def _not_lowered(database) -> bool:
+    sink = IngestSink(database, app_declared.MAPPING, query_name="q")
+    sink.process([{"type": "add", "key": "a", "ts": BASE_TIME, "amount": 1, "seq": 1}], 0,
+                 query_id=f"q@{uuid.uuid4()}")
+    return sink.handler.last_lowered is None and _counters(database)[0][:4] == ("a", 1, 1, "1")
+
+
+def test_a_second_rule_on_a_type_keeps_the_event_by_event_path(database):
+    app_declared.register(database)
+    database.rule(on=database.stream("add"), name="also")(lambda tx, event: None)
+    assert _not_lowered(database)
+
+
+def test_a_declared_rule_with_a_condition_or_a_deferred_coupling_is_fired_event_by_event(database):
+    database.rule(on=database.stream("add"), when=lambda tx, event: True, name="guarded")(app_declared.add)
+    assert _not_lowered(database)
+    database.rules.remove("guarded")
+    database.rule(on=database.stream("add"), coupling=Coupling.DEFERRED, name="later")(app_declared.add)
+    assert _not_lowered(database)
+
+
+def test_an_observer_keeps_the_event_by_event_path(database):
+    app_declared.register(database)
+    heard = []
+
+    class Firings(activedb.Observer):
+        def on_firing_end(self, transaction, firing, outcome):
+            heard.append(firing.rule.name)
+
+    observer = database.transactions.observers.add(Firings())
+    try:
+        assert _not_lowered(database)
+    finally:
+        database.transactions.observers.remove(observer)
+    assert heard == ["declared_add"]
+
+
+def test_fired_in_a_transaction_a_declared_rule_reads_as_of_before_the_firing_and_aborts_as_a_rule(database):
+    """``batch.declared`` as an ordinary rule: its operations read the rows as they were before the firing
+    (a write's parameter is the row's old image, as a state transaction's is) and an Abort fails the rule."""
+    @batch.declared
+    def move(event, ops):
+        # Both rows' new values computed from the images before this firing.
+        ops.write("counters", "b", lambda own, a: {"total": (a or {"total": 0})["total"], "events": 0,
+                                                   "trail": "", "last_ts": None}, reads=[("counters", "a")])
+        ops.write("counters", "a", lambda own: {"total": own["total"] + 100})
+        ops.abort_if(lambda a: a["total"] > 150, reads=[("counters", "a")], reason="too much")
+
+    database.rule(on=database.stream("move"), name="move")(move)
+    with database.transaction() as tx:
+        tx.write("counters", "a", total=7, events=0, trail="", last_ts=None)
+    with database.transaction() as tx:
+        tx.emit("move", key="a")
+    assert [row[:2] for row in _counters(database)] == [("a", 107), ("b", 7)]
+
+    with database.transaction() as tx:
+        tx.write("counters", "a", total=200, events=0, trail="", last_ts=None)
+    with pytest.raises(RuleFailed, match="too much"):
+        with database.transaction() as tx:
+            tx.emit("move", key="a")
+    assert [row[:2] for row in _counters(database)] == [("a", 200)]
+
+
+def test_a_declared_rule_on_a_data_event_or_with_a_window_says_what_to_do(database):
+    @batch.declared
+    def windowed(event, ops):
+        ops.window_read("counters", ["a"], size=10, aggregate=lambda windows: None)
+
+    database.rule(on=database.stream("w"), name="windowed")(windowed)
+    with pytest.raises(RuleFailed, match="window operations read the versions of a batch"):
+        with database.transaction() as tx:
+            tx.emit("w", key="a")
+    database.rule(on=database.inserted("counters"), name="on_insert")(app_declared.add)
+    with pytest.raises(RuleFailed, match="reacts to stream events"):
+        with database.transaction() as tx:
+            tx.write("counters", "z", total=1, events=1, trail="", last_ts=None)
