@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from coupling import Coupling
 
 from activedb.batch._declare import Abort, BatchEvent, OpKind, Ops, StateTransactions
-from activedb.batch._runtime import _as_batch_event
 from activedb.batch._state import merge_image
 from activedb.batch.errors import DeclarationError
 from activedb.events import EventKind
@@ -31,6 +30,7 @@ __all__ = ["DeclaredAction", "Lowered", "declared", "lower"]
 _READ, _WRITE, _CHECK = OpKind.READ, OpKind.WRITE, OpKind.CHECK
 _ND_READ, _ND_WRITE = OpKind.ND_READ, OpKind.ND_WRITE
 _MISSING = object()
+_new_event = tuple.__new__
 
 
 class DeclaredAction:
@@ -53,7 +53,8 @@ class DeclaredAction:
             raise DeclarationError(
                 f"the declared rule {self.declaration.__name__!r} fired on {event.describe()}; a declared rule "
                 f"reacts to stream events (on=db.stream(type)) — declare it on a stream, or write a plain action")
-        batch_event = _as_batch_event(event, 0)
+        # (The stream event's own payload, as a plain rule gets it: emit made it the event's copy.)
+        batch_event = _new_event(BatchEvent, (event.source, event.key, event.ts, event.payload, 0))
         ops = Ops(batch_event)
         self.declaration(batch_event, ops)
         if not ops.specs:
@@ -80,6 +81,11 @@ def declared(fn: Callable[[BatchEvent, Ops], None]) -> DeclaredAction:
 
 def perform_in(tx: "Transaction", specs: list) -> None:
     """Perform the declared operations ``specs`` of one event in ``tx`` (see :class:`DeclaredAction`)."""
+    if len(specs) == 1 and specs[0].kind is _WRITE and not specs[0].params:      # one row, read and written
+        spec = specs[0]
+        own = tx.read(spec.table, spec.key, for_update=True)
+        _write(tx, spec.table, spec.key, own, merge_image(own, spec.fn(own), spec))
+        return
     written = {spec.state for spec in specs if spec.kind is _WRITE}
     images: dict[tuple[str, Any], dict | None] = {}
 
@@ -119,14 +125,19 @@ def perform_in(tx: "Transaction", specs: list) -> None:
                 f"fired in a transaction does not have; run these events as a batch (batch.apply_at_commit) "
                 f"or declare the rule without window operations")
     for (table, key), own, new in writes:
-        if new is None:
-            if own is not None:
-                tx.delete(table, key)
-            continue
-        changes = new if own is None else {column: value for column, value in new.items()
-                                           if own.get(column, _MISSING) != value}
-        if changes or own is None:
-            tx.write(table, key, **changes)
+        _write(tx, table, key, own, new)
+
+
+def _write(tx: "Transaction", table: str, key: Any, own: dict | None, new: dict | None) -> None:
+    """Row ``key`` of ``table`` from ``own`` to ``new`` (None: no row) in ``tx``: the columns that changed."""
+    if new is None:
+        if own is not None:
+            tx.delete(table, key)
+        return
+    changes = new if own is None else {column: value for column, value in new.items()
+                                       if own.get(column, _MISSING) != value}
+    if changes or own is None:
+        tx.write(table, key, **changes)
 
 
 @dataclass(frozen=True)
