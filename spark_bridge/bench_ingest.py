@@ -36,6 +36,12 @@ For each ``S``, in the same run on the same Spark session and PostgreSQL:
    ``bench_counters``; each in one transaction per batch with its ledger row.  Each rule run's counters
    are compared with the trigger's: ``same_counters_as_the_trigger``.
 
+4. **where an event's time goes** — the minimal rule inline once more, without Spark (``IngestSink.process``
+   of batches of hand-hygiene rows, 10k per batch, 1k in quick mode): µs per event by phase (validate,
+   match, lock, read, write, child create, child commit, dispatch and firing record, flush, the rest) from a
+   cProfile of one batch scaled to an unprofiled one, and the share spent waiting for PostgreSQL against
+   Python's.
+
 Events/s is steady state: rows / Spark's ``triggerExecution`` time of each batch (planning,
 offset and commit logs, the sink), summed over every batch but the first of each run.  The PL/pgSQL
 peer and the hand-hygiene rules run in interleaved rounds (the peer, then the rules: 3 rounds at 1k and
@@ -302,6 +308,78 @@ def _cleanup(database, plain_ids: list[str]) -> None:
         connection.execute(sa.text("DELETE FROM activedb_outbox WHERE status = 'done'"))
 
 
+#: The phases of an event on the rule path with the minimal rule, inline (as ``bench rules`` splits a firing,
+#: ``activedb.bench._profile``): (phase, [(file suffix, function)], [phases inside them, subtracted]).
+_EVENT_PHASES = (
+    ("validate", [("spark_bridge/mapping.py", "rows_to_events")], []),
+    ("match", [("activedb/rules/_registry.py", "matching")], []),
+    ("lock", [("activedb/txn/_locking.py", "acquire")], []),
+    ("read", [("activedb/txn/_reads.py", "read")], ["lock"]),
+    ("write", [("activedb/txn/_writes.py", "write")], ["lock"]),
+    ("child create", [("activedb/txn/_children.py", "_begin_inline")], []),
+    ("flush", [("activedb/txn/_flush.py", "flush")], []),
+    ("child commit", [("activedb/txn/_tree.py", "commit")], ["flush"]),
+)
+
+
+def _event_phases(database, size: int) -> dict[str, Any]:
+    """Where an event's time goes on the rule path with the minimal rule, inline, without Spark:
+    ``IngestSink.process`` of batches of ``size`` hand-hygiene rows (a warm-up, a timed batch, then the same
+    batch size under cProfile), µs per event by phase scaled to the timed batch, and the share of the time
+    spent waiting for PostgreSQL (psycopg's ``Connection.wait``) against the rest, Python."""
+    import cProfile
+    import pstats
+
+    from activedb.bench._profile import cumulative, phase_seconds, scaled
+    from activedb.examples.hand_hygiene.events import generate
+
+    from spark_bridge._sink import IngestSink
+    from spark_bridge.mapping import EventMapping
+
+    events = generate(WORKERS, size * 3, SEED + 1)
+    batches = [[{"type": event["type"], "worker": event["worker"], "ts": event["ts"], "room": event["room"]}
+                for event in events[number * size:(number + 1) * size]] for number in range(3)]
+    sink = IngestSink(database, EventMapping("type", "worker", "ts", payload_columns=("room",)),
+                      query_name=f"{QUERY_PREFIX}-phases", prefetch={"bench_counters": _worker_number})
+    sink.record_lineage = False
+    query_id = f"{QUERY_PREFIX}-phases@{time.time_ns()}"
+    try:
+        sink.process(batches[0], 0, query_id=query_id)                      # warm-up
+        started = time.perf_counter()
+        sink.process(batches[1], 1, query_id=query_id)
+        per_event_us = (time.perf_counter() - started) / size * 1e6
+        profile = cProfile.Profile()
+        profile.enable()
+        sink.process(batches[2], 2, query_id=query_id)
+        profile.disable()
+    finally:
+        sink.close()
+        with database.engine.begin() as connection:
+            connection.execute(sa.text("DELETE FROM activedb_ingestion_ledger WHERE query_id = :q"), {"q": query_id})
+    stats = pstats.Stats(profile)
+    raw, total = phase_seconds(stats, _EVENT_PHASES)
+    # The dispatch around the firing it runs: on_event less the rule's subtransaction (run_inline called from
+    # on_event; the event's own run_inline encloses on_event) and the match.
+    dispatch = ("activedb/rules/_manager.py", "on_event")
+    raw["dispatch and firing record"] = (cumulative(stats, dispatch) - raw["match"]
+                                         - _called_from(stats, ("activedb/txn/_children.py", "run_inline"), dispatch))
+    raw["rest (the sink's loop, emit, the rule's own code)"] = total - sum(raw.values())
+    phases = scaled(raw, total, size, per_event_us, 2)
+    waiting = sum(row[3] for (filename, _, name), row in stats.stats.items()
+                  if name == "wait" and filename.replace("\\", "/").endswith("psycopg/connection.py"))
+    return {"us_per_event": round(per_event_us, 1), "phases_us_per_event": phases,
+            "postgresql_share": round(waiting / total, 3) if total else 0.0,
+            "python_share": round(1 - waiting / total, 3) if total else 0.0}
+
+
+def _called_from(stats: Any, callee: tuple[str, str], caller: tuple[str, str]) -> float:
+    """Cumulative profiled seconds of ``callee`` in the calls ``caller`` made (each a (file suffix, function))."""
+    def named(key: tuple, wanted: tuple[str, str]) -> bool:
+        return key[2] == wanted[1] and key[0].replace("\\", "/").endswith(wanted[0])
+    return sum(timing[3] for key, row in stats.stats.items() if named(key, callee)
+               for calling, timing in row[4].items() if named(calling, caller))
+
+
 def _series(report: BenchReport) -> None:
     """events/s against the batch size, per path (for ``--plot``)."""
     paths: dict[str, list[tuple[float, float]]] = {}
@@ -327,7 +405,7 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
     report = BenchReport("Spark ingestion end to end (activedb bench ingest)")
     plan = dict(QUICK_PLAN if quick else PLAN)
     scale_out_from = 1_000 if quick else 10_000
-    progress.start("bench ingest", total=sum(6 + 2 * (1 if quick else ROUNDS.get(size, 1))
+    progress.start("bench ingest", total=1 + sum(6 + 2 * (1 if quick else ROUNDS.get(size, 1))
                                              + (1 if size >= scale_out_from else 0) for size in plan))
     progress.note("starting Spark and the databases ...")
     timeout = 600.0 if quick else 3600.0
@@ -469,6 +547,11 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
                                    target=f"<= {ENGINE_GOAL_US:g} µs", met=engine_us <= ENGINE_GOAL_US,
                                    extra={"what": "wall time of the per-event subtransactions with their rule "
                                                   "(the sink's engine phase), steady-state batches"}))
+        split_size = max(plan)
+        with progress.step(f"{split_size:,} events/batch: where an event's time goes (no Spark, profiled)"):
+            split = _event_phases(minimal_inline, min(split_size, 10_000))
+        report.add(Row(name=f"{min(split_size, 10_000):,} events/batch: one immediate rule (inline), time per event "
+                            f"by phase, without Spark", value=split["us_per_event"], unit="µs/event", extra=split))
         _series(report)
         report.notes.append(
             f"hand-hygiene workload: events.generate({WORKERS} workers, seed {SEED}); {dict(plan)} "

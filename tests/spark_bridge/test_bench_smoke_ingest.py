@@ -30,6 +30,7 @@ def test_ingest_benchmark_quick(spark, database_url, monkeypatch):
         "1,000 events/batch: hand-hygiene end to end, detached effects included",
         *(f"1,000 events/batch: {name}, the one-rule peer" for name in counter_peers),
         *one_rule,
+        "1,000 events/batch: one immediate rule (inline), time per event by phase, without Spark",
     ]
     rows = {row.name: row for row in report.rows}
     plain, peer, versus_peer, versus_plain, versus_goal, end_to_end = report.rows[:6]
@@ -65,5 +66,13 @@ def test_ingest_benchmark_quick(spark, database_url, monkeypatch):
     for phase in ("spark", "to_arrow", "validate", "engine", "commit", "flush"):
         assert extra[f"{phase}_us_per_event"] >= 0
     assert all(row.value > 0 and row.baseline == plain.value for row in minimal)
+    # Where an event's time goes (profiled, scaled to an unprofiled batch): every phase, Python vs PostgreSQL.
+    split = rows["1,000 events/batch: one immediate rule (inline), time per event by phase, without Spark"]
+    assert split.unit == "µs/event" and split.value > 0
+    phases = split.extra["phases_us_per_event"]
+    assert {"validate", "match", "lock", "read", "write", "child create", "child commit", "flush",
+            "dispatch and firing record"} <= set(phases)
+    assert sum(phases.values()) == pytest.approx(split.value, rel=0.05)
+    assert split.extra["postgresql_share"] + split.extra["python_share"] == pytest.approx(1.0)
     assert report.to_json()["notes"]
     assert spark.sparkContext._jsc is not None   # the caller's session was left running
