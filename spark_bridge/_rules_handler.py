@@ -16,10 +16,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from activedb import TxnState, batch as declared_batches
+from activedb.batch import PendingState
 from activedb.txn import run_inline
 from activedb.errors import Failure, classify
 
-from spark_bridge._failures import conflict_in, is_infrastructure_failure, rejection_reason
+from spark_bridge._failures import conflict_in, is_infrastructure_failure, is_poison_failure, rejection_reason
 from spark_bridge._handler import BatchHandler, BatchInput
 from spark_bridge._ledger import IngestionLedger
 from spark_bridge.mapping import RawEvent
@@ -60,18 +61,25 @@ class RulesHandler(BatchHandler):
         #: The last batch's ``PendingBatch`` if it was lowered, else None.
         self.last_lowered: Any = None
         self._lowered: dict = {}      # ``batch.lower``'s cache (this sink runs one batch at a time)
+        # (query id, batch id) of the batch whose lowered attempt PostgreSQL refused for a value an event wrote:
+        # its further attempts run event by event, where each such event is refused alone, with its reason.
+        self._lowered_for: tuple[str, int] | None = None
+        self._event_by_event: tuple[str, int] | None = None
 
     def accepted_types(self) -> frozenset[str] | None:
         """The stream types the rules of ``db`` listen to now (None — anything — if none)."""
         return self.db.rules.stream_types() or None
 
     def handle(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger) -> None:
-        self.last_lowered = None
-        if self.lower_declared and batch.events:
+        this = (batch.query_id, batch.batch_id)
+        previous, self.last_lowered = self.last_lowered, None
+        if (previous is not None and self._lowered_for == this and previous.state is PendingState.ABORTED
+                and is_poison_failure(previous.error)):
+            self._event_by_event = this
+        if self.lower_declared and batch.events and self._event_by_event != this:
             lowered = declared_batches.lower(self.db.rules, tx, {event.event_type for event in batch.events},
                                             self._lowered)
-            if lowered is not None:
-                self._handle_lowered(tx, batch, ledger, lowered)
+            if lowered is not None and self._handle_lowered(tx, batch, ledger, lowered):
                 return
         self._prefetch_rows(tx, batch.events)
         applied = 0
@@ -91,15 +99,15 @@ class RulesHandler(BatchHandler):
         ledger.dead_letters = len(letters)
 
     def _handle_lowered(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger,
-                        lowered: declared_batches.Lowered) -> None:
+                        lowered: declared_batches.Lowered) -> bool:
         """The batch as one batch of state transactions at commit (``apply_at_commit``, as the TPG path runs
-        it): its firings recorded now, executed and failed ones and the ledger's counts inside the commit."""
+        it): its firings recorded now, executed and failed ones and the ledger's counts inside the commit.
+        False (nothing done) when an event's keys are values the store refuses: the batch then runs event by
+        event, where each such event is refused alone with its reason."""
         events = list(batch.events)
         base = list(batch.letters)
         rules = self.db.rules
         per_type = Counter(event.event_type for event in events)
-        for event_type, count in per_type.items():
-            rules.fired_in_bulk(tx, lowered.rules[event_type], count)
 
         def counts(result: Any, connection: Any) -> None:     # inside the commit, before the ledger's write
             failed = Counter(events[event.position].event_type for event, _ in result.dead_letters)
@@ -119,9 +127,23 @@ class RulesHandler(BatchHandler):
             return base + batch.dead_letters.for_events(
                 [(events[event.position], f"aborted: {reason}") for event, reason in result.dead_letters])
 
-        self.last_lowered = declared_batches.apply_at_commit(
-            tx, events, lowered.transactions, query_id=batch.query_id, batch_id=batch.batch_id,
-            on_result=counts, letters=letters)
+        try:
+            # In a subtransaction: a refusal leaves nothing behind (a batch that a rule observing its tables made
+            # run through the tree may have written some rows before it), and the participant moves up at its end.
+            with tx.subtransaction(name="declared rules, lowered") as sub:
+                pending = declared_batches.apply_at_commit(
+                    sub, events, lowered.transactions, query_id=batch.query_id, batch_id=batch.batch_id,
+                    on_result=counts, letters=letters)
+        except Exception as failure:
+            if not is_poison_failure(failure):
+                raise
+            self._event_by_event = (batch.query_id, batch.batch_id)
+            return False
+        for event_type, count in per_type.items():
+            rules.fired_in_bulk(tx, lowered.rules[event_type], count)
+        self._lowered_for = (batch.query_id, batch.batch_id)
+        self.last_lowered = pending
+        return True
 
     def apply_events(self, tx: Transaction, events: list[RawEvent]) -> None:
         self._prefetch_rows(tx, events)

@@ -165,14 +165,15 @@ def lower(rules: "RuleManager", transaction: "Transaction", event_types: Iterabl
     """The state transactions that fire the rules of ``event_types`` in ``transaction`` as one batch, or None
     when firing them event by event is not the same: every type must fire exactly one rule and that rule must
     be :func:`lowerable`; nothing else may listen — no other extension hears emitted events, no observer hears
-    node or firing events, no history is recorded.  (Rules observing a written table are handled by
-    ``apply_at_commit`` itself: it then runs the batch through the tree, where they fire.)
+    node or firing events, no history is recorded; and no rule reacts to data events: fired event by event
+    it hears each event's change of a row, while a batch (``apply_at_commit`` through the tree) changes each
+    row once.
 
     ``cache``: a dict of the caller's that keeps one :class:`Lowered` per set of rules, so that its
     ``StateTransactions`` learns across batches (its decision model and routes); a caller that runs batches
     concurrently keeps one cache per thread, as a ``StateTransactions`` runs one batch at a time."""
     manager = transaction.manager
-    if manager.recorder is not None or any(True for _ in manager.observers):
+    if manager.recorder is not None or any(True for _ in manager.observers) or rules.observed_tables():
         return None
     if any(getattr(hook, "__self__", None) is not rules for hook in manager.extensions.on_event):
         return None

@@ -108,6 +108,10 @@ class RuleManager(TransactionExtension):
         """The stream event types enabled rules listen to (``db.stream(type)``)."""
         return self.registry.stream_types()
 
+    def observed_tables(self) -> frozenset[str]:
+        """The tables whose data events (insert/update/delete) enabled rules react to (see :meth:`observes`)."""
+        return self.registry.observed_tables
+
     def on_stream(self, event_type: str) -> tuple[Rule, ...]:
         """The enabled rules a stream event of ``event_type`` (``db.stream(event_type)``) fires, in the
         order the dispatch fires them."""

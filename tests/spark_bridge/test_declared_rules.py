@@ -126,6 +126,18 @@ def test_a_declared_rule_with_a_condition_or_a_deferred_coupling_is_fired_event_
     assert _not_lowered(database)
 
 
+def test_a_rule_on_a_written_table_keeps_the_event_by_event_path(database):
+    """A rule on changes of ``counters`` hears each event's change event by event; a batch would change each
+    row once (``apply_at_commit`` through the tree), so the batch is not lowered."""
+    app_declared.register(database)
+    heard = []
+    database.rule(on=database.modified("counters"), name="watch")(lambda tx, event: heard.append(event.new["total"]))
+    sink = IngestSink(database, app_declared.MAPPING, query_name="q")
+    sink.process([{"type": "add", "key": "a", "ts": BASE_TIME + dt.timedelta(seconds=seq), "amount": 60, "seq": seq}
+                  for seq in (1, 2)], 0, query_id="q@watched")
+    assert sink.handler.last_lowered is None and heard == [60, 120]
+
+
 def test_an_observer_keeps_the_event_by_event_path(database):
     app_declared.register(database)
     heard = []
@@ -181,3 +193,23 @@ def test_a_declared_rule_on_a_data_event_or_with_a_window_says_what_to_do(databa
     with pytest.raises(RuleFailed, match="reacts to stream events"):
         with database.transaction() as tx:
             tx.write("counters", "z", total=1, events=1, trail="", last_ts=None)
+
+
+def test_rows_postgresql_cannot_store_are_dead_letters_on_the_lowered_path_too(database):
+    """A key with a NUL character, a lone surrogate, a 1 MB key: each one dead letter with its reason, the
+    batch's other events applied — as on the event-by-event path (``tests/spark_bridge/test_poison.py``)."""
+    from tests.spark_bridge.test_poison import BIG_KEY
+
+    app_declared.register(database)
+    good = [{"type": "add", "key": f"k{seq % 3}", "ts": BASE_TIME + dt.timedelta(seconds=seq), "amount": 5,
+             "seq": seq} for seq in range(1, 21)]
+    poison = [{**good[0], "key": key, "seq": seq, "ts": BASE_TIME + dt.timedelta(seconds=seq)}
+              for seq, key in ((21, "k\x00nul"), (22, "k\ud800surrogate"), (23, BIG_KEY))]
+    sink = IngestSink(database, app_declared.MAPPING, query_name="poison")
+    outcome = sink.process(good[:7] + poison[:1] + good[7:12] + poison[1:] + good[12:], 0, query_id="poison@declared")
+    assert (outcome.committed, outcome.events, outcome.dead_letters) == (True, 20, 3)
+    letters = {raw["seq"]: reason for _, _, reason, raw in dead_letters(database)}
+    assert sorted(letters) == [21, 22, 23]
+    assert "NUL character" in letters[21] and "lone surrogate" in letters[22]
+    assert "PostgreSQL refused this event's writes at the commit" in letters[23] and "54000" in letters[23]
+    assert [row[:3] for row in _counters(database)] == [("k0", 30, 6), ("k1", 35, 7), ("k2", 35, 7)]
