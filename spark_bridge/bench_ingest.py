@@ -385,7 +385,8 @@ def _series(report: BenchReport) -> None:
     paths: dict[str, list[tuple[float, float]]] = {}
     for row in report.rows:
         size_text, _, label = row.name.partition(" events/batch: ")
-        if not label or label.endswith("vs the goal") or " vs the " in label:   # the same values as another row
+        if (not label or label.endswith("vs the goal") or " vs the " in label    # the same values as another row
+                or row.unit != "events/s"):                                     # (µs per event: not a rate)
             continue
         label = label.replace(" vs plain write", "")
         paths.setdefault(label, []).append((int(size_text.replace(",", "")), row.value))
