@@ -102,8 +102,9 @@ class RulesHandler(BatchHandler):
                         lowered: declared_batches.Lowered) -> bool:
         """The batch as one batch of state transactions at commit (``apply_at_commit``, as the TPG path runs
         it): its firings recorded now, executed and failed ones and the ledger's counts inside the commit.
-        False (nothing done) when an event's keys are values the store refuses: the batch then runs event by
-        event, where each such event is refused alone with its reason."""
+        False (nothing done) when what the events declared is refused before the commit (a key of the wrong
+        type or one the store cannot hold, an unknown table): the batch then runs event by event, where each such
+        event is refused alone with its reason."""
         events = list(batch.events)
         base = list(batch.letters)
         rules = self.db.rules
@@ -128,14 +129,15 @@ class RulesHandler(BatchHandler):
                 [(events[event.position], f"aborted: {reason}") for event, reason in result.dead_letters])
 
         try:
-            # In a subtransaction: a refusal leaves nothing behind (a batch that a rule observing its tables made
-            # run through the tree may have written some rows before it), and the participant moves up at its end.
+            # In a subtransaction: a refusal leaves nothing behind; the participant moves up at its end.
             with tx.subtransaction(name="declared rules, lowered") as sub:
                 pending = declared_batches.apply_at_commit(
                     sub, events, lowered.transactions, query_id=batch.query_id, batch_id=batch.batch_id,
                     on_result=counts, letters=letters)
         except Exception as failure:
-            if not is_poison_failure(failure):
+            # What the events declared is refused as a whole (a key of the wrong type or one the store cannot
+            # hold, a table that does not exist): event by event, each such event is refused alone.
+            if conflict_in(failure) is not None or is_infrastructure_failure(failure) or tx.state is not _ACTIVE:
                 raise
             self._event_by_event = (batch.query_id, batch.batch_id)
             return False

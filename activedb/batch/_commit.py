@@ -27,7 +27,7 @@ from activedb.batch._runtime import AUTO, execute_batch, no_cyclic_gc, normalise
 from activedb.batch._store import DEAD_LETTER_TABLE, apply_batch, dead_letter
 from activedb.batch._strategy import Strategy
 from activedb.batch.errors import BatchNotCommitted, DeclarationError
-from activedb.errors import InvalidKey, InvalidValue
+from activedb.errors import InvalidKey, InvalidValue, SchemaError
 from activedb.store import rows_by_key
 from activedb.txn import CommitParticipant
 
@@ -432,11 +432,47 @@ def apply_at_commit(tx: Transaction, events: Iterable[Any], transactions: StateT
         pending = PendingBatch(transactions, batch, declared, {}, set(), options, ready=result)
     else:
         catalog = tx.manager.catalog
-        keys = {table: _normalised_keys(catalog.table_info(table), given) for table, given in states.items()}
+        try:
+            keys = {table: _normalised_keys(catalog.table_info(table), given) for table, given in states.items()}
+        except SchemaError:
+            keys = _refuse_unstorable(catalog, batch, plans, declared, states)
         pending = PendingBatch(transactions, batch, declared, keys, unbounded, options)
         pending.seconds["apply"] = time.perf_counter() - tx_started
     tx.enlist(pending)
     return pending
+
+
+def _refuse_unstorable(catalog: Any, batch: list[BatchEvent], plans: Mapping[str, Any], declared: dict[int, Any],
+                       states: Mapping[str, Mapping[Any, None]]) -> dict[str, dict[Any, tuple]]:
+    """Some declared row cannot be named in the store (a table that does not exist, a key of the wrong type or
+    one PostgreSQL cannot hold): refuse the events that touch such a row (``declared[t]`` the reason, so that
+    each is a dead letter alone, as a transaction that could not be declared is) and return the normalised
+    keys of the rest."""
+    bad: dict[tuple[str, Any], str] = {}
+    for table, given in states.items():
+        try:
+            info = catalog.table_info(table)
+        except SchemaError as error:
+            bad.update(((table, key), f"{type(error).__name__}: {error}") for key in given)
+            continue
+        for key in given:
+            try:
+                info.key(key)
+            except SchemaError as error:
+                bad[(table, key)] = f"{type(error).__name__}: {error}"
+    kept: dict[str, dict[Any, None]] = {}
+    for t, event in enumerate(batch):
+        known = declared.get(t)
+        if isinstance(known, str):
+            continue
+        touched = plans[event[0]].states(event) if known is None else touched_states(known)[0]
+        reason = next((bad[state] for state in touched if state in bad), None)
+        if reason is not None:
+            declared[t] = reason
+            continue
+        for table, key in touched:
+            kept.setdefault(table, {})[key] = None
+    return {table: _normalised_keys(catalog.table_info(table), given) for table, given in kept.items()}
 
 
 def _normalised_keys(info: Any, given_keys: Iterable[Any]) -> dict[Any, tuple]:

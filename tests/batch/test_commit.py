@@ -85,6 +85,32 @@ def test_at_commit_writes_state_dead_letters_and_ledger_together_and_a_replay_is
     assert _letters(db, "at-commit") == [reason for _, reason in reference.dead_letters]
 
 
+def test_an_event_naming_a_row_the_store_cannot_name_is_a_dead_letter_alone(db):
+    """A key of the wrong type for its column, a key PostgreSQL cannot hold (a NUL character) and a table
+    that does not exist are refused before the commit: each event that names such a row is a dead letter with
+    the reason, the others commit — the batch (and a stream feeding it) goes on."""
+    transactions = batch.StateTransactions()
+
+    @transactions.on("count")
+    def count(event, ops):
+        table = "bench_counters" if event.payload.get("table") is None else event.payload["table"]
+        ops.write(table, event.key, lambda own: {"n": (own or {"n": 0})["n"] + 1})
+
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE bench_counters"))
+    events = [{"type": "count", "key": key, "ts": float(ts), "payload": payload} for ts, (key, payload) in enumerate(
+        [(1, {}), ("one", {}), (2, {}), (1, {"table": "no_such_table"}), (1, {}), ("w\x00", {"table": "bench_worker_status"})])]
+    with db.transaction(name="refused-keys") as tx:
+        pending = batch.apply_at_commit(tx, events, transactions, query_id="refused-keys", batch_id=1)
+    reasons = {event.position: reason for event, reason in pending.result.dead_letters}
+    assert sorted(reasons) == [1, 3, 5]
+    assert "InvalidValue" in reasons[1] and "INTEGER" in reasons[1]
+    assert "no_such_table" in reasons[3] and "NUL character" in reasons[5]
+    with db.engine.connect() as connection:
+        assert sorted(connection.execute(sa.text("SELECT key, n FROM bench_counters")).all()) == [(1, 2), (2, 1)]
+    assert len(_letters(db, "refused-keys")) == 3
+
+
 def test_new_rows_are_created_and_concurrent_inserts_of_them_are_ordered(db):
     _reset(db, {})
     events = workloads.generate_toll(workloads.Workload(batch=120, keys=12, abort_ratio=0.2, cost_us=0, seed=9))

@@ -213,3 +213,24 @@ def test_rows_postgresql_cannot_store_are_dead_letters_on_the_lowered_path_too(d
     assert "NUL character" in letters[21] and "lone surrogate" in letters[22]
     assert "PostgreSQL refused this event's writes at the commit" in letters[23] and "54000" in letters[23]
     assert [row[:3] for row in _counters(database)] == [("k0", 30, 6), ("k1", 35, 7), ("k2", 35, 7)]
+
+
+def test_a_key_of_the_wrong_type_or_an_unknown_table_refuses_that_event_alone(database):
+    """What a batch's events declared is refused as a whole before its commit (a key the table's column cannot
+    hold, a table that does not exist); the batch then runs event by event and only those events are refused."""
+    @batch.declared
+    def mark(event, ops):
+        threshold = event.payload["amount"] if event.payload["amount"] >= 0 else "not a number"
+        table = "milestones" if event.payload["seq"] != 3 else "no_such_table"
+        ops.write(table, (event.key, threshold), lambda own: {"seq": event.payload["seq"]})
+
+    database.rule(on=database.stream("add"), name="mark")(mark)
+    sink = IngestSink(database, app_declared.MAPPING, query_name="q")
+    rows = [{"type": "add", "key": "a", "ts": BASE_TIME + dt.timedelta(seconds=seq), "amount": amount, "seq": seq}
+            for seq, amount in ((1, 100), (2, -1), (3, 200), (4, 300))]
+    outcome = sink.process(rows, 0, query_id="q@refused-keys")
+    assert (outcome.committed, outcome.events, outcome.dead_letters) == (True, 2, 2)
+    reasons = {raw["seq"]: reason for _, _, reason, raw in dead_letters(database)}
+    assert sorted(reasons) == [2, 3] and "threshold" in reasons[2] and "no_such_table" in reasons[3]
+    with database.engine.connect() as connection:
+        assert sorted(connection.execute(sa.text("SELECT threshold, seq FROM milestones")).all()) == [(100, 1), (300, 4)]
