@@ -11,7 +11,6 @@ one after the other in the calling thread.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -100,24 +99,15 @@ class RulesHandler(BatchHandler):
 
     def _handle_lowered(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger,
                         lowered: declared_batches.Lowered) -> bool:
-        """The batch as one batch of state transactions at commit (``apply_at_commit``, as the TPG path runs
-        it): its firings recorded now, executed and failed ones and the ledger's counts inside the commit.
+        """The batch as one batch of state transactions at commit (``batch.apply_lowered``: ``apply_at_commit``
+        as the TPG path runs it, the firing record kept), the ledger's counts inside the commit.
         False (nothing done) when what the events declared is refused before the commit (a key of the wrong
         type or one the store cannot hold, an unknown table): the batch then runs event by event, where each such
         event is refused alone with its reason."""
         events = list(batch.events)
         base = list(batch.letters)
-        rules = self.db.rules
-        per_type = Counter(event.event_type for event in events)
 
         def counts(result: Any, connection: Any) -> None:     # inside the commit, before the ledger's write
-            failed = Counter(events[event.position].event_type for event, _ in result.dead_letters)
-            for event_type, count in per_type.items():
-                rule = lowered.rules[event_type]
-                if count > failed[event_type]:
-                    rules.count(rule, "executed", count - failed[event_type])
-                if failed[event_type]:
-                    rules.count(rule, "failed", failed[event_type])
             ledger.events = result.committed_count
             ledger.dead_letters = len(base) + len(result.dead_letters)
             if result.dead_letters and ledger.query_name is not None:   # as the event path: a refused one may come again
@@ -131,8 +121,8 @@ class RulesHandler(BatchHandler):
         try:
             # In a subtransaction: a refusal leaves nothing behind; the participant moves up at its end.
             with tx.subtransaction(name="declared rules, lowered") as sub:
-                pending = declared_batches.apply_at_commit(
-                    sub, events, lowered.transactions, query_id=batch.query_id, batch_id=batch.batch_id,
+                pending = declared_batches.apply_lowered(
+                    self.db.rules, sub, events, lowered, query_id=batch.query_id, batch_id=batch.batch_id,
                     on_result=counts, letters=letters)
         except Exception as failure:
             # What the events declared is refused as a whole (a key of the wrong type or one the store cannot
@@ -141,8 +131,6 @@ class RulesHandler(BatchHandler):
                 raise
             self._event_by_event = (batch.query_id, batch.batch_id)
             return False
-        for event_type, count in per_type.items():
-            rules.fired_in_bulk(tx, lowered.rules[event_type], count)
         self._lowered_for = (batch.query_id, batch.batch_id)
         self.last_lowered = pending
         return True

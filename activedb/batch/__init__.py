@@ -6,8 +6,9 @@ event type's operations on ``ops``); ``apply_at_commit(tx, events, transactions)
 events, transactions)`` → :class:`BatchResult` (through the transaction tree: rules observing the written
 tables fire); ``run_batch(db, events, transactions)`` (its own transaction); ``run_in_memory(transactions,
 events, state)`` (no database); ``render_tpg`` / ``tpg_graph`` (the picture of a small batch); ``@batch.declared`` (a rule whose action is
-a declared state transaction) and ``lower(db.rules, tx, event_types)`` (a micro-batch of its events as one
-batch: the Spark sink's rule path uses it).
+a declared state transaction), ``lower(db.rules, tx, event_types)`` and ``apply_lowered(db.rules, tx, events,
+lowered)`` (a micro-batch of its events as one batch, the firing record kept: the Spark sink's rule path
+uses them).
 
 Strategies: ``"auto"`` (the decision model: the lean serial executor in one process, components
 over processes when they pay), ``"lean"``, ``"serial"`` (the reference meaning), ``"tpg"`` (the
@@ -23,12 +24,12 @@ from activedb.batch._result import BatchResult, BatchStatistics, TransactionResu
 from activedb.batch._runtime import normalise_events, run_in_memory
 from activedb.batch._store import apply_batch, dead_letter_row, run_batch
 from activedb.batch._commit import PendingBatch, PendingState, apply_at_commit
-from activedb.batch._rules import DeclaredAction, Lowered, declared, lower
+from activedb.batch._rules import DeclaredAction, Lowered, apply_lowered, declared, lower
 from activedb.batch._strategy import AbortMode, Exploration, Granularity, Strategy, all_strategies, parse_strategy
 from activedb.batch._picture import render_tpg, tpg_graph
 from activedb.batch import errors
 
-__all__ = ["Abort", "AbortMode", "all_strategies", "apply_at_commit", "apply_batch", "BatchEvent",
+__all__ = ["Abort", "AbortMode", "all_strategies", "apply_at_commit", "apply_batch", "apply_lowered", "BatchEvent",
            "BatchResult", "BatchStatistics", "dead_letter_row", "DecisionModel", "declared", "DeclaredAction",
            "DELETE", "EdgeKind", "lower", "Lowered",
            "errors", "Exploration", "Granularity", "normalise_events", "OpKind", "Ops", "OpState",

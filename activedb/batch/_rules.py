@@ -10,12 +10,14 @@ immutable after :func:`lower` made it, its ``transactions`` one batch at a time 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from coupling import Coupling
 
+from activedb.batch._commit import PendingBatch, apply_at_commit
 from activedb.batch._declare import Abort, BatchEvent, OpKind, Ops, StateTransactions
 from activedb.batch._state import merge_image
 from activedb.batch.errors import DeclarationError
@@ -25,7 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb.rules import Rule, RuleManager
     from activedb.txn import Transaction
 
-__all__ = ["DeclaredAction", "Lowered", "declared", "lower"]
+__all__ = ["DeclaredAction", "Lowered", "apply_lowered", "declared", "lower"]
 
 _READ, _WRITE, _CHECK = OpKind.READ, OpKind.WRITE, OpKind.CHECK
 _ND_READ, _ND_WRITE = OpKind.ND_READ, OpKind.ND_WRITE
@@ -198,3 +200,41 @@ def lower(rules: "RuleManager", transaction: "Transaction", event_types: Iterabl
 
 
 _MAX_CACHED = 64
+
+
+def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iterable[Any], lowered: Lowered, *,
+                  on_result: Callable[[Any, Any], None] | None = None, **options: Any) -> PendingBatch:
+    """Run ``events`` — their types lowered by :func:`lower` — as one batch at the commit of ``transaction``
+    (:func:`~activedb.batch.apply_at_commit` with ``options``) and keep the rules' firing record as firing them
+    would: each event's firing recorded as dispatched at once (``rules.fired_in_bulk``: the tree's
+    ``rule_firings``), ``executed`` and ``failed`` counted inside the commit, before ``on_result(result,
+    connection)``.  Raises what ``apply_at_commit`` raises, with nothing recorded."""
+    events = list(events)
+    per_type = Counter(_event_type(event) for event in events)
+
+    def counted(result: Any, connection: Any) -> None:
+        failed = Counter(event.event_type for event, _ in result.dead_letters)
+        for event_type, count in per_type.items():
+            rule = lowered.rules[event_type]
+            if count > failed[event_type]:
+                rules.count(rule, "executed", count - failed[event_type])
+            if failed[event_type]:
+                rules.count(rule, "failed", failed[event_type])
+        if on_result is not None:
+            on_result(result, connection)
+
+    pending = apply_at_commit(transaction, events, lowered.transactions, on_result=counted, **options)
+    for event_type, count in per_type.items():
+        rules.fired_in_bulk(transaction, lowered.rules[event_type], count)
+    return pending
+
+
+def _event_type(event: Any) -> str:
+    """The type of an event as ``apply_at_commit`` takes it (a RawEvent or BatchEvent, a mapping, a stream
+    ``Event``)."""
+    kind = getattr(event, "event_type", None)
+    if kind is None and isinstance(event, Mapping):
+        kind = event.get("event_type", event.get("type"))
+    if kind is None and getattr(event, "kind", None) is EventKind.STREAM:
+        kind = event.source
+    return kind
