@@ -2,18 +2,22 @@
 included, windows left out: a single firing has no versions) and TP declarations, each registered as a
 declared rule (``@batch.declared``), fired one subtransaction per event in timestamp order through the real
 store, leave the rows the serial reference leaves in memory and fail exactly the events it aborts (with its
-reason in the rule's failure).  With the sink's tests (``tests/spark_bridge/test_declared_rules.py``: lowered
-= event by event), this is why lowering a batch of declared rules changes nothing.
+reason in the rule's failure); and random programs of declared rules (hypothesis), lowered to one batch, leave
+what firing them one by one leaves — rows, refused events, firing counts.  With the sink's tests
+(``tests/spark_bridge/test_declared_rules.py``), this is why lowering a batch of declared rules changes nothing.
 
 Seeded: ``ACTIVEDB_TEST_SEED`` (default 7) shifts every generator's seed.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
 import sqlalchemy as sa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from activedb import batch
 from activedb.batch import workloads
@@ -84,3 +88,88 @@ def test_fired_event_by_event_a_declared_rule_leaves_the_serial_result(db, name,
     expected = {(table, key): _without_key(db, table, row) for (table, key), row in state.items()}
     expected.update({(table, key): _without_key(db, table, row) for (table, key), row in reference.final.items()})
     assert _stored(db) == {state_: row for state_, row in expected.items() if row is not None}
+
+
+# --- random declared programs: lowered = event by event ---------------------------------------------------
+
+PROGRAM: dict[str, list] = {"decl0": [], "decl1": []}    # what the two declared rules declare, per example
+TARGETS = st.one_of(st.just("key"), st.integers(0, 3))   # the event's own key, or a fixed row
+OPERATION = st.one_of(
+    st.tuples(st.just("write"), TARGETS, st.integers(-3, 5), st.one_of(st.none(), st.integers(0, 3))),
+    st.tuples(st.just("check"), TARGETS, st.integers(0, 12)),
+    st.tuples(st.just("read"), TARGETS))
+
+
+def _add(delta: int, own: dict | None, *params: dict | None) -> dict:
+    return {"n": (0 if own is None else own["n"]) + delta + sum(0 if row is None else row["n"] for row in params)}
+
+
+def _over(limit: int, row: dict | None) -> bool:
+    return row is not None and row["n"] > limit
+
+
+def _random_declaration(event, ops) -> None:
+    """The current example's operations of ``event``'s type (a row written twice is the program's own
+    error: both paths refuse that event)."""
+    for operation in PROGRAM[event.event_type]:
+        target = event.key if operation[1] == "key" else operation[1]
+        if operation[0] == "write":
+            param = operation[3]
+            reads = [("bench_counters", param)] if param is not None and param != target else []
+            ops.write("bench_counters", target, functools.partial(_add, operation[2]), reads=reads)
+        elif operation[0] == "check":
+            ops.abort_if(functools.partial(_over, operation[2]), reads=[("bench_counters", target)],
+                         reason=f"row {target} over {operation[2]}")
+        else:
+            ops.read("bench_counters", target)
+
+
+def _counters(db) -> dict:
+    with db.engine.begin() as connection:
+        rows = dict(connection.execute(sa.text("SELECT key, n FROM bench_counters")).all())
+        connection.execute(sa.text("TRUNCATE bench_counters"))
+    return rows
+
+
+def _firings(db) -> dict:
+    return {name: (counters.fired, counters.executed, counters.failed)
+            for name, counters in db.rules.statistics().per_rule.items() if name.startswith("random_")}
+
+
+@settings(max_examples=int(os.environ.get("ACTIVEDB_DECLARED_EXAMPLES", "40")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(program=st.fixed_dictionaries({"decl0": st.lists(OPERATION, min_size=1, max_size=3),
+                                      "decl1": st.lists(OPERATION, min_size=1, max_size=3)}),
+       events=st.lists(st.tuples(st.sampled_from(["decl0", "decl1"]), st.integers(0, 3)), min_size=1, max_size=15))
+def test_a_lowered_batch_of_random_declared_rules_is_the_same_as_firing_them_one_by_one(db, program, events):
+    """Random programs of two declared rules (writes with and without a parameter row, aborts, reads, on the
+    event's own row or a fixed one), random events: the rows, the refused events and the firing counts of one
+    batch lowered (``batch.lower`` + ``batch.apply_lowered``) equal those of the same events fired one by one,
+    each in its own subtransaction."""
+    for event_type in PROGRAM:
+        if f"random_{event_type}" not in db.rules.names():
+            db.rule(on=db.stream(event_type), name=f"random_{event_type}")(batch.declared(_random_declaration))
+    PROGRAM.update(program)
+    _counters(db)
+    before = _firings(db)
+    refused_by_event: set[int] = set()
+    with db.transaction() as tx:
+        for position, (event_type, key) in enumerate(events):
+            try:
+                with tx.subtransaction() as sub:
+                    sub.emit(event_type, key=key, ts=float(position))
+            except RuleFailed:
+                refused_by_event.add(position)
+    by_event, middle = _counters(db), _firings(db)
+    with db.transaction() as tx:
+        lowered = batch.lower(db.rules, tx, {event_type for event_type, _ in events})
+        assert lowered is not None
+        pending = batch.apply_lowered(db.rules, tx, [{"type": event_type, "key": key, "ts": float(position)}
+                                                     for position, (event_type, key) in enumerate(events)],
+                                      lowered, dead_letters=None)
+    assert _counters(db) == by_event
+    assert {event.position for event, _ in pending.result.dead_letters} == refused_by_event
+    after = _firings(db)
+    for name in after:
+        assert (tuple(a - b for a, b in zip(middle.get(name, (0, 0, 0)), before.get(name, (0, 0, 0))))
+                == tuple(a - b for a, b in zip(after[name], middle.get(name, (0, 0, 0))))), name
