@@ -22,14 +22,21 @@ def example() -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-def test_readme_example_runs_as_printed(database_url, tmp_path):
+def run_as_printed(code: str, database_url: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    """``code`` saved as a file in ``tmp_path`` and run by a new interpreter against ``database_url`` (with an
+    ``ACTIVEDB_HOME`` of its own, which the code must not need); it must exit 0."""
     script = tmp_path / "example.py"
-    script.write_text(example())
+    script.write_text(code)
     environment = {**os.environ, "ACTIVEDB_DATABASE_URL": database_url, "ACTIVEDB_HOME": str(tmp_path / "home"),
                    "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=environment, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_readme_example_runs_as_printed(database_url, tmp_path):
+    done = run_as_printed(example(), database_url, tmp_path)
     assert done.stdout == "None\n"                      # w2 does not exist
     engine = sa.create_engine(database_url)
     try:

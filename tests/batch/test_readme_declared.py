@@ -3,27 +3,17 @@ interpreter — against the test database (``ACTIVEDB_DATABASE_URL``), and print
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.test_readme import README, run_as_printed
 
 
 def example() -> str:
-    text = (ROOT / "README.md").read_text()
-    return next(block for block in re.findall(r"```python\n(.*?)```", text, re.S) if "@batch.declared" in block)
+    return next(block for block in re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+                if "@batch.declared" in block)
 
 
 def test_the_declared_rule_example_runs_as_printed(database_url, tmp_path):
-    script = tmp_path / "declared.py"
-    script.write_text(example())
-    environment = {**os.environ, "ACTIVEDB_DATABASE_URL": database_url, "ACTIVEDB_HOME": str(tmp_path / "home"),
-                   "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=environment, capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_as_printed(example(), database_url, tmp_path)
     assert done.stdout == "4 4\n"
-    assert "It prints `4 4`" in (ROOT / "README.md").read_text()
+    assert "It prints `4 4`" in README.read_text()
