@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +32,6 @@ __all__ = ["DeclaredAction", "Lowered", "apply_lowered", "declared", "lower"]
 _READ, _WRITE, _CHECK = OpKind.READ, OpKind.WRITE, OpKind.CHECK
 _ND_READ, _ND_WRITE = OpKind.ND_READ, OpKind.ND_WRITE
 _MISSING = object()
-_new_event = tuple.__new__
 
 
 class DeclaredAction:
@@ -56,7 +55,7 @@ class DeclaredAction:
                 f"the declared rule {self.declaration.__name__!r} fired on {event.describe()}; a declared rule "
                 f"reacts to stream events (on=db.stream(type)) — declare it on a stream, or write a plain action")
         # (The stream event's own payload, as a plain rule gets it: emit made it the event's copy.)
-        batch_event = _new_event(BatchEvent, (event.source, event.key, event.ts, event.payload, 0))
+        batch_event = BatchEvent(event.source, event.key, event.ts, event.payload, 0)
         ops = Ops(batch_event)
         self.declaration(batch_event, ops)
         if not ops.specs:
@@ -83,11 +82,6 @@ def declared(fn: Callable[[BatchEvent, Ops], None]) -> DeclaredAction:
 
 def perform_in(tx: "Transaction", specs: list) -> None:
     """Perform the declared operations ``specs`` of one event in ``tx`` (see :class:`DeclaredAction`)."""
-    if len(specs) == 1 and specs[0].kind is _WRITE and not specs[0].params:      # one row, read and written
-        spec = specs[0]
-        own = tx.read(spec.table, spec.key, for_update=True)
-        _write(tx, spec.table, spec.key, own, merge_image(own, spec.fn(own), spec))
-        return
     written = {spec.state for spec in specs if spec.kind is _WRITE}
     images: dict[tuple[str, Any], dict | None] = {}
 
@@ -126,20 +120,15 @@ def perform_in(tx: "Transaction", specs: list) -> None:
                 f"{kind.value} on {spec.table}: window operations read the versions of a batch, which a rule "
                 f"fired in a transaction does not have; run these events as a batch (batch.apply_at_commit) "
                 f"or declare the rule without window operations")
-    for (table, key), own, new in writes:
-        _write(tx, table, key, own, new)
-
-
-def _write(tx: "Transaction", table: str, key: Any, own: dict | None, new: dict | None) -> None:
-    """Row ``key`` of ``table`` from ``own`` to ``new`` (None: no row) in ``tx``: the columns that changed."""
-    if new is None:
-        if own is not None:
-            tx.delete(table, key)
-        return
-    changes = new if own is None else {column: value for column, value in new.items()
-                                       if own.get(column, _MISSING) != value}
-    if changes or own is None:
-        tx.write(table, key, **changes)
+    for (table, key), own, new in writes:           # each row from ``own`` to ``new``: the columns that changed
+        if new is None:
+            if own is not None:
+                tx.delete(table, key)
+            continue
+        changes = new if own is None else {column: value for column, value in new.items()
+                                           if own.get(column, _MISSING) != value}
+        if changes or own is None:
+            tx.write(table, key, **changes)
 
 
 @dataclass(frozen=True)
@@ -209,9 +198,6 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
     would: each event's firing recorded as dispatched at once (``rules.fired_in_bulk``: the tree's
     ``rule_firings``), ``executed`` and ``failed`` counted inside the commit, before ``on_result(result,
     connection)``.  Raises what ``apply_at_commit`` raises, with nothing recorded."""
-    events = list(events)
-    per_type = Counter(_event_type(event) for event in events)
-
     def counted(result: Any, connection: Any) -> None:
         failed = Counter(event.event_type for event, _ in result.dead_letters)
         for event_type, count in per_type.items():
@@ -224,17 +210,7 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
             on_result(result, connection)
 
     pending = apply_at_commit(transaction, events, lowered.transactions, on_result=counted, **options)
+    per_type = Counter(event.event_type for event in pending.batch)      # (the events as apply_at_commit read them)
     for event_type, count in per_type.items():
         rules.fired_in_bulk(transaction, lowered.rules[event_type], count)
     return pending
-
-
-def _event_type(event: Any) -> str:
-    """The type of an event as ``apply_at_commit`` takes it (a RawEvent or BatchEvent, a mapping, a stream
-    ``Event``)."""
-    kind = getattr(event, "event_type", None)
-    if kind is None and isinstance(event, Mapping):
-        kind = event.get("event_type", event.get("type"))
-    if kind is None and getattr(event, "kind", None) is EventKind.STREAM:
-        kind = event.source
-    return kind
