@@ -63,6 +63,29 @@ class BatchInput:
     def _event_ids(self) -> frozenset[int]:
         return frozenset(map(id, self.events))
 
+    def at_commit(self, ledger: Any, *, refused_may_come_again: bool = False) -> dict[str, Any]:
+        """The keyword arguments of ``activedb.batch.apply_at_commit`` (and ``apply_lowered``) for this batch's
+        ``events``: labelled with its query and batch id; inside the commit, before the ledger's write, the
+        ledger's counts (``on_result``) and the dead letters — the batch's own and one per aborted event,
+        ``aborted: <reason>``, keeping the row Spark delivered (``letters``; ``event.position`` of a result is
+        the index in ``events``, whose own ``.position`` is its Arrow row).  ``refused_may_come_again``: the
+        ledger records the ids of the applied events only (as the rule path does: a refused one may come
+        again)."""
+        events, base = self.events, list(self.letters)
+
+        def counts(result: Any, connection: Any) -> None:
+            ledger.events = result.committed_count
+            ledger.dead_letters = len(base) + len(result.dead_letters)
+            if refused_may_come_again and result.dead_letters and ledger.query_name is not None:
+                refused = {event.position for event, _ in result.dead_letters}
+                ledger.event_ids = [event.event_id for position, event in enumerate(events) if position not in refused]
+
+        def letters(result: Any) -> list[Letter]:
+            return base + self.dead_letters.for_events(
+                [(events[event.position], f"aborted: {reason}") for event, reason in result.dead_letters])
+
+        return {"query_id": self.query_id, "batch_id": self.batch_id, "on_result": counts, "letters": letters}
+
 
 class BatchHandler:
     """Where a micro-batch's events go (module docstring): a path overrides ``handle`` and what it does

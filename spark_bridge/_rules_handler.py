@@ -49,21 +49,24 @@ class RulesHandler(BatchHandler):
     name = "rules"
     searches_poison = True
 
-    def __init__(self, db: Any, prefetch: Mapping[str, Any] | None = None, event_attempts: int = 3,
-                 lower_declared: bool = True) -> None:
+    def __init__(self, db: Any, prefetch: Mapping[str, Any] | None = None, event_attempts: int = 3) -> None:
         self.db = db
         self.prefetch = dict(prefetch or {})
         self.event_attempts = event_attempts
         #: Run a batch whose rules are all declared rules as one batch of state transactions at commit
         #: when that is the same as firing them (``activedb.batch.lower``); False: always event by event.
-        self.lower_declared = lower_declared
-        #: The last batch's ``PendingBatch`` if it was lowered, else None.
-        self.last_lowered: Any = None
+        self.lower_declared = True
         self._lowered: dict = {}      # ``batch.lower``'s cache (this sink runs one batch at a time)
-        # (query id, batch id) of the batch whose lowered attempt PostgreSQL refused for a value an event wrote:
-        # its further attempts run event by event, where each such event is refused alone, with its reason.
-        self._lowered_for: tuple[str, int] | None = None
+        # ((query id, batch id), its PendingBatch) of the last batch that was lowered, and the (query id, batch
+        # id) of a batch whose lowered attempt PostgreSQL refused for a value an event wrote: its further
+        # attempts run event by event, where each such event is refused alone, with its reason.
+        self._last_lowered: tuple[tuple[str, int], Any] | None = None
         self._event_by_event: tuple[str, int] | None = None
+
+    @property
+    def last_lowered(self) -> Any:
+        """The last batch's ``PendingBatch`` if it was lowered, else None."""
+        return None if self._last_lowered is None else self._last_lowered[1]
 
     def accepted_types(self) -> frozenset[str] | None:
         """The stream types the rules of ``db`` listen to now (None — anything — if none)."""
@@ -71,14 +74,17 @@ class RulesHandler(BatchHandler):
 
     def handle(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger) -> None:
         this = (batch.query_id, batch.batch_id)
-        previous, self.last_lowered = self.last_lowered, None
-        if (previous is not None and self._lowered_for == this and previous.state is PendingState.ABORTED
-                and is_poison_failure(previous.error)):
+        previous, self._last_lowered = self._last_lowered, None
+        if (previous is not None and previous[0] == this and previous[1].state is PendingState.ABORTED
+                and is_poison_failure(previous[1].error)):
             self._event_by_event = this
         if self.lower_declared and batch.events and self._event_by_event != this:
             lowered = declared_batches.lower(self.db.rules, tx, {event.event_type for event in batch.events},
                                             self._lowered)
-            if lowered is not None and self._handle_lowered(tx, batch, ledger, lowered):
+            if lowered is not None:
+                # One batch of state transactions at commit, the firing record kept (``batch.apply_lowered``).
+                self._last_lowered = (this, declared_batches.apply_lowered(
+                    self.db.rules, tx, batch.events, lowered, **batch.at_commit(ledger, refused_may_come_again=True)))
                 return
         self._prefetch_rows(tx, batch.events)
         applied = 0
@@ -96,44 +102,6 @@ class RulesHandler(BatchHandler):
         batch.dead_letters.insert(tx, letters)
         ledger.events = applied
         ledger.dead_letters = len(letters)
-
-    def _handle_lowered(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger,
-                        lowered: declared_batches.Lowered) -> bool:
-        """The batch as one batch of state transactions at commit (``batch.apply_lowered``: ``apply_at_commit``
-        as the TPG path runs it, the firing record kept), the ledger's counts inside the commit.
-        False (nothing done) when what the events declared is refused before the commit (a key of the wrong
-        type or one the store cannot hold, an unknown table): the batch then runs event by event, where each such
-        event is refused alone with its reason."""
-        events = list(batch.events)
-        base = list(batch.letters)
-
-        def counts(result: Any, connection: Any) -> None:     # inside the commit, before the ledger's write
-            ledger.events = result.committed_count
-            ledger.dead_letters = len(base) + len(result.dead_letters)
-            if result.dead_letters and ledger.query_name is not None:   # as the event path: a refused one may come again
-                refused = {event.position for event, _ in result.dead_letters}
-                ledger.event_ids = [event.event_id for position, event in enumerate(events) if position not in refused]
-
-        def letters(result: Any) -> list[Any]:
-            return base + batch.dead_letters.for_events(
-                [(events[event.position], f"aborted: {reason}") for event, reason in result.dead_letters])
-
-        try:
-            # In a subtransaction: a refusal leaves nothing behind; the participant moves up at its end.
-            with tx.subtransaction(name="declared rules, lowered") as sub:
-                pending = declared_batches.apply_lowered(
-                    self.db.rules, sub, events, lowered, query_id=batch.query_id, batch_id=batch.batch_id,
-                    on_result=counts, letters=letters)
-        except Exception as failure:
-            # What the events declared is refused as a whole (a key of the wrong type or one the store cannot
-            # hold, a table that does not exist): event by event, each such event is refused alone.
-            if conflict_in(failure) is not None or is_infrastructure_failure(failure) or tx.state is not _ACTIVE:
-                raise
-            self._event_by_event = (batch.query_id, batch.batch_id)
-            return False
-        self._lowered_for = (batch.query_id, batch.batch_id)
-        self.last_lowered = pending
-        return True
 
     def apply_events(self, tx: Transaction, events: list[RawEvent]) -> None:
         self._prefetch_rows(tx, events)

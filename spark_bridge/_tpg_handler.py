@@ -40,21 +40,8 @@ class TpgHandler(BatchHandler):
         return frozenset(self.transactions.event_types) or None
 
     def handle(self, tx: Transaction, batch_input: BatchInput, ledger: IngestionLedger) -> None:
-        events = list(batch_input.events)
-        base = list(batch_input.letters)
-
-        def counts(result: Any, connection: Any) -> None:     # inside the commit, before the ledger's write
-            ledger.events = result.committed_count
-            ledger.dead_letters = len(base) + len(result.dead_letters)
-
-        def dead_letter_rows(result: Any) -> list[Any]:
-            # event.position is the index in `events`; that RawEvent's own .position is its Arrow row
-            return base + batch_input.dead_letters.for_events(
-                [(events[event.position], f"aborted: {reason}") for event, reason in result.dead_letters])
-
-        self.last_pending = batch.apply_at_commit(tx, events, self.transactions, query_id=batch_input.query_id,
-                                                  batch_id=batch_input.batch_id, on_result=counts,
-                                                  letters=dead_letter_rows)
+        self.last_pending = batch.apply_at_commit(tx, batch_input.events, self.transactions,
+                                                  **batch_input.at_commit(ledger))
 
     def close(self) -> None:
         """Stop the worker processes of ``StateTransactions(processes=N)``, if any."""
