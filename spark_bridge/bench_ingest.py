@@ -309,7 +309,7 @@ def _cleanup(database, plain_ids: list[str]) -> None:
 
 
 #: The phases of an event on the rule path with the minimal rule, inline (as ``bench rules`` splits a firing,
-#: ``activedb.bench._profile``): (phase, [(file suffix, function)], [phases inside them, subtracted]).
+#: ``activedb.bench.phase_seconds``): (phase, [(file suffix, function)], [phases inside them, subtracted]).
 _EVENT_PHASES = (
     ("validate", [("spark_bridge/mapping.py", "rows_to_events")], []),
     ("match", [("activedb/rules/_registry.py", "matching")], []),
@@ -330,7 +330,7 @@ def _event_phases(database, size: int) -> dict[str, Any]:
     import cProfile
     import pstats
 
-    from activedb.bench._profile import cumulative, phase_seconds, scaled
+    from activedb.bench import called_from, cumulative, database_wait, phase_seconds, scaled
     from activedb.examples.hand_hygiene.events import generate
 
     from spark_bridge._sink import IngestSink
@@ -362,22 +362,13 @@ def _event_phases(database, size: int) -> dict[str, Any]:
     # on_event; the event's own run_inline encloses on_event) and the match.
     dispatch = ("activedb/rules/_manager.py", "on_event")
     raw["dispatch and firing record"] = (cumulative(stats, dispatch) - raw["match"]
-                                         - _called_from(stats, ("activedb/txn/_children.py", "run_inline"), dispatch))
+                                         - called_from(stats, ("activedb/txn/_children.py", "run_inline"), dispatch))
     raw["rest (the sink's loop, emit, the rule's own code)"] = total - sum(raw.values())
     phases = scaled(raw, total, size, per_event_us, 2)
-    waiting = sum(row[3] for (filename, _, name), row in stats.stats.items()
-                  if name == "wait" and filename.replace("\\", "/").endswith("psycopg/connection.py"))
+    waiting = database_wait(stats)
     return {"us_per_event": round(per_event_us, 1), "phases_us_per_event": phases,
             "postgresql_share": round(waiting / total, 3) if total else 0.0,
             "python_share": round(1 - waiting / total, 3) if total else 0.0}
-
-
-def _called_from(stats: Any, callee: tuple[str, str], caller: tuple[str, str]) -> float:
-    """Cumulative profiled seconds of ``callee`` in the calls ``caller`` made (each a (file suffix, function))."""
-    def named(key: tuple, wanted: tuple[str, str]) -> bool:
-        return key[2] == wanted[1] and key[0].replace("\\", "/").endswith(wanted[0])
-    return sum(timing[3] for key, row in stats.stats.items() if named(key, callee)
-               for calling, timing in row[4].items() if named(calling, caller))
 
 
 def _series(report: BenchReport) -> None:

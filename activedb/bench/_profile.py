@@ -1,4 +1,5 @@
-"""Where a profiled run's time goes, phase by phase (``bench rules``, ``bench hotkeys``).
+"""Where a profiled run's time goes, phase by phase (``bench rules``, ``bench hotkeys``, spark_bridge's ``bench
+ingest``).
 
 A phase is ``(name, [(file suffix, function)], [earlier phases inside those functions])``: the cumulative
 profiled time of the functions, less the phases named (measured inside them).  Profiling slows Python code
@@ -13,9 +14,12 @@ from typing import Iterable
 
 def cumulative(stats: pstats.Stats, wanted: tuple[str, str]) -> float:
     """The cumulative seconds of the functions called ``wanted[1]`` in files ending with ``wanted[0]``."""
-    suffix, function = wanted
-    return sum(row[3] for (filename, _, name), row in stats.stats.items()
-               if name == function and filename.replace("\\", "/").endswith(suffix))
+    return sum(row[3] for key, row in stats.stats.items() if _named(key, wanted))
+
+
+def _named(key: tuple, wanted: tuple[str, str]) -> bool:
+    """Whether a profile's ``(file, line, function)`` is ``wanted``, a (file suffix, function)."""
+    return key[2] == wanted[1] and key[0].replace("\\", "/").endswith(wanted[0])
 
 
 def phase_seconds(stats: pstats.Stats, phases: Iterable[tuple[str, list, list]]) -> tuple[dict[str, float], float]:
@@ -32,3 +36,15 @@ def scaled(raw: dict[str, float], total: float, count: int, unit_us: float, digi
     ``unit_us`` when ``raw`` adds up to ``total``."""
     scale = unit_us / (total / count * 1e6) if total else 0.0
     return {phase: round(seconds / count * 1e6 * scale, digits) for phase, seconds in raw.items()}
+
+
+def called_from(stats: pstats.Stats, callee: tuple[str, str], caller: tuple[str, str]) -> float:
+    """The cumulative seconds of ``callee`` in the calls ``caller`` made (each a (file suffix, function))."""
+    return sum(timing[3] for key, row in stats.stats.items() if _named(key, callee)
+               for calling, timing in row[4].items() if _named(calling, caller))
+
+
+def database_wait(stats: pstats.Stats) -> float:
+    """Time spent on PostgreSQL's side of the connection: psycopg's ``Connection.wait`` (the socket wait
+    for the server and libpq's protocol work; the statement building before it counts as Python)."""
+    return cumulative(stats, ("psycopg/connection.py", "wait"))

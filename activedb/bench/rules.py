@@ -22,7 +22,7 @@ import time
 from activedb import Coupling, Event, batch
 from activedb.progress import Progress
 from activedb.bench.report import BenchReport, Row
-from activedb.bench._profile import cumulative, phase_seconds, scaled
+from activedb.bench._profile import cumulative, database_wait, phase_seconds, scaled
 from activedb.bench._setup import connect
 
 IMMEDIATE_EVENT = "bench_rule_immediate"
@@ -118,13 +118,6 @@ _DISPATCH = ("activedb/rules/_manager.py", "on_event")
 _RUN_FIRING = ("activedb/txn/_children.py", "run_inline")     # called by the dispatch for each firing
 
 
-def _database_wait(stats: pstats.Stats) -> float:
-    """Time spent on PostgreSQL's side of the connection: psycopg's ``Connection.wait`` (the socket wait
-    for the server and libpq's protocol work; the statement building before it counts as Python)."""
-    return sum(row[3] for (filename, _, name), row in stats.stats.items()
-               if name == "wait" and filename.replace("\\", "/").endswith("psycopg/connection.py"))
-
-
 def _phases(database, count: int, per_event_us: float) -> dict[str, float]:
     """Microseconds per event of each phase of an inline immediate firing (see the module docstring)."""
     profile = cProfile.Profile()
@@ -138,9 +131,9 @@ def _phases(database, count: int, per_event_us: float) -> dict[str, float]:
     raw["firing record"] = (cumulative(stats, _DISPATCH) - cumulative(stats, _RUN_FIRING) - raw["match"])
     raw["rest (emit, _execute, bench loop)"] = total - sum(raw.values())
     result = scaled(raw, total, count, per_event_us, 2)
-    database_wait = _database_wait(stats)
-    result["postgresql share"] = round(database_wait / total, 3) if total else 0.0
-    result["python share"] = round(1 - database_wait / total, 3) if total else 0.0
+    waiting = database_wait(stats)
+    result["postgresql share"] = round(waiting / total, 3) if total else 0.0
+    result["python share"] = round(1 - waiting / total, 3) if total else 0.0
     return result
 
 
