@@ -197,7 +197,14 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
     (:func:`~activedb.batch.apply_at_commit` with ``options``) and keep the rules' firing record as firing them
     would: each event's firing recorded as dispatched at once (``rules.fired_in_bulk``: the tree's
     ``rule_firings``), ``executed`` and ``failed`` counted inside the commit, before ``on_result(result,
-    connection)``.  Raises what ``apply_at_commit`` raises, with nothing recorded."""
+    connection)``.  Raises what ``apply_at_commit`` raises, with nothing recorded; ``lowered`` None (what
+    :func:`lower` returns when the events cannot be lowered) is refused with what to do instead."""
+    if lowered is None:
+        raise DeclarationError(
+            "apply_lowered(..., lowered=None): lower() found these events' rules cannot run as one batch (a type "
+            "fires another rule too, or a rule with a condition or another coupling, a rule reacts to data events, "
+            "or an observer or the history recorder listens); fire them one by one instead: tx.emit(type, ...) "
+            "per event, each in tx.subtransaction() if one may fail alone")
     def counted(result: Any, connection: Any) -> None:
         failed = Counter(event.event_type for event, _ in result.dead_letters)
         for event_type, count in per_type.items():

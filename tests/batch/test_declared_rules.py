@@ -173,3 +173,9 @@ def test_a_lowered_batch_of_random_declared_rules_is_the_same_as_firing_them_one
     for name in after:
         assert (tuple(a - b for a, b in zip(middle.get(name, (0, 0, 0)), before.get(name, (0, 0, 0))))
                 == tuple(a - b for a, b in zip(after[name], middle.get(name, (0, 0, 0))))), name
+
+
+def test_apply_lowered_without_a_lowering_says_what_to_do(db):
+    with db.transaction() as tx:
+        with pytest.raises(batch.errors.DeclarationError, match="fire them one by one instead"):
+            batch.apply_lowered(db.rules, tx, [{"type": "decl0", "key": 1, "ts": 0.0}], None)
