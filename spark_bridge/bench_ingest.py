@@ -16,6 +16,10 @@ For each ``S``, in the same run on the same Spark session and PostgreSQL:
    rules (``toArrow`` → ``COPY`` + ledger row in one transaction), into the 4-column table
    ``notifications`` (``worker``, ``room`` as ``message``, ``ts`` as ``at``, ``type`` as
    ``channel``: the same four values per row);
+2a. **the declared version** — ``activedb.examples.hand_hygiene.declared``: the same application as one declared
+   rule per badge type (``@batch.declared``, with ``ops.insert`` for the audit rows, alerts, badge lights,
+   notifications and compensations), which the sink lowers to one batch of state transactions per micro-batch;
+   its tables are compared with the peer's as the rules' are (``same_result_as_the_peer``);
 2b. **the PL/pgSQL peer** — what a PostgreSQL user would write instead: the same rows, sorted by
    time, ``COPY``'d (one transaction per batch, with its ledger row) into ``hh_badge_events``, whose
    ``BEFORE INSERT`` row trigger applies the same hand-hygiene logic to the same tables (Alembic
@@ -44,8 +48,9 @@ For each ``S``, in the same run on the same Spark session and PostgreSQL:
 
 Events/s is steady state: rows / Spark's ``triggerExecution`` time of each batch (planning,
 offset and commit logs, the sink), summed over every batch but the first of each run.  The PL/pgSQL
-peer and the hand-hygiene rules run in interleaved rounds (the peer, then the rules: 3 rounds at 1k and
-10k, one at 100k and in ``--quick``); their rows show the median rates, the ratio is median over median,
+peer, the hand-hygiene rules and their declared version run in interleaved rounds (the peer, the rules, the
+declared rules: 3 rounds at 1k and 10k, one at 100k and in ``--quick``); their rows show the median rates, the
+ratio is median over median,
 ``ratio_per_round`` its spread, and the per-event split is the median rules run's.
 The time per event is split into Spark's own part (``triggerExecution`` minus the sink) and the
 sink's phases (``PhaseTimings``, from ``IngestSink.recent_outcomes()``). Detached rule transactions
@@ -374,12 +379,15 @@ def _event_phases(database, size: int) -> dict[str, Any]:
 def _series(report: BenchReport) -> None:
     """events/s against the batch size, per path (for ``--plot``)."""
     paths: dict[str, list[tuple[float, float]]] = {}
+    drawn: set[tuple[str, float]] = set()
     for row in report.rows:
         size_text, _, label = row.name.partition(" events/batch: ")
-        if (not label or label.endswith("vs the goal") or " vs the " in label    # the same values as another row
-                or row.unit != "events/s"):                                     # (µs per event: not a rate)
+        if not label or row.unit != "events/s" or (size_text, row.value) in drawn:   # (µs: not a rate)
+            continue                                                                 # (a rate drawn already)
+        drawn.add((size_text, row.value))
+        label = label.replace(" vs plain write", "").replace(" vs the PL/pgSQL peer", "")
+        if label.endswith("vs the goal") or " vs the " in label:
             continue
-        label = label.replace(" vs plain write", "")
         paths.setdefault(label, []).append((int(size_text.replace(",", "")), row.value))
     for label, points in paths.items():
         report.add_series(Series("events/s by batch size", label, "events per micro-batch", "events/s",
@@ -390,6 +398,7 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
     import spark_bridge
     from activedb.examples.hand_hygiene import MIGRATIONS
     from activedb.examples.hand_hygiene.app import register, reset_tables
+    from activedb.examples.hand_hygiene.declared import register as register_hh_declared
     from activedb.examples.hand_hygiene.events import generate
     from activedb.bench import connect_database as bench_connect
 
@@ -397,7 +406,7 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
     report = BenchReport("Spark ingestion end to end (activedb bench ingest)")
     plan = dict(QUICK_PLAN if quick else PLAN)
     scale_out_from = 1_000 if quick else 10_000
-    progress.start("bench ingest", total=1 + sum(6 + 2 * (1 if quick else ROUNDS.get(size, 1))
+    progress.start("bench ingest", total=1 + sum(6 + 3 * (1 if quick else ROUNDS.get(size, 1))
                                              + (1 if size >= scale_out_from else 0) for size in plan))
     progress.note("starting Spark and the databases ...")
     timeout = 600.0 if quick else 3600.0
@@ -414,6 +423,8 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
     register_minimal(minimal_inline)
     minimal_declared = bench_connect(rule_execution="inline")
     register_declared(minimal_declared)
+    hh_declared = bench_connect(rule_execution="inline")
+    register_hh_declared(hh_declared)
     url = database.url.render_as_string(hide_password=False)
     from pyspark.sql import SparkSession
 
@@ -436,8 +447,8 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
                            unit="events/s", extra={"events_per_batch": size, "measured_batches": plain["batches"],
                                                    **_microseconds(plain["per_phase"], plain["rows"])}))
             rounds = 1 if quick else ROUNDS.get(size, 1)
-            peer_runs, rule_runs, same = [], [], True
-            for round_ in range(rounds):          # interleaved: the peer, then the rules, in each round
+            peer_runs, rule_runs, declared_runs, same, same_declared = [], [], [], True, True
+            for round_ in range(rounds):          # interleaved: the peer, the rules, the declared rules, each round
                 tag = f"{size}" if rounds == 1 else f"{size}-{round_ + 1}"
                 suffix = "" if rounds == 1 else f" (round {round_ + 1} of {rounds})"
                 reset_tables(database)
@@ -450,6 +461,11 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
                     rule_runs.append(_rule_run(spark, database, source, folder / f"rules-{tag}",
                                                f"{QUERY_PREFIX}-{tag}", mapping, {"worker_status": None}, timeout))
                 same = same and _app_state(database) == peer_state
+                reset_tables(database)
+                with progress.step(f"{size:,} events/batch: hand-hygiene as declared rules{suffix}"):
+                    declared_runs.append(_rule_run(spark, hh_declared, source, folder / f"declared-{tag}",
+                                                   f"{QUERY_PREFIX}-declared-{tag}", mapping, None, timeout))
+                same_declared = same_declared and _app_state(database) == peer_state
             peer_rates = [run["rows"] / run["seconds"] for run in peer_runs]
             rule_rates = [run["rows"] / run["seconds"] for run in rule_runs]
             peer, peer_rate = peer_runs[0], statistics.median(peer_rates)
@@ -467,6 +483,19 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
                            extra={"same_result_as_activedb": same, "rounds": rounds,
                                   "ratio_per_round": round_ratios,
                                   "end_to_end_ratio": round(end_to_end / peer_rate, 3)}))
+            declared_rates = [run["rows"] / run["seconds"] for run in declared_runs]
+            declared_rate = statistics.median(declared_rates)
+            declared_median = sorted(declared_runs, key=lambda run: run["rows"] / run["seconds"])[len(declared_runs) // 2]
+            report.add(Row(name=f"{size:,} events/batch: hand-hygiene as declared rules vs the PL/pgSQL peer",
+                           value=declared_rate, unit="events/s", baseline_name="PL/pgSQL row triggers",
+                           baseline=peer_rate, ratio=declared_rate / peer_rate, target=f">= {PEER_GOAL} of the peer",
+                           met=declared_rate / peer_rate >= PEER_GOAL,
+                           extra={"same_result_as_the_peer": same_declared, "rounds": rounds,
+                                  "lowered": declared_median["lowered"],
+                                  "ratio_per_round": [round(rate / peer_value, 3)
+                                                      for rate, peer_value in zip(declared_rates, peer_rates)],
+                                  "applied": declared_median["events"], "dead_letters": declared_median["dead_letters"],
+                                  **_microseconds(declared_median["per_phase"], declared_median["rows"])}))
             ratio = rule_rate / plain_rate
             extra = {"events_per_batch": size, "measured_batches": rules["batches"], "applied": rules["events"],
                      "dead_letters": rules["dead_letters"], **_microseconds(rules["per_phase"], rules["rows"]),
@@ -565,6 +594,7 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
         minimal.close()
         minimal_inline.close()
         minimal_declared.close()
+        hh_declared.close()
         database.close()
         shutil.rmtree(folder, ignore_errors=True)
     return report

@@ -99,6 +99,7 @@ class PendingBatch(CommitParticipant):
             seconds.update(result.statistics.seconds)
             started = time.perf_counter()
             self.rows_written = _write_final(catalog, connection, result, self._keys)
+            self.rows_written += _insert_new(catalog, connection, result.inserted())
             seconds["write"] = time.perf_counter() - started
         started = time.perf_counter()
         if options.on_result is not None:
@@ -177,10 +178,11 @@ def _select_for_update(connection: sa.Connection, info: Any, keys: list[tuple]) 
     names = info.key_columns
     if len(columns) == 1:
         column = columns[0]
-        statement = (sa.select(info.table)
-                     .where(column == sa.any_(sa.bindparam("keys", type_=postgresql.ARRAY(column.type))))
-                     .order_by(column).with_for_update())
-        rows, fields = _run(connection, statement, {"keys": sorted(key[0] for key in keys)}, fetch=True)
+        statement = lambda: (sa.select(info.table)                             # noqa: E731
+                             .where(column == sa.any_(sa.bindparam("keys", type_=postgresql.ARRAY(column.type))))
+                             .order_by(column).with_for_update())
+        rows, fields = _run(connection, statement, {"keys": sorted(key[0] for key in keys)}, fetch=True,
+                            shape=("select for update", info.table))
         return {(row[0],): dict(zip(fields, row)) for row in rows} if fields[0] == names[0] else {
             (image[names[0]],): image for image in (dict(zip(fields, row)) for row in rows)}
     found: dict[tuple, dict] = {}
@@ -191,15 +193,29 @@ def _select_for_update(connection: sa.Connection, info: Any, keys: list[tuple]) 
     return found
 
 
+#: (statement kind, table, columns) → its SQL as ``_run`` sends it: compiling a statement costs about a
+#: millisecond of SQLAlchemy, more than PostgreSQL's work for a small batch, and a stream repeats a few shapes.
+_SQL: dict[tuple, str] = {}
+_SQL_KEPT = 512
+
+
 def _run(connection: sa.Connection, statement: Any, parameters: dict, *,
-         fetch: bool = False) -> tuple[list[tuple], list[str]] | None:
+         fetch: bool = False, shape: tuple | None = None) -> tuple[list[tuple], list[str]] | None:
     """Run ``statement`` on the connection's own driver cursor, its array parameters sent in binary
     (``%(name)b``); with ``fetch``, its rows as plain tuples and the column names: the batch reads
     tens of thousands of rows here, and a SQLAlchemy row object per row would cost more than
-    PostgreSQL's work for it."""
-    sql = str(statement.compile(dialect=connection.dialect))
-    for name in parameters:
-        sql = sql.replace(f"%({name})s", f"%({name})b")
+    PostgreSQL's work for it.  ``statement`` may be a function that builds it; with ``shape`` (what
+    determines its SQL) the compiled SQL is kept and the function called only the first time."""
+    sql = _SQL.get(shape) if shape is not None else None
+    if sql is None:
+        built = statement() if callable(statement) else statement
+        sql = str(built.compile(dialect=connection.dialect))
+        for name in parameters:
+            sql = sql.replace(f"%({name})s", f"%({name})b")
+        if shape is not None:
+            if len(_SQL) >= _SQL_KEPT:
+                _SQL.clear()
+            _SQL[shape] = sql
     cursor = connection.connection.driver_connection.cursor(binary=True)
     try:
         cursor.execute(sql, parameters)
@@ -225,7 +241,7 @@ def _write_final(catalog: Any, connection: sa.Connection, result: BatchResult,
         key_set = frozenset(key_columns)
         single = key_columns[0] if len(key_columns) == 1 else None
         deletes: list[dict] = []
-        updates: dict[tuple, list[dict]] = {}      # changed column names -> rows (key columns + those)
+        updates: dict[tuple, list[tuple[dict, dict]]] = {}   # changed columns -> (key columns + those, image)
         inserts: dict[frozenset, list[dict]] = {}
         for given, image, old in by_table[table]:
             key = known.get(given)
@@ -251,12 +267,10 @@ def _write_final(catalog: Any, connection: sa.Connection, result: BatchResult,
             if rows is None:
                 updates[changed] = rows = []
             key_row.update((name, image[name]) for name in changed)
-            rows.append(key_row)
+            rows.append((key_row, image))
         if deletes:
             _delete(connection, info, deletes)
-        merged: dict[frozenset, list[dict]] = {}
-        for changed, rows in updates.items():       # the same columns in another order: one statement
-            merged.setdefault(frozenset(changed), []).extend(rows)
+        merged = _one_update(info, updates)
         for columns, rows in merged.items():
             names = sorted(columns)
             _check_columns(info, names, rows)
@@ -267,6 +281,48 @@ def _write_final(catalog: Any, connection: sa.Connection, result: BatchResult,
             _insert(connection, info, names, rows)
         written += len(deletes) + sum(len(rows) for rows in merged.values()) + sum(
             len(rows) for rows in inserts.values())
+    return written
+
+
+def _one_update(info: Any, updates: Mapping[tuple, list[tuple[dict, dict]]]) -> dict[frozenset, list[dict]]:
+    """The updated rows (``updates``: changed columns → (key columns and those values, the row's image)) as few
+    statements: when every changed column of the table has an array form, every row sets the union of the
+    changed columns, each from its image — a column a row did not change is set to the value it has, locked
+    since the batch read it — so that one statement serves the table (a stream's rows change a few different
+    sets of columns: one statement each cost more than PostgreSQL's work for them); a row whose image lacks a
+    column of the union keeps its own statement."""
+    union = frozenset(name for changed in updates for name in changed)
+    columns = info.table.c
+    if len(updates) <= 1 or any(name not in columns or _array_type(columns[name]) is None for name in union):
+        return {frozenset(changed): [row for row, _ in rows] for changed, rows in updates.items()}
+    merged: dict[frozenset, list[dict]] = {}
+    one: list[dict] = []
+    for changed, rows in updates.items():
+        for row, image in rows:
+            if union <= image.keys():
+                row.update((name, image[name]) for name in union if name not in row)
+                one.append(row)
+            else:
+                merged.setdefault(frozenset(changed), []).append(row)
+    if one:
+        merged.setdefault(union, []).extend(one)
+    return merged
+
+
+def _insert_new(catalog: Any, connection: sa.Connection, inserted: Mapping[str, list[dict]]) -> int:
+    """Insert the new rows of the batch's INSERT operations, one statement per table and set of columns
+    (columns left out take their defaults: a generated key is drawn by PostgreSQL)."""
+    written = 0
+    for table in sorted(inserted):
+        info = catalog.table_info(table)
+        by_columns: dict[frozenset, list[dict]] = {}
+        for row in inserted[table]:
+            by_columns.setdefault(frozenset(row), []).append(row)
+        for columns, rows in by_columns.items():
+            names = sorted(columns)
+            _check_columns(info, names, rows)
+            _insert(connection, info, names, rows)
+            written += len(rows)
     return written
 
 
@@ -291,14 +347,12 @@ def _check_columns(info: Any, names: list[str], rows: list[dict]) -> None:
 _ARRAY_TYPES = ((sa.Integer, int), (sa.Float, float), (sa.Text, str), (sa.Boolean, bool))
 
 
-def _arrays(info: Any, names: list[str], rows: list[dict]):
-    """``unnest(:a0, :a1, …) AS v(names…)`` and its parameters, or None if a column's values have
-    no plain array form (then the caller executes the statement once per row)."""
-    binds, parameters = [], {}
+def _arrays(info: Any, names: list[str], rows: list[dict]) -> dict[str, list] | None:
+    """The parameters ``a0, a1, …`` of ``unnest(:a0, :a1, …) AS v(names…)`` (:func:`_unnest`), or None if a
+    column's values have no plain array form (then the caller executes the statement once per row)."""
+    parameters = {}
     for number, name in enumerate(names):
-        column = info.table.c[name]
-        python_type = next((kind for sql_type, kind in _ARRAY_TYPES if isinstance(column.type, sql_type)
-                            and not isinstance(column.type, sa.Enum)), None)
+        python_type = _array_type(info.table.c[name])
         if python_type is None:
             return None
         values = [row[name] for row in rows]
@@ -306,10 +360,20 @@ def _arrays(info: Any, names: list[str], rows: list[dict]):
             values = [float(value) if type(value) is int else value for value in values]
         if not all(type(value) is python_type or value is None for value in values):
             return None
-        binds.append(sa.bindparam(f"a{number}", type_=postgresql.ARRAY(column.type)))
         parameters[f"a{number}"] = values
-    derived = sa.func.unnest(*binds).table_valued(*names).render_derived(name="v")
-    return derived, parameters
+    return parameters
+
+
+def _array_type(column: Any) -> type | None:
+    return next((kind for sql_type, kind in _ARRAY_TYPES if isinstance(column.type, sql_type)
+                 and not isinstance(column.type, sa.Enum)), None)
+
+
+def _unnest(info: Any, names: list[str]) -> Any:
+    """``unnest(:a0, :a1, …) AS v(names…)``, its binds typed as arrays of the columns' types."""
+    binds = [sa.bindparam(f"a{number}", type_=postgresql.ARRAY(info.table.c[name].type))
+             for number, name in enumerate(names)]
+    return sa.func.unnest(*binds).table_valued(*names).render_derived(name="v")
 
 
 def _key_match(info: Any, derived: Any):
@@ -317,33 +381,41 @@ def _key_match(info: Any, derived: Any):
 
 
 def _delete(connection: sa.Connection, info: Any, rows: list[dict]) -> None:
-    arrays = _arrays(info, list(info.key_columns), rows)
-    if arrays is None:
+    names = list(info.key_columns)
+    parameters = _arrays(info, names, rows)
+    if parameters is None:
         connection.execute(info.delete(), [{f"k_{name}": value for name, value in row.items()} for row in rows])
     else:
-        _run(connection, sa.delete(info.table).where(_key_match(info, arrays[0])), arrays[1])
+        _run(connection, lambda: sa.delete(info.table).where(_key_match(info, _unnest(info, names))), parameters,
+             shape=("delete", info.table, tuple(names)))
 
 
 def _update(connection: sa.Connection, info: Any, columns: list[str], rows: list[dict]) -> None:
-    arrays = _arrays(info, [*info.key_columns, *columns], rows)
-    if arrays is None:
+    names = [*info.key_columns, *columns]
+    parameters = _arrays(info, names, rows)
+    if parameters is None:
         connection.execute(info.update(frozenset(columns)), [
             {**{f"k_{name}": row[name] for name in info.key_columns}, **{f"v_{name}": row[name] for name in columns}}
             for row in rows])
     else:
-        derived, parameters = arrays
-        _run(connection, sa.update(info.table).where(_key_match(info, derived)).values(
-            {name: derived.c[name] for name in columns}), parameters)
+        def statement():
+            derived = _unnest(info, names)
+            return sa.update(info.table).where(_key_match(info, derived)).values(
+                {name: derived.c[name] for name in columns})
+
+        _run(connection, statement, parameters, shape=("update", info.table, tuple(names)))
 
 
 def _insert(connection: sa.Connection, info: Any, columns: list[str], rows: list[dict]) -> None:
-    arrays = _arrays(info, columns, rows)
-    if arrays is None:
+    parameters = _arrays(info, columns, rows)
+    if parameters is None:
         connection.execute(info.table.insert(), rows)
     else:
-        derived, parameters = arrays
-        _run(connection, sa.insert(info.table).from_select(columns, sa.select(*[derived.c[name] for name in columns])),
-             parameters)
+        def statement():
+            derived = _unnest(info, columns)
+            return sa.insert(info.table).from_select(columns, sa.select(*[derived.c[name] for name in columns]))
+
+        _run(connection, statement, parameters, shape=("insert", info.table, tuple(columns)))
 
 
 def _check_key_columns(info: Any, given: Any, values: Mapping[str, Any], key_row: Mapping[str, Any]) -> None:
@@ -434,8 +506,10 @@ def apply_at_commit(tx: Transaction, events: Iterable[Any], transactions: StateT
         catalog = tx.manager.catalog
         try:
             keys = {table: _normalised_keys(catalog.table_info(table), given) for table, given in states.items()}
+            for table in written:          # the tables only inserted into must exist too
+                catalog.table_info(table)
         except SchemaError:
-            keys = _refuse_unstorable(catalog, batch, plans, declared, states)
+            keys = _refuse_unstorable(catalog, batch, plans, declared, states, written)
         pending = PendingBatch(transactions, batch, declared, keys, unbounded, options)
         pending.seconds["apply"] = time.perf_counter() - tx_started
     tx.enlist(pending)
@@ -443,11 +517,18 @@ def apply_at_commit(tx: Transaction, events: Iterable[Any], transactions: StateT
 
 
 def _refuse_unstorable(catalog: Any, batch: list[BatchEvent], plans: Mapping[str, Any], declared: dict[int, Any],
-                       states: Mapping[str, Mapping[Any, None]]) -> dict[str, dict[Any, tuple]]:
+                       states: Mapping[str, Mapping[Any, None]], written: Iterable[str] = ()
+                       ) -> dict[str, dict[Any, tuple]]:
     """Some declared row cannot be named in the store (a table that does not exist, a key of the wrong type or
-    one PostgreSQL cannot hold): refuse the events that touch such a row (``declared[t]`` the reason, so that
-    each is a dead letter alone, as a transaction that could not be declared is) and return the normalised
-    keys of the rest."""
+    one PostgreSQL cannot hold): refuse the events that touch such a row or write such a table (``declared[t]``
+    the reason, so that each is a dead letter alone, as a transaction that could not be declared is) and return
+    the normalised keys of the rest."""
+    bad_tables: dict[str, str] = {}
+    for table in written:
+        try:
+            catalog.table_info(table)
+        except SchemaError as error:
+            bad_tables[table] = f"{type(error).__name__}: {error}"
     bad: dict[tuple[str, Any], str] = {}
     for table, given in states.items():
         try:
@@ -467,6 +548,9 @@ def _refuse_unstorable(catalog: Any, batch: list[BatchEvent], plans: Mapping[str
             continue
         touched = plans[event[0]].states(event) if known is None else touched_states(known)[0]
         reason = next((bad[state] for state in touched if state in bad), None)
+        if reason is None and bad_tables:
+            tables = plans[event[0]].written if known is None else written_tables(known)
+            reason = next((bad_tables[table] for table in tables if table in bad_tables), None)
         if reason is not None:
             declared[t] = reason
             continue

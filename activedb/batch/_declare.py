@@ -10,6 +10,7 @@ and in worker processes (the object pickles its declarations only).
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -43,6 +44,7 @@ class OpKind(enum.Enum):
     WINDOW_WRITE = "window_write"     # WRITE(key, win_f(over, size))
     ND_READ = "nd_read"               # READ(f*): key computed at run time
     ND_WRITE = "nd_write"             # WRITE(f1*, f2*): key and value computed at run time
+    INSERT = "insert"                 # INSERT(table, f(*reads)): new rows, their keys the store's to generate
 
     @property
     def writes(self) -> bool:
@@ -53,7 +55,15 @@ class OpKind(enum.Enum):
         return self in (OpKind.WINDOW_READ, OpKind.WINDOW_WRITE)
 
 
-_WRITING = frozenset({OpKind.WRITE, OpKind.WINDOW_WRITE, OpKind.ND_WRITE})
+_WRITING = frozenset({OpKind.WRITE, OpKind.WINDOW_WRITE, OpKind.ND_WRITE, OpKind.INSERT})
+
+
+class Inserted(NamedTuple):
+    """The output of an INSERT operation: the rows it adds to ``table`` (each a dict of columns) when its
+    transaction commits."""
+
+    table: str
+    rows: tuple[dict, ...]
 
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
@@ -93,8 +103,8 @@ class OpSpec(NamedTuple):
     state: tuple[str, Any] | None = None
 
 
-_new_spec = tuple.__new__
-_READ, _WRITE, _CHECK = OpKind.READ, OpKind.WRITE, OpKind.CHECK
+_new_spec = _new_inserted = tuple.__new__
+_READ, _WRITE, _CHECK, _INSERT = OpKind.READ, OpKind.WRITE, OpKind.CHECK, OpKind.INSERT
 
 
 def _bad_pair(pair: Any, what: str) -> DeclarationError:
@@ -240,6 +250,70 @@ class Ops:
         self._check_key(table, 0)
         self.specs.append(OpSpec(OpKind.ND_WRITE, table, None, self._params(reads, None, "reads"), fn=fn,
                                  key_fn=key_fn, candidates=_candidates(table, candidates), name=name))
+
+
+    def insert(self, table: str, rows: Callable[..., Any] | Mapping[str, Any], *, reads: Iterable[Any] = (),
+               name: str | None = None) -> None:
+        """INSERT(table, rows(*images of reads)): new rows of ``table``, added when the transaction commits.
+        ``rows`` is a mapping of columns (one row) or a function of the images of ``reads`` (as of before the
+        transaction) that returns a mapping, a list of mappings, or None (no row).  Columns left out take
+        their defaults, so a key the store generates (identity, serial) is left out.  New rows are no state:
+        no operation of the batch reads them, and none conflicts with another insert.  The output ``name``
+        (default ``insert:TABLE#INDEX``) is an :class:`Inserted`."""
+        if type(table) is not str:
+            table = self._check_key(table, 0)[0]
+        if callable(rows):
+            fn = rows
+        elif isinstance(rows, Mapping):
+            fn = functools.partial(_constant, dict(rows))
+        else:
+            raise DeclarationError(f"ops.insert({table!r}, ...) takes a mapping of columns or a function of the "
+                                   f"reads returning one (or a list of them, or None), got {rows!r}")
+        specs = self.specs
+        if not reads:
+            params = ()
+        elif (type(reads) is list or type(reads) is tuple) and len(reads) == 1:
+            params = (_state(reads[0], "reads"),)           # (the common case: one row read)
+        else:
+            params = self._params(reads, None, "reads")
+        if name is None:
+            name = _insert_name(table, len(specs))
+        specs.append(_new_spec(OpSpec, (_INSERT, table, None, params, fn, None, None, None, name, (), None)))
+
+
+_INSERT_NAMES: dict[tuple[str, int], str] = {}
+
+
+def _insert_name(table: str, index: int) -> str:
+    """``insert:TABLE#INDEX``, the default output name of an INSERT (kept: a batch names thousands alike)."""
+    name = _INSERT_NAMES.get((table, index))
+    if name is None:
+        name = f"insert:{table}#{index}"
+        if len(_INSERT_NAMES) < 4096:
+            _INSERT_NAMES[(table, index)] = name
+    return name
+
+
+def _constant(row: dict, *images: Any) -> dict:
+    return row
+
+
+_NO_ROWS = ()
+
+
+def inserted(spec: OpSpec, result: Any) -> Inserted:
+    """What an INSERT's function returned, as rows (dicts, never changed afterwards: the batch only reads them);
+    raises DeclarationError for anything else."""
+    if result is None:
+        return _new_inserted(Inserted, (spec.table, _NO_ROWS))
+    if type(result) is dict:
+        return _new_inserted(Inserted, (spec.table, (result,)))
+    if isinstance(result, Mapping):
+        return Inserted(spec.table, (dict(result),))
+    if isinstance(result, (list, tuple)) and all(isinstance(row, Mapping) for row in result):
+        return Inserted(spec.table, tuple(row if type(row) is dict else dict(row) for row in result))
+    raise DeclarationError(f"the function of insert into {spec.table} returned {result!r}; return a mapping of "
+                           f"columns, a list of them, or None for no row")
 
 
 def _candidates(table: str, candidates: Iterable[Any] | None) -> tuple[Any, ...] | None:

@@ -13,13 +13,13 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from activedb.batch._declare import BatchEvent, OpKind, Ops, OpSpec, no_operation, unknown_event_type
+from activedb.batch._declare import BatchEvent, OpKind, Ops, OpSpec, inserted, no_operation, unknown_event_type
 from activedb.batch._result import Part
 from activedb.batch._state import failure_reason, merge_image, perform
 from activedb.batch.errors import DeclarationError, ExecutionInvariantBroken
 
 _MISSING = object()
-_WRITE, _READ, _ND_WRITE = OpKind.WRITE, OpKind.READ, OpKind.ND_WRITE
+_WRITE, _READ, _ND_WRITE, _INSERT = OpKind.WRITE, OpKind.READ, OpKind.ND_WRITE, OpKind.INSERT
 _WINDOWED = frozenset({OpKind.WINDOW_READ, OpKind.WINDOW_WRITE})
 
 
@@ -181,6 +181,16 @@ def _run(declarations, items, base, loader, declared, versions, allowed) -> Part
                     output = get(state, _MISSING)
                     if output is _MISSING:
                         output = miss(state, t)
+                elif kind is _INSERT:
+                    params = spec[3]
+                    if params:
+                        values = []
+                        for param in params:
+                            value = get(param, _MISSING)
+                            values.append(miss(param, t) if value is _MISSING else value)
+                        output = inserted(spec, spec[4](*values))
+                    else:
+                        output = inserted(spec, spec[4]())
                 else:
                     state, image, output = perform(spec, t, read, window)
                     if state is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from activedb.batch._declare import BatchEvent
+from activedb.batch._declare import BatchEvent, Inserted
 
 
 class TransactionResult(NamedTuple):
@@ -127,6 +127,20 @@ class BatchResult:
         events = self._events
         letters = [(events[t], reason or "aborted") for t, reason in self._aborted.items()] + list(self.rejected)
         return sorted(letters, key=lambda letter: letter[0].position)
+
+    def inserted(self) -> dict[str, list[dict]]:
+        """Table → the rows the committed transactions' INSERT operations add, in timestamp order."""
+        rows: dict[str, list[dict]] = {}
+        outputs = self._outputs
+        for t in sorted(outputs):
+            for output in outputs[t].values():
+                if type(output) is Inserted and output.rows:
+                    found = rows.get(output.table)
+                    if found is None:
+                        rows[output.table] = list(output.rows)
+                    else:
+                        found.extend(output.rows)
+        return rows
 
     def changes(self) -> dict[tuple[str, Any], dict | None]:
         """The states whose final image differs from the image before the batch."""

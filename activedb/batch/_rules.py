@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from coupling import Coupling
 
 from activedb.batch._commit import PendingBatch, apply_at_commit
-from activedb.batch._declare import Abort, BatchEvent, OpKind, Ops, StateTransactions
+from activedb.batch._declare import Abort, BatchEvent, Inserted, OpKind, Ops, StateTransactions, inserted
 from activedb.batch._state import merge_image
 from activedb.batch.errors import DeclarationError
 from activedb.events import EventKind
@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["DeclaredAction", "Lowered", "apply_lowered", "declared", "lower"]
 
 _READ, _WRITE, _CHECK = OpKind.READ, OpKind.WRITE, OpKind.CHECK
-_ND_READ, _ND_WRITE = OpKind.ND_READ, OpKind.ND_WRITE
+_ND_READ, _ND_WRITE, _INSERT = OpKind.ND_READ, OpKind.ND_WRITE, OpKind.INSERT
 _MISSING = object()
 
 
@@ -92,6 +92,7 @@ def perform_in(tx: "Transaction", specs: list) -> None:
         return found
 
     writes: list[tuple[tuple[str, Any], dict | None, dict | None]] = []
+    inserts: list[Inserted] = []
     for spec in specs:
         kind = spec.kind
         if kind is _WRITE:
@@ -103,6 +104,8 @@ def perform_in(tx: "Transaction", specs: list) -> None:
         elif kind is _CHECK:
             if spec.fn(image(spec.state), *[image(param) for param in spec.params]):
                 raise Abort(spec.reason or "condition failed")
+        elif kind is _INSERT:
+            inserts.append(inserted(spec, spec.fn(*[image(param) for param in spec.params])))
         elif kind is _ND_READ or kind is _ND_WRITE:
             params = [image(param) for param in spec.params]
             key = spec.key_fn(*params)
@@ -129,6 +132,9 @@ def perform_in(tx: "Transaction", specs: list) -> None:
                                            if own.get(column, _MISSING) != value}
         if changes or own is None:
             tx.write(table, key, **changes)
+    for table, rows in inserts:
+        for row in rows:
+            tx.insert(table, **row)
 
 
 @dataclass(frozen=True)

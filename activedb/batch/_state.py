@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from activedb.batch._declare import DELETE, Abort, OpKind, OpSpec
+from activedb.batch._declare import DELETE, Abort, OpKind, OpSpec, inserted
 from activedb.batch.errors import DeclarationError
 
 
@@ -51,6 +51,8 @@ def perform(spec: OpSpec, t: int, read: Callable[[tuple[str, Any], int], Any],
         image = merge_image(own, spec.fn(own, [window(param, t, spec.size) for param in spec.params]), spec)
         return state, image, image
     params = [read(param, t) for param in spec.params]
+    if kind is OpKind.INSERT:
+        return None, None, inserted(spec, spec.fn(*params))
     key = spec.key_fn(*params)
     if spec.candidates is not None and key not in spec.candidates:
         raise DeclarationError(f"the key function of a non-deterministic {kind.value} on {spec.table} returned "

@@ -58,6 +58,10 @@ def apply_batch(tx: Transaction, events: Iterable[Any], transactions: StateTrans
             by_table.setdefault(table, {})[key] = changes
     written = sum(tx.write_many(table, rows, lock="table" if lock == "table" else "row")
                   for table, rows in by_table.items())
+    for table, rows in result.inserted().items():      # new rows: their keys drawn as tx.insert draws them
+        for row in rows:
+            tx.insert(table, **row)
+        written += len(rows)
     if result.statistics is not None:
         result.statistics.seconds.update(prefetch=prefetch_seconds, write=time.perf_counter() - started)
     result.notes.append(f"{written} rows written")

@@ -367,3 +367,30 @@ def test_dead_letters_name_the_events_as_given_on_both_paths(db):
         assert [(event.position, reason) for event, reason in pending.result.dead_letters] == expected
         assert all(events[event.position]["payload"] == dict(event.payload)
                    for event, _ in pending.result.dead_letters)
+
+
+def test_rows_changing_different_columns_each_end_as_their_image(db):
+    """Rows of one table whose changes touch different columns are updated together (one statement setting the
+    union of the changed columns, each row's unchanged ones to the values it has): every row ends as its image."""
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE items"))
+        connection.execute(sa.text("INSERT INTO items (key, value, note) VALUES ('a', 1, 'x'), ('b', 2, 'y'), "
+                                   "('c', 3, NULL), ('d', 4, 'w')"))
+    transactions = batch.StateTransactions("different columns")
+
+    @transactions.on("value")
+    def value(event, ops):
+        ops.write("items", event.key, lambda own: {"value": own["value"] * 10})
+
+    @transactions.on("note")
+    def note(event, ops):
+        ops.write("items", event.key, lambda own: {"note": f"{own['note']}!"})
+
+    events = [batch.BatchEvent("value", "a", 0), batch.BatchEvent("note", "b", 1), batch.BatchEvent("note", "c", 2),
+              batch.BatchEvent("value", "d", 3), batch.BatchEvent("note", "d", 4)]
+    with db.transaction() as tx:
+        pending = batch.apply_at_commit(tx, events, transactions, dead_letters=None)
+    assert pending.rows_written == 4
+    with db.engine.connect() as connection:
+        assert sorted(tuple(row) for row in connection.execute(sa.text("SELECT key, value, note FROM items"))) == [
+            ("a", 10, "x"), ("b", 2, "y!"), ("c", 3, "None!"), ("d", 40, "w!")]

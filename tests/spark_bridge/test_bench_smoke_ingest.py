@@ -25,6 +25,7 @@ def test_ingest_benchmark_quick(spark, database_url, monkeypatch):
         "1,000 events/batch: plain write (COPY, no rules)",
         "1,000 events/batch: PL/pgSQL row triggers (COPY, the peer)",
         "1,000 events/batch: hand-hygiene rules vs the PL/pgSQL peer",
+        "1,000 events/batch: hand-hygiene as declared rules vs the PL/pgSQL peer",
         "1,000 events/batch: hand-hygiene rules vs plain write",
         "1,000 events/batch: hand-hygiene rules vs the goal",
         "1,000 events/batch: hand-hygiene end to end, detached effects included",
@@ -33,7 +34,7 @@ def test_ingest_benchmark_quick(spark, database_url, monkeypatch):
         "1,000 events/batch: one immediate rule (inline), time per event by phase, without Spark",
     ]
     rows = {row.name: row for row in report.rows}
-    plain, peer, versus_peer, versus_plain, versus_goal, end_to_end = report.rows[:6]
+    plain, peer, versus_peer, declared_app, versus_plain, versus_goal, end_to_end = report.rows[:7]
     trigger, executemany = (rows[f"1,000 events/batch: {name}, the one-rule peer"] for name in counter_peers)
     threads, inline, declared, scale_out = (rows[f"1,000 events/batch: one immediate rule per event ({label})"]
                                             for label in labels)
@@ -57,6 +58,10 @@ def test_ingest_benchmark_quick(spark, database_url, monkeypatch):
     # The PL/pgSQL peer applies the same logic: the same tables as the rules (generated ids aside).
     assert peer.value > 0 and peer.extra["same_result_as_activedb"] is True
     assert versus_peer.baseline == peer.value and versus_peer.ratio == versus_peer.value / peer.value
+    # The declared version of the application: lowered, and the same tables as the peer.
+    assert declared_app.extra["lowered"] is True and declared_app.extra["same_result_as_the_peer"] is True
+    assert declared_app.baseline == peer.value and declared_app.ratio == declared_app.value / peer.value
+    assert declared_app.extra["applied"] + declared_app.extra["dead_letters"] == 2_000
     assert versus_plain.baseline == plain.value and versus_plain.ratio == versus_plain.value / plain.value
     assert versus_goal.target == ">= 5,000 events/s" and versus_goal.met == (versus_goal.value >= 5_000)
     outbox = end_to_end.extra["outbox"]

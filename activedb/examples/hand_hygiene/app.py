@@ -222,11 +222,16 @@ def compensate_rejected(tx: Transaction, event: Event) -> None:
 
 
 def insert_compensation(tx: Transaction, worker: Any, kind: Any, room: Any, ts: float, why: str = "") -> None:
+    """Insert the :func:`compensation` of a rejected reading."""
+    tx.insert("compensations", **compensation(worker, kind, room, ts, why))
+
+
+def compensation(worker: Any, kind: Any, room: Any, ts: float, why: str = "") -> dict[str, Any]:
     """The row of ``compensations`` for a rejected ``kind`` reading of ``worker`` (``why``: after "rejected")."""
     where = f" {room}" if room else ""
-    tx.insert("compensations", worker=str(worker), event=str(kind), at=ts,
-              reason=f"{kind}{where} at t={ts:g} was rejected{why}: badge reader flagged for re-sync, worker asked "
-                     f"to badge again")
+    return {"worker": str(worker), "event": str(kind), "at": ts,
+            "reason": f"{kind}{where} at t={ts:g} was rejected{why}: badge reader flagged for re-sync, worker asked "
+                      f"to badge again"}
 
 
 # --- registration ---------------------------------------------------------------------------------

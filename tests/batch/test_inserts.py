@@ -1,0 +1,179 @@
+"""INSERT operations of declared state transactions (``ops.insert``): new rows whose keys the store generates,
+computed from the transaction's reads as of before it, added exactly when the transaction commits.
+
+* in memory, every strategy (and two processes) gives the serial reference's inserted rows, an aborted
+  transaction's none;
+* at commit (``apply_at_commit``) the rows reach PostgreSQL with generated ids, in timestamp order; an event
+  that inserts into a table that does not exist is a dead letter alone; a column the table does not have fails
+  the commit naming it, with nothing written;
+* through the tree (``apply_batch``) the rows are ``tx.insert``\\ ed, so a rule on the table's inserts fires;
+* as a declared rule fired event by event, and lowered on the sink, the same rows.
+"""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+
+from activedb import batch
+from activedb.batch import BatchEvent, StateTransactions
+from activedb.errors import SchemaError
+
+TXNS = StateTransactions("inserts")
+
+
+@TXNS.on("add")
+def add(event, ops) -> None:
+    ops.write("items", event.key, lambda own: {"value": (own or {"value": 0})["value"] + event.payload["n"]})
+    ops.insert("events_seen", lambda own: {"rule": "add", "detail": f"{event.key}: {(own or {'value': 0})['value']}"},
+               reads=[("items", event.key)])
+
+
+@TXNS.on("take")
+def take(event, ops) -> None:
+    def taken(own):
+        if (own or {"value": 0})["value"] < event.payload["n"]:
+            raise batch.Abort(f"{event.key} has too little")
+        return {"value": own["value"] - event.payload["n"]}
+
+    ops.insert("events_seen", {"rule": "take", "detail": event.key})   # before the write that may abort
+    ops.write("items", event.key, taken)
+
+
+@TXNS.on("many")
+def many(event, ops) -> None:
+    ops.insert("events_seen", lambda: [{"rule": "many", "detail": str(n)} for n in range(event.payload["n"])])
+    ops.insert("events_seen", lambda: None)
+
+
+@TXNS.on("bad")
+def bad(event, ops) -> None:
+    ops.insert("events_seen", lambda: 42)
+
+
+@TXNS.on("nowhere")
+def nowhere(event, ops) -> None:
+    ops.insert("no_such_table", {"x": 1})
+
+
+def _events() -> list[BatchEvent]:
+    kinds = [("add", "a", 5), ("take", "a", 3), ("take", "b", 1), ("many", "m", 3), ("add", "b", 2),
+             ("take", "a", 9), ("bad", "x", 0), ("add", "a", 1)]
+    return [BatchEvent(kind, key, t, {"n": n}, t) for t, (kind, key, n) in enumerate(kinds)]
+
+
+EXPECTED = [{"rule": "add", "detail": "a: 0"}, {"rule": "take", "detail": "a"}, {"rule": "many", "detail": "0"},
+            {"rule": "many", "detail": "1"}, {"rule": "many", "detail": "2"}, {"rule": "add", "detail": "b: 0"},
+            {"rule": "add", "detail": "a: 2"}]
+
+
+@pytest.mark.parametrize("strategy", ["serial", "lean", "tpg", "bfs/f/e", "dfs/c/l", "ns/f/e", "bfs/c/l"])
+def test_every_strategy_inserts_what_the_serial_run_inserts(strategy):
+    result = batch.run_in_memory(TXNS, _events(), {}, strategy=strategy)
+    assert result.inserted() == {"events_seen": EXPECTED}
+    reasons = {event.position: reason for event, reason in result.dead_letters}
+    assert set(reasons) == {2, 5, 6}                     # the two takes without enough, the bad function
+    assert "too little" in reasons[2] and "returned 42" in reasons[6]
+    assert result.final[("items", "a")] == {"value": 3}
+
+
+def test_two_processes_insert_what_one_does():
+    transactions = StateTransactions("inserts in processes", processes=2)
+    for kind, function in (("add", add), ("take", take), ("many", many)):
+        transactions.on(kind)(function)
+    events = [BatchEvent("add", f"k{n % 7}", n, {"n": 1}, n) for n in range(200)]
+    with transactions:
+        parallel = batch.run_in_memory(transactions, events, {}, processes=2, split="always")
+    assert parallel.statistics.processes == 2
+    assert parallel.inserted() == batch.run_in_memory(TXNS, events, {}, strategy="serial").inserted()
+
+
+def _seen(db) -> list[tuple]:
+    with db.engine.connect() as connection:
+        return [tuple(row) for row in connection.execute(sa.text("SELECT id, rule, detail FROM events_seen ORDER BY id"))]
+
+
+@pytest.fixture
+def clean(db):
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE events_seen, items, activedb_dead_letters"))
+    return db
+
+
+def test_at_commit_the_rows_reach_postgresql_with_generated_ids_in_time_order(clean):
+    db = clean
+    with db.transaction() as tx:
+        pending = batch.apply_at_commit(tx, _events(), TXNS, query_id="inserts")
+    rows = _seen(db)
+    assert [{"rule": rule, "detail": detail} for _, rule, detail in rows] == EXPECTED
+    assert [row[0] for row in rows] == sorted(row[0] for row in rows) and len({row[0] for row in rows}) == 7
+    assert pending.result.committed_count == 5 and pending.rows_written == 2 + 7
+
+
+def test_an_event_inserting_into_a_table_that_does_not_exist_is_a_dead_letter_alone(clean):
+    db = clean
+    events = [BatchEvent("add", "a", 0, {"n": 1}, 0), BatchEvent("nowhere", "z", 1, {}, 1),
+              BatchEvent("many", "m", 2, {"n": 2}, 2)]
+    with db.transaction() as tx:
+        pending = batch.apply_at_commit(tx, events, TXNS, query_id="inserts-nowhere")
+    assert [rule for _, rule, _ in _seen(db)] == ["add", "many", "many"]
+    [(event, reason)] = pending.result.dead_letters
+    assert event.event_type == "nowhere" and "no_such_table" in reason
+
+
+def test_a_column_the_table_does_not_have_fails_the_commit_naming_it_and_nothing_is_written(clean):
+    db = clean
+    transactions = StateTransactions("a wrong column")
+
+    @transactions.on("add")
+    def wrong(event, ops):
+        ops.write("items", event.key, lambda own: {"value": 1})
+        ops.insert("events_seen", {"rule": "add", "colour": "blue"})
+
+    with pytest.raises(SchemaError, match="colour"):
+        with db.transaction() as tx:
+            batch.apply_at_commit(tx, [BatchEvent("add", "a", 0, {}, 0)], transactions)
+    assert _seen(db) == []
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT count(*) FROM items")).scalar() == 0
+
+
+def test_through_the_tree_the_rows_are_inserted_and_a_rule_on_their_inserts_fires(clean):
+    db = clean
+    heard = []
+    rule = db.rule(on=db.inserted("events_seen"), name="heard_inserts")(
+        lambda tx, event: heard.append(event.new["detail"]))
+    try:
+        with db.transaction() as tx:
+            result = batch.apply_batch(tx, _events(), TXNS)
+        assert [detail for _, _, detail in _seen(db)] == [row["detail"] for row in EXPECTED]
+        assert sorted(heard) == sorted(row["detail"] for row in EXPECTED)
+        assert result.committed_count == 5
+    finally:
+        db.rules.remove(rule.name)
+
+
+@batch.declared
+def add_declared(event, ops) -> None:
+    add(event, ops)
+
+
+def test_a_declared_rule_inserts_the_same_rows_event_by_event(clean):
+    db = clean
+    rules = [db.rule(on=db.stream("add"), name="add_with_insert")(add_declared)]
+    try:
+        with db.transaction() as tx:
+            for key, n in (("a", 5), ("b", 2), ("a", 1)):
+                tx.emit("add", key=key, payload={"n": n})
+        assert [(rule, detail) for _, rule, detail in _seen(db)] == [("add", "a: 0"), ("add", "b: 0"), ("add", "a: 5")]
+    finally:
+        for rule in rules:
+            db.rules.remove(rule.name)
+
+
+def test_an_insert_declares_rows_or_a_function(clean):
+    ops = batch.Ops(BatchEvent("add", "a"))
+    with pytest.raises(batch.errors.DeclarationError, match="mapping of columns or a function"):
+        ops.insert("events_seen", 42)
+    with pytest.raises(batch.errors.DeclarationError, match="a table is named by a string"):
+        ops.insert(7, {"rule": "x"})
