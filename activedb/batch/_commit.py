@@ -338,8 +338,7 @@ def _check_columns(info: Any, names: list[str], rows: list[dict]) -> None:
             info.check_value(name, min(values))
             info.check_value(name, max(values))
             continue
-        for value in values:
-            info.check_value(name, value)
+        info.check_column(name, values)
 
 
 # Column types whose Python values PostgreSQL takes as arrays through ``unnest``, and the one

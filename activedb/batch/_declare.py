@@ -272,16 +272,21 @@ class Ops:
         specs = self.specs
         if not reads:
             params = ()
-        elif (type(reads) is list or type(reads) is tuple) and len(reads) == 1:
-            params = (_state(reads[0], "reads"),)           # (the common case: one row read)
+        elif (type(reads) is list or type(reads) is tuple) and len(reads) == 1:    # (the common case)
+            pair = reads[0]
+            if not (type(pair) is tuple and len(pair) == 2 and type(pair[0]) is str and pair[1] is not None
+                    and type(pair[1]) in _PLAIN_KEYS):
+                pair = _state(pair, "reads")
+            params = (pair,)
         else:
             params = self._params(reads, None, "reads")
         if name is None:
-            name = _insert_name(table, len(specs))
+            name = _INSERT_NAMES.get((table, len(specs))) or _insert_name(table, len(specs))
         specs.append(_new_spec(OpSpec, (_INSERT, table, None, params, fn, None, None, None, name, (), None)))
 
 
 _INSERT_NAMES: dict[tuple[str, int], str] = {}
+_PLAIN_KEYS = frozenset({str, int})          # key types known to be hashable
 
 
 def _insert_name(table: str, index: int) -> str:
