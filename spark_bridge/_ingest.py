@@ -45,6 +45,10 @@ class IngestOptions:
     * ``known_types`` — accepted event types (default: the path's, for the rules the types they listen to);
     * ``prefetch`` — rule path: ``{table: None | payload field | callable}``, rows loaded per batch in one
       query (``None``: the event key is the row key);
+    * ``lower_declared`` — rule path: a batch whose every event type fires one declared rule
+      (``@batch.declared``) runs as one batch of state transactions at commit when that is the same as
+      firing them (default True; ``activedb/batch/README.md``, "Declared rules"); False fires them event
+      by event (to compare, or to debug one firing at a time);
     * ``watermark_delay`` — applies ``withWatermark(mapping.ts_column, delay)`` (the column must be a Spark
       timestamp); a watermark declared on the frame works as well.  The batch's Spark watermark is
       punctuated after the batch commits (``db.punctuate(query_name, watermark)``) and events older than it
@@ -68,6 +72,7 @@ class IngestOptions:
     trigger: Any = None
     known_types: Collection[str] | None = None
     prefetch: Mapping[str, Any] | None = None
+    lower_declared: bool = True
     watermark_delay: str | dt.timedelta | None = None
     start: bool = True
     on_phase: Callable[[str, int], None] | None = None
@@ -102,6 +107,11 @@ class IngestOptions:
                                          "batch.StateTransactions(processes=N)",
                        "composition=": "a composition spans producers and keys, so it runs in one engine"}[path]
             raise IngestError(f"partition_by_key= (the scale-out path) does not combine with {path}: {instead}")
+        if not isinstance(self.lower_declared, bool):
+            raise IngestError(f"lower_declared must be True or False, got {self.lower_declared!r}")
+        if path is not None and not self.lower_declared:
+            raise IngestError(f"lower_declared= is for the rule path (declared rules fired by the events); {path} "
+                              f"runs no rules per event")
         if path is not None and self.prefetch:
             raise IngestError(f"prefetch= is for the rule path; with {path} rows are loaded by the engine (stream "
                               f"engines prefetch what their access plans name; the TPG batch reads its declared rows "
@@ -199,7 +209,7 @@ def ingest(db: Any, streaming_df: Any, *, mapping: EventMapping, query_name: str
 
     session = streaming_df.sparkSession
     common = dict(query_name=query_name, known_types=options.known_types, prefetch=options.prefetch,
-                  spark_session=session, on_phase=options.on_phase)
+                  spark_session=session, on_phase=options.on_phase, lower_declared=options.lower_declared)
     if options.partition_by_key is None:
         sink: IngestSink = IngestSink(db, mapping, handler=options.handler(db, mapping), **common)
         sink.record_lineage = options.lineage

@@ -44,18 +44,21 @@ def _emit(sub: Any, event: RawEvent) -> None:
 class RulesHandler(BatchHandler):
     """Runs each event of a batch through the rules of ``db`` (module docstring).  ``prefetch``:
     ``{table: how}`` tables loaded in one query per batch before the events run (``how``: None — the
-    event's key is the row key —, a payload field name, or a callable ``RawEvent -> key``)."""
+    event's key is the row key —, a payload field name, or a callable ``RawEvent -> key``);
+    ``lower_declared``: see the attribute."""
 
     name = "rules"
     searches_poison = True
 
-    def __init__(self, db: Any, prefetch: Mapping[str, Any] | None = None, event_attempts: int = 3) -> None:
+    def __init__(self, db: Any, prefetch: Mapping[str, Any] | None = None, event_attempts: int = 3, *,
+                 lower_declared: bool = True) -> None:
         self.db = db
         self.prefetch = dict(prefetch or {})
         self.event_attempts = event_attempts
         #: Run a batch whose rules are all declared rules as one batch of state transactions at commit
-        #: when that is the same as firing them (``activedb.batch.lower``); False: always event by event.
-        self.lower_declared = True
+        #: when that is the same as firing them (``activedb.batch.lower``); False: always event by event
+        #: (``ingest(…, lower_declared=False)``).
+        self.lower_declared = lower_declared
         self._lowered: dict = {}      # ``batch.lower``'s cache (this sink runs one batch at a time)
         # ((query id, batch id), its PendingBatch) of the last batch that was lowered, and the (query id, batch
         # id) of a batch whose lowered attempt PostgreSQL refused for a value an event wrote: its further

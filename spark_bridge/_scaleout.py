@@ -84,6 +84,7 @@ class _PartitionTask:
     partitions: int = 1
     on_partition_failure: str = "forward"   # a SplitFailure value
     lineage: bool = True
+    lower_declared: bool = True
 
     def __call__(self, partition: int, rows: Iterator[Any]) -> Iterator[dict[str, Any]]:
         started = time.perf_counter()
@@ -128,14 +129,14 @@ class _PartitionTask:
 
     def _sink(self) -> IngestSink:
         key = (self.url, app_name(self.app), self.query_name, self.mapping, self.known_types, self.prefetch,
-               self.lineage)
+               self.lineage, self.lower_declared)
         with _worker_mutex:
             sink = _worker_sinks.get(key)
         if sink is not None:
             return sink
         database = _worker_database(self.url, self.app, dict(self.connect_options))
         sink = IngestSink(database, self.mapping, query_name=self.query_name, known_types=self.known_types,
-                          prefetch=dict(self.prefetch))
+                          prefetch=dict(self.prefetch), lower_declared=self.lower_declared)
         sink.record_lineage = self.lineage
         with _worker_mutex:
             return _worker_sinks.setdefault(key, sink)
@@ -168,6 +169,7 @@ class PartitionedIngestSink(IngestSink):
         self.record_lineage = lineage
         self._declared: set[str] = set()   # ledger query ids whose policy was recorded; under self._mutex
         self._prefetch_items = tuple(sorted((prefetch or {}).items()))
+        self.lower_declared = sink_options.get("lower_declared", True)
         options = {"rule_execution": db.rules.execution, **(connect_options or {})}
         self._connect_options = tuple(sorted(options.items()))
         self._detached_timeout = detached_timeout
@@ -187,7 +189,7 @@ class PartitionedIngestSink(IngestSink):
             local_time_columns=tuple(field.name for field in batch_df.schema.fields
                                      if field.dataType.typeName() == "timestamp"),
             partitions=self.partitions, on_partition_failure=self.on_partition_failure.value,
-            lineage=self.record_lineage)
+            lineage=self.record_lineage, lower_declared=self.lower_declared)
         self.context.book.phase("fetched", batch_id)
         # Always run the job, also for a batch whose partitions all committed: running it
         # feeds Spark's event-time statistics (see _sink.py), and each task skips by itself.

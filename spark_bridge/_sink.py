@@ -61,7 +61,8 @@ class IngestSink:
     def __init__(self, db: Any, mapping: EventMapping, *, query_name: str, known_types: Collection[str] | None = None,
                  prefetch: Mapping[str, Any] | None = None, spark_session: Any = None,
                  on_phase: Callable[[str, int], None] | None = None, batch_attempts: int = 3, event_attempts: int = 3,
-                 handler: BatchHandler | None = None, event_ids_under: str | None = None) -> None:
+                 handler: BatchHandler | None = None, event_ids_under: str | None = None,
+                 lower_declared: bool = True) -> None:
         try:
             mapping = as_mapping(mapping)
         except MappingError as error:
@@ -76,7 +77,8 @@ class IngestSink:
         self._spark_session = spark_session
         #: Where the batches go (``_handler.BatchHandler``: the rules by default; queries, tpg, composite).
         #: Set once here, never changed.
-        self.handler: BatchHandler = handler or RulesHandler(db, prefetch, event_attempts)
+        self.handler: BatchHandler = handler or RulesHandler(db, prefetch, event_attempts,
+                                                             lower_declared=lower_declared)
         #: Duplicate detection's scope (``EventMapping.id_column``): a query and its replays share one.
         self.event_ids_under = event_ids_under or query_name
         #: What a batch path needs of this sink (``_handler.run_batch`` gets it, not the sink).

@@ -178,9 +178,11 @@ def _select_for_update(connection: sa.Connection, info: Any, keys: list[tuple]) 
     names = info.key_columns
     if len(columns) == 1:
         column = columns[0]
-        statement = lambda: (sa.select(info.table)                             # noqa: E731
-                             .where(column == sa.any_(sa.bindparam("keys", type_=postgresql.ARRAY(column.type))))
-                             .order_by(column).with_for_update())
+        def statement():
+            return (sa.select(info.table)
+                    .where(column == sa.any_(sa.bindparam("keys", type_=postgresql.ARRAY(column.type))))
+                    .order_by(column).with_for_update())
+
         rows, fields = _run(connection, statement, {"keys": sorted(key[0] for key in keys)}, fetch=True,
                             shape=("select for update", info.table))
         return {(row[0],): dict(zip(fields, row)) for row in rows} if fields[0] == names[0] else {

@@ -251,7 +251,6 @@ class Ops:
         self.specs.append(OpSpec(OpKind.ND_WRITE, table, None, self._params(reads, None, "reads"), fn=fn,
                                  key_fn=key_fn, candidates=_candidates(table, candidates), name=name))
 
-
     def insert(self, table: str, rows: Callable[..., Any] | Mapping[str, Any], *, reads: Iterable[Any] = (),
                name: str | None = None) -> None:
         """INSERT(table, rows(*images of reads)): new rows of ``table``, added when the transaction commits.

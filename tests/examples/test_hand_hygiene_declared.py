@@ -51,8 +51,7 @@ def _batches(seed: int) -> list[list[dict]]:
 
 
 def _through_sink(database, batches, query: str, *, lower: bool = True, prefetch=None) -> list[bool]:
-    sink = IngestSink(database, MAPPING, query_name=query, prefetch=prefetch)
-    sink.handler.lower_declared = lower
+    sink = IngestSink(database, MAPPING, query_name=query, prefetch=prefetch, lower_declared=lower)
     lowered = []
     try:
         for number, rows in enumerate(batches):

@@ -271,6 +271,10 @@ def test_ingest_options_are_checked_in_one_place_before_spark_is_touched():
         IngestOptions(app="app.py")
     with pytest.raises(IngestError, match="trigger must be"):
         IngestOptions(trigger=True)
+    with pytest.raises(IngestError, match="lower_declared must be True or False"):
+        IngestOptions(lower_declared="no")
+    with pytest.raises(IngestError, match="lower_declared= is for the rule path"):
+        IngestOptions(executor="tpg", transactions=object(), lower_declared=False)
     common = dict(mapping=app_counters.MAPPING, query_name="q", checkpoint_location="ck")
     with pytest.raises(IngestError, match="no option 'prefech'.*prefetch"):
         ingest(object(), object(), prefech={"counters": None}, **common)
