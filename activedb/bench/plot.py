@@ -16,6 +16,9 @@ from activedb.errors import PictureError
 _MET_COLOURS = {True: "#16a34a", False: "#dc2626", None: "#9ca3af"}
 
 
+_LINE_STYLES = (("o", "-"), ("s", "--"), ("^", ":"))
+
+
 def plot_report(report: BenchReport, path: str | Path, *, dpi: int = 100) -> Path:
     """Draw ``report`` into ``path`` (.png or .svg); returns the path."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -53,10 +56,12 @@ def plot_report(report: BenchReport, path: str | Path, *, dpi: int = 100) -> Pat
     grid = parts[0].add_gridspec(max(series_rows, 1), columns)
     for position, (name, members) in enumerate(panels.items()):
         axes = parts[0].add_subplot(grid[position // columns, position % columns])
-        for series in members:
+        for number, series in enumerate(members):
             xs = [x for x, _ in series.points]
             ys = [y for _, y in series.points]
-            axes.plot(xs, ys, marker="o", label=series.label)
+            # Past the ten colours of the default cycle, lines repeat colours: tell them apart by style.
+            style = _LINE_STYLES[number // 10 % len(_LINE_STYLES)]
+            axes.plot(xs, ys, marker=style[0], linestyle=style[1], label=series.label)
         first = members[0]
         axes.set_title(_shorten(name, 70), fontsize=10, loc="left")
         axes.set(xlabel=first.x_label, ylabel=first.y_label)
