@@ -107,6 +107,10 @@ def _run(declarations, items, base, loader, declared, versions, allowed) -> Part
         image = get(state, _MISSING)
         return miss(state, t) if image is _MISSING else image
 
+    def images(states, t):
+        """The images of ``states`` (an operation's reads) as of before ``t``."""
+        return [image if (image := get(state, _MISSING)) is not _MISSING else miss(state, t) for state in states]
+
     def window(state, t, size):
         versions_of = history.get(state)
         if not versions_of:
@@ -161,11 +165,7 @@ def _run(declarations, items, base, loader, declared, versions, allowed) -> Part
                         own = miss(state, t)
                     params = spec[3]
                     if params:
-                        values = []
-                        for param in params:
-                            value = get(param, _MISSING)
-                            values.append(miss(param, t) if value is _MISSING else value)
-                        result = spec[4](own, *values)
+                        result = spec[4](own, *images(params, t))
                     else:
                         result = spec[4](own)
                     if type(result) is dict:
@@ -184,11 +184,7 @@ def _run(declarations, items, base, loader, declared, versions, allowed) -> Part
                 elif kind is _INSERT:
                     params = spec[3]
                     if params:
-                        values = []
-                        for param in params:
-                            value = get(param, _MISSING)
-                            values.append(miss(param, t) if value is _MISSING else value)
-                        output = inserted(spec, spec[4](*values))
+                        output = inserted(spec, spec[4](*images(params, t)))
                     else:
                         output = inserted(spec, spec[4]())
                 else:
