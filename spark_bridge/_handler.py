@@ -117,6 +117,13 @@ class BatchHandler:
         """Apply ``events`` in ``tx`` for a trial flush (only called if ``searches_poison``)."""
         raise NotImplementedError
 
+    def retries_refused(self, batch: BatchInput, failure: BaseException) -> bool:
+        """PostgreSQL refused the commit of ``batch`` for a value (a poison failure): True if the handler's next
+        attempt applies the batch as ``apply_events`` does, where the attempt that failed did not — trial flushes
+        could not reproduce the refusal, so the batch is re-run without a culprit search and a refusal of that
+        attempt is searched then.  Default False: the trials apply it as the failed attempt did."""
+        return False
+
     def end_of_stream(self, db: Any, query_name: str, query_id: str | None = None) -> int:
         """The source ended: release what the engine still holds back, in a transaction of its own;
         returns how many events that processed.  Idempotent.  ``query_id``: the ledger id of the run
@@ -181,7 +188,8 @@ def run_batch(context: SinkContext, handler: BatchHandler, rows: Any, batch_id: 
             except Exception as failure:
                 if not (handler.searches_poison and is_poison_failure(failure)):
                     raise
-                batch = _without_culprits(context, handler, batch, failure)
+                if not handler.retries_refused(batch, failure):
+                    batch = _without_culprits(context, handler, batch, failure)
                 attempt -= 1       # not a conflict: the batch gets its attempts again
                 continue
             break

@@ -15,11 +15,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from activedb import TxnState, batch as declared_batches
-from activedb.batch import PendingState
 from activedb.txn import run_inline
 from activedb.errors import Failure, classify
 
-from spark_bridge._failures import conflict_in, is_infrastructure_failure, is_poison_failure, rejection_reason
+from spark_bridge._failures import conflict_in, is_infrastructure_failure, rejection_reason
 from spark_bridge._handler import BatchHandler, BatchInput
 from spark_bridge._ledger import IngestionLedger
 from spark_bridge.mapping import RawEvent
@@ -75,12 +74,18 @@ class RulesHandler(BatchHandler):
         """The stream types the rules of ``db`` listen to now (None — anything — if none)."""
         return self.db.rules.stream_types() or None
 
+    def retries_refused(self, batch: BatchInput, failure: BaseException) -> bool:
+        """A lowered attempt PostgreSQL refused (a value an event's declaration wrote): its trials would run event
+        by event, so the batch's next attempt does (``_event_by_event``), where each such event fails alone."""
+        this = (batch.query_id, batch.batch_id)
+        if self._last_lowered is not None and self._last_lowered[0] == this:
+            self._event_by_event = this
+            return True
+        return False
+
     def handle(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger) -> None:
         this = (batch.query_id, batch.batch_id)
-        previous, self._last_lowered = self._last_lowered, None
-        if (previous is not None and previous[0] == this and previous[1].state is PendingState.ABORTED
-                and is_poison_failure(previous[1].error)):
-            self._event_by_event = this
+        self._last_lowered = None
         if self.lower_declared and batch.events and self._event_by_event != this:
             lowered = declared_batches.lower(self.db.rules, tx, {event.event_type for event in batch.events},
                                             self._lowered)

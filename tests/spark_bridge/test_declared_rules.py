@@ -233,3 +233,31 @@ def test_a_key_of_the_wrong_type_or_an_unknown_table_refuses_that_event_alone(da
     assert sorted(reasons) == [2, 3] and "threshold" in reasons[2] and "no_such_table" in reasons[3]
     with database.engine.connect() as connection:
         assert sorted(connection.execute(sa.text("SELECT threshold, seq FROM milestones")).all()) == [(100, 1), (300, 4)]
+
+
+def test_rows_an_insert_cannot_store_are_dead_letters_and_the_rest_is_inserted(database):
+    """A declared rule adding rows (``ops.insert``) that the table cannot take — a column it does not have, a
+    NUL character, None for a NOT NULL column, a table that does not exist — refuses those events alone, each a
+    dead letter with its reason; the batch's other rows are inserted, and the stream goes on."""
+    @batch.declared
+    def log(event, ops):
+        seq = event.payload["seq"]
+        row = {2: {"rule": "add", "colour": "blue"}, 3: {"rule": "add", "detail": "nul\x00"},
+               4: {"rule": None, "detail": "no rule"}}.get(seq, {"rule": "add", "detail": f"seq {seq}"})
+        ops.insert("events_seen" if seq != 5 else "no_such_log", lambda own: row, reads=[("counters", event.key)])
+
+    database.rule(on=database.stream("add"), name="log_adds")(log)
+    with database.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE events_seen"))
+    sink = IngestSink(database, app_declared.MAPPING, query_name="inserts")
+    rows = [{"type": "add", "key": "a", "ts": BASE_TIME + dt.timedelta(seconds=seq), "amount": 1, "seq": seq}
+            for seq in range(1, 8)]
+    outcome = sink.process(rows, 0, query_id="inserts@refused")
+    assert (outcome.committed, outcome.events, outcome.dead_letters) == (True, 3, 4)
+    reasons = {raw["seq"]: reason for _, _, reason, raw in dead_letters(database)}
+    assert sorted(reasons) == [2, 3, 4, 5]
+    assert "colour" in reasons[2] and "NUL" in reasons[3] and "NOT NULL" in reasons[4] and "no_such_log" in reasons[5]
+    with database.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT detail FROM events_seen ORDER BY id")).scalars().all() == [
+            "seq 1", "seq 6", "seq 7"]
+    assert sink.process(rows[:1], 1, query_id="inserts@refused").committed      # the next batch goes on
