@@ -89,14 +89,16 @@ def trial(db: Any, query_name: str, apply: Callable[[Any, list[RawEvent]], None]
 
 
 def find_culprits(try_events: Callable[[list[RawEvent]], BaseException | None], events: list[RawEvent],
-                  failure: BaseException) -> list[tuple[RawEvent, str]]:
+                  failure: BaseException, *, blame_unreproduced: bool = True) -> list[tuple[RawEvent, str]]:
     """The events whose writes make PostgreSQL refuse the batch, each with PostgreSQL's reason;
     ``try_events(subset)`` is a :func:`trial` of ``subset``.
 
     Halves are tried on their own (flushed and rolled back), recursively: a poison event makes every set
     it is in fail, so about 2n event applications and log2(n) rounds find one.  If a failure needs events
     of both halves (two events inserting the same key), the first prefix of the batch that fails names
-    the culprit instead.  If even no event at all fails, the batch itself is the problem: raised."""
+    the culprit instead.  If even no event at all fails, the batch itself is the problem: raised.  If the
+    whole batch passes its trial (the refusal does not come again), the last event of the batch is named
+    with ``blame_unreproduced``, and nobody (an empty list) without it."""
     if not events or try_events([]) is not None:
         raise failure
 
@@ -110,6 +112,8 @@ def find_culprits(try_events: Callable[[list[RawEvent]], BaseException | None], 
         found = search(subset[:middle], None) + search(subset[middle:], None)
         if found:
             return found
+        if known is not None and not blame_unreproduced and try_events(subset) is None:
+            return []                        # the refusal did not come again: nobody to blame
         low, high = 1, len(subset)           # subset[:high] fails; find the shortest failing prefix
         while low < high:
             probe = (low + high) // 2

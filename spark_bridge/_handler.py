@@ -22,6 +22,7 @@ from activedb.errors import BatchAlreadyCommitted, SerializationConflict
 
 from spark_bridge._batch import BatchLetters, SinkContext, no_cyclic_gc
 from spark_bridge._failures import find_culprits, is_poison_failure, trial
+from spark_bridge.errors import first_line
 from spark_bridge._ledger import IngestionLedger, batch_committed
 from spark_bridge._outcome import BatchOutcome, PhaseTimings
 from spark_bridge.mapping import RawEvent
@@ -162,6 +163,7 @@ def run_batch(context: SinkContext, handler: BatchHandler, rows: Any, batch_id: 
             rows=rows, events=tuple(good), letters=tuple(letters), query_id=query_id, query_name=context.query_name,
             batch_id=batch_id, watermark=watermark, dead_letters=dead)
         attempt = 0
+        unreproduced = False      # a refusal no trial reproduced was met once: the batch was re-run as it was
         while True:
             attempt += 1
             started = time.perf_counter()
@@ -189,7 +191,7 @@ def run_batch(context: SinkContext, handler: BatchHandler, rows: Any, batch_id: 
                 if not (handler.searches_poison and is_poison_failure(failure)):
                     raise
                 if not handler.retries_refused(batch, failure):
-                    batch = _without_culprits(context, handler, batch, failure)
+                    batch, unreproduced = _without_culprits(context, handler, batch, failure, unreproduced)
                 attempt -= 1       # not a conflict: the batch gets its attempts again
                 continue
             break
@@ -207,19 +209,25 @@ def run_batch(context: SinkContext, handler: BatchHandler, rows: Any, batch_id: 
     return outcome
 
 
-def _without_culprits(context: SinkContext, handler: BatchHandler, batch: BatchInput,
-                      failure: BaseException) -> BatchInput:
+def _without_culprits(context: SinkContext, handler: BatchHandler, batch: BatchInput, failure: BaseException,
+                      unreproduced: bool) -> tuple[BatchInput, bool]:
     """PostgreSQL refused the batch's commit because of what some event wrote (a key too large for its
-    index, a constraint): the batch without those events, which become dead letters."""
+    index, a constraint): the batch without those events, which become dead letters; and whether a refusal
+    no trial reproduced has been met.  The first such refusal re-runs the batch as it is (it may have been
+    another transaction's doing); the second names the batch's last event (``find_culprits``)."""
     culprits = find_culprits(
         lambda events: trial(context.db, context.query_name, handler.apply_events, events), list(batch.events),
-        failure)
+        failure, blame_unreproduced=unreproduced)
+    if not culprits:
+        logger.warning("batch %s of %s: PostgreSQL refused its commit (%s) but no trial of its events reproduces "
+                       "that; re-running the batch as it is", batch.batch_id, batch.query_id, first_line(failure))
+        return batch, True
     logger.warning("batch %s of %s: PostgreSQL refused the writes of %d event(s); they become dead letters and "
                    "the batch is applied without them", batch.batch_id, batch.query_id, len(culprits))
     gone = {id(event) for event, _ in culprits}
     letters = batch.dead_letters.for_events(culprits)
     return dataclasses.replace(batch, events=tuple(event for event in batch.events if id(event) not in gone),
-                               letters=batch.letters + tuple(letters))
+                               letters=batch.letters + tuple(letters)), unreproduced
 
 
 def end_of_stream(query_or_sink: Any) -> int:

@@ -8,7 +8,9 @@ ends as one dead letter with a true reason and its raw text, while the batch's o
   JSON, a value of the wrong type, a line that is not an object — in the first of three batches; the
   stream goes on, and the applied rows equal the good rows applied directly;
 * duplicate events: with ``EventMapping(id_column=...)``, a re-sent event (same id) is one dead letter,
-  in the same batch or a later one.
+  in the same batch or a later one;
+* a refusal no trial of the events reproduces re-runs the batch as it was (nobody is blamed), and only a
+  second one names the batch's last event.
 """
 
 from __future__ import annotations
@@ -23,7 +25,10 @@ import pytest
 
 import spark_bridge
 from activedb import deadletters
+from activedb.errors import InvalidValue
+from activedb.txn import CommitParticipant
 from spark_bridge import EventMapping, IngestSink
+from spark_bridge._failures import find_culprits
 from spark_bridge._sources import with_corrupt_column
 from tests.spark_bridge import app_counters
 from tests.spark_bridge._streams import (
@@ -95,6 +100,45 @@ def test_a_failure_that_needs_two_events_names_the_later_one(databases):
     assert (outcome.events, outcome.dead_letters) == (1, 1)
     [(_, _, reason, raw)] = dead_letters(ingested)
     assert raw["seq"] == 2 and "23505" in reason and "together with an earlier event" in reason
+
+
+class _RefusesOnce(CommitParticipant):
+    """A commit participant that makes the first commit it takes part in refused as for a value (what a
+    concurrent transaction's row could cause), and never again: a refusal no trial of the events reproduces."""
+
+    def __init__(self) -> None:
+        self.refused = 0
+
+    def write(self, transaction, connection) -> None:
+        if not self.refused:
+            self.refused += 1
+            raise InvalidValue("refused once, by the test")
+
+
+def test_a_refusal_no_trial_reproduces_reruns_the_batch_and_blames_nobody(databases):
+    """The batch's commit is refused once, but no trial of its events is: the batch is re-run as it was,
+    every event applied, no dead letter (it used to name the batch's last event)."""
+    ingested, _ = databases
+    rows = [_row(1, "a"), _row(2, "b"), _row(3, "a")]
+    sink = IngestSink(ingested, app_counters.MAPPING, query_name="once")
+    refuses = _RefusesOnce()
+    outcome = sink.process(_parsed(rows), 0, query_id="once@direct", participants=[refuses])
+    assert refuses.refused == 1
+    assert (outcome.committed, outcome.events, outcome.dead_letters) == (True, 3, 0)
+    assert dead_letters(ingested) == []
+
+
+def test_a_refusal_no_trial_reproduces_twice_names_the_last_event():
+    """Met a second time for the same batch, such a refusal names the last event (the stream goes on);
+    ``find_culprits`` alone: the first time nobody."""
+    events = ["e1", "e2", "e3"]
+    never = lambda subset: None                                        # noqa: E731 (no trial is refused)
+    failure = InvalidValue("refused")
+    assert find_culprits(never, events, failure, blame_unreproduced=False) == []
+    [(event, reason)] = find_culprits(never, events, failure, blame_unreproduced=True)
+    assert event == "e3" and "together with an earlier event" in reason
+    poison = lambda subset: failure if "e2" in subset else None       # noqa: E731
+    assert [event for event, _ in find_culprits(poison, events, failure, blame_unreproduced=False)] == ["e2"]
 
 
 def test_duplicate_event_ids_are_dead_letters_in_the_same_batch_and_later(databases):
