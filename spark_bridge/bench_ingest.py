@@ -40,7 +40,9 @@ For each ``S``, in the same run on the same Spark session and PostgreSQL:
    ``bench_counters``; each in one transaction per batch with its ledger row.  Each rule run's counters
    are compared with the trigger's: ``same_counters_as_the_trigger``.
 
-4. **where an event's time goes** — the minimal rule inline once more, without Spark (``IngestSink.process``
+4. **where an event's time goes** — the declared application's lowered batch without Spark (validate, lower,
+   and inside the commit lock and read, declare and execute, write, the rest of the flush; µs per event of an
+   unprofiled batch, the PostgreSQL share from a profiled one); and the minimal rule inline once more, without Spark (``IngestSink.process``
    of batches of hand-hygiene rows, 10k per batch, 1k in quick mode): µs per event by phase (validate,
    match, lock, read, write, child create, child commit, dispatch and firing record, flush, the rest) from a
    cProfile of one batch scaled to an unprofiled one, and the share spent waiting for PostgreSQL against
@@ -376,6 +378,63 @@ def _event_phases(database, size: int) -> dict[str, Any]:
             "python_share": round(1 - waiting / total, 3) if total else 0.0}
 
 
+def _declared_phases(database, size: int) -> dict[str, Any]:
+    """Where an event's time goes on the declared hand-hygiene application's lowered path, without Spark:
+    ``IngestSink.process`` of batches of ``size`` hand-hygiene rows (a warm-up, a timed batch, then the same
+    batch size under cProfile, for the share spent waiting for PostgreSQL), µs per event by phase of the timed
+    batch — validate (``rows_to_events``), lower (``batch.lower`` and enlisting the batch), and inside the commit
+    lock and read (``FOR UPDATE``), declare and execute (the state transactions, in Python), write (the
+    statements), and the rest of the flush (ledger, lineage, COMMIT)."""
+    import cProfile
+    import pstats
+
+    from activedb.bench import database_wait, phase_seconds
+    from activedb.examples.hand_hygiene.app import reset_tables
+    from activedb.examples.hand_hygiene.events import generate
+
+    from spark_bridge._sink import IngestSink
+    from spark_bridge.mapping import EventMapping
+
+    events = generate(WORKERS, size * 3, SEED + 2)
+    batches = [[{"type": event["type"], "worker": event["worker"], "ts": event["ts"], "room": event["room"]}
+                for event in events[number * size:(number + 1) * size]] for number in range(3)]
+    reset_tables(database)
+    sink = IngestSink(database, EventMapping("type", "worker", "ts", payload_columns=("room",)),
+                      query_name=f"{QUERY_PREFIX}-declared-phases")
+    query_id = f"{QUERY_PREFIX}-declared-phases@{time.time_ns()}"
+    try:
+        sink.process(batches[0], 0, query_id=query_id)                      # warm-up
+        started = time.perf_counter()
+        outcome = sink.process(batches[1], 1, query_id=query_id)
+        per_event_us = (time.perf_counter() - started) / size * 1e6
+        pending = sink.handler.last_lowered
+        profile = cProfile.Profile()
+        profile.enable()
+        sink.process(batches[2], 2, query_id=query_id)
+        profile.disable()
+    finally:
+        sink.close()
+        with database.engine.begin() as connection:
+            connection.execute(sa.text("DELETE FROM activedb_ingestion_ledger WHERE query_id = :q"), {"q": query_id})
+        reset_tables(database)
+    if pending is None:
+        raise RuntimeError("the declared hand-hygiene batch was not lowered (an observer or another rule?)")
+    inside = pending.seconds
+    timings = outcome.timings
+    commit_parts = {"lock and read (FOR UPDATE)": inside.get("lock_and_read", 0.0),
+                    "declare and execute (Python)": inside.get("execute", 0.0),
+                    "write (UPDATE, INSERTs)": inside.get("write", 0.0) + inside.get("dead_letters", 0.0)}
+    phases = {"validate": timings.validate, "lower and enlist": timings.engine, **commit_parts,
+              "rest of the flush (ledger, lineage, COMMIT)": max(0.0, timings.flush + timings.commit
+                                                                 - sum(commit_parts.values()))}
+    stats = pstats.Stats(profile)
+    total = phase_seconds(stats, ())[1] or 1.0                                   # all the profiled time
+    waiting = database_wait(stats)
+    return {"us_per_event": round(per_event_us, 1),
+            "phases_us_per_event": {phase: round(seconds / size * 1e6, 2) for phase, seconds in phases.items()},
+            "postgresql_share": round(waiting / total, 3), "python_share": round(1 - waiting / total, 3)}
+
+
 def _series(report: BenchReport) -> None:
     """events/s against the batch size, per path (for ``--plot``)."""
     paths: dict[str, list[tuple[float, float]]] = {}
@@ -406,7 +465,7 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
     report = BenchReport("Spark ingestion end to end (activedb bench ingest)")
     plan = dict(QUICK_PLAN if quick else PLAN)
     scale_out_from = 1_000 if quick else 10_000
-    progress.start("bench ingest", total=1 + sum(6 + 3 * (1 if quick else ROUNDS.get(size, 1))
+    progress.start("bench ingest", total=2 + sum(6 + 3 * (1 if quick else ROUNDS.get(size, 1))
                                              + (1 if size >= scale_out_from else 0) for size in plan))
     progress.note("starting Spark and the databases ...")
     timeout = 600.0 if quick else 3600.0
@@ -573,6 +632,11 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
             split = _event_phases(minimal_inline, min(split_size, 10_000))
         report.add(Row(name=f"{min(split_size, 10_000):,} events/batch: one immediate rule (inline), time per event "
                             f"by phase, without Spark", value=split["us_per_event"], unit="µs/event", extra=split))
+        with progress.step(f"{split_size:,} events/batch: where a declared hand-hygiene event's time goes (no Spark)"):
+            declared_split = _declared_phases(hh_declared, min(split_size, 10_000))
+        report.add(Row(name=f"{min(split_size, 10_000):,} events/batch: hand-hygiene as declared rules, time per "
+                            f"event by phase, without Spark", value=declared_split["us_per_event"], unit="µs/event",
+                       extra=declared_split))
         _series(report)
         report.notes.append(
             f"hand-hygiene workload: events.generate({WORKERS} workers, seed {SEED}); {dict(plan)} "

@@ -32,6 +32,7 @@ def test_ingest_benchmark_quick(spark, database_url, monkeypatch):
         *(f"1,000 events/batch: {name}, the one-rule peer" for name in counter_peers),
         *one_rule,
         "1,000 events/batch: one immediate rule (inline), time per event by phase, without Spark",
+        "1,000 events/batch: hand-hygiene as declared rules, time per event by phase, without Spark",
     ]
     rows = {row.name: row for row in report.rows}
     plain, peer, versus_peer, declared_app, versus_plain, versus_goal, end_to_end = report.rows[:7]
@@ -79,5 +80,14 @@ def test_ingest_benchmark_quick(spark, database_url, monkeypatch):
             "dispatch and firing record"} <= set(phases)
     assert sum(phases.values()) == pytest.approx(split.value, rel=0.05)
     assert split.extra["postgresql_share"] + split.extra["python_share"] == pytest.approx(1.0)
+    declared_split = rows["1,000 events/batch: hand-hygiene as declared rules, time per event by phase, without Spark"]
+    assert declared_split.unit == "µs/event" and declared_split.value > 0
+    declared_phases = declared_split.extra["phases_us_per_event"]
+    assert set(declared_phases) == {"validate", "lower and enlist", "lock and read (FOR UPDATE)",
+                                    "declare and execute (Python)", "write (UPDATE, INSERTs)",
+                                    "rest of the flush (ledger, lineage, COMMIT)"}
+    assert all(value >= 0 for value in declared_phases.values()) and declared_phases["declare and execute (Python)"] > 0
+    assert sum(declared_phases.values()) <= declared_split.value * 1.05
+    assert declared_split.extra["postgresql_share"] + declared_split.extra["python_share"] == pytest.approx(1.0)
     assert report.to_json()["notes"]
     assert spark.sparkContext._jsc is not None   # the caller's session was left running
