@@ -24,7 +24,8 @@ from activedb.batch._declare import BatchEvent, StateTransactions
 from activedb.batch._result import BatchResult
 from activedb.batch._route import touched_states, written_tables
 from activedb.batch._runtime import AUTO, execute_batch, no_cyclic_gc, normalise_events, runtime_of
-from activedb.batch._store import DEAD_LETTER_TABLE, apply_batch, dead_letter
+from activedb.batch._store import (DEAD_LETTER_TABLE, apply_batch, check_key_columns, check_required,
+                                   dead_letter, store_check)
 from activedb.batch._strategy import Strategy
 from activedb.batch.errors import BatchNotCommitted, DeclarationError
 from activedb.errors import InvalidKey, InvalidValue, SchemaError
@@ -93,13 +94,21 @@ class PendingBatch(CommitParticipant):
             started = time.perf_counter()
             base = self._lock_and_read(catalog, connection)
             seconds["lock_and_read"] = time.perf_counter() - started
-            result = execute_batch(self.transactions, self.batch, base, loader=_on_demand(catalog, connection),
-                                   declared=self._declared, strategy=options.strategy, processes=options.processes,
-                                   split=options.split)
+            loader = _on_demand(catalog, connection)
+            result = execute_batch(self.transactions, self.batch, base, loader=loader, declared=self._declared,
+                                   strategy=options.strategy, processes=options.processes, split=options.split)
             seconds.update(result.statistics.seconds)
             started = time.perf_counter()
-            self.rows_written = _write_final(catalog, connection, result, self._keys)
-            self.rows_written += _insert_new(catalog, connection, result.inserted())
+            try:
+                statements = _planned_writes(catalog, result, self._keys)
+            except SchemaError as error:
+                # A transaction wrote a value the store cannot hold: run the batch again checking each transaction's
+                # values as it ends, so that exactly those transactions abort (each a dead letter with the reason).
+                result = execute_batch(self.transactions, self.batch, base, loader=loader, declared=self._declared,
+                                       strategy="lean", split="never", check=store_check(catalog))
+                result.notes.append(f"ran again checking each transaction's values: {type(error).__name__}: {error}")
+                statements = _planned_writes(catalog, result, self._keys)
+            self.rows_written = _send(connection, statements)
             seconds["write"] = time.perf_counter() - started
         started = time.perf_counter()
         if options.on_result is not None:
@@ -228,14 +237,35 @@ def _run(connection: sa.Connection, statement: Any, parameters: dict, *,
         cursor.close()
 
 
-def _write_final(catalog: Any, connection: sa.Connection, result: BatchResult,
-                 normalised: Mapping[str, Mapping[Any, tuple]]) -> int:
-    """Write the batch's final rows, one statement per table and kind (the package README, "Running a
+#: A statement of a batch's writes, checked and ready: (``_delete``/``_update``/``_insert``, table info, columns
+#: (None for a delete), rows).
+_Statement = tuple[Callable[..., None], Any, "list[str] | None", list[dict]]
+
+
+def _planned_writes(catalog: Any, result: BatchResult, normalised: Mapping[str, Mapping[Any, tuple]]
+                    ) -> list[_Statement]:
+    """The statements that write the batch's final rows and its new rows, every value checked first (a
+    value the store cannot hold raises a ``SchemaError`` before anything is sent)."""
+    return _final_rows(catalog, result, normalised) + _new_rows(catalog, result.inserted())
+
+
+def _send(connection: sa.Connection, statements: list[_Statement]) -> int:
+    """Send ``statements`` (:func:`_planned_writes`); the number of rows they write."""
+    for function, info, names, rows in statements:
+        if names is None:
+            function(connection, info, rows)
+        else:
+            function(connection, info, names, rows)
+    return sum(len(rows) for _, _, _, rows in statements)
+
+
+def _final_rows(catalog: Any, result: BatchResult, normalised: Mapping[str, Mapping[Any, tuple]]) -> list[_Statement]:
+    """The batch's final rows, one statement per table and kind (the package README, "Running a
     batch in the store"); ``normalised[table][key]``: the key tuples checked when the batch was applied."""
+    statements: list[_Statement] = []
     by_table: dict[str, list[tuple[Any, Any, Any]]] = {}
     for (table, key), image in result.final.items():
         by_table.setdefault(table, []).append((key, image, result.before.get((table, key))))
-    written = 0
     for table in sorted(by_table):
         info = catalog.table_info(table)
         known = normalised.get(table, {})
@@ -255,7 +285,8 @@ def _write_final(catalog: Any, connection: sa.Connection, result: BatchResult,
                     deletes.append(key_row)
                 continue
             if old is None:
-                _check_key_columns(info, given, image, key_row)
+                check_key_columns(info, given, image, key_row)
+                check_required(info, image, f"the new row {given!r}")
                 row = {**image, **key_row}
                 inserts.setdefault(frozenset(row), []).append(row)
                 continue
@@ -264,26 +295,23 @@ def _write_final(catalog: Any, connection: sa.Connection, result: BatchResult,
             if not changed:
                 continue
             if not key_set.isdisjoint(changed):
-                _check_key_columns(info, given, image, key_row)
+                check_key_columns(info, given, image, key_row)
             rows = updates.get(changed)
             if rows is None:
                 updates[changed] = rows = []
             key_row.update((name, image[name]) for name in changed)
             rows.append((key_row, image))
         if deletes:
-            _delete(connection, info, deletes)
-        merged = _one_update(info, updates)
-        for columns, rows in merged.items():
+            statements.append((_delete, info, None, deletes))
+        for columns, rows in _one_update(info, updates).items():
             names = sorted(columns)
             _check_columns(info, names, rows)
-            _update(connection, info, names, rows)
+            statements.append((_update, info, names, rows))
         for columns, rows in inserts.items():
             names = sorted(columns)
             _check_columns(info, [name for name in names if name not in key_set], rows)
-            _insert(connection, info, names, rows)
-        written += len(deletes) + sum(len(rows) for rows in merged.values()) + sum(
-            len(rows) for rows in inserts.values())
-    return written
+            statements.append((_insert, info, names, rows))
+    return statements
 
 
 def _one_update(info: Any, updates: Mapping[tuple, list[tuple[dict, dict]]]) -> dict[frozenset, list[dict]]:
@@ -311,10 +339,10 @@ def _one_update(info: Any, updates: Mapping[tuple, list[tuple[dict, dict]]]) -> 
     return merged
 
 
-def _insert_new(catalog: Any, connection: sa.Connection, inserted: Mapping[str, list[dict]]) -> int:
-    """Insert the new rows of the batch's INSERT operations, one statement per table and set of columns
-    (columns left out take their defaults: a generated key is drawn by PostgreSQL)."""
-    written = 0
+def _new_rows(catalog: Any, inserted: Mapping[str, list[dict]]) -> list[_Statement]:
+    """The new rows of the batch's INSERT operations, one statement per table and set of columns (columns left
+    out take their defaults: a generated key is drawn by PostgreSQL)."""
+    statements: list[_Statement] = []
     for table in sorted(inserted):
         info = catalog.table_info(table)
         by_columns: dict[frozenset, list[dict]] = {}
@@ -322,10 +350,10 @@ def _insert_new(catalog: Any, connection: sa.Connection, inserted: Mapping[str, 
             by_columns.setdefault(frozenset(row), []).append(row)
         for columns, rows in by_columns.items():
             names = sorted(columns)
+            check_required(info, columns, f"a row inserted into {table!r}")
             _check_columns(info, names, rows)
-            _insert(connection, info, names, rows)
-            written += len(rows)
-    return written
+            statements.append((_insert, info, names, rows))
+    return statements
 
 
 def _check_columns(info: Any, names: list[str], rows: list[dict]) -> None:
@@ -417,13 +445,6 @@ def _insert(connection: sa.Connection, info: Any, columns: list[str], rows: list
             return sa.insert(info.table).from_select(columns, sa.select(*[derived.c[name] for name in columns]))
 
         _run(connection, statement, parameters, shape=("insert", info.table, tuple(columns)))
-
-
-def _check_key_columns(info: Any, given: Any, values: Mapping[str, Any], key_row: Mapping[str, Any]) -> None:
-    for name, value in key_row.items():
-        if name in values and values[name] != value:
-            raise InvalidKey(f"a write function of the batch changed {info.name}.{name} of row {given!r} to "
-                             f"{values[name]!r}; the key of a row cannot change — write another row instead")
 
 
 # --- applying ------------------------------------------------------------------------------

@@ -58,24 +58,26 @@ def time_of(event: BatchEvent) -> Any:
 def run_lean(declarations: Mapping[str, Callable[[BatchEvent, Ops], None]], items: list[tuple[int, BatchEvent]],
              base: Mapping[tuple[str, Any], Any], *, loader: Callable[[str, Any], Any] | None = None,
              declared: Mapping[int, list[OpSpec] | str] | None = None, versions: bool = False,
-             allowed: Any = None) -> Part:
+             allowed: Any = None, check: Callable[[list, dict | None], str | None] | None = None) -> Part:
     """Run ``items`` (``(t, event)``, ascending ``t``) serially; the :class:`Part` of strategy ``"lean"``.  ``declared[t]``: the event's
     operations, or the reason it was rejected (then it is not declared again).  ``versions``:
     keep the versions windows read from the start (else a window operation restarts the run
     keeping them).  Missing images come from ``base``, then ``loader`` (a loader error is the
     batch's, except a :class:`DeclarationError`: the key cannot name a row), else are absent.
     ``allowed``: the states this run may touch (a split part); any other raises
-    :class:`RouteMissed` (the caller runs the batch again unsplit)."""
+    :class:`RouteMissed` (the caller runs the batch again unsplit).  ``check(writes, outputs)``: called as each
+    transaction ends with its written ``(state, image)`` pairs and its outputs; a reason it returns aborts the
+    transaction (the commit's way of refusing values the store cannot hold, ``_commit._store_check``)."""
     while True:
         try:
-            return _run(declarations, items, base, loader, declared, versions, allowed)
+            return _run(declarations, items, base, loader, declared, versions, allowed, check)
         except _NeedVersions:
             versions = True
         except _LoadFailed as failure:
             raise failure.error from None
 
 
-def _run(declarations, items, base, loader, declared, versions, allowed) -> Part:
+def _run(declarations, items, base, loader, declared, versions, allowed, check) -> Part:
     started = time.perf_counter()
     rejected, result_ts, aborted_at, outputs_at = [], [], {}, {}
     current: dict = dict(base)
@@ -206,6 +208,8 @@ def _run(declarations, items, base, loader, declared, versions, allowed) -> Part
                 else:
                     outputs[name] = output
         result_ts.append(t)
+        if reason is None and check is not None:
+            reason = check(writes or [], outputs)
         if reason is not None:
             aborted_at[t] = reason
             continue

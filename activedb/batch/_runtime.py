@@ -277,12 +277,14 @@ class _Missed:
 def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base: Mapping[tuple[str, Any], Any], *,
                   loader: Callable[[str, Any], Any] | None = None, declared: Mapping[int, Any] | None = None,
                   strategy: str | Strategy = AUTO, processes: int | None = None, split: str = "auto",
-                  declare_seconds: float = 0.0) -> BatchResult:
+                  declare_seconds: float = 0.0, check: Callable[[list, dict | None], str | None] | None = None
+                  ) -> BatchResult:
     """Run the normalised ``batch`` (``batch[t]``, timestamp order) over ``base`` (images before
     the batch; missing states come from ``loader`` or are absent rows).  ``declared[t]``: specs
     (or a rejection reason) already known for the event at ``t``.  ``processes`` defaults to the
     object's; ``split``: ``"auto"`` (the decision model's rule), ``"always"`` (whenever the batch
-    has two components or more and processes are allowed), ``"never"``.  The caller pauses the cyclic
+    has two components or more and processes are allowed), ``"never"``.  ``check``: the lean executor's
+    per-transaction check (``run_lean``); given, the batch runs lean in this process.  The caller pauses the cyclic
     garbage collector (``no_cyclic_gc``), as every caller here does."""
     runtime = runtime_of(transactions)
     mode = strategy if isinstance(strategy, str) and strategy in _MODES else parse_strategy(strategy)
@@ -293,6 +295,10 @@ def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base
     notes: list[str] = []
     seconds: dict[str, float] = {"declare": declare_seconds} if declare_seconds else {}
     decision: tuple[str, ...] = ()
+    if check is not None:
+        part = run_lean(transactions.declarations, list(enumerate(batch)), base, loader=loader, declared=declared,
+                        versions=runtime.versions, check=check)
+        return _assemble(batch, [part], LEAN, seconds, 0, 1.0, runtime, notes, decision)
     if mode == AUTO:
         mode, decision = model.choose_execution(threads=1)
     parts: list[Part] = []

@@ -6,14 +6,15 @@ store", says what they do and compares them with :func:`apply_at_commit`.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from activedb import deadletters
-from activedb.batch._declare import BatchEvent, StateTransactions
+from activedb.batch._declare import BatchEvent, Inserted, StateTransactions
 from activedb.batch._result import BatchResult
 from activedb.batch._runtime import AUTO, execute_batch, no_cyclic_gc, prepare
 from activedb.batch._strategy import Strategy
+from activedb.errors import InvalidKey, InvalidValue, SchemaError
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
@@ -43,6 +44,30 @@ def apply_batch(tx: Transaction, events: Iterable[Any], transactions: StateTrans
     result = execute_batch(transactions, prepared.batch, base, loader=tx.read, declared=prepared.declared(),
                            strategy=strategy, processes=processes, split=split, declare_seconds=prepared.seconds)
     started = time.perf_counter()
+    by_table = _changes(result, base)
+    catalog = tx.manager.catalog
+    refused = _unstorable(catalog, by_table, result)
+    if refused is not None:
+        # A transaction wrote a value the store cannot hold: run the batch again checking each transaction's
+        # values as it ends, so that exactly those transactions abort (as at commit, ``_commit.py``).
+        result = execute_batch(transactions, prepared.batch, base, loader=tx.read, declared=prepared.declared(),
+                               strategy="lean", split="never", check=store_check(catalog))
+        result.notes.append(f"ran again checking each transaction's values: {refused}")
+        by_table = _changes(result, base)
+    written = sum(tx.write_many(table, rows, lock="table" if lock == "table" else "row")
+                  for table, rows in by_table.items())
+    for table, rows in result.inserted().items():      # new rows: their keys drawn as tx.insert draws them
+        for row in rows:
+            tx.insert(table, **row)
+        written += len(rows)
+    if result.statistics is not None:
+        result.statistics.seconds.update(prefetch=prefetch_seconds, write=time.perf_counter() - started)
+    result.notes.append(f"{written} rows written")
+    return result
+
+
+def _changes(result: BatchResult, base: Mapping) -> dict[str, dict[Any, dict | None]]:
+    """Table → key → the columns the batch changed (None: delete), from ``result``'s final rows."""
     by_table: dict[str, dict[Any, dict | None]] = {}
     for (table, key), image in result.final.items():
         old = result.before.get((table, key), base.get((table, key)))
@@ -56,16 +81,68 @@ def apply_batch(tx: Transaction, events: Iterable[Any], transactions: StateTrans
             changes = {column: value for column, value in image.items() if old.get(column, _MISSING) != value}
         if changes:
             by_table.setdefault(table, {})[key] = changes
-    written = sum(tx.write_many(table, rows, lock="table" if lock == "table" else "row")
-                  for table, rows in by_table.items())
-    for table, rows in result.inserted().items():      # new rows: their keys drawn as tx.insert draws them
-        for row in rows:
-            tx.insert(table, **row)
-        written += len(rows)
-    if result.statistics is not None:
-        result.statistics.seconds.update(prefetch=prefetch_seconds, write=time.perf_counter() - started)
-    result.notes.append(f"{written} rows written")
-    return result
+    return by_table
+
+
+def _unstorable(catalog: Any, by_table: Mapping[str, Mapping[Any, dict | None]], result: BatchResult) -> str | None:
+    """Why some changed value or new row of ``result`` cannot be stored (what ``tx.write_many``/``tx.insert``
+    or the flush would raise, checked before anything is written), or None."""
+    try:
+        for table, rows in by_table.items():
+            info = catalog.table_info(table)
+            for key, changes in rows.items():
+                if changes is not None:
+                    if result.before.get((table, key)) is None:
+                        check_required(info, changes.keys(), f"the new row {key!r} of {table!r}")
+                    info.check_values(changes, copy=False)
+        for table, rows in result.inserted().items():
+            info = catalog.table_info(table)
+            for row in rows:
+                check_required(info, row.keys(), f"a row inserted into {table!r}")
+                info.check_values(row, copy=False)
+    except SchemaError as error:
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def check_required(info: Any, columns: Any, what: str) -> None:
+    """``columns`` (names) of a new row of ``info``'s table must name every NOT NULL column without a default."""
+    missing = info.required.difference(columns)
+    if missing:
+        raise InvalidValue(f"{what} has no value for the NOT NULL column(s) {', '.join(sorted(missing))} of "
+                           f"{info.name!r}; give them (nothing was written)")
+
+
+def check_key_columns(info: Any, given: Any, values: Mapping[str, Any], key_row: Mapping[str, Any]) -> None:
+    """A written image must keep its row's key columns (``key_row``)."""
+    for name, value in key_row.items():
+        if name in values and values[name] != value:
+            raise InvalidKey(f"a write function of the batch changed {info.name}.{name} of row {given!r} to "
+                             f"{values[name]!r}; the key of a row cannot change — write another row instead")
+
+
+def store_check(catalog: Any) -> Callable[[list, dict | None], str | None]:
+    """``check(writes, outputs)`` for ``execute_batch``: why one transaction's written images and new rows
+    cannot be stored (the reason of the ``SchemaError`` a write of them would raise), or None."""
+    def check(writes: list, outputs: dict | None) -> str | None:
+        try:
+            for (table, key), image in writes:
+                if image is not None:
+                    info = catalog.table_info(table)
+                    check_required(info, image.keys(), f"the row {key!r} of {table!r}")
+                    info.check_values(image, copy=False)
+                    check_key_columns(info, key, image, info.full_key_row(info.key(key)))
+            for output in (outputs or {}).values():
+                if type(output) is Inserted:
+                    info = catalog.table_info(output.table)
+                    for row in output.rows:
+                        check_required(info, row.keys(), f"a row inserted into {output.table!r}")
+                        info.check_values(row, copy=False)
+        except SchemaError as error:
+            return f"{type(error).__name__}: {error}"
+        return None
+
+    return check
 
 
 def dead_letter(event: BatchEvent, reason: str) -> deadletters.Letter:

@@ -4,8 +4,8 @@ computed from the transaction's reads as of before it, added exactly when the tr
 * in memory, every strategy (and two processes) gives the serial reference's inserted rows, an aborted
   transaction's none;
 * at commit (``apply_at_commit``) the rows reach PostgreSQL with generated ids, in timestamp order; an event
-  that inserts into a table that does not exist is a dead letter alone; a column the table does not have fails
-  the commit naming it, with nothing written;
+  that inserts into a table that does not exist is a dead letter alone, and so is one whose rows (or written
+  values) the table cannot hold — a column it lacks, a NUL, a missing NOT NULL value, a wrong type;
 * through the tree (``apply_batch``) the rows are ``tx.insert``\\ ed, so a rule on the table's inserts fires;
 * as a declared rule fired event by event, and lowered on the sink, the same rows.
 """
@@ -17,7 +17,6 @@ import sqlalchemy as sa
 
 from activedb import batch
 from activedb.batch import BatchEvent, StateTransactions
-from activedb.errors import SchemaError
 
 TXNS = StateTransactions("inserts")
 
@@ -121,21 +120,35 @@ def test_an_event_inserting_into_a_table_that_does_not_exist_is_a_dead_letter_al
     assert event.event_type == "nowhere" and "no_such_table" in reason
 
 
-def test_a_column_the_table_does_not_have_fails_the_commit_naming_it_and_nothing_is_written(clean):
+def test_values_the_store_cannot_hold_abort_their_transactions_alone(clean):
+    """A row with a column the table lacks, a NUL, None for a NOT NULL column, a missing NOT NULL column, a
+    written value of the wrong type: the commit's checks find one, the batch runs again checking each
+    transaction's values as it ends, and exactly those transactions abort (dead letters naming the column) —
+    the others' rows, and the rows they read, are as if the refused ones had never run."""
     db = clean
-    transactions = StateTransactions("a wrong column")
+    transactions = StateTransactions("bad values")
+    bad = {1: {"rule": "add", "colour": "blue"}, 2: {"rule": "add", "detail": "nul\x00"}, 3: {"rule": None},
+           4: {"detail": "no rule"}}
 
     @transactions.on("add")
-    def wrong(event, ops):
-        ops.write("items", event.key, lambda own: {"value": 1})
-        ops.insert("events_seen", {"rule": "add", "colour": "blue"})
+    def add_and_log(event, ops):
+        n = event.position
+        ops.write("items", "k", lambda own: {"value": (own or {"value": 0})["value"] + 1,
+                                             "note": f"after {n}"} if n != 5 else {"value": "five"})
+        ops.insert("events_seen", lambda own: bad.get(n, {"rule": "add", "detail": f"{n} saw {(own or {}).get('value')}"}),
+                   reads=[("items", "k")])
 
-    with pytest.raises(SchemaError, match="colour"):
-        with db.transaction() as tx:
-            batch.apply_at_commit(tx, [BatchEvent("add", "a", 0, {}, 0)], transactions)
-    assert _seen(db) == []
+    events = [BatchEvent("add", n, n, {}, n) for n in range(7)]
+    with db.transaction() as tx:
+        pending = batch.apply_at_commit(tx, events, transactions, query_id="bad-values")
+    reasons = {event.position: reason for event, reason in pending.result.dead_letters}
+    assert sorted(reasons) == [1, 2, 3, 4, 5]
+    assert "colour" in reasons[1] and "NUL" in reasons[2] and "NOT NULL" in reasons[3] and "rule" in reasons[4]
+    assert "value" in reasons[5]
+    assert [detail for _, _, detail in _seen(db)] == ["0 saw None", "6 saw 1"]
     with db.engine.connect() as connection:
-        assert connection.execute(sa.text("SELECT count(*) FROM items")).scalar() == 0
+        assert connection.execute(sa.text("SELECT value, note FROM items WHERE key = 'k'")).one() == (2, "after 6")
+    assert any("ran again checking" in note for note in pending.result.notes)
 
 
 def test_through_the_tree_the_rows_are_inserted_and_a_rule_on_their_inserts_fires(clean):

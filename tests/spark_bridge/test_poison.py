@@ -10,7 +10,8 @@ ends as one dead letter with a true reason and its raw text, while the batch's o
 * duplicate events: with ``EventMapping(id_column=...)``, a re-sent event (same id) is one dead letter,
   in the same batch or a later one;
 * a refusal no trial of the events reproduces re-runs the batch as it was (nobody is blamed), and only a
-  second one names the batch's last event.
+  second one names the batch's last event;
+* on the TPG path, a state transaction's value the table cannot hold is a dead letter alone.
 """
 
 from __future__ import annotations
@@ -139,6 +140,34 @@ def test_a_refusal_no_trial_reproduces_twice_names_the_last_event():
     assert event == "e3" and "together with an earlier event" in reason
     poison = lambda subset: failure if "e2" in subset else None       # noqa: E731
     assert [event for event, _ in find_culprits(poison, events, failure, blame_unreproduced=False)] == ["e2"]
+
+
+def test_values_a_tpg_batch_cannot_store_are_dead_letters_and_the_stream_goes_on(databases):
+    """On the TPG path (``executor="tpg"``) a state transaction whose written value the table cannot hold —
+    a NUL in a text column, a string for a number — is a dead letter alone: the batch commits without it and
+    the next batch runs (such a value used to fail the whole batch, again on every restart)."""
+    from activedb import batch
+    from spark_bridge._tpg_handler import TpgHandler
+
+    ingested, _ = databases
+    transactions = batch.StateTransactions("counters, some values unstorable")
+
+    @transactions.on("add")
+    def add(event, ops):
+        amount, seq = event.payload["amount"], event.payload["seq"]
+        trail = {2: "nul\x00", 3: "fine"}.get(seq, str(seq))
+        ops.write("counters", event.key, lambda own: {
+            "total": (own or {"total": 0})["total"] + amount if seq != 3 else "three", "trail": trail})
+
+    sink = IngestSink(ingested, app_counters.MAPPING, query_name="tpg-values", handler=TpgHandler(transactions))
+    rows = [_row(seq, "a" if seq % 2 else "b", amount=seq) for seq in range(1, 6)]
+    outcome = sink.process(_parsed(rows), 0, query_id="tpg-values@direct")
+    assert (outcome.committed, outcome.events, outcome.dead_letters) == (True, 3, 2)
+    reasons = {raw["seq"]: reason for _, _, reason, raw in dead_letters(ingested)}
+    assert sorted(reasons) == [2, 3] and "NUL" in reasons[2] and "total" in reasons[3]
+    assert {key: (total, trail) for key, total, _, trail, _ in app_state(ingested)["counters"]} == {
+        "a": (6, "5"), "b": (4, "4")}
+    assert sink.process(_parsed([_row(6, "b", amount=1)]), 1, query_id="tpg-values@direct").committed
 
 
 def test_duplicate_event_ids_are_dead_letters_in_the_same_batch_and_later(databases):
