@@ -334,7 +334,6 @@ def _event_phases(database, size: int) -> dict[str, Any]:
     ``IngestSink.process`` of batches of ``size`` hand-hygiene rows (a warm-up, a timed batch, then the same
     batch size under cProfile), µs per event by phase scaled to the timed batch, and the share of the time
     spent waiting for PostgreSQL (psycopg's ``Connection.wait``) against the rest, Python."""
-    import cProfile
     import pstats
 
     from activedb.bench import called_from, cumulative, database_wait, phase_seconds, scaled
@@ -349,20 +348,7 @@ def _event_phases(database, size: int) -> dict[str, Any]:
     sink = IngestSink(database, EventMapping("type", "worker", "ts", payload_columns=("room",)),
                       query_name=f"{QUERY_PREFIX}-phases", prefetch={"bench_counters": _worker_number})
     sink.record_lineage = False
-    query_id = f"{QUERY_PREFIX}-phases@{time.time_ns()}"
-    try:
-        sink.process(batches[0], 0, query_id=query_id)                      # warm-up
-        started = time.perf_counter()
-        sink.process(batches[1], 1, query_id=query_id)
-        per_event_us = (time.perf_counter() - started) / size * 1e6
-        profile = cProfile.Profile()
-        profile.enable()
-        sink.process(batches[2], 2, query_id=query_id)
-        profile.disable()
-    finally:
-        sink.close()
-        with database.engine.begin() as connection:
-            connection.execute(sa.text("DELETE FROM activedb_ingestion_ledger WHERE query_id = :q"), {"q": query_id})
+    per_event_us, _, _, profile = _timed_and_profiled(database, sink, batches, f"{QUERY_PREFIX}-phases")
     stats = pstats.Stats(profile)
     raw, total = phase_seconds(stats, _EVENT_PHASES)
     # The dispatch around the firing it runs: on_event less the rule's subtransaction (run_inline called from
@@ -378,6 +364,30 @@ def _event_phases(database, size: int) -> dict[str, Any]:
             "python_share": round(1 - waiting / total, 3) if total else 0.0}
 
 
+def _timed_and_profiled(database, sink: Any, batches: list[list[dict]], query: str) -> tuple[float, Any, Any, Any]:
+    """Three batches of one size through ``sink`` (``IngestSink.process``, no Spark): a warm-up, a timed batch, a
+    profiled batch; returns µs per event of the timed one, its outcome, the handler's ``last_lowered`` after it,
+    and the profile.  Closes the sink and deletes the ledger rows."""
+    import cProfile
+
+    query_id = f"{query}@{time.time_ns()}"
+    try:
+        sink.process(batches[0], 0, query_id=query_id)                      # warm-up
+        started = time.perf_counter()
+        outcome = sink.process(batches[1], 1, query_id=query_id)
+        per_event_us = (time.perf_counter() - started) / len(batches[1]) * 1e6
+        pending = getattr(sink.handler, "last_lowered", None)
+        profile = cProfile.Profile()
+        profile.enable()
+        sink.process(batches[2], 2, query_id=query_id)
+        profile.disable()
+    finally:
+        sink.close()
+        with database.engine.begin() as connection:
+            connection.execute(sa.text("DELETE FROM activedb_ingestion_ledger WHERE query_id = :q"), {"q": query_id})
+    return per_event_us, outcome, pending, profile
+
+
 def _declared_phases(database, size: int) -> dict[str, Any]:
     """Where an event's time goes on the declared hand-hygiene application's lowered path, without Spark:
     ``IngestSink.process`` of batches of ``size`` hand-hygiene rows (a warm-up, a timed batch, then the same
@@ -385,7 +395,6 @@ def _declared_phases(database, size: int) -> dict[str, Any]:
     batch — validate (``rows_to_events``), lower (``batch.lower`` and enlisting the batch), and inside the commit
     lock and read (``FOR UPDATE``), declare and execute (the state transactions, in Python), write (the
     statements), and the rest of the flush (ledger, lineage, COMMIT)."""
-    import cProfile
     import pstats
 
     from activedb.bench import database_wait, phase_seconds
@@ -401,21 +410,10 @@ def _declared_phases(database, size: int) -> dict[str, Any]:
     reset_tables(database)
     sink = IngestSink(database, EventMapping("type", "worker", "ts", payload_columns=("room",)),
                       query_name=f"{QUERY_PREFIX}-declared-phases")
-    query_id = f"{QUERY_PREFIX}-declared-phases@{time.time_ns()}"
     try:
-        sink.process(batches[0], 0, query_id=query_id)                      # warm-up
-        started = time.perf_counter()
-        outcome = sink.process(batches[1], 1, query_id=query_id)
-        per_event_us = (time.perf_counter() - started) / size * 1e6
-        pending = sink.handler.last_lowered
-        profile = cProfile.Profile()
-        profile.enable()
-        sink.process(batches[2], 2, query_id=query_id)
-        profile.disable()
+        per_event_us, outcome, pending, profile = _timed_and_profiled(database, sink, batches,
+                                                                      f"{QUERY_PREFIX}-declared-phases")
     finally:
-        sink.close()
-        with database.engine.begin() as connection:
-            connection.execute(sa.text("DELETE FROM activedb_ingestion_ledger WHERE query_id = :q"), {"q": query_id})
         reset_tables(database)
     if pending is None:
         raise RuntimeError("the declared hand-hygiene batch was not lowered (an observer or another rule?)")
