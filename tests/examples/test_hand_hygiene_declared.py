@@ -128,3 +128,12 @@ def test_an_incident_report_names_its_alert_by_time(url):
         database.close()
     assert reports == ["incident: w1 in hygiene violation at t=9.5 (alert of t=9.5)"]
     assert statuses == [("violation", 2)] and compensated == [("exit", 1.0)]
+
+
+def test_it_is_an_application_activedb_run_can_load():
+    """``activedb run activedb.examples.hand_hygiene.declared --source file:DIR`` finds what it needs."""
+    from spark_bridge._app import load_app
+
+    loaded = load_app("activedb.examples.hand_hygiene.declared", require_mapping=True)
+    assert loaded.register is declared.register and loaded.reset is declared.reset
+    assert loaded.mapping.type_column == "type" and loaded.schema == app.SCHEMA and loaded.migrations == MIGRATIONS

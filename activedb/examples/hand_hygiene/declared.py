@@ -4,7 +4,9 @@ row, the alert, the badge light, both notifications, and for a rejected event it
 Spark sink runs a micro-batch of badge events as one batch of state transactions at commit (``batch.lower``).
 
 Public interface: :func:`register` ``(db) -> dict[str, Rule]``, :func:`badge_event` (the declaring function),
-:func:`outcome` (what one reading does to a worker's row: a pure function).  How it differs from ``app.py``
+:func:`outcome` (what one reading does to a worker's row: a pure function); and what ``activedb run
+activedb.examples.hand_hygiene.declared --source file:DIR`` needs, as ``app.py`` has it (``MAPPING``, ``SCHEMA``,
+``MIGRATIONS``, ``reset``).  How it differs from ``app.py``
 (every effect in the event's own transaction, a rejection is not an abort, the incident report names the
 alert by its time): ``README.md`` in this package, "The declared version".
 """
@@ -16,9 +18,14 @@ from typing import Any, NamedTuple
 from activedb import batch
 from activedb.batch import DELETE
 from activedb.examples.hand_hygiene.app import (
-    BADGE_EVENTS, COLORS, Q1_WINDOW_SECONDS, Q2_WINDOW_SECONDS, SAFE, VIOLATION, WARNING, WORKERS, compensation,
-    contradiction, reading, seconds)
+    BADGE_EVENTS, COLORS, MAPPING, MIGRATIONS, Q1_WINDOW_SECONDS, Q2_WINDOW_SECONDS, SAFE, SCHEMA, VIOLATION, WARNING,
+    WORKERS, compensation, contradiction, reading, reset_tables, seconds)
 from activedb.examples.hand_hygiene.errors import MalformedBadgeEvent
+
+__all__ = ["EFFECT_TABLES", "MAPPING", "MIGRATIONS", "Outcome", "SCHEMA", "badge_event", "outcome", "register",
+           "reset"]
+
+reset = reset_tables      # what ``activedb run APP --reset`` calls
 
 #: The tables a badge event of each type may insert into, besides writing its worker's row: a rejection's
 #: compensation; a transition's audit row and badge light (no MASK moves a worker); a violation's alert and
