@@ -97,7 +97,8 @@ TARGETS = st.one_of(st.just("key"), st.integers(0, 3))   # the event's own key, 
 OPERATION = st.one_of(
     st.tuples(st.just("write"), TARGETS, st.integers(-3, 5), st.one_of(st.none(), st.integers(0, 3))),
     st.tuples(st.just("check"), TARGETS, st.integers(0, 12)),
-    st.tuples(st.just("read"), TARGETS))
+    st.tuples(st.just("read"), TARGETS),
+    st.tuples(st.just("insert"), TARGETS, st.integers(0, 12)))
 
 
 def _add(delta: int, own: dict | None, *params: dict | None) -> dict:
@@ -106,6 +107,12 @@ def _add(delta: int, own: dict | None, *params: dict | None) -> dict:
 
 def _over(limit: int, row: dict | None) -> bool:
     return row is not None and row["n"] > limit
+
+
+def _noted(event_type: str, target: int, limit: int, row: dict | None) -> dict | None:
+    """An INSERT's row: what the event saw of ``target``, or no row when it is over ``limit``."""
+    n = 0 if row is None else row["n"]
+    return None if n > limit else {"rule": event_type, "detail": f"{target}:{n}"}
 
 
 def _random_declaration(event, ops) -> None:
@@ -120,6 +127,9 @@ def _random_declaration(event, ops) -> None:
         elif operation[0] == "check":
             ops.abort_if(functools.partial(_over, operation[2]), reads=[("bench_counters", target)],
                          reason=f"row {target} over {operation[2]}")
+        elif operation[0] == "insert":
+            ops.insert("events_seen", functools.partial(_noted, event.event_type, target, operation[2]),
+                       reads=[("bench_counters", target)])
         else:
             ops.read("bench_counters", target)
 
@@ -128,6 +138,14 @@ def _counters(db) -> dict:
     with db.engine.begin() as connection:
         rows = dict(connection.execute(sa.text("SELECT key, n FROM bench_counters")).all())
         connection.execute(sa.text("TRUNCATE bench_counters"))
+    return rows
+
+
+def _seen(db) -> list[tuple]:
+    """The rows the programs' INSERTs added, in the order they were added (ids drawn differently on each path)."""
+    with db.engine.begin() as connection:
+        rows = [tuple(row) for row in connection.execute(sa.text("SELECT rule, detail FROM events_seen ORDER BY id"))]
+        connection.execute(sa.text("TRUNCATE events_seen"))
     return rows
 
 
@@ -142,8 +160,9 @@ def _firings(db) -> dict:
                                       "decl1": st.lists(OPERATION, min_size=1, max_size=3)}),
        events=st.lists(st.tuples(st.sampled_from(["decl0", "decl1"]), st.integers(0, 3)), min_size=1, max_size=15))
 def test_a_lowered_batch_of_random_declared_rules_is_the_same_as_firing_them_one_by_one(db, program, events):
-    """Random programs of two declared rules (writes with and without a parameter row, aborts, reads, on the
-    event's own row or a fixed one), random events: the rows, the refused events and the firing counts of one
+    """Random programs of two declared rules (writes with and without a parameter row, aborts, reads, inserts of
+    new rows computed from a row read, on the event's own row or a fixed one), random events: the rows, the new
+    rows in the order they were added, the refused events and the firing counts of one
     batch lowered (``batch.lower`` + ``batch.apply_lowered``) equal those of the same events fired one by one,
     each in its own subtransaction."""
     for event_type in PROGRAM:
@@ -151,6 +170,7 @@ def test_a_lowered_batch_of_random_declared_rules_is_the_same_as_firing_them_one
             db.rule(on=db.stream(event_type), name=f"random_{event_type}")(batch.declared(_random_declaration))
     PROGRAM.update(program)
     _counters(db)
+    _seen(db)
     before = _firings(db)
     refused_by_event: set[int] = set()
     with db.transaction() as tx:
@@ -160,7 +180,7 @@ def test_a_lowered_batch_of_random_declared_rules_is_the_same_as_firing_them_one
                     sub.emit(event_type, key=key, ts=float(position))
             except RuleFailed:
                 refused_by_event.add(position)
-    by_event, middle = _counters(db), _firings(db)
+    by_event, seen_by_event, middle = _counters(db), _seen(db), _firings(db)
     with db.transaction() as tx:
         lowered = batch.lower(db.rules, tx, {event_type for event_type, _ in events})
         assert lowered is not None
@@ -168,6 +188,7 @@ def test_a_lowered_batch_of_random_declared_rules_is_the_same_as_firing_them_one
                                                      for position, (event_type, key) in enumerate(events)],
                                       lowered, dead_letters=None)
     assert _counters(db) == by_event
+    assert _seen(db) == seen_by_event
     assert {event.position for event, _ in pending.result.dead_letters} == refused_by_event
     after = _firings(db)
     for name in after:
