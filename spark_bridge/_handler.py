@@ -22,9 +22,9 @@ from activedb.errors import BatchAlreadyCommitted, SerializationConflict
 
 from spark_bridge._batch import BatchLetters, SinkContext, no_cyclic_gc
 from spark_bridge._failures import find_culprits, is_poison_failure, trial
-from spark_bridge.errors import first_line
 from spark_bridge._ledger import IngestionLedger, batch_committed
 from spark_bridge._outcome import BatchOutcome, PhaseTimings
+from spark_bridge.errors import first_line
 from spark_bridge.mapping import RawEvent
 
 if TYPE_CHECKING:  # pragma: no cover
