@@ -27,6 +27,10 @@ class TpgHandler(BatchHandler):
     batch at a time."""
 
     name = "tpg"
+    #: A commit PostgreSQL refuses for what events wrote (a unique index two events' rows collide on, a CHECK,
+    #: a key beyond its index's row limit) is searched for those events by trial flushes of subsets of the
+    #: batch, each a batch of its own (``apply_events``), instead of failing the batch on every restart.
+    searches_poison = True
 
     def __init__(self, transactions: Any) -> None:
         if not isinstance(transactions, batch.StateTransactions):
@@ -42,6 +46,10 @@ class TpgHandler(BatchHandler):
     def handle(self, tx: Transaction, batch_input: BatchInput, ledger: IngestionLedger) -> None:
         self.last_pending = batch.apply_at_commit(tx, batch_input.events, self.transactions,
                                                   **batch_input.at_commit(ledger))
+
+    def apply_events(self, tx: Transaction, events: list) -> None:
+        """A trial flush's batch: ``events`` as a batch at the commit of ``tx`` (its dead letters not stored)."""
+        batch.apply_at_commit(tx, events, self.transactions, dead_letters=None)
 
     def close(self) -> None:
         """Stop the worker processes of ``StateTransactions(processes=N)``, if any."""

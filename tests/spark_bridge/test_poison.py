@@ -11,7 +11,8 @@ ends as one dead letter with a true reason and its raw text, while the batch's o
   in the same batch or a later one;
 * a refusal no trial of the events reproduces re-runs the batch as it was (nobody is blamed), and only a
   second one names the batch's last event;
-* on the TPG path, a state transaction's value the table cannot hold is a dead letter alone.
+* on the TPG path, a state transaction's value the table cannot hold is a dead letter alone, and a commit
+  PostgreSQL refuses is searched for its events as on the rule path.
 """
 
 from __future__ import annotations
@@ -168,6 +169,39 @@ def test_values_a_tpg_batch_cannot_store_are_dead_letters_and_the_stream_goes_on
     assert {key: (total, trail) for key, total, _, trail, _ in app_state(ingested)["counters"]} == {
         "a": (6, "5"), "b": (4, "4")}
     assert sink.process(_parsed([_row(6, "b", amount=1)]), 1, query_id="tpg-values@direct").committed
+
+
+def test_a_tpg_batch_postgresql_refuses_is_searched_for_the_events_that_caused_it(databases):
+    """On the TPG path a commit PostgreSQL itself refuses — a 1 MB key beyond its index's row limit, two events'
+    rows colliding on a unique index — is searched like the rule path's: those events are dead letters with
+    PostgreSQL's reason, the rest commits (it used to fail the batch on every restart)."""
+    from activedb import batch
+    from spark_bridge._tpg_handler import TpgHandler
+
+    ingested, _ = databases
+    transactions = batch.StateTransactions("counters at commit")
+
+    @transactions.on("add")
+    def add(event, ops):
+        ops.write("counters", event.key, lambda own: {"total": (own or {"total": 0})["total"] + event.payload["amount"],
+                                                     "trail": str(event.payload["seq"])})
+
+    sink = IngestSink(ingested, app_counters.MAPPING, query_name="tpg-poison", handler=TpgHandler(transactions))
+    rows = [_row(1, "a", amount=10), _row(2, "b", amount=3), _row(3, BIG_KEY, amount=1), _row(4, "c", amount=10),
+            _row(5, "b", amount=4)]
+    with ingested.engine.begin() as connection:                       # a row both a's and c's writes collide with
+        connection.exec_driver_sql("CREATE UNIQUE INDEX one_total_of_ten ON counters (total) WHERE total = 10")
+    try:
+        outcome = sink.process(_parsed(rows), 0, query_id="tpg-poison@direct")
+    finally:
+        with ingested.engine.begin() as connection:
+            connection.exec_driver_sql("DROP INDEX one_total_of_ten")
+    assert (outcome.committed, outcome.events, outcome.dead_letters) == (True, 3, 2)
+    reasons = {raw["seq"]: reason for _, _, reason, raw in dead_letters(ingested)}
+    assert sorted(reasons) == [3, 4]
+    assert "54000" in reasons[3] and "23505" in reasons[4] and "together with an earlier event" in reasons[4]
+    assert {key: (total, trail) for key, total, _, trail, _ in app_state(ingested)["counters"]} == {
+        "a": (10, "1"), "b": (7, "5")}
 
 
 def test_duplicate_event_ids_are_dead_letters_in_the_same_batch_and_later(databases):
