@@ -17,6 +17,7 @@ ends as one dead letter with a true reason and its raw text, while the batch's o
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
@@ -86,19 +87,26 @@ def test_rows_postgresql_cannot_store_become_dead_letters_and_the_rest_applies(d
     assert reference.applied == 20
 
 
+@contextlib.contextmanager
+def _one_total_of_ten(database):
+    """A unique index on ``counters.total`` where it is 10: two keys reaching 10 collide in PostgreSQL."""
+    with database.engine.begin() as connection:
+        connection.exec_driver_sql("CREATE UNIQUE INDEX one_total_of_ten ON counters (total) WHERE total = 10")
+    try:
+        yield
+    finally:
+        with database.engine.begin() as connection:
+            connection.exec_driver_sql("DROP INDEX one_total_of_ten")
+
+
 def test_a_failure_that_needs_two_events_names_the_later_one(databases):
     """Two events insert the same milestone row (a key collision only their combination causes): the
     halves pass alone, the first failing prefix names the later event."""
     ingested, _ = databases
     rows = [_row(1, "a", amount=10), _row(2, "b", amount=10)]
     sink = IngestSink(ingested, app_counters.MAPPING, query_name="pair")
-    with ingested.engine.begin() as connection:                       # a row both events' writes collide with
-        connection.exec_driver_sql("CREATE UNIQUE INDEX one_total_of_ten ON counters (total) WHERE total = 10")
-    try:
+    with _one_total_of_ten(ingested):                                 # a row both events' writes collide with
         outcome = sink.process(_parsed(rows), 0, query_id="pair@direct")
-    finally:
-        with ingested.engine.begin() as connection:
-            connection.exec_driver_sql("DROP INDEX one_total_of_ten")
     assert (outcome.events, outcome.dead_letters) == (1, 1)
     [(_, _, reason, raw)] = dead_letters(ingested)
     assert raw["seq"] == 2 and "23505" in reason and "together with an earlier event" in reason
@@ -189,13 +197,8 @@ def test_a_tpg_batch_postgresql_refuses_is_searched_for_the_events_that_caused_i
     sink = IngestSink(ingested, app_counters.MAPPING, query_name="tpg-poison", handler=TpgHandler(transactions))
     rows = [_row(1, "a", amount=10), _row(2, "b", amount=3), _row(3, BIG_KEY, amount=1), _row(4, "c", amount=10),
             _row(5, "b", amount=4)]
-    with ingested.engine.begin() as connection:                       # a row both a's and c's writes collide with
-        connection.exec_driver_sql("CREATE UNIQUE INDEX one_total_of_ten ON counters (total) WHERE total = 10")
-    try:
+    with _one_total_of_ten(ingested):                                 # a row both a's and c's writes collide with
         outcome = sink.process(_parsed(rows), 0, query_id="tpg-poison@direct")
-    finally:
-        with ingested.engine.begin() as connection:
-            connection.exec_driver_sql("DROP INDEX one_total_of_ten")
     assert (outcome.committed, outcome.events, outcome.dead_letters) == (True, 3, 2)
     reasons = {raw["seq"]: reason for _, _, reason, raw in dead_letters(ingested)}
     assert sorted(reasons) == [3, 4]
