@@ -96,13 +96,18 @@ def _unstorable(catalog: Any, by_table: Mapping[str, Mapping[Any, dict | None]],
                         check_required(info, changes.keys(), f"the new row {key!r} of {table!r}")
                     info.check_values(changes, copy=False)
         for table, rows in result.inserted().items():
-            info = catalog.table_info(table)
-            for row in rows:
-                check_required(info, row.keys(), f"a row inserted into {table!r}")
-                info.check_values(row, copy=False)
+            _check_inserted(catalog, table, rows)
     except SchemaError as error:
         return f"{type(error).__name__}: {error}"
     return None
+
+
+def _check_inserted(catalog: Any, table: str, rows: Iterable[dict]) -> None:
+    """New rows of ``table`` (an INSERT's): each names the NOT NULL columns and holds values the table takes."""
+    info = catalog.table_info(table)
+    for row in rows:
+        check_required(info, row.keys(), f"a row inserted into {table!r}")
+        info.check_values(row, copy=False)
 
 
 def check_required(info: Any, columns: Any, what: str) -> None:
@@ -134,10 +139,7 @@ def store_check(catalog: Any) -> Callable[[list, dict | None], str | None]:
                     check_key_columns(info, key, image, info.full_key_row(info.key(key)))
             for output in (outputs or {}).values():
                 if type(output) is Inserted:
-                    info = catalog.table_info(output.table)
-                    for row in output.rows:
-                        check_required(info, row.keys(), f"a row inserted into {output.table!r}")
-                        info.check_values(row, copy=False)
+                    _check_inserted(catalog, output.table, output.rows)
         except SchemaError as error:
             return f"{type(error).__name__}: {error}"
         return None
