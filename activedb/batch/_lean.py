@@ -67,7 +67,7 @@ def run_lean(declarations: Mapping[str, Callable[[BatchEvent, Ops], None]], item
     ``allowed``: the states this run may touch (a split part); any other raises
     :class:`RouteMissed` (the caller runs the batch again unsplit).  ``check(writes, outputs)``: called as each
     transaction ends with its written ``(state, image)`` pairs and its outputs; a reason it returns aborts the
-    transaction (the commit's way of refusing values the store cannot hold, ``_commit._store_check``)."""
+    transaction (the commit's way of refusing values the store cannot hold, ``_store.store_check``)."""
     while True:
         try:
             return _run(declarations, items, base, loader, declared, versions, allowed, check)
