@@ -35,6 +35,7 @@ worst misreading is one idle tick more or less.
 from __future__ import annotations
 
 import enum
+import sys
 import threading
 from collections import deque
 from typing import Any, Callable
@@ -42,19 +43,53 @@ from typing import Any, Callable
 #: Seconds the pool may sit idle (no task started or claimed) with tasks queued before its waker gives them
 #: workers (see the module docstring).
 HAND_OFF_AFTER = 0.001
-#: How deep a thread nests tasks it runs while waiting (each one's frames on its stack) before it lets a
-#: worker run the next one instead, when a worker can take it.  A deep chain of spawned children (each
-#: waiting for its one child) then stays far from Python's recursion limit, and off CPython 3.11's costly
-#: frame-stack edges: the interpreter keeps frames in 16 KiB chunks and frees a chunk as soon as a call
-#: returns below it, so a loop whose calls cross a chunk's edge maps and unmaps 16 KiB on every call — a
-#: chain of 70 helped 32 deep made 7,371 munmap calls in 21 runs, 8 deep 662, as a tree 4 deep (txn README).
+#: How many tasks a thread nests in its waits before it asks whether its stack has room for more (below
+#: this, it always runs a task it waits for).  From there on it runs the next one only while its stack is
+#: shallower than half of Python's recursion limit (``_stack_is_deep``), and otherwise lets a worker's
+#: fresh stack run it when a worker can take it: a deep chain of spawned children (each waiting for its one
+#: child) stays far from the recursion limit, and pays no thread hand-off while it is far from it.
 MAX_HELP_DEPTH = 8
 
-#: Seconds a thread that left a task to a worker (being ``MAX_HELP_DEPTH`` deep) waits for one to claim it
-#: before it runs the task itself after all (every worker may be waiting, for this very thread).
+#: Every this many tasks nested in one thread's waits, the next one runs from a frame that starts a fresh
+#: chunk of the interpreter's frame stack (``_in_fresh_chunk``).  CPython keeps frames in chunks of 16 KiB
+#: and frees a chunk as soon as a call returns below it, so a loop whose calls cross a chunk's edge maps and
+#: unmaps memory on every call (page faults included): in a chain of nested tasks, about one level in
+#: sixteen sat at an edge and ran its operations three to seven times slower (txn README, "Spawned
+#: children: a thread only when something blocks").  A fresh chunk costs about 5 µs, once per this many
+#: levels; a tree of depth below it never pays it.
+FRESH_STACK_EVERY = 8
+
+#: Seconds a thread that left a task to a worker (its stack deep) waits for one to claim it before it runs
+#: the task itself after all (every worker may be waiting, for this very thread).
 UNCLAIMED_GRACE = 0.05
 
 _helping = threading.local()
+
+
+def _stack_is_deep() -> bool:
+    """Whether this thread's stack holds more than half of Python's recursion limit in frames (one C walk
+    of at most that many frames; checked only ``MAX_HELP_DEPTH`` tasks deep)."""
+    try:
+        sys._getframe(sys.getrecursionlimit() // 2)
+    except ValueError:
+        return False
+    return True
+
+
+def _in_fresh_chunk(run: Callable[[], None]) -> None:
+    """``run()``, called from a frame that starts a new chunk of the interpreter's frame stack.
+
+    The frame reserves more evaluation-stack slots than a chunk of 16 KiB has (``co_stacksize`` below; the
+    slots are never touched), so CPython cannot place it in what is left of the current chunk and gives it
+    a chunk of twice that size, of which about 16 KiB stays free for ``run`` and the calls below it: their
+    loops stay inside one chunk.  Elsewhere (another interpreter) it is an ordinary call."""
+    run()
+
+
+try:    # 2,100 slots of 8 bytes: more than 16 KiB; a larger stack size than the code needs is harmless
+    _in_fresh_chunk.__code__ = _in_fresh_chunk.__code__.replace(co_stacksize=2100)
+except (AttributeError, TypeError, ValueError):   # pragma: no cover - an interpreter without code.replace
+    pass
 
 
 class TaskState(enum.Enum):
@@ -110,7 +145,8 @@ class Task:
 
     def help(self, deep: bool = False) -> bool:
         """Run the task in this thread if nobody has started it (True: it ran here, it is done).  A thread
-        already ``MAX_HELP_DEPTH`` tasks deep leaves it to a worker when one can take it, unless ``deep``."""
+        ``MAX_HELP_DEPTH`` tasks deep or more whose stack is deep leaves it to a worker when one can take it,
+        unless ``deep``."""
         if not self.claim_to_help(deep):
             return False
         self.run_claimed()
@@ -119,8 +155,9 @@ class Task:
     def claim_to_help(self, deep: bool = False) -> bool:
         """Claim the task for this thread to run (``run_claimed``) if nobody has started it — :meth:`help` in two
         steps, for a caller with something to do between them.  False as ``help`` would refuse: someone has it,
-        or this thread is ``MAX_HELP_DEPTH`` tasks deep and a worker can take it (unless ``deep``)."""
-        if not deep and getattr(_helping, "depth", 0) >= MAX_HELP_DEPTH:
+        or this thread is ``MAX_HELP_DEPTH`` tasks deep, its stack deep, and a worker can take it (unless
+        ``deep``)."""
+        if not deep and getattr(_helping, "depth", 0) >= MAX_HELP_DEPTH and _stack_is_deep():
             pool = self._pool
             if pool is not None and pool.can_take_more():
                 return False        # deep enough: a worker's fresh stack runs it (``wait`` wakes one)
@@ -131,11 +168,15 @@ class Task:
         return True
 
     def run_claimed(self) -> None:
-        """Run the task this thread claimed (``claim_to_help``), one level deeper in its helping."""
+        """Run the task this thread claimed (``claim_to_help``), one level deeper in its helping (every
+        ``FRESH_STACK_EVERY`` levels from a fresh chunk of the frame stack)."""
         depth = getattr(_helping, "depth", 0)
         _helping.depth = depth + 1
         try:
-            self.run()
+            if depth and not depth % FRESH_STACK_EVERY:
+                _in_fresh_chunk(self.run)
+            else:
+                self.run()
         finally:
             _helping.depth = depth
 
@@ -148,7 +189,7 @@ class Task:
             pool.before_blocking()        # this thread blocks: what is queued gets threads of its own
         done = self._done
         if not self._claimed.locked():
-            # Left to a worker (this thread is deep): should none take it for a while — they all wait,
+            # Left to a worker (this thread's stack is deep): should none take it for a while — they all wait,
             # maybe for this thread — it runs here after all: progress never depends on a free worker.
             first = UNCLAIMED_GRACE if timeout is None else min(timeout, UNCLAIMED_GRACE)
             if done.acquire(timeout=first):

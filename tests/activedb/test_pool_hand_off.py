@@ -9,6 +9,7 @@ observable-state waits with generous bounds, under a watchdog.
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import pytest
@@ -152,28 +153,73 @@ def test_the_waker_gives_workers_when_the_pool_is_idle():
         pool.shutdown()
 
 
-def test_a_deep_chain_of_spawned_children_stays_off_the_recursion_limit(db):
-    """Each child spawns one and waits for it, 150 deep: a waiting thread runs at most ``MAX_HELP_DEPTH``
-    nested tasks, then lets a worker's fresh stack go on (the pool has workers enough: 32)."""
+def _frames() -> int:
+    """How many frames this thread's stack holds."""
+    frame, count = sys._getframe(), 0
+    while frame is not None:
+        frame, count = frame.f_back, count + 1
+    return count
+
+
+@pytest.mark.parametrize("limit", [None, 300])
+def test_a_deep_chain_of_spawned_children_stays_off_the_recursion_limit(db, limit):
+    """Each child spawns one and waits for it, 150 deep: a waiting thread nests the tasks it waits for while
+    its stack is shallower than half of the recursion limit, then lets a worker's fresh stack go on (the pool
+    has workers enough: 32) — also under a recursion limit lowered to 300."""
     depth = 150
-    seen: list[tuple[int, int]] = []
+    seen: list[tuple[int, int, int]] = []
 
     def level(tx, remaining):
-        seen.append((remaining, threading.get_ident()))
+        seen.append((remaining, threading.get_ident(), _frames()))
         if remaining:
             return 1 + tx.spawn(level, remaining - 1).result()
         return 0
 
+    before = sys.getrecursionlimit()
+    if limit is not None:
+        sys.setrecursionlimit(limit)
+    try:
+        with Watchdog(BOUND * 2, db.transactions.locks):
+            with db.transaction() as tx:
+                assert tx.spawn(level, depth).result() == depth
+    finally:
+        sys.setrecursionlimit(before)
+    assert [remaining for remaining, _, _ in seen] == list(range(depth, -1, -1))
+    deepest = max(frames for _, _, frames in seen)
+    ceiling = (limit or before) // 2 + 4 * 15   # half the limit, plus a few levels' frames past the check
+    assert deepest <= ceiling, f"a level ran {deepest} frames deep (the limit {limit or before})"
+    assert len({thread for _, thread, _ in seen}) > 1, "150 levels on one thread: no worker took over"
+
+
+def test_a_chain_below_the_stack_budget_runs_on_one_thread(db, patient_pool):
+    """A chain of 40 spawned children, each waiting for its one child, runs on the waiting thread alone
+    (helped through fresh frame-stack chunks every ``FRESH_STACK_EVERY`` levels): no hand-off."""
+    threads_before = patient_pool.statistics()["threads"]
+    seen: list[int] = []
+
+    def level(tx, remaining):
+        seen.append(threading.get_ident())
+        return 1 + tx.spawn(level, remaining - 1).result() if remaining else 0
+
     with Watchdog(BOUND * 2, db.transactions.locks):
         with db.transaction() as tx:
-            assert tx.spawn(level, depth).result() == depth
-    assert [remaining for remaining, _ in seen] == list(range(depth, -1, -1))
-    # No thread ran more consecutive levels than it may nest (a worker's first one is not nested).
-    longest = run = 1
-    for (_, before), (_, thread) in zip(seen, seen[1:]):
-        run = run + 1 if thread == before else 1
-        longest = max(longest, run)
-    assert longest <= _pool.MAX_HELP_DEPTH + 1, f"{longest} levels in a row on one thread"
+            assert tx.spawn(level, 40).result() == 40
+    assert set(seen) == {threading.get_ident()}
+    assert patient_pool.statistics()["threads"] == threads_before
+
+
+def test_a_task_in_a_fresh_chunk_returns_and_raises_as_called():
+    """``_in_fresh_chunk`` is a call: the task's result and its exception reach the caller unchanged, and
+    its frame asks for more than a 16 KiB chunk can give (what makes CPython start a new one)."""
+    task = _pool.Task(lambda: 42)
+    assert task.claim()
+    _pool._in_fresh_chunk(task.run)
+    assert task.result == 42 and task.error is None
+    failing = _pool.Task(lambda: 1 / 0)
+    assert failing.claim()
+    _pool._in_fresh_chunk(failing.run)
+    assert isinstance(failing.error, ZeroDivisionError)
+    assert _pool._in_fresh_chunk.__code__.co_stacksize * 8 > 16 * 1024
 
 
 @pytest.mark.parametrize("value", [0, -1.0])
@@ -183,8 +229,9 @@ def test_the_hand_off_delay_must_be_positive(value):
 
 
 def test_a_deep_waiter_runs_the_task_itself_when_no_worker_takes_it(monkeypatch):
-    """A thread ``MAX_HELP_DEPTH`` deep leaves a task to a worker; when none claims it (here the only one
-    is busy, though the pool said one could take it), the waiter runs it itself after a short grace."""
+    """A thread ``MAX_HELP_DEPTH`` deep whose stack is deep leaves a task to a worker; when none claims it
+    (here the only one is busy, though the pool said one could take it), the waiter runs it itself after a
+    short grace."""
     pool = _pool.WorkerPool(1, name="test-deep-waiter", hand_off_after=3600.0)
     release = threading.Event()
     try:
@@ -194,6 +241,7 @@ def test_a_deep_waiter_runs_the_task_itself_when_no_worker_takes_it(monkeypatch)
         monkeypatch.setattr(pool, "can_take_more", lambda: True)   # the race: the worker was taken meanwhile
         task = pool.start(_pool.Task(threading.get_ident))
         monkeypatch.setattr(_pool._helping, "depth", _pool.MAX_HELP_DEPTH, raising=False)
+        monkeypatch.setattr(_pool, "_stack_is_deep", lambda: True)
         assert task.wait(BOUND)
         assert task.result == threading.get_ident()
     finally:
