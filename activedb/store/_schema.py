@@ -201,7 +201,40 @@ def text_problem(value: str) -> str | None:
 
 
 def json_problem(value: Any, path: str = "$") -> str | None:
-    """Why PostgreSQL ``jsonb`` cannot store ``value``, or None (a depth-first check)."""
+    """Why PostgreSQL ``jsonb`` cannot store ``value``, or None (a depth-first check).  A value of plain
+    built-in types is checked without naming paths (``_json_ok``); only a value it cannot clear is walked
+    again with the path of each element, to say where the problem is."""
+    if _json_ok(value):
+        return None
+    return _json_problem(value, path)
+
+
+def _json_ok(value: Any) -> bool:
+    """True if ``value`` is made of ``dict`` (with ``str`` keys), ``list``, ``tuple``, ``str``, ``int``,
+    ``bool``, finite ``float`` and None, and none of its texts is one PostgreSQL rejects; False if not, or
+    if it holds anything else (a subclass, a ``Mapping``: ``_json_problem`` decides those)."""
+    kind = type(value)
+    if kind is str:
+        return "\x00" not in value and (value.isascii() or text_problem(value) is None)
+    if kind is int or kind is bool or value is None:
+        return True
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str or not _json_ok(key) or not _json_ok(item):
+                return False
+        return True
+    if kind is list or kind is tuple:
+        for item in value:
+            if not _json_ok(item):
+                return False
+        return True
+    if kind is float:
+        return math.isfinite(value)
+    return False
+
+
+def _json_problem(value: Any, path: str) -> str | None:
+    """``json_problem`` naming the path of every element it looks at (the slow walk)."""
     kind = type(value)      # the exact built-in types first: an ABC check (``Mapping``) costs far more
     if kind is dict:
         return _object_problem(value, path)
@@ -230,7 +263,7 @@ def _object_problem(value: Mapping, path: str) -> str | None:
     for key, item in value.items():
         if type(key) is not str and not isinstance(key, str):
             return f"{path} has the key {key!r} ({type(key).__name__}); JSON object keys are strings"
-        problem = text_problem(key) or json_problem(item, f"{path}.{key}")
+        problem = text_problem(key) or _json_problem(item, f"{path}.{key}")
         if problem is not None:
             return problem
     return None
@@ -238,7 +271,7 @@ def _object_problem(value: Mapping, path: str) -> str | None:
 
 def _array_problem(value: list | tuple, path: str) -> str | None:
     for index, item in enumerate(value):
-        problem = json_problem(item, f"{path}[{index}]")
+        problem = _json_problem(item, f"{path}[{index}]")
         if problem is not None:
             return problem
     return None
