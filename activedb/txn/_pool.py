@@ -50,6 +50,11 @@ HAND_OFF_AFTER = 0.001
 #: child) stays far from the recursion limit, and pays no thread hand-off while it is far from it.
 MAX_HELP_DEPTH = 8
 
+#: Past this many nested tasks a thread leaves the next one to a worker whatever its stack holds: a program
+#: that raised the recursion limit far up should not nest thousands of tasks on one thread (each level's
+#: calls through C count against interpreters' separate C recursion limits, 3.12 on).
+MAX_NESTED_TASKS = 256
+
 #: Every this many tasks nested in one thread's waits, the next one runs from a frame that starts a fresh
 #: chunk of the interpreter's frame stack (``_in_fresh_chunk``).  CPython keeps frames in chunks of 16 KiB
 #: and frees a chunk as soon as a call returns below it, so a loop whose calls cross a chunk's edge maps and
@@ -155,9 +160,10 @@ class Task:
     def claim_to_help(self, deep: bool = False) -> bool:
         """Claim the task for this thread to run (``run_claimed``) if nobody has started it — :meth:`help` in two
         steps, for a caller with something to do between them.  False as ``help`` would refuse: someone has it,
-        or this thread is ``MAX_HELP_DEPTH`` tasks deep, its stack deep, and a worker can take it (unless
-        ``deep``)."""
-        if not deep and getattr(_helping, "depth", 0) >= MAX_HELP_DEPTH and _stack_is_deep():
+        or this thread is ``MAX_HELP_DEPTH`` tasks deep, its stack deep (or ``MAX_NESTED_TASKS`` tasks deep),
+        and a worker can take it (unless ``deep``)."""
+        depth = getattr(_helping, "depth", 0)
+        if not deep and depth >= MAX_HELP_DEPTH and (depth >= MAX_NESTED_TASKS or _stack_is_deep()):
             pool = self._pool
             if pool is not None and pool.can_take_more():
                 return False        # deep enough: a worker's fresh stack runs it (``wait`` wakes one)

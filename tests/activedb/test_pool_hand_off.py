@@ -191,6 +191,30 @@ def test_a_deep_chain_of_spawned_children_stays_off_the_recursion_limit(db, limi
     assert len({thread for _, thread, _ in seen}) > 1, "150 levels on one thread: no worker took over"
 
 
+def test_a_raised_recursion_limit_still_bounds_the_nesting(db):
+    """Under a recursion limit raised far up (100,000), a chain of 600 spawned children nests at most
+    ``MAX_NESTED_TASKS`` tasks on one thread before a worker's fresh stack goes on."""
+    seen: list[int] = []
+
+    def level(tx, remaining):
+        seen.append(threading.get_ident())
+        return 1 + tx.spawn(level, remaining - 1).result() if remaining else 0
+
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(100_000)
+    try:
+        with Watchdog(BOUND * 2, db.transactions.locks):
+            with db.transaction() as tx:
+                assert tx.spawn(level, 600).result() == 600
+    finally:
+        sys.setrecursionlimit(before)
+    longest = run = 1
+    for before_thread, thread in zip(seen, seen[1:]):
+        run = run + 1 if thread == before_thread else 1
+        longest = max(longest, run)
+    assert _pool.MAX_HELP_DEPTH < longest <= _pool.MAX_NESTED_TASKS + 1, f"{longest} levels in a row on one thread"
+
+
 def test_a_chain_below_the_stack_budget_runs_on_one_thread(db, patient_pool):
     """A chain of 40 spawned children, each waiting for its one child, runs on the waiting thread alone
     (helped through fresh frame-stack chunks every ``FRESH_STACK_EVERY`` levels): no hand-off."""
