@@ -59,6 +59,9 @@ def plot_report(report: BenchReport, path: str | Path, *, dpi: int = 100) -> Pat
         for number, series in enumerate(members):
             xs = [x for x, _ in series.points]
             ys = [y for _, y in series.points]
+            if series.reference:            # a target or limit, not a measurement
+                axes.plot(xs, ys, color="grey", linestyle="--", linewidth=1.2, label=series.label)
+                continue
             # Past the ten colours of the default cycle, lines repeat colours: tell them apart by style.
             style = _LINE_STYLES[number // 10 % len(_LINE_STYLES)]
             axes.plot(xs, ys, marker=style[0], linestyle=style[1], label=series.label)

@@ -48,6 +48,8 @@ class Series:
     points: list[tuple[float, float]] = field(default_factory=list)
     log_x: bool = False
     log_y: bool = False
+    #: A target or limit drawn for comparison (a dashed grey line without markers), not a measurement.
+    reference: bool = False
 
 
 @dataclass
