@@ -161,23 +161,19 @@ def _frames() -> int:
     return count
 
 
-@pytest.mark.parametrize("limit", [None, 300])
-def test_a_deep_chain_of_spawned_children_stays_off_the_recursion_limit(db, limit):
-    """Each child spawns one and waits for it, 150 deep: a waiting thread nests the tasks it waits for while
-    its stack is shallower than half of the recursion limit, then lets a worker's fresh stack go on (the pool
-    has workers enough: 32) — also under a recursion limit lowered to 300."""
-    depth = 150
+def _chain(db, depth: int, recursion_limit: int | None = None) -> list[tuple[int, int, int]]:
+    """Run a chain of ``depth`` spawned children below a top-level transaction, each spawning one and waiting
+    for it (under ``recursion_limit``, if given, restored after); per level ``(remaining, thread, frames)``,
+    outermost first."""
     seen: list[tuple[int, int, int]] = []
 
     def level(tx, remaining):
         seen.append((remaining, threading.get_ident(), _frames()))
-        if remaining:
-            return 1 + tx.spawn(level, remaining - 1).result()
-        return 0
+        return 1 + tx.spawn(level, remaining - 1).result() if remaining else 0
 
     before = sys.getrecursionlimit()
-    if limit is not None:
-        sys.setrecursionlimit(limit)
+    if recursion_limit is not None:
+        sys.setrecursionlimit(recursion_limit)
     try:
         with Watchdog(BOUND * 2, db.transactions.locks):
             with db.transaction() as tx:
@@ -185,33 +181,42 @@ def test_a_deep_chain_of_spawned_children_stays_off_the_recursion_limit(db, limi
     finally:
         sys.setrecursionlimit(before)
     assert [remaining for remaining, _, _ in seen] == list(range(depth, -1, -1))
+    return seen
+
+
+def _longest_run(seen: list[tuple[int, int, int]]) -> int:
+    """The most consecutive levels one thread ran."""
+    longest = run = 1
+    for (_, before, _), (_, thread, _) in zip(seen, seen[1:]):
+        run = run + 1 if thread == before else 1
+        longest = max(longest, run)
+    return longest
+
+
+@pytest.fixture
+def patient_waiters(monkeypatch):
+    """A thread that left a task to a worker waits for one to claim it as long as a loaded machine makes it
+    (the pool has workers enough), instead of running it itself after ``UNCLAIMED_GRACE``: the nesting the
+    tests bound is then the pool's choice, not the machine's load."""
+    monkeypatch.setattr(_pool, "UNCLAIMED_GRACE", BOUND)
+
+
+@pytest.mark.parametrize("limit", [None, 300])
+def test_a_deep_chain_of_spawned_children_stays_off_the_recursion_limit(db, patient_waiters, limit):
+    """Each child spawns one and waits for it, 150 deep: a waiting thread nests the tasks it waits for while
+    its stack is shallower than half of the recursion limit, then lets a worker's fresh stack go on (the pool
+    has workers enough: 32) — also under a recursion limit lowered to 300."""
+    seen = _chain(db, 150, limit)
     deepest = max(frames for _, _, frames in seen)
-    ceiling = (limit or before) // 2 + 4 * 15   # half the limit, plus a few levels' frames past the check
-    assert deepest <= ceiling, f"a level ran {deepest} frames deep (the limit {limit or before})"
+    ceiling = (limit or sys.getrecursionlimit()) // 2 + 4 * 15   # half the limit, plus a few levels' frames
+    assert deepest <= ceiling, f"a level ran {deepest} frames deep (the limit {limit or sys.getrecursionlimit()})"
     assert len({thread for _, thread, _ in seen}) > 1, "150 levels on one thread: no worker took over"
 
 
-def test_a_raised_recursion_limit_still_bounds_the_nesting(db):
+def test_a_raised_recursion_limit_still_bounds_the_nesting(db, patient_waiters):
     """Under a recursion limit raised far up (100,000), a chain of 600 spawned children nests at most
     ``MAX_NESTED_TASKS`` tasks on one thread before a worker's fresh stack goes on."""
-    seen: list[int] = []
-
-    def level(tx, remaining):
-        seen.append(threading.get_ident())
-        return 1 + tx.spawn(level, remaining - 1).result() if remaining else 0
-
-    before = sys.getrecursionlimit()
-    sys.setrecursionlimit(100_000)
-    try:
-        with Watchdog(BOUND * 2, db.transactions.locks):
-            with db.transaction() as tx:
-                assert tx.spawn(level, 600).result() == 600
-    finally:
-        sys.setrecursionlimit(before)
-    longest = run = 1
-    for before_thread, thread in zip(seen, seen[1:]):
-        run = run + 1 if thread == before_thread else 1
-        longest = max(longest, run)
+    longest = _longest_run(_chain(db, 600, 100_000))
     assert _pool.MAX_HELP_DEPTH < longest <= _pool.MAX_NESTED_TASKS + 1, f"{longest} levels in a row on one thread"
 
 
@@ -219,16 +224,7 @@ def test_a_chain_below_the_stack_budget_runs_on_one_thread(db, patient_pool):
     """A chain of 40 spawned children, each waiting for its one child, runs on the waiting thread alone
     (helped through fresh frame-stack chunks every ``FRESH_STACK_EVERY`` levels): no hand-off."""
     threads_before = patient_pool.statistics()["threads"]
-    seen: list[int] = []
-
-    def level(tx, remaining):
-        seen.append(threading.get_ident())
-        return 1 + tx.spawn(level, remaining - 1).result() if remaining else 0
-
-    with Watchdog(BOUND * 2, db.transactions.locks):
-        with db.transaction() as tx:
-            assert tx.spawn(level, 40).result() == 40
-    assert set(seen) == {threading.get_ident()}
+    assert {thread for _, thread, _ in _chain(db, 40)} == {threading.get_ident()}
     assert patient_pool.statistics()["threads"] == threads_before
 
 
