@@ -340,7 +340,7 @@ class TreeModel:
         self._require_ready(node)
         node.phase = Phase.COMMITTING
         self._retain_holds(node)
-        if self._live_spawned(node):
+        if self.live_spawned(node):
             node.busy = Busy.COMMIT_WAIT
             self._check_new_wait(node)
         else:
@@ -512,7 +512,7 @@ class TreeModel:
         if node.in_lock_manager:
             self._lock_manager_abort(node)
         node.busy = Busy.ABORT_WAIT
-        if not self._live_spawned(node):
+        if not self.live_spawned(node):
             self._end(node)
 
     def _doom(self, node: Node) -> None:
@@ -531,9 +531,9 @@ class TreeModel:
         if node.parent is None:
             return
         parent = self.nodes[node.parent]
-        if parent.busy is Busy.COMMIT_WAIT and not self._live_spawned(parent):
+        if parent.busy is Busy.COMMIT_WAIT and not self.live_spawned(parent):
             self._finish_commit(parent)
-        elif parent.busy is Busy.ABORT_WAIT and not self._live_spawned(parent):
+        elif parent.busy is Busy.ABORT_WAIT and not self.live_spawned(parent):
             self._end(parent)
         elif parent.busy is Busy.JOIN_WAIT and parent.waits_for == node.name:
             parent.busy, parent.waits_for = Busy.IDLE, None
@@ -546,7 +546,7 @@ class TreeModel:
     def _outcome(node: Node) -> str:
         return "committed" if node.phase is Phase.COMMITTED else f"failed:{node.reason}"
 
-    def _live_spawned(self, node: Node) -> list[str]:
+    def live_spawned(self, node: Node) -> list[str]:
         return [child for child in node.children
                 if self.nodes[child].how == "spawn" and self.nodes[child].busy is not Busy.ENDED]
 
