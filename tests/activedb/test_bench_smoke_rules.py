@@ -22,6 +22,8 @@ def test_rules_benchmark_quick(database_url, monkeypatch):
         assert row.ratio == row.value / row.baseline
         if row.name in firing_rows:
             assert row.unit == "firings/s" and row.extra["firings_per_transaction"] == 200
+            assert len(row.extra["ratio_per_pair"]) == row.extra["repeat"]      # one ratio per alternation
+            assert all(ratio > 0 for ratio in row.extra["ratio_per_pair"])
         else:
             assert row.unit == "events/s" and row.extra["events"] == 10_000
     phases = next(row for row in report.rows if row.name == "immediate rules, inline").extra["phases_us_per_event"]
