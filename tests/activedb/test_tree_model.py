@@ -7,7 +7,9 @@ time, and reports each result.  Spawned children therefore run concurrently with
 siblings, but every step happens in the order the state machine chose, so failures shrink and
 replay.  Nothing is ordered by sleeping: the test waits for the results and ends the model predicts
 and, for a step that must block, until the lock table shows exactly the waiting requests the model
-predicts (``LockManager.snapshot``), each with a hard timeout that fails with the wait-for graph.
+predicts (``LockManager.snapshot``), each with a hard timeout that fails with the wait-for graph; a
+step that waits for spawned children (``handle.result``, a commit) is settled only once its wait is an
+edge of the real wait-for graph (otherwise, on a loaded machine, the next step could overtake it).
 
 The reference model (``_tree_reference.py``) predicts what every step returns, which steps block
 and on what (Härder-Rothermel hold/retain locks with declared commit edges), deadlock victims, what each node ends
