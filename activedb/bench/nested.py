@@ -93,10 +93,9 @@ def _sweep(database, report: BenchReport, label: str, configurations, total_obje
                    unit="%", target=f"<= {GROWTH_TARGET * 100:g} %", met=growth <= GROWTH_TARGET,
                    extra={"largest_interquartile_range_pct": round(spread * 100, 1), "samples_per_point": repeat,
                           "median_ci95_halfwidths_pct": round(margin * 100, 1), "growth_above_noise": growth > margin}))
-    report.add_series(Series(label, "CPU per hierarchy (median of the repeats)", x_label, "ms CPU",
-                             [(x_of(config), cpu * 1000) for config, cpu in timings]))
-    xs = [x_of(config) for config, _ in timings]
-    limit_ms = bottom * (1 + GROWTH_TARGET) * 1000
+    points = [(x_of(config), cpu * 1000) for config, cpu in timings]
+    report.add_series(Series(label, "CPU per hierarchy (median of the repeats)", x_label, "ms CPU", points))
+    xs, limit_ms = [x for x, _ in points], bottom * (1 + GROWTH_TARGET) * 1000
     report.add_series(Series(label, f"the target: the lowest median + {GROWTH_TARGET * 100:g} %", x_label, "ms CPU",
                              [(min(xs), limit_ms), (max(xs), limit_ms)], reference=True))
 
