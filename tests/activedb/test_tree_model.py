@@ -517,21 +517,17 @@ class TreeMachine(RuleBasedStateMachine):
         for name, node in self.model.nodes.items():
             if node.doomed or node.phase not in (NodePhase.ACTIVE, NodePhase.COMMITTING):
                 continue        # (an aborting node waits unregistered)
-            if node.busy is Busy.JOIN_WAIT:
-                expected.extend((name, child) for child in [node.waits_for] if child is not None)
+            if node.busy is Busy.JOIN_WAIT and node.waits_for is not None:
+                expected.append((name, node.waits_for))
             elif node.busy is Busy.COMMIT_WAIT:
                 expected.extend((name, child) for child in self.model.live_spawned(node))
         if not expected:
             return []
         waits = self.db.transactions.lock_snapshot().waits
-        missing = []
-        for waiter, target in expected:
-            child = self.actors[target]
-            if child.tx is None or child.is_ended():
-                continue        # (not started, or ended: the other checks tell whether the model agrees)
-            if str(child.tx.id) not in {str(tid) for tid in waits.get(self.actors[waiter].tx.id, ())}:
-                missing.append((waiter, target))
-        return missing
+        # (not started, or ended: the other checks tell whether the model agrees)
+        return [(waiter, target) for waiter, target in expected
+                if self.actors[target].tx is not None and not self.actors[target].is_ended()
+                and self.actors[target].tx.id not in waits.get(self.actors[waiter].tx.id, ())]
 
     def _state_differences(self) -> list[str]:
         found = []
