@@ -310,8 +310,15 @@ def inserted(spec: OpSpec, result: Any) -> Inserted:
     raises DeclarationError for anything else."""
     if result is None:
         return _new_inserted(Inserted, (spec.table, _NO_ROWS))
-    if type(result) is dict:
+    kind = type(result)
+    if kind is dict:
         return _new_inserted(Inserted, (spec.table, (result,)))
+    if kind is list or kind is tuple:         # (the common case of several rows: plain dicts, no ABC check)
+        for row in result:
+            if type(row) is not dict:
+                break
+        else:
+            return _new_inserted(Inserted, (spec.table, tuple(result)))
     if isinstance(result, Mapping):
         return Inserted(spec.table, (dict(result),))
     if isinstance(result, (list, tuple)) and all(isinstance(row, Mapping) for row in result):

@@ -185,10 +185,16 @@ def _run(declarations, items, base, loader, declared, versions, allowed, check) 
                         output = miss(state, t)
                 elif kind is _INSERT:
                     params = spec[3]
-                    if params:
-                        output = inserted(spec, spec[4](*images(params, t)))
-                    else:
+                    if not params:
                         output = inserted(spec, spec[4]())
+                    elif len(params) == 1:          # (the common case: the rows of one read, as for a write)
+                        state = params[0]
+                        image = get(state, _MISSING)
+                        if image is _MISSING:
+                            image = miss(state, t)
+                        output = inserted(spec, spec[4](image))
+                    else:
+                        output = inserted(spec, spec[4](*images(params, t)))
                 else:
                     state, image, output = perform(spec, t, read, window)
                     if state is not None:

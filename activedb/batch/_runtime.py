@@ -66,24 +66,37 @@ def runtime_of(transactions: StateTransactions) -> Runtime:
 _new_event = tuple.__new__
 
 
+#: Types whose instances carry an event as attributes (neither a BatchEvent nor a mapping): a sink's validated
+#: rows, stream ``activedb.Event``\ s.  Kept per type so that ``_as_batch_event`` asks ``isinstance`` of the
+#: abstract ``Mapping`` (a walk of its registry) once per type, not once per event.
+_ATTRIBUTE_EVENT_TYPES: dict[type, bool] = {}
+
+
 def _as_batch_event(event: Any, position: int) -> BatchEvent:
-    if type(event) is dict:
+    kind_of = type(event)
+    if kind_of is dict:
         kind = event.get("event_type")
         if kind is None:
             kind = event.get("type")
         payload = event.get("payload")
         return _new_event(BatchEvent, (kind, event.get("key"), event.get("ts"), dict(payload) if payload else {},
                                        position))
+    attributes = _ATTRIBUTE_EVENT_TYPES.get(kind_of)
+    if attributes is None:
+        attributes = not isinstance(event, (BatchEvent, Mapping))
+        if len(_ATTRIBUTE_EVENT_TYPES) < 256:
+            _ATTRIBUTE_EVENT_TYPES[kind_of] = attributes
+    if attributes:
+        kind = getattr(event, "event_type", None)
+        if kind is None and getattr(event, "kind", None) == "stream":   # activedb.Event of a stream
+            kind = event.source
+        payload = getattr(event, "payload", None)
+        return _new_event(BatchEvent, (kind, getattr(event, "key", None), getattr(event, "ts", None),
+                                       dict(payload) if payload else {}, position))
     if isinstance(event, BatchEvent):
         return event if event.position == position else event._replace(position=position)
-    if isinstance(event, Mapping):
-        kind = event.get("event_type", event.get("type"))
-        return BatchEvent(kind, event.get("key"), event.get("ts"), dict(event.get("payload") or {}), position)
-    kind = getattr(event, "event_type", None)
-    if kind is None and getattr(event, "kind", None) == "stream":   # activedb.Event of a stream
-        kind = event.source
-    return BatchEvent(kind, getattr(event, "key", None), getattr(event, "ts", None),
-                      dict(getattr(event, "payload", None) or {}), position)
+    kind = event.get("event_type", event.get("type"))
+    return BatchEvent(kind, event.get("key"), event.get("ts"), dict(event.get("payload") or {}), position)
 
 
 _by_ts = operator.itemgetter(2)
