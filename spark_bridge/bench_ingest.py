@@ -25,7 +25,9 @@ For each ``S``, in the same run on the same Spark session and PostgreSQL:
    ``BEFORE INSERT`` row trigger applies the same hand-hygiene logic to the same tables (Alembic
    revision ``b0005`` of the benchmark's migrations; detached actions as inserts in the same
    transaction).  Its final tables are compared with the rule run's (generated ids aside): the
-   ``same_result_as_activedb`` figure;
+   ``same_result_as_activedb`` figure; its time per event is split as the sink's is: Spark's own part,
+   ``toArrow``, and the database (the sort, ``COPY`` with its triggers, the ledger row, the commit) — the part
+   that competes with the sink's validate, engine and flush;
 3. **minimal rules** — ``ingest`` with one immediate rule per event, the per-key counter upsert
    (read the worker's row of ``bench_counters`` and write it back with ``n + 1``): what the bridge and
    the engine cost without the application's rules, with the engine's default
@@ -41,12 +43,13 @@ For each ``S``, in the same run on the same Spark session and PostgreSQL:
    are compared with the trigger's: ``same_counters_as_the_trigger``.
 
 4. **where an event's time goes** — the declared application's lowered batch without Spark (validate, lower,
-   and inside the commit lock and read, declare and execute, write, the rest of the flush; µs per event of an
-   unprofiled batch, the PostgreSQL share from a profiled one); and the minimal rule inline once more, without Spark (``IngestSink.process``
-   of batches of hand-hygiene rows, 10k per batch, 1k in quick mode): µs per event by phase (validate,
-   match, lock, read, write, child create, child commit, dispatch and firing record, flush, the rest) from a
-   cProfile of one batch scaled to an unprofiled one, and the share spent waiting for PostgreSQL against
-   Python's.
+   and inside the commit lock and read, declare and execute, write, the rest of the flush; µs per event of the
+   median of five unprofiled batches, the PostgreSQL share from a profiled one); and the minimal rule inline once
+   more, without Spark (``IngestSink.process`` of hand-hygiene rows, 10k per batch, 1k in quick mode): µs per
+   event by phase (validate, match, lock, read, write, child create, child commit, dispatch and firing record,
+   flush, the rest) from a cProfile of one batch scaled to the median unprofiled one, and the share spent
+   waiting for PostgreSQL against Python's.  Both take their batches as ``pyarrow`` tables, as
+   ``DataFrame.toArrow()`` hands them to the sink.
 
 Events/s is steady state: rows / Spark's ``triggerExecution`` time of each batch (planning,
 offset and commit logs, the sink), summed over every batch but the first of each run.  The PL/pgSQL
@@ -206,12 +209,24 @@ def _peer_run(spark, url: str, source: Path, checkpoint: Path, timeout: float) -
 
     sink = PlainWriteSink(url, "hh_badge_events", columns=("type", "worker", "ts", "room"),
                           ledger_values={"transaction_id": "bench-plpgsql-peer"}, ledger_count_column="events")
+    per_batch: dict[int, tuple[float, float]] = {}       # batch id -> (toArrow, the sort and the database)
 
     def write(batch_df: Any, batch_id: int) -> None:
-        table = batch_df.toArrow().select(["type", "worker", "ts", "room"]).sort_by("ts")
-        sink.write_batch(table, batch_id, streaming_query_id(batch_df))
+        started = time.perf_counter()
+        table = batch_df.toArrow()
+        fetched = time.perf_counter()
+        sink.write_batch(table.select(["type", "worker", "ts", "room"]).sort_by("ts"), batch_id,
+                         streaming_query_id(batch_df))
+        per_batch[batch_id] = (fetched - started, time.perf_counter() - fetched)
 
-    return _run_plain_sink(_source(spark, source), write, sink, checkpoint, timeout)
+    figures = _run_plain_sink(_source(spark, source), write, sink, checkpoint, timeout)
+    per_phase = {"spark": 0.0, "to_arrow": 0.0, "database": 0.0}
+    for entry in figures["measured"]:
+        to_arrow, database = per_batch.get(entry["batchId"], (0.0, 0.0))
+        per_phase["to_arrow"] += to_arrow
+        per_phase["database"] += database
+        per_phase["spark"] += max(0.0, entry["durationMs"]["triggerExecution"] / 1000 - to_arrow - database)
+    return {**figures, "per_phase": per_phase}
 
 
 def _counter_peer_run(spark, url: str, source: Path, checkpoint: Path, timeout: float,
@@ -331,8 +346,8 @@ _EVENT_PHASES = (
 
 def _event_phases(database, size: int) -> dict[str, Any]:
     """Where an event's time goes on the rule path with the minimal rule, inline, without Spark:
-    ``IngestSink.process`` of batches of ``size`` hand-hygiene rows (a warm-up, a timed batch, then the same
-    batch size under cProfile), µs per event by phase scaled to the timed batch, and the share of the time
+    ``IngestSink.process`` of ``pyarrow`` tables of ``size`` hand-hygiene rows (a warm-up, five timed batches, then
+    one under cProfile), µs per event by phase scaled to the median timed batch, and the share of the time
     spent waiting for PostgreSQL (psycopg's ``Connection.wait``) against the rest, Python."""
     import pstats
 
@@ -342,9 +357,7 @@ def _event_phases(database, size: int) -> dict[str, Any]:
     from spark_bridge._sink import IngestSink
     from spark_bridge.mapping import EventMapping
 
-    events = generate(WORKERS, size * 3, SEED + 1)
-    batches = [[{"type": event["type"], "worker": event["worker"], "ts": event["ts"], "room": event["room"]}
-                for event in events[number * size:(number + 1) * size]] for number in range(3)]
+    batches = _arrow_batches(generate(WORKERS, size * TIMED_BATCHES, SEED + 1), size)
     sink = IngestSink(database, EventMapping("type", "worker", "ts", payload_columns=("room",)),
                       query_name=f"{QUERY_PREFIX}-phases", prefetch={"bench_counters": _worker_number})
     sink.record_lineage = False
@@ -364,22 +377,40 @@ def _event_phases(database, size: int) -> dict[str, Any]:
             "python_share": round(1 - waiting / total, 3) if total else 0.0}
 
 
-def _timed_and_profiled(database, sink: Any, batches: list[list[dict]], query: str) -> tuple[float, Any, Any, Any]:
-    """Three batches of one size through ``sink`` (``IngestSink.process``, no Spark): a warm-up, a timed batch, a
-    profiled batch; returns µs per event of the timed one, its outcome, the handler's ``last_lowered`` after it,
-    and the profile.  Closes the sink and deletes the ledger rows."""
+#: Batches of each split without Spark: a warm-up, the timed ones (the median's figures), a profiled one.
+TIMED_BATCHES = 7
+
+
+def _arrow_batches(events: list[dict], size: int) -> list[Any]:
+    """``events`` of the generator in batches of ``size`` rows as ``pyarrow`` tables, the columns of the bench's
+    JSON files: what ``DataFrame.toArrow()`` hands the sink."""
+    import pyarrow as pa
+
+    return [pa.Table.from_pylist([{"type": event["type"], "worker": event["worker"], "ts": event["ts"],
+                                   "room": event["room"]} for event in events[start:start + size]])
+            for start in range(0, len(events), size)]
+
+
+def _timed_and_profiled(database, sink: Any, batches: list[Any], query: str) -> tuple[float, Any, Any, Any]:
+    """``batches`` of one size through ``sink`` (``IngestSink.process``, no Spark): a warm-up, the timed batches, a
+    profiled batch (the last); returns µs per event of the median timed batch, its outcome, the handler's
+    ``last_lowered`` after it, and the profile.  Closes the sink and deletes the ledger rows."""
     import cProfile
 
     query_id = f"{query}@{time.time_ns()}"
     try:
         sink.process(batches[0], 0, query_id=query_id)                      # warm-up
-        started = time.perf_counter()
-        outcome = sink.process(batches[1], 1, query_id=query_id)
-        per_event_us = (time.perf_counter() - started) / len(batches[1]) * 1e6
-        pending = getattr(sink.handler, "last_lowered", None)
+        timed = []
+        for number in range(1, len(batches) - 1):
+            started = time.perf_counter()
+            outcome = sink.process(batches[number], number, query_id=query_id)
+            seconds = time.perf_counter() - started
+            timed.append((seconds, number, outcome, getattr(sink.handler, "last_lowered", None)))
+        seconds, _, outcome, pending = sorted(timed, key=lambda entry: entry[:2])[len(timed) // 2]
+        per_event_us = seconds / batches[1].num_rows * 1e6
         profile = cProfile.Profile()
         profile.enable()
-        sink.process(batches[2], 2, query_id=query_id)
+        sink.process(batches[-1], len(batches) - 1, query_id=query_id)
         profile.disable()
     finally:
         sink.close()
@@ -390,8 +421,8 @@ def _timed_and_profiled(database, sink: Any, batches: list[list[dict]], query: s
 
 def _declared_phases(database, size: int) -> dict[str, Any]:
     """Where an event's time goes on the declared hand-hygiene application's lowered path, without Spark:
-    ``IngestSink.process`` of batches of ``size`` hand-hygiene rows (a warm-up, a timed batch, then the same
-    batch size under cProfile, for the share spent waiting for PostgreSQL), µs per event by phase of the timed
+    ``IngestSink.process`` of ``pyarrow`` tables of ``size`` hand-hygiene rows (a warm-up, five timed batches, then
+    one under cProfile, for the share spent waiting for PostgreSQL), µs per event by phase of the median timed
     batch — validate (``rows_to_events``), lower (``batch.lower`` and enlisting the batch), and inside the commit
     lock and read (``FOR UPDATE``), declare and execute (the state transactions, in Python), write (the
     statements), and the rest of the flush (ledger, lineage, COMMIT)."""
@@ -404,9 +435,7 @@ def _declared_phases(database, size: int) -> dict[str, Any]:
     from spark_bridge._sink import IngestSink
     from spark_bridge.mapping import EventMapping
 
-    events = generate(WORKERS, size * 3, SEED + 2)
-    batches = [[{"type": event["type"], "worker": event["worker"], "ts": event["ts"], "room": event["room"]}
-                for event in events[number * size:(number + 1) * size]] for number in range(3)]
+    batches = _arrow_batches(generate(WORKERS, size * TIMED_BATCHES, SEED + 2), size)
     reset_tables(database)
     sink = IngestSink(database, EventMapping("type", "worker", "ts", payload_columns=("room",)),
                       query_name=f"{QUERY_PREFIX}-declared-phases")
@@ -530,9 +559,11 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
             rule_rate = statistics.median(rule_rates)
             round_ratios = [round(rule / peer_value, 3) for rule, peer_value in zip(rule_rates, peer_rates)]
             end_to_end = rules["events_per_second_including_start_and_detached"]
+            peer_median = sorted(peer_runs, key=lambda run: run["rows"] / run["seconds"])[len(peer_runs) // 2]
             report.add(Row(name=f"{size:,} events/batch: PL/pgSQL row triggers (COPY, the peer)", value=peer_rate,
                            unit="events/s", extra={"events_per_batch": size, "measured_batches": peer["batches"],
-                                                   "same_result_as_activedb": same}))
+                                                   "same_result_as_activedb": same,
+                                                   **_microseconds(peer_median["per_phase"], peer_median["rows"])}))
             report.add(Row(name=f"{size:,} events/batch: hand-hygiene rules vs the PL/pgSQL peer", value=rule_rate,
                            unit="events/s", baseline_name="PL/pgSQL row triggers", baseline=peer_rate,
                            ratio=rule_rate / peer_rate, target=f">= {PEER_GOAL} of the peer",

@@ -250,12 +250,19 @@ def _planned_writes(catalog: Any, result: BatchResult, normalised: Mapping[str, 
 
 
 def _send(connection: sa.Connection, statements: list[_Statement]) -> int:
-    """Send ``statements`` (:func:`_planned_writes`); the number of rows they write."""
-    for function, info, names, rows in statements:
-        if names is None:
-            function(connection, info, rows)
-        else:
-            function(connection, info, names, rows)
+    """Send ``statements`` (:func:`_planned_writes`) in one pipeline of the driver: PostgreSQL runs each one while
+    the next one's arrays are made here (they need no result); the number of rows they write.  The driver's errors,
+    raised when the pipeline syncs, become SQLAlchemy's, as when a statement runs on its own."""
+    driver = connection.connection.driver_connection
+    try:
+        with driver.pipeline():
+            for function, info, names, rows in statements:
+                if names is None:
+                    function(connection, info, rows)
+                else:
+                    function(connection, info, names, rows)
+    except driver.Error as error:
+        raise sa.exc.DBAPIError.instance("the batch's writes (one pipeline)", None, error, driver.Error) from None
     return sum(len(rows) for _, _, _, rows in statements)
 
 
