@@ -151,6 +151,33 @@ def test_values_the_store_cannot_hold_abort_their_transactions_alone(clean):
     assert any("ran again checking" in note for note in pending.result.notes)
 
 
+def test_a_row_postgresql_refuses_at_the_commit_fails_the_commit_with_activedbs_error_and_writes_nothing(clean):
+    """The batch's statements go to PostgreSQL in one pipeline; one that PostgreSQL refuses (here two inserted rows
+    with the same explicit id: no check of the store can see that) fails the commit as any refused statement
+    does — ``activedb.errors.DatabaseError`` with its SQLSTATE and a hint, not the driver's own exception — and
+    nothing of the batch is written, neither its rows before the refused statement nor after it."""
+    from activedb.errors import DatabaseError
+
+    db = clean
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("INSERT INTO items (key, value) VALUES ('a', 1)"))
+    transactions = StateTransactions("same id twice")
+
+    @transactions.on("add")
+    def add_with_id(event, ops):
+        ops.write("items", "a", lambda own: {"value": own["value"] + 1})
+        ops.insert("events_seen", {"id": 7, "rule": "add", "detail": str(event.position)})
+
+    with pytest.raises(DatabaseError, match="23505") as raised:
+        with db.transaction() as tx:
+            batch.apply_at_commit(tx, [BatchEvent("add", "a", n, {}, n) for n in range(2)], transactions,
+                                  query_id="same-id")
+    assert raised.value.sqlstate == "23505" and "constraint" in str(raised.value)
+    assert _seen(db) == []
+    with db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT value FROM items WHERE key = 'a'")).scalar_one() == 1
+
+
 def test_through_the_tree_the_rows_are_inserted_and_a_rule_on_their_inserts_fires(clean):
     db = clean
     heard = []
