@@ -7,6 +7,8 @@ loading and writing; tests and benchmarks call it directly with a dict of base i
 
 from __future__ import annotations
 
+import abc
+
 import contextlib
 import dataclasses
 import gc
@@ -66,10 +68,12 @@ def runtime_of(transactions: StateTransactions) -> Runtime:
 _new_event = tuple.__new__
 
 
-#: Types whose instances carry an event as attributes (neither a BatchEvent nor a mapping): a sink's validated
-#: rows, stream ``activedb.Event``\ s.  Kept per type so that ``_as_batch_event`` asks ``isinstance`` of the
-#: abstract ``Mapping`` (a walk of its registry) once per type, not once per event.
+#: Per type: whether its instances carry an event as attributes (neither a BatchEvent nor a mapping: a sink's
+#: validated rows, stream ``activedb.Event``\ s), so that ``_as_batch_event`` asks ``isinstance`` of the abstract
+#: ``Mapping`` (a walk of its registry) once per type, not once per event; forgotten when an ABC registers a class
+#: (``abc.get_cache_token`` changes), as ``isinstance``'s own caches are.
 _ATTRIBUTE_EVENT_TYPES: dict[type, bool] = {}
+_ATTRIBUTE_EVENT_TOKEN = [abc.get_cache_token()]
 
 
 def _as_batch_event(event: Any, position: int) -> BatchEvent:
@@ -82,8 +86,12 @@ def _as_batch_event(event: Any, position: int) -> BatchEvent:
         return _new_event(BatchEvent, (kind, event.get("key"), event.get("ts"), dict(payload) if payload else {},
                                        position))
     attributes = _ATTRIBUTE_EVENT_TYPES.get(kind_of)
-    if attributes is None:
+    if attributes is None or _ATTRIBUTE_EVENT_TOKEN[0] != abc.get_cache_token():
         attributes = not isinstance(event, (BatchEvent, Mapping))
+        token = abc.get_cache_token()
+        if _ATTRIBUTE_EVENT_TOKEN[0] != token:
+            _ATTRIBUTE_EVENT_TYPES.clear()
+            _ATTRIBUTE_EVENT_TOKEN[0] = token
         if len(_ATTRIBUTE_EVENT_TYPES) < 256:
             _ATTRIBUTE_EVENT_TYPES[kind_of] = attributes
     if attributes:

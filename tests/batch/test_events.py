@@ -1,0 +1,63 @@
+"""``batch.normalise_events``: every accepted shape of an event — a dict, a ``BatchEvent``, another mapping, an
+object with the fields as attributes (a sink's validated row, a stream's ``activedb.Event``) — becomes the same
+``BatchEvent``, in timestamp order; how a type is read is decided once per type, and decided again when an ABC
+registers a class (as ``isinstance`` itself does)."""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import types
+
+from activedb import batch
+from activedb.batch import BatchEvent
+
+
+@dataclasses.dataclass(frozen=True)
+class _Row:
+    event_type: str
+    key: str
+    ts: int
+    payload: dict
+
+
+class _Lookup:
+    """A mapping by duck typing only, until it is registered as a ``Mapping``."""
+
+    def __init__(self, **fields):
+        self._fields = fields
+        self.event_type = "from-attributes"
+
+    def get(self, name, default=None):
+        return self._fields.get(name, default)
+
+    def __getitem__(self, name):
+        return self._fields[name]
+
+    def __iter__(self):
+        return iter(self._fields)
+
+    def __len__(self):
+        return len(self._fields)
+
+
+def test_every_shape_of_an_event_becomes_the_same_batch_event_in_timestamp_order():
+    payload = {"room": "r1"}
+    events = [{"type": "enter", "key": "w1", "ts": 3, "payload": payload},
+              BatchEvent("enter", "w1", 2, payload, 9),
+              types.MappingProxyType({"event_type": "enter", "key": "w1", "ts": 1, "payload": payload}),
+              _Row("enter", "w1", 0, payload)]
+    normalised = batch.normalise_events(events)
+    assert normalised == [BatchEvent("enter", "w1", ts, payload, position) for ts, position in
+                          ((0, 3), (1, 2), (2, 1), (3, 0))]
+    # A BatchEvent passes as it is; the others' payloads are copies (the caller may change its dict later).
+    assert all(type(event) is BatchEvent for event in normalised)
+    assert [event.payload is payload for event in normalised] == [False, False, True, False]
+
+
+def test_a_class_registered_as_a_mapping_later_is_read_as_a_mapping_from_then_on():
+    before = batch.normalise_events([_Lookup(event_type="as-mapping", key="k", ts=1)])
+    assert before[0].event_type == "from-attributes" and before[0].key is None      # read by its attributes
+    collections.abc.Mapping.register(_Lookup)
+    after = batch.normalise_events([_Lookup(event_type="as-mapping", key="k", ts=1)])
+    assert (after[0].event_type, after[0].key, after[0].ts) == ("as-mapping", "k", 1)
