@@ -216,7 +216,8 @@ def _run(connection: sa.Connection, statement: Any, parameters: dict, *,
     (``%(name)b``); with ``fetch``, its rows as plain tuples and the column names: the batch reads
     tens of thousands of rows here, and a SQLAlchemy row object per row would cost more than
     PostgreSQL's work for it.  ``statement`` may be a function that builds it; with ``shape`` (what
-    determines its SQL) the compiled SQL is kept and the function called only the first time."""
+    determines its SQL) the compiled SQL is kept and the function called only the first time.  The driver's
+    errors are raised as SQLAlchemy's (``DBAPIError.instance``), as for a statement SQLAlchemy ran."""
     sql = _SQL.get(shape) if shape is not None else None
     if sql is None:
         built = statement() if callable(statement) else statement
@@ -227,12 +228,15 @@ def _run(connection: sa.Connection, statement: Any, parameters: dict, *,
             if len(_SQL) >= _SQL_KEPT:
                 _SQL.clear()
             _SQL[shape] = sql
-    cursor = connection.connection.driver_connection.cursor(binary=True)
+    driver = connection.connection.driver_connection
+    cursor = driver.cursor(binary=True)
     try:
         cursor.execute(sql, parameters)
         if fetch:
             return cursor.fetchall(), [description.name for description in cursor.description]
         return None
+    except driver.Error as error:       # SQLAlchemy's, as for a statement it ran: the flush classifies it
+        raise sa.exc.DBAPIError.instance(sql, None, error, driver.Error) from None
     finally:
         cursor.close()
 

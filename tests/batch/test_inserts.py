@@ -178,6 +178,83 @@ def test_a_row_postgresql_refuses_at_the_commit_fails_the_commit_with_activedbs_
         assert connection.execute(sa.text("SELECT value FROM items WHERE key = 'a'")).scalar_one() == 1
 
 
+def test_a_connection_lost_during_the_batchs_reads_is_activedbs_error_and_nothing_is_written(clean):
+    """PostgreSQL goes away while the batch runs inside the commit — between two reads of rows no declaration named
+    (the on-demand loader's ``SELECT … FOR UPDATE``, on the driver's own cursor): the commit fails with
+    ``activedb.DatabaseUnavailable`` saying that nothing was written (the transaction log has no row of it), not
+    with the driver's exception, and the rows are as they were."""
+    import psycopg
+
+    import activedb
+
+    db = clean
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("INSERT INTO items (key, value) VALUES ('a', 1), ('b', 2)"))
+    url = db.engine.url
+    transactions = StateTransactions("outage")
+
+    def lose_the_connection():
+        """The second row's key, after every server process of the batch's database waiting for its client has
+        gone (that is the batch's own connection: it has just read the first row, so the second is read at once)."""
+        with psycopg.connect(host=url.host or url.query["host"], port=url.port, user=url.username,
+                             password=url.password, dbname="postgres", autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
+                          "AND state = 'idle in transaction'", (url.database,))
+        return "b"
+
+    @transactions.on("move")
+    def move(event, ops):
+        ops.read_any("items", lambda: "c", name="first")     # (loaded on demand: the table locked, then read)
+        ops.read_any("items", lose_the_connection, name="second")
+        ops.write("items", "a", lambda own: {"value": own["value"] + 10})
+
+    with pytest.raises(activedb.DatabaseUnavailable, match="lost the connection.*nothing was written"):
+        with db.transaction() as tx:
+            batch.apply_at_commit(tx, [BatchEvent("move", "a", 0, {}, 0)], transactions, query_id="outage")
+    db.engine.dispose()       # the pool's other connections died with it
+    with db.engine.connect() as connection:
+        assert sorted(connection.execute(sa.text("SELECT key, value FROM items")).all()) == [("a", 1), ("b", 2)]
+
+
+def test_a_row_the_batch_cannot_lock_in_time_fails_the_commit_with_activedbs_error(clean):
+    """Another session holds a row the batch reads on demand (``SELECT … FOR UPDATE`` on the driver's own cursor)
+    past the database's ``lock_timeout``: the commit fails with ``activedb.errors.DatabaseError`` naming SQLSTATE
+    55P03 (not the driver's ``LockNotAvailable``), and nothing is written."""
+    import psycopg
+
+    from activedb.errors import DatabaseError
+
+    db = clean
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("INSERT INTO items (key, value) VALUES ('a', 1), ('b', 2)"))
+    url = db.engine.url
+    conninfo = dict(host=url.host or url.query["host"], port=url.port, user=url.username, password=url.password)
+    transactions = StateTransactions("lock timeout")
+
+    @transactions.on("move")
+    def move(event, ops):
+        ops.read_any("items", lambda: "b", name="other")
+        ops.write("items", "a", lambda own: {"value": own["value"] + 10})
+
+    with psycopg.connect(**conninfo, dbname="postgres", autocommit=True) as admin:
+        admin.execute(f'ALTER DATABASE "{url.database}" SET lock_timeout = \'200ms\'')
+    db.engine.dispose()                 # every connection from here on has it
+    try:
+        with psycopg.connect(**conninfo, dbname=url.database) as holder:
+            holder.execute("SELECT value FROM items WHERE key = 'b' FOR UPDATE")
+            with pytest.raises(DatabaseError, match="55P03") as raised:
+                with db.transaction() as tx:
+                    batch.apply_at_commit(tx, [BatchEvent("move", "a", 0, {}, 0)], transactions, query_id="busy")
+            holder.rollback()
+        assert raised.value.sqlstate == "55P03"
+    finally:
+        with psycopg.connect(**conninfo, dbname="postgres", autocommit=True) as admin:
+            admin.execute(f'ALTER DATABASE "{url.database}" RESET lock_timeout')
+        db.engine.dispose()
+    with db.engine.connect() as connection:
+        assert sorted(connection.execute(sa.text("SELECT key, value FROM items")).all()) == [("a", 1), ("b", 2)]
+
+
 def test_through_the_tree_the_rows_are_inserted_and_a_rule_on_their_inserts_fires(clean):
     db = clean
     heard = []
