@@ -8,7 +8,6 @@ loading and writing; tests and benchmarks call it directly with a dict of base i
 from __future__ import annotations
 
 import abc
-
 import contextlib
 import dataclasses
 import gc
@@ -85,13 +84,13 @@ def _as_batch_event(event: Any, position: int) -> BatchEvent:
         payload = event.get("payload")
         return _new_event(BatchEvent, (kind, event.get("key"), event.get("ts"), dict(payload) if payload else {},
                                        position))
+    token = abc.get_cache_token()
+    if _ATTRIBUTE_EVENT_TOKEN[0] != token:
+        _ATTRIBUTE_EVENT_TYPES.clear()
+        _ATTRIBUTE_EVENT_TOKEN[0] = token
     attributes = _ATTRIBUTE_EVENT_TYPES.get(kind_of)
-    if attributes is None or _ATTRIBUTE_EVENT_TOKEN[0] != abc.get_cache_token():
+    if attributes is None:
         attributes = not isinstance(event, (BatchEvent, Mapping))
-        token = abc.get_cache_token()
-        if _ATTRIBUTE_EVENT_TOKEN[0] != token:
-            _ATTRIBUTE_EVENT_TYPES.clear()
-            _ATTRIBUTE_EVENT_TOKEN[0] = token
         if len(_ATTRIBUTE_EVENT_TYPES) < 256:
             _ATTRIBUTE_EVENT_TYPES[kind_of] = attributes
     if attributes:
