@@ -92,6 +92,16 @@ def _seen(db) -> list[tuple]:
         return [tuple(row) for row in connection.execute(sa.text("SELECT id, rule, detail FROM events_seen ORDER BY id"))]
 
 
+def _admin(db, database: str = "postgres"):
+    """A psycopg connection to ``database`` on ``db``'s server, outside ``db``'s pool (in autocommit for the
+    ``postgres`` database: ``ALTER DATABASE``, ``pg_terminate_backend``)."""
+    import psycopg
+
+    url = db.engine.url
+    return psycopg.connect(host=url.host or url.query["host"], port=url.port, user=url.username,
+                           password=url.password, dbname=database, autocommit=database == "postgres")
+
+
 @pytest.fixture
 def clean(db):
     with db.engine.begin() as connection:
@@ -183,23 +193,19 @@ def test_a_connection_lost_during_the_batchs_reads_is_activedbs_error_and_nothin
     (the on-demand loader's ``SELECT … FOR UPDATE``, on the driver's own cursor): the commit fails with
     ``activedb.DatabaseUnavailable`` saying that nothing was written (the transaction log has no row of it), not
     with the driver's exception, and the rows are as they were."""
-    import psycopg
-
     import activedb
 
     db = clean
     with db.engine.begin() as connection:
         connection.execute(sa.text("INSERT INTO items (key, value) VALUES ('a', 1), ('b', 2)"))
-    url = db.engine.url
     transactions = StateTransactions("outage")
 
     def lose_the_connection():
         """The second row's key, after every server process of the batch's database waiting for its client has
         gone (that is the batch's own connection: it has just read the first row, so the second is read at once)."""
-        with psycopg.connect(host=url.host or url.query["host"], port=url.port, user=url.username,
-                             password=url.password, dbname="postgres", autocommit=True) as admin:
+        with _admin(db) as admin:
             admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
-                          "AND state = 'idle in transaction'", (url.database,))
+                          "AND state = 'idle in transaction'", (db.engine.url.database,))
         return "b"
 
     @transactions.on("move")
@@ -220,15 +226,12 @@ def test_a_row_the_batch_cannot_lock_in_time_fails_the_commit_with_activedbs_err
     """Another session holds a row the batch reads on demand (``SELECT … FOR UPDATE`` on the driver's own cursor)
     past the database's ``lock_timeout``: the commit fails with ``activedb.errors.DatabaseError`` naming SQLSTATE
     55P03 (not the driver's ``LockNotAvailable``), and nothing is written."""
-    import psycopg
-
     from activedb.errors import DatabaseError
 
     db = clean
     with db.engine.begin() as connection:
         connection.execute(sa.text("INSERT INTO items (key, value) VALUES ('a', 1), ('b', 2)"))
-    url = db.engine.url
-    conninfo = dict(host=url.host or url.query["host"], port=url.port, user=url.username, password=url.password)
+    name = db.engine.url.database
     transactions = StateTransactions("lock timeout")
 
     @transactions.on("move")
@@ -236,11 +239,11 @@ def test_a_row_the_batch_cannot_lock_in_time_fails_the_commit_with_activedbs_err
         ops.read_any("items", lambda: "b", name="other")
         ops.write("items", "a", lambda own: {"value": own["value"] + 10})
 
-    with psycopg.connect(**conninfo, dbname="postgres", autocommit=True) as admin:
-        admin.execute(f'ALTER DATABASE "{url.database}" SET lock_timeout = \'200ms\'')
+    with _admin(db) as admin:
+        admin.execute(f'ALTER DATABASE "{name}" SET lock_timeout = \'200ms\'')
     db.engine.dispose()                 # every connection from here on has it
     try:
-        with psycopg.connect(**conninfo, dbname=url.database) as holder:
+        with _admin(db, name) as holder:
             holder.execute("SELECT value FROM items WHERE key = 'b' FOR UPDATE")
             with pytest.raises(DatabaseError, match="55P03") as raised:
                 with db.transaction() as tx:
@@ -248,8 +251,8 @@ def test_a_row_the_batch_cannot_lock_in_time_fails_the_commit_with_activedbs_err
             holder.rollback()
         assert raised.value.sqlstate == "55P03"
     finally:
-        with psycopg.connect(**conninfo, dbname="postgres", autocommit=True) as admin:
-            admin.execute(f'ALTER DATABASE "{url.database}" RESET lock_timeout')
+        with _admin(db) as admin:
+            admin.execute(f'ALTER DATABASE "{name}" RESET lock_timeout')
         db.engine.dispose()
     with db.engine.connect() as connection:
         assert sorted(connection.execute(sa.text("SELECT key, value FROM items")).all()) == [("a", 1), ("b", 2)]
