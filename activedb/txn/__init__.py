@@ -1,7 +1,7 @@
 """Parallel nested transactions over the shared store.  Design note: ``README.md`` in this package.
 
 Public names: :class:`TransactionManager`, :class:`Transaction`, :class:`SubtransactionHandle`,
-:class:`TxnState`, :class:`Granularity`, :class:`Subtransactions`, :func:`run_inline`, and the seams :class:`CommitParticipant`,
+:class:`TxnState`, :class:`Granularity`, :class:`Subtransactions`, :func:`run_inline`, :func:`run_group`, and the seams :class:`CommitParticipant`,
 :class:`TransactionExtension`, :class:`Observer`, :class:`ReadBase`.
 """
 
@@ -14,8 +14,9 @@ from activedb.txn._manager import TransactionManager
 from activedb.txn._participants import CommitParticipant
 from activedb.txn._children import InlineSubtransaction, SubtransactionHandle, Subtransactions, run_inline
 from activedb.txn._tree import Transaction
+from activedb.txn._group import run_group
 from activedb.txn._view import CommittedRows, ReadBase
 
 __all__ = ["WaitKind", "TransactionManager", "Transaction", "SubtransactionHandle", "InlineSubtransaction", "TxnState",
            "Granularity", "CommitParticipant", "TransactionExtension", "Observer", "HookRegistry", "ReadBase",
-           "CommittedRows", "HistoryOp", "HistoryRecorder", "Subtransactions", "run_inline"]
+           "CommittedRows", "HistoryOp", "HistoryRecorder", "Subtransactions", "run_inline", "run_group"]

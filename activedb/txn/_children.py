@@ -210,13 +210,16 @@ def run_inline(parent: "Transaction", function: Callable[[Any, Any], Any], argum
     return result
 
 
-def _begin_inline(parent: "Transaction", name: str | None) -> "Transaction":
+def _begin_inline(parent: "Transaction", name: str | None, number: int | None = None) -> "Transaction":
     """Create an inline child of ``parent`` and make it the transaction this thread runs; extensions and
     observers hear of its begin.  It is a *frame* (README, "Frames") when ``parent`` is not lazy and has no
-    live child and no observer wants node events: a lazy child that is not registered among the children."""
+    live child and no observer wants node events: a lazy child that is not registered among the children.
+    (A member of a sequential group is a leaf: its inline child makes it a node first, README "Deferred
+    groups on threads".)  ``number``: the child's number, reserved by a group."""
     manager = parent.manager
     observers = manager.observers
-    if (manager.subtransactions is _FRAMES and (parent._frame or not parent._lazy) and parent._lazy_child is None
+    if (manager.subtransactions is _FRAMES and (not parent._lazy or parent._frame and not parent._guarded)
+            and parent._lazy_child is None
             and not parent._children and not (observers.on_begin or observers.on_spawn or observers.on_commit
                                             or observers.on_abort)):
         if parent._doomed is not None or parent._state is not _ACTIVE:
@@ -226,11 +229,11 @@ def _begin_inline(parent: "Transaction", name: str | None) -> "Transaction":
         elif parent._holds:         # (``release_holds`` has nothing else to do: no lazy child, not lazy)
             manager.locking.release_holds(parent)
         # (arguments positional: name, read_base, inline, lazy, frame — a class call with keywords costs more)
-        child = parent._lazy_child = type(parent)(manager, parent, name, None, True, True, True)
+        child = parent._lazy_child = type(parent)(manager, parent, name, None, True, True, True, number)
         if manager.recorder:
             manager.recorder.record("spawn", parent.id, root=parent.root.id, detail=child.id)
     else:
-        child = _new_child(parent, name, inline=True)
+        child = _new_child(parent, name, inline=True, number=number)
     try:
         manager._local.running.append(child)        # (push_running, without its call)
     except AttributeError:
@@ -278,7 +281,7 @@ class InlineSubtransaction:
 
 
 def _new_child(node: "Transaction", name: str | None = None, *, inline: bool = False,
-               body: tuple | None = None) -> "Transaction":
+               body: tuple | None = None, number: int | None = None) -> "Transaction":
     """A child of ``node``, registered among its children (spawned, or inline and not a frame); ``body``:
     ``(function, args, kwargs)`` of a spawned child, whose task is registered with it (one mutex section)."""
     if node._doomed is not None or node._state is not TxnState.ACTIVE:
@@ -289,7 +292,7 @@ def _new_child(node: "Transaction", name: str | None = None, *, inline: bool = F
     manager.locking.release_holds(node)
     # Lazy: an inline child of a node with no other live child (so no sibling can conflict with it).
     lazy = inline and manager.subtransactions is not Subtransactions.MATERIALIZED and not node._children
-    child = type(node)(manager, node, name=name, inline=inline, lazy=lazy)
+    child = type(node)(manager, node, name=name, inline=inline, lazy=lazy, number=number)
     if lazy:
         node._lazy_child = child
     with node._mutex:

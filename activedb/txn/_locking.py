@@ -130,7 +130,17 @@ class Locking:
         hand it the locks it took in its grantee's name: afterwards the lock table is exactly what it would
         be had ``node`` been registered from the start (see README, "Lazy inline subtransactions").  A frame
         in a frame materializes with the whole chain of lazy nodes it belongs to (README, "Frames in
-        frames"): each registered below its parent, outermost first, each given its grants newest first."""
+        frames"): each registered below its parent, outermost first, each given its grants newest first.
+        A running member of a group run as frames does it under its group's guard (README, "Groups on
+        threads")."""
+        if node._guarded:
+            node._materialize_guarded()
+            return
+        self.materialize_now(node)
+
+    def materialize_now(self, node: "Transaction") -> None:
+        """:meth:`materialize` itself, for a caller that made sure nobody else changes ``node`` meanwhile (its
+        own thread, or a group's guard)."""
         top = node
         while top.parent._lazy:
             top = top.parent

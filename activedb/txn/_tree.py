@@ -54,12 +54,17 @@ class Transaction(Reads, Writes, Children):
                  "_modes_retained", "_grants", "_grants_retained", "_frame", "_end_hooks", "_undo", "_tree_rows",
                  "__weakref__")
 
+    #: True on a running member of a sequential group (``_group.GuardedFrame``, README "Deferred groups on
+    #: threads"): its materialization takes the group's guard (``Locking.materialize`` asks).
+    _guarded = False
+
     def __init__(self, manager: "TransactionManager", parent: "Transaction | None",
                  name: str | None = None, read_base: "ReadBase | None" = None, inline: bool = False,
-                 lazy: bool = False, frame: bool = False):
+                 lazy: bool = False, frame: bool = False, number: int | None = None):
         self.manager = manager
         self.parent = parent
-        number = next(manager._ids)
+        if number is None:      # (a group reserves its members' numbers when it is made: ``_group``)
+            number = next(manager._ids)
         # The rows a node below the root wrote or relied on, one object per tree (``_view.TreeRows``); the
         # tree's read base (see _view.ReadBase), only the root has one; when the tree began (the transaction
         # log's began_at), only a top-level transaction needs it.

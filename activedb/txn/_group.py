@@ -1,0 +1,312 @@
+"""A group of sibling subtransactions that may run concurrently (``run_group``: a priority group of rule firings on
+threads), run one after another as frames by the thread that waits for them until another thread has to start one;
+then the running frame becomes a node and the rest run as nodes.  Design: README, "Groups on threads".
+
+The *guard* (``_Group.lock``) is what makes a frame safe to materialize from another thread: the waiting thread
+(the *owner*) holds it whenever it is inside activedb code for the running frame — creating it, every operation
+of ``GuardedFrame``, its commit or abort — and never while the frame's user code runs between two operations.
+Another thread that starts a member (``_take_over``, a worker given the group's *token* task) takes the guard,
+so it finds the frame between two operations, as a materialization by the frame's own thread would.  A frame
+that materializes on its own thread (it waits, it creates a child, its lock request must wait) gives the guard
+up at once, so its user code never runs under the guard; the member after it is a frame again unless a worker
+took the group over meanwhile.
+
+Thread-safety: ``_Group``'s ``concurrent``, ``next``, ``running`` and ``tasks`` change under ``lock``; ``inside``
+and ``results[i]`` are written by the thread running the member concerned only.  Mutex order: a group's guard
+before everything of the node's and the lock manager's (nothing that holds one of those takes a guard).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Sequence
+
+from activedb.txn import _help_edges
+from activedb.txn._children import _ACTIVE, SubtransactionHandle, Subtransactions, _begin_inline
+from activedb.txn._pool import Task
+from activedb.txn._tree import Transaction
+
+_get_ident = threading.get_ident
+
+#: The running guarded frame -> its group (a frame is guarded only while it runs in a sequential group).
+_GROUPS: dict[Transaction, "_Group"] = {}
+
+
+class _Group:
+    __slots__ = ("parent", "function", "arguments", "names", "numbers", "owner", "lock", "inside", "concurrent",
+                 "next", "running", "tasks", "results", "token")
+
+    def __init__(self, parent: Transaction, function: Callable[[Any, Any], Any], arguments: Sequence[Any],
+                 names: Sequence[str | None]):
+        self.parent = parent
+        self.function = function
+        self.arguments = arguments
+        self.names = names
+        # The members' numbers (ids), reserved in order as spawning them all at once would give them.
+        ids = parent.manager._ids
+        self.numbers = [next(ids) for _ in arguments]
+        self.owner = _get_ident()
+        self.lock = threading.Lock()
+        self.inside = False          # the owner holds ``lock`` for an operation of the running frame
+        self.concurrent = False
+        self.next = 0                # the first member nobody has started
+        self.running: Transaction | None = None    # the owner's running frame, while it is one
+        self.tasks: list[Task] = []  # the members left when the group became concurrent, one task each
+        self.results: list[tuple[bool, Any] | None] = [None] * len(arguments)
+        self.token: Task | None = None
+
+    def enter(self) -> None:
+        self.lock.acquire()
+        self.inside = True
+
+    def exit(self) -> None:
+        if self.inside:
+            self.inside = False
+            self.lock.release()
+
+
+def run_group(parent: Transaction, function: Callable[[Any, Any], Any], arguments: Sequence[Any],
+              names: Sequence[str | None]) -> list[tuple[bool, Any]]:
+    """Run ``function(child, argument)`` for each of ``arguments`` as a child of ``parent`` (named as ``names``
+    says), as siblings that may run concurrently — what ``parent.spawn`` for each and a wait for all of them
+    does — and return, in order, ``(True, value)`` or ``(False, error)`` for each.  Called by the thread running
+    ``parent``, which waits for the whole group (README, "Groups on threads")."""
+    manager = parent.manager
+    observers = manager.observers
+    if (manager.subtransactions is not Subtransactions.FRAMES or len(arguments) < 2
+            or observers.on_begin or observers.on_spawn or observers.on_commit or observers.on_abort
+            or observers.on_wait_start or observers.on_wait_end):
+        return _spawned(parent, function, arguments, names)
+    if parent._doomed is not None or parent._state is not _ACTIVE:
+        parent._check_active("starting a subtransaction")
+    if parent._lazy:
+        parent.materialize()       # (as a spawn does: its children need it in the tree)
+    manager.locking.release_holds(parent)
+    if parent._children or parent._lazy_child is not None:
+        return _spawned(parent, function, arguments, names)
+    group = _Group(parent, function, arguments, names)
+    pool = manager.pool
+    group.token = pool.start(Task(_take_over, group))
+    while _run_next_frame(group, pool):
+        pass
+    # Concurrent now, or every member has started: the members nobody has started become tasks — taken by this
+    # thread, or by the worker that took the token (it queues them and returns) — and run here unless a worker
+    # has them.
+    # Before this thread blocks, the edges of the children it helps (if it runs in one) are registered, as for
+    # every wait of a node (``_help_edges``); its own edges to the members are theirs (``awaited``).
+    token = group.token
+    if token.claim():
+        _take_rest(group)
+    elif not token.done():
+        _help_edges.flush()
+        token.wait(None)
+    tasks = group.tasks
+    for task in tasks:
+        task.help()
+    pending = [task for task in tasks if not task.done()]
+    if pending:
+        _help_edges.flush()
+        for task in pending:
+            task.wait(None)
+    return group.results     # type: ignore[return-value]
+
+
+def _spawned(parent: Transaction, function: Callable[[Any, Any], Any], arguments: Sequence[Any],
+             names: Sequence[str | None]) -> list[tuple[bool, Any]]:
+    """The group as spawned children and one wait for all of them (the reference representation)."""
+    handles = [parent.spawn(function, argument, name=name) for argument, name in zip(arguments, names)]
+    SubtransactionHandle.wait_all(handles)
+    results = []
+    for handle in handles:
+        try:
+            results.append((True, handle.result()))
+        except BaseException as error:
+            results.append((False, error))
+    return results
+
+
+def _run_next_frame(group: _Group, pool) -> bool:
+    """Run the next member on the owner's thread as a guarded frame; False when the group is concurrent or
+    every member has started."""
+    group.enter()
+    if group.concurrent or group.next >= len(group.arguments):
+        group.exit()
+        return False
+    index = group.next
+    group.next = index + 1
+    parent = group.parent
+    try:
+        child = _begin_inline(parent, group.names[index], group.numbers[index])
+    except BaseException as error:
+        group.results[index] = (False, error)
+        group.exit()
+        return True
+    if child._frame:
+        child.__class__ = GuardedFrame
+        _GROUPS[child] = group
+        group.running = child
+    else:                        # (not a frame after all: a node from the start, so the rest are nodes too)
+        if child._lazy:
+            child.manager.locking.materialize_now(child)
+        group.concurrent = True
+    group.exit()
+    pool.activity += 1           # progress, for the pool's waker (as a claimed task counts)
+    try:
+        _run_member(group, index, child)
+    finally:
+        child.manager._local.running.pop()
+        if child.__class__ is GuardedFrame:
+            group.enter()
+            _unguard(child, group)
+            group.exit()
+    return True
+
+
+def _unguard(frame: Transaction, group: _Group) -> None:
+    """``frame`` is no longer a guarded member (it ended, or it is a node now).  Caller holds the guard."""
+    frame.__class__ = Transaction
+    _GROUPS.pop(frame, None)
+    if group.running is frame:
+        group.running = None
+
+
+def _take_rest(group: _Group) -> list[Task]:
+    """The group is concurrent: every member nobody has started becomes a task (queued: a thread waiting for
+    it, or a worker, runs it).  Returns the new tasks."""
+    with group.lock:
+        group.concurrent = True
+        first, group.next = group.next, len(group.arguments)
+        tasks = [Task(_run_node, group, index) for index in range(first, len(group.arguments))]
+        group.tasks.extend(tasks)
+    pool = group.parent.manager.pool
+    for task in tasks:
+        pool.start(task)
+    return tasks
+
+
+def _take_over(group: _Group) -> None:
+    """The group's token, run by another thread than the owner (a worker given it because the owner blocked, or
+    the pool sat idle): the group becomes concurrent — the owner's running frame a node, under the guard — and
+    the members nobody has started become tasks."""
+    with group.lock:
+        group.concurrent = True
+        frame = group.running
+        if frame is not None:
+            if frame._state is _ACTIVE and frame._lazy:
+                frame.manager.locking.materialize_now(frame)
+            _unguard(frame, group)
+    _take_rest(group)     # (queued: this worker's next task is likely the first of them)
+
+
+def _run_node(group: _Group, index: int) -> None:
+    """Member ``index`` of a concurrent group as a node of its own, on the calling thread (what a spawned
+    child's task does, with the child made when it starts)."""
+    parent = group.parent
+    manager = parent.manager
+    try:
+        if parent._doomed is not None or parent._state is not _ACTIVE:
+            parent._check_active("starting a subtransaction")
+        # An inline child's registration (the parent waits for it for its whole life: ``awaited``), not lazy.
+        node = Transaction(manager, parent, group.names[index], None, True, False, False, group.numbers[index])
+    except BaseException as error:
+        group.results[index] = (False, error)
+        return
+    with parent._mutex:
+        if not parent._children:
+            parent._children = {}
+        parent._children[node.id] = node
+    if manager.recorder:
+        manager.recorder.record("spawn", parent.id, root=parent.root.id, detail=node.id)
+    # (An observer of node events makes a group spawned children from its start; this is for one that came since.)
+    if manager.observers.on_spawn:
+        manager.observers.call("on_spawn", parent, node)
+    manager.push_running(node)
+    try:
+        _run_member(group, index, node, _hear_begin)
+    finally:
+        manager.pop_running()
+
+
+def _hear_begin(node: Transaction) -> None:
+    """Extensions and observers hear of the member node's begin (as of a spawned child's on its worker)."""
+    manager = node.manager
+    for hook in manager.extensions.on_begin:
+        hook(node)
+    if manager.observers.on_begin:
+        manager.observers.call("on_begin", node)
+
+
+def _run_member(group: _Group, index: int, child: Transaction, begin: Callable | None = None) -> None:
+    """Member ``index`` in ``child``: ``begin(child)`` if given, the function, then commit — or abort if either
+    raised; its outcome goes to ``group.results``."""
+    try:
+        if begin is not None:
+            begin(child)
+        value = group.function(child, group.arguments[index])
+    except BaseException as error:
+        child.abort(error)
+        group.results[index] = (False, error)
+        return
+    try:
+        child.commit()
+        group.results[index] = (True, value)
+    except BaseException as error:
+        group.results[index] = (False, error)
+
+
+def _bracketed(name: str) -> Callable:
+    method = getattr(Transaction, name)
+
+    def bracketed(self, *args, **kwargs):
+        group = _GROUPS.get(self)
+        if group is None or group.inside:       # a node again, or an operation inside another one
+            return method(self, *args, **kwargs)
+        group.enter()
+        try:
+            if self.__class__ is not GuardedFrame:   # another thread made it a node while this one waited
+                group.exit()
+            return method(self, *args, **kwargs)
+        finally:
+            group.exit()
+
+    bracketed.__name__ = bracketed.__qualname__ = name
+    bracketed.__doc__ = method.__doc__
+    return bracketed
+
+
+class GuardedFrame(Transaction):
+    """A running member of a sequential group: a frame whose operations take the group's guard (the module
+    docstring).  Its class goes back to :class:`Transaction` when it ends or materializes, so no other node pays
+    for the guard."""
+
+    __slots__ = ()
+    _guarded = True
+
+    def _materialize_guarded(self) -> None:
+        """``Locking.materialize`` of this frame: by its own thread, inside an operation (it holds the guard) or
+        outside one (it takes the guard); afterwards it is a node and the guard is free.  The group stays
+        sequential: while this node runs, a worker that takes the group over starts the rest as nodes beside it
+        (nothing to materialize); if none has when it ends, the next member is a frame again (the parent has no
+        live child then)."""
+        group = _GROUPS.get(self)
+        if group is None:              # a node already (another thread materialized it meanwhile)
+            if self._lazy:
+                self.manager.locking.materialize_now(self)
+            return
+        held = group.inside
+        if not held:
+            group.lock.acquire()
+        try:
+            if self.__class__ is GuardedFrame:
+                if self._lazy:
+                    self.manager.locking.materialize_now(self)
+                _unguard(self, group)
+        finally:
+            group.inside = False
+            group.lock.release()
+
+
+for _name in ("read", "read_then_written", "prefetch", "read_many", "scan", "write", "insert", "delete", "write_many",
+              "signal", "emit", "enlist", "commit", "abort", "spawn", "want_end_hooks", "wait_children"):
+    setattr(GuardedFrame, _name, _bracketed(_name))
+del _name
