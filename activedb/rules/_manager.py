@@ -21,7 +21,7 @@ from activedb.rules._model import Fired, Firing, FiringOutcome, Rule, RulesStati
 from activedb.rules._parallel import condition_then_action
 from activedb.rules._record import FiringRecord
 from activedb.rules._registry import RuleRegistry
-from activedb.txn import SubtransactionHandle, Transaction, TransactionExtension, run_inline
+from activedb.txn import Transaction, TransactionExtension, run_group, run_inline
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.store import Catalog
@@ -252,16 +252,12 @@ class RuleManager(TransactionExtension):
                     except BaseException as error:
                         failures.append((firing, error))
             else:
-                handles = [(firing, transaction.spawn(self.execute, firing, name=_transaction_name(firing.rule)))
-                           for firing in group]
-                # One wait of the parent for the whole group (one registration in the wait-for graph).
-                SubtransactionHandle.wait_all([handle for _, handle in handles])
-                for firing, handle in handles:
-                    try:
-                        handle.result()
-                    except DependencyAbort:
-                        pass
-                    except BaseException as error:
+                # Siblings that may run concurrently, run one after another by this thread until one of them
+                # has to run elsewhere (txn README, "Groups on threads").
+                outcomes = run_group(transaction, self.execute, group,
+                                     [_transaction_name(firing.rule) for firing in group])
+                for firing, (ok, error) in zip(group, outcomes):
+                    if not ok and not isinstance(error, DependencyAbort):
                         failures.append((firing, error))
             if failures:
                 _raise_failure(*failures[0], what)
