@@ -26,15 +26,13 @@ from activedb.txn._children import _ACTIVE, SubtransactionHandle, Subtransaction
 from activedb.txn._pool import Task
 from activedb.txn._tree import Transaction
 
-_get_ident = threading.get_ident
-
-#: The running guarded frame -> its group (a frame is guarded only while it runs in a sequential group).
+#: The running guarded frame -> its group (a frame is guarded only while it runs as a member of a group).
 _GROUPS: dict[Transaction, "_Group"] = {}
 
 
 class _Group:
-    __slots__ = ("parent", "function", "arguments", "names", "numbers", "owner", "lock", "inside", "concurrent",
-                 "next", "running", "tasks", "results", "token")
+    __slots__ = ("parent", "function", "arguments", "names", "numbers", "lock", "inside", "concurrent", "next",
+                 "running", "tasks", "results", "token")
 
     def __init__(self, parent: Transaction, function: Callable[[Any, Any], Any], arguments: Sequence[Any],
                  names: Sequence[str | None]):
@@ -45,7 +43,6 @@ class _Group:
         # The members' numbers (ids), reserved in order as spawning them all at once would give them.
         ids = parent.manager._ids
         self.numbers = [next(ids) for _ in arguments]
-        self.owner = _get_ident()
         self.lock = threading.Lock()
         self.inside = False          # the owner holds ``lock`` for an operation of the running frame
         self.concurrent = False
