@@ -52,15 +52,6 @@ class _Group:
         self.results: list[tuple[bool, Any] | None] = [None] * len(arguments)
         self.token: Task | None = None
 
-    def enter(self) -> None:
-        self.lock.acquire()
-        self.inside = True
-
-    def exit(self) -> None:
-        if self.inside:
-            self.inside = False
-            self.lock.release()
-
 
 def run_group(parent: Transaction, function: Callable[[Any, Any], Any], arguments: Sequence[Any],
               names: Sequence[str | None]) -> list[tuple[bool, Any]]:
@@ -78,22 +69,23 @@ def run_group(parent: Transaction, function: Callable[[Any, Any], Any], argument
         parent._check_active("starting a subtransaction")
     if parent._lazy:
         parent.materialize()       # (as a spawn does: its children need it in the tree)
-    manager.locking.release_holds(parent)
+    if parent._holds or parent._lazy_child is not None:
+        manager.locking.release_holds(parent)
     if parent._children or parent._lazy_child is not None:
         return _spawned(parent, function, arguments, names)
     group = _Group(parent, function, arguments, names)
     pool = manager.pool
     group.token = pool.start(Task(_take_over, group))
-    while _run_next_frame(group, pool):
-        pass
+    _run_frames(group, pool)
     # Concurrent now, or every member has started: the members nobody has started become tasks — taken by this
     # thread, or by the worker that took the token (it queues them and returns) — and run here unless a worker
     # has them.
     # Before this thread blocks, the edges of the children it helps (if it runs in one) are registered, as for
     # every wait of a node (``_help_edges``); its own edges to the members are theirs (``awaited``).
     token = group.token
-    if token.claim():
-        _take_rest(group)
+    if token.cancel():         # (and the token no longer refers to the group: no cycle for the collector)
+        if group.next < len(arguments):
+            _take_rest(group)
     elif not token.done():
         _help_edges.flush()
         token.wait(None)
@@ -122,41 +114,67 @@ def _spawned(parent: Transaction, function: Callable[[Any, Any], Any], arguments
     return results
 
 
-def _run_next_frame(group: _Group, pool) -> bool:
-    """Run the next member on the owner's thread as a guarded frame; False when the group is concurrent or
-    every member has started."""
-    group.enter()
-    if group.concurrent or group.next >= len(group.arguments):
-        group.exit()
-        return False
-    index = group.next
-    group.next = index + 1
-    parent = group.parent
-    try:
-        child = _begin_inline(parent, group.names[index], group.numbers[index])
-    except BaseException as error:
-        group.results[index] = (False, error)
-        group.exit()
-        return True
-    if child._frame:
-        child.__class__ = GuardedFrame
-        _GROUPS[child] = group
-        group.running = child
-    else:                        # (not a frame after all: a node from the start, so the rest are nodes too)
-        if child._lazy:
-            child.manager.locking.materialize_now(child)
-        group.concurrent = True
-    group.exit()
-    pool.activity += 1           # progress, for the pool's waker (as a claimed task counts)
-    try:
-        _run_member(group, index, child)
-    finally:
-        child.manager._local.running.pop()
-        if child.__class__ is GuardedFrame:
-            group.enter()
-            _unguard(child, group)
-            group.exit()
-    return True
+def _run_frames(group: _Group, pool) -> None:
+    """Run members on the owner's thread, one after another, as guarded frames until the group is concurrent or
+    every member has started.  The guard is held from one member's end to the next one's start (one acquire
+    for both), and given up while a member's user code runs."""
+    lock, parent, function, arguments = group.lock, group.parent, group.function, group.arguments
+    results = group.results
+    count = len(arguments)
+    running = parent.manager._local.running
+    lock.acquire()
+    group.inside = True
+    while not group.concurrent and group.next < count:
+        index = group.next
+        group.next = index + 1
+        try:
+            child = _begin_inline(parent, group.names[index], group.numbers[index])
+        except BaseException as error:
+            results[index] = (False, error)
+            continue
+        if child._frame:
+            child.__class__ = GuardedFrame
+            _GROUPS[child] = group
+            group.running = child
+        else:                    # (not a frame after all: a node from the start, so the rest are nodes too)
+            if child._lazy:
+                child.manager.locking.materialize_now(child)
+            group.concurrent = True
+        pool.activity += 1       # progress, for the pool's waker (as a claimed task counts)
+        group.inside = False
+        lock.release()
+        error = None
+        try:
+            value = function(child, arguments[index])
+        except BaseException as caught:
+            error = caught
+        try:
+            # Its end: under the guard while it is a frame (a commit that materializes it gives the guard up
+            # there: ``_materialize_guarded``), without it once it is a node (its end may run user code).
+            if child.__class__ is GuardedFrame:
+                lock.acquire()
+                group.inside = True
+                if child.__class__ is not GuardedFrame:     # another thread made it a node meanwhile
+                    group.inside = False
+                    lock.release()
+            try:
+                if error is None:
+                    Transaction.commit(child)
+                    results[index] = (True, value)
+                else:
+                    Transaction.abort(child, error)
+                    results[index] = (False, error)
+            except BaseException as caught:
+                results[index] = (False, caught)
+        finally:
+            running.pop()
+            if not group.inside:
+                lock.acquire()
+                group.inside = True
+            if child.__class__ is GuardedFrame:
+                _unguard(child, group)
+    group.inside = False
+    lock.release()
 
 
 def _unguard(frame: Transaction, group: _Group) -> None:
@@ -258,13 +276,18 @@ def _bracketed(name: str) -> Callable:
         group = _GROUPS.get(self)
         if group is None or group.inside:       # a node again, or an operation inside another one
             return method(self, *args, **kwargs)
-        group.enter()
+        lock = group.lock
+        lock.acquire()
+        group.inside = True
         try:
             if self.__class__ is not GuardedFrame:   # another thread made it a node while this one waited
-                group.exit()
+                group.inside = False
+                lock.release()
             return method(self, *args, **kwargs)
         finally:
-            group.exit()
+            if group.inside:        # (not given up meanwhile by a materialization: ``_materialize_guarded``)
+                group.inside = False
+                lock.release()
 
     bracketed.__name__ = bracketed.__qualname__ = name
     bracketed.__doc__ = method.__doc__

@@ -148,6 +148,16 @@ class Task:
     def done(self) -> bool:
         return self._finished
 
+    def cancel(self) -> bool:
+        """Claim the task so that it never runs, and let go of its call and arguments (True: it is done, with
+        no result); False if someone else has it."""
+        if not self._claimed.acquire(False):
+            return False
+        self._function = self._args = None
+        self._finished = True
+        self._done.release()
+        return True
+
     def help(self, deep: bool = False) -> bool:
         """Run the task in this thread if nobody has started it (True: it ran here, it is done).  A thread
         ``MAX_HELP_DEPTH`` tasks deep or more whose stack is deep leaves it to a worker when one can take it,
