@@ -137,6 +137,26 @@ def test_a_thread_about_to_block_gives_the_queue_workers():
         pool.shutdown()
 
 
+def test_a_cancelled_task_never_runs_and_a_claimed_one_cannot_be_cancelled():
+    """``cancel``: a queued task is done at once with no result and never runs, though a worker is given it
+    afterwards; a task someone has claimed is not cancelled."""
+    pool = _pool.WorkerPool(2, name="test-cancel", hand_off_after=3600.0)   # no waker within the test
+    try:
+        ran = threading.Event()
+        cancelled = pool.start(_pool.Task(ran.set))
+        assert cancelled.cancel() and cancelled.done() and cancelled.wait(0)
+        assert cancelled.result is None and cancelled.error is None
+        claimed = _pool.Task(ran.set)
+        assert claimed.claim() and not claimed.cancel()
+        marker = threading.Event()
+        pool.start(_pool.Task(marker.set))
+        pool.before_blocking()                     # a worker for what is queued: the cancelled one is skipped
+        assert marker.wait(BOUND), f"the queued task did not run: {pool.statistics()}"
+        assert not ran.is_set()
+    finally:
+        pool.shutdown()
+
+
 def test_the_waker_gives_workers_when_the_pool_is_idle():
     """Nobody waits for the tasks and nobody blocks where the pool sees it: after the pool has been idle
     for ``hand_off_after``, the waker gives them workers."""
