@@ -121,7 +121,7 @@ def _run_frames(group: _Group, pool) -> None:
     lock, parent, function, arguments = group.lock, group.parent, group.function, group.arguments
     results = group.results
     count = len(arguments)
-    running = parent.manager._local.running
+    manager = parent.manager
     lock.acquire()
     group.inside = True
     while not group.concurrent and group.next < count:
@@ -167,7 +167,7 @@ def _run_frames(group: _Group, pool) -> None:
             except BaseException as caught:
                 results[index] = (False, caught)
         finally:
-            running.pop()
+            manager._local.running.pop()       # (``_begin_inline`` pushed it: ``pop_running`` without its call)
             if not group.inside:
                 lock.acquire()
                 group.inside = True
