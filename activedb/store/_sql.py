@@ -72,9 +72,11 @@ def jsonable(value: Any) -> Any:
 FETCH_CHUNK = 20_000
 
 
-def fetch_rows(connection: sa.Connection, info: TableInfo, keys: Iterable[Key], *, lock: str | None = None
-               ) -> dict[Key, dict]:
-    """Committed images of ``keys`` (missing keys absent from the result)."""
+def fetch_rows(connection: sa.Connection, info: TableInfo, keys: Iterable[Key], *, lock: str | None = None,
+               nowait: bool = False) -> dict[Key, dict]:
+    """Committed images of ``keys`` (missing keys absent from the result); ``lock`` ``"share"`` or
+    ``"update"`` locks them (``nowait``: PostgreSQL refuses with SQLSTATE 55P03 instead of waiting for a row
+    another transaction has locked)."""
     keys = list(keys)
     if not keys:
         return {}
@@ -86,9 +88,9 @@ def fetch_rows(connection: sa.Connection, info: TableInfo, keys: Iterable[Key], 
     else:
         statement = info.select_by_keys()
     if lock == "share":
-        statement = statement.with_for_update(read=True)
+        statement = statement.with_for_update(read=True, nowait=nowait)
     elif lock == "update":
-        statement = statement.with_for_update()
+        statement = statement.with_for_update(nowait=nowait)
     found: dict[Key, dict] = {}
     if parameters is not None:
         rows_by_key(connection.execute(statement, parameters), names, found)

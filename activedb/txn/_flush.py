@@ -125,7 +125,8 @@ def _flush_with_retries(root, isolation, infos, writes, reads, scans, participan
                     _write_all(root, connection, infos, writes, reads, scans, participants, locked, held=False)
             return
         except sa.exc.OperationalError as error:
-            retried = classify(error) in _RETRIED
+            retried = classify(error) in _RETRIED or (isolation == "SERIALIZABLE"
+                                                       and getattr(error.orig, "sqlstate", None) == "55P03")
             if retried and attempt < manager.flush_retries:
                 # Jittered back-off between retries of the flush (not used to order threads).
                 time.sleep(random.uniform(0.5, 1.5) * min(0.2, 0.002 * 2 ** attempt))
@@ -158,11 +159,18 @@ def _validate(root: "Transaction", connection: sa.Connection, infos: Mapping[str
         preparer = connection.dialect.identifier_preparer
         connection.execute(sa.text(f"LOCK TABLE {', '.join(preparer.quote(name) for name in predicate_tables)} "
                                    f"IN SHARE ROW EXCLUSIVE MODE"))
+    # Holding those table locks, this flush must not wait for a row: a writer holding that row (its own
+    # flush, between its row locks and its first write of one of these tables) waits for the table lock, and
+    # PostgreSQL would break the cycle only after its deadlock_timeout (a second).  So its row locks do not
+    # wait (NOWAIT): a row locked by another transaction fails the attempt with SQLSTATE 55P03, and the flush is
+    # tried again (``_flush_with_retries``) after the other has committed — as a wait would have, without the cycle.
+    nowait = bool(predicate_tables)
     by_table: dict[tuple[int, str], list[Key]] = {}
     for (table_name, key) in reads:
         by_table.setdefault((0 if (table_name, key) in for_update else 1, table_name), []).append(key)
     for (shared, table_name), keys in sorted(by_table.items()):
-        current = fetch_rows(connection, infos[table_name], keys, lock="share" if shared else "update")
+        current = fetch_rows(connection, infos[table_name], keys, lock="share" if shared else "update",
+                             nowait=nowait)
         for key in keys:
             if current.get(key) != reads[(table_name, key)]:
                 raise SerializationConflict(
@@ -176,7 +184,7 @@ def _validate(root: "Transaction", connection: sa.Connection, infos: Mapping[str
         # (PostgreSQL detects serialization anomalies only among SERIALIZABLE transactions): without the
         # row locks the two could each miss the other's write (write skew; found by the list-append
         # history test across two processes).
-        if scan_rows(connection, infos[table_name], where, lock="share") != fetched:
+        if scan_rows(connection, infos[table_name], where, lock="share", nowait=nowait) != fetched:
             raise SerializationConflict(
                 f"commit of {root.id}: rows of {table_name!r} it scanned were changed by another process; "
                 f"nothing was written — re-run the transaction"

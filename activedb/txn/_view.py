@@ -146,15 +146,16 @@ class CommittedRows:
         return fetched
 
 
-def scan_rows(catalog_or_connection: Any, info: TableInfo, where: Any, *, lock: str | None = None
-              ) -> dict[Key, dict]:
+def scan_rows(catalog_or_connection: Any, info: TableInfo, where: Any, *, lock: str | None = None,
+              nowait: bool = False) -> dict[Key, dict]:
     """Rows of ``info`` matching the equality dict ``where`` (anything else: all rows), by key;
-    ``lock="share"`` (a connection only) locks them ``FOR SHARE``."""
+    ``lock="share"`` (a connection only) locks them ``FOR SHARE`` (``nowait``: SQLSTATE 55P03 instead of
+    waiting for a row another transaction has locked)."""
     statement = sa.select(info.table)
     if isinstance(where, Mapping):
         statement = statement.where(*[info.table.c[column] == value for column, value in where.items()])
     if lock == "share":
-        statement = statement.with_for_update(read=True)
+        statement = statement.with_for_update(read=True, nowait=nowait)
     with (contextlib.nullcontext(catalog_or_connection) if isinstance(catalog_or_connection, sa.Connection)
           else catalog_or_connection.autocommit_connection()) as connection:
         return rows_by_key(connection.execute(statement), info.key_columns)

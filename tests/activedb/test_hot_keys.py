@@ -9,7 +9,10 @@
 * a tree that also scans flushes at SERIALIZABLE (its held locks are let go and taken again at the flush);
 * across two engines, plain read-then-write flushes of one row queue at the validation (the row locked
   ``FOR UPDATE``, not ``FOR SHARE``): the second fails its check when the first commits and is re-run,
-  instead of both passing it and deadlocking in PostgreSQL when both UPDATE the row.
+  instead of both passing it and deadlocking in PostgreSQL when both UPDATE the row;
+* across two engines, a flush holding its table locks (it relied on an absent row) does not wait for a row the
+  other's flush holds: it gives up and tries again instead of closing a cycle only PostgreSQL's deadlock detector
+  would break, a second later.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import sqlalchemy as sa
 
 import activedb
 from activedb import testing
+from activedb.errors import SerializationConflict
 from activedb.txn import CommitParticipant
 from tests._tables import balances, refill
 
@@ -246,6 +250,57 @@ def test_across_engines_plain_read_then_write_flushes_queue_at_the_validation(db
         assert balances(db)[1] == 2                         # no update lost
     finally:
         other.close()
+
+
+def test_across_engines_a_flush_holding_its_table_locks_does_not_wait_for_a_row(db, database_url):
+    """A flush that relies on an absent row locks its table SHARE ROW EXCLUSIVE first; if it then waited for a
+    row that another engine's flush has locked (validated, not yet written), that flush would wait for the
+    table at its first write and PostgreSQL would break the cycle only after its deadlock_timeout (a second
+    each: most of the two-process list-append history's time).  It does not wait: it gives up the attempt and
+    tries again, and with the row held throughout it ends with ``SerializationConflict``, nothing written; the
+    other flush then commits.  PostgreSQL detected no deadlock."""
+    other = activedb.connect(database_url)
+    try:
+        pause, outcome = _PausedAfterValidation(), {}
+
+        def holds_row_one():
+            with db.transaction(participants=[pause]) as tx:
+                row = tx.read("accounts", 1)                # read, then written: locked FOR UPDATE at validation
+                tx.write("accounts", 1, balance=row["balance"] + 1)
+
+        def relies_on_an_absent_row():
+            try:
+                with other.transaction() as tx:
+                    assert tx.read("accounts", 999) is None     # absence: the flush takes the table lock
+                    tx.read("accounts", 1)
+                    tx.write("accounts", 2, balance=5)
+                outcome["flush"] = "committed"
+            except BaseException as error:                  # checked below
+                outcome["flush"] = error
+
+        deadlocks = _deadlocks_detected(db)
+        with testing.Watchdog(90, db.transactions.locks):
+            holder = threading.Thread(target=holds_row_one)
+            holder.start()
+            assert pause.reached.wait(TIMEOUT)              # row 1 locked FOR UPDATE, the table not yet written
+            relier = threading.Thread(target=relies_on_an_absent_row)
+            relier.start()
+            relier.join(TIMEOUT)
+            waited = relier.is_alive()
+            pause.release.set()
+            holder.join(TIMEOUT), relier.join(TIMEOUT)
+        assert not waited, "the flush holding the table lock waited for the row"
+        assert isinstance(outcome["flush"], SerializationConflict), outcome
+        assert balances(db) == {1: 1, 2: 0}
+        assert _deadlocks_detected(db) == deadlocks
+    finally:
+        other.close()
+
+
+def _deadlocks_detected(db) -> int:
+    with db.engine.connect() as connection:
+        return connection.execute(sa.text(
+            "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")).scalar()
 
 
 def _logged(db, log_id: str) -> bool:
