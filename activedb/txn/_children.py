@@ -214,8 +214,8 @@ def _begin_inline(parent: "Transaction", name: str | None, number: int | None = 
     """Create an inline child of ``parent`` and make it the transaction this thread runs; extensions and
     observers hear of its begin.  It is a *frame* (README, "Frames") when ``parent`` is not lazy and has no
     live child and no observer wants node events: a lazy child that is not registered among the children.
-    (A member of a sequential group is a leaf: its inline child makes it a node first, README "Deferred
-    groups on threads".)  ``number``: the child's number, reserved by a group."""
+    (A member of a group run as frames is a leaf: its inline child makes it a node first, README "Groups on
+    threads".)  ``number``: the child's number, reserved by a group."""
     manager = parent.manager
     observers = manager.observers
     if (manager.subtransactions is _FRAMES and (not parent._lazy or parent._frame and not parent._guarded)

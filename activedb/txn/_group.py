@@ -22,7 +22,7 @@ import threading
 from typing import Any, Callable, Sequence
 
 from activedb.txn import _help_edges
-from activedb.txn._children import _ACTIVE, SubtransactionHandle, Subtransactions, _begin_inline
+from activedb.txn._children import _ACTIVE, SubtransactionHandle, Subtransactions, _begin_inline, _run_body
 from activedb.txn._pool import Task
 from activedb.txn._tree import Transaction
 
@@ -185,9 +185,9 @@ def _unguard(frame: Transaction, group: _Group) -> None:
         group.running = None
 
 
-def _take_rest(group: _Group) -> list[Task]:
+def _take_rest(group: _Group) -> None:
     """The group is concurrent: every member nobody has started becomes a task (queued: a thread waiting for
-    it, or a worker, runs it).  Returns the new tasks."""
+    it, or a worker, runs it), listed in ``group.tasks``."""
     with group.lock:
         group.concurrent = True
         first, group.next = group.next, len(group.arguments)
@@ -196,7 +196,6 @@ def _take_rest(group: _Group) -> list[Task]:
     pool = group.parent.manager.pool
     for task in tasks:
         pool.start(task)
-    return tasks
 
 
 def _take_over(group: _Group) -> None:
@@ -235,36 +234,8 @@ def _run_node(group: _Group, index: int) -> None:
     # (An observer of node events makes a group spawned children from its start; this is for one that came since.)
     if manager.observers.on_spawn:
         manager.observers.call("on_spawn", parent, node)
-    manager.push_running(node)
-    try:
-        _run_member(group, index, node, _hear_begin)
-    finally:
-        manager.pop_running()
-
-
-def _hear_begin(node: Transaction) -> None:
-    """Extensions and observers hear of the member node's begin (as of a spawned child's on its worker)."""
-    manager = node.manager
-    for hook in manager.extensions.on_begin:
-        hook(node)
-    if manager.observers.on_begin:
-        manager.observers.call("on_begin", node)
-
-
-def _run_member(group: _Group, index: int, child: Transaction, begin: Callable | None = None) -> None:
-    """Member ``index`` in ``child``: ``begin(child)`` if given, the function, then commit — or abort if either
-    raised; its outcome goes to ``group.results``."""
-    try:
-        if begin is not None:
-            begin(child)
-        value = group.function(child, group.arguments[index])
-    except BaseException as error:
-        child.abort(error)
-        group.results[index] = (False, error)
-        return
-    try:
-        child.commit()
-        group.results[index] = (True, value)
+    try:        # what a spawned child's task runs: the hooks of its begin, the function, commit or abort
+        group.results[index] = (True, _run_body(node, group.function, (group.arguments[index],), {}))
     except BaseException as error:
         group.results[index] = (False, error)
 
@@ -295,7 +266,7 @@ def _bracketed(name: str) -> Callable:
 
 
 class GuardedFrame(Transaction):
-    """A running member of a sequential group: a frame whose operations take the group's guard (the module
+    """A running member of a group run as frames: a frame whose operations take the group's guard (the module
     docstring).  Its class goes back to :class:`Transaction` when it ends or materializes, so no other node pays
     for the guard."""
 

@@ -151,7 +151,7 @@ class Task:
     def cancel(self) -> bool:
         """Claim the task so that it never runs, and let go of its call and arguments (True: it is done, with
         no result); False if someone else has it."""
-        if not self._claimed.acquire(False):
+        if not self.claim():
             return False
         self._function = self._args = None
         self._finished = True

@@ -54,8 +54,8 @@ class Transaction(Reads, Writes, Children):
                  "_modes_retained", "_grants", "_grants_retained", "_frame", "_end_hooks", "_undo", "_tree_rows",
                  "__weakref__")
 
-    #: True on a running member of a sequential group (``_group.GuardedFrame``, README "Deferred groups on
-    #: threads"): its materialization takes the group's guard (``Locking.materialize`` asks).
+    #: True on a running member of a group run as frames (``_group.GuardedFrame``, README "Groups on threads"):
+    #: its materialization takes the group's guard (``Locking.materialize`` asks).
     _guarded = False
 
     def __init__(self, manager: "TransactionManager", parent: "Transaction | None",
