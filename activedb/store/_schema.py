@@ -90,6 +90,16 @@ class TableInfo:
                 self.check_value(name, value)
         return dict(values) if copy else values
 
+    def values_without_key(self, key: Key, values: dict[str, Any]) -> dict[str, Any]:
+        """A patch's ``values`` (a dict of the caller's own: checked and changed in place) without the key
+        columns, which must equal ``key`` (what ``tx.write(table, key, **values)`` stores)."""
+        values = self.check_values(values, copy=False)
+        for name, key_value in zip(self.key_columns, key):
+            if name in values:
+                if values.pop(name) != key_value:
+                    raise InvalidKey(f"{self.name}.{name} is part of the key {key!r}; it cannot be changed by write()")
+        return values
+
     def check_column(self, name: str, values: Iterable[Any]) -> None:
         """``check_value(name, value)`` for every one of ``values`` (one column of many rows), quicker."""
         accepts = self._quick.get(name)

@@ -24,6 +24,7 @@ from activedb.errors import (DatabaseUnavailable, DuplicateKey, SchemaError, Ser
 from activedb.streams._compile import CompiledQuery, CompiledRule, Ctx
 from activedb.streams._events import DeadLetter, Output, StreamEvent
 from activedb.streams._matcher import Matcher, PartitionState
+from activedb.streams._overlay import Overlay, OverlayView
 from activedb.streams._state import Pending
 from activedb.streams._view import Stamp, StoreView
 from activedb.streams.errors import ActionFailed, StreamError
@@ -131,6 +132,7 @@ class BatchRun:
         self.outputs: list[Output] = []
         self.dead_letters: list[DeadLetter] = []
         self.processed = self.failed = 0
+        self.lowered = 0                      # s-transactions run on the overlay (execute_on; SEI's thread only)
         self.view_factory: Callable[[Any, Stamp], Any] = (
             lambda tx, stamp: StoreView(tx, stamp, engine.history, engine.operation_cost))
         self.serial = serial                 # unique across the engine's batches (history unit ids)
@@ -192,6 +194,49 @@ class BatchRun:
         self._history("end", unit, stransaction, True)
         self._succeeded(touched, outputs, stransaction.event.position, commit)
         return True
+
+    def execute_on(self, stransaction: STransaction, overlay: Overlay) -> bool:
+        """Run ``stransaction`` on the batch's ``overlay`` (SEI without a subtransaction per event: the design
+        note's "SEI without a subtransaction per event"; precondition: ``overlay.takes(stransaction)``).  What
+        :meth:`execute` does, with the overlay's undo log in place of the subtransaction: True if it committed,
+        False if it aborted (its changes undone, its event a dead letter).  Raises only when the batch cannot go on."""
+        if not stransaction.matchers:
+            self.count_empty()
+            return True
+        self.lowered += 1
+        unit = self._unit(stransaction.id)
+        self._history("begin", unit, stransaction)
+        event = stransaction.event
+        view = OverlayView(overlay, self.tx, Stamp(unit, stransaction.id, stransaction.described, event.ts,
+                                                   event.position), self.engine.history, self.engine.operation_cost)
+        mark = overlay.mark()
+        try:
+            touched, outputs = self._body(self.tx, stransaction, unit, view=view)
+        except BaseException as error:
+            overlay.rollback(mark)
+            self._history("end", unit, stransaction, False)
+            if not _event_failure(error):
+                raise
+            self._failed(stransaction, error)
+            return False
+        overlay.keep()
+        self._history("end", unit, stransaction, True)
+        self._succeeded(touched, outputs, event.position, 0.0)
+        return True
+
+    def overlay(self) -> Overlay | None:
+        """The overlay SEI runs this batch's s-transactions on, or None when it must give each its own
+        subtransaction: the engine was made with ``lowered=False``, or something listens to subtransactions
+        (an extension's hooks for frames, an observer of node events, the transaction history recorder)."""
+        if not self.engine.lowered:
+            return None
+        manager = self.tx.manager
+        extensions, observers = manager.extensions, manager.observers
+        if (manager.recorder is not None or extensions.on_begin_in_frames or extensions.before_commit_in_frames
+                or extensions.after_end_in_frames or observers.on_begin or observers.on_spawn
+                or observers.on_commit or observers.on_abort):
+            return None
+        return Overlay(self.tx)
 
     def new_unit(self, stransaction: STransaction, attempt: int = 0) -> str:
         """The history unit of ``stransaction`` (of its ``attempt``-th restart) when a scheduler
@@ -267,11 +312,15 @@ class BatchRun:
         self._succeeded(touched, outputs, None)
         return True
 
-    def _body(self, tx: Transaction, stransaction: STransaction, unit: str, ranks: list[int] | None = None):
-        """Match every consuming query (those of ``ranks``, default all), then run the rules on their outputs."""
+    def _body(self, tx: Transaction, stransaction: STransaction, unit: str, ranks: list[int] | None = None,
+              view: Any = None):
+        """Match every consuming query (those of ``ranks``, default all), then run the rules on their outputs
+        (through ``view``, default the scheduler's view of ``tx``)."""
         clock = time.perf_counter
         event = stransaction.event
-        view = self.view_factory(tx, Stamp(unit, stransaction.id, stransaction.described, event.ts, event.position))
+        if view is None:
+            view = self.view_factory(tx, Stamp(unit, stransaction.id, stransaction.described, event.ts,
+                                               event.position))
         touched: dict[tuple[str, tuple], PartitionState] = {}
         produced: list[tuple[int, CompiledQuery, list[Output]]] = []
         evaluated: list[tuple[str, int]] = []            # (query, outputs) for the metrics
@@ -325,6 +374,7 @@ class BatchRun:
                       rules=sum(row[4] for row in bodies), commit=sum(row[2] or 0.0 for row in ended))
         metrics.add(rule_instances=sum(row[0] for row in bodies), rule_latency=sum(row[1] for row in bodies),
                     reads=sum(row[2] for row in bodies), writes=sum(row[3] for row in bodies), processed=len(ended),
+                    lowered=self.lowered,
                     outputs=sum(row[0] for row in ended), query_latency=sum(row[1] for row in ended))
 
     def _succeeded(self, touched, outputs: list[Output], position: int | None, commit: float | None = None) -> None:

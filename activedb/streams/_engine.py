@@ -53,6 +53,9 @@ class StreamEngine:
     * ``keep_outputs`` — return every output in ``BatchResult.outputs``;
     * ``prefetch`` — before a batch's s-transactions run, load the rows their access plans
       name with one ``tx.prefetch`` per table (read-locks them for the batch);
+    * ``lowered`` — under SEI, run an s-transaction that names every row it touches on the batch's
+      overlay instead of a subtransaction of its own (the same result, at a fraction of the cost; the
+      design note's "SEI without a subtransaction per event"); ``False`` gives each its subtransaction;
     * ``operation_cost`` — **for benchmarks**: a callable ``cost(kind)`` (``"read"`` or
       ``"write"``) run before every store operation of an s-transaction, once its lock is
       granted — how ``activedb bench streams`` models a store whose operations cost a round
@@ -65,7 +68,7 @@ class StreamEngine:
     def __init__(self, db: Any, *, name: str = "streams", scheduler: str | Scheduler = "sei",
                  aliases: Mapping[str, Any] | None = None, record_history: bool = False, durable: bool = True,
                  record_dead_letters: bool = True, keep_outputs: bool = True, prefetch: bool = True,
-                 operation_cost: Callable[[str], None] | None = None):
+                 lowered: bool = True, operation_cost: Callable[[str], None] | None = None):
         if not isinstance(name, str) or not name.strip():
             raise StreamError("a StreamEngine needs a non-empty name (it keys the engine's saved state)")
         self.db = db
@@ -77,6 +80,7 @@ class StreamEngine:
         self.record_dead_letters = record_dead_letters
         self.keep_outputs = keep_outputs
         self.prefetch = prefetch
+        self.lowered = lowered
         self.operation_cost = operation_cost
         self.metrics = Metrics(self.scheduler.name)
         self._mutex = threading.RLock()

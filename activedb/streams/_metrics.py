@@ -50,12 +50,13 @@ class StreamStatistics:
     ties_by_content: int               # equal-ts events only the content could order
     phase_seconds: Mapping[str, float] = field(default_factory=dict)
     per_query: Mapping[str, QueryCounters] = field(default_factory=dict)
+    lowered: int = 0                   # s-transactions SEI ran on the batch's overlay, no subtransaction each
 
 
 class Metrics:
     """The engine's counters, summed by :meth:`add` (``processed``, ``failed``, ``dead_letters``, ``late``,
     ``outputs``, ``rule_instances``, ``reads``, ``writes``, ``processing``, ``query_latency``,
-    ``rule_latency``, ``reorder_delay``, ``released``, ``ties_by_content``)."""
+    ``rule_latency``, ``reorder_delay``, ``released``, ``ties_by_content``, ``lowered``)."""
 
     def __init__(self, scheduler: str):
         self.scheduler = scheduler
@@ -112,4 +113,5 @@ class Metrics:
                 l_query=l_query, l_rule=l_rule, l_combined=combined,
                 mean_reorder_delay=counts["reorder_delay"] / counts["released"] if counts["released"] else None,
                 ties_by_content=counts["ties_by_content"], phase_seconds=dict(self.phases),
-                per_query={name: QueryCounters(*counters) for name, counters in self.per_query.items()})
+                per_query={name: QueryCounters(*counters) for name, counters in self.per_query.items()},
+                lowered=counts["lowered"])

@@ -34,8 +34,30 @@ class SEIScheduler(Scheduler):
     name = "sei"
 
     def run(self, batch: BatchRun) -> None:
-        for stransaction in batch.stransactions:
-            batch.execute(stransaction)
+        overlay = batch.overlay()
+        if overlay is None:
+            for stransaction in batch.stransactions:
+                batch.execute(stransaction)
+            return
+        # On the overlay (the design note's "SEI without a subtransaction per event"); an s-transaction it cannot
+        # take runs in its own subtransaction once the overlay's changes are in the tree.
+        try:
+            for stransaction in batch.stransactions:
+                if overlay.takes(stransaction):
+                    batch.execute_on(stransaction, overlay)
+                else:
+                    overlay.write_back()
+                    batch.execute(stransaction)
+        except BaseException:
+            # The batch cannot go on (the failing s-transaction's changes are undone): the tree gets what the
+            # committed ones did, as their subtransactions would have left it.  A write-back that fails too adds
+            # nothing to the error the caller sees.
+            try:
+                overlay.write_back()
+            except Exception:
+                pass
+            raise
+        overlay.write_back()
 
 
 StepHook = Callable[[str, Any], None]

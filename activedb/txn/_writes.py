@@ -34,7 +34,7 @@ class Writes:
         self._check_active("write")
         info = self.manager.catalog.table_info(table)
         key = info.key(key)
-        values = _values_without_key(info, key, values)
+        values = info.values_without_key(key, values)
         self._modify(info, key, Entry(_PATCH, values))
 
     def insert(self, table: Any, **values: Any) -> Key | Any:
@@ -127,7 +127,7 @@ class Writes:
         for given, values in rows.items():
             key = info.key(given)
             entry = (Entry(_DELETE) if values is None
-                     else Entry(_PATCH, _values_without_key(info, key, dict(values))))
+                     else Entry(_PATCH, info.values_without_key(key, dict(values))))
             self._modify(info, key, entry, lock=not by_table)
         return len(rows)
 
@@ -195,17 +195,6 @@ def take_back_writes(node: "Transaction", *, keep: bool) -> None:
                 writes.pop(row, None)
             else:
                 writes[row] = previous
-
-
-def _values_without_key(info: TableInfo, key: Key, values: dict) -> dict:
-    """``values`` (a dict of the caller's own: changed in place) checked against ``info``, without the key
-    columns (which must equal ``key``)."""
-    values = info.check_values(values, copy=False)
-    for name, key_value in zip(info.key_columns, key):
-        if name in values:
-            if values.pop(name) != key_value:
-                raise InvalidKey(f"{info.name}.{name} is part of the key {key!r}; it cannot be changed by write()")
-    return values
 
 
 def _generated_key(node: "Transaction", info: TableInfo) -> dict:

@@ -1,0 +1,227 @@
+"""SEI on the batch's overlay (the design note ``activedb/streams/README.md``, "SEI without a subtransaction
+per event"): :class:`Overlay` keeps the rows a micro-batch's s-transactions read and write in Python, with an
+undo log per s-transaction, and writes the batch's net change into the batch's transaction once;
+:class:`OverlayView` is the s-transaction's store view over it.
+
+Invariant: every row the overlay holds is, before its entry, the image the batch's transaction showed when the
+overlay first read it, and nothing else has written that row in the tree since — the overlay is written back
+(and emptied) before anything else of the batch touches the tree (an s-transaction it cannot take, the dead
+letters, the saved state). So a read answered by the overlay is the read the s-transaction's own
+subtransaction would have made, and the tree ends with the same write set.
+
+Thread-safety: none — SEI runs a batch in the caller's thread; an overlay belongs to that thread.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from activedb.errors import DuplicateKey
+from activedb.store import Entry, EntryKind, matches
+from activedb.streams._view import StoreView, _as_key
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.store import TableInfo
+    from activedb.txn import Transaction
+    from activedb.streams._batch import STransaction
+
+_PATCH, _INSERT, _DELETE, _REPLACE, _ABSENT = (EntryKind.PATCH, EntryKind.INSERT, EntryKind.DELETE,
+                                               EntryKind.REPLACE, EntryKind.ABSENT)
+_DELETE_ENTRY = Entry(_DELETE)
+
+
+_UNREAD = object()
+
+
+class _Row:
+    """One row of the overlay: ``base`` the image the tree showed (read when first needed: a write alone reads
+    nothing, as ``tx.write`` does not), ``entry`` the batch's change."""
+
+    __slots__ = ("info", "key", "base", "entry")
+
+    def __init__(self, info: "TableInfo", key: tuple):
+        self.info, self.key, self.base, self.entry = info, key, _UNREAD, None
+
+    def image(self, tx: "Transaction") -> dict | None:
+        base = self.base
+        if base is _UNREAD:
+            # Read through the tree: its lock, and the image the batch's prefetch loaded.
+            base = self.base = tx.read(self.info.name, self.key)
+        entry = self.entry
+        if entry is None:
+            return base
+        image = entry.apply(base)
+        if image is not None and (base is None or entry.kind is not _PATCH):
+            # A row created in the batch: every column, the ones not given at their constant default (as the tree
+            # shows it, ``tx.read``).
+            info = self.info
+            image = {**info.blank_row, **image, **info.full_key_row(self.key)}
+        return image
+
+
+class Overlay:
+    """The rows of one batch under SEI (module docstring).  ``mark``/``rollback``/``keep`` bracket one
+    s-transaction; ``write_back`` puts the batch's change into its transaction and empties the overlay."""
+
+    def __init__(self, tx: "Transaction"):
+        self._tx = tx
+        self._table_info: Callable[[Any], "TableInfo"] = tx.manager.catalog.table_info
+        self._rows: dict[tuple[str, tuple], _Row] = {}
+        self._undo: list[tuple[_Row, Entry | None]] = []     # (row, its entry before) since the last keep()
+        self._observed: dict[str, bool] = {}
+        extensions = tx.manager.extensions
+        self._wants_old_images = lambda table: extensions.any("wants_old_images", table)
+
+    # --- which s-transactions it takes -----------------------------------------------------------------
+
+    def takes(self, stransaction: "STransaction") -> bool:
+        """Can ``stransaction`` run on the overlay: it names every row it may touch (no table, no key with a
+        NULL, no Python action without declared tables — those run in a subtransaction, README) and nothing
+        hears the changes of the tables it writes (a data event per write, which the overlay does not make)?"""
+        plan = stransaction.plan
+        if plan.opaque:
+            return False
+        for resources in (plan.reads, plan.writes):
+            for resource in resources:
+                key = resource.key
+                if key is None or None in key:
+                    return False
+        observed = self._observed
+        for resource in plan.writes:
+            table = resource.table
+            seen = observed.get(table)
+            if seen is None:
+                seen = observed[table] = self._wants_old_images(self._table_info(table).name)
+            if seen:
+                return False
+        return True
+
+    # --- one s-transaction ----------------------------------------------------------------------------
+
+    def mark(self) -> int:
+        return len(self._undo)
+
+    def rollback(self, mark: int) -> None:
+        """Undo every change since ``mark`` (the s-transaction aborted)."""
+        undo = self._undo
+        while len(undo) > mark:
+            row, entry = undo.pop()
+            row.entry = entry
+
+    def keep(self) -> None:
+        """The s-transaction committed: its changes are the batch's (no undo left to keep)."""
+        self._undo.clear()
+
+    # --- the store operations -------------------------------------------------------------------------
+
+    def _row(self, table: Any, key: Any) -> _Row:
+        info = self._table_info(table)
+        key = info.key(key)
+        row = self._rows.get((info.name, key))
+        if row is None:
+            row = self._rows[(info.name, key)] = _Row(info, key)
+        return row
+
+    def read(self, table: Any, key: Any) -> dict | None:
+        image = self._row(table, key).image(self._tx)
+        return dict(image) if image is not None else None
+
+    def write(self, table: Any, key: Any, values: dict) -> None:
+        row = self._row(table, key)
+        self._change(row, Entry(_PATCH, row.info.values_without_key(row.key, values)))
+
+    def insert(self, table: Any, values: dict) -> tuple:
+        info = self._table_info(table)
+        values = info.check_values(values)
+        row = self._row(info.name, info.key_from_values(values))
+        if row.image(self._tx) is not None:
+            raise DuplicateKey(f"insert into {info.name!r}: a row with key {row.key!r} already exists; use write() "
+                               f"to upsert")
+        self._change(row, Entry(_INSERT, {name: value for name, value in values.items()
+                                          if name not in info.key_columns}))
+        return row.key
+
+    def delete(self, table: Any, key: Any) -> None:
+        self._change(self._row(table, key), _DELETE_ENTRY)
+
+    def scan(self, table: Any, where: Mapping[str, Any] | None) -> list[dict]:
+        """The tree's rows of ``table`` matching ``where``, with the overlay's changes over them."""
+        info = self._table_info(table)
+        columns = info.key_columns
+        rows = {tuple(image[column] for column in columns): image for image in self._tx.scan(info.name, where)}
+        for (name, key), row in self._rows.items():
+            if name == info.name and row.entry is not None:
+                rows.pop(key, None)
+                image = row.image(self._tx)
+                if image is not None and matches(image, where):
+                    rows[key] = dict(image)
+        return list(rows.values())
+
+    def _change(self, row: _Row, entry: Entry) -> None:
+        previous = row.entry
+        row.entry = previous.then(entry, row.info.name) if previous is not None else entry
+        self._undo.append((row, previous))
+
+    # --- the end --------------------------------------------------------------------------------------
+
+    def write_back(self) -> int:
+        """Write every changed row into the batch's transaction — the write-set entry its s-transactions'
+        subtransactions would have left — and empty the overlay.  Returns the number of rows written."""
+        tx, rows = self._tx, self._rows
+        self._rows, self._undo = {}, []
+        written = 0
+        for row in rows.values():
+            entry = row.entry
+            if entry is None:
+                continue
+            written += 1
+            info, key = row.info, row.key
+            kind = entry.kind
+            if kind is _PATCH:
+                tx.write(info.name, key, **entry.values)
+            elif kind is _INSERT:
+                tx.insert(info.name, **entry.values, **info.full_key_row(key))
+            elif kind is _DELETE:
+                tx.delete(info.name, key)
+            elif kind is _REPLACE:          # deleted, then written: the same two operations
+                tx.delete(info.name, key)
+                tx.write(info.name, key, **entry.values)
+            else:                           # _ABSENT: inserted, then deleted
+                tx.insert(info.name, **info.full_key_row(key))
+                tx.delete(info.name, key)
+        return written
+
+
+class OverlayView(StoreView):
+    """An s-transaction's view of the store under SEI on the overlay: the operations of :class:`StoreView`
+    (stamped, recorded, costed alike), answered by the batch's :class:`Overlay` instead of a subtransaction."""
+
+    def __init__(self, overlay: Overlay, tx: "Transaction", stamp: Any, history: Any = None,
+                 cost: Callable[[str], None] | None = None):
+        super().__init__(tx, stamp, history, cost)
+        self._overlay = overlay
+
+    def read(self, table: str, key: Any) -> dict | None:
+        key = _as_key(key)
+        self._before("read", table, key)
+        return self._read(table, key, self._overlay.read(table, key))
+
+    def scan(self, table: str, where: Mapping[str, Any] | None = None) -> list[dict]:
+        self._before("read", table, None)
+        return self._read(table, None, self._overlay.scan(table, where))
+
+    def write(self, table: str, key: Any, **values: Any) -> None:
+        self._before("write", table, _as_key(key))
+        self._overlay.write(table, key, dict(values))
+        self._written(table, _as_key(key), values, "write")
+
+    def insert(self, table: str, **values: Any) -> Any:
+        self._before("write", table, None)
+        key = self._overlay.insert(table, values)
+        self._written(table, key, dict(values), "insert")
+        return key[0] if len(key) == 1 else key
+
+    def delete(self, table: str, key: Any) -> None:
+        self._before("write", table, _as_key(key))
+        self._overlay.delete(table, key)
+        self._written(table, _as_key(key), None, "delete")

@@ -1,0 +1,174 @@
+"""SEI on the batch's overlay (``activedb/streams/README.md``, "SEI without a subtransaction per event") against
+SEI with a subtransaction per s-transaction (``StreamEngine(lowered=False)``).
+
+Randomised: the query/rule sets of ``test_schedulers_randomized.py`` (with its table-level Python action and its
+failing one, which run in subtransactions between overlay s-transactions) plus SQL actions that insert rows keyed
+by the event (a duplicate: the event's dead letter), upsert them back, and store a value the table refuses (a
+dead letter too).  Both ways, ordered in one batch and disordered in micro-batches: the same store, outputs, dead
+letters with their reasons, rule writes, counters; the overlay took most s-transactions; the history passes
+Definition 6.  Then the cases where the overlay must step aside: a rule of the database hears the written table,
+an observer hears subtransactions.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import sqlalchemy as sa
+
+import activedb
+from activedb import streams
+from activedb.testing import check_stream_history
+from tests.streams.conftest import feed_in_batches
+from tests.streams.test_randomized import reset, snapshot
+from tests.streams.test_schedulers_randomized import SEED, Case, firings
+
+CASES = 12
+
+# Rules only the overlay's own paths reach: an INSERT keyed by the event (DuplicateKey when the cell exists), a
+# DELETE then an INSERT of the same cell across events, and a value the column refuses (a text into an integer).
+OVERLAY_RULES = [
+    "CREATE RULE Make ON OUTPUT Q0 PRIORITY 3 BEGIN INSERT INTO stream_cells (cell, value, note) "
+    "VALUES (NEW.x, 7, 'made') END",
+    "CREATE RULE Drop ON OUTPUT Q0 PRIORITY 4 BEGIN DELETE FROM stream_cells WHERE cell = NEW.k END",
+    "CREATE RULE Refuse ON OUTPUT Q0 WHEN (SELECT value FROM stream_cells WHERE cell = NEW.k) > 3 PRIORITY 1 "
+    "BEGIN UPDATE stream_cells SET value = 'many' WHERE cell = NEW.k END",
+]
+
+
+class OverlayCase(Case):
+    def __init__(self, number: int):
+        super().__init__(number)
+        rng = random.Random(SEED * 104729 + number)
+        self.extra = [rule for rule in OVERLAY_RULES if rng.random() < 0.6]
+
+    def engine(self, db, label: str, lowered: bool) -> streams.StreamEngine:
+        engine = super().engine(db, label, "sei")
+        engine.lowered = lowered
+        for rule in self.extra:
+            engine.define(rule)
+        return engine
+
+    def describe(self) -> str:
+        return f"{super().describe()}\n+ {self.extra}"
+
+
+def outcome(db, engine, outputs, letters) -> dict:
+    statistics = engine.statistics()
+    return {"store": snapshot(db, outputs),
+            "dead letters": [(letter.event.type, letter.event.ts, dict(letter.event.attributes), letter.reason)
+                             for letter in letters],
+            "firings": firings(engine), "rule instances": statistics.rule_instances,
+            "processed": statistics.events_processed, "failed": statistics.events_failed,
+            "reads": statistics.store_reads, "writes": statistics.store_writes}
+
+
+def run(db, case: OverlayCase, lowered: bool, disordered: bool):
+    reset(db)
+    engine = case.engine(db, f"{'lowered' if lowered else 'sub'}-{'dis' if disordered else 'ord'}", lowered)
+    if disordered:
+        outputs, letters = feed_in_batches(db, engine, case.arrival, size=16, delay=30, numbered=False)
+    else:
+        result = engine.feed(case.events, punctuation=streams.END_OF_STREAM)
+        outputs, letters = list(result.outputs), list(result.dead_letters)
+    check_stream_history(engine.history.snapshot()).assert_ok()
+    return engine, outcome(db, engine, outputs, letters)
+
+
+@pytest.mark.parametrize("disordered", [False, True], ids=["ordered", "micro-batches"])
+@pytest.mark.parametrize("number", range(CASES))
+def test_the_overlay_gives_what_a_subtransaction_per_event_gives(db, number, disordered):
+    case = OverlayCase(number)
+    reference_engine, reference = run(db, case, lowered=False, disordered=disordered)
+    engine, lowered = run(db, case, lowered=True, disordered=disordered)
+    assert lowered == reference, case.describe()
+    assert reference_engine.statistics().lowered == 0
+
+
+def test_the_cases_drawn_reach_the_overlays_own_paths(db):
+    """The drawn cases are not vacuous: most s-transactions ran on the overlay, some cases mixed them with
+    subtransactions (a Python action between them), and the dead letters include a duplicate key and a refused
+    value raised on the overlay."""
+    reasons, lowered, mixed = [], 0, 0
+    for number in range(CASES):
+        case = OverlayCase(number)
+        engine, result = run(db, case, lowered=True, disordered=False)
+        statistics = engine.statistics()
+        begun = sum(1 for operation in engine.history.snapshot() if operation.kind == "begin")
+        lowered += statistics.lowered
+        mixed += 0 < statistics.lowered < begun
+        reasons.extend(reason for *_, reason in result["dead letters"])
+    assert lowered > CASES * 20 and mixed >= 2, (lowered, mixed)
+    assert any("DuplicateKey" in reason for reason in reasons), reasons
+    assert any("InvalidValue" in reason for reason in reasons), reasons
+
+
+def cells(db) -> dict:
+    with db.engine.connect() as connection:
+        return dict(connection.execute(sa.text("SELECT cell, value FROM stream_cells")).all())
+
+
+def small_engine(db, name: str) -> streams.StreamEngine:
+    engine = streams.StreamEngine(db, name=name)
+    engine.create_stream("s", types=("A",), attributes=("k", "x"))
+    engine.define("CREATE QUERY Q PATTERN SEQ(A a) RETURN a.k, a.x;\n"
+                  "CREATE RULE R ON OUTPUT Q BEGIN UPDATE stream_cells SET value = value + NEW.x WHERE cell = NEW.k END")
+    return engine
+
+
+EVENTS = [streams.StreamEvent("A", ts, {"k": ts % 3, "x": ts}) for ts in range(1, 10)]
+
+
+def test_a_rule_of_the_database_on_the_written_table_hears_every_write(db):
+    """Fired event by event, a rule on ``stream_cells``' updates hears each s-transaction's write; the overlay
+    would write each row once, so those s-transactions keep their subtransactions."""
+    reset(db)
+    heard = []
+    db.rule(on=db.updated("stream_cells"), name="cells_heard")(
+        lambda tx, event: heard.append((event.key, event.old["value"], event.new["value"])))
+    try:
+        engine = small_engine(db, "overlay-observed")
+        engine.feed(EVENTS, punctuation=streams.END_OF_STREAM)
+    finally:
+        db.rules.remove("cells_heard")
+    assert engine.statistics().lowered == 0
+    assert len(heard) == len(EVENTS)
+    assert heard[:3] == [(1, 0, 1), (2, 0, 2), (0, 0, 3)] and heard[3] == (1, 1, 5)
+    assert cells(db) == {0: 18, 1: 12, 2: 15, 3: 0, 4: 0, 5: 0}
+
+
+class NodeWatcher(activedb.Observer):
+    def __init__(self):
+        self.begun = []
+
+    def on_begin(self, transaction):
+        self.begun.append(transaction.name)
+
+
+def test_an_observer_of_subtransactions_sees_one_per_s_transaction(db):
+    reset(db)
+    watcher = db.observe(NodeWatcher())
+    try:
+        engine = small_engine(db, "overlay-watched")
+        engine.feed(EVENTS, punctuation=streams.END_OF_STREAM)
+    finally:
+        db.transactions.observers.remove(watcher)
+    assert engine.statistics().lowered == 0
+    assert sum(1 for name in watcher.begun if name and name.startswith("s-transaction")) == len(EVENTS)
+    assert cells(db) == {0: 18, 1: 12, 2: 15, 3: 0, 4: 0, 5: 0}
+
+
+def test_an_event_that_fails_on_the_overlay_leaves_nothing_and_the_others_stay(db):
+    """Events 7–9 fail after their first rule wrote (a value the column refuses): each s-transaction's change is
+    undone back to what the earlier events of the batch left on the same cell, not to the table's row."""
+    reset(db)
+    engine = small_engine(db, "overlay-undo")
+    engine.define("CREATE RULE ZFail ON OUTPUT Q WHEN NEW.x > 6 BEGIN "
+                  "UPDATE stream_cells SET value = 'x' WHERE cell = NEW.k END")
+    with db.transaction() as tx:
+        result = engine.process(tx, EVENTS, punctuation=streams.END_OF_STREAM)
+    assert engine.statistics().lowered == len(EVENTS)
+    assert [letter.event.ts for letter in result.dead_letters] == [7, 8, 9]
+    assert all("InvalidValue" in letter.reason for letter in result.dead_letters)
+    assert cells(db) == {0: 9, 1: 5, 2: 7, 3: 0, 4: 0, 5: 0}
