@@ -24,7 +24,7 @@ from activedb.errors import (DatabaseUnavailable, DuplicateKey, SchemaError, Ser
 from activedb.streams._compile import CompiledQuery, CompiledRule, Ctx
 from activedb.streams._events import DeadLetter, Output, StreamEvent
 from activedb.streams._matcher import Matcher, PartitionState
-from activedb.streams._overlay import Overlay, OverlayView
+from activedb.streams._overlay import Overlay
 from activedb.streams._state import Pending
 from activedb.streams._view import Stamp, StoreView
 from activedb.streams.errors import ActionFailed, StreamError
@@ -165,7 +165,7 @@ class BatchRun:
                 if installed_at.get(key, -1) > position:
                     continue
                 installed_at[key] = position
-            self.pending.overlay[key] = state if state.size() else None
+            self.pending.overlay[key] = state if any(state.buffers) or any(state.runs) else None
 
     # --- the whole s-transaction (SEI and schedulers that lock ahead) ---------------------------
 
@@ -204,23 +204,29 @@ class BatchRun:
             self.count_empty()
             return True
         self.lowered += 1
-        unit = self._unit(stransaction.id)
-        self._history("begin", unit, stransaction)
         event = stransaction.event
-        view = OverlayView(overlay, self.tx, Stamp(unit, stransaction.id, stransaction.described, event.ts,
-                                                   event.position), self.engine.history, self.engine.operation_cost)
+        history = self.engine.history
+        if history is None:         # (a unit and the event's text name history records only)
+            view = overlay.view(Stamp(stransaction.id, stransaction.id, None, event.ts, event.position))
+            unit = stransaction.id
+        else:
+            unit = self._unit(stransaction.id)
+            self._history("begin", unit, stransaction)
+            view = overlay.view(Stamp(unit, stransaction.id, stransaction.described, event.ts, event.position))
         mark = overlay.mark()
         try:
             touched, outputs = self._body(self.tx, stransaction, unit, view=view)
         except BaseException as error:
             overlay.rollback(mark)
-            self._history("end", unit, stransaction, False)
+            if history is not None:
+                self._history("end", unit, stransaction, False)
             if not _event_failure(error):
                 raise
             self._failed(stransaction, error)
             return False
         overlay.keep()
-        self._history("end", unit, stransaction, True)
+        if history is not None:
+            self._history("end", unit, stransaction, True)
         self._succeeded(touched, outputs, event.position, 0.0)
         return True
 
@@ -236,7 +242,7 @@ class BatchRun:
                 or extensions.after_end_in_frames or observers.on_begin or observers.on_spawn
                 or observers.on_commit or observers.on_abort):
             return None
-        return Overlay(self.tx)
+        return Overlay(self.tx, self.engine.history, self.engine.operation_cost)
 
     def new_unit(self, stransaction: STransaction, attempt: int = 0) -> str:
         """The history unit of ``stransaction`` (of its ``attempt``-th restart) when a scheduler

@@ -125,4 +125,33 @@ def order_key(event: StreamEvent, priority: float | None, tie: Any) -> tuple:
     """The event's place in the declared total order (ts, type priority, tie key, content)."""
     rank = -priority if priority is not None else math.inf
     tie_part = (1, 0) if tie is None else (0, tie)
-    return (event.ts, rank, tie_part, event.type, repr(sorted(event.attributes.items())))
+    return (event.ts, rank, tie_part, event.type, _Content(event.attributes))
+
+
+class _Content:
+    """The last part of an order key: the event's attributes, ordered as the text of their sorted items — made
+    only when two keys tie on everything before it, not for every event admitted."""
+
+    __slots__ = ("attributes", "_text")
+
+    def __init__(self, attributes: Any):
+        self.attributes = attributes
+        self._text: str | None = None
+
+    def text(self) -> str:
+        text = self._text
+        if text is None:
+            text = self._text = repr(sorted(self.attributes.items()))
+        return text
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Content) and self.text() == other.text()
+
+    def __lt__(self, other: "_Content") -> bool:
+        return self.text() < other.text()
+
+    def __gt__(self, other: "_Content") -> bool:
+        return self.text() > other.text()
+
+    def __hash__(self) -> int:
+        return hash(self.text())

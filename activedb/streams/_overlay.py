@@ -63,8 +63,10 @@ class Overlay:
     """The rows of one batch under SEI (module docstring).  ``mark``/``rollback``/``keep`` bracket one
     s-transaction; ``write_back`` puts the batch's change into its transaction and empties the overlay."""
 
-    def __init__(self, tx: "Transaction"):
+    def __init__(self, tx: "Transaction", history: Any = None, cost: Callable[[str], None] | None = None):
         self._tx = tx
+        self._view = OverlayView(self, tx, None, history, cost)
+        self._given: dict[tuple[Any, Any], _Row] = {}          # (table, key) as the view was given them
         self._table_info: Callable[[Any], "TableInfo"] = tx.manager.catalog.table_info
         self._rows: dict[tuple[str, tuple], _Row] = {}
         self._undo: list[tuple[_Row, Entry | None]] = []     # (row, its entry before) since the last keep()
@@ -98,6 +100,15 @@ class Overlay:
 
     # --- one s-transaction ----------------------------------------------------------------------------
 
+    def view(self, stamp: Any) -> "OverlayView":
+        """The store view of the s-transaction ``stamp`` names (one view, stamped again for each)."""
+        view = self._view
+        view.stamp = stamp
+        view._phase = view._rank = view._counter = 0
+        view.origin = None
+        view.reads = view.writes = 0
+        return view
+
     def mark(self) -> int:
         return len(self._undo)
 
@@ -114,19 +125,36 @@ class Overlay:
 
     # --- the store operations -------------------------------------------------------------------------
 
-    def _row(self, table: Any, key: Any) -> _Row:
+    def _row(self, table: Any, key: tuple) -> _Row:
+        """The row ``key`` (a tuple, as the view gives it) of ``table``.  A one-column key is looked up first as
+        it was given, with its value's class (``1``, ``1.0`` and ``True`` are equal keys of a dict, not equally
+        valid keys of a table), so that only a row's first touch pays for the checks of its table and key."""
+        if len(key) != 1:
+            return self._find(table, key)
+        value = key[0]
+        given = (table, value, value.__class__)
+        try:
+            return self._given[given]
+        except KeyError:
+            pass
+        except TypeError:               # (an unhashable key: the checks say what is wrong with it)
+            return self._find(table, key)
+        row = self._given[given] = self._find(table, key)
+        return row
+
+    def _find(self, table: Any, key: tuple) -> _Row:
         info = self._table_info(table)
-        key = info.key(key)
+        key = info.key(key[0] if len(key) == 1 else key)
         row = self._rows.get((info.name, key))
         if row is None:
             row = self._rows[(info.name, key)] = _Row(info, key)
         return row
 
-    def read(self, table: Any, key: Any) -> dict | None:
+    def read(self, table: Any, key: tuple) -> dict | None:
         image = self._row(table, key).image(self._tx)
         return dict(image) if image is not None else None
 
-    def write(self, table: Any, key: Any, values: dict) -> None:
+    def write(self, table: Any, key: tuple, values: dict) -> None:
         row = self._row(table, key)
         self._change(row, Entry(_PATCH, row.info.values_without_key(row.key, values)))
 
@@ -141,7 +169,7 @@ class Overlay:
                                           if name not in info.key_columns}))
         return row.key
 
-    def delete(self, table: Any, key: Any) -> None:
+    def delete(self, table: Any, key: tuple) -> None:
         self._change(self._row(table, key), _DELETE_ENTRY)
 
     def scan(self, table: Any, where: Mapping[str, Any] | None) -> list[dict]:
@@ -168,7 +196,7 @@ class Overlay:
         """Write every changed row into the batch's transaction — the write-set entry its s-transactions'
         subtransactions would have left — and empty the overlay.  Returns the number of rows written."""
         tx, rows = self._tx, self._rows
-        self._rows, self._undo = {}, []
+        self._rows, self._undo, self._given = {}, [], {}
         written = 0
         for row in rows.values():
             entry = row.entry
@@ -211,9 +239,10 @@ class OverlayView(StoreView):
         return self._read(table, None, self._overlay.scan(table, where))
 
     def write(self, table: str, key: Any, **values: Any) -> None:
-        self._before("write", table, _as_key(key))
+        key = _as_key(key)
+        self._before("write", table, key)
         self._overlay.write(table, key, dict(values))
-        self._written(table, _as_key(key), values, "write")
+        self._written(table, key, values, "write")
 
     def insert(self, table: str, **values: Any) -> Any:
         self._before("write", table, None)
@@ -222,6 +251,7 @@ class OverlayView(StoreView):
         return key[0] if len(key) == 1 else key
 
     def delete(self, table: str, key: Any) -> None:
-        self._before("write", table, _as_key(key))
+        key = _as_key(key)
+        self._before("write", table, key)
         self._overlay.delete(table, key)
-        self._written(table, _as_key(key), None, "delete")
+        self._written(table, key, None, "delete")
