@@ -234,7 +234,14 @@ def _json_ok(value: Any) -> bool:
                 return False
         return True
     if kind is list or kind is tuple:
-        for item in value:
+        for item in value:      # (the common scalars decided here: long lists of them, one call fewer each)
+            element = type(item)
+            if element is int or element is bool or item is None:
+                continue
+            if element is str:
+                if "\x00" in item or not (item.isascii() or text_problem(item) is None):
+                    return False
+                continue
             if not _json_ok(item):
                 return False
         return True
