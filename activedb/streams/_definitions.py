@@ -124,8 +124,14 @@ class Definitions:
         """See :meth:`StreamEngine.access_plan`."""
         stream = self.stream_of(event)
         template = self._plans.get((stream.name, event.type)) or self._plan_template(stream.name, event.type)
-        reads, writes, opaque = template
-        keys = tuple(_key_of(extract, event) for _, extract in reads + writes)
+        reads, writes, opaque, extracts = template
+        if extracts:
+            attributes = event.attributes
+            keys = tuple([None if extract is None else tuple([value if is_literal else attributes.get(value)
+                                                              for is_literal, value in extract])
+                          for extract in extracts])
+        else:
+            keys = ()
         plan = self._plans.get((stream.name, event.type, keys))    # immutable: events with the same keys share it
         if plan is None:
             if len(self._plans) > 10_000:
@@ -154,7 +160,7 @@ class Definitions:
                         reads[(spec.table, _key_extractor(spec.key, query, rule))] = None
                     for spec in rule.writes:
                         writes[(spec.table, _key_extractor(spec.key, query, rule))] = None
-            template = (tuple(reads), tuple(writes), opaque)
+            template = (tuple(reads), tuple(writes), opaque, tuple(extract for _, extract in (*reads, *writes)))
             self._plans[(stream, event_type)] = template
         return template
 
@@ -172,13 +178,6 @@ class Definitions:
 def _priority_then_name(item: Any) -> tuple:
     priority = item.priority
     return (0, -priority, item.name) if priority is not None else (1, 0, item.name)
-
-
-def _key_of(extract: tuple | None, event: StreamEvent) -> tuple | None:
-    if extract is None:
-        return None
-    attributes = event.attributes
-    return tuple(value if is_literal else attributes.get(value) for is_literal, value in extract)
 
 
 def _key_extractor(key_spec: Any, query: CompiledQuery, rule: CompiledRule | None) -> tuple | None:

@@ -209,6 +209,16 @@ def _compile_select(node: ast.ScalarSubquery | ast.Exists, scope: Scope) -> Fn:
                 return []          # column = NULL matches no row
             row = ctx.reader.read(name, key)
             return [] if row is None else [row]
+
+        if len(key_functions) == 1:
+            key_function = key_functions[0]
+
+            def fetch(ctx: Ctx) -> list[dict]:      # (the same for a one-column key, without the generators)
+                value = key_function(ctx)
+                if value is None:
+                    return []
+                row = ctx.reader.read(name, (value,))
+                return [] if row is None else [row]
     else:
         scope.reads.append(ReadSpec(name, None))
         items = list(conditions.items())
