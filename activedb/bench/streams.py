@@ -585,8 +585,8 @@ def run(quick: bool = False) -> BenchReport:
         f"ordered events in batches of {THROUGHPUT_BATCH}; latencies with real-time arrivals. Curves: "
         f"{out / 'streams.png'}, numbers: {out / 'streams.json'}.")
     report.notes.append(
-        "Every run records its stream history (record_history=True; its recording is inside the measured time) "
-        "and activedb.testing.check_stream_history checks Definition 6 on it by timestamps: the 'Definition 6 "
+        "Every run of part 2 records its stream history (record_history=True; its recording is inside the measured "
+        "time) and activedb.testing.check_stream_history checks Definition 6 on it by timestamps: the 'Definition 6 "
         "violations' rows count what it found per scheduler and point, over all runs of a point (0 expected; "
         "the no-scheduler baseline of the seqL experiment promises nothing).")
     return report

@@ -172,3 +172,109 @@ def test_an_event_that_fails_on_the_overlay_leaves_nothing_and_the_others_stay(d
     assert [letter.event.ts for letter in result.dead_letters] == [7, 8, 9]
     assert all("InvalidValue" in letter.reason for letter in result.dead_letters)
     assert cells(db) == {0: 9, 1: 5, 2: 7, 3: 0, 4: 0, 5: 0}
+
+
+def test_a_batch_that_cannot_go_on_leaves_what_its_committed_s_transactions_wrote(db):
+    """An error that fails the batch (not one event) in the fourth s-transaction: the tree holds the first three's
+    writes — on the overlay as with a subtransaction each — and not the fourth's; the caller then aborts."""
+    from activedb.errors import TransactionError
+
+    def engine_failing_at(name, lowered):
+        calls = []
+
+        def cost(kind):
+            calls.append(kind)
+            if len(calls) == 8:      # the fourth event's write (each event: a read, then a write)
+                raise TransactionError("the connection went away (simulated)")
+        engine = streams.StreamEngine(db, name=name, lowered=lowered, operation_cost=cost)
+        engine.create_stream("s", types=("A",), attributes=("k", "x"))
+        engine.define("CREATE QUERY Q PATTERN SEQ(A a) RETURN a.k, a.x;\n"
+                      "CREATE RULE R ON OUTPUT Q BEGIN UPDATE stream_cells SET value = value + NEW.x "
+                      "WHERE cell = NEW.k END")
+        return engine
+
+    seen = {}
+    for lowered in (True, False):
+        reset(db)
+        engine = engine_failing_at(f"overlay-fails-{lowered}", lowered)
+        with pytest.raises(TransactionError):
+            with db.transaction() as tx:
+                try:
+                    engine.process(tx, EVENTS[:5], punctuation=streams.END_OF_STREAM)
+                finally:
+                    seen[lowered] = {cell: (tx.read("stream_cells", cell) or {}).get("value") for cell in range(3)}
+        assert engine.statistics().lowered == (4 if lowered else 0)      # (the fourth one started)
+        assert engine.statistics().events_processed == 3
+        assert cells(db) == {0: 0, 1: 0, 2: 0, 3: 0, 4: 0, 5: 0}        # the caller's transaction aborted
+    assert seen[True] == seen[False] == {0: 3, 1: 1, 2: 2}
+
+
+def test_the_overlay_alone_reads_writes_scans_and_writes_back_what_a_subtransaction_leaves(db):
+    """The overlay's operations one by one against the same operations in a subtransaction: every read and scan
+    equal, an undone change gone, and after the write-back the batch's transaction shows the same rows — a
+    patch, an insert, a delete, a delete then a write (replace), an insert then a delete."""
+    from activedb.streams._overlay import Overlay
+
+    def script(read, write, insert, delete, scan, undo_point, undo):
+        seen = [read(1), scan({"value": 0})]
+        write(1, {"value": 10})
+        seen.append(read(1))
+        seen.append(insert({"cell": 7, "value": 70}))
+        delete(2)
+        seen.append(read(2))
+        delete(3)
+        write(3, {"note": "back"})
+        seen.append(read(3))
+        insert({"cell": 8})
+        seen.append(read(8))
+        delete(8)
+        mark = undo_point()
+        write(4, {"value": 44})
+        delete(5)
+        undo(mark)
+        seen.append(sorted(scan(None), key=lambda row: row["cell"]))
+        with pytest.raises(activedb.DuplicateKey):
+            insert({"cell": 7, "value": 1})
+        return seen
+
+    class Discard(Exception):
+        """Leaves the transaction: nothing of it is committed."""
+
+    reset(db)
+    with db.engine.begin() as connection:       # (a replaced row must lose its value: not the column's default)
+        connection.execute(sa.text("UPDATE stream_cells SET value = 33 WHERE cell = 3"))
+    with pytest.raises(Discard), db.transaction() as tx:
+        overlay = Overlay(tx)
+        on_overlay = script(lambda key: overlay.read("stream_cells", (key,)),
+                            lambda key, values: overlay.write("stream_cells", (key,), dict(values)),
+                            lambda values: overlay.insert("stream_cells", dict(values)),
+                            lambda key: overlay.delete("stream_cells", (key,)),
+                            lambda where: overlay.scan("stream_cells", where),
+                            overlay.mark, overlay.rollback)
+        overlay.keep()
+        assert overlay.write_back() == 5            # cells 1, 7, 2, 3, 8 (an insert then a delete: no row)
+        after_overlay = sorted(tx.scan("stream_cells"), key=lambda row: row["cell"])
+        raise Discard
+    with pytest.raises(Discard), db.transaction() as tx:
+        savepoints = []
+
+        def undo_point():
+            savepoints.append(tx.subtransaction())
+            return savepoints[-1].__enter__()
+
+        def undo(child):
+            savepoints.pop().__exit__(RuntimeError, RuntimeError("undo"), None)
+
+        def current():
+            return savepoints[-1].transaction if savepoints else tx
+
+        in_tree = script(lambda key: current().read("stream_cells", key),
+                         lambda key, values: current().write("stream_cells", key, **values),
+                         lambda values: (current().insert("stream_cells", **values),),
+                         lambda key: current().delete("stream_cells", key),
+                         lambda where: current().scan("stream_cells", where),
+                         undo_point, undo)
+        after_tree = sorted(tx.scan("stream_cells"), key=lambda row: row["cell"])
+        raise Discard
+    assert on_overlay == in_tree
+    assert after_overlay == after_tree
