@@ -9,7 +9,7 @@ indexes are replaced whole, never mutated, so a batch may read them without it.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from activedb.streams import _language
 from activedb.streams import algebra as ast
@@ -124,14 +124,8 @@ class Definitions:
         """See :meth:`StreamEngine.access_plan`."""
         stream = self.stream_of(event)
         template = self._plans.get((stream.name, event.type)) or self._plan_template(stream.name, event.type)
-        reads, writes, opaque, extracts = template
-        if extracts:
-            attributes = event.attributes
-            keys = tuple([None if extract is None else tuple([value if is_literal else attributes.get(value)
-                                                              for is_literal, value in extract])
-                          for extract in extracts])
-        else:
-            keys = ()
+        reads, writes, opaque, keys_of = template
+        keys = keys_of(event.attributes)
         plan = self._plans.get((stream.name, event.type, keys))    # immutable: events with the same keys share it
         if plan is None:
             if len(self._plans) > 10_000:
@@ -160,7 +154,8 @@ class Definitions:
                         reads[(spec.table, _key_extractor(spec.key, query, rule))] = None
                     for spec in rule.writes:
                         writes[(spec.table, _key_extractor(spec.key, query, rule))] = None
-            template = (tuple(reads), tuple(writes), opaque, tuple(extract for _, extract in (*reads, *writes)))
+            template = (tuple(reads), tuple(writes), opaque,
+                        _keys_function(tuple(extract for _, extract in (*reads, *writes))))
             self._plans[(stream, event_type)] = template
         return template
 
@@ -178,6 +173,25 @@ class Definitions:
 def _priority_then_name(item: Any) -> tuple:
     priority = item.priority
     return (0, -priority, item.name) if priority is not None else (1, 0, item.name)
+
+
+def _keys_function(extracts: tuple) -> Callable[[Mapping[str, Any]], tuple]:
+    """``attributes -> keys``: each spec's key taken from an event's attributes by its extract (None: the table).
+    The common plans get a function of their own: none, or every key the one attribute (a query's read and its
+    rule's write of the same row)."""
+    if not extracts:
+        return lambda attributes: ()
+    if all(extract is not None and len(extract) == 1 and not extract[0][0] for extract in extracts):
+        names = [extract[0][1] for extract in extracts]
+        if len(set(names)) == 1:
+            name, count = names[0], len(names)
+            return lambda attributes: ((attributes.get(name),),) * count
+
+    def keys(attributes: Mapping[str, Any]) -> tuple:
+        return tuple([None if extract is None else tuple([value if is_literal else attributes.get(value)
+                                                          for is_literal, value in extract])
+                      for extract in extracts])
+    return keys
 
 
 def _key_extractor(key_spec: Any, query: CompiledQuery, rule: CompiledRule | None) -> tuple | None:

@@ -13,7 +13,8 @@ import bisect
 from typing import Any, Callable, Mapping
 
 from activedb.streams._catalog import StreamSchema
-from activedb.streams._events import DeadLetter, StreamEvent, check_ts, format_ts, order_key, ts_extreme, ts_less
+from activedb.streams._events import (DeadLetter, StreamEvent, check_ts, format_ts, make_event, order_key, ts_extreme,
+                                      ts_less)
 from activedb.streams._metrics import Metrics
 from activedb.streams._state import Pending
 
@@ -48,8 +49,8 @@ class ReorderBuffer:
         if event_type is None:
             return self._reject(event, f"rejected: stream {stream.name} has no event type {event.type!r} "
                                        f"(types: {', '.join(stream.types or ())})")
-        event = StreamEvent(event_type, event.ts, event.attributes, stream.name, event.origin,   # replace(), faster
-                            event.sts if event.sts is not None else now, event.position)
+        event = make_event(event_type, event.ts, event.attributes, stream.name, event.origin,   # replace(), faster
+                           event.sts if event.sts is not None else now, event.position)
         try:
             kind = check_ts(event.ts)
         except ValueError as error:
@@ -113,8 +114,8 @@ class ReorderBuffer:
             if previous is not None and previous[:4] == key[:4]:
                 ties += 1
             previous = key
-            event = StreamEvent(event.type, event.ts, event.attributes, event.stream, event.origin, event.sts,
-                                pending.position)
+            event = make_event(event.type, event.ts, event.attributes, event.stream, event.origin, event.sts,
+                               pending.position)
             pending.position += 1
             released.append(event)
             if event.sts is not None:

@@ -52,7 +52,7 @@ class StoreView:
 
     def at(self, phase: int, rank: int, origin: str) -> None:
         """Operations from now on are ``origin``'s, at step ``(phase, rank, …)``."""
-        if (phase, rank) != (self._phase, self._rank):
+        if phase != self._phase or rank != self._rank:
             self._phase, self._rank, self._counter = phase, rank, 0
         self.origin = origin
 
