@@ -22,7 +22,8 @@ from activedb import streams
 from activedb.testing import check_stream_history
 from tests.streams.conftest import feed_in_batches
 from tests.streams.test_randomized import reset, snapshot
-from tests.streams.test_schedulers_randomized import SEED, Case, firings
+from tests.streams.test_schedulers_randomized import SEED, Case
+from tests.streams.test_schedulers_randomized import outcome as scheduler_outcome
 
 CASES = 12
 
@@ -55,12 +56,9 @@ class OverlayCase(Case):
 
 
 def outcome(db, engine, outputs, letters) -> dict:
+    """The randomised schedulers' outcome, with the failed count and the store operations counted."""
     statistics = engine.statistics()
-    return {"store": snapshot(db, outputs),
-            "dead letters": [(letter.event.type, letter.event.ts, dict(letter.event.attributes), letter.reason)
-                             for letter in letters],
-            "firings": firings(engine), "rule instances": statistics.rule_instances,
-            "processed": statistics.events_processed, "failed": statistics.events_failed,
+    return {**scheduler_outcome(db, engine, outputs, letters), "failed": statistics.events_failed,
             "reads": statistics.store_reads, "writes": statistics.store_writes}
 
 
