@@ -51,6 +51,14 @@ class Matcher:
         self.negative_by_index = {negative.index: negative for negative in query.negatives}
         self.empty = PartitionState(tuple(() for _ in query.types))
         self.any_match = query.selection is ast.Selection.SKIP_TILL_ANY_MATCH
+        # Per component: the event-only filters an event playing it must pass (a negative's own, or the local ones).
+        self.filters = {index: tuple(self.negative_by_index[index].local if index in self.negative_by_index
+                                     else query.local.get(index, ()))
+                        for index in range(self.width)}
+        partition = query.partition
+        if len(partition) == 1:
+            attribute = partition[0]
+            self.partition_key = lambda event: (event.attributes.get(attribute),)
 
     def may_change(self, event_type: str) -> bool:
         """Can an event of ``event_type`` change a partition's state beyond pruning by the window?
@@ -81,14 +89,20 @@ class Matcher:
                     buffers[index] = tuple(kept for kept in buffer if seconds(ts - kept.ts) <= within)
             if runs:
                 runs = tuple(run for run in runs if seconds(ts - run[0].ts) <= within)
-        ctx = Ctx([None] * self.width)
+        ctx = None
         matches: dict[int, bool] = {}
         for index in indices:
+            filters = self.filters[index]
+            if not filters:
+                matches[index] = True
+                continue
+            if ctx is None:
+                ctx = Ctx([None] * self.width)
             ctx.events[index] = event
-            negative = self.negative_by_index.get(index)
-            filters = negative.local if negative is not None else query.local.get(index, ())
             matches[index] = _all(filters, ctx)
             ctx.events[index] = None
+        if ctx is None and not self.any_match:
+            ctx = Ctx([None] * self.width)          # (skip-till-next-match extends runs with it)
         accepting = query.accepting
         step = Step(self, event, matches.get(accepting, False))
         if self.any_match:
