@@ -112,10 +112,7 @@ class Overlay:
     def view(self, stamp: Any) -> "OverlayView":
         """The store view of the s-transaction ``stamp`` names (one view, stamped again for each)."""
         view = self._view
-        view.stamp = stamp
-        view._phase = view._rank = view._counter = 0
-        view.origin = None
-        view.reads = view.writes = 0
+        view.restamp(stamp)
         return view
 
     def mark(self) -> int:

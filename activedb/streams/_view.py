@@ -50,6 +50,13 @@ class StoreView:
         """The application time of the s-transaction (every operation's timestamp)."""
         return self.stamp.ts
 
+    def restamp(self, stamp: Stamp) -> None:
+        """Serve the unit of work ``stamp`` names from its first step, counted from zero (a view used again)."""
+        self.stamp = stamp
+        self._phase = self._rank = self._counter = 0
+        self.origin = None
+        self.reads = self.writes = 0
+
     def at(self, phase: int, rank: int, origin: str) -> None:
         """Operations from now on are ``origin``'s, at step ``(phase, rank, …)``."""
         if phase != self._phase or rank != self._rank:
