@@ -241,8 +241,11 @@ class StreamEngine:
             self._pending = None
             if committed:
                 self._state = pending.materialize()
-            elif self.history is not None and pending.units:
+                return
+            if self.history is not None and pending.units:
                 self.history.abort_units(pending.units)     # their subtransactions were undone with the batch
+            if pending.saved_rows:
+                self._loaded = False        # its save changed which rows hold the partitions: load them again
 
     def reset_state(self) -> None:
         """Forget the buffer, partial matches and punctuations, in memory and (if durable)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 import sqlalchemy as sa
 
@@ -92,6 +92,83 @@ def decode_events(data: dict) -> list[StreamEvent]:
             for index, (kind, ts, stream, position) in enumerate(zip(data["t"], data["ts"], data["s"], data["p"]))]
 
 
+class PartitionRows:
+    """Which saved rows hold the partitions' states (the design note's "Exactly once": one ``partitions`` row per
+    batch with the partitions it changed, each row kept while it holds a partition's latest state).
+
+    ``latest[(query, key)]`` is ``(item, emptied)``: the row with the partition's latest entry, and whether that
+    entry says the partition became empty (its state None).  ``holders[(query, key)]``: the rows with an entry
+    for it; ``entries[item]``: the partitions with an entry in that row.  ``legacy``: partitions whose state is
+    in a row of the earlier layout (kind ``partition``, one row per partition), rewritten on their next change.
+
+    Invariant: a row is needed while one of its entries is its partition's latest and is a state, or is an
+    emptied entry with an older row still holding an entry for the partition (which loading would otherwise
+    take); every other row is deleted by the save that makes it so.  Mutated only by :func:`save` and
+    :func:`load`; a batch whose transaction aborts after saving makes the engine load its state again."""
+
+    def __init__(self) -> None:
+        self.latest: dict[tuple[str, tuple], tuple[str, bool]] = {}
+        self.holders: dict[tuple[str, tuple], set[str]] = {}
+        self.entries: dict[str, set[tuple[str, tuple]]] = {}
+        self.legacy: set[tuple[str, tuple]] = set()
+
+    def add(self, item: str, partitions: Mapping[tuple[str, tuple], Any]) -> set[str]:
+        """Row ``item`` holds the latest entry of each of ``partitions`` (a state, or None: emptied).  Returns the
+        older rows those partitions had entries in (the rows that may no longer be needed)."""
+        older: set[str] = set()
+        for partition, state in partitions.items():
+            holders = self.holders.setdefault(partition, set())
+            older |= holders
+            holders.add(item)
+            self.latest[partition] = (item, state is None)
+        self.entries[item] = set(partitions)
+        return older
+
+    def unneeded(self, candidates: set[str]) -> list[str]:
+        """Forget every row among ``candidates`` that is no longer needed (the class invariant), and the rows that
+        are no longer needed once those are gone; returns their items, to delete."""
+        gone: list[str] = []
+        queue = list(candidates)
+        while queue:
+            item = queue.pop()
+            partitions = self.entries.get(item)
+            if partitions is None or any(self._needs(item, partition) for partition in partitions):
+                continue
+            gone.append(item)
+            del self.entries[item]
+            for partition in partitions:
+                holders = self.holders[partition]
+                holders.discard(item)
+                latest, _ = self.latest.get(partition, (None, True))
+                if latest == item:                  # an emptied entry nothing older needed
+                    del self.latest[partition]
+                elif latest is not None:
+                    queue.append(latest)           # its emptied entry may be needed no more
+                if not holders:
+                    del self.holders[partition]
+        return gone
+
+    def _needs(self, item: str, partition: tuple[str, tuple]) -> bool:
+        latest, emptied = self.latest[partition]
+        return latest == item and (not emptied or len(self.holders[partition]) > 1)
+
+
+def _partition_item(partition: tuple[str, tuple]) -> str:
+    """The item of ``partition``'s row in the earlier layout (kind ``partition``)."""
+    query, key = partition
+    return json.dumps([query, [encode_value(value) for value in key]], separators=(",", ":"))
+
+
+def _encode_state(state: PartitionState) -> dict:
+    return {"buffers": [[encode_event(event) for event in buffer] for buffer in state.buffers],
+            "runs": [[encode_event(event) for event in run] for run in state.runs]}
+
+
+def _decode_state(value: dict) -> PartitionState:
+    return PartitionState(tuple(tuple(decode_event(event) for event in buffer) for buffer in value["buffers"]),
+                          tuple(tuple(decode_event(event) for event in run) for run in value["runs"]))
+
+
 def save(engine: Any, tx: Transaction, pending: Any) -> None:
     """Write what ``pending`` changed into ``tx`` (see the module docstring)."""
     name = engine.name
@@ -106,17 +183,27 @@ def save(engine: Any, tx: Transaction, pending: Any) -> None:
         chunks[item] = ts_extreme((event.ts for event in pending.buffer_added.values()), latest=True)
         pending.buffer_added = {}
     saved, written = pending.base.partitions, pending.written
-    for (query, key), state in pending.overlay.items():
-        if state == (written[query, key] if (query, key) in written else saved.get((query, key))):
-            continue                                   # the row already holds it (or there is none)
-        written[query, key] = state
-        item = json.dumps([query, [encode_value(value) for value in key]], separators=(",", ":"))
-        if state is None:
-            tx.delete(TABLE, (name, "partition", item))
-        else:
-            tx.write(TABLE, (name, "partition", item), value={
-                "buffers": [[encode_event(event) for event in buffer] for buffer in state.buffers],
-                "runs": [[encode_event(event) for event in run] for run in state.runs]})
+    changed: dict[tuple[str, tuple], PartitionState | None] = {}
+    for partition, state in pending.overlay.items():
+        if state == (written[partition] if partition in written else saved.get(partition)):
+            continue                                   # the rows already hold it (or there is none)
+        written[partition] = changed[partition] = state
+    if changed:
+        rows: PartitionRows = pending.base.partition_rows
+        pending.saved_rows = True
+        for partition in [partition for partition in changed if partition in rows.legacy]:
+            tx.delete(TABLE, (name, "partition", _partition_item(partition)))
+            rows.legacy.discard(partition)
+        entries = [[query, [encode_value(value) for value in key], None if state is None else _encode_state(state)]
+                   for (query, key), state in changed.items()
+                   if state is not None or (query, key) in rows.holders]
+        if entries:
+            item = f"{pending.position:012d}"         # one row per batch that changed partitions (positions advance)
+            tx.write(TABLE, (name, "partitions", item), value={"entries": entries})
+            older = rows.add(item, {partition: state for partition, state in changed.items()
+                                    if state is not None or partition in rows.holders})
+            for gone in rows.unneeded(older - {item}):
+                tx.delete(TABLE, (name, "partitions", gone))
     meta = {"released": encode_value(pending.released),
             "punctuations": {stream: encode_value(value) for stream, value in pending.punctuations.items()},
             "position": pending.position, "arrivals": pending.arrivals, "time_kind": pending.time_kind,
@@ -138,6 +225,7 @@ def load(engine: Any) -> Any:
     streams = engine.streams
     queries = engine.queries
     buffered: list[tuple[int, StreamEvent]] = []
+    batches: list[tuple[str, dict]] = []
     for kind, item, value in rows:
         if kind == "meta":
             for query, fingerprint in value.get("fingerprints", {}).items():
@@ -159,12 +247,23 @@ def load(engine: Any) -> Any:
                 else [(int(item), decode_event(value))]       # a row of one event (the earlier layout)
             state.chunks[item] = ts_extreme((event.ts for _, event in events), latest=True)
             buffered.extend(events)
-        elif kind == "partition":
+        elif kind == "partition":             # the earlier layout: one row per partition
             query, key = json.loads(item)
-            key = tuple(decode_value(value_) for value_ in key)
-            state.partitions[(query, key)] = PartitionState(
-                tuple(tuple(decode_event(event) for event in buffer) for buffer in value["buffers"]),
-                tuple(tuple(decode_event(event) for event in run) for run in value["runs"]))
+            partition = (query, tuple(decode_value(value_) for value_ in key))
+            state.partitions[partition] = _decode_state(value)
+            state.partition_rows.legacy.add(partition)
+        elif kind == "partitions":
+            batches.append((item, value))
+    for item, value in sorted(batches, key=lambda batch: batch[0]):     # older rows first: the latest entry wins
+        changed = {}
+        for query, key, saved in value["entries"]:
+            partition = (query, tuple(decode_value(value_) for value_ in key))
+            changed[partition] = None if saved is None else _decode_state(saved)
+            if saved is None:
+                state.partitions.pop(partition, None)
+            else:
+                state.partitions[partition] = changed[partition]
+        state.partition_rows.add(item, changed)
     for arrival, event in buffered:
         if state.released is not None and ts_less(event.ts, state.released):
             continue

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from activedb.streams._events import StreamEvent
 from activedb.streams._matcher import PartitionState
+from activedb.streams._persist import PartitionRows
 from activedb.txn import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -32,6 +33,8 @@ class State:
     time_kind: str | None = None      # "number" or "datetime", fixed by the first event
     # The saved chunks of the buffer (durable engines): row item -> the latest ts of its events.
     chunks: dict[str, Any] = field(default_factory=dict)
+    # Which saved rows hold the partitions' states (durable engines; ``_persist.PartitionRows``).
+    partition_rows: PartitionRows = field(default_factory=PartitionRows)
 
 
 class Pending:
@@ -51,6 +54,7 @@ class Pending:
         self.buffer_added: dict[int, StreamEvent] = {}     # arrival -> event, admitted and still buffered
         self.written: dict[tuple[str, tuple], PartitionState | None] = {}    # partitions saved in this batch
         self.units: list[str] = []          # history units run in this batch (aborted with it)
+        self.saved_rows = False             # the batch's save changed base.partition_rows (undone by loading again)
 
     def partition(self, key: tuple[str, tuple]) -> PartitionState | None:
         if key in self.overlay:
@@ -66,7 +70,7 @@ class Pending:
                 partitions[key] = value
         return State(partitions=partitions, buffer=self.buffer, released=self.released,
                      punctuations=self.punctuations, position=self.position, arrivals=self.arrivals,
-                     time_kind=self.time_kind, chunks=self.chunks)
+                     time_kind=self.time_kind, chunks=self.chunks, partition_rows=self.base.partition_rows)
 
 
 class BatchOutcome(CommitParticipant):

@@ -293,3 +293,100 @@ def test_a_saved_chunk_of_events_decodes_to_the_same_events():
     decoded = _persist.decode_events(json.loads(json.dumps(_persist.encode_events(events))))
     assert decoded == events
     assert [sorted(event.attributes) for event in decoded] == [["HCW-ID", "location"], ["HCW-ID"], ["flag", "room"]]
+
+
+def _partition_rows(db, name: str) -> list[tuple[str, list]]:
+    with db.engine.connect() as connection:
+        return [(item, value["entries"]) for item, value in connection.execute(sa.text(
+            "SELECT item, value FROM activedb_stream_state WHERE engine = :name AND kind = 'partitions' ORDER BY item"),
+            {"name": name}).all()]
+
+
+def _every_row_is_needed(rows: list[tuple[str, list]]) -> list[str]:
+    """The rows none of whose entries loading needs: not the latest for its partition, or an emptied latest entry
+    with no older row holding the partition (read from the table, not from the engine's index)."""
+    holders: dict[str, list[str]] = {}
+    for item, entries in rows:
+        for query, key, _ in entries:
+            holders.setdefault(repr((query, key)), []).append(item)
+    unneeded = []
+    for item, entries in rows:
+        if not any(max(holders[repr((query, key))]) == item and (state is not None or len(holders[repr((query, key))]) > 1)
+                   for query, key, state in entries):
+            unneeded.append(item)
+    return unneeded
+
+
+def test_a_batch_saves_the_partitions_it_changed_in_one_row_and_no_row_outlives_its_need(db):
+    """Thirty micro-batches over eight workers, half of them quiet in the second half (their partitions empty
+    out: emptied entries), a new engine object every few batches (e.g. the driver restarted): after every batch
+    the partial matches equal those of a run that never restarted, each batch wrote at most one row of
+    partitions, every row left is one loading needs, and a new engine loads exactly the running one's state."""
+    rng = random.Random(SEED + 5)
+    events, ts = [], 0
+    for number in range(600):
+        ts += rng.choice((0, 1, 2, 3))
+        workers = 8 if number < 300 else 4
+        events.append(badge(rng.choice(BADGE_TYPES), ts, f"w{rng.randrange(workers)}", f"r{rng.randrange(3)}"))
+    batches = [events[start:start + 20] for start in range(0, len(events), 20)]
+
+    def run(name: str, restart_every: int | None) -> tuple[list, int]:
+        reset(db, workers=8)
+        made, seen, states, emptied = engine(db, name=name, record_history=False), None, [], 0
+        for number, batch in enumerate(batches):
+            if restart_every and number % restart_every == 0:
+                made = engine(db, name=name, record_history=False)
+            rows_before = len(_partition_rows(db, name))
+            made.feed(batch, punctuation=None if seen is None else seen - 10)
+            seen = max([event.ts for event in batch] + ([seen] if seen is not None else []))
+            rows = _partition_rows(db, name)
+            assert len(rows) <= rows_before + 1, f"batch {number} wrote {len(rows) - rows_before} rows of partitions"
+            assert _every_row_is_needed(rows) == [], f"batch {number}: rows nothing needs"
+            emptied += sum(state is None for _, entries in rows for *_, state in entries)
+            states.append((made.partitions("Q1"), made.partitions("Q2")))
+        fresh = engine(db, name=name, record_history=False)
+        fresh.feed([])
+        assert (fresh.partitions("Q1"), fresh.partitions("Q2")) == states[-1]
+        return states, emptied
+
+    restarted, emptied = run("rows-restarted", restart_every=3)
+    continuous, _ = run("rows-continuous", restart_every=None)
+    assert restarted == continuous
+    assert emptied, "no emptied entry was ever needed: the test does not reach them"
+
+
+def test_partitions_saved_in_the_earlier_layout_still_load_and_move_to_the_new_one(db):
+    """One row per partition (the layout before rows per batch) loads into the same partial matches; a batch
+    that changes such a partition deletes its row, and the state still loads whole."""
+    import json
+
+    rng = random.Random(SEED + 6)
+    events = random_stream(rng, 160)
+    reset(db)
+    before = engine(db, name="old_partitions", record_history=False)
+    before.feed(events[:80], punctuation=events[70].ts)
+    latest = {}
+    for _, entries in _partition_rows(db, "old_partitions"):
+        for query, key, state in entries:
+            latest[json.dumps([query, key], separators=(",", ":"))] = state
+    assert any(state is not None for state in latest.values())
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM activedb_stream_state WHERE engine = 'old_partitions' "
+                                   "AND kind = 'partitions'"))
+        for item, state in latest.items():
+            if state is not None:
+                connection.execute(sa.text("INSERT INTO activedb_stream_state (engine, kind, item, value) "
+                                           "VALUES ('old_partitions', 'partition', :item, CAST(:value AS jsonb))"),
+                                   {"item": item, "value": json.dumps(state)})
+    legacy = sum(state is not None for state in latest.values())
+    after = engine(db, name="old_partitions", record_history=False)
+    after.feed([])
+    assert (after.partitions("Q1"), after.partitions("Q2")) == (before.partitions("Q1"), before.partitions("Q2"))
+    after.feed(events[80:], punctuation=streams.END_OF_STREAM)
+    with db.engine.connect() as connection:
+        left = connection.execute(sa.text("SELECT count(*) FROM activedb_stream_state WHERE engine = 'old_partitions' "
+                                          "AND kind = 'partition'")).scalar()
+    assert left < legacy
+    fresh = engine(db, name="old_partitions", record_history=False)
+    fresh.feed([])
+    assert (fresh.partitions("Q1"), fresh.partitions("Q2")) == (after.partitions("Q1"), after.partitions("Q2"))
