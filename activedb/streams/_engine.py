@@ -197,8 +197,7 @@ class StreamEngine:
         events = list(events)
         now = time.perf_counter()
         self.metrics.arrived(len(events), now)
-        letters: list[DeadLetter] = [problem for raw in events
-                                     if (problem := self._reorder.admit(raw, now, pending, streams)) is not None]
+        letters: list[DeadLetter] = self._reorder.admit_all(events, now, pending, streams)
         admitted = len(events) - len(letters)
         bound = self._reorder.bound(pending, streams, punctuation, punctuations)
         released = self._reorder.release(pending, bound, now)

@@ -9,7 +9,6 @@ the batch touches.
 
 from __future__ import annotations
 
-import bisect
 from typing import Any, Callable, Mapping
 
 from activedb.streams._catalog import StreamSchema
@@ -27,53 +26,85 @@ class ReorderBuffer:
         self.metrics = metrics
         self.watermark = watermark
 
-    def admit(self, event, now: float, pending: Pending, streams: dict[str, StreamSchema]) -> DeadLetter | None:
-        """Put one event (or its mapping) into the buffer; returns None, or the dead letter it became instead."""
-        if not isinstance(event, StreamEvent) and isinstance(event, Mapping):
-            event = _event_from_mapping(event)
-        if not isinstance(event, StreamEvent):
-            return DeadLetter(StreamEvent("?", None, {}, origin=event),
-                              f"rejected: not an event ({type(event).__name__}); give StreamEvent objects or "
-                              f"dicts with type, ts and attributes")
+    def admit_all(self, events: list, now: float, pending: Pending,
+                  streams: dict[str, StreamSchema]) -> list[DeadLetter]:
+        """Put each event (or its mapping) into the buffer; returns the dead letters those that could not be
+        became instead, in their order.  The buffer is sorted once for the whole list (its new entries come
+        after the ones before them on equal keys: their arrival numbers are larger)."""
+        letters: list[DeadLetter] = []
+        added: list[tuple[tuple, int, StreamEvent]] = []
+        types: dict[tuple[str | None, Any], tuple[StreamSchema, str, float | None] | DeadLetter | None] = {}
+        for raw in events:
+            event = raw
+            if event.__class__ is not StreamEvent:
+                if not isinstance(event, StreamEvent) and isinstance(event, Mapping):
+                    event = _event_from_mapping(event)
+                if not isinstance(event, StreamEvent):
+                    letters.append(DeadLetter(StreamEvent("?", None, {}, origin=event),
+                                              f"rejected: not an event ({type(event).__name__}); give StreamEvent "
+                                              f"objects or dicts with type, ts and attributes"))
+                    continue
+            kind_of = (event.stream, event.type) if isinstance(event.type, str) else None
+            resolved = types.get(kind_of) if kind_of is not None else None
+            if resolved is None:
+                resolved = self._resolve(event, streams)
+                if kind_of is not None:
+                    types[kind_of] = resolved
+            if resolved.__class__ is not tuple:
+                letters.append(self._reject(event, resolved.reason))
+                continue
+            stream, event_type, priority = resolved
+            event = make_event(event_type, event.ts, event.attributes, stream.name, event.origin,   # replace(), faster
+                               event.sts if event.sts is not None else now, event.position)
+            try:
+                kind = check_ts(event.ts)
+            except ValueError as error:
+                letters.append(self._reject(event, f"rejected: {error}"))
+                continue
+            if pending.time_kind is None:
+                pending.time_kind = kind
+            elif kind != pending.time_kind:
+                letters.append(self._reject(event, f"rejected: timestamp {event.ts!r} is a {kind}, but this "
+                                                   f"engine's events carry {pending.time_kind}s"))
+                continue
+            released = pending.released
+            if released is not None and ts_less(event.ts, released):
+                self.metrics.add(late=1)
+                letters.append(self._reject(
+                    event, f"late: {event.describe()} (ts {format_ts(event.ts)}) is older than the punctuation "
+                           f"{format_ts(released)} already released by engine {self.name}; every event before it "
+                           f"has been processed, so this one can no longer be put in order", punctuation=released))
+                continue
+            tie = stream.tie_key(event) if stream.tie_key is not None else None
+            arrival = pending.arrivals
+            pending.arrivals += 1
+            added.append((order_key(event, priority, tie), arrival, event))
+            pending.buffer_added[arrival] = event
+        if added:
+            buffer = pending.buffer
+            buffer.extend(added)
+            buffer.sort()
+        return letters
+
+    def _resolve(self, event: StreamEvent, streams: dict[str, StreamSchema]
+                 ) -> tuple[StreamSchema, str, float | None] | DeadLetter:
+        """``event``'s stream, declared type and its priority — or the reason it is rejected (as a dead letter
+        whose reason only is used: the caller rejects each event itself)."""
         if event.stream is None:
             if len(streams) != 1:
-                return self._reject(event, f"rejected: the event names no stream and engine {self.name} has "
-                                           f"{len(streams)} ({', '.join(streams)})")
+                return DeadLetter(event, f"rejected: the event names no stream and engine {self.name} has "
+                                         f"{len(streams)} ({', '.join(streams)})")
             stream = next(iter(streams.values()))
         else:
             stream = streams.get(event.stream)
             if stream is None:
-                return self._reject(event, f"rejected: no stream {event.stream!r} in engine {self.name} "
-                                           f"(streams: {', '.join(streams)})")
+                return DeadLetter(event, f"rejected: no stream {event.stream!r} in engine {self.name} "
+                                         f"(streams: {', '.join(streams)})")
         event_type = stream.resolve_type(event.type) if isinstance(event.type, str) else None
         if event_type is None:
-            return self._reject(event, f"rejected: stream {stream.name} has no event type {event.type!r} "
-                                       f"(types: {', '.join(stream.types or ())})")
-        event = make_event(event_type, event.ts, event.attributes, stream.name, event.origin,   # replace(), faster
-                           event.sts if event.sts is not None else now, event.position)
-        try:
-            kind = check_ts(event.ts)
-        except ValueError as error:
-            return self._reject(event, f"rejected: {error}")
-        if pending.time_kind is None:
-            pending.time_kind = kind
-        elif kind != pending.time_kind:
-            return self._reject(event, f"rejected: timestamp {event.ts!r} is a {kind}, but this engine's "
-                                       f"events carry {pending.time_kind}s")
-        released = pending.released
-        if released is not None and ts_less(event.ts, released):
-            self.metrics.add(late=1)
-            return self._reject(
-                event, f"late: {event.describe()} (ts {format_ts(event.ts)}) is older than the punctuation "
-                       f"{format_ts(released)} already released by engine {self.name}; every event before it has "
-                       f"been processed, so this one can no longer be put in order", punctuation=released)
-        tie = stream.tie_key(event) if stream.tie_key is not None else None
-        key = order_key(event, stream.priority(event_type), tie)
-        arrival = pending.arrivals
-        pending.arrivals += 1
-        bisect.insort(pending.buffer, (key, arrival, event))
-        pending.buffer_added[arrival] = event
-        return None
+            return DeadLetter(event, f"rejected: stream {stream.name} has no event type {event.type!r} "
+                                     f"(types: {', '.join(stream.types or ())})")
+        return stream, event_type, stream.priority(event_type)
 
     def _reject(self, event: StreamEvent, reason: str, punctuation: Any = None) -> DeadLetter:
         self.metrics.add(dead_letters=1)
