@@ -148,8 +148,11 @@ def check_ts(ts: Any) -> str:
 def order_key(event: StreamEvent, priority: float | None, tie: Any) -> tuple:
     """The event's place in the declared total order (ts, type priority, tie key, content)."""
     rank = -priority if priority is not None else math.inf
-    tie_part = (1, 0) if tie is None else (0, tie)
+    tie_part = _NO_TIE if tie is None else (0, tie)
     return (event.ts, rank, tie_part, event.type, _Content(event.attributes))
+
+
+_NO_TIE = (1, 0)            # (one tuple for every event without a tie key)
 
 
 class _Content:
