@@ -202,22 +202,21 @@ def _compile_select(node: ast.ScalarSubquery | ast.Exists, scope: Scope) -> Fn:
     if key_order is not None:
         scope.reads.append(ReadSpec(name, tuple((column_name, sources[column_name]) for column_name in key_order)))
         key_functions = [conditions[column_name] for column_name in key_order]
-
-        def fetch(ctx: Ctx) -> list[dict]:
-            key = tuple(function(ctx) for function in key_functions)
-            if any(value is None for value in key):
-                return []          # column = NULL matches no row
-            row = ctx.reader.read(name, key)
-            return [] if row is None else [row]
-
         if len(key_functions) == 1:
             key_function = key_functions[0]
 
-            def fetch(ctx: Ctx) -> list[dict]:      # (the same for a one-column key, without the generators)
+            def fetch(ctx: Ctx) -> list[dict]:      # (a one-column key: the one below without its generators)
                 value = key_function(ctx)
                 if value is None:
-                    return []
+                    return []      # column = NULL matches no row
                 row = ctx.reader.read(name, (value,))
+                return [] if row is None else [row]
+        else:
+            def fetch(ctx: Ctx) -> list[dict]:
+                key = tuple(function(ctx) for function in key_functions)
+                if any(value is None for value in key):
+                    return []      # column = NULL matches no row
+                row = ctx.reader.read(name, key)
                 return [] if row is None else [row]
     else:
         scope.reads.append(ReadSpec(name, None))

@@ -25,8 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
     from activedb.streams._batch import STransaction
 
-_PATCH, _INSERT, _DELETE, _REPLACE, _ABSENT = (EntryKind.PATCH, EntryKind.INSERT, EntryKind.DELETE,
-                                               EntryKind.REPLACE, EntryKind.ABSENT)
+_PATCH, _INSERT, _DELETE, _REPLACE = EntryKind.PATCH, EntryKind.INSERT, EntryKind.DELETE, EntryKind.REPLACE
 _DELETE_ENTRY = Entry(_DELETE)
 
 
@@ -157,15 +156,7 @@ class Overlay:
         return row
 
     def read(self, table: Any, key: tuple) -> dict | None:
-        row = None
-        if len(key) == 1:
-            value = key[0]
-            try:
-                row = self._given.get((table, value, value.__class__))
-            except TypeError:
-                pass
-        if row is None:
-            row = self._row(table, key)
+        row = self._row(table, key)
         image = row.base if row.entry is None and row.base is not _UNREAD else row.image(self._tx)
         return dict(image) if image is not None else None
 
@@ -229,7 +220,7 @@ class Overlay:
             elif kind is _REPLACE:          # deleted, then written: the same two operations
                 tx.delete(info.name, key)
                 tx.write(info.name, key, **entry.values)
-            else:                           # _ABSENT: inserted, then deleted
+            else:                           # EntryKind.ABSENT: inserted, then deleted
                 tx.insert(info.name, **info.full_key_row(key))
                 tx.delete(info.name, key)
         return written

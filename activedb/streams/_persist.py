@@ -194,14 +194,15 @@ def save(engine: Any, tx: Transaction, pending: Any) -> None:
         for partition in [partition for partition in changed if partition in rows.legacy]:
             tx.delete(TABLE, (name, "partition", _partition_item(partition)))
             rows.legacy.discard(partition)
-        entries = [[query, [encode_value(value) for value in key], None if state is None else _encode_state(state)]
-                   for (query, key), state in changed.items()
-                   if state is not None or (query, key) in rows.holders]
-        if entries:
+        # An emptied partition needs an entry only if a row holds an older one (else nothing would load it).
+        recorded = {partition: state for partition, state in changed.items()
+                    if state is not None or partition in rows.holders}
+        if recorded:
             item = f"{pending.position:012d}"         # one row per batch that changed partitions (positions advance)
-            tx.write(TABLE, (name, "partitions", item), value={"entries": entries})
-            older = rows.add(item, {partition: state for partition, state in changed.items()
-                                    if state is not None or partition in rows.holders})
+            tx.write(TABLE, (name, "partitions", item), value={"entries": [
+                [query, [encode_value(value) for value in key], None if state is None else _encode_state(state)]
+                for (query, key), state in recorded.items()]})
+            older = rows.add(item, recorded)
             for gone in rows.unneeded(older - {item}):
                 tx.delete(TABLE, (name, "partitions", gone))
     meta = {"released": encode_value(pending.released),

@@ -33,7 +33,7 @@ class ReorderBuffer:
         after the ones before them on equal keys: their arrival numbers are larger)."""
         letters: list[DeadLetter] = []
         added: list[tuple[tuple, int, StreamEvent]] = []
-        types: dict[tuple[str | None, Any], tuple[StreamSchema, str, float | None] | DeadLetter | None] = {}
+        types: dict[tuple[str | None, Any], tuple[StreamSchema, str, float | None] | str] = {}
         for raw in events:
             event = raw
             if event.__class__ is not StreamEvent:
@@ -50,8 +50,8 @@ class ReorderBuffer:
                 resolved = self._resolve(event, streams)
                 if kind_of is not None:
                     types[kind_of] = resolved
-            if resolved.__class__ is not tuple:
-                letters.append(self._reject(event, resolved.reason))
+            if resolved.__class__ is str:
+                letters.append(self._reject(event, resolved))
                 continue
             stream, event_type, priority = resolved
             event = make_event(event_type, event.ts, event.attributes, stream.name, event.origin,   # replace(), faster
@@ -87,23 +87,21 @@ class ReorderBuffer:
         return letters
 
     def _resolve(self, event: StreamEvent, streams: dict[str, StreamSchema]
-                 ) -> tuple[StreamSchema, str, float | None] | DeadLetter:
-        """``event``'s stream, declared type and its priority — or the reason it is rejected (as a dead letter
-        whose reason only is used: the caller rejects each event itself)."""
+                 ) -> tuple[StreamSchema, str, float | None] | str:
+        """``event``'s stream, declared type and that type's priority — or why the event is rejected."""
         if event.stream is None:
             if len(streams) != 1:
-                return DeadLetter(event, f"rejected: the event names no stream and engine {self.name} has "
-                                         f"{len(streams)} ({', '.join(streams)})")
+                return (f"rejected: the event names no stream and engine {self.name} has {len(streams)} "
+                        f"({', '.join(streams)})")
             stream = next(iter(streams.values()))
         else:
             stream = streams.get(event.stream)
             if stream is None:
-                return DeadLetter(event, f"rejected: no stream {event.stream!r} in engine {self.name} "
-                                         f"(streams: {', '.join(streams)})")
+                return f"rejected: no stream {event.stream!r} in engine {self.name} (streams: {', '.join(streams)})"
         event_type = stream.resolve_type(event.type) if isinstance(event.type, str) else None
         if event_type is None:
-            return DeadLetter(event, f"rejected: stream {stream.name} has no event type {event.type!r} "
-                                     f"(types: {', '.join(stream.types or ())})")
+            return (f"rejected: stream {stream.name} has no event type {event.type!r} "
+                    f"(types: {', '.join(stream.types or ())})")
         return stream, event_type, stream.priority(event_type)
 
     def _reject(self, event: StreamEvent, reason: str, punctuation: Any = None) -> DeadLetter:

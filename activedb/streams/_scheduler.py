@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import abc
 import collections
+import logging
 import queue
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -15,6 +16,8 @@ from activedb.streams.errors import StreamError
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.streams._batch import BatchRun
 
+
+logger = logging.getLogger("activedb.streams")
 
 class Scheduler(abc.ABC):
     """Base class of schedulers.  One instance serves one engine; ``run`` is called with
@@ -55,7 +58,8 @@ class SEIScheduler(Scheduler):
             try:
                 overlay.write_back()
             except Exception:
-                pass
+                logger.warning("the overlay's write-back after a failed batch failed too (the batch's own error "
+                               "follows; abort its transaction)", exc_info=True)
             raise
         overlay.write_back()
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Mapping
 import sqlalchemy as sa
 
 from activedb.errors import (DatabaseError, DatabaseUnavailable, DiskFull, DuplicateKey, Failure, SerializationConflict,
-                             classify)
+                             classify, sqlstate_of)
 from activedb.store import EntryKind, Key, TableInfo, apply_write_set, fetch_rows, is_connection_failure, jsonable
 from activedb.txn._participants import CommitParticipant
 from activedb.txn._rowlocks import RowLocks
@@ -125,8 +125,7 @@ def _flush_with_retries(root, isolation, infos, writes, reads, scans, participan
                     _write_all(root, connection, infos, writes, reads, scans, participants, locked, held=False)
             return
         except sa.exc.OperationalError as error:
-            retried = classify(error) in _RETRIED or (isolation == "SERIALIZABLE"
-                                                       and getattr(error.orig, "sqlstate", None) == "55P03")
+            retried = classify(error) in _RETRIED or (isolation == "SERIALIZABLE" and sqlstate_of(error) == "55P03")
             if retried and attempt < manager.flush_retries:
                 # Jittered back-off between retries of the flush (not used to order threads).
                 time.sleep(random.uniform(0.5, 1.5) * min(0.2, 0.002 * 2 ** attempt))

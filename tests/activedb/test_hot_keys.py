@@ -288,7 +288,8 @@ def test_across_engines_a_flush_holding_its_table_locks_does_not_wait_for_a_row(
             relier.join(TIMEOUT)
             waited = relier.is_alive()
             pause.release.set()
-            holder.join(TIMEOUT), relier.join(TIMEOUT)
+            holder.join(TIMEOUT)
+            relier.join(TIMEOUT)
         assert not waited, "the flush holding the table lock waited for the row"
         assert isinstance(outcome["flush"], SerializationConflict), outcome
         assert balances(db) == {1: 1, 2: 0}
