@@ -212,31 +212,34 @@ class Step:
         ctx = Ctx([None] * matcher.width, reader)
         if not self._accepting_store(ctx):
             return None
-        positives = query.positives
-        buffers = self.search
-        events = ctx.events
-        events[query.accepting] = self.event
-
-        def search(rank: int, upper: int) -> bool:
-            if rank < 0:
-                for left in range(len(positives) - 1):
-                    if matcher._killed(left, ctx, buffers):
-                        return False
-                return _all(query.joint_store, ctx)
-            component = positives[rank]
-            predicates = query.joint_backward.get(rank, ())
-            for candidate in reversed(buffers[component]):
-                if candidate.position >= upper:
-                    continue
-                events[component] = candidate
-                if _all(predicates, ctx) and search(rank - 1, candidate.position):
-                    return True
-            events[component] = None
-            return False
-
-        if not search(len(positives) - 2, self.event.position):
+        ctx.events[query.accepting] = self.event
+        if not self._bind(ctx, len(query.positives) - 2, self.event.position):
             return None
-        return self._output([events[index] for index in positives], ctx)
+        return self._output([ctx.events[index] for index in query.positives], ctx)
+
+    def _bind(self, ctx: Ctx, rank: int, upper: int) -> bool:
+        """Bind the positives of ranks ``rank`` down to 0 in ``ctx``, each to the latest candidate before
+        position ``upper`` (the one bound next to it) that passes its predicates; True if all are bound and the
+        whole match holds.  (A method, not a closure: a recursive closure is a reference cycle per call.)"""
+        matcher = self.matcher
+        query = matcher.query
+        buffers = self.search
+        if rank < 0:
+            for left in range(len(query.positives) - 1):
+                if matcher._killed(left, ctx, buffers):
+                    return False
+            return _all(query.joint_store, ctx)
+        component = query.positives[rank]
+        predicates = query.joint_backward.get(rank, ())
+        events = ctx.events
+        for candidate in reversed(buffers[component]):
+            if candidate.position >= upper:
+                continue
+            events[component] = candidate
+            if _all(predicates, ctx) and self._bind(ctx, rank - 1, candidate.position):
+                return True
+        events[component] = None
+        return False
 
     def _complete_runs(self, reader: Any) -> tuple[list[Output], PartitionState]:
         matcher = self.matcher
