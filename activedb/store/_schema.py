@@ -238,6 +238,10 @@ def _json_ok(value: Any) -> bool:
             element = type(item)
             if element is int or element is bool or item is None:
                 continue
+            if element is float:
+                if item - item != 0.0:     # (inf and nan: not finite; math.isfinite costs a call)
+                    return False
+                continue
             if element is str:
                 if "\x00" in item or not (item.isascii() or text_problem(item) is None):
                     return False
