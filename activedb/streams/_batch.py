@@ -148,10 +148,19 @@ class BatchRun:
         #: ``certain`` False), then once all did, before the rules run (every new state, ``certain``:
         #: no rule is left to run): the design note's "Matching order".
         self.on_matched: Callable[[STransaction, dict, bool], None] | None = None
-        # Figures per s-transaction matched, run, succeeded (list.append: any thread, no lock): publish_metrics().
-        self._matched: list[tuple] = []
-        self._bodies: list[tuple] = []
-        self._successes: list[tuple] = []
+        # The figures of the s-transactions, one _Figures per thread that runs them (summed by publish_metrics()).
+        self._local = threading.local()
+        self._figures: list[_Figures] = []
+
+    def _mine(self) -> "_Figures":
+        """The calling thread's figures for this batch."""
+        try:
+            return self._local.figures
+        except AttributeError:
+            figures = self._local.figures = _Figures()
+            with self._mutex:
+                self._figures.append(figures)
+            return figures
 
     def partition(self, query: str, key: tuple) -> PartitionState | None:
         with self._mutex:
@@ -182,7 +191,7 @@ class BatchRun:
         subtransaction = parent.subtransaction(name=f"s-transaction {stransaction.described}")
         try:
             with subtransaction as child:
-                touched, outputs = self._body(child, stransaction, unit)
+                result = self._body(child, stransaction, unit)
                 started = time.perf_counter()
             commit = time.perf_counter() - started      # the commit into the parent
         except BaseException as error:
@@ -192,7 +201,7 @@ class BatchRun:
             self._failed(stransaction, error)
             return False
         self._history("end", unit, stransaction, True)
-        self._succeeded(touched, outputs, stransaction.event.position, commit)
+        self._succeeded(result, stransaction.event.position, commit)
         return True
 
     def execute_on(self, stransaction: STransaction, overlay: Overlay) -> bool:
@@ -215,7 +224,7 @@ class BatchRun:
             view = overlay.view(Stamp(unit, stransaction.id, stransaction.described, event.ts, event.position))
         mark = overlay.mark()
         try:
-            touched, outputs = self._body(self.tx, stransaction, unit, view=view)
+            result = self._body(self.tx, stransaction, unit, view=view)
         except BaseException as error:
             overlay.rollback(mark)
             if history is not None:
@@ -227,7 +236,7 @@ class BatchRun:
         overlay.keep()
         if history is not None:
             self._history("end", unit, stransaction, True)
-        self._succeeded(touched, outputs, event.position, 0.0)
+        self._succeeded(result, event.position, 0.0)
         return True
 
     def overlay(self) -> Overlay | None:
@@ -272,8 +281,7 @@ class BatchRun:
         record its end; if committed, its partitions' states and outputs become the batch's."""
         self._history("end", unit, stransaction, committed)
         if committed and result is not None:
-            touched, outputs = result
-            self._succeeded(touched, outputs, stransaction.event.position)
+            self._succeeded(result, stransaction.event.position)
 
     def withdraw(self, stransaction: STransaction) -> None:
         """A scheduler runs ``stransaction`` again: the dead letter its failed attempt left goes."""
@@ -309,92 +317,122 @@ class BatchRun:
         (after recording the dead letter) so that ``tx`` aborts."""
         unit = self._unit(f"{stransaction.id}/{rank}")
         try:
-            touched, outputs = self.execute_in(stransaction, tx, unit, [rank])
+            result = self.execute_in(stransaction, tx, unit, [rank])
         except BaseException:
             self._history("end", unit, stransaction, False)
             raise
         # The unit's commit is the caller's (the subtransaction ends when this returns).
         self._history("end", unit, stransaction, True)
-        self._succeeded(touched, outputs, None)
+        self._succeeded(result, None)
         return True
 
     def _body(self, tx: Transaction, stransaction: STransaction, unit: str, ranks: list[int] | None = None,
-              view: Any = None):
+              view: Any = None) -> tuple[dict, list]:
         """Match every consuming query (those of ``ranks``, default all), then run the rules on their outputs
-        (through ``view``, default the scheduler's view of ``tx``)."""
+        (through ``view``, default the scheduler's view of ``tx``).  Returns ``(touched, fired)``: the new state
+        of each partition it matched, and ``(rank, query, outputs)`` for each query with outputs, in order."""
         clock = time.perf_counter
         event = stransaction.event
         if view is None:
             view = self.view_factory(tx, Stamp(unit, stransaction.id, stransaction.described, event.ts,
                                                event.position))
+        figures = self._mine()
+        evaluations = figures.evaluations
         touched: dict[tuple[str, tuple], PartitionState] = {}
-        produced: list[tuple[int, CompiledQuery, list[Output]]] = []
-        evaluated: list[tuple[str, int]] = []            # (query, outputs) for the metrics
-        source = self.state_source
+        fired: list[tuple[int, str, list[Output]]] = []
+        source, on_matched = self.state_source, self.on_matched
         matching = reading = 0.0
+        started = clock()
         for rank, matcher in stransaction.matchers:
             if ranks is not None and rank not in ranks:
                 continue
-            query = matcher.query
+            name = matcher.query.name
             key = matcher.partition_key(event)
-            started = clock()
-            state = self.partition(query.name, key) if source is None else source(stransaction, query.name, key)
+            state = self.pending.partition((name, key)) if source is None else source(stransaction, name, key)
             step = matcher.prepare(state, event)
             prepared = clock()
-            view.at(0, rank, query.name)
+            view.at(0, rank, name)
             outputs, state = step.complete(view)
+            ended = clock()
             matching += prepared - started
-            reading += clock() - prepared
-            evaluated.append((query.name, len(outputs)))
-            touched[(query.name, key)] = state
-            if self.on_matched is not None:
-                self.on_matched(stransaction, {(query.name, key): state}, False)
-            produced.append((rank, query, outputs))
-        self._matched.append((matching, reading, evaluated))
+            reading += ended - prepared
+            started = ended
+            touched[(name, key)] = state
+            counters = evaluations.get(name)
+            if counters is None:
+                counters = evaluations[name] = [0, 0]
+            counters[0] += 1
+            if outputs:
+                counters[1] += len(outputs)
+                fired.append((rank, name, outputs))
+            if on_matched is not None:
+                on_matched(stransaction, {(name, key): state}, False)
+                started = clock()
+        figures.match += matching
+        figures.reads += reading
         rules_by_query = self.definitions.rules_by_query
-        if self.on_matched is not None:
-            self.on_matched(stransaction, dict(touched),
-                            not any(outputs and rules_by_query.get(query.name) for _, query, outputs in produced))
-        started = clock()
-        rule_latency = 0.0
-        instances = 0
-        all_outputs = []
-        for rank, query, outputs in produced:
-            rules = rules_by_query.get(query.name, ())
-            for output in outputs:
-                all_outputs.append(output)
-                for rule in rules:
-                    view.at(1, rank, rule.name)
-                    _run_rule(rule, output, view)
-                    instances += 1
-                    rule_latency += clock() - output.sts
-        self._bodies.append((instances, rule_latency, view.reads, view.writes, clock() - started))
-        return touched, all_outputs
+        if on_matched is not None:
+            on_matched(stransaction, dict(touched), not any(rules_by_query.get(name) for _, name, _ in fired))
+            started = clock()
+        if fired:
+            instances = 0
+            rule_latency = 0.0
+            for rank, name, outputs in fired:
+                rules = rules_by_query.get(name, ())
+                for output in outputs:
+                    for rule in rules:
+                        view.at(1, rank, rule.name)
+                        _run_rule(rule, output, view)
+                        instances += 1
+                        rule_latency += clock() - output.sts
+            figures.rules += clock() - started
+            figures.instances += instances
+            figures.rule_latency += rule_latency
+        figures.store_reads += view.reads
+        figures.store_writes += view.writes
+        return touched, fired
 
     def publish_metrics(self) -> None:
         """Add the batch's s-transaction figures to the engine's metrics (once: the scheduler has returned)."""
-        metrics, matched, bodies, ended = self.engine.metrics, self._matched, self._bodies, self._successes
-        self._matched, self._bodies, self._successes = [], [], []
-        metrics.queries([item for _, _, evaluated in matched for item in evaluated])
-        metrics.phase(match=sum(row[0] for row in matched), reads=sum(row[1] for row in matched),
-                      rules=sum(row[4] for row in bodies), commit=sum(row[2] or 0.0 for row in ended))
-        metrics.add(rule_instances=sum(row[0] for row in bodies), rule_latency=sum(row[1] for row in bodies),
-                    reads=sum(row[2] for row in bodies), writes=sum(row[3] for row in bodies), processed=len(ended),
-                    lowered=self.lowered,
-                    outputs=sum(row[0] for row in ended), query_latency=sum(row[1] for row in ended))
+        with self._mutex:
+            all_figures, self._figures = self._figures, []
+            self._local = threading.local()
+        metrics = self.engine.metrics
+        evaluations: dict[str, list[int]] = {}
+        for figures in all_figures:
+            for name, (count, outputs) in figures.evaluations.items():
+                counters = evaluations.setdefault(name, [0, 0])
+                counters[0] += count
+                counters[1] += outputs
+        metrics.queries(evaluations)
+        metrics.phase(**{phase: sum(getattr(figures, phase) for figures in all_figures)
+                         for phase in ("match", "reads", "rules", "commit")})
+        metrics.add(lowered=self.lowered, **{counter: sum(getattr(figures, field) for figures in all_figures)
+                                             for counter, field in _COUNTERS})
 
-    def _succeeded(self, touched, outputs: list[Output], position: int | None, commit: float | None = None) -> None:
-        latency = 0.0
-        for output in outputs:
-            arrivals = [event.sts for event in output.constituents if event.sts is not None]
-            if arrivals:
-                latency += output.sts - max(arrivals)
-        self._successes.append((len(outputs), latency, commit))
+    def _succeeded(self, result: tuple[dict, list], position: int | None, commit: float | None = None) -> None:
+        """The s-transaction that ``_body`` returned ``result`` for committed: its partitions' states and outputs
+        become the batch's."""
+        touched, fired = result
+        figures = self._mine()
+        figures.processed += 1
+        if commit:
+            figures.commit += commit
+        if fired:
+            latency = 0.0
+            for _, _, outputs in fired:
+                figures.outputs += len(outputs)
+                for output in outputs:
+                    arrivals = [event.sts for event in output.constituents if event.sts is not None]
+                    if arrivals:
+                        latency += output.sts - max(arrivals)
+            figures.query_latency += latency
         with self._mutex:
             self._install(touched, position)
             self.processed += 1
-            if self.engine.keep_outputs:
-                self.outputs.extend(outputs)
+            if fired and self.engine.keep_outputs:
+                for _, _, outputs in fired:
+                    self.outputs.extend(outputs)
 
     def _failed(self, stransaction: STransaction, error: BaseException) -> None:
         cause = error if isinstance(error, ActionFailed) else f"{type(error).__name__}: {error}"
@@ -404,6 +442,25 @@ class BatchRun:
             self.failed += 1
             self.dead_letters.append(DeadLetter(stransaction.event, reason))
         self.engine.metrics.add(failed=1, dead_letters=1)
+
+
+class _Figures:
+    """One thread's figures of a batch's s-transactions: seconds per phase, counts and latencies, evaluations and
+    outputs per query (``evaluations[query] = [evaluations, outputs]``).  Only its thread changes it."""
+
+    __slots__ = ("match", "reads", "rules", "commit", "rule_latency", "query_latency", "instances", "store_reads",
+                 "store_writes", "processed", "outputs", "evaluations")
+
+    def __init__(self) -> None:
+        self.match = self.reads = self.rules = self.commit = self.rule_latency = self.query_latency = 0.0
+        self.instances = self.store_reads = self.store_writes = self.processed = self.outputs = 0
+        self.evaluations: dict[str, list[int]] = {}
+
+
+# The metrics' counters (Metrics.add) and the _Figures fields they sum.
+_COUNTERS = (("rule_instances", "instances"), ("rule_latency", "rule_latency"), ("reads", "store_reads"),
+             ("writes", "store_writes"), ("processed", "processed"), ("outputs", "outputs"),
+             ("query_latency", "query_latency"))
 
 
 def _run_rule(rule: CompiledRule, output: Output, view: Any) -> None:
@@ -423,10 +480,14 @@ def prefetch(tx: Transaction, stransactions: list[STransaction]) -> None:
     """Load, in one query per table, the rows the batch's access plans name (Algorithm 1
     at work): the s-transactions' reads then need no round trip."""
     keys: dict[str, dict[tuple, None]] = {}
+    seen: set[int] = set()          # the plans looked at (events on the same keys share one: Definitions)
     for stransaction in stransactions:
         if not stransaction.matchers:
             continue
         plan = stransaction.plan
+        if id(plan) in seen:
+            continue
+        seen.add(id(plan))
         for resources in (plan.reads, plan.writes):
             for resource in resources:
                 key = resource.key

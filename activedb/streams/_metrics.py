@@ -85,12 +85,12 @@ class Metrics:
             for name, spent in seconds.items():
                 self.phases[name] += spent
 
-    def queries(self, evaluated: list[tuple[str, int]]) -> None:
-        """Count one evaluation of query ``name`` with ``outputs`` outputs per ``(name, outputs)``."""
+    def queries(self, evaluations: Mapping[str, list[int]]) -> None:
+        """Count, per query ``name``, ``evaluations[name] = [evaluations, outputs]``."""
         with self._mutex:
-            for name, outputs in evaluated:
+            for name, (count, outputs) in evaluations.items():
                 counters = self.per_query.setdefault(name, [0, 0])
-                counters[0] += 1
+                counters[0] += count
                 counters[1] += outputs
 
     def snapshot(self, buffered: int, released: Any) -> StreamStatistics:
