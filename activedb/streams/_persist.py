@@ -76,20 +76,38 @@ ABSENT = {"$absent": True}        # an attribute the event lacks (encode_value n
 
 def encode_events(events: list[StreamEvent]) -> dict:
     """``events`` as columns, one list per field and per attribute: a batch's chunk of the buffer is
-    then about two thirds of the JSON (and of the quotes the flush escapes) of one list per event."""
+    then about two thirds of the JSON (and of the quotes the flush escapes) of one list per event.  A column
+    whose values are all one value is that value once (``{"$all": value}``): the stream of a one-stream
+    engine, the positions of events not yet released."""
     names = dict.fromkeys(name for event in events for name in event.attributes)
-    return {"t": [event.type for event in events], "ts": [encode_value(event.ts) for event in events],
-            "s": [event.stream for event in events], "p": [event.position for event in events],
-            "a": {name: [encode_value(event.attributes[name]) if name in event.attributes else ABSENT
-                         for event in events] for name in names}}
+    return {"t": _column([event.type for event in events]),
+            "ts": _column([encode_value(event.ts) for event in events]),
+            "s": _column([event.stream for event in events]), "p": _column([event.position for event in events]),
+            "a": {name: _column([encode_value(event.attributes[name]) if name in event.attributes else ABSENT
+                                 for event in events]) for name in names}}
+
+
+def _column(values: list) -> Any:
+    """``values``, or ``{"$all": value}`` if they are all one text or all null (timestamps never are: a chunk's
+    ``ts`` column is always the list whose length is the number of events)."""
+    first = values[0] if values else None
+    if len(values) > 1 and (first is None or first.__class__ is str) and values.count(first) == len(values):
+        return {"$all": first}
+    return values
+
+
+def _expand(column: Any, count: int) -> list:
+    return [column["$all"]] * count if isinstance(column, dict) else column
 
 
 def decode_events(data: dict) -> list[StreamEvent]:
-    columns = data["a"].items()
+    count = len(data["ts"])
+    columns = [(name, _expand(values, count)) for name, values in data["a"].items()]
     return [StreamEvent(type=kind, ts=decode_value(ts), stream=stream, position=position,
                         attributes={name: decode_value(values[index]) for name, values in columns
                                     if values[index] != ABSENT})
-            for index, (kind, ts, stream, position) in enumerate(zip(data["t"], data["ts"], data["s"], data["p"]))]
+            for index, (kind, ts, stream, position) in enumerate(zip(
+                *(_expand(data[field], count) for field in ("t", "ts", "s", "p"))))]
 
 
 class PartitionRows:
@@ -159,12 +177,40 @@ def _partition_item(partition: tuple[str, tuple]) -> str:
     return json.dumps([query, [encode_value(value) for value in key]], separators=(",", ":"))
 
 
-def _encode_state(state: PartitionState) -> dict:
-    return {"buffers": [[encode_event(event) for event in buffer] for buffer in state.buffers],
-            "runs": [[encode_event(event) for event in run] for run in state.runs]}
+def _encode_states(recorded: Mapping[tuple[str, tuple], PartitionState | None]) -> dict:
+    """A ``partitions`` row's value: the events of every state once, as columns (``encode_events``), and an entry
+    ``[query, key, {"b": buffers, "r": runs}]`` per partition, each buffer and run a list of indices into those
+    events (or ``[query, key, null]``: emptied)."""
+    indices: dict[int, int] = {}        # id(event) -> its index (the states hold the events while this runs)
+    events: list[StreamEvent] = []
+
+    def index(event: StreamEvent) -> int:
+        found = indices.get(id(event))
+        if found is None:
+            found = indices[id(event)] = len(events)
+            events.append(event)
+        return found
+
+    entries = []
+    for (query, key), state in recorded.items():
+        encoded = None if state is None else {"b": [[index(event) for event in buffer] for buffer in state.buffers],
+                                              "r": [[index(event) for event in run] for run in state.runs]}
+        entries.append([query, [encode_value(value) for value in key], encoded])
+    return {"events": encode_events(events), "entries": entries}
+
+
+def _decode_entry(saved: dict | None, events: list[StreamEvent]) -> PartitionState | None:
+    """One entry's state: by indices into the row's ``events``, or (rows saved before) with its events inline."""
+    if saved is None:
+        return None
+    if "b" in saved:
+        return PartitionState(tuple(tuple(events[index] for index in buffer) for buffer in saved["b"]),
+                              tuple(tuple(events[index] for index in run) for run in saved["r"]))
+    return _decode_state(saved)
 
 
 def _decode_state(value: dict) -> PartitionState:
+    """A state with its events inline (rows of the layouts before shared events; ``decode_event``)."""
     return PartitionState(tuple(tuple(decode_event(event) for event in buffer) for buffer in value["buffers"]),
                           tuple(tuple(decode_event(event) for event in run) for run in value["runs"]))
 
@@ -199,9 +245,7 @@ def save(engine: Any, tx: Transaction, pending: Any) -> None:
                     if state is not None or partition in rows.holders}
         if recorded:
             item = f"{pending.position:012d}"         # one row per batch that changed partitions (positions advance)
-            tx.write(TABLE, (name, "partitions", item), value={"entries": [
-                [query, [encode_value(value) for value in key], None if state is None else _encode_state(state)]
-                for (query, key), state in recorded.items()]})
+            tx.write(TABLE, (name, "partitions", item), value=_encode_states(recorded))
             older = rows.add(item, recorded)
             for gone in rows.unneeded(older - {item}):
                 tx.delete(TABLE, (name, "partitions", gone))
@@ -257,9 +301,10 @@ def load(engine: Any) -> Any:
             batches.append((item, value))
     for item, value in sorted(batches, key=lambda batch: batch[0]):     # older rows first: the latest entry wins
         changed = {}
+        events = decode_events(value["events"]) if "events" in value else []
         for query, key, saved in value["entries"]:
             partition = (query, tuple(decode_value(value_) for value_ in key))
-            changed[partition] = None if saved is None else _decode_state(saved)
+            changed[partition] = _decode_entry(saved, events)
             if saved is None:
                 state.partitions.pop(partition, None)
             else:

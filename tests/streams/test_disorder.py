@@ -292,6 +292,16 @@ def test_a_saved_chunk_of_events_decodes_to_the_same_events():
               streams.StreamEvent("ENTER", dt.datetime(2011, 9, 1, 8, 30), {"room": 12, "flag": True}, stream="other")]
     decoded = _persist.decode_events(json.loads(json.dumps(_persist.encode_events(events))))
     assert decoded == events
+    # Columns of one value (one stream, one type, nothing released yet) are saved once; one event is a list.
+    alike = [streams.StreamEvent("EXIT", ts, {"HCW-ID": "w1", "location": room}, stream="estream")
+             for ts, room in ((1, "r1"), (2.5, "r2"), (2.5, None))]
+    for chunk in (alike, alike[:1], []):
+        saved = json.loads(json.dumps(_persist.encode_events(chunk)))
+        assert _persist.decode_events(saved) == chunk
+        if len(chunk) > 1:
+            assert saved["s"] == {"$all": "estream"} and saved["t"] == {"$all": "EXIT"}
+            assert saved["p"] == {"$all": None} and saved["a"]["HCW-ID"] == {"$all": "w1"}
+            assert isinstance(saved["a"]["location"], list) and isinstance(saved["ts"], list)
     assert [sorted(event.attributes) for event in decoded] == [["HCW-ID", "location"], ["HCW-ID"], ["flag", "room"]]
 
 
@@ -355,6 +365,23 @@ def test_a_batch_saves_the_partitions_it_changed_in_one_row_and_no_row_outlives_
     assert emptied, "no emptied entry was ever needed: the test does not reach them"
 
 
+def _inline_state(state) -> dict:
+    """A partition state as the versions before rows of shared events wrote it: every event inline."""
+    from activedb.streams import _persist
+
+    def inline(events):
+        return [_persist.encode_event(event) for event in events]
+    return {"buffers": [inline(buffer) for buffer in state.buffers], "runs": [inline(run) for run in state.runs]}
+
+
+def _saved_state(name: str, before) -> dict:
+    """``before``'s partitions by the item of their row in the layout of one row per partition."""
+    import json
+
+    return {json.dumps([query, list(key)], separators=(",", ":")): _inline_state(state)
+            for query in ("Q1", "Q2") for key, state in before.partitions(query).items()}
+
+
 def test_partitions_saved_in_the_earlier_layout_still_load_and_move_to_the_new_one(db):
     """One row per partition (the layout before rows per batch) loads into the same partial matches; a batch
     that changes such a partition deletes its row, and the state still loads whole."""
@@ -365,20 +392,16 @@ def test_partitions_saved_in_the_earlier_layout_still_load_and_move_to_the_new_o
     reset(db)
     before = engine(db, name="old_partitions", record_history=False)
     before.feed(events[:80], punctuation=events[70].ts)
-    latest = {}
-    for _, entries in _partition_rows(db, "old_partitions"):
-        for query, key, state in entries:
-            latest[json.dumps([query, key], separators=(",", ":"))] = state
-    assert any(state is not None for state in latest.values())
+    latest = _saved_state("old_partitions", before)
+    assert latest
     with db.engine.begin() as connection:
         connection.execute(sa.text("DELETE FROM activedb_stream_state WHERE engine = 'old_partitions' "
                                    "AND kind = 'partitions'"))
         for item, state in latest.items():
-            if state is not None:
-                connection.execute(sa.text("INSERT INTO activedb_stream_state (engine, kind, item, value) "
-                                           "VALUES ('old_partitions', 'partition', :item, CAST(:value AS jsonb))"),
-                                   {"item": item, "value": json.dumps(state)})
-    legacy = sum(state is not None for state in latest.values())
+            connection.execute(sa.text("INSERT INTO activedb_stream_state (engine, kind, item, value) "
+                                       "VALUES ('old_partitions', 'partition', :item, CAST(:value AS jsonb))"),
+                               {"item": item, "value": json.dumps(state)})
+    legacy = len(latest)
     after = engine(db, name="old_partitions", record_history=False)
     after.feed([])
     assert (after.partitions("Q1"), after.partitions("Q2")) == (before.partitions("Q1"), before.partitions("Q2"))
@@ -390,3 +413,55 @@ def test_partitions_saved_in_the_earlier_layout_still_load_and_move_to_the_new_o
     fresh = engine(db, name="old_partitions", record_history=False)
     fresh.feed([])
     assert (fresh.partitions("Q1"), fresh.partitions("Q2")) == (after.partitions("Q1"), after.partitions("Q2"))
+
+
+def test_rows_of_partitions_and_chunks_with_every_event_inline_still_load(db):
+    """Rows per batch as the version before shared events wrote them — a partition's events inline in its entry,
+    every column of a buffer chunk a full list — load into the same buffer and partial matches, and the engine
+    goes on from them as the uninterrupted one does."""
+    import json
+
+    rng = random.Random(SEED + 7)
+    events = random_stream(rng, 160)
+    reset(db)
+    uninterrupted = engine(db, name="inline_rows_reference", record_history=False)
+    uninterrupted.feed(events[:80], punctuation=events[60].ts)
+    expected = uninterrupted.feed(events[80:], punctuation=streams.END_OF_STREAM)
+    expected_statuses = statuses(db)
+    reset(db)
+    before = engine(db, name="inline_rows", record_history=False)
+    before.feed(events[:80], punctuation=events[60].ts)
+    with db.engine.connect() as connection:
+        rows = connection.execute(sa.text("SELECT kind, item, value FROM activedb_stream_state "
+                                          "WHERE engine = 'inline_rows' AND kind IN ('buffer', 'partitions')")).all()
+    chunks = [(item, value) for kind, item, value in rows if kind == "buffer"]
+    assert chunks and any("$all" in json.dumps(value) for _, value in chunks), "no chunk has a column of one value"
+    assert any(kind == "partitions" and value["events"]["t"] for kind, _, value in rows)
+
+    def full(column, count):
+        return [column["$all"]] * count if isinstance(column, dict) else column
+
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM activedb_stream_state WHERE engine = 'inline_rows' "
+                                   "AND kind IN ('buffer', 'partitions')"))
+        for item, value in chunks:
+            count = len(value["arrivals"])
+            value = {"arrivals": value["arrivals"], **{field: full(value[field], count) for field in ("t", "ts", "s", "p")},
+                     "a": {name: full(column, count) for name, column in value["a"].items()}}
+            connection.execute(sa.text("INSERT INTO activedb_stream_state (engine, kind, item, value) "
+                                       "VALUES ('inline_rows', 'buffer', :item, CAST(:value AS jsonb))"),
+                               {"item": item, "value": json.dumps(value)})
+        entries = [[query, list(key), _inline_state(state)]
+                   for query in ("Q1", "Q2") for key, state in before.partitions(query).items()]
+        connection.execute(sa.text("INSERT INTO activedb_stream_state (engine, kind, item, value) "
+                                   "VALUES ('inline_rows', 'partitions', '000000000000', CAST(:value AS jsonb))"),
+                           {"value": json.dumps({"entries": entries})})
+    after = engine(db, name="inline_rows", record_history=False)
+    after.feed([])
+    assert after.buffered() == before.buffered()
+    assert (after.partitions("Q1"), after.partitions("Q2")) == (before.partitions("Q1"), before.partitions("Q2"))
+    rest = after.feed(events[80:], punctuation=streams.END_OF_STREAM)
+    assert expected.outputs, "the second half has no output: the test compares nothing"
+    assert [(output.query, output.attributes) for output in rest.outputs] == \
+        [(output.query, output.attributes) for output in expected.outputs]
+    assert statuses(db) == expected_statuses
