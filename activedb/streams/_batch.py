@@ -123,7 +123,7 @@ class BatchRun:
     """The s-transactions of one ``process`` call and what the scheduler calls to run them."""
 
     def __init__(self, engine: "StreamEngine", tx: Transaction, pending: Pending, stransactions: list[STransaction], *,
-                 serial: int, definitions: "Definitions"):
+                 serial: int, definitions: "Definitions", one_thread: bool = False):
         self.engine = engine
         self.tx = tx
         self.pending = pending
@@ -151,6 +151,13 @@ class BatchRun:
         # The figures of the s-transactions, one _Figures per thread that runs them (summed by publish_metrics()).
         self._local = threading.local()
         self._figures: list[_Figures] = []
+        # ``one_thread``: the scheduler runs every s-transaction in the caller's thread, one after the other, in
+        # order (``Scheduler.one_thread``): the batch's state and figures are then used without the mutex, and a
+        # partition's new state always comes from a later position than the one it replaces.
+        self._alone: _Figures | None = None
+        if one_thread:
+            self._alone = _Figures()
+            self._figures.append(self._alone)
 
     def _mine(self) -> "_Figures":
         """The calling thread's figures for this batch."""
@@ -336,7 +343,9 @@ class BatchRun:
         if view is None:
             view = self.view_factory(tx, Stamp(unit, stransaction.id, stransaction.described, event.ts,
                                                event.position))
-        figures = self._mine()
+        alone = self._alone
+        figures = alone or self._mine()
+        partition_of = self.pending.partition if alone is not None else None
         evaluations = figures.evaluations
         touched: dict[tuple[str, tuple], PartitionState] = {}
         fired: list[tuple[int, str, list[Output]]] = []
@@ -348,7 +357,10 @@ class BatchRun:
                 continue
             name = matcher.query.name
             key = matcher.partition_key(event)
-            state = self.pending.partition((name, key)) if source is None else source(stransaction, name, key)
+            if source is not None:
+                state = source(stransaction, name, key)
+            else:
+                state = partition_of((name, key)) if partition_of is not None else self.partition(name, key)
             step = matcher.prepare(state, event)
             prepared = clock()
             view.at(0, rank, name)
@@ -414,7 +426,8 @@ class BatchRun:
         """The s-transaction that ``_body`` returned ``result`` for committed: its partitions' states and outputs
         become the batch's."""
         touched, fired = result
-        figures = self._mine()
+        alone = self._alone
+        figures = alone or self._mine()
         figures.processed += 1
         if commit:
             figures.commit += commit
@@ -427,6 +440,15 @@ class BatchRun:
                     if arrivals:
                         latency += output.sts - max(arrivals)
             figures.query_latency += latency
+        if alone is not None:         # (one thread, in order: no mutex, and every state is newer than the last)
+            overlay = self.pending.overlay
+            for key, state in touched.items():
+                overlay[key] = state if any(state.buffers) or any(state.runs) else None
+            self.processed += 1
+            if fired and self.engine.keep_outputs:
+                for _, _, outputs in fired:
+                    self.outputs.extend(outputs)
+            return
         with self._mutex:
             self._install(touched, position)
             self.processed += 1

@@ -207,7 +207,7 @@ class StreamEngine:
         if self.prefetch and stransactions:
             prefetch(tx, stransactions)
         run = BatchRun(self, tx, pending, stransactions, serial=next(self._batch_serials),
-                       definitions=self._definitions)
+                       definitions=self._definitions, one_thread=self.scheduler.one_thread)
         try:
             self.scheduler.run(run)
         finally:

@@ -80,11 +80,16 @@ def encode_events(events: list[StreamEvent]) -> dict:
     whose values are all one value is that value once (``{"$all": value}``): the stream of a one-stream
     engine, the positions of events not yet released."""
     names = dict.fromkeys(name for event in events for name in event.attributes)
+    plain = _PLAIN          # (values of these classes are their own encoding: no call for them)
     return {"t": _column([event.type for event in events]),
-            "ts": _column([encode_value(event.ts) for event in events]),
+            "ts": _column([ts if (ts := event.ts).__class__ in plain else encode_value(ts) for event in events]),
             "s": _column([event.stream for event in events]), "p": _column([event.position for event in events]),
-            "a": {name: _column([encode_value(event.attributes[name]) if name in event.attributes else ABSENT
+            "a": {name: _column([(value if (value := attributes[name]).__class__ in plain else encode_value(value))
+                                 if name in (attributes := event.attributes) else ABSENT
                                  for event in events]) for name in names}}
+
+
+_PLAIN = frozenset({str, int, float, bool, type(None)})
 
 
 def _column(values: list) -> Any:

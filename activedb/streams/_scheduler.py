@@ -24,6 +24,9 @@ class Scheduler(abc.ABC):
     one batch at a time (the engine serialises batches)."""
 
     name: str = "scheduler"
+    #: True if ``run`` runs every s-transaction of a batch in the calling thread, one after the other, in their
+    #: order (the batch then keeps its figures and state without a mutex); False (the default) for any other.
+    one_thread: bool = False
 
     @abc.abstractmethod
     def run(self, batch: BatchRun) -> None:
@@ -35,6 +38,7 @@ class SEIScheduler(Scheduler):
     """Single-Event-Initiated (Active CEP §5.1): one s-transaction at a time, in order."""
 
     name = "sei"
+    one_thread = True
 
     def run(self, batch: BatchRun) -> None:
         overlay = batch.overlay()
