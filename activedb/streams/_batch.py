@@ -9,6 +9,7 @@ code, the store or the scheduler runs.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -27,6 +28,8 @@ from activedb.streams._matcher import Matcher, PartitionState
 from activedb.streams._overlay import Overlay
 from activedb.streams._state import Pending
 from activedb.streams._view import Stamp, StoreView
+
+_stamp = functools.partial(tuple.__new__, Stamp)     # Stamp(*fields) without the named tuple's __new__ in Python
 from activedb.streams.errors import ActionFailed, StreamError
 
 if TYPE_CHECKING:
@@ -223,7 +226,7 @@ class BatchRun:
         event = stransaction.event
         history = self.engine.history
         if history is None:         # (a unit and the event's text name history records only)
-            view = overlay.view(Stamp(stransaction.id, stransaction.id, None, event.ts, event.position))
+            view = overlay.view(_stamp((stransaction.id, stransaction.id, None, event.ts, event.position)))
             unit = stransaction.id
         else:
             unit = self._unit(stransaction.id)
@@ -345,7 +348,9 @@ class BatchRun:
                                                event.position))
         alone = self._alone
         figures = alone or self._mine()
-        partition_of = self.pending.partition if alone is not None else None
+        # One thread: the batch's partition states are read without the mutex (Pending.partition, inline).
+        states, saved = (self.pending.overlay, self.pending.base.partitions) if alone is not None else (None, None)
+        stepped = self.engine.history is not None      # (the view's steps order history records only)
         evaluations = figures.evaluations
         touched: dict[tuple[str, tuple], PartitionState] = {}
         fired: list[tuple[int, str, list[Output]]] = []
@@ -359,11 +364,15 @@ class BatchRun:
             key = matcher.partition_key(event)
             if source is not None:
                 state = source(stransaction, name, key)
+            elif states is not None:
+                partition = (name, key)
+                state = states[partition] if partition in states else saved.get(partition)
             else:
-                state = partition_of((name, key)) if partition_of is not None else self.partition(name, key)
+                state = self.partition(name, key)
             step = matcher.prepare(state, event)
             prepared = clock()
-            view.at(0, rank, name)
+            if stepped:
+                view.at(0, rank, name)
             outputs, state = step.complete(view)
             ended = clock()
             matching += prepared - started

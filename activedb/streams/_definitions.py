@@ -122,17 +122,21 @@ class Definitions:
 
     def access_plan(self, event: StreamEvent) -> AccessPlan:
         """See :meth:`StreamEngine.access_plan`."""
-        stream = self.stream_of(event)
-        template = self._plans.get((stream.name, event.type)) or self._plan_template(stream.name, event.type)
+        plans = self._plans
+        name = event.stream             # (a released event names its stream: the template is found at once)
+        template = plans.get((name, event.type)) if name is not None else None
+        if template is None:
+            name = self.stream_of(event).name
+            template = plans.get((name, event.type)) or self._plan_template(name, event.type)
         reads, writes, opaque, keys_of = template
         keys = keys_of(event.attributes)
-        plan = self._plans.get((stream.name, event.type, keys))    # immutable: events with the same keys share it
+        plan = plans.get((name, event.type, keys))    # immutable: events with the same keys share it
         if plan is None:
-            if len(self._plans) > 10_000:
+            if len(plans) > 10_000:
                 self._plans = {}
             plan = AccessPlan(frozenset(map(Resource, [table for table, _ in reads], keys[:len(reads)])),
                               frozenset(map(Resource, [table for table, _ in writes], keys[len(reads):])), opaque)
-            self._plans[(stream.name, event.type, keys)] = plan
+            self._plans[(name, event.type, keys)] = plan
         return plan
 
     def _plan_template(self, stream: str, event_type: str):

@@ -1,12 +1,12 @@
-"""Expressions compiled to closures ``fn(ctx) -> value`` over a :class:`Ctx` (SQL's
-three-valued logic: a comparison with NULL is unknown, None), the :class:`Scope` names resolve
-in, and the store reads and writes a definition may perform (:class:`ReadSpec`,
-:class:`WriteSpec`: Algorithm 1's data).
+"""Expressions compiled to functions ``fn(ctx) -> value`` over a :class:`Ctx` (SQL's
+three-valued logic: a comparison with NULL is unknown, None) — each expression's code generated
+and compiled once, by :func:`compile_expression` —, the :class:`Scope` names resolve in, and the
+store reads and writes a definition may perform (:class:`ReadSpec`, :class:`WriteSpec`:
+Algorithm 1's data).
 """
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -54,11 +54,6 @@ class WriteSpec(ReadSpec):
 
 # --- expressions ------------------------------------------------------------------------------
 
-_COMPARE = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
-            ">=": operator.ge}
-_ARITHMETIC = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
-
-
 class Scope:
     """How the names of one expression resolve; collects what the expression uses."""
 
@@ -100,143 +95,187 @@ class Scope:
 
 
 def compile_expression(node: ast.Expr, scope: Scope) -> Fn:
-    if isinstance(node, ast.Literal):
-        value = node.value
-        return lambda ctx: value
-    if isinstance(node, ast.AttributeRef):
-        if scope.query is not None:
-            attribute = scope.output_attribute(node)
-            return lambda ctx: ctx.events.attributes.get(attribute)
-        index, attribute = scope.component(node)
-        return lambda ctx: ctx.events[index].attributes.get(attribute)
-    if isinstance(node, ast.ColumnRef):
-        if scope.row_table is None:
-            raise UnknownName(f"{scope.what}: {node.column!r} is not qualified; write EVENT.{node.column} for an "
-                              f"event attribute (or use it inside a subquery on a table)", **at(node))
-        column = scope.row_table.column(node.column, node.position)
-        return lambda ctx: ctx.row.get(column) if ctx.row is not None else None
-    if isinstance(node, ast.Compare):
-        text = node.operator
-        return _null_propagating(
-            compile_expression(node.left, scope), compile_expression(node.right, scope), _COMPARE[text], TypeError,
-            lambda a, b, error: f"cannot compare {a!r} {text} {b!r} ({type(a).__name__} with {type(b).__name__})")
-    if isinstance(node, ast.Arithmetic):
-        text = node.operator
-        return _null_propagating(
-            compile_expression(node.left, scope), compile_expression(node.right, scope), _ARITHMETIC[text],
-            (TypeError, ZeroDivisionError), lambda a, b, error: f"cannot compute {a!r} {text} {b!r}: {error}")
-    if isinstance(node, (ast.Negate, ast.Not)):
-        operand = compile_expression(node.operand, scope)
-        apply = operator.neg if isinstance(node, ast.Negate) else operator.not_
+    """``node`` as one Python function ``fn(ctx) -> value``: the expression's code generated as statements (SQL's
+    three-valued logic, the short-circuits of AND/OR, the store reads of subqueries) and compiled once — a call
+    per evaluation, not one per node of the tree.  Names are resolved and checked here (``scope`` collects the
+    components used and the store reads), in the order of the tree."""
+    return _Generator(scope.what).function(node, scope)
 
-        def evaluate_unary(ctx: Ctx) -> Any:
-            value = operand(ctx)
-            return None if value is None else apply(value)
-        return evaluate_unary
-    if isinstance(node, ast.IsNull):
-        operand = compile_expression(node.operand, scope)
-        if node.negated:
-            return lambda ctx: operand(ctx) is not None
-        return lambda ctx: operand(ctx) is None
-    if isinstance(node, (ast.And, ast.Or)):
-        # SQL's three-valued AND/OR: a decisive operand (false for AND, true for OR) decides;
-        # else unknown if any operand is unknown.
-        operands = [compile_expression(operand, scope) for operand in node.operands]
+
+class _Generator:
+    """Emits an expression's statements into one function.  Every value the code uses that is not a name of its
+    own (a literal, a column or table name, a message function) is a constant of the function's namespace, so
+    no text of a definition is ever pasted into the code."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self.lines: list[str] = []
+        self.namespace: dict[str, Any] = {"EvaluationError": EvaluationError}
+        self.count = 0
+
+    def function(self, node: ast.Expr, scope: Scope) -> Fn:
+        result = self.value(node, scope, 1)
+        source = "def evaluate(ctx):\n" + "".join(self.lines) + f"    return {result}\n"
+        exec(compile(source, f"<{self.what}>", "exec"), self.namespace)      # noqa: S102 - generated above
+        function = self.namespace["evaluate"]
+        function.source = source          # (for a reader of tracebacks and for the tests)
+        return function
+
+    # --- emitting ------------------------------------------------------------------------------------
+
+    def emit(self, indent: int, line: str) -> None:
+        self.lines.append("    " * indent + line + "\n")
+
+    def temp(self) -> str:
+        self.count += 1
+        return f"v{self.count}"
+
+    def constant(self, value: Any) -> str:
+        self.count += 1
+        name = f"k{self.count}"
+        self.namespace[name] = value
+        return name
+
+    # --- one node: its statements at ``indent``, then the name of the variable (or constant) holding its value ---
+
+    def value(self, node: ast.Expr, scope: Scope, indent: int) -> str:
+        if isinstance(node, ast.Literal):
+            return self.constant(node.value)
+        if isinstance(node, ast.AttributeRef):
+            result = self.temp()
+            if scope.query is not None:
+                attribute = self.constant(scope.output_attribute(node))
+                self.emit(indent, f"{result} = ctx.events.attributes.get({attribute})")
+            else:
+                index, attribute = scope.component(node)
+                self.emit(indent, f"{result} = ctx.events[{index}].attributes.get({self.constant(attribute)})")
+            return result
+        if isinstance(node, ast.ColumnRef):
+            if scope.row_table is None:
+                raise UnknownName(f"{scope.what}: {node.column!r} is not qualified; write EVENT.{node.column} for an "
+                                  f"event attribute (or use it inside a subquery on a table)", **at(node))
+            column = self.constant(scope.row_table.column(node.column, node.position))
+            result = self.temp()
+            self.emit(indent, f"{result} = ctx.row.get({column}) if ctx.row is not None else None")
+            return result
+        if isinstance(node, ast.Compare):
+            text = node.operator
+            return self.binary(node, scope, indent, _COMPARE_CODE[text], "TypeError",
+                               lambda a, b, error: f"cannot compare {a!r} {text} {b!r} "
+                                                   f"({type(a).__name__} with {type(b).__name__})")
+        if isinstance(node, ast.Arithmetic):
+            text = node.operator
+            return self.binary(node, scope, indent, text, "(TypeError, ZeroDivisionError)",
+                               lambda a, b, error: f"cannot compute {a!r} {text} {b!r}: {error}")
+        if isinstance(node, (ast.Negate, ast.Not)):
+            operand = self.value(node.operand, scope, indent)
+            result = self.temp()
+            apply = f"-{operand}" if isinstance(node, ast.Negate) else f"not {operand}"
+            self.emit(indent, f"{result} = None if {operand} is None else {apply}")
+            return result
+        if isinstance(node, ast.IsNull):
+            operand = self.value(node.operand, scope, indent)
+            result = self.temp()
+            self.emit(indent, f"{result} = {operand} is {'not ' if node.negated else ''}None")
+            return result
+        if isinstance(node, (ast.And, ast.Or)):
+            return self.connective(node, scope, indent)
+        if isinstance(node, (ast.ScalarSubquery, ast.Exists)):
+            return self.select(node, scope, indent)
+        if isinstance(node, ast.Equivalence):
+            raise DefinitionError(f"{scope.what}: [{node.attribute}] (the equivalence test) is only allowed as a "
+                                  f"top-level AND term of a query's WHERE", **at(node))
+        raise DefinitionError(f"{scope.what}: unsupported expression {node!r}")
+
+    def binary(self, node: Any, scope: Scope, indent: int, operator_code: str, failures: str,
+               describe: Callable[[Any, Any, Exception], str]) -> str:
+        """``left operator right``; NULL (None) if either is NULL (SQL); an ``EvaluationError`` saying
+        ``describe(a, b, error)`` if the operator raises one of ``failures``."""
+        left = self.value(node.left, scope, indent)
+        right = self.value(node.right, scope, indent)
+        result = self.temp()
+        message = self.constant(describe)
+        self.emit(indent, f"if {left} is None or {right} is None:")
+        self.emit(indent + 1, f"{result} = None")
+        self.emit(indent, "else:")
+        self.emit(indent + 1, "try:")
+        self.emit(indent + 2, f"{result} = {left} {operator_code} {right}")
+        self.emit(indent + 1, f"except {failures} as error:")
+        self.emit(indent + 2, f"raise EvaluationError({message}({left}, {right}, error)) from None")
+        return result
+
+    def connective(self, node: ast.And | ast.Or, scope: Scope, indent: int) -> str:
+        """SQL's three-valued AND/OR: a decisive operand (false for AND, true for OR) decides and the operands
+        after it are not evaluated (nor their reads made); else unknown if any operand is unknown."""
         decisive = isinstance(node, ast.Or)
+        result, unknown = self.temp(), self.temp()
+        self.emit(indent, f"{unknown} = False")
+        self.emit(indent, "while True:")           # (one pass; ``break`` is the short-circuit)
+        for operand in node.operands:
+            value = self.value(operand, scope, indent + 1)
+            self.emit(indent + 1, f"if {value} is None:")
+            self.emit(indent + 2, f"{unknown} = True")
+            self.emit(indent + 1, f"elif bool({value}) is {decisive}:")
+            self.emit(indent + 2, f"{result} = {decisive}")
+            self.emit(indent + 2, "break")
+        self.emit(indent + 1, f"{result} = None if {unknown} else {not decisive}")
+        self.emit(indent + 1, "break")
+        return result
 
-        def evaluate_connective(ctx: Ctx) -> Any:
-            unknown = False
-            for operand in operands:
-                value = operand(ctx)
-                if value is None:
-                    unknown = True
-                elif bool(value) is decisive:
-                    return decisive
-            return None if unknown else not decisive
-        return evaluate_connective
-    if isinstance(node, (ast.ScalarSubquery, ast.Exists)):
-        return _compile_select(node, scope)
-    if isinstance(node, ast.Equivalence):
-        raise DefinitionError(f"{scope.what}: [{node.attribute}] (the equivalence test) is only allowed as a "
-                              f"top-level AND term of a query's WHERE", **at(node))
-    raise DefinitionError(f"{scope.what}: unsupported expression {node!r}")
-
-
-def _null_propagating(left: Fn, right: Fn, apply: Callable[[Any, Any], Any],
-                      failures: type[Exception] | tuple[type[Exception], ...],
-                      describe: Callable[[Any, Any, Exception], str]) -> Fn:
-    """``apply`` to both operands; NULL (None) if either is NULL (SQL); an ``EvaluationError``
-    saying ``describe(a, b, error)`` if ``apply`` raises one of ``failures``."""
-    def evaluate(ctx: Ctx) -> Any:
-        a, b = left(ctx), right(ctx)
-        if a is None or b is None:
-            return None
-        try:
-            return apply(a, b)
-        except failures as error:
-            raise EvaluationError(describe(a, b, error)) from None
-    return evaluate
-
-
-def _compile_select(node: ast.ScalarSubquery | ast.Exists, scope: Scope) -> Fn:
-    select = node.select
-    table = scope.catalog.table(select.table, select.position or node.position)
-    column = table.column(select.column, select.position) if select.column is not None else None
-    conditions: dict[str, Fn] = {}
-    sources: dict[str, Any] = {}
-    for written, expression in select.conditions:
-        real = table.column(written, getattr(expression, "position", None) or select.position)
-        if real in conditions:
-            raise DefinitionError(f"{scope.what}: column {written} appears twice in the subquery's WHERE",
-                                  **at(select))
-        if any(isinstance(inner, (ast.ScalarSubquery, ast.Exists)) for inner in expression.walk()):
-            raise DefinitionError(f"{scope.what}: nested subqueries are not supported; use a Python action",
-                                  **at(expression))
+    def select(self, node: ast.ScalarSubquery | ast.Exists, scope: Scope, indent: int) -> str:
+        select = node.select
+        table = scope.catalog.table(select.table, select.position or node.position)
+        column = table.column(select.column, select.position) if select.column is not None else None
+        values: dict[str, str] = {}            # column -> the variable with its condition's value
+        sources: dict[str, Any] = {}
         inner_scope = Scope(scope.catalog, components=scope.components, stream=scope.stream,
                             new_alias=scope.new_alias, query=scope.query, what=scope.what)
-        conditions[real] = compile_expression(expression, inner_scope)
+        for written, expression in select.conditions:
+            real = table.column(written, getattr(expression, "position", None) or select.position)
+            if real in values:
+                raise DefinitionError(f"{scope.what}: column {written} appears twice in the subquery's WHERE",
+                                      **at(select))
+            if any(isinstance(inner, (ast.ScalarSubquery, ast.Exists)) for inner in expression.walk()):
+                raise DefinitionError(f"{scope.what}: nested subqueries are not supported; use a Python action",
+                                      **at(expression))
+            values[real] = self.value(expression, inner_scope, indent)     # (every condition, before the read)
+            sources[real] = expression if isinstance(expression, (ast.AttributeRef, ast.Literal)) else None
         scope.used |= inner_scope.used
-        sources[real] = expression if isinstance(expression, (ast.AttributeRef, ast.Literal)) else None
-    key_order = table.key_columns if set(conditions) == set(table.key_columns) else None
-    name = table.name
-    if key_order is not None:
-        scope.reads.append(ReadSpec(name, tuple((column_name, sources[column_name]) for column_name in key_order)))
-        key_functions = [conditions[column_name] for column_name in key_order]
-        if len(key_functions) == 1:
-            key_function = key_functions[0]
+        name = self.constant(table.name)
+        result = self.temp()
+        missing = " or ".join(f"{value} is None" for value in values.values()) or "False"
+        key_order = table.key_columns if set(values) == set(table.key_columns) else None
+        if key_order is not None:
+            scope.reads.append(ReadSpec(table.name, tuple((real, sources[real]) for real in key_order)))
+            key = "(" + "".join(f"{values[real]}, " for real in key_order) + ")"
+            # column = NULL matches no row; one row at most (the whole key).
+            self.emit(indent, f"if {missing}:")
+            if isinstance(node, ast.Exists):
+                self.emit(indent + 1, f"{result} = False")
+                self.emit(indent, "else:")
+                self.emit(indent + 1, f"{result} = ctx.reader.read({name}, {key}) is not None")
+            else:
+                self.emit(indent + 1, f"{result} = None")
+                self.emit(indent, "else:")
+                self.emit(indent + 1, f"{result} = ctx.reader.read_value({name}, {key}, {self.constant(column)})")
+            return result
+        scope.reads.append(ReadSpec(table.name, None))
+        where = "{" + ", ".join(f"{self.constant(real)}: {value}" for real, value in values.items()) + "}"
+        rows = self.temp()
+        self.emit(indent, f"{rows} = [] if {missing} else ctx.reader.scan({name}, {where})")
+        if isinstance(node, ast.Exists):
+            self.emit(indent, f"{result} = bool({rows})")
+            return result
+        too_many = self.constant(lambda count: f"the subquery (SELECT {select.column} FROM {select.table} …) found "
+                                               f"{count} rows; a scalar subquery must find at most one (name the whole "
+                                               f"key)")
+        self.emit(indent, f"if not {rows}:")
+        self.emit(indent + 1, f"{result} = None")
+        self.emit(indent, f"elif len({rows}) > 1:")
+        self.emit(indent + 1, f"raise EvaluationError({too_many}(len({rows})))")
+        self.emit(indent, "else:")
+        self.emit(indent + 1, f"{result} = {rows}[0].get({self.constant(column)})")
+        return result
 
-            def fetch(ctx: Ctx) -> list[dict]:      # (a one-column key: the one below without its generators)
-                value = key_function(ctx)
-                if value is None:
-                    return []      # column = NULL matches no row
-                row = ctx.reader.read(name, (value,))
-                return [] if row is None else [row]
-        else:
-            def fetch(ctx: Ctx) -> list[dict]:
-                key = tuple(function(ctx) for function in key_functions)
-                if any(value is None for value in key):
-                    return []      # column = NULL matches no row
-                row = ctx.reader.read(name, key)
-                return [] if row is None else [row]
-    else:
-        scope.reads.append(ReadSpec(name, None))
-        items = list(conditions.items())
 
-        def fetch(ctx: Ctx) -> list[dict]:
-            where = {column_name: function(ctx) for column_name, function in items}
-            if any(value is None for value in where.values()):
-                return []
-            return ctx.reader.scan(name, where)
-
-    if isinstance(node, ast.Exists):
-        return lambda ctx: bool(fetch(ctx))
-
-    def scalar(ctx: Ctx) -> Any:
-        rows = fetch(ctx)
-        if not rows:
-            return None
-        if len(rows) > 1:
-            raise EvaluationError(f"the subquery (SELECT {select.column} FROM {select.table} …) found {len(rows)} "
-                                  f"rows; a scalar subquery must find at most one (name the whole key)")
-        return rows[0].get(column)
-    return scalar
+_COMPARE_CODE = {"=": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}

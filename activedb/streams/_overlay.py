@@ -156,9 +156,13 @@ class Overlay:
         return row
 
     def read(self, table: Any, key: tuple) -> dict | None:
-        row = self._row(table, key)
-        image = row.base if row.entry is None and row.base is not _UNREAD else row.image(self._tx)
+        image = self.image(table, key)
         return dict(image) if image is not None else None
+
+    def image(self, table: Any, key: tuple) -> dict | None:
+        """The row as the s-transaction sees it — the overlay's own dict: the caller must not change it."""
+        row = self._row(table, key)
+        return row.base if row.entry is None and row.base is not _UNREAD else row.image(self._tx)
 
     def write(self, table: Any, key: tuple, values: dict) -> None:
         row = self._row(table, key)
@@ -246,6 +250,18 @@ class OverlayView(StoreView):
         if self._history is not None:
             self._record(self._history.read, table, key, image, "derive")
         return image
+
+    def read_value(self, table: str, key: Any, column: str) -> Any:
+        # (read's steps with the overlay's image itself, not a copy: only one value of it leaves)
+        if key.__class__ is not tuple:
+            key = (key,)
+        if self._cost is not None:
+            self._cost("read")
+        image = self._overlay.image(table, key)
+        self.reads += 1
+        if self._history is not None:
+            self._record(self._history.read, table, key, None if image is None else dict(image), "derive")
+        return None if image is None else image.get(column)
 
     def scan(self, table: str, where: Mapping[str, Any] | None = None) -> list[dict]:
         self._before("read", table, None)

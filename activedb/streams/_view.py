@@ -83,6 +83,12 @@ class StoreView:
         self._before("read", table, key)
         return self._read(table, key, self.tx.read(table, key))
 
+    def read_value(self, table: str, key: Any, column: str) -> Any:
+        """``column`` of the row ``key`` (None if there is no such row): a scalar subquery's read — one read,
+        counted, recorded and locked as :meth:`read` is."""
+        row = self.read(table, key)
+        return None if row is None else row.get(column)
+
     def scan(self, table: str, where: Mapping[str, Any] | None = None) -> list[dict]:
         self._before("read", table, None)
         return self._read(table, None, self.tx.scan(table, where))
