@@ -11,6 +11,7 @@ Thread-safety: a ``Matcher`` is immutable; states are values.  Steps are used by
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, NamedTuple
 
@@ -30,6 +31,10 @@ class PartitionState(NamedTuple):
 
     def size(self) -> int:
         return sum(len(buffer) for buffer in self.buffers) + sum(len(run) for run in self.runs)
+
+
+# PartitionState((buffers, runs)) without the named tuple's __new__ in Python (one per event and query).
+_state = functools.partial(tuple.__new__, PartitionState)
 
 
 def _all(predicates, ctx: Ctx) -> bool:
@@ -84,11 +89,18 @@ class Matcher:
         runs = state.runs
         if within is not None:
             ts = event.ts
-            for index, buffer in enumerate(buffers):
-                if buffer and seconds(ts - buffer[0].ts) > within:
-                    buffers[index] = tuple(kept for kept in buffer if seconds(ts - kept.ts) <= within)
-            if runs:
-                runs = tuple(run for run in runs if seconds(ts - run[0].ts) <= within)
+            if ts.__class__ is float or ts.__class__ is int:      # (a difference of numbers is in seconds)
+                for index, buffer in enumerate(buffers):
+                    if buffer and ts - buffer[0].ts > within:
+                        buffers[index] = tuple(kept for kept in buffer if ts - kept.ts <= within)
+                if runs:
+                    runs = tuple(run for run in runs if ts - run[0].ts <= within)
+            else:
+                for index, buffer in enumerate(buffers):
+                    if buffer and seconds(ts - buffer[0].ts) > within:
+                        buffers[index] = tuple(kept for kept in buffer if seconds(ts - kept.ts) <= within)
+                if runs:
+                    runs = tuple(run for run in runs if seconds(ts - run[0].ts) <= within)
         ctx = None
         matches: dict[int, bool] = {}
         for index in indices:
@@ -110,7 +122,7 @@ class Matcher:
             for index in indices:
                 if index != accepting and matches[index]:
                     buffers[index] = buffers[index] + (event,)
-            step.state = PartitionState(tuple(buffers), ())
+            step.state = _state((tuple(buffers), ()))
             return step
         # Skip-till-next-match: advance the runs (pure), leave the accepting candidates to complete().
         positives = query.positives
@@ -130,8 +142,8 @@ class Matcher:
                 buffers[index] = buffers[index] + (event,)
         step.buffers = tuple(buffers)
         step.entries = entries
-        step.state = PartitionState(step.buffers, tuple(kept for kept, candidate in entries
-                                                        if candidate is None and kept is not None))
+        step.state = _state((step.buffers, tuple(kept for kept, candidate in entries
+                                                  if candidate is None and kept is not None)))
         return step
 
     def _extends(self, run: tuple[StreamEvent, ...], event: StreamEvent, ctx: Ctx, buffers: list) -> bool:
@@ -265,7 +277,7 @@ class Step:
                     ctx.events[index] = None
             if not completed and kept is not None:
                 kept_runs.append(kept)
-        return outputs, PartitionState(self.buffers, tuple(kept_runs))
+        return outputs, _state((self.buffers, tuple(kept_runs)))
 
     def _output(self, constituents: list[StreamEvent], ctx: Ctx) -> Output:
         query = self.matcher.query
