@@ -173,7 +173,7 @@ def test_the_lineage_revision_round_trips(database_url):
 
     database = activedb.connect(database_url)
     try:
-        assert _migrate.head() == "0011_uncompressed_stream_state"
+        assert _migrate.head() == "0012_stream_state_as_json"
         database.schema.downgrade("0007_lineage")
         assert scalar(database, "SELECT to_regclass('activedb_split_failures') IS NULL")
         database.schema.downgrade("0006_ingested_events")

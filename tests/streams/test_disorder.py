@@ -272,7 +272,7 @@ def test_a_buffer_saved_in_the_earlier_layouts_still_loads(db):
             if number % 2:
                 saved = dict(zip(("t", "ts", "s", "p", "a"), saved))
             connection.execute(sa.text("INSERT INTO activedb_stream_state (engine, kind, item, value) "
-                                       "VALUES ('old_layout', 'buffer', :item, CAST(:value AS jsonb))"),
+                                       "VALUES ('old_layout', 'buffer', :item, CAST(:value AS json))"),
                                {"item": str(arrival), "value": json.dumps(saved)})
     after = engine(db, name="old_layout")
     after.feed([])                                          # loads the saved state, releases nothing new
@@ -281,7 +281,7 @@ def test_a_buffer_saved_in_the_earlier_layouts_still_loads(db):
 
 def test_a_saved_chunk_of_events_decodes_to_the_same_events():
     """The buffer's chunks are saved as columns: events with different attribute sets, a None
-    attribute and a missing one, numbers and datetimes come back equal (through JSON, as jsonb)."""
+    attribute and a missing one, numbers and datetimes come back equal (through JSON, as the table stores it)."""
     import datetime as dt
     import json
 
@@ -399,7 +399,7 @@ def test_partitions_saved_in_the_earlier_layout_still_load_and_move_to_the_new_o
                                    "AND kind = 'partitions'"))
         for item, state in latest.items():
             connection.execute(sa.text("INSERT INTO activedb_stream_state (engine, kind, item, value) "
-                                       "VALUES ('old_partitions', 'partition', :item, CAST(:value AS jsonb))"),
+                                       "VALUES ('old_partitions', 'partition', :item, CAST(:value AS json))"),
                                {"item": item, "value": json.dumps(state)})
     legacy = len(latest)
     after = engine(db, name="old_partitions", record_history=False)
@@ -449,12 +449,12 @@ def test_rows_of_partitions_and_chunks_with_every_event_inline_still_load(db):
             value = {"arrivals": value["arrivals"], **{field: full(value[field], count) for field in ("t", "ts", "s", "p")},
                      "a": {name: full(column, count) for name, column in value["a"].items()}}
             connection.execute(sa.text("INSERT INTO activedb_stream_state (engine, kind, item, value) "
-                                       "VALUES ('inline_rows', 'buffer', :item, CAST(:value AS jsonb))"),
+                                       "VALUES ('inline_rows', 'buffer', :item, CAST(:value AS json))"),
                                {"item": item, "value": json.dumps(value)})
         entries = [[query, list(key), _inline_state(state)]
                    for query in ("Q1", "Q2") for key, state in before.partitions(query).items()]
         connection.execute(sa.text("INSERT INTO activedb_stream_state (engine, kind, item, value) "
-                                   "VALUES ('inline_rows', 'partitions', '000000000000', CAST(:value AS jsonb))"),
+                                   "VALUES ('inline_rows', 'partitions', '000000000000', CAST(:value AS json))"),
                            {"value": json.dumps({"entries": entries})})
     after = engine(db, name="inline_rows", record_history=False)
     after.feed([])
@@ -465,3 +465,40 @@ def test_rows_of_partitions_and_chunks_with_every_event_inline_still_load(db):
     assert [(output.query, output.attributes) for output in rest.outputs] == \
         [(output.query, output.attributes) for output in expected.outputs]
     assert statuses(db) == expected_statuses
+
+
+def test_the_saved_state_keeps_through_the_revision_that_stores_it_as_json(db, database_url):
+    """Revision 0012 changes ``activedb_stream_state.value`` from ``jsonb`` to ``json`` (stored uncompressed both
+    ways): state saved before it loads after it, and the downgrade gives the rows back as ``jsonb``."""
+    import activedb
+
+    rng = random.Random(SEED + 8)
+    events = random_stream(rng, 120)
+    reset(db)
+    before = engine(db, name="revised", record_history=False)
+    before.feed(events[:80], punctuation=events[60].ts)
+    assert before.buffered() and (before.partitions("Q1") or before.partitions("Q2"))
+
+    def column() -> tuple:
+        with db.engine.connect() as connection:
+            return tuple(connection.execute(sa.text(
+                "SELECT format_type(atttypid, atttypmod), attstorage FROM pg_attribute "
+                "WHERE attrelid = 'activedb_stream_state'::regclass AND attname = 'value'")).one())
+
+    def loaded() -> tuple:
+        fresh = engine(db, name="revised", record_history=False)
+        fresh.feed([])
+        return fresh.buffered(), fresh.partitions("Q1"), fresh.partitions("Q2")
+
+    expected = (before.buffered(), before.partitions("Q1"), before.partitions("Q2"))
+    assert column() == ("json", "e")
+    database = activedb.connect(database_url)
+    try:
+        database.schema.downgrade("0011_uncompressed_stream_state")
+        assert column() == ("jsonb", "e")
+        assert loaded() == expected
+        database.schema.upgrade("head")
+    finally:
+        database.close()
+    assert column() == ("json", "e")
+    assert loaded() == expected
