@@ -9,11 +9,12 @@ the batch touches.
 
 from __future__ import annotations
 
+import bisect
 from typing import Any, Callable, Mapping
 
 from activedb.streams._catalog import StreamSchema
-from activedb.streams._events import (DeadLetter, StreamEvent, check_ts, format_ts, make_event, order_key, ts_extreme,
-                                      ts_less)
+from activedb.streams._events import (END_OF_STREAM, DeadLetter, StreamEvent, check_ts, format_ts, make_event,
+                                      order_key, ts_extreme, ts_less)
 from activedb.streams._metrics import Metrics
 from activedb.streams._state import Pending
 
@@ -57,7 +58,8 @@ class ReorderBuffer:
             event = make_event(event_type, event.ts, event.attributes, stream.name, event.origin,   # replace(), faster
                                event.sts if event.sts is not None else now, event.position)
             try:
-                kind = check_ts(event.ts)
+                ts = event.ts
+                kind = "number" if ts.__class__ is float and ts - ts == 0.0 else check_ts(ts)   # (finite floats first)
             except ValueError as error:
                 letters.append(self._reject(event, f"rejected: {error}"))
                 continue
@@ -129,9 +131,12 @@ class ReorderBuffer:
         if bound is None or bound is pending.released and not pending.buffer:
             return []
         buffer = pending.buffer
-        cut = 0
-        while cut < len(buffer) and ts_less(buffer[cut][2].ts, bound):
-            cut += 1
+        # The buffer is sorted by order key, whose first part is the timestamp: the events older than the bound
+        # are its first ``cut`` entries.
+        if bound is END_OF_STREAM:
+            cut = len(buffer)
+        else:
+            cut = bisect.bisect_left(buffer, True, key=lambda entry: not ts_less(entry[0][0], bound))
         pending.released = bound
         if not cut:
             return []
