@@ -88,6 +88,19 @@ class Output:
         return f"{self.query}^{format_ts(self.ts)}"
 
 
+_OUTPUT_SLOTS = _slot_setters(Output)
+
+
+def make_output(query: str, ts: Any, attributes: Mapping[str, Any], constituents: tuple, sts: float,
+                position: int, _new: Any = object.__new__) -> Output:
+    """``Output(query, ts, attributes, constituents, sts, position)`` made by the matcher: the slots set
+    directly, as :func:`make_event` does."""
+    output = _new(Output)
+    for setter, value in zip(_OUTPUT_SLOTS, (query, ts, attributes, constituents, sts, position)):
+        setter(output, value)
+    return output
+
+
 @dataclass(frozen=True)
 class DeadLetter:
     """An event the engine did not process.  ``punctuation`` is set for late events (the

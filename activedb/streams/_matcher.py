@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from activedb.events import seconds
 from activedb.streams import algebra as ast
 from activedb.streams._compile import CompiledQuery, Ctx
-from activedb.streams._events import Output, StreamEvent
+from activedb.streams._events import Output, StreamEvent, make_output
 
 
 class PartitionState(NamedTuple):
@@ -35,6 +35,7 @@ class PartitionState(NamedTuple):
 
 # PartitionState((buffers, runs)) without the named tuple's __new__ in Python (one per event and query).
 _state = functools.partial(tuple.__new__, PartitionState)
+_new_step = object.__new__
 
 
 def _all(predicates, ctx: Ctx) -> bool:
@@ -116,7 +117,8 @@ class Matcher:
         if ctx is None and not self.any_match:
             ctx = Ctx([None] * self.width)          # (skip-till-next-match extends runs with it)
         accepting = query.accepting
-        step = Step(self, event, matches.get(accepting, False))
+        step = _new_step(Step)         # (Step(...) without __init__'s call: its slots set here, by mode)
+        step.matcher, step.event, step.accepting = self, event, matches.get(accepting, False)
         if self.any_match:
             step.search = tuple(buffers)
             for index in indices:
@@ -186,16 +188,9 @@ class Matcher:
 class Step:
     """One event's evaluation by one query: :meth:`Matcher.prepare` made it, :meth:`complete` ends it."""
 
+    # Set by Matcher.prepare: matcher, event, accepting, state; ``search`` (the buffers to search, skip-till-any-
+    # match) or ``entries`` and ``buffers`` (skip-till-next-match).
     __slots__ = ("matcher", "event", "accepting", "state", "search", "entries", "buffers")
-
-    def __init__(self, matcher: Matcher, event: StreamEvent, accepting: bool):
-        self.matcher = matcher
-        self.event = event
-        self.accepting = accepting
-        self.state: PartitionState | None = None
-        self.search: tuple | None = None
-        self.entries: list | None = None
-        self.buffers: tuple | None = None
 
     # --- phase 2 -------------------------------------------------------------------------
 
@@ -284,6 +279,6 @@ class Step:
         for index, bound in zip(query.positives, constituents):
             ctx.events[index] = bound
         attributes = {name: function(ctx) for name, function in query.returns}
-        return Output(query=query.name, ts=max(event.ts for event in constituents), attributes=attributes,
-                      constituents=tuple(constituents), sts=time.perf_counter(), position=self.event.position)
+        return make_output(query.name, max(event.ts for event in constituents), attributes, tuple(constituents),
+                           time.perf_counter(), self.event.position)
 
