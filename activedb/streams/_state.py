@@ -75,14 +75,23 @@ class Pending:
 
 class BatchOutcome(CommitParticipant):
     """Tells the engine how the top-level transaction of a batch ended: ``settle(pending,
-    committed)``, called once, after the outcome is known (outside the transaction's locks)."""
+    committed)``, called once, after the outcome is known (outside the transaction's locks).
+
+    It lets go of the pending state when it has told: the transaction keeps its participants, and the pending
+    state names its transaction (``root``), so holding on would keep every batch's pending state — its copy of
+    the buffer, its partition states — alive until Python's cyclic collector finds the pair."""
 
     def __init__(self, pending: Pending, settle: Callable[[Pending, bool], None]):
-        self.pending = pending
+        self.pending: Pending | None = pending
         self.settle = settle
 
     def committed(self, transaction: Transaction) -> None:
-        self.settle(self.pending, True)
+        self._tell(True)
 
     def aborted(self, transaction: Transaction, error: BaseException | None) -> None:
-        self.settle(self.pending, False)
+        self._tell(False)
+
+    def _tell(self, committed: bool) -> None:
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            self.settle(pending, committed)

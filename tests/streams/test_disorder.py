@@ -7,6 +7,7 @@ environment variable ``ACTIVEDB_STREAMS_SEED``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 
@@ -502,3 +503,32 @@ def test_the_saved_state_keeps_through_the_revision_that_stores_it_as_json(db, d
         database.close()
     assert column() == ("json", "e")
     assert loaded() == expected
+
+
+def test_a_settled_batch_leaves_its_pending_state_to_reference_counting(db):
+    """When a batch's transaction has ended, nothing holds its pending state any more (the transaction keeps its
+    participants; the participant lets go of the state once it has told the engine): it is freed at once, not
+    left — with its copy of the buffer and its partition states — for Python's cyclic collector."""
+    import gc
+    import weakref
+
+    rng = random.Random(SEED + 9)
+    events = random_stream(rng, 60)
+    reset(db)
+    made = engine(db, name="freed", record_history=False)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for outcome in ("commit", "abort"):
+            with pytest.raises(RuntimeError) if outcome == "abort" else contextlib.nullcontext(), \
+                    db.transaction() as tx:
+                made.process(tx, events[:30], punctuation=events[10].ts)
+                pending = weakref.ref(made._pending)
+                if outcome == "abort":
+                    raise RuntimeError("abort the batch")
+            del tx
+            assert pending() is None, f"after the {outcome}, the batch's pending state is still referenced"
+    finally:
+        if enabled:
+            gc.enable()
+
