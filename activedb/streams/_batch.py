@@ -87,12 +87,14 @@ class _once:
 
 @dataclass
 class STransaction:
-    """The s-transaction of one released event (Def. 7): ``T.ts = event.ts``."""
+    """The s-transaction of one released event (Def. 7): ``T.ts = event.ts``; ``plan``: Algorithm 1's locks for
+    it (``engine.access_plan(event)``: the engine computes a batch's plans at once)."""
 
     id: str
     event: StreamEvent
     matchers: tuple[tuple[int, Matcher], ...]        # (query rank, matcher), in query order
     engine: "StreamEngine" = field(repr=False)
+    plan: AccessPlan = field(repr=False)
 
     @property
     def ts(self) -> Any:
@@ -103,10 +105,6 @@ class STransaction:
         """``type^ts`` of its event (computed once: every history record and stamp names it)."""
         return self.event.describe()
 
-    @_once
-    def plan(self) -> AccessPlan:
-        """Algorithm 1's locks for this s-transaction (computed once)."""
-        return self.engine.access_plan(self.event)
 
 
 # --- one batch ----------------------------------------------------------------------------------

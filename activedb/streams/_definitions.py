@@ -122,22 +122,30 @@ class Definitions:
 
     def access_plan(self, event: StreamEvent) -> AccessPlan:
         """See :meth:`StreamEngine.access_plan`."""
+        return self.access_plans([event])[0]
+
+    def access_plans(self, events: list[StreamEvent]) -> list[AccessPlan]:
+        """``access_plan`` of each of ``events`` (a batch's, in one call: the lookups hoisted out of the loop)."""
         plans = self._plans
-        name = event.stream             # (a released event names its stream: the template is found at once)
-        template = plans.get((name, event.type)) if name is not None else None
-        if template is None:
-            name = self.stream_of(event).name
-            template = plans.get((name, event.type)) or self._plan_template(name, event.type)
-        reads, writes, opaque, keys_of = template
-        keys = keys_of(event.attributes)
-        plan = plans.get((name, event.type, keys))    # immutable: events with the same keys share it
-        if plan is None:
-            if len(plans) > 10_000:
-                self._plans = {}
-            plan = AccessPlan(frozenset(map(Resource, [table for table, _ in reads], keys[:len(reads)])),
-                              frozenset(map(Resource, [table for table, _ in writes], keys[len(reads):])), opaque)
-            self._plans[(name, event.type, keys)] = plan
-        return plan
+        if len(plans) > 10_000:
+            plans = self._plans = {}
+        found: list[AccessPlan] = []
+        for event in events:
+            name, event_type = event.stream, event.type
+            # (a released event names its stream: its template is found at once)
+            template = plans.get((name, event_type)) if name is not None else None
+            if template is None:
+                name = self.stream_of(event).name
+                template = plans.get((name, event_type)) or self._plan_template(name, event_type)
+            reads, writes, opaque, keys_of = template
+            keys = keys_of(event.attributes)
+            plan = plans.get((name, event_type, keys))    # immutable: events with the same keys share it
+            if plan is None:
+                plan = plans[(name, event_type, keys)] = AccessPlan(
+                    frozenset(map(Resource, [table for table, _ in reads], keys[:len(reads)])),
+                    frozenset(map(Resource, [table for table, _ in writes], keys[len(reads):])), opaque)
+            found.append(plan)
+        return found
 
     def _plan_template(self, stream: str, event_type: str):
         """Per (stream, type): the tables and how each key is taken from the event (cached

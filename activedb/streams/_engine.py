@@ -202,8 +202,9 @@ class StreamEngine:
         bound = self._reorder.bound(pending, streams, punctuation, punctuations)
         released = self._reorder.release(pending, bound, now)
         self.metrics.phase(buffer=time.perf_counter() - began)
-        stransactions = [STransaction(f"S{event.position}", event, self._definitions.matchers(event.stream, event.type),
-                                      self) for event in released]
+        matchers = self._definitions.matchers
+        stransactions = [STransaction(f"S{event.position}", event, matchers(event.stream, event.type), self, plan)
+                         for event, plan in zip(released, self._definitions.access_plans(released))]
         if self.prefetch and stransactions:
             prefetch(tx, stransactions)
         run = BatchRun(self, tx, pending, stransactions, serial=next(self._batch_serials),

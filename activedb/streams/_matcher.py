@@ -217,9 +217,10 @@ class Step:
         matcher = self.matcher
         query = matcher.query
         ctx = Ctx([None] * matcher.width, reader)
-        if not self._accepting_store(ctx):
-            return None
         ctx.events[query.accepting] = self.event
+        for predicate in query.accepting_store:      # (the accepting event's store predicates: _accepting_store)
+            if predicate(ctx) is not True:
+                return None
         if not self._bind(ctx, len(query.positives) - 2, self.event.position):
             return None
         return self._output([ctx.events[index] for index in query.positives], ctx)
