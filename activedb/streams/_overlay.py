@@ -240,19 +240,16 @@ class OverlayView(StoreView):
         self._overlay = overlay
 
     def read(self, table: str, key: Any) -> dict | None:
-        # (StoreView.read with its steps inline: the one operation of most s-transactions)
-        if key.__class__ is not tuple:
-            key = (key,)
-        if self._cost is not None:
-            self._cost("read")
-        image = self._overlay.read(table, key)
-        self.reads += 1
-        if self._history is not None:
-            self._record(self._history.read, table, key, image, "derive")
-        return image
+        image = self._image(table, key)
+        return None if image is None else dict(image)
 
     def read_value(self, table: str, key: Any, column: str) -> Any:
-        # (read's steps with the overlay's image itself, not a copy: only one value of it leaves)
+        image = self._image(table, key)      # (only one value of it leaves: no copy)
+        return None if image is None else image.get(column)
+
+    def _image(self, table: str, key: Any) -> dict | None:
+        """A Read's steps (StoreView's, inline: the one operation of most s-transactions) with the overlay's own
+        image of the row — the caller copies what it hands out."""
         if key.__class__ is not tuple:
             key = (key,)
         if self._cost is not None:
@@ -261,7 +258,7 @@ class OverlayView(StoreView):
         self.reads += 1
         if self._history is not None:
             self._record(self._history.read, table, key, None if image is None else dict(image), "derive")
-        return None if image is None else image.get(column)
+        return image
 
     def scan(self, table: str, where: Mapping[str, Any] | None = None) -> list[dict]:
         self._before("read", table, None)
