@@ -22,14 +22,12 @@ from lockmgr import Deadlock, LockTimeout
 
 from activedb.errors import (DatabaseUnavailable, DuplicateKey, SchemaError, SerializationConflict,
                              TransactionError)
-from activedb.streams._compile import CompiledQuery, CompiledRule, Ctx
+from activedb.streams._compile import CompiledRule, Ctx
 from activedb.streams._events import DeadLetter, Output, StreamEvent
 from activedb.streams._matcher import Matcher, PartitionState
 from activedb.streams._overlay import Overlay
 from activedb.streams._state import Pending
 from activedb.streams._view import Stamp, StoreView
-
-_stamp = functools.partial(tuple.__new__, Stamp)     # Stamp(*fields) without the named tuple's __new__ in Python
 from activedb.streams.errors import ActionFailed, StreamError
 
 if TYPE_CHECKING:
@@ -38,6 +36,8 @@ if TYPE_CHECKING:
     from activedb.streams._engine import StreamEngine
 
 logger = logging.getLogger("activedb.streams")
+
+_stamp = functools.partial(tuple.__new__, Stamp)     # Stamp(*fields) without the named tuple's __new__ in Python
 
 
 # --- results and plans ------------------------------------------------------------------------
@@ -104,7 +104,6 @@ class STransaction:
     def described(self) -> str:
         """``type^ts`` of its event (computed once: every history record and stamp names it)."""
         return self.event.describe()
-
 
 
 # --- one batch ----------------------------------------------------------------------------------
