@@ -6,10 +6,11 @@ protocol are in the design note ``activedb/streams/README.md``, "Exactly once".
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import decimal
 import json
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import sqlalchemy as sa
 
@@ -179,7 +180,7 @@ class PartitionRows:
 def _partition_item(partition: tuple[str, tuple]) -> str:
     """The item of ``partition``'s row in the earlier layout (kind ``partition``)."""
     query, key = partition
-    return json.dumps([query, [encode_value(value) for value in key]], separators=(",", ":"))
+    return json.dumps([query, _encode_key(key)], separators=(",", ":"))
 
 
 def _encode_states(recorded: Mapping[tuple[str, tuple], PartitionState | None]) -> dict:
@@ -200,7 +201,7 @@ def _encode_states(recorded: Mapping[tuple[str, tuple], PartitionState | None]) 
     for (query, key), state in recorded.items():
         encoded = None if state is None else {"b": [[index(event) for event in buffer] for buffer in state.buffers],
                                               "r": [[index(event) for event in run] for run in state.runs]}
-        entries.append([query, [encode_value(value) for value in key], encoded])
+        entries.append([query, _encode_key(key), encoded])
     return {"events": encode_events(events), "entries": entries}
 
 
@@ -262,7 +263,8 @@ def save(engine: Any, tx: Transaction, pending: Any) -> None:
 
 
 def load(engine: Any) -> Any:
-    """The engine's saved state (an empty one if it has none)."""
+    """The engine's saved state (an empty one if it has none).  A row it cannot read raises
+    ``StreamStateError`` naming the row (nothing is changed)."""
     from activedb.streams._state import State
 
     table = engine.db.table(TABLE)
@@ -273,47 +275,25 @@ def load(engine: Any) -> Any:
     if not rows:
         return state
     streams = engine.streams
-    queries = engine.queries
     buffered: list[tuple[int, StreamEvent]] = []
     batches: list[tuple[str, dict]] = []
     for kind, item, value in rows:
-        if kind == "meta":
-            for query, fingerprint in value.get("fingerprints", {}).items():
-                current = queries.get(query)
-                if current is not None and current.fingerprint != fingerprint:
-                    raise StreamStateError(
-                        f"engine {engine.name}: query {query} is not defined as it was when its state was saved "
-                        f"(its partial matches may not fit); call engine.reset_state() to start it over, or "
-                        f"restore the old definition")
-            state.released = decode_value(value["released"])
-            state.punctuations = {stream: decode_value(mark) for stream, mark in value["punctuations"].items()}
-            state.position = value["position"]
-            state.arrivals = value["arrivals"]
-            state.time_kind = value["time_kind"]
-        elif kind == "buffer":
-            # One row per batch's chunk of buffered events; those older than the released
-            # punctuation were released by a later batch (the buffer holds no older event).
-            events = list(zip(value["arrivals"], decode_events(value))) if "arrivals" in value \
-                else [(int(item), decode_event(value))]       # a row of one event (the earlier layout)
-            state.chunks[item] = ts_extreme((event.ts for _, event in events), latest=True)
-            buffered.extend(events)
-        elif kind == "partition":             # the earlier layout: one row per partition
-            query, key = json.loads(item)
-            partition = (query, tuple(decode_value(value_) for value_ in key))
-            state.partitions[partition] = _decode_state(value)
-            state.partition_rows.legacy.add(partition)
-        elif kind == "partitions":
-            batches.append((item, value))
-    for item, value in sorted(batches, key=lambda batch: batch[0]):     # older rows first: the latest entry wins
-        changed = {}
-        events = decode_events(value["events"]) if "events" in value else []
-        for query, key, saved in value["entries"]:
-            partition = (query, tuple(decode_value(value_) for value_ in key))
-            changed[partition] = _decode_entry(saved, events)
-            if saved is None:
-                state.partitions.pop(partition, None)
+        with _readable(engine, kind, item):
+            if kind == "partitions":
+                batches.append((item, value))
             else:
-                state.partitions[partition] = changed[partition]
+                _load_row(engine, state, kind, item, value, buffered)
+    for item, value in sorted(batches, key=lambda batch: batch[0]):     # older rows first: the latest entry wins
+        with _readable(engine, "partitions", item):
+            changed = {}
+            events = decode_events(value["events"]) if "events" in value else []
+            for query, key, saved in value["entries"]:
+                partition = _decode_partition(query, key)
+                changed[partition] = _decode_entry(saved, events)
+                if saved is None:
+                    state.partitions.pop(partition, None)
+                else:
+                    state.partitions[partition] = changed[partition]
         state.partition_rows.add(item, changed)
     for arrival, event in buffered:
         if state.released is not None and ts_less(event.ts, state.released):
@@ -326,6 +306,57 @@ def load(engine: Any) -> Any:
         state.buffer.append((order_key(event, stream.priority(event.type), tie), arrival, event))
     state.buffer.sort(key=lambda entry: (entry[0], entry[1]))
     return state
+
+
+def _load_row(engine: Any, state: Any, kind: str, item: str, value: Any,
+              buffered: list[tuple[int, StreamEvent]]) -> None:
+    """Load one saved row other than a ``partitions`` row (those are applied oldest first, by ``load``)."""
+    if kind == "meta":
+        queries = engine.queries
+        for query, fingerprint in value.get("fingerprints", {}).items():
+            current = queries.get(query)
+            if current is not None and current.fingerprint != fingerprint:
+                raise StreamStateError(
+                    f"engine {engine.name}: query {query} is not defined as it was when its state was saved "
+                    f"(its partial matches may not fit); call engine.reset_state() to start it over, or "
+                    f"restore the old definition")
+        state.released = decode_value(value["released"])
+        state.punctuations = {stream: decode_value(mark) for stream, mark in value["punctuations"].items()}
+        state.position = value["position"]
+        state.arrivals = value["arrivals"]
+        state.time_kind = value["time_kind"]
+    elif kind == "buffer":
+        # One row per batch's chunk of buffered events; those older than the released
+        # punctuation were released by a later batch (the buffer holds no older event).
+        events = list(zip(value["arrivals"], decode_events(value))) if "arrivals" in value \
+            else [(int(item), decode_event(value))]       # a row of one event (the earlier layout)
+        state.chunks[item] = ts_extreme((event.ts for _, event in events), latest=True)
+        buffered.extend(events)
+    elif kind == "partition":             # the earlier layout: one row per partition
+        partition = _decode_partition(*json.loads(item))
+        state.partitions[partition] = _decode_state(value)
+        state.partition_rows.legacy.add(partition)
+
+
+@contextlib.contextmanager
+def _readable(engine: Any, kind: str, item: str) -> Iterator[None]:
+    """Turn a malformed saved row (a missing field, an index out of range, a value of the wrong kind) into a
+    ``StreamStateError`` that names it."""
+    try:
+        yield
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as error:
+        raise StreamStateError(
+            f"engine {engine.name}: its saved state row (kind {kind!r}, item {item!r}) in {TABLE} cannot be read "
+            f"({type(error).__name__}: {error}); nothing was loaded or changed — restore the row, or call "
+            f"engine.reset_state() to start the engine over") from error
+
+
+def _decode_partition(query: str, key: list) -> tuple[str, tuple]:
+    return query, tuple(decode_value(value) for value in key)
+
+
+def _encode_key(key: tuple) -> list:
+    return [encode_value(value) for value in key]
 
 
 def delete(engine: Any) -> None:

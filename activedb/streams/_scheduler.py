@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger("activedb.streams")
 
+
 class Scheduler(abc.ABC):
     """Base class of schedulers.  One instance serves one engine; ``run`` is called with
     one batch at a time (the engine serialises batches)."""

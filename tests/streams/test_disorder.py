@@ -532,3 +532,38 @@ def test_a_settled_batch_leaves_its_pending_state_to_reference_counting(db):
         if enabled:
             gc.enable()
 
+
+
+def test_a_saved_row_that_cannot_be_read_is_named_and_left_as_it_was(db):
+    """A malformed row of the saved state (here a partitions row whose state points past its events) stops the
+    engine's load with a StreamStateError that names the row and says what to do; nothing is changed, and once
+    the row is restored the engine loads and goes on."""
+    import json
+
+    rng = random.Random(SEED + 10)
+    events = random_stream(rng, 80)
+    reset(db)
+    before = engine(db, name="malformed", record_history=False)
+    before.feed(events[:60], punctuation=events[40].ts)
+    expected = (before.partitions("Q1"), before.partitions("Q2"))
+    with db.engine.begin() as connection:
+        item, value = connection.execute(sa.text(
+            "SELECT item, value FROM activedb_stream_state WHERE engine = 'malformed' AND kind = 'partitions' "
+            "ORDER BY item DESC LIMIT 1")).one()
+        broken = json.loads(json.dumps(value))
+        entry = next(entry for entry in broken["entries"] if entry[2] is not None and any(entry[2]["b"]))
+        next(buffer for buffer in entry[2]["b"] if buffer)[0] = 10_000
+        connection.execute(sa.text("UPDATE activedb_stream_state SET value = CAST(:value AS json) "
+                                   "WHERE engine = 'malformed' AND kind = 'partitions' AND item = :item"),
+                           {"value": json.dumps(broken), "item": item})
+    after = engine(db, name="malformed", record_history=False)
+    with pytest.raises(StreamStateError, match=rf"row \(kind 'partitions', item '{item}'\).*reset_state"):
+        after.feed([])
+    with db.engine.begin() as connection:
+        assert connection.execute(sa.text("SELECT value FROM activedb_stream_state WHERE engine = 'malformed' "
+                                          "AND kind = 'partitions' AND item = :item"), {"item": item}).scalar() == broken
+        connection.execute(sa.text("UPDATE activedb_stream_state SET value = CAST(:value AS json) "
+                                   "WHERE engine = 'malformed' AND kind = 'partitions' AND item = :item"),
+                           {"value": json.dumps(value), "item": item})
+    after.feed([])
+    assert (after.partitions("Q1"), after.partitions("Q2")) == expected
