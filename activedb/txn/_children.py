@@ -196,17 +196,57 @@ class Children:
 
 def run_inline(parent: "Transaction", function: Callable[[Any, Any], Any], argument: Any, name: str | None) -> Any:
     """``parent.run_subtransaction(function, argument, name=name)``, its arguments positional: a rule firing's
-    path (no argument tuple, keyword dictionary or unpacking call per firing)."""
-    child = _begin_inline(parent, name)
+    path (no argument tuple, keyword dictionary or unpacking call per firing).  A child that is a frame and
+    that nothing hears of (no extension's frame hooks, no observer of node events, no recorder) is begun and
+    ended here, without ``_begin_inline``'s and ``commit``'s calls (README, "Frames": "What is left per firing")."""
+    manager = parent.manager
+    observers = manager.observers
+    extensions = manager.extensions
+    if (manager.subtransactions is not _FRAMES or (parent._lazy and (not parent._frame or parent._guarded))
+            or parent._lazy_child is not None or parent._children or manager.recorder
+            or observers.on_begin or observers.on_spawn or observers.on_commit or observers.on_abort
+            or extensions.on_begin_in_frames):
+        child = _begin_inline(parent, name)
+        try:
+            try:
+                result = function(child, argument)
+            except BaseException as error:
+                child.abort(error)
+                raise
+            child.commit()
+        finally:
+            manager._local.running.pop()      # (pop_running, without its call)
+        return result
+    # The frame's begin: what ``_begin_inline`` does for a frame when nothing hears of it.
+    if parent._doomed is not None or parent._state is not _ACTIVE:
+        parent._check_active("starting a subtransaction")
+    if parent._frame:
+        manager.locking.retain_grants(parent)
+    elif parent._holds:
+        manager.locking.release_holds(parent)
+    child = parent._lazy_child = type(parent)(manager, parent, name, None, True, True, True, None)
+    try:
+        running = manager._local.running
+    except AttributeError:
+        manager.push_running(child)
+        running = manager._local.running
+    else:
+        running.append(child)
     try:
         try:
             result = function(child, argument)
         except BaseException as error:
             child.abort(error)
             raise
-        child.commit()
+        # Its commit: ``commit`` goes straight to ``_end_frame`` for a frame that is active, not doomed, and
+        # whose before-commit hooks are none (an extension that asked for its end hooks makes it go round).
+        if (child._end_hooks or extensions.before_commit_in_frames or child._doomed is not None
+                or child._state is not _ACTIVE or not child._frame):
+            child.commit()
+        else:
+            child._end_frame()
     finally:
-        child.manager._local.running.pop()      # (pop_running, without its call)
+        running.pop()
     return result
 
 

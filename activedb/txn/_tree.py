@@ -257,7 +257,7 @@ class Transaction(Reads, Writes, Children):
             self.abort(error)
             raise
         if self._frame:      # still a frame after the hooks (a deferred cycle they ran may have materialized it)
-            _end_frame(self)
+            self._end_frame()
             return
         with self._mutex:
             if self._state is not _ACTIVE:
@@ -347,56 +347,55 @@ class Transaction(Reads, Writes, Children):
         if self.parent is not None:
             forget(self.parent, self)
 
+    def _end_frame(self) -> None:
+        """The rest of ``commit`` for a frame (README, "Frames"): it has no children, holds nothing of its own
+        (its locks are its parent's retains, its writes in its parent's write set) and is known to nobody but its
+        parent and its thread, so it moves to COMMITTED without the intermediate step, delegates what else it has
+        and drops its undo marks (Rule 2); no ``forget``: it was never registered."""
+        if self._state is not _ACTIVE:
+            raise TransactionError(f"commit of {self.id}, which is {self._state.value}")
+        parent = self.parent
+        undo = self._undo
+        try:
+            if self._doomed is not None:
+                raise TransactionAborted(f"transaction {self.id} was aborted ({self._doomed})") from self._doomed
+            marks = None
+            if undo and parent._frame:
+                # A frame's frame (README, "Frames in frames"): its writes lie in the write set below its parent
+                # frame, which takes them over (Rule 2) — per row, the entry before the earlier of the two first
+                # writes, and the two own entries composed (computed before anything is handed up).
+                marks = parent._undo
+                merged = [(row, (previous, own) if marks is None or row not in marks
+                           else (marks[row][0], marks[row][1].then(own, row[0])))
+                          for row, (previous, own) in undo.items()]
+            if self._db_reads or self._scans or self._participants:
+                _delegate_to_parent(self)
+            else:       # nothing to hand up but its count: its writes are in its parent's write set already
+                if (parent._state is not _ACTIVE and parent._state is not _COMMITTING) or parent._doomed is not None:
+                    raise TransactionAborted(f"the parent {parent.id} of {self.id} was aborted")
+                parent.subtransactions_committed += 1 + self.subtransactions_committed
+        except BaseException as error:
+            self.abort(error)
+            raise
+        self._undo = None     # (a frame's frame: its marks are its parent frame's now; otherwise they go)
+        if undo and parent._frame:
+            if marks is None:
+                parent._undo = undo
+            else:
+                marks.update(merged)
+        manager = self.manager
+        manager.locking.commit(self)
+        self._state = _COMMITTED
+        if manager.recorder:
+            manager.recorder.record("commit", self.id, parent=self.parent.id, root=self.root.id)
+        extensions = manager.extensions
+        for hook in extensions.after_end if self._end_hooks else extensions.after_end_in_frames:
+            hook(self, True)
+        if manager.observers.on_commit:
+            manager.observers.call("on_commit", self)
+
     def __repr__(self) -> str:
         return f"<Transaction {self.id} {self._state.value}>"
-
-
-def _end_frame(node: Transaction) -> None:
-    """The rest of ``commit`` for a frame (README, "Frames"): it has no children, holds nothing of its own
-    (its locks are its parent's retains, its writes in its parent's write set) and is known to nobody but its
-    parent and its thread, so it moves to COMMITTED without the intermediate step, delegates what else it has
-    and drops its undo marks (Rule 2); no ``forget``: it was never registered."""
-    if node._state is not _ACTIVE:
-        raise TransactionError(f"commit of {node.id}, which is {node._state.value}")
-    parent = node.parent
-    undo = node._undo
-    try:
-        if node._doomed is not None:
-            raise TransactionAborted(f"transaction {node.id} was aborted ({node._doomed})") from node._doomed
-        marks = None
-        if undo and parent._frame:
-            # A frame's frame (README, "Frames in frames"): its writes lie in the write set below its parent
-            # frame, which takes them over (Rule 2) — per row, the entry before the earlier of the two first
-            # writes, and the two own entries composed (computed before anything is handed up).
-            marks = parent._undo
-            merged = [(row, (previous, own) if marks is None or row not in marks
-                       else (marks[row][0], marks[row][1].then(own, row[0])))
-                      for row, (previous, own) in undo.items()]
-        if node._db_reads or node._scans or node._participants:
-            _delegate_to_parent(node)
-        else:       # nothing to hand up but its count: its writes are in its parent's write set already
-            if (parent._state is not _ACTIVE and parent._state is not _COMMITTING) or parent._doomed is not None:
-                raise TransactionAborted(f"the parent {parent.id} of {node.id} was aborted")
-            parent.subtransactions_committed += 1 + node.subtransactions_committed
-    except BaseException as error:
-        node.abort(error)
-        raise
-    node._undo = None     # (a frame's frame: its marks are its parent frame's now; otherwise they go)
-    if undo and parent._frame:
-        if marks is None:
-            parent._undo = undo
-        else:
-            marks.update(merged)
-    manager = node.manager
-    manager.locking.commit(node)
-    node._state = _COMMITTED
-    if manager.recorder:
-        manager.recorder.record("commit", node.id, parent=node.parent.id, root=node.root.id)
-    extensions = manager.extensions
-    for hook in extensions.after_end if node._end_hooks else extensions.after_end_in_frames:
-        hook(node, True)
-    if manager.observers.on_commit:
-        manager.observers.call("on_commit", node)
 
 
 def _delegate_to_parent(node: Transaction) -> None:
