@@ -211,20 +211,26 @@ class RuleManager(TransactionExtension):
             raise CascadeLimitExceeded(
                 f"rule cascade deeper than {self.max_cascade_depth} in transaction {transaction.id}: {names}; "
                 f"break the cycle or raise max_cascade_depth", [*chain, *(rule.name for rule in rules)])
-        self.record.dispatched(root, tree, rules)
         if len(rules) == 1:                 # the common case, without the comprehension's call and lists
             rule = rules[0]
             firing = Firing(rule, event, (*chain, rule.name), rule.coupling, next(self._numbers))
-            if firing.coupling is _IMMEDIATE:     # one group of one firing, without _run_groups' loops
+            if firing.coupling is _IMMEDIATE:
+                # One group of one firing, without _run_groups' loops, counted once it has ended (README,
+                # "The firing record").
+                executed = False
                 try:
-                    run_inline(transaction, self.execute, firing, _transaction_name(rule))
+                    executed = run_inline(transaction, self.execute, firing, _transaction_name(rule))
                 except DependencyAbort:
                     pass
                 except BaseException as error:
                     _raise_failure(firing, error, "immediate")
+                finally:
+                    self.record.ran(root, tree, rule, executed)
                 return
+            self.record.dispatched(root, tree, rules)
             firings = (firing,)
         else:
+            self.record.dispatched(root, tree, rules)
             firings = [Firing(rule, event, (*chain, rule.name), rule.coupling, next(self._numbers))
                        for rule in rules]
         immediate = []
@@ -246,7 +252,8 @@ class RuleManager(TransactionExtension):
             if self.execution == "inline" or len(group) == 1:
                 for firing in group:
                     try:
-                        transaction.run_subtransaction(self.execute, firing, name=_transaction_name(firing.rule))
+                        if transaction.run_subtransaction(self.execute, firing, name=_transaction_name(firing.rule)):
+                            self._executed(firing)
                     except DependencyAbort:
                         pass
                     except BaseException as error:
@@ -256,9 +263,12 @@ class RuleManager(TransactionExtension):
                 # has to run elsewhere (txn README, "Groups on threads").
                 outcomes = run_group(transaction, self.execute, group,
                                      [_transaction_name(firing.rule) for firing in group])
-                for firing, (ok, error) in zip(group, outcomes):
-                    if not ok and not isinstance(error, DependencyAbort):
-                        failures.append((firing, error))
+                for firing, (ok, value) in zip(group, outcomes):
+                    if ok:
+                        if value:
+                            self._executed(firing)
+                    elif not isinstance(value, DependencyAbort):
+                        failures.append((firing, value))
             if failures:
                 _raise_failure(*failures[0], what)
 
@@ -267,24 +277,29 @@ class RuleManager(TransactionExtension):
         in a subtransaction of its own, and tell each one's :class:`FiringOutcome` (a rule that raises is
         FAILED, the others go on); ``shared``: all in ``transaction`` itself, the first error propagates.
         An error of the transaction itself (deadlock, serialization conflict) propagates either way."""
-        if shared:
-            return [Fired(FiringOutcome.EXECUTED if self.execute(transaction, firing)
-                          else FiringOutcome.CONDITION_FALSE) for firing in firings]
         fired = []
         for firing in firings:
-            try:
-                executed = transaction.run_subtransaction(self.execute, firing, name=_transaction_name(firing.rule))
-            except RuleFailed as error:
-                fired.append(Fired(FiringOutcome.FAILED, error.__cause__ or error))
-            except CascadeLimitExceeded as error:
-                fired.append(Fired(FiringOutcome.FAILED, error))
+            if shared:
+                executed = self.execute(transaction, firing)
             else:
-                fired.append(Fired(FiringOutcome.EXECUTED if executed else FiringOutcome.CONDITION_FALSE))
+                try:
+                    executed = transaction.run_subtransaction(self.execute, firing,
+                                                              name=_transaction_name(firing.rule))
+                except RuleFailed as error:
+                    fired.append(Fired(FiringOutcome.FAILED, error.__cause__ or error))
+                    continue
+                except CascadeLimitExceeded as error:
+                    fired.append(Fired(FiringOutcome.FAILED, error))
+                    continue
+            if executed:
+                self._executed(firing)
+            fired.append(Fired(FiringOutcome.EXECUTED if executed else FiringOutcome.CONDITION_FALSE))
         return fired
 
     def execute(self, transaction: Transaction, firing: Firing) -> bool:
         """Run condition and action of ``firing`` in ``transaction`` (its own transaction); True if the
-        condition held and the action ran."""
+        condition held and the action ran.  Its caller counts it as executed once that transaction committed
+        (``_executed``; the single immediate firing's dispatch: ``FiringRecord.ran``)."""
         transaction.slot(RuleContext).firing = firing
         rule, event = firing.rule, firing.event
         observers = self.transactions.observers
@@ -302,9 +317,6 @@ class RuleManager(TransactionExtension):
             elif not condition_then_action(self, transaction, firing):
                 outcome = _CONDITION_FALSE
                 return False
-            coupling = firing.coupling
-            if coupling is _IMMEDIATE or coupling is _DEFERRED:   # runs_as_subtransaction
-                self.record.executed(rule.name)   # detached rules count once their top-level commits
             outcome = _EXECUTED
         except (DependencyAbort, CascadeLimitExceeded, RuleFailed, TransactionAborted):
             outcome = _CANCELLED
@@ -318,6 +330,14 @@ class RuleManager(TransactionExtension):
             if observers.on_firing_end:
                 observers.call("on_firing_end", transaction, firing, outcome)
         return True
+
+
+    def _executed(self, firing: Firing) -> None:
+        """``firing``'s action ran and its transaction committed: count it (an immediate or deferred firing;
+        a detached one counts once its top-level transaction commits)."""
+        coupling = firing.coupling
+        if coupling is _IMMEDIATE or coupling is _DEFERRED:      # runs_as_subtransaction
+            self.record.executed(firing.rule.name)
 
 
 _NAMES: dict[str, str] = {}     # rule name -> the name of its firings' transactions (``_transaction_name``)

@@ -30,25 +30,51 @@ class FiringRecord:
         """``rules`` fired in ``root``'s tree, whose ``RuleContext`` is ``context`` (a tree that has ended
         already is counted at once)."""
         mutex = self._mutex
-        mutex.acquire()         # (not ``with``: half its cost, twice per firing)
+        mutex.acquire()         # (not ``with``: half its cost)
         try:
-            tally = context.firings
-            if tally is None:
-                tally = context.firings = {}
-                context.couplings = {}
-                root.info.setdefault("rule_firings", tally)
-            couplings = context.couplings
             for rule in rules:
-                name = rule.name
-                count = tally.get(name)
-                tally[name] = 1 if count is None else count + 1
-                if couplings is None:         # the tree has ended and was folded: count at once
-                    self._counters[name].fired += 1
-                    self._per_mode[rule.coupling] += 1
-                elif count is None:
-                    couplings[name] = rule.coupling
+                self._tally(root, context, rule)
         finally:
             mutex.release()
+
+    def ran(self, root: "Transaction", context: RuleContext, rule: "Rule", executed: bool) -> None:
+        """One firing of ``rule`` in ``root``'s tree ran (the dispatch of a single immediate firing counts it
+        when it has ended, not before): ``dispatched`` and, if ``executed`` (its action ran and its
+        subtransaction committed), ``executed`` — one mutex section and one call per firing."""
+        name = rule.name
+        mutex = self._mutex
+        mutex.acquire()
+        tally = context.firings
+        if tally is not None and context.couplings is not None and name in tally:     # (the common case)
+            tally[name] += 1
+            if executed:
+                self._counters[name].executed += 1
+            mutex.release()
+            return
+        try:
+            self._tally(root, context, rule)
+            if executed:
+                self._counters[name].executed += 1
+        finally:
+            mutex.release()
+
+    def _tally(self, root: "Transaction", context: RuleContext, rule: "Rule") -> None:
+        """Count one firing of ``rule`` in the tree of ``root`` (``context``: its ``RuleContext``).  Caller
+        holds ``_mutex``."""
+        tally = context.firings
+        if tally is None:
+            tally = context.firings = {}
+            context.couplings = {}
+            root.info.setdefault("rule_firings", tally)
+        name = rule.name
+        count = tally.get(name)
+        tally[name] = 1 if count is None else count + 1
+        couplings = context.couplings
+        if couplings is None:         # the tree has ended and was folded: count at once
+            self._counters[name].fired += 1
+            self._per_mode[rule.coupling] += 1
+        elif count is None:
+            couplings[name] = rule.coupling
 
     def fold(self, root: "Transaction") -> None:
         """``root``'s tree ended: add its firing record to the counters."""

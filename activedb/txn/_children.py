@@ -224,7 +224,7 @@ def run_inline(parent: "Transaction", function: Callable[[Any, Any], Any], argum
         manager.locking.retain_grants(parent)
     elif parent._holds:
         manager.locking.release_holds(parent)
-    child = parent._lazy_child = type(parent)(manager, parent, name, None, True, True, True, None)
+    child = parent._lazy_child = parent._new_frame(name)
     try:
         running = manager._local.running
     except AttributeError:

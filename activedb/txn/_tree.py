@@ -42,6 +42,7 @@ SlotType = TypeVar("SlotType")
 
 
 _new_mutex, _get_ident = threading.Lock, threading.get_ident     # (module constants: one lookup less per node)
+_new_node = object.__new__
 _NONE: tuple = ()   # a node's scans or participants until its first (its children and tasks: ``_EMPTY``)
 
 
@@ -142,6 +143,40 @@ class Transaction(Reads, Writes, Children):
         recorder = manager.recorder
         if recorder:
             recorder.record("begin", self.id, parent=parent.id if parent is not None else None, root=self.root.id)
+
+    def _new_frame(self, name: str | None, number: int | None = None) -> "Transaction":
+        """A frame child of this node (README, "Frames"): what ``type(self)(manager, self, name, None, True,
+        True, True, number)`` makes, without the constructor's call and branches (every rule firing makes
+        one).  Each field as ``__init__`` sets it for a lazy inline child that is a frame."""
+        manager = self.manager
+        frame = _new_node(type(self))
+        frame.manager = manager
+        frame.parent = self
+        frame.root = self.root
+        frame.depth = self.depth + 1
+        frame.id = f"{self.id}.{next(manager._ids) if number is None else number}"    # _ids.child_id
+        frame.began_at = None
+        frame._tree_rows = self._tree_rows
+        frame._read_base = None
+        frame.name = name
+        frame.info = {}
+        frame.subtransactions_committed = 0
+        frame._mutex = _new_mutex()
+        frame._state = _ACTIVE
+        frame._children = frame._tasks = _EMPTY
+        frame._writes = _EMPTY
+        frame._db_reads = {}
+        frame._scans = frame._participants = _NONE
+        frame._slots = frame._doomed = frame._lazy_child = None
+        frame._thread = _get_ident()
+        frame._holds = frame._end_hooks = False
+        frame._lazy = frame._frame = True
+        frame._modes_held = frame._modes_retained = frame._grants = frame._undo = None
+        frame._grants_retained = 0
+        recorder = manager.recorder
+        if recorder:
+            recorder.record("begin", frame.id, parent=self.id, root=frame.root.id)
+        return frame
 
     # --- state ----------------------------------------------------------------------------
 
