@@ -268,8 +268,7 @@ def _begin_inline(parent: "Transaction", name: str | None, number: int | None = 
             manager.locking.retain_grants(parent)
         elif parent._holds:         # (``release_holds`` has nothing else to do: no lazy child, not lazy)
             manager.locking.release_holds(parent)
-        # (arguments positional: name, read_base, inline, lazy, frame — a class call with keywords costs more)
-        child = parent._lazy_child = type(parent)(manager, parent, name, None, True, True, True, number)
+        child = parent._lazy_child = parent._new_frame(name, number)
         if manager.recorder:
             manager.recorder.record("spawn", parent.id, root=parent.root.id, detail=child.id)
     else:

@@ -221,7 +221,7 @@ def _run_node(group: _Group, index: int) -> None:
         if parent._doomed is not None or parent._state is not _ACTIVE:
             parent._check_active("starting a subtransaction")
         # An inline child's registration (the parent waits for it for its whole life: ``awaited``), not lazy.
-        node = Transaction(manager, parent, group.names[index], None, True, False, False, group.numbers[index])
+        node = Transaction(manager, parent, group.names[index], None, True, False, group.numbers[index])
     except BaseException as error:
         group.results[index] = (False, error)
         return

@@ -61,7 +61,7 @@ class Transaction(Reads, Writes, Children):
 
     def __init__(self, manager: "TransactionManager", parent: "Transaction | None",
                  name: str | None = None, read_base: "ReadBase | None" = None, inline: bool = False,
-                 lazy: bool = False, frame: bool = False, number: int | None = None):
+                 lazy: bool = False, number: int | None = None):
         self.manager = manager
         self.parent = parent
         if number is None:      # (a group reserves its members' numbers when it is made: ``_group``)
@@ -98,8 +98,7 @@ class Transaction(Reads, Writes, Children):
         # every container is work for the garbage collector.)
         self._children: dict[str, Transaction] = _EMPTY
         self._tasks: dict[str, Task] = _EMPTY
-        # (A frame writes into its parent's write set: its own stays empty, README "Frames".)
-        self._writes: dict[tuple[str, Key], Entry] = _EMPTY if frame else {}
+        self._writes: dict[tuple[str, Key], Entry] = {}
         # Committed images this node relied on (None: no row), validated at the flush (see _view).
         self._db_reads: dict[tuple[str, Key], dict | None] = {}
         self._scans: list[tuple[str, Any, dict]] = _NONE
@@ -129,11 +128,11 @@ class Transaction(Reads, Writes, Children):
         # become retained when it opens a frame of its own, as a node's holds do before it creates a child, and
         # a committed child frame's grants are appended as retained (README, "Frames in frames").
         self._grants_retained = 0
-        # True while this lazy inline child is a *frame* (README, "Frames"): not registered among its
-        # parent's children (the parent's ``_lazy_child`` is the reference), ended by ``_end_frame``; it
-        # writes into its parent's write set, ``_undo`` the marks (``_writes.write_in_parent``).
-        # Materializing makes it an ordinary node.
-        self._frame = frame
+        # True while this lazy inline child is a *frame* (README, "Frames"; made by ``_new_frame``): not
+        # registered among its parent's children (the parent's ``_lazy_child`` is the reference), ended by
+        # ``_end_frame``; it writes into its parent's write set (its own stays empty), ``_undo`` the marks
+        # (``_writes.write_in_parent``).  Materializing makes it an ordinary node.
+        self._frame = False
         # True once an extension that skips frames asked to hear this frame's end (``want_end_hooks``): its
         # ``before_commit`` and ``after_end`` are called for it as for a node (README, "Frames").
         self._end_hooks = False
@@ -145,9 +144,8 @@ class Transaction(Reads, Writes, Children):
             recorder.record("begin", self.id, parent=parent.id if parent is not None else None, root=self.root.id)
 
     def _new_frame(self, name: str | None, number: int | None = None) -> "Transaction":
-        """A frame child of this node (README, "Frames"): what ``type(self)(manager, self, name, None, True,
-        True, True, number)`` makes, without the constructor's call and branches (every rule firing makes
-        one).  Each field as ``__init__`` sets it for a lazy inline child that is a frame."""
+        """A frame child of this node (README, "Frames"): a lazy inline child, each field as ``__init__`` would
+        set it, made without the constructor's call and branches (every rule firing makes one)."""
         manager = self.manager
         frame = _new_node(type(self))
         frame.manager = manager
