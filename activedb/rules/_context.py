@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING
 
 from coupling import DeferredQueue, has_own_deferred_queue
 
+from activedb.rules._model import Firing
+
 if TYPE_CHECKING:  # pragma: no cover
     from coupling import Coupling
 
-    from activedb.rules._model import Firing
     from activedb.txn import Transaction
 
 
@@ -37,9 +38,11 @@ class GateKey:
 
 
 class RuleContext:
-    """The rules' state of one transaction (created on first use by ``tx.slot(RuleContext)``).
+    """The rules' state of one transaction (created on first use by ``tx.slot(RuleContext)``).  The firing a
+    transaction executes is its other slot, ``tx.slot(Firing)`` (none for application transactions): the
+    dispatch gives a firing's transaction its ``Firing`` as it begins (``run_inline``'s ``kind``), so a firing
+    that raises no event and queues no deferred firing makes no ``RuleContext``.
 
-    * ``firing``: the rule firing this transaction executes (None for application transactions);
     * ``deferred_queue``: deferred firings waiting for this transaction's commit (if it owns a queue);
     * ``gate_key``: the gate key it must ask ``wait_may_commit`` for before committing (a dependent);
     * ``gate_wait_target``: the transaction id that gate wait waits for (an edge of the wait-for graph);
@@ -52,7 +55,6 @@ class RuleContext:
     little, and ``RuleContext()`` runs no Python code).
     """
 
-    firing: "Firing | None" = None
     deferred_queue: "DeferredQueue | None" = None
     gate_key: GateKey | None = None
     gate_wait_target: str | None = None
@@ -61,16 +63,15 @@ class RuleContext:
     couplings: dict[str, "Coupling"] | None = None
 
 
-def chain_of(transaction: "Transaction", root: RuleContext) -> tuple[str, ...]:
-    """The cascade of rule names that led to ``transaction`` (its nearest firing's chain; () if none);
-    ``root``: the context of its tree's root, already at hand (the walk stops before the root's slot)."""
+def chain_of(transaction: "Transaction") -> tuple[str, ...]:
+    """The cascade of rule names that led to ``transaction``: its nearest firing's chain (() if none)."""
     node = transaction
-    while node.parent is not None:
-        context = node.slot(RuleContext, create=False)
-        if context is not None and context.firing is not None:
-            return context.firing.chain
+    while node is not None:
+        firing = node.slot(Firing, create=False)
+        if firing is not None:
+            return firing.chain
         node = node.parent
-    return root.firing.chain if root.firing is not None else ()
+    return ()
 
 
 def deferred_queue_for(transaction: "Transaction", max_cycles: int) -> DeferredQueue:
@@ -80,8 +81,9 @@ def deferred_queue_for(transaction: "Transaction", max_cycles: int) -> DeferredQ
     it was itself fired from, where they form the next cycle."""
     node = transaction
     while node is not None:
-        context = node.slot(RuleContext)
-        if has_own_deferred_queue(context.firing.coupling if context.firing is not None else None):
+        firing = node.slot(Firing, create=False)
+        if has_own_deferred_queue(firing.coupling if firing is not None else None):
+            context = node.slot(RuleContext)
             if context.deferred_queue is None:
                 node.want_end_hooks()    # a frame stays one: its before_commit runs the queue
                 context.deferred_queue = DeferredQueue(max_cycles=max_cycles, name=node.id)

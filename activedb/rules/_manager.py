@@ -173,7 +173,8 @@ class RuleManager(TransactionExtension):
             if context.gate_key is not None:
                 verdict = self.detached.wait_may_commit(transaction, context)
                 if verdict is not Verdict.COMMIT:
-                    raise DependencyAbort(f"{context.firing.coupling.value} dependency of {transaction.id} says abort")
+                    coupling = transaction.slot(Firing, create=False).coupling
+                    raise DependencyAbort(f"{coupling.value} dependency of {transaction.id} says abort")
         if transaction.parent is None and self.registry.by_kind.get(EventKind.COMMITTED):
             # Rules on this transaction's commit (all of the detached family) fire now, just before its
             # flush, so that the outbox records them in it: they run if and only if the commit happens.
@@ -204,8 +205,8 @@ class RuleManager(TransactionExtension):
         if not rules:
             return
         root = transaction.root
-        tree = root.slot(RuleContext)       # the tree's firing record (and, on the root, its cascade chain)
-        chain = chain_of(transaction, tree)
+        tree = root.slot(RuleContext)       # the tree's firing record
+        chain = chain_of(transaction)
         if len(chain) + 1 > self.max_cascade_depth:
             names = " -> ".join((*chain, "|".join(rule.name for rule in rules)))
             raise CascadeLimitExceeded(
@@ -219,7 +220,7 @@ class RuleManager(TransactionExtension):
                 # "The firing record").
                 executed = False
                 try:
-                    executed = run_inline(transaction, self.execute, firing, _transaction_name(rule))
+                    executed = run_inline(transaction, self._execute, firing, _transaction_name(rule), Firing)
                 except DependencyAbort:
                     pass
                 except BaseException as error:
@@ -252,7 +253,7 @@ class RuleManager(TransactionExtension):
             if self.execution == "inline" or len(group) == 1:
                 for firing in group:
                     try:
-                        if transaction.run_subtransaction(self.execute, firing, name=_transaction_name(firing.rule)):
+                        if run_inline(transaction, self._execute, firing, _transaction_name(firing.rule), Firing):
                             self._executed(firing)
                     except DependencyAbort:
                         pass
@@ -283,8 +284,7 @@ class RuleManager(TransactionExtension):
                 executed = self.execute(transaction, firing)
             else:
                 try:
-                    executed = transaction.run_subtransaction(self.execute, firing,
-                                                              name=_transaction_name(firing.rule))
+                    executed = run_inline(transaction, self._execute, firing, _transaction_name(firing.rule), Firing)
                 except RuleFailed as error:
                     fired.append(Fired(FiringOutcome.FAILED, error.__cause__ or error))
                     continue
@@ -298,9 +298,15 @@ class RuleManager(TransactionExtension):
 
     def execute(self, transaction: Transaction, firing: Firing) -> bool:
         """Run condition and action of ``firing`` in ``transaction`` (its own transaction); True if the
-        condition held and the action ran.  Its caller counts it as executed once that transaction committed
-        (``_executed``; the single immediate firing's dispatch: ``FiringRecord.ran``)."""
-        transaction.slot(RuleContext).firing = firing
+        condition held and the action ran.  ``firing`` becomes the transaction's ``Firing`` slot.  Its caller
+        counts it as executed once that transaction committed (``_executed``; the single immediate firing's
+        dispatch: ``FiringRecord.ran``)."""
+        transaction.set_slot(Firing, firing)
+        return self._execute(transaction, firing)
+
+    def _execute(self, transaction: Transaction, firing: Firing) -> bool:
+        """:meth:`execute` in a transaction whose ``Firing`` slot is ``firing`` already (``run_inline``'s
+        ``kind``)."""
         rule, event = firing.rule, firing.event
         observers = self.transactions.observers
         if observers.on_firing_start:

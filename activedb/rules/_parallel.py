@@ -12,10 +12,10 @@ from lockmgr import Deadlock
 
 from activedb.rules._context import GateKey, GateRole, RuleContext
 from activedb.rules._detached import DependencyAbort
+from activedb.rules._model import Firing
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.rules._manager import RuleManager
-    from activedb.rules._model import Firing
     from activedb.txn import Transaction
 
 
@@ -28,15 +28,16 @@ def condition_then_action(manager: "RuleManager", transaction: "Transaction", fi
     gate.register_action(action_key, condition_key, Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT)
 
     def condition_body(child: "Transaction") -> bool:
-        context = child.slot(RuleContext)
-        context.firing, context.gate_report = firing, condition_key
+        child.set_slot(Firing, firing)
+        child.slot(RuleContext).gate_report = condition_key
         value = bool(rule.condition(child, event))
         gate.condition_returned(condition_key, value)
         return value
 
     def action_body(child: "Transaction") -> None:
+        child.set_slot(Firing, firing)
         context = child.slot(RuleContext)
-        context.firing, context.gate_report, context.gate_key = firing, action_key, action_key
+        context.gate_report, context.gate_key = action_key, action_key
         context.gate_wait_target = condition_handle.transaction.id
         rule.action(child, event)
 
@@ -62,5 +63,5 @@ def condition_then_action(manager: "RuleManager", transaction: "Transaction", fi
 
 
 def _run_action_again(child: "Transaction", firing: "Firing") -> None:
-    child.slot(RuleContext).firing = firing
+    child.set_slot(Firing, firing)
     firing.rule.action(child, firing.event)

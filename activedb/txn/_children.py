@@ -194,11 +194,14 @@ class Children:
                         raise TimeoutError(f"children of {self.id} did not end within {timeout} s")
 
 
-def run_inline(parent: "Transaction", function: Callable[[Any, Any], Any], argument: Any, name: str | None) -> Any:
+def run_inline(parent: "Transaction", function: Callable[[Any, Any], Any], argument: Any, name: str | None,
+               kind: type | None = None) -> Any:
     """``parent.run_subtransaction(function, argument, name=name)``, its arguments positional: a rule firing's
-    path (no argument tuple, keyword dictionary or unpacking call per firing).  A child that is a frame and
-    that nothing hears of (no extension's frame hooks, no observer of node events, no recorder) is begun and
-    ended here, without ``_begin_inline``'s and ``commit``'s calls (README, "Frames": "What is left per firing")."""
+    path (no argument tuple, keyword dictionary or unpacking call per firing).  ``kind``: the type of
+    ``argument``, which is then the child's object of that type (``child.slot(kind)``) from its begin — the
+    rule manager's ``Firing``.  A child that is a frame and that nothing hears of (no extension's frame hooks,
+    no observer of node events, no recorder) is begun and ended here, without ``_begin_inline``'s and
+    ``commit``'s calls (README, "Frames": "What is left per firing")."""
     manager = parent.manager
     observers = manager.observers
     extensions = manager.extensions
@@ -209,6 +212,8 @@ def run_inline(parent: "Transaction", function: Callable[[Any, Any], Any], argum
         child = _begin_inline(parent, name)
         try:
             try:
+                if kind is not None:
+                    child.set_slot(kind, argument)
                 result = function(child, argument)
             except BaseException as error:
                 child.abort(error)
@@ -224,7 +229,7 @@ def run_inline(parent: "Transaction", function: Callable[[Any, Any], Any], argum
         manager.locking.retain_grants(parent)
     elif parent._holds:
         manager.locking.release_holds(parent)
-    child = parent._lazy_child = parent._new_frame(name)
+    child = parent._lazy_child = parent._new_frame(name, None, {kind: argument} if kind is not None else None)
     try:
         running = manager._local.running
     except AttributeError:

@@ -143,9 +143,10 @@ class Transaction(Reads, Writes, Children):
         if recorder:
             recorder.record("begin", self.id, parent=parent.id if parent is not None else None, root=self.root.id)
 
-    def _new_frame(self, name: str | None, number: int | None = None) -> "Transaction":
+    def _new_frame(self, name: str | None, number: int | None = None, slots: dict | None = None) -> "Transaction":
         """A frame child of this node (README, "Frames"): a lazy inline child, each field as ``__init__`` would
-        set it, made without the constructor's call and branches (every rule firing makes one)."""
+        set it, made without the constructor's call and branches (every rule firing makes one); ``slots``: its
+        typed slots from the start (``run_inline``'s ``kind``)."""
         manager = self.manager
         frame = _new_node(type(self))
         frame.manager = manager
@@ -165,7 +166,8 @@ class Transaction(Reads, Writes, Children):
         frame._writes = _EMPTY
         frame._db_reads = {}
         frame._scans = frame._participants = _NONE
-        frame._slots = frame._doomed = frame._lazy_child = None
+        frame._slots = slots
+        frame._doomed = frame._lazy_child = None
         frame._thread = _get_ident()
         frame._holds = frame._end_hooks = False
         frame._lazy = frame._frame = True
@@ -269,6 +271,19 @@ class Transaction(Reads, Writes, Children):
             if value is None:
                 value = self._slots[kind] = kind()
         return value
+
+    def set_slot(self, kind: type[SlotType], value: SlotType) -> None:
+        """Make ``value`` this transaction's object of type ``kind`` (see :meth:`slot`), in place of any."""
+        if self._frame:          # (no other thread knows a frame)
+            if self._slots is None:
+                self._slots = {kind: value}
+            else:
+                self._slots[kind] = value
+            return
+        with self._mutex:
+            if self._slots is None:
+                self._slots = {}
+            self._slots[kind] = value
 
     # --- commit and abort -------------------------------------------------------------------
 
