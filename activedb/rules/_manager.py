@@ -251,25 +251,25 @@ class RuleManager(TransactionExtension):
         for group in (priority_groups(firings) if len(firings) > 1 else (firings,)):
             failures: list[tuple[Firing, BaseException]] = []
             if self.execution == "inline" or len(group) == 1:
+                executed = []
                 for firing in group:
                     try:
                         if run_inline(transaction, self._execute, firing, _transaction_name(firing.rule), Firing):
-                            self._executed(firing)
+                            executed.append(firing)
                     except DependencyAbort:
                         pass
                     except BaseException as error:
                         failures.append((firing, error))
+                self._executed(executed)
             else:
                 # Siblings that may run concurrently, run one after another by this thread until one of them
                 # has to run elsewhere (txn README, "Groups on threads").
                 outcomes = run_group(transaction, self.execute, group,
                                      [_transaction_name(firing.rule) for firing in group])
-                for firing, (ok, value) in zip(group, outcomes):
-                    if ok:
-                        if value:
-                            self._executed(firing)
-                    elif not isinstance(value, DependencyAbort):
-                        failures.append((firing, value))
+                self._executed([firing for firing, (ok, value) in zip(group, outcomes) if ok and value])
+                for firing, (ok, error) in zip(group, outcomes):
+                    if not ok and not isinstance(error, DependencyAbort):
+                        failures.append((firing, error))
             if failures:
                 _raise_failure(*failures[0], what)
 
@@ -292,7 +292,7 @@ class RuleManager(TransactionExtension):
                     fired.append(Fired(FiringOutcome.FAILED, error))
                     continue
             if executed:
-                self._executed(firing)
+                self._executed([firing])
             fired.append(Fired(FiringOutcome.EXECUTED if executed else FiringOutcome.CONDITION_FALSE))
         return fired
 
@@ -338,12 +338,13 @@ class RuleManager(TransactionExtension):
         return True
 
 
-    def _executed(self, firing: Firing) -> None:
-        """``firing``'s action ran and its transaction committed: count it (an immediate or deferred firing;
-        a detached one counts once its top-level transaction commits)."""
-        coupling = firing.coupling
-        if coupling is _IMMEDIATE or coupling is _DEFERRED:      # runs_as_subtransaction
-            self.record.executed(firing.rule.name)
+    def _executed(self, firings: "list[Firing]") -> None:
+        """The actions of ``firings`` ran and their transactions committed: count them (immediate and deferred
+        firings; a detached one counts once its top-level transaction commits), in one call of the record."""
+        names = [firing.rule.name for firing in firings
+                 if firing.coupling is _IMMEDIATE or firing.coupling is _DEFERRED]     # runs_as_subtransaction
+        if names:
+            self.record.executed(names)
 
 
 _NAMES: dict[str, str] = {}     # rule name -> the name of its firings' transactions (``_transaction_name``)
