@@ -352,7 +352,7 @@ def _event_phases(database, size: int) -> dict[str, Any]:
     spent waiting for PostgreSQL (psycopg's ``Connection.wait``) against the rest, Python."""
     import pstats
 
-    from activedb.bench import called_from, cumulative, database_wait, phase_seconds, scaled
+    from activedb.bench import add_frame_ends, called_from, cumulative, database_wait, phase_seconds, scaled
     from activedb.examples.hand_hygiene.events import generate
 
     from spark_bridge._sink import IngestSink
@@ -365,6 +365,7 @@ def _event_phases(database, size: int) -> dict[str, Any]:
     per_event_us, _, _, profile = _timed_and_profiled(database, sink, batches, f"{QUERY_PREFIX}-phases")
     stats = pstats.Stats(profile)
     raw, total = phase_seconds(stats, _EVENT_PHASES)
+    add_frame_ends(stats, raw)
     # The dispatch around the firing it runs: on_event less the rule's subtransaction (run_inline called from
     # on_event; the event's own run_inline encloses on_event) and the match.
     dispatch = ("activedb/rules/_manager.py", "on_event")

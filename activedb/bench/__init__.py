@@ -2,7 +2,7 @@
 progress=None) -> BenchReport`` whose docstring is its ``--help``.  The design note is ``README.md``.
 """
 
-from activedb.bench._profile import called_from, cumulative, database_wait, phase_seconds, scaled
+from activedb.bench._profile import add_frame_ends, called_from, cumulative, database_wait, phase_seconds, scaled
 from activedb.bench._setup import MIGRATIONS
 from activedb.bench._setup import connect as connect_database
 from activedb.progress import Progress
@@ -10,7 +10,7 @@ from activedb.bench.report import BenchReport, Row, Series
 
 #: ``connect_database(**options)``: a benchmark's database (embedded, or ``ACTIVEDB_DATABASE_URL``) with the
 #: benchmarks' tables (``MIGRATIONS``, an Alembic directory) at head and the scratch tables empty.
-#: ``phase_seconds``, ``scaled``, ``cumulative``, ``called_from``, ``database_wait``: where a cProfile'd run's
-#: time goes, phase by phase (``_profile.py``), for benchmarks outside this package too.
+#: ``phase_seconds``, ``scaled``, ``cumulative``, ``called_from``, ``database_wait``, ``add_frame_ends``: where a
+#: cProfile'd run's time goes, phase by phase (``_profile.py``), for benchmarks outside this package too.
 __all__ = ["MIGRATIONS", "BenchReport", "Row", "Series", "Progress", "connect_database", "called_from", "cumulative",
-           "database_wait", "phase_seconds", "scaled"]
+           "database_wait", "phase_seconds", "scaled", "add_frame_ends"]

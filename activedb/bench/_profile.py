@@ -48,3 +48,15 @@ def database_wait(stats: pstats.Stats) -> float:
     """Time spent on PostgreSQL's side of the connection: psycopg's ``Connection.wait`` (the socket wait
     for the server and libpq's protocol work; the statement building before it counts as Python)."""
     return cumulative(stats, ("psycopg/connection.py", "wait"))
+
+
+_BEGIN_INLINE, _NEW_FRAME = ("activedb/txn/_children.py", "_begin_inline"), ("activedb/txn/_tree.py", "_new_frame")
+_COMMIT, _END_FRAME = ("activedb/txn/_tree.py", "commit"), ("activedb/txn/_tree.py", "_end_frame")
+
+
+def add_frame_ends(stats: pstats.Stats, raw: dict[str, float]) -> None:
+    """Add to the phases ``child create`` and ``child commit`` of ``raw`` the frames that ``run_inline`` begins
+    and ends itself (txn README, "Cut after the frames"): their ``_new_frame`` and ``_end_frame``, where
+    ``_begin_inline`` and ``commit`` did not call them (those are in the phases already)."""
+    raw["child create"] += cumulative(stats, _NEW_FRAME) - called_from(stats, _NEW_FRAME, _BEGIN_INLINE)
+    raw["child commit"] += cumulative(stats, _END_FRAME) - called_from(stats, _END_FRAME, _COMMIT)

@@ -22,7 +22,7 @@ import time
 from activedb import Coupling, Event, batch
 from activedb.progress import Progress
 from activedb.bench.report import BenchReport, Row
-from activedb.bench._profile import called_from, cumulative, database_wait, phase_seconds, scaled
+from activedb.bench._profile import add_frame_ends, cumulative, database_wait, phase_seconds, scaled
 from activedb.bench._setup import connect
 
 IMMEDIATE_EVENT = "bench_rule_immediate"
@@ -107,8 +107,6 @@ def _compare(database, report: BenchReport, label: str, event_type: str, count: 
                             f"(the row: the ratio of the medians)")
 
 
-_BEGIN_INLINE, _NEW_FRAME = ("activedb/txn/_children.py", "_begin_inline"), ("activedb/txn/_tree.py", "_new_frame")
-_COMMIT, _END_FRAME = ("activedb/txn/_tree.py", "commit"), ("activedb/txn/_tree.py", "_end_frame")
 #: The phases of an inline immediate firing: (phase, [(file suffix, function)] whose cumulative
 #: profiled time it is, [phases whose time is inside those functions and is subtracted]).
 _PHASES = (
@@ -116,10 +114,10 @@ _PHASES = (
     ("condition", [("activedb/rules/_model.py", "condition")], []),
     ("lock", [("activedb/txn/_locking.py", "acquire")], []),
     ("write", [("activedb/txn/_writes.py", "write")], ["lock"]),
-    ("child create", [_BEGIN_INLINE], []),
+    ("child create", [("activedb/txn/_children.py", "_begin_inline")], []),
     ("flush", [("activedb/txn/_flush.py", "flush")], []),
     # Every commit's time but the flush's: the children's, and the top-level's hooks (small).
-    ("child commit", [_COMMIT], ["flush"]),
+    ("child commit", [("activedb/txn/_tree.py", "commit")], ["flush"]),
 )
 _DISPATCH = ("activedb/rules/_manager.py", "on_event")
 _RUN_FIRING = ("activedb/txn/_children.py", "run_inline")     # called by the dispatch for each firing
@@ -133,10 +131,7 @@ def _phases(database, count: int, per_event_us: float) -> dict[str, float]:
     profile.disable()
     stats = pstats.Stats(profile)
     raw, total = phase_seconds(stats, _PHASES)
-    # A frame nothing hears of is begun and ended by ``run_inline`` itself (txn README, "Cut after the
-    # frames"): its object and its end are these two, where ``_begin_inline`` and ``commit`` do not call them.
-    raw["child create"] += cumulative(stats, _NEW_FRAME) - called_from(stats, _NEW_FRAME, _BEGIN_INLINE)
-    raw["child commit"] += cumulative(stats, _END_FRAME) - called_from(stats, _END_FRAME, _COMMIT)
+    add_frame_ends(stats, raw)
     # What dispatch does around the firing it runs: the firing record (counters, the tree's
     # per-rule count, the Firing) and the choice of the rules (match, reported on its own).
     raw["firing record"] = (cumulative(stats, _DISPATCH) - cumulative(stats, _RUN_FIRING) - raw["match"])
