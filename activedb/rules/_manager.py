@@ -337,7 +337,6 @@ class RuleManager(TransactionExtension):
                 observers.call("on_firing_end", transaction, firing, outcome)
         return True
 
-
     def _executed(self, firings: "list[Firing]") -> None:
         """The actions of ``firings`` ran and their transactions committed: count them (immediate and deferred
         firings; a detached one counts once its top-level transaction commits), in one call of the record."""
