@@ -44,15 +44,12 @@ class FiringRecord:
         name = rule.name
         mutex = self._mutex
         mutex.acquire()
-        tally = context.firings
-        if tally is not None and context.couplings is not None and name in tally:     # (the common case)
-            tally[name] += 1
-            if executed:
-                self._counters[name].executed += 1
-            mutex.release()
-            return
         try:
-            self._tally(root, context, rule)
+            tally = context.firings
+            if tally is not None and context.couplings is not None and name in tally:
+                tally[name] += 1        # (what ``_tally`` does for a rule the live tree counted already)
+            else:
+                self._tally(root, context, rule)
             if executed:
                 self._counters[name].executed += 1
         finally:

@@ -205,62 +205,56 @@ def run_inline(parent: "Transaction", function: Callable[[Any, Any], Any], argum
     manager = parent.manager
     observers = manager.observers
     extensions = manager.extensions
+    slots = {kind: argument} if kind is not None else None
     if (manager.subtransactions is not _FRAMES or (parent._lazy and (not parent._frame or parent._guarded))
             or parent._lazy_child is not None or parent._children or manager.recorder
             or observers.on_begin or observers.on_spawn or observers.on_commit or observers.on_abort
             or extensions.on_begin_in_frames):
-        child = _begin_inline(parent, name)
-        try:
-            try:
-                if kind is not None:
-                    child.set_slot(kind, argument)
-                result = function(child, argument)
-            except BaseException as error:
-                child.abort(error)
-                raise
-            child.commit()
-        finally:
-            manager._local.running.pop()      # (pop_running, without its call)
-        return result
-    # The frame's begin: what ``_begin_inline`` does for a frame when nothing hears of it.
-    if parent._doomed is not None or parent._state is not _ACTIVE:
-        parent._check_active("starting a subtransaction")
-    if parent._frame:
-        manager.locking.retain_grants(parent)
-    elif parent._holds:
-        manager.locking.release_holds(parent)
-    child = parent._lazy_child = parent._new_frame(name, None, {kind: argument} if kind is not None else None)
-    try:
-        running = manager._local.running
-    except AttributeError:
-        manager.push_running(child)
+        child = _begin_inline(parent, name, None, slots)
         running = manager._local.running
     else:
-        running.append(child)
+        # The frame's begin: what ``_begin_inline`` does for a frame when nothing hears of it.
+        if parent._doomed is not None or parent._state is not _ACTIVE:
+            parent._check_active("starting a subtransaction")
+        if parent._frame:
+            manager.locking.retain_grants(parent)
+        elif parent._holds:
+            manager.locking.release_holds(parent)
+        child = parent._lazy_child = parent._new_frame(name, None, slots)
+        try:
+            running = manager._local.running
+        except AttributeError:
+            manager.push_running(child)
+            running = manager._local.running
+        else:
+            running.append(child)
     try:
         try:
             result = function(child, argument)
         except BaseException as error:
             child.abort(error)
             raise
-        # Its commit: ``commit`` goes straight to ``_end_frame`` for a frame that is active, not doomed, and
-        # whose before-commit hooks are none (an extension that asked for its end hooks makes it go round).
+        # Its commit: for a frame that is active, not doomed, and whose before-commit hooks are none (an
+        # extension that asked for its end hooks makes it go round), ``commit`` would go straight to
+        # ``_end_frame``; any other child commits.
         if (child._end_hooks or extensions.before_commit_in_frames or child._doomed is not None
                 or child._state is not _ACTIVE or not child._frame):
             child.commit()
         else:
             child._end_frame()
     finally:
-        running.pop()
+        running.pop()       # (pop_running, without its call)
     return result
 
 
-def _begin_inline(parent: "Transaction", name: str | None, number: int | None = None) -> "Transaction":
+def _begin_inline(parent: "Transaction", name: str | None, number: int | None = None,
+                  slots: dict | None = None) -> "Transaction":
     """Create an inline child of ``parent`` and make it the transaction this thread runs; extensions and
     observers hear of its begin.  It is a *frame* (README, "Frames") when ``parent`` is not lazy and has no
     live child and no observer wants node events: a lazy child that is not registered among the children.
     (A member of a group run as frames is a leaf: its inline child makes it a node first, README "Groups on
-    threads".)  ``number``: the child's number, reserved by a group."""
+    threads".)  ``number``: the child's number, reserved by a group; ``slots``: its typed slots from the start
+    (``run_inline``'s ``kind``)."""
     manager = parent.manager
     observers = manager.observers
     if (manager.subtransactions is _FRAMES and (not parent._lazy or parent._frame and not parent._guarded)
@@ -273,11 +267,13 @@ def _begin_inline(parent: "Transaction", name: str | None, number: int | None = 
             manager.locking.retain_grants(parent)
         elif parent._holds:         # (``release_holds`` has nothing else to do: no lazy child, not lazy)
             manager.locking.release_holds(parent)
-        child = parent._lazy_child = parent._new_frame(name, number)
+        child = parent._lazy_child = parent._new_frame(name, number, slots)
         if manager.recorder:
             manager.recorder.record("spawn", parent.id, root=parent.root.id, detail=child.id)
     else:
         child = _new_child(parent, name, inline=True, number=number)
+        for kind, value in (slots or {}).items():
+            child.set_slot(kind, value)
     try:
         manager._local.running.append(child)        # (push_running, without its call)
     except AttributeError:
