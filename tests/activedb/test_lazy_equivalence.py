@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 import activedb
 from activedb import Coupling, testing
-from activedb.txn import Subtransactions
+from activedb.txn import Subtransactions, run_inline
 from tests.conftest import APP_MIGRATIONS
 
 KEYS = ("a", "b", "c")
@@ -800,3 +800,50 @@ def test_a_function_rule_without_a_condition_has_the_always_true_one(db):
         assert calls == ["lazy1"] and db.rules.firings_in(tx) == {"lazy_equivalence_1": 1}
     finally:
         rule.condition = original
+
+
+def test_a_frame_has_every_field_a_node_has(db, use):
+    """A frame is built by ``Transaction._new_frame``, a node by the constructor: each sets every field of the
+    class (a field added to one and forgotten in the other fails here), and ``run_inline``'s ``kind`` makes the
+    argument the child's slot of that type from its begin, in every representation."""
+    fields = [name for name in activedb.Transaction.__slots__ if name != "__weakref__"]
+    argument = object()
+    seen = {}
+    for representation in Subtransactions:
+        use(representation)
+        with db.transaction() as tx:
+            def look(child, given):
+                seen[representation] = (child._frame, [name for name in fields if not hasattr(child, name)],
+                                        child.slot(object, create=False) is given)
+            run_inline(tx, look, argument, "look", object)
+    assert seen[Subtransactions.FRAMES] == (True, [], True)
+    assert seen[Subtransactions.LAZY] == seen[Subtransactions.MATERIALIZED] == (False, [], True)
+
+
+class _RefusesRuleCommits(activedb.TransactionExtension):
+    """Makes the commit of every rule firing's transaction fail after the rule's action ran."""
+
+    def before_commit(self, transaction) -> None:
+        if (transaction.name or "").startswith("rule:"):
+            raise RuntimeError("this extension refuses the firing's commit")
+
+
+def test_a_firing_whose_commit_fails_counts_as_fired_not_executed(db, use):
+    """``executed`` counts a firing whose action ran and whose transaction committed: a firing whose commit
+    fails after its action ran is fired (it counts in the tree's record) but not executed, in every
+    representation."""
+    outcome = {}
+    for representation in Subtransactions:
+        use(representation)
+        extension = db.transactions.extensions.add(_RefusesRuleCommits())
+        before = db.rules.statistics().per_rule.get("lazy_equivalence_1")
+        before = (before.fired, before.executed) if before is not None else (0, 0)
+        try:
+            with pytest.raises(activedb.errors.RuleFailed, match="refuses the firing's commit"):
+                with db.transaction() as tx:
+                    tx.emit("lazy1")
+        finally:
+            db.transactions.extensions.remove(extension)
+        after = db.rules.statistics().per_rule["lazy_equivalence_1"]
+        outcome[representation] = (after.fired - before[0], after.executed - before[1])
+    assert outcome == {representation: (1, 0) for representation in Subtransactions}
