@@ -21,6 +21,7 @@ from psycopg.pq import TransactionStatus
 
 from activedb.errors import (Failure, GeneratedKeysReset, TransactionError, UnknownTable, classify,
                              database_failure)
+from activedb.store import _prepared as prepared
 from activedb.store._schema import TableInfo
 
 #: Generated keys are drawn from a sequence this many at a time at first (one round trip per block) ...
@@ -61,7 +62,9 @@ class IdleConnections:
                 self._idle, self._pid = [], os.getpid()
             if self._idle:
                 return self._idle.pop()
-        return self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        connection = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        prepared.watch(connection)      # its statements prepared on the server outlive a rollback only checked
+        return connection
 
     def give_back(self, connection: sa.Connection) -> None:
         """Keep ``connection`` for the next ``take`` if it is usable and outside a transaction, else close it."""

@@ -15,9 +15,9 @@ import operator
 from typing import Any, Iterable, Iterator, Mapping
 
 import sqlalchemy as sa
-from psycopg import ClientCursor
 
 from activedb.errors import DuplicateKey, Failure, InvalidValue, classify
+from activedb.store import _prepared as prepared
 from activedb.store._schema import TableInfo
 from activedb.store._writeset import Entry, EntryKind, Key
 
@@ -136,8 +136,7 @@ def lock_row(connection: sa.Connection, info: TableInfo, key: Key, *, lock_timeo
     dialect = connection.dialect
     if begin is not None and begin not in _ISOLATION_LEVELS:
         raise ValueError(f"lock_row(begin={begin!r}): use one of {', '.join(_ISOLATION_LEVELS)}")
-    statement = info.cached(("lock_row", lock_timeout, begin),
-                            lambda: _lock_row_statement(dialect, info, lock_timeout, begin))
+    statement = info.cached(("lock_row", lock_timeout), lambda: _lock_row_statement(dialect, info, lock_timeout))
     processors = info.driver_processors(dialect)
     parameters = tuple(value if processors.get(name) is None else processors[name](value)
                        for name, value in zip(info.key_columns, key))
@@ -146,9 +145,7 @@ def lock_row(connection: sa.Connection, info: TableInfo, key: Key, *, lock_timeo
         if begin is None:
             cursor = driver.execute(statement, parameters)
         else:
-            cursor = ClientCursor(driver)
-            cursor.execute(statement, parameters)
-            cursor.nextset()                        # past BEGIN's result, to the row's
+            cursor = _begin_and_lock(connection, driver, statement, parameters, f"BEGIN ISOLATION LEVEL {begin}")
         row = cursor.fetchone()
     except driver.Error as error:
         raise sa.exc.DBAPIError.instance(statement, parameters, error, driver.Error) from None
@@ -164,15 +161,29 @@ def lock_row(connection: sa.Connection, info: TableInfo, key: Key, *, lock_timeo
 _ISOLATION_LEVELS = ("READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE")
 
 
-def _lock_row_statement(dialect: sa.Dialect, info: TableInfo, lock_timeout: str, begin: str | None) -> str:
+def _begin_and_lock(connection: sa.Connection, driver: Any, statement: str, parameters: tuple, begin: str) -> Any:
+    """``BEGIN …; EXECUTE`` the prepared ``statement`` as one query (``_prepared.execute``); the cursor at the row.
+    A prepared statement the server no longer has (deallocated behind the registry's back) or whose result
+    type changed fails the string once: the transaction it opened is rolled back and the string sent again,
+    the statement prepared anew."""
+    try:
+        return prepared.execute(connection, statement, parameters, before=(begin,))
+    except driver.Error as error:
+        if getattr(error, "sqlstate", None) not in (prepared.GONE, prepared.STALE):
+            raise
+        driver.rollback()               # (the driver may deallocate every prepared statement as it rolls back)
+        prepared.rolled_back(connection)
+    return prepared.execute(connection, statement, parameters, before=(begin,))
+
+
+def _lock_row_statement(dialect: sa.Dialect, info: TableInfo, lock_timeout: str) -> str:
     preparer = dialect.identifier_preparer
     table = preparer.format_table(info.table).replace("%", "%%")
     columns = ", ".join(preparer.quote(name).replace("%", "%%") for name in info.columns)
     match = " AND ".join(f"{preparer.quote(name).replace('%', '%%')} = %s" for name in info.key_columns)
     timeout = lock_timeout.replace("'", "''").replace("%", "%%")
-    statement = (f"SELECT {columns} FROM {table} WHERE {match} "
-                 f"AND set_config('lock_timeout', '{timeout}', true) IS NOT NULL FOR UPDATE")
-    return statement if begin is None else f"BEGIN ISOLATION LEVEL {begin}; {statement}"
+    return (f"SELECT {columns} FROM {table} WHERE {match} "
+            f"AND set_config('lock_timeout', '{timeout}', true) IS NOT NULL FOR UPDATE")
 
 
 def _result_processors(dialect: sa.Dialect, info: TableInfo, description) -> tuple[tuple[str, Any], ...]:
@@ -306,11 +317,10 @@ def _execute_then_commit(connection: sa.Connection, statement: str, parameters: 
     costs two cursors and SQLAlchemy's execution around the first.  PostgreSQL runs nothing after a failing
     statement of the string, so an error commits nothing; it reaches the caller as SQLAlchemy's exception."""
     driver = connection.connection.driver_connection
-    statement = f"{statement}; COMMIT"
     try:
-        ClientCursor(driver).execute(statement, parameters)
+        prepared.execute(connection, statement, parameters, after=("COMMIT",))
     except driver.Error as error:
-        raise sa.exc.DBAPIError.instance(statement, parameters, error, driver.Error) from None
+        raise sa.exc.DBAPIError.instance(f"{statement}; COMMIT", parameters, error, driver.Error) from None
 
 
 @contextlib.contextmanager

@@ -18,22 +18,13 @@ import sqlalchemy.dialects.postgresql.psycopg  # noqa: F401  (the dialect the st
 
 from activedb.errors import DatabaseError, DuplicateKey
 from activedb.store import Entry, EntryKind, TableInfo, apply_write_set, fetch_rows, lock_row
-from tests.capture.conftest import MIGRATIONS
+from tests.store.conftest import typed_samples_tables
 
 UTC = dt.timezone.utc
 PLUS_5 = dt.timezone(dt.timedelta(hours=5, minutes=30))
 
 
-@pytest.fixture(scope="module")
-def db_options() -> dict:
-    return {"migrations": (MIGRATIONS,)}
-
-
-@pytest.fixture
-def samples(db):
-    with db.engine.begin() as connection:
-        connection.execute(sa.text("TRUNCATE typed_samples"))
-    return db
+db_options = pytest.fixture(scope="module", name="db_options")(typed_samples_tables)
 
 
 def sample(number: int) -> dict:
