@@ -114,6 +114,8 @@ class BatchBook:
         self._query_id: str | None = None
         self._counters = dict(batches=0, batches_skipped=0, rows=0, events=0, dead_letters=0, seconds_in_sink=0.0)
         self._last_batch_id: int | None = None
+        #: ``(query id, batch id)`` of the last batch this book saw committed (applied, or found in the ledger).
+        self._last_committed: tuple[str, int] | None = None
         self._rule_firings: collections.Counter[str] = collections.Counter()
         self._watermark: dt.datetime | None = None
         self._timings = PhaseTimings()
@@ -135,10 +137,23 @@ class BatchBook:
     def skipped(self, query_id: str, batch_id: int, row_count: int, watermark: dt.datetime | None,
                 timings: PhaseTimings, began: float) -> BatchOutcome:
         """Record a batch the ledger already had; returns its outcome."""
+        self.committed(query_id, batch_id)
         self.phase("skipped", batch_id)
         outcome = BatchOutcome(query_id, batch_id, False, row_count, 0, 0, {}, watermark, timings)
         self.record(outcome, began)
         return outcome
+
+    def committed(self, query_id: str, batch_id: int) -> None:
+        """Batch ``batch_id`` of ``query_id`` is committed (its transaction ended, or the ledger had it)."""
+        with self._mutex:
+            self._last_committed = (query_id, batch_id)
+
+    def follows_committed(self, query_id: str, batch_id: int) -> bool:
+        """True if the batch before ``batch_id`` of ``query_id`` is the last one this book saw committed: Spark runs
+        a query's batches in order, so ``batch_id`` is then new to the ledger but for a duplicate run of the query,
+        which the ledger's row at the flush refuses (``BatchAlreadyCommitted``)."""
+        with self._mutex:
+            return self._last_committed == (query_id, batch_id - 1)
 
     # -- batches in progress, failures ------------------------------------------------------------
 

@@ -51,6 +51,38 @@ def test_a_batch_commits_with_its_ledger_row_and_a_replay_is_skipped(database):
     sink.close()
 
 
+def test_the_ledger_is_asked_about_a_batch_unless_the_sink_saw_the_one_before_committed(database):
+    """Spark runs a query's batches in order: after batch b-1 committed, batch b is new to the ledger unless a
+    duplicate run of the query committed it, which the ledger's row at the flush refuses — so the sink asks
+    the ledger before running a batch only when it did not see the one before it committed."""
+    asked: list[dict] = []
+
+    def remember(connection, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().upper().startswith("SELECT") and "activedb_ingestion_ledger" in statement:
+            asked.append(parameters)
+
+    sink = IngestSink(database, app_counters.MAPPING, query_name="q")
+    sa.event.listen(database.engine, "before_cursor_execute", remember)
+    try:
+        outcomes = [sink.process([_event(batch)], batch, query_id="q@asked") for batch in (3, 4, 5)]
+        assert [outcome.committed for outcome in outcomes] == [True] * 3 and len(asked) == 1   # batch 3's
+        replay = sink.process([_event(5)], 5, query_id="q@asked")
+        assert not replay.committed and len(asked) == 2                    # asked, found, skipped
+        assert sink.process([_event(6)], 6, query_id="q@asked").committed and len(asked) == 2
+        assert sink.process([_event(8)], 8, query_id="q@asked").committed and len(asked) == 3   # after a gap
+        with database.transaction(participants=[spark_bridge.IngestionLedger(database, "q@asked", 9)]):
+            pass                                                          # a duplicate run committed batch 9
+        state = app_state(database)
+        duplicate = sink.process([_event(9, amount=1000)], 9, query_id="q@asked")
+        assert not duplicate.committed and len(asked) == 3                # not asked: refused at the flush
+        assert app_state(database) == state
+        assert sink.process([_event(10)], 10, query_id="q@asked").committed and len(asked) == 3
+    finally:
+        sa.event.remove(database.engine, "before_cursor_execute", remember)
+        sink.close()
+    assert [batch for _, batch, _, _ in ledger(database)] == [3, 4, 5, 6, 8, 9, 10]
+
+
 def test_events_are_applied_in_application_time_order_whatever_the_arrival_order(database):
     sink = IngestSink(database, app_counters.MAPPING, query_name="q")
     arrival = [5, 1, 4, 2, 3]
