@@ -127,7 +127,8 @@ def lock_row(connection: sa.Connection, info: TableInfo, key: Key, *, lock_timeo
     before the row is locked: no round trip of its own).  ``begin`` (an isolation level; the connection in
     autocommit, no transaction open): open the transaction in the same round trip — ``BEGIN …; SELECT …`` as
     one query, its parameters bound by the driver on the client (a query of several statements cannot take
-    server-side parameters); the transaction stays open (a ``BEGIN`` outlives its query string).
+    server-side parameters), the ``SELECT`` prepared on the server (``EXECUTE``, :mod:`._prepared`); the
+    transaction stays open (a ``BEGIN`` outlives its query string).
 
     The statement goes to the driver directly (it is on the path of every read for update, where SQLAlchemy's
     execution costs more than the driver's); the image is the one ``fetch_rows`` returns — each column's
@@ -312,10 +313,11 @@ def _run(connection: sa.Connection, plan: list[tuple[TableInfo, str, tuple[str, 
 
 
 def _execute_then_commit(connection: sa.Connection, statement: str, parameters: tuple) -> None:
-    """``statement`` and ``COMMIT`` as one query string, its parameters bound by the driver on the client (the
-    way :func:`lock_row` sends ``BEGIN``): one round trip and one driver call, where a pipeline of the two
-    costs two cursors and SQLAlchemy's execution around the first.  PostgreSQL runs nothing after a failing
-    statement of the string, so an error commits nothing; it reaches the caller as SQLAlchemy's exception."""
+    """``statement`` and ``COMMIT`` as one query string, its parameters bound by the driver on the client and the
+    statement prepared on the server (the way :func:`lock_row` sends ``BEGIN``): one round trip and one driver
+    call, where a pipeline of the two costs two cursors and SQLAlchemy's execution around the first.
+    PostgreSQL runs nothing after a failing statement of the string, so an error commits nothing; it reaches
+    the caller as SQLAlchemy's exception."""
     driver = connection.connection.driver_connection
     try:
         prepared.execute(connection, statement, parameters, after=("COMMIT",))
