@@ -214,13 +214,7 @@ def run_inline(parent: "Transaction", function: Callable[[Any, Any], Any], argum
         running = manager._local.running
     else:
         # The frame's begin: what ``_begin_inline`` does for a frame when nothing hears of it.
-        if parent._doomed is not None or parent._state is not _ACTIVE:
-            parent._check_active("starting a subtransaction")
-        if parent._frame:
-            manager.locking.retain_grants(parent)
-        elif parent._holds:
-            manager.locking.release_holds(parent)
-        child = parent._lazy_child = parent._new_frame(name, None, slots)
+        child = _open_frame(parent, manager, name, None, slots)
         try:
             running = manager._local.running
         except AttributeError:
@@ -261,13 +255,7 @@ def _begin_inline(parent: "Transaction", name: str | None, number: int | None = 
             and parent._lazy_child is None
             and not parent._children and not (observers.on_begin or observers.on_spawn or observers.on_commit
                                             or observers.on_abort)):
-        if parent._doomed is not None or parent._state is not _ACTIVE:
-            parent._check_active("starting a subtransaction")
-        if parent._frame:           # a frame in a frame: the parent's grants become retained (README)
-            manager.locking.retain_grants(parent)
-        elif parent._holds:         # (``release_holds`` has nothing else to do: no lazy child, not lazy)
-            manager.locking.release_holds(parent)
-        child = parent._lazy_child = parent._new_frame(name, number, slots)
+        child = _open_frame(parent, manager, name, number, slots)
         if manager.recorder:
             manager.recorder.record("spawn", parent.id, root=parent.root.id, detail=child.id)
     else:
@@ -287,6 +275,21 @@ def _begin_inline(parent: "Transaction", name: str | None, number: int | None = 
         child.abort(error)
         manager.pop_running()
         raise
+    return child
+
+
+def _open_frame(parent: "Transaction", manager: Any, name: str | None, number: int | None,
+                slots: dict | None) -> "Transaction":
+    """A frame child of ``parent``, which may have one (README, "Frames"): ``parent`` checked active, its grants
+    retained if it is a frame itself (a frame in a frame, README) or its holds released (``release_holds`` has
+    nothing else to do: no lazy child, not lazy), the frame made and remembered as its lazy child."""
+    if parent._doomed is not None or parent._state is not _ACTIVE:
+        parent._check_active("starting a subtransaction")
+    if parent._frame:
+        manager.locking.retain_grants(parent)
+    elif parent._holds:
+        manager.locking.release_holds(parent)
+    child = parent._lazy_child = parent._new_frame(name, number, slots)
     return child
 
 
