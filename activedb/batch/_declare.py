@@ -303,13 +303,26 @@ def _constant(row: dict, *images: Any) -> dict:
 
 
 _NO_ROWS = ()
+#: Per table, the one ``Inserted`` of no rows (immutable, so shared): most INSERT operations of an application
+#: like the hand-hygiene one return None, and a batch keeps its outputs until its result is dropped — a new tuple
+#: each would be thousands of allocations per batch, and as many objects for the young collection after it to scan.
+_NONE_INSERTED: dict[str, Inserted] = {}
+
+
+def _none_inserted(table: str) -> Inserted:
+    empty = _NONE_INSERTED.get(table)
+    if empty is None:
+        empty = _new_inserted(Inserted, (table, _NO_ROWS))
+        if len(_NONE_INSERTED) < 4096:          # (table names come from declarations: the cache stays bounded)
+            _NONE_INSERTED[table] = empty
+    return empty
 
 
 def inserted(spec: OpSpec, result: Any) -> Inserted:
     """What an INSERT's function returned, as rows (dicts, never changed afterwards: the batch only reads them);
     raises DeclarationError for anything else."""
     if result is None:
-        return _new_inserted(Inserted, (spec.table, _NO_ROWS))
+        return _NONE_INSERTED.get(spec.table) or _none_inserted(spec.table)
     kind = type(result)
     if kind is dict:
         return _new_inserted(Inserted, (spec.table, (result,)))
