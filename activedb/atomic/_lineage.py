@@ -86,6 +86,21 @@ def record_of(transaction: "Transaction") -> LineageRecord:
     return record
 
 
+#: The lineage row and its batch references, one statement; driver SQL (``exec_driver_sql``): it runs in every
+#: flush that consumes or produces a batch, where building and compiling a SQLAlchemy statement cost more than
+#: PostgreSQL's work for it.
+_LINEAGE_ROWS = """
+    WITH row AS (
+        INSERT INTO activedb_lineage (transaction_id, name, parents, compensates, notes)
+        VALUES (%(id)s, %(name)s, %(parents)s, %(compensates)s, CAST(%(notes)s AS jsonb))
+        RETURNING transaction_id)
+    INSERT INTO activedb_lineage_batches (transaction_id, role, query_id, batch_id)
+    SELECT row.transaction_id, b.role, b.query_id, b.batch_id
+      FROM row, unnest(CAST(%(roles)s AS text[]), CAST(%(queries)s AS text[]), CAST(%(batches)s AS text[]))
+           AS b(role, query_id, batch_id)
+    ON CONFLICT DO NOTHING"""
+
+
 class LineageWriter(CommitParticipant):
     """Writes a tree's :class:`LineageRecord` in its flush (the package README, "Lineage, recorded")."""
 
@@ -106,22 +121,11 @@ class LineageWriter(CommitParticipant):
             consumed, produced = list(record.consumed), list(record.produced)
             parents, notes, keys = list(record.parents), list(record.notes), list(record.undo_keys)
             compensates = record.compensates
-        connection.execute(
-            sa.text("""
-                WITH row AS (
-                    INSERT INTO activedb_lineage (transaction_id, name, parents, compensates, notes)
-                    VALUES (:id, :name, :parents, :compensates, CAST(:notes AS jsonb))
-                    RETURNING transaction_id)
-                INSERT INTO activedb_lineage_batches (transaction_id, role, query_id, batch_id)
-                SELECT row.transaction_id, b.role, b.query_id, b.batch_id
-                  FROM row, unnest(CAST(:roles AS text[]), CAST(:queries AS text[]), CAST(:batches AS text[]))
-                       AS b(role, query_id, batch_id)
-                ON CONFLICT DO NOTHING"""),
-            {"id": transaction.log_id, "name": transaction.name, "parents": parents, "compensates": compensates,
-             "notes": json.dumps(notes),
-             "roles": ["C"] * len(consumed) + ["P"] * len(produced),
-             "queries": [ref.query_id for ref in consumed + produced],
-             "batches": [ref.batch_id for ref in consumed + produced]})
+        refs = consumed + produced
+        connection.exec_driver_sql(_LINEAGE_ROWS, {
+            "id": transaction.log_id, "name": transaction.name, "parents": parents, "compensates": compensates,
+            "notes": json.dumps(notes), "roles": ["C"] * len(consumed) + ["P"] * len(produced),
+            "queries": [ref.query_id for ref in refs], "batches": [ref.batch_id for ref in refs]})
         self._before = row_images(transaction.manager.catalog, connection, keys, lock=True) if keys else {}
 
     def about_to_commit(self, transaction: "Transaction", connection: sa.Connection) -> None:
