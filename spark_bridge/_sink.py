@@ -38,6 +38,7 @@ __all__ = ["IngestSink"]
 logger = logging.getLogger("spark_bridge.ingest")
 
 _UTC = dt.timezone.utc
+_EXECUTIONS_KEPT = 64        # (Spark query ids a long-lived sink has seen: one per run; the cache stays bounded)
 
 
 class IngestSink:
@@ -86,10 +87,15 @@ class IngestSink:
                                    None if known_types is None else frozenset(known_types), batch_attempts,
                                    BatchBook(query_name, on_phase))
         self._book = self.context.book
-        # self._mutex protects the two fields below (the counters are the book's).
+        # self._mutex protects the three fields below (the counters are the book's).
         self._mutex = threading.Lock()
         self._checked_spark_ids: set[str] = set()
         self._watermark_warning_given = False
+        #: Spark query id -> (its StreamExecution, a py4j handle; whether its plan declares a watermark): found
+        #: once per run of the query (a restart from the checkpoint keeps the id, not the execution), so that a
+        #: batch asks the JVM one question without a watermark and four with one, instead of six
+        #: (``spark_watermark``).
+        self._executions: dict[str, tuple[Any, bool]] = {}
 
     # -- foreachBatch entry point -------------------------------------------------------------
 
@@ -128,11 +134,25 @@ class IngestSink:
         if session is None:
             return None
         try:
-            query = session.streams.get(spark_query_id)
-            if query is None:
+            with self._mutex:
+                known = self._executions.get(spark_query_id)
+            if known is None or not known[0].isActive():     # (a stopped execution: the query was restarted)
+                query = session.streams.get(spark_query_id)
+                if query is None:
+                    return None
+                execution = query._jsq.streamingQuery()
+                # A plan without a watermark node (EventTimeWatermark, from withWatermark or SQL's WATERMARK)
+                # never has one.  A "watermark" in some name only costs the questions below.
+                known = (execution, "watermark" in str(execution.logicalPlan().toString()).lower())
+                with self._mutex:
+                    if len(self._executions) >= _EXECUTIONS_KEPT:
+                        self._executions.clear()
+                    self._executions[spark_query_id] = known
+            execution, declared = known
+            if not declared:
                 return None
             # StreamExecution.lastExecution is the IncrementalExecution of the running batch.
-            millis = int(query._jsq.streamingQuery().lastExecution().offsetSeqMetadata().batchWatermarkMs())
+            millis = int(execution.lastExecution().offsetSeqMetadata().batchWatermarkMs())
         except Exception as error:  # py4j: an internal API that may move between Spark versions
             with self._mutex:
                 warn, self._watermark_warning_given = not self._watermark_warning_given, True

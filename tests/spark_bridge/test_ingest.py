@@ -195,6 +195,38 @@ def test_the_watermark_is_punctuated_and_events_older_than_it_are_dead_letters(s
 
 
 @pytest.mark.spark
+def test_a_sink_restarted_with_a_watermark_reads_it_though_its_first_run_had_none(spark, tmp_path, make_database_url):
+    """The sink remembers per Spark query id whether its plan declares a watermark (not to ask the JVM every
+    batch); a restart keeps the id but is a new run with a new plan, which is asked again."""
+    def row(seq, second):
+        return {"type": "add", "key": "w", "ts": iso(BASE_TIME + dt.timedelta(seconds=second)), "amount": 1, "seq": seq}
+
+    write_files(tmp_path / "in", [[row(1, 10)], [row(2, 50)]])
+    database = app_database(make_database_url("rewatermark"))
+    try:
+        query = _ingest(spark, database, tmp_path / "in", tmp_path / "checkpoint", "rewm")
+        run_to_end(query)
+        sink = spark_bridge.sink_of(query)
+        write_files(tmp_path / "more", [[row(3, 60)], [row(4, 70)]])
+        for path in sorted((tmp_path / "more").iterdir()):
+            path.rename(tmp_path / "in" / f"more-{path.name}")
+        restarted = (_stream(spark, tmp_path / "in").withWatermark("ts", "10 seconds").writeStream
+                     .foreachBatch(sink).queryName("rewm").option("checkpointLocation", str(tmp_path / "checkpoint"))
+                     .trigger(availableNow=True).start())
+        run_to_end(restarted)
+        assert restarted.id == query.id
+        with database.engine.connect() as connection:
+            import sqlalchemy as sa
+
+            watermarks = connection.execute(sa.text(
+                "SELECT batch_id, watermark FROM activedb_ingestion_ledger ORDER BY batch_id")).all()
+        assert [(batch, None if mark is None else mark.astimezone(UTC)) for batch, mark in watermarks] == [
+            (0, None), (1, None), (2, None), (3, BASE_TIME + dt.timedelta(seconds=50))]
+    finally:
+        database.close()
+
+
+@pytest.mark.spark
 def test_scale_out_path_applies_each_key_partition_in_its_own_engine(spark, tmp_path, make_database_url):
     workload = counter_workload(files=3, rows_per_file=40, seed=23, keys=8)
     write_files(tmp_path / "in", workload.batches)
