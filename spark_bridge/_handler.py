@@ -169,7 +169,10 @@ def run_batch(context: SinkContext, handler: BatchHandler, rows: Any, batch_id: 
         while True:
             attempt += 1
             started = time.perf_counter()
-            ledger = IngestionLedger(context.db, query_id, batch_id, on_flush=functools.partial(book.phase, "flush"))
+            # (Without a listener the ledger has nothing to do at about_to_commit: the COMMIT rides with the last
+            # statement of the flush.)
+            ledger = IngestionLedger(context.db, query_id, batch_id,
+                                     on_flush=functools.partial(book.phase, "flush") if book.hears_phases else None)
             ledger.watermark = watermark
             if context.mapping.id_column is not None:
                 ledger.query_name = context.event_ids_under

@@ -192,6 +192,9 @@ class IngestionLedger(CommitParticipant):
                 f"ids were ingested by another process meanwhile; nothing was written — the batch is re-run and "
                 f"finds them duplicates")
 
+    def acts_before_commit(self, transaction: Transaction) -> bool:
+        return self._on_flush is not None
+
     def about_to_commit(self, transaction: Transaction, connection: Any) -> None:
         if self._on_flush is not None:
             self._on_flush(self.batch_id)

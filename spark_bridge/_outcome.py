@@ -129,6 +129,11 @@ class BatchBook:
 
     # -- phases -----------------------------------------------------------------------------------
 
+    @property
+    def hears_phases(self) -> bool:
+        """Whether an ``on_phase`` listens (else :meth:`phase` does nothing, and a flush need not stop for it)."""
+        return self._on_phase is not None
+
     def phase(self, phase: str, batch_id: int) -> None:
         """Tell ``on_phase`` that batch ``batch_id`` reached ``phase`` (one of :data:`PHASES`)."""
         if self._on_phase is not None:

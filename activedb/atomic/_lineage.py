@@ -128,6 +128,9 @@ class LineageWriter(CommitParticipant):
             "queries": [ref.query_id for ref in refs], "batches": [ref.batch_id for ref in refs]})
         self._before = row_images(transaction.manager.catalog, connection, keys, lock=True) if keys else {}
 
+    def acts_before_commit(self, transaction: "Transaction") -> bool:
+        return bool(self._before)         # the after-images of undo keys, read before COMMIT
+
     def about_to_commit(self, transaction: "Transaction", connection: sa.Connection) -> None:
         before = self._before
         if not before:
@@ -214,6 +217,9 @@ class ConsumedBatches(CommitParticipant):
     def write(self, transaction: "Transaction", connection: sa.Connection) -> None:
         if self._writer is not None:
             self._writer.write(transaction, connection)
+
+    def acts_before_commit(self, transaction: "Transaction") -> bool:
+        return self._writer is not None and self._writer.acts_before_commit(transaction)
 
     def about_to_commit(self, transaction: "Transaction", connection: sa.Connection) -> None:
         if self._writer is not None:

@@ -213,11 +213,13 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
     for the same transaction, e.g. the caller's log row: it rides in the last statement as a ``WITH``
     clause (no round trip of its own) when that statement is sent once, else it is sent after it.
 
-    ``commit=True`` (the connection in autocommit at the driver, inside a transaction it opened itself, e.g.
-    with :func:`lock_row`'s ``begin``): the transaction ends with a ``COMMIT`` sent in the same round trip
-    as the last statement (in the same query string when that statement carries ``along`` and is sent once,
-    else a driver pipeline) — the caller must have nothing left to write; an error of
-    either, the COMMIT's included, is SQLAlchemy's exception as ever and nothing is committed.
+    ``commit=True``: the transaction ends with a ``COMMIT`` sent in the same round trip as the last statement —
+    the caller must have nothing left to write, and its own commit afterwards finds nothing open (the driver
+    sends none).  On a connection in autocommit at the driver, inside a transaction it opened itself (e.g. with
+    :func:`lock_row`'s ``begin``), the last statement, ``along`` and the ``COMMIT`` are one query string when
+    that statement carries ``along`` and is sent once; otherwise, and in a transaction the driver opened, a
+    driver pipeline.  An error of either, the COMMIT's included, is SQLAlchemy's exception as ever and nothing is
+    committed.
     """
     deletes: dict[str, list[tuple]] = {}
     # Rows as (key, values) pairs grouped by table and the columns they name (besides the key).
@@ -289,17 +291,21 @@ def _run(connection: sa.Connection, plan: list[tuple[TableInfo, str, tuple[str, 
             if along is not None:
                 connection.exec_driver_sql(*along)
         return
+    # On a connection in autocommit at the driver (the transaction opened by its user's BEGIN, whose statements
+    # are prepared on the server: ``_prepared``), the last statement folded with ``along`` and COMMIT is one query
+    # string bound on the client, so no binary parameters there.  Elsewhere (a transaction the driver opened) the
+    # COMMIT rides in a pipeline with it (``_then_commit``): a pooled connection's registry would first be checked.
+    in_string = commit and along is not None and connection.connection.driver_connection.autocommit
     for number, (info, kind, order, rows) in enumerate(plan, 1):
         final = number == len(plan)
         last = along if final else None
         try:
-            # A statement folded with ``along`` and COMMIT is bound on the client: no binary parameters there.
-            binary = not (commit and final and last is not None)
+            binary = not (in_string and final)
             statement, parameters = _statement(connection, info, kind, order, rows, binary)
             folded = last is not None and isinstance(parameters, tuple)
             if folded:
                 statement, parameters = f"WITH activedb_along AS ({last[0]}) {statement}", (*last[1], *parameters)
-            if commit and final and folded:
+            if in_string and final and folded:
                 _execute_then_commit(connection, statement, parameters)
                 continue
             with _then_commit(connection, commit and final):

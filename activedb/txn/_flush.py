@@ -19,7 +19,6 @@ import sqlalchemy as sa
 from activedb.errors import (DatabaseError, DatabaseUnavailable, DiskFull, DuplicateKey, Failure, SerializationConflict,
                              classify, sqlstate_of)
 from activedb.store import EntryKind, Key, TableInfo, apply_write_set, fetch_rows, is_connection_failure, jsonable
-from activedb.txn._participants import CommitParticipant
 from activedb.txn._rowlocks import RowLocks
 from activedb.txn._view import scan_rows
 
@@ -63,10 +62,10 @@ def flush(root: "Transaction") -> None:
         recorder.record_flush(root.id, writes)
 
 
-def _write_all(root, connection, infos, writes, reads, scans, participants, locked, *, held: bool,
-               commit: bool = False) -> None:
-    """Every step of the flush inside ``connection``'s open transaction (the module docstring's 2–5);
-    ``commit``: the write set's last statement carries the COMMIT (``apply_write_set(commit=True)``)."""
+def _write_all(root, connection, infos, writes, reads, scans, participants, locked, *, held: bool) -> None:
+    """Every step of the flush inside ``connection``'s open transaction (the module docstring's 2–5).  Unless a
+    participant acts at ``about_to_commit`` (``acts_before_commit``), the write set's last statement carries the
+    COMMIT (``apply_write_set(commit=True)``): the caller's own commit then finds nothing open."""
     catalog = root.manager.catalog
     # Rows read and then written are locked FOR UPDATE at the validation, like rows read for update: two
     # flushes of such a row queue there (the second sees the first's commit and fails its check at once)
@@ -77,8 +76,9 @@ def _write_all(root, connection, infos, writes, reads, scans, participants, lock
     _check_generated_keys(catalog, connection, infos, writes, root.began_at)
     for participant in participants:
         participant.write(root, connection)
-    _apply(catalog, connection, infos, writes, _log_row(root, writes), commit=commit)
-    for participant in participants:
+    acting = [participant for participant in participants if participant.acts_before_commit(root)]
+    _apply(catalog, connection, infos, writes, _log_row(root, writes), commit=not acting)
+    for participant in acting:
         participant.about_to_commit(root, connection)
 
 
@@ -87,15 +87,11 @@ def _flush_in_held(root, connection, infos, writes, reads, scans, participants, 
     are the current committed ones already (locked since they were read), the rest is validated as usual.
     A serialization failure cannot be retried on this transaction: the tree is re-run instead.
 
-    The connection is in autocommit at the driver (``RowLocks``): unless a participant has something to
-    write at ``about_to_commit``, the COMMIT rides in the same round trip as the write set's last statement
-    (``connection.commit()`` then finds nothing open)."""
-    fold = not any(type(participant).about_to_commit is not CommitParticipant.about_to_commit
-                   for participant in participants)
+    The connection is in autocommit at the driver (``RowLocks``); the COMMIT rides with the write set's last
+    statement as in every flush (``_write_all``)."""
     try:
         try:
-            _write_all(root, connection, infos, writes, reads, scans, participants, locked, held=True,
-                       commit=fold)
+            _write_all(root, connection, infos, writes, reads, scans, participants, locked, held=True)
             connection.commit()
         except BaseException:
             connection.rollback()

@@ -26,6 +26,12 @@ class CommitParticipant:
     def about_to_commit(self, transaction: "Transaction", connection: "sa.Connection") -> None:
         """Inside the PostgreSQL transaction, after everything was written, just before COMMIT."""
 
+    def acts_before_commit(self, transaction: "Transaction") -> bool:
+        """Whether ``about_to_commit`` has anything to do in this flush; asked after ``write``.  When no participant
+        has, ``about_to_commit`` is not called and the COMMIT rides in the round trip of the flush's last statement.
+        Default: whether the class overrides ``about_to_commit``; a participant that acts only sometimes says when."""
+        return type(self).about_to_commit is not CommitParticipant.about_to_commit
+
     def committed(self, transaction: "Transaction") -> None:
         """After PostgreSQL committed (the top-level transaction's locks are still held)."""
 

@@ -8,8 +8,10 @@ at its crash point and prints ``reached NAME``:
 
 * ``before`` — inside the trigger's body, before it commits or aborts;
 * ``during`` — inside the PostgreSQL transaction that would make the outcome durable, before its COMMIT:
-  the trigger's flush (commits), or the outbox's own record of the firings of the aborted tree (aborts;
-  a mode with nothing to record there just ends);
+  the trigger's flush (commits: a commit participant stops at ``about_to_commit``, which the flush calls
+  after everything was written and before a COMMIT of its own), or the outbox's own record of the firings
+  of the aborted tree (aborts: SQLAlchemy's commit event, before the DBAPI COMMIT; a mode with nothing to
+  record there just ends);
 * ``after`` — the outcome is durable; every detached rule firing is held before it runs.
 
 The parent SIGKILLs the process once every scenario reached its point, then recovers in another process
@@ -24,7 +26,7 @@ import threading
 
 import sqlalchemy as sa
 
-from activedb import Coupling, Observer
+from activedb import CommitParticipant, Coupling, Observer
 
 MODES = (Coupling.DETACHED, Coupling.DETACHED_CAUSALLY_DEPENDENT, Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT,
          Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT)
@@ -72,6 +74,16 @@ def main(url: str) -> None:
         with report_mutex:
             print(f"reached {name}", flush=True)
 
+    class StopBeforeCommit(CommitParticipant):
+        """Inside the trigger's flush, everything written, before its COMMIT."""
+
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def about_to_commit(self, transaction, connection) -> None:
+            report(self.name)
+            threading.Event().wait()
+
     def on_commit(connection) -> None:       # SQLAlchemy's commit event: before the DBAPI COMMIT
         name = getattr(armed, "name", None)
         if name is not None:
@@ -84,13 +96,14 @@ def main(url: str) -> None:
     def scenario(mode: Coupling, outcome: str, point: str) -> None:
         name = name_of(mode, outcome, point)
         try:
-            with db.transaction(name=name) as tx:
+            stop = [StopBeforeCommit(name)] if (point, outcome) == ("during", "commits") else []
+            with db.transaction(name=name, participants=stop) as tx:
                 tx.write("items", name, value=1)
                 tx.signal(name)
                 if point == "before":
                     report(name)
                     threading.Event().wait()
-                if point == "during":
+                if (point, outcome) == ("during", "aborts"):
                     armed.name = name          # the next COMMIT of this thread makes the outcome durable
                 if outcome == "aborts":
                     raise _TriggerAborts(name)

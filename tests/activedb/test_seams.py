@@ -71,6 +71,45 @@ def test_participants_take_part_in_order_in_the_one_database_transaction(db):
     assert [row[0] for row in rows(db)] == ["child", "first"]
 
 
+def test_the_commit_rides_with_the_last_statement_unless_a_participant_acts_before_it(db):
+    """``acts_before_commit``: a participant with nothing to do at ``about_to_commit`` is not asked, and when none
+    acts the flush's last statement carries the COMMIT (the driver has no transaction open when SQLAlchemy then
+    commits); one that acts is asked, inside the transaction, and what it writes there commits with the rest."""
+    calls, open_at_commit = [], []
+
+    class Quiet(Recorder):
+        def acts_before_commit(self, tx):
+            return False
+
+        def about_to_commit(self, tx, connection):
+            raise AssertionError("a participant that does not act before the commit is not asked")
+
+    class Loud(Recorder):
+        def about_to_commit(self, tx, connection):
+            super().about_to_commit(tx, connection)
+            connection.execute(sa.text("INSERT INTO items (key, value) VALUES ('loud, at commit', 1)"))
+
+    def heard_commit(connection):
+        status = connection.connection.driver_connection.info.transaction_status
+        open_at_commit.append(status.name)
+
+    sa.event.listen(db.engine, "commit", heard_commit)
+    try:
+        with db.transaction(participants=[Quiet("quiet", calls, "items")]) as tx:
+            tx.write("accounts", 3, balance=3)
+        folded = list(open_at_commit)
+        open_at_commit.clear()
+        with db.transaction(participants=[Quiet("quiet 2", calls), Loud("loud", calls, "items")]) as tx:
+            tx.write("accounts", 4, balance=4)
+    finally:
+        sa.event.remove(db.engine, "commit", heard_commit)
+    assert folded == ["IDLE"] and open_at_commit == ["INTRANS"]
+    assert ("loud", "about_to_commit") in calls and not any(name.startswith("quiet") and step == "about_to_commit"
+                                                             for name, step, *_ in calls)
+    assert [row[0] for row in rows(db)] == ["loud", "loud, at commit", "quiet"]
+    assert [(row[0], row[-1]) for row in rows(db, "accounts")] == [(3, 3), (4, 4)]
+
+
 def test_a_participant_that_raises_writes_nothing_and_hears_the_abort(db):
     calls = []
 
