@@ -53,9 +53,9 @@ For each ``S``, in the same run on the same Spark session and PostgreSQL:
 
 Events/s is steady state: rows / Spark's ``triggerExecution`` time of each batch (planning,
 offset and commit logs, the sink), summed over every batch but the first of each run.  The PL/pgSQL
-peer, the hand-hygiene rules and their declared version run in interleaved rounds (the peer, the rules, the
-declared rules: 5 rounds at 1k, where Spark's share makes the rounds spread most, 3 at 10k, one at 100k and in
-``--quick``); their rows show the median rates, the
+peer, the hand-hygiene rules and their declared version run in interleaved rounds (the rules first, then the peer and
+the declared rules in alternating order: 5 rounds at 1k, where Spark's share makes the rounds spread most, 3 at
+10k, one at 100k and in ``--quick``); their rows show the median rates, the
 ratio is median over median,
 ``ratio_per_round`` its spread, and the per-event split is the median rules run's.
 The time per event is split into Spark's own part (``triggerExecution`` minus the sink) and the
@@ -536,24 +536,31 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
                                                    **_microseconds(plain["per_phase"], plain["rows"])}))
             rounds = 1 if quick else ROUNDS.get(size, 1)
             peer_runs, rule_runs, declared_runs, same, same_declared = [], [], [], True, True
-            for round_ in range(rounds):          # interleaved: the peer, the rules, the declared rules, each round
+            for round_ in range(rounds):
+                # Interleaved: the rules first (their detached transactions and dead rows weigh on whatever runs
+                # next), then the peer and the declared rules in alternating order, so that neither of the two
+                # compared at 1.0 always follows the rules run, or the other one.
                 tag = f"{size}" if rounds == 1 else f"{size}-{round_ + 1}"
                 suffix = "" if rounds == 1 else f" (round {round_ + 1} of {rounds})"
-                reset_tables(database)
-                with progress.step(f"{size:,} events/batch: PL/pgSQL peer{suffix}"):
-                    peer_runs.append(_peer_run(spark, url, source, folder / f"peer-{tag}", timeout))
-                plain_ids.append(peer_runs[-1]["query_id"])
-                peer_state = _app_state(database)
-                reset_tables(database)
-                with progress.step(f"{size:,} events/batch: hand-hygiene rules{suffix}"):
-                    rule_runs.append(_rule_run(spark, database, source, folder / f"rules-{tag}",
-                                               f"{QUERY_PREFIX}-{tag}", mapping, {"worker_status": None}, timeout))
-                same = same and _app_state(database) == peer_state
-                reset_tables(database)
-                with progress.step(f"{size:,} events/batch: hand-hygiene as declared rules{suffix}"):
-                    declared_runs.append(_rule_run(spark, hh_declared, source, folder / f"declared-{tag}",
-                                                   f"{QUERY_PREFIX}-declared-{tag}", mapping, None, timeout))
-                same_declared = same_declared and _app_state(database) == peer_state
+                states = {}
+                for path in ("rules", "peer", "declared") if round_ % 2 == 0 else ("rules", "declared", "peer"):
+                    reset_tables(database)
+                    if path == "peer":
+                        with progress.step(f"{size:,} events/batch: PL/pgSQL peer{suffix}"):
+                            peer_runs.append(_peer_run(spark, url, source, folder / f"peer-{tag}", timeout))
+                        plain_ids.append(peer_runs[-1]["query_id"])
+                    elif path == "rules":
+                        with progress.step(f"{size:,} events/batch: hand-hygiene rules{suffix}"):
+                            rule_runs.append(_rule_run(spark, database, source, folder / f"rules-{tag}",
+                                                       f"{QUERY_PREFIX}-{tag}", mapping, {"worker_status": None},
+                                                       timeout))
+                    else:
+                        with progress.step(f"{size:,} events/batch: hand-hygiene as declared rules{suffix}"):
+                            declared_runs.append(_rule_run(spark, hh_declared, source, folder / f"declared-{tag}",
+                                                           f"{QUERY_PREFIX}-declared-{tag}", mapping, None, timeout))
+                    states[path] = _app_state(database)
+                same = same and states["rules"] == states["peer"]
+                same_declared = same_declared and states["declared"] == states["peer"]
             peer_rates = [run["rows"] / run["seconds"] for run in peer_runs]
             rule_rates = [run["rows"] / run["seconds"] for run in rule_runs]
             peer, peer_rate = peer_runs[0], statistics.median(peer_rates)
