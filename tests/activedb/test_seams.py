@@ -74,7 +74,8 @@ def test_participants_take_part_in_order_in_the_one_database_transaction(db):
 def test_the_commit_rides_with_the_last_statement_unless_a_participant_acts_before_it(db):
     """``acts_before_commit``: a participant with nothing to do at ``about_to_commit`` is not asked, and when none
     acts the flush's last statement carries the COMMIT (the driver has no transaction open when SQLAlchemy then
-    commits); one that acts is asked, inside the transaction, and what it writes there commits with the rest."""
+    commits); one that acts is asked inside the transaction, before its COMMIT: what it writes there commits with
+    the rest, and if it raises there nothing of the tree is written."""
     calls, open_at_commit = [], []
 
     class Quiet(Recorder):
@@ -89,6 +90,11 @@ def test_the_commit_rides_with_the_last_statement_unless_a_participant_acts_befo
             super().about_to_commit(tx, connection)
             connection.execute(sa.text("INSERT INTO items (key, value) VALUES ('loud, at commit', 1)"))
 
+    class RefusesAtCommit(Recorder):
+        def about_to_commit(self, tx, connection):
+            connection.execute(sa.text("INSERT INTO items (key, value) VALUES ('refused at commit', 1)"))
+            raise RuntimeError("refused just before the COMMIT")
+
     def heard_commit(connection):
         status = connection.connection.driver_connection.info.transaction_status
         open_at_commit.append(status.name)
@@ -101,6 +107,9 @@ def test_the_commit_rides_with_the_last_statement_unless_a_participant_acts_befo
         open_at_commit.clear()
         with db.transaction(participants=[Quiet("quiet 2", calls), Loud("loud", calls, "items")]) as tx:
             tx.write("accounts", 4, balance=4)
+        with pytest.raises(RuntimeError):     # still before the COMMIT: nothing of that tree is written
+            with db.transaction(participants=[RefusesAtCommit("refuses", calls)]) as tx:
+                tx.write("accounts", 5, balance=5)
     finally:
         sa.event.remove(db.engine, "commit", heard_commit)
     assert folded == ["IDLE"] and open_at_commit == ["INTRANS"]
