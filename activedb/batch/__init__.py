@@ -17,7 +17,7 @@ decision model's pick among the TPG strategies, on the graph just built), or
 ``activedb/batch/README.md``.
 """
 
-from activedb.batch._declare import DELETE, Abort, BatchEvent, Inserted, OpKind, Ops, StateTransactions
+from activedb.batch._declare import DELETE, Abort, BatchEvent, Inserted, InsertedInto, OpKind, Ops, StateTransactions
 from activedb.batch._decide import DecisionModel
 from activedb.batch._plan import EdgeKind, OpState
 from activedb.batch._result import BatchResult, BatchStatistics, TransactionResult
@@ -32,6 +32,7 @@ from activedb.batch import errors
 __all__ = ["Abort", "AbortMode", "all_strategies", "apply_at_commit", "apply_batch", "apply_lowered", "BatchEvent",
            "BatchResult", "BatchStatistics", "dead_letter_row", "DecisionModel", "declared", "DeclaredAction",
            "DELETE", "EdgeKind", "lower", "Lowered",
-           "errors", "Exploration", "Granularity", "Inserted", "normalise_events", "OpKind", "Ops", "OpState",
+           "errors", "Exploration", "Granularity", "Inserted", "InsertedInto", "normalise_events", "OpKind", "Ops",
+           "OpState",
            "parse_strategy", "PendingBatch", "PendingState", "render_tpg", "run_batch", "run_in_memory",
            "StateTransactions", "Strategy", "tpg_graph", "TransactionResult"]

@@ -66,6 +66,23 @@ class Inserted(NamedTuple):
     rows: tuple[dict, ...]
 
 
+class InsertedInto(NamedTuple):
+    """The output of an INSERT into several tables (``ops.insert_into``): one :class:`Inserted` per table it adds
+    rows to, in the order of its declared tables."""
+
+    parts: tuple[Inserted, ...]
+
+
+def inserted_parts(output: Any) -> tuple[Inserted, ...]:
+    """The :class:`Inserted` of an operation's output that add rows (none for any other output)."""
+    kind = type(output)
+    if kind is Inserted:
+        return (output,) if output.rows else ()
+    if kind is InsertedInto:
+        return output.parts
+    return ()
+
+
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
@@ -101,6 +118,7 @@ class OpSpec(NamedTuple):
     name: str | None = None
     candidates: tuple[Any, ...] | None = None   # ND ops: the keys it may access, if known
     state: tuple[str, Any] | None = None
+    tables: tuple[str, ...] | None = None       # an INSERT into several tables (``insert_into``): them; ``table`` the first
 
 
 _new_spec = _new_inserted = tuple.__new__
@@ -178,7 +196,7 @@ class Ops:
         """READ(table, key): the row as of before this transaction becomes output ``name``."""
         state = self._check_key(table, key)
         self.specs.append(_new_spec(OpSpec, (_READ, state[0], key, (), None, None, None, None,
-                                             name or f"{table}[{key!r}]", None, state)))
+                                             name or f"{table}[{key!r}]", None, state, None)))
 
     def write(self, table: str, key: Any, fn: Callable[..., Any], *, reads: Iterable[Any] = (),
               name: str | None = None) -> None:
@@ -198,7 +216,7 @@ class Ops:
         except TypeError:
             raise _bad_pair(state, "an operation's row") from None
         self.specs.append(_new_spec(OpSpec, (_WRITE, state[0], key, self._params(reads, state, "reads") if reads
-                                             else (), fn, None, None, None, name, None, state)))
+                                             else (), fn, None, None, None, name, None, state, None)))
 
     def abort_if(self, predicate: Callable[..., bool], *, reads: Iterable[Any], reason: str) -> None:
         """Abort the transaction with ``reason`` if ``predicate(*images of reads)`` is true."""
@@ -207,7 +225,7 @@ class Ops:
             raise DeclarationError("abort_if needs at least one (table, key) in reads")
         own = pairs[0]
         self.specs.append(_new_spec(OpSpec, (_CHECK, own[0], own[1], self._params(pairs[1:], own, "reads"),
-                                             predicate, None, None, reason, None, None, own)))
+                                             predicate, None, None, reason, None, None, own, None)))
 
     def window_read(self, table: str, keys: Iterable[Any], *, size: Any, aggregate: Callable[..., Any],
                     name: str | None = None) -> None:
@@ -281,18 +299,55 @@ class Ops:
             params = self._params(reads, None, "reads")
         if name is None:
             name = _INSERT_NAMES.get((table, len(specs))) or _insert_name(table, len(specs))
-        specs.append(_new_spec(OpSpec, (_INSERT, table, None, params, fn, None, None, None, name, (), None)))
+        specs.append(_new_spec(OpSpec, (_INSERT, table, None, params, fn, None, None, None, name, (), None, None)))
+
+    def insert_into(self, tables: Iterable[str], rows: Callable[..., Any], *, reads: Iterable[Any] = (),
+                    name: str | None = None) -> None:
+        """INSERT into any of ``tables``: ``rows(*images of reads)`` returns a mapping table → that table's rows
+        (each value as :meth:`insert` takes it: a mapping, a list of them, or None), or None for no row.  One
+        operation where one :meth:`insert` per table would compute the same decision several times: an
+        event whose reads decide an audit row, an alert and a notification.  A table the mapping names
+        outside ``tables`` aborts the transaction.  The output ``name`` (default ``insert:T1,T2#INDEX``) is an
+        :class:`InsertedInto`; everything else as for :meth:`insert`."""
+        if isinstance(tables, str):
+            raise DeclarationError(f"ops.insert_into takes the tables as a tuple, got the string {tables!r}; write "
+                                   f"ops.insert_into(({tables!r},), ...) or use ops.insert")
+        names = self._tables(tables)
+        if not callable(rows):
+            raise DeclarationError(f"ops.insert_into({names!r}, ...) takes a function of the reads returning a "
+                                   f"mapping table -> rows (or None), got {rows!r}")
+        params = self._params(reads, None, "reads") if reads else ()
+        specs = self.specs
+        if name is None:
+            name = _INSERT_NAMES.get((names, len(specs))) or _insert_name(names, len(specs))
+        specs.append(_new_spec(OpSpec, (_INSERT, names[0], None, params, rows, None, None, None, name, (), None,
+                                        names)))
+
+    def _tables(self, tables: Iterable[str]) -> tuple[str, ...]:
+        """``tables`` as a tuple of names (each once), checked; memoised per tuple given (a batch gives the same
+        few tuples thousands of times)."""
+        known = _TABLE_TUPLES.get(tables) if type(tables) is tuple else None
+        if known is not None:
+            return known
+        names = tuple(dict.fromkeys(self._check_key(table, 0)[0] for table in tables))
+        if not names:
+            raise DeclarationError("ops.insert_into needs at least one table")
+        if type(tables) is tuple and len(_TABLE_TUPLES) < 4096:
+            _TABLE_TUPLES[tables] = names
+        return names
 
 
-_INSERT_NAMES: dict[tuple[str, int], str] = {}
+_INSERT_NAMES: dict[tuple[Any, int], str] = {}
+_TABLE_TUPLES: dict[tuple, tuple[str, ...]] = {}
 _PLAIN_KEYS = frozenset({str, int})          # key types known to be hashable
 
 
-def _insert_name(table: str, index: int) -> str:
-    """``insert:TABLE#INDEX``, the default output name of an INSERT (kept: a batch names thousands alike)."""
+def _insert_name(table: str | tuple[str, ...], index: int) -> str:
+    """``insert:TABLE#INDEX`` (``insert:T1,T2#INDEX`` into several tables), the default output name of an INSERT
+    (kept: a batch names thousands alike)."""
     name = _INSERT_NAMES.get((table, index))
     if name is None:
-        name = f"insert:{table}#{index}"
+        name = f"insert:{table if type(table) is str else ','.join(table)}#{index}"
         if len(_INSERT_NAMES) < 4096:
             _INSERT_NAMES[(table, index)] = name
     return name
@@ -318,26 +373,57 @@ def _none_inserted(table: str) -> Inserted:
     return empty
 
 
-def inserted(spec: OpSpec, result: Any) -> Inserted:
+_NOTHING_INTO = InsertedInto(())
+
+
+def inserted(spec: OpSpec, result: Any) -> Inserted | InsertedInto:
     """What an INSERT's function returned, as rows (dicts, never changed afterwards: the batch only reads them);
     raises DeclarationError for anything else."""
+    if spec[11] is not None:
+        return _inserted_into(spec[11], result)
+    return _rows(spec.table, result)
+
+
+def _rows(table: str, result: Any) -> Inserted:
     if result is None:
-        return _NONE_INSERTED.get(spec.table) or _none_inserted(spec.table)
+        return _NONE_INSERTED.get(table) or _none_inserted(table)
     kind = type(result)
     if kind is dict:
-        return _new_inserted(Inserted, (spec.table, (result,)))
+        return _new_inserted(Inserted, (table, (result,)))
     if kind is list or kind is tuple:         # (the common case of several rows: plain dicts, no ABC check)
         for row in result:
             if type(row) is not dict:
                 break
         else:
-            return _new_inserted(Inserted, (spec.table, tuple(result)))
+            return _new_inserted(Inserted, (table, tuple(result)))
     if isinstance(result, Mapping):
-        return Inserted(spec.table, (dict(result),))
+        return Inserted(table, (dict(result),))
     if isinstance(result, (list, tuple)) and all(isinstance(row, Mapping) for row in result):
-        return Inserted(spec.table, tuple(row if type(row) is dict else dict(row) for row in result))
-    raise DeclarationError(f"the function of insert into {spec.table} returned {result!r}; return a mapping of "
+        return Inserted(table, tuple(row if type(row) is dict else dict(row) for row in result))
+    raise DeclarationError(f"the function of insert into {table} returned {result!r}; return a mapping of "
                            f"columns, a list of them, or None for no row")
+
+
+def _inserted_into(tables: tuple[str, ...], result: Any) -> InsertedInto:
+    """An ``insert_into``'s result (table → rows, or None) as one :class:`Inserted` per table given rows, in the
+    order of ``tables``."""
+    if result is None or (type(result) is dict and not result):
+        return _NOTHING_INTO
+    if not isinstance(result, Mapping):
+        raise DeclarationError(f"the function of insert_into {', '.join(tables)} returned {result!r}; return a "
+                               f"mapping table -> rows, or None for no row")
+    for table in result:
+        if table not in tables:
+            raise DeclarationError(f"the function of insert_into {', '.join(tables)} returned rows for {table!r}, "
+                                   f"which it does not declare; name it in the tables of ops.insert_into")
+    parts = []
+    for table in tables:
+        rows = result.get(table)
+        if rows is not None:
+            part = _rows(table, rows)
+            if part.rows:
+                parts.append(part)
+    return _new_inserted(InsertedInto, (tuple(parts),)) if parts else _NOTHING_INTO
 
 
 def _candidates(table: str, candidates: Iterable[Any] | None) -> tuple[Any, ...] | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from activedb.batch._declare import BatchEvent, Inserted
+from activedb.batch._declare import BatchEvent, Inserted, InsertedInto
 
 
 class TransactionResult(NamedTuple):
@@ -134,12 +134,21 @@ class BatchResult:
         outputs = self._outputs
         for t in sorted(outputs):
             for output in outputs[t].values():
-                if type(output) is Inserted and output.rows:
-                    found = rows.get(output.table)
+                kind = type(output)
+                if kind is Inserted:
+                    if not output.rows:
+                        continue
+                    parts = (output,)
+                elif kind is InsertedInto:
+                    parts = output.parts
+                else:
+                    continue
+                for part in parts:
+                    found = rows.get(part.table)
                     if found is None:
-                        rows[output.table] = list(output.rows)
+                        rows[part.table] = list(part.rows)
                     else:
-                        found.extend(output.rows)
+                        found.extend(part.rows)
         return rows
 
     def changes(self) -> dict[tuple[str, Any], dict | None]:

@@ -45,7 +45,7 @@ def touched_states(specs: list[OpSpec]) -> tuple[list[tuple[str, Any]], list[str
 
 def written_tables(specs: list[OpSpec]) -> frozenset[str]:
     """The tables a declared transaction writes."""
-    return frozenset(spec.table for spec in specs if spec.kind.writes)
+    return frozenset(table for spec in specs if spec.kind.writes for table in (spec.tables or (spec.table,)))
 
 
 class RoutePlan:

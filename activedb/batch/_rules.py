@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from coupling import Coupling
 
 from activedb.batch._commit import PendingBatch, apply_at_commit
-from activedb.batch._declare import Abort, BatchEvent, Inserted, OpKind, Ops, StateTransactions, inserted
+from activedb.batch._declare import (
+    Abort, BatchEvent, Inserted, OpKind, Ops, StateTransactions, inserted, inserted_parts)
 from activedb.batch._state import merge_image
 from activedb.batch.errors import DeclarationError
 from activedb.events import EventKind
@@ -105,7 +106,7 @@ def perform_in(tx: "Transaction", specs: list) -> None:
             if spec.fn(image(spec.state), *[image(param) for param in spec.params]):
                 raise Abort(spec.reason or "condition failed")
         elif kind is _INSERT:
-            inserts.append(inserted(spec, spec.fn(*[image(param) for param in spec.params])))
+            inserts.extend(inserted_parts(inserted(spec, spec.fn(*[image(param) for param in spec.params]))))
         elif kind is _ND_READ or kind is _ND_WRITE:
             params = [image(param) for param in spec.params]
             key = spec.key_fn(*params)

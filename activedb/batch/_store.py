@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from activedb import deadletters
-from activedb.batch._declare import BatchEvent, Inserted, StateTransactions
+from activedb.batch._declare import BatchEvent, StateTransactions, inserted_parts
 from activedb.batch._result import BatchResult
 from activedb.batch._runtime import AUTO, execute_batch, no_cyclic_gc, prepare
 from activedb.batch._strategy import Strategy
@@ -138,8 +138,8 @@ def store_check(catalog: Any) -> Callable[[list, dict | None], str | None]:
                     info.check_values(image, copy=False)
                     check_key_columns(info, key, image, info.full_key_row(info.key(key)))
             for output in (outputs or {}).values():
-                if type(output) is Inserted:
-                    _check_inserted(catalog, output.table, output.rows)
+                for part in inserted_parts(output):
+                    _check_inserted(catalog, part.table, part.rows)
         except SchemaError as error:
             return f"{type(error).__name__}: {error}"
         return None

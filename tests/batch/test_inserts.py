@@ -297,3 +297,135 @@ def test_an_insert_declares_rows_or_a_function(clean):
         ops.insert("events_seen", 42)
     with pytest.raises(batch.errors.DeclarationError, match="a table is named by a string"):
         ops.insert(7, {"rule": "x"})
+
+
+# --- one operation inserting into several tables (``ops.insert_into``) -------------------------------------------
+
+INTO = StateTransactions("inserts into several tables")
+
+
+def _alert_and_log(event, own):
+    value = (own or {"value": 0})["value"]
+    if event.payload.get("wrong") == "table":
+        return {"events_seen": {"rule": "into"}, "items": {"key": "x"}}
+    if event.payload.get("wrong") == "rows":
+        return [{"rule": "into"}]
+    effects = {"events_seen": [{"rule": "into", "detail": f"{event.key}: {value}"}]}
+    if value + event.payload["n"] > 5:                   # an alert only above five, as a transition decides
+        effects["stream_alerts"] = {"worker": event.key, "at": float(value + event.payload["n"])}
+    return effects if event.payload.get("wrong") != "none" else None
+
+
+@INTO.on("into")
+def into(event, ops) -> None:
+    ops.write("items", event.key, lambda own: {"value": (own or {"value": 0})["value"] + event.payload["n"]})
+    ops.insert_into(("events_seen", "stream_alerts"), lambda own: _alert_and_log(event, own),
+                    reads=[("items", event.key)])
+
+
+@INTO.on("into_nowhere")
+def into_nowhere(event, ops) -> None:
+    ops.insert_into(("events_seen", "no_such_table"), lambda: {"events_seen": {"rule": "nowhere"}})
+
+
+@INTO.on("separately")
+def separately(event, ops) -> None:
+    """``into``'s state transaction with one ``ops.insert`` per table: the same rows."""
+    ops.write("items", event.key, lambda own: {"value": (own or {"value": 0})["value"] + event.payload["n"]})
+    for table in ("events_seen", "stream_alerts"):
+        ops.insert(table, lambda own, table=table: (_alert_and_log(event, own) or {}).get(table),
+                   reads=[("items", event.key)])
+
+
+def _into_events(kind: str = "into") -> list[BatchEvent]:
+    given = [("a", 3, None), ("a", 4, None), ("b", 1, "table"), ("b", 2, None), ("a", 1, "rows"), ("c", 9, None),
+             ("b", 1, "none"), ("a", 2, None)]
+    return [BatchEvent(kind, key, t, {"n": n, **({"wrong": wrong} if wrong else {})}, t)
+            for t, (key, n, wrong) in enumerate(given)]
+
+
+INTO_SEEN = ["a: 0", "a: 3", "b: 0", "c: 0", "a: 7"]
+INTO_ALERTS = [("a", 7.0), ("c", 9.0), ("a", 9.0)]
+
+
+@pytest.mark.parametrize("strategy", ["serial", "lean", "tpg", "bfs/f/e", "dfs/c/l", "ns/f/e", "bfs/c/l"])
+def test_an_insert_into_several_tables_gives_every_strategy_the_rows_one_insert_per_table_gives(strategy):
+    result = batch.run_in_memory(INTO, _into_events(), {}, strategy=strategy)
+    valid = [event for event in _into_events("separately") if "wrong" not in event.payload or
+             event.payload["wrong"] == "none"]        # (the two refused ones abort: as if they were not there)
+    reference = batch.run_in_memory(INTO, valid, {}, strategy="serial")
+    inserted = result.inserted()
+    assert inserted == reference.inserted()
+    assert [row["detail"] for row in inserted["events_seen"]] == INTO_SEEN
+    assert [(row["worker"], row["at"]) for row in inserted["stream_alerts"]] == INTO_ALERTS
+    reasons = {event.position: reason for event, reason in result.dead_letters}
+    assert set(reasons) == {2, 4}        # rows for a table it did not declare; not a mapping of tables
+    assert "'items', which it does not declare" in reasons[2] and "mapping table -> rows" in reasons[4]
+    assert isinstance(result.transactions[0].outputs["insert:events_seen,stream_alerts#1"], batch.InsertedInto)
+    assert result.final == reference.final
+
+
+def test_an_insert_into_several_tables_reaches_each_table_at_commit_and_through_the_tree(clean):
+    db = clean
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE stream_alerts"))
+    with db.transaction() as tx:
+        pending = batch.apply_at_commit(tx, _into_events(), INTO, query_id="insert-into")
+    assert pending.result.committed_count == 6
+    with db.engine.connect() as connection:
+        alerts = connection.execute(sa.text("SELECT worker, at FROM stream_alerts ORDER BY id")).all()
+    assert [detail for _, _, detail in _seen(db)] == INTO_SEEN and [tuple(row) for row in alerts] == INTO_ALERTS
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE events_seen, items, stream_alerts"))
+    with db.transaction() as tx:
+        batch.apply_batch(tx, _into_events(), INTO)
+    with db.engine.connect() as connection:
+        alerts = connection.execute(sa.text("SELECT worker, at FROM stream_alerts ORDER BY id")).all()
+    assert [detail for _, _, detail in _seen(db)] == INTO_SEEN and [tuple(row) for row in alerts] == INTO_ALERTS
+
+
+def test_an_insert_into_a_table_that_does_not_exist_among_several_is_a_dead_letter_alone(clean):
+    db = clean
+    events = [BatchEvent("into", "a", 0, {"n": 1}, 0), BatchEvent("into_nowhere", "z", 1, {}, 1)]
+    with db.transaction() as tx:
+        pending = batch.apply_at_commit(tx, events, INTO, query_id="insert-into-nowhere")
+    assert [detail for _, _, detail in _seen(db)] == ["a: 0"]
+    [(event, reason)] = pending.result.dead_letters
+    assert event.event_type == "into_nowhere" and "no_such_table" in reason
+
+
+@batch.declared
+def into_declared(event, ops) -> None:
+    into(event, ops)
+
+
+def test_a_declared_rule_inserting_into_several_tables_inserts_them_event_by_event(clean):
+    db = clean
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE stream_alerts"))
+    rules = [db.rule(on=db.stream("into"), name="into_with_inserts")(into_declared)]
+    try:
+        with db.transaction() as tx:
+            for key, n in (("a", 3), ("a", 4)):
+                tx.emit("into", key=key, payload={"n": n})
+        with db.engine.connect() as connection:
+            alerts = connection.execute(sa.text("SELECT worker, at FROM stream_alerts")).all()
+        assert [detail for _, _, detail in _seen(db)] == ["a: 0", "a: 3"] and [tuple(row) for row in alerts] == [
+            ("a", 7.0)]
+    finally:
+        for rule in rules:
+            db.rules.remove(rule.name)
+
+
+def test_an_insert_into_declares_its_tables_and_a_function():
+    ops = batch.Ops(BatchEvent("into", "a"))
+    with pytest.raises(batch.errors.DeclarationError, match="as a tuple, got the string"):
+        ops.insert_into("events_seen", lambda: None)
+    with pytest.raises(batch.errors.DeclarationError, match="at least one table"):
+        ops.insert_into((), lambda: None)
+    with pytest.raises(batch.errors.DeclarationError, match="a table is named by a string"):
+        ops.insert_into(("events_seen", 7), lambda: None)
+    with pytest.raises(batch.errors.DeclarationError, match="takes a function"):
+        ops.insert_into(("events_seen",), {"rule": "x"})
+    ops.insert_into(["events_seen", "stream_alerts", "events_seen"], lambda: None, name="both")
+    assert ops.specs[-1].tables == ("events_seen", "stream_alerts") and ops.specs[-1].name == "both"

@@ -98,8 +98,8 @@ def _transition(kind: str, room: Any, ts: float, row: dict) -> str | None:
 def badge_event(event, ops) -> None:
     """A badge event's state transaction: its worker's row written with the :func:`outcome` of the reading
     (from the row as of before the event), and the outcome's rows inserted into the tables its type may
-    insert into (:data:`EFFECT_TABLES`).  An
-    event without a worker or a time is only compensated."""
+    insert into (:data:`EFFECT_TABLES`, one ``insert_into``).  An event without a worker or a time is only
+    compensated."""
     worker, kind, room = event.key, event.event_type, event.payload.get("room")
     try:
         ts = seconds(event.ts)
@@ -116,9 +116,9 @@ def badge_event(event, ops) -> None:
         return decided[1]
 
     ops.write(WORKERS, worker, lambda own: decide(own).row)
-    state = [(WORKERS, worker)]
-    for table in EFFECT_TABLES.get(kind, ()):
-        ops.insert(table, lambda own, table=table: decide(own).effects.get(table), reads=state)
+    tables = EFFECT_TABLES.get(kind)
+    if tables:
+        ops.insert_into(tables, lambda own: decide(own).effects, reads=[(WORKERS, worker)])
 
 
 def register(db) -> dict[str, Any]:
