@@ -18,7 +18,7 @@ from activedb.store import jsonable
 from spark_bridge.errors import MappingError
 from spark_bridge.mapping import (
     EPOCH, SURROGATE_ESCAPE, EventMapping, RawEvent, Rejected, by_ts, check_key, convert_column, corrupt_reason,
-    event_id, lone_surrogate_reason, to_utc, type_converter,
+    event_id, lone_surrogate_reason, raw_event, to_utc, type_converter,
 )
 
 __all__ = ["arrow_values", "jsonable_rows", "table_to_events"]
@@ -125,7 +125,7 @@ def table_to_events(table: Any, mapping: EventMapping, known: frozenset[str] | N
 
     payload_columns = [arrow_values(table.column(name)) for name in payload_names]
     payload_rows = zip(*payload_columns) if payload_columns else ((),) * count
-    good = [RawEvent(event_type, key, ts, dict(zip(payload_names, payload)), position, event_id)
+    good = [raw_event(event_type, key, ts, dict(zip(payload_names, payload)), position, event_id)
             for position, (event_type, key, ts, payload, event_id)
             in enumerate(zip(type_values, key_values, ts_values, payload_rows, id_values)) if position not in errors]
     good.sort(key=by_ts)

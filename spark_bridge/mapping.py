@@ -16,7 +16,7 @@ import datetime as dt
 import json
 import math
 import re
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -149,6 +149,30 @@ class RawEvent:
     payload: Mapping[str, Any] = field(hash=False)
     position: int  # index of the row in the batch handed to rows_to_events
     event_id: str | None = None  # the id column's value as text (EventMapping.id_column), else None
+
+
+def _raw_event_maker() -> Callable[[str, Any, dt.datetime, Mapping[str, Any], int, str | None], RawEvent]:
+    """``RawEvent(...)`` for values already validated, at about half the cost: the frozen dataclass's
+    ``__init__`` sets each field through ``object.__setattr__``; this sets its slots directly (a batch makes one
+    per row)."""
+    new = object.__new__
+    set_type, set_key, set_ts, set_payload, set_position, set_id = (
+        getattr(RawEvent, name).__set__ for name in ("event_type", "key", "ts", "payload", "position", "event_id"))
+
+    def make(event_type, key, ts, payload, position, event_id):
+        event = new(RawEvent)
+        set_type(event, event_type)
+        set_key(event, key)
+        set_ts(event, ts)
+        set_payload(event, payload)
+        set_position(event, position)
+        set_id(event, event_id)
+        return event
+
+    return make
+
+
+raw_event = _raw_event_maker()
 
 
 @dataclass(frozen=True, slots=True)
