@@ -17,7 +17,7 @@ For each ``S``, in the same run on the same Spark session and PostgreSQL:
    ``notifications`` (``worker``, ``room`` as ``message``, ``ts`` as ``at``, ``type`` as
    ``channel``: the same four values per row);
 2a. **the declared version** — ``activedb.examples.hand_hygiene.declared``: the same application as one declared
-   rule per badge type (``@batch.declared``, with ``ops.insert`` for the audit rows, alerts, badge lights,
+   rule per badge type (``@batch.declared``, with ``ops.insert_into`` for the audit rows, alerts, badge lights,
    notifications and compensations), which the sink lowers to one batch of state transactions per micro-batch;
    its tables are compared with the peer's as the rules' are (``same_result_as_the_peer``);
 2b. **the PL/pgSQL peer** — what a PostgreSQL user would write instead: the same rows, sorted by

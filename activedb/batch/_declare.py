@@ -174,6 +174,16 @@ class Ops:
                 params.append(pair)
         return tuple(params)
 
+    def _insert_params(self, reads: Iterable[Any]) -> tuple:
+        """An INSERT's ``reads`` as states (no own row)."""
+        if (type(reads) is list or type(reads) is tuple) and len(reads) == 1:    # (the common case)
+            pair = reads[0]
+            if not (type(pair) is tuple and len(pair) == 2 and type(pair[0]) is str and pair[1] is not None
+                    and type(pair[1]) in _PLAIN_KEYS):
+                pair = _state(pair, "reads")
+            return (pair,)
+        return self._params(reads, None, "reads")
+
     def _check_key(self, table: str, key: Any) -> tuple[str, Any]:
         if type(table) is not str:
             if not isinstance(table, str):
@@ -287,16 +297,7 @@ class Ops:
             raise DeclarationError(f"ops.insert({table!r}, ...) takes a mapping of columns or a function of the "
                                    f"reads returning one (or a list of them, or None), got {rows!r}")
         specs = self.specs
-        if not reads:
-            params = ()
-        elif (type(reads) is list or type(reads) is tuple) and len(reads) == 1:    # (the common case)
-            pair = reads[0]
-            if not (type(pair) is tuple and len(pair) == 2 and type(pair[0]) is str and pair[1] is not None
-                    and type(pair[1]) in _PLAIN_KEYS):
-                pair = _state(pair, "reads")
-            params = (pair,)
-        else:
-            params = self._params(reads, None, "reads")
+        params = self._insert_params(reads) if reads else ()
         if name is None:
             name = _INSERT_NAMES.get((table, len(specs))) or _insert_name(table, len(specs))
         specs.append(_new_spec(OpSpec, (_INSERT, table, None, params, fn, None, None, None, name, (), None, None)))
@@ -316,7 +317,7 @@ class Ops:
         if not callable(rows):
             raise DeclarationError(f"ops.insert_into({names!r}, ...) takes a function of the reads returning a "
                                    f"mapping table -> rows (or None), got {rows!r}")
-        params = self._params(reads, None, "reads") if reads else ()
+        params = self._insert_params(reads) if reads else ()
         specs = self.specs
         if name is None:
             name = _INSERT_NAMES.get((names, len(specs))) or _insert_name(names, len(specs))
