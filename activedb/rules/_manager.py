@@ -124,7 +124,7 @@ class RuleManager(TransactionExtension):
         caller adds ``executed`` and ``failed`` (:meth:`count`) once it knows them."""
         if count > 0:
             root = transaction.root
-            self.record.dispatched(root, root.slot(RuleContext), (rule,) * count)
+            self.record.dispatched_many(root, root.slot(RuleContext), rule, count)
 
     def firings_in(self, transaction: Transaction) -> dict[str, int]:
         """Per rule, how many firings were dispatched in ``transaction``'s tree so far."""

@@ -37,6 +37,12 @@ class FiringRecord:
         finally:
             mutex.release()
 
+    def dispatched_many(self, root: "Transaction", context: RuleContext, rule: "Rule", count: int) -> None:
+        """``count`` firings of ``rule`` in ``root``'s tree: what ``dispatched`` with ``rule`` ``count`` times
+        records, in one step (a lowered batch fires a rule once per event)."""
+        with self._mutex:
+            self._tally(root, context, rule, count)
+
     def ran(self, root: "Transaction", context: RuleContext, rule: "Rule", executed: bool) -> None:
         """One firing of ``rule`` in ``root``'s tree ran (the dispatch of a single immediate firing counts it
         when it has ended, not before): ``dispatched`` and, if ``executed`` (its action ran and its
@@ -55,9 +61,9 @@ class FiringRecord:
         finally:
             mutex.release()
 
-    def _tally(self, root: "Transaction", context: RuleContext, rule: "Rule") -> None:
-        """Count one firing of ``rule`` in the tree of ``root`` (``context``: its ``RuleContext``).  Caller
-        holds ``_mutex``."""
+    def _tally(self, root: "Transaction", context: RuleContext, rule: "Rule", firings: int = 1) -> None:
+        """Count ``firings`` firings of ``rule`` in the tree of ``root`` (``context``: its ``RuleContext``).
+        Caller holds ``_mutex``."""
         tally = context.firings
         if tally is None:
             tally = context.firings = {}
@@ -65,11 +71,11 @@ class FiringRecord:
             root.info.setdefault("rule_firings", tally)
         name = rule.name
         count = tally.get(name)
-        tally[name] = 1 if count is None else count + 1
+        tally[name] = firings if count is None else count + firings
         couplings = context.couplings
         if couplings is None:         # the tree has ended and was folded: count at once
-            self._counters[name].fired += 1
-            self._per_mode[rule.coupling] += 1
+            self._counters[name].fired += firings
+            self._per_mode[rule.coupling] += firings
         elif count is None:
             couplings[name] = rule.coupling
 
