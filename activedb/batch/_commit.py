@@ -509,6 +509,7 @@ def apply_at_commit(tx: Transaction, events: Iterable[Any], transactions: StateT
     states: dict[str, dict[Any, None]] = {}
     unbounded: set[str] = set()
     written: set[str] = set()
+    merged: set[Any] = set()           # the plans whose tables are in ``unbounded`` and ``written`` already
     for t, event in enumerate(batch):
         plan = plans.get(event[0])
         predicted = plan.states(event) if plan is not None else None
@@ -523,8 +524,10 @@ def apply_at_commit(tx: Transaction, events: Iterable[Any], transactions: StateT
             except TypeError:          # an unhashable key: declare the event instead
                 predicted = None
             else:
-                unbounded.update(plan.unbounded)
-                written |= plan.written
+                if plan not in merged:
+                    merged.add(plan)
+                    unbounded.update(plan.unbounded)
+                    written |= plan.written
                 continue
         try:
             specs = declare(event)

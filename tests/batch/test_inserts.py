@@ -365,6 +365,17 @@ def test_an_insert_into_several_tables_gives_every_strategy_the_rows_one_insert_
     assert result.final == reference.final
 
 
+def test_two_processes_insert_into_several_tables_what_one_does():
+    transactions = StateTransactions("inserts into several tables in processes", processes=2)
+    transactions.on("into")(into)
+    events = [BatchEvent("into", f"k{n % 7}", n, {"n": 1 + n % 3}, n) for n in range(200)]
+    with transactions:
+        parallel = batch.run_in_memory(transactions, events, {}, processes=2, split="always")
+    assert parallel.statistics.processes == 2
+    serial = batch.run_in_memory(INTO, events, {}, strategy="serial").inserted()
+    assert parallel.inserted() == serial and len(serial["stream_alerts"]) > 0
+
+
 def test_an_insert_into_several_tables_reaches_each_table_at_commit_and_through_the_tree(clean):
     db = clean
     with db.engine.begin() as connection:
