@@ -295,3 +295,30 @@ def test_a_line_with_a_lone_surrogate_rejects_its_row_whatever_spark_made_of_it(
     [rejected] = bad
     assert rejected.position == 0 and rejected.reason.startswith("field 'key' holds a lone surrogate")
     assert "turns into '?'" in rejected.reason and json.loads(rejected.row["_line"])["key"] == "k\ud800x"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(min_value=-2**32 * 10**6 + 1, max_value=2**32 * 10**6 - 1), min_size=1, max_size=40),
+       st.sampled_from(["UTC", "Europe/Berlin", "America/Los_Angeles"]))
+def test_arrow_timestamps_within_the_float_range_are_the_exact_microseconds(micros, zone):
+    """The fast path of ``arrow_values`` (seconds as a float, ``fromtimestamp``) gives the datetime of exactly those
+    microseconds, as aware UTC datetimes, whatever the column's zone; outside its range and with nulls the exact
+    path is taken."""
+    from spark_bridge._arrow import arrow_values
+
+    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+    column = pa.array(micros, pa.int64()).cast(pa.timestamp("us", tz=zone))
+    values = arrow_values(column)
+    assert values == [epoch + dt.timedelta(microseconds=value) for value in micros]
+    assert all(value.tzinfo is dt.timezone.utc for value in values)
+
+
+def test_arrow_timestamps_outside_the_float_range_or_with_nulls_are_exact_too():
+    from spark_bridge._arrow import arrow_values
+
+    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+    far = [-62135596800 * 10**6, 253402300799 * 10**6 + 999999, 2**32 * 10**6 + 123457, 1_700_000_000_000_001]
+    assert arrow_values(pa.array(far, pa.int64()).cast(pa.timestamp("us", tz="UTC"))) == [
+        epoch + dt.timedelta(microseconds=value) for value in far]
+    with_null = pa.array([1_700_000_000_000_001, None], pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+    assert arrow_values(with_null) == [epoch + dt.timedelta(microseconds=1_700_000_000_000_001), None]
