@@ -118,7 +118,7 @@ class OpSpec(NamedTuple):
     name: str | None = None
     candidates: tuple[Any, ...] | None = None   # ND ops: the keys it may access, if known
     state: tuple[str, Any] | None = None
-    tables: tuple[str, ...] | None = None       # an INSERT into several tables (``insert_into``): them; ``table`` the first
+    tables: tuple[str, ...] | None = None       # insert_into: its tables (``table`` is the first)
 
 
 _new_spec = _new_inserted = tuple.__new__
@@ -327,7 +327,10 @@ class Ops:
     def _tables(self, tables: Iterable[str]) -> tuple[str, ...]:
         """``tables`` as a tuple of names (each once), checked; memoised per tuple given (a batch gives the same
         few tuples thousands of times)."""
-        known = _TABLE_TUPLES.get(tables) if type(tables) is tuple else None
+        try:
+            known = _TABLE_TUPLES.get(tables) if type(tables) is tuple else None
+        except TypeError:             # (something unhashable among them: the checks below name it)
+            known = None
         if known is not None:
             return known
         names = tuple(dict.fromkeys(self._check_key(table, 0)[0] for table in tables))

@@ -436,6 +436,8 @@ def test_an_insert_into_declares_its_tables_and_a_function():
         ops.insert_into((), lambda: None)
     with pytest.raises(batch.errors.DeclarationError, match="a table is named by a string"):
         ops.insert_into(("events_seen", 7), lambda: None)
+    with pytest.raises(batch.errors.DeclarationError, match="a table is named by a string"):
+        ops.insert_into(("events_seen", ["alerts"]), lambda: None)
     with pytest.raises(batch.errors.DeclarationError, match="takes a function"):
         ops.insert_into(("events_seen",), {"rule": "x"})
     ops.insert_into(["events_seen", "stream_alerts", "events_seen"], lambda: None, name="both")
