@@ -36,8 +36,7 @@ def tpg_graph(transactions: StateTransactions, events: Iterable[Any],
     for op in tpg.ops:
         lane_key = op.state_key if op.state_key is not None else ("#nd", op.id)
         lane = lanes.setdefault(lane_key, len(lanes))
-        where = f"{op.state_key[0]}[{op.state_key[1]!r}]" if op.state_key is not None else f"{op.spec.table}[?]"
-        graph.add_node(op.id, label=f"O{op.id + 1}\n{op.kind.value}\n{where}", kind=op.kind.value,
+        graph.add_node(op.id, label=f"O{op.id + 1}\n{op.kind.value}\n{op.where}", kind=op.kind.value,
                        state=op.state.name, t=op.t, lane=lane, reason=op.txn.reason, event=op.txn.event.event_type)
     for parent, child, kind in tpg.edges:
         graph.add_edge(parent, child, kind=kind.name)

@@ -87,9 +87,16 @@ class Operation:
         self.stratum = 0
         self.executions = 0
 
+    @property
+    def where(self) -> str:
+        """The row the operation touches, ``table[key]``; ``table[?]`` (``t1,t2[?]`` for an ``insert_into``) when
+        its key is computed at run time or the store draws it."""
+        if self.state_key:
+            return f"{self.state_key[0]}[{self.state_key[1]!r}]"
+        return f"{','.join(self.spec.tables or (self.spec.table,))}[?]"
+
     def __repr__(self) -> str:
-        where = f"{self.state_key[0]}[{self.state_key[1]!r}]" if self.state_key else f"{self.spec.table}[?]"
-        return f"<O{self.id} {self.kind.value} {where} t={self.t} {self.state.name}>"
+        return f"<O{self.id} {self.kind.value} {self.where} t={self.t} {self.state.name}>"
 
 
 class Unit:

@@ -19,3 +19,11 @@ def test_render_to_png(tmp_path):
     path = batch.render_tpg(fig1_transactions(), fig1_events(v2=50), tmp_path / "fig1.png", FIG1_STATE)
     data = path.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_an_insert_into_several_tables_is_labelled_with_every_table():
+    from tests.batch.test_inserts import INTO, _into_events
+
+    graph = batch.tpg_graph(INTO, _into_events()[:2], {})
+    labels = [graph.nodes[node]["label"] for node in sorted(graph.nodes)]
+    assert labels[1] == "O2\ninsert\nevents_seen,stream_alerts[?]" and labels[0] == "O1\nwrite\nitems['a']"
