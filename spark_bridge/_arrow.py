@@ -145,11 +145,9 @@ def table_to_events(table: Any, mapping: EventMapping, known: frozenset[str] | N
         payloads = [dict(zip(payload_names, row)) for row in zip(*payload_columns)]
     else:
         payloads = [{} for _ in range(count)]
-    rows = enumerate(zip(type_values, key_values, ts_values, payloads, id_values))
     good = [raw_event(event_type, key, ts, payload, position, event_id)
-            for position, (event_type, key, ts, payload, event_id) in rows if position not in errors] if errors else [
-        raw_event(event_type, key, ts, payload, position, event_id)
-        for position, (event_type, key, ts, payload, event_id) in rows]
+            for position, (event_type, key, ts, payload, event_id)
+            in enumerate(zip(type_values, key_values, ts_values, payloads, id_values)) if position not in errors]
     good.sort(key=by_ts)
     return good, _arrow_rejections(table, errors)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from activedb.batch._declare import BatchEvent, Inserted, InsertedInto
+from activedb.batch._declare import BatchEvent, inserted_parts
 
 
 class TransactionResult(NamedTuple):
@@ -134,16 +134,7 @@ class BatchResult:
         outputs = self._outputs
         for t in sorted(outputs):
             for output in outputs[t].values():
-                kind = type(output)
-                if kind is Inserted:
-                    if not output.rows:
-                        continue
-                    parts = (output,)
-                elif kind is InsertedInto:
-                    parts = output.parts
-                else:
-                    continue
-                for part in parts:
+                for part in inserted_parts(output):
                     found = rows.get(part.table)
                     if found is None:
                         rows[part.table] = list(part.rows)
