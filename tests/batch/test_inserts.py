@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import pytest
 import sqlalchemy as sa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from activedb import batch
 from activedb.batch import BatchEvent, StateTransactions
@@ -48,6 +50,11 @@ def many(event, ops) -> None:
 @TXNS.on("bad")
 def bad(event, ops) -> None:
     ops.insert("events_seen", lambda: 42)
+
+
+@TXNS.on("say")
+def say(event, ops) -> None:
+    ops.insert("events_seen", lambda: [{"rule": "say", "detail": text} for text in event.payload["texts"]])
 
 
 @TXNS.on("nowhere")
@@ -442,3 +449,33 @@ def test_an_insert_into_declares_its_tables_and_a_function():
         ops.insert_into(("events_seen",), {"rule": "x"})
     ops.insert_into(["events_seen", "stream_alerts", "events_seen"], lambda: None, name="both")
     assert ops.specs[-1].tables == ("events_seen", "stream_alerts") and ops.specs[-1].name == "both"
+
+
+#: Strings an array literal must carry exactly (a separator, braces, spaces, the empty string, the word NULL, letters
+#: beyond ASCII, control characters) and the two a quoted element escapes (``"`` and ``\\``).
+SAYINGS = ["a,b", "{x}", " spaced ", "", "NULL", "é☃ and 𝄞", "tab\tand\nnewline", 'a "quote"', "back\\slash", '\\"']
+
+
+def _said(db, texts: list, query_id: str) -> list:
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE events_seen"))
+    with db.transaction() as tx:
+        batch.apply_at_commit(tx, [BatchEvent("say", "s", 0, {"texts": texts}, 0)], TXNS, query_id=query_id)
+    return [detail for _, _, detail in _seen(db)]
+
+
+@pytest.mark.parametrize("texts", [SAYINGS[:7], [*SAYINGS[:7], SAYINGS[7]], [*SAYINGS[:7], SAYINGS[8]], SAYINGS,
+                                   [*SAYINGS[:3], None]],
+                         ids=["without quote or backslash", "with a quote", "with a backslash", "with both", "with NULL"])
+def test_strings_reach_postgresql_exactly_as_written(clean, texts):
+    """A column of strings goes to PostgreSQL as one array literal when no value needs an escape, else (and with a
+    NULL) element by element: either way the rows hold exactly the strings written."""
+    assert _said(clean, texts, "sayings") == texts
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.one_of(st.text(st.sampled_from('a,{} "\\\\é\tN')),
+                          st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"))),
+                min_size=1, max_size=12))
+def test_any_strings_reach_postgresql_exactly_as_written(db, texts):
+    assert _said(db, texts, "any sayings") == texts
