@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from activedb.bench import BenchReport
-from spark_bridge.bench_ingest import run
+from spark_bridge.bench_ingest import _paired_ratio, run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -62,6 +62,9 @@ def test_ingest_benchmark_quick(spark, database_url, monkeypatch):
     # The declared version of the application: lowered, and the same tables as the peer.
     assert declared_app.extra["lowered"] is True and declared_app.extra["same_result_as_the_peer"] is True
     assert declared_app.baseline == peer.value and declared_app.ratio == declared_app.value / peer.value
+    # (One round in quick mode: the paired median is the ratio of the two rates; with rounds, it pairs them.)
+    assert declared_app.extra["ratio_of_medians"] == round(declared_app.value / peer.value, 3)
+    assert _paired_ratio([10.0, 20.0, 30.0], [5.0, 40.0, 20.0]) == 1.5     # rounds 2, 0.5, 1.5 (medians: 20 / 20)
     assert declared_app.extra["applied"] + declared_app.extra["dead_letters"] == 2_000
     assert versus_plain.baseline == plain.value and versus_plain.ratio == versus_plain.value / plain.value
     assert versus_goal.target == ">= 5,000 events/s" and versus_goal.met == (versus_goal.value >= 5_000)
