@@ -106,12 +106,24 @@ def request_of(scheduler, ts):
 
 
 def edge(db, waiter, target) -> str | None:
-    """The kind of the wait-for graph's edge between two s-transactions' subtransactions."""
+    """The kind of the wait-for graph's edge from ``waiter``'s subtransaction — or from a descendant of it: a query
+    the s-transaction evaluates may read in a child of it, which then waits in its own name — to ``target``'s."""
     if waiter.node is None or target.node is None:
         return None                       # not spawned yet
     graph = db.transactions.locks.wait_for_graph()
-    data = graph.get_edge_data(waiter.node.id, target.node.id)
-    return data.get("kind") if data else None
+    for source, destination, data in graph.edges(data=True):
+        if destination == target.node.id and _within(graph, source, waiter.node.id):
+            return data.get("kind")
+    return None
+
+
+def _within(graph, tid, ancestor) -> bool:
+    """Whether ``tid`` is ``ancestor`` or a descendant of it (the graph's ``parent`` attributes)."""
+    while tid is not None:
+        if tid == ancestor:
+            return True
+        tid = graph.nodes[tid].get("parent") if tid in graph.nodes else None
+    return False
 
 
 def no_aborts(engine) -> bool:
