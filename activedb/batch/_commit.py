@@ -396,6 +396,7 @@ def _check_columns(info: Any, names: list[str], rows: list[dict]) -> None:
 # Column types whose Python values PostgreSQL takes as arrays through ``unnest``, and the one
 # Python type every value must have (or None) for the driver to send the array in binary.
 _ARRAY_TYPES = ((sa.Integer, int), (sa.Float, float), (sa.Text, str), (sa.Boolean, bool))
+_NONE = type(None)
 
 
 def _arrays(info: Any, names: list[str], rows: list[dict]) -> dict[str, list | str] | None:
@@ -416,9 +417,6 @@ def _arrays(info: Any, names: list[str], rows: list[dict]) -> dict[str, list | s
             return None
         parameters[f"a{number}"] = _text_array(values) if python_type is str and _NONE not in kinds else values
     return parameters
-
-
-_NONE = type(None)
 
 
 def _text_array(values: list[str]) -> str | list[str]:
