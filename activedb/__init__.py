@@ -15,7 +15,7 @@ from activedb.errors import *  # noqa: F401,F403 - the error classes are public
 
 __all__ = ["Database", "connect", "default_home", "mask_secrets", "errors", "Coupling", "Deadlock", "LockTimeout", "Event", "EventKind",
            "EventSpec", "Rule", "SubtransactionHandle", "Transaction", "TxnState", "CommitParticipant",
-           "Observer", "TransactionExtension"] + [name for name in dir(errors) if name[0].isupper()]
+           "Along", "Observer", "TransactionExtension"] + [name for name in dir(errors) if name[0].isupper()]
 
 # imported on first use: `import activedb` stays fast (the CLI's start)
 __getattr__, __dir__ = lazy.exports(__name__, {
@@ -25,6 +25,6 @@ __getattr__, __dir__ = lazy.exports(__name__, {
     "activedb._embedded": ["default_home"],
     "activedb.events": ["Event", "EventKind", "EventSpec"],
     "activedb.rules": ["Rule"],
-    "activedb.txn": ["CommitParticipant", "Observer", "SubtransactionHandle", "Transaction", "TransactionExtension",
+    "activedb.txn": ["Along", "CommitParticipant", "Observer", "SubtransactionHandle", "Transaction", "TransactionExtension",
                      "TxnState"],
 })

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 import sqlalchemy as sa
 
 from activedb.rules import FiringOutcome
-from activedb.txn import CommitParticipant, Observer, TransactionExtension, TxnState
+from activedb.txn import Along, CommitParticipant, Observer, TransactionExtension, TxnState
 from activedb.store import jsonable
 
 from activedb.atomic.errors import LineageError
@@ -111,6 +111,9 @@ class LineageWriter(CommitParticipant):
         # id may be reused by the next one.
         self._written_on: weakref.ref | None = None
         self._before: dict[tuple[str, Any], dict | None] = {}
+        # The lineage rows of this flush attempt, until the flush takes them (statements_along): they ride in its
+        # last round trip, before the undo rows of ``about_to_commit`` that refer to them.
+        self._along: tuple[Along, ...] = ()
 
     def write(self, transaction: "Transaction", connection: sa.Connection) -> None:
         if self._written_on is not None and self._written_on() is connection:
@@ -122,11 +125,15 @@ class LineageWriter(CommitParticipant):
             parents, notes, keys = list(record.parents), list(record.notes), list(record.undo_keys)
             compensates = record.compensates
         refs = consumed + produced
-        connection.exec_driver_sql(_LINEAGE_ROWS, {
+        self._along = (Along(_LINEAGE_ROWS, {
             "id": transaction.log_id, "name": transaction.name, "parents": parents, "compensates": compensates,
             "notes": json.dumps(notes), "roles": ["C"] * len(consumed) + ["P"] * len(produced),
-            "queries": [ref.query_id for ref in refs], "batches": [ref.batch_id for ref in refs]})
+            "queries": [ref.query_id for ref in refs], "batches": [ref.batch_id for ref in refs]}),)
         self._before = row_images(transaction.manager.catalog, connection, keys, lock=True) if keys else {}
+
+    def statements_along(self, transaction: "Transaction") -> tuple[Along, ...]:
+        along, self._along = self._along, ()
+        return along
 
     def acts_before_commit(self, transaction: "Transaction") -> bool:
         return bool(self._before)         # the after-images of undo keys, read before COMMIT
@@ -217,6 +224,9 @@ class ConsumedBatches(CommitParticipant):
     def write(self, transaction: "Transaction", connection: sa.Connection) -> None:
         if self._writer is not None:
             self._writer.write(transaction, connection)
+
+    def statements_along(self, transaction: "Transaction") -> tuple[Along, ...]:
+        return self._writer.statements_along(transaction) if self._writer is not None else ()
 
     def acts_before_commit(self, transaction: "Transaction") -> bool:
         return self._writer is not None and self._writer.acts_before_commit(transaction)

@@ -12,7 +12,7 @@ import datetime
 import decimal
 import math
 import operator
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import sqlalchemy as sa
 
@@ -196,7 +196,7 @@ def _result_processors(dialect: sa.Dialect, info: TableInfo, description) -> tup
 
 def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
                     writes: Mapping[tuple[str, Key], Entry], *, along: tuple[str, tuple] | None = None,
-                    commit: bool = False) -> int:
+                    commit: bool = False, leading: Sequence[tuple[str, tuple | dict]] = ()) -> int:
     """Apply a merged write set with one batched statement per (table, kind, columns).
 
     A PATCH that names every required column is an ``INSERT ... ON CONFLICT DO UPDATE``.
@@ -220,6 +220,12 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
     that statement carries ``along`` and is sent once; otherwise, and in a transaction the driver opened, a
     driver pipeline.  An error of either, the COMMIT's included, is SQLAlchemy's exception as ever and nothing is
     committed.
+
+    ``leading``: more statements of the caller's (driver SQL and parameters) whose results it does not read, sent
+    in the round trip of the last statement, before it (a driver pipeline; on the autocommit connections of the
+    one-string path, one round trip each before the string).  PostgreSQL runs nothing after a failing one; its error
+    is SQLAlchemy's, and an error that is not the last statement's own is not taken for it (``DuplicateKey`` is
+    raised only for a unique violation of that statement's table).
     """
     deletes: dict[str, list[tuple]] = {}
     # Rows as (key, values) pairs grouped by table and the columns they name (besides the key).
@@ -278,16 +284,19 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
         for (table_name, columns), pairs in groups.items():
             info = infos[table_name]
             plan.append((info, kind, *_as_tuples(info, columns, pairs)))
-    _run(connection, plan, along, commit=commit)
+    _run(connection, plan, along, commit=commit, leading=leading)
     return len(writes)
 
 
 def _run(connection: sa.Connection, plan: list[tuple[TableInfo, str, tuple[str, ...], list[tuple]]],
-         along: tuple[str, tuple] | None, *, commit: bool = False) -> None:
+         along: tuple[str, tuple] | None, *, commit: bool = False,
+         leading: Sequence[tuple[str, tuple | dict]] = ()) -> None:
     """Send the statements of ``plan`` in order, then ``along`` (folded into the last one if it can be);
-    ``commit``: then COMMIT, in the same round trip as the last of them."""
+    ``commit``: then COMMIT, in the same round trip as the last of them; ``leading`` in that round trip too, before
+    the last statement (``apply_write_set``)."""
     if not plan:
-        with _then_commit(connection, commit):
+        with _then_commit(connection, commit, pipeline=bool(leading)):
+            _send_leading(connection, leading)
             if along is not None:
                 connection.exec_driver_sql(*along)
         return
@@ -306,16 +315,30 @@ def _run(connection: sa.Connection, plan: list[tuple[TableInfo, str, tuple[str, 
             if folded:
                 statement, parameters = f"WITH activedb_along AS ({last[0]}) {statement}", (*last[1], *parameters)
             if in_string and final and folded:
+                _send_leading(connection, leading)        # (held connections: one round trip each)
                 _execute_then_commit(connection, statement, parameters)
                 continue
-            with _then_commit(connection, commit and final):
+            with _then_commit(connection, commit and final, pipeline=final and bool(leading)):
+                if final:
+                    _send_leading(connection, leading)
                 connection.exec_driver_sql(statement, parameters)
                 if last is not None and not folded:
                     connection.exec_driver_sql(*last)
         except sa.exc.IntegrityError as error:
-            if kind == "insert":
+            if kind == "insert" and _error_table(error) in (None, info.table.name):
                 _raise_insert_error(info.name, error)
             raise
+
+
+def _send_leading(connection: sa.Connection, leading: Sequence[tuple[str, tuple | dict]]) -> None:
+    for statement, parameters in leading:
+        connection.exec_driver_sql(statement, parameters)
+
+
+def _error_table(error: sa.exc.DBAPIError) -> str | None:
+    """The table PostgreSQL names in ``error`` (its diagnostics), if any."""
+    diagnostics = getattr(error.orig, "diag", None)
+    return getattr(diagnostics, "table_name", None)
 
 
 def _execute_then_commit(connection: sa.Connection, statement: str, parameters: tuple) -> None:
@@ -332,19 +355,22 @@ def _execute_then_commit(connection: sa.Connection, statement: str, parameters: 
 
 
 @contextlib.contextmanager
-def _then_commit(connection: sa.Connection, commit: bool) -> Iterator[None]:
+def _then_commit(connection: sa.Connection, commit: bool, *, pipeline: bool = False) -> Iterator[None]:
     """If ``commit``: the statements sent in the block, then ``COMMIT``, in one driver pipeline (one round
-    trip); the driver's errors (raised when the pipeline syncs) become SQLAlchemy's."""
-    if not commit:
+    trip); else, with ``pipeline``, the statements in one pipeline without it; the driver's errors (raised when the
+    pipeline syncs) become SQLAlchemy's."""
+    if not (commit or pipeline):
         yield
         return
     driver = connection.connection.driver_connection
     try:
         with driver.pipeline():
             yield
-            driver.execute("COMMIT")
+            if commit:
+                driver.execute("COMMIT")
     except driver.Error as error:
-        raise sa.exc.DBAPIError.instance("COMMIT", None, error, driver.Error) from None
+        raise sa.exc.DBAPIError.instance("COMMIT" if commit else "the flush's last statements (one pipeline)", None,
+                                         error, driver.Error) from None
 
 
 def _raise_insert_error(table_name: str, error: sa.exc.IntegrityError) -> None:

@@ -1,8 +1,8 @@
 """Parallel nested transactions over the shared store.  Design note: ``README.md`` in this package.
 
 Public names: :class:`TransactionManager`, :class:`Transaction`, :class:`SubtransactionHandle`,
-:class:`TxnState`, :class:`Granularity`, :class:`Subtransactions`, :func:`run_inline`, :func:`run_group`, and the seams :class:`CommitParticipant`,
-:class:`TransactionExtension`, :class:`Observer`, :class:`ReadBase`.
+:class:`TxnState`, :class:`Granularity`, :class:`Subtransactions`, :func:`run_inline`, :func:`run_group`, and the seams :class:`CommitParticipant`
+(with :class:`Along`), :class:`TransactionExtension`, :class:`Observer`, :class:`ReadBase`.
 """
 
 from lockmgr import TxnState
@@ -11,12 +11,12 @@ from activedb.txn._history import HistoryOp, HistoryRecorder
 from activedb.txn._hooks import HookRegistry, Observer, TransactionExtension, WaitKind
 from activedb.txn._locking import Granularity
 from activedb.txn._manager import TransactionManager
-from activedb.txn._participants import CommitParticipant
+from activedb.txn._participants import Along, CommitParticipant
 from activedb.txn._children import InlineSubtransaction, SubtransactionHandle, Subtransactions, run_inline
 from activedb.txn._tree import Transaction
 from activedb.txn._group import run_group
 from activedb.txn._view import CommittedRows, ReadBase
 
 __all__ = ["WaitKind", "TransactionManager", "Transaction", "SubtransactionHandle", "InlineSubtransaction", "TxnState",
-           "Granularity", "CommitParticipant", "TransactionExtension", "Observer", "HookRegistry", "ReadBase",
+           "Granularity", "Along", "CommitParticipant", "TransactionExtension", "Observer", "HookRegistry", "ReadBase",
            "CommittedRows", "HistoryOp", "HistoryRecorder", "Subtransactions", "run_inline", "run_group"]

@@ -65,7 +65,9 @@ def flush(root: "Transaction") -> None:
 def _write_all(root, connection, infos, writes, reads, scans, participants, locked, *, held: bool) -> None:
     """Every step of the flush inside ``connection``'s open transaction (the module docstring's 2–5).  Unless a
     participant acts at ``about_to_commit`` (``acts_before_commit``), the write set's last statement carries the
-    COMMIT (``apply_write_set(commit=True)``): the caller's own commit then finds nothing open."""
+    COMMIT (``apply_write_set(commit=True)``): the caller's own commit then finds nothing open.  The participants'
+    statements along (``CommitParticipant.statements_along``) go in that statement's round trip, before it; a
+    failure one of them claims (``Along.refused``) is raised instead of the database error."""
     catalog = root.manager.catalog
     # Rows read and then written are locked FOR UPDATE at the validation, like rows read for update: two
     # flushes of such a row queue there (the second sees the first's commit and fails its check at once)
@@ -77,7 +79,16 @@ def _write_all(root, connection, infos, writes, reads, scans, participants, lock
     for participant in participants:
         participant.write(root, connection)
     acting = [participant for participant in participants if participant.acts_before_commit(root)]
-    _apply(catalog, connection, infos, writes, _log_row(root, writes), commit=not acting)
+    along = [statement for participant in participants for statement in participant.statements_along(root)]
+    try:
+        _apply(catalog, connection, infos, writes, _log_row(root, writes), commit=not acting,
+               leading=[(statement.sql, statement.parameters) for statement in along])
+    except sa.exc.DBAPIError as error:
+        for statement in along:
+            claimed = statement.refused(error) if statement.refused is not None else None
+            if claimed is not None:
+                raise claimed from error
+        raise
     for participant in acting:
         participant.about_to_commit(root, connection)
 
@@ -207,9 +218,9 @@ def _check_generated_keys(catalog, connection: sa.Connection, infos: Mapping[str
 
 
 def _apply(catalog, connection: sa.Connection, infos: Mapping[str, TableInfo], writes, log_row, *,
-           commit: bool = False) -> None:
+           commit: bool = False, leading=()) -> None:
     try:
-        apply_write_set(connection, infos, writes, along=log_row, commit=commit)
+        apply_write_set(connection, infos, writes, along=log_row, commit=commit, leading=leading)
     except DuplicateKey as error:
         # A generated key may have collided (a sequence reset the check could not see, e.g. setval to a
         # value and back up): never hand out the rest of that block.

@@ -119,6 +119,71 @@ def test_the_commit_rides_with_the_last_statement_unless_a_participant_acts_befo
     assert [(row[0], row[-1]) for row in rows(db, "accounts")] == [(3, 3), (4, 4)]
 
 
+def test_statements_along_ride_with_the_commit_and_a_failure_they_claim_is_raised(db):
+    """``statements_along``: a participant's statements go in the flush's last round trip — sent inside the driver
+    pipeline that carries the COMMIT, after every participant's ``write`` — and commit with the tree; when one fails,
+    nothing of the tree is written, and the exception its ``refused`` returns is raised instead of the database
+    error (an unclaimed failure stays activedb's ``DatabaseError`` with the SQLSTATE).  With a participant acting
+    before the commit they are written before its ``about_to_commit``."""
+    from psycopg.pq import PipelineStatus
+
+    sent = []
+
+    def heard(connection, cursor, statement, parameters, context, executemany):
+        driver = connection.connection.driver_connection
+        sent.append((statement.split()[0:3], PipelineStatus(driver.pgconn.pipeline_status).name))
+
+    class Along(Recorder):
+        def __init__(self, name, calls, claim=None, seen_at_commit=None):
+            super().__init__(name, calls)
+            self.claim, self.seen_at_commit = claim, seen_at_commit
+
+        def statements_along(self, tx):
+            self.calls.append((self.name, "statements_along"))
+            return (activedb.Along("INSERT INTO items (key, value) VALUES (%s, 1)", (self.name,), self.claim),)
+
+        def acts_before_commit(self, tx):
+            return self.seen_at_commit is not None
+
+        def about_to_commit(self, tx, connection):
+            self.seen_at_commit.extend(connection.execute(sa.text("SELECT key FROM items")).scalars())
+
+    class Claimed(Exception):
+        pass
+
+    def claim_duplicates(error):
+        return Claimed(error.orig.diag.table_name) if error.orig.sqlstate == "23505" else None
+
+    calls, seen = [], []
+    sa.event.listen(db.engine, "before_cursor_execute", heard)
+    try:
+        with db.transaction(participants=[Along("along", calls), Recorder("plain", calls, "items")]) as tx:
+            tx.write("accounts", 1, balance=1)
+        with db.transaction(participants=[Along("no write set", calls)]):
+            pass                                 # (the tree writes nothing: the log row alone carries the COMMIT)
+    finally:
+        sa.event.remove(db.engine, "before_cursor_execute", heard)
+    assert calls[:4] == [("along", "before_flush"), ("plain", "before_flush"), ("along", "write"),
+                         ("plain", "write")] and ("along", "statements_along") in calls
+    along_sent = [pipeline for words, pipeline in sent if words == ["INSERT", "INTO", "items"]]
+    assert along_sent == ["OFF", "ON", "ON"]     # the plain participant's write alone; the along ones in the pipeline
+    assert [row[0] for row in rows(db)] == ["along", "no write set", "plain"]
+
+    with pytest.raises(Claimed, match="items"):  # "along" again: a duplicate key, claimed
+        with db.transaction(participants=[Along("along", calls, claim_duplicates)]) as tx:
+            tx.write("accounts", 2, balance=2)
+    with pytest.raises(activedb.DatabaseError) as refused:   # not claimed: the flush's own error
+        with db.transaction(participants=[Along("along", calls)]) as tx:
+            tx.write("accounts", 3, balance=3)
+    assert refused.value.sqlstate == "23505"
+    assert [row[0] for row in rows(db)] == ["along", "no write set", "plain"]
+    assert [row[0] for row in rows(db, "accounts")] == [1]
+
+    with db.transaction(participants=[Along("acting", calls, seen_at_commit=seen)]) as tx:
+        tx.write("accounts", 4, balance=4)
+    assert "acting" in seen and [row[0] for row in rows(db, "accounts")] == [1, 4]
+
+
 def test_a_participant_that_raises_writes_nothing_and_hears_the_abort(db):
     calls = []
 
