@@ -3,6 +3,7 @@ one top-level transaction with its ledger row, exactly once, on real PostgreSQL.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import gc
 import threading
@@ -200,6 +201,26 @@ def test_the_ledger_participant_makes_a_batch_exactly_once(database):
     with pytest.raises(activedb.BatchAlreadyCommitted, match="batch 7 of query 'query-a'"):
         with database.transaction(participants=[spark_bridge.IngestionLedger(database, "query-a", 7)]) as tx:
             tx.write("counters", "b", total=2)
+    with database.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT total FROM counters WHERE key = 'b'")).scalar() == 1
+    # With event ids (recorded in write, after the row): the duplicate is still told as such, not as a conflict
+    # of its ids, and a ledger row of another batch that fails along the flush is not taken for a duplicate.
+    for attempt in range(2):
+        with_ids = spark_bridge.IngestionLedger(database, "query-a", 9)
+        with_ids.query_name, with_ids.event_ids = "query-a", ["e1", "e2"]
+        with pytest.raises(activedb.BatchAlreadyCommitted, match="batch 9 of query 'query-a'") if attempt else \
+                contextlib.nullcontext():
+            with database.transaction(participants=[with_ids]) as tx:
+                tx.write("counters", "c", total=attempt + 1)
+    class DuplicateCounter(activedb.CommitParticipant):
+        def statements_along(self, tx):                      # after the ledger's row, in the same round trip
+            return (activedb.Along("INSERT INTO counters (key, total) VALUES ('b', 4)"),)
+
+    other = spark_bridge.IngestionLedger(database, "query-a", 8)
+    with pytest.raises(activedb.DatabaseError) as refused:
+        with database.transaction(participants=[other, DuplicateCounter()]):
+            pass
+    assert refused.value.sqlstate == "23505" and not spark_bridge.batch_committed(database, "query-a", 8)
     with database.engine.connect() as connection:
         assert connection.execute(sa.text("SELECT total FROM counters WHERE key = 'b'")).scalar() == 1
 
