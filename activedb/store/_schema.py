@@ -48,6 +48,9 @@ class TableInfo:
         # Per column, a test that accepts the common valid values at once (None: none): what
         # ``check_value`` would accept, for exact built-in types only; anything else takes the full check.
         self._quick = {name: _quick_check(column) for name, column in self.columns.items()}
+        # Per column, a test of a whole column of values at once, or None: ``check_column``'s way without a Python
+        # call per value.
+        self._quick_columns = {name: _quick_column_check(column) for name, column in self.columns.items()}
         self._quick_key = self._quick[self.key_columns[0]] if len(self.key_columns) == 1 else None
         self._key_clause = (
             sa.tuple_(*[table.c[name] for name in self.key_columns])
@@ -101,12 +104,16 @@ class TableInfo:
         return values
 
     def check_column(self, name: str, values: Iterable[Any]) -> None:
-        """``check_value(name, value)`` for every one of ``values`` (one column of many rows), quicker."""
+        """``check_value(name, value)`` for every one of ``values`` (one column of many rows), quicker: the whole
+        column tested at once where its type allows (``_quick_column_check``), else a quick test per value; a value
+        neither accepts takes ``check_value``, which says what is wrong."""
+        values = list(values)
+        whole = self._quick_columns.get(name)
+        if whole is not None and whole(values):
+            return
         accepts = self._quick.get(name)
-        if accepts is not None:
-            values = list(values)
-            if all(map(accepts, values)):
-                return
+        if accepts is not None and all(map(accepts, values)):
+            return
         for value in values:
             self.check_value(name, value)
 
@@ -333,6 +340,33 @@ def _quick_check(column: sa.Column):
         return lambda value: value.__class__ is str and value.isascii() and "\x00" not in value
     if isinstance(column_type, (sa.Float, sa.Numeric)):
         return lambda value: value.__class__ is float or value.__class__ is int
+    return None
+
+
+_FLOAT_KINDS = frozenset({float, int})
+
+
+def _floats_or_ints(values: list) -> bool:
+    return set(map(type, values)) <= _FLOAT_KINDS
+
+
+def _plain_texts(values: list) -> bool:
+    """Every value a ``str`` (the exact type) and all of them ASCII without NUL: one test over their concatenation."""
+    if set(map(type, values)) != {str}:
+        return not values
+    joined = "".join(values)
+    return joined.isascii() and "\x00" not in joined
+
+
+def _quick_column_check(column: sa.Column):
+    """A test ``values -> bool`` of a whole column that is true only if ``_quick_check`` accepts every one of the
+    values (float columns: exact ``float`` and ``int``; text columns: exact ``str``, ASCII, no NUL), with no Python
+    call per value; or None (the other types: a test per value)."""
+    column_type = column.type
+    if isinstance(column_type, (sa.String, sa.Text, sa.Enum)):
+        return _plain_texts
+    if isinstance(column_type, (sa.Float, sa.Numeric)) and not isinstance(column_type, sa.Boolean):
+        return _floats_or_ints
     return None
 
 

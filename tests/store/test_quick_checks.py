@@ -43,6 +43,7 @@ INFO = _info()
 ORACLE = _info()
 ORACLE._quick = {name: None for name in ORACLE._quick}
 ORACLE._quick_key = None
+ORACLE._quick_columns = {name: None for name in ORACLE._quick_columns}
 
 VALUES = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-2**70, max_value=2**70), st.floats(allow_nan=True),
@@ -65,6 +66,20 @@ def test_a_quick_check_accepts_exactly_what_the_full_check_accepts(column, value
     assert _outcome(INFO.check_values, {column: value}) == _outcome(ORACLE.check_values, {column: value})
 
 
+def _each(check, column, values):
+    for value in values:
+        check(column, value)
+
+
+@pytest.mark.parametrize("column", ["id", "small", "number", "name", "body", "flag", "ratio", "amount"])
+@given(values=st.one_of(st.lists(VALUES, max_size=8), st.lists(st.floats(allow_nan=True), max_size=8),
+                        st.lists(st.text(), max_size=8), st.lists(st.integers(-2**40, 2**40), max_size=8)))
+def test_a_whole_column_is_accepted_exactly_when_each_of_its_values_is(column, values):
+    """``check_column`` (a whole column tested at once where its type allows) accepts a column exactly when the
+    full check accepts each value, and otherwise refuses the first value the full check refuses."""
+    assert _outcome(INFO.check_column, column, values) == _outcome(_each, ORACLE.check_value, column, values)
+
+
 @given(value=VALUES)
 def test_a_one_column_key_normalised_quickly_is_the_full_checks_key(value):
     assert _outcome(INFO.key, value) == _outcome(ORACLE.key, value)
@@ -78,3 +93,7 @@ def test_the_quick_tests_cover_the_common_columns_and_leave_the_rest_to_the_full
     assert INFO._quick["ratio"](1.5) and INFO._quick["ratio"](2) and not INFO._quick["ratio"](True)
     assert INFO._quick["amount"](float("inf")) and not INFO._quick["amount"](Flag(1))
     assert INFO._quick["flag"] is None
+    assert INFO._quick_columns["body"](["ok", "fine"]) and not INFO._quick_columns["body"](["ok", "a\x00"])
+    assert not INFO._quick_columns["body"](["ok", "caf\u00e9"]) and not INFO._quick_columns["body"](["ok", None])
+    assert INFO._quick_columns["ratio"]([1.5, 2]) and not INFO._quick_columns["ratio"]([1.5, True])
+    assert INFO._quick_columns["id"] is None and INFO._quick_columns["flag"] is None
