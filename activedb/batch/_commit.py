@@ -11,12 +11,15 @@ transaction's thread (and by whoever reads ``result`` after the commit).
 from __future__ import annotations
 
 import enum
+import struct
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
+from psycopg.adapt import Dumper
+from psycopg.pq import Format
 from sqlalchemy.dialects import postgresql
 
 from activedb import deadletters
@@ -215,6 +218,8 @@ def _select_for_update(connection: sa.Connection, info: Any, keys: list[tuple]) 
     return found
 
 
+_FLOAT8_DUMPER = "activedb.batch: float8[] dumper"     # ``connection.info``: registered on this driver connection
+
 #: (statement kind, table, columns) → its SQL as ``_run`` sends it: compiling a statement costs about a
 #: millisecond of SQLAlchemy, more than PostgreSQL's work for a small batch, and a stream repeats a few shapes.
 _SQL: dict[tuple, str] = {}
@@ -240,6 +245,9 @@ def _run(connection: sa.Connection, statement: Any, parameters: dict, *,
                 _SQL.clear()
             _SQL[shape] = sql
     driver = connection.connection.driver_connection
+    if not connection.info.get(_FLOAT8_DUMPER):
+        driver.adapters.register_dumper(_Float8Array, _Float8ArrayDumper)
+        connection.info[_FLOAT8_DUMPER] = True
     cursor = driver.cursor(binary=True)
     try:
         cursor.execute(sql, parameters)
@@ -415,8 +423,48 @@ def _arrays(info: Any, names: list[str], rows: list[dict]) -> dict[str, list | s
             kinds = set(map(type, values))
         if not kinds <= {python_type, _NONE}:
             return None
-        parameters[f"a{number}"] = _text_array(values) if python_type is str and _NONE not in kinds else values
+        if _NONE in kinds:
+            parameters[f"a{number}"] = values
+        elif python_type is str:
+            parameters[f"a{number}"] = _text_array(values)
+        elif python_type is float:
+            parameters[f"a{number}"] = _float8_array(values)
+        else:
+            parameters[f"a{number}"] = values
     return parameters
+
+
+_FLOAT8_OID, _FLOAT8_ARRAY_OID = 701, 1022
+_ELEMENT_LENGTH = struct.pack(">i", 8)
+
+
+class _Float8Array(bytes):
+    """A ``float8[]`` in PostgreSQL's binary array format, ready to send (:func:`_float8_array`)."""
+
+
+class _Float8ArrayDumper(Dumper):
+    """Sends a :class:`_Float8Array` as it is: a ``float8[]`` in binary (registered on a connection by ``_run``)."""
+
+    format = Format.BINARY
+    oid = _FLOAT8_ARRAY_OID
+
+    def dump(self, obj: bytes) -> bytes:
+        return obj
+
+
+def _float8_array(values: list[float]) -> _Float8Array:
+    """``values`` (floats, no None) as one ``float8[]`` in PostgreSQL's binary array format: a header (one
+    dimension, no NULLs, element type, length, lower bound 1), then per element its length (8) and its value as a
+    big-endian double.  Made by slicing, without a Python step per value: the driver's list dumper took about
+    0.25 µs per value, a batch of the hand-hygiene application sends about 1,300 of them."""
+    count = len(values)
+    doubles = struct.pack(f">{count}d", *values)
+    body = bytearray(12 * count)
+    for offset in range(4):                      # every element's length, 8, as a big-endian int32
+        body[offset::12] = _ELEMENT_LENGTH[offset:offset + 1] * count
+    for offset in range(8):                      # then its eight bytes
+        body[4 + offset::12] = doubles[offset::8]
+    return _Float8Array(struct.pack(">iiIii", 1, 0, _FLOAT8_OID, count, 1) + body)
 
 
 def _text_array(values: list[str]) -> str | list[str]:

@@ -12,6 +12,9 @@ computed from the transaction's reads as of before it, added exactly when the tr
 
 from __future__ import annotations
 
+import math
+import struct
+
 import pytest
 import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
@@ -55,6 +58,11 @@ def bad(event, ops) -> None:
 @TXNS.on("say")
 def say(event, ops) -> None:
     ops.insert("events_seen", lambda: [{"rule": "say", "detail": text} for text in event.payload["texts"]])
+
+
+@TXNS.on("measure")
+def measure(event, ops) -> None:
+    ops.insert("stream_alerts", lambda: [{"worker": "w", "at": at} for at in event.payload["ats"]])
 
 
 @TXNS.on("nowhere")
@@ -479,3 +487,35 @@ def test_strings_reach_postgresql_exactly_as_written(clean, texts):
                 min_size=1, max_size=12))
 def test_any_strings_reach_postgresql_exactly_as_written(db, texts):
     assert _said(db, texts, "any sayings") == texts
+
+
+def _measured(db, ats: list) -> list:
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE stream_alerts"))
+    with db.transaction() as tx:
+        batch.apply_at_commit(tx, [BatchEvent("measure", "m", 0, {"ats": ats}, 0)], TXNS, query_id="measures")
+    with db.engine.connect() as connection:
+        return list(connection.execute(sa.text("SELECT at FROM stream_alerts ORDER BY id")).scalars())
+
+
+def _bits(values: list) -> list:
+    """Floats as their eight bytes (-0.0 differs from 0.0), any NaN as "NaN" (PostgreSQL keeps no NaN's sign or
+    payload), None as None."""
+    return [None if value is None else "NaN" if math.isnan(value) else struct.pack(">d", value) for value in values]
+
+
+EDGES = [0.0, -0.0, 1 / 3, -2.5, 1e308, -1e-308, 5e-324, float("inf"), float("-inf"), float("nan"), 7]
+
+
+@pytest.mark.parametrize("ats", [EDGES, [1.5, 2.5, None, 3.5]], ids=["edges", "with NULL"])
+def test_floats_reach_postgresql_exactly_as_written(clean, ats):
+    """A column of floats goes to PostgreSQL as one float8[] in its binary array format, made here without a step
+    per value (and with a NULL, element by element by the driver): either way each row holds exactly the value
+    written, to the bit (an int as its float)."""
+    assert _bits(_measured(clean, ats)) == _bits([None if at is None else float(at) for at in ats])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.floats(allow_nan=True, allow_infinity=True), min_size=2, max_size=40))
+def test_any_floats_reach_postgresql_exactly_as_written(db, ats):
+    assert _bits(_measured(db, ats)) == _bits(ats)
