@@ -413,7 +413,7 @@ def _inserted_into(tables: tuple[str, ...], result: Any) -> InsertedInto:
     order of ``tables``."""
     if result is None or (type(result) is dict and not result):
         return _NOTHING_INTO
-    if not isinstance(result, Mapping):
+    if type(result) is not dict and not isinstance(result, Mapping):
         raise DeclarationError(f"the function of insert_into {', '.join(tables)} returned {result!r}; return a "
                                f"mapping table -> rows, or None for no row")
     for table in result:

@@ -76,6 +76,8 @@ _ATTRIBUTE_EVENT_TOKEN = [abc.get_cache_token()]
 
 
 def _as_batch_event(event: Any, position: int) -> BatchEvent:
+    """``event`` as a :class:`BatchEvent` at ``position``.  Precondition: ``_ATTRIBUTE_EVENT_TYPES`` is current
+    (``normalise_events`` checks the ABC cache token once per batch)."""
     kind_of = type(event)
     if kind_of is dict:
         kind = event.get("event_type")
@@ -84,10 +86,6 @@ def _as_batch_event(event: Any, position: int) -> BatchEvent:
         payload = event.get("payload")
         return _new_event(BatchEvent, (kind, event.get("key"), event.get("ts"), dict(payload) if payload else {},
                                        position))
-    token = abc.get_cache_token()
-    if _ATTRIBUTE_EVENT_TOKEN[0] != token:
-        _ATTRIBUTE_EVENT_TYPES.clear()
-        _ATTRIBUTE_EVENT_TOKEN[0] = token
     attributes = _ATTRIBUTE_EVENT_TYPES.get(kind_of)
     if attributes is None:
         attributes = not isinstance(event, (BatchEvent, Mapping))
@@ -114,6 +112,10 @@ def normalise_events(events: Iterable[Any]) -> list[BatchEvent]:
     event has one (out-of-order arrival, C1 of the paper), else in the order given.
     Accepts BatchEvents, ``spark_bridge`` RawEvents (``event_type, key, ts, payload``),
     stream ``activedb.Event``s, and mappings with those keys."""
+    token = abc.get_cache_token()
+    if _ATTRIBUTE_EVENT_TOKEN[0] != token:
+        _ATTRIBUTE_EVENT_TYPES.clear()
+        _ATTRIBUTE_EVENT_TOKEN[0] = token
     batch = [_as_batch_event(event, position) for position, event in enumerate(events)]
     if batch and all(event[2] is not None for event in batch):
         try:
