@@ -365,7 +365,7 @@ def _quick_column_check(column: sa.Column):
     column_type = column.type
     if isinstance(column_type, (sa.String, sa.Text, sa.Enum)):
         return _plain_texts
-    if isinstance(column_type, (sa.Float, sa.Numeric)) and not isinstance(column_type, sa.Boolean):
+    if isinstance(column_type, (sa.Float, sa.Numeric)):
         return _floats_or_ints
     return None
 
