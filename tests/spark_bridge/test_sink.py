@@ -335,3 +335,73 @@ def test_ingest_options_are_checked_in_one_place_before_spark_is_touched():
         ingest(object(), object(), options=IngestOptions(), lineage=False, **common)
     with pytest.raises(IngestError, match="needs a streaming DataFrame"):      # the options passed their checks
         ingest(object(), object(), options=IngestOptions(prefetch={"counters": None}), **common)
+
+
+def _wait_for(condition, what: str, seconds: float = 60.0):
+    """Poll an observable state with a generous bound (a loaded machine); fail with the last thing seen."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    seen = None
+    while time.monotonic() < deadline:
+        seen = condition()
+        if seen:
+            return seen
+        time.sleep(0.02)
+    raise AssertionError(f"waited {seconds} s for {what}; last saw {seen!r}")
+
+
+@pytest.mark.parametrize("first_commits", [True, False], ids=["first commits", "first aborts"])
+def test_two_flushes_of_one_batch_at_once_commit_it_once(database, first_commits):
+    """Two transactions write the ledger row of the same batch at once: the second's row (sent along its flush's last
+    round trip) waits on the first's uncommitted key; if the first commits, the second is ``BatchAlreadyCommitted``
+    and nothing of it is written (no transaction-log row); if the first aborts, the second commits.  Ordered by
+    events and by PostgreSQL's own lock wait (pg_stat_activity), never by sleeping."""
+    query = f"concurrent-{first_commits}"
+    holding, release = threading.Event(), threading.Event()
+    outcomes: dict[str, object] = {}
+    log_ids: dict[str, str] = {}
+
+    def hold(batch_id):               # the first flush, its ledger row written, just before its COMMIT
+        holding.set()
+        assert release.wait(60), "the test never released the first flush"
+        if not first_commits:
+            raise RuntimeError("the first flush gives up")
+
+    def flush(name, on_flush):
+        try:
+            with database.transaction(participants=[spark_bridge.IngestionLedger(database, query, 1,
+                                                                                 on_flush=on_flush)]) as tx:
+                log_ids[name] = tx.log_id
+            outcomes[name] = "committed"
+        except Exception as error:    # noqa: BLE001 - recorded and asserted on below
+            outcomes[name] = error
+
+    first = threading.Thread(target=flush, args=("first", hold), daemon=True)
+    second = threading.Thread(target=flush, args=("second", None), daemon=True)
+    first.start()
+    assert holding.wait(60), "the first flush never reached its COMMIT"
+    second.start()
+
+    def ledger_waiter():
+        with database.engine.connect() as connection:
+            return connection.execute(sa.text(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE 'INSERT INTO activedb_ingestion_ledger%'")).scalar()
+
+    _wait_for(ledger_waiter, "the second flush to wait on the ledger's key")
+    release.set()
+    for thread in (first, second):
+        thread.join(60)
+        assert not thread.is_alive(), f"a flush hung; outcomes so far {outcomes!r}"
+    winner, loser = ("first", "second") if first_commits else ("second", "first")
+    assert outcomes[winner] == "committed"
+    expected = activedb.BatchAlreadyCommitted if first_commits else RuntimeError
+    assert isinstance(outcomes[loser], expected), outcomes
+    with database.engine.connect() as connection:
+        ledger_ids = connection.execute(sa.text(
+            "SELECT transaction_id FROM activedb_ingestion_ledger WHERE query_id = :q"), {"q": query}).scalars().all()
+        logged = connection.execute(sa.text(
+            "SELECT transaction_id FROM activedb_transaction_log WHERE transaction_id = ANY(:ids)"),
+            {"ids": list(log_ids.values())}).scalars().all()
+    assert ledger_ids == [log_ids[winner]] and logged == [log_ids[winner]]
