@@ -268,10 +268,21 @@ def test_every_row_is_either_good_or_bad_and_good_is_sorted(rows):
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.one_of(st.floats(-1e11, 1e11), st.floats(allow_nan=False),    # halves, datetime's limits:
                           st.sampled_from([0.5, 2.5, -1.5, -62135596800.5, 253402300799.9999995])), max_size=20),
-       st.sampled_from(["s", "ms", "us"]))
-def test_a_float_timestamp_column_converts_as_each_value_does(seconds, unit):
-    """Arrow's float columns are converted column-wise (_arrow.py): same datetimes, same reasons as row by row."""
+       st.sampled_from(["s", "ms", "us"]), st.sampled_from([1, 16_384]))
+def test_a_float_timestamp_column_converts_as_each_value_does(seconds, unit, vector_rows):
+    """Arrow's float columns are converted column-wise (_arrow.py), by Arrow compute from ``_VECTOR_ROWS`` rows
+    (lowered here to 1), in Python below: same datetimes, same reasons as row by row."""
+    from spark_bridge import _arrow
+
     mapping = EventMapping("type", "key", "ts", ts_unit=unit)
+    saved, _arrow._VECTOR_ROWS = _arrow._VECTOR_ROWS, vector_rows
+    try:
+        _check_float_column(seconds, mapping)
+    finally:
+        _arrow._VECTOR_ROWS = saved
+
+
+def _check_float_column(seconds, mapping):
     table = pa.table({"type": ["a"] * len(seconds), "key": ["k"] * len(seconds), "ts": pa.array(seconds, pa.float64())})
     by_column, by_value = (rows_to_events(rows, mapping) for rows in (table, table.to_pylist()))
     assert [(event.ts, event.position) for event in by_column[0]] == [(e.ts, e.position) for e in by_value[0]]
