@@ -54,12 +54,14 @@ For each ``S``, in the same run on the same Spark session and PostgreSQL:
 Events/s is steady state: rows / Spark's ``triggerExecution`` time of each batch (planning,
 offset and commit logs, the sink), summed over every batch but the first of each run.  The PL/pgSQL
 peer, the hand-hygiene rules and their declared version run in interleaved rounds (the rules first, then the peer and
-the declared rules in alternating order: 5 rounds at 1k, where Spark's share makes the rounds spread most, 3 at
+the declared rules in alternating order: 7 rounds at 1k, where Spark's share makes the rounds spread most, 3 at
 10k, one at 100k and in ``--quick``); their rows show the median rates, and the ratio is the median of the rounds'
 own ratios (``ratio_per_round``): the two runs of a round are adjacent in time, so the pairing removes the drift of
 the machine they share — the ratio of the two medians (``ratio_of_medians``) mixes rounds, and over nine runs at 1k
-spread 0.95–1.13 where the paired median spread 1.00–1.08 (as ``bench ingest-lineage`` pairs its batches).  The
-per-event split is the median run's.
+spread 0.95–1.13 where the paired median spread 1.00–1.08 (as ``bench ingest-lineage`` pairs its batches).  At 1k a
+round's own ratio spreads by about ±5 % (Spark's part of both runs, 80–90 µs per event, varies that much from run
+to run), against a difference of the two paths' own work of 3–5 %: seven rounds (five before) narrow the median's
+spread by about a sixth (√(5/7)), for about half a minute more.  The per-event split is the median run's.
 The time per event is split into Spark's own part (``triggerExecution`` minus the sink) and the
 sink's phases (``PhaseTimings``, from ``IngestSink.recent_outcomes()``). Detached rule transactions
 run on the engine's worker threads concurrently with later batches and are waited for between runs
@@ -104,7 +106,7 @@ PEER_GOAL = 1.0
 PLAN = {1_000: 21, 10_000: 3, 100_000: 2}
 QUICK_PLAN = {1_000: 3}
 #: Rounds of (the PL/pgSQL peer, the hand-hygiene rules), interleaved, per batch size: the rates are medians.
-ROUNDS = {1_000: 5, 10_000: 3, 100_000: 1}
+ROUNDS = {1_000: 7, 10_000: 3, 100_000: 1}
 COUNTER_TRIGGER = "PL/pgSQL counter trigger (COPY)"
 COUNTER_EXECUTEMANY = "psycopg executemany ON CONFLICT"
 #: Engine time per event with one immediate rule, run inline (µs): the core redesign's goal.
