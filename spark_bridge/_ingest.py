@@ -15,7 +15,7 @@ from typing import Any
 from spark_bridge._app import portable_spec
 from spark_bridge._handler import BatchHandler
 from spark_bridge._scaleout import PartitionedIngestSink
-from spark_bridge._sink import IngestSink
+from spark_bridge._sink import IngestSink, QueryRun
 from spark_bridge.errors import IngestError, MappingError
 from spark_bridge.mapping import EventMapping, as_mapping
 
@@ -219,7 +219,8 @@ def ingest(db: Any, streaming_df: Any, *, mapping: EventMapping, query_name: str
                                      connect_options=options.connect_options,
                                      on_partition_failure=options.on_partition_failure or "forward",
                                      lineage=options.lineage, **common)
-    writer = (streaming_df.writeStream.foreachBatch(sink).queryName(query_name)
+    run = QueryRun(sink)      # told the query once start() returns: its batches need not ask Spark for it
+    writer = (streaming_df.writeStream.foreachBatch(run).queryName(query_name)
               .option("checkpointLocation", str(checkpoint_location)))
     trigger = options.trigger
     if isinstance(trigger, (int, float)):
@@ -232,6 +233,7 @@ def ingest(db: Any, streaming_df: Any, *, mapping: EventMapping, query_name: str
     if not options.start:
         return writer
     query = writer.start()
+    run.started(query)
     setattr(query, SINK_ATTRIBUTE, sink)
     return query
 

@@ -175,12 +175,13 @@ class PartitionedIngestSink(IngestSink):
         self._detached_timeout = detached_timeout
         self._url = db.url.render_as_string(hide_password=False)
 
-    def _spark_batch(self, batch_df: Any, batch_id: int, spark_query_id: str, query_id: str) -> None:
+    def _spark_batch(self, batch_df: Any, batch_id: int, spark_query_id: str, query_id: str, *,
+                     execution: Any = None) -> None:
         from pyspark.sql import functions
 
         self._declare(query_id)
         began = time.perf_counter()
-        watermark = self.spark_watermark(spark_query_id)
+        watermark = self.spark_watermark(spark_query_id, current=execution)
         task = _PartitionTask(
             url=self._url, app=self.app, mapping=self.mapping, query_name=self.query_name, query_id=query_id,
             batch_id=batch_id, watermark=watermark, known_types=self.context.known_types,

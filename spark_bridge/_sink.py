@@ -100,24 +100,34 @@ class IngestSink:
     # -- foreachBatch entry point -------------------------------------------------------------
 
     def __call__(self, batch_df: Any, batch_id: int) -> None:
+        self.call_in_run(batch_df, batch_id, None)
+
+    def call_in_run(self, batch_df: Any, batch_id: int, run: "QueryRun | None") -> None:
+        """``foreachBatch``'s call, by the :class:`QueryRun` of the query ``ingest()`` started (or None): a run
+        that knows its query's id and execution spares the batch two questions to Spark."""
         with self._book.in_batch():
             try:
-                spark_query_id = streaming_query_id(batch_df)
+                spark_query_id, execution = run.known() if run is not None else (None, None)
+                if spark_query_id is None:
+                    spark_query_id = streaming_query_id(batch_df)
                 if not spark_query_id:
                     raise IngestError(f"{type(self).__name__} must run as foreachBatch of a streaming query (no "
                                       f"query id)")
-                self._spark_batch(batch_df, batch_id, spark_query_id, self._query_id_for(spark_query_id))
+                self._spark_batch(batch_df, batch_id, spark_query_id, self._query_id_for(spark_query_id),
+                                  execution=execution)
             except BaseException as error:
                 # Remembered: Spark wraps the error in a Java stack trace (``activedb run`` prints this instead).
                 self._book.failed(batch_id, error)
                 raise
 
-    def _spark_batch(self, batch_df: Any, batch_id: int, spark_query_id: str, query_id: str) -> None:
-        """Batch ``batch_id`` of ``foreachBatch`` as ``(query_id, batch_id)`` (the scale-out sink overrides it)."""
+    def _spark_batch(self, batch_df: Any, batch_id: int, spark_query_id: str, query_id: str, *,
+                     execution: Any = None) -> None:
+        """Batch ``batch_id`` of ``foreachBatch`` as ``(query_id, batch_id)`` (the scale-out sink overrides it);
+        ``execution``: the query's running ``StreamExecution`` if the caller knows it (``spark_watermark``)."""
         started = time.perf_counter()
         table = batch_df.toArrow()
         to_arrow = time.perf_counter() - started
-        watermark = self.spark_watermark(spark_query_id)
+        watermark = self.spark_watermark(spark_query_id, current=execution)
         self._book.phase("fetched", batch_id)
         self.process(table, batch_id, query_id=query_id, watermark=watermark,
                      extra_timings=PhaseTimings(to_arrow=to_arrow), _counted=True)
@@ -126,24 +136,30 @@ class IngestSink:
         """``(batch id, the Python exception)`` of the last batch that raised out of the sink, or None."""
         return self._book.last_failure()
 
-    def spark_watermark(self, spark_query_id: str) -> dt.datetime | None:
+    def spark_watermark(self, spark_query_id: str, *, current: Any = None) -> dt.datetime | None:
         """Spark's event-time watermark of the batch now running in query ``spark_query_id`` (the package's
         ``README.md``, "The watermark"); ``None`` without one, without a ``spark_session``, or when this
-        Spark version does not expose it (logged once)."""
+        Spark version does not expose it (logged once).  ``current``: the query's ``StreamExecution`` when the
+        caller knows it is the running one (a :class:`QueryRun`): not asked whether it still is."""
         session = self._spark_session
         if session is None:
             return None
         try:
             with self._mutex:
                 known = self._executions.get(spark_query_id)
-            if known is None or not known[0].isActive():     # (a stopped execution: the query was restarted)
+            if current is not None:
+                if known is None or known[0] is not current:
+                    known = (current, _declares_watermark(current))
+                    with self._mutex:
+                        if len(self._executions) >= _EXECUTIONS_KEPT:
+                            self._executions.clear()
+                        self._executions[spark_query_id] = known
+            elif known is None or not known[0].isActive():     # (a stopped execution: the query was restarted)
                 query = session.streams.get(spark_query_id)
                 if query is None:
                     return None
                 execution = query._jsq.streamingQuery()
-                # A plan without a watermark node (EventTimeWatermark, from withWatermark or SQL's WATERMARK)
-                # never has one.  A "watermark" in some name only costs the questions below.
-                known = (execution, "watermark" in str(execution.logicalPlan().toString()).lower())
+                known = (execution, _declares_watermark(execution))
                 with self._mutex:
                     if len(self._executions) >= _EXECUTIONS_KEPT:
                         self._executions.clear()
@@ -217,3 +233,42 @@ class IngestSink:
     def close(self) -> None:
         """Release the handler's resources (the TPG path's worker processes); nothing else to release."""
         self.handler.close()
+
+
+def _declares_watermark(execution: Any) -> bool:
+    """Whether the plan of ``execution`` (a ``StreamExecution``, py4j) has a watermark node (EventTimeWatermark, from
+    ``withWatermark`` or SQL's ``WATERMARK``): a plan without one never has a watermark.  A "watermark" in some name
+    only costs ``spark_watermark`` its questions."""
+    return "watermark" in str(execution.logicalPlan().toString()).lower()
+
+
+class QueryRun:
+    """The ``foreachBatch`` callable of one run of a query that :func:`spark_bridge.ingest` starts: it hands each
+    batch to ``sink`` together with what it knows of the run.  Once ``start()`` returned, ``ingest()`` calls
+    :meth:`started` with the query: the run then knows the query's id and its ``StreamExecution``, and a batch asks
+    Spark for neither — the id (a local property) and whether the execution the sink knows still runs cost a
+    py4j call each, about 1 ms per micro-batch together after Spark's turn.  A batch that began before
+    :meth:`started` (the first may) asks, as a sink used directly does.
+
+    One object per run, never handed out (``sink_of`` gives the sink): a restart is a new ``start()`` and so a new
+    run, whose id and execution it learns again.  Thread-safety: ``_mutex`` guards the two fields (a leaf)."""
+
+    def __init__(self, sink: IngestSink) -> None:
+        self.sink = sink
+        self._mutex = threading.Lock()
+        self._spark_query_id: str | None = None
+        self._execution: Any = None
+
+    def started(self, query: Any) -> None:
+        """``query`` (the ``StreamingQuery`` ``start()`` returned) is this run's."""
+        spark_query_id, execution = str(query.id), query._jsq.streamingQuery()
+        with self._mutex:
+            self._spark_query_id, self._execution = spark_query_id, execution
+
+    def known(self) -> tuple[str | None, Any]:
+        """(the run's Spark query id, its ``StreamExecution``), or (None, None) before :meth:`started`."""
+        with self._mutex:
+            return self._spark_query_id, self._execution
+
+    def __call__(self, batch_df: Any, batch_id: int) -> None:
+        self.sink.call_in_run(batch_df, batch_id, self)

@@ -26,6 +26,7 @@ from tests.spark_bridge import app_counters
 from tests.spark_bridge._streams import (
     APP_FILE,
     BASE_TIME,
+    STREAM_TIMEOUT_SECONDS,
     app_database,
     app_state,
     apply_directly,
@@ -222,6 +223,57 @@ def test_a_sink_restarted_with_a_watermark_reads_it_though_its_first_run_had_non
                 "SELECT batch_id, watermark FROM activedb_ingestion_ledger ORDER BY batch_id")).all()
         assert [(batch, None if mark is None else mark.astimezone(UTC)) for batch, mark in watermarks] == [
             (0, None), (1, None), (2, None), (3, BASE_TIME + dt.timedelta(seconds=50))]
+    finally:
+        database.close()
+
+
+@pytest.mark.spark
+def test_the_batches_after_start_returned_ask_spark_neither_the_query_id_nor_whether_it_still_runs(
+        spark, tmp_path, make_database_url, monkeypatch):
+    """``ingest()`` tells the run its query once ``start()`` returned (``_sink.QueryRun``): later batches read the
+    id and the running execution from it, not from Spark.  Batch 0 is held at its ``fetched`` phase until
+    ``ingest()`` has returned, so every later batch runs after it (batch 0 itself may run before or after); the
+    ledger keys every batch under the query's id,
+    and the watermark the plan declares is read for each batch."""
+    import threading
+
+    from spark_bridge import _sink
+
+    def row(seq, second):
+        return {"type": "add", "key": "w", "ts": iso(BASE_TIME + dt.timedelta(seconds=second)), "amount": 1, "seq": seq}
+
+    write_files(tmp_path / "in", [[row(1, 10)], [row(2, 50)], [row(3, 70)]])
+    asked, currents, returned = [], [], threading.Event()
+    real_query_id, real_watermark = _sink.streaming_query_id, _sink.IngestSink.spark_watermark
+    monkeypatch.setattr(_sink, "streaming_query_id", lambda frame: asked.append(1) or real_query_id(frame))
+
+    def watermark(self, spark_query_id, *, current=None):
+        currents.append(current is not None)
+        return real_watermark(self, spark_query_id, current=current)
+
+    monkeypatch.setattr(_sink.IngestSink, "spark_watermark", watermark)
+
+    def hold_the_first(phase, batch_id):
+        if phase == "fetched" and batch_id == 0:
+            assert returned.wait(STREAM_TIMEOUT_SECONDS), "ingest() did not return while batch 0 waited"
+
+    database = app_database(make_database_url("known_run"))
+    try:
+        query = _ingest(spark, database, tmp_path / "in", tmp_path / "checkpoint", "known", on_phase=hold_the_first,
+                        watermark_delay="10 seconds")
+        returned.set()
+        run_to_end(query)
+        # (batch 0 asks if it reached the question before start() returned: either may come first)
+        assert len(currents) == 3 and currents[1:] == [True, True] and len(asked) == currents.count(False)
+        assert [(query_id, batch) for query_id, batch, _, _ in ledger(database)] == [
+            (f"known@{query.id}", batch) for batch in range(3)]
+        with database.engine.connect() as connection:
+            import sqlalchemy as sa
+
+            watermarks = connection.execute(sa.text(
+                "SELECT watermark FROM activedb_ingestion_ledger ORDER BY batch_id")).scalars().all()
+        assert [None if mark is None else mark.astimezone(UTC) for mark in watermarks] == [
+            None, BASE_TIME, BASE_TIME + dt.timedelta(seconds=40)]
     finally:
         database.close()
 
