@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spark_bridge._app import portable_spec
+from spark_bridge._foreach import foreach_batch
 from spark_bridge._handler import BatchHandler
 from spark_bridge._scaleout import PartitionedIngestSink
 from spark_bridge._sink import IngestSink, QueryRun
@@ -220,7 +221,7 @@ def ingest(db: Any, streaming_df: Any, *, mapping: EventMapping, query_name: str
                                      on_partition_failure=options.on_partition_failure or "forward",
                                      lineage=options.lineage, **common)
     run = QueryRun(sink)      # told the query once start() returns: its batches need not ask Spark for it
-    writer = (streaming_df.writeStream.foreachBatch(run).queryName(query_name)
+    writer = (foreach_batch(streaming_df.writeStream, run).queryName(query_name)
               .option("checkpointLocation", str(checkpoint_location)))
     trigger = options.trigger
     if isinstance(trigger, (int, float)):

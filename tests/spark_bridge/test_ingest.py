@@ -279,6 +279,32 @@ def test_the_batches_after_start_returned_ask_spark_neither_the_query_id_nor_whe
 
 
 @pytest.mark.spark
+def test_the_batches_of_a_run_share_one_python_session_wrapper(spark, tmp_path, make_database_url, monkeypatch):
+    """``_foreach.foreach_batch``: PySpark's own foreachBatch wraps each batch's session in a new ``SparkSession``;
+    ingest()'s run makes one for its three batches, and they are applied as ever."""
+    from pyspark.sql import session as pyspark_session
+
+    made, real_init = [], pyspark_session.SparkSession.__init__
+
+    def counting_init(self, *args, **kwargs):
+        made.append(1)
+        real_init(self, *args, **kwargs)
+
+    write_files(tmp_path / "in", [[{"type": "add", "key": "w", "ts": iso(BASE_TIME + dt.timedelta(seconds=second)),
+                                    "amount": 1, "seq": second}] for second in (1, 2, 3)])
+    database = app_database(make_database_url("one_wrapper"))
+    try:
+        query = _ingest(spark, database, tmp_path / "in", tmp_path / "checkpoint", "wrapper")
+        monkeypatch.setattr(pyspark_session.SparkSession, "__init__", counting_init)
+        run_to_end(query)
+        monkeypatch.undo()
+        assert len(made) <= 1 and [batch for _, batch, _, _ in ledger(database)] == [0, 1, 2]
+        assert {key: trail for key, _, _, trail, _ in app_state(database)["counters"]} == {"w": "1,2,3"}
+    finally:
+        database.close()
+
+
+@pytest.mark.spark
 def test_scale_out_path_applies_each_key_partition_in_its_own_engine(spark, tmp_path, make_database_url):
     workload = counter_workload(files=3, rows_per_file=40, seed=23, keys=8)
     write_files(tmp_path / "in", workload.batches)
