@@ -221,8 +221,11 @@ def ingest(db: Any, streaming_df: Any, *, mapping: EventMapping, query_name: str
                                      on_partition_failure=options.on_partition_failure or "forward",
                                      lineage=options.lineage, **common)
     run = QueryRun(sink)      # told the query once start() returns: its batches need not ask Spark for it
-    writer = (foreach_batch(streaming_df.writeStream, run).queryName(query_name)
-              .option("checkpointLocation", str(checkpoint_location)))
+    # One session wrapper per run (_foreach): only for the run started here — a writer handed back could be
+    # started more than once, each start a run of its own with a session of its own.
+    writer = streaming_df.writeStream
+    writer = (foreach_batch(writer, run) if options.start else writer.foreachBatch(run)).queryName(query_name)
+    writer = writer.option("checkpointLocation", str(checkpoint_location))
     trigger = options.trigger
     if isinstance(trigger, (int, float)):
         trigger = f"{trigger} seconds"

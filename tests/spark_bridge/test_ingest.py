@@ -305,6 +305,25 @@ def test_the_batches_of_a_run_share_one_python_session_wrapper(spark, tmp_path, 
 
 
 @pytest.mark.spark
+def test_a_writer_handed_back_unstarted_runs_its_batches_asking_spark_as_a_sink_does(spark, tmp_path,
+                                                                                    make_database_url):
+    """``start=False``: the writer keeps PySpark's ``foreachBatch`` callback and its run is never told the query
+    (it could be started twice): each batch asks Spark for the query id, and the ledger keys them under it."""
+    write_files(tmp_path / "in", [[{"type": "add", "key": "w", "ts": iso(BASE_TIME + dt.timedelta(seconds=second)),
+                                    "amount": 1, "seq": second}] for second in (1, 2)])
+    database = app_database(make_database_url("unstarted"))
+    try:
+        writer = _ingest(spark, database, tmp_path / "in", tmp_path / "checkpoint", "later", start=False)
+        query = writer.start()
+        run_to_end(query)
+        assert [(query_id, batch) for query_id, batch, _, _ in ledger(database)] == [
+            (f"later@{query.id}", 0), (f"later@{query.id}", 1)]
+        assert {key: trail for key, _, _, trail, _ in app_state(database)["counters"]} == {"w": "1,2"}
+    finally:
+        database.close()
+
+
+@pytest.mark.spark
 def test_scale_out_path_applies_each_key_partition_in_its_own_engine(spark, tmp_path, make_database_url):
     workload = counter_workload(files=3, rows_per_file=40, seed=23, keys=8)
     write_files(tmp_path / "in", workload.batches)
