@@ -101,31 +101,40 @@ def _arrow_key_column(column: Any, label: str) -> tuple[list[Any], dict[int, str
     return convert_column(values, check_key, label)
 
 
+def _vector_timestamps(column: Any, unit_divisor: int) -> Any:
+    """A float column of seconds (or ``unit_divisor``-ths), no nulls, as a UTC timestamp column by Arrow compute —
+    to_utc's float operations and rounding —, or ``column`` itself if a value is not finite or out of
+    ``datetime``'s range (those take the converter per value)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not pc.all(pc.is_finite(column)).as_py():
+        return column
+    micros = pc.round(pc.divide(pc.multiply(column.cast(pa.float64()), 1e6), float(unit_divisor)), 0, "half_to_even")
+    low, high = pc.min_max(micros).values()
+    if not (_MIN_MICROS <= low.as_py() and high.as_py() <= _MAX_MICROS):
+        return column
+    return micros.cast(pa.int64()).cast(pa.timestamp("us", "UTC"))
+
+
 def _arrow_ts_column(column: Any, unit_divisor: int, label: str) -> tuple[list[Any], dict[int, str]]:
     import pyarrow as pa
 
-    if pa.types.is_floating(column.type) and len(column) >= _VECTOR_ROWS and not column.null_count:
-        import pyarrow.compute as pc
-
-        if pc.all(pc.is_finite(column)).as_py():
-            # the same operations by Arrow compute, for a long column (whose values each cost more in Python)
-            micros = pc.round(pc.divide(pc.multiply(column.cast(pa.float64()), 1e6), float(unit_divisor)), 0,
-                              "half_to_even")
-            low, high = pc.min_max(micros).values()
-            if _MIN_MICROS <= low.as_py() and high.as_py() <= _MAX_MICROS:
-                column = micros.cast(pa.int64()).cast(pa.timestamp("us", "UTC"))
-    elif pa.types.is_floating(column.type) and len(column) and not column.null_count:
-        values = column.to_pylist()
-        if all(map(math.isfinite, values)):
-            # to_utc's float branch — the same float operations and rounding (``round``: half to even) —, then the
-            # microseconds as datetimes; out of datetime's range: per value (to_utc's reason)
-            try:
-                micros = [round(value * 1_000_000 / unit_divisor) for value in values]
-            except OverflowError:       # a product beyond a double's range
-                micros = None
-            if micros is not None and _MIN_MICROS <= min(micros) and max(micros) <= _MAX_MICROS:
-                return _micros_to_datetimes(micros), {}
-        return convert_column(values, lambda value: to_utc(value, unit_divisor), label)
+    if pa.types.is_floating(column.type) and len(column) and not column.null_count:
+        if len(column) >= _VECTOR_ROWS:
+            column = _vector_timestamps(column, unit_divisor)    # (unchanged if not all finite and in range)
+        else:
+            values = column.to_pylist()
+            if all(map(math.isfinite, values)):
+                # to_utc's float branch — the same float operations and rounding (``round``: half to even) —, then
+                # the microseconds as datetimes; out of datetime's range: per value (to_utc's reason)
+                try:
+                    micros = [round(value * 1_000_000 / unit_divisor) for value in values]
+                except OverflowError:       # a product beyond a double's range
+                    micros = None
+                if micros is not None and _MIN_MICROS <= min(micros) and max(micros) <= _MAX_MICROS:
+                    return _micros_to_datetimes(micros), {}
+            return convert_column(values, lambda value: to_utc(value, unit_divisor), label)
     if pa.types.is_timestamp(column.type):
         values = arrow_values(column)
         errors = {position: f"{label} is null" for position, value in enumerate(values) if value is None}

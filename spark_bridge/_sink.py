@@ -149,21 +149,12 @@ class IngestSink:
                 known = self._executions.get(spark_query_id)
             if current is not None:
                 if known is None or known[0] is not current:
-                    known = (current, _declares_watermark(current))
-                    with self._mutex:
-                        if len(self._executions) >= _EXECUTIONS_KEPT:
-                            self._executions.clear()
-                        self._executions[spark_query_id] = known
+                    known = self._remember_execution(spark_query_id, current)
             elif known is None or not known[0].isActive():     # (a stopped execution: the query was restarted)
                 query = session.streams.get(spark_query_id)
                 if query is None:
                     return None
-                execution = query._jsq.streamingQuery()
-                known = (execution, _declares_watermark(execution))
-                with self._mutex:
-                    if len(self._executions) >= _EXECUTIONS_KEPT:
-                        self._executions.clear()
-                    self._executions[spark_query_id] = known
+                known = self._remember_execution(spark_query_id, query._jsq.streamingQuery())
             execution, declared = known
             if not declared:
                 return None
@@ -176,6 +167,15 @@ class IngestSink:
                 logger.warning("cannot read the batch watermark from Spark (%r); no punctuation is given", error)
             return None
         return None if millis <= 0 else EPOCH + dt.timedelta(milliseconds=millis)
+
+    def _remember_execution(self, spark_query_id: str, execution: Any) -> tuple[Any, bool]:
+        """``(execution, whether its plan declares a watermark)``, kept as the query's known run."""
+        known = (execution, _declares_watermark(execution))
+        with self._mutex:
+            if len(self._executions) >= _EXECUTIONS_KEPT:
+                self._executions.clear()
+            self._executions[spark_query_id] = known
+        return known
 
     # -- one batch ----------------------------------------------------------------------------
 
@@ -251,24 +251,20 @@ class QueryRun:
     :meth:`started` (the first may) asks, as a sink used directly does.
 
     One object per run, never handed out (``sink_of`` gives the sink): a restart is a new ``start()`` and so a new
-    run, whose id and execution it learns again.  Thread-safety: ``_mutex`` guards the two fields (a leaf)."""
+    run, whose id and execution it learns again.  Thread-safety: the two are one tuple, replaced whole once (an
+    attribute assignment: a batch on Spark's thread sees the old pair or the new one, never half of it)."""
 
     def __init__(self, sink: IngestSink) -> None:
         self.sink = sink
-        self._mutex = threading.Lock()
-        self._spark_query_id: str | None = None
-        self._execution: Any = None
+        self._known: tuple[str | None, Any] = (None, None)
 
     def started(self, query: Any) -> None:
         """``query`` (the ``StreamingQuery`` ``start()`` returned) is this run's."""
-        spark_query_id, execution = str(query.id), query._jsq.streamingQuery()
-        with self._mutex:
-            self._spark_query_id, self._execution = spark_query_id, execution
+        self._known = (str(query.id), query._jsq.streamingQuery())
 
     def known(self) -> tuple[str | None, Any]:
         """(the run's Spark query id, its ``StreamExecution``), or (None, None) before :meth:`started`."""
-        with self._mutex:
-            return self._spark_query_id, self._execution
+        return self._known
 
     def __call__(self, batch_df: Any, batch_id: int) -> None:
         self.sink.call_in_run(batch_df, batch_id, self)

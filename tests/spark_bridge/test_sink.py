@@ -15,6 +15,7 @@ import sqlalchemy as sa
 import activedb
 import spark_bridge
 from activedb.errors import DatabaseUnavailable, SerializationConflict
+from lockmgr.testing import wait_until
 from spark_bridge import BatchHandler, IngestOptions, IngestSink, ingest
 from spark_bridge.errors import IngestError
 from tests.spark_bridge import app_counters
@@ -337,20 +338,6 @@ def test_ingest_options_are_checked_in_one_place_before_spark_is_touched():
         ingest(object(), object(), options=IngestOptions(prefetch={"counters": None}), **common)
 
 
-def _wait_for(condition, what: str, seconds: float = 60.0):
-    """Poll an observable state with a generous bound (a loaded machine); fail with the last thing seen."""
-    import time
-
-    deadline = time.monotonic() + seconds
-    seen = None
-    while time.monotonic() < deadline:
-        seen = condition()
-        if seen:
-            return seen
-        time.sleep(0.02)
-    raise AssertionError(f"waited {seconds} s for {what}; last saw {seen!r}")
-
-
 @pytest.mark.parametrize("first_commits", [True, False], ids=["first commits", "first aborts"])
 def test_two_flushes_of_one_batch_at_once_commit_it_once(database, first_commits):
     """Two transactions write the ledger row of the same batch at once: the second's row (sent along its flush's last
@@ -389,7 +376,7 @@ def test_two_flushes_of_one_batch_at_once_commit_it_once(database, first_commits
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                 "AND query LIKE 'INSERT INTO activedb_ingestion_ledger%'")).scalar()
 
-    _wait_for(ledger_waiter, "the second flush to wait on the ledger's key")
+    wait_until(ledger_waiter, 60, "the second flush to wait on the ledger's key", lambda: outcomes)
     release.set()
     for thread in (first, second):
         thread.join(60)
