@@ -4,11 +4,14 @@ activedb never imports ``spark_bridge`` (imports point one way).  A package that
 declares in its ``pyproject.toml``::
 
     [project.entry-points."activedb.commands"]     # a callable register(main: click.Group)
-    [project.entry-points."activedb.benchmarks"]   # a module with run(quick=False) -> BenchReport
+    [project.entry-points."activedb.benchmarks"]   # a module with run(quick=False) -> a report
     [project.entry-points."activedb.feeds"]        # a callable feed(db, events, app, console)
 
-and activedb finds them here, by name.  ``spark_bridge`` contributes ``activedb run``/``status``, the
-``ingest`` benchmark and the ``spark`` feed of the demo.
+and activedb finds them here, by name.  ``spark_bridge`` contributes ``activedb run``/``status`` and the
+``spark`` feed of the demo; the repository's ``benchmarks`` package every benchmark.  A benchmark's
+report (``benchmarks.report.BenchReport``) has ``notes`` (a list of lines), ``print_table(console)``,
+``print(json_only=True)``, ``write_json(path)`` and ``plot(path) -> Path``: what ``activedb bench NAME``
+calls.
 """
 
 from __future__ import annotations

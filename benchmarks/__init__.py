@@ -1,12 +1,12 @@
-"""Benchmarks behind ``activedb bench NAME``: a module ``activedb.bench.<name>`` with ``run(quick=False,
+"""Benchmarks behind ``activedb bench NAME``: a module ``benchmarks.<name>`` with ``run(quick=False,
 progress=None) -> BenchReport`` whose docstring is its ``--help``.  The design note is ``README.md``.
 """
 
-from activedb.bench._profile import add_frame_ends, called_from, cumulative, database_wait, phase_seconds, scaled
-from activedb.bench._setup import MIGRATIONS
-from activedb.bench._setup import connect as connect_database
+from benchmarks._profile import add_frame_ends, called_from, cumulative, database_wait, phase_seconds, scaled
+from benchmarks._setup import MIGRATIONS
+from benchmarks._setup import connect as connect_database
 from activedb.progress import Progress
-from activedb.bench.report import BenchReport, Row, Series
+from benchmarks.report import BenchReport, Row, Series
 
 #: ``connect_database(**options)``: a benchmark's database (embedded, or ``ACTIVEDB_DATABASE_URL``) with the
 #: benchmarks' tables (``MIGRATIONS``, an Alembic directory) at head and the scratch tables empty.

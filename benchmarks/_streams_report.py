@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from activedb.bench.report import BenchReport, Row
+from benchmarks.report import BenchReport, Row
 
 SCHEDULERS = ("sei", "s2pl", "lwm")
 

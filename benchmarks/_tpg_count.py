@@ -1,7 +1,7 @@
 """Instruction counts of the batch engine (``activedb bench tpg``, section 5): :func:`instructions_per_event`
 runs this module twice under ``perf stat -e instructions:u`` (PHASE ``setup``: stop after the set-up;
 ``run``: one more batch) and divides the difference by the batch size; ``inherit=False`` counts the
-calling process only, else its workers too.  Run as ``python -m activedb.bench._tpg_count WORKLOAD
+calling process only, else its workers too.  Run as ``python -m benchmarks._tpg_count WORKLOAD
 STRATEGY SIZE COST PARTITIONS PROCESSES PHASE``.
 """
 
@@ -38,7 +38,7 @@ def instructions_per_event(workload: str, strategy: str, size: int, *, cost: flo
     """User-space instructions per event of one batch (see the module docstring); None if perf failed."""
     counts = []
     for phase in ("setup", "run"):
-        count = _instructions([sys.executable, "-m", "activedb.bench._tpg_count", workload, strategy, str(size),
+        count = _instructions([sys.executable, "-m", "benchmarks._tpg_count", workload, strategy, str(size),
                                str(cost), str(partitions), str(processes), phase], inherit=inherit)
         if count is None:
             return None
@@ -48,7 +48,7 @@ def instructions_per_event(workload: str, strategy: str, size: int, *, cost: flo
 
 def _main(workload: str, strategy: str, size: int, cost: float, partitions: int, processes: int, phase: str) -> None:
     from activedb import batch
-    from activedb.batch import workloads
+    from benchmarks import workloads
 
     events, state = workloads.workload_events(workload, workloads.Workload(batch=size, cost_us=cost,
                                                                            partitions=partitions))

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from activedb.bench._setup import connect
+from benchmarks._setup import connect
 from activedb.progress import Progress
-from activedb.bench.report import BenchReport, Row
+from benchmarks.report import BenchReport, Row
 
 PLAIN = "bench_capture_plain"
 CAPTURED = "bench_capture_orders"

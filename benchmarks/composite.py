@@ -15,7 +15,7 @@ from pathlib import Path
 
 from activedb import composite, streams
 from activedb.progress import Progress
-from activedb.bench.report import BenchReport, Row, output_folder
+from benchmarks.report import BenchReport, Row, output_folder
 from activedb.composite import Choice, UncertaintyKind
 from activedb.events import Timestamp
 

@@ -38,8 +38,8 @@ import time
 from typing import Any
 
 
-from activedb.bench._profile import phase_seconds, scaled
-from activedb.bench.report import BenchReport, Row
+from benchmarks._profile import phase_seconds, scaled
+from benchmarks.report import BenchReport, Row
 
 THREADS = 8
 COUNTERS = 4
@@ -166,7 +166,7 @@ def _workers(mode: str, url: str, threads: int, seconds: float, start: threading
 
 def _in_processes(mode: str, url: str, processes: int, threads: int, seconds: float) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
-    children = [subprocess.Popen([sys.executable, "-m", "activedb.bench.hotkeys", mode, str(threads), str(seconds)],
+    children = [subprocess.Popen([sys.executable, "-m", "benchmarks.hotkeys", mode, str(threads), str(seconds)],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                  env={**env, "ACTIVEDB_BENCH_URL": url}) for _ in range(processes)]
     try:
@@ -270,7 +270,7 @@ def _measure(mode: str, url: str, processes: int, seconds: float) -> dict[str, A
 
 
 def run(quick: bool = False) -> BenchReport:
-    from activedb.bench._setup import connect as bench_connect
+    from benchmarks._setup import connect as bench_connect
 
     seconds = 2.0 if quick else 8.0
     report = BenchReport("Hot keys: read-modify-write (activedb bench hotkeys)")

@@ -91,8 +91,8 @@ from typing import Any
 import sqlalchemy as sa
 
 import activedb
-from activedb.bench import Progress
-from activedb.bench.report import BenchReport, Row, Series
+from benchmarks import Progress
+from benchmarks.report import BenchReport, Row, Series
 
 from spark_bridge._sources import write_event_files
 
@@ -343,7 +343,7 @@ def _cleanup(database, plain_ids: list[str]) -> None:
 
 
 #: The phases of an event on the rule path with the minimal rule, inline (as ``bench rules`` splits a firing,
-#: ``activedb.bench.phase_seconds``): (phase, [(file suffix, function)], [phases inside them, subtracted]).
+#: ``benchmarks.phase_seconds``): (phase, [(file suffix, function)], [phases inside them, subtracted]).
 _EVENT_PHASES = (
     ("validate", [("spark_bridge/mapping.py", "rows_to_events")], []),
     ("match", [("activedb/rules/_registry.py", "matching")], []),
@@ -363,7 +363,7 @@ def _event_phases(database, size: int) -> dict[str, Any]:
     spent waiting for PostgreSQL (psycopg's ``Connection.wait``) against the rest, Python."""
     import pstats
 
-    from activedb.bench import add_frame_ends, called_from, cumulative, database_wait, phase_seconds, scaled
+    from benchmarks import add_frame_ends, called_from, cumulative, database_wait, phase_seconds, scaled
     from activedb.examples.hand_hygiene.events import generate
 
     from spark_bridge._sink import IngestSink
@@ -441,7 +441,7 @@ def _declared_phases(database, size: int) -> dict[str, Any]:
     statements), and the rest of the flush (ledger, lineage, COMMIT)."""
     import pstats
 
-    from activedb.bench import database_wait, phase_seconds
+    from benchmarks import database_wait, phase_seconds
     from activedb.examples.hand_hygiene.app import reset_tables
     from activedb.examples.hand_hygiene.events import generate
 
@@ -499,7 +499,7 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
     from activedb.examples.hand_hygiene.app import register, reset_tables
     from activedb.examples.hand_hygiene.declared import register as register_hh_declared
     from activedb.examples.hand_hygiene.events import generate
-    from activedb.bench import connect_database as bench_connect
+    from benchmarks import connect_database as bench_connect
 
     progress = progress or Progress.none()
     report = BenchReport("Spark ingestion end to end (activedb bench ingest)")

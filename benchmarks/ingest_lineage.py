@@ -23,9 +23,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from activedb.bench.report import BenchReport, Row
+from benchmarks.report import BenchReport, Row
 
-from spark_bridge.bench_ingest import register_minimal
+from benchmarks.ingest import register_minimal
 from spark_bridge.mapping import EventMapping
 
 QUERY_PREFIX = "bench-ingest-lineage"
@@ -51,8 +51,8 @@ def _cleanup(database, queries: list[str]) -> None:
 
 
 def run(quick: bool = False, progress: Any = None) -> BenchReport:
-    """``progress``: an ``activedb.bench.Progress`` that hears of each batch size."""
-    from activedb.bench import Progress, connect_database as connect
+    """``progress``: an ``benchmarks.Progress`` that hears of each batch size."""
+    from benchmarks import Progress, connect_database as connect
 
     from spark_bridge._sink import IngestSink
 

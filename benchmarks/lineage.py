@@ -14,9 +14,9 @@ import statistics
 import time
 import uuid
 
-from activedb.bench._setup import connect
+from benchmarks._setup import connect
 from activedb.progress import Progress
-from activedb.bench.report import BenchReport, Row
+from benchmarks.report import BenchReport, Row
 
 KEYS = 200
 

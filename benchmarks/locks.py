@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from activedb.progress import Progress
-from activedb.bench.report import BenchReport, Row, Series
+from benchmarks.report import BenchReport, Row, Series
 
 _TABLE = "bench"
 

@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 
 from activedb.progress import Progress
-from activedb.bench.report import BenchReport, Row, Series
-from activedb.bench._setup import connect
+from benchmarks.report import BenchReport, Row, Series
+from benchmarks._setup import connect
 
 #: The most a sweep's CPU per hierarchy may grow across its points (max / min - 1 of the medians).
 GROWTH_TARGET = 0.15

@@ -1,6 +1,6 @@
 """``activedb bench NAME --plot out.png``: a benchmark's figures as a picture (matplotlib, no display).
 
-One panel per :class:`~activedb.bench.report.Series` panel name (the sweeps a benchmark records: thread
+One panel per :class:`~benchmarks.report.Series` panel name (the sweeps a benchmark records: thread
 counts, graph sizes, fanouts, batch sizes), and one bar panel with every row that has a baseline: the
 ratio to that baseline (above 1 = better than the baseline, as in the table), green when the row meets
 its target, red when it does not, grey when it has none.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from activedb.bench.report import BenchReport
+from benchmarks.report import BenchReport
 from activedb.errors import PictureError
 
 _MET_COLOURS = {True: "#16a34a", False: "#dc2626", None: "#9ca3af"}

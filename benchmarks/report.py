@@ -82,6 +82,12 @@ class BenchReport:
         else:
             self.print_table()
 
+    def plot(self, path) -> Path:
+        """Draw the figures into ``path`` (.png or .svg; ``activedb bench NAME --plot``); returns the path."""
+        from benchmarks.plot import plot_report
+
+        return plot_report(self, path)
+
     def print_table(self, console=None) -> None:
         """The rows as a table that fits the console's width (long cells wrap), then the notes."""
         from rich.console import Console

@@ -21,9 +21,9 @@ import time
 
 from activedb import Coupling, Event, batch
 from activedb.progress import Progress
-from activedb.bench.report import BenchReport, Row
-from activedb.bench._profile import add_frame_ends, cumulative, database_wait, phase_seconds, scaled
-from activedb.bench._setup import connect
+from benchmarks.report import BenchReport, Row
+from benchmarks._profile import add_frame_ends, cumulative, database_wait, phase_seconds, scaled
+from benchmarks._setup import connect
 
 IMMEDIATE_EVENT = "bench_rule_immediate"
 DEFERRED_EVENT = "bench_rule_deferred"

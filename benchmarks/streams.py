@@ -98,12 +98,12 @@ from typing import Any, Callable
 import sqlalchemy as sa
 
 from activedb import streams
-from activedb.bench._setup import connect
+from benchmarks._setup import connect
 from activedb.examples.hand_hygiene.queries import Q1_R1
-from activedb.bench._streams_model import (THREADS, SleepCost, WriterChain, best_of, median_of, model_operations,
+from benchmarks._streams_model import (THREADS, SleepCost, WriterChain, best_of, median_of, model_operations,
                                            quiet_heap, slept)
-from activedb.bench._streams_report import SCHEDULERS, definition_6_rows, headline, plot
-from activedb.bench.report import BenchReport, Row, output_folder
+from benchmarks._streams_report import SCHEDULERS, definition_6_rows, headline, plot
+from benchmarks.report import BenchReport, Row, output_folder
 from activedb.streams._versions import VersionStore
 from activedb.testing import check_stream_history
 

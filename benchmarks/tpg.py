@@ -20,9 +20,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from activedb import batch
-from activedb.batch import workloads
+from benchmarks import workloads
 from activedb.progress import Progress
-from activedb.bench.report import BenchReport, Row, output_folder
+from benchmarks.report import BenchReport, Row, output_folder
 
 SWEEP_STRATEGIES = ("tpg", "ns/f/e", "bfs/f/e", "ns/f/l", "bfs/c/e")
 NESTED_GOAL = 5.0
@@ -227,7 +227,7 @@ def _end_to_end(report: BenchReport, database, name: str, cost: float, size: int
 
 
 def _instructions(report: BenchReport, size: int, quick: bool) -> None:
-    from activedb.bench._tpg_count import instructions_per_event, perf_available
+    from benchmarks._tpg_count import instructions_per_event, perf_available
 
     if not perf_available():
         report.notes.append("instructions per event: perf stat -e instructions:u is not available here (skipped)")
@@ -285,7 +285,7 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
     progress = progress or Progress.none()
     progress.start("bench tpg", total=11 + (1 if instructions else 0))
     finished = iter(range(1, 100))
-    from activedb.bench._setup import connect as bench_connect
+    from benchmarks._setup import connect as bench_connect
 
     report = BenchReport("Batches of state transactions on a TPG (activedb bench tpg)")
     size = size or (2_048 if quick else 10_240)

@@ -9,11 +9,11 @@ from pathlib import Path
 import networkx as nx
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("activedb", "spark_bridge", "lockmgr", "coupling")
+PACKAGES = ("activedb", "spark_bridge", "lockmgr", "coupling", "benchmarks")
 
 
 def layers() -> dict[str, int]:
-    """Part -> layer, from the README's drawing (``7  activedb.cli  activedb.bench ...``, top first)."""
+    """Part -> layer, from the README's drawing (``9 benchmarks``, ``7 activedb.cli activedb.examples ...``, top first)."""
     text = (ROOT / "README.md").read_text()
     drawing = re.search(r"### Layers\n.*?```text\n(.*?)```", text, re.S).group(1)
     found = {}

@@ -29,16 +29,13 @@ import click
 from activedb import plugins
 from activedb.errors import ActivedbError, SchemaNotAtHead
 
-BUILTIN_BENCHMARKS = ("locks", "nested", "rules", "streams", "tpg", "composite", "capture", "hotkeys")
 WIDE = 132            # columns of tables printed to a file or a pipe
 
 
 def _benchmarks() -> dict[str, str]:
-    """Benchmark name -> module: activedb's own, plus those other packages contribute (``ingest`` comes
-    with spark_bridge) through the ``activedb.benchmarks`` entry points."""
-    found = {name: f"activedb.bench.{name}" for name in BUILTIN_BENCHMARKS}
-    found.update({name: entry.value for name, entry in plugins.entry_points(plugins.BENCHMARKS).items()})
-    return found
+    """Benchmark name -> module, from the ``activedb.benchmarks`` entry points (the repository's top-level
+    ``benchmarks`` package declares them; activedb never imports it)."""
+    return {name: entry.value for name, entry in plugins.entry_points(plugins.BENCHMARKS).items()}
 
 
 def console(stderr: bool = False):
@@ -349,7 +346,7 @@ def _bench_command(name: str, module_name: str) -> click.Command:
     @click.pass_context
     def command(ctx: click.Context, quick: bool, json_only: bool, json_path: str | None,
                 plot_path: str | None) -> None:
-        from activedb.bench import Progress
+        from activedb.progress import Progress
 
         if plot_path and Path(plot_path).suffix.lower() not in (".png", ".svg"):
             raise click.BadParameter("the plot is a .png or .svg file", param_hint="--plot")
@@ -377,9 +374,7 @@ def _bench_command(name: str, module_name: str) -> click.Command:
         else:
             report.print_table(console())
         if plot_path:
-            from activedb.bench.plot import plot_report
-
-            written = plot_report(report, plot_path)
+            written = report.plot(plot_path)
             click.echo(f"plot: {written}", err=json_only)
         elif json_path and not json_only:
             click.echo(f"JSON: {json_path}")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from activedb.bench.plot import PictureError, plot_report
-from activedb.bench.report import BenchReport, Row, Series
+from benchmarks.plot import PictureError, plot_report
+from benchmarks.report import BenchReport, Row, Series
 
 
 def _report() -> BenchReport:

@@ -4,8 +4,8 @@ timing assertions."""
 
 from __future__ import annotations
 
-from activedb.bench import BenchReport
-from activedb.bench.hotkeys import PROCESSES, run
+from benchmarks import BenchReport
+from benchmarks.hotkeys import PROCESSES, run
 
 
 def test_hotkeys_benchmark_quick(database_url, monkeypatch):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from activedb.bench import BenchReport
-from activedb.bench.rules import run
+from benchmarks import BenchReport
+from benchmarks.rules import run
 
 
 def test_rules_benchmark_quick(database_url, monkeypatch):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from activedb.bench import MIGRATIONS as BENCH_MIGRATIONS
+from benchmarks import MIGRATIONS as BENCH_MIGRATIONS
 from tests.conftest import APP_MIGRATIONS
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 import json
 
-from activedb.bench import Progress
-from activedb.bench.tpg import run
+from benchmarks import Progress
+from benchmarks.tpg import run
 
 
 def test_tpg_benchmark_smoke(database_url, monkeypatch, tmp_path):

@@ -23,7 +23,7 @@ import sqlalchemy as sa
 
 import activedb
 from activedb import batch, testing
-from activedb.batch import workloads
+from benchmarks import workloads
 from spark_bridge import IngestionLedger, batch_committed  # the ledger participant
 from tests.batch.test_store import KEYS, _ledger_batch, _ledger_reference, _reset, _rows
 

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from activedb import batch
-from activedb.batch import workloads
+from benchmarks import workloads
 from activedb.errors import RuleFailed
 from tests.batch.test_store import _reset
 

@@ -13,7 +13,7 @@ import os
 import pytest
 
 from activedb import batch
-from activedb.batch import workloads
+from benchmarks import workloads
 
 SEED = int(os.environ.get("ACTIVEDB_TEST_SEED", "7"))
 STRATEGIES = ["auto", "lean", "tpg"] + [strategy.name for strategy in batch.all_strategies()]

@@ -4,7 +4,7 @@ functions a worker cannot import."""
 from __future__ import annotations
 
 from activedb import batch
-from activedb.batch import workloads
+from benchmarks import workloads
 from activedb.batch._route import Router, route
 
 

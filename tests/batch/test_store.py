@@ -10,7 +10,7 @@ import sqlalchemy as sa
 import activedb
 from spark_bridge import IngestionLedger, batch_committed  # the ledger participant (a test may use both)
 from activedb import batch
-from activedb.batch import workloads
+from benchmarks import workloads
 
 KEYS = 40
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import io
 
-from activedb.bench import BenchReport, Progress
-from activedb.bench.capture import run
+from benchmarks import BenchReport, Progress
+from benchmarks.capture import run
 
 
 def test_capture_benchmark_quick(database_url, monkeypatch):

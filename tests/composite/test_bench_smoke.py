@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from activedb.bench import composite as bench
+from benchmarks import composite as bench
 
 
 def test_benchmark_pieces_produce_composites_on_both_time_models():

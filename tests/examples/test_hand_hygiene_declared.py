@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 import activedb
-from activedb.bench import MIGRATIONS as BENCH_MIGRATIONS
+from benchmarks import MIGRATIONS as BENCH_MIGRATIONS
 from activedb.examples.hand_hygiene import MIGRATIONS, app, declared
 from activedb.examples.hand_hygiene.events import generate
 from spark_bridge import EventMapping, IngestSink

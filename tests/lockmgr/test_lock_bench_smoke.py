@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def test_locks_benchmark_reports_every_figure():
-    from activedb.bench.locks import run
+    from benchmarks.locks import run
 
     report = run(quick=True)
     names = [row.name for row in report.rows]

@@ -1,4 +1,4 @@
-"""The Streaming Ledger workload (``activedb.batch.workloads``: deposits and transfers, a transfer
+"""The Streaming Ledger workload (``benchmarks.workloads``: deposits and transfers, a transfer
 whose balance would go negative aborts) as an application on the TPG path, for the Spark bridge's
 tests: ``EXECUTOR = "tpg"`` and ``TRANSACTIONS`` make ``ingest()`` (and the crash driver) run each
 micro-batch through the planner.  No rules.
@@ -9,8 +9,8 @@ Rows: ``type`` (deposit | transfer), ``k`` (the mapping's key column; unused by 
 
 from __future__ import annotations
 
-from activedb.batch import workloads
-from activedb.bench import MIGRATIONS as BENCH_MIGRATIONS  # the tpg_* tables' Alembic revisions
+from benchmarks import workloads
+from benchmarks import MIGRATIONS as BENCH_MIGRATIONS  # the tpg_* tables' Alembic revisions
 
 from spark_bridge import EventMapping
 

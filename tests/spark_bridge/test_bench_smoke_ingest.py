@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from activedb.bench import BenchReport
-from spark_bridge.bench_ingest import _paired_ratio, run
+from benchmarks import BenchReport
+from benchmarks.ingest import _paired_ratio, run
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

@@ -26,7 +26,7 @@ import sqlalchemy as sa
 import activedb
 import spark_bridge
 from activedb import composite, streams
-from activedb.bench import MIGRATIONS as BENCH_MIGRATIONS
+from benchmarks import MIGRATIONS as BENCH_MIGRATIONS
 from spark_bridge.errors import IngestError
 from tests.conftest import APP_MIGRATIONS
 from tests.spark_bridge import app_ledger

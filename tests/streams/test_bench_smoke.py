@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from activedb import streams
-from activedb.bench import BenchReport
-from activedb.bench.streams import model_operations, run
+from benchmarks import BenchReport
+from benchmarks.streams import model_operations, run
 
 
 def test_cost_model_critical_paths_at_table_locks():

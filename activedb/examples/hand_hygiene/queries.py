@@ -244,7 +244,7 @@ def feed(db, engine: streams.StreamEngine, events: Iterable[dict], *, chunk_size
     pending state of an aborted attempt is dropped), ``engine.process(tx, chunk, punctuation=p,
     batch_id=n)`` with ``p`` = the largest timestamp seen in earlier chunks minus ``delay`` (a
     watermark), and a last transaction with ``END_OF_STREAM``.  ``progress`` (an
-    ``activedb.bench.Progress``) hears of every batch."""
+    ``activedb.progress.Progress``) hears of every batch."""
     if chunk_size < 1:
         raise ValueError("chunk_size must be at least 1")
     converted = to_stream_events(events)

@@ -1,4 +1,4 @@
-"""Tables of the TPG batch workloads (activedb.batch.workloads): Streaming Ledger accounts and
+"""Tables of the TPG batch workloads (benchmarks.workloads): Streaming Ledger accounts and
 assets, GrepSum states, Toll Processing segment speed and count.
 """
 import sqlalchemy as sa
