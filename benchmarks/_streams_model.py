@@ -1,4 +1,5 @@
-"""``activedb bench streams``' cost model: the timed store operation (:class:`SleepCost`), LWM's
+"""``activedb bench streams``' cost model: the timed store operation (:class:`SleepCost`) and the engine
+that pays it (:class:`CostedEngine`), LWM's
 writer chain timed link by link (:class:`WriterChain`) and each point's critical path in store
 operations (:func:`model_operations`); how its runs are taken (:func:`quiet_heap`) and reduced
 (:func:`best_of`, :func:`median_of`).  What they measure: ``activedb bench streams --help`` and
@@ -40,6 +41,18 @@ class SleepCost:
             taken = self._count, self.slept
             self._count, self.slept = 0, 0.0
         return taken
+
+
+class CostedEngine(streams.StreamEngine):
+    """A stream engine whose every store operation runs ``cost(kind)`` once its lock is granted: the cost
+    model, through the engine's extension hook ``StreamEngine.store_operation``."""
+
+    def __init__(self, *args: Any, cost: Callable[[str], None], **options: Any):
+        self.operation_cost = cost
+        super().__init__(*args, **options)
+
+    def store_operation(self, kind: str) -> None:
+        self.operation_cost(kind)
 
 
 def slept(cost: Callable[[str], None] | None) -> dict[str, Any]:

@@ -40,7 +40,7 @@ conflict will occur"), over ``HCWS`` = 16 (README, the benchmark section):
   query) it is the paper's Fig. 11 mix (readN ≈ 1, writeN = 0.25).
 
 **The cost model.**  Every Read and Write of the shared store costs ``COST`` seconds of
-``time.sleep`` (``StreamEngine(operation_cost=…)``) once its lock is granted: the sleep releases
+``time.sleep`` (an engine whose ``store_operation`` hook sleeps) once its lock is granted: the sleep releases
 the GIL, so only there can concurrent s-transactions overlap.  Modelled cost, used only here.
 
 Experiments (each point a fresh engine on reset statuses):
@@ -100,8 +100,8 @@ import sqlalchemy as sa
 from activedb import streams
 from benchmarks._setup import connect
 from activedb.examples.hand_hygiene.queries import Q1_R1
-from benchmarks._streams_model import (THREADS, SleepCost, WriterChain, best_of, median_of, model_operations,
-                                           quiet_heap, slept)
+from benchmarks._streams_model import (THREADS, CostedEngine, SleepCost, WriterChain, best_of, median_of,
+                                      model_operations, quiet_heap, slept)
 from benchmarks._streams_report import SCHEDULERS, definition_6_rows, headline, plot
 from benchmarks.report import BenchReport, Row, output_folder
 from activedb.streams._versions import VersionStore
@@ -367,9 +367,10 @@ def make_scheduler(name: str, granularity: str = "tuple", hooks: streams.Schedul
 def _engine(database, name: str, scheduler: Any, types: tuple[str, ...], definitions: str,
             cost: Callable[[str], None] | None) -> streams.StreamEngine:
     _reset(database)
-    engine = streams.StreamEngine(database, name=name, scheduler=scheduler, aliases=ALIASES, durable=False,
-                                  keep_outputs=False, record_dead_letters=False, operation_cost=cost,
-                                  record_history=True)
+    options = dict(name=name, scheduler=scheduler, aliases=ALIASES, durable=False, keep_outputs=False,
+                   record_dead_letters=False, record_history=True)
+    engine = streams.StreamEngine(database, **options) if cost is None else CostedEngine(database, cost=cost,
+                                                                                         **options)
     engine.create_stream("bstream", types=types, attributes=("HCW-ID", "next", "reads"))
     engine.define(definitions)
     return engine

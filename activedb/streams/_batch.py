@@ -134,7 +134,7 @@ class BatchRun:
         self.processed = self.failed = 0
         self.lowered = 0                      # s-transactions run on the overlay (execute_on; SEI's thread only)
         self.view_factory: Callable[[Any, Stamp], Any] = (
-            lambda tx, stamp: StoreView(tx, stamp, engine.history, engine.operation_cost))
+            lambda tx, stamp: StoreView(tx, stamp, engine.history, engine._operation_hook))
         self.serial = serial                 # unique across the engine's batches (history unit ids)
         self.definitions = definitions        # the engine's queries and rules (rules_by_query)
         # Invariant: _installed_at[partition] is the position of the s-transaction whose state is in the
@@ -258,7 +258,7 @@ class BatchRun:
                 or extensions.after_end_in_frames or observers.on_begin or observers.on_spawn
                 or observers.on_commit or observers.on_abort):
             return None
-        return Overlay(self.tx, self.engine.history, self.engine.operation_cost)
+        return Overlay(self.tx, self.engine.history, self.engine._operation_hook)
 
     def new_unit(self, stransaction: STransaction, attempt: int = 0) -> str:
         """The history unit of ``stransaction`` (of its ``attempt``-th restart) when a scheduler

@@ -471,7 +471,7 @@ class S2PLScheduler(LockingScheduler):
 
     def _view(self, run: _Run, tx: Transaction, stamp: Stamp) -> StoreView:
         engine = run.batch.engine
-        return LockedView(tx, stamp, engine.history, engine.operation_cost, table=run.table,
+        return LockedView(tx, stamp, engine.history, engine._operation_hook, table=run.table,
                           owner=run.by_position[stamp.position].owner, catalog=engine.catalog)
 
 
@@ -532,6 +532,6 @@ class LWMScheduler(LockingScheduler):
 
     def _view(self, run: _Run, tx: Transaction, stamp: Stamp) -> StoreView:
         engine = run.batch.engine
-        return VersionedView(tx, stamp, engine.history, engine.operation_cost, table=run.table,
+        return VersionedView(tx, stamp, engine.history, engine._operation_hook, table=run.table,
                              owner=run.by_position[stamp.position].owner, catalog=engine.catalog,
                              versions=run.versions)

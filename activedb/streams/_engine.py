@@ -55,11 +55,9 @@ class StreamEngine:
       name with one ``tx.prefetch`` per table (read-locks them for the batch);
     * ``lowered`` — under SEI, run an s-transaction that names every row it touches on the batch's
       overlay instead of a subtransaction of its own (the same result, at a fraction of the cost; the
-      design note's "SEI without a subtransaction per event"); ``False`` gives each its subtransaction;
-    * ``operation_cost`` — **for benchmarks**: a callable ``cost(kind)`` (``"read"`` or
-      ``"write"``) run before every store operation of an s-transaction, once its lock is
-      granted — how ``activedb bench streams`` models a store whose operations cost a round
-      trip.  Applications and tests leave it None.
+      design note's "SEI without a subtransaction per event"); ``False`` gives each its subtransaction.
+
+    Extension hook: :meth:`store_operation`, which a subclass overrides.
 
     Thread-safety: definitions and ``statistics()`` may be used from any thread; batches
     are processed one at a time (a second concurrent batch raises ``StreamStateError``).
@@ -68,7 +66,7 @@ class StreamEngine:
     def __init__(self, db: Any, *, name: str = "streams", scheduler: str | Scheduler = "sei",
                  aliases: Mapping[str, Any] | None = None, record_history: bool = False, durable: bool = True,
                  record_dead_letters: bool = True, keep_outputs: bool = True, prefetch: bool = True,
-                 lowered: bool = True, operation_cost: Callable[[str], None] | None = None):
+                 lowered: bool = True):
         if not isinstance(name, str) or not name.strip():
             raise StreamError("a StreamEngine needs a non-empty name (it keys the engine's saved state)")
         self.db = db
@@ -81,7 +79,9 @@ class StreamEngine:
         self.keep_outputs = keep_outputs
         self.prefetch = prefetch
         self.lowered = lowered
-        self.operation_cost = operation_cost
+        # The views call the hook only when a subclass overrides it: an engine that does not pays nothing.
+        overridden = type(self).store_operation is not StreamEngine.store_operation
+        self._operation_hook: Callable[[str], None] | None = self.store_operation if overridden else None
         self.metrics = Metrics(self.scheduler.name)
         self._mutex = threading.RLock()
         self._definitions = Definitions(self.catalog, self._mutex)
@@ -149,6 +149,15 @@ class StreamEngine:
         their accepting events, rules fire only there).  A key comes from the event when
         the definitions derive it from the event's attributes; otherwise the table."""
         return self._definitions.access_plan(event)
+
+    # --- extension hook ---------------------------------------------------------------------------
+
+    def store_operation(self, kind: str) -> None:
+        """Called before every store operation of an s-transaction, once its lock is granted, with ``kind``
+        ``"read"`` or ``"write"``, in the thread that runs the s-transaction; it may sleep or raise (the error
+        fails the s-transaction as the operation's own would).  Does nothing here; a subclass overrides it to
+        model a store whose operations cost a round trip (the repository's ``benchmarks/streams.py``) or to
+        fail at a chosen operation.  Only an engine whose class overrides it calls it at all."""
 
     # --- processing ------------------------------------------------------------------------------
 

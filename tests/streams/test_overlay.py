@@ -179,14 +179,16 @@ def test_a_batch_that_cannot_go_on_leaves_what_its_committed_s_transactions_wrot
     writes — on the overlay as with a subtransaction each — and not the fourth's; the caller then aborts."""
     from activedb.errors import TransactionError
 
-    def engine_failing_at(name, lowered):
-        calls = []
+    class FailingEngine(streams.StreamEngine):     # the extension hook runs before every store operation
+        calls = 0
 
-        def cost(kind):
-            calls.append(kind)
-            if len(calls) == 8:      # the fourth event's write (each event: a read, then a write)
+        def store_operation(self, kind):
+            self.calls += 1
+            if self.calls == 8:      # the fourth event's write (each event: a read, then a write)
                 raise TransactionError("the connection went away (simulated)")
-        engine = streams.StreamEngine(db, name=name, lowered=lowered, operation_cost=cost)
+
+    def engine_failing_at(name, lowered):
+        engine = FailingEngine(db, name=name, lowered=lowered)
         engine.create_stream("s", types=("A",), attributes=("k", "x"))
         engine.define("CREATE QUERY Q PATTERN SEQ(A a) RETURN a.k, a.x;\n"
                       "CREATE RULE R ON OUTPUT Q BEGIN UPDATE stream_cells SET value = value + NEW.x "
