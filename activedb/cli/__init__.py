@@ -192,8 +192,9 @@ def _confirm(question: str, yes: bool) -> None:
 @main.command()
 @click.argument("snapshot", required=False, type=click.Path(dir_okay=False))
 @click.option("--pid", type=int, default=None,
-              help="Ask this live process (it called activedb.explain.serve_on_signal(db); `activedb run` and "
-                   "`demo` do) for its transactions now.")
+              help="Ask this live process for its transactions now. Only a process that registered itself as "
+                   "serving explanations (activedb.explain.serve_on_signal(db); `activedb run` and `demo` do) "
+                   "under the same ACTIVEDB_HOME is signalled; any other pid is refused.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Write the picture here (.png or .svg).")
 @click.option("--text", "as_text", is_flag=True, help="Print the picture in words too.")
@@ -204,32 +205,15 @@ def explain(ctx: click.Context, snapshot: str | None, pid: int | None, output: s
     """Draw transaction trees (state, held and retained locks) and the wait-for graph (held, retained,
     queued, commit, dependency, nested, children edges) of a live process (--pid) or of a saved
     explanation (SNAPSHOT, from `db.explain().save(path)`)."""
-    import os
-    import signal
-    import time
-
-    from activedb.explain import Explanation, explain_directory
+    from activedb.explain import Explanation, request
 
     if (snapshot is None) == (pid is None):
         raise click.UsageError("give a SNAPSHOT file or --pid PID")
     if pid is not None:
         home = _options(ctx)["home"]
-        path = explain_directory(Path(home) / "explain" if home else None) / f"{pid}.json"
-        previous = path.stat().st_mtime_ns if path.exists() else None
-        try:
-            os.kill(pid, signal.SIGUSR1)
-        except ProcessLookupError:
-            raise click.ClickException(f"no process {pid}") from None
-        deadline = time.monotonic() + timeout
-        # Another process writes the file: poll its modification time (nothing here orders threads).
-        while not (path.exists() and path.stat().st_mtime_ns != previous):
-            if time.monotonic() > deadline:
-                raise click.ClickException(
-                    f"process {pid} wrote no explanation to {path} within {timeout:g} s: does it call "
-                    f"activedb.explain.serve_on_signal(db) (with the same ACTIVEDB_HOME)?")
-            time.sleep(0.05)
-        snapshot = str(path)
-    explanation = Explanation.load(snapshot)
+        explanation = request(pid, Path(home) / "explain" if home else None, timeout=timeout)
+    else:
+        explanation = Explanation.load(snapshot)
     if as_text or output is None:
         click.echo(explanation.text())
     if output is not None:

@@ -15,6 +15,7 @@ Public interface::
         error.explanation.render("deadlock.png")   # the lock table when the cycle was found, cycle in red
 
     serve_on_signal(db)                         # then, from a shell: activedb explain --pid PID -o now.png
+    request(pid)                                # what that command does: only a registered pid is signalled
 
 What is drawn (every edge kind) and how consistent a picture is: the design note, ``README.md``.
 Thread-safety: :func:`explain` may be called from any thread; an :class:`Explanation` is immutable.
@@ -22,6 +23,7 @@ Thread-safety: :func:`explain` may be called from any thread; an :class:`Explana
 
 from __future__ import annotations
 
+import atexit
 import datetime as dt
 import json
 import logging
@@ -42,7 +44,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle as Database
 
 __all__ = ["Explanation", "ExplainNode", "ExplainEdge", "HeldLock", "explain", "from_snapshot",
-           "find_deadlock", "serve_on_signal", "DeadlockExplainer", "EDGE_KINDS", "PictureError"]
+           "find_deadlock", "serve_on_signal", "request", "Registration", "process_start_time", "DeadlockExplainer",
+           "EDGE_KINDS", "PictureError"]
 
 @dataclass(frozen=True)
 class HeldLock:
@@ -396,8 +399,14 @@ def explain_directory(directory: str | Path | None = None) -> Path:
 def serve_on_signal(db: "Database", directory: str | Path | None = None) -> Path:
     """On SIGUSR1, write ``explain(db)`` to ``directory/PID.json`` from a new thread (the signal handler
     itself only starts the thread, so it never waits for a mutex the interrupted code holds).  Must be
-    called from the main thread; returns the path."""
-    path = explain_directory(directory) / f"{os.getpid()}.json"
+    called from the main thread; returns the path.
+
+    It also registers this process as serving explanations: ``directory/PID.serving`` names its pid and
+    start time (field 22 of ``/proc/PID/stat``), and is removed at exit.  :func:`request` signals only a
+    process so registered, so that ``activedb explain --pid`` never sends SIGUSR1 (whose default action is
+    to terminate) to a process that does not handle it."""
+    folder = explain_directory(directory)
+    path = folder / f"{os.getpid()}.json"
 
     def dump() -> None:
         try:
@@ -409,4 +418,152 @@ def serve_on_signal(db: "Database", directory: str | Path | None = None) -> Path
         threading.Thread(target=dump, name="activedb-explain", daemon=True).start()
 
     signal.signal(signal.SIGUSR1, handler)
+    _register(folder)
     return path
+
+
+# --- who serves explanations: a registration file per process ---------------------------------------
+
+REGISTRATION_SUFFIX = ".serving"
+_registered: set[Path] = set()       # registration files this process wrote (removed at exit)
+_registered_mutex = threading.Lock()  # protects _registered
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What ``PID.serving`` says: the process ``pid`` that started at ``start_time`` (clock ticks after
+    boot, field 22 of ``/proc/PID/stat``; None where there is no ``/proc``) writes ``PID.json`` on SIGUSR1."""
+
+    pid: int
+    start_time: int | None
+
+
+def process_start_time(pid: int) -> int | None:
+    """Field 22 of ``/proc/PID/stat`` (when the process started, in clock ticks after boot): with the pid
+    it names one process for as long as the machine runs, where a pid alone is reused.  None if there is
+    no such process or no ``/proc``."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Field 2, the command name, is in parentheses and may hold spaces and parentheses itself.
+    fields = text.rpartition(")")[2].split()
+    return int(fields[19]) if len(fields) > 19 else None
+
+
+def _register(folder: Path) -> None:
+    registration = folder / f"{os.getpid()}{REGISTRATION_SUFFIX}"
+    folder.mkdir(parents=True, exist_ok=True)
+    temporary = registration.with_name(f".{registration.name}.tmp")
+    temporary.write_text(json.dumps({"pid": os.getpid(), "start_time": process_start_time(os.getpid())}))
+    os.replace(temporary, registration)
+    with _registered_mutex:
+        if not _registered:
+            atexit.register(_unregister_all)
+        _registered.add(registration)
+
+
+def _unregister_all() -> None:
+    with _registered_mutex:
+        paths = list(_registered)
+        _registered.clear()
+    for path in paths:
+        if read_registration(path) == Registration(os.getpid(), process_start_time(os.getpid())):
+            path.unlink(missing_ok=True)
+
+
+def read_registration(path: Path) -> Registration | None:
+    """The registration at ``path``, or None if there is none (or it is not one)."""
+    try:
+        data = json.loads(path.read_text())
+        return Registration(pid=int(data["pid"]), start_time=data.get("start_time"))
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+
+
+def request(pid: int, directory: str | Path | None = None, *, timeout: float = 10.0) -> Explanation:
+    """Ask process ``pid`` for its explanation: send it SIGUSR1 and read the ``PID.json`` it writes.
+
+    Only a process registered in ``directory`` (:func:`serve_on_signal` with the same directory, by
+    default ``$ACTIVEDB_HOME/explain``) whose start time matches is signalled; any other pid raises
+    :class:`PictureError` saying why, and nothing is sent.  The check and the signal go through a pidfd
+    where Linux has one, so a pid reused in between is never signalled."""
+    import time
+
+    folder = explain_directory(directory)
+    registration_path = folder / f"{pid}{REGISTRATION_SUFFIX}"
+    path = folder / f"{pid}.json"
+    target = _open_process(pid)
+    try:
+        started = process_start_time(pid)
+        if started is None and not _exists(pid):
+            registration_path.unlink(missing_ok=True)      # left by a process killed before its exit
+            raise PictureError(f"no process {pid}")
+        registration = read_registration(registration_path)
+        if registration is None or registration.pid != pid or not _same_owner(pid, registration_path):
+            raise PictureError(
+                f"process {pid} does not serve explanations (no registration {registration_path}), so nothing was "
+                f"sent to it: only a process that called activedb.explain.serve_on_signal(db) answers "
+                f"(`activedb run` and `activedb demo` do), and only with the same ACTIVEDB_HOME")
+        if registration.start_time != started:
+            registration_path.unlink(missing_ok=True)
+            raise PictureError(
+                f"process {pid} is not the process that registered {registration_path} (that one ended and its pid "
+                f"was reused), so nothing was sent to it; the stale registration is removed")
+        previous = path.stat().st_mtime_ns if path.exists() else None
+        _send(pid, target)
+    finally:
+        if target is not None:
+            os.close(target)
+    deadline = time.monotonic() + timeout
+    # Another process writes the file: poll its modification time (nothing here orders threads).
+    while not (path.exists() and path.stat().st_mtime_ns != previous):
+        if time.monotonic() > deadline:
+            raise PictureError(f"process {pid} wrote no explanation to {path} within {timeout:g} s (is it "
+                               f"stopped, or its main thread blocked in C code?)")
+        time.sleep(0.05)
+    return Explanation.load(path)
+
+
+def _same_owner(pid: int, registration: Path) -> bool:
+    """The registration file belongs to the user the process runs as (where ``/proc`` says)."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid == registration.stat().st_uid
+    except FileNotFoundError:
+        return not Path("/proc/self").exists() and registration.exists()
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _open_process(pid: int) -> int | None:
+    """A pidfd of ``pid`` (Linux 5.3+), or None where there is none; raises :class:`PictureError` for no
+    such process."""
+    opener = getattr(os, "pidfd_open", None)
+    if opener is None:
+        return None
+    try:
+        return opener(pid)
+    except ProcessLookupError:
+        raise PictureError(f"no process {pid}") from None
+    except OSError:          # no pidfds here (ENOSYS) or not allowed: checked by pid alone
+        return None
+
+
+def _send(pid: int, target: int | None) -> None:
+    try:
+        if target is not None:
+            signal.pidfd_send_signal(target, signal.SIGUSR1)
+        else:
+            os.kill(pid, signal.SIGUSR1)
+    except ProcessLookupError:
+        raise PictureError(f"process {pid} ended before it could be asked") from None
+    except PermissionError:
+        raise PictureError(f"not allowed to signal process {pid} (another user's process)") from None

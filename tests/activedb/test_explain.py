@@ -205,6 +205,40 @@ def test_the_cli_draws_a_live_process(database_url, tmp_path):
     finally:
         process.communicate("go\n", timeout=TIMEOUT)
     assert process.returncode == 0
+    assert not (home / "explain" / f"{process.pid}.serving").exists(), "the registration outlived its process"
+
+
+def test_the_cli_signals_no_process_that_does_not_serve_explanations(tmp_path):
+    """``activedb explain --pid`` of a plain process (no handler: SIGUSR1 would kill it), of init, and of a
+    pid whose registration was left by another process refuses with what it found, and sends nothing."""
+    import json
+    import subprocess
+
+    from click.testing import CliRunner
+
+    from activedb.cli import main
+    from activedb.explain import process_start_time
+
+    home = tmp_path / "home"
+    sleeper = subprocess.Popen(["sleep", "300"])
+    try:
+        for pid in (sleeper.pid, 1):
+            result = CliRunner().invoke(main, ["--home", str(home), "explain", "--pid", str(pid), "--timeout", "2"])
+            assert result.exit_code == 1, result.output
+            assert f"process {pid} does not serve explanations" in result.output, result.output
+            assert "nothing was sent" in result.output and "Traceback" not in result.output
+            assert sleeper.poll() is None, f"explain --pid {pid} killed the sleeper"
+        # A registration naming the sleeper's pid but another start time: a process that ended, pid reused.
+        stale = home / "explain" / f"{sleeper.pid}.serving"
+        stale.parent.mkdir(parents=True)
+        stale.write_text(json.dumps({"pid": sleeper.pid, "start_time": process_start_time(sleeper.pid) - 1}))
+        result = CliRunner().invoke(main, ["--home", str(home), "explain", "--pid", str(sleeper.pid)])
+        assert result.exit_code == 1 and "is not the process that registered" in result.output, result.output
+        assert not stale.exists(), "the stale registration is removed"
+        assert sleeper.poll() is None, "explain --pid killed a process whose pid a registration named"
+    finally:
+        sleeper.kill()
+        sleeper.wait(TIMEOUT)
 
 
 def test_nested_and_children_waits_are_drawn(db, tmp_path):
