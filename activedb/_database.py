@@ -61,7 +61,8 @@ def normalise_url(url: str | URL) -> URL:
         raise BadDatabaseURL(
             f"the database URL has more than one '@' before its host (it would connect to host "
             f"{(parsed.host or '').rsplit('@', 1)[-1]!r}): a password containing '@' must be percent-encoded as %40 "
-            f"(urllib.parse.quote(password, safe='')), or passed in ?password= or PGPASSWORD")
+            f"(urllib.parse.quote(password, safe='')), or given apart from the URL: in the PGPASSWORD environment "
+            f"variable, or as the URL's query parameter named password")
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     if "password" in parsed.query:

@@ -136,6 +136,8 @@ def test_a_bad_url_is_one_line_saying_what_to_fix_also_from_the_cli(url, expecte
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr and "s3c" not in done.stderr, done.stderr[-2000:]
+    # What the library says reaches the console as it is: masking hides passwords, not the advice.
+    assert lines[0] == f"activedb: error: {caught.value}", (lines[0], str(caught.value))
 
 
 # --- refused, and what `activedb run` says ------------------------------------------------------------
