@@ -254,22 +254,39 @@ def demo(ctx: click.Context, events: int, workers: int, seed: int, spark: bool, 
 # --- outbox -----------------------------------------------------------------------------
 
 @main.command()
-@click.option("--retry", "retry", is_flag=True, help="Make the failed firings pending again (all, or the IDs given).")
+@click.option("--retry", "retry", is_flag=True, help="Make the failed firings pending again (all, or the IDs given). "
+                                                    "They run in a process that registers their rules (--app: this one).")
 @click.argument("ids", nargs=-1, type=int)
+@click.option("--app", default=None, metavar="APP",
+              help="Register APP's rules (a module or .py file with register(db), as `activedb run` takes) and run "
+                   "here the pending firings of them that no live process runs (retried ones included), then show "
+                   "the outcome.")
 @click.option("--limit", default=50, show_default=True, help="Failed firings shown.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 @click.pass_context
-def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], limit: int, as_json: bool) -> None:
+def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], app: str | None, limit: int, as_json: bool) -> None:
     """Detached rule firings (activedb_outbox): counts per rule and the failed ones, with rule, trigger,
-    event and error.  --retry makes failed firings pending again; the next process that registers their
-    rules (or this database's running processes, within seconds) runs them."""
+    event and error.  --retry makes failed firings pending again: a firing runs only in a process that has
+    registered its rule (a running one picks it up within seconds, or the next one at its start); --app APP
+    registers APP's rules here and runs them now."""
     import dataclasses
     import json
 
-    with open_database(ctx, writes=retry) as database:
+    if ids and not retry:
+        raise click.UsageError("IDs are the failed firings to --retry")
+    module = load_app(app, click.ClickException) if app is not None else None
+    with open_database(ctx, writes=retry or module is not None) as database:
         if retry:
             count = database.outbox.retry_failed(ids or None)
-            click.echo(f"{count} failed firing(s) are pending again")
+            click.echo(f"{count} failed firing(s) are pending again", err=as_json)
+            if count and module is None:
+                click.echo("they run in a process that registers their rules: a running one picks them up within "
+                           "seconds, another when it starts (`activedb run APP`, or your program); `activedb outbox "
+                           "--app APP` runs them here now", err=as_json)
+        if module is not None:
+            done, failed = _run_pending(database, module)
+            click.echo(f"ran the pending firings of {app}'s rules: {done} done, {failed} failed"
+                       + (" (below)" if failed and not as_json else ""), err=as_json)
         statistics = database.outbox.statistics()
         failures = database.outbox.failures(limit=limit)
     if as_json:
@@ -286,6 +303,27 @@ def outbox(ctx: click.Context, retry: bool, ids: tuple[int, ...], limit: int, as
     out.print(table)
     if failures:
         out.print(failed_firings_table(failures))
+
+
+def _run_pending(database: Any, module: ModuleType) -> tuple[int, int]:
+    """Register ``module``'s rules on ``database`` and run the pending firings of them nobody alive runs
+    (until none is left to claim); returns how many of those rules' firings ended done and failed meanwhile."""
+    module.register(database)
+    names = set(database.rules.names())
+
+    def counts() -> tuple[int, int]:
+        per_rule = database.outbox.statistics().per_rule
+        return (sum(per_rule.get(name, {}).get("done", 0) for name in names),
+                sum(per_rule.get(name, {}).get("failed", 0) for name in names))
+
+    before = counts()
+    while True:
+        claimed = database.outbox.recover()      # waits for a pass of the recovery thread in flight
+        database.outbox.wait_idle(timeout=None)
+        if not claimed:
+            break
+    after = counts()
+    return after[0] - before[0], after[1] - before[1]
 
 
 def failed_firings_table(failures: list) -> Any:

@@ -29,7 +29,7 @@ from click.testing import CliRunner
 import activedb
 from activedb import Coupling, Event, EventKind
 from activedb.cli import main
-from activedb.errors import GeneratedKeysReset, SerializationConflict
+from activedb.errors import GeneratedKeysReset, RuleDefinitionChangedWarning, SerializationConflict
 from activedb.outbox import _records
 from activedb.outbox._recording import TreeState
 
@@ -148,9 +148,38 @@ def test_a_failing_rule_is_recorded_shown_and_retried(db, migrated):
     broken.clear()                                       # the cause is fixed
     retried = runner.invoke(main, ["--url", migrated, "outbox", "--retry", str(failure.id)])
     assert retried.exit_code == 0 and "1 failed firing(s) are pending again" in retried.output
+    # Pending is not run: the output says who runs it (a process that registers the rule) and how to run it now.
+    assert "they run in a process that registers their rules" in retried.output, retried.output
+    assert "activedb outbox --app APP" in retried.output
+    assert seen(db) == []
     assert db.outbox.recover() == 1
     db.rules.wait_idle(TIMEOUT)
     assert seen(db) == [("ledger_entry", "12")]
+    assert db.outbox.failures() == []
+
+
+def test_outbox_retry_with_app_runs_the_retried_firings_in_the_command(db, migrated, tmp_path):
+    """``activedb outbox --retry --app APP`` registers APP's rules and runs the retried firings before it returns."""
+    @db.rule(on=db.signalled("pay"), coupling=Coupling.DETACHED, name="ledger_entry")
+    def ledger_entry(tx, event):
+        raise ZeroDivisionError("the exchange rate is zero")
+
+    with db.transaction() as tx:
+        tx.signal("pay", amount=7)
+    db.rules.wait_idle(TIMEOUT)
+    [failure] = db.outbox.failures()
+    app = tmp_path / "ledger_app.py"
+    app.write_text(
+        "from activedb import Coupling\n\n\n"
+        "def register(db):\n"
+        "    @db.rule(on=db.signalled('pay'), coupling=Coupling.DETACHED, name='ledger_entry')\n"
+        "    def ledger_entry(tx, event):\n"
+        "        tx.insert('events_seen', rule='ledger_entry', detail=f\"fixed {event.payload['amount']}\")\n")
+    with pytest.warns(RuleDefinitionChangedWarning):        # the fixed rule is a new version of it
+        result = CliRunner().invoke(main, ["--url", migrated, "outbox", "--retry", str(failure.id), "--app", str(app)])
+    assert result.exit_code == 0, result.output
+    assert f"ran the pending firings of {app}'s rules: 1 done, 0 failed" in result.output, result.output
+    assert seen(db) == [("ledger_entry", "fixed 7")]
     assert db.outbox.failures() == []
 
 
