@@ -88,3 +88,30 @@ def test_no_circle_spans_two_parts():
     circles = [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1]
     edges = [data["via"] for a, b, data in graph.edges(data=True) if any(a in c and b in c for c in circles)]
     assert not circles, f"circles {circles} through:\n" + "\n".join(sorted(edges))
+
+
+def test_the_ingestion_core_imports_nothing_of_spark_and_pyarrow_only_when_it_meets_an_arrow_table():
+    """``activedb.ingest`` is the core every connector uses: no import of pyspark anywhere in it, pyarrow only
+    inside functions (an Arrow batch), and importing it loads neither."""
+    import subprocess
+    import sys
+
+    for path in (ROOT / "activedb" / "ingest").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        top_level = {id(node) for node in tree.body}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                assert not name.startswith(("pyspark", "spark_bridge")), f"{path.name} imports {name}"
+                if name.startswith("pyarrow"):
+                    assert id(node) not in top_level, f"{path.name} imports {name} at module level"
+    done = subprocess.run([sys.executable, "-c", "import sys, activedb.ingest; "
+                           "print(sorted(m for m in ('pyspark', 'pyarrow', 'spark_bridge') if m in sys.modules))"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout

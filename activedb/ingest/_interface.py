@@ -1,0 +1,146 @@
+"""The typed interface between a connector and the ingestion core: :class:`LedgerId` (which run of which source
+a batch belongs to), :class:`Batch` (one batch of rows), :class:`Source` (a connector the core pulls batches
+from) and :class:`Phase` (the points of a batch that ``on_phase`` hears).  Design note: ``README.md`` in this
+package ("The interface").
+
+Everything here is immutable and safe to share between threads.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow
+
+__all__ = ["Batch", "LedgerId", "Phase", "Rows", "Source"]
+
+#: A batch's rows: mappings of column to value, or an Arrow table (``DataFrame.toArrow()``, Flight, Parquet).
+Rows: TypeAlias = "Sequence[Mapping[str, Any]] | pyarrow.Table | pyarrow.RecordBatch"
+
+#: ``RUN[#pN]`` after the last ``@`` of a ledger id.
+_RUN = re.compile(r"^(?P<run>[^@#]+)(?:#p(?P<partition>\d+))?$")
+
+
+@dataclass(frozen=True)
+class LedgerId:
+    """The ledger's key of one run of a source, without the batch number; written ``SOURCE[@RUN[#pN]]``.
+
+    ``source`` is the stable name (``ingest(query_name=…)``, ``capture:<consumer>``, ``feed(source=…)``,
+    ``replay:<query>``): what ``activedb status`` groups by and what dead letters are filed under.  ``run`` is
+    an epoch whose batch numbers are new — Spark's query id, read from the checkpoint, so a new checkpoint
+    never mistakes its batch 0 for the old one's; ``None`` for a source that never numbers its batches anew.
+    ``partition`` names one part of a split source batch (the Spark scale-out path).
+
+    Invariant: ``LedgerId.parse(str(ledger_id)) == ledger_id`` — a run holds neither ``@`` nor ``#`` (the
+    constructor refuses it), a source without a run holds no ``@RUN`` of its own, and only a run has partitions
+    (both refused too).
+    """
+
+    source: str
+    run: str | None = None
+    partition: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.source, str) or not self.source:
+            raise ValueError(f"a ledger id's source is a non-empty string, got {self.source!r}")
+        if self.run is None and _split(self.source) is not None:
+            raise ValueError(f"{self.source!r} reads as SOURCE@RUN: pass LedgerId.parse({self.source!r}), or "
+                             f"a source without '@'")
+        if self.run is not None and (not isinstance(self.run, str) or _RUN.match(self.run) is None
+                                     or "#" in self.run):
+            raise ValueError(f"a ledger id's run is a non-empty string without '@' or '#', got {self.run!r}")
+        if self.partition is not None and (isinstance(self.partition, bool) or not isinstance(self.partition, int)
+                                           or self.partition < 0):
+            raise ValueError(f"a ledger id's partition is a number from 0, got {self.partition!r}")
+        if self.partition is not None and self.run is None:
+            raise ValueError("a partition belongs to a run: LedgerId(source, run, partition)")
+
+    def __str__(self) -> str:
+        text = self.source if self.run is None else f"{self.source}@{self.run}"
+        return text if self.partition is None else f"{text}#p{self.partition}"
+
+    @classmethod
+    def parse(cls, text: str) -> LedgerId:
+        """The id written as ``text``.  Text without ``@`` (``capture:orders``, ``replay:badges``, the plain-write
+        baseline's bare Spark ids) is a source without a run; so is text whose part after the last ``@`` is no
+        run (it then belongs to the source's name)."""
+        parts = _split(text)
+        return cls(text) if parts is None else cls(*parts)
+
+    def whole(self) -> LedgerId:
+        """The id of the source batch a partition belongs to (itself, without a partition)."""
+        return self if self.partition is None else LedgerId(self.source, self.run)
+
+    def partitioned(self, partition: int) -> LedgerId:
+        """The id of ``partition`` of this run's batches."""
+        return LedgerId(self.source, self.run, partition)
+
+
+def _split(text: str) -> tuple[str, str, int | None] | None:
+    """``(source, run, partition)`` of ``SOURCE@RUN[#pN]``, or None if ``text`` is not of that form."""
+    source, at, rest = text.rpartition("@")
+    match = _RUN.match(rest) if at and source else None
+    if match is None:
+        return None
+    partition = match.group("partition")
+    return source, match.group("run"), None if partition is None else int(partition)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One batch of a source run, as a connector hands it to the core.
+
+    Contract (exactly once rests on it): the same ``number`` of a run always carries the same ``rows``; numbers
+    of one run are distinct.  A connector that delivers them in increasing order saves the ledger's question
+    for each batch that follows the last one committed.  ``watermark``: the source's punctuation for the batch
+    (UTC; events older are late, and it is punctuated after the commit), or None."""
+
+    number: int
+    rows: Rows
+    watermark: dt.datetime | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.number, bool) or not isinstance(self.number, int) or self.number < 0:
+            raise ValueError(f"a batch number is an integer from 0, got {self.number!r}")
+        if self.watermark is not None and self.watermark.tzinfo is None:
+            raise ValueError(f"a batch's watermark is an aware datetime (UTC), got {self.watermark!r}")
+
+    @property
+    def row_count(self) -> int:
+        rows = self.rows
+        return rows.num_rows if hasattr(rows, "num_rows") else len(rows)
+
+
+@runtime_checkable
+class Source(Protocol):
+    """A connector the core pulls batches from (``activedb.ingest.drive``, ``feed``).
+
+    ``ledger_id`` names the run; ``batches()`` yields its batches in order.  Contract: iterating ``batches()``
+    again — after a crash, in another process — yields the same batches with the same numbers (:class:`Batch`'s
+    contract), so the ledger skips those committed before.  A connector whose source pushes (Spark's
+    ``foreachBatch``, the capture consumer) calls ``Ingestion.process`` itself under the same contract."""
+
+    @property
+    def ledger_id(self) -> LedgerId:
+        """The run whose batches :meth:`batches` yields."""
+        ...
+
+    def batches(self) -> Iterable[Batch]:
+        """The run's batches, in order of their numbers."""
+        ...
+
+
+class Phase(str, enum.Enum):
+    """The points of a batch that ``on_phase(phase, batch_number)`` hears (a seam for crash tests and
+    monitoring; a ``str`` enum: ``Phase.FLUSH == "flush"``)."""
+
+    FETCHED = "fetched"      # the rows are in Python, nothing written (a connector says so)
+    FLUSH = "flush"          # inside the flush: everything written, PostgreSQL's COMMIT is next
+    COMMITTED = "committed"  # the batch committed (before its punctuation)
+    SKIPPED = "skipped"      # the ledger already had the batch

@@ -1,0 +1,50 @@
+"""The ingestion interface's value types: the ledger id's grammar (old ids keep their meaning) and a batch's
+contract checks."""
+
+import datetime as dt
+
+import pytest
+
+from activedb.ingest import Batch, LedgerId, Phase
+
+SPARK_ID = "4c1f2a3b-0d9e-4f5a-8b7c-6d5e4f3a2b1c"
+
+
+@pytest.mark.parametrize("text, parsed", [
+    (f"badges@{SPARK_ID}", LedgerId("badges", SPARK_ID)),                 # a Spark query's run
+    (f"badges@{SPARK_ID}#p3", LedgerId("badges", SPARK_ID, 3)),           # a scale-out partition
+    (f"name@with@{SPARK_ID}", LedgerId("name@with", SPARK_ID)),           # the last '@' starts the run
+    ("orders@2024-06", LedgerId("orders", "2024-06")),                    # a feed's run
+    ("capture:default", LedgerId("capture:default")),                     # no run
+    ("replay:badges", LedgerId("replay:badges")),
+    (SPARK_ID, LedgerId(SPARK_ID)),                                       # the plain-write baseline's bare ids
+    ("odd@", LedgerId("odd@")), ("@odd", LedgerId("@odd")),               # no run after (or before) the '@'
+])
+def test_a_ledger_id_parses_and_prints_back(text, parsed):
+    assert LedgerId.parse(text) == parsed
+    assert str(parsed) == text
+    assert LedgerId.parse(str(parsed)) == parsed
+
+
+def test_a_partition_belongs_to_its_source_batch():
+    partition = LedgerId("badges", SPARK_ID).partitioned(2)
+    assert str(partition) == f"badges@{SPARK_ID}#p2"
+    assert partition.whole() == LedgerId("badges", SPARK_ID)
+
+
+@pytest.mark.parametrize("arguments, message", [
+    (("",), "non-empty"), (("a", "b@c"), "without '@'"), (("a", "b#c"), "without '@'"),
+    (("a", "r", -1), "from 0"), (("a", None, 1), "belongs to a run"), (("a@b",), "reads as SOURCE@RUN"),
+])
+def test_a_ledger_id_that_would_not_read_back_is_refused(arguments, message):
+    with pytest.raises(ValueError, match=message):
+        LedgerId(*arguments)
+
+
+def test_a_batch_checks_its_number_and_watermark():
+    assert Batch(0, [{"a": 1}]).row_count == 1
+    with pytest.raises(ValueError, match="from 0"):
+        Batch(-1, [])
+    with pytest.raises(ValueError, match="aware"):
+        Batch(1, [], dt.datetime(2024, 1, 1))
+    assert Phase.FLUSH == "flush" and Phase("skipped") is Phase.SKIPPED
