@@ -47,7 +47,9 @@ class SchedulerHooks:
         """The s-transaction's subtransaction runs; nothing of it has waited or run yet."""
 
     def finishing(self, stransaction: STransaction) -> None:
-        """Its queries and rules ran; it holds every lock it took; it has not committed."""
+        """Its queries and rules ran; it holds every lock it took; it has not committed.  Called once per
+        attempt: an attempt matched on a state that is not final yet calls it before it waits for that
+        state's owner (the commit dependency).  An error raised here fails the batch."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,9 @@ class _Run(Observer):
         self.wake = threading.Condition(self._mutex)
         self.in_flight = self.max_in_flight = self.order_waits = self.restarts = 0
         self.broken: BaseException | None = None     # an infrastructure failure in a worker
+        # Per table an s-transaction may write: whether a rule of the database hears it (``_decided``; workers
+        # fill it without a lock: a race computes an equal value).
+        self.heard: dict[str, bool] = {}
 
     def on_commit(self, transaction: Transaction) -> None:
         self._end(transaction, True)
@@ -257,8 +262,7 @@ class LockingScheduler(Scheduler):
         if not work.changes:
             return
         if certain:
-            work.final = all(source is None or (source.attempt == attempt and (source.final or source.committed))
-                             for source, attempt in work.sources.values())
+            work.final = self._sources_final(work)
         else:
             work.states.update(touched)
         run.table.matched(work.owner)
@@ -330,12 +334,18 @@ class LockingScheduler(Scheduler):
         self.hooks.started(stransaction)
         while True:
             speculative = self._choose(run, work)
+            finishing = True              # the finishing hook is still to be called for this attempt
             try:
                 if not speculative:
                     work.result = run.batch.execute_in(stransaction, node, work.unit)
                     break
                 with node.subtransaction(name=f"attempt {work.attempt} of {stransaction.described}") as attempt:
                     work.result = run.batch.execute_in(stransaction, attempt, work.unit)
+                    if not self._sources_final(work):
+                        # It waits for a commit of an earlier s-transaction: everything but its own commit
+                        # (and the release of its locks) is done first.
+                        finishing = False
+                        self._finishing(run, work)
                     if self._confirmed(run, work):
                         break
                     raise _Restart()
@@ -349,8 +359,19 @@ class LockingScheduler(Scheduler):
             except BaseException as error:
                 run.broken = error        # the batch cannot go on: spawn no more
                 raise
-        self.hooks.finishing(stransaction)
+        self._decided(run, work)
+        if finishing:
+            self._finishing(run, work)
         self._finished(run, work)
+
+    def _finishing(self, run: _Run, work: _Work) -> None:
+        """The ``finishing`` hook.  An error in it fails the batch: the s-transaction may already be final
+        (``_decided``), and later ones may have committed on its states."""
+        try:
+            self.hooks.finishing(work.stransaction)
+        except BaseException as error:
+            run.broken = run.broken or error
+            raise
 
     def _choose(self, run: _Run, work: _Work) -> bool:
         """Per partition, wait until the latest earlier changer that did not abort published its
@@ -372,6 +393,31 @@ class LockingScheduler(Scheduler):
             with run._mutex:
                 run.order_waits += 1
         return speculative
+
+    def _sources_final(self, work: _Work) -> bool:
+        """Whether every state this attempt was matched on is final already (its commit dependency
+        holds without a wait)."""
+        return all(source is None or (source.attempt == attempt and (source.final or source.committed))
+                   for source, attempt in work.sources.values())
+
+    def _decided(self, run: _Run, work: _Work) -> None:
+        """Its queries and rules ran without error and every state it was matched on is final: its
+        own states are final too — it can no longer abort for a reason of its own — unless its
+        commit still runs the database's rules (a rule of the database hears a table its plan writes:
+        a deferred one runs at that commit and may fail).  Then later s-transactions matched on its
+        states wait for its commit (the design note's "Matching order")."""
+        if not work.changes or work.final:
+            return
+        heard = run.heard
+        for resource in work.stransaction.plan.writes:
+            table = resource.table
+            if table not in heard:
+                heard[table] = run.batch.tx.manager.extensions.any("wants_old_images", table)
+            if heard[table]:
+                return
+        if self._sources_final(work):
+            work.final = True
+            run.table.matched(work.owner)
 
     def _confirmed(self, run: _Run, work: _Work) -> bool:
         """The commit dependency: wait until every state this attempt used is final or its owner

@@ -10,20 +10,24 @@ waits for is read from the lock table and from the lock manager's one wait-for g
 observable state, no sleeps — under a watchdog.
 
 ``exit^2`` changes Q1's partition of the worker (an EXIT is buffered for ``SEQ(EXIT,
-!SANITIZE, ENTER)``) and ``enter^10`` is matched on that state; but the state is final as soon
-as ``exit^2`` has matched with no rule left to run, so ``enter^10`` does not wait for
-``exit^2``'s end for it (at most for its matching, an edge of kind ``stream-order``): what
-orders the two is the lock rule alone — under S2PL ``xl2`` waits for ``sl1``; under LWM it
-is granted at once, and T2 commits before the stalled T1 (Active CEP Example 5).
+!SANITIZE, ENTER)``) and ``enter^10`` is matched on that state; the state is final once
+``exit^2``'s queries and rules ran (if its commit runs no rule of the database), so ``enter^10``
+does not wait for ``exit^2``'s end for it (at most for its matching, an edge of kind
+``stream-order``): what orders the two is the lock rule alone — under S2PL ``xl2`` waits for
+``sl1``; under LWM it is granted at once, and T2 commits before the stalled T1 (Active CEP
+Example 5).
 """
 
 from __future__ import annotations
 
+import contextlib
+import random
 import threading
 
 import pytest
+import sqlalchemy as sa
 
-from activedb import streams
+from activedb import Coupling, streams
 from activedb.testing import StreamAnomaly, Watchdog, check_stream_history, wait_until
 from tests.streams.conftest import badge, hygiene_engine, set_status, statuses
 
@@ -375,3 +379,95 @@ def test_the_checker_catches_broken_schedulers(db, scheduler_class, broken):
         (violation,) = report.violations
         assert (violation.read.origin, violation.read.ts) == ("Q2", 15)
         assert (violation.write.origin, violation.write.ts) == ("R1", 10)
+
+
+# Example 5 with a T1 that still has work after its pattern matched: QR reads the worker's status at his EXIT
+# and its rule RR writes an alert (the reading query's output fires a rule, as a query-rule pair does).
+READ_AT_EXIT = """
+CREATE QUERY QR ON estream PATTERN SEQ(EXIT) WHERE 'safe' = (SELECT status FROM workerStatus WHERE workerID = EXIT.HCW-ID)
+RETURN EXIT.HCW-ID, EXIT.location
+CREATE RULE RR ON OUTPUT QR BEGIN INSERT INTO stream_alerts (worker, location) VALUES (NEW.HCW-ID, NEW.location) END
+"""
+
+
+def example_5_around(seed: int) -> list:
+    """``exit^2`` (T1) and ``enter^10`` (T2) of worker w1, Q1 matching them, among events drawn by ``seed``: w1's
+    before T1 that leave him safe and Q1's partition without an EXIT, MASKs of w1 between T1 and T2 (Q2's
+    partition only), other workers' badge events (no EXIT between T1 and T2), and w1's after T2 (an EXIT reads
+    T2's write)."""
+    rng = random.Random(seed)
+
+    def others(low: float, high: float, types=("EXIT", "ENTER", "SANITIZE", "MASK")) -> list:
+        return [badge(rng.choice(types), round(rng.uniform(low, high), 3), rng.choice(("w2", "w3")),
+                      rng.choice(("room1", "room2"))) for _ in range(rng.randint(1, 3))]
+
+    before = [badge(rng.choice(("ENTER", "SANITIZE", "MASK")), round(rng.uniform(0.1, 1.9), 3), "w1")
+              for _ in range(rng.randint(0, 2))]
+    between = [badge("MASK", round(rng.uniform(2.1, 9.9), 3), "w1") for _ in range(rng.randint(0, 1))]
+    after = [badge(rng.choice(("EXIT", "SANITIZE", "ENTER")), round(rng.uniform(10.1, 20), 3), "w1",
+                   rng.choice(("room1", "room2"))) for _ in range(rng.randint(1, 2))]
+    # No other EXIT between T1 and T2: its RR would insert an alert after T1's, wait for T1's write lock on the
+    # alerts (the lock rule: T1 holds it while stalled) and, at table locks, hold T2 behind its own write lock.
+    events = [*before, *others(0.1, 1.9), badge("EXIT", 2, "w1", "room1"), *between,
+              *others(2.1, 9.9, ("ENTER", "SANITIZE", "MASK")),
+              badge("ENTER", 10, "w1", "room2"), *after, *others(10.1, 20)]
+    rng.shuffle(events)             # arrival order; the reorder buffer releases them in the declared order
+    return events
+
+
+def example_5_outcome(db, engine, result) -> tuple:
+    with db.engine.connect() as connection:
+        alerts = sorted(connection.execute(sa.text("SELECT worker, location FROM stream_alerts")).all())
+    return statuses(db), alerts, [(output.query, output.ts, dict(output.attributes)) for output in result.outputs]
+
+
+@pytest.mark.parametrize("commit_work", [False, True], ids=["decided", "rule-at-commit"])
+@pytest.mark.parametrize("granularity", ["tuple", "table"])
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_example_5_t2_is_not_held_behind_t1_once_t1_is_decided(db, seed, granularity, commit_work):
+    """Active CEP Example 5 under LWM with T1 (``exit^2``) stalled through ``finishing`` after its queries and
+    rules ran — its reading query QR matched and RR wrote an alert.  T2 (``enter^10``) is matched on T1's EXIT
+    and writes the worker's row at 10 while T1 still holds its read at 2.  ``decided``: nothing can abort T1
+    any more, and T2 commits before it (the paper: "Before the s-transaction T2 ... ends, the read lock sl_1 is
+    granted", and read locks do not block writes).  ``rule-at-commit``: a deferred rule of the database hears
+    the alerts T1 wrote, so T1's commit may still fail and take its EXIT with it: T2 writes and finishes
+    everything but its commit while T1 is stalled (the ``finishing`` hook), then waits for T1's commit.  The
+    result is SEI's and Definition 6 holds, for events drawn around the two by ``seed``."""
+    events = example_5_around(seed)
+    set_status(db, w1="safe", w2="safe", w3="safe")
+    reference = hygiene_engine(db, name=f"example-5-sei-{seed}")
+    reference.define(READ_AT_EXIT)
+    expected = example_5_outcome(db, reference, reference.feed(events, punctuation=streams.END_OF_STREAM))
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE stream_alerts"))
+    set_status(db, w1="safe", w2="safe", w3="safe")
+    gates = Gates(("EXIT^2", "finishing"))
+    scheduler = streams.LWMScheduler(granularity=granularity, hooks=gates, workers=16)
+    engine = hygiene_engine(db, name=f"example-5-lwm-{seed}", scheduler=scheduler)
+    engine.define(READ_AT_EXIT)
+    with contextlib.ExitStack() as stack:
+        if commit_work:
+            db.rule(on=db.inserted("stream_alerts"), coupling=Coupling.DEFERRED, name="alerts_heard")(
+                lambda tx, event: None)
+            stack.callback(db.rules.remove, "alerts_heard")
+        stack.enter_context(Watchdog(TIMEOUT, db.transactions.locks))
+        feed = Feed(engine, events)
+        wait_until(lambda: gates.reached("EXIT^2", "finishing"), TIMEOUT, "T1 to run its queries and rules")
+        t1, t2 = request_of(scheduler, 2).owner, request_of(scheduler, 10).owner
+        if commit_work:
+            wait_until(lambda: gates.reached("ENTER^10", "finishing"), TIMEOUT,
+                       "T2 to write and finish everything but its commit while T1 is stalled")
+            wait_until(lambda: edge(db, t2, t1) == "stream-order", TIMEOUT, "T2 to wait for T1's commit")
+            assert "ENTER^10" not in commits(engine)
+        else:
+            wait_until(lambda: "ENTER^10" in commits(engine), TIMEOUT, "T2 to commit while T1 is stalled")
+        assert [op.ts for op in engine.history.snapshot() if op.kind == "write" and op.origin == "R1"
+                and op.key == ("w1",)] == [10]
+        assert "EXIT^2" not in commits(engine) and not t1.ended
+        gates.open("EXIT^2", "finishing")
+        result = feed.join()
+    order = commits(engine)
+    assert (order.index("ENTER^10") > order.index("EXIT^2")) == commit_work
+    assert example_5_outcome(db, engine, result) == expected
+    check_stream_history(engine.history.snapshot()).assert_ok()
+    assert no_aborts(engine) and scheduler.statistics().restarts == 0

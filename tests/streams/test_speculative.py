@@ -8,11 +8,12 @@ matched on that state at once (QP completes ``SEQ(A, B)``) and its rule writes t
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import pytest
 
-from activedb import streams
+from activedb import Coupling, streams
 from activedb.testing import Watchdog, check_stream_history, wait_until
 from tests.streams.conftest import set_status, statuses
 from tests.streams.test_scheduler_examples import TIMEOUT, Feed, Gates, commits, request_of
@@ -54,28 +55,62 @@ def writes_at(engine, ts) -> list[str]:
     return [ended.get(op.unit) for op in history if op.kind == "write" and op.ts == ts]
 
 
+@contextlib.contextmanager
+def heard(db, table: str):
+    """A deferred rule of the database on inserts into ``table``: an s-transaction that inserts there runs it
+    at its commit, where it could still fail — its outcome is not decided before that commit."""
+    db.rule(on=db.inserted(table), coupling=Coupling.DEFERRED, name=f"{table}_heard")(lambda tx, event: None)
+    try:
+        yield
+    finally:
+        db.rules.remove(f"{table}_heard")
+
+
 @pytest.mark.parametrize("granularity", ["tuple", "table"])
 @pytest.mark.parametrize("name", ["lwm", "s2pl"])
-def test_the_dependent_runs_its_store_operations_before_the_stalled_predecessor_ends(db, name, granularity):
-    """``A^1`` is stalled at ``finishing`` holding its read lock, its rule run, its state not final.
-    LWM: ``B^5`` is matched on that state, writes at once and then waits for ``A^1``'s end (the
+def test_the_dependent_runs_its_store_operations_before_the_stalled_predecessor_commits(db, name, granularity):
+    """``A^1`` is stalled at ``finishing`` holding its read lock, its rule run; a rule of the database hears
+    the table that rule wrote, so ``A^1``'s commit may still fail and its state is not final.  LWM: ``B^5``
+    is matched on that state at once, writes, reaches ``finishing`` and then waits for ``A^1``'s end (the
     commit dependency, a ``stream-order`` edge).  S2PL: its write waits for the read lock."""
     set_status(db, w1="safe")
     gates = Gates(("A^1", "finishing"))
     scheduler = (streams.LWMScheduler if name == "lwm" else streams.S2PLScheduler)(granularity=granularity,
                                                                                    hooks=gates)
-    engine = engine_with(db, scheduler, lambda tx, new: None)
-    with Watchdog(TIMEOUT, db.transactions.locks):
+    engine = engine_with(db, scheduler, lambda tx, new: tx.insert("stream_alerts", worker=new["HCW-ID"]))
+    with heard(db, "stream_alerts"), Watchdog(TIMEOUT, db.transactions.locks):
         feed = Feed(engine, EVENTS)
         wait_until(lambda: gates.reached("A^1", "finishing"), TIMEOUT, "A^1 to read and run its rule")
         first, second = request_of(scheduler, 1).owner, request_of(scheduler, 5).owner
         expected = "stream-order" if name == "lwm" else "stream-s2pl"
         wait_until(lambda: edge(db, second, first) == expected, TIMEOUT, f"B^5 to wait for A^1 ({expected})")
         assert writes_at(engine, 5) == ([None] if name == "lwm" else [])
+        assert gates.reached("B^5", "finishing") == (name == "lwm")
         assert commits(engine) == []
         gates.open("A^1", "finishing")
         result = feed.join()
     assert commits(engine) == ["A^1", "B^5"]
+    assert [(output.query, output.ts) for output in result.outputs] == [("QA", 1), ("QP", 5)]
+    assert statuses(db) == {"w1": "warning"}
+    check_stream_history(engine.history.snapshot()).assert_ok()
+    assert scheduler.statistics().restarts == 0
+
+
+@pytest.mark.parametrize("granularity", ["tuple", "table"])
+def test_a_decided_predecessor_stalled_before_its_commit_holds_no_dependent_back_under_lwm(db, granularity):
+    """The same with nothing left at ``A^1``'s commit: once its queries and rules ran, its state is final, and
+    ``B^5`` commits while ``A^1`` is stalled (Active CEP Example 5's order)."""
+    set_status(db, w1="safe")
+    gates = Gates(("A^1", "finishing"))
+    scheduler = streams.LWMScheduler(granularity=granularity, hooks=gates)
+    engine = engine_with(db, scheduler, lambda tx, new: tx.insert("stream_alerts", worker=new["HCW-ID"]))
+    with Watchdog(TIMEOUT, db.transactions.locks):
+        feed = Feed(engine, EVENTS)
+        wait_until(lambda: gates.reached("A^1", "finishing"), TIMEOUT, "A^1 to read and run its rule")
+        wait_until(lambda: commits(engine) == ["B^5"], TIMEOUT, "B^5 to commit while A^1 is stalled")
+        gates.open("A^1", "finishing")
+        result = feed.join()
+    assert commits(engine) == ["B^5", "A^1"]
     assert [(output.query, output.ts) for output in result.outputs] == [("QA", 1), ("QP", 5)]
     assert statuses(db) == {"w1": "warning"}
     check_stream_history(engine.history.snapshot()).assert_ok()
