@@ -51,6 +51,7 @@ SERVER_SUITE = (
     "capture/test_cli.py",
     "capture/test_crash.py",
     "capture/test_migrations.py",
+    "capture/test_trust.py",
     "spark_bridge/test_sink.py",
     "spark_bridge/test_baseline.py",
     "spark_bridge/test_replay.py",

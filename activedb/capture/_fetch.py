@@ -39,37 +39,47 @@ class ChangeReader:
                 return []
             end = Position(bounds.position, bounds.id)
             result = []
-            for table_name in sorted(bounds.tables):
+            for oid, name, relation in bounds.tables:
+                if name is None:         # recorded by a trigger on a table that is not (or no longer) captured
+                    table = relation or f"a dropped table (oid {oid})"
+                    result.extend(self._undeliverable(
+                        connection, oid, table, start, end,
+                        f"{table} is not captured (capture knows a table by its oid: db.capture(table) or "
+                        f"enable_capture(op, table) installs its trigger; drop any other trigger calling "
+                        f"activedb_capture_row())"))
+                    continue
                 try:
-                    result.extend(self._changes_of(connection, table_name, start, end))
-                except sa.exc.ProgrammingError as error:   # dropped (or its type changed) after capture
+                    if relation is None:
+                        raise UnknownTable(f"table {name!r} no longer exists")
+                    result.extend(self._changes_of(connection, oid, name, relation, start, end))
+                except sa.exc.ProgrammingError as error:   # its type changed after capture
                     if getattr(error.orig, "sqlstate", None) not in ("42P01", "42704"):
                         raise
                     connection.rollback()
-                    result.extend(self._undeliverable(connection, table_name, start, end,
-                                                      f"table {table_name!r} no longer exists"))
-                except UnknownTable as error:
-                    result.extend(self._undeliverable(connection, table_name, start, end, str(error)))
+                    result.extend(self._undeliverable(connection, oid, name, start, end,
+                                                      f"table {name!r} no longer exists"))
+                except UnknownTable as error:      # dropped, or not known to activedb's catalog by that name
+                    result.extend(self._undeliverable(connection, oid, name, start, end, str(error)))
         if len(bounds.tables) > 1:
             result.sort(key=lambda entry: (entry[0].position, entry[0].change_id))
         return result
 
-    def _changes_of(self, connection: sa.Connection, table_name: str, start: Position,
+    def _changes_of(self, connection: sa.Connection, oid: int, table_name: str, relation: str, start: Position,
                     end: Position) -> list[Entry]:
         table = self.database.table(table_name)
         columns = list(table.columns)
         names = [column.name for column in columns]
         key_indexes = [names.index(column.name) for column in table.primary_key.columns]
-        statement = self._statements.get((table_name, tuple(names)))
+        statement = self._statements.get((relation, tuple(names)))
         if statement is None:
-            statement = sa.text(_sql.changes_of(table_name, names)).columns(
+            statement = sa.text(_sql.changes_of(relation, names)).columns(
                 sa.column("position", sa.BigInteger), sa.column("id", sa.BigInteger), sa.column("xid", sa.Text),
                 sa.column("operation", sa.Text), sa.column("committed_at", sa.DateTime(timezone=True)),
                 *[sa.column(f"o_{index}", column.type) for index, column in enumerate(columns)],
                 *[sa.column(f"n_{index}", column.type) for index, column in enumerate(columns)])
-            self._statements[(table_name, tuple(names))] = statement
+            self._statements[(relation, tuple(names))] = statement
         rows = connection.execute(statement, {
-            "table": table_name, "first_position": start.commit, "first_change": start.change_id,
+            "table_oid": oid, "first_position": start.commit, "first_change": start.change_id,
             "last_position": end.commit, "last_change": end.change_id})
         width = len(names)
         entries = []
@@ -90,10 +100,10 @@ class ChangeReader:
             entries.append((change, event, None))
         return entries
 
-    def _undeliverable(self, connection: sa.Connection, table_name: str, start: Position, end: Position,
+    def _undeliverable(self, connection: sa.Connection, oid: int, table_name: str, start: Position, end: Position,
                        reason: str) -> list[Entry]:
-        rows = connection.execute(sa.text(_sql.changes_of(table_name, None)), {
-            "table": table_name, "first_position": start.commit, "first_change": start.change_id,
+        rows = connection.execute(sa.text(_sql.changes_of(None, None)), {
+            "table_oid": oid, "first_position": start.commit, "first_change": start.change_id,
             "last_position": end.commit, "last_change": end.change_id})
         changes = [CapturedChange(row.position, row.id, int(row.xid), table_name, row.operation, row.committed_at)
                    for row in rows]

@@ -54,16 +54,17 @@ class CaptureManager:
     def is_captured(self, table: str) -> bool:
         return any(captured.name == table and captured.trigger_installed for captured in self.tables())
 
-    def _run(self, statements: list[str], what: str) -> None:
+    def _run(self, statements: list[sa.TextClause], what: str) -> None:
         try:
             with self._database.engine.begin() as connection:
                 for statement in statements:
-                    connection.execute(sa.text(statement))
+                    connection.execute(statement)
         except sa.exc.DBAPIError as error:
             message = str(error.orig).strip().splitlines()[0] if error.orig is not None else str(error)
             if "capture tables are missing" in message:
                 raise CaptureNotInstalled(
-                    f"cannot {what}: activedb's capture tables (revision 0004_capture) are missing in "
+                    f"cannot {what}: activedb's capture tables are missing or older than revision "
+                    f"0013_capture_trust in "
                     f"{self._database.describe()}; upgrade activedb's schema first (db.schema.upgrade(), or "
                     f"activedb db upgrade)") from None
             raise CaptureError(f"cannot {what}: PostgreSQL said: {message}") from None

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import zlib
 
+import sqlalchemy as sa
+from psycopg import sql
+
 #: The per-table row trigger's name (one per captured table).
 TRIGGER_NAME = "activedb_capture"
 #: The channel the commit sequencer notifies (payload ``commit``) and stopping consumers use (``stop``).
@@ -22,15 +25,11 @@ COMMITS = "activedb_capture_commits"
 CONSUMERS = "activedb_capture_consumers"
 
 
-def quote_identifier(name: str) -> str:
-    """``name`` as a PostgreSQL identifier, always quoted (the table is named exactly so)."""
+def check_table_name(name: object) -> str:
+    """``name`` if it can name a PostgreSQL table (a non-empty string without NUL), else ValueError."""
     if not isinstance(name, str) or not name or "\x00" in name:
         raise ValueError(f"not a table name: {name!r}")
-    return '"' + name.replace('"', '""') + '"'
-
-
-def quote_literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
+    return name
 
 
 def consumer_lock_key(name: str) -> int:
@@ -38,51 +37,89 @@ def consumer_lock_key(name: str) -> int:
     return zlib.crc32(name.encode("utf-8")) & 0x7FFFFFFF
 
 
-_REQUIRE_SCHEMA = f"""
+# The table a DO block below works on travels as the value of this setting (a DO block takes no parameters):
+# the name is a bind parameter, and PostgreSQL quotes it (quote_ident, a regclass) wherever SQL needs it.
+# No % in them: offline SQL of a dialect with the pyformat paramstyle would double it.
+_ARGUMENT = "activedb.capture_table"
+_PASS_TABLE = f"SELECT set_config('{_ARGUMENT}', :table, false)"
+
+_INSTALL = f"""
 DO $body$
+DECLARE
+    captured text := current_setting('{_ARGUMENT}');
+    target regclass;
 BEGIN
-    IF to_regclass('{CHANGES}') IS NULL OR to_regprocedure('activedb_capture_row()') IS NULL THEN
-        RAISE EXCEPTION 'activedb''s capture tables are missing (revision 0004_capture)'
+    PERFORM set_config('{_ARGUMENT}', '', false);
+    IF to_regclass('{CHANGES}') IS NULL OR to_regprocedure('activedb_capture_row()') IS NULL
+       OR NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass('{CHANGES}') AND attname = 'table_oid'
+                      AND NOT attisdropped) THEN
+        RAISE EXCEPTION 'activedb''s capture tables are missing (revision 0004_capture) or older than revision '
+                        '0013_capture_trust'
             USING HINT = 'run activedb''s own migrations first: activedb db upgrade, or activedb.connect(), '
                          'which upgrades; an application revision that enables capture needs them';
     END IF;
+    target := to_regclass(quote_ident(captured));
+    IF target IS NULL THEN
+        RAISE EXCEPTION USING MESSAGE = 'no table ' || quote_ident(captured) || ' to capture in the schemas of '
+            'the search path (' || current_setting('search_path') || ')',
+            HINT = 'create the table first (in an earlier revision)';
+    END IF;
+    EXECUTE 'CREATE OR REPLACE TRIGGER {TRIGGER_NAME} AFTER INSERT OR UPDATE OR DELETE ON ' || target::text
+            || ' FOR EACH ROW EXECUTE FUNCTION activedb_capture_row()';
+    INSERT INTO {TABLES} (table_name, table_oid) VALUES (captured, target)
+    ON CONFLICT (table_name) DO UPDATE SET table_oid = EXCLUDED.table_oid;
+END
+$body$"""
+
+# Works whether or not activedb's capture tables (still) exist, before revision 0013 (by name) and after
+# (by oid), and whether or not the table does.
+_REMOVE = f"""
+DO $body$
+DECLARE
+    captured text := current_setting('{_ARGUMENT}');
+    target regclass := to_regclass(quote_ident(captured));
+    registered oid;
+BEGIN
+    PERFORM set_config('{_ARGUMENT}', '', false);
+    IF target IS NOT NULL THEN
+        EXECUTE 'DROP TRIGGER IF EXISTS {TRIGGER_NAME} ON ' || target::text;
+    END IF;
+    IF to_regclass('{CHANGES}') IS NULL THEN
+        RETURN;
+    END IF;
+    IF EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass('{CHANGES}') AND attname = 'table_oid'
+               AND NOT attisdropped) THEN
+        DELETE FROM {TABLES} WHERE table_name = captured RETURNING table_oid INTO registered;
+        DELETE FROM {CHANGES} WHERE table_oid IN (registered, target);
+    ELSE
+        DELETE FROM {CHANGES} WHERE table_name = captured;
+        DELETE FROM {TABLES} WHERE table_name = captured;
+    END IF;
+    DELETE FROM {COMMITS} c WHERE NOT EXISTS (SELECT FROM {CHANGES} ch WHERE ch.xid = c.xid);
 END
 $body$"""
 
 
-def install_statements(table: str) -> list[str]:
-    """What capturing ``table`` takes: the row trigger and the registry row (idempotent)."""
-    return [_REQUIRE_SCHEMA,
-            f"CREATE OR REPLACE TRIGGER {TRIGGER_NAME} AFTER INSERT OR UPDATE OR DELETE ON {quote_identifier(table)} "
-            f"FOR EACH ROW EXECUTE FUNCTION activedb_capture_row()",
-            f"INSERT INTO {TABLES} (table_name) VALUES ({quote_literal(table)}) ON CONFLICT (table_name) DO NOTHING"]
+def install_statements(table: str) -> list[sa.TextClause]:
+    """What capturing ``table`` (a name in the search path) takes: the row trigger on that table and its
+    registry row with the table's oid (idempotent; a table created again gets its new oid)."""
+    return [sa.text(_PASS_TABLE).bindparams(table=check_table_name(table)), sa.text(_INSTALL)]
 
 
-def remove_statements(table: str) -> list[str]:
+def remove_statements(table: str) -> list[sa.TextClause]:
     """What removing capture from ``table`` takes: the trigger, the registry row, and the table's captured
     changes not yet pruned (with the commit rows left without changes).  Idempotent; works whether or not
     activedb's capture tables (still) exist and whether or not the table does."""
-    literal = quote_literal(table)
-    return [f"""
-DO $body$
-BEGIN
-    IF to_regclass({quote_literal(quote_identifier(table))}) IS NOT NULL THEN
-        EXECUTE 'DROP TRIGGER IF EXISTS {TRIGGER_NAME} ON ' || quote_ident({literal});
-    END IF;
-    IF to_regclass('{CHANGES}') IS NOT NULL THEN
-        DELETE FROM {CHANGES} WHERE table_name = {literal};
-        DELETE FROM {COMMITS} c WHERE NOT EXISTS (SELECT 1 FROM {CHANGES} ch WHERE ch.xid = c.xid);
-        DELETE FROM {TABLES} WHERE table_name = {literal};
-    END IF;
-END
-$body$"""]
+    return [sa.text(_PASS_TABLE).bindparams(table=check_table_name(table)), sa.text(_REMOVE)]
 
 
+# A registered table's trigger counts only on the table registered (its oid) while the name still denotes it.
 CAPTURED_TABLES = f"""
 SELECT t.table_name, t.enabled_at,
-       EXISTS (SELECT 1 FROM pg_trigger g
-               WHERE g.tgrelid = to_regclass(quote_ident(t.table_name)) AND g.tgname = '{TRIGGER_NAME}'
-                 AND NOT g.tgisinternal) AS trigger_installed
+       t.table_oid = to_regclass(quote_ident(t.table_name))
+       AND EXISTS (SELECT FROM pg_trigger g
+                   WHERE g.tgrelid = t.table_oid AND g.tgname = '{TRIGGER_NAME}' AND NOT g.tgisinternal)
+       AS trigger_installed
 FROM {TABLES} t ORDER BY t.table_name"""
 
 REGISTER_CONSUMER = f"INSERT INTO {CONSUMERS} (name) VALUES (:name) ON CONFLICT (name) DO NOTHING"
@@ -98,21 +135,27 @@ WHERE name = :name AND position = :start_position AND change_id = :start_change_
 RETURNING name"""
 
 # Where the next batch ends: the last of the next :limit changes after (position, change_id), in commit
-# order then statement order, and the tables they belong to (one row; none when nothing is pending).
+# order then statement order, and the tables they belong to (one row; none when nothing is pending): per
+# table oid, the name it is captured as (NULL: not a captured table) and its schema-qualified name quoted by
+# the server (NULL: dropped), as a JSON array of [oid, name, relation].
 # Every step follows an index, whatever the size of the change table: commits by position (at most
 # :limit + 1 of them — each has at least one change, and the first may be the one the position is in,
 # already handled), each commit's changes by (xid, id).
 BATCH_BOUNDS = f"""
 WITH next AS (
-    SELECT c.position, ch.id, ch.table_name
+    SELECT c.position, ch.id, ch.table_oid
     FROM (SELECT position, xid FROM {COMMITS} WHERE position >= :position ORDER BY position LIMIT :limit + 1) c
     CROSS JOIN LATERAL (
-        SELECT id, table_name FROM {CHANGES}
+        SELECT id, table_oid FROM {CHANGES}
         WHERE xid = c.xid AND id > CASE WHEN c.position = :position THEN :change_id ELSE 0 END
         ORDER BY id LIMIT :limit) ch
     ORDER BY c.position, ch.id
     LIMIT :limit)
-SELECT last.position, last.id, (SELECT array_agg(DISTINCT table_name) FROM next) AS tables
+SELECT last.position, last.id,
+       (SELECT json_agg(json_build_array(o.table_oid, t.table_name, (
+                   SELECT quote_ident(s.nspname) || '.' || quote_ident(r.relname)
+                   FROM pg_class r JOIN pg_namespace s ON s.oid = r.relnamespace WHERE r.oid = o.table_oid)))
+        FROM (SELECT DISTINCT table_oid FROM next) o LEFT JOIN {TABLES} t ON t.table_oid = o.table_oid) AS tables
 FROM (SELECT position, id FROM next ORDER BY position DESC, id DESC LIMIT 1) AS last"""
 
 
@@ -122,16 +165,18 @@ _ID_RANGE = """id > CASE WHEN c.position = :first_position THEN :first_change EL
       AND id <= CASE WHEN c.position = :last_position THEN :last_change ELSE 9223372036854775807 END"""
 
 
-def changes_of(table: str, columns: list[str] | None) -> str:
-    """The changes of ``table`` in a batch's range, with their old and new rows as the table's own row
-    type: PostgreSQL turns the captured ``jsonb`` back into typed columns (``o_<i>``, ``n_<i>`` for each of
-    ``columns``), so an event's rows hold the Python values a read through activedb gives.  ``columns``
-    None: without the rows (a table that no longer exists)."""
+def changes_of(relation: str | None, columns: list[str] | None) -> str:
+    """The changes of the table ``:table_oid`` in a batch's range, with their old and new rows as the table's
+    own row type: PostgreSQL turns the captured ``jsonb`` back into typed columns (``o_<i>``, ``n_<i>`` for
+    each of ``columns``), so an event's rows hold the Python values a read through activedb gives.
+    ``relation`` is the table's name as the server quoted it (``BATCH_BOUNDS``); ``columns`` None: without the
+    rows (a table that no longer exists or is not captured)."""
     rows = joins = ""
-    if columns is not None:
-        qualified = quote_identifier(table)
-        rows = ", " + ", ".join([f"o.{quote_identifier(name)} AS o_{index}" for index, name in enumerate(columns)]
-                                + [f"n.{quote_identifier(name)} AS n_{index}" for index, name in enumerate(columns)])
+    if columns is not None and relation is not None:
+        quoted = [sql.Identifier(name).as_string() for name in columns]
+        rows = ", " + ", ".join([f"o.{name} AS o_{index}" for index, name in enumerate(quoted)]
+                                + [f"n.{name} AS n_{index}" for index, name in enumerate(quoted)])
+        qualified = relation
         joins = f"""
 LEFT JOIN LATERAL jsonb_populate_record(NULL::{qualified}, ch.old_row) o ON ch.old_row IS NOT NULL
 LEFT JOIN LATERAL jsonb_populate_record(NULL::{qualified}, ch.new_row) n ON ch.new_row IS NOT NULL"""
@@ -140,7 +185,7 @@ SELECT c.position, ch.id, ch.xid::text AS xid, ch.operation, c.committed_at{rows
 FROM {COMMITS} c
 CROSS JOIN LATERAL (
     SELECT id, xid, operation, old_row, new_row FROM {CHANGES}
-    WHERE xid = c.xid AND table_name = :table AND {_ID_RANGE}
+    WHERE xid = c.xid AND table_oid = :table_oid AND {_ID_RANGE}
     OFFSET 0) ch{joins}
 WHERE c.position BETWEEN :first_position AND :last_position
 ORDER BY c.position, ch.id"""
@@ -160,12 +205,13 @@ PRUNE_COMMITS = f"DELETE FROM {COMMITS} WHERE position = ANY(:positions)"
 
 LATEST_POSITION = f"SELECT coalesce(max(position), 0) FROM {COMMITS}"
 
+# Per table: its captured name, or for changes of a table that is not captured, what its oid names now.
 BACKLOG = f"""
-SELECT ch.table_name, count(*) AS changes, count(DISTINCT c.position) AS transactions,
-       min(c.committed_at) AS oldest
-FROM {COMMITS} c JOIN {CHANGES} ch ON ch.xid = c.xid
+SELECT coalesce(t.table_name, ch.table_oid::regclass::text) AS table_name, count(*) AS changes,
+       count(DISTINCT c.position) AS transactions, min(c.committed_at) AS oldest
+FROM {COMMITS} c JOIN {CHANGES} ch ON ch.xid = c.xid LEFT JOIN {TABLES} t ON t.table_oid = ch.table_oid
 WHERE c.position >= :position AND (c.position > :position OR ch.id > :change_id)
-GROUP BY ch.table_name"""
+GROUP BY 1"""
 
 CONSUMER_ROWS = f"""
 SELECT name, position, change_id, handled, failed, created_at, updated_at FROM {CONSUMERS} ORDER BY name"""

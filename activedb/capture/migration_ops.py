@@ -2,10 +2,10 @@
 ``disable_capture(op, table)`` in ``downgrade``), so that it is part of the schema history; the package's
 ``README.md`` shows the revision.
 
-``enable_capture`` needs activedb's own revision ``0004_capture`` (``activedb.connect()`` upgrades
-activedb's schema before an application's migrations run).  ``disable_capture`` is idempotent and works
-after activedb's own capture tables are gone.  Both work offline (``alembic upgrade --sql``): they emit
-plain SQL.
+``enable_capture`` needs activedb's own revisions up to ``0013_capture_trust`` (``activedb.connect()``
+upgrades activedb's schema before an application's migrations run).  ``disable_capture`` is idempotent and
+works after activedb's own capture tables are gone.  Both work offline (``alembic upgrade --sql``): they emit
+plain SQL, the table's name as a bound literal that PostgreSQL quotes where SQL needs it.
 """
 
 from __future__ import annotations

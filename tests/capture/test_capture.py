@@ -168,7 +168,8 @@ def test_changes_made_by_activedb_are_not_delivered_twice(clean, conninfo):
             psql.execute("INSERT INTO orders (id, customer, amount) VALUES (22, 'ext', 3)")
         consumer.run_until_caught_up()
         with db.engine.connect() as connection:
-            tables = connection.execute(sa.text("SELECT DISTINCT table_name FROM activedb_capture_changes")).scalars()
+            tables = connection.execute(sa.text(
+                "SELECT DISTINCT table_oid::regclass::text FROM activedb_capture_changes")).scalars()
             assert set(tables) <= {"orders"}
     finally:
         db.capture.remove("order_totals")

@@ -45,7 +45,7 @@ def test_the_applications_capture_revision_round_trips(database_url):
         with psycopg.connect(libpq(database_url), autocommit=True) as psql:
             psql.execute("INSERT INTO orders (id, customer, amount) VALUES (1, 'a', 1)")
             psql.execute("INSERT INTO order_log (rule, kind) VALUES ('not', 'captured')")
-        assert rows(db, "SELECT table_name FROM activedb_capture_changes") == [("orders",)]
+        assert rows(db, "SELECT table_oid::regclass::text FROM activedb_capture_changes") == [("orders",)]
 
         db.schema.downgrade_app(MIGRATIONS, "c0001")
         assert schema_objects(db) == before
@@ -71,7 +71,7 @@ def test_activedbs_capture_revision_round_trips_and_takes_the_per_table_triggers
         without = schema_objects(db)
         assert not {name for name in without if "activedb_capture" in name}
         assert with_capture - without >= {"relation:activedb_capture_changes", "function:activedb_capture_row",
-                                          "trigger:orders:activedb_capture", "function:activedb_capture_own_writes"}
+                                          "trigger:orders:activedb_capture", "function:activedb_capture_sequence"}
         # The application's downgrade still works once activedb's capture tables are gone (idempotent).
         db.schema.downgrade_app(MIGRATIONS, "c0001")
         # Enabling capture without activedb's tables says what to do.
@@ -106,13 +106,52 @@ def test_the_log_row_revision_upgrades_a_log_with_rows_and_round_trips(database_
         db.schema.upgrade("head")
         assert "trigger:activedb_transaction_log:activedb_capture_own_writes" not in schema_objects(db)
         assert rows(db, "SELECT prosecdef, proconfig FROM pg_proc WHERE proname = 'activedb_capture_sequence'") \
-            == [(True, ["search_path=public, pg_temp"])]
+            == [(True, ["search_path=pg_catalog, pg_temp"])]
         assert rows(db, "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
                         "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = 'activedb_transaction_log'::regclass "
                         "AND i.indisprimary") == [("transaction_id",)]
         db.run(lambda tx: tx.insert("orders", id=91, customer="own", amount=1))
         assert rows(db, "SELECT count(*) FROM activedb_transaction_log") >= [(2,)]
-        assert rows(db, "SELECT count(*) FROM activedb_capture_changes WHERE table_name = 'orders' "
+        assert rows(db, "SELECT count(*) FROM activedb_capture_changes WHERE table_oid = 'orders'::regclass "
                         "AND (new_row ->> 'id')::int IN (90, 91)") == [(0,)]
+    finally:
+        db.close()
+
+
+def test_the_trust_revision_keeps_pending_changes_across_its_upgrade_and_downgrade(database_url):
+    """``0013_capture_trust`` turns the change rows' table names into oids and back, and takes EXECUTE on the
+    capture functions from PUBLIC (and gives it back)."""
+    executable = ("SELECT has_function_privilege('public', 'activedb_capture_row()', 'EXECUTE'), "
+                  "has_function_privilege('public', 'activedb_capture_sequence()', 'EXECUTE')")
+    db = activedb.connect(database_url)
+    seen = []
+    try:
+        db.upgrade_app(MIGRATIONS, "c0002")
+        with db.engine.begin() as connection:
+            connection.execute(sa.text("TRUNCATE orders, activedb_capture_changes, activedb_capture_commits, "
+                                       "activedb_capture_consumers"))
+        db.schema.downgrade("0012_stream_state_as_json")
+        assert rows(db, executable) == [(True, True)]
+
+        def insert(key: int) -> None:
+            with psycopg.connect(libpq(database_url), autocommit=True) as psql:
+                psql.execute("INSERT INTO orders (id, customer, amount) VALUES (%s, 'a', 1)", (key,))
+
+        insert(1)                                       # recorded by name
+        db.schema.upgrade("head")
+        assert rows(db, executable) == [(False, False)]
+        insert(2)                                       # recorded by oid
+        assert rows(db, "SELECT table_oid::regclass::text, first_of_transaction FROM activedb_capture_changes "
+                        "ORDER BY id") == [("orders", True), ("orders", True)]
+        db.schema.downgrade("0012_stream_state_as_json")
+        assert rows(db, "SELECT table_name FROM activedb_capture_changes ORDER BY id") == [("orders",), ("orders",)]
+        db.schema.upgrade("head")
+
+        @db.rule(on=db.captured("orders", "inserted"), coupling="detached")
+        def collect(tx, event):
+            seen.append(event.key)
+
+        db.capture.consumer().run_until_caught_up()
+        assert seen == [1, 2]
     finally:
         db.close()

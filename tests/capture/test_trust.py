@@ -1,0 +1,212 @@
+"""Capture's trust model (``activedb/capture/README.md``, "Who may write what"): a second PostgreSQL role —
+one that may connect, and write ``orders`` where a test grants it that — can neither forge captured changes
+nor hide its own, and table names reach PostgreSQL quoted by its own rules.
+
+On the embedded server the superuser creates the second role; against another server (``.ci/run``'s server
+part) ``ACTIVEDB_TEST_OTHER_URL`` names one (``.ci/with-distribution-postgres`` creates it).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import secrets
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from activedb import _embedded
+from tests.capture.conftest import libpq
+
+OTHER_ROLE = "activedb_test_other"
+OTHER_URL = "ACTIVEDB_TEST_OTHER_URL"
+
+
+@pytest.fixture(scope="module")
+def other(pg_server, database_url) -> str:
+    """A libpq connection string of a second role, without any privilege of its own, on this module's database."""
+    database = sa.make_url(database_url).database
+    if not isinstance(pg_server, _embedded.EmbeddedServer):
+        configured = os.environ.get(OTHER_URL)
+        if not configured:
+            pytest.fail(f"the trust tests need a second role on the server under test: set {OTHER_URL} to the URL of "
+                        f"a role that is not a superuser and owns nothing (.ci/with-distribution-postgres does)")
+        return libpq(sa.make_url(configured).set(database=database).render_as_string(hide_password=False))
+    password = secrets.token_hex(16)
+    with psycopg.connect(pg_server.conninfo("postgres"), autocommit=True) as admin:
+        exists = admin.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (OTHER_ROLE,)).fetchone()
+        admin.execute(sql.SQL("{} ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD {}").format(
+            sql.SQL("ALTER" if exists else "CREATE"), sql.Identifier(OTHER_ROLE), sql.Literal(password)))
+    return make_conninfo(pg_server.conninfo(database), user=OTHER_ROLE, password=password)
+
+
+def collect_inserted(db, table: str = "orders") -> list:
+    seen: list = []
+
+    @db.rule(on=db.captured(table, "inserted"), coupling="detached", name=f"collect_{len(db.rules.names())}")
+    def collect(tx, event):
+        seen.append(event.key)
+
+    return seen
+
+
+def dead_letters(db) -> list[str]:
+    with db.engine.connect() as connection:
+        return list(connection.execute(sa.text("SELECT reason FROM activedb_dead_letters ORDER BY 1")).scalars())
+
+
+def test_a_second_role_cannot_forge_captured_changes(clean, conninfo, other):
+    db = clean
+    seen = collect_inserted(db)
+    refused = []
+    with psycopg.connect(other, autocommit=True) as mallory:
+        role = mallory.execute("SELECT current_user, has_table_privilege('orders', 'INSERT')").fetchone()
+        assert role[0] != db.engine.url.username and role[1] is False
+        # A temporary table named like the captured one, with a trigger calling capture's function ...
+        mallory.execute("CREATE TEMPORARY TABLE orders (id bigint PRIMARY KEY, customer text, amount numeric, "
+                        "status text)")
+        for function in ("activedb_capture_sequence", "activedb_capture_own_writes", "activedb_capture_row"):
+            try:
+                mallory.execute(f"CREATE TRIGGER activedb_capture AFTER INSERT ON pg_temp.orders "
+                                f"FOR EACH ROW EXECUTE FUNCTION public.{function}()")
+            except (psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedFunction):
+                refused.append(function)
+            else:
+                if function != "activedb_capture_row":
+                    mallory.execute("DROP TRIGGER activedb_capture ON pg_temp.orders")
+        mallory.execute("INSERT INTO pg_temp.orders VALUES (666, 'mallory', 1, 'new')")
+        # ... nor can its own trigger function write capture's tables.
+        for statement in ("INSERT INTO activedb_capture_changes (xid, table_oid, operation, new_row) "
+                          "VALUES (pg_current_xact_id(), 'orders'::regclass, 'I', '{\"id\": 667}')",
+                          "INSERT INTO activedb_capture_commits VALUES (999, pg_current_xact_id(), now())",
+                          "UPDATE activedb_capture_tables SET table_oid = 'pg_temp.orders'::regclass"):
+            with pytest.raises((psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedColumn)):
+                mallory.execute(statement)
+    with psycopg.connect(conninfo, autocommit=True) as owner:
+        owner.execute("INSERT INTO orders (id, customer, amount) VALUES (1, 'real', 1)")
+    db.capture.consumer().run_until_caught_up()
+    assert seen == [1]
+    assert refused == ["activedb_capture_sequence", "activedb_capture_own_writes", "activedb_capture_row"]
+
+
+def test_a_second_role_that_may_write_the_table_cannot_hide_its_changes(clean, other):
+    db = clean
+    seen = collect_inserted(db)
+    with db.engine.begin() as connection:
+        connection.execute(sa.text(f"GRANT INSERT, UPDATE, DELETE, SELECT ON orders TO {_role(other)}"))
+    try:
+        with psycopg.connect(other) as mallory:
+            # activedb's own-write mark, set before writing (the row trigger) ...
+            mallory.execute("SELECT set_config('activedb.capture_xact', 'activedb', true)")
+            mallory.execute("INSERT INTO orders (id, customer, amount) VALUES (777, 'mallory', 1)")
+            mallory.commit()
+            # ... after writing (the commit sequencer) ...
+            mallory.execute("INSERT INTO orders (id, customer, amount) VALUES (778, 'mallory', 1)")
+            mallory.execute("SELECT set_config('activedb.capture_xact', 'activedb', true)")
+            mallory.commit()
+            # ... or claiming that its first change was already recorded (no commit position would follow).
+            mallory.execute("SELECT set_config('activedb.capture_xact', pg_current_xact_id()::text, true)")
+            mallory.execute("INSERT INTO orders (id, customer, amount) VALUES (779, 'mallory', 1)")
+            mallory.commit()
+            # Switching triggers off takes the table's owner or a superuser; deleting changes, activedb's role.
+            for statement in ("SET session_replication_role = replica",
+                              "ALTER TABLE orders DISABLE TRIGGER activedb_capture",
+                              "DELETE FROM activedb_capture_changes"):
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    mallory.execute(statement)
+                mallory.rollback()
+        db.capture.consumer().run_until_caught_up()
+        assert seen == [777, 778, 779]
+        assert dead_letters(db) == []
+    finally:
+        with db.engine.begin() as connection:
+            connection.execute(sa.text(f"REVOKE ALL ON orders FROM {_role(other)}"))
+
+
+def _role(conninfo: str) -> str:
+    return psycopg.conninfo.conninfo_to_dict(conninfo)["user"]
+
+
+def test_a_trigger_activedb_did_not_install_delivers_nothing_as_a_captured_table(clean, conninfo):
+    """Changes are recorded by table oid: ``orders`` of another schema, even with capture's function attached
+    by hand (by a role allowed to), is not the captured ``orders``."""
+    db = clean
+    seen = collect_inserted(db)
+    with psycopg.connect(conninfo, autocommit=True) as owner:
+        owner.execute("DROP SCHEMA IF EXISTS elsewhere CASCADE")
+        owner.execute("CREATE SCHEMA elsewhere")
+        try:
+            owner.execute("CREATE TABLE elsewhere.orders (LIKE public.orders INCLUDING ALL)")
+            owner.execute("CREATE TRIGGER activedb_capture AFTER INSERT ON elsewhere.orders "
+                          "FOR EACH ROW EXECUTE FUNCTION public.activedb_capture_row()")
+            with pytest.raises(psycopg.errors.RaiseException, match="activedb_capture"):
+                owner.execute("CREATE TRIGGER by_hand AFTER INSERT ON public.orders "
+                              "FOR EACH ROW EXECUTE FUNCTION public.activedb_capture_row()")
+                owner.execute("INSERT INTO public.orders (id, customer, amount) VALUES (556, 'by hand', 1)")
+            owner.execute("DROP TRIGGER by_hand ON public.orders")
+            owner.execute("INSERT INTO elsewhere.orders (id, customer, amount) VALUES (555, 'elsewhere', 1)")
+            owner.execute("INSERT INTO public.orders (id, customer, amount) VALUES (2, 'real', 1)")
+            db.capture.consumer().run_until_caught_up()
+        finally:
+            owner.execute("DROP TRIGGER IF EXISTS by_hand ON public.orders")
+            owner.execute("DROP SCHEMA elsewhere CASCADE")
+    assert seen == [2]
+    [reason] = dead_letters(db)
+    assert "elsewhere.orders" in reason and "not captured" in reason
+
+
+@pytest.mark.parametrize("name", ['wei"rd$body$x', "it's \\ a $$ table"])
+def test_table_names_are_quoted_by_postgresqls_rules(clean, conninfo, name):
+    db = clean
+    table = sa.Table(name, sa.MetaData(), sa.Column("id", sa.BigInteger, primary_key=True, autoincrement=False),
+                     sa.Column("note", sa.Text))
+    table.create(db.engine)
+    try:
+        assert db.capture(name).trigger_installed
+        seen = collect_inserted(db, name)
+        with psycopg.connect(conninfo, autocommit=True) as psql:
+            psql.execute(sql.SQL("INSERT INTO {} (id, note) VALUES (5, 'x')").format(sql.Identifier(name)))
+        db.capture.consumer().run_until_caught_up()
+        assert seen == [5]
+        db.capture.remove(name)
+        assert name not in {captured.name for captured in db.capture.tables()}
+        with db.engine.connect() as connection:
+            triggers = connection.execute(sa.text("SELECT count(*) FROM pg_trigger WHERE tgrelid = CAST(:t AS regclass)"),
+                                          {"t": sql.Identifier(name).as_string()}).scalar()
+        assert triggers == 0
+    finally:
+        for rule in db.rules.names():
+            db.rules.remove(rule)
+        table.drop(db.engine)
+
+
+def test_enable_and_disable_capture_print_offline_sql_that_quotes_any_name(clean, conninfo):
+    """``alembic upgrade --sql`` of an application's revision: the name is a literal in a ``set_config`` call,
+    PostgreSQL quotes it where SQL needs it; the printed script runs as is (psql)."""
+    from alembic.migration import MigrationContext
+    from alembic.operations import Operations
+
+    from activedb.capture.migration_ops import disable_capture, enable_capture
+
+    db = clean
+    name = "o'neil \"quoted\" $body$; DROP TABLE orders; --"
+    table = sa.Table(name, sa.MetaData(), sa.Column("id", sa.BigInteger, primary_key=True, autoincrement=False))
+    table.create(db.engine)
+    try:
+        for step, installed in ((enable_capture, 1), (disable_capture, 0)):
+            script = io.StringIO()
+            context = MigrationContext.configure(dialect_name="postgresql", opts={
+                "as_sql": True, "output_buffer": script, "literal_binds": True})
+            step(Operations(context), name)
+            with psycopg.connect(conninfo, autocommit=True) as psql:
+                psql.execute(script.getvalue())
+                triggers = psql.execute("SELECT count(*) FROM pg_trigger WHERE tgrelid = %s::regclass "
+                                        "AND tgname = 'activedb_capture'", (sql.Identifier(name).as_string(),))
+                assert triggers.fetchone() == (installed,)
+            assert [captured.name for captured in db.capture.tables() if captured.name == name] == [name] * installed
+        assert db.capture.is_captured("orders")
+    finally:
+        table.drop(db.engine)
