@@ -8,6 +8,8 @@ its rule's effect; (5) activedb itself as the writer.  Details: the bench design
 
 from __future__ import annotations
 
+import contextlib
+import secrets
 import statistics
 import threading
 import time
@@ -136,6 +138,36 @@ def _effects(database) -> int:
         return connection.execute(sa.text(f"SELECT count(*) FROM {EFFECTS}")).scalar()
 
 
+UNTRUSTED = "activedb_bench_capture_writer"
+
+
+@contextlib.contextmanager
+def _untrusted_writer(database, writer):
+    """A connection as a role that may only insert into the captured table (the capture trust model's untrusted
+    writer: its first change is looked up in the change table), or None where this role cannot create roles.
+    The role is dropped again at the end."""
+    import psycopg
+    from psycopg import sql
+
+    can = writer.execute("SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user").fetchone()
+    if not can or not can[0]:
+        yield None
+        return
+    password = secrets.token_hex(16)
+    role = sql.Identifier(UNTRUSTED)
+    drop = sql.SQL("DROP OWNED BY {role}; DROP ROLE {role}").format(role=role)
+    if writer.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (UNTRUSTED,)).fetchone():
+        writer.execute(drop)                    # left by a run that was killed
+    writer.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(role, sql.Literal(password)))
+    try:
+        writer.execute(sql.SQL("GRANT INSERT ON {} TO {}").format(sql.Identifier(CAPTURED), role))
+        url = database.engine.url.set(drivername="postgresql", username=UNTRUSTED, password=password)
+        with psycopg.connect(url.render_as_string(hide_password=False), autocommit=True) as connection:
+            yield connection
+    finally:
+        writer.execute(drop)
+
+
 def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
     report = BenchReport("change capture (activedb bench capture)")
     progress = progress or Progress.none()
@@ -180,6 +212,20 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
             trigger_us = [_trigger_time(writer, ids.take(2000)) for _ in range(3)]
             report.add(Row(name="capture row trigger: server time per captured row", value=min(trigger_us),
                            unit="us/row", extra={"rows": 2000, "runs": trigger_us}))
+            # 1d. the same for a writer capture does not trust (a role that may only insert): its first change
+            # is looked up in the change table (activedb/capture/README.md, "Who may write what").
+            with _untrusted_writer(database, writer) as untrusted:
+                if untrusted is None:
+                    report.notes.append("no row for an untrusted writer: this role may not create roles")
+                else:
+                    pairs = [(_trigger_time(writer, ids.take(2000)), _trigger_time(untrusted, ids.take(2000)))
+                             for _ in range(3)]
+                    trusted_us = min(pair[0] for pair in pairs)
+                    untrusted_us = min(pair[1] for pair in pairs)
+                    report.add(Row(name="capture row trigger: server time per row, untrusted writer",
+                                   value=untrusted_us, unit="us/row", baseline_name="same, trusted writer",
+                                   baseline=trusted_us, ratio=trusted_us / untrusted_us,
+                                   extra={"rows": 2000, "runs": pairs}))
             progress.update(3, "the capture row trigger's server time")
 
             # 2. executemany, captured vs plain (alternating, median of three).

@@ -22,5 +22,7 @@ def test_capture_benchmark_quick(database_url, monkeypatch):
     assert end_to_end.extra["changes"] == 1000 and end_to_end.value > 0
     assert rows["activedb writer: db.run(insert) into the captured table"].extra["own_changes_delivered"] == 0
     assert not any("latency sample" in note for note in report.notes)
-    assert len(report.to_json()["rows"]) == 7
+    assert len(report.to_json()["rows"]) == 8
+    untrusted = rows["capture row trigger: server time per row, untrusted writer"]    # the embedded superuser
+    assert untrusted.value > 0 and untrusted.baseline > 0                                 # may create the role
     assert rows["4 writers: single-row inserts, captured table"].value > 0
