@@ -366,7 +366,7 @@ def _event_phases(database, size: int) -> dict[str, Any]:
     from benchmarks import add_frame_ends, called_from, cumulative, database_wait, phase_seconds, scaled
     from activedb.examples.hand_hygiene.events import generate
 
-    from spark_bridge._sink import IngestSink
+    from spark_bridge import IngestSink
     from spark_bridge.mapping import EventMapping
 
     batches = _arrow_batches(generate(WORKERS, size * TIMED_BATCHES, SEED + 1), size)
@@ -445,7 +445,7 @@ def _declared_phases(database, size: int) -> dict[str, Any]:
     from activedb.examples.hand_hygiene.app import reset_tables
     from activedb.examples.hand_hygiene.events import generate
 
-    from spark_bridge._sink import IngestSink
+    from spark_bridge import IngestSink
     from spark_bridge.mapping import EventMapping
 
     batches = _arrow_batches(generate(WORKERS, size * TIMED_BATCHES, SEED + 2), size)

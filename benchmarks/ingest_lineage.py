@@ -54,7 +54,7 @@ def run(quick: bool = False, progress: Any = None) -> BenchReport:
     """``progress``: an ``benchmarks.Progress`` that hears of each batch size."""
     from benchmarks import Progress, connect_database as connect
 
-    from spark_bridge._sink import IngestSink
+    from spark_bridge import IngestSink
 
     report = BenchReport("lineage recording on the ingest sink (activedb bench ingest-lineage)")
     database = connect(rule_execution="inline")

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from activedb.batch._declare import Abort, StateTransactions
+from activedb.batch import Abort, StateTransactions
 
 __all__ = ["ACCOUNTS", "ASSETS", "GREP", "MODULUS", "TOLL_COUNT", "TOLL_SPEED", "Workload", "ZipfKeys",
            "generate_grep_sum", "generate_ledger", "generate_toll", "grep_sum", "initial_state", "ledger", "toll",
