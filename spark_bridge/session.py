@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from activedb.extras import Extra, require
 from spark_bridge import _java
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -78,8 +79,10 @@ def get_spark(app_name: str = "activedb", *, master: str = "local[2]", fast_chec
     per JVM): runtime SQL options (shuffle partitions, checkpoint file manager) are
     applied to it, but static ones (``master``, Java options) keep their first values.
 
-    Raises :class:`~spark_bridge.errors.JavaNotFoundError` when no Java 17/21 can be had.
+    Raises :class:`activedb.extras.MissingExtra` without pyspark or pyarrow (the ``spark`` extra),
+    :class:`~spark_bridge.errors.JavaNotFoundError` when no Java 17/21 can be had.
     """
+    require(Extra.SPARK, "Spark (spark_bridge.get_spark)")
     _java.ensure_java()
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

@@ -17,6 +17,7 @@ from pathlib import Path
 from activedb._embedded._files import (HANDLE_FILE, PASSWORD_FILE, SERVICE_USER, hba_trusts, make_private_directory,
                                        read_password, write_hba, write_password)
 from activedb.errors import EmbeddedServerError
+from activedb.extras import Extra, needs
 
 SUPERUSER = "postgres"
 START_TIMEOUT_SECONDS = 60
@@ -24,16 +25,14 @@ STOP_TIMEOUT_SECONDS = 60
 
 
 def bin_directory() -> Path:
+    """The PostgreSQL binaries of the ``pgserver`` wheel (the ``embedded`` extra; missing: :class:`MissingExtra`)."""
     import warnings
 
-    try:
-        with warnings.catch_warnings():      # pgserver's package import looks for a runtime directory we never use
-            warnings.simplefilter("ignore")
-            from pgserver._commands import POSTGRES_BIN_PATH
-    except ImportError as error:  # pragma: no cover - a dependency of the package
-        raise EmbeddedServerError(
-            "the embedded database needs the 'pgserver' package (it brings the PostgreSQL binaries): pip install "
-            "pgserver (or set ACTIVEDB_DATABASE_URL to an existing PostgreSQL)") from error
+    with warnings.catch_warnings(), needs(Extra.EMBEDDED, "activedb.connect() without a URL (the embedded server)",
+                                          otherwise="or connect to a server: activedb.connect(URL) or "
+                                                    "ACTIVEDB_DATABASE_URL"):
+        warnings.simplefilter("ignore")   # pgserver's package import looks for a runtime directory we never use
+        from pgserver._commands import POSTGRES_BIN_PATH
     return Path(POSTGRES_BIN_PATH)
 
 

@@ -14,6 +14,7 @@ from activedb.batch._execute import TpgExecutor
 from activedb.batch._plan import EdgeKind, OpState, build_tpg
 from activedb.batch._runtime import prepare
 from activedb.batch._strategy import Strategy, parse_strategy
+from activedb.extras import Extra, needs
 from activedb.versions import Versions
 
 _STATE_COLOURS = {OpState.EXE: "#7fc97f", OpState.ABT: "#f0027f", OpState.RDY: "#fdc086", OpState.BLK: "#bbbbbb"}
@@ -54,7 +55,8 @@ def render_tpg(transactions: StateTransactions, events: Iterable[Any], path: str
                strategy: str | Strategy = "ns/f/e", title: str | None = None) -> Path:
     """Draw the executed TPG of a small batch to ``path`` (.png or .svg) with matplotlib: one column per
     timestamp, one row per state (ND operations on their own row); returns the path."""
-    import matplotlib
+    with needs(Extra.PLOT, "a picture of a TPG"):
+        import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

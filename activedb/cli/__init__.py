@@ -28,6 +28,7 @@ import click
 
 from activedb import plugins
 from activedb.errors import ActivedbError, SchemaNotAtHead
+from activedb.extras import Extra, MissingExtra, extra_of, require
 
 WIDE = 132            # columns of tables printed to a file or a pipe
 
@@ -49,8 +50,8 @@ def console(stderr: bool = False):
 
 
 class _Group(click.Group):
-    """Turns activedb's own errors and a command's refusals (``click.ClickException``) into one clear line,
-    ``activedb: error: …``, and exit code 1."""
+    """Turns activedb's own errors, a command's refusals (``click.ClickException``) and a missing extra's
+    module into one clear line, ``activedb: error: …``, and exit code 1."""
 
     def invoke(self, ctx: click.Context):
         try:
@@ -65,6 +66,9 @@ class _Group(click.Group):
 
             if isinstance(error, ActivedbError):
                 message, code = str(error), 1
+            elif extra_of(error) is not None:             # an extra's module that a code path imported bare
+                message, code = str(MissingExtra(extra_of(error), error.name.partition(".")[0],
+                                                 f"`activedb {ctx.invoked_subcommand}`")), 1
             elif isinstance(error, click.ClickException):     # a command's own refusal: the same one-line form
                 message, code = error.format_message(), error.exit_code
             else:
@@ -245,6 +249,9 @@ def demo(ctx: click.Context, events: int, workers: int, seed: int, spark: bool, 
     if write_events is not None:
         demo_module.write_event_files(write_events, events=events, workers=workers, seed=seed, console=console())
         return
+    if spark:                                 # before anything is written: the feed would need it halfway
+        require(Extra.SPARK, "`activedb demo` (its Spark feed)", otherwise="or run it without Spark: activedb demo "
+                                                                           "--no-spark")
     with open_database(ctx, writes=True) as database:
         home = _options(ctx)["home"]          # `activedb explain --pid PID` can draw it while it runs
         serve_on_signal(database, Path(home) / "explain" if home else None)
@@ -348,7 +355,12 @@ class _Benchmarks(click.Group):
         return sorted(_benchmarks())
 
     def get_command(self, ctx: click.Context, name: str):
-        module_name = _benchmarks().get(name)
+        found = _benchmarks()
+        if not found:
+            raise click.ClickException(f"no benchmark is installed (asked for {name!r}): the benchmarks are not "
+                                       f"part of the activedb package; from a clone of its repository: pip install -e "
+                                       f"./benchmarks")
+        module_name = found.get(name)
         return None if module_name is None else _bench_command(name, module_name)
 
 
@@ -407,6 +419,8 @@ def _bench_command(name: str, module_name: str) -> click.Command:
 @main.group(cls=_Benchmarks)
 def bench() -> None:
     """Benchmarks, each against a baseline measured in the same run (`activedb bench NAME --help`).
+
+    They come from a clone of the repository, not with the package: pip install -e ./benchmarks there.
 
     Progress goes to stderr (a bar on a terminal, one line per step otherwise); the table to stdout;
     --json-only prints the JSON document instead, --json FILE writes it, --plot FILE draws the figures.

@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from activedb.cli import load_app, open_database
+from activedb.extras import Extra, needs
 
 
 @click.group("batches")
@@ -140,7 +141,8 @@ def draw(graph, title: str, path: str, notes: Sequence[str] = ()) -> None:
     saved with everything inside it (nothing cut at the edges)."""
     import textwrap
 
-    import matplotlib
+    with needs(Extra.PLOT, "a picture of a batch"):
+        import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

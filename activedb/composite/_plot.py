@@ -10,6 +10,7 @@ from typing import Any
 
 from activedb.composite._model import describe_event
 from activedb.events import seconds
+from activedb.extras import Extra, needs
 
 GAP_FACTOR = 4.0          # an empty stretch longer than this many typical interval widths is compressed to it
 LABEL_CHARACTER_INCHES = 0.045   # a 6-point label's character width, to keep lane labels apart
@@ -94,7 +95,8 @@ def plot(window: Any, path: str | Path, *, title: str | None = None, unit: str =
     Times are shown relative to the earliest lower bound in the window, in ``unit`` ("ms" or "s"); long
     empty stretches (over :data:`GAP_FACTOR` typical interval widths) are drawn that long, with a grey band
     saying how much time they stand for."""
-    import matplotlib
+    with needs(Extra.PLOT, "a picture of composite events"):
+        import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from activedb.errors import BatchAlreadyCommitted
+from activedb.extras import Extra, needs
 from activedb.store import exact_json, from_exact_json, jsonable, storable_text
 from activedb.txn import CommitParticipant
 
@@ -128,7 +129,8 @@ def encode_original(row: Any) -> Any:
 def decode_original(stored: Any) -> Any:
     """The inverse of :func:`encode_original`."""
     if isinstance(stored, Mapping) and len(stored) == 1 and _ARROW_TAG in stored:
-        import pyarrow as pa
+        with needs(Extra.SPARK, "reading a row Spark delivered (an Arrow table)"):
+            import pyarrow as pa
 
         return pa.ipc.open_stream(base64.b64decode(stored[_ARROW_TAG])).read_all()
     return from_exact_json(stored)

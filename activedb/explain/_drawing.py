@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from activedb.extras import Extra, needs
+
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.explain import ExplainNode, Explanation, HeldLock
 
@@ -144,11 +146,12 @@ def _crosses(p0, p2, rad: float, boxes) -> bool:
 
 def draw(explanation: Explanation, dpi: int):
     """The picture of ``explanation`` as a matplotlib ``Figure`` (the caller saves it)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import FancyArrowPatch, Patch
-    from matplotlib.path import Path as CurvePath
+    with needs(Extra.PLOT, "drawing an explanation"):
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.lines import Line2D
+        from matplotlib.patches import FancyArrowPatch, Patch
+        from matplotlib.path import Path as CurvePath
 
     positions = _layout(explanation)
     columns = max([x for x, _ in positions.values()], default=0.0) + 1

@@ -10,10 +10,12 @@ import threading
 from collections.abc import Iterator
 from typing import Any, Protocol
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.registry import Collector
-
+from activedb.extras import Extra, needs
 from activedb.metrics._latency import BatchLatency
+
+with needs(Extra.METRICS, "Prometheus metrics (activedb.metrics)"):
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+    from prometheus_client.registry import Collector
 
 logger = logging.getLogger("activedb.metrics")
 

