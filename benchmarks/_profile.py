@@ -60,3 +60,43 @@ def add_frame_ends(stats: pstats.Stats, raw: dict[str, float]) -> None:
     ``_begin_inline`` and ``commit`` did not call them (those are in the phases already)."""
     raw["child create"] += cumulative(stats, _NEW_FRAME) - called_from(stats, _NEW_FRAME, _BEGIN_INLINE)
     raw["child commit"] += cumulative(stats, _END_FRAME) - called_from(stats, _END_FRAME, _COMMIT)
+
+
+def server_cpu_seconds(engine) -> float | None:
+    """CPU seconds (user and system) the PostgreSQL server behind ``engine`` has used so far, all its processes
+    together — the postmaster's children alive now and, through the postmaster's ``cutime``/``cstime``, those that
+    ended — read from ``/proc``; None when the server does not run on this machine (its backend's pid is not a
+    local ``postgres`` process).  The difference of two readings is the server's share of the work between them,
+    whatever the machine's load (a CPU time, not a wall time)."""
+    import os
+
+    with engine.connect() as connection:
+        backend = connection.exec_driver_sql("SELECT pg_backend_pid()").scalar()
+    try:
+        with open(f"/proc/{backend}/comm") as comm:
+            if comm.read().strip() not in ("postgres", "postmaster"):
+                return None
+        postmaster = int(_proc_stat(backend)[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = _proc_stat(int(entry))
+        except (OSError, IndexError):
+            continue                    # (a process that ended meanwhile)
+        if int(entry) == postmaster:
+            total += sum(int(value) for value in fields[11:15])     # its own and its ended children's
+        elif int(fields[1]) == postmaster:
+            total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
+def _proc_stat(pid: int) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the command name: [0] state, [1] ppid, ..., [11] utime, [12] stime,
+    [13] cutime, [14] cstime."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()

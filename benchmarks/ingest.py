@@ -49,7 +49,15 @@ For each ``S``, in the same run on the same Spark session and PostgreSQL:
    event by phase (validate, match, lock, read, write, child create, child commit, dispatch and firing record,
    flush, the rest) from a cProfile of one batch scaled to the median unprofiled one, and the share spent
    waiting for PostgreSQL against Python's.  Both take their batches as ``pyarrow`` tables, as
-   ``DataFrame.toArrow()`` hands them to the sink.
+   ``DataFrame.toArrow()`` hands them to the sink;
+5. **where a hand-hygiene ECA event's time goes** — ``app.py``'s rules at 1k per batch without Spark, and the
+   PL/pgSQL peer on the same events: CPU time per event of the sink's thread, of the process's other threads (the
+   outbox runners: the detached family) and of the PostgreSQL server's processes (read from ``/proc``: the server
+   must run on this machine), whatever else the machine runs; the row is the Python (both threads' CPU) against
+   the server's, with the goal that the first is at most 3x the second;
+6. **the ECA application on the scale-out path** — at the plan's largest size (100k; 1k in ``--quick``), ``app.py``
+   with ``partition_by_key=2`` (two Spark tasks, an engine each) against the one-task runs of that size, its tables
+   compared with the peer's; goal at 100k: 1.6x one task on two cores.
 
 Events/s is steady state: rows / Spark's ``triggerExecution`` time of each batch (planning,
 offset and commit logs, the sink), summed over every batch but the first of each run.  The PL/pgSQL
@@ -111,6 +119,13 @@ COUNTER_TRIGGER = "PL/pgSQL counter trigger (COPY)"
 COUNTER_EXECUTEMANY = "psycopg executemany ON CONFLICT"
 #: Engine time per event with one immediate rule, run inline (µs): the core redesign's goal.
 ENGINE_GOAL_US = 40.0
+#: The hand-hygiene ECA application at 1k per batch: the sink's own Python work per event at most this many times
+#: PostgreSQL's server time per event (issue 54's "where the time goes" row).
+ECA_PYTHON_GOAL = 3.0
+#: The scale-out path with two partitions on two cores, independent keys, 100k events per batch: at least this many
+#: times one task's rate (issue 54).
+SCALE_OUT_GOAL = 1.6
+HAND_HYGIENE_APP = "activedb.examples.hand_hygiene.app"     # what the scale-out tasks import and register
 QUERY_PREFIX = "bench-ingest"
 PHASES = ("spark", "to_arrow", "validate", "engine", "commit", "flush")
 
@@ -475,6 +490,92 @@ def _declared_phases(database, size: int) -> dict[str, Any]:
             "postgresql_share": round(waiting / total, 3), "python_share": round(1 - waiting / total, 3)}
 
 
+def _wait_outbox_drained(database, timeout: float) -> None:
+    """Wait until no recorded detached firing is pending (the scale-out tasks' engines run theirs in Spark's Python
+    workers, which the driver's ``wait_idle`` does not see)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with database.engine.connect() as connection:
+            pending = connection.execute(sa.text("SELECT count(*) FROM activedb_outbox WHERE status = 'pending'")).scalar()
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{pending} detached firings still pending after {timeout:g} s")
+        time.sleep(0.2)
+
+
+def _eca_split(database, url: str, size: int) -> dict[str, Any]:
+    """Where a hand-hygiene ECA event's time goes at ``size`` events per batch, without Spark: the same events
+    through ``IngestSink.process`` with ``app.py``'s rules (every coupling mode; a warm-up batch, then the measured
+    ones, the detached family's runs waited for inside the window) and through the PL/pgSQL peer (sorted, ``COPY``
+    into ``hh_badge_events``), each measured as CPU time per event — of the sink's thread (its own Python: validate,
+    the engine, the flush's Python and driver calls), of the process's other threads over the same window (the
+    outbox's group runners running the detached family) and of the PostgreSQL server's processes
+    (``server_cpu_seconds``: the flush, the outbox's statements, the peer's triggers).  CPU times, not wall times:
+    what each side does, whatever else the machine runs.  Also the wall time per event of the median batch of each,
+    and whether the two left the same tables."""
+    from activedb.examples.hand_hygiene.app import reset_tables
+    from activedb.examples.hand_hygiene.events import generate
+    from benchmarks._profile import server_cpu_seconds
+
+    from spark_bridge import EventMapping, IngestSink
+    from spark_bridge._baseline import PlainWriteSink
+
+    batches = _arrow_batches(generate(WORKERS, size * TIMED_BATCHES, SEED + 3), size)
+    measured = sum(batch.num_rows for batch in batches[1:])
+    query_id = f"{QUERY_PREFIX}-eca-split@{time.time_ns()}"
+
+    def window(process_batch, settle) -> dict[str, Any]:
+        process_batch(0)                                         # warm-up
+        settle()
+        server, process, thread = server_cpu_seconds(database.engine), time.process_time(), time.thread_time()
+        walls = []
+        for number in range(1, len(batches)):
+            started = time.perf_counter()
+            process_batch(number)
+            walls.append(time.perf_counter() - started)
+        settle()
+        thread, process = time.thread_time() - thread, time.process_time() - process
+        server_after = server_cpu_seconds(database.engine)
+        server = None if server is None or server_after is None else server_after - server
+        return {"sink_thread_cpu_us": round(thread / measured * 1e6, 1),
+                "other_threads_cpu_us": round(max(0.0, process - thread) / measured * 1e6, 1),
+                "server_cpu_us": None if server is None else round(server / measured * 1e6, 1),
+                "wall_us_median_batch": round(statistics.median(walls) / size * 1e6, 1)}
+
+    reset_tables(database)
+    sink = IngestSink(database, EventMapping("type", "worker", "ts", payload_columns=("room",)),
+                      query_name=f"{QUERY_PREFIX}-eca-split", prefetch={"worker_status": None})
+    try:
+        rules = window(lambda number: sink.process(batches[number], number, query_id=query_id),
+                       lambda: database.rules.wait_idle(600))
+    finally:
+        sink.close()
+    rules_state = _app_state(database)
+    reset_tables(database)
+    with database.engine.begin() as connection:
+        connection.execute(sa.text("TRUNCATE hh_badge_events"))
+    peer_sink = PlainWriteSink(url, "hh_badge_events", columns=("type", "worker", "ts", "room"),
+                               ledger_values={"transaction_id": "bench-plpgsql-peer"}, ledger_count_column="events")
+    try:
+        peer = window(lambda number: peer_sink.write_batch(batches[number].sort_by("ts"), number,
+                                                           f"{query_id}-peer"),
+                      lambda: None)
+    finally:
+        peer_sink.close()
+    same = _app_state(database) == rules_state
+    with database.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM activedb_ingestion_ledger WHERE query_id LIKE :q"),
+                           {"q": f"{query_id}%"})
+        connection.execute(sa.text("TRUNCATE hh_badge_events"))
+    reset_tables(database)
+    python_us = rules["sink_thread_cpu_us"] + rules["other_threads_cpu_us"]
+    return {"events_per_batch": size, "measured_events": measured, "python_cpu_us": round(python_us, 1),
+            **{f"rules_{name}": value for name, value in rules.items()},
+            **{f"peer_{name}": value for name, value in peer.items()},
+            "same_result_as_the_peer": same}
+
+
 def _series(report: BenchReport) -> None:
     """events/s against the batch size, per path (for ``--plot``)."""
     paths: dict[str, list[tuple[float, float]]] = {}
@@ -505,7 +606,7 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
     report = BenchReport("Spark ingestion end to end (activedb bench ingest)")
     plan = dict(QUICK_PLAN if quick else PLAN)
     scale_out_from = 1_000 if quick else 10_000
-    progress.start("bench ingest", total=2 + sum(6 + 3 * (1 if quick else ROUNDS.get(size, 1))
+    progress.start("bench ingest", total=3 + sum(6 + 3 * (1 if quick else ROUNDS.get(size, 1)) + (size == max(plan))
                                              + (1 if size >= scale_out_from else 0) for size in plan))
     progress.note("starting Spark and the databases ...")
     timeout = 600.0 if quick else 3600.0
@@ -626,6 +727,25 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
                            met=end_to_end >= GOAL_EVENTS_PER_SECOND,
                            extra={"detached_drain_seconds": rules["detached_drain_seconds"],
                                   "outbox": _outbox_figures(database)}))
+            if size == max(plan):
+                # The ECA application on the scale-out path: the batch partitioned by worker (two Spark tasks, an
+                # engine each in Spark's Python workers) against the one-task runs above; tables as the peer's.
+                reset_tables(database)
+                with progress.step(f"{size:,} events/batch: hand-hygiene rules, scale-out 2 partitions"):
+                    scaled_out = _rule_run(spark, database, source, folder / f"rules-p2-{size}",
+                                           f"{QUERY_PREFIX}-p2-{size}", mapping, {"worker_status": None}, timeout,
+                                           partition_by_key=2, app=HAND_HYGIENE_APP)
+                _wait_outbox_drained(database, timeout)
+                scaled_rate = scaled_out["rows"] / scaled_out["seconds"]
+                goal = size >= 100_000
+                report.add(Row(name=f"{size:,} events/batch: hand-hygiene rules, scale-out 2 partitions vs one task",
+                               value=scaled_rate, unit="events/s", baseline_name="hand-hygiene rules, one task",
+                               baseline=rule_rate, ratio=scaled_rate / rule_rate,
+                               target=f">= {SCALE_OUT_GOAL:g} of one task" if goal else None,
+                               met=scaled_rate / rule_rate >= SCALE_OUT_GOAL if goal else None,
+                               extra={"partitions": 2, "cores": os.cpu_count(), "measured_batches": scaled_out["batches"],
+                                      "same_result_as_the_peer": _app_state(database) == states["peer"],
+                                      **_microseconds(scaled_out["per_phase"], scaled_out["rows"])}))
             counter_peers: dict[str, float] = {}
             trigger_counters: list[tuple] = []
             for peer_name, method in ((COUNTER_TRIGGER, "copy"), (COUNTER_EXECUTEMANY, "executemany")):
@@ -689,6 +809,16 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
         report.add(Row(name=f"{min(split_size, 10_000):,} events/batch: hand-hygiene as declared rules, time per "
                             f"event by phase, without Spark", value=declared_split["us_per_event"], unit="µs/event",
                        extra=declared_split))
+        with progress.step("1,000 events/batch: where a hand-hygiene ECA event's time goes (no Spark, CPU times)"):
+            eca = _eca_split(database, url, 1_000)
+        server_us = eca["rules_server_cpu_us"]
+        times = None if not server_us else eca["python_cpu_us"] / server_us
+        report.add(Row(name="1,000 events/batch: hand-hygiene ECA rules, where the time goes: the sink's Python vs "
+                            "PostgreSQL's server time per event, without Spark", value=eca["python_cpu_us"],
+                       unit="µs/event", baseline_name="PostgreSQL server CPU per event (same run)", baseline=server_us,
+                       ratio=None if times is None else round(times, 2),
+                       target=f"Python <= {ECA_PYTHON_GOAL:g}x PostgreSQL's server time",
+                       met=None if times is None else times <= ECA_PYTHON_GOAL, extra=eca))
         _series(report)
         report.notes.append(
             f"hand-hygiene workload: events.generate({WORKERS} workers, seed {SEED}); {dict(plan)} "
