@@ -230,6 +230,11 @@ def failure_message(sink: Any, failure: BaseException, app: str) -> str:
         cause = f"batch {batch} failed: {describe(error)}{_where(error)}"
         return f"{cause}\n  what to do: {what_to_do(error, app)}"
     text = first_line(failure)
+    if "CONCURRENT_STREAM_LOG_UPDATE" in str(failure):
+        return (f"the streaming query failed: another process runs this query too, on the same checkpoint (Spark "
+                f"found its log written by another writer: CONCURRENT_STREAM_LOG_UPDATE)\n  what to do: stop the "
+                f"other one, or run this one with its own --query-name (or --checkpoint); the batches it committed "
+                f"stay committed, exactly once")
     marker = "Reason: "
     if marker in text:
         text = text.split(marker, 1)[1]
@@ -237,8 +242,9 @@ def failure_message(sink: Any, failure: BaseException, app: str) -> str:
             f"run the same command again: it resumes from the checkpoint")
 
 
-def _refuse_reset_with_progress(database: Any, name: str, checkpoint_dir: Path) -> None:
-    """Refuse ``--reset`` when the ledger or the checkpoint has progress for query ``name`` (the error says why)."""
+def _progress(database: Any, name: str, checkpoint_dir: Path) -> list[str]:
+    """What query ``name`` has done so far, in words (empty: it starts over): its ledger rows, its checkpoint's
+    committed micro-batches."""
     import spark_bridge
 
     found = []
@@ -249,11 +255,79 @@ def _refuse_reset_with_progress(database: Any, name: str, checkpoint_dir: Path) 
     committed = sum(1 for path in commits.iterdir() if path.name.isdigit()) if commits.is_dir() else 0
     if committed:
         found.append(f"the checkpoint {checkpoint_dir} has {committed:,} committed batches")
+    return found
+
+
+def _refuse_reset_with_progress(found: list[str], name: str) -> None:
+    """Refuse ``--reset`` when query ``name`` has progress (``found``, from :func:`_progress`; the error says why)."""
     if found:
         raise click.ClickException(
             f"--reset refused: query {name!r} has progress ({'; '.join(found)}), and it would resume after it "
             f"while --reset empties the tables its batches wrote, losing their data. Run without --reset to "
             f"resume, or start over with a new --query-name (and --checkpoint) together with --reset.")
+
+
+#: Words of a dead letter's reason that say the event came too late: the stream's watermark (the sink's
+#: reason) or an application's own rule ("older than his last applied event").
+_LATE = re.compile(r"\blate\b|\bolder than\b", re.IGNORECASE)
+
+
+def dead_letter_hint(database: Any, app: str, name: str, *, started_over: bool, reset: bool, source: str) -> list[str]:
+    """What ``run`` says after a run that wrote dead letters: which of query ``name``'s are late — older than
+    the state the application's tables held, so a replay would reject them again — and, for a query that
+    started over on tables earlier runs filled (a new name without ``--reset``), that this is why."""
+    import spark_bridge
+    from activedb import deadletters
+
+    reasons = deadletters.count_by_reason(database, deadletters.LetterFilter(query=name, replayed=False))
+    late = sum(count for reason, count in reasons.items() if _LATE.search(reason))
+    others = sum(reasons.values()) - late
+    lines = []
+    if late:
+        lines.append(f"{late:,} of query {name}'s dead letters are late: older than what the application's tables "
+                     f"(or the stream's watermark) held when they came; `dead-letters replay` would reject them again")
+        if started_over and not reset:
+            earlier = [status.query_name for status in spark_bridge.ingestion_status(database)
+                       if status.query_name != name]
+            by = f" (queries {', '.join(earlier)} wrote to them)" if earlier else ""
+            lines.append(f"query {name!r} is new and started over without --reset, on tables that earlier runs "
+                         f"left{by}: to apply every event from empty tables, run `activedb run {app} --source {source} "
+                         f"--query-name NEW --reset`")
+    if others:
+        lines.append(f"`activedb dead-letters replay {app} --query {name}` re-submits "
+                     f"{'the other ' if late else ''}{others:,} once their cause is fixed")
+    return lines
+
+
+class CheckpointInUse(click.ClickException):
+    """Another ``activedb run`` holds the query's checkpoint."""
+
+
+@contextlib.contextmanager
+def _checkpoint_lock(checkpoint_dir: Path, name: str):
+    """Hold ``checkpoint_dir/.activedb-run.lock`` (an exclusive ``flock``, released when this process ends,
+    however it ends) while ``run`` uses the checkpoint: two runs of one query on one checkpoint would both
+    write Spark's logs there, and the later writer fails in the middle of a batch."""
+    import fcntl
+    import os
+
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    path = checkpoint_dir / ".activedb-run.lock"
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(descriptor, 64, 0).decode(errors="replace").strip() or "?"
+            raise CheckpointInUse(
+                f"query {name!r} is running in another process (pid {holder}), on the same checkpoint "
+                f"{checkpoint_dir}: two runs of one query cannot share it. Stop that one first (Ctrl-C), or give "
+                f"this run another --query-name (or --checkpoint)") from None
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(descriptor)
 
 
 @click.command("run")
@@ -330,7 +404,14 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
 
     if reset and loaded.reset is None:
         raise click.ClickException(f"--reset: application {loaded.name} has no reset(db) function")
-    database = open_database(ctx, writes=True)
+    held = contextlib.ExitStack()        # the checkpoint's lock, until the end of the run
+    held.enter_context(_checkpoint_lock(checkpoint_dir, name))
+    try:
+        database = open_database(ctx, writes=True)
+    except BaseException:
+        held.close()
+        raise
+    held.callback(database.close)
     home = obj.get("home")                # `activedb explain --pid PID` draws this process
     from activedb.explain import serve_on_signal
 
@@ -344,8 +425,9 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
             console.print(f"metrics: {metrics.url}", highlight=False)
         if loaded.migrations is not None:
             database.upgrade_app(loaded.migrations)
+        progress = _progress(database, name, checkpoint_dir)
         if reset:
-            _refuse_reset_with_progress(database, name, checkpoint_dir)
+            _refuse_reset_with_progress(progress, name)
             loaded.reset(database)
             console.print(f"reset: {loaded.name}'s tables are empty", highlight=False)
         loaded.register(database)
@@ -396,8 +478,10 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
         console.print(progress_line(final), highlight=False, soft_wrap=True)
         if final.dead_letters:
             console.print(f"{final.dead_letters:,} rows went to the dead letters: `activedb dead-letters list --query "
-                          f"{name}` shows why, `activedb dead-letters replay {app} --query {name}` re-submits them",
-                          highlight=False, soft_wrap=True)
+                          f"{name}` shows why", highlight=False, soft_wrap=True)
+            for line in dead_letter_hint(database, app, name, started_over=not progress, reset=reset,
+                                         source=source_text):
+                console.print(line, highlight=False, soft_wrap=True)
         if failure is not None and how != "stopped":
             if is_missing_data_source(failure) and source.kind == "kafka":
                 raise click.ClickException(f"the streaming query failed: {kafka_hint()}")
@@ -410,7 +494,7 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
             spark.stop()
         if metrics is not None:
             metrics.close()
-        database.close()
+        held.close()                     # the database, then the checkpoint's lock
 
 
 def _load_app(app: str, verbose: bool) -> Any:
