@@ -6,6 +6,7 @@ Messages say what happened *and what to do next*.  The CLI prints
 
 from __future__ import annotations
 
+import datetime as _dt
 import enum
 
 
@@ -36,6 +37,12 @@ class DatabaseError(ActivedbError):
 
 class DiskFull(DatabaseError):
     """The database server's disk is full (SQLSTATE 53100): nothing was written."""
+
+
+class ServerDiskFull(DiskFull, DatabaseUnavailable):
+    """PostgreSQL stopped (a PANIC) because its disk is full — the write-ahead log could not be written, so
+    every session lost its connection and no SQLSTATE came back.  Told from another lost connection by the
+    server's log (:func:`disk_full_panic`); both a :class:`DiskFull` and a :class:`DatabaseUnavailable`."""
 
 
 class Failure(enum.Enum):
@@ -102,12 +109,12 @@ def classify(error: BaseException) -> Failure:
 
 
 def _classify_one(error: BaseException) -> Failure | None:
+    if isinstance(error, DiskFull):           # before DatabaseUnavailable: a ServerDiskFull is both
+        return Failure.DISK_FULL
     if isinstance(error, DatabaseUnavailable):
         return Failure.CONNECTION_LOST
     if isinstance(error, SerializationConflict):
         return Failure.SERIALIZATION_CONFLICT
-    if isinstance(error, DiskFull):
-        return Failure.DISK_FULL
     if isinstance(error, SchemaError):
         return Failure.BAD_VALUE
     if isinstance(error, DatabaseError):
@@ -144,6 +151,11 @@ def database_failure(error: BaseException, doing: str, where: str, *, server_log
     lines = str(orig).strip().splitlines()
     message = lines[0] if lines else type(orig).__name__
     log = f"; the server's log is {server_log}" if server_log else ""
+    panic = disk_full_panic(server_log) if kind is Failure.CONNECTION_LOST else None
+    if panic is not None:
+        return ServerDiskFull(
+            f"PostgreSQL stopped ({where}) while {doing}: its disk is full — its log {server_log} says: {panic}. "
+            f"{DISK_FULL_ADVICE}")
     if kind is Failure.CONNECTION_LOST and doing == "connecting":
         return DatabaseUnavailable(
             f"cannot connect to PostgreSQL at {where}: {message}. Check the URL (connect(url) or "
@@ -160,6 +172,59 @@ def database_failure(error: BaseException, doing: str, where: str, *, server_log
     return DatabaseError(
         f"PostgreSQL refused {doing} ({where}) (SQLSTATE {sqlstate}): {message}. "
         f"{_HINTS.get(kind, 'Fix what the message says, then retry')}", sqlstate=sqlstate)
+
+
+DISK_FULL_ADVICE = ("Nothing committed is affected; free space on the disk of the server's data directory (its "
+                    "write-ahead log, pg_wal, needs it first), then retry: PostgreSQL recovers on its own once it can "
+                    "write again")
+
+#: How long after a PANIC for a full disk a lost connection is put down to it.
+PANIC_RECENT_SECONDS = 600.0
+_LOG_TAIL_BYTES = 256 * 1024
+
+
+def disk_full_panic(server_log: str | None, *, now: _dt.datetime | None = None) -> str | None:
+    """The line of PostgreSQL's log ``server_log`` (the embedded server's; None: unknown) saying the server
+    PANICked on a full disk ("No space left on device"), if it is the log's latest PANIC and was logged in
+    the last :data:`PANIC_RECENT_SECONDS`; else None.  A full disk under the write-ahead log reaches the
+    client only as a lost connection: this is how that case is told apart.  Reads the log's last 256 kB;
+    a line without the embedded server's timestamp prefix (``%m``) is not trusted."""
+    import re
+
+    if not server_log:
+        return None
+    try:
+        with open(server_log, "rb") as log:
+            log.seek(0, 2)
+            log.seek(max(0, log.tell() - _LOG_TAIL_BYTES))
+            tail = log.read().decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    panic = next((line for line in reversed(tail.splitlines()) if "PANIC:" in line), None)
+    if panic is None or "No space left on device" not in panic:
+        return None
+    stamp = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?) (\S+)", panic)
+    if stamp is None:
+        return None
+    logged = _dt.datetime.fromisoformat(stamp.group(1))
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    zone = _zone(stamp.group(2))
+    candidates = [now.astimezone(zone).replace(tzinfo=None)] if zone is not None else [
+        now.astimezone().replace(tzinfo=None), now.replace(tzinfo=None)]     # an abbreviation: local or UTC
+    if not any(-60 <= (candidate - logged).total_seconds() <= PANIC_RECENT_SECONDS for candidate in candidates):
+        return None
+    return panic[panic.index("PANIC:"):].strip()
+
+
+def _zone(name: str) -> _dt.tzinfo | None:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    if name in ("UTC", "GMT"):
+        return _dt.timezone.utc
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        return None
 
 
 _HINTS = {

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Mapping
 
 import sqlalchemy as sa
 
-from activedb.errors import (DatabaseError, DatabaseUnavailable, DiskFull, DuplicateKey, Failure, SerializationConflict,
-                             classify, sqlstate_of)
+from activedb.errors import (DISK_FULL_ADVICE, DatabaseError, DatabaseUnavailable, DiskFull, DuplicateKey, Failure,
+                             SerializationConflict, ServerDiskFull, classify, disk_full_panic, sqlstate_of)
 from activedb.store import EntryKind, Key, TableInfo, apply_write_set, fetch_rows, is_connection_failure, jsonable
 from activedb.txn._rowlocks import RowLocks
 from activedb.txn._view import scan_rows
@@ -287,21 +287,26 @@ def _raise_unknown_outcome(root: "Transaction", error: BaseException) -> None:
     catalog = root.manager.catalog
     server_log = catalog.server_log()
     describe = catalog.describe() + (f"; the server's log is {server_log}" if server_log else "")
+    panic = disk_full_panic(server_log)        # a full disk under the WAL: the server stopped, no SQLSTATE
+    if panic is not None:
+        lost, kind = f"PostgreSQL stopped because its disk is full ({describe}: {panic})", ServerDiskFull
+        advice = f" {DISK_FULL_ADVICE}"
+    else:
+        lost, kind, advice = f"lost the connection to PostgreSQL ({describe})", DatabaseUnavailable, ""
     try:
         log = catalog.table("activedb_transaction_log")
         with catalog.engine.connect() as connection:
             committed = connection.execute(
                 sa.select(log.c.id).where(log.c.transaction_id == root.log_id)).first() is not None
     except (sa.exc.DBAPIError, DatabaseUnavailable):
-        raise DatabaseUnavailable(
-            f"lost the connection to PostgreSQL ({describe}) while committing {root.id}; "
-            f"PostgreSQL applied all of it or nothing — look for transaction_id {root.log_id!r} in "
-            f"activedb_transaction_log once the server is back"
+        raise kind(
+            f"{lost} while committing {root.id}; PostgreSQL applied all of it or nothing — look for transaction_id "
+            f"{root.log_id!r} in activedb_transaction_log once the server is back.{advice}"
         ) from error
     if committed:
         logger.warning("connection lost after %s committed; the log confirms the commit", root.id)
         return
-    raise DatabaseUnavailable(
-        f"lost the connection to PostgreSQL ({describe}) while committing {root.id}; nothing was "
-        f"written (activedb_transaction_log has no {root.log_id!r}) — re-run the transaction"
+    raise kind(
+        f"{lost} while committing {root.id}; nothing was written (activedb_transaction_log has no "
+        f"{root.log_id!r}) — re-run the transaction.{advice}"
     ) from error

@@ -23,7 +23,8 @@ import sqlalchemy as sa
 
 import activedb
 from activedb import _embedded
-from activedb.errors import BadDatabaseURL, DatabaseError, DatabaseUnavailable, DiskFull, Failure, classify
+from activedb.errors import (BadDatabaseURL, DatabaseError, DatabaseUnavailable, DiskFull, Failure, ServerDiskFull,
+                             classify, database_failure, disk_full_panic)
 from tests.conftest import APP_MIGRATIONS
 
 
@@ -190,16 +191,51 @@ def test_a_full_disk_is_disk_full_or_unavailable_naming_the_server_log(tmp_path)
                 break
         assert caught is not None, "the filesystem never filled up"
         log = str(home.resolve() / "pgdata" / "log")
-        if isinstance(caught, DiskFull):
+        if disk_full_panic(log) is not None:       # the server PANICked on its WAL: the connection is gone
+            assert isinstance(caught, ServerDiskFull) and isinstance(caught, DatabaseUnavailable), repr(caught)
+            assert "its disk is full" in str(caught) and "No space left on device" in str(caught)
+            assert "lost the connection" not in str(caught) and "pg_wal" in str(caught), str(caught)
+            assert classify(caught) is Failure.DISK_FULL
+        else:
+            assert isinstance(caught, DiskFull), repr(caught)
             assert caught.sqlstate == "53100" and "free space" in str(caught)
-        else:                        # the server PANICked on its WAL: the connection is gone
-            assert classify(caught) is Failure.CONNECTION_LOST
         assert log in str(caught), str(caught)
     finally:
         if database is not None:
             database.close()
         _embedded.stop(home)
         subprocess.run(["umount", "-l", str(mount)], capture_output=True, timeout=60)
+
+
+def test_a_lost_connection_is_put_down_to_a_full_disk_only_by_a_recent_panic_in_the_servers_log(tmp_path):
+    """What tells a full disk under the WAL (the server PANICs, the client only loses its connection) from
+    another lost connection: the server's log, its latest PANIC, logged in the last minutes."""
+    import datetime as dt
+
+    with pytest.raises(psycopg.OperationalError) as refused:
+        psycopg.connect("host=127.0.0.1 port=1 dbname=x user=x connect_timeout=5")
+    now = dt.datetime.now(dt.timezone.utc)
+    panic = ('PANIC:  could not write to file "pg_wal/xlogtemp.4242": No space left on device')
+    log = tmp_path / "log"
+
+    def logged(*lines: tuple[dt.datetime, str]) -> str:
+        log.write_text("".join(f"{moment:%Y-%m-%d %H:%M:%S.%f}"[:-3] + f" UTC [4242] {text}\n" for moment, text in lines))
+        return str(log)
+
+    recent = logged((now - dt.timedelta(minutes=20), "LOG:  database system is ready to accept connections"),
+                    (now - dt.timedelta(seconds=3), panic),
+                    (now - dt.timedelta(seconds=2), "LOG:  server process (PID 4243) was terminated by signal 6"))
+    assert disk_full_panic(recent) == panic
+    error = database_failure(refused.value, "committing", "host x", server_log=recent)
+    assert isinstance(error, ServerDiskFull) and classify(error) is Failure.DISK_FULL
+    assert "its disk is full" in str(error) and "pg_wal" in str(error) and "lost the connection" not in str(error)
+    for old_or_other in (logged((now - dt.timedelta(hours=2), panic)),                       # an old incident
+                         logged((now - dt.timedelta(seconds=9), panic),
+                                (now - dt.timedelta(seconds=3), "PANIC:  something else")),  # not the latest
+                         logged((now, "LOG:  checkpoint complete"))):
+        assert disk_full_panic(old_or_other) is None
+        error = database_failure(refused.value, "committing", "host x", server_log=old_or_other)
+        assert type(error) is DatabaseUnavailable and "lost the connection" in str(error)
 
 
 def test_the_cli_prints_a_database_failure_no_layer_wrapped_as_one_line_not_a_traceback():
