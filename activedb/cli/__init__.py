@@ -53,6 +53,7 @@ class _Group(click.Group):
     """Turns activedb's own errors, a command's refusals (``click.ClickException``) and a missing extra's
     module into one clear line, ``activedb: error: …``, and exit code 1."""
 
+
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
@@ -86,7 +87,28 @@ class _Group(click.Group):
             ctx.exit(code)
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+class _MainGroup(_Group):
+    """The ``activedb`` group: the commands other packages contribute are added when a command is first looked
+    up, not when this module is imported (one of them may import this module)."""
+
+    _plugins_loaded = False
+
+    def _load_plugins(self) -> None:
+        if not self._plugins_loaded:
+            self._plugins_loaded = True
+            for entry in plugins.entry_points(plugins.COMMANDS).values():
+                entry.load()(self)
+
+    def get_command(self, ctx: click.Context, cmd_name: str):
+        self._load_plugins()
+        return super().get_command(ctx, cmd_name)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        self._load_plugins()
+        return super().list_commands(ctx)
+
+
+@click.group(cls=_MainGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--url", envvar="ACTIVEDB_DATABASE_URL", default=None,
               help="PostgreSQL URL (default: the embedded server under ACTIVEDB_HOME).")
 @click.option("--home", envvar="ACTIVEDB_HOME", default=None, type=click.Path(file_okay=False),
@@ -428,14 +450,12 @@ def bench() -> None:
 
 
 def _register_commands() -> None:
-    """The command groups of this package's modules (they use the helpers above), then the commands other
-    packages contribute (``activedb run`` and ``status`` come with spark_bridge)."""
+    """The command groups of this package's modules (they use the helpers above); the commands other packages
+    contribute (``activedb run`` and ``status`` come with spark_bridge) follow at the first lookup (``_Group``)."""
     from activedb.cli import dead_letters, rules, schema
 
     for group in (schema.db, schema.app, rules.rules, dead_letters.dead_letters):
         main.add_command(group)
-    for entry in plugins.entry_points(plugins.COMMANDS).values():
-        entry.load()(main)
 
 
 _register_commands()

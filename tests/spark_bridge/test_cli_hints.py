@@ -91,7 +91,6 @@ class _NoBatchFailed:
 
 
 def test_spark_finding_its_log_written_by_another_writer_says_another_process_runs_the_query():
-    from activedb.cli import main  # noqa: F401 - loads the commands spark_bridge adds, in the CLI's order
     from spark_bridge._cli import failure_message
 
     failure = RuntimeError("[CONCURRENT_STREAM_LOG_UPDATE] Concurrent update to the log. Multiple streaming jobs "
