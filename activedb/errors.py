@@ -174,9 +174,8 @@ def database_failure(error: BaseException, doing: str, where: str, *, server_log
         f"{_HINTS.get(kind, 'Fix what the message says, then retry')}", sqlstate=sqlstate)
 
 
-DISK_FULL_ADVICE = ("Nothing committed is affected; free space on the disk of the server's data directory (its "
-                    "write-ahead log, pg_wal, needs it first), then retry: PostgreSQL recovers on its own once it can "
-                    "write again")
+DISK_FULL_ADVICE = ("Free space on the disk of the server's data directory (its write-ahead log, pg_wal, needs it "
+                    "first): the server reinitializes after a PANIC and needs that space to recover; then retry")
 
 #: How long after a PANIC for a full disk a lost connection is put down to it.
 PANIC_RECENT_SECONDS = 600.0

@@ -207,6 +207,45 @@ def test_a_full_disk_is_disk_full_or_unavailable_naming_the_server_log(tmp_path)
         subprocess.run(["umount", "-l", str(mount)], capture_output=True, timeout=60)
 
 
+def test_a_full_disk_under_the_write_ahead_log_is_disk_full_not_a_lost_connection(tmp_path):
+    """pg_wal on a small file system of its own: a commit finds no room for the WAL, the server PANICs and
+    every session loses its connection (no SQLSTATE). The error says the disk is full, quoting the log."""
+    home = tmp_path / "home"
+    _own_database(home).close()
+    _embedded.stop(home)
+    pgdata = home.resolve() / "pgdata"
+    wal = tmp_path / f"wal-{uuid.uuid4().hex[:8]}"
+    if not _mount_small_filesystem(wal, 48):
+        pytest.skip("mounting a small tmpfs needs root and a mount the machine allows")
+    database = None
+    try:
+        for entry in (pgdata / "pg_wal").iterdir():
+            shutil.move(str(entry), wal / entry.name)
+        (pgdata / "pg_wal").rmdir()
+        (pgdata / "pg_wal").symlink_to(wal)
+        database = activedb.connect(home=home)
+        caught = None
+        for number in range(1000):
+            try:
+                database.run(lambda tx, n=number: tx.write("accounts", 1000 + n, owner=secrets.token_hex(100_000)),
+                             retries=0)
+            except (DiskFull, DatabaseUnavailable) as error:
+                caught = error
+                break
+        assert caught is not None, "the write-ahead log never filled its file system"
+        assert isinstance(caught, ServerDiskFull) and classify(caught) is Failure.DISK_FULL, repr(caught)
+        text = str(caught)
+        assert "its disk is full" in text and "pg_wal" in text and str(pgdata / "log") in text, text
+        assert "PANIC:" in text and "No space left on device" in text and "lost the connection" not in text, text
+        assert "while committing" in text, text
+    finally:
+        if database is not None:
+            _kill_server(database)          # it is recovering from the PANIC: nothing here is needed after it
+            database.close()
+        _embedded.stop(home)
+        subprocess.run(["umount", "-l", str(wal)], capture_output=True, timeout=60)
+
+
 def test_a_lost_connection_is_put_down_to_a_full_disk_only_by_a_recent_panic_in_the_servers_log(tmp_path):
     """What tells a full disk under the WAL (the server PANICs, the client only loses its connection) from
     another lost connection: the server's log, its latest PANIC, logged in the last minutes."""
