@@ -2,10 +2,10 @@
 progress=None) -> BenchReport`` whose docstring is its ``--help``.  The design note is ``README.md``.
 """
 
+from activedb.progress import Progress
 from benchmarks._profile import add_frame_ends, called_from, cumulative, database_wait, phase_seconds, scaled
 from benchmarks._setup import MIGRATIONS
 from benchmarks._setup import connect as connect_database
-from activedb.progress import Progress
 from benchmarks.report import BenchReport, Row, Series
 
 #: ``connect_database(**options)``: a benchmark's database (embedded, or ``ACTIVEDB_DATABASE_URL``) with the

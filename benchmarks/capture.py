@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from benchmarks._setup import connect
 from activedb.progress import Progress
+from benchmarks._setup import connect
 from benchmarks.report import BenchReport, Row
 
 PLAIN = "bench_capture_plain"

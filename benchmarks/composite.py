@@ -14,10 +14,10 @@ import time
 from pathlib import Path
 
 from activedb import composite, streams
-from activedb.progress import Progress
-from benchmarks.report import BenchReport, Row, output_folder
 from activedb.composite import Choice, UncertaintyKind
 from activedb.events import Timestamp
+from activedb.progress import Progress
+from benchmarks.report import BenchReport, Row, output_folder
 
 SEED = 16
 PARTITIONS = 8

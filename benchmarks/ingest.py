@@ -99,9 +99,8 @@ from typing import Any
 import sqlalchemy as sa
 
 import activedb
-from benchmarks import Progress
+from activedb.progress import Progress
 from benchmarks.report import BenchReport, Row, Series
-
 from spark_bridge._sources import write_event_files
 
 SCHEMA = "type STRING, worker STRING, ts DOUBLE, room STRING"
@@ -378,9 +377,8 @@ def _event_phases(database, size: int) -> dict[str, Any]:
     spent waiting for PostgreSQL (psycopg's ``Connection.wait``) against the rest, Python."""
     import pstats
 
-    from benchmarks import add_frame_ends, called_from, cumulative, database_wait, phase_seconds, scaled
     from activedb.examples.hand_hygiene.events import generate
-
+    from benchmarks import add_frame_ends, called_from, cumulative, database_wait, phase_seconds, scaled
     from spark_bridge import IngestSink
     from spark_bridge.mapping import EventMapping
 
@@ -456,10 +454,9 @@ def _declared_phases(database, size: int) -> dict[str, Any]:
     statements), and the rest of the flush (ledger, lineage, COMMIT)."""
     import pstats
 
-    from benchmarks import database_wait, phase_seconds
     from activedb.examples.hand_hygiene.app import reset_tables
     from activedb.examples.hand_hygiene.events import generate
-
+    from benchmarks import database_wait, phase_seconds
     from spark_bridge import IngestSink
     from spark_bridge.mapping import EventMapping
 

@@ -23,9 +23,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from benchmarks.report import BenchReport, Row
-
 from benchmarks.ingest import register_minimal
+from benchmarks.report import BenchReport, Row
 from spark_bridge.mapping import EventMapping
 
 QUERY_PREFIX = "bench-ingest-lineage"
@@ -51,9 +50,9 @@ def _cleanup(database, queries: list[str]) -> None:
 
 
 def run(quick: bool = False, progress: Any = None) -> BenchReport:
-    """``progress``: an ``benchmarks.Progress`` that hears of each batch size."""
-    from benchmarks import Progress, connect_database as connect
-
+    """``progress``: an ``activedb.progress.Progress`` that hears of each batch size."""
+    from activedb.progress import Progress
+    from benchmarks import connect_database as connect
     from spark_bridge import IngestSink
 
     report = BenchReport("lineage recording on the ingest sink (activedb bench ingest-lineage)")

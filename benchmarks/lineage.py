@@ -14,8 +14,8 @@ import statistics
 import time
 import uuid
 
-from benchmarks._setup import connect
 from activedb.progress import Progress
+from benchmarks._setup import connect
 from benchmarks.report import BenchReport, Row
 
 KEYS = 200

@@ -98,14 +98,14 @@ from typing import Any, Callable
 import sqlalchemy as sa
 
 from activedb import streams
-from benchmarks._setup import connect
 from activedb.examples.hand_hygiene.queries import Q1_R1
+from activedb.streams._versions import VersionStore
+from activedb.testing import check_stream_history
+from benchmarks._setup import connect
 from benchmarks._streams_model import (THREADS, CostedEngine, SleepCost, WriterChain, best_of, median_of,
                                       model_operations, quiet_heap, slept)
 from benchmarks._streams_report import SCHEDULERS, definition_6_rows, headline, plot
 from benchmarks.report import BenchReport, Row, output_folder
-from activedb.streams._versions import VersionStore
-from activedb.testing import check_stream_history
 
 WORKERS = 100
 HCWS = 16                           # part 2's HCWs (one status tuple each): see the module docstring

@@ -20,8 +20,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from activedb import batch
-from benchmarks import workloads
 from activedb.progress import Progress
+from benchmarks import workloads
 from benchmarks.report import BenchReport, Row, output_folder
 
 SWEEP_STRATEGIES = ("tpg", "ns/f/e", "bfs/f/e", "ns/f/l", "bfs/c/e")

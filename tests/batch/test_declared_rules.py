@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from activedb import batch
-from benchmarks import workloads
 from activedb.errors import RuleFailed
+from benchmarks import workloads
 from tests.batch.test_store import _reset
 
 SEED = int(os.environ.get("ACTIVEDB_TEST_SEED", "7"))

@@ -4,8 +4,8 @@ functions a worker cannot import."""
 from __future__ import annotations
 
 from activedb import batch
-from benchmarks import workloads
 from activedb.batch._route import Router, route
+from benchmarks import workloads
 
 
 def test_components_follow_shared_states_including_multi_key_transactions():

@@ -10,9 +10,9 @@ import pytest
 import sqlalchemy as sa
 
 import activedb
-from benchmarks import MIGRATIONS as BENCH_MIGRATIONS
 from activedb.examples.hand_hygiene import MIGRATIONS, app, declared
 from activedb.examples.hand_hygiene.events import generate
+from benchmarks import MIGRATIONS as BENCH_MIGRATIONS
 from spark_bridge import EventMapping, IngestSink
 
 WAIT = 120
