@@ -1,6 +1,8 @@
 """``activedb bench tpg``: batches of declared state transactions on a TPG (MorphStream).
 
-SL, GS and TP at Table 6 defaults and with C = 0, in one run: (1) in memory, every strategy and the
+SL, GS and TP at Table 6 defaults and with C = 0, in one run: (0) the decision model's choices on the paper's,
+uniform, skewed and hot-spot workloads beside MorphStream's tree fed the skew each states; (1) in memory, every
+strategy and the
 decision model against the serial reference; (2) end to end through PostgreSQL, the TPG path at commit
 and through the tree against the per-event nested path and the plain write path; (3) 2 processes
 against 1 on a batch that splits; (4) sweeps of θ, abort ratio and batch size (PNG and JSON in
@@ -275,6 +277,56 @@ def _plot(directory: Path, parameter: str, points: dict[str, list[tuple[float, f
     return path
 
 
+def decision_cases(size: int) -> list[tuple[str, str, workloads.Workload]]:
+    """Section 0's workloads: the paper's (Table 6), uniform, skewed (Fig. 12's rising θ, Fig. 18's 0.75) and
+    hot spots (the issue's: 90 % on one of 1,000 states), as (label, workload name, workload)."""
+    table_6 = [(f"{name.upper()}, Table 6 (θ 0.2)", name, workloads.Workload(batch=size * 4 if name == "tp" else size))
+               for name in ("sl", "gs", "tp")]
+    uniform = [(f"{name.upper()}, uniform (θ 0)", name, workloads.Workload(batch=size, theta=0.0))
+               for name in ("sl", "gs")]
+    skewed = [(f"SL, skewed (θ {theta:g})", "sl", workloads.Workload(batch=size, theta=theta))
+              for theta in (0.4, 0.6, 0.8, 1.0)] + [("GS, skewed (θ 0.75)", "gs",
+                                                    workloads.Workload(batch=size, theta=0.75))]
+    hot = [("SL, hot spot: 90 % of key draws on 1 of 1,000 keys", "sl",
+            workloads.Workload(batch=size, keys=1_000, theta=0.0, hot_share=0.9)),
+           ("SL, hot spot: 50 % on 10 of 1,000 keys", "sl",
+            workloads.Workload(batch=size, keys=1_000, theta=0.0, hot_share=0.5, hot_keys=10)),
+           ("TP, hot spot: 90 % of 10,000 operations on 1 of 1,000 segments", "tp",
+            workloads.Workload(batch=5_000, keys=1_000, theta=0.0, hot_share=0.9))]
+    return table_6 + uniform + skewed + hot
+
+
+def _decisions(report: BenchReport, size: int) -> None:
+    """Section 0: the decision model's choice on each workload's TPG, beside MorphStream's tree fed the skew
+    the workload states (``Workload.stated_skew``: θ, as its generator sets VDD) and otherwise the same inputs —
+    the same counts, cycles, abort ratio and complexity; only VDD can make them differ."""
+    equal = 0
+    cases = decision_cases(size)
+    for label, name, workload in cases:
+        events, _ = workloads.workload_events(name, workload)
+        transactions = workloads.workload_transactions(name)
+        decision = batch.decide(transactions, events)
+        values = decision.properties
+        stated = workload.stated_skew()
+        reference = batch.decide(transactions, events, vdd=stated).strategy
+        chosen = batch.morphstream_name(decision.strategy)
+        paper = batch.morphstream_name(reference)
+        equal += chosen == paper
+        report.add(Row(name=f"decision model vs MorphStream's tree: {label} — model {chosen}, tree {paper} (the "
+                            f"tree given the stated θ {stated:.2f})", value=round(values.vdd, 3), unit="VDD (θ) measured",
+                       target="the tree's choice", met=chosen == paper,
+                       extra={"stated_theta": round(stated, 3), "decision_model": chosen, "paper_tree": paper,
+                              "equal": chosen == paper,
+                              "operations": values.operations, "states": values.states,
+                              "td": values.td, "ld": values.ld, "pd": values.pd, "reasons": list(decision.reasons)}))
+    report.add(Row(name="decision model = MorphStream's tree on the stated skew", value=equal,
+                   unit=f"of {len(cases)} workloads", target="all", met=equal == len(cases)))
+    report.notes.append("Section 0: VDD measured on each TPG (batch.decide; the θ of the Zipf "
+                        "law under which two operations hit one state as often as in the batch) beside the θ the "
+                        "workload states; the paper's tree gets the stated θ with the same counts. A hot spot's stated "
+                        "θ: the Zipf law over the same keys whose hottest key takes the same share.")
+
+
 def run(quick: bool = False, *, size: int | None = None, instructions: bool | None = None,
         progress: Progress | None = None) -> BenchReport:
     """``size`` overrides T (the smoke test uses a tiny batch); ``instructions``: section 5 (perf
@@ -283,7 +335,7 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
     if instructions is None:
         instructions = not quick or os.environ.get("ACTIVEDB_BENCH_INSTRUCTIONS") == "1"
     progress = progress or Progress.none()
-    progress.start("bench tpg", total=11 + (1 if instructions else 0))
+    progress.start("bench tpg", total=12 + (1 if instructions else 0))
     finished = iter(range(1, 100))
     from benchmarks._setup import connect as bench_connect
 
@@ -294,6 +346,10 @@ def run(quick: bool = False, *, size: int | None = None, instructions: bool | No
     logging.getLogger("activedb.rules").setLevel(logging.CRITICAL)   # rule failures are the aborts
     started_all = time.perf_counter()
     load_at_start = os.getloadavg()[0]
+
+    # 0. The decision model's choices against MorphStream's tree on the skew each workload states.
+    _decisions(report, size)
+    progress.update(next(finished), "the decision model's choices against MorphStream's tree")
 
     # 1. In memory: every strategy vs the serial reference, at Table 6 defaults.
     for name in ("sl", "gs", "tp"):

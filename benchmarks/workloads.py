@@ -187,14 +187,19 @@ def position_report(event, ops):
 
 class ZipfKeys:
     """Keys ``offset .. offset + count - 1``; rank i drawn with probability ∝ 1 / i^theta
-    (θ = 0: uniform); hot keys are the lowest (FastZipfGenerator's convention)."""
+    (θ = 0: uniform); hot keys are the lowest (FastZipfGenerator's convention).  With ``hot_share`` a
+    hot spot on top: that share of the draws is one of the ``hot_keys`` lowest keys, evenly."""
 
-    def __init__(self, count: int, theta: float, rng: random.Random, offset: int = 0) -> None:
+    def __init__(self, count: int, theta: float, rng: random.Random, offset: int = 0, *, hot_share: float = 0.0,
+                 hot_keys: int = 1) -> None:
         self.count, self.offset, self.rng = count, offset, rng
+        self.hot_share, self.hot_keys = hot_share, min(hot_keys, count)
         self._cumulative = list(itertools.accumulate(1.0 / rank ** theta for rank in range(1, count + 1)))
         self._total = self._cumulative[-1] if self._cumulative else 0.0
 
     def draw(self) -> int:
+        if self.hot_share and self.rng.random() < self.hot_share:
+            return self.offset + self.rng.randrange(self.hot_keys)
         return self.offset + bisect.bisect_left(self._cumulative, self.rng.random() * self._total)
 
 
@@ -213,15 +218,36 @@ class Workload:
     cyclic: bool = False         # allow cyclic key-group dependencies (the code's isCyclic)
     partitions: int = 1          # > 1: keys in disjoint groups, every transaction inside one
     seed: int = 7
+    hot_share: float = 0.0       # a hot spot on top of θ: this share of the key draws hits ...
+    hot_keys: int = 1            # ... one of this many keys (not in MorphStream's generator)
 
     @property
     def key_count(self) -> int:
         return self.keys or self.batch
 
+    def stated_skew(self) -> float:
+        """The skew MorphStream's generator states for it, VDD = θ; for a hot spot, which its generator does not
+        make, the θ of the Zipf law over the same keys whose hottest key takes the same share of the draws."""
+        if not self.hot_share:
+            return self.theta
+        keys = max(4, self.key_count // self.partitions)
+        weights = [1.0 / rank ** self.theta for rank in range(1, keys + 1)]
+        hottest = self.hot_share / min(self.hot_keys, keys) + (1 - self.hot_share) * weights[0] / sum(weights)
+
+        def share(theta: float) -> float:
+            return 1.0 / sum(rank ** -theta for rank in range(1, keys + 1))
+
+        low, high = 0.0, 16.0
+        for _ in range(40):
+            middle = (low + high) / 2
+            low, high = (middle, high) if share(middle) < hottest else (low, middle)
+        return (low + high) / 2
+
 
 def _groups(workload: Workload, rng: random.Random) -> list[ZipfKeys]:
     per_group = max(4, workload.key_count // workload.partitions)
-    return [ZipfKeys(per_group, workload.theta, rng, offset=group * per_group) for group in range(workload.partitions)]
+    return [ZipfKeys(per_group, workload.theta, rng, offset=group * per_group, hot_share=workload.hot_share,
+                     hot_keys=workload.hot_keys) for group in range(workload.partitions)]
 
 
 def _distinct_pair(zipf: ZipfKeys, levels: list[int], cyclic: bool) -> tuple[int, int]:

@@ -5,7 +5,8 @@ event type's operations on ``ops``); ``apply_at_commit(tx, events, transactions)
 (runs inside the commit on rows locked ``FOR UPDATE``; ``.result`` once committed); ``apply_batch(tx,
 events, transactions)`` → :class:`BatchResult` (through the transaction tree: rules observing the written
 tables fire); ``run_batch(db, events, transactions)`` (its own transaction); ``run_in_memory(transactions,
-events, state)`` (no database); ``render_tpg`` / ``tpg_graph`` (the picture of a small batch); ``@batch.declared`` (a rule whose action is
+events, state)`` (no database); ``decide(transactions, events)`` (the decision model's pick for a batch, and
+why, without running it); ``render_tpg`` / ``tpg_graph`` (the picture of a small batch); ``@batch.declared`` (a rule whose action is
 a declared state transaction), ``lower(db.rules, tx, event_types)`` and ``apply_lowered(db.rules, tx, events,
 lowered)`` (a micro-batch of its events as one batch, the firing record kept: the Spark sink's rule path
 uses them).
@@ -18,10 +19,10 @@ decision model's pick among the TPG strategies, on the graph just built), or
 """
 
 from activedb.batch._declare import DELETE, Abort, BatchEvent, Inserted, InsertedInto, OpKind, Ops, StateTransactions
-from activedb.batch._decide import DecisionModel
+from activedb.batch._decide import Decision, DecisionModel, morphstream_name
 from activedb.batch._plan import EdgeKind, OpState
 from activedb.batch._result import BatchResult, BatchStatistics, TransactionResult
-from activedb.batch._runtime import normalise_events, run_in_memory
+from activedb.batch._runtime import decide, normalise_events, run_in_memory
 from activedb.batch._store import apply_batch, dead_letter_row, run_batch
 from activedb.batch._commit import PendingBatch, PendingState, apply_at_commit
 from activedb.batch._rules import DeclaredAction, Lowered, apply_lowered, declared, lower
@@ -30,7 +31,8 @@ from activedb.batch._picture import render_tpg, tpg_graph
 from activedb.batch import errors
 
 __all__ = ["Abort", "AbortMode", "all_strategies", "apply_at_commit", "apply_batch", "apply_lowered", "BatchEvent",
-           "BatchResult", "BatchStatistics", "dead_letter_row", "DecisionModel", "declared", "DeclaredAction",
+           "BatchResult", "BatchStatistics", "dead_letter_row", "decide", "Decision", "DecisionModel", "declared",
+           "DeclaredAction", "morphstream_name",
            "DELETE", "EdgeKind", "lower", "Lowered",
            "errors", "Exploration", "Granularity", "Inserted", "InsertedInto", "normalise_events", "OpKind", "Ops",
            "OpState",

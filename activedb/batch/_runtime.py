@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from activedb.batch._declare import BatchEvent, OpSpec, StateTransactions, specs_of
-from activedb.batch._decide import DecisionModel
+from activedb.batch._decide import Decision, DecisionModel
 from activedb.batch._execute import TpgExecutor, run_serial
 from activedb.batch._lean import RouteMissed, run_lean, time_of
 from activedb.batch._parallel import WorkerPool
@@ -168,6 +168,16 @@ def no_cyclic_gc():
 
 
 @no_cyclic_gc()
+def decide(transactions: StateTransactions, events: Iterable[Any], *, vdd: float | None = None,
+           model: DecisionModel | None = None) -> Decision:
+    """What the decision model (``model``, default a new one: no earlier batch measured) picks among the TPG
+    strategies for ``events``, and why, on their TPG — built, not run.  ``vdd`` states the vertex degree
+    distribution as a Zipf θ, as MorphStream's generator feeds its tree, instead of measuring it."""
+    prepared = prepare(transactions, events)
+    return (model or DecisionModel(rule=transactions.decision_rule)).decide(build_tpg(prepared.txns, prepared.specs),
+                                                                            vdd=vdd)
+
+
 def prepare(transactions: StateTransactions, events: Iterable[Any]) -> Prepared:
     """PRE_PROCESS: normalise and declare every event; events that cannot be declared are
     rejected with the reason (they become dead letters)."""
