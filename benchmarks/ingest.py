@@ -359,7 +359,7 @@ def _cleanup(database, plain_ids: list[str]) -> None:
 #: The phases of an event on the rule path with the minimal rule, inline (as ``bench rules`` splits a firing,
 #: ``benchmarks.phase_seconds``): (phase, [(file suffix, function)], [phases inside them, subtracted]).
 _EVENT_PHASES = (
-    ("validate", [("spark_bridge/mapping.py", "rows_to_events")], []),
+    ("validate", [("activedb/ingest/_mapping.py", "rows_to_events")], []),
     ("match", [("activedb/rules/_registry.py", "matching")], []),
     ("lock", [("activedb/txn/_locking.py", "acquire")], []),
     ("read", [("activedb/txn/_reads.py", "read")], ["lock"]),
@@ -378,9 +378,9 @@ def _event_phases(database, size: int) -> dict[str, Any]:
     import pstats
 
     from activedb.examples.hand_hygiene.events import generate
+    from activedb.ingest._mapping import EventMapping
     from benchmarks import add_frame_ends, called_from, cumulative, database_wait, phase_seconds, scaled
     from spark_bridge import IngestSink
-    from spark_bridge.mapping import EventMapping
 
     batches = _arrow_batches(generate(WORKERS, size * TIMED_BATCHES, SEED + 1), size)
     sink = IngestSink(database, EventMapping("type", "worker", "ts", payload_columns=("room",)),
@@ -456,9 +456,9 @@ def _declared_phases(database, size: int) -> dict[str, Any]:
 
     from activedb.examples.hand_hygiene.app import reset_tables
     from activedb.examples.hand_hygiene.events import generate
+    from activedb.ingest._mapping import EventMapping
     from benchmarks import database_wait, phase_seconds
     from spark_bridge import IngestSink
-    from spark_bridge.mapping import EventMapping
 
     batches = _arrow_batches(generate(WORKERS, size * TIMED_BATCHES, SEED + 2), size)
     reset_tables(database)

@@ -23,9 +23,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from activedb.ingest._mapping import EventMapping
 from benchmarks.ingest import register_minimal
 from benchmarks.report import BenchReport, Row
-from spark_bridge.mapping import EventMapping
 
 QUERY_PREFIX = "bench-ingest-lineage"
 WORKERS = 100

@@ -20,20 +20,21 @@ Public interface:
 Importing this package never imports pyspark or starts Java; :func:`get_spark` does.
 """
 
-from spark_bridge import errors
 from activedb import lazy
+
+from spark_bridge import errors
 
 # imported on first use: `import spark_bridge` stays fast (the CLI's start)
 _EXPORTS = {
     "spark_bridge._app": ["LoadedApp", "load_app"],
-    "spark_bridge._handler": ["BatchHandler", "BatchInput", "end_of_stream"],
+    "activedb.ingest._protocol": ["BatchHandler", "BatchInput", "end_of_stream"],
     "spark_bridge._ingest": ["IngestOptions", "ingest", "sink_of"],
-    "spark_bridge._ledger": ["IngestionLedger", "QueryStatus", "batch_committed", "ingestion_status",
+    "activedb.ingest._ledger": ["IngestionLedger", "QueryStatus", "batch_committed", "ingestion_status",
                              "ledger_query_id", "parse_ledger_query_id"],
-    "spark_bridge._outcome": ["BatchOutcome", "IngestStatistics", "PhaseTimings"],
+    "activedb.ingest._outcome": ["BatchOutcome", "IngestStatistics", "PhaseTimings"],
     "spark_bridge._scaleout": ["PartitionedIngestSink"],
     "spark_bridge._sink": ["IngestSink"],
-    "spark_bridge.mapping": ["EventMapping", "RawEvent", "Rejected", "as_mapping", "rows_to_events"],
+    "activedb.ingest._mapping": ["EventMapping", "RawEvent", "Rejected", "as_mapping", "rows_to_events"],
     "spark_bridge.session": ["get_spark"],
 }
 __all__ = ["errors", *sorted(name for names in _EXPORTS.values() for name in names)]

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from activedb.ingest._mapping import EventMapping, as_mapping
+
 from spark_bridge.errors import AppLoadError, MappingError
-from spark_bridge.mapping import EventMapping, as_mapping
 
 __all__ = ["LoadedApp", "app_name", "ingest_options", "load_app"]
 

@@ -20,10 +20,10 @@ from activedb import CommitParticipant
 from activedb.atomic import SplitFailure
 from activedb.atomic.errors import LineageError, UnknownBatch
 from activedb.deadletters import Letter
+from activedb.ingest._ledger import IngestionLedger, ledger_query_id, parse_ledger_query_id
+from activedb.ingest._outcome import PhaseTimings
+from activedb.ingest._protocol import BatchHandler, BatchInput, run_batch
 
-from spark_bridge._handler import BatchHandler, BatchInput, run_batch
-from spark_bridge._ledger import IngestionLedger, ledger_query_id, parse_ledger_query_id
-from spark_bridge._outcome import PhaseTimings
 from spark_bridge.errors import IngestError, PartitionFailed, describe
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -12,13 +12,14 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from activedb.ingest._mapping import EventMapping, as_mapping
+from activedb.ingest._protocol import BatchHandler
+
 from spark_bridge._app import portable_spec
 from spark_bridge._foreach import foreach_batch
-from spark_bridge._handler import BatchHandler
 from spark_bridge._scaleout import PartitionedIngestSink
 from spark_bridge._sink import IngestSink, QueryRun
 from spark_bridge.errors import IngestError, MappingError
-from spark_bridge.mapping import EventMapping, as_mapping
 
 __all__ = ["IngestOptions", "ingest", "sink_of"]
 
@@ -141,15 +142,15 @@ class IngestOptions:
     def handler(self, db: Any, mapping: EventMapping) -> BatchHandler | None:
         """The path's handler (None: the sink's rule path)."""
         if self.queries is not None:
-            from spark_bridge._queries_handler import QueriesHandler, build_engines
+            from activedb.streams._ingest import QueriesHandler, build_engines
 
             return QueriesHandler(build_engines(db, self.queries, self.scheduler), mapping.key_column)
         if self.executor == "tpg":
-            from spark_bridge._tpg_handler import TpgHandler
+            from activedb.batch._ingest import TpgHandler
 
             return TpgHandler(self.transactions)
         if self.composition is not None:
-            from spark_bridge.composite_feed import CompositeHandler
+            from activedb.composite._ingest import CompositeHandler
 
             return CompositeHandler(self.composition, mapping)
         return None

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from activedb.deadletters import LetterRecord, LetterReplayed
-
-from spark_bridge._ledger import parse_ledger_query_id
+from activedb.ingest._ledger import parse_ledger_query_id
 
 __all__ = ["ReplayOutcome", "REPLAY_PREFIX", "replay_dead_letters"]
 

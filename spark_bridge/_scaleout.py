@@ -19,14 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from activedb.errors import classify
+from activedb.ingest._ledger import ledger_query_id
+from activedb.ingest._mapping import EventMapping
+from activedb.ingest._outcome import BatchOutcome, PhaseTimings
 
 from spark_bridge import _atomic
 from spark_bridge._app import app_name, load_app
-from spark_bridge._ledger import ledger_query_id
-from spark_bridge._outcome import BatchOutcome, PhaseTimings
 from spark_bridge._sink import IngestSink
 from spark_bridge.errors import IngestError, describe
-from spark_bridge.mapping import EventMapping
 
 __all__ = ["PartitionedIngestSink"]
 

@@ -1,16 +1,16 @@
 """The rule-layer sink: one micro-batch → one activedb transaction, exactly once.
 
 :class:`IngestSink` is the ``foreachBatch`` callable behind :func:`spark_bridge.ingest`: ``toArrow()``
-(always, also for a batch that will be skipped), then :func:`spark_bridge._handler.run_batch` with the
+(always, also for a batch that will be skipped), then :func:`activedb.ingest._protocol.run_batch` with the
 sink's handler through :meth:`IngestSink.process`, which also runs without Spark (a ``pyarrow.Table``
 or a list of dicts) and inside the scale-out tasks.  Design note: the package's ``README.md`` ("One
 micro-batch").
 
-Thread-safety: the sink's :class:`~spark_bridge._outcome.BatchBook` keeps the statistics (its own
+Thread-safety: the sink's :class:`~activedb.ingest._outcome.BatchBook` keeps the statistics (its own
 mutex); ``_mutex`` protects the per-query bookkeeping.  Spark calls ``foreachBatch`` one batch at a
 time per query, and :meth:`process` may also be called from several threads (each call runs its own
 top-level transaction).  No mutex is held while calling Spark, the engine or PostgreSQL.  The paths of a
-batch get the sink's :class:`~spark_bridge._batch.SinkContext`, never the sink.
+batch get the sink's :class:`~activedb.ingest._letters.SinkContext`, never the sink.
 """
 
 from __future__ import annotations
@@ -23,15 +23,18 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
+import sqlalchemy as sa
+
+from activedb.ingest._ledger import LEDGER_TABLE, last_watermark, ledger_query_id, parse_ledger_query_id
+from activedb.ingest._letters import SinkContext
+from activedb.ingest._mapping import EPOCH, EventMapping, as_mapping
+from activedb.ingest._outcome import BatchBook, BatchOutcome, IngestStatistics, PhaseTimings
+from activedb.ingest._protocol import BatchHandler, run_batch
+from activedb.ingest._rules import RulesHandler
+
 from spark_bridge._atomic import lineage_participants
 from spark_bridge._baseline import streaming_query_id
-from spark_bridge._batch import SinkContext
-from spark_bridge._handler import BatchHandler, run_batch
-from spark_bridge._ledger import check_not_renamed, last_watermark, ledger_query_id
-from spark_bridge._outcome import BatchBook, BatchOutcome, IngestStatistics, PhaseTimings
-from spark_bridge._rules_handler import RulesHandler
-from spark_bridge.errors import IngestError, MappingError
-from spark_bridge.mapping import EPOCH, EventMapping, as_mapping
+from spark_bridge.errors import IngestError, MappingError, QueryRenamedError
 
 __all__ = ["IngestSink"]
 
@@ -223,7 +226,7 @@ class IngestSink:
         return self._book.wait_idle(timeout)
 
     def recent_outcomes(self) -> list[BatchOutcome]:
-        """The last :data:`~spark_bridge._outcome.RECENT_OUTCOMES` batches' outcomes, oldest first."""
+        """The last :data:`~activedb.ingest._outcome.RECENT_OUTCOMES` batches' outcomes, oldest first."""
         return self._book.recent_outcomes()
 
     def statistics(self) -> IngestStatistics:
@@ -233,6 +236,20 @@ class IngestSink:
     def close(self) -> None:
         """Release the handler's resources (the TPG path's worker processes); nothing else to release."""
         self.handler.close()
+
+def check_not_renamed(db: Any, query_name: str, spark_query_id: str) -> None:
+    """Raise :class:`QueryRenamedError` if the ledger holds batches of
+    ``spark_query_id`` (the checkpoint's query) under another query name."""
+    ledger = db.table(LEDGER_TABLE)
+    with db.engine.connect() as connection:
+        others = connection.execute(sa.select(ledger.c.query_id).where(
+            ledger.c.query_id.like(f"%@{spark_query_id}%")).distinct().limit(5)).scalars().all()
+    names = sorted({parse_ledger_query_id(other)[0] for other in others} - {query_name})
+    if names:
+        raise QueryRenamedError(
+            f"this checkpoint (Spark query id {spark_query_id}) was ingested as query {names[0]!r}, not "
+            f"{query_name!r}; resume it with query_name={names[0]!r} (--query-name {names[0]}), or start "
+            f"{query_name!r} from a new checkpoint directory")
 
 
 def _declares_watermark(execution: Any) -> bool:

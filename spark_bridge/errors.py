@@ -1,21 +1,16 @@
 """Errors raised by ``spark_bridge``.
 
-Every error says what to do next. All of them derive from :class:`SparkBridgeError`
-so a caller can catch the whole family at once.
+Every error says what to do next. The Spark connector's own derive from :class:`SparkBridgeError`; those about
+an ingestion's setup also from :class:`activedb.ingest.errors.IngestError` (re-exported here with
+``MappingError``), so a caller can catch either family at once.
 """
 
 from __future__ import annotations
 
+from activedb.ingest.errors import IngestError, MappingError, describe, first_line
 
-def first_line(error: BaseException) -> str:
-    """The first line of ``error``'s message, or its type's name when it has none."""
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
-def describe(error: BaseException) -> str:
-    """``Type: first line of the message`` (just ``Type`` without a message)."""
-    return f"{type(error).__name__}: {first_line(error)}" if str(error).strip() else type(error).__name__
+__all__ = ["AppLoadError", "IngestError", "JavaNotFoundError", "MappingError", "PartitionFailed", "QueryRenamedError",
+           "SourceError", "SparkBridgeError", "describe", "first_line"]
 
 
 class SparkBridgeError(Exception):
@@ -42,37 +37,23 @@ class JavaNotFoundError(SparkBridgeError):
             "or point JAVA_HOME at an existing Java 17/21 installation.")
 
 
-class MappingError(SparkBridgeError, ValueError):
-    """An :class:`~spark_bridge.mapping.EventMapping` is itself malformed.
-
-    This is about the mapping's configuration (for example an empty column name),
-    never about a data row: bad rows are *rejected*, not raised.
-    """
-
-
-class IngestError(SparkBridgeError):
-    """``ingest()`` was called in a way that cannot work (missing checkpoint, not a
-    streaming DataFrame, a scale-out request without the app, ...). The message says
-    which argument to change."""
-
-
-class QueryRenamedError(IngestError):
+class QueryRenamedError(IngestError, SparkBridgeError):
     """A checkpoint is being resumed under another query name than the one it was
     started with. The ledger keys batches by ``name@spark-query-id``; a new name would
     re-apply the batch Spark replays after a restart. Resume with the old name or start
     from a new checkpoint directory."""
 
 
-class AppLoadError(IngestError):
+class AppLoadError(IngestError, SparkBridgeError):
     """An application module or file for ``activedb run`` (or the scale-out path) could
     not be loaded, or lacks ``register(db)`` / ``MAPPING``."""
 
 
-class SourceError(IngestError):
+class SourceError(IngestError, SparkBridgeError):
     """A ``--source`` specification is malformed or its Spark connector is missing."""
 
 
-class PartitionFailed(IngestError):
+class PartitionFailed(IngestError, SparkBridgeError):
     """A partition of a scale-out batch failed for good and the query stops: with
     ``on_partition_failure="forward"`` (fix the cause and restart from the checkpoint; the batch
     completes), when PostgreSQL was unusable (restart once it is back), or when compensating the

@@ -13,7 +13,7 @@ import functools
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from coupling import Coupling
 
@@ -43,6 +43,10 @@ class DeclaredAction:
     raises before anything is written.  Window operations need a batch (their versions): here they raise
     :class:`~activedb.batch.errors.DeclarationError`.  ``declaration`` is ``fn``; the action is named and
     fingerprinted as ``fn`` (``__wrapped__``)."""
+
+    #: How the ingestion core's rule path runs a batch whose rules are all declared rules as one batch
+    #: (``activedb.ingest.BatchLowering``: :func:`lower` and :func:`apply_lowered`); set below the class.
+    batch_lowering: ClassVar["_DeclaredRules"]
 
     def __init__(self, fn: Callable[[BatchEvent, Ops], None]) -> None:
         if not callable(fn):
@@ -136,6 +140,24 @@ def perform_in(tx: "Transaction", specs: list) -> None:
     for table, rows in inserts:
         for row in rows:
             tx.insert(table, **row)
+
+
+class _DeclaredRules:
+    """The batch form of declared rules (``activedb.ingest``'s ``BatchLowering``): :func:`lower` and
+    :func:`apply_lowered`.  Stateless."""
+
+    @staticmethod
+    def lower(rules: "RuleManager", transaction: "Transaction", event_types: Iterable[str],
+              cache: dict | None = None) -> "Lowered | None":
+        return lower(rules, transaction, event_types, cache)
+
+    @staticmethod
+    def apply(rules: "RuleManager", transaction: "Transaction", events: Iterable[Any], lowered: "Lowered",
+              **options: Any) -> PendingBatch:
+        return apply_lowered(rules, transaction, events, lowered, **options)
+
+
+DeclaredAction.batch_lowering = _DeclaredRules()
 
 
 @dataclass(frozen=True)

@@ -182,7 +182,7 @@ def reset(db):
 
 
 def test_reset_is_refused_when_the_query_has_progress_in_the_ledger_or_the_checkpoint(tmp_path, make_database_url):
-    from spark_bridge._ledger import ledger_query_id
+    from activedb.ingest._ledger import ledger_query_id
     from tests.spark_bridge.test_sink import _event
 
     url = make_database_url("reset_guard")

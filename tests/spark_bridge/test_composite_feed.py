@@ -12,7 +12,7 @@ import pytest
 
 from activedb import composite
 from spark_bridge import EventMapping
-from spark_bridge.composite_feed import feed_batch, rows_to_items
+from activedb.composite._ingest import feed_batch, rows_to_items
 from spark_bridge.errors import MappingError
 from tests.composite._workload import generate, interleave, policy, reference
 

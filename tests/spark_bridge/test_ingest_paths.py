@@ -226,7 +226,7 @@ def test_composition_through_spark_equals_the_engine_fed_directly(spark, tmp_pat
         engine.join("P1", types=["B"])
         return engine
 
-    from spark_bridge.composite_feed import feed_batch
+    from activedb.composite._ingest import feed_batch
 
     direct = engine_for(None)
     expected = [dict(item.payload()) for batch in batches for item in feed_batch(direct, batch, mapping).composites]

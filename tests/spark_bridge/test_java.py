@@ -140,7 +140,7 @@ def test_runtime_with_all_modules_is_used_as_is(tmp_path):
 
 def test_importing_spark_bridge_starts_no_spark():
     code = (
-        "import sys, spark_bridge, spark_bridge.session, spark_bridge.mapping, spark_bridge._java; "
+        "import sys, spark_bridge, spark_bridge.session, activedb.ingest._mapping, spark_bridge._java; "
         "assert 'pyspark' not in sys.modules, sorted(m for m in sys.modules if 'spark' in m)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

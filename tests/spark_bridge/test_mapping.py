@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spark_bridge.errors import MappingError
-from spark_bridge.mapping import EventMapping, RawEvent, Rejected, jsonable, rows_to_events
+from activedb.ingest._mapping import EventMapping, RawEvent, Rejected, jsonable, rows_to_events
 
 UTC = dt.timezone.utc
 T0 = dt.datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
@@ -272,7 +272,7 @@ def test_every_row_is_either_good_or_bad_and_good_is_sorted(rows):
 def test_a_float_timestamp_column_converts_as_each_value_does(seconds, unit, vector_rows):
     """Arrow's float columns are converted column-wise (_arrow.py), by Arrow compute from ``_VECTOR_ROWS`` rows
     (lowered here to 1), in Python below: same datetimes, same reasons as row by row."""
-    from spark_bridge import _arrow
+    from activedb.ingest import _arrow
 
     mapping = EventMapping("type", "key", "ts", ts_unit=unit)
     saved, _arrow._VECTOR_ROWS = _arrow._VECTOR_ROWS, vector_rows
@@ -315,7 +315,7 @@ def test_arrow_timestamps_within_the_float_range_are_the_exact_microseconds(micr
     """The fast path of ``arrow_values`` (seconds as a float, ``fromtimestamp``) gives the datetime of exactly those
     microseconds, as aware UTC datetimes, whatever the column's zone; outside its range and with nulls the exact
     path is taken."""
-    from spark_bridge._arrow import arrow_values
+    from activedb.ingest._arrow import arrow_values
 
     epoch = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
     column = pa.array(micros, pa.int64()).cast(pa.timestamp("us", tz=zone))
@@ -325,7 +325,7 @@ def test_arrow_timestamps_within_the_float_range_are_the_exact_microseconds(micr
 
 
 def test_arrow_timestamps_outside_the_float_range_or_with_nulls_are_exact_too():
-    from spark_bridge._arrow import arrow_values
+    from activedb.ingest._arrow import arrow_values
 
     epoch = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
     far = [-62135596800 * 10**6, 253402300799 * 10**6 + 999999, 2**32 * 10**6 + 123457, 1_700_000_000_000_001]

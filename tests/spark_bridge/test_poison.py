@@ -31,7 +31,7 @@ from activedb import deadletters
 from activedb.errors import InvalidValue
 from activedb.txn import CommitParticipant
 from spark_bridge import EventMapping, IngestSink
-from spark_bridge._failures import find_culprits
+from activedb.ingest._failures import find_culprits
 from spark_bridge._sources import with_corrupt_column
 from tests.spark_bridge import app_counters
 from tests.spark_bridge._streams import (
@@ -156,7 +156,7 @@ def test_values_a_tpg_batch_cannot_store_are_dead_letters_and_the_stream_goes_on
     a NUL in a text column, a string for a number — is a dead letter alone: the batch commits without it and
     the next batch runs (such a value used to fail the whole batch, again on every restart)."""
     from activedb import batch
-    from spark_bridge._tpg_handler import TpgHandler
+    from activedb.batch._ingest import TpgHandler
 
     ingested, _ = databases
     transactions = batch.StateTransactions("counters, some values unstorable")
@@ -184,7 +184,7 @@ def test_a_tpg_batch_postgresql_refuses_is_searched_for_the_events_that_caused_i
     rows colliding on a unique index — is searched like the rule path's: those events are dead letters with
     PostgreSQL's reason, the rest commits (it used to fail the batch on every restart)."""
     from activedb import batch
-    from spark_bridge._tpg_handler import TpgHandler
+    from activedb.batch._ingest import TpgHandler
 
     ingested, _ = databases
     transactions = batch.StateTransactions("counters at commit")

@@ -14,7 +14,7 @@ import psycopg
 import pytest
 
 from spark_bridge._baseline import PlainWriteSink, psycopg_conninfo
-from spark_bridge.mapping import EventMapping, rows_to_events
+from activedb.ingest._mapping import EventMapping, rows_to_events
 from tests.spark_bridge._streams import write_files
 
 pytestmark = pytest.mark.spark

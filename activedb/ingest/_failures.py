@@ -7,17 +7,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from activedb import CommitParticipant
+from activedb.txn import CommitParticipant
 from activedb.errors import (
     CascadeLimitExceeded, DatabaseError, DuplicateKey, Failure, InvalidValue, RuleFailed, SerializationConflict, causes,
     classify,
 )
-
-from spark_bridge.errors import first_line
-from spark_bridge.mapping import RawEvent
+from activedb.ingest._mapping import RawEvent
+from activedb.ingest.errors import first_line
 
 if TYPE_CHECKING:  # pragma: no cover
-    from activedb import Transaction
+    from activedb.txn import Transaction
 
 __all__ = ["conflict_in", "find_culprits", "is_infrastructure_failure", "is_poison_failure",
            "rejection_reason", "trial"]

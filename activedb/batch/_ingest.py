@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from activedb import batch
-
-from spark_bridge._handler import BatchHandler, BatchInput
-from spark_bridge._ledger import IngestionLedger
-from spark_bridge.errors import IngestError
+from activedb.batch._commit import apply_at_commit
+from activedb.batch._declare import StateTransactions
+from activedb.ingest._ledger import IngestionLedger
+from activedb.ingest._protocol import BatchHandler, BatchInput
+from activedb.ingest.errors import IngestError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from activedb import Transaction
+    from activedb.txn import Transaction
 
 __all__ = ["TpgHandler"]
 
@@ -33,7 +33,7 @@ class TpgHandler(BatchHandler):
     searches_poison = True
 
     def __init__(self, transactions: Any) -> None:
-        if not isinstance(transactions, batch.StateTransactions):
+        if not isinstance(transactions, StateTransactions):
             raise IngestError(
                 "executor='tpg' needs transactions=batch.StateTransactions() with a @transactions.on(type) "
                 f"declaration per event type; got {transactions!r}")
@@ -44,12 +44,12 @@ class TpgHandler(BatchHandler):
         return frozenset(self.transactions.event_types) or None
 
     def handle(self, tx: Transaction, batch_input: BatchInput, ledger: IngestionLedger) -> None:
-        self.last_pending = batch.apply_at_commit(tx, batch_input.events, self.transactions,
+        self.last_pending = apply_at_commit(tx, batch_input.events, self.transactions,
                                                   **batch_input.at_commit(ledger))
 
     def apply_events(self, tx: Transaction, events: list) -> None:
         """A trial flush's batch: ``events`` as a batch at the commit of ``tx`` (its dead letters not stored)."""
-        batch.apply_at_commit(tx, events, self.transactions, dead_letters=None)
+        apply_at_commit(tx, events, self.transactions, dead_letters=None)
 
     def close(self) -> None:
         """Stop the worker processes of ``StateTransactions(processes=N)``, if any."""

@@ -21,9 +21,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from activedb.ingest.errors import MappingError
 from activedb.store import jsonable  # the one conversion into storable JSON (dead letters, logs)
-
-from spark_bridge.errors import MappingError
 
 __all__ = ["EventMapping", "RawEvent", "Rejected", "as_mapping", "jsonable", "rows_to_events"]
 
@@ -57,7 +56,7 @@ class EventMapping:
     payload_columns: tuple[str, ...] | None = None
     type_map: Mapping[Any, str] | None = field(default=None, hash=False)
     ts_unit: str = "s"
-    # Accuracy-interval time (activedb.composite; see spark_bridge/composite_feed.py).  The event's
+    # Accuracy-interval time (activedb.composite; see activedb/composite/_ingest.py).  The event's
     # interval is [ts − α⁻, ts + α⁺] with α from ``accuracy_column`` (both sides) or
     # ``accuracy_minus_column``/``accuracy_plus_column`` (seconds); ``producer_column`` names its producer,
     # ``local_ts_column`` its local clock reading; rows whose type is ``heartbeat_type`` are heartbeats.
@@ -134,7 +133,7 @@ def as_mapping(mapping: Any) -> "EventMapping":
         except TypeError as error:
             names = ", ".join(field.name for field in dataclasses.fields(EventMapping))
             raise MappingError(f"a MAPPING dict takes EventMapping's arguments ({names}): {error}") from None
-    raise MappingError(f"a mapping is a spark_bridge.EventMapping or a dict of its arguments, got {mapping!r}")
+    raise MappingError(f"a mapping is an EventMapping or a dict of its arguments, got {mapping!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,7 +349,7 @@ def rows_to_events(rows: Any, mapping: EventMapping,
     ``rows`` is a ``pyarrow.Table`` / ``RecordBatch`` (for example from
     ``DataFrame.toArrow()``) or a sequence of dicts. ``good`` is sorted by timestamp,
     stable; ``bad`` is in input order. Every input row is in exactly one of the two
-    lists. Never raises for bad data; raises :class:`~spark_bridge.errors.MappingError`
+    lists. Never raises for bad data; raises :class:`~activedb.ingest.errors.MappingError`
     only when the batch itself is unusable (duplicate column names in a Table).
     """
     known = None if known_types is None else frozenset(known_types)
@@ -362,7 +361,7 @@ def rows_to_events(rows: Any, mapping: EventMapping,
     import pyarrow as pa
 
     if isinstance(rows, (pa.Table, pa.RecordBatch)):
-        from spark_bridge._arrow import table_to_events
+        from activedb.ingest._arrow import table_to_events
 
         return table_to_events(rows, mapping, known, unit_divisor, (type_label, key_label, ts_label))
 

@@ -18,13 +18,12 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
-from activedb import Along, CommitParticipant
+from activedb.txn import Along, CommitParticipant
 from activedb.errors import BatchAlreadyCommitted, SerializationConflict
 
-from spark_bridge.errors import QueryRenamedError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from activedb import Transaction
+    from activedb.txn import Transaction
 
 __all__ = ["IngestionLedger", "QueryStatus", "batch_committed", "ingestion_status", "ledger_query_id",
            "parse_ledger_query_id"]
@@ -110,19 +109,6 @@ def ingestion_status(db: Any, query_name: str | None = None) -> list[QueryStatus
     return result
 
 
-def check_not_renamed(db: Any, query_name: str, spark_query_id: str) -> None:
-    """Raise :class:`~spark_bridge.errors.QueryRenamedError` if the ledger holds batches of
-    ``spark_query_id`` (the checkpoint's query) under another query name."""
-    ledger = db.table(LEDGER_TABLE)
-    with db.engine.connect() as connection:
-        others = connection.execute(sa.select(ledger.c.query_id).where(
-            ledger.c.query_id.like(f"%@{spark_query_id}%")).distinct().limit(5)).scalars().all()
-    names = sorted({parse_ledger_query_id(other)[0] for other in others} - {query_name})
-    if names:
-        raise QueryRenamedError(
-            f"this checkpoint (Spark query id {spark_query_id}) was ingested as query {names[0]!r}, not "
-            f"{query_name!r}; resume it with query_name={names[0]!r} (--query-name {names[0]}), or start "
-            f"{query_name!r} from a new checkpoint directory")
 
 
 def last_watermark(db: Any, query_id: str) -> dt.datetime | None:

@@ -15,16 +15,17 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from activedb import composite, streams
+from activedb.composite._engine import CompositionEngine
+from activedb.composite._model import CompositeEvent, Heartbeat
 from activedb.events import Timestamp
-
-from spark_bridge._handler import BatchHandler, BatchInput
-from spark_bridge._ledger import IngestionLedger
-from spark_bridge.errors import IngestError, MappingError
-from spark_bridge.mapping import TS_UNITS, EventMapping, InvalidField, Rejected, jsonable, to_utc
+from activedb.ingest._ledger import IngestionLedger
+from activedb.ingest._mapping import TS_UNITS, EventMapping, InvalidField, Rejected, jsonable, to_utc
+from activedb.ingest._protocol import BatchHandler, BatchInput
+from activedb.ingest.errors import IngestError, MappingError
+from activedb.streams import StreamEvent
 
 if TYPE_CHECKING:  # pragma: no cover
-    from activedb import Transaction
+    from activedb.txn import Transaction
 
 __all__ = ["CompositeHandler", "FeedResult", "feed_batch", "rows_to_items"]
 
@@ -34,7 +35,7 @@ class FeedResult:
     """What one batch did: the inputs taken, the composite events produced, the rows rejected."""
 
     items: tuple[Any, ...]
-    composites: tuple[composite.CompositeEvent, ...]
+    composites: tuple[CompositeEvent, ...]
     rejected: tuple[Rejected, ...]
 
 
@@ -96,7 +97,7 @@ def rows_to_items(rows: Any, mapping: EventMapping) -> tuple[list[Any], list[Rej
                 local = _local(row[mapping.local_ts_column], f"local timestamp ({mapping.local_ts_column!r})")
             stamp = Timestamp.at(reference, minus=minus, plus=plus, producer=producer, local=local)
             if mapping.heartbeat_type is not None and event_type == mapping.heartbeat_type:
-                item: Any = composite.Heartbeat(producer, stamp)
+                item: Any = Heartbeat(producer, stamp)
             else:
                 key = row.get(mapping.key_column)
                 payload_names = mapping.payload_columns_for(row.keys())
@@ -105,7 +106,7 @@ def rows_to_items(rows: Any, mapping: EventMapping) -> tuple[list[Any], list[Rej
                     raise InvalidField(f"missing field {absent[0]!r}")
                 attributes = {name: row[name] for name in payload_names}
                 attributes[mapping.key_column] = key
-                item = streams.StreamEvent(event_type, stamp, attributes)
+                item = StreamEvent(event_type, stamp, attributes)
         except (InvalidField, ValueError) as error:     # ValueError: an interval the time model refuses
             reason = str(error) if isinstance(error, InvalidField) else f"timestamp: {error}"
             rejected.append(Rejected(position, reason, jsonable(row)))
@@ -120,7 +121,7 @@ def rows_to_items(rows: Any, mapping: EventMapping) -> tuple[list[Any], list[Rej
     return items, rejected
 
 
-def feed_batch(engine: composite.CompositionEngine, rows: Any, mapping: EventMapping, *, tx: Transaction = None
+def feed_batch(engine: CompositionEngine, rows: Any, mapping: EventMapping, *, tx: Transaction = None
                ) -> FeedResult:
     """Feed one micro-batch: ``engine.process(tx, …)`` inside the batch's transaction (composites
     emitted, state restored if it aborts) or ``engine.submit(…)`` when ``tx`` is None."""
@@ -128,13 +129,13 @@ def feed_batch(engine: composite.CompositionEngine, rows: Any, mapping: EventMap
     members = engine.producers()
     accepted = []
     for item in items:
-        producer = item.producer if isinstance(item, composite.Heartbeat) else item.ts.producer
+        producer = item.producer if isinstance(item, Heartbeat) else item.ts.producer
         info = members.get(producer)
         problem = None
         if info is None or info.state != "joined":
             problem = (f"producer {producer!r} has not joined the composition engine (atomic membership: "
                        f"engine.join(producer, types=[…]) before it sends)")
-        elif not isinstance(item, composite.Heartbeat) and item.type not in info.types:
+        elif not isinstance(item, Heartbeat) and item.type not in info.types:
             problem = f"producer {producer!r} joined for {', '.join(info.types)}, not {item.type}"
         if problem is None:
             accepted.append(item)
@@ -155,7 +156,7 @@ class CompositeHandler(BatchHandler):
     validates_rows = False
 
     def __init__(self, engine: Any, mapping: Any) -> None:
-        if not isinstance(engine, composite.CompositionEngine):
+        if not isinstance(engine, CompositionEngine):
             raise IngestError(f"composition= takes an activedb.composite.CompositionEngine; got {engine!r}")
         if mapping.producer_column is None:
             raise IngestError(

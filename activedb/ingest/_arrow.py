@@ -1,4 +1,4 @@
-"""The Arrow path of :func:`spark_bridge.mapping.rows_to_events`: a ``pyarrow.Table`` or ``RecordBatch`` (from
+"""The Arrow path of :func:`activedb.ingest._mapping.rows_to_events`: a ``pyarrow.Table`` or ``RecordBatch`` (from
 ``DataFrame.toArrow()``) validated one column at a time.
 
 Columns whose Arrow type and statistics already prove every value valid (a string column without nulls or empty
@@ -20,13 +20,12 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from activedb.store import jsonable
-
-from spark_bridge.errors import MappingError
-from spark_bridge.mapping import (
+from activedb.ingest._mapping import (
     EPOCH, SURROGATE_ESCAPE, EventMapping, RawEvent, Rejected, by_ts, check_key, convert_column, corrupt_reason,
     event_id, lone_surrogate_reason, raw_event, to_utc, type_converter,
 )
+from activedb.ingest.errors import MappingError
+from activedb.store import jsonable
 
 __all__ = ["arrow_values", "jsonable_rows", "table_to_events"]
 

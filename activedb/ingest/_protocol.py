@@ -19,20 +19,19 @@ from typing import TYPE_CHECKING, Any
 
 from activedb.deadletters import Letter
 from activedb.errors import BatchAlreadyCommitted, SerializationConflict
-
-from spark_bridge._batch import BatchLetters, SinkContext, no_cyclic_gc
-from spark_bridge._failures import find_culprits, is_poison_failure, trial
-from spark_bridge._ledger import IngestionLedger, batch_committed
-from spark_bridge._outcome import BatchOutcome, PhaseTimings
-from spark_bridge.errors import first_line
-from spark_bridge.mapping import RawEvent
+from activedb.ingest._failures import find_culprits, is_poison_failure, trial
+from activedb.ingest._ledger import IngestionLedger, batch_committed
+from activedb.ingest._letters import BatchLetters, SinkContext, no_cyclic_gc
+from activedb.ingest._mapping import RawEvent
+from activedb.ingest._outcome import BatchOutcome, PhaseTimings
+from activedb.ingest.errors import first_line
 
 if TYPE_CHECKING:  # pragma: no cover
-    from activedb import Transaction
+    from activedb.txn import Transaction
 
 __all__ = ["BatchHandler", "BatchInput", "run_batch"]
 
-logger = logging.getLogger("spark_bridge.ingest")
+logger = logging.getLogger("activedb.ingest")
 
 
 @dataclass(frozen=True)

@@ -13,13 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 from activedb import deadletters
 from activedb.deadletters import Letter
-
-from spark_bridge._ledger import ingested_event_ids
-from spark_bridge._outcome import BatchBook
-from spark_bridge.mapping import EventMapping, RawEvent, Rejected, rows_to_events
+from activedb.ingest._ledger import ingested_event_ids
+from activedb.ingest._mapping import EventMapping, RawEvent, Rejected, rows_to_events
+from activedb.ingest._outcome import BatchBook
 
 if TYPE_CHECKING:  # pragma: no cover
-    from activedb import Transaction
+    from activedb.txn import Transaction
 
 __all__ = ["BatchLetters", "SinkContext", "no_cyclic_gc"]
 
@@ -65,7 +64,7 @@ def _shown(original: Any) -> dict | None:
     """The readable form (``raw``) of a one-row Arrow table: its columns made storable JSON; None for any
     other row (``Letter.raw`` makes it)."""
     if hasattr(original, "to_pylist") and hasattr(original, "schema"):
-        from spark_bridge._arrow import jsonable_rows
+        from activedb.ingest._arrow import jsonable_rows
 
         return jsonable_rows(original)[0]
     return None

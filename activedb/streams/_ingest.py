@@ -10,15 +10,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from activedb import deadletters, streams
+from activedb import deadletters
 from activedb.deadletters import Letter
-
-from spark_bridge._handler import BatchHandler, BatchInput
-from spark_bridge._ledger import IngestionLedger
-from spark_bridge.errors import IngestError
+from activedb.ingest._ledger import IngestionLedger
+from activedb.ingest._protocol import BatchHandler, BatchInput
+from activedb.ingest.errors import IngestError
+from activedb.streams._engine import StreamEngine
+from activedb.streams._events import END_OF_STREAM, StreamEvent
+from activedb.streams._scheduler import Scheduler
 
 if TYPE_CHECKING:  # pragma: no cover
-    from activedb import Transaction
+    from activedb.txn import Transaction
 
 __all__ = ["QueriesHandler", "build_engines"]
 
@@ -28,21 +30,21 @@ SCHEDULERS = ("sei", "s2pl", "lwm")
 def build_engines(db: Any, queries: Any, scheduler: Any) -> list[Any]:
     """The engines behind ``ingest(queries=…, scheduler=…)``, checked.
 
-    ``queries`` is a :class:`~activedb.streams.StreamEngine`, a list of them, or a factory
+    ``queries`` is a :class:`~activedb.StreamEngine`, a list of them, or a factory
     ``factory(db, scheduler=…)`` (``factory(db)`` without ``scheduler=``) returning one or a list.
-    ``scheduler`` (``"sei"``, ``"s2pl"``, ``"lwm"`` or a ``streams.Scheduler``) must be the one each
+    ``scheduler`` (``"sei"``, ``"s2pl"``, ``"lwm"`` or a ``Scheduler``) must be the one each
     engine was built with."""
-    if scheduler is not None and not isinstance(scheduler, (str, streams.Scheduler)):
+    if scheduler is not None and not isinstance(scheduler, (str, Scheduler)):
         raise IngestError(f"scheduler must be one of {', '.join(SCHEDULERS)} or a streams.Scheduler such as "
                           f"streams.LWMScheduler(granularity='table'); got {scheduler!r}")
     if isinstance(scheduler, str) and scheduler not in SCHEDULERS:
         raise IngestError(f"unknown scheduler {scheduler!r}: use one of {', '.join(SCHEDULERS)} "
                           f"(or a configured streams.S2PLScheduler/LWMScheduler)")
     built = queries
-    if callable(queries) and not isinstance(queries, streams.StreamEngine):
+    if callable(queries) and not isinstance(queries, StreamEngine):
         built = queries(db) if scheduler is None else queries(db, scheduler=scheduler)
     engines = list(built) if isinstance(built, (list, tuple)) else [built]
-    if not engines or not all(isinstance(engine, streams.StreamEngine) for engine in engines):
+    if not engines or not all(isinstance(engine, StreamEngine) for engine in engines):
         raise IngestError(
             "queries= takes a streams.StreamEngine, a list of them, or a factory(db, scheduler=…) returning them; "
             f"got {queries!r}")
@@ -118,7 +120,7 @@ class QueriesHandler(BatchHandler):
             else:
                 continue
             attributes = {**raw.payload, self.key_attribute: raw.key}
-            events.append(streams.StreamEvent(raw.event_type, raw.ts, attributes, stream=stream, origin=raw))
+            events.append(StreamEvent(raw.event_type, raw.ts, attributes, stream=stream, origin=raw))
         return events
 
     def handle(self, tx: Transaction, batch: BatchInput, ledger: IngestionLedger) -> None:
@@ -152,7 +154,7 @@ class QueriesHandler(BatchHandler):
         with db.transaction(name=f"ingest:{query_name}:end") as tx:
             letters = []
             for engine in self.engines:
-                result = engine.process(tx, [], punctuation=streams.END_OF_STREAM)
+                result = engine.process(tx, [], punctuation=END_OF_STREAM)
                 processed += result.processed
                 letters += [_event_letter(letter.reason, letter.event) for letter in result.dead_letters]
             deadletters.insert(tx, db.catalog, query_id or f"{query_name}:end", None, letters)

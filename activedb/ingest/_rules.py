@@ -1,7 +1,8 @@
 """The rule path: every event of a micro-batch in its own subtransaction, the rules on ``db.stream(type)``
 firing inside it — the default of ``ingest()`` and of ``IngestSink`` — or, when each type's one rule is a
 declared rule (``activedb.batch.declared``) and firing them one by one is the same as running their
-declarations as one batch (``activedb.batch.lower``), the batch at commit.  Design note: the package's
+declarations as one batch, the batch at commit — through the :class:`BatchLowering` the rule's action offers
+(``activedb.batch`` provides it; this module imports nothing of that package).  Design note: the package's
 ``README.md`` ("One micro-batch", step 4; "Declared rules on the sink"); ``_failures.py`` tells an event's
 failure from a batch's.
 
@@ -11,28 +12,44 @@ one after the other in the calling thread.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
-from activedb import TxnState, batch as declared_batches
-from activedb.txn import run_inline
 from activedb.errors import Failure, classify
-
-from spark_bridge._failures import conflict_in, is_infrastructure_failure, rejection_reason
-from spark_bridge._handler import BatchHandler, BatchInput
-from spark_bridge._ledger import IngestionLedger
-from spark_bridge.mapping import RawEvent
+from activedb.ingest._failures import conflict_in, is_infrastructure_failure, rejection_reason
+from activedb.ingest._ledger import IngestionLedger
+from activedb.ingest._mapping import RawEvent
+from activedb.ingest._protocol import BatchHandler, BatchInput
+from activedb.txn import TxnState, run_inline
 
 if TYPE_CHECKING:  # pragma: no cover
-    from activedb import Transaction
+    from activedb.txn import Transaction
 
-__all__ = ["RulesHandler"]
+__all__ = ["BatchLowering", "RulesHandler"]
 
 _ACTIVE = TxnState.ACTIVE
 
 
 _NAMES: dict[str, str] = {}     # event type -> the name of its events' subtransactions ("event:<type>")
 _MAX_NAMES = 1024
+
+
+class BatchLowering(Protocol):
+    """How the rules fired by a batch's event types run as one batch of state transactions at commit, when
+    that is the same as firing them one by one.  A rule's action offers one as its ``batch_lowering``
+    attribute (``activedb.batch.DeclaredAction`` does); the rule path asks the action of the first event
+    type's one rule.  Stateless; its ``cache`` is the caller's."""
+
+    def lower(self, rules: Any, transaction: Transaction, event_types: Iterable[str], cache: dict) -> Any | None:
+        """What :meth:`apply` needs to run the events of ``event_types`` as one batch, or None when firing them
+        one by one would differ (``activedb.batch.lower``)."""
+        ...
+
+    def apply(self, rules: Any, transaction: Transaction, events: Iterable[RawEvent], lowered: Any,
+              **at_commit: Any) -> Any:
+        """Run ``events`` as one batch at the commit of ``transaction``, the firing record kept; returns the
+        pending batch (``activedb.batch.apply_lowered``; ``at_commit``: ``BatchInput.at_commit``'s)."""
+        ...
 
 
 def _emit(sub: Any, event: RawEvent) -> None:
@@ -87,11 +104,12 @@ class RulesHandler(BatchHandler):
         this = (batch.query_id, batch.batch_id)
         self._last_lowered = None
         if self.lower_declared and batch.events and self._event_by_event != this:
-            lowered = declared_batches.lower(self.db.rules, tx, {event.event_type for event in batch.events},
-                                            self._lowered)
+            lowering = self._lowering(batch.events[0].event_type)
+            lowered = None if lowering is None else lowering.lower(
+                self.db.rules, tx, {event.event_type for event in batch.events}, self._lowered)
             if lowered is not None:
                 # One batch of state transactions at commit, the firing record kept (``batch.apply_lowered``).
-                self._last_lowered = (this, declared_batches.apply_lowered(
+                self._last_lowered = (this, lowering.apply(
                     self.db.rules, tx, batch.events, lowered, **batch.at_commit(ledger, refused_may_come_again=True)))
                 return
         self._prefetch_rows(tx, batch.events)
@@ -110,6 +128,12 @@ class RulesHandler(BatchHandler):
         batch.dead_letters.insert(tx, letters)
         ledger.events = applied
         ledger.dead_letters = len(letters)
+
+    def _lowering(self, event_type: str) -> BatchLowering | None:
+        """The :class:`BatchLowering` the action of the one rule ``event_type`` fires offers, if any (a batch is
+        lowered only when every type's rule is such a rule: ``lower`` checks the rest)."""
+        fired = self.db.rules.on_stream(event_type)
+        return getattr(fired[0].action_function(), "batch_lowering", None) if len(fired) == 1 else None
 
     def apply_events(self, tx: Transaction, events: list[RawEvent]) -> None:
         self._prefetch_rows(tx, events)
