@@ -13,14 +13,15 @@ from activedb import errors
 from activedb import lazy
 from activedb.errors import *  # noqa: F401,F403 - the error classes are public
 
-__all__ = ["Database", "connect", "default_home", "mask_secrets", "errors", "Coupling", "Deadlock", "LockTimeout", "Event", "EventKind",
+__all__ = ["Database", "connect", "default_home", "mask_secrets", "errors", "Coupling", "DeadlockDetected",
+           "LockWaitTimeout", "Event", "EventKind",
            "EventSpec", "Rule", "SubtransactionHandle", "Transaction", "TxnState", "CommitParticipant",
            "Along", "Observer", "TransactionExtension"] + [name for name in dir(errors) if name[0].isupper()]
 
 # imported on first use: `import activedb` stays fast (the CLI's start)
 __getattr__, __dir__ = lazy.exports(__name__, {
     "coupling": ["Coupling"],
-    "lockmgr": ["Deadlock", "LockTimeout"],
+    "activedb.errors": ["DeadlockDetected", "LockWaitTimeout"],     # (defined on first use: they import lockmgr)
     "activedb._database": ["Database", "connect", "mask_secrets"],
     "activedb._embedded": ["default_home"],
     "activedb.events": ["Event", "EventKind", "EventSpec"],

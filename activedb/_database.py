@@ -13,15 +13,13 @@ from typing import Any, Iterable
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, URL, make_url
 
-from lockmgr import Deadlock
-
 from activedb import _embedded, _migrate
 from activedb.atomic import Batches
 from activedb.capture import CaptureManager
 from activedb.capture.errors import CaptureNotEnabledWarning
-from activedb.errors import (BadDatabaseURL, RuleError, SerializationConflict, TransactionError,
+from activedb.errors import (BadDatabaseURL, DeadlockDetected, RuleError, SerializationConflict, TransactionError,
                              database_failure)
-from activedb.events import EventKind, EventSpec, Origin, Punctuations
+from activedb.events import EventKind, EventSpec, Origin, Punctuations, Watermark
 from activedb.outbox import Outbox
 from activedb.rules import FunctionRule, Rule, RuleManager
 from activedb.store import Catalog
@@ -145,7 +143,7 @@ def _data_spec(catalog: Catalog, kind: EventKind, table: str) -> EventSpec:
 
 def _retried(error: BaseException | None) -> bool:
     """The aborts ``Database.run`` answers with another attempt."""
-    return isinstance(error, (SerializationConflict, Deadlock))
+    return isinstance(error, (SerializationConflict, DeadlockDetected))
 
 
 class Database:
@@ -297,7 +295,7 @@ class Database:
                         # An attempt this loop re-runs leaves nothing behind, detached firings included.
                         self.outbox.mark_replayed(transaction, when=_retried)
                     return function(transaction, *args, **kwargs)
-            except (SerializationConflict, Deadlock):
+            except (SerializationConflict, DeadlockDetected):
                 if attempted is not None and not attempted.read_then_written() <= learned:
                     learned = learned | attempted.read_then_written()
                     if len(self._update_intent) >= 4096:     # bounded: functions made on the fly
@@ -308,7 +306,7 @@ class Database:
                 # Jittered back-off between retries (not used to order threads).
                 time.sleep(random.uniform(0.5, 1.5) * min(0.5, backoff * 2 ** attempt))
 
-    def punctuate(self, source: str, watermark: Any) -> None:
+    def punctuate(self, source: str, watermark: Watermark) -> None:
         """Record a punctuation: no event of ``source`` older than ``watermark`` will come.
 
         The stream bridge passes Spark's event-time watermark here; stream-transaction
@@ -316,7 +314,7 @@ class Database:
         """
         self.punctuations.punctuate(source, watermark)
 
-    def watermark(self, source: str) -> Any:
+    def watermark(self, source: str) -> Watermark | None:
         """The latest punctuation of ``source`` (None before the first)."""
         return self.punctuations.watermark(source)
 
@@ -347,7 +345,7 @@ class Database:
     def explain(self, *, deadlock: BaseException | None = None):
         """A consistent picture of this process's live transaction trees and the lock manager's wait-for
         graph (see :mod:`activedb.explain`): ``.graph`` (networkx), ``.render(path)`` (PNG/SVG), ``.text()``,
-        ``.save(path)`` (JSON).  With ``deadlock=`` (a ``lockmgr.Deadlock``, or an error caused by one) its
+        ``.save(path)`` (JSON).  With ``deadlock=`` (a ``DeadlockDetected``, or an error caused by one) its
         cycle is marked, and the lock table is the one the deadlock carries when the database was connected
         with ``explain_deadlocks=True`` (taken when the cycle was found), else the current one."""
         from activedb import explain as explain_module
@@ -399,7 +397,7 @@ def connect(url: str | URL | None = None, *, home: str | Path | None = None, upg
     * ``max_cascade_depth`` bounds rule cascades, ``max_deferred_cycles`` deferred cycles;
       ``rule_execution="inline"`` runs equal-priority rules one after the other in the
       triggering thread instead of concurrently on worker threads.
-    * ``explain_deadlocks=True`` attaches a picture to every deadlock: the ``lockmgr.Deadlock`` a victim
+    * ``explain_deadlocks=True`` attaches a picture to every deadlock: the ``DeadlockDetected`` a victim
       gets carries ``explanation`` (an :class:`activedb.explain.Explanation` of the lock table and the
       transaction trees when the cycle was found; ``error.explanation.render("deadlock.png")``).  It costs
       a full lock-table snapshot per deadlock.

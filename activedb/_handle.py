@@ -1,5 +1,8 @@
-"""``DatabaseHandle``: the database as ``capture``, ``atomic`` and ``explain`` (which ``Database`` builds) see
-it, so that none of them imports ``activedb._database``; ``Database`` satisfies it structurally."""
+"""``DatabaseHandle``: the database as the packages that ``Database`` builds or that build on it see it
+(``capture``, ``atomic``, ``explain``, ``streams``, ``batch``, ``deadletters``, ``metrics``), so that none of them
+imports ``activedb._database`` (it sits above them).  ``Database`` satisfies it structurally; a parameter that
+takes the database is typed ``DatabaseHandle`` (never ``Any``).  A package that needs more of ``Database`` than
+this (``db.outbox``, ``db.capture``) extends the protocol beside its own code."""
 
 from __future__ import annotations
 
@@ -8,12 +11,15 @@ from typing import TYPE_CHECKING, ContextManager, Iterable, Protocol
 if TYPE_CHECKING:  # pragma: no cover
     import sqlalchemy as sa
 
+    from activedb.events import Watermark
     from activedb.rules import RuleManager
     from activedb.store import Catalog
     from activedb.txn import CommitParticipant, Observer, ReadBase, Transaction, TransactionManager
 
 
 class DatabaseHandle(Protocol):
+    """What every user of the database may use of it (``activedb.Database`` documents each member)."""
+
     engine: sa.Engine
     catalog: Catalog
     transactions: TransactionManager
@@ -24,3 +30,5 @@ class DatabaseHandle(Protocol):
     def observe(self, observer: Observer) -> Observer: ...
     def transaction(self, *, name: str | None = None, participants: Iterable[CommitParticipant] = (),
                     read_base: ReadBase | None = None) -> ContextManager[Transaction]: ...
+    def punctuate(self, source: str, watermark: Watermark) -> None: ...
+    def watermark(self, source: str) -> Watermark | None: ...

@@ -2,16 +2,39 @@
 
 Messages say what happened *and what to do next*.  The CLI prints
 ``ActivedbError`` messages as one line and exits non-zero, without a traceback.
+
+Every error a user can meet derives from :class:`ActivedbError`, and no two public classes share a name.
+The lock manager's two errors a caller handles are raised as :class:`DeadlockDetected` and
+:class:`LockWaitTimeout`: ``lockmgr`` knows nothing of activedb, so activedb names them to it
+(``lockmgr.ErrorClasses``); each is also the ``lockmgr`` class it replaces.  They are defined on first use
+(``lockmgr`` is not imported by ``import activedb``).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import enum
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    import lockmgr
 
 
 class ActivedbError(Exception):
     """Base class of activedb's own errors."""
+
+
+class InvalidChoice(ActivedbError, ValueError):
+    """A value that is not one of a closed set (an activedb enum, ``activedb._choice.Choice``): the message
+    lists the members.  ``choices`` is the enum, ``given`` the value, ``parameter`` where it was given."""
+
+    def __init__(self, choices: type[enum.Enum], given: object, parameter: str | None = None):
+        self.choices = choices
+        self.given = given
+        self.parameter = parameter
+        members = ", ".join(f"{choices.__name__}.{member.name} ({member.value!r})" for member in choices)
+        where = f"{parameter}={given!r}" if parameter else repr(given)
+        super().__init__(f"{where} is not a {choices.__name__}: use one of {members}")
 
 
 # --- database and server -------------------------------------------------------------
@@ -98,7 +121,7 @@ def classify(error: BaseException) -> Failure:
     A lost or never-opened connection (SQLAlchemy invalidated it, SQLSTATE class 08 or 57P, or a
     connection-level error without a SQLSTATE, e.g. "Connection refused") is ``CONNECTION_LOST``;
     SQLSTATE 40001 and :class:`SerializationConflict` are ``SERIALIZATION_CONFLICT``; 40P01 and the lock
-    manager's deadlock ``DEADLOCK``; 53100 ``DISK_FULL``; classes 22, 23 and 54 and :class:`SchemaError`
+    manager's deadlock (:class:`DeadlockDetected`, a ``lockmgr.Deadlock``) ``DEADLOCK``; 53100 ``DISK_FULL``; classes 22, 23 and 54 and :class:`SchemaError`
     ``BAD_VALUE``; the rest of classes 53, 57 and 58 and 55P03 (lock not available) ``SERVER_BUSY``; any other
     SQLSTATE ``REFUSED``; everything else ``BUG``.  ``Failure.transient`` says which may succeed when re-run."""
     for cause in causes(error):
@@ -284,6 +307,55 @@ class TransactionAborted(TransactionError):
 
 class SerializationConflict(TransactionError):
     """Another process changed data this transaction read or wrote; retries were exhausted."""
+
+
+# The lock manager's errors as activedb raises them (see the module docstring): defined by
+# ``_define_lock_errors`` on first use; their declarations for type checkers are these.
+if TYPE_CHECKING:  # pragma: no cover
+    class DeadlockDetected(TransactionError, lockmgr.Deadlock): ...
+
+    class LockWaitTimeout(TransactionError, lockmgr.LockTimeout): ...
+
+
+def _define_lock_errors() -> dict[str, type[TransactionError]]:
+    import lockmgr
+
+    class DeadlockDetected(TransactionError, lockmgr.Deadlock):
+        """This transaction's wait closed (or sat on) a wait-for cycle and it was chosen as the victim: it is
+        aborted; run its work again (``Database.run(fn)`` and ``tx.retry(fn)`` do).  Also a
+        ``lockmgr.Deadlock``: ``victim``, ``requester``, ``cycle`` (the wait edges), ``policy``, ``snapshot``;
+        ``explanation`` (a picture) with ``connect(explain_deadlocks=True)``."""
+
+        def __str__(self) -> str:
+            path = "; ".join(edge.describe() for edge in self.cycle)
+            note = f" {self.note}" if self.note else ""
+            return (f"deadlock: transaction {self.victim!r} was chosen as the victim (policy {self.policy!r}) of "
+                    f"the wait-for cycle [{path}]; it is aborted: run its work again in a new transaction "
+                    f"(Database.run(fn) re-runs on a deadlock, tx.retry(fn) a subtransaction).{note}")
+
+    class LockWaitTimeout(TransactionError, lockmgr.LockTimeout):
+        """A lock wait took longer than ``connect(lock_timeout=...)``: the transaction is aborted; run it again
+        later.  Also a ``lockmgr.LockTimeout``: ``tid``, ``resource``, ``mode``, ``timeout``, ``blockers``."""
+
+        def __str__(self) -> str:
+            blockers = ", ".join(sorted(repr(blocker) for blocker in self.blockers)) or "nobody any more"
+            return (f"transaction {self.tid!r} waited {self.timeout:g} s for {getattr(self.mode, 'name', self.mode)} "
+                    f"on {self.resource!r} (blocked by {blockers}) and is aborted: run it again later, or raise "
+                    f"connect(lock_timeout=...)")
+
+    for defined in (DeadlockDetected, LockWaitTimeout):
+        defined.__module__, defined.__qualname__ = __name__, defined.__name__
+    return {"DeadlockDetected": DeadlockDetected, "LockWaitTimeout": LockWaitTimeout}
+
+
+_LOCK_ERRORS = ("DeadlockDetected", "LockWaitTimeout")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LOCK_ERRORS:
+        globals().update(_define_lock_errors())
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class GeneratedKeysReset(SerializationConflict):

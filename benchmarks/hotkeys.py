@@ -140,7 +140,7 @@ def _workers(mode: str, url: str, threads: int, seconds: float, start: threading
                         connection.execute("UPDATE bench_objects SET value = %s WHERE id = %s", (value + 1, key))
                 else:
                     database.run(increment, key, retries=20)
-            except (activedb.Deadlock, SerializationConflict, activedb.TransactionAborted):
+            except (activedb.DeadlockDetected, SerializationConflict, activedb.TransactionAborted):
                 failures += 1
                 continue
             commits += 1

@@ -6,7 +6,8 @@ example, the five rules, the conflict table, the invariants and the mutex order:
 
 from lockmgr._entries import UNCHANGED, fold_grants
 from lockmgr._graph import GraphNode, find_cycle
-from lockmgr._manager import VICTIM_POLICIES, ExternalWait, LockManager
+from lockmgr._deadlock import VICTIM_POLICIES, VictimPolicy
+from lockmgr._manager import CommitEdges, ExternalWait, LockManager, VictimChooser
 from lockmgr._modes import Mode, conflicts, covers, join
 from lockmgr._records import (
     DeadlockCycle,
@@ -22,6 +23,7 @@ from lockmgr.errors import (
     ActiveChildren,
     Deadlock,
     DuplicateTransaction,
+    ErrorClasses,
     InvalidDowngrade,
     LockError,
     LockNotHeld,
@@ -35,7 +37,7 @@ from lockmgr.errors import (
 
 __all__ = [
     "LockManager", "ExternalWait", "Mode", "Deadlock", "LockTimeout", "find_cycle", "GraphNode",
-    "VICTIM_POLICIES", "UNCHANGED", "fold_grants", "conflicts", "covers", "join",
+    "VICTIM_POLICIES", "VictimPolicy", "VictimChooser", "CommitEdges", "ErrorClasses", "UNCHANGED", "fold_grants", "conflicts", "covers", "join",
     "DeadlockCycle", "Holders", "LockStatistics", "LockTableSnapshot", "TransactionInfo", "TxnState",
     "VictimCandidate", "WaitingRequest", "WaitEdge",
     "LockError", "ActiveChildren", "DuplicateTransaction", "InvalidDowngrade", "LockNotHeld",

@@ -8,6 +8,7 @@ mutex (and no stripe mutex); :func:`choose_victim` releases it while a callable 
 
 from __future__ import annotations
 
+import enum
 import logging
 import queue
 import threading
@@ -17,7 +18,20 @@ from lockmgr._graph import GraphNode, edge_kind
 from lockmgr._records import DeadlockCycle, VictimCandidate
 from lockmgr.errors import Lazy, WaitEdge
 
-VICTIM_POLICIES = ("requester", "youngest", "smallest_tree")
+
+
+class VictimPolicy(enum.StrEnum):
+    """Which waiting transaction of a deadlock cycle is told (gets ``Deadlock``); ``LockManager`` also takes
+    a callable ``policy(cycle: DeadlockCycle) -> tid``.  A member compares equal to its value, and
+    ``LockManager(victim_policy="youngest")`` is accepted for ``VictimPolicy.YOUNGEST``."""
+
+    REQUESTER = "requester"            # the one whose new wait edge closed the cycle (the paper's choice)
+    YOUNGEST = "youngest"              # the latest ``begin``
+    SMALLEST_TREE = "smallest_tree"    # fewest transactions in its subtree, then fewest locks
+
+
+#: The policies' names (``VictimPolicy``'s values).
+VICTIM_POLICIES = tuple(policy.value for policy in VictimPolicy)
 
 
 def wait_of(node: Any, following: Any):
@@ -89,7 +103,7 @@ class Cycle:
 
 
 def choose_victim(
-    policy: "str | Callable[[DeadlockCycle], Hashable]",
+    policy: "VictimPolicy | Callable[[DeadlockCycle], Hashable]",
     cycle: Cycle,
     graph_mutex: threading.Lock,
     resource_count: Callable[[Any], int],
@@ -100,11 +114,11 @@ def choose_victim(
     if cycle.volunteer is not None:
         return cycle.volunteer, Lazy("(it volunteered: its work is re-run after the wait)")
     requester, candidates = cycle.requester, cycle.candidates
-    if policy == "requester":
+    if policy is VictimPolicy.REQUESTER:
         return requester, ""
-    if policy == "youngest":
+    if policy is VictimPolicy.YOUNGEST:
         return max(candidates, key=lambda node: node.serial), ""
-    if policy == "smallest_tree":
+    if policy is VictimPolicy.SMALLEST_TREE:
         return min(candidates, key=lambda node: (subtree_size(node), resource_count(node), -node.serial)), ""
     description = DeadlockCycle(
         edges=cycle.wait_edges,
@@ -133,9 +147,9 @@ def choose_victim(
     return requester, note
 
 
-def policy_name(policy: "str | Callable[[DeadlockCycle], Hashable]") -> str:
+def policy_name(policy: "VictimPolicy | Callable[[DeadlockCycle], Hashable]") -> str:
     """The policy as ``Deadlock`` reports it: its name, or the callable's ``__name__``."""
-    return policy if isinstance(policy, str) else getattr(policy, "__name__", "callable")
+    return policy.value if isinstance(policy, VictimPolicy) else getattr(policy, "__name__", "callable")
 
 
 def subtree_size(node: Any) -> int:

@@ -6,11 +6,12 @@ may be used from several threads, but it waits for at most one lock at a time (`
 
 from __future__ import annotations
 
+import enum
 import threading
 import time
-from typing import Any, Callable, Hashable, Iterable, Union
+from typing import Any, Callable, Hashable, Iterable
 
-from lockmgr._deadlock import VICTIM_POLICIES, Cycle, VictimNotifier, choose_victim, policy_name, queue_jumper
+from lockmgr._deadlock import Cycle, VictimNotifier, VictimPolicy, choose_victim, policy_name, queue_jumper
 from lockmgr._entries import (
     _blockers,
     _discard_if_empty,
@@ -60,9 +61,20 @@ from lockmgr.errors import (
     LockTimeout,
     RequestPending,
     AbortedTransaction,
+    ErrorClasses,
 )
 
-VictimPolicy = Union[str, Callable[[DeadlockCycle], Hashable]]
+
+class CommitEdges(enum.StrEnum):
+    """Which parent -> child edges the wait-for graph has (README, "Commit edges: structural or declared")."""
+
+    STRUCTURAL = "structural"    # every parent -> active child is an edge (a parent always waits for them)
+    DECLARED = "declared"        # only while the parent says so: add_wait(parent, children, kind="commit"),
+                                 # or a child begun with awaited=True
+
+
+#: A callable victim policy: ``policy(cycle) -> tid``, one of ``cycle.candidates``.
+VictimChooser = Callable[[DeadlockCycle], Hashable]
 
 _NO_DETAIL = Lazy("")  # immutable
 
@@ -140,27 +152,39 @@ class LockManager:
 
     def __init__(
         self,
-        victim_policy: VictimPolicy = "requester",
+        victim_policy: VictimPolicy | VictimChooser = VictimPolicy.REQUESTER,
         *,
         stripes: int = 256,
         snapshot_on_deadlock: bool = False,
         remember_ended: int = 4096,
-        commit_edges: str = "structural",
+        commit_edges: CommitEdges = CommitEdges.STRUCTURAL,
         before_wait: "Callable[[Hashable], None] | None" = None,
+        error_classes: ErrorClasses = ErrorClasses(),
     ) -> None:
-        if not callable(victim_policy) and victim_policy not in VICTIM_POLICIES:
-            raise ValueError(
-                f"unknown victim_policy {victim_policy!r}: use one of {', '.join(VICTIM_POLICIES)} "
-                f"or a callable taking a DeadlockCycle and returning a tid"
-            )
+        if not callable(victim_policy):
+            try:
+                victim_policy = VictimPolicy(victim_policy)
+            except ValueError:
+                raise ValueError(
+                    f"unknown victim_policy {victim_policy!r}: use one of {', '.join(VictimPolicy)} "
+                    f"(lockmgr.VictimPolicy) or a callable taking a DeadlockCycle and returning a tid"
+                ) from None
         if stripes < 1:
             raise ValueError("stripes must be at least 1")
-        if commit_edges not in ("structural", "declared"):
-            raise ValueError("commit_edges is 'structural' (a parent always waits for its active children) or "
-                             "'declared' (only while it says so: add_wait(parent, children, kind='commit'))")
+        try:
+            commit_edges = CommitEdges(commit_edges)
+        except ValueError:
+            raise ValueError(f"unknown commit_edges {commit_edges!r}: CommitEdges.STRUCTURAL ('structural': a "
+                             "parent always waits for its active children) or CommitEdges.DECLARED ('declared': only "
+                             "while it says so, add_wait(parent, children, kind='commit'))") from None
+        if not isinstance(error_classes, ErrorClasses):
+            raise TypeError(f"error_classes must be a lockmgr.ErrorClasses, not {error_classes!r}")
         # Immutable.  True: every parent -> active child is an edge of the wait-for graph.  False: only the
         # waits for children that the embedder registers (it retains before it waits; see the README).
-        self._structural = commit_edges == "structural"
+        self._structural = commit_edges is CommitEdges.STRUCTURAL
+        # Immutable.  The classes raised for a deadlock's victim and a lock wait that timed out.
+        self._deadlock_error = error_classes.deadlock
+        self._timeout_error = error_classes.lock_timeout
         count = 1
         while count < stripes:
             count *= 2
@@ -730,7 +754,7 @@ class LockManager:
                     blockers = tuple(blocker.tid for blocker in txn.waits)
                     self._counters["timeouts"] += 1
                     self._resolve(self._queues.withdraw(request, TIMED_OUT, None))
-                    raise LockTimeout(tid, resource, mode, timeout, blockers)
+                    raise self._timeout_error(tid, resource, mode, timeout, blockers)
                 request.condition.wait(remaining)
             if request.status is GRANTED:
                 return
@@ -776,7 +800,8 @@ class LockManager:
                 continue
             self._counters["deadlocks"] += 1
             snapshot = snapshot_of(self._stripes, self._active) if self._snapshot_on_deadlock else None
-            error = Deadlock(victim.tid, txn.tid, cycle.wait_edges, policy_name(self._victim_policy), snapshot, note)
+            error = self._deadlock_error(victim.tid, txn.tid, cycle.wait_edges, policy_name(self._victim_policy),
+                                         snapshot, note)
             told = cycle.wait_of_victim(victim)
             if told.__class__ is _Request:
                 events.extend(self._queues.withdraw(told, VICTIM, error))

@@ -240,3 +240,21 @@ class LockNotHeld(_OnResource):
             f"transaction {self.tid!r} does not hold a lock on {self.resource!r} (a retained lock cannot be "
             f"downgraded); acquire it first"
         )
+
+
+@dataclass(frozen=True)
+class ErrorClasses:
+    """The classes a :class:`~lockmgr.LockManager` raises for the two errors its caller is expected to handle
+    (``LockManager(error_classes=...)``): each a subclass of lockmgr's own, so that an embedder makes them part
+    of its own error hierarchy (activedb's ``DeadlockDetected`` is also an ``ActivedbError``) while lockmgr
+    knows nothing of it, and ``except lockmgr.Deadlock`` still catches them.  Each is constructed with the
+    arguments of the class it replaces."""
+
+    deadlock: type[Deadlock] = Deadlock
+    lock_timeout: type[LockTimeout] = LockTimeout
+
+    def __post_init__(self) -> None:
+        for name, base in (("deadlock", Deadlock), ("lock_timeout", LockTimeout)):
+            given = getattr(self, name)
+            if not (isinstance(given, type) and issubclass(given, base)):
+                raise TypeError(f"ErrorClasses({name}={given!r}): give a subclass of lockmgr.{base.__name__}")

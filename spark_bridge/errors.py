@@ -2,18 +2,19 @@
 
 Every error says what to do next. The Spark connector's own derive from :class:`SparkBridgeError`; those about
 an ingestion's setup also from :class:`activedb.ingest.errors.IngestError` (re-exported here with
-``MappingError``), so a caller can catch either family at once.
+``MappingError``), so a caller can catch either family at once; all are ``activedb.ActivedbError``s.
 """
 
 from __future__ import annotations
 
+from activedb.errors import ActivedbError
 from activedb.ingest.errors import IngestError, MappingError, describe, first_line
 
 __all__ = ["AppLoadError", "IngestError", "JavaNotFoundError", "MappingError", "PartitionFailed", "QueryRenamedError",
            "SourceError", "SparkBridgeError", "describe", "first_line"]
 
 
-class SparkBridgeError(Exception):
+class SparkBridgeError(ActivedbError):
     """Base class of every error raised by ``spark_bridge``."""
 
 

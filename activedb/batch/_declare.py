@@ -15,10 +15,11 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from activedb.errors import ActivedbError
 from activedb.batch.errors import DeclarationError, UnknownEventType
 
 
-class Abort(Exception):
+class Abort(ActivedbError):
     """Raised by an operation's function: its state transaction aborts with this reason."""
 
 

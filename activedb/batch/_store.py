@@ -17,6 +17,7 @@ from activedb.batch._strategy import Strategy
 from activedb.errors import InvalidKey, InvalidValue, SchemaError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from activedb._handle import DatabaseHandle
     from activedb.txn import Transaction
 
 DEAD_LETTER_TABLE = deadletters.TABLE
@@ -158,7 +159,7 @@ def dead_letter_row(event: BatchEvent) -> dict:
     return dead_letter(event, "").raw()
 
 
-def run_batch(db: Any, events: Iterable[Any], transactions: StateTransactions, *, strategy: str | Strategy = AUTO,
+def run_batch(db: DatabaseHandle, events: Iterable[Any], transactions: StateTransactions, *, strategy: str | Strategy = AUTO,
               participants: Iterable[Any] = (), query_id: str | None = None, batch_id: int | None = None,
               dead_letters: bool = True, processes: int | None = None, split: str = "auto") -> BatchResult:
     """Convenience for users feeding events directly: one top-level transaction that applies the batch and

@@ -10,11 +10,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from coupling import Coupling, priority_groups
-from lockmgr import Deadlock
 
 from activedb.capture._fetch import Entry
 from activedb.capture._position import CapturedChange, DeadLetter
-from activedb.errors import SerializationConflict
+from activedb.errors import DeadlockDetected, SerializationConflict
 from activedb.events import Origin
 from activedb.rules import Fired, Firing, FiringOutcome, Rule
 
@@ -30,7 +29,7 @@ FIRING_ATTEMPTS = 3
 #: Firings run together in one subtransaction (when that cannot be told apart from one each).
 CHUNK_FIRINGS = 100
 #: Failures after which a firing (or the batch) runs again.
-TRANSIENT = (Deadlock, SerializationConflict)
+TRANSIENT = (DeadlockDetected, SerializationConflict)
 
 Planned = tuple[CapturedChange, Firing]
 

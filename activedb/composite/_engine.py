@@ -28,6 +28,7 @@ from activedb.streams import query_definition
 from activedb.streams.errors import DefinitionError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from activedb._handle import DatabaseHandle
     from activedb.txn import Transaction
 
 DEFAULT_TIMEOUT = 30.0
@@ -52,7 +53,7 @@ class CompositionEngine:
     Membership (the paper's §IV: atomic or weak) is per producer: see :meth:`join`.
     """
 
-    def __init__(self, db: Any = None, *, name: str = "composite", clock: Any = None,
+    def __init__(self, db: DatabaseHandle | None = None, *, name: str = "composite", clock: Any = None,
                  timeout: float | None = DEFAULT_TIMEOUT, on_timeout: TimeoutPolicy | str = TimeoutPolicy.RAISE,
                  on_uncertain: Callable[[Uncertainty], Any] | None = None, window: int = 2000,
                  on_invalidation: Callable[[Invalidation], Any] | None = None):

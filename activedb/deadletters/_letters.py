@@ -20,6 +20,7 @@ from activedb.store import exact_json, from_exact_json, jsonable, storable_text
 from activedb.txn import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
+    from activedb._handle import DatabaseHandle
     from activedb.txn import Transaction
 
 __all__ = ["TABLE", "Letter", "LetterFilter", "LetterRecord", "LetterReplayed", "count", "count_by_reason",
@@ -163,7 +164,7 @@ def insert(tx: Transaction, catalog: Any, query_id: str | None, batch_id: int | 
 
 # --- reading -------------------------------------------------------------------------------------------
 
-def select(database: Any, letters: LetterFilter = LetterFilter(), *, limit: int | None = None) -> list[LetterRecord]:
+def select(database: DatabaseHandle, letters: LetterFilter = LetterFilter(), *, limit: int | None = None) -> list[LetterRecord]:
     """The dead letters ``letters`` selects, oldest first (at most ``limit``)."""
     table = database.table(TABLE)
     statement = letters.statement(table)
@@ -173,14 +174,14 @@ def select(database: Any, letters: LetterFilter = LetterFilter(), *, limit: int 
         return [LetterRecord.from_mapping(row._mapping) for row in connection.execute(statement)]
 
 
-def count(database: Any, letters: LetterFilter = LetterFilter()) -> int:
+def count(database: DatabaseHandle, letters: LetterFilter = LetterFilter()) -> int:
     table = database.table(TABLE)
     with database.engine.connect() as connection:
         return connection.execute(sa.select(sa.func.count()).select_from(
             letters.statement(table).subquery())).scalar_one()
 
 
-def count_by_reason(database: Any, letters: LetterFilter = LetterFilter()) -> dict[str, int]:
+def count_by_reason(database: DatabaseHandle, letters: LetterFilter = LetterFilter()) -> dict[str, int]:
     """How many of the dead letters ``letters`` selects there are per reason, ``{reason: count}``."""
     table = database.table(TABLE)
     selected = letters.statement(table).order_by(None).subquery()
@@ -189,7 +190,7 @@ def count_by_reason(database: Any, letters: LetterFilter = LetterFilter()) -> di
         return dict(connection.execute(statement).all())
 
 
-def purge(database: Any, letters: LetterFilter) -> int:
+def purge(database: DatabaseHandle, letters: LetterFilter) -> int:
     """Delete the dead letters ``letters`` selects; how many were deleted."""
     table = database.table(TABLE)
     selected = letters.statement(table).with_only_columns(table.c.id).order_by(None)
@@ -204,7 +205,7 @@ class LetterReplayed(CommitParticipant):
     transaction that replays it, so the replay's effects and the mark commit together or not at all; a
     letter already marked raises ``BatchAlreadyCommitted`` there (the replay is skipped, nothing applied)."""
 
-    def __init__(self, database: Any, letter_id: int, replay_query_id: str):
+    def __init__(self, database: DatabaseHandle, letter_id: int, replay_query_id: str):
         self._table = database.table(TABLE)
         self.letter_id = letter_id
         self.replay_query_id = replay_query_id

@@ -5,8 +5,12 @@ held).
 
 from __future__ import annotations
 
+import datetime
 import threading
-from typing import Any
+from typing import TypeAlias
+
+#: An event time a punctuation names: Spark's watermarks are datetimes, the engines' own clocks numbers.
+Watermark: TypeAlias = "datetime.datetime | float"
 
 
 class Punctuations:
@@ -14,17 +18,17 @@ class Punctuations:
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
-        self._marks: dict[str, Any] = {}
+        self._marks: dict[str, Watermark] = {}
 
-    def punctuate(self, source: str, watermark: Any) -> bool:
+    def punctuate(self, source: str, watermark: Watermark) -> bool:
         """Record that no event of ``source`` older than ``watermark`` will come; True if it advanced."""
         with self._mutex:
             current = self._marks.get(source)
-            if current is None or watermark > current:
+            if current is None or watermark > current:     # type: ignore[operator]  (one kind per source)
                 self._marks[source] = watermark
                 return True
             return False
 
-    def watermark(self, source: str) -> Any:
+    def watermark(self, source: str) -> Watermark | None:
         """The latest punctuation of ``source`` (None before the first)."""
         return self._marks.get(source)

@@ -11,7 +11,7 @@ Public interface::
 
     db = activedb.connect(explain_deadlocks=True)
     ...
-    except activedb.Deadlock as error:
+    except activedb.DeadlockDetected as error:
         error.explanation.render("deadlock.png")   # the lock table when the cycle was found, cycle in red
 
     serve_on_signal(db)                         # then, from a shell: activedb explain --pid PID -o now.png
@@ -339,7 +339,8 @@ def _known_transactions(roots: Iterable[Any]) -> dict[str, tuple[str | None, str
 
 
 def find_deadlock(error: BaseException | None):
-    """The ``lockmgr.Deadlock`` that is ``error`` or caused it (``__cause__``/``__context__``), or None."""
+    """The ``lockmgr.Deadlock`` (activedb's ``DeadlockDetected``, or a lock manager's own) that is ``error`` or
+    caused it (``__cause__``/``__context__``), or None."""
     from lockmgr import Deadlock
 
     seen = set()
@@ -353,7 +354,7 @@ def find_deadlock(error: BaseException | None):
 
 def explain(db: "Database", *, deadlock: BaseException | None = None, also: Iterable[Any] = (),
             title: str | None = None) -> Explanation:
-    """The picture of ``db``'s process now (the design note says what is drawn).  ``deadlock``: a ``Deadlock`` (or an
+    """The picture of ``db``'s process now (the design note says what is drawn).  ``deadlock``: a ``DeadlockDetected`` (or an
     error caused by one) whose cycle is marked, drawn from the snapshot it carries if any; ``also``: more
     transactions whose trees are named (e.g. an aborting one, no longer listed as live)."""
     found = find_deadlock(deadlock) if deadlock is not None else None
@@ -374,7 +375,7 @@ def explain(db: "Database", *, deadlock: BaseException | None = None, also: Iter
 
 class DeadlockExplainer(Observer):
     """The observer ``connect(explain_deadlocks=True)`` adds: when a transaction aborts because of a
-    ``Deadlock`` that carries a snapshot, it attaches ``deadlock.explanation`` (once per deadlock).
+    ``DeadlockDetected`` that carries a snapshot, it attaches ``deadlock.explanation`` (once per deadlock).
     Passive, like every observer; it runs in the aborting thread with no activedb mutex held."""
 
     def __init__(self, db: "Database"):

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.metrics._collector import ScrapedDatabase
+    from activedb.metrics._exporter import MetricsExporter
 
 HELP = ("Serve Prometheus metrics on http://127.0.0.1:PORT/metrics (ADDRESS:PORT to choose the interface, "
         "e.g. 0.0.0.0:9464; 0: any free port). Off by default.")
@@ -15,7 +19,7 @@ def metrics_port_option(function):
     return click.option("--metrics-port", "metrics_port", default=None, metavar="[ADDRESS:]PORT", help=HELP)(function)
 
 
-def start_metrics(database: Any, listen: str | None):
+def start_metrics(database: ScrapedDatabase, listen: str | None) -> MetricsExporter | None:
     """A started :class:`~activedb.metrics.MetricsExporter` on ``listen``, or None when ``listen`` is None.
     The caller closes it.  A bad value or a port in use is a one-line click error."""
     if listen is None:

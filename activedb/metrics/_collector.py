@@ -8,8 +8,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from activedb._handle import DatabaseHandle
 from activedb.extras import Extra, needs
 from activedb.metrics._latency import BatchLatency
 
@@ -17,10 +18,21 @@ with needs(Extra.METRICS, "Prometheus metrics (activedb.metrics)"):
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
     from prometheus_client.registry import Collector
 
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.capture import CaptureManager
+    from activedb.outbox import Outbox
+
 logger = logging.getLogger("activedb.metrics")
 
 REASON_LENGTH = 80          # a reason label is the reason's text before its first colon, cut to this length
 RULE_OUTCOMES = ("fired", "condition_false", "executed", "failed", "cancelled", "rerun_after_wait")
+
+
+class ScrapedDatabase(DatabaseHandle, Protocol):
+    """The database as the collector reads it: the handle, its outbox and its change capture."""
+
+    outbox: Outbox
+    capture: CaptureManager
 
 
 class IngestionSource(Protocol):
@@ -54,7 +66,7 @@ class ActivedbCollector(Collector):
     Thread-safe: ``_mutex`` protects ``_ingestions`` and ``_consumers`` (the lists, not the sources,
     which are thread-safe themselves); scrapes may run concurrently with ``watch_*``."""
 
-    def __init__(self, database: Any) -> None:
+    def __init__(self, database: ScrapedDatabase) -> None:
         self.database = database
         self._mutex = threading.Lock()
         self._ingestions: list[tuple[IngestionSource, BatchLatency]] = []

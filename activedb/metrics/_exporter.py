@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from activedb.metrics._collector import ActivedbCollector, ConsumerSource, IngestionSource
+from activedb.metrics._collector import ActivedbCollector, ConsumerSource, IngestionSource, ScrapedDatabase
 from activedb.metrics.errors import MetricsError
 
 DEFAULT_ADDRESS = "127.0.0.1"
@@ -33,7 +33,7 @@ class MetricsExporter:
     scrape time (see :mod:`activedb.metrics._collector`); long-running commands add what they run with
     ``watch_ingestion`` and ``watch_consumer``.  Thread-safe: ``_mutex`` protects ``_server``."""
 
-    def __init__(self, database: Any) -> None:
+    def __init__(self, database: ScrapedDatabase) -> None:
         from prometheus_client import CollectorRegistry
 
         self.collector = ActivedbCollector(database)

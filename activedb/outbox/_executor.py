@@ -13,9 +13,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from lockmgr import LockTimeout
 
-from activedb.errors import DuplicateKey, RecordsTakenOver, RuleFailed, causes, classify
+from activedb.errors import DuplicateKey, LockWaitTimeout, RecordsTakenOver, RuleFailed, causes, classify
 from activedb.outbox import _records
 from activedb.store import is_connection_failure, storable_text
 from activedb.txn import CommitParticipant
@@ -32,7 +31,7 @@ logger = logging.getLogger("activedb.outbox")
 def is_retryable(error: BaseException) -> bool:
     """A failure PostgreSQL or the lock manager caused (:func:`activedb.errors.classify`: a transient one, or
     the lock manager's timeout), not the rule's."""
-    return classify(error).transient or any(isinstance(cause, LockTimeout) for cause in causes(error))
+    return classify(error).transient or any(isinstance(cause, LockWaitTimeout) for cause in causes(error))
 
 
 def describe_error(error: BaseException) -> str:

@@ -101,7 +101,7 @@ class DetachedRunner:
 
     def wait_may_commit(self, transaction: "Transaction", context: RuleContext) -> Verdict:
         """Ask the gate whether ``transaction`` (a dependent: a C-A action) may commit, as an edge of the
-        wait-for graph to what it waits for; raises ``Deadlock`` if it is the victim of a cycle through that
+        wait-for graph to what it waits for; raises ``DeadlockDetected`` if it is the victim of a cycle through that
         wait."""
         key = context.gate_key
         gate = self.gate

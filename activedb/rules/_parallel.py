@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from coupling import Coupling
-from lockmgr import Deadlock
 
+from activedb.errors import DeadlockDetected
 from activedb.rules._context import GateKey, GateRole, RuleContext
 from activedb.rules._detached import DependencyAbort
 from activedb.rules._model import Firing
@@ -50,7 +50,7 @@ def condition_then_action(manager: "RuleManager", transaction: "Transaction", fi
         condition_value, condition_error = False, error
     try:
         action_handle.result()
-    except Deadlock:
+    except DeadlockDetected:
         if condition_value:      # the action gave way to its condition: run it again, now after it
             transaction.run_subtransaction(_run_action_again, firing, name=f"action:{rule.name}")
     except DependencyAbort:

@@ -18,10 +18,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import sqlalchemy as sa
 
-from lockmgr import Deadlock, LockTimeout
 
-from activedb.errors import (DatabaseUnavailable, DuplicateKey, SchemaError, SerializationConflict,
-                             TransactionError)
+from activedb.errors import (DatabaseUnavailable, DeadlockDetected, DuplicateKey, LockWaitTimeout, SchemaError,
+                             SerializationConflict, TransactionError)
 from activedb.streams._compile import CompiledRule, Ctx
 from activedb.streams._events import DeadLetter, Output, StreamEvent
 from activedb.streams._matcher import Matcher, PartitionState
@@ -109,7 +108,7 @@ class STransaction:
 # --- one batch ----------------------------------------------------------------------------------
 
 # Failures that end the batch, not just the event's s-transaction.
-_INFRASTRUCTURE = (DatabaseUnavailable, SerializationConflict, Deadlock, LockTimeout, TransactionError,
+_INFRASTRUCTURE = (DatabaseUnavailable, SerializationConflict, DeadlockDetected, LockWaitTimeout, TransactionError,
                    sa.exc.SQLAlchemyError)
 
 

@@ -6,13 +6,16 @@ tables (:class:`StoreCatalog`, resolving names as SQL folds unquoted ones, or th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import sqlalchemy as sa
 
-from activedb.errors import UnknownTable as StoreUnknownTable
+from activedb.errors import UnknownTable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb._handle import DatabaseHandle
 from activedb.streams.algebra import Position
-from activedb.streams.errors import DefinitionError, UnknownAttribute, UnknownName, UnknownTable, at
+from activedb.streams.errors import DefinitionError, UnknownAttribute, UnknownName, UnknownQueryTable, at
 
 
 def fold(name: str, candidates: Iterable[str]) -> str | None:
@@ -113,7 +116,7 @@ class TableSchema:
 class StoreCatalog:
     """Resolves table names of definitions against the database (see the module docstring)."""
 
-    def __init__(self, db: Any, aliases: Mapping[str, Any] | None = None):
+    def __init__(self, db: DatabaseHandle, aliases: Mapping[str, Any] | None = None):
         self.db = db
         self._aliases: dict[str, tuple[str, dict[str, str]]] = {}
         for logical, target in (aliases or {}).items():
@@ -129,14 +132,14 @@ class StoreCatalog:
         real, column_aliases = self._aliases.get(name.casefold(), (name, {}))
         actual = self._resolve(real, refresh=False) or self._resolve(real, refresh=True)
         if actual is None:
-            raise UnknownTable(
+            raise UnknownQueryTable(
                 f"no table {name!r} in the store ({self.db.describe()}); store tables come from Alembic "
                 f"migrations (db.upgrade_app), or map the name with StreamEngine(…, aliases={{{name!r}: 'table'}})",
                 **at(position))
         try:
             table = self.db.table(actual)
-        except StoreUnknownTable as error:   # dropped between listing and reflection
-            raise UnknownTable(str(error), **at(position)) from None
+        except UnknownTable as error:   # dropped between listing and reflection
+            raise UnknownQueryTable(str(error), **at(position)) from None
         key_columns = tuple(column.name for column in table.primary_key.columns)
         if not key_columns:
             raise DefinitionError(f"table {actual!r} has no primary key; the store addresses rows by key",

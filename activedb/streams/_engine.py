@@ -32,6 +32,7 @@ from activedb.streams._state import BatchOutcome, Pending, State
 from activedb.streams.errors import StreamError, StreamStateError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from activedb._handle import DatabaseHandle
     from activedb.txn import Transaction
 
 
@@ -63,7 +64,7 @@ class StreamEngine:
     are processed one at a time (a second concurrent batch raises ``StreamStateError``).
     """
 
-    def __init__(self, db: Any, *, name: str = "streams", scheduler: str | Scheduler = "sei",
+    def __init__(self, db: DatabaseHandle, *, name: str = "streams", scheduler: str | Scheduler = "sei",
                  aliases: Mapping[str, Any] | None = None, record_history: bool = False, durable: bool = True,
                  record_dead_letters: bool = True, keep_outputs: bool = True, prefetch: bool = True,
                  lowered: bool = True):

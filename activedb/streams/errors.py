@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from activedb.errors import ActivedbError
+from activedb.errors import ActivedbError, UnknownTable
 
 
 def at(where: Any) -> dict:
@@ -48,8 +48,9 @@ class UnknownName(DefinitionError):
     """A definition names a stream, event type, attribute, table, column or query that does not exist."""
 
 
-class UnknownTable(UnknownName):
-    pass
+class UnknownQueryTable(UnknownName, UnknownTable):
+    """A definition names a store table that does not exist: a ``DefinitionError`` with its position, and
+    the store's :class:`activedb.errors.UnknownTable` (``except activedb.UnknownTable`` catches both)."""
 
 
 class UnknownAttribute(UnknownName):
@@ -62,10 +63,6 @@ class UnknownQuery(UnknownName):
 
 class StreamStateError(StreamError):
     """The engine's saved state does not fit its definitions or its use (e.g. two batches at once)."""
-
-
-class EventRejected(StreamError):
-    """An input event could not be accepted (unknown stream or type, bad timestamp)."""
 
 
 class ActionFailed(StreamError):

@@ -2,7 +2,8 @@
 
 Public names: :class:`TransactionManager`, :class:`Transaction`, :class:`SubtransactionHandle`,
 :class:`TxnState`, :class:`Granularity`, :class:`Subtransactions`, :func:`run_inline`, :func:`run_group`, and the seams :class:`CommitParticipant`
-(with :class:`Along`), :class:`TransactionExtension`, :class:`Observer`, :class:`ReadBase`.
+(with :class:`Along`), :class:`TransactionExtension`, :class:`Observer`, :class:`ReadBase`; a transaction's extender
+tier as functions (``_lowlevel.py``: :func:`slot`, :func:`enlist`, …), which :mod:`activedb.lowlevel` re-exports.
 """
 
 from lockmgr import TxnState
@@ -16,7 +17,11 @@ from activedb.txn._children import InlineSubtransaction, SubtransactionHandle, S
 from activedb.txn._tree import Transaction
 from activedb.txn._group import run_group
 from activedb.txn._view import CommittedRows, ReadBase
+from activedb.txn._lowlevel import (doom, enlist, materialize, read_then_written, run_subtransaction, set_slot, slot,
+                                    wait_children, want_end_hooks)
 
 __all__ = ["WaitKind", "TransactionManager", "Transaction", "SubtransactionHandle", "InlineSubtransaction", "TxnState",
            "Granularity", "Along", "CommitParticipant", "TransactionExtension", "Observer", "HookRegistry", "ReadBase",
-           "CommittedRows", "HistoryOp", "HistoryRecorder", "Subtransactions", "run_inline", "run_group"]
+           "CommittedRows", "HistoryOp", "HistoryRecorder", "Subtransactions", "run_inline", "run_group",
+           "doom", "enlist", "materialize", "read_then_written", "run_subtransaction", "set_slot", "slot", "wait_children",
+           "want_end_hooks"]

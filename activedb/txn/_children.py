@@ -12,9 +12,9 @@ import time
 import types
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from lockmgr import Deadlock, TxnState
+from lockmgr import TxnState
 
-from activedb.errors import SerializationConflict
+from activedb.errors import DeadlockDetected, SerializationConflict
 from activedb.txn._hooks import WaitKind
 from activedb.txn._pool import Task
 
@@ -33,7 +33,7 @@ _ACTIVE, _COMMITTING, _COMMITTED, _ABORTED = (TxnState.ACTIVE, TxnState.COMMITTI
 class Subtransactions(enum.Enum):
     """How inline subtransactions are represented (``TransactionManager.subtransactions``; README, "Lazy
     inline subtransactions" and "Frames"): each representation is equivalent to the next one down, which
-    the equivalence tests check.  ``ACTIVEDB_SUBTRANSACTIONS`` chooses it (default ``frames``)."""
+    the equivalence tests check.  ``TransactionManager(subtransactions=...)`` chooses it (default ``FRAMES``)."""
 
     FRAMES = "frames"              # a frame when it can be one, else lazy, else registered
     LAZY = "lazy"                  # lazy when it can be, never a frame
@@ -173,7 +173,7 @@ class Children:
         for attempt in range(1, attempts + 1):
             try:
                 return self.run_subtransaction(function, *args, **kwargs)
-            except (Deadlock, SerializationConflict) as error:
+            except (DeadlockDetected, SerializationConflict) as error:
                 if attempt == attempts:
                     raise
                 logger.info("subtransaction of %s failed (%s); retry %d of %d", self.id,

@@ -54,6 +54,8 @@ class WaitKind(enum.StrEnum):
     wait-for edge the lock manager records.  Compares equal to its string value."""
 
     CHILDREN = "children"          # a node waits for children (its own: the lock manager's ``commit`` edge)
+    COMMIT = "commit"              # the edge of a parent waiting for its own children (lockmgr's commit edge)
+    NESTED = "nested"              # a thread running a transaction blocks inside a top-level one it opened
     DEPENDENCY = "dependency"      # a rule part waits in the coupling gate for the transaction it depends on
     STREAM = "stream"              # an s-transaction waits for a stream lock (SEI's table)
     STREAM_S2PL = "stream-s2pl"    # ... in S2PL's stream lock table

@@ -9,7 +9,8 @@
 * **Lazy inline subtransactions** (granted as the parent's retains, ``LockManager.try_retain``, listed
   on the child as ``_grants``; ``materialize`` hands them down) and **intention locks answered from
   retains**: ``README.md``, "Lazy inline subtransactions" (the invariant, the steps, the fallbacks).
-* **Errors.** Lock-manager errors are translated here: ``Deadlock`` and ``LockTimeout`` doom
+* **Errors.** Lock-manager errors are translated here: ``DeadlockDetected`` and ``LockWaitTimeout`` (activedb's
+  errors, which the lock manager raises for it: ``lockmgr.ErrorClasses``) doom
   the node (it and its subtree must abort) and propagate; any other error of an aborted node (also one
   begun just after its ancestor's abort reached the lock manager: ``begin``, ``commit``, a lazy node's
   requests) becomes :class:`activedb.errors.TransactionAborted`.  (``TransactionManager`` translates the
@@ -28,9 +29,9 @@ import types
 from typing import TYPE_CHECKING, Any
 
 import lockmgr
-from lockmgr import Deadlock, LockTimeout, Mode, covers, join
+from lockmgr import Mode, covers, join
 
-from activedb.errors import TransactionAborted
+from activedb.errors import DeadlockDetected, LockWaitTimeout, TransactionAborted
 from activedb.txn._writes import take_back_writes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -269,7 +270,7 @@ class Locking:
                 locks.acquire_tuple(tid, ("table", name), key, mode, timeout, resource=("row", name, key))
                 _note_tuple(node, name, mode)
                 _note_held(node, (name, key), mode)
-        except (Deadlock, LockTimeout) as error:
+        except (DeadlockDetected, LockWaitTimeout) as error:
             node.doom(error)
             raise
         except lockmgr.LockError as error:

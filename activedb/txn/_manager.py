@@ -12,14 +12,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
-import os
 import threading
 import types
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import lockmgr
 
-from activedb.errors import TransactionAborted
+from activedb.errors import DeadlockDetected, LockWaitTimeout, TransactionAborted
 from activedb.txn import _help_edges, _ids
 from activedb.txn._children import Subtransactions, before_waiting_for_children
 from activedb.txn._history import HistoryRecorder
@@ -41,26 +40,25 @@ _LIVE = (lockmgr.TxnState.ACTIVE, lockmgr.TxnState.COMMITTING)
 class TransactionManager:
     """Creates transaction trees for one ``Database``.  Thread-safe."""
 
-    def __init__(self, catalog: "Catalog", *, max_workers: int = 32, victim_policy: Any = "requester",
+    def __init__(self, catalog: "Catalog", *, max_workers: int = 32,
+                 victim_policy: lockmgr.VictimPolicy | lockmgr.VictimChooser = lockmgr.VictimPolicy.REQUESTER,
                  flush_retries: int = 10, record_history: bool = False, lock_timeout: float | None = None,
-                 snapshot_on_deadlock: bool = False):
+                 snapshot_on_deadlock: bool = False, subtransactions: Subtransactions = Subtransactions.FRAMES):
         self.catalog = catalog
         # Declared commit edges: a parent waits for its children only while it says so (see _locking.py).
         # ``before_wait``: a lock request that may wait first registers the wait edges of the children this
-        # thread helps (``_help_edges``).
-        self.locks = lockmgr.LockManager(victim_policy=victim_policy, commit_edges="declared",
-                                         snapshot_on_deadlock=snapshot_on_deadlock, before_wait=self._before_lock_wait)
+        # thread helps (``_help_edges``).  A deadlock's victim and a lock wait that timed out raise activedb's
+        # errors (``activedb.errors``: they are also lockmgr's).
+        self.locks = lockmgr.LockManager(victim_policy=victim_policy, commit_edges=lockmgr.CommitEdges.DECLARED,
+                                         snapshot_on_deadlock=snapshot_on_deadlock, before_wait=self._before_lock_wait,
+                                         error_classes=lockmgr.ErrorClasses(deadlock=DeadlockDetected,
+                                                                            lock_timeout=LockWaitTimeout))
         self.locking = Locking(self.locks, lock_timeout)
         #: How inline subtransactions are represented (see ``Subtransactions``; README, "Lazy inline
-        #: subtransactions" and "Frames"): ``ACTIVEDB_SUBTRANSACTIONS=frames`` (the default), ``lazy`` (no
-        #: frames) or ``materialized`` (every node registered from its start, the reference the equivalence
-        #: tests compare with).
-        chosen = os.environ.get("ACTIVEDB_SUBTRANSACTIONS") or Subtransactions.FRAMES.value
-        try:
-            self.subtransactions = Subtransactions(chosen)
-        except ValueError:
-            raise ValueError(f"ACTIVEDB_SUBTRANSACTIONS={chosen!r}: use one of "
-                             f"{', '.join(choice.value for choice in Subtransactions)} (or leave it unset)") from None
+        #: subtransactions" and "Frames"): ``FRAMES`` (the default), ``LAZY`` (no frames) or ``MATERIALIZED``
+        #: (every node registered from its start, the reference the equivalence tests compare with).  A
+        #: constructor argument (the tests set the attribute between runs), never the environment.
+        self.subtransactions = Subtransactions(subtransactions)
         self.pool = WorkerPool(max_workers)
         self.flush_retries = flush_retries
         self.recorder: HistoryRecorder | None = HistoryRecorder() if record_history else None
@@ -131,7 +129,7 @@ class TransactionManager:
                 before_waiting_for_children(outer)
                 try:
                     _help_edges.flush()     # (edges of children this thread helps: before its own)
-                    nesting = self.locks.add_wait(outer.id, [transaction.id], kind="nested")
+                    nesting = self.locks.add_wait(outer.id, [transaction.id], kind=WaitKind.NESTED)
                 except lockmgr.TransactionNotActive as error:
                     # ``outer``'s ancestor aborted (``doom`` came first): activedb's error, not the lock
                     # manager's.
@@ -261,7 +259,7 @@ class _Waiting:
                 targets = ([target] if target is not None else self.targets if self.targets is not None
                            else [child.id for child in node.children])
                 if kind is WaitKind.CHILDREN and waiter is node:
-                    kind = "commit"      # a parent waiting for its own children: the declared commit edge
+                    kind = WaitKind.COMMIT   # a parent waiting for its own children: the declared commit edge
                 try:
                     if self.late:
                         self.kept = _help_edges.HelpEdge(waiter, target, kind)

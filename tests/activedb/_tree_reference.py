@@ -655,8 +655,8 @@ class TreeModel:
                 return
             if outcome == "victim":
                 node.step = None
-                self.expected.append(Expect("result", node.name, ("error", "Deadlock")))
-                self._abort(node, "Deadlock")       # the actor re-raises: the node aborts
+                self.expected.append(Expect("result", node.name, ("error", "DeadlockDetected")))
+                self._abort(node, "DeadlockDetected")       # the actor re-raises: the node aborts
                 return
             requests = requests[1:]
         node.step = None

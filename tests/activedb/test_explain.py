@@ -112,7 +112,7 @@ def test_a_deadlock_carries_its_picture_when_asked(database_url, tmp_path):
                     wait_until(lambda: database.transactions.locks.statistics().waiting == 1, TIMEOUT,
                                "the other transaction never waited")
                 tx.write("items", theirs, value=1)
-        except activedb.Deadlock as error:
+        except activedb.DeadlockDetected as error:
             caught.append(error)
         finally:
             first_done.set()

@@ -14,7 +14,8 @@ import threading
 
 import pytest
 
-from activedb import Deadlock
+import lockmgr
+from activedb import ActivedbError, DeadlockDetected
 from lockmgr.testing import Watchdog, wait_until
 
 BOUND = 60.0       # seconds: generous for a loaded machine
@@ -77,7 +78,7 @@ def test_a_deadlock_through_a_helped_child_is_found_with_the_same_victim(db, pat
         tx.write("items", "y", value=1)
 
     with Watchdog(BOUND, db.transactions.locks):
-        with pytest.raises(Deadlock) as raised:
+        with pytest.raises(DeadlockDetected) as raised:
             with db.transaction(name="A") as tx:
                 outcome["A"] = tx.id
                 tx.write("items", "x", value=1)
@@ -89,6 +90,8 @@ def test_a_deadlock_through_a_helped_child_is_found_with_the_same_victim(db, pat
         assert b_done.wait(BOUND)
         thread.join(BOUND)
     error = raised.value
+    assert isinstance(error, ActivedbError) and isinstance(error, lockmgr.Deadlock)   # activedb's, and lockmgr's
+    assert "run its work again" in str(error) and "lm.abort" not in str(error)
     assert error.victim == outcome["child"]
     cycle = {(edge.waiter, edge.target): edge.kind for edge in error.cycle}
     assert cycle[(outcome["A"], outcome["child"])] == "commit"

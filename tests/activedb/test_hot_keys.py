@@ -50,7 +50,7 @@ def test_plain_reads_deadlock_on_conversion_and_update_locks_queue_instead(db):
                     assert other_read.wait(TIMEOUT)          # both have read: now both convert
                 tx.write("accounts", 1, balance=row["balance"] + 1)
             outcome[name] = "committed"
-        except activedb.Deadlock:
+        except activedb.DeadlockDetected:
             outcome[name] = "deadlock"
 
     with testing.Watchdog(60, locks):

@@ -57,7 +57,7 @@ def test_classify_names_what_real_failures_mean(db):
     with pytest.raises(psycopg.OperationalError) as refused:
         psycopg.connect("host=127.0.0.1 port=1 dbname=x user=x connect_timeout=5")
     assert classify(refused.value) is Failure.CONNECTION_LOST          # never opened: no SQLSTATE
-    assert classify(activedb.Deadlock("t1", "t2", (), "requester")) is Failure.DEADLOCK
+    assert classify(activedb.DeadlockDetected("t1", "t2", (), "requester")) is Failure.DEADLOCK
     assert classify(RuntimeError("a bug")) is Failure.BUG
     wrapped = DatabaseUnavailable("gone")
     wrapped.__cause__ = ValueError("inner")

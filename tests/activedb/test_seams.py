@@ -282,7 +282,7 @@ def test_an_action_waiting_for_its_condition_gives_way_when_the_condition_needs_
                 tx.signal("go")
     finally:
         db.transactions.observers.remove(aborts)
-    assert aborts.reasons == ["Deadlock"]          # the first run of the action, and nothing else
+    assert aborts.reasons == ["DeadlockDetected"]  # the first run of the action, and nothing else
     assert rows(db, "accounts") == [(9, None, 100)]
 
 
@@ -296,7 +296,7 @@ def test_a_rule_opening_its_own_top_level_on_its_triggers_row_is_a_deadlock_not_
         with pytest.raises(RuleFailed) as raised:
             with db.transaction() as tx:
                 tx.insert("items", key="k", value=1)
-    assert isinstance(raised.value.__cause__, activedb.Deadlock)
+    assert isinstance(raised.value.__cause__, activedb.DeadlockDetected)
     assert "nested" in str(raised.value.__cause__)
     assert rows(db) == []
 

@@ -11,12 +11,14 @@ from lockmgr import (
     Deadlock,
     DeadlockCycle,
     DuplicateTransaction,
+    ErrorClasses,
     LockManager,
     LockTimeout,
     Mode,
     RequestPending,
     TransactionNotActive,
     UnknownTransaction,
+    VictimPolicy,
 )
 from lockmgr.testing import Scenario, wait_until
 from tests.lockmgr._trees import commits, manager
@@ -96,7 +98,7 @@ def test_deadlock_across_three_trees_with_subtransactions():
         commits(scenario, "B", first)
 
 
-@pytest.mark.parametrize("policy", ["youngest", "smallest_tree"])
+@pytest.mark.parametrize("policy", ["youngest", VictimPolicy.YOUNGEST, "smallest_tree", VictimPolicy.SMALLEST_TREE])
 def test_victim_policies_can_choose_a_transaction_other_than_the_requester(policy):
     lm = manager("Old", "Old.1", "Young", victim_policy=policy)   # Old.1: a bigger subtree for smallest_tree
     lm.acquire("Old", "x", W)
@@ -246,6 +248,34 @@ def test_errors_say_what_to_do():
         lm.acquire("T", "x", R)
     with pytest.raises(TransactionNotActive):
         lm.begin("C", parent="T")
+
+
+def test_an_embedder_names_the_classes_raised_for_a_deadlock_and_a_timeout():
+    class EmbedderError(Exception):
+        pass
+
+    class Victim(EmbedderError, Deadlock):
+        pass
+
+    class TimedOut(EmbedderError, LockTimeout):
+        pass
+
+    lm = manager("P", "P.1", "Q", error_classes=ErrorClasses(deadlock=Victim, lock_timeout=TimedOut))
+    lm.acquire("P", "x", W)
+    with pytest.raises(Victim) as caught:
+        lm.acquire("P.1", "x", R)
+    assert caught.value.victim == "P.1" and kinds(caught.value) == {("P.1", "P", "held"), ("P", "P.1", "commit")}
+    with pytest.raises(TimedOut, match="retry later or abort it"):
+        lm.acquire("Q", "x", R, timeout=0)
+    with pytest.raises(TypeError, match="subclass of lockmgr.Deadlock"):
+        ErrorClasses(deadlock=EmbedderError)
+
+
+def test_an_unknown_policy_or_commit_edges_value_names_the_members():
+    with pytest.raises(ValueError, match="requester, youngest, smallest_tree"):
+        LockManager(victim_policy="oldest")
+    with pytest.raises(ValueError, match="CommitEdges.STRUCTURAL"):
+        LockManager(commit_edges="always")
 
 
 def test_one_pending_request_per_transaction():

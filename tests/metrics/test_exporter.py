@@ -46,7 +46,7 @@ def deadlock(database) -> int:
                     wait_until(lambda: database.transactions.locks.statistics().waiting == 1, TIMEOUT,
                                "the other transaction never waited")
                 tx.write("items", theirs, value=1)
-        except activedb.Deadlock as error:
+        except activedb.DeadlockDetected as error:
             caught.append(error)
 
     with Watchdog(TIMEOUT, database.transactions.locks):

@@ -24,7 +24,7 @@ or aborting after an error), when its own operations' locks have been handed ove
 a child has not ended.  A blocked step resumes when a later step of another session unblocks it.  As in
 ``isolationtester`` before PostgreSQL 14, a permutation that asks for a step of a blocked session is
 *invalid* (:class:`InvalidPermutation`); a step of a session that has already ended (a deadlock victim,
-say) is *skipped*.  Deadlock victims (``activedb.Deadlock``), ``SerializationConflict`` and the
+say) is *skipped*.  Deadlock victims (``activedb.DeadlockDetected``), ``SerializationConflict`` and the
 ``TransactionAborted`` of a doomed subtree are outcomes, recorded per step.
 
 A run fails with :class:`IsolationHang` — a message with the wait-for graph, each session's state and,
@@ -415,7 +415,7 @@ class RunOutcome:
 
     @property
     def deadlocks(self) -> list[str]:
-        return [name for name, error in self.errors.items() if isinstance(error, activedb.Deadlock)]
+        return [name for name, error in self.errors.items() if isinstance(error, activedb.DeadlockDetected)]
 
     def describe(self) -> str:
         lines = [f"{self.scenario.name} [{self.pairing.id}] permutation: {' '.join(self.permutation)}"]

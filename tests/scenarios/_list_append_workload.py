@@ -73,7 +73,7 @@ class IntentionalAbort(Exception):
     """Raised by a node whose script decided to abort it."""
 
 
-EXPECTED = (activedb.Deadlock, activedb.TransactionAborted, activedb.SerializationConflict, IntentionalAbort)
+EXPECTED = (activedb.DeadlockDetected, activedb.TransactionAborted, activedb.SerializationConflict, IntentionalAbort)
 
 
 def breaks_hold_retain(error: BaseException) -> bool:
@@ -81,7 +81,7 @@ def breaks_hold_retain(error: BaseException) -> bool:
     ``commit`` edge) while another transaction waits for a lock that node *holds*: a node's own locks
     become retained before it waits for its children (``activedb/txn/README.md``), so a waiting
     parent holds nothing."""
-    if not isinstance(error, activedb.Deadlock):
+    if not isinstance(error, activedb.DeadlockDetected):
         return False
     waiting_for_children = {edge.waiter for edge in error.cycle if edge.kind == "commit"}
     return any(edge.kind == "held" and edge.target in waiting_for_children for edge in error.cycle)

@@ -216,7 +216,7 @@ CASES = [pytest.param(scenario, pairing, id=f"{scenario.name}-{pairing.id}")
          for scenario in SCENARIOS for pairing in PAIRINGS if scenario.runs_as(pairing)]
 
 # The failures a step may end with; anything else fails the test.
-EXPECTED_ERRORS = (activedb.Deadlock, activedb.SerializationConflict, activedb.TransactionAborted)
+EXPECTED_ERRORS = (activedb.DeadlockDetected, activedb.SerializationConflict, activedb.TransactionAborted)
 
 
 class PermutationFailed(AssertionError):

@@ -7,7 +7,8 @@ import pytest
 
 from activedb import streams
 from activedb.streams import algebra as ast
-from activedb.streams.errors import DefinitionError, QuerySyntaxError, UnknownAttribute, UnknownName, UnknownTable
+from activedb.errors import UnknownTable
+from activedb.streams.errors import DefinitionError, QuerySyntaxError, UnknownAttribute, UnknownName, UnknownQueryTable
 from tests.streams.conftest import BADGE_TYPES, Q1_R1, Q2, badge, hygiene_engine, set_status, statuses
 
 
@@ -98,7 +99,7 @@ def test_syntax_errors_point_at_line_and_column(text, line, column, words):
 
 
 @pytest.mark.parametrize("text, error, line, column, words", [
-    (Q1_R1.replace("workerStatus\nWHERE", "workerStatuses\nWHERE"), UnknownTable, 5, 28, "no table 'workerStatuses'"),
+    (Q1_R1.replace("workerStatus\nWHERE", "workerStatuses\nWHERE"), UnknownQueryTable, 5, 28, "no table 'workerStatuses'"),
     (Q1_R1.replace("SELECT status FROM", "SELECT state FROM"), UnknownAttribute, 5, 27, "no column 'state'"),
     (Q1_R1.replace("EXIT.location !=", "EXIT.room !="), UnknownAttribute, 4, 1, "no attribute 'room'"),
     (Q1_R1.replace("[HCW-ID]", "[worker]"), UnknownAttribute, 3, 7, "no attribute 'worker'"),
@@ -124,9 +125,10 @@ def test_unknown_names_fail_at_definition_time(db, text, error, line, column, wo
 
 def test_python_definitions_fail_at_definition_time_too(db):
     engine = engine_for(db)
-    with pytest.raises(UnknownTable, match="no table 'nowhere'"):
+    with pytest.raises(UnknownQueryTable, match="no table 'nowhere'") as caught:
         engine.query("Q", pattern="ENTER", returns=[streams.event("ENTER")["HCW-ID"]],
                      where=streams.exists("nowhere", id=streams.event("ENTER")["HCW-ID"]))
+    assert isinstance(caught.value, UnknownTable)     # the store's error too: one class per name
     with pytest.raises(UnknownAttribute, match="no attribute 'badge'"):
         engine.query("Q", pattern="ENTER", returns=[streams.event("ENTER")["badge"]])
     with pytest.raises(TypeError, match="&, \\| and ~"):

@@ -1,0 +1,105 @@
+"""The public surface's typed contracts (issue: "a typed, tiered surface"): every error a user can meet derives
+from ``ActivedbError`` with one class per name, a closed set is a ``Choice`` that accepts its values' strings and
+names its members otherwise, and the extender tier lives in ``activedb.lowlevel``."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pkgutil
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+import activedb
+import lockmgr
+from activedb import lowlevel
+from activedb._choice import Choice
+from activedb.errors import ActivedbError, InvalidChoice
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("activedb", "spark_bridge", "lockmgr", "coupling")
+# Not a library's surface: the command line, the benchmarks and the demo application.
+NOT_SURFACE = ("activedb.cli", "activedb.bench", "activedb.examples", "spark_bridge.bench_")
+
+
+def public_modules(package: str) -> list[str]:
+    """``package`` and every module under it whose dotted name has no part starting with ``_``."""
+    root = importlib.import_module(package)
+    names = [package] + [info.name for info in pkgutil.walk_packages(root.__path__, f"{package}.")]
+    return [name for name in names if not any(part.startswith("_") for part in name.split("."))
+            and not name.startswith(NOT_SURFACE) and "migrations" not in name]
+
+
+def test_every_error_of_the_public_surface_is_an_activedb_error():
+    """``lockmgr`` and ``coupling`` know nothing of activedb: their errors reach a user of activedb only as
+    activedb's (``DeadlockDetected``, ``LockWaitTimeout``, ``RuleError`` for a coupling name), not checked here."""
+    outside = set()
+    for package in ("activedb", "spark_bridge"):
+        for name in public_modules(package):
+            module = importlib.import_module(name)
+            for attribute in getattr(module, "__all__", [a for a in vars(module) if not a.startswith("_")]):
+                value = getattr(module, attribute)
+                if (isinstance(value, type) and issubclass(value, BaseException)
+                        and not issubclass(value, (Warning, ActivedbError))):
+                    outside.add(f"{value.__module__}.{value.__qualname__} (as {name}.{attribute})")
+    assert not outside, "errors outside ActivedbError:\n" + "\n".join(sorted(outside))
+
+
+def test_no_two_error_classes_share_a_name():
+    defined = defaultdict(set)          # (a module may declare a class for type checkers and define it lazily)
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if (isinstance(node, ast.ClassDef) and not node.name.startswith("_")
+                        and any(_looks_like_an_error(base) for base in node.bases)):
+                    defined[node.name].add(str(path.relative_to(ROOT)))
+    shared = {name: paths for name, paths in defined.items() if len(paths) > 1}
+    assert not shared, f"error classes defined more than once: {shared}"
+
+
+def _looks_like_an_error(base: ast.expr) -> bool:
+    name = ast.unparse(base).rpartition(".")[2]
+    return name.endswith(("Error", "Exception", "Warning")) or name in _ERROR_BASES
+
+
+# Error classes whose names do not say so, used as bases in the packages (checked to be exceptions below).
+_ERROR_BASES = {"Deadlock", "LockTimeout", "UnknownTable", "UnknownName", "SchemaError", "TransactionAborted",
+                "SerializationConflict", "DatabaseUnavailable", "CouplingError", "GateError", "LockError"}
+
+
+def test_the_names_taken_for_error_bases_are_exceptions():
+    found = {name: getattr(module, name) for module in (activedb.errors, lockmgr, importlib.import_module("coupling"),
+                                                         importlib.import_module("activedb.streams.errors"))
+             for name in _ERROR_BASES if hasattr(module, name)}
+    assert set(found) == _ERROR_BASES and all(issubclass(value, BaseException) for value in found.values())
+
+
+def test_the_lock_managers_errors_are_activedb_errors_and_lockmgrs():
+    assert issubclass(activedb.DeadlockDetected, ActivedbError) and issubclass(activedb.DeadlockDetected,
+                                                                                lockmgr.Deadlock)
+    assert issubclass(activedb.LockWaitTimeout, ActivedbError) and issubclass(activedb.LockWaitTimeout,
+                                                                               lockmgr.LockTimeout)
+
+
+class Colour(Choice):
+    RED = "red"
+    BLUE = "blue"
+
+
+def test_a_choice_takes_a_member_or_its_value_and_names_the_members_otherwise():
+    assert Colour("red") is Colour.RED and Colour.parse("blue") is Colour.BLUE and Colour.parse(Colour.RED) is Colour.RED
+    assert Colour.RED == "red" and f"{Colour.BLUE}" == "blue"
+    with pytest.raises(InvalidChoice, match=r"'green' is not a Colour: use one of Colour.RED \('red'\), "
+                                            r"Colour.BLUE \('blue'\)") as caught:
+        Colour("green")
+    assert isinstance(caught.value, ValueError) and isinstance(caught.value, ActivedbError)
+    with pytest.raises(InvalidChoice, match=r"^paint\(colour=\.\.\.\)='RED' is not a Colour"):
+        Colour.parse("RED", "paint(colour=...)")        # a value, not a member's name
+
+
+def test_the_extender_tier_is_one_module():
+    for name in lowlevel.__all__:
+        assert getattr(lowlevel, name) is not None, name
+    assert lowlevel.slot is activedb.txn.Transaction.slot      # the method itself: no call added on a hot path
