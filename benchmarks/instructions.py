@@ -1,0 +1,135 @@
+"""Instructions per event of the sink's thread, counted by valgrind's callgrind: a figure the machine's load does
+not change (issue 54's measure while other work shares the cores; ``perf stat`` needs hardware counters, which a
+virtual machine may lack).
+
+``python -m benchmarks.instructions WORKLOAD [--size 1000] [--batches 2]`` runs this module twice under
+``valgrind --tool=callgrind --separate-threads=yes``: once to the end of a warm-up batch (phase ``setup``), once
+with ``--batches`` more batches (phase ``run``), both with ``PYTHONHASHSEED=0``; the difference of the main
+thread's instruction totals over the events of those batches is the sink's own work per event (validate, the
+engine, the flush's Python and driver calls; not the outbox's runner threads, not PostgreSQL).  WORKLOAD:
+``eca`` (the hand-hygiene application, ``app.py``: every coupling mode), ``declared`` (its declared version,
+lowered), ``counter`` (the one-rule counter upsert as a plain ``@db.rule``).  The database is ``activedb.connect()``'s
+(embedded, or ``ACTIVEDB_DATABASE_URL``); the application's tables are emptied first.  Each run under valgrind takes
+a minute or more (a 1k batch is about 50 times slower there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+WORKLOADS = ("eca", "declared", "counter")
+SEED = 11
+
+
+def instructions_per_event(workload: str, size: int = 1_000, batches: int = 2) -> float:
+    """The main thread's instructions per event of ``batches`` batches of ``size`` (module docstring).  Raises
+    ``RuntimeError`` saying what is missing when valgrind is not installed or a run failed."""
+    if shutil.which("valgrind") is None:
+        raise RuntimeError("valgrind is not installed (Debian: apt-get install valgrind)")
+    totals = []
+    with tempfile.TemporaryDirectory(prefix="activedb-instructions-") as folder:
+        for phase in ("setup", "run"):
+            out = Path(folder) / phase
+            completed = subprocess.run(
+                ["valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={out}.%p",
+                 sys.executable, "-m", "benchmarks.instructions", workload, "--size", str(size), "--batches",
+                 str(batches), "--phase", phase],
+                capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
+            if completed.returncode != 0:
+                raise RuntimeError(f"the {phase} run failed under valgrind: {completed.stderr[-2000:]}")
+            main = sorted(Path(folder).glob(f"{phase}.*-01"))
+            if len(main) != 1:
+                raise RuntimeError(f"no callgrind output of the main thread for the {phase} run in {folder}")
+            totals.append(_total(main[0]))
+    return (totals[1] - totals[0]) / (size * batches)
+
+
+def _total(path: Path) -> int:
+    """The instruction total of a callgrind output file (its ``totals:`` or ``summary:`` line)."""
+    for line in path.read_text().splitlines():
+        if line.startswith(("totals:", "summary:")):
+            return int(line.split()[1])
+    raise RuntimeError(f"{path} has no totals line")
+
+
+def _run(workload: str, size: int, batches: int, phase: str) -> None:
+    """Set up ``workload``, run a warm-up batch and, in phase ``run``, ``batches`` more (the measured part)."""
+    import logging
+
+    import pyarrow as pa
+
+    import activedb
+    from activedb.examples.hand_hygiene import MIGRATIONS
+    from activedb.examples.hand_hygiene.app import reset_tables
+    from activedb.examples.hand_hygiene.events import generate
+    from spark_bridge import EventMapping, IngestSink
+
+    from benchmarks import MIGRATIONS as BENCH_MIGRATIONS
+    from benchmarks.ingest import register_minimal, _worker_number
+
+    logging.getLogger("activedb.rules").setLevel(logging.CRITICAL)     # rejected badge events are expected
+    database = activedb.connect()
+    database.upgrade_app(MIGRATIONS)
+    database.upgrade_app(BENCH_MIGRATIONS)
+    prefetch: dict | None = {"worker_status": None}
+    if workload == "eca":
+        from activedb.examples.hand_hygiene.app import register
+        register(database)
+    elif workload == "declared":
+        from activedb.examples.hand_hygiene.declared import register
+        register(database)
+        prefetch = None
+    else:
+        register_minimal(database)
+        prefetch = {"bench_counters": _worker_number}
+    reset_tables(database)
+    with database.engine.begin() as connection:
+        connection.exec_driver_sql("TRUNCATE bench_counters")
+    events = generate(100, size * (1 + batches), SEED)
+    tables = [pa.Table.from_pylist([{"type": event["type"], "worker": event["worker"], "ts": event["ts"],
+                                     "room": event["room"]} for event in events[start:start + size]])
+              for start in range(0, len(events), size)]
+    sink = IngestSink(database, EventMapping("type", "worker", "ts", payload_columns=("room",)),
+                      query_name="bench-instructions", prefetch=prefetch)
+    query_id = f"bench-instructions-{workload}-{os.getpid()}"
+    try:
+        sink.process(tables[0], 0, query_id=query_id)                 # warm-up: statements, caches, threads
+        database.rules.wait_idle(600)
+        if phase == "run":
+            for number in range(1, 1 + batches):
+                sink.process(tables[number], number, query_id=query_id)
+        database.rules.wait_idle(600)
+    finally:
+        sink.close()
+        with database.engine.begin() as connection:
+            connection.exec_driver_sql("DELETE FROM activedb_ingestion_ledger WHERE query_id = %s", (query_id,))
+        reset_tables(database)
+        database.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.instructions", description=__doc__.split("\n\n")[0])
+    parser.add_argument("workload", choices=WORKLOADS)
+    parser.add_argument("--size", type=int, default=1_000, help="events per batch (default 1000)")
+    parser.add_argument("--batches", type=int, default=2, help="measured batches (default 2)")
+    parser.add_argument("--phase", choices=("setup", "run"), help=argparse.SUPPRESS)   # (the runs under valgrind)
+    options = parser.parse_args(argv)
+    if options.phase is not None:
+        _run(options.workload, options.size, options.batches, options.phase)
+        return
+    try:
+        per_event = instructions_per_event(options.workload, options.size, options.batches)
+    except RuntimeError as error:
+        raise SystemExit(f"error: {error}") from None
+    print(f"{options.workload}: {per_event:,.0f} instructions per event on the sink's thread "
+          f"({options.batches} batches of {options.size:,}, valgrind callgrind)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""``python -m benchmarks.instructions``: the run it counts under valgrind does its batches against a real database,
+and the count is read from callgrind's output (no valgrind here: a run under it takes minutes)."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from benchmarks import instructions
+
+
+def test_the_measured_run_applies_its_batches_and_cleans_up(database_url, monkeypatch):
+    monkeypatch.setenv("ACTIVEDB_DATABASE_URL", database_url)     # the test's database, not the user's
+    instructions._run("eca", 50, 2, "run")
+    engine = sa.create_engine(database_url)
+    try:
+        with engine.connect() as connection:
+            logged = connection.execute(sa.text(
+                "SELECT count(*), sum(events + dead_letters) FROM activedb_ingestion_ledger "
+                "WHERE query_id LIKE 'bench-instructions-eca-%'")).one()
+            workers = connection.execute(sa.text("SELECT count(*) FROM worker_status")).scalar()
+            batches = connection.execute(sa.text(
+                "SELECT count(*) FROM activedb_transaction_log WHERE info ? 'rule_firings'")).scalar()
+    finally:
+        engine.dispose()
+    assert logged == (0, None) and workers == 0        # its ledger rows and the application's rows are gone
+    assert batches >= 3                                 # the warm-up and the two measured batches committed
+
+
+def test_the_count_is_the_main_threads_total(tmp_path):
+    output = tmp_path / "run.123-01"
+    output.write_text("version: 1\ncreator: callgrind-3.19.0\nevents: Ir\nfn=(1) main\n16 5\ntotals: 123456\n")
+    assert instructions._total(output) == 123456
