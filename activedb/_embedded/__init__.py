@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from activedb._embedded._files import (HANDLE_FILE, check_owned, data_directory_owners, make_private_directory,
-                                       socket_directory_for, write_password)
+from activedb._embedded._files import (HANDLE_FILE, check_owned, check_path, data_directory_owners,
+                                       make_private_directory, socket_directory_for, write_password)
 from activedb._embedded._server import (SUPERUSER, bin_directory, check_data_directory, initdb, lock_down, postmaster,
                                         runner_for, start_postgres, stop_postgres, wait_ready)
 from activedb.errors import EmbeddedServerError
@@ -122,7 +122,9 @@ def start(home: Path | None = None, *, keep_running: bool | None = None) -> Embe
     if keep_running is None:
         keep_running = os.environ.get("ACTIVEDB_KEEP_SERVER", "") not in ("", "0", "false", "no")
     bin_directory()         # the embedded extra missing: its one line, before anything is created
-    home = (home or default_home()).expanduser().resolve()
+    home = (home or default_home()).expanduser()
+    check_path(home if home.is_absolute() else Path.cwd() / home, "ACTIVEDB_HOME")
+    home = home.resolve()
     pgdata = home / "pgdata"
     check_owned(home, {os.geteuid()}, "ACTIVEDB_HOME")
     check_owned(pgdata, data_directory_owners(), "the data directory")

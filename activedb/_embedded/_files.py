@@ -67,6 +67,86 @@ def check_owned(directory: Path, owners: set[int], what: str) -> None:
             f"{directory}, better chmod 700) or set ACTIVEDB_HOME to another directory (nothing was touched)")
 
 
+SYMLINK_HOPS = 40                    # as the kernel's MAXSYMLINKS
+
+
+def check_path(path: Path, what: str, *, owners: frozenset[int] = frozenset(),
+               elsewhere: str = "set ACTIVEDB_HOME, or pass home=") -> None:
+    """Refuse ``path`` (absolute, as given: links not yet followed) if someone else could change where it leads:
+    every directory looked up on the way — each ancestor, and those that symbolic links on the way lead
+    through — must belong to root or to this user (or to one of ``owners``) and must not be writable by group
+    or others, as OpenSSH checks the directories above its files (``safe_path``) and PostgreSQL its data
+    directory.  A directory others may write to is accepted only with the sticky bit set (``/tmp``): then no
+    one else may rename or remove an entry of ours, and the entry looked up there must belong to root or to
+    this user — a link another user planted there is refused.  The walk stops at the first component that
+    does not exist yet (activedb creates the rest, ``0700``, in a directory already checked); the last
+    component itself is :func:`check_owned`'s.  ``elsewhere`` says how to choose another path.  Nothing is
+    changed."""
+    trusted = {0, os.geteuid(), *owners}
+    pending = list(path.parts[1:])
+    current, hops = Path("/"), 0
+    shared = _check_ancestor(current, trusted, path, what, elsewhere)
+    while pending:
+        name = pending.pop(0)
+        if name in ("", "."):
+            continue
+        if name == "..":
+            current = current.parent              # an ancestor the walk has checked
+            shared = _check_ancestor(current, trusted, path, what, elsewhere)
+            continue
+        entry = current / name
+        try:
+            info = os.lstat(entry)
+        except FileNotFoundError:
+            return
+        except OSError as error:
+            raise EmbeddedServerError(f"cannot check {what} {path}: {error}; choose another directory "
+                                      f"({elsewhere}) or make {current} readable to you") from None
+        if shared and info.st_uid not in trusted:
+            raise EmbeddedServerError(
+                f"{what} {path}: {entry} belongs to uid {info.st_uid} in the shared directory {current}, whose "
+                f"entries anyone may create: someone else may have put it there to lead activedb's server, its "
+                f"password and its data elsewhere. Use a path through directories of your own ({elsewhere}), or "
+                f"remove {entry} (nothing was touched)")
+        if stat.S_ISLNK(info.st_mode):
+            hops += 1
+            if hops > SYMLINK_HOPS:
+                raise EmbeddedServerError(f"{what} {path}: too many symbolic links on the way; use a direct path "
+                                          f"({elsewhere})")
+            target = Path(os.readlink(entry))
+            if target.is_absolute():
+                current = Path("/")
+                shared = _check_ancestor(current, trusted, path, what, elsewhere)
+            pending[:0] = list(target.parts[1:] if target.is_absolute() else target.parts)
+            continue
+        if not pending:
+            return                                # the path itself: check_owned
+        if not stat.S_ISDIR(info.st_mode):
+            raise EmbeddedServerError(f"{what} {path}: {entry} is not a directory ({stat.filemode(info.st_mode)}); "
+                                      f"choose another path ({elsewhere})")
+        current = entry
+        shared = _check_ancestor(current, trusted, path, what, elsewhere)
+
+
+def _check_ancestor(directory: Path, trusted: set[int], path: Path, what: str, elsewhere: str) -> bool:
+    """Refuse ``directory`` on the way to ``path`` unless root or a trusted user owns it and no one else may
+    write to it but for a sticky directory; returns whether it is such a shared (sticky) directory."""
+    info = os.lstat(directory)
+    if info.st_uid not in trusted:
+        raise EmbeddedServerError(
+            f"{what} {path} is inside {directory}, which belongs to uid {info.st_uid}, not to root or to uid "
+            f"{os.geteuid()} running activedb: that user could rename what activedb creates there, or replace it by "
+            f"a link, and lead the server's password and data elsewhere. Use a directory whose parents belong to "
+            f"root or to you ({elsewhere}), or chown {directory} (nothing was touched)")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
+        raise EmbeddedServerError(
+            f"{what} {path} is inside {directory}, which group or others may write to "
+            f"({stat.filemode(info.st_mode)}, no sticky bit): they could rename what activedb creates there, or "
+            f"replace it by a link. Make it private (chmod go-w {directory}), or use another directory "
+            f"({elsewhere}) (nothing was touched)")
+    return bool(info.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
 def data_directory_owners() -> set[int]:
     """Who may own a data directory: this user; as root, also the service user an older activedb (or one
     without user namespaces) made it for."""
@@ -88,6 +168,8 @@ def socket_directory_for(pgdata: Path, runner: Runner) -> Path:
     directory = Path(tempfile.gettempdir()) / f"activedb-{runner.owner}-{digest}"
     if len(str(directory / SOCKET_FILE).encode()) > SOCKET_PATH_LIMIT:
         raise EmbeddedServerError(f"no socket directory short enough for {pgdata}: set TMPDIR to a short path")
+    check_path(directory if directory.is_absolute() else Path.cwd() / directory, "the socket directory",
+               owners=frozenset({runner.owner}), elsewhere="set TMPDIR to a directory of your own")
     try:
         os.mkdir(directory, 0o700)
         os.chmod(directory, 0o700)

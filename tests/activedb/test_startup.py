@@ -91,6 +91,69 @@ def test_a_data_directory_others_may_write_to_is_refused_and_untouched(tmp_path)
     assert _snapshot(tmp_path) == before
 
 
+def _theirs(tmp_path: Path) -> Path:
+    """A folder another user owns (``0755``: they may change it, we may pass through)."""
+    folder = tmp_path / "theirs"
+    folder.mkdir()
+    os.chmod(folder, 0o755)
+    os.chown(folder, _other_uid(), _other_uid())
+    return folder
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chowning a directory to another user needs root")
+def test_a_home_another_user_linked_to_a_directory_of_ours_is_refused_and_untouched(tmp_path):
+    """Issue #56 item 9: the link sits in a folder another user owns; it leads to a root-owned directory."""
+    ours = tmp_path / "ours"
+    ours.mkdir(mode=0o700)
+    theirs = _theirs(tmp_path)
+    (theirs / "home").symlink_to(ours)
+    os.chown(theirs / "home", _other_uid(), _other_uid(), follow_symlinks=False)
+    before = _snapshot(tmp_path)
+    with pytest.raises(activedb.EmbeddedServerError,
+                       match=rf"ACTIVEDB_HOME {theirs}/home is inside {theirs}, which belongs to uid \d+.*chown"):
+        activedb.connect(home=theirs / "home")
+    assert _snapshot(tmp_path) == before                  # no pgdata, password or lock file in ours
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chowning a directory to another user needs root")
+def test_a_home_to_be_created_in_another_users_folder_is_refused(tmp_path):
+    theirs = _theirs(tmp_path)
+    before = _snapshot(tmp_path)
+    with pytest.raises(activedb.EmbeddedServerError, match=r"could rename what activedb creates there"):
+        _embedded.start(theirs / "deeper" / "home")
+    assert _snapshot(tmp_path) == before
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chowning a link to another user needs root")
+def test_in_a_sticky_shared_directory_only_our_own_entries_are_accepted(tmp_path):
+    shared = tmp_path / "shared"                          # like /tmp: anyone may create entries, sticky
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    ours = tmp_path / "ours"
+    ours.mkdir(mode=0o700)
+    (shared / "planted").symlink_to(ours)
+    os.chown(shared / "planted", _other_uid(), _other_uid(), follow_symlinks=False)
+    before = _snapshot(tmp_path)
+    with pytest.raises(activedb.EmbeddedServerError, match=r"planted belongs to uid \d+ in the shared directory"):
+        _embedded.start(shared / "planted")
+    assert _snapshot(tmp_path) == before
+    (shared / "mine").mkdir(mode=0o700)                   # ours, in the sticky directory: no one may rename it
+    (shared / "link").symlink_to(ours)                    # a link of ours there
+    for fine in (shared / "mine" / "home", shared / "link" / "home", shared / "not-yet" / "home",
+                 shared / "mine" / ".." / "link" / "home"):
+        _embedded._files.check_path(fine, "ACTIVEDB_HOME")
+
+
+def test_a_home_below_a_directory_others_may_write_to_is_refused(tmp_path):
+    open_folder = tmp_path / "open"
+    open_folder.mkdir()
+    os.chmod(open_folder, 0o775)                          # group-writable, no sticky bit
+    before = _snapshot(tmp_path)
+    with pytest.raises(activedb.EmbeddedServerError, match=r"group or others may write to.*chmod go-w"):
+        _embedded.start(open_folder / "home")
+    assert _snapshot(tmp_path) == before
+
+
 def test_a_password_link_in_a_private_home_is_never_followed(tmp_path, victim):
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
