@@ -26,6 +26,12 @@ def test_rules_benchmark_quick(database_url, monkeypatch):
             assert all(ratio > 0 for ratio in row.extra["ratio_per_pair"])
         else:
             assert row.unit == "events/s" and row.extra["events"] == 10_000
+            assert row.target == ">= 1.0 of the peer" and row.met == (row.ratio >= 1.0)     # at 1k and at 10k
+            # CPU per event of the path and of its peer: the client's, the (local) server's, their sum.
+            mine, peer = row.extra["cpu_us_per_event"], row.extra["peer_cpu_us_per_event"]
+            assert mine["client"] > 0 and peer["server"] > 0 and mine["total"] == round(
+                mine["client"] + mine["server"], 2)
+            assert row.extra["cpu_ratio"] == round(peer["total"] / mine["total"], 3)
     phases = next(row for row in report.rows if row.name == "immediate rules, inline").extra["phases_us_per_event"]
     for phase in ("match", "condition", "child create", "lock", "write", "child commit", "firing record", "flush",
                   "postgresql share", "python share"):
