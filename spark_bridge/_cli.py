@@ -355,6 +355,13 @@ def _checkpoint_lock(checkpoint_dir: Path, name: str):
 @click.option("--on-partition-failure", type=click.Choice(["forward", "compensate"]), default=None,
               help="Scale-out path: when a partition fails for good, stop and complete the batch after the fix "
                    "(forward, the default) or compensate the committed partitions and go on (compensate).")
+@click.option("--master", default="local[2]", show_default=True, metavar="URL",
+              help="Spark master: local[N] (this machine) or a cluster's (spark://HOST:7077, yarn, k8s://...). On a "
+                   "cluster the scale-out tasks (--partitions) connect to PostgreSQL from the executors: a server "
+                   "they reach over TCP (spark_bridge/README.md, 'Running on a cluster').")
+@click.option("--py-files", "py_files", multiple=True, metavar="FILES",
+              help="Comma-separated .py, .zip or .egg files the executors' Python workers import, as spark-submit's "
+                   "--py-files (repeatable); an APP given as a .py file is sent to them by itself.")
 @click.option("--packages", default=None, help="Maven coordinates added to spark.jars.packages "
                                                "(e.g. the Kafka connector).")
 @click.option("--spark-conf", "spark_conf_entries", multiple=True, metavar="KEY=VALUE",
@@ -367,7 +374,8 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
                 reset: bool, file_format: str, max_files_per_trigger: int | None, rows_per_second: int,
                 trigger: str | None, available_now: bool, watermark_delay: str | None, partitions: int | None,
                 packages: str | None, spark_conf_entries: tuple[str, ...], verbose: bool,
-                on_partition_failure: str | None = None, metrics_port: str | None = None) -> None:
+                on_partition_failure: str | None = None, metrics_port: str | None = None, master: str = "local[2]",
+                py_files: tuple[str, ...] = ()) -> None:
     """Ingest a stream into APP's rules until stopped (Ctrl-C stops cleanly).
 
     \b
@@ -393,9 +401,14 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
     from activedb import mask_secrets
     from activedb.cli import console as make_console, open_database
     from spark_bridge._app import ingest_options
+    from spark_bridge._cluster import check_database_for_executors
 
     source = parse_source(source_text)
     conf = _spark_conf(packages, spark_conf_entries)
+    files = [path for entry in py_files for path in entry.split(",") if path]
+    for path in files:
+        if not Path(path).is_file():
+            raise click.BadParameter(f"no such file: {path}", param_hint="--py-files")
     obj = ctx.find_root().obj or {}
     console = make_console()
     loaded = _load_app(app, verbose)
@@ -412,6 +425,12 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
         held.close()
         raise
     held.callback(database.close)
+    if partitions:
+        try:        # before Spark starts: a cluster's executors cannot use a socket-only database
+            check_database_for_executors(database.url, conf.get("spark.master", master))
+        except SparkBridgeError as error:
+            held.close()
+            raise click.ClickException(str(error)) from None
     home = obj.get("home")                # `activedb explain --pid PID` draws this process
     from activedb.explain import serve_on_signal
 
@@ -439,7 +458,8 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
         try:
             try:
                 with _status(console, f"starting Spark (10-30 s; its warnings go to {spark_log}) ..."):
-                    spark = spark_bridge.get_spark(f"activedb-run-{name}", conf=conf, warnings_to=spark_log)
+                    spark = spark_bridge.get_spark(f"activedb-run-{name}", master=master, conf=conf,
+                                                   warnings_to=spark_log, py_files=files)
             except KeyboardInterrupt:          # pyspark's own SIGINT handler, installed with its SparkContext
                 stop.event.set()
                 spark = _started_spark()

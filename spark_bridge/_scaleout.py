@@ -23,7 +23,7 @@ from activedb.ingest._ledger import ledger_query_id
 from activedb.ingest._mapping import EventMapping
 from activedb.ingest._outcome import BatchOutcome, PhaseTimings
 
-from spark_bridge import _atomic
+from spark_bridge import _atomic, _cluster
 from spark_bridge._app import app_name, load_app
 from spark_bridge._sink import IngestSink
 from spark_bridge.errors import IngestError, describe
@@ -51,7 +51,10 @@ def _worker_database(url: str, app: str | Callable[[Any], Any], connect_options:
     if database is not None:
         return database
     register = load_app(app).register
-    database = activedb.connect(url, upgrade=False, **dict(connect_options))
+    try:
+        database = activedb.connect(url, upgrade=False, **dict(connect_options))
+    except Exception as error:
+        raise _cluster.connect_failed(url, error) from error
     try:
         register(database)
     except BaseException:
@@ -85,6 +88,7 @@ class _PartitionTask:
     on_partition_failure: str = "forward"   # a SplitFailure value
     lineage: bool = True
     lower_declared: bool = True
+    app_shipped: bool = False   # app is the driver's path of a file shipped to the executors (_cluster.ship_app)
 
     def __call__(self, partition: int, rows: Iterator[Any]) -> Iterator[dict[str, Any]]:
         started = time.perf_counter()
@@ -134,7 +138,8 @@ class _PartitionTask:
             sink = _worker_sinks.get(key)
         if sink is not None:
             return sink
-        database = _worker_database(self.url, self.app, dict(self.connect_options))
+        app = _cluster.shipped_app(self.app) if self.app_shipped else self.app
+        database = _worker_database(self.url, app, dict(self.connect_options))
         sink = IngestSink(database, self.mapping, query_name=self.query_name, known_types=self.known_types,
                           prefetch=dict(self.prefetch), lower_declared=self.lower_declared)
         sink.record_lineage = self.lineage
@@ -163,8 +168,12 @@ class PartitionedIngestSink(IngestSink):
                 "the scale-out path (partition_by_key=N) needs app=: each Spark task starts its own engine and "
                 "must declare the rules there; pass the module name or .py path of the app (it provides "
                 "register(db)), or an importable register(db) function")
+        session = sink_options.get("spark_session")
+        if session is not None:
+            _cluster.check_database_for_executors(db.url, session.sparkContext.master)
         self.partitions = partitions
         self.app = app
+        self._app_shipped = _cluster.ship_app(session, app)
         self.on_partition_failure = _atomic.as_policy(on_partition_failure)
         self.record_lineage = lineage
         self._declared: set[str] = set()   # ledger query ids whose policy was recorded; under self._mutex
@@ -190,7 +199,7 @@ class PartitionedIngestSink(IngestSink):
             local_time_columns=tuple(field.name for field in batch_df.schema.fields
                                      if field.dataType.typeName() == "timestamp"),
             partitions=self.partitions, on_partition_failure=self.on_partition_failure.value,
-            lineage=self.record_lineage, lower_declared=self.lower_declared)
+            lineage=self.record_lineage, lower_declared=self.lower_declared, app_shipped=self._app_shipped)
         self.context.book.phase("fetched", batch_id)
         # Always run the job, also for a batch whose partitions all committed: running it
         # feeds Spark's event-time statistics (see _sink.py), and each task skips by itself.

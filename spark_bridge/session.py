@@ -12,12 +12,12 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from activedb.extras import Extra, require
-from spark_bridge import _java
+from spark_bridge import _cluster, _java
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from pyspark.sql import SparkSession
@@ -64,16 +64,22 @@ def spark_conf(app_name: str = "activedb", *, master: str = "local[2]", fast_che
 
 
 def get_spark(app_name: str = "activedb", *, master: str = "local[2]", fast_checkpoints: bool = True,
-              conf: Mapping[str, str] | None = None, warnings_to: str | Path | None = None) -> "SparkSession":
+              conf: Mapping[str, str] | None = None, warnings_to: str | Path | None = None,
+              py_files: Sequence[str | Path] = ()) -> "SparkSession":
     """Return a SparkSession configured by :func:`spark_conf`, starting Java if needed.
 
+    ``master``: ``local[N]`` (this machine), or a cluster's master URL (``spark://HOST:7077``, ``yarn``,
+    ``k8s://…``; ``conf["spark.master"]`` wins over it) — what the executors then need: README.md,
+    "Running on a cluster".  ``py_files``: ``.py``, ``.zip`` or ``.egg`` files the executors' Python
+    workers import (``SparkContext.addPyFile``, what spark-submit's ``--py-files`` does).
     ``warnings_to``: if this call starts the JVM, its warning lines go to that file instead of the
     console (README.md, "The console").
 
     Resolves Java first (:func:`spark_bridge._java.ensure_java`, which sets
     ``JAVA_HOME``); for a ``local`` master also sets ``SPARK_LOCAL_IP=127.0.0.1``, and
-    ``PYSPARK_PYTHON`` to this interpreter, unless already set. They are written to
-    ``os.environ`` because PySpark's launcher and worker factory read them from there.
+    ``PYSPARK_PYTHON`` to this interpreter, unless already set (the interpreter the executors run: on a
+    cluster, one at that path on every host, or an archive's — README.md, "Running on a cluster"). They
+    are written to ``os.environ`` because PySpark's launcher and worker factory read them from there.
 
     If a SparkSession already exists in this process it is returned (Spark allows one
     per JVM): runtime SQL options (shuffle partitions, checkpoint file manager) are
@@ -83,8 +89,12 @@ def get_spark(app_name: str = "activedb", *, master: str = "local[2]", fast_chec
     :class:`~spark_bridge.errors.JavaNotFoundError` when no Java 17/21 can be had.
     """
     require(Extra.SPARK, "Spark (spark_bridge.get_spark)")
+    missing = [os.fspath(path) for path in py_files if not Path(path).is_file()]
+    if missing:
+        raise FileNotFoundError(f"py_files: no such file: {', '.join(missing)}")
     _java.ensure_java()
-    if master.startswith("local"):
+    settings = spark_conf(app_name, master=master, fast_checkpoints=fast_checkpoints, conf=conf)
+    if _cluster.is_local_master(settings["spark.master"]):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     # A driver started from Python (not spark-submit) takes the workers' interpreter from
     # PYSPARK_PYTHON, not from spark.pyspark.python; without it they run `python3` from
@@ -94,7 +104,7 @@ def get_spark(app_name: str = "activedb", *, master: str = "local[2]", fast_chec
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder
-    for key, value in spark_conf(app_name, master=master, fast_checkpoints=fast_checkpoints, conf=conf).items():
+    for key, value in settings.items():
         builder = builder.config(key, value)
     if warnings_to is not None and SparkSession.getActiveSession() is None:
         session = _with_quiet_stderr(builder.getOrCreate, Path(warnings_to))
@@ -104,6 +114,8 @@ def get_spark(app_name: str = "activedb", *, master: str = "local[2]", fast_chec
         # A reused session may carry the option from an earlier call; back to Spark's default.
         session.conf.unset(_CHECKPOINT_FILE_MANAGER_KEY)
     session.sparkContext.setLogLevel("WARN")
+    for path in py_files:
+        session.sparkContext.addPyFile(os.fspath(Path(path).resolve()))
     return session
 
 

@@ -1,0 +1,307 @@
+"""The scale-out path on a Spark standalone cluster: the commands of ``spark_bridge/README.md``'s "Running on a
+cluster", run in their order on one host, with one executor SIGKILLed while its batch's transaction is open.
+
+The section's ``bash`` block is read from the README and run line by line in a directory of its own (``.venv``
+there is this interpreter's environment), with one host's names in place of the README's (``db.example.com:5432``
+is the PostgreSQL server the tests use, ``master.example.com`` 127.0.0.1, the master's URL the one it printed) and
+``HOME``, ``DB_PASSWORD`` and ``ACTIVEDB_HOME`` set for it.  Stood in for: the ``venv-pack`` line (packing this
+environment takes minutes; the stand-in archive's ``bin/python`` records that it ran and starts this
+interpreter, which on one host is what an archive of this environment would run).  The master's and workers'
+lines run with Spark's variables for a cluster on one host (``_standalone.py``).  The events the demo line wrote
+reach ``events/`` one file per micro-batch, each after the previous batch's commit (Spark's commit log).
+
+Batch 1: the test holds ``LOCK TABLE worker_status IN SHARE MODE``, so the tasks' flushes wait on it with their
+transactions open; the executor whose Python worker holds one of them (found from the waiting backend's client
+port) is SIGKILLed; when it and that Python worker are gone, the lock is released, the master starts another
+executor and Spark retries the task.  After the last batch the run is stopped with SIGINT (Ctrl-C).  Then every
+application table, the dead letters, the ledger per batch and partition and the outbox equal a run of the same
+command on ``local[2]`` (``--available-now --max-files-per-trigger 1``, a database of its own).
+
+Needs a PostgreSQL server reachable over TCP with password authentication: ``.ci/run``'s server part
+(``.ci/with-distribution-postgres``) has one; without ``ACTIVEDB_TEST_SERVER=1`` the test is skipped.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+
+import activedb
+from lockmgr.testing import wait_until
+from spark_bridge import _java
+from tests.examples._story import APP_TABLES, table_state
+from tests.spark_bridge import _standalone
+from tests.spark_bridge._standalone import alive, executor_of_connection, standalone_cluster, tail
+
+pytestmark = [pytest.mark.spark, pytest.mark.cluster, pytest.mark.server, pytest.mark.timeout(1200)]
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "spark_bridge" / "README.md"
+#: Each wait is on observable state (a log line, Spark's commit log, pg_stat_activity, /proc), bounded
+#: by minutes: JVMs start many times slower under load.  It fails with what it saw.
+WAIT_SECONDS = 600
+QUERY_NAME = "hygiene"                   # activedb run's default for hygiene.py
+
+
+def readme_commands() -> list[str]:
+    """The command lines of the section's ``bash`` block: continuations joined, comments left out."""
+    text = README.read_text()
+    section = text[text.index("## Running on a cluster"):]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    lines = block.replace("\\\n", " ").splitlines()
+    return [re.sub(r"\s+", " ", line).strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+def _state(url: str) -> dict[str, list[tuple]]:
+    database = activedb.connect(url)
+    try:
+        return table_state(database, {
+            **APP_TABLES,
+            # a rejection names the event's transaction: an id of the run, left out
+            "dead letters": "SELECT batch_id, regexp_replace(reason, ' in T[0-9.]+', ''), raw::text "
+                            "FROM activedb_dead_letters",
+            # the query id's Spark part differs between the runs: only the partition is kept
+            "ledger": "SELECT regexp_replace(query_id, '^[^#]*', ''), batch_id, events, dead_letters, "
+                      "rule_firings::text FROM activedb_ingestion_ledger",
+            "outbox": "SELECT rule, status, trigger_outcome, count(*) FROM activedb_outbox GROUP BY 1, 2, 3",
+        })
+    finally:
+        database.close()
+
+
+class Script:
+    """Runs command lines in ``cwd`` with an environment that ``export`` lines change."""
+
+    def __init__(self, cwd: Path, environment: dict[str, str], names: dict[str, str]) -> None:
+        self.cwd, self.environment, self.names = cwd, environment, names
+
+    def line(self, line: str) -> str:
+        for placeholder, value in self.names.items():
+            line = line.replace(placeholder, value)
+        return line
+
+    def run(self, line: str) -> None:
+        line = self.line(line)
+        if line.startswith("export "):        # keep what it exported: bash evaluates it, prints the environment
+            done = subprocess.run(["bash", "-c", f"{line}\nenv -0"], cwd=self.cwd, env=self.environment,
+                                  capture_output=True, check=True, timeout=60)
+            self.environment = dict(entry.split("=", 1) for entry in done.stdout.decode().split("\0") if "=" in entry)
+            return
+        done = subprocess.run(["bash", "-c", line], cwd=self.cwd, env=self.environment, capture_output=True,
+                              text=True, timeout=WAIT_SECONDS)
+        assert done.returncode == 0, activedb.mask_secrets(f"{line}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+
+
+def _stand_in_archive(path: Path, marker: Path) -> None:
+    """What ``venv-pack`` would make of this environment, as far as the executors use it on one host: an
+    archive whose ``bin/python`` runs this interpreter, recording the directory it ran in."""
+    script = f'#!/bin/sh\necho "$PWD" >> "{marker}"\nexec "{sys.executable}" "$@"\n'.encode()
+    with tarfile.open(path, "w:gz") as archive:
+        entry = tarfile.TarInfo("bin/python")
+        entry.size, entry.mode = len(script), 0o755
+        archive.addfile(entry, io.BytesIO(script))
+
+
+def _local_command(run_line: str) -> list[str]:
+    """The README's run line for ``local[2]``: without the executors' interpreter and archive, reading what is
+    there one file per micro-batch, then stopping."""
+    words = shlex.split(run_line)
+    while re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
+        words.pop(0)                                            # PYSPARK_PYTHON=…: the archive's
+    command: list[str] = []
+    skip = False
+    for word, following in zip(words, [*words[1:], ""]):
+        if skip:
+            skip = False
+        elif word == "--master":
+            command += ["--master", "local[2]"]
+            skip = True
+        elif word == "--spark-conf" and following.startswith("spark.archives="):
+            skip = True
+        else:
+            command.append(word)
+    return [*command, "--available-now", "--max-files-per-trigger", "1"]
+
+
+def _committed(checkpoint: Path, batch: int) -> bool:
+    return (checkpoint / "commits" / str(batch)).exists()
+
+
+def _in_flight(checkpoint: Path) -> list[int]:
+    """Batches Spark planned (offset log) and has not committed."""
+    offsets = checkpoint / "offsets"
+    planned = [int(path.name) for path in offsets.iterdir() if path.name.isdigit()] if offsets.is_dir() else []
+    return sorted(batch for batch in planned if not _committed(checkpoint, batch))
+
+
+def _waiting_on(watcher: psycopg.Connection, holder_pid: int) -> list[tuple[int, int]]:
+    """``(backend pid, client port)`` of the sessions waiting for a lock the holder's session has."""
+    return [tuple(row) for row in watcher.execute(
+        "SELECT pid, client_port FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", (holder_pid,))]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="finds the executor's process in /proc")
+def test_the_readme_cluster_commands_with_an_executor_killed_mid_batch_equal_a_local_run(
+        pg_server, make_database_url, tmp_path):
+    if os.environ.get("ACTIVEDB_TEST_SERVER") != "1":
+        pytest.skip("needs a PostgreSQL server the executors reach over TCP with a password (the embedded one "
+                    "listens on a unix socket only): .ci/run runs it, or .ci/with-distribution-postgres "
+                    ".venv/bin/python -m pytest -m cluster")
+    environment_root = Path(sys.prefix)
+    if sys.prefix == sys.base_prefix or not (environment_root / "bin" / "activedb").exists():
+        pytest.skip(f"runs the README's .venv/bin/activedb: {sys.executable} is not in a virtual environment with it")
+    server = sa.make_url(pg_server.url("postgres"))
+    cluster_url, local_url = make_database_url("cluster"), make_database_url("local")
+    host, port, user, password = server.host, server.port, server.username, server.password
+    with pytest.raises(psycopg.OperationalError, match="password"):   # else the test shows nothing about it
+        psycopg.connect(host=host, port=port, user=user, dbname="postgres", passfile=str(tmp_path / "none"))
+
+    commands = readme_commands()
+    names = {   # the README's names for one host's
+        "activedb@db.example.com:5432/activedb": f"{user}@{host}:{port}/{sa.make_url(cluster_url).database}",
+        "db.example.com:5432:*:activedb:": f"{host}:{port}:*:{user}:",
+        "--host master.example.com": "--host 127.0.0.1",
+    }
+    text = "\n".join(commands)
+    for placeholder in [*names, "spark://master.example.com:7077"]:
+        assert placeholder in text, f"the README's cluster commands no longer name {placeholder!r}: update the test"
+    driver, local, home = tmp_path / "driver", tmp_path / "local", tmp_path / "home"
+    for directory in (driver, local, home):
+        directory.mkdir()
+        if directory is not home:
+            (directory / ".venv").symlink_to(environment_root)
+    environment = {key: value for key, value in os.environ.items()
+                   if key not in ("ACTIVEDB_DATABASE_URL", "PGPASSWORD", "PGPASSFILE", "PYSPARK_PYTHON")}
+    environment.update(HOME=str(home), DB_PASSWORD=password, ACTIVEDB_HOME=str(tmp_path / "activedb-home"),
+                       SPARK_LOCAL_IP="127.0.0.1", SPARK_CONF_DIR=str(tmp_path / "spark-conf"))
+    (tmp_path / "spark-conf").mkdir()
+    _java.ensure_java(environment)
+    script = Script(driver, environment, names)
+    marker = tmp_path / "archive-python-ran-in"
+    checkpoint = tmp_path / "activedb-home" / "checkpoints" / QUERY_NAME
+    staging = tmp_path / "staging"
+
+    daemons = [line for line in commands if "org.apache.spark.deploy." in line]
+    [run_line] = [line for line in commands if " run " in line and "activedb" in line]
+    [master_line] = [line for line in daemons if ".master.Master" in line]
+    [worker_line] = [line for line in daemons if ".worker.Worker" in line]
+    preparation = [line for line in commands[:commands.index(master_line)] if line not in daemons]
+    assert commands[-1] == run_line and all(commands.index(line) < commands.index(run_line) for line in daemons)
+
+    for line in preparation:
+        if "venv-pack" in line:
+            _stand_in_archive(driver / "activedb-env.tar.gz", marker)
+        else:
+            script.run(line)
+    events = sorted((driver / "events").iterdir())
+    assert len(events) >= 4, events
+    shutil.copytree(driver / "events", local / "events")
+    shutil.copy(driver / "hygiene.py", local / "hygiene.py")
+    staging.mkdir()
+    for path in events:
+        path.rename(staging / path.name)
+
+    # The reference, on local[2], meanwhile (its own database and home; the password from the same file).
+    exported = sa.make_url(script.environment["ACTIVEDB_DATABASE_URL"])
+    assert exported.password is None and exported.database == sa.make_url(cluster_url).database
+    local_environment = {**script.environment, "ACTIVEDB_HOME": str(tmp_path / "local-home"),
+                         "ACTIVEDB_DATABASE_URL": exported.set(database=sa.make_url(local_url).database)
+                         .render_as_string(hide_password=False)}
+    with open(tmp_path / "local.out", "wb") as output:
+        reference = subprocess.Popen(_local_command(script.line(run_line)), cwd=local, env=local_environment,
+                                     stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+    run = None
+    try:
+        with standalone_cluster(tmp_path / "cluster", script.line(master_line),
+                                lambda url: script.line(worker_line).replace("spark://master.example.com:7077", url),
+                                cwd=driver, environment=script.environment) as cluster:
+            line = script.line(run_line).replace("spark://master.example.com:7077", cluster.master_url)
+            with open(tmp_path / "run.out", "wb") as output:
+                run = subprocess.Popen(["bash", "-c", line], cwd=driver, env=script.environment, stdout=output,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
+
+            def seen() -> str:
+                return activedb.mask_secrets(
+                    f"--- run:\n{tail(tmp_path / 'run.out')}\n--- spark log:\n"
+                    f"{tail(tmp_path / 'activedb-home' / 'logs' / 'spark.log')}\n{cluster.describe()}")
+
+            def committed(batch: int) -> bool:
+                if run.poll() is not None:
+                    raise AssertionError(f"the run exited with {run.returncode}\n{seen()}")
+                return _committed(checkpoint, batch)
+
+            def feed(batch: int) -> None:
+                (staging / events[batch].name).rename(driver / "events" / events[batch].name)
+
+            conninfo = dict(host=host, port=port, user=user, password=password,
+                            dbname=sa.make_url(cluster_url).database)
+
+            def kill_the_executor_waiting_on(table: str, batch: int) -> list[str]:
+                """Feed ``batch`` while the test holds a SHARE lock on ``table``; SIGKILL the executor whose
+                Python worker's session waits on it; release the lock once both are gone.  Returns what the
+                database held for the batch at the kill: its ledger rows' query ids."""
+                with psycopg.connect(**conninfo, autocommit=True) as watcher, psycopg.connect(**conninfo) as holder:
+                    holder.execute(f"LOCK TABLE {table} IN SHARE MODE")
+                    feed(batch)
+                    waiting = wait_until(lambda: [found for _, port in _waiting_on(watcher, holder.info.backend_pid)
+                                                  if (found := executor_of_connection(port)) is not None],
+                                         WAIT_SECONDS, f"a task of batch {batch} waiting on the lock on {table}", seen)
+                    executor, python_worker = waiting[0]
+                    assert _in_flight(checkpoint) == [batch]
+                    ledger = [row[0] for row in watcher.execute(
+                        "SELECT query_id FROM activedb_ingestion_ledger WHERE batch_id = %s", (batch,))]
+                    os.kill(executor, signal.SIGKILL)
+                    wait_until(lambda: not alive(executor) and not alive(python_worker), WAIT_SECONDS,
+                               f"the killed executor {executor} and its Python worker {python_worker} to be gone", seen)
+                    holder.commit()
+                return ledger
+
+            feed(0)
+            wait_until(lambda: committed(0), WAIT_SECONDS, "batch 0's commit", seen)
+            # Batch 1: killed inside a task's flush (nothing of it committed), applied by Spark's new attempt.
+            assert kill_the_executor_waiting_on("worker_status", 1) == []
+            wait_until(lambda: committed(1), WAIT_SECONDS, "batch 1's commit", seen)
+            # Batch 2: killed after a task's commit, while its detached rules wait (only they write badge_lights):
+            # the new attempt finds the partition in the ledger; the dead process's outbox records are claimed.
+            assert kill_the_executor_waiting_on("badge_lights", 2) != []
+            for batch in range(2, len(events)):
+                if batch > 2:
+                    feed(batch)
+                wait_until(lambda: committed(batch), WAIT_SECONDS, f"batch {batch}'s commit", seen)
+            with psycopg.connect(**conninfo, autocommit=True) as watcher:
+                wait_until(lambda: watcher.execute("SELECT count(*) FROM activedb_outbox WHERE status = 'pending'"
+                                                   ).fetchone()[0] == 0, WAIT_SECONDS,
+                           "the detached firings to be done", seen)
+            os.killpg(run.pid, signal.SIGINT)                  # Ctrl-C: lets the running batch finish
+            assert run.wait(timeout=WAIT_SECONDS) == 0, seen()
+            assert "stopped cleanly" in tail(tmp_path / "run.out"), seen()
+            executors = len(cluster.executor_logs())
+            work_dirs = [str(work_dir) for work_dir in cluster.work_dirs]
+        assert reference.wait(timeout=WAIT_SECONDS) == 0, tail(tmp_path / "local.out")
+    finally:
+        for process in (run, reference):
+            if process is not None and process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=60)
+
+    assert executors >= 4, "the master started an executor in place of each killed one"
+    ran_in = marker.read_text().split()
+    assert ran_in and all(any(place.startswith(work_dir) for work_dir in work_dirs) for place in ran_in), ran_in
+    expected, actual = _state(local_url), _state(cluster_url)
+    for table in expected:
+        assert actual[table] == expected[table], (table, set(actual[table]) ^ set(expected[table]))
+    assert {batch for _, batch, *_ in actual["ledger"]} == set(range(len(events)))
+    assert {status for _, status, _, _ in actual["outbox"]} == {"done"}
+    assert actual["notifications"] and actual["badge_lights"] and actual["compensations"]
