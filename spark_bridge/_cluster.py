@@ -8,6 +8,8 @@ executors that may live on other hosts (the package's ``README.md``, "Running on
   travels inside every task;
 * :func:`connect_failed` — the error of a task that could not connect, naming its host and, when the server
   asked for a password it lacked, where executors get one;
+* :func:`task_failure` — on the driver, the error a failed scale-out job raises instead of Spark's: what the
+  task's Python raised on the executor, not a Java stack trace around its traceback;
 * :func:`ship_app` / :func:`shipped_app` — an application given as a ``.py`` file goes to the executors
   through ``SparkContext.addFile`` and a task loads that copy, not whatever a file of the same path on its
   host holds.
@@ -31,7 +33,8 @@ from activedb import mask_secrets
 
 from spark_bridge.errors import IngestError, describe
 
-__all__ = ["check_database_for_executors", "connect_failed", "is_local_master", "ship_app", "shipped_app", "socket_only"]
+__all__ = ["check_database_for_executors", "connect_failed", "is_local_master", "ship_app", "shipped_app", "socket_only",
+           "task_failure"]
 
 _log = logging.getLogger(__name__)
 
@@ -114,6 +117,23 @@ def connect_failed(url: str, error: BaseException) -> IngestError:
                   "cluster\".")
     return IngestError(f"a scale-out task on host {socket.gethostname()} could not connect to {shown}: "
                        f"{reason}.{advice}")
+
+
+def task_failure(error: BaseException) -> IngestError | None:
+    """The error to raise on the driver for a scale-out job that failed with ``error`` because a task's Python
+    raised (Spark retried the task, then gave up): the task's exception as its traceback's last lines name it
+    (``module.Class: message``), or ``None`` when ``error`` holds no Python traceback (a dead worker, Spark's
+    own failure)."""
+    text = str(error)
+    marker = "Traceback (most recent call last):"
+    if marker not in text:
+        return None
+    lines = text.rsplit(marker, 1)[1].splitlines()
+    raised = next((index for index, line in enumerate(lines) if line and not line[0].isspace()), None)
+    if raised is None:
+        return None
+    cause = mask_secrets("\n".join(lines[raised:]).strip())
+    return IngestError(f"a scale-out task failed on the executors (Spark gave up on it): {cause}")
 
 
 def ship_app(session: Any, app: Any) -> bool:

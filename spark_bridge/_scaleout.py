@@ -203,8 +203,14 @@ class PartitionedIngestSink(IngestSink):
         self.context.book.phase("fetched", batch_id)
         # Always run the job, also for a batch whose partitions all committed: running it
         # feeds Spark's event-time statistics (see _sink.py), and each task skips by itself.
-        results = (batch_df.repartition(self.partitions, functions.col(self.mapping.key_column))
-                   .rdd.mapPartitionsWithIndex(task).collect())
+        try:
+            results = (batch_df.repartition(self.partitions, functions.col(self.mapping.key_column))
+                       .rdd.mapPartitionsWithIndex(task).collect())
+        except Exception as error:
+            failure = _cluster.task_failure(error)      # what the task's Python raised, not Spark's Java trace
+            if failure is None:
+                raise
+            raise failure from error
         failures = [row for row in results if row.get("failed")]
         if failures:
             _atomic.settle(self.db, query_id, batch_id, self.partitions, self.on_partition_failure, failures)

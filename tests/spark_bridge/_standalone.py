@@ -45,6 +45,19 @@ class StandaloneCluster:
         """Every executor's ``stderr`` (``WORK_DIR/APP_ID/EXECUTOR_ID/stderr``), in start order per worker."""
         return sorted(path for work_dir in self.work_dirs for path in work_dir.glob("*/*/stderr"))
 
+    def live_executors(self) -> list[int]:
+        """The pids of the executor JVMs running in the workers' directories."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit() and EXECUTOR_CLASS in command_line(int(entry.name)):
+                try:
+                    where = os.readlink(entry / "cwd")
+                except OSError:
+                    continue
+                if any(where.startswith(f"{work_dir}{os.sep}") for work_dir in self.work_dirs):
+                    found.append(int(entry.name))
+        return found
+
     def describe(self) -> str:
         """The end of every daemon's and executor's log, for a failure's message."""
         return "\n".join(f"--- {log}:\n{tail(log)}" for log in [*self.logs, *self.executor_logs()])

@@ -32,6 +32,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import psycopg
@@ -55,13 +56,25 @@ WAIT_SECONDS = 600
 QUERY_NAME = "hygiene"                   # activedb run's default for hygiene.py
 
 
-def readme_commands() -> list[str]:
-    """The command lines of the section's ``bash`` block: continuations joined, comments left out."""
+#: The comments of the README's block that say where the lines after them run.
+HOSTS = {"# every host": "every", "# the driver's host": "driver", "# one host: the master": "cluster"}
+
+
+def readme_commands() -> list[tuple[str, str]]:
+    """``(host, command line)`` of the section's ``bash`` block, continuations joined; ``host`` is ``every``,
+    ``driver`` or ``cluster`` (the master's and workers' hosts), from the last comment that named one."""
     text = README.read_text()
     section = text[text.index("## Running on a cluster"):]
     block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
-    lines = block.replace("\\\n", " ").splitlines()
-    return [re.sub(r"\s+", " ", line).strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    commands, host = [], None
+    for line in block.replace("\\\n", " ").splitlines():
+        line = re.sub(r"\s+", " ", line).strip()
+        if line.startswith("#"):
+            host = next((name for prefix, name in HOSTS.items() if line.startswith(prefix)), host)
+        elif line:
+            assert host is not None, f"the README's cluster commands: which host runs {line!r}?"
+            commands.append((host, line))
+    return commands
 
 
 def _state(url: str) -> dict[str, list[tuple]]:
@@ -168,43 +181,57 @@ def test_the_readme_cluster_commands_with_an_executor_killed_mid_batch_equal_a_l
     with pytest.raises(psycopg.OperationalError, match="password"):   # else the test shows nothing about it
         psycopg.connect(host=host, port=port, user=user, dbname="postgres", passfile=str(tmp_path / "none"))
 
+    began = time.monotonic()
+    timeline: list[str] = []          # when each phase ended: in a failure's message; printed (pytest -s)
+
+    def mark(what: str) -> None:
+        timeline.append(f"{time.monotonic() - began:6.1f} s  {what}")
+        print(timeline[-1])
+
     commands = readme_commands()
     names = {   # the README's names for one host's
         "activedb@db.example.com:5432/activedb": f"{user}@{host}:{port}/{sa.make_url(cluster_url).database}",
         "db.example.com:5432:*:activedb:": f"{host}:{port}:*:{user}:",
         "--host master.example.com": "--host 127.0.0.1",
     }
-    text = "\n".join(commands)
+    text = "\n".join(line for _, line in commands)
     for placeholder in [*names, "spark://master.example.com:7077"]:
         assert placeholder in text, f"the README's cluster commands no longer name {placeholder!r}: update the test"
-    driver, local, home = tmp_path / "driver", tmp_path / "local", tmp_path / "home"
-    for directory in (driver, local, home):
+    driver, workers, local, home = (tmp_path / name for name in ("driver", "worker-host", "local", "home"))
+    for directory in (driver, workers, local, home):
         directory.mkdir()
         if directory is not home:
             (directory / ".venv").symlink_to(environment_root)
     environment = {key: value for key, value in os.environ.items()
-                   if key not in ("ACTIVEDB_DATABASE_URL", "PGPASSWORD", "PGPASSFILE", "PYSPARK_PYTHON")}
-    environment.update(HOME=str(home), DB_PASSWORD=password, ACTIVEDB_HOME=str(tmp_path / "activedb-home"),
-                       SPARK_LOCAL_IP="127.0.0.1", SPARK_CONF_DIR=str(tmp_path / "spark-conf"))
+                   if key not in ("ACTIVEDB_DATABASE_URL", "PGPASSWORD", "PGPASSFILE", "PYSPARK_PYTHON", "SPARK_HOME")}
+    environment.update(HOME=str(home), DB_PASSWORD=password, SPARK_LOCAL_IP="127.0.0.1",
+                       SPARK_CONF_DIR=str(tmp_path / "spark-conf"))
     (tmp_path / "spark-conf").mkdir()
     _java.ensure_java(environment)
-    script = Script(driver, environment, names)
     marker = tmp_path / "archive-python-ran-in"
     checkpoint = tmp_path / "activedb-home" / "checkpoints" / QUERY_NAME
     staging = tmp_path / "staging"
 
-    daemons = [line for line in commands if "org.apache.spark.deploy." in line]
-    [run_line] = [line for line in commands if " run " in line and "activedb" in line]
-    [master_line] = [line for line in daemons if ".master.Master" in line]
-    [worker_line] = [line for line in daemons if ".worker.Worker" in line]
-    preparation = [line for line in commands[:commands.index(master_line)] if line not in daemons]
-    assert commands[-1] == run_line and all(commands.index(line) < commands.index(run_line) for line in daemons)
-
-    for line in preparation:
-        if "venv-pack" in line:
-            _stand_in_archive(driver / "activedb-env.tar.gz", marker)
-        else:
-            script.run(line)
+    # One host plays all: every host's lines first, then the driver's preparation; the cluster's hosts get
+    # what every host's lines exported, not the driver's.
+    [run_line] = [line for where, line in commands if where == "driver" and " run " in line]
+    [master_line] = [line for where, line in commands if where == "cluster" and ".master.Master" in line]
+    [worker_line] = [line for where, line in commands if where == "cluster" and ".worker.Worker" in line]
+    assert commands[-1] == ("driver", run_line)
+    every = Script(home, environment, names)
+    for line in [line for where, line in commands if where == "every"]:
+        every.run(line)
+    script = Script(driver, {**every.environment, "ACTIVEDB_HOME": str(tmp_path / "activedb-home")}, names)
+    hosts = Script(workers, dict(every.environment), names)
+    for where, line in commands:
+        if where == "driver" and line != run_line:
+            if "venv-pack" in line:
+                _stand_in_archive(driver / "activedb-env.tar.gz", marker)
+            else:
+                script.run(line)
+        elif where == "cluster" and line not in (master_line, worker_line):
+            hosts.run(line)
+    mark("the README's preparation lines ran")
     events = sorted((driver / "events").iterdir())
     assert len(events) >= 4, events
     shutil.copytree(driver / "events", local / "events")
@@ -224,9 +251,10 @@ def test_the_readme_cluster_commands_with_an_executor_killed_mid_batch_equal_a_l
                                      stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
     run = None
     try:
-        with standalone_cluster(tmp_path / "cluster", script.line(master_line),
-                                lambda url: script.line(worker_line).replace("spark://master.example.com:7077", url),
-                                cwd=driver, environment=script.environment) as cluster:
+        with standalone_cluster(tmp_path / "cluster", hosts.line(master_line),
+                                lambda url: hosts.line(worker_line).replace("spark://master.example.com:7077", url),
+                                cwd=workers, environment=hosts.environment) as cluster:
+            mark("the master and the workers run")
             line = script.line(run_line).replace("spark://master.example.com:7077", cluster.master_url)
             with open(tmp_path / "run.out", "wb") as output:
                 run = subprocess.Popen(["bash", "-c", line], cwd=driver, env=script.environment, stdout=output,
@@ -234,7 +262,7 @@ def test_the_readme_cluster_commands_with_an_executor_killed_mid_batch_equal_a_l
 
             def seen() -> str:
                 return activedb.mask_secrets(
-                    f"--- run:\n{tail(tmp_path / 'run.out')}\n--- spark log:\n"
+                    "--- timeline:\n" + "\n".join(timeline) + f"\n--- run:\n{tail(tmp_path / 'run.out')}\n--- spark log:\n"
                     f"{tail(tmp_path / 'activedb-home' / 'logs' / 'spark.log')}\n{cluster.describe()}")
 
             def committed(batch: int) -> bool:
@@ -252,6 +280,8 @@ def test_the_readme_cluster_commands_with_an_executor_killed_mid_batch_equal_a_l
                 """Feed ``batch`` while the test holds a SHARE lock on ``table``; SIGKILL the executor whose
                 Python worker's session waits on it; release the lock once both are gone.  Returns what the
                 database held for the batch at the kill: its ledger rows' query ids."""
+                # Another executor runs the task again at once: none waits for a JVM to start.
+                wait_until(lambda: len(cluster.live_executors()) >= 2, WAIT_SECONDS, "two live executors", seen)
                 with psycopg.connect(**conninfo, autocommit=True) as watcher, psycopg.connect(**conninfo) as holder:
                     holder.execute(f"LOCK TABLE {table} IN SHARE MODE")
                     feed(batch)
@@ -266,13 +296,16 @@ def test_the_readme_cluster_commands_with_an_executor_killed_mid_batch_equal_a_l
                     wait_until(lambda: not alive(executor) and not alive(python_worker), WAIT_SECONDS,
                                f"the killed executor {executor} and its Python worker {python_worker} to be gone", seen)
                     holder.commit()
+                mark(f"batch {batch}: killed executor {executor} waiting on {table}, lock released")
                 return ledger
 
             feed(0)
             wait_until(lambda: committed(0), WAIT_SECONDS, "batch 0's commit", seen)
+            mark("batch 0 committed")
             # Batch 1: killed inside a task's flush (nothing of it committed), applied by Spark's new attempt.
             assert kill_the_executor_waiting_on("worker_status", 1) == []
             wait_until(lambda: committed(1), WAIT_SECONDS, "batch 1's commit", seen)
+            mark("batch 1 committed")
             # Batch 2: killed after a task's commit, while its detached rules wait (only they write badge_lights):
             # the new attempt finds the partition in the ledger; the dead process's outbox records are claimed.
             assert kill_the_executor_waiting_on("badge_lights", 2) != []
@@ -280,6 +313,7 @@ def test_the_readme_cluster_commands_with_an_executor_killed_mid_batch_equal_a_l
                 if batch > 2:
                     feed(batch)
                 wait_until(lambda: committed(batch), WAIT_SECONDS, f"batch {batch}'s commit", seen)
+                mark(f"batch {batch} committed")
             with psycopg.connect(**conninfo, autocommit=True) as watcher:
                 wait_until(lambda: watcher.execute("SELECT count(*) FROM activedb_outbox WHERE status = 'pending'"
                                                    ).fetchone()[0] == 0, WAIT_SECONDS,
@@ -287,16 +321,20 @@ def test_the_readme_cluster_commands_with_an_executor_killed_mid_batch_equal_a_l
             os.killpg(run.pid, signal.SIGINT)                  # Ctrl-C: lets the running batch finish
             assert run.wait(timeout=WAIT_SECONDS) == 0, seen()
             assert "stopped cleanly" in tail(tmp_path / "run.out"), seen()
-            executors = len(cluster.executor_logs())
+            mark("the run stopped (SIGINT)")
+            executors = [log.read_text(errors="replace") for log in cluster.executor_logs()]
             work_dirs = [str(work_dir) for work_dir in cluster.work_dirs]
         assert reference.wait(timeout=WAIT_SECONDS) == 0, tail(tmp_path / "local.out")
+        mark("the cluster stopped, the local run ended")
     finally:
         for process in (run, reference):
             if process is not None and process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=60)
 
-    assert executors >= 4, "the master started an executor in place of each killed one"
+    assert len(executors) >= 4, "the master started an executor in place of each killed one"
+    # Every executor that ran a task fetched the application file the driver sent (and the tasks load that copy).
+    assert all(re.search(r"Fetching spark://\S+/files/hygiene\.py", log) for log in executors if "Running task" in log)
     ran_in = marker.read_text().split()
     assert ran_in and all(any(place.startswith(work_dir) for work_dir in work_dirs) for place in ran_in), ran_in
     expected, actual = _state(local_url), _state(cluster_url)
