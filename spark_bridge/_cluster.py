@@ -33,8 +33,8 @@ from activedb import mask_secrets
 
 from spark_bridge.errors import IngestError, describe
 
-__all__ = ["check_database_for_executors", "connect_failed", "is_local_master", "ship_app", "shipped_app", "socket_only",
-           "task_failure"]
+__all__ = ["check_database_for_executors", "connect_failed", "is_local_master", "ship_app", "shipped_app",
+           "socket_only", "task_failure"]
 
 _log = logging.getLogger(__name__)
 

@@ -43,7 +43,6 @@ import activedb
 from lockmgr.testing import wait_until
 from spark_bridge import _java
 from tests.examples._story import APP_TABLES, table_state
-from tests.spark_bridge import _standalone
 from tests.spark_bridge._standalone import alive, executor_of_connection, standalone_cluster, tail
 
 pytestmark = [pytest.mark.spark, pytest.mark.cluster, pytest.mark.server, pytest.mark.timeout(1200)]
@@ -262,8 +261,8 @@ def test_the_readme_cluster_commands_with_an_executor_killed_mid_batch_equal_a_l
 
             def seen() -> str:
                 return activedb.mask_secrets(
-                    "--- timeline:\n" + "\n".join(timeline) + f"\n--- run:\n{tail(tmp_path / 'run.out')}\n--- spark log:\n"
-                    f"{tail(tmp_path / 'activedb-home' / 'logs' / 'spark.log')}\n{cluster.describe()}")
+                    "--- timeline:\n" + "\n".join(timeline) + f"\n--- run:\n{tail(tmp_path / 'run.out')}\n"
+                    f"--- spark log:\n{tail(tmp_path / 'activedb-home' / 'logs' / 'spark.log')}\n{cluster.describe()}")
 
             def committed(batch: int) -> bool:
                 if run.poll() is not None:
@@ -276,10 +275,10 @@ def test_the_readme_cluster_commands_with_an_executor_killed_mid_batch_equal_a_l
             conninfo = dict(host=host, port=port, user=user, password=password,
                             dbname=sa.make_url(cluster_url).database)
 
-            def kill_the_executor_waiting_on(table: str, batch: int) -> list[str]:
+            def kill_the_executor_waiting_on(table: str, batch: int) -> tuple[int, int]:
                 """Feed ``batch`` while the test holds a SHARE lock on ``table``; SIGKILL the executor whose
                 Python worker's session waits on it; release the lock once both are gone.  Returns what the
-                database held for the batch at the kill: its ledger rows' query ids."""
+                database held at the kill: the batch's ledger rows, and pending outbox records."""
                 # Another executor runs the task again at once: none waits for a JVM to start.
                 wait_until(lambda: len(cluster.live_executors()) >= 2, WAIT_SECONDS, "two live executors", seen)
                 with psycopg.connect(**conninfo, autocommit=True) as watcher, psycopg.connect(**conninfo) as holder:
@@ -290,25 +289,28 @@ def test_the_readme_cluster_commands_with_an_executor_killed_mid_batch_equal_a_l
                                          WAIT_SECONDS, f"a task of batch {batch} waiting on the lock on {table}", seen)
                     executor, python_worker = waiting[0]
                     assert _in_flight(checkpoint) == [batch]
-                    ledger = [row[0] for row in watcher.execute(
-                        "SELECT query_id FROM activedb_ingestion_ledger WHERE batch_id = %s", (batch,))]
+                    held = watcher.execute(
+                        "SELECT (SELECT count(*) FROM activedb_ingestion_ledger WHERE batch_id = %s), "
+                        "(SELECT count(*) FROM activedb_outbox WHERE status = 'pending')", (batch,)).fetchone()
                     os.kill(executor, signal.SIGKILL)
                     wait_until(lambda: not alive(executor) and not alive(python_worker), WAIT_SECONDS,
                                f"the killed executor {executor} and its Python worker {python_worker} to be gone", seen)
                     holder.commit()
                 mark(f"batch {batch}: killed executor {executor} waiting on {table}, lock released")
-                return ledger
+                return held
 
             feed(0)
             wait_until(lambda: committed(0), WAIT_SECONDS, "batch 0's commit", seen)
             mark("batch 0 committed")
-            # Batch 1: killed inside a task's flush (nothing of it committed), applied by Spark's new attempt.
-            assert kill_the_executor_waiting_on("worker_status", 1) == []
+            # Batch 1: killed inside a task's flush (every task waits: no partition committed), applied by
+            # Spark's new attempt.
+            assert kill_the_executor_waiting_on("worker_status", 1)[0] == 0
             wait_until(lambda: committed(1), WAIT_SECONDS, "batch 1's commit", seen)
             mark("batch 1 committed")
             # Batch 2: killed after a task's commit, while its detached rules wait (only they write badge_lights):
             # the new attempt finds the partition in the ledger; the dead process's outbox records are claimed.
-            assert kill_the_executor_waiting_on("badge_lights", 2) != []
+            ledger_rows, pending = kill_the_executor_waiting_on("badge_lights", 2)
+            assert ledger_rows > 0 and pending > 0
             for batch in range(2, len(events)):
                 if batch > 2:
                     feed(batch)
