@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import sqlalchemy as sa
+
 from benchmarks import BenchReport
+from benchmarks._profile import server_cpu_seconds
 from benchmarks.rules import run
 
 
 def test_rules_benchmark_quick(database_url, monkeypatch):
     monkeypatch.setenv("ACTIVEDB_DATABASE_URL", database_url)     # the test's database, not the user's
     report = run(quick=True)
+    engine = sa.create_engine(database_url)
+    try:
+        local_server = server_cpu_seconds(engine) is not None
+    finally:
+        engine.dispose()
     assert isinstance(report, BenchReport)
     names = [row.name for row in report.rows]
     firing_rows = ["immediate rules, inline", "deferred rules, inline", "immediate rules, threads",
@@ -29,8 +37,11 @@ def test_rules_benchmark_quick(database_url, monkeypatch):
             assert row.target == ">= 1.0 of the peer" and row.met == (row.ratio >= 1.0)     # at 1k and at 10k
             # CPU per event of the path and of its peer: the client's, the (local) server's, their sum.
             mine, peer = row.extra["cpu_us_per_event"], row.extra["peer_cpu_us_per_event"]
-            assert mine["client"] > 0 and peer["server"] > 0 and mine["total"] == round(
-                mine["client"] + mine["server"], 2)
+            assert mine["client"] > 0
+            if not local_server:            # (ACTIVEDB_TEST_SERVER on another machine: no /proc to read)
+                assert mine["server"] is None and row.extra["cpu_ratio"] is None
+                continue
+            assert peer["server"] > 0 and mine["total"] == round(mine["client"] + mine["server"], 2)
             assert row.extra["cpu_ratio"] == round(peer["total"] / mine["total"], 3)
     phases = next(row for row in report.rows if row.name == "immediate rules, inline").extra["phases_us_per_event"]
     for phase in ("match", "condition", "child create", "lock", "write", "child commit", "firing record", "flush",
