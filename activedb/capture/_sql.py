@@ -14,8 +14,9 @@ from psycopg import sql
 TRIGGER_NAME = "activedb_capture"
 #: The channel the commit sequencer notifies (payload ``commit``) and stopping consumers use (``stop``).
 CHANNEL = "activedb_capture"
-#: Advisory-lock class of the commit sequencer (``0004_capture``: ``pg_advisory_xact_lock(class, 0)``);
-#: consumers take ``pg_try_advisory_lock(class + 1, hash of their name)``.
+#: Advisory-lock class of the commit sequencer until revision ``0014_capture_sequencer_lock`` (since then a
+#: table lock on ``activedb_capture_sequencer``); consumers take ``pg_try_advisory_lock(class + 1, hash of
+#: their name)``.
 SEQUENCER_LOCK_CLASS = 0x61646263
 CONSUMER_LOCK_CLASS = SEQUENCER_LOCK_CLASS + 1
 

@@ -210,3 +210,21 @@ def test_enable_and_disable_capture_print_offline_sql_that_quotes_any_name(clean
         assert db.capture.is_captured("orders")
     finally:
         table.drop(db.engine)
+
+
+def test_a_second_role_cannot_stall_capturing_commits(clean, conninfo, other):
+    """Capturing commits take their turn on a table lock only activedb's role may take (an advisory lock, which
+    any role may hold, made every capturing commit wait for whoever held it)."""
+    db = clean
+    seen = collect_inserted(db)
+    with psycopg.connect(other, autocommit=True) as mallory:
+        mallory.execute("SELECT pg_advisory_lock(1633968739, 0)")       # the sequencer's advisory lock until 0014
+        with psycopg.connect(conninfo) as writer:
+            writer.execute("SET lock_timeout = '20s'")                   # bounded: fails instead of hanging
+            writer.execute("INSERT INTO orders (id, customer, amount) VALUES (3, 'not stalled', 1)")
+            writer.commit()
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            mallory.execute("BEGIN; LOCK TABLE activedb_capture_sequencer IN SHARE ROW EXCLUSIVE MODE")
+        mallory.execute("ROLLBACK")
+    db.capture.consumer().run_until_caught_up()
+    assert seen == [3]
