@@ -158,6 +158,11 @@ def _in_flight(checkpoint: Path) -> list[int]:
     return sorted(batch for batch in planned if not _committed(checkpoint, batch))
 
 
+def pending_firings(connection: psycopg.Connection) -> int:
+    """Detached firings recorded and not yet run."""
+    return connection.execute("SELECT count(*) FROM activedb_outbox WHERE status = 'pending'").fetchone()[0]
+
+
 def _waiting_on(watcher: psycopg.Connection, holder_pid: int) -> list[tuple[int, int]]:
     """``(backend pid, client port)`` of the sessions waiting for a lock the holder's session has."""
     return [tuple(row) for row in watcher.execute(
@@ -282,6 +287,8 @@ def test_the_readme_cluster_commands_with_an_executor_killed_mid_batch_equal_a_l
                 # Another executor runs the task again at once: none waits for a JVM to start.
                 wait_until(lambda: len(cluster.live_executors()) >= 2, WAIT_SECONDS, "two live executors", seen)
                 with psycopg.connect(**conninfo, autocommit=True) as watcher, psycopg.connect(**conninfo) as holder:
+                    wait_until(lambda: pending_firings(watcher) == 0, WAIT_SECONDS,
+                               "earlier batches' detached firings", seen)
                     holder.execute(f"LOCK TABLE {table} IN SHARE MODE")
                     feed(batch)
                     waiting = wait_until(lambda: [found for _, port in _waiting_on(watcher, holder.info.backend_pid)
@@ -289,9 +296,8 @@ def test_the_readme_cluster_commands_with_an_executor_killed_mid_batch_equal_a_l
                                          WAIT_SECONDS, f"a task of batch {batch} waiting on the lock on {table}", seen)
                     executor, python_worker = waiting[0]
                     assert _in_flight(checkpoint) == [batch]
-                    held = watcher.execute(
-                        "SELECT (SELECT count(*) FROM activedb_ingestion_ledger WHERE batch_id = %s), "
-                        "(SELECT count(*) FROM activedb_outbox WHERE status = 'pending')", (batch,)).fetchone()
+                    held = watcher.execute("SELECT count(*) FROM activedb_ingestion_ledger WHERE batch_id = %s",
+                                           (batch,)).fetchone()[0], pending_firings(watcher)
                     os.kill(executor, signal.SIGKILL)
                     wait_until(lambda: not alive(executor) and not alive(python_worker), WAIT_SECONDS,
                                f"the killed executor {executor} and its Python worker {python_worker} to be gone", seen)
@@ -317,9 +323,8 @@ def test_the_readme_cluster_commands_with_an_executor_killed_mid_batch_equal_a_l
                 wait_until(lambda: committed(batch), WAIT_SECONDS, f"batch {batch}'s commit", seen)
                 mark(f"batch {batch} committed")
             with psycopg.connect(**conninfo, autocommit=True) as watcher:
-                wait_until(lambda: watcher.execute("SELECT count(*) FROM activedb_outbox WHERE status = 'pending'"
-                                                   ).fetchone()[0] == 0, WAIT_SECONDS,
-                           "the detached firings to be done", seen)
+                wait_until(lambda: pending_firings(watcher) == 0, WAIT_SECONDS, "the detached firings to be done",
+                           seen)
             os.killpg(run.pid, signal.SIGINT)                  # Ctrl-C: lets the running batch finish
             assert run.wait(timeout=WAIT_SECONDS) == 0, seen()
             assert "stopped cleanly" in tail(tmp_path / "run.out"), seen()
