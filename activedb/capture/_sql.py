@@ -1,6 +1,7 @@
-"""The SQL of change capture that is not in the migration ``0004_capture``: installing and removing the
-per-table trigger (:func:`install_statements`, run by ``db.capture(table)`` or ``enable_capture``), and the
-statements consumers and the status run.  Every function takes what it runs on; none opens a connection.
+"""The SQL of change capture that is not in activedb's migrations (``0004_capture``, ``0013_capture_trust``,
+``0014_capture_sequencer_lock``): installing and removing the per-table trigger (:func:`install_statements`,
+run by ``db.capture(table)`` or ``enable_capture``), and the statements consumers and the status run.  Every
+function takes what it runs on; none opens a connection.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ import zlib
 
 import sqlalchemy as sa
 from psycopg import sql
+
+from activedb.errors import UnknownTable
 
 #: The per-table row trigger's name (one per captured table).
 TRIGGER_NAME = "activedb_capture"
@@ -27,9 +30,10 @@ CONSUMERS = "activedb_capture_consumers"
 
 
 def check_table_name(name: object) -> str:
-    """``name`` if it can name a PostgreSQL table (a non-empty string without NUL), else ValueError."""
+    """``name`` if it can name a PostgreSQL table (a non-empty string without NUL), else :class:`UnknownTable`."""
     if not isinstance(name, str) or not name or "\x00" in name:
-        raise ValueError(f"not a table name: {name!r}")
+        raise UnknownTable(f"not a table name: {name!r}; name the table to capture by a non-empty string without "
+                           f"NUL characters, as the table is called in PostgreSQL")
     return name
 
 

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from activedb import _embedded
+from activedb import UnknownTable, _embedded
 from tests.capture.conftest import libpq
 
 OTHER_ROLE = "activedb_test_other"
@@ -208,6 +208,8 @@ def test_enable_and_disable_capture_print_offline_sql_that_quotes_any_name(clean
                 assert triggers.fetchone() == (installed,)
             assert [captured.name for captured in db.capture.tables() if captured.name == name] == [name] * installed
         assert db.capture.is_captured("orders")
+        with pytest.raises(UnknownTable, match="without NUL characters"):
+            enable_capture(Operations(context), "no\x00such")
     finally:
         table.drop(db.engine)
 
