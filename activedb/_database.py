@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine, URL, make_url
 
 from activedb import _embedded, _migrate
+from activedb._logfile import route_to_home_log
 from activedb.atomic import Batches
 from activedb.capture import CaptureManager
 from activedb.capture.errors import CaptureNotEnabledWarning
@@ -107,6 +108,7 @@ def create_engine(url: URL, **options: Any) -> Engine:
     options.setdefault("pool_size", 10)
     options.setdefault("max_overflow", 30)
     options.setdefault("pool_use_lifo", True)         # (connect's docstring: why)
+    options.setdefault("pool_logging_name", "activedb")  # its own logger, routed to activedb's log file
     return sa.create_engine(url, connect_args=connect_args, **options)
 
 
@@ -415,6 +417,8 @@ def connect(url: str | URL | None = None, *, home: str | Path | None = None, upg
         url = os.environ.get("ACTIVEDB_DATABASE_URL") or None       # neither: the embedded server
     server = None if url is not None else _embedded.start(Path(home) if home else None, keep_running=keep_server)
     engine = create_engine(normalise_url(url) if server is None else make_url(server.url()), **engine_options)
+    route_to_home_log(server.data_directory.parent if server is not None else
+                      Path(home).expanduser() if home else _embedded.default_home(), engine.pool.logger.name)
     check_reachable(engine)
     database = Database(engine, embedded=server, record_history=record_history, max_workers=max_workers,
                         victim_policy=victim_policy, lock_timeout=lock_timeout,

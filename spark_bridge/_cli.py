@@ -524,6 +524,8 @@ def _load_app(app: str, verbose: bool) -> Any:
 
     if not verbose:
         logging.getLogger("activedb.rules").setLevel(logging.CRITICAL)
+    else:      # on the console too (activedb's log file has them either way)
+        logging.getLogger("activedb.rules").addHandler(logging.StreamHandler())
     try:
         return spark_bridge.load_app(app, require_mapping=True)
     except SparkBridgeError as error:

@@ -72,8 +72,10 @@ def get_spark(app_name: str = "activedb", *, master: str = "local[2]", fast_chec
     ``k8s://…``; ``conf["spark.master"]`` wins over it) — what the executors then need: README.md,
     "Running on a cluster".  ``py_files``: ``.py``, ``.zip`` or ``.egg`` files the executors' Python
     workers import (``SparkContext.addPyFile``, what spark-submit's ``--py-files`` does).
-    ``warnings_to``: if this call starts the JVM, its warning lines go to that file instead of the
-    console (README.md, "The console").
+    ``warnings_to``: if this call starts the JVM, what the JVM and Spark's log print on its stderr — the
+    JVM's own warnings, every log4j record with its stack trace — goes to that file instead of the console
+    (README.md, "The console"); default ``$ACTIVEDB_HOME/logs/spark.log``.  Other lines (a Python
+    worker's output) still reach the console.
 
     Resolves Java first (:func:`spark_bridge._java.ensure_java`, which sets
     ``JAVA_HOME``); for a ``local`` master also sets ``SPARK_LOCAL_IP=127.0.0.1``, and
@@ -106,7 +108,11 @@ def get_spark(app_name: str = "activedb", *, master: str = "local[2]", fast_chec
     builder = SparkSession.builder
     for key, value in settings.items():
         builder = builder.config(key, value)
-    if warnings_to is not None and SparkSession.getActiveSession() is None:
+    if SparkSession.getActiveSession() is None:
+        if warnings_to is None:
+            from activedb import default_home
+
+            warnings_to = default_home() / "logs" / "spark.log"
         session = _with_quiet_stderr(builder.getOrCreate, Path(warnings_to))
     else:
         session = builder.getOrCreate()
@@ -119,21 +125,34 @@ def get_spark(app_name: str = "activedb", *, master: str = "local[2]", fast_chec
     return session
 
 
-_WARNING_LINE = re.compile(rb"^(WARNING: |\S+ \S+ WARN |Picked up )")
+# A line the JVM prints itself (``WARNING: Using incubator modules …``, ``Picked up JAVA_TOOL_OPTIONS``) or
+# that starts a log4j record (``log4j2.properties``: ``%d{yy/MM/dd HH:mm:ss} %p %c{1}: …``, any level).
+_LOG_LINE = re.compile(rb"^(WARNING: |Picked up |\S+ \S+ (?:TRACE|DEBUG|INFO|WARN|ERROR|FATAL) )")
+# The rest of a log4j record: its exception (``%ex``) — frames, causes, ``... N more`` — indented or not.
+_CONTINUATION = re.compile(rb"^(\s|Caused by: |Suppressed: |[\w$.]+(?:Exception|Error|Throwable)\b)")
+
+
+def to_log(line: bytes, in_record: bool) -> bool:
+    """Whether a line of the JVM's stderr belongs in the log file: it starts a log4j record or is a line the
+    JVM prints itself, or (``in_record``: the line before went to the log) continues that record."""
+    return bool(_LOG_LINE.match(line)) or (in_record and bool(_CONTINUATION.match(line)))
 
 
 def _with_quiet_stderr(start, log_path: Path):
     """Run ``start()`` (which launches the JVM) with file descriptor 2 on a pipe, so that the JVM
-    inherits the pipe as its stderr; a daemon thread copies warning lines to ``log_path`` and everything
-    else to the original stderr, for as long as the JVM lives.  Python's own fd 2 is restored at once."""
+    inherits the pipe as its stderr; a daemon thread copies the lines :func:`to_log` picks to ``log_path``
+    and everything else to the original stderr, for as long as the JVM lives.  Python's own fd 2 is
+    restored at once."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     read_end, write_end = os.pipe()
     original = os.dup(2)
 
     def pump() -> None:
+        in_record = False
         with os.fdopen(read_end, "rb") as source, open(log_path, "ab") as log:
             for line in source:
-                if _WARNING_LINE.match(line):
+                in_record = to_log(line, in_record)
+                if in_record:
                     log.write(line)
                     log.flush()
                 else:

@@ -129,8 +129,19 @@ def database_url(pg_server, request):
     drop_database(pg_server, name)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def log_home(tmp_path_factory) -> Path:
+    """Where this session's activedb log (``logs/activedb.log``, see ``activedb._logfile``) and Spark's go: a
+    temporary directory, never the user's home (a process routes its log to the first home it is given)."""
+    from activedb._logfile import route_to_home_log
+
+    home = tmp_path_factory.mktemp("log-home")
+    route_to_home_log(home)
+    return home
+
+
 @pytest.fixture(scope="session")
-def spark(tmp_path_factory):
+def spark(tmp_path_factory, log_home):
     """One local SparkSession for the whole test session, built by :func:`spark_bridge.get_spark`
     (``local[2]``, UI off, two shuffle partitions, fast checkpoint log) — the configuration users
     get.  Starting Spark takes about five seconds, so only tests that ask for it pay it; mark them
@@ -138,7 +149,8 @@ def spark(tmp_path_factory):
     from spark_bridge.session import get_spark
 
     warehouse = tmp_path_factory.mktemp("spark-warehouse")
-    session = get_spark("activedb-tests", conf={"spark.sql.warehouse.dir": str(warehouse)})
+    session = get_spark("activedb-tests", conf={"spark.sql.warehouse.dir": str(warehouse)},
+                        warnings_to=log_home / "logs" / "spark.log")
     yield session
     session.stop()
 

@@ -148,6 +148,9 @@ def _run_example(code: str, database_url: str, tmp_path: Path, *, timeout: float
         raise AssertionError(f"the example did not finish in {timeout} s: {(expired.stderr or b'')[-3000:]!r}") \
             from None
     assert done.returncode == 0, done.stderr[-3000:]
+    # Nothing on the console but what the example prints: Spark's and the JVM's lines go to
+    # $ACTIVEDB_HOME/logs/spark.log, activedb's threads' to $ACTIVEDB_HOME/logs/activedb.log.
+    assert done.stderr == "", done.stderr[-3000:]
     return done.stdout
 
 

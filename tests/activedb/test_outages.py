@@ -277,6 +277,36 @@ def test_a_lost_connection_is_put_down_to_a_full_disk_only_by_a_recent_panic_in_
         assert type(error) is DatabaseUnavailable and "lost the connection" in str(error)
 
 
+def test_a_terminated_backend_leaves_a_quiet_console_and_its_story_in_activedbs_log(database_url, tmp_path):
+    """A backend terminated under a pooled connection in a transaction: the pool's failed reset ("Exception during
+    reset or similar", a traceback) and what activedb's threads log go to ``$ACTIVEDB_HOME/logs/activedb.log``,
+    not to the console of a program that configured no logging."""
+    script = tmp_path / "terminated.py"
+    script.write_text(
+        "import logging, sys\n"
+        "import sqlalchemy as sa\n"
+        "import activedb\n"
+        "db = activedb.connect(sys.argv[1])\n"
+        "raw = db.engine.raw_connection()\n"
+        "cursor = raw.cursor()\n"
+        "cursor.execute('SELECT pg_backend_pid()')\n"
+        "pid = cursor.fetchone()[0]                      # now in a transaction\n"
+        "with db.engine.connect() as admin:\n"
+        "    admin.execute(sa.text('SELECT pg_terminate_backend(:pid)'), {'pid': pid})\n"
+        "raw.close()                                     # the pool's rollback fails: it logs and discards it\n"
+        "logging.getLogger('activedb.capture').error('capture consumer %r: %s', 'c1', 'lost its connection')\n"
+        "db.close()\n"
+        "print('done')\n")
+    home = tmp_path / "home"
+    done = subprocess.run([sys.executable, str(script), database_url], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "ACTIVEDB_HOME": str(home)})
+    assert (done.returncode, done.stdout) == (0, "done\n"), done.stderr[-3000:]
+    assert done.stderr == "", done.stderr[-3000:]
+    log = (home / "logs" / "activedb.log").read_text()
+    assert "Exception during reset or similar" in log and "Traceback" in log, log[-3000:]
+    assert "ERROR activedb.capture: capture consumer 'c1': lost its connection" in log, log[-3000:]
+
+
 def test_the_cli_prints_a_database_failure_no_layer_wrapped_as_one_line_not_a_traceback():
     import click
     from click.testing import CliRunner
