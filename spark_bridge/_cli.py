@@ -27,6 +27,7 @@ import click
 from activedb.cli.dead_letters import letter_filter, letter_filters
 from activedb.metrics import metrics_port_option, start_metrics
 
+from spark_bridge._file_order import FileOrder, check_file_order
 from spark_bridge._sources import SOURCE_FORMS, build_stream, is_missing_data_source, kafka_hint, parse_source
 from spark_bridge._status_cli import status_command
 from spark_bridge.errors import SparkBridgeError, describe, first_line
@@ -346,6 +347,12 @@ def _checkpoint_lock(checkpoint_dir: Path, name: str):
 @click.option("--format", "file_format", type=click.Choice(["json", "csv", "parquet"]), default="json",
               show_default=True, help="File format of a file source.")
 @click.option("--max-files-per-trigger", type=int, default=None, help="File source: files per micro-batch.")
+@click.option("--file-order", type=click.Choice([order.value for order in FileOrder]), default=FileOrder.CHECK.value,
+              show_default=True,
+              help="File source with --max-files-per-trigger (JSON lines): Spark reads files oldest-modified first, "
+                   "so files whose modification times contradict their events (a copy that did not keep them) "
+                   "would make events late. check: refuse to start, saying which; events: set the times in the "
+                   "order of the events first; as-is: read them as they are.")
 @click.option("--rows-per-second", type=int, default=100, show_default=True, help="Rate source: rows per second.")
 @click.option("--trigger", default=None, help="Processing-time trigger, e.g. '5 seconds' (default: back to back).")
 @click.option("--available-now", is_flag=True, help="Process what is available now, then stop.")
@@ -371,7 +378,7 @@ def _checkpoint_lock(checkpoint_dir: Path, name: str):
 @metrics_port_option
 @click.pass_context
 def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str | None, query_name: str | None,
-                reset: bool, file_format: str, max_files_per_trigger: int | None, rows_per_second: int,
+                reset: bool, file_format: str, max_files_per_trigger: int | None, file_order: str, rows_per_second: int,
                 trigger: str | None, available_now: bool, watermark_delay: str | None, partitions: int | None,
                 packages: str | None, spark_conf_entries: tuple[str, ...], verbose: bool,
                 on_partition_failure: str | None = None, metrics_port: str | None = None, master: str = "local[2]",
@@ -417,6 +424,14 @@ def run_command(ctx: click.Context, app: str, source_text: str, checkpoint: str 
 
     if reset and loaded.reset is None:
         raise click.ClickException(f"--reset: application {loaded.name} has no reset(db) function")
+    if source.kind == "file" and max_files_per_trigger and file_format == "json":     # before anything is read
+        try:
+            retimed = check_file_order(Path(source.path), loaded.mapping.ts_column, max_files_per_trigger,
+                                       FileOrder(file_order))
+        except SparkBridgeError as error:
+            raise click.ClickException(str(error)) from None
+        if retimed:
+            console.print(retimed, highlight=False)
     held = contextlib.ExitStack()        # the checkpoint's lock, until the end of the run
     held.enter_context(_checkpoint_lock(checkpoint_dir, name))
     try:

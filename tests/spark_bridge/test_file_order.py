@@ -1,0 +1,84 @@
+"""A file source whose modification times contradict its events (a copy that did not keep them): ``activedb
+run --max-files-per-trigger`` refuses before reading anything, saying which files; ``--file-order events``
+sets the times from the events, and the result is the one the events' own order gives — the application's
+time decides, not the files' (one real ``activedb run``: Spark ``local[2]``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import spark_bridge
+from spark_bridge._file_order import FileOrder, check_file_order, contradictions, scan_files
+from spark_bridge.errors import SourceError
+from tests.spark_bridge._streams import APP_FILE, app_database, app_state, apply_directly, counter_workload, write_files
+from tests.spark_bridge._waits import DRIVER_WAIT_SECONDS
+
+SHUFFLE = [2, 0, 3, 1]       # file i gets the i-th of these modification times: not the events' order
+
+
+def copied_without_times(source, target):
+    """What `cp -r` does to the times: the copies' modification times are the copy's, here in SHUFFLE's order."""
+    target.mkdir()
+    names = sorted(path.name for path in source.iterdir())
+    for name, rank in zip(names, SHUFFLE):
+        shutil.copyfile(source / name, target / name)
+        os.utime(target / name, (1_800_000_000 + rank, 1_800_000_000 + rank))
+
+
+def test_the_check_finds_files_whose_times_contradict_their_events(tmp_path):
+    workload = counter_workload(files=4, rows_per_file=10, seed=3)      # file i: minute i
+    write_files(tmp_path / "written", workload.batches)
+    assert contradictions(scan_files(tmp_path / "written", "ts"), 1) == []
+    copied_without_times(tmp_path / "written", tmp_path / "copy")
+    files = scan_files(tmp_path / "copy", "ts")
+    timed = [row for row in workload.good + workload.malformed if row["ts"] != "yesterday"]
+    assert sum(file.events for file in files) == len(timed)             # a time that does not parse is skipped
+    late = {file.path.name for file, _ in contradictions(files, 1)}
+    assert late == {"part-000.json", "part-002.json"}, late              # read after part-003 (minute 3)
+    assert contradictions(files, 4) == []                                # one batch: the sink orders it
+    with pytest.raises(SourceError, match=r"2 file\(s\) \(\d+ events\) would be read after a file whose events "
+                                          r"are all later .*--file-order events.*nothing was read"):
+        check_file_order(tmp_path / "copy", "ts", 1, FileOrder.CHECK)
+    assert check_file_order(tmp_path / "copy", "ts", 1, FileOrder.AS_IS) is None
+    assert "set the modification times of the 4 files" in check_file_order(tmp_path / "copy", "ts", 1,
+                                                                              FileOrder.EVENTS)
+    assert contradictions(scan_files(tmp_path / "copy", "ts"), 1) == []
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_run_refuses_a_shuffled_copy_then_reads_it_in_the_events_order(tmp_path, make_database_url):
+    workload = counter_workload(files=4, rows_per_file=20, seed=11)
+    write_files(tmp_path / "written", workload.batches)
+    copied_without_times(tmp_path / "written", tmp_path / "copy")
+    url = make_database_url("file_order")
+    environment = {**os.environ, "COLUMNS": "250", "ACTIVEDB_HOME": str(tmp_path / "home")}
+    command = [sys.executable, "-m", "activedb.cli", "--url", url, "run", APP_FILE, "--source",
+               f"file:{tmp_path / 'copy'}", "--checkpoint", str(tmp_path / "checkpoint"), "--query-name", "copy",
+               "--max-files-per-trigger", "1", "--available-now"]
+    refused = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=DRIVER_WAIT_SECONDS)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    message = " ".join(refused.stderr.split())
+    assert "are not in the order of their events by modification time" in message, message
+    assert "part-000.json" in message and "nothing was read" in message and "starting Spark" not in refused.stdout
+
+    done = subprocess.run([*command, "--file-order", "events"], capture_output=True, text=True, env=environment,
+                          timeout=DRIVER_WAIT_SECONDS)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "set the modification times of the 4 files" in " ".join(done.stdout.split())
+    database = app_database(url)
+    direct = app_database(make_database_url("file_order_direct"))
+    try:
+        reference = apply_directly(direct, workload.good)
+        assert app_state(database) == app_state(direct)                  # the events' order, not the copy's
+        [status] = spark_bridge.ingestion_status(database, "copy")
+        assert (status.batches, status.events) == (4, reference.applied)
+        assert status.dead_letters == len(workload.malformed) + reference.rejected
+    finally:
+        direct.close()
+        database.close()
