@@ -175,7 +175,8 @@ def write_event_files(directory: str | Path, *, events: int = 400, workers: int 
         "note: --reset empties the application's tables first: they keep what earlier runs (and the demo) left, "
         "and events older than a worker's last applied event would be rejected as late (dead letters). It is "
         "refused once the query has progress: run again without it to resume, or add --query-name NEW to start "
-        "over.", highlight=False)
+        "over. The files' modification times follow their events (Spark reads files oldest-modified first): "
+        "copy the folder with `cp -rp` to keep them.", highlight=False)
     return written
 
 
