@@ -22,6 +22,11 @@ def _rule_state(row: dict) -> str:
     return "removed" if row.get("removed_at") is not None else "enabled" if row["enabled"] else "disabled"
 
 
+def _words(value: str) -> str:
+    """A coupling mode as words (``detached causally dependent``), so that a narrow column wraps between them."""
+    return value.replace("_", " ")
+
+
 def _rule_rows(database, *, include_removed: bool, module: str | None) -> list[dict]:
     counts = database.rules.firing_counts()
     result = []
@@ -59,21 +64,26 @@ def rules_list(ctx: click.Context, include_removed: bool, module: str | None, as
         out.print("no rules" + (f" of module {module}" if module else "") + " in activedb_rules"
                   + ("" if include_removed else " (--all includes removed ones)"), highlight=False)
         return
-    table = Table(title="rules (activedb_rules)")
-    for column, options in (("name", {"no_wrap": True}), ("event", {"overflow": "fold"}),
-                            ("coupling", {"overflow": "fold"}), ("prio", {"justify": "right"}),
-                            ("ver", {"justify": "right"}), ("state", {}), ("fired", {"justify": "right"}),
-                            ("last fired", {}), ("module", {"overflow": "fold"})):
-        table.add_column(column, **options)
-    styles = {"enabled": "green", "disabled": "yellow", "removed": "dim"}
+    # One table per module (its name in the title, whole) and coupling modes as words: columns wrap between
+    # words, never inside one.
+    by_module: dict[str, list[dict]] = {}
     for row in rows:
-        last = row["last_fired"].strftime("%Y-%m-%d %H:%M") if row["last_fired"] else "-"
-        coupling = row["coupling"] + ("" if row["action_coupling"] == "immediate" else
-                                      f" (C-A {row['action_coupling']})")
-        table.add_row(row["name"], row["event"], coupling,
-                      "-" if row["priority"] is None else str(row["priority"]), str(row["version"]),
-                      f"[{styles[row['state']]}]{row['state']}[/]", f"{row['fired']:,}", last, row["module"] or "-")
-    out.print(table)
+        by_module.setdefault(row["module"] or "-", []).append(row)
+    styles = {"enabled": "green", "disabled": "yellow", "removed": "dim"}
+    for name, members in sorted(by_module.items()):
+        table = Table(title=f"rules of {name} (activedb_rules)")
+        for column, options in (("name", {"no_wrap": True}), ("event", {}), ("coupling", {"min_width": 10}),
+                                ("prio", {"justify": "right"}), ("ver", {"justify": "right"}), ("state", {}),
+                                ("fired", {"justify": "right"}), ("last fired", {})):
+            table.add_column(column, **options)
+        for row in members:
+            last = row["last_fired"].strftime("%Y-%m-%d %H:%M") if row["last_fired"] else "-"
+            coupling = _words(row["coupling"]) + ("" if row["action_coupling"] == "immediate" else
+                                                  f" (C-A {_words(row['action_coupling'])})")
+            table.add_row(row["name"], row["event"], coupling,
+                          "-" if row["priority"] is None else str(row["priority"]), str(row["version"]),
+                          f"[{styles[row['state']]}]{row['state']}[/]", f"{row['fired']:,}", last)
+        out.print(table)
 
 
 @rules.command("show")

@@ -12,8 +12,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import sys
 import threading
 import warnings
+from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 import sqlalchemy as sa
@@ -119,10 +121,15 @@ class RuleRegistry:
 
     @staticmethod
     def module_of(rule: Rule) -> str:
-        """The Python module that declared ``rule``: its action function's, or its ``Rule`` subclass's."""
+        """Who declared ``rule``: the module of its action function (or of its ``Rule`` subclass) — for a
+        script, the name it runs as (``python -m pkg.tool``: ``pkg.tool``) or its file name (``python
+        tool.py``: ``tool.py``), never ``__main__``; likewise the file name of a module imported from a file
+        under a name of its own (``activedb run app.py``)."""
         if isinstance(rule, FunctionRule):
-            return getattr(rule.action_function(), "__module__", None) or "?"
-        return type(rule).__module__
+            name = getattr(rule.action_function(), "__module__", None) or "?"
+        else:
+            name = type(rule).__module__
+        return _declared_by(name)
 
     @staticmethod
     def _validate_external(rule: Rule) -> None:
@@ -321,3 +328,18 @@ class RuleRegistry:
         self._matching = {}
         self.observed_tables = frozenset(rule.on.source for rule in self._rules.values()
                                          if rule.enabled and rule.on.is_data and rule.on.origin is Origin.ACTIVEDB)
+
+
+def _declared_by(name: str) -> str:
+    """``name`` of a module as ``activedb rules list`` shows it: as imported, unless the name is not one a
+    user knows it by (``__main__``, or a name that is not its file's) — then the name it runs as or its file."""
+    module = sys.modules.get(name)
+    file = getattr(module, "__file__", None)
+    if name == "__main__":
+        spec = getattr(module, "__spec__", None)
+        if spec is not None and spec.name and spec.name != "__main__":
+            return spec.name                          # python -m pkg.tool
+        return Path(file).name if file else name       # python tool.py
+    if file and Path(file).stem not in (name.rpartition(".")[2], "__init__"):
+        return Path(file).name                         # imported from a file under a name of its own
+    return name

@@ -97,6 +97,35 @@ def test_rules_list_show_enable_disable_remove(db, database_url):
     assert missing.output.startswith("activedb: error: ") and "Error:" not in shown.output
 
 
+def test_rules_list_names_a_scripts_rules_by_its_file_and_breaks_no_word(db, database_url, tmp_path):
+    """A script's rules are listed under its file name, not ``__main__``; at 160 columns the table wraps
+    between words (coupling modes as words, module paths whole), never inside one."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "hygiene_tool.py"
+    script.write_text(
+        "import sys\n"
+        "import activedb\n"
+        "from activedb import Coupling\n"
+        "db = activedb.connect(sys.argv[1])\n"
+        "db.rule(on=db.signalled('tool_ping'), coupling=Coupling.EXCLUSIVE_CAUSALLY_DEPENDENT,\n"
+        "        name='compensate_a_badge_event_the_tool_rejected')(lambda tx, event: None)\n"
+        "db.close()\n")
+    subprocess.run([sys.executable, str(script), database_url], check=True, timeout=120, capture_output=True)
+    db.rule(on=db.signalled("tool_pong"), coupling="sequential_causally_dependent",
+            name="report_the_incident_to_the_ward")(nothing)
+    listed = {row["name"]: row for row in json.loads(invoke(database_url, "rules", "list", "--json").output)}
+    assert listed["compensate_a_badge_event_the_tool_rejected"]["module"] == "hygiene_tool.py"
+    assert listed["report_the_incident_to_the_ward"]["module"] == __name__
+    table = CliRunner().invoke(main, ["--url", database_url, "rules", "list"], env={"COLUMNS": "160"}).output
+    lines = table.splitlines()
+    assert max(len(line) for line in lines) <= 160, table
+    for whole in ("compensate_a_badge_event_the_tool_rejected", "report_the_incident_to_the_ward", "hygiene_tool.py",
+                  __name__, "exclusive", "causally", "dependent", "sequential", "signal(tool_ping)"):
+        assert any(whole in line for line in lines), (whole, table)
+
+
 def test_rules_of_another_app_are_pruned_by_module(db, database_url):
     with db.engine.begin() as connection:       # rules another application declared on this shared database
         for name in ("other_a", "other_b"):
