@@ -6,6 +6,8 @@ Pure functions of an immutable explanation; thread-safe.  matplotlib is imported
 
 from __future__ import annotations
 
+import math
+import textwrap
 from typing import TYPE_CHECKING
 
 from activedb.extras import Extra, needs
@@ -29,6 +31,10 @@ _STATE_COLOURS = {"active": "#dbeafe", "committing": "#fef3c7", "committed": "#d
 _WAITING_EDGE = "#f97316"
 _CYCLE_COLOUR = "#b91c1c"
 _MAX_LOCK_LINES = 4
+_LINE_WIDTH = 48             # characters of a box's line: names wrap at it, lock lines are shortened to it
+_CHARACTER_INCHES = 0.068    # the width of an average character at the boxes' font size (8 pt DejaVu Sans)
+_MAX_BEND = 0.9              # the largest bend tried (matplotlib's arc3 rad)
+_MAX_BULGE_LEVELS = 0.9      # how far a bent wait may leave its straight line, in levels of the tree
 _REGISTERED_KINDS = ("dependency", "nested", "children")
 
 
@@ -73,19 +79,24 @@ def _layout(explanation: Explanation) -> dict[str, tuple[float, float]]:
 
 
 def _label(node: ExplainNode) -> str:
-    lines = [node.tid + (f"  {node.name}" if node.name else ""), node.state + (" — waiting" if node.waiting else "")]
+    """The box's text: the id and the whole name (wrapped between words onto lines of its own when long,
+    never cut), the state, then the locks (many summarised) and what it waits for (long ones shortened)."""
+    title = node.tid + (f"  {node.name}" if node.name else "")
+    head = [title] if len(title) <= _LINE_WIDTH else [
+        node.tid, *textwrap.wrap(node.name or "", _LINE_WIDTH, break_on_hyphens=False)]
+    head.append(node.state + (" — waiting" if node.waiting else ""))
     locks = ([f"holds {lock.describe()}" for lock in node.held]
              + [f"retains {lock.describe()}" for lock in node.retained])
     if len(locks) > _MAX_LOCK_LINES:
         locks = _summary("holds", node.held) + _summary("retains", node.retained)
     if len(locks) > _MAX_LOCK_LINES:
         locks = locks[:_MAX_LOCK_LINES - 1] + [f"… and {len(locks) - _MAX_LOCK_LINES + 1} more locks"]
-    lines += locks
+    tail = locks
     if node.waiting_for is not None:
-        lines.append(f"wants {node.waiting_for.describe()}")
+        tail.append(f"wants {node.waiting_for.describe()}")
     if node.registered_wait is not None:
-        lines.append(f"in a {node.registered_wait} wait")
-    return "\n".join(_shorten(line) for line in lines)
+        tail.append(f"in a {node.registered_wait} wait")
+    return "\n".join(head + [_shorten(line, _LINE_WIDTH) for line in tail])
 
 
 def _summary(verb: str, locks: tuple[HeldLock, ...]) -> list[str]:
@@ -103,7 +114,7 @@ def _summary(verb: str, locks: tuple[HeldLock, ...]) -> list[str]:
     return lines + tables
 
 
-def _shorten(line: str, width: int = 44) -> str:
+def _shorten(line: str, width: int) -> str:
     return line if len(line) <= width else line[:width - 1] + "…"
 
 
@@ -156,16 +167,27 @@ def draw(explanation: Explanation, dpi: int):
     positions = _layout(explanation)
     columns = max([x for x, _ in positions.values()], default=0.0) + 1
     levels = max([-y for _, y in positions.values()], default=0.0) + 1
-    x_scale, y_scale = 3.3, 2.0
-    figure = Figure(figsize=(max(7.0, columns * x_scale + 1.0), max(3.6, levels * y_scale + 2.2)), dpi=dpi)
+    labels = {node.tid: _label(node) for node in explanation.nodes}
+    widest = max((len(line) for label in labels.values() for line in label.splitlines()), default=0)
+    x_scale, y_scale = max(3.3, widest * _CHARACTER_INCHES + 0.5), 2.0     # a column as wide as its widest box
+    points = {tid: (x * x_scale, y * y_scale) for tid, (x, y) in positions.items()}
+    # A wait between distant boxes is bent around the boxes between them: at most ``bulge`` away from the
+    # straight line.  One along a row, past other boxes, may leave the rows: the picture has room for that.
+    bulge = y_scale * _MAX_BULGE_LEVELS
+    along_rows = [abs(points[edge.waiter][0] - points[edge.target][0]) for edge in explanation.edges
+                  if edge.kind != "child" and edge.waiter in points and edge.target in points
+                  and abs(points[edge.waiter][1] - points[edge.target][1]) < y_scale / 2]
+    longest = max((distance for distance in along_rows if distance > 1.5 * x_scale), default=0.0)
+    extra = max(0.0, min(bulge, _MAX_BEND * longest / 2) - y_scale * 0.5)
+    figure = Figure(figsize=(max(7.0, columns * x_scale + 1.0), max(3.6, levels * y_scale + 2.2 + 2 * extra)),
+                    dpi=dpi)
     canvas = FigureCanvasAgg(figure)
     axes = figure.add_subplot()
     axes.set_axis_off()
-    points = {tid: (x * x_scale, y * y_scale) for tid, (x, y) in positions.items()}
     xs = [x for x, _ in points.values()] or [0.0]
     ys = [y for _, y in points.values()] or [0.0]
     axes.set_xlim(min(xs) - x_scale * 0.7, max(xs) + x_scale * 0.7)
-    axes.set_ylim(min(ys) - y_scale * 0.75, max(ys) + y_scale * 0.75)
+    axes.set_ylim(min(ys) - y_scale * 0.75 - extra, max(ys) + y_scale * 0.75 + extra)
 
     texts = {}
     for node in explanation.nodes:
@@ -173,7 +195,7 @@ def draw(explanation: Explanation, dpi: int):
         victim = node.tid == explanation.victim
         colour = _STATE_COLOURS.get(node.state, "#f3f4f6")
         border = _CYCLE_COLOUR if victim else (_WAITING_EDGE if node.waiting else "#374151")
-        label = _label(node) + ("\ndeadlock victim" if victim else "")
+        label = labels[node.tid] + ("\ndeadlock victim" if victim else "")
         texts[node.tid] = axes.text(
             x, y, label, ha="center", va="center", fontsize=8, family="DejaVu Sans", zorder=3,
             bbox=dict(boxstyle="round,pad=0.45", facecolor=colour, edgecolor=border,
@@ -207,8 +229,11 @@ def draw(explanation: Explanation, dpi: int):
             others = [box for tid, box in boxes.items() if tid not in (edge.waiter, edge.target)]
             # The first bend whose arc passes no other box (else the first one).
             candidates = [base, -base] + [sign * bend for bend in (0.35, 0.5, 0.7, 0.9) for sign in (1, -1)]
+            distance = math.dist(points[edge.waiter], points[edge.target])
+            candidates = [math.copysign(min(abs(candidate), 2 * bulge / distance), candidate) if distance else candidate
+                          for candidate in candidates]
             rad = next((candidate for candidate in candidates
-                        if not _crosses(points[edge.waiter], points[edge.target], candidate, others)), base)
+                        if not _crosses(points[edge.waiter], points[edge.target], candidate, others)), candidates[0])
         vertices, middle = _clipped_curve(points[edge.waiter], points[edge.target], rad,
                                           boxes[edge.waiter], boxes[edge.target])
         path = CurvePath(vertices, [CurvePath.MOVETO, CurvePath.CURVE3, CurvePath.CURVE3])

@@ -302,3 +302,21 @@ def test_nested_and_children_waits_are_drawn(db, tmp_path):
     assert graph.edges[ids["parent"], child]["kind"] == "commit"
     assert graph.nodes[child]["name"] == "slow child"
     assert_png(explanation.render(tmp_path / "registered.png"))
+
+
+def test_a_box_shows_a_transactions_whole_name():
+    """Names are never cut in a picture (it had 'rule:alert_violat…' with room to spare): a long one wraps
+    between words onto lines of its own, and the columns are as wide as the widest box."""
+    from activedb.explain import ExplainNode, HeldLock
+    from activedb.explain._drawing import draw
+
+    deep = "T73353.73409.73413.73414"
+    long_name = "s-transaction SANITIZE^6401.125 of worker w11 in room3, released by the punctuation"
+    explanation = Explanation(nodes=(
+        ExplainNode("T73353", None, None, "active", 0),
+        ExplainNode(deep, "T73353", "rule:alert_violation", "active", 1, held=(HeldLock("alerts[1081]", "WRITE"),)),
+        ExplainNode("T73353.2", "T73353", long_name, "active", 1)), edges=())
+    texts = [text.get_text() for text in draw(explanation, 100).axes[0].texts]
+    assert f"{deep}  rule:alert_violation" in texts[1].splitlines()
+    assert " ".join(texts[2].split()).startswith(f"T73353.2 {long_name}"), texts[2]
+    assert not any("…" in text for text in texts), texts
