@@ -1,5 +1,6 @@
 """``.ci/run`` runs what the README says: its test command verbatim, then the ``server`` part of the suite
-against the distribution's PostgreSQL (and the list of that part names files that exist)."""
+against the distribution's PostgreSQL (and the list of that part names files that exist), then builds the
+documentation site with warnings as errors."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ def test_ci_runs_the_readme_test_command_then_the_server_part():
     assert commands[0] == test_command
     assert commands[1] == ".ci/with-distribution-postgres .venv/bin/python -m pytest -m server"
     assert commands[1] in " ".join(readme.split())
+    assert commands[2] == ".venv/bin/pip install -q -e '.[docs]' && NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict"
+    assert "strict: true" in (ROOT / "mkdocs.yml").read_text()
 
 
 def test_the_server_part_names_existing_tests():

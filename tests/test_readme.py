@@ -93,9 +93,12 @@ class Block:
 
 
 def readmes() -> list[Path]:
-    return sorted(path for path in ROOT.glob("**/README.md")
-                  if not {".venv", "node_modules", "build"} & set(path.relative_to(ROOT).parts)
-                  and ".egg-info" not in str(path))
+    """Every README and every page of the documentation site (``docs/``: the tutorial, the how-to guides):
+    their ``python`` blocks are examples alike."""
+    found = [path for path in [*ROOT.glob("**/README.md"), *ROOT.glob("docs/**/*.md")]
+             if not {".venv", "node_modules", "build"} & set(path.relative_to(ROOT).parts)
+             and ".egg-info" not in str(path)]
+    return sorted(found)
 
 
 def blocks(readme: Path) -> list[Block]:
@@ -121,8 +124,8 @@ def test_every_readme_block_is_a_complete_example_or_a_marked_fragment():
         if block.fragment:
             assert len(block.code.splitlines()[0]) > len(FRAGMENT) + 10, f"{block}: say what the fragment continues"
             earlier = [other for other in ALL_BLOCKS if other.readme == block.readme and other.line < block.line]
-            assert any(not other.fragment for other in earlier) or "README" in block.code.splitlines()[0], \
-                f"{block}: a fragment continues a complete example above it, or names the README that has it"
+            assert any(not other.fragment for other in earlier) or re.search(r"README|\.md\b", block.code.splitlines()[0]), \
+                f"{block}: a fragment continues a complete example above it, or names the README or page that has it"
         else:
             assert block.expected is not None, \
                 f"{block}: a complete example is followed by 'It prints `…`', 'It prints nothing' or 'It prints:' " \
