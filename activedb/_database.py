@@ -18,6 +18,7 @@ from activedb._logfile import route_to_home_log
 from activedb.atomic import Batches
 from activedb.capture import CaptureManager
 from activedb.capture.errors import CaptureNotEnabledWarning
+from activedb.clock import SYSTEM_CLOCK, Clock
 from activedb.errors import (BadDatabaseURL, DeadlockDetected, RuleError, SerializationConflict, TransactionError,
                              database_failure)
 from activedb.events import EventKind, EventSpec, Origin, Punctuations, Watermark
@@ -160,8 +161,11 @@ class Database:
     def __init__(self, engine: Engine, *, embedded: _embedded.EmbeddedServer | None = None,
                  max_cascade_depth: int = 16, max_deferred_cycles: int = 100, rule_execution: str = "threads",
                  explain_deadlocks: bool = False, outbox_options: dict[str, Any] | None = None,
-                 **transaction_options: Any):
+                 clock: Clock | None = None, **transaction_options: Any):
         self.engine = engine
+        #: The clock of system time (``activedb.clock``): what rules read as "now", composite engines' timeouts,
+        #: the outbox's recovery passes.  ``ManualClock`` in tests.
+        self.clock: Clock = clock if clock is not None else SYSTEM_CLOCK
         self.embedded = embedded
         self._closed = False
         # Hot keys: per function run by ``run``, the tables whose plain reads it learned to make for update.
@@ -174,7 +178,7 @@ class Database:
         self.rules = RuleManager(self.catalog, self.transactions, max_cascade_depth=max_cascade_depth,
                                  max_deferred_cycles=max_deferred_cycles, execution=rule_execution)
         #: Detached-family firings, recorded durably and run exactly once (``activedb/outbox/README.md``).
-        self.outbox = Outbox(self.catalog, self.transactions, self.rules, **(outbox_options or {}))
+        self.outbox = Outbox(self.catalog, self.transactions, self.rules, clock=self.clock, **(outbox_options or {}))
         self.punctuations = Punctuations()
         if explain_deadlocks:
             from activedb.explain import DeadlockExplainer
@@ -382,7 +386,8 @@ def connect(url: str | URL | None = None, *, home: str | Path | None = None, upg
             keep_server: bool | None = None, record_history: bool = False, max_workers: int = 32,
             victim_policy: Any = "requester", lock_timeout: float | None = None, max_cascade_depth: int = 16,
             max_deferred_cycles: int = 100, rule_execution: str = "threads", explain_deadlocks: bool = False,
-            outbox_options: dict[str, Any] | None = None, **engine_options: Any) -> Database:
+            outbox_options: dict[str, Any] | None = None, clock: Clock | None = None,
+            **engine_options: Any) -> Database:
     """Connect to activedb's database and bring its schema to head.
 
     * ``url`` (or ``ACTIVEDB_DATABASE_URL``): any PostgreSQL; ``postgresql://`` URLs
@@ -407,6 +412,8 @@ def connect(url: str | URL | None = None, *, home: str | Path | None = None, upg
       ``max_attempts``, ``recovery_interval``): how recorded detached firings are run.  The outbox starts
       with the connection (schema at head): recorded firings this database holds for rules registered
       later — left by a process that died — are claimed and run as soon as those rules are registered.
+    * ``clock`` (an ``activedb.clock.Clock``, default the system's) is ``db.clock``, the process's system time
+      for what reads it (``activedb/clock.py``): a test passes an ``activedb.clock.ManualClock`` and moves it.
     * Other keyword arguments go to SQLAlchemy's ``create_engine``.  The defaults: ``pool_size=10``,
       ``max_overflow=30`` and ``pool_use_lifo=True`` — the connection returned last is checked out first, so a
       stream's commits keep finding the server process whose caches and prepared statements are warm (with the
@@ -424,7 +431,7 @@ def connect(url: str | URL | None = None, *, home: str | Path | None = None, upg
                         victim_policy=victim_policy, lock_timeout=lock_timeout,
                         max_cascade_depth=max_cascade_depth, max_deferred_cycles=max_deferred_cycles,
                         rule_execution=rule_execution, explain_deadlocks=explain_deadlocks,
-                        outbox_options=outbox_options)
+                        outbox_options=outbox_options, clock=clock)
     if upgrade:
         database.schema.upgrade("head")
         database.outbox.start()

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, ContextManager, Iterable, Protocol
 if TYPE_CHECKING:  # pragma: no cover
     import sqlalchemy as sa
 
+    from activedb.clock import Clock
     from activedb.events import Watermark
     from activedb.rules import RuleManager
     from activedb.store import Catalog
@@ -24,6 +25,7 @@ class DatabaseHandle(Protocol):
     catalog: Catalog
     transactions: TransactionManager
     rules: RuleManager
+    clock: Clock
 
     def table(self, name: str | sa.Table) -> sa.Table: ...
     def describe(self) -> str: ...

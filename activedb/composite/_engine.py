@@ -13,7 +13,7 @@ import dataclasses
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
-from activedb.composite._clock import MonotonicClock
+from activedb.clock import SYSTEM_CLOCK, Clock
 from activedb.composite._evaluation import Evaluation
 from activedb.composite._input import InputNode
 from activedb.composite._members import Members
@@ -39,7 +39,8 @@ class CompositionEngine:
 
     * ``db`` — optional: needed only to run rules on composite events (``process(tx, …)``);
     * ``name`` — names the engine (composite events' producer is ``"<query>"``);
-    * ``clock`` — system time for timeouts (default ``MonotonicClock``; tests pass a ``ManualClock``);
+    * ``clock`` — system time for timeouts and a composite's ``sts`` (an ``activedb.clock.Clock``; default the
+      database's ``db.clock``, without a database the system's; tests pass a ``ManualClock``);
     * ``timeout`` — seconds an input node waits for a silent producer it is blocked on before
       ``on_timeout`` applies (None: wait forever — not recommended);
     * ``on_uncertain`` — ``callback(uncertainty) -> Choice | event | None``; None (default) raises
@@ -53,7 +54,7 @@ class CompositionEngine:
     Membership (the paper's §IV: atomic or weak) is per producer: see :meth:`join`.
     """
 
-    def __init__(self, db: DatabaseHandle | None = None, *, name: str = "composite", clock: Any = None,
+    def __init__(self, db: DatabaseHandle | None = None, *, name: str = "composite", clock: Clock | None = None,
                  timeout: float | None = DEFAULT_TIMEOUT, on_timeout: TimeoutPolicy | str = TimeoutPolicy.RAISE,
                  on_uncertain: Callable[[Uncertainty], Any] | None = None, window: int = 2000,
                  on_invalidation: Callable[[Invalidation], Any] | None = None):
@@ -63,7 +64,7 @@ class CompositionEngine:
             raise CompositeError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
         self.db = db
         self.name = name
-        self.clock = clock or MonotonicClock()
+        self.clock: Clock = clock if clock is not None else db.clock if db is not None else SYSTEM_CLOCK
         self.timeout = timeout
         self.on_timeout = TimeoutPolicy(on_timeout)
         self.on_uncertain = on_uncertain

@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 from typing import Any, Callable, Iterable, Sequence
 
+from activedb.clock import Clock
 from activedb.composite._members import Members
 from activedb.composite._model import Choice, CompositeEvent, Uncertainty, describe_event
 from activedb.composite._node import Node
@@ -22,7 +23,7 @@ class Evaluation:
     (``blocked``), the outbox, the uncertainties of the current call (``raised``), the recent composites and
     uncertainties kept for the picture and weak membership's check."""
 
-    def __init__(self, members: Members, clock: Any, counts: collections.Counter,
+    def __init__(self, members: Members, clock: Clock, counts: collections.Counter,
                  on_uncertain: Callable[[Uncertainty], Any] | None, window: int):
         self.members = members
         self.clock = clock

@@ -8,6 +8,7 @@ import collections
 import dataclasses
 from typing import Any, Mapping
 
+from activedb.clock import Clock
 from activedb.composite._evaluation import Evaluation
 from activedb.composite._members import Members
 from activedb.composite._model import CompositeEvent, Heartbeat, Invalidation, describe_event
@@ -22,7 +23,7 @@ class InputNode:
     """Takes the events and heartbeats of engine ``name``, checks them against their producer's membership
     and FIFO promise, and routes them into the lists of the nodes whose queries consume them."""
 
-    def __init__(self, name: str, clock: Any, counts: collections.Counter, members: Members,
+    def __init__(self, name: str, clock: Clock, counts: collections.Counter, members: Members,
                  evaluation: Evaluation, window: int):
         self.name = name
         self.clock = clock

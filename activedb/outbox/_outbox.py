@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 from coupling import Coupling, may_run_after
 from lockmgr import TxnState
 
+from activedb.clock import SYSTEM_CLOCK, Clock
 from activedb.events import EventKind
 from activedb.outbox import _records
 from activedb.outbox._executor import Executor, Work, describe_error
@@ -77,13 +78,15 @@ class Outbox:
     * ``max_attempts`` — runs of a firing that fails retryably (deadlock, serialization conflict, reset
       sequence) before it is recorded as failed;
     * ``recovery_interval`` — seconds between recovery passes (claiming records of dead processes); a
-      pass also runs at once when a rule is registered, and on :meth:`recover`.  ``None``: only then.
+      pass also runs at once when a rule is registered, and on :meth:`recover`.  ``None``: only then.  The
+      interval is measured on ``clock`` (the database's: a test with a ``ManualClock`` moves it to start a pass).
     """
 
     def __init__(self, catalog: "Catalog", transactions: "TransactionManager", rules: "RuleManager", *,
                  group_size: int = 256, max_groups: int = 2, max_attempts: int = 5,
-                 recovery_interval: float | None = 10.0):
+                 recovery_interval: float | None = 10.0, clock: Clock = SYSTEM_CLOCK):
         self.catalog = catalog
+        self.clock = clock
         self.transactions = transactions
         self.rules = rules
         self.recovery_interval = recovery_interval
@@ -305,7 +308,7 @@ class Outbox:
 
     def _recovery_loop(self) -> None:
         while True:
-            self._wake.wait(self.recovery_interval)
+            self.clock.wait(self._wake, self.recovery_interval)
             self._wake.clear()
             with self._mutex:
                 if self._closed:

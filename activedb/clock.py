@@ -1,0 +1,154 @@
+"""activedb.clock — the one seam through which activedb reads the time of the process.
+
+activedb keeps two kinds of time apart and never mixes them:
+
+* **application time** — an event's ``ts`` and a punctuation (``db.punctuate``, Spark's watermark): windows
+  (``WITHIN``), the declared order of stream transactions and lateness are decided by these alone.  They are
+  values the application gives; no clock of the process is ever read for them (a test controls them by the
+  events and punctuations it feeds, e.g. from a :class:`ManualClock`'s :meth:`~ManualClock.now`).
+* **system time** — what the process measures: a composite engine's producer timeouts and a composite's
+  ``sts`` (``activedb.composite``), the outbox's recovery passes, and whatever an application's rules read as
+  "now" (``db.clock.now()``, ``db.clock.wall()``).  These read a :class:`Clock`: the :class:`SystemClock` by
+  default, a :class:`ManualClock` in tests (``activedb.connect(clock=ManualClock())``; the pytest plugin's
+  ``activedb_clock``), which moves only when told — Drools' pseudo-clock, for activedb.
+
+Not behind the clock, on purpose: waits that bound how long a thread waits for another (lock waits,
+``handle.result(timeout)``, ``wait_idle``) and the jittered back-off before a re-run — a manual clock there
+would turn a failing test into a hanging one; figures that measure the process itself (phase timings, stream
+latencies); and timestamps compared with the server's (the transaction log's ``began_at``, change capture's
+lag), which must be the server's calendar.
+
+Thread-safety: every clock may be used from any thread.  ``ManualClock._mutex`` is a leaf.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+__all__ = ["Clock", "ManualClock", "SystemClock", "SYSTEM_CLOCK"]
+
+_UTC = dt.timezone.utc
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """What activedb asks of a clock (see the module docstring for what reads one)."""
+
+    def now(self) -> float:
+        """Seconds on a monotonic scale (its origin means nothing): for durations and timeouts."""
+        ...
+
+    def wall(self) -> dt.datetime:
+        """The time of day, an aware ``datetime`` in UTC."""
+        ...
+
+    def wait(self, wake: threading.Event, seconds: float | None) -> bool:
+        """Block until ``wake`` is set (True) or ``seconds`` of this clock have passed (False); None: no time
+        limit.  A clock may set ``wake`` itself when the time has passed (a manual clock wakes its waiters that
+        way): a caller that waits again clears it first."""
+        ...
+
+
+class SystemClock:
+    """The process's clocks: ``time.monotonic`` and the system's calendar.  Thread-safe."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def wall(self) -> dt.datetime:
+        return dt.datetime.now(_UTC)
+
+    def wait(self, wake: threading.Event, seconds: float | None) -> bool:
+        return wake.wait(seconds)
+
+    def __repr__(self) -> str:
+        return "SystemClock()"
+
+
+#: The default clock of every ``Database`` and engine.
+SYSTEM_CLOCK = SystemClock()
+
+#: Where a :class:`ManualClock`'s calendar starts unless told (a round date: easy to read in a failing test).
+DEFAULT_WALL = dt.datetime(2000, 1, 1, tzinfo=_UTC)
+
+
+@dataclass(eq=False)
+class _Sleeper:
+    deadline: float
+    wake: threading.Event
+    expired: bool = False
+
+
+class ManualClock:
+    """A clock that moves only when told (:meth:`advance`), for tests: ``now()`` starts at ``start`` and
+    ``wall()`` at ``wall`` (default 2000-01-01 UTC); both move together.  A thread in :meth:`wait` wakes when
+    the clock is advanced past its deadline (or when its event is set), never by itself; :attr:`sleepers`
+    tells a test how many wait (``wait_until(lambda: clock.sleepers == 1)`` before it advances).
+
+    Thread-safety: ``_mutex`` (a leaf) protects ``_now`` and ``_sleepers``.
+    """
+
+    def __init__(self, start: float = 0.0, *, wall: dt.datetime = DEFAULT_WALL) -> None:
+        if wall.tzinfo is None:
+            raise ValueError(f"ManualClock(wall=...) needs an aware datetime (UTC), got {wall.isoformat()}")
+        self._mutex = threading.Lock()
+        self._start = float(start)
+        self._now = float(start)
+        self._wall = wall.astimezone(_UTC)
+        self._sleepers: list[_Sleeper] = []
+
+    def now(self) -> float:
+        with self._mutex:
+            return self._now
+
+    def wall(self) -> dt.datetime:
+        with self._mutex:
+            return self._wall + dt.timedelta(seconds=self._now - self._start)
+
+    def advance(self, seconds: float | dt.timedelta) -> float:
+        """Move the clock forward by ``seconds`` (a number or a ``timedelta``), wake the waiters whose time
+        has come, and return the new :meth:`now`."""
+        amount = seconds.total_seconds() if isinstance(seconds, dt.timedelta) else float(seconds)
+        if not amount >= 0:
+            raise ValueError(f"a clock does not move backwards; advance by a non-negative amount, not {seconds!r}")
+        with self._mutex:
+            self._now += amount
+            now = self._now
+            due = [sleeper for sleeper in self._sleepers if sleeper.deadline <= now]
+            for sleeper in due:
+                sleeper.expired = True
+                self._sleepers.remove(sleeper)
+        for sleeper in due:
+            sleeper.wake.set()
+        return now
+
+    @property
+    def sleepers(self) -> int:
+        """How many threads wait in :meth:`wait` for the clock to move."""
+        with self._mutex:
+            return len(self._sleepers)
+
+    def wait(self, wake: threading.Event, seconds: float | None) -> bool:
+        """Block until ``wake`` is set (True) or the clock has been advanced by ``seconds`` (False: ``wake`` is
+        then set by :meth:`advance`)."""
+        if seconds is None:
+            return wake.wait()
+        with self._mutex:
+            if wake.is_set():
+                return True
+            sleeper = _Sleeper(self._now + max(0.0, float(seconds)), wake)
+            if sleeper.deadline <= self._now:
+                return False
+            self._sleepers.append(sleeper)
+        wake.wait()
+        with self._mutex:
+            if sleeper in self._sleepers:
+                self._sleepers.remove(sleeper)
+            return not sleeper.expired
+
+    def __repr__(self) -> str:
+        return f"ManualClock(now={self.now()!r}, wall={self.wall().isoformat()})"

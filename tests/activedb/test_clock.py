@@ -1,0 +1,85 @@
+"""The clock seam (``activedb.clock``): a ``ManualClock`` moves only when told and wakes its waiters then; a
+database's clock is what its composite engines and its outbox's recovery passes read."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner
+
+import activedb
+from activedb import Coupling, composite
+from activedb.cli import main
+from activedb.clock import SYSTEM_CLOCK, Clock, ManualClock, SystemClock
+from activedb.testing import wait_until
+
+TIMEOUT = 60
+
+
+def test_a_manual_clock_moves_only_when_told_and_wakes_its_waiters_then():
+    clock = ManualClock(100.0, wall=dt.datetime(2024, 5, 1, 12, tzinfo=dt.timezone.utc))
+    assert isinstance(clock, Clock) and isinstance(SYSTEM_CLOCK, Clock) and isinstance(SYSTEM_CLOCK, SystemClock)
+    woken, timed_out = threading.Event(), threading.Event()
+    results: dict[str, bool] = {}
+    threads = [threading.Thread(target=lambda: results.__setitem__("woken", clock.wait(woken, 20.0))),
+               threading.Thread(target=lambda: results.__setitem__("timed out", clock.wait(timed_out, 10.0)))]
+    for thread in threads:
+        thread.start()
+    wait_until(lambda: clock.sleepers == 2, TIMEOUT, "both threads waiting on the clock")
+    assert clock.advance(dt.timedelta(seconds=9)) == 109.0 and clock.sleepers == 2
+    woken.set()
+    threads[0].join(TIMEOUT)
+    assert results == {"woken": True} and clock.sleepers == 1
+    clock.advance(1)
+    threads[1].join(TIMEOUT)
+    assert results == {"woken": True, "timed out": False} and clock.sleepers == 0
+    assert clock.now() == 110.0 and clock.wall() == dt.datetime(2024, 5, 1, 12, 0, 10, tzinfo=dt.timezone.utc)
+    assert clock.wait(threading.Event(), 0) is False
+    with pytest.raises(ValueError, match="does not move backwards"):
+        clock.advance(-1)
+    with pytest.raises(ValueError, match="aware datetime"):
+        ManualClock(wall=dt.datetime(2024, 5, 1))
+
+
+def test_a_databases_clock_is_its_composite_engines_and_its_outboxs(migrated):
+    clock = ManualClock()
+    database = activedb.connect(migrated, clock=clock, outbox_options={"recovery_interval": 30.0})
+    try:
+        assert database.clock is clock and database.outbox.clock is clock
+        assert composite.CompositionEngine(database).clock is clock
+        assert composite.CompositionEngine().clock is SYSTEM_CLOCK
+        with activedb.connect(migrated, upgrade=False) as other:
+            assert other.clock is SYSTEM_CLOCK
+        broken = threading.Event()
+        broken.set()
+
+        @database.rule(on=database.signalled("pay"), coupling=Coupling.DETACHED, name="clock_ledger")
+        def ledger(tx, event):
+            if broken.is_set():
+                raise ZeroDivisionError("no rate yet")
+            tx.insert("events_seen", rule="clock_ledger", detail=str(event.payload["amount"]))
+
+        with database.transaction() as tx:
+            tx.signal("pay", amount=3)
+        database.rules.wait_idle(TIMEOUT)
+        [failure] = database.outbox.failures()
+        broken.clear()
+        retried = CliRunner().invoke(main, ["--url", migrated, "outbox", "--retry", str(failure.id)])
+        assert retried.exit_code == 0, retried.output
+        # The recovery pass that runs the retried firing comes when the database's clock says so.
+        wait_until(lambda: clock.sleepers == 1, TIMEOUT, "the outbox's recovery thread waiting on the clock")
+        assert seen(database) == []
+        clock.advance(30)
+        wait_until(lambda: seen(database) == [("clock_ledger", "3")], TIMEOUT, "the retried firing run",
+                   describe=lambda: seen(database))
+    finally:
+        database.close()
+
+
+def seen(database: activedb.Database) -> list[tuple]:
+    with database.engine.connect() as connection:
+        return sorted(tuple(row) for row in connection.execute(
+            sa.text("SELECT rule, detail FROM events_seen WHERE rule = 'clock_ledger'")))
