@@ -13,6 +13,7 @@ from typing import Any, Iterable
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, URL, make_url
 
+from activedb import lowlevel
 from activedb import _embedded, _migrate
 from activedb._logfile import route_to_home_log
 from activedb.atomic import Batches
@@ -302,8 +303,8 @@ class Database:
                         self.outbox.mark_replayed(transaction, when=_retried)
                     return function(transaction, *args, **kwargs)
             except (SerializationConflict, DeadlockDetected):
-                if attempted is not None and not attempted.read_then_written() <= learned:
-                    learned = learned | attempted.read_then_written()
+                if attempted is not None and not lowlevel.read_then_written(attempted) <= learned:
+                    learned = learned | lowlevel.read_then_written(attempted)
                     if len(self._update_intent) >= 4096:     # bounded: functions made on the fly
                         self._update_intent.clear()
                     self._update_intent[site] = learned

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:  # pragma: no cover
     import lockmgr
@@ -104,15 +104,16 @@ def sqlstate_of(error: BaseException) -> str | None:
     return getattr(getattr(error, "orig", None), "sqlstate", None) or getattr(error, "sqlstate", None)
 
 
-def causes(error: BaseException):
+def causes(error: BaseException) -> Iterator[BaseException]:
     """``error`` and its causes (``raise ... from``) and contexts, outermost first; a context hidden with
     ``raise ... from None`` is hidden here too."""
     seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        yield error
-        error = error.__cause__ if error.__cause__ is not None else (
-            None if error.__suppress_context__ else error.__context__)
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ if current.__cause__ is not None else (
+            None if current.__suppress_context__ else current.__context__)
 
 
 def classify(error: BaseException) -> Failure:

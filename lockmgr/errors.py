@@ -126,7 +126,7 @@ class LockTimeout(_OnResource):
     The request was withdrawn; the transaction keeps every lock it already had.  Retry, or abort it.
     """
 
-    def __init__(self, tid: Hashable, resource: Any, mode: Any, timeout: float, blockers: tuple) -> None:
+    def __init__(self, tid: Hashable, resource: Any, mode: Any, timeout: float, blockers: tuple[Hashable, ...]) -> None:
         super().__init__(tid, resource)
         self.mode = mode
         self.timeout = timeout
@@ -193,7 +193,7 @@ class AbortedTransaction(TransactionNotActive):
 class ActiveChildren(_OnTransaction):
     """``commit`` of a transaction whose children are still active (the wait-for-commit rule)."""
 
-    def __init__(self, tid: Hashable, children: tuple) -> None:
+    def __init__(self, tid: Hashable, children: tuple[Hashable, ...]) -> None:
         super().__init__(tid)
         self.children = children
 

@@ -99,7 +99,24 @@ def test_a_choice_takes_a_member_or_its_value_and_names_the_members_otherwise():
         Colour.parse("RED", "paint(colour=...)")        # a value, not a member's name
 
 
-def test_the_extender_tier_is_one_module():
+APPLICATION_METHODS = {"read", "read_many", "prefetch", "scan", "write", "write_many", "insert", "delete", "signal",
+                       "emit", "spawn", "subtransaction", "retry", "commit", "abort"}
+
+
+def test_a_transaction_offers_the_application_tier_and_lowlevel_the_extender_tier():
+    from activedb.txn import Transaction
+
+    methods = {name for name, value in vars_of(Transaction).items()
+               if not name.startswith("_") and callable(value) and not isinstance(value, property)}
+    assert methods == APPLICATION_METHODS and len(methods) <= 15
     for name in lowlevel.__all__:
         assert getattr(lowlevel, name) is not None, name
-    assert lowlevel.slot is activedb.txn.Transaction.slot      # the method itself: no call added on a hot path
+    assert lowlevel.slot is Transaction._slot      # the method itself: no call added on a hot path
+
+
+def vars_of(cls: type) -> dict:
+    """Every attribute of ``cls`` and its bases (the nearest definition wins), as ``inspect.getattr_static``."""
+    found: dict = {}
+    for klass in reversed(cls.__mro__):
+        found.update(vars(klass))
+    return found

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import sqlalchemy as sa
 
+from activedb import lowlevel
 from activedb.rules import FiringOutcome
 from activedb.txn import Along, CommitParticipant, Observer, TransactionExtension, TxnState
 from activedb.store import jsonable
@@ -70,14 +71,14 @@ def record_of(transaction: "Transaction") -> LineageRecord:
                                                                                     TxnState.ABORTED):
         raise LineageError(f"cannot record lineage in {transaction.id}: its tree has ended "
                            f"({root.state.value}); record it while the transaction runs")
-    record = root.slot(LineageRecord)
+    record = lowlevel.slot(root, LineageRecord)
     with record.mutex:
         if record.writer is not None:
             return record
         writer = record.writer = LineageWriter(record)
     target = root if root.state is TxnState.ACTIVE else transaction
     try:
-        target.enlist(writer)
+        lowlevel.enlist(target, writer)
     except Exception as error:
         with record.mutex:
             record.writer = None
@@ -212,7 +213,7 @@ class ConsumedBatches(CommitParticipant):
         self._writer: LineageWriter | None = None   # the writer this participant runs (no other one enlisted)
 
     def before_flush(self, transaction: "Transaction") -> None:
-        record = transaction.root.slot(LineageRecord)
+        record = lowlevel.slot(transaction.root, LineageRecord)
         self._writer = None
         with record.mutex:
             for ref in self.refs:
@@ -238,7 +239,7 @@ class ConsumedBatches(CommitParticipant):
 
 def add_note(transaction: "Transaction", note: dict) -> None:
     record = record_of(transaction)
-    transaction.enlist(NoteParticipant(record, note))
+    lowlevel.enlist(transaction, NoteParticipant(record, note))
 
 
 def encode_event(event: Any) -> dict:

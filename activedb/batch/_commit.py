@@ -22,6 +22,7 @@ from psycopg.adapt import Dumper
 from psycopg.pq import Format
 from sqlalchemy.dialects import postgresql
 
+from activedb import lowlevel
 from activedb import deadletters
 from activedb.batch._declare import BatchEvent, StateTransactions
 from activedb.batch._result import BatchResult
@@ -622,7 +623,7 @@ def apply_at_commit(tx: Transaction, events: Iterable[Any], transactions: StateT
             keys = _refuse_unstorable(catalog, batch, plans, declared, states, written)
         pending = PendingBatch(transactions, batch, declared, keys, unbounded, options)
         pending.seconds["apply"] = time.perf_counter() - tx_started
-    tx.enlist(pending)
+    lowlevel.enlist(tx, pending)
     return pending
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Callable
 
 from coupling import Coupling, priority_groups
 
+from activedb import lowlevel
 from activedb.capture._fetch import Entry
 from activedb.capture._position import CapturedChange, DeadLetter
 from activedb.errors import DeadlockDetected, SerializationConflict
@@ -93,7 +94,7 @@ def run_chunk(database: "Database", name: str, transaction: "Transaction", chunk
     shared one is kept)."""
     if inline and chunk:
         try:
-            fired = transaction.run_subtransaction(database.rules.fire, [firing for _, firing in chunk],
+            fired = lowlevel.run_subtransaction(transaction, database.rules.fire, [firing for _, firing in chunk],
                                                    shared=True, name=f"capture:{name}:rules")
             return [Result(change, firing, outcome, None) for (change, firing), (outcome, _) in zip(chunk, fired)]
         except Exception as error:       # re-run one by one: the failing firing alone is discarded

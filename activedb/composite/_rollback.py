@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 from typing import TYPE_CHECKING, Any
 
+from activedb import lowlevel
 from activedb.composite._evaluation import Evaluation
 from activedb.composite._input import InputNode
 from activedb.composite._members import Members
@@ -54,7 +55,7 @@ class Rollback:
                     "inputs": self.inputs.snapshot(), "counts": collections.Counter(self.counts)}
         participant = _Participant(self, root, snapshot)
         self.current = participant
-        root.enlist(participant)
+        lowlevel.enlist(root, participant)
 
     def restore(self, participant: _Participant) -> None:
         with self.guard:

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from activedb import lowlevel
 from activedb.deadletters import Letter
 from activedb.errors import BatchAlreadyCommitted, SerializationConflict
 from activedb.ingest._failures import find_culprits, is_poison_failure, trial
@@ -181,7 +182,7 @@ def run_batch(context: SinkContext, handler: BatchHandler, rows: Any, batch_id: 
                     # Re-run until it commits: an aborted attempt is no outcome for the detached rules it fired.
                     context.db.outbox.mark_replayed(tx)
                     handler.handle(tx, batch, ledger)
-                    tx.enlist(ledger)        # last: a participant the handler enlisted writes the counts first
+                    lowlevel.enlist(tx, ledger)        # last: a participant the handler enlisted writes the counts first
                     exit_began = time.perf_counter()
             except BatchAlreadyCommitted:
                 return book.skipped(query_id, batch_id, row_count, watermark, timings, began)

@@ -151,7 +151,7 @@ class RulesHandler(BatchHandler):
                 _NAMES[event.event_type] = name
         for attempt in range(1, self.event_attempts + 1):
             try:
-                run_inline(tx, _emit, event, name)     # tx.run_subtransaction(_emit, event, name=name), positional
+                run_inline(tx, _emit, event, name)     # run_subtransaction(tx, _emit, event, name=name), positional
                 return None
             except Exception as failure:
                 conflict = conflict_in(failure)

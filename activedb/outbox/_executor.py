@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 
+from activedb import lowlevel
 from activedb.errors import DuplicateKey, LockWaitTimeout, RecordsTakenOver, RuleFailed, causes, classify
 from activedb.outbox import _records
 from activedb.store import is_connection_failure, storable_text
@@ -238,7 +239,7 @@ class Executor:
         rules = self._outbox.rules
         firing = work.firing
         try:
-            executed = root.run_subtransaction(rules.execute, firing, name=f"rule:{firing.rule.name}")
+            executed = lowlevel.run_subtransaction(root, rules.execute, firing, name=f"rule:{firing.rule.name}")
         except Exception as error:       # the rule manager has counted and logged it
             return (_Outcome.RETRY if is_retryable(error) else _Outcome.FAILED), error
         work.executed = executed

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 from coupling import Coupling, may_run_after
 from lockmgr import TxnState
 
+from activedb import lowlevel
 from activedb.clock import SYSTEM_CLOCK, Clock
 from activedb.events import EventKind
 from activedb.outbox import _records
@@ -147,7 +148,7 @@ class Outbox:
             self.start()
         if ended:
             committed = trigger.state is TxnState.COMMITTED
-            state = trigger.slot(TreeState, create=False)
+            state = lowlevel.slot(trigger, TreeState, create=False)
             replayed = state is not None and not committed and self._replayed(state)
             if not replayed and may_run_after(firing.coupling, committed):
                 self.record_now([(firing, trigger.id, trigger.log_id if committed else None, committed)])
@@ -156,7 +157,7 @@ class Outbox:
             return
         root = trigger.root
         entry = Entry(firing, trigger, firing.event.kind is EventKind.COMMITTED and trigger is root)
-        state = root.slot(TreeState)
+        state = lowlevel.slot(root, TreeState)
         participant = self._participant(root, state)
         if participant is not None:
             participant.add(entry)
@@ -177,7 +178,7 @@ class Outbox:
             if participant is None:
                 participant = TreeFirings(self, state)
                 try:
-                    root.enlist(participant)
+                    lowlevel.enlist(root, participant)
                 except Exception:
                     return None
                 state.participant = participant
@@ -198,7 +199,7 @@ class Outbox:
         the attempt that commits fires its own.  Costs a slot and no participant for a tree that fires no
         detached-family rule (README, "Replayed attempts")."""
         root = transaction.root
-        state = root.slot(TreeState)
+        state = lowlevel.slot(root, TreeState)
         with state.mutex:
             state.replay_when = when if when is not None else always
         # The participant is enlisted at the tree's first firing and hears the abort then.  A tree that fires

@@ -37,7 +37,7 @@ class Entry:
 
 @dataclass(eq=False)
 class TreeState:
-    """The outbox's per-tree state (``root.slot(TreeState)``): the participant, and whether an abort of
+    """The outbox's per-tree state (``lowlevel.slot(root, TreeState)``): the participant, and whether an abort of
     the tree is an outcome.  ``mutex`` protects every field."""
 
     mutex: threading.Lock = field(default_factory=threading.Lock)

@@ -1,5 +1,5 @@
 """The rule manager's per-transaction state, kept in the transaction's typed slot
-(``tx.slot(RuleContext)``) instead of attributes on the transaction, and the typed keys of the
+(``slot(tx, RuleContext)``) instead of attributes on the transaction, and the typed keys of the
 coupling gate, and the two walks up a tree that read it (the cascade chain, the deferred queue).  Owned by
 the rules package; nobody else reads it."""
 
@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from coupling import DeferredQueue, has_own_deferred_queue
 
 from activedb.rules._model import Firing
+from activedb.txn import slot, want_end_hooks
 
 if TYPE_CHECKING:  # pragma: no cover
     from coupling import Coupling
@@ -38,8 +39,8 @@ class GateKey:
 
 
 class RuleContext:
-    """The rules' state of one transaction (created on first use by ``tx.slot(RuleContext)``).  The firing a
-    transaction executes is its other slot, ``tx.slot(Firing)`` (none for application transactions): the
+    """The rules' state of one transaction (created on first use by ``slot(tx, RuleContext)``).  The firing a
+    transaction executes is its other slot, ``slot(tx, Firing)`` (none for application transactions): the
     dispatch gives a firing's transaction its ``Firing`` as it begins (``run_inline``'s ``kind``), so a firing
     that raises no event and queues no deferred firing makes no ``RuleContext``.
 
@@ -67,7 +68,7 @@ def chain_of(transaction: "Transaction") -> tuple[str, ...]:
     """The cascade of rule names that led to ``transaction``: its nearest firing's chain (() if none)."""
     node = transaction
     while node is not None:
-        firing = node.slot(Firing, create=False)
+        firing = slot(node, Firing, create=False)
         if firing is not None:
             return firing.chain
         node = node.parent
@@ -81,11 +82,11 @@ def deferred_queue_for(transaction: "Transaction", max_cycles: int) -> DeferredQ
     it was itself fired from, where they form the next cycle."""
     node = transaction
     while node is not None:
-        firing = node.slot(Firing, create=False)
+        firing = slot(node, Firing, create=False)
         if has_own_deferred_queue(firing.coupling if firing is not None else None):
-            context = node.slot(RuleContext)
+            context = slot(node, RuleContext)
             if context.deferred_queue is None:
-                node.want_end_hooks()    # a frame stays one: its before_commit runs the queue
+                want_end_hooks(node)    # a frame stays one: its before_commit runs the queue
                 context.deferred_queue = DeferredQueue(max_cycles=max_cycles, name=node.id)
             return context.deferred_queue
         node = node.parent

@@ -17,7 +17,7 @@ from coupling import CouplingError, DependencyGate, Verdict
 
 from activedb.errors import RuleError
 from activedb.rules._context import GateKey, RuleContext
-from activedb.txn import WaitKind
+from activedb.txn import WaitKind, slot
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.rules._manager import RuleManager
@@ -87,7 +87,7 @@ class DetachedRunner:
     # --- hearing of ends (C-A coupling) ----------------------------------------------------------
 
     def transaction_ended(self, transaction: "Transaction", committed: bool) -> None:
-        context = transaction.slot(RuleContext, create=False)
+        context = slot(transaction, RuleContext, create=False)
         if context is not None and context.gate_report is not None:
             self._report_end(context.gate_report, committed)
 

@@ -21,7 +21,8 @@ from activedb.rules._model import Fired, Firing, FiringOutcome, Rule, RulesStati
 from activedb.rules._parallel import condition_then_action
 from activedb.rules._record import FiringRecord
 from activedb.rules._registry import RuleRegistry
-from activedb.txn import Transaction, TransactionExtension, run_group, run_inline
+from activedb.txn import (Transaction, TransactionExtension, run_group, run_inline, set_slot, slot,
+                          wait_children)
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.store import Catalog
@@ -124,11 +125,11 @@ class RuleManager(TransactionExtension):
         caller adds ``executed`` and ``failed`` (:meth:`count`) once it knows them."""
         if count > 0:
             root = transaction.root
-            self.record.dispatched_many(root, root.slot(RuleContext), rule, count)
+            self.record.dispatched_many(root, slot(root, RuleContext), rule, count)
 
     def firings_in(self, transaction: Transaction) -> dict[str, int]:
         """Per rule, how many firings were dispatched in ``transaction``'s tree so far."""
-        context = transaction.root.slot(RuleContext, create=False)
+        context = slot(transaction.root, RuleContext, create=False)
         return dict(context.firings) if context is not None and context.firings else {}
 
     def statistics(self) -> RulesStatistics:
@@ -157,11 +158,11 @@ class RuleManager(TransactionExtension):
             self.on_event(transaction, Event(EventKind.BEGAN, transaction.name, transaction=transaction.id))
 
     def before_commit(self, transaction: Transaction) -> None:
-        context = transaction.slot(RuleContext, create=False)
+        context = slot(transaction, RuleContext, create=False)
         if context is not None:
             queue = context.deferred_queue
             if queue is not None:
-                transaction.wait_children()
+                wait_children(transaction)
                 try:
                     for cycle in queue.cycles():
                         # (The cycle's firings as they are: iterating it makes a ``DeferredFiring`` of each.)
@@ -173,7 +174,7 @@ class RuleManager(TransactionExtension):
             if context.gate_key is not None:
                 verdict = self.detached.wait_may_commit(transaction, context)
                 if verdict is not Verdict.COMMIT:
-                    coupling = transaction.slot(Firing, create=False).coupling
+                    coupling = slot(transaction, Firing, create=False).coupling
                     raise DependencyAbort(f"{coupling.value} dependency of {transaction.id} says abort")
         if transaction.parent is None and self.registry.by_kind.get(EventKind.COMMITTED):
             # Rules on this transaction's commit (all of the detached family) fire now, just before its
@@ -182,7 +183,7 @@ class RuleManager(TransactionExtension):
                                              transaction=transaction.id))
 
     def after_end(self, transaction: Transaction, committed: bool) -> None:
-        context = transaction.slot(RuleContext, create=False)
+        context = slot(transaction, RuleContext, create=False)
         if context is not None and context.gate_report is not None:
             self.detached.transaction_ended(transaction, committed)
         if transaction.parent is not None:
@@ -205,7 +206,7 @@ class RuleManager(TransactionExtension):
         if not rules:
             return
         root = transaction.root
-        tree = root.slot(RuleContext)       # the tree's firing record
+        tree = slot(root, RuleContext)       # the tree's firing record
         chain = chain_of(transaction)
         if len(chain) + 1 > self.max_cascade_depth:
             names = " -> ".join((*chain, "|".join(rule.name for rule in rules)))
@@ -301,7 +302,7 @@ class RuleManager(TransactionExtension):
         condition held and the action ran.  ``firing`` becomes the transaction's ``Firing`` slot.  Its caller
         counts it as executed once that transaction committed (``_executed``; the single immediate firing's
         dispatch: ``FiringRecord.ran``)."""
-        transaction.set_slot(Firing, firing)
+        set_slot(transaction, Firing, firing)
         return self._execute(transaction, firing)
 
     def _execute(self, transaction: Transaction, firing: Firing) -> bool:

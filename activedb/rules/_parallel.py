@@ -13,6 +13,7 @@ from activedb.errors import DeadlockDetected
 from activedb.rules._context import GateKey, GateRole, RuleContext
 from activedb.rules._detached import DependencyAbort
 from activedb.rules._model import Firing
+from activedb.txn import run_subtransaction, set_slot, slot
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.rules._manager import RuleManager
@@ -28,15 +29,15 @@ def condition_then_action(manager: "RuleManager", transaction: "Transaction", fi
     gate.register_action(action_key, condition_key, Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT)
 
     def condition_body(child: "Transaction") -> bool:
-        child.set_slot(Firing, firing)
-        child.slot(RuleContext).gate_report = condition_key
+        set_slot(child, Firing, firing)
+        slot(child, RuleContext).gate_report = condition_key
         value = bool(rule.condition(child, event))
         gate.condition_returned(condition_key, value)
         return value
 
     def action_body(child: "Transaction") -> None:
-        child.set_slot(Firing, firing)
-        context = child.slot(RuleContext)
+        set_slot(child, Firing, firing)
+        context = slot(child, RuleContext)
         context.gate_report, context.gate_key = action_key, action_key
         context.gate_wait_target = condition_handle.transaction.id
         rule.action(child, event)
@@ -52,7 +53,7 @@ def condition_then_action(manager: "RuleManager", transaction: "Transaction", fi
         action_handle.result()
     except DeadlockDetected:
         if condition_value:      # the action gave way to its condition: run it again, now after it
-            transaction.run_subtransaction(_run_action_again, firing, name=f"action:{rule.name}")
+            run_subtransaction(transaction, _run_action_again, firing, name=f"action:{rule.name}")
     except DependencyAbort:
         pass
     if condition_error is not None:
@@ -63,5 +64,5 @@ def condition_then_action(manager: "RuleManager", transaction: "Transaction", fi
 
 
 def _run_action_again(child: "Transaction", firing: "Firing") -> None:
-    child.set_slot(Firing, firing)
+    set_slot(child, Firing, firing)
     firing.rule.action(child, firing.event)

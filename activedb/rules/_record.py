@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from activedb.rules._context import RuleContext
 from activedb.rules._model import RuleCounters
+from activedb.txn import slot
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.rules._model import Rule
@@ -81,7 +82,7 @@ class FiringRecord:
 
     def fold(self, root: "Transaction") -> None:
         """``root``'s tree ended: add its firing record to the counters."""
-        context = root.slot(RuleContext, create=False)
+        context = slot(root, RuleContext, create=False)
         if context is None or not context.couplings:
             return
         with self._mutex:

@@ -14,6 +14,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
+from activedb import lowlevel
 from activedb import deadletters
 from activedb.streams import _persist
 from activedb.streams import algebra as ast
@@ -199,7 +200,7 @@ class StreamEngine:
                     f"{pending.root.state.value}; commit or abort it before the next batch")
             if pending is None:
                 pending = Pending(root, self._state)
-                root.enlist(BatchOutcome(pending, self._settle))     # raises if root cannot take a batch
+                lowlevel.enlist(root, BatchOutcome(pending, self._settle))     # raises if root cannot take a batch
                 self._pending = pending
             streams = self._definitions.streams()
         if not streams:

@@ -112,14 +112,14 @@ class Children:
     __slots__ = ()
 
 
-    def materialize(self) -> None:
+    def _materialize(self) -> None:
         """Give this lazy inline subtransaction its own lock-manager transaction now (it is about to
         create a child, wait, or wait for a lock); a no-op for any other node.  Called by the thread
         running it.  See README, "Lazy inline subtransactions"."""
         if self._lazy:
             self.manager.locking.materialize(self)
 
-    def want_end_hooks(self) -> None:
+    def _want_end_hooks(self) -> None:
         """Make the extensions that skip frames (``TransactionExtension.frame_hooks = False``) hear this
         transaction's end — ``before_commit`` and ``after_end`` — even while it is a frame; a no-op for a node
         (they hear every node's).  Called by the thread running it, before its commit: an extension that
@@ -155,7 +155,7 @@ class Children:
         """``with tx.subtransaction() as child:`` runs a subtransaction inline in this thread."""
         return InlineSubtransaction(self, name)
 
-    def run_subtransaction(self, function: Callable[..., Any], *args: Any, name: str | None = None,
+    def _run_subtransaction(self, function: Callable[..., Any], *args: Any, name: str | None = None,
                            **kwargs: Any) -> Any:
         """Run ``function(child, ...)`` as an inline subtransaction and return its result; the child
         commits when it returns and aborts (re-raising) when it raises — ``with tx.subtransaction()`` as
@@ -172,14 +172,14 @@ class Children:
             raise ValueError("attempts must be at least 1")
         for attempt in range(1, attempts + 1):
             try:
-                return self.run_subtransaction(function, *args, **kwargs)
+                return self._run_subtransaction(function, *args, **kwargs)
             except (DeadlockDetected, SerializationConflict) as error:
                 if attempt == attempts:
                     raise
                 logger.info("subtransaction of %s failed (%s); retry %d of %d", self.id,
                             type(error).__name__, attempt, attempts)
 
-    def wait_children(self, timeout: float | None = None) -> None:
+    def _wait_children(self, timeout: float | None = None) -> None:
         """Wait until every child has ended, running queued ones in this thread."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -196,9 +196,9 @@ class Children:
 
 def run_inline(parent: "Transaction", function: Callable[[Any, Any], Any], argument: Any, name: str | None,
                kind: type | None = None) -> Any:
-    """``parent.run_subtransaction(function, argument, name=name)``, its arguments positional: a rule firing's
+    """``run_subtransaction(parent, function, argument, name=name)``, its arguments positional: a rule firing's
     path (no argument tuple, keyword dictionary or unpacking call per firing).  ``kind``: the type of
-    ``argument``, which is then the child's object of that type (``child.slot(kind)``) from its begin — the
+    ``argument``, which is then the child's object of that type (``slot(child, kind)``) from its begin — the
     rule manager's ``Firing``.  A child that is a frame and that nothing hears of (no extension's frame hooks,
     no observer of node events, no recorder) is begun and ended here, without ``_begin_inline``'s and
     ``commit``'s calls (README, "Frames": "What is left per firing")."""
@@ -261,7 +261,7 @@ def _begin_inline(parent: "Transaction", name: str | None, number: int | None = 
     else:
         child = _new_child(parent, name, inline=True, number=number)
         for kind, value in (slots or {}).items():
-            child.set_slot(kind, value)
+            child._set_slot(kind, value)
     try:
         manager._local.running.append(child)        # (push_running, without its call)
     except AttributeError:
@@ -331,7 +331,7 @@ def _new_child(node: "Transaction", name: str | None = None, *, inline: bool = F
         node._check_active("starting a subtransaction")
     manager = node.manager
     if node._lazy:
-        node.materialize()
+        node._materialize()
     manager.locking.release_holds(node)
     # Lazy: an inline child of a node with no other live child (so no sibling can conflict with it).
     lazy = inline and manager.subtransactions is not Subtransactions.MATERIALIZED and not node._children

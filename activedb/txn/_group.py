@@ -68,7 +68,7 @@ def run_group(parent: Transaction, function: Callable[[Any, Any], Any], argument
     if parent._doomed is not None or parent._state is not _ACTIVE:
         parent._check_active("starting a subtransaction")
     if parent._lazy:
-        parent.materialize()       # (as a spawn does: its children need it in the tree)
+        parent._materialize()       # (as a spawn does: its children need it in the tree)
     if parent._holds or parent._lazy_child is not None:
         manager.locking.release_holds(parent)
     if parent._children or parent._lazy_child is not None:
@@ -297,7 +297,7 @@ class GuardedFrame(Transaction):
             group.lock.release()
 
 
-for _name in ("read", "read_then_written", "prefetch", "read_many", "scan", "write", "insert", "delete", "write_many",
-              "signal", "emit", "enlist", "commit", "abort", "spawn", "want_end_hooks", "wait_children"):
+for _name in ("read", "_read_then_written", "prefetch", "read_many", "scan", "write", "insert", "delete", "write_many",
+              "signal", "emit", "_enlist", "commit", "abort", "spawn", "_want_end_hooks", "_wait_children"):
     setattr(GuardedFrame, _name, _bracketed(_name))
 del _name

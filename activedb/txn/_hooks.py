@@ -44,7 +44,7 @@ class TransactionExtension:
 
     #: False: ``on_begin``, ``before_commit`` and a commit's ``after_end`` are not called for a *frame* (an
     #: inline subtransaction nobody has registered anything on, txn README "Frames"); an extension that
-    #: needs a frame's end hooks asks for them (``tx.want_end_hooks()``: its ``before_commit`` and
+    #: needs a frame's end hooks asks for them (``lowlevel.want_end_hooks(tx)``: its ``before_commit`` and
     #: ``after_end`` are then called for it; their ``_in_frames`` lists are the others').
     frame_hooks: bool = True
 

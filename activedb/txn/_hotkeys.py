@@ -1,4 +1,4 @@
-"""Hot keys: what a tree learns about reads followed by writes, in its root's slot (``root.slot(HotKeys)``);
+"""Hot keys: what a tree learns about reads followed by writes, in its root's slot (``root._slot(HotKeys)``);
 ``README.md``, "Reads for update (hot keys)".
 
 Thread-safety: the tree's threads add to the sets (one ``set.add``, atomic); ``update_intent`` is set once,

@@ -245,7 +245,7 @@ class Locking:
                     return
             except lockmgr.LockError as error:
                 _raise_aborted(node, error)
-            node.materialize()
+            node._materialize()
         table_level = key is None or self._granularity.get(name) is _TABLE
         held = node._modes_held
         if held is not None:
@@ -271,7 +271,7 @@ class Locking:
                 _note_tuple(node, name, mode)
                 _note_held(node, (name, key), mode)
         except (DeadlockDetected, LockWaitTimeout) as error:
-            node.doom(error)
+            node._doom(error)
             raise
         except lockmgr.LockError as error:
             if node._doomed is not None:

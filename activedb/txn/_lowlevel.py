@@ -1,49 +1,61 @@
 """A transaction's extender tier, as functions of the transaction (re-exported by :mod:`activedb.lowlevel`).
 
 An application uses ``Transaction``'s methods (``read``, ``write``, ``spawn``, …); a package that extends
-activedb (a rule engine, a commit participant, an ingestion handler) uses these.  ``slot``, ``set_slot``,
-``doom``, ``materialize`` and ``run_subtransaction`` *are* the methods they name (the same function objects: no
-call is added on a hot path; no subclass overrides them); the others call the transaction's method, which a
-group's member frame overrides (``_group.GuardedFrame`` brackets them with the group's guard).
+activedb (a rule engine, a commit participant, an ingestion handler) uses these, and only these: the methods
+behind them are private.  ``slot``, ``set_slot``, ``doom``, ``materialize`` and ``run_subtransaction`` *are* the
+methods they name (the same function objects: no call is added on a hot path; no subclass overrides them); the
+others call the transaction's method, which a group's member frame overrides (``_group.GuardedFrame`` brackets
+them with the group's guard).
 """
 
 from __future__ import annotations
 
-from activedb.txn._participants import CommitParticipant
+from typing import TYPE_CHECKING
+
 from activedb.txn._tree import Transaction
 
-#: ``slot(tx, kind, *, create=True)``: the transaction's object of type ``kind`` (a package's per-transaction state).
-slot = Transaction.slot
-#: ``set_slot(tx, kind, value)``: make ``value`` the transaction's object of type ``kind``.
-set_slot = Transaction.set_slot
-#: ``doom(tx, reason)``: mark the transaction and its active descendants for abort.
-doom = Transaction.doom
-#: ``materialize(tx)``: give a lazy inline subtransaction its own lock-manager transaction now.
-materialize = Transaction.materialize
-#: ``run_subtransaction(tx, function, *args, name=None, **kwargs)``: ``function(child, ...)`` inline, its result.
-run_subtransaction = Transaction.run_subtransaction
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.txn._participants import CommitParticipant
+
+#: ``slot(tx, kind, *, create=True)``: ``tx``'s object of type ``kind``, one per type, created with ``kind()`` on
+#: first use (``create=False``: None if there is none).  A package keeps its per-transaction state here, in a type
+#: it owns (the rule manager's ``RuleContext``), instead of attributes on the transaction.
+slot = Transaction._slot
+#: ``set_slot(tx, kind, value)``: make ``value`` ``tx``'s object of type ``kind``, in place of any.
+set_slot = Transaction._set_slot
+#: ``doom(tx, reason)``: mark ``tx`` and its active descendants for abort (they raise at their next operation).
+doom = Transaction._doom
+#: ``materialize(tx)``: give a lazy inline subtransaction its own lock-manager transaction now (txn README, "Lazy
+#: inline subtransactions"); a no-op for any other node.  Called by the thread running it.
+materialize = Transaction._materialize
+#: ``run_subtransaction(tx, function, *args, name=None, **kwargs)``: ``function(child, *args, **kwargs)`` as an
+#: inline subtransaction; its result (the child commits), or its error re-raised (the child aborts).
+run_subtransaction = Transaction._run_subtransaction
 
 
 def enlist(transaction: Transaction, participant: CommitParticipant) -> None:
-    """Make ``participant`` take part in the top-level commit of ``transaction``'s tree (see ``CommitParticipant``;
-    ``Transaction.enlist``)."""
-    transaction.enlist(participant)
+    """Make ``participant`` take part in the top-level commit of ``transaction``'s tree (see ``CommitParticipant``).
+    Enlisted in a subtransaction, it moves to the parent when that commits and is dropped (its ``aborted`` called)
+    if it aborts.  Allowed while the transaction is active or waiting for its children to commit."""
+    transaction._enlist(participant)
 
 
 def want_end_hooks(transaction: Transaction) -> None:
-    """Make the extensions that skip frames hear ``transaction``'s end (``Transaction.want_end_hooks``)."""
-    transaction.want_end_hooks()
+    """Make the extensions that skip frames (``TransactionExtension.frame_hooks = False``) hear ``transaction``'s
+    end — ``before_commit`` and ``after_end`` — even while it is a frame (txn README, "Frames"); called by the
+    thread running it, before its commit."""
+    transaction._want_end_hooks()
 
 
 def wait_children(transaction: Transaction, timeout: float | None = None) -> None:
     """Wait until every child of ``transaction`` has ended, running queued ones in this thread."""
-    transaction.wait_children(timeout)
+    transaction._wait_children(timeout)
 
 
 def read_then_written(transaction: Transaction) -> frozenset[str]:
-    """The tables of which ``transaction``'s tree read a row plainly and then wrote it (``Database.run``'s
-    hot-key learning)."""
-    return transaction.read_then_written()
+    """The tables of which ``transaction``'s tree read a row plainly (``tx.read`` without ``for_update``) and then
+    wrote it (``Database.run``'s hot-key learning; txn README, "Reads for update")."""
+    return transaction._read_then_written()
 
 
 __all__ = ["slot", "set_slot", "enlist", "doom", "want_end_hooks", "materialize", "wait_children",

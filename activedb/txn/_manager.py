@@ -113,14 +113,14 @@ class TransactionManager:
         whose plain reads take update intent in this tree (``Database.run``'s hot-key learning)."""
         transaction = Transaction(self, None, name=name, read_base=read_base)
         if update_intent:
-            transaction.slot(HotKeys).update_intent = frozenset(update_intent)
+            transaction._slot(HotKeys).update_intent = frozenset(update_intent)
         outer = self.current()
         nesting = None
         with self._live_mutex:
             self._live[transaction.id] = transaction
         try:
             for participant in participants:
-                transaction.enlist(participant)
+                transaction._enlist(participant)
             if outer is not None:
                 # This thread runs ``outer`` and now blocks inside a new top-level transaction until it
                 # ends: ``outer`` waits for it.  Its own holds become retains (it runs no operation

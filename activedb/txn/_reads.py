@@ -29,20 +29,20 @@ class Reads:
         self._check_active("read")
         info = self.manager.catalog.table_info(table)
         key = info.key(key)
-        slots = self.root._slots          # (``slot(HotKeys, create=False)`` without its call: every read)
+        slots = self.root._slots          # (``_slot(HotKeys, create=False)`` without its call: every read)
         hot = slots.get(HotKeys) if slots is not None else None
         if for_update or (hot is not None and info.name in hot.update_intent):
             self.manager.locking.acquire(self, info, key, Mode.UPDATE)
             return _view.read_row(self, info, key, for_update=True)
         self.manager.locking.acquire(self, info, key, Mode.READ)
-        (hot or self.root.slot(HotKeys)).plain_reads.add((info.name, key))
+        (hot or self.root._slot(HotKeys)).plain_reads.add((info.name, key))
         return _view.read_row(self, info, key)
 
-    def read_then_written(self) -> frozenset[str]:
+    def _read_then_written(self) -> frozenset[str]:
         """The tables of which this tree read a row plainly (``tx.read`` without ``for_update``) and then
         wrote it: where two such trees convert their read locks to write locks and one must give way.
         ``Database.run`` learns them from an attempt that failed (see README, "Hot keys")."""
-        hot = self.root.slot(HotKeys, create=False)
+        hot = self.root._slot(HotKeys, create=False)
         return frozenset(hot.read_then_written) if hot is not None else frozenset()
 
     def prefetch(self, table: Any, keys: Any) -> int:
@@ -51,7 +51,7 @@ class Reads:
         number of rows found.  Useful before processing a batch of events on known keys."""
         self._check_active("prefetch")
         info = self.manager.catalog.table_info(table)
-        chain, name = (self, *self.ancestors()), info.name
+        chain, name = (self, *self.ancestors), info.name
         wanted = list(dict.fromkeys(key for key in map(info.key, keys) if not any(
             (name, key) in node._db_reads or (name, key) in node._writes for node in chain)))
         locking = self.manager.locking
@@ -79,7 +79,7 @@ class Reads:
             mode = _READ_LOCKS[lock]
             for key in normalised.values():
                 locking.acquire(self, info, key, mode)
-        chain = (self, *self.ancestors())
+        chain = (self, *self.ancestors)
         name = info.name
         wanted = list(dict.fromkeys(key for key in normalised.values()
                                     if not any((name, key) in member._db_reads for member in chain)))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import datetime
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 from lockmgr import Mode, TxnState
 
@@ -47,7 +47,14 @@ _NONE: tuple = ()   # a node's scans or participants until its first (its childr
 
 
 class Transaction(Reads, Writes, Children):
-    """A node of a transaction tree.  See the module docstring."""
+    """A node of a transaction tree.  See the module docstring.
+
+    Its public methods are the application tier: ``read``, ``read_many``, ``prefetch``, ``scan``, ``write``,
+    ``write_many``, ``insert``, ``delete``, ``signal``, ``emit``, ``spawn``, ``subtransaction``, ``retry``,
+    ``commit``, ``abort`` (and the properties ``state``, ``parent``, ``children``, ``ancestors``, ``root``, …).
+    What an extension needs — slots, participants, doom, frames' hooks, materialization — is the extender tier,
+    functions of the transaction in :mod:`activedb.lowlevel` (``_lowlevel.py``); the methods behind them are
+    private."""
 
     __slots__ = ("manager", "parent", "root", "depth", "id", "name", "began_at", "info", "subtransactions_committed",
                  "_mutex", "_state", "_children", "_tasks", "_writes", "_db_reads", "_scans", "_participants",
@@ -198,11 +205,15 @@ class Transaction(Reads, Writes, Children):
             children.append(frame)
         return children
 
-    def ancestors(self) -> Iterator["Transaction"]:
+    @property
+    def ancestors(self) -> tuple["Transaction", ...]:
+        """The parent, its parent, … up to the root (empty for a top-level transaction)."""
+        found = []
         node = self.parent
         while node is not None:
-            yield node
+            found.append(node)
             node = node.parent
+        return tuple(found)
 
     @property
     def log_id(self) -> str:
@@ -222,7 +233,7 @@ class Transaction(Reads, Writes, Children):
                 f"while it is active — start a new transaction"
             )
 
-    def doom(self, reason: BaseException) -> None:
+    def _doom(self, reason: BaseException) -> None:
         """Mark this node and its active descendants for abort (they raise at their next operation)."""
         pending = [self]
         while pending:
@@ -233,7 +244,7 @@ class Transaction(Reads, Writes, Children):
 
     # --- extension seams ------------------------------------------------------------------------
 
-    def enlist(self, participant: CommitParticipant) -> None:
+    def _enlist(self, participant: CommitParticipant) -> None:
         """Make ``participant`` take part in the top-level commit (see ``CommitParticipant``).  Enlisted in
         a subtransaction, it moves to the parent when the subtransaction commits and is dropped (its
         ``aborted`` called) if it aborts.  Allowed while the transaction is active or waiting for its
@@ -249,7 +260,14 @@ class Transaction(Reads, Writes, Children):
                 self._participants = []
             self._participants.append(participant)
 
-    def slot(self, kind: type[SlotType], *, create: bool = True) -> SlotType | None:
+    @overload
+    def _slot(self, kind: type[SlotType]) -> SlotType: ...
+    @overload
+    def _slot(self, kind: type[SlotType], *, create: Literal[True]) -> SlotType: ...
+    @overload
+    def _slot(self, kind: type[SlotType], *, create: bool) -> SlotType | None: ...
+
+    def _slot(self, kind: type[SlotType], *, create: bool = True) -> SlotType | None:
         """This transaction's object of type ``kind`` (one per type, created with ``kind()`` on first use;
         ``create=False``: None if there is none).  A package keeps its per-transaction state here, in a
         type it owns (e.g. the rule manager's ``RuleContext``), instead of attributes on the transaction."""
@@ -272,8 +290,8 @@ class Transaction(Reads, Writes, Children):
                 value = self._slots[kind] = kind()
         return value
 
-    def set_slot(self, kind: type[SlotType], value: SlotType) -> None:
-        """Make ``value`` this transaction's object of type ``kind`` (see :meth:`slot`), in place of any."""
+    def _set_slot(self, kind: type[SlotType], value: SlotType) -> None:
+        """Make ``value`` this transaction's object of type ``kind`` (see :meth:`_slot`), in place of any."""
         if self._frame:          # (no other thread knows a frame)
             if self._slots is None:
                 self._slots = {kind: value}
@@ -320,7 +338,7 @@ class Transaction(Reads, Writes, Children):
             if not self._lazy and (self._children or self.parent is None):
                 manager.locking.release_holds(self)
             if self._tasks:                # only spawned children have tasks (an inline child has ended)
-                self.wait_children()
+                self._wait_children()
             if self._doomed is not None:
                 raise TransactionAborted(f"transaction {self.id} was aborted ({self._doomed})") from self._doomed
             if self.parent is not None:
@@ -368,7 +386,7 @@ class Transaction(Reads, Writes, Children):
         # Doom the subtree before its writes are discarded: a descendant reading meanwhile then raises
         # instead of returning the row without them (``_view.read_row`` checks after reading).  (An ended
         # node is not doomed, nor are its children: it has none.)
-        self.doom(error)
+        self._doom(error)
         with self._mutex:
             if self._state in (_COMMITTED, _ABORTED):
                 if self._state is _COMMITTED:
@@ -381,7 +399,7 @@ class Transaction(Reads, Writes, Children):
             take_back_writes(self, keep=False)      # a frame's writes leave its parent's write set
         manager = self.manager
         manager.locking.abort(self)
-        self.wait_children()
+        self._wait_children()
         for participant in participants:
             try:
                 participant.aborted(self, error)

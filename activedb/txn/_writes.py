@@ -60,7 +60,7 @@ class Writes:
 
     def _modify(self, info: TableInfo, key: Key, entry: Entry, *, must_not_exist: bool = False,
                 lock: bool = True) -> None:
-        slots = self.root._slots          # (``slot(HotKeys, create=False)`` without its call: every write)
+        slots = self.root._slots          # (``_slot(HotKeys, create=False)`` without its call: every write)
         hot = slots.get(HotKeys) if slots is not None else None
         if hot is not None and (info.name, key) in hot.plain_reads:
             hot.read_then_written.add(info.name)    # before the lock: a conversion may be the victim

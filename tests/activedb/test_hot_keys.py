@@ -22,6 +22,7 @@ import threading
 import pytest
 import sqlalchemy as sa
 
+from activedb import lowlevel
 import activedb
 from activedb import testing
 from activedb.errors import SerializationConflict
@@ -224,7 +225,7 @@ def test_across_engines_plain_read_then_write_flushes_queue_at_the_validation(db
         def increment(tx, participant):
             attempts.append(participant)
             row = tx.read("accounts", 1)                    # plain: validated at the flush
-            tx.enlist(participant)
+            lowlevel.enlist(tx, participant)
             tx.write("accounts", 1, balance=row["balance"] + 1)
 
         errors = []

@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from activedb import lowlevel
 import activedb
 from activedb import Coupling, testing
 from activedb.txn import Subtransactions, run_inline
@@ -410,7 +411,7 @@ def test_an_events_subtransaction_with_its_rule_inside_begins_nothing_in_the_loc
             begun = locks.statistics().begun
             with db.transaction() as tx:
                 for _ in range(5):
-                    tx.run_subtransaction(lambda event_tx, _: event_tx.emit("lazy0"), None)
+                    lowlevel.run_subtransaction(tx, lambda event_tx, _: event_tx.emit("lazy0"), None)
             if representation == Subtransactions.FRAMES.value:
                 assert locks.statistics().begun - begun == 1        # the top-level transaction only
             else:
@@ -709,7 +710,7 @@ class _AsksForEndHooks(_EndHooks):
 
     def on_event(self, transaction, event) -> None:
         if event.source == "hook_me":
-            transaction.want_end_hooks()
+            lowlevel.want_end_hooks(transaction)
 
 
 def test_an_extension_that_skips_frames_hears_the_end_of_the_frames_it_asked_for(db, use):
@@ -770,10 +771,10 @@ def test_run_subtransaction_takes_any_arguments_alike_in_every_representation(db
         use(representation)
         _clear_items(db)
         with db.transaction() as tx:
-            returned = [tx.run_subtransaction(put, "a"), tx.run_subtransaction(put, "b", 2),
-                        tx.run_subtransaction(put, "c", value=3)]
+            returned = [lowlevel.run_subtransaction(tx, put, "a"), lowlevel.run_subtransaction(tx, put, "b", 2),
+                        lowlevel.run_subtransaction(tx, put, "c", value=3)]
             with pytest.raises(Planned):
-                tx.run_subtransaction(fail, "a")
+                lowlevel.run_subtransaction(tx, fail, "a")
             seen = tx.read("items", "a")["value"]
         table = _items(db)
         outcomes[representation] = (returned, seen, table, tx.subtransactions_committed)
@@ -814,7 +815,7 @@ def test_a_frame_has_every_field_a_node_has(db, use):
         with db.transaction() as tx:
             def look(child, given):
                 seen[representation] = (child._frame, [name for name in fields if not hasattr(child, name)],
-                                        child.slot(object, create=False) is given)
+                                        lowlevel.slot(child, object, create=False) is given)
             run_inline(tx, look, argument, "look", object)
     assert seen[Subtransactions.FRAMES] == (True, [], True)
     assert seen[Subtransactions.LAZY] == seen[Subtransactions.MATERIALIZED] == (False, [], True)

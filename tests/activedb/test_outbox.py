@@ -26,6 +26,7 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
+from activedb import lowlevel
 import activedb
 from activedb import Coupling, Event, EventKind
 from activedb.cli import main
@@ -201,7 +202,7 @@ def test_an_attempt_database_run_retries_leaves_no_detached_firing(db):
 
 def outbox_participant(tx):
     """The outbox's recording participant of ``tx``'s tree (None: none enlisted)."""
-    state = tx.root.slot(TreeState, create=False)
+    state = lowlevel.slot(tx.root, TreeState, create=False)
     return state.participant if state is not None else None
 
 

@@ -16,6 +16,7 @@ import threading
 import pytest
 import sqlalchemy as sa
 
+from activedb import lowlevel
 import activedb
 from activedb import Coupling, testing
 from activedb.errors import CascadeLimitExceeded, RuleError, RuleFailed, UnknownTable
@@ -169,7 +170,7 @@ def test_deferred_cycles_run_in_order(db):
 
     @db.rule(on=db.signalled("s0"), coupling="deferred")
     def first(tx, event):
-        order.append(("first", tx.slot(RuleContext).deferred_queue is None))
+        order.append(("first", lowlevel.slot(tx, RuleContext).deferred_queue is None))
         tx.signal("s1")
 
     @db.rule(on=db.signalled("s1"), coupling="deferred")
@@ -186,7 +187,7 @@ def test_deferred_cycles_run_in_order(db):
         assert order == []                     # nothing before the commit point
         queue_of_trigger = tx
     assert [entry[0] for entry in order] == ["first", "second", "third"]
-    statistics = queue_of_trigger.slot(RuleContext).deferred_queue.statistics()
+    statistics = lowlevel.slot(queue_of_trigger, RuleContext).deferred_queue.statistics()
     assert statistics.cycles_run == 3          # cycle 0, 1, 2 on the trigger's own queue
 
 
@@ -414,7 +415,7 @@ def test_fire_runs_planned_firings_and_tells_each_outcome(db):
 
     with pytest.raises(RuleFailed, match="breaks"):
         with db.transaction() as tx:
-            tx.run_subtransaction(db.rules.fire, firings("shared"), shared=True)
+            lowlevel.run_subtransaction(tx, db.rules.fire, firings("shared"), shared=True)
     assert db.rules.statistics().per_rule["breaks"].failed == 2
 
 

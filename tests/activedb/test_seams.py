@@ -9,6 +9,7 @@ import threading
 import pytest
 import sqlalchemy as sa
 
+from activedb import lowlevel
 import activedb
 from activedb import CommitParticipant, Coupling, Observer, testing
 from activedb.errors import RuleFailed
@@ -59,10 +60,10 @@ def test_participants_take_part_in_order_in_the_one_database_transaction(db):
     with db.transaction(participants=[Recorder("first", calls, "items")]) as tx:
         tx.write("accounts", 1, balance=1)
         with tx.subtransaction() as child:
-            child.enlist(Recorder("child", calls, "items"))
+            lowlevel.enlist(child, Recorder("child", calls, "items"))
         with pytest.raises(ValueError):
             with tx.subtransaction() as dropped:
-                dropped.enlist(Recorder("dropped", calls, "items"))
+                lowlevel.enlist(dropped, Recorder("dropped", calls, "items"))
                 raise ValueError("this subtransaction aborts")
     assert calls == [("dropped", "aborted", "ValueError"),
                      ("first", "before_flush"), ("child", "before_flush"), ("first", "write"), ("child", "write"),
@@ -239,12 +240,12 @@ def test_the_typed_slot_is_one_object_per_type_and_transaction(db):
             self.count = 0
 
     with db.transaction() as tx:
-        assert tx.slot(Mine, create=False) is None
-        tx.slot(Mine).count += 1
-        tx.slot(Mine).count += 1
-        assert tx.slot(Mine).count == 2
+        assert lowlevel.slot(tx, Mine, create=False) is None
+        lowlevel.slot(tx, Mine).count += 1
+        lowlevel.slot(tx, Mine).count += 1
+        assert lowlevel.slot(tx, Mine).count == 2
         with tx.subtransaction() as child:
-            assert child.slot(Mine, create=False) is None
+            assert lowlevel.slot(child, Mine, create=False) is None
 
 
 def test_an_action_waiting_for_its_condition_gives_way_when_the_condition_needs_its_row(db):

@@ -21,6 +21,7 @@ import threading
 import pytest
 import sqlalchemy as sa
 
+from activedb import lowlevel
 import activedb
 from activedb import batch, testing
 from benchmarks import workloads
@@ -55,7 +56,7 @@ def test_at_commit_writes_state_dead_letters_and_ledger_together_and_a_replay_is
         with db.transaction(name="at-commit") as tx:
             pending = batch.apply_at_commit(tx, events, transactions, query_id="at-commit", batch_id=1,
                                             on_result=counts)
-            tx.enlist(ledger)                # after the batch: its row needs the counts
+            lowlevel.enlist(tx, ledger)                # after the batch: its row needs the counts
             assert pending.state is batch.PendingState.PENDING
             with pytest.raises(batch.errors.BatchNotCommitted):
                 pending.result
@@ -145,7 +146,7 @@ def test_new_rows_are_created_and_concurrent_inserts_of_them_are_ordered(db):
 
             with db.transaction() as tx:
                 batch.apply_at_commit(tx, report, transactions, dead_letters=None)
-                tx.enlist(_HoldBeforeCommit(lambda: _start_thread(insert_during_commit),
+                lowlevel.enlist(tx, _HoldBeforeCommit(lambda: _start_thread(insert_during_commit),
                                             lambda: _waiting_on_a_lock(db)))
             testing.wait_until(lambda: done, timeout=30, message="the other writer to commit")
             assert _rows(db, workloads.TOLL_COUNT, "segment")[501]["vehicles"] == 70
@@ -283,7 +284,7 @@ def test_a_writer_in_another_process_loses_no_update(db, database_url):
             # then sees the batch's change (its read-modify-write is re-run), nothing lost.
             with db.transaction() as tx:
                 batch.apply_at_commit(tx, deposits, transactions)
-                tx.enlist(_HoldBeforeCommit(lambda: writer.send(f"rmw {key} 100"), lambda: _waiting_on_a_lock(db),
+                lowlevel.enlist(tx, _HoldBeforeCommit(lambda: writer.send(f"rmw {key} 100"), lambda: _waiting_on_a_lock(db),
                                             lambda: _activity(db)))
             assert writer.ask(None) == "done"
             assert _balance(db, key) == 1200 + 50 + 100

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
+from activedb import lowlevel
 from activedb import CommitParticipant, Coupling
 from tests.spark_bridge.app_counters import MAPPING, MIGRATIONS, SCHEMA, apply_add, apply_sub
 
@@ -47,7 +48,7 @@ def is_poisoned(tx, event) -> bool:
 
 
 def refuse_poison(tx, event) -> None:
-    tx.enlist(Refusal())
+    lowlevel.enlist(tx, Refusal())
 
 
 def register(db) -> None:

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 import sqlalchemy as sa
 
+from activedb import lowlevel
 import activedb
 import spark_bridge
 from activedb.errors import DatabaseUnavailable, SerializationConflict
@@ -294,7 +295,7 @@ class CollectorWatch(Writer):
 
     def handle(self, tx, batch, ledger) -> None:
         self.seen["handle"] = gc.isenabled()
-        tx.enlist(self.participant)
+        lowlevel.enlist(tx, self.participant)
         super().handle(tx, batch, ledger)
 
 
