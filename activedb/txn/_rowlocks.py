@@ -28,7 +28,7 @@ LOCK_TIMEOUT = "10s"
 
 
 class _Slot:
-    """``root.slot(_Slot)``: the tree's session, created once under ``mutex``."""
+    """``root._slot(_Slot)``: the tree's session, created once under ``mutex``."""
 
     def __init__(self) -> None:
         self.mutex = threading.Lock()
@@ -48,7 +48,7 @@ class RowLocks(CommitParticipant):
 
     @classmethod
     def of(cls, root: "Transaction", *, create: bool = True) -> "RowLocks | None":
-        slot = root.slot(_Slot, create=create)
+        slot = root._slot(_Slot, create=create)
         if slot is None:
             return None
         session = slot.session          # set once, never unset: no mutex needed to find it
@@ -57,7 +57,7 @@ class RowLocks(CommitParticipant):
         with slot.mutex:
             if slot.session is None and create:
                 session = cls(root)
-                root.enlist(session)
+                root._enlist(session)
                 slot.session = session
             return slot.session
 
