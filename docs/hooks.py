@@ -7,6 +7,10 @@
   mkdocstrings entry per public name at the module that defines it (the packages export their names lazily,
   which a static reader cannot follow). A name several pages export is documented once, on the page of the
   package that defines it (or the first that exports it), and linked from the others.
+* A page may include a section of a design note instead of copying it: the line
+  ``<!-- include: spark_bridge/README.md "Running on a cluster" -->`` becomes that section's text (its
+  heading left out, its deeper headings raised to the page's levels, its relative links made relative to the
+  page).
 * Docstrings are written with Sphinx's roles (``:class:`Transaction```); the rendered pages drop the role and
   keep the code.
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import re
 import sys
 import typing
@@ -61,6 +66,30 @@ def _add(files: Files, path: Path, config) -> None:
 
 
 _ROLE = re.compile(r":(?:py:)?(?:class|func|meth|attr|mod|exc|data|obj|const):(?=<code>)")
+
+
+_INCLUDE = re.compile(r'^<!-- include: (\S+) "([^"]+)" -->$', re.M)
+_HEADING = re.compile(r"^(#+) ", re.M)
+_LINK = re.compile(r"\]\((?!https?:|#|/)([^)]+)\)")
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    def section(match: re.Match) -> str:
+        note, title = ROOT / match.group(1), match.group(2)
+        text = note.read_text()
+        start = re.search(rf"^(#+) {re.escape(title)}.*$", text, re.M)
+        if start is None:
+            raise LookupError(f"{page.file.src_uri} includes {match.group(1)}, section {title!r}, which has no such "
+                              f"heading")
+        level = len(start.group(1))
+        end = re.compile(rf"^#{{1,{level}}} ", re.M).search(text, start.end())
+        body = text[start.end():end.start() if end else len(text)]
+        body = _HEADING.sub(lambda heading: "#" * (len(heading.group(1)) - level + 1) + " ", body)
+        here = Path(page.file.src_uri).parent
+        return _LINK.sub(lambda link: "](" + os.path.relpath(Path(match.group(1)).parent / link.group(1), here) + ")",
+                         body).strip() + "\n"
+
+    return _INCLUDE.sub(section, markdown)
 
 
 def on_page_content(html: str, page, config, files) -> str:

@@ -59,13 +59,19 @@ def test_the_commands_the_readme_documents_exist():
 
     from activedb.cli import main
 
-    text = README.read_text()
-    for command in re.findall(r"`activedb ([a-z-]+)", text):
+    pages = [README, *sorted((ROOT / "docs").glob("**/*.md"))]
+    def mentioned(text: str) -> list[str]:              # in `code`, and the commands of ```bash blocks
+        shell = "\n".join(re.findall(r"^```bash\n(.*?)^```", text, re.S | re.M))
+        return re.findall(r"`activedb ([a-z-]+)", text) + re.findall(r"^activedb ([a-z-]+)", shell, re.M)
+
+    commands = {command: page for page in reversed(pages) for command in mentioned(page.read_text())}
+    for command, page in commands.items():
         result = CliRunner().invoke(main, [command, "--help"])
-        assert result.exit_code == 0, f"README mentions `activedb {command}`: {result.output}"
+        assert result.exit_code == 0, f"{page.relative_to(ROOT)} mentions `activedb {command}`: {result.output}"
 
 
 FENCE = re.compile(r"^```python\n(.*?)^```\n", re.S | re.M)
+FILE_FENCE = re.compile(r'^```python title="([^"]+)"\n(.*?)^```\n', re.S | re.M)   # a file the text asks to save
 FRAGMENT = "# fragment:"
 SAID = re.compile(r"\s*It prints(?: `([^`]*)`| nothing|:\n+```text\n(.*?)```)", re.S)
 
@@ -79,6 +85,7 @@ class Block:
     line: int
     code: str
     expected: str | None            # what the README says it prints; None: it does not say
+    files: tuple[tuple[str, str], ...] = ()     # (path, text) of the files saved above it (a ``title="path"`` block)
 
     @property
     def fragment(self) -> bool:
@@ -109,8 +116,21 @@ def blocks(readme: Path) -> list[Block]:
         expected = None
         if said is not None:
             expected = said.group(1) + "\n" if said.group(1) is not None else (said.group(2) or "")
-        found.append(Block(readme, text.count("\n", 0, match.start()) + 1, match.group(1), expected))
+        files = _saved_before(readme, text, match.start())
+        found.append(Block(readme, text.count("\n", 0, match.start()) + 1, match.group(1), expected, files))
     return found
+
+
+TUTORIAL = ROOT / "docs" / "tutorial.md"
+
+
+def _saved_before(page: Path, text: str, end: int) -> tuple[tuple[str, str], ...]:
+    """The files a block's page asked to save above it (``python title="path"`` blocks); a page of the site
+    other than the tutorial starts from the tutorial's directory, so the tutorial's files come first."""
+    tutorial = ()
+    if page.parent.parent == TUTORIAL.parent and TUTORIAL.exists():          # docs/howto/*.md and the like
+        tutorial = _saved_before(TUTORIAL, TUTORIAL.read_text(), len(TUTORIAL.read_text()))
+    return tutorial + tuple((saved.group(1), saved.group(2)) for saved in FILE_FENCE.finditer(text, 0, end))
 
 
 ALL_BLOCKS = [block for readme in readmes() for block in blocks(readme)]
@@ -136,10 +156,15 @@ def test_every_readme_block_is_a_complete_example_or_a_marked_fragment():
 def test_a_complete_readme_example_runs_in_a_fresh_directory_and_prints_what_the_readme_says(
         block, make_database_url, tmp_path):
     url = make_database_url(re.sub(r"[^a-z0-9]", "_", str(block).lower())[-30:])
-    assert _run_example(block.code, url, tmp_path, timeout=600 if block.spark else 180) == block.expected, str(block)
+    assert _run_example(block.code, url, tmp_path, timeout=600 if block.spark else 180, files=block.files) == \
+        block.expected, str(block)
 
 
-def _run_example(code: str, database_url: str, tmp_path: Path, *, timeout: float = 180) -> str:
+def _run_example(code: str, database_url: str, tmp_path: Path, *, timeout: float = 180,
+                 files: tuple[tuple[str, str], ...] = ()) -> str:
+    for path, text in files:                          # what the page asked to save before, by its title
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
     script = tmp_path / "example.py"
     script.write_text(code)
     environment = {**os.environ, "ACTIVEDB_DATABASE_URL": database_url, "ACTIVEDB_HOME": str(tmp_path / "home"),

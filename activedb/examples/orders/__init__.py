@@ -1,4 +1,4 @@
-"""The orders of the README's change-capture example: ``MIGRATIONS``, an Alembic directory (version table
+"""The orders of the change-capture how-to's example (docs/howto/change-capture.md): ``MIGRATIONS``, an Alembic directory (version table
 ``orders_example_version``) whose one revision creates ``orders`` and ``order_log`` and captures ``orders``
 with ``enable_capture(op, "orders")`` — what an application's own revision does."""
 

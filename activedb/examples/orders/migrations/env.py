@@ -1,4 +1,4 @@
-"""Alembic environment of the orders example (the README's change-capture example)."""
+"""Alembic environment of the orders example (the change-capture how-to's example)."""
 from activedb.alembic_env import run_env
 
 run_env(version_table="orders_example_version")
