@@ -291,6 +291,7 @@ def run(quick: bool = False) -> BenchReport:
                 target=(f">= {GOAL} of psycopg" if mode == "update-lock"
                         else f">= {PLAIN_GOAL} of psycopg" if processes > 1 else None),
                 met=(ratio >= GOAL if mode == "update-lock" else ratio >= PLAIN_GOAL if processes > 1 else None),
+                goal=GOAL if mode == "update-lock" else PLAIN_GOAL if processes > 1 else None,
                 extra={**{key: value for key, value in figures.items() if key != "rate"},
                        "baseline_p50_ms": baseline["p50_ms"], "baseline_p99_ms": baseline["p99_ms"]}))
     phases = _phases(url, PHASE_COMMITS // 10 if quick else PHASE_COMMITS)

@@ -685,7 +685,7 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
                                                    **_microseconds(peer_median["per_phase"], peer_median["rows"])}))
             report.add(Row(name=f"{size:,} events/batch: hand-hygiene rules vs the PL/pgSQL peer", value=rule_rate,
                            unit="events/s", baseline_name="PL/pgSQL row triggers", baseline=peer_rate,
-                           ratio=rule_ratio, target=f">= {PEER_GOAL} of the peer", met=rule_ratio >= PEER_GOAL,
+                           ratio=rule_ratio, target=f">= {PEER_GOAL} of the peer", met=rule_ratio >= PEER_GOAL, goal=PEER_GOAL,
                            extra={"same_result_as_activedb": same, "rounds": rounds,
                                   "ratio_per_round": round_ratios,
                                   "ratio_of_medians": round(rule_rate / peer_rate, 3),
@@ -697,7 +697,7 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
             report.add(Row(name=f"{size:,} events/batch: hand-hygiene as declared rules vs the PL/pgSQL peer",
                            value=declared_rate, unit="events/s", baseline_name="PL/pgSQL row triggers",
                            baseline=peer_rate, ratio=declared_ratio, target=f">= {PEER_GOAL} of the peer",
-                           met=declared_ratio >= PEER_GOAL,
+                           met=declared_ratio >= PEER_GOAL, goal=PEER_GOAL,
                            extra={"same_result_as_the_peer": same_declared, "rounds": rounds,
                                   "lowered": declared_median["lowered"],
                                   "ratio_per_round": [round(rate / peer_value, 3)
@@ -715,7 +715,7 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
             report.add(Row(name=f"{size:,} events/batch: hand-hygiene rules vs plain write", value=rule_rate,
                            unit="events/s", baseline_name="plain write (COPY, no rules)", baseline=plain_rate,
                            ratio=ratio, target=f"rule layer <= {MAX_RULE_COST:g}x plain (ratio >= 0.33)",
-                           met=ratio >= 1 / MAX_RULE_COST, extra=extra))
+                           met=ratio >= 1 / MAX_RULE_COST, goal=1 / MAX_RULE_COST, extra=extra))
             report.add(Row(name=f"{size:,} events/batch: hand-hygiene rules vs the goal", value=rule_rate,
                            unit="events/s", target=f">= {GOAL_EVENTS_PER_SECOND:,} events/s",
                            met=rule_rate >= GOAL_EVENTS_PER_SECOND))
@@ -740,6 +740,7 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
                                baseline=rule_rate, ratio=scaled_rate / rule_rate,
                                target=f">= {SCALE_OUT_GOAL:g} of one task" if goal else None,
                                met=scaled_rate / rule_rate >= SCALE_OUT_GOAL if goal else None,
+                               goal=SCALE_OUT_GOAL if goal else None,
                                extra={"partitions": 2, "cores": os.cpu_count(), "measured_batches": scaled_out["batches"],
                                       "same_result_as_the_peer": _app_state(database) == states["peer"],
                                       **_microseconds(scaled_out["per_phase"], scaled_out["rows"])}))
@@ -788,6 +789,7 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
                                         f"{peer_name}", value=light_rate, unit="events/s",
                                    baseline_name=peer_name, baseline=peer_value, ratio=light_rate / peer_value,
                                    target=f">= {PEER_GOAL} of the peer", met=light_rate / peer_value >= PEER_GOAL,
+                                   goal=PEER_GOAL,
                                    extra={"same_counters_as_the_trigger": same_counters}))
                 if label == "inline" and light["rows"]:
                     engine_us = light["per_phase"].get("engine", 0.0) / light["rows"] * 1e6

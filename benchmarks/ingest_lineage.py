@@ -93,6 +93,7 @@ def run(quick: bool = False, progress: Any = None) -> BenchReport:
                 name=f"IngestSink.process, {events:,} events per batch, lineage recorded", value=on,
                 unit="events/s", baseline_name="same batches, lineage off", baseline=off, ratio=ratio,
                 target=">= 0.90 of lineage off" if goal else None, met=(ratio >= 0.90) if goal else None,
+                goal=0.90 if goal else None,
                 extra={"rounds": rounds, "cost_percent": round((1 - ratio) * 100, 1),
                        "added_ms_per_batch_paired_median": round(added * 1000, 2),
                        "paired_cost_percent": round(added / statistics.median(timings[False]) * 100, 1)}))

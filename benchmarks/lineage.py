@@ -61,6 +61,7 @@ def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:
             report.add(Row(f"batch of {events} event(s), lineage recorded", recorded_rate, "events/s",
                            baseline_name="same batches, no lineage", baseline=plain_rate, ratio=ratio,
                            target=">= 0.90 of no lineage" if goal else None, met=(ratio >= 0.90) if goal else None,
+                           goal=0.90 if goal else None,
                            extra={"rounds": rounds, "cost_percent": round((1 - ratio) * 100, 1)}))
             progress.update(len(report.rows), f"batches of {events} event(s), with and without lineage")
         database.batches.prune(older_than=0)

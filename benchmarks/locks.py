@@ -108,7 +108,7 @@ def _uncontended(report: BenchReport, quick: bool) -> None:
     ratio = locked / bare
     report.add(Row(name="uncontended tuple acquire+release, leaf of a 3-level tree", value=locked, unit="pairs/s",
                    baseline_name="bare dict table, one mutex", baseline=bare, ratio=ratio,
-                   target=">= 0.40 of the bare table", met=ratio >= 0.40,
+                   target=">= 0.40 of the bare table", met=ratio >= 0.40, goal=0.40,
                    extra={"pairs_per_run": pairs, "ns_per_pair": 1e9 / locked, "bare_ns_per_pair": 1e9 / bare}))
     report.add(Row(name="same, vs a bare table that releases a transaction's keys in one batch (no target)",
                    value=locked, unit="pairs/s", baseline_name="bare table, batched release", baseline=batched,

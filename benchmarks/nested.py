@@ -80,7 +80,7 @@ def _sweep(database, report: BenchReport, label: str, configurations, total_obje
         report.add(Row(
             name=f"{label}: {transactions} transactions, fanout {fanout}", value=cpu * 1000, unit="ms CPU",
             baseline_name=f"{baseline_config[0]} tx, fanout {baseline_config[1]}", baseline=baseline * 1000,
-            ratio=cpu / baseline,
+            ratio=baseline / cpu,         # > 1: less CPU than the first point (the table's convention)
             extra={"median_ms": round(cpu * 1000, 3), "quartiles_ms": [round(low * 1000, 3), round(high * 1000, 3)],
                    "min_ms": round(min(values) * 1000, 3), "max_ms": round(max(values) * 1000, 3),
                    "median_ci95_ms": [round(bound * 1000, 3) for bound in _median_interval(values)],
@@ -142,11 +142,12 @@ def _spawn_vs_executor(database, report: BenchReport, count: int) -> None:
         batch_us = (time.perf_counter() - start) / (count // 10 * 10) * 1e6
     report.add(Row(name="spawn + commit of an empty child, result() right away", value=spawn_us, unit="µs",
                    baseline_name="ThreadPoolExecutor submit->result", baseline=executor_us,
-                   ratio=spawn_us / executor_us, target="<= 1.5x executor", met=spawn_us <= 1.5 * executor_us,
+                   ratio=executor_us / spawn_us, target="<= 1.5x executor", met=spawn_us <= 1.5 * executor_us, goal=1 / 1.5,
                    extra={"note": "a waiting parent runs a not-yet-started child inline (help-while-waiting)"}))
     report.add(Row(name="spawn + commit of an empty child, 10 in flight", value=batch_us, unit="µs",
                    baseline_name="ThreadPoolExecutor submit->result", baseline=executor_us,
-                   ratio=batch_us / executor_us, target="<= 1.5x executor", met=batch_us <= 1.5 * executor_us))
+                   ratio=executor_us / batch_us, target="<= 1.5x executor", met=batch_us <= 1.5 * executor_us,
+                   goal=1 / 1.5))
 
 
 def _commit_100_writes(database, report: BenchReport, repeat: int) -> None:
@@ -179,7 +180,7 @@ def _commit_100_writes(database, report: BenchReport, repeat: int) -> None:
     raw_rate = 100 / statistics.median(raw_times)
     report.add(Row(name="top-level commit of 100 writes", value=layer_rate, unit="rows/s",
                    baseline_name="psycopg executemany, one transaction", baseline=raw_rate,
-                   ratio=layer_rate / raw_rate, target=">= 60 % of raw", met=layer_rate >= 0.6 * raw_rate))
+                   ratio=layer_rate / raw_rate, target=">= 60 % of raw", met=layer_rate >= 0.6 * raw_rate, goal=0.6))
 
 
 def run(quick: bool = False, progress: Progress | None = None) -> BenchReport:

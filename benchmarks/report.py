@@ -24,6 +24,9 @@ class Row:
     so that a ratio above 1 always means "better than the baseline").
     ``target`` is the issue's goal in words, e.g. ``">= 0.40 of bare table"``;
     ``met`` says whether the measured figure reaches it (None if no target).
+    ``goal``: when the target is on ``ratio`` (for a figure that is itself a ratio, unit ``x``: on ``value``),
+    the number it must reach — met ⇔ ``ratio >= goal``.  The plot judges a bar's colour by it, against the
+    ratio it draws; a target on another figure (a rate, µs) leaves the bar grey and is written beside it.
     """
 
     name: str
@@ -35,6 +38,7 @@ class Row:
     target: str | None = None
     met: bool | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    goal: float | None = None
 
 
 @dataclass
@@ -58,6 +62,8 @@ class BenchReport:
     rows: list[Row] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     series: list[Series] = field(default_factory=list)
+    #: A quick run (``--quick``): smoke sizes, figures not meant to meet the targets; the plot says so.
+    quick: bool = False
 
     def add(self, row: Row) -> Row:
         self.rows.append(row)
@@ -68,7 +74,8 @@ class BenchReport:
         return series
 
     def to_json(self) -> dict[str, Any]:
-        return {"benchmark": self.title, "python": sys.version.split()[0], "machine": platform.machine(),
+        return {"benchmark": self.title, "quick": self.quick, "python": sys.version.split()[0],
+                "machine": platform.machine(),
                 "rows": [asdict(row) for row in self.rows], "notes": self.notes,
                 "series": [asdict(series) for series in self.series]}
 

@@ -421,6 +421,7 @@ def _bench_command(name: str, module_name: str) -> click.Command:
         finally:
             progress.close()
         if quick:
+            report.quick = True
             report.notes.insert(0, "quick run (--quick): small sizes for a smoke test; its figures are not meant to "
                                    "meet the targets (a full run, without --quick, is)")
         if json_path:

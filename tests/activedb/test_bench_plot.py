@@ -32,3 +32,42 @@ def test_a_report_with_a_reference_line_is_drawn(tmp_path, suffix):
 def test_a_picture_is_png_or_svg(tmp_path):
     with pytest.raises(PictureError, match=r"\.png or \.svg"):
         plot_report(_report(), tmp_path / "bench.txt")
+
+
+def _svg(report: BenchReport, tmp_path) -> str:
+    return plot_report(report, tmp_path / "bench.svg").read_text()
+
+
+def test_a_bar_is_coloured_by_its_goal_on_the_ratio_it_draws(tmp_path):
+    """Issue 56: a bar's colour judges the ratio drawn (a 1.04 that misses its goal of 1.5 is red, a 0.992 that
+    reaches 0.9 green; the goal is marked and written), a target on another figure leaves it grey and is
+    written beside it — not a colour judged on something else."""
+    report = BenchReport("colours")
+    report.add(Row(name="misses", value=104.0, unit="x/s", baseline_name="b", baseline=100.0, ratio=1.04,
+                   target=">= 1.5 of b", met=False, goal=1.5))
+    report.add(Row(name="reaches", value=99.2, unit="x/s", baseline_name="b", baseline=100.0, ratio=0.992,
+                   target=">= 0.90 of b", met=True, goal=0.9))
+    report.add(Row(name="elsewhere", value=3.0, unit="µs", baseline_name="b", baseline=2.0, ratio=0.667,
+                   target="<= 2 µs", met=False))
+    text = _svg(report, tmp_path)
+    red, green, grey = "fill: #dc2626", "fill: #16a34a", "fill: #9ca3af"
+    assert (text.count(red), text.count(green), text.count(grey)) == (2, 2, 2), "one bar each, plus the key"
+    assert "1.04  (goal 1.5)" in text and "0.992  (goal 0.9)" in text
+    assert "0.667  (target on another figure: missed)" in text
+
+
+def test_labels_wrap_a_one_size_sweep_says_so_and_a_quick_run_is_marked(tmp_path):
+    name = ("1,000 events/batch: hand-hygiene ECA rules, where the time goes: the sink's Python vs PostgreSQL's "
+            "server time per event (COPY), without Spark")
+    report = BenchReport("sizes", quick=True)
+    report.add(Row(name=name, value=2.0, unit="x/s", baseline_name="PL/pgSQL peer", baseline=4.0, ratio=0.5))
+    report.add_series(Series("events/s by batch size", "rules", "events per micro-batch", "events/s",
+                             [(1000, 4200.0)], log_x=True, log_y=True))
+    report.add_series(Series("events/s by batch size", "PL/pgSQL peer", "events per micro-batch", "events/s",
+                             [(1000, 5100.0)], log_x=True, log_y=True))
+    text = _svg(report, tmp_path)
+    assert "…" not in text
+    words = name.split()
+    assert all(word in text for word in words), [word for word in words if word not in text]
+    assert "one size measured (1k)" in text
+    assert "QUICK RUN" in text
