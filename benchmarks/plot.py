@@ -144,12 +144,14 @@ def _bars(axes, rows: list, values: list[float], title: str, *, against_baseline
         if row.goal is not None:
             text += f"  (goal {_plain(row.goal, digits=3)})"
         elif row.target:              # the table has the target's words
-            text += f"  (target on another figure: {'met' if row.met else 'missed'})"
+            text += f"  (other target: {'met' if row.met else 'missed'})"
         texts.append(text)
-    axes.bar_label(bars, labels=texts, fontsize=7, padding=2)
     for position, row in enumerate(rows):
-        if row.goal is not None:              # the goal, where the bar must reach
-            axes.plot([row.goal, row.goal], [position - 0.42, position + 0.42], color="#111827", linewidth=1.6)
+        if row.goal is not None:              # the goal, where the bar must reach (under the value's text)
+            axes.plot([row.goal, row.goal], [position - 0.42, position + 0.42], color="#111827", linewidth=1.6,
+                      zorder=2.5)
+    axes.bar_label(bars, labels=texts, fontsize=7, padding=2, zorder=3,
+                   bbox=dict(boxstyle="square,pad=0.1", facecolor="white", edgecolor="none", alpha=0.8))
     axes.set_yticks(range(len(values)), labels, fontsize=8)
     axes.set_ylim(len(values) - 0.4, -0.6)     # top to bottom as in the table, no empty margin
     axes.axvline(1.0, color="#374151", linewidth=0.8)
@@ -157,7 +159,7 @@ def _bars(axes, rows: list, values: list[float], title: str, *, against_baseline
     goals = [row.goal for row in rows if row.goal]
     low, high = min(values + goals + [1.0]), max(values + goals + [1.0])
     # room for the value labels (and the target written beside some)
-    axes.set_xlim(low / 1.15, high * (2.0 if high / low > 10 else 1.15) * (1.8 if any(
+    axes.set_xlim(low / 1.15, high * (2.0 if high / low > 10 else 1.15) * (2.5 if any(
         row.goal is None and row.target for row in rows) else 1.0))
     if high / low < 1000:            # a few decades: label 0.2, 0.5, 2, 5 as well, in plain numbers
         axes.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
@@ -169,7 +171,7 @@ def _bars(axes, rows: list, values: list[float], title: str, *, against_baseline
     if key:
         axes.legend(handles=[Patch(color=_MET_COLOURS[met], label=label) for met, label in
                              ((True, "reaches its goal (|)"), (False, "misses its goal (|)"),
-                              (None, "no goal on this figure"))],
+                              (None, "no goal on this figure (other target: in the table)"))],
                     fontsize=8, ncols=3, loc="lower right", bbox_to_anchor=(1.0, 1.0), frameon=False,
                     borderaxespad=0.2)
     axes.grid(True, axis="x", alpha=0.3)

@@ -53,7 +53,7 @@ def test_a_bar_is_coloured_by_its_goal_on_the_ratio_it_draws(tmp_path):
     red, green, grey = "fill: #dc2626", "fill: #16a34a", "fill: #9ca3af"
     assert (text.count(red), text.count(green), text.count(grey)) == (2, 2, 2), "one bar each, plus the key"
     assert "1.04  (goal 1.5)" in text and "0.992  (goal 0.9)" in text
-    assert "0.667  (target on another figure: missed)" in text
+    assert "0.667  (other target: missed)" in text
 
 
 def test_labels_wrap_a_one_size_sweep_says_so_and_a_quick_run_is_marked(tmp_path):
