@@ -188,11 +188,18 @@ def build_stream(spark: Any, source: SourceSpec, loaded: Any, *, file_format: st
     if source.kind == "socket":
         frame = (spark.readStream.format("socket").option("host", source.host).option("port", source.port).load())
         return _parsed_json(frame, schema)
+    return _parsed_json(kafka_records(spark, source), schema)
+
+
+def kafka_records(spark: Any, source: SourceSpec) -> Any:
+    """The Kafka topic of ``source`` as Spark's Kafka source delivers it: one row per record, its ``value``
+    the record's bytes (``binary``), beside ``key``, ``topic``, ``partition``, ``offset`` and ``timestamp``."""
+    from spark_bridge.errors import SourceError
+
     try:
-        frame = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", source.brokers)
-                 .option("subscribe", source.topic).load())
+        return (spark.readStream.format("kafka").option("kafka.bootstrap.servers", source.brokers)
+                .option("subscribe", source.topic).load())
     except Exception as error:
         if is_missing_data_source(error):
             raise SourceError(kafka_hint()) from None
         raise
-    return _parsed_json(frame, schema)

@@ -22,7 +22,7 @@ from typing import Any
 
 from activedb.ingest._mapping import (
     EPOCH, SURROGATE_ESCAPE, EventMapping, RawEvent, Rejected, by_ts, check_key, convert_column, corrupt_reason,
-    event_id, lone_surrogate_reason, raw_event, to_utc, type_converter,
+    event_id, invalid_utf8_reason, lone_surrogate_reason, raw_event, to_utc, type_converter,
 )
 from activedb.ingest.errors import MappingError
 from activedb.store import jsonable
@@ -146,16 +146,20 @@ def table_to_events(table: Any, mapping: EventMapping, known: frozenset[str] | N
     names = list(table.schema.names)
     if len(set(names)) != len(names):
         raise MappingError(f"the batch has duplicate column names: {names}; rename them before mapping")
+    table, invalid = _invalid_text_rows(table, mapping)
     count = table.num_rows
     payload_names = mapping.payload_columns_for(names)
     absent = [name for name in (mapping.type_column, mapping.key_column, mapping.ts_column, *payload_names)
               if name not in names]
     if absent:
         reason = f"missing field {absent[0]!r}: the batch has no such column (columns: {names})"
-        return [], _arrow_rejections(table, {position: reason for position in range(count)})
+        return [], _arrow_rejections(table, {**{position: reason for position in range(count)}, **invalid})
 
     type_label, key_label, ts_label = labels
     corrupt = _arrow_corrupt_rows(table, mapping)
+    for position, reason in invalid.items():         # the first cause: what Spark made of the bytes follows from it
+        corrupt.pop(position, None)
+    corrupt = {**invalid, **corrupt}
     type_values, type_errors = _arrow_type_column(table.column(mapping.type_column), mapping, known, type_label)
     key_values, key_errors = _arrow_key_column(table.column(mapping.key_column), key_label)
     ts_values, ts_errors = _arrow_ts_column(table.column(mapping.ts_column), unit_divisor, ts_label)
@@ -187,6 +191,61 @@ def table_to_events(table: Any, mapping: EventMapping, known: frozenset[str] | N
             in enumerate(zip(type_values, key_values, ts_values, payloads, id_values)) if position not in errors]
     good.sort(key=by_ts)
     return good, _arrow_rejections(table, errors)
+
+
+def _invalid_text_rows(table: Any, mapping: EventMapping) -> tuple[Any, dict[int, str]]:
+    """``(table, {position: reason})`` for rows with a text value that is not UTF-8.
+
+    Arrow does not check the bytes of a string column it is handed, and Spark hands over what it read: a line of
+    a file source or a Kafka record's value keeps its bytes (``_line``, a corrupt record) while the values parsed
+    from it hold U+FFFD instead.  One full validation per batch proves the common case clean; otherwise each such
+    row is rejected with :func:`~activedb.ingest._mapping.invalid_utf8_reason`, and the table returned has those
+    values made valid text (each bad byte as ``\\xNN``; null in a nested column) so that the rest of validation
+    can read it — the row's dead letter keeps the original bytes (the letters take rows from the batch itself)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        table.validate(full=True)
+        return table, {}
+    except pa.ArrowInvalid:
+        pass
+    if isinstance(table, pa.RecordBatch):
+        table = pa.Table.from_batches([table])
+    reasons: dict[int, str] = {}
+    columns = list(table.columns)
+    for index, name in enumerate(table.schema.names):
+        column = columns[index]
+        try:
+            column.validate(full=True)
+            continue
+        except pa.ArrowInvalid:
+            pass
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            repaired = []
+            for position, data in enumerate(column.cast(pa.binary() if pa.types.is_string(column.type)
+                                                        else pa.large_binary()).to_pylist()):
+                try:
+                    repaired.append(None if data is None else data.decode("utf-8"))
+                except UnicodeDecodeError:
+                    reasons.setdefault(position, invalid_utf8_reason(data, name, mapping))
+                    repaired.append(data.decode("utf-8", "backslashreplace"))
+            columns[index] = pa.array(repaired, type=column.type)
+            continue
+        bad = []                                            # a struct or list with text inside: row by row
+        for position in range(len(column)):
+            try:
+                column.take([position]).validate(full=True)
+            except pa.ArrowInvalid:
+                bad.append(position)
+                reasons.setdefault(position, f"column {name!a} holds text that is not valid UTF-8; read as text it "
+                                             f"would become U+FFFD, a value no one sent: the row is not applied, "
+                                             f"its dead letter keeps the bytes")
+        flags = [False] * len(column)
+        for position in bad:
+            flags[position] = True
+        columns[index] = pc.if_else(pa.array(flags), pa.scalar(None, column.type), column)
+    return pa.Table.from_arrays(columns, schema=table.schema), reasons
 
 
 def _arrow_corrupt_rows(table: Any, mapping: EventMapping) -> dict[int, str]:

@@ -277,6 +277,60 @@ def lone_surrogate_reason(line: Any, fields: Collection[str]) -> str | None:
             f"conversion turns into '?': the row is not applied, its line is kept")
 
 
+def invalid_utf8_reason(data: bytes, column: str, mapping: "EventMapping") -> str:
+    """Why the value ``data`` of the text column ``column`` cannot be trusted: its bytes are not UTF-8.  A source
+    that reads them as text (Spark's JSON parser, a Java string) replaces each such sequence by U+FFFD, a value
+    no one sent; the row is a dead letter whose original keeps the bytes.  For the row's line (the mapping's
+    ``line_column`` or ``corrupt_column``) the reason names the field of the JSON object that holds them."""
+    text = data.decode("utf-8", "surrogateescape")        # each invalid byte b becomes the character U+DC00 + b
+    starts = [index for index, char in enumerate(text) if "\udc80" <= char <= "\udcff"
+              and not (index and "\udc80" <= text[index - 1] <= "\udcff")]
+    first = starts[0]
+    end = first
+    while end < len(text) and "\udc80" <= text[end] <= "\udcff":
+        end += 1
+    run = bytes(ord(char) - 0xDC00 for char in text[first:end])
+    offset = len(text[:first].encode("utf-8", "surrogateescape"))
+    shown = " ".join(f"{byte:02X}" for byte in run[:12]) + (" ..." if len(run) > 12 else "")
+    what = f"the bytes {shown} at byte {offset}"
+    if run[:1] == b"\xed" and len(run) > 1 and 0xA0 <= run[1] <= 0xBF:
+        what += " (a UTF-16 surrogate encoded as if it were a character: CESU-8 or WTF-8, not UTF-8)"
+    if len(starts) > 1:
+        what += f", and {len(starts) - 1} more sequence(s) that are not UTF-8"
+    if column in (mapping.line_column, mapping.corrupt_column):
+        subject = "the line is not valid UTF-8"
+        field = _field_holding_escapes(text)
+        if field is not None:
+            what = f"field {field!a} holds {what}"
+    else:
+        subject = f"column {column!a} is not valid UTF-8"
+    return (f"{subject}: {what}; read as text they would become U+FFFD, a value no one sent: the row is not "
+            f"applied, its dead letter keeps the bytes")
+
+
+def _field_holding_escapes(text: str) -> str | None:
+    """The first top-level field of the JSON object ``text`` (decoded with ``surrogateescape``) whose name or value
+    holds an escaped byte, or None (not an object, or malformed)."""
+    try:
+        parsed = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(parsed, dict):
+        return None
+    return next((name for name, value in parsed.items() if _has_escaped_byte(name) or _has_escaped_byte(value)),
+                None)
+
+
+def _has_escaped_byte(value: Any) -> bool:
+    if isinstance(value, str):
+        return any("\udc80" <= char <= "\udcff" for char in value)
+    if isinstance(value, dict):
+        return any(_has_escaped_byte(name) or _has_escaped_byte(item) for name, item in value.items())
+    if isinstance(value, list):
+        return any(_has_escaped_byte(item) for item in value)
+    return False
+
+
 def _has_lone_surrogate(value: Any) -> bool:
     if isinstance(value, str):
         return any("\ud800" <= char <= "\udfff" for char in value)   # a pair was decoded into one character

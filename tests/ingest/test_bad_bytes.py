@@ -1,0 +1,53 @@
+"""Text columns whose bytes are not UTF-8, on the Arrow path of ``rows_to_events`` (no Spark): Arrow does not check
+the bytes of the string columns Spark hands over, so a line of a file source or a Kafka value keeps them while the
+values parsed from it hold U+FFFD.  Such a row is rejected with the true reason, whatever else is in the batch
+(a lone surrogate made the batch fail with ``UnicodeDecodeError`` before); its original keeps the bytes, and a
+replay of that original is rejected again for the same reason."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+
+from activedb.deadletters import decode_original, encode_original
+from activedb.ingest._mapping import EventMapping, rows_to_events  # (public in activedb.ingest soon)
+
+MAPPING = EventMapping("type", "key", "ts", payload_columns=("seq",))
+BAD_LINE = b'{"type": "add", "key": "y6\xed\xa0\x80", "ts": 1, "seq": 1}'
+
+
+def _text(values: list[bytes | None]) -> pa.Array:
+    """A string column holding exactly ``values``' bytes (Arrow does not check them, as with Spark's)."""
+    return pa.array(values, pa.binary()).view(pa.string())
+
+
+def test_a_line_that_is_not_utf8_is_rejected_beside_a_lone_surrogate():
+    surrogate = json.dumps({"type": "add", "key": "k\ud800", "ts": 2, "seq": 2}).encode()
+    table = pa.table({"type": ["add"] * 3, "key": ["y6\ufffd\ufffd\ufffd", "k?", "good"], "ts": [1.0, 2.0, 3.0],
+                      "seq": [1, 2, 3], "_line": _text([BAD_LINE, surrogate, b'{"type": "add", "key": "good"}'])})
+    good, bad = rows_to_events(table, MAPPING)
+    assert [event.key for event in good] == ["good"]
+    assert [rejected.position for rejected in bad] == [0, 1]
+    assert bad[0].reason.startswith("the line is not valid UTF-8: field 'key' holds the bytes ED A0 80 at byte 26 "
+                                    "(a UTF-16 surrogate encoded")
+    assert "lone surrogate" in bad[1].reason
+    assert bad[0].row["_line"] == BAD_LINE.decode("utf-8", "backslashreplace")       # readable, bytes spelled out
+
+    original = decode_original(encode_original(table.take([0])))                      # the dead letter's original
+    assert original.column("_line").cast(pa.binary()).to_pylist() == [BAD_LINE]
+    _, again = rows_to_events(original, MAPPING)
+    assert [rejected.reason for rejected in again] == [bad[0].reason]
+
+
+def test_any_text_column_and_text_inside_a_struct_is_checked():
+    struct = pa.StructArray.from_arrays([_text([b"ok", b"\xff", b"ok"])], names=["note"])
+    table = pa.table({"type": ["add"] * 3, "key": _text([b"a", b"b", b"c\xc3"]), "ts": [1.0, 2.0, 3.0],
+                      "seq": [1, 2, 3], "extra": struct})
+    good, bad = rows_to_events(table.to_batches()[0], EventMapping("type", "key", "ts"))
+    assert [event.key for event in good] == ["a"]
+    assert [(rejected.position, rejected.reason.split(":")[0]) for rejected in bad] == [
+        (1, "column 'extra' holds text that is not valid UTF-8; read as text it would become U+FFFD, a value no "
+            "one sent"),
+        (2, "column 'key' is not valid UTF-8")]
+    assert "the bytes C3 at byte 1" in bad[1].reason
