@@ -9,7 +9,8 @@ thread's instruction totals over the events of those batches is the sink's own w
 engine, the flush's Python and driver calls; not the outbox's runner threads, not PostgreSQL).  WORKLOAD:
 ``eca`` (the hand-hygiene application, ``app.py``: every coupling mode), ``declared`` (its declared version,
 lowered), ``counter`` (the one-rule counter upsert as a plain ``@db.rule``).  The database is ``activedb.connect()``'s
-(embedded, or ``ACTIVEDB_DATABASE_URL``); the application's tables are emptied first.  Each run under valgrind takes
+(embedded, or ``ACTIVEDB_DATABASE_URL``), held open by this process across both runs so that both find the server
+the same way; the application's tables are emptied first.  Run nothing else on the same database meanwhile.  Each run under valgrind takes
 a minute or more (a 1k batch is about 50 times slower there).
 """
 
@@ -32,8 +33,13 @@ def instructions_per_event(workload: str, size: int = 1_000, batches: int = 2) -
     ``RuntimeError`` saying what is missing when valgrind is not installed or a run failed."""
     if shutil.which("valgrind") is None:
         raise RuntimeError("valgrind is not installed (Debian: apt-get install valgrind)")
+    import activedb
+
     totals = []
-    with tempfile.TemporaryDirectory(prefix="activedb-instructions-") as folder:
+    # Connected here for both runs: an embedded server then stays up, and each run reuses it the same way (one
+    # that started it and one that found it running would differ by the start, not by the batches).
+    keeper = activedb.connect()
+    with keeper, tempfile.TemporaryDirectory(prefix="activedb-instructions-") as folder:
         for phase in ("setup", "run"):
             out = Path(folder) / phase
             completed = subprocess.run(
