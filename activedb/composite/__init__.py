@@ -3,7 +3,7 @@
 
 Public interface: :class:`CompositionEngine` (``create_stream``, ``define``/``query``, ``join``/``leave``,
 ``signal``/``heartbeat``/``submit``/``process``, ``spec`` for rules, ``window`` for :func:`plot`), its
-records and errors.  The example is the top-level README's; the design note is
+records and errors.  The example is docs/howto/composite-events.md's; the design note is
 ``activedb/composite/README.md``.
 """
 
