@@ -418,8 +418,7 @@ def connect(url: str | URL | None = None, *, home: str | Path | None = None, upg
     * Other keyword arguments go to SQLAlchemy's ``create_engine``.  The defaults: ``pool_size=10``,
       ``max_overflow=30`` and ``pool_use_lifo=True`` — the connection returned last is checked out first, so a
       stream's commits keep finding the server process whose caches and prepared statements are warm (with the
-      pool's first-in-first-out default they went round its connections; a 1k-event batch of the hand-hygiene
-      application took about 0.6 ms less), and connections left idle can be closed by the server's timeouts.
+      pool's first-in-first-out default they went round its connections), and connections left idle can be closed by the server's timeouts.
     """
     if url is None:
         url = os.environ.get("ACTIVEDB_DATABASE_URL") or None       # neither: the embedded server

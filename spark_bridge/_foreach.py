@@ -2,8 +2,7 @@
 
 PySpark's ``DataStreamWriter.foreachBatch(func)`` registers a Python callback (``ForeachBatchFunction``) that, for
 every micro-batch, asks the JVM for the batch's session and builds a new Python ``SparkSession`` around it before it
-calls ``func`` — three py4j calls and a few more in the constructor, about 0.9 ms per micro-batch after Spark's turn
-(measured here with a 10-row rate source), for a session that is the same object for every batch of a run (Spark
+calls ``func`` — three py4j calls and a few more in the constructor, each slow after Spark's turn, for a session that is the same object for every batch of a run (Spark
 clones the session once per ``StreamExecution``).  :func:`foreach_batch` registers a subclass that wraps the first
 batch's session once and hands every batch ``DataFrame(jdf, that session)``; errors are recorded and re-raised as
 PySpark's own wrapper does.

@@ -264,7 +264,7 @@ class QueryRun:
     batch to ``sink`` together with what it knows of the run.  Once ``start()`` returned, ``ingest()`` calls
     :meth:`started` with the query: the run then knows the query's id and its ``StreamExecution``, and a batch asks
     Spark for neither — the id (a local property) and whether the execution the sink knows still runs cost a
-    py4j call each, about 1 ms per micro-batch together after Spark's turn.  A batch that began before
+    py4j call each, slow after Spark's turn.  A batch that began before
     :meth:`started` (the first may) asks, as a sink used directly does.
 
     One object per run, never handed out (``sink_of`` gives the sink): a restart is a new ``start()`` and so a new

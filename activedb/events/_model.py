@@ -83,8 +83,7 @@ def new_event(kind: EventKind, source: str | None, key: Any = None, old: dict | 
               payload: dict | None = None, ts: Any = None, transaction: str | None = None,
               origin: Origin = _ACTIVEDB_ORIGIN) -> Event:
     """``Event(kind, source, ...)`` — equal to it, as frozen — built with its fields in one dictionary: the
-    dataclass's ``__init__`` sets each of the nine through ``object.__setattr__`` (about 1.3 µs; this about
-    0.5), and every event a transaction raises (``emit``, ``signal``, each data event) is made here.  The
+    dataclass's ``__init__`` sets each of the nine through ``object.__setattr__``, a call per field, and every event a transaction raises (``emit``, ``signal``, each data event) is made here.  The
     arguments are not checked (no ``__post_init__`` exists to run); ``payload`` None is an empty dict."""
     event = _new_object(Event)
     _set_attribute(event, "__dict__", {"kind": kind, "source": source, "key": key, "old": old, "new": new,

@@ -122,8 +122,8 @@ def last_watermark(db: Any, query_id: str) -> dt.datetime | None:
 #: The ledger row of a batch.  A batch there already makes it a unique violation of the ledger's primary key:
 #: PostgreSQL then runs nothing more of the flush, and the flush raises ``BatchAlreadyCommitted`` (the row's
 #: ``Along.refused``).  Driver SQL, sent with the flush's last round trip (no round trip of its own): it runs in
-#: every batch's flush, where building and compiling a SQLAlchemy statement cost about twice PostgreSQL's work
-#: for it, and its own round trip 0.2-0.4 ms.
+#: every batch's flush, where building and compiling a SQLAlchemy statement would cost more than PostgreSQL's
+#: work for it, and a round trip of its own more still.
 _LEDGER_ROW = (f"INSERT INTO {LEDGER_TABLE} (query_id, batch_id, transaction_id, events, dead_letters, watermark, "
                f"rule_firings) VALUES (%s, %s, %s, %s, %s, %s, CAST(%s AS jsonb))")
 #: The same row written in ``write``, where the event ids are recorded after it: refused (no row returned) when the

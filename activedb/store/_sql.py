@@ -448,8 +448,7 @@ def _uniform(values: tuple) -> bool:
 #: Array element types sent in the driver's binary format (``%b``) when the statement is bound on the server:
 #: the same dumper of each element, but no text array around it — whose every ``"`` and ``\\`` inside the JSON
 #: the driver escapes one by one in Python, and every element of which it tests with a regular expression for
-#: quoting.  Integers and strings too: a write set's key and counter columns, 1,000 rows of three such columns
-#: dumped and sent in 0.8 ms instead of 1.9 (store README).  Each element goes through the same dumper as
+#: quoting.  Integers and strings too: a write set's key and counter columns.  Each element goes through the same dumper as
 #: before; values are checked against the column's type and range before they reach a write set, so no bool,
 #: float or out-of-range int travels in an integer array.
 BINARY_ARRAYS = frozenset({"JSON", "JSONB", "BIGINT", "INTEGER", "SMALLINT", "TEXT", "VARCHAR"})

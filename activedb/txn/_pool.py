@@ -60,8 +60,8 @@ MAX_NESTED_TASKS = 256
 #: and frees a chunk as soon as a call returns below it, so a loop whose calls cross a chunk's edge maps and
 #: unmaps memory on every call (page faults included): in a chain of nested tasks, about one level in
 #: sixteen sat at an edge and ran its operations three to seven times slower (txn README, "Spawned
-#: children: a thread only when something blocks").  A fresh chunk costs about 5 µs, once per this many
-#: levels; a tree of depth below it never pays it.
+#: children: a thread only when something blocks").  A fresh chunk is paid once per this many levels,
+#: where an edge would be paid on every call; a tree of depth below it never pays it.
 FRESH_STACK_EVERY = 8
 
 #: Seconds a thread that left a task to a worker (its stack deep) waits for one to claim it before it runs
