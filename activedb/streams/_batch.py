@@ -147,6 +147,13 @@ class BatchRun:
         #: ``certain`` False), then once all did, before the rules run (every new state, ``certain``:
         #: no rule is left to run): the design note's "Matching order".
         self.on_matched: Callable[[STransaction, dict, bool], None] | None = None
+        #: Set by a scheduler whose reads see versions by position (LWM): an s-transaction some of whose queries
+        #: fire no rule runs its queries that have rules, then those rules, then calls ``on_written`` (it will
+        #: write nothing more), then its other queries — whose Reads exclude its own Writes (the view's phase 0),
+        #: so they read what they would have read first.  The rules keep their order, outputs are reported in
+        #: query order: the result is the declared order's (the design note's "Writes first under LWM").
+        self.on_written: Callable[[STransaction], None] | None = None
+        self._splits: dict[int, tuple | None] = {}       # id(matchers) -> (with rules, without) or None
         # The figures of the s-transactions, one _Figures per thread that runs them (summed by publish_metrics()).
         self._local = threading.local()
         self._figures: list[_Figures] = []
@@ -351,63 +358,97 @@ class BatchRun:
         touched: dict[tuple[str, tuple], PartitionState] = {}
         fired: list[tuple[int, str, list[Output]]] = []
         source, on_matched = self.state_source, self.on_matched
+        rules_by_query = self.definitions.rules_by_query
+        split = self.split_by_rules(stransaction.matchers) if self.on_written is not None and ranks is None else None
+        # Normally one group: every query, then the rules.  Split (writes first): the queries with rules, their
+        # rules, ``on_written``, then the queries without rules, at phase 0 (stepped: the view's phase is set).
+        groups = split or (stransaction.matchers,)
+        stepped = stepped or split is not None
         matching = reading = 0.0
         started = clock()
-        for rank, matcher in stransaction.matchers:
-            if ranks is not None and rank not in ranks:
-                continue
-            name = matcher.query.name
-            key = matcher.partition_key(event)
-            if source is not None:
-                state = source(stransaction, name, key)
-            elif states is not None:
-                partition = (name, key)
-                state = states[partition] if partition in states else saved.get(partition)
-            else:
-                state = self.partition(name, key)
-            step = matcher.prepare(state, event)
-            prepared = clock()
-            if stepped:
-                view.at(0, rank, name)
-            outputs, state = step.complete(view)
-            ended = clock()
-            matching += prepared - started
-            reading += ended - prepared
-            started = ended
-            touched[(name, key)] = state
-            counters = evaluations.get(name)
-            if counters is None:
-                counters = evaluations[name] = [0, 0]
-            counters[0] += 1
-            if outputs:
-                counters[1] += len(outputs)
-                fired.append((rank, name, outputs))
-            if on_matched is not None:
-                on_matched(stransaction, {(name, key): state}, False)
+        for group in groups:
+            for rank, matcher in group:
+                if ranks is not None and rank not in ranks:
+                    continue
+                name = matcher.query.name
+                key = matcher.partition_key(event)
+                if source is not None:
+                    state = source(stransaction, name, key)
+                elif states is not None:
+                    partition = (name, key)
+                    state = states[partition] if partition in states else saved.get(partition)
+                else:
+                    state = self.partition(name, key)
+                step = matcher.prepare(state, event)
+                prepared = clock()
+                if stepped:
+                    view.at(0, rank, name)
+                outputs, state = step.complete(view)
+                ended = clock()
+                matching += prepared - started
+                reading += ended - prepared
+                started = ended
+                touched[(name, key)] = state
+                counters = evaluations.get(name)
+                if counters is None:
+                    counters = evaluations[name] = [0, 0]
+                counters[0] += 1
+                if outputs:
+                    counters[1] += len(outputs)
+                    fired.append((rank, name, outputs))
+                if on_matched is not None:
+                    on_matched(stransaction, {(name, key): state}, False)
+                    started = clock()
+            if split is not None and group is split[0]:
+                figures.match += matching
+                figures.reads += reading
+                matching = reading = 0.0
+                self._run_rules(fired, view, figures, started)
+                self.on_written(stransaction)
                 started = clock()
         figures.match += matching
         figures.reads += reading
-        rules_by_query = self.definitions.rules_by_query
         if on_matched is not None:
             on_matched(stransaction, dict(touched), not any(rules_by_query.get(name) for _, name, _ in fired))
             started = clock()
-        if fired:
-            instances = 0
-            rule_latency = 0.0
-            for rank, name, outputs in fired:
-                rules = rules_by_query.get(name, ())
-                for output in outputs:
-                    for rule in rules:
-                        view.at(1, rank, rule.name)
-                        _run_rule(rule, output, view)
-                        instances += 1
-                        rule_latency += clock() - output.sts
-            figures.rules += clock() - started
-            figures.instances += instances
-            figures.rule_latency += rule_latency
+        if split is not None:
+            fired.sort(key=_rank)             # (outputs in query order; the rules ran, in that order)
+        elif fired:
+            self._run_rules(fired, view, figures, started)
         figures.store_reads += view.reads
         figures.store_writes += view.writes
         return touched, fired
+
+    def _run_rules(self, fired: list[tuple[int, str, list[Output]]], view: Any, figures: "_Figures",
+                   started: float) -> None:
+        """Run the rules on ``fired``'s outputs, per query and output in order, per output by rule priority."""
+        if not fired:
+            return
+        clock = time.perf_counter
+        rules_by_query = self.definitions.rules_by_query
+        instances = 0
+        rule_latency = 0.0
+        for rank, name, outputs in fired:
+            rules = rules_by_query.get(name, ())
+            for output in outputs:
+                for rule in rules:
+                    view.at(1, rank, rule.name)
+                    _run_rule(rule, output, view)
+                    instances += 1
+                    rule_latency += clock() - output.sts
+        figures.rules += clock() - started
+        figures.instances += instances
+        figures.rule_latency += rule_latency
+
+    def split_by_rules(self, matchers: tuple[tuple[int, Matcher], ...]) -> tuple | None:
+        """``(queries with rules, queries without)`` of an event type's queries, if it has both; else None."""
+        found = self._splits.get(id(matchers), _UNSPLIT)
+        if found is _UNSPLIT:
+            rules_by_query = self.definitions.rules_by_query
+            with_rules = tuple(item for item in matchers if rules_by_query.get(item[1].query.name))
+            without = tuple(item for item in matchers if not rules_by_query.get(item[1].query.name))
+            found = self._splits[id(matchers)] = (with_rules, without) if with_rules and without else None
+        return found
 
     def publish_metrics(self) -> None:
         """Add the batch's s-transaction figures to the engine's metrics (once: the scheduler has returned)."""
@@ -469,6 +510,13 @@ class BatchRun:
             self.failed += 1
             self.dead_letters.append(DeadLetter(stransaction.event, reason))
         self.engine.metrics.add(failed=1, dead_letters=1)
+
+
+_UNSPLIT = object()
+
+
+def _rank(item: tuple[int, str, list[Output]]) -> int:
+    return item[0]
 
 
 class _Figures:

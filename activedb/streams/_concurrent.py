@@ -47,7 +47,8 @@ class SchedulerHooks:
         """The s-transaction's subtransaction runs; nothing of it has waited or run yet."""
 
     def finishing(self, stransaction: STransaction) -> None:
-        """Its queries and rules ran; it holds every lock it took; it has not committed.  Called once per
+        """Its queries and rules ran; it holds every lock it took (LWM: but its write locks if it wrote first and
+        released them: the design note's "Writes first under LWM"); it has not committed.  Called once per
         attempt: an attempt matched on a state that is not final yet calls it before it waits for that
         state's owner (the commit dependency).  An error raised here fails the batch."""
 
@@ -65,7 +66,8 @@ class SchedulerStatistics:
     write_lock_requests: int
     lock_waits: int               # operations that waited for an earlier s-transaction's lock
     order_waits: int              # s-transactions that waited for a partition's previous one
-    restarts: int                 # attempts matched on a state that was not installed, run again
+    restarts: int                 # attempts matched on a state (or a version) that was not installed, run again
+    early_releases: int           # LWM: s-transactions that released their write locks once written
     punctuation_waits: int
     wait_seconds: float           # time s-transactions spent waiting (locks, order), summed
     max_in_flight: int            # most s-transactions running at once
@@ -90,6 +92,11 @@ class _Work:
     states: dict[tuple[str, tuple], PartitionState] = field(default_factory=dict)
     final: bool = False                # its states will be installed unless the batch fails
     changes: bool = False              # it may change a partition (someone may be matched on its states)
+    # Its locks at the scheduler's granularity: (table, key or None, mode).
+    resources: list[tuple[str, tuple | None, LockMode]] = field(default_factory=list)
+    writes_first: bool = False         # LWM: it writes first and may release its write locks once written
+    may_read_early: bool = False       # an earlier one may release a write lock it needs before being decided
+    released_early: bool = False       # it released its write locks once written, before it was decided
     attempt: int = 0
     committed: bool = False
     started: bool = False              # its body began on a worker
@@ -140,6 +147,15 @@ class _Run(Observer):
             self.broken = self.broken or error
 
 
+def _overlap(writes: list[tuple[str, tuple | None]], touched: list[tuple[str, tuple | None]]) -> bool:
+    """Whether a resource of ``writes`` overlaps one of ``touched`` (a table overlaps its rows)."""
+    for table, key in writes:
+        for other_table, other_key in touched:
+            if table == other_table and (key is None or other_key is None or key == other_key):
+                return True
+    return False
+
+
 class _Restart(Exception):
     """Aborts an attempt matched on a state that was not installed (``LockingScheduler._work``)."""
 
@@ -172,7 +188,8 @@ class LockingScheduler(Scheduler):
         self._mutex = threading.Lock()     # protects _totals (a leaf)
         # The counters of SchedulerStatistics over every batch run so far.
         self._totals = Counter(batches=0, stransactions=0, lock_requests=0, write_lock_requests=0, lock_waits=0,
-                               order_waits=0, restarts=0, punctuation_waits=0, wait_seconds=0.0, max_in_flight=0,
+                               order_waits=0, restarts=0, early_releases=0, punctuation_waits=0, wait_seconds=0.0,
+                               max_in_flight=0,
                                versions_peak=0, versions_written=0)
 
     # --- a batch ----------------------------------------------------------------------------
@@ -212,7 +229,9 @@ class LockingScheduler(Scheduler):
         event = stransaction.event
         work = _Work(stransaction, len(run.works), Owner(event.position, event.ts, stransaction.id),
                      batch.new_unit(stransaction))
-        run.table.insert(work.owner, self._resources(batch, stransaction.plan))
+        work.resources = self._resources(batch, stransaction.plan)
+        run.table.insert(work.owner, work.resources)
+        self._may_read_early(run, work)
         for _, matcher in stransaction.matchers:
             partition = (matcher.query.name, matcher.partition_key(event))
             if partition not in work.inputs:
@@ -242,6 +261,11 @@ class LockingScheduler(Scheduler):
                     key = None
                 resources.append((resource.table, key, mode))
         return resources
+
+    def _may_read_early(self, run: _Run, work: _Work) -> None:
+        """At dispatch: whether ``work`` releases its write locks once written (LWM), and whether an earlier
+        one that may do so writes what ``work`` reads or writes (then ``work`` runs in an attempt, to be run
+        again if that one aborts after it read its version: the design note's "Writes first under LWM")."""
 
     def _prepare(self, run: _Run, runnable: list[STransaction]) -> None:
         """Before the first s-transaction is dispatched (LWM loads its base images here)."""
@@ -376,7 +400,9 @@ class LockingScheduler(Scheduler):
     def _choose(self, run: _Run, work: _Work) -> bool:
         """Per partition, wait until the latest earlier changer that did not abort published its
         state (an order wait) and match on that; True if one of them is not final (speculative)."""
-        waited = speculative = False
+        waited = False
+        speculative = work.may_read_early      # (it may read a version whose writer is not decided yet)
+        work.sources = {}
         for partition, source in work.inputs.items():
             while source is not None:
                 attempt = source.attempt              # read before its states (see _restart)
@@ -401,12 +427,12 @@ class LockingScheduler(Scheduler):
                    for source, attempt in work.sources.values())
 
     def _decided(self, run: _Run, work: _Work) -> None:
-        """Its queries and rules ran without error and every state it was matched on is final: its
-        own states are final too — it can no longer abort for a reason of its own — unless its
+        """Its queries and rules ran without error and every state (and version) it was matched on is final: its
+        own states and versions are final too — it can no longer abort for a reason of its own — unless its
         commit still runs the database's rules (a rule of the database hears a table its plan writes:
         a deferred one runs at that commit and may fail).  Then later s-transactions matched on its
         states wait for its commit (the design note's "Matching order")."""
-        if not work.changes or work.final:
+        if work.final:
             return
         heard = run.heard
         for resource in work.stransaction.plan.writes:
@@ -432,6 +458,8 @@ class LockingScheduler(Scheduler):
     def _restart(self, run: _Run, work: _Work) -> None:
         """Its attempt (a subtransaction, aborted) was matched on a state that was not installed: record
         the attempt aborted and match again on what is (it held every lock: nobody saw its effects)."""
+        if work.released_early:       # (it released early only with every source decided: none can abort)
+            raise SchedulerError(f"internal: {work.stransaction.id} released its write locks and is run again")
         self._discard(run, work)
         run.batch.finish(work.stransaction, work.unit, False, None)
         work.states = {}
@@ -497,6 +525,7 @@ class LockingScheduler(Scheduler):
             totals.update(batches=1, stransactions=len(run.works), lock_requests=table.requests,
                           write_lock_requests=table.write_requests, lock_waits=table.waits,
                           punctuation_waits=table.punctuation_waits, order_waits=run.order_waits, restarts=run.restarts,
+                          early_releases=sum(work.released_early for work in run.works),
                           wait_seconds=table.wait_seconds)
             totals["max_in_flight"] = max(totals["max_in_flight"], run.max_in_flight)
             if versions is not None:
@@ -528,9 +557,48 @@ class LWMScheduler(LockingScheduler):
     name = "lwm"
     lock_table_class = LWMLockTable
 
+    def _may_read_early(self, run: _Run, work: _Work) -> None:
+        batch = run.batch
+        stransaction = work.stransaction
+        work.writes_first = bool(stransaction.plan.writes) and batch.split_by_rules(stransaction.matchers) is not None
+        touched = [(table, key) for table, key, _ in work.resources]
+        for earlier in run.works[run.floor_index:]:
+            if earlier.writes_first and not earlier.done and _overlap(
+                    [(table, key) for table, key, mode in earlier.resources if mode is LockMode.WRITE], touched):
+                work.may_read_early = True
+                return
+
+    def _written(self, run: _Run, stransaction: STransaction) -> None:
+        """``BatchRun.on_written``: it will write nothing more.  Release its write locks now — the lwm moves
+        past it before its other queries ran — if nothing it was matched on, and no version it may still
+        read, can be withdrawn: every earlier s-transaction that writes what it reads or writes is decided."""
+        work = run.by_position[stransaction.event.position]
+        if not work.writes_first or not self._sources_final(work):
+            return
+        touched = [(table, key) for table, key, _ in work.resources]
+        for earlier in run.works[run.floor_index:work.index]:
+            if not (earlier.final or earlier.done) and _overlap(
+                    [(table, key) for table, key, mode in earlier.resources if mode is LockMode.WRITE], touched):
+                return
+        work.released_early = True
+        run.table.release(work.owner)
+
+    def _version_read(self, run: _Run, work: _Work, writer: int) -> None:
+        """A Read of ``work`` returned a version written at position ``writer``: if that s-transaction released
+        its write locks before it was decided, ``work`` depends on it (a commit dependency, as on a pattern
+        state; run again if it aborts)."""
+        source = run.by_position.get(writer)
+        if source is None or not source.released_early or source.final or source.committed:
+            return
+        if not work.may_read_early:       # (dispatch marks every s-transaction that may: an attempt)
+            raise SchedulerError(f"internal: {work.stransaction.id} read a version of {source.stransaction.id}, "
+                                 f"not decided yet, outside an attempt")
+        work.sources.setdefault(("version", writer), (source, source.attempt))
+
     def _prepare(self, run: _Run, runnable: list[STransaction]) -> None:
         """Load the base image of every row the batch may read (before any s-transaction writes)."""
         batch = run.batch
+        batch.on_written = lambda stransaction: self._written(run, stransaction)
         tx = batch.tx
         engine = batch.engine
         history = engine.history
@@ -578,6 +646,7 @@ class LWMScheduler(LockingScheduler):
 
     def _view(self, run: _Run, tx: Transaction, stamp: Stamp) -> StoreView:
         engine = run.batch.engine
-        return VersionedView(tx, stamp, engine.history, engine._operation_hook, table=run.table,
-                             owner=run.by_position[stamp.position].owner, catalog=engine.catalog,
-                             versions=run.versions)
+        work = run.by_position[stamp.position]
+        return VersionedView(tx, stamp, engine.history, engine._operation_hook, table=run.table, owner=work.owner,
+                             catalog=engine.catalog, versions=run.versions,
+                             on_version=lambda writer: self._version_read(run, work, writer))

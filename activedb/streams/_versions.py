@@ -1,6 +1,6 @@
 """LWM's versions (Active CEP §5.3, Algorithm 2's ``Map<time, string> versions``): one
 :class:`VersionStore` per micro-batch over an :class:`activedb.versions.Versions` stamped with
-positions, values ``(image, history sequence)`` — the design note ``activedb/streams/README.md``
+positions, values ``(image, history sequence, writer's position)`` — the design note ``activedb/streams/README.md``
 ("What a Read sees", choices 13 and 15).
 
 Thread-safety: ``_mutex`` protects ``_store``, ``_tables``, ``_by_position``, the counters
@@ -17,7 +17,7 @@ from activedb.streams.errors import UnplannedAccess
 from activedb.store import matches
 from activedb.versions import Versions
 
-_ABSENT = (None, None)      # (image, sequence) of a row that is not there
+_ABSENT = (None, None, None)      # (image, sequence, writer's position) of a row that is not there
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class VersionStore:
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
-        self._store = Versions(default=_ABSENT)   # (table, key) -> (image, sequence) by position
+        self._store = Versions(default=_ABSENT)   # (table, key) -> (image, sequence, writer) by position
         self._tables: set[str] = set()         # tables loaded whole
         self.floor = 0
         self._peak = self._appended = self._collected = self._dropped = 0    # versions: VersionStatistics
@@ -44,7 +44,7 @@ class VersionStore:
 
     def load_row(self, table: str, key: tuple, image: dict | None, sequence: int | None) -> None:
         with self._mutex:
-            self._store.set_base((table, key), (image, sequence))
+            self._store.set_base((table, key), (image, sequence, None))
 
     def load_table(self, table: str, rows: Mapping[tuple, dict], sequences: Mapping[tuple, int]) -> None:
         """Every row of ``table`` (absent keys are absent rows); ``sequences``: the history's
@@ -52,9 +52,9 @@ class VersionStore:
         with self._mutex:
             self._tables.add(table)
             for key, image in rows.items():
-                self._store.set_base((table, key), (image, sequences.get(key)))
+                self._store.set_base((table, key), (image, sequences.get(key), None))
             for key, sequence in sequences.items():
-                self._store.set_base((table, key), (None, sequence))
+                self._store.set_base((table, key), (None, sequence, None))
 
     def tracks(self, table: str, key: tuple) -> bool:
         """True if a Read of the row may happen in this batch (its Writes must leave versions)."""
@@ -68,8 +68,10 @@ class VersionStore:
 
     # --- the workers ------------------------------------------------------------------------
 
-    def read(self, position: int, table: str, key: tuple) -> tuple[dict | None, int | None]:
-        """The image a Read at ``position`` sees, and the sequence of the Write it came from."""
+    def read(self, position: int, table: str, key: tuple, own: bool = True
+             ) -> tuple[dict | None, int | None, int | None]:
+        """The image a Read at ``position`` sees — with the s-transaction's own Writes, or (``own`` False) as it
+        was before them —, the sequence of the Write it came from and that Write's position (None: the base)."""
         with self._mutex:
             state = (table, key)
             if table not in self._tables and state not in self._store:
@@ -77,29 +79,32 @@ class VersionStore:
                                       f"access plan of the batch, so LWM has no version of it (a rule must "
                                       f"declare the tables it reads)")
             self._collected += self._store.collect(state, self.floor)   # rows are collected when touched
-            image, sequence = self._store.read(state, position + 1)      # its own writes included
-        return (dict(image) if image is not None else None), sequence
+            image, sequence, writer = self._store.read(state, position + 1 if own else position)
+        return (dict(image) if image is not None else None), sequence, writer
 
-    def scan(self, position: int, table: str, where: Mapping[str, Any] | Callable[[dict], bool] | None
-             ) -> tuple[list[dict], dict[tuple, int]]:
-        """Every row of ``table`` visible at ``position`` matching ``where``, and by key the
-        sequence of the Write each visible row came from."""
+    def scan(self, position: int, table: str, where: Mapping[str, Any] | Callable[[dict], bool] | None,
+             own: bool = True) -> tuple[list[dict], dict[tuple, int], set[int]]:
+        """Every row of ``table`` visible at ``position`` (``own`` as for :meth:`read`) matching ``where``, by
+        key the sequence of the Write each visible row came from, and the positions of those Writes."""
         with self._mutex:
             if table not in self._tables:
                 raise UnplannedAccess(f"scan of {table} at position {position}: no access plan of the batch reads "
                                       f"the whole table, so LWM did not load it (a rule must declare the tables it "
                                       f"reads)")
-            rows, seen = [], {}
+            rows, seen, writers = [], {}, set()
+            before = position + 1 if own else position
             for state in self._store.states():
                 if state[0] != table:
                     continue
                 self._collected += self._store.collect(state, self.floor)
-                image, sequence = self._store.read(state, position + 1)
+                image, sequence, writer = self._store.read(state, before)
                 if sequence is not None:
                     seen[state[1]] = sequence
+                if writer is not None:
+                    writers.add(writer)
                 if image is not None and matches(image, where):
                     rows.append(dict(image))
-        return rows, seen
+        return rows, seen, writers
 
     def append(self, position: int, table: str, key: tuple, image: dict | None, sequence: int) -> None:
         """The s-transaction at ``position`` wrote the row; ``image`` is the row after it
@@ -107,7 +112,7 @@ class VersionStore:
         a second write of the s-transaction replaces its version."""
         with self._mutex:
             state = (table, key)
-            if self._store.write(state, position, (image, sequence), replace=True):
+            if self._store.write(state, position, (image, sequence, position), replace=True):
                 self._by_position.setdefault(position, []).append(state)
                 self._appended += 1
                 self._peak = max(self._peak, self._appended - self._collected - self._dropped)

@@ -193,9 +193,13 @@ class VersionedView(LockedView):
     position, Writes into its subtransaction (granted in timestamp order) leaving a version."""
 
     def __init__(self, tx: Transaction, stamp: Stamp, history: Any, cost: Callable[[str], None] | None, *,
-                 table: "StreamLockTable", owner: "Owner", catalog: Any, versions: "VersionStore"):
+                 table: "StreamLockTable", owner: "Owner", catalog: Any, versions: "VersionStore",
+                 on_version: Callable[[int], None] | None = None):
         super().__init__(tx, stamp, history, cost, table=table, owner=owner, catalog=catalog)
         self._versions = versions
+        #: Told the position of every other s-transaction whose version a Read returned (the scheduler notes
+        #: a commit dependency on one that may still abort).
+        self._on_version = on_version
 
     def read(self, table: str, key: Any) -> dict | None:
         key = _as_key(key)
@@ -204,14 +208,24 @@ class VersionedView(LockedView):
             # (the design note's "What a Read sees").
             return super().read(table, key)
         self._before("read", table, key)
-        image, sequence = self._versions.read(self.stamp.position, table, key)
+        # A query's Read (phase 0) sees the row as it was before its own s-transaction's Writes, which may
+        # already have run (writes first); a rule's sees them.
+        position = self.stamp.position
+        image, sequence, writer = self._versions.read(position, table, key, own=self._phase != 0)
+        if writer is not None and writer != position and self._on_version is not None:
+            self._on_version(writer)
         return self._read(table, key, image, sequence)
 
     def scan(self, table: str, where: Mapping[str, Any] | None = None) -> list[dict]:
         if not self._versions.tracks_table(table):
             return super().scan(table, where)          # as for read: covered by its own write lock only
         self._before("read", table, None)
-        rows, seen = self._versions.scan(self.stamp.position, table, where)
+        position = self.stamp.position
+        rows, seen, writers = self._versions.scan(position, table, where, own=self._phase != 0)
+        if self._on_version is not None:
+            for writer in writers:
+                if writer != position:
+                    self._on_version(writer)
         return self._read(table, None, rows, seen)
 
     def _written(self, table: str, key: tuple, values: dict | None, operation: str) -> int | None:
@@ -224,7 +238,9 @@ class VersionedView(LockedView):
                 # A write patches the row: over the version this s-transaction sees (every earlier
                 # writer ended), the new image is that one with the values; activedb stores values
                 # as given (checked, not converted).  A row it creates is read back from the tree.
-                previous, _ = versions.read(self.stamp.position, table, key)
+                previous, _, writer = versions.read(self.stamp.position, table, key)
+                if writer is not None and writer != self.stamp.position and self._on_version is not None:
+                    self._on_version(writer)          # the new image is built on that version
                 image = {**previous, **values} if previous is not None else self.tx.read(table, key)
             elif operation == "insert":
                 image = self.tx.read(table, key)

@@ -51,7 +51,11 @@ class Gates(streams.SchedulerHooks):
         self._at(stransaction, "finishing")
 
     def _at(self, stransaction, point: str) -> None:
-        key = (stransaction.event.describe(), point)
+        self.hold(stransaction.event.describe(), point)
+
+    def hold(self, event: str, point: str) -> None:
+        """Note that ``event``'s s-transaction reached ``point``; wait there while its gate is closed."""
+        key = (event, point)
         with self._mutex:
             self._reached.add(key)
         gate = self._gates.get(key)
