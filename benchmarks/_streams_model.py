@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import heapq
 import threading
 import time
 from typing import Any, Callable
@@ -187,3 +188,94 @@ def median_of(runs: list[dict[str, Any]], figure: str) -> dict[str, Any]:
     middle["violations"] = sum(point["violations"] for point in runs)
     middle["runs"] = [point[figure] for point in runs]
     return middle
+
+
+class ModelTransaction(tuple):
+    """One s-transaction for :func:`model_throughput`: ``ops`` — ``("r" | "w", key)`` in the order it runs them —
+    and ``release`` — after how many of them LWM releases its write locks (all of them, or fewer when it writes
+    first)."""
+
+    __slots__ = ()
+
+    def __new__(cls, ops: list[tuple[str, Any]], release: int | None = None) -> "ModelTransaction":
+        return tuple.__new__(cls, (tuple(ops), len(ops) if release is None else release))
+
+
+def model_throughput(transactions: list[ModelTransaction], scheduler: str, window: int) -> float:
+    """The lock rules as ``activedb.streams`` implements them, on an idle machine whose every store operation takes
+    one unit of time and nothing else any: S2PL (an s-transaction's request on a key is a write request if it writes
+    it; a request waits for every earlier conflicting one until its owner ends) or LWM (a Read or Write on a key
+    waits for every earlier write lock on it until its owner released it); at most ``window`` s-transactions
+    unfinished at once, the next one starting when one ends.  Returns s-transactions per unit of time (× 1 / cost:
+    per second).  A model: no CPU, no GIL, no commit — what the lock rules alone allow."""
+    count = len(transactions)
+    writes = [{key for kind, key in ops if kind == "w"} for ops, _ in transactions]
+    touched = [{key for _, key in ops} for ops, _ in transactions]
+    # Per key, the positions that hold it back from later ones, with lazy deletion (heaps of positions).
+    writers: dict[Any, list[int]] = {}
+    requesters: dict[Any, list[int]] = {}
+    for index in range(count):
+        for key in writes[index]:
+            writers.setdefault(key, []).append(index)
+        for key in touched[index]:
+            requesters.setdefault(key, []).append(index)
+    freed = [False] * count                  # LWM: write locks released; S2PL: ended
+    done = [False] * count
+    step = [0] * count
+    busy = [False] * count
+    lwm = scheduler == "lwm"
+
+    def first(queue: list[int]) -> int | None:
+        while queue and freed[queue[0]]:
+            heapq.heappop(queue)
+        return queue[0] if queue else None
+
+    def blocked(index: int, kind: str, key: Any) -> bool:
+        if lwm or key not in writes[index]:
+            earliest = first(writers.get(key, []))
+        else:
+            earliest = first(requesters.get(key, []))
+        return earliest is not None and earliest < index
+
+    for queue in (*writers.values(), *requesters.values()):
+        heapq.heapify(queue)
+    events: list[tuple[float, int]] = []
+    running: list[int] = []
+    started = finished = 0
+    now = 0.0
+    while finished < count:
+        while started < count and started - finished < window:
+            running.append(started)
+            started += 1
+        progressed = True
+        while progressed:
+            progressed = False
+            for index in list(running):
+                if busy[index]:
+                    continue
+                ops, release = transactions[index]
+                if lwm and step[index] >= release:
+                    freed[index] = True
+                if step[index] == len(ops):
+                    freed[index] = done[index] = True
+                    running.remove(index)
+                    finished += 1
+                    progressed = True
+                    while started < count and started - finished < window:
+                        running.append(started)
+                        started += 1
+                    continue
+                kind, key = ops[step[index]]
+                if not blocked(index, kind, key):
+                    busy[index] = True
+                    heapq.heappush(events, (now + 1.0, index))
+        if finished == count:
+            break
+        now, index = heapq.heappop(events)
+        busy[index] = False
+        step[index] += 1
+        while events and events[0][0] == now:
+            _, other = heapq.heappop(events)
+            busy[other] = False
+            step[other] += 1
+    return count / now if now else float("inf")

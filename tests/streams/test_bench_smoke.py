@@ -6,6 +6,7 @@ import json
 
 from activedb import streams
 from benchmarks import BenchReport
+from benchmarks._streams_model import ModelTransaction, model_throughput
 from benchmarks.streams import model_operations, run
 
 
@@ -36,6 +37,20 @@ def test_cost_model_per_event_reads_and_tuple_locks():
     assert model_operations(events, 9, batch=5) == {"sei": 13, "s2pl": 13, "lwm": 6}
     # Per HCW: a: E(3) W(2) E(2) under S2PL = 7, LWM: 2 + 2 = 4; b: E(4) W(2) = 6, LWM 2 and 4 -> 4.
     assert model_operations(events, 9, batch=5, granularity="tuple") == {"sei": 13, "s2pl": 7, "lwm": 4}
+
+
+def test_lock_rule_model_with_a_window():
+    """One key: a reader, a writer (its Read and Write), a reader.  S2PL: the writer's request waits for the
+    first reader's end, the second reader for the writer's end (4 units); LWM: only the second reader waits, for
+    the writer's release (3).  A writer with two more Reads that writes first and releases after its Write lets
+    the second reader go at 2 (4 units in all) — without the early release it would wait for them (5)."""
+    reader, writer = ModelTransaction([("r", "a")]), ModelTransaction([("r", "a"), ("w", "a")])
+    assert model_throughput([reader, writer, reader], "s2pl", window=3) == 3 / 4
+    assert model_throughput([reader, writer, reader], "lwm", window=3) == 3 / 3
+    reads_after = [("r", "a"), ("w", "a"), ("r", "a"), ("r", "a")]
+    assert model_throughput([reader, ModelTransaction(reads_after, release=2), reader], "lwm", window=3) == 3 / 4
+    assert model_throughput([reader, ModelTransaction(reads_after), reader], "lwm", window=3) == 3 / 5
+    assert model_throughput([reader, writer, reader], "lwm", window=1) == 3 / 4      # one at a time
 
 
 def test_streams_benchmark_quick(database_url, monkeypatch, tmp_path):
@@ -90,10 +105,19 @@ def test_streams_benchmark_quick(database_url, monkeypatch, tmp_path):
     # Every run's history is checked against Definition 6: one row per experiment and scheduler,
     # per point, and no violation under any scheduler.
     checked = [row for row in report.rows if row.name.startswith("Definition 6 violations")]
-    assert len(checked) == 1 + 2 * 2 * 3 + 4 + 3, [row.name for row in checked]
+    assert len(checked) == 1 + 2 * 2 * 3 + 4 + 3 + 1, [row.name for row in checked]     # (+ the independent mix)
     promised = [row for row in checked if row.target]
     assert len(promised) == len(checked) - 1          # the no-scheduler baseline promises nothing
     assert all(row.value == 0 and row.met for row in promised), [(row.name, row.extra) for row in promised]
     assert all(point["violations"] == 0 for name in ("sei", "s2pl", "lwm")
                for point in experiments["throughput_vs_readN"]["tuple"][name])
     assert sei.extra["definition_6"]["reads"] > 0 and sei.extra["definition_6"]["violations"] == 0
+    # Part 3: the independent mix, its centre point in quick mode, each figure with the lock-rule model beside.
+    mix = [row for row in report.rows if row.name.startswith("independent mix")]
+    centre = "independent mix, keys 4, workers 16, sleep 1 ms: "
+    assert [row.name[len(centre):] if row.name.startswith(centre) else row.name for row in mix] == [
+        "readN points with LWM >= S2PL, tuple locks", "LWM keeps of its readN 1 throughput at readN 6",
+        "L_combined at 2,000 events/s, LWM", "independent mix: sweep points where LWM >= S2PL at every readN, "
+        "flatter, and L_combined <= S2PL at 2,000 events/s"]
+    assert all(row.met in (True, False) for row in mix) and mix[0].extra["model_lwm_over_s2pl"][0] > 1
+    assert experiments["independent_mix"]["points"][0]["lwm"][0]["early_releases"] > 0
