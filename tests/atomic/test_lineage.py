@@ -173,7 +173,8 @@ def test_the_lineage_revision_round_trips(database_url):
 
     database = activedb.connect(database_url)
     try:
-        assert _migrate.head() == "0012_stream_state_as_json"
+        # at head, whatever it is: the downgrade walks through every later revision's downgrade too
+        assert database.schema.current_revision() == _migrate.head()
         database.schema.downgrade("0007_lineage")
         assert scalar(database, "SELECT to_regclass('activedb_split_failures') IS NULL")
         database.schema.downgrade("0006_ingested_events")
