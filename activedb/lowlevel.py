@@ -8,7 +8,8 @@ draws transactions — needs more, and finds it here, in one place and documente
 
 * a transaction's extender calls, as functions of the transaction: :func:`slot` / :func:`set_slot` (a package's
   per-transaction state, in a type it owns), :func:`enlist` (a :class:`CommitParticipant` in the top-level
-  commit), :func:`doom` (mark a subtree for abort), :func:`want_end_hooks` and :func:`materialize` (frames and
+  commit), :func:`doom` (mark a subtree for abort), :func:`abandon` (give up a tree whose thread may never return:
+  doomed, its PostgreSQL row locks released now), :func:`want_end_hooks` and :func:`materialize` (frames and
   lazy subtransactions, txn README "Frames"), :func:`wait_children`, :func:`run_subtransaction` and
   :func:`run_inline` (an inline child as one call), :func:`run_group` (siblings that may run concurrently),
   :func:`read_then_written` (hot-key learning);
@@ -24,13 +25,13 @@ read the design note of ``activedb/txn`` (``README.md``, "Seams") before using t
 
 from activedb._handle import DatabaseHandle
 from activedb.txn import (Along, CommitParticipant, CommittedRows, HookRegistry, InlineSubtransaction, Observer,
-                          ReadBase, Subtransactions, TransactionExtension, TransactionManager, WaitKind, doom, enlist,
-                          materialize, read_then_written, run_group, run_inline, run_subtransaction, set_slot, slot,
-                          wait_children, want_end_hooks)
+                          ReadBase, Subtransactions, TransactionExtension, TransactionManager, WaitKind, abandon, doom,
+                          enlist, materialize, read_then_written, run_group, run_inline, run_subtransaction, set_slot,
+                          slot, wait_children, want_end_hooks)
 
 __all__ = [
     # a transaction's extender calls
-    "slot", "set_slot", "enlist", "doom", "want_end_hooks", "materialize", "wait_children", "run_subtransaction",
+    "slot", "set_slot", "enlist", "doom", "abandon", "want_end_hooks", "materialize", "wait_children", "run_subtransaction",
     "run_inline", "run_group", "read_then_written",
     # seams
     "CommitParticipant", "Along", "TransactionExtension", "Observer", "HookRegistry", "ReadBase", "CommittedRows",

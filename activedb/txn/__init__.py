@@ -17,11 +17,11 @@ from activedb.txn._children import InlineSubtransaction, SubtransactionHandle, S
 from activedb.txn._tree import Transaction
 from activedb.txn._group import run_group
 from activedb.txn._view import CommittedRows, ReadBase
-from activedb.txn._lowlevel import (doom, enlist, materialize, read_then_written, run_subtransaction, set_slot, slot,
-                                    wait_children, want_end_hooks)
+from activedb.txn._lowlevel import (abandon, doom, enlist, materialize, read_then_written, run_subtransaction, set_slot,
+                                    slot, wait_children, want_end_hooks)
 
 __all__ = ["WaitKind", "TransactionManager", "Transaction", "SubtransactionHandle", "InlineSubtransaction", "TxnState",
            "Granularity", "Along", "CommitParticipant", "TransactionExtension", "Observer", "HookRegistry", "ReadBase",
            "CommittedRows", "HistoryOp", "HistoryRecorder", "Subtransactions", "run_inline", "run_group",
-           "doom", "enlist", "materialize", "read_then_written", "run_subtransaction", "set_slot", "slot", "wait_children",
+           "abandon", "doom", "enlist", "materialize", "read_then_written", "run_subtransaction", "set_slot", "slot", "wait_children",
            "want_end_hooks"]

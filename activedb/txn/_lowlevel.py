@@ -52,11 +52,28 @@ def wait_children(transaction: Transaction, timeout: float | None = None) -> Non
     transaction._wait_children(timeout)
 
 
+def abandon(transaction: Transaction, reason: BaseException) -> None:
+    """For a tree whose thread may never return (an ingestion's deadline: Python cannot stop a thread), from another
+    thread: doom ``transaction``'s whole tree, so that it never commits and its thread raises ``reason`` at its next
+    operation, and end what it holds in PostgreSQL now — the transaction of its reads for update is rolled back
+    (a statement running on it cancelled, its connection closed), so other processes get its rows' locks.  Nothing
+    waits for the tree's threads.  What it cannot do: the tree's lock-manager locks stay held by the thread that
+    still runs in it, so this process must not run more work on the rows they cover — it should end or restart
+    (txn README, "Abandoning a tree")."""
+    from activedb.txn._rowlocks import RowLocks
+
+    root = transaction.root
+    root._doom(reason)
+    session = RowLocks.of(root, create=False)
+    if session is not None:
+        session.abandon()
+
+
 def read_then_written(transaction: Transaction) -> frozenset[str]:
     """The tables of which ``transaction``'s tree read a row plainly (``tx.read`` without ``for_update``) and then
     wrote it (``Database.run``'s hot-key learning; txn README, "Reads for update")."""
     return transaction._read_then_written()
 
 
-__all__ = ["slot", "set_slot", "enlist", "doom", "want_end_hooks", "materialize", "wait_children",
+__all__ = ["slot", "set_slot", "enlist", "doom", "abandon", "want_end_hooks", "materialize", "wait_children",
            "run_subtransaction", "read_then_written"]

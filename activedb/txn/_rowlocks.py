@@ -8,6 +8,7 @@ the connection (a connection runs one statement at a time), never while taking a
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: How long a read for update waits for another process's row lock before giving up (a retryable conflict).
 LOCK_TIMEOUT = "10s"
+
+#: How long :meth:`RowLocks.abandon` waits for a cancelled statement's thread to let go of the connection.
+ABANDON_WAIT_SECONDS = 5.0
 
 
 
@@ -112,6 +116,27 @@ class RowLocks(CommitParticipant):
         """Roll back (the locks go) and close."""
         with self._mutex:
             self._close()
+
+    def abandon(self) -> None:
+        """From another thread, for a tree whose thread may never return (``abandon``): end the PostgreSQL
+        transaction holding the rows now — a statement running on it is cancelled first (psycopg's ``cancel`` is
+        safe from any thread), then the connection is closed, which rolls it back on the server and releases its
+        row locks.  If the tree's thread still holds ``_mutex`` after the cancel (``ABANDON_WAIT_SECONDS``), the
+        connection is left to the process's end."""
+        connection = self.connection
+        if connection is None:
+            return
+        with contextlib.suppress(Exception):
+            connection.connection.driver_connection.cancel()
+        if not self._mutex.acquire(timeout=ABANDON_WAIT_SECONDS):
+            return
+        try:
+            connection, self.connection, self._transaction = self.connection, None, None
+            if connection is not None:
+                with contextlib.suppress(Exception):
+                    connection.invalidate()     # closes the driver's connection: the server rolls back
+        finally:
+            self._mutex.release()
 
     def _close(self) -> None:
         """Caller holds ``_mutex``."""

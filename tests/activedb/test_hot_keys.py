@@ -350,3 +350,45 @@ def test_a_participant_writing_at_about_to_commit_writes_before_the_held_transac
         log_id = tx.log_id
     assert participant.committed_before is False
     assert _logged(db, log_id) and balances(db) == {1: 1, 2: 100}
+
+
+def test_an_abandoned_tree_releases_its_row_locks_now_and_never_commits(db):
+    """``lowlevel.abandon`` from another thread, while the tree's thread waits (a rule that does not return): the
+    row the tree read for update is free for another process at once; when the thread goes on, its next operation
+    raises the reason and nothing of the tree is written."""
+    reading, release = threading.Event(), threading.Event()
+    trees, outcome = [], {}
+
+    def hold():
+        try:
+            with db.transaction() as tx:
+                trees.append(tx)
+                tx.read("accounts", 1, for_update=True)
+                reading.set()
+                assert release.wait(TIMEOUT)
+                tx.write("accounts", 1, balance=99)
+            outcome["end"] = "committed"
+        except Exception as error:
+            outcome["end"] = error
+
+    def locked_elsewhere() -> bool:
+        with db.engine.connect() as other:
+            try:
+                other.execute(sa.text("SELECT 1 FROM accounts WHERE id = 1 FOR UPDATE NOWAIT"))
+                return False
+            except sa.exc.OperationalError:
+                return True
+            finally:
+                other.rollback()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    assert reading.wait(TIMEOUT)
+    assert locked_elsewhere()
+    reason = RuntimeError("past its deadline")
+    lowlevel.abandon(trees[0], reason)
+    assert not locked_elsewhere()
+    release.set()
+    thread.join(TIMEOUT)
+    assert isinstance(outcome["end"], activedb.TransactionAborted) and outcome["end"].__cause__ is reason
+    assert balances(db)[1] == 0
