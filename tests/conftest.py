@@ -17,24 +17,28 @@
 ``ACTIVEDB_DATABASE_URL`` instead (a user that may create databases, e.g.
 ``postgresql+psycopg://activedb:PASSWORD@127.0.0.1:5433/postgres``).  ``.ci/run`` runs the tests marked
 ``server`` (:data:`SERVER_SUITE`) that way, against a PostgreSQL installed from the distribution's packages.
+
+**The test kit's plugin** (``activedb.testing.pytest_plugin``, what an application's tests use: ``activedb_db``,
+``activedb_url``, ``activedb_clock``, ``activedb_make_url``, ``activedb_watchdog``) makes its databases on
+``pg_server`` here (``activedb_server`` below), so the suite starts one server; its databases live per module
+(``activedb_database_scope`` in ``pyproject.toml``).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import re
 import shutil
 import tempfile
 from pathlib import Path
 
-from dataclasses import dataclass
-
-import psycopg
 import pytest
 import sqlalchemy as sa
 
 import activedb
 from activedb import _embedded
+from activedb.testing._databases import Server, ServerAtUrl, create_database, drop_database
 
 APP_MIGRATIONS = Path(__file__).parent / "app_migrations"
 SERVER_VARIABLE = "ACTIVEDB_TEST_SERVER"
@@ -68,22 +72,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.server)
 
 
-@dataclass(frozen=True)
-class ExternalServer:
-    """A PostgreSQL server the run was pointed at (``ACTIVEDB_TEST_SERVER=1``): the same ``url`` and
-    ``conninfo`` as the embedded server's handle, over the URL's host, port, user and password."""
+def _plugin_comes_by_entry_point() -> bool:
+    """Whether pytest loads the test kit's plugin by its entry point (an install made before it had one does not:
+    then this conftest loads it)."""
+    if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+        return False
+    return any(entry.name == "activedb" for entry in importlib.metadata.entry_points(group="pytest11"))
 
-    base: sa.URL
 
-    def url(self, database: str) -> str:
-        return self.base.set(drivername="postgresql+psycopg", database=database).render_as_string(hide_password=False)
-
-    def conninfo(self, database: str) -> str:
-        from psycopg.conninfo import make_conninfo
-
-        parts = {"host": self.base.host, "port": self.base.port, "user": self.base.username,
-                 "password": self.base.password, "dbname": database, **self.base.query}
-        return make_conninfo(**{key: value for key, value in parts.items() if value is not None})
+pytest_plugins = ("pytester",) + (() if _plugin_comes_by_entry_point() else ("activedb.testing.pytest_plugin",))
 
 
 @pytest.fixture(scope="session")
@@ -93,7 +90,7 @@ def pg_server():
         if not url:
             pytest.exit(f"{SERVER_VARIABLE}=1 needs ACTIVEDB_DATABASE_URL: the URL of a user who may create "
                         f"databases on the server to test against", returncode=4)
-        yield ExternalServer(sa.make_url(url))
+        yield ServerAtUrl(sa.make_url(url))
         return
     # Keep tests away from the user's real embedded database and environment.  The directory is
     # our own (not pytest's numbered tmp dirs, which a concurrent pytest session may prune).
@@ -105,21 +102,10 @@ def pg_server():
     shutil.rmtree(home, ignore_errors=True)
 
 
-def _admin(server) -> psycopg.Connection:
-    return psycopg.connect(server.conninfo("postgres"), autocommit=True)
-
-
-def drop_database(server, name: str) -> None:
-    with _admin(server) as admin:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def create_database(server, name: str) -> str:
-    """A fresh, empty database ``name`` (dropped first if it exists); returns its URL."""
-    drop_database(server, name)
-    with _admin(server) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    return server.url(name)
+@pytest.fixture(scope="session")
+def activedb_server(pg_server) -> Server:
+    """The test kit plugin's server is this suite's (one server for the whole run)."""
+    return pg_server
 
 
 @pytest.fixture(scope="module")

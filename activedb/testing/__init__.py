@@ -1,18 +1,29 @@
-"""Test helpers: checkers of recorded histories (:func:`check_history` and :func:`replay`,
-:func:`check_list_append`, :func:`check_stream_history`) and the waits concurrency tests use
-(:func:`wait_until`, :class:`Watchdog`, :class:`Sequencer`).  What each checker checks, by paper and
-section, is the design note ``activedb/testing/README.md``.
+"""The test kit: checkers of recorded histories (:func:`check_history` and :func:`replay`,
+:func:`check_list_append`, :func:`check_stream_history`), the interleaving runner (:class:`Interleavings`), the
+waits concurrency tests use (:func:`wait_until`, :class:`Watchdog`, :class:`Sequencer`) and the manual clock
+(:class:`ManualClock`, from ``activedb.clock``); the pytest plugin is ``activedb.testing.pytest_plugin``.  What
+each checker checks, by paper and section, and how to test an application's rules: the design note
+``activedb/testing/README.md``.
+
+The names are imported on first use (PEP 562): pytest loads the plugin at every start, and it needs none of them.
 """
 
-from lockmgr.testing import Sequencer, Watchdog, wait_until  # the project's one copy of each
+from activedb import lazy
+from activedb.testing.errors import (DatabaseFixtureError, InterleavingError, InterleavingFailed, InterleavingHang,
+                                     InvalidSchedule, NondeterministicRun)
 
-from activedb.testing._append_history import (Anomaly, AnomalyKind, Dependency, DependencyKind, ListAppendReport,
-                                              ListAppendStatistics, Outcome, RecordedTransaction)
-from activedb.testing._history import HistoryReport, check_history, replay
-from activedb.testing._list_append import check_list_append
-from activedb.testing._streams import StreamAnomaly, StreamHistoryReport, StreamViolation, check_stream_history
-
-__all__ = ["Anomaly", "AnomalyKind", "Dependency", "DependencyKind", "HistoryReport", "ListAppendReport",
-           "ListAppendStatistics", "Outcome", "RecordedTransaction", "Sequencer", "StreamAnomaly",
-           "StreamHistoryReport", "StreamViolation", "Watchdog", "check_history", "check_list_append",
+__all__ = ["Anomaly", "AnomalyKind", "DatabaseFixtureError", "Dependency", "DependencyKind", "HistoryReport",
+           "InterleavingError", "InterleavingFailed", "InterleavingHang", "InvalidSchedule", "ListAppendReport",
+           "ListAppendStatistics", "ManualClock", "NondeterministicRun", "Outcome", "RecordedTransaction", "Sequencer",
+           "StreamAnomaly", "StreamHistoryReport", "StreamViolation", "Watchdog", "check_history", "check_list_append",
            "check_stream_history", "replay", "wait_until"]
+
+__getattr__, __dir__ = lazy.exports(__name__, {
+    "lockmgr.testing": ["Sequencer", "Watchdog", "wait_until"],        # the project's one copy of each
+    "activedb.clock": ["ManualClock"],
+    "activedb.testing._append_history": ["Anomaly", "AnomalyKind", "Dependency", "DependencyKind", "ListAppendReport",
+                                         "ListAppendStatistics", "Outcome", "RecordedTransaction"],
+    "activedb.testing._history": ["HistoryReport", "check_history", "replay"],
+    "activedb.testing._list_append": ["check_list_append"],
+    "activedb.testing._streams": ["StreamAnomaly", "StreamHistoryReport", "StreamViolation", "check_stream_history"],
+})

@@ -28,11 +28,14 @@ from tests.examples._story import STORY, badge, rows
 WAIT = 60
 
 
+# The test kit's plugin makes the module's database (activedb_db) with the app's tables.
+pytestmark = pytest.mark.activedb(migrations=[MIGRATIONS])
+
+
 @pytest.fixture(scope="module")
-def hygiene(db):
-    db.upgrade_app(MIGRATIONS)
-    rules = register(db)
-    return db, rules
+def hygiene(activedb_db):
+    rules = register(activedb_db)
+    return activedb_db, rules
 
 
 @pytest.fixture
@@ -192,24 +195,24 @@ def test_demo_writes_event_files_for_activedb_run(tmp_path):
 
 
 @pytest.mark.spark
-def test_run_demo_through_spark_matches_the_direct_path(app, database_url, make_database_url, spark, capsys):
+def test_run_demo_through_spark_matches_the_direct_path(app, activedb_url, activedb_make_url, spark, capsys):
     """The Spark feed gives the state the same application gives without Spark: the pattern queries
     through ``ingest(…, queries=engine)``, whose dead letters (the run's ledger id, those released at the
     end of the stream included) are the rejected events."""
     db = app
-    through_spark = run_demo(url=database_url, events=120, workers=4, seed=5, use_spark=True)
+    through_spark = run_demo(url=activedb_url, events=120, workers=4, seed=5, use_spark=True)
     output = " ".join(capsys.readouterr().out.split())      # rich wraps long lines
     assert through_spark.path == "spark"
     assert "batches committed (last batch id 3)" in output and "4 micro-batches" in output
     spark_compensations = rows(db, "SELECT count(*) FROM compensations")
     assert through_spark.statuses == statuses(db)
-    direct = run_demo(url=make_database_url("direct"), events=120, workers=4, seed=5, use_spark=False)
+    direct = run_demo(url=activedb_make_url(), events=120, workers=4, seed=5, use_spark=False)
     assert through_spark.statuses == direct.statuses
     assert spark_compensations == [(direct.rejected,)]
     assert f"Dead letters of this run (activedb_dead_letters): {direct.rejected}, of them 0 late" in output
 
 
-def test_a_batch_after_the_tables_were_reset_equals_a_fresh_run(app, make_database_url):
+def test_a_batch_after_the_tables_were_reset_equals_a_fresh_run(app, activedb_make_url):
     """The benchmark's pattern: ``reset_tables`` (TRUNCATE … RESTART IDENTITY) between two runs on one
     engine, whose cached generated keys predate the reset.  A batch that needs more keys than were cached
     must not collide with its own (it is re-run with fresh ones): the result equals a fresh engine's."""
@@ -223,7 +226,7 @@ def test_a_batch_after_the_tables_were_reset_equals_a_fresh_run(app, make_databa
     reset_tables(db)
     outcome = IngestSink(db, MAPPING, query_name="again").process(events, 0, query_id="again@x")
     db.rules.wait_idle(WAIT)
-    fresh = activedb.connect(make_database_url("fresh"))
+    fresh = activedb.connect(activedb_make_url())
     try:
         fresh.upgrade_app(MIGRATIONS)
         register(fresh)

@@ -19,14 +19,14 @@ WAIT = 120
 MAPPING = EventMapping("type", "worker", "ts", payload_columns=("room",))
 
 
+# The test kit's plugin makes the module's database (activedb_url) with the app's tables and the PL/pgSQL peer's
+# (hh_badge_events and its trigger).
+pytestmark = pytest.mark.activedb(migrations=[MIGRATIONS, BENCH_MIGRATIONS])
+
+
 @pytest.fixture(scope="module")
-def url(make_database_url):
-    url = make_database_url("declared_hh")
-    database = activedb.connect(url)
-    database.upgrade_app(MIGRATIONS)
-    database.upgrade_app(BENCH_MIGRATIONS)          # the PL/pgSQL peer: hh_badge_events and its trigger
-    database.close()
-    return url
+def url(activedb_url):
+    return activedb_url
 
 
 def _state(database, *, texts: bool = False) -> dict[str, list[tuple]]:

@@ -22,11 +22,14 @@ WAIT = 60
 README = Path(__file__).resolve().parents[2] / "activedb" / "streams" / "README.md"
 
 
+# The test kit's plugin makes the module's database (activedb_db) with the app's tables.
+pytestmark = pytest.mark.activedb(migrations=[MIGRATIONS])
+
+
 @pytest.fixture(scope="module")
-def hygiene(db):
-    db.upgrade_app(MIGRATIONS)
-    rules = queries.register_rules(db)
-    return db, rules
+def hygiene(activedb_db):
+    rules = queries.register_rules(activedb_db)
+    return activedb_db, rules
 
 
 @pytest.fixture
@@ -121,8 +124,8 @@ def test_a_late_event_is_a_dead_letter_naming_the_punctuation(hygiene, engine):
     assert rows(db, "SELECT count(*) FROM compensations") == [(0,)]     # never ran: nothing to compensate
 
 
-def test_run_demo_with_the_queries_tells_what_the_database_holds(make_database_url, capsys):
-    url = make_database_url("demo")
+def test_run_demo_with_the_queries_tells_what_the_database_holds(activedb_make_url, capsys):
+    url = activedb_make_url()
     summary = run_demo(url=url, events=150, workers=5, seed=3, use_spark=False)
     output = " ".join(capsys.readouterr().out.split())          # rich wraps long lines
     assert summary.path == "direct" and summary.events == 150
@@ -157,7 +160,7 @@ def test_run_demo_with_the_queries_tells_what_the_database_holds(make_database_u
     assert "exclusive_causally_dependent" in output and "compensate_rejected_badge" in output
 
 
-def test_the_demos_dead_letters_replay_through_the_rule_based_app(make_database_url):
+def test_the_demos_dead_letters_replay_through_the_rule_based_app(activedb_make_url):
     """What the demo's dead letters say to do works: they are the badge rows they were, and `activedb
     dead-letters replay activedb.examples.hand_hygiene.app` takes them (event types as the app spells them)."""
     import activedb
@@ -166,7 +169,7 @@ def test_the_demos_dead_letters_replay_through_the_rule_based_app(make_database_
     from activedb.cli import main
     from activedb.examples.hand_hygiene.events import generate
 
-    url = make_database_url("demo_replay")
+    url = activedb_make_url()
     db = activedb.connect(url)
     try:
         db.upgrade_app(MIGRATIONS)

@@ -1,0 +1,138 @@
+"""Throw-away databases for tests, on the embedded server or on a server given by URL: what the pytest plugin
+(``activedb.testing.pytest_plugin``) and the project's own ``tests/conftest.py`` make their databases with.
+
+A test database is a copy of a *template* — a database migrated once per session and set of migrations
+(activedb's own revisions, then the application's Alembic directories in order) — made with ``CREATE DATABASE …
+TEMPLATE``, which copies files instead of running the migrations again; it is dropped with ``DROP DATABASE … WITH
+(FORCE)`` (PostgreSQL 13 or later).  Names carry the process id, so concurrent test sessions never meet.
+
+Thread-safety: :class:`Templates` is used by one thread (pytest's); ``_mutex`` protects its counters anyway.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable, Protocol
+
+if TYPE_CHECKING:  # pragma: no cover
+    import psycopg
+    import sqlalchemy as sa
+
+__all__ = ["Server", "ServerAtUrl", "Templates", "create_database", "drop_database"]
+
+
+class Server(Protocol):
+    """A PostgreSQL server tests may create databases on: the embedded server's handle, or :class:`ServerAtUrl`."""
+
+    def url(self, database: str) -> str:
+        """The SQLAlchemy URL of ``database`` on this server (with its password: never print it unmasked)."""
+        ...
+
+    def conninfo(self, database: str) -> str:
+        """A libpq connection string for ``database`` (psycopg)."""
+        ...
+
+
+@dataclass(frozen=True)
+class ServerAtUrl:
+    """A server given by the URL of a user that may create databases: the URL's host, port, user, password and
+    options, any database name."""
+
+    base: sa.URL
+
+    @classmethod
+    def parse(cls, url: str) -> "ServerAtUrl":
+        import sqlalchemy as sa
+
+        from activedb._database import normalise_url
+
+        return cls(sa.make_url(normalise_url(url)))
+
+    def url(self, database: str) -> str:
+        return self.base.set(drivername="postgresql+psycopg", database=database).render_as_string(hide_password=False)
+
+    def conninfo(self, database: str) -> str:
+        from psycopg.conninfo import make_conninfo
+
+        parts = {"host": self.base.host, "port": self.base.port, "user": self.base.username,
+                 "password": self.base.password, "dbname": database, **self.base.query}
+        return make_conninfo(**{key: value for key, value in parts.items() if value is not None})
+
+
+def _admin(server: Server) -> "psycopg.Connection[tuple[object, ...]]":
+    import psycopg
+
+    return psycopg.connect(server.conninfo("postgres"), autocommit=True)
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def drop_database(server: Server, name: str) -> None:
+    """Drop ``name`` if it exists, ending the sessions still connected to it."""
+    with _admin(server) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {_quoted(name)} WITH (FORCE)")     # type: ignore[arg-type]
+
+
+def create_database(server: Server, name: str, template: str | None = None) -> str:
+    """A fresh database ``name`` (dropped first if it exists), empty or a copy of ``template``; returns its URL."""
+    drop_database(server, name)
+    with _admin(server) as admin:
+        copy = f" TEMPLATE {_quoted(template)}" if template else ""
+        admin.execute(f"CREATE DATABASE {_quoted(name)}{copy}")                       # type: ignore[arg-type]
+    return server.url(name)
+
+
+class Templates:
+    """The session's template databases on ``server``, one per list of application migrations, each migrated
+    when first asked for (activedb's schema at head, then each directory in order) and dropped by :meth:`close`;
+    and the test databases copied from them."""
+
+    def __init__(self, server: Server, prefix: str = "activedb_test") -> None:
+        self.server = server
+        self.prefix = f"{prefix}_{os.getpid()}"
+        self._mutex = threading.Lock()        # protects _templates and _numbers
+        self._templates: dict[tuple[Path, ...], str] = {}
+        self._numbers = itertools.count(1)
+
+    def template(self, migrations: Iterable[Path]) -> str:
+        """The name of the template database migrated with ``migrations`` (made now if it is the first time)."""
+        import activedb
+
+        key = tuple(Path(directory).resolve() for directory in migrations)
+        with self._mutex:
+            name = self._templates.get(key)
+        if name is not None:
+            return name
+        digest = hashlib.sha1("\n".join(map(str, key)).encode()).hexdigest()[:8]
+        name = f"{self.prefix}_template_{digest}"
+        url = create_database(self.server, name)
+        database = activedb.connect(url)
+        try:
+            for directory in key:
+                database.upgrade_app(directory)
+        finally:
+            database.close()
+        with self._mutex:
+            self._templates[key] = name
+        return name
+
+    def database(self, migrations: Iterable[Path] = ()) -> tuple[str, str]:
+        """A fresh database migrated with ``migrations``: its name and URL (drop it with :func:`drop_database`)."""
+        template = self.template(migrations)
+        with self._mutex:
+            name = f"{self.prefix}_{next(self._numbers)}"
+        return name, create_database(self.server, name, template)
+
+    def close(self) -> None:
+        """Drop the templates."""
+        with self._mutex:
+            names, self._templates = list(self._templates.values()), {}
+        for name in names:
+            drop_database(self.server, name)

@@ -1,0 +1,270 @@
+"""activedb's pytest plugin: a fresh database per test for an application's rules, a manual clock, and a watchdog.
+
+pytest loads it by itself once activedb is installed (the ``pytest11`` entry point ``activedb``; ``-p
+no:activedb`` turns it off).  How to use it: ``docs/howto/testing-rules.md``; the design note:
+``activedb/testing/README.md``.
+
+Fixtures (``activedb_db``, ``activedb_url`` and ``activedb_clock`` have the scope of the ``activedb_database_scope``
+setting: ``function``, the default, or ``module``):
+
+* ``activedb_db`` — ``activedb.connect(...)`` on a fresh database: activedb's schema at head and the application's
+  Alembic directories applied (the ``activedb_migrations`` setting, or ``@pytest.mark.activedb(migrations=[...])``);
+  the database runs on ``activedb_clock``; closed and dropped at the end;
+* ``activedb_url`` — the URL of that database, for code that connects on its own;
+* ``activedb_clock`` — the test database's clock: a :class:`~activedb.clock.ManualClock` (time moves only when the
+  test advances it) unless the marker gives another (``clock=SystemClock()``);
+* ``activedb_make_url`` — ``make(migrations=None)``: the URL of another fresh database (dropped at the end of the
+  test);
+* ``activedb_watchdog`` — a :class:`~activedb.testing.Watchdog` around the test: if it still runs after
+  ``activedb_watchdog_timeout`` seconds (default 60) it prints the wait-for graph of ``activedb_db`` and every
+  thread's stack, and the test fails; ``@pytest.mark.activedb_watchdog(timeout=30)`` turns it on for a test;
+* ``activedb_server`` (session) — the server the databases are made on: the one of ``--activedb-url``, the
+  ``activedb_url`` setting or ``ACTIVEDB_TEST_URL`` (a user that may create databases), else the embedded server
+  (``activedb[embedded]``; under ``ACTIVEDB_HOME``, as ``activedb.connect()`` uses it).
+
+``@pytest.mark.activedb(migrations=[...], clock=..., **connect_options)``: the Alembic directories (replacing the
+setting's; relative paths are from the root directory), the clock, and keyword arguments of ``activedb.connect``
+(``record_history=True`` for the interleaving runner and ``check_history``).  With module scope the module's mark
+counts (``pytestmark = pytest.mark.activedb(...)``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NoReturn, Sequence
+
+import pytest
+
+from activedb._choice import Choice
+from activedb.clock import Clock, ManualClock
+from activedb.errors import ActivedbError
+from activedb.testing._databases import Server, ServerAtUrl, Templates, drop_database
+from activedb.testing.errors import DatabaseFixtureError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb._database import Database
+
+#: The environment variable that names the server to make test databases on (after the option and the setting).
+URL_VARIABLE = "ACTIVEDB_TEST_URL"
+#: Seconds a detached rule firing still running at the end of a test may take before the database is dropped.
+CLOSE_TIMEOUT = 30.0
+
+
+class DatabaseScope(Choice):
+    """How long a test database lives (the ``activedb_database_scope`` setting)."""
+
+    FUNCTION = "function"
+    MODULE = "module"
+
+
+@dataclass(frozen=True)
+class DatabaseSettings:
+    """How ``activedb_db`` is made: the application's Alembic directories, its clock (None: a ``ManualClock``),
+    and the other keyword arguments of ``activedb.connect``."""
+
+    migrations: tuple[Path, ...] = ()
+    clock: Clock | None = None
+    connect: dict[str, Any] = field(default_factory=dict)
+
+
+# --- options -------------------------------------------------------------------------------------
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("activedb", "activedb: test databases for an application's rules")
+    group.addoption("--activedb-url", dest="activedb_url", metavar="URL", default=None,
+                    help="a PostgreSQL server to make test databases on: the URL of a user that may create databases "
+                         f"(default: the activedb_url setting, then ${URL_VARIABLE}, then the embedded server)")
+    parser.addini("activedb_url", "a PostgreSQL server to make test databases on (see --activedb-url)", default=None)
+    parser.addini("activedb_migrations", "the application's Alembic directories, applied in order to every test "
+                  "database (relative to this file)", type="paths", default=[])
+    parser.addini("activedb_database_scope", "how long a test database lives: function (default) or module",
+                  default=DatabaseScope.FUNCTION.value)
+    parser.addini("activedb_watchdog_timeout", "seconds before activedb_watchdog prints the wait-for graph and "
+                  "fails the test (default 60)", default="60")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    try:
+        _database_scope(config)
+    except ActivedbError as error:
+        raise pytest.UsageError(str(error)) from None
+    config.addinivalue_line("markers", "activedb(migrations=[...], clock=..., **connect_options): how activedb_db is "
+                                       "made for this test (with module scope: for this module)")
+    config.addinivalue_line("markers", "activedb_watchdog(timeout=60): fail the test, printing the wait-for graph "
+                                       "and every thread's stack, if it still runs after timeout seconds")
+
+
+def _database_scope(config: pytest.Config) -> DatabaseScope:
+    value = config.getini("activedb_database_scope") or DatabaseScope.FUNCTION.value
+    return DatabaseScope.parse(str(value).strip(), "the activedb_database_scope setting")
+
+
+def _scope(fixture_name: str, config: pytest.Config) -> str:
+    try:
+        return _database_scope(config).value
+    except ActivedbError:
+        return DatabaseScope.FUNCTION.value     # pytest_configure stops the run with the one-line error
+
+
+def _server_url(config: pytest.Config) -> str | None:
+    return (config.getoption("activedb_url") or config.getini("activedb_url")
+            or os.environ.get(URL_VARIABLE) or None)
+
+
+def _fail(error: BaseException) -> NoReturn:
+    """A fixture that cannot make what it makes: the test errors with one line (no traceback)."""
+    pytest.fail(f"{type(error).__name__}: {error}", pytrace=False)
+
+
+# --- fixtures ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def activedb_server(pytestconfig: pytest.Config) -> Server:
+    """The PostgreSQL server test databases are made on (see the module docstring)."""
+    url = _server_url(pytestconfig)
+    problem: BaseException
+    if url:
+        try:
+            return ServerAtUrl.parse(url)
+        except ActivedbError as error:
+            problem = DatabaseFixtureError(f"the test server's URL cannot be used: {error}")
+    else:
+        from activedb import _embedded
+        from activedb.extras import Extra, require
+
+        try:
+            require(Extra.EMBEDDED, "activedb's test databases without a server URL (the embedded server)",
+                    otherwise=f"or give a server: --activedb-url URL, the activedb_url setting or {URL_VARIABLE}")
+            return _embedded.start()
+        except ActivedbError as error:      # MissingExtra, EmbeddedServerError
+            problem = error
+    _fail(problem)                          # (outside the except: one line, not a chain of two)
+
+
+@pytest.fixture(scope="session")
+def activedb_templates(activedb_server: Server) -> Iterator[Templates]:
+    """The session's template databases (one per list of migrations), dropped at the end."""
+    templates = Templates(activedb_server)
+    yield templates
+    templates.close()
+
+
+@pytest.fixture(scope=_scope)
+def activedb_settings(request: pytest.FixtureRequest) -> DatabaseSettings:
+    """How ``activedb_db`` is made: the ``activedb`` mark of the test (or module) over the settings."""
+    config = request.config
+    marker = request.node.get_closest_marker("activedb")
+    options = dict(marker.kwargs) if marker is not None else {}
+    if marker is not None and marker.args:
+        raise pytest.UsageError(f"@pytest.mark.activedb takes keyword arguments only, not {marker.args!r}")
+    chosen = options.pop("migrations", None)
+    if chosen is None:
+        migrations = tuple(Path(path) for path in config.getini("activedb_migrations"))
+    else:
+        migrations = tuple(_path(config.rootpath, path) for path in _listed(chosen))
+    for directory in migrations:
+        if not (directory / "env.py").is_file():
+            raise pytest.UsageError(f"activedb migrations {directory} is not an Alembic directory (no env.py there); "
+                                    f"make one with: activedb app init {directory}")
+    clock = options.pop("clock", None)
+    if clock is not None and not isinstance(clock, Clock):
+        raise pytest.UsageError(f"@pytest.mark.activedb(clock=...) takes an activedb.clock.Clock, not {clock!r}")
+    return DatabaseSettings(migrations, clock, options)
+
+
+def _listed(value: Any) -> Sequence[Any]:
+    return [value] if isinstance(value, (str, os.PathLike)) else list(value)
+
+
+def _path(root: Path, value: Any) -> Path:
+    path = Path(value)
+    return path if path.is_absolute() else root / path
+
+
+@pytest.fixture(scope=_scope)
+def activedb_clock(activedb_settings: DatabaseSettings) -> Clock:
+    """The test database's clock: a ``ManualClock`` unless the mark gives another."""
+    return activedb_settings.clock if activedb_settings.clock is not None else ManualClock()
+
+
+@pytest.fixture(scope=_scope)
+def activedb_url(activedb_server: Server, activedb_templates: Templates,
+                 activedb_settings: DatabaseSettings) -> Iterator[str]:
+    """The URL of a fresh database with activedb's schema and the application's migrations; dropped at the end."""
+    made: tuple[str, str] | ActivedbError
+    try:
+        made = activedb_templates.database(activedb_settings.migrations)
+    except ActivedbError as error:
+        made = error
+    if isinstance(made, ActivedbError):
+        _fail(made)
+    name, url = made
+    yield url
+    drop_database(activedb_server, name)
+
+
+@pytest.fixture(scope=_scope)
+def activedb_db(activedb_url: str, activedb_clock: Clock, activedb_settings: DatabaseSettings) -> Iterator["Database"]:
+    """``activedb.connect(...)`` on ``activedb_url``, on ``activedb_clock``; closed at the end (after the detached
+    firings still running, for at most ``CLOSE_TIMEOUT`` seconds)."""
+    import activedb
+
+    connected: Database | ActivedbError
+    try:
+        connected = activedb.connect(activedb_url, clock=activedb_clock, **activedb_settings.connect)
+    except ActivedbError as error:
+        connected = error
+    if isinstance(connected, ActivedbError):
+        _fail(connected)
+    database = connected
+    try:
+        yield database
+    finally:
+        try:
+            database.rules.wait_idle(CLOSE_TIMEOUT)
+        except TimeoutError:
+            pass                # the database is dropped anyway; the test has had its say
+        finally:
+            database.close()
+
+
+@pytest.fixture
+def activedb_make_url(activedb_server: Server, activedb_templates: Templates,
+                      activedb_settings: DatabaseSettings) -> Iterator[Callable[..., str]]:
+    """``make(migrations=None)`` — the URL of another fresh database (the test's migrations unless given), dropped
+    at the end of the test."""
+    made: list[str] = []
+
+    def make(migrations: Sequence[str | os.PathLike[str]] | None = None) -> str:
+        chosen = activedb_settings.migrations if migrations is None else tuple(Path(path) for path in migrations)
+        name, url = activedb_templates.database(chosen)
+        made.append(name)
+        return url
+
+    yield make
+    for name in made:
+        drop_database(activedb_server, name)
+
+
+@pytest.fixture
+def activedb_watchdog(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A :class:`~activedb.testing.Watchdog` around the test (see the module docstring)."""
+    from activedb.testing import Watchdog
+
+    marker = request.node.get_closest_marker("activedb_watchdog")
+    timeout = marker.kwargs.get("timeout", marker.args[0] if marker.args else None) if marker is not None else None
+    seconds = float(timeout if timeout is not None else request.config.getini("activedb_watchdog_timeout"))
+    locks = None
+    if "activedb_db" in request.fixturenames:
+        locks = request.getfixturevalue("activedb_db").transactions.locks
+    with Watchdog(seconds, locks) as watchdog:
+        yield watchdog
+
+
+@pytest.fixture(autouse=True)
+def _activedb_watchdog_mark(request: pytest.FixtureRequest) -> None:
+    """``@pytest.mark.activedb_watchdog`` puts ``activedb_watchdog`` around the test."""
+    if request.node.get_closest_marker("activedb_watchdog") is not None:
+        request.getfixturevalue("activedb_watchdog")

@@ -1,0 +1,134 @@
+"""The test kit's pytest plugin (``activedb.testing.pytest_plugin``), tested as a user meets it: pytest's ``pytester``
+runs a small project of tests in a new process, on the real embedded PostgreSQL of a fresh ``ACTIVEDB_HOME`` (and
+on a server given by URL), and reads what pytest reported."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import psycopg
+import pytest
+
+from activedb.examples.orders import MIGRATIONS
+
+PROJECT = '''
+import datetime as dt
+
+import pytest
+import sqlalchemy as sa
+
+from activedb.clock import ManualClock, SystemClock
+
+
+def count(db, table):
+    with db.engine.connect() as connection:
+        return connection.execute(sa.text(f"SELECT count(*) FROM {table}")).scalar_one()
+
+
+def test_a_fresh_database_with_the_migrations_of_the_setting(activedb_db):
+    with activedb_db.engine.begin() as connection:
+        connection.execute(sa.text("INSERT INTO customers (name) VALUES ('ann')"))
+    assert count(activedb_db, "customers") == 1
+
+
+def test_each_test_has_a_database_of_its_own(activedb_db):
+    assert count(activedb_db, "customers") == 0
+
+
+def test_the_database_runs_on_a_manual_clock(activedb_db, activedb_clock):
+    assert activedb_db.clock is activedb_clock and isinstance(activedb_clock, ManualClock)
+    activedb_clock.advance(90)
+    assert activedb_db.clock.wall() == dt.datetime(2000, 1, 1, 0, 1, 30, tzinfo=dt.timezone.utc)
+
+
+@pytest.mark.activedb(clock=SystemClock(), record_history=True, migrations=[])
+def test_a_mark_chooses_the_clock_the_migrations_and_connect_options(activedb_db):
+    assert isinstance(activedb_db.clock, SystemClock) and activedb_db.history is not None
+    with activedb_db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT to_regclass('customers')")).scalar_one() is None
+
+
+def test_another_database(activedb_url, activedb_make_url):
+    other = activedb_make_url()
+    assert other != activedb_url and other.rsplit("/", 1)[1] != activedb_url.rsplit("/", 1)[1]
+
+
+@pytest.mark.activedb_watchdog(timeout=0.5)
+def test_a_hang_is_a_failure_with_the_wait_for_graph(activedb_db, activedb_watchdog):
+    assert activedb_watchdog.fired.wait(60)          # the test "hangs" until the watchdog has fired
+'''
+
+SHARED = '''
+import sqlalchemy as sa
+
+
+def test_a_writes(activedb_db):
+    with activedb_db.engine.begin() as connection:
+        connection.execute(sa.text("INSERT INTO customers (name) VALUES ('ann')"))
+
+
+def test_b_sees_it_in_the_module_database(activedb_db):
+    with activedb_db.engine.connect() as connection:
+        assert connection.execute(sa.text("SELECT name FROM customers")).scalars().all() == ["ann"]
+'''
+
+
+@pytest.fixture
+def project(pytester, monkeypatch):
+    """A user's project: the orders example's Alembic directory as its own, and the plugin's settings."""
+    shutil.copytree(MIGRATIONS, pytester.path / "migrations", ignore=shutil.ignore_patterns("__pycache__"))
+    pytester.makeini("[pytest]\nactivedb_migrations = migrations\n")
+    for variable in ("ACTIVEDB_TEST_URL", "ACTIVEDB_DATABASE_URL", "ACTIVEDB_TEST_SERVER"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("ACTIVEDB_HOME", str(pytester.path / "home"))
+    return pytester
+
+
+def test_a_users_project_runs_on_the_embedded_server(project):
+    project.makepyfile(test_project=PROJECT)
+    result = project.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=6, errors=1)        # the hang: its call passed, its teardown failed
+    result.stdout.fnmatch_lines(["*ERROR at teardown of test_a_hang_is_a_failure_with_the_wait_for_graph*",
+                                 "*watchdog fired after 0.5 s (wait-for graph printed above)*"])
+    result.stdout.fnmatch_lines(["*WATCHDOG: test still running after 0.5 s*", "wait-for graph:"])
+    assert (project.path / "home" / "pgdata" / "PG_VERSION").exists()      # its own embedded server
+
+
+def test_a_users_project_runs_on_a_server_given_by_url_with_a_database_per_module(project, activedb_server):
+    project.makepyfile(test_shared=SHARED)
+    url = activedb_server.url("postgres")
+    before = databases(activedb_server)
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", f"--activedb-url={url}",
+                                          "-o", "activedb_database_scope=module")
+    result.assert_outcomes(passed=2)
+    assert not (project.path / "home").exists()                          # no embedded server
+    assert databases(activedb_server) == before                          # test databases and templates dropped
+
+
+def databases(server) -> set[str]:
+    with psycopg.connect(server.conninfo("postgres"), autocommit=True) as connection:
+        return {name for (name,) in connection.execute(
+            "SELECT datname FROM pg_database WHERE datname LIKE 'activedb_test_%'")
+            if not name.startswith(f"activedb_test_{os.getpid()}_")}
+
+
+def test_without_the_embedded_extra_and_without_a_url_it_says_what_to_install_or_set(project):
+    project.makepyfile(test_project=PROJECT,
+                       # pgserver cannot be imported in this project: as if activedb[embedded] were not installed
+                       pgserver="raise ModuleNotFoundError(\"No module named 'pgserver'\", name='pgserver')")
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "-k", "fresh_database")
+    result.assert_outcomes(errors=1)
+    line = ("MissingExtra: activedb's test databases without a server URL (the embedded server) needs pgserver, "
+            "which is not installed: pip install 'activedb[embedded]', or give a server: --activedb-url URL, the "
+            "activedb_url setting or ACTIVEDB_TEST_URL")
+    output = result.stdout.str()
+    assert line in output.splitlines(), output
+    assert output.count("needs pgserver") == 1 and "Traceback" not in output and "During handling" not in output
+
+
+def test_a_scope_that_is_not_one_says_which_are(project):
+    project.makepyfile(test_project=PROJECT)
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "-o", "activedb_database_scope=session")
+    assert result.ret != 0
+    result.stderr.fnmatch_lines(["*activedb_database_scope*session*function*module*"])
