@@ -1,8 +1,10 @@
 """The outbox: detached-family rule firings recorded durably, run exactly once.  Design note: ``README.md``.
 
-Public names: :class:`Outbox` (``db.outbox``), :class:`OutboxStatistics`, :class:`FailedFiring`.
+Public names: :class:`Outbox` (``db.outbox``), :class:`OutboxStatistics`, :class:`FailedFiring`,
+:data:`GROUP_TRANSACTION` (the name of the top-level transactions that run recorded firings).
 """
 
+from activedb.outbox._executor import GROUP_TRANSACTION
 from activedb.outbox._outbox import FailedFiring, Outbox, OutboxStatistics
 
-__all__ = ["Outbox", "OutboxStatistics", "FailedFiring"]
+__all__ = ["Outbox", "OutboxStatistics", "FailedFiring", "GROUP_TRANSACTION"]

@@ -29,6 +29,9 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger("activedb.outbox")
 
+#: The name of every group transaction (a top-level transaction whose children are the firings it runs).
+GROUP_TRANSACTION = "outbox"
+
 def is_retryable(error: BaseException) -> bool:
     """A failure PostgreSQL or the lock manager caused (:func:`activedb.errors.classify`: a transient one, or
     the lock manager's timeout), not the rule's."""
@@ -129,6 +132,12 @@ class Executor:
         self.submit(works)
 
     @property
+    def runners(self) -> int:
+        """Runners started and not finished."""
+        with self._mutex:
+            return self._runners
+
+    @property
     def backlog(self) -> int:
         """Works queued, running or parked."""
         with self._mutex:
@@ -223,7 +232,7 @@ class Executor:
         outbox = self._outbox
         marks = GroupMarks(outbox.owner)
         outcomes: list[str] = []
-        with outbox.transactions.transaction(name="outbox", participants=[marks]) as root:
+        with outbox.transactions.transaction(name=GROUP_TRANSACTION, participants=[marks]) as root:
             for work in group:
                 outcome, error = self._member(root, work)
                 if outcome is _Outcome.RETRY and work.attempts + 1 >= self.max_attempts:

@@ -22,7 +22,7 @@ from activedb import lowlevel
 from activedb.clock import SYSTEM_CLOCK, Clock
 from activedb.events import EventKind
 from activedb.outbox import _records
-from activedb.outbox._executor import Executor, Work, describe_error
+from activedb.outbox._executor import GROUP_TRANSACTION, Executor, Work, describe_error
 from activedb.outbox._recording import Entry, TreeFirings, TreeState, always, new_record
 from activedb.rules import Firing
 from activedb.store import TableInfo
@@ -273,6 +273,13 @@ class Outbox:
     def running(self) -> int:
         """Firings queued, running or parked in this process."""
         return self._executor.backlog
+
+    @property
+    def runners(self) -> int:
+        """Group runners of this process started and not finished: each runs group transactions (top-level,
+        named :data:`GROUP_TRANSACTION`) one after another until no firing is ready (the interleaving runner of
+        ``activedb.testing`` waits for the group transactions they are about to begin)."""
+        return self._executor.runners
 
     # --- recovery -----------------------------------------------------------------------------
 

@@ -12,18 +12,21 @@ from activedb import lazy
 from activedb.testing.errors import (DatabaseFixtureError, InterleavingError, InterleavingFailed, InterleavingHang,
                                      InvalidSchedule, NondeterministicRun)
 
-__all__ = ["Anomaly", "AnomalyKind", "DatabaseFixtureError", "Dependency", "DependencyKind", "HistoryReport",
-           "InterleavingError", "InterleavingFailed", "InterleavingHang", "InvalidSchedule", "ListAppendReport",
-           "ListAppendStatistics", "ManualClock", "NondeterministicRun", "Outcome", "RecordedTransaction", "Sequencer",
-           "StreamAnomaly", "StreamHistoryReport", "StreamViolation", "Watchdog", "check_history", "check_list_append",
-           "check_stream_history", "replay", "wait_until"]
+__all__ = ["Anomaly", "AnomalyKind", "ChoiceTree", "DatabaseFixtureError", "Dependency", "DependencyKind",
+           "Exploration", "HistoryReport", "InterleavingError", "InterleavingFailed", "InterleavingHang",
+           "Interleavings", "InvalidSchedule", "ListAppendReport", "ListAppendStatistics", "ManualClock",
+           "NondeterministicRun", "Outcome", "RecordedTransaction", "RunReport", "Schedule", "Sequencer", "StepKind",
+           "StreamAnomaly", "StreamHistoryReport", "StreamViolation", "Verdict", "Watchdog", "check_history",
+           "check_list_append", "check_stream_history", "replay", "wait_until"]
 
 __getattr__, __dir__ = lazy.exports(__name__, {
     "lockmgr.testing": ["Sequencer", "Watchdog", "wait_until"],        # the project's one copy of each
     "activedb.clock": ["ManualClock"],
     "activedb.testing._append_history": ["Anomaly", "AnomalyKind", "Dependency", "DependencyKind", "ListAppendReport",
                                          "ListAppendStatistics", "Outcome", "RecordedTransaction"],
+    "activedb.testing._choices": ["ChoiceTree"],
     "activedb.testing._history": ["HistoryReport", "check_history", "replay"],
+    "activedb.testing._interleavings": ["Exploration", "Interleavings", "RunReport", "Schedule", "StepKind", "Verdict"],
     "activedb.testing._list_append": ["check_list_append"],
     "activedb.testing._streams": ["StreamAnomaly", "StreamHistoryReport", "StreamViolation", "check_stream_history"],
 })

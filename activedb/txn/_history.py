@@ -4,7 +4,11 @@
 wrote the version it saw (``read_from``): the recorder sees every flush of its process, and a read takes
 its lock before it reads, so no conflicting flush of this process can race it.
 
-Thread-safety: ``_mutex`` protects ``ops``, ``_sequence`` and ``_last_writer``.
+Listeners (:meth:`HistoryRecorder.listen`) hear every op as it is recorded, in the thread that did it: the
+interleaving runner of ``activedb.testing`` pauses threads there.
+
+Thread-safety: ``_mutex`` protects ``ops``, ``_sequence`` and ``_last_writer``; ``_listeners`` is an immutable
+tuple replaced whole (read without a mutex).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import itertools
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 
 @dataclass(frozen=True)
@@ -38,23 +42,50 @@ class HistoryRecorder:
         self._mutex = threading.Lock()
         self._sequence = itertools.count(1)
         self._last_writer: dict[tuple[str, tuple], str] = {}
+        self._listeners: tuple[Callable[[HistoryOp], None], ...] = ()
+
+    def listen(self, listener: Callable[[HistoryOp], None]) -> Callable[[], None]:
+        """Call ``listener(op)`` for every op recorded from now on, after it is recorded, in the thread that did
+        the operation, with no activedb mutex held but the guard of a group run as frames (txn README, "Groups on
+        threads": none runs while an ``Observer`` of node events is registered) — so it may block that thread.
+        Returns the function that stops it."""
+        with self._mutex:
+            self._listeners = (*self._listeners, listener)
+
+        def stop() -> None:
+            with self._mutex:
+                self._listeners = tuple(other for other in self._listeners if other is not listener)
+        return stop
+
+    def _tell(self, op: HistoryOp) -> None:
+        for listener in self._listeners:
+            listener(op)
 
     def record(self, kind: str, transaction: str, **fields: Any) -> None:
         with self._mutex:
-            self.ops.append(HistoryOp(next(self._sequence), kind, transaction, **fields))
+            op = HistoryOp(next(self._sequence), kind, transaction, **fields)
+            self.ops.append(op)
+        if self._listeners:
+            self._tell(op)
 
     def record_committed_read(self, transaction: str, root: str, table: str, key: tuple, image: Any) -> None:
         with self._mutex:
             writer = self._last_writer.get((table, key), "initial")
-            self.ops.append(HistoryOp(next(self._sequence), "read", transaction, root=root, table=table, key=key,
-                                      value=image, read_from=writer, source="committed"))
+            op = HistoryOp(next(self._sequence), "read", transaction, root=root, table=table, key=key,
+                           value=image, read_from=writer, source="committed")
+            self.ops.append(op)
+        if self._listeners:
+            self._tell(op)
 
     def record_flush(self, root: str, images: dict[tuple[str, tuple], Any]) -> None:
         """Precondition: called after the PostgreSQL commit, while the tree still holds its locks."""
         with self._mutex:
-            self.ops.append(HistoryOp(next(self._sequence), "flush", root, root=root, value=dict(images)))
+            op = HistoryOp(next(self._sequence), "flush", root, root=root, value=dict(images))
+            self.ops.append(op)
             for row in images:
                 self._last_writer[row] = root
+        if self._listeners:
+            self._tell(op)
 
     def snapshot(self) -> list[HistoryOp]:
         with self._mutex:

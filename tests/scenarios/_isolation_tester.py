@@ -64,7 +64,6 @@ import enum
 import itertools
 import os
 import queue
-import random
 import threading
 import time
 from dataclasses import dataclass, field
@@ -74,6 +73,8 @@ import sqlalchemy as sa
 
 import activedb
 from activedb import testing
+from activedb.testing import ChoiceTree, NondeterministicRun          # (NondeterministicRun: re-exported)
+from activedb.testing._choices import Chooser, Finish
 
 #: Seconds a step may run without completing or blocking before the run fails as a hang.
 STEP_TIMEOUT = float(os.environ.get("ACTIVEDB_ISOLATION_STEP_TIMEOUT", "10"))
@@ -388,10 +389,6 @@ class InvalidPermutation(Exception):
 
 class IsolationHang(AssertionError):
     """A step neither completed nor blocked in time, or every session is blocked without a deadlock."""
-
-
-class NondeterministicRun(AssertionError):
-    """The same prefix of steps offered different next steps on two runs."""
 
 
 @dataclass
@@ -879,73 +876,13 @@ def _abort_quietly(tx, reason: BaseException) -> None:
 
 # --- generating permutations ---------------------------------------------------------------------
 
-class _Node:
-    """A prefix of a permutation: the steps offered next (None until a run got here) and the explored
-    continuations.  Exhausted once every offered step leads to an exhausted node (a leaf offers none)."""
+class PermutationTree(ChoiceTree):
+    """The tree of valid permutations of one scenario in one pairing, discovered by running them (the test kit's
+    :class:`~activedb.testing.ChoiceTree`, walked by permutation text)."""
 
-    __slots__ = ("choices", "children", "exhausted")
-
-    def __init__(self) -> None:
-        self.choices: tuple[str, ...] | None = None
-        self.children: dict[str, _Node] = {}
-        self.exhausted = False
-
-
-class PermutationTree:
-    """The tree of valid permutations of one scenario in one pairing, discovered by running them."""
-
-    def __init__(self, rng: random.Random):
-        self.rng = rng
-        self.root = _Node()
-        self.leaves = 0
-
-    @property
-    def exhausted(self) -> bool:
-        return self.root.exhausted
-
-    def walk(self, explicit: str | None = None
-             ) -> tuple[Callable[[list[str]], str | None], Callable[..., None]]:
-        """A chooser for one run — at random among the branches not yet exhausted, or following the
-        ``explicit`` permutation — and the function to call once the run completed (it marks the leaf
-        explored, so no later walk repeats it; ``abandoned=True`` after a hang prunes where it hung)."""
-        path: list[tuple[str, _Node]] = [("", self.root)]
-        remaining = explicit.split() if explicit is not None else None
-
-        def choose(available: list[str]) -> str | None:
-            node = path[-1][1]
-            offered = tuple(available)
-            if node.choices is None:
-                node.choices = offered
-            elif node.choices != offered:
-                raise NondeterministicRun(
-                    f"after {' '.join(name for name, _ in path[1:]) or '(start)'} the runner offered "
-                    f"{list(offered)}, an earlier run {list(node.choices)}")
-            if remaining is not None:
-                name = remaining.pop(0) if remaining else None
-            elif offered:
-                name = self.rng.choice([step for step in offered
-                                        if not (step in node.children and node.children[step].exhausted)])
-            else:
-                name = None
-            if name in offered:      # else the runner skips it (its session ended) or finds it invalid
-                path.append((name, node.children.setdefault(name, _Node())))
-            return name
-
-        def finished(*, abandoned: bool = False) -> None:
-            leaf = path[-1][1]
-            if abandoned:
-                leaf.exhausted = True    # the run failed (a hang) here: do not explore below
-            elif leaf.choices:
-                return                   # an explicit permutation that left steps unoffered: not a leaf
-            else:
-                leaf.choices = ()
-                self.leaves += 1
-            for _, node in reversed(path):
-                node.exhausted = node.exhausted or all(
-                    name in node.children and node.children[name].exhausted for name in node.choices or ())
-                if not node.exhausted:
-                    break
-        return choose, finished
+    def walk(self, explicit: str | None = None) -> tuple[Chooser, Finish]:   # type: ignore[override]
+        """As ``ChoiceTree.walk``, ``explicit`` a permutation's text (step names separated by blanks)."""
+        return super().walk(explicit.split() if explicit is not None else None)
 
 
 # --- the serializability check -------------------------------------------------------------------

@@ -1,6 +1,9 @@
-"""The orders of the change-capture how-to's example (docs/howto/change-capture.md): ``MIGRATIONS``, an Alembic directory (version table
-``orders_example_version``) whose one revision creates ``orders`` and ``order_log`` and captures ``orders``
-with ``enable_capture(op, "orders")`` — what an application's own revision does."""
+"""The orders example: ``MIGRATIONS``, an Alembic directory (version table ``orders_example_version``) whose
+first revision creates ``orders`` and ``order_log`` and captures ``orders`` with ``enable_capture(op, "orders")``
+— what an application's own revision does; the change-capture how-to's example uses it
+(docs/howto/change-capture.md) — and whose second creates ``customers``, the running figures the two rules of
+:mod:`activedb.examples.orders.totals` keep (the test kit's how-to, docs/howto/testing-rules.md, tests them under
+many interleavings)."""
 
 from pathlib import Path
 

@@ -1,0 +1,665 @@
+"""Runs a rule set under many interleavings of its concurrent transactions and checks each outcome: the user's
+invariant over the database, the serializability of the recorded history, and what the actors raised.
+
+**The model.**  A run starts *actors* — functions ``actor(db)`` that run top-level transactions, each on a thread
+of its own — and everything they set off in this process: subtransactions, immediate and deferred rule firings
+(a priority group's firings are concurrent siblings), detached-family firings run by the outbox's group
+transactions.  A *step* is one operation of one of those transactions: a ``read`` (a row, or a scan), a
+``write`` (an insert, update, delete or upsert, its locks taken), a ``commit`` (a subtransaction's commit into its
+parent, a top-level commit after PostgreSQL committed) or an ``abort``; the ``begin`` of a transaction that runs
+beside others (a subtransaction, a group transaction of the outbox: none runs a line before the runner says);
+and the ``start`` of an actor.  After
+each step every thread of the run is *settled* — paused at its next step, blocked (a lock wait, a wait for its
+children, a coupling-mode dependency: the lock manager's wait-for graph), or done — and the runner picks the
+step that goes next.  So an interleaving is a sequence of steps, chosen one at a time; the choices of one run
+are its :class:`Schedule`.
+
+**How it pauses threads.**  The history recorder (``connect(record_history=True)``) tells every operation to a
+listener in the thread that did it (``HistoryRecorder.listen``); the runner's listener blocks that thread until
+the step is chosen.  An :class:`~activedb.lowlevel.Observer` tells which transactions begin, end, and wait (which
+also makes activedb run a priority group's firings as spawned children, the reference representation).  Before a
+thread pauses, the worker pool gives queued tasks workers (what activedb does before every blocking call), so a
+spawned child never waits for a paused parent to run it.  Nothing sleeps: waits are on events, and a thread's
+state is read from the wait-for graph.
+
+**Determinism.**  A step is named by its transaction's place, not its id: the actor (``A1``), the path of
+subtransactions by name (``A1/rule:bill``, the second sibling of one name ``…#2``), the outbox's group
+transactions in the order they begin (``outbox``, ``outbox#2``), and the operation (``read customers['ann']``).
+The steps offered at a point are sorted.  A seed fixes the choices, so a run replays exactly; the
+:class:`~activedb.testing._choices.ChoiceTree` checks it (:class:`NondeterministicRun` if the same prefix offered
+different steps on two runs) and never repeats an interleaving, so a small rule set is explored exhaustively.
+
+**What it cannot see.**  Work outside the transactions of the run: SQL sent straight to PostgreSQL (through
+``db.engine``), another process, a thread of the application's own that no actor waits for.  An actor that
+waits for something other than a transaction (``db.rules.wait_idle()``, a sleep) is seen as running until it
+returns.
+
+Thread-safety: a runner is driven by one thread (the test's); the listener and the observer run in the run's
+threads and meet the driver under ``_Run.condition`` (a leaf: nothing else is taken under it, and no thread waits
+for its step while holding it).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from lockmgr.testing import Watchdog
+
+from activedb._choice import Choice
+from activedb.outbox import GROUP_TRANSACTION
+from activedb.testing._choices import ChoiceTree, Chooser
+from activedb.testing._history import HistoryReport, check_history
+from activedb.testing.errors import (InterleavingError, InterleavingFailed, InterleavingHang, InvalidSchedule,
+                                     NondeterministicRun)
+from activedb.txn import HistoryOp, Observer, Transaction, TxnState, WaitKind
+
+if TYPE_CHECKING:  # pragma: no cover
+    import networkx as nx
+
+    from activedb._database import Database
+
+__all__ = ["Actor", "Exploration", "Interleavings", "RunReport", "Schedule", "StepKind", "Verdict"]
+
+#: An actor: runs top-level transactions on ``db`` (the database the runner was given).
+Actor = Callable[["Database"], object]
+
+#: An invariant over the database after a run: raises ``AssertionError`` (or returns False) when broken.
+Invariant = Callable[["Database"], object]
+
+_ACTIVE = (TxnState.ACTIVE, TxnState.COMMITTING)
+
+
+class StepKind(Choice):
+    """What a step of a run is."""
+
+    START = "start"     # an actor's thread starts
+    BEGIN = "begin"     # a transaction that runs beside others (a child, an outbox group) begins
+    READ = "read"
+    WRITE = "write"
+    COMMIT = "commit"
+    ABORT = "abort"
+
+
+class Verdict(Choice):
+    """How a run ended."""
+
+    PASSED = "passed"
+    INVARIANT_BROKEN = "invariant broken"
+    NOT_SERIALIZABLE = "not serializable"
+    ACTOR_FAILED = "actor failed"
+
+
+_PAUSING = {"read": StepKind.READ, "write": StepKind.WRITE, "commit": StepKind.COMMIT, "abort": StepKind.ABORT}
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The choices of one run: at each point, the index of the chosen step among the offered ones (sorted), and
+    the steps' names.  ``str(schedule)`` is the compact form (``"0.2.1.0"``) that :meth:`parse` reads back;
+    replaying a schedule that has its names also checks that the run offers the same steps."""
+
+    choices: tuple[int, ...]
+    steps: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        return ".".join(str(choice) for choice in self.choices) or "-"
+
+    @classmethod
+    def parse(cls, text: str) -> "Schedule":
+        """The schedule of ``str(schedule)`` (choices only)."""
+        text = text.strip()
+        if text in ("", "-"):
+            return cls(())
+        try:
+            return cls(tuple(int(part) for part in text.split(".")))
+        except ValueError:
+            raise InvalidSchedule(f"not a schedule: {text!r} (expected choices like '0.2.1.0')") from None
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """What one run did and how it ended."""
+
+    schedule: Schedule
+    verdict: Verdict
+    trace: tuple[str, ...]                       # the steps in the order they were chosen, and what ended
+    errors: Mapping[str, BaseException] = field(default_factory=dict)   # actor -> what it raised, unexpectedly
+    invariant: str | None = None                 # why the invariant failed
+    history: HistoryReport | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict is Verdict.PASSED
+
+    def describe(self) -> str:
+        lines = [f"{self.verdict.value}: schedule {self.schedule} ({len(self.schedule.choices)} steps)"]
+        if self.invariant is not None:
+            lines.append(f"  invariant: {self.invariant}")
+        for actor, error in self.errors.items():
+            lines.append(f"  actor {actor} raised {type(error).__name__}: {error}")
+        if self.history is not None and not self.history.ok:
+            lines += [f"  history: {violation}" for violation in self.history.violations[:5]]
+        lines.append("  steps:")
+        lines += [f"    {line}" for line in self.trace]
+        lines.append(f"  replay: interleavings.replay({str(self.schedule)!r})")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Exploration:
+    """The runs of :meth:`Interleavings.explore`: the first failing one (if any), whether every interleaving was
+    run (``exhaustive``), and the seed that reproduces them."""
+
+    seed: int
+    runs: tuple[RunReport, ...]
+    exhaustive: bool
+
+    @property
+    def failure(self) -> RunReport | None:
+        return next((run for run in self.runs if not run.ok), None)
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+    def describe(self) -> str:
+        failure = self.failure
+        how = "every interleaving" if self.exhaustive else f"{len(self.runs)} interleavings"
+        if failure is None:
+            return f"{how} passed (seed {self.seed})"
+        number = self.runs.index(failure) + 1
+        return f"interleaving {number} of seed {self.seed} failed — {failure.describe()}"
+
+    def assert_ok(self) -> None:
+        """Raise :class:`InterleavingFailed` with the failing interleaving and how to replay it."""
+        if self.failure is not None:
+            raise InterleavingFailed(self.describe())
+
+
+class Interleavings:
+    """Runs ``actors`` on ``db`` under interleavings of their transactions (see the module docstring).
+
+    * ``db`` — connected with ``record_history=True`` (the pytest plugin: ``@pytest.mark.activedb(record_history=
+      True)``), its rules registered;
+    * ``actors`` — ``{name: actor}`` or a sequence (named ``A1``, ``A2``, …); each ``actor(db)`` runs top-level
+      transactions (``with db.transaction()``, ``db.run``);
+    * ``setup(db)`` — puts the database in the state every run starts from (runs before each run, unobserved);
+    * ``invariant(db)`` — checked after each run; raises ``AssertionError`` or returns False when broken;
+    * ``serializable`` — also check the recorded history (:func:`~activedb.testing.check_history`: conflict
+      serializability of the committed top-level transactions and the axioms of nested transactions);
+    * ``expected_errors`` — what an actor may raise without failing the run (say ``DeadlockDetected`` for an actor
+      that does not retry);
+    * ``step_timeout`` — seconds a step may take to pause again or block before the run fails as a hang.
+    """
+
+    def __init__(self, db: "Database", actors: Mapping[str, Actor] | Sequence[Actor], *,
+                 setup: Callable[["Database"], object] | None = None, invariant: Invariant | None = None,
+                 serializable: bool = True, expected_errors: tuple[type[BaseException], ...] = (),
+                 step_timeout: float = 30.0) -> None:
+        if db.history is None:
+            raise InterleavingError(
+                "Interleavings needs a database connected with record_history=True (with the pytest plugin: "
+                "@pytest.mark.activedb(record_history=True)); its history recorder is how the runner pauses steps")
+        named = dict(actors) if isinstance(actors, Mapping) else {f"A{n}": actor for n, actor in enumerate(actors, 1)}
+        if not named:
+            raise ValueError("Interleavings needs at least one actor")
+        for name in named:
+            if not name or "/" in name or " " in name:
+                raise ValueError(f"an actor's name is one word without '/': {name!r}")
+        self.db = db
+        self.actors: dict[str, Actor] = named
+        self.setup = setup
+        self.invariant = invariant
+        self.serializable = serializable
+        self.expected_errors = expected_errors
+        self.step_timeout = step_timeout
+
+    def explore(self, runs: int = 30, *, seed: int = 0, stop_at_failure: bool = True) -> Exploration:
+        """Run up to ``runs`` interleavings chosen at random (``seed``), none twice, fewer if every interleaving
+        has been run; stop at the first failing one unless ``stop_at_failure=False``."""
+        tree = ChoiceTree(random.Random(seed))
+        reports: list[RunReport] = []
+        while len(reports) < runs and not tree.exhausted:
+            choose, finished = tree.walk()
+            report = self._run(choose)
+            finished(abandoned=not report.ok)
+            reports.append(report)
+            if not report.ok and stop_at_failure:
+                break
+        return Exploration(seed, tuple(reports), tree.exhausted)
+
+    def replay(self, schedule: Schedule | str = "") -> RunReport:
+        """Run the interleaving ``schedule`` names (a :class:`Schedule`, or its text ``"0.2.1.0"``).  Past its end
+        the run goes on with the first step offered — the steps sort by actor, so ``replay("")`` runs the actors
+        one after the other, in the order of their names, each with its immediate and deferred firings."""
+        if isinstance(schedule, str):
+            schedule = Schedule.parse(schedule)
+        choices = list(schedule.choices)
+        names = list(schedule.steps)
+
+        def choose(available: list[str]) -> str | None:
+            if not available:
+                return None
+            index = choices.pop(0) if choices else 0
+            if not 0 <= index < len(available):
+                raise InvalidSchedule(f"choice {index} of the schedule, but the run offers {len(available)} "
+                                      f"step(s): {available}")
+            chosen = available[index]
+            if names:
+                expected = names.pop(0)
+                if chosen != expected:
+                    raise NondeterministicRun(f"the schedule chose {expected!r} here, the run offers {available}")
+            return chosen
+        return self._run(choose)
+
+    def _run(self, choose: Chooser) -> RunReport:
+        db = self.db
+        db.rules.wait_idle()
+        if self.setup is not None:
+            self.setup(db)
+        db.rules.wait_idle()         # what the setup fired, before the run's history starts
+        history = db.history
+        assert history is not None
+        history.clear()
+        run = _Run(self, choose)
+        run.execute()
+        problem = None
+        if self.invariant is not None:
+            try:
+                if self.invariant(db) is False:
+                    problem = "returned False"
+            except AssertionError as error:
+                problem = str(error) or "AssertionError"
+        checked = check_history(history.snapshot()) if self.serializable else None
+        errors = {name: error for name, error in run.errors.items() if not isinstance(error, self.expected_errors)}
+        verdict = (Verdict.ACTOR_FAILED if errors else Verdict.INVARIANT_BROKEN if problem is not None
+                   else Verdict.NOT_SERIALIZABLE if checked is not None and not checked.ok else Verdict.PASSED)
+        return RunReport(Schedule(tuple(run.choices), tuple(run.chosen)), verdict, tuple(run.trace), errors, problem,
+                         checked)
+
+
+# --- one run -------------------------------------------------------------------------------------
+
+@dataclass(eq=False)
+class _Pause:
+    """A thread waiting at its next step until the runner chooses it."""
+
+    label: str
+    transaction: str | None      # the transaction's id (None: an actor's start)
+    go: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(eq=False)
+class _Tracked:
+    """A transaction of the run, as the observer and the listener saw it."""
+
+    tx: Transaction
+    label: str
+    parent: str | None
+    thread: int | None = None    # the thread its body runs in (None: spawned, not started yet)
+    ended: bool = False
+    # The waits the observer heard begin and not end: (kind, the transaction waited for; None: all children).
+    waits: list[tuple[WaitKind, str | None]] = dataclasses.field(default_factory=list)
+    children: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)   # per name
+    kids: list[str] = dataclasses.field(default_factory=list)       # its children's ids
+
+
+class _Run(Observer):
+    """One run: the threads, the pauses, the transactions, and the driver's loop (:meth:`execute`)."""
+
+    def __init__(self, runner: Interleavings, choose: Chooser) -> None:
+        self.runner = runner
+        self.db = runner.db
+        self.choose = choose
+        self.condition = threading.Condition()      # protects everything below; a leaf
+        self.open = True                             # False once the run is torn down: nothing pauses any more
+        self.paused: dict[int, _Pause] = {}          # thread -> its pause
+        self.tracked: dict[str, _Tracked] = {}       # transaction id -> what we know of it
+        self.local = threading.local()               # .actor: the actor an actor's thread runs
+        self.actor_roots: collections.Counter[str] = collections.Counter()
+        self.other_roots: collections.Counter[str] = collections.Counter()
+        self.last_read: dict[int, tuple[Any, ...]] = {}   # thread -> (transaction, table, key, scan) it read last
+        self.alive: dict[str, threading.Thread] = {}
+        self.waiting_to_start: dict[str, _Pause] = {}
+        self.errors: dict[str, BaseException] = {}
+        self.choices: list[int] = []
+        self.chosen: list[str] = []
+        self.trace: list[str] = []
+
+    # --- the driver ---------------------------------------------------------------------------
+
+    def execute(self) -> None:
+        runner = self.runner
+        manager = self.db.transactions
+        recorder = self.db.history
+        assert recorder is not None
+        self.db.observe(self)
+        stop_listening = recorder.listen(self._on_op)
+        try:
+            with Watchdog(runner.step_timeout * 3 + 30, manager.locks, describe=self._describe):
+                for name in runner.actors:
+                    self.waiting_to_start[name] = _Pause(f"{name} start", None)
+                while True:
+                    self._settle()
+                    with self.condition:
+                        offered = {pause.label: pause for pause in (*self.paused.values(),
+                                                                     *self.waiting_to_start.values())}
+                    if not offered:
+                        if self._finished():
+                            break
+                        raise self._hang("every transaction of the run waits and none can go on (a wait the lock "
+                                         "manager cannot see, or something outside the run)")
+                    available = sorted(offered)
+                    name = self.choose(available)
+                    if name is None or name not in offered:
+                        raise InvalidSchedule(f"the chooser picked {name!r}; the run offers {available}")
+                    self.choices.append(available.index(name))
+                    self.chosen.append(name)
+                    self.trace.append(name)
+                    self._release(offered[name])
+        except BaseException:
+            self._tear_down()
+            raise
+        finally:
+            stop_listening()
+            manager.observers.remove(self)
+        self._tear_down()
+
+    def _release(self, pause: _Pause) -> None:
+        if pause.transaction is None:           # an actor's start
+            name = pause.label.split(" ")[0]
+            with self.condition:
+                del self.waiting_to_start[name]
+            thread = threading.Thread(target=self._actor, args=(name,), name=f"interleavings-{name}", daemon=True)
+            with self.condition:
+                self.alive[name] = thread
+            thread.start()
+            return
+        pause.go.set()
+        with self.condition:                    # the released thread leaves ``paused`` itself; wait for it
+            if not self.condition.wait_for(lambda: pause not in self.paused.values(), self.runner.step_timeout):
+                raise self._hang(f"step {pause.label} was released but its thread did not go on")
+
+    def _actor(self, name: str) -> None:
+        self.local.actor = name
+        try:
+            self.runner.actors[name](self.db)
+        except BaseException as error:        # an outcome of the run, judged by the runner
+            with self.condition:
+                self.errors[name] = error
+                said = self._by_label(str(error).splitlines()[0][:200]) if str(error) else ""
+                self.trace.append(f"{name} raised {type(error).__name__}" + (f": {said}" if said else ""))
+        finally:
+            with self.condition:
+                del self.alive[name]
+                self.condition.notify_all()
+
+    def _by_label(self, text: str) -> str:
+        """``text`` with the transaction ids of the run (which differ from run to run) replaced by their labels.
+        Caller holds ``condition``."""
+        for tid in sorted(self.tracked, key=len, reverse=True):
+            text = text.replace(f"'{tid}'", f"'{self.tracked[tid].label}'")
+        return text
+
+    def _finished(self) -> bool:
+        with self.condition:
+            if self.alive or self.waiting_to_start or any(not t.ended for t in self.tracked.values()):
+                return False
+        outbox = self.db.outbox
+        return outbox.runners == 0 and outbox.running == 0
+
+    def _settle(self) -> None:
+        """Wait until every thread of the run is paused, blocked or done (nothing sleeps: the waits are on the
+        condition, which every hook notifies, and at most 1 ms when the wait-for graph must be looked at again)."""
+        deadline = time.monotonic() + self.runner.step_timeout
+        while True:
+            graph = self.db.transactions.locks.wait_for_graph()
+            runners = self.db.outbox.runners
+            with self.condition:
+                running = self._running(graph, runners)
+                if not running:
+                    return
+                if time.monotonic() > deadline:
+                    break
+                self.condition.wait(0.001)
+        raise self._hang(f"{', '.join(running)} neither paused at a step nor blocked within "
+                         f"{self.runner.step_timeout} s")
+
+    def _running(self, graph: "nx.DiGraph", runners: int) -> list[str]:
+        """What is still running (empty: settled), given the wait-for graph and the outbox's runners.  Caller holds
+        ``condition``."""
+        paused_transactions = {pause.transaction for pause in self.paused.values()}
+        running = []
+        for tid, tracked in self.tracked.items():
+            if tracked.ended or tid in paused_transactions or self._waits(tid, tracked, graph):
+                continue
+            if tracked.thread is None:
+                running.append(f"{tracked.label} (spawned, not started)")
+            elif not self._covered(tid, tracked, paused_transactions, graph):
+                running.append(tracked.label)
+        busy_threads = {tracked.thread for tracked in self.tracked.values() if not tracked.ended}
+        for name, thread in self.alive.items():
+            if thread.ident not in busy_threads and thread.ident not in self.paused:
+                running.append(f"actor {name} (outside a transaction)")
+        groups = sum(1 for tracked in self.tracked.values()
+                     if not tracked.ended and tracked.parent is None and tracked.tx.name == GROUP_TRANSACTION)
+        if runners > groups:
+            running.append("the outbox (a group transaction about to begin)")
+        return running
+
+    def _waits(self, tid: str, tracked: _Tracked, graph: "nx.DiGraph") -> bool:
+        """Blocked: in a wait the observer heard begin (for children, a coupling dependency) or one of the wait-for
+        graph (a lock, a nested top-level transaction) — and for something that has not ended: a wait whose every
+        transaction has ended is about to end too (the waiter is woken, not blocked).  Caller holds ``condition``."""
+        targets: set[str] = set()
+        if tid in graph:
+            targets.update(graph.successors(tid))
+            if not targets and "waiting_for" in graph.nodes[tid]:
+                return True
+        for _, target in tracked.waits:
+            if target is not None:
+                targets.add(target)
+            else:
+                targets.update(tracked.kids)
+        return any(target not in self.tracked or not self.tracked[target].ended for target in targets)
+
+    def _covered(self, tid: str, tracked: _Tracked, paused_transactions: set[str | None],
+                 graph: "nx.DiGraph") -> bool:
+        """``tid``'s thread is paused or blocked on behalf of one of its descendants (an inline child, a child it
+        runs while it waits for it)."""
+        for other, candidate in self.tracked.items():
+            if (other != tid and not candidate.ended and candidate.thread == tracked.thread
+                    and self._descends(other, tid)
+                    and (other in paused_transactions or self._waits(other, candidate, graph))):
+                return True
+        return False
+
+    def _descends(self, tid: str, ancestor: str) -> bool:
+        parent = self.tracked[tid].parent
+        while parent is not None:
+            if parent == ancestor:
+                return True
+            parent = self.tracked[parent].parent if parent in self.tracked else None
+        return False
+
+    # --- the hooks (in the run's threads) ----------------------------------------------------------
+
+    def _on_op(self, op: HistoryOp) -> None:
+        kind = _PAUSING.get(op.kind)
+        if kind is None:
+            return
+        thread = threading.get_ident()
+        with self.condition:
+            tracked = self.tracked.get(op.transaction)
+            if not self.open or tracked is None:
+                return
+            if kind is StepKind.READ:
+                scan = op.source == "scan"
+                seen = (op.transaction, op.table, None if scan else op.key)
+                if self.last_read.get(thread) == seen:
+                    return                      # the next row of the same scan, or the same row read again
+                self.last_read[thread] = seen
+                what = f"read {op.table}" + ("" if scan else _key(op.key))
+            else:
+                self.last_read.pop(thread, None)
+                what = f"{kind.value} {op.table}{_key(op.key)}" if kind is StepKind.WRITE else kind.value
+            tracked.thread = thread
+            pause = _Pause(f"{tracked.label}: {what}", op.transaction)
+            self.paused[thread] = pause
+            self.condition.notify_all()
+        self._wait_for_turn(thread, pause)
+
+    def _wait_for_turn(self, thread: int, pause: _Pause) -> None:
+        """Block this thread at ``pause`` (registered in ``paused``) until the driver chooses it."""
+        self.db.transactions.pool.before_blocking()     # queued tasks get workers: none waits for this thread
+        pause.go.wait()
+        with self.condition:
+            self.paused.pop(thread, None)
+            self.condition.notify_all()
+
+    def on_spawn(self, parent: Transaction, child: Transaction) -> None:
+        with self.condition:
+            above = self.tracked.get(parent.id)
+            if above is None or child.id in self.tracked:
+                return
+            self.tracked[child.id] = _Tracked(child, self._child_label(above, child), parent.id)
+            above.kids.append(child.id)
+            self.condition.notify_all()
+
+    def on_begin(self, transaction: Transaction) -> None:
+        thread = threading.get_ident()
+        with self.condition:
+            tracked = self.tracked.get(transaction.id)
+            if tracked is None:
+                parent = transaction.parent
+                if parent is None:
+                    label = self._root_label(transaction)
+                elif parent.id in self.tracked:
+                    label = self._child_label(self.tracked[parent.id], transaction)
+                    self.tracked[parent.id].kids.append(transaction.id)
+                else:
+                    return                      # a transaction outside the run
+                if label is None:
+                    return
+                tracked = self.tracked[transaction.id] = _Tracked(transaction, label,
+                                                                  parent.id if parent is not None else None)
+            tracked.thread = thread
+            self.condition.notify_all()
+            # A transaction that may run beside others (a child, a group transaction of the outbox) starts when
+            # the driver says: its first step is its begin.  (An actor's own top-level transactions start in the
+            # actor's thread, which runs alone until it pauses.)
+            if not self.open or getattr(self.local, "actor", None) is not None and tracked.parent is None:
+                return
+            pause = _Pause(f"{tracked.label}: begin", transaction.id)
+            self.paused[thread] = pause
+        self._wait_for_turn(thread, pause)
+
+    def on_commit(self, transaction: Transaction) -> None:
+        self._ended(transaction, "committed")
+
+    def on_abort(self, transaction: Transaction, reason: BaseException | None) -> None:
+        self._ended(transaction, f"aborted ({type(reason).__name__})" if reason is not None else "aborted")
+
+    def on_wait_start(self, transaction: Transaction, kind: WaitKind, detail: Any) -> None:
+        with self.condition:
+            tracked = self.tracked.get(transaction.id)
+            if tracked is not None:
+                tracked.waits.append((kind, detail if isinstance(detail, str) else None))
+                self.condition.notify_all()
+
+    def on_wait_end(self, transaction: Transaction, kind: WaitKind, detail: Any) -> None:
+        with self.condition:
+            tracked = self.tracked.get(transaction.id)
+            wait = (kind, detail if isinstance(detail, str) else None)
+            if tracked is not None and wait in tracked.waits:
+                tracked.waits.remove(wait)
+                self.condition.notify_all()
+
+    def _ended(self, transaction: Transaction, how: str) -> None:
+        with self.condition:
+            tracked = self.tracked.get(transaction.id)
+            if tracked is None or tracked.ended:
+                return
+            tracked.ended = True
+            if tracked.parent is None or how != "committed":
+                self.trace.append(f"  {tracked.label} {how}")
+            self.condition.notify_all()
+
+    def _root_label(self, transaction: Transaction) -> str | None:
+        """Caller holds ``condition``."""
+        actor: str | None = getattr(self.local, "actor", None)
+        if actor is not None:
+            self.actor_roots[actor] += 1
+            count = self.actor_roots[actor]
+            return actor if count == 1 else f"{actor}#{count}"
+        if transaction.name == GROUP_TRANSACTION:
+            self.other_roots[GROUP_TRANSACTION] += 1
+            count = self.other_roots[GROUP_TRANSACTION]
+            return GROUP_TRANSACTION if count == 1 else f"{GROUP_TRANSACTION}#{count}"
+        return None                             # not the run's (the application's own threads, recovery)
+
+    @staticmethod
+    def _child_label(parent: _Tracked, child: Transaction) -> str:
+        name = child.name or "sub"
+        parent.children[name] += 1
+        count = parent.children[name]
+        return f"{parent.label}/{name}" + ("" if count == 1 else f"#{count}")
+
+    # --- the end ------------------------------------------------------------------------------------
+
+    def _tear_down(self) -> str:
+        """Release every pause for good, abort what is still active, wait for the actors.  Returns what is still
+        stuck ("" if nothing)."""
+        with self.condition:
+            self.open = False
+            pauses = list(self.paused.values())
+            self.waiting_to_start.clear()
+            roots = [t.tx for t in self.tracked.values() if t.parent is None and not t.ended]
+        for pause in pauses:
+            pause.go.set()
+        for root in roots:
+            if root.state in _ACTIVE:
+                with contextlib.suppress(Exception):
+                    root.abort("aborted by the interleaving runner's clean-up")
+        with self.condition:
+            self.condition.wait_for(lambda: not self.alive, self.runner.step_timeout)
+            stuck = sorted(self.alive)
+        return f"actors still running after the clean-up: {stuck}" if stuck else ""
+
+    def _hang(self, reason: str) -> InterleavingHang:
+        graph = self.db.transactions.locks.wait_for_graph()
+        edges = [f"  {waiter} -[{data.get('kind')} {data.get('resource', '')}]-> {target}"
+                 for waiter, target, data in sorted(graph.edges(data=True), key=repr)]
+        stuck = self._tear_down()
+        return InterleavingHang(
+            f"interleaving hung: {reason}\nschedule so far: {Schedule(tuple(self.choices))}\nsteps:\n"
+            + "\n".join(f"  {line}" for line in self.trace) + "\n" + self._describe()
+            + "\nwait-for graph:\n" + ("\n".join(edges) or "  (no edges)") + (f"\n{stuck}" if stuck else ""))
+
+    def _describe(self) -> str:
+        with self.condition:
+            paused = {pause.transaction: pause.label for pause in self.paused.values()}
+            lines = ["transactions:"]
+            for tid, tracked in self.tracked.items():
+                if tracked.ended:
+                    continue
+                state = (f"paused at {paused[tid]!r}" if tid in paused else f"waiting {tracked.waits}" if tracked.waits
+                         else "not started" if tracked.thread is None else "running or blocked")
+                lines.append(f"  {tracked.label} ({tid}, {tracked.tx.state.value}): {state}")
+            lines.append(f"actors running: {sorted(self.alive)}; outbox runners: {self.db.outbox.runners}")
+        return "\n".join(lines)
+
+
+def _key(key: Any) -> str:
+    if key is None:
+        return ""
+    parts = key if isinstance(key, tuple) else (key,)
+    return "[" + ", ".join(repr(part) for part in parts) + "]"
+

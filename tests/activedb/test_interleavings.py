@@ -1,0 +1,130 @@
+"""The interleaving runner (``activedb.testing.Interleavings``) on a real PostgreSQL: detached firings run by the
+outbox are steps of a run too; a deadlock victim is an actor's failure unless expected, and a retry makes it a
+pass; a run that depends on something the runner does not control is reported, and so is a thread that
+neither pauses nor blocks.  (The planted lost update and its correct version: ``tests/examples/test_orders.py``.)"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+
+import pytest
+import sqlalchemy as sa
+
+import activedb
+from activedb import Coupling, Database, DeadlockDetected, Event, Transaction
+from activedb.testing import Interleavings, InterleavingHang, NondeterministicRun, Verdict
+from tests.conftest import APP_MIGRATIONS
+
+pytestmark = pytest.mark.activedb(migrations=[APP_MIGRATIONS])
+
+
+@pytest.fixture
+def fresh(activedb_make_url):
+    """A database of its own for each test (its rules stay with it), recording its history."""
+    database = activedb.connect(activedb_make_url(), record_history=True)
+    yield database
+    database.close()
+
+
+def one_account(db: Database) -> None:
+    with db.engine.begin() as connection:
+        connection.execute(sa.text("DELETE FROM items; DELETE FROM accounts; "
+                                   "INSERT INTO accounts (id, balance) VALUES (1, 0)"))
+
+
+def balance(db: Database) -> int:
+    with db.engine.connect() as connection:
+        return connection.execute(sa.text("SELECT balance FROM accounts WHERE id = 1")).scalar_one()
+
+
+def insert_item(key: str):
+    def actor(db: Database) -> None:
+        with db.transaction() as tx:
+            tx.insert("items", key=key, value=1)
+    return actor
+
+
+def test_detached_firings_are_steps_of_the_run_and_replay_exactly(fresh):
+    @fresh.rule(on=fresh.inserted("items"), coupling=Coupling.DETACHED, name="count_item")
+    def count_item(tx: Transaction, event: Event) -> None:
+        account = tx.read("accounts", 1, for_update=True)
+        tx.write("accounts", 1, balance=account["balance"] + 1)
+
+    def counted(db: Database) -> None:
+        assert balance(db) == 2, f"balance {balance(db)} after two items"
+
+    interleavings = Interleavings(fresh, [insert_item("a"), insert_item("b")], setup=one_account, invariant=counted)
+    exploration = interleavings.explore(6, seed=2)
+    exploration.assert_ok()
+    steps = {step for run in exploration.runs for step in run.schedule.steps}
+    assert "outbox/rule:count_item: write accounts[1]" in steps and "outbox: begin" in steps, sorted(steps)
+    first = exploration.runs[0]
+    again = interleavings.replay(first.schedule)        # names included: the same steps, one by one
+    assert again.trace == first.trace and again.ok
+
+
+def read_then_write(tx: Transaction) -> None:
+    account = tx.read("accounts", 1)                    # a plain read: two of them meet at the upgrade
+    tx.write("accounts", 1, balance=account["balance"] + 1)
+
+
+def test_a_deadlock_victim_fails_its_actor_unless_expected_and_a_retry_makes_it_pass(fresh):
+    def once(db: Database) -> None:
+        with db.transaction() as tx:
+            read_then_write(tx)
+
+    def both_counted(db: Database) -> None:
+        assert balance(db) == 2
+
+    plain = Interleavings(fresh, [once, once], setup=one_account).explore(20, seed=1)
+    failure = plain.failure
+    assert failure is not None and failure.verdict is Verdict.ACTOR_FAILED, plain.describe()
+    assert any(isinstance(error, DeadlockDetected) for error in failure.errors.values())
+    expected = Interleavings(fresh, [once, once], setup=one_account,
+                             expected_errors=(DeadlockDetected,)).replay(failure.schedule)
+    assert expected.ok and expected.trace == failure.trace       # (transaction ids in messages are labels)
+
+    def retried(db: Database) -> None:         # (not db.run: what it learns from a conflict outlives the run)
+        for _ in range(5):
+            try:
+                with db.transaction() as tx:
+                    read_then_write(tx)
+                return
+            except DeadlockDetected:
+                continue
+
+    Interleavings(fresh, [retried, retried], setup=one_account, invariant=both_counted).explore(8, seed=1).assert_ok()
+
+
+def test_a_run_that_depends_on_what_the_runner_does_not_control_is_reported(fresh):
+    runs = itertools.count()
+
+    def changes_its_mind(db: Database) -> None:
+        with db.transaction() as tx:
+            tx.write("items", "x" if next(runs) == 0 else "y", value=1)
+
+    interleavings = Interleavings(fresh, [changes_its_mind], setup=one_account)
+    first = interleavings.replay("")
+    assert first.schedule.steps == ("A1 start", "A1: write items['x']", "A1: commit")
+    with pytest.raises(NondeterministicRun, match=r"chose \"A1: write items\['x'\]\" here, the run offers "
+                                                  r"\[\"A1: write items\['y'\]\"\]"):
+        interleavings.replay(first.schedule)
+
+
+def test_a_thread_that_neither_pauses_nor_blocks_is_a_hang_with_what_each_transaction_did(fresh):
+    released = threading.Event()
+
+    def waits_for_the_test(db: Database) -> None:
+        with db.transaction() as tx:
+            tx.write("items", "x", value=1)
+            released.wait(60)                           # not a wait the runner can see
+
+    try:
+        with pytest.raises(InterleavingHang) as hang:
+            Interleavings(fresh, {"W": waits_for_the_test}, setup=one_account, step_timeout=1.0).replay("")
+    finally:
+        released.set()
+    message = str(hang.value)
+    assert "W neither paused at a step nor blocked within 1.0 s" in message
+    assert "steps:\n  W start\n  W: write items['x']" in message and "wait-for graph:" in message
