@@ -16,7 +16,11 @@ are its :class:`Schedule`.
 
 **How it pauses threads.**  The history recorder (``connect(record_history=True)``) tells every operation to a
 listener in the thread that did it (``HistoryRecorder.listen``); the runner's listener blocks that thread until
-the step is chosen.  An :class:`~activedb.lowlevel.Observer` tells which transactions begin, end, and wait (which
+the step is chosen — so a read, a write or an abort has happened (its locks taken or given up) when its step is
+offered, and choosing it lets the thread go on.  A commit is the other way round: a
+:class:`~activedb.lowlevel.TransactionExtension` pauses the transaction just before it commits (after its
+deferred rules), and choosing the step lets the commit happen — a top-level commit's effects, visible to every
+reader, and the locks it lets go come after its step.  An :class:`~activedb.lowlevel.Observer` tells which transactions begin, end, and wait (which
 also makes activedb run a priority group's firings as spawned children, the reference representation).  Before a
 thread pauses, the worker pool gives queued tasks workers (what activedb does before every blocking call), so a
 spawned child never waits for a paused parent to run it.  Nothing sleeps: waits are on events, and a thread's
@@ -58,7 +62,7 @@ from activedb.testing._choices import ChoiceTree, Chooser
 from activedb.testing._history import HistoryReport, check_history
 from activedb.testing.errors import (InterleavingError, InterleavingFailed, InterleavingHang, InvalidSchedule,
                                      NondeterministicRun)
-from activedb.txn import HistoryOp, Observer, Transaction, TxnState, WaitKind
+from activedb.txn import HistoryOp, Observer, Transaction, TransactionExtension, TxnState, WaitKind
 
 if TYPE_CHECKING:  # pragma: no cover
     import networkx as nx
@@ -96,7 +100,8 @@ class Verdict(Choice):
     ACTOR_FAILED = "actor failed"
 
 
-_PAUSING = {"read": StepKind.READ, "write": StepKind.WRITE, "commit": StepKind.COMMIT, "abort": StepKind.ABORT}
+#: The recorded operations that are steps (a commit is a step before it happens: ``_Run.before_commit``).
+_PAUSING = {"read": StepKind.READ, "write": StepKind.WRITE, "abort": StepKind.ABORT}
 
 
 @dataclass(frozen=True)
@@ -131,7 +136,7 @@ class RunReport:
     verdict: Verdict
     trace: tuple[str, ...]                       # the steps in the order they were chosen, and what ended
     errors: Mapping[str, BaseException] = field(default_factory=dict)   # actor -> what it raised, unexpectedly
-    invariant: str | None = None                 # why the invariant failed
+    invariant: str | None = None                 # why the invariant failed (the first line of what it raised)
     history: HistoryReport | None = None
 
     @property
@@ -275,8 +280,8 @@ class Interleavings:
             try:
                 if self.invariant(db) is False:
                     problem = "returned False"
-            except AssertionError as error:
-                problem = str(error) or "AssertionError"
+            except AssertionError as error:      # its first line: the message (pytest adds its explanation below)
+                problem = str(error).strip().splitlines()[0] if str(error).strip() else "AssertionError"
         checked = check_history(history.snapshot()) if self.serializable else None
         errors = {name: error for name, error in run.errors.items() if not isinstance(error, self.expected_errors)}
         verdict = (Verdict.ACTOR_FAILED if errors else Verdict.INVARIANT_BROKEN if problem is not None
@@ -311,6 +316,17 @@ class _Tracked:
     kids: list[str] = dataclasses.field(default_factory=list)       # its children's ids
 
 
+class _BeforeCommit(TransactionExtension):
+    """Pauses a transaction of the run just before it commits (a step): hooks of the transaction manager are either
+    active or passive, and a commit step has to hold a thread back."""
+
+    def __init__(self, run: "_Run") -> None:
+        self.run = run
+
+    def before_commit(self, transaction: Transaction) -> None:
+        self.run.before_commit(transaction)
+
+
 class _Run(Observer):
     """One run: the threads, the pauses, the transactions, and the driver's loop (:meth:`execute`)."""
 
@@ -341,6 +357,7 @@ class _Run(Observer):
         recorder = self.db.history
         assert recorder is not None
         self.db.observe(self)
+        commits = manager.extensions.add(_BeforeCommit(self))
         stop_listening = recorder.listen(self._on_op)
         try:
             with Watchdog(runner.step_timeout * 3 + 30, manager.locks, describe=self._describe):
@@ -369,6 +386,7 @@ class _Run(Observer):
             raise
         finally:
             stop_listening()
+            manager.extensions.remove(commits)
             manager.observers.remove(self)
         self._tear_down()
 
@@ -523,6 +541,19 @@ class _Run(Observer):
         with self.condition:
             self.paused.pop(thread, None)
             self.condition.notify_all()
+
+    def before_commit(self, transaction: Transaction) -> None:
+        thread = threading.get_ident()
+        with self.condition:
+            tracked = self.tracked.get(transaction.id)
+            if not self.open or tracked is None:
+                return
+            self.last_read.pop(thread, None)
+            tracked.thread = thread
+            pause = _Pause(f"{tracked.label}: commit", transaction.id)
+            self.paused[thread] = pause
+            self.condition.notify_all()
+        self._wait_for_turn(thread, pause)
 
     def on_spawn(self, parent: Transaction, child: Transaction) -> None:
         with self.condition:

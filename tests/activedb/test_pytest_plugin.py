@@ -1,16 +1,21 @@
 """The test kit's pytest plugin (``activedb.testing.pytest_plugin``), tested as a user meets it: pytest's ``pytester``
 runs a small project of tests in a new process, on the real embedded PostgreSQL of a fresh ``ACTIVEDB_HOME`` (and
-on a server given by URL), and reads what pytest reported."""
+on a server given by URL), and reads what pytest reported.  The project includes the how-to's test modules
+(``docs/howto/testing-rules.md``), each block as printed, and checks what the page says one of them prints."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
+from pathlib import Path
 
 import psycopg
 import pytest
 
 from activedb.examples.orders import MIGRATIONS
+
+HOW_TO = Path(__file__).resolve().parents[2] / "docs" / "howto" / "testing-rules.md"
 
 PROJECT = '''
 import datetime as dt
@@ -85,13 +90,32 @@ def project(pytester, monkeypatch):
     return pytester
 
 
-def test_a_users_project_runs_on_the_embedded_server(project):
-    project.makepyfile(test_project=PROJECT)
-    result = project.runpytest_subprocess("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=6, errors=1)        # the hang: its call passed, its teardown failed
+def how_to() -> tuple[dict[str, str], str]:
+    """The how-to's test modules (its ``python`` blocks by the file their first line names, in order) and the text
+    it says the failing exploration prints."""
+    text = HOW_TO.read_text()
+    modules: dict[str, str] = {}
+    for block in re.findall(r"^```python\n(.*?)^```\n", text, re.S | re.M):
+        first, _, code = block.partition("\n")
+        name = re.match(r"# fragment: (\w+)\.py\b", first)
+        assert name is not None, f"a block of {HOW_TO.name} does not name its test module: {first}"
+        modules[name.group(1)] = modules.get(name.group(1), "") + code + "\n"
+    printed = re.search(r"It prints:\n\n```text\n(.*?)```", text, re.S)
+    assert printed is not None
+    return modules, printed.group(1)
+
+
+def test_a_users_project_and_the_how_to_run_on_the_embedded_server(project):
+    modules, printed = how_to()
+    assert sorted(modules) == ["test_interleavings", "test_orders", "test_time", "test_watchdog", "test_windows"]
+    project.makepyfile(test_project=PROJECT, **modules)
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "-s")
+    # the project's 6 and the how-to's 7 pass; the hang of the project's last: its call passed, its teardown failed
+    result.assert_outcomes(passed=13, errors=1)
     result.stdout.fnmatch_lines(["*ERROR at teardown of test_a_hang_is_a_failure_with_the_wait_for_graph*",
                                  "*watchdog fired after 0.5 s (wait-for graph printed above)*"])
-    result.stdout.fnmatch_lines(["*WATCHDOG: test still running after 0.5 s*", "wait-for graph:"])
+    result.stderr.fnmatch_lines(["WATCHDOG: test still running after 0.5 s", "wait-for graph:"])
+    assert printed in result.stdout.str()                                 # what the how-to says it prints
     assert (project.path / "home" / "pgdata" / "PG_VERSION").exists()      # its own embedded server
 
 
