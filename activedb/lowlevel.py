@@ -14,7 +14,10 @@ draws transactions — needs more, and finds it here, in one place and documente
   :func:`run_inline` (an inline child as one call), :func:`run_group` (siblings that may run concurrently),
   :func:`read_then_written` (hot-key learning);
 * the seams: :class:`CommitParticipant` (with :class:`Along`), :class:`TransactionExtension`, :class:`Observer`,
-  :class:`HookRegistry`, :class:`ReadBase` (with :class:`CommittedRows`), :class:`WaitKind`;
+  :class:`HookRegistry`, :class:`ReadBase` (with :class:`CommittedRows`), :class:`WaitKind`, and
+  :class:`HistoryRecorder` (``db.history`` with ``connect(record_history=True)``: every operation as a
+  :class:`HistoryOp`, told to its listeners in the thread that did it — the interleaving runner of
+  ``activedb.testing`` pauses threads there);
 * the machinery: :class:`TransactionManager` (``db.transactions``), :class:`Subtransactions` (how inline
   subtransactions are represented), :class:`InlineSubtransaction`, and :class:`DatabaseHandle`, the protocol
   a parameter that takes the database is typed with.
@@ -24,10 +27,10 @@ read the design note of ``activedb/txn`` (``README.md``, "Seams") before using t
 """
 
 from activedb._handle import DatabaseHandle
-from activedb.txn import (Along, CommitParticipant, CommittedRows, HookRegistry, InlineSubtransaction, Observer,
-                          ReadBase, Subtransactions, TransactionExtension, TransactionManager, WaitKind, abandon, doom,
-                          enlist, materialize, read_then_written, run_group, run_inline, run_subtransaction, set_slot,
-                          slot, wait_children, want_end_hooks)
+from activedb.txn import (Along, CommitParticipant, CommittedRows, HistoryOp, HistoryRecorder, HookRegistry,
+                          InlineSubtransaction, Observer, ReadBase, Subtransactions, TransactionExtension,
+                          TransactionManager, WaitKind, abandon, doom, enlist, materialize, read_then_written,
+                          run_group, run_inline, run_subtransaction, set_slot, slot, wait_children, want_end_hooks)
 
 __all__ = [
     # a transaction's extender calls
@@ -35,7 +38,7 @@ __all__ = [
     "run_inline", "run_group", "read_then_written",
     # seams
     "CommitParticipant", "Along", "TransactionExtension", "Observer", "HookRegistry", "ReadBase", "CommittedRows",
-    "WaitKind",
+    "WaitKind", "HistoryRecorder", "HistoryOp",
     # machinery
     "TransactionManager", "Subtransactions", "InlineSubtransaction", "DatabaseHandle",
 ]

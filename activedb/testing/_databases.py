@@ -17,7 +17,7 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Iterable, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
     import psycopg
@@ -59,8 +59,8 @@ class ServerAtUrl:
     def conninfo(self, database: str) -> str:
         from psycopg.conninfo import make_conninfo
 
-        parts = {"host": self.base.host, "port": self.base.port, "user": self.base.username,
-                 "password": self.base.password, "dbname": database, **self.base.query}
+        parts: dict[str, Any] = {"host": self.base.host, "port": self.base.port, "user": self.base.username,
+                                 "password": self.base.password, "dbname": database, **self.base.query}
         return make_conninfo(**{key: value for key, value in parts.items() if value is not None})
 
 
@@ -77,7 +77,7 @@ def _quoted(name: str) -> str:
 def drop_database(server: Server, name: str) -> None:
     """Drop ``name`` if it exists, ending the sessions still connected to it."""
     with _admin(server) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {_quoted(name)} WITH (FORCE)")     # type: ignore[arg-type]
+        admin.execute(f"DROP DATABASE IF EXISTS {_quoted(name)} WITH (FORCE)")
 
 
 def create_database(server: Server, name: str, template: str | None = None) -> str:
@@ -85,7 +85,7 @@ def create_database(server: Server, name: str, template: str | None = None) -> s
     drop_database(server, name)
     with _admin(server) as admin:
         copy = f" TEMPLATE {_quoted(template)}" if template else ""
-        admin.execute(f"CREATE DATABASE {_quoted(name)}{copy}")                       # type: ignore[arg-type]
+        admin.execute(f"CREATE DATABASE {_quoted(name)}{copy}")
     return server.url(name)
 
 

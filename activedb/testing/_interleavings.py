@@ -62,7 +62,8 @@ from activedb.testing._choices import ChoiceTree, Chooser
 from activedb.testing._history import HistoryReport, check_history
 from activedb.testing.errors import (InterleavingError, InterleavingFailed, InterleavingHang, InvalidSchedule,
                                      NondeterministicRun)
-from activedb.txn import HistoryOp, Observer, Transaction, TransactionExtension, TxnState, WaitKind
+from activedb.lowlevel import HistoryOp, Observer, TransactionExtension, WaitKind
+from activedb import Transaction, TxnState
 
 if TYPE_CHECKING:  # pragma: no cover
     import networkx as nx
@@ -374,13 +375,13 @@ class _Run(Observer):
                         raise self._hang("every transaction of the run waits and none can go on (a wait the lock "
                                          "manager cannot see, or something outside the run)")
                     available = sorted(offered)
-                    name = self.choose(available)
-                    if name is None or name not in offered:
-                        raise InvalidSchedule(f"the chooser picked {name!r}; the run offers {available}")
-                    self.choices.append(available.index(name))
-                    self.chosen.append(name)
-                    self.trace.append(name)
-                    self._release(offered[name])
+                    picked = self.choose(available)
+                    if picked is None or picked not in offered:
+                        raise InvalidSchedule(f"the chooser picked {picked!r}; the run offers {available}")
+                    self.choices.append(available.index(picked))
+                    self.chosen.append(picked)
+                    self.trace.append(picked)
+                    self._release(offered[picked])
         except BaseException:
             self._tear_down()
             raise

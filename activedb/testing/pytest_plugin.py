@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, NoReturn, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, NoReturn, Sequence
 
 import pytest
 
@@ -101,11 +101,12 @@ def _database_scope(config: pytest.Config) -> DatabaseScope:
     return DatabaseScope.parse(str(value).strip(), "the activedb_database_scope setting")
 
 
-def _scope(fixture_name: str, config: pytest.Config) -> str:
+def _scope(fixture_name: str, config: pytest.Config) -> Literal["function", "module"]:
     try:
-        return _database_scope(config).value
+        scope = _database_scope(config)
     except ActivedbError:
-        return DatabaseScope.FUNCTION.value     # pytest_configure stops the run with the one-line error
+        scope = DatabaseScope.FUNCTION          # pytest_configure stops the run with the one-line error
+    return "module" if scope is DatabaseScope.MODULE else "function"
 
 
 def _server_url(config: pytest.Config) -> str | None:
