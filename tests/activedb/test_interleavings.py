@@ -118,13 +118,13 @@ def test_a_thread_that_neither_pauses_nor_blocks_is_a_hang_with_what_each_transa
     def waits_for_the_test(db: Database) -> None:
         with db.transaction() as tx:
             tx.write("items", "x", value=1)
-            released.wait(60)                           # not a wait the runner can see
+            released.wait(60)                           # not a wait the runner can see (a write needs no round trip)
 
     try:
         with pytest.raises(InterleavingHang) as hang:
-            Interleavings(fresh, {"W": waits_for_the_test}, setup=one_account, step_timeout=1.0).replay("")
+            Interleavings(fresh, {"W": waits_for_the_test}, setup=one_account, step_timeout=2.0).replay("")
     finally:
         released.set()
     message = str(hang.value)
-    assert "W neither paused at a step nor blocked within 1.0 s" in message
+    assert "W neither paused at a step nor blocked within 2.0 s" in message
     assert "steps:\n  W start\n  W: write items['x']" in message and "wait-for graph:" in message
