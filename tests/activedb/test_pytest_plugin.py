@@ -14,6 +14,7 @@ import psycopg
 import pytest
 
 from activedb.examples.orders import MIGRATIONS
+from tests.conftest import _plugin_comes_by_entry_point
 
 HOW_TO = Path(__file__).resolve().parents[2] / "docs" / "howto" / "testing-rules.md"
 
@@ -81,9 +82,11 @@ def test_b_sees_it_in_the_module_database(activedb_db):
 
 @pytest.fixture
 def project(pytester, monkeypatch):
-    """A user's project: the orders example's Alembic directory as its own, and the plugin's settings."""
+    """A user's project: the orders example's Alembic directory as its own, and the plugin's settings.  (An
+    install made before the plugin had its entry point names it in ``addopts``, as ``tests/conftest.py`` does.)"""
     shutil.copytree(MIGRATIONS, pytester.path / "migrations", ignore=shutil.ignore_patterns("__pycache__"))
-    pytester.makeini("[pytest]\nactivedb_migrations = migrations\n")
+    load = "" if _plugin_comes_by_entry_point() else "addopts = -p activedb.testing.pytest_plugin\n"
+    pytester.makeini("[pytest]\nactivedb_migrations = migrations\n" + load)
     for variable in ("ACTIVEDB_TEST_URL", "ACTIVEDB_DATABASE_URL", "ACTIVEDB_TEST_SERVER"):
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setenv("ACTIVEDB_HOME", str(pytester.path / "home"))
