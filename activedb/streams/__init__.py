@@ -11,11 +11,12 @@ from activedb.streams import algebra
 from activedb.streams._builders import (NEW, EventRef, Ref, component, conj, delete, event, exists, insert, lit, not_,
                                         query_definition, same, seq, store, update)
 from activedb.streams._catalog import StreamSchema
-from activedb.streams._compile import CompiledQuery, CompiledRule, Ctx, ReadSpec, WriteSpec, compile_query
+from activedb.streams._compile import CompiledQuery, CompiledRule, compile_query
 from activedb.streams._concurrent import (LockingScheduler, LWMScheduler, S2PLScheduler, SchedulerHooks,
                                           SchedulerStatistics)
 from activedb.streams._batch import AccessPlan, BatchResult, BatchRun, Resource, STransaction
 from activedb.streams._engine import StreamEngine
+from activedb.streams._expressions import Ctx, ReadSpec, WriteSpec
 from activedb.streams._events import END_OF_STREAM, DeadLetter, Output, StreamEvent
 from activedb.streams._history import StreamHistory, StreamOp
 from activedb.streams._language import parse
