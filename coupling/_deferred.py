@@ -9,7 +9,7 @@ import enum
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from ._priority import priority_groups
 from .errors import DeferredCycleLimitExceeded, DeferredQueueClosed
@@ -43,7 +43,7 @@ class DeferredCycle(Generic[Firing]):
     number: int
     firings: tuple[Firing, ...]
 
-    def groups(self, key: Callable[[Firing], Any] | None = None) -> list[list[Firing]]:
+    def groups(self, key: Callable[[Firing], float | None] | None = None) -> list[list[Firing]]:
         """The cycle's firings as :func:`coupling.priority_groups` (highest priority first)."""
         return priority_groups(self.firings, key=key)
 

@@ -34,6 +34,8 @@ class DependencyKind(enum.Enum):
                   "Commit_j in H => (Commit_i -> Commit_j and result(i) = true). Used between a condition and its "
                   "action under sequential causally dependent C-A coupling.")
 
+    _value_: str
+
     def __new__(cls, value: str, doc: str) -> "DependencyKind":
         member = object.__new__(cls)
         member._value_ = value
@@ -41,7 +43,7 @@ class DependencyKind(enum.Enum):
         return member
 
     def __str__(self) -> str:
-        return self.value
+        return self._value_
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,6 @@ def _may_run_after(mode: Coupling, trigger_committed: bool) -> bool:
 
 # The answers of ``_may_run_after`` for the detached family, by (mode, outcome): an outbox asks once per
 # recorded firing at each flush.
-_MAY_RUN_AFTER: dict[tuple[Coupling, bool], bool] = {
+_MAY_RUN_AFTER: dict[tuple[Coupling | str, bool], bool] = {
     (mode, committed): _may_run_after(mode, committed)
     for mode in _TOP_LEVEL_KINDS for committed in (False, True)}

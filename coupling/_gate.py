@@ -283,7 +283,8 @@ class DependencyGate:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     self._timeouts += 1
-                    raise DependencyTimeout(record.tid, pending, phase, timeout)
+                    # remaining is a number: timeout is one
+                    raise DependencyTimeout(record.tid, pending, phase, timeout)  # type: ignore[arg-type]
                 record.condition.wait(remaining)
                 decision, pending = self._decide(record, phase)
             return decision

@@ -12,7 +12,6 @@ import itertools
 import threading
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from ._dependencies import Dependency, DependencyKind
 from .errors import MalformedHistory
@@ -38,7 +37,7 @@ class HistoryEvent:
 
     tid: Hashable
     kind: HistoryEventKind
-    seq: Any
+    seq: float
     result: bool | None = None
 
     def __post_init__(self) -> None:
@@ -74,7 +73,8 @@ class DependencyHistory:
     def record(self, tid: Hashable, kind: HistoryEventKind | str, result: bool | None = None) -> HistoryEvent:
         """Append an event for ``tid`` and return it."""
         with self._mutex:
-            event = HistoryEvent(tid, kind, next(self._counter), result)
+            # a string kind is converted by HistoryEvent.__post_init__
+            event = HistoryEvent(tid, kind, next(self._counter), result)  # type: ignore[arg-type]
             self._events.append(event)
             return event
 
@@ -181,7 +181,7 @@ def check_dependencies(
             if dependent.commit:
                 if not _precedes(trigger.commit, dependent.commit):
                     problem = f"{dependent.commit} is not preceded by the commit of {dependency.trigger!r}"
-                elif trigger.commit.result is not True:
+                elif trigger.commit is not None and trigger.commit.result is not True:   # (it is: it precedes)
                     problem = (f"{dependent.commit} although condition {dependency.trigger!r} returned "
                                f"{trigger.commit.result!r}, not True")
         if problem is not None:

@@ -12,6 +12,9 @@ class Coupling(enum.Enum):
     coupling and, restricted to :data:`ACTION_COUPLINGS`, its C-A coupling.  Each member's docstring states
     its semantics; :func:`coupling.dependencies_for` gives its ACTA dependencies."""
 
+    _value_: str
+    _primitive: str
+
     # Each member is (value, docstring, the paper's spawn primitive).
     IMMEDIATE = ("immediate", "Runs as a subtransaction (child) of the triggering transaction right after the "
                  "triggering operation (Concurrent Rule Execution §2.1; primitive Spawn_Imm). Child WD parent and "
@@ -81,7 +84,8 @@ class Coupling(enum.Enum):
         if isinstance(name, Coupling):
             return name
         try:
-            return cls(name.strip().lower().replace("-", "_").replace(" ", "_"))
+            # one argument: EnumMeta.__call__ looks the value up (it does not call __new__)
+            return cls(name.strip().lower().replace("-", "_").replace(" ", "_"))  # type: ignore[call-arg]
         except (AttributeError, ValueError):          # not a string, or not a mode's name
             raise UnknownCoupling(name, [member.value for member in cls]) from None
 
@@ -97,7 +101,7 @@ class Coupling(enum.Enum):
         return mode
 
     def __str__(self) -> str:
-        return self.value
+        return self._value_
 
 
 _SUBTRANSACTION_MODES = frozenset({Coupling.IMMEDIATE, Coupling.DEFERRED})

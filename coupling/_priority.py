@@ -5,21 +5,22 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from .errors import InvalidPriority
 
 Item = TypeVar("Item")
 
 
-def _priority_attribute(item: Any) -> Any:
+def _priority_attribute(item: object) -> float | None:
     try:
-        return item.priority
+        priority: float | None = getattr(item, "priority")
+        return priority
     except AttributeError:
         raise InvalidPriority(f"{item!r} has no 'priority' attribute; pass key=... to priority_groups") from None
 
 
-def priority_groups(items: Iterable[Item], key: Callable[[Item], Any] | None = None) -> list[list[Item]]:
+def priority_groups(items: Iterable[Item], key: Callable[[Item], float | None] | None = None) -> list[list[Item]]:
     """Split ``items`` into execution groups in descending priority (design note, "Priorities"): one list
     per distinct priority, highest first, ``None`` last; input order kept inside a group.  Run the groups
     one after the other and the members of a group concurrently.
@@ -28,7 +29,7 @@ def priority_groups(items: Iterable[Item], key: Callable[[Item], Any] | None = N
     else (including ``bool`` and NaN) raises :class:`~coupling.errors.InvalidPriority`.
     """
     get_priority = key if key is not None else _priority_attribute
-    by_priority: dict[Any, list[Item]] = {}
+    by_priority: dict[float, list[Item]] = {}
     unprioritised: list[Item] = []
     for item in items:
         priority = get_priority(item)

@@ -8,7 +8,6 @@ ran out, ``RuntimeError`` for a call made in the wrong state). Messages say what
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
-from typing import Any
 
 
 class CouplingError(Exception):
@@ -55,7 +54,7 @@ class DeferredQueueClosed(CouplingError, RuntimeError):
 class DeferredCycleLimitExceeded(CouplingError):
     """Deferred firings were still pending after the configured number of cycles."""
 
-    def __init__(self, max_cycles: int, pending: Sequence[Any], queue_name: str | None = None) -> None:
+    def __init__(self, max_cycles: int, pending: Sequence[object], queue_name: str | None = None) -> None:
         self.max_cycles = max_cycles
         self.pending = tuple(pending)
         shown = ", ".join(repr(firing) for firing in self.pending[:5])

@@ -12,11 +12,18 @@ import enum
 import logging
 import queue
 import threading
-from typing import Any, Callable, Hashable
+from typing import TYPE_CHECKING, Callable, Hashable, TypeAlias, cast
 
-from lockmgr._graph import GraphNode, edge_kind
+from lockmgr._graph import edge_kind
 from lockmgr._records import DeadlockCycle, VictimCandidate
-from lockmgr.errors import Lazy, WaitEdge
+from lockmgr.errors import Deadlock, Lazy, WaitEdge
+
+if TYPE_CHECKING:
+    from lockmgr._manager import ExternalWait
+    from lockmgr._table import _Request, _Txn
+
+    #: What a node waits on behind one edge: its lock request or one of its registered waits.
+    Wait: TypeAlias = "_Request | ExternalWait"
 
 
 
@@ -34,7 +41,7 @@ class VictimPolicy(enum.StrEnum):
 VICTIM_POLICIES = tuple(policy.value for policy in VictimPolicy)
 
 
-def wait_of(node: Any, following: Any):
+def wait_of(node: _Txn, following: _Txn) -> Wait | None:
     """The wait behind the edge ``node -> following``: its lock request, a registered wait, or None (a
     commit edge).  A lock request is the node's ``request``; anything else returned is a registered wait."""
     request = node.request
@@ -43,7 +50,7 @@ def wait_of(node: Any, following: Any):
     return next((wait for wait in node.external if following in wait.targets), None)
 
 
-def queue_jumper(path: list[GraphNode]) -> Any:
+def queue_jumper(path: list[_Txn]) -> _Txn | None:
     """The node of the cycle ``path`` that is blocked by ``queued`` edges alone and whose request goes first
     to break it (no victim needed), or None when the cycle is not only a queueing artefact."""
     for index, node in enumerate(path):
@@ -66,7 +73,7 @@ class Cycle:
 
     __slots__ = ("edges", "kinds", "waits", "wait_edges", "candidates", "requester", "volunteer")
 
-    def __init__(self, path: list[GraphNode], requester: Any, source: Any) -> None:
+    def __init__(self, path: list[_Txn], requester: _Txn, source: Wait) -> None:
         self.edges = [(node, path[(index + 1) % len(path)]) for index, node in enumerate(path)]
         self.kinds = [edge_kind(node, following) for node, following in self.edges]
         self.waits = [wait_of(node, following) for node, following in self.edges]
@@ -77,18 +84,21 @@ class Cycle:
         )
         self.candidates = [
             node for (node, _), wait in zip(self.edges, self.waits)
-            if wait is not None and (wait is node.request or wait.on_victim is not None or wait is source)
+            if wait is not None
+            and (wait is node.request or cast("ExternalWait", wait).on_victim is not None or wait is source)
         ]
         self.requester = requester if requester in self.candidates else next(iter(self.candidates), None)
         self.volunteer = next(
             (node for (node, _), wait in zip(self.edges, self.waits)
-             if node in self.candidates and wait is not node.request and wait.preferred),
+             if node in self.candidates and wait is not node.request and cast("ExternalWait", wait).preferred),
             None,
         )
 
-    def wait_of_victim(self, victim: Any):
+    def wait_of_victim(self, victim: _Txn) -> Wait:
         """The wait through which ``victim`` (a candidate) is told: its lock request or its registered wait."""
-        return self.waits[[node for node, _ in self.edges].index(victim)]
+        wait = self.waits[[node for node, _ in self.edges].index(victim)]
+        assert wait is not None, "a candidate waits"
+        return wait
 
     def still_there(self) -> bool:
         """True if every edge of the cycle still exists with the same kind (after the graph mutex was
@@ -106,14 +116,15 @@ def choose_victim(
     policy: "VictimPolicy | Callable[[DeadlockCycle], Hashable]",
     cycle: Cycle,
     graph_mutex: threading.Lock,
-    resource_count: Callable[[Any], int],
-) -> tuple[Any, "Lazy | str"]:
+    resource_count: Callable[[_Txn], int],
+) -> tuple[_Txn | None, "Lazy | str"]:
     """``(victim, note)`` for ``cycle`` (which has a requester): a volunteer first, then the policy.
     ``note`` explains an override.  Returns ``(None, "")`` if the cycle changed while a callable policy ran
     with ``graph_mutex`` released: the caller looks for a cycle again.  Caller holds ``graph_mutex``."""
     if cycle.volunteer is not None:
         return cycle.volunteer, Lazy("(it volunteered: its work is re-run after the wait)")
     requester, candidates = cycle.requester, cycle.candidates
+    assert requester is not None, "choose_victim is called for a cycle with a requester"
     if policy is VictimPolicy.REQUESTER:
         return requester, ""
     if policy is VictimPolicy.YOUNGEST:
@@ -152,7 +163,7 @@ def policy_name(policy: "VictimPolicy | Callable[[DeadlockCycle], Hashable]") ->
     return policy.value if isinstance(policy, VictimPolicy) else getattr(policy, "__name__", "callable")
 
 
-def subtree_size(node: Any) -> int:
+def subtree_size(node: _Txn) -> int:
     """How many active transactions the subtree of ``node`` has (``node`` included)."""
     size = 0
     stack = [node]
@@ -169,7 +180,7 @@ class VictimNotifier:
     lock manager.  A callback that raises is logged and does not stop the thread."""
 
     def __init__(self) -> None:
-        self._notices: queue.SimpleQueue = queue.SimpleQueue()
+        self._notices: queue.SimpleQueue[tuple[Callable[[Deadlock], None], Deadlock]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._start_mutex = threading.Lock()
 
@@ -184,7 +195,7 @@ class VictimNotifier:
             thread.start()
             self._thread = thread
 
-    def tell(self, on_victim: Callable[[BaseException], None], error: BaseException) -> None:
+    def tell(self, on_victim: Callable[[Deadlock], None], error: Deadlock) -> None:
         self._notices.put((on_victim, error))
 
     def _run(self) -> None:

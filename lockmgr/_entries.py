@@ -4,11 +4,11 @@ Each function says what its caller holds (design note §6); none takes a mutex i
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Hashable, Iterable
 
 from lockmgr._modes import CONFLICTS, COVERS, JOIN, Mode
-from lockmgr._table import (ACTIVE, _NO_HOLDS, _committed_members, _Lock, _lock_entry, _owner_of, _Request, _Stripe,
-                            _Txn)
+from lockmgr._table import (ACTIVE, _NO_HOLDS, Grant, _committed_members, _Lock, _lock_entry, _owner_of, _Request,
+                            _Stripe, _Txn)
 from lockmgr.errors import InvalidDowngrade, LockNotHeld
 
 _FREE_LOCKS_PER_STRIPE = 16
@@ -26,7 +26,7 @@ def _fold_if_crowded(lock: _Lock) -> None:
         _fold(lock)
 
 
-def _blockers(txn: _Txn, lock: _Lock, mode: Mode, ahead: list[_Request], jumped: bool) -> tuple[Mode, dict]:
+def _blockers(txn: _Txn, lock: _Lock, mode: Mode, ahead: list[_Request], jumped: bool) -> tuple[Mode, dict[_Txn, str]]:
     """Rule 1 plus the fairness queue: who blocks ``txn``'s request for ``mode`` on ``lock``.
 
     ``ahead`` are the requests queued before this one that are still waiting.  Returns the mode the request
@@ -106,7 +106,7 @@ def _grant_if_compatible(txn: _Txn, lock: _Lock, mode: Mode) -> bool:
     return True
 
 
-def _admits(txn: _Txn, lock: _Lock, row) -> bool:
+def _admits(txn: _Txn, lock: _Lock, row: tuple[bool, ...]) -> bool:
     """Rule 1 without the queue: no other transaction holds ``lock`` in a mode of ``row`` (the conflict row of
     the mode ``txn`` would have), and every one retaining it so is ``txn`` or an ancestor.  An entry of a
     committed subtransaction counts as retained by its owner (lazy Rule 2); only a conflicting entry needs
@@ -135,12 +135,12 @@ def _admits(txn: _Txn, lock: _Lock, row) -> bool:
 UNCHANGED = "unchanged"
 
 
-def fold_grants(grants: Iterable[tuple[Any, Mode, Any]]) -> tuple[dict, dict]:
+def fold_grants(grants: Iterable[Grant]) -> tuple[dict[Hashable, Mode], dict[Hashable, Mode | str | None]]:
     """A savepoint's grants (``LockManager.try_retain``'s list) read per resource: ``(wanted, before)`` —
     the join of the modes granted on each resource, and what the transaction retained there before the
     first grant that changed it (None: nothing; resources no grant changed are absent)."""
-    wanted: dict = {}
-    before: dict = {}
+    wanted: dict[Hashable, Mode] = {}
+    before: dict[Hashable, Mode | str | None] = {}
     for resource, mode, previous in grants:
         current = wanted.get(resource)
         wanted[resource] = mode if current is None else JOIN[current][mode]
@@ -149,7 +149,7 @@ def fold_grants(grants: Iterable[tuple[Any, Mode, Any]]) -> tuple[dict, dict]:
     return wanted, before
 
 
-def _retain_if_compatible(stripe: "_Stripe", txn: _Txn, resource: Any, mode: Mode, grants: list) -> bool:
+def _retain_if_compatible(stripe: "_Stripe", txn: _Txn, resource: Hashable, mode: Mode, grants: list[Grant]) -> bool:
     """``LockManager.try_retain``'s grant: ``mode`` on ``resource`` retained by ``txn`` at once if nobody waits
     for it and Rule 1 admits it, recorded in ``grants``.  False: refused (or ``txn`` is not active).  Takes
     ``stripe.mutex`` (with ``acquire``/``release``: half the cost of ``with``, on every lock a savepoint takes)."""
@@ -206,7 +206,7 @@ def _undo_grant(lock: _Lock, txn: _Txn, previous: "Mode | None") -> None:
     holds it).  Caller holds the stripe mutex."""
     retained = lock.retained
     if previous is not None:
-        retained[txn] = previous
+        retained[txn] = previous  # type: ignore[index]  # it retained previous: retained is a dict
         return
     if retained is not None:
         retained.pop(txn, None)
@@ -255,7 +255,8 @@ def _fold(lock: _Lock) -> None:
                 if kept is not None:
                     mode = kept if mode is None else JOIN[mode][kept]
             previous = retained.get(owner)
-            retained[owner] = mode if previous is None else JOIN[previous][mode]
+            # mode is not None: member has an entry here, held or retained
+            retained[owner] = mode if previous is None else JOIN[previous][mode]  # type: ignore[assignment,index]
             owner.locks[resource] = lock
         finally:
             owner_mutex.release()
@@ -270,13 +271,13 @@ def _fold(lock: _Lock) -> None:
     lock.stripe.folded += moved
 
 
-def _set_waits(txn: _Txn, waits: dict) -> None:
+def _set_waits(txn: _Txn, waits: dict[_Txn, str]) -> None:
     """Replace ``txn``'s wait edges, keeping the reverse index ``blocked`` in step.  Caller holds the graph
     mutex."""
     old = txn.waits
     for target in old:
         if target not in waits:
-            target.blocked.discard(txn)
+            target.blocked.discard(txn)  # type: ignore[union-attr]  # Invariant: txn in target.blocked
     for target in waits:
         if target not in old:
             blocked = target.blocked
@@ -318,7 +319,7 @@ def _release(lock: _Lock, txn: _Txn) -> None:
     _discard_if_empty(lock)
 
 
-def _release_all(locks: dict, txn: _Txn) -> list[_Lock]:
+def _release_all(locks: dict[Hashable, _Lock], txn: _Txn) -> list[_Lock]:
     """Release ``txn``'s entries in every lock of ``locks`` that has no waiters, each under its stripe mutex
     only (no wait edge depends on a lock without waiters).  Returns the locks with waiters, which the
     caller must release with the graph mutex held and then regrant.  (``_release`` and ``_discard_if_empty``,
@@ -350,7 +351,7 @@ def _release_all(locks: dict, txn: _Txn) -> list[_Lock]:
     return deferred
 
 
-def _release_entries(locks: dict, txn: _Txn, members: list[_Txn],
+def _release_entries(locks: dict[Hashable, _Lock], txn: _Txn, members: list[_Txn],
                      deferred: "dict[_Lock, list[_Txn]] | None" = None) -> "dict[_Lock, list[_Txn]]":
     """Rules 3 and 4 for a subtree: release ``txn``'s entries (in ``locks``, its list taken from it) and
     those of its committed ``members`` (each list taken under the member's mutex), lock by lock without the
@@ -374,7 +375,7 @@ def _release_entries(locks: dict, txn: _Txn, members: list[_Txn],
     return deferred
 
 
-def _fast_grant(stripe: "_Stripe", txn: _Txn, resource: Any, mode: Mode) -> bool:
+def _fast_grant(stripe: "_Stripe", txn: _Txn, resource: Hashable, mode: Mode) -> bool:
     """The uncontended path of every acquire: grant ``mode`` at once if nobody waits for
     ``resource`` and Rule 1 allows it, under the stripe mutex only (and ``txn``'s, for a new
     entry).  False sends the caller to the slow path, which queues, waits or refuses."""

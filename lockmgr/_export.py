@@ -6,20 +6,23 @@ from __future__ import annotations
 
 import itertools
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Hashable
 
-from lockmgr._modes import JOIN
+from lockmgr._modes import JOIN, Mode
 from lockmgr._records import Holders, LockTableSnapshot, TransactionInfo, WaitingRequest
-from lockmgr._table import _Lock, _owner_of
+from lockmgr._table import _Lock, _owner_of, _Stripe, _Txn
+
+if TYPE_CHECKING:
+    import networkx
 
 
-def holders_of(resource: Any, lock: _Lock | None) -> Holders:
+def holders_of(resource: Hashable, lock: _Lock | None) -> Holders:
     """What ``lock``'s entries count as (see ``_Lock``): an entry of a committed subtransaction shows as
     retained by its owner, joined with the owner's other retained modes.  Caller holds the stripe mutex."""
     if lock is None:
         return Holders(resource)
-    held: dict = {}
-    retained: dict = {}
+    held: dict[Hashable, Mode] = {}
+    retained: dict[Hashable, Mode] = {}
     for txn, mode in lock.held.items():
         if txn.owner is txn:
             held[txn.tid] = mode
@@ -36,7 +39,7 @@ def holders_of(resource: Any, lock: _Lock | None) -> Holders:
     )
 
 
-def snapshot_of(stripes: tuple, active: dict) -> LockTableSnapshot:
+def snapshot_of(stripes: tuple[_Stripe, ...], active: dict[Hashable, _Txn]) -> LockTableSnapshot:
     """The whole lock table, the tree and the wait-for graph of the ``active`` transactions (tid -> record).
     Caller holds the graph mutex; takes every stripe mutex in index order."""
     for stripe in stripes:
@@ -51,9 +54,9 @@ def snapshot_of(stripes: tuple, active: dict) -> LockTableSnapshot:
             txn.tid: TransactionInfo(txn.tid, None if txn.parent is None else txn.parent.tid, txn.state, txn.serial)
             for txn in active.values()
         }
-        waits = {}
+        waits: dict[Hashable, MappingProxyType[Hashable, tuple[str, Hashable | None]]] = {}
         for txn in active.values():
-            edges = {}
+            edges: dict[Hashable, tuple[str, Hashable | None]] = {}
             for wait in txn.external:
                 edges.update({target.tid: (kind, None) for target, kind in wait.targets.items()})
             if txn.request is not None:
@@ -66,7 +69,7 @@ def snapshot_of(stripes: tuple, active: dict) -> LockTableSnapshot:
     return LockTableSnapshot(MappingProxyType(transactions), MappingProxyType(resources), MappingProxyType(waits))
 
 
-def add_wait_for_graph(graph: Any, active: dict, structural: bool) -> None:
+def add_wait_for_graph(graph: networkx.DiGraph[Hashable], active: dict[Hashable, _Txn], structural: bool) -> None:
     """Add the wait-for graph of the ``active`` transactions to ``graph``, an empty ``networkx.DiGraph``
     (see ``LockManager.wait_for_graph``).  ``structural``: every parent -> active child is a commit edge,
     else only those to an ``awaited`` child.  Caller holds the graph mutex."""

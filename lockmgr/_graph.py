@@ -8,16 +8,38 @@ Precondition for every function here: the caller holds the manager's graph mutex
 
 from __future__ import annotations
 
-from typing import Iterable, Protocol
+from typing import AbstractSet, Generic, Iterable, Mapping, Protocol, Self, Sequence, TypeVar
+
+Node = TypeVar("Node", bound="GraphNode")
+_Target = TypeVar("_Target")
+
+
+class ExternalEdges(Protocol, Generic[_Target]):
+    """A registered wait of a node (``lockmgr.ExternalWait``): its out-edges, target -> edge kind."""
+
+    @property
+    def targets(self) -> Mapping[_Target, str]: ...
 
 
 class GraphNode(Protocol):
-    waits: dict
-    children: set
-    external: tuple
+    """What :func:`find_cycle` reads of a node (the manager's transaction record has these fields): its
+    lock-wait edges (target -> kind), its active children (commit edges), its registered waits, and whether
+    its parent waits for it for its whole life."""
+
+    @property
+    def waits(self) -> Mapping[Self, str]: ...
+
+    @property
+    def children(self) -> AbstractSet[Self]: ...
+
+    @property
+    def external(self) -> Sequence[ExternalEdges[Self]]: ...
+
+    @property
+    def awaited(self) -> bool: ...
 
 
-def find_cycle(source: GraphNode, targets: Iterable[GraphNode], structural: bool = True) -> list[GraphNode] | None:
+def find_cycle(source: Node, targets: Iterable[Node], structural: bool = True) -> list[Node] | None:
     """Return ``[source, n1, ..., nk]`` with ``source -> n1 -> ... -> nk -> source`` if one of ``targets``
     reaches ``source`` (``n1`` is then one of ``targets``); None when no new edge closes a cycle.
 
@@ -26,8 +48,8 @@ def find_cycle(source: GraphNode, targets: Iterable[GraphNode], structural: bool
     whole life (``awaited``: an inline child); a manager whose commit edges are declared registers the
     other waits for children as waits.
     """
-    predecessor: dict = {}
-    stack = []
+    predecessor: dict[Node, Node] = {}
+    stack: list[Node] = []
     for target in targets:
         if target is source:
             return [source]
@@ -64,7 +86,7 @@ def find_cycle(source: GraphNode, targets: Iterable[GraphNode], structural: bool
     return None
 
 
-def _path(predecessor: dict, last: GraphNode, source: GraphNode) -> list[GraphNode]:
+def _path(predecessor: dict[Node, Node], last: Node, source: Node) -> list[Node]:
     path = [last]
     node = last
     while node is not source:
@@ -74,7 +96,7 @@ def _path(predecessor: dict, last: GraphNode, source: GraphNode) -> list[GraphNo
     return path
 
 
-def edge_kind(node: GraphNode, following: GraphNode) -> str:
+def edge_kind(node: Node, following: Node) -> str:
     """The kind of the edge ``node -> following`` (a wait edge wins over a commit edge between the same pair)."""
     kind = node.waits.get(following)
     if kind is not None:

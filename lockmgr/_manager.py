@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
-from typing import Any, Callable, Hashable, Iterable
+from typing import TYPE_CHECKING, Callable, Hashable, Iterable
 
 from lockmgr._deadlock import Cycle, VictimNotifier, VictimPolicy, choose_victim, policy_name, queue_jumper
 from lockmgr._entries import (
@@ -41,7 +41,9 @@ from lockmgr._table import (
     VICTIM,
     WAITING,
     WITHDRAWN_BY_ABORT,
+    EdgeEvent,
     EndedLog,
+    Grant,
     _committed_members,
     _covered,
     _Lock,
@@ -52,6 +54,9 @@ from lockmgr._table import (
     _Stripe,
     _Txn,
 )
+if TYPE_CHECKING:
+    import networkx
+
 from lockmgr.errors import (
     ActiveChildren,
     Deadlock,
@@ -94,7 +99,8 @@ class ExternalWait:
 
     __slots__ = ("manager", "txn", "targets", "kind", "on_victim", "preferred", "status", "error")
 
-    def __init__(self, manager: "LockManager", txn: "_Txn", targets: dict, kind: str, on_victim,
+    def __init__(self, manager: "LockManager", txn: "_Txn", targets: dict[_Txn, str], kind: str,
+                 on_victim: "Callable[[Deadlock], None] | None",
                  preferred: bool = False) -> None:
         self.manager = manager
         self.txn = txn
@@ -294,7 +300,8 @@ class LockManager:
             txn.state = COMMITTED
             handed = len(txn.locks)
             txn.holding = _NO_HOLDS
-        txn.children = _NO_CHILDREN  # empty already; nothing adds to a committed transaction's children
+        # empty already; nothing adds to a committed transaction's children (a shared frozenset)
+        txn.children = _NO_CHILDREN  # type: ignore[assignment]
         txn.ancestors = _NO_CHILDREN  # only a request of txn reads them, and none is granted any more
         # From here on txn's entries, and those its committed descendants made, count as retained by
         # parent's owner.  Readers without the graph mutex may still see txn as their owner for a while:
@@ -310,9 +317,10 @@ class LockManager:
         # The requests waiting for txn now wait for parent's owner -- or for nothing, if that is an ancestor
         # of theirs.  Concurrent Rule Execution in Active Databases (§4.2.2) checks for deadlock "just before
         # lock inheritance"; the new edges are checked here, as part of it, with the same outcome.  No other request's edges change (see the README, §9).
-        events: list = []
+        events: list[EdgeEvent] = []
         if txn.blocked:
-            for lock in {waiter.request.lock: None for waiter in txn.blocked}:
+            # every waiter blocked by txn has a pending request (Invariant of _Txn.blocked)
+            for lock in {waiter.request.lock: None for waiter in txn.blocked}:  # type: ignore[union-attr]
                 with lock.stripe.mutex:
                     events.extend(self._queues.reevaluate(lock))
             assert not txn.blocked, txn.blocked
@@ -337,8 +345,8 @@ class LockManager:
                 member = stack.pop()
                 stack.extend(member.children)
                 members.append(member)  # children are ACTIVE (a committing subtransaction is never seen)
-            released: list[tuple[_Txn, dict]] = []
-            events: list = []
+            released: list[tuple[_Txn, dict[Hashable, _Lock]]] = []
+            events: list[EdgeEvent] = []
             for member in members:
                 with member.mutex:
                     member.state = ABORTED
@@ -427,7 +435,8 @@ class LockManager:
         if held is _COVERED:
             return  # e.g. a table READ already covers reading every tuple
         if held is _INTENTION_HELD:
-            if _fast_grant(self._stripes[hash(resource) & self._stripe_mask], txn, resource, mode):
+            # held is set only for a transaction found active
+            if _fast_grant(self._stripes[hash(resource) & self._stripe_mask], txn, resource, mode):  # type: ignore[arg-type]
                 return
             self._acquire_slow(tid, resource, mode, timeout)
             return
@@ -512,7 +521,7 @@ class LockManager:
             txn = self._ended.require_active(self._active, tid, "drop_holds")
             with txn.mutex:
                 holding, txn.holding = txn.holding, {}
-            events: list = []
+            events: list[EdgeEvent] = []
             for resource, lock in holding.items():
                 with lock.stripe.mutex:
                     lock.held.pop(txn, None)
@@ -523,7 +532,7 @@ class LockManager:
                     _discard_if_empty(lock)
             self._resolve(events)
 
-    def try_retain(self, tid: Hashable, resource: Hashable, mode: Mode, grants: list) -> bool:
+    def try_retain(self, tid: Hashable, resource: Hashable, mode: Mode, grants: list[Grant]) -> bool:
         """Grant ``mode`` on ``resource`` to ``tid`` *retained* at once, if Rule 1 admits it now and nobody waits
         for it (never blocks; False: refused, nothing changed).  For an embedder running a savepoint S of
         ``tid`` without registering it (README §9): while ``tid`` holds nothing and S is its only live
@@ -540,7 +549,7 @@ class LockManager:
             return False
         return _retain_if_compatible(self._stripes[hash(resource) & self._stripe_mask], txn, resource, mode, grants)
 
-    def undo_retains(self, tid: Hashable, grants: list) -> None:
+    def undo_retains(self, tid: Hashable, grants: list[Grant]) -> None:
         """Rule 4 for a savepoint whose locks ``try_retain`` granted: ``tid`` retains again, on each resource
         of ``grants``, what it retained before (the grants undone newest first); waiters that Rule 1 now
         admits are granted.  A ``tid`` that has ended already lost them all."""
@@ -548,7 +557,7 @@ class LockManager:
             txn = self._active.get(tid)
             if txn is None:
                 return
-            events: list = []
+            events: list[EdgeEvent] = []
             for resource, _, previous in reversed(grants):
                 if previous is UNCHANGED:
                     continue
@@ -557,12 +566,12 @@ class LockManager:
                     lock = stripe.locks.get(resource)
                     if lock is None:
                         continue
-                    _undo_grant(lock, txn, previous)
+                    _undo_grant(lock, txn, previous)  # type: ignore[arg-type]  # not UNCHANGED (above)
                     events.extend(self._queues.reevaluate(lock))
                     _discard_if_empty(lock)
             self._resolve(events)
 
-    def hand_down_retains(self, tid: Hashable, child: Hashable, grants: list, *, retained: bool = False) -> None:
+    def hand_down_retains(self, tid: Hashable, child: Hashable, grants: list[Grant], *, retained: bool = False) -> None:
         """``try_retain``'s savepoint now has a transaction of its own, ``child`` (begun as a descendant of
         ``tid``, whose every ancestor below ``tid`` is a savepoint of ``tid`` too): under the graph mutex,
         ``tid`` retains again what it retained before ``grants`` and ``child`` holds each granted mode
@@ -579,13 +588,13 @@ class LockManager:
             if ancestor is None:
                 raise ValueError(f"hand_down_retains: {child!r} is not a descendant of {tid!r}")
             wanted, before = fold_grants(grants)
-            events: list = []
+            events: list[EdgeEvent] = []
             for resource, mode in wanted.items():
                 stripe = self._stripes[hash(resource) & self._stripe_mask]
                 with stripe.mutex:
                     lock = _lock_entry(stripe, resource)
                     if resource in before:
-                        _undo_grant(lock, txn, before[resource])
+                        _undo_grant(lock, txn, before[resource])  # type: ignore[arg-type]  # never UNCHANGED
                     if retained:
                         kept = lock.retained
                         if kept is None:
@@ -612,7 +621,7 @@ class LockManager:
                 raise ValueError(f"hand_down: {child!r} is not a child of {tid!r}")
             with txn.mutex:
                 holding, txn.holding = txn.holding, {}
-            events: list = []
+            events: list[EdgeEvent] = []
             for resource, lock in holding.items():
                 with lock.stripe.mutex:
                     mode = lock.held.pop(txn, None)
@@ -648,9 +657,9 @@ class LockManager:
         """
         with self._graph_mutex:
             txn = self._active.get(waiter)
-            if txn is None:
-                self._ended.require_active(self._active, waiter, Lazy("wait ({}) for {!r}", kind, targets))
-            edges = {}
+            if txn is None:     # raises: waiter is not active
+                txn = self._ended.require_active(self._active, waiter, Lazy("wait ({}) for {!r}", kind, targets))
+            edges: dict[_Txn, str] = {}
             for tid in targets:
                 target = self._active.get(tid)
                 if target is not None and target is not txn:
@@ -663,6 +672,7 @@ class LockManager:
             self._queues.registered += 1
             self._resolve([(wait, list(edges))])
             if wait.status is VICTIM:
+                assert wait.error is not None, "a victim has its error"
                 raise wait.error
         if on_victim is not None:
             self._notifier.start()
@@ -695,7 +705,7 @@ class LockManager:
         with self._graph_mutex:
             return snapshot_of(self._stripes, self._active)
 
-    def wait_for_graph(self):
+    def wait_for_graph(self) -> networkx.DiGraph[Hashable]:
         """The wait-for graph as a ``networkx.DiGraph``.
 
         Nodes are the tids of active transactions (attributes ``parent``, ``state``, ``depth``, and for a
@@ -704,7 +714,7 @@ class LockManager:
         """
         import networkx
 
-        graph = networkx.DiGraph()
+        graph: networkx.DiGraph[Hashable] = networkx.DiGraph()
         with self._graph_mutex:
             add_wait_for_graph(graph, self._active, self._structural)
         return graph
@@ -754,14 +764,15 @@ class LockManager:
                     blockers = tuple(blocker.tid for blocker in txn.waits)
                     self._counters["timeouts"] += 1
                     self._resolve(self._queues.withdraw(request, TIMED_OUT, None))
-                    raise self._timeout_error(tid, resource, mode, timeout, blockers)
+                    # deadline is set: timeout is a number
+                    raise self._timeout_error(tid, resource, mode, timeout, blockers)  # type: ignore[arg-type]
                 request.condition.wait(remaining)
             if request.status is GRANTED:
                 return
             assert request.error is not None
             raise request.error
 
-    def _resolve(self, events: list) -> None:
+    def _resolve(self, events: list[EdgeEvent]) -> None:
         """Check each new wait edge for a cycle and break every cycle found.
 
         ``events`` are ``(source, new targets)`` where ``source`` is a waiting lock ``_Request`` or a
@@ -785,6 +796,7 @@ class LockManager:
             jumper = queue_jumper(path)
             if jumper is not None:
                 jumping = jumper.request
+                assert jumping is not None, "a queue jumper waits on a lock request"
                 jumping.jumped = True
                 self._counters["queue_jumps"] += 1
                 with jumping.lock.stripe.mutex:
@@ -803,7 +815,7 @@ class LockManager:
             error = self._deadlock_error(victim.tid, txn.tid, cycle.wait_edges, policy_name(self._victim_policy),
                                          snapshot, note)
             told = cycle.wait_of_victim(victim)
-            if told.__class__ is _Request:
+            if isinstance(told, _Request):
                 events.extend(self._queues.withdraw(told, VICTIM, error))
             else:
                 self._queues.drop_wait(told, VICTIM, error)
@@ -813,13 +825,13 @@ class LockManager:
                 events.append((source, live))
 
 
-def _check_mode(mode: Any) -> None:
+def _check_mode(mode: object) -> None:
     if mode.__class__ is not Mode:
         raise TypeError(f"mode must be a lockmgr.Mode (IR, IW, READ, RIW or WRITE), not {mode!r}")
 
 
-def _tuple_request(active: dict, tid: Hashable, table: Hashable, key: Hashable, mode: Mode, resource: Hashable | None,
-                   operation: str) -> tuple:
+def _tuple_request(active: dict[Hashable, _Txn], tid: Hashable, table: Hashable, key: Hashable, mode: Mode,
+                   resource: Hashable | None, operation: str) -> tuple[Mode, Hashable, _Txn | None, str | None]:
     """``(intention, resource, txn, what tid's table lock already gives)`` for a tuple request: a hint
     read of tid's own table entry without its mutex (a stale answer only means the full path)."""
     intention = INTENTION_FOR.get(mode)

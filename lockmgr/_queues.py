@@ -6,10 +6,13 @@ check must see.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from lockmgr._entries import _blockers, _discard_if_empty, _fold_if_crowded, _hold, _release, _set_waits
-from lockmgr._table import _NO_WAITS, GRANTED, WAITING, _Lock, _Request, _RequestStatus, _Txn
+from lockmgr._table import _NO_WAITS, GRANTED, WAITING, EdgeEvent, _Lock, _Request, _RequestStatus, _Txn
+
+if TYPE_CHECKING:
+    from lockmgr._manager import ExternalWait
 
 
 class WaitQueues:
@@ -25,10 +28,10 @@ class WaitQueues:
         self.waiting = 0
         self.registered = 0
 
-    def release_deferred(self, deferred: "dict[_Lock, list[_Txn]]") -> list:
+    def release_deferred(self, deferred: "dict[_Lock, list[_Txn]]") -> list[EdgeEvent]:
         """Release the entries that ``_entries._release_entries`` set aside (locks with waiters) and regrant each
         lock's queue once.  Caller holds the graph mutex and no stripe mutex.  Returns new-edge events."""
-        events: list = []
+        events: list[EdgeEvent] = []
         for lock, owners in deferred.items():
             with lock.stripe.mutex:
                 for owner in owners:
@@ -37,7 +40,7 @@ class WaitQueues:
                 _discard_if_empty(lock)
         return events
 
-    def reevaluate(self, lock: _Lock) -> list:
+    def reevaluate(self, lock: _Lock) -> list[EdgeEvent]:
         """Grant every queued request of ``lock`` that Rule 1 and the queue now allow, in FIFO order, and
         recompute the wait edges of the others.  Returns ``[(request, new targets)]`` for the edges that
         are new, to be checked by ``LockManager._resolve``.  Caller holds the graph mutex and ``lock.stripe.mutex``.
@@ -64,7 +67,7 @@ class WaitQueues:
             # repeat until a pass grants nothing, so every remaining request's edges are current.
             if not granted or lock.waiters is None:
                 break
-        events = []
+        events: list[EdgeEvent] = []
         for request in lock.waiters or ():
             old = before.get(request, _NO_WAITS)
             new = [target for target in request.txn.waits if target not in old]
@@ -77,7 +80,7 @@ class WaitQueues:
         Caller holds the graph mutex and the request's stripe mutex."""
         assert request.status is WAITING, request.status
         lock = request.lock
-        lock.waiters.remove(request)
+        lock.waiters.remove(request)  # type: ignore[union-attr]  # a WAITING request is in its lock's queue
         if not lock.waiters:
             lock.waiters = None
         request.status = status
@@ -89,7 +92,7 @@ class WaitQueues:
         if request.condition is not None:
             request.condition.notify()
 
-    def withdraw(self, request: _Request, status: _RequestStatus, error: BaseException | None) -> list:
+    def withdraw(self, request: _Request, status: _RequestStatus, error: BaseException | None) -> list[EdgeEvent]:
         """Withdraw a waiting request (victim, timeout, abort) and regrant its lock's queue.
         Caller holds the graph mutex and no stripe mutex.  Returns new-edge events."""
         lock = request.lock
@@ -99,7 +102,7 @@ class WaitQueues:
             _discard_if_empty(lock)
         return events
 
-    def drop_wait(self, wait: Any, status: _RequestStatus, error: BaseException | None) -> None:
+    def drop_wait(self, wait: ExternalWait, status: _RequestStatus, error: BaseException | None) -> None:
         """Remove ``wait``'s edges with its final ``status``.  Caller holds the graph mutex."""
         txn = wait.txn
         txn.external = tuple(other for other in txn.external if other is not wait)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Hashable, Mapping
+from typing import Hashable, Mapping
 
 from lockmgr._modes import Mode
 from lockmgr.errors import WaitEdge
@@ -29,7 +29,7 @@ class TxnState(enum.Enum):
     ABORTED = "aborted"
 
 
-_EMPTY: Mapping = MappingProxyType({})
+_EMPTY: Mapping[Hashable, Mode] = MappingProxyType({})
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class WaitingRequest:
 class Holders:
     """Who holds, retains and waits for one resource (``LockManager.holders``)."""
 
-    resource: Any
+    resource: Hashable
     held: Mapping[Hashable, Mode] = field(default_factory=lambda: _EMPTY)
     retained: Mapping[Hashable, Mode] = field(default_factory=lambda: _EMPTY)
     waiting: tuple[WaitingRequest, ...] = ()
@@ -73,8 +73,8 @@ class LockTableSnapshot:
     """
 
     transactions: Mapping[Hashable, TransactionInfo]
-    resources: Mapping[Any, Holders]
-    waits: Mapping[Hashable, Mapping[Hashable, tuple[str, Any]]]
+    resources: Mapping[Hashable, Holders]
+    waits: Mapping[Hashable, Mapping[Hashable, tuple[str, Hashable | None]]]
 
 
 @dataclass(frozen=True)

@@ -8,11 +8,21 @@ from __future__ import annotations
 import enum
 import threading
 from collections import OrderedDict
-from typing import Any, Hashable
+from typing import TYPE_CHECKING, Hashable, TypeAlias
 
 from lockmgr._modes import CONFLICTS, COVERS, JOIN, Mode
 from lockmgr._records import TxnState
 from lockmgr.errors import Lazy, AbortedTransaction, TransactionNotActive, UnknownTransaction
+
+if TYPE_CHECKING:
+    from lockmgr._manager import ExternalWait
+
+#: New wait edges to check for a deadlock (``LockManager._resolve``): the lock request or registered wait
+#: that has them, and their targets.
+EdgeEvent: TypeAlias = "tuple[_Request | ExternalWait, list[_Txn]]"
+#: A savepoint's grant (``LockManager.try_retain``): resource, the mode granted, and what the transaction retained
+#: there before (a mode, None: nothing, or ``UNCHANGED``: the grant changed nothing).
+Grant: TypeAlias = "tuple[Hashable, Mode, Mode | str | None]"
 
 ACTIVE = TxnState.ACTIVE
 COMMITTING = TxnState.COMMITTING
@@ -37,11 +47,11 @@ VICTIM = _RequestStatus.VICTIM
 TIMED_OUT = _RequestStatus.TIMED_OUT
 WITHDRAWN_BY_ABORT = _RequestStatus.ABORTED
 
-_NO_WAITS: dict = {}  # shared "no out-edges" value; never mutated (waits are replaced, not edited)
+_NO_WAITS: dict[_Txn, str] = {}  # shared "no out-edges" value; never mutated (waits are replaced, not edited)
 # What a committed subtransaction keeps of the fields it no longer needs (shared, never mutated): its record
 # lives on until its tree ends, and the fewer objects it holds the less the cyclic GC has to scan.
-_NO_HOLDS: dict = {}
-_NO_CHILDREN: frozenset = frozenset()
+_NO_HOLDS: dict[Hashable, _Lock] = {}
+_NO_CHILDREN: frozenset[_Txn] = frozenset()
 
 
 def _check_joins_conflict_as_their_parts() -> None:
@@ -95,11 +105,11 @@ class _Txn:
         # except for a moment in a committed subtransaction: a fold moves its entry to its owner, then drops
         # the listing; a release that took the list in between finds no entry and does nothing.  After self
         # commits only a fold changes it.
-        self.locks: dict[Any, _Lock] = {}
+        self.locks: dict[Hashable, _Lock] = {}
         # Guarded by self.mutex.  resource -> _Lock.  Invariant: while self is ACTIVE, exactly the locks in
         # which self has a held entry (a subset of ``locks``); ``retain`` converts them in place without
         # looking at the others.  Emptied when self commits or aborts.
-        self.holding: dict[Any, _Lock] = {}
+        self.holding: dict[Hashable, _Lock] = {}
         self.mutex = threading.Lock()  # protects state, locks and holding
         # Guarded by the graph mutex.  Out-edges for the pending request: target _Txn -> kind.
         # Invariant: non-empty iff request is not None (a waiting request always has a blocker); every
@@ -108,7 +118,7 @@ class _Txn:
         self.request: _Request | None = None  # guarded by the graph mutex; the WAITING request, if any
         # Guarded by the graph mutex: the registered waits (add_wait) that are not lock waits, each with
         # out-edges ``targets``.  Replaced whole, never mutated in place (find_cycle iterates it).
-        self.external: tuple[Any, ...] = ()  # of lockmgr.ExternalWait
+        self.external: tuple[ExternalWait, ...] = ()
         # Immutable.  True: the parent waits for this child for its whole life (it runs inline in the
         # parent's thread), so with declared commit edges "parent -> self" is an edge of the graph.
         self.awaited = awaited
@@ -151,7 +161,7 @@ class _Lock:
 
     __slots__ = ("resource", "stripe", "held", "retained", "waiters")
 
-    def __init__(self, resource: Any, stripe: "_Stripe") -> None:
+    def __init__(self, resource: Hashable, stripe: "_Stripe") -> None:
         self.resource = resource
         self.stripe = stripe
         self.held: dict[_Txn, Mode] = {}  # holder -> the one mode it holds (join of what it acquired)
@@ -167,7 +177,7 @@ class _Stripe:
 
     def __init__(self) -> None:
         self.mutex = threading.Lock()  # protects `locks`, `free`, `folded` and every field of its _Lock objects
-        self.locks: dict[Any, _Lock] = {}
+        self.locks: dict[Hashable, _Lock] = {}
         self.folded = 0  # entries of committed subtransactions merged into their owner's here (``_fold``)
         # Empty _Lock objects of this stripe for reuse (creating one is a fifth of an uncontended
         # acquire+release).  Safe because nothing refers to a discarded entry: a transaction lists only
@@ -175,7 +185,7 @@ class _Stripe:
         self.free: list[_Lock] = []
 
 
-def _lock_entry(stripe: _Stripe, resource: Any) -> _Lock:
+def _lock_entry(stripe: _Stripe, resource: Hashable) -> _Lock:
     """The entry of ``resource`` in ``stripe``; if it has none, an empty one (reused if possible), inserted.
     Caller holds ``stripe.mutex``."""
     lock = stripe.locks.get(resource)
@@ -268,7 +278,7 @@ class EndedLog:
     def forget(self, tid: Hashable) -> None:
         self.ended.pop(tid, None)
 
-    def require_active(self, active: dict, tid: Hashable, operation: "str | Lazy") -> _Txn:
+    def require_active(self, active: dict[Hashable, _Txn], tid: Hashable, operation: "str | Lazy") -> _Txn:
         """``active[tid]`` if it is ACTIVE; else raise why not (not active, aborted, or unknown)."""
         txn = active.get(tid)
         if txn is not None:

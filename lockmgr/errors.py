@@ -5,9 +5,10 @@ happened and what to do next.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Hashable
+from typing import TYPE_CHECKING, Hashable
 
 if TYPE_CHECKING:  # pragma: no cover
+    from lockmgr._modes import Mode
     from lockmgr._records import LockTableSnapshot
 
 
@@ -20,7 +21,7 @@ class Lazy:
 
     __slots__ = ("template", "values")
 
-    def __init__(self, template: str, *values: Any) -> None:
+    def __init__(self, template: str, *values: object) -> None:
         self.template = template
         self.values = values
 
@@ -47,7 +48,7 @@ class _OnTransaction(LockError):
 class _OnResource(LockError):
     """An error about transaction ``tid`` and one ``resource``."""
 
-    def __init__(self, tid: Hashable, resource: Any) -> None:
+    def __init__(self, tid: Hashable, resource: Hashable) -> None:
         super().__init__(tid, resource)
         self.tid = tid
         self.resource = resource
@@ -73,7 +74,7 @@ class WaitEdge:
     waiter: Hashable
     target: Hashable
     kind: str
-    resource: Any = None
+    resource: Hashable | None = None
 
     def describe(self) -> str:
         if self.resource is None:
@@ -126,7 +127,8 @@ class LockTimeout(_OnResource):
     The request was withdrawn; the transaction keeps every lock it already had.  Retry, or abort it.
     """
 
-    def __init__(self, tid: Hashable, resource: Any, mode: Any, timeout: float, blockers: tuple[Hashable, ...]) -> None:
+    def __init__(self, tid: Hashable, resource: Hashable, mode: Mode, timeout: float,
+                 blockers: tuple[Hashable, ...]) -> None:
         super().__init__(tid, resource)
         self.mode = mode
         self.timeout = timeout
@@ -220,7 +222,7 @@ class RequestPending(_OnResource):
 class InvalidDowngrade(_OnResource):
     """``downgrade`` to a mode that is not strictly weaker than the mode held."""
 
-    def __init__(self, tid: Hashable, resource: Any, held: Any, requested: Any) -> None:
+    def __init__(self, tid: Hashable, resource: Hashable, held: Mode, requested: Mode) -> None:
         super().__init__(tid, resource)
         self.held = held
         self.requested = requested

@@ -14,10 +14,15 @@ import queue
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterator
+import types
+from typing import TYPE_CHECKING, Callable, Iterator, TypeVar
+
+if TYPE_CHECKING:
+    from lockmgr._manager import LockManager
 
 __all__ = ["Scenario", "Step", "ScenarioError", "Sequencer", "Watchdog", "wait_until"]
 
+_T = TypeVar("_T")
 _POLL = 0.001  # seconds between looks at observable state while waiting for a step
 
 
@@ -25,8 +30,8 @@ class ScenarioError(AssertionError):
     """A step did not behave as the scenario declared (or the scenario hung)."""
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, message: str = "condition",
-               describe: Callable[[], Any] | None = None) -> Any:
+def wait_until(predicate: Callable[[], _T], timeout: float = 10.0, message: str = "condition",
+               describe: Callable[[], object] | None = None) -> _T:
     """Return ``predicate()``'s first truthy value; raise ``ScenarioError`` (an ``AssertionError``) after
     ``timeout`` seconds, naming ``message`` and what ``describe()`` reports of the state."""
     deadline = time.monotonic() + timeout
@@ -41,7 +46,7 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, message: str
         idle.wait(_POLL)   # polling observable state, not ordering threads
 
 
-def _graph_text(lock_manager: Any) -> str:
+def _graph_text(lock_manager: LockManager) -> str:
     """The wait-for graph of ``lock_manager`` as lines of text (for a failure's message)."""
     try:
         graph = lock_manager.wait_for_graph()
@@ -58,7 +63,8 @@ class Watchdog:
     (if given), what ``describe()`` returns, and every thread's stack to stderr, and sets ``fired``;
     leaving the ``with`` block then raises ``AssertionError`` (the test fails instead of hanging CI)."""
 
-    def __init__(self, timeout: float, lock_manager: Any = None, describe: Callable[[], str] | None = None):
+    def __init__(self, timeout: float, lock_manager: LockManager | None = None,
+                 describe: Callable[[], str] | None = None) -> None:
         self.timeout = timeout
         self.lock_manager = lock_manager
         self.describe = describe
@@ -127,12 +133,12 @@ class Sequencer:
 class Step:
     """One submitted step: its label, and (once finished) its result or exception."""
 
-    def __init__(self, session: "_Session", label: str, action: Callable[[], Any]) -> None:
+    def __init__(self, session: "_Session", label: str, action: Callable[[], object]) -> None:
         self.session = session
         self.label = label
         self.action = action
         self.done = threading.Event()
-        self.result: Any = None
+        self.result: object = None
         self.error: BaseException | None = None
 
     def outcome(self) -> str:
@@ -147,7 +153,7 @@ class Step:
 class _Session:
     def __init__(self, name: str) -> None:
         self.name = name
-        self.work: queue.SimpleQueue = queue.SimpleQueue()
+        self.work: queue.SimpleQueue[Step | None] = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name=f"session-{name}", daemon=True)
         self.thread.start()
 
@@ -171,7 +177,7 @@ class Scenario:
     ``(session, label, outcome)`` in the order steps were seen to complete or block.
     """
 
-    def __init__(self, lm: Any, timeout: float = 10.0) -> None:
+    def __init__(self, lm: LockManager, timeout: float = 10.0) -> None:
         self.lm = lm
         self.timeout = timeout
         self.sessions: dict[str, _Session] = {}
@@ -181,7 +187,8 @@ class Scenario:
     def __enter__(self) -> "Scenario":
         return self
 
-    def __exit__(self, kind, error, traceback) -> None:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: types.TracebackType | None) -> None:
         pending = [step for step in self.steps if not step.done.is_set()]
         graph_dump = _graph_text(self.lm) if pending else ""
         if pending:
@@ -193,8 +200,8 @@ class Scenario:
         if pending and error is None:
             raise ScenarioError(f"steps still pending at the end of the scenario: {pending}\n{graph_dump}")
 
-    def run(self, session: str, label: str, action: Callable[[], Any], *, blocks: bool = False,
-            raises: type[BaseException] | tuple | None = None) -> Step:
+    def run(self, session: str, label: str, action: Callable[[], object], *, blocks: bool = False,
+            raises: type[BaseException] | tuple[type[BaseException], ...] | None = None) -> Step:
         """Run ``action`` on ``session``'s thread.
 
         ``blocks=False``: wait until it completes; it must not raise unless ``raises`` names the exception.
@@ -215,7 +222,7 @@ class Scenario:
                                 f"{step.error!r}")
         return self._check(step, raises)
 
-    def finish(self, step: Step, *, raises: type[BaseException] | tuple | None = None) -> Step:
+    def finish(self, step: Step, *, raises: type[BaseException] | tuple[type[BaseException], ...] | None = None) -> Step:
         """Wait for a step that blocked earlier to complete (some later step must have let it through)."""
         if not step.done.wait(self.timeout):
             raise ScenarioError(f"blocked step {step!r} did not finish within {self.timeout} s\n"
@@ -227,7 +234,7 @@ class Scenario:
         if step.done.is_set():
             raise ScenarioError(f"step {step!r} was expected to be still blocked")
 
-    def _check(self, step: Step, raises) -> Step:
+    def _check(self, step: Step, raises: type[BaseException] | tuple[type[BaseException], ...] | None) -> Step:
         self.history.append((step.session.name, step.label, step.outcome()))
         if raises is None and step.error is not None:
             raise ScenarioError(f"step {step.session.name}:{step.label!r} raised {step.error!r}") from step.error

@@ -52,7 +52,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, Sequence
 
 from lockmgr.testing import Watchdog
 
@@ -451,7 +451,7 @@ class _Run(Observer):
         raise self._hang(f"{', '.join(running)} neither paused at a step nor blocked within "
                          f"{self.runner.step_timeout} s")
 
-    def _running(self, graph: "nx.DiGraph", runners: int) -> list[str]:
+    def _running(self, graph: "nx.DiGraph[Hashable]", runners: int) -> list[str]:
         """What is still running (empty: settled), given the wait-for graph and the outbox's runners.  Caller holds
         ``condition``."""
         paused_transactions = {pause.transaction for pause in self.paused.values()}
@@ -473,11 +473,11 @@ class _Run(Observer):
             running.append("the outbox (a group transaction about to begin)")
         return running
 
-    def _waits(self, tid: str, tracked: _Tracked, graph: "nx.DiGraph") -> bool:
+    def _waits(self, tid: str, tracked: _Tracked, graph: "nx.DiGraph[Hashable]") -> bool:
         """Blocked: in a wait the observer heard begin (for children, a coupling dependency) or one of the wait-for
         graph (a lock, a nested top-level transaction) — and for something that has not ended: a wait whose every
         transaction has ended is about to end too (the waiter is woken, not blocked).  Caller holds ``condition``."""
-        targets: set[str] = set()
+        targets: set[Hashable] = set()
         if tid in graph:
             targets.update(graph.successors(tid))
             if not targets and "waiting_for" in graph.nodes[tid]:
@@ -490,7 +490,7 @@ class _Run(Observer):
         return any(target not in self.tracked or not self.tracked[target].ended for target in targets)
 
     def _covered(self, tid: str, tracked: _Tracked, paused_transactions: set[str | None],
-                 graph: "nx.DiGraph") -> bool:
+                 graph: "nx.DiGraph[Hashable]") -> bool:
         """``tid``'s thread is paused or blocked on behalf of one of its descendants (an inline child, a child it
         runs while it waits for it)."""
         for other, candidate in self.tracked.items():
