@@ -7,8 +7,9 @@ import random
 import re
 import time
 import warnings
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Iterable, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, URL, make_url
@@ -27,6 +28,16 @@ from activedb.outbox import Outbox
 from activedb.rules import FunctionRule, Rule, RuleManager
 from activedb.store import Catalog
 from activedb.txn import CommitParticipant, Observer, ReadBase, TransactionManager
+
+if TYPE_CHECKING:
+    from coupling import Coupling
+    from lockmgr import DeadlockCycle, VictimPolicy
+
+    from activedb.events import Event
+    from activedb.explain import Explanation
+    from activedb.txn import HistoryRecorder, Transaction
+
+_Result = TypeVar("_Result")
 
 CONNECT_TIMEOUT_SECONDS = 5
 _CLOSED = "this Database is closed; call activedb.connect() again"
@@ -170,7 +181,7 @@ class Database:
         self.embedded = embedded
         self._closed = False
         # Hot keys: per function run by ``run``, the tables whose plain reads it learned to make for update.
-        self._update_intent: dict[Any, frozenset] = {}
+        self._update_intent: dict[object, frozenset[str]] = {}
         self.catalog = Catalog(engine, self.describe)
         self.transactions = TransactionManager(self.catalog, snapshot_on_deadlock=explain_deadlocks,
                                                **transaction_options)
@@ -192,8 +203,10 @@ class Database:
 
     # --- rules and events -------------------------------------------------------------------
 
-    def rule(self, *, on, when=None, coupling="immediate", action_coupling="immediate", priority=None,
-             name: str | None = None, enabled: bool = True):
+    def rule(self, *, on: EventSpec, when: Callable[[Transaction, Event], bool] | None = None,
+             coupling: Coupling | str = "immediate", action_coupling: Coupling | str = "immediate",
+             priority: float | None = None, name: str | None = None,
+             enabled: bool = True) -> Callable[[Callable[[Transaction, Event], object] | type[Rule]], Rule]:
         """Decorator declaring an ECA rule on this database::
 
             @db.rule(on=db.updated("worker_status"), when=lambda tx, ev: ev.new["status"] == "violation",
@@ -202,7 +215,7 @@ class Database:
 
         Decorating a ``Rule`` subclass registers an instance of it.  Returns the Rule.
         """
-        def decorate(target):
+        def decorate(target: Callable[[Transaction, Event], object] | type[Rule]) -> Rule:
             if isinstance(target, type) and issubclass(target, Rule):
                 instance = target()
                 instance.name = name or instance.name or target.__name__
@@ -265,7 +278,7 @@ class Database:
     # --- transactions ---------------------------------------------------------------------
 
     def transaction(self, *, name: str | None = None, participants: Iterable[CommitParticipant] = (),
-                    read_base: ReadBase | None = None):
+                    read_base: ReadBase | None = None) -> AbstractContextManager[Transaction]:
         """``with db.transaction() as tx:`` — a top-level transaction.
 
         Commits when the block ends normally, aborts when it raises.  ``participants`` take part in its
@@ -277,7 +290,8 @@ class Database:
             raise TransactionError(_CLOSED)
         return self.transactions.transaction(name=name, participants=participants, read_base=read_base)
 
-    def run(self, function, *args: Any, retries: int = 3, backoff: float = 0.002, **kwargs: Any) -> Any:
+    def run(self, function: Callable[..., _Result], *args: object, retries: int = 3,  # type: ignore[return]
+            backoff: float = 0.002, **kwargs: object) -> _Result:
         """Run ``function(tx, *args, **kwargs)`` in a top-level transaction, re-running it (at most
         ``retries`` more times) on a serialization conflict or a deadlock, after a jittered exponential
         back-off starting at ``backoff`` seconds (so that the transactions that collided do not collide
@@ -326,7 +340,7 @@ class Database:
         return self.punctuations.watermark(source)
 
     @property
-    def history(self):
+    def history(self) -> HistoryRecorder | None:
         """The history recorder (``connect(record_history=True)``), or None."""
         return self.transactions.recorder
 
@@ -349,7 +363,7 @@ class Database:
 
     # --- what is going on -------------------------------------------------------------------
 
-    def explain(self, *, deadlock: BaseException | None = None):
+    def explain(self, *, deadlock: BaseException | None = None) -> Explanation:
         """A consistent picture of this process's live transaction trees and the lock manager's wait-for
         graph (see :mod:`activedb.explain`): ``.graph`` (networkx), ``.render(path)`` (PNG/SVG), ``.text()``,
         ``.save(path)`` (JSON).  With ``deadlock=`` (a ``DeadlockDetected``, or an error caused by one) its
@@ -385,7 +399,7 @@ class Database:
 
 def connect(url: str | URL | None = None, *, home: str | Path | None = None, upgrade: bool = True,
             keep_server: bool | None = None, record_history: bool = False, max_workers: int = 32,
-            victim_policy: Any = "requester", lock_timeout: float | None = None, max_cascade_depth: int = 16,
+            victim_policy: VictimPolicy | str | Callable[[DeadlockCycle], Hashable] = "requester", lock_timeout: float | None = None, max_cascade_depth: int = 16,
             max_deferred_cycles: int = 100, rule_execution: str = "threads", explain_deadlocks: bool = False,
             outbox_options: dict[str, Any] | None = None, clock: Clock | None = None,
             **engine_options: Any) -> Database:
@@ -423,9 +437,12 @@ def connect(url: str | URL | None = None, *, home: str | Path | None = None, upg
     if url is None:
         url = os.environ.get("ACTIVEDB_DATABASE_URL") or None       # neither: the embedded server
     server = None if url is not None else _embedded.start(Path(home) if home else None, keep_running=keep_server)
-    engine = create_engine(normalise_url(url) if server is None else make_url(server.url()), **engine_options)
+    # (server is started exactly when url is None)
+    engine = create_engine(normalise_url(url) if server is None else make_url(server.url()),  # type: ignore[arg-type]
+                           **engine_options)
     route_to_home_log(server.data_directory.parent if server is not None else
-                      Path(home).expanduser() if home else _embedded.default_home(), engine.pool.logger.name)
+                      Path(home).expanduser() if home else _embedded.default_home(),
+                      engine.pool.logger.name)  # type: ignore[union-attr]  # echo_pool=True: an InstanceLogger, no .name
     check_reachable(engine)
     database = Database(engine, embedded=server, record_history=record_history, max_workers=max_workers,
                         victim_policy=victim_policy, lock_timeout=lock_timeout,

@@ -12,6 +12,7 @@ process that logs nothing).  Thread-safe.
 
 from __future__ import annotations
 
+import io
 import logging
 import threading
 from pathlib import Path
@@ -32,11 +33,11 @@ class HomeLogHandler(logging.FileHandler):
     """Appends to ``path``, creating it (and its directory, private) at the first record.  If the file cannot
     be written, records go to stderr as Python's last-resort handler would print them."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path) -> None:
         super().__init__(path, mode="a", encoding="utf-8", delay=True)
         self.setFormatter(logging.Formatter(FORMAT))
 
-    def _open(self):
+    def _open(self) -> io.TextIOWrapper:
         Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         return super()._open()
 
@@ -45,7 +46,7 @@ class HomeLogHandler(logging.FileHandler):
             if self.stream is None:
                 self.stream = self._open()
         except OSError:
-            logging.lastResort.handle(record)
+            logging.lastResort.handle(record)  # type: ignore[union-attr]  # (set by logging itself)
             return
         super().emit(record)
 

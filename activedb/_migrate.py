@@ -10,6 +10,7 @@ import enum
 import io
 from contextlib import redirect_stdout
 from pathlib import Path
+from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
 
 from alembic import command
 from alembic.config import Config
@@ -21,6 +22,12 @@ from sqlalchemy.engine import Engine
 from activedb import _migrations as migrations
 from activedb.errors import MigrationError
 
+if TYPE_CHECKING:
+    from alembic.runtime.migration import RevisionStep
+    from sqlalchemy.engine import Connection
+
+    from activedb.store import Catalog
+
 
 class SchemaState(enum.Enum):
     """Where a database's activedb schema stands relative to this installation's revisions."""
@@ -31,7 +38,7 @@ class SchemaState(enum.Enum):
     UNKNOWN = "unknown"    # a revision this installation does not know (a newer activedb wrote it)
 
 
-def _config(script_location: Path, connection=None, url: str | None = None) -> Config:
+def _config(script_location: Path, connection: Connection | None = None, url: str | None = None) -> Config:
     config = Config(str(script_location / "alembic.ini")) if (script_location / "alembic.ini").exists() else Config()
     config.set_main_option("script_location", str(script_location))
     if url:
@@ -48,7 +55,7 @@ MIGRATION_LOCK = int.from_bytes(b"activedb", "big") >> 1
 
 
 @contextlib.contextmanager
-def _failing_as(what: str):
+def _failing_as(what: str) -> Iterator[None]:
     """Any error of the block but a MigrationError becomes one: ``what failed: first line``."""
     try:
         yield
@@ -78,7 +85,7 @@ def current(engine: Engine, *, version_table: str = migrations.VERSION_TABLE) ->
 
 def head(script_location: Path | None = None) -> str:
     script = ScriptDirectory.from_config(_config(script_location or migrations.SCRIPT_LOCATION))
-    return script.get_current_head()
+    return script.get_current_head()  # type: ignore[return-value]  # (one head: activedb's chain is linear)
 
 
 def app_location(script_location: str | Path) -> Path:
@@ -93,11 +100,17 @@ def app_location(script_location: str | Path) -> Path:
     return location
 
 
+class _Granularities(Protocol):
+    """Where a table's lock granularity is kept (the transaction manager's ``locking``)."""
+
+    def set_granularity(self, table: str, granularity: str) -> None: ...
+
+
 class Schema:
     """A database's tables as ``db.schema``: the reflected ones (``catalog``), how each is locked, and the
     Alembic revisions of activedb and of the application.  Every migration run here refreshes the catalog."""
 
-    def __init__(self, engine: Engine, catalog, locking):
+    def __init__(self, engine: Engine, catalog: Catalog, locking: _Granularities) -> None:
         self.engine, self.catalog, self._locking = engine, catalog, locking
 
     def refresh(self) -> None:
@@ -163,7 +176,7 @@ class Schema:
             config = _config(location, connection)
             script = ScriptDirectory.from_config(config)
 
-            def record(revision, context):
+            def record(revision: object, context: MigrationContext) -> Sequence[RevisionStep]:
                 heads.extend(context.get_current_heads())
                 return []
 

@@ -14,10 +14,14 @@ version table, a transaction per revision and Alembic's logging.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any
 from logging.config import fileConfig
 
+if TYPE_CHECKING:
+    from sqlalchemy import MetaData
 
-def run_env(version_table: str = "alembic_version", target_metadata=None, *,
+
+def run_env(version_table: str = "alembic_version", target_metadata: MetaData | None = None, *,
             transaction_per_migration: bool = False, configure_logging: bool = False) -> None:
     """Run the revisions, online or offline.  ``configure_logging``: apply the logging sections of the
     ``.ini`` file (unless the caller set ``config.attributes["configure_logging"] = False``, as activedb
@@ -29,7 +33,7 @@ def run_env(version_table: str = "alembic_version", target_metadata=None, *,
     if configure_logging and config.config_file_name is not None and config.attributes.get("configure_logging", True):
         fileConfig(config.config_file_name, disable_existing_loggers=False)
 
-    def configure_and_run(**options) -> None:
+    def configure_and_run(**options: Any) -> None:
         context.configure(version_table=version_table, target_metadata=target_metadata, **options)
         with context.begin_transaction():
             context.run_migrations()

@@ -85,7 +85,7 @@ def needs(extra: Extra, purpose: str, *, otherwise: str | None = None) -> Iterat
     except ModuleNotFoundError as error:
         if extra_of(error) is not extra:
             raise
-        raise MissingExtra(extra, error.name.partition(".")[0], purpose, otherwise) from None
+        raise MissingExtra(extra, (error.name or "").partition(".")[0], purpose, otherwise) from None
 
 
 def require(extra: Extra, purpose: str, *, otherwise: str | None = None) -> None:

@@ -40,4 +40,5 @@ def load_feed(name: str) -> Callable[..., Any]:
     if entry is None:
         raise PluginMissing(f"no event feed named {name!r} is installed (entry point group {FEEDS!r}); it comes with "
                             f"the package that provides it (the activedb distribution's spark_bridge provides 'spark')")
-    return entry.load()
+    feed: Callable[..., Any] = entry.load()
+    return feed

@@ -14,7 +14,10 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from typing import IO, Iterator
+from typing import IO, TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:
+    from rich.progress import TaskID
 
 
 class Progress:
@@ -94,7 +97,7 @@ class RichProgress(Progress):
                             BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=self._console,
                             transient=True)
         self._label = label
-        self._task = None
+        self._task: TaskID | None = None
 
     def start(self, title: str, total: int) -> None:
         if self._task is None:

@@ -21,6 +21,7 @@ from activedb.txn import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
+    from activedb.store import Catalog
     from activedb.txn import Transaction
 
 __all__ = ["TABLE", "Letter", "LetterFilter", "LetterRecord", "LetterReplayed", "count", "count_by_reason",
@@ -42,7 +43,7 @@ class Letter:
     row: Any = field(hash=False)
     shown: Mapping[str, Any] | None = field(default=None, hash=False)
 
-    def raw(self) -> dict:
+    def raw(self) -> dict[str, Any]:
         if self.shown is not None:
             return dict(self.shown)
         shown = jsonable(self.row)
@@ -64,10 +65,11 @@ class LetterRecord:
     replay_query_id: str | None = None
 
     @classmethod
-    def from_mapping(cls, row: Mapping[str, Any]) -> "LetterRecord":
-        return cls(**{name: row.get(name) for name in cls.__dataclass_fields__})
+    def from_mapping(cls, row: Mapping[str, object]) -> "LetterRecord":
+        # (a row of activedb_dead_letters: its columns have the fields' types)
+        return cls(**{name: row.get(name) for name in cls.__dataclass_fields__})  # type: ignore[arg-type]
 
-    def row(self) -> Any:
+    def row(self) -> object:
         """The row as its writer had it (a one-row ``pyarrow.Table`` for rows Spark delivered, else a
         dict or the value); ``raw`` for letters written before originals were kept."""
         if self.original is None:
@@ -89,7 +91,7 @@ class LetterFilter:
     reason: str | None = None
     replayed: bool | None = None
 
-    def statement(self, table: Any) -> Any:
+    def statement(self, table: sa.Table) -> sa.Select[Any]:
         statement = sa.select(table)
         if self.ids:
             statement = statement.where(table.c.id.in_(list(self.ids)))
@@ -113,7 +115,7 @@ def _like(text: str) -> str:
 
 # --- the original row ----------------------------------------------------------------------------------
 
-def encode_original(row: Any) -> Any:
+def encode_original(row: object) -> object:
     """``row`` as the ``original`` column's JSON: a one-row ``pyarrow.Table``/``RecordBatch`` as an Arrow
     IPC stream (schema included, so the row replays through the same conversion Spark's rows take),
     anything else through :func:`activedb.store.exact_json`."""
@@ -127,7 +129,7 @@ def encode_original(row: Any) -> Any:
     return exact_json(row)
 
 
-def decode_original(stored: Any) -> Any:
+def decode_original(stored: object) -> object:
     """The inverse of :func:`encode_original`."""
     if isinstance(stored, Mapping) and len(stored) == 1 and _ARROW_TAG in stored:
         with needs(Extra.SPARK, "reading a row Spark delivered (an Arrow table)"):
@@ -139,7 +141,7 @@ def decode_original(stored: Any) -> Any:
 
 # --- writing -------------------------------------------------------------------------------------------
 
-def table_rows(query_id: str | None, batch_id: int | None, letters: Iterable[Letter]) -> list[dict]:
+def table_rows(query_id: str | None, batch_id: int | None, letters: Iterable[Letter]) -> list[dict[str, object]]:
     """The rows of ``activedb_dead_letters`` for ``letters`` (for a commit participant that inserts them
     on its own connection: ``connection.execute(table.insert(), table_rows(...))``).  A reason that quotes
     text PostgreSQL cannot store (a NUL character, a lone surrogate) has it spelled out."""
@@ -147,7 +149,7 @@ def table_rows(query_id: str | None, batch_id: int | None, letters: Iterable[Let
              "original": encode_original(letter.row)} for letter in letters]
 
 
-def insert(tx: Transaction, catalog: Any, query_id: str | None, batch_id: int | None,
+def insert(tx: Transaction, catalog: Catalog, query_id: str | None, batch_id: int | None,
            letters: Sequence[Letter]) -> None:
     """Insert ``letters`` in ``tx`` (an activedb transaction of the database whose catalog is ``catalog``):
     ids drawn in one query and their absence loaded in one query (``prefetch``), so no round trip per
@@ -156,7 +158,7 @@ def insert(tx: Transaction, catalog: Any, query_id: str | None, batch_id: int | 
         return
     rows = table_rows(query_id, batch_id, letters)
     sequence = catalog.sequence_of(catalog.table_info(TABLE), "id")
-    ids = catalog.draw_keys(sequence, len(rows))
+    ids = catalog.draw_keys(sequence, len(rows))  # type: ignore[arg-type]  # (its id has a sequence)
     tx.prefetch(TABLE, ids)
     for letter_id, row in zip(ids, rows):
         tx.insert(TABLE, id=letter_id, **row)
@@ -171,7 +173,7 @@ def select(database: DatabaseHandle, letters: LetterFilter = LetterFilter(), *, 
     if limit is not None:
         statement = statement.limit(limit)
     with database.engine.connect() as connection:
-        return [LetterRecord.from_mapping(row._mapping) for row in connection.execute(statement)]
+        return [LetterRecord.from_mapping(row._asdict()) for row in connection.execute(statement)]
 
 
 def count(database: DatabaseHandle, letters: LetterFilter = LetterFilter()) -> int:
@@ -210,7 +212,7 @@ class LetterReplayed(CommitParticipant):
         self.letter_id = letter_id
         self.replay_query_id = replay_query_id
 
-    def write(self, transaction: Transaction, connection: Any) -> None:
+    def write(self, transaction: Transaction, connection: sa.Connection) -> None:
         table = self._table
         marked = connection.execute(
             table.update().where(table.c.id == self.letter_id, table.c.replayed_at.is_(None))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Hashable, Mapping
 
 
 class EventKind(enum.StrEnum):
@@ -62,9 +62,9 @@ class Event:
     kind: EventKind
     source: str | None
     key: Any = None
-    old: dict | None = None
-    new: dict | None = None
-    payload: dict = field(default_factory=dict)
+    old: dict[str, Any] | None = None
+    new: dict[str, Any] | None = None
+    payload: dict[str, Any] = field(default_factory=dict)
     ts: Any = None
     transaction: str | None = None
     origin: Origin = Origin.ACTIVEDB
@@ -79,8 +79,8 @@ _new_object, _set_attribute = object.__new__, object.__setattr__
 _ACTIVEDB_ORIGIN = Origin.ACTIVEDB
 
 
-def new_event(kind: EventKind, source: str | None, key: Any = None, old: dict | None = None, new: dict | None = None,
-              payload: dict | None = None, ts: Any = None, transaction: str | None = None,
+def new_event(kind: EventKind, source: str | None, key: Hashable = None, old: Mapping[str, object] | None = None,
+              new: Mapping[str, object] | None = None, payload: Mapping[str, object] | None = None, ts: object = None, transaction: str | None = None,
               origin: Origin = _ACTIVEDB_ORIGIN) -> Event:
     """``Event(kind, source, ...)`` — equal to it, as frozen — built with its fields in one dictionary: the
     dataclass's ``__init__`` sets each of the nine through ``object.__setattr__``, a call per field, and every event a transaction raises (``emit``, ``signal``, each data event) is made here.  The

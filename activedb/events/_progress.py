@@ -24,7 +24,7 @@ class Punctuations:
         """Record that no event of ``source`` older than ``watermark`` will come; True if it advanced."""
         with self._mutex:
             current = self._marks.get(source)
-            if current is None or watermark > current:     # type: ignore[operator]  (one kind per source)
+            if current is None or watermark > current:     # type: ignore[operator]  # one kind per source
                 self._marks[source] = watermark
                 return True
             return False

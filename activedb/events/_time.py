@@ -92,7 +92,7 @@ class AccuracyInterval:
 
     @property
     def is_point(self) -> bool:
-        return self.lower == self.upper
+        return bool(self.lower == self.upper)
 
     def __str__(self) -> str:
         if self.is_point:

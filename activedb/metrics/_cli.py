@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
+
+_Command = TypeVar("_Command", bound=Callable[..., Any])
 
 import click
 
@@ -14,7 +16,7 @@ HELP = ("Serve Prometheus metrics on http://127.0.0.1:PORT/metrics (ADDRESS:PORT
         "e.g. 0.0.0.0:9464; 0: any free port). Off by default.")
 
 
-def metrics_port_option(function):
+def metrics_port_option(function: _Command) -> _Command:
     """The ``--metrics-port [ADDRESS:]PORT`` option (the value reaches the command as ``metrics_port``)."""
     return click.option("--metrics-port", "metrics_port", default=None, metavar="[ADDRESS:]PORT", help=HELP)(function)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, Iterator, TypeVar
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.events import Event
@@ -92,22 +92,25 @@ class Observer:
         condition_false | failed | cancelled)."""
 
 
-class HookRegistry:
+_Member = TypeVar("_Member")
+
+
+class HookRegistry(Generic[_Member]):
     """Members of one hook class; ``registry.<hook>`` is the tuple of bound methods that override it,
     ``registry.<hook>_in_frames`` those of members whose ``frame_hooks`` is true.
 
     ``passive=True`` (observers): a member whose hook raises is removed and the error logged.
     """
 
-    def __init__(self, base: type, *, passive: bool):
+    def __init__(self, base: type[_Member], *, passive: bool) -> None:
         self._base = base
         self._passive = passive
         self._names = [name for name in vars(base) if not name.startswith("_") and callable(getattr(base, name))]
         self._mutex = threading.Lock()   # protects _members; published tuples are immutable
-        self._members: tuple = ()
+        self._members: tuple[_Member, ...] = ()
         self._publish()
 
-    def add(self, member: Any) -> Any:
+    def add(self, member: _Member) -> _Member:
         if not isinstance(member, self._base):
             raise TypeError(f"expected a {self._base.__name__} (subclass it and override its hooks), got {member!r}")
         with self._mutex:
@@ -116,12 +119,12 @@ class HookRegistry:
                 self._publish()
         return member
 
-    def remove(self, member: Any) -> None:
+    def remove(self, member: _Member) -> None:
         with self._mutex:
             self._members = tuple(other for other in self._members if other is not member)
             self._publish()
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[_Member]:
         return iter(self._members)
 
     def _publish(self) -> None:
@@ -134,7 +137,7 @@ class HookRegistry:
             setattr(self, f"{name}_in_frames", tuple(hook for hook in bound
                                                      if getattr(hook.__self__, "frame_hooks", True)))
 
-    def call(self, name: str, *args: Any) -> None:
+    def call(self, name: str, *args: object) -> None:
         """Call hook ``name`` on every member overriding it (passive: isolate failures)."""
         hooks = getattr(self, name)
         if not hooks:
@@ -151,7 +154,7 @@ class HookRegistry:
                 logger.exception("observer %r raised in %s; it is removed", member, name)
                 self.remove(member)
 
-    def any(self, name: str, *args: Any) -> bool:
+    def any(self, name: str, *args: object) -> bool:
         """True if some member's hook ``name`` returns true (e.g. ``wants_old_images``)."""
         return any(hook(*args) for hook in getattr(self, name))
 

@@ -9,21 +9,23 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Hashable, Iterator, Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from activedb.versions.errors import VersionInvariantBroken
 
 _MISSING = object()
+_Value = TypeVar("_Value")
 
 
-class Versions:
+class Versions(Generic[_Value]):
     """Base values (given, or loaded on first read through ``loader``; else ``default``) and
-    the versions of every state, stamps sorted; ``times[stamp]`` is the writer's time."""
+    the versions of every state, stamps sorted; ``times[stamp]`` is the writer's time (seconds or a datetime,
+    ``window``'s ``size`` then seconds or a timedelta)."""
 
-    def __init__(self, base: Mapping[Hashable, Any] | None = None, *, times: list[Any] | None = None,
-                 loader: Callable[[Hashable], Any] | None = None, default: Any = None) -> None:
-        self._base: dict[Hashable, Any] = dict(base or {})
-        self._versions: dict[Hashable, tuple[list[int], list[Any]]] = {}   # state -> (stamps, values)
+    def __init__(self, base: Mapping[Hashable, _Value | None] | None = None, *, times: list[Any] | None = None,
+                 loader: Callable[[Hashable], _Value | None] | None = None, default: _Value | None = None) -> None:
+        self._base: dict[Hashable, _Value | None] = dict(base or {})
+        self._versions: dict[Hashable, tuple[list[int], list[_Value]]] = {}   # state -> (stamps, values)
         self._times = times or []
         self._loader = loader
         self._default = default
@@ -36,18 +38,18 @@ class Versions:
         yield from self._base
         yield from (state for state in self._versions if state not in self._base)
 
-    def set_base(self, state: Hashable, value: Any) -> None:
+    def set_base(self, state: Hashable, value: _Value | None) -> None:
         """The base of ``state``, unless it has one already."""
         self._base.setdefault(state, value)
 
-    def base(self, state: Hashable) -> Any:
+    def base(self, state: Hashable) -> _Value | None:
         value = self._base.get(state, _MISSING)
         if value is _MISSING:
             value = self._loader(state) if self._loader is not None else self._default
             self._base[state] = value
-        return value
+        return value  # type: ignore[return-value]  # (not _MISSING here)
 
-    def read(self, state: Hashable, before: int) -> Any:
+    def read(self, state: Hashable, before: int) -> _Value | None:
         entry = self._versions.get(state)
         if entry is not None:
             index = bisect_left(entry[0], before)
@@ -55,7 +57,7 @@ class Versions:
                 return entry[1][index - 1]
         return self.base(state)
 
-    def write(self, state: Hashable, stamp: int, value: Any, *, replace: bool = False) -> bool:
+    def write(self, state: Hashable, stamp: int, value: _Value, *, replace: bool = False) -> bool:
         """Add the version of ``stamp``; returns False if it replaced one (only with ``replace``)."""
         entry = self._versions.get(state)
         if entry is None:
@@ -100,7 +102,7 @@ class Versions:
             del values[:dropped]
         return dropped
 
-    def window(self, state: Hashable, before: int, size: Any) -> list[Any]:
+    def window(self, state: Hashable, before: int, size: Any) -> list[_Value]:
         entry = self._versions.get(state)
         if entry is None:
             return []
@@ -113,6 +115,6 @@ class Versions:
             first -= 1
         return values[first:index]
 
-    def final(self) -> dict[Hashable, Any]:
+    def final(self) -> dict[Hashable, _Value]:
         """The last version of every state written (states only read are absent)."""
         return {state: values[-1] for state, (stamps, values) in self._versions.items() if stamps}
