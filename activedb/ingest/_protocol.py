@@ -26,6 +26,7 @@ from activedb.ingest._letters import BatchLetters, SinkContext, no_cyclic_gc
 from activedb.ingest._mapping import RawEvent
 from activedb.ingest._outcome import BatchOutcome, PhaseTimings
 from activedb.ingest.errors import first_line
+from activedb.tracing import BatchTrace
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
@@ -143,9 +144,27 @@ def run_batch(context: SinkContext, handler: BatchHandler, rows: Any, batch_id: 
     participants of the batch's transaction (lineage, a replay's mark), enlisted before the ledger.
     Raises only when the batch could not be committed (PostgreSQL unusable, conflicts beyond
     ``batch_attempts``, a refused commit the handler cannot search)."""
+    row_count = rows.num_rows if hasattr(rows, "num_rows") else len(rows)
+    trace = None if context.tracing is None else context.tracing.start(query_id, batch_id, row_count, timings.to_arrow)
+    if trace is None:       # no SDK configured: no span
+        return _run_batch(context, handler, rows, row_count, batch_id, query_id, watermark, timings, punctuate,
+                          participants, None)
+    try:
+        outcome = _run_batch(context, handler, rows, row_count, batch_id, query_id, watermark, timings, punctuate,
+                             participants, trace)
+    except BaseException as error:
+        trace.end(None, error)
+        raise
+    trace.end(outcome)
+    return outcome
+
+
+def _run_batch(context: SinkContext, handler: BatchHandler, rows: Any, row_count: int, batch_id: int, query_id: str,
+               watermark: dt.datetime | None, timings: PhaseTimings, punctuate: bool, participants: tuple,
+               trace: BatchTrace | None) -> BatchOutcome:
+    """:func:`run_batch`'s work; ``trace``: the batch's spans (None: not traced)."""
     book = context.book
     began = time.perf_counter() - timings.to_arrow
-    row_count = rows.num_rows if hasattr(rows, "num_rows") else len(rows)
     # A replay of a committed batch is skipped before anything runs; the batch after the one this sink committed
     # last cannot be one (BatchBook.follows_committed): its round trips to the ledger are saved.
     if not book.follows_committed(query_id, batch_id) and batch_committed(context.db, query_id, batch_id):
@@ -179,9 +198,13 @@ def run_batch(context: SinkContext, handler: BatchHandler, rows: Any, batch_id: 
                 ledger.event_ids = [event.event_id for event in batch.events]
             try:
                 with context.db.transaction(name=f"ingest:{context.query_name}", participants=list(participants)) as tx:
+                    if trace is not None:       # the firings in tx's tree are the batch's
+                        trace.transaction(tx)
                     # Re-run until it commits: an aborted attempt is no outcome for the detached rules it fired.
                     context.db.outbox.mark_replayed(tx)
                     handler.handle(tx, batch, ledger)
+                    if trace is not None:       # the commit's span, ended by a participant's committed/aborted
+                        trace.commit_started(tx)
                     lowlevel.enlist(tx, ledger)        # last: a participant the handler enlisted writes the counts first
                     exit_began = time.perf_counter()
             except BatchAlreadyCommitted:

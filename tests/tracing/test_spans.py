@@ -1,0 +1,58 @@
+"""OpenTelemetry spans of an ingested batch (``activedb/tracing/README.md``): with the SDK's in-memory exporter
+configured by the application, one batch gives the batch's span, a span per rule firing and the commit's span,
+in one tree, each labelled with the batch's ledger id; without an SDK, nothing is made and no observer is added."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from activedb.tracing import BatchTracing, tracer
+from spark_bridge import IngestSink
+from tests.spark_bridge import app_counters
+from tests.spark_bridge._streams import app_database
+
+
+def test_one_batch_makes_a_tree_of_spans_labelled_with_its_ledger_id(make_database_url):
+    result = subprocess.run([sys.executable, "-m", "tests.tracing.span_driver", make_database_url("traced")],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    spans = json.loads(result.stdout)
+    [batch] = [span for span in spans if span["name"] == "activedb.ingest.batch"]
+    assert batch["parent"] is None and batch["kind"] == "CONSUMER" and batch["status"] == "UNSET"
+    assert batch["attributes"] == {
+        "activedb.ingest.source": "traced", "activedb.ingest.ledger_id": "traced@run-1", "activedb.ingest.batch_id": 7,
+        "messaging.batch.message_count": 3, "activedb.ingest.outcome": "committed", "activedb.ingest.events": 1,
+        "activedb.ingest.dead_letters": 2, "activedb.ingest.attempts": 1}
+    assert {span["trace"] for span in spans} == {batch["trace"]}
+    for span in spans:
+        assert (span["attributes"]["activedb.ingest.ledger_id"], span["attributes"]["activedb.ingest.batch_id"]) == (
+            "traced@run-1", 7), span
+        assert batch["start"] <= span["start"] <= span["end"] <= batch["end"], span
+
+    [commit] = [span for span in spans if span["name"] == "activedb.ingest.commit"]
+    assert commit["parent"] == batch["id"] and commit["status"] == "UNSET"
+    firings = sorted((span["name"], span["attributes"]["activedb.event.key"], span["attributes"]["activedb.rule.outcome"],
+                      span["status"], span["parent"] == batch["id"])
+                     for span in spans if span["name"].startswith("activedb.rule "))
+    assert firings == [("activedb.rule apply_add", "k1", "executed", "UNSET", True),
+                       ("activedb.rule apply_add", "k2", "failed", "ERROR", True),
+                       ("activedb.rule milestone", "k1", "executed", "UNSET", True)]
+    assert len(spans) == 5
+
+
+def test_without_an_sdk_nothing_is_made_and_no_observer_is_added(make_database_url):
+    assert tracer() is None
+    database = app_database(make_database_url("untraced"))
+    try:
+        observers = list(database.transactions.observers)
+        assert BatchTracing(database, "untraced").start("untraced@1", 0, 1) is None
+        sink = IngestSink(database, app_counters.MAPPING, query_name="untraced")
+        sink.process([{"type": "add", "key": "k1", "ts": 1.0, "amount": 1, "seq": 1}], 0, query_id="untraced@1")
+        assert list(database.transactions.observers) == observers
+        assert "opentelemetry.sdk.trace" not in sys.modules
+    finally:
+        database.close()
