@@ -9,6 +9,8 @@ Public interface::
 The packages inside and how they meet: the overview, ``activedb/README.md``.
 """
 
+from typing import TYPE_CHECKING
+
 from activedb import errors
 from activedb import lazy
 from activedb.errors import *  # noqa: F401,F403 - the error classes are public
@@ -16,7 +18,8 @@ from activedb.errors import *  # noqa: F401,F403 - the error classes are public
 __all__ = ["Database", "connect", "default_home", "mask_secrets", "errors", "Coupling", "DeadlockDetected",
            "LockWaitTimeout", "Event", "EventKind",
            "EventSpec", "Rule", "SubtransactionHandle", "Transaction", "TxnState", "CommitParticipant",
-           "Along", "Observer", "TransactionExtension"] + [name for name in dir(errors) if name[0].isupper()]
+           "Along", "Observer", "TransactionExtension"]
+__all__ += errors.__all__
 
 # imported on first use: `import activedb` stays fast (the CLI's start)
 __getattr__, __dir__ = lazy.exports(__name__, {
@@ -29,3 +32,15 @@ __getattr__, __dir__ = lazy.exports(__name__, {
     "activedb.txn": ["Along", "CommitParticipant", "Observer", "SubtransactionHandle", "Transaction", "TransactionExtension",
                      "TxnState"],
 })
+
+if TYPE_CHECKING:  # the names above, for type checkers (tests/test_typing.py keeps both lists equal)
+    from coupling import Coupling as Coupling
+    from activedb.errors import DeadlockDetected as DeadlockDetected, LockWaitTimeout as LockWaitTimeout
+    from activedb._database import Database as Database, connect as connect, mask_secrets as mask_secrets
+    from activedb._embedded import default_home as default_home
+    from activedb.events import Event as Event, EventKind as EventKind, EventSpec as EventSpec
+    from activedb.rules import Rule as Rule
+    from activedb.txn import (
+        Along as Along, CommitParticipant as CommitParticipant, Observer as Observer,
+        SubtransactionHandle as SubtransactionHandle, Transaction as Transaction,
+        TransactionExtension as TransactionExtension, TxnState as TxnState)

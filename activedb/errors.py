@@ -19,6 +19,15 @@ from typing import TYPE_CHECKING, Any, Iterator
 if TYPE_CHECKING:  # pragma: no cover
     import lockmgr
 
+# What ``from activedb.errors import *`` (the ``activedb`` package) takes.  DeadlockDetected and LockWaitTimeout
+# are public too, but defined on first use (they import lockmgr): ``activedb`` lists them itself.
+__all__ = ["ActivedbError", "BadDatabaseURL", "BatchAlreadyCommitted", "CascadeLimitExceeded", "DISK_FULL_ADVICE",
+           "DatabaseError", "DatabaseUnavailable", "DiskFull", "DuplicateKey", "EmbeddedServerError", "Failure",
+           "GeneratedKeysReset", "InvalidChoice", "InvalidKey", "InvalidValue", "MigrationError", "OutboxError",
+           "PANIC_RECENT_SECONDS", "PictureError", "RecordsTakenOver", "RuleDefinitionChangedWarning", "RuleError",
+           "RuleFailed", "SchemaError", "SchemaNotAtHead", "SerializationConflict", "ServerDiskFull",
+           "TransactionAborted", "TransactionError", "UnknownColumn", "UnknownTable"]
+
 
 class ActivedbError(Exception):
     """Base class of activedb's own errors."""

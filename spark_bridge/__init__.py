@@ -20,6 +20,8 @@ Public interface:
 Importing this package never imports pyspark or starts Java; :func:`get_spark` does.
 """
 
+from typing import TYPE_CHECKING
+
 from activedb import lazy
 
 from spark_bridge import errors
@@ -39,3 +41,21 @@ _EXPORTS = {
 }
 __all__ = ["errors", *sorted(name for names in _EXPORTS.values() for name in names)]
 __getattr__, __dir__ = lazy.exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:  # the names above, for type checkers (tests/test_typing.py keeps both lists equal)
+    from spark_bridge._app import LoadedApp as LoadedApp, load_app as load_app
+    from activedb.ingest._protocol import (
+        BatchHandler as BatchHandler, BatchInput as BatchInput, end_of_stream as end_of_stream)
+    from spark_bridge._ingest import IngestOptions as IngestOptions, ingest as ingest, sink_of as sink_of
+    from activedb.ingest._ledger import (
+        IngestionLedger as IngestionLedger, QueryStatus as QueryStatus, batch_committed as batch_committed,
+        ingestion_status as ingestion_status, ledger_query_id as ledger_query_id,
+        parse_ledger_query_id as parse_ledger_query_id)
+    from activedb.ingest._outcome import (
+        BatchOutcome as BatchOutcome, IngestStatistics as IngestStatistics, PhaseTimings as PhaseTimings)
+    from spark_bridge._scaleout import PartitionedIngestSink as PartitionedIngestSink
+    from spark_bridge._sink import IngestSink as IngestSink
+    from activedb.ingest._mapping import (
+        EventMapping as EventMapping, RawEvent as RawEvent, Rejected as Rejected, as_mapping as as_mapping,
+        rows_to_events as rows_to_events)
+    from spark_bridge.session import get_spark as get_spark

@@ -112,3 +112,42 @@ def test_every_package_ships_py_typed():
     for package in PACKAGES:
         assert (ROOT / package / "py.typed").is_file(), package
         assert "py.typed" in package_data[package], package
+
+
+def _lazy_names(tree: ast.Module) -> set[str] | None:
+    """The names of a package's ``lazy.exports(__name__, TABLE)`` table (None: it has none)."""
+    assigned = {node.targets[0].id: node.value for node in tree.body
+                if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "exports":
+            table = node.args[1]
+            if isinstance(table, ast.Name):
+                table = assigned[table.id]
+            return {name for names in ast.literal_eval(table).values() for name in names}
+    return None
+
+
+def _type_checking_names(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            for statement in node.body:
+                if isinstance(statement, ast.ImportFrom):
+                    names.update(alias.asname or alias.name for alias in statement.names)
+    return names
+
+
+def test_names_imported_on_first_use_are_visible_to_type_checkers():
+    """A package whose public names are imported on first use (``activedb.lazy``) imports the same names under
+    ``if TYPE_CHECKING:`` as ``from module import Name as Name``: otherwise a user's checker sees them as Any."""
+    checked = 0
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("__init__.py")):
+            tree = ast.parse(path.read_text())
+            lazy = _lazy_names(tree)
+            if lazy is None:
+                continue
+            checked += 1
+            missing = lazy - _type_checking_names(tree)
+            assert not missing, f"{path.relative_to(ROOT)}: import {sorted(missing)} under `if TYPE_CHECKING:` too"
+    assert checked >= 5

@@ -7,6 +7,8 @@ scover / independent_scover / graph``, ``plan / compensate``, ``prune``; the CLI
 Design note: ``README.md`` here.  (``activedb.batch``, singular, is the unrelated TPG executor.)
 """
 
+from typing import TYPE_CHECKING
+
 from activedb.atomic import errors
 from activedb import lazy
 
@@ -20,3 +22,12 @@ __getattr__, __dir__ = lazy.exports(__name__, {
     "activedb.atomic._graph": ["BoundReached", "IndependentScover", "TransactionLineage"],
     "activedb.atomic._lineage": ["BatchRef"],
 })
+
+if TYPE_CHECKING:  # the names above, for type checkers (tests/test_typing.py keeps both lists equal)
+    from activedb.atomic._batches import Batches as Batches, SplitFailure as SplitFailure
+    from activedb.atomic._compensate import (
+        CompensationPlan as CompensationPlan, CompensationReport as CompensationReport, Mode as Mode, Scope as Scope,
+        Unsafe as Unsafe)
+    from activedb.atomic._graph import (
+        BoundReached as BoundReached, IndependentScover as IndependentScover, TransactionLineage as TransactionLineage)
+    from activedb.atomic._lineage import BatchRef as BatchRef

@@ -10,6 +10,8 @@ rules on ``db.captured(table, kind)``, ``db.capture.start()``).  Design note, wi
 * :mod:`activedb.capture.errors`.
 """
 
+from typing import TYPE_CHECKING
+
 from activedb import lazy
 from activedb.capture.errors import (CaptureConflict, CaptureError, CaptureNotEnabledWarning, CaptureNotInstalled,
                                      ConsumerStopped)
@@ -25,3 +27,13 @@ _EXPORTS = {
 __all__ = ["CaptureConflict", "CaptureError", "CaptureNotEnabledWarning", "CaptureNotInstalled", "ConsumerStopped",
            *(name for names in _EXPORTS.values() for name in names)]
 __getattr__, __dir__ = lazy.exports(__name__, _EXPORTS)
+
+if TYPE_CHECKING:  # the names above, for type checkers (tests/test_typing.py keeps both lists equal)
+    from activedb.capture._consumer import (
+        CaptureConsumer as CaptureConsumer, ConsumerState as ConsumerState, ConsumerStatistics as ConsumerStatistics)
+    from activedb.capture._position import CapturedChange as CapturedChange, Position as Position, Step as Step
+    from activedb.rules import FiringOutcome as FiringOutcome
+    from activedb.capture._manager import CaptureManager as CaptureManager
+    from activedb.capture._status import (
+        CaptureStatus as CaptureStatus, CapturedTable as CapturedTable, ConsumerBacklog as ConsumerBacklog,
+        TableBacklog as TableBacklog, capture_status as capture_status)

@@ -7,6 +7,8 @@ records and errors.  The example is docs/howto/composite-events.md's; the design
 ``activedb/composite/README.md``.
 """
 
+from typing import TYPE_CHECKING
+
 from activedb.composite import errors
 from activedb import lazy
 from activedb.composite.errors import (CompositeError, EventRejected, LateEvent, MembershipError, ProducerTimeout,
@@ -27,3 +29,15 @@ __getattr__, __dir__ = lazy.exports(__name__, {
     "activedb.composite._polist": ["Item", "POList"],
     "activedb.composite._plot": ["plot"],
 })
+
+if TYPE_CHECKING:  # the names above, for type checkers (tests/test_typing.py keeps both lists equal)
+    from activedb.composite._clock import ManualClock as ManualClock, MonotonicClock as MonotonicClock
+    from activedb.composite._engine import CompositionEngine as CompositionEngine, DEFAULT_TIMEOUT as DEFAULT_TIMEOUT
+    from activedb.composite._records import (
+        CompositeStatistics as CompositeStatistics, ProducerInfo as ProducerInfo, TimeoutPolicy as TimeoutPolicy,
+        Window as Window, WindowEntry as WindowEntry)
+    from activedb.composite._model import (
+        Choice as Choice, CompositeEvent as CompositeEvent, Heartbeat as Heartbeat, Invalidation as Invalidation,
+        Resolution as Resolution, Uncertainty as Uncertainty, UncertaintyKind as UncertaintyKind)
+    from activedb.composite._polist import Item as Item, POList as POList
+    from activedb.composite._plot import plot as plot
