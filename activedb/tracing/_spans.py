@@ -19,6 +19,9 @@ from activedb import lowlevel
 from activedb.txn import CommitParticipant, Observer
 
 if TYPE_CHECKING:  # pragma: no cover
+    from opentelemetry.context import Context
+    from opentelemetry.trace import Span, Tracer, TracerProvider
+
     from activedb._handle import DatabaseHandle
     from activedb.txn import Transaction
 
@@ -29,10 +32,10 @@ INSTRUMENTATION = "activedb"
 
 #: ``(provider, tracer)`` of the last provider asked: one tracer per configured provider, not one per batch.  A
 #: cache, replaced whole (one reference store: no mutex needed).
-_cached: tuple[Any, Any] | None = None
+_cached: tuple[TracerProvider, Tracer] | None = None
 
 
-def tracer() -> Any | None:
+def tracer() -> Tracer | None:
     """activedb's tracer of the global tracer provider the application configured, or None: the API is not
     imported, or no SDK's provider is set (the API's proxy or no-op provider)."""
     global _cached
@@ -51,7 +54,7 @@ def tracer() -> Any | None:
         version = metadata.version("activedb")
     except metadata.PackageNotFoundError:      # (run from a source tree that was not installed)
         version = None
-    made = provider.get_tracer(INSTRUMENTATION, version)
+    made: Tracer = provider.get_tracer(INSTRUMENTATION, version)
     _cached = (provider, made)
     return made
 
@@ -106,23 +109,24 @@ class BatchTrace:
     :meth:`commit_ended`), and a span per rule firing in the batch's transaction tree (:class:`_FiringSpans`).
     Every span carries the batch's ledger id and number.  Used by the batch's thread; firings may end on others."""
 
-    def __init__(self, made: Any, observer: _FiringSpans, source: str, ledger_id: str, batch_id: int,
+    def __init__(self, made: Tracer, observer: _FiringSpans, source: str, ledger_id: str, batch_id: int,
                  rows: int, start_time: int) -> None:
         from opentelemetry import trace
 
         self._trace = trace
         self.tracer = made
         self._observer = observer
-        self.identity = {"activedb.ingest.ledger_id": ledger_id, "activedb.ingest.batch_id": batch_id}
+        self.identity: dict[str, str | int] = {"activedb.ingest.ledger_id": ledger_id,
+                                               "activedb.ingest.batch_id": batch_id}
         self.span = made.start_span("activedb.ingest.batch", kind=trace.SpanKind.CONSUMER, start_time=start_time,
                                     attributes={"activedb.ingest.source": source, **self.identity,
                                                 "messaging.batch.message_count": rows})
         self.context = trace.set_span_in_context(self.span)
-        self.commit_span: Any | None = None
-        self.commit_context: Any | None = None
+        self.commit_span: Span | None = None
+        self.commit_context: Context | None = None
         self._root: Transaction | None = None
         #: Open firing spans of this batch's tree by their transaction (a nested firing's parent is found here).
-        self.firings: dict[Transaction, Any] = {}
+        self.firings: dict[Transaction, Span] = {}
 
     def transaction(self, root: Transaction) -> None:
         """The batch's (next) top-level transaction: the firings in its tree become spans of this batch."""
@@ -159,7 +163,7 @@ class BatchTrace:
         _fail(self.span, error)
         self.span.end()
 
-    def parent_of(self, transaction: Transaction) -> Any:
+    def parent_of(self, transaction: Transaction) -> Context:
         """The context a firing in ``transaction`` starts its span in: the innermost firing among the transaction
         and its ancestors, else the commit being tried, else the batch."""
         firings = self.firings
@@ -185,7 +189,7 @@ class _CommitSpan(CommitParticipant):
         self.trace.commit_ended(error)
 
 
-def _fail(span: Any, error: BaseException | None) -> None:
+def _fail(span: Span, error: BaseException | None) -> None:
     if error is not None:
         from opentelemetry.trace import Status, StatusCode
 
