@@ -29,7 +29,6 @@ L_combined at 2,000 events/s on the Fig. 11 mix with the point's keys, workers a
 from __future__ import annotations
 
 import random
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -111,19 +110,16 @@ def mix_model(events: list[streams.StreamEvent], read_n: int, scheduler: str, wi
 
 
 class PostgresCost:
-    """A store operation that is a real round trip: ``SELECT pg_sleep(seconds)`` on a connection of the calling
-    thread (its own pool; the GIL is released while it waits)."""
+    """A store operation that is a real round trip: ``SELECT pg_sleep(seconds)`` on a connection of a pool of its
+    own, as many as s-transactions in flight (the GIL is released while it waits)."""
 
     def __init__(self, database: Any, seconds: float, connections: int):
         self.seconds = seconds
-        self._engine = sa.create_engine(database.engine.url, pool_size=connections, max_overflow=0)
-        self._local = threading.local()
+        self._engine = sa.create_engine(database.engine.url, pool_size=connections, max_overflow=connections)
 
     def __call__(self, kind: str) -> None:
-        connection = getattr(self._local, "connection", None)
-        if connection is None:
-            connection = self._local.connection = self._engine.connect()
-        connection.execute(sa.text("SELECT pg_sleep(:s)"), {"s": self.seconds})
+        with self._engine.connect() as connection:
+            connection.execute(sa.text("SELECT pg_sleep(:s)"), {"s": self.seconds})
 
     def close(self) -> None:
         self._engine.dispose()
@@ -248,3 +244,29 @@ def sweep_rows(report: BenchReport, sweep: dict[str, Any]) -> None:
     report.add(Row(name="independent mix: sweep points where LWM >= S2PL at every readN, flatter, and L_combined "
                         "<= S2PL at 2,000 events/s", value=met_points, unit=f"of {total} points",
                    target="all", met=met_points == total))
+
+
+def run_alone(quick: bool = False) -> BenchReport:
+    """Only this part (``ACTIVEDB_BENCH_STREAMS_ONLY=independent-mix activedb bench streams``): a quarter of an hour."""
+    import json
+    import os
+
+    from benchmarks import streams as bench
+    from benchmarks.report import output_folder
+
+    report = BenchReport("stream transactions: LWM vs S2PL on the independent mix (activedb bench streams)")
+    database = bench.connect()
+    try:
+        load = round(os.getloadavg()[0], 2)
+        sweep = run_sweep(database, quick, random.Random(bench.SEED), throughput_once=bench.throughput_once,
+                          measure_realtime=bench.measure_realtime, pattern_definitions=bench.pattern_definitions,
+                          pattern_events=bench.pattern_events)
+    finally:
+        database.close()
+    sweep_rows(report, sweep)
+    out = output_folder("streams")
+    (out / "streams-independent-mix.json").write_text(json.dumps({"rows": [row.__dict__ for row in report.rows],
+                                                                  "sweep": sweep}, indent=2, default=str))
+    report.notes.append(f"load average {load} at the start, {os.getloadavg()[0]:.2f} at the end; numbers: "
+                        f"{out / 'streams-independent-mix.json'}")
+    return report

@@ -70,12 +70,8 @@ Experiments (each point a fresh engine on reset statuses):
 predicts per point, how the table splits the rest of the time, and why a writer's locks leave
 before its commit: ``activedb/streams/README.md``, the benchmark section.
 
-**3. The independent mix** (``benchmarks/_streams_sweep.py``): a mix written from the paper's text rather than
-the pool above — every s-transaction reads its worker's status readN times, a quarter of them also write it —
-swept over the workload choices that decide LWM's lead with tuple locks (workers per s-transactions in flight,
-s-transactions in flight, the cost model), each point a readN sweep with the lock-rule model's figures beside and
-L_combined at 2,000 events/s; the targets: LWM >= S2PL at every readN, flatter, and L_combined <= S2PL.
-``ACTIVEDB_BENCH_STREAMS_ONLY=independent-mix`` runs this part alone (a quarter of an hour).
+**3. The independent mix** swept over the workload choices that decide LWM's lead with tuple locks:
+``benchmarks/_streams_sweep.py``'s docstring (``ACTIVEDB_BENCH_STREAMS_ONLY=independent-mix`` runs it alone).
 
 **Checked, not only measured.**  Every run of part 2 (each scheduler at each point, every repetition) records
 its stream history and ``activedb.testing.check_stream_history`` checks Definition 6 on it, by timestamps; the
@@ -112,7 +108,7 @@ from benchmarks._setup import connect
 from benchmarks._streams_model import (THREADS, CostedEngine, SleepCost, WriterChain, best_of, median_of,
                                       model_operations, quiet_heap, slept)
 from benchmarks._streams_report import SCHEDULERS, definition_6_rows, headline, plot
-from benchmarks._streams_sweep import run_sweep, sweep_rows
+from benchmarks._streams_sweep import run_alone, run_sweep, sweep_rows
 from benchmarks.report import BenchReport, Row, output_folder
 
 WORKERS = 100
@@ -582,29 +578,9 @@ def run_experiments(database, quick: bool) -> dict[str, Any]:
     return results
 
 
-def run_independent_mix(quick: bool = False) -> BenchReport:
-    """Only the sweep of the independent mix (``ACTIVEDB_BENCH_STREAMS_ONLY=independent-mix``): a few minutes."""
-    report = BenchReport("stream transactions: LWM vs S2PL on the independent mix (activedb bench streams)")
-    database = connect()
-    try:
-        load = round(os.getloadavg()[0], 2)
-        sweep = run_sweep(database, quick, random.Random(SEED), throughput_once=throughput_once,
-                          measure_realtime=measure_realtime, pattern_definitions=pattern_definitions,
-                          pattern_events=pattern_events)
-    finally:
-        database.close()
-    sweep_rows(report, sweep)
-    out = output_folder("streams")
-    (out / "streams-independent-mix.json").write_text(json.dumps(
-        {"rows": [dataclasses.asdict(row) for row in report.rows], "sweep": sweep}, indent=2, default=str))
-    report.notes.append(f"load average {load} at the start, {os.getloadavg()[0]:.2f} at the end; numbers: "
-                        f"{out / 'streams-independent-mix.json'}")
-    return report
-
-
 def run(quick: bool = False) -> BenchReport:
     if os.environ.get("ACTIVEDB_BENCH_STREAMS_ONLY") == "independent-mix":
-        return run_independent_mix(quick)
+        return run_alone(quick)
     report = BenchReport("stream transactions: SEI vs S2PL vs LWM (activedb bench streams)")
     sizes = (1000,) if quick else (1000, 10_000, 100_000)
     database = connect()
