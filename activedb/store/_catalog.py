@@ -69,7 +69,7 @@ class IdleConnections:
     def give_back(self, connection: sa.Connection) -> None:
         """Keep ``connection`` for the next ``take`` if it is usable and outside a transaction, else close it."""
         if not (connection.closed or connection.invalidated or connection.in_transaction()
-                or connection.connection.driver_connection.pgconn.transaction_status != _IDLE):
+                or connection.connection.driver_connection.pgconn.transaction_status != _IDLE):  # type: ignore[union-attr]
             with self._mutex:
                 if not self._closed and len(self._idle) < self._keep:
                     self._idle.append(connection)
@@ -100,7 +100,7 @@ class Catalog:
         # sequence -> (size of its next block, when the tree that drew its last block began)
         self._key_sizes: dict[str, tuple[int, datetime.datetime | None]] = {}
         # sequence -> (lowest, highest value, sequence storage) of recently drawn blocks, oldest first
-        self._key_history: dict[str, collections.deque] = {}
+        self._key_history: dict[str, collections.deque[tuple[int, int, int]]] = {}
         # sequence -> when a draw found it reset (transactions that began before may hold stale keys)
         self._reset_at: dict[str, datetime.datetime] = {}
         self._pool_isolation: str | None = None        # the isolation level of a checked-out connection

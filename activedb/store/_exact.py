@@ -14,7 +14,7 @@ import decimal
 import math
 import pickle
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 from activedb.store._schema import text_problem
 
@@ -93,7 +93,7 @@ def _pickled(value: Any) -> str:
     return base64.b64encode(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)).decode("ascii")
 
 
-_DECODERS = {
+_DECODERS: dict[str, Callable[[Any], object]] = {
     "$float": float,
     "$str": lambda text: base64.b64decode(text).decode("utf-8", "surrogatepass"),
     "$datetime": dt.datetime.fromisoformat,

@@ -25,6 +25,7 @@ import re
 from typing import Any
 
 import sqlalchemy as sa
+import psycopg
 from psycopg import ClientCursor
 
 #: Statements kept prepared per connection; the oldest is deallocated when a new one would exceed it.
@@ -74,7 +75,7 @@ def server_sql(statement: str) -> str:
     takes it; ``%%`` stays (the whole string still goes through the driver's placeholders)."""
     numbers = itertools.count(1)
 
-    def replace(match: re.Match) -> str:
+    def replace(match: re.Match[str]) -> str:
         if match.group(1) == "%":
             return "%%"
         if match.group(1) == "s":
@@ -84,14 +85,14 @@ def server_sql(statement: str) -> str:
     return _PLACEHOLDER.sub(replace, statement)
 
 
-def execute(connection: sa.Connection, statement: str, parameters: tuple, *, before: tuple[str, ...] = (),
-            after: tuple[str, ...] = ()) -> Any:
+def execute(connection: sa.Connection, statement: str, parameters: tuple[object, ...], *,
+            before: tuple[str, ...] = (), after: tuple[str, ...] = ()) -> ClientCursor[tuple[Any, ...]]:
     """Send ``before``'s statements, ``statement`` (driver SQL, ``%s`` parameters) with ``parameters`` bound on the
     client, and ``after``'s, as one query string on ``connection``'s driver; ``statement`` runs prepared on the
     server (prepared now if it was not).  Returns the driver's cursor at ``statement``'s result.  Without the
     driver's own prepared statements (``prepare_threshold=None``, e.g. behind a pooler in transaction mode)
     nothing is prepared.  Raises the driver's errors."""
-    driver = connection.connection.driver_connection
+    driver: psycopg.Connection[Any] = connection.connection.driver_connection  # type: ignore[assignment]
     if driver.prepare_threshold is None:
         cursor = ClientCursor(driver)
         cursor.execute("; ".join((*before, statement, *after)), parameters)
@@ -129,7 +130,7 @@ def execute(connection: sa.Connection, statement: str, parameters: tuple, *, bef
         raise
     registry.drop = []
     if new:
-        registry.names[statement] = name
+        registry.names[statement] = name  # type: ignore[assignment]  # (made above when new)
     for _ in range(len(prefix) + len(before)):
         cursor.nextset()
     return cursor

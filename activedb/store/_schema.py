@@ -12,13 +12,15 @@ import decimal
 import math
 import re
 import uuid
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Hashable, Iterable, Mapping, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from activedb.errors import InvalidKey, InvalidValue, UnknownColumn
 from activedb.store._writeset import Key
+
+_Statement = TypeVar("_Statement")
 
 # Integer column ranges PostgreSQL enforces (smallint, integer, bigint).
 _INTEGER_RANGES = ((sa.SmallInteger, 2**15), (sa.BigInteger, 2**63), (sa.Integer, 2**31))
@@ -56,9 +58,9 @@ class TableInfo:
             sa.tuple_(*[table.c[name] for name in self.key_columns])
             if len(self.key_columns) > 1 else table.c[self.key_columns[0]]
         )
-        self._statements: dict[Any, Any] = {}
+        self._statements: dict[Hashable, Any] = {}
 
-    def key(self, key: Any) -> Key:
+    def key(self, key: object) -> Key:
         quick = self._quick_key
         if quick is not None and quick(key):
             return (key,)         # a one-column key whose value the full check would accept
@@ -75,7 +77,7 @@ class TableInfo:
             self.check_value(name, value)
         return key
 
-    def key_from_values(self, values: Mapping[str, Any]) -> Key:
+    def key_from_values(self, values: Mapping[str, object]) -> Key:
         missing = [name for name in self.key_columns if values.get(name) is None]
         if missing:
             raise InvalidKey(
@@ -83,7 +85,7 @@ class TableInfo:
             )
         return tuple(values[name] for name in self.key_columns)
 
-    def check_values(self, values: Mapping[str, Any], *, copy: bool = True) -> dict[str, Any]:
+    def check_values(self, values: Mapping[str, object], *, copy: bool = True) -> dict[str, object]:
         """``values`` checked (``check_value`` for each): a copy, or ``values`` itself with ``copy=False`` (a
         dict of the caller's own, such as a call's keyword arguments)."""
         quick = self._quick
@@ -91,9 +93,9 @@ class TableInfo:
             accepts = quick.get(name)
             if accepts is None or not accepts(value):
                 self.check_value(name, value)
-        return dict(values) if copy else values
+        return dict(values) if copy else values  # type: ignore[return-value]  # (copy=False: the caller's dict)
 
-    def values_without_key(self, key: Key, values: dict[str, Any]) -> dict[str, Any]:
+    def values_without_key(self, key: Key, values: dict[str, object]) -> dict[str, object]:
         """A patch's ``values`` (a dict of the caller's own: checked and changed in place) without the key
         columns, which must equal ``key`` (what ``tx.write(table, key, **values)`` stores)."""
         values = self.check_values(values, copy=False)
@@ -103,7 +105,7 @@ class TableInfo:
                     raise InvalidKey(f"{self.name}.{name} is part of the key {key!r}; it cannot be changed by write()")
         return values
 
-    def check_column(self, name: str, values: Iterable[Any]) -> None:
+    def check_column(self, name: str, values: Iterable[object]) -> None:
         """``check_value(name, value)`` for every one of ``values`` (one column of many rows), quicker: the whole
         column tested at once where its type allows (``_quick_column_check``), else a quick test per value; a value
         neither accepts takes ``check_value``, which says what is wrong."""
@@ -117,7 +119,7 @@ class TableInfo:
         for value in values:
             self.check_value(name, value)
 
-    def check_value(self, name: str, value: Any) -> None:
+    def check_value(self, name: str, value: object) -> None:
         accepts = self._quick.get(name)
         if accepts is not None and accepts(value):
             return
@@ -146,24 +148,24 @@ class TableInfo:
             if problem is not None:
                 raise InvalidValue(f"column {self.name}.{name} ({column.type}): {problem}; nothing was written")
 
-    def full_key_row(self, key: Key) -> dict[str, Any]:
+    def full_key_row(self, key: Key) -> dict[str, object]:
         return dict(zip(self.key_columns, key))
 
     # statements, cached per table
 
-    def update(self, columns: frozenset[str]):
+    def update(self, columns: frozenset[str]) -> sa.Update:
         return self.cached(("update", columns), lambda: self.table.update().where(
             sa.and_(*[self.table.c[name] == sa.bindparam(f"k_{name}") for name in self.key_columns])
         ).values({name: sa.bindparam(f"v_{name}") for name in columns if name not in self.key_columns}))
 
-    def cached(self, name: Any, build: Any) -> Any:
+    def cached(self, name: Hashable, build: Callable[[], _Statement]) -> _Statement:
         """A statement on this table built once by ``build()`` and kept under ``name``."""
         statement = self._statements.get(name)
         if statement is None:
             statement = self._statements[name] = build()
         return statement
 
-    def driver_processors(self, dialect: sa.Dialect) -> dict[str, Any]:
+    def driver_processors(self, dialect: sa.Dialect) -> dict[str, Callable[[Any], object] | None]:
         """Per column, SQLAlchemy's bind processor of its type for ``dialect`` (e.g. JSON into the driver's
         JSON wrapper), or None: what a statement sent to the driver directly must apply to keep SQLAlchemy's
         adaptation."""
@@ -177,17 +179,17 @@ class TableInfo:
         types = self.cached(("array_types", dialect.name), lambda: {
             name: _array_element_type(column, dialect) for name, column in self.columns.items()})
         found = tuple(types[name] for name in names)
-        return None if None in found else found
+        return None if None in found else found  # type: ignore[return-value]  # (no None in it then)
 
-    def select_by_keys(self):
+    def select_by_keys(self) -> sa.Select[Any]:
         return self.cached("select_by_keys", lambda: sa.select(self.table).where(
             self._key_clause.in_(sa.bindparam("keys", expanding=True))))
 
-    def select_by_key_array(self, dialect: sa.Dialect):
+    def select_by_key_array(self, dialect: sa.Dialect) -> sa.Select[Any] | None:
         """``select_by_keys`` for a one-column key as ``key = ANY(:keys)``, the keys in one array parameter
         (cast to the key's type without modifiers), or None if the key cannot travel in an array (or
         SQLAlchemy would adapt its values)."""
-        def build():
+        def build() -> sa.Select[Any] | None:
             name = self.key_columns[0]
             column_type = self.columns[name].type
             element = _array_element_type(self.columns[name], dialect) if len(self.key_columns) == 1 else None
@@ -199,7 +201,7 @@ class TableInfo:
                 sa.text(f"{table}.{column} = ANY(CAST(:keys AS {element.replace('%%', '%')}[]))"))
         return self.cached(("select_by_key_array", dialect.name), build)
 
-    def delete(self):
+    def delete(self) -> sa.Delete:
         return self.cached("delete", lambda: self.table.delete().where(
             sa.and_(*[self.table.c[name] == sa.bindparam(f"k_{name}") for name in self.key_columns])))
 
@@ -217,7 +219,7 @@ def text_problem(value: str) -> str | None:
     return None
 
 
-def json_problem(value: Any, path: str = "$") -> str | None:
+def json_problem(value: object, path: str = "$") -> str | None:
     """Why PostgreSQL ``jsonb`` cannot store ``value``, or None (a depth-first check).  A value of plain
     built-in types is checked without naming paths (``_json_ok``); only a value it cannot clear is walked
     again with the path of each element, to say where the problem is."""
@@ -226,7 +228,7 @@ def json_problem(value: Any, path: str = "$") -> str | None:
     return _json_problem(value, path)
 
 
-def _json_ok(value: Any) -> bool:
+def _json_ok(value: Any) -> bool:  # (exact-type dispatch, which mypy does not narrow)
     """True if ``value`` is made of ``dict`` (with ``str`` keys), ``list``, ``tuple``, ``str``, ``int``,
     ``bool``, finite ``float`` and None, and none of its texts is one PostgreSQL rejects; False if not, or
     if it holds anything else (a subclass, a ``Mapping``: ``_json_problem`` decides those)."""
@@ -261,7 +263,7 @@ def _json_ok(value: Any) -> bool:
     return False
 
 
-def _json_problem(value: Any, path: str) -> str | None:
+def _json_problem(value: Any, path: str) -> str | None:  # (likewise)
     """``json_problem`` naming the path of every element it looks at (the slow walk)."""
     kind = type(value)      # the exact built-in types first: an ABC check (``Mapping``) costs far more
     if kind is dict:
@@ -287,7 +289,7 @@ def _json_problem(value: Any, path: str) -> str | None:
     return f"{path} is a {type(value).__name__} ({value!r:.60}), which is not a JSON value"
 
 
-def _object_problem(value: Mapping, path: str) -> str | None:
+def _object_problem(value: Mapping[object, object], path: str) -> str | None:
     for key, item in value.items():
         if type(key) is not str and not isinstance(key, str):
             return f"{path} has the key {key!r} ({type(key).__name__}); JSON object keys are strings"
@@ -297,7 +299,7 @@ def _object_problem(value: Mapping, path: str) -> str | None:
     return None
 
 
-def _array_problem(value: list | tuple, path: str) -> str | None:
+def _array_problem(value: list[object] | tuple[object, ...], path: str) -> str | None:
     for index, item in enumerate(value):
         problem = _json_problem(item, f"{path}[{index}]")
         if problem is not None:
@@ -305,7 +307,7 @@ def _array_problem(value: list | tuple, path: str) -> str | None:
     return None
 
 
-def _extra_check(column: sa.Column):
+def _extra_check(column: sa.Column[Any]) -> Callable[[Any], str | None] | None:
     """A check beyond the Python type for values of ``column``: returns a function
     ``value -> problem or None``, or None when the type check is enough."""
     column_type = column.type
@@ -314,15 +316,17 @@ def _extra_check(column: sa.Column):
     if isinstance(column_type, sa.Integer):
         for integer_type, bound in _INTEGER_RANGES:
             if isinstance(column_type, integer_type):
-                return lambda value, bound=bound: (
-                    None if -bound <= value < bound else f"{value} is outside the column's range "
-                    f"[{-bound}, {bound - 1}]")
+                def out_of_range(value: int, bound: int = bound) -> str | None:
+                    return (None if -bound <= value < bound else f"{value} is outside the column's range "
+                            f"[{-bound}, {bound - 1}]")
+
+                return out_of_range
     if isinstance(column_type, (sa.JSON, postgresql.JSONB)):
         return json_problem
     return None
 
 
-def _quick_check(column: sa.Column):
+def _quick_check(column: sa.Column[Any]) -> Callable[[Any], bool] | None:
     """A test ``value -> bool`` that is true only for values ``TableInfo.check_value`` accepts (an ``int``
     in an integer column's range, a ``str`` without NUL that is ASCII in a text column, an ``int`` or
     ``float`` in a float column: exact types, so ``bool`` and subclasses take the full check), or None.
@@ -346,19 +350,19 @@ def _quick_check(column: sa.Column):
 _FLOAT_KINDS = frozenset({float, int})
 
 
-def _floats_or_ints(values: list) -> bool:
+def _floats_or_ints(values: list[object]) -> bool:
     return set(map(type, values)) <= _FLOAT_KINDS
 
 
-def _plain_texts(values: list) -> bool:
+def _plain_texts(values: list[object]) -> bool:
     """Every value a ``str`` (the exact type) and all of them ASCII without NUL: one test over their concatenation."""
     if set(map(type, values)) != {str}:
         return not values
-    joined = "".join(values)
+    joined = "".join(values)  # type: ignore[arg-type]  # (every one a str: checked above)
     return joined.isascii() and "\x00" not in joined
 
 
-def _quick_column_check(column: sa.Column):
+def _quick_column_check(column: sa.Column[Any]) -> Callable[[list[object]], bool] | None:
     """A test ``values -> bool`` of a whole column that is true only if ``_quick_check`` accepts every one of the
     values (float columns: exact ``float`` and ``int``; text columns: exact ``str``, ASCII, no NUL), with no Python
     call per value; or None (the other types: a test per value)."""
@@ -370,7 +374,7 @@ def _quick_column_check(column: sa.Column):
     return None
 
 
-def _array_element_type(column: sa.Column, dialect: sa.Dialect) -> str | None:
+def _array_element_type(column: sa.Column[Any], dialect: sa.Dialect) -> str | None:
     """``column``'s type as an array element cast, without modifiers (``VARCHAR(20)`` is ``VARCHAR``), or None."""
     if _python_type(column) is None or isinstance(column.type, (postgresql.ARRAY, sa.ARRAY)):
         return None
@@ -383,7 +387,7 @@ def _array_element_type(column: sa.Column, dialect: sa.Dialect) -> str | None:
     return re.sub(r"\(\s*\d+\s*(,\s*-?\d+\s*)?\)", "", compiled).replace("%", "%%")
 
 
-def _constant_default(column: sa.Column) -> Any:
+def _constant_default(column: sa.Column[Any]) -> object:
     """The value of a constant server default (``0``, ``'x'::text``, ``true``), else None."""
     text = getattr(getattr(column.server_default, "arg", None), "text", None)
     if text is None:
@@ -423,6 +427,6 @@ _PYTHON_TYPES = (
 )
 
 
-def _python_type(column: sa.Column):
+def _python_type(column: sa.Column[Any]) -> tuple[type, ...] | None:
     """Python types accepted for a column, or None for "let PostgreSQL decide"."""
     return next((accepted for kinds, accepted in _PYTHON_TYPES if isinstance(column.type, kinds)), None)

@@ -14,6 +14,7 @@ import math
 import operator
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
+import psycopg
 import sqlalchemy as sa
 
 from activedb.errors import DuplicateKey, Failure, InvalidValue, classify
@@ -73,7 +74,7 @@ FETCH_CHUNK = 20_000
 
 
 def fetch_rows(connection: sa.Connection, info: TableInfo, keys: Iterable[Key], *, lock: str | None = None,
-               nowait: bool = False) -> dict[Key, dict]:
+               nowait: bool = False) -> dict[Key, dict[str, object]]:
     """Committed images of ``keys`` (missing keys absent from the result); ``lock`` ``"share"`` or
     ``"update"`` locks them (``nowait``: PostgreSQL refuses with SQLSTATE 55P03 instead of waiting for a row
     another transaction has locked)."""
@@ -91,20 +92,20 @@ def fetch_rows(connection: sa.Connection, info: TableInfo, keys: Iterable[Key], 
         statement = statement.with_for_update(read=True, nowait=nowait)
     elif lock == "update":
         statement = statement.with_for_update(nowait=nowait)
-    found: dict[Key, dict] = {}
+    found: dict[Key, dict[str, object]] = {}
     if parameters is not None:
         rows_by_key(connection.execute(statement, parameters), names, found)
         return found
-    bound = [key if len(names) > 1 else key[0] for key in keys]
+    bound_keys = [key if len(names) > 1 else key[0] for key in keys]
     # One statement per FETCH_CHUNK keys: PostgreSQL takes at most 65,535 bind parameters per statement.
     step = FETCH_CHUNK // len(names)
-    for start in range(0, len(bound), step):
-        rows_by_key(connection.execute(statement, {"keys": bound[start:start + step]}), names, found)
+    for start in range(0, len(bound_keys), step):
+        rows_by_key(connection.execute(statement, {"keys": bound_keys[start:start + step]}), names, found)
     return found
 
 
-def rows_by_key(result: sa.CursorResult, key_columns: list[str], found: dict[Key, dict] | None = None
-                ) -> dict[Key, dict]:
+def rows_by_key(result: sa.CursorResult[Any], key_columns: list[str], found: dict[Key, dict[str, object]] | None = None
+                ) -> dict[Key, dict[str, object]]:
     """The rows of ``result`` as ``{key: {column: value}}`` (added to ``found`` if given, and returned): made
     from the plain rows with the column names taken once — a ``RowMapping`` per row and its ``dict()`` cost
     about as much again as the rest of the fetch, PostgreSQL's work included."""
@@ -121,7 +122,7 @@ def rows_by_key(result: sa.CursorResult, key_columns: list[str], found: dict[Key
 
 
 def lock_row(connection: sa.Connection, info: TableInfo, key: Key, *, lock_timeout: str,
-             begin: str | None = None) -> dict | None:
+             begin: str | None = None) -> dict[str, object] | None:
     """The committed image of row ``key`` locked ``FOR UPDATE`` in ``connection``'s transaction (None: no row),
     the lock wait bounded by ``lock_timeout`` (``set_config('lock_timeout', …, true)`` is evaluated by the scan,
     before the row is locked: no round trip of its own).  ``begin`` (an isolation level; the connection in
@@ -139,9 +140,9 @@ def lock_row(connection: sa.Connection, info: TableInfo, key: Key, *, lock_timeo
         raise ValueError(f"lock_row(begin={begin!r}): use one of {', '.join(_ISOLATION_LEVELS)}")
     statement = info.cached(("lock_row", lock_timeout), lambda: _lock_row_statement(dialect, info, lock_timeout))
     processors = info.driver_processors(dialect)
-    parameters = tuple(value if processors.get(name) is None else processors[name](value)
+    parameters = tuple(value if processors.get(name) is None else processors[name](value)  # type: ignore[misc]
                        for name, value in zip(info.key_columns, key))
-    driver = connection.connection.driver_connection
+    driver: psycopg.Connection[Any] = connection.connection.driver_connection  # type: ignore[assignment]
     try:
         if begin is None:
             cursor = driver.execute(statement, parameters)
@@ -155,14 +156,14 @@ def lock_row(connection: sa.Connection, info: TableInfo, key: Key, *, lock_timeo
     # The statement's columns are the table's, in its order: their result processors are the same for every
     # row (a migration that changes a column's type makes a new TableInfo, and so a new cache).
     readers = info.cached(("lock_row:readers", dialect.name),
-                          lambda: _result_processors(dialect, info, cursor.description))
+                          lambda: _result_processors(dialect, info, cursor.description))  # type: ignore[arg-type]  # (a SELECT)
     return {name: value if reader is None else reader(value) for (name, reader), value in zip(readers, row)}
 
 
 _ISOLATION_LEVELS = ("READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE")
 
 
-def _begin_and_lock(connection: sa.Connection, driver: Any, statement: str, parameters: tuple, begin: str) -> Any:
+def _begin_and_lock(connection: sa.Connection, driver: Any, statement: str, parameters: tuple[object, ...], begin: str) -> Any:
     """``BEGIN …; EXECUTE`` the prepared ``statement`` as one query (``_prepared.execute``); the cursor at the row.
     A prepared statement the server no longer has (deallocated behind the registry's back) or whose result
     type changed fails the string once: the transaction it opened is rolled back and the string sent again,
@@ -187,7 +188,7 @@ def _lock_row_statement(dialect: sa.Dialect, info: TableInfo, lock_timeout: str)
             f"AND set_config('lock_timeout', '{timeout}', true) IS NOT NULL FOR UPDATE")
 
 
-def _result_processors(dialect: sa.Dialect, info: TableInfo, description) -> tuple[tuple[str, Any], ...]:
+def _result_processors(dialect: sa.Dialect, info: TableInfo, description: Sequence[Any]) -> tuple[tuple[str, Any], ...]:
     """Per selected column (in ``info.columns`` order), its name and SQLAlchemy's result processor of its type
     for the driver's type code, or None."""
     return tuple((name, column.type.dialect_impl(dialect).result_processor(dialect, described.type_code))
@@ -195,8 +196,8 @@ def _result_processors(dialect: sa.Dialect, info: TableInfo, description) -> tup
 
 
 def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
-                    writes: Mapping[tuple[str, Key], Entry], *, along: tuple[str, tuple] | None = None,
-                    commit: bool = False, leading: Sequence[tuple[str, tuple | dict]] = ()) -> int:
+                    writes: Mapping[tuple[str, Key], Entry], *, along: tuple[str, tuple[object, ...]] | None = None,
+                    commit: bool = False, leading: Sequence[tuple[str, tuple[object, ...] | dict[str, object]]] = ()) -> int:
     """Apply a merged write set with one batched statement per (table, kind, columns).
 
     A PATCH that names every required column is an ``INSERT ... ON CONFLICT DO UPDATE``.
@@ -227,11 +228,11 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
     is SQLAlchemy's, and an error that is not the last statement's own is not taken for it (``DuplicateKey`` is
     raised only for a unique violation of that statement's table).
     """
-    deletes: dict[str, list[tuple]] = {}
+    deletes: dict[str, list[tuple[object, ...]]] = {}
     # Rows as (key, values) pairs grouped by table and the columns they name (besides the key).
-    upserts: dict[tuple[str, frozenset[str]], list[tuple[Key, Mapping]]] = {}
-    inserts: dict[tuple[str, frozenset[str]], list[tuple[Key, Mapping]]] = {}
-    partial: dict[str, list[tuple[Key, Mapping]]] = {}
+    upserts: dict[tuple[str, frozenset[str]], list[tuple[Key, Mapping[str, object]]]] = {}
+    inserts: dict[tuple[str, frozenset[str]], list[tuple[Key, Mapping[str, object]]]] = {}
+    partial: dict[str, list[tuple[Key, Mapping[str, object]]]] = {}
     absent: dict[str, list[Key]] = {}
     for (table_name, key), entry in writes.items():
         kind = entry.kind
@@ -260,14 +261,14 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
                 f"insert into {table_name!r}: the row {next(iter(found))!r}, which this transaction inserted and "
                 f"deleted again, was inserted by another transaction since; nothing was written — re-run the "
                 f"transaction", table=table_name)
-    plan: list[tuple[TableInfo, str, tuple[str, ...], list[tuple]]] = []
+    plan: list[tuple[TableInfo, str, tuple[str, ...], list[tuple[object, ...]]]] = []
     for table_name, keys in deletes.items():
         info = infos[table_name]
         plan.append((info, "delete", tuple(info.key_columns), keys))
     if partial:     # the deletes go first (as ever), before the rows to update are locked
         _run(connection, plan, None)
         plan = []
-    updates: dict[tuple[str, frozenset[str]], list[tuple[Key, Mapping]]] = {}
+    updates: dict[tuple[str, frozenset[str]], list[tuple[Key, Mapping[str, object]]]] = {}
     for table_name, items in partial.items():
         info = infos[table_name]
         existing = fetch_rows(connection, info, [key for key, _ in items], lock="update")
@@ -280,17 +281,17 @@ def apply_write_set(connection: sa.Connection, infos: Mapping[str, TableInfo],
                     f"write to {table_name!r} creates the new row {key!r} without the NOT NULL column(s) "
                     f"{', '.join(missing)}; give them in write() (nothing was written)"
                 )
-    for kind, groups in (("update", updates), ("upsert", upserts), ("insert", inserts)):
+    for statement_kind, groups in (("update", updates), ("upsert", upserts), ("insert", inserts)):
         for (table_name, columns), pairs in groups.items():
             info = infos[table_name]
-            plan.append((info, kind, *_as_tuples(info, columns, pairs)))
+            plan.append((info, statement_kind, *_as_tuples(info, columns, pairs)))
     _run(connection, plan, along, commit=commit, leading=leading)
     return len(writes)
 
 
-def _run(connection: sa.Connection, plan: list[tuple[TableInfo, str, tuple[str, ...], list[tuple]]],
-         along: tuple[str, tuple] | None, *, commit: bool = False,
-         leading: Sequence[tuple[str, tuple | dict]] = ()) -> None:
+def _run(connection: sa.Connection, plan: list[tuple[TableInfo, str, tuple[str, ...], list[tuple[object, ...]]]],
+         along: tuple[str, tuple[object, ...]] | None, *, commit: bool = False,
+         leading: Sequence[tuple[str, tuple[object, ...] | dict[str, object]]] = ()) -> None:
     """Send the statements of ``plan`` in order, then ``along`` (folded into the last one if it can be);
     ``commit``: then COMMIT, in the same round trip as the last of them; ``leading`` in that round trip too, before
     the last statement (``apply_write_set``)."""
@@ -304,7 +305,7 @@ def _run(connection: sa.Connection, plan: list[tuple[TableInfo, str, tuple[str, 
     # are prepared on the server: ``_prepared``), the last statement folded with ``along`` and COMMIT is one query
     # string bound on the client, so no binary parameters there.  Elsewhere (a transaction the driver opened) the
     # COMMIT rides in a pipeline with it (``_then_commit``): a pooled connection's registry would first be checked.
-    in_string = commit and along is not None and connection.connection.driver_connection.autocommit
+    in_string = commit and along is not None and connection.connection.driver_connection.autocommit  # type: ignore[union-attr]
     for number, (info, kind, order, rows) in enumerate(plan, 1):
         final = number == len(plan)
         last = along if final else None
@@ -313,10 +314,11 @@ def _run(connection: sa.Connection, plan: list[tuple[TableInfo, str, tuple[str, 
             statement, parameters = _statement(connection, info, kind, order, rows, binary)
             folded = last is not None and isinstance(parameters, tuple)
             if folded:
-                statement, parameters = f"WITH activedb_along AS ({last[0]}) {statement}", (*last[1], *parameters)
+                statement, parameters = (f"WITH activedb_along AS ({last[0]}) {statement}",  # type: ignore[index]
+                                         (*last[1], *parameters))  # type: ignore[index]  # (folded: both there)
             if in_string and final and folded:
                 _send_leading(connection, leading)        # (held connections: one round trip each)
-                _execute_then_commit(connection, statement, parameters)
+                _execute_then_commit(connection, statement, parameters)  # type: ignore[arg-type]  # (folded: a tuple)
                 continue
             with _then_commit(connection, commit and final, pipeline=final and bool(leading)):
                 if final:
@@ -330,7 +332,7 @@ def _run(connection: sa.Connection, plan: list[tuple[TableInfo, str, tuple[str, 
             raise
 
 
-def _send_leading(connection: sa.Connection, leading: Sequence[tuple[str, tuple | dict]]) -> None:
+def _send_leading(connection: sa.Connection, leading: Sequence[tuple[str, tuple[object, ...] | dict[str, object]]]) -> None:
     for statement, parameters in leading:
         connection.exec_driver_sql(statement, parameters)
 
@@ -341,13 +343,13 @@ def _error_table(error: sa.exc.DBAPIError) -> str | None:
     return getattr(diagnostics, "table_name", None)
 
 
-def _execute_then_commit(connection: sa.Connection, statement: str, parameters: tuple) -> None:
+def _execute_then_commit(connection: sa.Connection, statement: str, parameters: tuple[object, ...]) -> None:
     """``statement`` and ``COMMIT`` as one query string, its parameters bound by the driver on the client and the
     statement prepared on the server (the way :func:`lock_row` sends ``BEGIN``): one round trip and one driver
     call, where a pipeline of the two costs two cursors and SQLAlchemy's execution around the first.
     PostgreSQL runs nothing after a failing statement of the string, so an error commits nothing; it reaches
     the caller as SQLAlchemy's exception."""
-    driver = connection.connection.driver_connection
+    driver: psycopg.Connection[Any] = connection.connection.driver_connection  # type: ignore[assignment]
     try:
         prepared.execute(connection, statement, parameters, after=("COMMIT",))
     except driver.Error as error:
@@ -362,7 +364,7 @@ def _then_commit(connection: sa.Connection, commit: bool, *, pipeline: bool = Fa
     if not (commit or pipeline):
         yield
         return
-    driver = connection.connection.driver_connection
+    driver: psycopg.Connection[Any] = connection.connection.driver_connection  # type: ignore[assignment]
     try:
         with driver.pipeline():
             yield
@@ -390,8 +392,8 @@ def _raise_insert_error(table_name: str, error: sa.exc.IntegrityError) -> None:
 UNNEST_MIN = 2
 
 
-def _as_tuples(info: TableInfo, columns: frozenset[str], pairs: list[tuple[Key, Mapping]]
-               ) -> tuple[tuple[str, ...], list[tuple]]:
+def _as_tuples(info: TableInfo, columns: frozenset[str], pairs: list[tuple[Key, Mapping[str, object]]]
+               ) -> tuple[tuple[str, ...], list[tuple[object, ...]]]:
     """The column order of ``pairs`` (key, values over ``columns``) — key columns first, then the other
     columns in table order — and the rows as tuples in it (the key's values for the key columns)."""
     keys = info.key_columns
@@ -406,8 +408,8 @@ def _as_tuples(info: TableInfo, columns: frozenset[str], pairs: list[tuple[Key, 
     return order, [key + pick(values) for key, values in pairs]
 
 
-def _statement(connection: sa.Connection, info: TableInfo, kind: str, order: tuple[str, ...], rows: list[tuple],
-               binary: bool = True) -> tuple[str, tuple | list[tuple]]:
+def _statement(connection: sa.Connection, info: TableInfo, kind: str, order: tuple[str, ...], rows: list[tuple[object, ...]],
+               binary: bool = True) -> tuple[str, tuple[object, ...] | list[tuple[object, ...]]]:
     """One ``kind`` statement (``insert``, ``upsert``, ``update``, ``delete``) of ``info``'s table for ``rows``
     (tuples over the columns ``order``, the key columns first), as driver SQL and its parameters: a tuple when
     it is sent once, a list of tuples for the driver's ``executemany``.  ``binary``: JSON arrays may travel in
@@ -415,7 +417,7 @@ def _statement(connection: sa.Connection, info: TableInfo, kind: str, order: tup
     processors = info.driver_processors(connection.dialect)
     adapted = {index for index, name in enumerate(order) if processors.get(name) is not None}
     if adapted:
-        rows = [tuple(processors[order[index]](value) if index in adapted else value
+        rows = [tuple(processors[order[index]](value) if index in adapted else value  # type: ignore[misc]
                       for index, value in enumerate(row)) for row in rows]
     if len(rows) >= UNNEST_MIN:
         casts = info.array_types(connection.dialect, order)
@@ -433,7 +435,7 @@ def _statement(connection: sa.Connection, info: TableInfo, kind: str, order: tup
     return statement, rows if len(rows) > 1 else rows[0]
 
 
-def _uniform(values: tuple) -> bool:
+def _uniform(values: tuple[object, ...]) -> bool:
     """True if the driver can send ``values`` as one array: one Python type (and, for datetimes and times,
     all naive or all aware — they are different PostgreSQL types); ``None`` goes with anything."""
     kinds = set(map(type, values))
@@ -441,7 +443,7 @@ def _uniform(values: tuple) -> bool:
     if len(kinds) > 1:
         return False
     if kinds and next(iter(kinds)) in (datetime.datetime, datetime.time):
-        return len({value.tzinfo is None for value in values if value is not None}) <= 1
+        return len({value.tzinfo is None for value in values if value is not None}) <= 1  # type: ignore[attr-defined]
     return True
 
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Hashable, Mapping, TypeAlias
 
 from activedb.errors import DuplicateKey
 
-Key = tuple  # primary-key values, in primary-key column order
-Row = tuple  # (table name, Key)
+Key: TypeAlias = "tuple[Hashable, ...]"  # primary-key values, in primary-key column order
+Row: TypeAlias = "tuple[str, Key]"  # (table name, Key)
 
 
 class EntryKind(enum.Enum):
@@ -26,7 +26,8 @@ class EntryKind(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class Entry:
     kind: EntryKind
-    values: Mapping[str, Any] | None = None   # None only for DELETE and ABSENT
+    # None only for DELETE and ABSENT, whose values nothing reads (typed for the other kinds)
+    values: Mapping[str, object] = None  # type: ignore[assignment]
 
     def then(self, later: "Entry", describe: str) -> "Entry":
         """This entry followed by ``later`` on the same row (see the module table)."""
@@ -43,7 +44,7 @@ class Entry:
             return Entry(EntryKind.INSERT, dict(later.values)) if must_not_exist else later
         return Entry(self.kind, {**self.values, **later.values})
 
-    def apply(self, base: dict | None) -> dict | None:
+    def apply(self, base: dict[str, object] | None) -> dict[str, object] | None:
         """The row image after this entry, given the image before it."""
         if self.kind is EntryKind.DELETE or self.kind is EntryKind.ABSENT:
             return None
@@ -56,7 +57,7 @@ _DELETE = Entry(EntryKind.DELETE)
 _ABSENT = Entry(EntryKind.ABSENT)
 
 
-def resolve(chain: list[Entry], base: dict | None) -> dict | None:
+def resolve(chain: list[Entry], base: dict[str, object] | None) -> dict[str, object] | None:
     """Apply entries oldest-first (ancestors before descendants) to ``base``."""
     image = base
     for entry in chain:
@@ -64,7 +65,7 @@ def resolve(chain: list[Entry], base: dict | None) -> dict | None:
     return image
 
 
-def matches(image: dict, where: Mapping[str, Any] | Callable[[dict], bool] | None) -> bool:
+def matches(image: dict[str, object], where: Mapping[str, object] | Callable[[dict[str, object]], bool] | None) -> bool:
     """Whether a row ``image`` satisfies a scan's ``where``: None (every row), a mapping of column to value
     (all equal), or a predicate on the image."""
     if where is None:
