@@ -11,13 +11,13 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, NoReturn, Sequence
 
 from activedb.clock import SYSTEM_CLOCK, Clock
 from activedb.composite._evaluation import Evaluation
 from activedb.composite._input import InputNode
 from activedb.composite._members import Members
-from activedb.composite._model import CompositeEvent, Heartbeat, Invalidation, Uncertainty, describe_event
+from activedb.composite._model import CompositeEvent, Heartbeat, Invalidation, Partition, Uncertainty, describe_event
 from activedb.composite._polist import Membership
 from activedb.composite._records import CompositeStatistics, ProducerInfo, TimeoutPolicy, Window
 from activedb.composite._rollback import Rollback
@@ -74,7 +74,7 @@ class CompositionEngine:
         self._guard = _Holding(self)                              # `with self._guard:` takes _mutex
         self._streams: dict[str, StreamSchema] = {}
         self._queries: dict[str, CompiledQuery] = {}
-        self._counts: collections.Counter = collections.Counter()  # shared by the collaborators
+        self._counts: collections.Counter[str] = collections.Counter()  # shared by the collaborators
         self._members = Members(name, self._counts)
         self._evaluation = Evaluation(self._members, self.clock, self._counts, on_uncertain, window)
         self._input = InputNode(name, self.clock, self._counts, self._members, self._evaluation, window)
@@ -85,7 +85,7 @@ class CompositionEngine:
     def create_stream(self, name: str, *, types: Sequence[str] | None = None, attributes: Sequence[str] = (),
                       type_attributes: Mapping[str, Sequence[str]] | None = None) -> StreamSchema:
         """Declare the event types and attributes queries may name (as ``StreamEngine.create_stream``)."""
-        schema = StreamSchema(name, types, attributes, type_attributes)
+        schema = StreamSchema(name, types, attributes, type_attributes)  # type: ignore[arg-type]  # (made tuples)
         with self._guard:
             if name in self._streams:
                 raise DefinitionError(f"stream {name!r} is already declared")
@@ -118,7 +118,8 @@ class CompositionEngine:
                                       f"engine.create_stream(name, types=[…], attributes=[…])")
             if any(name.casefold() == definition.name.casefold() for name in self._queries):
                 raise DefinitionError(f"query {definition.name} is already defined")
-            compiled = compile_query(definition, self._streams, _NoStore())
+            # _NoStore stands in for the store catalog (compile_query names the class, not a protocol)
+            compiled = compile_query(definition, self._streams, _NoStore())  # type: ignore[arg-type]
             _check_composable(compiled)
             self._queries[compiled.name] = compiled
             self._input.route(compiled)
@@ -300,7 +301,7 @@ class CompositionEngine:
             return CompositeStatistics(**{field.name: measured.get(field.name, self._counts[field.name])
                                           for field in dataclasses.fields(CompositeStatistics)})
 
-    def waiting(self) -> dict[tuple[str, tuple], dict[str, Any]]:
+    def waiting(self) -> dict[tuple[str, Partition], dict[str, Any]]:
         """Per node that holds events: its lists (as events) and the producers it waits for."""
         with self._guard:
             return {key: {"lists": {name: [item.event for item in items] for name, items in
@@ -316,7 +317,7 @@ class CompositionEngine:
             compiled = self._queries.get(query)
             if compiled is None:
                 raise DefinitionError(f"no query {query!r} in engine {self.name}")
-            bounds = []
+            bounds: list[Any] = []
             for key, node in self._evaluation.nodes.items():
                 if key[0] == query:
                     bounds.extend(item.ts.interval.lower for item in node.items())
@@ -369,7 +370,7 @@ class _Holding:
 class _NoStore:
     """The store catalog of a composition engine: composite queries do not read the store."""
 
-    def table(self, name: str, position: Any = None):
+    def table(self, name: str, position: Any = None) -> NoReturn:
         raise DefinitionError(f"composition queries cannot read the store (table {name!r}): a composite event is "
                               f"decided from events alone; read the store in a rule on the composite event",
                               line=position.line if position else None, column=position.column if position else None)

@@ -6,16 +6,26 @@ thread-safe by itself: used under ``CompositionEngine._mutex``.
 from __future__ import annotations
 
 import collections
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence, TypedDict
 
 from activedb.clock import Clock
 from activedb.composite._members import Members
-from activedb.composite._model import Choice, CompositeEvent, Uncertainty, describe_event
+from activedb.composite._model import Choice, CompositeEvent, Partition, Resolution, Uncertainty, describe_event
 from activedb.composite._node import Node
-from activedb.composite._polist import Item, POList
+from activedb.composite._polist import Decision, Item, POList
 from activedb.composite.errors import CompositeError, UncertainOrder
 from activedb.events import hull
 from activedb.streams import Ctx, StreamEvent
+
+
+class EvaluationSnapshot(TypedDict):
+    """What :meth:`Evaluation.snapshot` saves: per node the node and its lists, decisions, blocking types and
+    pending resolutions; each item's ``processed`` flag by number; the blocked nodes."""
+
+    nodes: dict[tuple[str, Partition], tuple[Node, list[POList], dict[tuple[object, ...], Decision], frozenset[str],
+                                             list[Resolution]]]
+    processed: dict[int, bool]
+    blocked: set[tuple[str, Partition]]
 
 
 class Evaluation:
@@ -23,20 +33,20 @@ class Evaluation:
     (``blocked``), the outbox, the uncertainties of the current call (``raised``), the recent composites and
     uncertainties kept for the picture and weak membership's check."""
 
-    def __init__(self, members: Members, clock: Clock, counts: collections.Counter,
+    def __init__(self, members: Members, clock: Clock, counts: collections.Counter[str],
                  on_uncertain: Callable[[Uncertainty], Any] | None, window: int):
         self.members = members
         self.clock = clock
         self.counts = counts
         self.on_uncertain = on_uncertain
-        self.nodes: dict[tuple[str, tuple], Node] = {}
-        self.blocked: set[tuple[str, tuple]] = set()
+        self.nodes: dict[tuple[str, Partition], Node] = {}
+        self.blocked: set[tuple[str, Partition]] = set()
         self.outbox: list[CompositeEvent] = []
         self.raised: list[UncertainOrder] = []              # uncertainties met during the current call
         self.composites: collections.deque[CompositeEvent] = collections.deque(maxlen=window)
         self.uncertainties: collections.deque[Uncertainty] = collections.deque(maxlen=window)
 
-    def node(self, query: Any, partition: tuple) -> Node:
+    def node(self, query: Any, partition: Partition) -> Node:
         """The node of ``query`` for ``partition`` (made on first use)."""
         key = (query.name, partition)
         node = self.nodes.get(key)
@@ -72,7 +82,7 @@ class Evaluation:
             if types & set(node.types):
                 self.evaluate(node)
 
-    def blocked_nodes(self) -> list[tuple[tuple[str, tuple], Node]]:
+    def blocked_nodes(self) -> list[tuple[tuple[str, Partition], Node]]:
         """The nodes waiting for sync-points, in a stable order."""
         return [(key, self.nodes[key]) for key in sorted(self.blocked, key=repr) if key in self.nodes]
 
@@ -82,7 +92,7 @@ class Evaluation:
 
     # --- what a node calls while it evaluates ----------------------------------------------------------
 
-    def resolve(self, uncertainty: Uncertainty, candidates: list[Item]) -> tuple:
+    def resolve(self, uncertainty: Uncertainty, candidates: list[Item]) -> Decision:
         self.counts["uncertainties"] += 1
         self.uncertainties.append(uncertainty)
         answer = None if self.on_uncertain is None else self.on_uncertain(uncertainty)
@@ -118,7 +128,8 @@ class Evaluation:
         composite = CompositeEvent(
             query=query.name, ts=hull([item.ts for item in chosen], producer=query.name), attributes=attributes,
             constituents=tuple(item.event for item in chosen), components=node.names, partition=node.partition,
-            resolutions=tuple(node.pending_resolutions), consumption=query.definition.consumption.value,
+            resolutions=tuple(node.pending_resolutions),
+            consumption=query.definition.consumption.value,  # type: ignore[union-attr]  # (create_query set it)
             operator="AND" if node.conjunction else "SEQ", sts=self.clock.now())
         node.pending_resolutions.clear()
         node.decisions.clear()
@@ -138,18 +149,18 @@ class Evaluation:
 
     # --- a batch's rollback ----------------------------------------------------------------------------
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> EvaluationSnapshot:
         """Items are shared (immutable but for the ``processed`` flag, which is saved separately)."""
         nodes = {key: (node, [POList(items) for items in node.lists], dict(node.decisions), node.blocked_on,
                        list(node.pending_resolutions)) for key, node in self.nodes.items()}
         processed = {item.number: item.processed for node in self.nodes.values() for item in node.items()}
         return {"nodes": nodes, "processed": processed, "blocked": set(self.blocked)}
 
-    def restore(self, snapshot: dict) -> None:
+    def restore(self, snapshot: EvaluationSnapshot) -> None:
         self.nodes = {}
         items_by_number = {}
-        for key, (node, *state) in snapshot["nodes"].items():
-            node.lists, node.decisions, node.blocked_on, node.pending_resolutions = state
+        for key, (node, lists, decisions, blocked_on, pending) in snapshot["nodes"].items():
+            node.lists, node.decisions, node.blocked_on, node.pending_resolutions = lists, decisions, blocked_on, pending
             self.nodes[key] = node
             for item in node.items():
                 items_by_number[item.number] = item

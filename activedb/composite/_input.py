@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Mapping, TypedDict
 
 from activedb.clock import Clock
 from activedb.composite._evaluation import Evaluation
 from activedb.composite._members import Members
-from activedb.composite._model import CompositeEvent, Heartbeat, Invalidation, describe_event
+from activedb.composite._model import CompositeEvent, Heartbeat, Invalidation, Partition, describe_event
 from activedb.composite._polist import Item, Producer
 from activedb.composite._records import WindowEntry
 from activedb.composite.errors import EventRejected, LateEvent
@@ -19,11 +19,18 @@ from activedb.events import Timestamp, as_timestamp, precedes
 from activedb.streams import CompiledQuery, Ctx, StreamEvent
 
 
+class InputSnapshot(TypedDict):
+    """What :meth:`InputNode.snapshot` saves."""
+
+    numbers: int
+    invalidations: list[Invalidation]
+
+
 class InputNode:
     """Takes the events and heartbeats of engine ``name``, checks them against their producer's membership
     and FIFO promise, and routes them into the lists of the nodes whose queries consume them."""
 
-    def __init__(self, name: str, clock: Clock, counts: collections.Counter, members: Members,
+    def __init__(self, name: str, clock: Clock, counts: collections.Counter[str], members: Members,
                  evaluation: Evaluation, window: int):
         self.name = name
         self.clock = clock
@@ -50,7 +57,8 @@ class InputNode:
             self._heartbeat(raw)
             return
         if isinstance(raw, Mapping):
-            raw = StreamEvent(raw.get("type"), raw.get("ts"), dict(raw.get("attributes", {})), raw.get("stream"))
+            raw = StreamEvent(raw.get("type"), raw.get("ts"),  # type: ignore[arg-type]  # (StreamEvent checks it)
+                              dict(raw.get("attributes", {})), raw.get("stream"))
         if not isinstance(raw, StreamEvent):
             raise EventRejected(f"engine {self.name} takes StreamEvent or Heartbeat objects, got {raw!r}")
         producer_name = raw.ts.producer if isinstance(raw.ts, Timestamp) else None
@@ -79,7 +87,7 @@ class InputNode:
         self.entries.append(WindowEntry("event", producer.name, event.type, ts, producer.sync, now,
                                          describe_event(event)))
         touched = []
-        entered: dict[tuple[str, tuple], list[int]] = {}
+        entered: dict[tuple[str, Partition], list[int]] = {}
         for query, ranks in self.by_type.get(event.type, ()):
             ctx = Ctx([None] * len(query.types))
             accepted = []
@@ -105,7 +113,7 @@ class InputNode:
         if moved:
             self.evaluation.wake(producer.types, skip=touched)
 
-    def _invalidate(self, producer: Producer, event: StreamEvent, entered: dict[tuple[str, tuple], list[int]]) -> None:
+    def _invalidate(self, producer: Producer, event: StreamEvent, entered: dict[tuple[str, Partition], list[int]]) -> None:
         """Weak membership: the compositions already produced (of the nodes ``event`` entered, with the
         components it entered: ``entered``) that ``event`` would have changed (as the design note's
         "Membership: atomic and weak" defines it), recorded and queued for ``on_invalidation``."""
@@ -187,10 +195,10 @@ class InputNode:
         self.counts["late_accepted"] += 1
         return False
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> InputSnapshot:
         return {"numbers": self.numbers, "invalidations": list(self.invalidations)}
 
-    def restore(self, snapshot: dict) -> None:
+    def restore(self, snapshot: InputSnapshot) -> None:
         self.numbers = snapshot["numbers"]
         self.invalidations = snapshot["invalidations"]
         self.notices = []

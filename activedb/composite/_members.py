@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import collections
-from typing import Any, Iterable
+from typing import Any, Iterable, TypedDict
 
 from activedb.composite._polist import Membership, Producer
 from activedb.composite._records import ProducerInfo
@@ -13,10 +13,19 @@ from activedb.composite.errors import MembershipError
 from activedb.events import LocalClock, Timestamp, as_timestamp
 
 
+class MembersSnapshot(TypedDict):
+    """What :meth:`Members.snapshot` saves: per producer its record and the fields a batch changes (sync, latest
+    local time, membership, events, heartbeats, last seen), the producers per type, and ``relied``."""
+
+    producers: dict[str, tuple[Producer, Any, Any, Membership, int, int, Any]]
+    by_type: dict[str, list[Producer]]
+    relied: dict[str, Any]
+
+
 class Members:
     """Who may send to engine ``name``, and how far each producer's promise reaches."""
 
-    def __init__(self, name: str, counts: collections.Counter):
+    def __init__(self, name: str, counts: collections.Counter[str]):
         self.name = name
         self.counts = counts
         self.producers: dict[str, Producer] = {}
@@ -89,13 +98,13 @@ class Members:
                 syncs.append(producer.sync)
         return syncs
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> MembersSnapshot:
         return {"producers": {name: (state, state.sync, state.latest_local, state.state, state.events,
                                      state.heartbeats, state.last_seen) for name, state in self.producers.items()},
                 "by_type": {key: list(value) for key, value in self.by_type.items()},
                 "relied": dict(self.relied)}
 
-    def restore(self, snapshot: dict) -> None:
+    def restore(self, snapshot: MembersSnapshot) -> None:
         self.producers = {}
         for name, (state, sync, local, membership, events, heartbeats, seen) in snapshot["producers"].items():
             state.sync, state.latest_local, state.state = sync, local, membership

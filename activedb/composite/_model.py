@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Hashable, Mapping, TypeAlias
 
 from activedb.events import Timestamp
 from activedb.streams import StreamEvent
+
+#: A partition of a query: the values of its partition attributes, in order (``()``: the query is not partitioned).
+Partition: TypeAlias = "tuple[Hashable, ...]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +42,7 @@ class Uncertainty:
     the constituents chosen so far (in component order)."""
 
     query: str
-    partition: tuple
+    partition: Partition
     component: str
     kind: UncertaintyKind
     candidates: tuple[StreamEvent, ...]
@@ -108,7 +111,7 @@ class CompositeEvent:
     attributes: Mapping[str, Any]
     constituents: tuple[StreamEvent, ...]
     components: tuple[str, ...]
-    partition: tuple = ()
+    partition: Partition = ()
     resolutions: tuple[Resolution, ...] = ()
     consumption: str = "chronicle"
     operator: str = "AND"

@@ -8,8 +8,8 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from activedb.composite._model import Resolution, Uncertainty, UncertaintyKind
-from activedb.composite._polist import POList, Item, before, newest_before, oldest, oldest_following
+from activedb.composite._model import Partition, Resolution, Uncertainty, UncertaintyKind
+from activedb.composite._polist import Decision, POList, Item, before, newest_before, oldest, oldest_following
 from activedb.streams import CompiledQuery
 from activedb.streams import algebra as ast
 
@@ -41,7 +41,7 @@ class Node:
     __slots__ = ("query", "partition", "lists", "decisions", "blocked_on", "pending_resolutions", "types",
                  "names", "conjunction", "recent")
 
-    def __init__(self, query: CompiledQuery, partition: tuple):
+    def __init__(self, query: CompiledQuery, partition: Partition):
         self.query = query
         self.partition = partition
         self.types = tuple(query.types[index] for index in query.positives)
@@ -49,7 +49,7 @@ class Node:
         self.names = tuple(components[index].name for index in query.positives)
         self.lists: list[POList] = [POList() for _ in self.types]
         # (component rank, kind, candidate numbers, anchor number) -> ("use", item) | ("drop", items)
-        self.decisions: dict[tuple, tuple] = {}
+        self.decisions: dict[tuple[object, ...], Decision] = {}
         self.blocked_on: frozenset[str] = frozenset()
         self.pending_resolutions: list[Resolution] = []
         self.conjunction = isinstance(query.definition.pattern, ast.Conj)
@@ -99,7 +99,7 @@ class Node:
         return True
 
     def _decide(self, context: "Evaluation", rank: int, kind: UncertaintyKind, candidates: list[Item],
-                chosen: list[Item], anchor: Item | None) -> tuple:
+                chosen: list[Item], anchor: Item | None) -> Decision:
         """Resolve an uncertainty: ("use", item) or ("drop", items).  Raises UncertainOrder if the
         application gives no choice.  A decision is asked once per distinct situation."""
         candidates = sorted(candidates, key=Item.sort_key)
@@ -161,10 +161,10 @@ class Node:
                 return Step.BLOCKED if candidates or self.blocked_on else Step.IDLE
             # Gap (c) inside: a single candidate whose order relative to its predecessor is uncertain.
             pick, dropped = self._choose(context, rank, candidates, chosen, anchor,
-                                         lambda pick: before(anchor.ts, pick.ts))
+                                         lambda pick: before(anchor.ts, pick.ts))  # type: ignore[union-attr]
             if dropped is not None:
                 return dropped
-            chosen.append(pick)
+            chosen.append(pick)  # type: ignore[arg-type]  # (chosen when nothing was dropped)
         self.remove(chosen)
         context.compose(self, chosen)
         return Step.COMPOSED
@@ -199,7 +199,7 @@ class Node:
         """Whether no event of the components ``ranks`` can still come before ``item`` (their producers'
         sync-points are past it); if so the decision relies on that, else the node notes what blocks it."""
         ranks = list(ranks)
-        blocking = frozenset()
+        blocking: frozenset[str] = frozenset()
         for rank in ranks:
             blocking = blocking | context.members.blocking([item.ts], self.types[rank])
         if blocking:

@@ -100,6 +100,7 @@ def plot(window: Any, path: str | Path, *, title: str | None = None, unit: str =
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.artist import Artist
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -129,7 +130,8 @@ def plot(window: Any, path: str | Path, *, title: str | None = None, unit: str =
     span = (max(drawn) - min(drawn)) or 1.0
     room_per_character = span / (0.72 * width) * LABEL_CHARACTER_INCHES
     # The composites' hulls, each with its label, packed into as few rows as keep them apart.
-    hulls, row_ends = [], []
+    hulls: list[tuple[Any, float, float, str, int]] = []
+    row_ends: list[float] = []
     for composite in window.composites:
         lower, upper = x(composite.ts.interval.lower), x(composite.ts.interval.upper)
         label = "+".join(str(event.attributes.get("id", event.type)) for event in composite.constituents)
@@ -146,7 +148,7 @@ def plot(window: Any, path: str | Path, *, title: str | None = None, unit: str =
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     types = sorted({entry.type for entry in window.entries if entry.type})
     type_colour = {name: colours[index % len(colours)] for index, name in enumerate(types)}
-    positions: dict[tuple, tuple[float, float]] = {}
+    positions: dict[tuple[object, ...], tuple[float, float]] = {}
     labels_per_lane: dict[int, list[tuple[float, str]]] = {}
     for entry in window.entries:
         lane = lanes[entry.producer]
@@ -170,15 +172,15 @@ def plot(window: Any, path: str | Path, *, title: str | None = None, unit: str =
         axes.plot([x(sync)] * 2, [lanes[name] - 0.35, lanes[name] + 0.35], linestyle="--", color="red", linewidth=1.2)
     for composite, lower, upper, label, number in hulls:
         decided = bool(composite.resolutions)
-        row = composite_lane + 0.3 * (number - (rows - 1) / 2)
-        axes.text(upper, row, " " + label, va="center", fontsize=6)
-        axes.barh(row, max(upper - lower, 1e-6), left=lower, height=0.18,
+        height_at = composite_lane + 0.3 * (number - (rows - 1) / 2)
+        axes.text(upper, height_at, " " + label, va="center", fontsize=6)
+        axes.barh(height_at, max(upper - lower, 1e-6), left=lower, height=0.18,
                   color="orange" if decided else "green", alpha=0.5, edgecolor="black", linewidth=0.5)
         for event in composite.constituents:
             key = (event.ts.producer, describe_event(event))
             if key in positions and event.ts.producer in lanes:
                 low, high = positions[key]
-                axes.plot([(low + high) / 2, (lower + upper) / 2], [lanes[event.ts.producer], row],
+                axes.plot([(low + high) / 2, (lower + upper) / 2], [lanes[event.ts.producer], height_at],
                           color="green" if not decided else "orange", linewidth=0.7, alpha=0.7)
     for start, end, length in axis.breaks:
         axes.axvspan(start, end, color="grey", alpha=0.15, linewidth=0)
@@ -193,7 +195,7 @@ def plot(window: Any, path: str | Path, *, title: str | None = None, unit: str =
     axes.set_xlabel(f"reference time ({unit}) from {shown}{compressed}")
     axes.set_title(title or "accuracy intervals per producer, their sync-points and the composites chosen", fontsize=9)
     axes.grid(axis="x", alpha=0.3)
-    handles = [Patch(color=type_colour[name], alpha=0.55, label=f"event {name}") for name in types]
+    handles: list[Artist] = [Patch(color=type_colour[name], alpha=0.55, label=f"event {name}") for name in types]
     handles += [Line2D([], [], color="grey", marker="|", label="heartbeat"),
                 Line2D([], [], color="red", linestyle="--", label="sync-point"),
                 Patch(color="green", alpha=0.5, label="composite"),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Literal, Sequence, TypeAlias
 
 from activedb.events import LocalClock, Order, Timestamp, local_order
 from activedb.streams import StreamEvent
@@ -27,7 +27,7 @@ class Item:
     number: int
     processed: bool = False
 
-    def sort_key(self) -> tuple:
+    def sort_key(self) -> tuple[Any, ...]:
         ts = self.ts
         return (ts.lower, ts.upper, ts.producer, ts.local if ts.local is not None else ts.lower,
                 self.event.type, repr(sorted(dict(self.event.attributes).items())))
@@ -84,7 +84,11 @@ def newest_before(items: Iterable[Item], anchor: Item) -> list[Item]:
     return newest([item for item in items if item is not anchor and not before(anchor.ts, item.ts)])
 
 
-class POList(list):
+#: What the application decided about an uncertainty: ``("use", item)`` or ``("drop", items)``.
+Decision: TypeAlias = "tuple[Literal['use'], Item] | tuple[Literal['drop'], list[Item]]"
+
+
+class POList(list[Item]):
     """The paper's ``POList<E>``: the items that may play one component of a node, in arrival order (a
     list; the order that matters is the partial one the methods compute)."""
 

@@ -7,22 +7,29 @@ participant takes itself — it is called by the transaction, outside every engi
 from __future__ import annotations
 
 import collections
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from activedb import lowlevel
-from activedb.composite._evaluation import Evaluation
-from activedb.composite._input import InputNode
-from activedb.composite._members import Members
+from activedb.composite._evaluation import Evaluation, EvaluationSnapshot
+from activedb.composite._input import InputNode, InputSnapshot
+from activedb.composite._members import Members, MembersSnapshot
 from activedb.txn import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
 
 
+class _Snapshot(TypedDict):
+    members: MembersSnapshot
+    evaluation: EvaluationSnapshot
+    inputs: InputSnapshot
+    counts: collections.Counter[str]
+
+
 class _Participant(CommitParticipant):
     """Restores the engine's state if the transaction a batch ran in aborts (a CommitParticipant)."""
 
-    def __init__(self, rollback: "Rollback", root: Any, snapshot: dict):
+    def __init__(self, rollback: "Rollback", root: Transaction, snapshot: _Snapshot) -> None:
         self.rollback = rollback
         self.root = root
         self.snapshot = snapshot
@@ -38,7 +45,7 @@ class Rollback:
     """The snapshot of the state before the current top-level transaction's first batch."""
 
     def __init__(self, guard: Any, members: Members, evaluation: Evaluation, inputs: InputNode,
-                 counts: collections.Counter):
+                 counts: collections.Counter[str]):
         self.guard = guard                   # the engine's mutex, as a context manager
         self.members = members
         self.evaluation = evaluation
@@ -46,13 +53,13 @@ class Rollback:
         self.counts = counts
         self.current: _Participant | None = None
 
-    def enlist(self, root: Any) -> None:
+    def enlist(self, root: Transaction) -> None:
         """Precondition: the caller holds the engine's mutex.  Snapshot the state and enlist in ``root``
         unless this top-level transaction already ran a batch."""
         if self.current is not None and self.current.root is root:
             return
-        snapshot = {"members": self.members.snapshot(), "evaluation": self.evaluation.snapshot(),
-                    "inputs": self.inputs.snapshot(), "counts": collections.Counter(self.counts)}
+        snapshot: _Snapshot = {"members": self.members.snapshot(), "evaluation": self.evaluation.snapshot(),
+                               "inputs": self.inputs.snapshot(), "counts": collections.Counter(self.counts)}
         participant = _Participant(self, root, snapshot)
         self.current = participant
         lowlevel.enlist(root, participant)
