@@ -34,7 +34,7 @@ class ActivedbError(Exception):
 
 
 class InvalidChoice(ActivedbError, ValueError):
-    """A value that is not one of a closed set (an activedb enum, ``activedb._choice.Choice``): the message
+    """A value that is not one of a closed set (an activedb enum, ``activedb._closedset.ClosedSet``): the message
     lists the members.  ``choices`` is the enum, ``given`` the value, ``parameter`` where it was given."""
 
     def __init__(self, choices: type[enum.Enum], given: object, parameter: str | None = None):

@@ -1,5 +1,5 @@
 """The public surface's typed contracts (issue: "a typed, tiered surface"): every error a user can meet derives
-from ``ActivedbError`` with one class per name, a closed set is a ``Choice`` that accepts its values' strings and
+from ``ActivedbError`` with one class per name, a closed set is a ``ClosedSet`` that accepts its values' strings and
 names its members otherwise, and the extender tier lives in ``activedb.lowlevel``."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 import activedb
 import lockmgr
 from activedb import lowlevel
-from activedb._choice import Choice
+from activedb._closedset import ClosedSet
 from activedb.errors import ActivedbError, InvalidChoice
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,7 +83,7 @@ def test_the_lock_managers_errors_are_activedb_errors_and_lockmgrs():
                                                                                lockmgr.LockTimeout)
 
 
-class Colour(Choice):
+class Colour(ClosedSet):
     RED = "red"
     BLUE = "blue"
 

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, Sequence
 
 from lockmgr.testing import Watchdog
 
-from activedb._choice import Choice
+from activedb._closedset import ClosedSet
 from activedb.outbox import GROUP_TRANSACTION
 from activedb.testing._choices import ChoiceTree, Chooser
 from activedb.testing._history import HistoryReport, check_history
@@ -81,7 +81,7 @@ Invariant = Callable[["Database"], object]
 _ACTIVE = (TxnState.ACTIVE, TxnState.COMMITTING)
 
 
-class StepKind(Choice):
+class StepKind(ClosedSet):
     """What a step of a run is."""
 
     START = "start"     # an actor's thread starts
@@ -92,7 +92,7 @@ class StepKind(Choice):
     ABORT = "abort"
 
 
-class Verdict(Choice):
+class Verdict(ClosedSet):
     """How a run ended."""
 
     PASSED = "passed"

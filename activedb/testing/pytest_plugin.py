@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, NoReturn, Se
 
 import pytest
 
-from activedb._choice import Choice
+from activedb._closedset import ClosedSet
 from activedb.clock import Clock, ManualClock
 from activedb.errors import ActivedbError
 from activedb.testing._databases import Server, ServerAtUrl, Templates, drop_database
@@ -52,7 +52,7 @@ URL_VARIABLE = "ACTIVEDB_TEST_URL"
 CLOSE_TIMEOUT = 30.0
 
 
-class DatabaseScope(Choice):
+class DatabaseScope(ClosedSet):
     """How long a test database lives (the ``activedb_database_scope`` setting)."""
 
     FUNCTION = "function"

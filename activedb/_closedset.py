@@ -1,13 +1,13 @@
-"""``Choice``: the base of activedb's closed sets, and the one rule for a plain string given for one.
+"""``ClosedSet``: the base of activedb's closed sets, and the one rule for a plain string given for one.
 
 A parameter that takes one of a closed set names its enum in its signature (``granularity: Granularity``,
-``lock: BulkLock``).  Every such enum is a :class:`Choice`, a ``StrEnum``: a member compares equal to its
+``lock: BulkLock``).  Every such enum is a :class:`ClosedSet`, a ``StrEnum``: a member compares equal to its
 value and prints as it, so logs, JSON, SQL and command lines see the plain string.
 
 The rule at the public boundary: a member is taken as it is; a string equal to a member's *value* is accepted
 and converted (``"table"`` for ``Granularity.TABLE``; the CLI and configuration files pass strings); anything
 else raises :class:`~activedb.errors.InvalidChoice`, an ``ActivedbError`` and a ``ValueError`` whose message
-lists the members.  ``Enum(value)`` applies the rule (``_missing_`` raises), and :meth:`Choice.parse` adds the
+lists the members.  ``Enum(value)`` applies the rule (``_missing_`` raises), and :meth:`ClosedSet.parse` adds the
 parameter's name to the message.  (``coupling.Coupling`` and ``lockmgr``'s enums are their packages' own:
 those import nothing of activedb; ``Coupling.parse`` is also lenient about case and ``-``.)
 """
@@ -20,7 +20,7 @@ from typing import NoReturn, Self
 from activedb.errors import InvalidChoice
 
 
-class Choice(enum.StrEnum):
+class ClosedSet(enum.StrEnum):
     """A closed set of named values (see the module docstring)."""
 
     @classmethod
