@@ -15,7 +15,7 @@ those import nothing of activedb; ``Coupling.parse`` is also lenient about case 
 from __future__ import annotations
 
 import enum
-from typing import NoReturn, Self
+from typing import Iterable, NoReturn, Self
 
 from activedb.errors import InvalidChoice
 
@@ -28,12 +28,18 @@ class ClosedSet(enum.StrEnum):
         raise InvalidChoice(cls, value)
 
     @classmethod
-    def parse(cls, value: Self | str, parameter: str | None = None) -> Self:
+    def parse(cls, value: Self | str, parameter: str | None = None, *, allowed: Iterable[Self] | None = None
+              ) -> Self:
         """``value`` as a member: a member as it is, a string equal to a member's value converted, anything else
-        an :class:`~activedb.errors.InvalidChoice` naming ``parameter`` (e.g. ``"read_many(lock=...)"``)."""
+        an :class:`~activedb.errors.InvalidChoice` naming ``parameter`` (e.g. ``"read_many(lock=...)"``).
+        ``allowed``: the members this parameter takes, when not all (another member is refused the same way)."""
         if isinstance(value, cls):
-            return value
-        try:
-            return cls(value)
-        except InvalidChoice:
-            raise InvalidChoice(cls, value, parameter) from None
+            member = value
+        else:
+            try:
+                member = cls(value)
+            except InvalidChoice:
+                raise InvalidChoice(cls, value, parameter, allowed) from None
+        if allowed is not None and member not in tuple(allowed):
+            raise InvalidChoice(cls, value, parameter, allowed)
+        return member

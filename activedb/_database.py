@@ -9,10 +9,13 @@ import time
 import warnings
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Hashable, Iterable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, URL, make_url
+
+from coupling import Coupling
+from lockmgr import VictimChooser, VictimPolicy
 
 from activedb import lowlevel
 from activedb import _embedded, _migrate
@@ -23,19 +26,15 @@ from activedb.capture.errors import CaptureNotEnabledWarning
 from activedb.clock import SYSTEM_CLOCK, Clock
 from activedb.errors import (BadDatabaseURL, DeadlockDetected, RuleError, SerializationConflict, TransactionError,
                              database_failure)
-from activedb.events import EventKind, EventSpec, Origin, Punctuations, Watermark
+from activedb.events import Event, EventKind, EventSpec, Origin, Punctuations, Watermark
 from activedb.outbox import Outbox
-from activedb.rules import FunctionRule, Rule, RuleManager
+from activedb.rules import FunctionRule, Rule, RuleExecution, RuleManager
 from activedb.store import Catalog
-from activedb.txn import CommitParticipant, Observer, ReadBase, TransactionManager
+from activedb.txn import CommitParticipant, Observer, ReadBase, Transaction, TransactionManager
 
 if TYPE_CHECKING:
-    from coupling import Coupling
-    from lockmgr import DeadlockCycle, VictimPolicy
-
-    from activedb.events import Event
     from activedb.explain import Explanation
-    from activedb.txn import HistoryRecorder, Transaction
+    from activedb.txn import HistoryRecorder
 
 _Result = TypeVar("_Result")
 
@@ -142,7 +141,7 @@ def check_reachable(engine: Engine) -> None:
                                server_log=_embedded.log_of_url(engine.url)) from None
 
 
-def _kind(kind: str | EventKind, allowed: tuple[EventKind, ...], call: str) -> EventKind:
+def _kind(kind: EventKind, allowed: tuple[EventKind, ...], call: str) -> EventKind:
     parsed = next((member for member in allowed if member == kind), None)   # a str Enum: "committed" matches
     if parsed is None:
         raise RuleError(f"{call}: the kind is one of {', '.join(member.value for member in allowed)}")
@@ -171,7 +170,8 @@ class Database:
     """
 
     def __init__(self, engine: Engine, *, embedded: _embedded.EmbeddedServer | None = None,
-                 max_cascade_depth: int = 16, max_deferred_cycles: int = 100, rule_execution: str = "threads",
+                 max_cascade_depth: int = 16, max_deferred_cycles: int = 100,
+                 rule_execution: RuleExecution = RuleExecution.THREADS,
                  explain_deadlocks: bool = False, outbox_options: dict[str, Any] | None = None,
                  clock: Clock | None = None, **transaction_options: Any):
         self.engine = engine
@@ -204,16 +204,18 @@ class Database:
     # --- rules and events -------------------------------------------------------------------
 
     def rule(self, *, on: EventSpec, when: Callable[[Transaction, Event], bool] | None = None,
-             coupling: Coupling | str = "immediate", action_coupling: Coupling | str = "immediate",
-             priority: float | None = None, name: str | None = None,
-             enabled: bool = True) -> Callable[[Callable[[Transaction, Event], object] | type[Rule]], Rule]:
+             coupling: Coupling = Coupling.IMMEDIATE, action_coupling: Coupling = Coupling.IMMEDIATE,
+             priority: float | None = None, name: str | None = None, enabled: bool = True
+             ) -> Callable[[Callable[[Transaction, Event], object] | type[Rule]], Rule]:
         """Decorator declaring an ECA rule on this database::
 
             @db.rule(on=db.updated("worker_status"), when=lambda tx, ev: ev.new["status"] == "violation",
                      coupling=Coupling.DEFERRED, priority=10)
             def alert(tx, ev): tx.insert("alerts", worker=ev.key, kind="violation", at=0.0)
 
-        Decorating a ``Rule`` subclass registers an instance of it.  Returns the Rule.
+        Decorating a ``Rule`` subclass registers an instance of it.  Returns the Rule.  ``coupling`` and
+        ``action_coupling`` are :class:`~activedb.Coupling` members (their values' strings, ``"deferred"``, are
+        accepted too).
         """
         def decorate(target: Callable[[Transaction, Event], object] | type[Rule]) -> Rule:
             if isinstance(target, type) and issubclass(target, Rule):
@@ -240,7 +242,7 @@ class Database:
         """Any of inserted, updated, deleted on ``table``."""
         return _data_spec(self.catalog, EventKind.MODIFIED, table)
 
-    def captured(self, table: str, kind: str | EventKind = EventKind.MODIFIED) -> EventSpec:
+    def captured(self, table: str, kind: EventKind = EventKind.MODIFIED) -> EventSpec:
         """Committed changes to ``table`` made by **other PostgreSQL clients** (``kind``: inserted,
         updated, deleted or modified), heard through change capture (``db.capture(table)``) after the
         writer committed — so only the detached family of couplings applies.  activedb's own writes are
@@ -263,7 +265,7 @@ class Database:
         """Stream events of ``event_type`` (``tx.emit``; the Spark bridge)."""
         return EventSpec(EventKind.STREAM, event_type)
 
-    def transaction_event(self, kind: str | EventKind, name: str | None = None) -> EventSpec:
+    def transaction_event(self, kind: EventKind, name: str | None = None) -> EventSpec:
         """Top-level transactions that ``kind`` (``"began"``, ``"committed"`` or ``"aborted"``): only those
         started with ``db.transaction(name=name)`` when ``name`` is given; detached rules run in
         transactions named ``rule:<rule name>``."""
@@ -399,8 +401,9 @@ class Database:
 
 def connect(url: str | URL | None = None, *, home: str | Path | None = None, upgrade: bool = True,
             keep_server: bool | None = None, record_history: bool = False, max_workers: int = 32,
-            victim_policy: VictimPolicy | str | Callable[[DeadlockCycle], Hashable] = "requester", lock_timeout: float | None = None, max_cascade_depth: int = 16,
-            max_deferred_cycles: int = 100, rule_execution: str = "threads", explain_deadlocks: bool = False,
+            victim_policy: VictimPolicy | VictimChooser = VictimPolicy.REQUESTER, lock_timeout: float | None = None, max_cascade_depth: int = 16,
+            max_deferred_cycles: int = 100, rule_execution: RuleExecution = RuleExecution.THREADS,
+            explain_deadlocks: bool = False,
             outbox_options: dict[str, Any] | None = None, clock: Clock | None = None,
             **engine_options: Any) -> Database:
     """Connect to activedb's database and bring its schema to head.
@@ -417,7 +420,7 @@ def connect(url: str | URL | None = None, *, home: str | Path | None = None, upg
       threads; ``victim_policy`` is the lock manager's deadlock victim policy;
       ``lock_timeout`` (seconds) bounds every lock wait (default: wait).
     * ``max_cascade_depth`` bounds rule cascades, ``max_deferred_cycles`` deferred cycles;
-      ``rule_execution="inline"`` runs equal-priority rules one after the other in the
+      ``rule_execution=RuleExecution.INLINE`` runs equal-priority rules one after the other in the
       triggering thread instead of concurrently on worker threads.
     * ``explain_deadlocks=True`` attaches a picture to every deadlock: the ``DeadlockDetected`` a victim
       gets carries ``explanation`` (an :class:`activedb.explain.Explanation` of the lock table and the

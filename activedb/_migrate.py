@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from alembic.runtime.migration import RevisionStep
     from sqlalchemy.engine import Connection
 
-    from activedb.store import Catalog
+    from activedb.store import Catalog, Granularity
 
 
 class SchemaState(enum.Enum):
@@ -103,7 +103,7 @@ def app_location(script_location: str | Path) -> Path:
 class _Granularities(Protocol):
     """Where a table's lock granularity is kept (the transaction manager's ``locking``)."""
 
-    def set_granularity(self, table: str, granularity: str) -> None: ...
+    def set_granularity(self, table: str, granularity: Granularity) -> None: ...
 
 
 class Schema:
@@ -117,8 +117,8 @@ class Schema:
         """Forget reflected tables (after running migrations in the same process some other way)."""
         self.catalog.refresh()
 
-    def set_granularity(self, table: str, granularity: str) -> None:
-        """Lock ``table`` per row (``"tuple"``, the default) or as a whole (``"table"``)."""
+    def set_granularity(self, table: str, granularity: Granularity) -> None:
+        """Lock ``table`` per row (``Granularity.TUPLE``, the default) or as a whole (``Granularity.TABLE``)."""
         self.catalog.table(table)   # validates the name
         self._locking.set_granularity(table, granularity)
 

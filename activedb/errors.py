@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import enum
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 if TYPE_CHECKING:  # pragma: no cover
     import lockmgr
@@ -37,13 +37,21 @@ class InvalidChoice(ActivedbError, ValueError):
     """A value that is not one of a closed set (an activedb enum, ``activedb._closedset.ClosedSet``): the message
     lists the members.  ``choices`` is the enum, ``given`` the value, ``parameter`` where it was given."""
 
-    def __init__(self, choices: type[enum.Enum], given: object, parameter: str | None = None):
+    def __init__(self, choices: type[enum.Enum], given: object, parameter: str | None = None,
+                 allowed: Iterable[enum.Enum] | None = None):
         self.choices = choices
         self.given = given
         self.parameter = parameter
-        members = ", ".join(f"{choices.__name__}.{member.name} ({member.value!r})" for member in choices)
-        where = f"{parameter}={given!r}" if parameter else repr(given)
-        super().__init__(f"{where} is not a {choices.__name__}: use one of {members}")
+        listed = tuple(choices) if allowed is None else tuple(allowed)
+        members = ", ".join(f"{choices.__name__}.{member.name} ({member.value!r})" for member in listed)
+        shown = f"{type(given).__name__}.{given.name}" if isinstance(given, enum.Enum) else repr(given)
+        where = f"{parameter}={shown}" if parameter else shown
+        try:
+            known = given in set(choices)           # (a Choice's member equals its value)
+        except TypeError:                           # unhashable: not a member
+            known = False
+        what = "taken here" if allowed is not None and known else f"a {choices.__name__}"
+        super().__init__(f"{where} is not {what}: use one of {members}")
 
 
 # --- database and server -------------------------------------------------------------

@@ -3,6 +3,7 @@ Execution in Active Databases* §2.1, §3.2, §3.3.2, axioms 18-30) as a pure li
 else of ours.  The design note, ``coupling/README.md``, describes every public name below.
 """
 
+from ._decisions import Phase
 from ._deferred import DeferredCycle, DeferredFiring, DeferredQueue, QueueState
 from ._dependencies import Dependency, DependencyKind, action_dependencies_for, dependencies_for, may_run_after
 from ._gate import DependencyGate, DependentState, Verdict
@@ -17,7 +18,7 @@ __all__ = [
     "ACTION_COUPLINGS", "Coupling", "CouplingError", "DeferredCycle", "DeferredCycleLimitExceeded", "DeferredFiring",
     "DeferredQueue", "DeferredQueueClosed", "Dependency", "DependencyGate", "DependencyKind", "DependencyTimeout",
     "DependentState", "GateError", "GateProtocolError", "HistoryEvent", "HistoryEventKind", "DependencyHistory",
-    "InvalidActionCoupling", "InvalidPriority", "MalformedHistory", "QueueState", "UnknownCoupling",
+    "InvalidActionCoupling", "InvalidPriority", "MalformedHistory", "Phase", "QueueState", "UnknownCoupling",
     "UnsupportedByGate", "Verdict", "action_dependencies_for", "check_dependencies", "dependencies_for",
     "has_own_deferred_queue", "may_run_after", "priority_groups",
 ]

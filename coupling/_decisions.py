@@ -53,11 +53,18 @@ def commit_decision(dependency: Dependency, outcome: bool | None, result: bool |
     return Decision.GO  # CD: the trigger has ended; CRD: committed and returned true
 
 
-def decide(dependencies: Iterable[Dependency], phase: str, outcomes: dict[Hashable, bool],
+class Phase(enum.StrEnum):
+    """What a dependent asks the gate for: to begin, or to commit."""
+
+    BEGIN = "begin"
+    COMMIT = "commit"
+
+
+def decide(dependencies: Iterable[Dependency], phase: Phase, outcomes: dict[Hashable, bool],
            results: dict[Hashable, bool]) -> tuple[Decision, tuple[Hashable, ...]]:
-    """Combine the decisions of all ``dependencies`` for ``phase`` (``"begin"`` or ``"commit"``): STOP wins,
+    """Combine the decisions of all ``dependencies`` for ``phase`` (``Phase.BEGIN`` or ``Phase.COMMIT``): STOP wins,
     then WAIT (with the triggers waited for, in order), else GO."""
-    decision_of = begin_decision if phase == "begin" else commit_decision
+    decision_of = begin_decision if phase is Phase.BEGIN else commit_decision
     pending: list[Hashable] = []
     for dependency in dependencies:
         trigger = dependency.trigger

@@ -13,7 +13,7 @@ import time
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
-from ._decisions import Decision, decide
+from ._decisions import Decision, Phase, decide
 from ._dependencies import Dependency, DependencyKind, action_dependencies_for, dependencies_for
 from ._modes import Coupling
 from .errors import DependencyTimeout, GateProtocolError, UnsupportedByGate
@@ -70,14 +70,14 @@ _GATED_KINDS = frozenset({DependencyKind.CD, DependencyKind.AD, DependencyKind.E
                           DependencyKind.CRD})
 
 # phase -> (the verdict that lets it proceed, the one that stops it, the record's state after proceeding)
-_PHASES = {"begin": (Verdict.BEGIN, Verdict.CANCEL, DependentState.BEGUN),
-           "commit": (Verdict.COMMIT, Verdict.ABORT, DependentState.COMMIT_GRANTED)}
+_PHASES = {Phase.BEGIN: (Verdict.BEGIN, Verdict.CANCEL, DependentState.BEGUN),
+           Phase.COMMIT: (Verdict.COMMIT, Verdict.ABORT, DependentState.COMMIT_GRANTED)}
 
 
-def _check_may_ask(record: _DependentRecord, phase: str) -> None:
+def _check_may_ask(record: _DependentRecord, phase: Phase) -> None:
     """Raise :class:`GateProtocolError` if ``record`` may not ask for ``phase`` now. Caller holds the gate's mutex."""
     dependent = record.tid
-    if phase == "begin":
+    if phase is Phase.BEGIN:
         if record.state is not DependentState.REGISTERED:
             raise GateProtocolError(f"wait_may_begin({dependent!r}) in state {record.state.value}; call it once, "
                                     "before the dependent runs")
@@ -109,7 +109,7 @@ class DependencyGate:
         # Invariant: a tid in _forgettable is dropped from _outcomes/_results as soon as it has
         #            ended and is not in _dependents_on.
         self._forgettable: set[Hashable] = set()
-        self._waiting = {"begin": 0, "commit": 0}
+        self._waiting = {Phase.BEGIN: 0, Phase.COMMIT: 0}
         self._verdicts = {verdict: 0 for verdict in Verdict}
         self._timeouts = 0
 
@@ -129,7 +129,7 @@ class DependencyGate:
         return dependencies
 
     def register_action(self, action: Hashable, condition: Hashable,
-                        coupling: Coupling | str = Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT) -> frozenset[Dependency]:
+                        coupling: Coupling = Coupling.SEQUENTIAL_CAUSALLY_DEPENDENT) -> frozenset[Dependency]:
         """Register the C-A dependencies (``action_dependencies_for``) and return them; report the
         condition's return value with :meth:`condition_returned`.  Immediate registers nothing."""
         dependencies = action_dependencies_for(coupling, action, condition)
@@ -261,13 +261,13 @@ class DependencyGate:
 
     # ------------------------------------------------------------------ decisions
 
-    def _decide(self, record: _DependentRecord, phase: str) -> tuple[Decision, tuple[Hashable, ...]]:
+    def _decide(self, record: _DependentRecord, phase: Phase) -> tuple[Decision, tuple[Hashable, ...]]:
         """``decide`` over the record's dependencies; an ended record STOPs. Caller holds ``self._mutex``."""
         if record.ended:
             return Decision.STOP, ()
         return decide(record.dependencies, phase, self._outcomes, self._results)
 
-    def _wait(self, record: _DependentRecord, phase: str, timeout: float | None) -> Decision:
+    def _wait(self, record: _DependentRecord, phase: Phase, timeout: float | None) -> Decision:
         """Block until ``_decide`` is not WAIT. Caller holds ``self._mutex`` (released while waiting)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         decision, pending = self._decide(record, phase)
@@ -295,15 +295,15 @@ class DependencyGate:
     def wait_may_begin(self, dependent: Hashable, timeout: float | None = None) -> Verdict:
         """Block until ``dependent`` may begin (``BEGIN``) or must never run (``CANCEL``), by the "may begin"
         column of the decision table; no registered dependency: ``BEGIN``.  Raises :class:`DependencyTimeout`."""
-        return self._ask(dependent, "begin", timeout)
+        return self._ask(dependent, Phase.BEGIN, timeout)
 
     def wait_may_commit(self, dependent: Hashable, timeout: float | None = None) -> Verdict:
         """Block until ``dependent`` may commit (``COMMIT``) or must abort (``ABORT``), by the "may commit"
         column; no registered dependency: ``COMMIT``.  After ``COMMIT`` it commits and reports its end (an
         abort if its commit failed).  Raises :class:`DependencyTimeout`."""
-        return self._ask(dependent, "commit", timeout)
+        return self._ask(dependent, Phase.COMMIT, timeout)
 
-    def _ask(self, dependent: Hashable, phase: str, timeout: float | None) -> Verdict:
+    def _ask(self, dependent: Hashable, phase: Phase, timeout: float | None) -> Verdict:
         """The one body of ``wait_may_begin`` and ``wait_may_commit``: check the protocol, wait, hand out
         the verdict and move the record to its next state."""
         go, stop, granted = _PHASES[phase]
@@ -328,7 +328,7 @@ class DependencyGate:
             if record is None:
                 return False
             return record.state is DependentState.STOPPED or decide(
-                record.dependencies, "begin", self._outcomes, self._results)[0] is Decision.STOP
+                record.dependencies, Phase.BEGIN, self._outcomes, self._results)[0] is Decision.STOP
 
     # ------------------------------------------------------------------ introspection
 
@@ -366,8 +366,8 @@ class DependencyGate:
         with self._mutex:
             return GateStatistics(dependents=len(self._dependents),
                                   dependencies=sum(len(record.dependencies) for record in self._dependents.values()),
-                                  waiting_to_begin=self._waiting["begin"],
-                                  waiting_to_commit=self._waiting["commit"],
+                                  waiting_to_begin=self._waiting[Phase.BEGIN],
+                                  waiting_to_commit=self._waiting[Phase.COMMIT],
                                   retained_outcomes=len(self._outcomes),
                                   begun=self._verdicts[Verdict.BEGIN],
                                   cancelled=self._verdicts[Verdict.CANCEL],

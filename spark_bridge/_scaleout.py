@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from activedb.atomic import SplitFailure
 from activedb.errors import classify
 from activedb.ingest._ledger import ledger_query_id
 from activedb.ingest._mapping import EventMapping
@@ -157,7 +158,8 @@ class PartitionedIngestSink(IngestSink):
 
     def __init__(self, db: Any, mapping: EventMapping, *, partitions: int, app: Any,
                  connect_options: Mapping[str, Any] | None = None, detached_timeout: float = 300.0,
-                 on_partition_failure: str = "forward", lineage: bool = True, **sink_options: Any) -> None:
+                 on_partition_failure: SplitFailure = SplitFailure.FORWARD, lineage: bool = True,
+                 **sink_options: Any) -> None:
         """``sink_options``: those of :class:`IngestSink` (``query_name``, ``known_types``, ``prefetch``, …)."""
         super().__init__(db, mapping, **sink_options)
         prefetch = sink_options.get("prefetch")

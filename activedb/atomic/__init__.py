@@ -13,12 +13,12 @@ from activedb.atomic import errors
 from activedb import lazy
 
 __all__ = ["Batches", "BatchRef", "BoundReached", "CompensationPlan", "CompensationReport", "IndependentScover",
-           "Mode", "Scope", "SplitFailure", "TransactionLineage", "Unsafe", "errors"]
+           "CompensationMode", "CompensationScope", "SplitFailure", "TransactionLineage", "Unsafe", "errors"]
 
 # imported on first use: `import activedb.atomic` stays fast (the CLI's start)
 __getattr__, __dir__ = lazy.exports(__name__, {
     "activedb.atomic._batches": ["Batches", "SplitFailure"],
-    "activedb.atomic._compensate": ["CompensationPlan", "CompensationReport", "Mode", "Scope", "Unsafe"],
+    "activedb.atomic._compensate": ["CompensationMode", "CompensationPlan", "CompensationReport", "CompensationScope", "Unsafe"],
     "activedb.atomic._graph": ["BoundReached", "IndependentScover", "TransactionLineage"],
     "activedb.atomic._lineage": ["BatchRef"],
 })
@@ -26,8 +26,8 @@ __getattr__, __dir__ = lazy.exports(__name__, {
 if TYPE_CHECKING:  # the names above, for type checkers (tests/test_typing.py keeps both lists equal)
     from activedb.atomic._batches import Batches as Batches, SplitFailure as SplitFailure
     from activedb.atomic._compensate import (
-        CompensationPlan as CompensationPlan, CompensationReport as CompensationReport, Mode as Mode, Scope as Scope,
-        Unsafe as Unsafe)
+        CompensationMode as CompensationMode, CompensationPlan as CompensationPlan,
+        CompensationReport as CompensationReport, CompensationScope as CompensationScope, Unsafe as Unsafe)
     from activedb.atomic._graph import (
         BoundReached as BoundReached, IndependentScover as IndependentScover, TransactionLineage as TransactionLineage)
     from activedb.atomic._lineage import BatchRef as BatchRef

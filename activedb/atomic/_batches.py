@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import datetime
-import enum
 import threading
 from typing import TYPE_CHECKING, Any, Callable
 
 import sqlalchemy as sa
 
+from activedb._closedset import ClosedSet
 from activedb.store import jsonable
 
 from activedb.atomic import _compensate, _graph
-from activedb.atomic._compensate import CompensationPlan, CompensationReport, Compensations, Mode, Scope
+from activedb.atomic._compensate import (CompensationMode, CompensationPlan, CompensationReport, Compensations,
+                                         CompensationScope)
 from activedb.atomic._graph import IndependentScover, LineageExplorer, TransactionLineage
 from activedb.atomic._lineage import BatchRef, ConsumedBatches, RuleNotes, UndoKeys, add_note, record_of
 from activedb.atomic.errors import LineageError, UnknownBatch
@@ -22,7 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
 
 
-class SplitFailure(enum.Enum):
+class SplitFailure(ClosedSet):
     """What to do with a split batch one partition of which failed for good."""
 
     FORWARD = "forward"          # complete it forward: apply the failed partition again after the fix
@@ -179,17 +180,21 @@ class Batches:
 
     # --- compensating ------------------------------------------------------------------------------
 
-    def plan(self, source_batch: Any, *, mode: str = "full", scope: str = "batch", max_rounds: int = 64,
+    def plan(self, source_batch: Any, *, mode: CompensationMode = CompensationMode.FULL,
+             scope: CompensationScope = CompensationScope.BATCH, max_rounds: int = 64,
              max_transactions: int = 100_000, consecutive: bool = False) -> CompensationPlan:
         return self._explore(lambda explorer: _compensate.plan(
-            self._compensations, explorer, _ref(source_batch), mode=Mode(mode), scope=Scope(scope), max_rounds=max_rounds,
+            self._compensations, explorer, _ref(source_batch), mode=CompensationMode.parse(mode, "mode"),
+            scope=CompensationScope.parse(scope, "scope"), max_rounds=max_rounds,
             max_transactions=max_transactions, consecutive=consecutive))
 
-    def compensate(self, source_batch: Any, *, mode: str = "full", scope: str = "batch", dry_run: bool = False,
+    def compensate(self, source_batch: Any, *, mode: CompensationMode = CompensationMode.FULL,
+                   scope: CompensationScope = CompensationScope.BATCH, dry_run: bool = False,
                    allow_unsafe: bool = False, max_rounds: int = 64, max_transactions: int = 100_000,
                    consecutive: bool = False) -> CompensationReport:
-        """Compensate ``source_batch``: ``mode`` ``"full"`` (all of ``𝒯(b)``) or ``"non-intrusive"`` (the
-        prefix shared with no other batch); ``scope="independent"`` compensates the independent scover.
+        """Compensate ``source_batch``: ``mode`` ``CompensationMode.FULL`` (all of ``𝒯(b)``) or ``NON_INTRUSIVE``
+        (the prefix shared with no other batch); ``scope=CompensationScope.INDEPENDENT`` compensates the
+        independent scover.
         Runs in reverse topological order, one recorded top-level transaction per compensated one; a
         second call resumes what a crash interrupted (each is compensated at most once).  ``dry_run``:
         the report of what would be undone, nothing changed."""

@@ -8,7 +8,6 @@ The paper's words mapped to these: the package README, "Compensation".
 from __future__ import annotations
 
 import datetime
-import enum
 import json
 import logging
 import threading
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import networkx as nx
 import sqlalchemy as sa
 
+from activedb._closedset import ClosedSet
 from activedb.events import Event, EventKind
 from activedb.errors import DatabaseError
 from activedb.store import jsonable
@@ -81,14 +81,18 @@ class Compensations:
         return bool(node.notes) or (node.name is not None and node.name in self._transaction_actions)
 
 
-class Mode(enum.Enum):
-    FULL = "full"
-    NON_INTRUSIVE = "non-intrusive"
+class CompensationMode(ClosedSet):
+    """What a compensation undoes of a batch's transactions."""
+
+    FULL = "full"                      # all of them (𝒯(b))
+    NON_INTRUSIVE = "non-intrusive"    # the prefix shared with no other batch
 
 
-class Scope(enum.Enum):
-    BATCH = "batch"
-    INDEPENDENT = "independent"
+class CompensationScope(ClosedSet):
+    """Which transactions a compensation starts from."""
+
+    BATCH = "batch"                    # the batch's own
+    INDEPENDENT = "independent"        # its independent scover
 
 
 @dataclass
@@ -113,8 +117,8 @@ class Unsafe:
 @dataclass
 class CompensationPlan:
     batch: BatchRef
-    mode: Mode
-    scope: Scope
+    mode: CompensationMode
+    scope: CompensationScope
     targets: set[BatchRef]
     order: list[str]                       # reverse topological order: what runs, first to last
     already: set[str]                      # compensated before (skipped)
@@ -166,13 +170,13 @@ class CompensationReport:
                 "compensating_transactions": self.compensating}
 
 
-def plan(batches: Compensations, explorer: LineageExplorer, batch: BatchRef, *, mode: Mode, scope: Scope,
+def plan(batches: Compensations, explorer: LineageExplorer, batch: BatchRef, *, mode: CompensationMode, scope: CompensationScope,
          max_rounds: int, max_transactions: int, consecutive: bool) -> CompensationPlan:
     if not explorer.consumers([batch]):
         raise UnknownBatch(f"no recorded transaction consumed batch {batch}; `activedb batches show` lists "
                            f"what lineage knows (lineage older than the retention may have been pruned)")
     cover = None
-    if scope is Scope.INDEPENDENT:
+    if scope is CompensationScope.INDEPENDENT:
         cover = independent_scover(explorer, batch, max_rounds=max_rounds, max_transactions=max_transactions,
                                    consecutive=consecutive)
         targets = set(cover.batches) | {batch}
@@ -181,7 +185,7 @@ def plan(batches: Compensations, explorer: LineageExplorer, batch: BatchRef, *, 
     everything: set[str] = set().union(*(composite(explorer, target)[0] for target in targets))
     # The other source batches b with tid ∈ 𝒯(b): those consumed by tid or an ancestor.
     others = {tid: source_batches(explorer, explorer.ancestors_or_self([tid])[0]) - targets for tid in everything}
-    chosen = set(everything) if mode is Mode.FULL else {tid for tid in everything if not others[tid]}
+    chosen = set(everything) if mode is CompensationMode.FULL else {tid for tid in everything if not others[tid]}
     nodes = explorer.load(everything)
     already = {tid for tid in chosen if nodes[tid].compensated_by is not None}
     graph = explorer.graph(chosen)

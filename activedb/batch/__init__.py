@@ -26,11 +26,12 @@ from activedb.batch._runtime import decide, normalise_events, run_in_memory
 from activedb.batch._store import apply_batch, dead_letter_row, run_batch
 from activedb.batch._commit import PendingBatch, PendingState, apply_at_commit
 from activedb.batch._rules import DeclaredAction, Lowered, apply_lowered, declared, lower
-from activedb.batch._strategy import AbortMode, Exploration, Granularity, Strategy, all_strategies, parse_strategy
+from activedb.batch._strategy import (AbortMode, DecisionRule, Exploration, Granularity, Split, Strategy, all_strategies,
+                                      parse_strategy)
 from activedb.batch._picture import render_tpg, tpg_graph
 from activedb.batch import errors
 
-__all__ = ["Abort", "AbortMode", "all_strategies", "apply_at_commit", "apply_batch", "apply_lowered", "BatchEvent",
+__all__ = ["Abort", "AbortMode", "DecisionRule", "Split", "all_strategies", "apply_at_commit", "apply_batch", "apply_lowered", "BatchEvent",
            "BatchResult", "BatchStatistics", "dead_letter_row", "decide", "Decision", "DecisionModel", "declared",
            "DeclaredAction", "morphstream_name",
            "DELETE", "EdgeKind", "lower", "Lowered",

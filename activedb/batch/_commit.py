@@ -30,7 +30,7 @@ from activedb.batch._route import touched_states, written_tables
 from activedb.batch._runtime import AUTO, execute_batch, no_cyclic_gc, normalise_events, runtime_of
 from activedb.batch._store import (DEAD_LETTER_TABLE, apply_batch, check_key_columns, check_required,
                                    dead_letter, store_check)
-from activedb.batch._strategy import Strategy
+from activedb.batch._strategy import Split, Strategy
 from activedb.batch.errors import BatchNotCommitted, DeclarationError
 from activedb.errors import InvalidKey, InvalidValue, SchemaError
 from activedb.store import rows_by_key
@@ -109,7 +109,7 @@ class PendingBatch(CommitParticipant):
                 # A transaction wrote a value the store cannot hold: run the batch again checking each transaction's
                 # values as it ends, so that exactly those transactions abort (each a dead letter with the reason).
                 result = execute_batch(self.transactions, self.batch, base, loader=loader, declared=self._declared,
-                                       strategy="lean", split="never", check=store_check(catalog))
+                                       strategy="lean", split=Split.NEVER, check=store_check(catalog))
                 result.notes.append(f"ran again checking each transaction's values: {type(error).__name__}: {error}")
                 statements = _planned_writes(catalog, result, self._keys)
             self.rows_written = _send(connection, statements)
@@ -540,7 +540,7 @@ class _Options:
 
     strategy: str | Strategy
     processes: int | None
-    split: str
+    split: Split
     dead_letters: str | None
     query_id: str | None
     batch_id: int | None
@@ -550,7 +550,7 @@ class _Options:
 
 @no_cyclic_gc()
 def apply_at_commit(tx: Transaction, events: Iterable[Any], transactions: StateTransactions, *,
-                    strategy: str | Strategy = AUTO, processes: int | None = None, split: str = "auto",
+                    strategy: str | Strategy = AUTO, processes: int | None = None, split: Split = Split.AUTO,
                     dead_letters: str | None = DEAD_LETTER_TABLE, query_id: str | None = None,
                     batch_id: int | None = None,
                     letters: Callable[[BatchResult], list[deadletters.Letter]] | None = None,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
 from activedb.batch._plan import Tpg, has_group_cycle
-from activedb.batch._strategy import AbortMode, Exploration, Granularity, Strategy
+from activedb.batch._strategy import AbortMode, DecisionRule, Exploration, Granularity, Strategy
 
 # Thresholds (see the README's "Decision model" section for the measurements behind them).
 MIN_DEPENDENCIES_PER_OP = 0.8     # rule 1: (TD + PD + LD) / operations
@@ -28,7 +28,7 @@ MAX_BIN_SHARE = 0.75              # rule 4
 MIN_WORK_SECONDS_FOR_PROCESSES = 0.02   # rule 4: expected execution time of the batch
 SMOOTHING = 0.5                   # EWMA weight of the newest batch
 HIGH_COMPLEXITY_SECONDS = 40e-6   # MorphStream's runner: a UDF of >= 40,000 ns is "complexity high"
-RULES = ("morphstream", "calibrated")
+RULES = tuple(rule.value for rule in DecisionRule)
 
 
 @dataclass(frozen=True)
@@ -220,11 +220,10 @@ class DecisionModel:
     history: list[str] = field(default_factory=list)
     lean_seconds_per_op: float | None = None      # measured by batches run lean
     tpg_seconds_per_op: float | None = None       # measured by batches run on a TPG
-    rule: str = "morphstream"                     # the paper's three dimensions: see RULES
+    rule: DecisionRule = DecisionRule.MORPHSTREAM   # the paper's three dimensions: see RULES
 
     def __post_init__(self) -> None:
-        if self.rule not in RULES:
-            raise ValueError(f"unknown decision rule {self.rule!r}: use one of {', '.join(RULES)}")
+        self.rule = DecisionRule.parse(self.rule, "DecisionModel(rule=...)")
 
     def choose_execution(self, threads: int = 1, gil: bool | None = None) -> tuple[str, tuple[str, ...]]:
         """Rule 0: ``("lean", reasons)`` or ``("tpg", reasons)``.  ``threads``: executor threads
@@ -247,7 +246,7 @@ class DecisionModel:
     def decide(self, tpg: Tpg, *, vdd: float | None = None) -> Decision:
         """The strategy for ``tpg`` by ``self.rule``; ``vdd`` states the vertex degree distribution (a Zipf θ,
         as MorphStream's generator feeds its tree) instead of measuring it (the tree only)."""
-        return self._decide_by_tree(tpg, vdd) if self.rule == "morphstream" else self._decide_calibrated(tpg)
+        return self._decide_by_tree(tpg, vdd) if self.rule is DecisionRule.MORPHSTREAM else self._decide_calibrated(tpg)
 
     def _decide_by_tree(self, tpg: Tpg, vdd: float | None = None) -> Decision:
         values = measure(tpg)

@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from activedb.errors import ActivedbError
+from activedb.batch._strategy import DecisionRule
 from activedb.batch.errors import DeclarationError, UnknownEventType
 
 
@@ -470,13 +471,13 @@ class StateTransactions:
     """
 
     def __init__(self, name: str = "state transactions", *, processes: int = 1,
-                 decision_rule: str = "morphstream") -> None:
-        if decision_rule not in ("morphstream", "calibrated"):
+                 decision_rule: DecisionRule = DecisionRule.MORPHSTREAM) -> None:
+        if decision_rule not in set(DecisionRule):
             raise DeclarationError(f"unknown decision_rule {decision_rule!r}: use 'morphstream' (MorphStream's "
                                    f"decision tree) or 'calibrated' (this package's per-operation thresholds)")
         self.name = name
         self.processes = int(processes)
-        self.decision_rule = decision_rule     # how strategy="tpg" picks its strategy (see _decide.py)
+        self.decision_rule = DecisionRule(decision_rule)   # how strategy="tpg" picks its strategy (_decide.py)
         self._declarations: dict[str, Callable[[BatchEvent, Ops], None]] = {}
         self._runtime = None   # created on first use (_runtime.Runtime): decision memory, pool
 

@@ -25,7 +25,7 @@ from activedb.batch._parallel import WorkerPool
 from activedb.batch._plan import Txn, build_tpg
 from activedb.batch._result import BatchResult, BatchStatistics, Part
 from activedb.batch._route import Allowed, Router, route, touched_states
-from activedb.batch._strategy import Strategy, parse_strategy
+from activedb.batch._strategy import DecisionRule, Split, Strategy, parse_strategy
 from activedb.batch.errors import WorkerFailed
 from activedb.versions import Versions
 
@@ -45,7 +45,7 @@ class Runtime:
     """Per :class:`StateTransactions`: the decision model's memory, the route plans, the worker
     pool, and whether its batches have window operations (the lean executor then keeps versions)."""
 
-    def __init__(self, processes: int, rule: str = "morphstream") -> None:
+    def __init__(self, processes: int, rule: DecisionRule = DecisionRule.MORPHSTREAM) -> None:
         self.model = DecisionModel(rule=rule)
         self.router = Router()
         self.pool = WorkerPool(processes - 1, ping) if processes > 1 else None
@@ -308,7 +308,7 @@ class _Missed:
 
 def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base: Mapping[tuple[str, Any], Any], *,
                   loader: Callable[[str, Any], Any] | None = None, declared: Mapping[int, Any] | None = None,
-                  strategy: str | Strategy = AUTO, processes: int | None = None, split: str = "auto",
+                  strategy: str | Strategy = AUTO, processes: int | None = None, split: Split = Split.AUTO,
                   declare_seconds: float = 0.0, check: Callable[[list, dict | None], str | None] | None = None
                   ) -> BatchResult:
     """Run the normalised ``batch`` (``batch[t]``, timestamp order) over ``base`` (images before
@@ -320,8 +320,7 @@ def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base
     garbage collector (``no_cyclic_gc``), as every caller here does."""
     runtime = runtime_of(transactions)
     mode = strategy if isinstance(strategy, str) and strategy in _MODES else parse_strategy(strategy)
-    if split not in ("auto", "always", "never"):
-        raise ValueError(f"split is 'auto', 'always' or 'never', not {split!r}")
+    split = Split.parse(split, "split")
     allowed_processes = transactions.processes if processes is None else processes
     model = runtime.model
     notes: list[str] = []
@@ -335,13 +334,13 @@ def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base
         mode, decision = model.choose_execution(threads=1)
     parts: list[Part] = []
     components, largest_share = 0, 1.0
-    if (allowed_processes > 1 and len(batch) > 1 and runtime.pool is not None and split != "never"):
+    if (allowed_processes > 1 and len(batch) > 1 and runtime.pool is not None and split is not Split.NEVER):
         started = time.perf_counter()
         count = min(allowed_processes, runtime.pool.workers + 1)
         routing = route(runtime.router, transactions.declare, batch, count, declared)
         seconds["route"] = time.perf_counter() - started
         components, largest_share = routing.components, routing.largest_share
-        splitting, why = (True, "split='always'") if split == "always" else model.should_split(
+        splitting, why = (True, "split='always'") if split is Split.ALWAYS else model.should_split(
             sum(routing.weights), routing.bin_share, allowed_processes)
         if splitting and sum(1 for members in routing.bins if members) < 2:
             splitting, why = False, "one component"
@@ -488,7 +487,7 @@ def _assemble(batch: list[BatchEvent], parts: list[Part], mode, seconds: dict[st
 @no_cyclic_gc()
 def run_in_memory(transactions: StateTransactions, events: Iterable[Any],
                   state: Mapping[tuple[str, Any], dict | None] | None = None, *, strategy: str | Strategy = AUTO,
-                  processes: int | None = None, split: str = "auto") -> BatchResult:
+                  processes: int | None = None, split: Split = Split.AUTO) -> BatchResult:
     """Declare and run a batch over ``state`` (images before the batch; absent = no row)."""
     started = time.perf_counter()
     batch = normalise_events(events)

@@ -13,8 +13,9 @@ from activedb import deadletters
 from activedb.batch._declare import BatchEvent, StateTransactions, inserted_parts
 from activedb.batch._result import BatchResult
 from activedb.batch._runtime import AUTO, execute_batch, no_cyclic_gc, prepare
-from activedb.batch._strategy import Strategy
+from activedb.batch._strategy import Split, Strategy
 from activedb.errors import InvalidKey, InvalidValue, SchemaError
+from activedb.txn import BulkLock
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
@@ -26,15 +27,14 @@ _MISSING = object()
 
 @no_cyclic_gc()        # tens of thousands of small objects: no cyclic collection meanwhile
 def apply_batch(tx: Transaction, events: Iterable[Any], transactions: StateTransactions, *,
-                strategy: str | Strategy = AUTO, processes: int | None = None, split: str = "auto",
-                lock: str = "write") -> BatchResult:
+                strategy: str | Strategy = AUTO, processes: int | None = None, split: Split = Split.AUTO,
+                lock: BulkLock = BulkLock.WRITE) -> BatchResult:
     """Run ``events`` as one batch of state transactions inside the open transaction ``tx``
     and leave the final rows in its write set.  Does not commit and does not write dead
     letters: ``result.dead_letters`` lists ``(event, reason)`` for the caller to store.
-    ``lock``: ``"write"`` (WRITE row locks on every declared row, taken when they are read) or
-    ``"table"`` (one WRITE lock per table the batch touches)."""
-    if lock not in ("write", "table"):
-        raise ValueError(f"apply_batch(lock={lock!r}): use 'write' or 'table'")
+    ``lock``: ``BulkLock.WRITE`` (WRITE row locks on every declared row, taken when they are read) or
+    ``BulkLock.TABLE`` (one WRITE lock per table the batch touches)."""
+    lock = BulkLock.parse(lock, "apply_batch(lock=...)", allowed=(BulkLock.WRITE, BulkLock.TABLE))
     prepared = prepare(transactions, events)
     started = time.perf_counter()
     base: dict[tuple[str, Any], dict | None] = {}
@@ -52,10 +52,10 @@ def apply_batch(tx: Transaction, events: Iterable[Any], transactions: StateTrans
         # A transaction wrote a value the store cannot hold: run the batch again checking each transaction's
         # values as it ends, so that exactly those transactions abort (as at commit, ``_commit.py``).
         result = execute_batch(transactions, prepared.batch, base, loader=tx.read, declared=prepared.declared(),
-                               strategy="lean", split="never", check=store_check(catalog))
+                               strategy="lean", split=Split.NEVER, check=store_check(catalog))
         result.notes.append(f"ran again checking each transaction's values: {refused}")
         by_table = _changes(result, base)
-    written = sum(tx.write_many(table, rows, lock="table" if lock == "table" else "row")
+    written = sum(tx.write_many(table, rows, lock=lock)
                   for table, rows in by_table.items())
     for table, rows in result.inserted().items():      # new rows: their keys drawn as tx.insert draws them
         for row in rows:
@@ -161,7 +161,7 @@ def dead_letter_row(event: BatchEvent) -> dict:
 
 def run_batch(db: DatabaseHandle, events: Iterable[Any], transactions: StateTransactions, *, strategy: str | Strategy = AUTO,
               participants: Iterable[Any] = (), query_id: str | None = None, batch_id: int | None = None,
-              dead_letters: bool = True, processes: int | None = None, split: str = "auto") -> BatchResult:
+              dead_letters: bool = True, processes: int | None = None, split: Split = Split.AUTO) -> BatchResult:
     """Convenience for users feeding events directly: one top-level transaction that applies the batch and
     inserts its dead letters into ``activedb_dead_letters`` (labelled with ``query_id``/``batch_id`` if
     given); ``participants`` take part in its commit (e.g. a ledger row written in the same PostgreSQL

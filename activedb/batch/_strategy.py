@@ -11,7 +11,23 @@ import enum
 import itertools
 from dataclasses import dataclass
 
+from activedb._closedset import ClosedSet
 from activedb.batch.errors import StrategyError
+
+
+class Split(ClosedSet):
+    """Whether a batch runs split over worker processes by its connected components (``split=``)."""
+
+    AUTO = "auto"          # as the decision model's rule says
+    ALWAYS = "always"      # whenever it has two components or more and processes are allowed
+    NEVER = "never"
+
+
+class DecisionRule(ClosedSet):
+    """How ``strategy="tpg"`` picks its strategy (``StateTransactions(decision_rule=...)``; ``_decide.py``)."""
+
+    MORPHSTREAM = "morphstream"    # MorphStream's decision tree
+    CALIBRATED = "calibrated"      # this package's per-operation thresholds
 
 
 class Exploration(enum.Enum):

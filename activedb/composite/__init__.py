@@ -15,7 +15,7 @@ from activedb.composite.errors import (CompositeError, EventRejected, LateEvent,
                                        UncertainOrder)
 
 __all__ = ["Choice", "CompositeError", "CompositeEvent", "CompositeStatistics", "CompositionEngine", "DEFAULT_TIMEOUT",
-           "EventRejected", "Heartbeat", "Invalidation", "Item", "LateEvent", "ManualClock", "MembershipError",
+           "EventRejected", "Heartbeat", "Invalidation", "Item", "LateEvent", "ManualClock", "MembershipError", "MembershipKind",
            "MonotonicClock", "POList", "ProducerInfo", "ProducerTimeout", "Resolution", "TimeoutPolicy",
            "UncertainOrder", "Uncertainty", "UncertaintyKind", "Window", "WindowEntry", "errors", "plot"]
 
@@ -23,7 +23,8 @@ __all__ = ["Choice", "CompositeError", "CompositeEvent", "CompositeStatistics", 
 __getattr__, __dir__ = lazy.exports(__name__, {
     "activedb.composite._clock": ["ManualClock", "MonotonicClock"],
     "activedb.composite._engine": ["DEFAULT_TIMEOUT", "CompositionEngine"],
-    "activedb.composite._records": ["CompositeStatistics", "ProducerInfo", "TimeoutPolicy", "Window", "WindowEntry"],
+    "activedb.composite._records": ["CompositeStatistics", "MembershipKind", "ProducerInfo", "TimeoutPolicy", "Window",
+                                    "WindowEntry"],
     "activedb.composite._model": ["Choice", "CompositeEvent", "Heartbeat", "Invalidation", "Resolution", "Uncertainty",
                                   "UncertaintyKind"],
     "activedb.composite._polist": ["Item", "POList"],
@@ -34,8 +35,8 @@ if TYPE_CHECKING:  # the names above, for type checkers (tests/test_typing.py ke
     from activedb.composite._clock import ManualClock as ManualClock, MonotonicClock as MonotonicClock
     from activedb.composite._engine import CompositionEngine as CompositionEngine, DEFAULT_TIMEOUT as DEFAULT_TIMEOUT
     from activedb.composite._records import (
-        CompositeStatistics as CompositeStatistics, ProducerInfo as ProducerInfo, TimeoutPolicy as TimeoutPolicy,
-        Window as Window, WindowEntry as WindowEntry)
+        CompositeStatistics as CompositeStatistics, MembershipKind as MembershipKind, ProducerInfo as ProducerInfo,
+        TimeoutPolicy as TimeoutPolicy, Window as Window, WindowEntry as WindowEntry)
     from activedb.composite._model import (
         Choice as Choice, CompositeEvent as CompositeEvent, Heartbeat as Heartbeat, Invalidation as Invalidation,
         Resolution as Resolution, Uncertainty as Uncertainty, UncertaintyKind as UncertaintyKind)

@@ -19,7 +19,7 @@ from activedb.composite._input import InputNode
 from activedb.composite._members import Members
 from activedb.composite._model import CompositeEvent, Heartbeat, Invalidation, Partition, Uncertainty, describe_event
 from activedb.composite._polist import Membership
-from activedb.composite._records import CompositeStatistics, ProducerInfo, TimeoutPolicy, Window
+from activedb.composite._records import CompositeStatistics, MembershipKind, ProducerInfo, TimeoutPolicy, Window
 from activedb.composite._rollback import Rollback
 from activedb.composite.errors import CompositeError, MembershipError, ProducerTimeout
 from activedb.events import EventSpec, EventKind, LocalClock
@@ -104,7 +104,7 @@ class CompositionEngine:
         return compiled
 
     def query(self, name: str, *, pattern: Any, returns: Any = (), where: Any = None, stream: str | None = None,
-              consumption: ast.Consumption | str = ast.Consumption.CHRONICLE) -> CompiledQuery:
+              consumption: ast.Consumption = ast.Consumption.CHRONICLE) -> CompiledQuery:
         """Define a query in Python: ``pattern=streams.conj("A", "B")`` or ``streams.seq("A", "B")``."""
         return self.create_query(query_definition(name, pattern=pattern, returns=returns, where=where,
                                                   stream=stream, consumption=consumption))
@@ -142,24 +142,26 @@ class CompositionEngine:
     # --- membership ---------------------------------------------------------------------------------
 
     def join(self, producer: str, *, types: Iterable[str], since: Any = None,
-             clock: LocalClock | None = None, membership: str = "atomic") -> None:
+             clock: LocalClock | None = None, membership: MembershipKind = MembershipKind.ATOMIC) -> None:
         """Register ``producer`` for ``types`` (the design note's "Membership: atomic and weak").
 
-        ``membership="atomic"`` (default): before it sends; ``since`` promises that none of its events
+        ``MembershipKind.ATOMIC`` (default): before it sends; ``since`` promises that none of its events
         will have a lower bound below it and must be after every instant compositions already relied on
         (without it, compositions of its types wait for its first event or heartbeat).
-        ``membership="weak"``: admitted at once; compositions its old events would have changed are
+        ``MembershipKind.WEAK``: admitted at once; compositions its old events would have changed are
         reported (:class:`~activedb.composite.Invalidation` to ``on_invalidation``, ``invalidations()``)."""
-        if membership not in ("atomic", "weak"):
-            raise MembershipError(f"membership is 'atomic' (join before sending) or 'weak' (admitted late, "
-                                  f"invalidated compositions reported), got {membership!r}")
+        if membership not in set(MembershipKind):
+            raise MembershipError(f"membership is MembershipKind.ATOMIC ('atomic': join before sending) or "
+                                  f"MembershipKind.WEAK ('weak': admitted late, invalidated compositions reported), "
+                                  f"got {membership!r}")
+        membership = MembershipKind(membership)
         types = frozenset(types)
         if not producer or not isinstance(producer, str):
             raise MembershipError(f"a producer is a non-empty string, got {producer!r}")
         if not types:
             raise MembershipError(f"producer {producer} must name the event types it produces")
         with self._guard:
-            self._members.join(producer, types, since, clock, self.clock.now(), membership == "weak")
+            self._members.join(producer, types, since, clock, self.clock.now(), membership is MembershipKind.WEAK)
 
     def leave(self, producer: str) -> list[CompositeEvent]:
         """``producer`` has sent everything (its channel is FIFO, so everything it sent has arrived): it

@@ -8,7 +8,7 @@ import collections
 from typing import Any, Iterable, TypedDict
 
 from activedb.composite._polist import Membership, Producer
-from activedb.composite._records import ProducerInfo
+from activedb.composite._records import MembershipKind, ProducerInfo
 from activedb.composite.errors import MembershipError
 from activedb.events import LocalClock, Timestamp, as_timestamp
 
@@ -74,7 +74,7 @@ class Members:
     def info(self, now: float) -> dict[str, ProducerInfo]:
         return {name: ProducerInfo(name, tuple(sorted(state.types)), state.sync, state.latest_local,
                                    state.state.value, state.events, state.heartbeats, now - state.last_seen,
-                                   "weak" if state.weak else "atomic")
+                                   MembershipKind.WEAK if state.weak else MembershipKind.ATOMIC)
                 for name, state in self.producers.items()}
 
     def blocking(self, stamps: list[Timestamp], event_type: str) -> frozenset[str]:

@@ -8,7 +8,15 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from activedb.composite._model import CompositeEvent, Uncertainty
+from activedb._closedset import ClosedSet
 from activedb.events import Timestamp
+
+
+class MembershipKind(ClosedSet):
+    """How a producer joins a composition engine (the design note's "Membership: atomic and weak")."""
+
+    ATOMIC = "atomic"      # before it sends; compositions wait for it
+    WEAK = "weak"          # admitted at once; compositions its old events change are reported as invalidations
 
 
 class TimeoutPolicy(enum.Enum):
@@ -34,7 +42,7 @@ class ProducerInfo:
     events: int
     heartbeats: int
     silent_for: float
-    membership: str = "atomic"        # "atomic" | "weak"
+    membership: MembershipKind = MembershipKind.ATOMIC
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ Public names: :class:`RuleManager` (``db.rules``), :class:`Rule`, :class:`Functi
 
 from activedb.rules._context import GateKey, GateRole, RuleContext
 from activedb.rules._manager import RuleManager
-from activedb.rules._model import Fired, FiringOutcome, FunctionRule, Firing, Rule, RuleCounters, RulesStatistics
+from activedb.rules._model import Fired, FunctionRule, Firing, Rule, RuleCounters, RuleExecution, RulesStatistics
+from activedb.txn import FiringOutcome      # (the observers' vocabulary: activedb.txn owns it)
 
-__all__ = ["RuleManager", "Rule", "FunctionRule", "Firing", "FiringOutcome", "Fired", "RuleCounters",
+__all__ = ["RuleManager", "Rule", "FunctionRule", "Firing", "FiringOutcome", "Fired", "RuleCounters", "RuleExecution",
            "RulesStatistics", "RuleContext", "GateKey", "GateRole"]

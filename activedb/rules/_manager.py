@@ -17,11 +17,11 @@ from activedb.errors import CascadeLimitExceeded, RuleFailed, TransactionAborted
 from activedb.events import Event, EventKind
 from activedb.rules._context import RuleContext, chain_of, deferred_queue_for
 from activedb.rules._detached import DetachedRunner, DependencyAbort
-from activedb.rules._model import Fired, Firing, FiringOutcome, Rule, RulesStatistics, always
+from activedb.rules._model import Fired, Firing, Rule, RuleExecution, RulesStatistics, always
 from activedb.rules._parallel import condition_then_action
 from activedb.rules._record import FiringRecord
 from activedb.rules._registry import RuleRegistry
-from activedb.txn import (Transaction, TransactionExtension, run_group, run_inline, set_slot, slot,
+from activedb.txn import (FiringOutcome, Transaction, TransactionExtension, run_group, run_inline, set_slot, slot,
                           wait_children)
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -39,9 +39,8 @@ class RuleManager(TransactionExtension):
     """The rules of one ``Database``; ``db.rules``.  Thread-safe (see the module docstring)."""
 
     def __init__(self, catalog: "Catalog", transactions: "TransactionManager", *, max_cascade_depth: int = 16,
-                 max_deferred_cycles: int = 100, execution: str = "threads"):
-        if execution not in ("threads", "inline"):
-            raise ValueError("execution is 'threads' (equal priorities run concurrently) or 'inline'")
+                 max_deferred_cycles: int = 100, execution: RuleExecution = RuleExecution.THREADS):
+        execution = RuleExecution.parse(execution, "RuleManager(execution=...)")
         self.transactions = transactions
         self.registry = RuleRegistry(catalog)
         self.max_cascade_depth = max_cascade_depth
@@ -251,7 +250,7 @@ class RuleManager(TransactionExtension):
         """Run firings as children of ``transaction``: priority groups in order, a group concurrently."""
         for group in (priority_groups(firings) if len(firings) > 1 else (firings,)):
             failures: list[tuple[Firing, BaseException]] = []
-            if self.execution == "inline" or len(group) == 1:
+            if self.execution is RuleExecution.INLINE or len(group) == 1:
                 executed = []
                 for firing in group:
                     try:

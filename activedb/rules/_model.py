@@ -3,7 +3,6 @@ an event, a condition, an action, a coupling mode and an enabled flag — see ``
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import inspect
 from dataclasses import dataclass
@@ -11,8 +10,10 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from coupling import Coupling
 
+from activedb._closedset import ClosedSet
 from activedb.errors import RuleError
 from activedb.events import Event, EventSpec
+from activedb.txn import FiringOutcome
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.rules._manager import RuleManager
@@ -34,8 +35,8 @@ class Rule:
 
     name: str | None = None
     on: EventSpec | None = None
-    coupling: Coupling | str = Coupling.IMMEDIATE
-    action_coupling: Coupling | str = Coupling.IMMEDIATE
+    coupling: Coupling = Coupling.IMMEDIATE            # a value's string (``"deferred"``) is accepted too
+    action_coupling: Coupling = Coupling.IMMEDIATE
     priority: float | None = None
     enabled: bool = True
 
@@ -76,8 +77,8 @@ class Rule:
 class FunctionRule(Rule):
     """A rule declared with the ``db.rule(...)`` decorator."""
 
-    def __init__(self, action: Callable, *, on: EventSpec, when: Callable | None, coupling, action_coupling,
-                 priority, enabled: bool, name: str | None):
+    def __init__(self, action: Callable, *, on: EventSpec, when: Callable | None, coupling: Coupling,
+                 action_coupling: Coupling, priority: float | None, enabled: bool, name: str | None):
         self._action = action
         self._when = when
         self.on = on
@@ -122,14 +123,11 @@ class Firing:
         return self.rule.priority
 
 
-class FiringOutcome(enum.StrEnum):
-    """What a firing came to: returned by :meth:`RuleManager.fire`, and told to observers
-    (``Observer.on_firing_end``).  Compares equal to its string value."""
+class RuleExecution(ClosedSet):
+    """How the rules of one priority group run (``connect(rule_execution=...)``)."""
 
-    EXECUTED = "executed"                  # the condition held and the action ran
-    CONDITION_FALSE = "condition_false"
-    FAILED = "failed"                      # the condition or the action raised (``Fired.error`` says what)
-    CANCELLED = "cancelled"                # its transaction was aborted from outside (observers only)
+    THREADS = "threads"    # equal priorities run concurrently, as sibling subtransactions on worker threads
+    INLINE = "inline"      # one after the other, as inline subtransactions in the triggering thread
 
 
 class Fired(NamedTuple):

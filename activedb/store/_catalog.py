@@ -22,6 +22,7 @@ from psycopg.pq import TransactionStatus
 from activedb.errors import (Failure, GeneratedKeysReset, TransactionError, UnknownTable, classify,
                              database_failure)
 from activedb.store import _prepared as prepared
+from activedb.store._choices import IsolationLevel
 from activedb.store._schema import TableInfo
 
 #: Generated keys are drawn from a sequence this many at a time at first (one round trip per block) ...
@@ -166,7 +167,7 @@ class Catalog:
 
     # --- connections and generated keys -------------------------------------------------------
 
-    def connect(self, isolation_level: str) -> sa.Connection:
+    def connect(self, isolation_level: IsolationLevel) -> sa.Connection:
         """A pooled connection at ``isolation_level`` (the caller closes it).  The execution option is set only
         when the pool's connections are at another level: setting it on checkout and resetting it on return are
         two driver calls per connection, on the path of every commit."""
@@ -186,7 +187,7 @@ class Catalog:
         :class:`DatabaseUnavailable` (the pool reconnects next time), another refusal
         :class:`DatabaseError` (:func:`activedb.errors.database_failure`)."""
         try:
-            with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+            with self.engine.connect().execution_options(isolation_level=IsolationLevel.AUTOCOMMIT) as connection:
                 yield connection
         except sa.exc.OperationalError as error:
             if classify(error) in (Failure.SERIALIZATION_CONFLICT, Failure.DEADLOCK):

@@ -19,6 +19,7 @@ import sqlalchemy as sa
 
 from activedb.errors import DuplicateKey, Failure, InvalidValue, classify
 from activedb.store import _prepared as prepared
+from activedb.store._choices import IsolationLevel
 from activedb.store._schema import TableInfo
 from activedb.store._writeset import Entry, EntryKind, Key
 
@@ -122,7 +123,7 @@ def rows_by_key(result: sa.CursorResult[Any], key_columns: list[str], found: dic
 
 
 def lock_row(connection: sa.Connection, info: TableInfo, key: Key, *, lock_timeout: str,
-             begin: str | None = None) -> dict[str, object] | None:
+             begin: IsolationLevel | None = None) -> dict[str, object] | None:
     """The committed image of row ``key`` locked ``FOR UPDATE`` in ``connection``'s transaction (None: no row),
     the lock wait bounded by ``lock_timeout`` (``set_config('lock_timeout', …, true)`` is evaluated by the scan,
     before the row is locked: no round trip of its own).  ``begin`` (an isolation level; the connection in
@@ -136,8 +137,10 @@ def lock_row(connection: sa.Connection, info: TableInfo, key: Key, *, lock_timeo
     value through its type's result processor, as SQLAlchemy applies it.  Errors reach the caller as
     SQLAlchemy's exceptions, as from ``connection.execute``."""
     dialect = connection.dialect
-    if begin is not None and begin not in _ISOLATION_LEVELS:
-        raise ValueError(f"lock_row(begin={begin!r}): use one of {', '.join(_ISOLATION_LEVELS)}")
+    if begin is not None:
+        begin = IsolationLevel.parse(begin, "lock_row(begin=...)")
+        if begin is IsolationLevel.AUTOCOMMIT:
+            raise ValueError("lock_row(begin=...): a lock lives in a transaction; give a level that opens one")
     statement = info.cached(("lock_row", lock_timeout), lambda: _lock_row_statement(dialect, info, lock_timeout))
     processors = info.driver_processors(dialect)
     parameters = tuple(value if processors.get(name) is None else processors[name](value)  # type: ignore[misc]
@@ -158,9 +161,6 @@ def lock_row(connection: sa.Connection, info: TableInfo, key: Key, *, lock_timeo
     readers = info.cached(("lock_row:readers", dialect.name),
                           lambda: _result_processors(dialect, info, cursor.description))  # type: ignore[arg-type]  # (a SELECT)
     return {name: value if reader is None else reader(value) for (name, reader), value in zip(readers, row)}
-
-
-_ISOLATION_LEVELS = ("READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE")
 
 
 def _begin_and_lock(connection: sa.Connection, driver: Any, statement: str, parameters: tuple[object, ...], begin: str) -> Any:

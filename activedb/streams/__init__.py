@@ -23,7 +23,7 @@ from activedb.streams._language import parse
 from activedb.streams._locks import LockMode, LWMLockTable, S2PLLockTable, StreamLockTable
 from activedb.streams._matcher import PartitionState
 from activedb.streams._metrics import QueryCounters, StreamStatistics
-from activedb.streams._scheduler import Scheduler, SEIScheduler, UnscheduledScheduler
+from activedb.streams._scheduler import Scheduler, SchedulerKind, SEIScheduler, UnscheduledScheduler
 from activedb.streams._view import StoreView
 from activedb.streams.algebra import Consumption, Selection
 from activedb.streams import errors
@@ -31,7 +31,7 @@ from activedb.streams import errors
 __all__ = ["AccessPlan", "BatchResult", "BatchRun", "CompiledQuery", "CompiledRule", "Consumption", "Ctx", "DeadLetter",
            "END_OF_STREAM", "EventRef", "LWMLockTable", "LWMScheduler", "LockMode", "LockingScheduler", "NEW", "Output",
            "PartitionState", "QueryCounters", "ReadSpec", "Ref", "Resource", "S2PLLockTable", "S2PLScheduler",
-           "SEIScheduler", "STransaction", "Scheduler", "SchedulerHooks", "SchedulerStatistics", "Selection",
+           "SEIScheduler", "STransaction", "Scheduler", "SchedulerKind", "SchedulerHooks", "SchedulerStatistics", "Selection",
            "StoreView", "StreamEngine", "StreamEvent", "StreamHistory", "StreamLockTable", "StreamOp", "StreamSchema",
            "StreamStatistics", "UnscheduledScheduler", "WriteSpec", "algebra", "compile_query", "component", "conj",
            "delete", "errors", "event", "exists", "insert", "lit", "not_", "parse", "query_definition", "same", "seq",

@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from activedb.errors import InvalidChoice
+from activedb.store import Granularity
 from activedb.streams._batch import AccessPlan, BatchRun, STransaction
 from activedb.streams._locks import (LockMode, LockTableStatistics, LWMLockTable, Owner, Request, S2PLLockTable,
                                      StreamLockTable)
@@ -34,7 +36,7 @@ from activedb.txn import Observer, WaitKind
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
 
-GRANULARITIES = ("tuple", "table")
+GRANULARITIES = tuple(Granularity)
 
 logger = logging.getLogger("activedb.streams")
 
@@ -173,10 +175,14 @@ class LockingScheduler(Scheduler):
 
     lock_table_class: type[StreamLockTable] = StreamLockTable
 
-    def __init__(self, *, granularity: str = "tuple", workers: int = 8, hooks: SchedulerHooks | None = None,
+    def __init__(self, *, granularity: Granularity = Granularity.TUPLE, workers: int = 8,
+                 hooks: SchedulerHooks | None = None,
                  lock_table: type[StreamLockTable] | None = None):
-        if granularity not in GRANULARITIES:
-            raise SchedulerError(f"granularity {granularity!r}: use 'tuple' or 'table'")
+        try:
+            granularity = Granularity(granularity)
+        except InvalidChoice:
+            raise SchedulerError(f"granularity {granularity!r}: use Granularity.TUPLE ('tuple') or "
+                                 f"Granularity.TABLE ('table')") from None
         if not isinstance(workers, int) or workers < 1:
             raise SchedulerError(f"workers={workers!r}: give a positive number of s-transactions to run at once")
         self.granularity = granularity
@@ -251,13 +257,13 @@ class LockingScheduler(Scheduler):
         """The plan's resources at this scheduler's granularity: a row stays a row only at tuple
         granularity, on a table activedb locks by row, and with no NULL in its key."""
         locking = batch.engine.db.transactions.locking
-        table_level = self.granularity == "table"
+        table_level = self.granularity is Granularity.TABLE
         resources = []
         for resources_of, mode in ((plan.reads, LockMode.READ), (plan.writes, LockMode.WRITE)):
             for resource in resources_of:
                 key = resource.key
                 if key is not None and (table_level or any(value is None for value in key)
-                                        or locking.granularity(resource.table).value == "table"):
+                                        or locking.granularity(resource.table) is Granularity.TABLE):
                     key = None
                 resources.append((resource.table, key, mode))
         return resources

@@ -28,7 +28,7 @@ from activedb.streams._history import StreamHistory
 from activedb.streams._matcher import PartitionState
 from activedb.streams._metrics import Metrics, StreamStatistics
 from activedb.streams._reorder import ReorderBuffer
-from activedb.streams._scheduler import Scheduler, make_scheduler
+from activedb.streams._scheduler import Scheduler, SchedulerKind, make_scheduler
 from activedb.streams._state import BatchOutcome, Pending, State
 from activedb.streams.errors import StreamError, StreamStateError
 
@@ -65,7 +65,8 @@ class StreamEngine:
     are processed one at a time (a second concurrent batch raises ``StreamStateError``).
     """
 
-    def __init__(self, db: DatabaseHandle, *, name: str = "streams", scheduler: str | Scheduler = "sei",
+    def __init__(self, db: DatabaseHandle, *, name: str = "streams",
+                 scheduler: SchedulerKind | Scheduler = SchedulerKind.SEI,
                  aliases: Mapping[str, Any] | None = None, record_history: bool = False, durable: bool = True,
                  record_dead_letters: bool = True, keep_outputs: bool = True, prefetch: bool = True,
                  lowered: bool = True):

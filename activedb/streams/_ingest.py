@@ -17,17 +17,17 @@ from activedb.ingest._protocol import BatchHandler, BatchInput
 from activedb.ingest.errors import IngestError
 from activedb.streams._engine import StreamEngine
 from activedb.streams._events import END_OF_STREAM, StreamEvent
-from activedb.streams._scheduler import Scheduler
+from activedb.streams._scheduler import Scheduler, SchedulerKind
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn import Transaction
 
 __all__ = ["QueriesHandler", "build_engines"]
 
-SCHEDULERS = ("sei", "s2pl", "lwm")
+SCHEDULERS = tuple(kind.value for kind in SchedulerKind if kind is not SchedulerKind.UNSCHEDULED)
 
 
-def build_engines(db: Any, queries: Any, scheduler: Any) -> list[Any]:
+def build_engines(db: Any, queries: Any, scheduler: SchedulerKind | Scheduler | None) -> list[Any]:
     """The engines behind ``ingest(queries=…, scheduler=…)``, checked.
 
     ``queries`` is a :class:`~activedb.StreamEngine`, a list of them, or a factory

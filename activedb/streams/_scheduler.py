@@ -11,6 +11,8 @@ import logging
 import queue
 from typing import TYPE_CHECKING, Any, Callable
 
+from activedb._closedset import ClosedSet
+from activedb.errors import InvalidChoice
 from activedb.streams.errors import StreamError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -133,16 +135,28 @@ class UnscheduledScheduler(Scheduler):
             raise errors[0]
 
 
-def make_scheduler(scheduler: str | Scheduler) -> Scheduler:
+class SchedulerKind(ClosedSet):
+    """The stream-transaction schedulers a ``StreamEngine`` makes by name (``scheduler=``; a ``Scheduler``
+    instance is taken as it is)."""
+
+    SEI = "sei"                    # serial execution in event-time order (the default)
+    S2PL = "s2pl"                  # strict two-phase locking, s-transactions concurrent
+    LWM = "lwm"                    # low-watermark versions: readers need not wait for earlier writers
+    UNSCHEDULED = "unscheduled"    # no ordering at all (tests that need the anomalies)
+
+
+def make_scheduler(scheduler: SchedulerKind | Scheduler) -> Scheduler:
     if isinstance(scheduler, Scheduler):
         return scheduler
-    if scheduler == "sei":
+    try:
+        kind = SchedulerKind(scheduler)
+    except InvalidChoice as error:
+        raise StreamError(f"unknown scheduler {scheduler!r}: use one of {', '.join(map(repr, SchedulerKind))} "
+                          f"(SchedulerKind), or pass a Scheduler instance") from error
+    if kind is SchedulerKind.SEI:
         return SEIScheduler()
-    if scheduler == "unscheduled":
+    if kind is SchedulerKind.UNSCHEDULED:
         return UnscheduledScheduler()
-    if scheduler in ("s2pl", "lwm"):
-        from activedb.streams._concurrent import LWMScheduler, S2PLScheduler
+    from activedb.streams._concurrent import LWMScheduler, S2PLScheduler
 
-        return S2PLScheduler() if scheduler == "s2pl" else LWMScheduler()
-    raise StreamError(f"unknown scheduler {scheduler!r}: use 'sei', 's2pl' or 'lwm' (or 'unscheduled' in tests), "
-                      f"or pass a Scheduler instance")
+    return S2PLScheduler() if kind is SchedulerKind.S2PL else LWMScheduler()

@@ -9,18 +9,20 @@ tier as functions (``_lowlevel.py``: :func:`slot`, :func:`enlist`, …), which :
 from lockmgr import TxnState
 
 from activedb.txn._history import HistoryOp, HistoryRecorder
-from activedb.txn._hooks import HookRegistry, Observer, TransactionExtension, WaitKind
-from activedb.txn._locking import Granularity
+from activedb.txn._hooks import (FiringOutcome, FiringView, HookRegistry, Observer, RuleView, TransactionExtension,
+                                 WaitKind)
+from activedb.store import Granularity
 from activedb.txn._manager import TransactionManager
 from activedb.txn._participants import Along, CommitParticipant
 from activedb.txn._children import InlineSubtransaction, SubtransactionHandle, Subtransactions, run_inline
 from activedb.txn._tree import Transaction
+from activedb.txn._reads import BulkLock
 from activedb.txn._group import run_group
 from activedb.txn._view import CommittedRows, ReadBase
 from activedb.txn._lowlevel import (abandon, doom, enlist, materialize, read_then_written, run_subtransaction, set_slot,
                                     slot, wait_children, want_end_hooks)
 
-__all__ = ["WaitKind", "TransactionManager", "Transaction", "SubtransactionHandle", "InlineSubtransaction", "TxnState",
+__all__ = ["BulkLock", "FiringOutcome", "FiringView", "RuleView", "WaitKind", "TransactionManager", "Transaction", "SubtransactionHandle", "InlineSubtransaction", "TxnState",
            "Granularity", "Along", "CommitParticipant", "TransactionExtension", "Observer", "HookRegistry", "ReadBase",
            "CommittedRows", "HistoryOp", "HistoryRecorder", "Subtransactions", "run_inline", "run_group",
            "abandon", "doom", "enlist", "materialize", "read_then_written", "run_subtransaction", "set_slot", "slot", "wait_children",

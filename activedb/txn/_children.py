@@ -5,7 +5,6 @@ subtransactions"), and waiting for them (holds become retains first; the wait is
 
 from __future__ import annotations
 
-import enum
 import logging
 import threading
 import time
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from lockmgr import TxnState
 
+from activedb._closedset import ClosedSet
 from activedb.errors import DeadlockDetected, SerializationConflict
 from activedb.txn._hooks import WaitKind
 from activedb.txn._pool import Task
@@ -30,7 +30,7 @@ _ACTIVE, _COMMITTING, _COMMITTED, _ABORTED = (TxnState.ACTIVE, TxnState.COMMITTI
                                              TxnState.ABORTED)
 
 
-class Subtransactions(enum.Enum):
+class Subtransactions(ClosedSet):
     """How inline subtransactions are represented (``TransactionManager.subtransactions``; README, "Lazy
     inline subtransactions" and "Frames"): each representation is equivalent to the next one down, which
     the equivalence tests check.  ``TransactionManager(subtransactions=...)`` chooses it (default ``FRAMES``)."""

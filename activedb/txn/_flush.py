@@ -18,7 +18,8 @@ import sqlalchemy as sa
 
 from activedb.errors import (DISK_FULL_ADVICE, DatabaseError, DatabaseUnavailable, DiskFull, DuplicateKey, Failure,
                              SerializationConflict, ServerDiskFull, classify, disk_full_panic, sqlstate_of)
-from activedb.store import EntryKind, Key, TableInfo, apply_write_set, fetch_rows, is_connection_failure, jsonable
+from activedb.store import (EntryKind, IsolationLevel, Key, TableInfo, apply_write_set, fetch_rows,
+                            is_connection_failure, jsonable)
 from activedb.txn._rowlocks import RowLocks
 from activedb.txn._view import scan_rows
 
@@ -43,7 +44,7 @@ def flush(root: "Transaction") -> None:
     names = {row[0] for row in writes} | {row[0] for row in reads} | {scan[0] for scan in scans}
     infos = {name: catalog.table_info(name) for name in names}
     needs_predicates = bool(scans) or any(image is None for image in reads.values())
-    isolation = "SERIALIZABLE" if needs_predicates else "READ COMMITTED"
+    isolation = IsolationLevel.SERIALIZABLE if needs_predicates else IsolationLevel.READ_COMMITTED
     rowlocks = RowLocks.of(root, create=False)
     locked = set(rowlocks.rows) if rowlocks is not None else set()
     held = rowlocks.take_connection() if rowlocks is not None else None
@@ -132,7 +133,7 @@ def _flush_with_retries(root, isolation, infos, writes, reads, scans, participan
                     _write_all(root, connection, infos, writes, reads, scans, participants, locked, held=False)
             return
         except sa.exc.OperationalError as error:
-            retried = classify(error) in _RETRIED or (isolation == "SERIALIZABLE" and sqlstate_of(error) == "55P03")
+            retried = classify(error) in _RETRIED or (isolation is IsolationLevel.SERIALIZABLE and sqlstate_of(error) == "55P03")
             if retried and attempt < manager.flush_retries:
                 # Jittered back-off between retries of the flush (not used to order threads).
                 time.sleep(random.uniform(0.5, 1.5) * min(0.2, 0.002 * 2 ** attempt))

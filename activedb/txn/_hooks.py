@@ -11,9 +11,11 @@ from __future__ import annotations
 import enum
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Generic, Iterator, TypeVar
+from typing import TYPE_CHECKING, Generic, Iterator, Protocol, TypeVar
 
 if TYPE_CHECKING:  # pragma: no cover
+    from coupling import Coupling
+
     from activedb.events import Event
     from activedb.txn._tree import Transaction
 
@@ -63,6 +65,37 @@ class WaitKind(enum.StrEnum):
     STREAM_ORDER = "stream-order"  # an s-transaction waits for an earlier one's pattern state
 
 
+class FiringOutcome(enum.StrEnum):
+    """What a firing came to: returned by ``RuleManager.fire`` (``activedb.rules`` re-exports it), and told to
+    observers (``Observer.on_firing_end``).  Compares equal to its string value."""
+
+    EXECUTED = "executed"                  # the condition held and the action ran
+    CONDITION_FALSE = "condition_false"
+    FAILED = "failed"                      # the condition or the action raised (``Fired.error`` says what)
+    CANCELLED = "cancelled"                # its transaction was aborted from outside (observers only)
+
+
+class RuleView(Protocol):
+    """What an observer reads of a firing's rule (``activedb.rules.Rule`` is one)."""
+
+    @property
+    def name(self) -> str | None: ...
+
+
+class FiringView(Protocol):
+    """What an observer is told of a rule firing (``activedb.rules.Firing`` is one): the rule, the event, the
+    cascade of rule names that led to it (outermost first) and the coupling it runs with."""
+
+    @property
+    def rule(self) -> RuleView: ...
+    @property
+    def event(self) -> Event: ...
+    @property
+    def chain(self) -> tuple[str, ...]: ...
+    @property
+    def coupling(self) -> Coupling: ...
+
+
 class Observer:
     """A passive listener (``db.observe(observer)``).  An observer that raises is removed and logged."""
 
@@ -78,18 +111,18 @@ class Observer:
     def on_abort(self, transaction: "Transaction", reason: BaseException | None) -> None:
         """``transaction`` aborted, for ``reason``."""
 
-    def on_wait_start(self, transaction: "Transaction", kind: WaitKind, detail: Any) -> None:
+    def on_wait_start(self, transaction: "Transaction", kind: WaitKind, detail: str | None) -> None:
         """``transaction`` starts to wait (``kind``: a :class:`WaitKind`; ``detail``: what it waits for)."""
 
-    def on_wait_end(self, transaction: "Transaction", kind: WaitKind, detail: Any) -> None:
+    def on_wait_end(self, transaction: "Transaction", kind: WaitKind, detail: str | None) -> None:
         """The wait announced by ``on_wait_start`` ended (granted, or failed)."""
 
-    def on_firing_start(self, transaction: "Transaction", firing: Any) -> None:
-        """The rule firing ``firing`` (``activedb.rules.Firing``) starts running in ``transaction``."""
+    def on_firing_start(self, transaction: "Transaction", firing: FiringView) -> None:
+        """The rule firing ``firing`` (an ``activedb.rules.Firing``) starts running in ``transaction``."""
 
-    def on_firing_end(self, transaction: "Transaction", firing: Any, outcome: str) -> None:
-        """The firing ended: ``outcome`` is an ``activedb.rules.FiringOutcome`` (a ``str`` enum: executed |
-        condition_false | failed | cancelled)."""
+    def on_firing_end(self, transaction: "Transaction", firing: FiringView, outcome: FiringOutcome) -> None:
+        """The firing ended: ``outcome`` says how (a ``str`` enum: executed | condition_false | failed |
+        cancelled)."""
 
 
 _Member = TypeVar("_Member")

@@ -23,7 +23,6 @@ it or makes its holds retained (``Transaction._thread``).
 from __future__ import annotations
 
 import dataclasses
-import enum
 import threading
 import types
 from typing import TYPE_CHECKING, Any
@@ -32,6 +31,7 @@ import lockmgr
 from lockmgr import Mode, covers, join
 
 from activedb.errors import DeadlockDetected, LockWaitTimeout, TransactionAborted
+from activedb.store import Granularity
 from activedb.txn._writes import take_back_writes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -85,11 +85,6 @@ def _note_retained(node: "Transaction", held: dict) -> None:
         retained[name] = mode if previous is None else _JOIN[previous][mode]
 
 
-class Granularity(enum.Enum):
-    TUPLE = "tuple"
-    TABLE = "table"
-
-
 _TABLE = Granularity.TABLE       # (Enum members as constants: cheaper on the hot path)
 _INTENTIONS = (Mode.IR, Mode.IW)
 
@@ -103,8 +98,8 @@ class Locking:
         self._mutex = threading.Lock()        # protects _granularity (replaced whole on change)
         self._granularity: dict[str, Granularity] = {}
 
-    def set_granularity(self, table: str, granularity: str | Granularity) -> None:
-        granularity = Granularity(granularity)
+    def set_granularity(self, table: str, granularity: Granularity) -> None:
+        granularity = Granularity.parse(granularity, "set_granularity(granularity=...)")
         with self._mutex:
             self._granularity = {**self._granularity, table: granularity}
 

@@ -58,7 +58,7 @@ class TransactionManager:
         #: subtransactions" and "Frames"): ``FRAMES`` (the default), ``LAZY`` (no frames) or ``MATERIALIZED``
         #: (every node registered from its start, the reference the equivalence tests compare with).  A
         #: constructor argument (the tests set the attribute between runs), never the environment.
-        self.subtransactions = Subtransactions(subtransactions)
+        self.subtransactions = Subtransactions.parse(subtransactions, "TransactionManager(subtransactions=...)")
         self.pool = WorkerPool(max_workers)
         self.flush_retries = flush_retries
         self.recorder: HistoryRecorder | None = HistoryRecorder() if record_history else None

@@ -8,11 +8,21 @@ from typing import Any, Callable, Mapping
 
 from lockmgr import Mode
 
+from activedb._closedset import ClosedSet
 from activedb.store import matches
 from activedb.txn import _view
 from activedb.txn._hotkeys import HotKeys
 
-_READ_LOCKS = {"read": Mode.READ, "write": Mode.WRITE}
+
+class BulkLock(ClosedSet):
+    """How ``read_many`` and ``write_many`` lock the rows they touch."""
+
+    READ = "read"          # a READ lock per row (``read_many``'s default)
+    WRITE = "write"        # a WRITE lock per row: no READ -> WRITE upgrade later (``write_many``'s default)
+    TABLE = "table"        # one WRITE lock on the table, no row locks
+
+
+_READ_LOCKS = {BulkLock.READ: Mode.READ, BulkLock.WRITE: Mode.WRITE}
 _CHUNK = 10_000   # keys per query of read_many (PostgreSQL takes at most 65,535 parameters a statement)
 
 
@@ -59,21 +69,20 @@ class Reads:
             locking.acquire(self, info, key, Mode.READ)
         return self.root._read_base.read_many(self, info, wanted) if wanted else 0
 
-    def read_many(self, table: Any, keys: Any, *, lock: str = "read") -> dict[Any, dict | None]:
+    def read_many(self, table: Any, keys: Any, *, lock: BulkLock = BulkLock.READ) -> dict[Any, dict | None]:
         """The rows ``keys`` of ``table`` as this transaction sees them, ``{key: dict or None}``, with
         their committed images loaded in one query and relied on (validated at the flush) like ``read``'s.
-        ``lock``: ``"read"``; ``"write"`` (no READ→WRITE upgrade later, so two batches on shared rows
-        cannot deadlock on it); ``"table"`` (one lock, no row locks)."""
+        ``lock``: ``BulkLock.READ``; ``BulkLock.WRITE`` (no READ→WRITE upgrade later, so two batches on shared
+        rows cannot deadlock on it); ``BulkLock.TABLE`` (one lock, no row locks)."""
         self._check_active("read_many")
-        if lock not in ("read", "write", "table"):
-            raise ValueError(f"read_many(lock={lock!r}): use 'read', 'write' or 'table'")
+        lock = BulkLock.parse(lock, "read_many(lock=...)")
         info = self.manager.catalog.table_info(table)
         normalised: dict[Any, Any] = {}
         for given in keys:
             if given not in normalised:
                 normalised[given] = info.key(given)
         locking = self.manager.locking
-        if lock == "table":
+        if lock is BulkLock.TABLE:
             locking.acquire(self, info, None, Mode.WRITE)
         else:
             mode = _READ_LOCKS[lock]

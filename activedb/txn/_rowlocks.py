@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 
 from activedb.errors import Failure, SerializationConflict, classify
-from activedb.store import lock_row
+from activedb.store import IsolationLevel, lock_row
 from activedb.txn._participants import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -73,7 +73,7 @@ class RowLocks(CommitParticipant):
                 begin = None
                 if self.connection is None:
                     self._open()
-                    begin = "READ COMMITTED"        # the BEGIN rides with the first row's SELECT
+                    begin = IsolationLevel.READ_COMMITTED   # the BEGIN rides with the first row's SELECT
                 image = lock_row(self.connection, info, key, lock_timeout=LOCK_TIMEOUT, begin=begin)
             except sa.exc.DBAPIError as error:
                 self._close()               # the transaction failed: its locks go with it

@@ -14,6 +14,7 @@ from activedb.events import EventKind, new_event
 from activedb.store import Entry, EntryKind, Key, TableInfo
 from activedb.txn import _view
 from activedb.txn._hotkeys import HotKeys
+from activedb.txn._reads import BulkLock
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.txn._tree import Transaction
@@ -21,6 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover
 # Enum members as module constants: cheaper than the class attribute lookup on the hot path.
 _PATCH, _INSERT, _DELETE = EntryKind.PATCH, EntryKind.INSERT, EntryKind.DELETE
 _WRITE, _STREAM = Mode.WRITE, EventKind.STREAM
+_WRITE_LOCKS = (BulkLock.WRITE, BulkLock.TABLE)       # what a write may take
 _ABORTED = TxnState.ABORTED
 
 
@@ -113,15 +115,15 @@ class Writes:
                 hook(self, event)
 
 
-    def write_many(self, table: Any, rows: Mapping[Any, Mapping[str, Any] | None], *, lock: str = "row") -> int:
+    def write_many(self, table: Any, rows: Mapping[Any, Mapping[str, Any] | None], *,
+                   lock: BulkLock = BulkLock.WRITE) -> int:
         """``write(table, key, **values)`` for every ``key: values`` of ``rows`` (``None``: ``delete``),
-        with the same data events; ``lock="table"``: one table WRITE lock instead of one per row.
-        Returns the number of rows."""
+        with the same data events; ``lock=BulkLock.TABLE``: one table WRITE lock instead of one per row
+        (``BulkLock.WRITE``, the default).  Returns the number of rows."""
         self._check_active("write_many")
-        if lock not in ("row", "table"):
-            raise ValueError(f"write_many(lock={lock!r}): use 'row' or 'table'")
+        lock = BulkLock.parse(lock, "write_many(lock=...)", allowed=_WRITE_LOCKS)
         info = self.manager.catalog.table_info(table)
-        by_table = lock == "table"
+        by_table = lock is BulkLock.TABLE
         if by_table:
             self.manager.locking.acquire(self, info, None, _WRITE)
         for given, values in rows.items():

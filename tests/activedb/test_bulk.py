@@ -8,6 +8,7 @@ import pytest
 import sqlalchemy as sa
 
 import activedb
+from activedb.txn import BulkLock
 from lockmgr import Mode
 
 
@@ -71,7 +72,7 @@ def test_read_many_images_are_validated_at_the_flush(db, accounts, database_url)
     assert committed(db, "accounts")[5] == 0
 
 
-@pytest.mark.parametrize("lock", ["row", "table"])
+@pytest.mark.parametrize("lock", [BulkLock.WRITE, BulkLock.TABLE])
 def test_write_many_writes_deletes_and_raises_the_data_events(db, accounts, lock):
     seen = []
     db.rule(on=db.updated("accounts"), name="bulk_updates")(
@@ -81,7 +82,7 @@ def test_write_many_writes_deletes_and_raises_the_data_events(db, accounts, lock
         with db.transaction() as tx:
             assert tx.write_many("accounts", {1: {"balance": 11}, 2: {"balance": 22}, 6: None}, lock=lock) == 3
             holders = db.transactions.locks.holders(("row", "accounts", (1,)))
-            assert bool(holders) is (lock == "row")
+            assert bool(holders) is (lock is BulkLock.WRITE)
     finally:
         db.rules.remove("bulk_updates")
         db.rules.remove("bulk_deletes")
@@ -91,7 +92,8 @@ def test_write_many_writes_deletes_and_raises_the_data_events(db, accounts, lock
 
 def test_bulk_operations_check_what_they_are_given(db, accounts):
     with db.transaction() as tx:
-        with pytest.raises(ValueError, match="use 'read', 'write' or 'table'"):
+        with pytest.raises(ValueError, match=r"use one of BulkLock.READ \('read'\), BulkLock.WRITE \('write'\), "
+                                             r"BulkLock.TABLE \('table'\)"):
             tx.read_many("accounts", [1], lock="row")
         with pytest.raises(activedb.InvalidKey):
             tx.write_many("accounts", {1: {"id": 2, "balance": 1}})
