@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import enum
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 if TYPE_CHECKING:  # pragma: no cover
     import lockmgr
@@ -369,10 +369,11 @@ def _define_lock_errors() -> dict[str, type[TransactionError]]:
 _LOCK_ERRORS = ("DeadlockDetected", "LockWaitTimeout")
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> type[TransactionError]:
     if name in _LOCK_ERRORS:
-        globals().update(_define_lock_errors())
-        return globals()[name]
+        defined = _define_lock_errors()
+        globals().update(defined)
+        return defined[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

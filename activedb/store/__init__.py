@@ -11,8 +11,8 @@ from activedb.store._exact import exact_json, from_exact_json
 from activedb.store._schema import TableInfo, json_problem, text_problem
 from activedb.store._sql import (apply_write_set, fetch_rows, is_connection_failure, jsonable, lock_row, rows_by_key,
                                  storable_text)
-from activedb.store._writeset import Entry, EntryKind, Key, Row, matches, resolve
+from activedb.store._writeset import Entry, EntryKind, Key, Row, RowImage, TableRef, matches, resolve
 
-__all__ = ["KEY_BLOCK", "Catalog", "TableInfo", "Entry", "EntryKind", "Key", "Row", "resolve", "fetch_rows", "rows_by_key", "lock_row",
+__all__ = ["KEY_BLOCK", "Catalog", "TableInfo", "Entry", "EntryKind", "Key", "Row", "RowImage", "TableRef", "resolve", "fetch_rows", "rows_by_key", "lock_row",
            "apply_write_set", "is_connection_failure", "jsonable", "storable_text", "json_problem", "text_problem",
            "exact_json", "from_exact_json", "matches", "Granularity", "IsolationLevel"]

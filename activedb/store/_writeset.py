@@ -7,12 +7,21 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Mapping, TypeAlias
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, TypeAlias
 
 from activedb.errors import DuplicateKey
 
+if TYPE_CHECKING:  # pragma: no cover
+    import sqlalchemy as sa
+
 Key: TypeAlias = "tuple[Hashable, ...]"  # primary-key values, in primary-key column order
 Row: TypeAlias = "tuple[str, Key]"  # (table name, Key)
+#: A row as activedb hands it to an application (``tx.read``, ``tx.scan``, an event's ``old``/``new``): column name
+#: -> value, each of its column's Python type (so ``Any`` for the application's convenience: one alias, documented
+#: once; inside the store an image is ``dict[str, object]``).
+RowImage: TypeAlias = "dict[str, Any]"
+#: A table as the transaction methods take it: its name, or the reflected ``sqlalchemy.Table``.
+TableRef: TypeAlias = "str | sa.Table"
 
 
 class EntryKind(enum.Enum):

@@ -4,12 +4,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Hashable, Iterable, Mapping
 
 from lockmgr import Mode
 
 from activedb._closedset import ClosedSet
-from activedb.store import matches
+from activedb.store import RowImage, TableRef, matches
 from activedb.txn import _view
 from activedb.txn._hotkeys import HotKeys
 
@@ -31,7 +31,7 @@ class Reads:
 
     __slots__ = ()
 
-    def read(self, table: Any, key: Any, *, for_update: bool = False) -> dict | None:
+    def read(self, table: TableRef, key: Hashable, *, for_update: bool = False) -> RowImage | None:
         """The row with primary key ``key`` as a dict, or None; takes a READ lock.  ``for_update=True``: read
         with intent to write it — an UPDATE lock (two read-modify-writes of the row queue here instead of
         deadlocking when both upgrade), and the row locked in PostgreSQL until the tree commits (see
@@ -55,7 +55,7 @@ class Reads:
         hot = self.root._slot(HotKeys, create=False)
         return frozenset(hot.read_then_written) if hot is not None else frozenset()
 
-    def prefetch(self, table: Any, keys: Any) -> int:
+    def prefetch(self, table: TableRef, keys: Iterable[Hashable]) -> int:
         """Read-lock ``keys`` of ``table`` and load their committed images in one query, so that
         later reads in this tree (this node and its descendants) need no round trip.  Returns the
         number of rows found.  Useful before processing a batch of events on known keys."""
@@ -69,7 +69,8 @@ class Reads:
             locking.acquire(self, info, key, Mode.READ)
         return self.root._read_base.read_many(self, info, wanted) if wanted else 0
 
-    def read_many(self, table: Any, keys: Any, *, lock: BulkLock = BulkLock.READ) -> dict[Any, dict | None]:
+    def read_many(self, table: TableRef, keys: Iterable[Hashable], *, lock: BulkLock = BulkLock.READ
+                  ) -> dict[Hashable, RowImage | None]:
         """The rows ``keys`` of ``table`` as this transaction sees them, ``{key: dict or None}``, with
         their committed images loaded in one query and relied on (validated at the flush) like ``read``'s.
         ``lock``: ``BulkLock.READ``; ``BulkLock.WRITE`` (no READ→WRITE upgrade later, so two batches on shared
@@ -97,7 +98,8 @@ class Reads:
             read_base.read_many(self, info, wanted[start:start + _CHUNK])
         return {given: _view.read_row(self, info, key) for given, key in normalised.items()}
 
-    def scan(self, table: Any, where: Mapping[str, Any] | Callable[[dict], bool] | None = None) -> list[dict]:
+    def scan(self, table: TableRef, where: Mapping[str, object] | Callable[[RowImage], bool] | None = None
+             ) -> list[RowImage]:
         """All rows of ``table`` matching ``where`` (a dict of equalities or a predicate on the row
         dict), as this transaction sees them; takes a table-level READ lock."""
         self._check_active("scan")

@@ -5,13 +5,13 @@ the table's), the write-set entry and the data event the extensions (the rule ma
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Hashable, Mapping
 
 from lockmgr import Mode, TxnState
 
 from activedb.errors import DuplicateKey, InvalidKey
 from activedb.events import EventKind, new_event
-from activedb.store import Entry, EntryKind, Key, TableInfo
+from activedb.store import Entry, EntryKind, Key, TableInfo, TableRef
 from activedb.txn import _view
 from activedb.txn._hotkeys import HotKeys
 from activedb.txn._reads import BulkLock
@@ -31,7 +31,7 @@ class Writes:
 
     __slots__ = ()
 
-    def write(self, table: Any, key: Any, **values: Any) -> None:
+    def write(self, table: TableRef, key: Hashable, **values: object) -> None:
         """Upsert: update the given columns of row ``key``, or insert it."""
         self._check_active("write")
         info = self.manager.catalog.table_info(table)
@@ -39,7 +39,7 @@ class Writes:
         values = info.values_without_key(key, values)
         self._modify(info, key, Entry(_PATCH, values))
 
-    def insert(self, table: Any, **values: Any) -> Key | Any:
+    def insert(self, table: TableRef, **values: object) -> Hashable:
         """Insert a new row; returns its key.  A table whose key the database generates
         (identity/serial) may omit it: the next sequence value is taken."""
         self._check_active("insert")
@@ -53,7 +53,7 @@ class Writes:
         self._modify(info, key, Entry(_INSERT, values), must_not_exist=not generated)
         return key[0] if len(key) == 1 else key
 
-    def delete(self, table: Any, key: Any) -> None:
+    def delete(self, table: TableRef, key: Hashable) -> None:
         """Delete row ``key`` if it exists."""
         self._check_active("delete")
         info = self.manager.catalog.table_info(table)
@@ -115,7 +115,7 @@ class Writes:
                 hook(self, event)
 
 
-    def write_many(self, table: Any, rows: Mapping[Any, Mapping[str, Any] | None], *,
+    def write_many(self, table: TableRef, rows: Mapping[Hashable, Mapping[str, object] | None], *,
                    lock: BulkLock = BulkLock.WRITE) -> int:
         """``write(table, key, **values)`` for every ``key: values`` of ``rows`` (``None``: ``delete``),
         with the same data events; ``lock=BulkLock.TABLE``: one table WRITE lock instead of one per row
@@ -134,14 +134,14 @@ class Writes:
         return len(rows)
 
 
-    def signal(self, name: str, **payload: Any) -> None:
+    def signal(self, name: str, **payload: object) -> None:
         """Raise an application event ``name`` with ``payload`` (rules on ``db.signalled(name)`` react)."""
         self._check_active("signal")
         event = new_event(EventKind.SIGNAL, name, None, None, None, dict(payload), None, self.id)
         for hook in self.manager.extensions.on_event:
             hook(self, event)
 
-    def emit(self, event_type: str, *, key: Any = None, ts: Any = None, payload: Mapping[str, Any] | None = None
+    def emit(self, event_type: str, *, key: Hashable = None, ts: object = None, payload: Mapping[str, object] | None = None
              ) -> None:
         """Hand a stream event (``db.stream(event_type)``) to the rules, in this transaction."""
         self._check_active("emit")
