@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from activedb.txn import HistoryRecorder
 
 _Result = TypeVar("_Result")
+_Observer = TypeVar("_Observer", bound=Observer)
 
 CONNECT_TIMEOUT_SECONDS = 5
 _CLOSED = "this Database is closed; call activedb.connect() again"
@@ -272,10 +273,11 @@ class Database:
         return EventSpec(_kind(kind, (EventKind.BEGAN, EventKind.COMMITTED, EventKind.ABORTED),
                                f"db.transaction_event({kind!r})"), name)
 
-    def observe(self, observer: Observer) -> Observer:
+    def observe(self, observer: _Observer) -> _Observer:
         """Add a passive :class:`~activedb.txn.Observer` of transaction and rule life cycles; returns it
         (``db.transactions.observers.remove(observer)`` removes it)."""
-        return self.transactions.observers.add(observer)
+        self.transactions.observers.add(observer)
+        return observer
 
     # --- transactions ---------------------------------------------------------------------
 

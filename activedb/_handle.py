@@ -6,7 +6,7 @@ this (``db.outbox``, ``db.capture``) extends the protocol beside its own code.""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ContextManager, Iterable, Protocol
+from typing import TYPE_CHECKING, ContextManager, Iterable, Protocol, TypeVar
 
 if TYPE_CHECKING:  # pragma: no cover
     import sqlalchemy as sa
@@ -16,6 +16,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from activedb.rules import RuleManager
     from activedb.store import Catalog
     from activedb.txn import CommitParticipant, Observer, ReadBase, Transaction, TransactionManager
+
+
+_Observer = TypeVar("_Observer", bound="Observer")
 
 
 class DatabaseHandle(Protocol):
@@ -29,7 +32,7 @@ class DatabaseHandle(Protocol):
 
     def table(self, name: str | sa.Table) -> sa.Table: ...
     def describe(self) -> str: ...
-    def observe(self, observer: Observer) -> Observer: ...
+    def observe(self, observer: _Observer) -> _Observer: ...
     def transaction(self, *, name: str | None = None, participants: Iterable[CommitParticipant] = (),
                     read_base: ReadBase | None = None) -> ContextManager[Transaction]: ...
     def punctuate(self, source: str, watermark: Watermark) -> None: ...

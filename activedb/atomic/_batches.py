@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime
 import threading
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypeAlias, TypeVar
 
 import sqlalchemy as sa
 
@@ -19,8 +19,10 @@ from activedb.atomic._lineage import BatchRef, ConsumedBatches, RuleNotes, UndoK
 from activedb.atomic.errors import LineageError, UnknownBatch
 
 if TYPE_CHECKING:  # pragma: no cover
+    import networkx as nx
+
     from activedb._handle import DatabaseHandle as Database
-    from activedb.txn import Transaction
+    from activedb.txn import Transaction, TransactionExtension
 
 
 class SplitFailure(ClosedSet):
@@ -30,7 +32,13 @@ class SplitFailure(ClosedSet):
     COMPENSATE = "compensate"    # compensate the committed partitions: the batch leaves no effect
 
 
-def _ref(batch: Any, batch_id: Any = None) -> BatchRef:
+#: A batch as the calls below take it: a :class:`BatchRef` or ``(query_id, batch_id)`` (ids are made text).
+BatchLike: TypeAlias = "BatchRef | tuple[object, object] | list[object]"
+_Function = TypeVar("_Function", bound=Callable[..., object])
+_Result = TypeVar("_Result")
+
+
+def _ref(batch: BatchLike | str, batch_id: object = None) -> BatchRef:
     if batch_id is not None or isinstance(batch, BatchRef):
         return BatchRef.of(batch, batch_id)
     if isinstance(batch, (tuple, list)) and len(batch) == 2:
@@ -48,12 +56,12 @@ class Batches:
         self._mutex = threading.Lock()  # taken before the registry's own (a leaf)
         self._compensations = Compensations(db)
         self._undo_tables: set[str] = set()
-        self._undo_extension: UndoKeys | None = None
+        self._undo_extension: TransactionExtension | None = None
         self._rule_observer: RuleNotes | None = None
 
     # --- recording lineage ---------------------------------------------------------------------
 
-    def consumed(self, transaction: "Transaction", query_id: Any, batch_id: Any = None) -> None:
+    def consumed(self, transaction: "Transaction", query_id: BatchLike | str, batch_id: object = None) -> None:
         """``transaction``'s tree consumed batch ``(query_id, batch_id)`` (a source batch, or one a
         recorded transaction produced)."""
         ref = _ref(query_id, batch_id)
@@ -61,14 +69,14 @@ class Batches:
         with record.mutex:
             record.consumed[ref] = None
 
-    def consuming(self, query_id: Any, batch_id: Any = None) -> ConsumedBatches:
+    def consuming(self, query_id: BatchLike | str, batch_id: object = None) -> ConsumedBatches:
         """A commit participant recording that the tree it is enlisted in consumed batch
         ``(query_id, batch_id)``: ``db.transaction(participants=[db.batches.consuming(q, b)])`` is
         ``db.batches.consumed(tx, q, b)`` for a caller that does not run the transaction's body (the Spark
         sink).  Written in the same flush as the effects."""
         return ConsumedBatches([_ref(query_id, batch_id)])
 
-    def produced(self, transaction: "Transaction", query_id: Any, batch_id: Any = None) -> None:
+    def produced(self, transaction: "Transaction", query_id: BatchLike | str, batch_id: object = None) -> None:
         """``transaction``'s tree produced (derived) batch ``(query_id, batch_id)``: whoever consumes it is
         triggered by this transaction."""
         ref = _ref(query_id, batch_id)
@@ -87,7 +95,7 @@ class Batches:
                 if lineage_id != transaction.root.log_id:
                     record.parents[lineage_id] = None
 
-    def note(self, transaction: "Transaction", action: str, **args: Any) -> None:
+    def note(self, transaction: "Transaction", action: str, **args: object) -> None:
         """Record that compensating this transaction runs the declared compensation ``action(tx, **args)``.
         Made in a subtransaction, the note counts only if it commits."""
         if not self._compensations.declares(action):
@@ -97,21 +105,21 @@ class Batches:
 
     # --- declaring compensations -----------------------------------------------------------------
 
-    def compensation(self, name: str):
+    def compensation(self, name: str) -> Callable[[_Function], _Function]:
         """Decorator: ``@db.batches.compensation("refund") def refund(tx, **args)`` — a named compensation
         that transactions note with ``db.batches.note(tx, "refund", ...)``."""
         return self._declaring(name)
 
-    def _declaring(self, name: str, **kind: bool):
-        def register(function):
+    def _declaring(self, name: str, **kind: bool) -> Callable[[_Function], _Function]:
+        def register(function: _Function) -> _Function:
             self._compensations.declare(name, function, **kind)
             return function
         return register
 
-    def rule_compensation(self, rule_name: str):
+    def rule_compensation(self, rule_name: str) -> Callable[[_Function], _Function]:
         """Decorator: ``fn(tx, event)`` undoes one executed firing of rule ``rule_name`` (``event`` is the
         firing's event as recorded, JSON values)."""
-        def register(function):
+        def register(function: _Function) -> _Function:
             with self._mutex:
                 self._compensations.declare(rule_name, function, rule=True)
                 if self._rule_observer is None:
@@ -119,7 +127,7 @@ class Batches:
             return function
         return register
 
-    def transaction_compensation(self, name: str):
+    def transaction_compensation(self, name: str) -> Callable[[_Function], _Function]:
         """Decorator: ``fn(tx, lineage)`` undoes a recorded top-level transaction named ``name``
         (``db.transaction(name=...)``; detached rules run in ``rule:<rule name>``); ``lineage`` is its
         :class:`TransactionLineage` (batches, parents, notes)."""
@@ -141,7 +149,7 @@ class Batches:
 
     # --- reading the graph -------------------------------------------------------------------------
 
-    def _explore(self, function: Callable[[LineageExplorer], Any]) -> Any:
+    def _explore(self, function: Callable[[LineageExplorer], _Result]) -> _Result:
         with self.db.engine.connect() as connection, connection.begin():
             connection.execute(sa.text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY"))
             return function(LineageExplorer(connection))
@@ -149,24 +157,25 @@ class Batches:
     def transaction(self, lineage_id: str) -> TransactionLineage | None:
         return self._explore(lambda explorer: explorer.load([lineage_id]).get(lineage_id))
 
-    def composite(self, batch: Any) -> set[str]:
+    def composite(self, batch: BatchLike) -> set[str]:
         """``𝒯(b)``: the lineage ids of the transactions whose input is ``batch`` and of all they trigger."""
         return self._explore(lambda explorer: _graph.composite(explorer, _ref(batch))[0])
 
-    def scover(self, *batches: Any, consecutive: bool = False) -> set[BatchRef]:
+    def scover(self, *batches: BatchLike, consecutive: bool = False) -> set[BatchRef]:
         """The source covering batch set of ``batches`` (by derivation)."""
         return self._explore(lambda explorer: _graph.scover(explorer, [_ref(batch) for batch in batches],
                                                             consecutive=consecutive))
 
-    def independent_scover(self, batch: Any, *, max_rounds: int = 64, max_transactions: int = 100_000,
+    def independent_scover(self, batch: BatchLike, *, max_rounds: int = 64, max_transactions: int = 100_000,
                            consecutive: bool = False) -> IndependentScover:
         """The §3 closure from ``batch``, cut (and reported as cut) at the bounds given."""
         return self._explore(lambda explorer: _graph.independent_scover(
             explorer, _ref(batch), max_rounds=max_rounds, max_transactions=max_transactions, consecutive=consecutive))
 
-    def graph(self, batch: Any, *, max_rounds: int = 64, max_transactions: int = 100_000):
+    def graph(self, batch: BatchLike, *, max_rounds: int = 64, max_transactions: int = 100_000
+              ) -> tuple[nx.DiGraph[str], IndependentScover]:
         """``(networkx graph of 𝒯(b) and what its independent scover pulled in, IndependentScover)``."""
-        def build(explorer: LineageExplorer):
+        def build(explorer: LineageExplorer) -> tuple[nx.DiGraph[str], IndependentScover]:
             ref = _ref(batch)
             if not explorer.consumers([ref]):
                 raise UnknownBatch(f"no recorded transaction consumed batch {ref}")
@@ -180,7 +189,7 @@ class Batches:
 
     # --- compensating ------------------------------------------------------------------------------
 
-    def plan(self, source_batch: Any, *, mode: CompensationMode = CompensationMode.FULL,
+    def plan(self, source_batch: BatchLike, *, mode: CompensationMode = CompensationMode.FULL,
              scope: CompensationScope = CompensationScope.BATCH, max_rounds: int = 64,
              max_transactions: int = 100_000, consecutive: bool = False) -> CompensationPlan:
         return self._explore(lambda explorer: _compensate.plan(
@@ -188,7 +197,7 @@ class Batches:
             scope=CompensationScope.parse(scope, "scope"), max_rounds=max_rounds,
             max_transactions=max_transactions, consecutive=consecutive))
 
-    def compensate(self, source_batch: Any, *, mode: CompensationMode = CompensationMode.FULL,
+    def compensate(self, source_batch: BatchLike, *, mode: CompensationMode = CompensationMode.FULL,
                    scope: CompensationScope = CompensationScope.BATCH, dry_run: bool = False,
                    allow_unsafe: bool = False, max_rounds: int = 64, max_transactions: int = 100_000,
                    consecutive: bool = False) -> CompensationReport:
@@ -204,7 +213,7 @@ class Batches:
             return CompensationReport(compensation, dry_run=True)
         return _compensate.execute(self._compensations, compensation, allow_unsafe=allow_unsafe)
 
-    def settle_failed_split(self, source_batch: Any, *, on_failure: str | "SplitFailure",
+    def settle_failed_split(self, source_batch: BatchLike, *, on_failure: str | "SplitFailure",
                             allow_unsafe: bool = False) -> CompensationReport | None:
         """A partition of the split batch ``source_batch`` failed for good (a poisoned partition replay
         cannot fix).  ``on_failure="forward"``: nothing is undone — the batch completes forward when the

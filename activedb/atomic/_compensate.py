@@ -12,7 +12,7 @@ import json
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import networkx as nx
 import sqlalchemy as sa
@@ -29,6 +29,7 @@ from activedb.atomic.errors import CompensationFailed, LineageError, NoCompensat
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
+    from activedb.txn import Transaction
 
 logger = logging.getLogger("activedb.atomic")
 
@@ -100,8 +101,8 @@ class UndoRow:
     transaction_id: str
     table: str
     key: Any
-    before: dict | None
-    after: dict | None
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
 
 
 @dataclass
@@ -135,7 +136,7 @@ class CompensationPlan:
     def interfering(self) -> bool:
         return bool(self.losing_completion)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, object]:
         return {
             "batch": str(self.batch), "mode": self.mode.value, "scope": self.scope.value,
             "targets": sorted(map(str, self.targets)),
@@ -165,7 +166,7 @@ class CompensationReport:
     compensated: list[str] = field(default_factory=list)   # by this call, in order
     compensating: dict[str, str] = field(default_factory=dict)   # compensated -> compensating log id
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, object]:
         return {**self.plan.describe(), "dry_run": self.dry_run, "compensated": self.compensated,
                 "compensating_transactions": self.compensating}
 
@@ -255,7 +256,7 @@ def _missing(batches: Compensations, connection: sa.Connection, nodes: dict[str,
     candidates = [tid for tid in order if not batches.has_compensation_for(nodes[tid]) and tid not in undo]
     if not candidates:
         return []
-    written = dict(connection.execute(sa.text(
+    written: dict[str, int] = dict(connection.execute(sa.text(
         "SELECT transaction_id, rows_written FROM activedb_transaction_log WHERE transaction_id = ANY(:ids)"),
         {"ids": candidates}).all())
     return [tid for tid in candidates if written.get(tid, 0)]
@@ -304,7 +305,7 @@ def _compensated(batches: Compensations, tid: str) -> bool:
                                   {"id": tid}).first() is not None
 
 
-def _apply(batches: Compensations, tx, node: TransactionLineage, undo: list[UndoRow], allow_unsafe: bool) -> None:
+def _apply(batches: Compensations, tx: Transaction, node: TransactionLineage, undo: list[UndoRow], allow_unsafe: bool) -> None:
     """Undo ``node`` inside ``tx``: its notes newest first, its named-transaction compensation, then the
     before-images of its undoable rows, newest first."""
     for note in reversed(node.notes):
@@ -315,7 +316,7 @@ def _apply(batches: Compensations, tx, node: TransactionLineage, undo: list[Undo
             function = batches.compensation_of(note["action"])
             function(tx, **note.get("args", {}))
     if node.name is not None and batches.transaction_compensation_of(node.name) is not None:
-        batches.transaction_compensation_of(node.name)(tx, node)
+        batches.transaction_compensation_of(node.name)(tx, node)  # type: ignore[misc]  # (not None: above)
     for row in reversed(undo):
         current = tx.read(row.table, row.key)
         if jsonable(current) != row.after and not allow_unsafe:
@@ -328,7 +329,7 @@ def _apply(batches: Compensations, tx, node: TransactionLineage, undo: list[Undo
             tx.write(row.table, row.key, **_typed(batches, row.table, row.before))
 
 
-def _typed(batches: Compensations, table_name: str, image: dict) -> dict:
+def _typed(batches: Compensations, table_name: str, image: dict[str, Any]) -> dict[str, Any]:
     """A JSON image back into the column types (datetimes were stored as ISO-8601 text)."""
     table = batches.db.table(table_name)
     keys = {column.name for column in table.primary_key.columns}
@@ -346,7 +347,7 @@ def _typed(batches: Compensations, table_name: str, image: dict) -> dict:
     return values
 
 
-def decode_event(data: dict) -> Event:
+def decode_event(data: Mapping[str, Any]) -> Event:
     """A recorded event (JSON) back as an :class:`activedb.Event`; values are as JSON stored them."""
     key = tuple(data["key"]) if isinstance(data.get("key"), list) else data.get("key")
     return Event(EventKind(data["kind"]), data.get("source"), key, data.get("old"), data.get("new"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import networkx as nx
 import sqlalchemy as sa
@@ -27,7 +27,7 @@ class TransactionLineage:
     parents: tuple[str, ...]
     consumed: tuple[BatchRef, ...]
     produced: tuple[BatchRef, ...]
-    notes: list[dict]
+    notes: list[dict[str, Any]]
     compensates: str | None = None
     compensated_by: str | None = None
 
@@ -55,7 +55,7 @@ class LineageExplorer:
                 "       c.transaction_id AS compensated_by "
                 "  FROM activedb_lineage l LEFT JOIN activedb_lineage c ON c.compensates = l.transaction_id "
                 " WHERE l.transaction_id = ANY(:ids)"), {"ids": wanted}).all()
-            batches: dict[str, tuple[list, list]] = {row.transaction_id: ([], []) for row in rows}
+            batches: dict[str, tuple[list[BatchRef], list[BatchRef]]] = {row.transaction_id: ([], []) for row in rows}
             for row in self.connection.execute(sa.text(
                     "SELECT transaction_id, role, query_id, batch_id FROM activedb_lineage_batches "
                     " WHERE transaction_id = ANY(:ids) ORDER BY query_id, batch_id"), {"ids": wanted}):
@@ -115,7 +115,7 @@ class LineageExplorer:
         self.load(result)
         return {tid for tid in result if tid in self.nodes and self.nodes[tid].compensates is None}
 
-    def _outbox_runs(self, ids: list[str], *, of: str) -> list:
+    def _outbox_runs(self, ids: list[str], *, of: str) -> Sequence[sa.Row[Any]]:
         """Rows ``(trigger_log_id, transaction_id)`` of the detached firings that ran (status done) whose
         ``of`` column (``"trigger_log_id"``: firings these transactions triggered; ``"transaction_id"``: the
         firings these transactions ran) is one of ``ids``; none without an outbox table."""
@@ -159,7 +159,8 @@ class LineageExplorer:
     def ancestors_or_self(self, ids: Iterable[str], limit: int | None = None) -> tuple[set[str], bool]:
         return self._closure(ids, self.parents, limit)
 
-    def _closure(self, ids, step, limit) -> tuple[set[str], bool]:
+    def _closure(self, ids: Iterable[str], step: Callable[[set[str]], set[str]], limit: int | None
+                 ) -> tuple[set[str], bool]:
         seen = set(ids)
         frontier = set(seen)
         while frontier:
@@ -169,10 +170,10 @@ class LineageExplorer:
             seen |= frontier
         return seen, False
 
-    def graph(self, ids: Iterable[str]) -> nx.DiGraph:
+    def graph(self, ids: Iterable[str]) -> nx.DiGraph[str]:
         """The subgraph of ``GT(𝐓)`` induced by ``ids`` (nodes carry their :class:`TransactionLineage`)."""
         ids = set(ids)
-        graph = nx.DiGraph()
+        graph: nx.DiGraph[str] = nx.DiGraph()
         for tid, node in self.load(ids).items():
             graph.add_node(tid, lineage=node)
         for tid in ids:

@@ -11,7 +11,7 @@ import json
 import threading
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeAlias
 
 import sqlalchemy as sa
 
@@ -23,7 +23,13 @@ from activedb.store import jsonable
 from activedb.atomic.errors import LineageError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from activedb.events import Event
+    from activedb.store import Catalog
+    from activedb.store._writeset import Key
     from activedb.txn import Transaction
+
+#: A row: its table and its key.
+RowId: TypeAlias = "tuple[str, Key]"
 
 
 @dataclass(frozen=True, order=True)
@@ -34,7 +40,7 @@ class BatchRef:
     batch_id: str
 
     @classmethod
-    def of(cls, query_id: Any, batch_id: Any) -> "BatchRef":
+    def of(cls, query_id: object, batch_id: object) -> "BatchRef":
         if isinstance(query_id, BatchRef):
             return query_id
         if not isinstance(query_id, str) or not query_id:
@@ -56,8 +62,8 @@ class LineageRecord:
     produced: dict[BatchRef, None] = field(default_factory=dict)
     parents: dict[str, None] = field(default_factory=dict)
     compensates: str | None = None
-    notes: list[dict] = field(default_factory=list)                 # filled by the notes' before_flush
-    undo_keys: dict[tuple[str, Any], None] = field(default_factory=dict)
+    notes: list[dict[str, object]] = field(default_factory=list)                 # filled by the notes' before_flush
+    undo_keys: dict[RowId, None] = field(default_factory=dict)
     # Invariant: at most one LineageWriter per tree is enlisted at a time (None: none yet, or the node it
     # was enlisted in aborted before delegating it).
     writer: "LineageWriter | None" = None
@@ -110,8 +116,8 @@ class LineageWriter(CommitParticipant):
         # The connection of the flush attempt that wrote already (a retried flush, on a new connection,
         # writes again; a writer enlisted twice writes once).  A weak reference: a dead connection's
         # id may be reused by the next one.
-        self._written_on: weakref.ref | None = None
-        self._before: dict[tuple[str, Any], dict | None] = {}
+        self._written_on: weakref.ref[sa.Connection] | None = None
+        self._before: dict[RowId, dict[str, object] | None] = {}
         # The lineage rows of this flush attempt, until the flush takes them (statements_along): they ride in its
         # last round trip, before the undo rows of ``about_to_commit`` that refer to them.
         self._along: tuple[Along, ...] = ()
@@ -144,7 +150,7 @@ class LineageWriter(CommitParticipant):
         if not before:
             return
         after = row_images(transaction.manager.catalog, connection, list(before), lock=False)
-        rows = []
+        rows: list[dict[str, object]] = []
         for (table_name, key), image in before.items():
             new = after[(table_name, key)]
             if new == image:
@@ -164,17 +170,17 @@ class LineageWriter(CommitParticipant):
                 record.writer = None    # dropped with a subtransaction: the next fact enlists a new one
 
 
-def _json(image: dict | None) -> str | None:
+def _json(image: dict[str, object] | None) -> str | None:
     return None if image is None else json.dumps(jsonable(image))
 
 
-def row_images(catalog: Any, connection: sa.Connection, keys: list[tuple[str, Any]], *, lock: bool
-               ) -> dict[tuple[str, Any], dict | None]:
+def row_images(catalog: Catalog, connection: sa.Connection, keys: list[RowId], *, lock: bool
+               ) -> dict[RowId, dict[str, object] | None]:
     """The images of ``(table, display key)`` rows as ``connection`` sees them; None where there is none."""
-    by_table: dict[str, list] = {}
+    by_table: dict[str, list[Key]] = {}
     for table_name, key in keys:
         by_table.setdefault(table_name, []).append(key)
-    images: dict[tuple[str, Any], dict | None] = {}
+    images: dict[RowId, dict[str, object] | None] = {}
     for table_name, display_keys in by_table.items():
         table = catalog.table(table_name)
         columns = [column for column in table.primary_key.columns]
@@ -194,7 +200,7 @@ def row_images(catalog: Any, connection: sa.Connection, keys: list[tuple[str, An
 class NoteParticipant(CommitParticipant):
     """One compensation note, enlisted on the node that made it; reaches the root's record by delegation."""
 
-    def __init__(self, record: LineageRecord, note: dict):
+    def __init__(self, record: LineageRecord, note: dict[str, object]) -> None:
         self.record = record
         self.note = note
 
@@ -237,15 +243,16 @@ class ConsumedBatches(CommitParticipant):
             self._writer.about_to_commit(transaction, connection)
 
 
-def add_note(transaction: "Transaction", note: dict) -> None:
+def add_note(transaction: "Transaction", note: dict[str, object]) -> None:
     record = record_of(transaction)
     lowlevel.enlist(transaction, NoteParticipant(record, note))
 
 
-def encode_event(event: Any) -> dict:
-    return jsonable({"kind": getattr(event.kind, "value", event.kind), "source": event.source, "key": event.key,
+def encode_event(event: Event) -> dict[str, object]:
+    encoded: dict[str, object] = jsonable({"kind": getattr(event.kind, "value", event.kind), "source": event.source, "key": event.key,
                      "old": event.old, "new": event.new, "payload": event.payload, "ts": event.ts,
                      "transaction": event.transaction})
+    return encoded
 
 
 class UndoKeys(TransactionExtension):
@@ -257,7 +264,7 @@ class UndoKeys(TransactionExtension):
     def wants_old_images(self, table: str) -> bool:
         return table in self.tables
 
-    def on_event(self, transaction: "Transaction", event: Any) -> None:
+    def on_event(self, transaction: "Transaction", event: Event) -> None:
         if (event.source not in self.tables or event.old is event.new is None
                 or getattr(event.kind, "value", None) not in ("inserted", "updated", "deleted")):
             return
@@ -273,7 +280,7 @@ class RuleNotes(Observer):
     def __init__(self, has_compensation: Callable[[str], bool]):
         self.has_compensation = has_compensation
 
-    def on_firing_end(self, transaction: "Transaction", firing: Any, outcome: "FiringOutcome") -> None:
+    def on_firing_end(self, transaction: "Transaction", firing: Any, outcome: str) -> None:
         # Called in the firing's own transaction, before it commits: the note commits (or is dropped)
         # with the firing's effects.
         name = firing.rule.name
