@@ -223,7 +223,7 @@ class Batches:
         scale-out path is meant to call this with ``ingest(..., on_partition_failure=...)``."""
         if SplitFailure(on_failure) is SplitFailure.FORWARD:
             return None
-        return self.compensate(source_batch, mode="full", allow_unsafe=allow_unsafe)
+        return self.compensate(source_batch, mode=CompensationMode.FULL, allow_unsafe=allow_unsafe)
 
     def prune(self, *, older_than: datetime.timedelta | float) -> int:
         """Delete lineage recorded more than ``older_than`` ago (a timedelta or seconds), with its batches
