@@ -74,7 +74,7 @@ class Ref:
 
 
 def _flatten(kind: type, node: ast.Expr) -> tuple[ast.Expr, ...]:
-    return node.operands if isinstance(node, kind) else (node,)
+    return node.operands if isinstance(node, kind) else (node,)  # type: ignore[attr-defined]  # (And, Or)
 
 
 def _node(value: Any) -> ast.Expr:
@@ -97,8 +97,9 @@ class EventRef:
     ``ENTER.location``."""
 
     __slots__ = ("alias",)
+    alias: str
 
-    def __init__(self, alias: str):
+    def __init__(self, alias: str) -> None:
         object.__setattr__(self, "alias", alias)
 
     def __getitem__(self, attribute: str) -> Ref:
@@ -199,7 +200,7 @@ def _returns(returns: Any) -> tuple[ast.ReturnItem, ...]:
         node = _node(value)
         if name is None and not isinstance(node, ast.AttributeRef):
             raise DefinitionError(f"name the returned expression {node!r}: returns={{'name': expression}}")
-        items.append(ast.ReturnItem(node.attribute if name is None else name, node))
+        items.append(ast.ReturnItem(node.attribute if name is None else name, node))  # type: ignore[attr-defined]
     return tuple(items)
 
 

@@ -66,7 +66,8 @@ class StreamSchema:
         """The declared spelling of event type ``name`` (case-insensitive), None if unknown."""
         if self.types is None:
             return name
-        return self._types.get(name.casefold())
+        resolved: str | None = self._types.get(name.casefold())  # type: ignore[attr-defined]  # (__post_init__)
+        return resolved
 
     def attributes_of(self, event_type: str) -> tuple[str, ...]:
         return tuple(self.attributes) + tuple(self.type_attributes.get(event_type, ()))
@@ -86,7 +87,8 @@ class StreamSchema:
         if event_type not in known:
             known[event_type] = next((value for declared, value in self.priorities.items()
                                       if declared.casefold() == event_type.casefold()), None)
-        return known[event_type]
+        priority: float | None = known[event_type]
+        return priority
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import datetime as dt
 import enum
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from activedb.events import check_time
 
@@ -39,15 +39,16 @@ class StreamEvent:
         return f"{self.type}^{format_ts(self.ts)}"
 
 
-def _slot_setters(cls: type) -> tuple:
-    return tuple(cls.__dict__[name].__set__ for name in cls.__dataclass_fields__)
+def _slot_setters(cls: type) -> tuple[Callable[[object, object], None], ...]:
+    return tuple(cls.__dict__[name].__set__ for name in cls.__dataclass_fields__)  # type: ignore[attr-defined]
 
 
 _EVENT_SLOTS = _slot_setters(StreamEvent)
 
 
 def make_event(type: str, ts: Any, attributes: Mapping[str, Any], stream: str | None, origin: Any, sts: float | None,
-               position: int | None, _new: Any = object.__new__) -> StreamEvent:
+               position: int | None,
+               _new: Callable[[type[StreamEvent]], StreamEvent] = object.__new__) -> StreamEvent:
     """``StreamEvent(type, ts, attributes, stream, origin, sts, position)`` for the engine's own copies of events
     it has checked (admission, release): the slots set directly, without the frozen class's ``__setattr__``
     checks per field (half the cost, for every event twice)."""
@@ -91,8 +92,8 @@ class Output:
 _OUTPUT_SLOTS = _slot_setters(Output)
 
 
-def make_output(query: str, ts: Any, attributes: Mapping[str, Any], constituents: tuple, sts: float,
-                position: int, _new: Any = object.__new__) -> Output:
+def make_output(query: str, ts: Any, attributes: Mapping[str, Any], constituents: tuple[StreamEvent, ...],
+                sts: float, position: int, _new: Callable[[type[Output]], Output] = object.__new__) -> Output:
     """``Output(query, ts, attributes, constituents, sts, position)`` made by the matcher: the slots set
     directly, as :func:`make_event` does."""
     output = _new(Output)
@@ -140,7 +141,7 @@ def ts_less(a: Any, b: Any) -> bool:
         return a is not END_OF_STREAM
     if a is END_OF_STREAM:
         return False
-    return a < b
+    return bool(a < b)
 
 
 def ts_extreme(values: Iterable[Any], *, latest: bool) -> Any:
@@ -158,7 +159,7 @@ def check_ts(ts: Any) -> str:
     return "datetime" if isinstance(ts, dt.datetime) else "number"
 
 
-def order_key(event: StreamEvent, priority: float | None, tie: Any) -> tuple:
+def order_key(event: StreamEvent, priority: float | None, tie: object) -> tuple[object, ...]:
     """The event's place in the declared total order (ts, type priority, tie key, content)."""
     rank = -priority if priority is not None else math.inf
     tie_part = _NO_TIE if tie is None else (0, tie)

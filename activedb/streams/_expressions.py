@@ -25,7 +25,7 @@ class Ctx:
 
     __slots__ = ("events", "reader", "row")
 
-    def __init__(self, events: Any, reader: Any = None, row: dict | None = None):
+    def __init__(self, events: Any, reader: Any = None, row: dict[str, object] | None = None) -> None:
         self.events = events
         self.reader = reader
         self.row = row
@@ -77,21 +77,23 @@ class Scope:
             raise UnknownName(f"{self.what}: {node.alias}.{node.attribute} names no event of the pattern "
                               f"(events: {known})", **at(node))
         index, event_type, _ = entry
-        attribute = self.stream.resolve_attribute(event_type, node.attribute, node.position)
+        attribute = self.stream.resolve_attribute(  # type: ignore[union-attr]  # (a pattern's scope has a stream)
+            event_type, node.attribute, node.position)
         self.used.add(index)
         return index, attribute
 
     def output_attribute(self, node: ast.AttributeRef) -> str:
-        aliases = {self.new_alias.casefold(), self.query.name.casefold()}
+        # (a rule's scope has the query it is on and its NEW alias)
+        aliases = {self.new_alias.casefold(), self.query.name.casefold()}  # type: ignore[union-attr]
         if node.alias.casefold() not in aliases:
             raise UnknownName(f"{self.what}: {node.alias}.{node.attribute} — the triggering event is "
                               f"{self.new_alias} (REFERENCING NEW AS …)", **at(node))
-        names = self.query.output_names
+        names = self.query.output_names  # type: ignore[union-attr]
         resolved = fold(node.attribute, names)
         if resolved is not None:
             return resolved
-        raise UnknownAttribute(f"{self.what}: query {self.query.name} returns no attribute {node.attribute!r} "
-                               f"(it returns {', '.join(names)})", **at(node))
+        raise UnknownAttribute(f"{self.what}: query {self.query.name} returns no attribute "  # type: ignore[union-attr]
+                               f"{node.attribute!r} (it returns {', '.join(names)})", **at(node))
 
 
 def compile_expression(node: ast.Expr, scope: Scope) -> Fn:
@@ -117,8 +119,8 @@ class _Generator:
         result = self.value(node, scope, 1)
         source = "def evaluate(ctx):\n" + "".join(self.lines) + f"    return {result}\n"
         exec(compile(source, f"<{self.what}>", "exec"), self.namespace)      # noqa: S102 - generated above
-        function = self.namespace["evaluate"]
-        function.source = source          # (for a reader of tracebacks and for the tests)
+        function: Fn = self.namespace["evaluate"]
+        function.source = source  # type: ignore[attr-defined]  # (for a reader of tracebacks and the tests)
         return function
 
     # --- emitting ------------------------------------------------------------------------------------

@@ -53,6 +53,7 @@ class Parser(TokenCursor):
     def query(self, start: Token) -> ast.QueryDefinition:
         name = self.name("the query's name")
         # Each clause once, in any order: its keyword, the QueryDefinition field and the rule parsing it.
+        clauses: dict[str, tuple[str, Callable[[], object]]]
         clauses = {"ON": ("stream", lambda: self.name("the stream's name after ON")),
                    "PATTERN": ("pattern", self.pattern), "WHERE": ("where", self.expression),
                    "WITHIN": ("within", self.duration), "RETURN": ("returns", self.returns),

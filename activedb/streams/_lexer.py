@@ -8,7 +8,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+_Item = TypeVar("_Item")
 
 from activedb.streams import algebra as ast
 from activedb.streams.errors import QuerySyntaxError
@@ -57,6 +59,7 @@ def tokenize(text: str) -> list[Token]:
         char = text[index]
         if char in _QUOTED:
             quote, match = char, _QUOTED[char].match(text, index)
+            assert match is not None    # (the pattern matches the empty string)
             if match.group(2) is None:
                 what = "string" if quote == "'" else "quoted name"
                 where = " before the end of the line" if match.end() < len(text) else ""
@@ -145,7 +148,8 @@ class TokenCursor:
     def name(self, what: str) -> str:
         token = self.current
         if token.kind == "quoted" or (token.kind == "name" and token.text.upper() not in RESERVED):
-            return self.advance().value     # a name's value is its text, a quoted name's without the quotes
+            value: str = self.advance().value   # a name's value is its text, a quoted name's without the quotes
+            return value
         if token.kind == "name":
             raise self.error(f"expected {what}, found the keyword {token.text.upper()} "
                              f"(write it in double quotes to use it as a name)")
@@ -157,9 +161,10 @@ class TokenCursor:
         if token.kind != "number":
             raise self.error(f"expected {what} (a number), found {token.describe()}")
         self.advance()
-        return -token.value if negative else token.value
+        number: float | int = -token.value if negative else token.value
+        return number
 
-    def comma_list(self, item: Callable[[], Any]) -> tuple:
+    def comma_list(self, item: Callable[[], _Item]) -> tuple[_Item, ...]:
         """``item { "," item }``."""
         items = [item()]
         while self.accept_symbol(","):

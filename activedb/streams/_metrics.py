@@ -63,7 +63,7 @@ class Metrics:
         self._mutex = threading.Lock()       # protects every field below
         self.events_in = 0
         self.first_arrival: float | None = None
-        self.counts: collections.Counter = collections.Counter()
+        self.counts: collections.Counter[str] = collections.Counter()
         self.phases = {phase: 0.0 for phase in PHASES}
         self.per_query: dict[str, list[int]] = {}
 

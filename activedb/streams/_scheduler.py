@@ -16,7 +16,8 @@ from activedb.errors import InvalidChoice
 from activedb.streams.errors import StreamError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from activedb.streams._batch import BatchRun
+    from activedb.streams._batch import BatchRun, STransaction
+    from activedb.txn import SubtransactionHandle, Transaction
 
 
 logger = logging.getLogger("activedb.streams")
@@ -93,18 +94,18 @@ class UnscheduledScheduler(Scheduler):
         self.after_step = after_step
 
     def run(self, batch: BatchRun) -> None:
-        queues: dict[str, collections.deque] = {}
+        queues: dict[str, collections.deque[tuple[STransaction, int]]] = {}
         for stransaction in batch.stransactions:
             for rank, matcher in stransaction.matchers:
                 queues.setdefault(matcher.query.name, collections.deque()).append((stransaction, rank))
-        finished: queue.Queue = queue.Queue()
-        running: dict[str, tuple[Any, Any]] = {}
+        finished: queue.Queue[str] = queue.Queue()
+        running: dict[str, tuple[SubtransactionHandle, STransaction]] = {}
         errors: list[BaseException] = []
 
         def start(query_name: str) -> None:
             stransaction, rank = queues[query_name].popleft()
 
-            def operator_step(child) -> None:
+            def operator_step(child: Transaction) -> None:
                 try:
                     if self.before_step is not None:
                         self.before_step(query_name, stransaction.event)

@@ -8,7 +8,7 @@ pending one, and ``BatchRun._mutex`` the overlay while a batch runs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Hashable
 
 from activedb.streams._events import StreamEvent
 from activedb.streams._matcher import PartitionState
@@ -23,9 +23,9 @@ if TYPE_CHECKING:  # pragma: no cover
 class State:
     """The engine's state between batches (the committed one) or during one (pending)."""
 
-    partitions: dict[tuple[str, tuple], PartitionState] = field(default_factory=dict)
+    partitions: dict[tuple[str, tuple[Hashable, ...]], PartitionState] = field(default_factory=dict)
     # Invariant: sorted by (order key, arrival number); no entry is older than `released`.
-    buffer: list[tuple[tuple, int, StreamEvent]] = field(default_factory=list)
+    buffer: list[tuple[tuple[object, ...], int, StreamEvent]] = field(default_factory=list)
     released: Any = None              # every event older than this was released (None: nothing yet)
     punctuations: dict[str, Any] = field(default_factory=dict)
     position: int = 0                 # the next release position
@@ -43,7 +43,7 @@ class Pending:
     def __init__(self, root: Any, base: State):
         self.root = root
         self.base = base
-        self.overlay: dict[tuple[str, tuple], PartitionState | None] = {}
+        self.overlay: dict[tuple[str, tuple[Hashable, ...]], PartitionState | None] = {}
         self.buffer = list(base.buffer)
         self.released = base.released
         self.punctuations = dict(base.punctuations)
@@ -52,11 +52,11 @@ class Pending:
         self.time_kind = base.time_kind
         self.chunks = dict(base.chunks)
         self.buffer_added: dict[int, StreamEvent] = {}     # arrival -> event, admitted and still buffered
-        self.written: dict[tuple[str, tuple], PartitionState | None] = {}    # partitions saved in this batch
+        self.written: dict[tuple[str, tuple[Hashable, ...]], PartitionState | None] = {}    # partitions saved in this batch
         self.units: list[str] = []          # history units run in this batch (aborted with it)
         self.saved_rows = False             # the batch's save changed base.partition_rows (undone by loading again)
 
-    def partition(self, key: tuple[str, tuple]) -> PartitionState | None:
+    def partition(self, key: tuple[str, tuple[Hashable, ...]]) -> PartitionState | None:
         if key in self.overlay:
             return self.overlay[key]
         return self.base.partitions.get(key)

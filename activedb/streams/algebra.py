@@ -89,7 +89,7 @@ class _Binary(Expr):
     left: Expr
     right: Expr
 
-    def children(self):
+    def children(self) -> tuple["Expr", ...]:
         return (self.left, self.right)
 
 
@@ -107,7 +107,7 @@ class Arithmetic(_Binary):
 class _Unary(Expr):
     operand: Expr
 
-    def children(self):
+    def children(self) -> tuple["Expr", ...]:
         return (self.operand,)
 
 
@@ -125,7 +125,7 @@ class IsNull(_Unary):
 class _Junction(Expr):
     operands: tuple[Expr, ...]
 
-    def children(self):
+    def children(self) -> tuple["Expr", ...]:
         return self.operands
 
 
@@ -164,7 +164,7 @@ class _StoreRead(Expr):
 
     select: Select
 
-    def children(self):
+    def children(self) -> tuple["Expr", ...]:
         return tuple(expression for _, expression in self.select.conditions)
 
 

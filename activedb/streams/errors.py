@@ -7,14 +7,19 @@ in the textual language carry the ``line`` and ``column`` of the offending token
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from activedb.errors import ActivedbError, UnknownTable
 
 
-def at(where: Any) -> dict:
+class _Where(TypedDict, total=False):
+    line: int
+    column: int
+
+
+def at(where: object) -> _Where:
     """``line``/``column`` keywords for a ``DefinitionError`` from a node's (or a) ``Position``."""
-    position = where if hasattr(where, "line") else getattr(where, "position", None)
+    position: Any = where if hasattr(where, "line") else getattr(where, "position", None)
     return {"line": position.line, "column": position.column} if position else {}
 
 
