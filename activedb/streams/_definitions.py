@@ -9,7 +9,7 @@ indexes are replaced whole, never mutated, so a batch may read them without it.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, TypeAlias
 
 from activedb.streams import _language
 from activedb.streams import algebra as ast
@@ -18,7 +18,16 @@ from activedb.streams._catalog import StoreCatalog, StreamSchema
 from activedb.streams._compile import CompiledQuery, CompiledRule, compile_query, compile_rule
 from activedb.streams._events import StreamEvent
 from activedb.streams._matcher import Matcher
+from activedb.streams._history import Key
 from activedb.streams.errors import DefinitionError, UnknownName, at
+
+#: How a read or write spec's key is taken from an accepting event: per key column ``(True, constant)`` or
+#: ``(False, attribute name)``.
+Extract: TypeAlias = "tuple[tuple[bool, object], ...]"
+#: Per (stream, type): the tables read and written with their key extracts, whether a rule is opaque, and the
+#: function taking the keys from an event's attributes.
+_Specs: TypeAlias = "tuple[tuple[str, Extract | None], ...]"
+_PlanTemplate: TypeAlias = "tuple[_Specs, _Specs, bool, Callable[[Mapping[str, object]], tuple[Key | None, ...]]]"
 
 
 class Definitions:
@@ -36,7 +45,7 @@ class Definitions:
         self._by_type: dict[tuple[str, str], tuple[tuple[int, Matcher], ...]] = {}
         # Access-plan templates by (stream, type), see _plan_template, and the plans made from them by
         # (stream, type, *keys); emptied when the definitions change or it grows past 10,000.
-        self._plans: dict[tuple, Any] = {}
+        self._plans: dict[tuple[object, ...], Any] = {}
 
     def add_stream(self, schema: StreamSchema) -> StreamSchema:
         with self._mutex:
@@ -80,12 +89,12 @@ class Definitions:
                 if existing and not definition.replace:
                     raise DefinitionError(f"rule {definition.name} is already defined; use CREATE OR REPLACE RULE "
                                           f"(replace=True) to redefine it", **at(definition))
-                compiled = compile_rule(definition, self._queries, self.catalog)
+                rule = compile_rule(definition, self._queries, self.catalog)
                 for name in existing:
                     del self._rules[name]
-                self._rules[compiled.name] = compiled
+                self._rules[rule.name] = rule
                 self._reindex()
-                return compiled
+                return rule
         raise DefinitionError(f"not a query or rule definition: {definition!r}")
 
     def _reindex(self) -> None:
@@ -147,11 +156,11 @@ class Definitions:
             found.append(plan)
         return found
 
-    def _plan_template(self, stream: str, event_type: str):
+    def _plan_template(self, stream: str, event_type: str) -> _PlanTemplate:
         """Per (stream, type): the tables and how each key is taken from the event (cached
         until the definitions change)."""
-        reads: dict[tuple, None] = {}
-        writes: dict[tuple, None] = {}
+        reads: dict[tuple[str, Extract | None], None] = {}
+        writes: dict[tuple[str, Extract | None], None] = {}
         opaque = False
         with self._mutex:
             for _, matcher in self._by_type.get((stream, event_type), ()):
@@ -182,31 +191,33 @@ class Definitions:
         raise UnknownName("the event names no stream and the engine has several")
 
 
-def _priority_then_name(item: Any) -> tuple:
+def _priority_then_name(item: CompiledQuery | CompiledRule) -> tuple[int, float, str]:
     priority = item.priority
     return (0, -priority, item.name) if priority is not None else (1, 0, item.name)
 
 
-def _keys_function(extracts: tuple) -> Callable[[Mapping[str, Any]], tuple]:
+def _keys_function(extracts: tuple[Extract | None, ...]) -> Callable[[Mapping[str, object]], tuple[Key | None, ...]]:
     """``attributes -> keys``: each spec's key taken from an event's attributes by its extract (None: the table).
     The common plans get a function of their own: none, or every key the one attribute (a query's read and its
     rule's write of the same row)."""
     if not extracts:
         return lambda attributes: ()
     if all(extract is not None and len(extract) == 1 and not extract[0][0] for extract in extracts):
-        names = [extract[0][1] for extract in extracts]
+        names = [extract[0][1] for extract in extracts]  # type: ignore[index]  # (none is None: above)
         if len(set(names)) == 1:
             name, count = names[0], len(names)
-            return lambda attributes: ((attributes.get(name),),) * count
+            return lambda attributes: ((attributes.get(name),),) * count  # type: ignore[arg-type]
 
-    def keys(attributes: Mapping[str, Any]) -> tuple:
-        return tuple([None if extract is None else tuple([value if is_literal else attributes.get(value)
-                                                          for is_literal, value in extract])
+    def keys(attributes: Mapping[str, object]) -> tuple[Key | None, ...]:
+        # (a value that is not a literal is an attribute's name)
+        return tuple([None if extract is None else tuple([
+                          value if is_literal else attributes.get(value)  # type: ignore[call-overload]
+                          for is_literal, value in extract])
                       for extract in extracts])
     return keys
 
 
-def _key_extractor(key_spec: Any, query: CompiledQuery, rule: CompiledRule | None) -> tuple | None:
+def _key_extractor(key_spec: Any, query: CompiledQuery, rule: CompiledRule | None) -> Extract | None:
     """How to take a read/write spec's key from an accepting event of ``query``: per key
     column ``(True, constant)`` or ``(False, attribute)``; None if it cannot be (the table)."""
     if key_spec is None:

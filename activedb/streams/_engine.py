@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Iterable, Mapping, Sequence, TypeVar, cast
 
 from activedb import lowlevel
 from activedb import deadletters
@@ -35,6 +35,8 @@ from activedb.streams.errors import StreamError, StreamStateError
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
     from activedb.txn import Transaction
+
+_Action = TypeVar("_Action", bound=Callable[..., object])
 
 
 class StreamEngine:
@@ -102,8 +104,8 @@ class StreamEngine:
                       priorities: Mapping[str, float] | None = None, tie_key: Callable[[StreamEvent], Any] | None = None
                       ) -> StreamSchema:
         """Declare an input stream (see :class:`~activedb.streams._catalog.StreamSchema`)."""
-        return self._definitions.add_stream(StreamSchema(name, types, attributes, type_attributes, priorities,
-                                                         tie_key))
+        return self._definitions.add_stream(StreamSchema(name, types, attributes,  # type: ignore[arg-type]
+                                                         type_attributes, priorities, tie_key))  # type: ignore[arg-type]
 
     def define(self, text: str) -> list[CompiledQuery | CompiledRule]:
         """Define every ``CREATE QUERY`` / ``CREATE RULE`` of ``text``, in order."""
@@ -113,9 +115,9 @@ class StreamEngine:
               stream: str | None = None, selection: ast.Selection | str = ast.Selection.SKIP_TILL_ANY_MATCH,
               priority: float | None = None) -> CompiledQuery:
         """Define a query in Python (see ``activedb.streams.seq``, ``event``, ``store``)."""
-        return self._definitions.add(query_definition(name, pattern=pattern, returns=returns, where=where,
-                                                      within=within, stream=stream, selection=selection,
-                                                      priority=priority))
+        return cast(CompiledQuery, self._definitions.add(query_definition(
+            name, pattern=pattern, returns=returns, where=where, within=within, stream=stream, selection=selection,
+            priority=priority)))
 
     def rule(self, name: str, *, on_output: str, action: Any, when: Any = None, priority: float | None = None,
              new: str = "NEW", reads: Iterable[str] | None = None, writes: Iterable[str] | None = None,
@@ -123,13 +125,13 @@ class StreamEngine:
         """Define an ON OUTPUT rule in Python.  ``action``: an action built with
         ``streams.update``/``insert``/``delete``, a list of them, or a callable ``(tx, new)``
         (``reads``/``writes`` declare the tables a callable may touch)."""
-        return self._definitions.add(rule_definition(name, on_output=on_output, action=action, when=when,
-                                                     priority=priority, new=new, reads=reads, writes=writes,
-                                                     replace=replace))
+        return cast(CompiledRule, self._definitions.add(rule_definition(
+            name, on_output=on_output, action=action, when=when, priority=priority, new=new, reads=reads,
+            writes=writes, replace=replace)))
 
-    def on_output(self, query: str, *, name: str | None = None, **options: Any):
+    def on_output(self, query: str, *, name: str | None = None, **options: Any) -> Callable[[_Action], _Action]:
         """Decorator: ``@engine.on_output("Q1", writes=["alerts"])`` over ``def f(tx, new)``."""
-        def decorate(function):
+        def decorate(function: _Action) -> _Action:
             self.rule(name or function.__name__, on_output=query, action=function, **options)
             return function
         return decorate
@@ -188,7 +190,8 @@ class StreamEngine:
         with self.db.transaction(name=f"streams:{self.name}") as tx:
             return self.process(tx, events, punctuation=punctuation, punctuations=punctuations)
 
-    def _process(self, tx, events, punctuation, punctuations, batch_id) -> BatchResult:
+    def _process(self, tx: Transaction, events: Iterable[StreamEvent | Mapping[str, Any]], punctuation: Any,
+                 punctuations: Mapping[str, Any] | None, batch_id: int | None) -> BatchResult:
         began = time.perf_counter()
         root = tx.root
         with self._mutex:
@@ -215,7 +218,9 @@ class StreamEngine:
         released = self._reorder.release(pending, bound, now)
         self.metrics.phase(buffer=time.perf_counter() - began)
         matchers = self._definitions.matchers
-        stransactions = [STransaction(f"S{event.position}", event, matchers(event.stream, event.type), self, plan)
+        # (a released event names its stream)
+        stransactions = [STransaction(f"S{event.position}", event, matchers(event.stream, event.type),  # type: ignore[arg-type]
+                                      self, plan)
                          for event, plan in zip(released, self._definitions.access_plans(released))]
         if self.prefetch and stransactions:
             prefetch(tx, stransactions)
@@ -227,7 +232,7 @@ class StreamEngine:
             run.publish_metrics()
         # A concurrent scheduler ends s-transactions out of order: report in the declared order.
         run.outputs.sort(key=lambda output: output.position)
-        run.dead_letters.sort(key=lambda letter: letter.event.position)
+        run.dead_letters.sort(key=lambda letter: letter.event.position)  # type: ignore[arg-type,return-value]
         letters.extend(run.dead_letters)
         started = time.perf_counter()
         if letters and self.record_dead_letters:
@@ -276,7 +281,7 @@ class StreamEngine:
             source = self._pending.buffer if self._pending is not None else self._state.buffer
             return [event for _, _, event in source]
 
-    def partitions(self, query: str) -> dict[tuple, PartitionState]:
+    def partitions(self, query: str) -> dict[tuple[Hashable, ...], PartitionState]:
         """The committed matcher states of ``query`` by partition key (for inspection)."""
         with self._mutex:
             return {key: state for (name, key), state in self._state.partitions.items() if name == query}
@@ -290,7 +295,7 @@ class StreamEngine:
         return f"<StreamEngine {self.name} {self.scheduler.name}: {len(self.queries)} queries, {len(self.rules)} rules>"
 
 
-def _event_row(event: StreamEvent, encode: Callable[[Any], Any] = lambda value: value) -> dict:
+def _event_row(event: StreamEvent, encode: Callable[[object], object] = lambda value: value) -> dict[str, object]:
     """A dead letter's row for ``event``: its fields, kept exactly (or each value ``encode``d: JSON-safe)."""
     return {"type": event.type, "ts": encode(event.ts), "stream": event.stream,
             "attributes": {key: encode(value) for key, value in dict(event.attributes).items()}}

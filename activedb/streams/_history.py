@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Hashable
+
+#: A row's key (its primary-key values).
+Key = tuple[Hashable, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,10 +29,10 @@ class StreamOp:
     ts: Any                        # the s-transaction's T.ts = e.ts (Def. 6 compares these)
     # (position, step): the place in the declared order (decides Def. 6 case 4); step = (phase, query rank, n),
     # phase 0 the queries' reads in query order, phase 1 the rules per output, per rule by priority.
-    order: tuple
+    order: tuple[object, ...]
     origin: str | None = None      # the query or rule that performed it
     table: str | None = None
-    key: tuple | None = None       # None: a table read (scan)
+    key: Key | None = None       # None: a table read (scan)
     value: Any = None              # read: the image(s) seen; write: the values written
     # read: sequence of the write seen (None = initial); scan: {key: sequence}.  Derived by the
     # recorder on a single-version store (the last not-aborted Write); a multi-version store passes it.
@@ -41,12 +44,13 @@ class StreamOp:
             target = f"{self.table}[{show_key(self.key)}]" if self.key is not None else f"{self.table} (table)"
             return f"#{self.sequence} Read by {self.origin} of {target} at ts {self.ts} ({self.event})"
         if self.kind == "write":
-            return (f"#{self.sequence} Write ({self.operation}) by {self.origin} of {self.table}[{show_key(self.key)}] "
+            shown = show_key(self.key)  # type: ignore[arg-type]  # (a write has a key)
+            return (f"#{self.sequence} Write ({self.operation}) by {self.origin} of {self.table}[{shown}] "
                     f"at ts {self.ts} ({self.event})")
         return f"#{self.sequence} {self.kind} {self.unit} ({self.event})"
 
 
-def show_key(key: tuple) -> str:
+def show_key(key: Key) -> str:
     return repr(key[0]) if len(key) == 1 else repr(key)
 
 
@@ -55,20 +59,20 @@ class StreamHistory:
     operation's lock is held); :meth:`snapshot` makes them ``StreamOp`` values for the checker."""
 
     def __init__(self) -> None:
-        self.ops: list[tuple] = []
+        self.ops: list[tuple[Any, ...]] = []  # StreamOp's fields, made into StreamOps when read
         self._mutex = threading.Lock()
         self._sequence = 0
         # Invariant: _last_write[row] is the sequence of the latest write of a unit that has not aborted.
-        self._last_write: dict[tuple[str, tuple], int] = {}
-        self._undo: dict[str, list[tuple[tuple[str, tuple], int | None]]] = {}
+        self._last_write: dict[tuple[str, Key], int] = {}
+        self._undo: dict[str, list[tuple[tuple[str, Key], int | None]]] = {}
 
-    def begin(self, unit: str, stransaction: str, event: str, ts: Any, order: tuple) -> None:
+    def begin(self, unit: str, stransaction: str, event: str, ts: Any, order: tuple[object, ...]) -> None:
         with self._mutex:
             self._sequence += 1
             self.ops.append((self._sequence, "begin", unit, stransaction, event, ts, order))
             self._undo[unit] = []
 
-    def end(self, unit: str, stransaction: str, event: str, ts: Any, order: tuple, committed: bool) -> None:
+    def end(self, unit: str, stransaction: str, event: str, ts: Any, order: tuple[object, ...], committed: bool) -> None:
         with self._mutex:
             self._sequence += 1
             self.ops.append((self._sequence, "end", unit, stransaction, event, ts, order, None, None, None, None,
@@ -81,8 +85,8 @@ class StreamHistory:
                     else:
                         self._last_write[row] = previous
 
-    def read(self, unit: str, stransaction: str, event: str, ts: Any, order: tuple, origin: str, table: str,
-             key: tuple | None, value: Any, read_from: Any = "derive") -> None:
+    def read(self, unit: str, stransaction: str, event: str, ts: Any, order: tuple[object, ...], origin: str, table: str,
+             key: Key | None, value: Any, read_from: Any = "derive") -> None:
         """Record a Read of one row, or of the whole table (a scan: ``key`` None, ``value`` its rows)."""
         with self._mutex:
             if read_from == "derive":
@@ -91,8 +95,8 @@ class StreamHistory:
             self.ops.append((self._sequence, "read", unit, stransaction, event, ts, order, origin, table, key, value,
                              read_from))
 
-    def write(self, unit: str, stransaction: str, event: str, ts: Any, order: tuple, origin: str, table: str,
-              key: tuple, value: Any, operation: str) -> int:
+    def write(self, unit: str, stransaction: str, event: str, ts: Any, order: tuple[object, ...], origin: str, table: str,
+              key: Key, value: Any, operation: str) -> int:
         """Record a Write; returns its sequence (a multi-version store keeps it with the version)."""
         with self._mutex:
             self._sequence += 1
@@ -104,13 +108,13 @@ class StreamHistory:
             self._last_write[row] = sequence
             return sequence
 
-    def last_writes(self, table: str) -> dict[tuple, int]:
+    def last_writes(self, table: str) -> dict[Key, int]:
         """The sequence of the latest not-aborted Write of each row of ``table`` (what a Read of
         the row before the next Write sees): a multi-version store takes it for its base images."""
         with self._mutex:
             return self._last_writes(table)
 
-    def _last_writes(self, table: str) -> dict[tuple, int]:
+    def _last_writes(self, table: str) -> dict[Key, int]:
         """Precondition: the caller holds ``_mutex``."""
         return {row[1]: sequence for row, sequence in self._last_write.items() if row[0] == table}
 

@@ -10,7 +10,7 @@ the batch touches.
 from __future__ import annotations
 
 import bisect
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from activedb.streams._catalog import StreamSchema
 from activedb.streams._events import (END_OF_STREAM, DeadLetter, StreamEvent, check_ts, format_ts, make_event,
@@ -27,13 +27,16 @@ class ReorderBuffer:
         self.metrics = metrics
         self.watermark = watermark
 
-    def admit_all(self, events: list, now: float, pending: Pending,
+    def admit_all(self, events: Iterable[object], now: float, pending: Pending,
                   streams: dict[str, StreamSchema]) -> list[DeadLetter]:
         """Put each event (or its mapping) into the buffer; returns the dead letters those that could not be
         became instead, in their order.  The buffer is sorted once for the whole list (its new entries come
         after the ones before them on equal keys: their arrival numbers are larger)."""
         letters: list[DeadLetter] = []
-        added: list[tuple[tuple, int, StreamEvent]] = []
+        added: list[tuple[tuple[object, ...], int, StreamEvent]] = []
+        stream: StreamSchema
+        event_type: str
+        priority: float | None
         types: dict[tuple[str | None, Any], tuple[StreamSchema, str, float | None] | str] = {}
         for raw in events:
             event = raw
@@ -54,7 +57,7 @@ class ReorderBuffer:
             if resolved.__class__ is str:
                 letters.append(self._reject(event, resolved))
                 continue
-            stream, event_type, priority = resolved
+            stream, event_type, priority = resolved  # type: ignore[str-unpack,assignment]  # (not a str)
             event = make_event(event_type, event.ts, event.attributes, stream.name, event.origin,   # replace(), faster
                                event.sts if event.sts is not None else now, event.position)
             try:
@@ -97,9 +100,10 @@ class ReorderBuffer:
                         f"({', '.join(streams)})")
             stream = next(iter(streams.values()))
         else:
-            stream = streams.get(event.stream)
-            if stream is None:
+            found = streams.get(event.stream)
+            if found is None:
                 return f"rejected: no stream {event.stream!r} in engine {self.name} (streams: {', '.join(streams)})"
+            stream = found
         event_type = stream.resolve_type(event.type) if isinstance(event.type, str) else None
         if event_type is None:
             return (f"rejected: stream {stream.name} has no event type {event.type!r} "
@@ -110,7 +114,8 @@ class ReorderBuffer:
         self.metrics.add(dead_letters=1)
         return DeadLetter(event, reason, punctuation)
 
-    def bound(self, pending: Pending, streams, punctuation, punctuations) -> Any:
+    def bound(self, pending: Pending, streams: Mapping[str, StreamSchema], punctuation: Any,
+              punctuations: Mapping[str, Any] | None) -> Any:
         given = dict(punctuations or {})
         if punctuation is not None:
             for name in streams:
@@ -164,5 +169,5 @@ def _event_from_mapping(raw: Mapping[str, Any]) -> StreamEvent:
     attributes = raw.get("attributes")
     if attributes is None:
         attributes = {key: value for key, value in raw.items() if key not in ("type", "ts", "stream")}
-    return StreamEvent(type=raw.get("type"), ts=raw.get("ts"), attributes=dict(attributes), stream=raw.get("stream"),
+    return StreamEvent(type=raw.get("type"), ts=raw.get("ts"),  # type: ignore[arg-type]  # (StreamEvent checks) attributes=dict(attributes), stream=raw.get("stream"),
                        origin=raw)
