@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Hashable
 
 from activedb.streams import algebra as ast
 from activedb.streams._catalog import StoreCatalog, StreamSchema, fold
@@ -124,7 +124,7 @@ def compile_query(definition: ast.QueryDefinition, streams: dict[str, StreamSche
             for event_type in types:
                 resolved = stream.resolve_attribute(event_type, term.attribute, term.position)
             if resolved not in partition:
-                partition.append(resolved)
+                partition.append(resolved)  # type: ignore[arg-type]  # (a pattern has a type)
             continue
         scope = Scope(catalog, components=aliases, stream=stream, what=what)
         function = compile_expression(term, scope)
@@ -234,12 +234,13 @@ def compile_rule(definition: ast.RuleDefinition, queries: dict[str, CompiledQuer
             actions.append(_call_action(action, catalog, what))
             if action.reads is None and action.writes is None:
                 opaque = True
-            for table in action.reads or ():
-                reads.append(ReadSpec(catalog.table(table).name, None))
-            for table in action.writes or ():
-                writes.append(WriteSpec(catalog.table(table).name, None))
+            for name in action.reads or ():
+                reads.append(ReadSpec(catalog.table(name).name, None))
+            for name in action.writes or ():
+                writes.append(WriteSpec(catalog.table(name).name, None))
             continue
-        table = catalog.table(action.table, action.position)
+        # (an INSERT, UPDATE or DELETE action: each names its table)
+        table = catalog.table(action.table, action.position)  # type: ignore[attr-defined]
         if isinstance(action, ast.InsertAction):
             columns = action.columns or tuple(table.columns)
             if not action.columns and len(action.values) != len(columns):
@@ -258,14 +259,14 @@ def compile_rule(definition: ast.RuleDefinition, queries: dict[str, CompiledQuer
             actions.append(_insert(table.name, real, functions))
             continue
         key_pairs = {}
-        for written, expression in action.key:
+        for written, expression in action.key:  # type: ignore[attr-defined]  # (UPDATE and DELETE)
             column = table.column(written, action.position)
             if column in key_pairs:
                 raise DefinitionError(f"{what}: key column {written} appears twice", **at(action))
             key_pairs[column] = expression
         if set(key_pairs) != set(table.key_columns):
             raise DefinitionError(
-                f"{what}: the WHERE of {type(action).__name__[:-6].upper()} {action.table} must name its whole "
+                f"{what}: the WHERE of {type(action).__name__[:-6].upper()} {action.table} must name its whole "  # type: ignore[attr-defined]
                 f"primary key ({', '.join(table.key_columns)}) with '=' — the action changes one row; for anything "
                 f"else use a Python action", **at(action))
         key_functions = [compiled("WHERE", key_pairs[column]) for column in table.key_columns]
@@ -275,7 +276,7 @@ def compile_rule(definition: ast.RuleDefinition, queries: dict[str, CompiledQuer
             actions.append(_delete(table.name, key_functions))
             continue
         assignments = []
-        for written, expression in action.assignments:
+        for written, expression in action.assignments:  # type: ignore[attr-defined]  # (an UPDATE)
             column = table.column(written, action.position)
             if column in table.key_columns:
                 raise DefinitionError(f"{what}: UPDATE cannot change the key column {written}", **at(action))
@@ -299,7 +300,7 @@ def _insert(table: str, columns: list[str], functions: list[Fn]) -> Callable[[Ct
     return insert
 
 
-def _key(ctx: Ctx, key_functions: list[Fn]) -> tuple | None:
+def _key(ctx: Ctx, key_functions: list[Fn]) -> tuple[Hashable, ...] | None:
     """The row key the functions compute; None if a part is NULL (``WHERE key = NULL`` matches no row)."""
     key = tuple(function(ctx) for function in key_functions)
     return None if any(value is None for value in key) else key

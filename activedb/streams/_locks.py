@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Iterable
 
 from activedb.streams._events import ts_less
-from activedb.streams._history import show_key
+from activedb.streams._history import Key, show_key
 from activedb.txn import WaitKind
 from activedb.streams.errors import SchedulerError, UnplannedAccess
 
@@ -50,7 +50,7 @@ class Owner:
     waiters: list[Owner] = field(default_factory=list)
     wake: threading.Event = field(default_factory=threading.Event)
     victim: BaseException | None = None
-    requests: dict[tuple[str, tuple | None], Request] = field(default_factory=dict)
+    requests: dict[tuple[str, Key | None], Request] = field(default_factory=dict)
 
     def __repr__(self) -> str:
         return f"<Owner {self.name} @{self.position}{' ended' if self.ended else ''}>"
@@ -62,7 +62,7 @@ class Request:
 
     owner: Owner
     table: str
-    key: tuple | None
+    key: Key | None
     mode: LockMode
     held: bool = False           # granted to an operation of its owner at least once
 
@@ -118,17 +118,17 @@ class _Table:
 
     table_reads: _Queue = field(default_factory=_Queue)
     table_writes: _Queue = field(default_factory=_Queue)
-    tuple_reads: defaultdict[tuple, _Queue] = field(default_factory=lambda: defaultdict(_Queue))
-    tuple_writes: defaultdict[tuple, _Queue] = field(default_factory=lambda: defaultdict(_Queue))
+    tuple_reads: defaultdict[Key, _Queue] = field(default_factory=lambda: defaultdict(_Queue))
+    tuple_writes: defaultdict[Key, _Queue] = field(default_factory=lambda: defaultdict(_Queue))
     any_tuple_reads: _Queue = field(default_factory=_Queue)
     any_tuple_writes: _Queue = field(default_factory=_Queue)
     requests: list[Request] = field(default_factory=list)     # every request, in insertion order
 
-    def writes_on(self, key: tuple | None) -> tuple[_Queue | None, ...]:
+    def writes_on(self, key: Key | None) -> tuple[_Queue | None, ...]:
         """The write queues overlapping a request on ``key`` (None: the whole table)."""
         return self.table_writes, self.any_tuple_writes if key is None else self.tuple_writes.get(key)
 
-    def reads_on(self, key: tuple | None) -> tuple[_Queue | None, ...]:
+    def reads_on(self, key: Key | None) -> tuple[_Queue | None, ...]:
         return self.table_reads, self.any_tuple_reads if key is None else self.tuple_reads.get(key)
 
 
@@ -180,17 +180,17 @@ class StreamLockTable:
         self._waiting: dict[Owner, tuple[Request | None, Owner | None]] = {}
         self._gated: list[Owner] = []        # owners waiting for a punctuation (LWM)
         # The counters of LockTableStatistics (all but ``waiting``, which is len(_waiting)).
-        self._counts = Counter(requests=0, write_requests=0, grants=0, waits=0, punctuation_waits=0,
-                               wait_seconds=0.0)
+        self._counts: dict[str, float] = Counter(  # type: ignore[call-overload]  # (wait_seconds: a float)
+            requests=0, write_requests=0, grants=0, waits=0, punctuation_waits=0, wait_seconds=0.0)
 
     # --- the dispatcher ---------------------------------------------------------------------
 
-    def insert(self, owner: Owner, resources: Iterable[tuple[str, tuple | None, LockMode]]) -> None:
+    def insert(self, owner: Owner, resources: Iterable[tuple[str, Key | None, LockMode]]) -> None:
         """Insert ``owner``'s requests (one per resource, the strongest mode asked).
         Precondition: an owner's requests are inserted before it runs; S2PL: owners in
         increasing position (LWM: any order, a punctuation published once every owner
         older than it is in)."""
-        merged: dict[tuple[str, tuple | None], LockMode] = {}
+        merged: dict[tuple[str, Key | None], LockMode] = {}
         for table, key, mode in resources:
             previous = merged.get((table, key))
             merged[(table, key)] = mode if previous is None or mode is LockMode.WRITE else previous
@@ -222,7 +222,7 @@ class StreamLockTable:
 
     # --- the workers ------------------------------------------------------------------------
 
-    def request_for(self, owner: Owner, table: str, key: tuple | None, mode: LockMode) -> Request:
+    def request_for(self, owner: Owner, table: str, key: Key | None, mode: LockMode) -> Request:
         """The request of ``owner`` that covers an operation on ``(table, key)`` in ``mode``."""
         requests = owner.requests
         for candidate in ((table, key), (table, None)) if key is not None else ((table, None),):
@@ -236,7 +236,7 @@ class StreamLockTable:
             f"plan (Algorithm 1) did not lock (its locks: {planned}); a rule must declare every table it touches "
             f"(reads=[…], writes=[…])")
 
-    def acquire(self, owner: Owner, table: str, key: tuple | None, mode: LockMode) -> Request:
+    def acquire(self, owner: Owner, table: str, key: Key | None, mode: LockMode) -> Request:
         """Block until the operation of ``owner`` on ``(table, key)`` in ``mode`` may run.
         Called on the thread running ``owner``; raises the deadlock error if it was chosen
         as a victim while it waited (cannot happen by construction, see the design note)."""
@@ -282,7 +282,7 @@ class StreamLockTable:
         punctuation, no edge).  Caller registered the wait in ``_waiting``; this ends it."""
         started = time.perf_counter()
         try:
-            with self.waiting(owner, blocker, why) if blocker is not None else contextlib.nullcontext():
+            with self.waiting(owner, blocker, why) if blocker is not None else contextlib.nullcontext():  # type: ignore[arg-type]
                 owner.wake.wait()
         finally:
             with self._mutex:
@@ -360,7 +360,7 @@ class StreamLockTable:
 
     def statistics(self) -> LockTableStatistics:
         with self._mutex:
-            return LockTableStatistics(waiting=len(self._waiting), **self._counts)
+            return LockTableStatistics(waiting=len(self._waiting), **self._counts)  # type: ignore[arg-type]
 
 
 class S2PLLockTable(StreamLockTable):
@@ -398,7 +398,7 @@ class LWMLockTable(StreamLockTable):
         for owner in gated:
             owner.wake.set()
 
-    def lwm(self, table: str, key: tuple | None = None) -> Owner | None:
+    def lwm(self, table: str, key: Key | None = None) -> Owner | None:
         """The owner of the oldest write lock a request on ``(table, key)`` must respect
         (None: no write lock, lwm = +∞) — for tests and tools."""
         with self._mutex:

@@ -11,11 +11,17 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeAlias
 
 from activedb.streams.errors import UnplannedAccess
 from activedb.store import matches
 from activedb.versions import Versions
+
+if TYPE_CHECKING:
+    from activedb.store import Key, RowImage
+
+#: A row's version: its image (None: absent), the sequence of the Write it came from, that Write's position.
+_Version: TypeAlias = "tuple[RowImage | None, int | None, int | None]"
 
 _ABSENT = (None, None, None)      # (image, sequence, writer's position) of a row that is not there
 
@@ -34,19 +40,19 @@ class VersionStore:
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
-        self._store = Versions(default=_ABSENT)   # (table, key) -> (image, sequence, writer) by position
+        self._store: Versions[_Version] = Versions(default=_ABSENT)   # (table, key) -> (image, sequence, writer) by position
         self._tables: set[str] = set()         # tables loaded whole
         self.floor = 0
         self._peak = self._appended = self._collected = self._dropped = 0    # versions: VersionStatistics
-        self._by_position: dict[int, list[tuple[str, tuple]]] = {}
+        self._by_position: dict[int, list[tuple[str, Key]]] = {}
 
     # --- the dispatcher ---------------------------------------------------------------------
 
-    def load_row(self, table: str, key: tuple, image: dict | None, sequence: int | None) -> None:
+    def load_row(self, table: str, key: Key, image: RowImage | None, sequence: int | None) -> None:
         with self._mutex:
             self._store.set_base((table, key), (image, sequence, None))
 
-    def load_table(self, table: str, rows: Mapping[tuple, dict], sequences: Mapping[tuple, int]) -> None:
+    def load_table(self, table: str, rows: Mapping[Key, RowImage], sequences: Mapping[Key, int]) -> None:
         """Every row of ``table`` (absent keys are absent rows); ``sequences``: the history's
         latest Write of each row, including rows written and then deleted."""
         with self._mutex:
@@ -56,7 +62,7 @@ class VersionStore:
             for key, sequence in sequences.items():
                 self._store.set_base((table, key), (None, sequence, None))
 
-    def tracks(self, table: str, key: tuple) -> bool:
+    def tracks(self, table: str, key: Key) -> bool:
         """True if a Read of the row may happen in this batch (its Writes must leave versions)."""
         with self._mutex:
             return table in self._tables or (table, key) in self._store
@@ -68,8 +74,8 @@ class VersionStore:
 
     # --- the workers ------------------------------------------------------------------------
 
-    def read(self, position: int, table: str, key: tuple, own: bool = True
-             ) -> tuple[dict | None, int | None, int | None]:
+    def read(self, position: int, table: str, key: Key, own: bool = True
+             ) -> tuple[RowImage | None, int | None, int | None]:
         """The image a Read at ``position`` sees — with the s-transaction's own Writes, or (``own`` False) as it
         was before them —, the sequence of the Write it came from and that Write's position (None: the base)."""
         with self._mutex:
@@ -79,11 +85,11 @@ class VersionStore:
                                       f"access plan of the batch, so LWM has no version of it (a rule must "
                                       f"declare the tables it reads)")
             self._collected += self._store.collect(state, self.floor)   # rows are collected when touched
-            image, sequence, writer = self._store.read(state, position + 1 if own else position)
+            image, sequence, writer = self._store.read(state, position + 1 if own else position)  # type: ignore[misc]
         return (dict(image) if image is not None else None), sequence, writer
 
-    def scan(self, position: int, table: str, where: Mapping[str, Any] | Callable[[dict], bool] | None,
-             own: bool = True) -> tuple[list[dict], dict[tuple, int], set[int]]:
+    def scan(self, position: int, table: str, where: Mapping[str, object] | Callable[[RowImage], bool] | None,
+             own: bool = True) -> tuple[list[RowImage], dict[Key, int], set[int]]:
         """Every row of ``table`` visible at ``position`` (``own`` as for :meth:`read`) matching ``where``, by
         key the sequence of the Write each visible row came from, and the positions of those Writes."""
         with self._mutex:
@@ -91,22 +97,24 @@ class VersionStore:
                 raise UnplannedAccess(f"scan of {table} at position {position}: no access plan of the batch reads "
                                       f"the whole table, so LWM did not load it (a rule must declare the tables it "
                                       f"reads)")
-            rows, seen, writers = [], {}, set()
+            rows: list[RowImage] = []
+            seen: dict[Key, int] = {}
+            writers: set[int] = set()
             before = position + 1 if own else position
             for state in self._store.states():
-                if state[0] != table:
+                if state[0] != table:  # type: ignore[index]  # (states are (table, key))
                     continue
                 self._collected += self._store.collect(state, self.floor)
-                image, sequence, writer = self._store.read(state, before)
+                image, sequence, writer = self._store.read(state, before)  # type: ignore[misc]  # (a default)
                 if sequence is not None:
-                    seen[state[1]] = sequence
+                    seen[state[1]] = sequence  # type: ignore[index]
                 if writer is not None:
                     writers.add(writer)
                 if image is not None and matches(image, where):
                     rows.append(dict(image))
         return rows, seen, writers
 
-    def append(self, position: int, table: str, key: tuple, image: dict | None, sequence: int) -> None:
+    def append(self, position: int, table: str, key: Key, image: RowImage | None, sequence: int) -> None:
         """The s-transaction at ``position`` wrote the row; ``image`` is the row after it
         (None: deleted).  LWM grants the Writes of a row in position order, so this appends;
         a second write of the s-transaction replaces its version."""

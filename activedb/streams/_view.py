@@ -7,12 +7,15 @@ methods.  Thread-safety: a view belongs to the thread running its unit of work.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, TypeVar
 
 from activedb.streams._locks import LockMode
 from activedb.streams.errors import UndeclaredAccess
 
+_Value = TypeVar("_Value")
+
 if TYPE_CHECKING:  # pragma: no cover
+    from activedb.store import Key, RowImage
     from activedb.txn import Transaction
     from activedb.streams._locks import Owner, StreamLockTable
     from activedb.streams._versions import VersionStore
@@ -29,7 +32,7 @@ class Stamp(NamedTuple):
     position: int
 
 
-def _as_key(key: Any) -> tuple:
+def _as_key(key: object) -> Key:
     return key if isinstance(key, tuple) else (key,)
 
 
@@ -70,7 +73,7 @@ class StoreView:
         return record(unit, stransaction, event, ts, (position, (self._phase, self._rank, self._counter)),
                       self.origin, *args)
 
-    def _before(self, kind: str, table: str, key: tuple | None) -> None:
+    def _before(self, kind: str, table: str, key: Key | None) -> None:
         """Runs before every operation (``kind`` read/write; ``key`` None: the table or a
         generated key).  A locking scheduler's view waits for its lock here."""
         if self._cost is not None:
@@ -78,7 +81,7 @@ class StoreView:
 
     # --- the store API --------------------------------------------------------------------------
 
-    def read(self, table: str, key: Any) -> dict | None:
+    def read(self, table: str, key: Any) -> RowImage | None:
         key = _as_key(key)
         self._before("read", table, key)
         return self._read(table, key, self.tx.read(table, key))
@@ -89,7 +92,7 @@ class StoreView:
         row = self.read(table, key)
         return None if row is None else row.get(column)
 
-    def scan(self, table: str, where: Mapping[str, Any] | None = None) -> list[dict]:
+    def scan(self, table: str, where: Mapping[str, Any] | None = None) -> list[RowImage]:
         self._before("read", table, None)
         return self._read(table, None, self.tx.scan(table, where))
 
@@ -109,19 +112,19 @@ class StoreView:
         self.tx.delete(table, key)
         self._written(table, _as_key(key), None, "delete")
 
-    def _read(self, table: str, key: tuple | None, value: Any, read_from: Any = "derive") -> Any:
+    def _read(self, table: str, key: Key | None, value: _Value, read_from: object = "derive") -> _Value:
         """Count and record a Read that has happened (``key`` None: a scan); returns ``value``."""
         self.reads += 1
         if self._history is not None:
             self._record(self._history.read, table, key, value, read_from)
         return value
 
-    def _written(self, table: str, key: tuple, values: dict | None, operation: str) -> int | None:
+    def _written(self, table: str, key: Key, values: RowImage | None, operation: str) -> int | None:
         """Count and record a Write that has happened; returns its history sequence (None: no history)."""
         self.writes += 1
         return self._record(self._history.write, table, key, values, operation) if self._history is not None else None
 
-    def _key_of_values(self, table: str, values: Mapping[str, Any]) -> tuple | None:
+    def _key_of_values(self, table: str, values: Mapping[str, Any]) -> Key | None:
         """The key an insert names (None if the database generates it); only locking views need it."""
         return None
 
@@ -176,12 +179,12 @@ class LockedView(StoreView):
         self._table = table
         self._catalog = catalog
 
-    def _before(self, kind: str, table: str, key: tuple | None) -> None:
+    def _before(self, kind: str, table: str, key: Key | None) -> None:
         self._table.acquire(self._owner, table, key, LockMode.READ if kind == "read" else LockMode.WRITE)
         if self._cost is not None:
             self._cost(kind)
 
-    def _key_of_values(self, table: str, values: Mapping[str, Any]) -> tuple | None:
+    def _key_of_values(self, table: str, values: Mapping[str, Any]) -> Key | None:
         columns = self._catalog.table(table).key_columns
         if all(values.get(column) is not None for column in columns):
             return tuple(values[column] for column in columns)
@@ -201,7 +204,7 @@ class VersionedView(LockedView):
         #: a commit dependency on one that may still abort).
         self._on_version = on_version
 
-    def read(self, table: str, key: Any) -> dict | None:
+    def read(self, table: str, key: Any) -> RowImage | None:
         key = _as_key(key)
         if not self._versions.tracks(table, key):
             # No plan of the batch reads the row: the tree shows it as this Read must see it
@@ -216,7 +219,7 @@ class VersionedView(LockedView):
             self._on_version(writer)
         return self._read(table, key, image, sequence)
 
-    def scan(self, table: str, where: Mapping[str, Any] | None = None) -> list[dict]:
+    def scan(self, table: str, where: Mapping[str, Any] | None = None) -> list[RowImage]:
         if not self._versions.tracks_table(table):
             return super().scan(table, where)          # as for read: covered by its own write lock only
         self._before("read", table, None)
@@ -228,7 +231,7 @@ class VersionedView(LockedView):
                     self._on_version(writer)
         return self._read(table, None, rows, seen)
 
-    def _written(self, table: str, key: tuple, values: dict | None, operation: str) -> int | None:
+    def _written(self, table: str, key: Key, values: RowImage | None, operation: str) -> int | None:
         """Also leave the row's new version (its Writes are granted in position order)."""
         sequence = super()._written(table, key, values, operation)
         versions = self._versions
@@ -241,8 +244,8 @@ class VersionedView(LockedView):
                 previous, _, writer = versions.read(self.stamp.position, table, key)
                 if writer is not None and writer != self.stamp.position and self._on_version is not None:
                     self._on_version(writer)          # the new image is built on that version
-                image = {**previous, **values} if previous is not None else self.tx.read(table, key)
+                image = {**previous, **values} if previous is not None else self.tx.read(table, key)  # type: ignore[dict-item]
             elif operation == "insert":
                 image = self.tx.read(table, key)
-            versions.append(self.stamp.position, table, key, image, sequence)
+            versions.append(self.stamp.position, table, key, image, sequence)  # type: ignore[arg-type]
         return sequence
