@@ -14,14 +14,14 @@ Thread-safety: none — SEI runs a batch in the caller's thread; an overlay belo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping
 
 from activedb.errors import DuplicateKey
 from activedb.store import Entry, EntryKind, matches
 from activedb.streams._view import StoreView, _as_key
 
 if TYPE_CHECKING:  # pragma: no cover
-    from activedb.store import TableInfo
+    from activedb.store import Key, RowImage, TableInfo
     from activedb.txn import Transaction
     from activedb.streams._batch import STransaction
 
@@ -37,19 +37,21 @@ class _Row:
     nothing, as ``tx.write`` does not), ``entry`` the batch's change."""
 
     __slots__ = ("info", "key", "base", "entry")
+    base: object        # RowImage | None once read; _UNREAD before
+    entry: Entry | None
 
-    def __init__(self, info: "TableInfo", key: tuple):
+    def __init__(self, info: "TableInfo", key: Key) -> None:
         self.info, self.key, self.base, self.entry = info, key, _UNREAD, None
 
-    def image(self, tx: "Transaction") -> dict | None:
+    def image(self, tx: "Transaction") -> RowImage | None:
         base = self.base
         if base is _UNREAD:
             # Read through the tree: its lock, and the image the batch's prefetch loaded.
             base = self.base = tx.read(self.info.name, self.key)
         entry = self.entry
         if entry is None:
-            return base
-        image = entry.apply(base)
+            return base  # type: ignore[return-value]  # (read above)
+        image = entry.apply(base)  # type: ignore[arg-type]
         if image is not None and (base is None or entry.kind is not _PATCH):
             # A row created in the batch: every column, the ones not given at their constant default (as the tree
             # shows it, ``tx.read``).
@@ -65,14 +67,14 @@ class Overlay:
     def __init__(self, tx: "Transaction", history: Any = None, cost: Callable[[str], None] | None = None):
         self._tx = tx
         self._view = OverlayView(self, tx, None, history, cost)
-        self._given: dict[tuple[Any, Any], _Row] = {}          # (table, key) as the view was given them
+        self._given: dict[tuple[Any, Hashable, type], _Row] = {}          # (table, key) as the view was given them
         self._table_info: Callable[[Any], "TableInfo"] = tx.manager.catalog.table_info
-        self._rows: dict[tuple[str, tuple], _Row] = {}
+        self._rows: dict[tuple[str, Key], _Row] = {}
         self._undo: list[tuple[_Row, Entry | None]] = []     # (row, its entry before) since the last keep()
         self._observed: dict[str, bool] = {}
         self._taken: dict[int, tuple[Any, bool]] = {}          # id(plan): (plan, takes it)
         extensions = tx.manager.extensions
-        self._wants_old_images = lambda table: extensions.any("wants_old_images", table)
+        self._wants_old_images: Callable[[str], bool] = lambda table: extensions.any("wants_old_images", table)
 
     # --- which s-transactions it takes -----------------------------------------------------------------
 
@@ -130,7 +132,7 @@ class Overlay:
 
     # --- the store operations -------------------------------------------------------------------------
 
-    def _row(self, table: Any, key: tuple) -> _Row:
+    def _row(self, table: Any, key: Key) -> _Row:
         """The row ``key`` (a tuple, as the view gives it) of ``table``.  A one-column key is looked up first as
         it was given, with its value's class (``1``, ``1.0`` and ``True`` are equal keys of a dict, not equally
         valid keys of a table), so that only a row's first touch pays for the checks of its table and key."""
@@ -147,7 +149,7 @@ class Overlay:
         row = self._given[given] = self._find(table, key)
         return row
 
-    def _find(self, table: Any, key: tuple) -> _Row:
+    def _find(self, table: Any, key: Key) -> _Row:
         info = self._table_info(table)
         key = info.key(key[0] if len(key) == 1 else key)
         row = self._rows.get((info.name, key))
@@ -155,20 +157,20 @@ class Overlay:
             row = self._rows[(info.name, key)] = _Row(info, key)
         return row
 
-    def read(self, table: Any, key: tuple) -> dict | None:
+    def read(self, table: Any, key: Key) -> RowImage | None:
         image = self.image(table, key)
         return dict(image) if image is not None else None
 
-    def image(self, table: Any, key: tuple) -> dict | None:
+    def image(self, table: Any, key: Key) -> RowImage | None:
         """The row as the s-transaction sees it — the overlay's own dict: the caller must not change it."""
         row = self._row(table, key)
-        return row.base if row.entry is None and row.base is not _UNREAD else row.image(self._tx)
+        return row.base if row.entry is None and row.base is not _UNREAD else row.image(self._tx)  # type: ignore[return-value]
 
-    def write(self, table: Any, key: tuple, values: dict) -> None:
+    def write(self, table: Any, key: Key, values: RowImage) -> None:
         row = self._row(table, key)
         self._change(row, Entry(_PATCH, row.info.values_without_key(row.key, values)))
 
-    def insert(self, table: Any, values: dict) -> tuple:
+    def insert(self, table: Any, values: RowImage) -> Key:
         info = self._table_info(table)
         values = info.check_values(values)
         row = self._row(info.name, info.key_from_values(values))
@@ -179,10 +181,10 @@ class Overlay:
                                           if name not in info.key_columns}))
         return row.key
 
-    def delete(self, table: Any, key: tuple) -> None:
+    def delete(self, table: Any, key: Key) -> None:
         self._change(self._row(table, key), _DELETE_ENTRY)
 
-    def scan(self, table: Any, where: Mapping[str, Any] | None) -> list[dict]:
+    def scan(self, table: Any, where: Mapping[str, Any] | None) -> list[RowImage]:
         """The tree's rows of ``table`` matching ``where``, with the overlay's changes over them."""
         info = self._table_info(table)
         columns = info.key_columns
@@ -239,7 +241,7 @@ class OverlayView(StoreView):
         super().__init__(tx, stamp, history, cost)
         self._overlay = overlay
 
-    def read(self, table: str, key: Any) -> dict | None:
+    def read(self, table: str, key: Any) -> RowImage | None:
         image = self._image(table, key)
         return None if image is None else dict(image)
 
@@ -247,7 +249,7 @@ class OverlayView(StoreView):
         image = self._image(table, key)      # (only one value of it leaves: no copy)
         return None if image is None else image.get(column)
 
-    def _image(self, table: str, key: Any) -> dict | None:
+    def _image(self, table: str, key: Any) -> RowImage | None:
         """A Read's steps (StoreView's, inline: the one operation of most s-transactions) with the overlay's own
         image of the row — the caller copies what it hands out."""
         if key.__class__ is not tuple:
@@ -260,7 +262,7 @@ class OverlayView(StoreView):
             self._record(self._history.read, table, key, None if image is None else dict(image), "derive")
         return image
 
-    def scan(self, table: str, where: Mapping[str, Any] | None = None) -> list[dict]:
+    def scan(self, table: str, where: Mapping[str, Any] | None = None) -> list[RowImage]:
         self._before("read", table, None)
         return self._read(table, None, self._overlay.scan(table, where))
 

@@ -10,7 +10,7 @@ import contextlib
 import datetime as dt
 import decimal
 import json
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import sqlalchemy as sa
 
@@ -19,6 +19,7 @@ from activedb.streams._matcher import PartitionState
 from activedb.streams.errors import StreamStateError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from activedb.store import Key
     from activedb.txn import Transaction
 
 TABLE = "activedb_stream_state"
@@ -44,7 +45,7 @@ def encode_value(value: Any) -> Any:
                            f"StreamEngine(durable=False)")
 
 
-_DECODERS = {"$dt": dt.datetime.fromisoformat, "$d": dt.date.fromisoformat, "$dec": decimal.Decimal,
+_DECODERS: dict[str, Callable[[Any], object]] = {"$dt": dt.datetime.fromisoformat, "$d": dt.date.fromisoformat, "$dec": decimal.Decimal,
              "$end": lambda _: END_OF_STREAM,
              "$map": lambda pairs: {key: decode_value(item) for key, item in pairs}}
 
@@ -59,12 +60,12 @@ def decode_value(value: Any) -> Any:
     return value
 
 
-def encode_event(event: StreamEvent) -> list:
+def encode_event(event: StreamEvent) -> list[object]:
     return [event.type, encode_value(event.ts), event.stream, event.position,
             {key: encode_value(value) for key, value in dict(event.attributes).items()}]
 
 
-def decode_event(data: list | dict) -> StreamEvent:
+def decode_event(data: list[Any] | dict[str, Any]) -> StreamEvent:
     """An event saved by :func:`encode_event` (or as the earlier ``{"t", "ts", "s", "p", "a"}`` object)."""
     kind, ts, stream, position, attributes = (data["t"], data["ts"], data["s"], data["p"], data["a"]) \
         if isinstance(data, dict) else data
@@ -75,7 +76,7 @@ def decode_event(data: list | dict) -> StreamEvent:
 ABSENT = {"$absent": True}        # an attribute the event lacks (encode_value never gives it)
 
 
-def encode_events(events: list[StreamEvent]) -> dict:
+def encode_events(events: list[StreamEvent]) -> dict[str, object]:
     """``events`` as columns, one list per field and per attribute: a batch's chunk of the buffer is
     then about two thirds of the JSON (and of the quotes the flush escapes) of one list per event.  A column
     whose values are all one value is that value once (``{"$all": value}``): the stream of a one-stream
@@ -93,7 +94,7 @@ def encode_events(events: list[StreamEvent]) -> dict:
 _PLAIN = frozenset({str, int, float, bool, type(None)})
 
 
-def _column(values: list) -> Any:
+def _column(values: list[Any]) -> Any:
     """``values``, or ``{"$all": value}`` if they are all one text or all null (timestamps never are: a chunk's
     ``ts`` column is always the list whose length is the number of events)."""
     first = values[0] if values else None
@@ -102,11 +103,11 @@ def _column(values: list) -> Any:
     return values
 
 
-def _expand(column: Any, count: int) -> list:
+def _expand(column: Any, count: int) -> list[Any]:
     return [column["$all"]] * count if isinstance(column, dict) else column
 
 
-def decode_events(data: dict) -> list[StreamEvent]:
+def decode_events(data: dict[str, Any]) -> list[StreamEvent]:
     count = len(data["ts"])
     columns = [(name, _expand(values, count)) for name, values in data["a"].items()]
     return [StreamEvent(type=kind, ts=decode_value(ts), stream=stream, position=position,
@@ -131,12 +132,12 @@ class PartitionRows:
     :func:`load`; a batch whose transaction aborts after saving makes the engine load its state again."""
 
     def __init__(self) -> None:
-        self.latest: dict[tuple[str, tuple], tuple[str, bool]] = {}
-        self.holders: dict[tuple[str, tuple], set[str]] = {}
-        self.entries: dict[str, set[tuple[str, tuple]]] = {}
-        self.legacy: set[tuple[str, tuple]] = set()
+        self.latest: dict[tuple[str, Key], tuple[str, bool]] = {}
+        self.holders: dict[tuple[str, Key], set[str]] = {}
+        self.entries: dict[str, set[tuple[str, Key]]] = {}
+        self.legacy: set[tuple[str, Key]] = set()
 
-    def add(self, item: str, partitions: Mapping[tuple[str, tuple], Any]) -> set[str]:
+    def add(self, item: str, partitions: Mapping[tuple[str, Key], Any]) -> set[str]:
         """Row ``item`` holds the latest entry of each of ``partitions`` (a state, or None: emptied).  Returns the
         older rows those partitions had entries in (the rows that may no longer be needed)."""
         older: set[str] = set()
@@ -172,18 +173,18 @@ class PartitionRows:
                     del self.holders[partition]
         return gone
 
-    def _needs(self, item: str, partition: tuple[str, tuple]) -> bool:
+    def _needs(self, item: str, partition: tuple[str, Key]) -> bool:
         latest, emptied = self.latest[partition]
         return latest == item and (not emptied or len(self.holders[partition]) > 1)
 
 
-def _partition_item(partition: tuple[str, tuple]) -> str:
+def _partition_item(partition: tuple[str, Key]) -> str:
     """The item of ``partition``'s row in the earlier layout (kind ``partition``)."""
     query, key = partition
     return json.dumps([query, _encode_key(key)], separators=(",", ":"))
 
 
-def _encode_states(recorded: Mapping[tuple[str, tuple], PartitionState | None]) -> dict:
+def _encode_states(recorded: Mapping[tuple[str, Key], PartitionState | None]) -> dict[str, object]:
     """A ``partitions`` row's value: the events of every state once, as columns (``encode_events``), and an entry
     ``[query, key, {"b": buffers, "r": runs}]`` per partition, each buffer and run a list of indices into those
     events (or ``[query, key, null]``: emptied)."""
@@ -205,7 +206,7 @@ def _encode_states(recorded: Mapping[tuple[str, tuple], PartitionState | None]) 
     return {"events": encode_events(events), "entries": entries}
 
 
-def _decode_entry(saved: dict | None, events: list[StreamEvent]) -> PartitionState | None:
+def _decode_entry(saved: dict[str, Any] | None, events: list[StreamEvent]) -> PartitionState | None:
     """One entry's state: by indices into the row's ``events``, or (rows saved before) with its events inline."""
     if saved is None:
         return None
@@ -215,7 +216,7 @@ def _decode_entry(saved: dict | None, events: list[StreamEvent]) -> PartitionSta
     return _decode_state(saved)
 
 
-def _decode_state(value: dict) -> PartitionState:
+def _decode_state(value: dict[str, Any]) -> PartitionState:
     """A state with its events inline (rows of the layouts before shared events; ``decode_event``)."""
     return PartitionState(tuple(tuple(decode_event(event) for event in buffer) for buffer in value["buffers"]),
                           tuple(tuple(decode_event(event) for event in run) for run in value["runs"]))
@@ -235,7 +236,7 @@ def save(engine: Any, tx: Transaction, pending: Any) -> None:
         chunks[item] = ts_extreme((event.ts for event in pending.buffer_added.values()), latest=True)
         pending.buffer_added = {}
     saved, written = pending.base.partitions, pending.written
-    changed: dict[tuple[str, tuple], PartitionState | None] = {}
+    changed: dict[tuple[str, Key], PartitionState | None] = {}
     for partition, state in pending.overlay.items():
         if state == (written[partition] if partition in written else saved.get(partition)):
             continue                                   # the rows already hold it (or there is none)
@@ -276,7 +277,7 @@ def load(engine: Any) -> Any:
         return state
     streams = engine.streams
     buffered: list[tuple[int, StreamEvent]] = []
-    batches: list[tuple[str, dict]] = []
+    batches: list[tuple[str, dict[str, Any]]] = []   # (saved JSON)
     for kind, item, value in rows:
         with _readable(engine, kind, item):
             if kind == "partitions":
@@ -293,7 +294,7 @@ def load(engine: Any) -> Any:
                 if saved is None:
                     state.partitions.pop(partition, None)
                 else:
-                    state.partitions[partition] = changed[partition]
+                    state.partitions[partition] = changed[partition]  # type: ignore[assignment]  # (saved)
         state.partition_rows.add(item, changed)
     for arrival, event in buffered:
         if state.released is not None and ts_less(event.ts, state.released):
@@ -351,11 +352,11 @@ def _readable(engine: Any, kind: str, item: str) -> Iterator[None]:
             f"engine.reset_state() to start the engine over") from error
 
 
-def _decode_partition(query: str, key: list) -> tuple[str, tuple]:
+def _decode_partition(query: str, key: list[Any]) -> tuple[str, Key]:
     return query, tuple(decode_value(value) for value in key)
 
 
-def _encode_key(key: tuple) -> list:
+def _encode_key(key: Key) -> list[object]:
     return [encode_value(value) for value in key]
 
 
