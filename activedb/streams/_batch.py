@@ -14,14 +14,15 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypeAlias
 
 import sqlalchemy as sa
 
 
 from activedb.errors import (DatabaseUnavailable, DeadlockDetected, DuplicateKey, LockWaitTimeout, SchemaError,
                              SerializationConflict, TransactionError)
-from activedb.streams._compile import CompiledRule, Ctx
+from activedb.streams._compile import CompiledRule
+from activedb.streams._expressions import Ctx
 from activedb.streams._events import DeadLetter, Output, StreamEvent
 from activedb.streams._matcher import Matcher, PartitionState
 from activedb.streams._overlay import Overlay
@@ -30,11 +31,19 @@ from activedb.streams._view import Stamp, StoreView
 from activedb.streams.errors import ActionFailed, StreamError
 
 if TYPE_CHECKING:
+    from activedb.store import Key
     from activedb.txn import Transaction
     from activedb.streams._definitions import Definitions
     from activedb.streams._engine import StreamEngine
 
 logger = logging.getLogger("activedb.streams")
+
+#: What an s-transaction's queries did: the new state of each partition they matched, and ``(rank, query, outputs)``
+#: of each query with outputs, in order.
+_Touched: TypeAlias = "dict[tuple[str, Key], PartitionState]"
+_Fired: TypeAlias = "list[tuple[int, str, list[Output]]]"
+#: An event type's matchers split into those with rules and those without.
+_Split: TypeAlias = "tuple[tuple[tuple[int, Matcher], ...], tuple[tuple[int, Matcher], ...]]"
 
 _stamp = functools.partial(tuple.__new__, Stamp)     # Stamp(*fields) without the named tuple's __new__ in Python
 
@@ -60,7 +69,7 @@ class Resource:
     """A table (``key`` None) or one row of it."""
 
     table: str
-    key: tuple | None = None
+    key: Key | None = None
 
 
 @dataclass(frozen=True)
@@ -139,21 +148,21 @@ class BatchRun:
         # Invariant: _installed_at[partition] is the position of the s-transaction whose state is in the
         # overlay; a state from an earlier position never replaces a later one (concurrent schedulers may
         # end s-transactions out of order; only those that cannot change a partition's state run unordered).
-        self._installed_at: dict[tuple[str, tuple], int] = {}
+        self._installed_at: dict[tuple[str, Key], int] = {}
         #: A concurrent scheduler's answer to "on which state of partition ``key`` of ``query``
         #: is ``stransaction`` matched"; None: the batch's current state (SEI: the previous one's).
-        self.state_source: Callable[[STransaction, str, tuple], PartitionState | None] | None = None
+        self.state_source: Callable[[STransaction, str, Key], PartitionState | None] | None = None
         #: Called on the s-transaction's thread as each query matched (its partition's new state,
         #: ``certain`` False), then once all did, before the rules run (every new state, ``certain``:
         #: no rule is left to run): the design note's "Matching order".
-        self.on_matched: Callable[[STransaction, dict, bool], None] | None = None
+        self.on_matched: Callable[[STransaction, _Touched, bool], None] | None = None
         #: Set by a scheduler whose reads see versions by position (LWM): an s-transaction some of whose queries
         #: fire no rule runs its queries that have rules, then those rules, then calls ``on_written`` (it will
         #: write nothing more), then its other queries — whose Reads exclude its own Writes (the view's phase 0),
         #: so they read what they would have read first.  The rules keep their order, outputs are reported in
         #: query order: the result is the declared order's (the design note's "Writes first under LWM").
         self.on_written: Callable[[STransaction], None] | None = None
-        self._splits: dict[int, tuple | None] = {}       # id(matchers) -> (with rules, without) or None
+        self._splits: dict[int, _Split | None] = {}       # id(matchers) -> (with rules, without) or None
         # The figures of the s-transactions, one _Figures per thread that runs them (summed by publish_metrics()).
         self._local = threading.local()
         self._figures: list[_Figures] = []
@@ -168,18 +177,19 @@ class BatchRun:
     def _mine(self) -> "_Figures":
         """The calling thread's figures for this batch."""
         try:
-            return self._local.figures
+            figures: _Figures = self._local.figures
+            return figures
         except AttributeError:
             figures = self._local.figures = _Figures()
             with self._mutex:
                 self._figures.append(figures)
             return figures
 
-    def partition(self, query: str, key: tuple) -> PartitionState | None:
+    def partition(self, query: str, key: Key) -> PartitionState | None:
         with self._mutex:
             return self.pending.partition((query, key))
 
-    def _install(self, touched: dict[tuple[str, tuple], PartitionState], position: int | None) -> None:
+    def _install(self, touched: dict[tuple[str, Key], PartitionState], position: int | None) -> None:
         """Precondition: the caller holds ``_mutex``."""
         installed_at = self._installed_at
         for key, state in touched.items():
@@ -234,7 +244,8 @@ class BatchRun:
         else:
             unit = self._unit(stransaction.id)
             self._history("begin", unit, stransaction)
-            view = overlay.view(Stamp(unit, stransaction.id, stransaction.described, event.ts, event.position))
+            view = overlay.view(Stamp(unit, stransaction.id, stransaction.described, event.ts,
+                                      event.position))  # type: ignore[arg-type]  # (released: has one)
         mark = overlay.mark()
         try:
             result = self._body(self.tx, stransaction, unit, view=view)
@@ -272,7 +283,7 @@ class BatchRun:
         return self._unit(f"{stransaction.id}/r{attempt}" if attempt else stransaction.id)
 
     def execute_in(self, stransaction: STransaction, tx: Transaction, unit: str,
-                   ranks: list[int] | None = None) -> tuple:
+                   ranks: list[int] | None = None) -> tuple[_Touched, _Fired]:
         """Run the s-transaction's queries (those of ``ranks``, default all), then the rules on
         their outputs, in ``tx``, a subtransaction the scheduler made for it (e.g. spawned on a
         worker thread).  The caller's subtransaction ends it: when it has committed or aborted,
@@ -289,7 +300,8 @@ class BatchRun:
                     raise ActionFailed(str(error), rule="") from error
             raise
 
-    def finish(self, stransaction: STransaction, unit: str, committed: bool, result: tuple | None) -> None:
+    def finish(self, stransaction: STransaction, unit: str, committed: bool,
+               result: tuple[_Touched, _Fired] | None) -> None:
         """``stransaction``'s subtransaction (see :meth:`execute_in`) committed or aborted:
         record its end; if committed, its partitions' states and outputs become the batch's."""
         self._history("end", unit, stransaction, committed)
@@ -340,7 +352,7 @@ class BatchRun:
         return True
 
     def _body(self, tx: Transaction, stransaction: STransaction, unit: str, ranks: list[int] | None = None,
-              view: Any = None) -> tuple[dict, list]:
+              view: Any = None) -> tuple[_Touched, _Fired]:
         """Match every consuming query (those of ``ranks``, default all), then run the rules on their outputs
         (through ``view``, default the scheduler's view of ``tx``).  Returns ``(touched, fired)``: the new state
         of each partition it matched, and ``(rank, query, outputs)`` for each query with outputs, in order."""
@@ -348,14 +360,14 @@ class BatchRun:
         event = stransaction.event
         if view is None:
             view = self.view_factory(tx, Stamp(unit, stransaction.id, stransaction.described, event.ts,
-                                               event.position))
+                                               event.position))  # type: ignore[arg-type]
         alone = self._alone
         figures = alone or self._mine()
         # One thread: the batch's partition states are read without the mutex (Pending.partition, inline).
         states, saved = (self.pending.overlay, self.pending.base.partitions) if alone is not None else (None, None)
         stepped = self.engine.history is not None      # (the view's steps order history records only)
         evaluations = figures.evaluations
-        touched: dict[tuple[str, tuple], PartitionState] = {}
+        touched: dict[tuple[str, Key], PartitionState] = {}
         fired: list[tuple[int, str, list[Output]]] = []
         source, on_matched = self.state_source, self.on_matched
         rules_by_query = self.definitions.rules_by_query
@@ -376,7 +388,7 @@ class BatchRun:
                     state = source(stransaction, name, key)
                 elif states is not None:
                     partition = (name, key)
-                    state = states[partition] if partition in states else saved.get(partition)
+                    state = states[partition] if partition in states else saved.get(partition)  # type: ignore[union-attr]
                 else:
                     state = self.partition(name, key)
                 step = matcher.prepare(state, event)
@@ -404,7 +416,7 @@ class BatchRun:
                 figures.reads += reading
                 matching = reading = 0.0
                 self._run_rules(fired, view, figures, started)
-                self.on_written(stransaction)
+                self.on_written(stransaction)  # type: ignore[misc]
                 started = clock()
         figures.match += matching
         figures.reads += reading
@@ -440,7 +452,7 @@ class BatchRun:
         figures.instances += instances
         figures.rule_latency += rule_latency
 
-    def split_by_rules(self, matchers: tuple[tuple[int, Matcher], ...]) -> tuple | None:
+    def split_by_rules(self, matchers: tuple[tuple[int, Matcher], ...]) -> _Split | None:
         """``(queries with rules, queries without)`` of an event type's queries, if it has both; else None."""
         found = self._splits.get(id(matchers), _UNSPLIT)
         if found is _UNSPLIT:
@@ -448,7 +460,7 @@ class BatchRun:
             with_rules = tuple(item for item in matchers if rules_by_query.get(item[1].query.name))
             without = tuple(item for item in matchers if not rules_by_query.get(item[1].query.name))
             found = self._splits[id(matchers)] = (with_rules, without) if with_rules and without else None
-        return found
+        return found  # type: ignore[return-value]  # (not _UNSPLIT now)
 
     def publish_metrics(self) -> None:
         """Add the batch's s-transaction figures to the engine's metrics (once: the scheduler has returned)."""
@@ -468,7 +480,7 @@ class BatchRun:
         metrics.add(lowered=self.lowered, **{counter: sum(getattr(figures, field) for figures in all_figures)
                                              for counter, field in _COUNTERS})
 
-    def _succeeded(self, result: tuple[dict, list], position: int | None, commit: float | None = None) -> None:
+    def _succeeded(self, result: tuple[_Touched, _Fired], position: int | None, commit: float | None = None) -> None:
         """The s-transaction that ``_body`` returned ``result`` for committed: its partitions' states and outputs
         become the batch's."""
         touched, fired = result
@@ -554,7 +566,7 @@ def _run_rule(rule: CompiledRule, output: Output, view: Any) -> None:
 def prefetch(tx: Transaction, stransactions: list[STransaction]) -> None:
     """Load, in one query per table, the rows the batch's access plans name (Algorithm 1
     at work): the s-transactions' reads then need no round trip."""
-    keys: dict[str, dict[tuple, None]] = {}
+    keys: dict[str, dict[Key, None]] = {}
     seen: set[int] = set()          # the plans looked at (events on the same keys share one: Definitions)
     for stransaction in stransactions:
         if not stransaction.matchers:

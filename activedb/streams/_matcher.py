@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, NamedTuple
+from typing import Any, Hashable, Iterable, NamedTuple, Sequence
 
 from activedb.events import seconds
 from activedb.streams import algebra as ast
-from activedb.streams._compile import CompiledQuery, Ctx
+from activedb.streams._compile import CompiledQuery
+from activedb.streams._expressions import Ctx, Fn
 from activedb.streams._events import Output, StreamEvent, make_output
 
 
@@ -38,7 +39,7 @@ _state = functools.partial(tuple.__new__, PartitionState)
 _new_step = object.__new__
 
 
-def _all(predicates, ctx: Ctx) -> bool:
+def _all(predicates: Iterable[Fn], ctx: Ctx) -> bool:
     for predicate in predicates:
         if predicate(ctx) is not True:
             return False
@@ -64,7 +65,7 @@ class Matcher:
         partition = query.partition
         if len(partition) == 1:
             attribute = partition[0]
-            self.partition_key = lambda event: (event.attributes.get(attribute),)
+            self.partition_key = lambda event: (event.attributes.get(attribute),)  # type: ignore[method-assign]
 
     def may_change(self, event_type: str) -> bool:
         """Can an event of ``event_type`` change a partition's state beyond pruning by the window?
@@ -74,7 +75,7 @@ class Matcher:
         accepting = self.query.accepting
         return any(index != accepting for index in self.by_type.get(event_type, ()))
 
-    def partition_key(self, event: StreamEvent) -> tuple:
+    def partition_key(self, event: StreamEvent) -> tuple[Hashable, ...]:
         attributes = event.attributes
         return tuple(attributes.get(attribute) for attribute in self.query.partition)
 
@@ -131,7 +132,7 @@ class Matcher:
         entries: list[tuple[tuple[StreamEvent, ...] | None, tuple[StreamEvent, ...] | None]] = []
         for run in runs:
             component = positives[len(run)]
-            if matches.get(component) and self._extends(run, event, ctx, buffers):
+            if matches.get(component) and self._extends(run, event, ctx, buffers):  # type: ignore[arg-type]
                 extended = run + (event,)
                 entries.append((run, extended) if component == accepting else (extended, None))
             else:
@@ -148,7 +149,8 @@ class Matcher:
                                                   if candidate is None and kept is not None)))
         return step
 
-    def _extends(self, run: tuple[StreamEvent, ...], event: StreamEvent, ctx: Ctx, buffers: list) -> bool:
+    def _extends(self, run: tuple[StreamEvent, ...], event: StreamEvent, ctx: Ctx,
+                 buffers: list[tuple[StreamEvent, ...]]) -> bool:
         """May ``run`` bind ``event`` as its next positive component (no store access)?"""
         query = self.query
         positives = query.positives
@@ -165,7 +167,7 @@ class Matcher:
             for index in range(self.width):
                 events[index] = None
 
-    def _killed(self, left_rank: int, ctx: Ctx, buffers) -> bool:
+    def _killed(self, left_rank: int, ctx: Ctx, buffers: Sequence[tuple[StreamEvent, ...]]) -> bool:
         """Is there a negative event between the positives of ranks ``left_rank`` and
         ``left_rank + 1`` (both bound in ``ctx``) that satisfies its predicates?"""
         positives = self.query.positives
@@ -191,6 +193,13 @@ class Step:
     # Set by Matcher.prepare: matcher, event, accepting, state; ``search`` (the buffers to search, skip-till-any-
     # match) or ``entries`` and ``buffers`` (skip-till-next-match).
     __slots__ = ("matcher", "event", "accepting", "state", "search", "entries", "buffers")
+    matcher: Matcher
+    event: StreamEvent
+    accepting: bool
+    state: PartitionState
+    search: tuple[tuple[StreamEvent, ...], ...]
+    entries: list[tuple[tuple[StreamEvent, ...] | None, tuple[StreamEvent, ...] | None]]
+    buffers: tuple[tuple[StreamEvent, ...], ...]
 
     # --- phase 2 -------------------------------------------------------------------------
 
@@ -221,7 +230,8 @@ class Step:
         for predicate in query.accepting_store:      # (the accepting event's store predicates: _accepting_store)
             if predicate(ctx) is not True:
                 return None
-        if not self._bind(ctx, len(query.positives) - 2, self.event.position):
+        # (a released event has its position)
+        if not self._bind(ctx, len(query.positives) - 2, self.event.position):  # type: ignore[arg-type]
             return None
         return self._output([ctx.events[index] for index in query.positives], ctx)
 
@@ -241,10 +251,10 @@ class Step:
         predicates = query.joint_backward.get(rank, ())
         events = ctx.events
         for candidate in reversed(buffers[component]):
-            if candidate.position >= upper:
+            if candidate.position >= upper:  # type: ignore[operator]
                 continue
             events[component] = candidate
-            if _all(predicates, ctx) and self._bind(ctx, rank - 1, candidate.position):
+            if _all(predicates, ctx) and self._bind(ctx, rank - 1, candidate.position):  # type: ignore[arg-type]
                 return True
         events[component] = None
         return False
@@ -260,7 +270,7 @@ class Step:
         accepting_ok = self._accepting_store(ctx) if self.accepting else False
         for kept, candidate in self.entries:
             if candidate is None:
-                kept_runs.append(kept)
+                kept_runs.append(kept)  # type: ignore[arg-type]
                 continue
             completed = False
             if accepting_ok:
@@ -281,5 +291,5 @@ class Step:
             ctx.events[index] = bound
         attributes = {name: function(ctx) for name, function in query.returns}
         return make_output(query.name, max(event.ts for event in constituents), attributes, tuple(constituents),
-                           time.perf_counter(), self.event.position)
+                           time.perf_counter(), self.event.position)  # type: ignore[arg-type]
 

@@ -160,6 +160,10 @@ class HookRegistry(Generic[_Member]):
     def __iter__(self) -> Iterator[_Member]:
         return iter(self._members)
 
+    if TYPE_CHECKING:
+        # ``registry.<hook>`` and ``registry.<hook>_in_frames``: the bound hooks, set by _publish.
+        def __getattr__(self, name: str) -> tuple[Callable[..., object], ...]: ...
+
     def _publish(self) -> None:
         """Caller holds ``_mutex`` (or is the constructor).  One tuple per hook, of overriding members."""
         for name in self._names:
