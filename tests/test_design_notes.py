@@ -28,7 +28,6 @@ MEASUREMENT_LOG = {
 # a note listed here that no longer has a log line fails, so the list only shrinks.
 PENDING = {
     "spark_bridge/README.md": "its measured sections move with the ingestion rewrite (issue #53)",
-    "activedb/txn/README.md": "its measured paragraphs move after the lean run lands (issue #54)",
 }
 
 
