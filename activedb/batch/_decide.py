@@ -75,7 +75,7 @@ def decision_tree(inputs: TreeInputs, cyclic: Callable[[], bool] | None = None) 
     given, is asked instead of ``inputs.cyclic`` and only when the other granularity conditions do not
     already decide (cycle detection costs a pass)."""
     lines = BottomLines.for_batch(inputs.batch)
-    reasons = []
+    reasons: list[str] = []
     total = inputs.td + inputs.ld + inputs.pd
     exploration = _choose(
         reasons, total > lines.total and inputs.vdd < lines.vdd,
@@ -161,7 +161,7 @@ def _power_sum(states: int, exponent: float) -> float:
     """Σ r^−exponent for r = 1 … ``states``: the first ranks exactly, the rest as the integral from the
     midpoints (relative error below 1e-4 here)."""
     exact = min(states, _EXACT_RANKS)
-    total = sum(rank ** -exponent for rank in range(1, exact + 1))
+    total: float = sum(rank ** -exponent for rank in range(1, exact + 1))
     if states > exact:
         low, high = exact + 0.5, states + 0.5
         if abs(exponent - 1.0) < 1e-9:
@@ -269,7 +269,7 @@ class DecisionModel:
 
     def _decide_calibrated(self, tpg: Tpg) -> Decision:
         values = measure(tpg)
-        reasons = []
+        reasons: list[str] = []
         dependencies = values.td_per_op + values.pd_per_op + values.ld_per_op
         exploration = _choose(
             reasons, dependencies >= MIN_DEPENDENCIES_PER_OP and values.skew <= MAX_SKEW_FOR_STRUCTURED,

@@ -13,11 +13,21 @@ import enum
 import functools
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Hashable, NamedTuple, TypeAlias, TypeVar
 
 from activedb.errors import ActivedbError
 from activedb.batch._strategy import DecisionRule
 from activedb.batch.errors import DeclarationError, UnknownEventType
+from activedb.store import RowImage
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.batch._runtime import Runtime
+
+#: One row a declaration names: ``(table, key)``, the key a scalar or a tuple (hashable, not None).
+State: TypeAlias = "tuple[str, Hashable]"
+#: A declaring function: ``fn(event, ops)`` records the state transaction of one event.
+Declaring: TypeAlias = "Callable[[BatchEvent, Ops], None]"
+_D = TypeVar("_D", bound=Declaring)
 
 
 class Abort(ActivedbError):
@@ -30,7 +40,7 @@ class _Delete:
     def __repr__(self) -> str:
         return "DELETE"
 
-    def __reduce__(self):
+    def __reduce__(self) -> str:
         return "DELETE"
 
 
@@ -65,7 +75,7 @@ class Inserted(NamedTuple):
     transaction commits."""
 
     table: str
-    rows: tuple[dict, ...]
+    rows: tuple[RowImage, ...]
 
 
 class InsertedInto(NamedTuple):
@@ -75,13 +85,13 @@ class InsertedInto(NamedTuple):
     parts: tuple[Inserted, ...]
 
 
-def inserted_parts(output: Any) -> tuple[Inserted, ...]:
+def inserted_parts(output: object) -> tuple[Inserted, ...]:
     """The :class:`Inserted` of an operation's output that add rows (none for any other output)."""
     kind = type(output)
     if kind is Inserted:
-        return (output,) if output.rows else ()
+        return (output,) if output.rows else ()  # type: ignore[attr-defined,return-value]  # (an Inserted)
     if kind is InsertedInto:
-        return output.parts
+        return output.parts  # type: ignore[attr-defined,no-any-return]  # (an InsertedInto)
     return ()
 
 
@@ -112,14 +122,15 @@ class OpSpec(NamedTuple):
     kind: OpKind
     table: str
     key: Any
-    params: tuple[tuple[str, Any], ...] = ()
-    fn: Callable[..., Any] | None = None
-    key_fn: Callable[..., Any] | None = None
+    params: tuple[State, ...] = ()
+    # (None where the kind calls none: a READ has no ``fn``, only non-deterministic ops have a ``key_fn``)
+    fn: Callable[..., Any] = None  # type: ignore[assignment]
+    key_fn: Callable[..., Hashable] = None  # type: ignore[assignment]
     size: Any = None
     reason: str | None = None
     name: str | None = None
-    candidates: tuple[Any, ...] | None = None   # ND ops: the keys it may access, if known
-    state: tuple[str, Any] | None = None
+    candidates: tuple[Hashable, ...] | None = None   # ND ops: the keys it may access, if known
+    state: State = None  # type: ignore[assignment]  # (None for a non-deterministic op)
     tables: tuple[str, ...] | None = None       # insert_into: its tables (``table`` is the first)
 
 
@@ -127,7 +138,7 @@ _new_spec = _new_inserted = tuple.__new__
 _READ, _WRITE, _CHECK, _INSERT = OpKind.READ, OpKind.WRITE, OpKind.CHECK, OpKind.INSERT
 
 
-def _bad_pair(pair: Any, what: str) -> DeclarationError:
+def _bad_pair(pair: object, what: str) -> DeclarationError:
     if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)):
         return DeclarationError(f"{what} must be (table, key) pairs, got {pair!r}; "
                                 f"write reads=[('accounts', 7)] for the row 7 of table accounts")
@@ -136,7 +147,7 @@ def _bad_pair(pair: Any, what: str) -> DeclarationError:
     return DeclarationError(f"the key {pair[1]!r} in {what} is not hashable; use a scalar or a tuple")
 
 
-def _state(pair: Any, what: str) -> tuple[str, Any]:
+def _state(pair: object, what: str) -> State:
     if type(pair) is tuple and len(pair) == 2 and type(pair[0]) is str and pair[1] is not None:
         try:
             hash(pair[1])
@@ -159,11 +170,11 @@ class Ops:
     def __init__(self, event: BatchEvent) -> None:
         self.event = event
         self.specs: list[OpSpec] = []
-        self._written: set[tuple[str, Any]] | None = None
+        self._written: set[State] | None = None
         self.windowed = False
 
-    def _params(self, reads: Iterable[Any], own: tuple[str, Any] | None, what: str) -> tuple:
-        params = []
+    def _params(self, reads: Iterable[object], own: State | None, what: str) -> tuple[State, ...]:
+        params: list[State] = []
         for pair in reads:
             if type(pair) is tuple and len(pair) == 2 and type(pair[0]) is str and pair[1] is not None:
                 try:
@@ -176,7 +187,7 @@ class Ops:
                 params.append(pair)
         return tuple(params)
 
-    def _insert_params(self, reads: Iterable[Any]) -> tuple:
+    def _insert_params(self, reads: Iterable[object]) -> tuple[State, ...]:
         """An INSERT's ``reads`` as states (no own row)."""
         if (type(reads) is list or type(reads) is tuple) and len(reads) == 1:    # (the common case)
             pair = reads[0]
@@ -186,14 +197,14 @@ class Ops:
             return (pair,)
         return self._params(reads, None, "reads")
 
-    def _check_key(self, table: str, key: Any) -> tuple[str, Any]:
+    def _check_key(self, table: str, key: Hashable) -> State:
         if type(table) is not str:
             if not isinstance(table, str):
                 raise DeclarationError(f"a table is named by a string, got {table!r}")
             table = str(table)
         return _state((table, key), "an operation's row")
 
-    def _claim(self, state: tuple[str, Any]) -> None:
+    def _claim(self, state: State) -> None:
         written = self._written
         if written is None:
             self._written = {state}
@@ -204,13 +215,13 @@ class Ops:
                 f"a state transaction writes a row at most once: compute both changes in one write function")
         written.add(state)
 
-    def read(self, table: str, key: Any, *, name: str | None = None) -> None:
+    def read(self, table: str, key: Hashable, *, name: str | None = None) -> None:
         """READ(table, key): the row as of before this transaction becomes output ``name``."""
         state = self._check_key(table, key)
         self.specs.append(_new_spec(OpSpec, (_READ, state[0], key, (), None, None, None, None,
                                              name or f"{table}[{key!r}]", None, state, None)))
 
-    def write(self, table: str, key: Any, fn: Callable[..., Any], *, reads: Iterable[Any] = (),
+    def write(self, table: str, key: Hashable, fn: Callable[..., Mapping[str, object] | _Delete], *, reads: Iterable[State] = (),
               name: str | None = None) -> None:
         """WRITE(table, key, fn(own, *reads)): ``fn`` gets the row's image and the images of
         ``reads`` (in order, own row excluded) and returns the columns to set (a mapping),
@@ -230,7 +241,7 @@ class Ops:
         self.specs.append(_new_spec(OpSpec, (_WRITE, state[0], key, self._params(reads, state, "reads") if reads
                                              else (), fn, None, None, None, name, None, state, None)))
 
-    def abort_if(self, predicate: Callable[..., bool], *, reads: Iterable[Any], reason: str) -> None:
+    def abort_if(self, predicate: Callable[..., object], *, reads: Iterable[State], reason: str) -> None:
         """Abort the transaction with ``reason`` if ``predicate(*images of reads)`` is true."""
         pairs = [_state(pair, "reads") for pair in reads]
         if not pairs:
@@ -239,7 +250,7 @@ class Ops:
         self.specs.append(_new_spec(OpSpec, (_CHECK, own[0], own[1], self._params(pairs[1:], own, "reads"),
                                              predicate, None, None, reason, None, None, own, None)))
 
-    def window_read(self, table: str, keys: Iterable[Any], *, size: Any, aggregate: Callable[..., Any],
+    def window_read(self, table: str, keys: Iterable[Hashable], *, size: float, aggregate: Callable[..., object],
                     name: str | None = None) -> None:
         """READ(win_f(keys, size)): ``aggregate(windows)`` over, per key, the list of row versions
         written in this batch by transactions with time in ``[t - size, t)``."""
@@ -252,7 +263,8 @@ class Ops:
         self.specs.append(OpSpec(OpKind.WINDOW_READ, own[0], keys[0], params, fn=aggregate, size=size,
                                  name=name or f"window:{table}", state=own))
 
-    def window_write(self, table: str, key: Any, fn: Callable[..., Any], *, over: Iterable[Any], size: Any,
+    def window_write(self, table: str, key: Hashable, fn: Callable[..., Mapping[str, object] | _Delete], *,
+                     over: Iterable[State], size: float,
                      name: str | None = None) -> None:
         """WRITE(key, win_f(over, size)): ``fn(own, windows)``, ``windows`` = per ``over`` state
         the list of its versions with time in ``[t - size, t)``."""
@@ -265,23 +277,24 @@ class Ops:
         self.specs.append(OpSpec(OpKind.WINDOW_WRITE, state[0], key, tuple(dict.fromkeys(over)), fn=fn, size=size,
                                  name=name, state=state))
 
-    def read_any(self, table: str, key_fn: Callable[..., Any], *, reads: Iterable[Any] = (),
-                 candidates: Iterable[Any] | None = None, name: str | None = None) -> None:
+    def read_any(self, table: str, key_fn: Callable[..., Hashable], *, reads: Iterable[State] = (),
+                 candidates: Iterable[Hashable] | None = None, name: str | None = None) -> None:
         """Non-deterministic READ(f*): the key is ``key_fn(*images of reads)`` at run time.
         ``candidates`` (optional) bounds the keys it may yield; without it, any row of ``table``."""
         self._check_key(table, 0)
         self.specs.append(OpSpec(OpKind.ND_READ, table, None, self._params(reads, None, "reads"), key_fn=key_fn,
                                  candidates=_candidates(table, candidates), name=name or f"any:{table}"))
 
-    def write_any(self, table: str, key_fn: Callable[..., Any], fn: Callable[..., Any], *, reads: Iterable[Any] = (),
-                  candidates: Iterable[Any] | None = None, name: str | None = None) -> None:
+    def write_any(self, table: str, key_fn: Callable[..., Hashable], fn: Callable[..., Mapping[str, object] | _Delete],
+                  *, reads: Iterable[State] = (),
+                  candidates: Iterable[Hashable] | None = None, name: str | None = None) -> None:
         """Non-deterministic WRITE(f1*, f2*): key ``key_fn(*images of reads)``, value
         ``fn(own, *images of reads)`` as for :meth:`write`."""
         self._check_key(table, 0)
         self.specs.append(OpSpec(OpKind.ND_WRITE, table, None, self._params(reads, None, "reads"), fn=fn,
                                  key_fn=key_fn, candidates=_candidates(table, candidates), name=name))
 
-    def insert(self, table: str, rows: Callable[..., Any] | Mapping[str, Any], *, reads: Iterable[Any] = (),
+    def insert(self, table: str, rows: Callable[..., object] | Mapping[str, object], *, reads: Iterable[State] = (),
                name: str | None = None) -> None:
         """INSERT(table, rows(*images of reads)): new rows of ``table``, added when the transaction commits.
         ``rows`` is a mapping of columns (one row) or a function of the images of ``reads`` (as of before the
@@ -304,7 +317,7 @@ class Ops:
             name = _INSERT_NAMES.get((table, len(specs))) or _insert_name(table, len(specs))
         specs.append(_new_spec(OpSpec, (_INSERT, table, None, params, fn, None, None, None, name, (), None, None)))
 
-    def insert_into(self, tables: Iterable[str], rows: Callable[..., Any], *, reads: Iterable[Any] = (),
+    def insert_into(self, tables: Iterable[str], rows: Callable[..., object], *, reads: Iterable[State] = (),
                     name: str | None = None) -> None:
         """INSERT into any of ``tables``: ``rows(*images of reads)`` returns a mapping table → that table's rows
         (each value as :meth:`insert` takes it: a mapping, a list of them, or None), or None for no row.  One
@@ -343,8 +356,8 @@ class Ops:
         return names
 
 
-_INSERT_NAMES: dict[tuple[Any, int], str] = {}
-_TABLE_TUPLES: dict[tuple, tuple[str, ...]] = {}
+_INSERT_NAMES: dict[tuple[str | tuple[str, ...], int], str] = {}
+_TABLE_TUPLES: dict[tuple[str, ...], tuple[str, ...]] = {}
 _PLAIN_KEYS = frozenset({str, int})          # key types known to be hashable
 
 
@@ -359,7 +372,7 @@ def _insert_name(table: str | tuple[str, ...], index: int) -> str:
     return name
 
 
-def _constant(row: dict, *images: Any) -> dict:
+def _constant(row: RowImage, *images: object) -> RowImage:
     return row
 
 
@@ -382,7 +395,7 @@ def _none_inserted(table: str) -> Inserted:
 _NOTHING_INTO = InsertedInto(())
 
 
-def inserted(spec: OpSpec, result: Any) -> Inserted | InsertedInto:
+def inserted(spec: OpSpec, result: object) -> Inserted | InsertedInto:
     """What an INSERT's function returned, as rows (dicts, never changed afterwards: the batch only reads them);
     raises DeclarationError for anything else."""
     if spec[11] is not None:
@@ -390,18 +403,18 @@ def inserted(spec: OpSpec, result: Any) -> Inserted | InsertedInto:
     return _rows(spec.table, result)
 
 
-def _rows(table: str, result: Any) -> Inserted:
+def _rows(table: str, result: object) -> Inserted:
     if result is None:
         return _NONE_INSERTED.get(table) or _none_inserted(table)
     kind = type(result)
     if kind is dict:
         return _new_inserted(Inserted, (table, (result,)))
     if kind is list or kind is tuple:         # (the common case of several rows: plain dicts, no ABC check)
-        for row in result:
+        for row in result:  # type: ignore[attr-defined]  # (a list or a tuple)
             if type(row) is not dict:
                 break
         else:
-            return _new_inserted(Inserted, (table, tuple(result)))
+            return _new_inserted(Inserted, (table, tuple(result)))  # type: ignore[arg-type]
     if isinstance(result, Mapping):
         return Inserted(table, (dict(result),))
     if isinstance(result, (list, tuple)) and all(isinstance(row, Mapping) for row in result):
@@ -410,7 +423,7 @@ def _rows(table: str, result: Any) -> Inserted:
                            f"columns, a list of them, or None for no row")
 
 
-def _inserted_into(tables: tuple[str, ...], result: Any) -> InsertedInto:
+def _inserted_into(tables: tuple[str, ...], result: object) -> InsertedInto:
     """An ``insert_into``'s result (table → rows, or None) as one :class:`Inserted` per table given rows, in the
     order of ``tables``."""
     if result is None or (type(result) is dict and not result):
@@ -432,7 +445,7 @@ def _inserted_into(tables: tuple[str, ...], result: Any) -> InsertedInto:
     return _new_inserted(InsertedInto, (tuple(parts),)) if parts else _NOTHING_INTO
 
 
-def _candidates(table: str, candidates: Iterable[Any] | None) -> tuple[Any, ...] | None:
+def _candidates(table: str, candidates: Iterable[Hashable] | None) -> tuple[Hashable, ...] | None:
     if candidates is None:
         return None
     keys = tuple(candidates)
@@ -441,12 +454,13 @@ def _candidates(table: str, candidates: Iterable[Any] | None) -> tuple[Any, ...]
     return keys
 
 
-def unknown_event_type(event_type: Any) -> UnknownEventType:
+def unknown_event_type(event_type: object) -> UnknownEventType:
     return UnknownEventType(f"no state transaction is declared for event type {event_type!r}; "
                             f"declare one with @transactions.on({event_type!r})")
 
 
-def specs_of(declare: Callable[[BatchEvent], list[OpSpec]], event: BatchEvent, known: Any = None) -> Any:
+def specs_of(declare: Callable[[BatchEvent], list[OpSpec]], event: BatchEvent,
+             known: list[OpSpec] | str | None = None) -> list[OpSpec] | str:
     """``known``, or ``declare(event)``: its operations, or the text of the error it raised (the event is then
     rejected, the batch goes on)."""
     if known is not None:
@@ -457,7 +471,7 @@ def specs_of(declare: Callable[[BatchEvent], list[OpSpec]], event: BatchEvent, k
         return f"{type(error).__name__}: {error}"
 
 
-def no_operation(event_type: Any) -> DeclarationError:
+def no_operation(event_type: object) -> DeclarationError:
     return DeclarationError(f"the state transaction of {event_type!r} declared no operation")
 
 
@@ -478,15 +492,15 @@ class StateTransactions:
         self.name = name
         self.processes = int(processes)
         self.decision_rule = DecisionRule(decision_rule)   # how strategy="tpg" picks its strategy (_decide.py)
-        self._declarations: dict[str, Callable[[BatchEvent, Ops], None]] = {}
-        self._runtime = None   # created on first use (_runtime.Runtime): decision memory, pool
+        self._declarations: dict[str, Declaring] = {}
+        self._runtime: Runtime | None = None   # created on first use (_runtime.Runtime): decision memory, pool
 
-    def on(self, event_type: str, *more_types: str):
+    def on(self, event_type: str, *more_types: str) -> Callable[[_D], _D]:
         """Decorator: ``fn(event, ops)`` declares the state transaction of these event types.
         Returns ``fn`` unchanged (so a module-level function stays picklable by reference)."""
         types = (event_type, *more_types)
 
-        def register(function):
+        def register(function: _D) -> _D:
             for kind in types:
                 if not isinstance(kind, str) or not kind:
                     raise DeclarationError(f"an event type is a non-empty string, got {kind!r}")
@@ -515,11 +529,11 @@ class StateTransactions:
         return ops.specs
 
     @property
-    def declarations(self) -> Mapping[str, Callable[[BatchEvent, Ops], None]]:
+    def declarations(self) -> Mapping[str, Declaring]:
         """Event type → declaring function (read-only view)."""
         return MappingProxyType(self._declarations)
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, object]:
         return {"name": self.name, "processes": 1, "decision_rule": self.decision_rule,
                 "_declarations": self._declarations, "_runtime": None}
 

@@ -14,11 +14,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from activedb.batch._declare import OpSpec
+from activedb.batch._declare import OpSpec, State
 from activedb.batch._plan import Operation, OpState, Tpg, Txn, Unit, key_groups
 from activedb.batch._state import failure_reason, perform
 from activedb.batch._strategy import AbortMode, Exploration, Granularity, Strategy
 from activedb.batch.errors import ExecutionInvariantBroken
+from activedb.store import RowImage
 from activedb.versions import Versions
 
 BLK, RDY, EXE, ABT = OpState.BLK, OpState.RDY, OpState.EXE, OpState.ABT
@@ -37,19 +38,21 @@ class ExecutionStatistics:
     seconds: float           # wall time of the execution (strata and units included)
 
 
-Outcomes = tuple[list[int], dict[int, str], dict[int, dict]]     # ts, t → reason, t → outputs (if any)
+Outcomes = tuple[list[int], dict[int, str], dict[int, dict[str, object]]]     # ts, t → reason, t → outputs (if any)
 
 
-def run_serial(txns: list[Txn], specs: list[list[OpSpec]], table: Versions) -> Outcomes:
+def run_serial(txns: list[Txn], specs: list[list[OpSpec]], table: Versions[RowImage | None]) -> Outcomes:
     """The reference: each transaction reads the state as of before it, all or nothing.  Returns the
     timestamps, the reasons of the aborted transactions and the outputs of committed ones that have any."""
-    ts, aborted, outputs_at = [], {}, {}
+    ts: list[int] = []
+    aborted: dict[int, str] = {}
+    outputs_at: dict[int, dict[str, object]] = {}
     read, window = table.read, table.window
     for txn, declared in zip(txns, specs):
         t = txn.t
         ts.append(t)
-        writes = []
-        outputs: dict[str, Any] = {}
+        writes: list[tuple[State, RowImage | None]] = []
+        outputs: dict[str, object] = {}
         reason = None
         for spec in declared:
             try:
@@ -72,7 +75,8 @@ def run_serial(txns: list[Txn], specs: list[list[OpSpec]], table: Versions) -> O
 
 
 class TpgExecutor:
-    def __init__(self, tpg: Tpg, strategy: Strategy, table: Versions, *, trace: list | None = None) -> None:
+    def __init__(self, tpg: Tpg, strategy: Strategy, table: Versions[RowImage | None], *,
+                 trace: list[tuple[str, int, OpState, OpState]] | None = None) -> None:
         """``trace``: if a list, every transition is appended as ``(\"T1\"..\"T6\", op id, from, to)``."""
         self.tpg = tpg
         self._trace = trace
@@ -83,7 +87,7 @@ class TpgExecutor:
         # BFS handles eager aborts at the stratum barrier ("layered"); DFS/NS at once.
         self._immediate = self._eager and strategy.exploration is not Exploration.BFS
         self._unapplied: list[Txn] = []
-        self._queue: deque | list = deque() if strategy.exploration is Exploration.NS else []
+        self._queue: deque[Any] | list[Any] = deque() if strategy.exploration is Exploration.NS else []
         self._lifo = strategy.exploration is Exploration.DFS
         self._lowest = 1 << 62       # BFS: the lowest stratum re-opened since the last barrier
         self._executions = self._rollbacks = self._aborts = self._revoked = 0
@@ -279,7 +283,7 @@ class TpgExecutor:
             for unit in self.units:
                 unit.pending = sum(1 for op in unit.ops for parent in op.parents if parent.unit is not unit)
                 unit.remaining = len(unit.ops)
-            runnable = [unit for unit in self.units if unit.pending == 0]
+            runnable: list[Any] = [unit for unit in self.units if unit.pending == 0]    # (units, or operations)
         else:
             runnable = [op for op in ops if op.pending == 0]
         if self.strategy.exploration is Exploration.BFS:
@@ -296,7 +300,7 @@ class TpgExecutor:
 
     def _run_queue(self) -> None:
         queue = self._queue
-        pop = queue.pop if self._lifo else queue.popleft
+        pop = queue.pop if self._lifo else queue.popleft  # type: ignore[union-attr]  # (a deque unless LIFO)
         groups = self._groups
         while True:
             while queue:
@@ -314,7 +318,7 @@ class TpgExecutor:
     def _run_bfs(self) -> None:
         groups = self._groups
         count = 1 + max((unit.stratum for unit in self.units), default=-1) if groups else self.tpg.strata()
-        strata: list[list] = [[] for _ in range(count)]
+        strata: list[list[Any]] = [[] for _ in range(count)]
         for target in self.units if groups else self.tpg.ops:
             strata[target.stratum].append(target)
         self._strata = count
@@ -354,7 +358,9 @@ class TpgExecutor:
     def outcomes(self, specs: list[list[OpSpec]]) -> Outcomes:
         """As :func:`run_serial` returns them.  An aborted transaction's reason is that of its first operation
         (declaration order) that fails against the final versions, as in the serial run: deterministic."""
-        ts, aborted, outputs_at = [], {}, {}
+        ts: list[int] = []
+        aborted: dict[int, str] = {}
+        outputs_at: dict[int, dict[str, object]] = {}
         read, window = self.table.read, self.table.window
         for txn, declared in zip(self.tpg.txns, specs):
             ts.append(txn.t)

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import multiprocessing
-from typing import Any, Callable
+from concurrent.futures import Future
+from multiprocessing.context import BaseContext
+from typing import Callable, MutableSequence, TypeVar
+
+_T = TypeVar("_T")
 
 
-def find_root(parent, item):
+def find_root(parent: MutableSequence[int], item: int) -> int:
     """Union-find: the root of ``item`` in ``parent`` (a dict or a list), compressing the path."""
     root = item
     while parent[root] != root:
@@ -21,7 +25,7 @@ def find_root(parent, item):
     return root
 
 
-def _context():
+def _context() -> BaseContext:
     methods = multiprocessing.get_all_start_methods()
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
 
@@ -30,7 +34,7 @@ class WorkerPool:
     """Worker processes for batch parts; started on first use, reused across batches.  ``ping``: a function
     of the module the parts run in, which :meth:`warm_up` runs in each worker (so that it imports it)."""
 
-    def __init__(self, workers: int, ping: Callable[[], Any]) -> None:
+    def __init__(self, workers: int, ping: Callable[[], object]) -> None:
         self.workers = workers
         self.ping = ping
         self._executor: concurrent.futures.ProcessPoolExecutor | None = None
@@ -46,7 +50,7 @@ class WorkerPool:
         for future in futures:
             future.result()
 
-    def submit(self, function, *args):
+    def submit(self, function: Callable[..., _T], *args: object) -> Future[_T]:
         return self._pool().submit(function, *args)
 
     def close(self) -> None:

@@ -7,33 +7,38 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from activedb.batch._declare import StateTransactions
+from activedb.batch._declare import State, StateTransactions
 from activedb.batch._execute import TpgExecutor
 from activedb.batch._plan import EdgeKind, OpState, build_tpg
 from activedb.batch._runtime import prepare
 from activedb.batch._strategy import Strategy, parse_strategy
 from activedb.extras import Extra, needs
+from activedb.store import RowImage
 from activedb.versions import Versions
+
+if TYPE_CHECKING:  # pragma: no cover
+    import networkx as nx
 
 _STATE_COLOURS = {OpState.EXE: "#7fc97f", OpState.ABT: "#f0027f", OpState.RDY: "#fdc086", OpState.BLK: "#bbbbbb"}
 _EDGE_STYLES = {EdgeKind.TD: ("#386cb0", "solid"), EdgeKind.PD: ("#f08000", "solid"),
                 EdgeKind.LD: ("#999999", "dotted")}
 
 
-def tpg_graph(transactions: StateTransactions, events: Iterable[Any],
-              state: Mapping[tuple[str, Any], dict | None] | None = None, *, strategy: str | Strategy = "ns/f/e"):
+def tpg_graph(transactions: StateTransactions, events: Iterable[object],
+              state: Mapping[State, RowImage | None] | None = None, *,
+              strategy: str | Strategy = "ns/f/e") -> nx.DiGraph[int]:
     """The TPG of a (small) batch, executed with ``strategy``, as a networkx DiGraph (nodes: ``label``,
     ``kind``, ``state``, ``t``, ``lane``, ``reason``; edges: ``kind``)."""
     import networkx as nx
 
     prepared = prepare(transactions, events)
     tpg = build_tpg(prepared.txns, prepared.specs)
-    executor = TpgExecutor(tpg, parse_strategy(strategy), Versions(state, times=prepared.times))
+    executor = TpgExecutor(tpg, parse_strategy(strategy), Versions(state, times=prepared.times))  # type: ignore[arg-type]  # (a State is Hashable)
     executor.run()
-    graph = nx.DiGraph()
-    lanes: dict[Any, int] = {}
+    graph: nx.DiGraph[int] = nx.DiGraph()
+    lanes: dict[State | tuple[str, int], int] = {}
     for op in tpg.ops:
         lane_key = op.state_key if op.state_key is not None else ("#nd", op.id)
         lane = lanes.setdefault(lane_key, len(lanes))
@@ -50,8 +55,8 @@ def tpg_graph(transactions: StateTransactions, events: Iterable[Any],
     return graph
 
 
-def render_tpg(transactions: StateTransactions, events: Iterable[Any], path: str | Path,
-               state: Mapping[tuple[str, Any], dict | None] | None = None, *,
+def render_tpg(transactions: StateTransactions, events: Iterable[object], path: str | Path,
+               state: Mapping[State, RowImage | None] | None = None, *,
                strategy: str | Strategy = "ns/f/e", title: str | None = None) -> Path:
     """Draw the executed TPG of a small batch to ``path`` (.png or .svg) with matplotlib: one column per
     timestamp, one row per state (ND operations on their own row); returns the path."""
@@ -92,7 +97,7 @@ def render_tpg(transactions: StateTransactions, events: Iterable[Any], path: str
     axes.set_xticks([t * 2.2 for t in times], [f"t={t}" for t in times])
     axes.set_xlim(-1.2, max(t * 2.2 for t in times) + 1.6 if times else 1)
     axes.set_ylim(-len(lanes) + 0.3, 0.8)
-    legend = [Line2D([0], [0], color=_EDGE_STYLES[kind][0], linestyle=_EDGE_STYLES[kind][1], label=kind.name)
+    legend: list[Line2D | Patch] = [Line2D([0], [0], color=_EDGE_STYLES[kind][0], linestyle=_EDGE_STYLES[kind][1], label=kind.name)  # type: ignore[arg-type]
               for kind in EdgeKind]
     legend += [Patch(color=colour, label=state.name) for state, colour in _STATE_COLOURS.items()
                if state in (OpState.EXE, OpState.ABT)]

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from activedb.batch._declare import BatchEvent, OpKind, OpSpec
+from activedb.batch._declare import BatchEvent, OpKind, OpSpec, State
 
 
 class OpState(enum.Enum):
@@ -81,7 +81,7 @@ class Operation:
         self.done = False
         self.state = OpState.BLK
         self.failure: str | None = None
-        self.wrote: tuple[str, Any] | None = None    # the state this op's version is on (ND: resolved)
+        self.wrote: State | None = None    # the state this op's version is on (ND: resolved)
         self.output: Any = None
         self.unit: Any = None
         self.stratum = 0
@@ -127,21 +127,21 @@ class Tpg:
     ld_pairs: int
     nd_ops: int
     window_ops: int
-    ops_per_state: dict[tuple[str, Any], int]
+    ops_per_state: dict[State, int]
 
-    def release(self, units: list["Unit"] = ()) -> None:
+    def release(self, units: Iterable["Unit"] = ()) -> None:
         """Break the reference cycles (parents ↔ children, op ↔ transaction, unit ↔ unit) once
         the batch is done, so reference counting frees the graph at once instead of leaving a
         large cyclic garbage to the collector (which would then run in the caller's code)."""
         for op in self.ops:
-            op.parents = op.children = None
-            op.unit = op.txn = None
+            op.parents = op.children = None  # type: ignore[assignment]  # (the graph is done with)
+            op.unit = op.txn = None  # type: ignore[assignment]
         for txn in self.txns:
             txn.ops = []
             txn.failed = []
         for unit in units:
             unit.ops = []
-            unit.parents = unit.children = None
+            unit.parents = unit.children = None  # type: ignore[assignment]
 
     def strata(self) -> int:
         """Assign ``op.stratum`` (1 + the largest parent stratum; roots 0); returns the count."""
@@ -157,7 +157,7 @@ class Tpg:
         return deepest + 1
 
 
-def _link(parent: Operation, child: Operation, kind: EdgeKind, edges: list) -> bool:
+def _link(parent: Operation, child: Operation, kind: EdgeKind, edges: list[tuple[int, int, EdgeKind]]) -> bool:
     if parent in child.parents:
         return False
     child.parents.append(parent)
@@ -166,7 +166,8 @@ def _link(parent: Operation, child: Operation, kind: EdgeKind, edges: list) -> b
     return True
 
 
-def _link_all(parents: Iterable[Operation], child: Operation, kind: EdgeKind, edges: list) -> int:
+def _link_all(parents: Iterable[Operation], child: Operation, kind: EdgeKind,
+              edges: list[tuple[int, int, EdgeKind]]) -> int:
     """Link ``child`` after each of ``parents``; the number of edges that were new."""
     linked = 0
     for parent in parents:
@@ -181,10 +182,10 @@ def build_tpg(txns: list[Txn], specs: list[list[OpSpec]]) -> Tpg:
     edges: list[tuple[int, int, EdgeKind]] = []
     td = pd = ld = nd_count = window_count = 0
     # state -> [t of the last transaction that accessed it, its ops on the state, last write op]
-    tracks: dict[tuple[str, Any], list] = {}
+    tracks: dict[State, list[Any]] = {}
     last_nd: dict[str, Operation] = {}                       # table -> last unbounded ND write
-    since_nd: dict[str, dict] = defaultdict(dict)            # table -> {state: last write} since it
-    ops_per_state: dict[tuple[str, Any], int] = defaultdict(int)
+    since_nd: dict[str, dict[State, Operation]] = defaultdict(dict)            # table -> {state: last write} since it
+    ops_per_state: dict[State, int] = defaultdict(int)
     # Only tables with an unbounded ND op need the writes since the last ND write.
     nd_tables = {spec.table for declared in specs for spec in declared if spec.key is None and spec.candidates is None}
     TD, PD = EdgeKind.TD, EdgeKind.PD
@@ -249,7 +250,8 @@ def build_tpg(txns: list[Txn], specs: list[list[OpSpec]]) -> Tpg:
     return Tpg(txns, ops, edges, td, pd, ld, nd_count, window_count, dict(ops_per_state))
 
 
-def _touch(tracks, state, t, op, writes, since_nd, nd_tables) -> None:
+def _touch(tracks: dict[State, list[Any]], state: State, t: int, op: Operation, writes: bool,
+           since_nd: dict[str, dict[State, Operation]], nd_tables: set[str]) -> None:
     track = tracks.get(state)
     if track is None:
         tracks[state] = [t, [op], op if writes else None]

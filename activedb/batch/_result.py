@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from activedb.batch._declare import BatchEvent, inserted_parts
+from activedb.batch._declare import BatchEvent, State, inserted_parts
+from activedb.store import RowImage
 
 
 class TransactionResult(NamedTuple):
@@ -56,10 +57,10 @@ class Part:
 
     ts: list[int]
     aborted: dict[int, str]
-    outputs: dict[int, dict]
+    outputs: dict[int, dict[str, object]]
     rejected: list[tuple[int, str]]
-    final: dict
-    before: dict
+    final: dict[State, RowImage | None]
+    before: dict[State, RowImage | None]
     strategy: str
     decision: tuple[str, ...]
     execution: Any                      # the TPG executor's ExecutionStatistics, None without a TPG
@@ -78,9 +79,9 @@ class BatchResult:
     Thread-safety: read-only once returned; the lazy list is made at most once per thread race
     (the same list either way)."""
 
-    def __init__(self, events: list[BatchEvent], ts: list[int], aborted: dict[int, str], outputs: dict[int, dict],
-                 rejected: list[tuple[BatchEvent, str]], final: dict[tuple[str, Any], dict | None],
-                 before: dict[tuple[str, Any], dict | None], strategy: str,
+    def __init__(self, events: list[BatchEvent], ts: list[int], aborted: dict[int, str],
+                 outputs: dict[int, dict[str, object]], rejected: list[tuple[BatchEvent, str]],
+                 final: dict[State, RowImage | None], before: dict[State, RowImage | None], strategy: str,
                  statistics: BatchStatistics | None = None, notes: list[str] | None = None) -> None:
         self._events = events          # the batch, by timestamp (events[t])
         self._ts = ts                  # timestamps of the declared transactions, ascending
@@ -128,9 +129,9 @@ class BatchResult:
         letters = [(events[t], reason or "aborted") for t, reason in self._aborted.items()] + list(self.rejected)
         return sorted(letters, key=lambda letter: letter[0].position)
 
-    def inserted(self) -> dict[str, list[dict]]:
+    def inserted(self) -> dict[str, list[RowImage]]:
         """Table → the rows the committed transactions' INSERT operations add, in timestamp order."""
-        rows: dict[str, list[dict]] = {}
+        rows: dict[str, list[RowImage]] = {}
         outputs = self._outputs
         for t in sorted(outputs):
             for output in outputs[t].values():
@@ -142,7 +143,7 @@ class BatchResult:
                         found.extend(part.rows)
         return rows
 
-    def changes(self) -> dict[tuple[str, Any], dict | None]:
+    def changes(self) -> dict[State, RowImage | None]:
         """The states whose final image differs from the image before the batch."""
         return {state: image for state, image in self.final.items() if self.before.get(state) != image}
 

@@ -15,14 +15,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import sqlalchemy as sa
 from coupling import Coupling
 
 from activedb.batch._commit import PendingBatch, apply_at_commit
 from activedb.batch._declare import (
-    Abort, BatchEvent, Inserted, OpKind, Ops, StateTransactions, inserted, inserted_parts)
+    Abort, BatchEvent, Declaring, Inserted, OpKind, Ops, OpSpec, State, StateTransactions, inserted, inserted_parts)
+from activedb.batch._result import BatchResult
 from activedb.batch._state import merge_image
 from activedb.batch.errors import DeclarationError
-from activedb.events import EventKind
+from activedb.events import Event, EventKind
+from activedb.store import RowImage
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb.rules import Rule, RuleManager
@@ -48,19 +51,19 @@ class DeclaredAction:
     #: (``activedb.ingest.BatchLowering``: :func:`lower` and :func:`apply_lowered`); set below the class.
     batch_lowering: ClassVar["_DeclaredRules"]
 
-    def __init__(self, fn: Callable[[BatchEvent, Ops], None]) -> None:
+    def __init__(self, fn: Declaring) -> None:
         if not callable(fn):
             raise DeclarationError(f"@batch.declared decorates a function (event, ops), got {fn!r}")
         self.declaration = fn
         functools.update_wrapper(self, fn)
 
-    def __call__(self, tx: "Transaction", event: Any) -> None:
+    def __call__(self, tx: "Transaction", event: Event) -> None:
         if getattr(event, "kind", None) is not EventKind.STREAM:
             raise DeclarationError(
                 f"the declared rule {self.declaration.__name__!r} fired on {event.describe()}; a declared rule "
                 f"reacts to stream events (on=db.stream(type)) — declare it on a stream, or write a plain action")
         # (The stream event's own payload, as a plain rule gets it: emit made it the event's copy.)
-        batch_event = BatchEvent(event.source, event.key, event.ts, event.payload, 0)
+        batch_event = BatchEvent(event.source, event.key, event.ts, event.payload, 0)  # type: ignore[arg-type]
         ops = Ops(batch_event)
         self.declaration(batch_event, ops)
         if not ops.specs:
@@ -72,7 +75,7 @@ class DeclaredAction:
         return f"<declared rule action {self.declaration.__qualname__}>"
 
 
-def declared(fn: Callable[[BatchEvent, Ops], None]) -> DeclaredAction:
+def declared(fn: Declaring) -> DeclaredAction:
     """Decorator: ``fn(event, ops)`` as a rule's action (under ``@db.rule(on=db.stream(type))``)::
 
         @db.rule(on=db.stream("badge"), name="count_badges")
@@ -85,18 +88,18 @@ def declared(fn: Callable[[BatchEvent, Ops], None]) -> DeclaredAction:
     return DeclaredAction(fn)
 
 
-def perform_in(tx: "Transaction", specs: list) -> None:
+def perform_in(tx: "Transaction", specs: list[OpSpec]) -> None:
     """Perform the declared operations ``specs`` of one event in ``tx`` (see :class:`DeclaredAction`)."""
     written = {spec.state for spec in specs if spec.kind is _WRITE}
-    images: dict[tuple[str, Any], dict | None] = {}
+    images: dict[State, RowImage | None] = {}
 
-    def image(state: tuple[str, Any], for_update: bool = False) -> dict | None:
+    def image(state: State, for_update: bool = False) -> RowImage | None:
         found = images.get(state, _MISSING)
         if found is _MISSING:
             found = images[state] = tx.read(state[0], state[1], for_update=for_update or state in written)
-        return found
+        return found  # type: ignore[return-value]  # (not _MISSING)
 
-    writes: list[tuple[tuple[str, Any], dict | None, dict | None]] = []
+    writes: list[tuple[State, RowImage | None, RowImage | None]] = []
     inserts: list[Inserted] = []
     for spec in specs:
         kind = spec.kind
@@ -148,11 +151,11 @@ class _DeclaredRules:
 
     @staticmethod
     def lower(rules: "RuleManager", transaction: "Transaction", event_types: Iterable[str],
-              cache: dict | None = None) -> "Lowered | None":
+              cache: dict[tuple[tuple[str, Rule], ...], Lowered] | None = None) -> "Lowered | None":
         return lower(rules, transaction, event_types, cache)
 
     @staticmethod
-    def apply(rules: "RuleManager", transaction: "Transaction", events: Iterable[Any], lowered: "Lowered",
+    def apply(rules: "RuleManager", transaction: "Transaction", events: Iterable[object], lowered: "Lowered",
               **options: Any) -> PendingBatch:
         return apply_lowered(rules, transaction, events, lowered, **options)
 
@@ -181,7 +184,7 @@ def lowerable(rule: "Rule") -> DeclaredAction | None:
 
 
 def lower(rules: "RuleManager", transaction: "Transaction", event_types: Iterable[str],
-          cache: dict | None = None) -> Lowered | None:
+          cache: dict[tuple[tuple[str, Rule], ...], Lowered] | None = None) -> Lowered | None:
     """The state transactions that fire the rules of ``event_types`` in ``transaction`` as one batch, or None
     when firing them event by event is not the same: every type must fire exactly one rule and that rule must
     be :func:`lowerable`; nothing else may listen — no other extension hears emitted events, no observer hears
@@ -208,7 +211,7 @@ def lower(rules: "RuleManager", transaction: "Transaction", event_types: Iterabl
     if lowered is None:
         transactions = StateTransactions("declared rules")
         for event_type, rule in chosen.items():
-            transactions.on(event_type)(rule.action_function().declaration)
+            transactions.on(event_type)(rule.action_function().declaration)  # type: ignore[attr-defined]  # (lowerable)
         lowered = Lowered(transactions, chosen)
         if cache is not None:
             if len(cache) >= _MAX_CACHED:      # (rules redeclared again and again: keep it bounded)
@@ -220,8 +223,8 @@ def lower(rules: "RuleManager", transaction: "Transaction", event_types: Iterabl
 _MAX_CACHED = 64
 
 
-def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iterable[Any], lowered: Lowered, *,
-                  on_result: Callable[[Any, Any], None] | None = None, **options: Any) -> PendingBatch:
+def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iterable[object], lowered: Lowered, *,
+                  on_result: Callable[[BatchResult, sa.Connection], None] | None = None, **options: Any) -> PendingBatch:
     """Run ``events`` — their types lowered by :func:`lower` — as one batch at the commit of ``transaction``
     (:func:`~activedb.batch.apply_at_commit` with ``options``) and keep the rules' firing record as firing them
     would: each event's firing recorded as dispatched at once (``rules.fired_in_bulk``: the tree's
@@ -234,7 +237,7 @@ def apply_lowered(rules: "RuleManager", transaction: "Transaction", events: Iter
             "fires another rule too, or a rule with a condition or another coupling, a rule reacts to data events, "
             "or an observer or the history recorder listens); fire them one by one instead: tx.emit(type, ...) "
             "per event, each in tx.subtransaction() if one may fail alone")
-    def counted(result: Any, connection: Any) -> None:
+    def counted(result: BatchResult, connection: sa.Connection) -> None:
         failed = Counter(event.event_type for event, _ in result.dead_letters)
         for event_type, count in per_type.items():
             rule = lowered.rules[event_type]

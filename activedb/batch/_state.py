@@ -5,13 +5,19 @@ the serial reference (it reads through callables; the state is an :class:`active
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TypeAlias
 
-from activedb.batch._declare import DELETE, Abort, OpKind, OpSpec, inserted
+from activedb.batch._declare import DELETE, Abort, OpKind, OpSpec, State, inserted
 from activedb.batch.errors import DeclarationError
+from activedb.store import RowImage
+
+#: ``read(state, t)``: the image of ``state`` as of before the transaction at ``t`` (None: no row).
+Read: TypeAlias = "Callable[[State, int], RowImage | None]"
+#: ``window(state, t, size)``: the images ``state`` had in ``[time(t) - size, time(t))``, oldest first.
+Window: TypeAlias = "Callable[[State, int, float], list[RowImage | None]]"
 
 
-def merge_image(own: dict | None, result: Any, spec: OpSpec) -> dict | None:
+def merge_image(own: RowImage | None, result: object, spec: OpSpec) -> RowImage | None:
     """The image a write function's ``result`` makes of ``own`` (the columns merged; DELETE: None)."""
     if result is DELETE:
         return None
@@ -21,8 +27,7 @@ def merge_image(own: dict | None, result: Any, spec: OpSpec) -> dict | None:
     return dict(result) if own is None else {**own, **result}
 
 
-def perform(spec: OpSpec, t: int, read: Callable[[tuple[str, Any], int], Any],
-            window: Callable[[tuple[str, Any], int, Any], list]) -> tuple[tuple[str, Any] | None, Any, Any]:
+def perform(spec: OpSpec, t: int, read: Read, window: Window) -> tuple[State | None, RowImage | None, object]:
     """Run one operation of the transaction at ``t``: returns ``(state written or None, image
     written, output)``.  Raises :class:`Abort` (or whatever the user's function raised)."""
     kind = spec.kind

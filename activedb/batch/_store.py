@@ -7,26 +7,29 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Hashable, TypeAlias
 
 from activedb import deadletters
-from activedb.batch._declare import BatchEvent, StateTransactions, inserted_parts
+from activedb.batch._declare import BatchEvent, State, StateTransactions, inserted_parts
 from activedb.batch._result import BatchResult
 from activedb.batch._runtime import AUTO, execute_batch, no_cyclic_gc, prepare
 from activedb.batch._strategy import Split, Strategy
 from activedb.errors import InvalidKey, InvalidValue, SchemaError
+from activedb.store import Catalog, RowImage, TableInfo
 from activedb.txn import BulkLock
 
 if TYPE_CHECKING:  # pragma: no cover
     from activedb._handle import DatabaseHandle
-    from activedb.txn import Transaction
+    from activedb.txn import CommitParticipant, Transaction
 
 DEAD_LETTER_TABLE = deadletters.TABLE
 _MISSING = object()
+#: ``check(writes, outputs)``: why one transaction's written images and new rows cannot be stored, or None.
+WriteCheck: TypeAlias = "Callable[[list[tuple[State, RowImage | None]], dict[str, object] | None], str | None]"
 
 
 @no_cyclic_gc()        # tens of thousands of small objects: no cyclic collection meanwhile
-def apply_batch(tx: Transaction, events: Iterable[Any], transactions: StateTransactions, *,
+def apply_batch(tx: Transaction, events: Iterable[object], transactions: StateTransactions, *,
                 strategy: str | Strategy = AUTO, processes: int | None = None, split: Split = Split.AUTO,
                 lock: BulkLock = BulkLock.WRITE) -> BatchResult:
     """Run ``events`` as one batch of state transactions inside the open transaction ``tx``
@@ -37,7 +40,7 @@ def apply_batch(tx: Transaction, events: Iterable[Any], transactions: StateTrans
     lock = BulkLock.parse(lock, "apply_batch(lock=...)", allowed=(BulkLock.WRITE, BulkLock.TABLE))
     prepared = prepare(transactions, events)
     started = time.perf_counter()
-    base: dict[tuple[str, Any], dict | None] = {}
+    base: dict[State, RowImage | None] = {}
     for table, keys in prepared.states_by_table().items():
         for key, image in tx.read_many(table, keys, lock=lock).items():
             base[(table, key)] = image
@@ -67,9 +70,9 @@ def apply_batch(tx: Transaction, events: Iterable[Any], transactions: StateTrans
     return result
 
 
-def _changes(result: BatchResult, base: Mapping) -> dict[str, dict[Any, dict | None]]:
+def _changes(result: BatchResult, base: Mapping[State, RowImage | None]) -> dict[str, dict[Hashable, RowImage | None]]:
     """Table → key → the columns the batch changed (None: delete), from ``result``'s final rows."""
-    by_table: dict[str, dict[Any, dict | None]] = {}
+    by_table: dict[str, dict[Hashable, RowImage | None]] = {}
     for (table, key), image in result.final.items():
         old = result.before.get((table, key), base.get((table, key)))
         if image is None:
@@ -85,7 +88,8 @@ def _changes(result: BatchResult, base: Mapping) -> dict[str, dict[Any, dict | N
     return by_table
 
 
-def _unstorable(catalog: Any, by_table: Mapping[str, Mapping[Any, dict | None]], result: BatchResult) -> str | None:
+def _unstorable(catalog: Catalog, by_table: Mapping[str, Mapping[Hashable, RowImage | None]],
+                result: BatchResult) -> str | None:
     """Why some changed value or new row of ``result`` cannot be stored (what ``tx.write_many``/``tx.insert``
     or the flush would raise, checked before anything is written), or None."""
     try:
@@ -96,14 +100,14 @@ def _unstorable(catalog: Any, by_table: Mapping[str, Mapping[Any, dict | None]],
                     if result.before.get((table, key)) is None:
                         check_required(info, changes.keys(), f"the new row {key!r} of {table!r}")
                     info.check_values(changes, copy=False)
-        for table, rows in result.inserted().items():
-            _check_inserted(catalog, table, rows)
+        for table, new_rows in result.inserted().items():
+            _check_inserted(catalog, table, new_rows)
     except SchemaError as error:
         return f"{type(error).__name__}: {error}"
     return None
 
 
-def _check_inserted(catalog: Any, table: str, rows: Iterable[dict]) -> None:
+def _check_inserted(catalog: Catalog, table: str, rows: Iterable[RowImage]) -> None:
     """New rows of ``table`` (an INSERT's): each names the NOT NULL columns and holds values the table takes."""
     info = catalog.table_info(table)
     for row in rows:
@@ -111,7 +115,7 @@ def _check_inserted(catalog: Any, table: str, rows: Iterable[dict]) -> None:
         info.check_values(row, copy=False)
 
 
-def check_required(info: Any, columns: Any, what: str) -> None:
+def check_required(info: TableInfo, columns: Iterable[str], what: str) -> None:
     """``columns`` (names) of a new row of ``info``'s table must name every NOT NULL column without a default."""
     missing = info.required.difference(columns)
     if missing:
@@ -119,7 +123,8 @@ def check_required(info: Any, columns: Any, what: str) -> None:
                            f"{info.name!r}; give them (nothing was written)")
 
 
-def check_key_columns(info: Any, given: Any, values: Mapping[str, Any], key_row: Mapping[str, Any]) -> None:
+def check_key_columns(info: TableInfo, given: Hashable, values: Mapping[str, object], key_row: Mapping[str, object]
+                      ) -> None:
     """A written image must keep its row's key columns (``key_row``)."""
     for name, value in key_row.items():
         if name in values and values[name] != value:
@@ -127,10 +132,10 @@ def check_key_columns(info: Any, given: Any, values: Mapping[str, Any], key_row:
                              f"{values[name]!r}; the key of a row cannot change — write another row instead")
 
 
-def store_check(catalog: Any) -> Callable[[list, dict | None], str | None]:
+def store_check(catalog: Catalog) -> WriteCheck:
     """``check(writes, outputs)`` for ``execute_batch``: why one transaction's written images and new rows
     cannot be stored (the reason of the ``SchemaError`` a write of them would raise), or None."""
-    def check(writes: list, outputs: dict | None) -> str | None:
+    def check(writes: list[tuple[State, RowImage | None]], outputs: dict[str, object] | None) -> str | None:
         try:
             for (table, key), image in writes:
                 if image is not None:
@@ -154,13 +159,13 @@ def dead_letter(event: BatchEvent, reason: str) -> deadletters.Letter:
                                        "payload": event.payload})
 
 
-def dead_letter_row(event: BatchEvent) -> dict:
+def dead_letter_row(event: BatchEvent) -> dict[str, object]:
     """The readable ``raw`` JSON of a dead letter for ``event``."""
     return dead_letter(event, "").raw()
 
 
-def run_batch(db: DatabaseHandle, events: Iterable[Any], transactions: StateTransactions, *, strategy: str | Strategy = AUTO,
-              participants: Iterable[Any] = (), query_id: str | None = None, batch_id: int | None = None,
+def run_batch(db: DatabaseHandle, events: Iterable[object], transactions: StateTransactions, *, strategy: str | Strategy = AUTO,
+              participants: Iterable[CommitParticipant] = (), query_id: str | None = None, batch_id: int | None = None,
               dead_letters: bool = True, processes: int | None = None, split: Split = Split.AUTO) -> BatchResult:
     """Convenience for users feeding events directly: one top-level transaction that applies the batch and
     inserts its dead letters into ``activedb_dead_letters`` (labelled with ``query_id``/``batch_id`` if
