@@ -13,10 +13,11 @@ from __future__ import annotations
 import enum
 import struct
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
+import psycopg
 import sqlalchemy as sa
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
@@ -24,16 +25,17 @@ from sqlalchemy.dialects import postgresql
 
 from activedb import lowlevel
 from activedb import deadletters
-from activedb.batch._declare import BatchEvent, StateTransactions
+from activedb.batch._declare import BatchEvent, OpSpec, State, StateTransactions
 from activedb.batch._result import BatchResult
-from activedb.batch._route import touched_states, written_tables
+from activedb.batch._route import RoutePlan, touched_states, written_tables
 from activedb.batch._runtime import AUTO, execute_batch, no_cyclic_gc, normalise_events, runtime_of
+from activedb.batch._state import Loader
 from activedb.batch._store import (DEAD_LETTER_TABLE, apply_batch, check_key_columns, check_required,
                                    dead_letter, store_check)
 from activedb.batch._strategy import Split, Strategy
 from activedb.batch.errors import BatchNotCommitted, DeclarationError
 from activedb.errors import InvalidKey, InvalidValue, SchemaError
-from activedb.store import rows_by_key
+from activedb.store import Catalog, Key, RowImage, TableInfo, rows_by_key
 from activedb.txn import CommitParticipant
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -56,8 +58,8 @@ class PendingBatch(CommitParticipant):
     ``state`` says where it is; ``mode`` is ``"at commit"`` or ``"through the tree"`` (a rule
     observes a table it writes); ``seconds`` = time per phase of the last run."""
 
-    def __init__(self, transactions: StateTransactions, batch: list[BatchEvent], declared: dict[int, Any],
-                 keys: dict[str, dict[Any, Any]], unbounded: set[str], options: _Options,
+    def __init__(self, transactions: StateTransactions, batch: list[BatchEvent], declared: dict[int, list[OpSpec] | str],
+                 keys: dict[str, dict[Hashable, Key]], unbounded: set[str], options: _Options,
                  ready: BatchResult | None = None) -> None:
         self.transactions = transactions
         self.batch = batch
@@ -101,7 +103,8 @@ class PendingBatch(CommitParticipant):
             loader = _on_demand(catalog, connection)
             result = execute_batch(self.transactions, self.batch, base, loader=loader, declared=self._declared,
                                    strategy=options.strategy, processes=options.processes, split=options.split)
-            seconds.update(result.statistics.seconds)
+            if result.statistics is not None:
+                seconds.update(result.statistics.seconds)
             started = time.perf_counter()
             try:
                 statements = _planned_writes(catalog, result, self._keys)
@@ -148,13 +151,13 @@ class PendingBatch(CommitParticipant):
         self._keys = {}
         self._options = replace(self._options, letters=None, on_result=None)
 
-    def _lock_and_read(self, catalog: Any, connection: sa.Connection) -> dict[tuple[str, Any], Any]:
+    def _lock_and_read(self, catalog: Catalog, connection: sa.Connection) -> dict[State, RowImage | None]:
         """Lock every declared row ``FOR UPDATE`` (tables in name order, keys in key order) and
         return their images; a table with absent rows is locked against writers and those rows
         read again (the package README, "Running a batch in the store")."""
         for table in sorted(self._unbounded):
             _lock_table(catalog, connection, table)
-        base: dict[tuple[str, Any], Any] = {}
+        base: dict[State, RowImage | None] = {}
         for table in sorted(self._keys):
             keys = self._keys[table]
             info = catalog.table_info(table)
@@ -168,13 +171,13 @@ class PendingBatch(CommitParticipant):
         return base
 
 
-def _on_demand(catalog: Any, connection: sa.Connection) -> Callable[[str, Any], dict | None]:
+def _on_demand(catalog: Catalog, connection: sa.Connection) -> Loader:
     """The loader of rows no declaration named (ND operations without candidates, a route plan that
     missed): lock their table against writers (``SHARE ROW EXCLUSIVE``: an absent row stays absent),
     then read the row ``FOR UPDATE``."""
     locked: set[str] = set()
 
-    def load(table: str, key: Any) -> dict | None:
+    def load(table: str, key: Hashable) -> RowImage | None:
         info = catalog.table_info(table)
         try:
             normalised = info.key(key)
@@ -188,13 +191,13 @@ def _on_demand(catalog: Any, connection: sa.Connection) -> Callable[[str, Any], 
     return load
 
 
-def _lock_table(catalog: Any, connection: sa.Connection, table: str) -> None:
+def _lock_table(catalog: Catalog, connection: sa.Connection, table: str) -> None:
     name = catalog.table_info(table).table
     preparer = connection.dialect.identifier_preparer
     connection.execute(sa.text(f"LOCK TABLE {preparer.format_table(name)} IN SHARE ROW EXCLUSIVE MODE"))
 
 
-def _select_for_update(connection: sa.Connection, info: Any, keys: list[tuple]) -> dict[tuple, dict]:
+def _select_for_update(connection: sa.Connection, info: TableInfo, keys: list[Key]) -> dict[Key, RowImage]:
     """The images of ``keys`` (normalised key tuples), locked ``FOR UPDATE`` in key order."""
     if not keys:
         return {}
@@ -202,20 +205,20 @@ def _select_for_update(connection: sa.Connection, info: Any, keys: list[tuple]) 
     names = info.key_columns
     if len(columns) == 1:
         column = columns[0]
-        def statement():
+        def statement() -> sa.Select[Any]:
             return (sa.select(info.table)
                     .where(column == sa.any_(sa.bindparam("keys", type_=postgresql.ARRAY(column.type))))
                     .order_by(column).with_for_update())
 
-        rows, fields = _run(connection, statement, {"keys": sorted(key[0] for key in keys)}, fetch=True,
-                            shape=("select for update", info.table))
+        rows, fields = _run(connection, statement, {"keys": sorted(key[0] for key in keys)},  # type: ignore[misc,type-var]
+                            fetch=True, shape=("select for update", info.table))  # (fetch: rows)
         return {(row[0],): dict(zip(fields, row)) for row in rows} if fields[0] == names[0] else {
             (image[names[0]],): image for image in (dict(zip(fields, row)) for row in rows)}
-    found: dict[tuple, dict] = {}
+    found: dict[Key, RowImage] = {}
     ordered = sorted(keys)
-    statement = info.select_by_keys().order_by(*columns).with_for_update()
+    select = info.select_by_keys().order_by(*columns).with_for_update()
     for start in range(0, len(ordered), 5000):    # bounded bind parameters per statement
-        rows_by_key(connection.execute(statement, {"keys": ordered[start:start + 5000]}), names, found)
+        rows_by_key(connection.execute(select, {"keys": ordered[start:start + 5000]}), names, found)
     return found
 
 
@@ -223,12 +226,13 @@ _FLOAT8_DUMPER = "activedb.batch: float8[] dumper"     # ``connection.info``: re
 
 #: (statement kind, table, columns) → its SQL as ``_run`` sends it: compiling a statement costs about a
 #: millisecond of SQLAlchemy, more than PostgreSQL's work for a small batch, and a stream repeats a few shapes.
-_SQL: dict[tuple, str] = {}
+_SQL: dict[tuple[Hashable, ...], str] = {}
 _SQL_KEPT = 512
 
 
-def _run(connection: sa.Connection, statement: Any, parameters: dict, *,
-         fetch: bool = False, shape: tuple | None = None) -> tuple[list[tuple], list[str]] | None:
+def _run(connection: sa.Connection, statement: sa.ClauseElement | Callable[[], sa.ClauseElement],
+         parameters: Mapping[str, object], *, fetch: bool = False, shape: tuple[Hashable, ...] | None = None
+         ) -> tuple[list[tuple[Any, ...]], list[str]] | None:
     """Run ``statement`` on the connection's own driver cursor, its array parameters sent in binary
     (``%(name)b``); with ``fetch``, its rows as plain tuples and the column names: the batch reads
     tens of thousands of rows here, and a SQLAlchemy row object per row would cost more than
@@ -245,7 +249,7 @@ def _run(connection: sa.Connection, statement: Any, parameters: dict, *,
             if len(_SQL) >= _SQL_KEPT:
                 _SQL.clear()
             _SQL[shape] = sql
-    driver = connection.connection.driver_connection
+    driver = _driver(connection)
     if not connection.info.get(_FLOAT8_DUMPER):
         driver.adapters.register_dumper(_Float8Array, _Float8ArrayDumper)
         connection.info[_FLOAT8_DUMPER] = True
@@ -253,7 +257,7 @@ def _run(connection: sa.Connection, statement: Any, parameters: dict, *,
     try:
         cursor.execute(sql, parameters)
         if fetch:
-            return cursor.fetchall(), [description.name for description in cursor.description]
+            return cursor.fetchall(), [description.name for description in cursor.description or ()]
         return None
     except driver.Error as error:       # SQLAlchemy's, as for a statement it ran: the flush classifies it
         raise sa.exc.DBAPIError.instance(sql, None, error, driver.Error) from None
@@ -263,10 +267,15 @@ def _run(connection: sa.Connection, statement: Any, parameters: dict, *,
 
 #: A statement of a batch's writes, checked and ready: (``_delete``/``_update``/``_insert``, table info, columns
 #: (None for a delete), rows).
-_Statement = tuple[Callable[..., None], Any, "list[str] | None", list[dict]]
+_Statement: TypeAlias = "tuple[Callable[..., None], TableInfo, list[str] | None, list[RowImage]]"
 
 
-def _planned_writes(catalog: Any, result: BatchResult, normalised: Mapping[str, Mapping[Any, tuple]]
+def _driver(connection: sa.Connection) -> psycopg.Connection[Any]:
+    """The psycopg connection under ``connection`` (the store's driver)."""
+    return cast("psycopg.Connection[Any]", connection.connection.driver_connection)
+
+
+def _planned_writes(catalog: Catalog, result: BatchResult, normalised: Mapping[str, Mapping[Hashable, Key]]
                     ) -> list[_Statement]:
     """The statements that write the batch's final rows and its new rows, every value checked first (a
     value the store cannot hold raises a ``SchemaError`` before anything is sent)."""
@@ -277,7 +286,7 @@ def _send(connection: sa.Connection, statements: list[_Statement]) -> int:
     """Send ``statements`` (:func:`_planned_writes`) in one pipeline of the driver: PostgreSQL runs each one while
     the next one's arrays are made here (they need no result); the number of rows they write.  The driver's errors,
     raised when the pipeline syncs, become SQLAlchemy's, as when a statement runs on its own."""
-    driver = connection.connection.driver_connection
+    driver = _driver(connection)
     try:
         with driver.pipeline():
             for function, info, names, rows in statements:
@@ -290,11 +299,12 @@ def _send(connection: sa.Connection, statements: list[_Statement]) -> int:
     return sum(len(rows) for _, _, _, rows in statements)
 
 
-def _final_rows(catalog: Any, result: BatchResult, normalised: Mapping[str, Mapping[Any, tuple]]) -> list[_Statement]:
+def _final_rows(catalog: Catalog, result: BatchResult, normalised: Mapping[str, Mapping[Hashable, Key]]
+                ) -> list[_Statement]:
     """The batch's final rows, one statement per table and kind (the package README, "Running a
     batch in the store"); ``normalised[table][key]``: the key tuples checked when the batch was applied."""
     statements: list[_Statement] = []
-    by_table: dict[str, list[tuple[Any, Any, Any]]] = {}
+    by_table: dict[str, list[tuple[Hashable, RowImage | None, RowImage | None]]] = {}
     for (table, key), image in result.final.items():
         by_table.setdefault(table, []).append((key, image, result.before.get((table, key))))
     for table in sorted(by_table):
@@ -303,14 +313,14 @@ def _final_rows(catalog: Any, result: BatchResult, normalised: Mapping[str, Mapp
         key_columns = info.key_columns
         key_set = frozenset(key_columns)
         single = key_columns[0] if len(key_columns) == 1 else None
-        deletes: list[dict] = []
-        updates: dict[tuple, list[tuple[dict, dict]]] = {}   # changed columns -> (key columns + those, image)
-        inserts: dict[frozenset, list[dict]] = {}
+        deletes: list[RowImage] = []
+        updates: dict[tuple[str, ...], list[tuple[RowImage, RowImage]]] = {}   # changed columns -> (key columns + those, image)
+        inserts: dict[frozenset[str], list[RowImage]] = {}
         for given, image, old in by_table[table]:
             key = known.get(given)
             if key is None:
                 key = info.key(given)
-            key_row = {single: key[0]} if single is not None else info.full_key_row(key)
+            key_row: RowImage = {single: key[0]} if single is not None else info.full_key_row(key)
             if image is None:
                 if old is not None:
                     deletes.append(key_row)
@@ -327,11 +337,11 @@ def _final_rows(catalog: Any, result: BatchResult, normalised: Mapping[str, Mapp
                 continue
             if not key_set.isdisjoint(changed):
                 check_key_columns(info, given, image, key_row)
-            rows = updates.get(changed)
-            if rows is None:
-                updates[changed] = rows = []
+            pairs = updates.get(changed)
+            if pairs is None:
+                updates[changed] = pairs = []
             key_row.update((name, image[name]) for name in changed)
-            rows.append((key_row, image))
+            pairs.append((key_row, image))
         if deletes:
             statements.append((_delete, info, None, deletes))
         for columns, rows in _one_update(info, updates).items():
@@ -345,7 +355,8 @@ def _final_rows(catalog: Any, result: BatchResult, normalised: Mapping[str, Mapp
     return statements
 
 
-def _one_update(info: Any, updates: Mapping[tuple, list[tuple[dict, dict]]]) -> dict[frozenset, list[dict]]:
+def _one_update(info: TableInfo, updates: Mapping[tuple[str, ...], list[tuple[RowImage, RowImage]]]
+                ) -> dict[frozenset[str], list[RowImage]]:
     """The updated rows (``updates``: changed columns → (key columns and those values, the row's image)) as few
     statements: when every changed column of the table has an array form, every row sets the union of the
     changed columns, each from its image — a column a row did not change is set to the value it has, locked
@@ -356,8 +367,8 @@ def _one_update(info: Any, updates: Mapping[tuple, list[tuple[dict, dict]]]) -> 
     columns = info.table.c
     if len(updates) <= 1 or any(name not in columns or _array_type(columns[name]) is None for name in union):
         return {frozenset(changed): [row for row, _ in rows] for changed, rows in updates.items()}
-    merged: dict[frozenset, list[dict]] = {}
-    one: list[dict] = []
+    merged: dict[frozenset[str], list[RowImage]] = {}
+    one: list[RowImage] = []
     for changed, rows in updates.items():
         for row, image in rows:
             if union <= image.keys():
@@ -370,13 +381,13 @@ def _one_update(info: Any, updates: Mapping[tuple, list[tuple[dict, dict]]]) -> 
     return merged
 
 
-def _new_rows(catalog: Any, inserted: Mapping[str, list[dict]]) -> list[_Statement]:
+def _new_rows(catalog: Catalog, inserted: Mapping[str, list[RowImage]]) -> list[_Statement]:
     """The new rows of the batch's INSERT operations, one statement per table and set of columns (columns left
     out take their defaults: a generated key is drawn by PostgreSQL)."""
     statements: list[_Statement] = []
     for table in sorted(inserted):
         info = catalog.table_info(table)
-        by_columns: dict[frozenset, list[dict]] = {}
+        by_columns: dict[frozenset[str], list[RowImage]] = {}
         for row in inserted[table]:
             by_columns.setdefault(frozenset(row), []).append(row)
         for columns, rows in by_columns.items():
@@ -387,7 +398,7 @@ def _new_rows(catalog: Any, inserted: Mapping[str, list[dict]]) -> list[_Stateme
     return statements
 
 
-def _check_columns(info: Any, names: list[str], rows: list[dict]) -> None:
+def _check_columns(info: TableInfo, names: list[str], rows: list[RowImage]) -> None:
     """``info.check_value`` for every value written (an unknown column, a wrong type, an integer
     out of range fail here, naming the column, as a write through the tree would), checking a
     column of plain ints by its extremes."""
@@ -408,11 +419,11 @@ _ARRAY_TYPES = ((sa.Integer, int), (sa.Float, float), (sa.Text, str), (sa.Boolea
 _NONE = type(None)
 
 
-def _arrays(info: Any, names: list[str], rows: list[dict]) -> dict[str, list | str] | None:
+def _arrays(info: TableInfo, names: list[str], rows: list[RowImage]) -> dict[str, object] | None:
     """The parameters ``a0, a1, …`` of ``unnest(:a0, :a1, …) AS v(names…)`` (:func:`_unnest`), or None if a
     column's values have no plain array form (then the caller executes the statement once per row).  A column of
     strings without NULLs is one array literal (:func:`_text_array`)."""
-    parameters: dict[str, list | str] = {}
+    parameters: dict[str, object] = {}
     for number, name in enumerate(names):
         python_type = _array_type(info.table.c[name])
         if python_type is None:
@@ -478,23 +489,23 @@ def _text_array(values: list[str]) -> str | list[str]:
     return '{"' + joined + '"}'
 
 
-def _array_type(column: Any) -> type | None:
+def _array_type(column: sa.ColumnElement[Any]) -> type | None:
     return next((kind for sql_type, kind in _ARRAY_TYPES if isinstance(column.type, sql_type)
                  and not isinstance(column.type, sa.Enum)), None)
 
 
-def _unnest(info: Any, names: list[str]) -> Any:
+def _unnest(info: TableInfo, names: list[str]) -> sa.TableValuedAlias:
     """``unnest(:a0, :a1, …) AS v(names…)``, its binds typed as arrays of the columns' types."""
     binds = [sa.bindparam(f"a{number}", type_=postgresql.ARRAY(info.table.c[name].type))
              for number, name in enumerate(names)]
     return sa.func.unnest(*binds).table_valued(*names).render_derived(name="v")
 
 
-def _key_match(info: Any, derived: Any):
+def _key_match(info: TableInfo, derived: sa.TableValuedAlias) -> sa.ColumnElement[bool]:
     return sa.and_(*[info.table.c[name] == derived.c[name] for name in info.key_columns])
 
 
-def _delete(connection: sa.Connection, info: Any, rows: list[dict]) -> None:
+def _delete(connection: sa.Connection, info: TableInfo, rows: list[RowImage]) -> None:
     names = list(info.key_columns)
     parameters = _arrays(info, names, rows)
     if parameters is None:
@@ -504,7 +515,7 @@ def _delete(connection: sa.Connection, info: Any, rows: list[dict]) -> None:
              shape=("delete", info.table, tuple(names)))
 
 
-def _update(connection: sa.Connection, info: Any, columns: list[str], rows: list[dict]) -> None:
+def _update(connection: sa.Connection, info: TableInfo, columns: list[str], rows: list[RowImage]) -> None:
     names = [*info.key_columns, *columns]
     parameters = _arrays(info, names, rows)
     if parameters is None:
@@ -512,7 +523,7 @@ def _update(connection: sa.Connection, info: Any, columns: list[str], rows: list
             {**{f"k_{name}": row[name] for name in info.key_columns}, **{f"v_{name}": row[name] for name in columns}}
             for row in rows])
     else:
-        def statement():
+        def statement() -> sa.Update:
             derived = _unnest(info, names)
             return sa.update(info.table).where(_key_match(info, derived)).values(
                 {name: derived.c[name] for name in columns})
@@ -520,12 +531,12 @@ def _update(connection: sa.Connection, info: Any, columns: list[str], rows: list
         _run(connection, statement, parameters, shape=("update", info.table, tuple(names)))
 
 
-def _insert(connection: sa.Connection, info: Any, columns: list[str], rows: list[dict]) -> None:
+def _insert(connection: sa.Connection, info: TableInfo, columns: list[str], rows: list[RowImage]) -> None:
     parameters = _arrays(info, columns, rows)
     if parameters is None:
         connection.execute(info.table.insert(), rows)
     else:
-        def statement():
+        def statement() -> sa.Insert:
             derived = _unnest(info, columns)
             return sa.insert(info.table).from_select(columns, sa.select(*[derived.c[name] for name in columns]))
 
@@ -549,7 +560,7 @@ class _Options:
 
 
 @no_cyclic_gc()
-def apply_at_commit(tx: Transaction, events: Iterable[Any], transactions: StateTransactions, *,
+def apply_at_commit(tx: Transaction, events: Iterable[object], transactions: StateTransactions, *,
                     strategy: str | Strategy = AUTO, processes: int | None = None, split: Split = Split.AUTO,
                     dead_letters: str | None = DEAD_LETTER_TABLE, query_id: str | None = None,
                     batch_id: int | None = None,
@@ -568,15 +579,15 @@ def apply_at_commit(tx: Transaction, events: Iterable[Any], transactions: StateT
     router = runtime.router
     plans = router.plans
     declare = transactions.declare
-    declared: dict[int, Any] = {}
-    states: dict[str, dict[Any, None]] = {}
+    declared: dict[int, list[OpSpec] | str] = {}
+    states: dict[str, dict[Hashable, None]] = {}
     unbounded: set[str] = set()
     written: set[str] = set()
-    merged: set[Any] = set()           # the plans whose tables are in ``unbounded`` and ``written`` already
+    merged: set[RoutePlan] = set()           # the plans whose tables are in ``unbounded`` and ``written`` already
     for t, event in enumerate(batch):
         plan = plans.get(event[0])
         predicted = plan.states(event) if plan is not None else None
-        if predicted is not None:
+        if plan is not None and predicted is not None:
             try:
                 for table, key in predicted:
                     keys = states.get(table)
@@ -615,20 +626,20 @@ def apply_at_commit(tx: Transaction, events: Iterable[Any], transactions: StateT
     else:
         catalog = tx.manager.catalog
         try:
-            keys = {table: _normalised_keys(catalog.table_info(table), given) for table, given in states.items()}
+            normalised = {table: _normalised_keys(catalog.table_info(table), given) for table, given in states.items()}
             for table in written:          # the tables only inserted into must exist too
                 catalog.table_info(table)
         except SchemaError:
-            keys = _refuse_unstorable(catalog, batch, plans, declared, states, written)
-        pending = PendingBatch(transactions, batch, declared, keys, unbounded, options)
+            normalised = _refuse_unstorable(catalog, batch, plans, declared, states, written)
+        pending = PendingBatch(transactions, batch, declared, normalised, unbounded, options)
         pending.seconds["apply"] = time.perf_counter() - tx_started
     lowlevel.enlist(tx, pending)
     return pending
 
 
-def _refuse_unstorable(catalog: Any, batch: list[BatchEvent], plans: Mapping[str, Any], declared: dict[int, Any],
-                       states: Mapping[str, Mapping[Any, None]], written: Iterable[str] = ()
-                       ) -> dict[str, dict[Any, tuple]]:
+def _refuse_unstorable(catalog: Catalog, batch: list[BatchEvent], plans: Mapping[str, RoutePlan],
+                       declared: dict[int, list[OpSpec] | str], states: Mapping[str, Mapping[Hashable, None]],
+                       written: Iterable[str] = ()) -> dict[str, dict[Hashable, Key]]:
     """Some declared row cannot be named in the store (a table that does not exist, a key of the wrong type or
     one PostgreSQL cannot hold): refuse the events that touch such a row or write such a table (``declared[t]``
     the reason, so that each is a dead letter alone, as a transaction that could not be declared is) and return
@@ -639,7 +650,7 @@ def _refuse_unstorable(catalog: Any, batch: list[BatchEvent], plans: Mapping[str
             catalog.table_info(table)
         except SchemaError as error:
             bad_tables[table] = f"{type(error).__name__}: {error}"
-    bad: dict[tuple[str, Any], str] = {}
+    bad: dict[State, str] = {}
     for table, given in states.items():
         try:
             info = catalog.table_info(table)
@@ -651,12 +662,12 @@ def _refuse_unstorable(catalog: Any, batch: list[BatchEvent], plans: Mapping[str
                 info.key(key)
             except SchemaError as error:
                 bad[(table, key)] = f"{type(error).__name__}: {error}"
-    kept: dict[str, dict[Any, None]] = {}
+    kept: dict[str, dict[Hashable, None]] = {}
     for t, event in enumerate(batch):
         known = declared.get(t)
         if isinstance(known, str):
             continue
-        touched = plans[event[0]].states(event) if known is None else touched_states(known)[0]
+        touched = (plans[event[0]].states(event) or []) if known is None else touched_states(known)[0]
         reason = next((bad[state] for state in touched if state in bad), None)
         if reason is None and bad_tables:
             tables = plans[event[0]].written if known is None else written_tables(known)
@@ -669,12 +680,12 @@ def _refuse_unstorable(catalog: Any, batch: list[BatchEvent], plans: Mapping[str
     return {table: _normalised_keys(catalog.table_info(table), given) for table, given in kept.items()}
 
 
-def _normalised_keys(info: Any, given_keys: Iterable[Any]) -> dict[Any, tuple]:
+def _normalised_keys(info: TableInfo, given_keys: Iterable[Hashable]) -> dict[Hashable, Key]:
     """``{key as declared: key tuple}``, checked as ``info.key`` checks (a column of plain ints by
     its extremes)."""
     given = list(given_keys)
     if len(info.key_columns) == 1 and given and all(type(key) is int for key in given):
-        info.key(min(given))
-        info.key(max(given))
+        info.key(min(given))  # type: ignore[type-var]  # (ints)
+        info.key(max(given))  # type: ignore[type-var]
         return {key: (key,) for key in given}
     return {key: info.key(key) for key in given}

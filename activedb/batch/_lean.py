@@ -10,13 +10,18 @@ Thread-safety: none; one call runs on one thread.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from activedb.batch._declare import BatchEvent, OpKind, Ops, OpSpec, inserted, no_operation, unknown_event_type
+from activedb.batch._declare import (BatchEvent, Declaring, OpKind, Ops, OpSpec, State, inserted, no_operation,
+                                     unknown_event_type)
 from activedb.batch._result import Part
-from activedb.batch._state import failure_reason, merge_image, perform
+from activedb.batch._state import Loader, WriteCheck, failure_reason, merge_image, perform
 from activedb.batch.errors import DeclarationError, ExecutionInvariantBroken
+from activedb.store import RowImage
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.batch._route import Allowed
 
 _MISSING = object()
 _WRITE, _READ, _ND_WRITE, _INSERT = OpKind.WRITE, OpKind.READ, OpKind.ND_WRITE, OpKind.INSERT
@@ -28,7 +33,7 @@ class RouteMissed(BaseException):
     planned on predicted states; the prediction missed).  A ``BaseException`` so that no
     operation's failure handling can mistake it for an abort."""
 
-    def __init__(self, state: tuple[str, Any], t: int) -> None:
+    def __init__(self, state: State, t: int) -> None:
         super().__init__(f"transaction t={t} touched {state!r}, outside its predicted part")
         self.state = state
         self.t = t
@@ -46,19 +51,19 @@ class _LoadFailed(BaseException):
         self.error = error
 
 
-def time_of(event: BatchEvent) -> Any:
+def time_of(event: BatchEvent) -> float:
     """An event's time for windows: its ``ts`` (datetimes as POSIX seconds), else its position."""
     ts = event.ts
     if ts is None:
         return event.position
     timestamp = getattr(ts, "timestamp", None)
-    return timestamp() if timestamp is not None and not isinstance(ts, (int, float)) else ts
+    return timestamp() if timestamp is not None and not isinstance(ts, (int, float)) else ts  # type: ignore[no-any-return]
 
 
-def run_lean(declarations: Mapping[str, Callable[[BatchEvent, Ops], None]], items: list[tuple[int, BatchEvent]],
-             base: Mapping[tuple[str, Any], Any], *, loader: Callable[[str, Any], Any] | None = None,
+def run_lean(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEvent]],
+             base: Mapping[State, RowImage | None], *, loader: Loader | None = None,
              declared: Mapping[int, list[OpSpec] | str] | None = None, versions: bool = False,
-             allowed: Any = None, check: Callable[[list, dict | None], str | None] | None = None) -> Part:
+             allowed: Allowed | None = None, check: WriteCheck | None = None) -> Part:
     """Run ``items`` (``(t, event)``, ascending ``t``) serially; the :class:`Part` of strategy ``"lean"``.  ``declared[t]``: the event's
     operations, or the reason it was rejected (then it is not declared again).  ``versions``:
     keep the versions windows read from the start (else a window operation restarts the run
@@ -77,19 +82,25 @@ def run_lean(declarations: Mapping[str, Callable[[BatchEvent, Ops], None]], item
             raise failure.error from None
 
 
-def _run(declarations, items, base, loader, declared, versions, allowed, check) -> Part:
+def _run(declarations: Mapping[str, Declaring], items: list[tuple[int, BatchEvent]],
+         base: Mapping[State, RowImage | None], loader: Loader | None,
+         declared: Mapping[int, list[OpSpec] | str] | None, versions: bool, allowed: Allowed | None,
+         check: WriteCheck | None) -> Part:
     started = time.perf_counter()
-    rejected, result_ts, aborted_at, outputs_at = [], [], {}, {}
-    current: dict = dict(base)
+    rejected: list[tuple[int, str]] = []
+    result_ts: list[int] = []
+    aborted_at: dict[int, str] = {}
+    outputs_at: dict[int, dict[str, object]] = {}
+    current: dict[State, Any] = dict(base)      # (values: an image, or None: no row)
     get = current.get
-    loaded: dict = {}
-    written: dict = {}                       # states written by committed transactions (ordered)
-    history: dict = {}                       # state -> [(t, image), ...] (windows only)
-    times: dict = {}
+    loaded: dict[State, RowImage | None] = {}
+    written: dict[State, None] = {}          # states written by committed transactions (ordered)
+    history: dict[State, list[tuple[int, RowImage | None]]] = {}     # state -> [(t, image), ...] (windows only)
+    times: dict[int, float] = {}
     operations = executions = 0
     declarations_get = declarations.get
 
-    def miss(state, t):
+    def miss(state: State, t: int) -> RowImage | None:
         """A state not in ``current``: load it (or count it absent), once."""
         if allowed is not None and state not in allowed:
             raise RouteMissed(state, t)
@@ -105,15 +116,15 @@ def _run(declarations, items, base, loader, declared, versions, allowed, check) 
         current[state] = loaded[state] = image
         return image
 
-    def read(state, t):
+    def read(state: State, t: int) -> RowImage | None:
         image = get(state, _MISSING)
         return miss(state, t) if image is _MISSING else image
 
-    def images(states, t):
+    def images(states: tuple[State, ...], t: int) -> list[RowImage | None]:
         """The images of ``states`` (an operation's reads) as of before ``t``."""
         return [image if (image := get(state, _MISSING)) is not _MISSING else miss(state, t) for state in states]
 
-    def window(state, t, size):
+    def window(state: State, t: int, size: float) -> list[RowImage | None]:
         versions_of = history.get(state)
         if not versions_of:
             return []
@@ -145,16 +156,17 @@ def _run(declarations, items, base, loader, declared, versions, allowed, check) 
                 continue
             if ops.windowed and not versions:
                 raise _NeedVersions()
-        elif type(specs) is str:
+        elif isinstance(specs, str):
             rejected.append((t, specs))
             continue
         elif not versions and any(spec[0] in _WINDOWED for spec in specs):
             raise _NeedVersions()
         operations += len(specs)
         # --- execute: every operation reads the state as of before this transaction ----------
-        writes = None
-        outputs = None
+        writes: list[tuple[State, RowImage | None]] | None = None
+        outputs: dict[str, object] | None = None
         reason = None
+        output: Any
         several = False
         for spec in specs:
             executions += 1
@@ -196,14 +208,14 @@ def _run(declarations, items, base, loader, declared, versions, allowed, check) 
                     else:
                         output = inserted(spec, spec[4](*images(params, t)))
                 else:
-                    state, image, output = perform(spec, t, read, window)
-                    if state is not None:
+                    written_state, image, output = perform(spec, t, read, window)
+                    if written_state is not None:
                         if kind is _ND_WRITE:
                             several = True
                         if writes is None:
-                            writes = [(state, image)]
+                            writes = [(written_state, image)]
                         else:
-                            writes.append((state, image))
+                            writes.append((written_state, image))
             except Exception as error:
                 reason = failure_reason(spec, error)
                 break

@@ -8,13 +8,18 @@ by one batch at a time.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, TypeAlias
 
-from activedb.batch._declare import BatchEvent, OpSpec, specs_of
+from activedb.batch._declare import BatchEvent, OpSpec, State, specs_of
 from activedb.batch._parallel import find_root
+
+#: Where one table's rows are named in an event: ``(table, source, payload field name; None for the key)``.
+_Pair: TypeAlias = "tuple[str, Source, str | None]"
+#: ``unite(event, ids, parents, states) -> number``: a plan's union-find step (``_compile_unite``).
+_Unite: TypeAlias = "Callable[[BatchEvent, tuple[dict[Hashable, int], ...], list[int], list[State]], int]"
 
 LEARNING_EVENTS = 4        # declarations of a type a plan must agree with before it is used
 
@@ -25,9 +30,9 @@ class Source(enum.Enum):
     FLAT = "flat"      # every scalar in the (nested) list payload[name]
 
 
-def touched_states(specs: list[OpSpec]) -> tuple[list[tuple[str, Any]], list[str]]:
+def touched_states(specs: list[OpSpec]) -> tuple[list[State], list[str]]:
     """The states a declared transaction touches, and the tables of its unbounded ND ops."""
-    states: list[tuple[str, Any]] = []
+    states: list[State] = []
     unbounded: list[str] = []
     for spec in specs:
         state = spec.state
@@ -54,7 +59,7 @@ class RoutePlan:
 
     __slots__ = ("pairs", "unbounded", "written", "_states", "unite", "tables")
 
-    def __init__(self, pairs: tuple[tuple[str, Source, Any], ...], unbounded: tuple[str, ...],
+    def __init__(self, pairs: tuple[_Pair, ...], unbounded: tuple[str, ...],
                  written: frozenset[str] = frozenset()) -> None:
         self.pairs = pairs
         self.unbounded = unbounded
@@ -62,11 +67,12 @@ class RoutePlan:
         self._states = _compile(pairs)
         self.unite, self.tables = _compile_unite(pairs)
 
-    def states(self, event: BatchEvent) -> list[tuple[str, Any]] | None:
+    def states(self, event: BatchEvent) -> list[State] | None:
         """The predicted states of ``event``; None if its fields do not fit the plan.  (A key
         that is not hashable fails where the caller looks the state up.)"""
         try:
-            return self._states(event)
+            states: list[State] = self._states(event)
+            return states
         except (KeyError, TypeError, IndexError):
             return None
 
@@ -76,11 +82,11 @@ class RoutePlan:
         return f"RoutePlan({', '.join(parts)}{'; unbounded ' + ','.join(self.unbounded) if self.unbounded else ''})"
 
 
-def _compile(pairs: tuple[tuple[str, Source, Any], ...]):
+def _compile(pairs: tuple[_Pair, ...]) -> Callable[[BatchEvent], list[State]]:
     """A function ``event -> [states]`` for ``pairs``, written out (one call and one list per
     event).  Tables and field names are passed as values, never as text."""
     namespace: dict[str, Any] = {"_flat_keys": _flat_keys, "_no_key": _no_key}
-    items = []
+    items: list[str] = []
     for number, (table, source, name) in enumerate(pairs):
         namespace[f"table{number}"] = table
         namespace[f"name{number}"] = name
@@ -92,7 +98,8 @@ def _compile(pairs: tuple[tuple[str, Source, Any], ...]):
             items.append(f"*[(table{number}, key) for key in _flat_keys(payload[name{number}])]")
     code = "def states(event):\n    payload = event[3]\n    return [" + ", ".join(items) + "]\n"
     exec(code, namespace)   # noqa: S102 - the text is built from fixed fragments and numbers only
-    return namespace["states"]
+    states: Callable[[BatchEvent], list[State]] = namespace["states"]
+    return states
 
 
 _JOIN = """\
@@ -119,7 +126,7 @@ _JOIN = """\
 """
 
 
-def _compile_unite(pairs: tuple[tuple[str, Source, Any], ...]):
+def _compile_unite(pairs: tuple[_Pair, ...]) -> tuple[_Unite, tuple[str, ...]]:
     """A function ``unite(event, ids, parents, states) -> number`` for ``pairs``: the union-find
     step of :func:`route` for one event, written out per plan (the hot path of a split: no state
     tuples but for new states, one dict per table).  ``ids[i]`` is the key → number dict of the
@@ -149,10 +156,11 @@ def _compile_unite(pairs: tuple[tuple[str, Source, Any], ...]):
         lines.insert(1, "    " + ", ".join(f"ids{index}" for index in range(len(tables))) + ", = ids")
     lines.append("    return first")
     exec("\n".join(lines) + "\n", namespace)   # noqa: S102 - fixed fragments and numbers only
-    return namespace["unite"], tuple(tables)
+    unite: _Unite = namespace["unite"]
+    return unite, tuple(tables)
 
 
-def _flat_keys(value: Any, keys: list | None = None) -> list:
+def _flat_keys(value: object, keys: list[Hashable] | None = None) -> list[Hashable]:
     """Every scalar in the (nested) lists or tuples ``value``, in order."""
     keys = [] if keys is None else keys
     if isinstance(value, (list, tuple)):
@@ -163,12 +171,12 @@ def _flat_keys(value: Any, keys: list | None = None) -> list:
     return keys
 
 
-def _no_key():
+def _no_key() -> None:
     raise KeyError("the event has no key")
 
 
-def _sources(event: BatchEvent, table: str, key: Any) -> set[tuple[str, Source, Any]]:
-    found = set()
+def _sources(event: BatchEvent, table: str, key: Hashable) -> set[_Pair]:
+    found: set[_Pair] = set()
     if event.key is not None and type(event.key) is type(key) and event.key == key:
         found.add((table, Source.KEY, None))
     for name, value in event.payload.items():
@@ -191,13 +199,13 @@ class Router:
     def __init__(self) -> None:
         self.plans: dict[str, RoutePlan] = {}
         self.unroutable: set[str] = set()
-        self._learning: dict[str, list[tuple[set, list, tuple]]] = {}
+        self._learning: dict[str, list[tuple[set[_Pair], BatchEvent, set[State], tuple[str, ...], frozenset[str]]]] = {}
 
     def learn(self, event: BatchEvent, specs: list[OpSpec]) -> None:
         """Learn from one declaration of ``event``.  Precondition: its type has no plan and was not given up."""
         kind = event.event_type
         states, unbounded = touched_states(specs)
-        pairs: set = set()
+        pairs: set[_Pair] = set()
         for table, key in dict.fromkeys(states):
             found = _sources(event, table, key)
             if not found:
@@ -214,7 +222,7 @@ class Router:
             self._give_up(kind)
             return
         plan = RoutePlan(tuple(sorted(common, key=lambda pair: (pair[0], pair[1].value, str(pair[2])))),
-                         seen[0][3], frozenset().union(*(entry[4] for entry in seen)))
+                         seen[0][3], frozenset[str]().union(*(entry[4] for entry in seen)))
         for _, learnt, states_seen, _, _ in seen:       # it must predict every state the events touched
             predicted = plan.states(learnt)
             if predicted is None or not states_seen <= set(predicted):
@@ -237,12 +245,12 @@ class Allowed:
 
     __slots__ = ("states", "tables")
 
-    def __init__(self, states: set, tables: Iterable[str] = ()) -> None:
+    def __init__(self, states: set[State], tables: Iterable[str] = ()) -> None:
         self.states = states
         self.tables = frozenset(tables)
 
-    def __contains__(self, state: Any) -> bool:
-        return state in self.states or (bool(self.tables) and state[0] in self.tables)
+    def __contains__(self, state: object) -> bool:
+        return state in self.states or (bool(self.tables) and state[0] in self.tables)  # type: ignore[index]
 
 
 @dataclass(slots=True)
@@ -254,8 +262,8 @@ class Routing:
     many events were routed by a plan."""
 
     bins: list[list[int]] = field(default_factory=list)
-    states: list[set] = field(default_factory=list)
-    unbounded: list[set] = field(default_factory=list)
+    states: list[set[State]] = field(default_factory=list)
+    unbounded: list[set[str]] = field(default_factory=list)
     components: int = 0
     largest_share: float = 1.0
     bin_share: float = 1.0
@@ -264,15 +272,15 @@ class Routing:
     weights: list[int] = field(default_factory=list)
 
 
-def route(router: Router, declare, batch: list[BatchEvent], count: int,
-          declared: dict[int, Any] | None = None) -> Routing:
+def route(router: Router, declare: Callable[[BatchEvent], list[OpSpec]], batch: list[BatchEvent], count: int,
+          declared: Mapping[int, list[OpSpec] | str] | None = None) -> Routing:
     """Predict (or declare) the states of every event of ``batch``, find the components, pack
     them into ``count`` bins.  ``declare(event) -> specs`` raises for events that cannot be
     declared (they are rejected; they touch nothing).  ``declared``: specs already known."""
     routing = Routing()
-    ids_of: dict[str, dict] = {}          # table (or "#table" for markers) -> key -> number
+    ids_of: dict[str, dict[Hashable, int]] = {}          # table (or "#table" for markers) -> key -> number
     parents: list[int] = []               # union-find over the numbers
-    states_of_number: list = []           # number -> its state
+    states_of_number: list[State] = []           # number -> its state
     firsts = [-1] * len(batch)            # per transaction: the number of one of its states
     weights = [1] * len(batch)
     plans = router.plans
@@ -280,7 +288,7 @@ def route(router: Router, declare, batch: list[BatchEvent], count: int,
     known = routing.declared
     predicted = 0
     unbounded_of: dict[int, tuple[str, ...]] = {}
-    plan_ids: dict[str, tuple] = {}       # event type -> the key dicts of its plan's tables
+    plan_ids: dict[str, tuple[dict[Hashable, int], ...]] = {}       # event type -> the key dicts of its plan's tables
     for index, event in enumerate(batch):
         first = None
         plan = plans.get(event[0])
@@ -303,7 +311,7 @@ def route(router: Router, declare, batch: list[BatchEvent], count: int,
         if first is None:
             specs = specs_of(declare, event, declared.get(index) if declared is not None else None)
             known[index] = specs
-            if type(specs) is str:
+            if isinstance(specs, str):
                 continue
             if event[0] not in unroutable and event[0] not in plans:
                 router.learn(event, specs)
@@ -342,7 +350,7 @@ def route(router: Router, declare, batch: list[BatchEvent], count: int,
     loads = [0] * count
     bins: list[list[int]] = [[] for _ in range(count)]
     bin_of_root: dict[int, int] = {}
-    weighed = []
+    weighed: list[tuple[bool, int, int, list[int]]] = []
     for root, group in members.items():
         pinned = bool(unbounded_of) and any(index in unbounded_of for index in group)
         weighed.append((not pinned, -sum(weights[index] for index in group), root, group))
@@ -358,7 +366,7 @@ def route(router: Router, declare, batch: list[BatchEvent], count: int,
     routing.largest_share = largest / total
     routing.bin_share = max(loads) / total
     routing.bins = [sorted(group) for group in bins]
-    states_of: list[set] = [set() for _ in range(count)]
+    states_of: list[set[State]] = [set() for _ in range(count)]
     for number, state in enumerate(states_of_number):
         if state[0] != "#table":
             states_of[bin_of_root[find(number)]].add(state)
@@ -369,7 +377,8 @@ def route(router: Router, declare, batch: list[BatchEvent], count: int,
     return routing
 
 
-def _union_all(states: list, ids_of: dict, parents: list[int], states_of_number: list) -> int:
+def _union_all(states: list[State], ids_of: dict[str, dict[Hashable, int]], parents: list[int],
+               states_of_number: list[State]) -> int:
     """Union the states of one transaction (the general path: declared events, markers);
     returns the number of its first state (-1: none).  The same step as ``_JOIN``, which
     ``_compile_unite`` writes out per plan."""

@@ -13,20 +13,23 @@ import dataclasses
 import gc
 import operator
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from activedb.batch._declare import BatchEvent, OpSpec, StateTransactions, specs_of
+from activedb.batch._declare import BatchEvent, OpSpec, State, StateTransactions, specs_of
 from activedb.batch._decide import Decision, DecisionModel
 from activedb.batch._execute import TpgExecutor, run_serial
 from activedb.batch._lean import RouteMissed, run_lean, time_of
 from activedb.batch._parallel import WorkerPool
 from activedb.batch._plan import Txn, build_tpg
 from activedb.batch._result import BatchResult, BatchStatistics, Part
-from activedb.batch._route import Allowed, Router, route, touched_states
+from activedb.batch._route import Allowed, Router, Routing, route, touched_states
+from activedb.batch._state import Loader, Read, WriteCheck
 from activedb.batch._strategy import DecisionRule, Split, Strategy, parse_strategy
 from activedb.batch.errors import WorkerFailed
+from activedb.store import RowImage
 from activedb.versions import Versions
 
 AUTO = "auto"
@@ -107,7 +110,7 @@ def _as_batch_event(event: Any, position: int) -> BatchEvent:
 _by_ts = operator.itemgetter(2)
 
 
-def normalise_events(events: Iterable[Any]) -> list[BatchEvent]:
+def normalise_events(events: Iterable[object]) -> list[BatchEvent]:
     """Events as :class:`BatchEvent` in timestamp order: stably sorted by ``ts`` when every
     event has one (out-of-order arrival, C1 of the paper), else in the order given.
     Accepts BatchEvents, ``spark_bridge`` RawEvents (``event_type, key, ts, payload``),
@@ -136,13 +139,13 @@ class Prepared:
     txns: list[Txn]
     specs: list[list[OpSpec]]
     rejected: list[tuple[int, str]]      # (t, why the event at t could not be declared)
-    times: list[Any]
+    times: _Times
     seconds: float
     batch: list[BatchEvent] = field(default_factory=list)
 
-    def states_by_table(self) -> dict[str, list[Any]]:
+    def states_by_table(self) -> dict[str, list[Hashable]]:
         """The keys to prefetch, per table (every declared own, parameter and candidate row)."""
-        tables: dict[str, dict[Any, None]] = {}
+        tables: dict[str, dict[Hashable, None]] = {}
         for declared in self.specs:
             for table, key in touched_states(declared)[0]:
                 tables.setdefault(table, {})[key] = None
@@ -154,7 +157,7 @@ class Prepared:
 
 
 @contextlib.contextmanager
-def no_cyclic_gc():
+def no_cyclic_gc() -> Iterator[None]:
     """Pause the cyclic garbage collector for a batch (the package README, "Concurrency and mutex order", says
     why).  A context manager, or a decorator (``@no_cyclic_gc()``); a caller that paused it keeps it paused."""
     if not gc.isenabled():
@@ -168,7 +171,7 @@ def no_cyclic_gc():
 
 
 @no_cyclic_gc()
-def decide(transactions: StateTransactions, events: Iterable[Any], *, vdd: float | None = None,
+def decide(transactions: StateTransactions, events: Iterable[object], *, vdd: float | None = None,
            model: DecisionModel | None = None) -> Decision:
     """What the decision model (``model``, default a new one: no earlier batch measured) picks among the TPG
     strategies for ``events``, and why, on their TPG — built, not run.  ``vdd`` states the vertex degree
@@ -178,7 +181,7 @@ def decide(transactions: StateTransactions, events: Iterable[Any], *, vdd: float
                                                                             vdd=vdd)
 
 
-def prepare(transactions: StateTransactions, events: Iterable[Any]) -> Prepared:
+def prepare(transactions: StateTransactions, events: Iterable[object]) -> Prepared:
     """PRE_PROCESS: normalise and declare every event; events that cannot be declared are
     rejected with the reason (they become dead letters)."""
     started = time.perf_counter()
@@ -186,21 +189,23 @@ def prepare(transactions: StateTransactions, events: Iterable[Any]) -> Prepared:
     return _declare_all(transactions, list(enumerate(batch)), batch, None, started)
 
 
-def _declare_all(transactions: StateTransactions, items: list[tuple[int, BatchEvent]], batch: list[BatchEvent],
-                 declared: Mapping[int, Any] | None, started: float) -> Prepared:
+def _declare_all(transactions: StateTransactions, items: list[tuple[int, BatchEvent]],
+                 batch: Mapping[int, BatchEvent] | list[BatchEvent],
+                 declared: Mapping[int, list[OpSpec] | str] | None, started: float) -> Prepared:
     txns: list[Txn] = []
     specs: list[list[OpSpec]] = []
     rejected: list[tuple[int, str]] = []
     declare = transactions.declare
     for t, event in items:
         known = specs_of(declare, event, declared.get(t) if declared is not None else None)
-        if type(known) is str:
+        if isinstance(known, str):
             rejected.append((t, known))
             continue
         txns.append(Txn(t, event))
         specs.append(known)
     times = _Times(batch)
-    return Prepared(txns, specs, rejected, times, time.perf_counter() - started, batch)
+    return Prepared(txns, specs, rejected, times, time.perf_counter() - started,
+                    batch)  # type: ignore[arg-type]  # (a worker's part: a dict by t, read as batch[t] alike)
 
 
 class _Times:
@@ -208,11 +213,11 @@ class _Times:
 
     __slots__ = ("_batch", "_cache")
 
-    def __init__(self, batch: list[BatchEvent]) -> None:
+    def __init__(self, batch: Mapping[int, BatchEvent] | list[BatchEvent]) -> None:
         self._batch = batch
-        self._cache: dict[int, Any] = {}
+        self._cache: dict[int, float] = {}
 
-    def __getitem__(self, t: int) -> Any:
+    def __getitem__(self, t: int) -> float:
         value = self._cache.get(t)
         if value is None:
             value = self._cache[t] = time_of(self._batch[t])
@@ -221,9 +226,10 @@ class _Times:
 
 # --- one part of a batch --------------------------------------------------------------------
 
-def _run_part(transactions: StateTransactions, mode: str | Strategy, batch: list[BatchEvent],
-              items: list[tuple[int, BatchEvent]], declared: Mapping[int, Any] | None, base: Mapping, loader,
-              allowed, model: DecisionModel, versions: bool) -> Part:
+def _run_part(transactions: StateTransactions, mode: str | Strategy, batch: Mapping[int, BatchEvent] | list[BatchEvent],
+              items: list[tuple[int, BatchEvent]], declared: Mapping[int, list[OpSpec] | str] | None,
+              base: Mapping[State, RowImage | None], loader: Loader | None, allowed: Allowed | None,
+              model: DecisionModel, versions: bool) -> Part:
     """Run ``items`` (``(t, event)``) with ``mode``."""
     seconds: dict[str, float] = {}
     if mode == LEAN:
@@ -232,7 +238,8 @@ def _run_part(transactions: StateTransactions, mode: str | Strategy, batch: list
     started = time.perf_counter()
     prepared = _declare_all(transactions, items, batch, declared, started)
     seconds["declare"] = prepared.seconds
-    table = Versions(base, times=prepared.times, loader=_checked_loader(loader, allowed))
+    table: Versions[RowImage | None] = Versions(
+        base, times=prepared.times, loader=_checked_loader(loader, allowed))  # type: ignore[arg-type]  # (State keys; times by t)
     txns, specs = prepared.txns, prepared.specs
     started = time.perf_counter()
     decision: tuple[str, ...] = ()
@@ -262,37 +269,37 @@ def _run_part(transactions: StateTransactions, mode: str | Strategy, batch: list
                 "ld_pairs": tpg.ld_pairs, "nd_ops": tpg.nd_ops, "window_ops": tpg.window_ops, "states": len(counts),
                 "busiest": max(counts.values(), default=0), "on_states": sum(counts.values())}
         name, executions = chosen_strategy.name, statistics.executions
-    final = table.final()
+    final: dict[State, RowImage | None] = table.final()  # type: ignore[assignment]  # (its keys are States)
     return Part(*outcomes, prepared.rejected, final, {state: table.base(state) for state in final}, name,
                 decision, statistics, plan, seconds, executions)
 
 
-def _checked_loader(loader, allowed):
+def _checked_loader(loader: Loader | None, allowed: Allowed | None) -> Callable[[Hashable], RowImage | None] | None:
     if allowed is None and loader is None:
         return None
 
-    def load(state):
+    def load(state: Hashable) -> RowImage | None:
         if allowed is not None and state not in allowed:
-            raise RouteMissed(state, -1)
-        return loader(*state) if loader is not None else None
+            raise RouteMissed(state, -1)  # type: ignore[arg-type]  # (a State)
+        return loader(*state) if loader is not None else None  # type: ignore[misc]  # (a State)
 
     return load
 
 
 @no_cyclic_gc()
-def run_in_worker(transactions: StateTransactions, shipped: list[tuple], base: dict, absent: list, mode: str,
-                  model: DecisionModel, versions: bool) -> Part:
+def run_in_worker(transactions: StateTransactions, shipped: list[tuple[object, ...]], base: dict[State, RowImage | None],
+                  absent: list[State], mode: str, model: DecisionModel, versions: bool) -> Part | _Missed:
     """Worker-process entry: ``shipped`` = ``(t, event_type, key, ts, payload, position)`` per
     transaction (ascending ``t``); ``base`` = the images of the part's states, ``absent`` = its
     states without a row (a part with unbounded tables stays in the caller)."""
-    items = [(item[0], _new_event(BatchEvent, item[1:])) for item in shipped]
+    items: list[tuple[int, BatchEvent]] = [(item[0], _new_event(BatchEvent, item[1:])) for item in shipped]  # type: ignore[misc]
     allowed = Allowed(set(base).union(absent))
     batch = dict(items)     # batch[t] for the (t, event) pairs this worker has
     try:
         part = _run_part(transactions, mode, batch, items, None, base, None, allowed, model, versions)
     except RouteMissed as missed:
         return _Missed(missed.state, missed.t)
-    part.before = None      # the caller has the images before the batch: not shipped back
+    part.before = None  # type: ignore[assignment]  # the caller has the images before the batch: not shipped back
     return part
 
 
@@ -300,16 +307,16 @@ def run_in_worker(transactions: StateTransactions, shipped: list[tuple], base: d
 class _Missed:
     """A part's prediction missed (the worker's answer instead of a part)."""
 
-    state: Any
+    state: State
     t: int
 
 
 # --- a batch --------------------------------------------------------------------------------
 
-def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base: Mapping[tuple[str, Any], Any], *,
-                  loader: Callable[[str, Any], Any] | None = None, declared: Mapping[int, Any] | None = None,
+def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base: Mapping[State, RowImage | None], *,
+                  loader: Loader | None = None, declared: Mapping[int, list[OpSpec] | str] | None = None,
                   strategy: str | Strategy = AUTO, processes: int | None = None, split: Split = Split.AUTO,
-                  declare_seconds: float = 0.0, check: Callable[[list, dict | None], str | None] | None = None
+                  declare_seconds: float = 0.0, check: WriteCheck | None = None
                   ) -> BatchResult:
     """Run the normalised ``batch`` (``batch[t]``, timestamp order) over ``base`` (images before
     the batch; missing states come from ``loader`` or are absent rows).  ``declared[t]``: specs
@@ -354,7 +361,9 @@ def execute_batch(transactions: StateTransactions, batch: list[BatchEvent], base
     return _assemble(batch, parts, mode, seconds, components, largest_share, runtime, notes, decision)
 
 
-def _run_split(transactions, runtime: Runtime, mode, batch, routing, base, loader, declared, notes, seconds
+def _run_split(transactions: StateTransactions, runtime: Runtime, mode: str | Strategy, batch: list[BatchEvent],
+               routing: Routing, base: Mapping[State, RowImage | None], loader: Loader | None,
+               declared: Mapping[int, list[OpSpec] | str] | None, notes: list[str], seconds: dict[str, float]
                ) -> list[Part]:
     """Bins 1.. to the workers (compact tuples: the events, the part's images), bin 0 here, at
     the same time; a missed prediction anywhere runs the batch again unsplit."""
@@ -362,24 +371,27 @@ def _run_split(transactions, runtime: Runtime, mode, batch, routing, base, loade
     model = runtime.model
     name = mode if isinstance(mode, str) else mode.name
     shipped_model = dataclasses.replace(model, history=[])      # what a part decides by, without the history
-    futures = []
+    futures: list[tuple[int, Future[Part | _Missed]]] = []
+    pool = runtime.pool
+    assert pool is not None     # (a split needs the workers)
     base_get = base.get
     for number in range(1, len(routing.bins)):
         members = routing.bins[number]
         if not members:
             continue
         shipped = [(index, *batch[index]) for index in members]
-        part_base, absent = {}, []
+        part_base: dict[State, RowImage | None] = {}
+        absent: list[State] = []
         for state in routing.states[number]:
             image = base_get(state, _ABSENT)
             if image is _ABSENT:
                 absent.append(state)
             else:
-                part_base[state] = image
-        futures.append((number, runtime.pool.submit(run_in_worker, transactions, shipped, part_base, absent, name,
+                part_base[state] = image  # type: ignore[assignment]  # (not _ABSENT)
+        futures.append((number, pool.submit(run_in_worker, transactions, shipped, part_base, absent, name,
                                                     shipped_model, runtime.versions)))
     seconds["ship"] = time.perf_counter() - started
-    answers = [_run_local(transactions, mode, batch, routing, 0, base, loader, runtime)]
+    answers: list[Part | _Missed] = [_run_local(transactions, mode, batch, routing, 0, base, loader, runtime)]
     for number, future in futures:
         try:
             answers.append(future.result())
@@ -399,13 +411,16 @@ def _run_split(transactions, runtime: Runtime, mode, batch, routing, base, loade
                      f"{dropped or 'no type'}")
         return [_run_part(transactions, mode, batch, list(enumerate(batch)), declared, base, loader, None, model,
                           runtime.versions)]
-    for part in answers:
+    parts = [answer for answer in answers if isinstance(answer, Part)]
+    for part in parts:
         if part.before is None:     # shipped back without: the caller has the images before the batch
             part.before = {state: base_get(state) for state in part.final}
-    return answers
+    return parts
 
 
-def _run_local(transactions, mode, batch, routing, number: int, base, loader, runtime: Runtime) -> Part | _Missed:
+def _run_local(transactions: StateTransactions, mode: str | Strategy, batch: list[BatchEvent], routing: Routing,
+               number: int, base: Mapping[State, RowImage | None], loader: Loader | None, runtime: Runtime
+               ) -> Part | _Missed:
     """Bin ``number`` in this process, over its own images only (so a missed prediction shows)."""
     states, tables = routing.states[number], routing.unbounded[number]
     if tables:
@@ -432,9 +447,14 @@ def _is_pickling_problem(error: BaseException) -> bool:
         "pickle" in str(error).lower() or "Can't get" in str(error) or "Can't pickle" in str(error))
 
 
-def _assemble(batch: list[BatchEvent], parts: list[Part], mode, seconds: dict[str, float], components: int,
+def _assemble(batch: list[BatchEvent], parts: list[Part], mode: str | Strategy, seconds: dict[str, float], components: int,
               largest_share: float, runtime: Runtime, notes: list[str], decision: tuple[str, ...]) -> BatchResult:
-    ts, aborted, outputs, final, before, rejected_at = [], {}, {}, {}, {}, []
+    ts: list[int] = []
+    aborted: dict[int, str] = {}
+    outputs: dict[int, dict[str, object]] = {}
+    final: dict[State, RowImage | None] = {}
+    before: dict[State, RowImage | None] = {}
+    rejected_at: list[tuple[int, str]] = []
     for part in parts:
         ts.extend(part.ts)
         aborted.update(part.aborted)
@@ -485,13 +505,14 @@ def _assemble(batch: list[BatchEvent], parts: list[Part], mode, seconds: dict[st
 
 
 @no_cyclic_gc()
-def run_in_memory(transactions: StateTransactions, events: Iterable[Any],
-                  state: Mapping[tuple[str, Any], dict | None] | None = None, *, strategy: str | Strategy = AUTO,
+def run_in_memory(transactions: StateTransactions, events: Iterable[object],
+                  state: Mapping[State, RowImage | None] | None = None, *, strategy: str | Strategy = AUTO,
                   processes: int | None = None, split: Split = Split.AUTO) -> BatchResult:
     """Declare and run a batch over ``state`` (images before the batch; absent = no row)."""
     started = time.perf_counter()
     batch = normalise_events(events)
     normalised = time.perf_counter() - started
     result = execute_batch(transactions, batch, dict(state or {}), strategy=strategy, processes=processes, split=split)
-    result.statistics.seconds["normalise"] = normalised
+    if result.statistics is not None:
+        result.statistics.seconds["normalise"] = normalised
     return result

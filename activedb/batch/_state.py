@@ -4,7 +4,7 @@ the serial reference (it reads through callables; the state is an :class:`active
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import TypeAlias
 
 from activedb.batch._declare import DELETE, Abort, OpKind, OpSpec, State, inserted
@@ -15,6 +15,11 @@ from activedb.store import RowImage
 Read: TypeAlias = "Callable[[State, int], RowImage | None]"
 #: ``window(state, t, size)``: the images ``state`` had in ``[time(t) - size, time(t))``, oldest first.
 Window: TypeAlias = "Callable[[State, int, float], list[RowImage | None]]"
+#: ``loader(table, key)``: a row's image from the store, for a state the batch was not given (None: no row).
+Loader: TypeAlias = "Callable[[str, Hashable], RowImage | None]"
+#: ``check(writes, outputs)``: why one transaction's written ``(state, image)`` pairs and outputs cannot be
+#: stored, or None (``_store.store_check``).
+WriteCheck: TypeAlias = "Callable[[list[tuple[State, RowImage | None]], dict[str, object] | None], str | None]"
 
 
 def merge_image(own: RowImage | None, result: object, spec: OpSpec) -> RowImage | None:

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Hashable, TypeAlias
+from typing import TYPE_CHECKING, Hashable
 
 from activedb import deadletters
 from activedb.batch._declare import BatchEvent, State, StateTransactions, inserted_parts
 from activedb.batch._result import BatchResult
 from activedb.batch._runtime import AUTO, execute_batch, no_cyclic_gc, prepare
+from activedb.batch._state import WriteCheck
 from activedb.batch._strategy import Split, Strategy
 from activedb.errors import InvalidKey, InvalidValue, SchemaError
 from activedb.store import Catalog, RowImage, TableInfo
@@ -24,8 +25,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 DEAD_LETTER_TABLE = deadletters.TABLE
 _MISSING = object()
-#: ``check(writes, outputs)``: why one transaction's written images and new rows cannot be stored, or None.
-WriteCheck: TypeAlias = "Callable[[list[tuple[State, RowImage | None]], dict[str, object] | None], str | None]"
 
 
 @no_cyclic_gc()        # tens of thousands of small objects: no cyclic collection meanwhile
