@@ -6,13 +6,32 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Required, TypedDict, cast
 
 import click
 
 from activedb import composite        # lazy: the engine is imported when a command uses it
 
-FIG3 = [
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb import streams
+
+
+class Arrival(TypedDict, total=False):
+    """One arrival of a window (``--input``'s JSON lines): an event of ``type``, or a heartbeat."""
+
+    producer: Required[str]
+    ref: Required[float]
+    type: str
+    heartbeat: bool
+    accuracy: float
+    minus: float
+    plus: float
+    local: float
+    attributes: dict[str, object]
+    arrival: float
+
+
+FIG3: list[Arrival] = [
     {"producer": "P1B", "type": "B", "ref": 1.002, "attributes": {"id": "b1_0"}},
     {"producer": "PA", "type": "A", "ref": 1.000, "attributes": {"id": "a0"}},
     {"producer": "PA", "type": "A", "ref": 2.000, "attributes": {"id": "a1"}},
@@ -25,10 +44,10 @@ FIG3 = [
 ]
 
 
-def random_arrivals(producers: int, accuracy: float, events: int, seed: int) -> list[dict]:
+def random_arrivals(producers: int, accuracy: float, events: int, seed: int) -> list[Arrival]:
     """A random window: producer 0 sends A, the others B, clocks off by up to ``accuracy``."""
     rng = random.Random(seed)
-    rows = []
+    rows: list[Arrival] = []
     for index in range(producers):
         name = f"P{index}"
         event_type = "A" if index == 0 else "B"
@@ -41,7 +60,7 @@ def random_arrivals(producers: int, accuracy: float, events: int, seed: int) -> 
     return rows
 
 
-def _item(row: dict[str, Any], default_accuracy: float) -> Any:
+def _item(row: Arrival, default_accuracy: float) -> streams.StreamEvent | composite.Heartbeat:
     from activedb import streams
     from activedb.events import Timestamp
 
@@ -53,7 +72,7 @@ def _item(row: dict[str, Any], default_accuracy: float) -> Any:
     return streams.StreamEvent(row["type"], stamp, dict(row.get("attributes", {})))
 
 
-def build(rows: list[dict], query: str, default_accuracy: float = 0.005) -> composite.CompositionEngine:
+def build(rows: list[Arrival], query: str, default_accuracy: float = 0.005) -> composite.CompositionEngine:
     """Run ``rows`` through an engine with ``query``; uncertainties take the first candidate."""
     engine = composite.CompositionEngine(name="plot", clock=composite.ManualClock(), timeout=None,
                                          on_uncertain=lambda uncertainty: uncertainty.candidates[0])
@@ -89,7 +108,8 @@ def register_commands(main: click.Group) -> None:
     @click.option("--events", default=24, show_default=True, help="random: number of events.")
     @click.option("--seed", default=1, show_default=True, help="random: seed.")
     @click.option("--out", "out", type=click.Path(dir_okay=False), required=True, help="The PNG to write.")
-    def plot_command(scenario, input_path, query, producers, accuracy_ms, events, seed, out) -> None:
+    def plot_command(scenario: str | None, input_path: str | None, query: str, producers: int, accuracy_ms: float,
+                     events: int, seed: int, out: str) -> None:
         """Draw the accuracy intervals of a window of events per producer, their sync-points and the
         composition chosen (PNG). No database is needed; uncertainties take the first candidate (orange).
 
@@ -108,7 +128,7 @@ def register_commands(main: click.Group) -> None:
         if (scenario is None) == (input_path is None):
             raise click.UsageError("give exactly one of --scenario and --input")
         if input_path is not None:
-            rows = [json.loads(line) for line in Path(input_path).read_text().splitlines() if line.strip()]
+            rows = [cast(Arrival, json.loads(line)) for line in Path(input_path).read_text().splitlines() if line.strip()]
         elif scenario == "fig3":
             rows = FIG3
         else:

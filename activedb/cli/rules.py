@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import json
+import datetime
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, TypedDict
 
 import click
 
 from activedb.cli import _Group, _confirm, console, open_database
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb import Database
 
 
 @click.group(cls=_Group)
@@ -18,7 +24,25 @@ def rules() -> None:
     """
 
 
-def _rule_state(row: dict) -> str:
+class _RuleRow(TypedDict):
+    """One rule as ``rules list``/``rules show`` print it."""
+
+    name: str
+    event: str
+    coupling: str
+    action_coupling: str
+    priority: float | None
+    version: int
+    state: str
+    fired: int
+    last_fired: datetime.datetime | None
+    module: str | None
+    updated_at: datetime.datetime
+    created_at: datetime.datetime
+    definition: dict[str, object]
+
+
+def _rule_state(row: Mapping[str, object]) -> str:
     return "removed" if row.get("removed_at") is not None else "enabled" if row["enabled"] else "disabled"
 
 
@@ -27,9 +51,9 @@ def _words(value: str) -> str:
     return value.replace("_", " ")
 
 
-def _rule_rows(database, *, include_removed: bool, module: str | None) -> list[dict]:
+def _rule_rows(database: Database, *, include_removed: bool, module: str | None) -> list[_RuleRow]:
     counts = database.rules.firing_counts()
-    result = []
+    result: list[_RuleRow] = []
     for row in database.rules.persisted(include_removed=include_removed, module=module):
         fired = counts.get(row["name"], {})
         result.append({
@@ -66,7 +90,7 @@ def rules_list(ctx: click.Context, include_removed: bool, module: str | None, as
         return
     # One table per module (its name in the title, whole) and coupling modes as words: columns wrap between
     # words, never inside one.
-    by_module: dict[str, list[dict]] = {}
+    by_module: dict[str, list[_RuleRow]] = {}
     for row in rows:
         by_module.setdefault(row["module"] or "-", []).append(row)
     styles = {"enabled": "green", "disabled": "yellow", "removed": "dim"}
@@ -108,8 +132,8 @@ def rules_show(ctx: click.Context, name: str) -> None:
                          ("changed", row["updated_at"].isoformat(timespec="seconds"))):
         out.print(f"  {label:<9} {value if value is not None else '-'}", highlight=False)
     out.print("  definition:", highlight=False)
-    for key, value in sorted(row["definition"].items()):
-        out.print(f"    {key}: {value}", highlight=False)
+    for key, setting in sorted(row["definition"].items()):
+        out.print(f"    {key}: {setting}", highlight=False)
 
 
 def _toggle_command(verb: str) -> click.Command:

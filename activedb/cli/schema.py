@@ -5,10 +5,14 @@ commands do not use activedb's tables, so they connect without checking them).""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from activedb.cli import _Group, _confirm, _options, open_database
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb import Database
 
 
 @click.group(cls=_Group)
@@ -103,7 +107,7 @@ def app_init(path: str, name: str | None) -> None:
                f"(or db.upgrade_app({path!r}))")
 
 
-def _say_app_revision(database, path: str) -> None:
+def _say_app_revision(database: Database, path: str) -> None:
     heads, head = database.schema.app_revision(path)
     click.echo(f"{path}: now at {', '.join(heads) or 'base'} (head {head}) — {database.describe()}")
 

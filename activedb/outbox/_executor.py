@@ -241,7 +241,7 @@ class Executor:
                 if outcome is _Outcome.DONE:
                     marks.done.append(work.record_id)
                 elif outcome is _Outcome.FAILED:
-                    marks.failed.append((work.record_id, describe_error(error)))
+                    marks.failed.append((work.record_id, describe_error(error)))  # type: ignore[arg-type]  # (it raised)
         return outcomes
 
     def _member(self, root: "Transaction", work: Work) -> tuple[str, BaseException | None]:

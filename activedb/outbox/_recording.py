@@ -70,7 +70,7 @@ def effectively_committed(trigger: "Transaction", root: "Transaction") -> bool:
     while node is not root:
         if node.state is not TxnState.COMMITTED:
             return False
-        node = node.parent
+        node = node.parent  # type: ignore[assignment]  # (below root: a parent)
     return True
 
 
@@ -95,7 +95,8 @@ class TreeFirings(CommitParticipant):
     def before_flush(self, transaction: "Transaction") -> None:
         with self._mutex:
             entries = list(self._entries)
-        recorded, cancelled = [], []
+        recorded: list[tuple[Entry, bool]] = []
+        cancelled: list[tuple[Entry, bool]] = []
         for entry in entries:
             committed = entry.requires_commit or effectively_committed(entry.trigger, transaction)
             (recorded if may_run_after(entry.firing.coupling, committed) else cancelled).append((entry, committed))

@@ -15,7 +15,7 @@ import json
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import sqlalchemy as sa
 
@@ -37,7 +37,7 @@ class NewRecord:
     id: int
     rule: str
     coupling: str
-    event: dict
+    event: dict[str, object]
     chain: list[str]
     trigger_id: str
     trigger_log_id: str | None
@@ -47,15 +47,15 @@ class NewRecord:
 # A rule run from a record must see the event it would have seen in memory: every field goes through
 # ``exact_json`` (``event.ts`` stays a ``datetime``, a composite key a tuple, a string with a NUL character
 # comes back with its NUL).
-def encode_event(event: Event) -> dict:
+def encode_event(event: Event) -> dict[str, object]:
     """``event`` as one JSON object (every field)."""
     return {"kind": event.kind.value, "source": exact_json(event.source), "key": exact_json(event.key),
             "old": exact_json(event.old), "new": exact_json(event.new), "payload": exact_json(event.payload),
             "ts": exact_json(event.ts), "transaction": exact_json(event.transaction)}
 
 
-def decode_event(data: dict) -> Event:
-    return Event(EventKind(data["kind"]), from_exact_json(data["source"]), key=from_exact_json(data["key"]),
+def decode_event(data: Mapping[str, object]) -> Event:
+    return Event(EventKind(str(data["kind"])), from_exact_json(data["source"]), key=from_exact_json(data["key"]),
                  old=from_exact_json(data["old"]), new=from_exact_json(data["new"]),
                  payload=from_exact_json(data["payload"]) or {}, ts=from_exact_json(data["ts"]),
                  transaction=from_exact_json(data["transaction"]))
@@ -129,6 +129,7 @@ class LivenessLock:
                 return
             raw = self._engine.raw_connection()
             driver = raw.driver_connection        # psycopg's connection
+            assert driver is not None
             raw.detach()                          # ours for the life of the process, not the pool's
             driver.autocommit = True
             driver.execute("SELECT pg_advisory_lock(%s)", (self._owner,))
@@ -208,10 +209,10 @@ def counts(connection: sa.Connection) -> dict[str, dict[str, int]]:
 
 
 def failed(connection: sa.Connection, limit: int) -> list[Any]:
-    return connection.execute(sa.text(
+    return list(connection.execute(sa.text(
         "SELECT id, rule, coupling, event, trigger_id, trigger_log_id, trigger_outcome, attempts, error, "
         "created_at, finished_at FROM activedb_outbox WHERE status = 'failed' ORDER BY id DESC LIMIT :limit"),
-        {"limit": limit}).all()
+        {"limit": limit}).all())
 
 
 def retry(connection: sa.Connection, ids: Sequence[int] | None) -> int:

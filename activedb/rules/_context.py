@@ -56,7 +56,7 @@ class RuleContext:
     little, and ``RuleContext()`` runs no Python code).
     """
 
-    deferred_queue: "DeferredQueue | None" = None
+    deferred_queue: "DeferredQueue[Firing] | None" = None
     gate_key: GateKey | None = None
     gate_wait_target: str | None = None
     gate_report: GateKey | None = None
@@ -66,7 +66,7 @@ class RuleContext:
 
 def chain_of(transaction: "Transaction") -> tuple[str, ...]:
     """The cascade of rule names that led to ``transaction``: its nearest firing's chain (() if none)."""
-    node = transaction
+    node: Transaction | None = transaction
     while node is not None:
         firing = slot(node, Firing, create=False)
         if firing is not None:
@@ -75,12 +75,12 @@ def chain_of(transaction: "Transaction") -> tuple[str, ...]:
     return ()
 
 
-def deferred_queue_for(transaction: "Transaction", max_cycles: int) -> DeferredQueue:
+def deferred_queue_for(transaction: "Transaction", max_cycles: int) -> DeferredQueue[Firing]:
     """The deferred queue a firing in ``transaction`` joins (``coupling.has_own_deferred_queue``):
     top-level, immediate-rule, detached-rule and application subtransactions own one; a deferred
     rule's transaction (and its condition/action children) hands its deferred firings to the queue
     it was itself fired from, where they form the next cycle."""
-    node = transaction
+    node: Transaction | None = transaction
     while node is not None:
         firing = slot(node, Firing, create=False)
         if has_own_deferred_queue(firing.coupling if firing is not None else None):

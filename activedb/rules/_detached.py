@@ -105,6 +105,9 @@ class DetachedRunner:
         wait."""
         key = context.gate_key
         gate = self.gate
+        def interrupt(error: BaseException) -> None:
+            gate.interrupt(key, error)
+
         with self.transactions.waiting(transaction, WaitKind.DEPENDENCY, context.gate_wait_target,
-                                       on_victim=lambda error: gate.interrupt(key, error), preferred_victim=True):
+                                       on_victim=interrupt, preferred_victim=True):
             return gate.wait_may_commit(key)

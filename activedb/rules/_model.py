@@ -33,7 +33,8 @@ class Rule:
         db.rules.add(Alert())
     """
 
-    name: str | None = None
+    #: Set when the rule is registered (the class's name when not given): a registered rule always has one.
+    name: str = None  # type: ignore[assignment]
     on: EventSpec | None = None
     coupling: Coupling = Coupling.IMMEDIATE            # a value's string (``"deferred"``) is accepted too
     action_coupling: Coupling = Coupling.IMMEDIATE
@@ -61,11 +62,11 @@ class Rule:
             raise RuleError(f"rule {self.name!r} is not registered on a database; use db.rules.add(rule)")
         return self._manager
 
-    def condition_function(self) -> Callable | None:
+    def condition_function(self) -> Callable[..., object] | None:
         """What identifies the condition's code (for the persisted definition's fingerprint)."""
         return self.condition
 
-    def action_function(self) -> Callable:
+    def action_function(self) -> Callable[..., object]:
         return self.action
 
     def __repr__(self) -> str:
@@ -77,8 +78,9 @@ class Rule:
 class FunctionRule(Rule):
     """A rule declared with the ``db.rule(...)`` decorator."""
 
-    def __init__(self, action: Callable, *, on: EventSpec, when: Callable | None, coupling: Coupling,
-                 action_coupling: Coupling, priority: float | None, enabled: bool, name: str | None):
+    def __init__(self, action: Callable[..., object], *, on: EventSpec, when: Callable[..., object] | None,
+                 coupling: Coupling, action_coupling: Coupling, priority: float | None, enabled: bool,
+                 name: str | None) -> None:
         self._action = action
         self._when = when
         self.on = on
@@ -86,16 +88,16 @@ class FunctionRule(Rule):
         self.action_coupling = action_coupling
         self.priority = priority
         self.enabled = enabled
-        self.name = name or getattr(action, "__name__", None)
+        self.name = name or getattr(action, "__name__", None)  # type: ignore[assignment]  # (None: registry names it)
         self.__doc__ = getattr(action, "__doc__", None)
         # The functions themselves as ``condition`` and ``action`` (no wrapper call per firing).
-        self.action = action
-        self.condition = when if when is not None else always
+        self.action = action  # type: ignore[method-assign]
+        self.condition = when if when is not None else always  # type: ignore[method-assign,assignment]
 
-    def condition_function(self) -> Callable | None:
+    def condition_function(self) -> Callable[..., object] | None:
         return self._when
 
-    def action_function(self) -> Callable:
+    def action_function(self) -> Callable[..., object]:
         return self._action
 
     def __call__(self, tx: "Transaction", event: Event) -> Any:
@@ -119,7 +121,7 @@ class Firing:
     number: int
 
     @property
-    def priority(self):
+    def priority(self) -> float | None:
         return self.rule.priority
 
 

@@ -10,6 +10,8 @@ import collections
 import threading
 from typing import TYPE_CHECKING
 
+from coupling import Coupling
+
 from activedb.rules._context import RuleContext
 from activedb.rules._model import RuleCounters
 from activedb.txn import slot
@@ -25,7 +27,7 @@ class FiringRecord:
     def __init__(self) -> None:
         self._mutex = threading.Lock()
         self._counters: dict[str, RuleCounters] = collections.defaultdict(RuleCounters)
-        self._per_mode: collections.Counter = collections.Counter()
+        self._per_mode: collections.Counter[Coupling] = collections.Counter()
 
     def dispatched(self, root: "Transaction", context: RuleContext, rules: "list[Rule]") -> None:
         """``rules`` fired in ``root``'s tree, whose ``RuleContext`` is ``context`` (a tree that has ended
@@ -87,7 +89,7 @@ class FiringRecord:
             return
         with self._mutex:
             couplings, context.couplings = context.couplings, None
-            for name, count in context.firings.items():
+            for name, count in (context.firings or {}).items():
                 self._counters[name].fired += count
                 self._per_mode[couplings[name]] += count
 
