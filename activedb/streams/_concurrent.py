@@ -70,6 +70,7 @@ class SchedulerStatistics:
     order_waits: int              # s-transactions that waited for a partition's previous one
     restarts: int                 # attempts matched on a state (or a version) that was not installed, run again
     early_releases: int           # LWM: s-transactions that released their write locks once written
+    deferred_writes: int          # LWM: Writes that stayed in the versions, made in the batch's transaction at its end
     punctuation_waits: int
     wait_seconds: float           # time s-transactions spent waiting (locks, order), summed
     max_in_flight: int            # most s-transactions running at once
@@ -99,6 +100,7 @@ class _Work:
     writes_first: bool = False         # LWM: it writes first and may release its write locks once written
     may_read_early: bool = False       # an earlier one may release a write lock it needs before being decided
     released_early: bool = False       # it released its write locks once written, before it was decided
+    in_attempt: bool = False           # its current attempt runs in a subtransaction of its own (restartable)
     attempt: int = 0
     committed: bool = False
     started: bool = False              # its body began on a worker
@@ -127,9 +129,12 @@ class _Run(Observer):
         self.wake = threading.Condition(self._mutex)
         self.in_flight = self.max_in_flight = self.order_waits = self.restarts = 0
         self.broken: BaseException | None = None     # an infrastructure failure in a worker
-        # Per table an s-transaction may write: whether a rule of the database hears it (``_decided``; workers
-        # fill it without a lock: a race computes an equal value).
+        # Per table an s-transaction may write: whether a rule of the database hears it (``_heard``).
         self.heard: dict[str, bool] = {}
+        # LWM: the tables some plan of the batch writes without naming the row (their Writes go into the tree,
+        # where a Read of the whole table finds them).
+        self.unkeyed_writes: set[str] = set()
+        self.deferred_writes = 0          # LWM: the Writes made in the batch's transaction at its end
 
     def on_commit(self, transaction: Transaction) -> None:
         self._end(transaction, True)
@@ -158,8 +163,10 @@ def _overlap(writes: list[tuple[str, tuple | None]], touched: list[tuple[str, tu
     return False
 
 
-class _Restart(Exception):
-    """Aborts an attempt matched on a state that was not installed (``LockingScheduler._work``)."""
+class _Restart(BaseException):
+    """Aborts an attempt matched on a state (or that saw a version) that was not installed
+    (``LockingScheduler._work``).  A BaseException: a rule's ``except Exception`` must not turn it into the
+    event's failure."""
 
 
 class LockingScheduler(Scheduler):
@@ -194,9 +201,8 @@ class LockingScheduler(Scheduler):
         self._mutex = threading.Lock()     # protects _totals (a leaf)
         # The counters of SchedulerStatistics over every batch run so far.
         self._totals = Counter(batches=0, stransactions=0, lock_requests=0, write_lock_requests=0, lock_waits=0,
-                               order_waits=0, restarts=0, early_releases=0, punctuation_waits=0, wait_seconds=0.0,
-                               max_in_flight=0,
-                               versions_peak=0, versions_written=0)
+                               order_waits=0, restarts=0, early_releases=0, deferred_writes=0, punctuation_waits=0,
+                               wait_seconds=0.0, max_in_flight=0, versions_peak=0, versions_written=0)
 
     # --- a batch ----------------------------------------------------------------------------
 
@@ -224,6 +230,7 @@ class LockingScheduler(Scheduler):
         ends = db.observe(run)
         try:
             self._spawn_all(run, runnable)
+            self._write_back(run)
         finally:
             manager.observers.remove(ends)
             self._account(run)
@@ -279,6 +286,19 @@ class LockingScheduler(Scheduler):
     def _dispatched(self, run: _Run, work: _Work | None) -> None:
         """``work``'s locks are in, and so are those of every s-transaction before it; it is
         not spawned yet (None: every s-transaction of the batch is dispatched)."""
+
+    def _write_back(self, run: _Run) -> None:
+        """Every s-transaction of the batch ended: what the scheduler kept outside the tree goes into the
+        batch's transaction (LWM: the Writes that stayed in its versions)."""
+
+    def _heard(self, run: _Run, table: str) -> bool:
+        """Whether a rule of the database hears ``table``'s changes (cached per batch; workers fill the cache
+        without a lock: a race computes an equal value)."""
+        heard = run.heard
+        found = heard.get(table)
+        if found is None:
+            found = heard[table] = run.batch.tx.manager.extensions.any("wants_old_images", table)
+        return found
 
     def _input_state(self, run: _Run, stransaction: STransaction, query: str, key: tuple) -> PartitionState | None:
         """The state ``stransaction`` is matched on: the one its attempt chose (``_choose``)."""
@@ -363,7 +383,7 @@ class LockingScheduler(Scheduler):
         stransaction = work.stransaction
         self.hooks.started(stransaction)
         while True:
-            speculative = self._choose(run, work)
+            speculative = work.in_attempt = self._choose(run, work)
             finishing = True              # the finishing hook is still to be called for this attempt
             try:
                 if not speculative:
@@ -440,12 +460,8 @@ class LockingScheduler(Scheduler):
         states wait for its commit (the design note's "Matching order")."""
         if work.final:
             return
-        heard = run.heard
         for resource in work.stransaction.plan.writes:
-            table = resource.table
-            if table not in heard:
-                heard[table] = run.batch.tx.manager.extensions.any("wants_old_images", table)
-            if heard[table]:
+            if self._heard(run, resource.table):
                 return
         if self._sources_final(work):
             work.final = True
@@ -463,9 +479,11 @@ class LockingScheduler(Scheduler):
 
     def _restart(self, run: _Run, work: _Work) -> None:
         """Its attempt (a subtransaction, aborted) was matched on a state that was not installed: record
-        the attempt aborted and match again on what is (it held every lock: nobody saw its effects)."""
-        if work.released_early:       # (it released early only with every source decided: none can abort)
-            raise SchedulerError(f"internal: {work.stransaction.id} released its write locks and is run again")
+        the attempt aborted and match again on what is (nobody committed on its effects: it held every lock,
+        or — LWM, released early — whoever read its versions depends on it)."""
+        if work.released_early:           # its locks are back before its versions go (a Read between waits)
+            run.table.reinstate(work.owner)
+            work.released_early = False
         self._discard(run, work)
         run.batch.finish(work.stransaction, work.unit, False, None)
         work.states = {}
@@ -532,6 +550,7 @@ class LockingScheduler(Scheduler):
                           write_lock_requests=table.write_requests, lock_waits=table.waits,
                           punctuation_waits=table.punctuation_waits, order_waits=run.order_waits, restarts=run.restarts,
                           early_releases=sum(work.released_early for work in run.works),
+                          deferred_writes=run.deferred_writes,
                           wait_seconds=table.wait_seconds)
             totals["max_in_flight"] = max(totals["max_in_flight"], run.max_in_flight)
             if versions is not None:
@@ -576,18 +595,29 @@ class LWMScheduler(LockingScheduler):
 
     def _written(self, run: _Run, stransaction: STransaction) -> None:
         """``BatchRun.on_written``: it will write nothing more.  Release its write locks now — the lwm moves
-        past it before its other queries ran — if nothing it was matched on, and no version it may still
-        read, can be withdrawn: every earlier s-transaction that writes what it reads or writes is decided."""
+        past it before its other queries ran — if it can be run again (an attempt: its locks are reinstated
+        first, ``_restart``), or if it never will be: nothing it was matched on, and no version it may still
+        read, can be withdrawn (every earlier s-transaction that writes what it reads or writes is decided)."""
         work = run.by_position[stransaction.event.position]
-        if not work.writes_first or not self._sources_final(work):
+        if not work.writes_first:
             return
-        touched = [(table, key) for table, key, _ in work.resources]
-        for earlier in run.works[run.floor_index:work.index]:
-            if not (earlier.final or earlier.done) and _overlap(
-                    [(table, key) for table, key, mode in earlier.resources if mode is LockMode.WRITE], touched):
+        if not work.in_attempt:
+            if not self._sources_final(work):
                 return
+            touched = [(table, key) for table, key, _ in work.resources]
+            for earlier in run.works[run.floor_index:work.index]:
+                if not (earlier.final or earlier.done) and _overlap(
+                        [(table, key) for table, key, mode in earlier.resources if mode is LockMode.WRITE], touched):
+                    return
         work.released_early = True
         run.table.release(work.owner)
+
+    def _validate(self, run: _Run, work: _Work, kind: str, table: str, key: tuple | None) -> None:
+        """An operation of ``work`` (in an attempt) has seen the versions: if its lock is no longer granted —
+        an earlier s-transaction that released early was run again and reinstated its locks in between —
+        what it saw may be withdrawn: run this attempt again."""
+        if not run.table.granted(work.owner, table, key, LockMode.READ if kind == "read" else LockMode.WRITE):
+            raise _Restart()
 
     def _version_read(self, run: _Run, work: _Work, writer: int) -> None:
         """A Read of ``work`` returned a version written at position ``writer``: if that s-transaction released
@@ -611,6 +641,8 @@ class LWMScheduler(LockingScheduler):
         versions = run.versions = VersionStore()
         whole: set[str] = set()
         rows: dict[str, dict[tuple, None]] = {}
+        run.unkeyed_writes = {resource.table for stransaction in runnable for resource in stransaction.plan.writes
+                              if resource.key is None or None in resource.key}
         for stransaction in runnable:
             for resource in stransaction.plan.reads:
                 if resource.key is None:
@@ -653,6 +685,28 @@ class LWMScheduler(LockingScheduler):
     def _view(self, run: _Run, tx: Transaction, stamp: Stamp) -> StoreView:
         engine = run.batch.engine
         work = run.by_position[stamp.position]
+        validate = ((lambda kind, table, key: self._validate(run, work, kind, table, key)) if work.may_read_early
+                    else None)
         return VersionedView(tx, stamp, engine.history, engine._operation_hook, table=run.table, owner=work.owner,
                              catalog=engine.catalog, versions=run.versions,
-                             on_version=lambda writer: self._version_read(run, work, writer))
+                             on_version=lambda writer: self._version_read(run, work, writer), validate=validate,
+                             deferred=lambda table: table not in run.unkeyed_writes and not self._heard(run, table))
+
+    def _write_back(self, run: _Run) -> None:
+        """The Writes that stayed in the versions, made in the batch's transaction in position order — the
+        write set the s-transactions' subtransactions would have left, values as given (a column not given
+        keeps PostgreSQL's default) — on the dispatcher's thread, which runs the batch's transaction, once
+        every s-transaction has ended."""
+        if run.versions is None:
+            return
+        tx = run.batch.tx
+        writes = run.versions.deferred_writes()
+        run.deferred_writes = len(writes)
+        for write in writes:
+            key = write.key[0] if len(write.key) == 1 else write.key
+            if write.operation == "delete":
+                tx.delete(write.table, key)
+            elif write.operation == "insert":
+                tx.insert(write.table, **(write.values or {}))
+            else:
+                tx.write(write.table, key, **(write.values or {}))

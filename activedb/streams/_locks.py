@@ -210,9 +210,13 @@ class StreamLockTable:
 
     def _enqueue(self, table: _Table, request: Request) -> None:
         """Put ``request`` into ``table``'s queues.  Caller holds ``_mutex``."""
+        table.requests.append(request)
+        self._enqueue_queues(table, request)
+
+    def _enqueue_queues(self, table: _Table, request: Request) -> None:
+        """Push ``request`` onto the heaps of ``table`` it belongs to.  Caller holds ``_mutex``."""
         self._serial += 1
         serial, owner, key = self._serial, request.owner, request.key
-        table.requests.append(request)
         write = request.mode is LockMode.WRITE
         if key is None:
             (table.table_writes if write else table.table_reads).push(owner, serial)
@@ -305,6 +309,25 @@ class StreamLockTable:
             owner.waiters = [waiter for waiter in owner.waiters if waiter not in woken]
         for waiter in woken:
             waiter.wake.set()
+
+    def reinstate(self, owner: Owner) -> None:
+        """``owner`` released its requests early and is run again (LWM: its attempt was matched on a state or a
+        version that was withdrawn): they are back, as at dispatch, before it undoes anything.  Caller: the
+        owner's thread; it has not ended."""
+        with self._mutex:
+            if owner.ended or not owner.released:
+                return
+            owner.released = False
+            for request in owner.requests.values():
+                self._enqueue_queues(self._tables[request.table], request)
+
+    def granted(self, owner: Owner, table: str, key: Key | None, mode: LockMode) -> bool:
+        """Whether an operation of ``owner`` on ``(table, key)`` in ``mode`` may run right now (its request is
+        still grantable: an earlier owner's requests were not reinstated since it was granted)."""
+        request = self.request_for(owner, table, key, mode)
+        with self._mutex:
+            blocker, gated = self.blocker(request, mode)
+            return blocker is None and not gated
 
     def end(self, owner: Owner) -> None:
         """``owner`` committed or aborted: its requests disappear; wake who waited for it."""

@@ -3,7 +3,7 @@
 positions, values ``(image, history sequence, writer's position)`` — the design note ``activedb/streams/README.md``
 ("What a Read sees", choices 13 and 15).
 
-Thread-safety: ``_mutex`` protects ``_store``, ``_tables``, ``_by_position``, the counters
+Thread-safety: ``_mutex`` protects ``_store``, ``_tables``, ``_by_position``, ``_deferred``, the counters
 and ``floor``; a leaf (the store takes no mutex).  Images handed out are copies.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, TypeAlias
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, TypeAlias
 
 from activedb.streams.errors import UnplannedAccess
 from activedb.store import matches
@@ -24,6 +24,17 @@ if TYPE_CHECKING:
 _Version: TypeAlias = "tuple[RowImage | None, int | None, int | None]"
 
 _ABSENT = (None, None, None)      # (image, sequence, writer's position) of a row that is not there
+
+
+class DeferredWrite(NamedTuple):
+    """A Write that stayed in the versions (LWM's deferred Writes): what the s-transaction asked of its
+    subtransaction, made in the batch's transaction at its end (``operation``: write, insert or delete;
+    ``values`` as given, None for a delete)."""
+
+    table: str
+    key: Key
+    operation: str
+    values: RowImage | None
 
 
 @dataclass(frozen=True)
@@ -45,6 +56,7 @@ class VersionStore:
         self.floor = 0
         self._peak = self._appended = self._collected = self._dropped = 0    # versions: VersionStatistics
         self._by_position: dict[int, list[tuple[str, Key]]] = {}
+        self._deferred: dict[int, list[DeferredWrite]] = {}     # by position: its Writes that stayed here
 
     # --- the dispatcher ---------------------------------------------------------------------
 
@@ -114,12 +126,16 @@ class VersionStore:
                     rows.append(dict(image))
         return rows, seen, writers
 
-    def append(self, position: int, table: str, key: Key, image: RowImage | None, sequence: int) -> None:
+    def append(self, position: int, table: str, key: Key, image: RowImage | None, sequence: int | None, *,
+               deferred: DeferredWrite | None = None) -> None:
         """The s-transaction at ``position`` wrote the row; ``image`` is the row after it
         (None: deleted).  LWM grants the Writes of a row in position order, so this appends;
-        a second write of the s-transaction replaces its version."""
+        a second write of the s-transaction replaces its version.  ``deferred``: the Write stayed
+        here, not in the s-transaction's subtransaction (:meth:`deferred_writes` hands it on)."""
         with self._mutex:
             state = (table, key)
+            if deferred is not None:
+                self._deferred.setdefault(position, []).append(deferred)
             if self._store.write(state, position, (image, sequence, position), replace=True):
                 self._by_position.setdefault(position, []).append(state)
                 self._appended += 1
@@ -129,9 +145,17 @@ class VersionStore:
     def drop(self, position: int) -> None:
         """The s-transaction at ``position`` aborted: its versions go (before its locks do)."""
         with self._mutex:
+            self._deferred.pop(position, None)
             for state in self._by_position.pop(position, ()):
                 self._store.remove(state, position)
                 self._dropped += 1
+
+    def deferred_writes(self) -> list[DeferredWrite]:
+        """Once every s-transaction of the batch ended: the Writes that stayed here, in position order and
+        each s-transaction's in its own order — what its subtransaction would have left in the batch's
+        transaction, in SEI's order (those of aborted s-transactions are gone: :meth:`drop`)."""
+        with self._mutex:
+            return [write for position in sorted(self._deferred) for write in self._deferred[position]]
 
     def advance(self, floor: int) -> None:
         """Every s-transaction before ``floor`` has ended (rows are collected as they are touched)."""

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, TypeVar
 
+from activedb.errors import DuplicateKey
 from activedb.streams._locks import LockMode
+from activedb.streams._versions import DeferredWrite
 from activedb.streams.errors import UndeclaredAccess
 
 _Value = TypeVar("_Value")
 
 if TYPE_CHECKING:  # pragma: no cover
-    from activedb.store import Key, RowImage
+    from activedb.store import Key, RowImage, TableInfo
     from activedb.txn import Transaction
     from activedb.streams._locks import Owner, StreamLockTable
     from activedb.streams._versions import VersionStore
@@ -192,17 +194,26 @@ class LockedView(StoreView):
 
 
 class VersionedView(LockedView):
-    """LWM's view: Reads from the version store (``versions``) at the s-transaction's
-    position, Writes into its subtransaction (granted in timestamp order) leaving a version."""
+    """LWM's view: Reads from the version store (``versions``) at the s-transaction's position; Writes
+    (granted in timestamp order) leave a version — and nothing else when ``deferred(table)`` says the
+    batch writes that table back from its versions at its end (the design note's "What a Read sees"),
+    else they go into the s-transaction's subtransaction too."""
 
     def __init__(self, tx: Transaction, stamp: Stamp, history: Any, cost: Callable[[str], None] | None, *,
                  table: "StreamLockTable", owner: "Owner", catalog: Any, versions: "VersionStore",
-                 on_version: Callable[[int], None] | None = None):
+                 on_version: Callable[[int], None] | None = None,
+                 validate: Callable[[str, str, Key | None], None] | None = None,
+                 deferred: Callable[[str], bool] | None = None):
         super().__init__(tx, stamp, history, cost, table=table, owner=owner, catalog=catalog)
         self._versions = versions
+        #: Whether this view's Writes of a table the versions track stay in the versions (written back later).
+        self._deferred = deferred
         #: Told the position of every other s-transaction whose version a Read returned (the scheduler notes
         #: a commit dependency on one that may still abort).
         self._on_version = on_version
+        #: Called with (kind, table, key) once an operation has seen the versions: raises if its lock is no
+        #: longer granted (an earlier s-transaction that released its write locks early is run again).
+        self._validate = validate
 
     def read(self, table: str, key: Any) -> RowImage | None:
         key = _as_key(key)
@@ -217,6 +228,8 @@ class VersionedView(LockedView):
         image, sequence, writer = self._versions.read(position, table, key, own=self._phase != 0)
         if writer is not None and writer != position and self._on_version is not None:
             self._on_version(writer)
+        if self._validate is not None:
+            self._validate("read", table, key)
         return self._read(table, key, image, sequence)
 
     def scan(self, table: str, where: Mapping[str, Any] | None = None) -> list[RowImage]:
@@ -229,10 +242,76 @@ class VersionedView(LockedView):
             for writer in writers:
                 if writer != position:
                     self._on_version(writer)
+        if self._validate is not None:
+            self._validate("read", table, None)
         return self._read(table, None, rows, seen)
 
+    # --- Writes that stay in the versions (``deferred``) ------------------------------------------------
+
+    def write(self, table: str, key: object, **values: object) -> None:
+        key = _as_key(key)
+        if not self._defers(table, key):
+            return super().write(table, key, **values)
+        self._before("write", table, key)
+        info, row_key = self._checked(table, key)
+        patch = info.values_without_key(row_key, dict(values))
+        previous = self._previous(table, key)
+        image = ({**previous, **patch} if previous is not None
+                 else {**info.blank_row, **patch, **info.full_key_row(row_key)})      # (an upsert creates it)
+        self._version(table, key, image, dict(values), "write")
+
+    def insert(self, table: str, **values: object) -> object:
+        key = self._key_of_values(table, values)
+        if key is None or not self._defers(table, key):
+            return super().insert(table, **values)
+        self._before("write", table, key)
+        info = self.tx.manager.catalog.table_info(table)
+        checked = info.check_values(values)
+        row_key = info.key(info.key_from_values(checked))
+        if self._previous(table, key) is not None:
+            raise DuplicateKey(f"insert into {info.name!r}: a row with key {row_key!r} already exists; use "
+                               f"write() to upsert")
+        self._version(table, key, {**info.blank_row, **checked, **info.full_key_row(row_key)}, dict(values),
+                      "insert")
+        return row_key[0] if len(row_key) == 1 else row_key
+
+    def delete(self, table: str, key: object) -> None:
+        key = _as_key(key)
+        if not self._defers(table, key):
+            return super().delete(table, key)
+        self._before("write", table, key)
+        self._checked(table, key)
+        self._previous(table, key)
+        self._version(table, key, None, None, "delete")
+
+    def _defers(self, table: str, key: Key) -> bool:
+        return self._deferred is not None and self._versions.tracks(table, key) and self._deferred(table)
+
+    def _checked(self, table: str, key: Key) -> tuple[TableInfo, Key]:
+        """The table's info and the key as the table takes it (the tree's checks, which raise its errors)."""
+        info = self.tx.manager.catalog.table_info(table)
+        return info, info.key(key[0] if len(key) == 1 else key)
+
+    def _previous(self, table: str, key: Key) -> RowImage | None:
+        """The row as this s-transaction's Write finds it (its own earlier Writes included); the version it
+        came from is a dependency, and the Write's lock must still be granted."""
+        position = self.stamp.position
+        previous, _, writer = self._versions.read(position, table, key)
+        if writer is not None and writer != position and self._on_version is not None:
+            self._on_version(writer)          # the new image is built on that version
+        if self._validate is not None:
+            self._validate("write", table, key)
+        return previous
+
+    def _version(self, table: str, key: Key, image: RowImage | None, values: RowImage | None, operation: str) -> None:
+        """Record the Write (history, counts) and leave its version, to be written back at the batch's end."""
+        sequence = StoreView._written(self, table, key, values, operation)
+        self._versions.append(self.stamp.position, table, key, image, sequence,
+                              deferred=DeferredWrite(table, key, operation, values))
+
     def _written(self, table: str, key: Key, values: RowImage | None, operation: str) -> int | None:
-        """Also leave the row's new version (its Writes are granted in position order)."""
+        """A Write that went into the subtransaction: also leave the row's new version (its Writes are
+        granted in position order)."""
         sequence = super()._written(table, key, values, operation)
         versions = self._versions
         if versions.tracks(table, key):
@@ -241,11 +320,9 @@ class VersionedView(LockedView):
                 # A write patches the row: over the version this s-transaction sees (every earlier
                 # writer ended), the new image is that one with the values; activedb stores values
                 # as given (checked, not converted).  A row it creates is read back from the tree.
-                previous, _, writer = versions.read(self.stamp.position, table, key)
-                if writer is not None and writer != self.stamp.position and self._on_version is not None:
-                    self._on_version(writer)          # the new image is built on that version
+                previous = self._previous(table, key)
                 image = {**previous, **values} if previous is not None else self.tx.read(table, key)  # type: ignore[dict-item]
             elif operation == "insert":
                 image = self.tx.read(table, key)
-            versions.append(self.stamp.position, table, key, image, sequence)  # type: ignore[arg-type]
+            versions.append(self.stamp.position, table, key, image, sequence)
         return sequence
