@@ -25,7 +25,8 @@ __all__ += errors.__all__
 __getattr__, __dir__ = lazy.exports(__name__, {
     "coupling": ["Coupling"],
     "activedb.errors": ["DeadlockDetected", "LockWaitTimeout"],     # (defined on first use: they import lockmgr)
-    "activedb._database": ["Database", "connect", "mask_secrets"],
+    "activedb._database": ["Database", "connect"],
+    "activedb._url": ["mask_secrets"],
     "activedb._embedded": ["default_home"],
     "activedb.events": ["Event", "EventKind", "EventSpec"],
     "activedb.rules": ["Rule"],
@@ -36,7 +37,8 @@ __getattr__, __dir__ = lazy.exports(__name__, {
 if TYPE_CHECKING:  # the names above, for type checkers (tests/test_typing.py keeps both lists equal)
     from coupling import Coupling as Coupling
     from activedb.errors import DeadlockDetected as DeadlockDetected, LockWaitTimeout as LockWaitTimeout
-    from activedb._database import Database as Database, connect as connect, mask_secrets as mask_secrets
+    from activedb._database import Database as Database, connect as connect
+    from activedb._url import mask_secrets as mask_secrets
     from activedb._embedded import default_home as default_home
     from activedb.events import Event as Event, EventKind as EventKind, EventSpec as EventSpec
     from activedb.rules import Rule as Rule

@@ -63,7 +63,7 @@ class _Group(click.Group):
             click.echo("activedb: interrupted", err=True)
             ctx.exit(130)
         except Exception as error:
-            from activedb._database import mask_secrets
+            from activedb._url import mask_secrets
 
             if isinstance(error, ActivedbError):
                 message, code = str(error), 1

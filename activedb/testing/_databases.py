@@ -49,7 +49,7 @@ class ServerAtUrl:
     def parse(cls, url: str) -> "ServerAtUrl":
         import sqlalchemy as sa
 
-        from activedb._database import normalise_url
+        from activedb._url import normalise_url
 
         return cls(sa.make_url(normalise_url(url)))
 
