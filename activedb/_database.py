@@ -8,16 +8,16 @@ import time
 import warnings
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterable, TypeVar, Unpack
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, URL, make_url
 
 from coupling import Coupling
-from lockmgr import VictimChooser, VictimPolicy
 
 from activedb import lowlevel
 from activedb import _embedded, _migrate
+from activedb._config import Config, ConnectKeywords, EngineOptions, configured
 from activedb._logfile import route_to_home_log
 from activedb._url import describe_url, mask_secrets, normalise_url
 from activedb.atomic import Batches
@@ -28,7 +28,7 @@ from activedb.errors import (BadDatabaseURL, DeadlockDetected, RuleError, Serial
                              database_failure)
 from activedb.events import Event, EventKind, EventSpec, Origin, Punctuations, Watermark
 from activedb.outbox import Outbox
-from activedb.rules import FunctionRule, Rule, RuleExecution, RuleManager
+from activedb.rules import FunctionRule, Rule, RuleManager
 from activedb.store import Catalog
 from activedb.txn import CommitParticipant, Observer, ReadBase, Transaction, TransactionManager
 
@@ -39,17 +39,13 @@ if TYPE_CHECKING:
 _Result = TypeVar("_Result")
 _Observer = TypeVar("_Observer", bound=Observer)
 
-CONNECT_TIMEOUT_SECONDS = 5
 _CLOSED = "this Database is closed; call activedb.connect() again"
 
 
-def create_engine(url: URL, **options: Any) -> Engine:
-    connect_args = {"connect_timeout": CONNECT_TIMEOUT_SECONDS, **options.pop("connect_args", {})}
-    options.setdefault("pool_size", 10)
-    options.setdefault("max_overflow", 30)
-    options.setdefault("pool_use_lifo", True)         # (connect's docstring: why)
-    options.setdefault("pool_logging_name", "activedb")  # its own logger, routed to activedb's log file
-    return sa.create_engine(url, connect_args=connect_args, **options)
+def create_engine(url: URL, options: EngineOptions = EngineOptions()) -> Engine:
+    """The SQLAlchemy engine (a connection pool) for ``url`` as ``options`` say (``activedb.EngineOptions``); its
+    pool logs under its own name, routed to activedb's log file."""
+    return sa.create_engine(url, **{"pool_logging_name": "activedb", **options.keywords()})
 
 
 def check_reachable(engine: Engine) -> None:
@@ -97,30 +93,32 @@ class Database:
     :class:`~activedb.rules.RuleManager` (``db.rules``); it holds no state of its own beyond that.
     """
 
-    def __init__(self, engine: Engine, *, embedded: _embedded.EmbeddedServer | None = None,
-                 max_cascade_depth: int = 16, max_deferred_cycles: int = 100,
-                 rule_execution: RuleExecution = RuleExecution.THREADS,
-                 explain_deadlocks: bool = False, outbox_options: dict[str, Any] | None = None,
-                 clock: Clock | None = None, **transaction_options: Any):
+    def __init__(self, engine: Engine, config: Config | None = None, *,
+                 embedded: _embedded.EmbeddedServer | None = None):
+        config = config if config is not None else Config()
         self.engine = engine
+        #: How this database was set up (``activedb.Config``, frozen; ``connect()``'s keywords are in it).
+        self.config = config
         #: The clock of system time (``activedb.clock``): what rules read as "now", composite engines' timeouts,
         #: the outbox's recovery passes.  ``ManualClock`` in tests.
-        self.clock: Clock = clock if clock is not None else SYSTEM_CLOCK
+        self.clock: Clock = config.clock if config.clock is not None else SYSTEM_CLOCK
         self.embedded = embedded
         self._closed = False
         # Hot keys: per function run by ``run``, the tables whose plain reads it learned to make for update.
         self._update_intent: dict[object, frozenset[str]] = {}
         self.catalog = Catalog(engine, self.describe)
-        self.transactions = TransactionManager(self.catalog, snapshot_on_deadlock=explain_deadlocks,
-                                               **transaction_options)
+        self.transactions = TransactionManager(
+            self.catalog, max_workers=config.max_workers, victim_policy=config.victim_policy,
+            flush_retries=config.flush_retries, record_history=config.record_history, lock_timeout=config.lock_timeout,
+            snapshot_on_deadlock=config.explain_deadlocks)
         #: Reflected tables, per-table lock granularity, migrations (``activedb._migrate.Schema``).
         self.schema = _migrate.Schema(engine, self.catalog, self.transactions.locking)
-        self.rules = RuleManager(self.catalog, self.transactions, max_cascade_depth=max_cascade_depth,
-                                 max_deferred_cycles=max_deferred_cycles, execution=rule_execution)
+        self.rules = RuleManager(self.catalog, self.transactions, max_cascade_depth=config.max_cascade_depth,
+                                 max_deferred_cycles=config.max_deferred_cycles, execution=config.rule_execution)
         #: Detached-family firings, recorded durably and run exactly once (``activedb/outbox/README.md``).
-        self.outbox = Outbox(self.catalog, self.transactions, self.rules, clock=self.clock, **(outbox_options or {}))
+        self.outbox = Outbox(self.catalog, self.transactions, self.rules, config.outbox, clock=self.clock)
         self.punctuations = Punctuations()
-        if explain_deadlocks:
+        if config.explain_deadlocks:
             from activedb.explain import DeadlockExplainer
 
             self.observe(DeadlockExplainer(self))
@@ -328,60 +326,43 @@ class Database:
         return f"<activedb.Database {kind} {mask_secrets(self.engine.url.render_as_string(hide_password=True))}>"
 
 
-def connect(url: str | URL | None = None, *, home: str | Path | None = None, upgrade: bool = True,
-            keep_server: bool | None = None, record_history: bool = False, max_workers: int = 32,
-            victim_policy: VictimPolicy | VictimChooser = VictimPolicy.REQUESTER, lock_timeout: float | None = None, max_cascade_depth: int = 16,
-            max_deferred_cycles: int = 100, rule_execution: RuleExecution = RuleExecution.THREADS,
-            explain_deadlocks: bool = False,
-            outbox_options: dict[str, Any] | None = None, clock: Clock | None = None,
-            **engine_options: Any) -> Database:
+def connect(url: str | URL | None = None, config: Config | None = None,
+            **keywords: Unpack[ConnectKeywords]) -> Database:
     """Connect to activedb's database and bring its schema to head.
 
-    * ``url`` (or ``ACTIVEDB_DATABASE_URL``): any PostgreSQL; ``postgresql://`` URLs
-      use the psycopg 3 driver.
-    * Neither: the embedded server under ``home`` (default ``ACTIVEDB_HOME``), started
-      or reused; see ``activedb._embedded`` for its lifecycle.
-    * ``upgrade=False`` skips ``alembic upgrade head``: only this function (with the default) and ``activedb db
-      upgrade`` ever upgrade activedb's schema (the project README, "Schema").
-    * ``keep_server=True`` leaves the embedded server running after the last user exits.
-    * ``record_history=True`` records every transaction operation (``db.history``) for
-      ``activedb.testing.check_history``; ``max_workers`` bounds the subtransaction
-      threads; ``victim_policy`` is the lock manager's deadlock victim policy;
-      ``lock_timeout`` (seconds) bounds every lock wait (default: wait).
-    * ``max_cascade_depth`` bounds rule cascades, ``max_deferred_cycles`` deferred cycles;
-      ``rule_execution=RuleExecution.INLINE`` runs equal-priority rules one after the other in the
-      triggering thread instead of concurrently on worker threads.
-    * ``explain_deadlocks=True`` attaches a picture to every deadlock: the ``DeadlockDetected`` a victim
-      gets carries ``explanation`` (an :class:`activedb.explain.Explanation` of the lock table and the
-      transaction trees when the cycle was found; ``error.explanation.render("deadlock.png")``).  It costs
-      a full lock-table snapshot per deadlock.
-    * ``outbox_options`` go to :class:`activedb.outbox.Outbox` (``group_size``, ``max_groups``,
-      ``max_attempts``, ``recovery_interval``): how recorded detached firings are run.  The outbox starts
-      with the connection (schema at head): recorded firings this database holds for rules registered
-      later — left by a process that died — are claimed and run as soon as those rules are registered.
-    * ``clock`` (an ``activedb.clock.Clock``, default the system's) is ``db.clock``, the process's system time
-      for what reads it (``activedb/clock.py``): a test passes an ``activedb.clock.ManualClock`` and moves it.
-    * Other keyword arguments go to SQLAlchemy's ``create_engine``.  The defaults: ``pool_size=10``,
-      ``max_overflow=30`` and ``pool_use_lifo=True`` — the connection returned last is checked out first, so a
-      stream's commits keep finding the server process whose caches and prepared statements are warm (with the
-      pool's first-in-first-out default they went round its connections), and connections left idle can be closed by the server's timeouts.
+    * ``url`` (or ``ACTIVEDB_DATABASE_URL``): any PostgreSQL; ``postgresql://`` URLs use the psycopg 3 driver.
+      Neither: the embedded server under ``config.home`` (default ``ACTIVEDB_HOME``), started or reused; see
+      ``activedb._embedded`` for its lifecycle.
+    * ``config``: an :class:`activedb.Config` (frozen; its docstring describes every field: the schema upgrade, the
+      history recorder, workers, the deadlock victim policy, lock timeouts, rule cascades and execution, deadlock
+      pictures, the clock, the outbox's ``OutboxOptions`` and the connection pool's ``EngineOptions``).
+    * ``keywords``: the shorthand — each a field of ``Config``, replacing the default's (or ``config``'s):
+      ``connect(url, rule_execution=RuleExecution.INLINE, lock_timeout=5)``; also ``outbox_options`` (a dict of
+      ``OutboxOptions`` fields) and the pool's ``pool_size``, ``max_overflow``, ``pool_use_lifo`` and
+      ``connect_timeout``.  An unknown keyword is a ``TypeError`` naming the ones there are, before anything is
+      opened.
+
+    The outbox starts with the connection (schema at head): recorded firings this database holds for rules
+    registered later — left by a process that died — are claimed and run as soon as those rules are registered.
     """
+    config = configured(config, keywords)
     if url is None:
         url = os.environ.get("ACTIVEDB_DATABASE_URL") or None       # neither: the embedded server
-    server = None if url is not None else _embedded.start(Path(home) if home else None, keep_running=keep_server)
-    # (server is started exactly when url is None)
-    engine = create_engine(normalise_url(url) if server is None else make_url(server.url()),  # type: ignore[arg-type]
-                           **engine_options)
+    home = config.home
+    server = None if url is not None else _embedded.start(home, keep_running=config.keep_server)
+    engine = create_engine(normalise_url(url) if url is not None else make_url(_server_url(server)), config.engine)
     route_to_home_log(server.data_directory.parent if server is not None else
-                      Path(home).expanduser() if home else _embedded.default_home(),
+                      home.expanduser() if home else _embedded.default_home(),
                       engine.pool.logger.name)  # type: ignore[union-attr]  # echo_pool=True: an InstanceLogger, no .name
     check_reachable(engine)
-    database = Database(engine, embedded=server, record_history=record_history, max_workers=max_workers,
-                        victim_policy=victim_policy, lock_timeout=lock_timeout,
-                        max_cascade_depth=max_cascade_depth, max_deferred_cycles=max_deferred_cycles,
-                        rule_execution=rule_execution, explain_deadlocks=explain_deadlocks,
-                        outbox_options=outbox_options, clock=clock)
-    if upgrade:
+    database = Database(engine, config, embedded=server)
+    if config.upgrade:
         database.schema.upgrade("head")
         database.outbox.start()
     return database
+
+
+def _server_url(server: _embedded.EmbeddedServer | None) -> str:
+    """The embedded server's URL (started exactly when no URL was given)."""
+    assert server is not None
+    return server.url()

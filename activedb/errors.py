@@ -21,10 +21,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # What ``from activedb.errors import *`` (the ``activedb`` package) takes.  DeadlockDetected and LockWaitTimeout
 # are public too, but defined on first use (they import lockmgr): ``activedb`` lists them itself.
-__all__ = ["ActivedbError", "BadDatabaseURL", "BatchAlreadyCommitted", "CascadeLimitExceeded", "DISK_FULL_ADVICE",
+__all__ = ["ActivedbError", "BadDatabaseURL", "BatchAlreadyCommitted", "CascadeLimitExceeded",
            "DatabaseError", "DatabaseUnavailable", "DiskFull", "DuplicateKey", "EmbeddedServerError", "Failure",
            "GeneratedKeysReset", "InvalidChoice", "InvalidKey", "InvalidValue", "MigrationError", "OutboxError",
-           "PANIC_RECENT_SECONDS", "PictureError", "RecordsTakenOver", "RuleDefinitionChangedWarning", "RuleError",
+           "PictureError", "RecordsTakenOver", "RuleDefinitionChangedWarning", "RuleError",
            "RuleFailed", "SchemaError", "SchemaNotAtHead", "SerializationConflict", "ServerDiskFull",
            "TransactionAborted", "TransactionError", "UnknownColumn", "UnknownTable"]
 

@@ -5,6 +5,6 @@ Public names: :class:`Outbox` (``db.outbox``), :class:`OutboxStatistics`, :class
 """
 
 from activedb.outbox._executor import GROUP_TRANSACTION
-from activedb.outbox._outbox import FailedFiring, Outbox, OutboxStatistics
+from activedb.outbox._outbox import FailedFiring, Outbox, OutboxOptions, OutboxStatistics
 
-__all__ = ["Outbox", "OutboxStatistics", "FailedFiring", "GROUP_TRANSACTION"]
+__all__ = ["Outbox", "OutboxOptions", "OutboxStatistics", "FailedFiring", "GROUP_TRANSACTION"]

@@ -71,29 +71,42 @@ class OutboxStatistics:
     lost: int = 0               # firings this process could not record (PostgreSQL unreachable at an abort)
 
 
-class Outbox:
-    """The durable outbox of one ``Database`` (``db.outbox``).  Thread-safe.
+@dataclass(frozen=True)
+class OutboxOptions:
+    """How an :class:`Outbox` runs recorded firings (``connect(config=Config(outbox=OutboxOptions(...)))``).
 
     * ``group_size`` — at most this many firings per group transaction;
     * ``max_groups`` — group transactions running at once (each on a worker-pool thread);
     * ``max_attempts`` — runs of a firing that fails retryably (deadlock, serialization conflict, reset
       sequence) before it is recorded as failed;
     * ``recovery_interval`` — seconds between recovery passes (claiming records of dead processes); a
-      pass also runs at once when a rule is registered, and on :meth:`recover`.  ``None``: only then.  The
-      interval is measured on ``clock`` (the database's: a test with a ``ManualClock`` moves it to start a pass).
+      pass also runs at once when a rule is registered, and on :meth:`Outbox.recover`.  ``None``: only then.  The
+      interval is measured on the outbox's ``clock`` (the database's: a test with a ``ManualClock`` moves it to
+      start a pass).
     """
 
-    def __init__(self, catalog: "Catalog", transactions: "TransactionManager", rules: "RuleManager", *,
-                 group_size: int = 256, max_groups: int = 2, max_attempts: int = 5,
-                 recovery_interval: float | None = 10.0, clock: Clock = SYSTEM_CLOCK):
+    group_size: int = 256
+    max_groups: int = 2
+    max_attempts: int = 5
+    recovery_interval: float | None = 10.0
+
+
+class Outbox:
+    """The durable outbox of one ``Database`` (``db.outbox``), run as ``options`` say (:class:`OutboxOptions`).
+    Thread-safe."""
+
+    def __init__(self, catalog: "Catalog", transactions: "TransactionManager", rules: "RuleManager",
+                 options: OutboxOptions = OutboxOptions(), *, clock: Clock = SYSTEM_CLOCK):
         self.catalog = catalog
         self.clock = clock
         self.transactions = transactions
         self.rules = rules
-        self.recovery_interval = recovery_interval
+        self.options = options
+        self.recovery_interval = options.recovery_interval
         #: This process's liveness key (the owner of the records it runs); see ``_records``.
         self.owner = secrets.randbits(62) + 1
-        self._executor = Executor(self, group_size=group_size, max_groups=max_groups, max_attempts=max_attempts)
+        self._executor = Executor(self, group_size=options.group_size, max_groups=options.max_groups,
+                                  max_attempts=options.max_attempts)
         self._mutex = threading.Lock()        # protects _started, _closed, _lost, _thread
         self._started = False
         self._closed = False

@@ -1,0 +1,171 @@
+"""``Config``: everything ``activedb.connect()`` can be told, as one frozen, typed object.
+
+``connect(url, config)`` takes it; ``connect(url, rule_execution=RuleExecution.INLINE)`` is the shorthand (each
+keyword a field of ``Config``, replacing the default's or ``config``'s).  Nested parts are frozen too:
+:class:`EngineOptions` (the SQLAlchemy connection pool activedb makes) and :class:`~activedb.outbox.OutboxOptions`
+(how recorded detached firings run).  A ``Config`` is immutable and picklable: a process that starts workers
+(the Spark bridge's scale-out) hands the same configuration to each; ``dataclasses.replace(config, **changes)``
+makes a changed copy.  Only this module knows the keywords' names: ``connect`` and ``Database`` read the fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, TypedDict
+
+from lockmgr import VictimChooser, VictimPolicy
+
+from activedb.clock import Clock
+from activedb.outbox import OutboxOptions
+from activedb.rules import RuleExecution
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """The SQLAlchemy engine (a connection pool) activedb makes for the database.
+
+    ``pool_use_lifo``: the connection returned last is checked out first, so a stream's commits keep finding the
+    server process whose caches and prepared statements are warm, and connections left idle can be closed by the
+    server's timeouts.  ``connect_timeout``: seconds libpq waits for a connection.  ``create_engine``: any other
+    keyword of SQLAlchemy's ``create_engine`` (``echo``, ``connect_args``, …), passed as it is."""
+
+    pool_size: int = 10
+    max_overflow: int = 30
+    pool_use_lifo: bool = True
+    connect_timeout: int = 5
+    create_engine: Mapping[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "create_engine", dict(self.create_engine))     # (a copy: the caller's may change)
+
+    def keywords(self) -> dict[str, object]:
+        """The keyword arguments of ``sqlalchemy.create_engine`` these options make."""
+        extra = dict(self.create_engine)
+        given = extra.pop("connect_args", {})
+        if not isinstance(given, Mapping):
+            raise TypeError(f"EngineOptions(create_engine={{'connect_args': ...}}) takes a mapping, got {given!r}")
+        connect_args = {"connect_timeout": self.connect_timeout, **given}
+        return {"pool_size": self.pool_size, "max_overflow": self.max_overflow, "pool_use_lifo": self.pool_use_lifo,
+                **extra, "connect_args": connect_args}
+
+
+@dataclass(frozen=True)
+class Config:
+    """How ``activedb.connect()`` sets up a :class:`~activedb.Database` (every field has a default).
+
+    * ``home``: the embedded server's directory when no URL is given (default ``ACTIVEDB_HOME``);
+      ``keep_server=True`` leaves that server running after the last user exits.
+    * ``upgrade=False`` skips ``alembic upgrade head`` of activedb's own schema (and starting the outbox): only
+      ``connect`` (with the default) and ``activedb db upgrade`` ever upgrade it.
+    * ``record_history=True`` records every transaction operation (``db.history``) for
+      ``activedb.testing.check_history``.
+    * ``max_workers`` bounds the subtransaction threads; ``victim_policy`` is the lock manager's deadlock victim
+      policy (``lockmgr.VictimPolicy``, or a callable choosing among a cycle's candidates); ``lock_timeout``
+      (seconds) bounds every lock wait (None: wait); ``flush_retries``: how often a top-level commit is re-run
+      after a serialization failure of its flush before ``SerializationConflict`` is raised.
+    * ``max_cascade_depth`` bounds rule cascades, ``max_deferred_cycles`` deferred cycles;
+      ``rule_execution=RuleExecution.INLINE`` runs equal-priority rules one after the other in the triggering
+      thread instead of concurrently on worker threads.
+    * ``explain_deadlocks=True`` attaches a picture to every deadlock (``DeadlockDetected.explanation``); it
+      costs a full lock-table snapshot per deadlock.
+    * ``clock`` (an ``activedb.clock.Clock``; None: the system's) is ``db.clock``, the process's system time for
+      what reads it (``activedb/clock.py``): a test passes an ``activedb.clock.ManualClock`` and moves it.  (A
+      ``Config`` holding a manual clock refers to that one clock; it is not copied.)
+    * ``outbox``: how recorded detached firings run (``OutboxOptions``); ``engine``: the connection pool
+      (``EngineOptions``).
+    """
+
+    home: Path | None = None
+    upgrade: bool = True
+    keep_server: bool | None = None
+    record_history: bool = False
+    max_workers: int = 32
+    victim_policy: VictimPolicy | VictimChooser = VictimPolicy.REQUESTER
+    lock_timeout: float | None = None
+    flush_retries: int = 10
+    max_cascade_depth: int = 16
+    max_deferred_cycles: int = 100
+    rule_execution: RuleExecution = RuleExecution.THREADS
+    explain_deadlocks: bool = False
+    clock: Clock | None = None
+    outbox: OutboxOptions = field(default_factory=OutboxOptions)
+    engine: EngineOptions = field(default_factory=EngineOptions)
+
+    def __post_init__(self) -> None:
+        if self.home is not None and not isinstance(self.home, Path):
+            object.__setattr__(self, "home", Path(self.home))
+        object.__setattr__(self, "rule_execution", RuleExecution.parse(self.rule_execution, "rule_execution"))
+        if not callable(self.victim_policy):
+            object.__setattr__(self, "victim_policy", _victim_policy(self.victim_policy))
+        for name, kind in (("outbox", OutboxOptions), ("engine", EngineOptions)):
+            if not isinstance(getattr(self, name), kind):
+                raise TypeError(f"Config({name}=...) takes an activedb.{kind.__name__}, got {getattr(self, name)!r}")
+
+
+def _victim_policy(value: object) -> VictimPolicy:
+    if isinstance(value, str):
+        try:
+            return VictimPolicy(value)
+        except ValueError:
+            pass
+    from activedb.errors import InvalidChoice
+
+    raise InvalidChoice(VictimPolicy, value, "victim_policy")
+
+
+class ConnectKeywords(TypedDict, total=False):
+    """``connect()``'s shorthand keywords: the fields of :class:`Config`, plus ``outbox_options`` (a dict of
+    :class:`~activedb.outbox.OutboxOptions` fields) and the pool's sizes (fields of :class:`EngineOptions`)."""
+
+    home: str | Path | None
+    upgrade: bool
+    keep_server: bool | None
+    record_history: bool
+    max_workers: int
+    victim_policy: VictimPolicy | VictimChooser
+    lock_timeout: float | None
+    flush_retries: int
+    max_cascade_depth: int
+    max_deferred_cycles: int
+    rule_execution: RuleExecution
+    explain_deadlocks: bool
+    clock: Clock | None
+    outbox: OutboxOptions
+    engine: EngineOptions
+    outbox_options: Mapping[str, float | None]
+    pool_size: int
+    max_overflow: int
+    pool_use_lifo: bool
+    connect_timeout: int
+
+
+_CONFIG_FIELDS = frozenset(field.name for field in dataclasses.fields(Config))
+_ENGINE_FIELDS = frozenset(field.name for field in dataclasses.fields(EngineOptions)) - {"create_engine"}
+
+
+def configured(config: Config | None, keywords: Mapping[str, object]) -> Config:
+    """``config`` (default: ``Config()``) with ``connect()``'s shorthand ``keywords`` applied; an unknown keyword
+    is a ``TypeError`` naming the ones there are."""
+    config = config if config is not None else Config()
+    if not isinstance(config, Config):
+        raise TypeError(f"connect(config=...) takes an activedb.Config, got {config!r}")
+    # (each checked by the dataclass it goes to: its __post_init__, or its constructor's keywords)
+    changes: dict[str, Any] = {name: value for name, value in keywords.items() if name in _CONFIG_FIELDS}
+    engine: dict[str, Any] = {name: value for name, value in keywords.items() if name in _ENGINE_FIELDS}
+    unknown = sorted(set(keywords) - _CONFIG_FIELDS - _ENGINE_FIELDS - {"outbox_options"})
+    if unknown:
+        raise TypeError(
+            f"connect() got unknown keyword(s) {', '.join(unknown)}: it takes the fields of activedb.Config "
+            f"({', '.join(sorted(_CONFIG_FIELDS))}), the pool's {', '.join(sorted(_ENGINE_FIELDS))}, and "
+            f"outbox_options; give other SQLAlchemy create_engine keywords as "
+            f"engine=activedb.EngineOptions(create_engine={{...}})")
+    if "outbox_options" in keywords:
+        given = keywords["outbox_options"]
+        if not isinstance(given, Mapping):
+            raise TypeError(f"connect(outbox_options=...) takes a dict of OutboxOptions fields, got {given!r}")
+        changes["outbox"] = dataclasses.replace(changes.get("outbox", config.outbox), **dict(given))
+    if engine:
+        changes["engine"] = dataclasses.replace(changes.get("engine", config.engine), **engine)
+    return dataclasses.replace(config, **changes) if changes else config

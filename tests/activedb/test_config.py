@@ -1,0 +1,54 @@
+"""``activedb.Config``: one frozen, typed configuration for ``connect()`` (issue 55 item 3), the keywords as its
+shorthand, and the parts it nests (``OutboxOptions``, ``EngineOptions``) reaching what they configure."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+
+import pytest
+
+import activedb
+from activedb import Config, EngineOptions, OutboxOptions
+from activedb.rules import RuleExecution
+from lockmgr import VictimPolicy
+
+
+def test_a_configuration_is_frozen_typed_and_picklable():
+    config = Config(rule_execution="inline", victim_policy="youngest", home="/tmp/somewhere",
+                    outbox=OutboxOptions(recovery_interval=None), engine=EngineOptions(pool_size=3))
+    assert config.rule_execution is RuleExecution.INLINE and config.victim_policy is VictimPolicy.YOUNGEST
+    assert str(config.home) == "/tmp/somewhere" and config.home.__class__.__name__.endswith("Path")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.max_workers = 4
+    assert pickle.loads(pickle.dumps(config)) == config
+    assert dataclasses.replace(config, lock_timeout=2.0).lock_timeout == 2.0 and config.lock_timeout is None
+    with pytest.raises(TypeError, match="activedb.OutboxOptions"):
+        Config(outbox={"recovery_interval": None})
+
+
+def test_connect_reads_the_configuration_and_its_keyword_shorthand(migrated):
+    config = Config(rule_execution=RuleExecution.INLINE, lock_timeout=9.0,
+                    outbox=OutboxOptions(recovery_interval=None, group_size=64), engine=EngineOptions(pool_size=3))
+    database = activedb.connect(migrated, config, lock_timeout=2.0, max_overflow=1)
+    try:
+        assert database.config == dataclasses.replace(config, lock_timeout=2.0,
+                                                      engine=EngineOptions(pool_size=3, max_overflow=1))
+        assert database.rules.execution is RuleExecution.INLINE and database.transactions.lock_timeout == 2.0
+        assert database.outbox.recovery_interval is None and database.outbox.options.group_size == 64
+        assert database.engine.pool.size() == 3
+    finally:
+        database.close()
+    legacy = activedb.connect(migrated, outbox_options={"recovery_interval": None}, upgrade=False)
+    try:
+        assert legacy.config.outbox == OutboxOptions(recovery_interval=None)
+    finally:
+        legacy.close()
+
+
+def test_an_unknown_keyword_names_the_ones_there_are_before_anything_is_opened(migrated):
+    with pytest.raises(TypeError, match=r"connect\(\) got unknown keyword\(s\) echo: it takes the fields of "
+                                        r"activedb.Config \(.*rule_execution.*\).*EngineOptions\(create_engine="):
+        activedb.connect(migrated, echo=True)
+    with pytest.raises(TypeError, match="takes an activedb.Config"):
+        activedb.connect(migrated, {"rule_execution": "inline"})
