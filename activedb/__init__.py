@@ -19,7 +19,8 @@ from activedb.errors import *  # noqa: F401,F403 - the error classes are public
 # ``activedb.lowlevel``'s; ``CommitParticipant``, ``Along`` and ``TransactionExtension`` stay importable from here).
 __all__ = ["Database", "connect", "Config", "EngineOptions", "OutboxOptions", "default_home", "mask_secrets",
            "errors", "Coupling", "DeadlockDetected", "LockWaitTimeout", "Event", "EventKind", "EventSpec", "Rule",
-           "RuleExecution", "SubtransactionHandle", "Transaction", "TxnState", "BulkLock", "Granularity", "Observer"]
+           "RuleExecution", "SubtransactionHandle", "Transaction", "TxnState", "BulkLock", "Granularity", "Observer",
+           "MissingExtra"]
 __all__ += errors.__all__
 
 # imported on first use: `import activedb` stays fast (the CLI's start)
@@ -30,6 +31,7 @@ __getattr__, __dir__ = lazy.exports(__name__, {
     "activedb._config": ["Config", "EngineOptions"],
     "activedb.outbox": ["OutboxOptions"],
     "activedb._url": ["mask_secrets"],
+    "activedb.extras": ["MissingExtra"],
     "activedb._embedded": ["default_home"],
     "activedb.events": ["Event", "EventKind", "EventSpec"],
     "activedb.rules": ["Rule", "RuleExecution"],
@@ -45,6 +47,7 @@ if TYPE_CHECKING:  # the names above, for type checkers (tests/test_typing.py ke
     from activedb._database import Database as Database, connect as connect
     from activedb.outbox import OutboxOptions as OutboxOptions
     from activedb._url import mask_secrets as mask_secrets
+    from activedb.extras import MissingExtra as MissingExtra
     from activedb._embedded import default_home as default_home
     from activedb.events import Event as Event, EventKind as EventKind, EventSpec as EventSpec
     from activedb.rules import Rule as Rule, RuleExecution as RuleExecution

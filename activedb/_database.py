@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, TypeVar, Unpack
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, URL, make_url
+from sqlalchemy.log import InstanceLogger
 
 from coupling import Coupling
 
@@ -46,6 +47,13 @@ def create_engine(url: URL, options: EngineOptions = EngineOptions()) -> Engine:
     """The SQLAlchemy engine (a connection pool) for ``url`` as ``options`` say (``activedb.EngineOptions``); its
     pool logs under its own name, routed to activedb's log file."""
     return sa.create_engine(url, **{"pool_logging_name": "activedb", **options.keywords()})
+
+
+def _logger_name(pool: sa.Pool) -> str:
+    """The name of ``pool``'s logger: SQLAlchemy's ``pool.logger`` is a ``logging.Logger``, or with ``echo_pool``
+    an ``InstanceLogger`` that wraps one (``.logger``)."""
+    logger = pool.logger
+    return logger.logger.name if isinstance(logger, InstanceLogger) else logger.name
 
 
 def check_reachable(engine: Engine) -> None:
@@ -353,7 +361,7 @@ def connect(url: str | URL | None = None, config: Config | None = None,
     engine = create_engine(normalise_url(url) if url is not None else make_url(_server_url(server)), config.engine)
     route_to_home_log(server.data_directory.parent if server is not None else
                       home.expanduser() if home else _embedded.default_home(),
-                      engine.pool.logger.name)  # type: ignore[union-attr]  # echo_pool=True: an InstanceLogger, no .name
+                      _logger_name(engine.pool))
     check_reachable(engine)
     database = Database(engine, config, embedded=server)
     if config.upgrade:

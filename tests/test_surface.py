@@ -8,6 +8,7 @@ import ast
 import enum
 import importlib
 import pkgutil
+import typing
 from collections import defaultdict
 from pathlib import Path
 
@@ -82,6 +83,40 @@ def test_the_lock_managers_errors_are_activedb_errors_and_lockmgrs():
                                                                                 lockmgr.Deadlock)
     assert issubclass(activedb.LockWaitTimeout, ActivedbError) and issubclass(activedb.LockWaitTimeout,
                                                                                lockmgr.LockTimeout)
+
+
+# What ``import activedb`` offers besides its errors: the application tier (the extender tier is
+# ``activedb.lowlevel``'s).  Change it on purpose: every name here is on the API reference's first page.
+ACTIVEDB_NAMES = {"Database", "connect", "Config", "EngineOptions", "OutboxOptions", "default_home", "mask_secrets",
+                  "errors", "Coupling", "Event", "EventKind", "EventSpec", "Rule", "RuleExecution",
+                  "SubtransactionHandle", "Transaction", "TxnState", "BulkLock", "Granularity", "Observer"}
+# activedb.errors defines these two on first use (they import lockmgr); activedb.extras its MissingExtra.
+LATER_ERRORS = {"DeadlockDetected", "LockWaitTimeout", "MissingExtra"}
+
+
+def test_activedb_exports_its_application_tier_and_its_errors_and_nothing_else():
+    errors = {name for name, value in vars(activedb.errors).items()
+              if isinstance(value, type) and value.__module__ == "activedb.errors" and not name.startswith("_")}
+    errors -= LATER_ERRORS
+    assert sorted(activedb.errors.__all__) == sorted(errors)          # no constant, no typing name
+    assert len(activedb.__all__) == len(set(activedb.__all__))
+    assert set(activedb.__all__) == ACTIVEDB_NAMES | errors | LATER_ERRORS
+    assert issubclass(activedb.MissingExtra, ActivedbError)
+
+
+@pytest.mark.parametrize("package", ["activedb", "activedb.lowlevel", "activedb.ingest", "activedb.streams",
+                                     "activedb.batch", "activedb.composite", "activedb.testing", "activedb.errors",
+                                     "spark_bridge", "lockmgr", "coupling"])
+def test_a_public_packages_all_lists_its_own_public_names(package):
+    """No name twice, none private, none swept up from ``typing`` (``TYPE_CHECKING``, ``Any``), and each one
+    there: ``from package import *`` and the API reference (``docs/hooks.py``) read ``__all__``."""
+    module = importlib.import_module(package)
+    names = module.__all__
+    assert len(names) == len(set(names)), sorted(name for name in names if names.count(name) > 1)
+    assert not [name for name in names if name.startswith("_")]
+    assert not set(names) & set(typing.__all__), sorted(set(names) & set(typing.__all__))
+    missing = [name for name in names if not hasattr(module, name)]
+    assert not missing, f"{package}.__all__ names what it does not have: {missing}"
 
 
 class Colour(ClosedSet):

@@ -7,8 +7,10 @@ import dataclasses
 import pickle
 
 import pytest
+from sqlalchemy.log import InstanceLogger
 
 import activedb
+from activedb._logfile import HomeLogHandler
 from activedb import Config, EngineOptions, OutboxOptions
 from activedb.rules import RuleExecution
 from lockmgr import VictimPolicy
@@ -52,3 +54,19 @@ def test_an_unknown_keyword_names_the_ones_there_are_before_anything_is_opened(m
         activedb.connect(migrated, echo=True)
     with pytest.raises(TypeError, match="takes an activedb.Config"):
         activedb.connect(migrated, {"rule_execution": "inline"})
+
+
+def test_a_pool_that_echoes_still_logs_to_the_home_log(migrated):
+    """With SQLAlchemy's ``echo_pool`` the pool's logger is an ``InstanceLogger`` wrapping the Logger: connect routes
+    that one to activedb's log file (it read ``.name`` of the wrapper and raised AttributeError)."""
+    database = activedb.connect(migrated, engine=EngineOptions(create_engine={"echo_pool": True}), upgrade=False)
+    try:
+        logger = database.engine.pool.logger
+        assert isinstance(logger, InstanceLogger)
+        assert any(isinstance(handler, HomeLogHandler) for handler in logger.logger.handlers)
+        with database.engine.connect() as connection:
+            assert connection.exec_driver_sql("SELECT 1").scalar() == 1
+    finally:
+        database.close()
+    with pytest.raises(TypeError, match=r"unknown keyword\(s\) echo_pool: .*EngineOptions\(create_engine="):
+        activedb.connect(migrated, echo_pool=True)           # not a shorthand: named where it goes
