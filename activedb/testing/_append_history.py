@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Mapping, Sequence
+from typing import Any, Hashable, Mapping, Sequence, TypeAlias
 
 import networkx as nx
 
@@ -15,6 +15,10 @@ _SPAWN = "spawn"
 _JOIN = "join"
 
 _TOP_LEVEL = "top level"   # the scope of the top-level transactions
+
+#: One recorded operation: its kind (``append``, ``read``, ``spawn``, ``join``, …), then its arguments, whose types
+#: the kind says (``("append", key, element)``, ``("read", key, (elements…))``, ``("spawn", child id)``).
+Op: TypeAlias = "tuple[Any, ...]"
 
 
 class Outcome(enum.Enum):
@@ -53,7 +57,7 @@ class RecordedTransaction:
     id: str
     parent: str | None
     outcome: Outcome
-    ops: tuple[tuple, ...] = ()
+    ops: tuple[Op, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "outcome", Outcome(self.outcome))
@@ -69,7 +73,7 @@ class RecordedTransaction:
                    ops=tuple(tuple(op) for op in data.get("ops", ())))
 
 
-def _normalise_op(transaction_id: str, op: Sequence[Any]) -> tuple:
+def _normalise_op(transaction_id: str, op: Sequence[Any]) -> Op:
     op = tuple(op)
     if len(op) == 3 and op[0] == _APPEND:
         return op
@@ -131,13 +135,13 @@ class ListAppendReport:
 
     anomalies: list[Anomaly]
     statistics: ListAppendStatistics
-    graphs: dict[str, nx.DiGraph] = field(default_factory=dict, repr=False)
+    graphs: dict[str, nx.DiGraph[str]] = field(default_factory=dict, repr=False)
 
     @property
     def ok(self) -> bool:
         return not self.anomalies
 
-    def kinds(self) -> Counter:
+    def kinds(self) -> Counter[AnomalyKind]:
         """How many anomalies of each kind (``Counter`` of :class:`AnomalyKind`)."""
         return Counter(anomaly.kind for anomaly in self.anomalies)
 

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Iterator, TypeAlias
 
 import networkx as nx
 
-from activedb.store import Entry
+from activedb.store import Entry, RowImage
 from activedb.txn import HistoryOp
+
+#: A row as the history names it: ``(table, key)``.
+_Row: TypeAlias = "tuple[str | None, tuple[object, ...] | None]"
 
 
 @dataclass
 class HistoryReport:
     violations: list[str] = field(default_factory=list)
     committed_roots: list[str] = field(default_factory=list)
-    precedence: nx.DiGraph = field(default_factory=nx.DiGraph)
+    precedence: nx.DiGraph[str] = field(default_factory=nx.DiGraph)
 
     @property
     def ok(self) -> bool:
@@ -49,7 +52,7 @@ def check_history(ops: Iterable[HistoryOp]) -> HistoryReport:
                 report.violations.append(f"{op.transaction} ended twice")
             ended[op.transaction] = (op.kind, op.sequence)
 
-    def ancestors(tid: str):
+    def ancestors(tid: str) -> Iterator[str]:
         parent = parent_of.get(tid)
         while parent is not None:
             yield parent
@@ -64,12 +67,12 @@ def check_history(ops: Iterable[HistoryOp]) -> HistoryReport:
                 report.violations.append(f"{tid} committed (#{sequence}) before its child {child} ended")
             elif kind == "abort" and child_end is None:
                 report.violations.append(f"{child} never ended although its parent {tid} aborted")
-            elif kind == "abort" and child_end[0] == "commit" and child_end[1] > sequence:
+            elif kind == "abort" and child_end[0] == "commit" and child_end[1] > sequence:  # type: ignore[index]
                 report.violations.append(f"{child} committed after its parent {tid} aborted")
 
     # Axioms 2 and 3: the flushed write set is the composition of the effective writes.
     flushes = {op.transaction: op for op in ops if op.kind == "flush"}
-    effective: dict[str, dict[tuple, Entry]] = {}
+    effective: dict[str | None, dict[_Row, Entry]] = {}
     for op in ops:
         if op.kind != "write":
             continue
@@ -77,7 +80,7 @@ def check_history(ops: Iterable[HistoryOp]) -> HistoryReport:
         if all(ended.get(tid, ("", 0))[0] == "commit" for tid in chain):
             rows = effective.setdefault(op.root, {})
             row = (op.table, op.key)
-            rows[row] = rows[row].then(op.value, op.table) if row in rows else op.value
+            rows[row] = rows[row].then(op.value, op.table) if row in rows else op.value  # type: ignore[arg-type]
     for root, flush in flushes.items():
         expected = effective.get(root, {})
         if flush.value != expected:
@@ -99,7 +102,7 @@ def check_history(ops: Iterable[HistoryOp]) -> HistoryReport:
     graph = report.precedence
     graph.add_nodes_from(committed_roots)
     committed = set(committed_roots)
-    versions: dict[tuple, list[str]] = {}
+    versions: dict[_Row, list[str]] = {}
     for op in ops:
         if op.kind == "flush" and op.transaction in committed:
             for row in op.value:
@@ -117,7 +120,7 @@ def check_history(ops: Iterable[HistoryOp]) -> HistoryReport:
         writers = versions.get(row, [])
         writer = op.read_from
         if writer != "initial" and writer != op.root:
-            graph.add_edge(writer, op.root, kind="wr", row=row)
+            graph.add_edge(writer, op.root, kind="wr", row=row)  # type: ignore[arg-type]  # (a committed read)
         position = writers.index(writer) + 1 if writer in writers else 0
         for later in writers[position:]:
             if later != op.root:
@@ -132,8 +135,8 @@ def check_history(ops: Iterable[HistoryOp]) -> HistoryReport:
     return report
 
 
-def replay(ops: Iterable[HistoryOp], initial: dict[tuple, dict],
-           key_columns: dict[str, list[str]] | None = None) -> dict[tuple, dict]:
+def replay(ops: Iterable[HistoryOp], initial: dict[_Row, RowImage],
+           key_columns: dict[str, list[str]] | None = None) -> dict[_Row, RowImage]:
     """Apply the committed flushes in commit order to ``initial`` ({(table, key): row}).
 
     ``key_columns`` ({table: [column, ...]}) adds the key columns to rows created by the replay."""

@@ -49,7 +49,7 @@ class _Read:
     node: str
     index: int          # position in the node's ops
     key: Hashable
-    seen: tuple
+    seen: tuple[Any, ...]
 
 
 class _Checker:
@@ -66,7 +66,7 @@ class _Checker:
             self.nodes[node.id] = node
         self.final = {key: tuple(values) for key, values in final.items()} if final is not None else None
         self.anomalies: list[Anomaly] = []
-        self.graphs: dict[str, nx.DiGraph] = {}
+        self.graphs: dict[str, nx.DiGraph[str]] = {}
         self.children: dict[str, list[str]] = {tid: [] for tid in self.nodes}
         for node in self.nodes.values():
             if node.parent is not None:
@@ -102,10 +102,10 @@ class _Checker:
                     self.reads_of[node.id].append(read)
         self.keys = sorted({appended[1] for appended in self.appended.values()} | {read.key for read in self.reads}
                            | set(self.final or ()), key=repr)
-        self.order: dict[Hashable, tuple] = {}
+        self.order: dict[Hashable, tuple[object, ...]] = {}
         self.position: dict[Hashable, dict[Any, int]] = {}   # key -> element -> index in the version order
         self.clean_reads: set[tuple[str, int]] = set()   # committed reads consistent with the order
-        self.edge_counts: Counter = Counter()
+        self.edge_counts: Counter[DependencyKind] = Counter()
         self.sibling_dependencies = 0
         self.scopes = 0
 
@@ -132,9 +132,9 @@ class _Checker:
             stretches.append(stretch)    # a marker belongs to the stretch after it (unused)
         self.stretch_of[node.id] = stretches
         self.stretch_count[node.id] = stretch + 1
-        for child in self.children[node.id]:
-            if child not in spawned:
-                raise ValueError(f"transaction {child} has no ('spawn', {child!r}) in its parent {node.id}'s "
+        for child_id in self.children[node.id]:
+            if child_id not in spawned:
+                raise ValueError(f"transaction {child_id} has no ('spawn', {child_id!r}) in its parent {node.id}'s "
                                  f"operations; record it where the parent created the child")
 
     # --- tree helpers -----------------------------------------------------------------------
@@ -182,7 +182,7 @@ class _Checker:
         """Duplicates, unknown and aborted elements, version orders, prefixes, lost appends."""
         duplicates_seen = set()
 
-        def duplicates(values: tuple, where: str, key: Hashable) -> bool:
+        def duplicates(values: tuple[object, ...], where: str, key: Hashable) -> bool:
             counts = Counter(values)
             twice = sorted((element for element, count in counts.items() if count > 1), key=repr)
             if twice and (key, tuple(twice)) not in duplicates_seen:
@@ -191,7 +191,7 @@ class _Checker:
                             f"{where} of {key!r} holds {', '.join(map(repr, twice))} more than once: {_show(values)}")
             return bool(twice)
 
-        def foreign(values: tuple, where: str, key: Hashable, reported: set) -> bool:
+        def foreign(values: tuple[object, ...], where: str, key: Hashable, reported: set[object]) -> bool:
             """Report elements nobody appended to ``key`` and elements of aborted appends."""
             bad = False
             for element in values:
@@ -215,7 +215,7 @@ class _Checker:
                                     f"{_show(values)}")
             return bad
 
-        reported: set = set()
+        reported: set[object] = set()
         clean_reads: dict[Hashable, list[_Read]] = {key: [] for key in self.keys}
         for read in self.reads:
             bad = duplicates(read.seen, f"the read by {read.node}", read.key)
@@ -256,8 +256,8 @@ class _Checker:
         for node in self.nodes.values():
             if not self.aborted_reads and not self.effective(node.id):
                 continue
-            known: dict[Hashable, tuple] = {}
-            own: dict[Hashable, list] = {}
+            known: dict[Hashable, tuple[object, ...]] = {}
+            own: dict[Hashable, list[object]] = {}
             for op in node.ops:
                 if op[0] == _APPEND:
                     own.setdefault(op[1], []).append(op[2])
@@ -291,7 +291,7 @@ class _Checker:
     def check_scope(self, scope: str, parent: str | None) -> None:
         """Build the dependency graph of one scope and look for cycles and intermediate reads."""
         self.scopes += 1
-        graph = nx.DiGraph()
+        graph: nx.DiGraph[str] = nx.DiGraph()
         self.graphs[scope] = graph
         if parent is None:
             members = [tid for tid in self.nodes if self.effective(tid)]
@@ -339,7 +339,7 @@ class _Checker:
 
         # The version order of each key restricted to the scope's elements, and who appended what.
         located: dict[Any, tuple[int, str, str]] = {}       # element -> (position in scope, unit, node)
-        scope_order: dict[Hashable, list] = {key: [] for key in self.keys}
+        scope_order: dict[Hashable, list[object]] = {key: [] for key in self.keys}
         for tid in members:
             for element in self.appends_of[tid]:
                 key = self.appended[element][1]
@@ -392,21 +392,21 @@ class _Checker:
     def stretch_name(parent: str, number: int) -> str:
         return f"{parent}/own#{number}"
 
-    def find_cycles(self, scope: str, graph: nx.DiGraph) -> None:
+    def find_cycles(self, scope: str, graph: nx.DiGraph[str]) -> None:
         """One example cycle per kind and strongly connected component (see :func:`check_list_append`)."""
         if nx.is_directed_acyclic_graph(graph):
             return
         ww, wr, rw, order = DependencyKind.WW, DependencyKind.WR, DependencyKind.RW, DependencyKind.ORDER
 
-        def view(allowed: frozenset) -> nx.DiGraph:
-            return nx.subgraph_view(
+        def view(allowed: frozenset[DependencyKind]) -> nx.DiGraph[str]:
+            return nx.subgraph_view(  # type: ignore[no-any-return]
                 graph, filter_edge=lambda u, v: bool(allowed & graph.edges[u, v]["dependencies"].keys()))
 
-        def components(allowed: frozenset) -> dict[str, int]:
+        def components(allowed: frozenset[DependencyKind]) -> dict[str, int]:
             return {member: number for number, component in enumerate(nx.strongly_connected_components(view(allowed)))
                     for member in component}
 
-        def cycle_through(source: str, target: str, kind: DependencyKind, allowed: frozenset) -> tuple[Dependency, ...]:
+        def cycle_through(source: str, target: str, kind: DependencyKind, allowed: frozenset[DependencyKind]) -> tuple[Dependency, ...]:
             path = nx.shortest_path(view(allowed), target, source)
             steps = [graph.edges[source, target]["dependencies"][kind]]
             for a, b in zip(path, path[1:]):
@@ -438,7 +438,8 @@ class _Checker:
         without_rw = frozenset({ww, wr, order})
         component_of = components(everything)
         without_rw_view = view(without_rw)
-        single, multiple = set(), set()
+        single: set[int] = set()
+        multiple: set[int] = set()
         for u, v, kind in edges:
             component = component_of[u]
             if kind is not rw or component_of[v] != component or component in single:

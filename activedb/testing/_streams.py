@@ -6,7 +6,13 @@ import bisect
 import decimal
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Hashable, Iterable, Mapping, TypeAlias
+
+if TYPE_CHECKING:  # pragma: no cover
+    from activedb.streams._history import StreamOp
+
+#: A row as the history names it: ``(table, key)``.
+_Row: TypeAlias = "tuple[str | None, Hashable]"
 
 
 class StreamAnomaly(enum.Enum):
@@ -41,9 +47,9 @@ class StreamViolation:
 
     kind: StreamAnomaly
     clause: str
-    read: Any
-    write: Any
-    seen: Any
+    read: StreamOp | None
+    write: StreamOp | None
+    seen: StreamOp | None
     message: str
 
 
@@ -63,7 +69,7 @@ class StreamHistoryReport:
             raise AssertionError(f"{len(self.violations)} Definition 6 violation(s):\n  {shown}")
 
 
-def check_stream_history(ops: Iterable[Any]) -> StreamHistoryReport:
+def check_stream_history(ops: Iterable[StreamOp]) -> StreamHistoryReport:
     """Check Active CEP Definition 6 on a recorded stream history, by timestamps (only operations of
     committed units count; what is checked: the design note, ``README.md``, "check_stream_history")."""
     ops = sorted(ops, key=lambda op: op.sequence)
@@ -71,8 +77,8 @@ def check_stream_history(ops: Iterable[Any]) -> StreamHistoryReport:
     committed = [op for op in ops if op.kind in ("read", "write") and ended.get(op.unit) == "committed"]
     aborted_writes = {op.sequence: op for op in ops if op.kind == "write" and ended.get(op.unit) != "committed"}
     report = StreamHistoryReport()
-    writes_by_row: dict[tuple, list] = {}
-    by_sequence = {}
+    writes_by_row: dict[_Row, list[StreamOp]] = {}
+    by_sequence: dict[int, StreamOp] = {}
     for op in committed:
         if op.kind == "write":
             writes_by_row.setdefault((op.table, op.key), []).append(op)
@@ -80,12 +86,12 @@ def check_stream_history(ops: Iterable[Any]) -> StreamHistoryReport:
             report.writes += 1
         else:
             report.reads += 1
-    declared: dict[tuple, list] = {}
+    declared: dict[_Row, list[tuple[object, ...]]] = {}
     for row, writes in writes_by_row.items():
         writes.sort(key=_declared)
         declared[row] = [_declared(op) for op in writes]
 
-    def check_read(read, row, seen_sequence) -> None:
+    def check_read(read: StreamOp, row: _Row, seen_sequence: int | None) -> None:
         writes = writes_by_row.get(row, [])
         index = bisect.bisect_left(declared.get(row, []), _declared(read))
         expected = writes[index - 1] if index else None
@@ -124,7 +130,7 @@ def check_stream_history(ops: Iterable[Any]) -> StreamHistoryReport:
                 if row[0] == op.table:
                     check_read(op, row, seen_by_key.get(row[1]))
     for row, writes in writes_by_row.items():
-        latest = None
+        latest: StreamOp | None = None
         for write in writes:
             if latest is not None and write.sequence < latest.sequence:
                 report.violations.append(StreamViolation(
@@ -135,7 +141,7 @@ def check_stream_history(ops: Iterable[Any]) -> StreamHistoryReport:
                 latest = write
     return report
 
-def _agrees(value: Any, write: Any) -> bool:
+def _agrees(value: object, write: StreamOp) -> bool:
     """Does the image a Read returned agree with ``write``, the last Write of its row?"""
     if write.operation == "delete":
         return value is None
@@ -145,14 +151,14 @@ def _agrees(value: Any, write: Any) -> bool:
                if column in value and _comparable(value[column], written))
 
 
-def _comparable(read: Any, written: Any) -> bool:
+def _comparable(read: object, written: object) -> bool:
     """Values the store returns as written: same type, or both numbers (a column's type may
     turn a written string into a date, which is no wrong value)."""
     numbers = (int, float, decimal.Decimal)
     return type(read) is type(written) or (isinstance(read, numbers) and isinstance(written, numbers))
 
 
-def _declared(op: Any) -> tuple:
+def _declared(op: StreamOp) -> tuple[object, ...]:
     """An operation's place in Definition 6's order: its timestamp; equal timestamps in the
     order the application declared (the recorded ``order``)."""
     return (op.ts, op.order)
