@@ -19,11 +19,11 @@ import threading
 from collections import Counter
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Hashable
 
 from activedb.errors import InvalidChoice
 from activedb.store import Granularity
-from activedb.streams._batch import AccessPlan, BatchRun, STransaction
+from activedb.streams._batch import AccessPlan, BatchRun, STransaction, _Fired, _Touched
 from activedb.streams._locks import (LockMode, LockTableStatistics, LWMLockTable, Owner, Request, S2PLLockTable,
                                      StreamLockTable)
 from activedb.streams._matcher import PartitionState
@@ -34,6 +34,7 @@ from activedb.streams.errors import SchedulerError, StreamError
 from activedb.txn import Observer, WaitKind
 
 if TYPE_CHECKING:  # pragma: no cover
+    from activedb.store import Key
     from activedb.txn import Transaction
 
 GRANULARITIES = tuple(Granularity)
@@ -87,16 +88,17 @@ class _Work:
     owner: Owner
     unit: str = ""
     # For each partition it consumes: the latest earlier s-transaction that may change it (None: none).
-    inputs: dict[tuple[str, tuple], _Work | None] = field(default_factory=dict)
-    # Per partition, whose published state (and attempt) this attempt is matched on (None: the batch's).
-    sources: dict[tuple[str, tuple], tuple[_Work | None, int]] = field(default_factory=dict)
-    result: tuple | None = None
+    inputs: dict[tuple[str, Key], _Work | None] = field(default_factory=dict)
+    # Per partition, whose published state (and attempt) this attempt is matched on (None: the batch's); also
+    # ("version", writer's position) for a version it read early.
+    sources: dict[tuple[str, Hashable], tuple[_Work | None, int]] = field(default_factory=dict)
+    result: tuple[_Touched, _Fired] | None = None
     # Its partitions' states as its queries matched (this attempt; replaced, never cleared, on a restart).
-    states: dict[tuple[str, tuple], PartitionState] = field(default_factory=dict)
+    states: dict[tuple[str, Key], PartitionState] = field(default_factory=dict)
     final: bool = False                # its states will be installed unless the batch fails
     changes: bool = False              # it may change a partition (someone may be matched on its states)
     # Its locks at the scheduler's granularity: (table, key or None, mode).
-    resources: list[tuple[str, tuple | None, LockMode]] = field(default_factory=list)
+    resources: list[tuple[str, Key | None, LockMode]] = field(default_factory=list)
     writes_first: bool = False         # LWM: it writes first and may release its write locks once written
     may_read_early: bool = False       # an earlier one may release a write lock it needs before being decided
     released_early: bool = False       # it released its write locks once written, before it was decided
@@ -120,7 +122,7 @@ class _Run(Observer):
         self.works: list[_Work] = []
         self.by_position: dict[int, _Work] = {}
         self.by_node: dict[str, _Work] = {}
-        self.base_states: dict[tuple[str, tuple], PartitionState | None] = {}
+        self.base_states: dict[tuple[str, Key], PartitionState | None] = {}
         self.versions: VersionStore | None = None
         # Protects by_node, floor_index, ended, in_flight, max_in_flight, each work's started/ending/done (a leaf).
         self._mutex = threading.Lock()
@@ -154,7 +156,7 @@ class _Run(Observer):
             self.broken = self.broken or error
 
 
-def _overlap(writes: list[tuple[str, tuple | None]], touched: list[tuple[str, tuple | None]]) -> bool:
+def _overlap(writes: list[tuple[str, Key | None]], touched: list[tuple[str, Key | None]]) -> bool:
     """Whether a resource of ``writes`` overlaps one of ``touched`` (a table overlaps its rows)."""
     for table, key in writes:
         for other_table, other_key in touched:
@@ -200,9 +202,10 @@ class LockingScheduler(Scheduler):
         self.last_lock_table: StreamLockTable | None = None
         self._mutex = threading.Lock()     # protects _totals (a leaf)
         # The counters of SchedulerStatistics over every batch run so far.
-        self._totals = Counter(batches=0, stransactions=0, lock_requests=0, write_lock_requests=0, lock_waits=0,
-                               order_waits=0, restarts=0, early_releases=0, deferred_writes=0, punctuation_waits=0,
-                               wait_seconds=0.0, max_in_flight=0, versions_peak=0, versions_written=0)
+        self._totals: dict[str, float] = Counter(  # type: ignore[call-overload]  # (wait_seconds: a float)
+            batches=0, stransactions=0, lock_requests=0, write_lock_requests=0, lock_waits=0, order_waits=0, restarts=0,
+            early_releases=0, deferred_writes=0, punctuation_waits=0, wait_seconds=0.0, max_in_flight=0,
+            versions_peak=0, versions_written=0)
 
     # --- a batch ----------------------------------------------------------------------------
 
@@ -235,12 +238,12 @@ class LockingScheduler(Scheduler):
             manager.observers.remove(ends)
             self._account(run)
 
-    def _dispatch(self, run: _Run, stransaction: STransaction, last_changer: dict[tuple[str, tuple], _Work]) -> _Work:
+    def _dispatch(self, run: _Run, stransaction: STransaction, last_changer: dict[tuple[str, Key], _Work]) -> _Work:
         """Insert the next s-transaction's locks (the declared order) and note its partition
         order (step 1); ``last_changer`` carries the partition order from one call to the next."""
         batch = run.batch
         event = stransaction.event
-        work = _Work(stransaction, len(run.works), Owner(event.position, event.ts, stransaction.id),
+        work = _Work(stransaction, len(run.works), Owner(event.position, event.ts, stransaction.id),  # type: ignore[arg-type]
                      batch.new_unit(stransaction))
         work.resources = self._resources(batch, stransaction.plan)
         run.table.insert(work.owner, work.resources)
@@ -255,12 +258,12 @@ class LockingScheduler(Scheduler):
             if matcher.may_change(event.type):
                 last_changer[partition] = work
                 work.changes = True
-        run.by_position[event.position] = work
+        run.by_position[event.position] = work  # type: ignore[index]
         run.works.append(work)
         self._dispatched(run, work)
         return work
 
-    def _resources(self, batch: BatchRun, plan: AccessPlan) -> list[tuple[str, tuple | None, LockMode]]:
+    def _resources(self, batch: BatchRun, plan: AccessPlan) -> list[tuple[str, Key | None, LockMode]]:
         """The plan's resources at this scheduler's granularity: a row stays a row only at tuple
         granularity, on a table activedb locks by row, and with no NULL in its key."""
         locking = batch.engine.db.transactions.locking
@@ -300,15 +303,15 @@ class LockingScheduler(Scheduler):
             found = heard[table] = run.batch.tx.manager.extensions.any("wants_old_images", table)
         return found
 
-    def _input_state(self, run: _Run, stransaction: STransaction, query: str, key: tuple) -> PartitionState | None:
+    def _input_state(self, run: _Run, stransaction: STransaction, query: str, key: Key) -> PartitionState | None:
         """The state ``stransaction`` is matched on: the one its attempt chose (``_choose``)."""
         partition = (query, key)
-        source, _ = run.by_position[stransaction.event.position].sources.get(partition, (None, 0))
+        source, _ = run.by_position[stransaction.event.position].sources.get(partition, (None, 0))  # type: ignore[index]
         return run.base_states.get(partition) if source is None else source.states.get(partition)
 
-    def _matched(self, run: _Run, stransaction: STransaction, touched: dict, certain: bool) -> None:
+    def _matched(self, run: _Run, stransaction: STransaction, touched: _Touched, certain: bool) -> None:
         """``BatchRun.on_matched``: publish a query's new state, or (``certain``) that all are final; wake waiters."""
-        work = run.by_position[stransaction.event.position]
+        work = run.by_position[stransaction.event.position]  # type: ignore[index]
         if not work.changes:
             return
         if certain:
@@ -322,7 +325,7 @@ class LockingScheduler(Scheduler):
         tx = run.batch.tx
         manager = tx.manager
         works = run.works
-        last_changer: dict[tuple[str, tuple], _Work] = {}
+        last_changer: dict[tuple[str, Key], _Work] = {}
         for stransaction in runnable:
             work = self._dispatch(run, stransaction, last_changer)
             # At most `workers` unfinished s-transactions: wait until one ends (a parent waiting for
@@ -434,7 +437,7 @@ class LockingScheduler(Scheduler):
                 attempt = source.attempt              # read before its states (see _restart)
                 if not source.owner.ended and partition not in source.states:
                     waited = True
-                    run.table.wait_for(work.owner, source.owner, ready=lambda s=source: partition in s.states)
+                    run.table.wait_for(work.owner, source.owner, ready=lambda s=source: partition in s.states)  # type: ignore[misc]
                 if source.owner.ended and not source.committed:
                     source = source.inputs.get(partition)       # it aborted: the one before it hands over
                 elif partition in source.states or source.committed:
@@ -472,7 +475,7 @@ class LockingScheduler(Scheduler):
         ended; False if one was not installed (its owner aborted, or restarted after publishing it)."""
         for source, attempt in work.sources.values():
             if source is not None:
-                run.table.wait_for(work.owner, source.owner, ready=lambda s=source: s.final)
+                run.table.wait_for(work.owner, source.owner, ready=lambda s=source: s.final)  # type: ignore[misc]
                 if source.attempt != attempt or (source.owner.ended and not source.committed):
                     return False
         return True
@@ -527,11 +530,14 @@ class LockingScheduler(Scheduler):
     def _discard(self, run: _Run, work: _Work) -> None:
         """An aborted s-transaction's effects outside activedb's tree (LWM: its versions)."""
 
-    def _waiting_context(self, manager: Any, table: StreamLockTable):
+    def _waiting_context(self, manager: Any, table: StreamLockTable
+                         ) -> Callable[[Owner, Owner, Request | None], ContextManager[object]]:
         """How a wait of the lock table becomes an edge of the one wait-for graph."""
-        def waiting(owner: Owner, blocker: Owner, request: Request | None):
-            return manager.waiting(owner.node, table.kind if request is not None else WaitKind.STREAM_ORDER,
-                                   blocker.node.id, on_victim=lambda error: table.make_victim(owner, error))
+        def waiting(owner: Owner, blocker: Owner, request: Request | None) -> ContextManager[object]:
+            context: ContextManager[object] = manager.waiting(
+                owner.node, table.kind if request is not None else WaitKind.STREAM_ORDER, blocker.node.id,
+                on_victim=lambda error: table.make_victim(owner, error))
+            return context
         return waiting
 
     # --- the store view ---------------------------------------------------------------------
@@ -560,7 +566,7 @@ class LockingScheduler(Scheduler):
     def statistics(self) -> SchedulerStatistics:
         with self._mutex:
             return SchedulerStatistics(scheduler=self.name, granularity=self.granularity, workers=self.workers,
-                                       **self._totals)
+                                       **self._totals)  # type: ignore[arg-type]
 
 
 class S2PLScheduler(LockingScheduler):
@@ -598,7 +604,7 @@ class LWMScheduler(LockingScheduler):
         past it before its other queries ran — if it can be run again (an attempt: its locks are reinstated
         first, ``_restart``), or if it never will be: nothing it was matched on, and no version it may still
         read, can be withdrawn (every earlier s-transaction that writes what it reads or writes is decided)."""
-        work = run.by_position[stransaction.event.position]
+        work = run.by_position[stransaction.event.position]  # type: ignore[index]
         if not work.writes_first:
             return
         if not work.in_attempt:
@@ -612,7 +618,7 @@ class LWMScheduler(LockingScheduler):
         work.released_early = True
         run.table.release(work.owner)
 
-    def _validate(self, run: _Run, work: _Work, kind: str, table: str, key: tuple | None) -> None:
+    def _validate(self, run: _Run, work: _Work, kind: str, table: str, key: Key | None) -> None:
         """An operation of ``work`` (in an attempt) has seen the versions: if its lock is no longer granted —
         an earlier s-transaction that released early was run again and reinstated its locks in between —
         what it saw may be withdrawn: run this attempt again."""
@@ -640,7 +646,7 @@ class LWMScheduler(LockingScheduler):
         history = engine.history
         versions = run.versions = VersionStore()
         whole: set[str] = set()
-        rows: dict[str, dict[tuple, None]] = {}
+        rows: dict[str, dict[Key, None]] = {}
         run.unkeyed_writes = {resource.table for stransaction in runnable for resource in stransaction.plan.writes
                               if resource.key is None or None in resource.key}
         for stransaction in runnable:
@@ -664,7 +670,7 @@ class LWMScheduler(LockingScheduler):
                 versions.load_row(table, key, tx.read(table, key), sequences.get(key))
         engine.metrics.phase(reads=time.perf_counter() - started)
         if runnable:
-            versions.advance(runnable[0].event.position)
+            versions.advance(runnable[0].event.position)  # type: ignore[arg-type]
 
     def _dispatched(self, run: _Run, work: _Work | None) -> None:
         """Publish App. F's punctuation: ``work``'s timestamp, or after the last the released bound."""
@@ -688,7 +694,7 @@ class LWMScheduler(LockingScheduler):
         validate = ((lambda kind, table, key: self._validate(run, work, kind, table, key)) if work.may_read_early
                     else None)
         return VersionedView(tx, stamp, engine.history, engine._operation_hook, table=run.table, owner=work.owner,
-                             catalog=engine.catalog, versions=run.versions,
+                             catalog=engine.catalog, versions=run.versions,  # type: ignore[arg-type]
                              on_version=lambda writer: self._version_read(run, work, writer), validate=validate,
                              deferred=lambda table: table not in run.unkeyed_writes and not self._heard(run, table))
 
